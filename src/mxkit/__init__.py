@@ -1,0 +1,52 @@
+"""mxkit: OCP Microscaling (MX) formats for PyTorch on NVIDIA Hopper.
+
+Layers (each imports only the ones before it): ``formats`` → ``reference`` → ``kernels`` → ``ops`` →
+``nn`` → ``cli``.
+"""
+
+from .formats import (
+    BLOCK_SIZE,
+    FORMATS,
+    MXFP4_E2M1,
+    MXFP6_E2M3,
+    MXFP6_E3M2,
+    MXFP8_E4M3,
+    MXFP8_E5M2,
+    MXINT8,
+    ElementFormat,
+    Rounding,
+    ScaleMode,
+    get_format,
+)
+from .ops import dequantize, matmul, quantize
+from .tensor import MXTensor
+
+__version__ = "0.1.0"
+
+
+def quantize_model(*args, **kwargs):
+    """See :func:`mxkit.nn.quantize_model` (imported lazily: ``mxkit.nn`` is a higher layer)."""
+    from .nn import quantize_model as impl
+
+    return impl(*args, **kwargs)
+
+
+__all__ = [
+    "BLOCK_SIZE",
+    "FORMATS",
+    "MXFP4_E2M1",
+    "MXFP6_E2M3",
+    "MXFP6_E3M2",
+    "MXFP8_E4M3",
+    "MXFP8_E5M2",
+    "MXINT8",
+    "ElementFormat",
+    "MXTensor",
+    "Rounding",
+    "ScaleMode",
+    "dequantize",
+    "get_format",
+    "matmul",
+    "quantize",
+    "quantize_model",
+]

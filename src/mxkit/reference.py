@@ -1,0 +1,184 @@
+"""The bit-exact reference: MX quantize / dequantize / matmul in vectorised PyTorch (CPU or CUDA).
+
+This module is the specification every kernel is tested against (byte equality for quantize and
+dequantize; a float64 product of the dequantized operands for GEMMs). It favours clarity over speed but has
+no Python loop over elements or blocks.
+
+Quantize, per block of ``block_size`` elements along ``axis`` (OCP MX v1.0 §6.3):
+
+1. ``amax`` = max |x| over the block (inputs upcast to float32 exactly).
+2. Scale byte from :func:`mxkit.formats.shared_exponent` (rule :class:`~mxkit.formats.ScaleMode`).
+3. Elements ``x * 2^-X`` (exact power-of-two scaling) rounded by :func:`mxkit.formats.encode_elements`
+   (RNE or ties-away, saturating to ± max normal).
+
+Special blocks: any NaN or ±Inf in a block → scale 0xFF and element bytes 0 (dequantizes to all NaN);
+an all-zero block → scale byte 0 and element bytes 0 (−0 keeps its sign bit). Scale byte 0 means 2^-127
+exactly; torchao divides by 2^-126 instead for such blocks (its ``F32_MIN_NORMAL`` clamp) and TE / torchao
+RCEIL multiply by 1 — they differ from the spec only for blocks with amax < max_normal * 2^-126.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .formats import (
+    BLOCK_SIZE,
+    E8M0_BIAS,
+    E8M0_NAN,
+    ElementFormat,
+    FormatLike,
+    Rounding,
+    ScaleMode,
+    _exp2_f32,
+    decode_elements,
+    e8m0_to_float32,
+    encode_elements,
+    get_format,
+    shared_exponent,
+)
+from .tensor import MXTensor, check_out_dtype, check_quantize_args
+
+__all__ = [
+    "quantize_reference",
+    "dequantize_reference",
+    "matmul_reference",
+    "pack_codes",
+    "unpack_codes",
+    "block_amax",
+]
+
+
+def pack_codes(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
+    """Pack element codes (uint8, last dim n, one code per byte) into qdata bytes along the last dim.
+
+    FP4: two codes per byte, element 2i in the low nibble → (..., n // 2).
+    FP6: four codes per 3 bytes, little-endian word ``a | b << 6 | c << 12 | d << 18`` → (..., 3n // 4).
+    FP8 / INT8: unchanged.
+    """
+    f = get_format(fmt)
+    if f.pack == 1:
+        return codes.to(torch.uint8)
+    c = codes.to(torch.int32).reshape(*codes.shape[:-1], codes.shape[-1] // f.pack, f.pack)
+    if f.bits == 4:
+        return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+    w = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)
+    b = torch.stack([w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF], dim=-1)
+    return b.reshape(*codes.shape[:-1], codes.shape[-1] * 3 // 4).to(torch.uint8)
+
+
+def unpack_codes(qdata: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: qdata bytes (..., m) → element codes (uint8) (..., m * pack / pack_bytes)."""
+    f = get_format(fmt)
+    if f.pack == 1:
+        return qdata
+    q = qdata.to(torch.int32)
+    if f.bits == 4:
+        c = torch.stack([q & 0xF, q >> 4], dim=-1)
+        return c.reshape(*qdata.shape[:-1], qdata.shape[-1] * 2).to(torch.uint8)
+    b = q.reshape(*qdata.shape[:-1], qdata.shape[-1] // 3, 3)
+    w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    c = torch.stack([(w >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1)
+    return c.reshape(*qdata.shape[:-1], qdata.shape[-1] * 4 // 3).to(torch.uint8)
+
+
+def block_amax(blocks: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last dim (float32). NaN if the block holds a NaN."""
+    return blocks.abs().amax(dim=-1)
+
+
+def quantize_reference(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    axis: int = -1,
+    block_size: int = BLOCK_SIZE,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+) -> MXTensor:
+    """Quantize ``x`` to an MX format along ``axis``: the reference (spec) implementation.
+
+    x: float32 | bfloat16 | float16, any rank ≥ 1, CPU or CUDA, ``x.shape[axis] % block_size == 0``.
+    fmt: ``"mxfp8_e4m3"``, ``"mxfp8_e5m2"``, ``"mxfp6_e3m2"``, ``"mxfp6_e2m3"``, ``"mxfp4_e2m1"``
+      (``"mxfp4"``), ``"mxint8"`` or an :class:`~mxkit.formats.ElementFormat`.
+    scale_mode: :class:`~mxkit.formats.ScaleMode` or its name (``"floor"`` = OCP §6.3, default).
+    rounding: ``"rne"`` (default) or ``"away"`` (:class:`~mxkit.formats.Rounding`).
+
+    Returns an :class:`~mxkit.MXTensor` (``qdata`` uint8 with ``axis`` moved last and packed,
+    ``scale`` uint8 E8M0). Raises TypeError for a wrong dtype, ValueError for an empty tensor, a bad axis,
+    an axis length that is not a multiple of ``block_size``, or an unknown format / mode name.
+    """
+    args = check_quantize_args(x, fmt, axis, block_size, scale_mode, rounding)
+    f = args.fmt
+    xm = x.movedim(args.axis, -1).to(torch.float32)
+    lead, n = xm.shape[:-1], xm.shape[-1]
+    blocks = xm.reshape(*lead, n // block_size, block_size)
+
+    nonfinite = ~torch.isfinite(blocks).all(dim=-1)
+    scale = shared_exponent(block_amax(blocks), f, args.scale_mode)
+    scale = torch.where(nonfinite, torch.full_like(scale, E8M0_NAN), scale)
+
+    # x * 2^-X is exact whenever the result is an fp32 normal; results below 2^-126 lie far under half
+    # the smallest element step (≥ 2^-17) and round to ±0 either way
+    x_exp = torch.where(nonfinite, 0, scale.to(torch.int32) - E8M0_BIAS)
+    v = blocks * _exp2_f32(-x_exp).unsqueeze(-1)
+    codes = encode_elements(v, f, args.rounding)
+    codes = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(codes), codes)
+    qdata = pack_codes(codes.reshape(*lead, n), f)
+    return MXTensor(qdata, scale, f, args.axis, block_size, x.shape, args.scale_mode, args.rounding)
+
+
+def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32) -> torch.Tensor:
+    """Decode an :class:`~mxkit.MXTensor` to a dense tensor of its logical shape.
+
+    Each element is ``decode(code) * 2^(scale - 127)`` computed in float32 (IEEE, round to nearest even;
+    exact unless the product leaves the fp32 normal range), then cast to ``dtype`` (float32 | bfloat16 |
+    float16 | float64; round to nearest even). Scale 0xFF and the element NaN codes give NaN.
+    """
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    dtype = check_out_dtype(dtype)
+    codes = unpack_codes(q.qdata, q.fmt)
+    vals = decode_elements(codes, q.fmt)
+    lead, n = vals.shape[:-1], vals.shape[-1]
+    s = e8m0_to_float32(q.scale).unsqueeze(-1)
+    out = (vals.reshape(*lead, n // q.block_size, q.block_size) * s).reshape(*lead, n)
+    return out.to(dtype).movedim(-1, q.axis)
+
+
+def matmul_reference(
+    a: Union[torch.Tensor, MXTensor],
+    b: MXTensor,
+    *,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """``y = a @ b.T`` with ``b`` an MX weight, computed in float32 on the dequantized operands.
+
+    a: float tensor (..., K) (float32 | bfloat16 | float16) or an MXTensor quantized along its last axis.
+    b: MXTensor of logical shape (N, K) quantized along K (axis 1, the ``nn.Linear`` weight layout).
+    out_dtype: default ``a.dtype`` for a float ``a``, bfloat16 for an MXTensor ``a``.
+    Returns (..., N). Raises ValueError on a K mismatch or a ``b`` not quantized along K.
+    """
+    if not isinstance(b, MXTensor):
+        raise TypeError(f"b must be an MXTensor (N, K), got {type(b).__name__}")
+    if b.ndim != 2 or b.axis != 1:
+        raise ValueError(f"b must be 2-D (N, K) quantized along K (axis=1); got shape {tuple(b.shape)}, axis={b.axis}")
+    if isinstance(a, MXTensor):
+        if a.axis != a.ndim - 1:
+            raise ValueError(f"an MXTensor a must be quantized along its last axis, got axis={a.axis}")
+        a_f = dequantize_reference(a, torch.float32)
+        default_dtype = torch.bfloat16
+    elif isinstance(a, torch.Tensor):
+        if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"a.dtype={a.dtype} is not supported; expected float32, bfloat16 or float16")
+        a_f = a.to(torch.float32)
+        default_dtype = a.dtype
+    else:
+        raise TypeError(f"a must be a tensor or MXTensor, got {type(a).__name__}")
+    if a_f.shape[-1] != b.shape[1]:
+        raise ValueError(f"K mismatch: a has K={a_f.shape[-1]}, b (N, K) = {tuple(b.shape)}")
+    if a_f.device != b.device:
+        raise ValueError(f"a is on {a_f.device} but b on {b.device}")
+    b_f = dequantize_reference(b, torch.float32)
+    return (a_f @ b_f.t()).to(check_out_dtype(out_dtype or default_dtype))

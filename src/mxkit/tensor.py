@@ -1,0 +1,181 @@
+"""`MXTensor`, the container every backend returns, and the argument checks every backend shares.
+
+An MXTensor is plain data: no autograd, no ``__torch_dispatch__``. Layout (OCP MX v1.0 §5, torchao names):
+
+* ``qdata`` — uint8, the logical tensor with the quantized ``axis`` moved last and packed along it:
+  FP8 / INT8 one byte per element; FP6 four 6-bit codes per 3 bytes, little-endian word
+  ``a | b << 6 | c << 12 | d << 18``; FP4 two codes per byte, element 2i in the low nibble.
+* ``scale`` — uint8 E8M0 (bias 127, 0xFF = NaN), same leading dims as ``qdata``, last dim
+  ``shape[axis] // block_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+from .formats import (
+    BLOCK_SIZE,
+    ElementFormat,
+    FormatLike,
+    Rounding,
+    ScaleMode,
+    get_format,
+)
+
+__all__ = ["MXTensor", "QuantizeArgs", "check_quantize_args", "SUPPORTED_INPUT_DTYPES"]
+
+SUPPORTED_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_OUTPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@dataclass(frozen=True)
+class QuantizeArgs:
+    """Validated, normalised quantize arguments (``axis`` non-negative)."""
+
+    fmt: ElementFormat
+    axis: int
+    block_size: int
+    scale_mode: ScaleMode
+    rounding: Rounding
+
+
+def check_quantize_args(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    axis: int = -1,
+    block_size: int = BLOCK_SIZE,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+) -> QuantizeArgs:
+    """Validate quantize arguments; raise TypeError / ValueError with the offending values named."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_INPUT_DTYPES:
+        raise TypeError(f"x.dtype={x.dtype} is not supported; expected one of float32, bfloat16, float16")
+    f = get_format(fmt)
+    mode = ScaleMode.parse(scale_mode)
+    rnd = Rounding.parse(rounding)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if block_size % f.pack:
+        raise ValueError(f"{block_size=} must be a multiple of {f.pack} for {f.name} (packing)")
+    if x.dim() == 0:
+        raise ValueError("cannot quantize a 0-dim tensor: MX blocks run along an axis")
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis={axis} is out of range for a tensor of shape {tuple(x.shape)}")
+    axis = axis % x.dim()
+    if x.numel() == 0:
+        raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    if x.shape[axis] % block_size:
+        raise ValueError(
+            f"x.shape[{axis}]={x.shape[axis]} (shape {tuple(x.shape)}, axis={axis}) "
+            f"is not a multiple of {block_size=}"
+        )
+    return QuantizeArgs(f, axis, block_size, mode, rnd)
+
+
+@dataclass
+class MXTensor:
+    """A tensor in an OCP MX format: element codes plus one E8M0 scale per block of ``block_size``.
+
+    Fields:
+      qdata: uint8 (``*lead, axis_len * pack_bytes // pack``) — logical tensor with ``axis`` moved last,
+        packed (see module docstring).
+      scale: uint8 (``*lead, axis_len // block_size``) — E8M0, bias 127, 0xFF = NaN.
+      fmt: the element format.
+      axis: the quantized axis of the logical tensor (non-negative).
+      block_size: elements per scale (32 in OCP MX v1.0).
+      scale_mode / rounding: how it was made (informational; dequantize does not need them).
+      shape: logical shape (``torch.Size``) of the tensor that was quantized.
+
+    Views: :meth:`qdata_view` (``torch.float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``int8``
+    where torch has the dtype) and :meth:`scale_view` (``torch.float8_e8m0fnu``).
+    """
+
+    qdata: torch.Tensor
+    scale: torch.Tensor
+    fmt: ElementFormat
+    axis: int
+    block_size: int
+    shape: torch.Size
+    scale_mode: ScaleMode = ScaleMode.FLOOR
+    rounding: Rounding = Rounding.RNE
+    _checked: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.fmt = get_format(self.fmt)
+        self.scale_mode = ScaleMode.parse(self.scale_mode)
+        self.rounding = Rounding.parse(self.rounding)
+        self.shape = torch.Size(self.shape)
+        if self.qdata.dtype != torch.uint8 or self.scale.dtype != torch.uint8:
+            raise TypeError(f"qdata and scale must be uint8, got {self.qdata.dtype} and {self.scale.dtype}")
+        if not 0 <= self.axis < len(self.shape):
+            raise ValueError(f"axis={self.axis} out of range for shape {tuple(self.shape)}")
+        exp_q, exp_s = self.expected_shapes(self.shape, self.axis, self.fmt, self.block_size)
+        if tuple(self.qdata.shape) != exp_q or tuple(self.scale.shape) != exp_s:
+            raise ValueError(
+                f"inconsistent MXTensor: qdata {tuple(self.qdata.shape)} (expected {exp_q}), "
+                f"scale {tuple(self.scale.shape)} (expected {exp_s}) for shape {tuple(self.shape)}, "
+                f"axis={self.axis}, {self.fmt.name}, block_size={self.block_size}"
+            )
+        if self.qdata.device != self.scale.device:
+            raise ValueError(f"qdata on {self.qdata.device} but scale on {self.scale.device}")
+
+    @staticmethod
+    def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
+        shape = tuple(shape)
+        lead = shape[:axis] + shape[axis + 1 :]
+        n = shape[axis]
+        return lead + (n * fmt.pack_bytes // fmt.pack,), lead + (n // block_size,)
+
+    # --- conveniences -----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.qdata.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Storage bytes: elements plus scales."""
+        return self.qdata.numel() + self.scale.numel()
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8.0 * self.nbytes / max(1, self.shape.numel())
+
+    def to(self, device: Union[str, torch.device]) -> "MXTensor":
+        return MXTensor(
+            self.qdata.to(device), self.scale.to(device), self.fmt, self.axis, self.block_size, self.shape,
+            self.scale_mode, self.rounding,
+        )
+
+    def qdata_view(self) -> torch.Tensor:
+        """qdata viewed as torch's own element dtype (fp8, fp4x2, int8); raises for FP6 (torch has none)."""
+        if self.fmt.torch_dtype is None:
+            raise TypeError(f"torch has no dtype for {self.fmt.name}; use .qdata (packed uint8)")
+        return self.qdata.view(self.fmt.torch_dtype)
+
+    def scale_view(self) -> torch.Tensor:
+        """scale viewed as ``torch.float8_e8m0fnu``."""
+        return self.scale.view(torch.float8_e8m0fnu)
+
+    def __repr__(self) -> str:
+        return (
+            f"MXTensor({self.fmt.name}, shape={tuple(self.shape)}, axis={self.axis}, "
+            f"block_size={self.block_size}, scale_mode={self.scale_mode.value}, device={self.device})"
+        )
+
+
+def check_out_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
+    dtype = torch.float32 if dtype is None else dtype
+    if dtype not in SUPPORTED_OUTPUT_DTYPES:
+        raise TypeError(f"dtype={dtype} is not supported; expected float32, bfloat16, float16 or float64")
+    return dtype

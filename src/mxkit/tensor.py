@@ -11,11 +11,12 @@ An MXTensor is plain data: no autograd, no ``__torch_dispatch__``. Layout (OCP M
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
+from .layouts import scale_layout_shape
 from .formats import (
     BLOCK_SIZE,
     ElementFormat,
@@ -92,6 +93,9 @@ class MXTensor:
       block_size: elements per scale (32 in OCP MX v1.0).
       scale_mode / rounding: how it was made (informational; dequantize does not need them).
       shape: logical shape (``torch.Size``) of the tensor that was quantized.
+      scale_layout: ``"plain"`` (default) or a swizzled layout of :mod:`mxkit.layouts`
+        (``"nvidia_128x4"``, ``"aiter_shuffle"``); then ``scale`` is 2-D ``(rows_padded, cols_padded)``
+        holding the swizzled bytes of the plain ``(prod(lead), axis_len // block_size)`` scale.
 
     Views: :meth:`qdata_view` (``torch.float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``int8``
     where torch has the dtype) and :meth:`scale_view` (``torch.float8_e8m0fnu``).
@@ -105,7 +109,7 @@ class MXTensor:
     shape: torch.Size
     scale_mode: ScaleMode = ScaleMode.FLOOR
     rounding: Rounding = Rounding.RNE
-    _checked: bool = field(default=False, repr=False, compare=False)
+    scale_layout: str = "plain"
 
     def __post_init__(self) -> None:
         self.fmt = get_format(self.fmt)
@@ -117,6 +121,11 @@ class MXTensor:
         if not 0 <= self.axis < len(self.shape):
             raise ValueError(f"axis={self.axis} out of range for shape {tuple(self.shape)}")
         exp_q, exp_s = self.expected_shapes(self.shape, self.axis, self.fmt, self.block_size)
+        if self.scale_layout != "plain":
+            rows = 1
+            for d in exp_s[:-1]:
+                rows *= d
+            exp_s = scale_layout_shape(rows, exp_s[-1], self.scale_layout)
         if tuple(self.qdata.shape) != exp_q or tuple(self.scale.shape) != exp_s:
             raise ValueError(
                 f"inconsistent MXTensor: qdata {tuple(self.qdata.shape)} (expected {exp_q}), "
@@ -154,7 +163,7 @@ class MXTensor:
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
         return MXTensor(
             self.qdata.to(device), self.scale.to(device), self.fmt, self.axis, self.block_size, self.shape,
-            self.scale_mode, self.rounding,
+            self.scale_mode, self.rounding, self.scale_layout,
         )
 
     def qdata_view(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ from .formats import (
     ScaleMode,
     get_format,
 )
-from .ops import dequantize, matmul, quantize
+from .ops import cast_transpose, dequantize, matmul, quantize
 from .tensor import MXTensor
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "MXINT8",
     "ElementFormat",
     "MXTensor",
+    "cast_transpose",
     "Rounding",
     "ScaleMode",
     "dequantize",

@@ -1,6 +1,11 @@
 """Scale and element-data layouts used by MX GEMM libraries (pure PyTorch; no kernels here).
 
-Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 32``):
+Every function here is a byte permutation (plus zero padding for the scale layouts): no arithmetic on
+values, so every conversion is lossless and works on any device and any byte content (0xFF NaN scales
+included). This module imports only torch; :mod:`mxkit.reference` imports it lazily.
+
+Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 32``; an ND scale
+``(*lead, cols)`` is flattened to ``rows = prod(lead)`` first):
 
 * ``"plain"`` — row-major ``(rows, cols)``, what :func:`mxkit.quantize` returns by default.
 * ``"nvidia_128x4"`` — NVIDIA's blocked scale-factor layout (cuBLAS "1D block scaling factors layout",
@@ -8,11 +13,31 @@ Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 3
 * ``"aiter_shuffle"`` — aiter's padded (rows → 256, cols → 8) and shuffled E8M0 layout.
 
 Padding bytes are 0. Converters: :func:`to_layout` / :func:`from_layout`.
+
+Element-data layouts (packed FP4 ``qdata`` ``(..., N, K // 2)`` uint8, two E2M1 codes per byte):
+
+* ``"plain"`` — row-major, what :func:`mxkit.quantize` returns.
+* ``"aiter_shuffle"`` — aiter's 16×16 MFMA pre-shuffle of weights (``shuffle_weight(w, layout=(16, 16))``).
+
+Converters: :func:`to_data_layout` / :func:`from_data_layout`. The index formula of every layout is in the
+docstring of its converter.
 """
 
 from __future__ import annotations
 
-__all__ = ["SCALE_LAYOUTS", "scale_layout_shape"]
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "SCALE_LAYOUTS",
+    "DATA_LAYOUTS",
+    "scale_layout_shape",
+    "to_layout",
+    "from_layout",
+    "to_data_layout",
+    "from_data_layout",
+]
 
 # layout name -> (row multiple, col multiple) the plain (rows, cols) scale is padded to
 SCALE_LAYOUTS: dict[str, tuple[int, int]] = {
@@ -21,14 +46,242 @@ SCALE_LAYOUTS: dict[str, tuple[int, int]] = {
     "aiter_shuffle": (256, 8),
 }
 
+# layout name -> (N multiple, K-bytes multiple) the packed data (..., N, K // 2) must have (no padding)
+DATA_LAYOUTS: dict[str, tuple[int, int]] = {
+    "plain": (1, 1),
+    "aiter_shuffle": (16, 32),
+}
+
+# Each swizzle is "view the padded row-major matrix as these dims, permute, flatten".
+# name -> (function (rows_p, cols_p) -> split dims, permutation of those dims)
+_SCALE_SWIZZLES = {
+    # (row tile rb, r // 32 % 4, r % 32, col tile cb, c % 4) -> (rb, cb, r % 32, r // 32 % 4, c % 4)
+    "nvidia_128x4": (lambda R, C: (R // 128, 4, 32, C // 4, 4), (0, 3, 2, 1, 4)),
+    # (r // 32, r // 16 % 2, r % 16, c // 8, c // 4 % 2, c % 4)
+    #   -> (r // 32, c // 8, c % 4, r % 16, c // 4 % 2, r // 16 % 2)
+    "aiter_shuffle": (lambda R, C: (R // 32, 2, 16, C // 8, 2, 4), (0, 3, 5, 2, 4, 1)),
+}
+
+# (b, n // 16, n % 16, kb // 32, kb // 16 % 2, kb % 16) -> (b, n // 16, kb // 32, kb // 16 % 2, n % 16, kb % 16)
+_DATA_PERM = (0, 1, 3, 4, 2, 5)
+
+
+def _DATA_SPLIT(B: int, N: int, KB: int) -> tuple[int, ...]:
+    return (B, N // 16, 16, KB // 32, 2, 16)
+
+
+def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
 
 def _check_layout(layout: str) -> tuple[int, int]:
-    if layout not in SCALE_LAYOUTS:
+    if not isinstance(layout, str) or layout not in SCALE_LAYOUTS:
         raise ValueError(f"unknown scale layout {layout!r}; known: {', '.join(SCALE_LAYOUTS)}")
     return SCALE_LAYOUTS[layout]
 
 
+def _check_data_layout(layout: str) -> tuple[int, int]:
+    if not isinstance(layout, str) or layout not in DATA_LAYOUTS:
+        raise ValueError(f"unknown data layout {layout!r}; known: {', '.join(DATA_LAYOUTS)}")
+    return DATA_LAYOUTS[layout]
+
+
+def _check_dims(rows, cols) -> None:
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+
+
+def _as_bytes(t: torch.Tensor, allowed: tuple, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in allowed:
+        names = " or ".join(str(d).replace("torch.", "") for d in allowed)
+        raise ValueError(f"{what}.dtype={t.dtype} is not supported; expected {names}")
+    return t.view(torch.uint8)
+
+
+_SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
+_DATA_DTYPES = (torch.uint8,) + ((torch.float4_e2m1fn_x2,) if hasattr(torch, "float4_e2m1fn_x2") else ())
+
+
 def scale_layout_shape(rows: int, cols: int, layout: str) -> tuple[int, int]:
-    """Shape ``(rows_padded, cols_padded)`` of a ``(rows, cols)`` plain scale stored in ``layout``."""
+    """Shape ``(rows_padded, cols_padded)`` of a ``(rows, cols)`` plain scale stored in ``layout``.
+
+    ``rows_padded = ceil(rows / rm) * rm`` and ``cols_padded = ceil(cols / cm) * cm`` with
+    ``(rm, cm) = SCALE_LAYOUTS[layout]``: (1, 1) plain, (128, 4) nvidia_128x4, (256, 8) aiter_shuffle.
+    Raises ValueError for an unknown layout or negative / non-int sizes.
+    """
     rm, cm = _check_layout(layout)
+    _check_dims(rows, cols)
     return (-(-rows // rm) * rm, -(-cols // cm) * cm)
+
+
+def to_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
+    """Plain E8M0 scale → swizzled ``layout`` (a byte permutation of the zero-padded scale).
+
+    scale: (rows, cols) uint8 | float8_e8m0fnu, any device, any strides (``cols = K // 32`` for a scale of
+      an (rows, K) operand quantized along K; flatten ND scales to ``rows = prod(lead)`` first).
+    Returns (rows_p, cols_p) = :func:`scale_layout_shape` ``(rows, cols, layout)``, uint8, contiguous, on
+      ``scale.device``. Its flat (row-major) byte order is the layout's byte order, so ``out.flatten()`` is
+      what cuBLAS / torchao's ``to_blocked`` / aiter's ``e8m0_shuffle`` produce. Padding bytes are 0.
+      ``"plain"`` returns the bytes as they are (no copy when ``scale`` is already contiguous uint8).
+
+    Byte (r, c) of the padded (R, C) = (rows_p, cols_p) scale goes to flat offset:
+
+    * ``"nvidia_128x4"`` — 128×4 tiles of 512 bytes, tiles in row-major order over
+      (R / 128, C / 4); inside a tile, row r32 = r % 32 of the 32×16 tile holds rows r32, r32 + 32, r32 + 64,
+      r32 + 96, 4 bytes each::
+
+          (r // 128 * (C // 4) + c // 4) * 512 + (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+
+      Source: cuBLAS docs, "1D Block Scaling Factors Layout" (docs.nvidia.com/cuda/cublas,
+      #d-block-scaling-factors-layout); TransformerEngine ``nvte_swizzle_scaling_factors`` (scale padded to
+      128×4 for row-scale); torchao ``torchao/prototype/mx_formats/utils.py::to_blocked`` (checked against
+      it in tests/test_layouts.py).
+    * ``"aiter_shuffle"`` — 32×8 blocks of 256 bytes; every 4-byte word holds rows (r, r + 16) × cols
+      (c, c + 4) so one lane reads the scales of two M/N sub-tiles and two K sub-steps::
+
+          (r // 32) * 32 * C + (c // 8) * 256 + (c % 4) * 64 + (r % 16) * 4 + (c // 4 % 2) * 2 + (r // 16 % 2)
+
+      Source: ROCm/aiter ``aiter/ops/shuffle.py::shuffle_scale`` (non-guinterleave branch; it is what
+      ``aiter/utility/fp4_utils.py::e8m0_shuffle`` calls): pad to (ceil256, ceil8), ``view(sm // 32, 2, 16,
+      sn // 8, 2, 4).permute(0, 3, 5, 2, 4, 1)``; the same offsets are written by the ``SHUFFLE`` branch of
+      aiter's Triton ``_dynamic_mxfp4_quant_kernel_asm_layout`` (fp4_utils.py), used for the scales of
+      aiter's ``gemm_a4w4`` (op_tests/test_gemm_a4w4.py) and by vLLM's Quark MXFP4 MoE on ROCm
+      (quark_moe.py: ``e8m0_shuffle(scale.view(E * N, -1))`` — ND scales flattened to rows as here).
+      aiter leaves padding uninitialised (``torch.empty``); mxkit writes 0.
+
+    Raises TypeError if ``scale`` is not a tensor; ValueError for an unknown layout, another dtype, or a
+    tensor that is not 2-D.
+    """
+    rm, cm = _check_layout(layout)
+    s = _as_bytes(scale, _SCALE_DTYPES, "scale")
+    if s.dim() != 2:
+        raise ValueError(
+            f"scale must be 2-D (rows, cols), got shape {tuple(s.shape)}; flatten leading dims first"
+        )
+    if layout == "plain":
+        return s.contiguous()
+    rows, cols = s.shape
+    R, C = scale_layout_shape(rows, cols, layout)
+    padded = s.new_zeros((R, C))
+    padded[:rows, :cols] = s
+    split, perm = _SCALE_SWIZZLES[layout]
+    return padded.view(split(R, C)).permute(perm).reshape(R, C)
+
+
+def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> torch.Tensor:
+    """Swizzled ``layout`` scale → plain (rows, cols) E8M0 scale; the inverse of :func:`to_layout`.
+
+    swizzled: uint8 | float8_e8m0fnu holding the rows_p × cols_p bytes of the layout (see :func:`to_layout`
+      for the offsets), either 2-D (rows_p, cols_p) or flat (rows_p * cols_p,) as torchao's ``to_blocked``
+      returns; any device.
+    shape: (rows, cols) of the plain scale (rows_p, cols_p = :func:`scale_layout_shape`).
+    Returns (rows, cols) uint8, contiguous, on ``swizzled.device``. Padding bytes are dropped unread (aiter
+      leaves them uninitialised), so any padding content is accepted.
+
+    Raises ValueError for an unknown layout, another dtype, a ``shape`` that is not two non-negative ints,
+    or a ``swizzled`` whose shape is neither (rows_p, cols_p) nor (rows_p * cols_p,).
+    """
+    _check_layout(layout)
+    s = _as_bytes(swizzled, _SCALE_DTYPES, "swizzled")
+    shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else shape
+    if not isinstance(shape, tuple) or len(shape) != 2:
+        raise ValueError(f"shape must be (rows, cols), got {shape!r}")
+    rows, cols = shape
+    R, C = scale_layout_shape(rows, cols, layout)
+    if tuple(s.shape) not in ((R, C), (R * C,)):
+        raise ValueError(
+            f"swizzled has shape {tuple(s.shape)}, but a {layout!r} scale of plain shape {(rows, cols)} "
+            f"is stored as ({R}, {C}) or ({R * C},)"
+        )
+    if layout == "plain":
+        return s.reshape(rows, cols).contiguous()
+    split, perm = _SCALE_SWIZZLES[layout]
+    dims = split(R, C)
+    stored = s.reshape(tuple(dims[p] for p in perm))
+    return stored.permute(_inverse(perm)).reshape(R, C)[:rows, :cols].contiguous()
+
+
+def _check_data(qdata: torch.Tensor, layout: str, what: str) -> torch.Tensor:
+    nm, km = _check_data_layout(layout)
+    q = _as_bytes(qdata, _DATA_DTYPES, what)
+    if q.dim() < 2:
+        raise ValueError(f"{what} must be at least 2-D (..., N, K // 2), got shape {tuple(q.shape)}")
+    N, KB = q.shape[-2:]
+    if N % nm or KB % km:
+        raise ValueError(
+            f"layout {layout!r} needs N % {nm} == 0 and K-bytes % {km} == 0 (K % {2 * km} == 0 FP4 elements); "
+            f"got {what} shape {tuple(q.shape)}: N={N}, K-bytes={KB}"
+        )
+    return q
+
+
+def to_data_layout(qdata: torch.Tensor, layout: str) -> torch.Tensor:
+    """Packed FP4 weight bytes → ``layout`` (a byte permutation, same shape, no padding).
+
+    qdata: (..., N, K // 2) uint8 | float4_e2m1fn_x2 (two E2M1 codes per byte, element 2i in the low
+      nibble; leading dims, e.g. experts, are shuffled independently), any device, any strides.
+    Returns uint8 of the same shape, contiguous, on ``qdata.device``; ``"plain"`` returns the bytes as they
+      are (no copy when already contiguous uint8). Nibbles are never split: the shuffle moves whole bytes.
+
+    ``"aiter_shuffle"`` needs ``N % 16 == 0`` and ``K-bytes % 32 == 0`` (K % 64 == 0 elements). Per
+    matrix, 16 rows × 32 bytes (64 FP4 values) form a 512-byte tile; tiles go row-major over
+    (N / 16, KB / 32); inside a tile the two 16-byte K halves come one after the other, each as 16 rows of 16
+    bytes (one MFMA lane's 32 FP4 values). Byte (n, kb) of an (N, KB) matrix goes to flat offset::
+
+        (n // 16) * 16 * KB + (kb // 32) * 512 + (kb // 16 % 2) * 256 + (n % 16) * 16 + kb % 16
+
+    Source: ROCm/aiter ``aiter/ops/shuffle.py::shuffle_weight(x, layout=(16, 16))`` for a 1-byte dtype
+    (IN = 16, IK = 16, BK = 2 * IK = 32 bytes, K = 16 // element_size = 16 bytes): ``view(-1, N // 16, 16,
+    KB // 32, 2, 16).permute(0, 1, 3, 4, 2, 5)`` — what aiter's ``gemm_a4w4`` takes as its pre-shuffled
+    FP4 weight (op_tests/test_gemm_a4w4.py: ``shuffle_weight(w, layout=(16, 16))``) and what vLLM's Quark
+    MXFP4 MoE path on ROCm applies to expert weights (vllm/model_executor/layers/quantization/quark/
+    quark_moe.py, ``process_weights_after_loading``). The same byte permutation is aiter's (16, 16) shuffle of
+    FP8 weights (element_size 1); it differs for 2-byte dtypes.
+
+    Raises ValueError for an unknown layout, another dtype, fewer than 2 dims, or N / K-bytes that the
+    layout cannot take.
+    """
+    q = _check_data(qdata, layout, "qdata")
+    if layout == "plain":
+        return q.contiguous()
+    N, KB = q.shape[-2:]
+    B = q.numel() // (N * KB) if q.numel() else 0
+    return q.reshape(_DATA_SPLIT(B, N, KB)).permute(_DATA_PERM).reshape(q.shape)
+
+
+def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) -> torch.Tensor:
+    """``layout`` FP4 weight bytes → plain (..., N, K // 2) uint8; the inverse of :func:`to_data_layout`.
+
+    shuffled: uint8 | float4_e2m1fn_x2 of ``shape`` (or flat, ``prod(shape)`` bytes), any device.
+    shape: (..., N, K // 2) of the plain packed data; same constraints as :func:`to_data_layout`.
+    Returns uint8 of ``shape``, contiguous, on ``shuffled.device``.
+
+    Raises ValueError for an unknown layout, another dtype, a ``shape`` the layout cannot take, or a
+    ``shuffled`` whose shape is neither ``shape`` nor (prod(shape),).
+    """
+    _check_data_layout(layout)
+    s = _as_bytes(shuffled, _DATA_DTYPES, "shuffled")
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError(f"shape must be a sequence of non-negative ints (..., N, K // 2), got {shape!r}")
+    shape = tuple(shape)
+    numel = 1
+    for d in shape:
+        numel *= d
+    if tuple(s.shape) not in (shape, (numel,)):
+        raise ValueError(f"shuffled has shape {tuple(s.shape)}, expected {shape} or ({numel},)")
+    q = _check_data(s.reshape(shape) if len(shape) >= 2 else s, layout, "shuffled")
+    if layout == "plain":
+        return q.contiguous()
+    N, KB = shape[-2:]
+    B = numel // (N * KB) if numel else 0
+    dims = _DATA_SPLIT(B, N, KB)
+    stored = q.reshape(tuple(dims[p] for p in _DATA_PERM))
+    return stored.permute(_inverse(_DATA_PERM)).reshape(shape)

@@ -221,8 +221,9 @@ class Rounding(_ParseEnum):
     """How a scaled value is rounded to the element grid. Both saturate to ± max normal.
 
     * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, triton_kernels). Default.
-    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"`` and aiter's Triton FP4
-      quantizer (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0, 5.0 → 6.0).
+    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"`` and aiter's
+      ``dynamic_mxfp4_quant`` in ``aiter/utility/fp4_utils.py`` (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
+      5.0 → 6.0). (aiter's other quantizer, ``aiter.ops.triton.quant``, rounds ties to even: ``RNE``.)
     """
 
     RNE = "rne"
@@ -294,8 +295,11 @@ def shared_exponent(amax: torch.Tensor, fmt: FormatLike, scale_mode: Union[str, 
 def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
     """Decode E8M0 bytes (uint8 or float8_e8m0fnu) to float32: 2^(byte - 127), 0xFF → NaN.
 
-    Byte 0 decodes to 2^-127, an fp32 denormal, exactly.
+    Byte 0 decodes to 2^-127, an fp32 denormal, exactly. Raises TypeError for any other dtype (a wider
+    integer or float tensor is not a tensor of E8M0 bytes).
     """
+    if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
+        raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {scale.dtype}")
     s = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
     v = _exp2_f32(s.to(torch.int32) - E8M0_BIAS)
     return torch.where(s == E8M0_NAN, torch.full_like(v, float("nan")), v)

@@ -133,8 +133,10 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     """Decode an :class:`~mxkit.MXTensor` to a dense tensor of its logical shape.
 
     Each element is ``decode(code) * 2^(scale - 127)`` computed in float32 (IEEE, round to nearest even;
-    exact unless the product leaves the fp32 normal range), then cast to ``dtype`` (float32 | bfloat16 |
-    float16 | float64; round to nearest even). Scale 0xFF and the element NaN codes give NaN.
+    exact unless the product leaves the fp32 normal range: MX values above fp32 max, reachable with
+    CEIL/RCEIL/EVEN scales near 2^127, become ±Inf), then cast to ``dtype`` (float32 | bfloat16 | float16;
+    round to nearest even). For ``dtype=float64`` the product is computed in float64 and is always exact.
+    Scale 0xFF and the element NaN codes give NaN.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
@@ -149,8 +151,9 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
         plain_shape = q.qdata.shape[:-1] + (n // q.block_size,)
         rows = plain_shape[:-1].numel()
         scale = from_layout(scale, q.scale_layout, (rows, plain_shape[-1])).reshape(plain_shape)
-    s = e8m0_to_float32(scale).unsqueeze(-1)
-    out = (vals.reshape(*lead, n // q.block_size, q.block_size) * s).reshape(*lead, n)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    s = e8m0_to_float32(scale).to(compute).unsqueeze(-1)
+    out = (vals.to(compute).reshape(*lead, n // q.block_size, q.block_size) * s).reshape(*lead, n)
     return out.to(dtype).movedim(-1, q.axis)
 
 

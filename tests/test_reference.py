@@ -1,0 +1,525 @@
+"""mxkit.reference (quantize / dequantize / packing) against hand-built blocks and an independent float64 model
+(``conftest.oracle_quantize``). Bytes are compared exactly; the only float comparisons are exact ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mxkit
+from conftest import (
+    FORMAT_NAMES,
+    INPUT_DTYPES,
+    ROUNDINGS,
+    SCALE_MODES,
+    SPECS,
+    assert_bytes_equal,
+    element_grid,
+    ml_decode,
+    oracle_quantize,
+    oracle_round,
+    oracle_unpack,
+    rand_blocks,
+    rand_tensor,
+    special_blocks,
+)
+from mxkit.formats import decode_elements, e8m0_to_float32
+from mxkit.reference import dequantize_reference, pack_codes, quantize_reference, unpack_codes
+
+HYP = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def q_codes(x, fmt, mode="floor", rounding="rne", **kw):
+    """(scale bytes, unpacked element codes) of mxkit's reference, unpacked by the independent unpacker."""
+    q = quantize_reference(x, fmt, scale_mode=mode, rounding=rounding, **kw)
+    return q.scale, oracle_unpack(q.qdata, fmt)
+
+
+def block(vals, n=32):
+    t = torch.zeros(1, n)
+    t[0, : len(vals)] = torch.tensor(vals, dtype=torch.float32)
+    return t
+
+
+def dec(codes, fmt):
+    return torch.from_numpy(ml_decode(codes.numpy(), fmt))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scale modes on hand-built blocks (expected bytes worked out by hand, reason in the comment)
+
+# FP4 (emax 2, max normal 6):
+#   amax 7   = 1.75 * 2^2 (bits 0x40E00000): FLOOR 2-2 = 0; CEIL 3-2 = 1; RCEIL 7/6 -> 2^1; EVEN mantissa
+#              0x600000 + 0x200000 = 0x800000 carries into the exponent -> 8 -> 3-2 = 1
+#   amax 5.9 = 1.475 * 2^2 (0x40BCCCCD): FLOOR 0; CEIL 1; RCEIL 5.9 <= 6 -> 0; EVEN 0x3CCCCD + 0x200000 =
+#              0x5CCCCD < 0x800000, no carry -> 0
+#   amax 6   = 1.5 * 2^2: FLOOR 0; CEIL 1 (not a power of two); RCEIL 0 (6 <= 6); EVEN 0x400000+0x200000 -> 0
+#   amax 4   = 2^2: every mode 0
+FP4_SCALE_CASES = [
+    (7.0, {"floor": 0, "ceil": 1, "rceil": 1, "even": 1}),
+    (5.9, {"floor": 0, "ceil": 1, "rceil": 0, "even": 0}),
+    (6.0, {"floor": 0, "ceil": 1, "rceil": 0, "even": 0}),
+    (4.0, {"floor": 0, "ceil": 0, "rceil": 0, "even": 0}),
+]
+# E4M3 (emax 8, max normal 448 = 1.75 * 2^8, EVEN adds 1 << 19 = 0x80000):
+#   448 (mant 0x600000): FLOOR 0, CEIL 1, RCEIL 0, EVEN 0x680000 no carry -> 0
+#   449 (mant 0x608000): FLOOR 0 (449 saturates to 448), CEIL 1, RCEIL 1, EVEN 0x688000 -> 0 (saturates)
+#   480 (mant 0x700000): FLOOR 0, CEIL 1, RCEIL 1, EVEN 0x780000 -> 0 (480 saturates to 448)
+#   496 (mant 0x780000): EVEN 0x800000 carries -> 1
+E4M3_SCALE_CASES = [
+    (448.0, {"floor": 0, "ceil": 1, "rceil": 0, "even": 0}),
+    (449.0, {"floor": 0, "ceil": 1, "rceil": 1, "even": 0}),
+    (480.0, {"floor": 0, "ceil": 1, "rceil": 1, "even": 0}),
+    (496.0, {"floor": 0, "ceil": 1, "rceil": 1, "even": 1}),
+]
+
+
+@pytest.mark.parametrize("mode", SCALE_MODES)
+@pytest.mark.parametrize(
+    "fmt,amax,expected",
+    [("mxfp4_e2m1", a, e) for a, e in FP4_SCALE_CASES] + [("mxfp8_e4m3", a, e) for a, e in E4M3_SCALE_CASES],
+)
+def test_scale_modes_hand_built(fmt, amax, expected, mode):
+    s, c = q_codes(block([amax, -1.0]), fmt, mode)
+    X = expected[mode]
+    assert s.tolist() == [[127 + X]], (fmt, amax, mode)
+    # the amax element: amax / 2^X rounded (RNE), saturating at max normal
+    want = ml_decode(oracle_round(np.array([amax / 2**X]), fmt, "rne"), fmt).item()
+    assert dec(c[:, :1], fmt).item() == want
+    assert dec(c[:, 1:2], fmt).item() == -1.0 / 2**X
+
+
+def test_fp4_amax7_floor_clips_rceil_does_not():
+    x = block([7.0, 3.5, -7.0])
+    s, c = q_codes(x, "mxfp4", "floor")
+    assert s.item() == 127 and c[0, :3].tolist() == [0x7, 0x6, 0xF]  # 7 -> 6 (clipped), 3.5 -> 4 (RNE)
+    s, c = q_codes(x, "mxfp4", "rceil")
+    assert s.item() == 128 and c[0, :3].tolist() == [0x6, 0x4, 0xE]  # 7/2 = 3.5 -> 4, 3.5/2 = 1.75 -> 2
+
+
+@pytest.mark.parametrize("k", [-120, -5, 0, 7, 100])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_amax_exactly_max_normal_times_power_of_two(fmt, k):
+    # max_normal is not a power of two in any format and its mantissa needs no rounding at mbits:
+    # FLOOR k, CEIL k + 1, RCEIL k (exact fit), EVEN k; the amax element is then the max code (or its half)
+    mn = SPECS[fmt].max_normal
+    x = block([mn * 2.0**k, -mn * 2.0**k / 4])
+    for mode, X in (("floor", k), ("ceil", k + 1), ("rceil", k), ("even", k)):
+        s, c = q_codes(x, fmt, mode)
+        assert s.item() == 127 + X, (fmt, k, mode)
+        if mode != "ceil":
+            assert dec(c[:, :1], fmt).item() == mn
+
+
+@pytest.mark.parametrize("j", [-100, -1, 0, 1, 20, 120])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_amax_power_of_two_all_modes_agree(fmt, j):
+    emax = SPECS[fmt].emax
+    x = block([2.0**j, 2.0**j / 3])
+    for mode in SCALE_MODES:
+        s, c = q_codes(x, fmt, mode)
+        assert s.item() == 127 + j - emax, (fmt, j, mode)
+        assert dec(c[:, :1], fmt).item() == 2.0**emax
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_zero_blocks(fmt):
+    x = torch.stack([torch.zeros(32), -torch.zeros(32)])
+    spec = SPECS[fmt]
+    for mode in SCALE_MODES:
+        for rnd in ROUNDINGS:
+            q = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+            assert q.scale.tolist() == [[0], [0]]
+            codes = oracle_unpack(q.qdata, fmt)
+            assert (codes[0] == 0).all()
+            assert (codes[1] == (0 if spec.is_int else spec.sign_bit)).all(), "-0 keeps its sign (floats)"
+            d = dequantize_reference(q)
+            assert torch.equal(d, x) and torch.equal(torch.signbit(d[1]), torch.full((32,), not spec.is_int))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_nonfinite_blocks(fmt):
+    nan, inf = float("nan"), float("inf")
+    x = torch.stack(
+        [torch.full((32,), nan), torch.full((32,), inf), torch.full((32,), -inf), block([1.0, nan, 3.0])[0],
+         block([5.0, -inf])[0], block([2.0, 1.0])[0]]
+    )
+    for mode in SCALE_MODES:
+        for rnd in ROUNDINGS:
+            q = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+            assert q.scale[:5].flatten().tolist() == [255] * 5 and q.scale[5].item() != 255
+            assert (q.qdata[:5] == 0).all(), "data bytes of NaN-scale blocks are 0"
+            d = dequantize_reference(q)
+            assert torch.isnan(d[:5]).all() and torch.isfinite(d[5]).all()
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_scale_clamp_low(fmt):
+    # tiny amax (fp32 denormal, and a tiny normal) -> X below -127 -> clamped to byte 0 in every mode
+    for a in (2.0**-149, 2.0**-140, (2.0**-126) * (1 - 2.0**-23), 2.0**-126 * 1.5):
+        if fmt == "mxint8" and a > 2.0**-140:
+            continue  # INT8 has emax 0: amax near 2^-126 gives X = -126 / -127 (see the byte-1 test)
+        for mode in SCALE_MODES:
+            s, _ = q_codes(block([a]), fmt, mode)
+            assert s.item() == 0, (fmt, a, mode)
+
+
+def test_scale_clamp_high_mxint8():
+    f32max = float(torch.finfo(torch.float32).max)
+    # amax 3e38 = 1.763 * 2^127: FLOOR 127; CEIL 128 -> clamp 127; RCEIL 3e38 <= (127/64) * 2^127 -> 127;
+    # EVEN 1.763 rounds (6 fraction bits) to 1.765625, no carry -> 127. All byte 254.
+    for mode in SCALE_MODES:
+        s, c = q_codes(block([3.0e38, -1.0]), "mxint8", mode)
+        assert s.item() == 254, mode
+        assert c[0, 0].item() == 113  # 3e38 / 2^127 = 1.7632 -> 112.85/64 -> 113
+    # fp32 max = (2 - 2^-23) * 2^127: RCEIL/CEIL/EVEN want 128, the E8M0 clamp keeps 127, so the element
+    # saturates to 127/64 -- the one place where RCEIL clips
+    for mode in SCALE_MODES:
+        s, c = q_codes(block([f32max, -f32max]), "mxint8", mode)
+        assert s.item() == 254 and c[0, :2].tolist() == [0x7F, 0x81], mode
+
+
+def test_scale_byte1_mxint8_tiny_normal():
+    # INT8 (emax 0): amax 1.5 * 2^-126 -> FLOOR X = -126 (byte 1); EVEN: 1.5 needs no carry -> byte 1
+    for mode, b in (("floor", 1), ("ceil", 2), ("rceil", 1), ("even", 1)):
+        s, _ = q_codes(block([1.5 * 2.0**-126]), "mxint8", mode)
+        assert s.item() == b, mode
+
+
+def test_exact_dequant_of_fp32_denormals_byte0_scale():
+    # E4M3, amax 2^-130 -> X = -138 -> clamp -127 (byte 0). x * 2^127:
+    #   2^-130 -> 2^-3 = 0x20 (exp field -3 + 7 = 4);  2^-136 -> 2^-9 = 0x01 (min subnormal)
+    #   2^-137 -> 2^-10: tie 0|2^-9 -> RNE 0, AWAY 0x01;  2^-140 -> 2^-13 -> 0 either way
+    x = block([2.0**-130, 2.0**-136, 2.0**-137, 2.0**-140, -(2.0**-136)])
+    for rnd, third in (("rne", 0x00), ("away", 0x01)):
+        q = quantize_reference(x, "mxfp8_e4m3", rounding=rnd)
+        assert q.scale.item() == 0
+        assert q.qdata[0, :5].tolist() == [0x20, 0x01, third, 0x00, 0x81]
+        d = dequantize_reference(q)[0, :5].tolist()
+        assert d == [2.0**-130, 2.0**-136, 2.0**-136 if third else 0.0, 0.0, -(2.0**-136)]
+    # FP4, byte-0 scale: amax 6 * 2^-127 = 1.5 * 2^-125 (normal) -> FLOOR X = -125 - 2 = -127.
+    #   6*2^-127 -> 6 (code 7); 2^-128 -> 0.5 (code 1); 2^-129 -> 0.25: RNE 0, AWAY 0.5; 2^-140 -> 0
+    x = block([6 * 2.0**-127, 2.0**-128, 2.0**-129, 2.0**-140])
+    for rnd, third in (("rne", 0x0), ("away", 0x1)):
+        q = quantize_reference(x, "mxfp4", rounding=rnd)
+        assert q.scale.item() == 0
+        assert q.qdata[0, :2].tolist() == [0x7 | 0x1 << 4, third | 0x0 << 4]
+        d = dequantize_reference(q)[0, :4].tolist()
+        assert d == [6 * 2.0**-127, 2.0**-128, 2.0**-128 if third else 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# layout: axes, packing, dtypes, views
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+def test_every_axis_of_3d(fmt, axis, rng):
+    bs = 8
+    x = rand_tensor((16, 8, 24), axis=axis, block_size=bs, generator=rng, special=False)
+    q = quantize_reference(x, fmt, axis=axis, block_size=bs, scale_mode="even")
+    ref = quantize_reference(x.movedim(axis, -1).contiguous(), fmt, block_size=bs, scale_mode="even")
+    ax = axis % 3
+    assert q.axis == ax and q.shape == x.shape
+    lead = tuple(d for i, d in enumerate(x.shape) if i != ax)
+    f = mxkit.get_format(fmt)
+    assert tuple(q.qdata.shape) == lead + (x.shape[ax] * f.pack_bytes // f.pack,)
+    assert tuple(q.scale.shape) == lead + (x.shape[ax] // bs,)
+    assert_bytes_equal(q.qdata, ref.qdata, "qdata")
+    assert_bytes_equal(q.scale, ref.scale, "scale")
+    s, c = oracle_quantize(x.movedim(axis, -1), fmt, "even", "rne", block_size=bs)
+    assert_bytes_equal(q.scale, torch.from_numpy(s), "scale vs oracle")
+    assert_bytes_equal(oracle_unpack(q.qdata, fmt), torch.from_numpy(c), "codes vs oracle")
+    d = dequantize_reference(q)
+    assert d.shape == x.shape
+    assert torch.equal(d, dequantize_reference(ref).movedim(-1, axis))
+
+
+def test_non_contiguous_input(rng):
+    x = rand_blocks(64, generator=rng).reshape(32, 64)
+    xt = x.t()  # (64, 32), axis 0 of the view is contiguous memory
+    for fmt in FORMAT_NAMES:
+        a = quantize_reference(xt, fmt, axis=0)
+        b = quantize_reference(xt.contiguous(), fmt, axis=0)
+        assert torch.equal(a.qdata, b.qdata) and torch.equal(a.scale, b.scale)
+    y = rand_blocks(64, generator=rng).reshape(16, 128)[:, ::2]  # strided
+    for fmt in FORMAT_NAMES:
+        assert torch.equal(quantize_reference(y, fmt).qdata, quantize_reference(y.contiguous(), fmt).qdata)
+
+
+def test_fp6_pack_layout_by_hand():
+    a, b, c, d = 0x01, 0x02, 0x2A, 0x3F
+    w = a | b << 6 | c << 12 | d << 18  # little-endian 24-bit word
+    packed = pack_codes(torch.tensor([[a, b, c, d]], dtype=torch.uint8), "mxfp6_e3m2")
+    assert packed.tolist() == [[w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF]]
+    assert packed.tolist() == [[0x81, 0xA0, 0xFE]]
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_pack_unpack_round_trip(fmt, rng):
+    bits = SPECS[fmt].bits
+    codes = torch.randint(0, 1 << bits, (3, 5, 64), generator=rng).to(torch.uint8)
+    packed = pack_codes(codes, fmt)
+    f = mxkit.get_format(fmt)
+    assert packed.shape == (3, 5, 64 * f.pack_bytes // f.pack) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_codes(packed, fmt), codes)
+    assert torch.equal(oracle_unpack(packed, fmt), codes)
+
+
+def test_fp4_nibble_order():
+    # block amax 6 -> FLOOR scale 2^0; element 2i in the low nibble
+    x = block([6.0, 0.5, -1.0, 2.0, 0.0, -0.0])
+    q = quantize_reference(x, "mxfp4")
+    assert q.scale.item() == 127
+    assert q.qdata[0, :3].tolist() == [0x7 | 0x1 << 4, 0xA | 0x4 << 4, 0x0 | 0x8 << 4]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_half_inputs_equal_fp32(fmt, dtype, rng):
+    x = rand_blocks(256, generator=rng, dtype=dtype).reshape(16, 512)
+    for mode in SCALE_MODES:
+        for rnd in ROUNDINGS:
+            a = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+            b = quantize_reference(x.to(torch.float32), fmt, scale_mode=mode, rounding=rnd)
+            assert torch.equal(a.qdata, b.qdata) and torch.equal(a.scale, b.scale), (mode, rnd)
+
+
+def test_mxtensor_views_and_torch_decoders(rng):
+    x = rand_blocks(64, generator=rng).reshape(8, 256)
+    for fmt, tdt in (("mxfp8_e4m3", torch.float8_e4m3fn), ("mxfp8_e5m2", torch.float8_e5m2)):
+        q = quantize_reference(x, fmt)
+        v = q.qdata_view()
+        assert v.dtype == tdt and v.shape == q.qdata.shape
+        assert torch.equal(v.to(torch.float32), decode_elements(q.qdata, fmt))  # torch's own fp8 decoder
+    q = quantize_reference(x, "mxint8")
+    assert q.qdata_view().dtype == torch.int8
+    assert torch.equal(q.qdata_view().to(torch.float32) / 64, decode_elements(q.qdata, "mxint8"))
+    q = quantize_reference(x, "mxfp4")
+    v = q.qdata_view()
+    assert v.dtype == torch.float4_e2m1fn_x2 and v.shape == q.qdata.shape
+    with pytest.raises(TypeError, match="mxfp6"):
+        quantize_reference(x, "mxfp6_e2m3").qdata_view()
+    s = q.scale_view()
+    assert s.dtype == torch.float8_e8m0fnu
+    assert torch.equal(s.to(torch.float32), e8m0_to_float32(q.scale))  # torch's own e8m0 decoder
+
+
+def test_dequantize_output_dtypes(rng):
+    x = rand_blocks(64, generator=rng).reshape(8, 256)
+    q = quantize_reference(x, "mxfp8_e5m2")
+    d32 = dequantize_reference(q)
+    for dt in (torch.bfloat16, torch.float16, torch.float64):
+        assert torch.equal(dequantize_reference(q, dt), d32.to(dt))
+    assert dequantize_reference(q, None).dtype == torch.float32
+    with pytest.raises(TypeError, match="int32"):
+        dequantize_reference(q, torch.int32)
+
+
+def test_ops_quantize_on_cpu_is_the_reference(rng):
+    x = rand_blocks(64, generator=rng).reshape(8, 256)
+    for fmt in FORMAT_NAMES:
+        a = mxkit.quantize(x, fmt, scale_mode="rceil")
+        b = quantize_reference(x, fmt, scale_mode="rceil")
+        assert torch.equal(a.qdata, b.qdata) and torch.equal(a.scale, b.scale)
+        assert torch.equal(mxkit.dequantize(a), dequantize_reference(b))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_errors():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match=r"x.shape\[1\]=48.*\(4, 48\).*axis=1.*block_size=32"):
+        quantize_reference(torch.randn(4, 48), "mxfp4")
+    with pytest.raises(ValueError, match=r"x.shape\[0\]=4"):
+        quantize_reference(x, "mxfp4", axis=0)
+    for bad in (torch.ones(4, 64, dtype=torch.int32), torch.randn(4, 64, dtype=torch.float64)):
+        with pytest.raises(TypeError, match="dtype"):
+            quantize_reference(bad, "mxfp4")
+    with pytest.raises(TypeError):
+        quantize_reference([1.0] * 32, "mxfp4")
+    with pytest.raises(ValueError, match="empty"):
+        quantize_reference(torch.empty(0, 32), "mxfp4")
+    with pytest.raises(ValueError, match="0-dim"):
+        quantize_reference(torch.tensor(1.0), "mxfp4")
+    with pytest.raises(ValueError, match="known: .*mxfp8_e4m3"):
+        quantize_reference(x, "fp4")
+    with pytest.raises(ValueError, match="'floor', 'ceil', 'rceil', 'even'"):
+        quantize_reference(x, "mxfp4", scale_mode="round")
+    with pytest.raises(ValueError, match="'rne', 'away'"):
+        quantize_reference(x, "mxfp4", rounding="nearest")
+    for axis in (2, -3):
+        with pytest.raises(ValueError, match=f"axis={axis}.*out of range"):
+            quantize_reference(x, "mxfp4", axis=axis)
+    with pytest.raises(TypeError, match="axis"):
+        quantize_reference(x, "mxfp4", axis=1.0)
+    with pytest.raises(ValueError, match="multiple of 4 for mxfp6_e3m2"):
+        quantize_reference(torch.randn(4, 60), "mxfp6_e3m2", block_size=30)
+    with pytest.raises(ValueError, match="multiple of 2 for mxfp4_e2m1"):
+        quantize_reference(torch.randn(4, 63), "mxfp4", block_size=21)
+    for bs in (0, -32, True, 32.0):
+        with pytest.raises(ValueError, match="block_size"):
+            quantize_reference(x, "mxfp4", block_size=bs)
+    with pytest.raises(TypeError, match="MXTensor"):
+        dequantize_reference(x)
+
+
+def test_other_block_sizes_match_oracle(rng):
+    x = rand_blocks(64, 64, generator=rng, special=False).reshape(16, 256)
+    for fmt in FORMAT_NAMES:
+        for bs in (4, 16, 64):
+            q = quantize_reference(x, fmt, block_size=bs, scale_mode="ceil", rounding="away")
+            s, c = oracle_quantize(x, fmt, "ceil", "away", block_size=bs)
+            assert_bytes_equal(q.scale, torch.from_numpy(s), f"{fmt} bs={bs} scale")
+            assert_bytes_equal(oracle_unpack(q.qdata, fmt), torch.from_numpy(c), f"{fmt} bs={bs} codes")
+
+
+def test_e8m0_to_float32_rejects_wide_dtypes():
+    with pytest.raises(TypeError):
+        e8m0_to_float32(torch.tensor([127, 128], dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the independent float64 model: random wide-range data + crafted blocks, and hypothesis
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_matches_float64_model_random(fmt, dtype, rng):
+    x = rand_blocks(300, generator=rng, dtype=dtype, nonfinite=dtype != torch.float16)
+    for mode in SCALE_MODES:
+        for rnd in ROUNDINGS:
+            q = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+            s, c = oracle_quantize(x, fmt, mode, rnd)
+            assert_bytes_equal(q.scale, torch.from_numpy(s), f"{fmt} {mode} {rnd} scale")
+            assert_bytes_equal(oracle_unpack(q.qdata, fmt), torch.from_numpy(c), f"{fmt} {mode} {rnd} codes")
+
+
+def _check_against_model(x: torch.Tensor, fmt, mode, rnd):
+    q = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+    s, c = oracle_quantize(x, fmt, mode, rnd)
+    assert_bytes_equal(q.scale, torch.from_numpy(s), f"{fmt} {mode} {rnd} scale")
+    assert_bytes_equal(oracle_unpack(q.qdata, fmt), torch.from_numpy(c), f"{fmt} {mode} {rnd} codes")
+    _check_dequant_bounds(q, x, fmt, mode)
+
+
+def _check_dequant_bounds(q, x, fmt, mode):
+    """|dequant - x| <= half an element step at |x| / 2^X, or exactly ± max_normal * 2^X when saturated;
+    CEIL and RCEIL never saturate (except where the E8M0 clamp at +127 binds)."""
+    spec = SPECS[fmt]
+    d = dequantize_reference(q).to(torch.float64).numpy().reshape(-1, q.block_size)
+    # MX values above the fp32 range (e.g. FP4 4 * 2^126 = 2^128 from CEIL/RCEIL/EVEN near fp32 max) come
+    # back as Inf from the fp32 dequantize (documented; see test_dequant_float64_above_fp32_range): compare
+    # those through the exact float64 decode instead
+    codes = oracle_unpack(q.qdata, fmt).numpy().reshape(d.shape)
+    exact = np.ldexp(ml_decode(codes, fmt), q.scale.to(torch.int64).numpy().reshape(-1, 1) - 127)
+    d = np.where(np.isinf(d) & np.isfinite(exact), exact, d)
+    xs = x.to(torch.float64).numpy().reshape(-1, q.block_size)
+    X = q.scale.to(torch.int64).numpy().reshape(-1) - 127
+    ok = np.isfinite(xs).all(axis=1) & (q.scale.numpy().reshape(-1) != 255)
+    d, xs, X = d[ok], xs[ok], X[ok][:, None]
+    v = np.ldexp(np.abs(xs), -X)
+    sat = v > spec.max_normal
+    if mode in ("ceil", "rceil"):
+        assert not (sat & (X < 127)).any(), "CEIL/RCEIL saturated an element"
+    _, e = np.frexp(np.where(v > 0, v, 1.0))
+    if spec.is_int:
+        step = np.broadcast_to(np.ldexp(1.0, X - 6), v.shape)
+    else:
+        step = np.ldexp(1.0, np.maximum(e - 1, spec.emin) - spec.mbits + X)
+    err = np.abs(d - xs)
+    assert (err[~sat] <= step[~sat] / 2).all(), "error above half a step"
+    assert (np.abs(d[sat]) == np.ldexp(spec.max_normal, np.broadcast_to(X, sat.shape)[sat])).all()
+    assert (np.signbit(d) == np.signbit(xs))[xs != 0].all() or spec.is_int
+
+
+f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+FMT = st.sampled_from(FORMAT_NAMES)
+MODE = st.sampled_from(SCALE_MODES)
+RND = st.sampled_from(ROUNDINGS)
+
+
+@HYP
+@given(vals=st.lists(f32, min_size=32, max_size=32), fmt=FMT, mode=MODE, rnd=RND)
+def test_property_any_fp32_block(vals, fmt, mode, rnd):
+    _check_against_model(torch.tensor([vals], dtype=torch.float32), fmt, mode, rnd)
+
+
+@HYP
+@given(
+    data=st.data(), fmt=FMT, mode=MODE, rnd=RND, X=st.integers(-135, 100),
+)
+def test_property_tie_heavy_blocks(data, fmt, mode, rnd, X):
+    # elements at grid midpoints (ties) and grid points times 2^X, pinned by a max-normal element
+    grid, _ = element_grid(fmt)
+    mids = (grid[1:] + grid[:-1]) / 2
+    pool = np.concatenate([mids, grid, grid[-1:] * 1.02])
+    idx = data.draw(st.lists(st.integers(0, len(pool) - 1), min_size=31, max_size=31))
+    signs = data.draw(st.lists(st.booleans(), min_size=31, max_size=31))
+    vals = np.array([SPECS[fmt].max_normal] + [(-1 if s else 1) * pool[i] for i, s in zip(idx, signs)])
+    x = np.ldexp(vals, X).astype(np.float32)
+    _check_against_model(torch.from_numpy(x)[None], fmt, mode, rnd)
+
+
+@HYP
+@given(mags=st.lists(st.integers(0, 0x7BFF), min_size=32, max_size=32),  # every finite fp16 magnitude
+       signs=st.lists(st.booleans(), min_size=32, max_size=32), fmt=FMT, mode=MODE, rnd=RND)
+def test_property_fp16_blocks(mags, signs, fmt, mode, rnd):
+    bits = torch.tensor([m | (0x8000 if sg else 0) for m, sg in zip(mags, signs)], dtype=torch.int32)
+    x = bits.to(torch.int16).view(torch.float16)[None]
+    q = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+    s, c = oracle_quantize(x, fmt, mode, rnd)
+    assert_bytes_equal(q.scale, torch.from_numpy(s), "scale")
+    assert_bytes_equal(oracle_unpack(q.qdata, fmt), torch.from_numpy(c), "codes")
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequant_bounds_random(fmt, rng):
+    x = rand_blocks(400, generator=rng)
+    for mode in SCALE_MODES:
+        _check_dequant_bounds(quantize_reference(x, fmt, scale_mode=mode), x, fmt, mode)
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequant_is_exact_decode_times_scale(fmt, rng):
+    x = rand_blocks(200, generator=rng, nonfinite=True)
+    q = quantize_reference(x, fmt, scale_mode="rceil")
+    s, c = oracle_quantize(x, fmt, "rceil", "rne")
+    vals = ml_decode(c, fmt).reshape(-1, 32)
+    X = s.astype(np.int64) - 127
+    with np.errstate(over="ignore"):
+        want = np.ldexp(vals, X).astype(np.float32)  # computed in fp32: values above its range become Inf
+    want[np.broadcast_to(s == 255, want.shape)] = np.nan
+    got = dequantize_reference(q, torch.float32).numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    m = ~np.isnan(want)
+    assert np.array_equal(got[m], want[m]) and np.array_equal(np.signbit(got[m]), np.signbit(want[m]))
+
+
+def test_special_blocks_cover_what_they_claim():
+    s = special_blocks(nonfinite=True)
+    assert (s == 0).all(dim=1).any() and torch.isnan(s).any() and torch.isinf(s).any()
+    assert ((s != 0) & (s.abs() < 2.0**-126)).any(), "fp32 denormals present"
+
+
+def test_dequant_float64_above_fp32_range():
+    x = block([3.0e38])
+    for mode in ("ceil", "rceil", "even"):
+        q = quantize_reference(x, "mxfp4", scale_mode=mode)
+        assert q.scale.item() == 127 + 126 and q.qdata[0, 0].item() == 0x6  # 3e38 / 2^126 = 3.53 -> 4 (RNE)
+        assert dequantize_reference(q, torch.float64)[0, 0].item() == 2.0**128
+
+
+def test_quantize_near_fp32_max_rounds_above_fp32_range():
+    # finite input, Inf after an fp32 dequantize (2^128 is above fp32 max; float64 keeps it). FLOOR never
+    # does this (its largest element is max_normal * 2^(127 - emax) < fp32 max).
+    x = block([3.0e38, float(torch.finfo(torch.float32).max)])
+    for fmt in FORMAT_NAMES:
+        d = dequantize_reference(quantize_reference(x, fmt, scale_mode="floor"))
+        assert torch.isfinite(d).all(), fmt
+    assert torch.isinf(dequantize_reference(quantize_reference(x, "mxfp4", scale_mode="rceil"))[0, 0])

@@ -1,0 +1,5 @@
+"""``python -m mxkit`` = the ``mxkit`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

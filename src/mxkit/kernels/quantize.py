@@ -1,0 +1,459 @@
+"""MX quantize / dequantize on the GPU (Triton, Hopper sm_90 and later): launchers and torch custom ops.
+
+The jit bodies live in :mod:`mxkit.kernels._quantize`; the specification they match byte for byte is
+:mod:`mxkit.reference` (``quantize_reference`` / ``dequantize_reference``).
+
+Every call views the input as ``[B, R, C]`` with C contiguous:
+
+* ``axis`` = last dim: ``B = 1``, ``R = prod(other dims)``, ``C = shape[axis]``; blocks of 32 run along C.
+* ``axis`` = any other dim: ``B = prod(dims before)``, ``R = shape[axis]``, ``C = prod(dims after)``; the
+  kernel loads ``[BLOCK_R, BLOCK_C]`` tiles coalesced along C, transposes the raw tile (shared memory) and
+  quantizes its rows, so the output (MXTensor keeps the quantized axis last) is written contiguously.
+* cast-transpose ``axis=(last, second-to-last)`` (either order): ``[B, M, K]``; both copies from one read.
+
+Tile configs are a pure function of the problem (:func:`quantize_config`, :func:`dequantize_config`).
+Custom ops ``mxkit::quantize_mx``, ``mxkit::cast_transpose_mx``, ``mxkit::dequantize_mx`` return raw
+tensors, so ``torch.compile(fullgraph=True)`` traces through them; MXTensor is built outside the ops.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..layouts import scale_layout_shape
+from ..tensor import MXTensor, check_out_dtype, check_quantize_args
+from . import _quantize as K
+
+__all__ = [
+    "quantize_triton",
+    "dequantize_triton",
+    "QuantizeConfig",
+    "DequantizeConfig",
+    "quantize_config",
+    "dequantize_config",
+    "needs_int64",
+    "KERNEL_SCALE_LAYOUTS",
+]
+
+KERNEL_SCALE_LAYOUTS = {"plain": 0, "nvidia_128x4": 1, "aiter_shuffle": 2}  # layouts the quantize kernel writes directly
+_MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
+_INT32_LIMIT = 2**31 - 1
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def needs_int64(*extents: int) -> bool:
+    """True when an element offset could pass 2^31 - 1: ``extents`` are the (tile-padded) element counts
+    of every tensor a kernel addresses. Pure function of shapes (tested without allocating)."""
+    return max(extents) > _INT32_LIMIT
+
+
+# ---------------------------------------------------------------------------------------------------------
+# configs
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view."""
+
+    block_r: int
+    block_c: int
+    num_warps: int
+    int64: bool
+    denorm_branch: bool = True  # recompute fp32-denormal inputs only in tiles that need it (CTA-wide min)
+
+
+@dataclass(frozen=True)
+class DequantizeConfig:
+    """Tile of one dequantize program: ``[block_n, block_l]`` elements (block_l along the quantized dim)."""
+
+    block_n: int
+    block_l: int
+    num_warps: int
+    int64: bool
+
+
+def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
+    """Pick the tile for x viewed [B, R, C] (pure function of the problem).
+
+    Rowwise (blocks along C): up to 16 x 256, 4 warps. Columnwise / cast-transpose (blocks along R): 32 x 32
+    or 32 x 64 tiles with 1-2 warps. Chosen from a sweep on an H200, bf16 8192^2 (tests/test_kernels.py
+    --timing)."""
+    f = get_format(fmt)
+    if do_col:
+        # narrow tiles and few warps: the transposed tile goes through shared memory and register pressure,
+        # not width, limits the bytes in flight
+        wide = (f.bits == 4) if do_row else (f.bits == 8)
+        block_r = 32
+        block_c = max(32 if do_row else 16, min(64 if wide else 32, _pow2(C)))
+        warps = 2 if wide else 1
+        tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), denorm_branch=False)
+    block_c = max(32, min(256, _pow2(C)))
+    block_r = max(1, min(_pow2(R), 4096 // block_c))
+    warps = max(1, min(4, block_r * block_c // 1024))
+    tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
+    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles))
+
+
+def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> DequantizeConfig:
+    """Pick the tile for qdata viewed [B, N, L] (pure function of the problem)."""
+    if trans:
+        block_l = max(32, min(128, _pow2(L)))
+        block_n = max(16, min(32, _pow2(N)))
+        warps = 4
+    else:
+        block_l = max(32, min(256, _pow2(L)))
+        block_n = max(1, min(_pow2(N), 4096 // block_l))
+        warps = max(1, min(4, block_n * block_l // 1024))
+    tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
+    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _max_frac(f: ElementFormat) -> int:
+    return struct.unpack("<I", struct.pack("<f", f.max_normal))[0] & 0x7FFFFF
+
+
+def _format_constexprs(f: ElementFormat) -> dict:
+    return dict(
+        BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), EMAX=f.emax,
+        IS_INT=not f.is_float, MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f),
+    )
+
+
+def _input_view(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    if x.dtype == torch.float32:
+        return x.view(torch.int32), 0
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16), 1
+    return x, 2
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type != "cuda" and not _interpret():
+        raise ValueError(
+            f"the Triton MX kernels need a CUDA tensor, got device={t.device} "
+            "(use mxkit.reference or backend='reference' on CPU)"
+        )
+
+
+def _check_layout(scale_layout: str) -> int:
+    if scale_layout not in KERNEL_SCALE_LAYOUTS:
+        raise ValueError(
+            f"scale_layout={scale_layout!r} is not written by the quantize kernel; "
+            f"supported: {', '.join(KERNEL_SCALE_LAYOUTS)} (use mxkit.layouts.to_layout for others)"
+        )
+    return KERNEL_SCALE_LAYOUTS[scale_layout]
+
+
+def _check_block_size(block_size: int) -> None:
+    if block_size != BLOCK_SIZE:
+        raise NotImplementedError(
+            f"the Triton MX kernels support block_size={BLOCK_SIZE} only, got {block_size=} "
+            "(use mxkit.reference for other block sizes)"
+        )
+
+
+def _alloc_scale(lead: tuple, nblk: int, layout: str, device) -> torch.Tensor:
+    if layout == "plain":
+        return torch.empty(*lead, nblk, dtype=torch.uint8, device=device)
+    rows = 1
+    for d in lead:
+        rows *= d
+    shape = scale_layout_shape(rows, nblk, layout)
+    if shape == (rows, nblk):
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+    return torch.zeros(shape, dtype=torch.uint8, device=device)  # pad bytes are 0
+
+
+def _cols_padded(nblk: int, layout: str) -> int:
+    """Padded scale columns of a swizzled layout (unused for plain)."""
+    return scale_layout_shape(1, nblk, layout)[1]
+
+
+def _alloc_data(lead: tuple, n: int, f: ElementFormat, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """qdata (uint8) and the view the kernel writes (int32 words for FP6)."""
+    q = torch.empty(*lead, n * f.pack_bytes // f.pack, dtype=torch.uint8, device=device)
+    return q, (q.view(torch.int32) if f.bits == 6 else q)
+
+
+def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
+                     qr, sr, qc, sc, colsp_r, colsp_c, cfg: Optional[QuantizeConfig] = None):
+    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
+    tiles_r, tiles_c = -(-R // cfg.block_r), -(-C // cfg.block_c)
+    grid = (B * tiles_r * tiles_c,)
+    dummy = qr if qr is not None else qc
+    K._quantize_kernel[grid](
+        xv, qr if qr is not None else dummy, sr if sr is not None else dummy,
+        qc if qc is not None else dummy, sc if sc is not None else dummy,
+        R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode],
+        IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
+        AWAY=rnd is Rounding.AWAY,
+        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM_BRANCH=cfg.denorm_branch,
+        MASKED=bool(R % cfg.block_r or C % cfg.block_c),
+        num_warps=cfg.num_warps, **_format_constexprs(f),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# raw implementations (tensors in, tensors out), wrapped by the custom ops
+
+
+def _quantize_impl(x, fmt, axis, scale_mode, rounding, scale_layout, cfg=None):
+    f = get_format(fmt)
+    mode, rnd = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
+    lay = _check_layout(scale_layout)
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    axis = axis % len(shape)
+    B = 1
+    for d in shape[:axis]:
+        B *= d
+    L = shape[axis]
+    Q = 1
+    for d in shape[axis + 1 :]:
+        Q *= d
+    lead = shape[:axis] + shape[axis + 1 :]
+    q, qk = _alloc_data(lead, L, f, x.device)
+    s = _alloc_scale(lead, L // BLOCK_SIZE, scale_layout, x.device)
+    xv, in_kind = _input_view(x)
+    cols_p = _cols_padded(L // BLOCK_SIZE, scale_layout)
+    if Q == 1:  # rowwise: [1, B, L]
+        _launch_quantize(xv, in_kind, 1, B, L, f, mode, rnd, True, False, lay, 0, qk, s, None, None,
+                         cols_p, 0, cfg)
+    else:  # columnwise: [B, L, Q], blocks along L
+        _launch_quantize(xv, in_kind, B, L, Q, f, mode, rnd, False, True, 0, lay, None, None, qk, s,
+                         0, cols_p, cfg)
+    return q, s
+
+
+def _cast_transpose_impl(x, fmt, scale_mode, rounding, scale_layout, cfg=None):
+    """x [..., M, K] -> (qr [..., M, K packed], sr, qc [..., K, M packed], sc)."""
+    f = get_format(fmt)
+    mode, rnd = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
+    lay = _check_layout(scale_layout)
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    M, Kd = shape[-2], shape[-1]
+    B = 1
+    for d in shape[:-2]:
+        B *= d
+    lead_r, lead_c = shape[:-1], shape[:-2] + (Kd,)
+    qr, qrk = _alloc_data(lead_r, Kd, f, x.device)
+    sr = _alloc_scale(lead_r, Kd // BLOCK_SIZE, scale_layout, x.device)
+    qc, qck = _alloc_data(lead_c, M, f, x.device)
+    sc = _alloc_scale(lead_c, M // BLOCK_SIZE, scale_layout, x.device)
+    xv, in_kind = _input_view(x)
+    _launch_quantize(xv, in_kind, B, M, Kd, f, mode, rnd, True, True, lay, lay, qrk, sr, qck, sc,
+                     _cols_padded(Kd // BLOCK_SIZE, scale_layout), _cols_padded(M // BLOCK_SIZE, scale_layout),
+                     cfg)
+    return qr, sr, qc, sc
+
+
+_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
+    f = get_format(fmt)
+    shape = tuple(shape)
+    axis = axis % len(shape)
+    L = shape[axis]
+    B = 1
+    for d in shape[:axis]:
+        B *= d
+    Q = 1
+    for d in shape[axis + 1 :]:
+        Q *= d
+    kdtype = dtype if dtype in _OUT_KIND else torch.float32
+    out = torch.empty(shape, dtype=kdtype, device=qdata.device)
+    qdata = qdata.contiguous()
+    if f.bits == 6 and qdata.data_ptr() % 4:
+        qdata = qdata.clone()  # the kernel reads FP6 as aligned int32 words
+    qv = qdata.view(torch.int32) if f.bits == 6 else qdata
+    ov = out.view(torch.int16) if kdtype == torch.bfloat16 else out
+    trans = Q > 1
+    Bk, N = (B, Q) if trans else (1, B)
+    cfg = cfg or dequantize_config(Bk, N, L, trans, f)
+    tiles_n, tiles_l = -(-N // cfg.block_n), -(-L // cfg.block_l)
+    K._dequantize_kernel[(Bk * tiles_n * tiles_l,)](
+        qv, scale.contiguous(), ov, N, L, tiles_n, tiles_l,
+        TRANS=trans, OUT_KIND=_OUT_KIND[kdtype],
+        BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), BIAS=f.bias,
+        IS_INT=not f.is_float, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+        BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64, num_warps=cfg.num_warps,
+        MASKED=bool(N % cfg.block_n or L % cfg.block_l),
+    )
+    return out if kdtype == dtype else out.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# torch custom ops (torch.compile traces them as opaque nodes)
+
+
+def _fake_lead(shape, axis):
+    shape = tuple(shape)
+    axis = axis % len(shape)
+    return shape[:axis] + shape[axis + 1 :], shape[axis]
+
+
+def _fake_scale(x, lead, nblk, layout):
+    if layout == "plain":
+        return x.new_empty((*lead, nblk), dtype=torch.uint8)
+    rows = 1
+    for d in lead:
+        rows *= d
+    return x.new_empty(scale_layout_shape(rows, nblk, layout), dtype=torch.uint8)
+
+
+@torch.library.custom_op("mxkit::quantize_mx", mutates_args=())
+def _quantize_op(
+    x: torch.Tensor, fmt: str, axis: int, scale_mode: str, rounding: str, scale_layout: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _quantize_impl(x, fmt, axis, scale_mode, rounding, scale_layout)
+
+
+@_quantize_op.register_fake
+def _(x, fmt, axis, scale_mode, rounding, scale_layout):
+    f = get_format(fmt)
+    lead, n = _fake_lead(x.shape, axis)
+    q = x.new_empty((*lead, n * f.pack_bytes // f.pack), dtype=torch.uint8)
+    return q, _fake_scale(x, lead, n // BLOCK_SIZE, scale_layout)
+
+
+@torch.library.custom_op("mxkit::cast_transpose_mx", mutates_args=())
+def _cast_transpose_op(
+    x: torch.Tensor, fmt: str, scale_mode: str, rounding: str, scale_layout: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _cast_transpose_impl(x, fmt, scale_mode, rounding, scale_layout)
+
+
+@_cast_transpose_op.register_fake
+def _(x, fmt, scale_mode, rounding, scale_layout):
+    f = get_format(fmt)
+    shape = tuple(x.shape)
+    M, Kd = shape[-2], shape[-1]
+    lead_r, lead_c = shape[:-1], shape[:-2] + (Kd,)
+    qr = x.new_empty((*lead_r, Kd * f.pack_bytes // f.pack), dtype=torch.uint8)
+    qc = x.new_empty((*lead_c, M * f.pack_bytes // f.pack), dtype=torch.uint8)
+    return (qr, _fake_scale(x, lead_r, Kd // BLOCK_SIZE, scale_layout),
+            qc, _fake_scale(x, lead_c, M // BLOCK_SIZE, scale_layout))
+
+
+@torch.library.custom_op("mxkit::dequantize_mx", mutates_args=())
+def _dequantize_op(
+    qdata: torch.Tensor, scale: torch.Tensor, fmt: str, axis: int, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    return _dequantize_impl(qdata, scale, fmt, axis, shape, dtype)
+
+
+@_dequantize_op.register_fake
+def _(qdata, scale, fmt, axis, shape, dtype):
+    return qdata.new_empty(tuple(shape), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# public API
+
+
+def quantize_triton(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    axis: Union[int, Sequence[int]] = -1,
+    block_size: int = BLOCK_SIZE,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+    scale_layout: str = "plain",
+) -> Union[MXTensor, tuple[MXTensor, MXTensor]]:
+    """Quantize a CUDA tensor to an MX format with the Triton kernels; byte-identical to
+    :func:`mxkit.reference.quantize_reference` (data and scales, special blocks included).
+
+    x: CUDA float32 | bfloat16 | float16, any rank >= 1, ``x.shape[axis] % 32 == 0``; any axis.
+    axis: an int, or a pair of two different axes for a cast-transpose: returns one MXTensor per axis from
+      one read of x. (last, second-to-last) in either order is one fused kernel; other pairs run two kernels.
+    scale_layout: ``"plain"`` -> scale (..., L // 32); ``"nvidia_128x4"`` (cuBLAS blocked layout) or
+      ``"aiter_shuffle"`` -> scale 2-D ``scale_layout_shape(rows, L // 32, layout)``, rows = prod(scale's
+      leading dims), written directly by the kernel, pad bytes 0 (same bytes as plain +
+      :func:`mxkit.layouts.to_layout`).
+    Returns MXTensor(s): qdata uint8 (axis moved last; FP4 element 2i in the low nibble, FP6 4 codes per
+    3 little-endian bytes), scale uint8 E8M0 (0xFF = NaN block).
+    Raises what :func:`mxkit.tensor.check_quantize_args` raises, NotImplementedError for block_size != 32,
+    ValueError for a non-CUDA tensor or an unsupported scale_layout.
+    """
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        axes = tuple(axis)
+        if len(axes) != 2:
+            raise ValueError(f"axis must be an int or a pair of ints, got {axis!r}")
+        a0 = check_quantize_args(x, fmt, axes[0], block_size, scale_mode, rounding)
+        a1 = check_quantize_args(x, fmt, axes[1], block_size, scale_mode, rounding)
+        if a0.axis == a1.axis:
+            raise ValueError(f"the two axes of a cast-transpose must differ, got {axis!r}")
+        _check_block_size(block_size)
+        _check_device(x)
+        _check_layout(scale_layout)
+        nd = x.dim()
+        if {a0.axis, a1.axis} == {nd - 1, nd - 2}:
+            qr, sr, qc, sc = torch.ops.mxkit.cast_transpose_mx(
+                x, a0.fmt.name, a0.scale_mode.value, a0.rounding.value, scale_layout
+            )
+            mk = {nd - 1: (qr, sr), nd - 2: (qc, sc)}
+            return tuple(
+                MXTensor(*mk[a.axis], a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
+                for a in (a0, a1)
+            )
+        return tuple(
+            quantize_triton(x, fmt, axis=a.axis, block_size=block_size, scale_mode=scale_mode,
+                            rounding=rounding, scale_layout=scale_layout)
+            for a in (a0, a1)
+        )
+    args = check_quantize_args(x, fmt, axis, block_size, scale_mode, rounding)
+    _check_block_size(block_size)
+    _check_device(x)
+    _check_layout(scale_layout)
+    q, s = torch.ops.mxkit.quantize_mx(
+        x, args.fmt.name, args.axis, args.scale_mode.value, args.rounding.value, scale_layout
+    )
+    return MXTensor(q, s, args.fmt, args.axis, block_size, x.shape, args.scale_mode, args.rounding, scale_layout)
+
+
+def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32) -> torch.Tensor:
+    """Decode an MXTensor on the GPU; byte-identical to :func:`mxkit.reference.dequantize_reference`
+    (decode(element) * 2^(scale - 127) rounded once to fp32, then cast with round-to-nearest-even).
+
+    q: MXTensor on CUDA, block_size 32, any axis, any scale layout (non-plain layouts are converted with
+    :func:`mxkit.layouts.from_layout` first). dtype: float32 | bfloat16 | float16 (float64 via float32,
+    exact). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are NaN; their
+    payload bits are not specified. Raises TypeError for a non-MXTensor / unsupported dtype.
+    """
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    dtype = check_out_dtype(dtype)
+    _check_block_size(q.block_size)
+    _check_device(q.qdata)
+    scale = q.scale
+    if q.scale_layout != "plain":
+        from ..layouts import from_layout
+
+        n = q.shape[q.axis]
+        plain = tuple(q.qdata.shape[:-1]) + (n // q.block_size,)
+        rows = 1
+        for d in plain[:-1]:
+            rows *= d
+        scale = from_layout(scale, q.scale_layout, (rows, plain[-1])).reshape(plain)
+    return torch.ops.mxkit.dequantize_mx(q.qdata, scale, q.fmt.name, q.axis, list(q.shape), dtype)

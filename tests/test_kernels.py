@@ -1,0 +1,533 @@
+"""Triton MX quantize / dequantize kernels (mxkit.kernels.quantize) against the reference, byte for byte.
+
+* CPU (CI): the kernels run under Triton's interpreter in a subprocess (TRITON_INTERPRET=1 must be set before
+  triton is imported) on small shapes covering every format, scale mode, rounding, dtype, axis kind,
+  cast-transpose, the swizzled scale layouts, dequantize and the 64-bit-offset path; plus the int64 guard
+  (a pure function of shapes), the fake (meta) implementations of the custom ops and argument errors.
+* GPU (``-m gpu``): fresh random data with crafted special blocks, odd shapes, all formats x modes x
+  roundings x dtypes x axes; outputs land in memory poisoned with 0xAB first, so an unwritten byte shows.
+
+Run the interpreter checks by hand: ``TRITON_INTERPRET=1 python tests/test_kernels.py --interpret``.
+Quick GPU timings: ``python tests/test_kernels.py --timing``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import (  # noqa: E402
+    FORMAT_NAMES,
+    INPUT_DTYPES,
+    ROUNDINGS,
+    SCALE_MODES,
+    assert_bytes_equal,
+    make_generator,
+    rand_blocks,
+    rand_tensor,
+)
+
+from mxkit.reference import dequantize_reference, quantize_reference  # noqa: E402
+
+triton = pytest.importorskip("triton") if __name__ != "__main__" else None
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _q():
+    from mxkit.kernels import quantize as kq
+
+    return kq
+
+
+def _ref_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
+    from mxkit.layouts import to_layout
+
+    return to_layout(scale.reshape(-1, scale.shape[-1]), layout)
+
+
+def _assert_mx_equal(got, ref, layout: str = "plain", what: str = "") -> None:
+    assert got.qdata.shape == ref.qdata.shape, f"{what}: qdata shape {got.qdata.shape} != {ref.qdata.shape}"
+    assert_bytes_equal(got.qdata.cpu(), ref.qdata.cpu(), f"{what} qdata")
+    exp_scale = ref.scale if layout == "plain" else _ref_layout(ref.scale, layout)
+    assert_bytes_equal(got.scale.cpu(), exp_scale.cpu(), f"{what} scale[{layout}]")
+    assert got.axis == ref.axis and got.shape == ref.shape and got.scale_layout == layout
+
+
+def _assert_dequant_equal(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    """Byte equality except NaN payloads (the reference's NaN bits differ between CPU and CUDA)."""
+    got, ref = got.cpu(), ref.cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape, f"{what}: {got.dtype}{tuple(got.shape)}"
+    gn, rn = torch.isnan(got), torch.isnan(ref)
+    assert torch.equal(gn, rn), f"{what}: NaN positions differ ({int((gn != rn).sum())})"
+    assert_bytes_equal(got[~rn], ref[~rn], f"{what} (non-NaN)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: interpreter run (subprocess), guard, fakes, errors
+
+
+def _interpret_checks() -> int:
+    """Runs under TRITON_INTERPRET=1 (see __main__). Returns the number of checks; raises on a mismatch."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mxkit.kernels import _quantize as K
+    from mxkit.kernels.quantize import QuantizeConfig, _quantize_impl, quantize_triton, dequantize_triton
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert isinstance(K._quantize_kernel, InterpretedFunction), type(K._quantize_kernel)
+    assert isinstance(K._dequantize_kernel, InterpretedFunction), type(K._dequantize_kernel)
+    g, seed = make_generator(int(os.environ["MXKIT_TEST_SEED"]) if "MXKIT_TEST_SEED" in os.environ else None)
+    print(f"interpreter checks, seed={seed}")
+    n = 0
+    dts = INPUT_DTYPES
+    for i, fmt in enumerate(FORMAT_NAMES):
+        for j in (i % 4, (i + 2) % 4):
+            # two modes per format (each mode on three formats; the GPU tests run the full matrix); rounding,
+            # dtype and orientation rotate: rowwise (2 x 64) and columnwise (64 x 3, blocks along dim 0)
+            mode = SCALE_MODES[j]
+            rnd = ROUNDINGS[(i + j) % 2]
+            dt = dts[(i + j) % 3]
+            shape, axis = (((2, 64), -1), ((64, 3), 0))[(i + j // 2) % 2]
+            x = rand_tensor(shape, axis, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            ref = quantize_reference(x, fmt, axis=axis, scale_mode=mode, rounding=rnd)
+            _assert_mx_equal(quantize_triton(x, fmt, axis=axis, scale_mode=mode, rounding=rnd), ref,
+                             what=f"{fmt} {mode} {rnd} {dt} {shape} axis={axis}")
+            n += 1
+        # crafted blocks, fp32 (all special blocks, both roundings), rowwise
+        x = rand_blocks(64, generator=g, dtype=torch.float32, nonfinite=True)
+        rnd = ROUNDINGS[i % 2]
+        _assert_mx_equal(quantize_triton(x, fmt, rounding=rnd), quantize_reference(x, fmt, rounding=rnd),
+                         what=f"{fmt} special blocks {rnd}")
+        n += 1
+        # cast-transpose, 3-D [B, M, K], one order per format (both appear), a swizzled scale layout
+        dt = dts[i % 3]
+        x = rand_tensor((2, 32, 64), -1, generator=g, dtype=dt)
+        layout = ("plain", "nvidia_128x4", "aiter_shuffle")[i % 3]
+        axes = ((-1, -2), (-2, -1))[i % 2]
+        outs = quantize_triton(x, fmt, axis=axes, scale_mode="rceil", scale_layout=layout)
+        for o, a in zip(outs, axes):
+            _assert_mx_equal(o, quantize_reference(x, fmt, axis=a, scale_mode="rceil"), layout,
+                             what=f"cast-transpose {fmt} {dt} axes={axes} axis={a}")
+            n += 1
+        # 3-D middle axis, swizzled layout on a columnwise output
+        x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)
+        _assert_mx_equal(quantize_triton(x, fmt, axis=1, scale_layout="nvidia_128x4"),
+                         quantize_reference(x, fmt, axis=1), "nvidia_128x4", what=f"{fmt} 3-D axis 1")
+        n += 1
+        # dequantize: random bytes (every code, scale bytes 0 / 254 / 255 included), rowwise + transposed
+        for k, (shape, axis) in enumerate([(((3, 64), -1), ((64, 3), 0))[i % 2]]):
+            ref_q = quantize_reference(rand_tensor(shape, axis, generator=g), fmt, axis=axis)
+            qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
+            sc = torch.randint(0, 256, ref_q.scale.shape, generator=g, dtype=torch.uint8)
+            sc.view(-1)[:3] = torch.tensor([0, 254, 255], dtype=torch.uint8)
+            q = type(ref_q)(qd, sc, ref_q.fmt, ref_q.axis, 32, ref_q.shape)
+            odt = dts[(i + k) % 3]
+            _assert_dequant_equal(dequantize_triton(q, odt), dequantize_reference(q, odt),
+                                  f"dequantize {fmt} {shape} axis={axis} -> {odt}")
+            n += 1
+    # the 64-bit offset path and the branch-free fp32-denormal path, forced on a small problem
+    x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
+    q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, False))
+    ref = quantize_reference(x, "mxfp6_e2m3")
+    assert_bytes_equal(q, ref.qdata, "int64 path qdata")
+    assert_bytes_equal(s, ref.scale, "int64 path scale")
+    n += 1
+    print(f"interpreter checks passed: {n}")
+    return n
+
+
+def test_interpreter_matches_reference():
+    """Every format x mode x rounding, rowwise / columnwise / cast-transpose / swizzled scales / dequantize,
+    run by Triton's CPU interpreter (asserted inside) in a subprocess."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"), env.get("PYTHONPATH", "")]
+    )
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--interpret"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "interpreter checks passed" in r.stdout, r.stdout[-2000:]
+
+
+def test_int64_guard_is_a_function_of_shapes():
+    kq = _q()
+    assert not kq.needs_int64(2**31 - 1)
+    assert kq.needs_int64(2**31)
+    # 2^31 elements on the quantized axis's view, rowwise, columnwise and cast-transpose
+    assert kq.quantize_config(1, 2**16, 2**15, True, False, "mxfp4").int64
+    assert kq.quantize_config(2, 2**15, 2**15, False, True, "mxfp8").int64
+    assert kq.quantize_config(1, 2**16, 2**15, True, True, "mxfp8").int64
+    assert not kq.quantize_config(1, 8192, 8192, True, False, "mxfp4").int64
+    # tile padding counts: 65535 rows of 32768 fit, but a padded tile grid reaches past 2^31
+    assert kq.quantize_config(1, 65535, 32768, True, False, "mxfp8").int64 == (
+        -(-65535 // kq.quantize_config(1, 65535, 32768, True, False, "mxfp8").block_r)
+        * kq.quantize_config(1, 65535, 32768, True, False, "mxfp8").block_r * 32768 > 2**31 - 1
+    )
+    assert kq.dequantize_config(1, 2**16, 2**15, False, "mxfp4").int64
+    assert not kq.dequantize_config(4, 1024, 1024, True, "mxfp4").int64
+
+
+def test_configs_are_pure_and_frozen():
+    kq = _q()
+    a = kq.quantize_config(1, 727, 608, True, False, "mxfp8")
+    assert a == kq.quantize_config(1, 727, 608, True, False, "mxfp8")
+    with pytest.raises(Exception):
+        a.block_r = 1  # frozen dataclass
+    for cfg in (a, kq.quantize_config(3, 96, 50, False, True, "mxfp6"), kq.quantize_config(1, 64, 64, True, True, "mxfp4")):
+        assert cfg.block_r & (cfg.block_r - 1) == 0 and cfg.block_c & (cfg.block_c - 1) == 0
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_fake_impls_give_reference_shapes(fmt):
+    """The register_fake implementations (what torch.compile traces) agree with the reference's shapes."""
+    _q()
+    ops = torch.ops.mxkit
+    for shape, axis in (((6, 64), -1), ((64, 5), 0), ((2, 32, 7), 1)):
+        x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+        ref = quantize_reference(torch.zeros(shape), fmt, axis=axis)
+        q, s = ops.quantize_mx(x, fmt, axis % len(shape), "floor", "rne", "plain")
+        assert q.shape == ref.qdata.shape and s.shape == ref.scale.shape and q.dtype == torch.uint8
+        q, s = ops.quantize_mx(x, fmt, axis % len(shape), "floor", "rne", "nvidia_128x4")
+        assert s.shape == (128, 4)
+        d = ops.dequantize_mx(q, s, fmt, axis % len(shape), list(shape), torch.float16)
+        assert d.shape == shape and d.dtype == torch.float16
+    x = torch.empty((2, 64, 96), device="meta")
+    qr, sr, qc, sc = ops.cast_transpose_mx(x, fmt, "floor", "rne", "plain")
+    r0 = quantize_reference(torch.zeros(2, 64, 96), fmt, axis=-1)
+    r1 = quantize_reference(torch.zeros(2, 64, 96), fmt, axis=-2)
+    assert (qr.shape, sr.shape, qc.shape, sc.shape) == (r0.qdata.shape, r0.scale.shape, r1.qdata.shape, r1.scale.shape)
+
+
+def test_argument_errors_match_reference():
+    kq = _q()
+    cases = [
+        (torch.zeros(4, 64, dtype=torch.float64), dict(), TypeError),
+        (torch.zeros(4, 48), dict(), ValueError),
+        (torch.zeros(4, 64), dict(axis=2), ValueError),
+        (torch.zeros(0, 64), dict(), ValueError),
+        (torch.zeros(4, 64), dict(scale_mode="nearest"), ValueError),
+    ]
+    for x, kw, exc in cases:
+        with pytest.raises(exc) as e_ref:
+            quantize_reference(x, "mxfp8", **kw)
+        with pytest.raises(exc) as e_k:
+            kq.quantize_triton(x, "mxfp8", **kw)
+        assert str(e_k.value) == str(e_ref.value)
+    with pytest.raises(NotImplementedError, match="block_size"):
+        kq.quantize_triton(torch.zeros(4, 64), "mxfp8", block_size=64)
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        with pytest.raises(ValueError, match="CUDA"):
+            kq.quantize_triton(torch.zeros(4, 64), "mxfp8")
+    with pytest.raises(ValueError, match="pair"):
+        kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(0, 1, 1))
+    with pytest.raises(ValueError, match="differ"):
+        kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(1, -1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+
+# Every kernel variant (format x rounding x input dtype x orientation x tile) is a separate Triton compile
+# of 1-3 s, which dominates the GPU test time. By default the GPU tests cover every format x scale mode
+# (modes are a runtime argument) x rounding x orientation with the input dtypes rotated (~2-3 min on one
+# H100/H200); MXKIT_GPU_FULL=1 runs the complete format x mode x rounding x dtype x axis matrix (~10+ min).
+FULL = os.environ.get("MXKIT_GPU_FULL", "0") == "1"
+DEV = os.environ.get("MXKIT_TEST_DEVICE", "cuda")  # "cpu" + TRITON_INTERPRET=1: a dry run of the GPU tests
+RUN_GPU = HAS_CUDA or (DEV == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+needs_gpu = pytest.mark.skipif(not RUN_GPU, reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def poison():
+    """Fill (then free) a large chunk of the CUDA caching allocator with 0xAB: outputs allocated with
+    torch.empty right after reuse it, so a byte the kernel forgets to write is 0xAB, not a lucky 0."""
+    if DEV == "cuda":
+        p = torch.full((64 << 20,), 0xAB, dtype=torch.uint8, device="cuda")
+        del p
+    yield
+
+
+AXIS_CASES = {  # name: (shape, axis)
+    "rows_727x608": ((727, 608), -1),
+    "cols_608x727": ((608, 727), 0),
+    "mid_3x96x50": ((3, 96, 50), 1),
+    "one_row": ((1, 4096), -1),
+}
+_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if FULL:
+    QUANT_CASES = [(r, d) for r in ROUNDINGS for d in _DT]
+else:  # both roundings, all three dtypes, every format: (rounding, dtype) pairs rotate with the format
+    QUANT_CASES = [("rne", "bfloat16"), ("away", "float32"), ("rne", "float16")]
+
+
+def _quant_params():
+    if FULL:
+        return [(f, r, d) for f in FORMAT_NAMES for r, d in QUANT_CASES]
+    return [(f, *QUANT_CASES[(i + k) % 3]) for i, f in enumerate(FORMAT_NAMES) for k in range(2)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt,rounding,dtype", _quant_params())
+def test_gpu_quantize_matches_reference(fmt, rounding, dtype, rng, poison):
+    """Every scale mode on rowwise, columnwise (dim 0), middle-axis and one-row inputs with NaN / Inf /
+    zero / denormal / saturating blocks; outputs land in poisoned memory."""
+    from mxkit.kernels.quantize import quantize_triton
+
+    for name, (shape, axis) in AXIS_CASES.items():
+        x = rand_tensor(shape, axis, generator=rng, dtype=_DT[dtype], nonfinite=True)
+        for mode in SCALE_MODES:
+            ref = quantize_reference(x, fmt, axis=axis, scale_mode=mode, rounding=rounding)
+            got = quantize_triton(x.to(DEV), fmt, axis=axis, scale_mode=mode, rounding=rounding)
+            _assert_mx_equal(got, ref, what=f"{name} {fmt} {mode} {rounding} {dtype}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(_DT) if FULL else ["bfloat16"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_cast_transpose(fmt, dtype, rng, poison):
+    """Fused (last, second-to-last) pairs in both orders on 2-D and 3-D inputs, and an unfused pair."""
+    from mxkit.kernels.quantize import quantize_triton
+
+    cases = [((320, 736), ((-1, -2), (0, 1))), ((32, 64, 96), ((-2, -1), (0, 2)))]
+    if FULL:
+        cases = [((320, 736), ((-1, -2), (0, 1), (1, 0))), ((32, 64, 96), ((-1, -2), (-2, -1), (0, 2)))]
+    for j, (shape, pairs) in enumerate(cases):
+        x = rand_tensor(shape, -1, generator=rng, dtype=_DT[dtype], nonfinite=True)
+        rounding = ROUNDINGS[(FORMAT_NAMES.index(fmt) + j) % 2]
+        for axes in pairs:
+            for mode in SCALE_MODES:
+                outs = quantize_triton(x.to(DEV), fmt, axis=axes, scale_mode=mode, rounding=rounding)
+                assert len(outs) == 2
+                for o, a in zip(outs, axes):
+                    ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rounding)
+                    _assert_mx_equal(o, ref, what=f"cast-transpose {shape} axes={axes} axis={a} {mode} {rounding}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", ["nvidia_128x4", "aiter_shuffle"] if FULL else ["nvidia_128x4"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_swizzled_scale_layout(fmt, layout, rng, poison):
+    """Scales written directly in the swizzled layout equal plain + to_layout, pad bytes included (0)."""
+    from mxkit.kernels.quantize import quantize_triton
+
+    cases = (((727, 608), -1), ((130, 96), -1), ((256, 128), -1), ((3, 96, 50), 1), ((64, 33), 0))
+    for shape, axis in cases if FULL else cases[1:2] + cases[3:4]:
+        x = rand_tensor(shape, axis, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+        got = quantize_triton(x.to(DEV), fmt, axis=axis, scale_layout=layout)
+        _assert_mx_equal(got, quantize_reference(x, fmt, axis=axis), layout, what=f"{layout} {shape} axis={axis}")
+    x = rand_tensor((160, 224), -1, generator=rng, dtype=torch.float32)
+    for o, a in zip(quantize_triton(x.to(DEV), fmt, axis=(-1, 0), scale_layout=layout), (-1, 0)):
+        _assert_mx_equal(o, quantize_reference(x, fmt, axis=a), layout, what=f"cast-transpose {layout} axis={a}")
+    if not FULL:  # the other layout on one case
+        got = quantize_triton(x.to(DEV), fmt, scale_layout="aiter_shuffle")
+        _assert_mx_equal(got, quantize_reference(x, fmt), "aiter_shuffle", what="aiter_shuffle rows")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("out_dtype", list(_DT) if FULL else ["rotate"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
+    """Quantized data and random bytes (every element code with scale bytes 0 / 1 / 254 / 255: products
+    below 2^-126 are fp32 denormals) decode like the reference, rowwise and transposed."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    for k, (name, (shape, axis)) in enumerate(AXIS_CASES.items()):
+        odt = _DT[out_dtype] if out_dtype in _DT else list(_DT.values())[(FORMAT_NAMES.index(fmt) + k) % 3]
+        x = rand_tensor(shape, axis, generator=rng, dtype=torch.float32, nonfinite=True)
+        q = quantize_reference(x, fmt, axis=axis, scale_mode="rceil")
+        _assert_dequant_equal(dequantize_triton(q.to(DEV), odt), dequantize_reference(q, odt),
+                              f"dequantize {name} {fmt} -> {odt}")
+        qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
+        sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
+        sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+        qr = type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)
+        _assert_dequant_equal(dequantize_triton(qr.to(DEV), odt), dequantize_reference(qr, odt),
+                              f"dequantize random bytes {name} {fmt} -> {odt}")
+    # a swizzled-scale MXTensor is converted back first
+    x = rand_tensor((130, 96), -1, generator=rng, dtype=torch.bfloat16)
+    qn = quantize_triton(x.to(DEV), fmt, scale_layout="nvidia_128x4")
+    _assert_dequant_equal(dequantize_triton(qn, torch.bfloat16),
+                          dequantize_reference(quantize_reference(x, fmt), torch.bfloat16), "dequantize nvidia_128x4")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e3m2"] if FULL else ["mxfp4_e2m1"])
+def test_gpu_large_tiles(fmt, rng):
+    """8192 x 8192 bf16 (the benchmark shape, production tile configs) rowwise / columnwise /
+    cast-transpose against the reference computed on the GPU (same torch ops as on CPU), and dequantize."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    if DEV != "cuda":
+        pytest.skip("8192^2 is too large for the interpreter")
+    x = (torch.randn(8192, 8192, generator=rng) * torch.exp2(torch.randint(-30, 30, (8192, 1), generator=rng).float()))
+    x = x.to(torch.bfloat16).cuda()
+    for axis in (-1, 0):
+        ref = quantize_reference(x, fmt, axis=axis)
+        got = quantize_triton(x, fmt, axis=axis)
+        assert torch.equal(got.qdata, ref.qdata) and torch.equal(got.scale, ref.scale), f"axis={axis}"
+        d = dequantize_triton(got, torch.bfloat16)
+        assert torch.equal(d.view(torch.int16), dequantize_reference(ref, torch.bfloat16).view(torch.int16))
+        del ref, got, d
+    rq, cq = quantize_triton(x, fmt, axis=(-1, 0))
+    ref = quantize_reference(x, fmt, axis=-1)
+    assert torch.equal(rq.qdata, ref.qdata) and torch.equal(rq.scale, ref.scale)
+    del ref
+    ref = quantize_reference(x, fmt, axis=0)
+    assert torch.equal(cq.qdata, ref.qdata) and torch.equal(cq.scale, ref.scale)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_small_shapes(fmt, rng, poison):
+    """Tiny and ragged shapes (also what compute-sanitizer runs: `-k small`)."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    for shape, axis in (((1, 32), -1), ((5, 96), -1), ((32, 7), 0), ((2, 32, 3), 1)):
+        x = rand_tensor(shape, axis, generator=rng, dtype=torch.float32, nonfinite=True)
+        for layout in ("plain", "nvidia_128x4"):
+            got = quantize_triton(x.to(DEV), fmt, axis=axis, scale_mode="even", scale_layout=layout)
+            ref = quantize_reference(x, fmt, axis=axis, scale_mode="even")
+            _assert_mx_equal(got, ref, layout, what=f"small {shape} axis={axis}")
+        _assert_dequant_equal(dequantize_triton(ref.to(DEV), torch.bfloat16), dequantize_reference(ref, torch.bfloat16))
+    x = rand_tensor((32, 64), -1, generator=rng, dtype=torch.float16)
+    for o, a in zip(quantize_triton(x.to(DEV), fmt, axis=(-1, 0)), (-1, 0)):
+        _assert_mx_equal(o, quantize_reference(x, fmt, axis=a), what=f"small cast-transpose axis={a}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1"] if FULL else ["mxfp4_e2m1"])
+def test_gpu_torch_compile_fullgraph(fmt, rng):
+    """The custom ops trace under torch.compile(fullgraph=True) and give the eager bytes."""
+    _q()  # importing mxkit.kernels.quantize registers the mxkit:: ops
+
+    x = rand_tensor((256, 512), -1, generator=rng, dtype=torch.bfloat16).cuda()
+
+    def raw(t):
+        q, s = torch.ops.mxkit.quantize_mx(t * 2, fmt, 1, "rceil", "rne", "plain")
+        qr, sr, qc, sc = torch.ops.mxkit.cast_transpose_mx(t, fmt, "floor", "rne", "nvidia_128x4")
+        d = torch.ops.mxkit.dequantize_mx(q, s, fmt, 1, list(t.shape), torch.bfloat16)
+        return q, s, qr, sr, qc, sc, d + 1
+
+    eager = raw(x)
+    compiled = torch.compile(raw, fullgraph=True)(x)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_torch_compile_fullgraph_public_api(rng):
+    """quantize_triton / dequantize_triton themselves (argument checks, MXTensor) trace without a break."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    fmt = "mxfp4_e2m1"
+    x = rand_tensor((256, 512), -1, generator=rng, dtype=torch.bfloat16).cuda()
+
+    def wrapped(t):
+        q = quantize_triton(t, fmt, scale_mode="rceil")
+        return q.qdata, q.scale, dequantize_triton(q, torch.bfloat16)
+
+    eager = wrapped(x)
+    compiled = torch.compile(wrapped, fullgraph=True)(x)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# quick timings (not a test): python tests/test_kernels.py --timing
+
+
+def _timing(sweep: bool = True) -> None:
+    """Median times (do_bench, L2 flushed) of each path for bf16 8192^2 over a few tile configs, then the
+    best config and the default on 16384^2; % of a device-to-device copy measured in the same process."""
+    import glob
+
+    import triton.testing as tt
+
+    from mxkit.kernels import quantize as kq
+
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {__import__('triton').__version__}")
+
+    def bench(fn):
+        return tt.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e-3
+
+    QC, DC = kq.QuantizeConfig, kq.DequantizeConfig
+    row_cfgs = [None, QC(8, 256, 4, False), QC(8, 256, 4, False, False), QC(16, 256, 8, False),
+                QC(16, 256, 8, False, False), QC(4, 512, 4, False, False), QC(16, 256, 4, False),
+                QC(8, 512, 8, False, False), QC(16, 128, 4, False, False), QC(4, 256, 2, False, False)]
+    col_cfgs = [None, QC(32, 64, 4, False), QC(32, 64, 4, False, False), QC(32, 128, 4, False, False),
+                QC(32, 64, 2, False, False), QC(64, 32, 4, False, False), QC(32, 32, 2, False, False),
+                QC(32, 128, 8, False, False), QC(64, 64, 8, False, False), QC(32, 32, 1, False, False)]
+    drow_cfgs = [None, DC(16, 256, 4, False), DC(8, 256, 4, False), DC(16, 512, 8, False), DC(8, 512, 8, False),
+                 DC(4, 256, 2, False)]
+    dcol_cfgs = [None, DC(32, 64, 4, False), DC(64, 32, 4, False), DC(32, 32, 2, False), DC(32, 128, 4, False),
+                 DC(128, 32, 8, False), DC(16, 64, 2, False)]
+
+    def paths(x):
+        out = {}
+        for fmt in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"):
+            f = kq.get_format(fmt)
+            qb = x.numel() * f.pack_bytes // f.pack + x.numel() // 32
+            inb = 2 * x.numel()
+            out[f"quant rows {fmt}"] = (lambda c, fmt=fmt: kq._quantize_impl(x, fmt, -1, "floor", "rne", "plain", c), inb + qb, row_cfgs)
+            out[f"quant cols {fmt}"] = (lambda c, fmt=fmt: kq._quantize_impl(x, fmt, 0, "floor", "rne", "plain", c), inb + qb, col_cfgs)
+            out[f"cast-T {fmt}"] = (lambda c, fmt=fmt: kq._cast_transpose_impl(x, fmt, "floor", "rne", "plain", c), inb + 2 * qb, col_cfgs)
+            q, s = kq._quantize_impl(x, fmt, -1, "floor", "rne", "plain")
+            out[f"dequant rows {fmt}"] = (lambda c, fmt=fmt, q=q, s=s: kq._dequantize_impl(q, s, fmt, 1, x.shape, torch.bfloat16, c), inb + qb, drow_cfgs)
+            qc, sc = kq._quantize_impl(x, fmt, 0, "floor", "rne", "plain")
+            out[f"dequant cols {fmt}"] = (lambda c, fmt=fmt, q=qc, s=sc: kq._dequantize_impl(q, s, fmt, 0, x.shape, torch.bfloat16, c), inb + qb, dcol_cfgs)
+        return out
+
+    best = {}
+    summary = []
+    for n in (8192, 16384):
+        x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(x)
+        t_copy = bench(lambda: dst.copy_(x))
+        copy_bw = 2 * x.numel() * 2 / t_copy
+        print(f"copy bf16 {n}^2: {t_copy * 1e6:.1f} us {copy_bw / 1e9:.0f} GB/s", flush=True)
+        for name, (fn, nbytes, cfgs) in paths(x).items():
+            todo = cfgs if (sweep and n == 8192) else [None] + ([best[name][0]] if name in best and best[name][0] else [])
+            res = []
+            for c in todo:
+                try:
+                    t = bench(lambda: fn(c))
+                except Exception as e:  # a config that does not compile is reported, not fatal
+                    print(f"  {name} {c}: {type(e).__name__}", flush=True)
+                    continue
+                res.append((t, c))
+                if n == 8192 and sweep:
+                    print(f"  {name:28s} {str(c):90s} {t * 1e6:8.1f} us {100 * nbytes / t / copy_bw:6.1f}%", flush=True)
+            t, c = min(res, key=lambda r: r[0])
+            t_def = [r for r in res if r[1] is None][0][0]
+            if n == 8192:
+                best[name] = (c, t)
+            summary.append((f"{name} {n}^2", t_def, nbytes / t_def, 100 * nbytes / t_def / copy_bw,
+                            t, nbytes / t, 100 * nbytes / t / copy_bw, c))
+        del x, dst
+        torch.cuda.empty_cache()
+    print(f"{'case':34s} {'default us':>10s} {'GB/s':>6s} {'%copy':>6s} | {'best us':>8s} {'GB/s':>6s} {'%copy':>6s} best cfg")
+    for name, td, bwd, pd, tb, bwb, pb, c in summary:
+        print(f"{name:34s} {td * 1e6:10.1f} {bwd / 1e9:6.0f} {pd:6.1f} | {tb * 1e6:8.1f} {bwb / 1e9:6.0f} {pb:6.1f} {c}")
+    ptx = glob.glob(os.path.expanduser("~/.triton/cache/*/*quantize_kernel*.ptx"))
+    print(f"# ptx files: {len(ptx)}, with .ftz: {sum('.ftz' in open(p).read() for p in ptx)}")
+
+
+if __name__ == "__main__":
+    if "--interpret" in sys.argv:
+        _interpret_checks()
+    elif "--timing" in sys.argv:
+        _timing(sweep="--no-sweep" not in sys.argv)

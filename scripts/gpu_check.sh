@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The one GPU check for the device machine: tests marked gpu, an optional compute-sanitizer pass, the quantize
+# benchmark, and a short summary printed LAST. Runs from source (PYTHONPATH=src); installs nothing.
+#
+#   scripts/gpu_check.sh [--quick] [more `mxkit.bench quantize` options...]
+#
+# Environment:
+#   OUT                    results go to ${OUT:-results/gpu} (flat: at most 7 files, no sub-folders)
+#   MXKIT_SANITIZE=1       also run compute-sanitizer memcheck over a few gpu tests (slow)
+#   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
+#   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
+#   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 180)
+#   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
+#
+# Files in the results folder: gpu_check.log (everything printed), pytest_gpu.xml (junit), sanitizer.log
+# (only with MXKIT_SANITIZE=1), bench_quantize.{csv,json,png}, summary.txt.
+# Exit status: 0 when the tests passed and the benchmark ran with every mxkit output matching the reference.
+
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 2
+RESULTS="${OUT:-results/gpu}"
+mkdir -p "$RESULTS" || exit 2
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+LOG="$RESULTS/gpu_check.log"
+: >"$LOG"
+T0=$(date +%s)
+say() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
+
+QUICK=0
+for a in "$@"; do [ "$a" = "--quick" ] && QUICK=1; done
+BUDGET="${MXKIT_BENCH_BUDGET:-$([ $QUICK = 1 ] && echo 120 || echo 240)}"
+
+say "gpu_check: results in $RESULTS; bench args: --out $RESULTS --time-budget-s $BUDGET $*"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "| cuda", torch.version.cuda, "| triton",
+triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 | tee -a "$LOG"
+
+# 1. every test marked gpu ------------------------------------------------------------------------------
+say "pytest -m gpu (timeout ${MXKIT_PYTEST_TIMEOUT:-180} s)"
+timeout "${MXKIT_PYTEST_TIMEOUT:-180}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    --junitxml="$RESULTS/pytest_gpu.xml" 2>&1 | tee -a "$LOG"
+PYTEST_RC=$?
+say "pytest rc=$PYTEST_RC"
+
+# 2. compute-sanitizer memcheck over a small subset (opt-in: 10-100x slower) ----------------------------
+SAN_RC=skipped
+if [ "${MXKIT_SANITIZE:-0}" = 1 ]; then
+    K="${MXKIT_SANITIZE_K:-quantize or dequantize}"
+    say "compute-sanitizer memcheck: pytest -m gpu -k '$K' (caching allocator off so out-of-bounds accesses show)"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MXKIT_SANITIZE_TIMEOUT:-240}" \
+        compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+        python3 -m pytest -m gpu -q -x -p no:cacheprovider -k "$K" >"$RESULTS/sanitizer.log" 2>&1
+    SAN_RC=$?
+    tail -n 5 "$RESULTS/sanitizer.log" | tee -a "$LOG"
+    say "compute-sanitizer rc=$SAN_RC (3 = memcheck found errors; 124 = timeout)"
+fi
+
+# 3. the quantize benchmark -----------------------------------------------------------------------------
+say "python3 -m mxkit.bench quantize"
+python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" "$@" 2>&1 | tee -a "$LOG"
+BENCH_RC=$?
+say "bench rc=$BENCH_RC (1 = an mxkit output differs from the reference)"
+
+# 4. summary, printed last ------------------------------------------------------------------------------
+python3 - "$RESULTS" "$PYTEST_RC" "$SAN_RC" "$BENCH_RC" "$(($(date +%s) - T0))" <<'PY' 2>&1 | tee "$RESULTS/summary.txt" | tee -a "$LOG"
+import json, sys, xml.etree.ElementTree as ET
+from pathlib import Path
+
+res, pytest_rc, san_rc, bench_rc, wall = Path(sys.argv[1]), *sys.argv[2:]
+print(f"==== gpu_check summary ({wall} s) ====")
+try:
+    root = ET.parse(res / "pytest_gpu.xml").getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    print(f"tests (-m gpu): {passed} passed, {n['failures']} failed, {n['errors']} errors, "
+          f"{n['skipped']} skipped (rc {pytest_rc})")
+    for s in suites:
+        for case in s.iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                print(f"  FAILED {case.get('classname')}::{case.get('name')}: {(bad.get('message') or '')[:100]}")
+except Exception as e:
+    print(f"tests (-m gpu): no junit report ({type(e).__name__}: {e}); rc {pytest_rc}")
+print(f"compute-sanitizer: {san_rc}")
+try:
+    doc = json.loads((res / "bench_quantize.json").read_text())
+except Exception as e:
+    print(f"bench: no JSON ({type(e).__name__}: {e}); rc {bench_rc}")
+    sys.exit(0)
+env, rows = doc["env"], doc["rows"]
+print(f"bench: rc {bench_rc}; {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}, "
+      f"CUDA {env.get('cuda')}; copy {env.get('copy_gbps')} GB/s; {env.get('date_utc')}")
+key = [r for r in rows if r["impl"] == "mxkit" and r["shape"] in ("8192x8192", "16384x16384")]
+peer = {(r["op"], r["fmt"], r["shape"]): r for r in rows if r["impl"] == "reference-compiled"}
+f = lambda v, spec: format(v, spec) if v is not None else "n/a".rjust(int(spec.split(".")[0]))
+hdr = f"{'op':15s} {'format':11s} {'shape':12s} {'us':>9s} {'GB/s':>6s} {'%copy':>6s} {'x ref':>6s} {'ref us':>9s} check"
+print(hdr)
+for r in key:
+    p = peer.get((r["op"], r["fmt"], r["shape"]), {})
+    line = (f"{r['op']:15s} {r['fmt']:11s} {r['shape']:12s} {f(r['us'], '9.1f')} {f(r['gbps'], '6.0f')} "
+            f"{f(r['pct_copy'], '6.1f')} {f(r['vs_ref'], '6.2f')} {f(p.get('us'), '9.1f')} {r['check'] or '-'}")
+    if r["status"] != "ok":
+        line += f"  [{r['status']}: {r['note'][:60]}]"
+    print(line)
+if not key:
+    print("(no 8192x8192 / 16384x16384 rows in this run)")
+na = sum(1 for r in rows if r["impl"] == "mxkit" and r["status"] != "ok")
+print(f"mxkit rows: {sum(1 for r in rows if r['impl'] == 'mxkit')} ({na} n/a or error); "
+      f"mismatches: {sum(1 for r in rows if r['check'] == 'MISMATCH')}")
+PY
+
+[ "$PYTEST_RC" = 0 ] || [ "$PYTEST_RC" = 5 ] || exit 1  # 5: no tests collected
+case "$SAN_RC" in skipped | 0) ;; *) exit 1 ;; esac
+exit "$BENCH_RC"

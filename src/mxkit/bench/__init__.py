@@ -1,0 +1,80 @@
+"""Benchmarks: one module per op (``quantize.py``, …), all timed by the shared harness in ``timing.py``.
+
+Command line: ``mxkit bench <op> [options]`` (the CLI calls :func:`add_bench_parser`) or, without the
+CLI, ``python -m mxkit.bench <op> [options]``. Each op module exposes ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int`` (exit status); adding an op is one new module plus
+its name in :data:`BENCH_MODULES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable, Optional, Sequence
+
+__all__ = ["BENCH_MODULES", "Benchmark", "registry", "add_bench_parser", "add_op_parsers", "main"]
+
+BENCH_MODULES = ("quantize",)  # modules of mxkit.bench, one per op, in the order shown in --help
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One registered benchmark: its sub-command name, help line, argument setup and runner."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+    @classmethod
+    def from_module(cls, mod: ModuleType) -> "Benchmark":
+        missing = [a for a in ("NAME", "HELP", "add_arguments", "run") if not hasattr(mod, a)]
+        if missing:
+            raise TypeError(f"benchmark module {mod.__name__} lacks {', '.join(missing)}")
+        return cls(mod.NAME, mod.HELP, mod.add_arguments, mod.run)
+
+
+def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, Benchmark]:
+    """``{name: Benchmark}`` for the op modules (imported now; each imports torch, not Triton)."""
+    out: dict[str, Benchmark] = {}
+    for m in modules:
+        b = Benchmark.from_module(importlib.import_module(f"{__name__}.{m}"))
+        if b.name in out:
+            raise ValueError(f"two benchmarks named {b.name!r}")
+        out[b.name] = b
+    return out
+
+
+def add_op_parsers(subparsers, benchmarks: Optional[dict[str, Benchmark]] = None) -> None:
+    """One sub-parser per benchmark on ``subparsers``, each with ``func=<run(args) -> int>``."""
+    for b in (benchmarks or registry()).values():
+        p = subparsers.add_parser(b.name, help=b.help, description=b.help)
+        b.add_arguments(p)
+        p.set_defaults(func=b.run)
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``bench`` on a CLI's ``subparsers`` (from ``parser.add_subparsers()``); returns its parser.
+
+    ``mxkit bench <op> ...`` then parses to a namespace whose ``func(args)`` runs the op and returns the
+    exit status.
+    """
+    p = subparsers.add_parser("bench", help="GPU benchmarks (median, L2 flushed, %% of copy bandwidth)",
+                              description="GPU benchmarks: median time with L2 flushed, GB/s and % of the "
+                                          "device copy bandwidth measured in the same run.")
+    ops = p.add_subparsers(dest="bench_op", metavar="OP")
+    ops.required = True
+    add_op_parsers(ops)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mxkit.bench <op> [options]``: the same sub-commands without the mxkit CLI."""
+    parser = argparse.ArgumentParser(prog="python -m mxkit.bench", description=__doc__.splitlines()[0])
+    ops = parser.add_subparsers(dest="bench_op", metavar="OP")
+    ops.required = True
+    add_op_parsers(ops)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

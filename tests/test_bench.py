@@ -1,0 +1,425 @@
+"""The benchmark harness (mxkit.bench) on CPU: byte counting, output writers, argument parsing, the registry,
+the whole case pipeline with an injected timer, graceful n/a rows, and the no-CUDA exit. No GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import mxkit
+from mxkit import bench
+from mxkit.bench import quantize as bq
+from mxkit.bench import timing
+from mxkit.bench.timing import BenchUnavailable, Row
+from mxkit.formats import FORMATS, get_format
+
+BF16 = torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------------------
+# byte counting
+
+
+def test_case_bytes_hand_counted():
+    n = 8192 * 8192
+    # bf16 input 2 B/element; FP4 half a byte, FP6 3/4, FP8 one; one scale byte per 32 elements
+    assert bq.case_bytes("rowwise", (8192, 8192), get_format("mxfp4"), BF16) == 2 * n + n // 2 + n // 32
+    assert bq.case_bytes("columnwise", (8192, 8192), get_format("mxfp6_e2m3"), BF16) == 2 * n + 3 * n // 4 + n // 32
+    assert bq.case_bytes("cast_transpose", (8192, 8192), get_format("mxfp8"), BF16) == 2 * n + 2 * (n + n // 32)
+    assert bq.case_bytes("dequantize", (8192, 8192), get_format("mxfp4"), torch.float32) == n // 2 + n // 32 + 4 * n
+    assert bq.mx_bytes(32 * 5, get_format("mxfp6_e2m3")) == (120, 5)
+    assert bq.case_bytes("rowwise", (8, 2048, 4096), get_format("mxfp8"), BF16) == bq.case_bytes(
+        "rowwise", (16384, 4096), get_format("mxfp8"), BF16)
+
+
+def test_byte_count_errors_name_the_values():
+    with pytest.raises(ValueError, match="numel=48"):
+        bq.mx_bytes(48, get_format("mxfp8"))
+    with pytest.raises(ValueError, match="unknown op 'transpose'"):
+        bq.case_bytes("transpose", (64, 64), get_format("mxfp8"), BF16)
+
+
+@pytest.mark.parametrize("op", bq.OPS)
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_case_bytes_equal_the_tensors_the_reference_makes(op, fmt):
+    dtype = [torch.bfloat16, torch.float16, torch.float32][torch.randint(0, 3, ()).item()]
+    shape = (32 * int(torch.randint(1, 4, ())), 32 * int(torch.randint(1, 4, ())))
+    x = torch.randn(shape, dtype=dtype)
+    f = get_format(fmt)
+    if op == "dequantize":
+        q = mxkit.quantize(x, f, backend="reference")
+        y = mxkit.dequantize(q, dtype, backend="reference")
+        moved = q.qdata.nbytes + q.scale.nbytes + y.nbytes
+    else:
+        out = mxkit.quantize(x, f, axis=bq.Case(op, f, shape).axis, backend="reference")
+        out = out if isinstance(out, tuple) else (out,)
+        moved = x.nbytes + sum(q.qdata.nbytes + q.scale.nbytes for q in out)
+    assert bq.case_bytes(op, shape, f, dtype) == moved
+
+
+def test_case_shapes_and_invalid_reasons():
+    f = get_format("mxfp4")
+    assert bq.Case("columnwise", f, (8, 2048, 4096)).run_shape == (16384, 4096)
+    assert bq.Case("cast_transpose", f, (8, 2048, 4096)).note == "2-D view 16384x4096"
+    assert bq.Case("rowwise", f, (8, 2048, 4096)).run_shape == (8, 2048, 4096)
+    assert bq.Case("columnwise", f, (32768, 160)).invalid_reason() is None
+    assert "dim 0 = 48" in bq.Case("columnwise", f, (48, 64)).invalid_reason()
+    assert "dim 1 = 48" in bq.Case("rowwise", f, (64, 48)).invalid_reason()
+    assert bq.Case("cast_transpose", f, (64, 64)).axis == (-1, 0)
+    with pytest.raises(ValueError, match="unknown op"):
+        bq.Case("nope", f, (64, 64))
+
+
+def test_small_helpers():
+    assert timing.gbps(3_000_000, 1.0) == 3000.0  # 3 MB in 1 µs = 3000 GB/s
+    assert timing.gbps(100, None) is None and timing.gbps(100, 0.0) is None
+    assert timing.pct_of(1500.0, 3000.0) == 50.0 and timing.pct_of(None, 3000.0) is None
+    assert timing.median_us([0.003, 0.001, 0.002]) == 2.0
+    with pytest.raises(ValueError):
+        timing.median_us([])
+    assert timing.parse_shape("8x2048x4096") == (8, 2048, 4096)
+    assert timing.format_shape((32768, 160)) == "32768x160"
+    for bad in ("12xz", "0x64", "", "-1x32"):
+        with pytest.raises(ValueError):
+            timing.parse_shape(bad)
+
+
+# --------------------------------------------------------------------------------------------------------
+# writers
+
+
+def _rows() -> list[Row]:
+    return [
+        Row("rowwise", "mxfp4_e2m1", "8192x8192", "mxkit", us=50.0, nbytes=169_869_312, gbps=3397.4,
+            pct_copy=79.6, vs_ref=3.42, check="match"),
+        Row("rowwise", "mxfp4_e2m1", "8192x8192", "reference-compiled", us=171.0, nbytes=169_869_312,
+            gbps=993.4, pct_copy=23.3, vs_ref=1.0, compile_s=9.5),
+        Row("cast_transpose", "mxfp8_e4m3", "8192x8192", "mxkit", status="n/a",
+            note="ModuleNotFoundError: No module named 'mxkit.kernels.quantize'"),
+        Row("cast_transpose", "mxfp8_e4m3", "8192x8192", "torchao-compiled", status="n/a",
+            note="torchao not importable (ModuleNotFoundError)"),
+    ]
+
+
+def test_csv_and_json_round_trip(tmp_path):
+    rows = _rows()
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "copy_gbps": 4270.0}
+    p_csv = timing.write_csv(rows, tmp_path / "a" / "b.csv")
+    with p_csv.open() as fh:
+        got = list(csv.DictReader(fh))
+    assert [g["impl"] for g in got] == [r.impl for r in rows]
+    assert got[0]["us"] == "50.0" and got[2]["us"] == "" and got[2]["status"] == "n/a"
+    assert list(got[0]) == Row.fields()
+    p_json = timing.write_json(rows, env, tmp_path / "b.json", config={"quick": True})
+    doc = json.loads(p_json.read_text())
+    assert doc["env"] == env and doc["config"] == {"quick": True}
+    assert doc["rows"][2]["us"] is None
+    env2, rows2 = timing.read_json_rows(p_json)
+    assert env2 == env and rows2 == rows
+
+
+def test_table_plain_and_rich(capsys):
+    lines = timing.summary_lines(_rows())
+    assert [(d["op"], d["main"].impl) for d in lines] == [("rowwise", "mxkit"), ("cast_transpose", "mxkit")]
+    cols = bq.table_columns(["reference-compiled", "torchao-compiled"])
+    text = timing.render_table(lines, cols, title="T", plain=True)
+    assert capsys.readouterr().out == text
+    head, rule, r1, r2 = text.splitlines()[1:5]
+    assert "× vs ref.compiled" in head and "ref.compiled µs" in head and "torchao µs" in head
+    assert set(rule) <= {"-", " "}
+    assert "50.0" in r1 and "3397" in r1 and "79.6" in r1 and "3.42" in r1 and "171.0" in r1 and "match" in r1
+    assert r2.count("n/a") >= 5 and "ModuleNotFoundError" in r2
+    pytest.importorskip("rich")
+    text2 = timing.render_table(lines, cols, title="T")
+    out = capsys.readouterr().out
+    assert text2 == text and "3397" in out and "ModuleNotFoundError" in out
+
+
+def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
+    rows = _rows()
+    if _has("matplotlib"):
+        path, note = timing.write_chart(rows, tmp_path / "c.png")
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart" in note
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    path, note = timing.write_chart(rows, tmp_path / "d.png")
+    assert path is None and "matplotlib" in note and not (tmp_path / "d.png").exists()
+    notes = timing.write_outputs(rows, {"gpu": "x"}, tmp_path / "o", "bench_quantize")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["bench_quantize.csv", "bench_quantize.json"]
+    assert any("matplotlib" in n for n in notes)
+
+
+def _has(mod: str) -> bool:
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------------------
+# argument parsing and the registry
+
+
+def _cli() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mxkit")
+    sub = parser.add_subparsers(dest="cmd")
+    bench.add_bench_parser(sub)
+    return parser
+
+
+def test_add_bench_parser_parses_quantize_options():
+    args = _cli().parse_args(["bench", "quantize", "--formats", "mxfp4, mxfp8_e5m2", "--shapes",
+                              "1024x1024,8x64x128", "--ops", "rowwise,dequantize", "--peers", "none",
+                              "--dtype", "fp16", "--scale-mode", "RCEIL", "--quick", "--out", "r"])
+    assert args.func is bq.run and args.bench_op == "quantize"
+    assert args.formats == ("mxfp4_e2m1", "mxfp8_e5m2")
+    assert args.shapes == ((1024, 1024), (8, 64, 128))
+    assert args.ops == ("rowwise", "dequantize") and args.peers == ()
+    assert args.dtype is torch.float16 and args.scale_mode is mxkit.ScaleMode.RCEIL
+    assert str(args.out) == "r" and args.rep_ms is None  # resolved by timing_config: 40 ms with --quick
+    assert timing.timing_config(args).rep_ms == timing.QUICK_REP_MS
+    assert timing.timing_config(_cli().parse_args(["bench", "quantize"])).rep_ms == timing.DEFAULT_REP_MS
+    with pytest.raises(ValueError, match="--rep-ms=-1"):
+        timing.timing_config(_cli().parse_args(["bench", "quantize", "--rep-ms", "-1"]))
+    cases = bq.cases_from_args(args)
+    assert len(cases) == 2 * 2 * 2 and cases[0].shape == (1024, 1024) and cases[-1].shape == (8, 64, 128)
+    defaults = _cli().parse_args(["bench", "quantize"])
+    assert defaults.formats == bq.DEFAULT_FORMATS and defaults.peers == bq.DEFAULT_PEERS
+    assert len(bq.cases_from_args(defaults)) == len(bq.OPS) * 3 * 5
+    quick = _cli().parse_args(["bench", "quantize", "--quick"])
+    assert {c.label for c in bq.cases_from_args(quick)} == set(bq.QUICK_SHAPES)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--formats", "mxfp9"], "unknown MX format 'mxfp9'"),
+    (["--shapes", "12xz"], "12xz"),
+    (["--ops", "rowwise,diagonal"], "unknown op 'diagonal'"),
+    (["--peers", "cublas"], "unknown peer 'cublas'"),
+    (["--dtype", "int8"], "unknown dtype 'int8'"),
+    (["--scale-mode", "round"], "round"),
+])
+def test_bad_options_are_argparse_errors(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        _cli().parse_args(["bench", "quantize", *argv])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bench_needs_an_op(capsys):
+    with pytest.raises(SystemExit) as e:
+        _cli().parse_args(["bench"])
+    assert e.value.code == 2 and "OP" in capsys.readouterr().err
+
+
+def test_registry():
+    reg = bench.registry()
+    assert list(reg) == list(bench.BENCH_MODULES) and "quantize" in reg
+    b = reg["quantize"]
+    assert b.run is bq.run and b.add_arguments is bq.add_arguments and b.help == bq.HELP
+    with pytest.raises(ValueError, match="two benchmarks named 'quantize'"):
+        bench.registry(("quantize", "quantize"))
+    with pytest.raises(TypeError, match="lacks HELP, add_arguments, run"):
+        bench.Benchmark.from_module(types.SimpleNamespace(__name__="fake", NAME="fake"))
+    # a second op joins with one module: its sub-command and func come out of the same code path
+    fake = bench.Benchmark("gemm", "fake gemm", lambda p: p.add_argument("--m", type=int), lambda a: 7)
+    parser = argparse.ArgumentParser()
+    bench.add_op_parsers(parser.add_subparsers(dest="op"), {"quantize": b, "gemm": fake})
+    args = parser.parse_args(["gemm", "--m", "3"])
+    assert args.m == 3 and args.func(args) == 7
+
+
+# --------------------------------------------------------------------------------------------------------
+# running without CUDA
+
+
+def test_no_cuda_exits_with_a_message(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["quantize", "--shapes", "64x64"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "Traceback" not in err
+
+
+def test_no_cuda_subprocess_has_no_traceback():
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    import os
+
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-m", "mxkit.bench", "quantize", "--quick"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_list_needs_no_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["quantize", "--list", "--formats", "mxfp4", "--shapes", "32768x160,48x64,33x33"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(bq.OPS) * 3
+    assert any("columnwise" in line and "dim 0 = 48" in line for line in out)
+    assert sum("dim 1 = 33" in line and "n/a MB" in line for line in out) == 3  # all but columnwise
+    # the runner turns such a case into n/a rows, too
+    rows = bq.bench_case(bq.Case("rowwise", get_format("mxfp4"), (33, 33)), _ctx())
+    assert [(r.status, r.nbytes) for r in rows] == [("n/a", 0), ("n/a", 0)]
+
+
+# --------------------------------------------------------------------------------------------------------
+# the case pipeline on CPU (injected timer, compile off)
+
+
+def _ctx(**kw) -> timing.Context:
+    base = dict(device="cpu", time_fn=lambda fn: getattr(fn, "fake_us", 10.0), sync=lambda: None,
+                backend="reference", impls=("mxkit", "reference-compiled"), compile=False, copy_gbps=1000.0)
+    base.update(kw)
+    return timing.Context(**base)
+
+
+def _slow_ref():
+    impl = bq.IMPLS["reference-compiled"]
+
+    def make(case, inp, ctx):
+        fn = impl.make(case, inp, ctx)
+
+        def timed():
+            return fn()
+
+        timed.fake_us = 40.0
+        return timed
+
+    return timing.Impl("reference-compiled", make, compiled=True, checked=True)
+
+
+def test_pipeline_checks_bytes_and_computes_ratios():
+    impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": _slow_ref()}
+    cases = bq.plan_cases(bq.OPS, ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"], [(64, 96), (2, 32, 64)], BF16)
+    log = []
+    rows = bq.run_cases(cases, _ctx(), impls=impls, log=log.append)
+    assert len(rows) == 2 * len(cases) and len(log) == len(cases)
+    mine = [r for r in rows if r.impl == "mxkit"]
+    assert all(r.status == "ok" and r.check == "match" for r in mine), [(r.op, r.note) for r in mine]
+    for r in mine:
+        assert r.us == 10.0 and r.vs_ref == 4.0
+        assert math.isclose(r.gbps, r.nbytes / 10.0 / 1e3) and math.isclose(r.pct_copy, r.gbps / 10.0)
+    ref = [r for r in rows if r.impl == "reference-compiled"]
+    assert all(r.us == 40.0 and r.vs_ref == 1.0 and r.compile_s is not None and r.check == "match" for r in ref)
+    assert {r.note for r in rows if r.op == "columnwise" and r.shape == "2x32x64"} == {"2-D view 64x64"}
+
+
+def test_unavailable_and_failing_impls_become_rows():
+    def missing(case, inp, ctx):
+        raise ModuleNotFoundError("No module named 'mxkit.kernels.quantize'")
+
+    def boom(case, inp, ctx):
+        def fn():
+            raise RuntimeError("illegal memory access\nmore")
+        return fn
+
+    def wrong(case, inp, ctx):  # right shapes, wrong bytes: the reference of a different tensor
+        x = inp.x + 1
+        return lambda: mxkit.quantize(x, case.fmt, axis=case.axis, backend="reference")
+
+    Impl = timing.Impl
+    impls = {"mxkit": Impl("mxkit", wrong, checked=True), "gone": Impl("gone", missing),
+             "crash": Impl("crash", boom), "compiled-crash": Impl("compiled-crash", boom, compiled=True),
+             "skip": Impl("skip", lambda c, i, x: (_ for _ in ()).throw(BenchUnavailable("torchao absent")))}
+    case = bq.Case("rowwise", get_format("mxfp4"), (64, 64))
+    rows = {r.impl: r for r in bq.bench_case(case, _ctx(impls=tuple(impls)), impls)}
+    assert rows["mxkit"].check == "MISMATCH" and rows["mxkit"].status == "ok"
+    assert rows["gone"].status == "n/a" and "ModuleNotFoundError: No module named" in rows["gone"].note
+    assert rows["crash"].status == "error" and rows["crash"].note == "error: RuntimeError: illegal memory access"
+    assert rows["compiled-crash"].status == "n/a" and rows["compiled-crash"].note.startswith("torch.compile failed")
+    assert rows["skip"].status == "n/a" and rows["skip"].note == "torchao absent"
+    assert all(rows[k].us is None and rows[k].gbps is None for k in ("gone", "crash", "compiled-crash", "skip"))
+
+
+def test_invalid_case_and_budgets():
+    f = get_format("mxfp8")
+    rows = bq.bench_case(bq.Case("columnwise", f, (48, 64)), _ctx())
+    assert [r.status for r in rows] == ["n/a", "n/a"] and "dim 0 = 48" in rows[0].note
+    # compile budget spent: the compiled peer is skipped before torch.compile is ever called
+    rows = bq.bench_case(bq.Case("rowwise", f, (64, 64)), _ctx(compile=True, compile_budget_s=0.0))
+    assert rows[0].status == "ok" and rows[1].status == "n/a" and "compile budget" in rows[1].note
+    # time budget spent: remaining cases become n/a rows and nothing runs
+    cases = bq.plan_cases(("rowwise",), ("mxfp8",), [(64, 64), (32, 32)], BF16)
+    rows = bq.run_cases(cases, _ctx(), log=lambda s: None, time_budget_s=-1.0)
+    assert len(rows) == 4 and all(r.status == "n/a" and "time-budget" in r.note for r in rows)
+
+
+def test_inputs_are_random_and_never_zero():
+    case = bq.Case("dequantize", get_format("mxfp4"), (64, 128))
+    a, b = bq.make_inputs(case, _ctx()), bq.make_inputs(case, _ctx())
+    assert a.x.dtype is BF16 and a.x.shape == (64, 128) and torch.isfinite(a.x).all()
+    assert (a.x != 0).float().mean() > 0.99 and not torch.equal(a.x, b.x)
+    assert a.q is not None and a.q.shape == (64, 128)
+
+
+def test_torchao_peer_wiring_on_cpu():
+    pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    ctx = _ctx(impls=("mxkit", "torchao-compiled"))
+    for op in bq.OPS:
+        for fmt in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"):
+            case = bq.Case(op, get_format(fmt), (64, 64), torch.float32)
+            inp = bq.make_inputs(case, ctx)
+            try:
+                fn = bq.IMPLS["torchao-compiled"].make(case, inp, ctx)
+            except BenchUnavailable as e:
+                assert op == "dequantize" and fmt == "mxfp6_e2m3", e
+                continue
+            out = fn()
+            if op == "dequantize":  # torchao decodes our bytes to the same values
+                assert torch.equal(out, mxkit.dequantize(inp.q, torch.float32, backend="reference"))
+            elif op == "rowwise" and fmt != "mxfp6_e2m3":  # same scale bytes as the OCP FLOOR reference
+                ref = mxkit.quantize(inp.x, fmt, backend="reference")
+                assert torch.equal(out[0].view(torch.uint8).reshape(ref.scale.shape), ref.scale)
+                assert torch.equal(out[1].view(torch.uint8), ref.qdata)
+    fp16 = bq.Case("rowwise", get_format("mxfp8"), (64, 64), torch.float16)
+    with pytest.raises(BenchUnavailable, match="float16"):
+        bq.IMPLS["torchao-compiled"].make(fp16, bq.make_inputs(fp16, ctx), ctx)
+
+
+def test_scale_mode_reaches_every_impl():
+    f = get_format("mxfp4")
+    x = torch.randn(64, 64, dtype=BF16)
+    x[:, 0] = 7.5  # amax 7.5: FLOOR gives 2^(2-2) = 1, EVEN rounds 7.5 up to 8 and gives 2^1
+    inp = bq.Inputs(x)
+    for mode in ("floor", "even"):
+        case = bq.Case("rowwise", f, (64, 64), BF16, mxkit.ScaleMode.parse(mode))
+        want = mxkit.quantize(x, f, scale_mode=mode, backend="reference")
+        for name in ("mxkit", "reference-compiled", "reference-eager"):
+            out = bq.IMPLS[name].make(case, inp, _ctx())()
+            assert torch.equal(out.scale, want.scale), (name, mode)
+        assert case.check(out, case.expected(inp))
+    assert not torch.equal(want.scale, mxkit.quantize(x, f, scale_mode="floor", backend="reference").scale)
+
+
+def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda cfg, mib: (2000.0, 100.0, 200_000_000))
+    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: 25.0)
+    args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8,mxfp4",
+                              "--peers", "reference-eager", "--backend", "reference", "--out", str(tmp_path),
+                              "--plain"])
+    args.rep_ms = 1.0
+    cases = bq.cases_from_args(args)
+    rc = timing.run_benchmark(args, cases, bq.IMPLS, what="t", stem="bench_quantize", peers=args.peers,
+                              columns=bq.table_columns(args.peers), ref_impl="reference-eager", title="T",
+                              device="cpu")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "copy limit: 2000 GB/s" in out and "ref.eager µs" in out
+    env, rows = timing.read_json_rows(tmp_path / "bench_quantize.json")
+    assert env["copy_gbps"] == 2000.0 and "torch" in env and "date_utc" in env
+    assert rows[0].impl == "copy" and len(rows) == 1 + 2 * len(cases)
+    assert all(r.check == "match" and r.us == 25.0 and r.vs_ref == 1.0 for r in rows[1:]), rows
+    assert (tmp_path / "bench_quantize.csv").read_text().count("\n") == len(rows) + 1
+    # the same run with a kernel that returns wrong bytes exits 1 and names the case
+    wrong = dict(bq.IMPLS, mxkit=timing.Impl("mxkit", lambda c, i, x: lambda: "not an MXTensor", checked=True))
+    rc = timing.run_benchmark(args, cases[:1], wrong, what="t", stem="b2", peers=(), columns=bq.table_columns(()),
+                              ref_impl="reference-eager", title="T", device="cpu")
+    assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err

@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ._table import print_table
+
 __all__ = ["main", "build_parser", "find_mx_pairs"]
 
 
@@ -29,29 +31,8 @@ __all__ = ["main", "build_parser", "find_mx_pairs"]
 
 def _print_table(rows: list[dict], columns: Sequence[str], *, title: Optional[str] = None, plain: bool = False,
                  file=None) -> None:
-    out = file or sys.stdout
     cells = [["-" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    if not plain:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            pass
-        else:
-            table = Table(title=title)
-            for c in columns:
-                table.add_column(c)
-            for row in cells:
-                table.add_row(*row)
-            Console(file=out, width=sum(widths) + 3 * len(columns) + 1).print(table)  # never wrap cells
-            return
-    if title:
-        print(title, file=out)
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+    print_table(columns, cells, title=title, plain=plain, file=file)
 
 
 def _pow2(v: Optional[float]) -> Optional[str]:

@@ -402,33 +402,13 @@ def print_rows(rows: list[dict], *, title: Optional[str] = None, file=None, use_
     Columns: those of ``ROW_COLUMNS`` that some row fills, less the per-run constants (model, rounding,
     block_size, sentences, layers_left).
     """
-    import sys
+    from ._table import print_table
 
     cols = _visible_columns(rows) if rows else []
-    out = file or sys.stdout
     cells = [[_fmt(r.get(c), c) for c in cols] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-    if use_rich is not False:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            if use_rich:
-                raise
-        else:
-            table = Table(title=title)
-            for c in cols:
-                table.add_column(c, justify="left" if c in ("format", "scale_mode", "act_format", "worst_layer") else "right")
-            for row in cells:
-                table.add_row(*row)
-            Console(file=out, width=sum(widths) + 3 * len(cols) + 1).print(table)
-            return
-    if title:
-        print(title, file=out)
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip(), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+    left = ("format", "scale_mode", "act_format", "worst_layer")
+    print_table(cols, cells, title=title, plain=use_rich is False, file=file,
+                right=[c for c in cols if c not in left])
 
 
 def write_rows(rows: list[dict], path: Union[str, Path]) -> Path:

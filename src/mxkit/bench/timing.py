@@ -21,7 +21,6 @@ import contextlib
 import csv
 import dataclasses
 import datetime as _dt
-import io
 import json
 import math
 import platform
@@ -349,42 +348,11 @@ def render_table(lines: Sequence[dict], columns: Sequence[Column], *, title: str
 
     The plain text is returned in every case (the caller may log it); rich only changes what is printed.
     """
-    file = file if file is not None else sys.stdout
+    from .._table import print_table
+
     cells = [[c.get(d) for c in columns] for d in lines]
-    widths = [max([len(c.title)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-
-    def fmt_row(vals):
-        return "  ".join(v.rjust(w) if c.right else v.ljust(w) for v, w, c in zip(vals, widths, columns)).rstrip()
-
-    out = io.StringIO()
-    if title:
-        out.write(title + "\n")
-    out.write(fmt_row([c.title for c in columns]) + "\n")
-    out.write("  ".join("-" * w for w in widths) + "\n")
-    for r in cells:
-        out.write(fmt_row(r) + "\n")
-    text = out.getvalue()
-
-    printed = False
-    if not plain:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except Exception:
-            Console = None
-        if Console is not None:
-            width = None if file.isatty() else max(120, sum(widths) + 3 * len(widths) + 4)
-            console = Console(file=file, width=width, highlight=False)
-            table = Table(title=title or None, show_lines=False, header_style="bold")
-            for c in columns:
-                table.add_column(c.title, justify="right" if c.right else "left", no_wrap=True)
-            for r in cells:
-                table.add_row(*r)
-            console.print(table)
-            printed = True
-    if not printed:
-        print(text, end="", file=file, flush=True)
-    return text
+    return print_table([c.title for c in columns], cells, title=title or None, plain=plain, file=file,
+                       right=[c.title for c in columns if c.right])
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> Path:

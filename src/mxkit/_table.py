@@ -1,0 +1,54 @@
+"""One terminal-table printer for the CLI, `mxkit eval` and the benchmarks (no mxkit imports)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Collection, Optional, Sequence
+
+__all__ = ["print_table"]
+
+
+def print_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    title: Optional[str] = None,
+    plain: bool = False,
+    right: Collection[str] = (),
+    file=None,
+) -> str:
+    """Print string cells under ``columns``: with rich when it is installed and ``plain`` is False, as
+    aligned plain text otherwise. Columns named in ``right`` are right-aligned. Cells never wrap.
+
+    Returns the plain-text rendering in every case (callers may log it).
+    """
+    out = file if file is not None else sys.stdout
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+
+    def line(vals) -> str:
+        return "  ".join(
+            v.rjust(w) if c in right else v.ljust(w) for v, w, c in zip(vals, widths, columns)
+        ).rstrip()
+
+    text = "".join(
+        ([title + "\n"] if title else [])
+        + [line(columns) + "\n", "  ".join("-" * w for w in widths) + "\n"]
+        + [line(r) + "\n" for r in rows]
+    )
+    if not plain:
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            pass
+        else:
+            table = Table(title=title or None, header_style="bold")
+            for c in columns:
+                table.add_column(c, justify="right" if c in right else "left", no_wrap=True)
+            for r in rows:
+                table.add_row(*r)
+            width = sum(widths) + 3 * len(widths) + 4
+            Console(file=out, width=width, highlight=False).print(table)
+            return text
+    print(text, end="", file=out, flush=True)
+    return text

@@ -27,7 +27,6 @@ from .formats import (
     BLOCK_SIZE,
     E8M0_BIAS,
     E8M0_NAN,
-    ElementFormat,
     FormatLike,
     Rounding,
     ScaleMode,

@@ -76,7 +76,12 @@ def _interpret_checks() -> int:
     from triton.runtime.interpreter import InterpretedFunction
 
     from mxkit.kernels import _quantize as K
-    from mxkit.kernels.quantize import QuantizeConfig, _quantize_impl, quantize_triton, dequantize_triton
+    from mxkit.kernels.quantize import (DequantizeConfig, QuantizeConfig, _cast_transpose_impl, _dequantize_impl,
+                                        _quantize_impl, dequantize_triton, quantize_triton)
+    from mxkit.formats import get_format
+
+    def kq_bits(fmt):
+        return get_format(fmt).bits
 
     assert os.environ.get("TRITON_INTERPRET") == "1"
     assert isinstance(K._quantize_kernel, InterpretedFunction), type(K._quantize_kernel)
@@ -129,6 +134,38 @@ def _interpret_checks() -> int:
             odt = dts[(i + k) % 3]
             _assert_dequant_equal(dequantize_triton(q, odt), dequantize_reference(q, odt),
                                   f"dequantize {fmt} {shape} axis={axis} -> {odt}")
+            n += 1
+    # the non-default layouts (selected by the config): rowwise 3-D tile, columnwise / cast-transpose that
+    # transpose only the codes, 3-D dequantize; hw_fp8 is ignored here (inline asm: GPU tests only)
+    for i, fmt in enumerate(FORMAT_NAMES):
+        mode, rnd, dt = SCALE_MODES[i % 4], ROUNDINGS[i % 2], dts[i % 3]
+        x = rand_tensor((8, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+        q, s = _quantize_impl(x, fmt, -1, mode, rnd, "plain", cfg=QuantizeConfig(4, 64, 2, False, True, row3d=True))
+        ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"row3d {fmt} qdata")
+        assert_bytes_equal(s, ref.scale, f"row3d {fmt} scale")
+        x = rand_tensor((64, 40), 0, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+        layout = ("plain", "nvidia_128x4")[i % 2]
+        q, s = _quantize_impl(x, fmt, 0, mode, rnd, layout, cfg=QuantizeConfig(32, 32, 2, False, i % 2 == 0,
+                                                                               col_direct=True))
+        ref = quantize_reference(x, fmt, axis=0, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"col_direct {fmt} qdata")
+        assert_bytes_equal(s, ref.scale if layout == "plain" else _ref_layout(ref.scale, layout), f"col_direct {fmt} scale")
+        x = rand_tensor((32, 96), -1, generator=g, dtype=dt)
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, False, col_direct=True))
+        for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+            ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
+            assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_direct {fmt} axis={a} qdata")
+            assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_direct {fmt} axis={a} scale")
+        n += 3
+        if kq_bits(fmt) != 6:
+            ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
+            qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
+            sc = torch.randint(0, 256, ref_q.scale.shape, generator=g, dtype=torch.uint8)
+            sc.view(-1)[:3] = torch.tensor([0, 254, 255], dtype=torch.uint8)
+            q = type(ref_q)(qd, sc, ref_q.fmt, ref_q.axis, 32, ref_q.shape)
+            got = _dequantize_impl(qd, sc, fmt, -1, (6, 96), dts[i % 3], cfg=DequantizeConfig(4, 64, 2, False, True))
+            _assert_dequant_equal(got, dequantize_reference(q, dts[i % 3]), f"dequantize load3d {fmt}")
             n += 1
     # the 64-bit offset path and the branch-free fp32-denormal path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
@@ -201,6 +238,64 @@ def test_fake_impls_give_reference_shapes(fmt):
     r0 = quantize_reference(torch.zeros(2, 64, 96), fmt, axis=-1)
     r1 = quantize_reference(torch.zeros(2, 64, 96), fmt, axis=-2)
     assert (qr.shape, sr.shape, qc.shape, sc.shape) == (r0.qdata.shape, r0.scale.shape, r1.qdata.shape, r1.scale.shape)
+
+
+def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
+    """Compile a kernel for sm_90 without a GPU (Triton's bundled ptxas): catches errors of the compiled
+    path that the CPU interpreter never sees (inline asm, early returns, layouts). Returns SASS size."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mxkit.kernels import _quantize as K
+
+    fn = getattr(K, kernel_name)
+    ptr = {"x_ptr": ("*i32", "*i16", "*fp16")[constexprs.get("IN_KIND", 1)], "s_ptr": "*u8",
+           "out_ptr": ("*fp32", "*i16", "*fp16")[constexprs.get("OUT_KIND", 1)]}
+    sig = {}
+    for a in fn.arg_names:
+        if a in constexprs:
+            sig[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            sig[a] = ptr.get(a, "*i32" if (a.startswith("q") and constexprs.get("BITS") == 6) else "*u8")
+        else:
+            sig[a] = "i32"
+    k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps})
+    return len(k.asm["cubin"])
+
+
+@pytest.mark.parametrize("variant", ["rows_hw_r3d", "cols_hw_cd", "castT_hw", "dequant_load3d"])
+def test_opt_in_paths_compile_for_sm90(variant):
+    """The compiled (non-interpreted) kernels of the opt-in paths build for sm_90 on the CPU; their bytes
+    are checked by test_gpu_variants_match_reference (interpreter: test_interpreter_matches_reference)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the interpreter replaces the compiler")
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401
+    except Exception:
+        pytest.skip("no NVIDIA backend in this Triton")
+    from mxkit.formats import get_format
+    from mxkit.kernels.quantize import _format_constexprs
+
+    def quant(fmt, do_row, do_col, br, bc, warps, **kw):
+        ce = dict(IN_KIND=1, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=0, LAYOUT_C=1, AWAY=False, BLOCK_R=br,
+                  BLOCK_C=bc, INT64=False, DENORM_BRANCH=True, MASKED=True, HW_FP8=False, ROW3D=False,
+                  COL_DIRECT=False, **_format_constexprs(get_format(fmt)))
+        ce.update(kw)
+        return _sm90_compile("_quantize_kernel", warps, **ce)
+
+    if variant == "rows_hw_r3d":
+        assert quant("mxfp8_e4m3", True, False, 16, 256, 4, HW_FP8=True, ROW3D=True) > 0
+        assert quant("mxfp8_e5m2", True, False, 16, 256, 4, HW_FP8=True, IN_KIND=0) > 0
+    elif variant == "cols_hw_cd":
+        assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_FP8=True, COL_DIRECT=True) > 0
+    elif variant == "castT_hw":
+        assert quant("mxfp8_e4m3", True, True, 32, 32, 1, HW_FP8=True) > 0
+    else:
+        f = get_format("mxfp4_e2m1")
+        assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+                             EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                             BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=True) > 0
 
 
 def test_argument_errors_match_reference():
@@ -358,6 +453,95 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
     qn = quantize_triton(x.to(DEV), fmt, scale_layout="nvidia_128x4")
     _assert_dequant_equal(dequantize_triton(qn, torch.bfloat16),
                           dequantize_reference(quantize_reference(x, fmt), torch.bfloat16), "dequantize nvidia_128x4")
+
+
+def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
+    """fp32 blocks for the FP8 element rounding: blocks with amax = max_normal * 2^k (every scale mode picks
+    the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one
+    fp32 ulp above them, and their negatives; blocks whose mantissa exceeds max_normal's (saturation under
+    FLOOR); tiny elements (FP8 subnormals / underflow); k spans fp32-denormal to huge; fp32-denormal blocks."""
+    ref = quantize_reference(torch.ones(1, 32), fmt)
+    blk = torch.zeros(127, 32, dtype=torch.uint8)
+    blk[:, 0] = torch.arange(127, dtype=torch.uint8)  # every non-negative code except the sign bit
+    d = dequantize_reference(type(ref)(blk, torch.full((127, 1), 127, dtype=torch.uint8), ref.fmt, 1, 32, (127, 32)))
+    grid = d[:, 0].double()
+    grid = torch.unique(grid[torch.isfinite(grid)])  # sorted
+    mids = ((grid[1:] + grid[:-1]) / 2).float()  # exact in fp32 (a few significant bits)
+    up = (mids.view(torch.int32) + 1).view(torch.float32)
+    mx = float(grid[-1])
+    vals = torch.cat([mids, -mids, up, -up])
+    vals = vals[torch.randperm(vals.numel())]
+    nb = -(-vals.numel() // 31)
+    vals = torch.cat([vals, torch.zeros(nb * 31 - vals.numel())]).reshape(nb, 31)
+    ties = torch.cat([torch.full((nb, 1), mx), vals], dim=1)  # amax = max_normal exactly
+    sat = torch.tensor([mx * 1.0625, -mx * 1.125, mx * 1.1, -mx, mx * 0.999, 2.0**-12, -(2.0**-11), 3 * 2.0**-12]
+                       + [0.0] * 24).reshape(1, 32)
+    out = [b * 2.0**k for k in (-120, -60, 0, 40, 100) for b in (ties, sat, -sat)]
+    den = torch.randint(-(2**23 - 1), 2**23, (4, 32), dtype=torch.int32)
+    out.append((den.abs() | (den < 0).to(torch.int32) << 31).view(torch.float32))
+    return torch.cat(out)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_variants_match_reference(fmt, rng, poison):
+    """The config-selected code paths (hw_fp8: FP8 through the hardware cvt, inline asm the interpreter cannot
+    run; row3d; col_direct; dequantize load3d) byte-equal the reference: every scale mode, both roundings
+    (AWAY falls back to the integer path), fp32 / bf16 / fp16, wide-range random data with special blocks,
+    ragged shapes, and for FP8 crafted ties / saturation / subnormals / fp32 denormals in fp32."""
+    from mxkit.kernels.quantize import (DequantizeConfig, QuantizeConfig, _cast_transpose_impl,
+                                        _dequantize_impl, _quantize_impl)
+
+    QC = QuantizeConfig
+    is_fp8 = fmt.startswith("mxfp8")
+    row_cfgs = [QC(16, 256, 4, False, row3d=True)]
+    col_cfgs = [QC(32, 64, 2, False, False, col_direct=True)]
+    if is_fp8:
+        row_cfgs += [QC(16, 256, 4, False, hw_fp8=True), QC(16, 256, 4, False, hw_fp8=True, row3d=True)]
+        col_cfgs += [QC(32, 64, 2, False, False, hw_fp8=True), QC(32, 64, 2, False, False, hw_fp8=True, col_direct=True)]
+    dts = [torch.float32, torch.bfloat16, torch.float16]
+    for k, cfg in enumerate(row_cfgs):
+        dt = dts[k % 3]
+        xs = [rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)]
+        if is_fp8:
+            xs.append(_fp8_tie_blocks(fmt))
+        for x in xs:
+            for mode in SCALE_MODES:
+                for rnd in ROUNDINGS:
+                    ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                    q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
+                    assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {x.dtype} qdata")
+                    assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {x.dtype} scale")
+    for k, cfg in enumerate(col_cfgs):
+        dt = dts[(k + 1) % 3]
+        x = rand_tensor((320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
+        xt = _fp8_tie_blocks(fmt).T.contiguous() if is_fp8 else None
+        for mode in SCALE_MODES:
+            for rnd in ROUNDINGS:
+                for xx in (x, xt) if xt is not None else (x,):
+                    ref = quantize_reference(xx, fmt, axis=0, scale_mode=mode, rounding=rnd)
+                    q, s = _quantize_impl(xx.to(DEV), fmt, 0, mode, rnd, "nvidia_128x4", cfg)
+                    assert_bytes_equal(q.cpu(), ref.qdata, f"cols {cfg} {mode} {rnd} {xx.dtype} qdata")
+                    assert_bytes_equal(s.cpu(), _ref_layout(ref.scale, "nvidia_128x4").cpu(), f"cols {cfg} {mode} scale")
+                # fused cast-transpose with the same config (rows and columns from one tile)
+                xc = x[:, :192] if k % 2 else x[:256, :96]
+                qr, sr, qc, sc = _cast_transpose_impl(xc.to(DEV), fmt, mode, rnd, "plain", cfg)
+                for got, a in (((qr, sr), -1), ((qc, sc), 0)):
+                    ref = quantize_reference(xc, fmt, axis=a, scale_mode=mode, rounding=rnd)
+                    assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {rnd} qdata")
+                    assert_bytes_equal(got[1].cpu(), ref.scale, f"cast-T {cfg} axis={a} {mode} {rnd} scale")
+    if not fmt.startswith("mxfp6"):
+        x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
+        q = quantize_reference(x, fmt, scale_mode="rceil")
+        qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
+        sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
+        sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+        for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
+            for odt in dts:
+                got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt,
+                                       DequantizeConfig(16, 256, 4, False, load3d=True))
+                _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize load3d {fmt} -> {odt}")
 
 
 @pytest.mark.gpu

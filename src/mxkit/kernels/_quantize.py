@@ -15,9 +15,16 @@ correctly rounded whatever the GPU does with fp32 denormals (flush-to-zero or no
   mantissa, either in a tile-uniform branch (DENORM_BRANCH: a CTA-wide min of X) or always.
 * MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
 
-Tried and dropped: FP8 through the hardware ``cvt.rn.satfinite.e4m3x2.f32`` (what ``.to(tl.float8e4nv)``
-emits on sm_90) was ~25% faster rowwise but did NOT match the reference for FLOOR / RCEIL blocks on an H200
-(cause not found in time); the integer path is used for every format.
+Opt-in paths (constexprs, selected by the launcher's config; the integer path stays the default):
+
+* HW_FP8: FP8 (RNE) elements through an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per
+  asm block) applied to the exact signed ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's
+  saturation. (An earlier ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.) Compiles
+  for sm_90 (SASS of the rowwise FP8 kernel 856 -> 664 instructions); its GPU byte check is still pending,
+  so it is not a default. The CPU interpreter cannot run inline asm.
+* ROW3D: the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
+* COL_DIRECT: blocks along R are reduced in the untransposed tile and only the 1-byte codes are transposed
+  (default for columnwise FP8).
 
 Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6
 data through an int32 view: 16 codes = 12 bytes = 3 little-endian words).
@@ -65,7 +72,8 @@ def _to_bits(raw, IN_KIND: tl.constexpr):
     if IN_KIND == IN_F32_BITS:
         return raw
     elif IN_KIND == IN_BF16_BITS:
-        return (raw.to(tl.int32) & 0xFFFF) << 16  # bf16 -> fp32: the 16 bits become the top half
+        # bf16 -> fp32: the 16 bits become the top half (the shift drops the sign-extended upper bits)
+        return raw.to(tl.int32) << 16
     else:
         return raw.to(tl.float32).to(tl.int32, bitcast=True)
 
@@ -99,47 +107,82 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
 
 
 @triton.jit
+def _cvt_fp8_rn(vbits, MBITS: tl.constexpr):
+    """fp32 bits -> FP8 bytes (uint8) with the hardware ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (sm_89+):
+    one IEEE round-to-nearest-even from fp32, saturating to +-max_normal. Four elements per asm block; in
+    the x2 form the FIRST source lands in the UPPER byte, hence ($2, $1) for bytes (0, 1)."""
+    if MBITS == 3:
+        asm: tl.constexpr = ("{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+                             "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }")
+    else:
+        tl.static_assert(MBITS == 2)
+        asm: tl.constexpr = ("{ .reg .b16 lo, hi; cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1; "
+                             "cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }")
+    return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [vbits], dtype=tl.uint8, is_pure=True, pack=4)
+
+
+@triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
-            DENORM: tl.constexpr):
-    """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape."""
-    abits = xbits & 0x7FFFFFFF
-    ax = abits.to(tl.float32, bitcast=True)
-    if EMAX == 0:
-        # only MXINT8 (emax 0) reaches X = 127, whose 2^-127 is not an fp32 normal: split it
-        xa = tl.minimum(X, 126)
-        v = ax * ((127 - xa) << 23).to(tl.float32, bitcast=True)
-        v = tl.where(X > 126, v * 0.5, v)
+            DENORM: tl.constexpr, HW_FP8: tl.constexpr = False):
+    """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape.
+
+    HW_FP8 (FP8 with RNE only; GPU only, the interpreter cannot run inline asm): the exact signed
+    v = x * 2^-X goes through the hardware cvt.rn.satfinite (uint8 codes). satfinite = the reference's
+    saturation: every |v| >= max_normal gives max_normal either way. fp32-subnormal v (flushed or not) round
+    to a signed zero either way; NaN / Inf blocks are masked to 0 afterwards."""
+    if HW_FP8:
+        tl.static_assert(BITS == 8 and not IS_INT and not AWAY and EMAX != 0)
+        v = xbits.to(tl.float32, bitcast=True) * ((127 - X) << 23).to(tl.float32, bitcast=True)
+        if DENORM:
+            # fp32-denormal x: the exact float(m) * 2^(-149 - X) as in the integer path; the sign goes on
+            # with an OR (a float negation would turn -0 into +0)
+            ad = xbits & 0x7FFFFFFF
+            vd = (ad.to(tl.float32)
+                  * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
+            vdb = vd.to(tl.int32, bitcast=True) | (xbits & -2147483648)
+            vb = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True))
+        else:
+            vb = v.to(tl.int32, bitcast=True)
+        code = _cvt_fp8_rn(vb, MBITS)
     else:
-        v = ax * ((127 - X) << 23).to(tl.float32, bitcast=True)  # exact 2^-X, X in [-127, 126]
-    if DENORM:
-        # fp32-denormal x = m * 2^-149: scale the exact float(m) instead (no denormal operand anywhere);
-        # when -149 - X < -126 the true v is < 2^-103 and rounds to zero, as m * 2^-126 does
-        vd = (abits.to(tl.float32)
-              * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
-        v = tl.where((abits >> 23) == 0, vd, v)
-    a = tl.minimum(v, MAX_NORMAL)  # saturate: rounding is monotone and max_normal is on the grid
-    if IS_INT:
-        # fixed step 2^-6: 2^17 + a has ulp 2^-6, so the add rounds a*64 to an integer (RNE)
-        t = a + 131072.0
-        n = t.to(tl.int32, bitcast=True) - 0x48000000
-        if AWAY:
-            # a tie rounded down by RNE leaves exactly half a step behind
-            n += ((a - (t - 131072.0)) == 0.0078125).to(tl.int32)
-        code = tl.where(xbits < 0, -n, n) & 0xFF
-    else:
-        # element exponent e = max(floor(log2 a), emin); the magic 2^(e - mbits + 23) has ulp 2^(e - mbits)
-        ef = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
-        mb = (ef + (23 - MBITS)) << 23
-        magic = mb.to(tl.float32, bitcast=True)
-        t = a + magic
-        n = t.to(tl.int32, bitcast=True) - mb  # a / ulp rounded, in [0, 2^(mbits+1)]
-        if AWAY:
-            half = (mb - (24 << 23)).to(tl.float32, bitcast=True)  # 2^(e - mbits - 1)
-            n += ((a - (t - magic)) == half).to(tl.int32)
-        # one expression covers subnormals, the subnormal -> normal carry and the binade carry
-        code = ((ef - (EMIN + 127)) << MBITS) + n
-        code = code | ((xbits >> 31) & (1 << (BITS - 1)))  # sign kept on zero results
+        abits = xbits & 0x7FFFFFFF
+        ax = abits.to(tl.float32, bitcast=True)
+        if EMAX == 0:
+            # only MXINT8 (emax 0) reaches X = 127, whose 2^-127 is not an fp32 normal: split it
+            xa = tl.minimum(X, 126)
+            v = ax * ((127 - xa) << 23).to(tl.float32, bitcast=True)
+            v = tl.where(X > 126, v * 0.5, v)
+        else:
+            v = ax * ((127 - X) << 23).to(tl.float32, bitcast=True)  # exact 2^-X, X in [-127, 126]
+        if DENORM:
+            # fp32-denormal x = m * 2^-149: scale the exact float(m) instead (no denormal operand anywhere);
+            # when -149 - X < -126 the true v is < 2^-103 and rounds to zero, as m * 2^-126 does
+            vd = (abits.to(tl.float32)
+                  * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
+            v = tl.where((abits >> 23) == 0, vd, v)
+        a = tl.minimum(v, MAX_NORMAL)  # saturate: rounding is monotone and max_normal is on the grid
+        if IS_INT:
+            # fixed step 2^-6: 2^17 + a has ulp 2^-6, so the add rounds a*64 to an integer (RNE)
+            t = a + 131072.0
+            n = t.to(tl.int32, bitcast=True) - 0x48000000
+            if AWAY:
+                # a tie rounded down by RNE leaves exactly half a step behind
+                n += ((a - (t - 131072.0)) == 0.0078125).to(tl.int32)
+            code = tl.where(xbits < 0, -n, n) & 0xFF
+        else:
+            # element exponent e = max(floor(log2 a), emin); the magic 2^(e - mbits + 23) has ulp 2^(e - mbits)
+            ef = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
+            mb = (ef + (23 - MBITS)) << 23
+            magic = mb.to(tl.float32, bitcast=True)
+            t = a + magic
+            n = t.to(tl.int32, bitcast=True) - mb  # a / ulp rounded, in [0, 2^(mbits+1)]
+            if AWAY:
+                half = (mb - (24 << 23)).to(tl.float32, bitcast=True)  # 2^(e - mbits - 1)
+                n += ((a - (t - magic)) == half).to(tl.int32)
+            # one expression covers subnormals, the subnormal -> normal carry and the binade carry
+            code = ((ef - (EMIN + 127)) << MBITS) + n
+            code = code | ((xbits >> 31) & (1 << (BITS - 1)))  # sign kept on zero results
     return tl.where(bad, 0, code)
 
 
@@ -147,22 +190,52 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
 def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr):
-    """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32])."""
+                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr, HW_FP8: tl.constexpr = False,
+                   IS3D: tl.constexpr = False):
+    """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
+    IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes)."""
     tl.static_assert(BC % 32 == 0)
-    b3 = tl.reshape(xbits, [BR, BC // 32, 32])
+    if IS3D:
+        b3 = xbits
+    else:
+        b3 = tl.reshape(xbits, [BR, BC // 32, 32])
     amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
     if DENORM_BRANCH:
         if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
         else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_FP8)
     else:  # no CTA-wide reduction: always take the exact path for fp32-denormal inputs
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True)
-    return tl.reshape(codes, [BR, BC]), sbyte
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+    if not IS3D:
+        codes = tl.reshape(codes, [BR, BC])
+    return codes, sbyte
+
+
+@triton.jit
+def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
+                   BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr, HW_FP8: tl.constexpr):
+    """[BR, BC] fp32 bits, blocks of 32 along dim 0 (no transpose) -> (codes [BR // 32, 32, BC],
+    scale bytes [BR // 32, BC])."""
+    tl.static_assert(BR % 32 == 0)
+    b3 = tl.reshape(xbits, [BR // 32, 32, BC])
+    amax = tl.max(b3 & 0x7FFFFFFF, axis=1)
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
+    bad = tl.expand_dims(amax >= 0x7F800000, 1)
+    xb = tl.expand_dims(x, 1)
+    if DENORM_BRANCH:
+        if tl.min(tl.min(x, axis=1), axis=0) < -22:
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+        else:
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_FP8)
+    else:
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+    return codes, sbyte
 
 
 @triton.jit
@@ -243,6 +316,63 @@ def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
     tl.store(s_ptr + soffs, sbyte.to(tl.uint8), mask=gmask[:, None] & ((scols < Ltot // 32) | (not MASKED))[None, :])
 
 
+@triton.jit
+def _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N: tl.constexpr, LAYOUT: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """Scale bytes [A, N // 32] of rows g, blocks n0 // 32 .. of a quantized dim of length Ltot."""
+    scols = n0 // 32 + tl.arange(0, N // 32)
+    soffs = _scale_offsets(g, scols, Ltot // 32, cols_p, LAYOUT)
+    tl.store(s_ptr + soffs, sbyte.to(tl.uint8), mask=gmask[:, None] & ((scols < Ltot // 32) | (not MASKED))[None, :])
+
+
+@triton.jit
+def _store_rows3d(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
+                  A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """Like _store_quantized for codes [A, N // 32, 32] (the 3-D rowwise tile): FP8 / FP4 are packed and
+    stored in that shape (no reshape to 2-D); FP6 goes through the 2-D path."""
+    if BITS == 6:
+        _store_quantized(q_ptr, s_ptr, tl.reshape(codes, [A, N]), sbyte, g, gmask, n0, Ltot, cols_p,
+                         A, N, BITS, LAYOUT, MASKED)
+    else:
+        j = tl.arange(0, N // 32)[None, :, None]
+        if BITS == 8:
+            cols = n0 + j * 32 + tl.arange(0, 32)[None, None, :]
+            m = gmask[:, None, None] & ((cols < Ltot) | (not MASKED))
+            tl.store(q_ptr + g[:, None, None] * Ltot + cols, codes.to(tl.uint8), mask=m)
+        else:
+            tl.static_assert(BITS == 4)
+            sh = tl.arange(0, 2) * 4
+            packed = tl.sum(tl.reshape(codes, [A, N // 32, 16, 2]) << sh[None, None, None, :], axis=3)
+            bcols = n0 // 2 + j * 16 + tl.arange(0, 16)[None, None, :]
+            m = gmask[:, None, None] & ((bcols < Ltot // 2) | (not MASKED))
+            tl.store(q_ptr + g[:, None, None] * (Ltot // 2) + bcols, packed.to(tl.uint8), mask=m)
+        _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+
+
+@triton.jit
+def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
+                       A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
+                       MASKED: tl.constexpr):
+    """Store codes [N // 32, 32, A] / scale bytes [N // 32, A] quantized along dim 0 of the raw tile as the
+    transposed rows g (A of them) x elements n0 .. n0 + N: only the (packed) 1-byte codes are transposed."""
+    if BITS == 4:
+        # pack element pairs along the quantized dim first: half the bytes go through the transpose
+        sh = tl.arange(0, 2) * 4
+        packed = tl.sum(tl.reshape(codes, [N // 2, 2, A]) << sh[None, :, None], axis=1).to(tl.uint8)
+        pt = tl.trans(packed)  # [A, N // 2]
+        bcols = n0 // 2 + tl.arange(0, N // 2)
+        offs = g[:, None] * (Ltot // 2) + bcols[None, :]
+        tl.store(q_ptr + offs, pt, mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
+        _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+    else:
+        ct = tl.trans(tl.reshape(codes.to(tl.uint8), [N, A]))
+        if BITS == 6:
+            ct = ct.to(tl.int32)
+        _store_quantized(q_ptr, s_ptr, ct, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p,
+                         A, N, BITS, LAYOUT, MASKED)
+
+
 @triton.jit(do_not_specialize=["tiles_r", "tiles_c", "colsp_r", "colsp_c", "scale_mode"])
 def _quantize_kernel(
     x_ptr, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
@@ -253,13 +383,17 @@ def _quantize_kernel(
     IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
     AWAY: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM_BRANCH: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, HW_FP8: tl.constexpr = False, ROW3D: tl.constexpr = False,
+    COL_DIRECT: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
     DO_ROW: quantize along C -> qr [B, R, C packed], sr [B, R, C / 32] (or 128x4 over rows B*R).
     DO_COL: quantize along R -> qc [B, C, R packed], sc [B, C, R / 32] (the transposed copy).
-    Both from the same load: that is the fused cast-transpose."""
+    Both from the same load: that is the fused cast-transpose.
+    HW_FP8: FP8 (RNE) elements through the hardware cvt (GPU only). ROW3D (rowwise only): load the tile
+    directly as [BLOCK_R, BLOCK_C // 32, 32] (blocks along the fastest axis, no reshapes). COL_DIRECT:
+    quantize along dim 0 of the raw tile and transpose only the 1-byte codes (not the raw input)."""
     pid = tl.program_id(0)
     pc = pid % tiles_c
     t = pid // tiles_c
@@ -274,19 +408,34 @@ def _quantize_kernel(
     rmask = (r < R) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
     cmask = (c < C) | (not MASKED)
     grow = b * R + r
-    raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
-    if DO_ROW:
-        codes, sbyte = _quantize_rows(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH)
-        _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
-                         BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
-    if DO_COL:
-        # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of 32
-        # along R become contiguous in each row, and the output rows (one per column c) are contiguous
-        codes, sbyte = _quantize_rows(_to_bits(tl.trans(raw), IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN, EMAX,
-                                      IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH)
-        _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
-                         BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
+    if ROW3D:
+        tl.static_assert(DO_ROW and not DO_COL)
+        c3 = pc * BLOCK_C + tl.arange(0, BLOCK_C // 32)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+        raw3 = _load_raw(x_ptr + grow[:, None, None] * C + c3, rmask[:, None, None] & ((c3 < C) | (not MASKED)),
+                         IN_KIND)
+        codes, sbyte = _quantize_rows(_to_bits(raw3, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
+                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8, True)
+        _store_rows3d(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
+                      BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
+    else:
+        raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
+        if DO_ROW:
+            codes, sbyte = _quantize_rows(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
+                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+            _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
+                             BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
+        if DO_COL and COL_DIRECT:
+            codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
+                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+            _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
+                               BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
+        elif DO_COL:
+            # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of 32
+            # along R become contiguous in each row, and the output rows (one per column c) are contiguous
+            codes, sbyte = _quantize_rows(_to_bits(tl.trans(raw), IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN, EMAX,
+                                          IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+            _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
+                             BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -373,9 +522,12 @@ def _dequantize_kernel(
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
+    LOAD3D: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
-    (TRANS: the quantized axis goes back in front of the N trailing elements)."""
+    (TRANS: the quantized axis goes back in front of the N trailing elements).
+    LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
+    tiles (the scale broadcasts along the fastest axis, no reshapes)."""
     pid = tl.program_id(0)
     if TRANS:
         pn = pid % tiles_n  # neighbouring programs write neighbouring output columns
@@ -394,27 +546,54 @@ def _dequantize_kernel(
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = (n < N) | (not MASKED)
     g = b * N + n
-    codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
-    scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
-    smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
-    sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
-    c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
-    val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
-    val = tl.reshape(val, [BLOCK_N, BLOCK_L])
-    if OUT_KIND == OUT_F32:
-        out = val
-    elif OUT_KIND == OUT_BF16:
-        # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
-        u = val.to(tl.int32, bitcast=True)
-        rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-        out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+    if LOAD3D:
+        tl.static_assert(not TRANS and BITS != 6)
+        scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
+        smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
+        sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
+        l3 = pl * BLOCK_L + tl.arange(0, BLOCK_L // 32)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+        m3 = nmask[:, None, None] & ((l3 < L) | (not MASKED))
+        if BITS == 8:
+            c3 = tl.load(q_ptr + g[:, None, None] * L + l3, mask=m3, other=0).to(tl.int32)
+        else:
+            b3 = (pl * BLOCK_L // 2 + tl.arange(0, BLOCK_L // 32)[None, :, None] * 16
+                  + tl.arange(0, 16)[None, None, :])
+            byte = tl.load(q_ptr + g[:, None, None] * (L // 2) + b3,
+                           mask=nmask[:, None, None] & ((b3 < L // 2) | (not MASKED)), other=0).to(tl.int32)
+            sh = tl.arange(0, 2) * 4
+            c3 = tl.reshape((byte[:, :, :, None] >> sh[None, None, None, :]) & 0xF, [BLOCK_N, BLOCK_L // 32, 32])
+        val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+        if OUT_KIND == OUT_F32:
+            out = val
+        elif OUT_KIND == OUT_BF16:
+            u = val.to(tl.int32, bitcast=True)
+            rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+            out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+        else:
+            out = val.to(tl.float16)
+        tl.store(out_ptr + g[:, None, None] * L + l3, out, mask=m3)
     else:
-        out = val.to(tl.float16)
-    l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
-    lmask = (l < L) | (not MASKED)
-    if TRANS:
-        offs = (b * L + l)[:, None] * N + n[None, :]
-        tl.store(out_ptr + offs, tl.trans(out), mask=lmask[:, None] & nmask[None, :])
-    else:
-        offs = g[:, None] * L + l[None, :]
-        tl.store(out_ptr + offs, out, mask=nmask[:, None] & lmask[None, :])
+        codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
+        scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
+        smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
+        sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
+        c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
+        val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+        val = tl.reshape(val, [BLOCK_N, BLOCK_L])
+        if OUT_KIND == OUT_F32:
+            out = val
+        elif OUT_KIND == OUT_BF16:
+            # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
+            u = val.to(tl.int32, bitcast=True)
+            rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+            out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+        else:
+            out = val.to(tl.float16)
+        l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+        lmask = (l < L) | (not MASKED)
+        if TRANS:
+            offs = (b * L + l)[:, None] * N + n[None, :]
+            tl.store(out_ptr + offs, tl.trans(out), mask=lmask[:, None] & nmask[None, :])
+        else:
+            offs = g[:, None] * L + l[None, :]
+            tl.store(out_ptr + offs, out, mask=nmask[:, None] & lmask[None, :])

@@ -73,6 +73,11 @@ class QuantizeConfig:
     num_warps: int
     int64: bool
     denorm_branch: bool = True  # recompute fp32-denormal inputs only in tiles that need it (CTA-wide min)
+    # FP8 elements (RNE only) through the hardware cvt.rn.satfinite (inline asm; ignored for other formats,
+    # for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
+    hw_fp8: bool = False
+    row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
+    col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
 
 
 @dataclass(frozen=True)
@@ -83,14 +88,16 @@ class DequantizeConfig:
     block_l: int
     num_warps: int
     int64: bool
+    load3d: bool = False  # rowwise, not FP6: address codes and output as [n, l // 32, 32] tiles
 
 
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
     """Pick the tile for x viewed [B, R, C] (pure function of the problem).
 
     Rowwise (blocks along C): up to 16 x 256, 4 warps. Columnwise / cast-transpose (blocks along R): 32 x 32
-    or 32 x 64 tiles with 1-2 warps. Chosen from a sweep on an H200, bf16 8192^2 (tests/test_kernels.py
-    --timing)."""
+    or 32 x 64 tiles with 1-2 warps (columnwise FP8: col_direct). Chosen from a sweep on an H200, bf16 8192^2
+    (tests/test_kernels.py --timing) and the A/B of scripts/ab_quantize.py. hw_fp8 / row3d stay opt-in until
+    a GPU run has checked their bytes and timed them."""
     f = get_format(fmt)
     if do_col:
         # narrow tiles and few warps: the transposed tile goes through shared memory and register pressure,
@@ -100,7 +107,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         block_c = max(32 if do_row else 16, min(64 if wide else 32, _pow2(C)))
         warps = 2 if wide else 1
         tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), denorm_branch=False)
+        # columnwise FP8: quantize the untransposed tile, transpose only the codes (A/B on an H200, bf16:
+        # 106 vs 110 us at 8192^2, 404 vs 418 us at 16384^2, bytes equal); FP4 and cast-transpose: no gain
+        col_direct = (not do_row) and f.is_float and f.bits == 8
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), denorm_branch=False,
+                              col_direct=col_direct)
     block_c = max(32, min(256, _pow2(C)))
     block_r = max(1, min(_pow2(R), 4096 // block_c))
     warps = max(1, min(4, block_r * block_c // 1024))
@@ -115,9 +126,16 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
         block_n = max(16, min(32, _pow2(N)))
         warps = 4
     else:
-        block_l = max(32, min(256, _pow2(L)))
+        # FP8 / FP4: codes and output addressed as [n, l // 32, 32] tiles (load3d); FP8 with 8 x 512 tiles
+        # (A/B on an H200, bf16 out: FP8 86 vs 98 us at 8192^2, 326 vs 354 us at 16384^2; FP4 84 vs 87 us,
+        # 320 vs 325 us; bytes equal)
+        f = get_format(fmt)
+        load3d = f.is_float and f.bits in (4, 8)
+        block_l = max(32, min(512 if (load3d and f.bits == 8) else 256, _pow2(L)))
         block_n = max(1, min(_pow2(N), 4096 // block_l))
         warps = max(1, min(4, block_n * block_l // 1024))
+        tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
+        return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d)
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
     return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles))
 
@@ -193,6 +211,14 @@ def _alloc_data(lead: tuple, n: int, f: ElementFormat, device) -> tuple[torch.Te
     return q, (q.view(torch.int32) if f.bits == 6 else q)
 
 
+def hw_fp8_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding) -> bool:
+    """Whether the hardware FP8 cvt path runs for this config / format / rounding: RNE FP8 on the GPU, and
+    at least 4 elements per thread (the asm converts 4 at a time)."""
+    per_thread = cfg.block_r * cfg.block_c // (32 * cfg.num_warps)
+    return bool(cfg.hw_fp8 and f.is_float and f.bits == 8 and rnd is Rounding.RNE and not _interpret()
+                and per_thread >= 4)
+
+
 def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
                      qr, sr, qc, sc, colsp_r, colsp_c, cfg: Optional[QuantizeConfig] = None):
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
@@ -207,6 +233,8 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         AWAY=rnd is Rounding.AWAY,
         BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM_BRANCH=cfg.denorm_branch,
         MASKED=bool(R % cfg.block_r or C % cfg.block_c),
+        HW_FP8=hw_fp8_ok(cfg, f, rnd), ROW3D=bool(cfg.row3d and do_row and not do_col),
+        COL_DIRECT=bool(cfg.col_direct and do_col),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 
@@ -298,6 +326,7 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         IS_INT=not f.is_float, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
         BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64, num_warps=cfg.num_warps,
         MASKED=bool(N % cfg.block_n or L % cfg.block_l),
+        LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
     )
     return out if kdtype == dtype else out.to(dtype)
 

@@ -1,0 +1,283 @@
+"""A/B timings of the MX quantize / dequantize kernel variants (one GPU, one process).
+
+For each path (rowwise FP8/FP4/FP6, columnwise FP8/FP4, cast-transpose FP8/FP4, rowwise dequantize FP8/FP4)
+it times the current default config ("default"; "prev" = the default before the last change) against
+config-selected variants (hw_fp8 = FP8 through the hardware cvt, row3d, col_direct, load3d, other tiles)
+with do_bench (median, L2 flushed) on bf16 8192^2 and 16384^2, next to a torch copy of the same bytes measured in the same process, and checks every
+variant's bytes against mxkit.reference (computed on the GPU) on wide-range data for FLOOR and RCEIL
+(RNE), dequantize against dequantize_reference. Prints one line per measurement, then a compact table
+LAST (also written to $OUT/ab_table.txt when OUT is set).
+
+    PYTHONPATH=src python3 scripts/ab_quantize.py [--budget-s 140] [--quick]
+    PYTHONPATH=src python3 scripts/ab_quantize.py --sass     # no GPU: sm_90 registers / spills / SASS size
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import triton.testing as tt
+
+from mxkit.kernels import quantize as kq
+from mxkit.reference import dequantize_reference, quantize_reference
+
+QC, DC = kq.QuantizeConfig, kq.DequantizeConfig
+F = False
+
+
+def variants():
+    """path name -> (kind, fmt, [(variant name, cfg or None for the default)])."""
+    r8 = [("default", None), ("hw", QC(16, 256, 4, F, hw_fp8=True)), ("r3d", QC(16, 256, 4, F, row3d=True)),
+          ("r3d+hw", QC(16, 256, 4, F, hw_fp8=True, row3d=True)),
+          ("r3d+hw 32x256w8", QC(32, 256, 8, F, hw_fp8=True, row3d=True)),
+          ("r3d+hw 8x512w4", QC(8, 512, 4, F, hw_fp8=True, row3d=True)),
+          ("hw 32x256w8", QC(32, 256, 8, F, hw_fp8=True))]
+    r4 = [("default", None), ("r3d", QC(16, 256, 4, F, row3d=True)), ("r3d 32x256w8", QC(32, 256, 8, F, row3d=True)),
+          ("r3d 8x512w4", QC(8, 512, 4, F, row3d=True)), ("32x256w8", QC(32, 256, 8, F))]
+    r6 = [("default", None), ("r3d", QC(16, 256, 4, F, row3d=True)), ("32x256w8", QC(32, 256, 8, F))]
+    c8 = [("default", None), ("prev", QC(32, 64, 2, F, F)), ("hw", QC(32, 64, 2, F, F, hw_fp8=True)),
+          ("cd", QC(32, 64, 2, F, F, col_direct=True)),
+          ("cd+hw", QC(32, 64, 2, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 32x128w4", QC(32, 128, 4, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 64x64w4", QC(64, 64, 4, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 32x256w4", QC(32, 256, 4, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 64x128w8", QC(64, 128, 8, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw+db 32x128w4", QC(32, 128, 4, F, True, hw_fp8=True, col_direct=True))]
+    c4 = [("default", None), ("cd", QC(32, 64, 2, F, F, col_direct=True)),
+          ("cd 32x128w4", QC(32, 128, 4, F, F, col_direct=True)), ("cd 64x64w4", QC(64, 64, 4, F, F, col_direct=True)),
+          ("cd 32x256w4", QC(32, 256, 4, F, F, col_direct=True)), ("cd 64x128w8", QC(64, 128, 8, F, F, col_direct=True)),
+          ("cd+db 32x128w4", QC(32, 128, 4, F, True, col_direct=True))]
+    t8 = [("default", None), ("hw", QC(32, 32, 1, F, F, hw_fp8=True)),
+          ("cd+hw", QC(32, 64, 2, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 32x128w4", QC(32, 128, 4, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 64x64w4", QC(64, 64, 4, F, F, hw_fp8=True, col_direct=True)),
+          ("cd+hw 64x128w8", QC(64, 128, 8, F, F, hw_fp8=True, col_direct=True))]
+    t4 = [("default", None), ("cd", QC(32, 64, 2, F, F, col_direct=True)),
+          ("cd 32x128w4", QC(32, 128, 4, F, F, col_direct=True)), ("cd 64x64w4", QC(64, 64, 4, F, F, col_direct=True)),
+          ("cd 64x128w8", QC(64, 128, 8, F, F, col_direct=True))]
+    d = [("default", None), ("prev", DC(16, 256, 4, F)), ("l3d", DC(16, 256, 4, F, load3d=True)),
+         ("l3d 32x256w8", DC(32, 256, 8, F, load3d=True)),
+         ("l3d 8x512w4", DC(8, 512, 4, F, load3d=True)), ("32x256w8", DC(32, 256, 8, F))]
+    return {
+        "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
+        "rows fp6": ("rows", "mxfp6_e2m3", r6),
+        "cols fp8": ("cols", "mxfp8_e4m3", c8), "cols fp4": ("cols", "mxfp4_e2m1", c4),
+        "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
+        "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d),
+    }
+
+
+def run_one(kind, fmt, x, cfg, mode="floor", q=None):
+    if kind == "rows":
+        return kq._quantize_impl(x, fmt, -1, mode, "rne", "plain", cfg)
+    if kind == "cols":
+        return kq._quantize_impl(x, fmt, 0, mode, "rne", "plain", cfg)
+    if kind == "ct":
+        return kq._cast_transpose_impl(x, fmt, mode, "rne", "plain", cfg)
+    return (kq._dequantize_impl(q.qdata, q.scale, fmt, 1, tuple(x.shape), torch.bfloat16, cfg),)
+
+
+def nbytes(kind, fmt, n):
+    f = kq.get_format(fmt)
+    qb = n * n * f.pack_bytes // f.pack + n * n // 32
+    return 2 * n * n + (2 * qb if kind == "ct" else qb)
+
+
+def sass_stats(kind, fmt, cfg, n=8192):
+    """Offline sm_90 build (no GPU) of the kernel the launcher would run for bf16 n x n with cfg: the
+    launch is captured on meta tensors, compiled with Triton's bundled ptxas; returns registers, local
+    memory (spills), shared memory and the static SASS instruction count (both sides of a branch count)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    K = kq.K
+    name = "_dequantize_kernel" if kind == "dq" else "_quantize_kernel"
+    real = getattr(K, name)
+    got = {}
+
+    class _Capture:
+        def __getitem__(self, grid):
+            def call(*args, num_warps=4, **kw):
+                got.update(args=args, kw=kw, num_warps=num_warps)
+            return call
+
+    x = torch.empty(n, n, dtype=torch.bfloat16, device="meta")
+    setattr(K, name, _Capture())
+    try:
+        if kind == "dq":
+            f = kq.get_format(fmt)
+            q = torch.empty(n, n * f.pack_bytes // f.pack, dtype=torch.uint8, device="meta")
+            s = torch.empty(n, n // 32, dtype=torch.uint8, device="meta")
+            kq._dequantize_impl(q, s, fmt, 1, (n, n), torch.bfloat16, cfg)
+        else:
+            run_one(kind, fmt, x, cfg)
+    finally:
+        setattr(K, name, real)
+    tmap = {torch.int16: "*i16", torch.uint8: "*u8", torch.int32: "*i32", torch.float16: "*fp16",
+            torch.float32: "*fp32", torch.bfloat16: "*bf16"}
+    sig, attrs = {}, {}
+    nospec = set(real.do_not_specialize) | {real.arg_names[i] for i in real.do_not_specialize
+                                             if isinstance(i, int)}
+    for i, (a, v) in enumerate(zip(real.arg_names, got["args"])):
+        sig[a] = tmap[v.dtype] if isinstance(v, torch.Tensor) else "i32"
+        if isinstance(v, torch.Tensor) or (a not in nospec and v % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    for a in got["kw"]:
+        sig[a] = "constexpr"
+    k = triton.compile(ASTSource(real, sig, constexprs=got["kw"], attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": got["num_warps"]})
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+        fh.write(k.asm["cubin"])
+    sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", fh.name], capture_output=True, text=True).stdout
+    res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", fh.name],
+                         capture_output=True, text=True).stdout
+    os.unlink(fh.name)
+    n_sass = sum(1 for line in sass.split("\n") if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z@]", line))
+    reg = re.search(r"REG:(\d+)", res)
+    stack = re.search(r"STACK:(\d+)", res)
+    return (f"regs {reg.group(1) if reg else '?'}  stack {stack.group(1) if stack else '?'}  "
+            f"smem {k.metadata.shared}  sass {n_sass}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=140.0, help="no new measurements after this many seconds")
+    ap.add_argument("--quick", action="store_true", help="8192^2 only")
+    ap.add_argument("--dry", action="store_true", help="CPU dry run of the script logic (TRITON_INTERPRET=1, tiny sizes)")
+    ap.add_argument("--sass", action="store_true",
+                    help="no GPU: build every variant for sm_90 and print registers / spills / SASS size")
+    args = ap.parse_args()
+    t0 = time.time()
+    if args.sass:
+        for path, (kind, fmt, vs) in variants().items():
+            for name, cfg in vs:
+                try:
+                    st = sass_stats(kind, fmt, cfg)
+                except Exception as e:
+                    st = f"ERR {type(e).__name__}: {' '.join(str(e).split())[-160:]}"
+                print(f"{path:12s} {name:18s} {st}", flush=True)
+        return
+    D = "cpu" if args.dry else "cuda"
+    S1, S2 = (256, 512) if args.dry else (8192, 16384)
+    dev = "dry run (CPU interpreter)" if args.dry else torch.cuda.get_device_name()
+    print(f"# {dev}  torch {torch.__version__}  triton {__import__('triton').__version__}", flush=True)
+
+    def bench(fn):
+        if args.dry:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e6
+        return tt.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # us
+
+    gen = torch.Generator(device=D).manual_seed(0)
+    results = {}  # (path, variant) -> dict
+    refs = {}
+    # wide-range check data: per-row magnitudes 2^-30 .. 2^30 (fp32-denormal branch tiles included)
+    n = S1
+    xw = (torch.randn(n, n, device=D, generator=gen)
+          * torch.exp2(torch.randint(-30, 31, (n, 1), device=D, generator=gen).float())).to(torch.bfloat16)
+
+    def ref_of(kind, fmt, mode):
+        key = (kind, fmt, mode)
+        if key not in refs:
+            if kind == "rows":
+                r = quantize_reference(xw, fmt, axis=-1, scale_mode=mode)
+                refs[key] = (r.qdata, r.scale)
+            elif kind == "cols":
+                r = quantize_reference(xw, fmt, axis=0, scale_mode=mode)
+                refs[key] = (r.qdata, r.scale)
+            elif kind == "ct":
+                refs[key] = ref_of("rows", fmt, mode) + ref_of("cols", fmt, mode)
+            else:
+                q = quantize_reference(xw, fmt, axis=-1, scale_mode="rceil")
+                refs[key] = (q, dequantize_reference(q, torch.bfloat16))
+        return refs[key]
+
+    def check(kind, fmt, cfg):
+        try:
+            if kind == "dq":
+                q, d = ref_of(kind, fmt, "rceil")
+                got = run_one(kind, fmt, xw, cfg, q=q)[0]
+                gn, rn = torch.isnan(got), torch.isnan(d)
+                ok = torch.equal(gn, rn) and torch.equal(got[~rn].view(torch.int16), d[~rn].view(torch.int16))
+                return "ok" if ok else "MISMATCH"
+            for mode in ("floor", "rceil"):
+                exp = ref_of(kind, fmt, mode)
+                got = run_one(kind, fmt, xw, cfg, mode)
+                for a, b in zip(got, exp):
+                    if not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+                        return f"MISMATCH({mode})"
+            return "ok"
+        except Exception as e:  # a variant that does not compile is reported, not fatal
+            import traceback
+
+            traceback.print_exc()
+            return f"ERR {type(e).__name__}: {' '.join(str(e).split())[-160:]}"
+
+    paths = variants()
+    for size in ((S1,) if args.quick else (S1, S2)):
+        x = torch.randn(size, size, device=D, dtype=torch.bfloat16, generator=gen)
+        dst = torch.empty_like(x)
+        t_copy = bench(lambda: dst.copy_(x))
+        copy_bw = 2 * x.numel() * 2 / t_copy  # bytes / us
+        results[("copy", size)] = t_copy
+        print(f"copy bf16 {size}^2: {t_copy:.1f} us {copy_bw / 1e3:.0f} GB/s", flush=True)
+        for path, (kind, fmt, vs) in paths.items():
+            q = quantize_reference(x, fmt, axis=-1, scale_mode="rceil") if kind == "dq" else None
+            for name, cfg in vs:
+                key = (path, name)
+                rec = results.setdefault(key, {})
+                if time.time() - t0 > args.budget_s:
+                    rec.setdefault("check", "skipped (budget)")
+                    continue
+                if size == S1:
+                    rec["check"] = check(kind, fmt, cfg)
+                    if rec["check"].startswith("ERR"):
+                        print(f"  {path:12s} {name:18s} {rec['check']}", flush=True)
+                        continue
+                elif rec.get("check", "").startswith("ERR"):
+                    continue
+                try:
+                    t = bench(lambda: run_one(kind, fmt, x, cfg, q=q))
+                except Exception as e:
+                    rec["check"] = f"ERR {type(e).__name__}: {str(e)[:80]}"
+                    continue
+                pct = 100 * nbytes(kind, fmt, size) / t / copy_bw
+                rec[size] = (t, pct)
+                print(f"  {size}^2 {path:12s} {name:18s} {t:8.1f} us {pct:6.1f}% copy  bytes {rec['check']}",
+                      flush=True)
+            del q
+        del x, dst
+        if not args.dry:
+            torch.cuda.empty_cache()
+
+    lines = [f"== A/B ({dev}; do_bench median, L2 flushed; %copy = bytes moved / time vs torch copy; "
+             f"copy {S1}^2 {results.get(('copy', S1), 0):.1f} us, {S2}^2 {results.get(('copy', S2), 0):.1f} us)",
+             f"{'path':12s} {'variant':18s} {str(S1) + ' us':>8s} {'%copy':>6s} {str(S2) + ' us':>9s} {'%copy':>6s}  bytes"]
+    for path, (_, _, vs) in paths.items():
+        for name, _ in vs:
+            rec = results.get((path, name), {})
+            a = rec.get(S1)
+            b = rec.get(S2)
+            fa = f"{a[0]:8.1f} {a[1]:6.1f}" if a else f"{'-':>8s} {'-':>6s}"
+            fb = f"{b[0]:9.1f} {b[1]:6.1f}" if b else f"{'-':>9s} {'-':>6s}"
+            lines.append(f"{path:12s} {name:18s} {fa} {fb}  {rec.get('check', '-')}")
+    lines.append(f"== {time.time() - t0:.0f} s")
+    table = "\n".join(lines)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "ab_table.txt"), "w") as fh:
+            fh.write(table + "\n")
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    main()

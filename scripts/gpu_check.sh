@@ -10,6 +10,8 @@
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
 #   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 180)
+#   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
+#   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
 #
 # Files in the results folder: gpu_check.log (everything printed), pytest_gpu.xml (junit), sanitizer.log
@@ -58,7 +60,8 @@ fi
 
 # 3. the quantize benchmark -----------------------------------------------------------------------------
 say "python3 -m mxkit.bench quantize"
-python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" "$@" 2>&1 | tee -a "$LOG"
+python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" \
+    --compile-static --peer-shapes "${MXKIT_PEER_SHAPES:-8192x8192,16384x16384}" --compile-budget-s "${MXKIT_COMPILE_BUDGET:-200}" "$@" 2>&1 | tee -a "$LOG"
 BENCH_RC=$?
 say "bench rc=$BENCH_RC (1 = an mxkit output differs from the reference)"
 

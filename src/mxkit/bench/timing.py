@@ -128,7 +128,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--compile-budget-s", type=float, default=150.0,
                    help="stop compiling new peer variants after this many seconds of compiling (default 150)")
     p.add_argument("--compile-static", action="store_true",
-                   help="torch.compile peers per shape (dynamic=None) instead of once shape-generic (dynamic=True)")
+                   help="torch.compile peers per shape (dynamic=False) instead of once shape-generic (dynamic=True)")
+    p.add_argument("--peer-shapes", default=None,
+                   help="comma list of shapes (e.g. 8192x8192) at which peers run; default: every shape")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="after this many seconds of benchmarking, mark the remaining cases n/a (default: none)")
     p.add_argument("--no-check", action="store_true", help="skip the byte comparison with the reference")
@@ -508,6 +510,7 @@ class Context:
     compile: bool = True
     compile_dynamic: bool = True
     compile_budget_s: float = 150.0
+    peer_shapes: Optional[frozenset] = None  # shape labels at which peers run (None: all)
     check: bool = True
     copy_gbps: Optional[float] = None
     ref_impl: str = "reference-compiled"  # the × column: this impl's µs over each row's
@@ -527,7 +530,8 @@ class Context:
                 raise BenchUnavailable(
                     f"skipped: torch.compile budget of {self.compile_budget_s:.0f} s spent "
                     f"({self.compile_spent_s:.0f} s); raise --compile-budget-s")
-            self.compiled[key] = torch.compile(make(), dynamic=True if self.compile_dynamic else None)
+            # dynamic=False, not None: None turns shape-generic on the second shape (automatic dynamic)
+            self.compiled[key] = torch.compile(make(), dynamic=self.compile_dynamic)
         return self.compiled[key]
 
 
@@ -572,6 +576,9 @@ def bench_case(case: BenchCase, ctx: Context, impls: dict[str, Impl]) -> list[Ro
     expected = None  # the eager reference's result, made once when the first checked impl needs it
     for row in rows:
         impl = impls[row.impl]
+        if row.impl != ctx.impls[0] and ctx.peer_shapes is not None and case.label not in ctx.peer_shapes:
+            row.status, row.note = "n/a", "peer not run at this shape (--peer-shapes)"
+            continue
         try:
             fn = impl.make(case, inputs, ctx)
             spent0 = ctx.compile_spent_s
@@ -733,7 +740,9 @@ def run_benchmark(args, cases: Sequence[BenchCase], impls: dict[str, Impl], *, w
     ctx = Context(
         device=device, time_fn=lambda fn: time_us(fn, cfg), sync=lambda: _sync(device),
         impls=(main,) + tuple(peers), backend=args.backend, compile_dynamic=not args.compile_static,
-        compile_budget_s=args.compile_budget_s, check=not args.no_check, copy_gbps=copy_gbps, ref_impl=ref_impl,
+        compile_budget_s=args.compile_budget_s, check=not args.no_check,
+        peer_shapes=None if not getattr(args, "peer_shapes", None) else frozenset(
+            format_shape(parse_shape(s)) for s in args.peer_shapes.split(",")), copy_gbps=copy_gbps, ref_impl=ref_impl,
     )
     rows = [Row(op="copy", fmt="-", shape=f"{copy_bytes // 2 // 2**20}MiB", impl="copy", us=copy_us,
                 nbytes=copy_bytes, gbps=copy_gbps, pct_copy=100.0)]

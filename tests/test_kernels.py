@@ -715,3 +715,17 @@ if __name__ == "__main__":
         _interpret_checks()
     elif "--timing" in sys.argv:
         _timing(sweep="--no-sweep" not in sys.argv)
+
+
+def test_dequantize_float64_is_exact_above_fp32_range():
+    # FP4 RCEIL of 3e38: scale 2^126, element 4.0 -> 2^128, above fp32 max. The kernels multiply in fp32
+    # (Inf), so dequantize_triton hands float64 to the reference, which multiplies in float64.
+    from mxkit.kernels.quantize import dequantize_triton
+
+    x = torch.zeros(1, 32)
+    x[0, 0] = 3.0e38
+    x[0, 1:] = torch.randn(31)
+    q = quantize_reference(x, "mxfp4", scale_mode="rceil")
+    got = dequantize_triton(q, torch.float64)
+    assert got[0, 0].item() == 2.0**128
+    assert torch.equal(got.view(torch.uint8), dequantize_reference(q, torch.float64).view(torch.uint8))

@@ -482,13 +482,18 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
     (decode(element) * 2^(scale - 127) rounded once to fp32, then cast with round-to-nearest-even).
 
     q: MXTensor on CUDA, block_size 32, any axis, any scale layout (non-plain layouts are converted with
-    :func:`mxkit.layouts.from_layout` first). dtype: float32 | bfloat16 | float16 (float64 via float32,
-    exact). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are NaN; their
+    :func:`mxkit.layouts.from_layout` first). dtype: float32 | bfloat16 | float16; float64 is delegated
+    to the reference, which multiplies in float64 (an fp32 product would turn MX values above fp32 max
+    into Inf). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are NaN; their
     payload bits are not specified. Raises TypeError for a non-MXTensor / unsupported dtype.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
     dtype = check_out_dtype(dtype)
+    if dtype == torch.float64:
+        from ..reference import dequantize_reference
+
+        return dequantize_reference(q, dtype)
     _check_block_size(q.block_size)
     _check_device(q.qdata)
     scale = q.scale

@@ -143,13 +143,7 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     codes = unpack_codes(q.qdata, q.fmt)
     vals = decode_elements(codes, q.fmt)
     lead, n = vals.shape[:-1], vals.shape[-1]
-    scale = q.scale
-    if q.scale_layout != "plain":
-        from .layouts import from_layout
-
-        plain_shape = q.qdata.shape[:-1] + (n // q.block_size,)
-        rows = plain_shape[:-1].numel()
-        scale = from_layout(scale, q.scale_layout, (rows, plain_shape[-1])).reshape(plain_shape)
+    scale = q.plain_scale()
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     s = e8m0_to_float32(scale).to(compute).unsqueeze(-1)
     out = (vals.to(compute).reshape(*lead, n // q.block_size, q.block_size) * s).reshape(*lead, n)

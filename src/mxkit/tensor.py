@@ -11,12 +11,13 @@ An MXTensor is plain data: no autograd, no ``__torch_dispatch__``. Layout (OCP M
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
-from .layouts import scale_layout_shape
+from .layouts import from_layout, scale_layout_shape
 from .formats import (
     BLOCK_SIZE,
     ElementFormat,
@@ -165,6 +166,15 @@ class MXTensor:
             self.qdata.to(device), self.scale.to(device), self.fmt, self.axis, self.block_size, self.shape,
             self.scale_mode, self.rounding, self.scale_layout,
         )
+
+    def plain_scale(self) -> torch.Tensor:
+        """The scale as plain E8M0 bytes (``*lead, axis_len // block_size``), undoing a swizzled
+        ``scale_layout`` with :func:`mxkit.layouts.from_layout` (the tensor itself when already plain)."""
+        if self.scale_layout == "plain":
+            return self.scale
+        plain = tuple(self.qdata.shape[:-1]) + (self.shape[self.axis] // self.block_size,)
+        rows = math.prod(plain[:-1])
+        return from_layout(self.scale, self.scale_layout, (rows, plain[-1])).reshape(plain)
 
     def qdata_view(self) -> torch.Tensor:
         """qdata viewed as torch's own element dtype (fp8, fp4x2, int8); raises for FP6 (torch has none)."""

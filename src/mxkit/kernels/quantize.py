@@ -496,15 +496,6 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
         return dequantize_reference(q, dtype)
     _check_block_size(q.block_size)
     _check_device(q.qdata)
-    scale = q.scale
-    if q.scale_layout != "plain":
-        from ..layouts import from_layout
-
-        n = q.shape[q.axis]
-        plain = tuple(q.qdata.shape[:-1]) + (n // q.block_size,)
-        rows = 1
-        for d in plain[:-1]:
-            rows *= d
-        scale = from_layout(scale, q.scale_layout, (rows, plain[-1])).reshape(plain)
+    scale = q.plain_scale()
     return _dispatch(torch.ops.mxkit.dequantize_mx, _dequantize_impl,
                      q.qdata, scale, q.fmt.name, q.axis, list(q.shape), dtype)

@@ -25,6 +25,8 @@ docstring of its converter.
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import torch
@@ -272,9 +274,7 @@ def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) 
     ):
         raise ValueError(f"shape must be a sequence of non-negative ints (..., N, K // 2), got {shape!r}")
     shape = tuple(shape)
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     if tuple(s.shape) not in (shape, (numel,)):
         raise ValueError(f"shuffled has shape {tuple(s.shape)}, expected {shape} or ({numel},)")
     q = _check_data(s.reshape(shape) if len(shape) >= 2 else s, layout, "shuffled")

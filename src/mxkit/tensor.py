@@ -123,9 +123,7 @@ class MXTensor:
             raise ValueError(f"axis={self.axis} out of range for shape {tuple(self.shape)}")
         exp_q, exp_s = self.expected_shapes(self.shape, self.axis, self.fmt, self.block_size)
         if self.scale_layout != "plain":
-            rows = 1
-            for d in exp_s[:-1]:
-                rows *= d
+            rows = math.prod(exp_s[:-1])
             exp_s = scale_layout_shape(rows, exp_s[-1], self.scale_layout)
         if tuple(self.qdata.shape) != exp_q or tuple(self.scale.shape) != exp_s:
             raise ValueError(

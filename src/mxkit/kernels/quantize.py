@@ -19,6 +19,7 @@ tensors, so ``torch.compile(fullgraph=True)`` traces through them; MXTensor is b
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -198,9 +199,7 @@ def _check_block_size(block_size: int) -> None:
 def _alloc_scale(lead: tuple, nblk: int, layout: str, device) -> torch.Tensor:
     if layout == "plain":
         return torch.empty(*lead, nblk, dtype=torch.uint8, device=device)
-    rows = 1
-    for d in lead:
-        rows *= d
+    rows = math.prod(lead)
     shape = scale_layout_shape(rows, nblk, layout)
     if shape == (rows, nblk):
         return torch.empty(shape, dtype=torch.uint8, device=device)
@@ -257,13 +256,9 @@ def _quantize_impl(x, fmt, axis, scale_mode, rounding, scale_layout, cfg=None):
     x = x.contiguous()
     shape = tuple(x.shape)
     axis = axis % len(shape)
-    B = 1
-    for d in shape[:axis]:
-        B *= d
+    B = math.prod(shape[:axis])
     L = shape[axis]
-    Q = 1
-    for d in shape[axis + 1 :]:
-        Q *= d
+    Q = math.prod(shape[axis + 1 :])
     lead = shape[:axis] + shape[axis + 1 :]
     q, qk = _alloc_data(lead, L, f, x.device)
     s = _alloc_scale(lead, L // BLOCK_SIZE, scale_layout, x.device)
@@ -286,9 +281,7 @@ def _cast_transpose_impl(x, fmt, scale_mode, rounding, scale_layout, cfg=None):
     x = x.contiguous()
     shape = tuple(x.shape)
     M, Kd = shape[-2], shape[-1]
-    B = 1
-    for d in shape[:-2]:
-        B *= d
+    B = math.prod(shape[:-2])
     lead_r, lead_c = shape[:-1], shape[:-2] + (Kd,)
     qr, qrk = _alloc_data(lead_r, Kd, f, x.device)
     sr = _alloc_scale(lead_r, Kd // BLOCK_SIZE, scale_layout, x.device)
@@ -309,12 +302,8 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     shape = tuple(shape)
     axis = axis % len(shape)
     L = shape[axis]
-    B = 1
-    for d in shape[:axis]:
-        B *= d
-    Q = 1
-    for d in shape[axis + 1 :]:
-        Q *= d
+    B = math.prod(shape[:axis])
+    Q = math.prod(shape[axis + 1 :])
     kdtype = dtype if dtype in _OUT_KIND else torch.float32
     out = torch.empty(shape, dtype=kdtype, device=qdata.device)
     qdata = qdata.contiguous()
@@ -351,9 +340,7 @@ def _fake_lead(shape, axis):
 def _fake_scale(x, lead, nblk, layout):
     if layout == "plain":
         return x.new_empty((*lead, nblk), dtype=torch.uint8)
-    rows = 1
-    for d in lead:
-        rows *= d
+    rows = math.prod(lead)
     return x.new_empty(scale_layout_shape(rows, nblk, layout), dtype=torch.uint8)
 
 

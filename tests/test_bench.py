@@ -189,6 +189,11 @@ def test_add_bench_parser_parses_quantize_options():
     assert timing.timing_config(_cli().parse_args(["bench", "quantize"])).rep_ms == timing.DEFAULT_REP_MS
     with pytest.raises(ValueError, match="--rep-ms=-1"):
         timing.timing_config(_cli().parse_args(["bench", "quantize", "--rep-ms", "-1"]))
+    # the GPU spin that hides the host's launch path: on by default, 0 = plain do_bench, negative refused
+    assert timing.timing_config(args).spin_us == 100.0
+    assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "0"])).spin_us == 0.0
+    with pytest.raises(ValueError, match="--spin-us=-5"):
+        timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "-5"]))
     cases = bq.cases_from_args(args)
     assert len(cases) == 2 * 2 * 2 and cases[0].shape == (1024, 1024) and cases[-1].shape == (8, 64, 128)
     defaults = _cli().parse_args(["bench", "quantize"])

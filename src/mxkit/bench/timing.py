@@ -6,9 +6,13 @@ byte check) and implementations (:class:`Impl`); :func:`run_benchmark` does the 
 the same way, degrades the same way (``n/a`` rows with the reason) and writes the same files.
 
 Timing (quack ``bench_utils`` / torchao ``cast_bench.py`` practice): one untimed call first (compilation,
-autotuning), then :func:`triton.testing.do_bench` with ``return_mode="median"`` — it writes a 256 MB
-buffer between runs so every run starts with a cold L2 — or, without Triton, :func:`cuda_event_bench`,
-which does the same with CUDA events. Times are medians in microseconds.
+autotuning), then :func:`cuda_event_bench`, the protocol of :func:`triton.testing.do_bench` with
+``return_mode="median"`` (a 256 MB write between runs so every run starts with a cold L2; CUDA events)
+plus a GPU spin of ``spin_us`` queued before each timed run: the device is busy while the host enqueues
+the run, so the time is the device's, not the host's launch path (Python dispatch, 10-60 us per call,
+which host contention from a neighbouring ``torch.compile`` stretched to 2x on 8192^2 rows). Launch
+overhead is measured on its own (``scripts/ab_dispatch.py``). ``spin_us=0`` gives plain ``do_bench``.
+Times are medians in microseconds.
 
 Bandwidth counts bytes read plus bytes written once each (the least traffic any implementation needs);
 the limit is a large device-to-device ``Tensor.copy_`` measured in the same process, counted the same way.
@@ -79,7 +83,8 @@ class TimingConfig:
 
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
-    use_triton: bool = True  # do_bench when Triton is importable, else the CUDA-event loop
+    use_triton: bool = True  # with spin_us == 0: do_bench when Triton is importable, else the CUDA-event loop
+    spin_us: float = 100.0  # GPU spin before each timed run (hides the host's launch path); 0 = none
 
 
 @dataclass
@@ -137,6 +142,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up per row, ms (default 25)")
     p.add_argument("--rep-ms", type=float, default=None,
                    help=f"timed repetitions per row, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
+    p.add_argument("--spin-us", type=float, default=100.0,
+                   help="GPU spin queued before each timed run so the host's launch path is not timed "
+                        "(default 100; 0 = plain triton do_bench)")
     p.add_argument("--copy-mib", type=int, default=1024,
                    help="bytes read + written by the copy that sets the limit, MiB (default 1024)")
     p.add_argument("--out", type=Path, default=None, help="write CSV, JSON and a PNG chart into this folder")
@@ -148,9 +156,10 @@ def timing_config(args) -> TimingConfig:
     rep = args.rep_ms
     if rep is None:
         rep = QUICK_REP_MS if getattr(args, "quick", False) else DEFAULT_REP_MS
-    if args.warmup_ms < 0 or rep <= 0:
-        raise ValueError(f"--warmup-ms={args.warmup_ms} must be >= 0 and --rep-ms={rep} > 0")
-    return TimingConfig(warmup_ms=args.warmup_ms, rep_ms=rep)
+    spin = getattr(args, "spin_us", 100.0)
+    if args.warmup_ms < 0 or rep <= 0 or spin < 0:
+        raise ValueError(f"--warmup-ms={args.warmup_ms} and --spin-us={spin} must be >= 0 and --rep-ms={rep} > 0")
+    return TimingConfig(warmup_ms=args.warmup_ms, rep_ms=rep, spin_us=spin)
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -212,13 +221,26 @@ def no_cuda_message(what: str) -> str:
 # timing on the device
 
 
-def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
+def _spin_cycles(us: float) -> int:
+    """Clock cycles of ``torch.cuda._sleep`` for about ``us`` microseconds (at the SM clock's maximum)."""
+    try:
+        mhz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate / 1e3
+    except Exception:
+        mhz = 2000.0
+    return int(us * (mhz or 2000.0))
+
+
+def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: float = 100.0,
+                     spin_us: float = 0.0) -> float:
     """Median µs of ``fn()`` with CUDA events, writing a 256 MB buffer before each run to flush L2.
 
-    Used when Triton is missing; the same protocol as ``triton.testing.do_bench(return_mode="median")``:
-    one call, a 5-run estimate, ``warmup_ms`` of untimed runs, then ``rep_ms`` of timed runs.
+    The protocol of ``triton.testing.do_bench(return_mode="median")``: one call, a 5-run estimate,
+    ``warmup_ms`` of untimed runs, then ``rep_ms`` of timed runs. ``spin_us`` > 0 queues a GPU spin
+    (``torch.cuda._sleep``) between the flush and each start event, so the host has enqueued the run before
+    the device reaches it: the events then bracket device time only.
     """
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    cycles = _spin_cycles(spin_us) if spin_us > 0 else 0
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -230,13 +252,15 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
     torch.cuda.synchronize()
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)  # includes the flush: an upper bound, as do_bench
     n_warmup = max(1, int(warmup_ms / estimate_ms))
-    n_rep = max(1, int(rep_ms / estimate_ms))
+    n_rep = max(1, int(rep_ms / (estimate_ms + spin_us / 1e3)))
     for _ in range(n_warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     for s, e in zip(starts, ends):
         flush.zero_()
+        if cycles:
+            torch.cuda._sleep(cycles)
         s.record()
         fn()
         e.record()
@@ -245,7 +269,10 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
 
 
 def time_us(fn: Callable[[], object], cfg: TimingConfig) -> float:
-    """Median µs of ``fn()`` with L2 flushed between runs (do_bench if Triton imports, else CUDA events)."""
+    """Median µs of ``fn()`` with L2 flushed between runs: :func:`cuda_event_bench` with a GPU spin before
+    each run (``cfg.spin_us`` > 0), else do_bench if Triton imports, else the plain CUDA-event loop."""
+    if cfg.spin_us > 0:
+        return cuda_event_bench(fn, cfg.warmup_ms, cfg.rep_ms, cfg.spin_us)
     if cfg.use_triton:
         try:
             from triton.testing import do_bench

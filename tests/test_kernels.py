@@ -136,23 +136,23 @@ def _interpret_checks() -> int:
                                   f"dequantize {fmt} {shape} axis={axis} -> {odt}")
             n += 1
     # the non-default layouts (selected by the config): rowwise 3-D tile, columnwise / cast-transpose that
-    # transpose only the codes, 3-D dequantize; hw_fp8 is ignored here (inline asm: GPU tests only)
+    # transpose only the codes, 3-D dequantize; hw_cvt is ignored here (inline asm: GPU tests only)
     for i, fmt in enumerate(FORMAT_NAMES):
         mode, rnd, dt = SCALE_MODES[i % 4], ROUNDINGS[i % 2], dts[i % 3]
         x = rand_tensor((8, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
-        q, s = _quantize_impl(x, fmt, -1, mode, rnd, "plain", cfg=QuantizeConfig(4, 64, 2, False, True, row3d=True))
+        q, s = _quantize_impl(x, fmt, -1, mode, rnd, "plain", cfg=QuantizeConfig(4, 64, 2, False, 1, row3d=True))
         ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"row3d {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"row3d {fmt} scale")
         x = rand_tensor((64, 40), 0, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
         layout = ("plain", "nvidia_128x4")[i % 2]
-        q, s = _quantize_impl(x, fmt, 0, mode, rnd, layout, cfg=QuantizeConfig(32, 32, 2, False, i % 2 == 0,
+        q, s = _quantize_impl(x, fmt, 0, mode, rnd, layout, cfg=QuantizeConfig(32, 32, 2, False, 1 + i % 2,
                                                                                col_direct=True))
         ref = quantize_reference(x, fmt, axis=0, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"col_direct {fmt} qdata")
         assert_bytes_equal(s, ref.scale if layout == "plain" else _ref_layout(ref.scale, layout), f"col_direct {fmt} scale")
         x = rand_tensor((32, 96), -1, generator=g, dtype=dt)
-        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, False, col_direct=True))
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, 2, col_direct=True))
         for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
             ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_direct {fmt} axis={a} qdata")
@@ -167,9 +167,9 @@ def _interpret_checks() -> int:
             got = _dequantize_impl(qd, sc, fmt, -1, (6, 96), dts[i % 3], cfg=DequantizeConfig(4, 64, 2, False, True))
             _assert_dequant_equal(got, dequantize_reference(q, dts[i % 3]), f"dequantize load3d {fmt}")
             n += 1
-    # the 64-bit offset path and the branch-free fp32-denormal path, forced on a small problem
+    # the 64-bit offset path and the always-rebuild fp32-denormal path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
-    q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, False))
+    q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, 2))
     ref = quantize_reference(x, "mxfp6_e2m3")
     assert_bytes_equal(q, ref.qdata, "int64 path qdata")
     assert_bytes_equal(s, ref.scale, "int64 path scale")
@@ -264,7 +264,7 @@ def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
     return len(k.asm["cubin"])
 
 
-@pytest.mark.parametrize("variant", ["rows_hw_r3d", "cols_hw_cd", "castT_hw", "dequant_load3d"])
+@pytest.mark.parametrize("variant", ["rows_hw_r3d", "cols_hw_cd", "castT_hw", "dequant_load3d", "dequant_hw"])
 def test_opt_in_paths_compile_for_sm90(variant):
     """The compiled (non-interpreted) kernels of the opt-in paths build for sm_90 on the CPU; their bytes
     are checked by test_gpu_variants_match_reference (interpreter: test_interpreter_matches_reference)."""
@@ -279,23 +279,33 @@ def test_opt_in_paths_compile_for_sm90(variant):
 
     def quant(fmt, do_row, do_col, br, bc, warps, **kw):
         ce = dict(IN_KIND=1, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=0, LAYOUT_C=1, AWAY=False, BLOCK_R=br,
-                  BLOCK_C=bc, INT64=False, DENORM_BRANCH=True, MASKED=True, HW_FP8=False, ROW3D=False,
+                  BLOCK_C=bc, INT64=False, DENORM=1, MASKED=True, HW_CVT=False, ROW3D=False,
                   COL_DIRECT=False, **_format_constexprs(get_format(fmt)))
         ce.update(kw)
         return _sm90_compile("_quantize_kernel", warps, **ce)
 
     if variant == "rows_hw_r3d":
-        assert quant("mxfp8_e4m3", True, False, 16, 256, 4, HW_FP8=True, ROW3D=True) > 0
-        assert quant("mxfp8_e5m2", True, False, 16, 256, 4, HW_FP8=True, IN_KIND=0) > 0
+        assert quant("mxfp8_e4m3", True, False, 16, 256, 4, HW_CVT=True, ROW3D=True) > 0
+        assert quant("mxfp8_e5m2", True, False, 16, 256, 4, HW_CVT=True, IN_KIND=0) > 0
+        assert quant("mxfp6_e2m3", True, False, 16, 256, 4, HW_CVT=True) > 0  # FP6 through the FP8 grid
+        assert quant("mxfp6_e3m2", False, True, 32, 64, 1, HW_CVT=True, IN_KIND=2) > 0
     elif variant == "cols_hw_cd":
-        assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_FP8=True, COL_DIRECT=True) > 0
+        assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
     elif variant == "castT_hw":
-        assert quant("mxfp8_e4m3", True, True, 32, 32, 1, HW_FP8=True) > 0
-    else:
+        assert quant("mxfp8_e4m3", True, True, 32, 32, 1, HW_CVT=True) > 0
+    elif variant == "dequant_load3d":
         f = get_format("mxfp4_e2m1")
         assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
                              EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                              BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=True) > 0
+    else:  # the hardware FP8 -> fp16 decode (inline asm): e4m3, e5m2 and FP4 through e4m3, both layouts
+        for name, trans, out in (("mxfp8_e4m3", False, 1), ("mxfp8_e5m2", True, 2), ("mxfp4_e2m1", False, 0),
+                                 ("mxfp4_e2m1", True, 1)):
+            f = get_format(name)
+            assert _sm90_compile("_dequantize_kernel", 4, TRANS=trans, OUT_KIND=out, BITS=f.bits, MBITS=f.mbits,
+                                 EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                                 BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=not trans,
+                                 HW_DEC=True) > 0
 
 
 def test_argument_errors_match_reference():
@@ -456,15 +466,14 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
 
 
 def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
-    """fp32 blocks for the FP8 element rounding: blocks with amax = max_normal * 2^k (every scale mode picks
+    """fp32 blocks for the FP8 / FP6 / FP4 element rounding (the hardware-cvt paths): blocks with amax = max_normal * 2^k (every scale mode picks
     the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one
     fp32 ulp above them, and their negatives; blocks whose mantissa exceeds max_normal's (saturation under
     FLOOR); tiny elements (FP8 subnormals / underflow); k spans fp32-denormal to huge; fp32-denormal blocks."""
-    ref = quantize_reference(torch.ones(1, 32), fmt)
-    blk = torch.zeros(127, 32, dtype=torch.uint8)
-    blk[:, 0] = torch.arange(127, dtype=torch.uint8)  # every non-negative code except the sign bit
-    d = dequantize_reference(type(ref)(blk, torch.full((127, 1), 127, dtype=torch.uint8), ref.fmt, 1, 32, (127, 32)))
-    grid = d[:, 0].double()
+    from mxkit.formats import decode_elements, get_format
+
+    f = get_format(fmt)
+    grid = decode_elements(torch.arange(1 << (f.bits - 1), dtype=torch.uint8), fmt).double()  # codes >= 0
     grid = torch.unique(grid[torch.isfinite(grid)])  # sorted
     mids = ((grid[1:] + grid[:-1]) / 2).float()  # exact in fp32 (a few significant bits)
     up = (mids.view(torch.int32) + 1).view(torch.float32)
@@ -486,7 +495,7 @@ def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
 @needs_gpu
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_gpu_variants_match_reference(fmt, rng, poison):
-    """The config-selected code paths (hw_fp8: FP8 through the hardware cvt, inline asm the interpreter cannot
+    """The config-selected code paths (hw_cvt: FP8 through the hardware cvt, inline asm the interpreter cannot
     run; row3d; col_direct; dequantize load3d) byte-equal the reference: every scale mode, both roundings
     (AWAY falls back to the integer path), fp32 / bf16 / fp16, wide-range random data with special blocks,
     ragged shapes, and for FP8 crafted ties / saturation / subnormals / fp32 denormals in fp32."""
@@ -494,18 +503,20 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                                         _dequantize_impl, _quantize_impl)
 
     QC = QuantizeConfig
-    is_fp8 = fmt.startswith("mxfp8")
-    row_cfgs = [QC(16, 256, 4, False, row3d=True)]
-    col_cfgs = [QC(32, 64, 2, False, False, col_direct=True)]
-    if is_fp8:
-        row_cfgs += [QC(16, 256, 4, False, hw_fp8=True), QC(16, 256, 4, False, hw_fp8=True, row3d=True)]
-        col_cfgs += [QC(32, 64, 2, False, False, hw_fp8=True), QC(32, 64, 2, False, False, hw_fp8=True, col_direct=True)]
+    hw = fmt.startswith(("mxfp8", "mxfp6", "mxfp4"))  # formats with a hardware-cvt path (crafted ties below)
+    # denorm 1 / 2: the fp32-denormal rebuild paths (branch / always) next to the default multiply
+    row_cfgs = [QC(16, 256, 4, False, row3d=True), QC(16, 256, 4, False, 1)]
+    col_cfgs = [QC(32, 64, 2, False, 2, col_direct=True)]
+    if hw:
+        row_cfgs += [QC(16, 256, 4, False, hw_cvt=True), QC(16, 256, 4, False, hw_cvt=True, row3d=True)]
+        col_cfgs += [QC(32, 64, 2, False, False, hw_cvt=True), QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True)]
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         dt = dts[k % 3]
         xs = [rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)]
-        if is_fp8:
+        if hw:
             xs.append(_fp8_tie_blocks(fmt))
+            xs.append(xs[-1].to(torch.bfloat16))  # FP4's bf16x2 path takes bf16 inputs only
         for x in xs:
             for mode in SCALE_MODES:
                 for rnd in ROUNDINGS:
@@ -516,7 +527,9 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
     for k, cfg in enumerate(col_cfgs):
         dt = dts[(k + 1) % 3]
         x = rand_tensor((320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
-        xt = _fp8_tie_blocks(fmt).T.contiguous() if is_fp8 else None
+        xt = _fp8_tie_blocks(fmt).T.contiguous() if hw else None
+        if xt is not None and k % 2:
+            xt = xt.to(torch.bfloat16)
         for mode in SCALE_MODES:
             for rnd in ROUNDINGS:
                 for xx in (x, xt) if xt is not None else (x,):
@@ -537,11 +550,14 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
         qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
         sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
         sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+        DC = DequantizeConfig
         for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
             for odt in dts:
-                got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt,
-                                       DequantizeConfig(16, 256, 4, False, load3d=True))
-                _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize load3d {fmt} -> {odt}")
+                # integer decode (load3d), hardware FP8 -> fp16 decode (hw_dec) with and without load3d
+                for cfg in (DC(16, 256, 4, False, load3d=True), DC(16, 256, 4, False, load3d=True, hw_dec=True),
+                            DC(16, 256, 4, False, hw_dec=True)):
+                    got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
+                    _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
 
 
 @pytest.mark.gpu
@@ -729,3 +745,75 @@ def test_dequantize_float64_is_exact_above_fp32_range():
     got = dequantize_triton(q, torch.float64)
     assert got[0, 0].item() == 2.0**128
     assert torch.equal(got.view(torch.uint8), dequantize_reference(q, torch.float64).view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the FP8-grid identities behind the hardware-cvt paths (hw_cvt / hw_dec), checked on the CPU with torch's
+# float8 casts standing in for cvt.rn.satfinite / cvt.rn.f16x2.{e4m3,e5m2}x2 (the kernels' bytes are checked
+# on the GPU by the gpu tests)
+
+
+@pytest.mark.parametrize("fmt,f8,shift", [("mxfp6_e2m3", torch.float8_e4m3fn, 6), ("mxfp6_e3m2", torch.float8_e5m2, 12)])
+def test_fp6_encode_through_fp8_grid(fmt, f8, shift, rng):
+    """FP6 (RNE) = the FP8 cast of clamp(v, +-max_normal) * 2^-shift with the sign moved from bit 7 to bit 5:
+    random values over the whole range (sub-grid, ties, above max_normal, signed zeros)."""
+    from mxkit.formats import decode_elements, encode_elements, get_format
+
+    f = get_format(fmt)
+    grid = decode_elements(torch.arange(64, dtype=torch.uint8), fmt)
+    mids = (grid[:-1] + grid[1:]) / 2  # ties (positive half of the table is monotone)
+    v = torch.cat([
+        torch.randn(50000, generator=rng) * f.max_normal / 2,
+        (torch.rand(20000, generator=rng) - 0.5) * 4 * f.max_normal,
+        torch.exp2(torch.rand(20000, generator=rng) * 40 - 30) * torch.sign(torch.randn(20000, generator=rng)),
+        mids[: len(mids) // 2], -mids[: len(mids) // 2], grid, torch.tensor([0.0, -0.0, 1e-30, -1e-30]),
+    ]).to(torch.float32)
+    want = encode_elements(v, fmt, "rne")
+    b8 = (v.clamp(-f.max_normal, f.max_normal) * 2.0**-shift).to(f8).view(torch.uint8).to(torch.int32)
+    got = ((b8 >> 2) & 0x20) | (b8 & 0x1F)
+    assert torch.equal(got.to(torch.uint8), want), f"{int((got.to(torch.uint8) != want).sum())} codes differ"
+
+
+@pytest.mark.parametrize("fmt,f8,shift", [("mxfp4_e2m1", torch.float8_e4m3fn, 6), ("mxfp6_e2m3", torch.float8_e4m3fn, 6),
+                                          ("mxfp6_e3m2", torch.float8_e5m2, 12)])
+def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
+    """Every FP4 / FP6 code placed in the low bits of an FP8 byte (sign to bit 7) decodes to its value
+    times 2^-shift: the hw_dec embedding."""
+    from mxkit.formats import decode_elements, get_format
+
+    f = get_format(fmt)
+    codes = torch.arange(1 << f.bits, dtype=torch.int32)
+    sign = 1 << (f.bits - 1)
+    e8 = (((codes & sign) << (8 - f.bits)) | (codes & (sign - 1))).to(torch.uint8)
+    if f.bits == 4:
+        e8 = (((codes & 7) << 2) | ((codes & 8) << 4)).to(torch.uint8)
+    got = e8.view(f8).to(torch.float32) * 2.0**shift
+    want = decode_elements(codes.to(torch.uint8), fmt)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_fp4_bf16x2_encode_algorithm_every_bf16():
+    """The bf16x2 FP4 encode of ``_quantize._fp4_bf16x2`` (inline PTX, GPU only), emulated step by step with
+    torch's bf16 rounding (RNE) for every finite bf16 input and every block exponent X in [-127, 126]:
+    the codes equal :func:`mxkit.formats.encode_elements` of the exact x * 2^-X."""
+    from mxkit.formats import encode_elements
+
+    def bf(bits):  # bf16 bits (int32, low half) -> float32
+        return (bits << 16).view(torch.float32)
+
+    def rne16(f):  # float32 -> bf16 bits, round to nearest even
+        return f.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+
+    xs = torch.arange(1 << 16, dtype=torch.int32)
+    xs = xs[torch.isfinite(bf(xs))]
+    X = torch.arange(-127, 127, dtype=torch.int32)[:, None]
+    x = xs[None, :].expand(X.shape[0], -1)
+    v = bf(x) * bf((127 - X) << 7)  # the exact product (a power-of-two factor); mul.rn.bf16x2 rounds it:
+    a = rne16(torch.minimum(bf(rne16(v)).abs(), torch.tensor(6.0)))  # abs, min(., 6)
+    m = rne16(torch.maximum(bf(a & 0x7F80), torch.tensor(1.0))) + (6 << 7)  # 64 * max(2^floor(log2 a), 1)
+    t = rne16(bf(a) + bf(m))  # add.rn.bf16x2: rounds a to the E2M1 step at a
+    code = (t - m) + ((m >> 6) & 0x1FE) - 0x10A
+    code = code | ((x >> 12) & 8)
+    want = encode_elements(v, "mxfp4_e2m1", "rne").to(torch.int32)
+    bad = code != want
+    assert not bad.any(), f"{int(bad.sum())} codes differ, first x=0x{int(x[bad][0]):04x} X={int(X.expand_as(x)[bad][0])}"

@@ -1,7 +1,8 @@
 """``@triton.jit`` bodies of the MX quantize / dequantize kernels (launchers: :mod:`mxkit.kernels.quantize`).
 
 Everything that decides a byte is integer work on fp32 bit patterns, or fp32 arithmetic that is exact or
-correctly rounded whatever the GPU does with fp32 denormals (flush-to-zero or not):
+correctly rounded (IEEE fp32 with subnormals, as PTX ``mul.f32`` / ``add.f32`` without ``.ftz`` and numpy
+compute it; see DENORM for a compiler that flushes):
 
 * amax = integer max of ``bits & 0x7FFFFFFF`` (order-preserving for non-negative floats; NaN / Inf are the
   patterns >= 0x7F800000, so the non-finite test is the same max).
@@ -11,17 +12,19 @@ correctly rounded whatever the GPU does with fp32 denormals (flush-to-zero or no
   at max_normal, then rounded with the "magic number" add ``(v + 2^(e - mbits + 23))``: the fp32 add rounds
   v to the element grid (ulp 2^(e - mbits)) with round-to-nearest-even, and the bit difference of the sum
   and the magic number *is* the number of element ulps. Ties-away adds one where the add rounded a tie down.
-  fp32-denormal inputs (bf16 / fp32) only matter when X <= -23; v is then taken from their integer
-  mantissa, either in a tile-uniform branch (DENORM_BRANCH: a CTA-wide min of X) or always.
+  fp32-denormal inputs (bf16 / fp32) only matter when X <= -23, where x * 2^-X is exact as long as the
+  multiply keeps subnormal operands (DENORM_NONE, the default). DENORM_BRANCH / DENORM_ALWAYS rebuild v
+  from their integer mantissa instead (in tiles with a block at X < -22, found by a CTA-wide min / always):
+  same bytes, for a compiler that flushes; the CPU interpreter test runs all three.
 * MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
 
-Opt-in paths (constexprs, selected by the launcher's config; the integer path stays the default):
+Paths selected by the launcher's config (constexprs):
 
-* HW_FP8: FP8 (RNE) elements through an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per
-  asm block) applied to the exact signed ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's
-  saturation. (An earlier ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.) Compiles
-  for sm_90 (SASS of the rowwise FP8 kernel 856 -> 664 instructions); its GPU byte check is still pending,
-  so it is not a default. The CPU interpreter cannot run inline asm.
+* HW_CVT (the default for FP8 with RNE on a GPU): FP8 elements through an explicit
+  ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) applied to the exact signed
+  ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
+  ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.) The CPU interpreter cannot run
+  inline asm, so it checks the integer path.
 * ROW3D: the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_DIRECT: blocks along R are reduced in the untransposed tile and only the 1-byte codes are transposed
   (default for columnwise FP8).
@@ -50,6 +53,14 @@ IN_F16 = tl.constexpr(2)
 OUT_F32 = tl.constexpr(0)
 OUT_BF16 = tl.constexpr(1)
 OUT_F16 = tl.constexpr(2)
+
+# fp32-denormal inputs (x * 2^-X with x an fp32 denormal): DENORM_NONE multiplies them as they are, exact
+# wherever fp32 multiplies keep subnormal operands (PTX mul.f32 without .ftz, which is what Triton emits for
+# sm_90; numpy in the interpreter); DENORM_BRANCH / DENORM_ALWAYS rebuild v from the integer mantissa (in
+# tiles that need it / always), for a compiler that flushes
+DENORM_NONE = tl.constexpr(0)
+DENORM_BRANCH = tl.constexpr(1)
+DENORM_ALWAYS = tl.constexpr(2)
 
 # scale layouts
 LAYOUT_PLAIN = tl.constexpr(0)
@@ -122,17 +133,58 @@ def _cvt_fp8_rn(vbits, MBITS: tl.constexpr):
 
 
 @triton.jit
+def _fp4_bf16x2(xh, fh):
+    """bf16 inputs (int16 bits) and their block factors 2^-X (int16 bf16 bits, X in [-127, 126]) -> E2M1
+    codes (uint8), RNE, two elements per instruction (bf16x2 arithmetic, sm_90):
+
+    v = x * 2^-X (exact: a power-of-two factor and bf16's fp32 exponent range; a subnormal v rounds to code
+    0 whatever the multiply does with it); a = min(|v|, 6); m = 64 * max(2^floor(log2 a), 1) is a magic
+    number whose bf16 ulp is the E2M1 step at a (0.5 below 2, 1 below 4, 2 above); a + m rounds a to that
+    grid (RNE) and (bits(a + m) - bits(m)) + 2 * (exponent(m) - 133) is the code, computed on both 16-bit
+    halves with 32-bit integer ops (no carry or borrow crosses a half). The sign comes from x (bit 15 ->
+    bit 3), so -0 and negative values rounding to 0 keep it. Checked for every finite bf16 and every X
+    against :func:`mxkit.formats.encode_elements` (tests/test_kernels.py, CPU emulation)."""
+    asm: tl.constexpr = (
+        "{ .reg .b32 k6, k1, a, e, m, t, c, s, r0, r1; "
+        "mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
+        "mul.rn.bf16x2 a, $1, $3; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
+        "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
+        "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
+        "shr.u32 s, $1, 12; and.b32 s, s, 0x00080008; or.b32 r0, c, s; "
+        "mul.rn.bf16x2 a, $2, $4; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
+        "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
+        "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
+        "shr.u32 s, $2, 12; and.b32 s, s, 0x00080008; or.b32 r1, c, s; "
+        "prmt.b32 $0, r0, r1, 0x6420; }")
+    return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True, pack=4)
+
+
+@triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
-            DENORM: tl.constexpr, HW_FP8: tl.constexpr = False):
+            DENORM: tl.constexpr, HW_CVT: tl.constexpr = False):
     """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape.
 
-    HW_FP8 (FP8 with RNE only; GPU only, the interpreter cannot run inline asm): the exact signed
-    v = x * 2^-X goes through the hardware cvt.rn.satfinite (uint8 codes). satfinite = the reference's
-    saturation: every |v| >= max_normal gives max_normal either way. fp32-subnormal v (flushed or not) round
-    to a signed zero either way; NaN / Inf blocks are masked to 0 afterwards."""
-    if HW_FP8:
-        tl.static_assert(BITS == 8 and not IS_INT and not AWAY and EMAX != 0)
+    HW_CVT and FP4 (bf16 inputs, RNE; GPU only): :func:`_fp4_bf16x2`.
+    HW_CVT (FP8 / FP6 with RNE only; GPU only, the interpreter cannot run inline asm): the exact signed
+    v = x * 2^-X goes through the hardware cvt.rn.satfinite (uint8 codes). FP8: satfinite = the reference's
+    saturation (every |v| >= max_normal gives max_normal either way). FP6: E2M3 / E3M2 values times 2^-6 /
+    2^-12 are exactly the E4M3 / E5M2 values whose exponent field is < 4 / < 8 (subnormals included), with
+    the same bits below the sign: so v is clamped to +-max_normal (on the grid: same as rounding then
+    saturating), scaled exactly, rounded by the FP8 cvt (same grid, same ties-to-even), and the sign moved
+    from bit 7 to bit 5. fp32-subnormal v round to a signed zero either way; NaN / Inf blocks are masked to 0
+    afterwards."""
+    if HW_CVT and BITS == 4:
+        # FP4 from bf16 inputs (the launcher enables it only for them): bf16x2 arithmetic, see _fp4_bf16x2
+        tl.static_assert(not IS_INT and not AWAY)
+        if xbits.dtype == tl.int16:  # RAW16: the bf16 bits as loaded
+            xh = xbits
+        else:
+            xh = (xbits >> 16).to(tl.int16)
+        fh = tl.broadcast_to(((127 - X) << 7).to(tl.int16), xh.shape)
+        code = _fp4_bf16x2(xh, fh)
+    elif HW_CVT:
+        tl.static_assert((BITS == 8 or BITS == 6) and not IS_INT and not AWAY and EMAX != 0)
         v = xbits.to(tl.float32, bitcast=True) * ((127 - X) << 23).to(tl.float32, bitcast=True)
         if DENORM:
             # fp32-denormal x: the exact float(m) * 2^(-149 - X) as in the integer path; the sign goes on
@@ -141,10 +193,15 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             vd = (ad.to(tl.float32)
                   * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
             vdb = vd.to(tl.int32, bitcast=True) | (xbits & -2147483648)
-            vb = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True))
+            v = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        if BITS == 6:
+            # clamp keeps the sign of zero (min / max of -0 and a positive bound is -0); the 2^-6 / 2^-12
+            # product is exact for every |v| >= 2^-120, and smaller |v| round to a signed zero either way
+            v = tl.minimum(tl.maximum(v, -MAX_NORMAL), MAX_NORMAL) * (0.015625 if MBITS == 3 else 0.000244140625)
+            b8 = _cvt_fp8_rn(v.to(tl.int32, bitcast=True), MBITS).to(tl.int32)
+            code = ((b8 >> 2) & 0x20) | (b8 & 0x1F)
         else:
-            vb = v.to(tl.int32, bitcast=True)
-        code = _cvt_fp8_rn(vb, MBITS)
+            code = _cvt_fp8_rn(v.to(tl.int32, bitcast=True), MBITS)
     else:
         abits = xbits & 0x7FFFFFFF
         ax = abits.to(tl.float32, bitcast=True)
@@ -190,26 +247,32 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
 def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr, HW_FP8: tl.constexpr = False,
-                   IS3D: tl.constexpr = False):
+                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr = False,
+                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False):
     """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
-    IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes)."""
+    IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes).
+    RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16)."""
     tl.static_assert(BC % 32 == 0)
     if IS3D:
         b3 = xbits
     else:
         b3 = tl.reshape(xbits, [BR, BC // 32, 32])
-    amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
+    if RAW16:
+        tl.static_assert(HW_CVT and BITS == 4)
+        amax = tl.max(b3 & 0x7FFF, axis=2).to(tl.int32) << 16  # the fp32 bits of the bf16 amax
+    else:
+        amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
-    if DENORM_BRANCH:
+    if DENORM == DENORM_BRANCH:
         if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
         else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_FP8)
-    else:  # no CTA-wide reduction: always take the exact path for fp32-denormal inputs
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
+    else:
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
+                        HW_CVT)
     if not IS3D:
         codes = tl.reshape(codes, [BR, BC])
     return codes, sbyte
@@ -219,7 +282,7 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
 def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM_BRANCH: tl.constexpr, HW_FP8: tl.constexpr):
+                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr):
     """[BR, BC] fp32 bits, blocks of 32 along dim 0 (no transpose) -> (codes [BR // 32, 32, BC],
     scale bytes [BR // 32, BC])."""
     tl.static_assert(BR % 32 == 0)
@@ -228,13 +291,14 @@ def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
     bad = tl.expand_dims(amax >= 0x7F800000, 1)
     xb = tl.expand_dims(x, 1)
-    if DENORM_BRANCH:
+    if DENORM == DENORM_BRANCH:
         if tl.min(tl.min(x, axis=1), axis=0) < -22:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
         else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_FP8)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
     else:
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_FP8)
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
+                        HW_CVT)
     return codes, sbyte
 
 
@@ -382,8 +446,8 @@ def _quantize_kernel(
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
     IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
     AWAY: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM_BRANCH: tl.constexpr,
-    MASKED: tl.constexpr, HW_FP8: tl.constexpr = False, ROW3D: tl.constexpr = False,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM: tl.constexpr,
+    MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
     COL_DIRECT: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
@@ -391,7 +455,7 @@ def _quantize_kernel(
     DO_ROW: quantize along C -> qr [B, R, C packed], sr [B, R, C / 32] (or 128x4 over rows B*R).
     DO_COL: quantize along R -> qc [B, C, R packed], sc [B, C, R / 32] (the transposed copy).
     Both from the same load: that is the fused cast-transpose.
-    HW_FP8: FP8 (RNE) elements through the hardware cvt (GPU only). ROW3D (rowwise only): load the tile
+    HW_CVT: FP8 (RNE) elements through the hardware cvt (GPU only). ROW3D (rowwise only): load the tile
     directly as [BLOCK_R, BLOCK_C // 32, 32] (blocks along the fastest axis, no reshapes). COL_DIRECT:
     quantize along dim 0 of the raw tile and transpose only the 1-byte codes (not the raw input)."""
     pid = tl.program_id(0)
@@ -414,26 +478,31 @@ def _quantize_kernel(
         raw3 = _load_raw(x_ptr + grow[:, None, None] * C + c3, rmask[:, None, None] & ((c3 < C) | (not MASKED)),
                          IN_KIND)
         codes, sbyte = _quantize_rows(_to_bits(raw3, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8, True)
+                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT, True)
         _store_rows3d(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                       BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
     else:
         raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
+        # FP4 through bf16x2 (HW_CVT, bf16 inputs only): the quantizer takes the bf16 bits as loaded
+        RAW16: tl.constexpr = HW_CVT and BITS == 4 and IN_KIND == IN_BF16_BITS
         if DO_ROW:
-            codes, sbyte = _quantize_rows(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+            codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS,
+                                          EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,
+                                          False, RAW16)
             _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                              BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
         if DO_COL and COL_DIRECT:
             codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT)
             _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
                                BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
         elif DO_COL:
             # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of 32
             # along R become contiguous in each row, and the output rows (one per column c) are contiguous
-            codes, sbyte = _quantize_rows(_to_bits(tl.trans(raw), IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN, EMAX,
-                                          IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM_BRANCH, HW_FP8)
+            rt = tl.trans(raw)
+            codes, sbyte = _quantize_rows(rt if RAW16 else _to_bits(rt, IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN,
+                                          EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT, False,
+                                          RAW16)
             _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
                              BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
 
@@ -514,6 +583,63 @@ def _decode(code, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.const
     return tl.where(isnan, float("nan"), val)
 
 
+@triton.jit
+def _cvt_fp8_to_f32(code, MBITS: tl.constexpr):
+    """FP8 bytes (uint8) -> fp32 with the hardware ``cvt.rn.f16x2.{e4m3,e5m2}x2`` (sm_89+; exact: every FP8
+    value, NaN and Inf are fp16 values) and ``cvt.f32.f16`` (exact). Four bytes per asm block; in the x2
+    form the low byte becomes the low half."""
+    if MBITS == 3:
+        asm: tl.constexpr = ("{ .reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4; "
+                             "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {a0, a1}, a; "
+                             "mov.b32 {b0, b1}, b; cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, b0; "
+                             "cvt.f32.f16 $3, b1; }")
+    else:
+        tl.static_assert(MBITS == 2)
+        asm: tl.constexpr = ("{ .reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4; "
+                             "cvt.rn.f16x2.e5m2x2 a, l; cvt.rn.f16x2.e5m2x2 b, h; mov.b32 {a0, a1}, a; "
+                             "mov.b32 {b0, b1}, b; cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, b0; "
+                             "cvt.f32.f16 $3, b1; }")
+    return tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [code], dtype=tl.float32, is_pure=True, pack=4)
+
+
+@triton.jit
+def _decode_hw(code, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr):
+    """HW_DEC path of :func:`_decode` (GPU only: inline asm) for FP8 / FP6 / FP4 codes (int32, low BITS bits):
+    the element through the hardware FP8 -> fp16 cvt, then ONE fp32 multiply by 2^(s - 127), which is
+    correctly rounded including a subnormal result (PTX mul.f32 without .ftz) and for s = 0 (2^-127 is an
+    fp32 subnormal operand); s = 255 multiplies by NaN. FP4: E2M1 code s.e1e0.m placed in an E4M3 byte as
+    s000.e1e0m.00 is exactly its value times 2^-6 (the subnormal 0.5 included), undone by an exact * 64;
+    FP6 likewise (see :func:`_encode`)."""
+    if BITS == 4:
+        e8 = ((code & 7) << 2) | ((code & 8) << 4)
+        val = _cvt_fp8_to_f32(e8.to(tl.uint8), 3) * 64.0
+    elif BITS == 6:
+        # E2M3 / E3M2 magnitude bits as the low bits of an E4M3 / E5M2 byte: the value times 2^-6 / 2^-12
+        e8 = ((code & 0x20) << 2) | (code & 0x1F)
+        val = _cvt_fp8_to_f32(e8.to(tl.uint8), MBITS) * (64.0 if MBITS == 3 else 4096.0)
+    else:
+        tl.static_assert(BITS == 8)
+        val = _cvt_fp8_to_f32(code.to(tl.uint8), MBITS)
+    fbits = tl.where(sbyte == 0, 0x00400000, tl.where(sbyte == 255, 0x7FC00000, sbyte << 23))
+    return val * fbits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_out(val, OUT_KIND: tl.constexpr, HW_DEC: tl.constexpr):
+    """fp32 -> the stored output: fp32, bf16 bits (int16) or fp16, each with round-to-nearest-even."""
+    if OUT_KIND == OUT_F32:
+        return val
+    elif OUT_KIND == OUT_BF16:
+        if HW_DEC:  # cvt.rn.bf16.f32 (RNE, subnormals kept; NaN -> a quiet NaN)
+            return val.to(tl.bfloat16).to(tl.int16, bitcast=True)
+        # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
+        u = val.to(tl.int32, bitcast=True)
+        rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+        return tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+    else:
+        return val.to(tl.float16)
+
+
 @triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
 def _dequantize_kernel(
     q_ptr, s_ptr, out_ptr,
@@ -522,12 +648,13 @@ def _dequantize_kernel(
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
-    LOAD3D: tl.constexpr = False,
+    LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
     (TRANS: the quantized axis goes back in front of the N trailing elements).
     LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
-    tiles (the scale broadcasts along the fastest axis, no reshapes)."""
+    tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
+    through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`)."""
     pid = tl.program_id(0)
     if TRANS:
         pn = pid % tiles_n  # neighbouring programs write neighbouring output columns
@@ -562,33 +689,22 @@ def _dequantize_kernel(
                            mask=nmask[:, None, None] & ((b3 < L // 2) | (not MASKED)), other=0).to(tl.int32)
             sh = tl.arange(0, 2) * 4
             c3 = tl.reshape((byte[:, :, :, None] >> sh[None, None, None, :]) & 0xF, [BLOCK_N, BLOCK_L // 32, 32])
-        val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
-        if OUT_KIND == OUT_F32:
-            out = val
-        elif OUT_KIND == OUT_BF16:
-            u = val.to(tl.int32, bitcast=True)
-            rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-            out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+        if HW_DEC:
+            val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, MBITS)
         else:
-            out = val.to(tl.float16)
-        tl.store(out_ptr + g[:, None, None] * L + l3, out, mask=m3)
+            val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+        tl.store(out_ptr + g[:, None, None] * L + l3, _to_out(val, OUT_KIND, HW_DEC), mask=m3)
     else:
         codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
         smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
         sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
         c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
-        val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
-        val = tl.reshape(val, [BLOCK_N, BLOCK_L])
-        if OUT_KIND == OUT_F32:
-            out = val
-        elif OUT_KIND == OUT_BF16:
-            # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
-            u = val.to(tl.int32, bitcast=True)
-            rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-            out = tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+        if HW_DEC:
+            val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, MBITS)
         else:
-            out = val.to(tl.float16)
+            val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+        out = _to_out(tl.reshape(val, [BLOCK_N, BLOCK_L]), OUT_KIND, HW_DEC)
         l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
         lmask = (l < L) | (not MASKED)
         if TRANS:

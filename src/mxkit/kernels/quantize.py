@@ -74,10 +74,12 @@ class QuantizeConfig:
     block_c: int
     num_warps: int
     int64: bool
-    denorm_branch: bool = True  # recompute fp32-denormal inputs only in tiles that need it (CTA-wide min)
-    # FP8 elements (RNE only) through the hardware cvt.rn.satfinite (inline asm; ignored for other formats,
-    # for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
-    hw_fp8: bool = False
+    # fp32-denormal inputs: 0 = multiply them as they are (exact: Triton's sm_90 fp32 multiply keeps
+    # subnormals), 1 = rebuild them from the mantissa in tiles that need it (CTA-wide min), 2 = always
+    denorm: int = 0
+    # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2 (inline asm; ignored
+    # for other formats, for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
+    hw_cvt: bool = False
     row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
     col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
 
@@ -91,60 +93,59 @@ class DequantizeConfig:
     num_warps: int
     int64: bool
     load3d: bool = False  # rowwise, not FP6: address codes and output as [n, l // 32, 32] tiles
+    # FP8 / FP6 / FP4 through the hardware FP8 -> fp16 cvt (inline asm; ignored for MXINT8 and under the
+    # CPU interpreter)
+    hw_dec: bool = False
 
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
     """Pick the tile for x viewed [B, R, C] (pure function of the problem).
 
-    Rowwise (blocks along C): up to 16 x 256, 4 warps. Columnwise / cast-transpose (blocks along R): 32 x 32
-    or 32 x 64 tiles with 1-2 warps (columnwise FP8: col_direct). Chosen from a sweep on an H200, bf16 8192^2
-    (tests/test_kernels.py --timing) and the A/B of scripts/ab_quantize.py. FP8 rounds through the hardware
-    ``cvt.rn.satfinite`` (hw_fp8; used only for RNE on a GPU, see :func:`hw_fp8_ok`): byte-identical in the
-    GPU tests and, on an H200 at bf16 8192^2, rowwise 74 vs 87 us, columnwise 105 vs 107 us, cast-transpose
-    222 vs 257 us. row3d stays opt-in (slower in that A/B)."""
+    Rowwise (blocks along C): up to 16 x 256, 4 warps. Columnwise / cast-transpose (blocks along R): 32 x 64
+    tiles (FP6: 32 x 32), one warp (so the 32-row block reductions never cross warps; cast-transpose FP4:
+    two), the untransposed tile quantized and only the 1-byte codes transposed (col_direct) for FP8.
+    Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
+    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic (not columnwise-only, where it was
+    slower); FP6 keeps the integer encoder (its FP8-grid path was slower). All chosen from same-process A/B
+    runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s2/)."""
     f = get_format(fmt)
-    hw_fp8 = f.is_float and f.bits == 8
+    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: opt-in (slower in the A/B)
     if do_col:
-        # narrow tiles and few warps: the transposed tile goes through shared memory and register pressure,
-        # not width, limits the bytes in flight
-        wide = (f.bits == 4) if do_row else (f.bits == 8)
         block_r = 32
-        block_c = max(32 if do_row else 16, min(64 if wide else 32, _pow2(C)))
-        warps = 2 if wide else 1
+        block_c = max(32 if do_row else 16, min(32 if f.bits == 6 else 64, _pow2(C)))
+        warps = 2 if (do_row and f.bits == 4) else 1
         tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-        # columnwise FP8: quantize the untransposed tile, transpose only the codes (A/B on an H200, bf16:
-        # 106 vs 110 us at 8192^2, 404 vs 418 us at 16384^2, bytes equal); FP4 and cast-transpose: no gain
-        col_direct = (not do_row) and f.is_float and f.bits == 8
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), denorm_branch=False,
-                              col_direct=col_direct, hw_fp8=hw_fp8)
+        # columnwise FP4 keeps the integer encoder (A/B: 95.6 vs 104.1 us at 8192^2 with bf16x2)
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), col_direct=(f.bits == 8 and hw_cvt),
+                              hw_cvt=hw_cvt and (do_row or f.bits != 4))
     block_c = max(32, min(256, _pow2(C)))
     block_r = max(1, min(_pow2(R), 4096 // block_c))
     warps = max(1, min(4, block_r * block_c // 1024))
     tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), hw_fp8=hw_fp8)
+    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), hw_cvt=hw_cvt)
 
 
 @functools.lru_cache(maxsize=1024)
 def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> DequantizeConfig:
-    """Pick the tile for qdata viewed [B, N, L] (pure function of the problem)."""
+    """Pick the tile for qdata viewed [B, N, L] (pure function of the problem).
+
+    FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt (hw_dec; GPU only): the integer decode made the
+    kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
+    Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles."""
+    f = get_format(fmt)
+    hw_dec = f.is_float
     if trans:
         block_l = max(32, min(128, _pow2(L)))
         block_n = max(16, min(32, _pow2(N)))
-        warps = 4
-    else:
-        # FP8 / FP4: codes and output addressed as [n, l // 32, 32] tiles (load3d); FP8 with 8 x 512 tiles
-        # (A/B on an H200, bf16 out: FP8 86 vs 98 us at 8192^2, 326 vs 354 us at 16384^2; FP4 84 vs 87 us,
-        # 320 vs 325 us; bytes equal)
-        f = get_format(fmt)
-        load3d = f.is_float and f.bits in (4, 8)
-        block_l = max(32, min(512 if (load3d and f.bits == 8) else 256, _pow2(L)))
-        block_n = max(1, min(_pow2(N), 4096 // block_l))
-        warps = max(1, min(4, block_n * block_l // 1024))
         tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
-        return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d)
+        return DequantizeConfig(block_n, block_l, 4, needs_int64(B * tiles), hw_dec=hw_dec)
+    load3d = f.is_float and f.bits in (4, 8)
+    block_l = max(32, min(512 if (load3d and f.bits == 8) else 256, _pow2(L)))
+    block_n = max(1, min(_pow2(N), 4096 // block_l))
+    warps = max(1, min(4, block_n * block_l // 1024))
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
-    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles))
+    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -217,12 +218,13 @@ def _alloc_data(lead: tuple, n: int, f: ElementFormat, device) -> tuple[torch.Te
     return q, (q.view(torch.int32) if f.bits == 6 else q)
 
 
-def hw_fp8_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding) -> bool:
-    """Whether the hardware FP8 cvt path runs for this config / format / rounding: RNE FP8 on the GPU, and
-    at least 4 elements per thread (the asm converts 4 at a time)."""
+def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int = 1) -> bool:
+    """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
+    FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
+    arithmetic, ``_quantize._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time)."""
     per_thread = cfg.block_r * cfg.block_c // (32 * cfg.num_warps)
-    return bool(cfg.hw_fp8 and f.is_float and f.bits == 8 and rnd is Rounding.RNE and not _interpret()
-                and per_thread >= 4)
+    fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
+    return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and not _interpret() and per_thread >= 4)
 
 
 def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
@@ -237,9 +239,9 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode],
         IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
         AWAY=rnd is Rounding.AWAY,
-        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM_BRANCH=cfg.denorm_branch,
+        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM=cfg.denorm,
         MASKED=bool(R % cfg.block_r or C % cfg.block_c),
-        HW_FP8=hw_fp8_ok(cfg, f, rnd), ROW3D=bool(cfg.row3d and do_row and not do_col),
+        HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
         COL_DIRECT=bool(cfg.col_direct and do_col),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
@@ -323,6 +325,7 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64, num_warps=cfg.num_warps,
         MASKED=bool(N % cfg.block_n or L % cfg.block_l),
         LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
+        HW_DEC=bool(cfg.hw_dec and f.is_float and not _interpret()),
     )
     return out if kdtype == dtype else out.to(dtype)
 

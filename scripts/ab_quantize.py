@@ -2,7 +2,7 @@
 
 For each path (rowwise FP8/FP4/FP6, columnwise FP8/FP4, cast-transpose FP8/FP4, rowwise dequantize FP8/FP4)
 it times the current default config ("default"; "prev" = the default before the last change) against
-config-selected variants (hw_fp8 = FP8 through the hardware cvt, row3d, col_direct, load3d, other tiles)
+config-selected variants (hw_cvt = FP8 through the hardware cvt, row3d, col_direct, load3d, other tiles)
 with do_bench (median, L2 flushed) on bf16 8192^2 and 16384^2, next to a torch copy of the same bytes measured in the same process, and checks every
 variant's bytes against mxkit.reference (computed on the GPU) on wide-range data for FLOOR and RCEIL
 (RNE), dequantize against dequantize_reference. Prints one line per measurement, then a compact table
@@ -29,44 +29,29 @@ F = False
 
 
 def variants():
-    """path name -> (kind, fmt, [(variant name, cfg or None for the default)])."""
-    r8 = [("default", None), ("hw", QC(16, 256, 4, F, hw_fp8=True)), ("r3d", QC(16, 256, 4, F, row3d=True)),
-          ("r3d+hw", QC(16, 256, 4, F, hw_fp8=True, row3d=True)),
-          ("r3d+hw 32x256w8", QC(32, 256, 8, F, hw_fp8=True, row3d=True)),
-          ("r3d+hw 8x512w4", QC(8, 512, 4, F, hw_fp8=True, row3d=True)),
-          ("hw 32x256w8", QC(32, 256, 8, F, hw_fp8=True))]
-    r4 = [("default", None), ("r3d", QC(16, 256, 4, F, row3d=True)), ("r3d 32x256w8", QC(32, 256, 8, F, row3d=True)),
-          ("r3d 8x512w4", QC(8, 512, 4, F, row3d=True)), ("32x256w8", QC(32, 256, 8, F))]
-    r6 = [("default", None), ("r3d", QC(16, 256, 4, F, row3d=True)), ("32x256w8", QC(32, 256, 8, F))]
-    c8 = [("default", None), ("prev", QC(32, 64, 2, F, F)), ("hw", QC(32, 64, 2, F, F, hw_fp8=True)),
-          ("cd", QC(32, 64, 2, F, F, col_direct=True)),
-          ("cd+hw", QC(32, 64, 2, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 32x128w4", QC(32, 128, 4, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 64x64w4", QC(64, 64, 4, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 32x256w4", QC(32, 256, 4, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 64x128w8", QC(64, 128, 8, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw+db 32x128w4", QC(32, 128, 4, F, True, hw_fp8=True, col_direct=True))]
-    c4 = [("default", None), ("cd", QC(32, 64, 2, F, F, col_direct=True)),
-          ("cd 32x128w4", QC(32, 128, 4, F, F, col_direct=True)), ("cd 64x64w4", QC(64, 64, 4, F, F, col_direct=True)),
-          ("cd 32x256w4", QC(32, 256, 4, F, F, col_direct=True)), ("cd 64x128w8", QC(64, 128, 8, F, F, col_direct=True)),
-          ("cd+db 32x128w4", QC(32, 128, 4, F, True, col_direct=True))]
-    t8 = [("default", None), ("hw", QC(32, 32, 1, F, F, hw_fp8=True)),
-          ("cd+hw", QC(32, 64, 2, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 32x128w4", QC(32, 128, 4, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 64x64w4", QC(64, 64, 4, F, F, hw_fp8=True, col_direct=True)),
-          ("cd+hw 64x128w8", QC(64, 128, 8, F, F, hw_fp8=True, col_direct=True))]
-    t4 = [("default", None), ("cd", QC(32, 64, 2, F, F, col_direct=True)),
-          ("cd 32x128w4", QC(32, 128, 4, F, F, col_direct=True)), ("cd 64x64w4", QC(64, 64, 4, F, F, col_direct=True)),
-          ("cd 64x128w8", QC(64, 128, 8, F, F, col_direct=True))]
-    d = [("default", None), ("prev", DC(16, 256, 4, F)), ("l3d", DC(16, 256, 4, F, load3d=True)),
-         ("l3d 32x256w8", DC(32, 256, 8, F, load3d=True)),
-         ("l3d 8x512w4", DC(8, 512, 4, F, load3d=True)), ("32x256w8", DC(32, 256, 8, F))]
+    """path name -> (kind, fmt, [(variant name, cfg or None for the default)]). Positional QuantizeConfig:
+    (block_r, block_c, num_warps, int64, denorm); denorm 0 = none (default), 1 = CTA-min branch (before)."""
+    # hw = the hardware-conversion path (FP4 from bf16: bf16x2 arithmetic), int = the integer encoder
+    r8 = [("default", None), ("int", QC(16, 256, 4, F))]
+    r4 = [("default", None), ("int", QC(16, 256, 4, F)), ("hw 8x512w4", QC(8, 512, 4, F, hw_cvt=True)),
+          ("hw 32x256w8", QC(32, 256, 8, F, hw_cvt=True))]
+    r6 = [("default", None), ("hw", QC(16, 256, 4, F, hw_cvt=True))]
+    c8 = [("default", None)]
+    c4 = [("default", None), ("int", QC(32, 64, 1, F)), ("hw 32x32w1", QC(32, 32, 1, F, hw_cvt=True))]
+    c6 = [("default", None), ("hw", QC(32, 32, 1, F, hw_cvt=True))]
+    t8 = [("default", None)]
+    t4 = [("default", None), ("int", QC(32, 64, 2, F)), ("hw 32x64w1", QC(32, 64, 1, F, hw_cvt=True)),
+          ("hw 32x32w1", QC(32, 32, 1, F, hw_cvt=True))]
+    d = [("default", None)]
+    d6 = [("default", None)]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),
         "cols fp8": ("cols", "mxfp8_e4m3", c8), "cols fp4": ("cols", "mxfp4_e2m1", c4),
+        "cols fp6": ("cols", "mxfp6_e2m3", c6), "castT fp6": ("ct", "mxfp6_e2m3", c6[:2]),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
         "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d),
+        "dq rows fp6": ("dq", "mxfp6_e2m3", d6),
     }
 
 
@@ -134,10 +119,18 @@ def sass_stats(kind, fmt, cfg, n=8192):
         sig[a] = "constexpr"
     k = triton.compile(ASTSource(real, sig, constexprs=got["kw"], attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": got["num_warps"]})
+    if os.environ.get("MXKIT_DUMP_IR"):  # directory: TTGIR / PTX / SASS of the build, for reading
+        stem = os.path.join(os.environ["MXKIT_DUMP_IR"], f"{kind}_{fmt}")
+        for ext in ("ttgir", "ptx"):
+            with open(f"{stem}.{ext}", "w") as fh:
+                fh.write(k.asm[ext])
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
         fh.write(k.asm["cubin"])
     sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", fh.name], capture_output=True, text=True).stdout
+    if os.environ.get("MXKIT_DUMP_IR"):
+        with open(os.path.join(os.environ["MXKIT_DUMP_IR"], f"{kind}_{fmt}.sass"), "w") as fh2:
+            fh2.write(sass)
     res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", fh.name],
                          capture_output=True, text=True).stdout
     os.unlink(fh.name)
@@ -272,9 +265,14 @@ def main():
             fb = f"{b[0]:9.1f} {b[1]:6.1f}" if b else f"{'-':>9s} {'-':>6s}"
             lines.append(f"{path:12s} {name:18s} {fa} {fb}  {rec.get('check', '-')}")
     lines.append(f"== {time.time() - t0:.0f} s")
+    emit_table(lines, "ab_table.txt")
+
+
+def emit_table(lines, name):
+    """Print the table LAST and write it to $OUT/name when OUT is set (the device run brings $OUT back)."""
     table = "\n".join(lines)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "ab_table.txt"), "w") as fh:
+        with open(os.path.join(os.environ["OUT"], name), "w") as fh:
             fh.write(table + "\n")
     print(table, flush=True)
 

@@ -151,13 +151,20 @@ def _interpret_checks() -> int:
         ref = quantize_reference(x, fmt, axis=0, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"col_direct {fmt} qdata")
         assert_bytes_equal(s, ref.scale if layout == "plain" else _ref_layout(ref.scale, layout), f"col_direct {fmt} scale")
-        x = rand_tensor((32, 96), -1, generator=g, dtype=dt)
-        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, 2, col_direct=True))
+        x = rand_tensor((96, 96), -1, generator=g, dtype=dt)  # 3 x 3 tiles: strips of 2 (the last one narrower)
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, 2, col_direct=True,
+                                                                                   group_c=2))
         for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
             ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_direct {fmt} axis={a} qdata")
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_direct {fmt} axis={a} scale")
-        n += 3
+        # strip order with a batch dim: [B=3, R=64, C=40] quantized along R
+        x = rand_tensor((3, 64, 40), 1, generator=g, dtype=dt)
+        q, s = _quantize_impl(x, fmt, 1, mode, rnd, "plain", cfg=QuantizeConfig(32, 16, 1, False, group_c=2))
+        ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
+        assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
+        n += 4
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
             qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
@@ -509,7 +516,8 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
     col_cfgs = [QC(32, 64, 2, False, 2, col_direct=True)]
     if hw:
         row_cfgs += [QC(16, 256, 4, False, hw_cvt=True), QC(16, 256, 4, False, hw_cvt=True, row3d=True)]
-        col_cfgs += [QC(32, 64, 2, False, False, hw_cvt=True), QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True)]
+        col_cfgs += [QC(32, 64, 2, False, False, hw_cvt=True, group_c=3),
+                     QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True)]
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         dt = dts[k % 3]

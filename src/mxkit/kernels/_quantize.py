@@ -437,6 +437,13 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
                          A, N, BITS, LAYOUT, MASKED)
 
 
+@triton.jit
+def _split_pid(pid, n_fast, n_mid):
+    """Program id -> (fast, mid, batch) indices of a grid of batch x n_mid x n_fast tiles (fast varies fastest)."""
+    t = pid // n_fast
+    return pid % n_fast, t % n_mid, t // n_mid
+
+
 @triton.jit(do_not_specialize=["tiles_r", "tiles_c", "colsp_r", "colsp_c", "scale_mode"])
 def _quantize_kernel(
     x_ptr, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
@@ -448,7 +455,7 @@ def _quantize_kernel(
     AWAY: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM: tl.constexpr,
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
-    COL_DIRECT: tl.constexpr = False,
+    COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -457,12 +464,22 @@ def _quantize_kernel(
     Both from the same load: that is the fused cast-transpose.
     HW_CVT: FP8 (RNE) elements through the hardware cvt (GPU only). ROW3D (rowwise only): load the tile
     directly as [BLOCK_R, BLOCK_C // 32, 32] (blocks along the fastest axis, no reshapes). COL_DIRECT:
-    quantize along dim 0 of the raw tile and transpose only the 1-byte codes (not the raw input)."""
+    quantize along dim 0 of the raw tile and transpose only the 1-byte codes (not the raw input).
+    GROUP_C > 0: programs ordered in strips of GROUP_C column tiles walked down R (else C fastest)."""
     pid = tl.program_id(0)
-    pc = pid % tiles_c
-    t = pid // tiles_c
-    pr = t % tiles_r
-    b = t // tiles_r
+    if GROUP_C > 0:
+        # strips of GROUP_C column tiles walked down R: neighbouring programs read neighbouring columns of
+        # the same rows and extend the same transposed output rows
+        per_b = tiles_r * tiles_c
+        b = pid // per_b
+        t = pid % per_b
+        g = t // (GROUP_C * tiles_r)
+        gw = tl.minimum(tiles_c - g * GROUP_C, GROUP_C)  # the last strip may be narrower
+        t = t - g * (GROUP_C * tiles_r)
+        pc = g * GROUP_C + t % gw
+        pr = t // gw
+    else:
+        pc, pr, b = _split_pid(pid, tiles_c, tiles_r)
     if INT64:
         b = b.to(tl.int64)
         pr = pr.to(tl.int64)
@@ -657,15 +674,9 @@ def _dequantize_kernel(
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`)."""
     pid = tl.program_id(0)
     if TRANS:
-        pn = pid % tiles_n  # neighbouring programs write neighbouring output columns
-        t = pid // tiles_n
-        pl = t % tiles_l
-        b = t // tiles_l
+        pn, pl, b = _split_pid(pid, tiles_n, tiles_l)  # neighbouring programs write neighbouring output columns
     else:
-        pl = pid % tiles_l
-        t = pid // tiles_l
-        pn = t % tiles_n
-        b = t // tiles_n
+        pl, pn, b = _split_pid(pid, tiles_l, tiles_n)
     if INT64:
         b = b.to(tl.int64)
         pn = pn.to(tl.int64)

@@ -31,24 +31,25 @@ F = False
 def variants():
     """path name -> (kind, fmt, [(variant name, cfg or None for the default)]). Positional QuantizeConfig:
     (block_r, block_c, num_warps, int64, denorm); denorm 0 = none (default), 1 = CTA-min branch (before)."""
-    # hw = the hardware-conversion path (FP4 from bf16: bf16x2 arithmetic), int = the integer encoder
-    r8 = [("default", None), ("int", QC(16, 256, 4, F))]
-    r4 = [("default", None), ("int", QC(16, 256, 4, F)), ("hw 8x512w4", QC(8, 512, 4, F, hw_cvt=True)),
-          ("hw 32x256w8", QC(32, 256, 8, F, hw_cvt=True))]
-    r6 = [("default", None), ("hw", QC(16, 256, 4, F, hw_cvt=True))]
-    c8 = [("default", None)]
-    c4 = [("default", None), ("int", QC(32, 64, 1, F)), ("hw 32x32w1", QC(32, 32, 1, F, hw_cvt=True))]
-    c6 = [("default", None), ("hw", QC(32, 32, 1, F, hw_cvt=True))]
-    t8 = [("default", None)]
-    t4 = [("default", None), ("int", QC(32, 64, 2, F)), ("hw 32x64w1", QC(32, 64, 1, F, hw_cvt=True)),
-          ("hw 32x32w1", QC(32, 32, 1, F, hw_cvt=True))]
+    # group_c: program order in strips of column tiles walked down R (columnwise / cast-transpose)
+    def grp(cfg_fn):
+        return [("default", None)] + [(f"g{gc}", cfg_fn(gc)) for gc in (4, 16, 64)]
+
+    r8 = [("default", None)]
+    r4 = [("default", None)]
+    r6 = [("default", None)]
+    c8 = grp(lambda gc: QC(32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=gc))
+    c4 = grp(lambda gc: QC(32, 64, 1, F, group_c=gc))
+    c6 = grp(lambda gc: QC(32, 32, 1, F, group_c=gc))
+    t8 = grp(lambda gc: QC(32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=gc))
+    t4 = grp(lambda gc: QC(32, 64, 2, F, hw_cvt=True, group_c=gc))
     d = [("default", None)]
     d6 = [("default", None)]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),
         "cols fp8": ("cols", "mxfp8_e4m3", c8), "cols fp4": ("cols", "mxfp4_e2m1", c4),
-        "cols fp6": ("cols", "mxfp6_e2m3", c6), "castT fp6": ("ct", "mxfp6_e2m3", c6[:2]),
+        "cols fp6": ("cols", "mxfp6_e2m3", c6), "castT fp6": ("ct", "mxfp6_e2m3", c6[:3]),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
         "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),

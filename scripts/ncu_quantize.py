@@ -14,6 +14,7 @@ cases = [
     ("rows fp8", lambda: kq._quantize_impl(x, "mxfp8_e4m3", -1, "floor", "rne", "plain")),
     ("rows fp4", lambda: kq._quantize_impl(x, "mxfp4_e2m1", -1, "floor", "rne", "plain")),
     ("cols fp8", lambda: kq._quantize_impl(x, "mxfp8_e4m3", 0, "floor", "rne", "plain")),
+    ("cols fp4", lambda: kq._quantize_impl(x, "mxfp4_e2m1", 0, "floor", "rne", "plain")),
     ("castT fp8", lambda: kq._cast_transpose_impl(x, "mxfp8_e4m3", "floor", "rne", "plain")),
     ("dq fp8", lambda: kq._dequantize_impl(q8[0], q8[1], "mxfp8_e4m3", -1, (8192, 8192), torch.bfloat16)),
 ]

@@ -158,13 +158,31 @@ def _interpret_checks() -> int:
             ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_direct {fmt} axis={a} qdata")
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_direct {fmt} axis={a} scale")
+        # programs walking 8 / 4 / 2 tiles down R: one 8- or 4-byte scale word per column (plain layout,
+        # R a multiple of the span), a batch of 3, a span that does not divide R (bytes, masked), a swizzled
+        # layout (bytes), cast-transpose
+        for shape, axis, rb, layout in (((256, 40), 0, 8, "plain"), ((3, 128, 40), 1, 4, "plain"),
+                                        ((96, 40), 0, 2, "plain"), ((128, 40), 0, 4, "nvidia_128x4")):
+            x = rand_tensor(shape, axis, generator=g, dtype=dt)
+            cfg = QuantizeConfig(32, 16, 1, False, col_direct=(i % 2 == 0), rblocks=rb)
+            q, s = _quantize_impl(x, fmt, axis, mode, rnd, layout, cfg=cfg)
+            ref = quantize_reference(x, fmt, axis=axis, scale_mode=mode, rounding=rnd)
+            assert_bytes_equal(q, ref.qdata, f"rblocks={rb} {fmt} {shape} qdata")
+            assert_bytes_equal(s, ref.scale if layout == "plain" else _ref_layout(ref.scale, layout),
+                               f"rblocks={rb} {fmt} {shape} scale")
+        x = rand_tensor((128, 64), -1, generator=g, dtype=dt)
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, rblocks=4))
+        for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+            ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
+            assert_bytes_equal(o[0], ref.qdata, f"cast-transpose rblocks=4 {fmt} axis={a} qdata")
+            assert_bytes_equal(o[1], ref.scale, f"cast-transpose rblocks=4 {fmt} axis={a} scale")
         # strip order with a batch dim: [B=3, R=64, C=40] quantized along R
         x = rand_tensor((3, 64, 40), 1, generator=g, dtype=dt)
         q, s = _quantize_impl(x, fmt, 1, mode, rnd, "plain", cfg=QuantizeConfig(32, 16, 1, False, group_c=2))
         ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
-        n += 4
+        n += 9
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
             qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
@@ -250,12 +268,17 @@ def test_fake_impls_give_reference_shapes(fmt):
 def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
     """Compile a kernel for sm_90 without a GPU (Triton's bundled ptxas): catches errors of the compiled
     path that the CPU interpreter never sees (inline asm, early returns, layouts). Returns SASS size."""
+    import inspect
+
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from mxkit.kernels import _quantize as K
 
     fn = getattr(K, kernel_name)
+    for prm in fn.params:  # constexpr parameters left out take their defaults
+        if prm.is_constexpr and prm.name not in constexprs and prm.default is not inspect.Parameter.empty:
+            constexprs[prm.name] = prm.default
     ptr = {"x_ptr": ("*i32", "*i16", "*fp16")[constexprs.get("IN_KIND", 1)], "s_ptr": "*u8",
            "out_ptr": ("*fp32", "*i16", "*fp16")[constexprs.get("OUT_KIND", 1)]}
     sig = {}
@@ -298,6 +321,10 @@ def test_opt_in_paths_compile_for_sm90(variant):
         assert quant("mxfp6_e3m2", False, True, 32, 64, 1, HW_CVT=True, IN_KIND=2) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
+        # programs walking 8 / 4 tiles down R with one scale word per column
+        assert quant("mxfp8_e4m3", False, True, 32, 64, 1, HW_CVT=True, COL_DIRECT=True, RB=8, SCALE_WORD=True,
+                     LAYOUT_C=0) > 0
+        assert quant("mxfp4_e2m1", True, True, 32, 64, 2, HW_CVT=True, RB=4, SCALE_WORD=True, LAYOUT_C=0) > 0
     elif variant == "castT_hw":
         assert quant("mxfp8_e4m3", True, True, 32, 32, 1, HW_CVT=True) > 0
     elif variant == "dequant_load3d":
@@ -517,7 +544,9 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
     if hw:
         row_cfgs += [QC(16, 256, 4, False, hw_cvt=True), QC(16, 256, 4, False, hw_cvt=True, row3d=True)]
         col_cfgs += [QC(32, 64, 2, False, False, hw_cvt=True, group_c=3),
-                     QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True)]
+                     QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True),
+                     QC(32, 64, 1, False, hw_cvt=True, col_direct=True, rblocks=8)]
+    col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         dt = dts[k % 3]
@@ -534,7 +563,7 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                     assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {x.dtype} scale")
     for k, cfg in enumerate(col_cfgs):
         dt = dts[(k + 1) % 3]
-        x = rand_tensor((320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
+        x = rand_tensor((512 if cfg.rblocks > 1 else 320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
         xt = _fp8_tie_blocks(fmt).T.contiguous() if hw else None
         if xt is not None and k % 2:
             xt = xt.to(torch.bfloat16)
@@ -542,9 +571,10 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
             for rnd in ROUNDINGS:
                 for xx in (x, xt) if xt is not None else (x,):
                     ref = quantize_reference(xx, fmt, axis=0, scale_mode=mode, rounding=rnd)
-                    q, s = _quantize_impl(xx.to(DEV), fmt, 0, mode, rnd, "nvidia_128x4", cfg)
+                    lay = "plain" if cfg.rblocks > 1 else "nvidia_128x4"  # plain: the scale-word stores
+                    q, s = _quantize_impl(xx.to(DEV), fmt, 0, mode, rnd, lay, cfg)
                     assert_bytes_equal(q.cpu(), ref.qdata, f"cols {cfg} {mode} {rnd} {xx.dtype} qdata")
-                    assert_bytes_equal(s.cpu(), _ref_layout(ref.scale, "nvidia_128x4").cpu(), f"cols {cfg} {mode} scale")
+                    assert_bytes_equal(s.cpu(), _ref_layout(ref.scale, lay).cpu(), f"cols {cfg} {mode} scale")
                 # fused cast-transpose with the same config (rows and columns from one tile)
                 xc = x[:, :192] if k % 2 else x[:256, :96]
                 qr, sr, qc, sc = _cast_transpose_impl(xc.to(DEV), fmt, mode, rnd, "plain", cfg)

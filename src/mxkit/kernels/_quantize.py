@@ -337,9 +337,10 @@ def _scale_offsets(row, col, ncols, cols_p, LAYOUT: tl.constexpr):
 @triton.jit
 def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
                      A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
-                     MASKED: tl.constexpr):
+                     MASKED: tl.constexpr, STORE_SCALES: tl.constexpr = True):
     """Pack codes [A, N] (rows g, elements n0 .. n0+N of a quantized dim of length Ltot) and store them with
-    their scale bytes [A, N // 32]. FP6 goes through an int32 view of qdata (q_ptr points to int32)."""
+    their scale bytes [A, N // 32] (unless STORE_SCALES is False: the caller stores them). FP6 goes through
+    an int32 view of qdata (q_ptr points to int32)."""
     cols = n0 + tl.arange(0, N)
     cmask = (cols < Ltot) | (not MASKED)
     if BITS == 8:
@@ -375,9 +376,8 @@ def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
         m = (gmask[:, None, None] & ((wcols < Ltot // 16) | (not MASKED))[None, :, None]
              & (tl.arange(0, 4) < 3)[None, None, :])
         tl.store(q_ptr + offs, words, mask=m)
-    scols = n0 // 32 + tl.arange(0, N // 32)
-    soffs = _scale_offsets(g, scols, Ltot // 32, cols_p, LAYOUT)
-    tl.store(s_ptr + soffs, sbyte.to(tl.uint8), mask=gmask[:, None] & ((scols < Ltot // 32) | (not MASKED))[None, :])
+    if STORE_SCALES:
+        _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
 
 
 @triton.jit
@@ -417,7 +417,7 @@ def _store_rows3d(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
 @triton.jit
 def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
                        A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
-                       MASKED: tl.constexpr):
+                       MASKED: tl.constexpr, STORE_SCALES: tl.constexpr = True):
     """Store codes [N // 32, 32, A] / scale bytes [N // 32, A] quantized along dim 0 of the raw tile as the
     transposed rows g (A of them) x elements n0 .. n0 + N: only the (packed) 1-byte codes are transposed."""
     if BITS == 4:
@@ -428,13 +428,14 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
         bcols = n0 // 2 + tl.arange(0, N // 2)
         offs = g[:, None] * (Ltot // 2) + bcols[None, :]
         tl.store(q_ptr + offs, pt, mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
-        _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+        if STORE_SCALES:
+            _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
     else:
         ct = tl.trans(tl.reshape(codes.to(tl.uint8), [N, A]))
         if BITS == 6:
             ct = ct.to(tl.int32)
         _store_quantized(q_ptr, s_ptr, ct, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p,
-                         A, N, BITS, LAYOUT, MASKED)
+                         A, N, BITS, LAYOUT, MASKED, STORE_SCALES)
 
 
 @triton.jit
@@ -455,7 +456,8 @@ def _quantize_kernel(
     AWAY: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM: tl.constexpr,
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
-    COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0,
+    COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
+    SCALE_WORD: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -465,7 +467,10 @@ def _quantize_kernel(
     HW_CVT: FP8 (RNE) elements through the hardware cvt (GPU only). ROW3D (rowwise only): load the tile
     directly as [BLOCK_R, BLOCK_C // 32, 32] (blocks along the fastest axis, no reshapes). COL_DIRECT:
     quantize along dim 0 of the raw tile and transpose only the 1-byte codes (not the raw input).
-    GROUP_C > 0: programs ordered in strips of GROUP_C column tiles walked down R (else C fastest)."""
+    GROUP_C > 0: programs ordered in strips of GROUP_C column tiles walked down R (else C fastest).
+    RB: each program walks RB tiles down R (tiles_r counts groups of RB tiles). SCALE_WORD (DO_COL, plain
+    scale layout, RB = 4 or 8, RB * BLOCK_R dividing R): the RB scale bytes of each column are gathered and
+    stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes."""
     pid = tl.program_id(0)
     if GROUP_C > 0:
         # strips of GROUP_C column tiles walked down R: neighbouring programs read neighbouring columns of
@@ -484,13 +489,13 @@ def _quantize_kernel(
         b = b.to(tl.int64)
         pr = pr.to(tl.int64)
         pc = pc.to(tl.int64)
-    r = pr * BLOCK_R + tl.arange(0, BLOCK_R)
     c = pc * BLOCK_C + tl.arange(0, BLOCK_C)
-    rmask = (r < R) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
-    cmask = (c < C) | (not MASKED)
-    grow = b * R + r
+    cmask = (c < C) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
     if ROW3D:
-        tl.static_assert(DO_ROW and not DO_COL)
+        tl.static_assert(DO_ROW and not DO_COL and RB == 1)
+        r = pr * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = (r < R) | (not MASKED)
+        grow = b * R + r
         c3 = pc * BLOCK_C + tl.arange(0, BLOCK_C // 32)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
         raw3 = _load_raw(x_ptr + grow[:, None, None] * C + c3, rmask[:, None, None] & ((c3 < C) | (not MASKED)),
                          IN_KIND)
@@ -499,29 +504,47 @@ def _quantize_kernel(
         _store_rows3d(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                       BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
     else:
-        raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
         # FP4 through bf16x2 (HW_CVT, bf16 inputs only): the quantizer takes the bf16 bits as loaded
         RAW16: tl.constexpr = HW_CVT and BITS == 4 and IN_KIND == IN_BF16_BITS
-        if DO_ROW:
-            codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS,
-                                          EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,
-                                          False, RAW16)
-            _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
-                             BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
-        if DO_COL and COL_DIRECT:
-            codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT)
-            _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
-                               BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
-        elif DO_COL:
-            # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of 32
-            # along R become contiguous in each row, and the output rows (one per column c) are contiguous
-            rt = tl.trans(raw)
-            codes, sbyte = _quantize_rows(rt if RAW16 else _to_bits(rt, IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS, EMIN,
-                                          EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT, False,
-                                          RAW16)
-            _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, pr * BLOCK_R, R, colsp_c,
-                             BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED)
+        if SCALE_WORD:
+            tl.static_assert(DO_COL and (RB == 4 or RB == 8) and LAYOUT_C == LAYOUT_PLAIN)
+            word = tl.zeros([BLOCK_C, 1], dtype=tl.int64 if RB == 8 else tl.int32)
+        for i in tl.range(0, RB, num_stages=1):  # a real loop (unrolled, it spilled registers)
+            r0 = (pr * RB + i) * BLOCK_R
+            r = r0 + tl.arange(0, BLOCK_R)
+            rmask = (r < R) | (not MASKED)
+            grow = b * R + r
+            raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
+            if DO_ROW:
+                codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
+                                              MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
+                                              DENORM, HW_CVT, False, RAW16)
+                _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
+                                 BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
+            if DO_COL and COL_DIRECT:
+                codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX,
+                                              IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT)
+                _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, r0, R, colsp_c,
+                                   BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED, not SCALE_WORD)
+                if SCALE_WORD:
+                    tl.static_assert(BLOCK_R == 32)
+                    word = word | (tl.trans(sbyte).to(word.dtype) << (8 * i))
+            elif DO_COL:
+                # transpose the raw tile (2 bytes / element for 16-bit inputs) and quantize its rows: blocks of
+                # 32 along R become contiguous in each row, and the output rows (one per column c) are contiguous
+                rt = tl.trans(raw)
+                codes, sbyte = _quantize_rows(rt if RAW16 else _to_bits(rt, IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS,
+                                              EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM,
+                                              HW_CVT, False, RAW16)
+                _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, r0, R, colsp_c,
+                                 BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED, not SCALE_WORD)
+                if SCALE_WORD:
+                    tl.static_assert(BLOCK_R == 32)
+                    word = word | (sbyte.to(word.dtype) << (8 * i))
+        if SCALE_WORD:
+            # scale row (b, c) holds R / 32 bytes = R / (32 RB) words; this program's word is number pr
+            wptr = sc_ptr.to(tl.pointer_type(word.dtype))
+            tl.store(wptr + (b * C + c)[:, None] * (R // (32 * RB)) + pr, word, mask=cmask[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -83,6 +83,9 @@ class QuantizeConfig:
     row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
     col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
     group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
+    # blocks along R: each program walks rblocks tiles down R; with 4 or 8 and a plain scale layout whose
+    # rows divide evenly, each column's scale bytes go out as one 4- / 8-byte word (not rblocks single bytes)
+    rblocks: int = 1
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,9 @@ def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int
 def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
                      qr, sr, qc, sc, colsp_r, colsp_c, cfg: Optional[QuantizeConfig] = None):
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
-    tiles_r, tiles_c = -(-R // cfg.block_r), -(-C // cfg.block_c)
+    rb = cfg.rblocks if (do_col and not cfg.row3d) else 1
+    span_r = cfg.block_r * rb
+    tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
     grid = (B * tiles_r * tiles_c,)
     dummy = qr if qr is not None else qc
     K._quantize_kernel[grid](
@@ -244,9 +249,10 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
         AWAY=rnd is Rounding.AWAY,
         BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM=cfg.denorm,
-        MASKED=bool(R % cfg.block_r or C % cfg.block_c),
+        MASKED=bool(R % span_r or C % cfg.block_c),
         HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
-        COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c,
+        COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
+        SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 

@@ -20,14 +20,20 @@ compute it; see DENORM for a compiler that flushes):
 
 Paths selected by the launcher's config (constexprs):
 
-* HW_CVT (the default for FP8 with RNE on a GPU): FP8 elements through an explicit
-  ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) applied to the exact signed
-  ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
-  ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.) The CPU interpreter cannot run
-  inline asm, so it checks the integer path.
+* HW_CVT (RNE on a GPU; the CPU interpreter cannot run inline asm, so it checks the integer path; the
+  identities behind each variant are checked on the CPU in tests/test_kernels.py):
+  - FP8 (default): an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) of the
+    exact signed ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
+    ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.)
+  - FP4 from bf16 inputs (default except columnwise-only): bf16x2 arithmetic, :func:`_fp4_bf16x2`.
+  - FP6 (opt-in): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
+* HW_DEC (dequantize, default for FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
 * ROW3D: the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_DIRECT: blocks along R are reduced in the untransposed tile and only the 1-byte codes are transposed
   (default for columnwise FP8).
+* GROUP_C: program order in strips of column tiles walked down R (default for columnwise FP4 / FP6).
+* RB / SCALE_WORD (opt-in, not yet measured on a GPU): a program walks RB tiles down R and stores each
+  column's RB scale bytes as one word.
 
 Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6
 data through an int32 view: 16 codes = 12 bytes = 3 little-endian words).

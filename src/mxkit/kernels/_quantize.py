@@ -478,6 +478,8 @@ def _quantize_kernel(
     scale layout, RB = 4 or 8, RB * BLOCK_R dividing R): the RB scale bytes of each column are gathered and
     stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes."""
     pid = tl.program_id(0)
+    if INT64:  # every index derived from pid is then 64-bit
+        pid = pid.to(tl.int64)
     if GROUP_C > 0:
         # strips of GROUP_C column tiles walked down R: neighbouring programs read neighbouring columns of
         # the same rows and extend the same transposed output rows
@@ -491,10 +493,6 @@ def _quantize_kernel(
         pr = t // gw
     else:
         pc, pr, b = _split_pid(pid, tiles_c, tiles_r)
-    if INT64:
-        b = b.to(tl.int64)
-        pr = pr.to(tl.int64)
-        pc = pc.to(tl.int64)
     c = pc * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = (c < C) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
     if ROW3D:
@@ -702,14 +700,12 @@ def _dequantize_kernel(
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`)."""
     pid = tl.program_id(0)
+    if INT64:  # every index derived from pid is then 64-bit
+        pid = pid.to(tl.int64)
     if TRANS:
         pn, pl, b = _split_pid(pid, tiles_n, tiles_l)  # neighbouring programs write neighbouring output columns
     else:
         pl, pn, b = _split_pid(pid, tiles_l, tiles_n)
-    if INT64:
-        b = b.to(tl.int64)
-        pn = pn.to(tl.int64)
-        pl = pl.to(tl.int64)
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = (n < N) | (not MASKED)
     g = b * N + n

@@ -855,3 +855,41 @@ def test_fp4_bf16x2_encode_algorithm_every_bf16():
     want = encode_elements(v, "mxfp4_e2m1", "rne").to(torch.int32)
     bad = code != want
     assert not bad.any(), f"{int(bad.sum())} codes differ, first x=0x{int(x[bad][0]):04x} X={int(X.expand_as(x)[bad][0])}"
+
+
+def test_hardware_path_guards():
+    """The inline-asm paths take 4 elements per asm block: they are enabled only with >= 4 elements per
+    thread, only for RNE, and FP4's bf16x2 path only for bf16 inputs (pure functions of the config)."""
+    from mxkit.formats import Rounding, get_format
+    from mxkit.kernels.quantize import DequantizeConfig as DC, QuantizeConfig as QC, hw_cvt_ok, hw_dec_ok
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("under the interpreter every hardware path is off")
+    fp8, fp4, fp6, i8 = (get_format(n) for n in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e3m2", "mxint8"))
+    cfg = QC(16, 256, 4, False, hw_cvt=True)
+    assert hw_cvt_ok(cfg, fp8, Rounding.RNE, 0) and hw_cvt_ok(cfg, fp6, Rounding.RNE, 2)
+    assert hw_cvt_ok(cfg, fp4, Rounding.RNE, 1) and not hw_cvt_ok(cfg, fp4, Rounding.RNE, 0)  # bf16 only
+    assert not hw_cvt_ok(cfg, fp4, Rounding.RNE, 2) and not hw_cvt_ok(cfg, i8, Rounding.RNE, 1)
+    assert not hw_cvt_ok(cfg, fp8, Rounding.AWAY, 1)
+    assert not hw_cvt_ok(QC(16, 256, 4, False), fp8, Rounding.RNE, 1)  # not asked for
+    assert not hw_cvt_ok(QC(1, 32, 1, False, hw_cvt=True), fp8, Rounding.RNE, 1)  # 1 element per thread
+    assert hw_dec_ok(DC(8, 512, 4, False, hw_dec=True), fp4) and not hw_dec_ok(DC(8, 512, 4, False, hw_dec=True), i8)
+    assert not hw_dec_ok(DC(1, 32, 1, False, hw_dec=True), fp8)  # 1 element per thread
+    assert not hw_dec_ok(DC(1, 64, 1, False, hw_dec=True), fp8)  # 2
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_tiny_shapes(fmt, rng):
+    """Problems smaller than a tile (1-2 rows of 32-64 elements, both axes, every dtype): the tile configs
+    shrink below 4 elements per thread, where the inline-asm paths must step aside."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    for shape, axis in (((1, 32), -1), ((1, 64), -1), ((2, 32), -1), ((32, 1), 0), ((64, 2), 0)):
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            x = rand_tensor(shape, axis, generator=rng, dtype=dt)
+            ref = quantize_reference(x, fmt, axis=axis)
+            _assert_mx_equal(quantize_triton(x.to(DEV), fmt, axis=axis), ref, what=f"{fmt} {shape} {dt}")
+            got = dequantize_triton(quantize_triton(x.to(DEV), fmt, axis=axis), torch.bfloat16)
+            _assert_dequant_equal(got, dequantize_reference(ref, torch.bfloat16), f"dequantize {fmt} {shape} {dt}")

@@ -225,13 +225,20 @@ def _alloc_data(lead: tuple, n: int, f: ElementFormat, device) -> tuple[torch.Te
     return q, (q.view(torch.int32) if f.bits == 6 else q)
 
 
-def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int = 1) -> bool:
+def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int) -> bool:
     """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
     FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
     arithmetic, ``_quantize._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time)."""
     per_thread = cfg.block_r * cfg.block_c // (32 * cfg.num_warps)
     fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
     return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and not _interpret() and per_thread >= 4)
+
+
+def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat) -> bool:
+    """Whether the hardware FP8 -> fp16 decode runs: FP8 / FP6 / FP4 on the GPU, at least 4 elements per
+    thread (the asm takes 4 at a time)."""
+    per_thread = cfg.block_n * cfg.block_l // (32 * cfg.num_warps)
+    return bool(cfg.hw_dec and f.is_float and not _interpret() and per_thread >= 4)
 
 
 def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
@@ -335,7 +342,7 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64, num_warps=cfg.num_warps,
         MASKED=bool(N % cfg.block_n or L % cfg.block_l),
         LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
-        HW_DEC=bool(cfg.hw_dec and f.is_float and not _interpret()),
+        HW_DEC=hw_dec_ok(cfg, f),
     )
     return out if kdtype == dtype else out.to(dtype)
 

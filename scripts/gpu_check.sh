@@ -9,7 +9,7 @@
 #   MXKIT_SANITIZE=1       also run compute-sanitizer memcheck over a few gpu tests (slow)
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
-#   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 300)
+#   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 360)
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
@@ -42,8 +42,8 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "| cuda", to
 triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 | tee -a "$LOG"
 
 # 1. every test marked gpu ------------------------------------------------------------------------------
-say "pytest -m gpu (timeout ${MXKIT_PYTEST_TIMEOUT:-300} s)"
-timeout "${MXKIT_PYTEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 \
+say "pytest -m gpu (timeout ${MXKIT_PYTEST_TIMEOUT:-360} s)"
+timeout "${MXKIT_PYTEST_TIMEOUT:-360}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 \
     --junitxml="$RESULTS/pytest_gpu.xml" 2>&1 | tee -a "$LOG"
 PYTEST_RC=$?
 say "pytest rc=$PYTEST_RC"

@@ -250,6 +250,22 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
 
 
 @triton.jit
+def _encode_tile(b3, xb, x, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                 IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                 HW_CVT: tl.constexpr):
+    """_encode of a tile with the DENORM policy applied: x is the 2-D tile of block exponents (xb broadcast)."""
+    if DENORM == DENORM_BRANCH:
+        if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
+        else:
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
+    else:
+        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
+                        HW_CVT)
+    return codes
+
+
+@triton.jit
 def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
@@ -271,14 +287,7 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
-    if DENORM == DENORM_BRANCH:
-        if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
-        else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
-    else:
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
-                        HW_CVT)
+    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
     if not IS3D:
         codes = tl.reshape(codes, [BR, BC])
     return codes, sbyte
@@ -297,14 +306,7 @@ def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
     bad = tl.expand_dims(amax >= 0x7F800000, 1)
     xb = tl.expand_dims(x, 1)
-    if DENORM == DENORM_BRANCH:
-        if tl.min(tl.min(x, axis=1), axis=0) < -22:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
-        else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
-    else:
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
-                        HW_CVT)
+    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
     return codes, sbyte
 
 

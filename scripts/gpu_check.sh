@@ -10,6 +10,7 @@
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
 #   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 360)
+#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 4)
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
@@ -41,11 +42,35 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 python3 -c 'import torch, triton; print("torch", torch.__version__, "| cuda", torch.version.cuda, "| triton",
 triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 | tee -a "$LOG"
 
-# 1. every test marked gpu ------------------------------------------------------------------------------
-say "pytest -m gpu (timeout ${MXKIT_PYTEST_TIMEOUT:-360} s)"
-timeout "${MXKIT_PYTEST_TIMEOUT:-360}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 \
-    --junitxml="$RESULTS/pytest_gpu.xml" 2>&1 | tee -a "$LOG"
-PYTEST_RC=$?
+# 1. every test marked gpu, in MXKIT_PYTEST_SHARDS processes (Triton compiles are CPU-bound: one process
+#    took 400+ s once every scale mode became a constexpr); the shards' junit reports merge into one
+SHARDS="${MXKIT_PYTEST_SHARDS:-4}"
+SHARD_DIR="$(mktemp -d)"
+say "pytest -m gpu in $SHARDS shards (timeout ${MXKIT_PYTEST_TIMEOUT:-360} s)"
+python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep '::' \
+    | awk -v n="$SHARDS" -v d="$SHARD_DIR" '{ print > (d "/ids" (NR % n)) }'
+PIDS=()
+for ids in "$SHARD_DIR"/ids*; do
+    k="${ids##*/ids}"
+    mapfile -t NODES <"$ids"
+    timeout "${MXKIT_PYTEST_TIMEOUT:-360}" python3 -m pytest -q -p no:cacheprovider --durations=4 \
+        --junitxml="$SHARD_DIR/junit$k.xml" "${NODES[@]}" >"$SHARD_DIR/log$k" 2>&1 &
+    PIDS+=($!)
+done
+PYTEST_RC=0
+for p in "${PIDS[@]}"; do wait "$p" || PYTEST_RC=$?; done
+[ ${#PIDS[@]} -gt 0 ] || PYTEST_RC=5  # nothing collected
+for log in "$SHARD_DIR"/log*; do echo "---- ${log##*/}" && tail -n 12 "$log"; done 2>&1 | tee -a "$LOG"
+python3 - "$SHARD_DIR" "$RESULTS/pytest_gpu.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+from pathlib import Path
+merged = ET.Element("testsuites")
+for f in sorted(Path(sys.argv[1]).glob("junit*.xml")):
+    root = ET.parse(f).getroot()
+    merged.extend([root] if root.tag == "testsuite" else list(root))
+ET.ElementTree(merged).write(sys.argv[2])
+PY
+rm -rf "$SHARD_DIR"
 say "pytest rc=$PYTEST_RC"
 
 # 2. compute-sanitizer memcheck over a small subset (opt-in: 10-100x slower) ----------------------------

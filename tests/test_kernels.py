@@ -176,13 +176,28 @@ def _interpret_checks() -> int:
             ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose rblocks=4 {fmt} axis={a} qdata")
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose rblocks=4 {fmt} axis={a} scale")
+        # the scale rule as a constexpr (modes rotate over the formats), rowwise programs walking 2 tiles
+        # down R (the last span ragged), cast-transpose
+        x = rand_tensor((40, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+        q, s = _quantize_impl(x, fmt, -1, mode, rnd, "plain",
+                              cfg=QuantizeConfig(8, 64, 2, False, rblocks=2, mode_const=True))
+        ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"mode_const rows rblocks=2 {fmt} {mode} qdata")
+        assert_bytes_equal(s, ref.scale, f"mode_const rows rblocks=2 {fmt} {mode} scale")
+        x = rand_tensor((64, 96), -1, generator=g, dtype=dt)
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, mode_const=True,
+                                                                                   col_direct=(i % 2 == 1)))
+        for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+            ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
+            assert_bytes_equal(o[0], ref.qdata, f"cast-transpose mode_const {fmt} {mode} axis={a} qdata")
+            assert_bytes_equal(o[1], ref.scale, f"cast-transpose mode_const {fmt} {mode} axis={a} scale")
         # strip order with a batch dim: [B=3, R=64, C=40] quantized along R
         x = rand_tensor((3, 64, 40), 1, generator=g, dtype=dt)
         q, s = _quantize_impl(x, fmt, 1, mode, rnd, "plain", cfg=QuantizeConfig(32, 16, 1, False, group_c=2))
         ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
-        n += 9
+        n += 11
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
             qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
@@ -230,6 +245,10 @@ def test_int64_guard_is_a_function_of_shapes():
         -(-65535 // kq.quantize_config(1, 65535, 32768, True, False, "mxfp8").block_r)
         * kq.quantize_config(1, 65535, 32768, True, False, "mxfp8").block_r * 32768 > 2**31 - 1
     )
+    # programs walking rblocks tiles down R pad R to block_r * rblocks: 2^31 - 2^15 elements of FP6 in
+    # 65535 rows fit, the 32-row span pads past 2^31
+    c6 = kq.quantize_config(1, 65535, 32768, True, False, "mxfp6")
+    assert c6.rblocks > 1 and c6.int64 and not kq.quantize_config(1, 65535 - 32, 32768, True, False, "mxfp6").int64
     assert kq.dequantize_config(1, 2**16, 2**15, False, "mxfp4").int64
     assert not kq.dequantize_config(4, 1024, 1024, True, "mxfp4").int64
 
@@ -319,6 +338,10 @@ def test_opt_in_paths_compile_for_sm90(variant):
         assert quant("mxfp8_e5m2", True, False, 16, 256, 4, HW_CVT=True, IN_KIND=0) > 0
         assert quant("mxfp6_e2m3", True, False, 16, 256, 4, HW_CVT=True) > 0  # FP6 through the FP8 grid
         assert quant("mxfp6_e3m2", False, True, 32, 64, 1, HW_CVT=True, IN_KIND=2) > 0
+        # the default rowwise FP4 / FP6 on large problems: 4 tiles per program, the scale rule as a constexpr
+        for mode in range(4):
+            assert quant("mxfp4_e2m1", True, False, 16, 256, 4, HW_CVT=True, RB=4, SCALE_MODE=mode) > 0
+        assert quant("mxfp6_e2m3", True, False, 8, 256, 2, RB=4, SCALE_MODE=3) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -539,13 +562,17 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
     QC = QuantizeConfig
     hw = fmt.startswith(("mxfp8", "mxfp6", "mxfp4"))  # formats with a hardware-cvt path (crafted ties below)
     # denorm 1 / 2: the fp32-denormal rebuild paths (branch / always) next to the default multiply
-    row_cfgs = [QC(16, 256, 4, False, row3d=True), QC(16, 256, 4, False, 1)]
+    # mode_const: the scale rule as a constexpr; rblocks on rows: programs walking 2 / 4 tiles down R
+    row_cfgs = [QC(16, 256, 4, False, row3d=True), QC(16, 256, 4, False, 1),
+                QC(16, 256, 4, False, rblocks=4, mode_const=True)]
     col_cfgs = [QC(32, 64, 2, False, 2, col_direct=True)]
     if hw:
-        row_cfgs += [QC(16, 256, 4, False, hw_cvt=True), QC(16, 256, 4, False, hw_cvt=True, row3d=True)]
+        row_cfgs += [QC(16, 256, 4, False, hw_cvt=True), QC(16, 256, 4, False, hw_cvt=True, row3d=True),
+                     QC(16, 256, 4, False, hw_cvt=True, rblocks=2, mode_const=True)]
         col_cfgs += [QC(32, 64, 2, False, False, hw_cvt=True, group_c=3),
                      QC(32, 64, 2, False, False, hw_cvt=True, col_direct=True),
-                     QC(32, 64, 1, False, hw_cvt=True, col_direct=True, rblocks=8)]
+                     QC(32, 64, 1, False, hw_cvt=True, col_direct=True, rblocks=8),
+                     QC(32, 64, 1, False, hw_cvt=True, col_direct=True, rblocks=4, mode_const=True)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):

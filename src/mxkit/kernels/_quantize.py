@@ -96,8 +96,10 @@ def _to_bits(raw, IN_KIND: tl.constexpr):
 
 
 @triton.jit
-def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr):
-    """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks)."""
+def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr,
+                 MODE: tl.constexpr = -1):
+    """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks).
+    MODE >= 0: the scale rule as a constexpr (only its arithmetic is emitted); -1: the runtime scale_mode."""
     ef = amax >> 23
     frac = amax & 0x7FFFFF
     # fp32 denormal amax: the int -> float conversion of its mantissa is exact and normal
@@ -105,16 +107,28 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
     den = ef == 0
     e = tl.where(den, (fm >> 23) - 127 - 149, ef - 127)
     frac = tl.where(den, fm & 0x7FFFFF, frac)
-    # the mode is a runtime value (per-block work only; saves a compile per mode)
-    # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
-    # mantissa(max_normal) once the exponents align
-    up = tl.where(scale_mode == MODE_CEIL, (frac != 0).to(tl.int32),
-                  tl.where(scale_mode == MODE_RCEIL, (frac > MAX_FRAC).to(tl.int32), 0))
-    # EVEN: add half an element-ulp to the normalised bits; a carry into the exponent rounds up
-    ec = tl.minimum(tl.maximum(e, -126), 127)
-    norm = ((ec + 127) << 23) | frac
-    rounded = (norm + (1 << (22 - MBITS))) & 0x7F800000
-    x = tl.where(scale_mode == MODE_EVEN, ((rounded >> 23) - 127) + (e - ec), e + up)
+    if MODE < 0:
+        # the mode is a runtime value (per-block work only; saves a compile per mode)
+        # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
+        # mantissa(max_normal) once the exponents align
+        up = tl.where(scale_mode == MODE_CEIL, (frac != 0).to(tl.int32),
+                      tl.where(scale_mode == MODE_RCEIL, (frac > MAX_FRAC).to(tl.int32), 0))
+        # EVEN: add half an element-ulp to the normalised bits; a carry into the exponent rounds up
+        ec = tl.minimum(tl.maximum(e, -126), 127)
+        norm = ((ec + 127) << 23) | frac
+        rounded = (norm + (1 << (22 - MBITS))) & 0x7F800000
+        x = tl.where(scale_mode == MODE_EVEN, ((rounded >> 23) - 127) + (e - ec), e + up)
+    elif MODE == MODE_EVEN:
+        ec = tl.minimum(tl.maximum(e, -126), 127)
+        rounded = ((((ec + 127) << 23) | frac) + (1 << (22 - MBITS))) & 0x7F800000
+        x = ((rounded >> 23) - 127) + (e - ec)
+    elif MODE == MODE_CEIL:
+        x = e + (frac != 0).to(tl.int32)
+    elif MODE == MODE_RCEIL:
+        x = e + (frac > MAX_FRAC).to(tl.int32)
+    else:
+        tl.static_assert(MODE == MODE_FLOOR)
+        x = e
     x = tl.minimum(tl.maximum(x - EMAX, -127), 127)
     nonfinite = amax >= 0x7F800000
     byte = tl.where(amax == 0, 0, x + 127)
@@ -270,7 +284,7 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
                    scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr = False,
-                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False):
+                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1):
     """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
     IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes).
     RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16)."""
@@ -284,7 +298,7 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
         amax = tl.max(b3 & 0x7FFF, axis=2).to(tl.int32) << 16  # the fp32 bits of the bf16 amax
     else:
         amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
-    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
     codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
@@ -297,13 +311,14 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
 def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr):
+                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr,
+                   MODE: tl.constexpr = -1):
     """[BR, BC] fp32 bits, blocks of 32 along dim 0 (no transpose) -> (codes [BR // 32, 32, BC],
     scale bytes [BR // 32, BC])."""
     tl.static_assert(BR % 32 == 0)
     b3 = tl.reshape(xbits, [BR // 32, 32, BC])
     amax = tl.max(b3 & 0x7FFFFFFF, axis=1)
-    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC)
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = tl.expand_dims(amax >= 0x7F800000, 1)
     xb = tl.expand_dims(x, 1)
     codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
@@ -465,7 +480,7 @@ def _quantize_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM: tl.constexpr,
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
-    SCALE_WORD: tl.constexpr = False,
+    SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -478,7 +493,8 @@ def _quantize_kernel(
     GROUP_C > 0: programs ordered in strips of GROUP_C column tiles walked down R (else C fastest).
     RB: each program walks RB tiles down R (tiles_r counts groups of RB tiles). SCALE_WORD (DO_COL, plain
     scale layout, RB = 4 or 8, RB * BLOCK_R dividing R): the RB scale bytes of each column are gathered and
-    stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes."""
+    stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes.
+    SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored)."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -506,7 +522,8 @@ def _quantize_kernel(
         raw3 = _load_raw(x_ptr + grow[:, None, None] * C + c3, rmask[:, None, None] & ((c3 < C) | (not MASKED)),
                          IN_KIND)
         codes, sbyte = _quantize_rows(_to_bits(raw3, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT, True)
+                                      MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT, True, False,
+                                      SCALE_MODE)
         _store_rows3d(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                       BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
     else:
@@ -524,12 +541,13 @@ def _quantize_kernel(
             if DO_ROW:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
-                                              DENORM, HW_CVT, False, RAW16)
+                                              DENORM, HW_CVT, False, RAW16, SCALE_MODE)
                 _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                                  BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
             if DO_COL and COL_DIRECT:
                 codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX,
-                                              IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT)
+                                              IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,
+                                              SCALE_MODE)
                 _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, r0, R, colsp_c,
                                    BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED, not SCALE_WORD)
                 if SCALE_WORD:
@@ -541,7 +559,7 @@ def _quantize_kernel(
                 rt = tl.trans(raw)
                 codes, sbyte = _quantize_rows(rt if RAW16 else _to_bits(rt, IN_KIND), BLOCK_C, BLOCK_R, BITS, MBITS,
                                               EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM,
-                                              HW_CVT, False, RAW16)
+                                              HW_CVT, False, RAW16, SCALE_MODE)
                 _store_quantized(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, r0, R, colsp_c,
                                  BLOCK_C, BLOCK_R, BITS, LAYOUT_C, MASKED, not SCALE_WORD)
                 if SCALE_WORD:

@@ -83,9 +83,11 @@ class QuantizeConfig:
     row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
     col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
     group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
-    # blocks along R: each program walks rblocks tiles down R; with 4 or 8 and a plain scale layout whose
-    # rows divide evenly, each column's scale bytes go out as one 4- / 8-byte word (not rblocks single bytes)
+    # each program walks rblocks tiles down R (not with row3d); blocks along R with 4 or 8 and a plain scale
+    # layout whose rows divide evenly: each column's scale bytes go out as one 4- / 8-byte word (not
+    # rblocks single bytes)
     rblocks: int = 1
+    mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
 
 
 @dataclass(frozen=True)
@@ -106,31 +108,43 @@ class DequantizeConfig:
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
     """Pick the tile for x viewed [B, R, C] (pure function of the problem).
 
-    Rowwise (blocks along C): up to 16 x 256, 4 warps. Columnwise / cast-transpose (blocks along R): 32 x 64
-    tiles (FP6: 32 x 32), one warp (so the 32-row block reductions never cross warps; cast-transpose FP4:
-    two), the untransposed tile quantized and only the 1-byte codes transposed (col_direct) for FP8.
+    Every config takes the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 went
+    from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP6: 8 x 256
+    on 2); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R (rblocks).
+    Columnwise / cast-transpose (blocks along R): one warp per tile (so the 32-row block reductions never
+    cross warps; cast-transpose FP4: two). Columnwise-only: FP8 64 x 32 tiles, FP4 / FP6 32 x 64;
+    cast-transpose 32 x 64 (FP6: 32 x 32). col_direct (quantize the untransposed tile, transpose only the
+    1-byte codes): FP8, columnwise FP6, cast-transpose FP4. group_c (strips of 16 column tiles walked down R):
+    all but columnwise FP8 and cast-transpose FP4.
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
     ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic (not columnwise-only, where it was
     slower); FP6 keeps the integer encoder (its FP8-grid path was slower). All chosen from same-process A/B
-    runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s2/)."""
+    runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/)."""
     f = get_format(fmt)
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: opt-in (slower in the A/B)
     if do_col:
-        block_r = 32
-        block_c = max(32 if do_row else 16, min(32 if f.bits == 6 else 64, _pow2(C)))
-        warps = 2 if (do_row and f.bits == 4) else 1
-        tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-        # columnwise FP4 keeps the integer encoder (A/B: 95.6 vs 104.1 us at 8192^2 with bf16x2); columnwise
-        # FP4 / FP6 and cast-transpose FP6 walk strips of 16 column tiles down R (A/B at 16384^2: columnwise
-        # FP4 404 -> 360 us, FP6 611 -> 538 us, cast-transpose FP6 1069 -> 971 us; FP8: no gain)
-        group_c = 16 if (f.bits == 6 or (f.bits == 4 and not do_row)) else 0
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), col_direct=(f.bits == 8 and hw_cvt),
-                              hw_cvt=hw_cvt and (do_row or f.bits != 4), group_c=group_c)
+        fp8 = f.is_float and f.bits == 8
+        if do_row:  # cast-transpose
+            block_r, c_max, warps = 32, (32 if f.bits == 6 else 64), (2 if f.bits == 4 else 1)
+            col_direct = fp8 or f.bits == 4
+            group_c = 0 if f.bits == 4 else 16
+        else:
+            block_r, c_max, warps = (64 if fp8 and R >= 64 else 32), (32 if fp8 else 64), 1
+            col_direct = fp8 or f.bits == 6
+            group_c = 0 if fp8 else 16
+        block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
+        padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=col_direct,
+                              hw_cvt=hw_cvt and (do_row or f.bits != 4), group_c=group_c, mode_const=True)
     block_c = max(32, min(256, _pow2(C)))
-    block_r = max(1, min(_pow2(R), 4096 // block_c))
+    block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
     warps = max(1, min(4, block_r * block_c // 1024))
-    tiles = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * tiles), hw_cvt=hw_cvt)
+    n_tiles = -(-R // block_r) * -(-C // block_c)
+    rblocks = 4 if (f.bits in (4, 6) and n_tiles >= 16384) else 1
+    span = block_r * rblocks
+    padded = -(-R // span) * span * (-(-C // block_c) * block_c)
+    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=hw_cvt, rblocks=rblocks,
+                          mode_const=True)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -244,7 +258,7 @@ def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat) -> bool:
 def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, lay_c,
                      qr, sr, qc, sc, colsp_r, colsp_c, cfg: Optional[QuantizeConfig] = None):
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
-    rb = cfg.rblocks if (do_col and not cfg.row3d) else 1
+    rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
     span_r = cfg.block_r * rb
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
     grid = (B * tiles_r * tiles_c,)
@@ -260,6 +274,7 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
         COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
         SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0),
+        SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 

@@ -10,7 +10,7 @@
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
 #   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 360)
-#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 4)
+#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 8)
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
@@ -44,7 +44,7 @@ triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_avai
 
 # 1. every test marked gpu, in MXKIT_PYTEST_SHARDS processes (Triton compiles are CPU-bound: one process
 #    took 400+ s once every scale mode became a constexpr); the shards' junit reports merge into one
-SHARDS="${MXKIT_PYTEST_SHARDS:-4}"
+SHARDS="${MXKIT_PYTEST_SHARDS:-8}"
 SHARD_DIR="$(mktemp -d)"
 say "pytest -m gpu in $SHARDS shards (timeout ${MXKIT_PYTEST_TIMEOUT:-360} s)"
 python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep '::' \

@@ -9,8 +9,8 @@
 #   MXKIT_SANITIZE=1       also run compute-sanitizer memcheck over a few gpu tests (slow)
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
-#   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 360)
-#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 8)
+#   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 420)
+#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 12)
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
@@ -44,16 +44,16 @@ triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_avai
 
 # 1. every test marked gpu, in MXKIT_PYTEST_SHARDS processes (Triton compiles are CPU-bound: one process
 #    took 400+ s once every scale mode became a constexpr); the shards' junit reports merge into one
-SHARDS="${MXKIT_PYTEST_SHARDS:-8}"
+SHARDS="${MXKIT_PYTEST_SHARDS:-12}"
 SHARD_DIR="$(mktemp -d)"
-say "pytest -m gpu in $SHARDS shards (timeout ${MXKIT_PYTEST_TIMEOUT:-360} s)"
+say "pytest -m gpu in $SHARDS shards (timeout ${MXKIT_PYTEST_TIMEOUT:-420} s)"
 python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep '::' \
     | awk -v n="$SHARDS" -v d="$SHARD_DIR" '{ print > (d "/ids" (NR % n)) }'
 PIDS=()
 for ids in "$SHARD_DIR"/ids*; do
     k="${ids##*/ids}"
     mapfile -t NODES <"$ids"
-    timeout "${MXKIT_PYTEST_TIMEOUT:-360}" python3 -m pytest -q -p no:cacheprovider --durations=4 \
+    timeout "${MXKIT_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --durations=4 \
         --junitxml="$SHARD_DIR/junit$k.xml" "${NODES[@]}" >"$SHARD_DIR/log$k" 2>&1 &
     PIDS+=($!)
 done

@@ -31,9 +31,13 @@ Paths selected by the launcher's config (constexprs):
 * ROW3D: the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_DIRECT: blocks along R are reduced in the untransposed tile and only the 1-byte codes are transposed
   (default for columnwise FP8).
-* GROUP_C: program order in strips of column tiles walked down R (default for columnwise FP4 / FP6).
-* RB / SCALE_WORD (opt-in, not yet measured on a GPU): a program walks RB tiles down R and stores each
-  column's RB scale bytes as one word.
+* GROUP_C: program order in strips of column tiles walked down R (default for columnwise FP4 / FP6 and
+  cast-transpose FP6 / FP8).
+* RB: a program walks RB tiles down R (default 4 for rowwise FP4 / FP6 on large problems: it amortises the
+  per-program index arithmetic). SCALE_WORD (opt-in; no gain in the A/B): blocks along R store each column's
+  RB scale bytes as one word.
+* SCALE_MODE >= 0 (default): the scale rule as a constexpr, so only its arithmetic is emitted (one compile
+  per mode); -1 selects the rule at run time from ``scale_mode``.
 
 Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6
 data through an int32 view: 16 codes = 12 bytes = 3 little-endian words).

@@ -115,7 +115,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     cross warps; cast-transpose FP4: two). Columnwise-only: FP8 64 x 32 tiles, FP4 / FP6 32 x 64;
     cast-transpose 32 x 64 (FP6: 32 x 32). col_direct (quantize the untransposed tile, transpose only the
     1-byte codes): FP8, columnwise FP6, cast-transpose FP4. group_c (strips of 16 column tiles walked down R):
-    all but columnwise FP8 and cast-transpose FP4.
+    columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8 keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
     ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic (not columnwise-only, where it was
     slower); FP6 keeps the integer encoder (its FP8-grid path was slower). All chosen from same-process A/B
@@ -127,11 +127,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         if do_row:  # cast-transpose
             block_r, c_max, warps = 32, (32 if f.bits == 6 else 64), (2 if f.bits == 4 else 1)
             col_direct = fp8 or f.bits == 4
-            group_c = 0 if f.bits == 4 else 16
+            group_c = 16 if (fp8 or f.bits == 6) else 0
         else:
             block_r, c_max, warps = (64 if fp8 and R >= 64 else 32), (32 if fp8 else 64), 1
             col_direct = fp8 or f.bits == 6
-            group_c = 0 if fp8 else 16
+            group_c = 16 if f.bits in (4, 6) else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
         padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=col_direct,

@@ -207,6 +207,26 @@ def _interpret_checks() -> int:
             got = _dequantize_impl(qd, sc, fmt, -1, (6, 96), dts[i % 3], cfg=DequantizeConfig(4, 64, 2, False, True))
             _assert_dequant_equal(got, dequantize_reference(q, dts[i % 3]), f"dequantize load3d {fmt}")
             n += 1
+        else:  # FP6: each thread packs / unpacks whole 3-word groups (fp6_words), ragged last tiles
+            for k, dt in enumerate(dts):
+                x = rand_tensor((6, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+                m = SCALE_MODES[(i + k) % 4]
+                cfg = QuantizeConfig(4, 64 if k % 2 else 256, 2, False, fp6_words=True, rblocks=1 + k % 2,
+                                     mode_const=bool(k % 2))
+                q, s = _quantize_impl(x, fmt, -1, m, rnd, "plain", cfg=cfg)
+                ref = quantize_reference(x, fmt, scale_mode=m, rounding=rnd)
+                assert_bytes_equal(q, ref.qdata, f"fp6_words {fmt} {m} {rnd} {dt} qdata")
+                assert_bytes_equal(s, ref.scale, f"fp6_words {fmt} {m} {rnd} {dt} scale")
+            ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
+            qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
+            sc = torch.randint(0, 256, ref_q.scale.shape, generator=g, dtype=torch.uint8)
+            sc.view(-1)[:3] = torch.tensor([0, 254, 255], dtype=torch.uint8)
+            q = type(ref_q)(qd, sc, ref_q.fmt, ref_q.axis, 32, ref_q.shape)
+            for k, odt in enumerate(dts):
+                got = _dequantize_impl(qd, sc, fmt, -1, (6, 96), odt,
+                                       cfg=DequantizeConfig(4, 64 if k % 2 else 32, 2, False, fp6_words=True))
+                _assert_dequant_equal(got, dequantize_reference(q, odt), f"dequantize fp6_words {fmt} -> {odt}")
+            n += 1
     # the 64-bit offset path and the always-rebuild fp32-denormal path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
     q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, 2))
@@ -342,6 +362,7 @@ def test_opt_in_paths_compile_for_sm90(variant):
         for mode in range(4):
             assert quant("mxfp4_e2m1", True, False, 16, 256, 4, HW_CVT=True, RB=4, SCALE_MODE=mode) > 0
         assert quant("mxfp6_e2m3", True, False, 8, 256, 2, RB=4, SCALE_MODE=3) > 0
+        assert quant("mxfp6_e3m2", True, False, 8, 256, 2, RB=4, SCALE_MODE=1, FP6_WORDS=True) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -356,6 +377,10 @@ def test_opt_in_paths_compile_for_sm90(variant):
                              EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                              BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=True) > 0
     else:  # the hardware FP8 -> fp16 decode (inline asm): e4m3, e5m2 and FP4 through e4m3, both layouts
+        f = get_format("mxfp6_e3m2")  # FP6 with whole 3-word groups per thread (fp6_words)
+        assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+                             EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                             BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, HW_DEC=True, FP6_WORDS=True) > 0
         for name, trans, out in (("mxfp8_e4m3", False, 1), ("mxfp8_e5m2", True, 2), ("mxfp4_e2m1", False, 0),
                                  ("mxfp4_e2m1", True, 1)):
             f = get_format(name)
@@ -623,7 +648,29 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                     ref = quantize_reference(xc, fmt, axis=a, scale_mode=mode, rounding=rnd)
                     assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {rnd} qdata")
                     assert_bytes_equal(got[1].cpu(), ref.scale, f"cast-T {cfg} axis={a} {mode} {rnd} scale")
-    if not fmt.startswith("mxfp6"):
+    if fmt.startswith("mxfp6"):  # each thread packs / unpacks whole 3-word groups (fp6_words)
+        for k, cfg in enumerate((QC(8, 256, 2, False, fp6_words=True, rblocks=4, mode_const=True),
+                                 QC(16, 256, 4, False, fp6_words=True))):
+            for dt in dts:
+                x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
+                for mode in _variant_modes(cfg, k):
+                    for rnd in ROUNDINGS:
+                        ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                        q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
+                        assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {dt} qdata")
+                        assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {dt} scale")
+        DC = DequantizeConfig
+        x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
+        q = quantize_reference(x, fmt, scale_mode="rceil")
+        qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
+        sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
+        sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+        for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
+            for k, odt in enumerate(dts):
+                for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True)):
+                    got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
+                    _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
+    else:
         x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
         q = quantize_reference(x, fmt, scale_mode="rceil")
         qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)

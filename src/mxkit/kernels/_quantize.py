@@ -38,6 +38,8 @@ Paths selected by the launcher's config (constexprs):
   RB scale bytes as one word.
 * SCALE_MODE >= 0 (default): the scale rule as a constexpr, so only its arithmetic is emitted (one compile
   per mode); -1 selects the rule at run time from ``scale_mode``.
+* FP6_WORDS (opt-in, rowwise FP6 quantize and dequantize; not yet measured on a GPU): each thread owns whole
+  16-element groups, so the 4-codes-in-3-bytes pack / unpack needs no exchange between threads.
 
 Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6
 data through an int32 view: 16 codes = 12 bytes = 3 little-endian words).
@@ -466,6 +468,45 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
 
 
 @triton.jit
+def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
+                    LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr):
+    """FP6_WORDS (rowwise FP6 quantize): rows grow, elements c0 .. c0 + BLOCK_C, with each thread holding whole
+    16-element groups (two 8-element loads over a [groups, rows, 8] tile: lanes go along the groups, the lower
+    of the equally contiguous dims), so the 4-codes-in-3-bytes pack needs no exchange: the thread writes its
+    group's 3 words itself (three strided word stores). A 32-element block is two neighbouring lanes (one
+    shuffle for the amax). q_ptr: int32 words."""
+    G: tl.constexpr = BLOCK_C // 16
+    gi = c0 // 16 + tl.arange(0, G)
+    gm = ((gi < C // 16) | (not MASKED))[:, None] & rmask[None, :]  # [G, BLOCK_R]
+    base = grow[None, :] * C + (gi * 16)[:, None]
+    e = tl.arange(0, 8)[None, None, :]
+    lo = _to_bits(_load_raw(x_ptr + base[:, :, None] + e, gm[:, :, None], IN_KIND), IN_KIND)
+    hi = _to_bits(_load_raw(x_ptr + base[:, :, None] + 8 + e, gm[:, :, None], IN_KIND), IN_KIND)
+    bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
+    gmax = tl.max(bits & 0x7FFFFFFF, axis=2)  # [G, BLOCK_R]
+    amax = tl.max(tl.reshape(gmax, [G // 2, 2, BLOCK_R]), axis=1)  # blocks of 32: [G // 2, BLOCK_R]
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    # back to groups: group gi takes block gi // 2
+    xg = tl.reshape(tl.permute(tl.join(x, x), [0, 2, 1]), [G, BLOCK_R])
+    badg = tl.reshape(tl.permute(tl.join(amax, amax), [0, 2, 1]), [G, BLOCK_R]) >= 0x7F800000
+    codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
+                         AWAY, DENORM, False)  # [G, BLOCK_R, 16]
+    # code k at bit 6k of the group's 96-bit little-endian word triple
+    k = tl.arange(0, 16)[None, None, :]
+    w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=2)
+    w1 = tl.sum(tl.where(k == 5, codes >> 2,
+                         tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)), axis=2)
+    w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)), axis=2)
+    wofs = grow[None, :] * (C // 16 * 3) + gi[:, None] * 3
+    tl.store(q_ptr + wofs, w0, mask=gm)
+    tl.store(q_ptr + wofs + 1, w1, mask=gm)
+    tl.store(q_ptr + wofs + 2, w2, mask=gm)
+    _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)
+
+
+@triton.jit
 def _split_pid(pid, n_fast, n_mid):
     """Program id -> (fast, mid, batch) indices of a grid of batch x n_mid x n_fast tiles (fast varies fastest)."""
     t = pid // n_fast
@@ -484,7 +525,7 @@ def _quantize_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr, DENORM: tl.constexpr,
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
-    SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1,
+    SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -498,7 +539,8 @@ def _quantize_kernel(
     RB: each program walks RB tiles down R (tiles_r counts groups of RB tiles). SCALE_WORD (DO_COL, plain
     scale layout, RB = 4 or 8, RB * BLOCK_R dividing R): the RB scale bytes of each column are gathered and
     stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes.
-    SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored)."""
+    SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored).
+    FP6_WORDS (rowwise FP6 only): :func:`_rows_fp6_words`."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -541,8 +583,13 @@ def _quantize_kernel(
             r = r0 + tl.arange(0, BLOCK_R)
             rmask = (r < R) | (not MASKED)
             grow = b * R + r
+            if FP6_WORDS:
+                tl.static_assert(DO_ROW and not DO_COL and BITS == 6)
+                _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
+                                LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
+                                BLOCK_R, BLOCK_C, MASKED)
             raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
-            if DO_ROW:
+            if DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
                                               DENORM, HW_CVT, False, RAW16, SCALE_MODE)
@@ -708,6 +755,50 @@ def _to_out(val, OUT_KIND: tl.constexpr, HW_DEC: tl.constexpr):
         return val.to(tl.float16)
 
 
+@triton.jit
+def _fp6_codes16(w0, w1, w2):
+    """The 16 FP6 codes of each 3-word group: w0, w1, w2 [A, B] (int32, the 96-bit little-endian group, code k
+    at bit 6k) -> codes [A, B, 16] (int32), all 16 in the thread that holds the words."""
+    k = tl.arange(0, 16)[None, None, :]
+    u0 = w0.to(tl.uint32, bitcast=True)[:, :, None]
+    u1 = w1.to(tl.uint32, bitcast=True)[:, :, None]
+    u2 = w2.to(tl.uint32, bitcast=True)[:, :, None]
+    src = tl.where(k < 6, u0, tl.where(k < 11, u1, u2))
+    sh = tl.where(k < 6, 6 * k, tl.where(k < 11, 6 * k - 32, 6 * k - 64)).to(tl.uint32)
+    # codes 5 and 10 straddle two words: their high bits come from the next word's bottom
+    hi = tl.where(k == 5, u1 << 2, tl.where(k == 10, u2 << 4, 0))
+    return ((src >> sh) | hi).to(tl.int32, bitcast=True) & 0x3F
+
+
+@triton.jit
+def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
+                       EMIN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, HW_DEC: tl.constexpr):
+    """FP6_WORDS (rowwise FP6 dequantize): each thread loads the 3 words of one 16-code group (three strided
+    word loads over a [groups, rows] tile: equal contiguity, so Triton's coalescing puts lanes along the groups,
+    the lower dim) and unpacks, decodes and stores its 16 elements itself (two 8-element stores whose pointer
+    tiles have the layout the values already have): no shared-memory exchange. q_ptr: int32 words."""
+    G: tl.constexpr = BLOCK_L // 16
+    gi = pl * G + tl.arange(0, G)  # group index along L (16 elements each)
+    m2 = ((gi < L // 16) | (not MASKED))[:, None] & nmask[None, :]  # [G, BLOCK_N]
+    wofs = g[None, :] * (L // 16 * 3) + gi[:, None] * 3
+    w0 = tl.load(q_ptr + wofs, mask=m2, other=0)
+    w1 = tl.load(q_ptr + wofs + 1, mask=m2, other=0)
+    w2 = tl.load(q_ptr + wofs + 2, mask=m2, other=0)
+    sb = tl.load(s_ptr + g[None, :] * (L // 32) + (gi // 2)[:, None], mask=m2, other=0).to(tl.int32)
+    codes = _fp6_codes16(w0, w1, w2)  # [G, BLOCK_N, 16]
+    if HW_DEC:
+        val = _decode_hw(codes, sb[:, :, None], 6, MBITS)
+    else:
+        val = _decode(codes, sb[:, :, None], 6, MBITS, EMIN, BIAS, False, HAS_INF, HAS_NAN)
+    out = _to_out(val, OUT_KIND, HW_DEC)
+    lo, hi = tl.split(tl.permute(tl.reshape(out, [G, BLOCK_N, 2, 8]), [0, 1, 3, 2]))  # elements 0-7, 8-15
+    offs = g[None, :, None] * L + (gi * 16)[:, None, None] + tl.arange(0, 8)[None, None, :]
+    mm = m2[:, :, None]
+    tl.store(out_ptr + offs, lo, mask=mm)
+    tl.store(out_ptr + offs + 8, hi, mask=mm)
+
+
 @triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
 def _dequantize_kernel(
     q_ptr, s_ptr, out_ptr,
@@ -716,13 +807,14 @@ def _dequantize_kernel(
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
-    LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False,
+    LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False, FP6_WORDS: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
     (TRANS: the quantized axis goes back in front of the N trailing elements).
     LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
-    through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`)."""
+    through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
+    :func:`_dequant_fp6_words`."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -733,7 +825,10 @@ def _dequantize_kernel(
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = (n < N) | (not MASKED)
     g = b * N + n
-    if LOAD3D:
+    if FP6_WORDS:
+        _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, MBITS, EMIN, BIAS, HAS_INF, HAS_NAN,
+                           BLOCK_N, BLOCK_L, MASKED, HW_DEC)
+    elif LOAD3D:
         tl.static_assert(not TRANS and BITS != 6)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
         smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]

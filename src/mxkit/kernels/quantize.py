@@ -88,6 +88,9 @@ class QuantizeConfig:
     # rblocks single bytes)
     rblocks: int = 1
     mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
+    # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
+    # shared-memory exchange (opt-in, not yet measured on a GPU; ignored elsewhere)
+    fp6_words: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class DequantizeConfig:
     # FP8 / FP6 / FP4 through the hardware FP8 -> fp16 cvt (inline asm; ignored for MXINT8 and under the
     # CPU interpreter)
     hw_dec: bool = False
+    # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
+    # shared-memory exchange (opt-in, not yet measured on a GPU)
+    fp6_words: bool = False
 
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
@@ -275,6 +281,8 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
         SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
+        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not do_col and not cfg.row3d
+                       and cfg.block_c >= 32),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 
@@ -358,6 +366,7 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         MASKED=bool(N % cfg.block_n or L % cfg.block_l),
         LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
         HW_DEC=hw_dec_ok(cfg, f),
+        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
     )
     return out if kdtype == dtype else out.to(dtype)
 

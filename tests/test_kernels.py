@@ -648,29 +648,7 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                     ref = quantize_reference(xc, fmt, axis=a, scale_mode=mode, rounding=rnd)
                     assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {rnd} qdata")
                     assert_bytes_equal(got[1].cpu(), ref.scale, f"cast-T {cfg} axis={a} {mode} {rnd} scale")
-    if fmt.startswith("mxfp6"):  # each thread packs / unpacks whole 3-word groups (fp6_words)
-        for k, cfg in enumerate((QC(8, 256, 2, False, fp6_words=True, rblocks=4, mode_const=True),
-                                 QC(16, 256, 4, False, fp6_words=True))):
-            for dt in dts:
-                x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
-                for mode in _variant_modes(cfg, k):
-                    for rnd in ROUNDINGS:
-                        ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
-                        q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
-                        assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {dt} qdata")
-                        assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {dt} scale")
-        DC = DequantizeConfig
-        x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
-        q = quantize_reference(x, fmt, scale_mode="rceil")
-        qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
-        sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
-        sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
-        for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
-            for k, odt in enumerate(dts):
-                for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True)):
-                    got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
-                    _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
-    else:
+    if not fmt.startswith("mxfp6"):
         x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
         q = quantize_reference(x, fmt, scale_mode="rceil")
         qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
@@ -684,6 +662,40 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                             DC(16, 256, 4, False, hw_dec=True)):
                     got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
                     _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_gpu_fp6_words(fmt, rng, poison):
+    """The opt-in fp6_words paths (rowwise FP6 quantize / dequantize with whole 16-element groups per thread)
+    byte-equal the reference: fp32 / bf16 / fp16, both roundings, wide-range data with special blocks, ragged
+    tiles; dequantize of quantized data and of random bytes (every code, scale bytes 0 / 1 / 254 / 255)."""
+    from mxkit.kernels.quantize import DequantizeConfig, QuantizeConfig, _dequantize_impl, _quantize_impl
+
+    QC = QuantizeConfig
+    dts = [torch.float32, torch.bfloat16, torch.float16]
+    for k, cfg in enumerate((QC(8, 256, 2, False, fp6_words=True, rblocks=4, mode_const=True),
+                             QC(16, 256, 4, False, fp6_words=True))):
+        for dt in dts:
+            x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
+            for mode in _variant_modes(cfg, k):
+                for rnd in ROUNDINGS:
+                    ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                    q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
+                    assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {dt} qdata")
+                    assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {dt} scale")
+    DC = DequantizeConfig
+    x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
+    q = quantize_reference(x, fmt, scale_mode="rceil")
+    qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
+    sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
+    sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+    for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
+        for k, odt in enumerate(dts):
+            for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True)):
+                got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
+                _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
 
 
 @pytest.mark.gpu

@@ -588,7 +588,8 @@ def _quantize_kernel(
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
                                 BLOCK_R, BLOCK_C, MASKED)
-            raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
+            else:
+                raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
             if DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,

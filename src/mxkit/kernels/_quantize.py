@@ -102,6 +102,15 @@ def _to_bits(raw, IN_KIND: tl.constexpr):
 
 
 @triton.jit
+def _even_exponent(e, frac, MBITS: tl.constexpr):
+    """EVEN rule (Triton / aiter): the amax exponent after adding half an element-ulp to the normalised amax
+    bits (a carry into the exponent rounds up); e, frac: unbiased exponent and 23-bit mantissa of the amax."""
+    ec = tl.minimum(tl.maximum(e, -126), 127)
+    rounded = ((((ec + 127) << 23) | frac) + (1 << (22 - MBITS))) & 0x7F800000
+    return ((rounded >> 23) - 127) + (e - ec)
+
+
+@triton.jit
 def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr,
                  MODE: tl.constexpr = -1):
     """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks).
@@ -113,21 +122,14 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
     den = ef == 0
     e = tl.where(den, (fm >> 23) - 127 - 149, ef - 127)
     frac = tl.where(den, fm & 0x7FFFFF, frac)
-    if MODE < 0:
-        # the mode is a runtime value (per-block work only; saves a compile per mode)
-        # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
-        # mantissa(max_normal) once the exponents align
+    # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
+    # mantissa(max_normal) once the exponents align
+    if MODE < 0:  # the rule as a runtime value (per-block work only; saves a compile per mode)
         up = tl.where(scale_mode == MODE_CEIL, (frac != 0).to(tl.int32),
                       tl.where(scale_mode == MODE_RCEIL, (frac > MAX_FRAC).to(tl.int32), 0))
-        # EVEN: add half an element-ulp to the normalised bits; a carry into the exponent rounds up
-        ec = tl.minimum(tl.maximum(e, -126), 127)
-        norm = ((ec + 127) << 23) | frac
-        rounded = (norm + (1 << (22 - MBITS))) & 0x7F800000
-        x = tl.where(scale_mode == MODE_EVEN, ((rounded >> 23) - 127) + (e - ec), e + up)
+        x = tl.where(scale_mode == MODE_EVEN, _even_exponent(e, frac, MBITS), e + up)
     elif MODE == MODE_EVEN:
-        ec = tl.minimum(tl.maximum(e, -126), 127)
-        rounded = ((((ec + 127) << 23) | frac) + (1 << (22 - MBITS))) & 0x7F800000
-        x = ((rounded >> 23) - 127) + (e - ec)
+        x = _even_exponent(e, frac, MBITS)
     elif MODE == MODE_CEIL:
         x = e + (frac != 0).to(tl.int32)
     elif MODE == MODE_RCEIL:

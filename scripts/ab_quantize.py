@@ -47,11 +47,17 @@ def variants():
         v(f"words {r}x{c}w{w} rb4", r, c, w, F, fp6_words=True, mode_const=True, rblocks=4)
         for r, c, w in ((8, 256, 2), (16, 256, 4), (4, 256, 1), (8, 512, 4))]
     c8 = [("default", None), v("32x64 runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
-    c4 = [("default", None), v("runtime mode", 32, 64, 1, F, group_c=16)]
+    # cp: col_pairs (even / odd rows as two half tiles: a byte's two codes meet in one thread)
+    c4 = [("default", None)] + [v(f"cp {r}x{c}w{w}{' hw' if hw else ''}", r, c, w, F, col_pairs=True, group_c=16,
+                                  mode_const=True, hw_cvt=hw)
+                                for r, c, w, hw in ((32, 64, 1, False), (32, 64, 1, True), (64, 32, 1, False),
+                                                    (64, 64, 2, False), (32, 128, 2, False))]
     c6 = [("default", None), v("32x32 runtime mode", 32, 32, 1, F, group_c=16)]
     t6 = [("default", None)]
     t8 = [("default", None), v("runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
-    t4 = [("default", None), v("runtime mode", 32, 64, 2, F, hw_cvt=True)]
+    t4 = [("default", None)] + [v(f"cp {r}x{c}w{w}{' g16' if g else ''}", r, c, w, F, col_pairs=True, hw_cvt=True, mode_const=True,
+                                  group_c=g) for r, c, w, g in ((32, 64, 2, 0), (32, 64, 1, 0), (32, 64, 2, 16),
+                                                                (64, 64, 2, 0), (64, 32, 1, 16))]
     d = [("default", None)]
     # fp6_words (not yet measured): each thread unpacks, decodes and stores whole 16-code groups itself
     # (sm_90 build: 416 SASS instructions and no shared memory, against 768 and 4 KB for the default)
@@ -133,7 +139,7 @@ def sass_stats(kind, fmt, cfg, n=8192):
     k = triton.compile(ASTSource(real, sig, constexprs=got["kw"], attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": got["num_warps"]})
     if os.environ.get("MXKIT_DUMP_IR"):  # directory: TTGIR / PTX / SASS of the build, for reading
-        stem = os.path.join(os.environ["MXKIT_DUMP_IR"], f"{kind}_{fmt}")
+        stem = os.path.join(os.environ["MXKIT_DUMP_IR"], os.environ.get("MXKIT_DUMP_NAME", f"{kind}_{fmt}"))
         for ext in ("ttgir", "ptx"):
             with open(f"{stem}.{ext}", "w") as fh:
                 fh.write(k.asm[ext])
@@ -142,7 +148,7 @@ def sass_stats(kind, fmt, cfg, n=8192):
         fh.write(k.asm["cubin"])
     sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", fh.name], capture_output=True, text=True).stdout
     if os.environ.get("MXKIT_DUMP_IR"):
-        with open(os.path.join(os.environ["MXKIT_DUMP_IR"], f"{kind}_{fmt}.sass"), "w") as fh2:
+        with open(f"{stem}.sass", "w") as fh2:
             fh2.write(sass)
     res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", fh.name],
                          capture_output=True, text=True).stdout
@@ -162,10 +168,14 @@ def main():
     ap.add_argument("--dry", action="store_true", help="CPU dry run of the script logic (TRITON_INTERPRET=1, tiny sizes)")
     ap.add_argument("--sass", action="store_true",
                     help="no GPU: build every variant for sm_90 and print registers / spills / SASS size")
+    ap.add_argument("--paths", default="", help="comma-separated path names (e.g. 'cols fp4,castT fp4'); default all")
     args = ap.parse_args()
     t0 = time.time()
+    want = [p.strip() for p in args.paths.split(",") if p.strip()]
+    all_paths = variants()
+    paths = {k: v for k, v in all_paths.items() if not want or k in want}
     if args.sass:
-        for path, (kind, fmt, vs) in variants().items():
+        for path, (kind, fmt, vs) in paths.items():
             for name, cfg in vs:
                 try:
                     st = sass_stats(kind, fmt, cfg)
@@ -239,7 +249,7 @@ def main():
             traceback.print_exc()
             return f"ERR {type(e).__name__}: {' '.join(str(e).split())[-160:]}"
 
-    paths = variants()
+    # (paths: selected above)
     for size in ((S1,) if args.quick else (S1, S2)):
         x = torch.randn(size, size, device=D, dtype=torch.bfloat16, generator=gen)
         dst = torch.empty_like(x)

@@ -10,10 +10,11 @@
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
 #   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 420)
-#   MXKIT_PYTEST_SHARDS    pytest processes the gpu tests are split over (default 12)
+#   MXKIT_PYTEST_SHARDS    pytest processes sharing the gpu tests as a work queue (default 16)
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
+#   MXKIT_SKIP_BENCH=1     tests only
 #
 # Files in the results folder: gpu_check.log (everything printed), pytest_gpu.xml (junit), sanitizer.log
 # (only with MXKIT_SANITIZE=1), bench_quantize.{csv,json,png}, summary.txt.
@@ -42,29 +43,31 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 python3 -c 'import torch, triton; print("torch", torch.__version__, "| cuda", torch.version.cuda, "| triton",
 triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 | tee -a "$LOG"
 
-# 1. every test marked gpu, in MXKIT_PYTEST_SHARDS processes (Triton compiles are CPU-bound: one process
-#    took 400+ s once every scale mode became a constexpr); the shards' junit reports merge into one
-SHARDS="${MXKIT_PYTEST_SHARDS:-12}"
+# 1. every test marked gpu, in MXKIT_PYTEST_SHARDS processes that take tests from one work queue (claim files
+#    in MXKIT_TEST_CLAIM_DIR, costliest first: tests/conftest.py). The time is Triton compiles, CPU-bound; a
+#    static split left some processes with several of the slowest tests. The junit reports merge into one.
+SHARDS="${MXKIT_PYTEST_SHARDS:-16}"
 SHARD_DIR="$(mktemp -d)"
-say "pytest -m gpu in $SHARDS shards (timeout ${MXKIT_PYTEST_TIMEOUT:-420} s)"
-python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep '::' \
-    | awk -v n="$SHARDS" -v d="$SHARD_DIR" '{ print > (d "/ids" (NR % n)) }'
+mkdir -p "$SHARD_DIR/claims"
+N_COLLECTED=$(python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep -c '::')
+say "pytest -m gpu: $N_COLLECTED tests, $SHARDS processes (timeout ${MXKIT_PYTEST_TIMEOUT:-420} s)"
 PIDS=()
-for ids in "$SHARD_DIR"/ids*; do
-    k="${ids##*/ids}"
-    mapfile -t NODES <"$ids"
-    timeout "${MXKIT_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider --durations=4 \
-        --junitxml="$SHARD_DIR/junit$k.xml" "${NODES[@]}" >"$SHARD_DIR/log$k" 2>&1 &
+for k in $(seq 1 "$SHARDS"); do
+    MXKIT_TEST_CLAIM_DIR="$SHARD_DIR/claims" timeout "${MXKIT_PYTEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q \
+        -p no:cacheprovider --durations=3 --junitxml="$SHARD_DIR/junit$k.xml" >"$SHARD_DIR/log$k" 2>&1 &
     PIDS+=($!)
 done
 PYTEST_RC=0
-for p in "${PIDS[@]}"; do wait "$p" || PYTEST_RC=$?; done
-[ ${#PIDS[@]} -gt 0 ] || PYTEST_RC=5  # nothing collected
+for p in "${PIDS[@]}"; do
+    wait "$p"; rc=$?
+    [ $rc = 0 ] || [ $rc = 5 ] || PYTEST_RC=$rc  # 5: this process found every test claimed by others
+done
+[ "$N_COLLECTED" -gt 0 ] || PYTEST_RC=5  # nothing collected
 for log in "$SHARD_DIR"/log*; do echo "---- ${log##*/}" && tail -n 12 "$log"; done 2>&1 | tee -a "$LOG"
-python3 - "$SHARD_DIR" "$RESULTS/pytest_gpu.xml" <<'PY'
+python3 - "$SHARD_DIR" "$RESULTS/pytest_gpu.xml" "$N_COLLECTED" <<'PY'
 import sys, xml.etree.ElementTree as ET
 from pathlib import Path
-merged = ET.Element("testsuites")
+merged = ET.Element("testsuites", collected=sys.argv[3])
 for f in sorted(Path(sys.argv[1]).glob("junit*.xml")):
     root = ET.parse(f).getroot()
     merged.extend([root] if root.tag == "testsuite" else list(root))
@@ -87,10 +90,16 @@ if [ "${MXKIT_SANITIZE:-0}" = 1 ]; then
 fi
 
 # 3. the quantize benchmark -----------------------------------------------------------------------------
-say "python3 -m mxkit.bench quantize"
-python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" \
-    --compile-static --peer-shapes "${MXKIT_PEER_SHAPES:-8192x8192,16384x16384}" --compile-budget-s "${MXKIT_COMPILE_BUDGET:-200}" "$@" 2>&1 | tee -a "$LOG"
-BENCH_RC=$?
+if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then
+    say "benchmark skipped (MXKIT_SKIP_BENCH=1)"
+    BENCH_RC=0
+else
+    say "python3 -m mxkit.bench quantize"
+    python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" \
+        --compile-static --peer-shapes "${MXKIT_PEER_SHAPES:-8192x8192,16384x16384}" \
+        --compile-budget-s "${MXKIT_COMPILE_BUDGET:-200}" "$@" 2>&1 | tee -a "$LOG"
+    BENCH_RC=$?
+fi
 say "bench rc=$BENCH_RC (1 = an mxkit output differs from the reference)"
 
 # 4. summary, printed last ------------------------------------------------------------------------------
@@ -105,8 +114,9 @@ try:
     suites = [root] if root.tag == "testsuite" else list(root)
     n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    collected = int(root.get("collected", n["tests"]))
     print(f"tests (-m gpu): {passed} passed, {n['failures']} failed, {n['errors']} errors, "
-          f"{n['skipped']} skipped (rc {pytest_rc})")
+          f"{n['skipped']} skipped, {collected - n['tests']} not run of {collected} (rc {pytest_rc})")
     for s in suites:
         for case in s.iter("testcase"):
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")

@@ -198,6 +198,21 @@ def _interpret_checks() -> int:
         assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
         n += 11
+        if kq_bits(fmt) == 4:  # col_pairs: even / odd rows as two half tiles (columnwise with a batch, cast-T)
+            x = rand_tensor((2, 96, 40), 1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            cfg = QuantizeConfig(32 * (1 + i % 2), 16, 1, False, col_pairs=True, mode_const=bool(i % 2), group_c=i % 3)
+            q, s = _quantize_impl(x, fmt, 1, mode, rnd, "nvidia_128x4", cfg=cfg)
+            ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
+            assert_bytes_equal(q, ref.qdata, f"col_pairs {cfg} {mode} {rnd} qdata")
+            assert_bytes_equal(s, _ref_layout(ref.scale, "nvidia_128x4"), f"col_pairs {cfg} {mode} {rnd} scale")
+            x = rand_tensor((64, 96), -1, generator=g, dtype=dt)  # 64-column tiles: the last one ragged
+            outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain",
+                                        cfg=QuantizeConfig(32 * (1 + i % 2), 64, 1, False, col_pairs=True))
+            for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+                ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
+                assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_pairs {mode} {rnd} axis={a} qdata")
+                assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_pairs {mode} {rnd} axis={a} scale")
+            n += 1
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
             qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
@@ -480,9 +495,10 @@ def test_gpu_quantize_matches_reference(fmt, rounding, dtype, rng, poison):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("case", [0, 1])  # 2-D / 3-D input (separate tests: shared over the GPU test processes)
 @pytest.mark.parametrize("dtype", list(_DT) if FULL else ["bfloat16"])
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_gpu_cast_transpose(fmt, dtype, rng, poison):
+def test_gpu_cast_transpose(fmt, dtype, case, rng, poison):
     """Fused (last, second-to-last) pairs in both orders on 2-D and 3-D inputs, and an unfused pair."""
     from mxkit.kernels.quantize import quantize_triton
 
@@ -490,6 +506,8 @@ def test_gpu_cast_transpose(fmt, dtype, rng, poison):
     if FULL:
         cases = [((320, 736), ((-1, -2), (0, 1), (1, 0))), ((32, 64, 96), ((-1, -2), (-2, -1), (0, 2)))]
     for j, (shape, pairs) in enumerate(cases):
+        if j != case:
+            continue
         x = rand_tensor(shape, -1, generator=rng, dtype=_DT[dtype], nonfinite=True)
         rounding = ROUNDINGS[(FORMAT_NAMES.index(fmt) + j) % 2]
         for p, axes in enumerate(pairs):
@@ -586,12 +604,15 @@ def _variant_modes(cfg, k: int) -> tuple:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_gpu_variants_match_reference(fmt, rng, poison):
+@pytest.mark.parametrize("fmt,part", [(f, p) for f in FORMAT_NAMES for p in ("rows0", "rows1", "cols0", "cols1", "dequant")
+                                      if not (p == "dequant" and f.startswith("mxfp6"))])  # FP6: test_gpu_fp6_words
+def test_gpu_variants_match_reference(fmt, part, rng, poison):
     """The config-selected code paths (hw_cvt: FP8 through the hardware cvt, inline asm the interpreter cannot
     run; row3d; col_direct; dequantize load3d) byte-equal the reference: every scale mode, both roundings
     (AWAY falls back to the integer path), fp32 / bf16 / fp16, wide-range random data with special blocks,
-    ragged shapes, and for FP8 crafted ties / saturation / subnormals / fp32 denormals in fp32."""
+    ragged shapes, and for FP8 crafted ties / saturation / subnormals / fp32 denormals in fp32.
+    ``part``: rows / columns (with cast-transpose) configs split in two by index parity, and dequantize,
+    so the GPU test processes share the compiles evenly."""
     from mxkit.kernels.quantize import (DequantizeConfig, QuantizeConfig, _cast_transpose_impl,
                                         _dequantize_impl, _quantize_impl)
 
@@ -613,8 +634,12 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
+    if fmt == "mxfp4_e2m1":  # col_pairs: even / odd rows as two half tiles
+        col_cfgs += [QC(32, 64, 1, False, col_pairs=True, group_c=16, **mc), QC(64, 64, 2, False, col_pairs=True)]
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
+        if part != f"rows{k % 2}":
+            continue
         dt = dts[k % 3]
         xs = [rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)]
         if hw:
@@ -628,6 +653,8 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                     assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {x.dtype} qdata")
                     assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {x.dtype} scale")
     for k, cfg in enumerate(col_cfgs):
+        if part != f"cols{k % 2}":
+            continue
         dt = dts[(k + 1) % 3]
         x = rand_tensor((512 if cfg.rblocks > 1 else 320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
         xt = _fp8_tie_blocks(fmt).T.contiguous() if hw else None
@@ -648,7 +675,7 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
                     ref = quantize_reference(xc, fmt, axis=a, scale_mode=mode, rounding=rnd)
                     assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {rnd} qdata")
                     assert_bytes_equal(got[1].cpu(), ref.scale, f"cast-T {cfg} axis={a} {mode} {rnd} scale")
-    if not fmt.startswith("mxfp6"):
+    if part == "dequant":
         x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
         q = quantize_reference(x, fmt, scale_mode="rceil")
         qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
@@ -666,8 +693,9 @@ def test_gpu_variants_match_reference(fmt, rng, poison):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("part", ["quantize0", "quantize1", "dequantize"])  # split for the GPU test processes
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
-def test_gpu_fp6_words(fmt, rng, poison):
+def test_gpu_fp6_words(fmt, part, rng, poison):
     """The opt-in fp6_words paths (rowwise FP6 quantize / dequantize with whole 16-element groups per thread)
     byte-equal the reference: fp32 / bf16 / fp16, both roundings, wide-range data with special blocks, ragged
     tiles; dequantize of quantized data and of random bytes (every code, scale bytes 0 / 1 / 254 / 255)."""
@@ -677,6 +705,8 @@ def test_gpu_fp6_words(fmt, rng, poison):
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate((QC(8, 256, 2, False, fp6_words=True, rblocks=4, mode_const=True),
                              QC(16, 256, 4, False, fp6_words=True))):
+        if part != f"quantize{k}":
+            continue
         for dt in dts:
             x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
             for mode in _variant_modes(cfg, k):
@@ -685,6 +715,8 @@ def test_gpu_fp6_words(fmt, rng, poison):
                     q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
                     assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {dt} qdata")
                     assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {dt} scale")
+    if part != "dequantize":
+        return
     DC = DequantizeConfig
     x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
     q = quantize_reference(x, fmt, scale_mode="rceil")

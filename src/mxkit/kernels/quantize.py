@@ -91,6 +91,9 @@ class QuantizeConfig:
     # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
     # shared-memory exchange (opt-in, not yet measured on a GPU; ignored elsewhere)
     fp6_words: bool = False
+    # blocks along R, FP4: load the tile's even and odd rows as two half tiles, so each packed byte's two
+    # codes and each block's amax are in one thread before the transpose (ignored elsewhere)
+    col_pairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,7 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not do_col and not cfg.row3d
                        and cfg.block_c >= 32),
+        COL_PAIRS=bool(cfg.col_pairs and do_col and f.bits == 4 and cfg.block_r % 32 == 0),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 

@@ -41,28 +41,16 @@ def variants():
 
     r8 = [("default", None), v("runtime mode", 16, 256, 4, F, hw_cvt=True)]
     r4 = [("default", None), v("rb1 runtime mode", 16, 256, 4, F, hw_cvt=True)]
-    # fp6_words (not yet measured): each thread packs and stores whole 16-code groups itself (sm_90 build: 736
-    # SASS instructions, no shared-memory exchange, against 872 and 2 KB for the default)
-    r6 = [("default", None), v("16x256 rb1 runtime mode", 16, 256, 4, F)] + [
-        v(f"words {r}x{c}w{w} rb4", r, c, w, F, fp6_words=True, mode_const=True, rblocks=4)
-        for r, c, w in ((8, 256, 2), (16, 256, 4), (4, 256, 1), (8, 512, 4))]
+    # fp6_words (default since session 4: 264 -> 227 us at 16384^2) against the previous default
+    r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)]
     c8 = [("default", None), v("32x64 runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
-    # cp: col_pairs (even / odd rows as two half tiles: a byte's two codes meet in one thread)
-    c4 = [("default", None)] + [v(f"cp {r}x{c}w{w}{' hw' if hw else ''}", r, c, w, F, col_pairs=True, group_c=16,
-                                  mode_const=True, hw_cvt=hw)
-                                for r, c, w, hw in ((32, 64, 1, False), (32, 64, 1, True), (64, 32, 1, False),
-                                                    (64, 64, 2, False), (32, 128, 2, False))]
+    c4 = [("default", None), v("runtime mode", 32, 64, 1, F, group_c=16)]
     c6 = [("default", None), v("32x32 runtime mode", 32, 32, 1, F, group_c=16)]
     t6 = [("default", None)]
     t8 = [("default", None), v("runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
-    t4 = [("default", None)] + [v(f"cp {r}x{c}w{w}{' g16' if g else ''}", r, c, w, F, col_pairs=True, hw_cvt=True, mode_const=True,
-                                  group_c=g) for r, c, w, g in ((32, 64, 2, 0), (32, 64, 1, 0), (32, 64, 2, 16),
-                                                                (64, 64, 2, 0), (64, 32, 1, 16))]
+    t4 = [("default", None), v("runtime mode", 32, 64, 2, F, hw_cvt=True)]
     d = [("default", None)]
-    # fp6_words (not yet measured): each thread unpacks, decodes and stores whole 16-code groups itself
-    # (sm_90 build: 416 SASS instructions and no shared memory, against 768 and 4 KB for the default)
-    d6 = [("default", None)] + [(f"words {n}x{l}w{w}", DC(n, l, w, F, hw_dec=True, fp6_words=True))
-                                for n, l, w in ((16, 256, 4), (8, 256, 2), (16, 512, 4), (32, 256, 8))]
+    d6 = [("default", None), ("prev (no words)", DC(16, 256, 4, F, hw_dec=True))]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),

@@ -52,8 +52,11 @@ mkdir -p "$SHARD_DIR/claims"
 N_COLLECTED=$(python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider 2>/dev/null | grep -c '::')
 say "pytest -m gpu: $N_COLLECTED tests, $SHARDS processes (timeout ${MXKIT_PYTEST_TIMEOUT:-420} s)"
 PIDS=()
+# one CPU thread per process for torch's CPU work (the references): 16 processes with 16 OpenMP threads
+# each left the Triton compiles crawling. SIGINT at the time limit: pytest stops and still writes its junit.
 for k in $(seq 1 "$SHARDS"); do
-    MXKIT_TEST_CLAIM_DIR="$SHARD_DIR/claims" timeout "${MXKIT_PYTEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q \
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MXKIT_TEST_CLAIM_DIR="$SHARD_DIR/claims" \
+        timeout -s INT -k 20 "${MXKIT_PYTEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q \
         -p no:cacheprovider --durations=3 --junitxml="$SHARD_DIR/junit$k.xml" >"$SHARD_DIR/log$k" 2>&1 &
     PIDS+=($!)
 done
@@ -112,16 +115,20 @@ print(f"==== gpu_check summary ({wall} s) ====")
 try:
     root = ET.parse(res / "pytest_gpu.xml").getroot()
     suites = [root] if root.tag == "testsuite" else list(root)
-    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
-    collected = int(root.get("collected", n["tests"]))
-    print(f"tests (-m gpu): {passed} passed, {n['failures']} failed, {n['errors']} errors, "
-          f"{n['skipped']} skipped, {collected - n['tests']} not run of {collected} (rc {pytest_rc})")
-    for s in suites:
-        for case in s.iter("testcase"):
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if bad is not None:
-                print(f"  FAILED {case.get('classname')}::{case.get('name')}: {(bad.get('message') or '')[:100]}")
+    # one entry per test (each process also reports the same collection-time skips: counted once, apart)
+    cases = {(c.get("classname"), c.get("name")): c for s in suites for c in s.iter("testcase")}
+    state = {k: next((t for t in ("failure", "error", "skipped") if c.find(t) is not None), "passed")
+             for k, c in cases.items()}
+    tests = [k for k in cases if k[0]]
+    n = {t: sum(state[k] == t for k in tests) for t in ("passed", "failure", "error", "skipped")}
+    collected = int(root.get("collected", len(tests)))
+    print(f"tests (-m gpu): {n['passed']} passed, {n['failure']} failed, {n['error']} errors, "
+          f"{n['skipped']} skipped, {collected - len(tests)} not run of {collected} (rc {pytest_rc}); "
+          f"{len(cases) - len(tests)} module(s) skipped at collection")
+    for k, c in cases.items():
+        bad = c.find("failure") if c.find("failure") is not None else c.find("error")
+        if bad is not None:
+            print(f"  FAILED {k[0]}::{k[1]}: {(bad.get('message') or '')[:100]}")
 except Exception as e:
     print(f"tests (-m gpu): no junit report ({type(e).__name__}: {e}); rc {pytest_rc}")
 print(f"compute-sanitizer: {san_rc}")

@@ -198,21 +198,6 @@ def _interpret_checks() -> int:
         assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
         n += 11
-        if kq_bits(fmt) == 4:  # col_pairs: even / odd rows as two half tiles (columnwise with a batch, cast-T)
-            x = rand_tensor((2, 96, 40), 1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
-            cfg = QuantizeConfig(32 * (1 + i % 2), 16, 1, False, col_pairs=True, mode_const=bool(i % 2), group_c=i % 3)
-            q, s = _quantize_impl(x, fmt, 1, mode, rnd, "nvidia_128x4", cfg=cfg)
-            ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
-            assert_bytes_equal(q, ref.qdata, f"col_pairs {cfg} {mode} {rnd} qdata")
-            assert_bytes_equal(s, _ref_layout(ref.scale, "nvidia_128x4"), f"col_pairs {cfg} {mode} {rnd} scale")
-            x = rand_tensor((64, 96), -1, generator=g, dtype=dt)  # 64-column tiles: the last one ragged
-            outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain",
-                                        cfg=QuantizeConfig(32 * (1 + i % 2), 64, 1, False, col_pairs=True))
-            for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
-                ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
-                assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_pairs {mode} {rnd} axis={a} qdata")
-                assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_pairs {mode} {rnd} axis={a} scale")
-            n += 1
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
             qd = torch.randint(0, 256, ref_q.qdata.shape, generator=g, dtype=torch.uint8)
@@ -634,8 +619,6 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
-    if fmt == "mxfp4_e2m1":  # col_pairs: even / odd rows as two half tiles
-        col_cfgs += [QC(32, 64, 1, False, col_pairs=True, group_c=16, **mc), QC(64, 64, 2, False, col_pairs=True)]
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         if part != f"rows{k % 2}":

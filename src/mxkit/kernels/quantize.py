@@ -89,11 +89,8 @@ class QuantizeConfig:
     rblocks: int = 1
     mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
     # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (opt-in, not yet measured on a GPU; ignored elsewhere)
+    # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
     fp6_words: bool = False
-    # blocks along R, FP4: load the tile's even and odd rows as two half tiles, so each packed byte's two
-    # codes and each block's amax are in one thread before the transpose (ignored elsewhere)
-    col_pairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ class DequantizeConfig:
     # CPU interpreter)
     hw_dec: bool = False
     # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (opt-in, not yet measured on a GPU)
+    # shared-memory exchange (default for rowwise FP6)
     fp6_words: bool = False
 
 
@@ -120,6 +117,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Every config takes the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 went
     from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP6: 8 x 256
     on 2); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R (rblocks).
+    Rowwise FP6: each thread packs and stores whole 16-code groups (fp6_words; 227 vs 264 us at 16384^2).
     Columnwise / cast-transpose (blocks along R): one warp per tile (so the 32-row block reductions never
     cross warps; cast-transpose FP4: two). Columnwise-only: FP8 64 x 32 tiles, FP4 / FP6 32 x 64;
     cast-transpose 32 x 64 (FP6: 32 x 32). col_direct (quantize the untransposed tile, transpose only the
@@ -153,7 +151,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     span = block_r * rblocks
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
     return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=hw_cvt, rblocks=rblocks,
-                          mode_const=True)
+                          mode_const=True, fp6_words=f.bits == 6)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -162,7 +160,8 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
 
     FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt (hw_dec; GPU only): the integer decode made the
     kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
-    Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles."""
+    Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles;
+    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words; 279 vs 285 us at 16384^2)."""
     f = get_format(fmt)
     hw_dec = f.is_float
     if trans:
@@ -175,7 +174,8 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     block_n = max(1, min(_pow2(N), 4096 // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
-    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec)
+    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec,
+                            fp6_words=f.bits == 6)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -286,7 +286,6 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not do_col and not cfg.row3d
                        and cfg.block_c >= 32),
-        COL_PAIRS=bool(cfg.col_pairs and do_col and f.bits == 4 and cfg.block_r % 32 == 0),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
 

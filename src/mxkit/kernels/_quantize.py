@@ -543,7 +543,8 @@ def _quantize_kernel(
     scale layout, RB = 4 or 8, RB * BLOCK_R dividing R): the RB scale bytes of each column are gathered and
     stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes.
     SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored).
-    FP6_WORDS (rowwise FP6 only): :func:`_rows_fp6_words`."""
+    FP6_WORDS (FP6, DO_ROW): :func:`_rows_fp6_words`; with DO_COL (cast-transpose), the column half reloads the
+    tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -587,11 +588,13 @@ def _quantize_kernel(
             rmask = (r < R) | (not MASKED)
             grow = b * R + r
             if FP6_WORDS:
-                tl.static_assert(DO_ROW and not DO_COL and BITS == 6)
+                tl.static_assert(DO_ROW and BITS == 6)
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
                                 BLOCK_R, BLOCK_C, MASKED)
-            else:
+            if DO_COL or not FP6_WORDS:
+                # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
+                # program's first load just brought it into L1 / L2)
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
             if DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,

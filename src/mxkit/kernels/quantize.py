@@ -284,7 +284,7 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
         SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
-        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not do_col and not cfg.row3d
+        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d
                        and cfg.block_c >= 32),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )

@@ -619,6 +619,9 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
+    if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
+        col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),
+                     QC(32, 64, 1, False, fp6_words=True, col_direct=True)]
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         if part != f"rows{k % 2}":

@@ -42,17 +42,12 @@ def variants():
     r8 = [("default", None), v("runtime mode", 16, 256, 4, F, hw_cvt=True)]
     r4 = [("default", None), v("rb1 runtime mode", 16, 256, 4, F, hw_cvt=True)]
     # fp6_words (default since session 4: 264 -> 227 us at 16384^2) against the previous default
-    r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)] + [
-        v(f"words {r}x{c}w{w} rb{rb}", r, c, w, F, fp6_words=True, mode_const=True, rblocks=rb)
-        for r, c, w, rb in ((8, 256, 2, 2), (4, 256, 1, 8), (16, 128, 2, 4), (8, 512, 4, 2), (8, 256, 2, 8))]
+    r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)]
     c8 = [("default", None), v("32x64 runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
     c4 = [("default", None), v("runtime mode", 32, 64, 1, F, group_c=16)]
     c6 = [("default", None), v("32x32 runtime mode", 32, 32, 1, F, group_c=16)]
-    # cast-transpose FP6 with the rows through fp6_words (the column half reloads the tile from L1 / L2)
-    t6 = [("default", None)] + [v(f"words {r}x{c}w{w}{' cd' if cd else ''}", r, c, w, F, fp6_words=True, col_direct=cd,
-                                  group_c=16, mode_const=True)
-                                for r, c, w, cd in ((32, 32, 1, False), (32, 64, 1, False), (32, 64, 1, True),
-                                                    (32, 128, 2, True), (64, 64, 2, True), (32, 32, 1, True))]
+    # cast-transpose FP6: rows through fp6_words, the columns reload the tile (default since session 4)
+    t6 = [("default", None), v("prev 32x32 g16", 32, 32, 1, F, group_c=16, mode_const=True)]
     t8 = [("default", None), v("runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
     t4 = [("default", None), v("runtime mode", 32, 64, 2, F, hw_cvt=True)]
     d = [("default", None)]

@@ -6,7 +6,8 @@
 #
 # Environment:
 #   OUT                    results go to ${OUT:-results/gpu} (flat: at most 7 files, no sub-folders)
-#   MXKIT_SANITIZE=1       also run compute-sanitizer memcheck over a few gpu tests (slow)
+#   MXKIT_GPU_FULL         1 (default here): the complete format x mode x rounding x dtype x axis test matrix
+#   MXKIT_SANITIZE         1 (default): compute-sanitizer memcheck over the quantize / dequantize gpu tests
 #   MXKIT_SANITIZE_K       pytest -k expression for that subset (default: "quantize or dequantize")
 #   MXKIT_SANITIZE_TIMEOUT seconds for the sanitizer pass (default 240)
 #   MXKIT_PYTEST_TIMEOUT   seconds for `pytest -m gpu` (default 420)
@@ -29,6 +30,8 @@ export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 # no background Inductor compile workers while kernels are timed (they took host time from the launches of
 # the rows next to a peer's compile: rowwise 8192^2 read 117-124 us instead of 74-88 us in one run)
 export TORCHINDUCTOR_COMPILE_THREADS=1
+# the full GPU test matrix: about 75 s in 16 processes on an H200 machine (16 cores)
+export MXKIT_GPU_FULL="${MXKIT_GPU_FULL:-1}"
 LOG="$RESULTS/gpu_check.log"
 : >"$LOG"
 T0=$(date +%s)
@@ -79,9 +82,9 @@ PY
 rm -rf "$SHARD_DIR"
 say "pytest rc=$PYTEST_RC"
 
-# 2. compute-sanitizer memcheck over a small subset (opt-in: 10-100x slower) ----------------------------
+# 2. compute-sanitizer memcheck over the quantize / dequantize tests (about 25 s) ------------------------
 SAN_RC=skipped
-if [ "${MXKIT_SANITIZE:-0}" = 1 ]; then
+if [ "${MXKIT_SANITIZE:-1}" = 1 ]; then
     K="${MXKIT_SANITIZE_K:-quantize or dequantize}"
     say "compute-sanitizer memcheck: pytest -m gpu -k '$K' (caching allocator off so out-of-bounds accesses show)"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MXKIT_SANITIZE_TIMEOUT:-240}" \

@@ -51,7 +51,11 @@ def variants():
     t8 = [("default", None), v("runtime mode", 32, 64, 1, F, hw_cvt=True, col_direct=True)]
     t4 = [("default", None), v("runtime mode", 32, 64, 2, F, hw_cvt=True)]
     d = [("default", None)]
-    d6 = [("default", None), ("prev (no words)", DC(16, 256, 4, F, hw_dec=True))]
+    # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (Nsight: L2 write sectors 2x the
+    # output without it)
+    d6 = [("default", None), ("prev (no words)", DC(16, 256, 4, F, hw_dec=True))] + [
+        (f"words sw {n}x{l}w{w}", DC(n, l, w, F, hw_dec=True, fp6_words=True, pair_swap=True))
+        for n, l, w in ((16, 256, 4), (8, 256, 2), (32, 256, 8), (8, 512, 4))]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),

@@ -1,29 +1,41 @@
-"""Kernels for an Nsight Compute look (one launch each, bf16 8192^2, after warm-up):
+"""Kernels for an Nsight Compute look (one launch each, bf16 8192^2, production configs, after warm-up):
 
-    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \\
-        --section SchedulerStats --section WarpStateStats python3 scripts/ncu_quantize.py
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \\
+        --metrics <see scripts/gpu_ncu.sh> python3 scripts/ncu_quantize.py [case names...]
 """
+
+import sys
 
 import torch
 
 from mxkit.kernels import quantize as kq
 
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-q8 = kq._quantize_impl(x, "mxfp8_e4m3", -1, "floor", "rne", "plain")
-cases = [
-    ("rows fp8", lambda: kq._quantize_impl(x, "mxfp8_e4m3", -1, "floor", "rne", "plain")),
-    ("rows fp4", lambda: kq._quantize_impl(x, "mxfp4_e2m1", -1, "floor", "rne", "plain")),
-    ("cols fp8", lambda: kq._quantize_impl(x, "mxfp8_e4m3", 0, "floor", "rne", "plain")),
-    ("cols fp4", lambda: kq._quantize_impl(x, "mxfp4_e2m1", 0, "floor", "rne", "plain")),
-    ("castT fp8", lambda: kq._cast_transpose_impl(x, "mxfp8_e4m3", "floor", "rne", "plain")),
-    ("dq fp8", lambda: kq._dequantize_impl(q8[0], q8[1], "mxfp8_e4m3", -1, (8192, 8192), torch.bfloat16)),
-]
-for _, fn in cases:
-    fn()
+q = {f: kq._quantize_impl(x, f, -1, "floor", "rne", "plain") for f in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3")}
+
+
+def quant(fmt, axis):
+    return lambda: kq._quantize_impl(x, fmt, axis, "floor", "rne", "plain")
+
+
+def dequant(fmt):
+    return lambda: kq._dequantize_impl(q[fmt][0], q[fmt][1], fmt, -1, (8192, 8192), torch.bfloat16)
+
+
+cases = {
+    "rows fp8": quant("mxfp8_e4m3", -1), "rows fp4": quant("mxfp4_e2m1", -1), "rows fp6": quant("mxfp6_e2m3", -1),
+    "cols fp8": quant("mxfp8_e4m3", 0), "cols fp4": quant("mxfp4_e2m1", 0), "cols fp6": quant("mxfp6_e2m3", 0),
+    "castT fp8": lambda: kq._cast_transpose_impl(x, "mxfp8_e4m3", "floor", "rne", "plain"),
+    "castT fp6": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain"),
+    "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
+}
+names = sys.argv[1:] or list(cases)
+for n in names:
+    cases[n]()
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStart()
-for name, fn in cases:
-    print("ncu case:", name, flush=True)
-    fn()
-torch.cuda.synchronize()
+for n in names:
+    print("ncu case:", n, flush=True)
+    cases[n]()
+    torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStop()

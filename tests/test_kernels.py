@@ -712,7 +712,9 @@ def test_gpu_fp6_words(fmt, part, rng, poison):
     sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
     for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
         for k, odt in enumerate(dts):
-            for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True)):
+            for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True),
+                        DC(16, 256, 4, False, hw_dec=True, fp6_words=True, pair_swap=True),
+                        DC(8, 32, 1, False, fp6_words=True, pair_swap=True)):
                 got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
                 _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
 

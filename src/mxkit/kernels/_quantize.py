@@ -335,6 +335,14 @@ def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
 
 
 @triton.jit
+def _half_row(L):
+    """Bytes per FP4 row of a quantized dim of length L: L is a multiple of the block (32), so L / 2 is a
+    multiple of 16. Said explicitly: Triton's specialisation only knows L % 16 == 0, hence L / 2 % 8, which
+    limited FP4 row accesses to 8-byte vectors."""
+    return tl.multiple_of(L // 2, 16)
+
+
+@triton.jit
 def _deinterleave(x, A: tl.constexpr, N: tl.constexpr):
     """[A, N] -> (even columns, odd columns), each [A, N // 2]."""
     return tl.split(tl.reshape(x, [A, N // 2, 2]))
@@ -383,7 +391,7 @@ def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
         sh = tl.arange(0, 2) * 4
         packed = tl.sum(tl.reshape(codes, [A, N // 2, 2]) << sh[None, None, :], axis=2)
         bcols = n0 // 2 + tl.arange(0, N // 2)
-        offs = g[:, None] * (Ltot // 2) + bcols[None, :]
+        offs = g[:, None] * _half_row(Ltot) + bcols[None, :]
         tl.store(q_ptr + offs, packed.to(tl.uint8), mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
     else:
         tl.static_assert(BITS == 6)
@@ -442,7 +450,7 @@ def _store_rows3d(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
             packed = tl.sum(tl.reshape(codes, [A, N // 32, 16, 2]) << sh[None, None, None, :], axis=3)
             bcols = n0 // 2 + j * 16 + tl.arange(0, 16)[None, None, :]
             m = gmask[:, None, None] & ((bcols < Ltot // 2) | (not MASKED))
-            tl.store(q_ptr + g[:, None, None] * (Ltot // 2) + bcols, packed.to(tl.uint8), mask=m)
+            tl.store(q_ptr + g[:, None, None] * _half_row(Ltot) + bcols, packed.to(tl.uint8), mask=m)
         _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
 
 
@@ -458,7 +466,7 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
         packed = tl.sum(tl.reshape(codes, [N // 2, 2, A]) << sh[None, :, None], axis=1).to(tl.uint8)
         pt = tl.trans(packed)  # [A, N // 2]
         bcols = n0 // 2 + tl.arange(0, N // 2)
-        offs = g[:, None] * (Ltot // 2) + bcols[None, :]
+        offs = g[:, None] * _half_row(Ltot) + bcols[None, :]
         tl.store(q_ptr + offs, pt, mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
         if STORE_SCALES:
             _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
@@ -645,7 +653,7 @@ def _load_codes(q_ptr, g, gmask, n0, Ltot, A: tl.constexpr, N: tl.constexpr, BIT
     elif BITS == 4:
         bcols = n0 // 2 + tl.arange(0, N // 2)
         m = gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :]
-        byte = tl.load(q_ptr + g[:, None] * (Ltot // 2) + bcols[None, :], mask=m, other=0).to(tl.int32)
+        byte = tl.load(q_ptr + g[:, None] * _half_row(Ltot) + bcols[None, :], mask=m, other=0).to(tl.int32)
         sh = tl.arange(0, 2) * 4
         return tl.reshape((byte[:, :, None] >> sh[None, None, :]) & 0xF, [A, N])
     else:
@@ -778,9 +786,23 @@ def _fp6_codes16(w0, w1, w2):
 
 
 @triton.jit
+def _shfl_xor1(v):
+    """Each lane gets the value of the same register in lane ^ 1 (``shfl.sync.bfly.b32``, all 32 lanes; GPU only:
+    inline asm). 16-bit values travel two per 32-bit register."""
+    if v.dtype.primitive_bitwidth == 16:
+        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", "=r,r", [v], dtype=v.dtype,
+                                         is_pure=False, pack=2)
+    else:
+        tl.static_assert(v.dtype.primitive_bitwidth == 32)
+        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", "=r,r", [v], dtype=v.dtype,
+                                         is_pure=False, pack=1)
+
+
+@triton.jit
 def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
                        EMIN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, HW_DEC: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, HW_DEC: tl.constexpr,
+                       SWAP: tl.constexpr = False):
     """FP6_WORDS (rowwise FP6 dequantize): each thread loads the 3 words of one 16-code group (three strided
     word loads over a [groups, rows] tile: equal contiguity, so Triton's coalescing puts lanes along the groups,
     the lower dim) and unpacks, decodes and stores its 16 elements itself (two 8-element stores whose pointer
@@ -800,10 +822,29 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         val = _decode(codes, sb[:, :, None], 6, MBITS, EMIN, BIAS, False, HAS_INF, HAS_NAN)
     out = _to_out(val, OUT_KIND, HW_DEC)
     lo, hi = tl.split(tl.permute(tl.reshape(out, [G, BLOCK_N, 2, 8]), [0, 1, 3, 2]))  # elements 0-7, 8-15
-    offs = g[None, :, None] * L + (gi * 16)[:, None, None] + tl.arange(0, 8)[None, None, :]
+    e8 = tl.arange(0, 8)[None, None, :]
+    offs = g[None, :, None] * L + (gi * 16)[:, None, None] + e8
     mm = m2[:, :, None]
-    tl.store(out_ptr + offs, lo, mask=mm)
-    tl.store(out_ptr + offs + 8, hi, mask=mm)
+    if SWAP:
+        # Stored as above, each instruction writes half of every 32-byte sector it touches (16 bytes per lane,
+        # lanes 32 bytes apart). Lanes holding groups 2k and 2k + 1 of a row swap one half (shfl.bfly 1), so
+        # each instruction writes whole sectors: lane 2k lo(2k) next to lane 2k + 1 hi(2k), then lo(2k + 1)
+        # next to hi(2k + 1). The partner is checked with a key exchanged the same way (one flag per group and
+        # row, so the 8-element stores stay vectorised; a lane holding part of a row's group also holds it in
+        # this [G, BLOCK_N] key, so a split of the 8 elements over lanes fails the check too). Where the partner
+        # is not group gi ^ 1 of the same row, nothing is stored: the poisoned-output GPU tests catch such a
+        # layout. Opt-in experiment (pair_swap): the plain stores as a fallback made Triton keep two layouts.
+        nn = tl.arange(0, BLOCK_N)[None, :]
+        key = gi[:, None] * BLOCK_N + nn + w0 * 0  # w0's layout: the slice the 3-D tiles broadcast from
+        ok = (_shfl_xor1(key) == (gi ^ 1)[:, None] * BLOCK_N + nn)[:, :, None]
+        even = (gi % 2 == 0)[:, None, None]
+        recv = _shfl_xor1(tl.where(even, hi, lo))
+        pair = offs - (gi % 2)[:, None, None] * 8  # lo(2k), hi(2k) | lo(2k + 1), hi(2k + 1) at + 16
+        tl.store(out_ptr + pair, tl.where(even, lo, recv), mask=mm & ok)
+        tl.store(out_ptr + pair + 16, tl.where(even, recv, hi), mask=mm & ok)
+    else:
+        tl.store(out_ptr + offs, lo, mask=mm)
+        tl.store(out_ptr + offs + 8, hi, mask=mm)
 
 
 @triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
@@ -815,13 +856,14 @@ def _dequantize_kernel(
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
     LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False, FP6_WORDS: tl.constexpr = False,
+    SWAP: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
     (TRANS: the quantized axis goes back in front of the N trailing elements).
     LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
-    :func:`_dequant_fp6_words`."""
+    :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -834,7 +876,7 @@ def _dequantize_kernel(
     g = b * N + n
     if FP6_WORDS:
         _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, MBITS, EMIN, BIAS, HAS_INF, HAS_NAN,
-                           BLOCK_N, BLOCK_L, MASKED, HW_DEC)
+                           BLOCK_N, BLOCK_L, MASKED, HW_DEC, SWAP)
     elif LOAD3D:
         tl.static_assert(not TRANS and BITS != 6)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
@@ -847,7 +889,7 @@ def _dequantize_kernel(
         else:
             b3 = (pl * BLOCK_L // 2 + tl.arange(0, BLOCK_L // 32)[None, :, None] * 16
                   + tl.arange(0, 16)[None, None, :])
-            byte = tl.load(q_ptr + g[:, None, None] * (L // 2) + b3,
+            byte = tl.load(q_ptr + g[:, None, None] * _half_row(L) + b3,
                            mask=nmask[:, None, None] & ((b3 < L // 2) | (not MASKED)), other=0).to(tl.int32)
             sh = tl.arange(0, 2) * 4
             c3 = tl.reshape((byte[:, :, :, None] >> sh[None, None, None, :]) & 0xF, [BLOCK_N, BLOCK_L // 32, 32])

@@ -108,6 +108,9 @@ class DequantizeConfig:
     # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
     # shared-memory exchange (default for rowwise FP6)
     fp6_words: bool = False
+    # with fp6_words: lane pairs swap half groups so every store writes whole 32-byte sectors (inline-asm
+    # shuffles; ignored under the CPU interpreter)
+    pair_swap: bool = False
 
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
@@ -372,6 +375,8 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
         HW_DEC=hw_dec_ok(cfg, f),
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
+        SWAP=bool(cfg.fp6_words and cfg.pair_swap and f.bits == 6 and not trans and cfg.block_l >= 32
+                  and not _interpret()),
     )
     return out if kdtype == dtype else out.to(dtype)
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Nsight Compute counters for the production quantize / dequantize kernels (scripts/ncu_quantize.py), one
+# line per metric; output in ${OUT:-results/gpu}/ncu.txt. Usage: scripts/gpu_ncu.sh [case names...]
+set -u
+cd "$(dirname "$0")/.." || exit 2
+RESULTS="${OUT:-results/gpu}"
+mkdir -p "$RESULTS"
+M=dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed
+M=$M,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active
+M=$M,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,gpu__time_duration.sum
+M=$M,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum
+M=$M,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum
+M=$M,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum,dram__bytes_write.sum,dram__bytes_read.sum
+M=$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+M=$M,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio
+M=$M,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+PYTHONPATH=src ncu --profile-from-start off --clock-control none --metrics "$M" \
+    python3 scripts/ncu_quantize.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
+rc=$?
+grep -E "ncu case|_kernel|__|ratio" "$RESULTS/ncu_raw.txt" | sed -E 's/ +/ /g' >"$RESULTS/ncu.txt"
+cat "$RESULTS/ncu.txt"
+exit $rc

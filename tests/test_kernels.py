@@ -197,6 +197,11 @@ def _interpret_checks() -> int:
         ref = quantize_reference(x, fmt, axis=1, scale_mode=mode, rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"group_c {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"group_c {fmt} scale")
+        # columnwise scales through a transposed buffer (scale_t), with a batch
+        q, s = _quantize_impl(x, fmt, 1, mode, rnd, "plain", cfg=QuantizeConfig(32, 16, 1, False, col_direct=bool(i % 2),
+                                                                                  scale_t=True))
+        assert_bytes_equal(q, ref.qdata, f"scale_t {fmt} qdata")
+        assert_bytes_equal(s, ref.scale, f"scale_t {fmt} scale")
         n += 11
         if kq_bits(fmt) != 6:
             ref_q = quantize_reference(rand_tensor((6, 96), -1, generator=g), fmt)
@@ -620,6 +625,7 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
+    col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
         col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),
                      QC(32, 64, 1, False, fp6_words=True, col_direct=True)]
@@ -651,7 +657,7 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
             for rnd in ROUNDINGS:
                 for xx in (x, xt) if (xt is not None and (rnd == "rne" or not cfg.mode_const)) else (x,):
                     ref = quantize_reference(xx, fmt, axis=0, scale_mode=mode, rounding=rnd)
-                    lay = "plain" if cfg.rblocks > 1 else "nvidia_128x4"  # plain: the scale-word stores
+                    lay = "plain" if (cfg.rblocks > 1 or cfg.scale_t) else "nvidia_128x4"  # plain: scale words / scale_t
                     q, s = _quantize_impl(xx.to(DEV), fmt, 0, mode, rnd, lay, cfg)
                     assert_bytes_equal(q.cpu(), ref.qdata, f"cols {cfg} {mode} {rnd} {xx.dtype} qdata")
                     assert_bytes_equal(s.cpu(), _ref_layout(ref.scale, lay).cpu(), f"cols {cfg} {mode} scale")

@@ -79,6 +79,7 @@ DENORM_ALWAYS = tl.constexpr(2)
 LAYOUT_PLAIN = tl.constexpr(0)
 LAYOUT_NV128X4 = tl.constexpr(1)
 LAYOUT_AITER = tl.constexpr(2)
+LAYOUT_PLAIN_T = tl.constexpr(3)  # a plain scale stored transposed, [ncols, rows] (cols_p = rows)
 
 
 @triton.jit
@@ -366,6 +367,8 @@ def _scale_offsets(row, col, ncols, cols_p, LAYOUT: tl.constexpr):
     c = col[None, :]
     if LAYOUT == LAYOUT_PLAIN:
         return r * ncols + c
+    elif LAYOUT == LAYOUT_PLAIN_T:  # (cols_p: the number of rows)
+        return c * cols_p + r
     elif LAYOUT == LAYOUT_NV128X4:
         return ((r // 128) * (cols_p // 4) + c // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + (c % 4)
     else:

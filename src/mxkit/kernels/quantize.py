@@ -91,6 +91,9 @@ class QuantizeConfig:
     # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
     # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
     fp6_words: bool = False
+    # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
+    # program's bytes of one block row are contiguous) and torch transposes them into place (opt-in)
+    scale_t: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,12 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
     grid = (B * tiles_r * tiles_c,)
     dummy = qr if qr is not None else qc
+    sc_plain = None
+    if cfg.scale_t and do_col and lay_c == 0:
+        # columnwise scales written transposed ([R / 32, B * C]: each program's bytes for one block row are
+        # contiguous), then transposed into place by torch (1/32 of the data)
+        sc_plain, sc = sc, torch.empty((R // 32, B * C), dtype=torch.uint8, device=sc.device)
+        lay_c, colsp_c = 3, B * C
     K._quantize_kernel[grid](
         xv, qr if qr is not None else dummy, sr if sr is not None else dummy,
         qc if qc is not None else dummy, sc if sc is not None else dummy,
@@ -287,12 +296,15 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         MASKED=bool(R % span_r or C % cfg.block_c),
         HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
         COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
-        SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0),
+        SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0
+                        and sc_plain is None),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d
                        and cfg.block_c >= 32),
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
+    if sc_plain is not None:
+        sc_plain.view(B * C, R // 32).copy_(sc.t())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -49,18 +49,15 @@ def variants():
           v("st 64x64w2", 64, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True)]
     c4 = [("default", None), v("st", 32, 64, 1, F, group_c=16, mode_const=True, scale_t=True),
           v("st g0", 32, 64, 1, F, mode_const=True, scale_t=True)]
-    c6 = [("default", None), v("st", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True, scale_t=True)]
+    c6 = [("default", None), v("prev (no st)", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True)]
     # cast-transpose FP6: rows through fp6_words, the columns reload the tile (default since session 4)
     t6 = [("default", None), v("prev 32x32 g16", 32, 32, 1, F, group_c=16, mode_const=True)]
     t8 = [("default", None), v("st", 32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=16, mode_const=True,
                                  scale_t=True)]
     t4 = [("default", None), v("runtime mode", 32, 64, 2, F, hw_cvt=True)]
     d = [("default", None)]
-    # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (Nsight: L2 write sectors 2x the
-    # output without it)
-    d6 = [("default", None), ("prev (no words)", DC(16, 256, 4, F, hw_dec=True))] + [
-        (f"words sw {n}x{l}w{w}", DC(n, l, w, F, hw_dec=True, fp6_words=True, pair_swap=True))
-        for n, l, w in ((16, 256, 4), (8, 256, 2), (32, 256, 8), (8, 512, 4))]
+    # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
+    d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),

@@ -111,8 +111,9 @@ class DequantizeConfig:
     # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
     # shared-memory exchange (default for rowwise FP6)
     fp6_words: bool = False
-    # with fp6_words: lane pairs swap half groups so every store writes whole 32-byte sectors (inline-asm
-    # shuffles; ignored under the CPU interpreter)
+    # with fp6_words and a 16-bit output: lane pairs swap half groups so every store writes whole 32-byte
+    # sectors (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and
+    # under the CPU interpreter)
     pair_swap: bool = False
 
 
@@ -128,8 +129,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     cross warps; cast-transpose FP4: two). Columnwise-only: FP8 64 x 32 tiles, FP4 / FP6 32 x 64;
     cast-transpose 32 x 64. col_direct (quantize the untransposed tile, transpose only the 1-byte codes): FP8,
     FP6, cast-transpose FP4. Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the
-    columns (958 -> 866 us at 16384^2). group_c (strips of 16 column tiles walked down R):
-    columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8 keeps the plain order, as before).
+    columns (958 -> 866 us at 16384^2). Columnwise FP6 writes its plain scales transposed and torch moves
+    them into place (scale_t: 473 -> 409 us; slower for FP8 / FP4). group_c (strips of 16 column tiles walked
+    down R): columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8 keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
     ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic (not columnwise-only, where it was
     slower); FP6 keeps the integer encoder (its FP8-grid path was slower). All chosen from same-process A/B
@@ -150,7 +152,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=col_direct,
                               hw_cvt=hw_cvt and (do_row or f.bits != 4), group_c=group_c, mode_const=True,
-                              fp6_words=do_row and f.bits == 6)
+                              fp6_words=do_row and f.bits == 6, scale_t=not do_row and f.bits == 6)
     block_c = max(32, min(256, _pow2(C)))
     block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
     warps = max(1, min(4, block_r * block_c // 1024))
@@ -169,7 +171,9 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt (hw_dec; GPU only): the integer decode made the
     kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
     Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles;
-    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words; 279 vs 285 us at 16384^2)."""
+    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 8 x 256 tiles, and lane pairs swap half
+    groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 208 us at 16384^2; Nsight
+    Compute had L2 at 89% of peak with 2x the write sectors of the output)."""
     f = get_format(fmt)
     hw_dec = f.is_float
     if trans:
@@ -179,11 +183,11 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
         return DequantizeConfig(block_n, block_l, 4, needs_int64(B * tiles), hw_dec=hw_dec)
     load3d = f.is_float and f.bits in (4, 8)
     block_l = max(32, min(512 if (load3d and f.bits == 8) else 256, _pow2(L)))
-    block_n = max(1, min(_pow2(N), 4096 // block_l))
+    block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
     return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec,
-                            fp6_words=f.bits == 6)
+                            fp6_words=f.bits == 6, pair_swap=f.bits == 6)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -388,7 +392,7 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
         HW_DEC=hw_dec_ok(cfg, f),
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
         SWAP=bool(cfg.fp6_words and cfg.pair_swap and f.bits == 6 and not trans and cfg.block_l >= 32
-                  and not _interpret()),
+                  and kdtype != torch.float32 and not _interpret()),
     )
     return out if kdtype == dtype else out.to(dtype)
 

@@ -835,18 +835,18 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         # next to hi(2k + 1). The partner is checked with a key exchanged the same way (one flag per group and
         # row, so the 8-element stores stay vectorised; a lane holding part of a row's group also holds it in
         # this [G, BLOCK_N] key, so a split of the 8 elements over lanes fails the check too). Where the partner
-        # is not group gi ^ 1 of the same row, nothing is stored: the poisoned-output GPU tests catch such a
-        # layout (the plain stores as a fallback made Triton keep two layouts: 416 -> 608 SASS instructions).
-        # 16-bit outputs only (the launcher): an fp32 half is a whole sector already. H200, bf16 16384^2:
-        # 285 -> 208 us.
+        # is not group gi ^ 1 of the same row (small tiles: fewer (group, row) pairs than threads), the lane
+        # stores its own halves as without SWAP. 16-bit outputs only (the launcher): an fp32 half is a whole
+        # sector already. H200, bf16 16384^2: 285 -> 208 us.
         nn = tl.arange(0, BLOCK_N)[None, :]
         key = gi[:, None] * BLOCK_N + nn + w0 * 0  # w0's layout: the slice the 3-D tiles broadcast from
         ok = (_shfl_xor1(key) == (gi ^ 1)[:, None] * BLOCK_N + nn)[:, :, None]
         even = (gi % 2 == 0)[:, None, None]
         recv = _shfl_xor1(tl.where(even, hi, lo))
         pair = offs - (gi % 2)[:, None, None] * 8  # lo(2k), hi(2k) | lo(2k + 1), hi(2k + 1) at + 16
-        tl.store(out_ptr + pair, tl.where(even, lo, recv), mask=mm & ok)
-        tl.store(out_ptr + pair + 16, tl.where(even, recv, hi), mask=mm & ok)
+        # where the check fails, the same two stores write the lane's own halves (selects, not more stores)
+        tl.store(out_ptr + tl.where(ok, pair, offs), tl.where(ok, tl.where(even, lo, recv), lo), mask=mm)
+        tl.store(out_ptr + tl.where(ok, pair + 16, offs + 8), tl.where(ok, tl.where(even, recv, hi), hi), mask=mm)
     else:
         tl.store(out_ptr + offs, lo, mask=mm)
         tl.store(out_ptr + offs + 8, hi, mask=mm)

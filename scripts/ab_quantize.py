@@ -49,14 +49,12 @@ def variants():
           v("st 64x64w2", 64, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True)]
     c4 = [("default", None), v("st", 32, 64, 1, F, group_c=16, mode_const=True, scale_t=True),
           v("st g0", 32, 64, 1, F, mode_const=True, scale_t=True)]
-    c6 = [("default", None), v("prev (no st)", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True)] + [
-        v(f"st {r}x{c}w{w}", r, c, w, F, col_direct=True, group_c=16, mode_const=True, scale_t=True)
-        for r, c, w in ((32, 32, 1), (64, 64, 2), (32, 128, 2))]
+    c6 = [("default", None), v("prev (no st)", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True)]
     # cast-transpose FP6: rows through fp6_words, the columns reload the tile (default since session 4)
-    t6 = [("default", None), v("prev 32x32 g16", 32, 32, 1, F, group_c=16, mode_const=True),
-          v("st", 32, 64, 1, F, fp6_words=True, col_direct=True, group_c=16, mode_const=True, scale_t=True)]
+    t6 = [("default", None), v("no st", 32, 64, 1, F, fp6_words=True, col_direct=True, group_c=16, mode_const=True)]
     t8 = [("default", None), v("st", 32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=16, mode_const=True,
-                                 scale_t=True)]
+                                 scale_t=True), v("st 64x32", 64, 32, 1, F, hw_cvt=True, col_direct=True, group_c=16,
+                                                  mode_const=True, scale_t=True)]
     t4 = [("default", None), v("st", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True),
           v("st g16", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True, group_c=16)]
     d = [("default", None)]

@@ -232,6 +232,15 @@ def _interpret_checks() -> int:
                                        cfg=DequantizeConfig(4, 64 if k % 2 else 32, 2, False, fp6_words=True))
                 _assert_dequant_equal(got, dequantize_reference(q, odt), f"dequantize fp6_words {fmt} -> {odt}")
             n += 1
+    # the tiled byte transpose behind scale_t, ragged tiles both ways
+    from mxkit.kernels.quantize import _transpose_bytes
+
+    for m, nn in ((1, 1), (70, 130), (64, 64), (3, 200)):
+        src = torch.randint(0, 256, (m, nn), generator=g, dtype=torch.uint8)
+        dst = torch.full((nn, m), 0xAB, dtype=torch.uint8)
+        _transpose_bytes(src, dst)
+        assert torch.equal(dst, src.t()), (m, nn)
+    n += 1
     # the 64-bit offset path and the always-rebuild fp32-denormal path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
     q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, 2))

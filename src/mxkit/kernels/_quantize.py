@@ -640,6 +640,19 @@ def _quantize_kernel(
             tl.store(wptr + (b * C + c)[:, None] * (R // (32 * RB)) + pr, word, mask=cmask[:, None])
 
 
+@triton.jit
+def _transpose_bytes_kernel(src_ptr, dst_ptr, M, N, tiles_n, BLOCK: tl.constexpr):
+    """dst [N, M] = src [M, N]^T for bytes (the scale_t scales), one BLOCK x BLOCK tile per program (both sides
+    read and written along rows; the transpose goes through shared memory)."""
+    pid = tl.program_id(0)
+    pm = pid // tiles_n
+    pn = pid % tiles_n
+    rm = pm * BLOCK + tl.arange(0, BLOCK)
+    rn = pn * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(src_ptr + rm[:, None] * N + rn[None, :], mask=(rm < M)[:, None] & (rn < N)[None, :])
+    tl.store(dst_ptr + rn[:, None] * M + rm[None, :], tl.trans(t), mask=(rn < N)[:, None] & (rm < M)[None, :])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # dequantize
 

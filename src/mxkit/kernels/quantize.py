@@ -92,7 +92,7 @@ class QuantizeConfig:
     # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
     fp6_words: bool = False
     # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
-    # program's bytes of one block row are contiguous) and torch transposes them into place (opt-in)
+    # program's bytes of one block row are contiguous) and a tiled byte transpose moves them into place
     scale_t: bool = False
 
 
@@ -130,7 +130,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     cast-transpose 32 x 64. col_direct (quantize the untransposed tile, transpose only the 1-byte codes): FP8,
     FP6, cast-transpose FP4. Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the
     columns (958 -> 866 us at 16384^2). Columnwise / cast-transpose FP6 write their plain column scales
-    transposed and torch moves them into place (scale_t: 473 -> 409 us, 871 -> 833 us; slower for FP8 / FP4).
+    transposed and a byte transpose moves them into place (scale_t: 473 -> 409 us, 871 -> 833 us).
     group_c (strips of 16 column tiles walked down R): columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8
     keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
@@ -288,7 +288,7 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
     sc_plain = None
     if cfg.scale_t and do_col and lay_c == 0:
         # columnwise scales written transposed ([R / 32, B * C]: each program's bytes for one block row are
-        # contiguous), then transposed into place by torch (1/32 of the data)
+        # contiguous), then transposed into place by a tiled byte transpose (1/32 of the data)
         sc_plain, sc = sc, torch.empty((R // 32, B * C), dtype=torch.uint8, device=sc.device)
         lay_c, colsp_c = 3, B * C
     K._quantize_kernel[grid](
@@ -309,7 +309,17 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         num_warps=cfg.num_warps, **_format_constexprs(f),
     )
     if sc_plain is not None:
-        sc_plain.view(B * C, R // 32).copy_(sc.t())
+        _transpose_bytes(sc, sc_plain.view(B * C, R // 32))
+
+
+def _transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst = src.T for 2-D uint8 tensors on the GPU (a tiled Triton transpose: torch's strided copy of a
+    transposed uint8 view took tens of microseconds for the 8 MB of scales of a 16384^2 problem)."""
+    M, N = src.shape
+    if src.numel() == 0:
+        return
+    tiles_n = -(-N // 64)
+    K._transpose_bytes_kernel[(-(-M // 64) * tiles_n,)](src, dst, M, N, tiles_n, BLOCK=64, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -43,20 +43,15 @@ def variants():
     r4 = [("default", None), v("rb1 runtime mode", 16, 256, 4, F, hw_cvt=True)]
     # fp6_words (default since session 4: 264 -> 227 us at 16384^2) against the previous default
     r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)]
-    # st: scales written transposed by the kernel, then transposed into place by torch (Nsight: the 1-byte
-    # scale stores are about half of the L2 write sectors of columnwise FP8)
-    c8 = [("default", None), v("st", 64, 32, 1, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True),
-          v("st 64x64w2", 64, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True)]
-    c4 = [("default", None), v("st", 32, 64, 1, F, group_c=16, mode_const=True, scale_t=True),
-          v("st g0", 32, 64, 1, F, mode_const=True, scale_t=True)]
+    # st: scale_t, the column scales written transposed, then moved into place by a tiled byte transpose (default
+    # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
+    c8 = [("default", None), v("st", 64, 32, 1, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True)]
+    c4 = [("default", None), v("no st", 32, 64, 1, F, group_c=16, mode_const=True)]
     c6 = [("default", None), v("prev (no st)", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True)]
     # cast-transpose FP6: rows through fp6_words, the columns reload the tile (default since session 4)
     t6 = [("default", None), v("no st", 32, 64, 1, F, fp6_words=True, col_direct=True, group_c=16, mode_const=True)]
-    t8 = [("default", None), v("st", 32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=16, mode_const=True,
-                                 scale_t=True), v("st 64x32", 64, 32, 1, F, hw_cvt=True, col_direct=True, group_c=16,
-                                                  mode_const=True, scale_t=True)]
-    t4 = [("default", None), v("st", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True),
-          v("st g16", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True, group_c=16)]
+    t8 = [("default", None), v("no st", 32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=16, mode_const=True)]
+    t4 = [("default", None), v("no st", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True)]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))]

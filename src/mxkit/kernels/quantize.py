@@ -132,7 +132,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     columns (958 -> 866 us at 16384^2). Plain column scales are written transposed ([R / 32, B * C]) and a
     tiled byte transpose moves them into place (scale_t), for columnwise FP4 / FP6 and cast-transpose of the
     float formats: columnwise FP4 338 -> 294 us, FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us, FP4
-    518 -> 498 us, FP6 868 -> 785 us (columnwise FP8: 261 -> 277 us, not used; MXINT8 not measured).
+    518 -> 498 us, FP6 868 -> 785 us (columnwise FP8: 261 -> 277 us, not used; MXINT8 not measured). Only
+    from 2^26 elements (8192^2 gained too): at 4096^2 and 32768 x 160 the bench timed 60-120 us more per call
+    with it (cause not found yet: the extra transpose is tiny; host launch time is suspected).
     group_c (strips of 16 column tiles walked down R): columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8
     keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
@@ -156,7 +158,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=col_direct,
                               hw_cvt=hw_cvt and (do_row or f.bits != 4), group_c=group_c, mode_const=True,
                               fp6_words=do_row and f.bits == 6,
-                              scale_t=f.is_float and (do_row or f.bits in (4, 6)))
+                              scale_t=f.is_float and (do_row or f.bits in (4, 6)) and B * R * C >= 1 << 26)
     block_c = max(32, min(256, _pow2(C)))
     block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
     warps = max(1, min(4, block_r * block_c // 1024))

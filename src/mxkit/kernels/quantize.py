@@ -178,7 +178,7 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
     Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles;
     rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 8 x 256 tiles, and lane pairs swap half
-    groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 208 us at 16384^2; Nsight
+    groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 220 us at 16384^2; Nsight
     Compute had L2 at 89% of peak with 2x the write sectors of the output)."""
     f = get_format(fmt)
     hw_dec = f.is_float

@@ -505,19 +505,17 @@ def test_gpu_cast_transpose(fmt, dtype, case, rng, poison):
     cases = [((320, 736), ((-1, -2), (0, 1))), ((32, 64, 96), ((-2, -1), (0, 2)))]
     if FULL:
         cases = [((320, 736), ((-1, -2), (0, 1), (1, 0))), ((32, 64, 96), ((-1, -2), (-2, -1), (0, 2)))]
-    for j, (shape, pairs) in enumerate(cases):
-        if j != case:
-            continue
-        x = rand_tensor(shape, -1, generator=rng, dtype=_DT[dtype], nonfinite=True)
-        rounding = ROUNDINGS[(FORMAT_NAMES.index(fmt) + j) % 2]
-        for p, axes in enumerate(pairs):
-            # two modes per (shape, pair) outside FULL runs; the fused pairs of the two shapes cover all four
-            for mode in SCALE_MODES if FULL else (SCALE_MODES[(j + p) % 4], SCALE_MODES[(j + p + 2) % 4]):
-                outs = quantize_triton(x.to(DEV), fmt, axis=axes, scale_mode=mode, rounding=rounding)
-                assert len(outs) == 2
-                for o, a in zip(outs, axes):
-                    ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rounding)
-                    _assert_mx_equal(o, ref, what=f"cast-transpose {shape} axes={axes} axis={a} {mode} {rounding}")
+    j, (shape, pairs) = case, cases[case]
+    x = rand_tensor(shape, -1, generator=rng, dtype=_DT[dtype], nonfinite=True)
+    rounding = ROUNDINGS[(FORMAT_NAMES.index(fmt) + j) % 2]
+    for p, axes in enumerate(pairs):
+        # two modes per (shape, pair) outside FULL runs; the fused pairs of the two shapes cover all four
+        for mode in SCALE_MODES if FULL else (SCALE_MODES[(j + p) % 4], SCALE_MODES[(j + p + 2) % 4]):
+            outs = quantize_triton(x.to(DEV), fmt, axis=axes, scale_mode=mode, rounding=rounding)
+            assert len(outs) == 2
+            for o, a in zip(outs, axes):
+                ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rounding)
+                _assert_mx_equal(o, ref, what=f"cast-transpose {shape} axes={axes} axis={a} {mode} {rounding}")
 
 
 @pytest.mark.gpu

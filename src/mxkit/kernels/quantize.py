@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 KERNEL_SCALE_LAYOUTS = {"plain": 0, "nvidia_128x4": 1, "aiter_shuffle": 2}  # layouts the quantize kernel writes directly
+_LAYOUT_PLAIN_T = 3  # internal: a plain scale written transposed (scale_t; _quantize.LAYOUT_PLAIN_T)
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _INT32_LIMIT = 2**31 - 1
 
@@ -295,7 +296,7 @@ def _launch_quantize(xv, in_kind, B, R, C, f, mode, rnd, do_row, do_col, lay_r, 
         # columnwise scales written transposed ([R / 32, B * C]: each program's bytes for one block row are
         # contiguous), then transposed into place by a tiled byte transpose (1/32 of the data)
         sc_plain, sc = sc, torch.empty((R // 32, B * C), dtype=torch.uint8, device=sc.device)
-        lay_c, colsp_c = 3, B * C
+        lay_c, colsp_c = _LAYOUT_PLAIN_T, B * C  # (colsp_c: the transposed scale's row length)
     K._quantize_kernel[grid](
         xv, qr if qr is not None else dummy, sr if sr is not None else dummy,
         qc if qc is not None else dummy, sc if sc is not None else dummy,

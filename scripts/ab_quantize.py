@@ -17,6 +17,7 @@ LAST (also written to $OUT/ab_table.txt when OUT is set).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -43,19 +44,18 @@ def variants():
     r4 = [("default", None), v("rb1 runtime mode", 16, 256, 4, F, hw_cvt=True)]
     # fp6_words (default since session 4: 264 -> 227 us at 16384^2) against the previous default
     r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)]
-    # st: scale_t, the column scales written transposed, then moved into place by a tiled byte transpose (default
+    # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
-    c8 = [("default", None), v("st", 64, 32, 1, F, hw_cvt=True, col_direct=True, mode_const=True, scale_t=True)]
-    # queued (not measured): 64-row FP4 column tiles, whose 32-byte row pieces are whole sectors, now that
-    # the rows are 16-byte aligned and the scales go through scale_t (64x32 was slower before both)
-    c4 = [("default", None), v("no st", 32, 64, 1, F, group_c=16, mode_const=True)] + [
-        v(f"st {r}x{c}w{w}", r, c, w, F, group_c=16, mode_const=True, scale_t=True)
-        for r, c, w in ((64, 32, 1), (64, 64, 2), (64, 32, 2))]
-    c6 = [("default", None), v("prev (no st)", 32, 64, 1, F, col_direct=True, group_c=16, mode_const=True)]
-    # cast-transpose FP6: rows through fp6_words, the columns reload the tile (default since session 4)
-    t6 = [("default", None), v("no st", 32, 64, 1, F, fp6_words=True, col_direct=True, group_c=16, mode_const=True)]
-    t8 = [("default", None), v("no st", 32, 64, 1, F, hw_cvt=True, col_direct=True, group_c=16, mode_const=True)]
-    t4 = [("default", None), v("no st", 32, 64, 2, F, hw_cvt=True, col_direct=True, mode_const=True)]
+    # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows
+    # (whole 32-byte sectors per transposed row piece): all slower than the defaults (more registers, fewer
+    # resident warps); run 2, the defaults under a register cap (ptxas .maxnreg 56-112): no gain (spills).
+    # A dict variant holds overrides of the default config of the problem, e.g. ("st", {"scale_t": True}).
+    c8 = [("default", None), ("st", {"scale_t": True})]
+    c4 = [("default", None), ("no st", {"scale_t": False})]
+    c6 = [("default", None), ("no st", {"scale_t": False})]
+    t6 = [("default", None), ("no st", {"scale_t": False})]
+    t8 = [("default", None), ("no st", {"scale_t": False})]
+    t4 = [("default", None), ("no st", {"scale_t": False})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))]
@@ -71,6 +71,13 @@ def variants():
 
 
 def run_one(kind, fmt, x, cfg, mode="floor", q=None):
+    if isinstance(cfg, dict):  # overrides of the default config for this problem
+        R, C = x.shape[0], x.numel() // x.shape[0]
+        if kind == "dq":
+            base = kq.dequantize_config(1, R, C, False, fmt)
+        else:
+            base = kq.quantize_config(1, R, C, kind != "cols", kind != "rows", fmt)
+        cfg = dataclasses.replace(base, **cfg)
     if kind == "rows":
         return kq._quantize_impl(x, fmt, -1, mode, "rne", "plain", cfg)
     if kind == "cols":
@@ -137,10 +144,13 @@ def sass_stats(kind, fmt, cfg, n=8192):
         sig[a] = tmap[v.dtype] if isinstance(v, torch.Tensor) else "i32"
         if isinstance(v, torch.Tensor) or (a not in nospec and v % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
+    opts = {"num_warps": got["num_warps"]}
+    if "maxnreg" in got["kw"]:  # a compile option, not a kernel argument
+        opts["maxnreg"] = got["kw"].pop("maxnreg")
     for a in got["kw"]:
         sig[a] = "constexpr"
     k = triton.compile(ASTSource(real, sig, constexprs=got["kw"], attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": got["num_warps"]})
+                       options=opts)
     if os.environ.get("MXKIT_DUMP_IR"):  # directory: TTGIR / PTX / SASS of the build, for reading
         stem = os.path.join(os.environ["MXKIT_DUMP_IR"], os.environ.get("MXKIT_DUMP_NAME", f"{kind}_{fmt}"))
         for ext in ("ttgir", "ptx"):

@@ -428,6 +428,78 @@ def test_argument_errors_match_reference():
         kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(0, 1, 1))
     with pytest.raises(ValueError, match="differ"):
         kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(1, -1))
+    # the checks are cached per problem: a bad call raises every time (exceptions are not cached), and an
+    # unhashable argument (a list of axes) is checked the same way, uncached
+    for _ in range(2):
+        with pytest.raises(ValueError, match="multiple"):
+            kq.quantize_triton(torch.zeros(4, 48), "mxfp8")
+        with pytest.raises(ValueError, match="differ"):
+            kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=[1, -1])
+        with pytest.raises(ValueError, match="multiple"):
+            kq.quantize_triton(torch.zeros(48, 64), "mxfp8", axis=[1, 0])
+
+
+def test_direct_launch_keys_on_every_specialisation(monkeypatch):
+    """The direct launch (kernels.quantize._Launcher) reuses a CompiledKernel only for calls with the same
+    specialisation: tensor dtype and 16-byte alignment, int == 1 / % 16 / 32-bit range, constexprs and
+    num_warps; it passes every argument in signature order (constexpr defaults filled in). Checked on the CPU
+    with a stand-in for Triton's JITFunction launch that records what it is given."""
+    import triton.language as tl
+
+    kq = _q()
+    from mxkit.kernels import _quantize as K
+
+    @triton.jit
+    def _probe(x_ptr, n, m, A: tl.constexpr, B: tl.constexpr = 7):
+        pass
+
+    jit_calls, direct_calls = [], []
+
+    class Compiled:
+        function = object()
+
+        def __getitem__(self, grid):  # Triton's runner reads grid[0], grid[1] and grid[2]
+            assert len(grid) == 3
+            return lambda *a: direct_calls.append((grid, a))
+
+    def jit_getitem(self, grid):
+        def launch(*a, **kw):
+            jit_calls.append((grid, a, kw))
+            return Compiled()
+        return launch
+
+    if not isinstance(_probe, triton.runtime.JITFunction):
+        pytest.skip("under the interpreter @triton.jit is not a JITFunction (the direct launch is off there)")
+    _probe.__class__ = type("RecordingJIT", (type(_probe),), {"__getitem__": jit_getitem})
+    monkeypatch.setattr(K, "_probe", _probe, raising=False)
+    monkeypatch.setattr(kq, "_FAST_LAUNCH", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch = kq._Launcher("_probe")
+    buf = torch.zeros(64, dtype=torch.uint8)
+    aligned = buf[(-buf.data_ptr()) % 16:][:32]
+    assert aligned.data_ptr() % 16 == 0
+    launch((3,), (aligned, 32, 5), {"A": 1}, 4)
+    assert len(jit_calls) == 1 and not direct_calls
+    launch((4,), (aligned, 48, 7), {"A": 1}, 4)  # same specialisation (48 % 16 == 0, 7 neither 1 nor % 16)
+    assert len(jit_calls) == 1 and direct_calls == [((4, 1, 1), (aligned, 48, 7, 1, 7))]
+    variants = [
+        ((aligned[1:], 32, 5), {"A": 1}, 4),  # misaligned pointer
+        ((aligned.view(torch.int8), 32, 5), {"A": 1}, 4),  # other dtype
+        ((aligned, 33, 5), {"A": 1}, 4),  # not % 16
+        ((aligned, 32, 1), {"A": 1}, 4),  # == 1
+        ((aligned, 32, 2**31), {"A": 1}, 4),  # 64-bit
+        ((aligned, 32, 5), {"A": 2}, 4),  # constexpr
+        ((aligned, 32, 5), {"A": 1, "B": 3}, 4),  # constexpr default overridden
+        ((aligned, 32, 5), {"A": 1}, 8),  # num_warps
+    ]
+    for k, (args, consts, warps) in enumerate(variants):
+        launch((1,), args, consts, warps)
+        assert len(jit_calls) == 2 + k, f"variant {k} reused a kernel of another specialisation"
+    launch((1,), (aligned, 32, 5), {"A": 1, "B": 3}, 4)
+    assert direct_calls[-1] == ((1, 1, 1), (aligned, 32, 5, 1, 3))
+    monkeypatch.setattr(kq, "_FAST_LAUNCH", False)  # off: Triton's path every time
+    launch((1,), (aligned, 32, 5), {"A": 1}, 4)
+    assert len(jit_calls) == 2 + len(variants)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1010,6 +1082,33 @@ def test_hardware_path_guards():
     assert hw_dec_ok(DC(8, 512, 4, False, hw_dec=True), fp4) and not hw_dec_ok(DC(8, 512, 4, False, hw_dec=True), i8)
     assert not hw_dec_ok(DC(1, 32, 1, False, hw_dec=True), fp8)  # 1 element per thread
     assert not hw_dec_ok(DC(1, 64, 1, False, hw_dec=True), fp8)  # 2
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"])
+def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
+    """Repeated calls (the second and later take the cached plan and the direct launch) with fresh data each
+    time, alternating a 16-byte-aligned input with one 2 bytes off (another Triton specialisation): every
+    result byte-equal to the reference, quantize (rows, columns, cast-transpose) and dequantize."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    base = torch.empty(256 * 96 + 8, dtype=torch.bfloat16, device=DEV)
+    for it in range(4):
+        off = 1 if it % 2 else 0
+        x = base[off : off + 256 * 96].view(256, 96)
+        x.copy_(rand_tensor((256, 96), -1, generator=rng, dtype=torch.bfloat16).to(DEV))
+        assert (x.data_ptr() % 16 == 0) == (off == 0)
+        xc = x.cpu()
+        for axis in (-1, 0):
+            ref = quantize_reference(xc, fmt, axis=axis)
+            got = quantize_triton(x, fmt, axis=axis)
+            _assert_mx_equal(got, ref, what=f"{fmt} axis {axis} call {it}")
+            _assert_dequant_equal(dequantize_triton(got, torch.bfloat16), dequantize_reference(ref, torch.bfloat16),
+                                  f"dequantize {fmt} axis {axis} call {it}")
+        rows, cols = quantize_triton(x, fmt, axis=(-1, -2))
+        _assert_mx_equal(rows, quantize_reference(xc, fmt, axis=-1), what=f"{fmt} cast-transpose rows call {it}")
+        _assert_mx_equal(cols, quantize_reference(xc, fmt, axis=0), what=f"{fmt} cast-transpose cols call {it}")
 
 
 @pytest.mark.gpu

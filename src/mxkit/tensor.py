@@ -134,6 +134,17 @@ class MXTensor:
         if self.qdata.device != self.scale.device:
             raise ValueError(f"qdata on {self.qdata.device} but scale on {self.scale.device}")
 
+    @classmethod
+    def _trusted(cls, qdata: torch.Tensor, scale: torch.Tensor, fmt: ElementFormat, axis: int, block_size: int,
+                 shape: torch.Size, scale_mode: ScaleMode, rounding: Rounding, scale_layout: str) -> "MXTensor":
+        """Build without the checks of ``__post_init__`` (~10 us of host time per tensor): for kernels whose
+        outputs have the expected shapes by construction, with every field already normalised (ElementFormat,
+        ScaleMode, Rounding, torch.Size)."""
+        t = object.__new__(cls)
+        t.__dict__.update(qdata=qdata, scale=scale, fmt=fmt, axis=axis, block_size=block_size, shape=shape,
+                          scale_mode=scale_mode, rounding=rounding, scale_layout=scale_layout)
+        return t
+
     @staticmethod
     def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
         shape = tuple(shape)

@@ -119,6 +119,22 @@ def _interpret_checks() -> int:
             _assert_mx_equal(o, quantize_reference(x, fmt, axis=a, scale_mode="rceil"), layout,
                              what=f"cast-transpose {fmt} {dt} axes={axes} axis={a}")
             n += 1
+        # col_packed (codes packed into words along R before the transpose) on every format (the production
+        # path for FP8 / FP4 columns): a batch, ragged R and C tiles, a layout per format, cast-transpose too
+        x = rand_tensor((2, 96, 40), 1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
+        cfg = QuantizeConfig((64, 32)[i % 2], (32, 16)[i % 2], 1, False, col_packed=True, scale_t=(i % 3 == 0))
+        lay = "plain" if i % 3 == 0 else layout
+        q, s = _quantize_impl(x, fmt, 1, "even", rnd, lay, cfg=cfg)
+        ref = quantize_reference(x, fmt, axis=1, scale_mode="even", rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"col_packed {fmt} qdata")
+        assert_bytes_equal(s, ref.scale if lay == "plain" else _ref_layout(ref.scale, lay), f"col_packed {fmt} scale")
+        x = rand_tensor((96, 64), -1, generator=g, dtype=dts[i % 3])
+        outs = _cast_transpose_impl(x, fmt, "floor", rnd, "plain", cfg=QuantizeConfig(64, 32, 2, False, col_packed=True))
+        for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+            ref = quantize_reference(x, fmt, axis=a, rounding=rnd)
+            assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_packed {fmt} axis={a} qdata")
+            assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_packed {fmt} axis={a} scale")
+        n += 3
         # 3-D middle axis, swizzled layout on a columnwise output
         x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)
         _assert_mx_equal(quantize_triton(x, fmt, axis=1, scale_layout="nvidia_128x4"),
@@ -703,6 +719,10 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         col_cfgs += [QC(32, 64, 2, False, group_c=3, **mc), QC(32, 64, 2, False, col_direct=True, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
+    # col_packed (the FP8 / FP4 default) on every format, other tiles, runtime mode and scale_t
+    col_cfgs += [QC(64, 32, 1, False, col_packed=True), QC(32, 64, 2, False, col_packed=True, group_c=16,
+                                                           mode_const=True, hw_cvt=hw)]
+    col_cfgs += [QC(64, 64, 2, False, col_packed=True, scale_t=True, mode_const=True, hw_cvt=hw)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)

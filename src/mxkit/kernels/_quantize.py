@@ -528,6 +528,56 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
 
 
 @triton.jit
+def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
+                 LAYOUT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                 EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                 AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr, MODE: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr):
+    """COL_PACKED (blocks along R): rows r0 .. r0 + BLOCK_R, columns c, with the codes packed into 32-bit words
+    before the transpose. The tile is loaded as [W, J, BLOCK_C], element (w, j, c) at row r0 + J * w + j, where
+    J codes make one packed unit (FP8 / MXINT8: 4 codes = 1 word, FP4: 8 = 1 word, FP6: 16 = 3 words).
+    Triton's load layout gives threads to the contiguous dim (c), then to the lower of the equally
+    contiguous dims (w), so a tile wide enough to use up the warp's lanes on (c, w) leaves the J codes of a
+    unit in one thread's registers: packing needs no exchange, and only the packed words are transposed (the
+    1-byte code transpose of COL_DIRECT had shared-memory bank conflicts, the raw transpose 2-4 bytes per
+    element). Any layout gives the same bytes; only the speed depends on it. q_ptr: int32 words."""
+    J: tl.constexpr = 16 if BITS == 6 else 32 // BITS
+    W: tl.constexpr = BLOCK_R // J
+    NB: tl.constexpr = BLOCK_R // 32
+    rows = r0 + tl.arange(0, W)[:, None, None] * J + tl.arange(0, J)[None, :, None]  # [W, J, 1]
+    m = ((rows < R) | (not MASKED)) & cmask[None, None, :]
+    bits = _to_bits(_load_raw(x_ptr + (b * R + rows) * C + c[None, None, :], m, IN_KIND), IN_KIND)
+    amax = tl.max(tl.reshape(tl.max(bits & 0x7FFFFFFF, axis=1), [NB, W // NB, BLOCK_C]), axis=1)  # [NB, BC]
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    xw = tl.reshape(tl.broadcast_to(x[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
+    badw = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
+    codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
+                         AWAY, DENORM, HW_CVT).to(tl.int32) & ((1 << BITS) - 1)  # [W, J, BC]
+    g = b * C + c  # output rows
+    k = tl.arange(0, J)[None, :, None]
+    if BITS == 6:
+        # code k at bit 6k of the unit's 96-bit little-endian word triple (as in _rows_fp6_words)
+        w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=1)
+        w1 = tl.sum(tl.where(k == 5, codes >> 2,
+                             tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)), axis=1)
+        w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)),
+                    axis=1)
+        wcol = r0 // 16 + tl.arange(0, W)
+        offs = g[:, None] * (R // 16 * 3) + wcol[None, :] * 3
+        wm = cmask[:, None] & ((wcol < R // 16) | (not MASKED))[None, :]
+        tl.store(q_ptr + offs, tl.trans(w0), mask=wm)
+        tl.store(q_ptr + offs + 1, tl.trans(w1), mask=wm)
+        tl.store(q_ptr + offs + 2, tl.trans(w2), mask=wm)
+    else:
+        # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
+        words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]
+        wcol = r0 // J + tl.arange(0, W)
+        wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
+        tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+    _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
+
+
+@triton.jit
 def _split_pid(pid, n_fast, n_mid):
     """Program id -> (fast, mid, batch) indices of a grid of batch x n_mid x n_fast tiles (fast varies fastest)."""
     t = pid // n_fast
@@ -547,6 +597,7 @@ def _quantize_kernel(
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
+    COL_PACKED: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -562,7 +613,8 @@ def _quantize_kernel(
     stored as one little-endian 4- / 8-byte word instead of RB scattered single bytes.
     SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored).
     FP6_WORDS (FP6, DO_ROW): :func:`_rows_fp6_words`; with DO_COL (cast-transpose), the column half reloads the
-    tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other."""
+    tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other.
+    COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload)."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -610,7 +662,7 @@ def _quantize_kernel(
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
                                 BLOCK_R, BLOCK_C, MASKED)
-            if DO_COL or not FP6_WORDS:
+            if (DO_COL and not COL_PACKED) or (DO_ROW and not FP6_WORDS):
                 # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
                 # program's first load just brought it into L1 / L2)
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
@@ -620,7 +672,11 @@ def _quantize_kernel(
                                               DENORM, HW_CVT, False, RAW16, SCALE_MODE)
                 _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                                  BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
-            if DO_COL and COL_DIRECT:
+            if DO_COL and COL_PACKED:
+                _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
+                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
+                             BLOCK_R, BLOCK_C, MASKED)
+            elif DO_COL and COL_DIRECT:
                 codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX,
                                               IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,
                                               SCALE_MODE)

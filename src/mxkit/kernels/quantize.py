@@ -96,6 +96,9 @@ class QuantizeConfig:
     # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
     # program's bytes of one block row are contiguous) and a tiled byte transpose moves them into place
     scale_t: bool = False
+    # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
+    # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
+    col_packed: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,46 +128,52 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
 
     Every config takes the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 went
     from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP6: 8 x 256
-    on 2); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R (rblocks).
+    on 2; FP8 with C >= 1024: 8 x 1024 on 8); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R (rblocks).
     Rowwise FP6: each thread packs and stores whole 16-code groups (fp6_words; 227 vs 264 us at 16384^2).
-    Columnwise / cast-transpose (blocks along R): one warp per tile (so the 32-row block reductions never
-    cross warps; cast-transpose FP4: two). Columnwise-only: FP8 64 x 32 tiles, FP4 / FP6 32 x 64;
-    cast-transpose 32 x 64. col_direct (quantize the untransposed tile, transpose only the 1-byte codes): FP8,
-    FP6, cast-transpose FP4. Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the
-    columns (958 -> 866 us at 16384^2). Plain column scales are written transposed ([R / 32, B * C]) and a
+    Columnwise / cast-transpose (blocks along R) of FP8 / FP4: col_packed (each thread packs whole 32-bit words
+    of codes along R, only the words are transposed; session 5, 16384^2: columnwise FP4 295 -> 230 us with the
+    bf16x2 rounding and the plain program order, FP8 262 -> 244, cast-transpose FP8 403 -> 336, FP4 497 ->
+    407), columnwise tiles FP8 64 x 64 on two warps, FP4 64 x 32 on one, cast-transpose FP8 32 x 128 and FP4
+    64 x 64 on two. FP6 / MXINT8: one warp per 32 x 64 tile
+    (so the 32-row block reductions never cross warps); FP6 with col_direct (quantize the untransposed tile,
+    transpose only the 1-byte codes; col_packed was 2x slower). Cast-transpose FP6 takes its rows through
+    fp6_words and reloads the tile for the columns (958 -> 866 us at 16384^2). Plain column scales are written
+    transposed ([R / 32, B * C]) and a
     tiled byte transpose moves them into place (scale_t), for columnwise FP4 / FP6 and cast-transpose of the
     float formats: columnwise FP4 338 -> 294 us, FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us, FP4
     518 -> 498 us, FP6 868 -> 785 us (columnwise FP8: 261 -> 277 us, not used; MXINT8 not measured). Only
     from 2^26 elements (8192^2 gained too): at 4096^2 and 32768 x 160 the bench timed 60-120 us more per call
     with it: the host time of the call with its second launch (80-160 us then) outran the bench's 100 us GPU
     spin, while the device time barely moved (scripts/ab_scale_t.py, benchmarks/h200-2026-11-22-s5/).
-    group_c (strips of 16 column tiles walked down R): columnwise FP4 / FP6, cast-transpose FP8 / FP6 (MXINT8
-    keeps the plain order, as before).
+    group_c (strips of 16 column tiles walked down R): columnwise and cast-transpose FP6 (FP8 / FP4 with
+    col_packed were 1-4% faster in the plain order; MXINT8 keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
-    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic (not columnwise-only, where it was
-    slower); FP6 keeps the integer encoder (its FP8-grid path was slower). All chosen from same-process A/B
-    runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/)."""
+    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic; FP6 keeps the integer encoder (its
+    FP8-grid path was slower). All chosen from same-process A/B runs of scripts/ab_quantize.py on an H200, bf16
+    8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/, -s4/, -s5/ab_variants.txt)."""
     f = get_format(fmt)
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: opt-in (slower in the A/B)
     if do_col:
         fp8 = f.is_float and f.bits == 8
+        packed = f.is_float and f.bits in (4, 8)  # col_packed (FP6: 2x slower; MXINT8: not measured)
+        r64 = 64 if R >= 64 else 32
         if do_row:  # cast-transpose
-            block_r, c_max, warps = 32, 64, (2 if f.bits == 4 else 1)
-            col_direct = f.bits in (4, 6, 8) and f.is_float
-            group_c = 16 if (fp8 or f.bits == 6) else 0
+            block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
         else:
-            block_r, c_max, warps = (64 if fp8 and R >= 64 else 32), (32 if fp8 else 64), 1
-            col_direct = fp8 or f.bits == 6
-            group_c = 16 if f.bits in (4, 6) else 0
+            block_r, c_max, warps = (r64, 64, 2) if fp8 else ((r64, 32, 1) if packed else (32, 64, 1))
+        group_c = 16 if f.bits == 6 else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
         padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=col_direct,
-                              hw_cvt=hw_cvt and (do_row or f.bits != 4), group_c=group_c, mode_const=True,
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=f.bits == 6 and f.is_float,
+                              col_packed=packed, hw_cvt=hw_cvt, group_c=group_c, mode_const=True,
                               fp6_words=do_row and f.bits == 6,
                               scale_t=f.is_float and (do_row or f.bits in (4, 6)) and B * R * C >= 1 << 26)
-    block_c = max(32, min(256, _pow2(C)))
-    block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
-    warps = max(1, min(4, block_r * block_c // 1024))
+    if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
+        block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
+    else:
+        block_c = max(32, min(256, _pow2(C)))
+        block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
+        warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
     rblocks = 4 if (f.bits in (4, 6) and n_tiles >= 16384) else 1
     span = block_r * rblocks
@@ -180,7 +189,8 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt (hw_dec; GPU only): the integer decode made the
     kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
     Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles;
-    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 8 x 256 tiles, and lane pairs swap half
+    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 4 x 512 tiles (session 5: 222 -> 212 us
+    at 16384^2 against 8 x 256), and lane pairs swap half
     groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 220 us at 16384^2; Nsight
     Compute had L2 at 89% of peak with 2x the write sectors of the output)."""
     f = get_format(fmt)
@@ -191,7 +201,7 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
         tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
         return DequantizeConfig(block_n, block_l, 4, needs_int64(B * tiles), hw_dec=hw_dec)
     load3d = f.is_float and f.bits in (4, 8)
-    block_l = max(32, min(512 if (load3d and f.bits == 8) else 256, _pow2(L)))
+    block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
     block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
@@ -387,6 +397,9 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
             lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
+    packed = bool(cfg.col_packed and do_col)
+    if packed:  # the column data is written as int32 words
+        slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
     rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
     span_r = cfg.block_r * rb
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
@@ -407,6 +420,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                         and scale_t is None),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
+        COL_PACKED=packed,
     )
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     return _QuantizePlan(outs, slots, in_view, (B * tiles_r * tiles_c,), ints, consts, cfg.num_warps, scale_t)

@@ -134,15 +134,14 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     of codes along R, only the words are transposed; session 5, 16384^2: columnwise FP4 295 -> 230 us with the
     bf16x2 rounding and the plain program order, FP8 262 -> 244, cast-transpose FP8 403 -> 336, FP4 497 ->
     407), columnwise tiles FP8 64 x 64 on two warps, FP4 64 x 32 on one, cast-transpose FP8 32 x 128 and FP4
-    64 x 64 on two. FP6 / MXINT8: one warp per 32 x 64 tile
-    (so the 32-row block reductions never cross warps); FP6 with col_direct (quantize the untransposed tile,
-    transpose only the 1-byte codes; col_packed was 2x slower). Cast-transpose FP6 takes its rows through
-    fp6_words and reloads the tile for the columns (958 -> 866 us at 16384^2). Plain column scales are written
-    transposed ([R / 32, B * C]) and a
-    tiled byte transpose moves them into place (scale_t), for columnwise FP4 / FP6 and cast-transpose of the
-    float formats: columnwise FP4 338 -> 294 us, FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us, FP4
-    518 -> 498 us, FP6 868 -> 785 us (columnwise FP8: 261 -> 277 us, not used; MXINT8 not measured). Only
-    from 2^26 elements (8192^2 gained too): at 4096^2 and 32768 x 160 the bench timed 60-120 us more per call
+    64 x 64 on two. FP6 / MXINT8: one warp per 32 x 64 tile (so the 32-row block reductions never cross
+    warps); FP6 with col_direct (quantize the untransposed tile, transpose only the 1-byte codes; col_packed
+    was 2x slower). Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the columns
+    (958 -> 866 us at 16384^2). Plain column scales are written transposed ([R / 32, B * C]) and a tiled byte
+    transpose moves them into place (scale_t), for the float formats except columnwise FP4: session 4,
+    columnwise FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us, FP4 518 -> 498 us, FP6 868 -> 785 us;
+    session 5 with col_packed, columnwise FP8 243 -> 236 us (FP4: 224 -> 223 us without it; MXINT8 not
+    measured). Only from 2^26 elements (8192^2 gained too): at 4096^2 and 32768 x 160 the bench timed 60-120 us more per call
     with it: the host time of the call with its second launch (80-160 us then) outran the bench's 100 us GPU
     spin, while the device time barely moved (scripts/ab_scale_t.py, benchmarks/h200-2026-11-22-s5/).
     group_c (strips of 16 column tiles walked down R): columnwise and cast-transpose FP6 (FP8 / FP4 with
@@ -167,7 +166,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=f.bits == 6 and f.is_float,
                               col_packed=packed, hw_cvt=hw_cvt, group_c=group_c, mode_const=True,
                               fp6_words=do_row and f.bits == 6,
-                              scale_t=f.is_float and (do_row or f.bits in (4, 6)) and B * R * C >= 1 << 26)
+                              scale_t=f.is_float and (do_row or f.bits != 4) and B * R * C >= 1 << 26)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     else:

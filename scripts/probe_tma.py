@@ -71,6 +71,13 @@ def _q_persistent(
 _SMS = None
 
 
+
+def _data(lead, n, f, device):
+    """The qdata view the kernel writes: uint8 (*lead, n packed), int32 words for FP6."""
+    q = torch.empty(*lead, n * f.pack_bytes // f.pack, dtype=torch.uint8, device=device)
+    return q.view(torch.int32) if f.bits == 6 else q
+
+
 def launch(x, fmt, kind, mode, br, bc, warps, stages, use_tma, per_sm=None, cd=False, db=False, out=None):
     """x: bf16 [R, C] CUDA, tiles dividing it. kind rows | cols | ct. Returns (q, s) or (qr, sr, qc, sc)."""
     global _SMS
@@ -80,10 +87,10 @@ def launch(x, fmt, kind, mode, br, bc, warps, stages, use_tma, per_sm=None, cd=F
     if out is None:
         out = []
         if do_row:
-            out += list(kq._alloc_data((R,), C, f, x.device))[1:] + [torch.empty(R, C // 32, dtype=torch.uint8,
+            out += [_data((R,), C, f, x.device)] + [torch.empty(R, C // 32, dtype=torch.uint8,
                                                                                 device=x.device)]
         if do_col:
-            out += list(kq._alloc_data((C,), R, f, x.device))[1:] + [torch.empty(C, R // 32, dtype=torch.uint8,
+            out += [_data((C,), R, f, x.device)] + [torch.empty(C, R // 32, dtype=torch.uint8,
                                                                                 device=x.device)]
     qr, sr = (out[0], out[1]) if do_row else (None, None)
     qc, sc = (out[-2], out[-1]) if do_col else (None, None)

@@ -494,27 +494,27 @@ def test_direct_launch_keys_on_every_specialisation(monkeypatch):
     buf = torch.zeros(64, dtype=torch.uint8)
     aligned = buf[(-buf.data_ptr()) % 16:][:32]
     assert aligned.data_ptr() % 16 == 0
-    launch((3,), (aligned, 32, 5), {"A": 1}, 4)
+    launch((3,), (aligned, 32, 5), (("A", 1),), 4)
     assert len(jit_calls) == 1 and not direct_calls
-    launch((4,), (aligned, 48, 7), {"A": 1}, 4)  # same specialisation (48 % 16 == 0, 7 neither 1 nor % 16)
+    launch((4,), (aligned, 48, 7), (("A", 1),), 4)  # same specialisation (48 % 16 == 0, 7 neither 1 nor % 16)
     assert len(jit_calls) == 1 and direct_calls == [((4, 1, 1), (aligned, 48, 7, 1, 7))]
     variants = [
-        ((aligned[1:], 32, 5), {"A": 1}, 4),  # misaligned pointer
-        ((aligned.view(torch.int8), 32, 5), {"A": 1}, 4),  # other dtype
-        ((aligned, 33, 5), {"A": 1}, 4),  # not % 16
-        ((aligned, 32, 1), {"A": 1}, 4),  # == 1
-        ((aligned, 32, 2**31), {"A": 1}, 4),  # 64-bit
-        ((aligned, 32, 5), {"A": 2}, 4),  # constexpr
-        ((aligned, 32, 5), {"A": 1, "B": 3}, 4),  # constexpr default overridden
-        ((aligned, 32, 5), {"A": 1}, 8),  # num_warps
+        ((aligned[1:], 32, 5), (("A", 1),), 4),  # misaligned pointer
+        ((aligned.view(torch.int8), 32, 5), (("A", 1),), 4),  # other dtype
+        ((aligned, 33, 5), (("A", 1),), 4),  # not % 16
+        ((aligned, 32, 1), (("A", 1),), 4),  # == 1
+        ((aligned, 32, 2**31), (("A", 1),), 4),  # 64-bit
+        ((aligned, 32, 5), (("A", 2),), 4),  # constexpr
+        ((aligned, 32, 5), (("A", 1), ("B", 3)), 4),  # constexpr default overridden
+        ((aligned, 32, 5), (("A", 1),), 8),  # num_warps
     ]
     for k, (args, consts, warps) in enumerate(variants):
         launch((1,), args, consts, warps)
         assert len(jit_calls) == 2 + k, f"variant {k} reused a kernel of another specialisation"
-    launch((1,), (aligned, 32, 5), {"A": 1, "B": 3}, 4)
+    launch((1,), (aligned, 32, 5), (("A", 1), ("B", 3)), 4)
     assert direct_calls[-1] == ((1, 1, 1), (aligned, 32, 5, 1, 3))
     monkeypatch.setattr(kq, "_FAST_LAUNCH", False)  # off: Triton's path every time
-    launch((1,), (aligned, 32, 5), {"A": 1}, 4)
+    launch((1,), (aligned, 32, 5), (("A", 1),), 4)
     assert len(jit_calls) == 2 + len(variants)
 
 

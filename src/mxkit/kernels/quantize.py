@@ -254,12 +254,6 @@ def _cols_padded(nblk: int, layout: str) -> int:
     return scale_layout_shape(1, nblk, layout)[1]
 
 
-def _alloc_data(lead: tuple, n: int, f: ElementFormat, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """qdata (uint8) and the view the kernel writes (int32 words for FP6)."""
-    q = torch.empty(*lead, n * f.pack_bytes // f.pack, dtype=torch.uint8, device=device)
-    return q, (q.view(torch.int32) if f.bits == 6 else q)
-
-
 def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int) -> bool:
     """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
     FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
@@ -311,18 +305,20 @@ class _Launcher:
             return (a.dtype, a.data_ptr() % 16 == 0)
         return (a == 1, a % 16 == 0, -(2**31) <= a <= _INT32_LIMIT)
 
-    def __call__(self, grid: tuple, args: tuple, consts: dict, num_warps: int) -> None:
+    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int) -> None:
+        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are)."""
         fn = getattr(K, self.name)
         if not _FAST_LAUNCH or not isinstance(fn, triton.runtime.JITFunction):  # (the interpreter: not a JITFunction)
-            fn[grid](*args, **consts, num_warps=num_warps)
+            fn[grid](*args, **dict(consts), num_warps=num_warps)
             return
         _, ok, names, defaults = self._meta(fn)
-        key = (tuple(map(self._spec, args)), tuple(consts.items()), num_warps, torch.cuda.current_device())
+        key = (tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device())
         hit = self.cache.get(key) if ok else None
         if hit is None:
-            k = fn[grid](*args, **consts, num_warps=num_warps)
+            given = dict(consts)
+            k = fn[grid](*args, **given, num_warps=num_warps)
             if ok and hasattr(k, "function") and hasattr(k, "__getitem__"):
-                self.cache[key] = (k, tuple(consts.get(n, defaults[n]) for n in names))
+                self.cache[key] = (k, tuple(given.get(n, defaults[n]) for n in names))
             return
         k, full_consts = hit
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
@@ -356,15 +352,15 @@ class _QuantizePlan:
 _IN_VIEW = {torch.float32: (torch.int32, 0), torch.bfloat16: (torch.int16, 1), torch.float16: (None, 2)}
 
 
-def _out_shapes(lead: tuple, n: int, f: ElementFormat, layout: str) -> tuple:
-    """((qdata shape, False), (scale shape, zero-filled)) of one MX output: qdata (*lead, n packed); scale plain
-    (*lead, n / 32) or the swizzled 2-D layout shape (pad bytes 0, hence zero-filled when padded)."""
-    q = ((*lead, n * f.pack_bytes // f.pack), False)
+def _out_shapes(shape: tuple, axis: int, f: ElementFormat, layout: str) -> tuple:
+    """((qdata shape, False), (scale shape, zero-filled)) of x (shape) quantized along axis: the MXTensor shapes,
+    the scale in the swizzled 2-D layout shape when not plain (pad bytes 0, hence zero-filled when padded)."""
+    q, sc = MXTensor.expected_shapes(shape, axis, f, BLOCK_SIZE)
     if layout == "plain":
-        return q, ((*lead, n // BLOCK_SIZE), False)
-    rows = math.prod(lead)
-    shape = scale_layout_shape(rows, n // BLOCK_SIZE, layout)
-    return q, (shape, shape != (rows, n // BLOCK_SIZE))
+        return (q, False), (sc, False)
+    rows = math.prod(sc[:-1])
+    swz = scale_layout_shape(rows, sc[-1], layout)
+    return (q, False), (swz, swz != (rows, sc[-1]))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -378,14 +374,15 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     if axis is None:  # cast-transpose: [B, M, K], both copies
         M, Kd = shape[-2], shape[-1]
         B, R, C, do_row, do_col = math.prod(shape[:-2]), M, Kd, True, True
-        outs = _out_shapes(shape[:-1], Kd, f, scale_layout) + _out_shapes(shape[:-2] + (Kd,), M, f, scale_layout)
+        outs = _out_shapes(shape, len(shape) - 1, f, scale_layout) + _out_shapes(shape, len(shape) - 2, f,
+                                                                                  scale_layout)
         slots = ((0, f.bits == 6), (1, False), (2, f.bits == 6), (3, False))
         lay_r, lay_c = lay, lay
         colsp_r, colsp_c = _cols_padded(Kd // BLOCK_SIZE, scale_layout), _cols_padded(M // BLOCK_SIZE, scale_layout)
     else:
         axis = axis % len(shape)
         L, Q = shape[axis], math.prod(shape[axis + 1 :])
-        outs = _out_shapes(shape[:axis] + shape[axis + 1 :], L, f, scale_layout)
+        outs = _out_shapes(shape, axis, f, scale_layout)
         cols_p = _cols_padded(L // BLOCK_SIZE, scale_layout)
         if Q == 1:  # rowwise: [1, B, L]
             B, R, C, do_row, do_col = 1, math.prod(shape[:axis]), L, True, False
@@ -408,7 +405,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         # contiguous), then transposed into place by a tiled byte transpose (1/32 of the data)
         scale_t = ((R // 32, B * C), len(outs) - 1, B * C, R // 32)
         lay_c, colsp_c = _LAYOUT_PLAIN_T, B * C  # (colsp_c: the transposed scale's row length)
-    consts = dict(
+    consts = tuple(dict(
         IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
         AWAY=rnd is Rounding.AWAY, **_format_constexprs(f),
         BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM=cfg.denorm,
@@ -420,7 +417,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed,
-    )
+    ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     return _QuantizePlan(outs, slots, in_view, (B * tiles_r * tiles_c,), ints, consts, cfg.num_warps, scale_t)
 
@@ -433,13 +430,12 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     ptrs = [(outs[i].view(torch.int32) if word else outs[i]) if i >= 0 else None for i, word in plan.slots]
     dummy = ptrs[0] if ptrs[0] is not None else ptrs[2]
     if plan.scale_t is not None:
-        tshape, si, _, _ = plan.scale_t
+        tshape, si, rows, cols = plan.scale_t
         ptrs[3] = torch.empty(tshape, dtype=torch.uint8, device=dev)
     ptrs = [p if p is not None else dummy for p in ptrs]
     xv = x.view(plan.in_view) if plan.in_view is not None else x
     _QUANTIZE(plan.grid, (xv, *ptrs, *plan.ints), plan.consts, plan.num_warps)
     if plan.scale_t is not None:
-        _, si, rows, cols = plan.scale_t
         _transpose_bytes(ptrs[3], outs[si].view(rows, cols))
     return tuple(outs)
 
@@ -451,7 +447,7 @@ def _transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.numel() == 0:
         return
     tiles_n = -(-N // 64)
-    _TRANSPOSE((-(-M // 64) * tiles_n,), (src, dst, M, N, tiles_n), {"BLOCK": 64}, 4)
+    _TRANSPOSE((-(-M // 64) * tiles_n,), (src, dst, M, N, tiles_n), (("BLOCK", 64),), 4)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -487,7 +483,7 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     Bk, N = (B, Q) if trans else (1, B)
     cfg = cfg or dequantize_config(Bk, N, L, trans, f)
     tiles_n, tiles_l = -(-N // cfg.block_n), -(-L // cfg.block_l)
-    consts = dict(
+    consts = tuple(dict(
         TRANS=trans, OUT_KIND=_OUT_KIND[kdtype],
         BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), BIAS=f.bias,
         IS_INT=not f.is_float, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
@@ -498,7 +494,7 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
         SWAP=bool(cfg.fp6_words and cfg.pair_swap and f.bits == 6 and not trans and cfg.block_l >= 32
                   and kdtype != torch.float32 and not _interpret()),
-    )
+    ).items())
     return (kdtype, kdtype == torch.bfloat16, f.bits == 6, (Bk * tiles_n * tiles_l,), (N, L, tiles_n, tiles_l),
             consts, cfg.num_warps)
 

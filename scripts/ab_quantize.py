@@ -44,9 +44,12 @@ def variants():
     # 76% vs 80) against other tiles
     r8 = [("default", None)] + [(f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w})
                                 for r, c, w in ((8, 512, 4), (16, 512, 8), (4, 1024, 4), (8, 1024, 8))]
-    r4 = [("default", None), v("rb1 runtime mode", 16, 256, 4, F, hw_cvt=True)]
-    # fp6_words (default since session 4: 264 -> 227 us at 16384^2) against the previous default
-    r6 = [("default", None), v("prev (no words)", 8, 256, 2, F, rblocks=4, mode_const=True)]
+    # session 6 (benchmarks/h200-2026-11-22-s6/ab_variants.txt, runs 4-6): rowwise FP4 with fp4_pairs (bf16
+    # pairs read as words, rounded straight into packed bytes; default since, on 2 x 1024 tiles) and rowwise
+    # FP6 through the FP8 cvt (default since, on 4 x 512 tiles), against the session-5 defaults
+    r4 = [("default", None), ("s5", {"fp4_pairs": False, "block_r": 16, "block_c": 256, "num_warps": 4})] + [
+        (f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w}) for r, c, w in ((4, 512, 2), (2, 2048, 4))]
+    r6 = [("default", None), ("s5", {"hw_cvt": False, "block_r": 8, "block_c": 256})]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
     # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows
@@ -63,16 +66,20 @@ def variants():
     # defaults since (columnwise FP4 with the bf16x2 rounding, cast-transpose FP8 on 32x128w2)
     # run 6: around the new defaults (adopted: columnwise FP8 64x64w2, FP4 and cast-transpose FP8 in the plain
     # program order). Run 7: scale_t with the packed column tiles
-    c8 = [("default", None), ("st", {"scale_t": True})]
-    c4 = [("default", None), ("no st", {"scale_t": False})]
-    t8 = [("default", None), ("no st", {"scale_t": False})]
-    t4 = [("default", None), ("no st", {"scale_t": False})]
-    c6 = t6 = [("default", None)]
+    # Session 6: col_lanes (tile loaded as [W, J, C / 8, 8], lanes along the units, words stored with no
+    # transpose) was 25-45% slower for columnwise FP8 / FP4 and cast-transpose FP8 (run 3; removed); FP6
+    # columns through col_packed with a word-interleaved store (whole sectors from 128-row tiles) 10-15% slower
+    # than col_direct (runs 1-2); the FP8-grid rounding for FP6 columns 0-3% slower, FP4 pairs in the
+    # cast-transpose 2-4% slower (run 6)
+    c8 = c4 = t8 = [("default", None)]
+    t4 = [("default", None), ("pairs", {"fp4_pairs": True})]
+    c6 = [("default", None), ("pk 128x64w2", {"col_packed": True, "block_r": 128, "block_c": 64, "num_warps": 2})]
+    t6 = [("default", None), ("hw", {"hw_cvt": True})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [
         (f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w})
-        for n, lw, w in ((8, 256, 2), (4, 256, 1), (2, 512, 1))]
+        for n, lw, w in ((8, 512, 4), (2, 1024, 2), (4, 1024, 4), (8, 256, 2), (2, 512, 1))]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),

@@ -121,8 +121,10 @@ def _interpret_checks() -> int:
             n += 1
         # col_packed (codes packed into words along R before the transpose) on every format (the production
         # path for FP8 / FP4 columns): a batch, ragged R and C tiles, a layout per format, cast-transpose too
-        x = rand_tensor((2, 96, 40), 1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
-        cfg = QuantizeConfig((64, 32)[i % 2], (32, 16)[i % 2], 1, False, col_packed=True, scale_t=(i % 3 == 0))
+        # (128-row tiles: the FP6 columnwise default, whose stores run along (word, unit); one full, one ragged)
+        x = rand_tensor((2, 160, 40), 1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
+        cfg = QuantizeConfig((64, 32, 128)[i % 3], (32, 16, 16)[i % 3], 1 + i % 3 // 2, False, col_packed=True,
+                             scale_t=(i % 2 == 0))
         lay = "plain" if i % 3 == 0 else layout
         q, s = _quantize_impl(x, fmt, 1, "even", rnd, lay, cfg=cfg)
         ref = quantize_reference(x, fmt, axis=1, scale_mode="even", rounding=rnd)
@@ -393,6 +395,12 @@ def test_opt_in_paths_compile_for_sm90(variant):
             assert quant("mxfp4_e2m1", True, False, 16, 256, 4, HW_CVT=True, RB=4, SCALE_MODE=mode) > 0
         assert quant("mxfp6_e2m3", True, False, 8, 256, 2, RB=4, SCALE_MODE=3) > 0
         assert quant("mxfp6_e3m2", True, False, 8, 256, 2, RB=4, SCALE_MODE=1, FP6_WORDS=True) > 0
+        # session-6 defaults: rowwise FP6 words through the FP8 cvt, rowwise FP4 pairs (alone and in a
+        # cast-transpose), FP6 columns packed with the word-interleaved store
+        assert quant("mxfp6_e2m3", True, False, 4, 512, 2, RB=4, SCALE_MODE=2, FP6_WORDS=True, HW_CVT=True) > 0
+        assert quant("mxfp4_e2m1", True, False, 2, 1024, 2, HW_CVT=True, RB=4, SCALE_MODE=0, FP4_PAIRS=True) > 0
+        assert quant("mxfp4_e2m1", True, True, 64, 64, 2, HW_CVT=True, COL_PACKED=True, FP4_PAIRS=True) > 0
+        assert quant("mxfp6_e3m2", False, True, 128, 64, 2, COL_PACKED=True) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -716,6 +724,10 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         mc = dict(hw_cvt=True, mode_const=True)
         row_cfgs += [QC(16, 256, 4, False, **mc), QC(16, 256, 4, False, row3d=True, **mc),
                      QC(16, 256, 4, False, rblocks=2, **mc)]
+        # the session-6 rowwise defaults (FP6 words through the FP8 cvt; FP4 bf16 pairs, on bf16 at k = 7),
+        # on tiles wider than the 608-element rows (masked)
+        row_cfgs += [QC(4, 512, 2, False, rblocks=4, fp6_words=True, **mc),
+                     QC(2, 1024, 2, False, rblocks=4, fp4_pairs=True, **mc)]
         col_cfgs += [QC(32, 64, 2, False, group_c=3, **mc), QC(32, 64, 2, False, col_direct=True, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
@@ -728,6 +740,7 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
         col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),
                      QC(32, 64, 1, False, fp6_words=True, col_direct=True)]
+        col_cfgs += [QC(128, 32, 2, False, col_packed=True)]  # 128-row packed tiles, word-interleaved store
     dts = [torch.float32, torch.bfloat16, torch.float16]
     for k, cfg in enumerate(row_cfgs):
         if part != f"rows{k % 2}":

@@ -196,6 +196,53 @@ def _fp4_bf16x2(xh, fh):
     return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True, pack=4)
 
 
+# one E2M1 code per 16-bit half as in _fp4_bf16x2 ({x}: the bf16 pair, {f}: their factors, {d}: the result)
+_FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
+             "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
+             "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
+             "shr.u32 s, {x}, 12; and.b32 s, s, 0x00080008; or.b32 {d}, c, s; ")
+# four bf16 pairs (one 32-bit word each, $1-$4) and their factors ($5-$8) -> four packed bytes: code pairs
+# (even code in the low half, odd in the high half) are merged two words at a time, t = c0 | c1 << 8, whose
+# t | t >> 12 holds the bytes of both pairs in its low 16 bits; one prmt joins the two halves
+_FP4_PAIRS_ASM = tl.constexpr(
+    "{ .reg .b32 k6, k1, a, e, m, t, c, s, c0, c1, h0, h1; mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
+    + _FP4_CODE.format(x="$1", f="$5", d="c0") + _FP4_CODE.format(x="$2", f="$6", d="c1")
+    + "shl.b32 c1, c1, 8; or.b32 c0, c0, c1; shr.u32 c1, c0, 12; or.b32 h0, c0, c1; "
+    + _FP4_CODE.format(x="$3", f="$7", d="c0") + _FP4_CODE.format(x="$4", f="$8", d="c1")
+    + "shl.b32 c1, c1, 8; or.b32 c0, c0, c1; shr.u32 c1, c0, 12; or.b32 h1, c0, c1; "
+    + "prmt.b32 $0, h0, h1, 0x5410; }")
+
+
+@triton.jit
+def _fp4_bf16x2_pairs(xw, fw):
+    """:func:`_fp4_bf16x2` on bf16 pairs loaded as 32-bit words (xw: int32, even element in the low half; fw:
+    int32, the pair's block factor 2^-X in both halves) -> the packed byte of each pair (even code in the low
+    nibble, as stored). Four pairs per asm block (_FP4_PAIRS_ASM). Elementwise on words, so any layout gives
+    the same bytes."""
+    return tl.inline_asm_elementwise(_FP4_PAIRS_ASM, "=r,r,r,r,r,r,r,r,r", [xw, fw], dtype=tl.uint8, is_pure=True,
+                                     pack=4)
+
+
+@triton.jit
+def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    A: tl.constexpr, N: tl.constexpr, MASKED: tl.constexpr):
+    """Rowwise FP4 from bf16 (HW_CVT; GPU only): rows g, elements n0 .. n0 + N, loaded as 32-bit words (bf16
+    pairs: x_ptr is the int32 view of the input), rounded pair-wise straight into the packed bytes
+    (:func:`_fp4_bf16x2_pairs`; the per-element path unpacked its codes to shift and OR them back together)."""
+    wc = n0 // 2 + tl.arange(0, N // 32)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, N / 32, 16]
+    m = gmask[:, None, None] & ((wc < Ltot // 2) | (not MASKED))
+    xw = tl.load(x_ptr + g[:, None, None] * _half_row(Ltot) + wc, mask=m, other=0)  # [A, N / 32, 16] words
+    am = tl.maximum(xw & 0x7FFF, (xw >> 16) & 0x7FFF)
+    amax = tl.max(am, axis=2) << 16  # the fp32 bits of the bf16 amax of each block
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    f = (127 - x) << 7
+    fw = tl.broadcast_to((f | (f << 16))[:, :, None], [A, N // 32, 16])
+    packed = tl.where((amax >= 0x7F800000)[:, :, None], 0, _fp4_bf16x2_pairs(xw, fw))
+    tl.store(q_ptr + g[:, None, None] * _half_row(Ltot) + wc, packed, mask=m)
+    _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+
+
 @triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
@@ -492,7 +539,8 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
 def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
                     LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
-                    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr):
+                    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr,
+                    HW_CVT: tl.constexpr = False):
     """FP6_WORDS (rowwise FP6 quantize): rows grow, elements c0 .. c0 + BLOCK_C, with each thread holding whole
     16-element groups (two 8-element loads over a [groups, rows, 8] tile: lanes go along the groups, the lower
     of the equally contiguous dims), so the 4-codes-in-3-bytes pack needs no exchange: the thread writes its
@@ -513,7 +561,7 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
     xg = tl.reshape(tl.permute(tl.join(x, x), [0, 2, 1]), [G, BLOCK_R])
     badg = tl.reshape(tl.permute(tl.join(amax, amax), [0, 2, 1]), [G, BLOCK_R]) >= 0x7F800000
     codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
-                         AWAY, DENORM, False)  # [G, BLOCK_R, 16]
+                         AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
     # code k at bit 6k of the group's 96-bit little-endian word triple
     k = tl.arange(0, 16)[None, None, :]
     w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=2)
@@ -551,10 +599,10 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     xw = tl.reshape(tl.broadcast_to(x[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
     badw = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
-    codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
-                         AWAY, DENORM, HW_CVT).to(tl.int32) & ((1 << BITS) - 1)  # [W, J, BC]
     g = b * C + c  # output rows
     k = tl.arange(0, J)[None, :, None]
+    codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
+                         AWAY, DENORM, HW_CVT).to(tl.int32) & ((1 << BITS) - 1)  # [W, J, BC]
     if BITS == 6:
         # code k at bit 6k of the unit's 96-bit little-endian word triple (as in _rows_fp6_words)
         w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=1)
@@ -562,12 +610,16 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
                              tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)), axis=1)
         w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)),
                     axis=1)
+        # the unit's words as [BC, W, 4] (word 3 repeats word 2 and is not stored): one layout conversion, then
+        # the store's lanes run along (word, unit), so with W >= 8 (BLOCK_R >= 128) a warp writes 8 units = 96
+        # contiguous bytes = 3 whole 32-byte sectors of an output row per instruction (three separate word
+        # stores, or 32-row tiles, wrote 12-byte-strided or 24-byte pieces: partial sectors)
+        w4 = tl.permute(tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w2)), [W, BLOCK_C, 4]), [1, 0, 2])
         wcol = r0 // 16 + tl.arange(0, W)
-        offs = g[:, None] * (R // 16 * 3) + wcol[None, :] * 3
-        wm = cmask[:, None] & ((wcol < R // 16) | (not MASKED))[None, :]
-        tl.store(q_ptr + offs, tl.trans(w0), mask=wm)
-        tl.store(q_ptr + offs + 1, tl.trans(w1), mask=wm)
-        tl.store(q_ptr + offs + 2, tl.trans(w2), mask=wm)
+        j = tl.arange(0, 4)[None, None, :]
+        offs = g[:, None, None] * (R // 16 * 3) + (wcol * 3)[None, :, None] + j
+        wm = cmask[:, None, None] & ((wcol < R // 16) | (not MASKED))[None, :, None] & (j < 3)
+        tl.store(q_ptr + offs, w4, mask=wm)
     else:
         # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
         words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]
@@ -597,7 +649,7 @@ def _quantize_kernel(
     MASKED: tl.constexpr, HW_CVT: tl.constexpr = False, ROW3D: tl.constexpr = False,
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
-    COL_PACKED: tl.constexpr = False,
+    COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -614,7 +666,8 @@ def _quantize_kernel(
     SCALE_MODE >= 0: the scale rule as a constexpr (the runtime scale_mode is then ignored).
     FP6_WORDS (FP6, DO_ROW): :func:`_rows_fp6_words`; with DO_COL (cast-transpose), the column half reloads the
     tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other.
-    COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload)."""
+    COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload).
+    FP4_PAIRS (DO_ROW, FP4 from bf16 with HW_CVT): :func:`_rows_fp4_pairs`."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -661,12 +714,16 @@ def _quantize_kernel(
                 tl.static_assert(DO_ROW and BITS == 6)
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
-                                BLOCK_R, BLOCK_C, MASKED)
-            if (DO_COL and not COL_PACKED) or (DO_ROW and not FP6_WORDS):
+                                BLOCK_R, BLOCK_C, MASKED, HW_CVT)
+            if (DO_COL and not COL_PACKED) or (DO_ROW and not (FP6_WORDS or FP4_PAIRS)):
                 # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
                 # program's first load just brought it into L1 / L2)
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
-            if DO_ROW and not FP6_WORDS:
+            if DO_ROW and FP4_PAIRS:
+                tl.static_assert(RAW16)
+                _rows_fp4_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, LAYOUT_R, MBITS,
+                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED)
+            elif DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
                                               DENORM, HW_CVT, False, RAW16, SCALE_MODE)

@@ -99,6 +99,9 @@ class QuantizeConfig:
     # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
     # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
     col_packed: bool = False
+    # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
+    # rounded straight into its packed byte (_rows_fp4_pairs); skipped for an input address not a multiple of 4
+    fp4_pairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     """Pick the tile for x viewed [B, R, C] (pure function of the problem).
 
     Every config takes the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 went
-    from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP6: 8 x 256
-    on 2; FP8 with C >= 1024: 8 x 1024 on 8); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R (rblocks).
-    Rowwise FP6: each thread packs and stores whole 16-code groups (fp6_words; 227 vs 264 us at 16384^2).
+    from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP8 with
+    C >= 1024: 8 x 1024 on 8; FP4: 2 x 1024 on 2; FP6: 4 x 512 on 2); on large problems (>= 16384 tiles) FP4 /
+    FP6 programs walk 4 tiles down R (rblocks). Rowwise FP6: each thread packs and stores whole 16-code groups
+    (fp6_words; 227 vs 264 us at 16384^2) and rounds through the FP8 cvt (hw_cvt; session 6 with 4 x 512
+    tiles: 227 -> 222 us). Rowwise FP4 from bf16: the input is read as bf16 pairs (32-bit words) rounded
+    straight into packed bytes (fp4_pairs; session 6 with 2 x 1024 tiles: 206 -> 179 us at 16384^2,
+    59.4 -> 51.5 us at 8192^2).
     Columnwise / cast-transpose (blocks along R) of FP8 / FP4: col_packed (each thread packs whole 32-bit words
     of codes along R, only the words are transposed; session 5, 16384^2: columnwise FP4 295 -> 230 us with the
     bf16x2 rounding and the plain program order, FP8 262 -> 244, cast-transpose FP8 403 -> 336, FP4 497 ->
@@ -147,11 +154,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     group_c (strips of 16 column tiles walked down R): columnwise and cast-transpose FP6 (FP8 / FP4 with
     col_packed were 1-4% faster in the plain order; MXINT8 keeps the plain order, as before).
     Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
-    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic; FP6 keeps the integer encoder (its
-    FP8-grid path was slower). All chosen from same-process A/B runs of scripts/ab_quantize.py on an H200, bf16
+    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic; FP6 through the FP8 cvt rowwise only (the
+    column paths keep the integer encoder: the FP8-grid path was 0-3% slower there). All chosen from same-process A/B runs of scripts/ab_quantize.py on an H200, bf16
     8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/, -s4/, -s5/ab_variants.txt)."""
     f = get_format(fmt)
-    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: opt-in (slower in the A/B)
+    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B
     if do_col:
         fp8 = f.is_float and f.bits == 8
         packed = f.is_float and f.bits in (4, 8)  # col_packed (FP6: 2x slower; MXINT8: not measured)
@@ -169,16 +176,20 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               scale_t=f.is_float and (do_row or f.bits != 4) and B * R * C >= 1 << 26)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
+    elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
+        block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
+        block_r = max(1, min(_pow2(R), 2048 // block_c))
+        warps = max(1, min(2, block_r * block_c // 1024))
     else:
         block_c = max(32, min(256, _pow2(C)))
-        block_r = max(1, min(_pow2(R), (2048 if f.bits == 6 else 4096) // block_c))
+        block_r = max(1, min(_pow2(R), 4096 // block_c))
         warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
     rblocks = 4 if (f.bits in (4, 6) and n_tiles >= 16384) else 1
     span = block_r * rblocks
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
-    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=hw_cvt, rblocks=rblocks,
-                          mode_const=True, fp6_words=f.bits == 6)
+    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
+                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -340,13 +351,16 @@ class _QuantizePlan:
 
     outs: (shape, zero-filled) of each uint8 output, in return order; slots: for the kernel's qr, sr, qc, sc
     pointers, (output index or -1 for a dummy, int32 view); ints: the kernel's runtime ints; scale_t: None or
-    (transposed scale shape, output index, rows, cols) of the column scale written transposed."""
+    (transposed scale shape, output index, rows, cols) of the column scale written transposed; unaligned: None
+    or the constexprs for an input whose address is not a multiple of 4 bytes (FP4_PAIRS reads bf16 pairs as
+    32-bit words)."""
 
-    __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t")
+    __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned")
 
-    def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t):
+    def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t, unaligned=None):
         self.outs, self.slots, self.in_view, self.grid = outs, slots, in_view, grid
         self.ints, self.consts, self.num_warps, self.scale_t = ints, consts, num_warps, scale_t
+        self.unaligned = unaligned
 
 
 _IN_VIEW = {torch.float32: (torch.int32, 0), torch.bfloat16: (torch.int16, 1), torch.float16: (None, 2)}
@@ -417,9 +431,13 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed,
+        FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
+                       and hw_cvt_ok(cfg, f, rnd, in_kind) and cfg.block_r * cfg.block_c >= 256 * cfg.num_warps),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
-    return _QuantizePlan(outs, slots, in_view, (B * tiles_r * tiles_c,), ints, consts, cfg.num_warps, scale_t)
+    unaligned = tuple((k, False if k == "FP4_PAIRS" else v) for k, v in consts) if dict(consts)["FP4_PAIRS"] else None
+    return _QuantizePlan(outs, slots, in_view, (B * tiles_r * tiles_c,), ints, consts, cfg.num_warps, scale_t,
+                         unaligned)
 
 
 def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
@@ -434,7 +452,8 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
         ptrs[3] = torch.empty(tshape, dtype=torch.uint8, device=dev)
     ptrs = [p if p is not None else dummy for p in ptrs]
     xv = x.view(plan.in_view) if plan.in_view is not None else x
-    _QUANTIZE(plan.grid, (xv, *ptrs, *plan.ints), plan.consts, plan.num_warps)
+    consts = plan.consts if plan.unaligned is None or x.data_ptr() % 4 == 0 else plan.unaligned
+    _QUANTIZE(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[3], outs[si].view(rows, cols))
     return tuple(outs)

@@ -71,10 +71,19 @@ def variants():
     # columns through col_packed with a word-interleaved store (whole sectors from 128-row tiles) 10-15% slower
     # than col_direct (runs 1-2); the FP8-grid rounding for FP6 columns 0-3% slower, FP4 pairs in the
     # cast-transpose 2-4% slower (run 6)
-    c8 = c4 = t8 = [("default", None)]
-    t4 = [("default", None), ("pairs", {"fp4_pairs": True})]
+    # col_wide: 8 FP8 codes per 64-bit packed unit (half the transposed elements)
+    def wd(tiles):
+        return [(f"wide {r}x{c}w{w}", {"col_wide": True, "block_r": r, "block_c": c, "num_warps": w})
+                for r, c, w in tiles]
+
+    c8 = [("default", None)] + wd(((64, 64, 2), (64, 32, 1), (128, 64, 4), (64, 128, 4), (128, 32, 2)))
+    t8 = [("default", None)]
+    c4 = [("default", None)] + wd(((64, 64, 1), (128, 32, 1), (128, 64, 2), (256, 32, 2)))
+    t4 = [("default", None)] + wd(((64, 64, 1), (128, 64, 2), (64, 128, 2)))
     c6 = [("default", None), ("pk 128x64w2", {"col_packed": True, "block_r": 128, "block_c": 64, "num_warps": 2})]
-    t6 = [("default", None), ("hw", {"hw_cvt": True})]
+    t6 = [("default", None)] + [(f"{r}x{c}w{w} g{gc}", {"block_r": r, "block_c": c, "num_warps": w, "group_c": gc})
+                                for r, c, w, gc in ((32, 64, 1, 0), (32, 128, 2, 16), (32, 128, 4, 16),
+                                                    (64, 64, 2, 16), (32, 32, 1, 16))]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [

@@ -123,8 +123,9 @@ def _interpret_checks() -> int:
         # path for FP8 / FP4 columns): a batch, ragged R and C tiles, a layout per format, cast-transpose too
         # (128-row tiles: the FP6 columnwise default, whose stores run along (word, unit); one full, one ragged)
         x = rand_tensor((2, 160, 40), 1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
+        # (col_wide: 64-bit units for the 8- / 4-bit formats, the FP8 / FP4 columnwise default; e5m2 keeps 32-bit)
         cfg = QuantizeConfig((64, 32, 128)[i % 3], (32, 16, 16)[i % 3], 1 + i % 3 // 2, False, col_packed=True,
-                             scale_t=(i % 2 == 0))
+                             scale_t=(i % 2 == 0), col_wide=(i != 1))
         lay = "plain" if i % 3 == 0 else layout
         q, s = _quantize_impl(x, fmt, 1, "even", rnd, lay, cfg=cfg)
         ref = quantize_reference(x, fmt, axis=1, scale_mode="even", rounding=rnd)
@@ -401,6 +402,8 @@ def test_opt_in_paths_compile_for_sm90(variant):
         assert quant("mxfp4_e2m1", True, False, 2, 1024, 2, HW_CVT=True, RB=4, SCALE_MODE=0, FP4_PAIRS=True) > 0
         assert quant("mxfp4_e2m1", True, True, 64, 64, 2, HW_CVT=True, COL_PACKED=True, FP4_PAIRS=True) > 0
         assert quant("mxfp6_e3m2", False, True, 128, 64, 2, COL_PACKED=True) > 0
+        for fmt, br in (("mxfp8_e4m3", 64), ("mxfp4_e2m1", 128)):  # columnwise FP8 / FP4: 64-bit units
+            assert quant(fmt, False, True, br, 64, 2, HW_CVT=True, COL_PACKED=True, COL_WIDE=True, SCALE_MODE=2) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -735,6 +738,10 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
     col_cfgs += [QC(64, 32, 1, False, col_packed=True), QC(32, 64, 2, False, col_packed=True, group_c=16,
                                                            mode_const=True, hw_cvt=hw)]
     col_cfgs += [QC(64, 64, 2, False, col_packed=True, scale_t=True, mode_const=True, hw_cvt=hw)]
+    # 64-bit packed units (col_wide: the FP8 / FP4 columnwise default; ignored for FP6), scale_t and swizzled
+    col_cfgs += [QC(128, 64, 2, False, col_packed=True, col_wide=True, mode_const=True, hw_cvt=hw),
+                 QC(64, 64, 2, False, col_packed=True, col_wide=True, scale_t=True, mode_const=True, hw_cvt=hw),
+                 QC(64, 32, 1, False, col_packed=True, col_wide=True)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)

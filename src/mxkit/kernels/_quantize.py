@@ -580,22 +580,30 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
                  LAYOUT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
                  AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr, MODE: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr):
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, WIDE: tl.constexpr = False):
     """COL_PACKED (blocks along R): rows r0 .. r0 + BLOCK_R, columns c, with the codes packed into 32-bit words
-    before the transpose. The tile is loaded as [W, J, BLOCK_C], element (w, j, c) at row r0 + J * w + j, where
+    before the transpose (WIDE, FP8 / MXINT8 / FP4: 8 / 16 codes into one 64-bit word, half the transposed
+    elements). The tile is loaded as [W, J, BLOCK_C], element (w, j, c) at row r0 + J * w + j, where
     J codes make one packed unit (FP8 / MXINT8: 4 codes = 1 word, FP4: 8 = 1 word, FP6: 16 = 3 words).
     Triton's load layout gives threads to the contiguous dim (c), then to the lower of the equally
     contiguous dims (w), so a tile wide enough to use up the warp's lanes on (c, w) leaves the J codes of a
     unit in one thread's registers: packing needs no exchange, and only the packed words are transposed (the
     1-byte code transpose of COL_DIRECT had shared-memory bank conflicts, the raw transpose 2-4 bytes per
     element). Any layout gives the same bytes; only the speed depends on it. q_ptr: int32 words."""
-    J: tl.constexpr = 16 if BITS == 6 else 32 // BITS
+    tl.static_assert(not WIDE or BITS == 8 or BITS == 4)
+    J: tl.constexpr = 16 if BITS == 6 else (64 if WIDE else 32) // BITS
     W: tl.constexpr = BLOCK_R // J
     NB: tl.constexpr = BLOCK_R // 32
     rows = r0 + tl.arange(0, W)[:, None, None] * J + tl.arange(0, J)[None, :, None]  # [W, J, 1]
     m = ((rows < R) | (not MASKED)) & cmask[None, None, :]
-    bits = _to_bits(_load_raw(x_ptr + (b * R + rows) * C + c[None, None, :], m, IN_KIND), IN_KIND)
-    amax = tl.max(tl.reshape(tl.max(bits & 0x7FFFFFFF, axis=1), [NB, W // NB, BLOCK_C]), axis=1)  # [NB, BC]
+    raw = _load_raw(x_ptr + (b * R + rows) * C + c[None, None, :], m, IN_KIND)
+    if HW_CVT and BITS == 4 and IN_KIND == IN_BF16_BITS:
+        # FP4 through bf16x2 (RAW16): the bf16 bits go to the rounding as loaded; the amax on 16 bits
+        bits = raw
+        amax = tl.max(tl.reshape(tl.max(raw & 0x7FFF, axis=1), [NB, W // NB, BLOCK_C]), axis=1).to(tl.int32) << 16
+    else:
+        bits = _to_bits(raw, IN_KIND)
+        amax = tl.max(tl.reshape(tl.max(bits & 0x7FFFFFFF, axis=1), [NB, W // NB, BLOCK_C]), axis=1)  # [NB, BC]
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     xw = tl.reshape(tl.broadcast_to(x[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
     badw = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
@@ -622,10 +630,15 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
         tl.store(q_ptr + offs, w4, mask=wm)
     else:
         # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
-        words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]
         wcol = r0 // J + tl.arange(0, W)
         wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
-        tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+        if WIDE:
+            words = tl.sum(codes.to(tl.int64) << (k * BITS).to(tl.int64), axis=1)  # [W, BC]
+            q64 = q_ptr.to(tl.pointer_type(tl.int64))  # (a row of R bytes: 8-byte aligned, R % 32 == 0)
+            tl.store(q64 + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+        else:
+            words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]
+            tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
     _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
 
 
@@ -650,6 +663,7 @@ def _quantize_kernel(
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
+    COL_WIDE: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -667,7 +681,8 @@ def _quantize_kernel(
     FP6_WORDS (FP6, DO_ROW): :func:`_rows_fp6_words`; with DO_COL (cast-transpose), the column half reloads the
     tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other.
     COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload).
-    FP4_PAIRS (DO_ROW, FP4 from bf16 with HW_CVT): :func:`_rows_fp4_pairs`."""
+    FP4_PAIRS (DO_ROW, FP4 from bf16 with HW_CVT): :func:`_rows_fp4_pairs`. COL_WIDE (with COL_PACKED, 8- or 4-bit
+    elements): 64-bit packed units."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -732,7 +747,7 @@ def _quantize_kernel(
             if DO_COL and COL_PACKED:
                 _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
-                             BLOCK_R, BLOCK_C, MASKED)
+                             BLOCK_R, BLOCK_C, MASKED, COL_WIDE)
             elif DO_COL and COL_DIRECT:
                 codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX,
                                               IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,

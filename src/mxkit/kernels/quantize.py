@@ -102,6 +102,9 @@ class QuantizeConfig:
     # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
     # rounded straight into its packed byte (_rows_fp4_pairs); skipped for an input address not a multiple of 4
     fp4_pairs: bool = False
+    # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
+    # elements)
+    col_wide: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Columnwise / cast-transpose (blocks along R) of FP8 / FP4: col_packed (each thread packs whole 32-bit words
     of codes along R, only the words are transposed; session 5, 16384^2: columnwise FP4 295 -> 230 us with the
     bf16x2 rounding and the plain program order, FP8 262 -> 244, cast-transpose FP8 403 -> 336, FP4 497 ->
-    407), columnwise tiles FP8 64 x 64 on two warps, FP4 64 x 32 on one, cast-transpose FP8 32 x 128 and FP4
-    64 x 64 on two. FP6 / MXINT8: one warp per 32 x 64 tile (so the 32-row block reductions never cross
+    407), cast-transpose FP8 32 x 128 and FP4 64 x 64 on two warps. Columnwise FP8 / FP4 pack 64-bit units
+    (col_wide: 8 / 16 codes; session 6, 16384^2: FP8 237 -> 217 us, FP4 220 -> 203 us) on 64 x 64 / 128 x 64
+    tiles on two warps (fewer when the tile has fewer than 64 units x 8-column vectors). FP6 / MXINT8: one warp per 32 x 64 tile (so the 32-row block reductions never cross
     warps); FP6 with col_direct (quantize the untransposed tile, transpose only the 1-byte codes; col_packed
     was 2x slower). Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the columns
     (958 -> 866 us at 16384^2). Plain column scales are written transposed ([R / 32, B * C]) and a tiled byte
@@ -165,14 +169,23 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         r64 = 64 if R >= 64 else 32
         if do_row:  # cast-transpose
             block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
+        elif packed:  # 64-bit units (col_wide): FP8 64 x 64, FP4 128 x 64, two warps
+            block_r, c_max, warps = (r64 if fp8 else (128 if R >= 128 else r64)), 64, 2
         else:
-            block_r, c_max, warps = (r64, 64, 2) if fp8 else ((r64, 32, 1) if packed else (32, 64, 1))
+            block_r, c_max, warps = 32, 64, 1
         group_c = 16 if f.bits == 6 else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
+        wide = False
+        if packed and not do_row:
+            # the load layout gives one lane per (unit, 8 columns) of a 16-byte vector (bf16; fp32: 4
+            # columns): the warps must not run out of units, or they would split a unit's codes
+            lanes = block_r // (64 // f.bits) * (block_c // 8)
+            wide = lanes >= 32
+            warps = max(1, min(warps, lanes // 32))
         padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=f.bits == 6 and f.is_float,
                               col_packed=packed, hw_cvt=hw_cvt, group_c=group_c, mode_const=True,
-                              fp6_words=do_row and f.bits == 6,
+                              fp6_words=do_row and f.bits == 6, col_wide=wide,
                               scale_t=f.is_float and (do_row or f.bits != 4) and B * R * C >= 1 << 26)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
@@ -430,7 +443,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                         and scale_t is None),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
-        COL_PACKED=packed,
+        COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and cfg.block_r * cfg.block_c >= 256 * cfg.num_warps),
     ).items())

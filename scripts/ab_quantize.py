@@ -77,13 +77,31 @@ def variants():
                 for r, c, w in tiles]
 
     c8 = [("default", None)] + wd(((64, 64, 2), (64, 32, 1), (128, 64, 4), (64, 128, 4), (128, 32, 2)))
-    t8 = [("default", None)]
+    # split: cast-transpose by one-direction programs (regions of block_r x row_block_c)
+    def sp(name, **kw):
+        return (name, kw)
+
+    t8 = [("default", None), sp("split c64x64w2 wide r2x1024rb4", block_r=64, block_c=64, num_warps=2, col_wide=True,
+                                 split_rows=(2, 1024, 4)),
+          sp("split c64x64w2 wide r4x1024rb2", block_r=64, block_c=64, num_warps=2, col_wide=True,
+             split_rows=(4, 1024, 2)),
+          sp("split c64x64w2 wide r2x512rb4", block_r=64, block_c=64, num_warps=2, col_wide=True,
+             split_rows=(2, 512, 4)),
+          sp("split c64x64w2 r2x1024rb4", block_r=64, block_c=64, num_warps=2, split_rows=(2, 1024, 4)),
+          sp("split c128x64w4 wide r4x1024rb2", block_r=128, block_c=64, num_warps=4, col_wide=True,
+             split_rows=(4, 1024, 2))]
     c4 = [("default", None)] + wd(((64, 64, 1), (128, 32, 1), (128, 64, 2), (256, 32, 2)))
-    t4 = [("default", None)] + wd(((64, 64, 1), (128, 64, 2), (64, 128, 2)))
+    t4 = [("default", None)] + [
+        sp(f"split c{cr}x{cc}w{w} wide r{r}x{c}rb{rb}", block_r=cr, block_c=cc, num_warps=w, col_wide=True,
+           fp4_pairs=True, split_rows=(r, c, rb), scale_t=False)
+        for cr, cc, w, r, c, rb in ((128, 64, 2, 2, 1024, 4), (128, 64, 2, 1, 1024, 8), (128, 64, 2, 4, 1024, 2),
+                                    (128, 32, 1, 2, 1024, 4), (128, 64, 2, 2, 512, 4))]
     c6 = [("default", None), ("pk 128x64w2", {"col_packed": True, "block_r": 128, "block_c": 64, "num_warps": 2})]
-    t6 = [("default", None)] + [(f"{r}x{c}w{w} g{gc}", {"block_r": r, "block_c": c, "num_warps": w, "group_c": gc})
-                                for r, c, w, gc in ((32, 64, 1, 0), (32, 128, 2, 16), (32, 128, 4, 16),
-                                                    (64, 64, 2, 16), (32, 32, 1, 16))]
+    t6 = [("default", None)] + [
+        sp(f"split c{cr}x{cc}w1 r{r}x{c}rb{rb} hw", block_r=cr, block_c=cc, num_warps=1, hw_cvt=True,
+           split_rows=(r, c, rb))
+        for cr, cc, r, c, rb in ((32, 64, 2, 512, 4), (32, 64, 1, 512, 8), (32, 64, 2, 1024, 4), (32, 64, 2, 256, 4),
+                                 (32, 32, 2, 512, 4))]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [
@@ -142,7 +160,8 @@ def sass_stats(kind, fmt, cfg, n=8192):
     from triton.compiler import ASTSource
 
     K = kq.K
-    name = "_dequantize_kernel" if kind == "dq" else "_quantize_kernel"
+    split = kind == "ct" and bool(getattr(resolve(kind, fmt, (n, n), cfg), "split_rows", ()))
+    name = "_dequantize_kernel" if kind == "dq" else ("_cast_transpose_split_kernel" if split else "_quantize_kernel")
     real = getattr(K, name)
     got = {}
 

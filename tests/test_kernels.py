@@ -133,11 +133,18 @@ def _interpret_checks() -> int:
         assert_bytes_equal(s, ref.scale if lay == "plain" else _ref_layout(ref.scale, lay), f"col_packed {fmt} scale")
         x = rand_tensor((96, 64), -1, generator=g, dtype=dts[i % 3])
         outs = _cast_transpose_impl(x, fmt, "floor", rnd, "plain", cfg=QuantizeConfig(64, 32, 2, False, col_packed=True))
-        for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+        # and by one-direction programs (split_rows: the FP4 / FP6 default) with either column path, ragged R
+        split = QuantizeConfig((32, 64)[i % 2], 32, 1, False, col_packed=(i % 2 == 1), col_direct=(i % 2 == 0),
+                               col_wide=True, fp6_words=True, split_rows=((1, 64, 8), (2, 64, 4))[i % 2])
+        outs_s = _cast_transpose_impl(x, fmt, "even", rnd, "nvidia_128x4", cfg=split)
+        for o, os_, a in zip((outs[:2], outs[2:]), (outs_s[:2], outs_s[2:]), (-1, 0)):
             ref = quantize_reference(x, fmt, axis=a, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose col_packed {fmt} axis={a} qdata")
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_packed {fmt} axis={a} scale")
-        n += 3
+            ref = quantize_reference(x, fmt, axis=a, scale_mode="even", rounding=rnd)
+            assert_bytes_equal(os_[0], ref.qdata, f"cast-transpose split {fmt} axis={a} qdata")
+            assert_bytes_equal(os_[1], _ref_layout(ref.scale, "nvidia_128x4"), f"cast-transpose split {fmt} axis={a} scale")
+        n += 5
         # 3-D middle axis, swizzled layout on a columnwise output
         x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)
         _assert_mx_equal(quantize_triton(x, fmt, axis=1, scale_layout="nvidia_128x4"),
@@ -402,6 +409,14 @@ def test_opt_in_paths_compile_for_sm90(variant):
         assert quant("mxfp4_e2m1", True, False, 2, 1024, 2, HW_CVT=True, RB=4, SCALE_MODE=0, FP4_PAIRS=True) > 0
         assert quant("mxfp4_e2m1", True, True, 64, 64, 2, HW_CVT=True, COL_PACKED=True, FP4_PAIRS=True) > 0
         assert quant("mxfp6_e3m2", False, True, 128, 64, 2, COL_PACKED=True) > 0
+        for fmt, kw in (("mxfp4_e2m1", dict(ROW_BR=2, ROW_BC=1024, ROW_RB=4, FP6_WORDS=False, FP4_PAIRS=True,
+                                           COL_BR=128, COL_HW=True, COL_PACKED=True, COL_WIDE=True)),
+                        ("mxfp6_e2m3", dict(ROW_BR=1, ROW_BC=512, ROW_RB=8, FP6_WORDS=True, FP4_PAIRS=False,
+                                           COL_BR=32, COL_HW=False, COL_PACKED=False, COL_WIDE=False))):
+            # cast-transpose by one-direction programs (the FP4 / FP6 default)
+            ce = dict(IN_KIND=1, LAYOUT_R=0, LAYOUT_C=3, AWAY=False, INT64=False, DENORM=0, MASKED=True,
+                      SCALE_MODE=1, ROW_HW=True, COL_BC=64, **_format_constexprs(get_format(fmt)), **kw)
+            assert _sm90_compile("_cast_transpose_split_kernel", 2 if fmt == "mxfp4_e2m1" else 1, **ce) > 0
         for fmt, br in (("mxfp8_e4m3", 64), ("mxfp4_e2m1", 128)):  # columnwise FP8 / FP4: 64-bit units
             assert quant(fmt, False, True, br, 64, 2, HW_CVT=True, COL_PACKED=True, COL_WIDE=True, SCALE_MODE=2) > 0
     elif variant == "cols_hw_cd":
@@ -701,15 +716,16 @@ def _variant_modes(cfg, k: int) -> tuple:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("fmt,part", [(f, p) for f in FORMAT_NAMES for p in ("rows0", "rows1", "cols0", "cols1", "dequant")
+@pytest.mark.parametrize("fmt,part", [(f, p) for f in FORMAT_NAMES
+                                      for p in ("rows0", "rows1", "cols0", "cols1", "cols2", "cols3", "dequant")
                                       if not (p == "dequant" and f.startswith("mxfp6"))])  # FP6: test_gpu_fp6_words
 def test_gpu_variants_match_reference(fmt, part, rng, poison):
     """The config-selected code paths (hw_cvt: FP8 through the hardware cvt, inline asm the interpreter cannot
     run; row3d; col_direct; dequantize load3d) byte-equal the reference: every scale mode, both roundings
     (AWAY falls back to the integer path), fp32 / bf16 / fp16, wide-range random data with special blocks,
     ragged shapes, and for FP8 crafted ties / saturation / subnormals / fp32 denormals in fp32.
-    ``part``: rows / columns (with cast-transpose) configs split in two by index parity, and dequantize,
-    so the GPU test processes share the compiles evenly."""
+    ``part``: rows configs split in two by index parity, columns (with cast-transpose) in four by index mod 4,
+    and dequantize, so the GPU test processes share the compiles evenly."""
     from mxkit.kernels.quantize import (DequantizeConfig, QuantizeConfig, _cast_transpose_impl,
                                         _dequantize_impl, _quantize_impl)
 
@@ -742,6 +758,11 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
     col_cfgs += [QC(128, 64, 2, False, col_packed=True, col_wide=True, mode_const=True, hw_cvt=hw),
                  QC(64, 64, 2, False, col_packed=True, col_wide=True, scale_t=True, mode_const=True, hw_cvt=hw),
                  QC(64, 32, 1, False, col_packed=True, col_wide=True)]
+    # cast-transpose by one-direction programs (split_rows, the FP4 / FP6 default): both column paths
+    col_cfgs += [QC(128, 64, 2, False, col_packed=True, col_wide=True, fp4_pairs=True, fp6_words=True, hw_cvt=hw,
+                    mode_const=True, split_rows=(2, 256, 4)),
+                 QC(32, 64, 1, False, col_direct=True, fp6_words=True, fp4_pairs=True, hw_cvt=hw, scale_t=True,
+                    split_rows=(1, 128, 8))]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
@@ -765,7 +786,7 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                     assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {x.dtype} qdata")
                     assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {x.dtype} scale")
     for k, cfg in enumerate(col_cfgs):
-        if part != f"cols{k % 2}":
+        if part != f"cols{k % 4}":
             continue
         dt = dts[(k + 1) % 3]
         x = rand_tensor((512 if cfg.rblocks > 1 else 320, 200), 0, generator=rng, dtype=dt, nonfinite=True)

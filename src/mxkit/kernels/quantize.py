@@ -105,6 +105,11 @@ class QuantizeConfig:
     # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
     # elements)
     col_wide: bool = False
+    # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
+    # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
+    # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
+    # fused kernel (both directions from each tile)
+    split_rows: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -130,44 +135,58 @@ class DequantizeConfig:
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
-    """Pick the tile for x viewed [B, R, C] (pure function of the problem).
+    """Pick the tile for x viewed [B, R, C] (pure function of the problem). Every choice comes from same-process
+    A/B runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/ to
+    -s6/ab_variants.txt); times below are 16384^2.
 
-    Every config takes the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 went
-    from 105 to 64 registers). Rowwise (blocks along C): up to 16 x 256 elements on 4 warps (FP8 with
-    C >= 1024: 8 x 1024 on 8; FP4: 2 x 1024 on 2; FP6: 4 x 512 on 2); on large problems (>= 16384 tiles) FP4 /
-    FP6 programs walk 4 tiles down R (rblocks). Rowwise FP6: each thread packs and stores whole 16-code groups
-    (fp6_words; 227 vs 264 us at 16384^2) and rounds through the FP8 cvt (hw_cvt; session 6 with 4 x 512
-    tiles: 227 -> 222 us). Rowwise FP4 from bf16: the input is read as bf16 pairs (32-bit words) rounded
-    straight into packed bytes (fp4_pairs; session 6 with 2 x 1024 tiles: 206 -> 179 us at 16384^2,
-    59.4 -> 51.5 us at 8192^2).
-    Columnwise / cast-transpose (blocks along R) of FP8 / FP4: col_packed (each thread packs whole 32-bit words
-    of codes along R, only the words are transposed; session 5, 16384^2: columnwise FP4 295 -> 230 us with the
-    bf16x2 rounding and the plain program order, FP8 262 -> 244, cast-transpose FP8 403 -> 336, FP4 497 ->
-    407), cast-transpose FP8 32 x 128 and FP4 64 x 64 on two warps. Columnwise FP8 / FP4 pack 64-bit units
-    (col_wide: 8 / 16 codes; session 6, 16384^2: FP8 237 -> 217 us, FP4 220 -> 203 us) on 64 x 64 / 128 x 64
-    tiles on two warps (fewer when the tile has fewer than 64 units x 8-column vectors). FP6 / MXINT8: one warp per 32 x 64 tile (so the 32-row block reductions never cross
-    warps); FP6 with col_direct (quantize the untransposed tile, transpose only the 1-byte codes; col_packed
-    was 2x slower). Cast-transpose FP6 takes its rows through fp6_words and reloads the tile for the columns
-    (958 -> 866 us at 16384^2). Plain column scales are written transposed ([R / 32, B * C]) and a tiled byte
-    transpose moves them into place (scale_t), for the float formats except columnwise FP4: session 4,
-    columnwise FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us, FP4 518 -> 498 us, FP6 868 -> 785 us;
-    session 5 with col_packed, columnwise FP8 243 -> 236 us (FP4: 224 -> 223 us without it; MXINT8 not
-    measured). Only from 2^26 elements (8192^2 gained too): at 4096^2 and 32768 x 160 the bench timed 60-120 us more per call
-    with it: the host time of the call with its second launch (80-160 us then) outran the bench's 100 us GPU
-    spin, while the device time barely moved (scripts/ab_scale_t.py, benchmarks/h200-2026-11-22-s5/).
-    group_c (strips of 16 column tiles walked down R): columnwise and cast-transpose FP6 (FP8 / FP4 with
-    col_packed were 1-4% faster in the plain order; MXINT8 keeps the plain order, as before).
-    Element rounding (hw_cvt, RNE on a GPU only, see :func:`hw_cvt_ok`): FP8 through the hardware
-    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic; FP6 through the FP8 cvt rowwise only (the
-    column paths keep the integer encoder: the FP8-grid path was 0-3% slower there). All chosen from same-process A/B runs of scripts/ab_quantize.py on an H200, bf16
-    8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/, -s4/, -s5/ab_variants.txt)."""
+    All: the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 105 -> 64 registers).
+    Element rounding (hw_cvt, RNE on a GPU only, :func:`hw_cvt_ok`): FP8 through the hardware
+    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic, FP6 through the FP8 cvt in rowwise tiles
+    only (the column paths keep the integer encoder: the FP8-grid path was 0-3% slower there).
+
+    Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 2 x 1024 and FP6
+    4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4
+    tiles down R (rblocks). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
+    through the FP8 cvt (227 -> 222 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
+    into packed bytes (fp4_pairs; 206 -> 179 us).
+
+    Columnwise (blocks along R): FP8 / FP4 pack codes along R into 64-bit units in-thread and transpose only
+    those (col_packed + col_wide: 8 / 16 codes per unit; 32-bit units in session 5 took FP4 295 -> 230 us,
+    FP8 262 -> 244; 64-bit: FP8 237 -> 217 us, FP4 220 -> 203 us) on 64 x 64 / 128 x 64 tiles on two warps
+    (fewer when the tile has fewer than 64 units x 8-column vectors, so no warp splits a unit). FP6 / MXINT8:
+    32 x 64 on one warp (the 32-row block reductions never cross warps); FP6 with col_direct (the untransposed
+    tile quantized, only the 1-byte codes transposed; col_packed was 10-100% slower) in strips of 16 column
+    tiles walked down R (group_c; FP8 / FP4 were 1-4% faster in the plain order).
+
+    Cast-transpose: FP8 fused (both directions from each 32 x 128 tile on two warps; col_packed: 403 ->
+    336 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
+    :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
+    region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain): FP4 columns
+    128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6 columns 32 x 64
+    (col_direct) and rows 1 x 512 (fp6_words, FP8 cvt) on one. MXINT8: the fused 32 x 64 tile.
+
+    Plain column scales of FP8 / FP6 are written transposed ([R / 32, B * C]) and a tiled byte transpose moves
+    them into place (scale_t; session 4: columnwise FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us;
+    session 5: columnwise FP8 243 -> 236 us; FP4 no gain since col_packed, slower with the split), from 2^26
+    elements: at 4096^2 and 32768 x 160 the host time of the call with its second launch (80-160 us) outran
+    the bench's 100 us GPU spin, while the device time barely moved (scripts/ab_scale_t.py, -s5/)."""
     f = get_format(fmt)
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B
     if do_col:
         fp8 = f.is_float and f.bits == 8
         packed = f.is_float and f.bits in (4, 8)  # col_packed (FP6: 2x slower; MXINT8: not measured)
         r64 = 64 if R >= 64 else 32
-        if do_row:  # cast-transpose
+        split = ()
+        if do_row and f.is_float and f.bits in (4, 6):
+            # cast-transpose FP4 / FP6 by one-direction programs (_cast_transpose_split_kernel): FP4 columns on
+            # 128 x 64 tiles with 64-bit units, rows on 2 x 1024 (4 per program) with bf16 pairs, two warps; FP6
+            # columns on 32 x 64 (col_direct), rows on 1 x 512 (8 per program, fp6_words), one warp
+            rbc = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
+            if f.bits == 4:
+                block_r, c_max, warps, split = (128 if R >= 128 else r64), 64, 2, (2, rbc, 4)
+            else:
+                block_r, c_max, warps, split = 32, 64, 1, (1, rbc, 8)
+        elif do_row:  # cast-transpose
             block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
         elif packed:  # 64-bit units (col_wide): FP8 64 x 64, FP4 128 x 64, two warps
             block_r, c_max, warps = (r64 if fp8 else (128 if R >= 128 else r64)), 64, 2
@@ -176,17 +195,19 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         group_c = 16 if f.bits == 6 else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
         wide = False
-        if packed and not do_row:
+        if packed and (split or not do_row):
             # the load layout gives one lane per (unit, 8 columns) of a 16-byte vector (bf16; fp32: 4
             # columns): the warps must not run out of units, or they would split a unit's codes
             lanes = block_r // (64 // f.bits) * (block_c // 8)
             wide = lanes >= 32
             warps = max(1, min(warps, lanes // 32))
-        padded = -(-R // block_r) * block_r * (-(-C // block_c) * block_c)
+        span_c = split[1] if split else block_c
+        padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=f.bits == 6 and f.is_float,
-                              col_packed=packed, hw_cvt=hw_cvt, group_c=group_c, mode_const=True,
-                              fp6_words=do_row and f.bits == 6, col_wide=wide,
-                              scale_t=f.is_float and (do_row or f.bits != 4) and B * R * C >= 1 << 26)
+                              col_packed=packed, hw_cvt=hw_cvt or bool(split), group_c=0 if split else group_c,
+                              mode_const=True, fp6_words=do_row and f.bits == 6, col_wide=wide,
+                              fp4_pairs=bool(split) and f.bits == 4, split_rows=split,
+                              scale_t=f.is_float and f.bits != 4 and B * R * C >= 1 << 26)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
@@ -353,6 +374,7 @@ _FAST_LAUNCH = triton.__version__.startswith("3.6.") and os.environ.get("MXKIT_F
 
 
 _QUANTIZE = _Launcher("_quantize_kernel")
+_CT_SPLIT = _Launcher("_cast_transpose_split_kernel")
 _DEQUANTIZE = _Launcher("_dequantize_kernel")
 _TRANSPOSE = _Launcher("_transpose_bytes_kernel")
 
@@ -366,14 +388,15 @@ class _QuantizePlan:
     pointers, (output index or -1 for a dummy, int32 view); ints: the kernel's runtime ints; scale_t: None or
     (transposed scale shape, output index, rows, cols) of the column scale written transposed; unaligned: None
     or the constexprs for an input whose address is not a multiple of 4 bytes (FP4_PAIRS reads bf16 pairs as
-    32-bit words)."""
+    32-bit words); launcher: the kernel's _Launcher."""
 
-    __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned")
+    __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned",
+                 "launcher")
 
-    def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t, unaligned=None):
+    def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t, unaligned, launcher):
         self.outs, self.slots, self.in_view, self.grid = outs, slots, in_view, grid
         self.ints, self.consts, self.num_warps, self.scale_t = ints, consts, num_warps, scale_t
-        self.unaligned = unaligned
+        self.unaligned, self.launcher = unaligned, launcher
 
 
 _IN_VIEW = {torch.float32: (torch.int32, 0), torch.bfloat16: (torch.int16, 1), torch.float16: (None, 2)}
@@ -448,9 +471,31 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and cfg.block_r * cfg.block_c >= 256 * cfg.num_warps),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
+    launcher = _QUANTIZE
+    grid = (B * tiles_r * tiles_c,)
+    if cfg.split_rows and do_row and do_col:
+        # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
+        rbr, rbc, rrb = cfg.split_rows
+        regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
+        per_thread_r = rbr * rbc // (32 * cfg.num_warps)
+        row_hw = bool(cfg.hw_cvt and f.is_float and rnd is Rounding.RNE and not _interpret() and per_thread_r >= 4
+                      and (f.bits != 4 or in_kind == 1))
+        col_hw = bool(hw_cvt_ok(cfg, f, rnd, in_kind) and f.bits != 6)
+        consts = tuple(dict(
+            IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,
+            INT64=cfg.int64, DENORM=cfg.denorm, MASKED=bool(R % cfg.block_r or C % rbc),
+            SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
+            ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=row_hw, FP6_WORDS=bool(cfg.fp6_words and f.bits == 6),
+            FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
+            COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
+            COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)),
+        ).items())
+        ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
+        n_r = cfg.block_r // (rbr * rrb)
+        grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
+        launcher = _CT_SPLIT
     unaligned = tuple((k, False if k == "FP4_PAIRS" else v) for k, v in consts) if dict(consts)["FP4_PAIRS"] else None
-    return _QuantizePlan(outs, slots, in_view, (B * tiles_r * tiles_c,), ints, consts, cfg.num_warps, scale_t,
-                         unaligned)
+    return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
 
 def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
@@ -466,7 +511,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     ptrs = [p if p is not None else dummy for p in ptrs]
     xv = x.view(plan.in_view) if plan.in_view is not None else x
     consts = plan.consts if plan.unaligned is None or x.data_ptr() % 4 == 0 else plan.unaligned
-    _QUANTIZE(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
+    plan.launcher(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[3], outs[si].view(rows, cols))
     return tuple(outs)

@@ -613,12 +613,14 @@ def test_gpu_quantize_matches_reference(fmt, rounding, dtype, rng, poison):
 @pytest.mark.parametrize("dtype", list(_DT) if FULL else ["bfloat16"])
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_gpu_cast_transpose(fmt, dtype, case, rng, poison):
-    """Fused (last, second-to-last) pairs in both orders on 2-D and 3-D inputs, and an unfused pair."""
+    """Fused (last, second-to-last) pairs in both orders on 2-D and 3-D inputs, and an unfused pair. The 2-D
+    rows (1056 elements) are wide enough for the one-direction programs of FP4 / FP6 (split_rows), with a
+    ragged last region; the 3-D input takes the fused kernel."""
     from mxkit.kernels.quantize import quantize_triton
 
-    cases = [((320, 736), ((-1, -2), (0, 1))), ((32, 64, 96), ((-2, -1), (0, 2)))]
+    cases = [((320, 1056), ((-1, -2), (0, 1))), ((32, 64, 96), ((-2, -1), (0, 2)))]
     if FULL:
-        cases = [((320, 736), ((-1, -2), (0, 1), (1, 0))), ((32, 64, 96), ((-1, -2), (-2, -1), (0, 2)))]
+        cases = [((320, 1056), ((-1, -2), (0, 1), (1, 0))), ((32, 64, 96), ((-1, -2), (-2, -1), (0, 2)))]
     j, (shape, pairs) = case, cases[case]
     x = rand_tensor(shape, -1, generator=rng, dtype=_DT[dtype], nonfinite=True)
     rounding = ROUNDINGS[(FORMAT_NAMES.index(fmt) + j) % 2]

@@ -18,33 +18,38 @@ compute it; see DENORM for a compiler that flushes):
   same bytes, for a compiler that flushes; the CPU interpreter test runs all three.
 * MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
 
-Paths selected by the launcher's config (constexprs):
+Paths selected by the launcher's config (constexprs; the defaults are chosen in
+:func:`mxkit.kernels.quantize.quantize_config`):
 
 * HW_CVT (RNE on a GPU; the CPU interpreter cannot run inline asm, so it checks the integer path; the
   identities behind each variant are checked on the CPU in tests/test_kernels.py):
-  - FP8 (default): an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) of the
-    exact signed ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
+  - FP8: an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) of the exact signed
+    ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
     ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.)
-  - FP4 from bf16 inputs (default except columnwise-only): bf16x2 arithmetic, :func:`_fp4_bf16x2`.
-  - FP6 (opt-in): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
-* HW_DEC (dequantize, default for FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
-* ROW3D: the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
-* COL_DIRECT: blocks along R are reduced in the untransposed tile and only the 1-byte codes are transposed
-  (default for columnwise FP8).
-* GROUP_C: program order in strips of column tiles walked down R (default for columnwise FP4 / FP6 and
-  cast-transpose FP6 / FP8).
-* RB: a program walks RB tiles down R (default 4 for rowwise FP4 / FP6 on large problems: it amortises the
+  - FP4 from bf16 inputs: bf16x2 arithmetic, :func:`_fp4_bf16x2`; FP4_PAIRS (rowwise): bf16 pairs read as
+    32-bit words and rounded straight into packed bytes, :func:`_rows_fp4_pairs`.
+  - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
+* HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
+* ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
+* COL_PACKED (columnwise FP8 / FP4, cast-transpose FP8): codes packed into 32-bit (COL_WIDE: 64-bit) words
+  along R in-thread, only the words transposed, :func:`_cols_packed`.
+* COL_DIRECT (columnwise FP6): blocks along R reduced in the untransposed tile, only the 1-byte codes
+  transposed.
+* GROUP_C: program order in strips of column tiles walked down R (columnwise FP6).
+* RB: a program walks RB tiles down R (4 for rowwise FP4 / FP6 on large problems: it amortises the
   per-program index arithmetic). SCALE_WORD (opt-in; no gain in the A/B): blocks along R store each column's
   RB scale bytes as one word.
 * SCALE_MODE >= 0 (default): the scale rule as a constexpr, so only its arithmetic is emitted (one compile
   per mode); -1 selects the rule at run time from ``scale_mode``.
-* FP6_WORDS (default for rowwise FP6 quantize and dequantize): each thread owns whole 16-element groups, so
-  the 4-codes-in-3-bytes pack / unpack needs no exchange between threads (H200, bf16 16384^2: quantize 264
-  -> 227 us, dequantize 285 -> 279 us). With DO_COL (cast-transpose FP6) the column half reloads the tile.
+* FP6_WORDS (rowwise FP6 quantize and dequantize): each thread owns whole 16-element groups, so the
+  4-codes-in-3-bytes pack / unpack needs no exchange between threads (H200, bf16 16384^2: quantize 264 ->
+  227 us, dequantize 285 -> 279 us). With DO_COL (cast-transpose FP6) the column half reloads the tile.
 * SWAP (dequantize with FP6_WORDS, 16-bit outputs): lane pairs swap half groups through ``shfl.sync`` so
   every store writes whole 32-byte sectors (285 -> 220 us), see :func:`_dequant_fp6_words`.
 * LAYOUT_PLAIN_T (the launcher's scale_t): column scales written transposed, [R / 32, B * C], so a program's
   bytes of one block row are contiguous; :func:`_transpose_bytes_kernel` moves them into place.
+
+Cast-transpose FP4 / FP6 run :func:`_cast_transpose_split_kernel` (one direction per program, same helpers).
 
 Nsight Compute (H200, 8192^2) put L2 at 75-90% of its peak in every kernel, with L2 write sectors 1.5-7x the
 bytes written: partial 32-byte-sector stores are the common limit, which SWAP and LAYOUT_PLAIN_T cut.

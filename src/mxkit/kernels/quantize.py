@@ -163,11 +163,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
     region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain): FP4 columns
     128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6 columns 32 x 64
-    (col_direct) and rows 1 x 512 (fp6_words, FP8 cvt) on one. MXINT8: the fused 32 x 64 tile.
+    (col_direct) and rows 1 x 512 (fp6_words, FP8 cvt) on one; only when C fills a region row (C >= 1024 /
+    512: at 32768 x 160 the masked region columns made it 40% slower), else fused (FP4 64 x 64 on two warps,
+    FP6 32 x 64 on one). MXINT8: the fused 32 x 64 tile.
 
     Plain column scales of FP8 / FP6 are written transposed ([R / 32, B * C]) and a tiled byte transpose moves
     them into place (scale_t; session 4: columnwise FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us;
-    session 5: columnwise FP8 243 -> 236 us; FP4 no gain since col_packed, slower with the split), from 2^26
+    session 5: columnwise FP8 243 -> 236 us; FP4 columns no gain since col_packed, slower with the split), from 2^26
     elements: at 4096^2 and 32768 x 160 the host time of the call with its second launch (80-160 us) outran
     the bench's 100 us GPU spin, while the device time barely moved (scripts/ab_scale_t.py, -s5/)."""
     f = get_format(fmt)
@@ -177,7 +179,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         packed = f.is_float and f.bits in (4, 8)  # col_packed (FP6: 2x slower; MXINT8: not measured)
         r64 = 64 if R >= 64 else 32
         split = ()
-        if do_row and f.is_float and f.bits in (4, 6):
+        if do_row and f.is_float and f.bits in (4, 6) and C >= (1024 if f.bits == 4 else 512):
             # cast-transpose FP4 / FP6 by one-direction programs (_cast_transpose_split_kernel): FP4 columns on
             # 128 x 64 tiles with 64-bit units, rows on 2 x 1024 (4 per program) with bf16 pairs, two warps; FP6
             # columns on 32 x 64 (col_direct), rows on 1 x 512 (8 per program, fp6_words), one warp
@@ -207,7 +209,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               col_packed=packed, hw_cvt=hw_cvt or bool(split), group_c=0 if split else group_c,
                               mode_const=True, fp6_words=do_row and f.bits == 6, col_wide=wide,
                               fp4_pairs=bool(split) and f.bits == 4, split_rows=split,
-                              scale_t=f.is_float and f.bits != 4 and B * R * C >= 1 << 26)
+                              scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
+                                       and B * R * C >= 1 << 26))
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide

@@ -79,7 +79,8 @@ def cast_transpose(
     rounding: Union[str, Rounding] = Rounding.RNE,
     backend: str = "auto",
 ) -> tuple[MXTensor, MXTensor]:
-    """Rowwise and columnwise MX copies of ``x`` from one read (TransformerEngine's cast-transpose).
+    """Rowwise and columnwise MX copies of ``x`` in one launch that reads x from DRAM about once on CUDA
+    (TransformerEngine's cast-transpose; :func:`mxkit.kernels.quantize.quantize_triton`).
 
     x: (..., K) is flattened to 2-D (M, K) with M = prod(leading dims); both M and K must be multiples of
     ``block_size``. Returns ``(rowwise, columnwise)``: rowwise is quantized along K (qdata (M, K/pack)),

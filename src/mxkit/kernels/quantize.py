@@ -9,7 +9,8 @@ Every call views the input as ``[B, R, C]`` with C contiguous:
 * ``axis`` = any other dim: ``B = prod(dims before)``, ``R = shape[axis]``, ``C = prod(dims after)``; the
   kernel loads ``[BLOCK_R, BLOCK_C]`` tiles coalesced along C, transposes the raw tile (shared memory) and
   quantizes its rows, so the output (MXTensor keeps the quantized axis last) is written contiguously.
-* cast-transpose ``axis=(last, second-to-last)`` (either order): ``[B, M, K]``; both copies from one read.
+* cast-transpose ``axis=(last, second-to-last)`` (either order): ``[B, M, K]``; both copies in one launch, x read
+  from DRAM about once (fused per tile, or FP4 / FP6 programs of one direction sharing regions through L2).
 
 Tile configs are a pure function of the problem (:func:`quantize_config`, :func:`dequantize_config`).
 Custom ops ``mxkit::quantize_mx``, ``mxkit::cast_transpose_mx``, ``mxkit::dequantize_mx`` return raw
@@ -680,8 +681,10 @@ def quantize_triton(
     :func:`mxkit.reference.quantize_reference` (data and scales, special blocks included).
 
     x: CUDA float32 | bfloat16 | float16, any rank >= 1, ``x.shape[axis] % 32 == 0``; any axis.
-    axis: an int, or a pair of two different axes for a cast-transpose: returns one MXTensor per axis from
-      one read of x. (last, second-to-last) in either order is one fused kernel; other pairs run two kernels.
+    axis: an int, or a pair of two different axes for a cast-transpose: returns one MXTensor per axis.
+      (last, second-to-last) in either order is one launch that reads x from DRAM about once (a fused kernel,
+      or for FP4 / FP6 with rows >= 1024 / 512 one-direction programs whose second read of a region hits L2);
+      other pairs run two kernels.
     scale_layout: ``"plain"`` -> scale (..., L // 32); ``"nvidia_128x4"`` (cuBLAS blocked layout) or
       ``"aiter_shuffle"`` -> scale 2-D ``scale_layout_shape(rows, L // 32, layout)``, rows = prod(scale's
       leading dims), written directly by the kernel, pad bytes 0 (same bytes as plain +

@@ -638,8 +638,12 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
         wcol = r0 // J + tl.arange(0, W)
         wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
         if WIDE:
-            words = tl.sum(codes.to(tl.int64) << (k * BITS).to(tl.int64), axis=1)  # [W, BC]
-            q64 = q_ptr.to(tl.pointer_type(tl.int64))  # (a row of R bytes: 8-byte aligned, R % 32 == 0)
+            # two 32-bit halves packed as usual, then joined (64-bit shifts per code cost twice the 32-bit ones)
+            kh = tl.arange(0, J // 2)[None, None, :, None]
+            halves = tl.sum(tl.reshape(codes, [W, 2, J // 2, BLOCK_C]) << (kh * BITS), axis=2)  # [W, 2, BC]
+            lo, hi = tl.split(tl.permute(halves, [0, 2, 1]))
+            words = (hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)  # [W, BC]
+            q64 = q_ptr.to(tl.pointer_type(tl.int64))  # (rows of R * BITS / 8 bytes, a multiple of 16)
             tl.store(q64 + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
         else:
             words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]

@@ -76,7 +76,7 @@ def variants():
         return [(f"wide {r}x{c}w{w}", {"col_wide": True, "block_r": r, "block_c": c, "num_warps": w})
                 for r, c, w in tiles]
 
-    c8 = [("default", None)] + wd(((128, 64, 4),))
+    c8 = [("default", None)]
     # split: cast-transpose by one-direction programs (regions of block_r x row_block_c)
     def sp(name, **kw):
         return (name, kw)
@@ -85,7 +85,7 @@ def variants():
         sp("split c64x64w2 wide r4x1024rb2", block_r=64, block_c=64, num_warps=2, col_wide=True,
            split_rows=(4, 1024, 2)),
         sp("32x256w4", block_r=32, block_c=256, num_warps=4), sp("64x128w4", block_r=64, block_c=128, num_warps=4)]
-    c4 = [("default", None)] + wd(((64, 64, 1), (256, 32, 2)))
+    c4 = [("default", None), ("st", {"scale_t": True})]
     t4 = [("default", None)] + [
         sp(f"split c{cr}x{cc}w{w} wide r{r}x{c}rb{rb}", block_r=cr, block_c=cc, num_warps=w, col_wide=True,
            fp4_pairs=True, split_rows=(r, c, rb), scale_t=False)

@@ -615,7 +615,9 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     g = b * C + c  # output rows
     k = tl.arange(0, J)[None, :, None]
     codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
-                         AWAY, DENORM, HW_CVT).to(tl.int32) & ((1 << BITS) - 1)  # [W, J, BC]
+                         AWAY, DENORM, HW_CVT).to(tl.int32)  # [W, J, BC]
+    if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks are 0)
+        codes = codes & ((1 << BITS) - 1)
     if BITS == 6:
         # code k at bit 6k of the unit's 96-bit little-endian word triple (as in _rows_fp6_words)
         w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=1)

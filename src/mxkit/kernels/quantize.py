@@ -153,7 +153,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
 
     Columnwise (blocks along R): FP8 / FP4 pack codes along R into 64-bit units in-thread and transpose only
     those (col_packed + col_wide: 8 / 16 codes per unit; 32-bit units in session 5 took FP4 295 -> 230 us,
-    FP8 262 -> 244; 64-bit, built from two 32-bit halves: FP8 237 -> 217 us, FP4 220 -> 194 us) on 64 x 64 / 128 x 64 tiles on two warps
+    FP8 262 -> 244; 64-bit, built from two 32-bit halves: FP8 237 -> 217 us, FP4 220 -> 191 us) on 64 x 64 / 128 x 64 tiles on two warps
     (fewer when the tile has fewer than 64 units x 8-column vectors, so no warp splits a unit). FP6 / MXINT8:
     32 x 64 on one warp (the 32-row block reductions never cross warps); FP6 with col_direct (the untransposed
     tile quantized, only the 1-byte codes transposed; col_packed was 10-100% slower) in strips of 16 column

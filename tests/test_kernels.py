@@ -143,7 +143,8 @@ def _interpret_checks() -> int:
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_packed {fmt} axis={a} scale")
             ref = quantize_reference(x, fmt, axis=a, scale_mode="even", rounding=rnd)
             assert_bytes_equal(os_[0], ref.qdata, f"cast-transpose split {fmt} axis={a} qdata")
-            assert_bytes_equal(os_[1], _ref_layout(ref.scale, "nvidia_128x4"), f"cast-transpose split {fmt} axis={a} scale")
+            assert_bytes_equal(os_[1], _ref_layout(ref.scale, "nvidia_128x4"),
+                               f"cast-transpose split {fmt} axis={a} scale")
         n += 5
         # 3-D middle axis, swizzled layout on a columnwise output
         x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)

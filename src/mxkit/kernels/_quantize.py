@@ -747,8 +747,9 @@ def _quantize_kernel(
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
             if DO_ROW and FP4_PAIRS:
                 tl.static_assert(RAW16)
-                _rows_fp4_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, LAYOUT_R, MBITS,
-                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED)
+                _rows_fp4_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C,
+                                colsp_r, scale_mode, LAYOUT_R, MBITS, EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C,
+                                MASKED)
             elif DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,

@@ -152,12 +152,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     into packed bytes (fp4_pairs; 206 -> 179 us).
 
     Columnwise (blocks along R): FP8 / FP4 pack codes along R into 64-bit units in-thread and transpose only
-    those (col_packed + col_wide: 8 / 16 codes per unit; 32-bit units in session 5 took FP4 295 -> 230 us,
-    FP8 262 -> 244; 64-bit, built from two 32-bit halves: FP8 237 -> 217 us, FP4 220 -> 191 us) on 64 x 64 / 128 x 64 tiles on two warps
-    (fewer when the tile has fewer than 64 units x 8-column vectors, so no warp splits a unit). FP6 / MXINT8:
-    32 x 64 on one warp (the 32-row block reductions never cross warps); FP6 with col_direct (the untransposed
-    tile quantized, only the 1-byte codes transposed; col_packed was 10-100% slower) in strips of 16 column
-    tiles walked down R (group_c; FP8 / FP4 were 1-4% faster in the plain order).
+    those (col_packed + col_wide: 8 / 16 codes per unit, built from two 32-bit halves; 32-bit units in session
+    5 took FP4 295 -> 230 us, FP8 262 -> 244; 64-bit: FP8 237 -> 217 us, FP4 220 -> 191 us) on 64 x 64 /
+    128 x 64 tiles on two warps (fewer when the tile has fewer than 64 units x 8-column vectors, so no warp
+    splits a unit). FP6 / MXINT8: 32 x 64 on one warp (the 32-row block reductions never cross warps); FP6
+    with col_direct (the untransposed tile quantized, only the 1-byte codes transposed; col_packed was
+    10-100% slower) in strips of 16 column tiles walked down R (group_c; FP8 / FP4 were 1-4% faster in the
+    plain order).
 
     Cast-transpose: FP8 fused (both directions from each 32 x 128 tile on two warps; col_packed: 403 ->
     336 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
@@ -168,10 +169,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     512: at 32768 x 160 the masked region columns made it 40% slower), else fused (FP4 64 x 64 on two warps,
     FP6 32 x 64 on one). MXINT8: the fused 32 x 64 tile.
 
-    Plain column scales of FP8 / FP6 are written transposed ([R / 32, B * C]) and a tiled byte transpose moves
-    them into place (scale_t; session 4: columnwise FP6 485 -> 367 us, cast-transpose FP8 427 -> 401 us;
-    session 5: columnwise FP8 243 -> 236 us; FP4 columns no gain since col_packed, slower with the split), from 2^26
-    elements: at 4096^2 and 32768 x 160 the host time of the call with its second launch (80-160 us) outran
+    Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose) are written transposed ([R / 32,
+    B * C]) and a tiled byte transpose moves them into place (scale_t; session 4: columnwise FP6 485 -> 367 us,
+    cast-transpose FP8 427 -> 401 us; session 5: columnwise FP8 243 -> 236 us; FP4 columns: no gain since
+    col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the call with its second launch (80-160 us) outran
     the bench's 100 us GPU spin, while the device time barely moved (scripts/ab_scale_t.py, -s5/)."""
     f = get_format(fmt)
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B

@@ -155,7 +155,8 @@ def sass_stats(kind, fmt, cfg, n=8192):
     from triton.compiler import ASTSource
 
     K = kq.K
-    split = kind == "ct" and bool(getattr(resolve(kind, fmt, (n, n), cfg), "split_rows", ()))
+    ct_cfg = (resolve(kind, fmt, (n, n), cfg) or kq.quantize_config(1, n, n, True, True, fmt)) if kind == "ct" else None
+    split = bool(ct_cfg and ct_cfg.split_rows)
     name = "_dequantize_kernel" if kind == "dq" else ("_cast_transpose_split_kernel" if split else "_quantize_kernel")
     real = getattr(K, name)
     got = {}

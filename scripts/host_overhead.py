@@ -41,7 +41,7 @@ def per_call(fn, n=300):
 def captured_launches(fn):
     """The (kernel, grid, args, kwargs) of every Triton launch fn makes."""
     calls = []
-    names = ("_quantize_kernel", "_transpose_bytes_kernel")
+    names = ("_quantize_kernel", "_cast_transpose_split_kernel", "_transpose_bytes_kernel")
     real = {nm: getattr(K, nm) for nm in names}
 
     class Cap:

@@ -172,8 +172,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose) are written transposed ([R / 32,
     B * C]) and a tiled byte transpose moves them into place (scale_t; session 4: columnwise FP6 485 -> 367 us,
     cast-transpose FP8 427 -> 401 us; session 5: columnwise FP8 243 -> 236 us; FP4 columns: no gain since
-    col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the call with its second launch (80-160 us) outran
-    the bench's 100 us GPU spin, while the device time barely moved (scripts/ab_scale_t.py, -s5/)."""
+    col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the
+    call with its second launch (80-160 us) outran the bench's 100 us GPU spin, while the device time barely
+    moved (scripts/ab_scale_t.py, -s5/)."""
     f = get_format(fmt)
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B
     if do_col:
@@ -304,11 +305,17 @@ def _cols_padded(nblk: int, layout: str) -> int:
     return scale_layout_shape(1, nblk, layout)[1]
 
 
-def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int) -> bool:
+def _per_thread(cfg: QuantizeConfig, block_r: int = 0, block_c: int = 0) -> int:
+    """Elements per thread of a block_r x block_c tile (default: the config's tile) on the config's warps."""
+    return (block_r or cfg.block_r) * (block_c or cfg.block_c) // (32 * cfg.num_warps)
+
+
+def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int, per_thread: int = 0) -> bool:
     """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
     FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
-    arithmetic, ``_quantize._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time)."""
-    per_thread = cfg.block_r * cfg.block_c // (32 * cfg.num_warps)
+    arithmetic, ``_quantize._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
+    config's tile, or in a tile with ``per_thread`` elements per thread when given (the split rows)."""
+    per_thread = per_thread or _per_thread(cfg)
     fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
     return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and not _interpret() and per_thread >= 4)
 
@@ -473,7 +480,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
-                       and hw_cvt_ok(cfg, f, rnd, in_kind) and cfg.block_r * cfg.block_c >= 256 * cfg.num_warps),
+                       and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE
@@ -482,9 +489,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
         rbr, rbc, rrb = cfg.split_rows
         regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
-        per_thread_r = rbr * rbc // (32 * cfg.num_warps)
-        row_hw = bool(cfg.hw_cvt and f.is_float and rnd is Rounding.RNE and not _interpret() and per_thread_r >= 4
-                      and (f.bits != 4 or in_kind == 1))
+        per_thread_r = _per_thread(cfg, rbr, rbc)
+        row_hw = hw_cvt_ok(cfg, f, rnd, in_kind, per_thread_r)
         col_hw = bool(hw_cvt_ok(cfg, f, rnd, in_kind) and f.bits != 6)
         consts = tuple(dict(
             IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,

@@ -76,27 +76,37 @@ def variants():
         return [(f"wide {r}x{c}w{w}", {"col_wide": True, "block_r": r, "block_c": c, "num_warps": w})
                 for r, c, w in tiles]
 
-    c8 = [("default", None)]
+    # Session 7 (benchmarks/h200-2026-11-22-s7/ab_variants.txt, runs 1-5): col_units (1- / 2-element loads, so
+    # the lanes run along the columns and the warps along the 32-row blocks; whole units per thread; FP6 stores
+    # 96-byte row pieces from 128-row tiles). Adopted on 128 x 64 tiles, a warp per block, for columnwise FP6
+    # (366 -> 250 us), MXINT8 (286 -> 245) and FP8 (216 -> 214), and on 64 x 64 for the FP6 cast-transpose
+    # columns (617 -> 483). Slower: 1-element loads, 64- / 256-row or 32-column tiles, rblocks 2, strips
+    # (group_c 16), the FP8-grid rounding (FP6); columnwise FP4 (189 -> 197), cast-transpose FP8 fused or
+    # split (335 -> 343-366) and FP4 split (354 -> 358-389). "s6" = the session-6 default.
+    def un(tiles, **extra):
+        return [(f"un{v} {r}x{c}w{w}" + "".join(f" {k[:2]}={int(x)}" for k, x in extra.items()),
+                 {"col_units": v, "block_r": r, "block_c": c, "num_warps": w, "group_c": 0, **extra})
+                for v, r, c, w in tiles]
+
+    s6c = {"col_units": 0, "block_r": 32, "block_c": 64, "num_warps": 1}
+    c8 = [("default", None), ("s6 wide 64x64w2", {"col_units": 0, "col_packed": True, "col_wide": True,
+                                                  "block_r": 64, "num_warps": 2})] + un(((2, 64, 64, 2),))
+    ci8 = [("default", None), ("s6 32x64w1", s6c)]
+    c6 = [("default", None), ("s6 cd 32x64w1 g16", dict(s6c, col_direct=True, group_c=16))] + un(
+        ((2, 128, 64, 4),), scale_t=False)
+    c4 = [("default", None)] + un(((2, 128, 64, 4),))
     # split: cast-transpose by one-direction programs (regions of block_r x row_block_c)
+
     def sp(name, **kw):
         return (name, kw)
 
-    t8 = [("default", None)] + wd(((32, 128, 2), (64, 64, 2))) + [
-        sp("split c64x64w2 wide r4x1024rb2", block_r=64, block_c=64, num_warps=2, col_wide=True,
-           split_rows=(4, 1024, 2)),
-        sp("32x256w4", block_r=32, block_c=256, num_warps=4), sp("64x128w4", block_r=64, block_c=128, num_warps=4)]
-    c4 = [("default", None), ("st", {"scale_t": True})]
-    t4 = [("default", None)] + [
-        sp(f"split c{cr}x{cc}w{w} wide r{r}x{c}rb{rb}", block_r=cr, block_c=cc, num_warps=w, col_wide=True,
-           fp4_pairs=True, split_rows=(r, c, rb), scale_t=False)
-        for cr, cc, w, r, c, rb in ((128, 64, 2, 2, 1024, 4), (128, 64, 2, 1, 1024, 8), (128, 64, 2, 4, 1024, 2),
-                                    (128, 32, 1, 2, 1024, 4), (128, 64, 2, 2, 512, 4))]
-    c6 = [("default", None), ("pk 128x64w2", {"col_packed": True, "block_r": 128, "block_c": 64, "num_warps": 2})]
-    t6 = [("default", None)] + [
-        sp(f"split c{cr}x{cc}w1 r{r}x{c}rb{rb} hw", block_r=cr, block_c=cc, num_warps=1, hw_cvt=True,
-           split_rows=(r, c, rb))
-        for cr, cc, r, c, rb in ((32, 64, 2, 512, 4), (32, 64, 1, 512, 8), (32, 64, 2, 1024, 4), (32, 64, 2, 256, 4),
-                                 (32, 32, 2, 512, 4))]
+    t8 = [("default", None)] + un(((2, 64, 64, 2),)) + [
+        sp("split un2 c64x64w2 r2x1024rb2", block_r=64, block_c=64, num_warps=2, col_units=2, col_packed=False,
+           split_rows=(2, 1024, 2))]
+    t4 = [("default", None), sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2,
+                                split_rows=(2, 1024, 2))]
+    t6 = [("default", None), ("s6 c32x64w1 cd r1x512rb8", dict(s6c, col_direct=True, split_rows=(1, 512, 8))),
+          ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [
@@ -106,7 +116,8 @@ def variants():
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),
         "cols fp8": ("cols", "mxfp8_e4m3", c8), "cols fp4": ("cols", "mxfp4_e2m1", c4),
-        "cols fp6": ("cols", "mxfp6_e2m3", c6), "castT fp6": ("ct", "mxfp6_e2m3", t6),
+        "cols fp6": ("cols", "mxfp6_e2m3", c6), "cols int8": ("cols", "mxint8", ci8),
+        "castT fp6": ("ct", "mxfp6_e2m3", t6),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
         "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),

@@ -146,6 +146,27 @@ def _interpret_checks() -> int:
             assert_bytes_equal(os_[1], _ref_layout(ref.scale, "nvidia_128x4"),
                                f"cast-transpose split {fmt} axis={a} scale")
         n += 5
+        # col_units (lanes along the columns with 1- / 2-element loads, warps along the blocks, whole units per
+        # thread: the FP8 / FP6 / MXINT8 columnwise and FP6 cast-transpose default) on every format: a batch,
+        # ragged R and C tiles, scale_t, a layout per format; in the fused and the split cast-transpose too
+        x = rand_tensor((2, 160, 40), 1, generator=g, dtype=dts[(i + 2) % 3], nonfinite=True)
+        cfg = QuantizeConfig((128, 64, 32)[i % 3], (64, 16, 32)[i % 3], (4, 2, 1)[i % 3], False,
+                             col_units=1 + i % 2, scale_t=(i % 2 == 1))
+        q, s = _quantize_impl(x, fmt, 1, "ceil", rnd, lay, cfg=cfg)
+        ref = quantize_reference(x, fmt, axis=1, scale_mode="ceil", rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"col_units {cfg} {fmt} qdata")
+        assert_bytes_equal(s, ref.scale if lay == "plain" else _ref_layout(ref.scale, lay), f"col_units {fmt} scale")
+        x = rand_tensor((96, 128), -1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
+        fused = QuantizeConfig(64, 32, 2, False, col_units=2 - i % 2, fp6_words=True)
+        split = QuantizeConfig(64, 32, 2, False, col_units=1 + i % 2, fp6_words=True, split_rows=(2, 64, 4))
+        for cfg in (fused, split):
+            outs = _cast_transpose_impl(x, fmt, "rceil", rnd, lay, cfg=cfg)
+            for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
+                ref = quantize_reference(x, fmt, axis=a, scale_mode="rceil", rounding=rnd)
+                assert_bytes_equal(o[0], ref.qdata, f"cast-transpose {cfg} {fmt} axis={a} qdata")
+                assert_bytes_equal(o[1], ref.scale if lay == "plain" else _ref_layout(ref.scale, lay),
+                                   f"cast-transpose col_units {fmt} axis={a} scale")
+        n += 5
         # 3-D middle axis, swizzled layout on a columnwise output
         x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)
         _assert_mx_equal(quantize_triton(x, fmt, axis=1, scale_layout="nvidia_128x4"),
@@ -366,7 +387,9 @@ def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
         if a in constexprs:
             sig[a] = "constexpr"
         elif a.endswith("_ptr"):
-            sig[a] = ptr.get(a, "*i32" if (a.startswith("q") and constexprs.get("BITS") == 6) else "*u8")
+            words = constexprs.get("BITS") == 6 or (a == "qc_ptr" and (constexprs.get("COL_PACKED")
+                                                                      or constexprs.get("COL_UNITS")))
+            sig[a] = ptr.get(a, "*i32" if (a.startswith("q") and words) else "*u8")
         else:
             sig[a] = "i32"
     k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
@@ -413,13 +436,19 @@ def test_opt_in_paths_compile_for_sm90(variant):
         for fmt, kw in (("mxfp4_e2m1", dict(ROW_BR=2, ROW_BC=1024, ROW_RB=4, FP6_WORDS=False, FP4_PAIRS=True,
                                            COL_BR=128, COL_HW=True, COL_PACKED=True, COL_WIDE=True)),
                         ("mxfp6_e2m3", dict(ROW_BR=1, ROW_BC=512, ROW_RB=8, FP6_WORDS=True, FP4_PAIRS=False,
-                                           COL_BR=32, COL_HW=False, COL_PACKED=False, COL_WIDE=False))):
-            # cast-transpose by one-direction programs (the FP4 / FP6 default)
+                                           COL_BR=32, COL_HW=False, COL_PACKED=False, COL_WIDE=False)),
+                        ("mxfp6_e2m3", dict(ROW_BR=2, ROW_BC=512, ROW_RB=4, FP6_WORDS=True, FP4_PAIRS=False,
+                                           COL_BR=64, COL_HW=False, COL_PACKED=False, COL_WIDE=False, COL_UNITS=2))):
+            # cast-transpose by one-direction programs (the FP4 / FP6 default; FP6 columns: col_units since
+            # session 7)
             ce = dict(IN_KIND=1, LAYOUT_R=0, LAYOUT_C=3, AWAY=False, INT64=False, DENORM=0, MASKED=True,
                       SCALE_MODE=1, ROW_HW=True, COL_BC=64, **_format_constexprs(get_format(fmt)), **kw)
-            assert _sm90_compile("_cast_transpose_split_kernel", 2 if fmt == "mxfp4_e2m1" else 1, **ce) > 0
+            assert _sm90_compile("_cast_transpose_split_kernel", 2 if kw["COL_BR"] > 32 else 1, **ce) > 0
         for fmt, br in (("mxfp8_e4m3", 64), ("mxfp4_e2m1", 128)):  # columnwise FP8 / FP4: 64-bit units
             assert quant(fmt, False, True, br, 64, 2, HW_CVT=True, COL_PACKED=True, COL_WIDE=True, SCALE_MODE=2) > 0
+        # the session-7 columnwise defaults: col_units for FP8 (through the cvt), FP6 and MXINT8
+        for fmt, hw in (("mxfp8_e4m3", True), ("mxfp6_e3m2", False), ("mxint8", False)):
+            assert quant(fmt, False, True, 128, 64, 4, HW_CVT=hw, COL_UNITS=2, SCALE_MODE=0, DENORM=0) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -766,6 +795,12 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                     mode_const=True, split_rows=(2, 256, 4)),
                  QC(32, 64, 1, False, col_direct=True, fp6_words=True, fp4_pairs=True, hw_cvt=hw, scale_t=True,
                     split_rows=(1, 128, 8))]
+    # col_units (the FP8 / FP6 / MXINT8 columnwise default since session 7, 128 x 64 on four warps; the FP6
+    # cast-transpose columns, 64 x 64, by one-direction programs): 1- / 2-element loads, scale_t
+    col_cfgs += [QC(128, 64, 4, False, col_units=2, mode_const=True, hw_cvt=hw),
+                 QC(64, 32, 2, False, col_units=1, scale_t=True, mode_const=True, hw_cvt=hw),
+                 QC(64, 64, 2, False, col_units=2, fp6_words=True, fp4_pairs=True, hw_cvt=hw, mode_const=True,
+                    scale_t=True, split_rows=(2, 128, 4))]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)

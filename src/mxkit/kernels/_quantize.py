@@ -31,11 +31,15 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
   - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
 * HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
 * ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
-* COL_PACKED (columnwise FP8 / FP4, cast-transpose FP8): codes packed into 32-bit (COL_WIDE: 64-bit) words
-  along R in-thread, only the words transposed, :func:`_cols_packed`.
-* COL_DIRECT (columnwise FP6): blocks along R reduced in the untransposed tile, only the 1-byte codes
-  transposed.
-* GROUP_C: program order in strips of column tiles walked down R (columnwise FP6).
+* COL_UNITS (columnwise FP8 / FP6 / MXINT8, the columns of the FP6 cast-transpose): the tile loaded with 2-
+  or 4-byte loads so the lanes run along the columns and the warps along the 32-row blocks; each thread packs
+  whole units of codes along R and only the packed words are transposed, :func:`_cols_units` (H200, bf16
+  16384^2: columnwise FP6 366 -> 250 us, MXINT8 286 -> 245 us, FP8 216 -> 214 us).
+* COL_PACKED (columnwise FP4, cast-transpose FP8 / FP4): codes packed into 32-bit (COL_WIDE: 64-bit) words
+  along R in-thread from 16-byte loads, only the words transposed, :func:`_cols_packed`.
+* COL_DIRECT (the fused FP6 cast-transpose): blocks along R reduced in the untransposed tile, only the 1-byte
+  codes transposed.
+* GROUP_C: program order in strips of column tiles walked down R (with COL_DIRECT).
 * RB: a program walks RB tiles down R (4 for rowwise FP4 / FP6 on large problems: it amortises the
   per-program index arithmetic). SCALE_WORD (opt-in; no gain in the A/B): blocks along R store each column's
   RB scale bytes as one word.
@@ -541,6 +545,20 @@ def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
 
 
 @triton.jit
+def _fp6_unit_words(codes):
+    """FP6 codes [..., 16] (int32, 6 bits each) -> the three words (w0, w1, w2) [...] of each 16-code unit:
+    code k at bit 6k of the unit's 96-bit little-endian word triple (OCP MX v1.0 packs FP6 elements
+    little-endian, 4 codes in 3 bytes; a unit is 4 such groups)."""
+    k = tl.arange(0, 16)
+    AX: tl.constexpr = len(codes.shape) - 1
+    w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=AX)
+    w1 = tl.sum(tl.where(k == 5, codes >> 2, tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)),
+                axis=AX)
+    w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)), axis=AX)
+    return w0, w1, w2
+
+
+@triton.jit
 def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
                     LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
@@ -567,12 +585,7 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
     badg = tl.reshape(tl.permute(tl.join(amax, amax), [0, 2, 1]), [G, BLOCK_R]) >= 0x7F800000
     codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
                          AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
-    # code k at bit 6k of the group's 96-bit little-endian word triple
-    k = tl.arange(0, 16)[None, None, :]
-    w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=2)
-    w1 = tl.sum(tl.where(k == 5, codes >> 2,
-                         tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)), axis=2)
-    w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)), axis=2)
+    w0, w1, w2 = _fp6_unit_words(codes)
     wofs = grow[None, :] * (C // 16 * 3) + gi[:, None] * 3
     tl.store(q_ptr + wofs, w0, mask=gm)
     tl.store(q_ptr + wofs + 1, w1, mask=gm)
@@ -619,12 +632,7 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks are 0)
         codes = codes & ((1 << BITS) - 1)
     if BITS == 6:
-        # code k at bit 6k of the unit's 96-bit little-endian word triple (as in _rows_fp6_words)
-        w0 = tl.sum(tl.where(k < 6, codes << tl.minimum(6 * k, 30), 0), axis=1)
-        w1 = tl.sum(tl.where(k == 5, codes >> 2,
-                             tl.where((k > 5) & (k < 11), codes << tl.maximum(6 * k - 32, 0), 0)), axis=1)
-        w2 = tl.sum(tl.where(k == 10, codes >> 4, tl.where(k > 10, codes << tl.maximum(6 * k - 64, 0), 0)),
-                    axis=1)
+        w0, w1, w2 = _fp6_unit_words(tl.permute(codes, [0, 2, 1]))
         # the unit's words as [BC, W, 4] (word 3 repeats word 2 and is not stored): one layout conversion, then
         # the store's lanes run along (word, unit), so with W >= 8 (BLOCK_R >= 128) a warp writes 8 units = 96
         # contiguous bytes = 3 whole 32-byte sectors of an output row per instruction (three separate word
@@ -654,6 +662,65 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
 
 
 @triton.jit
+def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIND: tl.constexpr, LAYOUT: tl.constexpr,
+                BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
+                MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                HW_CVT: tl.constexpr, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                MASKED: tl.constexpr, VEC: tl.constexpr):
+    """COL_UNITS (blocks along R): rows r0 .. r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C, loaded as
+    [BLOCK_C / VEC, NB, U, VEC, J] with element (l, n, u, v, j) at row r0 + 32n + Ju + j, column
+    c0 + VEC * l + v, where J codes make one packed unit (FP6: 16 codes = 3 words; FP8 / MXINT8: 4 = 1 word;
+    FP4: 8 = 1 word) and U = 32 / J units make a block. The loads are held to VEC elements (2 or 4 bytes;
+    ``tl.max_contiguous``), so the lanes go along the columns and the warps along the blocks n: each block,
+    and so each unit, is in one thread, with 32 * VEC elements per thread (COL_PACKED's 16-byte loads put 8
+    columns x J rows in a thread for the same). The units' words reach the store through one layout
+    conversion of [units, columns(, 4)]: a warp's store runs along the units of one output row (FP6: 32
+    lanes along (word, unit), word 3 repeating word 2 and masked; with BLOCK_R = 128, 96 contiguous bytes =
+    3 whole 32-byte sectors, where COL_DIRECT's 32-row tiles wrote 24-byte pieces). q_ptr: int32 words."""
+    J: tl.constexpr = 16 if BITS == 6 else 32 // BITS
+    U: tl.constexpr = 32 // J
+    NB: tl.constexpr = BLOCK_R // 32
+    L: tl.constexpr = BLOCK_C // VEC
+    n = tl.arange(0, NB)[None, :, None, None, None]
+    u = tl.arange(0, U)[None, None, :, None, None]
+    rows = r0 + n * 32 + u * J + tl.arange(0, J)[None, None, None, None, :]
+    cols = c0 + tl.arange(0, L)[:, None, None, None, None] * VEC + tl.arange(0, VEC)[None, None, None, :, None]
+    offs = tl.max_contiguous((b * R + rows) * C + cols, [1, 1, 1, VEC, 1])
+    m = ((rows < R) | (not MASKED)) & ((cols < C) | (not MASKED))
+    bits = _to_bits(_load_raw(x_ptr + offs, m, IN_KIND), IN_KIND)  # [L, NB, U, VEC, J]
+    amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=4), axis=2)  # [L, NB, VEC]
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]),
+                         (amax >= 0x7F800000)[:, :, None, :, None], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
+                         AWAY, DENORM, HW_CVT).to(tl.int32)
+    if BITS == 6:
+        w0, w1, w2 = _fp6_unit_words(codes)  # [L, NB, U, VEC]
+        # [L, NB, U, VEC, 4] (words 0, 1, 2, 2) -> [units, columns, 4]
+        w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w2)), [L, NB, U, VEC, 4])
+        w4 = tl.reshape(tl.permute(w4, [1, 2, 0, 3, 4]), [NB * U, BLOCK_C, 4])
+    else:
+        if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
+            codes = codes & ((1 << BITS) - 1)
+        # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
+        words = tl.sum(codes << (tl.arange(0, J) * BITS), axis=4)  # [L, NB, U, VEC]
+        words = tl.reshape(tl.permute(words, [1, 2, 0, 3]), [NB * U, BLOCK_C])
+    unit = r0 // J + tl.arange(0, NB * U)
+    c = c0 + tl.arange(0, BLOCK_C)
+    cmask = (c < C) | (not MASKED)
+    g = b * C + c  # output rows
+    if BITS == 6:
+        j = tl.arange(0, 4)[None, None, :]
+        offs = g[None, :, None] * (R // 16 * 3) + (unit * 3)[:, None, None] + j
+        wm = ((unit < R // 16) | (not MASKED))[:, None, None] & cmask[None, :, None] & (j < 3)
+        tl.store(q_ptr + offs, w4, mask=wm)
+    else:
+        wm = ((unit < R // J) | (not MASKED))[:, None] & cmask[None, :]
+        tl.store(q_ptr + g[None, :] * (R // J) + unit[:, None], words, mask=wm)
+    sb = tl.reshape(tl.permute(sbyte, [0, 2, 1]), [BLOCK_C, NB])
+    _store_scales(s_ptr, sb, g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
+
+
+@triton.jit
 def _split_pid(pid, n_fast, n_mid):
     """Program id -> (fast, mid, batch) indices of a grid of batch x n_mid x n_fast tiles (fast varies fastest)."""
     t = pid // n_fast
@@ -674,7 +741,7 @@ def _quantize_kernel(
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
-    COL_WIDE: tl.constexpr = False,
+    COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -693,7 +760,8 @@ def _quantize_kernel(
     tile in its own layout (from L1 / L2: one DRAM read) instead of converting one layout to the other.
     COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload).
     FP4_PAIRS (DO_ROW, FP4 from bf16 with HW_CVT): :func:`_rows_fp4_pairs`. COL_WIDE (with COL_PACKED, 8- or 4-bit
-    elements): 64-bit packed units."""
+    elements): 64-bit packed units. COL_UNITS > 0 (DO_COL): :func:`_cols_units` with COL_UNITS-element
+    loads."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -741,7 +809,7 @@ def _quantize_kernel(
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
                                 BLOCK_R, BLOCK_C, MASKED, HW_CVT)
-            if (DO_COL and not COL_PACKED) or (DO_ROW and not (FP6_WORDS or FP4_PAIRS)):
+            if (DO_COL and not (COL_PACKED or COL_UNITS > 0)) or (DO_ROW and not (FP6_WORDS or FP4_PAIRS)):
                 # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
                 # program's first load just brought it into L1 / L2)
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :], rmask[:, None] & cmask[None, :], IN_KIND)
@@ -756,7 +824,12 @@ def _quantize_kernel(
                                               DENORM, HW_CVT, False, RAW16, SCALE_MODE)
                 _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                                  BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
-            if DO_COL and COL_PACKED:
+            if DO_COL and COL_UNITS > 0:
+                tl.static_assert(not SCALE_WORD)
+                _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
+                            BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
+                            BLOCK_R, BLOCK_C, MASKED, COL_UNITS)
+            elif DO_COL and COL_PACKED:
                 _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
                              BLOCK_R, BLOCK_C, MASKED, COL_WIDE)
@@ -798,7 +871,7 @@ def _cast_transpose_split_kernel(
     ROW_BR: tl.constexpr, ROW_BC: tl.constexpr, ROW_RB: tl.constexpr, ROW_HW: tl.constexpr,
     FP6_WORDS: tl.constexpr, FP4_PAIRS: tl.constexpr,
     COL_BR: tl.constexpr, COL_BC: tl.constexpr, COL_HW: tl.constexpr, COL_PACKED: tl.constexpr,
-    COL_WIDE: tl.constexpr,
+    COL_WIDE: tl.constexpr, COL_UNITS: tl.constexpr = 0,
 ):
     """Cast-transpose of x viewed [B, R, C] by programs that each do ONE direction: the tensor is cut into
     regions of COL_BR x ROW_BC elements, and each region gets NR row programs (ROW_RB tiles of ROW_BR x ROW_BC
@@ -845,7 +918,11 @@ def _cast_transpose_split_kernel(
     else:
         c = rc * ROW_BC + (k - NR) * COL_BC + tl.arange(0, COL_BC)
         cmask = (c < C) | (not MASKED)
-        if COL_PACKED:
+        if COL_UNITS > 0:
+            _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
+                        IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW,
+                        SCALE_MODE, COL_BR, COL_BC, MASKED, COL_UNITS)
+        elif COL_PACKED:
             _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C, BITS,
                          MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW, SCALE_MODE, COL_BR,
                          COL_BC, MASKED, COL_WIDE)

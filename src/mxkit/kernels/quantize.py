@@ -106,6 +106,11 @@ class QuantizeConfig:
     # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
     # elements)
     col_wide: bool = False
+    # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
+    # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
+    # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
+    # ignored
+    col_units: int = 0
     # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
     # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
     # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
@@ -138,7 +143,7 @@ class DequantizeConfig:
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
     """Pick the tile for x viewed [B, R, C] (pure function of the problem). Every choice comes from same-process
     A/B runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/ to
-    -s6/ab_variants.txt); times below are 16384^2.
+    -s7/ab_variants.txt); times below are 16384^2.
 
     All: the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 105 -> 64 registers).
     Element rounding (hw_cvt, RNE on a GPU only, :func:`hw_cvt_ok`): FP8 through the hardware
@@ -151,23 +156,25 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     through the FP8 cvt (227 -> 222 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
     into packed bytes (fp4_pairs; 206 -> 179 us).
 
-    Columnwise (blocks along R): FP8 / FP4 pack codes along R into 64-bit units in-thread and transpose only
-    those (col_packed + col_wide: 8 / 16 codes per unit, built from two 32-bit halves; 32-bit units in session
-    5 took FP4 295 -> 230 us, FP8 262 -> 244; 64-bit: FP8 237 -> 217 us, FP4 220 -> 191 us) on 64 x 64 /
-    128 x 64 tiles on two warps (fewer when the tile has fewer than 64 units x 8-column vectors, so no warp
-    splits a unit). FP6 / MXINT8: 32 x 64 on one warp (the 32-row block reductions never cross warps); FP6
-    with col_direct (the untransposed tile quantized, only the 1-byte codes transposed; col_packed was
-    10-100% slower) in strips of 16 column tiles walked down R (group_c; FP8 / FP4 were 1-4% faster in the
-    plain order).
+    Columnwise (blocks along R): FP8 / FP6 / MXINT8 with col_units on 128 x 64 tiles, a warp per 32-row block
+    (2-element loads put the lanes along the columns; each thread packs whole units along R, and a warp
+    stores 96 contiguous bytes of an FP6 output row: FP6 366 -> 250 us, MXINT8 286 -> 245 us, FP8 216 -> 214
+    us; 1-element loads, 64- or 256-row tiles, program strips: slower). FP4 packs codes along R into 64-bit
+    units in-thread from 16-byte loads and transposes only those (col_packed + col_wide: 16 codes per unit,
+    built from two 32-bit halves; 32-bit units in session 5 took FP4 295 -> 230 us; 64-bit: 220 -> 191 us;
+    col_units: 197 us) on 128 x 64 tiles on two warps (fewer when the tile has fewer than 64 units x
+    8-column vectors, so no warp splits a unit).
 
     Cast-transpose: FP8 fused (both directions from each 32 x 128 tile on two warps; col_packed: 403 ->
     336 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
-    region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain): FP4 columns
-    128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6 columns 32 x 64
-    (col_direct) and rows 1 x 512 (fp6_words, FP8 cvt) on one; only when C fills a region row (C >= 1024 /
-    512: at 32768 x 160 the masked region columns made it 40% slower), else fused (FP4 64 x 64 on two warps,
-    FP6 32 x 64 on one). MXINT8: the fused 32 x 64 tile.
+    region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain, also with
+    col_units): FP4 columns 128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6
+    columns 64 x 64 (col_units; 617 -> 483 us) and rows 2 x 512 (fp6_words, FP8 cvt) on two; only when C
+    fills a region row (C >= 1024 / 512: at 32768 x 160 the masked region columns made it 40% slower), else
+    fused (FP4 64 x 64 on two warps, FP6 32 x 64 on one with col_direct, the untransposed tile quantized and
+    only the 1-byte codes transposed, in strips of 16 column tiles walked down R). MXINT8: the fused 32 x 64
+    tile.
 
     Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose) are written transposed ([R / 32,
     B * C]) and a tiled byte transpose moves them into place (scale_t; session 4: columnwise FP6 485 -> 367 us,
@@ -179,25 +186,26 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B
     if do_col:
         fp8 = f.is_float and f.bits == 8
-        packed = f.is_float and f.bits in (4, 8)  # col_packed (FP6: 2x slower; MXINT8: not measured)
         r64 = 64 if R >= 64 else 32
-        split = ()
+        r128 = 128 if R >= 128 else r64
+        split, units = (), 0
         if do_row and f.is_float and f.bits in (4, 6) and C >= (1024 if f.bits == 4 else 512):
             # cast-transpose FP4 / FP6 by one-direction programs (_cast_transpose_split_kernel): FP4 columns on
             # 128 x 64 tiles with 64-bit units, rows on 2 x 1024 (4 per program) with bf16 pairs, two warps; FP6
-            # columns on 32 x 64 (col_direct), rows on 1 x 512 (8 per program, fp6_words), one warp
+            # columns on 64 x 64 (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             rbc = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
             if f.bits == 4:
-                block_r, c_max, warps, split = (128 if R >= 128 else r64), 64, 2, (2, rbc, 4)
+                block_r, c_max, warps, split = r128, 64, 2, (2, rbc, 4)
             else:
-                block_r, c_max, warps, split = 32, 64, 1, (1, rbc, 8)
+                block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, rbc, 4), 2
         elif do_row:  # cast-transpose
             block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
-        elif packed:  # 64-bit units (col_wide): FP8 64 x 64, FP4 128 x 64, two warps
-            block_r, c_max, warps = (r64 if fp8 else (128 if R >= 128 else r64)), 64, 2
-        else:
-            block_r, c_max, warps = 32, 64, 1
-        group_c = 16 if f.bits == 6 else 0
+        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 128 x 64, two warps
+            block_r, c_max, warps = r128, 64, 2
+        else:  # FP8 / FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
+            block_r, c_max, warps, units = r128, 64, r128 // 32, 2
+        packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
+        group_c = 16 if f.bits == 6 and not units else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
         wide = False
         if packed and (split or not do_row):
@@ -208,10 +216,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             warps = max(1, min(warps, lanes // 32))
         span_c = split[1] if split else block_c
         padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), col_direct=f.bits == 6 and f.is_float,
-                              col_packed=packed, hw_cvt=hw_cvt or bool(split), group_c=0 if split else group_c,
-                              mode_const=True, fp6_words=do_row and f.bits == 6, col_wide=wide,
-                              fp4_pairs=bool(split) and f.bits == 4, split_rows=split,
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
+                              col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
+                              hw_cvt=hw_cvt or bool(split), group_c=0 if split else group_c, mode_const=True,
+                              fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
+                              split_rows=split, col_units=units,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and B * R * C >= 1 << 26))
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
@@ -455,8 +464,9 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
             lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
-    packed = bool(cfg.col_packed and do_col)
-    if packed:  # the column data is written as int32 words
+    units = cfg.col_units if do_col else 0
+    packed = bool(cfg.col_packed and do_col and not units)
+    if packed or units:  # the column data is written as int32 words
         slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
     rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
     span_r = cfg.block_r * rb
@@ -473,12 +483,12 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM=cfg.denorm,
         MASKED=bool(R % span_r or C % cfg.block_c),
         HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
-        COL_DIRECT=bool(cfg.col_direct and do_col), GROUP_C=cfg.group_c, RB=rb,
+        COL_DIRECT=bool(cfg.col_direct and do_col and not units), GROUP_C=cfg.group_c, RB=rb,
         SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0
-                        and scale_t is None),
+                        and scale_t is None and not units),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
-        COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)),
+        COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
     ).items())
@@ -499,7 +509,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=row_hw, FP6_WORDS=bool(cfg.fp6_words and f.bits == 6),
             FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
-            COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)),
+            COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)

@@ -49,7 +49,8 @@ def variants():
     # FP6 through the FP8 cvt (default since, on 4 x 512 tiles), against the session-5 defaults
     r4 = [("default", None), ("s5", {"fp4_pairs": False, "block_r": 16, "block_c": 256, "num_warps": 4})] + [
         (f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w}) for r, c, w in ((4, 512, 2), (2, 2048, 4))]
-    r6 = [("default", None), ("s5", {"hw_cvt": False, "block_r": 8, "block_c": 256})]
+    # session 7 run 6-7: the FP6 unit asm (fp6_asm, default since) against the integer encoder ("no asm")
+    r6 = [("default", None), ("no asm", {"fp6_asm": False})]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
     # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows
@@ -76,7 +77,7 @@ def variants():
         return [(f"wide {r}x{c}w{w}", {"col_wide": True, "block_r": r, "block_c": c, "num_warps": w})
                 for r, c, w in tiles]
 
-    # Session 7 (benchmarks/h200-2026-11-22-s7/ab_variants.txt, runs 1-5): col_units (1- / 2-element loads, so
+    # Session 7 (benchmarks/h200-2026-11-22-s7/ab_variants.txt, runs 1-7): col_units (1- / 2-element loads, so
     # the lanes run along the columns and the warps along the 32-row blocks; whole units per thread; FP6 stores
     # 96-byte row pieces from 128-row tiles). Adopted on 128 x 64 tiles, a warp per block, for columnwise FP6
     # (366 -> 250 us), MXINT8 (286 -> 245) and FP8 (216 -> 214), and on 64 x 64 for the FP6 cast-transpose
@@ -92,8 +93,8 @@ def variants():
     c8 = [("default", None), ("s6 wide 64x64w2", {"col_units": 0, "col_packed": True, "col_wide": True,
                                                   "block_r": 64, "num_warps": 2})] + un(((2, 64, 64, 2),))
     ci8 = [("default", None), ("s6 32x64w1", s6c)]
-    c6 = [("default", None), ("s6 cd 32x64w1 g16", dict(s6c, col_direct=True, group_c=16))] + un(
-        ((2, 128, 64, 4),), scale_t=False)
+    c6 = [("default", None), ("no asm", {"fp6_asm": False, "hw_cvt": False})] + un(((2, 128, 64, 4),), hw_cvt=True,
+                                                                                    fp6_asm=True, scale_t=False)
     c4 = [("default", None)] + un(((2, 128, 64, 4),))
     # split: cast-transpose by one-direction programs (regions of block_r x row_block_c)
 
@@ -105,8 +106,7 @@ def variants():
            split_rows=(2, 1024, 2))]
     t4 = [("default", None), sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2,
                                 split_rows=(2, 1024, 2))]
-    t6 = [("default", None), ("s6 c32x64w1 cd r1x512rb8", dict(s6c, col_direct=True, split_rows=(1, 512, 8))),
-          ("r4x512rb2", {"split_rows": (4, 512, 2)})]
+    t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [

@@ -438,7 +438,8 @@ def test_opt_in_paths_compile_for_sm90(variant):
                         ("mxfp6_e2m3", dict(ROW_BR=1, ROW_BC=512, ROW_RB=8, FP6_WORDS=True, FP4_PAIRS=False,
                                            COL_BR=32, COL_HW=False, COL_PACKED=False, COL_WIDE=False)),
                         ("mxfp6_e2m3", dict(ROW_BR=2, ROW_BC=512, ROW_RB=4, FP6_WORDS=True, FP4_PAIRS=False,
-                                           COL_BR=64, COL_HW=False, COL_PACKED=False, COL_WIDE=False, COL_UNITS=2))):
+                                           COL_BR=64, COL_HW=True, COL_PACKED=False, COL_WIDE=False, COL_UNITS=2,
+                                           FP6_ASM=True))):
             # cast-transpose by one-direction programs (the FP4 / FP6 default; FP6 columns: col_units since
             # session 7)
             ce = dict(IN_KIND=1, LAYOUT_R=0, LAYOUT_C=3, AWAY=False, INT64=False, DENORM=0, MASKED=True,
@@ -446,9 +447,15 @@ def test_opt_in_paths_compile_for_sm90(variant):
             assert _sm90_compile("_cast_transpose_split_kernel", 2 if kw["COL_BR"] > 32 else 1, **ce) > 0
         for fmt, br in (("mxfp8_e4m3", 64), ("mxfp4_e2m1", 128)):  # columnwise FP8 / FP4: 64-bit units
             assert quant(fmt, False, True, br, 64, 2, HW_CVT=True, COL_PACKED=True, COL_WIDE=True, SCALE_MODE=2) > 0
-        # the session-7 columnwise defaults: col_units for FP8 (through the cvt), FP6 and MXINT8
-        for fmt, hw in (("mxfp8_e4m3", True), ("mxfp6_e3m2", False), ("mxint8", False)):
-            assert quant(fmt, False, True, 128, 64, 4, HW_CVT=hw, COL_UNITS=2, SCALE_MODE=0, DENORM=0) > 0
+        # the session-7 columnwise defaults: col_units for FP8 (through the cvt), FP6 (the unit asm, both FP6
+        # formats, both load widths) and MXINT8; rowwise FP6 through the unit asm
+        for fmt, hw, units in (("mxfp8_e4m3", True, 2), ("mxfp6_e3m2", True, 2), ("mxfp6_e2m3", True, 1),
+                               ("mxint8", False, 2)):
+            assert quant(fmt, False, True, 128, 64, 4, HW_CVT=hw, COL_UNITS=units, SCALE_MODE=0, DENORM=0,
+                         FP6_ASM=hw) > 0
+        for fmt in ("mxfp6_e2m3", "mxfp6_e3m2"):
+            assert quant(fmt, True, False, 4, 512, 2, RB=4, SCALE_MODE=0, FP6_WORDS=True, HW_CVT=True,
+                         FP6_ASM=True, DENORM=2) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -602,6 +609,7 @@ def poison():
 AXIS_CASES = {  # name: (shape, axis)
     "rows_727x608": ((727, 608), -1),
     "cols_608x727": ((608, 727), 0),
+    "cols_320x208": ((320, 208), 0),  # C a multiple of 16: the FP6 unit asm (col_units, ragged column tiles)
     "mid_3x96x50": ((3, 96, 50), 1),
     "one_row": ((1, 4096), -1),
 }
@@ -779,6 +787,9 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         # on tiles wider than the 608-element rows (masked)
         row_cfgs += [QC(4, 512, 2, False, rblocks=4, fp6_words=True, **mc),
                      QC(2, 1024, 2, False, rblocks=4, fp4_pairs=True, **mc)]
+        # session 7: rowwise FP6 through the unit asm (the default), also with fp32-denormal inputs rebuilt
+        row_cfgs += [QC(4, 512, 2, False, rblocks=4, fp6_words=True, fp6_asm=True, **mc),
+                     QC(2, 256, 1, False, 2, fp6_words=True, fp6_asm=True, **mc)]
         col_cfgs += [QC(32, 64, 2, False, group_c=3, **mc), QC(32, 64, 2, False, col_direct=True, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
@@ -797,10 +808,12 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                     split_rows=(1, 128, 8))]
     # col_units (the FP8 / FP6 / MXINT8 columnwise default since session 7, 128 x 64 on four warps; the FP6
     # cast-transpose columns, 64 x 64, by one-direction programs): 1- / 2-element loads, scale_t
-    col_cfgs += [QC(128, 64, 4, False, col_units=2, mode_const=True, hw_cvt=hw),
-                 QC(64, 32, 2, False, col_units=1, scale_t=True, mode_const=True, hw_cvt=hw),
+    # (fp6_asm: FP6 through the unit asm, the FP6 default with hw_cvt; denorm 2: fp32-denormal inputs rebuilt)
+    col_cfgs += [QC(128, 64, 4, False, col_units=2, mode_const=True, hw_cvt=hw, fp6_asm=True),
+                 QC(64, 32, 2, False, col_units=1, scale_t=True, mode_const=True, hw_cvt=hw, fp6_asm=True),
                  QC(64, 64, 2, False, col_units=2, fp6_words=True, fp4_pairs=True, hw_cvt=hw, mode_const=True,
-                    scale_t=True, split_rows=(2, 128, 4))]
+                    scale_t=True, split_rows=(2, 128, 4), fp6_asm=True),
+                 QC(64, 64, 2, False, 2, col_units=2, hw_cvt=hw, fp6_asm=True)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
@@ -827,7 +840,9 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         if part != f"cols{k % 4}":
             continue
         dt = dts[(k + 1) % 3]
-        x = rand_tensor((512 if cfg.rblocks > 1 else 320, 200), 0, generator=rng, dtype=dt, nonfinite=True)
+        # (col_units: 208 columns, a multiple of 16, so that FP6 takes the unit asm; ragged column tiles either way)
+        x = rand_tensor((512 if cfg.rblocks > 1 else 320, 208 if cfg.col_units else 200), 0, generator=rng, dtype=dt,
+                        nonfinite=True)
         xt = _fp8_tie_blocks(fmt).T.contiguous() if hw else None
         if xt is not None and k % 2:
             xt = xt.to(torch.bfloat16)
@@ -1135,6 +1150,99 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+def _run_ptx_subset(asm: str, operands: dict) -> dict:
+    """A CPU interpreter for the instructions of ``_quantize._fp6_units_asm`` (cvt.rn.satfinite.{e4m3,e5m2}x2.f32,
+    mov.b32 of a b16 pair, and / or / shl / shr / sub, lop3): registers and $n operands are int64 tensors of
+    32-bit values (one per unit); the cvt rounds with torch's float8 casts after clamping to the format's max
+    (= satfinite, which clamps the rounded result: rounding is monotone). Returns every register and operand."""
+    regs = dict(operands)
+    m32 = 0xFFFFFFFF
+
+    def val(tok):
+        tok = tok.strip()
+        return regs[tok] if (tok in regs) else int(tok, 0)
+
+    for ins in asm.strip().strip("{}").split(";"):
+        ins = ins.strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, rest = ins.split(None, 1)
+        if op == "mov.b32":
+            d, pair = rest.split(",", 1)
+            lo, hi = (t.strip() for t in pair.strip().strip("{}").split(","))
+            regs[d.strip()] = regs[lo] | (regs[hi] << 16)
+            continue
+        args = [a.strip() for a in rest.split(",")]
+        d = args[0]
+        if op.startswith("cvt.rn.satfinite."):
+            f8, mx = (torch.float8_e4m3fn, 448.0) if ".e4m3x2." in op else (torch.float8_e5m2, 57344.0)
+
+            def byte(tok):
+                v = (regs[tok] & m32).to(torch.int32).view(torch.float32).clamp(-mx, mx)
+                return v.to(f8).view(torch.uint8).to(torch.int64)
+            regs[d] = byte(args[2]) | (byte(args[1]) << 8)  # the first source lands in the upper byte
+            continue
+        a = [val(t) for t in args[1:]]
+        if op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
+        elif op == "shl.b32":
+            r = a[0] << a[1]
+        elif op == "shr.u32":
+            r = a[0] >> a[1]
+        elif op == "sub.u32":
+            r = a[0] - a[1]
+        elif op == "lop3.b32":
+            lut = a[3]
+            r = torch.zeros_like(a[0] if torch.is_tensor(a[0]) else a[1])
+            for bit in range(8):  # bit (a, b, c) of the LUT: index 4a + 2b + c with a = 0xF0, b = 0xCC, c = 0xAA
+                if (lut >> bit) & 1:
+                    ta = a[0] if bit & 4 else ~a[0]
+                    tb = a[1] if bit & 2 else ~a[1]
+                    tc = a[2] if bit & 1 else ~a[2]
+                    r = r | (ta & tb & tc)
+        else:
+            raise AssertionError(f"instruction not in the subset: {ins}")
+        regs[d] = r & m32
+    return regs
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+@pytest.mark.parametrize("vec,n_out", [(1, 16), (2, 32), (1, 8)])
+def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
+    """The FP6 unit asm (``_quantize._fp6_units_asm``, inline PTX: GPU only), run instruction by instruction
+    on the CPU: for units of scaled elements v * 2^-6 / 2^-12 (every FP6 grid value and every tie between
+    neighbours, both signs and signed zeros, fp32-subnormal, saturating and random values), the three words
+    of each unit equal the reference's packed FP6 bytes (:func:`mxkit.formats.encode_elements`, RNE, then
+    :func:`mxkit.reference.pack_codes`)."""
+    from mxkit.formats import decode_elements, encode_elements, get_format
+    from mxkit.kernels._quantize import _fp6_units_asm
+    from mxkit.reference import pack_codes
+
+    f = get_format(fmt)
+    g = torch.Generator().manual_seed(7)
+    grid = decode_elements(torch.arange(1 << (f.bits - 1), dtype=torch.uint8), fmt)  # non-negative grid
+    mids = (grid[1:] + grid[:-1]) / 2
+    vals = torch.cat([grid, mids, torch.tensor([0.0, 2.0**-130, 1e-30, f.max_normal * 1.03, f.max_normal * 2,
+                                                  3.0e38, f.max_normal + (grid[-1] - grid[-2]) / 2])])
+    rnd = torch.exp2(torch.empty(4096).uniform_(-12, 6, generator=g)) * torch.empty(4096).uniform_(1, 2, generator=g)
+    vals = torch.cat([vals, rnd])
+    vals = torch.where(torch.rand(vals.shape, generator=g) < 0.5, -vals, vals)
+    n_units = -(-vals.numel() // 16) * vec
+    x = vals.repeat(-(-16 * n_units // vals.numel()))[: 16 * n_units]
+    x = x[torch.randperm(x.numel(), generator=g)].reshape(n_units // vec, vec, 16)  # [asm calls, unit v, j]
+    shift = 6 if f.mbits == 3 else 12
+    vbits = (x * 2.0**-shift).view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # exact power-of-two scaling
+    ops = {f"${n_out + v + vec * j}": vbits[:, v, j] for v in range(vec) for j in range(16)}
+    regs = _run_ptx_subset(_fp6_units_asm(f.mbits, vec, n_out), ops)
+    want = pack_codes(encode_elements(x, fmt), fmt).reshape(n_units // vec, vec, 3, 4)
+    want = (want.to(torch.int64) << (8 * torch.arange(4))).sum(-1)  # little-endian words
+    for v in range(vec):
+        for k in range(3):
+            assert torch.equal(regs[f"${v + vec * k}"], want[:, v, k]), f"{fmt} vec={vec} unit {v} word {k}"
+
+
 def test_fp4_bf16x2_encode_algorithm_every_bf16():
     """The bf16x2 FP4 encode of ``_quantize._fp4_bf16x2`` (inline PTX, GPU only), emulated step by step with
     torch's bf16 rounding (RNE) for every finite bf16 input and every block exponent X in [-127, 126]:
@@ -1185,16 +1293,18 @@ def test_hardware_path_guards():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2"])
 def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
     """Repeated calls (the second and later take the cached plan and the direct launch) with fresh data each
-    time, alternating a 16-byte-aligned input with one 2 bytes off (another Triton specialisation): every
-    result byte-equal to the reference, quantize (rows, columns, cast-transpose) and dequantize."""
+    time, alternating a 16-byte-aligned input with ones 2, 4 and 8 bytes off (other Triton specialisations;
+    FP4 pairs need 4-byte, the FP6 unit asm 16-byte alignment and step aside otherwise): every result
+    byte-equal to the reference, quantize (rows, columns, cast-transpose, also by one-direction programs)
+    and dequantize."""
     from mxkit.kernels.quantize import dequantize_triton, quantize_triton
 
-    base = torch.empty(256 * 96 + 8, dtype=torch.bfloat16, device=DEV)
-    for it in range(4):
-        off = 1 if it % 2 else 0
+    base = torch.empty(64 * 512 + 8, dtype=torch.bfloat16, device=DEV)
+    for it in range(6):
+        off = (0, 1, 0, 2, 0, 4)[it]
         x = base[off : off + 256 * 96].view(256, 96)
         x.copy_(rand_tensor((256, 96), -1, generator=rng, dtype=torch.bfloat16).to(DEV))
         assert (x.data_ptr() % 16 == 0) == (off == 0)
@@ -1208,6 +1318,11 @@ def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
         rows, cols = quantize_triton(x, fmt, axis=(-1, -2))
         _assert_mx_equal(rows, quantize_reference(xc, fmt, axis=-1), what=f"{fmt} cast-transpose rows call {it}")
         _assert_mx_equal(cols, quantize_reference(xc, fmt, axis=0), what=f"{fmt} cast-transpose cols call {it}")
+        x2 = base[off : off + 64 * 512].view(64, 512)  # C >= 512: the one-direction cast-transpose (FP4 / FP6)
+        x2.copy_(rand_tensor((64, 512), -1, generator=rng, dtype=torch.bfloat16).to(DEV))
+        rows, cols = quantize_triton(x2, fmt, axis=(-1, -2))
+        _assert_mx_equal(rows, quantize_reference(x2.cpu(), fmt, axis=-1), what=f"{fmt} split rows call {it}")
+        _assert_mx_equal(cols, quantize_reference(x2.cpu(), fmt, axis=0), what=f"{fmt} split cols call {it}")
 
 
 @pytest.mark.gpu

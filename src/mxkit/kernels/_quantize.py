@@ -253,6 +253,82 @@ def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode,
 
 
 @triton.jit
+def _scaled(xbits, X, DENORM: tl.constexpr):
+    """The exact signed v = x * 2^-X (fp32) of fp32 bits x, X in [-127, 126] broadcast to their shape. DENORM:
+    fp32-denormal x as the exact float(m) * 2^(-149 - X) (as in the integer path of _encode); the sign goes on
+    with an OR (a float negation would turn -0 into +0)."""
+    v = xbits.to(tl.float32, bitcast=True) * ((127 - X) << 23).to(tl.float32, bitcast=True)
+    if DENORM:
+        ad = xbits & 0x7FFFFFFF
+        vd = (ad.to(tl.float32)
+              * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
+        vdb = vd.to(tl.int32, bitcast=True) | (xbits & -2147483648)
+        v = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return v
+
+
+def _fp6_units_asm(mbits: int, vec: int, n_out: int) -> str:
+    """PTX that turns VEC 16-element units (inputs: v = x * 2^-X * 2^-6 (E2M3) / 2^-12 (E3M2) as fp32 bits,
+    element j of unit v in operand n_out + v + VEC * j: the thread's register order in _cols_units, or the
+    two 8-element halves of _rows_fp6_words) into each unit's three FP6 words (outputs: word k of unit v in
+    operand v + VEC * k; the other n_out - 3 VEC outputs are left unset and never read).
+
+    Per 4 elements: two ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (RNE on the FP8 grid, whose values with
+    exponent field < 4 / < 8 are the FP6 values times 2^-6 / 2^-12, see _encode); then, on the 4 bytes at
+    once, bytes with exponent field >= 4 / 8 (bits 5-6 of the byte) saturate to magnitude 0x1F (RNE then
+    saturate = saturate then RNE: rounding is monotone and max_normal is on both grids), the sign moves from
+    bit 7 to bit 5, and the four 6-bit codes are compressed to 24 bits with two bit-selects (``lop3`` 0xE4);
+    four such groups make the unit's 96-bit little-endian word triple. Nsight Compute had the FP6 kernels
+    ALU-pipe-bound (84-90% of peak) with the per-element encoder: this does the per-element work 4 at a time."""
+    cvt = "e4m3x2" if mbits == 3 else "e5m2x2"
+    p = n_out
+    lines = ["{", ".reg .b16 h0, h1;", ".reg .b32 w, t, s, g0, g1, g2, g3;"]
+    for v in range(vec):
+        def x(j, v=v):
+            return f"${p + v + vec * j}"
+        for q in range(4):
+            j = 4 * q
+            lines += [f"cvt.rn.satfinite.{cvt}.f32 h0, {x(j + 1)}, {x(j)};",
+                      f"cvt.rn.satfinite.{cvt}.f32 h1, {x(j + 3)}, {x(j + 2)};",
+                      "mov.b32 w, {h0, h1};",
+                      "and.b32 t, w, 0x60606060;", "shr.u32 s, t, 1;", "or.b32 t, t, s;",
+                      "and.b32 t, t, 0x20202020;", "shr.u32 s, t, 5;", "sub.u32 t, t, s;",
+                      "or.b32 t, w, t;", "and.b32 t, t, 0x1F1F1F1F;",
+                      "shr.u32 s, w, 2;", "and.b32 s, s, 0x20202020;", "or.b32 w, t, s;",
+                      "shr.u32 s, w, 2;", "lop3.b32 w, w, s, 0x003F003F, 0xE4;",
+                      "shr.u32 s, w, 4;", f"lop3.b32 g{q}, w, s, 0x00000FFF, 0xE4;"]
+        lines += ["shl.b32 t, g1, 24;", f"or.b32 ${v}, g0, t;",
+                  "shr.u32 t, g1, 8;", "shl.b32 s, g2, 16;", f"or.b32 ${v + vec}, t, s;",
+                  "shr.u32 t, g2, 16;", "shl.b32 s, g3, 8;", f"or.b32 ${v + 2 * vec}, t, s;"]
+    return " ".join(lines + ["}"])
+
+
+FP6_UNITS_E2M3_1 = tl.constexpr(_fp6_units_asm(3, 1, 16))
+FP6_UNITS_E2M3_2 = tl.constexpr(_fp6_units_asm(3, 2, 32))
+FP6_UNITS_E3M2_1 = tl.constexpr(_fp6_units_asm(2, 1, 16))
+FP6_UNITS_E3M2_2 = tl.constexpr(_fp6_units_asm(2, 2, 32))
+FP6_HALVES_E2M3 = tl.constexpr(_fp6_units_asm(3, 1, 8))
+FP6_HALVES_E3M2 = tl.constexpr(_fp6_units_asm(2, 1, 8))
+FP6_UNITS_RW_1 = tl.constexpr(",".join(["=r"] * 16 + ["r"] * 16))
+FP6_UNITS_RW_2 = tl.constexpr(",".join(["=r"] * 32 + ["r"] * 32))
+FP6_HALVES_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 16))
+
+
+@triton.jit
+def _fp6_units_hw(vbits, MBITS: tl.constexpr, VEC: tl.constexpr):
+    """:func:`_fp6_units_asm` on vbits [..., 16 (j), U, VEC] (fp32 bits of the scaled elements, registers in
+    (v, j, u) order): the same shape of int32, word k of a unit at j = k (k < 3), the rest unset."""
+    tl.static_assert((VEC == 1 or VEC == 2) and (MBITS == 2 or MBITS == 3))
+    if VEC == 1:
+        o = tl.inline_asm_elementwise(FP6_UNITS_E2M3_1 if MBITS == 3 else FP6_UNITS_E3M2_1, FP6_UNITS_RW_1, [vbits],
+                                      dtype=tl.int32, is_pure=True, pack=16)
+    else:
+        o = tl.inline_asm_elementwise(FP6_UNITS_E2M3_2 if MBITS == 3 else FP6_UNITS_E3M2_2, FP6_UNITS_RW_2, [vbits],
+                                      dtype=tl.int32, is_pure=True, pack=32)
+    return o
+
+
+@triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
             DENORM: tl.constexpr, HW_CVT: tl.constexpr = False):
@@ -278,15 +354,7 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
         code = _fp4_bf16x2(xh, fh)
     elif HW_CVT:
         tl.static_assert((BITS == 8 or BITS == 6) and not IS_INT and not AWAY and EMAX != 0)
-        v = xbits.to(tl.float32, bitcast=True) * ((127 - X) << 23).to(tl.float32, bitcast=True)
-        if DENORM:
-            # fp32-denormal x: the exact float(m) * 2^(-149 - X) as in the integer path; the sign goes on
-            # with an OR (a float negation would turn -0 into +0)
-            ad = xbits & 0x7FFFFFFF
-            vd = (ad.to(tl.float32)
-                  * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
-            vdb = vd.to(tl.int32, bitcast=True) | (xbits & -2147483648)
-            v = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        v = _scaled(xbits, X, DENORM)
         if BITS == 6:
             # clamp keeps the sign of zero (min / max of -0 and a positive bound is -0); the 2^-6 / 2^-12
             # product is exact for every |v| >= 2^-120, and smaller |v| round to a signed zero either way
@@ -563,7 +631,7 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
                     LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr,
-                    HW_CVT: tl.constexpr = False):
+                    HW_CVT: tl.constexpr = False, UNIT_ASM: tl.constexpr = False):
     """FP6_WORDS (rowwise FP6 quantize): rows grow, elements c0 .. c0 + BLOCK_C, with each thread holding whole
     16-element groups (two 8-element loads over a [groups, rows, 8] tile: lanes go along the groups, the lower
     of the equally contiguous dims), so the 4-codes-in-3-bytes pack needs no exchange: the thread writes its
@@ -576,16 +644,28 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
     e = tl.arange(0, 8)[None, None, :]
     lo = _to_bits(_load_raw(x_ptr + base[:, :, None] + e, gm[:, :, None], IN_KIND), IN_KIND)
     hi = _to_bits(_load_raw(x_ptr + base[:, :, None] + 8 + e, gm[:, :, None], IN_KIND), IN_KIND)
-    bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
-    gmax = tl.max(bits & 0x7FFFFFFF, axis=2)  # [G, BLOCK_R]
+    gmax = tl.maximum(tl.max(lo & 0x7FFFFFFF, axis=2), tl.max(hi & 0x7FFFFFFF, axis=2))  # [G, BLOCK_R]
     amax = tl.max(tl.reshape(gmax, [G // 2, 2, BLOCK_R]), axis=1)  # blocks of 32: [G // 2, BLOCK_R]
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     # back to groups: group gi takes block gi // 2
     xg = tl.reshape(tl.permute(tl.join(x, x), [0, 2, 1]), [G, BLOCK_R])
     badg = tl.reshape(tl.permute(tl.join(amax, amax), [0, 2, 1]), [G, BLOCK_R]) >= 0x7F800000
-    codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
-                         AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
-    w0, w1, w2 = _fp6_unit_words(codes)
+    if UNIT_ASM:
+        # the unit asm on the two halves as loaded (8 consecutive registers each; no clamp, see _cols_units)
+        tl.static_assert(HW_CVT and not AWAY)
+        f = 0.015625 if MBITS == 3 else 0.000244140625
+        vlo = (_scaled(lo, xg[:, :, None], DENORM != DENORM_NONE) * f).to(tl.int32, bitcast=True)
+        vhi = (_scaled(hi, xg[:, :, None], DENORM != DENORM_NONE) * f).to(tl.int32, bitcast=True)
+        o = tl.inline_asm_elementwise(FP6_HALVES_E2M3 if MBITS == 3 else FP6_HALVES_E3M2, FP6_HALVES_RW, [vlo, vhi],
+                                      dtype=tl.int32, is_pure=True, pack=8)
+        w0 = tl.where(badg, 0, tl.sum(tl.where(e == 0, o, 0), axis=2))
+        w1 = tl.where(badg, 0, tl.sum(tl.where(e == 1, o, 0), axis=2))
+        w2 = tl.where(badg, 0, tl.sum(tl.where(e == 2, o, 0), axis=2))
+    else:
+        bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
+        codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
+                             AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
+        w0, w1, w2 = _fp6_unit_words(codes)
     wofs = grow[None, :] * (C // 16 * 3) + gi[:, None] * 3
     tl.store(q_ptr + wofs, w0, mask=gm)
     tl.store(q_ptr + wofs + 1, w1, mask=gm)
@@ -666,7 +746,7 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
                 BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
                 MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
                 HW_CVT: tl.constexpr, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                MASKED: tl.constexpr, VEC: tl.constexpr):
+                MASKED: tl.constexpr, VEC: tl.constexpr, UNIT_ASM: tl.constexpr = False):
     """COL_UNITS (blocks along R): rows r0 .. r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C, loaded as
     [BLOCK_C / VEC, NB, U, VEC, J] with element (l, n, u, v, j) at row r0 + 32n + Ju + j, column
     c0 + VEC * l + v, where J codes make one packed unit (FP6: 16 codes = 3 words; FP8 / MXINT8: 4 = 1 word;
@@ -681,20 +761,32 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     U: tl.constexpr = 32 // J
     NB: tl.constexpr = BLOCK_R // 32
     L: tl.constexpr = BLOCK_C // VEC
-    n = tl.arange(0, NB)[None, :, None, None, None]
-    u = tl.arange(0, U)[None, None, :, None, None]
-    rows = r0 + n * 32 + u * J + tl.arange(0, J)[None, None, None, None, :]
-    cols = c0 + tl.arange(0, L)[:, None, None, None, None] * VEC + tl.arange(0, VEC)[None, None, None, :, None]
-    offs = tl.max_contiguous((b * R + rows) * C + cols, [1, 1, 1, VEC, 1])
+    jj = tl.arange(0, J)[None, None, :, None, None]
+    rows = r0 + tl.arange(0, NB)[None, :, None, None, None] * 32 + jj + tl.arange(0, U)[None, None, None, :, None] * J
+    cols = c0 + tl.arange(0, L)[:, None, None, None, None] * VEC + tl.arange(0, VEC)[None, None, None, None, :]
+    offs = tl.max_contiguous((b * R + rows) * C + cols, [1, 1, 1, 1, VEC])
     m = ((rows < R) | (not MASKED)) & ((cols < C) | (not MASKED))
-    bits = _to_bits(_load_raw(x_ptr + offs, m, IN_KIND), IN_KIND)  # [L, NB, U, VEC, J]
-    amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=4), axis=2)  # [L, NB, VEC]
+    # [L, NB, J, U, VEC]: the thread's registers run over (v, j, u), v fastest (the FP6 unit asm relies on it)
+    bits = _to_bits(_load_raw(x_ptr + offs, m, IN_KIND), IN_KIND)
+    amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=3), axis=2)  # [L, NB, VEC]
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
-    codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]),
-                         (amax >= 0x7F800000)[:, :, None, :, None], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
-                         AWAY, DENORM, HW_CVT).to(tl.int32)
+    bad = (amax >= 0x7F800000)[:, :, None, :]  # [L, NB, 1, VEC]
+    if BITS == 6 and HW_CVT and UNIT_ASM:
+        # the unit asm (no clamp: the saturation happens on the cvt bytes); a DENORM policy other than none
+        # rebuilds every fp32-denormal input (same bytes)
+        tl.static_assert(not AWAY)
+        v = _scaled(bits, x[:, :, None, None, :], DENORM != DENORM_NONE)
+        v = v * (0.015625 if MBITS == 3 else 0.000244140625)
+        o = _fp6_units_hw(v.to(tl.int32, bitcast=True), MBITS, VEC)
+        w0 = tl.where(bad, 0, tl.sum(tl.where(jj == 0, o, 0), axis=2))  # [L, NB, U, VEC]
+        w1 = tl.where(bad, 0, tl.sum(tl.where(jj == 1, o, 0), axis=2))
+        w2 = tl.where(bad, 0, tl.sum(tl.where(jj == 2, o, 0), axis=2))
+    else:
+        codes = _encode_tile(bits, x[:, :, None, None, :], tl.reshape(x, [L, NB * VEC]), bad[:, :, None, :, :],
+                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)
     if BITS == 6:
-        w0, w1, w2 = _fp6_unit_words(codes)  # [L, NB, U, VEC]
+        if not (HW_CVT and UNIT_ASM):
+            w0, w1, w2 = _fp6_unit_words(tl.permute(codes, [0, 1, 3, 4, 2]))  # [L, NB, U, VEC]
         # [L, NB, U, VEC, 4] (words 0, 1, 2, 2) -> [units, columns, 4]
         w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w2)), [L, NB, U, VEC, 4])
         w4 = tl.reshape(tl.permute(w4, [1, 2, 0, 3, 4]), [NB * U, BLOCK_C, 4])
@@ -702,7 +794,7 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
         if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
             codes = codes & ((1 << BITS) - 1)
         # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
-        words = tl.sum(codes << (tl.arange(0, J) * BITS), axis=4)  # [L, NB, U, VEC]
+        words = tl.sum(codes << (jj * BITS), axis=2)  # [L, NB, U, VEC]
         words = tl.reshape(tl.permute(words, [1, 2, 0, 3]), [NB * U, BLOCK_C])
     unit = r0 // J + tl.arange(0, NB * U)
     c = c0 + tl.arange(0, BLOCK_C)
@@ -741,7 +833,7 @@ def _quantize_kernel(
     COL_DIRECT: tl.constexpr = False, GROUP_C: tl.constexpr = 0, RB: tl.constexpr = 1,
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
-    COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0,
+    COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -808,7 +900,7 @@ def _quantize_kernel(
                 tl.static_assert(DO_ROW and BITS == 6)
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
-                                BLOCK_R, BLOCK_C, MASKED, HW_CVT)
+                                BLOCK_R, BLOCK_C, MASKED, HW_CVT, FP6_ASM)
             if (DO_COL and not (COL_PACKED or COL_UNITS > 0)) or (DO_ROW and not (FP6_WORDS or FP4_PAIRS)):
                 # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
                 # program's first load just brought it into L1 / L2)
@@ -828,7 +920,7 @@ def _quantize_kernel(
                 tl.static_assert(not SCALE_WORD)
                 _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
-                            BLOCK_R, BLOCK_C, MASKED, COL_UNITS)
+                            BLOCK_R, BLOCK_C, MASKED, COL_UNITS, FP6_ASM)
             elif DO_COL and COL_PACKED:
                 _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
@@ -871,7 +963,7 @@ def _cast_transpose_split_kernel(
     ROW_BR: tl.constexpr, ROW_BC: tl.constexpr, ROW_RB: tl.constexpr, ROW_HW: tl.constexpr,
     FP6_WORDS: tl.constexpr, FP4_PAIRS: tl.constexpr,
     COL_BR: tl.constexpr, COL_BC: tl.constexpr, COL_HW: tl.constexpr, COL_PACKED: tl.constexpr,
-    COL_WIDE: tl.constexpr, COL_UNITS: tl.constexpr = 0,
+    COL_WIDE: tl.constexpr, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
 ):
     """Cast-transpose of x viewed [B, R, C] by programs that each do ONE direction: the tensor is cut into
     regions of COL_BR x ROW_BC elements, and each region gets NR row programs (ROW_RB tiles of ROW_BR x ROW_BC
@@ -901,7 +993,7 @@ def _cast_transpose_split_kernel(
             if FP6_WORDS:
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r, scale_mode, IN_KIND, LAYOUT_R,
                                 MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE, ROW_BR, ROW_BC,
-                                MASKED, ROW_HW)
+                                MASKED, ROW_HW, FP6_ASM)
             elif FP4_PAIRS:
                 tl.static_assert(RAW16)
                 _rows_fp4_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r,
@@ -921,7 +1013,7 @@ def _cast_transpose_split_kernel(
         if COL_UNITS > 0:
             _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
                         IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW,
-                        SCALE_MODE, COL_BR, COL_BC, MASKED, COL_UNITS)
+                        SCALE_MODE, COL_BR, COL_BC, MASKED, COL_UNITS, FP6_ASM)
         elif COL_PACKED:
             _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C, BITS,
                          MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW, SCALE_MODE, COL_BR,

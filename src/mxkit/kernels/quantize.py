@@ -111,6 +111,9 @@ class QuantizeConfig:
     # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
     # ignored
     col_units: int = 0
+    # FP6 with hw_cvt (rowwise fp6_words, col_units): one inline asm per 16-element unit rounds through the FP8
+    # cvt, saturates, moves the signs and packs the three words on 4 codes at a time (_quantize._fp6_units_asm)
+    fp6_asm: bool = False
     # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
     # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
     # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
@@ -218,7 +221,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
         return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
                               col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
-                              hw_cvt=hw_cvt or bool(split), group_c=0 if split else group_c, mode_const=True,
+                              hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
+                              group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
                               fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
                               split_rows=split, col_units=units,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
@@ -238,7 +242,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     span = block_r * rblocks
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
     return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
-                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4)
+                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
+                          fp6_asm=f.is_float and f.bits == 6)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -329,6 +334,26 @@ def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int
     return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and not _interpret() and per_thread >= 4)
 
 
+def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_row: bool, do_col: bool,
+               row_per_thread: int = 0) -> bool:
+    """Whether the FP6 unit asm (``_quantize._fp6_units_asm``) may run, given that the hardware path runs: the
+    asm packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
+    layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
+    row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
+    elements per half group. Columns (col_units): tiles of 32 x col_units columns with a warp per 32-row
+    block (no register repetitions before the unit's elements) and C a multiple of 16 (so Triton vectorises
+    the col_units-element loads; the split cast-transpose's column programs run the config's tile too). The
+    input address must also be a multiple of 16 bytes: checked per call (the plan's ``unaligned``
+    constexprs). A tile outside these rules gave wrong bytes in the A/B (128 x 128 on four warps), hence the
+    fallback to the per-element paths rather than trust in Triton's layout choices."""
+    if not (cfg.fp6_asm and f.is_float and f.bits == 6):
+        return False
+    if do_row and not (cfg.fp6_words and in_kind in (1, 2) and (row_per_thread or _per_thread(cfg)) >= 16):
+        return False
+    return not do_col or bool(cfg.col_units and cfg.block_c == 32 * cfg.col_units
+                              and cfg.num_warps == cfg.block_r // 32 and C % 16 == 0)
+
+
 def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat) -> bool:
     """Whether the hardware FP8 -> fp16 decode runs: FP8 / FP6 / FP4 on the GPU, at least 4 elements per
     thread (the asm takes 4 at a time)."""
@@ -408,8 +433,9 @@ class _QuantizePlan:
     outs: (shape, zero-filled) of each uint8 output, in return order; slots: for the kernel's qr, sr, qc, sc
     pointers, (output index or -1 for a dummy, int32 view); ints: the kernel's runtime ints; scale_t: None or
     (transposed scale shape, output index, rows, cols) of the column scale written transposed; unaligned: None
-    or the constexprs for an input whose address is not a multiple of 4 bytes (FP4_PAIRS reads bf16 pairs as
-    32-bit words); launcher: the kernel's _Launcher."""
+    or (alignment in bytes, the constexprs for an input whose address is not a multiple of it: FP4_PAIRS reads
+    bf16 pairs as 32-bit words (4), FP6_ASM needs Triton's 16-byte vectors (16)); launcher: the kernel's
+    _Launcher."""
 
     __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned",
                  "launcher")
@@ -489,6 +515,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
+        FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
     ).items())
@@ -501,7 +528,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
         per_thread_r = _per_thread(cfg, rbr, rbc)
         row_hw = hw_cvt_ok(cfg, f, rnd, in_kind, per_thread_r)
-        col_hw = bool(hw_cvt_ok(cfg, f, rnd, in_kind) and f.bits != 6)
+        col_hw = bool(hw_cvt_ok(cfg, f, rnd, in_kind)
+                      and (f.bits != 6 or fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)))
         consts = tuple(dict(
             IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,
             INT64=cfg.int64, DENORM=cfg.denorm, MASKED=bool(R % cfg.block_r or C % rbc),
@@ -510,12 +538,17 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
             COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
+            FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)
         grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
         launcher = _CT_SPLIT
-    unaligned = tuple((k, False if k == "FP4_PAIRS" else v) for k, v in consts) if dict(consts)["FP4_PAIRS"] else None
+    # inputs at an address that is not a multiple of 4 (FP4_PAIRS: bf16 pairs read as 32-bit words) / 16 bytes
+    # (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without them
+    d = dict(consts)
+    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") else 0)
+    unaligned = (align, tuple((k, False if k in ("FP4_PAIRS", "FP6_ASM") else v) for k, v in consts)) if align else None
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
 
@@ -531,7 +564,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
         ptrs[3] = torch.empty(tshape, dtype=torch.uint8, device=dev)
     ptrs = [p if p is not None else dummy for p in ptrs]
     xv = x.view(plan.in_view) if plan.in_view is not None else x
-    consts = plan.consts if plan.unaligned is None or x.data_ptr() % 4 == 0 else plan.unaligned
+    consts = plan.consts if plan.unaligned is None or x.data_ptr() % plan.unaligned[0] == 0 else plan.unaligned[1]
     plan.launcher(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[3], outs[si].view(rows, cols))

@@ -109,9 +109,9 @@ def variants():
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
-    d6 = [("default", None), ("prev (words, no sw)", DC(16, 256, 4, F, hw_dec=True, fp6_words=True))] + [
-        (f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w})
-        for n, lw, w in ((8, 512, 4), (2, 1024, 2), (4, 1024, 4), (8, 256, 2), (2, 512, 1))]
+    # session 7 run 8: the FP6 group decode asm (default since) against the per-element decode, and tiles
+    d6 = [("default", None), ("no asm", {"fp6_asm": False})] + [
+        (f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w}) for n, lw, w in ((8, 512, 4), (2, 1024, 2))]
     return {
         "rows fp8": ("rows", "mxfp8_e4m3", r8), "rows fp4": ("rows", "mxfp4_e2m1", r4),
         "rows fp6": ("rows", "mxfp6_e2m3", r6),

@@ -470,10 +470,13 @@ def test_opt_in_paths_compile_for_sm90(variant):
                              EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                              BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=True) > 0
     else:  # the hardware FP8 -> fp16 decode (inline asm): e4m3, e5m2 and FP4 through e4m3, both layouts
-        f = get_format("mxfp6_e3m2")  # FP6 with whole 3-word groups per thread (fp6_words)
-        assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
-                             EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
-                             BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, HW_DEC=True, FP6_WORDS=True) > 0
+        for fmt in ("mxfp6_e3m2", "mxfp6_e2m3"):  # FP6 with whole 3-word groups per thread (fp6_words)
+            f = get_format(fmt)
+            for asm in (False, True):  # (the session-7 default: one group decode asm, bf16 pairs as words)
+                assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+                                     EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                                     BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, HW_DEC=True, FP6_WORDS=True,
+                                     SWAP=asm, GROUP_ASM=asm) > 0
         for name, trans, out in (("mxfp8_e4m3", False, 1), ("mxfp8_e5m2", True, 2), ("mxfp4_e2m1", False, 0),
                                  ("mxfp4_e2m1", True, 1)):
             f = get_format(name)
@@ -913,7 +916,12 @@ def test_gpu_fp6_words(fmt, part, rng, poison):
         for k, odt in enumerate(dts):
             for cfg in (DC(16, 256, 4, False, hw_dec=True, fp6_words=True), DC(8, 512, 4, False, fp6_words=True),
                         DC(16, 256, 4, False, hw_dec=True, fp6_words=True, pair_swap=True),
-                        DC(8, 32, 1, False, fp6_words=True, pair_swap=True)):
+                        DC(8, 32, 1, False, fp6_words=True, pair_swap=True),
+                        # the group decode asm (bf16 output; other outputs take the per-element path), with and
+                        # without the pair swap, and on a tile whose pairs straddle lanes (8 x 32, one warp)
+                        DC(4, 512, 2, False, hw_dec=True, fp6_words=True, pair_swap=True, fp6_asm=True),
+                        DC(16, 256, 4, False, hw_dec=True, fp6_words=True, fp6_asm=True),
+                        DC(8, 32, 1, False, hw_dec=True, fp6_words=True, pair_swap=True, fp6_asm=True)):
                 got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
                 _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
 
@@ -1151,16 +1159,28 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 
 
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
-    """A CPU interpreter for the instructions of ``_quantize._fp6_units_asm`` (cvt.rn.satfinite.{e4m3,e5m2}x2.f32,
-    mov.b32 of a b16 pair, and / or / shl / shr / sub, lop3): registers and $n operands are int64 tensors of
-    32-bit values (one per unit); the cvt rounds with torch's float8 casts after clamping to the format's max
-    (= satfinite, which clamps the rounded result: rounding is monotone). Returns every register and operand."""
+    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``) and group
+    decode asm (``_fp6_group_decode_asm``): cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2,
+    cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32, mov.b32 to / from a b16 pair, and / or / shl / shr / sub,
+    shf.r.clamp, lop3. Registers and $n operands are int64 tensors of bit patterns (one per unit); the float
+    steps use torch's IEEE casts and fp32 multiply (RNE, subnormals kept); the satfinite cvt clamps to the
+    format's max before rounding (= clamping the rounded result: rounding is monotone). Returns every
+    register and operand."""
     regs = dict(operands)
     m32 = 0xFFFFFFFF
 
     def val(tok):
         tok = tok.strip()
-        return regs[tok] if (tok in regs) else int(tok, 0)
+        if tok in regs:
+            return regs[tok]
+        return int(tok[2:], 16) if tok.startswith("0f") else int(tok, 0)  # 0fXXXXXXXX: fp32 bits
+
+    def f32(bits):
+        return (bits & m32).to(torch.int32).view(torch.float32) if torch.is_tensor(bits) else \
+            torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+    def bits32(x):
+        return x.view(torch.int32).to(torch.int64) & m32
 
     for ins in asm.strip().strip("{}").split(";"):
         ins = ins.strip()
@@ -1168,12 +1188,38 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             continue
         op, rest = ins.split(None, 1)
         if op == "mov.b32":
-            d, pair = rest.split(",", 1)
-            lo, hi = (t.strip() for t in pair.strip().strip("{}").split(","))
-            regs[d.strip()] = regs[lo] | (regs[hi] << 16)
+            cut = rest.index("}") + 1 if rest.startswith("{") else rest.index(",")
+            d, src = rest[:cut].strip(), rest[cut:].strip().lstrip(",").strip()
+            if d.startswith("{"):  # split a 32-bit value into two b16
+                lo, hi = (t.strip() for t in d.strip("{}").split(","))
+                regs[lo], regs[hi] = regs[src] & 0xFFFF, (regs[src] >> 16) & 0xFFFF
+            else:
+                lo, hi = (t.strip() for t in src.strip("{}").split(","))
+                regs[d] = regs[lo] | (regs[hi] << 16)
             continue
         args = [a.strip() for a in rest.split(",")]
         d = args[0]
+        if op.startswith("cvt.rn.f16x2."):  # two FP8 bytes (low byte -> low half), exact
+            f8 = torch.float8_e4m3fn if ".e4m3x2" in op else torch.float8_e5m2
+            b = regs[args[1]]
+            h = [(b >> (8 * i) & 0xFF).to(torch.uint8).view(f8).to(torch.float16).view(torch.int16).to(torch.int64)
+                 & 0xFFFF for i in (0, 1)]
+            regs[d] = h[0] | (h[1] << 16)
+            continue
+        if op == "cvt.f32.f16":
+            regs[d] = bits32(regs[args[1]].to(torch.int16).view(torch.float16).to(torch.float32))
+            continue
+        if op == "cvt.rn.bf16x2.f32":  # the first source lands in the upper half
+            hb = [bits32(f32(regs[t])).to(torch.int32).view(torch.float32).to(torch.bfloat16).view(torch.int16)
+                  .to(torch.int64) & 0xFFFF for t in args[1:3]]
+            regs[d] = hb[1] | (hb[0] << 16)
+            continue
+        if op == "mul.rn.f32":
+            regs[d] = bits32(f32(val(args[1])) * f32(val(args[2])))
+            continue
+        if op == "shf.r.clamp.b32":
+            regs[d] = (((val(args[2]) << 32) | val(args[1])) >> val(args[3])) & m32
+            continue
         if op.startswith("cvt.rn.satfinite."):
             f8, mx = (torch.float8_e4m3fn, 448.0) if ".e4m3x2." in op else (torch.float8_e5m2, 57344.0)
 
@@ -1241,6 +1287,36 @@ def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
     for v in range(vec):
         for k in range(3):
             assert torch.equal(regs[f"${v + vec * k}"], want[:, v, k]), f"{fmt} vec={vec} unit {v} word {k}"
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_fp6_group_decode_asm_matches_reference(fmt):
+    """The FP6 group decode asm (``_quantize._fp6_group_decode_asm``, inline PTX: GPU only), run instruction
+    by instruction on the CPU: random 96-bit groups (every code in every position) with scale bytes over the
+    whole E8M0 range (0, 1, 127, 254, 255 included) give the reference's bf16 bits (NaN positions for s = 255,
+    fp32-subnormal products included: one fp32 rounding, then bf16 RNE)."""
+    from mxkit.formats import get_format
+    from mxkit.kernels._quantize import _fp6_group_decode_asm
+    from mxkit.tensor import MXTensor
+
+    f = get_format(fmt)
+    g = torch.Generator().manual_seed(11)
+    n = 4096
+    q = torch.randint(0, 256, (n, 12), generator=g, dtype=torch.uint8)  # one 16-element group per row
+    sb = torch.randint(0, 256, (n, 1), generator=g, dtype=torch.uint8)
+    sb[:5, 0] = torch.tensor([0, 1, 127, 254, 255], dtype=torch.uint8)
+    # (a block is two groups: the reference decodes the group twice under the row's scale byte)
+    want = dequantize_reference(MXTensor(torch.cat([q, q], 1), sb, fmt, 1, 32, (n, 32)), torch.bfloat16)[:, :16]
+    words = q.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [n, 3] little-endian
+    s = sb[:, 0].to(torch.int64)
+    fac = torch.where(s == 0, 0x00400000, torch.where(s == 255, 0x7FC00000, s << 23))
+    regs = _run_ptx_subset(_fp6_group_decode_asm(f.mbits),
+                           {"$8": words[:, 0], "$9": words[:, 1], "$10": words[:, 2], "$11": fac})
+    got = torch.stack([(regs[f"${i}"] >> (16 * h)) & 0xFFFF for i in range(8) for h in (0, 1)], 1)
+    got = got.to(torch.int16).view(torch.bfloat16)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), fmt
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16)), fmt
 
 
 def test_fp4_bf16x2_encode_algorithm_every_bf16():

@@ -314,6 +314,43 @@ FP6_UNITS_RW_2 = tl.constexpr(",".join(["=r"] * 32 + ["r"] * 32))
 FP6_HALVES_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 16))
 
 
+def _fp6_group_decode_asm(mbits: int) -> str:
+    """PTX that decodes one 16-code FP6 group to bf16 (the inverse of _fp6_units_asm): inputs $8-$10 the
+    group's three little-endian words, $11 the fp32 bits of the block factor 2^(s - 127) (as _decode_hw:
+    0x00400000 for s = 0, NaN for s = 255); outputs $0-$7 the 16 bf16 results as pairs (element 2i in the
+    low half of $i). Per 4 codes: the 24-bit field of 4 codes spread to 4 bytes with two bit-selects
+    (``lop3`` 0xE4), the sign moved from bit 5 to bit 7 (an E4M3 / E5M2 byte whose value is the FP6 value times
+    2^-6 / 2^-12), two ``cvt.rn.f16x2.{e4m3,e5m2}x2`` (exact), ``cvt.f32.f16`` (exact), the exact * 2^6 / 2^12
+    and ONE fp32 multiply by the factor (correctly rounded, subnormal results included), then
+    ``cvt.rn.bf16x2.f32`` (RNE): the same roundings as the reference's fp32 value then bf16."""
+    cvt = "e4m3x2" if mbits == 3 else "e5m2x2"
+    unit = "0f45800000" if mbits == 2 else "0f42800000"  # 4096.0 / 64.0
+    lines = ["{", ".reg .b16 l, h, a0, a1, b0, b1;", ".reg .b32 g, t, s, c, a, b;",
+             ".reg .f32 f0, f1, f2, f3;"]
+    # the four 24-bit fields: bits 0-23 of w0, 24-47, 48-71, 72-95 of (w2:w1:w0)
+    fields = ["and.b32 g, $8, 0x00FFFFFF;", "shf.r.clamp.b32 g, $8, $9, 24; and.b32 g, g, 0x00FFFFFF;",
+              "shf.r.clamp.b32 g, $9, $10, 16; and.b32 g, g, 0x00FFFFFF;", "shr.u32 g, $10, 8;"]
+    for q in range(4):
+        lines += [fields[q],
+                  "shl.b32 s, g, 4;", "lop3.b32 t, g, s, 0x00000FFF, 0xE4;",  # codes 0|1<<6 at 0-11, 2|3<<6 at 16-27
+                  "shl.b32 s, t, 2;", "lop3.b32 c, t, s, 0x003F003F, 0xE4;",  # one code per byte
+                  "shl.b32 s, c, 2;", "and.b32 s, s, 0x80808080;", "and.b32 c, c, 0x1F1F1F1F;", "or.b32 c, c, s;",
+                  "mov.b32 {l, h}, c;", f"cvt.rn.f16x2.{cvt} a, l;", f"cvt.rn.f16x2.{cvt} b, h;",
+                  "mov.b32 {a0, a1}, a;", "mov.b32 {b0, b1}, b;",
+                  "cvt.f32.f16 f0, a0;", "cvt.f32.f16 f1, a1;", "cvt.f32.f16 f2, b0;", "cvt.f32.f16 f3, b1;",
+                  f"mul.rn.f32 f0, f0, {unit};", f"mul.rn.f32 f1, f1, {unit};",
+                  f"mul.rn.f32 f2, f2, {unit};", f"mul.rn.f32 f3, f3, {unit};",
+                  "mul.rn.f32 f0, f0, $11;", "mul.rn.f32 f1, f1, $11;", "mul.rn.f32 f2, f2, $11;",
+                  "mul.rn.f32 f3, f3, $11;",
+                  f"cvt.rn.bf16x2.f32 ${2 * q}, f1, f0;", f"cvt.rn.bf16x2.f32 ${2 * q + 1}, f3, f2;"]
+    return " ".join(lines + ["}"])
+
+
+FP6_DEC_E2M3 = tl.constexpr(_fp6_group_decode_asm(3))
+FP6_DEC_E3M2 = tl.constexpr(_fp6_group_decode_asm(2))
+FP6_DEC_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 3 + ["f"]))
+
+
 @triton.jit
 def _fp6_units_hw(vbits, MBITS: tl.constexpr, VEC: tl.constexpr):
     """:func:`_fp6_units_asm` on vbits [..., 16 (j), U, VEC] (fp32 bits of the scaled elements, registers in
@@ -1206,11 +1243,13 @@ def _shfl_xor1(v):
 def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
                        EMIN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, HW_DEC: tl.constexpr,
-                       SWAP: tl.constexpr = False):
+                       SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False):
     """FP6_WORDS (rowwise FP6 dequantize): each thread loads the 3 words of one 16-code group (three strided
     word loads over a [groups, rows] tile: equal contiguity, so Triton's coalescing puts lanes along the groups,
     the lower dim) and unpacks, decodes and stores its 16 elements itself (two 8-element stores whose pointer
-    tiles have the layout the values already have): no shared-memory exchange. q_ptr: int32 words."""
+    tiles have the layout the values already have): no shared-memory exchange. q_ptr: int32 words.
+    GROUP_ASM (bf16 output, HW_DEC): the whole group in one inline asm (_fp6_group_decode_asm), whose bf16
+    pairs are stored as 32-bit words; the same bytes as the per-element path."""
     G: tl.constexpr = BLOCK_L // 16
     gi = pl * G + tl.arange(0, G)  # group index along L (16 elements each)
     m2 = ((gi < L // 16) | (not MASKED))[:, None] & nmask[None, :]  # [G, BLOCK_N]
@@ -1219,15 +1258,27 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
     w1 = tl.load(q_ptr + wofs + 1, mask=m2, other=0)
     w2 = tl.load(q_ptr + wofs + 2, mask=m2, other=0)
     sb = tl.load(s_ptr + g[None, :] * (L // 32) + (gi // 2)[:, None], mask=m2, other=0).to(tl.int32)
-    codes = _fp6_codes16(w0, w1, w2)  # [G, BLOCK_N, 16]
-    if HW_DEC:
-        val = _decode_hw(codes, sb[:, :, None], 6, MBITS)
+    if GROUP_ASM:
+        tl.static_assert(HW_DEC and OUT_KIND == OUT_BF16)
+        fac = tl.where(sb == 0, 0x00400000, tl.where(sb == 255, 0x7FC00000, sb << 23)).to(tl.float32, bitcast=True)
+        o = tl.inline_asm_elementwise(FP6_DEC_E2M3 if MBITS == 3 else FP6_DEC_E3M2, FP6_DEC_RW, [w0, w1, w2, fac],
+                                      dtype=(tl.int32, ) * 8, is_pure=True, pack=1)
+        # bf16 pairs as words: elements 0-7 = words 0-3, 8-15 = words 4-7 (the stores below count in words)
+        lo = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [G, BLOCK_N, 4])
+        hi = tl.reshape(tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])), [G, BLOCK_N, 4])
+        out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
+        H: tl.constexpr = 4  # a half group in stored units
+        offs = g[None, :, None] * (L // 2) + (gi * 8)[:, None, None] + tl.arange(0, 4)[None, None, :]
     else:
-        val = _decode(codes, sb[:, :, None], 6, MBITS, EMIN, BIAS, False, HAS_INF, HAS_NAN)
-    out = _to_out(val, OUT_KIND, HW_DEC)
-    lo, hi = tl.split(tl.permute(tl.reshape(out, [G, BLOCK_N, 2, 8]), [0, 1, 3, 2]))  # elements 0-7, 8-15
-    e8 = tl.arange(0, 8)[None, None, :]
-    offs = g[None, :, None] * L + (gi * 16)[:, None, None] + e8
+        codes = _fp6_codes16(w0, w1, w2)  # [G, BLOCK_N, 16]
+        if HW_DEC:
+            val = _decode_hw(codes, sb[:, :, None], 6, MBITS)
+        else:
+            val = _decode(codes, sb[:, :, None], 6, MBITS, EMIN, BIAS, False, HAS_INF, HAS_NAN)
+        out = _to_out(val, OUT_KIND, HW_DEC)
+        lo, hi = tl.split(tl.permute(tl.reshape(out, [G, BLOCK_N, 2, 8]), [0, 1, 3, 2]))  # elements 0-7, 8-15
+        H: tl.constexpr = 8
+        offs = g[None, :, None] * L + (gi * 16)[:, None, None] + tl.arange(0, 8)[None, None, :]
     mm = m2[:, :, None]
     if SWAP:
         # Stored as above, each instruction writes half of every 32-byte sector it touches (16 bytes per lane,
@@ -1244,13 +1295,13 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         ok = (_shfl_xor1(key) == (gi ^ 1)[:, None] * BLOCK_N + nn)[:, :, None]
         even = (gi % 2 == 0)[:, None, None]
         recv = _shfl_xor1(tl.where(even, hi, lo))
-        pair = offs - (gi % 2)[:, None, None] * 8  # lo(2k), hi(2k) | lo(2k + 1), hi(2k + 1) at + 16
+        pair = offs - (gi % 2)[:, None, None] * H  # lo(2k), hi(2k) | lo(2k + 1), hi(2k + 1) at + a group
         # where the check fails, the same two stores write the lane's own halves (selects, not more stores)
         tl.store(out_ptr + tl.where(ok, pair, offs), tl.where(ok, tl.where(even, lo, recv), lo), mask=mm)
-        tl.store(out_ptr + tl.where(ok, pair + 16, offs + 8), tl.where(ok, tl.where(even, recv, hi), hi), mask=mm)
+        tl.store(out_ptr + tl.where(ok, pair + 2 * H, offs + H), tl.where(ok, tl.where(even, recv, hi), hi), mask=mm)
     else:
         tl.store(out_ptr + offs, lo, mask=mm)
-        tl.store(out_ptr + offs + 8, hi, mask=mm)
+        tl.store(out_ptr + offs + H, hi, mask=mm)
 
 
 @triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
@@ -1262,7 +1313,7 @@ def _dequantize_kernel(
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
     LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False, FP6_WORDS: tl.constexpr = False,
-    SWAP: tl.constexpr = False,
+    SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
     (TRANS: the quantized axis goes back in front of the N trailing elements).
@@ -1282,7 +1333,7 @@ def _dequantize_kernel(
     g = b * N + n
     if FP6_WORDS:
         _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, MBITS, EMIN, BIAS, HAS_INF, HAS_NAN,
-                           BLOCK_N, BLOCK_L, MASKED, HW_DEC, SWAP)
+                           BLOCK_N, BLOCK_L, MASKED, HW_DEC, SWAP, GROUP_ASM)
     elif LOAD3D:
         tl.static_assert(not TRANS and BITS != 6)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)

@@ -140,6 +140,9 @@ class DequantizeConfig:
     # sectors (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and
     # under the CPU interpreter)
     pair_swap: bool = False
+    # with fp6_words, hw_dec and bf16 output: each 16-code group decoded by one inline asm (bytes spread 4 at a
+    # time, FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _quantize._fp6_group_decode_asm)
+    fp6_asm: bool = False
 
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
@@ -256,7 +259,8 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 4 x 512 tiles (session 5: 222 -> 212 us
     at 16384^2 against 8 x 256), and lane pairs swap half
     groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 220 us at 16384^2; Nsight
-    Compute had L2 at 89% of peak with 2x the write sectors of the output)."""
+    Compute had L2 at 89% of peak with 2x the write sectors of the output). To bf16, each group goes through
+    one inline asm (fp6_asm, session 7: the kernel was ALU-pipe-bound at 85%; 211 -> 184 us)."""
     f = get_format(fmt)
     hw_dec = f.is_float
     if trans:
@@ -270,7 +274,7 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     warps = max(1, min(4, block_n * block_l // 1024))
     tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
     return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec,
-                            fp6_words=f.bits == 6, pair_swap=f.bits == 6)
+                            fp6_words=f.bits == 6, pair_swap=f.bits == 6, fp6_asm=f.is_float and f.bits == 6)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -625,6 +629,8 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
         SWAP=bool(cfg.fp6_words and cfg.pair_swap and f.bits == 6 and not trans and cfg.block_l >= 32
                   and kdtype != torch.float32 and not _interpret()),
+        GROUP_ASM=bool(cfg.fp6_words and cfg.fp6_asm and f.bits == 6 and f.is_float and not trans
+                       and cfg.block_l >= 32 and kdtype == torch.bfloat16 and hw_dec_ok(cfg, f)),
     ).items())
     return (kdtype, kdtype == torch.bfloat16, f.bits == 6, (Bk * tiles_n * tiles_l,), (N, L, tiles_n, tiles_l),
             consts, cfg.num_warps)

@@ -798,17 +798,26 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     U: tl.constexpr = 32 // J
     NB: tl.constexpr = BLOCK_R // 32
     L: tl.constexpr = BLOCK_C // VEC
+    ASM: tl.constexpr = BITS == 6 and HW_CVT and UNIT_ASM
     jj = tl.arange(0, J)[None, None, :, None, None]
     rows = r0 + tl.arange(0, NB)[None, :, None, None, None] * 32 + jj + tl.arange(0, U)[None, None, None, :, None] * J
     cols = c0 + tl.arange(0, L)[:, None, None, None, None] * VEC + tl.arange(0, VEC)[None, None, None, None, :]
-    offs = tl.max_contiguous((b * R + rows) * C + cols, [1, 1, 1, 1, VEC])
+    offs = (b * R + rows) * C + cols  # [L, NB, J, U, VEC]
     m = ((rows < R) | (not MASKED)) & ((cols < C) | (not MASKED))
-    # [L, NB, J, U, VEC]: the thread's registers run over (v, j, u), v fastest (the FP6 unit asm relies on it)
-    bits = _to_bits(_load_raw(x_ptr + offs, m, IN_KIND), IN_KIND)
-    amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=3), axis=2)  # [L, NB, VEC]
+    if ASM:
+        # loaded as [L, NB, J, U, VEC]: the thread's registers run over (v, j, u), v fastest, which the unit asm
+        # relies on
+        bits = _to_bits(_load_raw(x_ptr + tl.max_contiguous(offs, [1, 1, 1, 1, VEC]), m, IN_KIND), IN_KIND)
+        amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=3), axis=2)  # [L, NB, VEC]
+    else:
+        # loaded as [L, NB, U, VEC, J], the unit's codes last (the per-element encoder then needs 96 registers,
+        # not 128)
+        offs = tl.max_contiguous(tl.permute(offs, [0, 1, 3, 4, 2]), [1, 1, 1, VEC, 1])
+        bits = _to_bits(_load_raw(x_ptr + offs, tl.permute(m, [0, 1, 3, 4, 2]), IN_KIND), IN_KIND)
+        amax = tl.max(tl.max(bits & 0x7FFFFFFF, axis=4), axis=2)  # [L, NB, VEC]
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = (amax >= 0x7F800000)[:, :, None, :]  # [L, NB, 1, VEC]
-    if BITS == 6 and HW_CVT and UNIT_ASM:
+    if ASM:
         # the unit asm (no clamp: the saturation happens on the cvt bytes); a DENORM policy other than none
         # rebuilds every fp32-denormal input (same bytes)
         tl.static_assert(not AWAY)
@@ -819,20 +828,20 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
         w1 = tl.where(bad, 0, tl.sum(tl.where(jj == 1, o, 0), axis=2))
         w2 = tl.where(bad, 0, tl.sum(tl.where(jj == 2, o, 0), axis=2))
     else:
-        codes = _encode_tile(bits, x[:, :, None, None, :], tl.reshape(x, [L, NB * VEC]), bad[:, :, None, :, :],
+        codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]), bad[:, :, :, :, None],
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)
+        if BITS == 6:
+            w0, w1, w2 = _fp6_unit_words(codes)  # [L, NB, U, VEC]
+        else:
+            if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
+                codes = codes & ((1 << BITS) - 1)
+            # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
+            words = tl.sum(codes << (tl.arange(0, J) * BITS), axis=4)  # [L, NB, U, VEC]
+            words = tl.reshape(tl.permute(words, [1, 2, 0, 3]), [NB * U, BLOCK_C])
     if BITS == 6:
-        if not (HW_CVT and UNIT_ASM):
-            w0, w1, w2 = _fp6_unit_words(tl.permute(codes, [0, 1, 3, 4, 2]))  # [L, NB, U, VEC]
         # [L, NB, U, VEC, 4] (words 0, 1, 2, 2) -> [units, columns, 4]
         w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w2)), [L, NB, U, VEC, 4])
         w4 = tl.reshape(tl.permute(w4, [1, 2, 0, 3, 4]), [NB * U, BLOCK_C, 4])
-    else:
-        if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
-            codes = codes & ((1 << BITS) - 1)
-        # disjoint bit fields: the sum over the unit is their OR (the top field may set the sign bit)
-        words = tl.sum(codes << (jj * BITS), axis=2)  # [L, NB, U, VEC]
-        words = tl.reshape(tl.permute(words, [1, 2, 0, 3]), [NB * U, BLOCK_C])
     unit = r0 // J + tl.arange(0, NB * U)
     c = c0 + tl.arange(0, BLOCK_C)
     cmask = (c < C) | (not MASKED)

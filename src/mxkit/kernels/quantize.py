@@ -182,7 +182,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     only the 1-byte codes transposed, in strips of 16 column tiles walked down R). MXINT8: the fused 32 x 64
     tile.
 
-    Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose) are written transposed ([R / 32,
+    Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose; not of columnwise FP6 since
+    col_units with the unit asm: 214 -> 209 us without) are written transposed ([R / 32,
     B * C]) and a tiled byte transpose moves them into place (scale_t; session 4: columnwise FP6 485 -> 367 us,
     cast-transpose FP8 427 -> 401 us; session 5: columnwise FP8 243 -> 236 us; FP4 columns: no gain since
     col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the
@@ -229,7 +230,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
                               split_rows=split, col_units=units,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
-                                       and B * R * C >= 1 << 26))
+                                       and not (units and f.bits == 6 and not do_row) and B * R * C >= 1 << 26))
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide

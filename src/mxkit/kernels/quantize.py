@@ -153,8 +153,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
 
     All: the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 105 -> 64 registers).
     Element rounding (hw_cvt, RNE on a GPU only, :func:`hw_cvt_ok`): FP8 through the hardware
-    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic, FP6 through the FP8 cvt in rowwise tiles
-    only (the column paths keep the integer encoder: the FP8-grid path was 0-3% slower there).
+    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic, FP6 through the FP8 cvt in the unit asm
+    (fp6_asm, :func:`fp6_asm_ok`: saturation, sign and packing 4 codes at a time; the FP6 kernels were
+    ALU-pipe-bound) in rowwise tiles and col_units columns; the fused FP6 cast-transpose (C < 512) keeps the
+    integer encoder.
 
     Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 2 x 1024 and FP6
     4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4
@@ -190,7 +192,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     call with its second launch (80-160 us) outran the bench's 100 us GPU spin, while the device time barely
     moved (scripts/ab_scale_t.py, -s5/)."""
     f = get_format(fmt)
-    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6 columns: slower in the A/B
+    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: with the unit asm (below)
     if do_col:
         fp8 = f.is_float and f.bits == 8
         r64 = 64 if R >= 64 else 32

@@ -19,6 +19,10 @@ M=$M,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+# pipe mix (session 7: the FP6 / FP4 quantize kernels were ALU-pipe-bound, not DRAM-bound)
+M=$M,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum
+M=$M,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+M=$M,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 PYTHONPATH=src ncu --profile-from-start off --clock-control none --metrics "$M" \
     python3 scripts/ncu_quantize.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
 rc=$?

@@ -366,6 +366,25 @@ def _fp6_units_hw(vbits, MBITS: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
+def _fp6_asm_input(xbits, X, DENORM: tl.constexpr, MBITS: tl.constexpr):
+    """The unit asms' inputs: fp32 bits of x * 2^-X * 2^-6 (E2M3) / 2^-12 (E3M2), exact (see _encode); no
+    clamp (the asm saturates on the cvt bytes); a DENORM policy other than none rebuilds every fp32-denormal
+    input (same bytes)."""
+    v = _scaled(xbits, X, DENORM != DENORM_NONE) * (0.015625 if MBITS == 3 else 0.000244140625)
+    return v.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _fp6_asm_words(o, k, bad, AX: tl.constexpr):
+    """The three words of each unit from a unit asm's output o (word i at position k == i along axis AX, the
+    other positions unset and never read), 0 for blocks with NaN / Inf (bad, broadcast to the result)."""
+    w0 = tl.where(bad, 0, tl.sum(tl.where(k == 0, o, 0), axis=AX))
+    w1 = tl.where(bad, 0, tl.sum(tl.where(k == 1, o, 0), axis=AX))
+    w2 = tl.where(bad, 0, tl.sum(tl.where(k == 2, o, 0), axis=AX))
+    return w0, w1, w2
+
+
+@triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
             DENORM: tl.constexpr, HW_CVT: tl.constexpr = False):
@@ -690,14 +709,11 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
     if UNIT_ASM:
         # the unit asm on the two halves as loaded (8 consecutive registers each; no clamp, see _cols_units)
         tl.static_assert(HW_CVT and not AWAY)
-        f = 0.015625 if MBITS == 3 else 0.000244140625
-        vlo = (_scaled(lo, xg[:, :, None], DENORM != DENORM_NONE) * f).to(tl.int32, bitcast=True)
-        vhi = (_scaled(hi, xg[:, :, None], DENORM != DENORM_NONE) * f).to(tl.int32, bitcast=True)
+        vlo = _fp6_asm_input(lo, xg[:, :, None], DENORM, MBITS)
+        vhi = _fp6_asm_input(hi, xg[:, :, None], DENORM, MBITS)
         o = tl.inline_asm_elementwise(FP6_HALVES_E2M3 if MBITS == 3 else FP6_HALVES_E3M2, FP6_HALVES_RW, [vlo, vhi],
                                       dtype=tl.int32, is_pure=True, pack=8)
-        w0 = tl.where(badg, 0, tl.sum(tl.where(e == 0, o, 0), axis=2))
-        w1 = tl.where(badg, 0, tl.sum(tl.where(e == 1, o, 0), axis=2))
-        w2 = tl.where(badg, 0, tl.sum(tl.where(e == 2, o, 0), axis=2))
+        w0, w1, w2 = _fp6_asm_words(o, e, badg, 2)
     else:
         bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
         codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
@@ -787,13 +803,15 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     """COL_UNITS (blocks along R): rows r0 .. r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C, loaded as
     [BLOCK_C / VEC, NB, U, VEC, J] with element (l, n, u, v, j) at row r0 + 32n + Ju + j, column
     c0 + VEC * l + v, where J codes make one packed unit (FP6: 16 codes = 3 words; FP8 / MXINT8: 4 = 1 word;
-    FP4: 8 = 1 word) and U = 32 / J units make a block. The loads are held to VEC elements (2 or 4 bytes;
-    ``tl.max_contiguous``), so the lanes go along the columns and the warps along the blocks n: each block,
-    and so each unit, is in one thread, with 32 * VEC elements per thread (COL_PACKED's 16-byte loads put 8
-    columns x J rows in a thread for the same). The units' words reach the store through one layout
-    conversion of [units, columns(, 4)]: a warp's store runs along the units of one output row (FP6: 32
-    lanes along (word, unit), word 3 repeating word 2 and masked; with BLOCK_R = 128, 96 contiguous bytes =
-    3 whole 32-byte sectors, where COL_DIRECT's 32-row tiles wrote 24-byte pieces). q_ptr: int32 words."""
+    FP4: 8 = 1 word) and U = 32 / J units make a block; with the FP6 unit asm (UNIT_ASM) as [L, NB, J, U, VEC]
+    instead, so the thread's registers run over (v, j, u) as the asm expects. The loads are held to VEC
+    elements (2 or 4 bytes; ``tl.max_contiguous``), so the lanes go along the columns and the warps along the
+    blocks n: each block, and so each unit, is in one thread, with 32 * VEC elements per thread (COL_PACKED's
+    16-byte loads put 8 columns x J rows in a thread for the same). The units' words reach the store through
+    one layout conversion of [units, columns(, 4)]: a warp's store runs along the units of one output row
+    (FP6: 32 lanes along (word, unit), word 3 repeating word 2 and masked; with BLOCK_R = 128, 96 contiguous
+    bytes = 3 whole 32-byte sectors, where COL_DIRECT's 32-row tiles wrote 24-byte pieces). q_ptr: int32
+    words."""
     J: tl.constexpr = 16 if BITS == 6 else 32 // BITS
     U: tl.constexpr = 32 // J
     NB: tl.constexpr = BLOCK_R // 32
@@ -818,15 +836,9 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = (amax >= 0x7F800000)[:, :, None, :]  # [L, NB, 1, VEC]
     if ASM:
-        # the unit asm (no clamp: the saturation happens on the cvt bytes); a DENORM policy other than none
-        # rebuilds every fp32-denormal input (same bytes)
         tl.static_assert(not AWAY)
-        v = _scaled(bits, x[:, :, None, None, :], DENORM != DENORM_NONE)
-        v = v * (0.015625 if MBITS == 3 else 0.000244140625)
-        o = _fp6_units_hw(v.to(tl.int32, bitcast=True), MBITS, VEC)
-        w0 = tl.where(bad, 0, tl.sum(tl.where(jj == 0, o, 0), axis=2))  # [L, NB, U, VEC]
-        w1 = tl.where(bad, 0, tl.sum(tl.where(jj == 1, o, 0), axis=2))
-        w2 = tl.where(bad, 0, tl.sum(tl.where(jj == 2, o, 0), axis=2))
+        o = _fp6_units_hw(_fp6_asm_input(bits, x[:, :, None, None, :], DENORM, MBITS), MBITS, VEC)
+        w0, w1, w2 = _fp6_asm_words(o, jj, bad, 2)  # [L, NB, U, VEC]
     else:
         codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]), bad[:, :, :, :, None],
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)

@@ -48,7 +48,10 @@ def variants():
     # pairs read as words, rounded straight into packed bytes; default since, on 2 x 1024 tiles) and rowwise
     # FP6 through the FP8 cvt (default since, on 4 x 512 tiles), against the session-5 defaults
     r4 = [("default", None), ("s5", {"fp4_pairs": False, "block_r": 16, "block_c": 256, "num_warps": 4})] + [
-        (f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w}) for r, c, w in ((4, 512, 2), (2, 2048, 4))]
+        (f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w}) for r, c, w in ((4, 512, 2), (2, 2048, 4))] + [
+        ("rb1", {"rblocks": 1}), ("rb2", {"rblocks": 2}), ("rb8", {"rblocks": 8}),
+        ("4x1024w4", {"block_r": 4, "num_warps": 4}), ("rb2 4x1024w4", {"block_r": 4, "num_warps": 4, "rblocks": 2}),
+        ("rb2 1x1024w1", {"block_r": 1, "num_warps": 1, "rblocks": 2})]
     # session 7 run 6-7: the FP6 unit asm (fp6_asm, default since) against the integer encoder ("no asm")
     r6 = [("default", None), ("no asm", {"fp6_asm": False})]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
@@ -95,7 +98,13 @@ def variants():
     ci8 = [("default", None), ("s6 32x64w1", s6c)]
     # (runs 7 and 9: scale_t off 214 -> 209 us with the asm, default since)
     c6 = [("default", None), ("no asm", {"fp6_asm": False, "hw_cvt": False}), ("st", {"scale_t": True})]
-    c4 = [("default", None)] + un(((2, 128, 64, 4),))
+    # session 8: col_fp4_words (bf16 pairs of adjacent columns, one asm per pair packing both columns' units)
+    c4 = [("default", None), ("no words", {"col_fp4_words": False}), ("w 32-bit", {"col_wide": False}),
+          ("w 128x64w4", {"num_warps": 4}), ("w 64x64w2", {"block_r": 64}), ("w 128x128w4", {"block_c": 128, "num_warps": 4}),
+          ("w 256x64w4", {"block_r": 256, "num_warps": 4}), ("w 128x64w1", {"num_warps": 1}),
+          ("w 256x32w2", {"block_r": 256, "block_c": 32}), ("w 512x64w8", {"block_r": 512, "num_warps": 8}),
+          ("w 256x64w2", {"block_r": 256}), ("w 256x128w8", {"block_r": 256, "block_c": 128, "num_warps": 8})
+          ] + un(((2, 128, 64, 4),))
     # split: cast-transpose by one-direction programs (regions of block_r x row_block_c)
 
     def sp(name, **kw):
@@ -104,8 +113,11 @@ def variants():
     t8 = [("default", None)] + un(((2, 64, 64, 2),)) + [
         sp("split un2 c64x64w2 r2x1024rb2", block_r=64, block_c=64, num_warps=2, col_units=2, col_packed=False,
            split_rows=(2, 1024, 2))]
-    t4 = [("default", None), sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2,
-                                split_rows=(2, 1024, 2))]
+    t4 = [("default", None), ("no words", {"col_fp4_words": False}),
+          sp("c256x64w4", block_r=256, num_warps=4), sp("r1x1024rb4", split_rows=(1, 1024, 4)),
+          sp("r1x1024rb8", split_rows=(1, 1024, 8)), sp("c256x64w4 r4x1024rb2", block_r=256, num_warps=4,
+                                                        split_rows=(4, 1024, 2)),
+          sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2))]
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
@@ -244,11 +256,15 @@ def main():
     ap.add_argument("--sass", action="store_true",
                     help="no GPU: build every variant for sm_90 and print registers / spills / SASS size")
     ap.add_argument("--paths", default="", help="comma-separated path names (e.g. 'cols fp4,castT fp4'); default all")
+    ap.add_argument("--variants", default="", help="comma-separated variant names (e.g. 'default'); default all")
     args = ap.parse_args()
     t0 = time.time()
     want = [p.strip() for p in args.paths.split(",") if p.strip()]
     all_paths = variants()
     paths = {k: v for k, v in all_paths.items() if not want or k in want}
+    if args.variants:
+        keep = {v.strip() for v in args.variants.split(",")}
+        paths = {k: (kind, fmt, [x for x in vs if x[0] in keep]) for k, (kind, fmt, vs) in paths.items()}
     if args.sass:
         for path, (kind, fmt, vs) in paths.items():
             for name, cfg in vs:

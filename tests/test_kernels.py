@@ -1159,13 +1159,16 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 
 
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
-    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``) and group
-    decode asm (``_fp6_group_decode_asm``): cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2,
-    cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32, mov.b32 to / from a b16 pair, and / or / shl / shr / sub,
-    shf.r.clamp, lop3. Registers and $n operands are int64 tensors of bit patterns (one per unit); the float
-    steps use torch's IEEE casts and fp32 multiply (RNE, subnormals kept); the satfinite cvt clamps to the
-    format's max before rounding (= clamping the rounded result: rounding is monotone). Returns every
-    register and operand."""
+    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 group
+    decode asm (``_fp6_group_decode_asm``) and the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``):
+    cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
+    {abs, min, max, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
+    the pair), and / or / shl / shr / sub,
+    mul.hi / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
+    tensors of bit patterns (one per unit); the float steps use torch's IEEE casts and fp32 arithmetic (RNE,
+    subnormals kept; a bf16x2 product or sum is exact in fp32 for the operands these asm blocks see, then
+    rounded to bf16 once); the satfinite cvt clamps to the format's max before rounding (= clamping the
+    rounded result: rounding is monotone). Returns every register and operand."""
     regs = dict(operands)
     m32 = 0xFFFFFFFF
 
@@ -1187,6 +1190,14 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
         if not ins or ins.startswith(".reg"):
             continue
         op, rest = ins.split(None, 1)
+        if op == "mov.b64":  # {lo, hi} -> a (lo, hi) pair of 32-bit tensors (int64 has no room for the top bit)
+            d, src = rest.split(",", 1)
+            regs[d.strip()] = tuple(regs[t.strip()] for t in src.strip().strip("{}").split(","))
+            continue
+        if op == "mov.b32" and "{" not in rest:
+            d, src = (t.strip() for t in rest.split(","))
+            regs[d] = val(src) & m32
+            continue
         if op == "mov.b32":
             cut = rest.index("}") + 1 if rest.startswith("{") else rest.index(",")
             d, src = rest[:cut].strip(), rest[cut:].strip().lstrip(",").strip()
@@ -1214,6 +1225,37 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
                   .to(torch.int64) & 0xFFFF for t in args[1:3]]
             regs[d] = hb[1] | (hb[0] << 16)
             continue
+        if op.endswith(".bf16x2"):  # per 16-bit half: bf16 -> fp32 (exact), the operation, RNE back to bf16
+            halves = []
+            for h in (0, 1):
+                f = [((torch.as_tensor(val(t)) >> (16 * h)) & 0xFFFF).to(torch.int32) << 16 for t in args[1:]]
+                f = [t.view(torch.float32) for t in f]
+                if op == "abs.bf16x2":
+                    r = f[0].abs()
+                elif op == "min.bf16x2":  # a NaN operand gives the other one
+                    r = torch.fmin(f[0], f[1])
+                elif op == "max.bf16x2":
+                    r = torch.fmax(f[0], f[1])
+                elif op == "mul.rn.bf16x2":
+                    r = f[0] * f[1]
+                elif op == "add.rn.bf16x2":
+                    r = f[0] + f[1]
+                else:
+                    raise AssertionError(f"instruction not in the subset: {ins}")
+                halves.append(r.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF)
+            regs[d] = halves[0] | (halves[1] << 16)
+            continue
+        if op == "prmt.b32":  # default mode: selector nibble i picks byte i of d from {a, b} (bit 3: sign fill)
+            a, b, sel = val(args[1]), val(args[2]), val(args[3])
+            r = 0
+            for i in range(4):
+                nib = (sel >> (4 * i)) & 0xF
+                byte = ((a if nib & 7 < 4 else b) >> (8 * (nib & 3))) & 0xFF
+                if nib & 8:
+                    byte = ((byte >> 7) & 1) * 0xFF
+                r = r | (byte << (8 * i))
+            regs[d] = r & m32
+            continue
         if op == "mul.rn.f32":
             regs[d] = bits32(f32(val(args[1])) * f32(val(args[2])))
             continue
@@ -1239,6 +1281,11 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             r = a[0] >> a[1]
         elif op == "sub.u32":
             r = a[0] - a[1]
+        elif op in ("mul.hi.u32", "mad.hi.u32"):  # the 64-bit product's high word, in int64 without overflow
+            lo = (a[0] & 0xFFFF) * a[1]
+            r = ((((a[0] >> 16) * a[1]) + (lo >> 16)) >> 16) + (a[2] if op == "mad.hi.u32" else 0)
+        elif op == "mad.lo.u32":
+            r = a[0] * (a[1] & 0xFFFF) + ((a[0] * (a[1] >> 16)) << 16) + a[2]
         elif op == "lop3.b32":
             lut = a[3]
             r = torch.zeros_like(a[0] if torch.is_tensor(a[0]) else a[1])
@@ -1319,31 +1366,105 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
     assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16)), fmt
 
 
-def test_fp4_bf16x2_encode_algorithm_every_bf16():
-    """The bf16x2 FP4 encode of ``_quantize._fp4_bf16x2`` (inline PTX, GPU only), emulated step by step with
-    torch's bf16 rounding (RNE) for every finite bf16 input and every block exponent X in [-127, 126]:
-    the codes equal :func:`mxkit.formats.encode_elements` of the exact x * 2^-X."""
+def _fp4_asm_cases():
+    """(x, X): every bf16 bit pattern (int64; Inf and NaN included: a pair may hold one next to a finite
+    element of another block) and every block exponent X in [-127, 126]."""
+    return torch.arange(1 << 16, dtype=torch.int64), torch.arange(-127, 127, dtype=torch.int64)
+
+
+def _finite16(x):
+    return torch.isfinite((x.to(torch.int32) << 16).view(torch.float32))
+
+
+def test_fp4_elements_asm_every_bf16_every_scale():
+    """The bf16x2 FP4 encoder (``_quantize._FP4_ELEMENTS_ASM``, inline PTX: GPU only), run instruction by
+    instruction on the CPU: for every finite bf16 input and every block exponent X, the four code bytes of
+    each asm block (two bf16 pairs; the pairs mix values at random, Inf and NaN included: a pair's two
+    elements may belong to different blocks, so a non-finite one must not disturb its neighbour) equal
+    :func:`mxkit.formats.encode_elements` of the exact x * 2^-X (RNE; -0 and negative values rounding to 0
+    keep the sign)."""
     from mxkit.formats import encode_elements
+    from mxkit.kernels._quantize import _FP4_ELEMENTS_ASM
 
-    def bf(bits):  # bf16 bits (int32, low half) -> float32
-        return (bits << 16).view(torch.float32)
+    xs, Xs = _fp4_asm_cases()
+    g = torch.Generator().manual_seed(5)
+    n = xs.numel() // 4 * 4
+    for X in Xs.split(32):
+        x = torch.stack([xs[torch.randperm(xs.numel(), generator=g)[:n]] for _ in X])  # [len(X), n] elements
+        x = x.reshape(len(X), n // 4, 4)  # [len(X), asm blocks, element]
+        f = ((127 - X) << 7)[:, None].expand(-1, n // 4)
+        ops = {"$1": x[..., 0] | (x[..., 1] << 16), "$2": x[..., 2] | (x[..., 3] << 16),
+               "$3": f | (f << 16), "$4": f | (f << 16)}
+        got = _run_ptx_subset(_FP4_ELEMENTS_ASM.value, ops)["$0"]
+        got = torch.stack([(got >> (8 * i)) & 0xFF for i in range(4)], -1)
+        v = (x.to(torch.int32) << 16).view(torch.float32) * ((127 - X.to(torch.int32)) << 23).view(torch.float32)[:, None, None]
+        want = encode_elements(v, "mxfp4_e2m1", "rne").to(torch.int64)
+        bad = (got != want) & _finite16(x)  # (a non-finite element's block is zeroed after the asm)
+        assert not bad.any(), (f"{int(bad.sum())} codes differ, first x=0x{int(x[bad][0]):04x} "
+                               f"X={int(X[:, None, None].expand_as(x)[bad][0])}: {int(got[bad][0])} vs {int(want[bad][0])}")
 
-    def rne16(f):  # float32 -> bf16 bits, round to nearest even
-        return f.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
 
-    xs = torch.arange(1 << 16, dtype=torch.int32)
-    xs = xs[torch.isfinite(bf(xs))]
-    X = torch.arange(-127, 127, dtype=torch.int32)[:, None]
-    x = xs[None, :].expand(X.shape[0], -1)
-    v = bf(x) * bf((127 - X) << 7)  # the exact product (a power-of-two factor); mul.rn.bf16x2 rounds it:
-    a = rne16(torch.minimum(bf(rne16(v)).abs(), torch.tensor(6.0)))  # abs, min(., 6)
-    m = rne16(torch.maximum(bf(a & 0x7F80), torch.tensor(1.0))) + (6 << 7)  # 64 * max(2^floor(log2 a), 1)
-    t = rne16(bf(a) + bf(m))  # add.rn.bf16x2: rounds a to the E2M1 step at a
-    code = (t - m) + ((m >> 6) & 0x1FE) - 0x10A
-    code = code | ((x >> 12) & 8)
-    want = encode_elements(v, "mxfp4_e2m1", "rne").to(torch.int32)
-    bad = code != want
-    assert not bad.any(), f"{int(bad.sum())} codes differ, first x=0x{int(x[bad][0]):04x} X={int(X.expand_as(x)[bad][0])}"
+def test_fp4_pairs_asm_packs_and_masks():
+    """The rowwise FP4 pairs asm (``_quantize._FP4_PAIRS_ASM``: four bf16 pairs -> four packed bytes, even
+    element in the low nibble, a block's bytes zeroed by its keep mask) on the CPU: every finite bf16 under
+    random block exponents, the bytes equal :func:`mxkit.reference.pack_codes` of the reference codes, and 0
+    where keep is 0 (the launcher's mask for a block holding Inf / NaN)."""
+    from mxkit.formats import encode_elements
+    from mxkit.kernels._quantize import _FP4_PAIRS_ASM
+    from mxkit.reference import pack_codes
+
+    xs, _ = _fp4_asm_cases()
+    g = torch.Generator().manual_seed(6)
+    n = xs.numel() // 8 * 8
+    x = torch.cat([xs[torch.randperm(xs.numel(), generator=g)[:n]] for _ in range(4)]).reshape(-1, 4, 2)
+    X = torch.randint(-127, 127, (x.shape[0],), generator=g)
+    keep = torch.where(torch.rand(x.shape[0], generator=g) < 0.1, 0, 0xFFFFFFFF)
+    f = (127 - X) << 7
+    ops = {f"${1 + i}": x[:, i, 0] | (x[:, i, 1] << 16) for i in range(4)}
+    ops.update({f"${5 + i}": f | (f << 16) for i in range(4)})
+    ops.update({f"${9 + i}": keep for i in range(4)})
+    got = _run_ptx_subset(_FP4_PAIRS_ASM.value, ops)["$0"]
+    v = (x.to(torch.int32) << 16).view(torch.float32) * ((127 - X.to(torch.int32)) << 23).view(torch.float32)[:, None, None]
+    want = pack_codes(encode_elements(v.reshape(-1, 8), "mxfp4_e2m1", "rne"), "mxfp4_e2m1").to(torch.int64)
+    want = (want << (8 * torch.arange(4))).sum(-1) & keep
+    ok = _finite16(x).all(-1).all(-1) | (keep == 0)  # (a block with Inf / NaN has keep 0)
+    assert torch.equal(got[ok], want[ok]), f"{int((got != want)[ok].sum())} words differ"
+    assert torch.equal(got[keep == 0], torch.zeros_like(got[keep == 0]))
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_fp4_cols_asm_packs_units(rows):
+    """The columnwise FP4 asm (``_quantize._fp4_cols_asm``: ``rows`` bf16 pairs of two adjacent columns, one
+    per row of a packed unit, and their factor pair -> each column's packed unit) on the CPU: random bf16
+    inputs (every bit pattern appears; Inf / NaN in one column must not disturb the other) and block
+    exponents per column, the units of the finite columns equal
+    :func:`mxkit.reference.pack_codes` of the reference codes down each column (row j in nibble j; with 16
+    rows, rows 8-15 in the high word)."""
+    from mxkit.formats import encode_elements
+    from mxkit.kernels._quantize import _fp4_cols_asm
+    from mxkit.reference import pack_codes
+
+    xs, _ = _fp4_asm_cases()
+    g = torch.Generator().manual_seed(8)
+    n = xs.numel() // 4  # asm blocks: every finite bf16 appears 2 * rows / 4 times
+    x = torch.cat([xs[torch.randperm(xs.numel(), generator=g)] for _ in range(rows // 2)])[: n * rows * 2]
+    x = x.reshape(n, rows, 2)  # [asm block, row j, column c / c + 1]
+    X = torch.randint(-127, 127, (n, 2), generator=g)
+    f = (127 - X) << 7
+    ops = {f"${2 + j}": x[:, j, 0] | (x[:, j, 1] << 16) for j in range(rows)}
+    ops[f"${2 + rows}"] = f[:, 0] | (f[:, 1] << 16)
+    regs = _run_ptx_subset(_fp4_cols_asm(rows), ops)
+    v = (x.to(torch.int32) << 16).view(torch.float32) * ((127 - X.to(torch.int32)) << 23).view(torch.float32)[:, None, :]
+    want = pack_codes(encode_elements(v.transpose(1, 2), "mxfp4_e2m1", "rne"), "mxfp4_e2m1").to(torch.int64)
+    want = want.reshape(n, 2, rows // 8, 4)  # [block, column, 32-bit word, byte]
+    want = (want << (8 * torch.arange(4))).sum(-1)
+    for col in (0, 1):
+        got = regs[f"${col}"]
+        got = got if rows == 16 else (got,)
+        ok = _finite16(x[:, :, col]).all(-1)  # (a column block with Inf / NaN is zeroed after the asm)
+        assert ok.float().mean() > 0.5 and not ok.all()
+        for w in range(rows // 8):
+            assert torch.equal(got[w][ok], want[:, col, w][ok]), f"rows={rows} column {col} word {w}"
 
 
 def test_hardware_path_guards():

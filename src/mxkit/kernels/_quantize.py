@@ -26,8 +26,10 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
   - FP8: an explicit ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (inline asm, 4 per asm block) of the exact signed
     ``x * 2^-X``: one IEEE RNE rounding from fp32 with the reference's saturation. (An earlier
     ``.to(tl.float8e4nv)`` attempt did not match for FLOOR / RCEIL blocks.)
-  - FP4 from bf16 inputs: bf16x2 arithmetic, :func:`_fp4_bf16x2`; FP4_PAIRS (rowwise): bf16 pairs read as
-    32-bit words and rounded straight into packed bytes, :func:`_rows_fp4_pairs`.
+  - FP4 from bf16 inputs: bf16x2 arithmetic (a magic-number add per pair, _FP4_CODE), :func:`_fp4_bf16x2`;
+    FP4_PAIRS (rowwise): bf16 pairs read as 32-bit words and rounded straight into packed bytes, the bad-block
+    mask applied inside the asm, :func:`_rows_fp4_pairs`; COL_FP4W (columnwise, with COL_PACKED): pairs of
+    adjacent columns, one asm per pair packing both columns' units, :func:`_cols_fp4_words`.
   - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
 * HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
 * ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
@@ -178,58 +180,164 @@ def _cvt_fp8_rn(vbits, MBITS: tl.constexpr):
     return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [vbits], dtype=tl.uint8, is_pure=True, pack=4)
 
 
+# One E2M1 code per 16-bit half of a bf16 pair ({x}: the pair, {f}: the pair's block factors 2^-X, {d}: the
+# result, code of the low element in bits 0-3, of the high element in bits 16-19, nothing else set):
+#   a = min(|x| * 2^-X, 6)        exact product (power-of-two factor; a subnormal a rounds to code 0 anyway)
+#   e = max(a, 1) & 0x7F80        2^E, E = floor(log2 a) clamped to [0, 2]: the E2M1 step at a is 2^(E-1)
+#   m = 130 * Eb + 514            bf16 bits of 64 * 2^E + 2E ulps (Eb = E + 127): a magic number whose ulp is
+#                                 the step at a and whose low mantissa bits hold the code offset 2E
+#   t = a + m                     add.rn rounds a to the step (RNE); t's low 3 bits are the code 2E + a / step
+#   d = (t & 7) + (sign >> 12)    the sign bit of x moved to bit 3 (so -0 and negatives rounding to 0 keep it)
+# m comes from e by mul.hi (65 * Eb in each half) and x 2 + 514; the sign is masked from x itself (a float
+# x * (+0) would turn a NaN into bits across both halves, and the two halves of a pair may belong to different
+# blocks) and shifted in while adding it. 11 instructions per pair, 5-6 of them on the ALU pipe (session 7:
+# 15, 10 on the ALU pipe, which limited the FP4 kernels at 86%). Every bf16 bit pattern under every X is
+# checked against mxkit.formats.encode_elements by running this PTX through a CPU interpreter
+# (tests/test_kernels.py).
+_FP4_CODE = ("abs.bf16x2 a, {x}; mul.rn.bf16x2 a, a, {f}; min.bf16x2 a, a, k6; max.bf16x2 e, a, k1; "
+             "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; mad.lo.u32 m, m, 2, 0x02020202; "
+             "add.rn.bf16x2 t, a, m; and.b32 s, {x}, 0x80008000; and.b32 t, t, 0x00070007; "
+             "mad.hi.u32 {d}, s, 0x00100000, t; ")
+_FP4_REGS = "{ .reg .b32 k6, k1, a, e, m, t, s, "
+_FP4_CONSTS = "mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
+# two bf16 pairs ($1, $2) and their factors ($3, $4) -> four code bytes (element order)
+_FP4_ELEMENTS_ASM = tl.constexpr(_FP4_REGS + "y0, y1; " + _FP4_CONSTS + _FP4_CODE.format(x="$1", f="$3", d="y0")
+                                 + _FP4_CODE.format(x="$2", f="$4", d="y1") + "prmt.b32 $0, y0, y1, 0x6420; }")
+
+
 @triton.jit
 def _fp4_bf16x2(xh, fh):
     """bf16 inputs (int16 bits) and their block factors 2^-X (int16 bf16 bits, X in [-127, 126]) -> E2M1
-    codes (uint8), RNE, two elements per instruction (bf16x2 arithmetic, sm_90):
-
-    v = x * 2^-X (exact: a power-of-two factor and bf16's fp32 exponent range; a subnormal v rounds to code
-    0 whatever the multiply does with it); a = min(|v|, 6); m = 64 * max(2^floor(log2 a), 1) is a magic
-    number whose bf16 ulp is the E2M1 step at a (0.5 below 2, 1 below 4, 2 above); a + m rounds a to that
-    grid (RNE) and (bits(a + m) - bits(m)) + 2 * (exponent(m) - 133) is the code, computed on both 16-bit
-    halves with 32-bit integer ops (no carry or borrow crosses a half). The sign comes from x (bit 15 ->
-    bit 3), so -0 and negative values rounding to 0 keep it. Checked for every finite bf16 and every X
-    against :func:`mxkit.formats.encode_elements` (tests/test_kernels.py, CPU emulation)."""
-    asm: tl.constexpr = (
-        "{ .reg .b32 k6, k1, a, e, m, t, c, s, r0, r1; "
-        "mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
-        "mul.rn.bf16x2 a, $1, $3; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
-        "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
-        "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
-        "shr.u32 s, $1, 12; and.b32 s, s, 0x00080008; or.b32 r0, c, s; "
-        "mul.rn.bf16x2 a, $2, $4; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
-        "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
-        "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
-        "shr.u32 s, $2, 12; and.b32 s, s, 0x00080008; or.b32 r1, c, s; "
-        "prmt.b32 $0, r0, r1, 0x6420; }")
-    return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True, pack=4)
+    codes (uint8: sign in bit 3), RNE, two elements per instruction (bf16x2 arithmetic, sm_90; the steps in
+    _FP4_CODE). The sign comes from x, so -0 and negative values rounding to 0 keep it. Elementwise: any
+    layout gives the same codes."""
+    return tl.inline_asm_elementwise(_FP4_ELEMENTS_ASM, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True,
+                                     pack=4)
 
 
-# one E2M1 code per 16-bit half as in _fp4_bf16x2 ({x}: the bf16 pair, {f}: their factors, {d}: the result)
-_FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; abs.bf16x2 a, a; min.bf16x2 a, a, k6; and.b32 e, a, 0x7F807F80; "
-             "max.bf16x2 m, e, k1; add.u32 m, m, 0x03000300; add.rn.bf16x2 t, a, m; sub.u32 c, t, m; "
-             "shr.u32 s, m, 6; and.b32 s, s, 0x01FE01FE; add.u32 c, c, s; sub.u32 c, c, 0x010A010A; "
-             "shr.u32 s, {x}, 12; and.b32 s, s, 0x00080008; or.b32 {d}, c, s; ")
-# four bf16 pairs (one 32-bit word each, $1-$4) and their factors ($5-$8) -> four packed bytes: code pairs
-# (even code in the low half, odd in the high half) are merged two words at a time, t = c0 | c1 << 8, whose
-# t | t >> 12 holds the bytes of both pairs in its low 16 bits; one prmt joins the two halves
+# four bf16 pairs (one 32-bit word each, $1-$4) and their factors ($5-$8) -> four packed bytes. The codes of a
+# pair sit in bits 0-3 and 16-19 of y; z = y0 + y1 * 256 holds both pairs' codes in its nibbles 0, 2, 4, 6,
+# and z + (z >> 12) (one mad.hi) the two packed bytes in its low 16 bits; one prmt joins two such halves
 _FP4_PAIRS_ASM = tl.constexpr(
-    "{ .reg .b32 k6, k1, a, e, m, t, c, s, c0, c1, h0, h1; mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
-    + _FP4_CODE.format(x="$1", f="$5", d="c0") + _FP4_CODE.format(x="$2", f="$6", d="c1")
-    + "shl.b32 c1, c1, 8; or.b32 c0, c0, c1; shr.u32 c1, c0, 12; or.b32 h0, c0, c1; "
-    + _FP4_CODE.format(x="$3", f="$7", d="c0") + _FP4_CODE.format(x="$4", f="$8", d="c1")
-    + "shl.b32 c1, c1, 8; or.b32 c0, c0, c1; shr.u32 c1, c0, 12; or.b32 h1, c0, c1; "
-    + "prmt.b32 $0, h0, h1, 0x5410; }")
+    _FP4_REGS + "y0, y1, z, h0, h1; " + _FP4_CONSTS
+    + _FP4_CODE.format(x="$1", f="$5", d="y0") + _FP4_CODE.format(x="$2", f="$6", d="y1")
+    + "mad.lo.u32 z, y1, 256, y0; mad.hi.u32 h0, z, 0x00100000, z; "
+    + _FP4_CODE.format(x="$3", f="$7", d="y0") + _FP4_CODE.format(x="$4", f="$8", d="y1")
+    + "mad.lo.u32 z, y1, 256, y0; mad.hi.u32 h1, z, 0x00100000, z; "
+    + "prmt.b32 z, h0, h1, 0x5410; and.b32 $0, z, $9; }")
 
 
 @triton.jit
-def _fp4_bf16x2_pairs(xw, fw):
+def _max_u16x2(a, b):
+    """The max of each 16-bit half of two int32 words (unsigned; sm_90 max.u16x2): a reduction step of the
+    rowwise FP4 amax over bf16 pairs with their sign bits cleared (non-negative bf16 bits order as their values;
+    NaN / Inf bits are above every finite one)."""
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _fp4_bf16x2_pairs(xw, fw, keep):
     """:func:`_fp4_bf16x2` on bf16 pairs loaded as 32-bit words (xw: int32, even element in the low half; fw:
     int32, the pair's block factor 2^-X in both halves) -> the packed byte of each pair (even code in the low
     nibble, as stored). Four pairs per asm block (_FP4_PAIRS_ASM). Elementwise on words, so any layout gives
     the same bytes."""
-    return tl.inline_asm_elementwise(_FP4_PAIRS_ASM, "=r,r,r,r,r,r,r,r,r", [xw, fw], dtype=tl.uint8, is_pure=True,
-                                     pack=4)
+    return tl.inline_asm_elementwise(_FP4_PAIRS_ASM, "=r,r,r,r,r,r,r,r,r,r,r,r,r", [xw, fw, keep], dtype=tl.uint8,
+                                     is_pure=True, pack=4)
+
+
+def _fp4_cols_asm(rows: int) -> str:
+    """PTX for columnwise FP4 from bf16 (:func:`_cols_fp4_words`): ``rows`` (8 or 16) bf16 pairs (operands
+    $2 .., one per row of a packed unit: the same two adjacent columns c, c + 1 in consecutive rows) and their
+    factor pair (the last operand) -> the packed unit of each column ($0: column c, $1: column c + 1; 32-bit
+    for 8 rows, 64-bit for 16: rows 8-15 in the high word), code of row j in nibble j as stored. Per 8 rows:
+    the codes of rows 2k and 2k + 1 merge into one byte per column (p_k = y_2k + y_2k+1 * 16: column c's byte
+    in bits 0-7, column c + 1's in bits 16-23), and four prmt gather the four bytes of each column."""
+    f = f"${2 + rows}"
+    body = [_FP4_REGS + ", ".join(f"y{j}" for j in range(8)) + ", p0, p1, p2, p3, q0, q1, "
+            + ", ".join(f"c{k}, d{k}" for k in range(rows // 8)) + "; " + _FP4_CONSTS]
+    for g in range(rows // 8):
+        body += [_FP4_CODE.format(x=f"${2 + 8 * g + j}", f=f, d=f"y{j}") for j in range(8)]
+        body += [f"mad.lo.u32 p{k}, y{2 * k + 1}, 16, y{2 * k}; " for k in range(4)]
+        body += [f"prmt.b32 q0, p0, p1, 0x6240; prmt.b32 q1, p2, p3, 0x6240; prmt.b32 c{g}, q0, q1, 0x5410; "
+                 f"prmt.b32 d{g}, q0, q1, 0x7632; "]
+    body += ["mov.b64 $0, {c0, c1}; mov.b64 $1, {d0, d1}; }" if rows == 16 else "mov.b32 $0, c0; mov.b32 $1, d0; }"]
+    return "".join(body)
+
+
+_FP4_COLS_ASM8 = tl.constexpr(_fp4_cols_asm(8))
+_FP4_COLS_ASM16 = tl.constexpr(_fp4_cols_asm(16))
+
+
+@triton.jit
+def _load_rows8(p, rs, m):
+    """Eight tiles of 32-bit words: at p, p + rs, .., p + 7 * rs (rs: words per input row), masked lanes 0."""
+    return (tl.load(p, mask=m, other=0), tl.load(p + rs, mask=m, other=0), tl.load(p + 2 * rs, mask=m, other=0),
+            tl.load(p + 3 * rs, mask=m, other=0), tl.load(p + 4 * rs, mask=m, other=0),
+            tl.load(p + 5 * rs, mask=m, other=0), tl.load(p + 6 * rs, mask=m, other=0),
+            tl.load(p + 7 * rs, mask=m, other=0))
+
+
+@triton.jit
+def _absmax8(x0, x1, x2, x3, x4, x5, x6, x7):
+    """The elementwise max of |x| over eight tiles of bf16 pairs, in each 16-bit half (bf16 bits)."""
+    k: tl.constexpr = 0x7FFF7FFF
+    return _max_u16x2(_max_u16x2(_max_u16x2(x0 & k, x1 & k), _max_u16x2(x2 & k, x3 & k)),
+                      _max_u16x2(_max_u16x2(x4 & k, x5 & k), _max_u16x2(x6 & k, x7 & k)))
+
+
+@triton.jit
+def _cols_fp4_words(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, WIDE: tl.constexpr):
+    """Columnwise FP4 from bf16 (COL_FP4W; GPU only; C even, the input address a multiple of 4): rows r0 ..
+    r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C read as 32-bit words (bf16 pairs of adjacent columns: x_ptr is
+    the input's int32 view), one [W, BLOCK_C / 2] tile per row j of the J-row units (J = 16 with WIDE, else
+    8). One asm per word rounds the J pairs and packs each column's unit (:func:`_fp4_cols_asm`): the asm is
+    elementwise over the J row tiles, so any layout gives the same bytes. The amax runs on both halves of the
+    words at once (max.u16x2). The packed units are transposed and stored as in :func:`_cols_packed`."""
+    J: tl.constexpr = 16 if WIDE else 8
+    W: tl.constexpr = BLOCK_R // J
+    NB: tl.constexpr = BLOCK_R // 32
+    H: tl.constexpr = BLOCK_C // 2
+    x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    cw = c0 // 2 + tl.arange(0, H)
+    urow = r0 + tl.arange(0, W) * J  # first row of each unit (R is a multiple of 32: whole units in or out)
+    m = ((urow < R) | (not MASKED))[:, None] & ((cw < C // 2) | (not MASKED))[None, :]
+    p = x32 + (b * R + urow)[:, None] * (C // 2) + cw[None, :]
+    rs = C // 2  # words per input row
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_rows8(p, rs, m)
+    am = _absmax8(x0, x1, x2, x3, x4, x5, x6, x7)
+    if WIDE:
+        x8, x9, x10, x11, x12, x13, x14, x15 = _load_rows8(p + 8 * rs, rs, m)
+        am = _max_u16x2(am, _absmax8(x8, x9, x10, x11, x12, x13, x14, x15))
+    am = tl.reduce(tl.reshape(am, [NB, W // NB, H]), 1, _max_u16x2)  # [NB, H]: both columns' block amax
+    amax = tl.reshape(tl.join((am & 0xFFFF) << 16, (am >> 16) << 16), [NB, BLOCK_C])  # fp32 bits, per column
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    fe, fo = tl.split(tl.reshape((127 - x) << 7, [NB, H, 2]))
+    fw = tl.reshape(tl.broadcast_to((fe | (fo << 16))[:, None, :], [NB, W // NB, H]), [W, H])
+    if WIDE:
+        we, wo = tl.inline_asm_elementwise(
+            _FP4_COLS_ASM16, "=l,=l,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, fw], dtype=(tl.int64, tl.int64),
+            is_pure=True, pack=1)
+    else:
+        we, wo = tl.inline_asm_elementwise(_FP4_COLS_ASM8, "=r,=r,r,r,r,r,r,r,r,r,r", [x0, x1, x2, x3, x4, x5, x6, x7, fw],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    words = tl.reshape(tl.join(we, wo), [W, BLOCK_C])  # the unit of (w, column c)
+    bad = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
+    words = tl.where(bad, 0, words)
+    c = c0 + tl.arange(0, BLOCK_C)
+    cmask = (c < C) | (not MASKED)
+    g = b * C + c  # output rows
+    wcol = r0 // J + tl.arange(0, W)
+    wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
+    if WIDE:
+        q64 = q_ptr.to(tl.pointer_type(tl.int64))  # (rows of R / 2 bytes, a multiple of 16)
+        tl.store(q64 + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+    else:
+        tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+    _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
 
 
 @triton.jit
@@ -242,12 +350,13 @@ def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode,
     wc = n0 // 2 + tl.arange(0, N // 32)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, N / 32, 16]
     m = gmask[:, None, None] & ((wc < Ltot // 2) | (not MASKED))
     xw = tl.load(x_ptr + g[:, None, None] * _half_row(Ltot) + wc, mask=m, other=0)  # [A, N / 32, 16] words
-    am = tl.maximum(xw & 0x7FFF, (xw >> 16) & 0x7FFF)
-    amax = tl.max(am, axis=2) << 16  # the fp32 bits of the bf16 amax of each block
+    am = tl.reduce(xw & 0x7FFF7FFF, 2, _max_u16x2)  # |x| of both halves, the block's max in each half
+    amax = tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16  # the fp32 bits of the bf16 amax of each block
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     f = (127 - x) << 7
     fw = tl.broadcast_to((f | (f << 16))[:, :, None], [A, N // 32, 16])
-    packed = tl.where((amax >= 0x7F800000)[:, :, None], 0, _fp4_bf16x2_pairs(xw, fw))
+    keep = tl.broadcast_to(tl.where(amax >= 0x7F800000, 0, -1)[:, :, None], [A, N // 32, 16])
+    packed = _fp4_bf16x2_pairs(xw, fw, keep)
     tl.store(q_ptr + g[:, None, None] * _half_row(Ltot) + wc, packed, mask=m)
     _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
 
@@ -892,6 +1001,7 @@ def _quantize_kernel(
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
     COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
+    COL_FP4W: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -979,6 +1089,9 @@ def _quantize_kernel(
                 _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
                             BLOCK_R, BLOCK_C, MASKED, COL_UNITS, FP6_ASM)
+            elif DO_COL and COL_FP4W:
+                _cols_fp4_words(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, LAYOUT_C, MBITS,
+                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED, COL_WIDE)
             elif DO_COL and COL_PACKED:
                 _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
@@ -1022,6 +1135,7 @@ def _cast_transpose_split_kernel(
     FP6_WORDS: tl.constexpr, FP4_PAIRS: tl.constexpr,
     COL_BR: tl.constexpr, COL_BC: tl.constexpr, COL_HW: tl.constexpr, COL_PACKED: tl.constexpr,
     COL_WIDE: tl.constexpr, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
+    COL_FP4W: tl.constexpr = False,
 ):
     """Cast-transpose of x viewed [B, R, C] by programs that each do ONE direction: the tensor is cut into
     regions of COL_BR x ROW_BC elements, and each region gets NR row programs (ROW_RB tiles of ROW_BR x ROW_BC
@@ -1072,6 +1186,9 @@ def _cast_transpose_split_kernel(
             _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
                         IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW,
                         SCALE_MODE, COL_BR, COL_BC, MASKED, COL_UNITS, FP6_ASM)
+        elif COL_FP4W:
+            _cols_fp4_words(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
+                            LAYOUT_C, MBITS, EMAX, MAX_FRAC, SCALE_MODE, COL_BR, COL_BC, MASKED, COL_WIDE)
         elif COL_PACKED:
             _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C, BITS,
                          MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW, SCALE_MODE, COL_BR,

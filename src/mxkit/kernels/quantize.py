@@ -106,6 +106,10 @@ class QuantizeConfig:
     # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
     # elements)
     col_wide: bool = False
+    # columnwise FP4 from bf16 with col_packed (C even): the tile read as bf16 pairs of adjacent columns, one
+    # asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words); skipped for an input
+    # address not a multiple of 4
+    col_fp4_words: bool = False
     # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
     # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
     # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
@@ -158,11 +162,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     ALU-pipe-bound) in rowwise tiles and col_units columns; the fused FP6 cast-transpose (C < 512) keeps the
     integer encoder.
 
-    Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 2 x 1024 and FP6
-    4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4
-    tiles down R (rblocks). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
+    Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 1 x 1024 on one
+    warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
+    elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6
+    programs walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
     through the FP8 cvt (227 -> 222 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
-    into packed bytes (fp4_pairs; 206 -> 179 us).
+    into packed bytes (fp4_pairs; 206 -> 179 us; session 8: the leaner bf16x2 encoder with the packed amax
+    and the bad-block mask inside the asm, 179 -> 165 us).
 
     Columnwise (blocks along R): FP8 / FP6 / MXINT8 with col_units on 128 x 64 tiles, a warp per 32-row block
     (2-element loads put the lanes along the columns; each thread packs whole units along R, and a warp
@@ -170,8 +176,12 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     us; 1-element loads, 64- or 256-row tiles, program strips: slower). FP4 packs codes along R into 64-bit
     units in-thread from 16-byte loads and transposes only those (col_packed + col_wide: 16 codes per unit,
     built from two 32-bit halves; 32-bit units in session 5 took FP4 295 -> 230 us; 64-bit: 220 -> 191 us;
-    col_units: 197 us) on 128 x 64 tiles on two warps (fewer when the tile has fewer than 64 units x
-    8-column vectors, so no warp splits a unit).
+    col_units: 197 us) on 256 x 64 tiles, a warp per 64 rows (fewer when the tile has fewer than 64 units x
+    8-column vectors, so no warp splits a unit). From bf16 with C even, the tile is read as bf16 pairs of
+    adjacent columns and one asm per pair rounds and packs both columns' units (col_fp4_words, session 8:
+    190 -> 176 us with the leaner encoder, 128 x 64 -> 256 x 64 tiles 176 -> 173 us; 32-bit units, 64-row
+    tiles or one warp per 128 rows: slower; 512 x 64 on 8 warps 171 us, not taken for the program count of
+    smaller problems).
 
     Cast-transpose: FP8 fused (both directions from each 32 x 128 tile on two warps; col_packed: 403 ->
     336 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
@@ -209,8 +219,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                 block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, rbc, 4), 2
         elif do_row:  # cast-transpose
             block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
-        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 128 x 64, two warps
-            block_r, c_max, warps = r128, 64, 2
+        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
+            block_r, c_max = (256 if R >= 256 else r128), 64
+            warps = max(1, block_r // 64)
         else:  # FP8 / FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
             block_r, c_max, warps, units = r128, 64, r128 // 32, 2
         packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
@@ -230,11 +241,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                               group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
                               fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
-                              split_rows=split, col_units=units,
+                              split_rows=split, col_units=units, col_fp4_words=packed and f.bits == 4,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and not (units and f.bits == 6 and not do_row) and B * R * C >= 1 << 26))
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
+    elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
+        block_c, block_r, warps = 1024, 1, 1
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
         block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
         block_r = max(1, min(_pow2(R), 2048 // block_c))
@@ -244,7 +257,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         block_r = max(1, min(_pow2(R), 4096 // block_c))
         warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
-    rblocks = 4 if (f.bits in (4, 6) and n_tiles >= 16384) else 1
+    rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384) else 1
     span = block_r * rblocks
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
     return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
@@ -522,6 +535,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
+        COL_FP4W=bool(packed and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1 and C % 2 == 0
+                      and hw_cvt_ok(cfg, f, rnd, in_kind)),
         FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
@@ -545,17 +560,20 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
             COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
+            COL_FP4W=bool(packed and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
+                          and C % 2 == 0 and col_hw),
             FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)
         grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
         launcher = _CT_SPLIT
-    # inputs at an address that is not a multiple of 4 (FP4_PAIRS: bf16 pairs read as 32-bit words) / 16 bytes
-    # (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without them
+    # inputs at an address that is not a multiple of 4 (FP4_PAIRS, COL_FP4W: bf16 pairs read as 32-bit words) /
+    # 16 bytes (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without
     d = dict(consts)
-    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") else 0)
-    unaligned = (align, tuple((k, False if k in ("FP4_PAIRS", "FP6_ASM") else v) for k, v in consts)) if align else None
+    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") or d.get("COL_FP4W") else 0)
+    off = ("FP4_PAIRS", "FP6_ASM", "COL_FP4W")
+    unaligned = (align, tuple((k, False if k in off else v) for k, v in consts)) if align else None
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
 

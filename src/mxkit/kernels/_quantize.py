@@ -229,9 +229,9 @@ _FP4_PAIRS_ASM = tl.constexpr(
 
 @triton.jit
 def _max_u16x2(a, b):
-    """The max of each 16-bit half of two int32 words (unsigned; sm_90 max.u16x2): a reduction step of the
-    rowwise FP4 amax over bf16 pairs with their sign bits cleared (non-negative bf16 bits order as their values;
-    NaN / Inf bits are above every finite one)."""
+    """The max of each 16-bit half of two int32 words (unsigned; sm_90 max.u16x2): a step of the FP4 amax
+    over bf16 pairs with their sign bits cleared, rowwise (_rows_fp4_pairs) and columnwise (_cols_fp4_words);
+    non-negative bf16 bits order as their values, NaN / Inf bits above every finite one."""
     return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
                                      pack=1)
 

@@ -142,7 +142,8 @@ except Exception as e:
     sys.exit(0)
 env, rows = doc["env"], doc["rows"]
 print(f"bench: rc {bench_rc}; {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}, "
-      f"CUDA {env.get('cuda')}; copy {env.get('copy_gbps')} GB/s; {env.get('date_utc')}")
+      f"CUDA {env.get('cuda')}; copy {env.get('copy_gbps')} GB/s; L2 flush {env.get('l2_flush', 'write')}; "
+      f"{env.get('date_utc')}")
 key = [r for r in rows if r["impl"] == "mxkit" and r["shape"] in ("8192x8192", "16384x16384")]
 peer = {(r["op"], r["fmt"], r["shape"]): r for r in rows if r["impl"] == "reference-compiled"}
 f = lambda v, spec: format(v, spec) if v is not None else "n/a".rjust(int(spec.split(".")[0]))

@@ -194,6 +194,13 @@ def test_add_bench_parser_parses_quantize_options():
     assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "0"])).spin_us == 0.0
     with pytest.raises(ValueError, match="--spin-us=-5"):
         timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "-5"]))
+    # the L2 flush: do_bench's zero-fill by default, a read of the buffer on request, nothing else
+    assert timing.timing_config(args).flush == "write"
+    assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--flush", "read"])).flush == "read"
+    with pytest.raises(SystemExit):
+        _cli().parse_args(["bench", "quantize", "--flush", "none"])
+    with pytest.raises(ValueError, match="flush='none'"):
+        timing.cuda_event_bench(lambda: None, flush="none")
     cases = bq.cases_from_args(args)
     assert len(cases) == 2 * 2 * 2 and cases[0].shape == (1024, 1024) and cases[-1].shape == (8, 64, 128)
     defaults = _cli().parse_args(["bench", "quantize"])
@@ -428,3 +435,16 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     rc = timing.run_benchmark(args, cases[:1], wrong, what="t", stem="b2", peers=(), columns=bq.table_columns(()),
                               ref_impl="reference-eager", title="T", device="cpu")
     assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("flush", timing.FLUSH_MODES)
+def test_cuda_event_bench_flush_modes_time_the_run(flush):
+    # both flushes time the run itself: a 64 MiB copy takes longer than a 1 MiB one, and the copy is done
+    src = torch.randn(32 << 20, device="cuda", dtype=torch.bfloat16)
+    dst = torch.full_like(src, float("nan"))
+    big = timing.cuda_event_bench(lambda: dst.copy_(src), 2.0, 10.0, spin_us=20.0, flush=flush)
+    small = timing.cuda_event_bench(lambda: dst[:1 << 19].copy_(src[:1 << 19]), 2.0, 10.0, flush=flush)
+    assert math.isfinite(big) and 0 < small < big
+    assert torch.equal(dst.view(torch.int16), src.view(torch.int16))

@@ -14,6 +14,12 @@ which host contention from a neighbouring ``torch.compile`` stretched to 2x on 8
 overhead is measured on its own (``scripts/ab_dispatch.py``). ``spin_us=0`` gives plain ``do_bench``.
 Times are medians in microseconds.
 
+The flush (``flush``): ``"write"`` (default) zero-fills the buffer as ``do_bench`` does, which leaves the
+L2 full of the buffer's dirty lines, so every timed run also writes those back to DRAM (on an H200 about
+5 us per run, whatever the run's size: 8192^2 rowwise FP4 47.6 -> 41.7 us, the 1 GiB copy 257 -> 254 us;
+``benchmarks/h200-2026-11-22-s9/flush_probe.txt``). ``"read"`` reads the buffer instead: the L2 is as cold
+but clean, and the time is the kernel's own traffic only.
+
 Bandwidth counts bytes read plus bytes written once each (the least traffic any implementation needs);
 the limit is a large device-to-device ``Tensor.copy_`` measured in the same process, counted the same way.
 """
@@ -68,6 +74,7 @@ __all__ = [
 ]
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any Hopper L2 (50 MB), as Triton's do_bench uses
+FLUSH_MODES = ("write", "read")
 
 
 class BenchUnavailable(Exception):
@@ -85,6 +92,9 @@ class TimingConfig:
     rep_ms: float = 100.0
     use_triton: bool = True  # with spin_us == 0: do_bench when Triton is importable, else the CUDA-event loop
     spin_us: float = 100.0  # GPU spin before each timed run (hides the host's launch path); 0 = none
+    # L2 flush before each run: "write" = zero-fill a 256 MB buffer (do_bench's; leaves dirty lines the run
+    # writes back), "read" = read it (cold and clean); "read" always times with cuda_event_bench
+    flush: str = "write"
 
 
 @dataclass
@@ -145,6 +155,10 @@ def add_common_arguments(p) -> None:
     p.add_argument("--spin-us", type=float, default=100.0,
                    help="GPU spin queued before each timed run so the host's launch path is not timed "
                         "(default 100; 0 = plain triton do_bench)")
+    p.add_argument("--flush", choices=FLUSH_MODES, default="write",
+                   help="L2 flush before each timed run: 'write' zero-fills a 256 MB buffer as triton's do_bench "
+                        "(default; the run then also writes the buffer's dirty lines back), 'read' reads it "
+                        "(a cold, clean L2)")
     p.add_argument("--copy-mib", type=int, default=1024,
                    help="bytes read + written by the copy that sets the limit, MiB (default 1024)")
     p.add_argument("--out", type=Path, default=None, help="write CSV, JSON and a PNG chart into this folder")
@@ -159,7 +173,10 @@ def timing_config(args) -> TimingConfig:
     spin = getattr(args, "spin_us", 100.0)
     if args.warmup_ms < 0 or rep <= 0 or spin < 0:
         raise ValueError(f"--warmup-ms={args.warmup_ms} and --spin-us={spin} must be >= 0 and --rep-ms={rep} > 0")
-    return TimingConfig(warmup_ms=args.warmup_ms, rep_ms=rep, spin_us=spin)
+    flush = getattr(args, "flush", "write")
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"--flush={flush!r} must be one of {FLUSH_MODES}")
+    return TimingConfig(warmup_ms=args.warmup_ms, rep_ms=rep, spin_us=spin, flush=flush)
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -231,22 +248,34 @@ def _spin_cycles(us: float) -> int:
 
 
 def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: float = 100.0,
-                     spin_us: float = 0.0) -> float:
-    """Median µs of ``fn()`` with CUDA events, writing a 256 MB buffer before each run to flush L2.
+                     spin_us: float = 0.0, flush: str = "write") -> float:
+    """Median µs of ``fn()`` with CUDA events, the L2 flushed through a 256 MB buffer before each run.
 
     The protocol of ``triton.testing.do_bench(return_mode="median")``: one call, a 5-run estimate,
     ``warmup_ms`` of untimed runs, then ``rep_ms`` of timed runs. ``spin_us`` > 0 queues a GPU spin
     (``torch.cuda._sleep``) between the flush and each start event, so the host has enqueued the run before
-    the device reaches it: the events then bracket device time only.
+    the device reaches it: the events then bracket device time only. ``flush``: ``"write"`` zero-fills the
+    buffer (do_bench's; the L2 is left holding its dirty lines), ``"read"`` reads it (a clean L2; the
+    module docstring has the difference). Raises ValueError for another ``flush``.
     """
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"flush={flush!r} must be one of {FLUSH_MODES}")
+    buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if flush == "read":
+        buf.zero_()
+        total = torch.empty((), dtype=torch.int64, device="cuda")
+
+        def do_flush():
+            torch.sum(buf, dim=0, out=total)
+    else:
+        do_flush = buf.zero_
     cycles = _spin_cycles(spin_us) if spin_us > 0 else 0
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        flush.zero_()
+        do_flush()
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -258,7 +287,7 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     for s, e in zip(starts, ends):
-        flush.zero_()
+        do_flush()
         if cycles:
             torch.cuda._sleep(cycles)
         s.record()
@@ -270,9 +299,10 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
 
 def time_us(fn: Callable[[], object], cfg: TimingConfig) -> float:
     """Median µs of ``fn()`` with L2 flushed between runs: :func:`cuda_event_bench` with a GPU spin before
-    each run (``cfg.spin_us`` > 0), else do_bench if Triton imports, else the plain CUDA-event loop."""
-    if cfg.spin_us > 0:
-        return cuda_event_bench(fn, cfg.warmup_ms, cfg.rep_ms, cfg.spin_us)
+    each run (``cfg.spin_us`` > 0) or a read flush (``cfg.flush``), else do_bench if Triton imports, else the
+    plain CUDA-event loop."""
+    if cfg.spin_us > 0 or cfg.flush != "write":
+        return cuda_event_bench(fn, cfg.warmup_ms, cfg.rep_ms, cfg.spin_us, cfg.flush)
     if cfg.use_triton:
         try:
             from triton.testing import do_bench
@@ -766,10 +796,11 @@ def run_benchmark(args, cases: Sequence[BenchCase], impls: dict[str, Impl], *, w
     env = environment()
     print(environment_line(env), flush=True)
     copy_gbps, copy_us, copy_bytes = copy_bandwidth_gbps(cfg, args.copy_mib)
-    env.update(copy_gbps=round(copy_gbps, 1), copy_bytes=copy_bytes)
+    env.update(copy_gbps=round(copy_gbps, 1), copy_bytes=copy_bytes, l2_flush=cfg.flush)
     print(f"copy limit: {copy_gbps:.0f} GB/s ({copy_bytes / 2**20:.0f} MiB read + written in {copy_us:.0f} µs); "
           f"{len(cases)} cases; {main}[{args.backend}] + {', '.join(peers) or 'no peers'}; "
-          f"timing: median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, L2 flushed", flush=True)
+          f"timing: median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, L2 flushed "
+          f"({'written' if cfg.flush == 'write' else 'read'})", flush=True)
     ctx = Context(
         device=device, time_fn=lambda fn: time_us(fn, cfg), sync=lambda: _sync(device),
         impls=(main,) + tuple(peers), backend=args.backend, compile_dynamic=not args.compile_static,

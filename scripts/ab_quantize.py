@@ -98,6 +98,10 @@ def variants():
     ci8 = [("default", None), ("s6 32x64w1", s6c)]
     # (runs 7 and 9: scale_t off 214 -> 209 us with the asm, default since)
     c6 = [("default", None), ("no asm", {"fp6_asm": False, "hw_cvt": False}), ("st", {"scale_t": True})]
+    # session 9: the columnwise FP8 / FP6 tiles again at 8192^2 (2 / 5 points under their targets there)
+    cu = un(((2, 256, 64, 8), (2, 128, 128, 4), (2, 128, 32, 4))) + [("rb2", {"rblocks": 2})]
+    c8 += [("st off", {"scale_t": False})] + cu + un(((2, 256, 64, 8),), scale_t=False)
+    c6 += cu
     # session 8: col_fp4_words (bf16 pairs of adjacent columns, one asm per pair packing both columns' units)
     c4 = [("default", None), ("no words", {"col_fp4_words": False}), ("w 32-bit", {"col_wide": False}),
           ("w 128x64w4", {"num_warps": 4}), ("w 64x64w2", {"block_r": 64}), ("w 128x128w4", {"block_c": 128, "num_warps": 4}),
@@ -113,11 +117,18 @@ def variants():
     t8 = [("default", None)] + un(((2, 64, 64, 2),)) + [
         sp("split un2 c64x64w2 r2x1024rb2", block_r=64, block_c=64, num_warps=2, col_units=2, col_packed=False,
            split_rows=(2, 1024, 2))]
+    # session 9: taller / wider fused tiles (Nsight: the 32 x 128 tile's column pieces are 32-byte store
+    # requests, 2.3 sectors per L2 write request against 5.5 for rowwise FP8)
+    t8 += pk(((64, 128, 2), (64, 128, 4))) + wd(((64, 128, 4), (128, 64, 4))) + un(
+        ((2, 128, 64, 4), (2, 128, 128, 4), (2, 64, 128, 2)))
+    fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}
     t4 = [("default", None), ("no words", {"col_fp4_words": False}),
           sp("c256x64w4", block_r=256, num_warps=4), sp("r1x1024rb4", split_rows=(1, 1024, 4)),
           sp("r1x1024rb8", split_rows=(1, 1024, 8)), sp("c256x64w4 r4x1024rb2", block_r=256, num_warps=4,
                                                         split_rows=(4, 1024, 2)),
-          sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2))]
+          sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2))] + [
+        (f"fused {r}x{c}w{w}", dict(fz, block_r=r, block_c=c, num_warps=w))
+        for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)

@@ -23,6 +23,8 @@ M=$M,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
 M=$M,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum
 M=$M,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+M=$M,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active
+M=$M,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum
 PYTHONPATH=src ncu --profile-from-start off --clock-control none --metrics "$M" \
     python3 scripts/ncu_quantize.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
 rc=$?

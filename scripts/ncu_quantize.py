@@ -26,6 +26,7 @@ cases = {
     "rows fp8": quant("mxfp8_e4m3", -1), "rows fp4": quant("mxfp4_e2m1", -1), "rows fp6": quant("mxfp6_e2m3", -1),
     "cols fp8": quant("mxfp8_e4m3", 0), "cols fp4": quant("mxfp4_e2m1", 0), "cols fp6": quant("mxfp6_e2m3", 0),
     "castT fp8": lambda: kq._cast_transpose_impl(x, "mxfp8_e4m3", "floor", "rne", "plain"),
+    "castT fp4": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain"),
     "castT fp6": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain"),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
 }

@@ -150,7 +150,8 @@ def _interpret_checks() -> int:
         # thread: the FP8 / FP6 / MXINT8 columnwise and FP6 cast-transpose default) on every format: a batch,
         # ragged R and C tiles, scale_t, a layout per format; in the fused and the split cast-transpose too
         x = rand_tensor((2, 160, 40), 1, generator=g, dtype=dts[(i + 2) % 3], nonfinite=True)
-        cfg = QuantizeConfig((128, 64, 32)[i % 3], (64, 16, 32)[i % 3], (4, 2, 1)[i % 3], False,
+        # (256 x 64 on eight warps: the FP8 columnwise default from 256 rows; one ragged tile here)
+        cfg = QuantizeConfig((128, 64, 32, 256)[i % 4], (64, 16, 32, 64)[i % 4], (4, 2, 1, 8)[i % 4], False,
                              col_units=1 + i % 2, scale_t=(i % 2 == 1))
         q, s = _quantize_impl(x, fmt, 1, "ceil", rnd, lay, cfg=cfg)
         ref = quantize_reference(x, fmt, axis=1, scale_mode="ceil", rounding=rnd)

@@ -173,7 +173,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Columnwise (blocks along R): FP8 / FP6 / MXINT8 with col_units on 128 x 64 tiles, a warp per 32-row block
     (2-element loads put the lanes along the columns; each thread packs whole units along R, and a warp
     stores 96 contiguous bytes of an FP6 output row: FP6 366 -> 250 us, MXINT8 286 -> 245 us, FP8 216 -> 214
-    us; 1-element loads, 64- or 256-row tiles, program strips: slower). FP4 packs codes along R into 64-bit
+    us; 1-element loads, 64- or 256-row tiles, program strips: slower). FP8 since session 9 on 256 x 64 tiles
+    (8 warps) with its scales written directly: each column's 8 scale bytes of a tile are one 8-byte piece of
+    its scale row, so the transposed scale buffer and its second launch no longer pay (8192^2 60.0 -> 57.8
+    us, 16384^2 214.1 -> 210.4 us; 256 rows with scale_t, or scale_t off on 128 rows, gained at one size
+    only). FP4 packs codes along R into 64-bit
     units in-thread from 16-byte loads and transposes only those (col_packed + col_wide: 16 codes per unit,
     built from two 32-bit halves; 32-bit units in session 5 took FP4 295 -> 230 us; 64-bit: 220 -> 191 us;
     col_units: 197 us) on 256 x 64 tiles, a warp per 64 rows (fewer when the tile has fewer than 64 units x
@@ -194,9 +198,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     only the 1-byte codes transposed, in strips of 16 column tiles walked down R). MXINT8: the fused 32 x 64
     tile.
 
-    Plain column scales of FP8 / FP6 (and of the fused FP4 cast-transpose; not of columnwise FP6 since
-    col_units with the unit asm: 214 -> 209 us without) are written transposed ([R / 32,
-    B * C]) and a tiled byte transpose moves them into place (scale_t; session 4: columnwise FP6 485 -> 367 us,
+    Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
+    since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)
+    are written transposed ([R / 32, B * C]) and a tiled byte transpose moves them into place (scale_t;
+    session 4: columnwise FP6 485 -> 367 us,
     cast-transpose FP8 427 -> 401 us; session 5: columnwise FP8 243 -> 236 us; FP4 columns: no gain since
     col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the
     call with its second launch (80-160 us) outran the bench's 100 us GPU spin, while the device time barely
@@ -222,7 +227,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
             block_r, c_max = (256 if R >= 256 else r128), 64
             warps = max(1, block_r // 64)
-        else:  # FP8 / FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
+        elif fp8:  # col_units on 256 x 64, a warp per 32-row block (session 9: 8192^2 60.0 -> 57.8 us)
+            block_r = 256 if R >= 256 else r128
+            c_max, warps, units = 64, block_r // 32, 2
+        else:  # FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
             block_r, c_max, warps, units = r128, 64, r128 // 32, 2
         packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
         group_c = 16 if f.bits == 6 and not units else 0
@@ -243,7 +251,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
                               split_rows=split, col_units=units, col_fp4_words=packed and f.bits == 4,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
-                                       and not (units and f.bits == 6 and not do_row) and B * R * C >= 1 << 26))
+                                       and not (units and not do_row) and B * R * C >= 1 << 26))
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)

@@ -121,6 +121,8 @@ def variants():
     # requests, 2.3 sectors per L2 write request against 5.5 for rowwise FP8)
     t8 += pk(((64, 128, 2), (64, 128, 4))) + wd(((64, 128, 4), (128, 64, 4))) + un(
         ((2, 128, 64, 4), (2, 128, 128, 4), (2, 64, 128, 2)))
+    # (run 4: "col_join", programs of two 32-row tiles storing both tiles' column words together as 64-byte
+    # pieces, was 10-35% slower on 32 x 64 / 32 x 128 tiles, 72-149 registers; removed)
     fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}
     t4 = [("default", None), ("no words", {"col_fp4_words": False}),
           sp("c256x64w4", block_r=256, num_warps=4), sp("r1x1024rb4", split_rows=(1, 1024, 4)),

@@ -121,6 +121,10 @@ def variants():
     # requests, 2.3 sectors per L2 write request against 5.5 for rowwise FP8)
     t8 += pk(((64, 128, 2), (64, 128, 4))) + wd(((64, 128, 4), (128, 64, 4))) + un(
         ((2, 128, 64, 4), (2, 128, 128, 4), (2, 64, 128, 2)))
+    # run 5: programs walking 4 / 8 tiles with each column's scale bytes stored as one word (SCALE_WORD), no
+    # transposed scale buffer and no second launch
+    t8 += [("rb4 sw", {"rblocks": 4, "scale_t": False}), ("rb8 sw", {"rblocks": 8, "scale_t": False}),
+           ("rb2", {"rblocks": 2})]
     # (run 4: "col_join", programs of two 32-row tiles storing both tiles' column words together as 64-byte
     # pieces, was 10-35% slower on 32 x 64 / 32 x 128 tiles, 72-149 registers; removed)
     fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}

@@ -16,9 +16,11 @@
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
 #   MXKIT_SKIP_BENCH=1     tests only
+#   MXKIT_FLUSH_READ       1 (default): the mxkit rows at 8192^2 / 16384^2 once more after a read flush (a cold,
+#                          clean L2; the main run flushes as do_bench, whose dirty lines each run writes back)
 #
 # Files in the results folder: gpu_check.log (everything printed), pytest_gpu.xml (junit), sanitizer.log
-# (only with MXKIT_SANITIZE=1), bench_quantize.{csv,json,png}, summary.txt.
+# (only with MXKIT_SANITIZE=1), bench_quantize.{csv,json,png}, bench_quantize_flush_read.json, summary.txt.
 # Exit status: 0 when the tests passed and the benchmark ran with every mxkit output matching the reference.
 
 set -u -o pipefail
@@ -107,6 +109,15 @@ else
     BENCH_RC=$?
 fi
 say "bench rc=$BENCH_RC (1 = an mxkit output differs from the reference)"
+if [ "${MXKIT_SKIP_BENCH:-0}" != 1 ] && [ "${MXKIT_FLUSH_READ:-1}" = 1 ]; then
+    # the same rows after a read flush: without the ~5 us per run of writing back the zero-fill's dirty lines
+    say "python3 -m mxkit.bench quantize --flush read (mxkit rows only)"
+    TMPB="$(mktemp -d)"
+    python3 -m mxkit.bench quantize --flush read --peers none --shapes 8192x8192,16384x16384 --out "$TMPB" \
+        --time-budget-s 90 2>&1 | tail -3 | tee -a "$LOG"
+    cp "$TMPB/bench_quantize.json" "$RESULTS/bench_quantize_flush_read.json" 2>/dev/null
+    rm -rf "$TMPB"
+fi
 
 # 4. summary, printed last ------------------------------------------------------------------------------
 python3 - "$RESULTS" "$PYTEST_RC" "$SAN_RC" "$BENCH_RC" "$(($(date +%s) - T0))" <<'PY' 2>&1 | tee "$RESULTS/summary.txt" | tee -a "$LOG"
@@ -145,14 +156,23 @@ print(f"bench: rc {bench_rc}; {env.get('gpu')}; torch {env.get('torch')}, triton
       f"CUDA {env.get('cuda')}; copy {env.get('copy_gbps')} GB/s; L2 flush {env.get('l2_flush', 'write')}; "
       f"{env.get('date_utc')}")
 key = [r for r in rows if r["impl"] == "mxkit" and r["shape"] in ("8192x8192", "16384x16384")]
+try:  # the same rows after a read flush (cold, clean L2), when that run happened
+    rd = json.loads((res / "bench_quantize_flush_read.json").read_text())
+    read_pct = {(r["op"], r["fmt"], r["shape"]): r["pct_copy"] for r in rd["rows"] if r["impl"] == "mxkit"}
+    print(f"%copy rd: the same rows after a read flush (clean L2), against that run's copy "
+          f"({rd['env'].get('copy_gbps')} GB/s)")
+except Exception:
+    read_pct = {}
 peer = {(r["op"], r["fmt"], r["shape"]): r for r in rows if r["impl"] == "reference-compiled"}
 f = lambda v, spec: format(v, spec) if v is not None else "n/a".rjust(int(spec.split(".")[0]))
-hdr = f"{'op':15s} {'format':11s} {'shape':12s} {'us':>9s} {'GB/s':>6s} {'%copy':>6s} {'x ref':>6s} {'ref us':>9s} check"
+hdr = (f"{'op':15s} {'format':11s} {'shape':12s} {'us':>9s} {'GB/s':>6s} {'%copy':>6s} {'x ref':>6s} {'ref us':>9s} "
+       f"check {'%copy rd':>8s}")
 print(hdr)
 for r in key:
     p = peer.get((r["op"], r["fmt"], r["shape"]), {})
     line = (f"{r['op']:15s} {r['fmt']:11s} {r['shape']:12s} {f(r['us'], '9.1f')} {f(r['gbps'], '6.0f')} "
-            f"{f(r['pct_copy'], '6.1f')} {f(r['vs_ref'], '6.2f')} {f(p.get('us'), '9.1f')} {r['check'] or '-'}")
+            f"{f(r['pct_copy'], '6.1f')} {f(r['vs_ref'], '6.2f')} {f(p.get('us'), '9.1f')} {(r['check'] or '-'):5s} "
+            f"{f(read_pct.get((r['op'], r['fmt'], r['shape'])), '8.1f')}")
     if r["status"] != "ok":
         line += f"  [{r['status']}: {r['note'][:60]}]"
     print(line)

@@ -209,18 +209,21 @@ def _interpret_checks() -> int:
             assert_bytes_equal(o[1], ref.scale, f"cast-transpose col_direct {fmt} axis={a} scale")
         # programs walking 8 / 4 / 2 tiles down R: one 8- or 4-byte scale word per column (plain layout,
         # R a multiple of the span), a batch of 3, a span that does not divide R (bytes, masked), a swizzled
-        # layout (bytes), cast-transpose
-        for shape, axis, rb, layout in (((256, 40), 0, 8, "plain"), ((3, 128, 40), 1, 4, "plain"),
-                                        ((96, 40), 0, 2, "plain"), ((128, 40), 0, 4, "nvidia_128x4")):
+        # layout (bytes), cast-transpose; the column path rotates (col_direct, col_packed, the raw transpose:
+        # the packed path stores its own scales, so it takes no scale word)
+        for k, (shape, axis, rb, layout) in enumerate((((256, 40), 0, 8, "plain"), ((3, 128, 40), 1, 4, "plain"),
+                                                       ((96, 40), 0, 2, "plain"), ((128, 40), 0, 4, "nvidia_128x4"))):
             x = rand_tensor(shape, axis, generator=g, dtype=dt)
-            cfg = QuantizeConfig(32, 16, 1, False, col_direct=(i % 2 == 0), rblocks=rb)
+            cfg = QuantizeConfig(32, 16, 1, False, col_direct=((i + k) % 3 == 0), col_packed=((i + k) % 3 == 1),
+                                 rblocks=rb)
             q, s = _quantize_impl(x, fmt, axis, mode, rnd, layout, cfg=cfg)
             ref = quantize_reference(x, fmt, axis=axis, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(q, ref.qdata, f"rblocks={rb} {fmt} {shape} qdata")
             assert_bytes_equal(s, ref.scale if layout == "plain" else _ref_layout(ref.scale, layout),
                                f"rblocks={rb} {fmt} {shape} scale")
         x = rand_tensor((128, 64), -1, generator=g, dtype=dt)
-        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=QuantizeConfig(32, 32, 1, False, rblocks=4))
+        outs = _cast_transpose_impl(x, fmt, mode, rnd, "plain",
+                                    cfg=QuantizeConfig(32, 32, 1, False, rblocks=4, col_packed=(i % 2 == 1)))
         for o, a in zip((outs[:2], outs[2:]), (-1, 0)):
             ref = quantize_reference(x, fmt, axis=a, scale_mode=mode, rounding=rnd)
             assert_bytes_equal(o[0], ref.qdata, f"cast-transpose rblocks=4 {fmt} axis={a} qdata")

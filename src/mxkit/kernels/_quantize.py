@@ -1057,7 +1057,9 @@ def _quantize_kernel(
         # FP4 through bf16x2 (HW_CVT, bf16 inputs only): the quantizer takes the bf16 bits as loaded
         RAW16: tl.constexpr = HW_CVT and BITS == 4 and IN_KIND == IN_BF16_BITS
         if SCALE_WORD:
-            tl.static_assert(DO_COL and (RB == 4 or RB == 8) and LAYOUT_C == LAYOUT_PLAIN)
+            # (the packed / unit column paths store their scales themselves)
+            tl.static_assert(DO_COL and (RB == 4 or RB == 8) and LAYOUT_C == LAYOUT_PLAIN
+                             and not (COL_PACKED or COL_UNITS > 0 or COL_FP4W))
             word = tl.zeros([BLOCK_C, 1], dtype=tl.int64 if RB == 8 else tl.int32)
         for i in tl.range(0, RB, num_stages=1):  # a real loop (unrolled, it spilled registers)
             r0 = (pr * RB + i) * BLOCK_R

@@ -539,7 +539,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
         COL_DIRECT=bool(cfg.col_direct and do_col and not units), GROUP_C=cfg.group_c, RB=rb,
         SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0
-                        and scale_t is None and not units),
+                        and scale_t is None and not units and not packed),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
         COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,

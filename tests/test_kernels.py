@@ -822,6 +822,9 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
                     scale_t=True, split_rows=(2, 128, 4), fp6_asm=True),
                  QC(64, 64, 2, False, 2, col_units=2, hw_cvt=hw, fp6_asm=True)]
     col_cfgs += [QC(32, 64, 1, False, rblocks=4)]  # scale words (plain layout, R a multiple of 128)
+    # rblocks on packed tiles (the FP8 / FP4 cast-transpose default tile): no scale word, the packed path stores
+    # its own scales (session 9: the scale word had overwritten them)
+    col_cfgs += [QC(32, 128, 2, False, col_packed=True, rblocks=4, mode_const=True, hw_cvt=hw)]
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
         col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),

@@ -136,6 +136,8 @@ def variants():
         (f"fused {r}x{c}w{w}", dict(fz, block_r=r, block_c=c, num_warps=w))
         for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
+    # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
+    # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]
     # sw: lane pairs swap half groups (shfl) so the stores write whole sectors (default since session 4)
     # session 7 run 8: the FP6 group decode asm (default since) against the per-element decode, and tiles

@@ -125,6 +125,8 @@ def variants():
     # transposed scale buffer and no second launch
     t8 += [("rb4 sw", {"rblocks": 4, "scale_t": False}), ("rb8 sw", {"rblocks": 8, "scale_t": False}),
            ("rb2", {"rblocks": 2})]
+    # (run 7: "one_load", the rowwise half computed from the column tile's registers so the tile is read once:
+    # 2-4% slower on 32 x 128, 4-30x slower where four warps split the tile's blocks; removed)
     # (run 4: "col_join", programs of two 32-row tiles storing both tiles' column words together as 64-byte
     # pieces, was 10-35% slower on 32 x 64 / 32 x 128 tiles, 72-149 registers; removed)
     fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}

@@ -25,9 +25,14 @@ M=$M,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum
+# NCU_L2_BREAKDOWN=1: the sub-units of lts__throughput instead (session 9: the L2 fabric between the two
+# partitions, lts__ltcfabric2ltc_cycles_active, is the limit at 87-88% in every kernel)
+if [ "${NCU_L2_BREAKDOWN:-0}" = 1 ]; then
+    M=breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests.sum,lts__t_sectors.sum
+fi
 PYTHONPATH=src ncu --profile-from-start off --clock-control none --metrics "$M" \
     python3 scripts/ncu_quantize.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
 rc=$?
-grep -E "ncu case|_kernel|__|ratio" "$RESULTS/ncu_raw.txt" | sed -E 's/ +/ /g' >"$RESULTS/ncu.txt"
+grep -E "ncu case|_kernel|__|ratio|lts" "$RESULTS/ncu_raw.txt" | sed -E 's/ +/ /g' >"$RESULTS/ncu.txt"
 cat "$RESULTS/ncu.txt"
 exit $rc

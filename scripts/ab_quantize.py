@@ -101,6 +101,8 @@ def variants():
     # session 9: the columnwise FP8 / FP6 tiles again at 8192^2 (2 / 5 points under their targets there)
     cu = un(((2, 256, 64, 8), (2, 128, 128, 4), (2, 128, 32, 4))) + [("rb2", {"rblocks": 2})]
     c8 += [("st off", {"scale_t": False})] + cu + un(((2, 256, 64, 8),), scale_t=False)
+    # run 8: around the new default (256 x 64 on 8 warps, scales direct): all 10-50% slower
+    c8 += un(((2, 512, 64, 16), (2, 256, 32, 8), (1, 256, 64, 8)), scale_t=False) + [("rb2 new", {"rblocks": 2})]
     c6 += cu
     # session 8: col_fp4_words (bf16 pairs of adjacent columns, one asm per pair packing both columns' units)
     c4 = [("default", None), ("no words", {"col_fp4_words": False}), ("w 32-bit", {"col_wide": False}),

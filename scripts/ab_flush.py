@@ -1,40 +1,17 @@
 """How much of a timed run is the L2 flush's dirty lines? (session 9, benchmarks/h200-2026-11-22-s9/flush_probe.txt)
 
-Times copies and the production quantize kernels (bf16 8192^2 and 16384^2, the 1 GiB copy) after
-(a) "dirty": a 256 MB zero-fill, the flush of triton's do_bench and of ``mxkit bench`` by default, which leaves
-the L2 holding the buffer's dirty lines for the timed run to write back, and (b) "clean": the zero-fill
-followed by a read of a second 256 MB buffer (a cold, clean L2; ``mxkit bench --flush read`` reads only).
-CUDA events around each run, a GPU spin before it, median of 60 runs. GPU only:
+Times copies and the production quantize kernels (bf16 8192^2 and 16384^2, the 1 GiB copy) with
+:func:`mxkit.bench.timing.cuda_event_bench` under both flushes: "write" (a 256 MB zero-fill, the flush of triton's
+do_bench and of ``mxkit bench`` by default, which leaves the L2 holding the buffer's dirty lines for the timed
+run to write back) and "read" (a read of the buffer: a cold, clean L2; ``mxkit bench --flush read``). GPU only:
 
     PYTHONPATH=src python3 scripts/ab_flush.py
 """
 
-import statistics
-
 import torch
 
+from mxkit.bench.timing import cuda_event_bench
 from mxkit.kernels import quantize as kq
-
-
-def bench(fn, mode, n=60):
-    f1 = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
-    f2 = torch.ones(64 << 20, dtype=torch.int32, device="cuda")
-    acc = torch.empty((), dtype=torch.int64, device="cuda")
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(n):
-        f1.zero_()
-        if mode == "clean":
-            acc.copy_(f2.sum())
-        torch.cuda._sleep(200000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        ts.append((s, e))
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in ts)
 
 
 def main():
@@ -59,9 +36,9 @@ def main():
     big = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)
     bigd = torch.empty_like(big)
     cases["copy 1GiB"] = (lambda: bigd.copy_(big), 4 * (1 << 28))
-    print(f"{'case':18s} {'dirty us':>9s} {'GB/s':>6s} {'clean us':>9s} {'GB/s':>6s}")
+    print(f"{'case':18s} {'write us':>9s} {'GB/s':>6s} {'read us':>9s} {'GB/s':>6s}")
     for k, (fn, nb) in cases.items():
-        d, c = bench(fn, "dirty"), bench(fn, "clean")
+        d, c = (cuda_event_bench(fn, 10.0, 50.0, spin_us=100.0, flush=m) for m in ("write", "read"))
         print(f"{k:18s} {d:9.1f} {nb / d / 1e3:6.0f} {c:9.1f} {nb / c / 1e3:6.0f}", flush=True)
 
 

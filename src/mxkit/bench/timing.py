@@ -16,7 +16,7 @@ Times are medians in microseconds.
 
 The flush (``flush``): ``"write"`` (default) zero-fills the buffer as ``do_bench`` does, which leaves the
 L2 full of the buffer's dirty lines, so every timed run also writes those back to DRAM (on an H200 about
-5 us per run, whatever the run's size: 8192^2 rowwise FP4 47.6 -> 41.7 us, the 1 GiB copy 257 -> 254 us;
+4-6 us per run, whatever the run's size: 8192^2 rowwise FP4 47.8 -> 42.1 us, the 1 GiB copy 257 -> 253 us;
 ``benchmarks/h200-2026-11-22-s9/flush_probe.txt``). ``"read"`` reads the buffer instead: the L2 is as cold
 but clean, and the time is the kernel's own traffic only.
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _clock_after(v):
+def _clock(v):
     # (v is an input only so the asm has a tensor to take its shape from; ptxas keeps clock reads in program
     # order, and the chain's loads are serialised through their addresses)
     return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [v], dtype=tl.int64, is_pure=False, pack=1)
@@ -36,10 +36,10 @@ def _probe_kernel(buf_ptr, lat_ptr, sm_ptr, zero, n_chunks, CHUNK_WORDS: tl.cons
     acc = one
     for i in range(n_chunks):
         p = buf_ptr + i * CHUNK_WORDS
-        t0 = _clock_after(v)
+        t0 = _clock(v)
         for _ in tl.static_range(DEPTH):
             v = tl.load(p + (v & zero), cache_modifier=".cg")
-        t1 = _clock_after(v)
+        t1 = _clock(v)
         acc += v
         tl.store(lat_ptr + pid * n_chunks + i + tl.arange(0, 1), t1 - t0)
     tl.store(sm_ptr + pid + tl.arange(0, 1), sm + acc)  # (acc is 0: keeps the loads alive)

@@ -131,6 +131,26 @@ def variants():
     # 2-4% slower on 32 x 128, 4-30x slower where four warps split the tile's blocks; removed)
     # (run 4: "col_join", programs of two 32-row tiles storing both tiles' column words together as 64-byte
     # pieces, was 10-35% slower on 32 x 64 / 32 x 128 tiles, 72-149 registers; removed)
+    # session 10: fp8_words (4 codes made and masked as one 32-bit word: no per-byte unpack / select / repack)
+    t8 += [("fp8w", {"fp8_words": True}), ("fp8w 32x64w1", {"fp8_words": True, "block_c": 64, "num_warps": 1}),
+           ("fp8w 64x128w4", {"fp8_words": True, "block_r": 64, "num_warps": 4}),
+           ("fp8w 64x64w2", {"fp8_words": True, "block_r": 64, "block_c": 64})] + [
+        (f"fp8w {n}", dict(kw, fp8_words=True)) for n, kw in un(((2, 256, 64, 8), (2, 128, 64, 4), (2, 64, 64, 2),
+                                                                  (2, 128, 128, 8), (2, 64, 128, 4)))]
+    c8 += [("fp8w", {"fp8_words": True}), ("fp8 s9", {"fp8_words": False})]
+    # (runs 3-4, 6: "pairs", the col_units tile read as bf16 pairs of adjacent columns (words), the max.u16x2 amax
+    # in-thread and one asm per unit of a column pair: fewer registers and instructions, yet the FP8
+    # cast-transpose 2-20% slower (also with its rows read as pairs), columnwise FP8 / FP4 equal, a fused FP4
+    # cast-transpose with it 20-100% slower than the split one; removed)
+    t8 += [
+        ("s9", {"fp8_words": False, "col_units": 0, "col_packed": True, "block_r": 32, "num_warps": 2})] + [
+        (f"d {r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w})
+        for r, c, w in ((64, 256, 8), (64, 128, 8), (64, 128, 2), (128, 128, 4), (64, 64, 4), (32, 256, 4),
+                        (32, 128, 4), (64, 256, 4))] + [("st0", {"scale_t": False})] + [
+        (f"st0 {r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w, "scale_t": False})
+        for r, c, w in ((128, 128, 4), (64, 256, 4), (128, 64, 4), (256, 64, 8), (128, 128, 8))]
+    r8 += [("fp8 s9", {"fp8_words": False}), ("fp8w", {"fp8_words": True}),
+           ("fp8w 8x512w4", {"fp8_words": True, "block_c": 512, "num_warps": 4})]
     fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}
     t4 = [("default", None), ("no words", {"col_fp4_words": False}),
           sp("c256x64w4", block_r=256, num_warps=4), sp("r1x1024rb4", split_rows=(1, 1024, 4)),

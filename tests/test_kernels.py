@@ -457,6 +457,13 @@ def test_opt_in_paths_compile_for_sm90(variant):
                                ("mxint8", False, 2)):
             assert quant(fmt, False, True, 128, 64, 4, HW_CVT=hw, COL_UNITS=units, SCALE_MODE=0, DENORM=0,
                          FP6_ASM=hw) > 0
+        # session 10: FP8 codes made and masked as words (rows: the mask inside the cvt asm; columns: col_packed
+        # 32-bit units and col_units), alone and in the fused cast-transpose, E4M3 / E5M2, fp32 / fp16 inputs
+        assert quant("mxfp8_e4m3", True, True, 32, 128, 2, HW_CVT=True, COL_PACKED=True, FP8_WORDS=True,
+                     SCALE_MODE=0, DENORM=0) > 0
+        assert quant("mxfp8_e5m2", True, False, 8, 1024, 8, HW_CVT=True, FP8_WORDS=True, IN_KIND=0) > 0
+        assert quant("mxfp8_e4m3", False, True, 256, 64, 8, HW_CVT=True, COL_UNITS=2, FP8_WORDS=True, IN_KIND=2,
+                     SCALE_MODE=2, DENORM=2) > 0
         for fmt in ("mxfp6_e2m3", "mxfp6_e3m2"):
             assert quant(fmt, True, False, 4, 512, 2, RB=4, SCALE_MODE=0, FP6_WORDS=True, HW_CVT=True,
                          FP6_ASM=True, DENORM=2) > 0
@@ -797,6 +804,8 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         # session 7: rowwise FP6 through the unit asm (the default), also with fp32-denormal inputs rebuilt
         row_cfgs += [QC(4, 512, 2, False, rblocks=4, fp6_words=True, fp6_asm=True, **mc),
                      QC(2, 256, 1, False, 2, fp6_words=True, fp6_asm=True, **mc)]
+        # session 10: FP8 with the bad-block mask inside the cvt asm (fp8_words), also with fp32 denormals rebuilt
+        row_cfgs += [QC(8, 1024, 8, False, fp8_words=True, **mc), QC(16, 256, 4, False, 2, fp8_words=True, **mc)]
         col_cfgs += [QC(32, 64, 2, False, group_c=3, **mc), QC(32, 64, 2, False, col_direct=True, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=8, **mc),
                      QC(32, 64, 1, False, col_direct=True, rblocks=4, **mc)]
@@ -826,6 +835,12 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
     # its own scales (session 9: the scale word had overwritten them)
     col_cfgs += [QC(32, 128, 2, False, col_packed=True, rblocks=4, mode_const=True, hw_cvt=hw)]
     col_cfgs += [QC(32, 64, 1, False, col_direct=True, group_c=16, scale_t=True)]  # scales via a transposed buffer
+    # session 10: FP8 unit words straight from the cvt asm (fp8_words) on col_packed 32-bit units (the FP8
+    # cast-transpose default) and col_units (the columnwise FP8 default), runtime mode with fp32 denormals rebuilt
+    col_cfgs += [QC(32, 128, 2, False, col_packed=True, fp8_words=True, mode_const=True, hw_cvt=hw),
+                 QC(256, 64, 8, False, col_units=2, fp8_words=True, mode_const=True, hw_cvt=hw),
+                 QC(64, 64, 2, False, 2, col_units=2, fp8_words=True, hw_cvt=hw),
+                 QC(32, 64, 1, False, 2, col_packed=True, fp8_words=True, hw_cvt=hw, scale_t=True)]
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
         col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),
                      QC(32, 64, 1, False, fp6_words=True, col_direct=True)]
@@ -1437,6 +1452,40 @@ def test_fp4_pairs_asm_packs_and_masks():
     ok = _finite16(x).all(-1).all(-1) | (keep == 0)  # (a block with Inf / NaN has keep 0)
     assert torch.equal(got[ok], want[ok]), f"{int((got != want)[ok].sum())} words differ"
     assert torch.equal(got[keep == 0], torch.zeros_like(got[keep == 0]))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("keep", [False, True])
+def test_fp8x4_asm_matches_encode(fmt, keep):
+    """The FP8 cvt asm (``_quantize._fp8x4_asm``: four fp32 values -> four code bytes in element order; with
+    keep, each code zeroed by its own keep word, as ``_cvt_fp8_rn_keep`` masks a NaN / Inf block's codes and
+    ``_fp8_words`` makes a unit's word) on the CPU: every FP8 grid value and every tie between neighbours,
+    one fp32 ulp either side, both signs and signed zeros, fp32 subnormals and saturating values equal
+    :func:`mxkit.formats.encode_elements` (RNE), byte for byte."""
+    from mxkit.formats import decode_elements, encode_elements, get_format
+    from mxkit.kernels._quantize import _fp8x4_asm
+
+    f = get_format(fmt)
+    g = torch.Generator().manual_seed(10)
+    grid = decode_elements(torch.arange(128, dtype=torch.uint8), fmt)
+    grid = grid[torch.isfinite(grid)].to(torch.float32)
+    mids = (grid[1:] + grid[:-1]) / 2  # exact in fp32: ties
+    vals = torch.cat([grid, mids, torch.nextafter(mids, torch.tensor(0.0)), torch.nextafter(mids, torch.tensor(1e30)),
+                      torch.tensor([f.max_normal * 1.5, 2.0**20, 1e-40, 2.0**-126, 0.0])])
+    vals = torch.cat([vals, -vals])
+    vals = torch.cat([vals, torch.zeros(-vals.numel() % 4)])[torch.randperm(vals.numel() + (-vals.numel() % 4),
+                                                                            generator=g)]
+    v = vals.reshape(-1, 4)
+    kw = torch.where(torch.rand(v.shape, generator=g) < 0.25, 0, 0xFFFFFFFF)
+    ops = {f"${1 + i}": v[:, i].view(torch.int32).to(torch.int64) & 0xFFFFFFFF for i in range(4)}
+    if keep:
+        ops.update({f"${5 + i}": kw[:, i] for i in range(4)})
+    got = _run_ptx_subset(_fp8x4_asm(f.mbits, keep), ops)["$0"]
+    codes = encode_elements(v, fmt, "rne").to(torch.int64)
+    if keep:
+        codes = torch.where(kw == 0, 0, codes)
+    want = (codes << (8 * torch.arange(4))).sum(-1)
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {got.numel()} words differ"
 
 
 @pytest.mark.parametrize("rows", [8, 16])

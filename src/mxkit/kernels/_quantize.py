@@ -31,6 +31,9 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
     mask applied inside the asm, :func:`_rows_fp4_pairs`; COL_FP4W (columnwise, with COL_PACKED): pairs of
     adjacent columns, one asm per pair packing both columns' units, :func:`_cols_fp4_words`.
   - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
+  - FP8_WORDS (FP8, session 10): four codes made and masked as one 32-bit word, the bad-block mask inside the
+    cvt asm (rowwise, :func:`_cvt_fp8_rn_keep`) or each unit's word straight from the asm (COL_PACKED 32-bit
+    units and COL_UNITS, :func:`_fp8_words`).
 * HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`.
 * ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_UNITS (columnwise FP8 / FP6 / MXINT8, the columns of the FP6 cast-transpose): the tile loaded with 2-
@@ -165,19 +168,80 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
     return byte, x
 
 
+def _fp8x4_asm(mbits: int, keep: bool) -> str:
+    """PTX: four fp32 values ($1 .. $4) -> their FP8 codes (E4M3: mbits 3, E5M2: 2) in the bytes of $0, element
+    order, through ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (in the x2 form the FIRST source lands in the UPPER
+    byte, hence ($2, $1) for bytes (0, 1)). keep: four more inputs ($5 .. $8, -1 to keep a code, 0 to zero
+    it), whose low bytes become a byte mask (3 prmt) ANDed onto the codes."""
+    t = "e4m3x2" if mbits == 3 else "e5m2x2"
+    cvt = f"cvt.rn.satfinite.{t}.f32 lo, $2, $1; cvt.rn.satfinite.{t}.f32 hi, $4, $3; "
+    if not keep:
+        return "{ .reg .b16 lo, hi; " + cvt + "mov.b32 $0, {lo, hi}; }"
+    return ("{ .reg .b16 lo, hi; .reg .b32 w, k01, k23, k; " + cvt + "mov.b32 w, {lo, hi}; "
+            "prmt.b32 k01, $5, $6, 0x0040; prmt.b32 k23, $7, $8, 0x0040; prmt.b32 k, k01, k23, 0x5410; "
+            "and.b32 $0, w, k; }")
+
+
+_FP8X4_E4M3 = tl.constexpr(_fp8x4_asm(3, False))
+_FP8X4_E5M2 = tl.constexpr(_fp8x4_asm(2, False))
+_FP8X4_KEEP_E4M3 = tl.constexpr(_fp8x4_asm(3, True))
+_FP8X4_KEEP_E5M2 = tl.constexpr(_fp8x4_asm(2, True))
+
+
 @triton.jit
 def _cvt_fp8_rn(vbits, MBITS: tl.constexpr):
     """fp32 bits -> FP8 bytes (uint8) with the hardware ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (sm_89+):
-    one IEEE round-to-nearest-even from fp32, saturating to +-max_normal. Four elements per asm block; in
-    the x2 form the FIRST source lands in the UPPER byte, hence ($2, $1) for bytes (0, 1)."""
+    one IEEE round-to-nearest-even from fp32, saturating to +-max_normal. Four elements per asm block
+    (:func:`_fp8x4_asm`)."""
+    tl.static_assert(MBITS == 3 or MBITS == 2)
     if MBITS == 3:
-        asm: tl.constexpr = ("{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
-                             "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }")
+        asm: tl.constexpr = _FP8X4_E4M3
     else:
-        tl.static_assert(MBITS == 2)
-        asm: tl.constexpr = ("{ .reg .b16 lo, hi; cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1; "
-                             "cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }")
+        asm: tl.constexpr = _FP8X4_E5M2
     return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [vbits], dtype=tl.uint8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _cvt_fp8_rn_keep(vbits, keep, MBITS: tl.constexpr):
+    """:func:`_cvt_fp8_rn` with the bad-block mask applied inside the asm: keep (int32, -1 to keep the code, 0
+    for a NaN / Inf block's 0) per element. Four elements per asm block, each with its own keep (any layout:
+    the four need not share a block). A ``tl.where`` on the uint8 codes instead had every byte unpacked,
+    selected and repacked (11 ALU instructions per four codes; session 10)."""
+    tl.static_assert(MBITS == 3 or MBITS == 2)
+    if MBITS == 3:
+        asm: tl.constexpr = _FP8X4_KEEP_E4M3
+    else:
+        asm: tl.constexpr = _FP8X4_KEEP_E5M2
+    return tl.inline_asm_elementwise(asm, "=r,r,r,r,r,r,r,r,r", [vbits, keep], dtype=tl.uint8, is_pure=True,
+                                     pack=4)
+
+
+@triton.jit
+def _split4(t, A: tl.constexpr, B: tl.constexpr):
+    """[A, B, 4] -> its four [A, B] slices along the last dim (register renames when the 4 are in-thread)."""
+    x0, x1 = tl.split(tl.reshape(t, [A, B, 2, 2]))  # x_j[., ., i]: element 2i + j
+    e0, e2 = tl.split(x0)
+    e1, e3 = tl.split(x1)
+    return e0, e1, e2, e3
+
+
+@triton.jit
+def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
+    """Scaled values v [A, B, 4] (fp32, the exact x * 2^-X; the 4 of a word in one thread's registers) and
+    bad [A, B, 4] (int32, nonzero in a NaN / Inf block; a broadcast, so v's layout) -> int32 words [A, B]: the
+    four FP8 codes little-endian (element 0 in the low byte), rounded by ``cvt.rn.satfinite`` as in
+    :func:`_cvt_fp8_rn`, 0 where bad. One asm and one select per word: the per-code ``tl.where`` on uint8
+    codes had every byte unpacked, selected and repacked (11 ALU instructions per word; session 10). bad goes
+    through the same reshape and splits as v, so the select needs no layout conversion."""
+    e0, e1, e2, e3 = _split4(v.to(tl.int32, bitcast=True), A, B)
+    m, _m1, _m2, _m3 = _split4(bad, A, B)
+    tl.static_assert(MBITS == 3 or MBITS == 2)
+    if MBITS == 3:
+        asm: tl.constexpr = _FP8X4_E4M3
+    else:
+        asm: tl.constexpr = _FP8X4_E5M2
+    w = tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [e0, e1, e2, e3], dtype=tl.int32, is_pure=True, pack=1)
+    return tl.where(m != 0, 0, w)
 
 
 # One E2M1 code per 16-bit half of a bf16 pair ({x}: the pair, {f}: the pair's block factors 2^-X, {d}: the
@@ -496,7 +560,7 @@ def _fp6_asm_words(o, k, bad, AX: tl.constexpr):
 @triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
-            DENORM: tl.constexpr, HW_CVT: tl.constexpr = False):
+            DENORM: tl.constexpr, HW_CVT: tl.constexpr = False, KEEP_ASM: tl.constexpr = False):
     """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape.
 
     HW_CVT and FP4 (bf16 inputs, RNE; GPU only): :func:`_fp4_bf16x2`.
@@ -507,7 +571,7 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
     the same bits below the sign: so v is clamped to +-max_normal (on the grid: same as rounding then
     saturating), scaled exactly, rounded by the FP8 cvt (same grid, same ties-to-even), and the sign moved
     from bit 7 to bit 5. fp32-subnormal v round to a signed zero either way; NaN / Inf blocks are masked to 0
-    afterwards."""
+    afterwards (KEEP_ASM, FP8 with HW_CVT: inside the cvt asm, :func:`_cvt_fp8_rn_keep`)."""
     if HW_CVT and BITS == 4:
         # FP4 from bf16 inputs (the launcher enables it only for them): bf16x2 arithmetic, see _fp4_bf16x2
         tl.static_assert(not IS_INT and not AWAY)
@@ -526,6 +590,9 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             v = tl.minimum(tl.maximum(v, -MAX_NORMAL), MAX_NORMAL) * (0.015625 if MBITS == 3 else 0.000244140625)
             b8 = _cvt_fp8_rn(v.to(tl.int32, bitcast=True), MBITS).to(tl.int32)
             code = ((b8 >> 2) & 0x20) | (b8 & 0x1F)
+        elif KEEP_ASM:
+            code = _cvt_fp8_rn_keep(v.to(tl.int32, bitcast=True), tl.broadcast_to(tl.where(bad, 0, -1), v.shape),
+                                    MBITS)
         else:
             code = _cvt_fp8_rn(v.to(tl.int32, bitcast=True), MBITS)
     else:
@@ -566,22 +633,24 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             # one expression covers subnormals, the subnormal -> normal carry and the binade carry
             code = ((ef - (EMIN + 127)) << MBITS) + n
             code = code | ((xbits >> 31) & (1 << (BITS - 1)))  # sign kept on zero results
-    return tl.where(bad, 0, code)
+    if not (KEEP_ASM and HW_CVT and BITS == 8):  # (else masked inside the asm)
+        code = tl.where(bad, 0, code)
+    return code
 
 
 @triton.jit
 def _encode_tile(b3, xb, x, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                  IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
-                 HW_CVT: tl.constexpr):
+                 HW_CVT: tl.constexpr, KEEP_ASM: tl.constexpr = False):
     """_encode of a tile with the DENORM policy applied: x is the 2-D tile of block exponents (xb broadcast)."""
     if DENORM == DENORM_BRANCH:
         if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT, KEEP_ASM)
         else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT)
+            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT, KEEP_ASM)
     else:
         codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
-                        HW_CVT)
+                        HW_CVT, KEEP_ASM)
     return codes
 
 
@@ -590,10 +659,11 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
                    scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr = False,
-                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1):
+                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1,
+                   KEEP_ASM: tl.constexpr = False):
     """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
     IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes).
-    RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16)."""
+    RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16). KEEP_ASM: see :func:`_encode`."""
     tl.static_assert(BC % 32 == 0)
     if IS3D:
         b3 = xbits
@@ -607,7 +677,7 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
-    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
+    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT, KEEP_ASM)
     if not IS3D:
         codes = tl.reshape(codes, [BR, BC])
     return codes, sbyte
@@ -840,7 +910,8 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
                  LAYOUT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
                  AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr, MODE: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, WIDE: tl.constexpr = False):
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, WIDE: tl.constexpr = False,
+                 FP8W: tl.constexpr = False):
     """COL_PACKED (blocks along R): rows r0 .. r0 + BLOCK_R, columns c, with the codes packed into 32-bit words
     before the transpose (WIDE, FP8 / MXINT8 / FP4: 8 / 16 codes into one 64-bit word, half the transposed
     elements). The tile is loaded as [W, J, BLOCK_C], element (w, j, c) at row r0 + J * w + j, where
@@ -849,8 +920,10 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     contiguous dims (w), so a tile wide enough to use up the warp's lanes on (c, w) leaves the J codes of a
     unit in one thread's registers: packing needs no exchange, and only the packed words are transposed (the
     1-byte code transpose of COL_DIRECT had shared-memory bank conflicts, the raw transpose 2-4 bytes per
-    element). Any layout gives the same bytes; only the speed depends on it. q_ptr: int32 words."""
+    element). Any layout gives the same bytes; only the speed depends on it. FP8W (FP8 with HW_CVT, 32-bit
+    units): each unit's word straight from :func:`_fp8_words`. q_ptr: int32 words."""
     tl.static_assert(not WIDE or BITS == 8 or BITS == 4)
+    tl.static_assert(not FP8W or (BITS == 8 and HW_CVT and not WIDE))
     J: tl.constexpr = 16 if BITS == 6 else (64 if WIDE else 32) // BITS
     W: tl.constexpr = BLOCK_R // J
     NB: tl.constexpr = BLOCK_R // 32
@@ -868,6 +941,15 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     xw = tl.reshape(tl.broadcast_to(x[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
     badw = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
     g = b * C + c  # output rows
+    if FP8W:
+        wcol = r0 // J + tl.arange(0, W)
+        wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
+        bad = tl.broadcast_to(badw.to(tl.int32)[:, None, :], [W, J, BLOCK_C])
+        words = _fp8_words(tl.permute(_scaled(bits, xw[:, None, :], DENORM), [0, 2, 1]), tl.permute(bad, [0, 2, 1]),
+                           W, BLOCK_C, MBITS)
+        tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
+        _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
+        return
     k = tl.arange(0, J)[None, :, None]
     codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
                          AWAY, DENORM, HW_CVT).to(tl.int32)  # [W, J, BC]
@@ -908,7 +990,7 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
                 BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
                 MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
                 HW_CVT: tl.constexpr, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                MASKED: tl.constexpr, VEC: tl.constexpr, UNIT_ASM: tl.constexpr = False):
+                MASKED: tl.constexpr, VEC: tl.constexpr, UNIT_ASM: tl.constexpr = False, FP8W: tl.constexpr = False):
     """COL_UNITS (blocks along R): rows r0 .. r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C, loaded as
     [BLOCK_C / VEC, NB, U, VEC, J] with element (l, n, u, v, j) at row r0 + 32n + Ju + j, column
     c0 + VEC * l + v, where J codes make one packed unit (FP6: 16 codes = 3 words; FP8 / MXINT8: 4 = 1 word;
@@ -919,8 +1001,8 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     16-byte loads put 8 columns x J rows in a thread for the same). The units' words reach the store through
     one layout conversion of [units, columns(, 4)]: a warp's store runs along the units of one output row
     (FP6: 32 lanes along (word, unit), word 3 repeating word 2 and masked; with BLOCK_R = 128, 96 contiguous
-    bytes = 3 whole 32-byte sectors, where COL_DIRECT's 32-row tiles wrote 24-byte pieces). q_ptr: int32
-    words."""
+    bytes = 3 whole 32-byte sectors, where COL_DIRECT's 32-row tiles wrote 24-byte pieces). FP8W (FP8 with
+    HW_CVT): each unit's word from :func:`_fp8_words`. q_ptr: int32 words."""
     J: tl.constexpr = 16 if BITS == 6 else 32 // BITS
     U: tl.constexpr = 32 // J
     NB: tl.constexpr = BLOCK_R // 32
@@ -948,6 +1030,13 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
         tl.static_assert(not AWAY)
         o = _fp6_units_hw(_fp6_asm_input(bits, x[:, :, None, None, :], DENORM, MBITS), MBITS, VEC)
         w0, w1, w2 = _fp6_asm_words(o, jj, bad, 2)  # [L, NB, U, VEC]
+    elif FP8W:
+        tl.static_assert(BITS == 8 and HW_CVT)
+        v = _scaled(bits, x[:, :, None, :, None], DENORM)  # [L, NB, U, VEC, J]
+        badu = tl.broadcast_to(bad.to(tl.int32)[:, :, :, :, None], [L, NB, U, VEC, J])
+        words = _fp8_words(tl.reshape(v, [L * NB * U, VEC, J]), tl.reshape(badu, [L * NB * U, VEC, J]),
+                           L * NB * U, VEC, MBITS)
+        words = tl.reshape(tl.permute(tl.reshape(words, [L, NB, U, VEC]), [1, 2, 0, 3]), [NB * U, BLOCK_C])
     else:
         codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]), bad[:, :, :, :, None],
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)
@@ -1001,7 +1090,7 @@ def _quantize_kernel(
     SCALE_WORD: tl.constexpr = False, SCALE_MODE: tl.constexpr = -1, FP6_WORDS: tl.constexpr = False,
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
     COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
-    COL_FP4W: tl.constexpr = False,
+    COL_FP4W: tl.constexpr = False, FP8_WORDS: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -1021,7 +1110,9 @@ def _quantize_kernel(
     COL_PACKED (DO_COL): :func:`_cols_packed`, which loads the tile in its own layout too (with DO_ROW, a reload).
     FP4_PAIRS (DO_ROW, FP4 from bf16 with HW_CVT): :func:`_rows_fp4_pairs`. COL_WIDE (with COL_PACKED, 8- or 4-bit
     elements): 64-bit packed units. COL_UNITS > 0 (DO_COL): :func:`_cols_units` with COL_UNITS-element
-    loads."""
+    loads. FP8_WORDS (FP8 with HW_CVT): the bad-block mask inside the cvt asm, rowwise
+    (:func:`_cvt_fp8_rn_keep`), and each unit's word straight from :func:`_fp8_words` in COL_PACKED columns of
+    32-bit units and in COL_UNITS columns."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -1083,21 +1174,21 @@ def _quantize_kernel(
             elif DO_ROW and not FP6_WORDS:
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS,
                                               MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
-                                              DENORM, HW_CVT, False, RAW16, SCALE_MODE)
+                                              DENORM, HW_CVT, False, RAW16, SCALE_MODE, FP8_WORDS)
                 _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, pc * BLOCK_C, C, colsp_r,
                                  BLOCK_R, BLOCK_C, BITS, LAYOUT_R, MASKED)
             if DO_COL and COL_UNITS > 0:
                 tl.static_assert(not SCALE_WORD)
                 _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
-                            BLOCK_R, BLOCK_C, MASKED, COL_UNITS, FP6_ASM)
+                            BLOCK_R, BLOCK_C, MASKED, COL_UNITS, FP6_ASM, FP8_WORDS)
             elif DO_COL and COL_FP4W:
                 _cols_fp4_words(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, LAYOUT_C, MBITS,
-                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED, COL_WIDE)
+                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED, 8)
             elif DO_COL and COL_PACKED:
                 _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
                              BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, HW_CVT, SCALE_MODE,
-                             BLOCK_R, BLOCK_C, MASKED, COL_WIDE)
+                             BLOCK_R, BLOCK_C, MASKED, COL_WIDE, FP8_WORDS and not COL_WIDE)
             elif DO_COL and COL_DIRECT:
                 codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), BLOCK_R, BLOCK_C, BITS, MBITS, EMIN, EMAX,
                                               IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, HW_CVT,

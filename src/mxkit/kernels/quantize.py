@@ -123,6 +123,9 @@ class QuantizeConfig:
     # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
     # fused kernel (both directions from each tile)
     split_rows: tuple = ()
+    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word (_quantize._fp8_words), in
+    # rowwise tiles (not row3d) and col_packed columns of 32-bit units (not col_wide)
+    fp8_words: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,15 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     tiles or one warp per 128 rows: slower; 512 x 64 on 8 warps 171 us, not taken for the program count of
     smaller problems).
 
-    Cast-transpose: FP8 fused (both directions from each 32 x 128 tile on two warps; col_packed: 403 ->
-    336 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
+    FP8 everywhere (session 10): fp8_words, each four codes made and masked as one 32-bit word (the bad-block
+    mask inside the cvt asm rowwise, unit words straight from the asm in col_units / col_packed columns; a
+    tl.where on the uint8 codes had unpacked, selected and repacked every byte): rowwise 54.0 -> 53.2 us at
+    8192^2, columnwise 57.9 -> 57.3 us, and the fused cast-transpose, whose ALU pipe had limited it (Nsight:
+    71%), 1480 -> 1192 SASS instructions.
+
+    Cast-transpose: FP8 fused (both directions from each tile; col_packed 32 x 128 on two warps: 403 -> 336
+    us; session 10: col_units columns on 64 x 128 tiles, four warps, with fp8_words: 335 -> 314 us, 8192^2
+    92.0 -> 84.5 us; 32 x 256 equal, other tiles and direct column scales slower). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
     region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain, also with
     col_units): FP4 columns 128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6
@@ -222,8 +232,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                 block_r, c_max, warps, split = r128, 64, 2, (2, rbc, 4)
             else:
                 block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, rbc, 4), 2
+        elif do_row and fp8:  # cast-transpose FP8: col_units columns on 64 x 128, 4 warps (session 10)
+            block_r, c_max, warps, units = r64, 128, r64 // 16, 2
         elif do_row:  # cast-transpose
-            block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else ((32, 128, 2) if fp8 else (32, 64, 1))
+            block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else (32, 64, 1)
         elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
             block_r, c_max = (256 if R >= 256 else r128), 64
             warps = max(1, block_r // 64)
@@ -251,7 +263,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
                               split_rows=split, col_units=units, col_fp4_words=packed and f.bits == 4,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
-                                       and not (units and not do_row) and B * R * C >= 1 << 26))
+                                       and not (units and not do_row) and B * R * C >= 1 << 26),
+                              fp8_words=fp8)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
@@ -270,7 +283,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
     return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
                           mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
-                          fp6_asm=f.is_float and f.bits == 6)
+                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -548,6 +561,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
+        FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and not (cfg.row3d and not do_col)
+                       and hw_cvt_ok(cfg, f, rnd, in_kind)),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE

@@ -137,7 +137,7 @@ def variants():
            ("fp8w 64x64w2", {"fp8_words": True, "block_r": 64, "block_c": 64})] + [
         (f"fp8w {n}", dict(kw, fp8_words=True)) for n, kw in un(((2, 256, 64, 8), (2, 128, 64, 4), (2, 64, 64, 2),
                                                                   (2, 128, 128, 8), (2, 64, 128, 4)))]
-    c8 += [("fp8w", {"fp8_words": True}), ("fp8 s9", {"fp8_words": False})]
+    c8 += [("fp8w", {"fp8_words": True}), ("fp8 s9", {"fp8_words": False})] + un(((4, 256, 128, 8), (4, 128, 128, 4)))
     # (runs 3-4, 6: "pairs", the col_units tile read as bf16 pairs of adjacent columns (words), the max.u16x2 amax
     # in-thread and one asm per unit of a column pair: fewer registers and instructions, yet the FP8
     # cast-transpose 2-20% slower (also with its rows read as pairs), columnwise FP8 / FP4 equal, a fused FP4
@@ -148,7 +148,9 @@ def variants():
         for r, c, w in ((64, 256, 8), (64, 128, 8), (64, 128, 2), (128, 128, 4), (64, 64, 4), (32, 256, 4),
                         (32, 128, 4), (64, 256, 4))] + [("st0", {"scale_t": False})] + [
         (f"st0 {r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w, "scale_t": False})
-        for r, c, w in ((128, 128, 4), (64, 256, 4), (128, 64, 4), (256, 64, 8), (128, 128, 8))]
+        for r, c, w in ((128, 128, 4), (64, 256, 4), (128, 64, 4), (256, 64, 8), (128, 128, 8))] + [
+        (f"fp8w {n}", dict(kw, fp8_words=True)) for n, kw in un(((4, 64, 128, 4), (4, 64, 256, 8), (4, 128, 128, 4),
+                                                                  (4, 32, 256, 4), (1, 64, 128, 4)))]
     r8 += [("fp8 s9", {"fp8_words": False}), ("fp8w", {"fp8_words": True}),
            ("fp8w 8x512w4", {"fp8_words": True, "block_c": 512, "num_warps": 4})]
     fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}

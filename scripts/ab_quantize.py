@@ -137,6 +137,11 @@ def variants():
            ("fp8w 64x64w2", {"fp8_words": True, "block_r": 64, "block_c": 64})] + [
         (f"fp8w {n}", dict(kw, fp8_words=True)) for n, kw in un(((2, 256, 64, 8), (2, 128, 64, 4), (2, 64, 64, 2),
                                                                   (2, 128, 128, 8), (2, 64, 128, 4)))]
+    t8 += [("ev1", {"ct_evict": 1}), ("ev2", {"ct_evict": 2}), ("ev1 32x256w4", {"ct_evict": 1, "block_r": 32, "block_c": 256}),
+           ("ev2 32x256w4", {"ct_evict": 2, "block_r": 32, "block_c": 256}),
+           ("ev1 64x256w4", {"ct_evict": 1, "block_c": 256}), ("ev1 32x128w2", {"ct_evict": 1, "block_r": 32, "num_warps": 2}),
+           ("ev1 32x256w8", {"ct_evict": 1, "block_r": 32, "block_c": 256, "num_warps": 8}),
+           ("ev1 64x128w8", {"ct_evict": 1, "num_warps": 8})]
     c8 += [("fp8w", {"fp8_words": True}), ("fp8 s9", {"fp8_words": False})] + un(((4, 256, 128, 8), (4, 128, 128, 4)))
     # (runs 3-4, 6: "pairs", the col_units tile read as bf16 pairs of adjacent columns (words), the max.u16x2 amax
     # in-thread and one asm per unit of a column pair: fewer registers and instructions, yet the FP8
@@ -161,6 +166,8 @@ def variants():
           sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2))] + [
         (f"fused {r}x{c}w{w}", dict(fz, block_r=r, block_c=c, num_warps=w))
         for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
+    # (run 9: L2 eviction hints on the split FP4 / FP6 cast-transposes, row programs evict_last and column
+    # programs evict_first: 13-18% slower; the row hint alone: equal; removed)
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)

@@ -461,6 +461,8 @@ def test_opt_in_paths_compile_for_sm90(variant):
         # 32-bit units and col_units), alone and in the fused cast-transpose, E4M3 / E5M2, fp32 / fp16 inputs
         assert quant("mxfp8_e4m3", True, True, 32, 128, 2, HW_CVT=True, COL_PACKED=True, FP8_WORDS=True,
                      SCALE_MODE=0, DENORM=0) > 0
+        assert quant("mxfp8_e4m3", True, True, 32, 256, 4, HW_CVT=True, COL_UNITS=2, FP8_WORDS=True, CT_EVICT=1,
+                     SCALE_MODE=0, DENORM=0) > 0
         assert quant("mxfp8_e5m2", True, False, 8, 1024, 8, HW_CVT=True, FP8_WORDS=True, IN_KIND=0) > 0
         assert quant("mxfp8_e4m3", False, True, 256, 64, 8, HW_CVT=True, COL_UNITS=2, FP8_WORDS=True, IN_KIND=2,
                      SCALE_MODE=2, DENORM=2) > 0
@@ -840,7 +842,9 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
     col_cfgs += [QC(32, 128, 2, False, col_packed=True, fp8_words=True, mode_const=True, hw_cvt=hw),
                  QC(256, 64, 8, False, col_units=2, fp8_words=True, mode_const=True, hw_cvt=hw),
                  QC(64, 64, 2, False, 2, col_units=2, fp8_words=True, hw_cvt=hw),
-                 QC(32, 64, 1, False, 2, col_packed=True, fp8_words=True, hw_cvt=hw, scale_t=True)]
+                 QC(32, 64, 1, False, 2, col_packed=True, fp8_words=True, hw_cvt=hw, scale_t=True),
+                 # the cast-transpose's eviction hints (ct_evict 1: the FP8 default; 2: the rows' hint only)
+                 QC(32, 256, 4, False, col_units=2, fp8_words=True, ct_evict=2, mode_const=True, hw_cvt=hw)]
     if fmt.startswith("mxfp6"):  # cast-transpose with the rows through fp6_words (the columns reload the tile)
         col_cfgs += [QC(32, 32, 1, False, fp6_words=True, group_c=16, mode_const=True),
                      QC(32, 64, 1, False, fp6_words=True, col_direct=True)]

@@ -126,6 +126,9 @@ class QuantizeConfig:
     # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word (_quantize._fp8_words), in
     # rowwise tiles (not row3d) and col_packed columns of 32-bit units (not col_wide)
     fp8_words: bool = False
+    # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
+    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none)
+    ct_evict: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
 
     Cast-transpose: FP8 fused (both directions from each tile; col_packed 32 x 128 on two warps: 403 -> 336
     us; session 10: col_units columns on 64 x 128 tiles, four warps, with fp8_words: 335 -> 314 us, 8192^2
-    92.0 -> 84.5 us; 32 x 256 equal, other tiles and direct column scales slower). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
+    92.0 -> 84.5 us; other tiles and direct column scales slower; then the rows' load of the tile evict_last
+    and the columns' reload evict_first (ct_evict), on 32 x 256: 314 -> 304 us, 84.0 -> 82.0 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
     region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain, also with
     col_units): FP4 columns 128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6
@@ -232,8 +236,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                 block_r, c_max, warps, split = r128, 64, 2, (2, rbc, 4)
             else:
                 block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, rbc, 4), 2
-        elif do_row and fp8:  # cast-transpose FP8: col_units columns on 64 x 128, 4 warps (session 10)
-            block_r, c_max, warps, units = r64, 128, r64 // 16, 2
+        elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
+            block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
         elif do_row:  # cast-transpose
             block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else (32, 64, 1)
         elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
@@ -264,7 +268,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               split_rows=split, col_units=units, col_fp4_words=packed and f.bits == 4,
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and not (units and not do_row) and B * R * C >= 1 << 26),
-                              fp8_words=fp8)
+                              fp8_words=fp8, ct_evict=1 if (do_row and fp8) else 0)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
@@ -563,6 +567,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
         FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind)),
+        CT_EVICT=cfg.ct_evict if (do_row and do_col and units) else 0,
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE

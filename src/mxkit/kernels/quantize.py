@@ -123,8 +123,9 @@ class QuantizeConfig:
     # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
     # fused kernel (both directions from each tile)
     split_rows: tuple = ()
-    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word (_quantize._fp8_words), in
-    # rowwise tiles (not row3d) and col_packed columns of 32-bit units (not col_wide)
+    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles (not row3d)
+    # with the bad-block mask inside the cvt asm (_quantize._cvt_fp8_rn_keep), col_units columns and col_packed
+    # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
     fp8_words: bool = False
     # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
     # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none)

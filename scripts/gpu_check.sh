@@ -15,6 +15,10 @@
 #   MXKIT_PEER_SHAPES      shapes at which torch.compile peers run, compiled per shape (default 8192x8192,16384x16384)
 #   MXKIT_COMPILE_BUDGET   seconds of peer compiling before remaining peers become n/a (default 200)
 #   MXKIT_BENCH_BUDGET     seconds of benchmarking before remaining cases become n/a (default 240; --quick 120)
+#   MXKIT_WALL_BUDGET      seconds the whole check should take (default 560: the device tool stops a call at 600):
+#                          the benchmark's time and compile budgets shrink to what the tests left, keeping 120 s
+#                          for the read-flush rows and the summary (an H100 once needed 350 s for the tests and
+#                          ran past 600 s in the benchmark, with no summary)
 #   MXKIT_SKIP_BENCH=1     tests only
 #   MXKIT_FLUSH_READ       1 (default): the mxkit rows at 8192^2 / 16384^2 once more after a read flush (a cold,
 #                          clean L2; the main run flushes as do_bench, whose dirty lines each run writes back)
@@ -42,6 +46,9 @@ say() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"
 QUICK=0
 for a in "$@"; do [ "$a" = "--quick" ] && QUICK=1; done
 BUDGET="${MXKIT_BENCH_BUDGET:-$([ $QUICK = 1 ] && echo 120 || echo 240)}"
+WALL="${MXKIT_WALL_BUDGET:-560}"
+# seconds a step may take: min(want, what is left of WALL after keeping `keep` seconds), at least 30
+fit() { local left=$((WALL - ($(date +%s) - T0) - $2)); [ "$left" -lt "$1" ] && echo $((left > 30 ? left : 30)) || echo "$1"; }
 
 say "gpu_check: results in $RESULTS; bench args: --out $RESULTS --time-budget-s $BUDGET $*"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
@@ -102,10 +109,12 @@ if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then
     say "benchmark skipped (MXKIT_SKIP_BENCH=1)"
     BENCH_RC=0
 else
-    say "python3 -m mxkit.bench quantize"
-    python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$BUDGET" \
+    B=$(fit "$BUDGET" 120)
+    CB=$(fit "${MXKIT_COMPILE_BUDGET:-200}" 120)
+    say "python3 -m mxkit.bench quantize (time budget $B s, compile budget $CB s)"
+    python3 -m mxkit.bench quantize --out "$RESULTS" --time-budget-s "$B" \
         --compile-static --peer-shapes "${MXKIT_PEER_SHAPES:-8192x8192,16384x16384}" \
-        --compile-budget-s "${MXKIT_COMPILE_BUDGET:-200}" "$@" 2>&1 | tee -a "$LOG"
+        --compile-budget-s "$CB" "$@" 2>&1 | tee -a "$LOG"
     BENCH_RC=$?
 fi
 say "bench rc=$BENCH_RC (1 = an mxkit output differs from the reference)"
@@ -114,7 +123,7 @@ if [ "${MXKIT_SKIP_BENCH:-0}" != 1 ] && [ "${MXKIT_FLUSH_READ:-1}" = 1 ]; then
     say "python3 -m mxkit.bench quantize --flush read (mxkit rows only)"
     TMPB="$(mktemp -d)"
     python3 -m mxkit.bench quantize --flush read --peers none --shapes 8192x8192,16384x16384 --out "$TMPB" \
-        --time-budget-s 90 2>&1 | tail -3 | tee -a "$LOG"
+        --time-budget-s "$(fit 90 20)" 2>&1 | tail -3 | tee -a "$LOG"
     cp "$TMPB/bench_quantize.json" "$RESULTS/bench_quantize_flush_read.json" 2>/dev/null
     rm -rf "$TMPB"
 fi

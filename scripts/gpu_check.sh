@@ -50,7 +50,7 @@ WALL="${MXKIT_WALL_BUDGET:-560}"
 # seconds a step may take: min(want, what is left of WALL after keeping `keep` seconds), at least 30
 fit() { local left=$((WALL - ($(date +%s) - T0) - $2)); [ "$left" -lt "$1" ] && echo $((left > 30 ? left : 30)) || echo "$1"; }
 
-say "gpu_check: results in $RESULTS; bench args: --out $RESULTS --time-budget-s $BUDGET $*"
+say "gpu_check: results in $RESULTS; bench args: --out $RESULTS --time-budget-s $BUDGET (or less: MXKIT_WALL_BUDGET $WALL s) $*"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "| cuda", torch.version.cuda, "| triton",
 triton.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 | tee -a "$LOG"

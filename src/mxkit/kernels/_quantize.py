@@ -951,19 +951,14 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     badw = tl.reshape(tl.broadcast_to((amax >= 0x7F800000)[:, None, :], [NB, W // NB, BLOCK_C]), [W, BLOCK_C])
     g = b * C + c  # output rows
     if FP8W:
-        wcol = r0 // J + tl.arange(0, W)
-        wm = cmask[:, None] & ((wcol < R // J) | (not MASKED))[None, :]
         bad = tl.broadcast_to(badw.to(tl.int32)[:, None, :], [W, J, BLOCK_C])
         words = _fp8_words(tl.permute(_scaled(bits, xw[:, None, :], DENORM), [0, 2, 1]), tl.permute(bad, [0, 2, 1]),
-                           W, BLOCK_C, MBITS)
-        tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
-        _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
-        return
-    k = tl.arange(0, J)[None, :, None]
-    codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL,
-                         AWAY, DENORM, HW_CVT).to(tl.int32)  # [W, J, BC]
-    if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks are 0)
-        codes = codes & ((1 << BITS) - 1)
+                           W, BLOCK_C, MBITS)  # [W, BC]
+    else:
+        codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT,
+                             MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)  # [W, J, BC]
+        if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
+            codes = codes & ((1 << BITS) - 1)
     if BITS == 6:
         w0, w1, w2 = _fp6_unit_words(tl.permute(codes, [0, 2, 1]))
         # the unit's words as [BC, W, 4] (word 3 repeats word 2 and is not stored): one layout conversion, then
@@ -989,7 +984,8 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
             q64 = q_ptr.to(tl.pointer_type(tl.int64))  # (rows of R * BITS / 8 bytes, a multiple of 16)
             tl.store(q64 + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
         else:
-            words = tl.sum(codes << (k * BITS), axis=1)  # [W, BC]
+            if not FP8W:
+                words = tl.sum(codes << (tl.arange(0, J)[None, :, None] * BITS), axis=1)  # [W, BC]
             tl.store(q_ptr + g[:, None] * (R // J) + wcol[None, :], tl.trans(words), mask=wm)
     _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
 

@@ -169,6 +169,29 @@ def variants():
     # (run 9: L2 eviction hints on the split FP4 / FP6 cast-transposes, row programs evict_last and column
     # programs evict_first: 13-18% slower; the row hint alone: equal; removed)
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
+    # session 11 (benchmarks/h200-2026-11-22-s11/ab_variants.txt): fused FP4 / FP6 cast-transposes built like the
+    # FP8 one (col_units columns: whole 32-row blocks per thread; FP4 from bf16 pairs of adjacent columns, one
+    # word per load; ct_evict: the rows' load evict_last, the columns' reload evict_first). FP4 beat the
+    # one-direction programs once the rows' tile had the blocks outer (run 4): default since (64 x 128, four
+    # warps). 32-row FP4 tiles 2x slower (a column's 16-byte pieces share sectors with the next program's);
+    # FP6 15-90% slower (the rows' 48-byte pieces likewise).
+    f4 = dict(split_rows=(), col_units=2, col_packed=False, col_fp4_words=True, col_wide=False, fp4_pairs=True,
+              scale_t=True)
+    t4 += [(f"fu4 {r}x{c}w{w}{' wide' if wd_ else ''} ev{e}",
+            dict(f4, block_r=r, block_c=c, num_warps=w, ct_evict=e, col_wide=wd_))
+           for r, c, w, e, wd_ in ((32, 256, 4, 1, False), (64, 256, 8, 1, False), (64, 256, 8, 0, False),
+                                   (64, 256, 4, 1, False), (64, 128, 4, 1, False), (128, 128, 8, 1, False),
+                                   (128, 64, 4, 1, False), (128, 256, 16, 1, False), (64, 256, 8, 1, True),
+                                   (128, 128, 8, 1, True), (64, 512, 16, 1, False), (64, 512, 8, 1, False),
+                                   (64, 256, 4, 1, True), (64, 128, 2, 1, False))] + [
+        sp("split un4 c128x64w1", col_units=2, col_packed=False, num_warps=1),
+        sp("split un4 c64x128w2", block_r=64, block_c=128, col_units=2, col_packed=False)]
+    # (session 11 run 5: the FP4 block amax by max.NaN.xorsign.abs.bf16x2 ("hmax") against a sign mask and
+    # max.u16x2 per word: rowwise 162.5 -> 161.9 us, columnwise 173.2 -> 172.3, fused cast-transpose 275.5 ->
+    # 271.7 at 16384^2; default since, the old amax removed)
+    f6 = dict(split_rows=(), col_units=2, col_direct=False, group_c=0, scale_t=True)
+    t6 += [(f"fu6 {r}x64w{r // 32} ev{e}", dict(f6, block_r=r, block_c=64, num_warps=r // 32, ct_evict=e))
+           for r, e in ((64, 1), (64, 0), (32, 1), (128, 1), (128, 0), (256, 1), (256, 0))]
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]

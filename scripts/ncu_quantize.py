@@ -32,6 +32,20 @@ cases = {
     "castT fp4 fused": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
         kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), fp4_pairs=True, col_wide=True,
         scale_t=True, block_r=128, block_c=128, num_warps=4)),
+    # session 11: fused FP4 cast-transposes on 64 x 256 (4 / 8 warps) / 32 x 256 tiles, other than the default
+    # 64 x 128 (benchmarks/h200-2026-11-22-s11/ncu_fp4_fused.txt)
+    "castT fp4 fu64": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
+        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
+        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=64, block_c=256, num_warps=4,
+        ct_evict=1)),
+    "castT fp4 fu64w8": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
+        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
+        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=64, block_c=256, num_warps=8,
+        ct_evict=1)),
+    "castT fp4 fu32": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
+        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
+        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=32, block_c=256, num_warps=4,
+        ct_evict=1)),
     "castT fp6": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain"),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
 }

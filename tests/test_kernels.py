@@ -469,6 +469,11 @@ def test_opt_in_paths_compile_for_sm90(variant):
         for fmt in ("mxfp6_e2m3", "mxfp6_e3m2"):
             assert quant(fmt, True, False, 4, 512, 2, RB=4, SCALE_MODE=0, FP6_WORDS=True, HW_CVT=True,
                          FP6_ASM=True, DENORM=2) > 0
+        # session 11: FP4 columns from bf16 pairs in the col_units layout (_cols_fp4_units), the fused FP4
+        # cast-transpose default (rows from pairs with the blocks outer, ct_evict), 64-bit units, and columnwise
+        for br, bc, w, wide, row in ((64, 128, 4, False, True), (32, 256, 4, True, True), (128, 64, 4, False, False)):
+            assert quant("mxfp4_e2m1", row, True, br, bc, w, HW_CVT=True, COL_UNITS=2, COL_FP4W=True, COL_WIDE=wide,
+                         FP4_PAIRS=row, CT_EVICT=1, SCALE_MODE=3, DENORM=0) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -1581,6 +1586,83 @@ def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
         rows, cols = quantize_triton(x2, fmt, axis=(-1, -2))
         _assert_mx_equal(rows, quantize_reference(x2.cpu(), fmt, axis=-1), what=f"{fmt} split rows call {it}")
         _assert_mx_equal(cols, quantize_reference(x2.cpu(), fmt, axis=0), what=f"{fmt} split cols call {it}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("part", [0, 1])  # the configs split in two for the GPU test processes
+def test_gpu_fp4_units(part, rng, poison):
+    """FP4 columns from bf16 pairs in the col_units layout (:func:`_quantize._cols_fp4_units`, session 11): the
+    fused FP4 cast-transpose default (64 x 128, rows from bf16 pairs with the blocks outer, ct_evict) and
+    other tiles (32 rows with 64-bit units, 8 warps, runtime scale mode, one-direction programs), columnwise
+    and cast-transpose, on bf16 (the asm paths) and fp32 (the per-element fallback of the same config), ragged
+    shapes (masked rows and columns), NaN / Inf / zero / subnormal / saturating blocks and the crafted tie
+    blocks; outputs in poisoned memory."""
+    from mxkit.kernels.quantize import QuantizeConfig, _cast_transpose_impl, _quantize_impl
+
+    fmt = "mxfp4_e2m1"
+    kw = dict(hw_cvt=True, col_units=2, col_fp4_words=True, fp4_pairs=True)
+    cfgs = [QuantizeConfig(64, 128, 4, False, ct_evict=1, scale_t=True, mode_const=True, **kw),
+            QuantizeConfig(32, 256, 4, False, col_wide=True, ct_evict=2, mode_const=True, **kw),
+            QuantizeConfig(64, 256, 8, False, ct_evict=1, **kw),
+            QuantizeConfig(64, 64, 2, False, split_rows=(2, 128, 4), mode_const=True, **kw)]
+    ties = _fp8_tie_blocks(fmt)
+    for k, cfg in enumerate(cfgs):
+        if k % 2 != part:
+            continue
+        xs = [rand_tensor(shape, 0, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+              for shape in ((320, 208), (96, 288), (256, 1024))]
+        xs += [ties.T.contiguous().to(torch.bfloat16), rand_tensor((160, 96), 0, generator=rng, nonfinite=True)]
+        for i, x in enumerate(xs):
+            for mode in _variant_modes(cfg, k + i):
+                lay = "plain" if cfg.scale_t else "nvidia_128x4"
+                ref = quantize_reference(x, fmt, axis=0, scale_mode=mode)
+                q, s = _quantize_impl(x.to(DEV), fmt, 0, mode, "rne", lay, cfg)
+                assert_bytes_equal(q.cpu(), ref.qdata, f"cols {cfg} {mode} {x.shape} {x.dtype} qdata")
+                assert_bytes_equal(s.cpu(), _ref_layout(ref.scale, lay).cpu(), f"cols {cfg} {mode} scale")
+                if x.shape[1] % 32:
+                    continue
+                outs = _cast_transpose_impl(x.to(DEV), fmt, mode, "rne", lay, cfg)
+                for got, a in ((outs[:2], -1), (outs[2:], 0)):
+                    ref = quantize_reference(x, fmt, axis=a, scale_mode=mode)
+                    assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {x.shape} qdata")
+                    assert_bytes_equal(got[1].cpu(), _ref_layout(ref.scale, lay).cpu(),
+                                       f"cast-T {cfg} axis={a} {mode} {x.shape} scale")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (inline PTX)")
+def test_gpu_hmax_abs_every_bf16_class():
+    """``_quantize._hmax_abs`` (max.NaN.xorsign.abs.bf16x2, the FP4 amax step) on the GPU against numpy, for
+    pairs drawn from every bf16 class (+-0, subnormals, normals, max finite, +-Inf, NaNs with any payload):
+    after the sign mask, each half is the larger magnitude's exact bits, and any NaN gives a value >= 0x7F81
+    (so >= 0x7F80 still flags the block)."""
+    import triton
+    import triton.language as tl
+
+    from mxkit.kernels._quantize import _block_absmax
+
+    @triton.jit
+    def _k(x_ptr, o_ptr, N: tl.constexpr):
+        rows = tl.program_id(0) * N + tl.arange(0, N)
+        tl.store(o_ptr + rows, _block_absmax(tl.load(x_ptr + rows[:, None] * 8 + tl.arange(0, 8)[None, :]), 1))
+
+    g = torch.Generator().manual_seed(11)
+    h = torch.randint(0, 1 << 16, (1 << 16,), generator=g, dtype=torch.int32)
+    special = torch.tensor([0, 0x8000, 1, 0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7F81, 0xFFC0,
+                            0x7FFF, 0x3F80, 0xBF80], dtype=torch.int32)
+    h[: special.numel() * 8] = special.repeat_interleave(8)[torch.randperm(special.numel() * 8, generator=g)]
+    lo, hi = h[: 1 << 15], h[1 << 15 :]
+    words = (lo | (hi << 16)).view(-1, 8)
+    out = torch.empty(words.shape[0], dtype=torch.int32, device="cuda")
+    _k[(words.shape[0] // 128,)](words.cuda(), out, N=128)
+    got = out.cpu()
+    for half, src in ((got & 0xFFFF, lo.view(-1, 8)), ((got >> 16) & 0xFFFF, hi.view(-1, 8))):
+        mag = src & 0x7FFF
+        nan = (mag > 0x7F80).any(1)
+        want = mag.max(1).values
+        assert torch.equal(half[~nan], want[~nan])
+        assert bool((half[nan] > 0x7F80).all())
 
 
 @pytest.mark.gpu

@@ -203,15 +203,22 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Cast-transpose: FP8 fused (both directions from each tile; col_packed 32 x 128 on two warps: 403 -> 336
     us; session 10: col_units columns on 64 x 128 tiles, four warps, with fp8_words: 335 -> 314 us, 8192^2
     92.0 -> 84.5 us; other tiles and direct column scales slower; then the rows' load of the tile evict_last
-    and the columns' reload evict_first (ct_evict), on 32 x 256: 314 -> 304 us, 84.0 -> 82.0 us). FP4 / FP6 by one-direction programs over regions of the tensor (split_rows,
+    and the columns' reload evict_first (ct_evict), on 32 x 256: 314 -> 304 us, 84.0 -> 82.0 us). FP4 fused
+    since session 11 on 64 x 128 tiles (four warps, ct_evict): the rows from bf16 pairs with the blocks as the
+    outer dim (lanes along a row's blocks: on the tall tile the old order gave each lane its own row and every
+    store a half sector), the columns from bf16 pairs in the col_units layout (_cols_fp4_units: a lane per
+    32-row block of a column pair, a column's two 16-byte pieces on neighbouring lanes; 32-row tiles, whose
+    16-byte pieces meet another program's in each sector, ran 2x slower): 301 -> 273 us, 8192^2 81.6 -> 75.4
+    us, against the one-direction programs below, whose second read of x from L2 had L2 reads 1.6x the fused
+    kernel's. FP6 by one-direction programs over regions of the tensor (split_rows,
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
-    region's second read comes from L2; FP4 403 -> 369 us, FP6 785 -> 618 us; FP8 no gain, also with
-    col_units): FP4 columns 128 x 64 with 64-bit units and rows 2 x 1024 with bf16 pairs on two warps, FP6
-    columns 64 x 64 (col_units; 617 -> 483 us) and rows 2 x 512 (fp6_words, FP8 cvt) on two; only when C
-    fills a region row (C >= 1024 / 512: at 32768 x 160 the masked region columns made it 40% slower), else
-    fused (FP4 64 x 64 on two warps, FP6 32 x 64 on one with col_direct, the untransposed tile quantized and
-    only the 1-byte codes transposed, in strips of 16 column tiles walked down R). MXINT8: the fused 32 x 64
-    tile.
+    region's second read comes from L2; FP6 785 -> 618 us, FP4 403 -> 369 us until session 11; FP8 no gain,
+    also with col_units): columns 64 x 64 (col_units; 617 -> 483 us) and rows 2 x 512 (fp6_words, FP8 cvt) on
+    two warps; only when C fills a region row (C >= 512: at 32768 x 160 the masked region columns made it 40%
+    slower), else fused (32 x 64 on one warp with col_direct, the untransposed tile quantized and only the
+    1-byte codes transposed, in strips of 16 column tiles walked down R; fused FP6 tiles with col_units were
+    15-90% slower in session 11: their rows' 48-byte pieces share sectors with the next program's). MXINT8:
+    the fused 32 x 64 tile.
 
     Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
     since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)
@@ -228,19 +235,20 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         r64 = 64 if R >= 64 else 32
         r128 = 128 if R >= 128 else r64
         split, units = (), 0
-        if do_row and f.is_float and f.bits in (4, 6) and C >= (1024 if f.bits == 4 else 512):
-            # cast-transpose FP4 / FP6 by one-direction programs (_cast_transpose_split_kernel): FP4 columns on
-            # 128 x 64 tiles with 64-bit units, rows on 2 x 1024 (4 per program) with bf16 pairs, two warps; FP6
-            # columns on 64 x 64 (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
-            rbc = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
-            if f.bits == 4:
-                block_r, c_max, warps, split = r128, 64, 2, (2, rbc, 4)
-            else:
-                block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, rbc, 4), 2
+        if do_row and f.is_float and f.bits == 6 and C >= 512:
+            # cast-transpose FP6 by one-direction programs (_cast_transpose_split_kernel): columns on 64 x 64
+            # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
+            block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
+        elif do_row and f.is_float and f.bits == 4:
+            # cast-transpose FP4 fused: 64 x 128 tiles, the rows from bf16 pairs (blocks outer), the columns from
+            # bf16 pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a
+            # column on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
+            block_r, c_max, units = r64, 128, 2
+            warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
         elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
             block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
-        elif do_row:  # cast-transpose
-            block_r, c_max, warps = (r64, 64, 2) if f.bits == 4 else (32, 64, 1)
+        elif do_row:  # cast-transpose FP6 (C < 512), MXINT8
+            block_r, c_max, warps = 32, 64, 1
         elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
             block_r, c_max = (256 if R >= 256 else r128), 64
             warps = max(1, block_r // 64)
@@ -265,11 +273,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                               hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                               group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
-                              fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=bool(split) and f.bits == 4,
-                              split_rows=split, col_units=units, col_fp4_words=packed and f.bits == 4,
+                              fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
+                              split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and not (units and not do_row) and B * R * C >= 1 << 26),
-                              fp8_words=fp8, ct_evict=1 if (do_row and fp8) else 0)
+                              fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4)) else 0)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
@@ -538,6 +546,10 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
     units = cfg.col_units if do_col else 0
     packed = bool(cfg.col_packed and do_col and not units)
+    # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
+    fp4w = bool((packed or units) and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
+                and C % 2 == 0)
+    wide = bool(cfg.col_wide and f.bits in (4, 8) and (packed or fp4w))
     if packed or units:  # the column data is written as int32 words
         slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
     rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
@@ -560,9 +572,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                         and scale_t is None and not units and not packed),
         SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
         FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
-        COL_PACKED=packed, COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
-        COL_FP4W=bool(packed and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1 and C % 2 == 0
-                      and hw_cvt_ok(cfg, f, rnd, in_kind)),
+        COL_PACKED=packed, COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and hw_cvt_ok(cfg, f, rnd, in_kind),
         FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
         FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
@@ -588,10 +598,9 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=row_hw, FP6_WORDS=bool(cfg.fp6_words and f.bits == 6),
             FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
-            COL_WIDE=bool(packed and cfg.col_wide and f.bits in (4, 8)), COL_UNITS=units,
-            COL_FP4W=bool(packed and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
-                          and C % 2 == 0 and col_hw),
+            COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and col_hw,
             FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
+           
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)

@@ -174,7 +174,8 @@ def variants():
     # word per load; ct_evict: the rows' load evict_last, the columns' reload evict_first). FP4 beat the
     # one-direction programs once the rows' tile had the blocks outer (run 4): default since (64 x 128, four
     # warps). 32-row FP4 tiles 2x slower (a column's 16-byte pieces share sectors with the next program's);
-    # FP6 15-90% slower (the rows' 48-byte pieces likewise).
+    # FP6 15-90% slower (the rows' 48-byte pieces likewise; run 7: 128- / 256-column tiles with the columns in
+    # 64-column pieces, whole-sector row pieces, 15-40% slower too; removed).
     f4 = dict(split_rows=(), col_units=2, col_packed=False, col_fp4_words=True, col_wide=False, fp4_pairs=True,
               scale_t=True)
     t4 += [(f"fu4 {r}x{c}w{w}{' wide' if wd_ else ''} ev{e}",

@@ -101,14 +101,16 @@ class QuantizeConfig:
     # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
     col_packed: bool = False
     # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
-    # rounded straight into its packed byte (_rows_fp4_pairs); skipped for an input address not a multiple of 4
+    # rounded straight into its packed byte (_rows_fp4_pairs; in the fused cast-transpose with the blocks as the
+    # tile's outer dim); skipped for an input address not a multiple of 4
     fp4_pairs: bool = False
     # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
-    # elements)
+    # elements); FP4 with col_units and col_fp4_words: 16-row units, one 64-bit word each
     col_wide: bool = False
-    # columnwise FP4 from bf16 with col_packed (C even): the tile read as bf16 pairs of adjacent columns, one
-    # asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words); skipped for an input
-    # address not a multiple of 4
+    # columnwise FP4 from bf16 with col_packed or col_units (C even): the tile read as bf16 pairs of adjacent
+    # columns, one asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words with
+    # col_packed, _quantize._cols_fp4_units with col_units: a lane per 32-row block of a pair, one word per
+    # load); skipped for an input address not a multiple of 4
     col_fp4_words: bool = False
     # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
     # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
@@ -128,7 +130,7 @@ class QuantizeConfig:
     # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
     fp8_words: bool = False
     # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
-    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none)
+    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none); the FP8 / FP4 default
     ct_evict: int = 0
 
 

@@ -451,8 +451,9 @@ def _cols_fp4_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, LA
     run along the blocks first and then along the pairs: each thread holds every unit of one block of its
     pair (the block amax in-thread, no exchange), and the NB lanes of a pair store its columns' NB pieces of
     16 bytes next to each other, one contiguous 16 * NB-byte piece of each output row per store instruction
-    (session 11: with each thread storing its own 16-byte pieces, the L2 write requests of the fused FP4
-    cast-transpose were 2.5x those of the split one). EVICT: the loads' eviction policy (CT_EVICT)."""
+    (session 11: a [pairs, units] tile, each lane storing all of its pair's pieces, measured the same: the
+    fused kernel's surplus L2 store sectors came from its rows, :func:`_rows_fp4_pairs`). EVICT: the loads'
+    eviction policy (CT_EVICT)."""
     J: tl.constexpr = 16 if WIDE else 8
     NB: tl.constexpr = BLOCK_R // 32
     UB: tl.constexpr = 32 // J  # units per block
@@ -504,8 +505,8 @@ def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode,
     Each thread holds the 16 words of a block. The tile is [A, N / 32, 16], or with BLOCKS_OUTER [N / 32, A,
     16]: Triton puts the lanes along the lowest dim first, so on tall tiles (the fused cast-transpose's) the
     first form gives every lane its own row and each store a half sector per lane, the second neighbouring
-    blocks of a row to neighbouring lanes (session 11: the L2 write sectors of the fused FP4 cast-transpose
-    1.5x its bytes). EVICT: the load's eviction policy (:func:`_load_raw`; the fused cast-transpose,
+    blocks of a row to neighbouring lanes (session 11: the fused FP4 cast-transpose's L2 store sectors 1.4x its
+    bytes, 3.47 M -> 2.42 M with BLOCKS_OUTER). EVICT: the load's eviction policy (:func:`_load_raw`; the fused cast-transpose,
     CT_EVICT)."""
     if BLOCKS_OUTER:
         wc = n0 // 2 + tl.arange(0, N // 32)[:, None, None] * 16 + tl.arange(0, 16)[None, None, :]  # [N / 32, 1, 16]

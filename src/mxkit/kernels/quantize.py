@@ -219,8 +219,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     two warps; only when C fills a region row (C >= 512: at 32768 x 160 the masked region columns made it 40%
     slower), else fused (32 x 64 on one warp with col_direct, the untransposed tile quantized and only the
     1-byte codes transposed, in strips of 16 column tiles walked down R; fused FP6 tiles with col_units were
-    15-90% slower in session 11: their rows' 48-byte pieces share sectors with the next program's). MXINT8:
-    the fused 32 x 64 tile.
+    15-90% slower in session 11, also on 128- / 256-column tiles whose rows' pieces are whole sectors: the
+    cause was not found). MXINT8: the fused 32 x 64 tile.
 
     Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
     since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)

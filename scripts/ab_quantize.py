@@ -158,14 +158,18 @@ def variants():
                                                                   (4, 32, 256, 4), (1, 64, 128, 4)))]
     r8 += [("fp8 s9", {"fp8_words": False}), ("fp8w", {"fp8_words": True}),
            ("fp8w 8x512w4", {"fp8_words": True, "block_c": 512, "num_warps": 4})]
-    fz = {"split_rows": (), "fp4_pairs": True, "col_wide": True, "scale_t": True}
-    t4 = [("default", None), ("no words", {"col_fp4_words": False}),
-          sp("c256x64w4", block_r=256, num_warps=4), sp("r1x1024rb4", split_rows=(1, 1024, 4)),
-          sp("r1x1024rb8", split_rows=(1, 1024, 8)), sp("c256x64w4 r4x1024rb2", block_r=256, num_warps=4,
-                                                        split_rows=(4, 1024, 2)),
-          sp("split un2 c64x64w2 r2x1024rb2", block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2))] + [
-        (f"fused {r}x{c}w{w}", dict(fz, block_r=r, block_c=c, num_warps=w))
-        for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
+    # the FP4 cast-transpose default of sessions 6-10 (one-direction programs: packed 64-bit-unit columns on 128 x
+    # 64, rows 2 x 1024 from bf16 pairs); the variants before session 11 are overrides of it
+    s10 = dict(split_rows=(2, 1024, 4), block_r=128, block_c=64, num_warps=2, col_units=0, col_packed=True,
+               col_wide=True, col_fp4_words=True, fp4_pairs=True, ct_evict=0, scale_t=False)
+    fz = dict(s10, split_rows=(), scale_t=True)
+    t4 = [("default", None), ("s10 split", s10), ("no words", dict(s10, col_fp4_words=False)),
+          ("c256x64w4", dict(s10, block_r=256, num_warps=4)), ("r1x1024rb4", dict(s10, split_rows=(1, 1024, 4))),
+          ("r1x1024rb8", dict(s10, split_rows=(1, 1024, 8))),
+          ("c256x64w4 r4x1024rb2", dict(s10, block_r=256, num_warps=4, split_rows=(4, 1024, 2))),
+          ("split un2 c64x64w2 r2x1024rb2", dict(s10, block_r=64, num_warps=2, col_units=2, split_rows=(2, 1024, 2)))
+          ] + [(f"fused {r}x{c}w{w}", dict(fz, block_r=r, block_c=c, num_warps=w))
+               for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
     # (run 9: L2 eviction hints on the split FP4 / FP6 cast-transposes, row programs evict_last and column
     # programs evict_first: 13-18% slower; the row hint alone: equal; removed)
     t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
@@ -174,8 +178,8 @@ def variants():
     # word per load; ct_evict: the rows' load evict_last, the columns' reload evict_first). FP4 beat the
     # one-direction programs once the rows' tile had the blocks outer (run 4): default since (64 x 128, four
     # warps). 32-row FP4 tiles 2x slower (a column's 16-byte pieces share sectors with the next program's);
-    # FP6 15-90% slower (the rows' 48-byte pieces likewise; run 7: 128- / 256-column tiles with the columns in
-    # 64-column pieces, whole-sector row pieces, 15-40% slower too; removed).
+    # FP6 15-90% slower (run 7: also on 128- / 256-column tiles with the columns in 64-column pieces, whose row
+    # pieces are whole sectors; cause not found; col_sub removed).
     f4 = dict(split_rows=(), col_units=2, col_packed=False, col_fp4_words=True, col_wide=False, fp4_pairs=True,
               scale_t=True)
     t4 += [(f"fu4 {r}x{c}w{w}{' wide' if wd_ else ''} ev{e}",
@@ -185,8 +189,8 @@ def variants():
                                    (128, 64, 4, 1, False), (128, 256, 16, 1, False), (64, 256, 8, 1, True),
                                    (128, 128, 8, 1, True), (64, 512, 16, 1, False), (64, 512, 8, 1, False),
                                    (64, 256, 4, 1, True), (64, 128, 2, 1, False))] + [
-        sp("split un4 c128x64w1", col_units=2, col_packed=False, num_warps=1),
-        sp("split un4 c64x128w2", block_r=64, block_c=128, col_units=2, col_packed=False)]
+        ("split un4 c128x64w1", dict(s10, col_units=2, col_packed=False, col_wide=False, num_warps=1)),
+        ("split un4 c64x128w2", dict(s10, block_r=64, block_c=128, col_units=2, col_packed=False, col_wide=False))]
     # (session 11 run 5: the FP4 block amax by max.NaN.xorsign.abs.bf16x2 ("hmax") against a sign mask and
     # max.u16x2 per word: rowwise 162.5 -> 161.9 us, columnwise 173.2 -> 172.3, fused cast-transpose 275.5 ->
     # 271.7 at 16384^2; default since, the old amax removed)

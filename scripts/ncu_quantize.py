@@ -23,6 +23,14 @@ def dequant(fmt):
     return lambda: kq._dequantize_impl(q[fmt][0], q[fmt][1], fmt, -1, (8192, 8192), torch.bfloat16)
 
 
+def fused_fp4(block_r, block_c, warps):
+    """The fused FP4 cast-transpose (col_units columns from bf16 pairs, ct_evict) on another tile."""
+    cfg = dataclasses.replace(kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2,
+                              col_packed=False, col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True,
+                              block_r=block_r, block_c=block_c, num_warps=warps, ct_evict=1)
+    return lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", cfg)
+
+
 cases = {
     "rows fp8": quant("mxfp8_e4m3", -1), "rows fp4": quant("mxfp4_e2m1", -1), "rows fp6": quant("mxfp6_e2m3", -1),
     "cols fp8": quant("mxfp8_e4m3", 0), "cols fp4": quant("mxfp4_e2m1", 0), "cols fp6": quant("mxfp6_e2m3", 0),
@@ -31,21 +39,11 @@ cases = {
     # the fused FP4 cast-transpose on 128 x 128 tiles (session 9 A/B: 347 us against the split kernel's 303)
     "castT fp4 fused": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
         kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), fp4_pairs=True, col_wide=True,
-        scale_t=True, block_r=128, block_c=128, num_warps=4)),
+        scale_t=True, block_r=128, block_c=128, num_warps=4, col_units=0, col_packed=True, ct_evict=0)),
     # session 11: fused FP4 cast-transposes on 64 x 256 (4 / 8 warps) / 32 x 256 tiles, other than the default
     # 64 x 128 (benchmarks/h200-2026-11-22-s11/ncu_fp4_fused.txt)
-    "castT fp4 fu64": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
-        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
-        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=64, block_c=256, num_warps=4,
-        ct_evict=1)),
-    "castT fp4 fu64w8": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
-        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
-        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=64, block_c=256, num_warps=8,
-        ct_evict=1)),
-    "castT fp4 fu32": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(
-        kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1"), split_rows=(), col_units=2, col_packed=False,
-        col_fp4_words=True, col_wide=False, fp4_pairs=True, scale_t=True, block_r=32, block_c=256, num_warps=4,
-        ct_evict=1)),
+    "castT fp4 fu64": fused_fp4(64, 256, 4), "castT fp4 fu64w8": fused_fp4(64, 256, 8),
+    "castT fp4 fu32": fused_fp4(32, 256, 4),
     "castT fp6": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain"),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
 }

@@ -1634,7 +1634,7 @@ def test_gpu_fp4_units(part, rng, poison):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (inline PTX)")
 def test_gpu_hmax_abs_every_bf16_class():
-    """``_quantize._hmax_abs`` (max.NaN.xorsign.abs.bf16x2, the FP4 amax step) on the GPU against numpy, for
+    """``_quantize._hmax_abs`` (max.NaN.xorsign.abs.bf16x2, the FP4 amax step) on the GPU against the integer max of the masked halves (torch), for
     pairs drawn from every bf16 class (+-0, subnormals, normals, max finite, +-Inf, NaNs with any payload):
     after the sign mask, each half is the larger magnitude's exact bits, and any NaN gives a value >= 0x7F81
     (so >= 0x7F80 still flags the block)."""

@@ -172,7 +172,12 @@ def variants():
                for r, c, w in ((64, 64, 2), (128, 64, 4), (64, 128, 4), (128, 128, 4), (256, 64, 4))]
     # (run 9: L2 eviction hints on the split FP4 / FP6 cast-transposes, row programs evict_last and column
     # programs evict_first: 13-18% slower; the row hint alone: equal; removed)
-    t6 = [("default", None), ("no asm", {"fp6_asm": False}), ("r4x512rb2", {"split_rows": (4, 512, 2)})]
+    # the FP6 cast-transpose default of sessions 7-11 (one-direction programs: col_units columns on 64 x 64, rows
+    # 2 x 512 with fp6_words and the unit asm); the variants before session 12 are overrides of it
+    s11_6 = dict(split_rows=(2, 512, 4), block_r=64, block_c=64, num_warps=2, col_units=2, fp6_asm=True, fp6_words=True,
+                 hw_cvt=True, scale_t=True, ct_evict=0, fp6_pairs=False, fp6_store4=False, col_direct=False, group_c=0)
+    t6 = [("default", None), ("s11 split", s11_6), ("no asm", dict(s11_6, fp6_asm=False)),
+          ("r4x512rb2", dict(s11_6, split_rows=(4, 512, 2)))]
     # session 11 (benchmarks/h200-2026-11-22-s11/ab_variants.txt): fused FP4 / FP6 cast-transposes built like the
     # FP8 one (col_units columns: whole 32-row blocks per thread; FP4 from bf16 pairs of adjacent columns, one
     # word per load; ct_evict: the rows' load evict_last, the columns' reload evict_first). FP4 beat the
@@ -194,9 +199,28 @@ def variants():
     # (session 11 run 5: the FP4 block amax by max.NaN.xorsign.abs.bf16x2 ("hmax") against a sign mask and
     # max.u16x2 per word: rowwise 162.5 -> 161.9 us, columnwise 173.2 -> 172.3, fused cast-transpose 275.5 ->
     # 271.7 at 16384^2; default since, the old amax removed)
-    f6 = dict(split_rows=(), col_units=2, col_direct=False, group_c=0, scale_t=True)
+    f6 = dict(s11_6, split_rows=())
     t6 += [(f"fu6 {r}x64w{r // 32} ev{e}", dict(f6, block_r=r, block_c=64, num_warps=r // 32, ct_evict=e))
            for r, e in ((64, 1), (64, 0), (32, 1), (128, 1), (128, 0), (256, 1), (256, 0))]
+    # session 12: the FP6 rows' group words stored as one [groups, rows, 4] tile (fp6_store4: contiguous row pieces
+    # per warp store; Nsight had the fused FP6 kernel's L2 write sectors at 2.3x the split kernel's)
+    t6 += [("st4", dict(s11_6, fp6_store4=True))] + [
+        (f"st4 fu6 {r}x64w{r // 32} ev{e}", dict(f6, block_r=r, block_c=64, num_warps=r // 32, ct_evict=e, fp6_store4=True))
+        for r, e in ((64, 1), (64, 0), (128, 1), (32, 1))]
+    r6 += [("st4", {"fp6_store4": True})]
+    # session 12: FP6 from bf16 pairs (fp6_pairs: the amax on pairs, a bf16x2 clamp instead of the byte-SIMD
+    # saturation, one asm per unit)
+    r6 += [("p", {"fp6_pairs": True}), ("p st4", {"fp6_pairs": True, "fp6_store4": True})]
+    c6 += [("p", {"fp6_pairs": True})]
+    t6 += [("p", dict(s11_6, fp6_pairs=True)), ("p st4", dict(s11_6, fp6_pairs=True, fp6_store4=True))] + [
+        (f"p st4 fu6 {r}x{c}w{w} ev{e}", dict(f6, block_r=r, block_c=c, num_warps=w, ct_evict=e, fp6_store4=True,
+                                              fp6_pairs=True))
+        for r, c, w, e in ((64, 64, 2, 1), (128, 64, 4, 1), (64, 128, 4, 1), (128, 64, 4, 0), (256, 64, 8, 1),
+                           (128, 128, 8, 1), (64, 256, 8, 1), (32, 256, 4, 1), (128, 128, 4, 1), (128, 128, 8, 0),
+                           (128, 256, 8, 1), (128, 256, 16, 1), (256, 128, 8, 1), (256, 128, 16, 1), (64, 128, 8, 1),
+                           (128, 128, 16, 1), (256, 256, 16, 1))] + [
+        ("p fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_pairs=True)),
+        ("st4 fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_store4=True))]
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]

@@ -31,6 +31,15 @@ def fused_fp4(block_r, block_c, warps):
     return lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", cfg)
 
 
+def fused_fp6(block_r, evict=1, store4=False):
+    """The fused FP6 cast-transpose (col_units columns on block_r x 64, a warp per 32 rows; rows by fp6_words)
+    that session 11 measured 15-90% slower than the default one-direction programs."""
+    cfg = dataclasses.replace(kq.quantize_config(1, 8192, 8192, True, True, "mxfp6_e2m3"), split_rows=(), col_units=2,
+                              col_direct=False, group_c=0, scale_t=True, block_r=block_r, block_c=64,
+                              num_warps=block_r // 32, ct_evict=evict, fp6_store4=store4, fp6_pairs=False)
+    return lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain", cfg)
+
+
 cases = {
     "rows fp8": quant("mxfp8_e4m3", -1), "rows fp4": quant("mxfp4_e2m1", -1), "rows fp6": quant("mxfp6_e2m3", -1),
     "cols fp8": quant("mxfp8_e4m3", 0), "cols fp4": quant("mxfp4_e2m1", 0), "cols fp6": quant("mxfp6_e2m3", 0),
@@ -45,6 +54,17 @@ cases = {
     "castT fp4 fu64": fused_fp4(64, 256, 4), "castT fp4 fu64w8": fused_fp4(64, 256, 8),
     "castT fp4 fu32": fused_fp4(32, 256, 4),
     "castT fp6": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain"),
+    "castT fp6 fu64": fused_fp6(64), "castT fp6 fu128": fused_fp6(128),
+    # session 12: the FP6 rows' words stored as [groups, rows, 4] tiles (fp6_store4)
+    "castT fp6 fu64 st4": fused_fp6(64, store4=True), "castT fp6 fu128 st4": fused_fp6(128, store4=True),
+    "castT fp6 st4": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain", dataclasses.replace(
+        kq.quantize_config(1, 8192, 8192, True, True, "mxfp6_e2m3", in_bf16=False), fp6_store4=True)),
+    # the session 7-11 default: one-direction programs (for bf16 inputs the fused kernel since session 12)
+    "castT fp6 split": lambda: kq._cast_transpose_impl(x, "mxfp6_e2m3", "floor", "rne", "plain",
+                                                       kq.quantize_config(1, 8192, 8192, True, True, "mxfp6_e2m3",
+                                                                          in_bf16=False)),
+    "rows fp6 st4": lambda: kq._quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", dataclasses.replace(
+        kq.quantize_config(1, 8192, 8192, True, False, "mxfp6_e2m3"), fp6_store4=True)),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
 }
 names = sys.argv[1:] or list(cases)

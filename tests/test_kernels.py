@@ -474,6 +474,21 @@ def test_opt_in_paths_compile_for_sm90(variant):
         for br, bc, w, wide, row in ((64, 128, 4, False, True), (32, 256, 4, True, True), (128, 64, 4, False, False)):
             assert quant("mxfp4_e2m1", row, True, br, bc, w, HW_CVT=True, COL_UNITS=2, COL_FP4W=True, COL_WIDE=wide,
                          FP4_PAIRS=row, CT_EVICT=1, SCALE_MODE=3, DENORM=0) > 0
+        # session 12: FP6 from bf16 pairs (rows, columns, the fused and the one-direction cast-transposes), the
+        # [groups, rows, 4] row store
+        for fmt, row, col, br, bc, w, st4 in (("mxfp6_e2m3", True, False, 4, 512, 2, False),
+                                              ("mxfp6_e3m2", False, True, 128, 64, 4, False),
+                                              ("mxfp6_e2m3", True, True, 128, 64, 4, True),
+                                              ("mxfp6_e3m2", True, True, 64, 128, 4, True)):
+            assert quant(fmt, row, col, br, bc, w, HW_CVT=True, COL_UNITS=2 if col else 0, FP6_WORDS=row, FP6_ASM=True,
+                         FP6P_R=row, FP6P_C=col, FP6_ST4=st4, CT_EVICT=1 if row and col else 0, SCALE_MODE=1,
+                         DENORM=0) > 0
+        f6 = get_format("mxfp6_e2m3")
+        ce = dict(IN_KIND=1, LAYOUT_R=0, LAYOUT_C=3, AWAY=False, INT64=False, DENORM=0, MASKED=True, SCALE_MODE=0,
+                  ROW_HW=True, ROW_BR=2, ROW_BC=512, ROW_RB=4, FP6_WORDS=True, FP4_PAIRS=False, COL_BR=64, COL_BC=64,
+                  COL_HW=True, COL_PACKED=False, COL_WIDE=False, COL_UNITS=2, FP6_ASM=True, FP6P_R=True,
+                  FP6P_C=True, FP6_ST4=True, **_format_constexprs(f6))
+        assert _sm90_compile("_cast_transpose_split_kernel", 2, **ce) > 0
     elif variant == "cols_hw_cd":
         assert quant("mxfp8_e4m3", False, True, 32, 64, 2, HW_CVT=True, COL_DIRECT=True) > 0
         # programs walking 8 / 4 tiles down R with one scale word per column
@@ -673,8 +688,9 @@ def test_gpu_quantize_matches_reference(fmt, rounding, dtype, rng, poison):
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_gpu_cast_transpose(fmt, dtype, case, rng, poison):
     """Fused (last, second-to-last) pairs in both orders on 2-D and 3-D inputs, and an unfused pair. The 2-D
-    rows (1056 elements) are wide enough for the one-direction programs of FP4 / FP6 (split_rows), with a
-    ragged last region; the 3-D input takes the fused kernel."""
+    rows (1056 elements) are wide enough for the FP6 defaults of C >= 512 (bf16: the fused kernel from bf16
+    pairs, 128 x 128 tiles; fp32 / fp16: the one-direction programs, split_rows), with ragged last tiles /
+    regions; the 3-D input takes the fused kernel."""
     from mxkit.kernels.quantize import quantize_triton
 
     cases = [((320, 1056), ((-1, -2), (0, 1))), ((32, 64, 96), ((-2, -1), (0, 2)))]
@@ -1191,11 +1207,12 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 
 
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
-    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 group
+    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 pairs
+    asm (``_fp6_pairs_asm``), the FP6 group
     decode asm (``_fp6_group_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
     the FP8 cvt asm (``_fp8x4_asm``):
     cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
-    {abs, min, max, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
+    {abs, min, max, min.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
     the pair), and / or / shl / shr / sub,
     mul.hi / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
     tensors of bit patterns (one per unit); the float steps use torch's IEEE casts and fp32 arithmetic (RNE,
@@ -1263,7 +1280,12 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             for h in (0, 1):
                 f = [((torch.as_tensor(val(t)) >> (16 * h)) & 0xFFFF).to(torch.int32) << 16 for t in args[1:]]
                 f = [t.view(torch.float32) for t in f]
-                if op == "abs.bf16x2":
+                if op == "min.xorsign.abs.bf16x2":  # min(|a|, |b|) (a NaN gives the other), sign a ^ b
+                    a_, b_ = f[0].abs(), f[1].abs()  # (explicit: torch's fmin keeps a signaling NaN)
+                    r = torch.where(torch.isnan(a_), b_, torch.where(torch.isnan(b_), a_, torch.minimum(a_, b_)))
+                    sgn = (f[0].view(torch.int32) ^ f[1].view(torch.int32)) & -2147483648
+                    r = ((r.view(torch.int32) & 0x7FFFFFFF) | sgn).view(torch.float32)
+                elif op == "abs.bf16x2":
                     r = f[0].abs()
                 elif op == "min.bf16x2":  # a NaN operand gives the other one
                     r = torch.fmin(f[0], f[1])
@@ -1367,6 +1389,87 @@ def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
     for v in range(vec):
         for k in range(3):
             assert torch.equal(regs[f"${v + vec * k}"], want[:, v, k]), f"{fmt} vec={vec} unit {v} word {k}"
+
+
+def _fp6_pairs_operands(X, f):
+    """The per-block operands of the FP6 pairs asm for block exponents X (int64 tensor): the fp32 bits of the
+    factor 2^(-X-6) (E2M3) / 2^(-X-12) (E3M2), subnormal where needed, and the bf16 bits of the clamp
+    max_normal * 2^X (+Inf where that overflows bf16), as the kernels compute them (_fp6_pairs_factor)."""
+    from mxkit.kernels.quantize import _max_frac
+
+    e = 127 - X - (6 if f.mbits == 3 else 12)
+    fac = torch.where(e > 0, e.clamp(min=1) << 23, 1 << (22 + e).clamp(min=0))
+    t = X + f.emax + 127
+    clamp = torch.where(t < 255, (t << 7) | (_max_frac(f) >> 16), 0x7F80)
+    return fac, clamp
+
+
+def _fp6_codes_of_words(words):
+    """[..., 3] little-endian FP6 words (int64, 32 bits each) -> [..., 16] codes (code i at bit 6i)."""
+    out = []
+    for i in range(16):
+        k, b = divmod(6 * i, 32)
+        c = words[..., k] >> b
+        if b > 26:  # the code straddles two words
+            c = c | (words[..., k + 1] << (32 - b))
+        out.append(c & 0x3F)
+    return torch.stack(out, -1)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+@pytest.mark.parametrize("cols", [False, True])
+def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
+    """The FP6 pairs asm (``_quantize._fp6_pairs_asm``: FP6 straight from bf16 pairs, inline PTX: GPU only), run
+    instruction by instruction on the CPU: every bf16 bit pattern under every block exponent X in [-127, 126]
+    (rows: a group of 16 elements of one block; columns: the two halves of each word in two columns with
+    their own X), each finite element's code equals :func:`mxkit.formats.encode_elements` of the exact
+    x * 2^-X (RNE, saturating; -0 and negatives rounding to 0 keep the sign). A unit holding NaN / Inf is a
+    bad block, zeroed by its keep mask (checked too); in the column asm a NaN / Inf in one column's halves
+    leaves the other column's unit alone."""
+    from mxkit.formats import encode_elements, get_format
+    from mxkit.kernels._quantize import _fp6_pairs_asm
+
+    f = get_format(fmt)
+    asm = _fp6_pairs_asm(f.mbits, cols)
+    xs = torch.arange(1 << 16, dtype=torch.int64)
+    g = torch.Generator().manual_seed(13)
+    Xs = torch.arange(-127, 127, dtype=torch.int64)
+    n_el = 32 if cols else 16
+    for Xc in Xs[torch.randperm(Xs.numel(), generator=g)].split(16):
+        n = xs.numel() // n_el * n_el
+        x = torch.stack([xs[torch.randperm(xs.numel(), generator=g)[:n]] for _ in Xc])  # [len(Xc), n]
+        x = x.reshape(-1, n_el // 2, 2)  # [units, word (columns: row j), half]
+        # rows: one X per unit; columns: the even and odd column of each unit get different X
+        Xe = Xc.repeat_interleave(n // n_el)
+        Xo = Xe[torch.randperm(Xe.numel(), generator=g)] if cols else Xe
+        keep = torch.where(torch.rand(Xe.shape, generator=g) < 0.1, 0, 0xFFFFFFFF)
+        fe, ce = _fp6_pairs_operands(Xe, f)
+        fo, co = _fp6_pairs_operands(Xo, f)
+        words = x[..., 0] | (x[..., 1] << 16)  # [units, 16]
+        if cols:
+            ops = {f"${6 + j}": words[:, j] for j in range(16)}
+            ops.update({"$22": fe, "$23": fo, "$24": ce | (co << 16), "$25": keep, "$26": 0xFFFFFFFF - keep})
+            regs = _run_ptx_subset(asm, ops)
+            units = [(x[..., 0], Xe, keep, [regs[f"${k}"] for k in range(3)]),
+                     (x[..., 1], Xo, 0xFFFFFFFF - keep, [regs[f"${3 + k}"] for k in range(3)])]
+        else:
+            # rows: 16 elements of one block in 8 words, word i holding elements 2i, 2i + 1
+            w8 = x.reshape(-1, 16)
+            ops = {f"${3 + i}": words[:, i] for i in range(8)}
+            ops.update({"$11": fe, "$12": ce | (ce << 16), "$13": keep})
+            regs = _run_ptx_subset(asm, ops)
+            units = [(w8, Xe, keep, [regs[f"${k}"] for k in range(3)])]
+        for el, X, kp, out in units:
+            got = _fp6_codes_of_words(torch.stack(out, -1))
+            v = (el.to(torch.int32) << 16).view(torch.float32) * ((127 - X.to(torch.int32)) << 23).view(torch.float32)[:, None]
+            want = encode_elements(v, fmt, "rne").to(torch.int64)
+            # a unit holding NaN / Inf is one bad block (masked by its keep word in the kernels): compare the rest
+            fin = _finite16(el).all(1, keepdim=True).expand_as(got)
+            kept = (kp != 0)[:, None].expand_as(got)
+            bad = (got != want) & fin & kept
+            assert not bad.any(), (f"{fmt} cols={cols}: {int(bad.sum())} codes differ, first x=0x{int(el[bad][0]):04x} "
+                                   f"X={int(X[:, None].expand_as(el)[bad][0])}: {int(got[bad][0])} vs {int(want[bad][0])}")
+            assert not got[~kept].any(), "a masked unit must be 0"
 
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
@@ -1582,7 +1685,8 @@ def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
         rows, cols = quantize_triton(x, fmt, axis=(-1, -2))
         _assert_mx_equal(rows, quantize_reference(xc, fmt, axis=-1), what=f"{fmt} cast-transpose rows call {it}")
         _assert_mx_equal(cols, quantize_reference(xc, fmt, axis=0), what=f"{fmt} cast-transpose cols call {it}")
-        x2 = base[off : off + 64 * 512].view(64, 512)  # C >= 512: the one-direction cast-transpose (FP4 / FP6)
+        # C >= 512: the FP6 pairs kernel (at an address that is not a multiple of 4: its fallback)
+        x2 = base[off : off + 64 * 512].view(64, 512)
         x2.copy_(rand_tensor((64, 512), -1, generator=rng, dtype=torch.bfloat16).to(DEV))
         rows, cols = quantize_triton(x2, fmt, axis=(-1, -2))
         _assert_mx_equal(rows, quantize_reference(x2.cpu(), fmt, axis=-1), what=f"{fmt} split rows call {it}")
@@ -1629,6 +1733,69 @@ def test_gpu_fp4_units(part, rng, poison):
                     assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {x.shape} qdata")
                     assert_bytes_equal(got[1].cpu(), _ref_layout(ref.scale, lay).cpu(),
                                        f"cast-T {cfg} axis={a} {mode} {x.shape} scale")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt,part", [(f, p) for f in ("mxfp6_e2m3", "mxfp6_e3m2") for p in (0, 1)])
+def test_gpu_fp6_pairs(fmt, part, rng, poison):
+    """FP6 from bf16 pairs (``fp6_pairs``, session 12: :func:`_quantize._rows_fp6_pairs`, :func:`_cols_fp6_pairs`,
+    the asm :func:`_quantize._fp6_pairs_asm`) with and without the [groups, rows, 4] row store (fp6_store4):
+    rowwise, columnwise, the one-direction cast-transpose and fused cast-transposes on several tiles, on
+    bf16 (the pairs paths), fp32 (the same configs' fallbacks) and a bf16 input at an address that is not a
+    multiple of 4 (the fallback too); ragged shapes (masked rows and columns), NaN / Inf / zero / subnormal /
+    saturating blocks and the crafted tie blocks; outputs in poisoned memory."""
+    import dataclasses
+
+    from mxkit.kernels.quantize import QuantizeConfig, _cast_transpose_impl, _quantize_impl, quantize_config
+
+    def default(x, rows, cols):
+        return quantize_config(1, x.shape[0], x.shape[1], rows, cols, fmt)
+
+    kw = dict(hw_cvt=True, col_units=2, fp6_words=True, fp6_asm=True, fp6_pairs=True, ct_evict=1, mode_const=True)
+    fused = [QuantizeConfig(128, 64, 4, False, fp6_store4=True, scale_t=True, **kw),
+             QuantizeConfig(64, 64, 2, False, **kw), QuantizeConfig(64, 128, 4, False, fp6_store4=True, **kw),
+             QuantizeConfig(32, 256, 4, False, fp6_store4=True, scale_t=True, **dict(kw, mode_const=False))]
+    ties = _fp8_tie_blocks(fmt)
+    xs = [rand_tensor(shape, 0, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+          for shape in ((320, 208), (96, 544), (256, 1024))]
+    xs += [ties.T.contiguous().to(torch.bfloat16), rand_tensor((160, 96), 0, generator=rng, nonfinite=True)]
+    buf = torch.empty(192 * 512 + 1, dtype=torch.bfloat16)
+    odd = buf[1:].view(192, 512)  # (the device copy keeps the 2-byte offset: see below)
+    odd.copy_(rand_tensor((192, 512), 0, generator=rng, dtype=torch.bfloat16, nonfinite=True))
+    for i, x in enumerate(xs + [odd]):
+        xd = x.to(DEV)
+        if x is odd:  # an input address 2 bytes past a 4-byte boundary
+            big = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEV)
+            xd = big[1:].view(x.shape)
+            xd.copy_(x.to(DEV))
+            assert xd.data_ptr() % 4 == 2
+        cfgs = [("rows", dataclasses.replace(default(x, True, False), fp6_pairs=True, fp6_store4=bool(i % 2))),
+                ("cols", dataclasses.replace(default(x, False, True), fp6_pairs=True)),
+                ("ct", dataclasses.replace(default(x, True, True), fp6_pairs=True, fp6_store4=bool(i % 2)))]
+        cfgs += [("ct", c) for k, c in enumerate(fused) if (k + i) % 2 == part]
+        for k, (kind, cfg) in enumerate(cfgs):
+            if kind == "rows" and part == 1 or kind == "cols" and part == 0:
+                continue
+            mode = SCALE_MODES[(i + k + part) % 4]
+            if kind in ("rows", "cols"):
+                a = -1 if kind == "rows" else 0
+                if x.shape[a] % 32:
+                    continue
+                ref = quantize_reference(x, fmt, axis=a, scale_mode=mode)
+                q, s = _quantize_impl(xd, fmt, a, mode, "rne", "plain", cfg)
+                assert_bytes_equal(q.cpu(), ref.qdata, f"{kind} {cfg} {mode} {x.shape} {x.dtype} qdata")
+                assert_bytes_equal(s.cpu(), ref.scale, f"{kind} {cfg} {mode} {x.shape} scale")
+                continue
+            if x.shape[1] % 32:
+                continue
+            lay = "plain" if cfg.scale_t else "nvidia_128x4"
+            outs = _cast_transpose_impl(xd, fmt, mode, "rne", lay, cfg)
+            for got, a in ((outs[:2], -1), (outs[2:], 0)):
+                ref = quantize_reference(x, fmt, axis=a, scale_mode=mode)
+                assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {x.shape} qdata")
+                assert_bytes_equal(got[1].cpu(), _ref_layout(ref.scale, lay).cpu(),
+                                   f"cast-T {cfg} axis={a} {mode} {x.shape} scale")
 
 
 @pytest.mark.gpu

@@ -32,7 +32,11 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
     one asm per pair packing both columns' units, with COL_PACKED :func:`_cols_fp4_words`, with COL_UNITS
     :func:`_cols_fp4_units` (the fused FP4 cast-transpose, session 11). The block amax of bf16 pairs:
     :func:`_hmax_abs`.
-  - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`).
+  - FP6 (rowwise): the FP8 cvt on the FP8 grid that contains the FP6 grid (see :func:`_encode`). FP6P_R /
+    FP6P_C (FP6 from bf16, the fused cast-transpose default since session 12): bf16 pairs read as words, the
+    amax on pairs, one asm per unit that clamps in bf16x2, scales, rounds and packs (:func:`_fp6_pairs_asm`,
+    :func:`_rows_fp6_pairs`, :func:`_cols_fp6_pairs`); FP6_ST4: the rows' group words stored as one
+    [groups, rows, 4] tile.
   - FP8_WORDS (FP8, session 10): four codes made and masked as one 32-bit word, the bad-block mask inside the
     cvt asm (rowwise, :func:`_cvt_fp8_rn_keep`) or each unit's word straight from the asm (COL_PACKED 32-bit
     units and COL_UNITS, :func:`_fp8_words`).
@@ -529,6 +533,129 @@ def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode,
 
 
 @triton.jit
+def _store_group_words(q_ptr, w0, w1, w2, wofs, gm, STORE4: tl.constexpr):
+    """Store the three words of each 16-code FP6 group ([G, BLOCK_R] tiles; wofs: word offset of word 0, gm:
+    the groups' mask). STORE4 (fp6_store4): one [G, BLOCK_R, 4] store of words 0, 1, 2 and a masked copy of
+    word 2 (the mask is not constant along the 4, so the 4 go to 4 lanes, then the groups: a warp's store
+    covers contiguous pieces of a row); else three stride-3 word stores."""
+    if STORE4:
+        w4 = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w2)), [w0.shape[0], w0.shape[1], 4])
+        j4 = tl.arange(0, 4)[None, None, :]
+        tl.store(q_ptr + wofs[:, :, None] + j4, w4, mask=gm[:, :, None] & (j4 < 3))
+    else:
+        tl.store(q_ptr + wofs, w0, mask=gm)
+        tl.store(q_ptr + wofs + 1, w1, mask=gm)
+        tl.store(q_ptr + wofs + 2, w2, mask=gm)
+
+
+@triton.jit
+def _fp6_pairs_factor(X, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr):
+    """Per block X (int32, [-127, 126]) -> (fp32 bits of the factor 2^(-X-6) (E2M3) / 2^(-X-12) (E3M2), a
+    subnormal for the largest X; bf16 bits of the clamp max_normal * 2^X, +Inf where that overflows bf16:
+    no finite bf16 x then exceeds it) of :func:`_fp6_pairs_asm`."""
+    e = 127 - X - (6 if MBITS == 3 else 12)
+    fac = tl.where(e > 0, e << 23, 1 << (22 + e))
+    t = X + EMAX + 127
+    clamp = tl.where(t < 255, (t << 7) | (MAX_FRAC >> 16), 0x7F80)
+    return fac, clamp
+
+
+@triton.jit
+def _rows_fp6_pairs(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr = 0,
+                    STORE4: tl.constexpr = False):
+    """Rowwise FP6 from bf16 pairs (FP6P_R; GPU only; the input address a multiple of 4): rows grow, elements
+    c0 .. c0 + BLOCK_C read as 32-bit words (x_ptr: the input's int32 view), two [G, BLOCK_R, 4] word tiles
+    per 16-element group (16-byte loads; lanes along the groups first as in :func:`_rows_fp6_words`). The
+    block amax on the pairs (:func:`_hmax_abs`), then one asm per group (:func:`_fp6_pairs_asm`: clamp, scale,
+    round, pack, mask), elementwise over eight [G, BLOCK_R] word tiles, so any layout gives the same bytes;
+    the per-block operands reach the groups by a broadcast (a join / permute / reshape gave them a layout
+    with two lanes per group, and Triton ran the asm in that layout: twice the work). Stores as
+    :func:`_rows_fp6_words` (STORE4: one [G, BLOCK_R, 4] store). q_ptr: int32 words."""
+    G: tl.constexpr = BLOCK_C // 16
+    gi = c0 // 16 + tl.arange(0, G)
+    gm = ((gi < C // 16) | (not MASKED))[:, None] & rmask[None, :]  # [G, BLOCK_R]
+    e = tl.arange(0, 4)[None, None, :]
+    wp = x_ptr + (grow[None, :] * (C // 2) + (gi * 8)[:, None])[:, :, None] + e
+    xl = _load_raw(wp, gm[:, :, None], IN_F32_BITS, EVICT)  # [G, BLOCK_R, 4]: words 0-3 of each group (16 bytes)
+    xh = _load_raw(wp + 4, gm[:, :, None], IN_F32_BITS, EVICT)  # words 4-7
+    gmax = _block_absmax(_hmax_abs(xl, xh), 2)  # [G, BLOCK_R]: each group's max |x| in each half
+    bm = tl.reduce(tl.reshape(gmax, [G // 2, 2, BLOCK_R]), 1, _hmax_abs)  # blocks: [G // 2, BLOCK_R]
+    amax = tl.maximum(bm & 0xFFFF, bm >> 16) << 16  # fp32 bits of the bf16 amax
+    sbyte, X = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    fac, clamp = _fp6_pairs_factor(X, MBITS, EMAX, MAX_FRAC)
+    keep = tl.where(amax >= 0x7F800000, 0, -1)
+    # back to groups (group gi takes block gi // 2) by a broadcast, which keeps the groups' layout (a join /
+    # permute / reshape gave a layout with two lanes per group, and Triton ran the asm on that: 2x the work)
+    facg = tl.reshape(tl.broadcast_to(fac[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    clampg = tl.reshape(tl.broadcast_to(clamp[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    keepg = tl.reshape(tl.broadcast_to(keep[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    x0, x1, x2, x3 = _split4(xl, G, BLOCK_R)
+    x4, x5, x6, x7 = _split4(xh, G, BLOCK_R)
+    w0, w1, w2 = tl.inline_asm_elementwise(
+        FP6_PAIRS_ROWS_E2M3 if MBITS == 3 else FP6_PAIRS_ROWS_E3M2, FP6_PAIRS_ROWS_RW,
+        [x0, x1, x2, x3, x4, x5, x6, x7, facg, clampg | (clampg << 16), keepg], dtype=(tl.int32, tl.int32, tl.int32),
+        is_pure=True, pack=1)
+    _store_group_words(q_ptr, w0, w1, w2, grow[None, :] * (C // 16 * 3) + gi[:, None] * 3, gm, STORE4)
+    _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)
+
+
+@triton.jit
+def _cols_fp6_pairs(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr = 0):
+    """Columnwise FP6 from bf16 pairs of adjacent columns (FP6P_C; GPU only; C even, the input address a
+    multiple of 4), in the thread layout of :func:`_cols_fp4_units`: 16 row tiles [NB, H, 2] of words (32-row
+    block n, column pair h, 16-row unit u), one word per load, so each thread holds both units of one block
+    of its pair and the amax is in-thread (:func:`_hmax_abs`, both columns at once). One asm per unit pair
+    (:func:`_fp6_pairs_asm`, elementwise over the 16 tiles) makes both columns' three words; the words are
+    stored as :func:`_cols_units` stores its FP6 units (one [units, columns, 4] store). q_ptr: int32 words."""
+    NB: tl.constexpr = BLOCK_R // 32
+    H: tl.constexpr = BLOCK_C // 2
+    x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    n = tl.arange(0, NB)[:, None, None]
+    h = tl.arange(0, H)[None, :, None]
+    u = tl.arange(0, 2)[None, None, :]
+    urow = r0 + n * 32 + u * 16  # [NB, 1, 2]: first row of each unit (R is a multiple of 32)
+    m = ((urow < R) | (not MASKED)) & ((c0 // 2 + h < C // 2) | (not MASKED))  # [NB, H, 2]
+    p = x32 + tl.max_contiguous((b * R + urow) * (C // 2) + c0 // 2 + h, [1, 1, 1])
+    rs = C // 2  # words per input row
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_rows8(p, rs, m, EVICT)
+    x8, x9, x10, x11, x12, x13, x14, x15 = _load_rows8(p + 8 * rs, rs, m, EVICT)
+    am = _hmax_abs(_absmax8(x0, x1, x2, x3, x4, x5, x6, x7), _absmax8(x8, x9, x10, x11, x12, x13, x14, x15))
+    am = _block_absmax(am, 2)  # [NB, H]: both columns' block amax
+    amax = tl.join((am & 0xFFFF) << 16, (am >> 16) << 16)  # [NB, H, 2]: fp32 bits, column 2h + k
+    sbyte, X = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    fac, clamp = _fp6_pairs_factor(X, MBITS, EMAX, MAX_FRAC)
+    fe, fo = tl.split(fac)
+    ce, co = tl.split(clamp)
+    ke, ko = tl.split(tl.where(amax >= 0x7F800000, 0, -1))
+    w0e, w1e, w2e, w0o, w1o, w2o = tl.inline_asm_elementwise(
+        FP6_PAIRS_COLS_E2M3 if MBITS == 3 else FP6_PAIRS_COLS_E3M2, FP6_PAIRS_COLS_RW,
+        [x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+         tl.broadcast_to(fe[:, :, None], [NB, H, 2]), tl.broadcast_to(fo[:, :, None], [NB, H, 2]),
+         tl.broadcast_to((ce | (co << 16))[:, :, None], [NB, H, 2]), tl.broadcast_to(ke[:, :, None], [NB, H, 2]),
+         tl.broadcast_to(ko[:, :, None], [NB, H, 2])],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    # per column: [NB, H, 2 (u), 2 (parity)] -> [units (n, u), columns (h, parity)]
+    W0 = tl.reshape(tl.permute(tl.join(w0e, w0o), [0, 2, 1, 3]), [NB * 2, BLOCK_C])
+    W1 = tl.reshape(tl.permute(tl.join(w1e, w1o), [0, 2, 1, 3]), [NB * 2, BLOCK_C])
+    W2 = tl.reshape(tl.permute(tl.join(w2e, w2o), [0, 2, 1, 3]), [NB * 2, BLOCK_C])
+    w4 = tl.reshape(tl.join(tl.join(W0, W2), tl.join(W1, W2)), [NB * 2, BLOCK_C, 4])
+    unit = r0 // 16 + tl.arange(0, NB * 2)
+    c = c0 + tl.arange(0, BLOCK_C)
+    cmask = (c < C) | (not MASKED)
+    g = b * C + c  # output rows
+    j = tl.arange(0, 4)[None, None, :]
+    offs = g[None, :, None] * (R // 16 * 3) + (unit * 3)[:, None, None] + j
+    wm = ((unit < R // 16) | (not MASKED))[:, None, None] & cmask[None, :, None] & (j < 3)
+    tl.store(q_ptr + offs, w4, mask=wm)
+    sb = tl.reshape(tl.permute(sbyte, [1, 2, 0]), [BLOCK_C, NB])  # [H, 2, NB] -> column 2h + k
+    _store_scales(s_ptr, sb, g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
+
+
+@triton.jit
 def _scaled(xbits, X, DENORM: tl.constexpr):
     """The exact signed v = x * 2^-X (fp32) of fp32 bits x, X in [-127, 126] broadcast to their shape. DENORM:
     fp32-denormal x as the exact float(m) * 2^(-149 - X) (as in the integer path of _encode); the sign goes on
@@ -577,6 +704,73 @@ def _fp6_units_asm(mbits: int, vec: int, n_out: int) -> str:
                   "shr.u32 t, g1, 8;", "shl.b32 s, g2, 16;", f"or.b32 ${v + vec}, t, s;",
                   "shr.u32 t, g2, 16;", "shl.b32 s, g3, 8;", f"or.b32 ${v + 2 * vec}, t, s;"]
     return " ".join(lines + ["}"])
+
+
+def _fp6_pairs_asm(mbits: int, cols: bool) -> str:
+    """PTX for FP6 from bf16 pairs (FP6P_R / FP6P_C; 32-bit words, element 2i in the low half): clamp, scale, round
+    and pack 16 codes per unit. Rows (``cols`` False): $3-$10 the 8 words of one 16-element group (one block),
+    $11 the block factor f, $12 the clamp pair, $13 the keep mask -> $0-$2 the group's three little-endian
+    words. Columns (``cols`` True): $6-$21 one word per row of a unit (bf16 pairs of two adjacent columns,
+    each column its own block), $22 / $23 the factors of the even / odd column, $24 the clamp pair (even
+    column's in the low half), $25 / $26 their keep masks -> $0-$2 the even column's unit, $3-$5 the odd one's.
+
+    Per word: ``min.xorsign.abs.bf16x2`` with the clamp pair M = max_normal * 2^X (+Inf where that overflows
+    bf16, where no finite x can exceed it) saturates each half, sign kept, exactly (one ALU instruction per
+    two elements; rounding is monotone, so clamp-then-round = round-then-saturate, and M is on the grid); the
+    halves to fp32 bits (shl / and) and one ``mul.rn.f32`` each by f = 2^(-X-6) (E2M3) / 2^(-X-12) (E3M2),
+    exact (a subnormal product is below 2^-10 and rounds to code 0 whatever its rounding); then per 4 codes,
+    as in :func:`_fp6_units_asm`, two ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (RNE on the FP8 grid, which
+    holds the FP6 values times f / 2^-X below the saturation point), whose bytes are sign-bit-7, bits 5-6
+    clear (clamped): the sign moves to bit 5 with one subtraction per 4 bytes (b - 3/4 (b & 0x80) per
+    byte: ``mul.hi`` by 0xC0000000 makes the 3/4) and two bit-selects compress the 4 codes to 24 bits; four
+    such groups make the 3 words, ANDed with the keep mask (0 for a block holding NaN / Inf: those halves
+    are clamped to finite garbage here and zeroed). The amax on pairs (:func:`_hmax_abs`) and this clamp
+    replace the fp32 unpacking, amax and byte-SIMD saturation of the unit asm."""
+    cvt = "e4m3x2" if mbits == 3 else "e5m2x2"
+    lines = ["{", ".reg .b16 h0, h1;", ".reg .b32 y, w, s, t, g0, g1, g2, g3;",
+             ".reg .f32 " + ", ".join(f"v{i}" for i in range(8)) + ";"]
+    if cols:
+        words, fa, fb, m, keeps, n_units = [f"${6 + j}" for j in range(16)], "$22", "$23", "$24", ("$25", "$26"), 2
+    else:
+        words, fa, fb, m, keeps, n_units = [f"${3 + j}" for j in range(8)], "$11", "$11", "$12", ("$13",), 1
+
+    def scaled(word, lo, hi):  # the word's two clamped, scaled halves -> f32 registers lo, hi
+        return [f"min.xorsign.abs.bf16x2 y, {word}, {m};", f"shl.b32 s, y, 16;", "and.b32 y, y, 0xFFFF0000;",
+                f"mul.rn.f32 {lo}, s, {fa};", f"mul.rn.f32 {hi}, y, {fb};"]
+
+    def codes4(a, b, c, d, g):  # four scaled values (element order) -> 24-bit field of 4 FP6 codes in g
+        return [f"cvt.rn.satfinite.{cvt}.f32 h0, {b}, {a};", f"cvt.rn.satfinite.{cvt}.f32 h1, {d}, {c};",
+                "mov.b32 w, {h0, h1};", "and.b32 s, w, 0x80808080;", "mul.hi.u32 s, s, 0xC0000000;",
+                "sub.u32 w, w, s;", "shr.u32 s, w, 2;", "lop3.b32 w, w, s, 0x003F003F, 0xE4;",
+                "shr.u32 s, w, 4;", f"lop3.b32 {g}, w, s, 0x00000FFF, 0xE4;"]
+
+    def pack(g, o, keep):  # four 24-bit fields -> the unit's three words, masked
+        return [f"shl.b32 t, {g[1]}, 24; or.b32 t, {g[0]}, t; and.b32 {o[0]}, t, {keep};",
+                f"shr.u32 t, {g[1]}, 8; shl.b32 s, {g[2]}, 16; or.b32 t, t, s; and.b32 {o[1]}, t, {keep};",
+                f"shr.u32 t, {g[2]}, 16; shl.b32 s, {g[3]}, 8; or.b32 t, t, s; and.b32 {o[2]}, t, {keep};"]
+
+    if not cols:
+        for q in range(4):  # words 2q, 2q + 1 = elements 4q .. 4q + 3
+            lines += scaled(words[2 * q], "v0", "v1") + scaled(words[2 * q + 1], "v2", "v3")
+            lines += codes4("v0", "v1", "v2", "v3", f"g{q}")
+        lines += pack(("g0", "g1", "g2", "g3"), ("$0", "$1", "$2"), keeps[0])
+    else:
+        lines += [".reg .b32 e0, e1, e2, e3;"]
+        for q in range(4):  # rows 4q .. 4q + 3: even column in v0-v3, odd column in v4-v7
+            for k in range(4):
+                lines += scaled(words[4 * q + k], f"v{k}", f"v{4 + k}")
+            lines += codes4("v0", "v1", "v2", "v3", f"g{q}") + codes4("v4", "v5", "v6", "v7", f"e{q}")
+        lines += pack(("g0", "g1", "g2", "g3"), ("$0", "$1", "$2"), keeps[0])
+        lines += pack(("e0", "e1", "e2", "e3"), ("$3", "$4", "$5"), keeps[1])
+    return " ".join(lines + ["}"])
+
+
+FP6_PAIRS_ROWS_E2M3 = tl.constexpr(_fp6_pairs_asm(3, False))
+FP6_PAIRS_ROWS_E3M2 = tl.constexpr(_fp6_pairs_asm(2, False))
+FP6_PAIRS_COLS_E2M3 = tl.constexpr(_fp6_pairs_asm(3, True))
+FP6_PAIRS_COLS_E3M2 = tl.constexpr(_fp6_pairs_asm(2, True))
+FP6_PAIRS_ROWS_RW = tl.constexpr(",".join(["=r"] * 3 + ["r"] * 11))
+FP6_PAIRS_COLS_RW = tl.constexpr(",".join(["=r"] * 6 + ["r"] * 21))
 
 
 FP6_UNITS_E2M3_1 = tl.constexpr(_fp6_units_asm(3, 1, 16))
@@ -969,7 +1163,8 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
                     LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr,
-                    HW_CVT: tl.constexpr = False, UNIT_ASM: tl.constexpr = False, EVICT: tl.constexpr = 0):
+                    HW_CVT: tl.constexpr = False, UNIT_ASM: tl.constexpr = False, EVICT: tl.constexpr = 0,
+                    STORE4: tl.constexpr = False):
     """FP6_WORDS (rowwise FP6 quantize): rows grow, elements c0 .. c0 + BLOCK_C, with each thread holding whole
     16-element groups (two 8-element loads over a [groups, rows, 8] tile: lanes go along the groups, the lower
     of the equally contiguous dims), so the 4-codes-in-3-bytes pack needs no exchange: the thread writes its
@@ -1002,10 +1197,7 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
         codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
                              AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
         w0, w1, w2 = _fp6_unit_words(codes)
-    wofs = grow[None, :] * (C // 16 * 3) + gi[:, None] * 3
-    tl.store(q_ptr + wofs, w0, mask=gm)
-    tl.store(q_ptr + wofs + 1, w1, mask=gm)
-    tl.store(q_ptr + wofs + 2, w2, mask=gm)
+    _store_group_words(q_ptr, w0, w1, w2, grow[None, :] * (C // 16 * 3) + gi[:, None] * 3, gm, STORE4)
     _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)
 
 
@@ -1193,6 +1385,7 @@ def _quantize_kernel(
     COL_PACKED: tl.constexpr = False, FP4_PAIRS: tl.constexpr = False,
     COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
     COL_FP4W: tl.constexpr = False, FP8_WORDS: tl.constexpr = False, CT_EVICT: tl.constexpr = 0,
+    FP6_ST4: tl.constexpr = False, FP6P_R: tl.constexpr = False, FP6P_C: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -1261,11 +1454,15 @@ def _quantize_kernel(
             r = r0 + tl.arange(0, BLOCK_R)
             rmask = (r < R) | (not MASKED)
             grow = b * R + r
-            if FP6_WORDS:
+            if FP6_WORDS and FP6P_R:
+                _rows_fp6_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C,
+                                colsp_r, scale_mode, LAYOUT_R, MBITS, EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C,
+                                MASKED, EVICT_LAST if CT_EVICT > 0 else 0, FP6_ST4)
+            elif FP6_WORDS:
                 tl.static_assert(DO_ROW and BITS == 6)
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, pc * BLOCK_C, C, colsp_r, scale_mode, IN_KIND,
                                 LAYOUT_R, MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE,
-                                BLOCK_R, BLOCK_C, MASKED, HW_CVT, FP6_ASM, EVICT_LAST if CT_EVICT > 0 else 0)
+                                BLOCK_R, BLOCK_C, MASKED, HW_CVT, FP6_ASM, EVICT_LAST if CT_EVICT > 0 else 0, FP6_ST4)
             if (DO_COL and not (COL_PACKED or COL_UNITS > 0)) or (DO_ROW and not (FP6_WORDS or FP4_PAIRS)):
                 # (cast-transpose with FP6_WORDS: the column half loads the tile again, in its own layout; the
                 # program's first load just brought it into L1 / L2)
@@ -1286,6 +1483,9 @@ def _quantize_kernel(
                 _cols_fp4_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, LAYOUT_C, MBITS,
                                 EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED, COL_WIDE,
                                 EVICT_FIRST if CT_EVICT == 1 else 0)
+            elif DO_COL and COL_UNITS > 0 and FP6P_C:
+                _cols_fp6_pairs(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, LAYOUT_C, MBITS,
+                                EMAX, MAX_FRAC, SCALE_MODE, BLOCK_R, BLOCK_C, MASKED, EVICT_FIRST if CT_EVICT == 1 else 0)
             elif DO_COL and COL_UNITS > 0:
                 tl.static_assert(not SCALE_WORD)
                 _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, pc * BLOCK_C, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C,
@@ -1338,7 +1538,8 @@ def _cast_transpose_split_kernel(
     FP6_WORDS: tl.constexpr, FP4_PAIRS: tl.constexpr,
     COL_BR: tl.constexpr, COL_BC: tl.constexpr, COL_HW: tl.constexpr, COL_PACKED: tl.constexpr,
     COL_WIDE: tl.constexpr, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
-    COL_FP4W: tl.constexpr = False,
+    COL_FP4W: tl.constexpr = False, FP6_ST4: tl.constexpr = False, FP6P_R: tl.constexpr = False,
+    FP6P_C: tl.constexpr = False,
 ):
     """Cast-transpose of x viewed [B, R, C] by programs that each do ONE direction: the tensor is cut into
     regions of COL_BR x ROW_BC elements, and each region gets NR row programs (ROW_RB tiles of ROW_BR x ROW_BC
@@ -1365,10 +1566,14 @@ def _cast_transpose_split_kernel(
             r = r0 + (k * ROW_RB + i) * ROW_BR + tl.arange(0, ROW_BR)
             rmask = (r < R) | (not MASKED)
             grow = b * R + r
-            if FP6_WORDS:
+            if FP6_WORDS and FP6P_R:
+                _rows_fp6_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r,
+                                scale_mode, LAYOUT_R, MBITS, EMAX, MAX_FRAC, SCALE_MODE, ROW_BR, ROW_BC, MASKED, 0,
+                                FP6_ST4)
+            elif FP6_WORDS:
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r, scale_mode, IN_KIND, LAYOUT_R,
                                 MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE, ROW_BR, ROW_BC,
-                                MASKED, ROW_HW, FP6_ASM)
+                                MASKED, ROW_HW, FP6_ASM, 0, FP6_ST4)
             elif FP4_PAIRS:
                 tl.static_assert(RAW16)
                 _rows_fp4_pairs(x_ptr.to(tl.pointer_type(tl.int32)), qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r,
@@ -1388,6 +1593,9 @@ def _cast_transpose_split_kernel(
         if COL_UNITS > 0 and COL_FP4W:
             _cols_fp4_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
                             LAYOUT_C, MBITS, EMAX, MAX_FRAC, SCALE_MODE, COL_BR, COL_BC, MASKED, COL_WIDE)
+        elif COL_UNITS > 0 and FP6P_C:
+            _cols_fp6_pairs(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
+                            LAYOUT_C, MBITS, EMAX, MAX_FRAC, SCALE_MODE, COL_BR, COL_BC, MASKED)
         elif COL_UNITS > 0:
             _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
                         IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW,

@@ -132,6 +132,14 @@ class QuantizeConfig:
     # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
     # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none); the FP8 / FP4 default
     ct_evict: int = 0
+    # rowwise FP6 with fp6_words: each row's group words stored as one [groups, rows, 4] tile (words 0, 1, 2
+    # and a masked copy of word 2), so a warp's store runs along (word, group) of a row: contiguous row
+    # pieces instead of three stride-3 word stores (_quantize._rows_fp6_words)
+    fp6_store4: bool = False
+    # FP6 from bf16 with hw_cvt: rowwise fp6_words tiles and col_units columns (C even) read as bf16 pairs
+    # (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds through
+    # the FP8 cvt and packs (_quantize._fp6_pairs_asm); skipped for an input address not a multiple of 4
+    fp6_pairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,8 @@ class DequantizeConfig:
 
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
-def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike) -> QuantizeConfig:
+def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike, *,
+                    in_bf16: bool = True) -> QuantizeConfig:
     """Pick the tile for x viewed [B, R, C] (pure function of the problem). Every choice comes from same-process
     A/B runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/ to
     -s7/ab_variants.txt); times below are 16384^2.
@@ -168,8 +177,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     Element rounding (hw_cvt, RNE on a GPU only, :func:`hw_cvt_ok`): FP8 through the hardware
     ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic, FP6 through the FP8 cvt in the unit asm
     (fp6_asm, :func:`fp6_asm_ok`: saturation, sign and packing 4 codes at a time; the FP6 kernels were
-    ALU-pipe-bound) in rowwise tiles and col_units columns; the fused FP6 cast-transpose (C < 512) keeps the
-    integer encoder.
+    ALU-pipe-bound) in rowwise tiles and col_units columns; the fused FP6 cast-transpose from bf16 (C >= 512)
+    from bf16 pairs (fp6_pairs: the amax on pairs, the saturation as one bf16x2 clamp per pair, one asm per
+    unit); the fused FP6 cast-transpose with C < 512 keeps the integer encoder.
 
     Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 1 x 1024 on one
     warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
@@ -212,7 +222,12 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     32-row block of a column pair, a column's two 16-byte pieces on neighbouring lanes; 32-row tiles, whose
     16-byte pieces meet another program's in each sector, ran 2x slower): 301 -> 273 us, 8192^2 81.6 -> 75.4
     us, against the one-direction programs below, whose second read of x from L2 had L2 reads 1.6x the fused
-    kernel's. FP6 by one-direction programs over regions of the tensor (split_rows,
+    kernel's. FP6 from bf16 fused since session 12 (C >= 512), on 128 x 128 tiles, four warps, ct_evict: rows
+    and columns from bf16 pairs (fp6_pairs, _quantize._fp6_pairs_asm) and the rows' three words per group
+    stored as one [groups, rows, 4] tile (fp6_store4: a warp's store runs along a row; Nsight had the
+    earlier fused FP6 kernels' L2 write sectors at 2.3x the split kernel's): H200 16384^2 392 -> 334 us, H100
+    444 -> 391 us (each change alone gained nothing on this tile). FP6 from fp32 / fp16 by one-direction
+    programs over regions of the tensor (split_rows,
     :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
     region's second read comes from L2; FP6 785 -> 618 us, FP4 403 -> 369 us until session 11; FP8 no gain,
     also with col_units): columns 64 x 64 (col_units; 617 -> 483 us) and rows 2 x 512 (fp6_words, FP8 cvt) on
@@ -236,8 +251,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         fp8 = f.is_float and f.bits == 8
         r64 = 64 if R >= 64 else 32
         r128 = 128 if R >= 128 else r64
-        split, units = (), 0
-        if do_row and f.is_float and f.bits == 6 and C >= 512:
+        split, units, fp6p = (), 0, False
+        if do_row and f.is_float and f.bits == 6 and C >= 512 and in_bf16:
+            # cast-transpose FP6 from bf16 fused: 128 x 128 tiles on 4 warps, rows and columns from bf16 pairs
+            # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4), ct_evict
+            block_r, c_max, units, fp6p = r128, 128, 2, True
+            warps = max(1, block_r * max(32, min(c_max, _pow2(C))) // 4096)
+        elif do_row and f.is_float and f.bits == 6 and C >= 512:
             # cast-transpose FP6 by one-direction programs (_cast_transpose_split_kernel): columns on 64 x 64
             # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
@@ -279,7 +299,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and not (units and not do_row) and B * R * C >= 1 << 26),
-                              fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4)) else 0)
+                              fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
+                              fp6_pairs=fp6p, fp6_store4=fp6p)
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
@@ -545,7 +566,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             B, R, C, do_row, do_col = math.prod(shape[:axis]), L, Q, False, True
             slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
             lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
-    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f)
+    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f, in_bf16=in_kind == 1)
     units = cfg.col_units if do_col else 0
     packed = bool(cfg.col_packed and do_col and not units)
     # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
@@ -581,6 +602,11 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and not (cfg.row3d and not do_col)
                        and hw_cvt_ok(cfg, f, rnd, in_kind)),
         CT_EVICT=cfg.ct_evict if (do_row and do_col and units) else 0,
+        FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6 and do_row),
+        FP6P_R=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and do_row and not cfg.row3d
+                    and cfg.fp6_words and cfg.block_c >= 32 and hw_cvt_ok(cfg, f, rnd, in_kind)),
+        FP6P_C=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and do_col and units
+                    and C % 2 == 0 and hw_cvt_ok(cfg, f, rnd, in_kind)),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE
@@ -602,17 +628,25 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
             COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and col_hw,
             FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
-           
+            FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6),
+            FP6P_R=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and cfg.fp6_words and row_hw),
+            FP6P_C=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and units and C % 2 == 0
+                        and hw_cvt_ok(cfg, f, rnd, in_kind)),
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)
         grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
         launcher = _CT_SPLIT
-    # inputs at an address that is not a multiple of 4 (FP4_PAIRS, COL_FP4W: bf16 pairs read as 32-bit words) /
+    # inputs at an address that is not a multiple of 4 (FP4_PAIRS, COL_FP4W, FP6P_R / _C: bf16 pairs read as
+    # 32-bit words) /
     # 16 bytes (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without
     d = dict(consts)
-    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") or d.get("COL_FP4W") else 0)
-    off = ("FP4_PAIRS", "FP6_ASM", "COL_FP4W")
+    if d.get("FP6_ASM") and (d.get("FP6P_R") or not do_row) and (d.get("FP6P_C") or not do_col):
+        d["FP6_ASM"] = False  # the FP6 pairs paths do all the work: no 16-byte alignment needed
+        consts = tuple(d.items())
+    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") or d.get("COL_FP4W") or d.get("FP6P_R")
+                                         or d.get("FP6P_C") else 0)
+    off = ("FP4_PAIRS", "FP6_ASM", "COL_FP4W", "FP6P_R", "FP6P_C")
     unaligned = (align, tuple((k, False if k in off else v) for k, v in consts)) if align else None
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
@@ -800,7 +834,8 @@ def quantize_triton(
     x: CUDA float32 | bfloat16 | float16, any rank >= 1, ``x.shape[axis] % 32 == 0``; any axis.
     axis: an int, or a pair of two different axes for a cast-transpose: returns one MXTensor per axis.
       (last, second-to-last) in either order is one launch that reads x from DRAM about once (a fused kernel,
-      or for FP4 / FP6 with rows >= 1024 / 512 one-direction programs whose second read of a region hits L2);
+      or for FP6 from fp32 / fp16 with rows >= 512 one-direction programs whose second read of a region hits
+      L2);
       other pairs run two kernels.
     scale_layout: ``"plain"`` -> scale (..., L // 32); ``"nvidia_128x4"`` (cuBLAS blocked layout) or
       ``"aiter_shuffle"`` -> scale 2-D ``scale_layout_shape(rows, L // 32, layout)``, rows = prod(scale's

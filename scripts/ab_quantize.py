@@ -53,7 +53,9 @@ def variants():
         ("4x1024w4", {"block_r": 4, "num_warps": 4}), ("rb2 4x1024w4", {"block_r": 4, "num_warps": 4, "rblocks": 2}),
         ("rb2 1x1024w1", {"block_r": 1, "num_warps": 1, "rblocks": 2})]
     # session 7 run 6-7: the FP6 unit asm (fp6_asm, default since) against the integer encoder ("no asm")
-    r6 = [("default", None), ("no asm", {"fp6_asm": False})]
+    # (the session 7-11 rowwise FP6 default: 4 x 512 on two warps, the unit asm; bf16 from bf16 pairs since session 12)
+    s11_r6 = {"block_r": 4, "block_c": 512, "num_warps": 2, "fp6_pairs": False, "fp6_store4": False}
+    r6 = [("default", None), ("s11", s11_r6), ("no asm", dict(s11_r6, fp6_asm=False))]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
     # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows
@@ -207,18 +209,24 @@ def variants():
     t6 += [("st4", dict(s11_6, fp6_store4=True))] + [
         (f"st4 fu6 {r}x64w{r // 32} ev{e}", dict(f6, block_r=r, block_c=64, num_warps=r // 32, ct_evict=e, fp6_store4=True))
         for r, e in ((64, 1), (64, 0), (128, 1), (32, 1))]
-    r6 += [("st4", {"fp6_store4": True})]
+    r6 += [("st4", dict(s11_r6, fp6_store4=True))]
     # session 12: FP6 from bf16 pairs (fp6_pairs: the amax on pairs, a bf16x2 clamp instead of the byte-SIMD
     # saturation, one asm per unit)
-    r6 += [("p", {"fp6_pairs": True}), ("p st4", {"fp6_pairs": True, "fp6_store4": True})]
-    c6 += [("p", {"fp6_pairs": True})]
+    r6 += [("p", dict(s11_r6, fp6_pairs=True)), ("p st4", dict(s11_r6, fp6_pairs=True, fp6_store4=True))]
+    c6 += [("p", {"fp6_pairs": True})] + [
+        (f"p {r}x{c}w{w}", {"fp6_pairs": True, "block_r": r, "block_c": c, "num_warps": w})
+        for r, c, w in ((256, 64, 8), (128, 128, 4), (128, 128, 8), (64, 128, 2), (128, 64, 2), (256, 128, 8),
+                        (64, 256, 4))]
+    r6 += [(f"p st4 {r}x{c}w{w}", {"fp6_pairs": True, "fp6_store4": True, "block_r": r, "block_c": c, "num_warps": w})
+           for r, c, w in ((2, 512, 1), (8, 512, 4), (4, 1024, 4), (2, 1024, 2))]
     t6 += [("p", dict(s11_6, fp6_pairs=True)), ("p st4", dict(s11_6, fp6_pairs=True, fp6_store4=True))] + [
         (f"p st4 fu6 {r}x{c}w{w} ev{e}", dict(f6, block_r=r, block_c=c, num_warps=w, ct_evict=e, fp6_store4=True,
                                               fp6_pairs=True))
         for r, c, w, e in ((64, 64, 2, 1), (128, 64, 4, 1), (64, 128, 4, 1), (128, 64, 4, 0), (256, 64, 8, 1),
                            (128, 128, 8, 1), (64, 256, 8, 1), (32, 256, 4, 1), (128, 128, 4, 1), (128, 128, 8, 0),
                            (128, 256, 8, 1), (128, 256, 16, 1), (256, 128, 8, 1), (256, 128, 16, 1), (64, 128, 8, 1),
-                           (128, 128, 16, 1), (256, 256, 16, 1))] + [
+                           (128, 128, 16, 1), (256, 256, 16, 1), (128, 128, 4, 2), (128, 128, 4, 0), (64, 128, 2, 1),
+                           (128, 64, 2, 1), (64, 256, 4, 1))] + [
         ("p fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_pairs=True)),
         ("st4 fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_store4=True))]
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the

@@ -64,7 +64,7 @@ cases = {
                                                        kq.quantize_config(1, 8192, 8192, True, True, "mxfp6_e2m3",
                                                                           in_bf16=False)),
     "rows fp6 st4": lambda: kq._quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", dataclasses.replace(
-        kq.quantize_config(1, 8192, 8192, True, False, "mxfp6_e2m3"), fp6_store4=True)),
+        kq.quantize_config(1, 8192, 8192, True, False, "mxfp6_e2m3", in_bf16=False), fp6_store4=True)),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
 }
 names = sys.argv[1:] or list(cases)

@@ -185,7 +185,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
     elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6
     programs walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
-    through the FP8 cvt (227 -> 222 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
+    through the FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
+    each group's words stored as [groups, rows, 4] tiles (fp6_store4) on 2 x 1024 tiles, two warps (H200
+    186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
     into packed bytes (fp4_pairs; 206 -> 179 us; session 8: the leaner bf16x2 encoder with the packed amax
     and the bad-block mask inside the asm, 179 -> 165 us).
 
@@ -301,10 +303,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                                        and not (units and not do_row) and B * R * C >= 1 << 26),
                               fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
                               fp6_pairs=fp6p, fp6_store4=fp6p)
+    fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
         block_c, block_r, warps = 1024, 1, 1
+    elif fp6p_rows:  # FP6 from bf16 pairs, 2 x 1024 on two warps (session 12, H200: 186.8 -> 179.6 us)
+        block_c, block_r, warps = 1024, max(1, min(_pow2(R), 2)), 2
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
         block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
         block_r = max(1, min(_pow2(R), 2048 // block_c))
@@ -319,7 +324,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
     return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
                           mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
-                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8)
+                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
+                          fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1212,7 +1212,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
     decode asm (``_fp6_group_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
     the FP8 cvt asm (``_fp8x4_asm``):
     cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
-    {abs, min, max, min.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
+    {abs, min, max, min / max.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
     the pair), and / or / shl / shr / sub,
     mul.hi / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
     tensors of bit patterns (one per unit); the float steps use torch's IEEE casts and fp32 arithmetic (RNE,
@@ -1280,9 +1280,10 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             for h in (0, 1):
                 f = [((torch.as_tensor(val(t)) >> (16 * h)) & 0xFFFF).to(torch.int32) << 16 for t in args[1:]]
                 f = [t.view(torch.float32) for t in f]
-                if op == "min.xorsign.abs.bf16x2":  # min(|a|, |b|) (a NaN gives the other), sign a ^ b
-                    a_, b_ = f[0].abs(), f[1].abs()  # (explicit: torch's fmin keeps a signaling NaN)
-                    r = torch.where(torch.isnan(a_), b_, torch.where(torch.isnan(b_), a_, torch.minimum(a_, b_)))
+                if op in ("min.xorsign.abs.bf16x2", "max.xorsign.abs.bf16x2"):  # min / max(|a|, |b|), sign a ^ b
+                    a_, b_ = f[0].abs(), f[1].abs()  # (a NaN gives the other; explicit: torch's fmin keeps an sNaN)
+                    mm = torch.minimum if op.startswith("min") else torch.maximum
+                    r = torch.where(torch.isnan(a_), b_, torch.where(torch.isnan(b_), a_, mm(a_, b_)))
                     sgn = (f[0].view(torch.int32) ^ f[1].view(torch.int32)) & -2147483648
                     r = ((r.view(torch.int32) & 0x7FFFFFFF) | sgn).view(torch.float32)
                 elif op == "abs.bf16x2":

@@ -261,21 +261,26 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 
 # One E2M1 code per 16-bit half of a bf16 pair ({x}: the pair, {f}: the pair's block factors 2^-X, {d}: the
 # result, code of the low element in bits 0-3, of the high element in bits 16-19, nothing else set):
-#   a = min(|x| * 2^-X, 6)        exact product (power-of-two factor; a subnormal a rounds to code 0 anyway)
-#   e = max(a, 1) & 0x7F80        2^E, E = floor(log2 a) clamped to [0, 2]: the E2M1 step at a is 2^(E-1)
-#   m = 130 * Eb + 514            bf16 bits of 64 * 2^E + 2E ulps (Eb = E + 127): a magic number whose ulp is
-#                                 the step at a and whose low mantissa bits hold the code offset 2E
-#   t = a + m                     add.rn rounds a to the step (RNE); t's low 3 bits are the code 2E + a / step
-#   d = (t & 7) + (sign >> 12)    the sign bit of x moved to bit 3 (so -0 and negatives rounding to 0 keep it)
-# m comes from e by mul.hi (65 * Eb in each half) and x 2 + 514; the sign is masked from x itself (a float
-# x * (+0) would turn a NaN into bits across both halves, and the two halves of a pair may belong to different
-# blocks) and shifted in while adding it. 11 instructions per pair, 5-6 of them on the ALU pipe (session 7:
-# 15, 10 on the ALU pipe, which limited the FP4 kernels at 86%). Every bf16 bit pattern under every X is
+#   a = x * 2^-X, |a| clamped to 6    exact product (power-of-two factor; a subnormal a rounds to code 0 anyway),
+#                                     then min.xorsign.abs with +6: min(|a|, 6) with a's sign
+#   e = max(|a|, 1) & 0x7F80          2^E, E = floor(log2 |a|) clamped to [0, 2]: the E2M1 step at a is 2^(E-1)
+#                                     (max.xorsign.abs keeps a's sign, which the mask drops)
+#   m = 130 * Eb + 514, signed as a   bf16 bits of 64 * 2^E + 2E ulps (Eb = E + 127): a magic number whose ulp
+#                                     is the step at a and whose low mantissa bits hold the code offset 2E
+#   t = a + m                         add.rn rounds |a| to the step (RNE, symmetric in the sign); t's low 3 bits
+#                                     are the code 2E + |a| / step
+#   d = (t & 7) + (sign >> 12)        the sign bit of a (= x's: -0 and negatives rounding to 0 keep it) moved
+#                                     to bit 3
+# m comes from e by one mad.hi (65 * Eb + 257 in each half) and one mad.lo (x 2, plus the sign bits); the sign
+# is masked from a itself (a float x * (+0) would turn a NaN into bits across both halves, and the two halves
+# of a pair may belong to different blocks). 10 instructions per pair, 6 of them on the ALU pipe (session 7:
+# 15, 10 on the ALU pipe; sessions 8-11: 11, 7 with a separate abs before an unsigned add; session 12: the
+# fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2 us). Every bf16 bit pattern under every X is
 # checked against mxkit.formats.encode_elements by running this PTX through a CPU interpreter
 # (tests/test_kernels.py).
-_FP4_CODE = ("abs.bf16x2 a, {x}; mul.rn.bf16x2 a, a, {f}; min.bf16x2 a, a, k6; max.bf16x2 e, a, k1; "
-             "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; mad.lo.u32 m, m, 2, 0x02020202; "
-             "add.rn.bf16x2 t, a, m; and.b32 s, {x}, 0x80008000; and.b32 t, t, 0x00070007; "
+_FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
+             "and.b32 e, e, 0x7F807F80; mad.hi.u32 m, e, 0x82000000, 0x01010101; and.b32 s, a, 0x80008000; "
+             "mad.lo.u32 m, m, 2, s; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "
              "mad.hi.u32 {d}, s, 0x00100000, t; ")
 _FP4_REGS = "{ .reg .b32 k6, k1, a, e, m, t, s, "
 _FP4_CONSTS = "mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
@@ -288,7 +293,7 @@ _FP4_ELEMENTS_ASM = tl.constexpr(_FP4_REGS + "y0, y1; " + _FP4_CONSTS + _FP4_COD
 def _fp4_bf16x2(xh, fh):
     """bf16 inputs (int16 bits) and their block factors 2^-X (int16 bf16 bits, X in [-127, 126]) -> E2M1
     codes (uint8: sign in bit 3), RNE, two elements per instruction (bf16x2 arithmetic, sm_90; the steps in
-    _FP4_CODE). The sign comes from x, so -0 and negative values rounding to 0 keep it. Elementwise: any
+    _FP4_CODE). The sign comes from x (through a = x * 2^-X), so -0 and negative values rounding to 0 keep it. Elementwise: any
     layout gives the same codes."""
     return tl.inline_asm_elementwise(_FP4_ELEMENTS_ASM, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True,
                                      pack=4)

@@ -187,9 +187,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     programs walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
     through the FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
     each group's words stored as [groups, rows, 4] tiles (fp6_store4) on 2 x 1024 tiles, two warps (H200
-    186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16 pairs read as 32-bit words and rounded straight
-    into packed bytes (fp4_pairs; 206 -> 179 us; session 8: the leaner bf16x2 encoder with the packed amax
-    and the bad-block mask inside the asm, 179 -> 165 us).
+    186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16
+    pairs read as 32-bit words and rounded straight into packed bytes (fp4_pairs; 206 -> 179 us; session 8:
+    the leaner bf16x2 encoder with the packed amax and the bad-block mask inside the asm, 179 -> 165 us).
 
     Columnwise (blocks along R): FP8 / FP6 / MXINT8 with col_units on 128 x 64 tiles, a warp per 32-row block
     (2-element loads put the lanes along the columns; each thread packs whole units along R, and a warp

@@ -1745,10 +1745,12 @@ def test_gpu_fp6_pairs(fmt, part, rng, poison):
     rowwise, columnwise, the one-direction cast-transpose and fused cast-transposes on several tiles, on
     bf16 (the pairs paths), fp32 (the same configs' fallbacks) and a bf16 input at an address that is not a
     multiple of 4 (the fallback too); ragged shapes (masked rows and columns), NaN / Inf / zero / subnormal /
-    saturating blocks and the crafted tie blocks; outputs in poisoned memory."""
+    saturating blocks and the crafted tie blocks; a batch of matrices through the public call (the default
+    fused kernel with B > 1); outputs in poisoned memory."""
     import dataclasses
 
-    from mxkit.kernels.quantize import QuantizeConfig, _cast_transpose_impl, _quantize_impl, quantize_config
+    from mxkit.kernels.quantize import (QuantizeConfig, _cast_transpose_impl, _quantize_impl, quantize_config,
+                                        quantize_triton)
 
     def default(x, rows, cols):
         return quantize_config(1, x.shape[0], x.shape[1], rows, cols, fmt)
@@ -1797,6 +1799,12 @@ def test_gpu_fp6_pairs(fmt, part, rng, poison):
                 assert_bytes_equal(got[0].cpu(), ref.qdata, f"cast-T {cfg} axis={a} {mode} {x.shape} qdata")
                 assert_bytes_equal(got[1].cpu(), _ref_layout(ref.scale, lay).cpu(),
                                    f"cast-T {cfg} axis={a} {mode} {x.shape} scale")
+    # a batch of matrices through the public call (the default config: the fused pairs kernel with B > 1)
+    x3 = rand_tensor((3, 96, 1056), -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+    mode = SCALE_MODES[part + 2]
+    rows, cols = quantize_triton(x3.to(DEV), fmt, axis=(-1, -2), scale_mode=mode)
+    _assert_mx_equal(rows, quantize_reference(x3, fmt, axis=-1, scale_mode=mode), what=f"{fmt} 3-D rows {mode}")
+    _assert_mx_equal(cols, quantize_reference(x3, fmt, axis=-2, scale_mode=mode), what=f"{fmt} 3-D cols {mode}")
 
 
 @pytest.mark.gpu

@@ -275,9 +275,9 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 # is masked from a itself (a float x * (+0) would turn a NaN into bits across both halves, and the two halves
 # of a pair may belong to different blocks). 10 instructions per pair, 6 of them on the ALU pipe (session 7:
 # 15, 10 on the ALU pipe; sessions 8-11: 11, 7 with a separate abs before an unsigned add; session 12: the
-# fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2 us). Every bf16 bit pattern under every X is
-# checked against mxkit.formats.encode_elements by running this PTX through a CPU interpreter
-# (tests/test_kernels.py).
+# fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2 us). Every
+# bf16 bit pattern under every X is checked against mxkit.formats.encode_elements by running this PTX through
+# a CPU interpreter (tests/test_kernels.py).
 _FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
              "and.b32 e, e, 0x7F807F80; mad.hi.u32 m, e, 0x82000000, 0x01010101; and.b32 s, a, 0x80008000; "
              "mad.lo.u32 m, m, 2, s; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "
@@ -293,8 +293,8 @@ _FP4_ELEMENTS_ASM = tl.constexpr(_FP4_REGS + "y0, y1; " + _FP4_CONSTS + _FP4_COD
 def _fp4_bf16x2(xh, fh):
     """bf16 inputs (int16 bits) and their block factors 2^-X (int16 bf16 bits, X in [-127, 126]) -> E2M1
     codes (uint8: sign in bit 3), RNE, two elements per instruction (bf16x2 arithmetic, sm_90; the steps in
-    _FP4_CODE). The sign comes from x (through a = x * 2^-X), so -0 and negative values rounding to 0 keep it. Elementwise: any
-    layout gives the same codes."""
+    _FP4_CODE). The sign comes from x (through a = x * 2^-X), so -0 and negative values rounding to 0 keep
+    it. Elementwise: any layout gives the same codes."""
     return tl.inline_asm_elementwise(_FP4_ELEMENTS_ASM, "=r,r,r,r,r", [xh, fh], dtype=tl.uint8, is_pure=True,
                                      pack=4)
 

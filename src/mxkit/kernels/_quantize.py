@@ -538,6 +538,18 @@ def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode,
 
 
 @triton.jit
+def _store_fp6_units(q_ptr, w4, unit, g, cmask, R, MASKED: tl.constexpr):
+    """Store FP6 column units: w4 [units, columns, 4] (words 0, 1, 2 and a copy of word 2, which is masked), unit
+    the units' indices along R / 16, g the output rows (columns), cmask their mask; q_ptr: int32 words. The 4th
+    word's mask is not constant along the 4, so the store's lanes run along (word, unit): a warp writes
+    contiguous pieces of an output row (:func:`_cols_units`, :func:`_cols_fp6_pairs`)."""
+    j = tl.arange(0, 4)[None, None, :]
+    offs = g[None, :, None] * (R // 16 * 3) + (unit * 3)[:, None, None] + j
+    wm = ((unit < R // 16) | (not MASKED))[:, None, None] & cmask[None, :, None] & (j < 3)
+    tl.store(q_ptr + offs, w4, mask=wm)
+
+
+@triton.jit
 def _store_group_words(q_ptr, w0, w1, w2, wofs, gm, STORE4: tl.constexpr):
     """Store the three words of each 16-code FP6 group ([G, BLOCK_R] tiles; wofs: word offset of word 0, gm:
     the groups' mask). STORE4 (fp6_store4): one [G, BLOCK_R, 4] store of words 0, 1, 2 and a masked copy of
@@ -652,10 +664,7 @@ def _cols_fp6_pairs(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, LA
     c = c0 + tl.arange(0, BLOCK_C)
     cmask = (c < C) | (not MASKED)
     g = b * C + c  # output rows
-    j = tl.arange(0, 4)[None, None, :]
-    offs = g[None, :, None] * (R // 16 * 3) + (unit * 3)[:, None, None] + j
-    wm = ((unit < R // 16) | (not MASKED))[:, None, None] & cmask[None, :, None] & (j < 3)
-    tl.store(q_ptr + offs, w4, mask=wm)
+    _store_fp6_units(q_ptr, w4, unit, g, cmask, R, MASKED)
     sb = tl.reshape(tl.permute(sbyte, [1, 2, 0]), [BLOCK_C, NB])  # [H, 2, NB] -> column 2h + k
     _store_scales(s_ptr, sb, g, cmask, r0, R, cols_p, BLOCK_R, LAYOUT, MASKED)
 
@@ -1356,10 +1365,7 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     cmask = (c < C) | (not MASKED)
     g = b * C + c  # output rows
     if BITS == 6:
-        j = tl.arange(0, 4)[None, None, :]
-        offs = g[None, :, None] * (R // 16 * 3) + (unit * 3)[:, None, None] + j
-        wm = ((unit < R // 16) | (not MASKED))[:, None, None] & cmask[None, :, None] & (j < 3)
-        tl.store(q_ptr + offs, w4, mask=wm)
+        _store_fp6_units(q_ptr, w4, unit, g, cmask, R, MASKED)
     else:
         wm = ((unit < R // J) | (not MASKED))[:, None] & cmask[None, :]
         tl.store(q_ptr + g[None, :] * (R // J) + unit[:, None], words, mask=wm)

@@ -581,6 +581,9 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     wide = bool(cfg.col_wide and f.bits in (4, 8) and (packed or fp4w))
     if packed or units:  # the column data is written as int32 words
         slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
+    # FP6 from bf16 pairs (rows: with fp6_words; columns: col_units, C even)
+    fp6p = bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and hw_cvt_ok(cfg, f, rnd, in_kind))
+    fp6p_c = bool(fp6p and units and C % 2 == 0)
     rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
     span_r = cfg.block_r * rb
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
@@ -609,10 +612,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                        and hw_cvt_ok(cfg, f, rnd, in_kind)),
         CT_EVICT=cfg.ct_evict if (do_row and do_col and units) else 0,
         FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6 and do_row),
-        FP6P_R=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and do_row and not cfg.row3d
-                    and cfg.fp6_words and cfg.block_c >= 32 and hw_cvt_ok(cfg, f, rnd, in_kind)),
-        FP6P_C=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and do_col and units
-                    and C % 2 == 0 and hw_cvt_ok(cfg, f, rnd, in_kind)),
+        FP6P_R=bool(fp6p and do_row and not cfg.row3d and cfg.fp6_words and cfg.block_c >= 32),
+        FP6P_C=bool(fp6p_c and do_col),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE
@@ -635,9 +636,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and col_hw,
             FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
             FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6),
-            FP6P_R=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and cfg.fp6_words and row_hw),
-            FP6P_C=bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and units and C % 2 == 0
-                        and hw_cvt_ok(cfg, f, rnd, in_kind)),
+            FP6P_R=bool(fp6p and cfg.fp6_words and row_hw), FP6P_C=fp6p_c,
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)

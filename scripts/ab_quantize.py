@@ -229,6 +229,19 @@ def variants():
                            (128, 64, 2, 1), (64, 256, 4, 1))] + [
         ("p fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_pairs=True)),
         ("st4 fu6 128x128w8 ev1", dict(f6, block_r=128, block_c=128, num_warps=8, ct_evict=1, fp6_store4=True))]
+    # (session 13 run 1, H200 8192^2: the cast-transpose defaults under Triton's maxnreg cap, for more resident
+    # CTAs (the FP6 default takes 128 registers: 4 CTAs of 4 warps per SM): every cap spilled and was slower, FP6
+    # at 104 registers 92.5 -> 107.1 us, FP8 at 80 82.5 -> 83.6, FP4 at 56 75.1 -> 76.4. The same run timed the
+    # cast-transposes with the scale_t byte transpose skipped (wrong column scales, timing only), the bound of
+    # doing without the second launch: 8192^2 FP8 82.5 -> 78.4 us, FP4 75.1 -> 70.4, FP6 92.5 -> 89.0; 16384^2
+    # 304.8 -> 297.0, 266.5 -> 259.8, 335.4 -> 328.0)
+    # (session 13 run 2: the chunk move inside the launch -- each program, after its scale stores, a CTA barrier
+    # and one acq_rel atomic on a per-chunk counter; the program completing a chunk of 32 block rows reads it back
+    # and writes it transposed, then resets the counter; correct on the GPU, graphs and streams included -- was
+    # SLOWER than the second launch: 8192^2 FP8 81.6 -> 90.0 us, FP4 74.8 -> 83.3, FP6 92.2 -> 99.6 (with a
+    # register cap against ptxas's larger choice); 16384^2 302.4 -> 337.1, 265.3 -> 305.3, 334.3 -> 367.1. The
+    # release makes every CTA wait for its stores to reach L2 before it can retire. Not kept;
+    # benchmarks/h200-2026-11-22-s13/ab_scale_tail.txt)
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]

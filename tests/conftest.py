@@ -377,7 +377,7 @@ _CLAIM_DIR = os.environ.get("MXKIT_TEST_CLAIM_DIR")
 _COST = {"test_gpu_variants_match_reference": 12, "test_gpu_fp6_words": 8, "test_gpu_cast_transpose": 10,
          "test_gpu_quantize_matches_reference": 3, "test_gpu_dequantize_matches_reference": 3,
          "test_gpu_small_shapes": 2, "test_gpu_swizzled_scale_layout": 2,
-         "test_gpu_fp6_pairs": 6}
+         "test_gpu_fp6_pairs": 6, "test_gpu_cast_transpose_streams_and_graphs": 3}
 
 if _CLAIM_DIR:
     import hashlib

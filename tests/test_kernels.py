@@ -1003,6 +1003,50 @@ def test_gpu_large_tiles(fmt, rng):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"])
+def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
+    """The large cast-transposes (2^26 elements and more: the column scales go through the transposed buffer and
+    a second launch, scale_t) with a batch and ragged tiles, on fresh data: two calls at once on two side
+    streams, and a CUDA graph captured once and replayed twice on new input."""
+    from mxkit.kernels import quantize as kq
+    from mxkit.kernels.quantize import quantize_triton
+
+    if DEV != "cuda":
+        pytest.skip("2^26 elements are too many for the interpreter")
+    shape = (4, 4160, 4096)
+    assert kq.quantize_config(4, 4160, 4096, True, True, fmt).scale_t
+
+    def fresh():
+        e = torch.randint(-30, 30, (shape[0], shape[1], 1), generator=rng).float()
+        return (torch.randn(shape, generator=rng) * torch.exp2(e)).to(torch.bfloat16).cuda()
+
+    def check(outs, x, what):
+        for o, a in zip(outs, (-1, -2)):
+            ref = quantize_reference(x, fmt, axis=a)
+            assert torch.equal(o.qdata, ref.qdata), f"{what} axis={a} qdata"
+            assert torch.equal(o.scale, ref.scale), f"{what} axis={a} scale"
+
+    xs, streams, outs = [fresh(), fresh()], [torch.cuda.Stream(), torch.cuda.Stream()], []
+    for x, st in zip(xs, streams):
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            outs.append(quantize_triton(x, fmt, axis=(-1, -2)))
+    torch.cuda.synchronize()
+    for k in range(2):
+        check(outs[k], xs[k], f"stream {k}")
+    static = fresh()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gout = quantize_triton(static, fmt, axis=(-1, -2))
+    for i in range(2):
+        static.copy_(fresh())
+        graph.replay()
+        torch.cuda.synchronize()
+        check(gout, static, f"graph replay {i}")
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_gpu_small_shapes(fmt, rng, poison):
     """Tiny and ragged shapes (also what compute-sanitizer runs: `-k small`)."""

@@ -242,6 +242,11 @@ def variants():
     # register cap against ptxas's larger choice); 16384^2 302.4 -> 337.1, 265.3 -> 305.3, 334.3 -> 367.1. The
     # release makes every CTA wait for its stores to reach L2 before it can retire. Not kept;
     # benchmarks/h200-2026-11-22-s13/ab_scale_tail.txt)
+    # (session 13 run 3: the scale_t transpose launched with programmatic dependent launch -- the quantize programs
+    # signalling griddepcontrol.launch_dependents first, the transpose waiting with griddepcontrol.wait -- and on
+    # tiles of 32-128 bytes on 1-8 warps: all within +-1 us of the plain launch on 64 x 64 tiles (H200, 8192^2 and
+    # 16384^2; benchmarks/h200-2026-11-22-s13/ab_transpose_pdl.txt). The second launch costs its own ~3.5 us,
+    # not a launch gap; not kept)
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]

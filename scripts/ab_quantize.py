@@ -247,6 +247,18 @@ def variants():
     # tiles of 32-128 bytes on 1-8 warps: all within +-1 us of the plain launch on 64 x 64 tiles (H200, 8192^2 and
     # 16384^2; benchmarks/h200-2026-11-22-s13/ab_transpose_pdl.txt). The second launch costs its own ~3.5 us,
     # not a launch gap; not kept)
+    # (session 13 run 4: programs walking rblocks tiles down R with the loop software-pipelined by Triton (tl.range
+    # num_stages 2 / 3: the next tile's loads prefetched into shared memory with cp.async): 2-4x slower for every
+    # format (8192^2 FP4 74.1 -> 128-155 us, FP8 81.8 -> 315-427, FP6 92.5 -> 199-279); knob removed. Without
+    # pipelining, FP4 on rblocks 2 was 266.6 -> 258.7 us at 16384^2 (benchmarks/h200-2026-11-22-s13/
+    # ab_rblocks_pipelined.txt). Run 5: that against other tiles walking two tiles)
+    t4 += [("rb2", {"rblocks": 2})] + [(f"rb2 {r}x{c}w{w}", {"rblocks": 2, "block_r": r, "block_c": c, "num_warps": w})
+                                       for r, c, w in ((64, 64, 2), (64, 256, 8), (128, 128, 8))]
+    t4 += [("rb3", {"rblocks": 3})]
+    # run 6: around the run-5 winner (two 64 x 256 tiles on 8 warps)
+    t4 += [(f"rb{rb} {r}x{c}w{w}", {"rblocks": rb, "block_r": r, "block_c": c, "num_warps": w})
+           for rb, r, c, w in ((1, 64, 256, 8), (2, 64, 256, 4), (4, 64, 256, 8), (2, 64, 512, 16), (2, 64, 512, 8),
+                               (1, 64, 512, 16))]
     # (session 9 run 6: "split_seq", one program per region doing its row chunks and then its column tiles so the
     # second read comes from L1: 17-78% slower for FP4 / FP6 at 80-153 registers; removed)
     d = [("default", None)]

@@ -267,13 +267,14 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
         elif do_row and f.is_float and f.bits == 4:
-            # cast-transpose FP4 fused: 64 x 256 tiles, two per program down R (rblocks), the rows from bf16 pairs
-            # (blocks outer), the columns from bf16 pairs in the col_units layout (a lane per 32-row block of a
-            # column pair, the two blocks of a column on neighbouring lanes), ct_evict; a thread per (block,
-            # pair): warps = tile / 2048
-            block_r, c_max, units = r64, 256, 2
+            # cast-transpose FP4 fused: 64 x 256 tiles, two per program down R (rblocks; C < 256: 64 x 128 tiles,
+            # one per program, as before session 13: H200 32768 x 160 13.7 -> 14.4 us on the wide tile), the
+            # rows from bf16 pairs (blocks outer), the columns from bf16 pairs in the col_units layout (a lane per
+            # 32-row block of a column pair, the two blocks of a column on neighbouring lanes), ct_evict; a
+            # thread per (block, pair): warps = tile / 2048
+            block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
             warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
-            rblocks = 2 if R >= 2 * block_r else 1
+            rblocks = 2 if C >= 256 and R >= 2 * block_r else 1
         elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
             block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
         elif do_row:  # cast-transpose FP6 (C < 512), MXINT8

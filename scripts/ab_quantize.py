@@ -255,6 +255,9 @@ def variants():
     t4 += [("rb2", {"rblocks": 2})] + [(f"rb2 {r}x{c}w{w}", {"rblocks": 2, "block_r": r, "block_c": c, "num_warps": w})
                                        for r, c, w in ((64, 64, 2), (64, 256, 8), (128, 128, 8))]
     t4 += [("rb3", {"rblocks": 3})]
+    # (the session-12 default, 64 x 128 on 4 warps, one tile per program, against the session-13 one; H100)
+    t4 += [("s12", {"rblocks": 1, "block_c": 128, "num_warps": 4}),
+           ("rb2 64x128w4", {"rblocks": 2, "block_c": 128, "num_warps": 4})]
     # run 6: around the run-5 winner (two 64 x 256 tiles on 8 warps)
     t4 += [(f"rb{rb} {r}x{c}w{w}", {"rblocks": rb, "block_r": r, "block_c": c, "num_warps": w})
            for rb, r, c, w in ((1, 64, 256, 8), (2, 64, 256, 4), (4, 64, 256, 8), (2, 64, 512, 16), (2, 64, 512, 8),

@@ -224,10 +224,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     32-row block of a column pair, a column's two 16-byte pieces on neighbouring lanes; 32-row tiles, whose
     16-byte pieces meet another program's in each sector, ran 2x slower): 301 -> 273 us, 8192^2 81.6 -> 75.4
     us, against the one-direction programs below, whose second read of x from L2 had L2 reads 1.6x the fused
-    kernel's; since session 13 on 64 x 256 tiles (eight warps), each program walking two tiles down R
-    (rblocks): H200 16384^2 266.4 -> 254.0 us, 8192^2 74.2 -> 72.5 us (two tiles of 64 x 128, 64 x 256
-    alone, 64 x 512 or four tiles: less or slower; Triton's software pipelining of the tile loop, which
-    prefetches the next tile into shared memory, made it 2x slower). FP6 from bf16 fused since session 12 (C >= 512), on 128 x 128 tiles, four warps, ct_evict: rows
+    kernel's; since session 13 on 64 x 256 tiles (eight warps): H200 16384^2 266.4 -> 261.5 us, 8192^2 74.2 ->
+    72.8 us; H100 311.0 -> 302.9 us, 86.2 -> 84.9 us. Programs walking two such tiles down R (rblocks) were
+    faster still on the H200 (254.0 us) but slower on the H100 (315.2 us); 64 x 512, four tiles per program, or
+    Triton's software pipelining of the tile loop (the next tile prefetched into shared memory: 2x slower)
+    were slower. FP6 from bf16 fused since session 12 (C >= 512), on 128 x 128 tiles, four warps, ct_evict: rows
     and columns from bf16 pairs (fp6_pairs, _quantize._fp6_pairs_asm) and the rows' three words per group
     stored as one [groups, rows, 4] tile (fp6_store4: a warp's store runs along a row; Nsight had the
     earlier fused FP6 kernels' L2 write sectors at 2.3x the split kernel's): H200 16384^2 392 -> 334 us, H100
@@ -256,7 +257,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         fp8 = f.is_float and f.bits == 8
         r64 = 64 if R >= 64 else 32
         r128 = 128 if R >= 128 else r64
-        split, units, fp6p, rblocks = (), 0, False, 1
+        split, units, fp6p = (), 0, False
         if do_row and f.is_float and f.bits == 6 and C >= 512 and in_bf16:
             # cast-transpose FP6 from bf16 fused: 128 x 128 tiles on 4 warps, rows and columns from bf16 pairs
             # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4), ct_evict
@@ -267,14 +268,12 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
         elif do_row and f.is_float and f.bits == 4:
-            # cast-transpose FP4 fused: 64 x 256 tiles, two per program down R (rblocks; C < 256: 64 x 128 tiles,
-            # one per program, as before session 13: H200 32768 x 160 13.7 -> 14.4 us on the wide tile), the
-            # rows from bf16 pairs (blocks outer), the columns from bf16 pairs in the col_units layout (a lane per
-            # 32-row block of a column pair, the two blocks of a column on neighbouring lanes), ct_evict; a
-            # thread per (block, pair): warps = tile / 2048
+            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128, as before session 13; H200 32768 x 160
+            # 13.7 -> 14.4 us on the wide tile), the rows from bf16 pairs (blocks outer), the columns from bf16
+            # pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a column
+            # on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
             block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
             warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
-            rblocks = 2 if C >= 256 and R >= 2 * block_r else 1
         elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
             block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
         elif do_row:  # cast-transpose FP6 (C < 512), MXINT8
@@ -297,9 +296,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             lanes = block_r // (64 // f.bits) * (block_c // 8)
             wide = lanes >= 32
             warps = max(1, min(warps, lanes // 32))
-        span_c, span_r = split[1] if split else block_c, block_r * rblocks
-        padded = -(-R // span_r) * span_r * (-(-C // span_c) * span_c)
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), rblocks=rblocks,
+        span_c = split[1] if split else block_c
+        padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
+        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
                               col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                               hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                               group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),

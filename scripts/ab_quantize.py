@@ -255,7 +255,10 @@ def variants():
     t4 += [("rb2", {"rblocks": 2})] + [(f"rb2 {r}x{c}w{w}", {"rblocks": 2, "block_r": r, "block_c": c, "num_warps": w})
                                        for r, c, w in ((64, 64, 2), (64, 256, 8), (128, 128, 8))]
     t4 += [("rb3", {"rblocks": 3})]
-    # (the session-12 default, 64 x 128 on 4 warps, one tile per program, against the session-13 one; H100)
+    # (the session-12 default, 64 x 128 on 4 warps, one tile per program; the H100 run against the then default,
+    # two 64 x 256 tiles on 8 warps: slower there, 315.2 against 311.0 us at 16384^2, while "rb1 64x256w8" was
+    # faster on both GPUs (H100 302.9, H200 261.5 against 266.4 us) -> the default since session 13;
+    # benchmarks/h100-2026-11-22-s13/ab_fp4_castT_tiles.txt)
     t4 += [("s12", {"rblocks": 1, "block_c": 128, "num_warps": 4}),
            ("rb2 64x128w4", {"rblocks": 2, "block_c": 128, "num_warps": 4})]
     # run 6: around the run-5 winner (two 64 x 256 tiles on 8 warps)

@@ -1006,8 +1006,9 @@ def test_gpu_large_tiles(fmt, rng):
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"])
 def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
     """The large cast-transposes (2^26 elements and more: the column scales go through the transposed buffer and
-    a second launch, scale_t) with a batch and ragged tiles, on fresh data: two calls at once on two side
-    streams, and a CUDA graph captured once and replayed twice on new input."""
+    a second launch, scale_t) with a batch (R / 32 = 130: ragged scale-transpose tiles; FP6: a ragged last row
+    tile), on fresh data: two calls at once on two side streams, and a CUDA graph captured once and replayed
+    twice on new input."""
     from mxkit.kernels import quantize as kq
     from mxkit.kernels.quantize import quantize_triton
 

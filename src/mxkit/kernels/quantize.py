@@ -268,8 +268,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
         elif do_row and f.is_float and f.bits == 4:
-            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128, as before session 13; H200 32768 x 160
-            # 13.7 -> 14.4 us on the wide tile), the rows from bf16 pairs (blocks outer), the columns from bf16
+            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128 as before session 13, where a 256-wide
+            # tile would idle most of its columns), the rows from bf16 pairs (blocks outer), the columns from bf16
             # pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a column
             # on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
             block_r, c_max, units = r64, 256 if C >= 256 else 128, 2

@@ -13,6 +13,7 @@ Quick GPU timings: ``python tests/test_kernels.py --timing``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -152,13 +153,13 @@ def _interpret_checks() -> int:
         x = rand_tensor((2, 160, 40), 1, generator=g, dtype=dts[(i + 2) % 3], nonfinite=True)
         # (256 x 64 on eight warps: the FP8 columnwise default from 256 rows; one ragged tile here)
         cfg = QuantizeConfig((128, 64, 32, 256)[i % 4], (64, 16, 32, 64)[i % 4], (4, 2, 1, 8)[i % 4], False,
-                             col_units=1 + i % 2, scale_t=(i % 2 == 1))
+                             col_units=1 + i % 2, scale_t=(i % 2 == 1), grid3=(i % 3 != 1))
         q, s = _quantize_impl(x, fmt, 1, "ceil", rnd, lay, cfg=cfg)
         ref = quantize_reference(x, fmt, axis=1, scale_mode="ceil", rounding=rnd)
         assert_bytes_equal(q, ref.qdata, f"col_units {cfg} {fmt} qdata")
         assert_bytes_equal(s, ref.scale if lay == "plain" else _ref_layout(ref.scale, lay), f"col_units {fmt} scale")
         x = rand_tensor((96, 128), -1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
-        fused = QuantizeConfig(64, 32, 2, False, col_units=2 - i % 2, fp6_words=True)
+        fused = QuantizeConfig(64, 32, 2, False, col_units=2 - i % 2, fp6_words=True, grid3=(i % 2 == 0))
         split = QuantizeConfig(64, 32, 2, False, col_units=1 + i % 2, fp6_words=True, split_rows=(2, 64, 4))
         for cfg in (fused, split):
             outs = _cast_transpose_impl(x, fmt, "rceil", rnd, lay, cfg=cfg)
@@ -293,12 +294,27 @@ def _interpret_checks() -> int:
         _transpose_bytes(src, dst)
         assert torch.equal(dst, src.t()), (m, nn)
     n += 1
-    # the 64-bit offset path and the always-rebuild fp32-denormal path, forced on a small problem
+    # the 64-bit offset path and the always-rebuild fp32-denormal path, forced on a small problem (with the 3-D
+    # launch grid and with the 1-D one that the kernel splits itself)
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
-    q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", cfg=QuantizeConfig(4, 64, 4, True, 2))
-    ref = quantize_reference(x, "mxfp6_e2m3")
-    assert_bytes_equal(q, ref.qdata, "int64 path qdata")
-    assert_bytes_equal(s, ref.scale, "int64 path scale")
+    for grid3 in (True, False):
+        q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain",
+                              cfg=QuantizeConfig(4, 64, 4, True, 2, grid3=grid3))
+        ref = quantize_reference(x, "mxfp6_e2m3")
+        assert_bytes_equal(q, ref.qdata, f"int64 path grid3={grid3} qdata")
+        assert_bytes_equal(s, ref.scale, f"int64 path grid3={grid3} scale")
+    n += 1
+    # the 3-D launch grid (program ids = tile indices) and the 1-D one that the kernel splits: a batched
+    # cast-transpose with ragged tiles both ways, every tile index from the one or the other
+    x = rand_tensor((3, 96, 160), -1, generator=g, dtype=torch.float32, nonfinite=True)
+    for grid3 in (True, False):
+        for cfg in (QuantizeConfig(64, 32, 2, False, col_units=2, grid3=grid3),
+                    QuantizeConfig(32, 64, 1, False, col_packed=True, rblocks=2, grid3=grid3)):
+            outs = _cast_transpose_impl(x, "mxfp8_e4m3", "rceil", "rne", "plain", cfg=cfg)
+            for o, a in zip((outs[:2], outs[2:]), (-1, -2)):
+                ref = quantize_reference(x, "mxfp8_e4m3", axis=a, scale_mode="rceil")
+                assert_bytes_equal(o[0], ref.qdata, f"{cfg} axis={a} qdata")
+                assert_bytes_equal(o[1], ref.scale, f"{cfg} axis={a} scale")
     n += 1
     print(f"interpreter checks passed: {n}")
     return n
@@ -337,6 +353,50 @@ def test_int64_guard_is_a_function_of_shapes():
     assert c6.rblocks > 1 and c6.int64 and not kq.quantize_config(1, 65535 - 32, 32768, True, False, "mxfp6").int64
     assert kq.dequantize_config(1, 2**16, 2**15, False, "mxfp4").int64
     assert not kq.dequantize_config(4, 1024, 1024, True, "mxfp4").int64
+
+
+def test_launch_grid_limits():
+    """The 3-D launch grid (tile indices straight from the program ids) only where CUDA allows it: dims 1 and
+    2 up to 65535, dim 0 up to 2^31 - 1; else the 1-D grid of every tile, which the kernel splits."""
+    kq = _q()
+    assert kq._grid(256, 64, 1, True) == ((256, 64, 1), True)
+    assert kq._grid(2, 65535, 65535, True) == ((2, 65535, 65535), True)
+    assert kq._grid(2, 65536, 1, True) == ((2 * 65536,), False)
+    assert kq._grid(1, 3, 65536, True) == ((3 * 65536,), False)
+    assert kq._grid(2**31, 1, 1, True) == ((2**31,), False)
+    assert kq._grid(256, 64, 3, False) == ((256 * 64 * 3,), False)
+    # the planned launches: columnwise FP6 of 4 x 4096 x 4096 (128 x 64 tiles: the 3-D grid), of 2^23 x 64 (65536
+    # row tiles: 1-D), of 4096^2 (below 2^26 elements: 1-D), columnwise FP8 (1-D)
+    plan = kq._quantize_plan((4, 4096, 4096), torch.bfloat16, "mxfp6_e2m3", 1, "floor", "rne", "plain", None)
+    assert plan.grid == (64, 32, 4) and dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((2**23, 64), torch.bfloat16, "mxfp6_e2m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (65536,) and not dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp6_e2m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (64 * 32,) and not dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp8_e4m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (64 * 16,) and not dict(plan.consts)["GRID3"]
+
+
+def test_gpu_tuning_table():
+    """GPU_TUNING replaces fields of the default config for its GPU, path, format and size only, re-derives
+    int64 for the new tile span, and reaches the launch plan through the device name."""
+    kq = _q()
+    base = kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1")
+    assert kq.GPU_TUNING["NVIDIA H200"][0][3] == {"rblocks": 2} and base.rblocks == 1
+    assert kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1", gpu="NVIDIA H200") == dataclasses.replace(
+        base, rblocks=2)
+    assert kq.quantize_config(1, 8192, 8192, True, True, "mxfp4_e2m1", gpu="NVIDIA H100 80GB HBM3") == base
+    assert kq.quantize_config(1, 4096, 4096, True, True, "mxfp4_e2m1", gpu="NVIDIA H200").rblocks == 1  # < 2^26
+    for args in ((1, 8192, 8192, True, True, "mxfp8_e4m3"), (1, 8192, 8192, True, False, "mxfp4_e2m1"),
+                 (1, 8192, 8192, False, True, "mxfp4_e2m1")):
+        assert kq.quantize_config(*args, gpu="NVIDIA H200") == kq.quantize_config(*args)
+    # 65472 rows are 1023 tiles of 64 (65472 * 32768 < 2^31 elements), but 512 spans of two tiles pad to 2^31
+    assert not kq.quantize_config(1, 65472, 32768, True, True, "mxfp4_e2m1").int64
+    assert kq.quantize_config(1, 65472, 32768, True, True, "mxfp4_e2m1", gpu="NVIDIA H200").int64
+    plan = kq._quantize_plan((8192, 8192), torch.bfloat16, "mxfp4_e2m1", None, "floor", "rne", "plain", None,
+                             "NVIDIA H200")
+    assert dict(plan.consts)["RB"] == 2 and plan.grid == (64 * 32,)
+    assert kq._gpu_name(torch.zeros(1)) == ""
 
 
 def test_configs_are_pure_and_frozen():
@@ -1258,7 +1318,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
     the FP8 cvt asm (``_fp8x4_asm``):
     cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
     {abs, min, max, min / max.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
-    the pair), and / or / shl / shr / sub,
+    the pair), and / or / shl / shr / sub / add,
     mul.hi / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
     tensors of bit patterns (one per unit); the float steps use torch's IEEE casts and fp32 arithmetic (RNE,
     subnormals kept; a bf16x2 product or sum is exact in fp32 for the operands these asm blocks see, then
@@ -1382,6 +1442,8 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             r = a[0] >> a[1]
         elif op == "sub.u32":
             r = a[0] - a[1]
+        elif op == "add.u32":
+            r = a[0] + a[1]
         elif op in ("mul.hi.u32", "mad.hi.u32"):  # the 64-bit product's high word, in int64 without overflow
             lo = (a[0] & 0xFFFF) * a[1]
             r = ((((a[0] >> 16) * a[1]) + (lo >> 16)) >> 16) + (a[2] if op == "mad.hi.u32" else 0)

@@ -271,16 +271,20 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 #                                     are the code 2E + |a| / step
 #   d = (t & 7) + (sign >> 12)        the sign bit of a (= x's: -0 and negatives rounding to 0 keep it) moved
 #                                     to bit 3
-# m comes from e by one mad.hi (65 * Eb + 257 in each half) and one mad.lo (x 2, plus the sign bits); the sign
-# is masked from a itself (a float x * (+0) would turn a NaN into bits across both halves, and the two halves
-# of a pair may belong to different blocks). 10 instructions per pair, 6 of them on the ALU pipe (session 7:
-# 15, 10 on the ALU pipe; sessions 8-11: 11, 7 with a separate abs before an unsigned add; session 12: the
-# fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2 us). Every
+# m comes from e by one mul.hi (65 * Eb in each half), one mad.lo (x 2, plus the sign bits) and one add (514 in
+# each half); the sign is masked from a itself (a float x * (+0) would turn a NaN into bits across both halves,
+# and the two halves of a pair may belong to different blocks). 11 instructions per pair, 6 of them on the ALU
+# pipe (session 7: 15, 10 on the ALU pipe; sessions 8-11: 11, 7 with a separate abs before an unsigned add;
+# session 12: the fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2
+# us). Session 14: the 257 had been mad.hi's addend, which SASS's IMAD.HI takes as the high word of a 64-bit
+# register pair, so ptxas re-made the pair {0, 0x01010101} with one or two moves before most of them; as an
+# add after the mad.lo (a VIADD) the fused FP4 cast-transpose has 1216 SASS instructions, not 1240 (H200
+# 16384^2 261.5 -> 257.8 us; H100 equal; rowwise and columnwise FP4 equal on both). Every
 # bf16 bit pattern under every X is checked against mxkit.formats.encode_elements by running this PTX through
 # a CPU interpreter (tests/test_kernels.py).
 _FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
-             "and.b32 e, e, 0x7F807F80; mad.hi.u32 m, e, 0x82000000, 0x01010101; and.b32 s, a, 0x80008000; "
-             "mad.lo.u32 m, m, 2, s; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "
+             "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; and.b32 s, a, 0x80008000; "
+             "mad.lo.u32 m, m, 2, s; add.u32 m, m, 0x02020202; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "
              "mad.hi.u32 {d}, s, 0x00100000, t; ")
 _FP4_REGS = "{ .reg .b32 k6, k1, a, e, m, t, s, "
 _FP4_CONSTS = "mov.b32 k6, 0x40C040C0; mov.b32 k1, 0x3F803F80; "
@@ -1380,6 +1384,27 @@ def _split_pid(pid, n_fast, n_mid):
     return pid % n_fast, t % n_mid, t // n_mid
 
 
+@triton.jit
+def _tile_ids(n_fast, n_mid, INT64: tl.constexpr, GRID3: tl.constexpr):
+    """(fast, mid, batch) tile indices of this program, fast varying fastest. GRID3: the launch grid is
+    (n_fast, n_mid, batch) and the indices are its program ids (the launcher's choice when n_mid and batch fit
+    the grid's 65535 limit of dims 1 and 2); else a 1-D grid split by :func:`_split_pid`, whose two 32-bit
+    divisions by runtime ints cost ~60 instructions before a program's first load. Same program order either
+    way (CUDA walks dim 0 fastest). INT64: the indices as int64."""
+    if GRID3:
+        f = tl.program_id(0)
+        m = tl.program_id(1)
+        b = tl.program_id(2)
+        if INT64:
+            f, m, b = f.to(tl.int64), m.to(tl.int64), b.to(tl.int64)
+    else:
+        pid = tl.program_id(0)
+        if INT64:  # every index derived from pid is then 64-bit
+            pid = pid.to(tl.int64)
+        f, m, b = _split_pid(pid, n_fast, n_mid)
+    return f, m, b
+
+
 @triton.jit(do_not_specialize=["tiles_r", "tiles_c", "colsp_r", "colsp_c", "scale_mode"])
 def _quantize_kernel(
     x_ptr, qr_ptr, sr_ptr, qc_ptr, sc_ptr,
@@ -1397,6 +1422,7 @@ def _quantize_kernel(
     COL_WIDE: tl.constexpr = False, COL_UNITS: tl.constexpr = 0, FP6_ASM: tl.constexpr = False,
     COL_FP4W: tl.constexpr = False, FP8_WORDS: tl.constexpr = False, CT_EVICT: tl.constexpr = 0,
     FP6_ST4: tl.constexpr = False, FP6P_R: tl.constexpr = False, FP6P_C: tl.constexpr = False,
+    GRID3: tl.constexpr = False,
 ):
     """x viewed [B, R, C] (C contiguous), one [BLOCK_R, BLOCK_C] tile per program.
 
@@ -1420,11 +1446,13 @@ def _quantize_kernel(
     (:func:`_cvt_fp8_rn_keep`), and each unit's word straight from :func:`_fp8_words` in COL_PACKED columns of
     32-bit units and in COL_UNITS columns. CT_EVICT (fused cast-transpose with COL_UNITS): 1 = the rows' load
     of the tile evict_last and the columns' reload evict_first, so the reload finds the tile in L1 more often
-    (session 10: 314 -> 304 us at 16384^2); 2 = the rows' hint only."""
-    pid = tl.program_id(0)
-    if INT64:  # every index derived from pid is then 64-bit
-        pid = pid.to(tl.int64)
+    (session 10: 314 -> 304 us at 16384^2); 2 = the rows' hint only. GRID3 (GROUP_C 0): a (tiles_c, tiles_r,
+    B) launch grid, :func:`_tile_ids`."""
     if GROUP_C > 0:
+        tl.static_assert(not GRID3)
+        pid = tl.program_id(0)
+        if INT64:  # every index derived from pid is then 64-bit
+            pid = pid.to(tl.int64)
         # strips of GROUP_C column tiles walked down R: neighbouring programs read neighbouring columns of
         # the same rows and extend the same transposed output rows
         per_b = tiles_r * tiles_c
@@ -1436,7 +1464,7 @@ def _quantize_kernel(
         pc = g * GROUP_C + t % gw
         pr = t // gw
     else:
-        pc, pr, b = _split_pid(pid, tiles_c, tiles_r)
+        pc, pr, b = _tile_ids(tiles_c, tiles_r, INT64, GRID3)
     c = pc * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = (c < C) | (not MASKED)  # folds to an unmasked access when the tiles divide the tensor
     if ROW3D:

@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import struct
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -49,6 +50,7 @@ KERNEL_SCALE_LAYOUTS = {"plain": 0, "nvidia_128x4": 1, "aiter_shuffle": 2}  # la
 _LAYOUT_PLAIN_T = 3  # internal: a plain scale written transposed (scale_t; _quantize.LAYOUT_PLAIN_T)
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _INT32_LIMIT = 2**31 - 1
+_GRID_YZ_LIMIT = 65535  # CUDA's limit of launch grid dims 1 and 2 (dim 0: 2^31 - 1)
 
 
 def _interpret() -> bool:
@@ -140,6 +142,9 @@ class QuantizeConfig:
     # (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds through
     # the FP8 cvt and packs (_quantize._fp6_pairs_asm); skipped for an input address not a multiple of 4
     fp6_pairs: bool = False
+    # launch a (tiles_c, tiles_r, B) grid where tiles_r and B fit its 65535 limit (not with group_c or
+    # split_rows): the program ids are the tile indices, no division of a 1-D id (_quantize._tile_ids)
+    grid3: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,10 +171,62 @@ class DequantizeConfig:
     fp6_asm: bool = False
 
 
+def _grid(n_fast: int, n_mid: int, batch: int, grid3: bool) -> tuple:
+    """(launch grid, GRID3) of batch x n_mid x n_fast tiles: (n_fast, n_mid, batch) when grid3 and the two slow
+    dims fit CUDA's 65535 limit of grid dims 1 and 2, else the 1-D (batch * n_mid * n_fast,) that the kernel
+    splits itself (:func:`mxkit.kernels._quantize._tile_ids`)."""
+    if grid3 and n_fast <= _INT32_LIMIT and n_mid <= _GRID_YZ_LIMIT and batch <= _GRID_YZ_LIMIT:
+        return (n_fast, n_mid, batch), True
+    return (batch * n_mid * n_fast,), False
+
+
+# Per-GPU overrides of quantize_config's choice. Its defaults hold on both the H100 and the H200; an entry is a
+# setting that one GPU measured faster while the other measured it slower. Key: a prefix of the CUDA device
+# name (torch.cuda.get_device_name). Entries: (path "rows" / "cols" / "cast_transpose", format name, least
+# elements B * R * C, the QuantizeConfig fields to replace).
+GPU_TUNING: dict = {
+    # the fused FP4 cast-transpose walking two 64 x 256 tiles per program (rblocks 2): H200 16384^2 258.6 ->
+    # 252.9 us, 8192^2 73.6 -> 72.8 us; the H100 default, since there it was slower (302.8 -> 317.3 us, 84.9 ->
+    # 89.3 us; sessions 13-14, benchmarks/h200-2026-11-22-s14/ab_grid3_fp4code.txt)
+    "NVIDIA H200": (("cast_transpose", "mxfp4_e2m1", 1 << 26, {"rblocks": 2}),),
+}
+
+
+def _gpu_tuned(cfg: QuantizeConfig, gpu: str, path: str, fmt_name: str, B: int, R: int, C: int) -> QuantizeConfig:
+    """cfg with the GPU_TUNING entries that match (gpu, path, format, size) applied; int64 re-derived for the new
+    tile span (a pure function, as quantize_config)."""
+    for prefix, entries in GPU_TUNING.items():
+        if not (gpu and gpu.startswith(prefix)):
+            continue
+        for p, name, min_elements, fields in entries:
+            if p == path and name == fmt_name and B * R * C >= min_elements:
+                cfg = dataclasses.replace(cfg, **fields)
+                span_r = cfg.block_r * cfg.rblocks
+                span_c = cfg.split_rows[1] if cfg.split_rows else cfg.block_c
+                padded = -(-R // span_r) * span_r * (-(-C // span_c) * span_c)
+                cfg = dataclasses.replace(cfg, int64=cfg.int64 or needs_int64(B * padded))
+    return cfg
+
+
+_GPU_NAMES: dict = {}  # CUDA device index -> name (a cache of torch.cuda.get_device_name)
+
+
+def _gpu_name(t: torch.Tensor) -> str:
+    """The CUDA device name of t, '' for a tensor off CUDA (the key of GPU_TUNING)."""
+    if t.device.type != "cuda":
+        return ""
+    i = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    name = _GPU_NAMES.get(i)
+    if name is None:
+        name = _GPU_NAMES[i] = torch.cuda.get_device_name(i)
+    return name
+
+
 @functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike, *,
-                    in_bf16: bool = True) -> QuantizeConfig:
-    """Pick the tile for x viewed [B, R, C] (pure function of the problem). Every choice comes from same-process
+                    in_bf16: bool = True, gpu: str = "") -> QuantizeConfig:
+    """Pick the tile for x viewed [B, R, C] (pure function of the problem and ``gpu``, the CUDA device name:
+    :data:`GPU_TUNING`'s entries for it replace fields of the choice below). Every choice comes from same-process
     A/B runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/ to
     -s7/ab_variants.txt); times below are 16384^2.
 
@@ -243,6 +300,15 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     15-90% slower in session 11, also on 128- / 256-column tiles whose rows' pieces are whole sectors: the
     cause was not found). MXINT8: the fused 32 x 64 tile.
 
+    The 3-D launch grid (grid3: the program ids are the tile indices, where the 1-D id of every other path is
+    split by two divisions by runtime ints, ~60 instructions before a program's first load) for FP6 columns
+    and the fused FP6 cast-transpose from 2^26 elements (session 14, H200: columnwise 209.9 -> 200.4 us, 8192^2
+    57.6 -> 55.8 us; cast-transpose 336.5 -> 331.6 us; H100 within 0.5%; at 32768 x 160 the H100's columnwise FP6
+    was 12.0 -> 12.7 us slower on it). Elsewhere it gained nothing or lost: columnwise FP4 on
+    both GPUs (8192^2 H200 49.9 -> 52.6 us, H100 67.1 -> 68.7) and the FP4 cast-transpose on the H100 (302.8 ->
+    309.3 us), where ptxas also chose fewer registers (48, not 62; columnwise FP4 96, not 107): more resident
+    CTAs, which seem to cost the tile reload its L1 hits (benchmarks/h200-2026-11-22-s14/).
+
     Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
     since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)
     are written transposed ([R / 32, B * C]) and a tiled byte transpose moves them into place (scale_t;
@@ -298,7 +364,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             warps = max(1, min(warps, lanes // 32))
         span_c = split[1] if split else block_c
         padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
-        return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
+        cfg = QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
                               col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                               hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                               group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
@@ -307,7 +373,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                               scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                        and not (units and not do_row) and B * R * C >= 1 << 26),
                               fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
-                              fp6_pairs=fp6p, fp6_store4=fp6p)
+                              fp6_pairs=fp6p, fp6_store4=fp6p,
+                              grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
+        return _gpu_tuned(cfg, gpu, "cast_transpose" if do_row else "cols", f.name, B, R, C)
     fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
@@ -327,10 +395,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384) else 1
     span = block_r * rblocks
     padded = -(-R // span) * span * (-(-C // block_c) * block_c)
-    return QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
-                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
-                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
-                          fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
+    cfg = QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
+                         mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
+                         fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
+                         fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
+    return _gpu_tuned(cfg, gpu, "rows", f.name, B, R, C)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -550,8 +619,9 @@ def _out_shapes(shape: tuple, axis: int, f: ElementFormat, layout: str) -> tuple
 
 @functools.lru_cache(maxsize=4096)
 def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, rounding, scale_layout: str,
-                   cfg: Optional[QuantizeConfig]) -> _QuantizePlan:
-    """The plan of ``_quantize_impl`` (axis an int) or ``_cast_transpose_impl`` (axis None: the last two dims)."""
+                   cfg: Optional[QuantizeConfig], gpu: str = "") -> _QuantizePlan:
+    """The plan of ``_quantize_impl`` (axis an int) or ``_cast_transpose_impl`` (axis None: the last two dims);
+    gpu: the CUDA device name, for the default config (:func:`quantize_config`)."""
     f = get_format(fmt)
     mode, rnd = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
     lay = _check_layout(scale_layout)
@@ -577,7 +647,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             B, R, C, do_row, do_col = math.prod(shape[:axis]), L, Q, False, True
             slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
             lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
-    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f, in_bf16=in_kind == 1)
+    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f, in_bf16=in_kind == 1, gpu=gpu)
     units = cfg.col_units if do_col else 0
     packed = bool(cfg.col_packed and do_col and not units)
     # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
@@ -622,7 +692,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
     launcher = _QUANTIZE
-    grid = (B * tiles_r * tiles_c,)
+    grid, grid3 = _grid(tiles_c, tiles_r, B, cfg.grid3 and not cfg.group_c)
+    consts += (("GRID3", grid3),)
     if cfg.split_rows and do_row and do_col:
         # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
         rbr, rbc, rrb = cfg.split_rows
@@ -697,13 +768,13 @@ def _transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> None:
 def _quantize_impl(x, fmt, axis, scale_mode, rounding, scale_layout, cfg=None):
     """x (any rank, float32 / bfloat16 / float16) -> (qdata, scale) quantized along ``axis``."""
     return _run_quantize(_quantize_plan(tuple(x.shape), x.dtype, fmt, axis, scale_mode, rounding, scale_layout,
-                                        cfg), x)
+                                        cfg, _gpu_name(x)), x)
 
 
 def _cast_transpose_impl(x, fmt, scale_mode, rounding, scale_layout, cfg=None):
     """x [..., M, K] -> (qr [..., M, K packed], sr, qc [..., K, M packed], sc)."""
     return _run_quantize(_quantize_plan(tuple(x.shape), x.dtype, fmt, None, scale_mode, rounding, scale_layout,
-                                        cfg), x)
+                                        cfg, _gpu_name(x)), x)
 
 
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}

@@ -307,7 +307,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     was 12.0 -> 12.7 us slower on it). Elsewhere it gained nothing or lost: columnwise FP4 on
     both GPUs (8192^2 H200 49.9 -> 52.6 us, H100 67.1 -> 68.7) and the FP4 cast-transpose on the H100 (302.8 ->
     309.3 us), where ptxas also chose fewer registers (48, not 62; columnwise FP4 96, not 107): more resident
-    CTAs, which seem to cost the tile reload its L1 hits (benchmarks/h200-2026-11-22-s14/).
+    CTAs, and more stalls on memory (Nsight, H200 8192^2, columnwise FP4: warps active 23 -> 29%, long-scoreboard
+    stalls per issue 3.2 -> 5.4, DRAM throughput 79 -> 74% of peak; benchmarks/h200-2026-11-22-s14/).
 
     Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
     since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)

@@ -67,6 +67,12 @@ def needs_int64(*extents: int) -> bool:
     return max(extents) > _INT32_LIMIT
 
 
+def _tiles_need_int64(B: int, R: int, C: int, span_r: int, span_c: int) -> bool:
+    """:func:`needs_int64` of x viewed [B, R, C] padded to whole spans of span_r x span_c (a program's rows and
+    columns)."""
+    return needs_int64(B * (-(-R // span_r) * span_r) * (-(-C // span_c) * span_c))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # configs
 
@@ -201,10 +207,9 @@ def _gpu_tuned(cfg: QuantizeConfig, gpu: str, path: str, fmt_name: str, B: int, 
         for p, name, min_elements, fields in entries:
             if p == path and name == fmt_name and B * R * C >= min_elements:
                 cfg = dataclasses.replace(cfg, **fields)
-                span_r = cfg.block_r * cfg.rblocks
                 span_c = cfg.split_rows[1] if cfg.split_rows else cfg.block_c
-                padded = -(-R // span_r) * span_r * (-(-C // span_c) * span_c)
-                cfg = dataclasses.replace(cfg, int64=cfg.int64 or needs_int64(B * padded))
+                cfg = dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, R, C, cfg.block_r * cfg.rblocks,
+                                                                                    span_c))
     return cfg
 
 
@@ -364,18 +369,17 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
             wide = lanes >= 32
             warps = max(1, min(warps, lanes // 32))
         span_c = split[1] if split else block_c
-        padded = -(-R // block_r) * block_r * (-(-C // span_c) * span_c)
-        cfg = QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded),
-                              col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
-                              hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
-                              group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
-                              fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
-                              split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
-                              scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
-                                       and not (units and not do_row) and B * R * C >= 1 << 26),
-                              fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
-                              fp6_pairs=fp6p, fp6_store4=fp6p,
-                              grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
+        cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r, span_c),
+                             col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
+                             hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
+                             group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
+                             fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
+                             split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
+                             scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
+                                      and not (units and not do_row) and B * R * C >= 1 << 26),
+                             fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
+                             fp6_pairs=fp6p, fp6_store4=fp6p,
+                             grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
         return _gpu_tuned(cfg, gpu, "cast_transpose" if do_row else "cols", f.name, B, R, C)
     fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
     if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
@@ -394,9 +398,8 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384) else 1
-    span = block_r * rblocks
-    padded = -(-R // span) * span * (-(-C // block_c) * block_c)
-    cfg = QuantizeConfig(block_r, block_c, warps, needs_int64(B * padded), hw_cvt=f.is_float, rblocks=rblocks,
+    cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r * rblocks, block_c),
+                         hw_cvt=f.is_float, rblocks=rblocks,
                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
                          fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)

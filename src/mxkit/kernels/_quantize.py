@@ -1387,10 +1387,11 @@ def _split_pid(pid, n_fast, n_mid):
 @triton.jit
 def _tile_ids(n_fast, n_mid, INT64: tl.constexpr, GRID3: tl.constexpr):
     """(fast, mid, batch) tile indices of this program, fast varying fastest. GRID3: the launch grid is
-    (n_fast, n_mid, batch) and the indices are its program ids (the launcher's choice when n_mid and batch fit
-    the grid's 65535 limit of dims 1 and 2); else a 1-D grid split by :func:`_split_pid`, whose two 32-bit
-    divisions by runtime ints cost ~60 instructions before a program's first load. Same program order either
-    way (CUDA walks dim 0 fastest). INT64: the indices as int64."""
+    (n_fast, n_mid, batch) and the indices are its program ids (the launcher's choice with
+    QuantizeConfig.grid3, where n_mid and batch fit the grid's 65535 limit of dims 1 and 2); else a 1-D grid
+    split by :func:`_split_pid`, whose two 32-bit divisions by runtime ints cost ~60 instructions before a
+    program's first load. Same program order either way (CUDA walks dim 0 fastest). INT64: the indices as
+    int64."""
     if GRID3:
         f = tl.program_id(0)
         m = tl.program_id(1)

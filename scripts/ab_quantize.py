@@ -274,9 +274,9 @@ def variants():
         (f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w}) for n, lw, w in ((8, 512, 4), (2, 1024, 2))]
     # session 14 (benchmarks/h200-2026-11-22-s14/ab_grid3_fp4code.txt): the 1-D launch grid, split by two divisions
     # by runtime ints at the start of every program, against the 3-D grid whose program ids are the tile indices
-    # (grid3: the default since for FP6 columns and the fused FP6 cast-transpose, where the H200 gained 1-4%;
-    # columnwise FP4 lost on both GPUs, the FP4 cast-transpose on the H100). Dequantize took a 3-D grid in that
-    # run too: within 1% (not kept)
+    # (grid3: the default since for FP6 columns and the fused FP6 cast-transpose from 2^26 elements, where the
+    # H200 gained 1-4%; columnwise FP4 lost on both GPUs, the FP4 cast-transpose on the H100). Dequantize took a
+    # 3-D grid in that run too: within 1% (not kept)
     for lst in (r8, r4, r6, c8, c4, c6, ci8, t6, t8, t4):
         lst += [("1d", {"grid3": False}), ("3d", {"grid3": True})]
     t4 += [("rb2 1d", {"rblocks": 2, "grid3": False}), ("rb1", {"rblocks": 1})]  # (rb2: the H200's GPU_TUNING)

@@ -277,6 +277,11 @@ def variants():
     # (grid3: the default since for FP6 columns and the fused FP6 cast-transpose from 2^26 elements, where the
     # H200 gained 1-4%; columnwise FP4 lost on both GPUs, the FP4 cast-transpose on the H100). Dequantize took a
     # 3-D grid in that run too: within 1% (not kept)
+    # session 15: rowwise FP4 -> bf16 through the word decode asm (fp4_asm: 8 codes -> 4 bf16 pairs per asm, integer
+    # placement and two bf16x2 multiplies) against the per-element FP8-cvt decode, on several tiles
+    d4 = [("default", None), ("asm", {"fp4_asm": True}), ("no asm", {"fp4_asm": False})] + [
+        (f"asm {n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w, "fp4_asm": True})
+        for n, lw, w in ((8, 512, 4), (4, 1024, 4), (32, 256, 8), (2, 1024, 2), (16, 512, 8))]
     for lst in (r8, r4, r6, c8, c4, c6, ci8, t6, t8, t4):
         lst += [("1d", {"grid3": False}), ("3d", {"grid3": True})]
     t4 += [("rb2 1d", {"rblocks": 2, "grid3": False}), ("rb1", {"rblocks": 1})]  # (rb2: the H200's GPU_TUNING)
@@ -287,7 +292,7 @@ def variants():
         "cols fp6": ("cols", "mxfp6_e2m3", c6), "cols int8": ("cols", "mxint8", ci8),
         "castT fp6": ("ct", "mxfp6_e2m3", t6),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
-        "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d),
+        "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d4),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),
     }
 

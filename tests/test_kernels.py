@@ -14,6 +14,7 @@ Quick GPU timings: ``python tests/test_kernels.py --timing``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -451,7 +452,7 @@ def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
         if a in constexprs:
             sig[a] = "constexpr"
         elif a.endswith("_ptr"):
-            words = constexprs.get("BITS") == 6 or (a == "qc_ptr" and (constexprs.get("COL_PACKED")
+            words = constexprs.get("BITS") == 6 or constexprs.get("FP4_ASM") or (a == "qc_ptr" and (constexprs.get("COL_PACKED")
                                                                       or constexprs.get("COL_UNITS")))
             sig[a] = ptr.get(a, "*i32" if (a.startswith("q") and words) else "*u8")
         else:
@@ -577,6 +578,11 @@ def test_opt_in_paths_compile_for_sm90(variant):
                                  EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                                  BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=not trans,
                                  HW_DEC=True) > 0
+        f = get_format("mxfp4_e2m1")  # FP4 -> bf16 by the word decode asm (fp4_asm), masked and not, int64 offsets
+        for masked, int64 in ((True, False), (False, True)):
+            assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+                                 EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                                 BLOCK_N=8, BLOCK_L=512, INT64=int64, MASKED=masked, HW_DEC=True, FP4_ASM=True) > 0
 
 
 def test_argument_errors_match_reference():
@@ -818,6 +824,45 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
                           dequantize_reference(quantize_reference(x, fmt), torch.bfloat16), "dequantize nvidia_128x4")
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_fp4_word_decode_matches_reference(rng, poison):
+    """Rowwise MXFP4 -> bf16 through the word decode asm (fp4_asm, the default there): random bytes under
+    every scale byte (each of the 256 in every case), quantized data, shapes whose rows and row lengths the
+    tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the second is
+    copied to an aligned buffer first) give the reference's bf16 bits; the tile-dividing case also through
+    other tiles. An unwritten output byte would read 0xAB (poison)."""
+    from mxkit.kernels.quantize import DequantizeConfig, _dequantize_impl, dequantize_config, dequantize_triton
+    from mxkit.tensor import MXTensor
+
+    assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm
+    for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096)):
+        n, L = math.prod(shape[:-1]), shape[-1]
+        qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
+        sc = torch.randint(0, 256, (*shape[:-1], L // 32), generator=rng, dtype=torch.uint8)
+        flat = sc.view(-1)  # every scale byte at random places (as many as the case has blocks)
+        k = min(256, flat.numel())
+        flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+        q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)
+        want = dequantize_reference(q, torch.bfloat16)
+        _assert_dequant_equal(dequantize_triton(q.to(DEV), torch.bfloat16), want, f"fp4 words {shape}")
+        if shape == (64, 8192):
+            for cfg in (DequantizeConfig(8, 512, 4, False, hw_dec=True, fp4_asm=True),
+                        DequantizeConfig(2, 1024, 2, False, hw_dec=True, fp4_asm=True)):
+                got = _dequantize_impl(qd.to(DEV), sc.to(DEV), "mxfp4_e2m1", -1, shape, torch.bfloat16, cfg)
+                _assert_dequant_equal(got, want, f"fp4 words {cfg}")
+    x = rand_tensor((130, 96), -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+    q = quantize_reference(x, "mxfp4_e2m1")
+    _assert_dequant_equal(dequantize_triton(q.to(DEV), torch.bfloat16), dequantize_reference(q, torch.bfloat16),
+                          "fp4 words quantized")
+    for off in (4, 2):  # qdata not at the start of its storage
+        buf = torch.randint(0, 256, (130 * 48 + off,), generator=rng, dtype=torch.uint8).to(DEV)
+        qv = buf[off:].view(130, 48)
+        qo = MXTensor(qv, q.scale.to(DEV), "mxfp4_e2m1", 1, 32, (130, 96))
+        want = dequantize_reference(MXTensor(qv.cpu(), q.scale, "mxfp4_e2m1", 1, 32, (130, 96)), torch.bfloat16)
+        _assert_dequant_equal(dequantize_triton(qo, torch.bfloat16), want, f"fp4 words offset {off}")
+
+
 def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
     """fp32 blocks for the FP8 / FP6 / FP4 element rounding (the hardware-cvt paths): blocks with amax = max_normal * 2^k (every scale mode picks
     the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one
@@ -982,8 +1027,10 @@ def test_gpu_variants_match_reference(fmt, part, rng, poison):
         for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
             for odt in dts:
                 # integer decode (load3d), hardware FP8 -> fp16 decode (hw_dec) with and without load3d
+                # (FP4 to bf16: also the word decode asm on a masked tile)
                 for cfg in (DC(16, 256, 4, False, load3d=True), DC(16, 256, 4, False, load3d=True, hw_dec=True),
-                            DC(16, 256, 4, False, hw_dec=True)):
+                            DC(16, 256, 4, False, hw_dec=True),
+                            *([DC(16, 512, 4, False, hw_dec=True, fp4_asm=True)] if fmt == "mxfp4_e2m1" else [])):
                     got = _dequantize_impl(qq.qdata.to(DEV), qq.scale.to(DEV), fmt, -1, x.shape, odt, cfg)
                     _assert_dequant_equal(got, dequantize_reference(qq, odt), f"dequantize {cfg} {fmt} -> {odt}")
 
@@ -1314,12 +1361,12 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
     """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 pairs
     asm (``_fp6_pairs_asm``), the FP6 group
-    decode asm (``_fp6_group_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
+    decode asm (``_fp6_group_decode_asm``), the FP4 word decode asm (``_fp4_word_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
     the FP8 cvt asm (``_fp8x4_asm``):
     cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
     {abs, min, max, min / max.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
     the pair), and / or / shl / shr / sub / add,
-    mul.hi / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
+    mul.hi / mul.lo / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
     tensors of bit patterns (one per unit); the float steps use torch's IEEE casts and fp32 arithmetic (RNE,
     subnormals kept; a bf16x2 product or sum is exact in fp32 for the operands these asm blocks see, then
     rounded to bf16 once); the satfinite cvt clamps to the format's max before rounding (= clamping the
@@ -1447,6 +1494,8 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
         elif op in ("mul.hi.u32", "mad.hi.u32"):  # the 64-bit product's high word, in int64 without overflow
             lo = (a[0] & 0xFFFF) * a[1]
             r = ((((a[0] >> 16) * a[1]) + (lo >> 16)) >> 16) + (a[2] if op == "mad.hi.u32" else 0)
+        elif op == "mul.lo.u32":
+            r = a[0] * (a[1] & 0xFFFF) + ((a[0] * (a[1] >> 16)) << 16)
         elif op == "mad.lo.u32":
             r = a[0] * (a[1] & 0xFFFF) + ((a[0] * (a[1] >> 16)) << 16) + a[2]
         elif op == "lop3.b32":
@@ -1608,6 +1657,39 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
     assert torch.equal(torch.isnan(got), torch.isnan(want)), fmt
     ok = ~torch.isnan(want)
     assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16)), fmt
+
+
+def test_fp4_word_decode_asm_matches_reference():
+    """The FP4 word decode asm (``_quantize._fp4_word_decode_asm``, inline PTX: GPU only), run instruction by
+    instruction on the CPU: every byte (two E2M1 codes) in every byte position of a word under every scale byte
+    0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf), and random words,
+    give the reference's bf16 bits (NaN positions for s = 255)."""
+    from mxkit.kernels._quantize import _fp4_word_decode_asm
+    from mxkit.tensor import MXTensor
+
+    g = torch.Generator().manual_seed(13)
+    b = torch.arange(256, dtype=torch.int64)
+    rnd = torch.randint(0, 1 << 32, (4096,), generator=g, dtype=torch.int64)
+    # each byte value in each position (the other bytes cycle through other values), under every scale
+    words = torch.cat([b | ((b + 37) % 256) << 8 | ((b + 101) % 256) << 16 | ((b + 199) % 256) << 24,
+                       b << 8 | b << 24, b << 16, rnd[:256]])
+    words = words.repeat_interleave(256)
+    s = torch.arange(256, dtype=torch.int64).repeat(words.numel() // 256)
+    words, s = torch.cat([words, rnd]), torch.cat([s, torch.randint(0, 256, (rnd.numel(),), generator=g)])
+    n = words.numel()
+    q = torch.zeros(n, 16, dtype=torch.uint8)  # one 32-code block per row: the word, then 12 zero bytes
+    q[:, :4] = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], 1).to(torch.uint8)
+    want = dequantize_reference(MXTensor(q, s.to(torch.uint8)[:, None], "mxfp4_e2m1", 1, 32, (n, 32)),
+                                torch.bfloat16)[:, :8]
+    f16 = torch.where(s == 0, 0x0040, torch.where(s == 255, 0x7FC0, s << 7))
+    regs = _run_ptx_subset(_fp4_word_decode_asm(), {"$4": words, "$5": f16 | (f16 << 16)})
+    got = torch.stack([(regs[f"${i}"] >> (16 * h)) & 0xFFFF for i in range(4) for h in (0, 1)], 1)
+    got = got.to(torch.int16).view(torch.bfloat16)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert bool(torch.isinf(want[ok]).any()) and bool((want[ok].view(torch.int16) & 0x7F80 == 0).logical_and(
+        want[ok] != 0).any()), "the cases must reach Inf and bf16 subnormals"
+    assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16))
 
 
 def _fp4_asm_cases():

@@ -834,6 +834,34 @@ def _fp6_group_decode_asm(mbits: int) -> str:
     return " ".join(lines + ["}"])
 
 
+def _fp4_word_decode_asm() -> str:
+    """PTX that decodes one 32-bit word of 8 E2M1 codes (little-endian nibbles, code k in bits 4k .. 4k+3:
+    the packed MXFP4 layout) straight to bf16: input $4 the word, $5 the block factor 2^(s - 127) as bf16 in
+    both halves (0x0040, a bf16 subnormal, for s = 0; NaN for s = 255); outputs $0-$3 the bf16 pairs, code
+    2i in the low half of $i. Per pair (byte i of the word): the byte alone (``prmt``), its magnitude bits
+    e1 e0 m placed at bits 8-6 of each bf16 half (one multiply by 2^6 + 2^18: the byte's two shifted copies
+    do not overlap) and its sign bits at bits 15 and 31 (a multiply by 2^12 + 2^24), masked and joined (two
+    ``lop3``): a bf16 whose exponent field is e1 e0 and whose mantissa top bit is m, which is exactly the
+    E2M1 value times 2^-126, the subnormal 0.5 (e = 0) included. Then two ``mul.rn.bf16x2``: by 2^126
+    (exact) and by the factor. Every E2M1 value times 2^(s - 127) has at most two significant bits and is
+    0 or at least 2^-128, so the product is exact in bf16 unless it exceeds bf16's range, where it rounds to
+    Inf as the reference's fp32 product (fp32 max ~ 2^128, the same as bf16's) does: the reference's bits
+    (its fp32 value, then bf16 RNE); ±0 keeps its sign; NaN for s = 255 (the payload may differ: bf16x2
+    NaNs are canonical). 5 integer and 2 bf16x2 instructions per pair, where :func:`_decode_hw` unpacked
+    nibbles to int32 codes, built E4M3 bytes and converted through fp16 and fp32 back to bf16."""
+    lines = ["{", ".reg .b32 b, z, s, k;", "mov.b32 k, 0x7E807E80;"]  # 2^126 in both bf16 halves
+    for i in range(4):
+        lines += [f"prmt.b32 b, $4, 0, 0x{0x4440 + i:04X};",  # byte i, zero-extended
+                  "mul.lo.u32 z, b, 0x00040040;", "mul.lo.u32 s, b, 0x01001000;",
+                  "and.b32 z, z, 0x01C001C0;", "lop3.b32 z, z, s, 0x80008000, 0xF8;",  # z | (s & signs)
+                  "mul.rn.bf16x2 z, z, k;", f"mul.rn.bf16x2 ${i}, z, $5;"]
+    return " ".join(lines + ["}"])
+
+
+FP4_DEC = tl.constexpr(_fp4_word_decode_asm())
+FP4_DEC_RW = tl.constexpr(",".join(["=r"] * 4 + ["r"] * 2))
+
+
 FP6_DEC_E2M3 = tl.constexpr(_fp6_group_decode_asm(3))
 FP6_DEC_E3M2 = tl.constexpr(_fp6_group_decode_asm(2))
 FP6_DEC_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 3 + ["f"]))
@@ -1896,23 +1924,26 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         tl.store(out_ptr + offs + H, hi, mask=mm)
 
 
-@triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
+@triton.jit(do_not_specialize=["tiles_n", "tiles_l", "row_words"])
 def _dequantize_kernel(
     q_ptr, s_ptr, out_ptr,
-    N, L, tiles_n, tiles_l,
+    N, L, tiles_n, tiles_l, row_words,
     TRANS: tl.constexpr, OUT_KIND: tl.constexpr,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
     IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
     LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False, FP6_WORDS: tl.constexpr = False,
-    SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False,
+    SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False, FP4_ASM: tl.constexpr = False,
 ):
     """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
     (TRANS: the quantized axis goes back in front of the N trailing elements).
     LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
-    :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors."""
+    :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors.
+    FP4_ASM (rowwise FP4 to bf16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight to four
+    bf16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words; row_words = L / 8 (the
+    launcher passes it for every path; only FP4_ASM reads it)."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
@@ -1926,6 +1957,26 @@ def _dequantize_kernel(
     if FP6_WORDS:
         _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, MBITS, EMIN, BIAS, HAS_INF, HAS_NAN,
                            BLOCK_N, BLOCK_L, MASKED, HW_DEC, SWAP, GROUP_ASM)
+    elif FP4_ASM:
+        # One word (8 codes) per lane and per load: row_words (L / 8, a runtime int Triton does not specialise)
+        # hides the rows' 8- / 16-byte alignment, so Triton's coalescing keeps one word per thread, lanes along
+        # the row, and each lane's 16 output bytes sit next to its neighbours' (a warp's store: 512 contiguous
+        # bytes, whole sectors, no layout conversion; with 2- or 4-word loads the 32- / 64-byte outputs per
+        # thread went through shared memory to be stored)
+        tl.static_assert(not TRANS and BITS == 4 and OUT_KIND == OUT_BF16)
+        W: tl.constexpr = BLOCK_L // 8
+        wi = pl * W + tl.arange(0, W)
+        m2 = nmask[:, None] & ((wi < L // 8) | (not MASKED))[None, :]
+        w = tl.load(q_ptr + g[:, None] * row_words + wi[None, :], mask=m2, other=0)
+        sb = tl.load(s_ptr + g[:, None] * (L // 32) + (wi // 4)[None, :], mask=m2, other=0).to(tl.int32)
+        f16 = tl.where(sb == 0, 0x0040, tl.where(sb == 255, 0x7FC0, sb << 7))  # 2^(s - 127) as bf16 bits
+        o = tl.inline_asm_elementwise(FP4_DEC, FP4_DEC_RW, [w, f16 | (f16 << 16)], dtype=(tl.int32, ) * 4,
+                                      is_pure=True, pack=1)
+        # word j of a row -> output words 4j .. 4j + 3 (bf16 pairs)
+        out = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [BLOCK_N, 4 * W])
+        o4 = pl * (4 * W) + tl.arange(0, 4 * W)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + g[:, None] * (row_words * 4) + o4[None, :], out,
+                 mask=nmask[:, None] & ((o4 < L // 2) | (not MASKED))[None, :])
     elif LOAD3D:
         tl.static_assert(not TRANS and BITS != 6)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)

@@ -398,6 +398,13 @@ def test_gpu_tuning_table():
                              "NVIDIA H200")
     assert dict(plan.consts)["RB"] == 2 and plan.grid == (64 * 32,)
     assert kq._gpu_name(torch.zeros(1)) == ""
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):  # the H100's FP8 cast-transpose tile, from 2^26 elements
+        base = kq.quantize_config(1, 8192, 8192, True, True, fmt)
+        got = kq.quantize_config(1, 8192, 8192, True, True, fmt, gpu="NVIDIA H100 80GB HBM3")
+        assert got == dataclasses.replace(base, block_r=64, num_warps=8) and base.block_r == 32
+        assert kq.quantize_config(1, 4096, 8192, True, True, fmt, gpu="NVIDIA H100 80GB HBM3") == \
+            kq.quantize_config(1, 4096, 8192, True, True, fmt)
+        assert kq.quantize_config(1, 8192, 8192, True, True, fmt, gpu="NVIDIA H200") == base
 
 
 def test_configs_are_pure_and_frozen():

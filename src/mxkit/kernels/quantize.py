@@ -198,6 +198,11 @@ GPU_TUNING: dict = {
     # 252.9 us, 8192^2 73.6 -> 72.8 us; the H100 default, since there it was slower (302.8 -> 317.3 us, 84.9 ->
     # 89.3 us; sessions 13-14, benchmarks/h200-2026-11-22-s14/ab_grid3_fp4code.txt)
     "NVIDIA H200": (("cast_transpose", "mxfp4_e2m1", 1 << 26, {"rblocks": 2}),),
+    # the fused FP8 cast-transpose on 64 x 256 tiles, eight warps: H100 8192^2 106.1 -> 104.8 us, 16384^2 401.7 ->
+    # 393.6 us (session 15, four rounds; benchmarks/h200-2026-11-23-s15/ab_castT_fp8_h100_tiles.txt); on the
+    # H200 that tile was slower (session 10: 1-10% over the 64 x 128 / 32 x 256 tiles)
+    "NVIDIA H100": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
+                         for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
 }
 
 

@@ -281,7 +281,8 @@ def variants():
     # placement and two bf16x2 multiplies) against the per-element FP8-cvt decode, on several tiles
     d4 = [("default", None), ("asm", {"fp4_asm": True}), ("no asm", {"fp4_asm": False})] + [
         (f"asm {n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w, "fp4_asm": True})
-        for n, lw, w in ((8, 512, 4), (4, 1024, 4), (32, 256, 8), (2, 1024, 2), (16, 512, 8))]
+        for n, lw, w in ((8, 512, 4), (4, 1024, 4), (32, 256, 8), (2, 1024, 2), (16, 512, 8), (16, 512, 4),
+                         (32, 512, 4), (16, 1024, 4), (32, 256, 2), (16, 256, 2))]
     for lst in (r8, r4, r6, c8, c4, c6, ci8, t6, t8, t4):
         lst += [("1d", {"grid3": False}), ("3d", {"grid3": True})]
     t4 += [("rb2 1d", {"rblocks": 2, "grid3": False}), ("rb1", {"rblocks": 1})]  # (rb2: the H200's GPU_TUNING)

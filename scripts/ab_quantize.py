@@ -294,6 +294,7 @@ def variants():
         "castT fp6": ("ct", "mxfp6_e2m3", t6),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
         "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d4),
+        "dq16 rows fp4": ("dqh", "mxfp4_e2m1", [("default", None), ("no asm", {"fp4_asm": False})]),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),
     }
 
@@ -303,7 +304,7 @@ def resolve(kind, fmt, shape, cfg):
     if not isinstance(cfg, dict):
         return cfg
     R, C = shape
-    if kind == "dq":
+    if kind in ("dq", "dqh"):
         base = kq.dequantize_config(1, R, C, False, fmt)
     else:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""  # (kq.GPU_TUNING's key)
@@ -319,7 +320,8 @@ def run_one(kind, fmt, x, cfg, mode="floor", q=None):
         return kq._quantize_impl(x, fmt, 0, mode, "rne", "plain", cfg)
     if kind == "ct":
         return kq._cast_transpose_impl(x, fmt, mode, "rne", "plain", cfg)
-    return (kq._dequantize_impl(q.qdata, q.scale, fmt, 1, tuple(x.shape), torch.bfloat16, cfg),)
+    out = torch.float16 if kind == "dqh" else torch.bfloat16  # dqh: dequantize to fp16
+    return (kq._dequantize_impl(q.qdata, q.scale, fmt, 1, tuple(x.shape), out, cfg),)
 
 
 def nbytes(kind, fmt, n):
@@ -479,12 +481,12 @@ def main():
                 refs[key] = ref_of("rows", fmt, mode) + ref_of("cols", fmt, mode)
             else:
                 q = quantize_reference(xw, fmt, axis=-1, scale_mode="rceil")
-                refs[key] = (q, dequantize_reference(q, torch.bfloat16))
+                refs[key] = (q, dequantize_reference(q, torch.float16 if kind == "dqh" else torch.bfloat16))
         return refs[key]
 
     def check(kind, fmt, cfg):
         try:
-            if kind == "dq":
+            if kind in ("dq", "dqh"):
                 q, d = ref_of(kind, fmt, "rceil")
                 got = run_one(kind, fmt, xw, cfg, q=q)[0]
                 gn, rn = torch.isnan(got), torch.isnan(d)
@@ -513,7 +515,7 @@ def main():
         print(f"copy bf16 {size}^2: {t_copy:.1f} us {copy_bw / 1e3:.0f} GB/s", flush=True)
         for rnd in range(args.rounds):  # later rounds time again; the table keeps the fastest median
             for path, (kind, fmt, vs) in paths.items():
-                q = quantize_reference(x, fmt, axis=-1, scale_mode="rceil") if kind == "dq" else None
+                q = quantize_reference(x, fmt, axis=-1, scale_mode="rceil") if kind in ("dq", "dqh") else None
                 for name, cfg in vs:
                     key = (path, name)
                     rec = results.setdefault(key, {})

@@ -586,8 +586,8 @@ def test_opt_in_paths_compile_for_sm90(variant):
                                  BLOCK_N=16, BLOCK_L=256, INT64=False, MASKED=True, LOAD3D=not trans,
                                  HW_DEC=True) > 0
         f = get_format("mxfp4_e2m1")  # FP4 -> bf16 by the word decode asm (fp4_asm), masked and not, int64 offsets
-        for masked, int64 in ((True, False), (False, True)):
-            assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+        for masked, int64, out in ((True, False, 1), (False, True, 1), (True, False, 2)):  # (2: fp16 output)
+            assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=out, BITS=f.bits, MBITS=f.mbits,
                                  EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                                  BLOCK_N=8, BLOCK_L=512, INT64=int64, MASKED=masked, HW_DEC=True, FP4_ASM=True) > 0
 
@@ -833,16 +833,18 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_fp4_word_decode_matches_reference(rng, poison):
-    """Rowwise MXFP4 -> bf16 through the word decode asm (fp4_asm, the default there): random bytes under
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
+    """Rowwise MXFP4 -> bf16 / fp16 through the word decode asm (fp4_asm, the default there): random bytes under
     every scale byte (each of the 256 in every case), quantized data, shapes whose rows and row lengths the
     tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the second is
-    copied to an aligned buffer first) give the reference's bf16 bits; the tile-dividing case also through
+    copied to an aligned buffer first) give the reference's bits; the tile-dividing case also through
     other tiles. An unwritten output byte would read 0xAB (poison)."""
     from mxkit.kernels.quantize import DequantizeConfig, _dequantize_impl, dequantize_config, dequantize_triton
     from mxkit.tensor import MXTensor
 
     assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm
+    dt = getattr(torch, out)
     for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096)):
         n, L = math.prod(shape[:-1]), shape[-1]
         qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
@@ -851,23 +853,23 @@ def test_gpu_fp4_word_decode_matches_reference(rng, poison):
         k = min(256, flat.numel())
         flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
         q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)
-        want = dequantize_reference(q, torch.bfloat16)
-        _assert_dequant_equal(dequantize_triton(q.to(DEV), torch.bfloat16), want, f"fp4 words {shape}")
+        want = dequantize_reference(q, dt)
+        _assert_dequant_equal(dequantize_triton(q.to(DEV), dt), want, f"fp4 words {shape}")
         if shape == (64, 8192):
             for cfg in (DequantizeConfig(8, 512, 4, False, hw_dec=True, fp4_asm=True),
                         DequantizeConfig(2, 1024, 2, False, hw_dec=True, fp4_asm=True)):
-                got = _dequantize_impl(qd.to(DEV), sc.to(DEV), "mxfp4_e2m1", -1, shape, torch.bfloat16, cfg)
+                got = _dequantize_impl(qd.to(DEV), sc.to(DEV), "mxfp4_e2m1", -1, shape, dt, cfg)
                 _assert_dequant_equal(got, want, f"fp4 words {cfg}")
-    x = rand_tensor((130, 96), -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+    x = rand_tensor((130, 96), -1, generator=rng, dtype=dt, nonfinite=True)
     q = quantize_reference(x, "mxfp4_e2m1")
-    _assert_dequant_equal(dequantize_triton(q.to(DEV), torch.bfloat16), dequantize_reference(q, torch.bfloat16),
+    _assert_dequant_equal(dequantize_triton(q.to(DEV), dt), dequantize_reference(q, dt),
                           "fp4 words quantized")
     for off in (4, 2):  # qdata not at the start of its storage
         buf = torch.randint(0, 256, (130 * 48 + off,), generator=rng, dtype=torch.uint8).to(DEV)
         qv = buf[off:].view(130, 48)
         qo = MXTensor(qv, q.scale.to(DEV), "mxfp4_e2m1", 1, 32, (130, 96))
-        want = dequantize_reference(MXTensor(qv.cpu(), q.scale, "mxfp4_e2m1", 1, 32, (130, 96)), torch.bfloat16)
-        _assert_dequant_equal(dequantize_triton(qo, torch.bfloat16), want, f"fp4 words offset {off}")
+        want = dequantize_reference(MXTensor(qv.cpu(), q.scale, "mxfp4_e2m1", 1, 32, (130, 96)), dt)
+        _assert_dequant_equal(dequantize_triton(qo, dt), want, f"fp4 words offset {off}")
 
 
 def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
@@ -1370,7 +1372,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
     asm (``_fp6_pairs_asm``), the FP6 group
     decode asm (``_fp6_group_decode_asm``), the FP4 word decode asm (``_fp4_word_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
     the FP8 cvt asm (``_fp8x4_asm``):
-    cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.bf16x2.f32, mul.rn.f32,
+    cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.{bf16x2,f16x2}.f32, mul.rn.f32,
     {abs, min, max, min / max.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as
     the pair), and / or / shl / shr / sub / add,
     mul.hi / mul.lo / mad.lo / mad.hi .u32, prmt (default mode), shf.r.clamp, lop3. Registers and $n operands are int64
@@ -1419,7 +1421,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             continue
         args = [a.strip() for a in rest.split(",")]
         d = args[0]
-        if op.startswith("cvt.rn.f16x2."):  # two FP8 bytes (low byte -> low half), exact
+        if op.startswith("cvt.rn.f16x2.e"):  # two FP8 bytes (low byte -> low half), exact
             f8 = torch.float8_e4m3fn if ".e4m3x2" in op else torch.float8_e5m2
             b = regs[args[1]]
             h = [(b >> (8 * i) & 0xFF).to(torch.uint8).view(f8).to(torch.float16).view(torch.int16).to(torch.int64)
@@ -1428,6 +1430,10 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
             continue
         if op == "cvt.f32.f16":
             regs[d] = bits32(regs[args[1]].to(torch.int16).view(torch.float16).to(torch.float32))
+            continue
+        if op == "cvt.rn.f16x2.f32":  # the first source lands in the upper half
+            hb = [f32(regs[t]).to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF for t in args[1:3]]
+            regs[d] = hb[1] | (hb[0] << 16)
             continue
         if op == "cvt.rn.bf16x2.f32":  # the first source lands in the upper half
             hb = [bits32(f32(regs[t])).to(torch.int32).view(torch.float32).to(torch.bfloat16).view(torch.int16)
@@ -1666,11 +1672,13 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
     assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16)), fmt
 
 
-def test_fp4_word_decode_asm_matches_reference():
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+def test_fp4_word_decode_asm_matches_reference(out):
     """The FP4 word decode asm (``_quantize._fp4_word_decode_asm``, inline PTX: GPU only), run instruction by
     instruction on the CPU: every byte (two E2M1 codes) in every byte position of a word under every scale byte
-    0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf), and random words,
-    give the reference's bf16 bits (NaN positions for s = 255)."""
+    0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf; in fp16 from zero
+    through fp16 subnormals and ties to Inf), and random words, give the reference's bf16 / fp16 bits (NaN
+    positions for s = 255)."""
     from mxkit.kernels._quantize import _fp4_word_decode_asm
     from mxkit.tensor import MXTensor
 
@@ -1686,16 +1694,17 @@ def test_fp4_word_decode_asm_matches_reference():
     n = words.numel()
     q = torch.zeros(n, 16, dtype=torch.uint8)  # one 32-code block per row: the word, then 12 zero bytes
     q[:, :4] = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], 1).to(torch.uint8)
-    want = dequantize_reference(MXTensor(q, s.to(torch.uint8)[:, None], "mxfp4_e2m1", 1, 32, (n, 32)),
-                                torch.bfloat16)[:, :8]
+    dt = getattr(torch, out)
+    want = dequantize_reference(MXTensor(q, s.to(torch.uint8)[:, None], "mxfp4_e2m1", 1, 32, (n, 32)), dt)[:, :8]
     f16 = torch.where(s == 0, 0x0040, torch.where(s == 255, 0x7FC0, s << 7))
-    regs = _run_ptx_subset(_fp4_word_decode_asm(), {"$4": words, "$5": f16 | (f16 << 16)})
+    regs = _run_ptx_subset(_fp4_word_decode_asm(out == "float16"), {"$4": words, "$5": f16 | (f16 << 16)})
     got = torch.stack([(regs[f"${i}"] >> (16 * h)) & 0xFFFF for i in range(4) for h in (0, 1)], 1)
-    got = got.to(torch.int16).view(torch.bfloat16)
+    got = got.to(torch.int16).view(dt)
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     ok = ~torch.isnan(want)
-    assert bool(torch.isinf(want[ok]).any()) and bool((want[ok].view(torch.int16) & 0x7F80 == 0).logical_and(
-        want[ok] != 0).any()), "the cases must reach Inf and bf16 subnormals"
+    expo = 0x7F80 if out == "bfloat16" else 0x7C00
+    assert bool(torch.isinf(want[ok]).any()) and bool((want[ok].view(torch.int16) & expo == 0).logical_and(
+        want[ok] != 0).any()), "the cases must reach Inf and subnormals"
     assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16))
 
 

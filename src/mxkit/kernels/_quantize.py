@@ -41,7 +41,7 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
     cvt asm (rowwise, :func:`_cvt_fp8_rn_keep`) or each unit's word straight from the asm (COL_PACKED 32-bit
     units and COL_UNITS, :func:`_fp8_words`).
 * HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`. FP4_ASM
-  (rowwise FP4 to bf16, session 15): each word of 8 codes straight to four bf16 pairs, the code bits placed in a
+  (rowwise FP4 to bf16 / fp16, session 15): each word of 8 codes straight to four bf16 / fp16 pairs, the code bits placed in a
   bf16 and two bf16x2 multiplies (:func:`_fp4_word_decode_asm`; H200 16384^2 185.6 -> 173.9 us).
 * ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_UNITS (columnwise FP8 / FP6 / MXINT8, the columns of the FP6 cast-transpose): the tile loaded with 2-
@@ -836,7 +836,7 @@ def _fp6_group_decode_asm(mbits: int) -> str:
     return " ".join(lines + ["}"])
 
 
-def _fp4_word_decode_asm() -> str:
+def _fp4_word_decode_asm(out_f16: bool = False) -> str:
     """PTX that decodes one 32-bit word of 8 E2M1 codes (little-endian nibbles, code k in bits 4k .. 4k+3:
     the packed MXFP4 layout) straight to bf16: input $4 the word, $5 the block factor 2^(s - 127) as bf16 in
     both halves (0x0040, a bf16 subnormal, for s = 0; NaN for s = 255); outputs $0-$3 the bf16 pairs, code
@@ -850,17 +850,29 @@ def _fp4_word_decode_asm() -> str:
     Inf as the reference's fp32 product (fp32 max ~ 2^128, the same as bf16's) does: the reference's bits
     (its fp32 value, then bf16 RNE); ±0 keeps its sign; NaN for s = 255 (the payload may differ: bf16x2
     NaNs are canonical). 5 integer and 2 bf16x2 instructions per pair, where :func:`_decode_hw` unpacked
-    nibbles to int32 codes, built E4M3 bytes and converted through fp16 and fp32 back to bf16."""
+    nibbles to int32 codes, built E4M3 bytes and converted through fp16 and fp32 back to bf16.
+
+    out_f16: fp16 pairs instead: each exact bf16 result widened to fp32 (its bits shifted up 16: exact, Inf
+    kept) and both rounded by one ``cvt.rn.f16x2.f32`` (RNE, fp16 subnormals kept, overflow to Inf): the
+    reference's fp32 value rounded once to fp16, as it does."""
     lines = ["{", ".reg .b32 b, z, s, k;", "mov.b32 k, 0x7E807E80;"]  # 2^126 in both bf16 halves
+    if out_f16:
+        lines[1] = ".reg .b32 b, z, s, k, lo, hi;"
     for i in range(4):
         lines += [f"prmt.b32 b, $4, 0, 0x{0x4440 + i:04X};",  # byte i, zero-extended
                   "mul.lo.u32 z, b, 0x00040040;", "mul.lo.u32 s, b, 0x01001000;",
                   "and.b32 z, z, 0x01C001C0;", "lop3.b32 z, z, s, 0x80008000, 0xF8;",  # z | (s & signs)
-                  "mul.rn.bf16x2 z, z, k;", f"mul.rn.bf16x2 ${i}, z, $5;"]
+                  "mul.rn.bf16x2 z, z, k;"]
+        if out_f16:
+            lines += ["mul.rn.bf16x2 z, z, $5;", "shl.b32 lo, z, 16;", "and.b32 hi, z, 0xFFFF0000;",
+                      f"cvt.rn.f16x2.f32 ${i}, hi, lo;"]  # (the first source lands in the upper half)
+        else:
+            lines += [f"mul.rn.bf16x2 ${i}, z, $5;"]
     return " ".join(lines + ["}"])
 
 
 FP4_DEC = tl.constexpr(_fp4_word_decode_asm())
+FP4_DEC_F16 = tl.constexpr(_fp4_word_decode_asm(True))
 FP4_DEC_RW = tl.constexpr(",".join(["=r"] * 4 + ["r"] * 2))
 
 
@@ -1943,8 +1955,8 @@ def _dequantize_kernel(
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
     :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors.
-    FP4_ASM (rowwise FP4 to bf16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight to four
-    bf16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words; row_words = L / 8 (the
+    FP4_ASM (rowwise FP4 to bf16 / fp16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight to
+    four bf16 / fp16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words; row_words = L / 8 (the
     launcher passes it for every path; only FP4_ASM reads it)."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
@@ -1965,16 +1977,16 @@ def _dequantize_kernel(
         # the row, and each lane's 16 output bytes sit next to its neighbours' (a warp's store: 512 contiguous
         # bytes, whole sectors, no layout conversion; with 2- or 4-word loads the 32- / 64-byte outputs per
         # thread went through shared memory to be stored)
-        tl.static_assert(not TRANS and BITS == 4 and OUT_KIND == OUT_BF16)
+        tl.static_assert(not TRANS and BITS == 4 and (OUT_KIND == OUT_BF16 or OUT_KIND == OUT_F16))
         W: tl.constexpr = BLOCK_L // 8
         wi = pl * W + tl.arange(0, W)
         m2 = nmask[:, None] & ((wi < L // 8) | (not MASKED))[None, :]
         w = tl.load(q_ptr + g[:, None] * row_words + wi[None, :], mask=m2, other=0)
         sb = tl.load(s_ptr + g[:, None] * (L // 32) + (wi // 4)[None, :], mask=m2, other=0).to(tl.int32)
         f16 = tl.where(sb == 0, 0x0040, tl.where(sb == 255, 0x7FC0, sb << 7))  # 2^(s - 127) as bf16 bits
-        o = tl.inline_asm_elementwise(FP4_DEC, FP4_DEC_RW, [w, f16 | (f16 << 16)], dtype=(tl.int32, ) * 4,
-                                      is_pure=True, pack=1)
-        # word j of a row -> output words 4j .. 4j + 3 (bf16 pairs)
+        o = tl.inline_asm_elementwise(FP4_DEC if OUT_KIND == OUT_BF16 else FP4_DEC_F16, FP4_DEC_RW,
+                                      [w, f16 | (f16 << 16)], dtype=(tl.int32, ) * 4, is_pure=True, pack=1)
+        # word j of a row -> output words 4j .. 4j + 3 (bf16 / fp16 pairs)
         out = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [BLOCK_N, 4 * W])
         o4 = pl * (4 * W) + tl.arange(0, 4 * W)
         tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + g[:, None] * (row_words * 4) + o4[None, :], out,

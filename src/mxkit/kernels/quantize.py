@@ -175,8 +175,8 @@ class DequantizeConfig:
     # with fp6_words, hw_dec and bf16 output: each 16-code group decoded by one inline asm (bytes spread 4 at a
     # time, FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _quantize._fp6_group_decode_asm)
     fp6_asm: bool = False
-    # rowwise FP4 to bf16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to bf16 pairs
-    # by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
+    # rowwise FP4 to bf16 / fp16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to
+    # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
     fp4_asm: bool = False
 
 
@@ -426,11 +426,11 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike) -> D
     groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 220 us at 16384^2; Nsight
     Compute had L2 at 89% of peak with 2x the write sectors of the output). To bf16, each group goes through
     one inline asm (fp6_asm, session 7: the kernel was ALU-pipe-bound at 85%; 211 -> 184 us). Rowwise FP4 to
-    bf16 (session 15) reads qdata as words of 8 codes, each decoded straight to four bf16 pairs by one inline asm
+    bf16 / fp16 (session 15) reads qdata as words of 8 codes, each decoded straight to four pairs by one inline asm
     (fp4_asm: integer placement of the code bits in a bf16 and two bf16x2 multiplies, 7 instructions per pair
     where the FP8-cvt decode took ~20): H200 185.6 -> 173.9 us at 16384^2, 49.4 -> 47.2 us at 8192^2 (A/B; the
     16 x 256 tile on 4 warps; 8 x 512, 4 x 1024, 2 x 1024 on 2 warps, 16 x 512 on 8 within 0.5%, 32 x 256 on 8
-    slower)."""
+    slower); to fp16 184.6 -> 173.1 us; the H100 equal."""
     f = get_format(fmt)
     hw_dec = f.is_float
     if trans:
@@ -812,8 +812,8 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     Bk, N = (B, Q) if trans else (1, B)
     cfg = cfg or dequantize_config(Bk, N, L, trans, f)
     tiles_n, tiles_l = -(-N // cfg.block_n), -(-L // cfg.block_l)
-    fp4_asm = bool(cfg.fp4_asm and f.is_float and f.bits == 4 and not trans and kdtype == torch.bfloat16
-                   and hw_dec_ok(cfg, f))
+    fp4_asm = bool(cfg.fp4_asm and f.is_float and f.bits == 4 and not trans
+                   and kdtype in (torch.bfloat16, torch.float16) and hw_dec_ok(cfg, f))
     consts = tuple(dict(
         TRANS=trans, OUT_KIND=_OUT_KIND[kdtype],
         BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), BIAS=f.bias,

@@ -839,13 +839,15 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     every scale byte (each of the 256 in every case), quantized data, shapes whose rows and row lengths the
     tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the second is
     copied to an aligned buffer first) give the reference's bits; the tile-dividing case also through
-    other tiles. An unwritten output byte would read 0xAB (poison)."""
+    other tiles; rows of 1024 codes and more (one row per program), also ragged (1056, 2080). An unwritten
+    output byte would read 0xAB (poison)."""
     from mxkit.kernels.quantize import DequantizeConfig, _dequantize_impl, dequantize_config, dequantize_triton
     from mxkit.tensor import MXTensor
 
-    assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm
+    assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm  # (one 1024-element row per program)
+    assert dequantize_config(1, 4096, 512, False, "mxfp4_e2m1").fp4_asm  # (a 2-D tile of shorter rows)
     dt = getattr(torch, out)
-    for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096)):
+    for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080)):
         n, L = math.prod(shape[:-1]), shape[-1]
         qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
         sc = torch.randint(0, 256, (*shape[:-1], L // 32), generator=rng, dtype=torch.uint8)

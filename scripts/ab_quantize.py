@@ -287,6 +287,10 @@ def variants():
     # (runs 5-6: more words per thread slower; one 1024-element row per program on one warp, whose scale bytes
     # load in the words' layout without a shared-memory conversion, 0.6-0.9% faster on the H200: the default
     # since for rows of 1024 and more; "asm 16x256w4" is the first fp4_asm tile)
+    # session 15: FP8 -> bf16 on other tiles (the 8 x 512 default takes a 4 KB shared-memory layout conversion)
+    d8 = [("default", None)] + [(f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w})
+                                for n, lw, w in ((1, 1024, 1), (1, 2048, 2), (2, 1024, 2), (4, 512, 2), (1, 512, 1),
+                                                 (16, 256, 4))]
     for lst in (r8, r4, r6, c8, c4, c6, ci8, t6, t8, t4):
         lst += [("1d", {"grid3": False}), ("3d", {"grid3": True})]
     t4 += [("rb2 1d", {"rblocks": 2, "grid3": False}), ("rb1", {"rblocks": 1})]  # (rb2: the H200's GPU_TUNING)
@@ -297,7 +301,7 @@ def variants():
         "cols fp6": ("cols", "mxfp6_e2m3", c6), "cols int8": ("cols", "mxint8", ci8),
         "castT fp6": ("ct", "mxfp6_e2m3", t6),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
-        "dq rows fp8": ("dq", "mxfp8_e4m3", d), "dq rows fp4": ("dq", "mxfp4_e2m1", d4),
+        "dq rows fp8": ("dq", "mxfp8_e4m3", d8), "dq rows fp4": ("dq", "mxfp4_e2m1", d4),
         "dq16 rows fp4": ("dqh", "mxfp4_e2m1", [("default", None), ("no asm", {"fp4_asm": False})]),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),
     }

@@ -874,6 +874,30 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
         _assert_dequant_equal(dequantize_triton(qo, dt), want, f"fp4 words offset {off}")
 
 
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_gpu_fp8_row_tiles_match_reference(fmt, rng, poison):
+    """Rowwise MXFP8 -> bf16 / fp16 on one 1024-element row per program (the default from rows of 1024 codes),
+    also ragged (1056, 2080) and 3-D, random bytes (NaN / Inf codes included) under every scale byte; fp32 output
+    on the 2-D tile of the same shapes."""
+    from mxkit.kernels.quantize import dequantize_config, dequantize_triton
+    from mxkit.tensor import MXTensor
+
+    assert dequantize_config(1, 64, 8192, False, fmt).block_n == 1
+    assert dequantize_config(1, 64, 8192, False, fmt, torch.float32).block_n > 1
+    for shape in ((5, 1056), (2, 3, 2080), (64, 8192)):
+        L = shape[-1]
+        qd = torch.randint(0, 256, shape, generator=rng, dtype=torch.uint8)
+        sc = torch.randint(0, 256, (*shape[:-1], L // 32), generator=rng, dtype=torch.uint8)
+        flat = sc.view(-1)
+        k = min(256, flat.numel())
+        flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+        q = MXTensor(qd, sc, fmt, len(shape) - 1, 32, shape)
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            _assert_dequant_equal(dequantize_triton(q.to(DEV), dt), dequantize_reference(q, dt), f"{fmt} {shape} {dt}")
+
+
 def _fp8_tie_blocks(fmt: str) -> torch.Tensor:
     """fp32 blocks for the FP8 / FP6 / FP4 element rounding (the hardware-cvt paths): blocks with amax = max_normal * 2^k (every scale mode picks
     the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one

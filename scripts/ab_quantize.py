@@ -279,7 +279,8 @@ def variants():
     # 3-D grid in that run too: within 1% (not kept)
     # session 15: rowwise FP4 -> bf16 through the word decode asm (fp4_asm: 8 codes -> 4 bf16 pairs per asm, integer
     # placement and two bf16x2 multiplies) against the per-element FP8-cvt decode, on several tiles
-    d4 = [("default", None), ("asm", {"fp4_asm": True}), ("no asm", {"fp4_asm": False})] + [
+    d4 = [("default", None), ("asm", {"fp4_asm": True}),
+          ("no asm", {"fp4_asm": False, "block_n": 16, "block_l": 256, "num_warps": 4})] + [
         (f"asm {n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w, "fp4_asm": True})
         for n, lw, w in ((8, 512, 4), (4, 1024, 4), (32, 256, 8), (2, 1024, 2), (16, 512, 8), (16, 512, 4),
                          (32, 512, 4), (16, 1024, 4), (32, 256, 2), (16, 256, 2), (1, 1024, 1), (1, 2048, 2),
@@ -302,7 +303,9 @@ def variants():
         "castT fp6": ("ct", "mxfp6_e2m3", t6),
         "castT fp8": ("ct", "mxfp8_e4m3", t8), "castT fp4": ("ct", "mxfp4_e2m1", t4),
         "dq rows fp8": ("dq", "mxfp8_e4m3", d8), "dq rows fp4": ("dq", "mxfp4_e2m1", d4),
-        "dq16 rows fp4": ("dqh", "mxfp4_e2m1", [("default", None), ("no asm", {"fp4_asm": False})]),
+        "dq16 rows fp4": ("dqh", "mxfp4_e2m1", [("default", None),
+                                                ("no asm", {"fp4_asm": False, "block_n": 16, "block_l": 256,
+                                                            "num_warps": 4})]),
         "dq rows fp6": ("dq", "mxfp6_e2m3", d6),
     }
 
@@ -353,7 +356,7 @@ def sass_stats(kind, fmt, cfg, n=8192):
     K = kq.K
     ct_cfg = (resolve(kind, fmt, (n, n), cfg) or kq.quantize_config(1, n, n, True, True, fmt)) if kind == "ct" else None
     split = bool(ct_cfg and ct_cfg.split_rows)
-    name = "_dequantize_kernel" if kind == "dq" else ("_cast_transpose_split_kernel" if split else "_quantize_kernel")
+    name = "_dequantize_kernel" if kind in ("dq", "dqh") else ("_cast_transpose_split_kernel" if split else "_quantize_kernel")
     real = getattr(K, name)
     got = {}
 
@@ -372,11 +375,12 @@ def sass_stats(kind, fmt, cfg, n=8192):
     real_t = K._transpose_bytes_kernel
     K._transpose_bytes_kernel = _Skip()
     try:
-        if kind == "dq":
+        if kind in ("dq", "dqh"):
             f = kq.get_format(fmt)
             q = torch.empty(n, n * f.pack_bytes // f.pack, dtype=torch.uint8, device="meta")
             s = torch.empty(n, n // 32, dtype=torch.uint8, device="meta")
-            kq._dequantize_impl(q, s, fmt, 1, (n, n), torch.bfloat16, resolve(kind, fmt, (n, n), cfg))
+            kq._dequantize_impl(q, s, fmt, 1, (n, n), torch.float16 if kind == "dqh" else torch.bfloat16,
+                                resolve(kind, fmt, (n, n), cfg))
         else:
             run_one(kind, fmt, x, cfg)
     finally:

@@ -66,11 +66,12 @@ cases = {
     "rows fp6 st4": lambda: kq._quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain", dataclasses.replace(
         kq.quantize_config(1, 8192, 8192, True, False, "mxfp6_e2m3", in_bf16=False), fp6_store4=True)),
     "dq fp8": dequant("mxfp8_e4m3"), "dq fp4": dequant("mxfp4_e2m1"), "dq fp6": dequant("mxfp6_e2m3"),
-    # session 15: rowwise FP4 -> bf16 without the word decode asm (the per-element FP8-cvt decode until then)
+    # session 15: rowwise FP4 -> bf16 without the word decode asm (the per-element FP8-cvt decode until then; the
+    # kernel of session 14: 16 x 256 tiles on four warps)
     "dq fp4 noasm": lambda: kq._dequantize_impl(q["mxfp4_e2m1"][0], q["mxfp4_e2m1"][1], "mxfp4_e2m1", -1, (8192, 8192),
                                                 torch.bfloat16, dataclasses.replace(
                                                     kq.dequantize_config(1, 8192, 8192, False, "mxfp4_e2m1"),
-                                                    fp4_asm=False)),
+                                                    fp4_asm=False, block_n=16, block_l=256, num_warps=4)),
     # session 14: the FP4 cast-transpose on one tile per program (the H100's default; the H200 takes two) with
     # the 1-D and the 3-D launch grid (ptxas: 62 / 48 registers), columnwise FP4 on the 3-D grid (96 / 107)
     "castT fp4 rb1": lambda: kq._cast_transpose_impl(x, "mxfp4_e2m1", "floor", "rne", "plain", dataclasses.replace(

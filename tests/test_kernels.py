@@ -399,6 +399,8 @@ def test_gpu_tuning_table():
     assert dict(plan.consts)["RB"] == 2 and plan.grid == (64 * 32,)
     assert kq._gpu_name(torch.zeros(1)) == ""
     for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):  # the H100's FP8 cast-transpose tile, from 2^26 elements
+        assert kq.quantize_config(1, 8192, 8192, True, True, fmt, gpu="NVIDIA H100 PCIe") == \
+            kq.quantize_config(1, 8192, 8192, True, True, fmt)  # (measured on the SXM part only)
         base = kq.quantize_config(1, 8192, 8192, True, True, fmt)
         got = kq.quantize_config(1, 8192, 8192, True, True, fmt, gpu="NVIDIA H100 80GB HBM3")
         assert got == dataclasses.replace(base, block_r=64, num_warps=8) and base.block_r == 32
@@ -590,6 +592,14 @@ def test_opt_in_paths_compile_for_sm90(variant):
             assert _sm90_compile("_dequantize_kernel", 4, TRANS=False, OUT_KIND=out, BITS=f.bits, MBITS=f.mbits,
                                  EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
                                  BLOCK_N=8, BLOCK_L=512, INT64=int64, MASKED=masked, HW_DEC=True, FP4_ASM=True) > 0
+        # the one-row tiles of rows >= 1024 (one warp): FP4 words, FP8 load3d
+        assert _sm90_compile("_dequantize_kernel", 1, TRANS=False, OUT_KIND=1, BITS=f.bits, MBITS=f.mbits,
+                             EMIN=f.emin, BIAS=f.bias, IS_INT=False, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
+                             BLOCK_N=1, BLOCK_L=1024, INT64=False, MASKED=True, HW_DEC=True, FP4_ASM=True) > 0
+        f8 = get_format("mxfp8_e4m3")
+        assert _sm90_compile("_dequantize_kernel", 1, TRANS=False, OUT_KIND=2, BITS=f8.bits, MBITS=f8.mbits,
+                             EMIN=f8.emin, BIAS=f8.bias, IS_INT=False, HAS_INF=f8.has_inf, HAS_NAN=f8.has_nan,
+                             BLOCK_N=1, BLOCK_L=1024, INT64=False, MASKED=True, LOAD3D=True, HW_DEC=True) > 0
 
 
 def test_argument_errors_match_reference():
@@ -836,11 +846,12 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     """Rowwise MXFP4 -> bf16 / fp16 through the word decode asm (fp4_asm, the default there): random bytes under
-    every scale byte (each of the 256 in every case), quantized data, shapes whose rows and row lengths the
-    tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the second is
-    copied to an aligned buffer first) give the reference's bits; the tile-dividing case also through
-    other tiles; rows of 1024 codes and more (one row per program), also ragged (1056, 2080). An unwritten
-    output byte would read 0xAB (poison)."""
+    random scale bytes (all 256 where a case has that many blocks), quantized data, shapes whose rows and row
+    lengths the tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the
+    second is copied to an aligned buffer first) give the reference's bits; the tile-dividing case also through
+    other tiles; rows of 1024 codes and more (one row per program), also ragged (1056, 2080). (1, 32) has too
+    few elements per thread for the asm and checks the fallback. An unwritten output byte would read 0xAB
+    (poison)."""
     from mxkit.kernels.quantize import DequantizeConfig, _dequantize_impl, dequantize_config, dequantize_triton
     from mxkit.tensor import MXTensor
 
@@ -855,6 +866,8 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
         k = min(256, flat.numel())
         flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
         q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)
+        plan = dict(_q()._dequantize_plan("mxfp4_e2m1", len(shape) - 1, shape, dt, None)[5])
+        assert plan["FP4_ASM"] == (shape != (1, 32)), shape
         want = dequantize_reference(q, dt)
         _assert_dequant_equal(dequantize_triton(q.to(DEV), dt), want, f"fp4 words {shape}")
         if shape == (64, 8192):
@@ -1186,6 +1199,36 @@ def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
         graph.replay()
         torch.cuda.synchronize()
         check(gout, static, f"graph replay {i}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_tuning_entries_match_reference(rng, poison):
+    """Every GPU_TUNING entry, whichever GPU runs the test (the launcher applies an entry only on its own GPU and
+    from its size on): the entry's fields on the default config of a ragged problem past the entry's size (tiles
+    and spans that do not divide it) and of a small one, both scale modes, bf16 with NaN / Inf / subnormal blocks,
+    give the reference's bytes in both directions."""
+    import dataclasses
+
+    from mxkit.kernels import quantize as kq
+
+    if DEV != "cuda":
+        pytest.skip("2^26 elements are too many for the interpreter")
+    for prefix, entries in kq.GPU_TUNING.items():
+        for path, fmt, least, fields in entries:
+            assert path == "cast_transpose", path  # (the only path with entries so far)
+            for shape in ((8224, 8160), (3, 320, 544)):
+                B, R, C = (1, *shape) if len(shape) == 2 else shape
+                assert len(shape) == 3 or B * R * C >= least
+                cfg = dataclasses.replace(kq.quantize_config(B, R, C, True, True, fmt), **fields)
+                x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True).to(DEV)
+                for mode in ("floor", "rceil"):
+                    qr, sr, qc, sc = kq._cast_transpose_impl(x, fmt, mode, "rne", "plain", cfg)
+                    for (q, s), a in (((qr, sr), -1), ((qc, sc), -2)):
+                        ref = quantize_reference(x, fmt, axis=a, scale_mode=mode)
+                        what = f"{prefix} {fmt} {fields} {shape} {mode} axis={a}"
+                        assert_bytes_equal(q, ref.qdata, what + " qdata")
+                        assert_bytes_equal(s, ref.scale, what + " scale")
 
 
 @pytest.mark.gpu
@@ -1704,7 +1747,9 @@ def test_fp4_word_decode_asm_matches_reference(out):
     instruction on the CPU: every byte (two E2M1 codes) in every byte position of a word under every scale byte
     0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf; in fp16 from zero
     through fp16 subnormals and ties to Inf), and random words, give the reference's bf16 / fp16 bits (NaN
-    positions for s = 255)."""
+    positions for s = 255). Limits: the factor bits are built here as the kernel builds them (a change there shows
+    on the GPU only), and the interpreter keeps subnormals in ``mul.rn.bf16x2`` as PTX specifies (a hardware
+    flush would show on the GPU: its tests include codes 0.5 and scale byte 0)."""
     from mxkit.kernels._quantize import _fp4_word_decode_asm
     from mxkit.tensor import MXTensor
 

@@ -200,8 +200,9 @@ GPU_TUNING: dict = {
     "NVIDIA H200": (("cast_transpose", "mxfp4_e2m1", 1 << 26, {"rblocks": 2}),),
     # the fused FP8 cast-transpose on 64 x 256 tiles, eight warps: H100 8192^2 106.1 -> 104.8 us, 16384^2 401.7 ->
     # 393.6 us (session 15, four rounds; benchmarks/h200-2026-11-23-s15/ab_castT_fp8_h100_tiles.txt); on the
-    # H200 that tile is slower (same file, run 6: 81.7 -> 85.6 us, 301.7 -> 316.4 us)
-    "NVIDIA H100": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
+    # H200 that tile is slower (same file, run 6: 81.7 -> 85.6 us, 301.7 -> 316.4 us). Keyed by the SXM part's full
+    # name: the PCIe / NVL parts (other memory, other clocks) were not measured
+    "NVIDIA H100 80GB HBM3": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
                          for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
 }
 

@@ -356,7 +356,8 @@ def sass_stats(kind, fmt, cfg, n=8192):
     K = kq.K
     ct_cfg = (resolve(kind, fmt, (n, n), cfg) or kq.quantize_config(1, n, n, True, True, fmt)) if kind == "ct" else None
     split = bool(ct_cfg and ct_cfg.split_rows)
-    name = "_dequantize_kernel" if kind in ("dq", "dqh") else ("_cast_transpose_split_kernel" if split else "_quantize_kernel")
+    name = ("_dequantize_kernel" if kind in ("dq", "dqh")
+            else ("_cast_transpose_split_kernel" if split else "_quantize_kernel"))
     real = getattr(K, name)
     got = {}
 

@@ -461,8 +461,8 @@ def _sm90_compile(kernel_name: str, num_warps: int, **constexprs):
         if a in constexprs:
             sig[a] = "constexpr"
         elif a.endswith("_ptr"):
-            words = constexprs.get("BITS") == 6 or constexprs.get("FP4_ASM") or (a == "qc_ptr" and (constexprs.get("COL_PACKED")
-                                                                      or constexprs.get("COL_UNITS")))
+            words = constexprs.get("BITS") == 6 or constexprs.get("FP4_ASM") or (
+                a == "qc_ptr" and (constexprs.get("COL_PACKED") or constexprs.get("COL_UNITS")))
             sig[a] = ptr.get(a, "*i32" if (a.startswith("q") and words) else "*u8")
         else:
             sig[a] = "i32"
@@ -1439,7 +1439,8 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
     """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 pairs
     asm (``_fp6_pairs_asm``), the FP6 group
-    decode asm (``_fp6_group_decode_asm``), the FP4 word decode asm (``_fp4_word_decode_asm``), the FP4 encoder asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
+    decode asm (``_fp6_group_decode_asm``), the FP4 word decode asm (``_fp4_word_decode_asm``), the FP4 encoder
+    asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
     the FP8 cvt asm (``_fp8x4_asm``):
     cvt.rn.satfinite.{e4m3,e5m2}x2.f32, cvt.rn.f16x2.{e4m3,e5m2}x2, cvt.f32.f16, cvt.rn.{bf16x2,f16x2}.f32, mul.rn.f32,
     {abs, min, max, min / max.xorsign.abs, mul.rn, add.rn}.bf16x2, mov.b32 (also to / from a b16 pair), mov.b64 from a b32 pair (kept as

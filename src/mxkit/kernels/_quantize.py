@@ -41,8 +41,9 @@ Paths selected by the launcher's config (constexprs; the defaults are chosen in
     cvt asm (rowwise, :func:`_cvt_fp8_rn_keep`) or each unit's word straight from the asm (COL_PACKED 32-bit
     units and COL_UNITS, :func:`_fp8_words`).
 * HW_DEC (dequantize, FP8 / FP6 / FP4 on a GPU): hardware FP8 -> fp16 decode, :func:`_decode_hw`. FP4_ASM
-  (rowwise FP4 to bf16 / fp16, session 15): each word of 8 codes straight to four bf16 / fp16 pairs, the code bits placed in a
-  bf16 and two bf16x2 multiplies (:func:`_fp4_word_decode_asm`; H200 16384^2 185.6 -> 173.9 us).
+  (rowwise FP4 to bf16 / fp16, session 15): each word of 8 codes straight to four bf16 / fp16 pairs, the code
+  bits placed in a bf16 and two bf16x2 multiplies (:func:`_fp4_word_decode_asm`; H200 16384^2 185.6 -> 173.9
+  us).
 * ROW3D (opt-in): the rowwise tile is loaded as [BLOCK_R, BLOCK_C // 32, 32] (no reshapes; same SASS size).
 * COL_UNITS (columnwise FP8 / FP6 / MXINT8, the columns of the FP6 cast-transpose): the tile loaded with 2-
   or 4-byte loads so the lanes run along the columns and the warps along the 32-row blocks; each thread packs
@@ -1955,9 +1956,9 @@ def _dequantize_kernel(
     tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
     through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
     :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors.
-    FP4_ASM (rowwise FP4 to bf16 / fp16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight to
-    four bf16 / fp16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words; row_words = L / 8 (the
-    launcher passes it for every path; only FP4_ASM reads it)."""
+    FP4_ASM (rowwise FP4 to bf16 / fp16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight
+    to four bf16 / fp16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words;
+    row_words = L / 8 (the launcher passes it for every path; only FP4_ASM reads it)."""
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)

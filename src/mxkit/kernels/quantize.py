@@ -203,7 +203,7 @@ GPU_TUNING: dict = {
     # H200 that tile is slower (same file, run 6: 81.7 -> 85.6 us, 301.7 -> 316.4 us). Keyed by the SXM part's full
     # name: the PCIe / NVL parts (other memory, other clocks) were not measured
     "NVIDIA H100 80GB HBM3": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
-                         for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
+                                   for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
 }
 
 

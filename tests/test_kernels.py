@@ -841,6 +841,16 @@ def test_gpu_dequantize_matches_reference(fmt, out_dtype, rng, poison):
                           dequantize_reference(quantize_reference(x, fmt), torch.bfloat16), "dequantize nvidia_128x4")
 
 
+def _scale_bytes(shape: tuple, rng) -> torch.Tensor:
+    """Random E8M0 scale bytes of ``shape`` holding every byte value 0-255 at random places (as many distinct
+    values as there are bytes, when fewer than 256)."""
+    sc = torch.randint(0, 256, shape, generator=rng, dtype=torch.uint8)
+    flat = sc.view(-1)
+    k = min(256, flat.numel())
+    flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+    return sc
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
@@ -861,10 +871,7 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080)):
         n, L = math.prod(shape[:-1]), shape[-1]
         qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
-        sc = torch.randint(0, 256, (*shape[:-1], L // 32), generator=rng, dtype=torch.uint8)
-        flat = sc.view(-1)  # every scale byte at random places (as many as the case has blocks)
-        k = min(256, flat.numel())
-        flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+        sc = _scale_bytes((*shape[:-1], L // 32), rng)
         q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)
         plan = dict(_q()._dequantize_plan("mxfp4_e2m1", len(shape) - 1, shape, dt, None)[5])
         assert plan["FP4_ASM"] == (shape != (1, 32)), shape
@@ -902,10 +909,7 @@ def test_gpu_fp8_row_tiles_match_reference(fmt, rng, poison):
     for shape in ((5, 1056), (2, 3, 2080), (64, 8192)):
         L = shape[-1]
         qd = torch.randint(0, 256, shape, generator=rng, dtype=torch.uint8)
-        sc = torch.randint(0, 256, (*shape[:-1], L // 32), generator=rng, dtype=torch.uint8)
-        flat = sc.view(-1)
-        k = min(256, flat.numel())
-        flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+        sc = _scale_bytes((*shape[:-1], L // 32), rng)
         q = MXTensor(qd, sc, fmt, len(shape) - 1, 32, shape)
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             _assert_dequant_equal(dequantize_triton(q.to(DEV), dt), dequantize_reference(q, dt), f"{fmt} {shape} {dt}")

@@ -1984,9 +1984,9 @@ def _dequantize_kernel(
         m2 = nmask[:, None] & ((wi < L // 8) | (not MASKED))[None, :]
         w = tl.load(q_ptr + g[:, None] * row_words + wi[None, :], mask=m2, other=0)
         sb = tl.load(s_ptr + g[:, None] * (L // 32) + (wi // 4)[None, :], mask=m2, other=0).to(tl.int32)
-        f16 = tl.where(sb == 0, 0x0040, tl.where(sb == 255, 0x7FC0, sb << 7))  # 2^(s - 127) as bf16 bits
+        fac = tl.where(sb == 0, 0x0040, tl.where(sb == 255, 0x7FC0, sb << 7))  # 2^(s - 127) as bf16 bits
         o = tl.inline_asm_elementwise(FP4_DEC if OUT_KIND == OUT_BF16 else FP4_DEC_F16, FP4_DEC_RW,
-                                      [w, f16 | (f16 << 16)], dtype=(tl.int32, ) * 4, is_pure=True, pack=1)
+                                      [w, fac | (fac << 16)], dtype=(tl.int32, ) * 4, is_pure=True, pack=1)
         # word j of a row -> output words 4j .. 4j + 3 (bf16 / fp16 pairs)
         out = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [BLOCK_N, 4 * W])
         o4 = pl * (4 * W) + tl.arange(0, 4 * W)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import functools
 import math
+import dataclasses
 import os
 import struct
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -442,20 +442,18 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
     if trans:
         block_l = max(32, min(128, _pow2(L)))
         block_n = max(16, min(32, _pow2(N)))
-        tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
-        return DequantizeConfig(block_n, block_l, 4, needs_int64(B * tiles), hw_dec=hw_dec)
+        return DequantizeConfig(block_n, block_l, 4, _tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
     load3d = f.is_float and f.bits in (4, 8)
     fp4_asm = f.is_float and f.bits == 4
     if load3d and out_dtype in (torch.bfloat16, torch.float16) and L >= 1024:
-        tiles = N * (-(-L // 1024) * 1024)
-        return DequantizeConfig(1, 1024, 1, needs_int64(B * tiles), load3d=True, hw_dec=True, fp4_asm=fp4_asm)
+        return DequantizeConfig(1, 1024, 1, _tiles_need_int64(B, N, L, 1, 1024), load3d=True, hw_dec=True,
+                                fp4_asm=fp4_asm)
     block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
     block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
-    tiles = -(-N // block_n) * block_n * (-(-L // block_l) * block_l)
-    return DequantizeConfig(block_n, block_l, warps, needs_int64(B * tiles), load3d=load3d, hw_dec=hw_dec,
-                            fp6_words=f.bits == 6, pair_swap=f.bits == 6, fp6_asm=f.is_float and f.bits == 6,
-                            fp4_asm=fp4_asm)
+    return DequantizeConfig(block_n, block_l, warps, _tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d,
+                            hw_dec=hw_dec, fp6_words=f.bits == 6, pair_swap=f.bits == 6,
+                            fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ LAST (also written to $OUT/ab_table.txt when OUT is set).
 
     PYTHONPATH=src python3 scripts/ab_quantize.py [--budget-s 140] [--quick]
     PYTHONPATH=src python3 scripts/ab_quantize.py --sass     # no GPU: sm_90 registers / spills / SASS size
+    PYTHONPATH=src python3 scripts/ab_quantize.py --paths "rows fp4" --shapes 16384x1056,16384x2880 --flush read
 """
 
 from __future__ import annotations
@@ -49,13 +50,23 @@ def variants():
     # FP6 through the FP8 cvt (default since, on 4 x 512 tiles), against the session-5 defaults
     r4 = [("default", None), ("s5", {"fp4_pairs": False, "block_r": 16, "block_c": 256, "num_warps": 4})] + [
         (f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w}) for r, c, w in ((4, 512, 2), (2, 2048, 4))] + [
-        ("rb1", {"rblocks": 1}), ("rb2", {"rblocks": 2}), ("rb8", {"rblocks": 8}),
+        ("rb1", {"rblocks": 1}), ("rb2", {"rblocks": 2}), ("rb4", {"rblocks": 4}), ("rb8", {"rblocks": 8}),
         ("4x1024w4", {"block_r": 4, "num_warps": 4}), ("rb2 4x1024w4", {"block_r": 4, "num_warps": 4, "rblocks": 2}),
         ("rb2 1x1024w1", {"block_r": 1, "num_warps": 1, "rblocks": 2})]
+    # session 16: rows just past a multiple of 1024 (a second, mostly masked 1024-wide tile per row) on narrower tiles
+    r4 += [(f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w, "rblocks": 1})
+           for r, c, w in ((8, 256, 2), (4, 256, 1), (2, 512, 1))]
+    # ("s15": the session-15 tiles of rows of 1024 elements and more, for problems of >= 16384 tiles; the narrower
+    # tiles of such rows padded by more than 1/8 are the default since)
+    r4 += [("s15", {"block_r": 1, "block_c": 1024, "num_warps": 1, "rblocks": 2})]
     # session 7 run 6-7: the FP6 unit asm (fp6_asm, default since) against the integer encoder ("no asm")
     # (the session 7-11 rowwise FP6 default: 4 x 512 on two warps, the unit asm; bf16 from bf16 pairs since session 12)
     s11_r6 = {"block_r": 4, "block_c": 512, "num_warps": 2, "fp6_pairs": False, "fp6_store4": False}
-    r6 = [("default", None), ("s11", s11_r6), ("no asm", dict(s11_r6, fp6_asm=False))]
+    r6 = [("default", None), ("s11", s11_r6), ("no asm", dict(s11_r6, fp6_asm=False)),
+          ("4x512w2 pairs", {"block_r": 4, "block_c": 512, "num_warps": 2, "rblocks": 1}),
+          ("8x256w2 pairs", {"block_r": 8, "block_c": 256, "num_warps": 2, "rblocks": 1}),
+          ("s15", {"block_r": 2, "block_c": 1024, "num_warps": 2, "rblocks": 4}), ("rb1", {"rblocks": 1}),
+          ("rb4", {"rblocks": 4})]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
     # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows
@@ -291,7 +302,7 @@ def variants():
     # session 15: FP8 -> bf16 on other tiles (the 8 x 512 default takes a 4 KB shared-memory layout conversion)
     d8 = [("default", None)] + [(f"{n}x{lw}w{w}", {"block_n": n, "block_l": lw, "num_warps": w})
                                 for n, lw, w in ((1, 1024, 1), (1, 2048, 2), (2, 1024, 2), (4, 512, 2), (1, 512, 1),
-                                                 (16, 256, 4))]
+                                                 (16, 256, 4), (8, 512, 4))]
     for lst in (r8, r4, r6, c8, c4, c6, ci8, t6, t8, t4):
         lst += [("1d", {"grid3": False}), ("3d", {"grid3": True})]
     t4 += [("rb2 1d", {"rblocks": 2, "grid3": False}), ("rb1", {"rblocks": 1})]  # (rb2: the H200's GPU_TUNING)
@@ -335,10 +346,39 @@ def run_one(kind, fmt, x, cfg, mode="floor", q=None):
     return (kq._dequantize_impl(q.qdata, q.scale, fmt, 1, tuple(x.shape), out, cfg),)
 
 
-def nbytes(kind, fmt, n):
+def nbytes(kind, fmt, shape):
     f = kq.get_format(fmt)
-    qb = n * n * f.pack_bytes // f.pack + n * n // 32
-    return 2 * n * n + (2 * qb if kind == "ct" else qb)
+    n2 = shape[0] * shape[1]
+    qb = n2 * f.pack_bytes // f.pack + n2 // 32
+    return 2 * n2 + (2 * qb if kind == "ct" else qb)
+
+
+def sm90_dump(k, stem=None):
+    """A kernel compiled for sm_90 (triton.compile) -> (its SASS text, cuobjdump's resource usage), through
+    Triton's bundled nvdisasm / cuobjdump; with stem, also writes stem.ttgir / .ptx / .sass for reading."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    if stem:
+        for ext in ("ttgir", "ptx"):
+            with open(f"{stem}.{ext}", "w") as fh:
+                fh.write(k.asm[ext])
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+        fh.write(k.asm["cubin"])
+    try:
+        sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", fh.name], capture_output=True,
+                              text=True).stdout
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", fh.name],
+                             capture_output=True, text=True).stdout
+    finally:
+        os.unlink(fh.name)
+    if stem:
+        with open(f"{stem}.sass", "w") as fh:
+            fh.write(sass)
+    return sass, res
 
 
 def sass_stats(kind, fmt, cfg, n=8192):
@@ -346,8 +386,6 @@ def sass_stats(kind, fmt, cfg, n=8192):
     launch is captured on meta tensors, compiled with Triton's bundled ptxas; returns registers, local
     memory (spills), shared memory and the static SASS instruction count (both sides of a branch count)."""
     import re
-    import subprocess
-    import tempfile
 
     import triton
     from triton.backends.compiler import GPUTarget
@@ -403,21 +441,10 @@ def sass_stats(kind, fmt, cfg, n=8192):
         sig[a] = "constexpr"
     k = triton.compile(ASTSource(real, sig, constexprs=got["kw"], attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options=opts)
+    stem = None
     if os.environ.get("MXKIT_DUMP_IR"):  # directory: TTGIR / PTX / SASS of the build, for reading
         stem = os.path.join(os.environ["MXKIT_DUMP_IR"], os.environ.get("MXKIT_DUMP_NAME", f"{kind}_{fmt}"))
-        for ext in ("ttgir", "ptx"):
-            with open(f"{stem}.{ext}", "w") as fh:
-                fh.write(k.asm[ext])
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
-        fh.write(k.asm["cubin"])
-    sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", fh.name], capture_output=True, text=True).stdout
-    if os.environ.get("MXKIT_DUMP_IR"):
-        with open(f"{stem}.sass", "w") as fh2:
-            fh2.write(sass)
-    res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", fh.name],
-                         capture_output=True, text=True).stdout
-    os.unlink(fh.name)
+    sass, res = sm90_dump(k, stem)
     n_sass = sum(1 for line in sass.split("\n") if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z@]", line))
     reg = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
@@ -435,6 +462,10 @@ def main():
                     help="no GPU: build every variant for sm_90 and print registers / spills / SASS size")
     ap.add_argument("--paths", default="", help="comma-separated path names (e.g. 'cols fp4,castT fp4'); default all")
     ap.add_argument("--variants", default="", help="comma-separated variant names (e.g. 'default'); default all")
+    ap.add_argument("--flush", default="write", choices=("write", "read"),
+                    help="L2 flush before each run: write (do_bench's, dirty lines) or read (a clean L2)")
+    ap.add_argument("--shapes", default="", help="comma-separated 2-D shapes RxC (e.g. '16384x1056,16384x2880'); "
+                                                  "default 8192x8192,16384x16384 (the bytes are checked at the first)")
     args = ap.parse_args()
     t0 = time.time()
     want = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -453,7 +484,12 @@ def main():
                 print(f"{path:12s} {name:18s} {st}", flush=True)
         return
     D = "cpu" if args.dry else "cuda"
-    S1, S2 = (256, 512) if args.dry else (8192, 16384)
+    if args.shapes:
+        sizes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s.strip()]
+    else:
+        sizes = [(n, n) for n in ((256, 512) if args.dry else (8192, 16384))]
+    if args.quick:
+        sizes = sizes[:1]
     dev = "dry run (CPU interpreter)" if args.dry else torch.cuda.get_device_name()
     print(f"# {dev}  torch {torch.__version__}  triton {__import__('triton').__version__}", flush=True)
 
@@ -463,7 +499,7 @@ def main():
             fn()
             return (time.perf_counter() - t) * 1e6
         # median of CUDA-event runs, L2 flushed, a 100 us GPU spin before each run (device time only)
-        return cuda_event_bench(fn, 10.0, 50.0, spin_us=100.0)
+        return cuda_event_bench(fn, 10.0, 50.0, spin_us=100.0, flush=args.flush)
 
     if not args.dry:  # clocks up before the first measurement (the first rows read slow otherwise)
         w = torch.randn(4096, 4096, device="cuda")
@@ -477,9 +513,9 @@ def main():
     results = {}  # (path, variant) -> dict
     refs = {}
     # wide-range check data: per-row magnitudes 2^-30 .. 2^30 (fp32-denormal branch tiles included)
-    n = S1
-    xw = (torch.randn(n, n, device=D, generator=gen)
-          * torch.exp2(torch.randint(-30, 31, (n, 1), device=D, generator=gen).float())).to(torch.bfloat16)
+    n = sizes[0]
+    xw = (torch.randn(*n, device=D, generator=gen)
+          * torch.exp2(torch.randint(-30, 31, (n[0], 1), device=D, generator=gen).float())).to(torch.bfloat16)
 
     def ref_of(kind, fmt, mode):
         key = (kind, fmt, mode)
@@ -519,13 +555,16 @@ def main():
             return f"ERR {type(e).__name__}: {' '.join(str(e).split())[-160:]}"
 
     # (paths: selected above)
-    for size in ((S1,) if args.quick else (S1, S2)):
-        x = torch.randn(size, size, device=D, dtype=torch.bfloat16, generator=gen)
+    def label(size):
+        return f"{size[0]}^2" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+    for size in sizes:
+        x = torch.randn(*size, device=D, dtype=torch.bfloat16, generator=gen)
         dst = torch.empty_like(x)
         t_copy = bench(lambda: dst.copy_(x))
         copy_bw = 2 * x.numel() * 2 / t_copy  # bytes / us
         results[("copy", size)] = t_copy
-        print(f"copy bf16 {size}^2: {t_copy:.1f} us {copy_bw / 1e3:.0f} GB/s", flush=True)
+        print(f"copy bf16 {label(size)}: {t_copy:.1f} us {copy_bw / 1e3:.0f} GB/s", flush=True)
         for rnd in range(args.rounds):  # later rounds time again; the table keeps the fastest median
             for path, (kind, fmt, vs) in paths.items():
                 q = quantize_reference(x, fmt, axis=-1, scale_mode="rceil") if kind in ("dq", "dqh") else None
@@ -535,7 +574,7 @@ def main():
                     if time.time() - t0 > args.budget_s:
                         rec.setdefault("check", "skipped (budget)")
                         continue
-                    if size == S1 and rnd == 0:
+                    if size == sizes[0] and rnd == 0:
                         rec["check"] = check(kind, fmt, cfg)
                         if rec["check"].startswith("ERR"):
                             print(f"  {path:12s} {name:18s} {rec['check']}", flush=True)
@@ -550,24 +589,23 @@ def main():
                     pct = 100 * nbytes(kind, fmt, size) / t / copy_bw
                     if size not in rec or t < rec[size][0]:
                         rec[size] = (t, pct)
-                    print(f"  {size}^2 r{rnd} {path:12s} {name:18s} {t:8.1f} us {pct:6.1f}% copy  bytes "
+                    print(f"  {label(size)} r{rnd} {path:12s} {name:18s} {t:8.1f} us {pct:6.1f}% copy  bytes "
                           f"{rec['check']}", flush=True)
                 del q
         del x, dst
         if not args.dry:
             torch.cuda.empty_cache()
 
-    lines = [f"== A/B ({dev}; fastest of --rounds CUDA-event medians, L2 flushed, 100 us spin; %copy = bytes moved / time vs torch copy; "
-             f"copy {S1}^2 {results.get(('copy', S1), 0):.1f} us, {S2}^2 {results.get(('copy', S2), 0):.1f} us)",
-             f"{'path':12s} {'variant':18s} {str(S1) + ' us':>8s} {'%copy':>6s} {str(S2) + ' us':>9s} {'%copy':>6s}  bytes"]
+    copies = ", ".join(f"{label(z)} {results.get(('copy', z), 0):.1f} us" for z in sizes)
+    lines = [f"== A/B ({dev}; fastest of --rounds CUDA-event medians, L2 flushed ({args.flush}), 100 us spin; "
+             f"%copy = bytes moved / time vs torch copy; copy {copies})",
+             f"{'path':12s} {'variant':18s} " + " ".join(f"{label(z) + ' us':>11s} {'%copy':>6s}" for z in sizes)
+             + "  bytes"]
     for path, (_, _, vs) in paths.items():
         for name, _ in vs:
             rec = results.get((path, name), {})
-            a = rec.get(S1)
-            b = rec.get(S2)
-            fa = f"{a[0]:8.1f} {a[1]:6.1f}" if a else f"{'-':>8s} {'-':>6s}"
-            fb = f"{b[0]:9.1f} {b[1]:6.1f}" if b else f"{'-':>9s} {'-':>6s}"
-            lines.append(f"{path:12s} {name:18s} {fa} {fb}  {rec.get('check', '-')}")
+            cells = [f"{rec[z][0]:11.1f} {rec[z][1]:6.1f}" if z in rec else f"{'-':>11s} {'-':>6s}" for z in sizes]
+            lines.append(f"{path:12s} {name:18s} {' '.join(cells)}  {rec.get('check', '-')}")
     lines.append(f"== {time.time() - t0:.0f} s")
     emit_table(lines, "ab_table.txt")
 

@@ -407,6 +407,35 @@ def test_gpu_tuning_table():
         assert kq.quantize_config(1, 4096, 8192, True, True, fmt, gpu="NVIDIA H100 80GB HBM3") == \
             kq.quantize_config(1, 4096, 8192, True, True, fmt)
         assert kq.quantize_config(1, 8192, 8192, True, True, fmt, gpu="NVIDIA H200") == base
+    for fmt in ("mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2"):  # the H100's rowwise FP4 / FP6: one tile per program
+        base = kq.quantize_config(1, 16384, 16384, True, False, fmt)
+        got = kq.quantize_config(1, 16384, 16384, True, False, fmt, gpu="NVIDIA H100 80GB HBM3")
+        assert base.rblocks == (2 if fmt == "mxfp4_e2m1" else 4) and got == dataclasses.replace(base, rblocks=1)
+        assert kq.quantize_config(1, 16384, 16384, True, False, fmt, gpu="NVIDIA H200") == base
+
+
+def test_row_tiles_of_padded_rows():
+    """Rows that 1024-wide tiles would pad by more than 1/8 take narrower tiles of as many elements, one per
+    program (rowwise quantize), and the 2-D tiles (dequantize; FP8 only below 2048 elements); the others keep
+    the 1024-wide tiles, whose programs walk 2 / 4 tiles down R from 16384 tiles (the narrower tiles: one)."""
+    kq = _q()
+    widths = {1024: 1024, 1056: 256, 1152: 256, 1280: 256, 1536: 512, 2048: 1024, 2080: 256, 2560: 512,
+              2880: 1024, 3584: 512, 5760: 1024, 8192: 1024}
+    assert {L: kq._row_width(L) for L in widths} == widths
+    for L, w in widths.items():
+        assert (-L) % w <= L // 8 or w == 256
+        c8, c4, c6 = (kq.quantize_config(1, 16384, L, True, False, f)
+                      for f in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"))
+        assert (c8.block_r, c8.block_c, c8.num_warps) == ((8, 1024, 8) if w == 1024 else (8, 512, 4)), L
+        assert (c4.block_c, c4.block_r * c4.block_c, c4.num_warps) == (w, 1024, 1), L
+        assert (c6.block_c, c6.block_r * c6.block_c, c6.num_warps, c6.fp6_pairs) == (w, 2048, 2, True), L
+        assert c4.rblocks == (2 if w == 1024 else 1) and c6.rblocks == (4 if w == 1024 and L > 1024 else 1), L
+        d4, d8 = (kq.dequantize_config(1, 16384, L, False, f) for f in ("mxfp4_e2m1", "mxfp8_e4m3"))
+        assert (d4.block_n == 1) == (w == 1024) and d4.fp4_asm, L
+        assert (d8.block_n == 1) == (w == 1024 or L >= 2048), L
+    # short rows: unchanged 2-D tiles
+    assert kq.quantize_config(1, 16384, 768, True, False, "mxfp8_e4m3").block_c == 256
+    assert kq.quantize_config(1, 1024, 2048, True, False, "mxfp6_e2m3").rblocks == 1  # 1024 tiles
 
 
 def test_configs_are_pure_and_frozen():
@@ -859,7 +888,8 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     random scale bytes (all 256 where a case has that many blocks), quantized data, shapes whose rows and row
     lengths the tile does not divide, a 3-D tensor, and qdata views 4 and 2 bytes into their storage (the
     second is copied to an aligned buffer first) give the reference's bits; the tile-dividing case also through
-    other tiles; rows of 1024 codes and more (one row per program), also ragged (1056, 2080). (1, 32) has too
+    other tiles; rows of 1024 codes and more (one row per program), also ragged (2880); ragged rows those tiles
+    would pad by more than 1/8 (1056, 2080) on the 2-D tiles. (1, 32) has too
     few elements per thread for the asm and checks the fallback. An unwritten output byte would read 0xAB
     (poison)."""
     from mxkit.kernels.quantize import DequantizeConfig, _dequantize_impl, dequantize_config, dequantize_triton
@@ -868,7 +898,7 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm  # (one 1024-element row per program)
     assert dequantize_config(1, 4096, 512, False, "mxfp4_e2m1").fp4_asm  # (a 2-D tile of shorter rows)
     dt = getattr(torch, out)
-    for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080)):
+    for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080), (3, 2880)):
         n, L = math.prod(shape[:-1]), shape[-1]
         qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
         sc = _scale_bytes((*shape[:-1], L // 32), rng)
@@ -898,15 +928,17 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
 @needs_gpu
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 def test_gpu_fp8_row_tiles_match_reference(fmt, rng, poison):
-    """Rowwise MXFP8 -> bf16 / fp16 on one 1024-element row per program (the default from rows of 1024 codes),
-    also ragged (1056, 2080) and 3-D, random bytes (NaN / Inf codes included) under every scale byte; fp32 output
-    on the 2-D tile of the same shapes."""
+    """Rowwise MXFP8 -> bf16 / fp16 on one 1024-element row per program (the default from rows of 1024 codes,
+    unless they are ragged and shorter than 2048), also ragged (2080, 2880) and 3-D; 1056 on the 2-D tile; random
+    bytes (NaN / Inf codes included) under every scale byte; fp32 output on the 2-D tile of the same shapes."""
     from mxkit.kernels.quantize import dequantize_config, dequantize_triton
     from mxkit.tensor import MXTensor
 
     assert dequantize_config(1, 64, 8192, False, fmt).block_n == 1
     assert dequantize_config(1, 64, 8192, False, fmt, torch.float32).block_n > 1
-    for shape in ((5, 1056), (2, 3, 2080), (64, 8192)):
+    assert dequantize_config(1, 5, 1056, False, fmt).block_n > 1
+    assert dequantize_config(1, 3, 2880, False, fmt).block_n == 1
+    for shape in ((5, 1056), (2, 3, 2080), (3, 2880), (64, 8192)):
         L = shape[-1]
         qd = torch.randint(0, 256, shape, generator=rng, dtype=torch.uint8)
         sc = _scale_bytes((*shape[:-1], L // 32), rng)
@@ -1207,6 +1239,28 @@ def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2"])
+def test_gpu_row_tiles_of_padded_rows_match_reference(fmt, rng, poison):
+    """Rowwise quantize of rows that 1024-wide tiles would pad by more than 1/8 (narrower tiles, one per program:
+    _row_width) and of ragged rows that keep them (2880), row counts the tiles do not divide, bf16 (FP6: the pairs
+    path) and fp32 with NaN / Inf / subnormal blocks, two scale modes: the reference's bytes; the bf16 results
+    dequantize (2-D tiles, or one row per program) to the reference's bits."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    for shape in ((37, 1056), (5, 1280), (3, 2, 1536), (9, 2560), (4, 2880)):
+        for dt in (torch.bfloat16, torch.float32):
+            x = rand_tensor(shape, -1, generator=rng, dtype=dt, nonfinite=True)
+            for mode in ("floor", "rceil"):
+                ref = quantize_reference(x, fmt, axis=-1, scale_mode=mode)
+                _assert_mx_equal(quantize_triton(x.to(DEV), fmt, axis=-1, scale_mode=mode), ref,
+                                 what=f"rows {fmt} {shape} {dt} {mode}")
+        for out in (torch.bfloat16, torch.float16):
+            _assert_dequant_equal(dequantize_triton(ref.to(DEV), out), dequantize_reference(ref, out),
+                                  f"dequantize {fmt} {shape} {out}")
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_tuning_entries_match_reference(rng, poison):
     """Every GPU_TUNING entry, whichever GPU runs the test (the launcher applies an entry only on its own GPU and
     from its size on): the entry's fields on the default config of a ragged problem past the entry's size (tiles
@@ -1220,15 +1274,20 @@ def test_gpu_tuning_entries_match_reference(rng, poison):
         pytest.skip("2^26 elements are too many for the interpreter")
     for prefix, entries in kq.GPU_TUNING.items():
         for path, fmt, least, fields in entries:
-            assert path == "cast_transpose", path  # (the only path with entries so far)
-            for shape in ((8224, 8160), (3, 320, 544)):
+            assert path in ("cast_transpose", "rows"), path  # (the paths with entries so far)
+            ct = path == "cast_transpose"
+            for shape in ((8224, 8224), (3, 320, 544)):
                 B, R, C = (1, *shape) if len(shape) == 2 else shape
                 assert len(shape) == 3 or B * R * C >= least
-                cfg = dataclasses.replace(kq.quantize_config(B, R, C, True, True, fmt), **fields)
+                cfg = dataclasses.replace(kq.quantize_config(B, R, C, True, ct, fmt), **fields)
                 x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True).to(DEV)
                 for mode in ("floor", "rceil"):
-                    qr, sr, qc, sc = kq._cast_transpose_impl(x, fmt, mode, "rne", "plain", cfg)
-                    for (q, s), a in (((qr, sr), -1), ((qc, sc), -2)):
+                    if ct:
+                        qr, sr, qc, sc = kq._cast_transpose_impl(x, fmt, mode, "rne", "plain", cfg)
+                        outs = (((qr, sr), -1), ((qc, sc), -2))
+                    else:
+                        outs = ((kq._quantize_impl(x, fmt, -1, mode, "rne", "plain", cfg), -1),)
+                    for (q, s), a in outs:
                         ref = quantize_reference(x, fmt, axis=a, scale_mode=mode)
                         what = f"{prefix} {fmt} {fields} {shape} {mode} axis={a}"
                         assert_bytes_equal(q, ref.qdata, what + " qdata")

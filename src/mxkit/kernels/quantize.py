@@ -61,6 +61,19 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _row_width(L: int, widest: int = 1024, least: int = 256) -> int:
+    """The widest power-of-two tile width from ``widest`` down to ``least`` whose last tile of a row of L
+    elements pads the row by at most L / 8 (``least`` when none does). Row tiles of 1024 elements on one or two
+    warps won on rows of 2048 elements and more, and lost on rows just past a multiple of 1024, where each row's
+    last program was mostly masked lanes (H200, session 16, 16384 x L bf16: rowwise FP4 at L = 1088 36.2 us on
+    1 x 1024 against 31.5 us on 4 x 256; dequantize FP4 at L = 1280 24.2 against 17.6 us; L = 2880, padded 6.7%,
+    kept the 1024-wide tiles: 36.4 against 37.3 us)."""
+    w = widest
+    while w > least and (-L) % w > L // 8:
+        w //= 2
+    return w
+
+
 def needs_int64(*extents: int) -> bool:
     """True when an element offset could pass 2^31 - 1: ``extents`` are the (tile-padded) element counts
     of every tensor a kernel addresses. Pure function of shapes (tested without allocating)."""
@@ -202,8 +215,13 @@ GPU_TUNING: dict = {
     # 393.6 us (session 15, four rounds; benchmarks/h200-2026-11-23-s15/ab_castT_fp8_h100_tiles.txt); on the
     # H200 that tile is slower (same file, run 6: 81.7 -> 85.6 us, 301.7 -> 316.4 us). Keyed by the SXM part's full
     # name: the PCIe / NVL parts (other memory, other clocks) were not measured
+    # Rowwise FP4 / FP6 with one tile per program at every size: H100 FP6 16384^2 253.1 -> 248.0 us, 8192^2 70.0 ->
+    # 68.3 us, 16384 x 2880 55.4 -> 51.3 us; FP4 8192^2 65.2 -> 63.7 us, 16384 x 2880 48.7 -> 48.1 us, 16384^2 equal
+    # (session 16, four rounds; benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt). The H200 walks 2 / 4 tiles per
+    # program from 2^14 tiles (there one tile per program lost at 16384^2: FP6 179.7 -> 185.9 us, FP4 162.5 -> 167.3)
     "NVIDIA H100 80GB HBM3": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
-                                   for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
+                                   for name in ("mxfp8_e4m3", "mxfp8_e5m2"))
+    + tuple(("rows", name, 0, {"rblocks": 1}) for name in ("mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2")),
 }
 
 
@@ -254,8 +272,11 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
 
     Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 1 x 1024 on one
     warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
-    elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; on large problems (>= 16384 tiles) FP4 / FP6
-    programs walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
+    elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; rows that 1024-wide tiles would pad by more than
+    1/8 (:func:`_row_width`; C = 1056, 1280, 1536, 2560, 3584, ...) on 512- or 256-wide tiles of as many
+    elements (FP8 8 x 512 on 4 warps); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R
+    (rblocks; 2 for the one-row FP4 tiles; not on those narrower tiles, nor on the H100: GPU_TUNING). FP6: each
+    thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
     through the FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
     each group's words stored as [groups, rows, 4] tiles (fp6_store4) on 2 x 1024 tiles, two warps (H200
     186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16
@@ -391,12 +412,21 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
                              grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
         return _gpu_tuned(cfg, gpu, "cast_transpose" if do_row else "cols", f.name, B, R, C)
     fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
-    if f.is_float and f.bits == 8 and C >= 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
+    # rows whose 1024-wide tiles pad them by more than 1/8 (C = 1056, 1280, 1536, 2560, ...) take narrower tiles
+    # of as many elements: _row_width
+    wide = _row_width(C) if C >= 1024 else 0
+    narrow = False  # (FP4 / FP6 on such narrower tiles: one tile per program, below)
+    if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
-    elif f.is_float and f.bits == 4 and C >= 1024:  # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us)
-        block_c, block_r, warps = 1024, 1, 1
-    elif fp6p_rows:  # FP6 from bf16 pairs, 2 x 1024 on two warps (session 12, H200: 186.8 -> 179.6 us)
-        block_c, block_r, warps = 1024, max(1, min(_pow2(R), 2)), 2
+    elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps (session 16: C = 1088 38.6 -> 34.0 us)
+        block_c, block_r, warps = 512, max(1, min(_pow2(R), 8)), 4
+    elif f.is_float and f.bits == 4 and wide:
+        # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); 2 x 512 or 4 x 256 on one warp (session 16)
+        block_c, block_r, warps, narrow = wide, max(1, min(_pow2(R), 1024 // wide)), 1, wide < 1024
+    elif fp6p_rows:
+        # FP6 from bf16 pairs, 2 x 1024 on two warps (session 12, H200: 186.8 -> 179.6 us); 4 x 512 or 8 x 256
+        # (session 16: C = 1088 44.2 -> 34.5 us, C = 2560 40.1 -> 35.3 us)
+        block_c, block_r, warps, narrow = wide, max(1, min(_pow2(R), 2048 // wide)), 2, wide < 1024
     elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
         block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
         block_r = max(1, min(_pow2(R), 2048 // block_c))
@@ -406,7 +436,12 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         block_r = max(1, min(_pow2(R), 4096 // block_c))
         warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
-    rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384) else 1
+    # FP4 / FP6 programs walk 2 one-row / 4 other tiles down R from 2^14 tiles (the H100: one, GPU_TUNING), not
+    # the narrower tiles of padded rows (session 16, H200, 16384 x 1280: FP4 22.0 -> 20.0 us, FP6 22.2 -> 21.5 us
+    # with one; with a clean L2 within +-6% either way). With a clean L2 walking the 1024-wide tiles gained on the
+    # H200 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us); after do_bench's flush it was equal or
+    # lost (FP6 8192^2 51.9 -> 52.4 us), so it stays (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
+    rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
     cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r * rblocks, block_c),
                          hw_cvt=f.is_float, rblocks=rblocks,
                          mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
@@ -436,7 +471,9 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
     program on one warp (as rowwise FP4 quantize): the scale bytes then load in the words' layout (the 2-D
     tile's scale load took a shared-memory layout conversion and a barrier): 171.1 -> 169.5 us, 46.3 -> 46.0 us
     (six rounds). Rowwise FP8 to bf16 / fp16 likewise (its 8 x 512 tile took a 4 KB conversion): 201.5 -> 198.9
-    us, 54.6 -> 53.4 us (fp32 outputs keep the 2-D tiles)."""
+    us, 54.6 -> 53.4 us (fp32 outputs keep the 2-D tiles). Rows those tiles would pad by more than 1/8
+    (:func:`_row_width`; for FP8 only below 2048 elements) keep the 2-D tiles: a row's last program was
+    mostly masked lanes (session 16, H200 16384 x 1280: FP4 24.2 -> 18.0 us, FP8 24.4 -> 21.0 us)."""
     f = get_format(fmt)
     hw_dec = f.is_float
     if trans:
@@ -445,7 +482,11 @@ def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
         return DequantizeConfig(block_n, block_l, 4, _tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
     load3d = f.is_float and f.bits in (4, 8)
     fp4_asm = f.is_float and f.bits == 4
-    if load3d and out_dtype in (torch.bfloat16, torch.float16) and L >= 1024:
+    # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements:
+    # session 16, H200, 16384 x L: FP4 at L = 2560 34.1 -> 30.8 us, FP8 at L = 1280 24.3 -> 20.6 us; FP8 at
+    # L = 2560 / 3584 35.1 / 47.1 us on 1 x 1024 against 35.8 / 49.0 us on 8 x 512)
+    rows_1024 = L >= 1024 and (_row_width(L) == 1024 or (f.bits == 8 and L >= 2048))
+    if load3d and out_dtype in (torch.bfloat16, torch.float16) and rows_1024:
         return DequantizeConfig(1, 1024, 1, _tiles_need_int64(B, N, L, 1, 1024), load3d=True, hw_dec=True,
                                 fp4_asm=fp4_asm)
     block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))

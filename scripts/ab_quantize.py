@@ -44,7 +44,8 @@ def variants():
     # session 5 run 3: the two rows closest to their targets at 8192^2 (rowwise FP8 87% vs 90, dequantize FP6
     # 76% vs 80) against other tiles
     r8 = [("default", None)] + [(f"{r}x{c}w{w}", {"block_r": r, "block_c": c, "num_warps": w})
-                                for r, c, w in ((8, 512, 4), (16, 512, 8), (4, 1024, 4), (8, 1024, 8))]
+                                for r, c, w in ((8, 512, 4), (16, 512, 8), (4, 1024, 4), (8, 1024, 8),
+                                                 (16, 256, 4))]
     # session 6 (benchmarks/h200-2026-11-22-s6/ab_variants.txt, runs 4-6): rowwise FP4 with fp4_pairs (bf16
     # pairs read as words, rounded straight into packed bytes; default since, on 2 x 1024 tiles) and rowwise
     # FP6 through the FP8 cvt (default since, on 4 x 512 tiles), against the session-5 defaults
@@ -58,7 +59,8 @@ def variants():
            for r, c, w in ((8, 256, 2), (4, 256, 1), (2, 512, 1))]
     # ("s15": the session-15 tiles of rows of 1024 elements and more, for problems of >= 16384 tiles; the narrower
     # tiles of such rows padded by more than 1/8 are the default since)
-    r4 += [("s15", {"block_r": 1, "block_c": 1024, "num_warps": 1, "rblocks": 2})]
+    r4 += [("s15", {"block_r": 1, "block_c": 1024, "num_warps": 1, "rblocks": 2}),
+           ("s15 2x1024w2", {"block_r": 2, "block_c": 1024, "num_warps": 2, "rblocks": 4})]  # (C < 1024)
     # session 7 run 6-7: the FP6 unit asm (fp6_asm, default since) against the integer encoder ("no asm")
     # (the session 7-11 rowwise FP6 default: 4 x 512 on two warps, the unit asm; bf16 from bf16 pairs since session 12)
     s11_r6 = {"block_r": 4, "block_c": 512, "num_warps": 2, "fp6_pairs": False, "fp6_store4": False}
@@ -66,7 +68,7 @@ def variants():
           ("4x512w2 pairs", {"block_r": 4, "block_c": 512, "num_warps": 2, "rblocks": 1}),
           ("8x256w2 pairs", {"block_r": 8, "block_c": 256, "num_warps": 2, "rblocks": 1}),
           ("s15", {"block_r": 2, "block_c": 1024, "num_warps": 2, "rblocks": 4}), ("rb1", {"rblocks": 1}),
-          ("rb4", {"rblocks": 4})]
+          ("rb4", {"rblocks": 4}), ("s15 4x512w2", {"block_r": 4, "block_c": 512, "num_warps": 2, "rblocks": 4})]
     # (scale_t, the column scales written transposed and moved into place by a tiled byte transpose: default
     # since session 4 except columnwise FP8, where it was slower: 261 -> 277 us)
     # Session 5 (benchmarks/h200-2026-11-22-s5/ab_variants.txt): run 1, one-warp column tiles with 64 / 128 rows

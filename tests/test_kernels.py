@@ -415,15 +415,15 @@ def test_gpu_tuning_table():
 
 
 def test_row_tiles_of_padded_rows():
-    """Rows that 1024-wide tiles would pad by more than 1/8 take narrower tiles of as many elements, one per
-    program (rowwise quantize), and the 2-D tiles (dequantize; FP8 only below 2048 elements); the others keep
-    the 1024-wide tiles, whose programs walk 2 / 4 tiles down R from 16384 tiles (the narrower tiles: one)."""
+    """Rows that 1024-wide tiles would pad by more than 1/8 take narrower tiles, one per program (rowwise quantize:
+    FP8 8 x 512, FP4 / FP6 as many elements as the 1024-wide tile), and the 2-D tiles (dequantize; FP8 only below
+    2048 elements); the others keep the 1024-wide tiles, whose programs walk 2 / 4 tiles down R from 16384 tiles.
+    Shorter rows: FP4 / FP6 narrow only where a 256-wide tile pads them less than their tile (544, 640, 768)."""
     kq = _q()
     widths = {1024: 1024, 1056: 256, 1152: 256, 1280: 256, 1536: 512, 2048: 1024, 2080: 256, 2560: 512,
               2880: 1024, 3584: 512, 5760: 1024, 8192: 1024}
     assert {L: kq._row_width(L) for L in widths} == widths
     for L, w in widths.items():
-        assert (-L) % w <= L // 8 or w == 256
         c8, c4, c6 = (kq.quantize_config(1, 16384, L, True, False, f)
                       for f in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"))
         assert (c8.block_r, c8.block_c, c8.num_warps) == ((8, 1024, 8) if w == 1024 else (8, 512, 4)), L
@@ -433,9 +433,21 @@ def test_row_tiles_of_padded_rows():
         d4, d8 = (kq.dequantize_config(1, 16384, L, False, f) for f in ("mxfp4_e2m1", "mxfp8_e4m3"))
         assert (d4.block_n == 1) == (w == 1024) and d4.fp4_asm, L
         assert (d8.block_n == 1) == (w == 1024 or L >= 2048), L
-    # short rows: unchanged 2-D tiles
-    assert kq.quantize_config(1, 16384, 768, True, False, "mxfp8_e4m3").block_c == 256
-    assert kq.quantize_config(1, 1024, 2048, True, False, "mxfp6_e2m3").rblocks == 1  # 1024 tiles
+    assert kq.quantize_config(1, 1024, 2048, True, False, "mxfp6_e2m3").rblocks == 1  # (1024 tiles)
+    # FP6 from fp32 past 1024 (no bf16 pairs): 4 x 512 tiles, or 8 x 256 where those pad less
+    c6 = kq.quantize_config(1, 16384, 1056, True, False, "mxfp6_e2m3", in_bf16=False)
+    assert (c6.block_r, c6.block_c, c6.rblocks, c6.fp6_pairs) == (8, 256, 1, False)
+    assert kq.quantize_config(1, 16384, 2048, True, False, "mxfp6_e2m3", in_bf16=False).block_c == 512
+    # shorter rows, (block_r, block_c, num_warps, rblocks) of FP8 / FP4 / FP6 at 32768 rows
+    short = {384: ((16, 256, 4, 1), (4, 512, 2, 1), (4, 512, 2, 1)),  # (256-wide tiles pad 384 as much as 512)
+             512: ((16, 256, 4, 1), (4, 512, 2, 1), (4, 512, 2, 1)),
+             544: ((16, 256, 4, 1), (4, 256, 1, 1), (8, 256, 2, 1)),
+             768: ((16, 256, 4, 1), (4, 256, 1, 1), (8, 256, 2, 1)),
+             800: ((16, 256, 4, 1), (2, 1024, 2, 4), (4, 512, 2, 4))}  # (25 blocks: no narrower tile fits better)
+    for C, want in short.items():
+        got = tuple((c.block_r, c.block_c, c.num_warps, c.rblocks) for c in (
+            kq.quantize_config(1, 32768, C, True, False, f) for f in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3")))
+        assert got == want, C
 
 
 def test_configs_are_pure_and_frozen():
@@ -1242,21 +1254,24 @@ def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2"])
 def test_gpu_row_tiles_of_padded_rows_match_reference(fmt, rng, poison):
     """Rowwise quantize of rows that 1024-wide tiles would pad by more than 1/8 (narrower tiles, one per program:
-    _row_width) and of ragged rows that keep them (2880), row counts the tiles do not divide, bf16 (FP6: the pairs
-    path) and fp32 with NaN / Inf / subnormal blocks, two scale modes: the reference's bytes; the bf16 results
-    dequantize (2-D tiles, or one row per program) to the reference's bits."""
+    _row_width; also shorter rows, 544 / 768) and of ragged rows that keep them (2880), row counts the tiles do
+    not divide (one and two rows too), bf16 (FP6: the pairs path from 1024) and fp32 with NaN / Inf / subnormal
+    blocks, two scale modes: the reference's bytes; the references of the bf16 inputs dequantize (2-D tiles, or
+    one row per program) to the reference's bits."""
     from mxkit.kernels.quantize import dequantize_triton, quantize_triton
 
-    for shape in ((37, 1056), (5, 1280), (3, 2, 1536), (9, 2560), (4, 2880)):
+    for shape in ((37, 1056), (1, 1056), (5, 1280), (2, 1280), (3, 2, 1536), (9, 2560), (4, 2880), (33, 544),
+                  (6, 768)):
         for dt in (torch.bfloat16, torch.float32):
             x = rand_tensor(shape, -1, generator=rng, dtype=dt, nonfinite=True)
             for mode in ("floor", "rceil"):
                 ref = quantize_reference(x, fmt, axis=-1, scale_mode=mode)
                 _assert_mx_equal(quantize_triton(x.to(DEV), fmt, axis=-1, scale_mode=mode), ref,
                                  what=f"rows {fmt} {shape} {dt} {mode}")
-        for out in (torch.bfloat16, torch.float16):
-            _assert_dequant_equal(dequantize_triton(ref.to(DEV), out), dequantize_reference(ref, out),
-                                  f"dequantize {fmt} {shape} {out}")
+                if dt == torch.bfloat16:
+                    for out in (torch.bfloat16, torch.float16):
+                        _assert_dequant_equal(dequantize_triton(ref.to(DEV), out), dequantize_reference(ref, out),
+                                              f"dequantize {fmt} {shape} {mode} {out}")
 
 
 @pytest.mark.gpu

@@ -65,8 +65,8 @@ def _row_width(L: int, widest: int = 1024, least: int = 256) -> int:
     """The widest power-of-two tile width from ``widest`` down to ``least`` whose last tile of a row of L
     elements pads the row by at most L / 8 (``least`` when none does). Row tiles of 1024 elements on one or two
     warps won on rows of 2048 elements and more, and lost on rows just past a multiple of 1024, where each row's
-    last program was mostly masked lanes (H200, session 16, 16384 x L bf16: rowwise FP4 at L = 1088 36.2 us on
-    1 x 1024 against 31.5 us on 4 x 256; dequantize FP4 at L = 1280 24.2 against 17.6 us; L = 2880, padded 6.7%,
+    last program was mostly masked lanes (H200, session 16, bf16: rowwise FP4 at 32768 x 1088 36.2 us on 1 x 1024
+    against 31.5 us on 4 x 256; dequantize FP4 at 16384 x 1280 24.2 against 17.6 us; 16384 x 2880, padded 6.7%,
     kept the 1024-wide tiles: 36.4 against 37.3 us)."""
     w = widest
     while w > least and (-L) % w > L // 8:
@@ -274,7 +274,9 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
     elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; rows that 1024-wide tiles would pad by more than
     1/8 (:func:`_row_width`; C = 1056, 1280, 1536, 2560, 3584, ...) on 512- or 256-wide tiles of as many
-    elements (FP8 8 x 512 on 4 warps); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R
+    elements (FP6: from bf16; FP8: 8 x 512 on 4 warps, half the elements; 16 x 256 within +-2%), and FP4 / FP6
+    rows below 1024 that a 256-wide tile pads less than their tile (C = 544, 640, 768; FP6 from fp32 / fp16 also
+    past 1024) on 4 x 256 (one warp) / 8 x 256 (two); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R
     (rblocks; 2 for the one-row FP4 tiles; not on those narrower tiles, nor on the H100: GPU_TUNING). FP6: each
     thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
     through the FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
@@ -413,7 +415,7 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         return _gpu_tuned(cfg, gpu, "cast_transpose" if do_row else "cols", f.name, B, R, C)
     fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
     # rows whose 1024-wide tiles pad them by more than 1/8 (C = 1056, 1280, 1536, 2560, ...) take narrower tiles
-    # of as many elements: _row_width
+    # (_row_width) of as many elements (FP8: half as many)
     wide = _row_width(C) if C >= 1024 else 0
     narrow = False  # (FP4 / FP6 on such narrower tiles: one tile per program, below)
     if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
@@ -431,6 +433,13 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
         block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
         block_r = max(1, min(_pow2(R), 2048 // block_c))
         warps = max(1, min(2, block_r * block_c // 1024))
+        if C >= 256 and (-C) % _row_width(C, block_c) < (-C) % block_c:
+            # rows that tile pads by more than 1/8, when a narrower one pads them less (C = 544, 640, 768, ...; FP6
+            # from fp32 / fp16 past 1024): FP4 4 x 256 on one warp, FP6 8 x 256 on two, one tile per program
+            # (session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
+            block_c, narrow = _row_width(C, block_c), True
+            block_r = max(1, min(_pow2(R), (1024 if f.bits == 4 else 2048) // block_c))
+            warps = 1 if f.bits == 4 else 2
     else:
         block_c = max(32, min(256, _pow2(C)))
         block_r = max(1, min(_pow2(R), 4096 // block_c))
@@ -438,9 +447,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     n_tiles = -(-R // block_r) * -(-C // block_c)
     # FP4 / FP6 programs walk 2 one-row / 4 other tiles down R from 2^14 tiles (the H100: one, GPU_TUNING), not
     # the narrower tiles of padded rows (session 16, H200, 16384 x 1280: FP4 22.0 -> 20.0 us, FP6 22.2 -> 21.5 us
-    # with one; with a clean L2 within +-6% either way). With a clean L2 walking the 1024-wide tiles gained on the
-    # H200 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us); after do_bench's flush it was equal or
-    # lost (FP6 8192^2 51.9 -> 52.4 us), so it stays (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
+    # with one; with a clean L2 within 6.5% either way). On the 1024-wide tiles walking gained on the H200 with a
+    # clean L2 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us; elsewhere equal) and was mixed after
+    # do_bench's flush (FP6 8192^2 51.9 -> 52.4 us, 16384 x 8192 96.4 -> 94.8 us), so it stays
+    # (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
     cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r * rblocks, block_c),
                          hw_cvt=f.is_float, rblocks=rblocks,

@@ -276,10 +276,10 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     1/8 (:func:`_row_width`; C = 1056, 1280, 1536, 2560, 3584, ...) on 512- or 256-wide tiles of as many
     elements (FP6: from bf16; FP8: 8 x 512 on 4 warps, half the elements; 16 x 256 within +-2%), and FP4 / FP6
     rows below 1024 that a 256-wide tile pads less than their tile (C = 544, 640, 768; FP6 from fp32 / fp16 also
-    past 1024) on 4 x 256 (one warp) / 8 x 256 (two); on large problems (>= 16384 tiles) FP4 / FP6 programs walk 4 tiles down R
-    (rblocks; 2 for the one-row FP4 tiles; not on those narrower tiles, nor on the H100: GPU_TUNING). FP6: each
-    thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us),
-    through the FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
+    past 1024) on 4 x 256 (one warp) / 8 x 256 (two); on large problems (>= 16384 tiles) FP4 / FP6 programs
+    walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles; not on those narrower tiles, nor on the H100:
+    GPU_TUNING). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us), through the
+    FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
     each group's words stored as [groups, rows, 4] tiles (fp6_store4) on 2 x 1024 tiles, two warps (H200
     186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16
     pairs read as 32-bit words and rounded straight into packed bytes (fp4_pairs; 206 -> 179 us; session 8:

@@ -448,3 +448,49 @@ def test_cuda_event_bench_flush_modes_time_the_run(flush):
     small = timing.cuda_event_bench(lambda: dst[:1 << 19].copy_(src[:1 << 19]), 2.0, 10.0, flush=flush)
     assert math.isfinite(big) and 0 < small < big
     assert torch.equal(dst.view(torch.int16), src.view(torch.int16))
+
+
+# --------------------------------------------------------------------------------------------------------
+# BENCHMARKS.md's result tables against the runs they name
+
+
+def _bench_table_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_table.py"
+    spec = importlib.util.spec_from_file_location("bench_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmarks_md_tables_are_their_runs(tmp_path):
+    """Each GPU result table in BENCHMARKS.md ("**H200** (`folder/`...", "**H100** (...") is exactly what
+    scripts/bench_table.py makes of the folder it names (session 15's last edit had left those tables without
+    rows); and bench_table refuses a run with a missing or mismatching row."""
+    import re
+    from pathlib import Path
+
+    bt = _bench_table_module()
+    root = Path(__file__).resolve().parents[1]
+    lines = (root / "BENCHMARKS.md").read_text().split("\n")
+    heads = [(i, m.group(1)) for i, line in enumerate(lines)
+             if (m := re.match(r"\*\*H[12]00\*\* \(`([^`]+)/`", line))]
+    assert len(heads) == 2, heads
+    for i, folder in heads:
+        j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("| op |"))
+        got = lines[j + 2:j + 14]
+        assert lines[j] == bt.HEADER and got == bt.table_rows(root / "benchmarks" / folder), folder
+    # a run whose output differed from the reference, or without the clean-L2 file, is refused
+    src = root / "benchmarks" / heads[0][1]
+    doc = json.loads((src / "bench_quantize.json").read_text())
+    bad = next(r for r in doc["rows"] if r["impl"] == "mxkit" and r["shape"] == "8192x8192")
+    bad["check"] = "MISMATCH"
+    (tmp_path / "bench_quantize.json").write_text(json.dumps(doc))
+    with pytest.raises(FileNotFoundError):
+        bt.table_rows(tmp_path)
+    (tmp_path / "bench_quantize_flush_read.json").write_text((src / "bench_quantize_flush_read.json").read_text())
+    with pytest.raises(ValueError, match="no matching mxkit row"):
+        bt.table_rows(tmp_path)
+    assert bt.main([str(tmp_path)]) == 1

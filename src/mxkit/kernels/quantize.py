@@ -417,27 +417,28 @@ def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: For
     # rows whose 1024-wide tiles pad them by more than 1/8 (C = 1056, 1280, 1536, 2560, ...) take narrower tiles
     # (_row_width) of as many elements (FP8: half as many)
     wide = _row_width(C) if C >= 1024 else 0
-    narrow = False  # (FP4 / FP6 on such narrower tiles: one tile per program, below)
+    narrow = False  # (FP4 / FP6 on narrower tiles than their default: one tile per program, below)
     if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
     elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps (session 16: C = 1088 38.6 -> 34.0 us)
         block_c, block_r, warps = 512, max(1, min(_pow2(R), 8)), 4
-    elif f.is_float and f.bits == 4 and wide:
-        # one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); 2 x 512 or 4 x 256 on one warp (session 16)
-        block_c, block_r, warps, narrow = wide, max(1, min(_pow2(R), 1024 // wide)), 1, wide < 1024
-    elif fp6p_rows:
-        # FP6 from bf16 pairs, 2 x 1024 on two warps (session 12, H200: 186.8 -> 179.6 us); 4 x 512 or 8 x 256
-        # (session 16: C = 1088 44.2 -> 34.5 us, C = 2560 40.1 -> 35.3 us)
-        block_c, block_r, warps, narrow = wide, max(1, min(_pow2(R), 2048 // wide)), 2, wide < 1024
-    elif f.is_float and f.bits in (4, 6):  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
-        block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
-        block_r = max(1, min(_pow2(R), 2048 // block_c))
-        warps = max(1, min(2, block_r * block_c // 1024))
-        if C >= 256 and (-C) % _row_width(C, block_c) < (-C) % block_c:
-            # rows that tile pads by more than 1/8, when a narrower one pads them less (C = 544, 640, 768, ...; FP6
-            # from fp32 / fp16 past 1024): FP4 4 x 256 on one warp, FP6 8 x 256 on two, one tile per program
-            # (session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
-            block_c, narrow = _row_width(C, block_c), True
+    elif f.is_float and f.bits in (4, 6):
+        row_tiles = bool(wide) and (f.bits == 4 or fp6p_rows)
+        if row_tiles:
+            # FP4: one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); FP6 from bf16 pairs, 2 x 1024 on two
+            # warps (session 12, H200: 186.8 -> 179.6 us); narrower when padded (session 16: FP6 C = 1088 44.2 ->
+            # 34.5 us, C = 2560 40.1 -> 35.3 us)
+            block_c, narrow = wide, wide < 1024
+        else:  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
+            block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
+            block_r = max(1, min(_pow2(R), 2048 // block_c))
+            warps = max(1, min(2, block_r * block_c // 1024))
+            # rows that tile pads by more than 1/8, when a 256-wide one pads them less (C = 544, 640, 768, ...; FP6
+            # from fp32 / fp16 past 1024; session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
+            w = _row_width(C, block_c)
+            narrow = C >= 256 and (-C) % w < (-C) % block_c
+            block_c = w if narrow else block_c
+        if row_tiles or narrow:  # FP4 1024 elements on one warp, FP6 2048 on two
             block_r = max(1, min(_pow2(R), (1024 if f.bits == 4 else 2048) // block_c))
             warps = 1 if f.bits == 4 else 2
     else:

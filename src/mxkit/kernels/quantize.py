@@ -19,9 +19,9 @@ tensors, so ``torch.compile(fullgraph=True)`` traces through them; MXTensor is b
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-import dataclasses
 import os
 import struct
 from dataclasses import dataclass

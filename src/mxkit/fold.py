@@ -1,0 +1,243 @@
+"""Row folding: an MX row of FP4 / FP6 elements re-expressed exactly as FP8 E4M3 with one power-of-two row scale.
+
+The fact (derived here by exhaustive enumeration, see :func:`fold_range`): for an element format F there is an
+interval [d_lo, d_hi] of integers d such that ``elem * 2^d`` is exactly an E4M3 value for EVERY element value of
+F (subnormals and ±0 included). E2M1: [-8, 6]; E2M3: [-6, 5]; E3M2: [-5, 4]; E4M3: [0, 0]; E5M2 and MXINT8:
+none (E5M2's range 2^-16 … 57344 is wider than E4M3's, INT8's 127/64 needs 7 significant bits).
+
+So a row along K whose block scale bytes (of its blocks that hold a non-zero element) span at most
+``W = d_hi - d_lo`` folds to one E4M3 row with the fp32 row scale 2^e, ``e = max_s - 127 - d_hi``, block b's
+elements becoming ``E4M3(elem * 2^(s_b - 127 - e))`` with ``s_b - 127 - e`` in [d_lo, d_hi]: exact, no rounding.
+A row spanning more is split into slices (windows of W + 1 scale values taken greedily from the top): the
+window holding the row's largest scale stays in the row, every further window becomes an extra row that holds
+only its blocks (zeros elsewhere) and has its own scale; the row is the sum of its slices times their scales.
+A row with a NaN scale byte (0xFF) is NaN: its scale is NaN and its bytes are 0. A row whose elements are all
+±0 gets scale 1.0. Blocks whose 32 elements are all ±0 are ignored when computing the span and stay (with
+their signs) in the row's first slice; other slices hold +0 outside their windows.
+
+This module is the reference (pure PyTorch, CPU or CUDA); the Triton kernels are :mod:`mxkit.kernels.fold`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Optional, Union
+
+import torch
+
+from .formats import (
+    E8M0_BIAS,
+    E8M0_NAN,
+    MXFP8_E4M3,
+    ElementFormat,
+    FormatLike,
+    Rounding,
+    ScaleMode,
+    _exp2_f32,
+    decode_elements,
+    get_format,
+)
+from .reference import quantize_reference, unpack_codes
+from .tensor import MXTensor
+
+__all__ = [
+    "Folded",
+    "fold_range",
+    "can_fold",
+    "fold_reference",
+    "quantize_fold_reference",
+    "unfold_reference",
+    "fold_row_split",
+]
+
+_D_SEARCH = 64  # |d| searched by fold_range; every format's values lie within 2^-16 … 2^16
+
+
+def _exact_values(f: ElementFormat) -> set[Fraction]:
+    """Every finite value of an element format, as exact fractions (decoded from every code)."""
+    codes = torch.arange(1 << f.bits, dtype=torch.int32).to(torch.uint8)
+    vals = decode_elements(codes, f).to(torch.float64).tolist()  # float32 -> float64 is exact
+    return {Fraction(v) for v in vals if math.isfinite(v)}
+
+
+@functools.lru_cache(maxsize=None)
+def fold_range(fmt: FormatLike) -> Optional[tuple[int, int]]:
+    """``(d_lo, d_hi)``: the integers d for which ``v * 2^d`` is exactly an E4M3 value for every finite element
+    value v of ``fmt`` form the interval [d_lo, d_hi]; None when no d works.
+
+    Derived by enumeration in exact arithmetic (every code decoded, compared as fractions), not a table.
+    Values: E2M1 (-8, 6), E2M3 (-6, 5), E3M2 (-5, 4), E4M3 (0, 0), E5M2 None, MXINT8 None.
+    """
+    f = get_format(fmt)
+    src = _exact_values(f)
+    e4m3 = _exact_values(MXFP8_E4M3)
+    ok = [d for d in range(-_D_SEARCH, _D_SEARCH + 1) if all(v * Fraction(2) ** d in e4m3 for v in src)]
+    if not ok:
+        return None
+    # the set of good d is an interval: a value exact at d_lo and d_hi is exact in between (same significand,
+    # exponent between two representable ones)
+    assert ok == list(range(ok[0], ok[-1] + 1)), ok
+    return ok[0], ok[-1]
+
+
+def can_fold(fmt: FormatLike) -> bool:
+    """True for the formats whose rows fold with a useful window (W = d_hi - d_lo > 0): E2M1, E2M3, E3M2."""
+    r = fold_range(fmt)
+    return r is not None and r[1] > r[0]
+
+
+def _check_foldable(fmt: FormatLike) -> tuple[ElementFormat, int, int]:
+    f = get_format(fmt)
+    r = fold_range(f)
+    if r is None or r[1] == r[0]:
+        why = "no d makes every element exact in E4M3" if r is None else "it is E4M3 already (fold range (0, 0))"
+        raise ValueError(
+            f"{f.name} does not fold ({why}, fold_range={r}); foldable formats: mxfp4_e2m1, mxfp6_e2m3, mxfp6_e3m2"
+        )
+    return f, r[0], r[1]
+
+
+@dataclass(frozen=True)
+class Folded:
+    """An MX tensor (quantized along its last axis K) folded to FP8 E4M3 rows with fp32 power-of-two row scales.
+
+    Fields (R = prod(lead_shape) source rows, X extra slices of rows whose block scales span more than W):
+      data: torch.float8_e4m3fn [R + X, K]. Rows 0 … R-1 are the source rows in order; rows R … R+X-1 are the
+        extra slices, ordered by owner row, then from the higher window down.
+      scale: float32 [R + X]: 2^e (e an integer in [-127 - d_hi, 127 - d_hi]: fp32 denormals possible), or NaN
+        for a row with a NaN block scale (that row's data bytes are 0 and it has no extra slices).
+      owner: int64 [X]: the source row each extra slice adds into.
+      fmt: the source element format.
+      lead_shape: the source's logical shape without K.
+
+    Exactness: for every source row r, ``dequantize(q)[r] == data[r] * scale[r] + sum over slices i with
+    owner[i] == r of data[R + i] * scale[R + i]``, every product exact (see :func:`unfold_reference`).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    owner: torch.Tensor
+    fmt: ElementFormat
+    lead_shape: torch.Size
+
+    def rows(self) -> int:
+        """R, the number of source rows (the first R rows of ``data``)."""
+        return self.data.shape[0] - self.owner.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+
+def _block_view(q: MXTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(codes [R, K] uint8, scale [R, nb] uint8, K) of an MXTensor quantized along its last axis."""
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    if q.axis != q.ndim - 1:
+        raise ValueError(f"fold needs an MXTensor quantized along its last axis; got axis={q.axis} of shape "
+                         f"{tuple(q.shape)}")
+    if q.block_size != 32:
+        raise ValueError(f"fold supports block_size=32 only, got block_size={q.block_size}")
+    K = q.shape[-1]
+    if K == 0:
+        raise ValueError(f"cannot fold an MXTensor with K=0 (shape {tuple(q.shape)})")
+    R = math.prod(q.shape[:-1])
+    codes = unpack_codes(q.qdata, q.fmt).reshape(R, K)
+    return codes, q.plain_scale().reshape(R, K // 32), K
+
+
+def fold_row_split(scale: torch.Tensor, nonzero: torch.Tensor, w: int) -> torch.Tensor:
+    """Slice index of each block (int64 [R, nb]): 0 for the window [m0 - w, m0] below the row's largest
+    scale m0 of the non-zero blocks, 1 for the window below the largest scale left, and so on (greedy from
+    the top); all-zero blocks (``nonzero`` False) get 0. Scale bytes 0xFF must be excluded by the caller.
+    """
+    s = scale.to(torch.int64)
+    slice_id = torch.zeros_like(s)
+    left = nonzero.clone()
+    k = 0
+    while bool(left.any()):
+        top = torch.where(left, s, -1).amax(dim=1, keepdim=True)
+        take = left & (s >= top - w)
+        slice_id = torch.where(take, k, slice_id)
+        left &= ~take
+        k += 1
+    return slice_id
+
+
+def fold_reference(q: MXTensor) -> Folded:
+    """Fold an MX tensor (FP4 E2M1, FP6 E2M3 or E3M2, quantized along its last axis, block_size 32) to E4M3 rows.
+
+    q: MXTensor of logical shape (..., K), any scale layout (read through ``plain_scale``), CPU or CUDA.
+    Returns :class:`Folded` (data float8_e4m3fn [R + X, K], scale float32 [R + X], owner int64 [X]), exact:
+    ``unfold_reference(fold_reference(q)) == dequantize_reference(q, torch.float64)`` (NaN rows NaN).
+    Raises ValueError for formats without a fold window (E4M3, E5M2, MXINT8), a quantized axis other than the
+    last or a block size other than 32; TypeError for a non-MXTensor.
+    """
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    f, d_lo, d_hi = _check_foldable(q.fmt)
+    codes, scale, K = _block_view(q)
+    R, nb = scale.shape
+    vals = decode_elements(codes, f).reshape(R, nb, 32)
+    nan_blk = scale == E8M0_NAN
+    nan_row = nan_blk.any(dim=1)
+    nonzero = (vals != 0).any(dim=2) & ~nan_row[:, None]
+    slice_id = fold_row_split(scale, nonzero, d_hi - d_lo)
+    n_slices = torch.where(nonzero, slice_id + 1, 1).amax(dim=1)
+    # output rows: (source row, slice) = (r, 0) for every r, then (r, k >= 1) by r then k
+    extra = n_slices - 1
+    owner = torch.repeat_interleave(torch.arange(R, device=scale.device), extra)
+    first = torch.cumsum(extra, 0) - extra  # index of each row's first extra slice
+    k_extra = torch.arange(owner.numel(), device=scale.device) - first[owner] + 1
+    src = torch.cat([torch.arange(R, device=scale.device), owner])
+    k_out = torch.cat([torch.zeros(R, dtype=torch.int64, device=scale.device), k_extra])
+
+    s = scale.to(torch.int64)[src]  # [R + X, nb]
+    mine = slice_id[src] == k_out[:, None]
+    top = torch.where(mine & nonzero[src], s, -1).amax(dim=1)
+    e = torch.where(top >= 0, top - E8M0_BIAS - d_hi, 0)  # all-zero rows: scale 1
+    d = (s - E8M0_BIAS - e[:, None]).clamp(d_lo, d_hi)  # in range for the slice's own non-zero blocks
+    out = vals[src] * _exp2_f32(d).unsqueeze(-1)  # exact: the fold range
+    out = torch.where(mine.unsqueeze(-1), out, 0.0)
+    out = torch.where(nan_row[src][:, None, None], 0.0, out)
+    data = out.reshape(-1, K).to(torch.float8_e4m3fn)
+    row_scale = torch.where(nan_row[src], float("nan"), _exp2_f32(e))
+    return Folded(data, row_scale, owner, f, torch.Size(q.shape[:-1]))
+
+
+def quantize_fold_reference(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    block_size: int = 32,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+) -> Folded:
+    """``fold_reference(quantize_reference(x, fmt, axis=-1, ...))``: x (..., K) float32 | bfloat16 | float16,
+    K % 32 == 0, quantized along its last axis, then folded. Raises as both (ValueError for formats that do not
+    fold, before quantizing)."""
+    _check_foldable(fmt)
+    if block_size != 32:
+        raise ValueError(f"fold supports block_size=32 only, got {block_size=}")
+    q = quantize_reference(x, fmt, axis=-1, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
+    return fold_reference(q)
+
+
+def unfold_reference(f: Folded) -> torch.Tensor:
+    """The float64 [R, K] value of a :class:`Folded`: each row's slices times their scales, summed (index_add).
+
+    Every product is exact in float64 and the slices of a row have disjoint non-zero positions, so the sum is
+    exact too; NaN rows are NaN.
+    """
+    R = f.rows()
+    v = f.data.to(torch.float64) * f.scale.to(torch.float64)[:, None]
+    out = v[:R].clone()
+    return out.index_add_(0, f.owner, v[R:])
+

@@ -1,6 +1,8 @@
 """MX quantize / dequantize on the GPU (Triton, Hopper sm_90 and later): launchers and torch custom ops.
 
-The jit bodies live in :mod:`mxkit.kernels._quantize`; the specification they match byte for byte is
+Host side: validation, plan, launch, custom ops and the public entry. The jit bodies live in
+:mod:`mxkit.kernels.quantize_details`, the configs and their heuristics in :mod:`mxkit.kernels.opt_flags`, the
+direct launch in :mod:`mxkit.kernels.launch`. The specification they match byte for byte is
 :mod:`mxkit.reference` (``quantize_reference`` / ``dequantize_reference``).
 
 Every call views the input as ``[B, R, C]`` with C contiguous:
@@ -12,28 +14,27 @@ Every call views the input as ``[B, R, C]`` with C contiguous:
 * cast-transpose ``axis=(last, second-to-last)`` (either order): ``[B, M, K]``; both copies in one launch, x read
   from DRAM about once (fused per tile, or FP4 / FP6 programs of one direction sharing regions through L2).
 
-Tile configs are a pure function of the problem (:func:`quantize_config`, :func:`dequantize_config`).
 Custom ops ``mxkit::quantize_mx``, ``mxkit::cast_transpose_mx``, ``mxkit::dequantize_mx`` return raw
 tensors, so ``torch.compile(fullgraph=True)`` traces through them; MXTensor is built outside the ops.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
 import struct
-from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
-import triton
 
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..layouts import scale_layout_shape
 from ..tensor import MXTensor, check_out_dtype, check_quantize_args
-from . import _quantize as K
+from . import opt_flags
+from .launch import _Launcher
+from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
+from .quantize_details import _cast_transpose, _dequantize, _quantize
 
 __all__ = [
     "quantize_triton",
@@ -46,8 +47,9 @@ __all__ = [
     "KERNEL_SCALE_LAYOUTS",
 ]
 
+
 KERNEL_SCALE_LAYOUTS = {"plain": 0, "nvidia_128x4": 1, "aiter_shuffle": 2}  # layouts the quantize kernel writes directly
-_LAYOUT_PLAIN_T = 3  # internal: a plain scale written transposed (scale_t; _quantize.LAYOUT_PLAIN_T)
+_LAYOUT_PLAIN_T = 3  # internal: a plain scale written transposed (scale_t; quantize_details._common.LAYOUT_PLAIN_T)
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _INT32_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535  # CUDA's limit of launch grid dims 1 and 2 (dim 0: 2^31 - 1)
@@ -57,187 +59,13 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _row_width(L: int, widest: int = 1024, least: int = 256) -> int:
-    """The widest power-of-two tile width from ``widest`` down to ``least`` whose last tile of a row of L
-    elements pads the row by at most L / 8 (``least`` when none does). Row tiles of 1024 elements on one or two
-    warps won on rows of 2048 elements and more, and lost on rows just past a multiple of 1024, where each row's
-    last program was mostly masked lanes (H200, session 16, bf16: rowwise FP4 at 32768 x 1088 36.2 us on 1 x 1024
-    against 31.5 us on 4 x 256; dequantize FP4 at 16384 x 1280 24.2 against 17.6 us; 16384 x 2880, padded 6.7%,
-    kept the 1024-wide tiles: 36.4 against 37.3 us)."""
-    w = widest
-    while w > least and (-L) % w > L // 8:
-        w //= 2
-    return w
-
-
-def needs_int64(*extents: int) -> bool:
-    """True when an element offset could pass 2^31 - 1: ``extents`` are the (tile-padded) element counts
-    of every tensor a kernel addresses. Pure function of shapes (tested without allocating)."""
-    return max(extents) > _INT32_LIMIT
-
-
-def _tiles_need_int64(B: int, R: int, C: int, span_r: int, span_c: int) -> bool:
-    """:func:`needs_int64` of x viewed [B, R, C] padded to whole spans of span_r x span_c (a program's rows and
-    columns)."""
-    return needs_int64(B * (-(-R // span_r) * span_r) * (-(-C // span_c) * span_c))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# configs
-
-
-@dataclass(frozen=True)
-class QuantizeConfig:
-    """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view."""
-
-    block_r: int
-    block_c: int
-    num_warps: int
-    int64: bool
-    # fp32-denormal inputs: 0 = multiply them as they are (exact: Triton's sm_90 fp32 multiply keeps
-    # subnormals), 1 = rebuild them from the mantissa in tiles that need it (CTA-wide min), 2 = always
-    denorm: int = 0
-    # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2 (inline asm; ignored
-    # for other formats, for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
-    hw_cvt: bool = False
-    row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
-    col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
-    group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
-    # each program walks rblocks tiles down R (not with row3d); blocks along R with 4 or 8 and a plain scale
-    # layout whose rows divide evenly: each column's scale bytes go out as one 4- / 8-byte word (not
-    # rblocks single bytes)
-    rblocks: int = 1
-    mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
-    # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
-    fp6_words: bool = False
-    # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
-    # program's bytes of one block row are contiguous) and a tiled byte transpose moves them into place
-    scale_t: bool = False
-    # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
-    # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
-    col_packed: bool = False
-    # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
-    # rounded straight into its packed byte (_rows_fp4_pairs; in the fused cast-transpose with the blocks as the
-    # tile's outer dim); skipped for an input address not a multiple of 4
-    fp4_pairs: bool = False
-    # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
-    # elements); FP4 with col_units and col_fp4_words: 16-row units, one 64-bit word each
-    col_wide: bool = False
-    # columnwise FP4 from bf16 with col_packed or col_units (C even): the tile read as bf16 pairs of adjacent
-    # columns, one asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words with
-    # col_packed, _quantize._cols_fp4_units with col_units: a lane per 32-row block of a pair, one word per
-    # load); skipped for an input address not a multiple of 4
-    col_fp4_words: bool = False
-    # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
-    # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
-    # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
-    # ignored
-    col_units: int = 0
-    # FP6 with hw_cvt (rowwise fp6_words, col_units): one inline asm per 16-element unit rounds through the FP8
-    # cvt, saturates, moves the signs and packs the three words on 4 codes at a time (_quantize._fp6_units_asm)
-    fp6_asm: bool = False
-    # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
-    # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
-    # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
-    # fused kernel (both directions from each tile)
-    split_rows: tuple = ()
-    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles (not row3d)
-    # with the bad-block mask inside the cvt asm (_quantize._cvt_fp8_rn_keep), col_units columns and col_packed
-    # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
-    fp8_words: bool = False
-    # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
-    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none); the FP8 / FP4 default
-    ct_evict: int = 0
-    # rowwise FP6 with fp6_words: each row's group words stored as one [groups, rows, 4] tile (words 0, 1, 2
-    # and a masked copy of word 2), so a warp's store runs along (word, group) of a row: contiguous row
-    # pieces instead of three stride-3 word stores (_quantize._rows_fp6_words)
-    fp6_store4: bool = False
-    # FP6 from bf16 with hw_cvt: rowwise fp6_words tiles and col_units columns (C even) read as bf16 pairs
-    # (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds through
-    # the FP8 cvt and packs (_quantize._fp6_pairs_asm); skipped for an input address not a multiple of 4
-    fp6_pairs: bool = False
-    # launch a (tiles_c, tiles_r, B) grid where tiles_r and B fit its 65535 limit (not with group_c or
-    # split_rows): the program ids are the tile indices, no division of a 1-D id (_quantize._tile_ids)
-    grid3: bool = False
-
-
-@dataclass(frozen=True)
-class DequantizeConfig:
-    """Tile of one dequantize program: ``[block_n, block_l]`` elements (block_l along the quantized dim)."""
-
-    block_n: int
-    block_l: int
-    num_warps: int
-    int64: bool
-    load3d: bool = False  # rowwise, not FP6: address codes and output as [n, l // 32, 32] tiles
-    # FP8 / FP6 / FP4 through the hardware FP8 -> fp16 cvt (inline asm; ignored for MXINT8 and under the
-    # CPU interpreter)
-    hw_dec: bool = False
-    # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (default for rowwise FP6)
-    fp6_words: bool = False
-    # with fp6_words and a 16-bit output: lane pairs swap half groups so every store writes whole 32-byte
-    # sectors (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and
-    # under the CPU interpreter)
-    pair_swap: bool = False
-    # with fp6_words, hw_dec and bf16 output: each 16-code group decoded by one inline asm (bytes spread 4 at a
-    # time, FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _quantize._fp6_group_decode_asm)
-    fp6_asm: bool = False
-    # rowwise FP4 to bf16 / fp16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to
-    # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
-    fp4_asm: bool = False
-
-
 def _grid(n_fast: int, n_mid: int, batch: int, grid3: bool) -> tuple:
     """(launch grid, GRID3) of batch x n_mid x n_fast tiles: (n_fast, n_mid, batch) when grid3 and the two slow
     dims fit CUDA's 65535 limit of grid dims 1 and 2, else the 1-D (batch * n_mid * n_fast,) that the kernel
-    splits itself (:func:`mxkit.kernels._quantize._tile_ids`)."""
+    splits itself (:func:`mxkit.kernels.quantize_details._common._tile_ids`)."""
     if grid3 and n_fast <= _INT32_LIMIT and n_mid <= _GRID_YZ_LIMIT and batch <= _GRID_YZ_LIMIT:
         return (n_fast, n_mid, batch), True
     return (batch * n_mid * n_fast,), False
-
-
-# Per-GPU overrides of quantize_config's choice. Its defaults hold on both the H100 and the H200; an entry is a
-# setting that one GPU measured faster while the other measured it slower. Key: a prefix of the CUDA device
-# name (torch.cuda.get_device_name). Entries: (path "rows" / "cols" / "cast_transpose", format name, least
-# elements B * R * C, the QuantizeConfig fields to replace).
-GPU_TUNING: dict = {
-    # the fused FP4 cast-transpose walking two 64 x 256 tiles per program (rblocks 2): H200 16384^2 258.6 ->
-    # 252.9 us, 8192^2 73.6 -> 72.8 us; the H100 default, since there it was slower (302.8 -> 317.3 us, 84.9 ->
-    # 89.3 us; sessions 13-14, benchmarks/h200-2026-11-22-s14/ab_grid3_fp4code.txt)
-    "NVIDIA H200": (("cast_transpose", "mxfp4_e2m1", 1 << 26, {"rblocks": 2}),),
-    # the fused FP8 cast-transpose on 64 x 256 tiles, eight warps: H100 8192^2 106.1 -> 104.8 us, 16384^2 401.7 ->
-    # 393.6 us (session 15, four rounds; benchmarks/h200-2026-11-23-s15/ab_castT_fp8_h100_tiles.txt); on the
-    # H200 that tile is slower (same file, run 6: 81.7 -> 85.6 us, 301.7 -> 316.4 us). Keyed by the SXM part's full
-    # name: the PCIe / NVL parts (other memory, other clocks) were not measured
-    # Rowwise FP4 / FP6 with one tile per program at every size: H100 FP6 16384^2 253.1 -> 248.0 us, 8192^2 70.0 ->
-    # 68.3 us, 16384 x 2880 55.4 -> 51.3 us; FP4 8192^2 65.2 -> 63.7 us, 16384 x 2880 48.7 -> 48.1 us, 16384^2 equal
-    # (session 16, four rounds; benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt). The H200 walks 2 / 4 tiles per
-    # program from 2^14 tiles (there one tile per program lost at 16384^2: FP6 179.7 -> 185.9 us, FP4 162.5 -> 167.3)
-    "NVIDIA H100 80GB HBM3": tuple(("cast_transpose", name, 1 << 26, {"block_r": 64, "num_warps": 8})
-                                   for name in ("mxfp8_e4m3", "mxfp8_e5m2"))
-    + tuple(("rows", name, 0, {"rblocks": 1}) for name in ("mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2")),
-}
-
-
-def _gpu_tuned(cfg: QuantizeConfig, gpu: str, path: str, fmt_name: str, B: int, R: int, C: int) -> QuantizeConfig:
-    """cfg with the GPU_TUNING entries that match (gpu, path, format, size) applied; int64 re-derived for the new
-    tile span (a pure function, as quantize_config)."""
-    for prefix, entries in GPU_TUNING.items():
-        if not (gpu and gpu.startswith(prefix)):
-            continue
-        for p, name, min_elements, fields in entries:
-            if p == path and name == fmt_name and B * R * C >= min_elements:
-                cfg = dataclasses.replace(cfg, **fields)
-                span_c = cfg.split_rows[1] if cfg.split_rows else cfg.block_c
-                cfg = dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, R, C, cfg.block_r * cfg.rblocks,
-                                                                                    span_c))
-    return cfg
 
 
 _GPU_NAMES: dict = {}  # CUDA device index -> name (a cache of torch.cuda.get_device_name)
@@ -252,260 +80,6 @@ def _gpu_name(t: torch.Tensor) -> str:
     if name is None:
         name = _GPU_NAMES[i] = torch.cuda.get_device_name(i)
     return name
-
-
-@functools.lru_cache(maxsize=1024)  # pure function of the problem; saves launch overhead
-def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike, *,
-                    in_bf16: bool = True, gpu: str = "") -> QuantizeConfig:
-    """Pick the tile for x viewed [B, R, C] (pure function of the problem and ``gpu``, the CUDA device name:
-    :data:`GPU_TUNING`'s entries for it replace fields of the choice below). Every choice comes from same-process
-    A/B runs of scripts/ab_quantize.py on an H200, bf16 8192^2 / 16384^2 (benchmarks/h200-2026-11-22-s3/ to
-    -s7/ab_variants.txt); times below are 16384^2.
-
-    All: the scale rule as a constexpr (mode_const: one compile per mode; columnwise FP8 105 -> 64 registers).
-    Element rounding (hw_cvt, RNE on a GPU only, :func:`hw_cvt_ok`): FP8 through the hardware
-    ``cvt.rn.satfinite``, FP4 from bf16 through bf16x2 arithmetic, FP6 through the FP8 cvt in the unit asm
-    (fp6_asm, :func:`fp6_asm_ok`: saturation, sign and packing 4 codes at a time; the FP6 kernels were
-    ALU-pipe-bound) in rowwise tiles and col_units columns; the fused FP6 cast-transpose from bf16 (C >= 512)
-    from bf16 pairs (fp6_pairs: the amax on pairs, the saturation as one bf16x2 clamp per pair, one asm per
-    unit); the fused FP6 cast-transpose with C < 512 keeps the integer encoder.
-
-    Rowwise (blocks along C): FP8 8 x 1024 on 8 warps when C >= 1024 (197 -> 192 us), FP4 1 x 1024 on one
-    warp when C >= 1024 (session 8: 2 x 1024 on two, 49.8 -> 47.6 us at 8192^2), narrower FP4 up to 2048
-    elements and FP6 4 x 512 on 2, others up to 16 x 256 on 4; rows that 1024-wide tiles would pad by more than
-    1/8 (:func:`_row_width`; C = 1056, 1280, 1536, 2560, 3584, ...) on 512- or 256-wide tiles of as many
-    elements (FP6: from bf16; FP8: 8 x 512 on 4 warps, half the elements; 16 x 256 within +-2%), and FP4 / FP6
-    rows below 1024 that a 256-wide tile pads less than their tile (C = 544, 640, 768; FP6 from fp32 / fp16 also
-    past 1024) on 4 x 256 (one warp) / 8 x 256 (two); on large problems (>= 16384 tiles) FP4 / FP6 programs
-    walk 4 tiles down R (rblocks; 2 for the one-row FP4 tiles; not on those narrower tiles, nor on the H100:
-    GPU_TUNING). FP6: each thread packs and stores whole 16-code groups (fp6_words; 264 -> 227 us), through the
-    FP8 cvt (227 -> 222 us); from bf16 with C >= 1024 (session 12) from bf16 pairs (fp6_pairs) with
-    each group's words stored as [groups, rows, 4] tiles (fp6_store4) on 2 x 1024 tiles, two warps (H200
-    186.8 -> 179.6 us, 8192^2 55.2 -> 52.2 us; the pairs alone were slower, 190.2 us). FP4 from bf16: bf16
-    pairs read as 32-bit words and rounded straight into packed bytes (fp4_pairs; 206 -> 179 us; session 8:
-    the leaner bf16x2 encoder with the packed amax and the bad-block mask inside the asm, 179 -> 165 us).
-
-    Columnwise (blocks along R): FP8 / FP6 / MXINT8 with col_units on 128 x 64 tiles, a warp per 32-row block
-    (2-element loads put the lanes along the columns; each thread packs whole units along R, and a warp
-    stores 96 contiguous bytes of an FP6 output row: FP6 366 -> 250 us, MXINT8 286 -> 245 us, FP8 216 -> 214
-    us; 1-element loads, 64- or 256-row tiles, program strips: slower). FP8 since session 9 on 256 x 64 tiles
-    (8 warps) with its scales written directly: each column's 8 scale bytes of a tile are one 8-byte piece of
-    its scale row, so the transposed scale buffer and its second launch no longer pay (8192^2 60.0 -> 57.8
-    us, 16384^2 214.1 -> 210.4 us; 256 rows with scale_t, or scale_t off on 128 rows, gained at one size
-    only). FP4 packs codes along R into 64-bit
-    units in-thread from 16-byte loads and transposes only those (col_packed + col_wide: 16 codes per unit,
-    built from two 32-bit halves; 32-bit units in session 5 took FP4 295 -> 230 us; 64-bit: 220 -> 191 us;
-    col_units: 197 us) on 256 x 64 tiles, a warp per 64 rows (fewer when the tile has fewer than 64 units x
-    8-column vectors, so no warp splits a unit). From bf16 with C even, the tile is read as bf16 pairs of
-    adjacent columns and one asm per pair rounds and packs both columns' units (col_fp4_words, session 8:
-    190 -> 176 us with the leaner encoder, 128 x 64 -> 256 x 64 tiles 176 -> 173 us; 32-bit units, 64-row
-    tiles or one warp per 128 rows: slower; 512 x 64 on 8 warps 171 us, not taken for the program count of
-    smaller problems).
-
-    FP8 everywhere (session 10): fp8_words, each four codes made and masked as one 32-bit word (the bad-block
-    mask inside the cvt asm rowwise, unit words straight from the asm in col_units / col_packed columns; a
-    tl.where on the uint8 codes had unpacked, selected and repacked every byte): rowwise 54.0 -> 53.2 us at
-    8192^2, columnwise 57.9 -> 57.3 us, and the fused cast-transpose, whose ALU pipe had limited it (Nsight:
-    71%), 1480 -> 1192 SASS instructions.
-
-    Cast-transpose: FP8 fused (both directions from each tile; col_packed 32 x 128 on two warps: 403 -> 336
-    us; session 10: col_units columns on 64 x 128 tiles, four warps, with fp8_words: 335 -> 314 us, 8192^2
-    92.0 -> 84.5 us; other tiles and direct column scales slower; then the rows' load of the tile evict_last
-    and the columns' reload evict_first (ct_evict), on 32 x 256: 314 -> 304 us, 84.0 -> 82.0 us). FP4 fused
-    since session 11 on 64 x 128 tiles (four warps, ct_evict): the rows from bf16 pairs with the blocks as the
-    outer dim (lanes along a row's blocks: on the tall tile the old order gave each lane its own row and every
-    store a half sector), the columns from bf16 pairs in the col_units layout (_cols_fp4_units: a lane per
-    32-row block of a column pair, a column's two 16-byte pieces on neighbouring lanes; 32-row tiles, whose
-    16-byte pieces meet another program's in each sector, ran 2x slower): 301 -> 273 us, 8192^2 81.6 -> 75.4
-    us, against the one-direction programs below, whose second read of x from L2 had L2 reads 1.6x the fused
-    kernel's; since session 13 on 64 x 256 tiles (eight warps): H200 16384^2 266.4 -> 261.5 us, 8192^2 74.2 ->
-    72.8 us; H100 311.0 -> 302.9 us, 86.2 -> 84.9 us. Programs walking two such tiles down R (rblocks) were
-    faster still on the H200 (254.0 us) but slower on the H100 (315.2 us); 64 x 512, four tiles per program, or
-    Triton's software pipelining of the tile loop (the next tile prefetched into shared memory: 2x slower)
-    were slower. FP6 from bf16 fused since session 12 (C >= 512), on 128 x 128 tiles, four warps, ct_evict: rows
-    and columns from bf16 pairs (fp6_pairs, _quantize._fp6_pairs_asm) and the rows' three words per group
-    stored as one [groups, rows, 4] tile (fp6_store4: a warp's store runs along a row; Nsight had the
-    earlier fused FP6 kernels' L2 write sectors at 2.3x the split kernel's): H200 16384^2 392 -> 334 us, H100
-    444 -> 391 us (each change alone gained nothing on this tile). FP6 from fp32 / fp16 by one-direction
-    programs over regions of the tensor (split_rows,
-    :func:`_quantize._cast_transpose_split_kernel`: each program runs one lean path on its own tile, and a
-    region's second read comes from L2; FP6 785 -> 618 us, FP4 403 -> 369 us until session 11; FP8 no gain,
-    also with col_units): columns 64 x 64 (col_units; 617 -> 483 us) and rows 2 x 512 (fp6_words, FP8 cvt) on
-    two warps; only when C fills a region row (C >= 512: at 32768 x 160 the masked region columns made it 40%
-    slower), else fused (32 x 64 on one warp with col_direct, the untransposed tile quantized and only the
-    1-byte codes transposed, in strips of 16 column tiles walked down R; fused FP6 tiles with col_units were
-    15-90% slower in session 11, also on 128- / 256-column tiles whose rows' pieces are whole sectors: the
-    cause was not found). MXINT8: the fused 32 x 64 tile.
-
-    The 3-D launch grid (grid3: the program ids are the tile indices, where the 1-D id of every other path is
-    split by two divisions by runtime ints, ~60 instructions before a program's first load) for FP6 columns
-    and the fused FP6 cast-transpose from 2^26 elements (session 14, H200: columnwise 209.9 -> 200.4 us, 8192^2
-    57.6 -> 55.8 us; cast-transpose 336.5 -> 331.6 us; H100 within 0.5%; at 32768 x 160 the H100's columnwise FP6
-    was 12.0 -> 12.7 us slower on it). Elsewhere it gained nothing or lost: columnwise FP4 on
-    both GPUs (8192^2 H200 49.9 -> 52.6 us, H100 67.1 -> 68.7) and the FP4 cast-transpose on the H100 (302.8 ->
-    309.3 us), where ptxas also chose fewer registers (48, not 62; columnwise FP4 96, not 107): more resident
-    CTAs, and more stalls on memory (Nsight, H200 8192^2, columnwise FP4: warps active 23 -> 29%, long-scoreboard
-    stalls per issue 3.2 -> 5.4, DRAM throughput 79 -> 74% of peak; benchmarks/h200-2026-11-22-s14/).
-
-    Plain column scales of the FP8 / FP6 cast-transposes (and of the fused FP4 one; not of columnwise FP6
-    since col_units with the unit asm: 214 -> 209 us without, nor of columnwise FP8 since its 256-row tiles)
-    are written transposed ([R / 32, B * C]) and a tiled byte transpose moves them into place (scale_t;
-    session 4: columnwise FP6 485 -> 367 us,
-    cast-transpose FP8 427 -> 401 us; session 5: columnwise FP8 243 -> 236 us; FP4 columns: no gain since
-    col_packed, slower with the split), from 2^26 elements: at 4096^2 and 32768 x 160 the host time of the
-    call with its second launch (80-160 us) outran the bench's 100 us GPU spin, while the device time barely
-    moved (scripts/ab_scale_t.py, -s5/)."""
-    f = get_format(fmt)
-    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: with the unit asm (below)
-    if do_col:
-        fp8 = f.is_float and f.bits == 8
-        r64 = 64 if R >= 64 else 32
-        r128 = 128 if R >= 128 else r64
-        split, units, fp6p = (), 0, False
-        if do_row and f.is_float and f.bits == 6 and C >= 512 and in_bf16:
-            # cast-transpose FP6 from bf16 fused: 128 x 128 tiles on 4 warps, rows and columns from bf16 pairs
-            # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4), ct_evict
-            block_r, c_max, units, fp6p = r128, 128, 2, True
-            warps = max(1, block_r * max(32, min(c_max, _pow2(C))) // 4096)
-        elif do_row and f.is_float and f.bits == 6 and C >= 512:
-            # cast-transpose FP6 by one-direction programs (_cast_transpose_split_kernel): columns on 64 x 64
-            # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
-            block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
-        elif do_row and f.is_float and f.bits == 4:
-            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128 as before session 13, where a 256-wide
-            # tile would idle most of its columns), the rows from bf16 pairs (blocks outer), the columns from bf16
-            # pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a column
-            # on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
-            block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
-            warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
-        elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
-            block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
-        elif do_row:  # cast-transpose FP6 (C < 512), MXINT8
-            block_r, c_max, warps = 32, 64, 1
-        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
-            block_r, c_max = (256 if R >= 256 else r128), 64
-            warps = max(1, block_r // 64)
-        elif fp8:  # col_units on 256 x 64, a warp per 32-row block (session 9: 8192^2 60.0 -> 57.8 us)
-            block_r = 256 if R >= 256 else r128
-            c_max, warps, units = 64, block_r // 32, 2
-        else:  # FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
-            block_r, c_max, warps, units = r128, 64, r128 // 32, 2
-        packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
-        group_c = 16 if f.bits == 6 and not units else 0
-        block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
-        wide = False
-        if packed and (split or not do_row):
-            # the load layout gives one lane per (unit, 8 columns) of a 16-byte vector (bf16; fp32: 4
-            # columns): the warps must not run out of units, or they would split a unit's codes
-            lanes = block_r // (64 // f.bits) * (block_c // 8)
-            wide = lanes >= 32
-            warps = max(1, min(warps, lanes // 32))
-        span_c = split[1] if split else block_c
-        cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r, span_c),
-                             col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
-                             hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
-                             group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
-                             fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
-                             split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
-                             scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
-                                      and not (units and not do_row) and B * R * C >= 1 << 26),
-                             fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
-                             fp6_pairs=fp6p, fp6_store4=fp6p,
-                             grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
-        return _gpu_tuned(cfg, gpu, "cast_transpose" if do_row else "cols", f.name, B, R, C)
-    fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
-    # rows whose 1024-wide tiles pad them by more than 1/8 (C = 1056, 1280, 1536, 2560, ...) take narrower tiles
-    # (_row_width) of as many elements (FP8: half as many)
-    wide = _row_width(C) if C >= 1024 else 0
-    narrow = False  # (FP4 / FP6 on narrower tiles than their default: one tile per program, below)
-    if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
-        block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
-    elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps (session 16: C = 1088 38.6 -> 34.0 us)
-        block_c, block_r, warps = 512, max(1, min(_pow2(R), 8)), 4
-    elif f.is_float and f.bits in (4, 6):
-        row_tiles = bool(wide) and (f.bits == 4 or fp6p_rows)
-        if row_tiles:
-            # FP4: one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); FP6 from bf16 pairs, 2 x 1024 on two
-            # warps (session 12, H200: 186.8 -> 179.6 us); narrower when padded (session 16: FP6 C = 1088 44.2 ->
-            # 34.5 us, C = 2560 40.1 -> 35.3 us)
-            block_c, narrow = wide, wide < 1024
-        else:  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
-            block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
-            block_r = max(1, min(_pow2(R), 2048 // block_c))
-            warps = max(1, min(2, block_r * block_c // 1024))
-            # rows that tile pads by more than 1/8, when a 256-wide one pads them less (C = 544, 640, 768, ...; FP6
-            # from fp32 / fp16 past 1024; session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
-            w = _row_width(C, block_c)
-            narrow = C >= 256 and (-C) % w < (-C) % block_c
-            block_c = w if narrow else block_c
-        if row_tiles or narrow:  # FP4 1024 elements on one warp, FP6 2048 on two
-            block_r = max(1, min(_pow2(R), (1024 if f.bits == 4 else 2048) // block_c))
-            warps = 1 if f.bits == 4 else 2
-    else:
-        block_c = max(32, min(256, _pow2(C)))
-        block_r = max(1, min(_pow2(R), 4096 // block_c))
-        warps = max(1, min(4, block_r * block_c // 1024))
-    n_tiles = -(-R // block_r) * -(-C // block_c)
-    # FP4 / FP6 programs walk 2 one-row / 4 other tiles down R from 2^14 tiles (the H100: one, GPU_TUNING), not
-    # the narrower tiles of padded rows (session 16, H200, 16384 x 1280: FP4 22.0 -> 20.0 us, FP6 22.2 -> 21.5 us
-    # with one; with a clean L2 within 6.5% either way). On the 1024-wide tiles walking gained on the H200 with a
-    # clean L2 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us; elsewhere equal) and was mixed after
-    # do_bench's flush (FP6 8192^2 51.9 -> 52.4 us, 16384 x 8192 96.4 -> 94.8 us), so it stays
-    # (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
-    rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
-    cfg = QuantizeConfig(block_r, block_c, warps, _tiles_need_int64(B, R, C, block_r * rblocks, block_c),
-                         hw_cvt=f.is_float, rblocks=rblocks,
-                         mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
-                         fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
-                         fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
-    return _gpu_tuned(cfg, gpu, "rows", f.name, B, R, C)
-
-
-@functools.lru_cache(maxsize=1024)
-def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
-                      out_dtype: torch.dtype = torch.bfloat16) -> DequantizeConfig:
-    """Pick the tile for qdata viewed [B, N, L] decoded to ``out_dtype`` (pure function of the problem).
-
-    FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt (hw_dec; GPU only): the integer decode made the
-    kernel issue-bound (Nsight Compute on an H200, rowwise FP8 -> bf16 8192^2: SM throughput 90%, DRAM 44%).
-    Rowwise FP8 / FP4 address codes and output as [n, l // 32, 32] tiles (load3d), FP8 with 8 x 512 tiles;
-    rowwise FP6 unpacks whole 16-code groups per thread (fp6_words) on 4 x 512 tiles (session 5: 222 -> 212 us
-    at 16384^2 against 8 x 256), and lane pairs swap half
-    groups so 16-bit outputs are stored in whole 32-byte sectors (pair_swap: 285 -> 220 us at 16384^2; Nsight
-    Compute had L2 at 89% of peak with 2x the write sectors of the output). To bf16, each group goes through
-    one inline asm (fp6_asm, session 7: the kernel was ALU-pipe-bound at 85%; 211 -> 184 us). Rowwise FP4 to
-    bf16 / fp16 (session 15) reads qdata as words of 8 codes, each decoded straight to four pairs by one inline asm
-    (fp4_asm: integer placement of the code bits in a bf16 and two bf16x2 multiplies, 7 instructions per pair
-    where the FP8-cvt decode took ~20): H200 185.6 -> 173.9 us at 16384^2, 49.4 -> 47.2 us at 8192^2 (A/B; the
-    16 x 256 tile on 4 warps; 8 x 512, 4 x 1024, 2 x 1024 on 2 warps, 16 x 512 on 8 within 0.5%, 32 x 256 on 8
-    slower); to fp16 184.6 -> 173.1 us; the H100 equal. With rows of 1024 and more, one 1024-element row per
-    program on one warp (as rowwise FP4 quantize): the scale bytes then load in the words' layout (the 2-D
-    tile's scale load took a shared-memory layout conversion and a barrier): 171.1 -> 169.5 us, 46.3 -> 46.0 us
-    (six rounds). Rowwise FP8 to bf16 / fp16 likewise (its 8 x 512 tile took a 4 KB conversion): 201.5 -> 198.9
-    us, 54.6 -> 53.4 us (fp32 outputs keep the 2-D tiles). Rows those tiles would pad by more than 1/8
-    (:func:`_row_width`; for FP8 only below 2048 elements) keep the 2-D tiles: a row's last program was
-    mostly masked lanes (session 16, H200 16384 x 1280: FP4 24.2 -> 18.0 us, FP8 24.4 -> 21.0 us)."""
-    f = get_format(fmt)
-    hw_dec = f.is_float
-    if trans:
-        block_l = max(32, min(128, _pow2(L)))
-        block_n = max(16, min(32, _pow2(N)))
-        return DequantizeConfig(block_n, block_l, 4, _tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
-    load3d = f.is_float and f.bits in (4, 8)
-    fp4_asm = f.is_float and f.bits == 4
-    # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements:
-    # session 16, H200, 16384 x L: FP4 at L = 2560 34.1 -> 30.8 us, FP8 at L = 1280 24.3 -> 20.6 us; FP8 at
-    # L = 2560 / 3584 35.1 / 47.1 us on 1 x 1024 against 35.8 / 49.0 us on 8 x 512)
-    rows_1024 = L >= 1024 and (_row_width(L) == 1024 or (f.bits == 8 and L >= 2048))
-    if load3d and out_dtype in (torch.bfloat16, torch.float16) and rows_1024:
-        return DequantizeConfig(1, 1024, 1, _tiles_need_int64(B, N, L, 1, 1024), load3d=True, hw_dec=True,
-                                fp4_asm=fp4_asm)
-    block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
-    block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
-    warps = max(1, min(4, block_n * block_l // 1024))
-    return DequantizeConfig(block_n, block_l, warps, _tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d,
-                            hw_dec=hw_dec, fp6_words=f.bits == 6, pair_swap=f.bits == 6,
-                            fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -562,7 +136,7 @@ def _per_thread(cfg: QuantizeConfig, block_r: int = 0, block_c: int = 0) -> int:
 def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int, per_thread: int = 0) -> bool:
     """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
     FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
-    arithmetic, ``_quantize._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
+    arithmetic, ``quantize_details._codecs._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
     config's tile, or in a tile with ``per_thread`` elements per thread when given (the split rows)."""
     per_thread = per_thread or _per_thread(cfg)
     fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
@@ -571,7 +145,7 @@ def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int
 
 def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_row: bool, do_col: bool,
                row_per_thread: int = 0) -> bool:
-    """Whether the FP6 unit asm (``_quantize._fp6_units_asm``) may run, given that the hardware path runs: the
+    """Whether the FP6 unit asm (``quantize_details._codecs._fp6_units_asm``) may run, given that the hardware path runs: the
     asm packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
     layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
     row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
@@ -596,68 +170,10 @@ def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat) -> bool:
     return bool(cfg.hw_dec and f.is_float and not _interpret() and per_thread >= 4)
 
 
-class _Launcher:
-    """Launches one ``@triton.jit`` kernel, through its compiled handle after the first launch of a
-    specialisation.
-
-    ``JITFunction.run`` binds and specialises every argument (~40 here) on each call; on the H200 host a
-    launch took 27-44 us that way, more than the kernels themselves at activation sizes
-    (scripts/host_overhead.py). The first launch of a key goes through Triton as usual (compiling if needed)
-    and returns the ``CompiledKernel``; later launches with the same key call it directly with the arguments
-    in signature order (constexprs included, which the launcher skips), as ``JITFunction.run`` does. The key
-    holds every property Triton specialises on (tensor dtype and 16-byte alignment; int value == 1, % 16,
-    32-bit range) plus the constexprs and options, so a hit has the same specialisation. Used only where
-    that call convention was checked (triton 3.6; other versions and the CPU interpreter take Triton's
-    path every time), and off with ``MXKIT_FAST_LAUNCH=0`` in the environment."""
-
-    def __init__(self, name: str):
-        self.name = name  # looked up at each call, so a kernel replaced on the module is the one launched
-        self.cache: dict = {}
-        self.meta = None  # (fn, runtime args come first?, constexpr names, their defaults)
-
-    def _meta(self, fn):
-        if self.meta is None or self.meta[0] is not fn:
-            params = fn.params
-            n_rt = sum(1 for p in params if not p.is_constexpr)
-            # the direct call needs the runtime arguments first, then the constexprs (true for our kernels)
-            ok = all(not p.is_constexpr for p in params[:n_rt])
-            self.meta = (fn, ok, [p.name for p in params[n_rt:]], {p.name: p.default for p in params[n_rt:]})
-            self.cache.clear()
-        return self.meta
-
-    @staticmethod
-    def _spec(a):
-        if isinstance(a, torch.Tensor):
-            return (a.dtype, a.data_ptr() % 16 == 0)
-        return (a == 1, a % 16 == 0, -(2**31) <= a <= _INT32_LIMIT)
-
-    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int) -> None:
-        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are)."""
-        fn = getattr(K, self.name)
-        if not _FAST_LAUNCH or not isinstance(fn, triton.runtime.JITFunction):  # (the interpreter: not a JITFunction)
-            fn[grid](*args, **dict(consts), num_warps=num_warps)
-            return
-        _, ok, names, defaults = self._meta(fn)
-        key = (tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device())
-        hit = self.cache.get(key) if ok else None
-        if hit is None:
-            given = dict(consts)
-            k = fn[grid](*args, **given, num_warps=num_warps)
-            if ok and hasattr(k, "function") and hasattr(k, "__getitem__"):
-                self.cache[key] = (k, tuple(given.get(n, defaults[n]) for n in names))
-            return
-        k, full_consts = hit
-        k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
-
-
-# the direct launch (see _Launcher): on for the Triton versions whose call convention was checked
-_FAST_LAUNCH = triton.__version__.startswith("3.6.") and os.environ.get("MXKIT_FAST_LAUNCH", "1") != "0"
-
-
-_QUANTIZE = _Launcher("_quantize_kernel")
-_CT_SPLIT = _Launcher("_cast_transpose_split_kernel")
-_DEQUANTIZE = _Launcher("_dequantize_kernel")
-_TRANSPOSE = _Launcher("_transpose_bytes_kernel")
+_QUANTIZE = _Launcher(_quantize, "_quantize_kernel")
+_CT_SPLIT = _Launcher(_cast_transpose, "_cast_transpose_split_kernel")
+_DEQUANTIZE = _Launcher(_dequantize, "_dequantize_kernel")
+_TRANSPOSE = _Launcher(_cast_transpose, "_transpose_bytes_kernel")
 
 
 class _QuantizePlan:
@@ -904,6 +420,10 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     ov = out.view(torch.int16) if view16 else out
     _DEQUANTIZE(grid, (qv, scale.contiguous(), ov, *ints), consts, num_warps)
     return out if kdtype == dtype else out.to(dtype)
+
+
+opt_flags.register_cache(_quantize_plan.cache_clear)  # (plans hold the chosen configs)
+opt_flags.register_cache(_dequantize_plan.cache_clear)
 
 
 # ---------------------------------------------------------------------------------------------------------

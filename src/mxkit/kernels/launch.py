@@ -1,0 +1,103 @@
+"""The direct launch of a ``@triton.jit`` kernel through its compiled handle (:class:`_Launcher`).
+
+``JITFunction.run`` binds and specialises every argument on each call: at activation sizes its host time was
+more than the kernels' device time. The direct launch keeps that path for the first call of each
+specialisation and reuses the ``CompiledKernel`` it returns afterwards. It relies on two properties of
+Triton's runtime, checked once per process against the installed Triton (:func:`direct_launch_supported`,
+and by a CPU test with the ``[dev]`` install): ``JITFunction.run`` returns the ``CompiledKernel`` and
+launches it with every bound argument in signature order, constexprs included, as
+``CompiledKernel[grid](*args)`` does. Where either fails (another Triton, the CPU interpreter), every call
+takes ``JITFunction``'s own launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from types import ModuleType
+from typing import Iterator
+
+import torch
+import triton
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@functools.lru_cache(maxsize=None)
+def direct_launch_supported() -> bool:
+    """Whether the installed Triton has the launch convention the direct launch replays (see the module
+    docstring): ``CompiledKernel.__getitem__`` builds a runner, and ``JITFunction.run`` passes its bound
+    arguments (constexprs included) to ``kernel.run`` and returns the kernel."""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+
+        run_src = inspect.getsource(triton.runtime.jit.JITFunction.run)
+        item_src = inspect.getsource(CompiledKernel.__getitem__)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+    return ("*bound_args.values()" in run_src and "return kernel" in run_src
+            and "def runner(*args" in item_src and "*args)" in item_src)
+
+
+_enabled = True  # switched off only inside triton_launch_only()
+
+
+@contextlib.contextmanager
+def triton_launch_only() -> Iterator[None]:
+    """Within the block every launch goes through ``JITFunction.run`` (host-overhead A/B runs)."""
+    global _enabled
+    prev, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = prev
+
+
+class _Launcher:
+    """Launches kernel ``name`` of ``module`` (looked up at each call, so a kernel replaced on the module is the
+    one launched), through its compiled handle after the first launch of a specialisation.
+
+    The cache key holds every property Triton specialises on (tensor dtype and 16-byte alignment; int
+    value == 1, % 16, 32-bit range) plus the constexprs, num_warps and the device, so a hit has the same
+    specialisation; a hit calls the ``CompiledKernel`` with the runtime arguments and then every constexpr in
+    signature order (defaults filled in). The kernel's runtime parameters must come before its constexprs."""
+
+    def __init__(self, module: ModuleType, name: str):
+        self.module = module
+        self.name = name
+        self.cache: dict = {}
+        self.meta = None  # (fn, runtime args come first?, constexpr names, their defaults)
+
+    def _meta(self, fn):
+        if self.meta is None or self.meta[0] is not fn:
+            params = fn.params
+            n_rt = sum(1 for p in params if not p.is_constexpr)
+            ok = all(not p.is_constexpr for p in params[:n_rt])
+            self.meta = (fn, ok, [p.name for p in params[n_rt:]], {p.name: p.default for p in params[n_rt:]})
+            self.cache.clear()
+        return self.meta
+
+    @staticmethod
+    def _spec(a):
+        if isinstance(a, torch.Tensor):
+            return (a.dtype, a.data_ptr() % 16 == 0)
+        return (a == 1, a % 16 == 0, _INT32_MIN <= a <= _INT32_MAX)
+
+    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int) -> None:
+        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are)."""
+        fn = getattr(self.module, self.name)
+        if not (_enabled and isinstance(fn, triton.runtime.JITFunction) and direct_launch_supported()):
+            fn[grid](*args, **dict(consts), num_warps=num_warps)  # (the interpreter: not a JITFunction)
+            return
+        _, ok, names, defaults = self._meta(fn)
+        key = (tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device())
+        hit = self.cache.get(key) if ok else None
+        if hit is None:
+            given = dict(consts)
+            k = fn[grid](*args, **given, num_warps=num_warps)
+            if ok and hasattr(k, "function") and hasattr(k, "__getitem__"):
+                self.cache[key] = (k, tuple(given.get(n, defaults[n]) for n in names))
+            return
+        k, full_consts = hit
+        k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)

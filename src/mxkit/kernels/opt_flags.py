@@ -1,0 +1,256 @@
+"""The schedule of the quantize / dequantize kernels: frozen configs (tiles, warps and the few real algorithm
+choices) chosen by pure functions of the problem (:mod:`mxkit.kernels.opt_flags_nvidia`), with a per-GPU
+table of measured exceptions (:data:`GPU_TUNING`, immutable) and an explicit override for A/B runs
+(:func:`override`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+from ..formats import FormatLike, get_format
+
+__all__ = ["QuantizeConfig", "DequantizeConfig", "TuningEntry", "GPU_TUNING", "quantize_config",
+           "dequantize_config", "override", "needs_int64"]
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def needs_int64(*extents: int) -> bool:
+    """True when an element offset could pass 2^31 - 1: ``extents`` are the (tile-padded) element counts
+    of every tensor a kernel addresses. Pure function of shapes (tested without allocating)."""
+    return max(extents) > _INT32_LIMIT
+
+
+def _tiles_need_int64(B: int, R: int, C: int, span_r: int, span_c: int) -> bool:
+    """:func:`needs_int64` of x viewed [B, R, C] padded to whole spans of span_r x span_c (a program's rows and
+    columns)."""
+    return needs_int64(B * (-(-R // span_r) * span_r) * (-(-C // span_c) * span_c))
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view."""
+
+    block_r: int
+    block_c: int
+    num_warps: int
+    int64: bool
+    # fp32-denormal inputs: 0 = multiply them as they are (exact: Triton's sm_90 fp32 multiply keeps
+    # subnormals), 1 = rebuild them from the mantissa in tiles that need it (CTA-wide min), 2 = always
+    denorm: int = 0
+    # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2 (inline asm; ignored
+    # for other formats, for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
+    hw_cvt: bool = False
+    row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
+    col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
+    group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
+    # each program walks rblocks tiles down R (not with row3d); blocks along R with 4 or 8 and a plain scale
+    # layout whose rows divide evenly: each column's scale bytes go out as one 4- / 8-byte word (not
+    # rblocks single bytes)
+    rblocks: int = 1
+    mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
+    # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
+    # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
+    fp6_words: bool = False
+    # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
+    # program's bytes of one block row are contiguous) and a tiled byte transpose moves them into place
+    scale_t: bool = False
+    # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
+    # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
+    col_packed: bool = False
+    # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
+    # rounded straight into its packed byte (_rows_fp4_pairs; in the fused cast-transpose with the blocks as the
+    # tile's outer dim); skipped for an input address not a multiple of 4
+    fp4_pairs: bool = False
+    # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
+    # elements); FP4 with col_units and col_fp4_words: 16-row units, one 64-bit word each
+    col_wide: bool = False
+    # columnwise FP4 from bf16 with col_packed or col_units (C even): the tile read as bf16 pairs of adjacent
+    # columns, one asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words with
+    # col_packed, _quantize._cols_fp4_units with col_units: a lane per 32-row block of a pair, one word per
+    # load); skipped for an input address not a multiple of 4
+    col_fp4_words: bool = False
+    # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
+    # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
+    # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
+    # ignored
+    col_units: int = 0
+    # FP6 with hw_cvt (rowwise fp6_words, col_units): one inline asm per 16-element unit rounds through the FP8
+    # cvt, saturates, moves the signs and packs the three words on 4 codes at a time (_quantize._fp6_units_asm)
+    fp6_asm: bool = False
+    # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
+    # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
+    # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
+    # fused kernel (both directions from each tile)
+    split_rows: tuple = ()
+    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles (not row3d)
+    # with the bad-block mask inside the cvt asm (_quantize._cvt_fp8_rn_keep), col_units columns and col_packed
+    # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
+    fp8_words: bool = False
+    # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
+    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none); the FP8 / FP4 default
+    ct_evict: int = 0
+    # rowwise FP6 with fp6_words: each row's group words stored as one [groups, rows, 4] tile (words 0, 1, 2
+    # and a masked copy of word 2), so a warp's store runs along (word, group) of a row: contiguous row
+    # pieces instead of three stride-3 word stores (_quantize._rows_fp6_words)
+    fp6_store4: bool = False
+    # FP6 from bf16 with hw_cvt: rowwise fp6_words tiles and col_units columns (C even) read as bf16 pairs
+    # (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds through
+    # the FP8 cvt and packs (_quantize._fp6_pairs_asm); skipped for an input address not a multiple of 4
+    fp6_pairs: bool = False
+    # launch a (tiles_c, tiles_r, B) grid where tiles_r and B fit its 65535 limit (not with group_c or
+    # split_rows): the program ids are the tile indices, no division of a 1-D id (_quantize._tile_ids)
+    grid3: bool = False
+
+
+@dataclass(frozen=True)
+class DequantizeConfig:
+    """Tile of one dequantize program: ``[block_n, block_l]`` elements (block_l along the quantized dim)."""
+
+    block_n: int
+    block_l: int
+    num_warps: int
+    int64: bool
+    load3d: bool = False  # rowwise, not FP6: address codes and output as [n, l // 32, 32] tiles
+    # FP8 / FP6 / FP4 through the hardware FP8 -> fp16 cvt (inline asm; ignored for MXINT8 and under the
+    # CPU interpreter)
+    hw_dec: bool = False
+    # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
+    # shared-memory exchange (default for rowwise FP6)
+    fp6_words: bool = False
+    # with fp6_words and a 16-bit output: lane pairs swap half groups so every store writes whole 32-byte
+    # sectors (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and
+    # under the CPU interpreter)
+    pair_swap: bool = False
+    # with fp6_words, hw_dec and bf16 output: each 16-code group decoded by one inline asm (bytes spread 4 at a
+    # time, FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _quantize._fp6_group_decode_asm)
+    fp6_asm: bool = False
+    # rowwise FP4 to bf16 / fp16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to
+    # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
+    fp4_asm: bool = False
+
+
+@dataclass(frozen=True)
+class TuningEntry:
+    """A setting one GPU measured faster where the other measured it slower: on GPUs whose CUDA device name
+    (``torch.cuda.get_device_name``) starts with ``gpu``, problems of ``path`` ("rows" / "cols" /
+    "cast_transpose") in format ``fmt`` with at least ``min_elements`` elements (B * R * C) take ``fields``
+    ((QuantizeConfig field, value) pairs) in place of the heuristic's."""
+
+    gpu: str
+    path: str
+    fmt: str
+    min_elements: int
+    fields: tuple
+
+
+# Keyed by the SXM parts' full names: the PCIe / NVL parts (other memory, other clocks) were not measured.
+GPU_TUNING: tuple = (
+    # the fused FP4 cast-transpose walking two 64 x 256 tiles per program: faster on the H200 only
+    TuningEntry(gpu="NVIDIA H200", path="cast_transpose", fmt="mxfp4_e2m1", min_elements=1 << 26,
+                fields=(("rblocks", 2),)),
+    # the fused FP8 cast-transpose on 64 x 256 tiles, eight warps: faster on the H100 only
+    *(TuningEntry(gpu="NVIDIA H100 80GB HBM3", path="cast_transpose", fmt=name, min_elements=1 << 26,
+                  fields=(("block_r", 64), ("num_warps", 8)))
+      for name in ("mxfp8_e4m3", "mxfp8_e5m2")),
+    # rowwise FP4 / FP6 with one tile per program at every size: faster on the H100 only
+    *(TuningEntry(gpu="NVIDIA H100 80GB HBM3", path="rows", fmt=name, min_elements=0, fields=(("rblocks", 1),))
+      for name in ("mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2")),
+)
+
+
+@dataclass(frozen=True)
+class _Override:
+    table: tuple = GPU_TUNING
+    quantize: tuple = ()  # (QuantizeConfig field, value) pairs forced on every chosen config
+    dequantize: tuple = ()  # the same for DequantizeConfig
+
+
+_active = _Override()  # replaced only by override(), which clears every cache that holds a config
+_config_caches: list = []  # cache_clear functions of the caches built on these configs (the launchers' plans)
+
+
+def register_cache(cache_clear) -> None:
+    """Registers a cache of plans built on chosen configs, cleared when :func:`override` changes the choice."""
+    _config_caches.append(cache_clear)
+
+
+def _clear_caches() -> None:
+    quantize_config.cache_clear()
+    dequantize_config.cache_clear()
+    for clear in _config_caches:
+        clear()
+
+
+@contextlib.contextmanager
+def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
+             dequantize: Optional[dict] = None) -> Iterator[None]:
+    """For A/B runs: within the ``with`` block, ``table`` (a tuple of :class:`TuningEntry`) replaces
+    :data:`GPU_TUNING`, and the ``quantize`` / ``dequantize`` field values replace those of every chosen config
+    (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, so
+    no call sees a stale config. Not thread-safe (one A/B run at a time).
+
+        with opt_flags.override(quantize={"rblocks": 1}):
+            y = quantize_triton(x, "mxfp4_e2m1")
+    """
+    global _active
+    prev = _active
+    _active = _Override(table=GPU_TUNING if table is None else tuple(table),
+                        quantize=tuple((quantize or {}).items()), dequantize=tuple((dequantize or {}).items()))
+    _clear_caches()
+    try:
+        yield
+    finally:
+        _active = prev
+        _clear_caches()
+
+
+def _replace(cfg: QuantizeConfig, fields, B: int, R: int, C: int) -> QuantizeConfig:
+    """cfg with fields replaced and int64 re-derived for the new tile span."""
+    cfg = dataclasses.replace(cfg, **dict(fields))
+    span_c = cfg.split_rows[1] if cfg.split_rows else cfg.block_c
+    return dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, R, C, cfg.block_r * cfg.rblocks, span_c))
+
+
+def _gpu_tuned(cfg: QuantizeConfig, table: tuple, gpu: str, path: str, fmt_name: str, B: int, R: int,
+               C: int) -> QuantizeConfig:
+    """cfg with the entries of table that match (gpu, path, format, size) applied."""
+    for e in table:
+        if gpu and gpu.startswith(e.gpu) and e.path == path and e.fmt == fmt_name and B * R * C >= e.min_elements:
+            cfg = _replace(cfg, e.fields, B, R, C)
+    return cfg
+
+
+@functools.lru_cache(maxsize=1024)  # pure function of the problem (and of override()'s state, which clears it)
+def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike, *,
+                    in_bf16: bool = True, gpu: str = "") -> QuantizeConfig:
+    """The config of x viewed [B, R, C], blocks along C (do_row) and / or along R (do_col); in_bf16: bfloat16
+    input; gpu: the CUDA device name (:data:`GPU_TUNING`'s key). Heuristics:
+    :func:`mxkit.kernels.opt_flags_nvidia.quantize_flags`."""
+    from .opt_flags_nvidia import quantize_flags  # (it imports the config classes from here)
+
+    f = get_format(fmt)
+    cfg = quantize_flags(B, R, C, do_row, do_col, f, in_bf16)
+    path = ("cast_transpose" if do_row else "cols") if do_col else "rows"
+    cfg = _gpu_tuned(cfg, _active.table, gpu, path, f.name, B, R, C)
+    return _replace(cfg, _active.quantize, B, R, C) if _active.quantize else cfg
+
+
+@functools.lru_cache(maxsize=1024)
+def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
+                      out_dtype: torch.dtype = torch.bfloat16) -> DequantizeConfig:
+    """The config of qdata viewed [B, N, L] decoded to ``out_dtype`` (trans: blocks along N's rows, the output
+    transposed). Heuristics: :func:`mxkit.kernels.opt_flags_nvidia.dequantize_flags`."""
+    from .opt_flags_nvidia import dequantize_flags
+
+    cfg = dequantize_flags(B, N, L, trans, get_format(fmt), out_dtype)
+    if not _active.dequantize:
+        return cfg
+    cfg = dataclasses.replace(cfg, **dict(_active.dequantize))
+    return dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, N, L, cfg.block_n, cfg.block_l))

@@ -1,0 +1,164 @@
+"""The Hopper (sm_90) heuristics behind :func:`mxkit.kernels.opt_flags.quantize_config` and
+:func:`~mxkit.kernels.opt_flags.dequantize_config`: pure functions of the problem, measured on the H200 and the H100
+(same-process A/B runs; the numbers are in BENCHMARKS.md and the commit history)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import ElementFormat
+from .opt_flags import DequantizeConfig, QuantizeConfig, _tiles_need_int64
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _row_width(L: int, widest: int = 1024, least: int = 256) -> int:
+    """The widest power-of-two tile width from ``widest`` down to ``least`` whose last tile of a row of L
+    elements pads the row by at most L / 8 (``least`` when none does): a row's last program mostly masked lanes
+    lost to narrower tiles."""
+    w = widest
+    while w > least and (-L) % w > L // 8:
+        w //= 2
+    return w
+
+
+def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: ElementFormat,
+                   in_bf16: bool) -> QuantizeConfig:
+    """The tile and paths for x viewed [B, R, C]: blocks along C (do_row), along R (do_col), or both (the
+    cast-transpose). Rowwise: the widest row tiles that do not pad the row by more than 1/8, FP4 / FP6 programs
+    walking several tiles down R on large problems. Columnwise: packed units (FP4) or col_units (FP8 / FP6 /
+    MXINT8) so only packed words are transposed. Cast-transpose: fused FP8 / FP4 / FP6-from-bf16, one-direction
+    programs (split_rows) for FP6 from fp32 / fp16. FP8 / FP6 / FP4-from-bf16 round through the hardware cvt."""
+    hw_cvt = f.is_float and f.bits in (4, 8)  # FP4: bf16 inputs only (hw_cvt_ok); FP6: with the unit asm (below)
+    if do_col:
+        fp8 = f.is_float and f.bits == 8
+        r64 = 64 if R >= 64 else 32
+        r128 = 128 if R >= 128 else r64
+        split, units, fp6p = (), 0, False
+        if do_row and f.is_float and f.bits == 6 and C >= 512 and in_bf16:
+            # cast-transpose FP6 from bf16 fused: 128 x 128 tiles on 4 warps, rows and columns from bf16 pairs
+            # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4), ct_evict
+            block_r, c_max, units, fp6p = r128, 128, 2, True
+            warps = max(1, block_r * max(32, min(c_max, _pow2(C))) // 4096)
+        elif do_row and f.is_float and f.bits == 6 and C >= 512:
+            # cast-transpose FP6 by one-direction programs (_cast_transpose_split_kernel): columns on 64 x 64
+            # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
+            block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
+        elif do_row and f.is_float and f.bits == 4:
+            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128 as before session 13, where a 256-wide
+            # tile would idle most of its columns), the rows from bf16 pairs (blocks outer), the columns from bf16
+            # pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a column
+            # on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
+            block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
+            warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
+        elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
+            block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
+        elif do_row:  # cast-transpose FP6 (C < 512), MXINT8
+            block_r, c_max, warps = 32, 64, 1
+        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
+            block_r, c_max = (256 if R >= 256 else r128), 64
+            warps = max(1, block_r // 64)
+        elif fp8:  # col_units on 256 x 64, a warp per 32-row block (session 9: 8192^2 60.0 -> 57.8 us)
+            block_r = 256 if R >= 256 else r128
+            c_max, warps, units = 64, block_r // 32, 2
+        else:  # FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
+            block_r, c_max, warps, units = r128, 64, r128 // 32, 2
+        packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
+        group_c = 16 if f.bits == 6 and not units else 0
+        block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
+        wide = False
+        if packed and (split or not do_row):
+            # the load layout gives one lane per (unit, 8 columns) of a 16-byte vector (bf16; fp32: 4
+            # columns): the warps must not run out of units, or they would split a unit's codes
+            lanes = block_r // (64 // f.bits) * (block_c // 8)
+            wide = lanes >= 32
+            warps = max(1, min(warps, lanes // 32))
+        span_c = split[1] if split else block_c
+        cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r, span_c),
+                             col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
+                             hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
+                             group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
+                             fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
+                             split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
+                             scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
+                                      and not (units and not do_row) and B * R * C >= 1 << 26),
+                             fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
+                             fp6_pairs=fp6p, fp6_store4=fp6p,
+                             grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
+        return cfg
+    fp6p_rows = f.is_float and f.bits == 6 and C >= 1024 and in_bf16
+    # rows whose 1024-wide tiles pad them by more than 1/8 (C = 1056, 1280, 1536, 2560, ...) take narrower tiles
+    # (_row_width) of as many elements (FP8: half as many)
+    wide = _row_width(C) if C >= 1024 else 0
+    narrow = False  # (FP4 / FP6 on narrower tiles than their default: one tile per program, below)
+    if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
+        block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
+    elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps (session 16: C = 1088 38.6 -> 34.0 us)
+        block_c, block_r, warps = 512, max(1, min(_pow2(R), 8)), 4
+    elif f.is_float and f.bits in (4, 6):
+        row_tiles = bool(wide) and (f.bits == 4 or fp6p_rows)
+        if row_tiles:
+            # FP4: one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); FP6 from bf16 pairs, 2 x 1024 on two
+            # warps (session 12, H200: 186.8 -> 179.6 us); narrower when padded (session 16: FP6 C = 1088 44.2 ->
+            # 34.5 us, C = 2560 40.1 -> 35.3 us)
+            block_c, narrow = wide, wide < 1024
+        else:  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
+            block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
+            block_r = max(1, min(_pow2(R), 2048 // block_c))
+            warps = max(1, min(2, block_r * block_c // 1024))
+            # rows that tile pads by more than 1/8, when a 256-wide one pads them less (C = 544, 640, 768, ...; FP6
+            # from fp32 / fp16 past 1024; session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
+            w = _row_width(C, block_c)
+            narrow = C >= 256 and (-C) % w < (-C) % block_c
+            block_c = w if narrow else block_c
+        if row_tiles or narrow:  # FP4 1024 elements on one warp, FP6 2048 on two
+            block_r = max(1, min(_pow2(R), (1024 if f.bits == 4 else 2048) // block_c))
+            warps = 1 if f.bits == 4 else 2
+    else:
+        block_c = max(32, min(256, _pow2(C)))
+        block_r = max(1, min(_pow2(R), 4096 // block_c))
+        warps = max(1, min(4, block_r * block_c // 1024))
+    n_tiles = -(-R // block_r) * -(-C // block_c)
+    # FP4 / FP6 programs walk 2 one-row / 4 other tiles down R from 2^14 tiles (the H100: one, GPU_TUNING), not
+    # the narrower tiles of padded rows (session 16, H200, 16384 x 1280: FP4 22.0 -> 20.0 us, FP6 22.2 -> 21.5 us
+    # with one; with a clean L2 within 6.5% either way). On the 1024-wide tiles walking gained on the H200 with a
+    # clean L2 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us; elsewhere equal) and was mixed after
+    # do_bench's flush (FP6 8192^2 51.9 -> 52.4 us, 16384 x 8192 96.4 -> 94.8 us), so it stays
+    # (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
+    rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
+    cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r * rblocks, block_c),
+                         hw_cvt=f.is_float, rblocks=rblocks,
+                         mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
+                         fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
+                         fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
+    return cfg
+
+
+def dequantize_flags(B: int, N: int, L: int, trans: bool, f: ElementFormat,
+                     out_dtype: torch.dtype) -> DequantizeConfig:
+    """The tile and paths for qdata viewed [B, N, L] (trans: blocks along N's rows, the output transposed):
+    FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt; rowwise FP8 / FP4 to 16-bit outputs one
+    1024-element row per program (unless that pads the row by more than 1/8); FP6 whole 16-code groups per
+    thread with lane-pair swaps, FP4 whole 8-code words per asm."""
+    hw_dec = f.is_float
+    if trans:
+        block_l = max(32, min(128, _pow2(L)))
+        block_n = max(16, min(32, _pow2(N)))
+        return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=4, int64=_tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
+    load3d = f.is_float and f.bits in (4, 8)
+    fp4_asm = f.is_float and f.bits == 4
+    # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements:
+    # session 16, H200, 16384 x L: FP4 at L = 2560 34.1 -> 30.8 us, FP8 at L = 1280 24.3 -> 20.6 us; FP8 at
+    # L = 2560 / 3584 35.1 / 47.1 us on 1 x 1024 against 35.8 / 49.0 us on 8 x 512)
+    rows_1024 = L >= 1024 and (_row_width(L) == 1024 or (f.bits == 8 and L >= 2048))
+    if load3d and out_dtype in (torch.bfloat16, torch.float16) and rows_1024:
+        return DequantizeConfig(block_n=1, block_l=1024, num_warps=1, int64=_tiles_need_int64(B, N, L, 1, 1024), load3d=True, hw_dec=True,
+                                fp4_asm=fp4_asm)
+    block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
+    block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
+    warps = max(1, min(4, block_n * block_l // 1024))
+    return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=warps, int64=_tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d,
+                            hw_dec=hw_dec, fp6_words=f.bits == 6, pair_swap=f.bits == 6,
+                            fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)

@@ -1,0 +1,186 @@
+"""Rowwise quantize tiles (blocks of 32 along the contiguous dim)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import IN_F32_BITS, _block_absmax, _half_row, _hmax_abs, _load_raw, _split4, _to_bits
+from ._codecs import (
+    FP6_HALVES_E2M3, FP6_HALVES_E3M2, FP6_HALVES_RW, FP6_PAIRS_ROWS_E2M3, FP6_PAIRS_ROWS_E3M2,
+    FP6_PAIRS_ROWS_RW, _encode_tile, _fp4_bf16x2_pairs, _fp6_asm_input, _fp6_asm_words, _fp6_unit_words,
+)
+from ._scale import _block_scale, _fp6_pairs_factor
+from ._store import _store_group_words, _store_quantized, _store_scales
+
+
+@triton.jit
+def _rows_fp4_pairs(x_ptr, q_ptr, s_ptr, g, gmask, n0, Ltot, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    A: tl.constexpr, N: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr = 0,
+                    BLOCKS_OUTER: tl.constexpr = False):
+    """Rowwise FP4 from bf16 (HW_CVT; GPU only): rows g, elements n0 .. n0 + N, loaded as 32-bit words (bf16
+    pairs: x_ptr is the int32 view of the input), rounded pair-wise straight into the packed bytes
+    (:func:`_fp4_bf16x2_pairs`; the per-element path unpacked its codes to shift and OR them back together).
+    Each thread holds the 16 words of a block. The tile is [A, N / 32, 16], or with BLOCKS_OUTER [N / 32, A,
+    16]: Triton puts the lanes along the lowest dim first, so on tall tiles (the fused cast-transpose's) the
+    first form gives every lane its own row and each store a half sector per lane, the second neighbouring
+    blocks of a row to neighbouring lanes (session 11: the fused FP4 cast-transpose's L2 store sectors 1.4x its
+    bytes, 3.47 M -> 2.42 M with BLOCKS_OUTER). EVICT: the load's eviction policy (:func:`_load_raw`; the fused cast-transpose,
+    CT_EVICT)."""
+    if BLOCKS_OUTER:
+        wc = n0 // 2 + tl.arange(0, N // 32)[:, None, None] * 16 + tl.arange(0, 16)[None, None, :]  # [N / 32, 1, 16]
+        m = gmask[None, :, None] & ((wc < Ltot // 2) | (not MASKED))
+        offs = g[None, :, None] * _half_row(Ltot) + wc  # [N / 32, A, 16]
+    else:
+        wc = n0 // 2 + tl.arange(0, N // 32)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, N / 32, 16]
+        m = gmask[:, None, None] & ((wc < Ltot // 2) | (not MASKED))
+        offs = g[:, None, None] * _half_row(Ltot) + wc  # [A, N / 32, 16]
+    xw = _load_raw(x_ptr + offs, m, IN_F32_BITS, EVICT)
+    am = _block_absmax(xw, 2)  # |x| of both halves, the block's max in each half
+    amax = tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16  # the fp32 bits of the bf16 amax of each block
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    f = (127 - x) << 7
+    fw = tl.broadcast_to((f | (f << 16))[:, :, None], xw.shape)
+    keep = tl.broadcast_to(tl.where(amax >= 0x7F800000, 0, -1)[:, :, None], xw.shape)
+    packed = _fp4_bf16x2_pairs(xw, fw, keep)
+    tl.store(q_ptr + offs, packed, mask=m)
+    _store_scales(s_ptr, tl.trans(sbyte) if BLOCKS_OUTER else sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+
+
+@triton.jit
+def _rows_fp6_pairs(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, LAYOUT: tl.constexpr,
+                    MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr, MODE: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr = 0,
+                    STORE4: tl.constexpr = False):
+    """Rowwise FP6 from bf16 pairs (FP6P_R; GPU only; the input address a multiple of 4): rows grow, elements
+    c0 .. c0 + BLOCK_C read as 32-bit words (x_ptr: the input's int32 view), two [G, BLOCK_R, 4] word tiles
+    per 16-element group (16-byte loads; lanes along the groups first as in :func:`_rows_fp6_words`). The
+    block amax on the pairs (:func:`_hmax_abs`), then one asm per group (:func:`_fp6_pairs_asm`: clamp, scale,
+    round, pack, mask), elementwise over eight [G, BLOCK_R] word tiles, so any layout gives the same bytes;
+    the per-block operands reach the groups by a broadcast (a join / permute / reshape gave them a layout
+    with two lanes per group, and Triton ran the asm in that layout: twice the work). Stores as
+    :func:`_rows_fp6_words` (STORE4: one [G, BLOCK_R, 4] store). q_ptr: int32 words."""
+    G: tl.constexpr = BLOCK_C // 16
+    gi = c0 // 16 + tl.arange(0, G)
+    gm = ((gi < C // 16) | (not MASKED))[:, None] & rmask[None, :]  # [G, BLOCK_R]
+    e = tl.arange(0, 4)[None, None, :]
+    wp = x_ptr + (grow[None, :] * (C // 2) + (gi * 8)[:, None])[:, :, None] + e
+    xl = _load_raw(wp, gm[:, :, None], IN_F32_BITS, EVICT)  # [G, BLOCK_R, 4]: words 0-3 of each group (16 bytes)
+    xh = _load_raw(wp + 4, gm[:, :, None], IN_F32_BITS, EVICT)  # words 4-7
+    gmax = _block_absmax(_hmax_abs(xl, xh), 2)  # [G, BLOCK_R]: each group's max |x| in each half
+    bm = tl.reduce(tl.reshape(gmax, [G // 2, 2, BLOCK_R]), 1, _hmax_abs)  # blocks: [G // 2, BLOCK_R]
+    amax = tl.maximum(bm & 0xFFFF, bm >> 16) << 16  # fp32 bits of the bf16 amax
+    sbyte, X = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    fac, clamp = _fp6_pairs_factor(X, MBITS, EMAX, MAX_FRAC)
+    keep = tl.where(amax >= 0x7F800000, 0, -1)
+    # back to groups (group gi takes block gi // 2) by a broadcast, which keeps the groups' layout (a join /
+    # permute / reshape gave a layout with two lanes per group, and Triton ran the asm on that: 2x the work)
+    facg = tl.reshape(tl.broadcast_to(fac[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    clampg = tl.reshape(tl.broadcast_to(clamp[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    keepg = tl.reshape(tl.broadcast_to(keep[:, None, :], [G // 2, 2, BLOCK_R]), [G, BLOCK_R])
+    x0, x1, x2, x3 = _split4(xl, G, BLOCK_R)
+    x4, x5, x6, x7 = _split4(xh, G, BLOCK_R)
+    w0, w1, w2 = tl.inline_asm_elementwise(
+        FP6_PAIRS_ROWS_E2M3 if MBITS == 3 else FP6_PAIRS_ROWS_E3M2, FP6_PAIRS_ROWS_RW,
+        [x0, x1, x2, x3, x4, x5, x6, x7, facg, clampg | (clampg << 16), keepg], dtype=(tl.int32, tl.int32, tl.int32),
+        is_pure=True, pack=1)
+    _store_group_words(q_ptr, w0, w1, w2, grow[None, :] * (C // 16 * 3) + gi[:, None] * 3, gm, STORE4)
+    _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)
+
+
+@triton.jit
+def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
+                   BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr = False,
+                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1,
+                   KEEP_ASM: tl.constexpr = False):
+    """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
+    IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes).
+    RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16). KEEP_ASM: see :func:`_encode`."""
+    tl.static_assert(BC % 32 == 0)
+    if IS3D:
+        b3 = xbits
+    else:
+        b3 = tl.reshape(xbits, [BR, BC // 32, 32])
+    if RAW16:
+        tl.static_assert(HW_CVT and BITS == 4)
+        amax = tl.max(b3 & 0x7FFF, axis=2).to(tl.int32) << 16  # the fp32 bits of the bf16 amax
+    else:
+        amax = tl.max(b3 & 0x7FFFFFFF, axis=2)
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    bad = tl.expand_dims(amax >= 0x7F800000, 2)
+    xb = tl.expand_dims(x, 2)
+    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT, KEEP_ASM)
+    if not IS3D:
+        codes = tl.reshape(codes, [BR, BC])
+    return codes, sbyte
+
+
+@triton.jit
+def _store_rows3d(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
+                  A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """Like _store_quantized for codes [A, N // 32, 32] (the 3-D rowwise tile): FP8 / FP4 are packed and
+    stored in that shape (no reshape to 2-D); FP6 goes through the 2-D path."""
+    if BITS == 6:
+        _store_quantized(q_ptr, s_ptr, tl.reshape(codes, [A, N]), sbyte, g, gmask, n0, Ltot, cols_p,
+                         A, N, BITS, LAYOUT, MASKED)
+    else:
+        j = tl.arange(0, N // 32)[None, :, None]
+        if BITS == 8:
+            cols = n0 + j * 32 + tl.arange(0, 32)[None, None, :]
+            m = gmask[:, None, None] & ((cols < Ltot) | (not MASKED))
+            tl.store(q_ptr + g[:, None, None] * Ltot + cols, codes.to(tl.uint8), mask=m)
+        else:
+            tl.static_assert(BITS == 4)
+            sh = tl.arange(0, 2) * 4
+            packed = tl.sum(tl.reshape(codes, [A, N // 32, 16, 2]) << sh[None, None, None, :], axis=3)
+            bcols = n0 // 2 + j * 16 + tl.arange(0, 16)[None, None, :]
+            m = gmask[:, None, None] & ((bcols < Ltot // 2) | (not MASKED))
+            tl.store(q_ptr + g[:, None, None] * _half_row(Ltot) + bcols, packed.to(tl.uint8), mask=m)
+        _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+
+
+@triton.jit
+def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
+                    LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr,
+                    HW_CVT: tl.constexpr = False, UNIT_ASM: tl.constexpr = False, EVICT: tl.constexpr = 0,
+                    STORE4: tl.constexpr = False):
+    """FP6_WORDS (rowwise FP6 quantize): rows grow, elements c0 .. c0 + BLOCK_C, with each thread holding whole
+    16-element groups (two 8-element loads over a [groups, rows, 8] tile: lanes go along the groups, the lower
+    of the equally contiguous dims), so the 4-codes-in-3-bytes pack needs no exchange: the thread writes its
+    group's 3 words itself (three strided word stores). A 32-element block is two neighbouring lanes (one
+    shuffle for the amax). q_ptr: int32 words. EVICT: the loads' eviction policy (the fused cast-transpose,
+    CT_EVICT)."""
+    G: tl.constexpr = BLOCK_C // 16
+    gi = c0 // 16 + tl.arange(0, G)
+    gm = ((gi < C // 16) | (not MASKED))[:, None] & rmask[None, :]  # [G, BLOCK_R]
+    base = grow[None, :] * C + (gi * 16)[:, None]
+    e = tl.arange(0, 8)[None, None, :]
+    lo = _to_bits(_load_raw(x_ptr + base[:, :, None] + e, gm[:, :, None], IN_KIND, EVICT), IN_KIND)
+    hi = _to_bits(_load_raw(x_ptr + base[:, :, None] + 8 + e, gm[:, :, None], IN_KIND, EVICT), IN_KIND)
+    gmax = tl.maximum(tl.max(lo & 0x7FFFFFFF, axis=2), tl.max(hi & 0x7FFFFFFF, axis=2))  # [G, BLOCK_R]
+    amax = tl.max(tl.reshape(gmax, [G // 2, 2, BLOCK_R]), axis=1)  # blocks of 32: [G // 2, BLOCK_R]
+    sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
+    # back to groups: group gi takes block gi // 2
+    xg = tl.reshape(tl.permute(tl.join(x, x), [0, 2, 1]), [G, BLOCK_R])
+    badg = tl.reshape(tl.permute(tl.join(amax, amax), [0, 2, 1]), [G, BLOCK_R]) >= 0x7F800000
+    if UNIT_ASM:
+        # the unit asm on the two halves as loaded (8 consecutive registers each; no clamp, see _cols_units)
+        tl.static_assert(HW_CVT and not AWAY)
+        vlo = _fp6_asm_input(lo, xg[:, :, None], DENORM, MBITS)
+        vhi = _fp6_asm_input(hi, xg[:, :, None], DENORM, MBITS)
+        o = tl.inline_asm_elementwise(FP6_HALVES_E2M3 if MBITS == 3 else FP6_HALVES_E3M2, FP6_HALVES_RW, [vlo, vhi],
+                                      dtype=tl.int32, is_pure=True, pack=8)
+        w0, w1, w2 = _fp6_asm_words(o, e, badg, 2)
+    else:
+        bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
+        codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
+                             AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
+        w0, w1, w2 = _fp6_unit_words(codes)
+    _store_group_words(q_ptr, w0, w1, w2, grow[None, :] * (C // 16 * 3) + gi[:, None] * 3, gm, STORE4)
+    _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)

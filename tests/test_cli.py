@@ -139,6 +139,29 @@ def test_inspect_directory_and_mxkit_buffers(tmp_path, capsys):
     assert "model.safetensors" not in out  # --match filtered the second file's tensors out
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_inspect_corrupt_file_one_line_error(tmp_path, capsys, damage):
+    good, _ = _gpt_oss_like(tmp_path)
+    data = good.read_bytes()
+    bad = tmp_path / f"{damage}.safetensors"
+    bad.write_bytes({"truncated": data[: len(data) - 100], "garbage": b"not a safetensors file\n" * 40,
+                     "empty": b""}[damage])
+    for target in (bad, tmp_path):  # the file itself, and a directory holding it beside a good file
+        assert cli.main(["inspect", str(target), "--plain"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"mxkit: error: '{bad}' is not a readable safetensors file: ")
+
+
+def test_inspect_corrupt_file_no_traceback_subprocess(tmp_path):
+    bad = tmp_path / "half.safetensors"
+    bad.write_bytes(_gpt_oss_like(tmp_path)[0].read_bytes()[:200])
+    r = subprocess.run([sys.executable, "-m", "mxkit", "inspect", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("mxkit: error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
 def test_find_mx_pairs_rejects_mismatches():
     meta = {"a_blocks": ((4, 3, 16), "U8"), "a_scales": ((4, 2), "U8"),  # G mismatch
             "b_blocks": ((4, 3, 16), "F32"), "b_scales": ((4, 3), "U8"),  # not uint8

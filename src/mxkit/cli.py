@@ -4,8 +4,8 @@
 work is done by :mod:`mxkit.formats`, :mod:`mxkit.evaluate` and :mod:`mxkit.bench`.
 
 Exit codes: 0 success; 2 bad arguments or input (argparse errors, unknown format / scale-mode names,
-missing files), with a one-line ``mxkit: error: …`` message on stderr. Set ``MXKIT_TRACEBACK=1`` to see
-the traceback instead.
+missing, unreadable, corrupt or truncated files), with a one-line ``mxkit: error: …`` message on stderr.
+Set ``MXKIT_TRACEBACK=1`` to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -183,52 +183,65 @@ def _safetensors_files(path: Path) -> list[Path]:
 
 
 def _cmd_inspect(args) -> int:
-    import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
     from .formats import get_format
-    from .nn import qsnr_db
-    from .ops import dequantize, quantize
 
     fmt = get_format(args.format) if args.format else None
     files = _safetensors_files(Path(args.path))
     rows = []
     for fpath in files:
-        with safe_open(str(fpath), framework="pt") as fh:
-            meta = {}
-            for k in fh.keys():
-                sl = fh.get_slice(k)
-                meta[k] = (tuple(sl.get_shape()), sl.get_dtype())
-            pairs = find_mx_pairs(meta)
-            partners = {p["scales"] for p in pairs.values()}
-            for name in sorted(meta):
-                if args.match and not fnmatch.fnmatchcase(name, args.match):
-                    continue
-                shape, dtype = meta[name]
-                row = {"tensor": name, "dtype": dtype, "shape": list(shape), "mx": None, "note": None}
-                if len(files) > 1:
-                    row["file"] = fpath.name
-                if name in pairs:
-                    p = pairs[name]
-                    row["mx"] = f"{p['format']} data"
-                    row["note"] = (f"logical {list(p['logical_shape'])}, scales {p['scales']}: "
-                                   f"{_scale_summary(fh.get_tensor(p['scales']))}")
-                elif name in partners:
-                    row["mx"] = "E8M0 scales"
-                elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
-                    if shape[-1] % 32:
-                        row["note"] = f"not quantizable: last dim {shape[-1]} % 32 != 0"
-                    else:
-                        w = fh.get_tensor(name)
-                        q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
-                        row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
-                                       f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
-                                       f"{q.nbytes / 1e6:.3f} MB")
-                rows.append(row)
+        try:
+            rows += _inspect_file(fpath, fmt, args, several=len(files) > 1)
+        except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
+            raise ValueError(f"{str(fpath)!r} is not a readable safetensors file: {' '.join(str(e).split())}") from e
     cols = ["tensor", "dtype", "shape", "mx", "note"] + (["file"] if len(files) > 1 else [])
     n_pairs = sum(1 for r in rows if r["mx"] and r["mx"].endswith("data"))
     _print_table(rows, cols, title=f"{args.path}: {len(rows)} tensors, {n_pairs} MX pairs", plain=args.plain)
     return 0
+
+
+def _inspect_file(fpath: Path, fmt, args, *, several: bool) -> list[dict]:
+    """The rows of one safetensors file (see :func:`_cmd_inspect`); safetensors errors propagate."""
+    import torch
+    from safetensors import safe_open
+
+    from .nn import qsnr_db
+    from .ops import dequantize, quantize
+
+    rows = []
+    with safe_open(str(fpath), framework="pt") as fh:
+        meta = {}
+        for k in fh.keys():
+            sl = fh.get_slice(k)
+            meta[k] = (tuple(sl.get_shape()), sl.get_dtype())
+        pairs = find_mx_pairs(meta)
+        partners = {p["scales"] for p in pairs.values()}
+        for name in sorted(meta):
+            if args.match and not fnmatch.fnmatchcase(name, args.match):
+                continue
+            shape, dtype = meta[name]
+            row = {"tensor": name, "dtype": dtype, "shape": list(shape), "mx": None, "note": None}
+            if several:
+                row["file"] = fpath.name
+            if name in pairs:
+                p = pairs[name]
+                row["mx"] = f"{p['format']} data"
+                row["note"] = (f"logical {list(p['logical_shape'])}, scales {p['scales']}: "
+                               f"{_scale_summary(fh.get_tensor(p['scales']))}")
+            elif name in partners:
+                row["mx"] = "E8M0 scales"
+            elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
+                if shape[-1] % 32:
+                    row["note"] = f"not quantizable: last dim {shape[-1]} % 32 != 0"
+                else:
+                    w = fh.get_tensor(name)
+                    q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
+                    row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
+                                   f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
+                                   f"{q.nbytes / 1e6:.3f} MB")
+            rows.append(row)
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -303,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    except (ValueError, TypeError, OSError, ImportError) as e:
         if os.environ.get("MXKIT_TRACEBACK"):
             raise
         print(f"mxkit: error: {e}", file=sys.stderr)

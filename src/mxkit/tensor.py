@@ -11,11 +11,13 @@ An MXTensor is plain data: no autograd, no ``__torch_dispatch__``. Layout (OCP M
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import torch.utils._pytree as pytree
 
 from .layouts import from_layout, scale_layout_shape
 from .formats import (
@@ -81,7 +83,7 @@ def check_quantize_args(
     return QuantizeArgs(f, axis, block_size, mode, rnd)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class MXTensor:
     """A tensor in an OCP MX format: element codes plus one E8M0 scale per block of ``block_size``.
 
@@ -98,6 +100,16 @@ class MXTensor:
         (``"nvidia_128x4"``, ``"aiter_shuffle"``); then ``scale`` is 2-D ``(rows_padded, cols_padded)``
         holding the swizzled bytes of the plain ``(prod(lead), axis_len // block_size)`` scale.
 
+    Frozen (``dataclasses.replace`` makes a changed copy; the tensors' bytes stay mutable) and compared by
+    identity (``eq=False``: field-wise ``==`` on tensors has no single truth value). A pytree node
+    (:mod:`torch.utils._pytree`): ``qdata`` and ``scale`` are the leaves, the other fields the context, so
+    ``torch.compile`` / ``torch.export`` / ``tree_map`` see two uint8 tensors; unflattening runs the same
+    checks as the constructor.
+
+    Raises TypeError (a field of the wrong type or dtype) or ValueError (axis out of range, shapes that do
+    not agree, naming the field with the shape it has and the one it should have, or qdata and scale on
+    different devices).
+
     Views: :meth:`qdata_view` (``torch.float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``int8``
     where torch has the dtype) and :meth:`scale_view` (``torch.float8_e8m0fnu``).
     """
@@ -113,33 +125,46 @@ class MXTensor:
     scale_layout: str = "plain"
 
     def __post_init__(self) -> None:
-        self.fmt = get_format(self.fmt)
-        self.scale_mode = ScaleMode.parse(self.scale_mode)
-        self.rounding = Rounding.parse(self.rounding)
-        self.shape = torch.Size(self.shape)
-        if self.qdata.dtype != torch.uint8 or self.scale.dtype != torch.uint8:
-            raise TypeError(f"qdata and scale must be uint8, got {self.qdata.dtype} and {self.scale.dtype}")
-        if not 0 <= self.axis < len(self.shape):
-            raise ValueError(f"axis={self.axis} out of range for shape {tuple(self.shape)}")
+        # frozen: normalise the fields through object.__setattr__ (the dataclasses idiom for __post_init__)
+        object.__setattr__(self, "fmt", get_format(self.fmt))
+        object.__setattr__(self, "scale_mode", ScaleMode.parse(self.scale_mode))
+        object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
+        object.__setattr__(self, "shape", torch.Size(self.shape))
+        for name in ("qdata", "scale"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"MXTensor {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != torch.uint8:
+                raise TypeError(f"MXTensor {name} must be uint8, got {t.dtype}")
+        if self.qdata.device != self.scale.device:
+            raise ValueError(f"MXTensor qdata and scale must be on one device: qdata is on {self.qdata.device}, "
+                             f"scale on {self.scale.device}")
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int) or not 0 <= self.axis < len(self.shape):
+            raise ValueError(f"axis={self.axis!r} out of range for shape {tuple(self.shape)}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if self.shape[self.axis] % self.block_size:
+            raise ValueError(f"shape[{self.axis}]={self.shape[self.axis]} (shape {tuple(self.shape)}) is not a "
+                             f"multiple of block_size={self.block_size}")
         exp_q, exp_s = self.expected_shapes(self.shape, self.axis, self.fmt, self.block_size)
         if self.scale_layout != "plain":
-            rows = math.prod(exp_s[:-1])
-            exp_s = scale_layout_shape(rows, exp_s[-1], self.scale_layout)
-        if tuple(self.qdata.shape) != exp_q or tuple(self.scale.shape) != exp_s:
+            exp_s = scale_layout_shape(math.prod(exp_s[:-1]), exp_s[-1], self.scale_layout)
+        bad = [f"{name} has shape {tuple(t.shape)}, expected {exp}"
+               for name, t, exp in (("qdata", self.qdata, exp_q), ("scale", self.scale, exp_s))
+               if tuple(t.shape) != exp]
+        if bad:
             raise ValueError(
-                f"inconsistent MXTensor: qdata {tuple(self.qdata.shape)} (expected {exp_q}), "
-                f"scale {tuple(self.scale.shape)} (expected {exp_s}) for shape {tuple(self.shape)}, "
-                f"axis={self.axis}, {self.fmt.name}, block_size={self.block_size}"
+                f"inconsistent MXTensor: {'; '.join(bad)} (shape {tuple(self.shape)}, axis={self.axis}, "
+                f"{self.fmt.name}, block_size={self.block_size}, scale_layout={self.scale_layout!r})"
             )
-        if self.qdata.device != self.scale.device:
-            raise ValueError(f"qdata on {self.qdata.device} but scale on {self.scale.device}")
 
     @classmethod
     def _trusted(cls, qdata: torch.Tensor, scale: torch.Tensor, fmt: ElementFormat, axis: int, block_size: int,
                  shape: torch.Size, scale_mode: ScaleMode, rounding: Rounding, scale_layout: str) -> "MXTensor":
         """Build without the checks of ``__post_init__`` (~10 us of host time per tensor): for kernels whose
         outputs have the expected shapes by construction, with every field already normalised (ElementFormat,
-        ScaleMode, Rounding, torch.Size)."""
+        ScaleMode, Rounding, torch.Size). Eager host path only: pytree unflattening and ``torch.compile``
+        use the checked constructor."""
         t = object.__new__(cls)
         t.__dict__.update(qdata=qdata, scale=scale, fmt=fmt, axis=axis, block_size=block_size, shape=shape,
                           scale_mode=scale_mode, rounding=rounding, scale_layout=scale_layout)
@@ -171,10 +196,7 @@ class MXTensor:
         return 8.0 * self.nbytes / max(1, self.shape.numel())
 
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
-        return MXTensor(
-            self.qdata.to(device), self.scale.to(device), self.fmt, self.axis, self.block_size, self.shape,
-            self.scale_mode, self.rounding, self.scale_layout,
-        )
+        return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 
     def plain_scale(self) -> torch.Tensor:
         """The scale as plain E8M0 bytes (``*lead, axis_len // block_size``), undoing a swizzled
@@ -200,6 +222,42 @@ class MXTensor:
             f"MXTensor({self.fmt.name}, shape={tuple(self.shape)}, axis={self.axis}, "
             f"block_size={self.block_size}, scale_mode={self.scale_mode.value}, device={self.device})"
         )
+
+
+# --- pytree: qdata and scale are the leaves, the rest is the (hashable) context ---------------------------
+
+_CONTEXT_FIELDS = ("fmt", "axis", "block_size", "shape", "scale_mode", "rounding", "scale_layout")
+
+
+def _flatten(t: MXTensor) -> tuple[list[torch.Tensor], tuple]:
+    return [t.qdata, t.scale], tuple(getattr(t, f) for f in _CONTEXT_FIELDS)
+
+
+def _flatten_with_keys(t: MXTensor) -> tuple[list[tuple[pytree.KeyEntry, torch.Tensor]], tuple]:
+    leaves, context = _flatten(t)
+    return [(pytree.GetAttrKey("qdata"), leaves[0]), (pytree.GetAttrKey("scale"), leaves[1])], context
+
+
+def _unflatten(leaves, context: tuple) -> MXTensor:
+    return MXTensor(*leaves, *context)
+
+
+def _dumpable_context(context: tuple) -> list:
+    """JSON-ready context (``torch.export`` serialisation): names and values instead of objects."""
+    fmt, axis, block_size, shape, mode, rounding, layout = context
+    return [fmt.name, axis, block_size, list(shape), mode.value, rounding.value, layout]
+
+
+def _context_from_dump(dumped: list) -> tuple:
+    fmt, axis, block_size, shape, mode, rounding, layout = dumped
+    return (get_format(fmt), axis, block_size, torch.Size(shape), ScaleMode.parse(mode), Rounding.parse(rounding),
+            layout)
+
+
+pytree.register_pytree_node(
+    MXTensor, _flatten, _unflatten, serialized_type_name="mxkit.MXTensor", flatten_with_keys_fn=_flatten_with_keys,
+    to_dumpable_context=_dumpable_context, from_dumpable_context=_context_from_dump,
+)
 
 
 def check_out_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:

@@ -1,0 +1,230 @@
+"""mxkit.tensor: MXTensor is frozen, a pytree node (two uint8 leaves), traceable by torch.compile, and its
+constructor names what is inconsistent. Also the error a missing Triton gives for ``backend="triton"``."""
+
+import dataclasses
+import sys
+import time
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import mxkit
+import mxkit.kernels
+from mxkit import MXTensor
+
+FIELDS = [f.name for f in dataclasses.fields(MXTensor)]
+
+
+def _q(fmt="mxfp4", shape=(4, 64), axis=-1, **kw):
+    x = torch.linspace(-3, 5, int(torch.Size(shape).numel())).reshape(shape)
+    return mxkit.quantize(x, fmt, axis=axis, backend="reference", **kw)
+
+
+def _fields(t):
+    return {f: getattr(t, f) for f in FIELDS}
+
+
+def _same(a: MXTensor, b: MXTensor) -> bool:
+    """Equal bytes and equal context fields (MXTensor compares by identity)."""
+    fa, fb = _fields(a), _fields(b)
+    tensors = ("qdata", "scale")
+    return (all(torch.equal(fa.pop(t), fb.pop(t)) for t in tensors) and fa == fb)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# frozen, identity semantics, replace
+
+
+def test_frozen_every_field():
+    q = _q()
+    for f in FIELDS:
+        with pytest.raises(dataclasses.FrozenInstanceError, match=f"cannot assign to field '{f}'"):
+            setattr(q, f, getattr(q, f))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del q.scale
+    # the bytes stay mutable: frozen is about the fields, not the storage
+    q.scale[0, 0] = 0xFF
+    assert int(q.scale[0, 0]) == 0xFF
+
+
+def test_identity_equality_and_hash():
+    q = _q()
+    r = dataclasses.replace(q)
+    assert q == q and q != r and hash(q) != hash(r) and len({q, r}) == 2
+
+
+def test_replace_normalises_and_rechecks():
+    q = _q("mxfp6_e2m3", (2, 96, 3), axis=1)
+    r = dataclasses.replace(q, scale_mode="rceil", rounding="away")
+    assert r.scale_mode is mxkit.ScaleMode.RCEIL and r.rounding is mxkit.Rounding.AWAY
+    assert r.qdata is q.qdata and r.scale is q.scale and r.shape == q.shape and r.axis == 1
+    with pytest.raises(ValueError, match=r"scale has shape \(2, 3, 1\), expected \(2, 3, 3\)"):
+        dataclasses.replace(q, scale=q.scale[..., :1])
+    assert _same(q.to("cpu"), q)
+
+
+def test_trusted_equals_checked():
+    """The kernels' unchecked constructor builds the same object as the checked one, and stays frozen."""
+    q = _q("mxfp8_e4m3", (96, 3), axis=0)
+    t = MXTensor._trusted(**_fields(q))
+    assert _same(t, q)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.axis = 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pytree
+
+
+@pytest.mark.parametrize("fmt, shape, axis, layout", [
+    ("mxfp4", (4, 64), -1, "plain"), ("mxfp6_e3m2", (2, 64, 3), 1, "plain"), ("mxfp8_e4m3", (130, 64), -1,
+                                                                              "nvidia_128x4"),
+])
+def test_pytree_flatten_unflatten_round_trip(fmt, shape, axis, layout):
+    q = _q(fmt, shape, axis=axis, scale_mode="even", scale_layout=layout)
+    leaves, spec = pytree.tree_flatten(q)
+    assert len(leaves) == 2 and leaves[0] is q.qdata and leaves[1] is q.scale  # the leaves: the two tensors
+    assert spec.num_leaves == 2 and spec.type is MXTensor
+    back = pytree.tree_unflatten(leaves, spec)
+    assert type(back) is MXTensor and back is not q and _same(back, q)
+    assert back.qdata is q.qdata and back.scale is q.scale  # no copies
+    # everything that is not a leaf is context: a second tensor of the same metadata has an equal spec
+    assert pytree.tree_structure(dataclasses.replace(q, qdata=q.qdata.clone())) == spec
+    assert pytree.tree_structure(dataclasses.replace(q, rounding="away")) != spec
+    # keyed paths (torch.export) and a JSON round trip of the spec (torch.export serialisation)
+    assert [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(q)[0]] == [".qdata", ".scale"]
+    assert pytree.treespec_loads(pytree.treespec_dumps(spec)) == spec
+    # tree_map rebuilds through the checked constructor
+    mapped = pytree.tree_map_only(torch.Tensor, torch.clone, {"w": q, "n": 3})
+    assert _same(mapped["w"], q) and mapped["w"].qdata is not q.qdata and mapped["n"] == 3
+
+
+def test_pytree_unflatten_checks_leaves():
+    q = _q()
+    leaves, spec = pytree.tree_flatten(q)
+    with pytest.raises(ValueError, match=r"qdata has shape \(4, 16\), expected \(4, 32\)"):
+        pytree.tree_unflatten([leaves[0][:, :16], leaves[1]], spec)
+    with pytest.raises(TypeError, match="scale must be uint8, got torch.float32"):
+        pytree.tree_unflatten([leaves[0], leaves[1].float()], spec)
+
+
+def _flip_signs_halve_scales(q: MXTensor) -> tuple[MXTensor, MXTensor, MXTensor]:
+    """Negate every FP4 element (bit 3 of each nibble) and halve every scale: dequantizes to -x / 2 (no
+    byte-0 or NaN scale in the inputs). Three ways to build the output: constructor, replace, pytree."""
+    qdata, scale = q.qdata ^ 0x88, q.scale - 1
+    a = MXTensor(qdata, scale, q.fmt, q.axis, q.block_size, q.shape, q.scale_mode, q.rounding, q.scale_layout)
+    b = dataclasses.replace(q, qdata=qdata, scale=scale)
+    _, spec = pytree.tree_flatten(q)
+    return a, b, pytree.tree_unflatten([qdata, scale], spec)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_torch_compile_fullgraph_takes_and_returns_mxtensor(backend):
+    """fullgraph=True: any graph break (an untraceable constructor, check or pytree call) is an error.
+    aot_eager runs Dynamo and AOTAutograd (seconds); inductor also generates C++ (about 25 s cold on 2 cores)."""
+    torch._dynamo.reset()
+    q = _q("mxfp4", (8, 64), scale_mode="rceil")
+    assert int(q.scale.min()) > 0 and int(q.scale.max()) < 0xFF
+    t0 = time.perf_counter()
+    outs = torch.compile(_flip_signs_halve_scales, fullgraph=True, backend=backend)(q)
+    print(f"torch.compile(backend={backend!r}) first call: {time.perf_counter() - t0:.1f} s")
+    want = mxkit.dequantize(q) / -2
+    for out, eager in zip(outs, _flip_signs_halve_scales(q)):
+        assert type(out) is MXTensor and _same(out, eager)
+        assert out.fmt is mxkit.MXFP4_E2M1 and out.scale_mode is mxkit.ScaleMode.RCEIL
+        assert torch.equal(mxkit.dequantize(out), want)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bad input
+
+
+def _args(q, **kw):
+    return dict(_fields(q), **kw)
+
+
+@pytest.mark.parametrize("fmt, shape, axis, bad, good, expected, got", [
+    # qdata of an (8, 96) FP4 tensor quantized along K: 96 codes pack into 48 bytes
+    ("mxfp4", (8, 96), 1, "qdata", "scale", (8, 48), (8, 47)),
+    ("mxfp4", (8, 96), 1, "scale", "qdata", (8, 3), (8, 2)),
+    # FP6 along axis 0 of (64, 5): the axis moves last, 64 codes pack into 48 bytes, 2 scales
+    ("mxfp6_e2m3", (64, 5), 0, "qdata", "scale", (5, 48), (64, 5)),
+    ("mxfp6_e2m3", (64, 5), 0, "scale", "qdata", (5, 2), (2, 5)),
+])
+def test_inconsistent_shape_names_the_field(fmt, shape, axis, bad, good, expected, got):
+    q = _q(fmt, shape, axis=axis)
+    arg = torch.zeros(got, dtype=torch.uint8)
+    with pytest.raises(ValueError) as e:
+        MXTensor(**_args(q, **{bad: arg}))
+    msg = str(e.value)
+    assert f"{bad} has shape {got}, expected {expected}" in msg
+    assert f"{good} has shape" not in msg  # the consistent field is not blamed
+    assert f"shape {shape}, axis={axis % len(shape)}, {q.fmt.name}, block_size=32" in msg
+
+
+def test_inconsistent_both_fields_and_swizzled_scale():
+    q = _q("mxfp8_e5m2", (4, 64))
+    with pytest.raises(ValueError, match=r"qdata has shape \(4, 32\), expected \(4, 64\); "
+                                         r"scale has shape \(4, 1\), expected \(4, 2\)"):
+        MXTensor(**_args(q, qdata=q.qdata[:, :32], scale=q.scale[:, :1]))
+    # a swizzled layout pads the 2-D (4, 2) scale to (128, 4)
+    with pytest.raises(ValueError, match=r"scale has shape \(4, 2\), expected \(128, 4\).*'nvidia_128x4'"):
+        MXTensor(**_args(q, scale_layout="nvidia_128x4"))
+
+
+def test_other_bad_fields():
+    q = _q()
+    with pytest.raises(TypeError, match="qdata must be uint8, got torch.int8"):
+        MXTensor(**_args(q, qdata=q.qdata.view(torch.int8)))
+    with pytest.raises(TypeError, match="scale must be a torch.Tensor, got list"):
+        MXTensor(**_args(q, scale=q.scale.tolist()))
+    for axis in (2, -1, True):
+        with pytest.raises(ValueError, match=rf"axis={axis!r} out of range for shape \(4, 64\)"):
+            MXTensor(**_args(q, axis=axis))
+    with pytest.raises(ValueError, match=r"shape\[1\]=64 \(shape \(4, 64\)\) is not a multiple of block_size=48"):
+        MXTensor(**_args(q, block_size=48))
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        MXTensor(**_args(q, block_size=0))
+    with pytest.raises(ValueError, match="unknown MX format 'mxfp5'"):
+        MXTensor(**_args(q, fmt="mxfp5"))
+
+
+def test_device_mismatch_meta():
+    """The device check without a GPU: a meta-device qdata (shape and dtype only) beside a CPU scale."""
+    q = _q()
+    with pytest.raises(ValueError, match="qdata and scale must be on one device: qdata is on meta, scale on cpu"):
+        MXTensor(**_args(q, qdata=q.qdata.to("meta")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_mismatch_cuda_qdata_cpu_scale():
+    q = _q()
+    with pytest.raises(ValueError, match="qdata and scale must be on one device: qdata is on cuda:0, scale on cpu"):
+        MXTensor(**_args(q, qdata=q.qdata.cuda()))
+    with pytest.raises(ValueError, match="qdata is on cpu, scale on cuda:0"):
+        MXTensor(**_args(q, scale=q.scale.cuda()))
+    g = q.to("cuda")  # both moved: consistent
+    assert g.device.type == "cuda" and g.scale.device == g.qdata.device
+
+
+# ---------------------------------------------------------------------------------------------------------
+# backend="triton" without Triton
+
+
+def test_backend_triton_without_triton_names_the_extra(monkeypatch):
+    """Both the lazy check (``triton_available``) and a real import fail, whichever ops.py consults."""
+    x = torch.randn(4, 64)
+    q = mxkit.quantize(x, "mxfp4", backend="reference")
+    real = mxkit.kernels.triton_available
+    real.cache_clear()
+    monkeypatch.setattr(mxkit.kernels, "triton_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    try:
+        with pytest.raises((ImportError, RuntimeError), match=r"mxkit\[triton\]"):
+            mxkit.quantize(x, "mxfp4", backend="triton")
+        with pytest.raises((ImportError, RuntimeError), match=r"mxkit\[triton\]"):
+            mxkit.dequantize(q, backend="triton")
+    finally:
+        real.cache_clear()

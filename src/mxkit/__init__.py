@@ -18,7 +18,17 @@ from .formats import (
     ScaleMode,
     get_format,
 )
-from .ops import cast_transpose, dequantize, matmul, quantize
+from .ops import (
+    cast_transpose,
+    dequantize,
+    gemm_plan,
+    matmul,
+    pack_weight,
+    quantize,
+    quantize_fold,
+    quantize_fp8_rowwise,
+)
+from .packed import Fp8Rowwise, PackedWeight
 from .tensor import MXTensor
 
 __version__ = "0.1.0"
@@ -42,6 +52,12 @@ __all__ = [
     "MXINT8",
     "ElementFormat",
     "MXTensor",
+    "Fp8Rowwise",
+    "PackedWeight",
+    "gemm_plan",
+    "pack_weight",
+    "quantize_fold",
+    "quantize_fp8_rowwise",
     "cast_transpose",
     "Rounding",
     "ScaleMode",

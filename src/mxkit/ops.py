@@ -14,9 +14,14 @@ import torch
 
 from . import reference
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
+from .fold import Folded, quantize_fold_reference
+from .packed import Fp8Rowwise, PackedWeight
 from .tensor import MXTensor
 
-__all__ = ["quantize", "cast_transpose", "dequantize", "matmul", "BACKENDS"]
+__all__ = [
+    "quantize", "cast_transpose", "dequantize", "matmul", "pack_weight", "gemm_plan", "quantize_fold",
+    "quantize_fp8_rowwise", "BACKENDS",
+]
 
 BACKENDS = ("auto", "reference", "triton")
 
@@ -24,10 +29,12 @@ BACKENDS = ("auto", "reference", "triton")
 def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend == "auto":
-        from .kernels import triton_available
+    from .kernels import triton_available
 
+    if backend == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "reference"
+    if backend == "triton" and not triton_available():
+        raise ImportError("backend='triton' needs Triton, which failed to import: pip install 'mxkit[triton]'")
     return backend
 
 
@@ -119,19 +126,114 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     return reference.dequantize_reference(q, dtype)
 
 
+GemmOperandA = Union[torch.Tensor, MXTensor, Folded, Fp8Rowwise]
+
+
+def _gemm_backend(a, b, backend: str) -> str:
+    w = b.source if isinstance(b, PackedWeight) else b
+    if not isinstance(w, MXTensor):
+        raise TypeError(f"b must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "triton" if w.device.type == "cuda" else "reference"
+    if backend == "triton" and w.device.type == "cuda":
+        return _resolve_backend(backend, w.device)
+    return backend  # "triton" on CPU runs the same paths from CPU parts (fold reference, CPU _scaled_mm)
+
+
+def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: Optional[torch.dtype] = None,
+              backend: str = "auto"):
+    """Which path :func:`matmul` takes for ``(a, b)`` and why: a :class:`mxkit.kernels.matmul.GemmPlan`
+    (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
+    :data:`mxkit.kernels.matmul.PATHS`; every one is exact (float32 accumulation, one output rounding).
+    May read the scale extrema of an MX ``a`` (one host sync)."""
+    from .kernels.matmul import GemmPlan, plan_gemm
+
+    p = plan_gemm(a, b, out_dtype)
+    if _gemm_backend(a, b, backend) == "reference":
+        why = "backend='reference'" if backend == "reference" else f"operands on {b.device} (no GPU paths)"
+        return GemmPlan("reference", why, p.M, p.N, p.K, p.out_dtype)
+    return p
+
+
 def matmul(
-    a: Union[torch.Tensor, MXTensor],
-    b: MXTensor,
+    a: GemmOperandA,
+    b: Union[MXTensor, PackedWeight],
     *,
+    bias: Optional[torch.Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """``y = a @ b.T`` with ``b`` an MX weight (N, K) quantized along K (``nn.Linear`` layout).
+    """``y = a @ b.T + bias`` with ``b`` an MX weight (N, K) quantized along K (``nn.Linear`` layout).
 
-    a: float (..., K) or an MXTensor quantized along its last axis. Returns (..., N) in ``out_dtype``
-    (default: ``a.dtype``, or bfloat16 for an MXTensor ``a``). Today every backend computes on the
-    dequantized operands in float32 (:func:`mxkit.reference.matmul_reference`); scaled-GEMM kernels will
-    plug in here.
+    a: float tensor (..., K) (float32 | bfloat16 | float16), an MXTensor quantized along its last axis, a
+      :class:`mxkit.fold.Folded` (from :func:`quantize_fold`) or an :class:`mxkit.Fp8Rowwise` (W4A8).
+    b: MXTensor (N, K) along K, or a :class:`mxkit.PackedWeight` (:func:`pack_weight`: pack once, call many).
+    bias: optional (N,), added in float32 before the output rounding.
+    out_dtype: default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
+    Returns (..., N). On CUDA the path is chosen by :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6
+    pairs, cuBLAS bf16 for the rest); every path is exact: its error is float32 accumulation plus one output
+    rounding (issue #22's bound). ``backend="reference"`` (and CPU under ``"auto"``) computes in float32 on the
+    dequantized operands (:func:`mxkit.reference.matmul_reference`).
+    Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
     """
-    _resolve_backend(backend, b.device)
-    return reference.matmul_reference(a, b, out_dtype=out_dtype)
+    from .kernels.matmul import plan_gemm, reference_gemm, run_gemm
+
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1):
+        raise ValueError(f"bias must be a 1-D tensor (N,), got {getattr(bias, 'shape', type(bias).__name__)}")
+    plan = plan_gemm(a, b, out_dtype)
+    if bias is not None and (bias.shape[0] != plan.N or bias.device != b.device):
+        raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {b.device}")
+    if _gemm_backend(a, b, backend) == "reference":
+        return reference_gemm(a, b, plan.out_dtype, bias)
+    return run_gemm(a, b, plan, bias)
+
+
+def pack_weight(w: MXTensor) -> PackedWeight:
+    """One-time re-layout of an MX weight (N, K) along K for :func:`matmul` (``data tiling``): FP4 / FP6
+    weights are folded to FP8 E4M3 with power-of-two row scales (exact), every weight gets its scale
+    envelope. Returns a :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). See
+    :func:`mxkit.kernels.matmul.pack_weight`."""
+    from .kernels.matmul import pack_weight as impl
+
+    return impl(w)
+
+
+def quantize_fold(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    block_size: int = BLOCK_SIZE,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+    backend: str = "auto",
+) -> Folded:
+    """Quantize activations x (..., K) to MX ``fmt`` (FP4 / FP6) along K and fold them to FP8 E4M3 with one
+    power-of-two scale per row, in one pass over x on CUDA: the ``a`` operand of the fold-fp8 GEMM path.
+    Byte-identical to ``mxkit.fold.fold_reference(quantize(x, fmt, ...))``. Raises ValueError for a format
+    that does not fold (FP8, INT8) and on the bad inputs :func:`quantize` rejects."""
+    if _resolve_backend(backend, x.device) == "triton":
+        from .kernels.fold import quantize_fold_triton
+
+        return quantize_fold_triton(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
+    return quantize_fold_reference(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
+
+
+def quantize_fp8_rowwise(x: torch.Tensor) -> Fp8Rowwise:
+    """FP8 E4M3 activations with one float32 scale per row (TensorRT-LLM's per-token FP8, the W4A8 ``a``):
+    scale = amax(|row|) / 448 (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest even.
+
+    x: (..., K) float32 | bfloat16 | float16. Returns :class:`mxkit.Fp8Rowwise` (data (..., K), scale (..., 1)).
+    A row holding NaN gets a NaN scale. Raises TypeError on other dtypes, ValueError on a 0-dim x.
+    """
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., K)")
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(dim=-1, keepdim=True) if x.shape[-1] else torch.zeros(*x.shape[:-1], 1, device=x.device)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    scale = torch.where(torch.isnan(amax), amax, scale)
+    data = (xf / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return Fp8Rowwise(data.contiguous(), scale.contiguous())

@@ -8,7 +8,13 @@ buffer. The bias stays in the original dtype.
 
 With ``act_format`` set, the input is quantized along K on every call (dynamic, per block of
 ``block_size``, same scale rule) and the MX pair goes to :func:`mxkit.matmul` — a fake-quant of the input
-as in torchao's ``MXLinear`` and microxcaling's ``MxLinear``.
+as in torchao's ``MXLinear`` and microxcaling's ``MxLinear``. On CUDA an FP4 / FP6 pair is quantized and
+folded in one pass (:func:`mxkit.quantize_fold`) and runs on the FP8 tensor cores; ``act_format=
+"fp8_e4m3_rowwise"`` quantizes the input to FP8 E4M3 with a scale per row (TensorRT-LLM's W4A8).
+
+On CUDA the weight is packed once (:func:`mxkit.pack_weight`: FP4 / FP6 weights folded to FP8 E4M3 with
+row scales) when the module is built by :meth:`MXLinear.from_linear`, moved by ``.to()`` or loaded by
+``load_state_dict``; the packed copy is not part of the ``state_dict`` (it is rebuilt from the MX bytes).
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from ..ops import dequantize, matmul, quantize
+from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fold, quantize_fp8_rowwise
+from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..tensor import MXTensor
 
-__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike"]
+__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
+
+FP8_ROWWISE = "fp8_e4m3_rowwise"  # act_format of W4A8: FP8 E4M3 activations, one float32 scale per row
 
 SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
@@ -53,7 +62,8 @@ class MXLinear(nn.Module):
       in_features, out_features: as ``nn.Linear``; ``in_features % block_size`` must be 0.
       weight_format: element format of the weight (``"mxfp4"``, ``"mxfp8_e4m3"``, …).
       bias: add a bias (kept as an ``nn.Parameter`` of ``dtype``).
-      act_format: optional element format for the input, quantized along K on the fly.
+      act_format: optional element format for the input, quantized along K on the fly, or
+        ``"fp8_e4m3_rowwise"`` (W4A8: FP8 E4M3 with a float32 scale per row).
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` (weight and activation).
       device / dtype: of the bias and of the output when the input has that dtype (the weight
         buffers are uint8).
@@ -89,7 +99,7 @@ class MXLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.weight_format: ElementFormat = fmt
-        self.act_format: Optional[ElementFormat] = None if act_format is None else get_format(act_format)
+        self.act_format: Optional[Union[ElementFormat, str]] = _parse_act(act_format)
         self.scale_mode = ScaleMode.parse(scale_mode)
         self.rounding = Rounding.parse(rounding)
         self.block_size = block_size
@@ -100,6 +110,18 @@ class MXLinear(nn.Module):
             self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype or torch.float32))
         else:
             self.register_parameter("bias", None)
+        self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
+        self.register_load_state_dict_post_hook(_repack_after_load)
+
+    def repack(self) -> None:
+        """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU)."""
+        self._packed = pack_weight(self.weight_mx) if self.weight_qdata.is_cuda else None
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self._packed is not None or self.weight_qdata.is_cuda:
+            self.repack()
+        return out
 
     @classmethod
     def from_linear(
@@ -129,6 +151,7 @@ class MXLinear(nn.Module):
                      rounding=mod.rounding)
         mod.weight_qdata.copy_(q.qdata)
         mod.weight_scale.copy_(q.scale)
+        mod.repack()
         if linear.bias is not None:
             mod.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
         return mod
@@ -151,17 +174,24 @@ class MXLinear(nn.Module):
         return self.weight_qdata.numel() + self.weight_scale.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a: Union[torch.Tensor, MXTensor] = x
-        if self.act_format is not None:
-            a = quantize(x, self.act_format, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
+        w = self._packed if self._packed is not None else self.weight_mx
+        a = x
+        act = self.act_format
+        if act == FP8_ROWWISE:
+            a = quantize_fp8_rowwise(x)
+        elif act is not None and x.is_cuda and can_fold(act) and can_fold(self.weight_format):
+            a = quantize_fold(x, act, block_size=self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
+        elif act is not None:
+            a = quantize(x, act, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
                          rounding=self.rounding)
-        y = matmul(a, self.weight_mx, out_dtype=x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y
+        bias = None if self.bias is None else self.bias.detach()
+        if torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None and self.bias.requires_grad)):
+            y = matmul(a, w, out_dtype=x.dtype)  # autograd: the bias add stays a torch op
+            return y if self.bias is None else y + self.bias.to(y.dtype)
+        return matmul(a, w, bias=bias.to(torch.float32) if bias is not None else None, out_dtype=x.dtype)
 
     def extra_repr(self) -> str:
-        act = self.act_format.name if self.act_format is not None else None
+        act = getattr(self.act_format, "name", self.act_format)
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"weight_format={self.weight_format.name}, act_format={act}, scale_mode={self.scale_mode.value}, "
@@ -193,6 +223,18 @@ class LayerReport:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _repack_after_load(module: "MXLinear", incompatible_keys) -> None:
+    module.repack()
+
+
+def _parse_act(act_format) -> Optional[Union[ElementFormat, str]]:
+    if act_format is None:
+        return None
+    if isinstance(act_format, str) and act_format.lower() == FP8_ROWWISE:
+        return FP8_ROWWISE
+    return get_format(act_format)
 
 
 def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
@@ -243,12 +285,12 @@ def quantize_model(
     from tqdm.auto import tqdm
 
     fmt = get_format(weight_format)
-    act = None if act_format is None else get_format(act_format)
+    act = _parse_act(act_format)
     mode = ScaleMode.parse(scale_mode)
     rnd = Rounding.parse(rounding)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if block_size % fmt.pack or (act is not None and block_size % act.pack):
+    if block_size % fmt.pack or (isinstance(act, ElementFormat) and block_size % act.pack):
         raise ValueError(f"{block_size=} is not a multiple of the element packing of {fmt.name}")
     should_skip = _skip_matcher(skip)
     if isinstance(model, nn.Linear):

@@ -1,0 +1,451 @@
+"""Scaled MX GEMMs ``y = a @ b.T`` on Hopper: the plan (which path a call takes, and why) and the paths.
+
+Hopper has no MX tensor-core instruction, so every path re-expresses the MX operands exactly in a type the
+tensor cores do take, then accumulates in float32 (the numerics bound of issue #22: the error is that of
+float32 accumulation plus one output rounding):
+
+``fold-fp8``
+    FP4 / FP6 × FP4 / FP6. Each row of 32-element blocks is folded into FP8 E4M3 with one power-of-two
+    float32 scale per row (:mod:`mxkit.fold`; exact when the row's block scales span at most the format's
+    fold range, e.g. 14 for E2M1), then cuBLAS' FP8 GEMM with rowwise scales (``torch._scaled_mm``).
+``w4a8-fp8``
+    FP4 / FP6 weights × FP8 E4M3 activations with a float32 scale per row (:class:`mxkit.Fp8Rowwise`,
+    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM.
+``bf16-exact``
+    Any other MX × MX pair: both dequantized to bf16 (every MX value times its E8M0 scale is exact in bf16
+    inside the envelope checked here), then cuBLAS bf16 with float32 accumulation.
+``dense-exact``
+    bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
+    activation dtype (exact inside the envelope), then cuBLAS.
+``fp32-exact``
+    Everything outside those envelopes: float32 operands (exact MX values), float32 GEMM with TF32 off.
+
+Rows the fold path cannot take (a row whose block scales span more than the fold range, or a row scale
+outside the FP8 epilogue's envelope) are computed through the float32 route and written into the same
+output, so no shape or value ever takes an inexact path silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from .. import reference
+from ..fold import Folded, can_fold, fold_reference
+from ..formats import ElementFormat, decode_elements
+from ..packed import Fp8Rowwise, PackedWeight
+from ..tensor import MXTensor, check_out_dtype
+
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT"]
+
+PATHS = {
+    "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
+    "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
+    "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
+    "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
+    "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
+    "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
+}
+
+# A folded row scale 2^e with |e| <= FOLD_EXP_LIMIT keeps cuBLAS' float32 epilogue (acc * scale_a * scale_b)
+# normal for every non-zero accumulator: |acc| lies in [2^-18, 2^32] (products of E4M3 values are multiples
+# of 2^-18), so acc * 2^(ea + eb) stays within [2^-126, 2^140] (overflow only where the true result does).
+FOLD_EXP_LIMIT = 54
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Which path ``mxkit.matmul(a, b)`` takes, and why (:func:`mxkit.gemm_plan`).
+
+    path: a key of :data:`PATHS`; reason: one line; exact: always True (every path is exact up to float32
+    accumulation and output rounding); M, N, K: the GEMM's extents (M = rows of ``a`` flattened);
+    out_dtype: the output dtype.
+    """
+
+    path: str
+    reason: str
+    M: int
+    N: int
+    K: int
+    out_dtype: torch.dtype
+    exact: bool = True
+
+
+# --------------------------------------------------------------------------------------------------------
+# envelopes
+
+
+@functools.lru_cache(maxsize=None)
+def exact_scale_range(fmt: ElementFormat, dtype: torch.dtype) -> tuple[int, int]:
+    """The E8M0 bytes ``[lo, hi]`` for which every element value of ``fmt`` times 2^(s - 127) is finite and
+    exactly representable in ``dtype`` (derived by enumerating the element codes in float64).
+
+    Returns ``(1, 0)`` (an empty range) when no scale byte qualifies.
+    """
+    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
+    vals = decode_elements(codes, fmt).to(torch.float64)
+    vals = vals[torch.isfinite(vals)]
+    ok = []
+    for s in range(255):
+        v = vals * 2.0 ** (s - 127)
+        back = v.to(dtype).to(torch.float64)
+        ok.append(bool(torch.isfinite(back).all()) and bool(torch.equal(back, v)))
+    good = [s for s, g in enumerate(ok) if g]
+    if not good:
+        return 1, 0
+    lo, hi = good[0], good[-1]
+    assert all(ok[lo : hi + 1]), f"the exact range of {fmt.name} in {dtype} is not an interval"
+    return lo, hi
+
+
+def _scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
+    """(smallest, largest) E8M0 byte other than 0xFF, and whether a 0xFF byte occurs (one host sync)."""
+    s = scale.reshape(-1).to(torch.int16)
+    nan = s == 0xFF
+    lo = torch.where(nan, 255, s).min() if s.numel() else torch.tensor(255)
+    hi = torch.where(nan, -1, s).max() if s.numel() else torch.tensor(-1)
+    lo, hi, any_nan = torch.stack([lo.to(torch.int32), hi.to(torch.int32), nan.any().to(torch.int32)]).tolist()
+    return lo, hi, bool(any_nan)
+
+
+def _in_range(lo: int, hi: int, rng: tuple[int, int]) -> bool:
+    return hi < lo or (rng[0] <= lo and hi <= rng[1])  # hi < lo: no finite scale at all
+
+
+# --------------------------------------------------------------------------------------------------------
+# packing
+
+
+def _fold(q: MXTensor) -> Folded:
+    if q.device.type == "cuda":
+        from .fold import fold_triton
+
+        return fold_triton(q)
+    return fold_reference(q)
+
+
+def _dequantize(q: MXTensor, dtype: torch.dtype) -> torch.Tensor:
+    if q.device.type == "cuda":
+        from .quantize import dequantize_triton
+
+        return dequantize_triton(q, dtype)
+    return reference.dequantize_reference(q, dtype)
+
+
+def _plain(q: MXTensor) -> MXTensor:
+    if q.scale_layout == "plain":
+        return q
+    import dataclasses
+
+    return dataclasses.replace(q, scale=q.plain_scale().contiguous(), scale_layout="plain")
+
+
+def _check_weight(b: MXTensor) -> None:
+    if not isinstance(b, MXTensor):
+        raise TypeError(f"b must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
+    if b.ndim != 2 or b.axis != 1:
+        raise ValueError(f"b must be 2-D (N, K) quantized along K (axis=1); got shape {tuple(b.shape)}, axis={b.axis}")
+
+
+def _special_rows(f: Folded, rows: int) -> torch.Tensor:
+    """Rows of a folded operand that the FP8 path cannot take: owners of extra slices, and non-zero rows whose
+    scale exponent lies outside +-FOLD_EXP_LIMIT (one host sync)."""
+    s = f.scale[:rows]
+    lim = 2.0 ** FOLD_EXP_LIMIT
+    out_env = ~((s >= 1.0 / lim) & (s <= lim)) & ~torch.isnan(s)
+    cand = torch.nonzero(out_env).flatten()
+    if cand.numel():  # an all-zero row's product is 0 whatever its scale
+        nonzero = (f.data[cand].view(torch.uint8) & 0x7F).amax(dim=1) > 0
+        cand = cand[nonzero]
+    if f.owner.numel():
+        cand = torch.cat([cand, f.owner.to(cand.device)])
+    return torch.unique(cand)
+
+
+def pack_weight(w: MXTensor) -> PackedWeight:
+    """One-time re-layout of an MX weight (N, K) along K into what the GEMM paths read (see PackedWeight).
+
+    FP4 / FP6 weights are folded to FP8 E4M3 with row scales (a memory-bound kernel on CUDA, the reference
+    on CPU); every weight gets its scale extrema (one host sync). Raises TypeError / ValueError on a weight
+    that is not an MXTensor (N, K) along K.
+    """
+    if isinstance(w, PackedWeight):
+        return w
+    _check_weight(w)
+    w = _plain(w)
+    folded = _fold(w) if can_fold(w.fmt) else None
+    lo, hi, nan = _scale_extrema(w.scale)
+    if folded is not None:
+        special = _special_rows(folded, w.shape[0])
+    else:
+        special = torch.zeros(0, dtype=torch.int64, device=w.device)
+    return PackedWeight(w, folded, lo, hi, nan, special)
+
+
+# --------------------------------------------------------------------------------------------------------
+# the plan
+
+
+def _a_kind(a) -> str:
+    if isinstance(a, MXTensor):
+        return "mx"
+    if isinstance(a, Folded):
+        return "folded"
+    if isinstance(a, Fp8Rowwise):
+        return "fp8_rowwise"
+    if isinstance(a, torch.Tensor):
+        return "float"
+    raise TypeError(f"a must be a float tensor, an MXTensor, a Folded or an Fp8Rowwise, got {type(a).__name__}")
+
+
+def _a_rows_k(a, kind: str) -> tuple[int, int]:
+    if kind == "mx":
+        if a.axis != a.ndim - 1:
+            raise ValueError(f"an MXTensor a must be quantized along its last axis, got axis={a.axis}")
+        return a.shape[:-1].numel(), a.shape[-1]
+    if kind == "folded":
+        return a.rows(), a.data.shape[-1]
+    if kind == "fp8_rowwise":
+        return a.data.shape[:-1].numel(), a.data.shape[-1]
+    if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"a.dtype={a.dtype} is not supported; expected float32, bfloat16 or float16")
+    if a.dim() < 1:
+        raise ValueError("a must have at least one dimension (..., K)")
+    return a.shape[:-1].numel(), a.shape[-1]
+
+
+def _a_device(a, kind: str) -> torch.device:
+    return a.data.device if kind in ("folded", "fp8_rowwise") else a.device
+
+
+def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dtype] = None) -> GemmPlan:
+    """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. May read the scale extrema of
+    an MX ``a`` (one host sync). Raises TypeError / ValueError on operands that do not fit together."""
+    kind = _a_kind(a)
+    w = b.source if isinstance(b, PackedWeight) else b
+    _check_weight(w)
+    M, K = _a_rows_k(a, kind)
+    N = w.shape[0]
+    if K != w.shape[1]:
+        raise ValueError(f"K mismatch: a has K={K}, b (N, K) = {tuple(w.shape)}")
+    dev = _a_device(a, kind)
+    if dev != w.device:
+        raise ValueError(f"a is on {dev} but b on {w.device}")
+    default = a.dtype if kind == "float" else torch.bfloat16
+    out = check_out_dtype(out_dtype or default)
+
+    def plan(path: str, reason: str) -> GemmPlan:
+        return GemmPlan(path, reason, M, N, K, out)
+
+    wf = w.fmt
+    if kind in ("mx", "folded") and can_fold(wf) and (kind == "folded" or can_fold(a.fmt)):
+        return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
+    if kind == "fp8_rowwise" and can_fold(wf):
+        return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
+    lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
+    if kind == "mx":
+        alo, ahi, _ = _scale_extrema(a.scale)
+        if _in_range(alo, ahi, exact_scale_range(a.fmt, torch.bfloat16)) and _in_range(
+                lo, hi, exact_scale_range(wf, torch.bfloat16)):
+            return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: every value is exact in bf16 "
+                                      f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
+        return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
+    if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
+        rng = exact_scale_range(wf, a.dtype)
+        if _in_range(lo, hi, rng):
+            return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
+                                       f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
+        return plan("fp32-exact", f"{wf.name} weight scale bytes [{lo}, {hi}] outside the {a.dtype}-exact "
+                                  f"range [{rng[0]}, {rng[1]}]")
+    if kind == "float":
+        return plan("fp32-exact", "float32 activations")
+    return plan("fp32-exact", f"{kind} activations x {wf.name} weight: no folded FP8 path for this pair")
+
+
+# --------------------------------------------------------------------------------------------------------
+# the paths
+
+
+@contextlib.contextmanager
+def _exact_cublas():
+    """TF32 off and no reduced-precision split-K reductions for the duration (cuBLAS reads these per call)."""
+    m = torch.backends.cuda.matmul
+    saved = (m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction)
+    m.allow_tf32 = False
+    m.allow_bf16_reduced_precision_reduction = False
+    m.allow_fp16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = saved
+
+
+def _values_fp32(a, kind: str) -> torch.Tensor:
+    """a's exact values as float32 (R, K) (Fp8Rowwise: the E4M3 values only; its row scale is applied after)."""
+    if kind == "mx":
+        return _dequantize(_plain(a), torch.float32).reshape(-1, a.shape[-1])
+    if kind == "folded":
+        return _unfold_fp32(a)
+    if kind == "fp8_rowwise":
+        return a.data.reshape(-1, a.data.shape[-1]).to(torch.float32)
+    return a.reshape(-1, a.shape[-1]).to(torch.float32)
+
+
+def _unfold_fp32(f: Folded, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Exact float32 values of a Folded's rows (sum of its slices; NaN rows NaN)."""
+    R = f.rows()
+    vals = f.data[:R].to(torch.float32) * f.scale[:R, None]
+    if f.owner.numel():
+        extra = f.data[R:].to(torch.float32) * f.scale[R:, None]
+        vals = vals.index_add(0, f.owner.to(vals.device), extra)  # disjoint blocks: exact
+    return vals if rows is None else vals[rows]
+
+
+def _fp32_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with _exact_cublas():
+        return x @ w.t()
+
+
+def _row_scale(kind: str, a, R: int) -> Optional[torch.Tensor]:
+    return a.scale.reshape(R, 1) if kind == "fp8_rowwise" else None
+
+
+def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: torch.dtype,
+              bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """cuBLAS FP8 GEMM with rowwise float32 scales: (A * sa) @ (B * sb).T [+ bias], one output rounding."""
+    B = fb.data[:N]
+    sb = fb.scale[:N].reshape(1, N).contiguous()
+    sa = sa.contiguous()
+    if N % 16:  # cuBLAS FP8 needs N % 16 == 0: pad with zero rows (a copy of B per call; real N are multiples)
+        pad = 16 - N % 16
+        B = torch.cat([B, B.new_zeros(pad, B.shape[1])])
+        sb = torch.cat([sb, sb.new_ones(1, pad)], dim=1)
+        return _fp8_gemm(A, sa, Folded(B, sb.reshape(-1), fb.owner[:0], fb.fmt, torch.Size([N + pad])),
+                         N + pad, out_dtype, None if bias is None else torch.cat([bias, bias.new_zeros(pad)])
+                         )[:, :N].contiguous()
+    if out_dtype == torch.bfloat16 and bias is None:
+        return torch._scaled_mm(A, B.t(), sa, sb, out_dtype=torch.bfloat16)
+    y = torch._scaled_mm(A, B.t(), sa, sb, out_dtype=torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
+
+
+def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional[torch.Tensor] = None
+             ) -> torch.Tensor:
+    """Execute ``plan`` (from :func:`plan_gemm` on the same operands). Returns (..., N) in plan.out_dtype."""
+    kind = _a_kind(a)
+    lead = _lead_shape(a, kind)
+    M, N, K, out = plan.M, plan.N, plan.K, plan.out_dtype
+    path = plan.path
+    if path == "reference":
+        return reference_gemm(a, b, out, bias)
+    packed = b if isinstance(b, PackedWeight) else None
+    w = packed.source if packed is not None else _plain(b)
+    if path in ("fold-fp8", "w4a8-fp8"):
+        pw = packed if packed is not None else pack_weight(w)
+        fb = pw.folded
+        if kind == "fp8_rowwise":
+            A = a.data.reshape(M, K)
+            sa = a.scale.reshape(M, 1)
+            a_special = torch.zeros(0, dtype=torch.int64, device=A.device)
+        else:
+            fa = a if kind == "folded" else _fold(_plain(a))
+            A = fa.data[:M]
+            sa = fa.scale[:M].reshape(M, 1)
+            a_special = _special_rows(fa, M)
+        y = _fp8_gemm(A, sa, fb, N, out, bias)
+        b_special = pw.special_rows
+        if a_special.numel() or b_special.numel():
+            y = _fix_special(y, a, kind, M, pw, a_special, b_special, bias)
+        return y.reshape(*lead, N)
+    if path == "bf16-exact":
+        xa = _dequantize(_plain(a), torch.bfloat16).reshape(M, K)
+        wb = _dequantize(w, torch.bfloat16)
+        y = _dense(xa, wb, out)
+    elif path == "dense-exact":
+        wb = _dequantize(w, a.dtype)
+        y = _dense(a.reshape(M, K), wb, out)
+    elif path == "fp32-exact":
+        y = _fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
+        rs = _row_scale(kind, a, M)
+        if rs is not None:
+            y = y * rs
+    else:
+        raise ValueError(f"unknown GEMM path {path!r}; known: {', '.join(PATHS)}")
+    if bias is not None:
+        y = y.to(torch.float32) + bias.to(torch.float32)
+    return y.to(out).reshape(*lead, N)
+
+
+def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """x @ w.T for 16-bit x, w with float32 accumulation; output in ``out`` with one rounding."""
+    with _exact_cublas():
+        if out == x.dtype or x.device.type != "cuda":
+            return (x @ w.t()) if x.device.type == "cuda" else (x.float() @ w.float().t()).to(out)
+        try:
+            return torch.mm(x, w.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            return x.float() @ w.float().t()
+
+
+def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows: torch.Tensor,
+                 b_rows: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Recompute the output rows of ``a_rows`` and columns of ``b_rows`` through the float32 route."""
+    y = y.clone()
+    rs = _row_scale(kind, a, M)
+    if a_rows.numel():
+        xa = _values_fp32(a, kind)[a_rows]
+        part = _fp32_gemm(xa, _dequantize(pw.source, torch.float32))
+        if rs is not None:
+            part = part * rs[a_rows]
+        if bias is not None:
+            part = part + bias.to(torch.float32)
+        y[a_rows] = part.to(y.dtype)
+    if b_rows.numel():
+        xw = _unfold_fp32(pw.folded, b_rows)
+        part = _fp32_gemm(_values_fp32(a, kind), xw)
+        if rs is not None:
+            part = part * rs
+        if bias is not None:
+            part = part + bias[b_rows].to(torch.float32)
+        y[:, b_rows] = part.to(y.dtype)
+    return y
+
+
+def _lead_shape(a, kind: str) -> tuple:
+    if kind == "mx":
+        return tuple(a.shape[:-1])
+    if kind == "folded":
+        return tuple(a.lead_shape)
+    if kind == "fp8_rowwise":
+        return tuple(a.data.shape[:-1])
+    return tuple(a.shape[:-1])
+
+
+def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The reference twin: float32 matmul of the exact operand values (any a kind), then bias, then ``out``."""
+    kind = _a_kind(a)
+    w = b.source if isinstance(b, PackedWeight) else b
+    if kind == "mx":
+        y = reference.matmul_reference(a, w, out_dtype=torch.float32)
+    else:
+        xa = (reference_unfold(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
+        y = xa @ reference.dequantize_reference(w, torch.float32).t()
+        rs = _row_scale(kind, a, xa.shape[0])
+        if rs is not None:
+            y = y * rs
+        y = y.reshape(*_lead_shape(a, kind), w.shape[0])
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out)
+
+
+def reference_unfold(f: Folded) -> torch.Tensor:
+    from ..fold import unfold_reference
+
+    return unfold_reference(f).to(torch.float32)

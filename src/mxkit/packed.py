@@ -1,0 +1,146 @@
+"""Operands prepared for the scaled GEMMs: :class:`PackedWeight` (an MX weight re-laid-out once, at
+``pack_weight`` time) and :class:`Fp8Rowwise` (FP8 E4M3 activations with one float32 scale per row, the
+W4A8 serving mode of TensorRT-LLM).
+
+Plain data, like :class:`~mxkit.MXTensor`: frozen dataclasses of tensors, registered as pytree nodes, with
+``to(device)`` and ``state_dict()`` / ``from_state_dict()`` for save and load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+import torch.utils._pytree as pytree
+
+from .fold import Folded
+from .formats import ElementFormat, Rounding, ScaleMode
+from .tensor import MXTensor
+
+__all__ = ["PackedWeight", "Fp8Rowwise"]
+
+
+@dataclass(frozen=True, eq=False)
+class Fp8Rowwise:
+    """FP8 E4M3 activations with one float32 scale per row: value = ``data.float() * scale``.
+
+    data: torch.float8_e4m3fn (..., K); scale: float32 (..., 1). Made by :func:`mxkit.quantize_fp8_rowwise`
+    (scale = row amax / 448, TensorRT-LLM's per-token FP8) or by the caller. Raises TypeError / ValueError
+    on wrong dtypes, shapes or devices.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"Fp8Rowwise data must be a torch.float8_e4m3fn tensor, got "
+                            f"{getattr(self.data, 'dtype', type(self.data).__name__)}")
+        if not isinstance(self.scale, torch.Tensor) or self.scale.dtype != torch.float32:
+            raise TypeError(f"Fp8Rowwise scale must be a float32 tensor, got "
+                            f"{getattr(self.scale, 'dtype', type(self.scale).__name__)}")
+        if self.data.dim() < 1 or tuple(self.scale.shape) != tuple(self.data.shape[:-1]) + (1,):
+            raise ValueError(f"Fp8Rowwise scale has shape {tuple(self.scale.shape)}, expected "
+                             f"{tuple(self.data.shape[:-1]) + (1,)} for data of shape {tuple(self.data.shape)}")
+        if self.data.device != self.scale.device:
+            raise ValueError(f"Fp8Rowwise data is on {self.data.device} but scale on {self.scale.device}")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def to(self, device: Union[str, torch.device]) -> "Fp8Rowwise":
+        return Fp8Rowwise(self.data.to(device), self.scale.to(device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.data.to(torch.float32) * self.scale).to(dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """An MX weight (N, K), quantized along K, in the layouts the GEMM paths read (:func:`mxkit.pack_weight`).
+
+    Fields:
+      source: the MX weight itself (plain scale layout): element codes uint8 and E8M0 scales; the exact
+        reference and every path that reads MX bytes use it. Always kept.
+      folded: for FP4 / FP6 weights, the same values re-expressed as FP8 E4M3 with one float32 power-of-two
+        scale per row (:class:`mxkit.fold.Folded`, exact by construction); rows whose block scales span more
+        than the format's fold range also have extra slice rows (``folded.owner``), which the GEMM computes
+        through the exact float32 route. ``None`` for FP8 / INT8 weights.
+      scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (host ints, read
+        once at pack time: the exact-in-bf16 envelope check).
+      has_nan: whether a block has the NaN scale byte 0xFF.
+      special_rows: int64 (S,) rows of the weight the fold path cannot take (slices or row scales outside
+        the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
+
+    Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
+    :func:`mxkit.pack_weight` on load, a memory-bound pass).
+    """
+
+    source: MXTensor
+    folded: Optional[Folded]
+    scale_min: int
+    scale_max: int
+    has_nan: bool
+    special_rows: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.source.shape
+
+    @property
+    def fmt(self) -> ElementFormat:
+        return self.source.fmt
+
+    @property
+    def device(self) -> torch.device:
+        return self.source.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held on the device: the MX source plus the folded copy."""
+        n = self.source.nbytes
+        if self.folded is not None:
+            n += self.folded.data.numel() + 4 * self.folded.scale.numel()
+        return n
+
+    def to(self, device: Union[str, torch.device]) -> "PackedWeight":
+        f = self.folded
+        if f is not None:
+            f = dataclasses.replace(f, data=f.data.to(device), scale=f.scale.to(device), owner=f.owner.to(device))
+        return dataclasses.replace(self, source=self.source.to(device), folded=f,
+                                   special_rows=self.special_rows.to(device))
+
+    def state_dict(self) -> dict:
+        """The bytes that define the weight, plus its format metadata (strings and ints)."""
+        s = self.source
+        return {"qdata": s.qdata, "scale": s.plain_scale(), "fmt": s.fmt.name, "shape": list(s.shape),
+                "block_size": s.block_size, "scale_mode": s.scale_mode.value, "rounding": s.rounding.value}
+
+    @staticmethod
+    def source_from_state_dict(sd: dict) -> MXTensor:
+        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, int(sd["block_size"]), tuple(sd["shape"]),
+                        ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
+
+
+def _packed_flatten(p: PackedWeight):
+    f = p.folded
+    leaves = [p.source, p.special_rows] + ([f] if f is not None else [])
+    return leaves, (p.scale_min, p.scale_max, p.has_nan, f is not None)
+
+
+def _packed_unflatten(leaves, ctx) -> PackedWeight:
+    scale_min, scale_max, has_nan, has_fold = ctx
+    return PackedWeight(leaves[0], leaves[2] if has_fold else None, scale_min, scale_max, has_nan, leaves[1])
+
+
+pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,
+                            serialized_type_name="mxkit.PackedWeight")
+pytree.register_pytree_node(Fp8Rowwise, lambda t: ([t.data, t.scale], None),
+                            lambda leaves, ctx: Fp8Rowwise(*leaves), serialized_type_name="mxkit.Fp8Rowwise")

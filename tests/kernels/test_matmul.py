@@ -1,0 +1,394 @@
+"""Scaled MX GEMMs (``mxkit.matmul`` / ``pack_weight`` / ``gemm_plan``; :mod:`mxkit.kernels.matmul`).
+
+Every path is held to issue #22's bound against y64, the float64 product of the dequantized operands:
+
+* bf16 / fp16 output, row by row: ``‖y_r − y64_r‖ ≤ 1.2 · ‖round(y64_r) − y64_r‖ + acc_r`` where ``round`` is the
+  output dtype's rounding and ``acc_r = K · 2^-24 · ‖(|a| · |b|ᵀ)_r‖`` bounds float32 accumulation (the only
+  other error an exact path may add; without it a row whose y64 happens to be representable would demand
+  bit-exact sums);
+* float32 output: ``‖y_r − y64_r‖ ≤ 1e-5 · ‖y64_r‖ + acc_r``.
+A row whose y64 is NaN must be NaN in y (a NaN scale byte in a block of ``a`` makes its output row NaN).
+
+CPU: the paths themselves run from CPU parts (``backend="triton"`` on CPU: the fold reference and CPU
+``torch._scaled_mm``), so the fold arithmetic, the special-row fix-ups, the packing and the plan are tested in
+CI. GPU (``-m gpu``): the same checks on CUDA with the Triton fold kernels and cuBLAS, on the issue's shapes.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import mxkit
+from mxkit.fold import fold_range
+from mxkit.formats import get_format
+from mxkit.kernels.matmul import PATHS, exact_scale_range, plan_gemm
+from mxkit.packed import PackedWeight
+from mxkit.reference import dequantize_reference, pack_codes
+from mxkit.tensor import MXTensor
+
+FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8")
+FOLDABLE = ("mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1")
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def values64(x) -> torch.Tensor:
+    """Exact float64 values of an operand (float tensor, MXTensor, Folded, Fp8Rowwise) as (rows, K)."""
+    if isinstance(x, MXTensor):
+        return dequantize_reference(x, torch.float64).reshape(-1, x.shape[-1])
+    if isinstance(x, mxkit.Fp8Rowwise):
+        return (x.data.to(torch.float64) * x.scale.to(torch.float64)).reshape(-1, x.data.shape[-1])
+    if isinstance(x, mxkit.PackedWeight):
+        return values64(x.source)
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64).reshape(-1, x.shape[-1])
+    from mxkit.fold import unfold_reference
+
+    return unfold_reference(x).to(torch.float64)
+
+
+def assert_within_bound(y: torch.Tensor, a, b, bias=None) -> None:
+    """Issue #22's row-wise bound (module docstring)."""
+    a64, b64 = values64(a).cpu(), values64(b).cpu()
+    y64 = a64 @ b64.T
+    if bias is not None:
+        y64 = y64 + bias.to(torch.float64).cpu()
+    y = y.reshape(-1, y.shape[-1]).to(torch.float64).cpu()
+    assert y.shape == y64.shape
+    nan = torch.isnan(y64).any(dim=1)
+    assert torch.isnan(y[nan]).all(), "a row whose exact product is NaN must be NaN"
+    y, y64, a64 = y[~nan], y64[~nan], a64[~nan]
+    K = a64.shape[1]
+    acc = K * 2.0**-24 * ((a64.abs() @ b64.abs().T).norm(dim=1))
+    err = (y - y64).norm(dim=1)
+    if y.dtype == torch.float64 and OUT[0] == torch.float32:
+        bound = 1e-5 * y64.norm(dim=1) + acc
+    else:
+        rounded = y64.to(OUT[0]).to(torch.float64)
+        bound = 1.2 * (rounded - y64).norm(dim=1) + acc
+    bad = torch.nonzero(err > bound).flatten()
+    assert bad.numel() == 0, (f"{bad.numel()} rows over the bound, e.g. row {bad[0].item()}: "
+                              f"err {err[bad[0]].item():.3e} > bound {bound[bad[0]].item():.3e}")
+
+
+OUT = [torch.bfloat16]  # the output dtype the bound is taken for (set by check)
+
+
+def check(a, b, *, out_dtype=None, bias=None, backend="triton", path=None):
+    y = mxkit.matmul(a, b, out_dtype=out_dtype, bias=bias, backend=backend)
+    plan = mxkit.gemm_plan(a, b, out_dtype=out_dtype, backend=backend)
+    assert y.dtype == plan.out_dtype
+    if path is not None:
+        assert plan.path == path, plan
+    OUT[0] = y.dtype
+    assert_within_bound(y, a, b, bias)
+    return y, plan
+
+
+def rand_mx(shape, fmt, g, *, spread=None, base=127, device="cpu") -> MXTensor:
+    """An MXTensor (…, K) with random non-zero element codes and chosen block scales: when ``spread`` is given
+    every row's scale bytes span exactly ``spread`` (first block base, second base - spread, the rest
+    in between), else scale bytes base ± 3."""
+    f = get_format(fmt)
+    *lead, K = shape
+    rows = 1
+    for d in lead:
+        rows *= d
+    nb = K // 32
+    codes = torch.randint(1, 1 << f.bits, (rows, K), generator=g, dtype=torch.int32)
+    if f.is_float and f.name.startswith("mxfp8"):
+        nan_codes = {"mxfp8_e4m3": (0x7F, 0xFF), "mxfp8_e5m2": tuple(range(0x7C, 0x80)) + tuple(range(0xFC, 0x100))}
+        for c in nan_codes[f.name]:
+            codes[codes == c] = 0x11
+    codes = codes.to(torch.uint8)
+    if spread is None:
+        scale = torch.randint(base - 3, base + 4, (rows, nb), generator=g, dtype=torch.int32)
+    else:
+        assert nb >= 2
+        scale = torch.randint(base - spread, base + 1, (rows, nb), generator=g, dtype=torch.int32)
+        scale[:, 0] = base
+        scale[:, 1] = base - spread
+    qdata = pack_codes(codes, f).reshape(*lead, -1)
+    q = MXTensor(qdata, scale.to(torch.uint8).reshape(*lead, nb), f, len(shape) - 1, 32, tuple(shape))
+    return q.to(device)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: plan, envelopes, packing
+
+
+def test_exact_scale_range_is_derived_and_tight():
+    for name in FORMATS:
+        f = get_format(name)
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            lo, hi = exact_scale_range(f, dt)
+            assert lo <= hi
+            codes = torch.arange(1 << f.bits, dtype=torch.int32)
+            from mxkit.formats import decode_elements
+
+            vals = decode_elements(codes, f).to(torch.float64)
+            vals = vals[torch.isfinite(vals)]
+            for s, inside in ((lo, True), (hi, True), (lo - 1, False), (hi + 1, False)):
+                if not 0 <= s <= 254:
+                    continue
+                v = vals * 2.0 ** (s - 127)
+                back = v.to(dt).to(torch.float64)
+                exact = bool(torch.isfinite(back).all()) and torch.equal(back, v)
+                assert exact == inside, (name, dt, s)
+    assert exact_scale_range(get_format("mxfp8_e4m3"), torch.bfloat16) == (3, 246)
+
+
+@pytest.mark.parametrize("fa", FORMATS)
+@pytest.mark.parametrize("fb", FORMATS)
+def test_every_format_pair_is_exact(fa, fb, rng):
+    """All 36 pairs: FP4 / FP6 pairs fold to FP8, the rest take the exact bf16 path."""
+    a = torch.randn(5, 96, generator=rng).to(torch.bfloat16)
+    w = torch.randn(32, 96, generator=rng).to(torch.bfloat16)
+    qa, qb = mxkit.quantize(a, fa), mxkit.quantize(w, fb)
+    path = "fold-fp8" if fa in FOLDABLE and fb in FOLDABLE else "bf16-exact"
+    check(qa, mxkit.pack_weight(qb), path=path)
+    check(qa, qb, path=path)  # an unpacked weight is packed per call
+
+
+@pytest.mark.parametrize("spread", [0, 14, 15, 40])
+def test_fold_rows_of_spread(spread, rng):
+    """Rows of block-scale spread 0 and 14 fold into one E4M3 row; 15 and 40 are split, and their outputs
+    come from the float32 route (weight rows: output columns; activation rows: output rows)."""
+    qa = rand_mx((9, 128), "mxfp4_e2m1", rng, spread=spread)
+    qb = rand_mx((48, 128), "mxfp4_e2m1", rng, spread=spread)
+    pw = mxkit.pack_weight(qb)
+    assert (pw.special_rows.numel() > 0) == (spread > 14)
+    y, _ = check(qa, pw, path="fold-fp8")
+    check(qa, pw, out_dtype=torch.float32, path="fold-fp8")
+    # mixed: one wide row among folding ones, on each side
+    qa2 = rand_mx((9, 128), "mxfp4_e2m1", rng, spread=3)
+    check(qa2, pw, path="fold-fp8")
+    check(qa, mxkit.pack_weight(rand_mx((48, 128), "mxfp4_e2m1", rng, spread=2)), path="fold-fp8")
+
+
+def test_fold_ranges_are_the_documented_ones():
+    assert fold_range("mxfp4_e2m1") == (-8, 6)
+    assert fold_range("mxfp6_e2m3") == (-6, 5)
+    assert fold_range("mxfp6_e3m2") == (-5, 4)
+
+
+def test_fold_rows_outside_the_epilogue_envelope(rng):
+    """Row scales beyond 2^±54 (E8M0 bytes near 0 or 254) go through the float32 route, exactly."""
+    qa = rand_mx((4, 64), "mxfp4_e2m1", rng, base=250)
+    qb = rand_mx((32, 64), "mxfp4_e2m1", rng, base=10)
+    pw = mxkit.pack_weight(qb)
+    assert pw.special_rows.numel() == 32
+    check(qa, pw, out_dtype=torch.float32, path="fold-fp8")
+
+
+def test_nan_scale_makes_the_row_nan_and_zero_blocks_add_nothing(rng):
+    for fa, fb in (("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp6_e2m3", "mxint8")):
+        a = torch.randn(6, 128, generator=rng).to(torch.bfloat16)
+        a[2, 32:64] = 0  # a zero block
+        a[4] = 0  # a zero row
+        qa = mxkit.quantize(a, fa)
+        qa.scale[1, 2] = 0xFF
+        qb = mxkit.quantize(torch.randn(40, 128, generator=rng), fb)
+        y, _ = check(qa, mxkit.pack_weight(qb))
+        assert torch.isnan(y[1]).all() and not torch.isnan(y[[0, 2, 3, 4, 5]]).any()
+        assert (y[4] == 0).all()
+
+
+def test_float_activations_w4a16_and_3d(rng):
+    w = mxkit.quantize(torch.randn(64, 2880, generator=rng), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.randn(2, 3, 2880, generator=rng).to(dt)
+        y, plan = check(a, pw, path="dense-exact" if dt != torch.float32 else "fp32-exact")
+        assert y.shape == (2, 3, 64)
+
+
+def test_w4a8_fp8_rowwise(rng):
+    a = torch.randn(7, 2880, generator=rng).to(torch.bfloat16)
+    a[3] = 0
+    x8 = mxkit.quantize_fp8_rowwise(a)
+    assert x8.data.dtype == torch.float8_e4m3fn and x8.scale.shape == (7, 1)
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 2880, generator=rng), "mxfp4"))
+    check(x8, pw, path="w4a8-fp8")
+    check(x8, mxkit.pack_weight(mxkit.quantize(torch.randn(48, 2880, generator=rng), "mxfp8")), path="fp32-exact")
+
+
+def test_quantize_fold_activations(rng):
+    a = torch.randn(3, 5, 2880, generator=rng).to(torch.bfloat16)
+    f = mxkit.quantize_fold(a, "mxfp4")
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(32, 2880, generator=rng), "mxfp6_e3m2"))
+    y, _ = check(f, pw, path="fold-fp8")
+    assert y.shape == (3, 5, 32)
+    # the same values as quantize then matmul
+    y2 = mxkit.matmul(mxkit.quantize(a, "mxfp4"), pw, backend="triton")
+    assert torch.equal(y, y2)
+
+
+def test_bias_is_added_before_rounding(rng):
+    qa = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp4")
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4"))
+    bias = torch.randn(32, generator=rng)
+    check(qa, pw, bias=bias)
+    with pytest.raises(ValueError, match="bias"):
+        mxkit.matmul(qa, pw, bias=torch.randn(31))
+
+
+def test_reference_backend_and_cpu_auto_agree_with_the_paths(rng):
+    qa = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp4")
+    qb = mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4")
+    assert mxkit.gemm_plan(qa, qb).path == "reference"  # CPU under auto
+    y_ref = mxkit.matmul(qa, qb, out_dtype=torch.float32)
+    y_path = mxkit.matmul(qa, qb, out_dtype=torch.float32, backend="triton")
+    torch.testing.assert_close(y_path, y_ref, rtol=1e-6, atol=1e-6)  # both float32 sums of exact products
+
+
+def test_bad_operands_raise(rng):
+    qa = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp4")
+    qb = mxkit.quantize(torch.randn(32, 96, generator=rng), "mxfp4")
+    with pytest.raises(ValueError, match="K mismatch"):
+        mxkit.matmul(qa, qb)
+    with pytest.raises(TypeError, match="MXTensor"):
+        mxkit.matmul(qa, torch.randn(32, 64))
+    with pytest.raises(ValueError, match="quantized along K"):
+        mxkit.matmul(qa, mxkit.quantize(torch.randn(64, 32, generator=rng), "mxfp4", axis=0))
+    with pytest.raises(TypeError, match="dtype"):
+        mxkit.matmul(torch.zeros(4, 64, dtype=torch.int32), mxkit.quantize(torch.randn(8, 64), "mxfp4"))
+    with pytest.raises(ValueError, match="unknown backend"):
+        mxkit.matmul(qa, mxkit.quantize(torch.randn(8, 64), "mxfp4"), backend="cuda")
+    assert set(PATHS) >= {"fold-fp8", "w4a8-fp8", "bf16-exact", "dense-exact", "fp32-exact", "reference"}
+
+
+def test_packed_weight_state_dict_and_to(rng):
+    w = mxkit.quantize(torch.randn(48, 96, generator=rng), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    assert isinstance(pw, PackedWeight) and pw.folded is not None and pw.nbytes > w.nbytes
+    buf = io.BytesIO()
+    torch.save(pw.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf)
+    pw2 = mxkit.pack_weight(PackedWeight.source_from_state_dict(sd))
+    assert torch.equal(pw2.source.qdata, w.qdata) and torch.equal(pw2.source.scale, w.scale)
+    assert torch.equal(pw2.folded.data.view(torch.uint8), pw.folded.data.view(torch.uint8))
+    assert pw.to("cpu").folded.data.device.type == "cpu"
+    leaves, spec = torch.utils._pytree.tree_flatten(pw)
+    assert torch.utils._pytree.tree_unflatten(leaves, spec).scale_max == pw.scale_max
+
+
+def test_mxlinear_takes_the_paths_and_matches_the_reference(rng):
+    from mxkit.nn import MXLinear
+
+    lin = torch.nn.Linear(96, 40)
+    x = torch.randn(3, 96, generator=rng)
+    for act in (None, "mxfp4", "fp8_e4m3_rowwise"):
+        m = MXLinear.from_linear(lin, "mxfp4", act_format=act)
+        with torch.no_grad():
+            y = m(x)
+        a = x if act is None else (mxkit.quantize_fp8_rowwise(x) if act == "fp8_e4m3_rowwise"
+                                   else mxkit.quantize(x, act))
+        OUT[0] = y.dtype
+        assert_within_bound(y, a, m.weight_mx, lin.bias.detach())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fa", FORMATS)
+@pytest.mark.parametrize("fb", FORMATS)
+def test_gpu_every_format_pair(fa, fb, rng):
+    a = torch.randn(727, 2880, generator=rng).to(torch.bfloat16).cuda()
+    w = torch.randn(200, 2880, generator=rng).to(torch.bfloat16).cuda()  # N % 16 != 0: padded for cuBLAS FP8
+    qa, qb = mxkit.quantize(a, fa), mxkit.quantize(w, fb)
+    path = "fold-fp8" if fa in FOLDABLE and fb in FOLDABLE else "bf16-exact"
+    check(qa, mxkit.pack_weight(qb), path=path, backend="auto")
+    if fa == fb:
+        check(qa, mxkit.pack_weight(qb), path=path, backend="auto", out_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("spread", [0, 14, 15, 40])
+def test_gpu_fold_rows_of_spread(spread, rng):
+    qa = rand_mx((33, 2880), "mxfp4_e2m1", rng, spread=spread, device="cuda")
+    qb = rand_mx((160, 2880), "mxfp4_e2m1", rng, spread=spread, device="cuda")
+    check(qa, mxkit.pack_weight(qb), path="fold-fp8", backend="auto")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("M", [1, 3, 727])
+def test_gpu_shapes_and_paths(M, rng):
+    w = mxkit.quantize(torch.randn(512, 2880, generator=rng).cuda(), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
+    check(a, pw, backend="auto", path="dense-exact")
+    check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
+    check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
+    check(mxkit.quantize(a, "mxfp6_e2m3"), pw, backend="auto", path="fold-fp8",
+          bias=torch.randn(512, generator=rng).cuda())
+    a3 = torch.randn(2, M, 2880, generator=rng).to(torch.bfloat16).cuda()
+    y, _ = check(mxkit.quantize_fold(a3, "mxfp4"), pw, backend="auto", path="fold-fp8")
+    assert y.shape == (2, M, 512)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_vocabulary_width(rng):
+    """N = 201088 (GPT-OSS vocabulary) at small M; the bound checked on a sample of columns."""
+    N, K = 201088, 2880
+    w = mxkit.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    for M in (1, 3):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        for x in (mxkit.quantize_fold(a, "mxfp4"), a):
+            y = mxkit.matmul(x, pw)
+            assert y.shape == (M, N)
+            cols = torch.randint(0, N, (512,), generator=rng).cuda()
+            sub = mxkit.MXTensor(w.qdata[cols], w.scale[cols], w.fmt, 1, 32, (512, K))
+            OUT[0] = y.dtype
+            assert_within_bound(y[:, cols], x, sub)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_nan_and_special_rows(rng):
+    a = torch.randn(64, 2880, generator=rng).to(torch.bfloat16).cuda()
+    a[5] = 0
+    qa = mxkit.quantize(a, "mxfp4")
+    qa.scale[7, 3] = 0xFF
+    pw = mxkit.pack_weight(rand_mx((96, 2880), "mxfp4_e2m1", rng, spread=20, device="cuda"))
+    y, _ = check(qa, pw, backend="auto", path="fold-fp8")
+    assert torch.isnan(y[7]).all() and (y[5] == 0).all()
+    y8 = mxkit.quantize(a, "mxfp8_e4m3")
+    y8.scale[9, 0] = 0xFF
+    y, _ = check(y8, mxkit.pack_weight(mxkit.quantize(torch.randn(96, 2880).cuda(), "mxfp8")), backend="auto")
+    assert torch.isnan(y[9]).all()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mxlinear_packs_once_and_moves(rng):
+    from mxkit.nn import MXLinear
+
+    lin = torch.nn.Linear(2880, 256).cuda()
+    m = MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")
+    assert m._packed is not None and m._packed.folded is not None
+    x = torch.randn(17, 2880, device="cuda")
+    with torch.no_grad():
+        y = m(x)
+    OUT[0] = y.dtype
+    assert_within_bound(y, mxkit.quantize(x, "mxfp4"), m.weight_mx, lin.bias.detach())
+    m2 = MXLinear(2880, 256, "mxfp4", act_format="mxfp4").cuda()
+    m2.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        assert torch.equal(m2(x), y)
+    assert m.cpu()._packed is None

@@ -151,9 +151,6 @@ def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     path, note = timing.write_chart(rows, tmp_path / "d.png")
     assert path is None and "matplotlib" in note and not (tmp_path / "d.png").exists()
-    notes = timing.write_outputs(rows, {"gpu": "x"}, tmp_path / "o", "bench_quantize")
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["bench_quantize.csv", "bench_quantize.json"]
-    assert any("matplotlib" in n for n in notes)
 
 
 def _has(mod: str) -> bool:
@@ -189,16 +186,13 @@ def test_add_bench_parser_parses_quantize_options():
     assert timing.timing_config(_cli().parse_args(["bench", "quantize"])).rep_ms == timing.DEFAULT_REP_MS
     with pytest.raises(ValueError, match="--rep-ms=-1"):
         timing.timing_config(_cli().parse_args(["bench", "quantize", "--rep-ms", "-1"]))
-    # the GPU spin that hides the host's launch path: on by default, 0 = plain do_bench, negative refused
+    # the GPU spin that hides the host's launch path: on by default, 0 = none, negative refused
     assert timing.timing_config(args).spin_us == 100.0
     assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "0"])).spin_us == 0.0
     with pytest.raises(ValueError, match="--spin-us=-5"):
         timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "-5"]))
-    # the L2 flush: do_bench's zero-fill by default, a read of the buffer on request, nothing else
-    assert timing.timing_config(args).flush == "write"
-    assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--flush", "read"])).flush == "read"
-    with pytest.raises(SystemExit):
-        _cli().parse_args(["bench", "quantize", "--flush", "none"])
+    # both flushes are always timed (read: the clean-L2 measure; write: do_bench's); nothing else is a flush
+    assert timing.FLUSH_MODES == ("read", "write")
     with pytest.raises(ValueError, match="flush='none'"):
         timing.cuda_event_bench(lambda: None, flush="none")
     cases = bq.cases_from_args(args)
@@ -278,7 +272,7 @@ def test_list_needs_no_gpu(monkeypatch, capsys):
     assert any("columnwise" in line and "dim 0 = 48" in line for line in out)
     assert sum("dim 1 = 33" in line and "n/a MB" in line for line in out) == 3  # all but columnwise
     # the runner turns such a case into n/a rows, too
-    rows = bq.bench_case(bq.Case("rowwise", get_format("mxfp4"), (33, 33)), _ctx())
+    rows = timing.bench_case(bq.Case("rowwise", get_format("mxfp4"), (33, 33)), _ctx(), bq.IMPLS)
     assert [(r.status, r.nbytes) for r in rows] == [("n/a", 0), ("n/a", 0)]
 
 
@@ -287,8 +281,9 @@ def test_list_needs_no_gpu(monkeypatch, capsys):
 
 
 def _ctx(**kw) -> timing.Context:
-    base = dict(device="cpu", time_fn=lambda fn: getattr(fn, "fake_us", 10.0), sync=lambda: None,
-                backend="reference", impls=("mxkit", "reference-compiled"), compile=False, copy_gbps=1000.0)
+    base = dict(device="cpu", time_fn=lambda fn: (getattr(fn, "fake_us", 10.0), 2 * getattr(fn, "fake_us", 10.0)),
+                sync=lambda: None, backend="reference", impls=("mxkit", "reference-compiled"), compile=False,
+                copy_gbps=1000.0, copy_gbps_write=1000.0)
     base.update(kw)
     return timing.Context(**base)
 
@@ -312,13 +307,16 @@ def test_pipeline_checks_bytes_and_computes_ratios():
     impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": _slow_ref()}
     cases = bq.plan_cases(bq.OPS, ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"], [(64, 96), (2, 32, 64)], BF16)
     log = []
-    rows = bq.run_cases(cases, _ctx(), impls=impls, log=log.append)
+    saved = []
+    rows = timing.run_cases(cases, _ctx(), impls, log=log.append, on_rows=lambda rs: saved.append(len(rs)))
+    assert saved == [2 * k for k in range(1, len(cases) + 1)]  # the files are rewritten after every case
     assert len(rows) == 2 * len(cases) and len(log) == len(cases)
     mine = [r for r in rows if r.impl == "mxkit"]
     assert all(r.status == "ok" and r.check == "match" for r in mine), [(r.op, r.note) for r in mine]
     for r in mine:
-        assert r.us == 10.0 and r.vs_ref == 4.0
+        assert r.us == 10.0 and r.us_write == 20.0 and r.vs_ref == 4.0
         assert math.isclose(r.gbps, r.nbytes / 10.0 / 1e3) and math.isclose(r.pct_copy, r.gbps / 10.0)
+        assert math.isclose(r.pct_copy_write, r.pct_copy / 2) and r.flops == 0 and r.tflops is None
     ref = [r for r in rows if r.impl == "reference-compiled"]
     assert all(r.us == 40.0 and r.vs_ref == 1.0 and r.compile_s is not None and r.check == "match" for r in ref)
     assert {r.note for r in rows if r.op == "columnwise" and r.shape == "2x32x64"} == {"2-D view 64x64"}
@@ -342,7 +340,7 @@ def test_unavailable_and_failing_impls_become_rows():
              "crash": Impl("crash", boom), "compiled-crash": Impl("compiled-crash", boom, compiled=True),
              "skip": Impl("skip", lambda c, i, x: (_ for _ in ()).throw(BenchUnavailable("torchao absent")))}
     case = bq.Case("rowwise", get_format("mxfp4"), (64, 64))
-    rows = {r.impl: r for r in bq.bench_case(case, _ctx(impls=tuple(impls)), impls)}
+    rows = {r.impl: r for r in timing.bench_case(case, _ctx(impls=tuple(impls)), impls)}
     assert rows["mxkit"].check == "MISMATCH" and rows["mxkit"].status == "ok"
     assert rows["gone"].status == "n/a" and "ModuleNotFoundError: No module named" in rows["gone"].note
     assert rows["crash"].status == "error" and rows["crash"].note == "error: RuntimeError: illegal memory access"
@@ -351,17 +349,16 @@ def test_unavailable_and_failing_impls_become_rows():
     assert all(rows[k].us is None and rows[k].gbps is None for k in ("gone", "crash", "compiled-crash", "skip"))
 
 
-def test_invalid_case_and_budgets():
+def test_invalid_and_skipped_cases():
     f = get_format("mxfp8")
-    rows = bq.bench_case(bq.Case("columnwise", f, (48, 64)), _ctx())
+    rows = timing.bench_case(bq.Case("columnwise", f, (48, 64)), _ctx(), bq.IMPLS)
     assert [r.status for r in rows] == ["n/a", "n/a"] and "dim 0 = 48" in rows[0].note
-    # compile budget spent: the compiled peer is skipped before torch.compile is ever called
-    rows = bq.bench_case(bq.Case("rowwise", f, (64, 64)), _ctx(compile=True, compile_budget_s=0.0))
-    assert rows[0].status == "ok" and rows[1].status == "n/a" and "compile budget" in rows[1].note
-    # time budget spent: remaining cases become n/a rows and nothing runs
-    cases = bq.plan_cases(("rowwise",), ("mxfp8",), [(64, 64), (32, 32)], BF16)
-    rows = bq.run_cases(cases, _ctx(), log=lambda s: None, time_budget_s=-1.0)
-    assert len(rows) == 4 and all(r.status == "n/a" and "time-budget" in r.note for r in rows)
+    # an impl that does not cover a case is a "skip" row, kept out of the table's notes
+    impls = dict(bq.IMPLS, **{"reference-compiled": timing.Impl("reference-compiled", bq.IMPLS["mxkit"].make,
+                                                                skip=lambda c: "not this one")})
+    rows = timing.bench_case(bq.Case("rowwise", f, (64, 64)), _ctx(), impls)
+    assert rows[0].status == "ok" and (rows[1].status, rows[1].note, rows[1].us) == ("skip", "not this one", None)
+    assert timing.summary_lines(rows)[0]["note"] == ""
 
 
 def test_inputs_are_random_and_never_zero():
@@ -412,8 +409,8 @@ def test_scale_mode_reaches_every_impl():
 
 
 def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda cfg, mib: (2000.0, 100.0, 200_000_000))
-    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: 25.0)
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg, mib: (2000.0, 1600.0, 200_000_000))
+    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
     args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8,mxfp4",
                               "--peers", "reference-eager", "--backend", "reference", "--out", str(tmp_path),
                               "--plain"])
@@ -424,17 +421,18 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
                               device="cpu")
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "copy limit: 2000 GB/s" in out and "ref.eager µs" in out
+    assert "copy limit: 2000 GB/s after a read flush, 1600 after a write flush" in out and "ref.eager µs" in out
     env, rows = timing.read_json_rows(tmp_path / "bench_quantize.json")
-    assert env["copy_gbps"] == 2000.0 and "torch" in env and "date_utc" in env
+    assert env["copy_gbps"] == 2000.0 and env["copy_gbps_write"] == 1600.0 and "torch" in env and "date_utc" in env
     assert rows[0].impl == "copy" and len(rows) == 1 + 2 * len(cases)
-    assert all(r.check == "match" and r.us == 25.0 and r.vs_ref == 1.0 for r in rows[1:]), rows
+    assert all(r.check == "match" and (r.us, r.us_write) == (25.0, 30.0) and r.vs_ref == 1.0 for r in rows[1:]), rows
     assert (tmp_path / "bench_quantize.csv").read_text().count("\n") == len(rows) + 1
     # the same run with a kernel that returns wrong bytes exits 1 and names the case
     wrong = dict(bq.IMPLS, mxkit=timing.Impl("mxkit", lambda c, i, x: lambda: "not an MXTensor", checked=True))
     rc = timing.run_benchmark(args, cases[:1], wrong, what="t", stem="b2", peers=(), columns=bq.table_columns(()),
                               ref_impl="reference-eager", title="T", device="cpu")
     assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err
+    assert timing.read_json_rows(tmp_path / "b2.json")[1][1].check == "MISMATCH"
 
 
 @pytest.mark.gpu

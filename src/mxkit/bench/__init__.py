@@ -1,4 +1,4 @@
-"""Benchmarks: one module per op (``quantize.py``, …), all timed by the shared harness in ``timing.py``.
+"""Benchmarks: one module per op (``quantize.py``, ``gemm.py``), all timed by the shared harness in ``timing.py``.
 
 Command line: ``mxkit bench <op> [options]`` (the CLI calls :func:`add_bench_parser`) or, without the
 CLI, ``python -m mxkit.bench <op> [options]``. Each op module exposes ``NAME``, ``HELP``,
@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 __all__ = ["BENCH_MODULES", "Benchmark", "registry", "add_bench_parser", "add_op_parsers", "main"]
 
-BENCH_MODULES = ("quantize",)  # modules of mxkit.bench, one per op, in the order shown in --help
+BENCH_MODULES = ("quantize", "gemm")  # modules of mxkit.bench, one per op, in the order shown in --help
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     ``mxkit bench <op> ...`` then parses to a namespace whose ``func(args)`` runs the op and returns the
     exit status.
     """
-    p = subparsers.add_parser("bench", help="GPU benchmarks (median, L2 flushed, %% of copy bandwidth)",
-                              description="GPU benchmarks: median time with L2 flushed, GB/s and % of the "
-                                          "device copy bandwidth measured in the same run.")
+    p = subparsers.add_parser("bench", help="GPU benchmarks (median, L2 flushed, same-run peers)",
+                              description="GPU benchmarks: median time after a read and a write L2 flush, against "
+                                          "the copy bandwidth and peers measured in the same run.")
     ops = p.add_subparsers(dest="bench_op", metavar="OP")
     ops.required = True
     add_op_parsers(ops)

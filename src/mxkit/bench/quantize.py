@@ -2,7 +2,7 @@
 
 Cases are op × format × shape. Per case every implementation runs once untimed (compilation), the
 mxkit output is compared byte for byte with the eager reference, then each is timed
-(:mod:`mxkit.bench.timing`: median, L2 flushed).
+(:mod:`mxkit.bench.timing`: median after a read flush and after do_bench's write flush).
 
 Ops (``x`` of shape (..., K); the bytes counted, each once, are the least any implementation moves):
 
@@ -33,15 +33,13 @@ from ..formats import BLOCK_SIZE, ElementFormat, ScaleMode, get_format
 from ..reference import dequantize_reference, quantize_reference
 from ..tensor import MXTensor
 from . import timing
-from .timing import BenchUnavailable, Column, Context, Impl, Row
+from .timing import BenchUnavailable, Column, Context, Impl
 
 NAME = "quantize"
 HELP = "bf16 → MX quantize (rowwise, columnwise, cast-transpose) and dequantize bandwidth"
 
 OPS = ("rowwise", "columnwise", "cast_transpose", "dequantize")
 DEFAULT_FORMATS = ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3")
-# the two shapes the targets name first: a --time-budget-s that runs out cuts the others (an H100 gpu_check,
-# whose tests took longer, had spent its budget on 4096^2 before reaching 16384^2)
 DEFAULT_SHAPES = ("8192x8192", "16384x16384", "4096x4096", "32768x160", "8x2048x4096")
 QUICK_SHAPES = ("8192x8192", "32768x160")
 DEFAULT_PEERS = ("reference-compiled", "torchao-compiled")
@@ -104,8 +102,8 @@ class Case:
     def expected(self, inputs: "Inputs") -> object:
         return expected_output(self, inputs)
 
-    def check(self, out: object, expected: object) -> bool:
-        return check_output(self, out, expected) == "match"
+    def check(self, out: object, expected: object) -> dict:
+        return {"check": check_output(self, out, expected)}
 
     def invalid_reason(self) -> Optional[str]:
         """Why this case cannot be quantized (an axis length not a multiple of the block), else None."""
@@ -206,10 +204,15 @@ def _reference_fn(case: Case) -> Callable:
         return lambda x: (quantize_reference(x, fmt, axis=-1, scale_mode=scale_mode),
                           quantize_reference(x, fmt, axis=0, scale_mode=scale_mode))
 
+    return dequantize_fn(fmt, dt, bs)
+
+
+def dequantize_fn(fmt: ElementFormat, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> Callable:
+    """``deq(qdata, scale) -> dtype`` tensor: :func:`dequantize_reference` of the plain rowwise MXTensor those
+    bytes make. The logical shape follows from the tensors, so a compiled version stays shape-generic."""
     def deq(qdata: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        # the logical shape follows from the tensors, so a compiled version stays shape-generic
         shape = tuple(qdata.shape[:-1]) + (qdata.shape[-1] * fmt.pack // fmt.pack_bytes,)
-        return dequantize_reference(MXTensor(qdata, scale, fmt, len(shape) - 1, bs, shape), dt)
+        return dequantize_reference(MXTensor(qdata, scale, fmt, len(shape) - 1, block_size, shape), dtype)
 
     return deq
 
@@ -322,21 +325,18 @@ def check_output(case: Case, out: object, expected: object) -> str:
     return "match" if ok else "MISMATCH"
 
 
-# -------------------------------------------------------------------------------------------------------
-# running (the shared runner of :mod:`mxkit.bench.timing` with this module's implementations)
-
-
-def bench_case(case: Case, ctx: Context, impls: Optional[dict[str, Impl]] = None) -> list[Row]:
-    return timing.bench_case(case, ctx, IMPLS if impls is None else impls)
-
-
-def run_cases(cases: Sequence[Case], ctx: Context, *, impls: Optional[dict[str, Impl]] = None,
-              log: Callable[[str], None] = timing.progress, time_budget_s: Optional[float] = None) -> list[Row]:
-    return timing.run_cases(cases, ctx, IMPLS if impls is None else impls, log=log, time_budget_s=time_budget_s)
-
-
 def table_columns(peers: Sequence[str]) -> list[Column]:
-    return timing.main_columns(peers, PEER_LABELS, ref_label=PEER_LABELS[REF_IMPL])
+    """case, mxkit's µs / GB/s / % copy after each flush / × the compiled reference / check, peers' µs, note."""
+    f = timing.fmt_num
+    return [Column("op", lambda d: d["op"], right=False), Column("format", lambda d: d["fmt"], right=False),
+            Column("shape", lambda d: d["shape"], right=False), Column("µs", lambda d: f(d["main"].us, ".1f")),
+            Column("GB/s", lambda d: f(d["main"].gbps, ".0f")), Column("% copy", lambda d: f(d["main"].pct_copy, ".1f")),
+            Column("µs (write flush)", lambda d: f(d["main"].us_write, ".1f")),
+            Column("% copy (write flush)", lambda d: f(d["main"].pct_copy_write, ".1f")),
+            Column(f"× vs {PEER_LABELS[REF_IMPL]}", lambda d: f(d["main"].vs_ref, ".2f")),
+            Column("check", lambda d: d["main"].check or "-"),
+            *(timing.peer_us_column(p, PEER_LABELS.get(p, p)) for p in peers),
+            Column("note", lambda d: d["note"][:90], right=False)]
 
 
 # -------------------------------------------------------------------------------------------------------

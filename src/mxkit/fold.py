@@ -221,11 +221,16 @@ def quantize_fold_reference(
     rounding: Union[str, Rounding] = Rounding.RNE,
 ) -> Folded:
     """``fold_reference(quantize_reference(x, fmt, axis=-1, ...))``: x (..., K) float32 | bfloat16 | float16,
-    K % 32 == 0, quantized along its last axis, then folded. Raises as both (ValueError for formats that do not
+    K % 32 == 0, quantized along its last axis, then folded (R = 0 rows: an empty Folded). Raises as both (ValueError for formats that do not
     fold, before quantizing)."""
     _check_foldable(fmt)
     if block_size != 32:
         raise ValueError(f"fold supports block_size=32 only, got {block_size=}")
+    if x.dim() >= 1 and x.numel() == 0 and x.shape[-1] % 32 == 0 and x.shape[-1] > 0:  # R = 0: empty result
+        f = get_format(fmt)
+        return Folded(torch.empty(0, x.shape[-1], dtype=torch.float8_e4m3fn, device=x.device),
+                      torch.empty(0, dtype=torch.float32, device=x.device),
+                      torch.empty(0, dtype=torch.int64, device=x.device), f, torch.Size(x.shape[:-1]))
     q = quantize_reference(x, fmt, axis=-1, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     return fold_reference(q)
 

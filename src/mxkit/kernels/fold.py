@@ -1,0 +1,222 @@
+"""Triton launchers of the row fold (MX FP4 / FP6 rows -> FP8 E4M3 rows with fp32 power-of-two row scales).
+
+Reference twin: :mod:`mxkit.fold` (``fold_reference``, ``quantize_fold_reference``); the jit bodies live in
+:mod:`mxkit.kernels.fold_details._fold`. Outputs are byte-identical to the reference: data bytes, scale bits
+and ``owner``.
+
+One kernel launch per call writes every row that folds (status 0) and every NaN row (status 2); rows whose
+block scales span more than the format's window (status 1) are then re-done on the host by the reference on
+those rows only (one ``status.eq(1).any()`` sync; the rest only when such rows exist), which appends their
+extra slices.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from ..fold import Folded, _check_foldable, fold_range, fold_reference, quantize_fold_reference
+from ..formats import ElementFormat, FormatLike, Rounding, ScaleMode
+from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
+
+__all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton"]
+
+_MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
+_IN_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # _quantize's IN_F32_BITS / BF16_BITS / F16
+_IN_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.float16}
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """What one fold launch runs: BLOCK_R rows per program, K walked in chunks of block_k elements (a power of
+    two, multiple of 32), num_warps; hw_cvt: FP6 RNE element rounding through the hardware FP8 cvt (GPU only,
+    quantize-fold only)."""
+
+    block_r: int
+    block_k: int
+    num_warps: int
+    hw_cvt: bool = False
+
+
+def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, rounding: Rounding = Rounding.RNE,
+                on_gpu: bool = True) -> FoldConfig:
+    """The launch config of a problem (a pure function of its arguments).
+
+    Row tiles of up to 4096 elements (1024 wide: FP4 reads 16 bytes and writes 32 per thread at 4 warps);
+    narrower rows take more of them per program. Untuned: a GPU run has not picked these yet."""
+    block_k = min(1024, 1 << max(5, (K - 1).bit_length()))
+    block_r = max(1, min(4096 // block_k, 1 << max(0, (max(R, 1) - 1).bit_length())))
+    num_warps = 4 if block_r * block_k >= 2048 else 2
+    hw_cvt = quantize and on_gpu and fmt.bits == 6 and rounding is Rounding.RNE
+    return FoldConfig(block_r, block_k, num_warps, hw_cvt)
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_device(t: torch.Tensor, what: str) -> None:
+    if not t.is_cuda and not _interpret():
+        raise ValueError(f"the Triton fold kernels need CUDA tensors, got {what} on device={t.device} "
+                         "(use mxkit.fold.fold_reference / quantize_fold_reference on CPU)")
+
+
+def _empty(R: int, K: int, f: ElementFormat, lead: torch.Size, device) -> Folded:
+    return Folded(torch.empty(R, K, dtype=torch.float8_e4m3fn, device=device),
+                  torch.empty(R, dtype=torch.float32, device=device),
+                  torch.empty(0, dtype=torch.int64, device=device), f, lead)
+
+
+def _complete(data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, f: ElementFormat, lead: torch.Size,
+              redo) -> Folded:
+    """The Folded of the kernel's outputs (data uint8 [R, K], scale float32 [R]), with the status-1 rows
+    replaced by ``redo(rows)`` (a reference Folded of those rows only) and its extra slices appended."""
+    owner = torch.empty(0, dtype=torch.int64, device=data.device)
+    if bool(status.eq(1).any()):
+        rows = status.eq(1).nonzero().flatten()
+        sub = redo(rows)
+        n = rows.numel()
+        data[rows] = sub.data[:n].view(torch.uint8)
+        scale[rows] = sub.scale[:n]
+        data = torch.cat([data, sub.data[n:].view(torch.uint8)])
+        scale = torch.cat([scale, sub.scale[n:]])
+        owner = rows[sub.owner]
+    return Folded(data.view(torch.float8_e4m3fn), scale, owner, f, lead)
+
+
+def _launch(kernel, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
+    grid = (-(-R // cfg.block_r),)
+    masked = R % cfg.block_r != 0 or K % cfg.block_k != 0
+    kernel[grid](*args, R, K, **consts, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k, ONE_CHUNK=K <= cfg.block_k,
+                 MASKED=masked, num_warps=cfg.num_warps)
+
+
+def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' outputs: data uint8 [R, K], scale float32 [R], status uint8 [R]."""
+    return (torch.empty(R, K, dtype=torch.uint8, device=device), torch.empty(R, dtype=torch.float32, device=device),
+            torch.empty(R, dtype=torch.uint8, device=device))
+
+
+def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor) -> None:
+    """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`)."""
+    from .fold_details._fold import _fold_kernel
+
+    f, (R, K) = q.fmt, data.shape
+    d_lo, d_hi = fold_range(f)
+    cfg = fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
+    _launch(_fold_kernel, (q.qdata, q.scale, data, scale.view(torch.int32), status), R, K, cfg,
+            dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi))
+
+
+def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,
+                       scale: torch.Tensor, status: torch.Tensor) -> None:
+    """Launch the quantize-fold kernel on a validated contiguous x2 [R >= 1, K] into the given outputs."""
+    from .fold_details._fold import _quantize_fold_kernel
+
+    R, K = x2.shape
+    d_lo, d_hi = fold_range(f)
+    cfg = fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
+    _launch(_quantize_fold_kernel, (x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K,
+            cfg, dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
+                      MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode],
+                      AWAY=rnd is Rounding.AWAY, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
+
+
+def fold_triton(q: MXTensor) -> Folded:
+    """Fold an MX tensor to E4M3 rows with the Triton kernel; byte-identical to :func:`mxkit.fold.fold_reference`.
+
+    q: MXTensor (..., K) of mxfp4_e2m1, mxfp6_e2m3 or mxfp6_e3m2 quantized along its last axis, block_size 32,
+      plain scale layout, qdata and scale contiguous, on CUDA (or any device under TRITON_INTERPRET=1).
+    Returns :class:`mxkit.fold.Folded`: data float8_e4m3fn [R + X, K], scale float32 [R + X], owner int64 [X]
+    (R = prod of the leading dims; R = 0 gives empty tensors). Raises TypeError for a non-MXTensor, ValueError
+    for a format that does not fold, another axis, block size or scale layout, non-contiguous storage or a
+    CPU tensor outside the interpreter.
+    """
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"fold_triton expects an MXTensor, got {type(q).__name__}")
+    f = _check_foldable(q.fmt)[0]
+    if q.axis != q.ndim - 1:
+        raise ValueError(f"fold_triton needs an MXTensor quantized along its last axis; got axis={q.axis} "
+                         f"of shape {tuple(q.shape)}")
+    if q.block_size != 32:
+        raise ValueError(f"fold_triton supports block_size=32 only, got block_size={q.block_size}")
+    if q.scale_layout != "plain":
+        raise ValueError(f"fold_triton reads plain scales, got scale_layout={q.scale_layout!r} "
+                         "(mxkit.layouts.from_layout undoes a swizzle)")
+    if not (q.qdata.is_contiguous() and q.scale.is_contiguous()):
+        raise ValueError(f"fold_triton needs contiguous qdata and scale; got strides {q.qdata.stride()} and "
+                         f"{q.scale.stride()}")
+    _check_device(q.qdata, "q")
+    K = q.shape[-1]
+    lead = torch.Size(q.shape[:-1])
+    R = math.prod(lead)
+    if R == 0 or K == 0:
+        return _empty(R, K, f, lead, q.device)
+    data, scale, status = _outputs(R, K, q.device)
+    _run_fold(q, data, scale, status)
+    qd, sc = q.qdata.reshape(R, -1), q.scale.reshape(R, -1)
+
+    def redo(rows):
+        return fold_reference(MXTensor(qd[rows], sc[rows], f, 1, 32, (rows.numel(), K)))
+
+    return _complete(data, scale, status, f, lead, redo)
+
+
+def _max_frac(f: ElementFormat) -> int:
+    """The 23-bit fp32 mantissa of the format's max normal (the RCEIL comparison of _block_scale)."""
+    return struct.unpack("<I", struct.pack("<f", f.max_normal))[0] & 0x7FFFFF
+
+
+def quantize_fold_triton(
+    x: torch.Tensor,
+    fmt: FormatLike,
+    *,
+    block_size: int = 32,
+    scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+    rounding: Union[str, Rounding] = Rounding.RNE,
+) -> Folded:
+    """Quantize x to MXFP4 / MXFP6 along its last axis and fold each row, in one fused pass; byte-identical to
+    :func:`mxkit.fold.quantize_fold_reference` (``fold_reference(quantize_reference(x, ...))``).
+
+    x: (..., K) float32 | bfloat16 | float16, contiguous, K % 32 == 0, on CUDA (or any device under
+      TRITON_INTERPRET=1); R = prod of the leading dims may be 0 (empty result).
+    fmt: mxfp4_e2m1 / mxfp6_e2m3 / mxfp6_e3m2. scale_mode: :class:`~mxkit.formats.ScaleMode` (block scales as
+      mxkit.quantize); rounding: RNE or AWAY (ties away from zero), saturating.
+    Returns :class:`mxkit.fold.Folded`. Raises TypeError for a wrong dtype, ValueError for a format that does
+    not fold, K % 32 != 0, block_size != 32, a 0-dim, non-contiguous or (outside the interpreter) CPU tensor.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_INPUT_DTYPES:
+        raise TypeError(f"x.dtype={x.dtype} is not supported; expected float32, bfloat16 or float16")
+    f = _check_foldable(fmt)[0]
+    if block_size != 32:
+        raise ValueError(f"quantize_fold_triton supports block_size=32 only, got {block_size=}")
+    if x.dim() == 0:
+        raise ValueError("cannot fold a 0-dim tensor: rows run along the last axis")
+    K = x.shape[-1]
+    if K % 32 or K == 0:
+        raise ValueError(f"x.shape[-1]={K} (shape {tuple(x.shape)}) must be a positive multiple of {block_size=}")
+    if not x.is_contiguous():
+        raise ValueError(f"quantize_fold_triton needs a contiguous x; got shape {tuple(x.shape)}, strides "
+                         f"{x.stride()}")
+    mode, rnd = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
+    _check_device(x, "x")
+    lead = torch.Size(x.shape[:-1])
+    R = math.prod(lead)
+    if R == 0:
+        return _empty(0, K, f, lead, x.device)
+    x2 = x.reshape(R, K)
+    data, scale, status = _outputs(R, K, x.device)
+    _run_quantize_fold(x2, f, mode, rnd, data, scale, status)
+
+    def redo(rows):
+        return quantize_fold_reference(x2[rows], f, scale_mode=mode, rounding=rnd)
+
+    return _complete(data, scale, status, f, lead, redo)
+

@@ -1,0 +1,215 @@
+"""``@triton.jit`` bodies of the row-fold kernels (launchers: :mod:`mxkit.kernels.fold`; reference:
+:mod:`mxkit.fold`).
+
+One program folds BLOCK_R rows, walking K in chunks of BLOCK_K elements (BLOCK_K // 32 blocks):
+
+1. pass 1 (the row statistics): per block its scale byte and whether any of its 32 elements is non-zero;
+   per row the largest and smallest scale of its non-zero blocks and whether any scale byte is 0xFF.
+2. pass 2 (the bytes): each element as E4M3 at d = s_b - max_s + D_HI (in [D_LO, D_HI] for the row's
+   non-zero blocks when the span fits: exact), the row scale 2^(max_s - 127 - D_HI) as fp32 bits and a status
+   byte per row: 0 folded, 1 span > D_HI - D_LO (the launcher re-does those rows with the reference split),
+   2 NaN (scale NaN, bytes 0). A row without non-zero blocks gets scale 1.0.
+
+With ONE_CHUNK (K <= BLOCK_K) the row tile is loaded once; otherwise pass 2 reloads it (from L2 on a GPU).
+
+The element -> E4M3 step is integer work plus one exact fp32 multiply (:func:`_codes_to_e4m3`); it relies
+on fp32 multiplies that keep subnormal operands and results (PTX ``mul.f32`` without ``.ftz``, what Triton
+emits for sm_90, and numpy in the interpreter), as the quantize kernels' DENORM_NONE path does.
+Row offsets are int64 (rows * row stride), so R * K past 2^31 is safe; per-row offsets are int32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._quantize import DENORM_NONE, _block_scale, _encode, _load_raw, _to_bits
+
+
+@triton.jit
+def _codes_to_e4m3(codes, d, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """E4M3 bytes (int32) of element codes [..., NB, 32] (int32, FP4 / FP6, sign in bit BITS - 1) times 2^d,
+    d [..., NB, 1] (int32) with every code's value times 2^d exact in E4M3 (the fold range)."""
+    # the magnitude bits (exponent field, mantissa) placed at fp32's fields make the fp32 value
+    # elem * 2^(bias - 127) (an fp32 subnormal for the element's subnormals, with the same mantissa bits)
+    u = ((codes & ((1 << (BITS - 1)) - 1)) << (23 - MBITS)).to(tl.float32, bitcast=True)
+    # times 2^(d + 7 - bias) (bias = 1 - EMIN; a normal factor for every d of the fold range): exact
+    u = u * ((d + (7 - (1 - EMIN) + 127)) << 23).to(tl.float32, bitcast=True)
+    # u = elem * 2^d * 2^-120: for E4M3 normals its exponent field is E4M3's (bias 7 = 127 - 120) and bits
+    # 20-22 its mantissa; for E4M3 subnormals u is an fp32 subnormal with bits = k * 2^20 (value k * 2^-9)
+    mag = u.to(tl.int32, bitcast=True) >> 20
+    # the sign bit moves from bit BITS - 1 to bit 7
+    return mag | ((codes >> (BITS - 1)) << 7)
+
+
+@triton.jit
+def _fp_codes(q_ptr, qrow, k0, K, rmask, BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+              MASKED: tl.constexpr):
+    """Element codes (int32 [BLOCK_R, BLOCK_K]) of columns k0 .. k0 + BLOCK_K of packed FP4 / FP6 rows;
+    qrow: int64 [BLOCK_R] byte offsets of the rows. Masked columns / rows read code 0."""
+    tl.static_assert(BITS == 4 or BITS == 6)
+    if BITS == 4:
+        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        m = (rmask[:, None] & (j < K // 2)[None, :]) | (not MASKED)
+        b = tl.load(q_ptr + qrow[:, None] + j[None, :], mask=m, other=0).to(tl.int32)
+        # element 2i is byte i's low nibble: join puts it first along the new minor dim
+        codes = tl.join(b & 15, b >> 4)
+    else:
+        u = k0 // 4 + tl.arange(0, BLOCK_K // 4)  # 4 codes per 3 bytes
+        m = (rmask[:, None] & (u < K // 4)[None, :]) | (not MASKED)
+        p = q_ptr + qrow[:, None] + 3 * u[None, :]
+        w = (tl.load(p, mask=m, other=0).to(tl.int32) | (tl.load(p + 1, mask=m, other=0).to(tl.int32) << 8)
+             | (tl.load(p + 2, mask=m, other=0).to(tl.int32) << 16))
+        # code i of a unit is bits 6i .. 6i + 5 of the little-endian 24-bit word; the nested joins put
+        # (c0, c1, c2, c3) in element order: join(join(c0, c2), join(c1, c3))[.., i, j] = c(2i + j)
+        codes = tl.join(tl.join(w & 63, (w >> 12) & 63), tl.join((w >> 6) & 63, w >> 18))
+    return tl.reshape(codes, [BLOCK_R, BLOCK_K])
+
+
+@triton.jit
+def _row_stats(sbyte, nonzero, smax, smin, nan):
+    """Running (max, min) scale byte of each row's non-zero blocks and its NaN flag, over a [BLOCK_R, NB] chunk."""
+    live = nonzero & (sbyte != 255)
+    smax = tl.maximum(smax, tl.max(tl.where(live, sbyte, -1), axis=1))
+    smin = tl.minimum(smin, tl.min(tl.where(live, sbyte, 256), axis=1))
+    nan = nan | (tl.max((sbyte == 255).to(tl.int32), axis=1) != 0)
+    return smax, smin, nan
+
+
+@triton.jit
+def _fold_chunk(codes, sbyte, smax, nan, out_ptr, orow, k0, K, rmask, BITS: tl.constexpr, MBITS: tl.constexpr,
+                EMIN: tl.constexpr, D_LO: tl.constexpr, D_HI: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_K: tl.constexpr, MASKED: tl.constexpr):
+    """Store the E4M3 bytes of one chunk: codes int32 [BLOCK_R, NB, 32], sbyte int32 [BLOCK_R, NB]."""
+    # clamped, so all-zero blocks (any scale) and rows sent to the host get a finite factor
+    d = tl.minimum(tl.maximum(sbyte - smax[:, None] + D_HI, D_LO), D_HI)
+    e4 = _codes_to_e4m3(codes, d[:, :, None], BITS, MBITS, EMIN)
+    e4 = tl.where(nan[:, None, None], 0, e4)
+    k = k0 + tl.arange(0, BLOCK_K)
+    m = (rmask[:, None] & (k < K)[None, :]) | (not MASKED)
+    tl.store(out_ptr + orow[:, None] + k[None, :], tl.reshape(e4, [BLOCK_R, BLOCK_K]).to(tl.uint8), mask=m)
+
+
+@triton.jit
+def _store_row(rs_ptr, st_ptr, rows, rmask, smax, smin, nan, D_LO: tl.constexpr, D_HI: tl.constexpr):
+    """Row scale (fp32 bits: 2^(smax - 127 - D_HI), 1.0 without non-zero blocks, NaN) and status byte."""
+    e = tl.where(smax >= 0, smax - 127 - D_HI, 0)
+    # 2^e: exponent field for normals, a single mantissa bit for fp32 subnormals (e >= -149 here)
+    bits = tl.where(e >= -126, (e + 127) << 23, 1 << (tl.minimum(tl.maximum(e, -149), -127) + 149))
+    bits = tl.where(nan, 0x7FC00000, bits)
+    status = tl.where(nan, 2, tl.where(smax - smin > D_HI - D_LO, 1, 0))
+    tl.store(rs_ptr + rows, bits, mask=rmask)
+    tl.store(st_ptr + rows, status.to(tl.uint8), mask=rmask)
+
+
+@triton.jit
+def _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_K: tl.constexpr, MASKED: tl.constexpr):
+    """Columns k0 .. k0 + BLOCK_K of BLOCK_R packed rows: (codes int32 [BLOCK_R, NB, 32], scale bytes int32
+    [BLOCK_R, NB], block holds a non-zero code [BLOCK_R, NB]); masked blocks read as zero blocks of scale 0."""
+    NB: tl.constexpr = BLOCK_K // 32
+    b = k0 // 32 + tl.arange(0, NB)
+    sm = (rmask[:, None] & (b < K // 32)[None, :]) | (not MASKED)
+    sbyte = tl.load(s_ptr + srow[:, None] + b[None, :], mask=sm, other=0).to(tl.int32)
+    codes = tl.reshape(_fp_codes(q_ptr, qrow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K, MASKED), [BLOCK_R, NB, 32])
+    # a block is non-zero when any code has a magnitude bit set (the sign bit masked off)
+    nonzero = tl.max(codes & ((1 << (BITS - 1)) - 1), axis=2) != 0
+    return codes, sbyte, nonzero
+
+
+@triton.jit
+def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, R, K,
+                 BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, D_LO: tl.constexpr,
+                 D_HI: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Fold packed FP4 / FP6 rows (qdata [R, K * BITS / 8] uint8, scale [R, K / 32] uint8) to E4M3
+    (out [R, K] uint8), row scales (rs [R] int32 = fp32 bits) and status bytes (st [R] uint8)."""
+    tl.static_assert(BLOCK_K % 32 == 0)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    r64 = rows.to(tl.int64)
+    qrow = r64 * (K // 8 * BITS)
+    srow = r64 * (K // 32)
+    orow = r64 * K
+    smax = tl.full([BLOCK_R], -1, tl.int32)
+    smin = tl.full([BLOCK_R], 256, tl.int32)
+    nan = tl.full([BLOCK_R], 0, tl.int1)
+    if ONE_CHUNK:  # K <= BLOCK_K: one load serves both passes
+        codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, 0, K, rmask, BITS, BLOCK_R, BLOCK_K, MASKED)
+        smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+        _fold_chunk(codes, sbyte, smax, nan, out_ptr, orow, 0, K, rmask, BITS, MBITS, EMIN, D_LO, D_HI,
+                    BLOCK_R, BLOCK_K, MASKED)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K,
+                                               MASKED)
+            smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+        for k0 in range(0, K, BLOCK_K):
+            codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K,
+                                               MASKED)
+            _fold_chunk(codes, sbyte, smax, nan, out_ptr, orow, k0, K, rmask, BITS, MBITS, EMIN, D_LO, D_HI,
+                        BLOCK_R, BLOCK_K, MASKED)
+    _store_row(rs_ptr, st_ptr, rows, rmask, smax, smin, nan, D_LO, D_HI)
+
+
+@triton.jit
+def _quantize_chunk(x_ptr, xrow, k0, K, rmask, IN_KIND: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                    MODE: tl.constexpr, AWAY: tl.constexpr, HW_CVT: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_K: tl.constexpr, MASKED: tl.constexpr):
+    """Quantize columns k0 .. k0 + BLOCK_K of BLOCK_R rows as mxkit.quantize does: (element codes int32
+    [BLOCK_R, NB, 32], scale bytes int32 [BLOCK_R, NB], block holds a non-zero code [BLOCK_R, NB])."""
+    NB: tl.constexpr = BLOCK_K // 32
+    k = k0 + tl.arange(0, BLOCK_K)
+    m = (rmask[:, None] & (k < K)[None, :]) | (not MASKED)
+    xbits = _to_bits(_load_raw(x_ptr + xrow[:, None] + k[None, :], m, IN_KIND), IN_KIND)
+    xbits = tl.reshape(xbits, [BLOCK_R, NB, 32])
+    # |x| bits order like |x| (NaN / Inf are the patterns >= 0x7F800000): the block amax is an integer max
+    amax = tl.max(xbits & 0x7FFFFFFF, axis=2)
+    sbyte, X = _block_scale(amax, 0, MBITS, EMAX, MAX_FRAC, MODE)
+    bad = amax >= 0x7F800000
+    codes = _encode(xbits, X[:, :, None], bad[:, :, None], BITS, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY,
+                    DENORM_NONE, HW_CVT)
+    # rounding is monotone: the block has a non-zero code iff its amax rounds to one (all-zero blocks and
+    # blocks whose scale clamped at 2^-127 round to 0 entirely)
+    nonzero = (_encode(amax, X, bad, BITS, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY, DENORM_NONE)
+               & ((1 << (BITS - 1)) - 1)) != 0
+    return codes, sbyte, nonzero
+
+
+@triton.jit
+def _quantize_fold_kernel(x_ptr, out_ptr, rs_ptr, st_ptr, R, K,
+                          IN_KIND: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                          EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
+                          MODE: tl.constexpr, AWAY: tl.constexpr, D_HI: tl.constexpr, W: tl.constexpr,
+                          HW_CVT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                          ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr):
+    """Quantize x [R, K] (fp32 bits int32 / bf16 bits int16 / fp16) to FP4 / FP6 per 32-block and fold each row:
+    out [R, K] E4M3 bytes, rs [R] fp32 bits, st [R] status, as :func:`_fold_kernel` (D_LO = D_HI - W)."""
+    tl.static_assert(BLOCK_K % 32 == 0)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    xrow = rows.to(tl.int64) * K
+    smax = tl.full([BLOCK_R], -1, tl.int32)
+    smin = tl.full([BLOCK_R], 256, tl.int32)
+    nan = tl.full([BLOCK_R], 0, tl.int1)
+    if ONE_CHUNK:  # K <= BLOCK_K: one load serves both passes
+        codes, sbyte, nonzero = _quantize_chunk(x_ptr, xrow, 0, K, rmask, IN_KIND, BITS, MBITS, EMIN, EMAX,
+                                                MAX_NORMAL, MAX_FRAC, MODE, AWAY, HW_CVT, BLOCK_R, BLOCK_K,
+                                                MASKED)
+        smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+        _fold_chunk(codes, sbyte, smax, nan, out_ptr, xrow, 0, K, rmask, BITS, MBITS, EMIN, D_HI - W, D_HI,
+                    BLOCK_R, BLOCK_K, MASKED)
+    else:  # pass 2 re-reads the rows' chunks (L2 hits on a GPU) and quantizes them again
+        for k0 in range(0, K, BLOCK_K):
+            codes, sbyte, nonzero = _quantize_chunk(x_ptr, xrow, k0, K, rmask, IN_KIND, BITS, MBITS, EMIN, EMAX,
+                                                    MAX_NORMAL, MAX_FRAC, MODE, AWAY, HW_CVT, BLOCK_R, BLOCK_K,
+                                                    MASKED)
+            smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+        for k0 in range(0, K, BLOCK_K):
+            codes, sbyte, nonzero = _quantize_chunk(x_ptr, xrow, k0, K, rmask, IN_KIND, BITS, MBITS, EMIN, EMAX,
+                                                    MAX_NORMAL, MAX_FRAC, MODE, AWAY, HW_CVT, BLOCK_R, BLOCK_K,
+                                                    MASKED)
+            _fold_chunk(codes, sbyte, smax, nan, out_ptr, xrow, k0, K, rmask, BITS, MBITS, EMIN, D_HI - W, D_HI,
+                        BLOCK_R, BLOCK_K, MASKED)
+    _store_row(rs_ptr, st_ptr, rows, rmask, smax, smin, nan, D_HI - W, D_HI)

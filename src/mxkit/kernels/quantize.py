@@ -29,7 +29,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..layouts import scale_layout_shape
+from .. import layouts
+from ..layouts import KERNEL_LAYOUT_IDS, scale_layout_shape
 from ..tensor import MXTensor, check_out_dtype, check_quantize_args
 from . import opt_flags
 from .launch import _Launcher
@@ -48,8 +49,8 @@ __all__ = [
 ]
 
 
-KERNEL_SCALE_LAYOUTS = {"plain": 0, "nvidia_128x4": 1, "aiter_shuffle": 2}  # layouts the quantize kernel writes directly
-_LAYOUT_PLAIN_T = 3  # internal: a plain scale written transposed (scale_t; quantize_details._common.LAYOUT_PLAIN_T)
+KERNEL_SCALE_LAYOUTS = KERNEL_LAYOUT_IDS  # layouts the quantize kernel writes directly (mxkit.layouts' registry)
+_LAYOUT_PLAIN_T = layouts.plain.KERNEL_ID_T  # a plain scale written transposed (the scale_t path)
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _INT32_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535  # CUDA's limit of launch grid dims 1 and 2 (dim 0: 2^31 - 1)

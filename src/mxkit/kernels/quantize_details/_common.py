@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...layouts import aiter_shuffle, nvidia_128x4, plain
+
 
 # scale rules (constexpr ints; the launcher maps ScaleMode onto them)
 MODE_FLOOR = tl.constexpr(0)
@@ -35,11 +37,11 @@ DENORM_ALWAYS = tl.constexpr(2)
 EVICT_LAST = tl.constexpr(1)
 EVICT_FIRST = tl.constexpr(2)
 
-# scale layouts
-LAYOUT_PLAIN = tl.constexpr(0)
-LAYOUT_NV128X4 = tl.constexpr(1)
-LAYOUT_AITER = tl.constexpr(2)
-LAYOUT_PLAIN_T = tl.constexpr(3)  # a plain scale stored transposed, [ncols, rows] (cols_p = rows)
+# scale layouts (ids from mxkit.layouts' registry)
+LAYOUT_PLAIN = tl.constexpr(plain.KERNEL_ID)
+LAYOUT_NV128X4 = tl.constexpr(nvidia_128x4.KERNEL_ID)
+LAYOUT_AITER = tl.constexpr(aiter_shuffle.KERNEL_ID)
+LAYOUT_PLAIN_T = tl.constexpr(plain.KERNEL_ID_T)  # a plain scale stored transposed, [ncols, rows] (cols_p = rows)
 
 
 @triton.jit

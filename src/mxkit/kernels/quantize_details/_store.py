@@ -5,6 +5,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...layouts.aiter_shuffle import _offsets as _aiter_offsets
+from ...layouts.nvidia_128x4 import _offsets as _nv128x4_offsets
+from ...layouts.plain import _offsets as _plain_offsets
 from ._common import LAYOUT_AITER, LAYOUT_NV128X4, LAYOUT_PLAIN, LAYOUT_PLAIN_T, _half_row
 
 
@@ -39,23 +42,18 @@ def _store_group_words(q_ptr, w0, w1, w2, wofs, gm, STORE4: tl.constexpr):
 @triton.jit
 def _scale_offsets(row, col, ncols, cols_p, LAYOUT: tl.constexpr):
     """Byte offsets of scale (row, col) in a plain (rows, ncols) scale or a swizzled one whose padded
-    width is cols_p (offsets as in :func:`mxkit.layouts.to_layout`).
-
-    nvidia_128x4: 512-byte tiles in row-major order over (rows_p / 128, cols_p / 4); inside a tile (r, c)
-    sits at (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4 (cuBLAS "1D block scaling factors layout").
-    aiter_shuffle: 32 x 8 blocks of 256 bytes, each word holds rows (r, r + 16) x cols (c, c + 4)."""
+    width is cols_p: each layout's ``offsets`` (:mod:`mxkit.layouts`), the formula the host swizzle uses too."""
     r = row[:, None]
     c = col[None, :]
     if LAYOUT == LAYOUT_PLAIN:
-        return r * ncols + c
-    elif LAYOUT == LAYOUT_PLAIN_T:  # (cols_p: the number of rows)
-        return c * cols_p + r
+        return _plain_offsets(r, c, ncols)
+    elif LAYOUT == LAYOUT_PLAIN_T:  # stored transposed, [ncols, rows] (cols_p: the number of rows)
+        return _plain_offsets(c, r, cols_p)
     elif LAYOUT == LAYOUT_NV128X4:
-        return ((r // 128) * (cols_p // 4) + c // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + (c % 4)
+        return _nv128x4_offsets(r, c, cols_p)
     else:
         tl.static_assert(LAYOUT == LAYOUT_AITER)
-        return ((r // 32) * 32 * cols_p + (c // 8) * 256 + (c % 4) * 64 + (r % 16) * 4
-                + ((c // 4) % 2) * 2 + ((r // 16) % 2))
+        return _aiter_offsets(r, c, cols_p)
 
 
 @triton.jit

@@ -1,8 +1,9 @@
-"""Scale and element-data layouts used by MX GEMM libraries (pure PyTorch; no kernels here).
+"""Scale and element-data layouts used by MX GEMM libraries (the host side in PyTorch; each layout's offset
+formula is also the quantize kernels' ``@triton.jit`` helper).
 
 Every function here is a byte permutation (plus zero padding for the scale layouts): no arithmetic on
 values, so every conversion is lossless and works on any device and any byte content (0xFF NaN scales
-included). This module imports only torch; :mod:`mxkit.reference` imports it lazily.
+included). The host side imports only torch (Triton is optional); :mod:`mxkit.reference` imports it lazily.
 
 Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 32``; an ND scale
 ``(*lead, cols)`` is flattened to ``rows = prod(lead)`` first):
@@ -19,20 +20,25 @@ Element-data layouts (packed FP4 ``qdata`` ``(..., N, K // 2)`` uint8, two E2M1 
 * ``"plain"`` — row-major, what :func:`mxkit.quantize` returns.
 * ``"aiter_shuffle"`` — aiter's 16×16 MFMA pre-shuffle of weights (``shuffle_weight(w, layout=(16, 16))``).
 
-Converters: :func:`to_data_layout` / :func:`from_data_layout`. The index formula of every layout is in the
-docstring of its converter.
+Converters: :func:`to_data_layout` / :func:`from_data_layout`. One module per layout (``plain``,
+``nvidia_128x4``, ``aiter_shuffle``) holds its offset formula with its sources, the host swizzle and unswizzle,
+and the formula's ``@triton.jit`` twin (defined only where Triton imports); the registry below derives every
+list of layout names from those modules.
 """
 
 from __future__ import annotations
 
 import math
-
-from typing import Sequence
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 import torch
 
+from . import aiter_shuffle, nvidia_128x4, plain
+
 __all__ = [
     "SCALE_LAYOUTS",
+    "KERNEL_LAYOUT_IDS",
     "DATA_LAYOUTS",
     "scale_layout_shape",
     "to_layout",
@@ -41,42 +47,20 @@ __all__ = [
     "from_data_layout",
 ]
 
+# The one registry of layout names: each layout is a module (host swizzle, unswizzle, the offset formula and its
+# jit helper). SCALE_LAYOUTS / DATA_LAYOUTS and the kernels' layout ids are derived from it.
+_SCALE_MODULES = MappingProxyType({m.NAME: m for m in (plain, nvidia_128x4, aiter_shuffle)})
+_DATA_MODULES = MappingProxyType({m.NAME: m for m in (plain, aiter_shuffle)})
+
 # layout name -> (row multiple, col multiple) the plain (rows, cols) scale is padded to
-SCALE_LAYOUTS: dict[str, tuple[int, int]] = {
-    "plain": (1, 1),
-    "nvidia_128x4": (128, 4),
-    "aiter_shuffle": (256, 8),
-}
+SCALE_LAYOUTS: Mapping[str, tuple[int, int]] = MappingProxyType({n: m.PAD for n, m in _SCALE_MODULES.items()})
 
 # layout name -> (N multiple, K-bytes multiple) the packed data (..., N, K // 2) must have (no padding)
-DATA_LAYOUTS: dict[str, tuple[int, int]] = {
-    "plain": (1, 1),
-    "aiter_shuffle": (16, 32),
-}
+DATA_LAYOUTS: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {n: getattr(m, "DATA_MULTIPLE", (1, 1)) for n, m in _DATA_MODULES.items()})
 
-# Each swizzle is "view the padded row-major matrix as these dims, permute, flatten".
-# name -> (function (rows_p, cols_p) -> split dims, permutation of those dims)
-_SCALE_SWIZZLES = {
-    # (row tile rb, r // 32 % 4, r % 32, col tile cb, c % 4) -> (rb, cb, r % 32, r // 32 % 4, c % 4)
-    "nvidia_128x4": (lambda R, C: (R // 128, 4, 32, C // 4, 4), (0, 3, 2, 1, 4)),
-    # (r // 32, r // 16 % 2, r % 16, c // 8, c // 4 % 2, c % 4)
-    #   -> (r // 32, c // 8, c % 4, r % 16, c // 4 % 2, r // 16 % 2)
-    "aiter_shuffle": (lambda R, C: (R // 32, 2, 16, C // 8, 2, 4), (0, 3, 5, 2, 4, 1)),
-}
-
-# (b, n // 16, n % 16, kb // 32, kb // 16 % 2, kb % 16) -> (b, n // 16, kb // 32, kb // 16 % 2, n % 16, kb % 16)
-_DATA_PERM = (0, 1, 3, 4, 2, 5)
-
-
-def _DATA_SPLIT(B: int, N: int, KB: int) -> tuple[int, ...]:
-    return (B, N // 16, 16, KB // 32, 2, 16)
-
-
-def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return tuple(inv)
+# layout name -> the scale-layout id the quantize kernels take (mxkit.kernels.quantize_details: LAYOUT_*)
+KERNEL_LAYOUT_IDS: Mapping[str, int] = MappingProxyType({n: m.KERNEL_ID for n, m in _SCALE_MODULES.items()})
 
 
 def _check_layout(layout: str) -> tuple[int, int]:
@@ -132,30 +116,9 @@ def to_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
       what cuBLAS / torchao's ``to_blocked`` / aiter's ``e8m0_shuffle`` produce. Padding bytes are 0.
       ``"plain"`` returns the bytes as they are (no copy when ``scale`` is already contiguous uint8).
 
-    Byte (r, c) of the padded (R, C) = (rows_p, cols_p) scale goes to flat offset:
-
-    * ``"nvidia_128x4"`` — 128×4 tiles of 512 bytes, tiles in row-major order over
-      (R / 128, C / 4); inside a tile, row r32 = r % 32 of the 32×16 tile holds rows r32, r32 + 32, r32 + 64,
-      r32 + 96, 4 bytes each::
-
-          (r // 128 * (C // 4) + c // 4) * 512 + (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-
-      Source: cuBLAS docs, "1D Block Scaling Factors Layout" (docs.nvidia.com/cuda/cublas,
-      #d-block-scaling-factors-layout); TransformerEngine ``nvte_swizzle_scaling_factors`` (scale padded to
-      128×4 for row-scale); torchao ``torchao/prototype/mx_formats/utils.py::to_blocked`` (checked against
-      it in tests/test_layouts.py).
-    * ``"aiter_shuffle"`` — 32×8 blocks of 256 bytes; every 4-byte word holds rows (r, r + 16) × cols
-      (c, c + 4) so one lane reads the scales of two M/N sub-tiles and two K sub-steps::
-
-          (r // 32) * 32 * C + (c // 8) * 256 + (c % 4) * 64 + (r % 16) * 4 + (c // 4 % 2) * 2 + (r // 16 % 2)
-
-      Source: ROCm/aiter ``aiter/ops/shuffle.py::shuffle_scale`` (non-guinterleave branch; it is what
-      ``aiter/utility/fp4_utils.py::e8m0_shuffle`` calls): pad to (ceil256, ceil8), ``view(sm // 32, 2, 16,
-      sn // 8, 2, 4).permute(0, 3, 5, 2, 4, 1)``; the same offsets are written by the ``SHUFFLE`` branch of
-      aiter's Triton ``_dynamic_mxfp4_quant_kernel_asm_layout`` (fp4_utils.py), used for the scales of
-      aiter's ``gemm_a4w4`` (op_tests/test_gemm_a4w4.py) and by vLLM's Quark MXFP4 MoE on ROCm
-      (quark_moe.py: ``e8m0_shuffle(scale.view(E * N, -1))`` — ND scales flattened to rows as here).
-      aiter leaves padding uninitialised (``torch.empty``); mxkit writes 0.
+    Byte (r, c) of the padded (rows_p, cols_p) scale goes to flat offset ``offsets(r, c, cols_p)`` of the
+    layout's module (:mod:`mxkit.layouts.nvidia_128x4`, :mod:`mxkit.layouts.aiter_shuffle`: the formulas and
+    their sources); the quantize kernels write the same offsets through the same functions.
 
     Raises TypeError if ``scale`` is not a tensor; ValueError for an unknown layout, another dtype, or a
     tensor that is not 2-D.
@@ -172,8 +135,7 @@ def to_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
     R, C = scale_layout_shape(rows, cols, layout)
     padded = s.new_zeros((R, C))
     padded[:rows, :cols] = s
-    split, perm = _SCALE_SWIZZLES[layout]
-    return padded.view(split(R, C)).permute(perm).reshape(R, C)
+    return _SCALE_MODULES[layout].swizzle(padded)
 
 
 def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> torch.Tensor:
@@ -203,10 +165,7 @@ def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> to
         )
     if layout == "plain":
         return s.reshape(rows, cols).contiguous()
-    split, perm = _SCALE_SWIZZLES[layout]
-    dims = split(R, C)
-    stored = s.reshape(tuple(dims[p] for p in perm))
-    return stored.permute(_inverse(perm)).reshape(R, C)[:rows, :cols].contiguous()
+    return _SCALE_MODULES[layout].unswizzle(s, R, C)[:rows, :cols].contiguous()
 
 
 def _check_data(qdata: torch.Tensor, layout: str, what: str) -> torch.Tensor:
@@ -252,9 +211,7 @@ def to_data_layout(qdata: torch.Tensor, layout: str) -> torch.Tensor:
     q = _check_data(qdata, layout, "qdata")
     if layout == "plain":
         return q.contiguous()
-    N, KB = q.shape[-2:]
-    B = q.numel() // (N * KB) if q.numel() else 0
-    return q.reshape(_DATA_SPLIT(B, N, KB)).permute(_DATA_PERM).reshape(q.shape)
+    return _DATA_MODULES[layout].shuffle_data(q)
 
 
 def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) -> torch.Tensor:
@@ -280,8 +237,4 @@ def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) 
     q = _check_data(s.reshape(shape) if len(shape) >= 2 else s, layout, "shuffled")
     if layout == "plain":
         return q.contiguous()
-    N, KB = shape[-2:]
-    B = numel // (N * KB) if numel else 0
-    dims = _DATA_SPLIT(B, N, KB)
-    stored = q.reshape(tuple(dims[p] for p in _DATA_PERM))
-    return stored.permute(_inverse(_DATA_PERM)).reshape(shape)
+    return _DATA_MODULES[layout].unshuffle_data(q, shape)

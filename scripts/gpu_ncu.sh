@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute counters for the production quantize / dequantize kernels (scripts/ncu_quantize.py), one
-# line per metric; output in ${OUT:-results/gpu}/ncu.txt. Usage: scripts/gpu_ncu.sh [case names...]
+# Nsight Compute counters for the production kernels (scripts/ncu_cases.py: quantize, dequantize and GEMM at
+# 8192), one line per metric; output in ${OUT:-results/gpu}/ncu.txt.
+#   scripts/gpu_ncu.sh [--set field=value,...] [case names, e.g. "rows fp4" "gemm fp4"]
 set -u
 cd "$(dirname "$0")/.." || exit 2
 RESULTS="${OUT:-results/gpu}"
@@ -31,7 +32,7 @@ if [ "${NCU_L2_BREAKDOWN:-0}" = 1 ]; then
     M=breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests.sum,lts__t_sectors.sum
 fi
 PYTHONPATH=src ncu --profile-from-start off --clock-control none --metrics "$M" \
-    python3 scripts/ncu_quantize.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
+    python3 scripts/ncu_cases.py "$@" >"$RESULTS/ncu_raw.txt" 2>&1
 rc=$?
 grep -E "ncu case|_kernel|__|ratio|lts" "$RESULTS/ncu_raw.txt" | sed -E 's/ +/ /g' >"$RESULTS/ncu.txt"
 cat "$RESULTS/ncu.txt"

@@ -1,0 +1,119 @@
+"""A/B timings of kernel config variants, taken through the config override (never by patching kernels).
+
+Each ``--variant NAME:field=value,...`` runs its cases inside ``mxkit.kernels.opt_flags.override(**fields)``
+(a context manager: the per-GPU table and heuristics answer with those fields replaced while it is open);
+``NAME:`` alone, or ``base``, is the default config. Every variant's output is checked against the reference
+(bytes for quantize / dequantize, the float64 bound for GEMMs) before it is timed, with the harness of
+``mxkit.bench`` (median after a read flush, then after a write flush). ``--rounds N`` repeats the whole
+variant list N times, interleaved, and keeps each variant's fastest round. The table is printed last;
+``--out DIR`` also writes ``DIR/ab.json``.
+
+    PYTHONPATH=src python3 scripts/ab.py --op rowwise --formats mxfp4 --shapes 8192x8192,16384x16384 \\
+        --variant base --variant "1x1024w1:block_r=1,block_c=1024,num_warps=1" --rounds 2
+    PYTHONPATH=src python3 scripts/ab.py --op gemm --formats mxfp4 --shapes 8192x8192x8192 \\
+        --variant base --variant "bn128:block_n=128"
+
+Values are JSON (``4``, ``true``, ``null``, ``[1, 2]``), anything else a string. Field names are those of the
+config dataclasses in ``mxkit.kernels``; the override rejects unknown ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from mxkit.bench import gemm, quantize, timing
+from mxkit.formats import get_format
+
+OPS = (*quantize.OPS, "gemm")
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``"name:a=1,b=true"`` → ("name", {"a": 1, "b": True}); ``"base"`` → ("base", {})."""
+    name, _, body = text.partition(":")
+    fields = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise argparse.ArgumentTypeError(f"variant {text!r}: {item!r} is not field=value")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key.strip()] = value.strip()
+    return name.strip() or "base", fields
+
+
+def override(fields: dict):
+    """``mxkit.kernels.opt_flags.override(**fields)``, or a clear exit when the hook is not in this checkout."""
+    if not fields:
+        return contextlib.nullcontext()
+    try:
+        from mxkit.kernels.opt_flags import override as hook
+    except ImportError as e:
+        sys.exit(f"scripts/ab.py: variants need mxkit.kernels.opt_flags.override(**fields), a context manager "
+                 f"over the kernel configs; it is not importable here ({type(e).__name__}: {e})")
+    return hook(**fields)
+
+
+def make_cases(args) -> list:
+    if args.op == "gemm":
+        return gemm.plan_cases(args.formats, ("ready",), args.shapes)
+    fmts = [get_format(f).name for f in args.formats]
+    return quantize.plan_cases((args.op,), fmts, args.shapes, torch.bfloat16)
+
+
+def measure(case, fields: dict, ctx: timing.Context) -> dict:
+    impls = gemm.IMPLS if isinstance(case, gemm.GemmCase) else quantize.IMPLS
+    with override(fields):
+        row = timing.bench_case(case, ctx, {"mxkit": impls["mxkit"]})[0]
+    return {"us": row.us, "us_write": row.us_write, "check": row.check, "status": row.status, "note": row.note}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", choices=OPS, required=True)
+    p.add_argument("--formats", type=timing.csv_arg(str), required=True,
+                   help="MX formats (quantize ops) or gemm pairs (" + ", ".join(gemm.PAIRS) + ")")
+    p.add_argument("--shapes", type=timing.csv_arg(timing.parse_shape), required=True)
+    p.add_argument("--variant", type=parse_variant, action="append", required=True, dest="variants")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--spin-us", type=float, default=100.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("scripts/ab.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = timing.TimingConfig(rep_ms=args.rep_ms, spin_us=args.spin_us)
+    copy_read, copy_write, _ = timing.copy_bandwidth(cfg)
+    ctx = timing.Context(device="cuda", time_fn=lambda fn: timing.time_us(fn, cfg), sync=torch.cuda.synchronize,
+                         copy_gbps=copy_read, copy_gbps_write=copy_write, compile=False)
+    env = timing.environment()
+    print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | copy {copy_read:.0f} / {copy_write:.0f} GB/s")
+    best: dict[tuple, dict] = {}
+    for rnd in range(1, args.rounds + 1):
+        for case in make_cases(args):
+            for name, fields in args.variants:
+                got = measure(case, fields, ctx)
+                key = (case.fmt_name, case.label, name)
+                timing.progress(f"round {rnd} {case.op} {key}: {got}")
+                if key not in best or (got["us"] or float("inf")) < (best[key]["us"] or float("inf")):
+                    best[key] = dict(got, fields=fields)
+    print(f"\n{'format':24s} {'shape':18s} {'variant':20s} {'µs':>9s} {'µs write':>9s} check  note")
+    for (fmt, shape, name), r in best.items():
+        print(f"{fmt:24s} {shape:18s} {name:20s} {timing.fmt_num(r['us'], '9.1f')} "
+              f"{timing.fmt_num(r['us_write'], '9.1f')} {r['check'] or '-':6s} {r['note'][:60]}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        rows = [dict(r, fmt=k[0], shape=k[1], variant=k[2]) for k, r in best.items()]
+        (args.out / "ab.json").write_text(json.dumps({"env": env, "op": args.op, "rows": rows}, indent=1) + "\n")
+    return 1 if any(r["check"] in timing.BAD_CHECKS for r in best.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The short summary scripts/gpu_check.sh prints last, from its results folder: the stages' exit status, the GPU
+test counts (junit), mxkit's quantize rows at 8192^2 / 16384^2 and its GEMM rows.
+
+    python3 scripts/gpu_summary.py results/gpu [wall seconds]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def f(v, spec: str) -> str:
+    width = int(spec.split(".")[0] or 0)
+    return "n/a".rjust(width) if v is None else format(v, spec)
+
+
+def tests_line(res: Path) -> list[str]:
+    try:
+        root = ET.parse(res / "pytest_gpu.xml").getroot()
+    except Exception as e:
+        return [f"tests (-m gpu): no junit report ({type(e).__name__})"]
+    cases = [c for s in ([root] if root.tag == "testsuite" else list(root)) for c in s.iter("testcase")]
+    state = [next((t for t in ("failure", "error", "skipped") if c.find(t) is not None), "passed") for c in cases]
+    out = [f"tests (-m gpu): {state.count('passed')} passed, {state.count('failure')} failed, "
+           f"{state.count('error')} errors, {state.count('skipped')} skipped"]
+    for c, s in zip(cases, state):
+        if s in ("failure", "error"):
+            msg = (c.find(s).get("message") or "")[:100]
+            out.append(f"  FAILED {c.get('classname')}::{c.get('name')}: {msg}")
+    return out
+
+
+def load(res: Path, stem: str):
+    try:
+        doc = json.loads((res / f"{stem}.json").read_text())
+    except Exception as e:
+        return None, [f"{stem}: no JSON ({type(e).__name__})"]
+    env = doc["env"]
+    head = (f"{stem}: {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}; copy "
+            f"{env.get('copy_gbps')} GB/s (read flush) / {env.get('copy_gbps_write')} (write flush); {env.get('date_utc')}")
+    return [r for r in doc["rows"] if r["impl"] == "mxkit"], [head]
+
+
+def section(res: Path, stem: str, head: str, cells, keep=lambda r: True) -> tuple[list, list[str]]:
+    """(mxkit rows, lines): the run's header line, ``head``, then ``cells(row)`` for every kept row."""
+    rows, out = load(res, stem)
+    if rows is None:
+        return [], out
+    out.append(head)
+    out += [cells(r) + ("" if r["status"] == "ok" else f"  [{r['status']}: {r['note'][:50]}]") for r in rows if keep(r)]
+    return rows, out
+
+
+def quantize_lines(res: Path) -> list[str]:
+    rows, out = section(
+        res, "bench_quantize", f"{'op':15s} {'format':11s} {'shape':12s} {'µs':>8s} {'%copy':>6s} {'µs wr':>8s} "
+                               f"{'%copy wr':>8s} {'× ref':>6s} check",
+        lambda r: (f"{r['op']:15s} {r['fmt']:11s} {r['shape']:12s} {f(r['us'], '8.1f')} {f(r['pct_copy'], '6.1f')} "
+                   f"{f(r.get('us_write'), '8.1f')} {f(r.get('pct_copy_write'), '8.1f')} {f(r['vs_ref'], '6.2f')} "
+                   f"{r['check'] or '-'}"),
+        keep=lambda r: r["shape"] in ("8192x8192", "16384x16384"))
+    if rows:
+        out.append(f"quantize: {len(rows)} mxkit rows, {sum(r['status'] != 'ok' for r in rows)} n/a or error, "
+                   f"{sum(r['check'] == 'MISMATCH' for r in rows)} byte mismatches")
+    return out
+
+
+def gemm_lines(res: Path) -> list[str]:
+    return section(
+        res, "bench_gemm", f"{'mode':9s} {'pair':25s} {'M×N×K':17s} {'µs':>9s} {'TFLOP/s':>7s} {'×cuBLAS':>7s} "
+                           f"{'path':12s} {'rel.err':>8s} {'bound':>8s} check",
+        lambda r: (f"{r['op']:9s} {r['fmt']:25s} {r['shape']:17s} {f(r['us'], '9.1f')} {f(r['tflops'], '7.0f')} "
+                   f"{f(r['vs_ref'], '7.2f')} {(r['path'] or '-'):12s} {f(r['err'], '8.1e')} "
+                   f"{f(r['err_bound'], '8.1e')} {r['check'] or '-'}"))[1]
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    res = Path(argv[0])
+    wall = f" ({argv[1]} s)" if len(argv) > 1 else ""
+    lines = [f"==== gpu_check summary{wall} ===="]
+    status = res / ".status"
+    lines += status.read_text().splitlines() if status.exists() else []
+    lines += tests_line(res) + quantize_lines(res) + gemm_lines(res)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -41,20 +41,12 @@ class QuantizeConfig:
     block_c: int
     num_warps: int
     int64: bool
-    # fp32-denormal inputs: 0 = multiply them as they are (exact: Triton's sm_90 fp32 multiply keeps
-    # subnormals), 1 = rebuild them from the mantissa in tiles that need it (CTA-wide min), 2 = always
-    denorm: int = 0
     # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2 (inline asm; ignored
     # for other formats, for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
     hw_cvt: bool = False
-    row3d: bool = False  # rowwise only: load the tile as [block_r, block_c // 32, 32] (no reshapes)
     col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
     group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
-    # each program walks rblocks tiles down R (not with row3d); blocks along R with 4 or 8 and a plain scale
-    # layout whose rows divide evenly: each column's scale bytes go out as one 4- / 8-byte word (not
-    # rblocks single bytes)
-    rblocks: int = 1
-    mode_const: bool = False  # the scale mode as a constexpr (one compile per mode, less per-block work)
+    rblocks: int = 1  # each program walks rblocks tiles down R
     # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
     # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
     fp6_words: bool = False
@@ -64,7 +56,7 @@ class QuantizeConfig:
     # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
     # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
     col_packed: bool = False
-    # rowwise FP4 from bf16 with hw_cvt (not row3d): the input read as bf16 pairs (32-bit words), each pair
+    # rowwise FP4 from bf16 with hw_cvt: the input read as bf16 pairs (32-bit words), each pair
     # rounded straight into its packed byte (_rows_fp4_pairs; in the fused cast-transpose with the blocks as the
     # tile's outer dim); skipped for an input address not a multiple of 4
     fp4_pairs: bool = False
@@ -89,7 +81,7 @@ class QuantizeConfig:
     # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
     # fused kernel (both directions from each tile)
     split_rows: tuple = ()
-    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles (not row3d)
+    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles
     # with the bad-block mask inside the cvt asm (_quantize._cvt_fp8_rn_keep), col_units columns and col_packed
     # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
     fp8_words: bool = False

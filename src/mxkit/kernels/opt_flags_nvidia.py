@@ -79,7 +79,7 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
         cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r, span_c),
                              col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                              hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
-                             group_c=0 if split else group_c, mode_const=True, fp6_asm=bool(units and f.bits == 6),
+                             group_c=0 if split else group_c, fp6_asm=bool(units and f.bits == 6),
                              fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
                              split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
                              scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
@@ -130,7 +130,7 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
     cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r * rblocks, block_c),
                          hw_cvt=f.is_float, rblocks=rblocks,
-                         mode_const=True, fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
+                         fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
                          fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
     return cfg

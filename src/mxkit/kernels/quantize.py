@@ -254,7 +254,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     # FP6 from bf16 pairs (rows: with fp6_words; columns: col_units, C even)
     fp6p = bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and hw_cvt_ok(cfg, f, rnd, in_kind))
     fp6p_c = bool(fp6p and units and C % 2 == 0)
-    rb = 1 if (cfg.row3d and not do_col) else cfg.rblocks
+    rb = cfg.rblocks
     span_r = cfg.block_r * rb
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
     scale_t = None
@@ -266,23 +266,20 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     consts = tuple(dict(
         IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
         AWAY=rnd is Rounding.AWAY, **_format_constexprs(f),
-        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64, DENORM=cfg.denorm,
+        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64,
         MASKED=bool(R % span_r or C % cfg.block_c),
-        HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind), ROW3D=bool(cfg.row3d and do_row and not do_col),
+        HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind),
         COL_DIRECT=bool(cfg.col_direct and do_col and not units), GROUP_C=cfg.group_c, RB=rb,
-        SCALE_WORD=bool(do_col and rb in (4, 8) and lay_c == 0 and cfg.block_r == 32 and R % span_r == 0
-                        and scale_t is None and not units and not packed),
-        SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
-        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and not cfg.row3d and cfg.block_c >= 32),
+        SCALE_MODE=_MODE[mode],
+        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and cfg.block_c >= 32),
         COL_PACKED=packed, COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and hw_cvt_ok(cfg, f, rnd, in_kind),
         FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
-        FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and not (cfg.row3d and not do_col)
+        FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1
                        and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
-        FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and not (cfg.row3d and not do_col)
-                       and hw_cvt_ok(cfg, f, rnd, in_kind)),
+        FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and hw_cvt_ok(cfg, f, rnd, in_kind)),
         CT_EVICT=cfg.ct_evict if (do_row and do_col and units) else 0,
         FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6 and do_row),
-        FP6P_R=bool(fp6p and do_row and not cfg.row3d and cfg.fp6_words and cfg.block_c >= 32),
+        FP6P_R=bool(fp6p and do_row and cfg.fp6_words and cfg.block_c >= 32),
         FP6P_C=bool(fp6p_c and do_col),
     ).items())
     ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
@@ -299,8 +296,8 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
                       and (f.bits != 6 or fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)))
         consts = tuple(dict(
             IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,
-            INT64=cfg.int64, DENORM=cfg.denorm, MASKED=bool(R % cfg.block_r or C % rbc),
-            SCALE_MODE=_MODE[mode] if cfg.mode_const else -1,
+            INT64=cfg.int64, MASKED=bool(R % cfg.block_r or C % rbc),
+            SCALE_MODE=_MODE[mode],
             ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=row_hw, FP6_WORDS=bool(cfg.fp6_words and f.bits == 6),
             FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
             COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,

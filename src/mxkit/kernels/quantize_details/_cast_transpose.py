@@ -19,7 +19,7 @@ def _cast_transpose_split_kernel(
     IN_KIND: tl.constexpr, LAYOUT_R: tl.constexpr, LAYOUT_C: tl.constexpr,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
     IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr,
-    INT64: tl.constexpr, DENORM: tl.constexpr, MASKED: tl.constexpr, SCALE_MODE: tl.constexpr,
+    INT64: tl.constexpr, MASKED: tl.constexpr, SCALE_MODE: tl.constexpr,
     ROW_BR: tl.constexpr, ROW_BC: tl.constexpr, ROW_RB: tl.constexpr, ROW_HW: tl.constexpr,
     FP6_WORDS: tl.constexpr, FP4_PAIRS: tl.constexpr,
     COL_BR: tl.constexpr, COL_BC: tl.constexpr, COL_HW: tl.constexpr, COL_PACKED: tl.constexpr,
@@ -58,7 +58,7 @@ def _cast_transpose_split_kernel(
                                 FP6_ST4)
             elif FP6_WORDS:
                 _rows_fp6_words(x_ptr, qr_ptr, sr_ptr, grow, rmask, c0, C, colsp_r, scale_mode, IN_KIND, LAYOUT_R,
-                                MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, SCALE_MODE, ROW_BR, ROW_BC,
+                                MBITS, EMIN, EMAX, MAX_NORMAL, MAX_FRAC, AWAY, SCALE_MODE, ROW_BR, ROW_BC,
                                 MASKED, ROW_HW, FP6_ASM, 0, FP6_ST4)
             elif FP4_PAIRS:
                 tl.static_assert(RAW16)
@@ -69,8 +69,8 @@ def _cast_transpose_split_kernel(
                 raw = _load_raw(x_ptr + grow[:, None] * C + c[None, :],
                                 rmask[:, None] & ((c < C) | (not MASKED))[None, :], IN_KIND)
                 codes, sbyte = _quantize_rows(raw if RAW16 else _to_bits(raw, IN_KIND), ROW_BR, ROW_BC, BITS, MBITS,
-                                              EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM,
-                                              ROW_HW, False, RAW16, SCALE_MODE)
+                                              EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, scale_mode, AWAY,
+                                              ROW_HW, RAW16, SCALE_MODE)
                 _store_quantized(qr_ptr, sr_ptr, codes, sbyte, grow, rmask, c0, C, colsp_r, ROW_BR, ROW_BC, BITS,
                                  LAYOUT_R, MASKED)
     else:
@@ -84,21 +84,21 @@ def _cast_transpose_split_kernel(
                             LAYOUT_C, MBITS, EMAX, MAX_FRAC, SCALE_MODE, COL_BR, COL_BC, MASKED)
         elif COL_UNITS > 0:
             _cols_units(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
-                        IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW,
+                        IN_KIND, LAYOUT_C, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, COL_HW,
                         SCALE_MODE, COL_BR, COL_BC, MASKED, COL_UNITS, FP6_ASM)
         elif COL_FP4W:
             _cols_fp4_words(x_ptr, qc_ptr, sc_ptr, b, r0, rc * ROW_BC + (k - NR) * COL_BC, R, C, colsp_c, scale_mode,
                             LAYOUT_C, MBITS, EMAX, MAX_FRAC, SCALE_MODE, COL_BR, COL_BC, MASKED, COL_WIDE)
         elif COL_PACKED:
             _cols_packed(x_ptr, qc_ptr, sc_ptr, b, r0, c, cmask, R, C, colsp_c, scale_mode, IN_KIND, LAYOUT_C, BITS,
-                         MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, DENORM, COL_HW, SCALE_MODE, COL_BR,
+                         MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, MAX_FRAC, AWAY, COL_HW, SCALE_MODE, COL_BR,
                          COL_BC, MASKED, COL_WIDE)
         else:  # col_direct
             r = r0 + tl.arange(0, COL_BR)
             raw = _load_raw(x_ptr + (b * R + r)[:, None] * C + c[None, :],
                             ((r < R) | (not MASKED))[:, None] & cmask[None, :], IN_KIND)
             codes, sbyte = _quantize_cols(_to_bits(raw, IN_KIND), COL_BR, COL_BC, BITS, MBITS, EMIN, EMAX, IS_INT,
-                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, DENORM, COL_HW, SCALE_MODE)
+                                          MAX_NORMAL, MAX_FRAC, scale_mode, AWAY, COL_HW, SCALE_MODE)
             _store_cols_direct(qc_ptr, sc_ptr, codes, sbyte, b * C + c, cmask, r0, R, colsp_c, COL_BC, COL_BR, BITS,
                                LAYOUT_C, MASKED)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import DENORM_ALWAYS, DENORM_BRANCH, DENORM_NONE, _split4
+from ._common import _split4
 
 
 def _fp8x4_asm(mbits: int, keep: bool) -> str:
@@ -183,17 +183,10 @@ def _fp4_cols_pack(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x
 
 
 @triton.jit
-def _scaled(xbits, X, DENORM: tl.constexpr):
-    """The exact signed v = x * 2^-X (fp32) of fp32 bits x, X in [-127, 126] broadcast to their shape. DENORM:
-    fp32-denormal x as the exact float(m) * 2^(-149 - X) (as in the integer path of _encode); the sign goes on
-    with an OR (a float negation would turn -0 into +0)."""
+def _scaled(xbits, X):
+    """The exact signed v = x * 2^-X (fp32) of fp32 bits x, X in [-127, 126] broadcast to their shape (exact
+    for fp32-denormal x too: Triton's sm_90 fp32 multiply and numpy keep subnormal operands)."""
     v = xbits.to(tl.float32, bitcast=True) * ((127 - X) << 23).to(tl.float32, bitcast=True)
-    if DENORM:
-        ad = xbits & 0x7FFFFFFF
-        vd = (ad.to(tl.float32)
-              * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
-        vdb = vd.to(tl.int32, bitcast=True) | (xbits & -2147483648)
-        v = tl.where((ad >> 23) == 0, vdb, v.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return v
 
 
@@ -403,11 +396,10 @@ def _fp6_units_hw(vbits, MBITS: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def _fp6_asm_input(xbits, X, DENORM: tl.constexpr, MBITS: tl.constexpr):
+def _fp6_asm_input(xbits, X, MBITS: tl.constexpr):
     """The unit asms' inputs: fp32 bits of x * 2^-X * 2^-6 (E2M3) / 2^-12 (E3M2), exact (see _encode); no
-    clamp (the asm saturates on the cvt bytes); a DENORM policy other than none rebuilds every fp32-denormal
-    input (same bytes)."""
-    v = _scaled(xbits, X, DENORM != DENORM_NONE) * (0.015625 if MBITS == 3 else 0.000244140625)
+    clamp (the asm saturates on the cvt bytes)."""
+    v = _scaled(xbits, X) * (0.015625 if MBITS == 3 else 0.000244140625)
     return v.to(tl.int32, bitcast=True)
 
 
@@ -424,7 +416,7 @@ def _fp6_asm_words(o, k, bad, AX: tl.constexpr):
 @triton.jit
 def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
             EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr,
-            DENORM: tl.constexpr, HW_CVT: tl.constexpr = False, KEEP_ASM: tl.constexpr = False):
+            HW_CVT: tl.constexpr = False, KEEP_ASM: tl.constexpr = False):
     """fp32 bits -> element codes (int32, low BITS bits), X broadcast to the same shape.
 
     HW_CVT and FP4 (bf16 inputs, RNE; GPU only): :func:`_fp4_bf16x2`.
@@ -447,7 +439,7 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
         code = _fp4_bf16x2(xh, fh)
     elif HW_CVT:
         tl.static_assert((BITS == 8 or BITS == 6) and not IS_INT and not AWAY and EMAX != 0)
-        v = _scaled(xbits, X, DENORM)
+        v = _scaled(xbits, X)
         if BITS == 6:
             # clamp keeps the sign of zero (min / max of -0 and a positive bound is -0); the 2^-6 / 2^-12
             # product is exact for every |v| >= 2^-120, and smaller |v| round to a signed zero either way
@@ -469,12 +461,6 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             v = tl.where(X > 126, v * 0.5, v)
         else:
             v = ax * ((127 - X) << 23).to(tl.float32, bitcast=True)  # exact 2^-X, X in [-127, 126]
-        if DENORM:
-            # fp32-denormal x = m * 2^-149: scale the exact float(m) instead (no denormal operand anywhere);
-            # when -149 - X < -126 the true v is < 2^-103 and rounds to zero, as m * 2^-126 does
-            vd = (abits.to(tl.float32)
-                  * ((127 + tl.maximum(-149 - X, -126)) << 23).to(tl.float32, bitcast=True))
-            v = tl.where((abits >> 23) == 0, vd, v)
         a = tl.minimum(v, MAX_NORMAL)  # saturate: rounding is monotone and max_normal is on the grid
         if IS_INT:
             # fixed step 2^-6: 2^17 + a has ulp 2^-6, so the add rounds a*64 to an integer (RNE)
@@ -500,22 +486,6 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
     if not (KEEP_ASM and HW_CVT and BITS == 8):  # (else masked inside the asm)
         code = tl.where(bad, 0, code)
     return code
-
-
-@triton.jit
-def _encode_tile(b3, xb, x, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                 IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
-                 HW_CVT: tl.constexpr, KEEP_ASM: tl.constexpr = False):
-    """_encode of a tile with the DENORM policy applied: x is the 2-D tile of block exponents (xb broadcast)."""
-    if DENORM == DENORM_BRANCH:
-        if tl.min(tl.min(x, axis=1), axis=0) < -22:  # uniform branch: a block needs fp32-denormal inputs
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, True, HW_CVT, KEEP_ASM)
-        else:
-            codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, False, HW_CVT, KEEP_ASM)
-    else:
-        codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM == DENORM_ALWAYS,
-                        HW_CVT, KEEP_ASM)
-    return codes
 
 
 @triton.jit

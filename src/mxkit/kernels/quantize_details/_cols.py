@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ._common import IN_BF16_BITS, _absmax8, _block_absmax, _hmax_abs, _load_raw, _load_rows8, _to_bits
 from ._codecs import (
-    FP6_PAIRS_COLS_E2M3, FP6_PAIRS_COLS_E3M2, FP6_PAIRS_COLS_RW, _encode_tile, _fp4_cols_pack, _fp6_asm_input,
+    FP6_PAIRS_COLS_E2M3, FP6_PAIRS_COLS_E3M2, FP6_PAIRS_COLS_RW, _encode, _fp4_cols_pack, _fp6_asm_input,
     _fp6_asm_words, _fp6_unit_words, _fp6_units_hw, _fp8_words, _scaled,
 )
 from ._scale import _block_scale, _fp6_pairs_factor
@@ -173,7 +173,7 @@ def _cols_fp6_pairs(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, LA
 def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr,
+                   scale_mode, AWAY: tl.constexpr, HW_CVT: tl.constexpr,
                    MODE: tl.constexpr = -1):
     """[BR, BC] fp32 bits, blocks of 32 along dim 0 (no transpose) -> (codes [BR // 32, 32, BC],
     scale bytes [BR // 32, BC])."""
@@ -183,7 +183,7 @@ def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = tl.expand_dims(amax >= 0x7F800000, 1)
     xb = tl.expand_dims(x, 1)
-    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT)
+    codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, HW_CVT)
     return codes, sbyte
 
 
@@ -191,7 +191,7 @@ def _quantize_cols(xbits, BR: tl.constexpr, BC: tl.constexpr,
 def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
                  LAYOUT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                 AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr, MODE: tl.constexpr,
+                 AWAY: tl.constexpr, HW_CVT: tl.constexpr, MODE: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr, WIDE: tl.constexpr = False,
                  FP8W: tl.constexpr = False):
     """COL_PACKED (blocks along R): rows r0 .. r0 + BLOCK_R, columns c, with the codes packed into 32-bit words
@@ -225,11 +225,11 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
     g = b * C + c  # output rows
     if FP8W:
         bad = tl.broadcast_to(badw.to(tl.int32)[:, None, :], [W, J, BLOCK_C])
-        words = _fp8_words(tl.permute(_scaled(bits, xw[:, None, :], DENORM), [0, 2, 1]), tl.permute(bad, [0, 2, 1]),
+        words = _fp8_words(tl.permute(_scaled(bits, xw[:, None, :]), [0, 2, 1]), tl.permute(bad, [0, 2, 1]),
                            W, BLOCK_C, MBITS)  # [W, BC]
     else:
-        codes = _encode_tile(bits, xw[:, None, :], xw, badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT,
-                             MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)  # [W, J, BC]
+        codes = _encode(bits, xw[:, None, :], badw[:, None, :], BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY,
+                        HW_CVT).to(tl.int32)  # [W, J, BC]
         if not (HW_CVT and BITS == 4):  # (the bf16x2 codes are 4 bits: finite inputs give 0..15, bad blocks 0)
             codes = codes & ((1 << BITS) - 1)
     if BITS == 6:
@@ -266,7 +266,7 @@ def _cols_packed(x_ptr, q_ptr, s_ptr, b, r0, c, cmask, R, C, cols_p, scale_mode,
 @triton.jit
 def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIND: tl.constexpr, LAYOUT: tl.constexpr,
                 BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
-                MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr,
                 HW_CVT: tl.constexpr, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                 MASKED: tl.constexpr, VEC: tl.constexpr, UNIT_ASM: tl.constexpr = False, FP8W: tl.constexpr = False,
                 EVICT: tl.constexpr = 0):
@@ -308,18 +308,18 @@ def _cols_units(x_ptr, q_ptr, s_ptr, b, r0, c0, R, C, cols_p, scale_mode, IN_KIN
     bad = (amax >= 0x7F800000)[:, :, None, :]  # [L, NB, 1, VEC]
     if ASM:
         tl.static_assert(not AWAY)
-        o = _fp6_units_hw(_fp6_asm_input(bits, x[:, :, None, None, :], DENORM, MBITS), MBITS, VEC)
+        o = _fp6_units_hw(_fp6_asm_input(bits, x[:, :, None, None, :], MBITS), MBITS, VEC)
         w0, w1, w2 = _fp6_asm_words(o, jj, bad, 2)  # [L, NB, U, VEC]
     elif FP8W:
         tl.static_assert(BITS == 8 and HW_CVT)
-        v = _scaled(bits, x[:, :, None, :, None], DENORM)  # [L, NB, U, VEC, J]
+        v = _scaled(bits, x[:, :, None, :, None])  # [L, NB, U, VEC, J]
         badu = tl.broadcast_to(bad.to(tl.int32)[:, :, :, :, None], [L, NB, U, VEC, J])
         words = _fp8_words(tl.reshape(v, [L * NB * U, VEC, J]), tl.reshape(badu, [L * NB * U, VEC, J]),
                            L * NB * U, VEC, MBITS)
         words = tl.reshape(tl.permute(tl.reshape(words, [L, NB, U, VEC]), [1, 2, 0, 3]), [NB * U, BLOCK_C])
     else:
-        codes = _encode_tile(bits, x[:, :, None, :, None], tl.reshape(x, [L, NB * VEC]), bad[:, :, :, :, None],
-                             BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT).to(tl.int32)
+        codes = _encode(bits, x[:, :, None, :, None], bad[:, :, :, :, None], BITS, MBITS, EMIN, EMAX, IS_INT,
+                        MAX_NORMAL, AWAY, HW_CVT).to(tl.int32)
         if BITS == 6:
             w0, w1, w2 = _fp6_unit_words(codes)  # [L, NB, U, VEC]
         else:

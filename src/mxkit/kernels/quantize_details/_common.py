@@ -25,14 +25,6 @@ OUT_F32 = tl.constexpr(0)
 OUT_BF16 = tl.constexpr(1)
 OUT_F16 = tl.constexpr(2)
 
-# fp32-denormal inputs (x * 2^-X with x an fp32 denormal): DENORM_NONE multiplies them as they are, exact
-# wherever fp32 multiplies keep subnormal operands (PTX mul.f32 without .ftz, which is what Triton emits for
-# sm_90; numpy in the interpreter); DENORM_BRANCH / DENORM_ALWAYS rebuild v from the integer mantissa (in
-# tiles that need it / always), for a compiler that flushes
-DENORM_NONE = tl.constexpr(0)
-DENORM_BRANCH = tl.constexpr(1)
-DENORM_ALWAYS = tl.constexpr(2)
-
 # load eviction hints (_load_raw)
 EVICT_LAST = tl.constexpr(1)
 EVICT_FIRST = tl.constexpr(2)

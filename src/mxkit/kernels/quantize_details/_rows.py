@@ -8,10 +8,10 @@ import triton.language as tl
 from ._common import IN_F32_BITS, _block_absmax, _half_row, _hmax_abs, _load_raw, _split4, _to_bits
 from ._codecs import (
     FP6_HALVES_E2M3, FP6_HALVES_E3M2, FP6_HALVES_RW, FP6_PAIRS_ROWS_E2M3, FP6_PAIRS_ROWS_E3M2,
-    FP6_PAIRS_ROWS_RW, _encode_tile, _fp4_bf16x2_pairs, _fp6_asm_input, _fp6_asm_words, _fp6_unit_words,
+    FP6_PAIRS_ROWS_RW, _encode, _fp4_bf16x2_pairs, _fp6_asm_input, _fp6_asm_words, _fp6_unit_words,
 )
 from ._scale import _block_scale, _fp6_pairs_factor
-from ._store import _store_group_words, _store_quantized, _store_scales
+from ._store import _store_group_words, _store_scales
 
 
 @triton.jit
@@ -93,17 +93,12 @@ def _rows_fp6_pairs(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
 def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
                    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    IS_INT: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr,
-                   scale_mode, AWAY: tl.constexpr, DENORM: tl.constexpr, HW_CVT: tl.constexpr = False,
-                   IS3D: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1,
+                   scale_mode, AWAY: tl.constexpr, HW_CVT: tl.constexpr = False, RAW16: tl.constexpr = False, MODE: tl.constexpr = -1,
                    KEEP_ASM: tl.constexpr = False):
     """[BR, BC] fp32 bits, blocks of 32 along the last dim -> (codes [BR, BC], scale bytes [BR, BC // 32]).
-    IS3D: xbits is already [BR, BC // 32, 32] and the codes come back in that shape (no reshapes).
     RAW16 (FP4 through bf16x2 only): xbits are the bf16 bits themselves (int16). KEEP_ASM: see :func:`_encode`."""
     tl.static_assert(BC % 32 == 0)
-    if IS3D:
-        b3 = xbits
-    else:
-        b3 = tl.reshape(xbits, [BR, BC // 32, 32])
+    b3 = tl.reshape(xbits, [BR, BC // 32, 32])
     if RAW16:
         tl.static_assert(HW_CVT and BITS == 4)
         amax = tl.max(b3 & 0x7FFF, axis=2).to(tl.int32) << 16  # the fp32 bits of the bf16 amax
@@ -112,41 +107,15 @@ def _quantize_rows(xbits, BR: tl.constexpr, BC: tl.constexpr,
     sbyte, x = _block_scale(amax, scale_mode, MBITS, EMAX, MAX_FRAC, MODE)
     bad = tl.expand_dims(amax >= 0x7F800000, 2)
     xb = tl.expand_dims(x, 2)
-    codes = _encode_tile(b3, xb, x, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, DENORM, HW_CVT, KEEP_ASM)
-    if not IS3D:
-        codes = tl.reshape(codes, [BR, BC])
+    codes = _encode(b3, xb, bad, BITS, MBITS, EMIN, EMAX, IS_INT, MAX_NORMAL, AWAY, HW_CVT, KEEP_ASM)
+    codes = tl.reshape(codes, [BR, BC])
     return codes, sbyte
-
-
-@triton.jit
-def _store_rows3d(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
-                  A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
-                  MASKED: tl.constexpr):
-    """Like _store_quantized for codes [A, N // 32, 32] (the 3-D rowwise tile): FP8 / FP4 are packed and
-    stored in that shape (no reshape to 2-D); FP6 goes through the 2-D path."""
-    if BITS == 6:
-        _store_quantized(q_ptr, s_ptr, tl.reshape(codes, [A, N]), sbyte, g, gmask, n0, Ltot, cols_p,
-                         A, N, BITS, LAYOUT, MASKED)
-    else:
-        j = tl.arange(0, N // 32)[None, :, None]
-        if BITS == 8:
-            cols = n0 + j * 32 + tl.arange(0, 32)[None, None, :]
-            m = gmask[:, None, None] & ((cols < Ltot) | (not MASKED))
-            tl.store(q_ptr + g[:, None, None] * Ltot + cols, codes.to(tl.uint8), mask=m)
-        else:
-            tl.static_assert(BITS == 4)
-            sh = tl.arange(0, 2) * 4
-            packed = tl.sum(tl.reshape(codes, [A, N // 32, 16, 2]) << sh[None, None, None, :], axis=3)
-            bcols = n0 // 2 + j * 16 + tl.arange(0, 16)[None, None, :]
-            m = gmask[:, None, None] & ((bcols < Ltot // 2) | (not MASKED))
-            tl.store(q_ptr + g[:, None, None] * _half_row(Ltot) + bcols, packed.to(tl.uint8), mask=m)
-        _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
 
 
 @triton.jit
 def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode, IN_KIND: tl.constexpr,
                     LAYOUT: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr, DENORM: tl.constexpr,
+                    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, AWAY: tl.constexpr,
                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MASKED: tl.constexpr,
                     HW_CVT: tl.constexpr = False, UNIT_ASM: tl.constexpr = False, EVICT: tl.constexpr = 0,
                     STORE4: tl.constexpr = False):
@@ -172,15 +141,15 @@ def _rows_fp6_words(x_ptr, q_ptr, s_ptr, grow, rmask, c0, C, cols_p, scale_mode,
     if UNIT_ASM:
         # the unit asm on the two halves as loaded (8 consecutive registers each; no clamp, see _cols_units)
         tl.static_assert(HW_CVT and not AWAY)
-        vlo = _fp6_asm_input(lo, xg[:, :, None], DENORM, MBITS)
-        vhi = _fp6_asm_input(hi, xg[:, :, None], DENORM, MBITS)
+        vlo = _fp6_asm_input(lo, xg[:, :, None], MBITS)
+        vhi = _fp6_asm_input(hi, xg[:, :, None], MBITS)
         o = tl.inline_asm_elementwise(FP6_HALVES_E2M3 if MBITS == 3 else FP6_HALVES_E3M2, FP6_HALVES_RW, [vlo, vhi],
                                       dtype=tl.int32, is_pure=True, pack=8)
         w0, w1, w2 = _fp6_asm_words(o, e, badg, 2)
     else:
         bits = tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [G, BLOCK_R, 16])  # element h * 8 + e
-        codes = _encode_tile(bits, xg[:, :, None], xg, badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL,
-                             AWAY, DENORM, HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
+        codes = _encode(bits, xg[:, :, None], badg[:, :, None], 6, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY,
+                        HW_CVT).to(tl.int32)  # [G, BLOCK_R, 16]
         w0, w1, w2 = _fp6_unit_words(codes)
     _store_group_words(q_ptr, w0, w1, w2, grow[None, :] * (C // 16 * 3) + gi[:, None] * 3, gm, STORE4)
     _store_scales(s_ptr, tl.trans(sbyte), grow, rmask, c0, C, cols_p, BLOCK_C, LAYOUT, MASKED)

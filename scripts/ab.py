@@ -1,8 +1,8 @@
 """A/B timings of kernel config variants, taken through the config override (never by patching kernels).
 
-Each ``--variant NAME:field=value,...`` runs its cases inside ``mxkit.kernels.opt_flags.override(**fields)``
-(a context manager: the per-GPU table and heuristics answer with those fields replaced while it is open);
-``NAME:`` alone, or ``base``, is the default config. Every variant's output is checked against the reference
+Each ``--variant NAME:field=value,...`` runs its cases inside ``mxkit.kernels.opt_flags.override`` (a context
+manager: every config chosen while it is open has those fields replaced; ``table=[]`` empties the per-GPU
+tuning table); ``NAME:`` alone, or ``base``, is the default config. Every variant's output is checked against the reference
 (bytes for quantize / dequantize, the float64 bound for GEMMs) before it is timed, with the harness of
 ``mxkit.bench`` (median after a read flush, then after a write flush). ``--rounds N`` repeats the whole
 variant list N times, interleaved, and keeps each variant's fastest round. The table is printed last;
@@ -11,7 +11,7 @@ variant list N times, interleaved, and keeps each variant's fastest round. The t
     PYTHONPATH=src python3 scripts/ab.py --op rowwise --formats mxfp4 --shapes 8192x8192,16384x16384 \\
         --variant base --variant "1x1024w1:block_r=1,block_c=1024,num_warps=1" --rounds 2
     PYTHONPATH=src python3 scripts/ab.py --op gemm --formats mxfp4 --shapes 8192x8192x8192 \\
-        --variant base --variant "bn128:block_n=128"
+        --variant base --variant "no-table:table=[]"
 
 Values are JSON (``4``, ``true``, ``null``, ``[1, 2]``), anything else a string. Field names are those of the
 config dataclasses in ``mxkit.kernels``; the override rejects unknown ones.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -48,16 +49,28 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name.strip() or "base", fields
 
 
-def override(fields: dict):
-    """``mxkit.kernels.opt_flags.override(**fields)``, or a clear exit when the hook is not in this checkout."""
+def override(fields: dict, op: str = "rowwise"):
+    """The context manager ``mxkit.kernels.opt_flags.override`` with ``fields`` as the config fields of the op's
+    family (``quantize=``, ``dequantize=``, or ``gemm=`` once the hook has it); a ``table`` field replaces the
+    per-GPU tuning table (``table=[]``: the heuristics alone). Exits with a clear message when the hook, or its
+    family, is not in this checkout."""
     if not fields:
         return contextlib.nullcontext()
     try:
         from mxkit.kernels.opt_flags import override as hook
     except ImportError as e:
-        sys.exit(f"scripts/ab.py: variants need mxkit.kernels.opt_flags.override(**fields), a context manager "
-                 f"over the kernel configs; it is not importable here ({type(e).__name__}: {e})")
-    return hook(**fields)
+        sys.exit(f"scripts/ab.py: variants need mxkit.kernels.opt_flags.override, a context manager over the "
+                 f"kernel configs; it is not importable here ({type(e).__name__}: {e})")
+    fields, kw = dict(fields), {}
+    if "table" in fields:
+        kw["table"] = tuple(fields.pop("table") or ())
+    family = {"dequantize": "dequantize", "gemm": "gemm"}.get(op, "quantize")
+    params = inspect.signature(hook).parameters
+    if fields:
+        if family not in params:
+            sys.exit(f"scripts/ab.py: opt_flags.override({', '.join(params)}) has no {family!r} fields to override")
+        kw[family] = fields
+    return hook(**kw)
 
 
 def make_cases(args) -> list:
@@ -69,7 +82,7 @@ def make_cases(args) -> list:
 
 def measure(case, fields: dict, ctx: timing.Context) -> dict:
     impls = gemm.IMPLS if isinstance(case, gemm.GemmCase) else quantize.IMPLS
-    with override(fields):
+    with override(fields, case.op if isinstance(case, quantize.Case) else "gemm"):
         row = timing.bench_case(case, ctx, {"mxkit": impls["mxkit"]})[0]
     return {"us": row.us, "us_write": row.us_write, "check": row.check, "status": row.status, "note": row.note}
 

@@ -4,8 +4,9 @@ cudaProfilerStart / Stop, through the public API (so the kernels and configs are
     ncu --profile-from-start off --clock-control none --metrics <see scripts/gpu_ncu.sh> \\
         python3 scripts/ncu_cases.py [--set field=value ...] [case names...]
 
-``--set`` runs every case under ``mxkit.kernels.opt_flags.override(**fields)`` (as scripts/ab.py does), to
-profile a variant. Without names, every case below runs.
+``--set field=value,...`` runs every case with those quantize config fields (``table=[]``: no per-GPU tuning
+entries) through ``mxkit.kernels.opt_flags.override``, as scripts/ab.py does, to profile a variant. Without
+names, every case below runs.
 """
 
 import argparse
@@ -40,7 +41,7 @@ def cases(n: int = 8192) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--set", default="", help="field=value,... for the config override")
+    p.add_argument("--set", default="", help="quantize config field=value,... for the config override")
     p.add_argument("names", nargs="*")
     args = p.parse_args()
     _, fields = parse_variant("set:" + args.set)

@@ -7,6 +7,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,19 @@ def test_ab_variants_and_missing_override(monkeypatch):
         ab.parse_variant("t:block_r")
     with ab.override({}):  # the default config needs no hook
         pass
+    # the fields go to the op family's argument of the hook; "table" replaces the per-GPU table
+    seen = []
+
+    def hook(*, table=None, quantize=None, dequantize=None):
+        seen.append((table, quantize, dequantize))
+        return ab.contextlib.nullcontext()
+
+    monkeypatch.setitem(sys.modules, "mxkit.kernels.opt_flags", types.SimpleNamespace(override=hook))
+    with ab.override({"block_r": 4, "table": []}, "columnwise"), ab.override({"block_n": 8}, "dequantize"):
+        pass
+    assert seen == [((), {"block_r": 4}, None), (None, None, {"block_n": 8})]
+    with pytest.raises(SystemExit, match="has no 'gemm' fields"):
+        ab.override({"block_m": 64}, "gemm")
     monkeypatch.setitem(sys.modules, "mxkit.kernels.opt_flags", None)  # the hook is not importable
     with pytest.raises(SystemExit, match=r"variants need mxkit\.kernels\.opt_flags\.override"):
         ab.override({"block_r": 4})
@@ -59,3 +73,10 @@ def test_gpu_check_runs_its_stages_without_a_gpu(tmp_path):
     assert "tests: skipped (MXKIT_SKIP_TESTS=1)" in summary and "bench quantize: rc 2" in summary
     assert "bench gemm: skipped (MXKIT_SKIP_GEMM=1)" in summary
     assert r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
+
+
+def test_ab_enters_the_real_hook():
+    pytest.importorskip("mxkit.kernels.opt_flags")
+    ab = _script("ab")
+    with ab.override({"rblocks": 1, "table": []}, "rowwise"), ab.override({"num_warps": 4}, "dequantize"):
+        pass

@@ -48,9 +48,11 @@ def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, r
     """The launch config of a problem (a pure function of its arguments).
 
     Row tiles of up to 4096 elements (1024 wide: FP4 reads 16 bytes and writes 32 per thread at 4 warps);
-    narrower rows take more of them per program. Untuned: a GPU run has not picked these yet."""
+    narrower rows take more of them per program. Untuned: a GPU run has not picked these yet. Off the GPU (the
+    CPU interpreter, whose cost is per program and per op rather than per element) up to 64 rows per program."""
     block_k = min(1024, 1 << max(5, (K - 1).bit_length()))
-    block_r = max(1, min(4096 // block_k, 1 << max(0, (max(R, 1) - 1).bit_length())))
+    rows_p2 = 1 << max(0, (max(R, 1) - 1).bit_length())
+    block_r = max(1, min(4096 // block_k, rows_p2)) if on_gpu else min(64, rows_p2)
     num_warps = 4 if block_r * block_k >= 2048 else 2
     hw_cvt = quantize and on_gpu and fmt.bits == 6 and rounding is Rounding.RNE
     return FoldConfig(block_r, block_k, num_warps, hw_cvt)

@@ -1,0 +1,326 @@
+"""The fold kernels (mxkit.kernels.fold) against the reference (mxkit.fold), byte for byte: data bytes, scale
+bits, owner, and the kernel's per-row status (so a row the kernel wrongly sends to the host cannot hide).
+
+* CPU (CI): the kernels run under Triton's interpreter in a subprocess per format (TRITON_INTERPRET=1 must be
+  set before triton is imported; the subprocess asserts that the kernels really are interpreted): every
+  scale mode x rounding x input dtype on rows of crafted special blocks (NaN / Inf / zero / denormal /
+  saturating) and random rows of spreads 0 / W / W+1 / 40, 7 x 96 and 33 x 2880 (masked tails, several K
+  chunks), 8 x 2048 (unmasked chunks), a 3-D input. Plus argument errors and the config function in-process.
+* GPU (``-m gpu``): 8192 x 8192, 727 x 2880 and 3-D inputs, outputs poisoned with 0xAB before the kernel
+  writes; R * K past 2^31.
+
+By hand: ``TRITON_INTERPRET=1 python tests/kernels/test_fold.py --interpret mxfp4_e2m1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(TESTS)
+sys.path.insert(0, TESTS)
+from conftest import (  # noqa: E402
+    INPUT_DTYPES,
+    ROUNDINGS,
+    SCALE_MODES,
+    assert_bytes_equal,
+    make_generator,
+    rand_blocks,
+    rand_tensor,
+    special_blocks,
+)
+from test_fold import EXPECTED_RANGES, FOLD_FORMATS, NAN_ROW, ZERO_ROW, rand_mx, window  # noqa: E402
+
+from mxkit.fold import Folded, fold_reference, quantize_fold_reference  # noqa: E402
+from mxkit.formats import get_format  # noqa: E402
+from mxkit.reference import quantize_reference  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+POISON = 0xAB
+
+
+def assert_folded_equal(got: Folded, ref: Folded, what: str = "") -> None:
+    assert got.data.dtype == torch.float8_e4m3fn and got.scale.dtype == torch.float32, what
+    assert_bytes_equal(got.data.cpu().view(torch.uint8), ref.data.cpu().view(torch.uint8), f"{what} data")
+    assert_bytes_equal(got.scale.cpu().view(torch.int32), ref.scale.cpu().view(torch.int32), f"{what} scale")
+    assert torch.equal(got.owner.cpu(), ref.owner.cpu()), f"{what} owner {got.owner} != {ref.owner}"
+    assert got.lead_shape == ref.lead_shape and got.fmt is ref.fmt, what
+
+
+def expected_status(ref: Folded) -> torch.Tensor:
+    """0 folded, 1 split (the row owns extra slices), 2 NaN: what the kernel must say per row."""
+    R = ref.rows()
+    st = torch.zeros(R, dtype=torch.uint8)
+    st[ref.owner.cpu()] = 1
+    st[ref.scale[:R].cpu().isnan()] = 2
+    return st
+
+
+def check_kernel_rows(data, scale, status, ref: Folded, what: str) -> None:
+    """The raw kernel outputs (before the host completes status-1 rows): status per row, and every row it
+    folded (status 0) or made NaN (2) byte-equal to the reference."""
+    st = expected_status(ref)
+    assert_bytes_equal(status.cpu(), st, f"{what} status")
+    R = ref.rows()
+    keep = st != 1
+    assert_bytes_equal(data.cpu()[keep], ref.data[:R].cpu().view(torch.uint8)[keep], f"{what} kernel data")
+    assert_bytes_equal(scale.cpu().view(torch.int32)[keep], ref.scale[:R].cpu().view(torch.int32)[keep],
+                       f"{what} kernel scale")
+
+
+def run_fold_raw(q, poison: bool = False):
+    from mxkit.kernels import fold as kf
+
+    R, K = math.prod(q.shape[:-1]), q.shape[-1]
+    data, scale, status = kf._outputs(R, K, q.device)
+    if poison:
+        data.fill_(POISON), scale.view(torch.int32).fill_(-1), status.fill_(POISON)
+    kf._run_fold(q, data, scale, status)
+    return data, scale, status
+
+
+def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False):
+    from mxkit.formats import Rounding, ScaleMode
+    from mxkit.kernels import fold as kf
+
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    data, scale, status = kf._outputs(x2.shape[0], K, x.device)
+    if poison:
+        data.fill_(POISON), scale.view(torch.int32).fill_(-1), status.fill_(POISON)
+    kf._run_quantize_fold(x2, get_format(fmt), ScaleMode.parse(mode), Rounding.parse(rnd), data, scale, status)
+    return data, scale, status
+
+
+def spread_rows(g, fmt: str, R: int, K: int, dtype, spreads) -> torch.Tensor:
+    """Random activations (R, K) whose row r's block magnitudes span 2^spreads[r % len] (0 and the full
+    spread both present), NaN rows for NAN_ROW entries; in float32 then cast to dtype (fp16 may overflow)."""
+    nb = K // 32
+    x = rand_blocks(R * nb, generator=g, exp_range=(-2, 2), special=False).reshape(R, nb, 32)
+    for r in range(R):
+        s = spreads[r % len(spreads)]
+        if s == NAN_ROW:
+            x[r, -1, 3] = float("nan")
+            continue
+        k = torch.randint(0, max(s, 0) + 1, (nb,), generator=g)
+        k[0], k[-1] = 0, max(s, 0)
+        x[r] = x[r] * torch.exp2(-k.to(torch.float32))[:, None]
+    return x.reshape(R, K).to(dtype)
+
+
+def special_rows(dtype) -> torch.Tensor:
+    """One crafted special block per row (NaN / Inf / zeros / denormals / huge / ties), followed by two all-zero
+    blocks: every row folds in the kernel (zero blocks are ignored by the span) or is NaN."""
+    s = special_blocks(nonfinite=True)
+    return torch.cat([s, torch.zeros(s.shape[0], 64)], dim=1).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# interpreter checks (run in a subprocess)
+
+
+def _interpret_checks(fmt: str, seed: int) -> int:
+    """Runs under TRITON_INTERPRET=1. Returns the number of checks; raises on a mismatch."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mxkit.kernels.fold import fold_triton, quantize_fold_triton
+    from mxkit.kernels.fold_details import _fold
+
+    assert isinstance(_fold._fold_kernel, InterpretedFunction), "the interpreter must run the fold kernel"
+    assert isinstance(_fold._quantize_fold_kernel, InterpretedFunction)
+    g, _ = make_generator(seed)
+    w = window(fmt)
+    n = 0
+    spreads = [0, w, w + 1, 40, NAN_ROW, ZERO_ROW, 1]
+    # fold_triton: odd shapes (one masked chunk; three chunks with a masked tail), unmasked chunks, 3-D
+    for shape in ((7, 96), (33, 2880), (8, 2048), (2, 3, 64)):
+        R = math.prod(shape[:-1])
+        q = rand_mx(g, fmt, R, shape[-1], spreads, lead=shape[:-1])
+        ref = fold_reference(q)
+        check_kernel_rows(*run_fold_raw(q), ref, f"fold {fmt} {shape}")
+        assert_folded_equal(fold_triton(q), ref, f"fold_triton {fmt} {shape}")
+        n += 2
+    # quantize_fold_triton: every scale mode x rounding x dtype on special rows + random rows of spreads
+    for dtype in INPUT_DTYPES:
+        x = torch.cat([special_rows(dtype), spread_rows(g, fmt, 9, 96, dtype, spreads)])
+        for mode in SCALE_MODES:
+            for rnd in ROUNDINGS:
+                what = f"quantize_fold {fmt} {dtype} {mode} {rnd}"
+                ref = quantize_fold_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                check_kernel_rows(*run_quantize_fold_raw(x, fmt, mode, rnd), ref, what)
+                n += 1
+        got = quantize_fold_triton(x, fmt, scale_mode="even", rounding="away")
+        assert_folded_equal(got, quantize_fold_reference(x, fmt, scale_mode="even", rounding="away"), str(dtype))
+    # larger odd shapes: several chunks, masked tails, 3-D, wide random data (many rows split on the host)
+    for shape, dtype, mode, rnd, raw, api in (((33, 2880), torch.bfloat16, "floor", "rne", True, True),
+                                              ((8, 2048), torch.float32, "rceil", "away", True, False),
+                                              ((2, 3, 64), torch.float16, "even", "rne", False, True)):
+        x = rand_tensor(shape, generator=g, dtype=dtype, exp_range=(-4, 4))
+        ref = quantize_fold_reference(x, fmt, scale_mode=mode, rounding=rnd)
+        if raw:
+            check_kernel_rows(*run_quantize_fold_raw(x, fmt, mode, rnd), ref, f"{fmt} {shape} {mode}")
+        if api:
+            assert_folded_equal(quantize_fold_triton(x, fmt, scale_mode=mode, rounding=rnd), ref, f"{shape}")
+        n += 1
+    # R = 0
+    e = quantize_fold_triton(torch.empty(0, 3, 64), fmt)
+    assert e.data.shape == (0, 64) and e.scale.shape == (0,) and e.owner.shape == (0,) and e.lead_shape == (0, 3)
+    return n + 1
+
+
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+def test_interpret_fold_kernels(fmt):
+    pytest.importorskip("triton")
+    seed = int(os.environ.get("MXKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"seed={seed} (replay: MXKIT_TEST_SEED={seed})")
+    env = dict(os.environ, TRITON_INTERPRET="1", MXKIT_TEST_SEED=str(seed),
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--interpret", fmt], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"seed={seed}\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    assert "interpret checks passed" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: config and argument errors (no launch)
+
+
+def test_fold_config_is_pure_and_bounded():
+    from mxkit.kernels.fold import FoldConfig, fold_config
+
+    f = get_format("mxfp4")
+    for R in (1, 3, 727, 8192):
+        for K in (32, 96, 2880, 8192, 16384):
+            cfg = fold_config(R, K, f)
+            assert cfg == fold_config(R, K, f) and isinstance(cfg, FoldConfig)
+            assert cfg.block_k % 32 == 0 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_k <= 1024
+            assert cfg.block_r >= 1 and cfg.block_r * cfg.block_k <= 4096
+    with pytest.raises(Exception):
+        cfg.block_r = 2  # frozen
+    assert fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt
+    assert not fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, rounding="away", on_gpu=True).hw_cvt
+    assert not fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=False).hw_cvt
+
+
+def test_argument_errors():
+    from mxkit.kernels.fold import fold_triton, quantize_fold_triton
+
+    with pytest.raises(TypeError, match="float64"):
+        quantize_fold_triton(torch.ones(2, 64, dtype=torch.float64), "mxfp4")
+    with pytest.raises(TypeError, match="MXTensor"):
+        fold_triton(torch.ones(2, 64))
+    with pytest.raises(ValueError, match="x.shape\\[-1\\]=48"):
+        quantize_fold_triton(torch.ones(2, 48), "mxfp4")
+    with pytest.raises(ValueError, match="strides"):
+        quantize_fold_triton(torch.ones(64, 4).t(), "mxfp4")
+    with pytest.raises(ValueError, match="block_size=16"):
+        quantize_fold_triton(torch.ones(2, 64), "mxfp4", block_size=16)
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2", "mxint8"):
+        with pytest.raises(ValueError, match=fmt):
+            quantize_fold_triton(torch.ones(2, 64), fmt)
+        with pytest.raises(ValueError, match=fmt):
+            fold_triton(quantize_reference(torch.ones(2, 64), fmt))
+    q = quantize_reference(torch.ones(64, 4), "mxfp4", axis=0)
+    with pytest.raises(ValueError, match="axis=0"):
+        fold_triton(q)
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        with pytest.raises(ValueError, match="device=cpu"):
+            quantize_fold_triton(torch.ones(2, 64), "mxfp4")
+        with pytest.raises(ValueError, match="device=cpu"):
+            fold_triton(quantize_reference(torch.ones(2, 64), "mxfp4"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+@pytest.mark.parametrize("shape", [(8192, 8192), (727, 2880), (3, 61, 2880), (1, 32), (5, 1056)])
+def test_gpu_fold_matches_reference(fmt, shape, rng):
+    w = window(fmt)
+    R = math.prod(shape[:-1])
+    q = rand_mx(rng, fmt, R, shape[-1], [0, 3, w, w + 1, 40, NAN_ROW, ZERO_ROW, 1, 2, 5], lead=shape[:-1]).to("cuda")
+    ref = fold_reference(q.to("cpu"))
+    check_kernel_rows(*run_fold_raw(q, poison=True), ref, f"gpu fold {fmt} {shape}")
+    assert_folded_equal(fold_triton_(q), ref, f"gpu fold_triton {fmt} {shape}")
+
+
+def fold_triton_(q):
+    from mxkit.kernels.fold import fold_triton
+
+    return fold_triton(q)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+@pytest.mark.parametrize("mode", SCALE_MODES)
+@pytest.mark.parametrize("rnd", ROUNDINGS)
+def test_gpu_quantize_fold_matches_reference(fmt, dtype, mode, rnd, rng):
+    from mxkit.kernels.fold import quantize_fold_triton
+
+    w = window(fmt)
+    x = torch.cat([special_rows(dtype), spread_rows(rng, fmt, 651, 2880 // 30, dtype, [0, w, w + 1, 40, NAN_ROW]),
+                   rand_tensor((1, 96), generator=rng, dtype=dtype)])
+    x = torch.cat([x] * 30, dim=1)  # 727 x 2880: every row's blocks repeated (same span)
+    for xs in (x, rand_tensor((3, 61, 2880), generator=rng, dtype=dtype, exp_range=(-3, 3))):
+        xc = xs.to("cuda")
+        ref = quantize_fold_reference(xs, fmt, scale_mode=mode, rounding=rnd)
+        check_kernel_rows(*run_quantize_fold_raw(xc, fmt, mode, rnd, poison=True), ref, f"gpu {fmt} {tuple(xs.shape)}")
+        assert_folded_equal(quantize_fold_triton(xc, fmt, scale_mode=mode, rounding=rnd), ref, f"gpu {fmt}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+def test_gpu_quantize_fold_large(fmt, rng):
+    from mxkit.kernels.fold import quantize_fold_triton
+
+    x = (torch.randn(8192, 8192, generator=rng) * torch.exp2(torch.randint(-3, 4, (8192, 256, 1), generator=rng)
+                                                             .float()).reshape(8192, 8192)).to(torch.bfloat16)
+    ref = quantize_fold_reference(x, fmt)
+    check_kernel_rows(*run_quantize_fold_raw(x.cuda(), fmt, "floor", "rne", poison=True), ref, f"gpu 8192^2 {fmt}")
+    assert_folded_equal(quantize_fold_triton(x.cuda(), fmt), ref, "gpu 8192^2")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_int64_offsets(rng):
+    """R * K > 2^31 elements: the last rows (offsets past 2^31) against the reference of those rows."""
+    from mxkit.kernels.fold import fold_triton, quantize_fold_triton
+    from mxkit.tensor import MXTensor
+
+    R, K = 65600, 32768
+    assert R * K > 2**31
+    qd = torch.randint(0, 256, (R, K // 2), dtype=torch.uint8, device="cuda")
+    sc = torch.randint(120, 130, (R, K // 32), dtype=torch.uint8, device="cuda")
+    q = MXTensor(qd, sc, "mxfp4", 1, 32, (R, K))
+    got = fold_triton(q)
+    for rows in (slice(0, 3), slice(R - 3, R)):
+        sub = MXTensor(qd[rows].cpu(), sc[rows].cpu(), "mxfp4", 1, 32, (3, K))
+        assert_folded_equal(Folded(got.data[rows], got.scale[rows], got.owner[:0], got.fmt, torch.Size([3])),
+                            fold_reference(sub), f"rows {rows}")
+    del got, qd, sc, q
+    x = torch.randn(R, K, dtype=torch.bfloat16, device="cuda")
+    got = quantize_fold_triton(x, "mxfp6_e2m3")
+    ref = quantize_fold_reference(x[R - 3:].cpu(), "mxfp6_e2m3")
+    assert_folded_equal(Folded(got.data[R - 3:R], got.scale[R - 3:R], got.owner[:0], got.fmt, torch.Size([3])),
+                        ref, "last rows")
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    fmt_arg = sys.argv[sys.argv.index("--interpret") + 1]
+    seed_arg = int(os.environ.get("MXKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"seed={seed_arg}: {_interpret_checks(fmt_arg, seed_arg)} interpret checks passed")

@@ -9,7 +9,8 @@ bits, owner, and the kernel's per-row status (so a row the kernel wrongly sends 
 * GPU (``-m gpu``): 8192 x 8192, 727 x 2880 and 3-D inputs, outputs poisoned with 0xAB before the kernel
   writes; R * K past 2^31.
 
-By hand: ``TRITON_INTERPRET=1 python tests/kernels/test_fold.py --interpret mxfp4_e2m1``.
+By hand: ``TRITON_INTERPRET=1 python tests/kernels/test_fold.py --interpret mxfp4_e2m1``; GPU timings (kernel
+only, against a device copy of the same bytes): ``python tests/kernels/test_fold.py --timing``.
 """
 
 from __future__ import annotations
@@ -247,18 +248,16 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("fmt", FOLD_FORMATS)
 @pytest.mark.parametrize("shape", [(8192, 8192), (727, 2880), (3, 61, 2880), (1, 32), (5, 1056)])
 def test_gpu_fold_matches_reference(fmt, shape, rng):
+    from mxkit.kernels.fold import fold_triton
+
     w = window(fmt)
     R = math.prod(shape[:-1])
     q = rand_mx(rng, fmt, R, shape[-1], [0, 3, w, w + 1, 40, NAN_ROW, ZERO_ROW, 1, 2, 5], lead=shape[:-1]).to("cuda")
-    ref = fold_reference(q.to("cpu"))
+    ref = fold_reference(q)  # the reference on the GPU too (pure torch, exact)
     check_kernel_rows(*run_fold_raw(q, poison=True), ref, f"gpu fold {fmt} {shape}")
-    assert_folded_equal(fold_triton_(q), ref, f"gpu fold_triton {fmt} {shape}")
-
-
-def fold_triton_(q):
-    from mxkit.kernels.fold import fold_triton
-
-    return fold_triton(q)
+    assert_folded_equal(fold_triton(q), ref, f"gpu fold_triton {fmt} {shape}")
+    if shape[0] <= 1024:  # the CUDA reference against the CPU one
+        assert_folded_equal(ref, fold_reference(q.to("cpu")), "reference cuda vs cpu")
 
 
 @pytest.mark.gpu
@@ -271,9 +270,10 @@ def test_gpu_quantize_fold_matches_reference(fmt, dtype, mode, rnd, rng):
     from mxkit.kernels.fold import quantize_fold_triton
 
     w = window(fmt)
-    x = torch.cat([special_rows(dtype), spread_rows(rng, fmt, 651, 2880 // 30, dtype, [0, w, w + 1, 40, NAN_ROW]),
+    x = torch.cat([special_rows(dtype), spread_rows(rng, fmt, 650, 2880 // 30, dtype, [0, w, w + 1, 40, NAN_ROW]),
                    rand_tensor((1, 96), generator=rng, dtype=dtype)])
     x = torch.cat([x] * 30, dim=1)  # 727 x 2880: every row's blocks repeated (same span)
+    assert x.shape == (727, 2880)
     for xs in (x, rand_tensor((3, 61, 2880), generator=rng, dtype=dtype, exp_range=(-3, 3))):
         xc = xs.to("cuda")
         ref = quantize_fold_reference(xs, fmt, scale_mode=mode, rounding=rnd)
@@ -287,11 +287,11 @@ def test_gpu_quantize_fold_matches_reference(fmt, dtype, mode, rnd, rng):
 def test_gpu_quantize_fold_large(fmt, rng):
     from mxkit.kernels.fold import quantize_fold_triton
 
-    x = (torch.randn(8192, 8192, generator=rng) * torch.exp2(torch.randint(-3, 4, (8192, 256, 1), generator=rng)
-                                                             .float()).reshape(8192, 8192)).to(torch.bfloat16)
-    ref = quantize_fold_reference(x, fmt)
-    check_kernel_rows(*run_quantize_fold_raw(x.cuda(), fmt, "floor", "rne", poison=True), ref, f"gpu 8192^2 {fmt}")
-    assert_folded_equal(quantize_fold_triton(x.cuda(), fmt), ref, "gpu 8192^2")
+    e = torch.randint(-3, 4, (8192, 256, 1), generator=rng).float().expand(8192, 256, 32).reshape(8192, 8192)
+    x = (torch.randn(8192, 8192, generator=rng) * torch.exp2(e)).to(torch.bfloat16).cuda()
+    ref = quantize_fold_reference(x, fmt)  # on the GPU
+    check_kernel_rows(*run_quantize_fold_raw(x, fmt, "floor", "rne", poison=True), ref, f"gpu 8192^2 {fmt}")
+    assert_folded_equal(quantize_fold_triton(x, fmt), ref, "gpu 8192^2")
 
 
 @pytest.mark.gpu
@@ -307,6 +307,7 @@ def test_gpu_int64_offsets(rng):
     sc = torch.randint(120, 130, (R, K // 32), dtype=torch.uint8, device="cuda")
     q = MXTensor(qd, sc, "mxfp4", 1, 32, (R, K))
     got = fold_triton(q)
+    assert got.owner.numel() == 0  # spread 9 < 14: every row folds in the kernel
     for rows in (slice(0, 3), slice(R - 3, R)):
         sub = MXTensor(qd[rows].cpu(), sc[rows].cpu(), "mxfp4", 1, 32, (3, K))
         assert_folded_equal(Folded(got.data[rows], got.scale[rows], got.owner[:0], got.fmt, torch.Size([3])),
@@ -324,3 +325,37 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     fmt_arg = sys.argv[sys.argv.index("--interpret") + 1]
     seed_arg = int(os.environ.get("MXKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"seed={seed_arg}: {_interpret_checks(fmt_arg, seed_arg)} interpret checks passed")
+
+
+def _timing() -> None:  # pragma: no cover - run by hand on a GPU
+    """Kernel-only time of both folds at 8192^2 and 16384 x 8192 against a device copy of the same bytes."""
+    import triton
+
+    from mxkit.formats import Rounding, ScaleMode
+    from mxkit.kernels import fold as kf
+
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    g, _ = make_generator(0)
+    for R, K in ((8192, 8192), (16384, 8192), (727, 2880)):
+        for fmt in FOLD_FORMATS:
+            f = get_format(fmt)
+            q = rand_mx(g, fmt, 64, K, [0, 3, 8]).to("cuda")
+            q = type(q)(q.qdata.repeat(R // 64 + 1, 1)[:R].contiguous(), q.scale.repeat(R // 64 + 1, 1)[:R]
+                        .contiguous(), f, 1, 32, (R, K))
+            x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16)
+            data, scale, status = kf._outputs(R, K, "cuda")
+            for name, fn, nbytes in (
+                ("fold", lambda: kf._run_fold(q, data, scale, status), q.qdata.numel() + q.scale.numel() + R * K + 4 * R),
+                ("quantize_fold bf16", lambda: kf._run_quantize_fold(x, f, ScaleMode.FLOOR, Rounding.RNE, data, scale,
+                                                                     status), 2 * R * K + R * K + 4 * R),
+            ):
+                src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+                dst = torch.empty_like(src)
+                t_copy = triton.testing.do_bench(lambda: dst.copy_(src))
+                t = triton.testing.do_bench(fn)
+                print(f"{R}x{K} {fmt:12s} {name:20s} {t * 1e3:8.1f} us  {nbytes / t / 1e9:6.2f} TB/s  "
+                      f"{100 * t_copy / t:5.1f}% of copy")
+
+
+if __name__ == "__main__" and "--timing" in sys.argv:
+    _timing()

@@ -111,7 +111,8 @@ def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torc
     f, (R, K) = q.fmt, data.shape
     d_lo, d_hi = fold_range(f)
     cfg = fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
-    _launch(_fold_kernel, (q.qdata, q.scale, data, scale.view(torch.int32), status), R, K, cfg,
+    qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
+    _launch(_fold_kernel, (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status), R, K, cfg,
             dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._quantize import DENORM_NONE, _block_scale, _encode, _load_raw, _to_bits
+from .._quantize import DENORM_NONE, _block_scale, _encode, _fp6_codes16, _load_raw, _to_bits
 
 
 @triton.jit
@@ -42,28 +42,45 @@ def _codes_to_e4m3(codes, d, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.c
     return mag | ((codes >> (BITS - 1)) << 7)
 
 
+def _int32(v: int) -> int:
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+# the magnitude bits of packed codes: FP4 words (8 codes, sign = bit 3 of each nibble); FP6 groups of three words
+# (16 codes, code k at bits 6k .. 6k + 5 of the 96-bit little-endian group, sign = bit 6k + 5)
+_FP4_MAG = tl.constexpr(0x77777777)
+_FP6_MAG0, _FP6_MAG1, _FP6_MAG2 = (
+    tl.constexpr(_int32(0xFFFFFFFF ^ sum(1 << (6 * k + 5 - 32 * w) for k in range(16) if (6 * k + 5) // 32 == w)))
+    for w in range(3)
+)
+
+
 @triton.jit
 def _fp_codes(q_ptr, qrow, k0, K, rmask, BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
               MASKED: tl.constexpr):
-    """Element codes (int32 [BLOCK_R, BLOCK_K]) of columns k0 .. k0 + BLOCK_K of packed FP4 / FP6 rows;
-    qrow: int64 [BLOCK_R] byte offsets of the rows. Masked columns / rows read code 0."""
+    """Element codes (int32 [BLOCK_R, NB, 32]) of columns k0 .. k0 + BLOCK_K of packed FP4 / FP6 rows, and
+    whether each block holds a non-zero code ([BLOCK_R, NB]); q_ptr: the packed rows as int32 words, qrow:
+    int64 [BLOCK_R] word offsets of the rows. Masked columns / rows read code 0."""
     tl.static_assert(BITS == 4 or BITS == 6)
+    NB: tl.constexpr = BLOCK_K // 32
     if BITS == 4:
-        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        m = (rmask[:, None] & (j < K // 2)[None, :]) | (not MASKED)
-        b = tl.load(q_ptr + qrow[:, None] + j[None, :], mask=m, other=0).to(tl.int32)
-        # element 2i is byte i's low nibble: join puts it first along the new minor dim
-        codes = tl.join(b & 15, b >> 4)
+        j = k0 // 8 + tl.arange(0, BLOCK_K // 8)  # 8 codes per word, code k in bits 4k .. 4k + 3
+        m = (rmask[:, None] & (j < K // 8)[None, :]) | (not MASKED)
+        w = tl.load(q_ptr + qrow[:, None] + j[None, :], mask=m, other=0)
+        # all 8 codes of a word in the thread that holds it; & 15 drops the arithmetic shift's sign copies
+        codes = (w[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 15
+        nz = tl.reshape(((w & _FP4_MAG) != 0).to(tl.int32), [BLOCK_R, NB, 4])
     else:
-        u = k0 // 4 + tl.arange(0, BLOCK_K // 4)  # 4 codes per 3 bytes
-        m = (rmask[:, None] & (u < K // 4)[None, :]) | (not MASKED)
-        p = q_ptr + qrow[:, None] + 3 * u[None, :]
-        w = (tl.load(p, mask=m, other=0).to(tl.int32) | (tl.load(p + 1, mask=m, other=0).to(tl.int32) << 8)
-             | (tl.load(p + 2, mask=m, other=0).to(tl.int32) << 16))
-        # code i of a unit is bits 6i .. 6i + 5 of the little-endian 24-bit word; the nested joins put
-        # (c0, c1, c2, c3) in element order: join(join(c0, c2), join(c1, c3))[.., i, j] = c(2i + j)
-        codes = tl.join(tl.join(w & 63, (w >> 12) & 63), tl.join((w >> 6) & 63, w >> 18))
-    return tl.reshape(codes, [BLOCK_R, BLOCK_K])
+        g = k0 // 16 + tl.arange(0, BLOCK_K // 16)  # 16 codes per 3 words
+        m = (rmask[:, None] & (g < K // 16)[None, :]) | (not MASKED)
+        p = q_ptr + qrow[:, None] + 3 * g[None, :]
+        w0 = tl.load(p, mask=m, other=0)
+        w1 = tl.load(p + 1, mask=m, other=0)
+        w2 = tl.load(p + 2, mask=m, other=0)
+        codes = _fp6_codes16(w0, w1, w2)
+        nz = ((w0 & _FP6_MAG0) | (w1 & _FP6_MAG1) | (w2 & _FP6_MAG2)) != 0
+        nz = tl.reshape(nz.to(tl.int32), [BLOCK_R, NB, 2])
+    return tl.reshape(codes, [BLOCK_R, NB, 32]), tl.max(nz, axis=2) != 0
 
 
 @triton.jit
@@ -111,9 +128,7 @@ def _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS: tl.constexpr, BLOCK
     b = k0 // 32 + tl.arange(0, NB)
     sm = (rmask[:, None] & (b < K // 32)[None, :]) | (not MASKED)
     sbyte = tl.load(s_ptr + srow[:, None] + b[None, :], mask=sm, other=0).to(tl.int32)
-    codes = tl.reshape(_fp_codes(q_ptr, qrow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K, MASKED), [BLOCK_R, NB, 32])
-    # a block is non-zero when any code has a magnitude bit set (the sign bit masked off)
-    nonzero = tl.max(codes & ((1 << (BITS - 1)) - 1), axis=2) != 0
+    codes, nonzero = _fp_codes(q_ptr, qrow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K, MASKED)
     return codes, sbyte, nonzero
 
 
@@ -122,13 +137,13 @@ def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, R, K,
                  BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, D_LO: tl.constexpr,
                  D_HI: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ONE_CHUNK: tl.constexpr,
                  MASKED: tl.constexpr):
-    """Fold packed FP4 / FP6 rows (qdata [R, K * BITS / 8] uint8, scale [R, K / 32] uint8) to E4M3
+    """Fold packed FP4 / FP6 rows (qdata [R, K * BITS / 32] int32 words, scale [R, K / 32] uint8) to E4M3
     (out [R, K] uint8), row scales (rs [R] int32 = fp32 bits) and status bytes (st [R] uint8)."""
     tl.static_assert(BLOCK_K % 32 == 0)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     r64 = rows.to(tl.int64)
-    qrow = r64 * (K // 8 * BITS)
+    qrow = r64 * (K // 32 * BITS)  # in words
     srow = r64 * (K // 32)
     orow = r64 * K
     smax = tl.full([BLOCK_R], -1, tl.int32)

@@ -55,8 +55,8 @@ def test_flops_and_bytes_hand_counted():
         3 * N * K // 4 + N * K // 32) + 2 * M * N
 
 
-@pytest.mark.parametrize("argv, needle", [(["--pairs", "mxfp5"], "unknown 'mxfp5'"), (["--modes", "cold"], "cold"),
-                                          (["--peers", "cutlass"], "cutlass"), (["--shapes", "8x8"], None)])
+@pytest.mark.parametrize("argv, needle", [(["--pairs", "mxfp5"], "unknown pair 'mxfp5'"), (["--modes", "cold"], "unknown mode 'cold'"),
+                                          (["--peers", "cutlass"], "unknown peer 'cutlass'"), (["--shapes", "8x8"], None)])
 def test_bad_options(argv, needle, capsys):
     if needle is None:  # a 2-D shape parses, and run() refuses it with a message
         assert bg.run(_cli(argv)) == 2 and "MxNxK" in capsys.readouterr().out

@@ -76,7 +76,6 @@ def test_gpu_check_runs_its_stages_without_a_gpu(tmp_path):
 
 
 def test_ab_enters_the_real_hook():
-    pytest.importorskip("mxkit.kernels.opt_flags")
     ab = _script("ab")
     with ab.override({"rblocks": 1, "table": []}, "rowwise"), ab.override({"num_warps": 4}, "dequantize"):
         pass

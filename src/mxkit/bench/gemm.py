@@ -28,7 +28,7 @@ import torch
 
 from ..formats import BLOCK_SIZE, get_format
 from . import timing
-from .quantize import dequantize_fn
+from .quantize import dequantize_fn, mx_bytes
 from .timing import BenchUnavailable, Column, Impl
 
 NAME = "gemm"
@@ -108,8 +108,7 @@ class GemmCase:
 
 
 def mx_nbytes(numel: int, fmt: str) -> int:
-    f = get_format(fmt)
-    return numel * f.pack_bytes // f.pack + numel // BLOCK_SIZE
+    return sum(mx_bytes(numel, get_format(fmt)))
 
 
 def plan_cases(pairs, modes, shapes) -> list[GemmCase]:
@@ -368,11 +367,7 @@ IMPLS: dict[str, Impl] = {i.name: i for i in (
 
 
 def table_columns(peers) -> list[Column]:
-    f = timing.fmt_num
-
-    def main(attr, spec):
-        return lambda d: f(getattr(d["main"], attr), spec)
-
+    main = timing.main_value
     return [Column("mode", lambda d: d["op"], right=False), Column("pair", lambda d: d["fmt"], right=False),
             Column("M×N×K", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".0f")),
@@ -384,26 +379,18 @@ def table_columns(peers) -> list[Column]:
             Column("note", lambda d: d["note"][:90], right=False)]
 
 
-def _choice(known) -> Callable[[str], str]:
-    def parse(name: str) -> str:
-        if name not in known:
-            raise ValueError(f"unknown {name!r}; known: {', '.join(known)}")
-        return name
-
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pairs", type=timing.csv_arg(_choice(PAIRS)), default=tuple(PAIRS),
+    csv = timing.csv_arg
+    p.add_argument("--pairs", type=csv(timing.choice("pair", PAIRS)), default=tuple(PAIRS),
                    help=f"comma list of {', '.join(PAIRS)} (default all)")
-    p.add_argument("--modes", type=timing.csv_arg(_choice(MODES)), default=MODES,
+    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES,
                    help="ready (operands prepared) and/or from-bf16 (fused quantize-and-fold timed too; MX x MX)")
-    p.add_argument("--shapes", type=timing.csv_arg(timing.parse_shape), default=None,
+    p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
                    help="comma list of MxNxK (default: the seed 10000x16384x16384, 8192^3, 4096^3, Llama-3-70B MLP "
                         "and GPT-OSS attention layers at M in 256,1024,4096,8192)")
     p.add_argument("--quick", action="store_true", help="8192^3, 4096^3 and M=1024 of the Llama-3-70B MLP layers")
-    p.add_argument("--peers", type=lambda s: () if s.strip() == "none" else timing.csv_arg(_choice(PEERS))(s),
-                   default=PEERS, help=f"comma list of {', '.join(PEERS)} or none (default all)")
+    p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
+                   help=f"comma list of {', '.join(PEERS)} or none (default all)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     timing.add_common_arguments(p)
 

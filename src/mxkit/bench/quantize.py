@@ -1,23 +1,16 @@
 """``mxkit bench quantize``: bf16 → MX quantize (rowwise, columnwise, cast-transpose) and dequantize.
 
-Cases are op × format × shape. Per case every implementation runs once untimed (compilation), the
-mxkit output is compared byte for byte with the eager reference, then each is timed
-(:mod:`mxkit.bench.timing`: median after a read flush and after do_bench's write flush).
+Cases are op × format × shape; bytes are the least any implementation moves, each once:
 
-Ops (``x`` of shape (..., K); the bytes counted, each once, are the least any implementation moves):
-
-* ``rowwise`` — ``quantize(x, fmt, axis=-1)``: reads x, writes qdata + scales.
-* ``columnwise`` — ``quantize(x2, fmt, axis=0)`` on the 2-D flattening ``x2`` (prod(lead), K).
-* ``cast_transpose`` — ``quantize(x2, fmt, axis=(-1, 0))``: reads x2 once, writes both MXTensors.
+* ``rowwise`` — ``quantize(x, fmt, axis=-1)``: reads x, writes qdata + scales;
+* ``columnwise`` — ``quantize(x2, fmt, axis=0)`` on the 2-D flattening ``x2`` (prod(lead), K);
+* ``cast_transpose`` — ``quantize(x2, fmt, axis=(-1, 0))``: reads x2 once, writes both MXTensors;
 * ``dequantize`` — ``dequantize(q, dtype)`` of the rowwise ``q``: reads qdata + scales, writes ``dtype``.
 
-Implementations (``impl``): ``mxkit`` (the public API with ``--backend``, default ``triton``);
-``reference-compiled`` (``torch.compile`` of :mod:`mxkit.reference`); ``torchao-compiled``
-(``torch.compile`` of torchao's ``to_mx`` / ``to_dtype``, when importable; columnwise is torchao's own
-torch path, ``to_mx(x.t().contiguous())``); ``reference-eager`` (off unless asked for).
-An implementation that cannot run gives an ``n/a`` row with the reason; nothing aborts the run. The
-outputs of ``mxkit`` and the ``reference-*`` peers are compared byte for byte with the eager reference
-(``check`` column); exit status 1 if an mxkit output differs.
+Implementations: ``mxkit`` (the public API, ``--backend``); ``reference-compiled`` (``torch.compile`` of
+:mod:`mxkit.reference`, the × column); ``torchao-compiled`` (``torch.compile`` of torchao's ``to_mx`` /
+``to_dtype``, in torchao's own layout, not compared); ``reference-eager``. The outputs of ``mxkit`` and the
+references are compared byte for byte with the eager reference; exit status 1 if an mxkit output differs.
 """
 
 from __future__ import annotations
@@ -33,12 +26,13 @@ from ..formats import BLOCK_SIZE, ElementFormat, ScaleMode, get_format
 from ..reference import dequantize_reference, quantize_reference
 from ..tensor import MXTensor
 from . import timing
-from .timing import BenchUnavailable, Column, Context, Impl
+from .timing import BenchUnavailable, Column, Impl
 
 NAME = "quantize"
 HELP = "bf16 → MX quantize (rowwise, columnwise, cast-transpose) and dequantize bandwidth"
 
 OPS = ("rowwise", "columnwise", "cast_transpose", "dequantize")
+AXES = {"rowwise": -1, "columnwise": 0, "cast_transpose": (-1, 0), "dequantize": -1}
 DEFAULT_FORMATS = ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3")
 DEFAULT_SHAPES = ("8192x8192", "16384x16384", "4096x4096", "32768x160", "8x2048x4096")
 QUICK_SHAPES = ("8192x8192", "32768x160")
@@ -46,16 +40,12 @@ DEFAULT_PEERS = ("reference-compiled", "torchao-compiled")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}
 PEER_LABELS = {"reference-compiled": "ref.compiled", "torchao-compiled": "torchao", "reference-eager": "ref.eager"}
-REF_IMPL = "reference-compiled"  # the × column: its µs over each row's
-
-
-# -------------------------------------------------------------------------------------------------------
-# cases and the bytes they move
+REF_IMPL = "reference-compiled"
 
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark case. ``shape`` is as requested; :attr:`run_shape` is what the op is given."""
+    """One case. ``shape`` as requested; :attr:`run_shape` is what the op is given (2-D for the column ops)."""
 
     op: str
     fmt: ElementFormat
@@ -65,90 +55,64 @@ class Case:
     block_size: int = BLOCK_SIZE
 
     def __post_init__(self) -> None:
-        if self.op not in OPS:
-            raise ValueError(f"unknown op {self.op!r}; known: {', '.join(OPS)}")
+        timing.choice("op", OPS)(self.op)
 
     @property
     def run_shape(self) -> tuple[int, ...]:
-        """Columnwise and cast-transpose take the 2-D flattening (prod(lead), K) of an N-D input."""
         if self.op in ("columnwise", "cast_transpose") and len(self.shape) != 2:
             return (math.prod(self.shape[:-1]), self.shape[-1])
         return tuple(self.shape)
 
-    @property
-    def axis(self) -> Union[int, tuple[int, int]]:
-        return {"rowwise": -1, "columnwise": 0, "cast_transpose": (-1, 0), "dequantize": -1}[self.op]
-
-    @property
-    def label(self) -> str:
-        return timing.format_shape(self.shape)
-
-    @property
-    def note(self) -> str:
-        if self.run_shape != tuple(self.shape):
-            return f"2-D view {timing.format_shape(self.run_shape)}"
-        return ""
-
-    @property
-    def fmt_name(self) -> str:
-        return self.fmt.name
+    axis = property(lambda self: AXES[self.op])
+    label = property(lambda self: timing.format_shape(self.shape))
+    fmt_name = property(lambda self: self.fmt.name)
+    note = property(lambda self: "" if self.run_shape == tuple(self.shape) else
+                    f"2-D view {timing.format_shape(self.run_shape)}")
 
     def nbytes(self) -> int:
         return case_bytes(self.op, self.run_shape, self.fmt, self.dtype, self.block_size)
 
-    def make_inputs(self, ctx: Context) -> "Inputs":
-        return make_inputs(self, ctx)
-
-    def expected(self, inputs: "Inputs") -> object:
-        return expected_output(self, inputs)
-
-    def check(self, out: object, expected: object) -> dict:
-        return {"check": check_output(self, out, expected)}
-
     def invalid_reason(self) -> Optional[str]:
-        """Why this case cannot be quantized (an axis length not a multiple of the block), else None."""
+        """Why the case cannot be quantized (an axis length not a multiple of the block), else None."""
         s = self.run_shape
-        axes = {"rowwise": [len(s) - 1], "dequantize": [len(s) - 1], "columnwise": [0],
-                "cast_transpose": [len(s) - 1, 0]}[self.op]
-        for a in axes:
+        for a in {"columnwise": (0,), "cast_transpose": (len(s) - 1, 0)}.get(self.op, (len(s) - 1,)):
             if s[a] % self.block_size:
                 return f"shape {timing.format_shape(s)}: dim {a} = {s[a]} is not a multiple of {self.block_size}"
         return None
 
+    def make_inputs(self, ctx) -> "Inputs":
+        return make_inputs(self, ctx)
+
+    def expected(self, inp: "Inputs") -> object:
+        return expected_output(self, inp)
+
+    def check(self, out: object, expected: object) -> dict:
+        return {"check": check_output(self, out, expected)}
+
 
 def mx_bytes(numel: int, fmt: ElementFormat, block_size: int = BLOCK_SIZE) -> tuple[int, int]:
-    """(qdata bytes, scale bytes) of an MXTensor of ``numel`` elements: ``numel * pack_bytes / pack``
-    (FP8 1, FP6 3/4, FP4 1/2 byte per element) and one E8M0 byte per ``block_size`` elements."""
+    """(qdata, scale) bytes of ``numel`` elements: FP8 1, FP6 3/4, FP4 1/2 byte each; one E8M0 per block."""
     if numel % block_size:
         raise ValueError(f"{numel=} is not a multiple of {block_size=}")
     return numel * fmt.pack_bytes // fmt.pack, numel // block_size
 
 
-def case_bytes(op: str, shape: Sequence[int], fmt: ElementFormat, dtype: torch.dtype,
-               block_size: int = BLOCK_SIZE) -> int:
-    """Bytes read + written, each once, by ``op`` on a ``dtype`` tensor of ``shape``.
-
-    quantize (rowwise / columnwise): input + qdata + scales; cast_transpose: input + 2 × (qdata + scales);
-    dequantize: qdata + scales read + ``dtype`` output written.
-    """
+def case_bytes(op: str, shape: Sequence[int], fmt: ElementFormat, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
+    """Bytes read + written, each once: the dense tensor plus qdata + scales (twice for cast_transpose)."""
+    timing.choice("op", OPS)(op)
     numel = math.prod(shape)
-    dense = numel * torch.empty((), dtype=dtype).element_size()
-    q, s = mx_bytes(numel, fmt, block_size)
-    if op in ("rowwise", "columnwise", "dequantize"):
-        return dense + q + s
-    if op == "cast_transpose":
-        return dense + 2 * (q + s)
-    raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    return numel * torch.empty((), dtype=dtype).element_size() + (2 if op == "cast_transpose" else 1) * sum(
+        mx_bytes(numel, fmt, block_size))
 
 
-def plan_cases(ops: Sequence[str], formats: Sequence[str], shapes: Sequence[tuple[int, ...]],
-               dtype: torch.dtype, scale_mode: ScaleMode = ScaleMode.FLOOR) -> list[Case]:
+def plan_cases(ops: Sequence[str], formats: Sequence[str], shapes: Sequence[tuple[int, ...]], dtype: torch.dtype,
+               scale_mode: ScaleMode = ScaleMode.FLOOR) -> list[Case]:
     """Shape-major order (all ops and formats of a shape together), the order rows are printed in."""
     return [Case(op, get_format(f), tuple(s), dtype, scale_mode) for s in shapes for op in ops for f in formats]
 
 
 # -------------------------------------------------------------------------------------------------------
-# implementations
+# inputs, implementations, checks
 
 
 @dataclass
@@ -157,59 +121,35 @@ class Inputs:
     q: Optional[MXTensor] = None  # dequantize only
 
 
-def make_inputs(case: Case, ctx: Context) -> Inputs:
-    """Random normal values times a random power of two per row (exact; varied block scales), never zeros."""
-    shape = case.run_shape
-    x = torch.randn(shape, dtype=case.dtype, device=ctx.device)
-    rows = torch.randint(-12, 12, shape[:-1] + (1,), device=ctx.device)
-    x.mul_(torch.exp2(rows.to(torch.float32)).to(case.dtype))
-    q = None
-    if case.op == "dequantize":
-        q = _quantize_for_dequant(x, case, ctx)
+def make_inputs(case: Case, ctx) -> Inputs:
+    """Normal values times a random power of two per row (varied block scales, never zeros); ``q`` by mxkit
+    (the reference where that fails: the same bytes)."""
+    x = torch.randn(case.run_shape, dtype=case.dtype, device=ctx.device)
+    x.mul_(torch.exp2(torch.randint(-12, 12, case.run_shape[:-1] + (1,), device=ctx.device).float()).to(case.dtype))
+    if case.op != "dequantize":
+        return Inputs(x)
+    try:
+        import mxkit
+
+        q = mxkit.quantize(x, case.fmt, scale_mode=case.scale_mode, backend=ctx.backend)
+        assert q.scale_layout == "plain"
+    except Exception:
+        q = quantize_reference(x, case.fmt, axis=-1, scale_mode=case.scale_mode)
     return Inputs(x, q)
 
 
-def _quantize_for_dequant(x: torch.Tensor, case: Case, ctx: Context) -> MXTensor:
-    if ctx.backend != "reference":
-        try:
-            import mxkit
-
-            q = mxkit.quantize(x, case.fmt, axis=-1, scale_mode=case.scale_mode, backend=ctx.backend)
-            if isinstance(q, MXTensor) and q.scale_layout == "plain":
-                return q
-        except Exception:
-            pass  # kernel not there yet: the reference makes the same bytes
-    return quantize_reference(x, case.fmt, axis=-1, scale_mode=case.scale_mode)
-
-
-def _mxkit(case: Case, inp: Inputs, ctx: Context) -> Callable[[], object]:
+def _mxkit(case: Case, inp: Inputs, ctx) -> Callable[[], object]:
     import mxkit
 
-    x, fmt, sm, be = inp.x, case.fmt, case.scale_mode, ctx.backend
+    x, q, fmt, sm, be, axis, dt = inp.x, inp.q, case.fmt, case.scale_mode, ctx.backend, case.axis, case.dtype
     if case.op == "dequantize":
-        q, dt = inp.q, case.dtype
         return lambda: mxkit.dequantize(q, dt, backend=be)
-    axis = case.axis
     return lambda: mxkit.quantize(x, fmt, axis=axis, scale_mode=sm, backend=be)
 
 
-def _reference_fn(case: Case) -> Callable:
-    """The op written with :mod:`mxkit.reference` only (what ``reference-*`` peers run)."""
-    fmt, dt, bs, scale_mode = case.fmt, case.dtype, case.block_size, case.scale_mode
-    if case.op == "rowwise":
-        return lambda x: quantize_reference(x, fmt, axis=-1, scale_mode=scale_mode)
-    if case.op == "columnwise":
-        return lambda x: quantize_reference(x, fmt, axis=0, scale_mode=scale_mode)
-    if case.op == "cast_transpose":
-        return lambda x: (quantize_reference(x, fmt, axis=-1, scale_mode=scale_mode),
-                          quantize_reference(x, fmt, axis=0, scale_mode=scale_mode))
-
-    return dequantize_fn(fmt, dt, bs)
-
-
 def dequantize_fn(fmt: ElementFormat, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> Callable:
-    """``deq(qdata, scale) -> dtype`` tensor: :func:`dequantize_reference` of the plain rowwise MXTensor those
-    bytes make. The logical shape follows from the tensors, so a compiled version stays shape-generic."""
+    """``deq(qdata, scale) -> dtype`` tensor: :func:`dequantize_reference` of the plain MXTensor along the last
+    axis those bytes make. The shape follows from the tensors, so a compiled version stays shape-generic."""
     def deq(qdata: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         shape = tuple(qdata.shape[:-1]) + (qdata.shape[-1] * fmt.pack // fmt.pack_bytes,)
         return dequantize_reference(MXTensor(qdata, scale, fmt, len(shape) - 1, block_size, shape), dtype)
@@ -217,26 +157,23 @@ def dequantize_fn(fmt: ElementFormat, dtype: torch.dtype, block_size: int = BLOC
     return deq
 
 
-def _reference(case: Case, inp: Inputs, ctx: Context, *, compiled: bool) -> Callable[[], object]:
-    if compiled:
-        key = ("reference", case.op, case.fmt.name, case.dtype, case.scale_mode, len(case.run_shape))
-        fn = ctx.compiled_fn(key, lambda: _reference_fn(case))
-    else:
-        fn = _reference_fn(case)
+def _reference_fn(case: Case) -> Callable:
+    """The op written with :mod:`mxkit.reference` only (what the ``reference-*`` peers run)."""
     if case.op == "dequantize":
-        qd, sc = inp.q.qdata, inp.q.scale
-        return lambda: fn(qd, sc)
-    x = inp.x
-    return lambda: fn(x)
+        return dequantize_fn(case.fmt, case.dtype, case.block_size)
+    fmt, sm = case.fmt, case.scale_mode
+    axes = (-1, 0) if case.op == "cast_transpose" else (case.axis,)
+    outs = [lambda x, a=a: quantize_reference(x, fmt, axis=a, scale_mode=sm) for a in axes]
+    return outs[0] if len(outs) == 1 else (lambda x: tuple(f(x) for f in outs))
 
 
-_TORCHAO_ELEM = {  # torchao's elem_dtype per mxkit format (torchao.prototype.mx_formats.constants)
-    "mxfp8_e4m3": "float8_e4m3fn",
-    "mxfp8_e5m2": "float8_e5m2",
-    "mxfp4_e2m1": "float4_e2m1fn_x2",
-    "mxfp6_e2m3": "fp6_e2m3",
-    "mxfp6_e3m2": "fp6_e3m2",
-}
+def _bind(case: Case, inp: Inputs, fn: Callable) -> Callable[[], object]:
+    args = (inp.q.qdata, inp.q.scale) if case.op == "dequantize" else (inp.x,)
+    return lambda: fn(*args)
+
+
+_TORCHAO_ELEM = {"mxfp8_e4m3": "float8_e4m3fn", "mxfp8_e5m2": "float8_e5m2", "mxfp4_e2m1": "float4_e2m1fn_x2",
+                 "mxfp6_e2m3": "fp6_e2m3", "mxfp6_e3m2": "fp6_e3m2"}  # FP6 elements are strings in torchao
 
 
 def _torchao_fn(case: Case) -> Callable:
@@ -245,118 +182,80 @@ def _torchao_fn(case: Case) -> Callable:
         from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
     except Exception as e:
         raise BenchUnavailable(f"torchao not importable ({type(e).__name__})") from None
-    name = _TORCHAO_ELEM.get(case.fmt.name)
-    if name is None:
+    if case.fmt.name not in _TORCHAO_ELEM:
         raise BenchUnavailable(f"torchao has no {case.fmt.name}")
-    elem = getattr(torch, name, None) or name  # FP6 elements are named by strings in torchao
     if case.dtype not in (torch.bfloat16, torch.float32):
         raise BenchUnavailable(f"torchao to_mx takes bfloat16 / float32, not {case.dtype}")
-    mode = ScaleCalculationMode[case.scale_mode.name]
-    bs, dt = case.block_size, case.dtype
-    if case.op == "rowwise":
-        return lambda x: to_mx(x, elem, bs, mode)
-    if case.op == "columnwise":
-        return lambda x: to_mx(x.t().contiguous(), elem, bs, mode)
-    if case.op == "cast_transpose":
-        return lambda x: (to_mx(x, elem, bs, mode), to_mx(x.t().contiguous(), elem, bs, mode))
-    if case.fmt.pack == 4:
-        raise BenchUnavailable("torchao dequantizes FP6 from unpacked bytes only; mxkit packs 4 in 3")
-    view = case.fmt.torch_dtype if case.fmt.pack == 1 else torch.uint8  # torchao unpacks FP4 from uint8
-    # torchao's to_dtype: (data_lp, scale_e8m0, elem_dtype, block_size, target_dtype); our qdata / scale
-    # bytes are its layout (FP4 element 2i in the low nibble)
-    return lambda qd, sc: to_dtype(qd.view(view), sc.view(torch.float8_e8m0fnu), elem, bs, dt)
-
-
-def _torchao(case: Case, inp: Inputs, ctx: Context) -> Callable[[], object]:
-    key = ("torchao", case.op, case.fmt.name, case.dtype, case.scale_mode, len(case.run_shape))
-    raw = _torchao_fn(case)  # raises BenchUnavailable before anything compiles
-    fn = ctx.compiled_fn(key, lambda: raw)
+    elem = getattr(torch, _TORCHAO_ELEM[case.fmt.name], None) or _TORCHAO_ELEM[case.fmt.name]
+    mode, bs, dt = ScaleCalculationMode[case.scale_mode.name], case.block_size, case.dtype
     if case.op == "dequantize":
-        qd, sc = inp.q.qdata, inp.q.scale
-        return lambda: fn(qd, sc)
-    x = inp.x
-    return lambda: fn(x)
+        if case.fmt.pack == 4:
+            raise BenchUnavailable("torchao dequantizes FP6 from unpacked bytes only; mxkit packs 4 in 3")
+        view = case.fmt.torch_dtype if case.fmt.pack == 1 else torch.uint8  # our FP4 bytes are torchao's layout
+        return lambda qd, sc: to_dtype(qd.view(view), sc.view(torch.float8_e8m0fnu), elem, bs, dt)
+    rows, cols = (lambda x: to_mx(x, elem, bs, mode)), (lambda x: to_mx(x.t().contiguous(), elem, bs, mode))
+    return {"rowwise": rows, "columnwise": cols, "cast_transpose": lambda x: (rows(x), cols(x))}[case.op]
 
 
-IMPLS: dict[str, Impl] = {
-    i.name: i
-    for i in (
-        Impl("mxkit", _mxkit, checked=True),
-        Impl("reference-compiled", lambda c, i, x: _reference(c, i, x, compiled=True), compiled=True, checked=True),
-        Impl("torchao-compiled", _torchao, compiled=True),  # torchao's own layout (FP6 unpacked): not compared
-        Impl("reference-eager", lambda c, i, x: _reference(c, i, x, compiled=False), checked=True),
-    )
-}
+def _compiled(name: str, make_fn: Callable[[Case], Callable]) -> Callable:
+    def make(case: Case, inp: Inputs, ctx) -> Callable[[], object]:
+        raw = make_fn(case)  # raises BenchUnavailable before anything compiles
+        key = (name, case.op, case.fmt.name, case.dtype, case.scale_mode, len(case.run_shape))
+        return _bind(case, inp, ctx.compiled_fn(key, lambda: raw))
+
+    return make
 
 
-# -------------------------------------------------------------------------------------------------------
-# correctness of the timed output
+IMPLS: dict[str, Impl] = {i.name: i for i in (
+    Impl("mxkit", _mxkit, checked=True),
+    Impl("reference-compiled", _compiled("reference", _reference_fn), compiled=True, checked=True),
+    Impl("torchao-compiled", _compiled("torchao", _torchao_fn), compiled=True),
+    Impl("reference-eager", lambda c, i, x: _bind(c, i, _reference_fn(c)), checked=True),
+)}
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape:
-        return False
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+def _same(a: object, b: torch.Tensor) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
 
 
 def _same_mx(a: object, b: MXTensor) -> bool:
-    return (isinstance(a, MXTensor) and a.scale_layout == "plain" and a.axis == b.axis
-            and _same(a.qdata, b.qdata) and _same(a.scale, b.scale))
+    return (isinstance(a, MXTensor) and a.scale_layout == "plain" and a.axis == b.axis and _same(a.qdata, b.qdata)
+            and _same(a.scale, b.scale))
 
 
 def expected_output(case: Case, inp: Inputs) -> object:
-    """The eager reference's result for the case: an MXTensor, a pair of them, or the dense tensor."""
-    if case.op == "dequantize":
-        return dequantize_reference(inp.q, case.dtype)
-    if case.op == "cast_transpose":
-        return (quantize_reference(inp.x, case.fmt, axis=-1, scale_mode=case.scale_mode),
-                quantize_reference(inp.x, case.fmt, axis=0, scale_mode=case.scale_mode))
-    return quantize_reference(inp.x, case.fmt, axis=case.axis, scale_mode=case.scale_mode)
+    """The eager reference's result: an MXTensor, a pair of them (cast_transpose), or the dense tensor."""
+    return _reference_fn(case)(*((inp.q.qdata, inp.q.scale) if case.op == "dequantize" else (inp.x,)))
 
 
 def check_output(case: Case, out: object, expected: object) -> str:
     """``"match"`` if ``out`` has the bytes of ``expected`` (:func:`expected_output`), else ``"MISMATCH"``."""
     if case.op == "dequantize":
-        ok = isinstance(out, torch.Tensor) and _same(out, expected)
+        ok = _same(out, expected)
     elif case.op == "cast_transpose":
-        ok = isinstance(out, (tuple, list)) and len(out) == 2 and all(_same_mx(o, e) for o, e in zip(out, expected))
+        ok = isinstance(out, (tuple, list)) and len(out) == 2 and all(map(_same_mx, out, expected))
     else:
         ok = _same_mx(out, expected)
     return "match" if ok else "MISMATCH"
 
 
+# -------------------------------------------------------------------------------------------------------
+# table and command line
+
+
 def table_columns(peers: Sequence[str]) -> list[Column]:
     """case, mxkit's µs / GB/s / % copy after each flush / × the compiled reference / check, peers' µs, note."""
-    f = timing.fmt_num
+    main = timing.main_value
     return [Column("op", lambda d: d["op"], right=False), Column("format", lambda d: d["fmt"], right=False),
-            Column("shape", lambda d: d["shape"], right=False), Column("µs", lambda d: f(d["main"].us, ".1f")),
-            Column("GB/s", lambda d: f(d["main"].gbps, ".0f")), Column("% copy", lambda d: f(d["main"].pct_copy, ".1f")),
-            Column("µs (write flush)", lambda d: f(d["main"].us_write, ".1f")),
-            Column("% copy (write flush)", lambda d: f(d["main"].pct_copy_write, ".1f")),
-            Column(f"× vs {PEER_LABELS[REF_IMPL]}", lambda d: f(d["main"].vs_ref, ".2f")),
+            Column("shape", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
+            Column("GB/s", main("gbps", ".0f")), Column("% copy", main("pct_copy", ".1f")),
+            Column("µs (write flush)", main("us_write", ".1f")),
+            Column("% copy (write flush)", main("pct_copy_write", ".1f")),
+            Column(f"× vs {PEER_LABELS[REF_IMPL]}", main("vs_ref", ".2f")),
             Column("check", lambda d: d["main"].check or "-"),
             *(timing.peer_us_column(p, PEER_LABELS.get(p, p)) for p in peers),
             Column("note", lambda d: d["note"][:90], right=False)]
-
-
-# -------------------------------------------------------------------------------------------------------
-# command line
-
-
-def _op(name: str) -> str:
-    if name not in OPS:
-        raise ValueError(f"unknown op {name!r}; known: {', '.join(OPS)}")
-    return name
-
-
-def _peer(name: str) -> str:
-    if name not in IMPLS or name == "mxkit":
-        raise ValueError(f"unknown peer {name!r}; known: {', '.join(k for k in IMPLS if k != 'mxkit')}, none")
-    return name
-
-
-def _peers(text: str) -> tuple:
-    return () if text.strip() == "none" else timing.csv_arg(_peer)(text)
 
 
 def _scale_mode(name: str) -> ScaleMode:
@@ -366,26 +265,20 @@ def _scale_mode(name: str) -> ScaleMode:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ops", type=timing.csv_arg(_op), default=OPS, help=f"comma list of {', '.join(OPS)} (default all)")
-    p.add_argument("--formats", type=timing.csv_arg(lambda s: get_format(s).name), default=DEFAULT_FORMATS,
+    csv = timing.csv_arg
+    p.add_argument("--ops", type=csv(timing.choice("op", OPS)), default=OPS, help=f"comma list of {', '.join(OPS)}")
+    p.add_argument("--formats", type=csv(lambda s: get_format(s).name), default=DEFAULT_FORMATS,
                    help=f"comma list of MX formats (default {','.join(DEFAULT_FORMATS)})")
-    p.add_argument("--shapes", type=timing.csv_arg(timing.parse_shape), default=None,
+    p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
                    help=f"comma list like 8192x8192,8x2048x4096 (default {','.join(DEFAULT_SHAPES)})")
     p.add_argument("--quick", action="store_true",
                    help=f"shapes {','.join(QUICK_SHAPES)} and --rep-ms {timing.QUICK_REP_MS:g} unless given")
-    p.add_argument("--dtype", type=_dtype, default=torch.bfloat16, help="input / dequantize output dtype (bfloat16)")
-    p.add_argument("--scale-mode", type=_scale_mode, default=ScaleMode.FLOOR,
-                   help="floor (OCP, default) | ceil | rceil | even")
-    p.add_argument("--peers", type=_peers, default=DEFAULT_PEERS,
-                   help=f"comma list of {', '.join(k for k in IMPLS if k != 'mxkit')} or none "
-                        f"(default {','.join(DEFAULT_PEERS)})")
+    p.add_argument("--dtype", type=lambda s: DTYPES[timing.choice("dtype", DTYPES)(s)], default=torch.bfloat16,
+                   help="input / dequantize output dtype (bfloat16)")
+    p.add_argument("--scale-mode", type=_scale_mode, default=ScaleMode.FLOOR, help="floor (OCP, default) | ceil | rceil | even")
+    p.add_argument("--peers", type=timing.peers_arg("peer", [k for k in IMPLS if k != "mxkit"]), default=DEFAULT_PEERS,
+                   help=f"comma list of {', '.join(k for k in IMPLS if k != 'mxkit')} or none (default {','.join(DEFAULT_PEERS)})")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     timing.add_common_arguments(p)
 
@@ -396,17 +289,14 @@ def cases_from_args(args) -> list[Case]:
 
 
 def run(args) -> int:
-    """Entry point of ``mxkit bench quantize``. 0: ran; 1: an mxkit output differs from the reference;
-    2: cannot run here (no CUDA, bad options)."""
+    """``mxkit bench quantize``. 0: ran; 1: an mxkit output differs from the reference; 2: cannot run here."""
     cases = cases_from_args(args)
     if args.list:
         for c in cases:
             bad = c.invalid_reason()
-            mb = "n/a" if bad else f"{c.nbytes() / 1e6:.1f}"
-            print(f"{c.op:15s} {c.fmt.name:12s} {c.label:14s} {mb:>10s} MB  {bad or c.note}")
+            print(f"{c.op:15s} {c.fmt.name:12s} {c.label:14s} {'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>10s} MB  "
+                  f"{bad or c.note}")
         return 0
-    title = (f"mxkit bench quantize — {str(args.dtype).replace('torch.', '')} in, scale {args.scale_mode}, "
-             f"mxkit backend {args.backend}, peers compiled {'per shape' if args.compile_static else 'shape-generic'}")
+    title = f"mxkit bench quantize — {str(args.dtype).replace('torch.', '')} in, scale {args.scale_mode}, backend {args.backend}"
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench quantize", stem="bench_quantize",
-                                peers=args.peers, columns=table_columns(args.peers), ref_impl=REF_IMPL,
-                                title=title)
+                                peers=args.peers, columns=table_columns(args.peers), ref_impl=REF_IMPL, title=title)

@@ -18,6 +18,7 @@ in the same process. GEMM rows count 2·M·N·K flops.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import datetime as _dt
@@ -131,10 +132,22 @@ def progress(msg: str) -> None:
     print(f"[{_dt.datetime.now(_dt.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
+class ChoiceError(ValueError, argparse.ArgumentTypeError):
+    """An unknown name: a ValueError, and a usage error (with its message) when argparse parses it."""
+
+
+def choice(what: str, known) -> Callable[[str], str]:
+    """A parser of one name among ``known``; :class:`ChoiceError` naming the choices otherwise."""
+    def parse(name: str) -> str:
+        if name not in known:
+            raise ChoiceError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+        return name
+
+    return parse
+
+
 def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
     """An argparse ``type`` for a comma list, each item through ``convert`` (ValueError → usage error)."""
-    import argparse
-
     def parse(text: str) -> tuple:
         try:
             items = tuple(convert(t) for t in (s.strip() for s in text.split(",")) if t)
@@ -145,6 +158,11 @@ def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
         return items
 
     return parse
+
+
+def peers_arg(what: str, known) -> Callable[[str], tuple]:
+    """``--peers``: a comma list of ``known`` names, or ``none``."""
+    return lambda text: () if text.strip() == "none" else csv_arg(choice(what, known))(text)
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -255,6 +273,11 @@ def summary_lines(rows: Sequence[Row], main: str = "mxkit") -> list[dict]:
             notes.insert(0, m.note)
         lines.append({"op": op, "fmt": fmt, "shape": shape, "main": m, "peers": d, "note": "; ".join(notes)})
     return lines
+
+
+def main_value(attr: str, spec: str) -> Callable[[dict], str]:
+    """A column getter: the main row's ``attr`` formatted with ``spec`` ("n/a" when missing)."""
+    return lambda d: fmt_num(getattr(d["main"], attr), spec)
 
 
 def peer_us_column(name: str, label: str) -> Column:

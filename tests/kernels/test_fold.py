@@ -197,11 +197,15 @@ def test_fold_config_is_pure_and_bounded():
 
     f = get_format("mxfp4")
     for R in (1, 3, 727, 8192):
-        for K in (32, 96, 2880, 8192, 16384):
+        for K in (32, 96, 2880, 4096, 8192, 16384, 28672):
             cfg = fold_config(R, K, f)
             assert cfg == fold_config(R, K, f) and isinstance(cfg, FoldConfig)
-            assert cfg.block_k % 32 == 0 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_k <= 1024
-            assert cfg.block_r >= 1 and cfg.block_r * cfg.block_k <= 4096
+            assert cfg.block_k % 32 == 0 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_k <= 16384
+            assert cfg.block_r >= 1 and cfg.block_r * cfg.block_k <= max(4096, cfg.block_k)
+            assert cfg.block_r * cfg.block_k <= 32 * 32 * cfg.num_warps  # <= 32 elements per thread
+            one = K <= cfg.block_k
+            assert one == (K in (32, 96, 4096, 8192, 16384)), (K, cfg)  # 2880 (4096 pads 30%), 28672: chunks
+            assert fold_config(R, K, f, on_gpu=False).block_k == min(1024, 1 << max(5, (K - 1).bit_length()))
     with pytest.raises(Exception):
         cfg.block_r = 2  # frozen
     assert fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt

@@ -45,16 +45,23 @@ class FoldConfig:
 
 def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, rounding: Rounding = Rounding.RNE,
                 on_gpu: bool = True) -> FoldConfig:
-    """The launch config of a problem (a pure function of its arguments).
+    """The launch config of a problem (a pure function of its arguments). Untuned: no GPU run has picked these.
 
-    Row tiles of up to 4096 elements (1024 wide: FP4 reads 16 bytes and writes 32 per thread at 4 warps);
-    narrower rows take more of them per program. Untuned: a GPU run has not picked these yet. Off the GPU (the
-    CPU interpreter, whose cost is per program and per op rather than per element) up to 64 rows per program."""
-    block_k = min(1024, 1 << max(5, (K - 1).bit_length()))
+    GPU: a row of K <= 16384 whose power-of-two tile pads it by at most 1/8 is one tile (block_k = that power
+    of two), held in registers between the statistics pass and the write, so the input is read exactly once;
+    other rows walk chunks of 1024 (the second pass re-reads a program's rows, an L2 hit while the resident
+    programs' rows fit L2). Tiles of up to 4096 elements per program ([4, 1024], [1, 8192], ...), about 32
+    elements per thread (num_warps up to 16). Off the GPU (the CPU interpreter, whose cost is per program and
+    per op rather than per element) 1024-wide chunks and up to 64 rows per program."""
+    p2 = 1 << max(5, (K - 1).bit_length())
     rows_p2 = 1 << max(0, (max(R, 1) - 1).bit_length())
-    block_r = max(1, min(4096 // block_k, rows_p2)) if on_gpu else min(64, rows_p2)
-    num_warps = 4 if block_r * block_k >= 2048 else 2
-    hw_cvt = quantize and on_gpu and fmt.bits == 6 and rounding is Rounding.RNE
+    rnd = Rounding.parse(rounding)
+    hw_cvt = quantize and on_gpu and fmt.bits == 6 and rnd is Rounding.RNE
+    if not on_gpu:
+        return FoldConfig(min(64, rows_p2), min(1024, p2), 4, hw_cvt)
+    block_k = p2 if p2 <= 16384 and 8 * K >= 7 * p2 else min(1024, p2)
+    block_r = max(1, min(4096 // block_k, rows_p2))
+    num_warps = max(2, min(16, block_r * block_k // 1024))
     return FoldConfig(block_r, block_k, num_warps, hw_cvt)
 
 

@@ -265,6 +265,30 @@ def test_bad_operands_raise(rng):
     assert set(PATHS) >= {"fold-fp8", "w4a8-fp8", "bf16-exact", "dense-exact", "fp32-exact", "reference"}
 
 
+def test_gemm_table_is_data_with_an_override():
+    from mxkit.kernels.matmul import DecodeConfig, decode_config, gemm_table, gemm_table_override
+
+    table = gemm_table()
+    assert table["default"]["decode_w4a16"]["max_m"] >= 1
+    with pytest.raises(TypeError):
+        table["default"]["decode_w4a16"]["max_m"] = 99  # read-only
+    cpu = torch.device("cpu")
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 4, "configs": [
+            {"k_max": 100, "block_n": 16, "block_k": 64, "split_k": 1, "num_warps": 2, "num_stages": 2}]}}}):
+        assert decode_config(cpu, 96) == DecodeConfig(16, 64, 1, 2, 2)
+        assert decode_config(cpu, 8192) == DecodeConfig()  # no entry covers K: the defaults
+    assert decode_config(cpu, 96) != DecodeConfig(16, 64, 1, 2, 2)
+
+
+def test_support_matrix_is_in_the_readme():
+    from pathlib import Path
+
+    from mxkit.kernels.matmul import support_matrix_markdown
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert support_matrix_markdown() in readme, "README's GEMM support matrix is stale: paste support_matrix_markdown()"
+
+
 def test_packed_weight_state_dict_and_to(rng):
     w = mxkit.quantize(torch.randn(48, 96, generator=rng), "mxfp4")
     pw = mxkit.pack_weight(w)
@@ -330,7 +354,8 @@ def test_gpu_shapes_and_paths(M, rng):
     w = mxkit.quantize(torch.randn(512, 2880, generator=rng).cuda(), "mxfp4")
     pw = mxkit.pack_weight(w)
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
-    check(a, pw, backend="auto", path="dense-exact")
+    check(a, pw, backend="auto", path="decode-w4a16" if M <= 16 else "dense-exact")
+    check(a.to(torch.float16), pw, backend="auto", path="dense-exact")
     check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
     check(mxkit.quantize(a, "mxfp6_e2m3"), pw, backend="auto", path="fold-fp8",
@@ -338,6 +363,32 @@ def test_gpu_shapes_and_paths(M, rng):
     a3 = torch.randn(2, M, 2880, generator=rng).to(torch.bfloat16).cuda()
     y, _ = check(mxkit.quantize_fold(a3, "mxfp4"), pw, backend="auto", path="fold-fp8")
     assert y.shape == (2, M, 512)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("K", [2880, 4096, 8192, 28672])
+def test_gpu_decode_w4a16(K, rng):
+    """The small-M kernel for M in issue #23's list, forced up to 64 by a table override; bias, 3-D x, N not a
+    multiple of the tile, scale bytes 0 and 254 in the weight, outputs poisoned first (fresh tensors)."""
+    from mxkit.kernels.matmul import gemm_table_override
+
+    N = 200 if K == 28672 else 1000
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    w.scale[3, 1] = 0
+    w.scale[5, 0] = 254 - 2  # large but inside the bf16-exact envelope (6 * 2^125 < 2^128)
+    pw = mxkit.pack_weight(w)
+    bias = torch.randn(N, generator=rng).cuda()
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 64, "configs": [
+            {"k_max": 4096, "block_n": 64, "block_k": 128, "split_k": 8, "num_warps": 4, "num_stages": 2},
+            {"k_max": 1 << 30, "block_n": 32, "block_k": 256, "split_k": 3, "num_warps": 4, "num_stages": 3}]}}}):
+        for M in (1, 2, 3, 7, 16, 33, 64):
+            a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+            check(a, pw, backend="auto", path="decode-w4a16", bias=bias if M % 2 else None)
+            check(a, pw, backend="auto", path="decode-w4a16", out_dtype=torch.float32)
+        y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
+                     path="decode-w4a16")
+        assert y.shape == (2, 3, N)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,10 @@ float32 accumulation plus one output rounding):
 ``dense-exact``
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
+``decode-w4a16``
+    bf16 activations × an MXFP4 weight at small M (the tuned table's ``max_m``): a Triton kernel that reads
+    the MX bytes (4.25 bits per weight), decodes them to bf16 in registers and accumulates in float32, with a
+    split-K whose partial sums are reduced in a fixed order (deterministic).
 ``fp32-exact``
     Everything outside those envelopes: float32 operands (exact MX values), float32 GEMM with TF32 off.
 
@@ -29,8 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from dataclasses import dataclass
-from typing import Optional, Union
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping, Optional, Union
 
 import torch
 
@@ -40,13 +47,15 @@ from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT"]
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT",
+           "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
     "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
     "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
+    "decode-w4a16": "small M: MXFP4 bytes decoded to bf16 in registers (Triton), fp32 accumulation, split-K",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
     "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
 }
@@ -73,6 +82,86 @@ class GemmPlan:
     K: int
     out_dtype: torch.dtype
     exact: bool = True
+
+
+# --------------------------------------------------------------------------------------------------------
+# the per-GPU dispatch table (data: matmul_tuning.json beside this file)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Schedule of the small-M decode kernel: BLOCK_N weight rows x BLOCK_K elements per step, split_k
+    programs along K, num_warps, num_stages."""
+
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+_TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")
+_table_stack: list[Mapping] = []
+
+
+def _freeze(obj):
+    if isinstance(obj, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+@functools.lru_cache(maxsize=1)
+def _packaged_table() -> Mapping:
+    return _freeze(json.loads(_TABLE_FILE.read_text()))
+
+
+def gemm_table() -> Mapping:
+    """The dispatch table in force (read-only): the packaged one, or the innermost
+    :func:`gemm_table_override`."""
+    return _table_stack[-1] if _table_stack else _packaged_table()
+
+
+@contextlib.contextmanager
+def gemm_table_override(table: Union[Mapping, str, Path]):
+    """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
+    ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning)."""
+    if not isinstance(table, Mapping):
+        table = json.loads(Path(table).read_text())
+    _table_stack.append(_freeze(dict(table)))
+    try:
+        yield
+    finally:
+        _table_stack.pop()
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _entry(device: torch.device, key: str) -> Optional[Mapping]:
+    table = gemm_table()
+    name = _gpu_name(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else ""
+    for k in (name, "default"):
+        if k in table and key in table[k]:
+            return table[k][key]
+    return None
+
+
+def decode_config(device: torch.device, K: int) -> DecodeConfig:
+    entry = _entry(device, "decode_w4a16")
+    for c in (entry or {}).get("configs", ()):
+        if K <= c["k_max"]:
+            return DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"], c["num_stages"])
+    return DecodeConfig()
+
+
+def _decode_max_m(device: torch.device) -> int:
+    entry = _entry(device, "decode_w4a16")
+    return int(entry["max_m"]) if entry else 0
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -256,6 +345,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
+        if (a.dtype == torch.bfloat16 and wf.name == "mxfp4_e2m1" and dev.type == "cuda" and _in_range(lo, hi, rng)
+                and 0 < M <= _decode_max_m(dev)):
+            return plan("decode-w4a16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
+                                        f"bf16 x mxfp4_e2m1")
         if _in_range(lo, hi, rng):
             return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
                                        f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
@@ -370,6 +463,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
+    elif path == "decode-w4a16":
+        y = _decode_w4a16(a.reshape(M, K), w, decode_config(a.device, K))
     elif path == "fp32-exact":
         y = _fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
         rs = _row_scale(kind, a, M)
@@ -380,6 +475,27 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     if bias is not None:
         y = y.to(torch.float32) + bias.to(torch.float32)
     return y.to(out).reshape(*lead, N)
+
+
+def _decode_w4a16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tensor:
+    """Float32 (M, N) = x @ dequantize(w).T for bf16 x (M <= 64) from the MX bytes (deterministic split-K)."""
+    import triton
+
+    from .matmul_details._w16_decode import _w16_fp4_decode_kernel
+
+    M, K = x.shape
+    N = w.shape[0]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    bk = cfg.block_k
+    k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), bk) * bk
+    nsplit = triton.cdiv(K, k_split)
+    part = torch.empty(nsplit, M, N, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, cfg.block_n), nsplit)
+    _w16_fp4_decode_kernel[grid](x, w.qdata, w.scale, part, M, N, K, x.stride(0), k_split,
+                                 BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=cfg.block_n, BLOCK_K=bk,
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return part[0] if nsplit == 1 else part.sum(0)  # a fixed-order reduction: deterministic
 
 
 def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
@@ -449,3 +565,41 @@ def reference_unfold(f: Folded) -> torch.Tensor:
     from ..fold import unfold_reference
 
     return unfold_reference(f).to(torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------------
+# the support matrix (README)
+
+
+def support_matrix() -> list[dict]:
+    """One row per ``a`` operand kind, one column per weight format: the path :func:`plan_gemm` picks on a
+    Hopper GPU for in-envelope scales (generated from the plan itself, so README cannot drift from it)."""
+    from ..formats import FORMATS
+
+    fmts = sorted({f.name: f for f in FORMATS.values()}.values(), key=lambda f: (-f.bits, f.name))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, generator=g)
+    weights = {f.name: pack_weight(reference.quantize_reference(torch.randn(16, 64, generator=g), f, axis=1))
+               for f in fmts}
+    kinds = [("bf16 / fp16 activations", x.to(torch.bfloat16)), ("fp32 activations", x)]
+    kinds += [(f"{f.name} (MXTensor)", reference.quantize_reference(x, f)) for f in fmts]
+    kinds += [("mxfp4 / mxfp6 via quantize_fold", None), ("FP8 E4M3 rowwise (W4A8)", Fp8Rowwise(
+        x.to(torch.float8_e4m3fn), torch.ones(2, 1)))]
+    rows = []
+    for label, a in kinds:
+        row = {"a": label}
+        for name, w in weights.items():
+            if a is None:
+                row[name] = "fold-fp8" if can_fold(w.fmt) else "fp32-exact"
+            else:
+                row[name] = plan_gemm(a, w).path
+        rows.append(row)
+    return rows
+
+
+def support_matrix_markdown() -> str:
+    rows = support_matrix()
+    cols = list(rows[0])
+    lines = ["| a \\ b (weight) | " + " | ".join(cols[1:]) + " |", "|---" * len(cols) + "|"]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)

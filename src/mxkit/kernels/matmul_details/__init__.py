@@ -1,0 +1,1 @@
+"""``@triton.jit`` bodies of the scaled GEMMs (:mod:`mxkit.kernels.matmul` is their host module)."""

@@ -1,0 +1,92 @@
+"""``mxkit tune gemm``: regenerate the GEMM dispatch table (:mod:`mxkit.kernels.matmul`'s
+``matmul_tuning.json``) for the GPU it runs on.
+
+For each K class (K <= 4096, larger K) it times every decode-kernel schedule of a small grid on the given
+(N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
+decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
+the largest M at which the decode kernel is faster on every shape. The result is written as a table of the
+packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
+with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["tune_gemm", "DEFAULT_SHAPES"]
+
+DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
+_GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
+
+
+def _time(fn, rep_ms: float) -> float:
+    from .bench.timing import cuda_event_bench
+
+    return cuda_event_bench(fn, warmup_ms=5.0, rep_ms=rep_ms, spin_us=50.0, flush="read")
+
+
+def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Optional[Path] = None,
+              rep_ms: float = 20.0, log=print) -> dict:
+    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given).
+    shapes: (N, K) weight shapes. Raises RuntimeError without CUDA."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
+    from . import ops
+    from .kernels import matmul as mm
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    weights = {}
+    for N, K in shapes:
+        w = torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g)
+        weights[(N, K)] = ops.quantize(w, "mxfp4")
+    configs = []
+    for k_max, ks in ((4096, [s for s in shapes if s[1] <= 4096]), (1 << 30, [s for s in shapes if s[1] > 4096])):
+        if not ks:
+            continue
+        best = None
+        for bn, bk, sk, st in itertools.product(*_GRID.values()):
+            cfg = mm.DecodeConfig(bn, bk, sk, 4, st)
+            total = 0.0
+            try:
+                for N, K in ks:
+                    x = torch.randn(1, K, device=dev, dtype=torch.bfloat16, generator=g)
+                    total += _time(lambda: mm._decode_w4a16(x, weights[(N, K)], cfg), rep_ms)
+            except Exception as e:  # a schedule that does not compile here (shared memory) is skipped
+                log(f"  skip {cfg}: {str(e).splitlines()[0][:100]}")
+                continue
+            if best is None or total < best[0]:
+                best = (total, cfg)
+        log(f"K <= {k_max}: best {best[1]} ({best[0]:.1f} us summed over {ks})")
+        configs.append(dict(k_max=k_max, **{f: getattr(best[1], f) for f in
+                                            ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
+    entry = {"decode_w4a16": {"max_m": 64, "configs": configs}}
+    name = torch.cuda.get_device_name()
+    max_m = 0
+    with mm.gemm_table_override({name: entry}):
+        for M in (1, 2, 4, 8, 16, 32, 64):
+            wins = True
+            for (N, K), w in weights.items():
+                x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+                cfg = mm.decode_config(dev, K)
+                t_dec = _time(lambda: mm._decode_w4a16(x, w, cfg), rep_ms)
+                t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
+                log(f"M={M} N={N} K={K}: decode {t_dec:.1f} us, dense {t_dense:.1f} us")
+                wins &= t_dec < t_dense
+            if not wins:
+                break
+            max_m = M
+    entry["decode_w4a16"]["max_m"] = max_m
+    entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
+                          f"{list(shapes)}")
+    table = {name: entry}
+    if out is not None:
+        Path(out).write_text(json.dumps(table, indent=2) + "\n")
+        log(f"wrote {out}")
+    return table

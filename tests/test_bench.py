@@ -409,7 +409,7 @@ def test_scale_mode_reaches_every_impl():
 
 
 def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg, mib: (2000.0, 1600.0, 200_000_000))
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (2000.0, 1600.0, 200_000_000))
     monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
     args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8,mxfp4",
                               "--peers", "reference-eager", "--backend", "reference", "--out", str(tmp_path),

@@ -185,7 +185,7 @@ def test_missing_api_and_failing_peer_become_rows(fake_api, monkeypatch):
 
 
 def test_run_benchmark_writes_gemm_files(fake_api, monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg, mib: (4000.0, 3800.0, 1 << 30))
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (4000.0, 3800.0, 1 << 30))
     monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (40.0, 44.0))
     args = _cli(["--shapes", "64x32x64", "--pairs", "mxfp4,w4a16", "--peers", "cublas-bf16,reference-compiled",
                  "--backend", "reference", "--out", str(tmp_path), "--plain"])

@@ -1,9 +1,8 @@
-"""Benchmarks: one module per op (``quantize.py``, ``gemm.py``), all timed by the shared harness in ``timing.py``.
+"""Benchmarks: one module per op (``quantize.py``, ``gemm.py``), timed by the shared harness in ``timing.py``.
 
-Command line: ``mxkit bench <op> [options]`` (the CLI calls :func:`add_bench_parser`) or, without the
-CLI, ``python -m mxkit.bench <op> [options]``. Each op module exposes ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int`` (exit status); adding an op is one new module plus
-its name in :data:`BENCH_MODULES`.
+``mxkit bench <op> [options]`` (the CLI calls :func:`add_bench_parser`) or ``python -m mxkit.bench <op>``.
+An op module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` (exit status);
+adding an op is one module plus its name in :data:`BENCH_MODULES`.
 """
 
 from __future__ import annotations
@@ -16,13 +15,11 @@ from typing import Callable, Optional, Sequence
 
 __all__ = ["BENCH_MODULES", "Benchmark", "registry", "add_bench_parser", "add_op_parsers", "main"]
 
-BENCH_MODULES = ("quantize", "gemm")  # modules of mxkit.bench, one per op, in the order shown in --help
+BENCH_MODULES = ("quantize", "gemm")  # in the order --help shows them
 
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One registered benchmark: its sub-command name, help line, argument setup and runner."""
-
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
@@ -37,10 +34,9 @@ class Benchmark:
 
 
 def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, Benchmark]:
-    """``{name: Benchmark}`` for the op modules (imported now; each imports torch, not Triton)."""
+    """``{name: Benchmark}`` of the op modules (each imports torch, not Triton)."""
     out: dict[str, Benchmark] = {}
-    for m in modules:
-        b = Benchmark.from_module(importlib.import_module(f"{__name__}.{m}"))
+    for b in (Benchmark.from_module(importlib.import_module(f"{__name__}.{m}")) for m in modules):
         if b.name in out:
             raise ValueError(f"two benchmarks named {b.name!r}")
         out[b.name] = b
@@ -48,7 +44,7 @@ def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, Benchmark]:
 
 
 def add_op_parsers(subparsers, benchmarks: Optional[dict[str, Benchmark]] = None) -> None:
-    """One sub-parser per benchmark on ``subparsers``, each with ``func=<run(args) -> int>``."""
+    """One sub-parser per benchmark, each with ``func=<run(args) -> int>``."""
     for b in (benchmarks or registry()).values():
         p = subparsers.add_parser(b.name, help=b.help, description=b.help)
         b.add_arguments(p)
@@ -56,16 +52,11 @@ def add_op_parsers(subparsers, benchmarks: Optional[dict[str, Benchmark]] = None
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``bench`` on a CLI's ``subparsers`` (from ``parser.add_subparsers()``); returns its parser.
-
-    ``mxkit bench <op> ...`` then parses to a namespace whose ``func(args)`` runs the op and returns the
-    exit status.
-    """
+    """Register ``bench`` on a CLI's ``subparsers``; ``mxkit bench <op> ...`` then parses to ``func(args)``."""
     p = subparsers.add_parser("bench", help="GPU benchmarks (median, L2 flushed, same-run peers)",
                               description="GPU benchmarks: median time after a read and a write L2 flush, against "
                                           "the copy bandwidth and peers measured in the same run.")
-    ops = p.add_subparsers(dest="bench_op", metavar="OP")
-    ops.required = True
+    ops = p.add_subparsers(dest="bench_op", metavar="OP", required=True)
     add_op_parsers(ops)
     return p
 
@@ -73,8 +64,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m mxkit.bench <op> [options]``: the same sub-commands without the mxkit CLI."""
     parser = argparse.ArgumentParser(prog="python -m mxkit.bench", description=__doc__.splitlines()[0])
-    ops = parser.add_subparsers(dest="bench_op", metavar="OP")
-    ops.required = True
-    add_op_parsers(ops)
+    add_op_parsers(parser.add_subparsers(dest="bench_op", metavar="OP", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))

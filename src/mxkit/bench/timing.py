@@ -229,17 +229,13 @@ def environment() -> dict:
 
     try:
         import triton
-
-        triton_version = triton.__version__
     except Exception:
-        triton_version = None
-    env = {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
-           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "triton": triton_version, "mxkit": getattr(mxkit, "__version__", None), "gpu": None, "capability": None}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count)
-    return env
+        triton = None
+    p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
+            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": getattr(triton, "__version__", None), "mxkit": getattr(mxkit, "__version__", None),
+            "gpu": p and p.name, "capability": p and f"{p.major}.{p.minor}", "sm_count": p and p.multi_processor_count}
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -330,36 +326,33 @@ def write_chart(rows: Sequence[Row], path: Path, *, value: str = "pct_copy", yla
         import matplotlib.pyplot as plt
     except Exception as e:  # optional dependency
         return None, f"chart skipped: matplotlib not importable ({type(e).__name__}: {e})"
-    mine = [r for r in rows if r.impl == main and r.op != "copy"]
-    ops = list(dict.fromkeys(r.op for r in mine))
+    ops = list(dict.fromkeys(r.op for r in rows if r.impl == main and r.op != "copy"))
     if not ops:
         return None, f"chart skipped: no rows of impl {main!r}"
-    fmts = list(dict.fromkeys(r.fmt for r in mine))
-    ncols = min(2, len(ops))
-    fig, axes = plt.subplots(math.ceil(len(ops) / ncols), ncols, figsize=(7.5 * ncols, 3.6 * math.ceil(len(ops) / ncols)),
-                             squeeze=False)
-    width = 0.8 / len(fmts)
+    fmts = list(dict.fromkeys(r.fmt for r in rows if r.impl == main))
+    ncols, nrows = min(2, len(ops)), math.ceil(len(ops) / 2)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 3.6 * nrows), squeeze=False)
     for k, op in enumerate(ops):
         ax = axes[k // ncols][k % ncols]
-        shapes = list(dict.fromkeys(r.shape for r in mine if r.op == op))
-        for j, fmt in enumerate(fmts):
-            for i, shape in enumerate(shapes):
-                x = i - 0.4 + width * (j + 0.5)
-                for r in rows:
-                    v = getattr(r, value)
-                    if (r.op, r.fmt, r.shape) != (op, fmt, shape) or v is None:
-                        continue
-                    if r.impl == main:
-                        ax.bar(x, v, width=width * 0.95, color=f"C{j}", label=fmt if i == 0 else None)
-                    else:
-                        ax.scatter([x], [v], marker="_", s=120, color="black", zorder=3)
+        shapes = list(dict.fromkeys(r.shape for r in rows if r.impl == main and r.op == op))
+        for r in rows:
+            v = getattr(r, value)
+            if r.op != op or v is None or r.shape not in shapes:
+                continue
+            j = fmts.index(r.fmt)
+            x = shapes.index(r.shape) - 0.4 + 0.8 / len(fmts) * (j + 0.5)
+            if r.impl == main:
+                ax.bar(x, v, width=0.76 / len(fmts), color=f"C{j}", label=r.fmt)
+            else:
+                ax.scatter([x], [v], marker="_", s=120, color="black", zorder=3)
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels(shapes, fontsize=7, rotation=20)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{op} (ticks: peers)", fontsize=9)
+        handles = dict(zip(*ax.get_legend_handles_labels()[::-1]))
+        ax.legend(handles.values(), handles.keys(), fontsize=7)
     for k in range(len(ops), axes.size):
         axes[k // ncols][k % ncols].axis("off")
-    axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -399,8 +392,7 @@ class Context:
     sync: Callable[[], None]
     impls: tuple[str, ...] = ("mxkit",)
     backend: str = "triton"
-    compile: bool = True
-    compile_dynamic: bool = True
+    compile: bool = True  # torch.compile shape-generic (dynamic=True): one compile per op variant
     check: bool = True
     copy_gbps: Optional[float] = None  # read flush
     copy_gbps_write: Optional[float] = None
@@ -413,7 +405,7 @@ class Context:
         if not self.compile:
             return make()
         if key not in self.compiled:
-            self.compiled[key] = torch.compile(make(), dynamic=self.compile_dynamic)
+            self.compiled[key] = torch.compile(make(), dynamic=True)
         return self.compiled[key]
 
 
@@ -525,25 +517,21 @@ def add_common_arguments(p) -> None:
     """Options every op benchmark shares, read by :func:`run_benchmark`."""
     p.add_argument("--backend", choices=("triton", "reference", "auto"), default="triton",
                    help="backend of the mxkit rows (default triton)")
-    p.add_argument("--compile-static", action="store_true",
-                   help="torch.compile peers per shape instead of once shape-generic")
     p.add_argument("--no-check", action="store_true", help="skip the output checks")
-    p.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up per timing, ms (default 25)")
     p.add_argument("--rep-ms", type=float, default=None,
                    help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
     p.add_argument("--spin-us", type=float, default=100.0,
                    help="GPU spin queued before each timed run so the host's launch path is not timed (default 100)")
-    p.add_argument("--copy-mib", type=int, default=1024, help="MiB moved by the copy that sets the limit")
     p.add_argument("--out", type=Path, default=None, help="write CSV, JSON and a PNG chart into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 
 def timing_config(args) -> TimingConfig:
-    """From ``--warmup-ms`` / ``--rep-ms`` (None: shorter with ``--quick``) / ``--spin-us``; ValueError if negative."""
+    """From ``--rep-ms`` (None: shorter with ``--quick``) and ``--spin-us``; ValueError if not positive."""
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if getattr(args, "quick", False) else DEFAULT_REP_MS)
-    if args.warmup_ms < 0 or rep <= 0 or args.spin_us < 0:
-        raise ValueError(f"--warmup-ms={args.warmup_ms} and --spin-us={args.spin_us} must be >= 0 and --rep-ms={rep} > 0")
-    return TimingConfig(warmup_ms=args.warmup_ms, rep_ms=rep, spin_us=args.spin_us)
+    if rep <= 0 or args.spin_us < 0:
+        raise ValueError(f"--spin-us={args.spin_us} must be >= 0 and --rep-ms={rep} > 0")
+    return TimingConfig(rep_ms=rep, spin_us=args.spin_us)
 
 
 def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, stem: str,
@@ -562,15 +550,14 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
         print(f"error: {e}", file=sys.stderr)
         return 2
     env = environment()
-    copy_read, copy_write, copy_bytes = copy_bandwidth(cfg, args.copy_mib)
+    copy_read, copy_write, copy_bytes = copy_bandwidth(cfg)
     env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes)
     print(" | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "date_utc")))
     print(f"copy limit: {copy_read:.0f} GB/s after a read flush, {copy_write:.0f} after a write flush "
           f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}[{args.backend}] + {', '.join(peers) or 'no peers'}; "
           f"median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, spin {cfg.spin_us:g} µs", flush=True)
     ctx = Context(device=device, time_fn=lambda fn: time_us(fn, cfg), sync=torch.cuda.synchronize if device == "cuda"
-                  else (lambda: None), impls=(main, *peers), backend=args.backend,
-                  compile_dynamic=not args.compile_static, check=not args.no_check, copy_gbps=copy_read,
+                  else (lambda: None), impls=(main, *peers), backend=args.backend, check=not args.no_check, copy_gbps=copy_read,
                   copy_gbps_write=copy_write, ref_impl=ref_impl)
     config = {k: (v if isinstance(v, (int, float, bool, str, type(None))) else str(v))
               for k, v in vars(args).items() if k != "func"}

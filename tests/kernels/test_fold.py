@@ -41,6 +41,7 @@ from test_fold import EXPECTED_RANGES, FOLD_FORMATS, NAN_ROW, ZERO_ROW, rand_mx,
 from mxkit.fold import Folded, fold_reference, quantize_fold_reference  # noqa: E402
 from mxkit.formats import get_format  # noqa: E402
 from mxkit.reference import quantize_reference  # noqa: E402
+from mxkit.tensor import MXTensor  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 POISON = 0xAB
@@ -147,6 +148,10 @@ def _interpret_checks(fmt: str, seed: int) -> int:
         check_kernel_rows(*run_fold_raw(q), ref, f"fold {fmt} {shape}")
         assert_folded_equal(fold_triton(q), ref, f"fold_triton {fmt} {shape}")
         n += 2
+    # qdata at an offset that is not a multiple of 4 bytes (FP6 rows of 24 bytes): read through an aligned copy
+    q = rand_mx(g, fmt, 6, 32, spreads)
+    sub = MXTensor(q.qdata[1:], q.scale[1:], q.fmt, 1, 32, (5, 32))
+    assert_folded_equal(fold_triton(sub), fold_reference(sub), f"fold_triton {fmt} row view")
     # quantize_fold_triton: every scale mode x rounding x dtype on special rows + random rows of spreads
     for dtype in INPUT_DTYPES:
         x = torch.cat([special_rows(dtype), spread_rows(g, fmt, 9, 96, dtype, spreads)])
@@ -175,17 +180,34 @@ def _interpret_checks(fmt: str, seed: int) -> int:
     return n + 1
 
 
-@pytest.mark.parametrize("fmt", FOLD_FORMATS)
-def test_interpret_fold_kernels(fmt):
+@pytest.fixture(scope="module")
+def interpret_runs():
+    """One interpreter subprocess per format, all started at once (CI has 2 cores; each is mostly single-threaded
+    Python): {fmt: (Popen, seed)}."""
     pytest.importorskip("triton")
-    seed = int(os.environ.get("MXKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    print(f"seed={seed} (replay: MXKIT_TEST_SEED={seed})")
-    env = dict(os.environ, TRITON_INTERPRET="1", MXKIT_TEST_SEED=str(seed),
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--interpret", fmt], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"seed={seed}\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
-    assert "interpret checks passed" in r.stdout
+    base = int(os.environ.get("MXKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    runs = {}
+    for i, fmt in enumerate(FOLD_FORMATS):
+        seed = (base + i) % 2**32
+        env = dict(os.environ, TRITON_INTERPRET="1", MXKIT_TEST_SEED=str(seed), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
+        runs[fmt] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--interpret", fmt], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), seed)
+    yield runs
+    for proc, _ in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+def test_interpret_fold_kernels(fmt, interpret_runs):
+    proc, seed = interpret_runs[fmt]
+    print(f"seed={seed} (replay: TRITON_INTERPRET=1 MXKIT_TEST_SEED={seed} python tests/kernels/test_fold.py "
+          f"--interpret {fmt})")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"seed={seed}\n{out[-4000:]}\n{err[-8000:]}"
+    assert "interpret checks passed" in out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -303,7 +325,6 @@ def test_gpu_quantize_fold_large(fmt, rng):
 def test_gpu_int64_offsets(rng):
     """R * K > 2^31 elements: the last rows (offsets past 2^31) against the reference of those rows."""
     from mxkit.kernels.fold import fold_triton, quantize_fold_triton
-    from mxkit.tensor import MXTensor
 
     R, K = 65600, 32768
     assert R * K > 2**31

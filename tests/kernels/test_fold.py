@@ -231,6 +231,7 @@ def test_fold_config_is_pure_and_bounded():
     with pytest.raises(Exception):
         cfg.block_r = 2  # frozen
     assert fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt
+    assert not fold_config(1, 32, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt  # < 4 per thread
     assert not fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, rounding="away", on_gpu=True).hw_cvt
     assert not fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=False).hw_cvt
 

@@ -33,9 +33,9 @@ _IN_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float
 
 @dataclass(frozen=True)
 class FoldConfig:
-    """What one fold launch runs: BLOCK_R rows per program, K walked in chunks of block_k elements (a power of
-    two, multiple of 32), num_warps; hw_cvt: FP6 RNE element rounding through the hardware FP8 cvt (GPU only,
-    quantize-fold only)."""
+    """What one fold launch runs: block_r rows per program, K walked in chunks of block_k elements (a power of
+    two, multiple of 32), num_warps; hw_cvt: FP6 RNE element rounding through the hardware FP8 cvt
+    (``quantize_details._codecs._encode``'s HW_CVT; GPU only, quantize-fold only)."""
 
     block_r: int
     block_k: int
@@ -62,6 +62,8 @@ def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, r
     block_k = p2 if p2 <= 16384 and 8 * K >= 7 * p2 else min(1024, p2)
     block_r = max(1, min(4096 // block_k, rows_p2))
     num_warps = max(2, min(16, block_r * block_k // 1024))
+    # the cvt asm rounds 4 elements at a time: at least 4 per thread
+    hw_cvt = hw_cvt and block_r * block_k >= 4 * 32 * num_warps
     return FoldConfig(block_r, block_k, num_warps, hw_cvt)
 
 

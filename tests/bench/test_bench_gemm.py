@@ -254,3 +254,25 @@ def test_dot_scaled_configs():
     assert pds.pick_config(16, 2880)[:3] == (16, 128, 64)
     with pytest.raises(ValueError, match="K must be a multiple of 64"):
         pds.pick_config(1024, 96)
+
+
+def test_dot_scaled_falls_back_to_the_next_config(monkeypatch):
+    pytest.importorskip("triton")
+    import mxkit.bench.peers_dot_scaled as pds
+
+    seen = []
+
+    class Kernel:  # stands in for the jit kernel: the first config runs out of shared memory
+        def __getitem__(self, grid):
+            def launch(*args, num_warps, num_stages):
+                seen.append(args[10:13])
+                if len(seen) == 1:
+                    raise RuntimeError("out of resource: shared memory")
+            return launch
+
+    monkeypatch.setattr(pds, "_mm_dot_scaled", Kernel())
+    q = torch.zeros(1024, 128, dtype=torch.uint8)
+    run = pds.dot_scaled_mm(q, q[:, :8], "e2m1", q, q[:, :8], "e2m1", 256)
+    run()
+    run()
+    assert seen == [pds.CONFIGS[0][:3], pds.CONFIGS[1][:3], pds.CONFIGS[1][:3]]

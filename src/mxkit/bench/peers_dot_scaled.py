@@ -57,29 +57,46 @@ def _mm_dot_scaled(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K, A_FMT: tl.const
     tl.store(c_ptr + om[:, None] * N + on[None, :], acc.to(tl.bfloat16), mask=(om[:, None] < M) & (on[None, :] < N))
 
 
+def fitting_configs(M: int, K: int) -> list[tuple[int, int, int, int, int, int]]:
+    """The :data:`CONFIGS` whose BK divides K and whose BM suits M (16-row tiles for M <= 64), in order.
+    Raises ValueError when none does."""
+    fit = [c for c in CONFIGS if K % c[2] == 0 and (c[0] <= 16) == (M <= 64)]
+    if not fit:
+        raise ValueError(f"no dot_scaled config for M={M}, K={K} (K must be a multiple of 64)")
+    return fit
+
+
 def pick_config(M: int, K: int) -> tuple[int, int, int, int, int, int]:
-    """The first of :data:`CONFIGS` whose BK divides K and whose BM suits M (small M: 16-row tiles)."""
-    for cfg in CONFIGS:
-        bm, bk = cfg[0], cfg[2]
-        if K % bk == 0 and (bm <= 16) == (M <= 64):
-            return cfg
-    raise ValueError(f"no dot_scaled config for M={M}, K={K} (K must be a multiple of 64)")
+    return fitting_configs(M, K)[0]
 
 
 def dot_scaled_mm(a: torch.Tensor, a_scale: Optional[torch.Tensor], a_fmt: str, b: torch.Tensor,
                   b_scale: torch.Tensor, b_fmt: str, K: int, config=None) -> Callable[[], torch.Tensor]:
-    """A zero-argument callable computing the bf16 (M, N) product into one preallocated output
-    (see the module docstring for the operands). Raises ValueError for an unknown format or a K it cannot tile."""
+    """A zero-argument callable computing the bf16 (M, N) product into one preallocated output (operands: the
+    module docstring). Its first call takes the first config that compiles and launches (a tile can run out of
+    shared memory for one format pair and not another). Raises ValueError for an unknown format or a K it
+    cannot tile."""
     if a_fmt not in FORMATS or b_fmt not in FORMATS[:2]:
         raise ValueError(f"formats {a_fmt!r} x {b_fmt!r}: a in {FORMATS}, b in {FORMATS[:2]}")
     M, N = a.shape[0], b.shape[0]
-    BM, BN, BK, G, W, S = config or pick_config(M, K)
+    todo = [config] if config else fitting_configs(M, K)
     c = torch.empty(M, N, device=a.device, dtype=torch.bfloat16)
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
     a_s = a_scale if a_scale is not None else b_scale  # unused for bf16 a
 
-    def run() -> torch.Tensor:
+    def launch(cfg) -> torch.Tensor:
+        BM, BN, BK, G, W, S = cfg
+        grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
         _mm_dot_scaled[grid](a, a_s, b, b_scale, c, M, N, K, a_fmt, b_fmt, BM, BN, BK, G, num_warps=W, num_stages=S)
         return c
+
+    def run() -> torch.Tensor:
+        while len(todo) > 1:  # until one config has launched, a failing one gives way to the next
+            try:
+                out = launch(todo[0])
+                del todo[1:]
+                return out
+            except Exception:
+                todo.pop(0)
+        return launch(todo[0])
 
     return run

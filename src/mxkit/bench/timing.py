@@ -179,7 +179,7 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
     buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     total = torch.empty((), dtype=torch.int64, device="cuda")
     do_flush = (lambda: torch.sum(buf, dim=0, out=total)) if flush == "read" else buf.zero_
-    mhz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate / 1e3 or 2000.0
+    mhz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e3 or 2000.0
     cycles = int(spin_us * mhz)
     fn()
     torch.cuda.synchronize()

@@ -10,12 +10,16 @@ One program folds BLOCK_R rows, walking K in chunks of BLOCK_K elements (BLOCK_K
    byte per row: 0 folded, 1 span > D_HI - D_LO (the launcher re-does those rows with the reference split),
    2 NaN (scale NaN, bytes 0). A row without non-zero blocks gets scale 1.0.
 
-With ONE_CHUNK (K <= BLOCK_K) the row tile is loaded once; otherwise pass 2 reloads it (from L2 on a GPU).
+With ONE_CHUNK (K <= BLOCK_K) the row tile is loaded once and its codes stay in registers between the passes;
+otherwise pass 2 reloads each chunk (from L2 on a GPU). Packed FP4 / FP6 rows are read as int32 words (FP4:
+8 codes per word; FP6: 16 codes per 3 words, unpacked in-thread by ``_fp6_codes16``); the quantize-fold
+kernel quantizes each 32-block with the quantize kernels' ``_block_scale`` and ``_encode`` (HW_CVT: FP6 RNE
+through the hardware FP8 cvt), so its codes are mxkit.quantize's.
 
 The element -> E4M3 step is integer work plus one exact fp32 multiply (:func:`_codes_to_e4m3`); it relies
 on fp32 multiplies that keep subnormal operands and results (PTX ``mul.f32`` without ``.ftz``, what Triton
 emits for sm_90, and numpy in the interpreter), as the quantize kernels' DENORM_NONE path does.
-Row offsets are int64 (rows * row stride), so R * K past 2^31 is safe; per-row offsets are int32.
+Row offsets are int64 (rows * row stride), so R * K past 2^31 is safe; offsets within a row are int32.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The shared benchmark harness: timing, the copy limit, the case runner, and table / CSV / JSON / PNG output.
 
-An op module (``quantize.py``, ``gemm.py``) supplies cases (:class:`BenchCase`) and implementations
-(:class:`Impl`); :func:`run_benchmark` does the rest, so every op times, degrades (``n/a`` rows with the
-reason) and writes files the same way.
+An op module (``quantize.py``, ``gemm.py``) supplies cases and implementations (:class:`Impl` says what each
+offers); :func:`run_benchmark` does the rest, so every op times, degrades (``n/a`` rows with the reason) and
+writes files the same way.
 
 Timing: one untimed call (compilation), then :func:`cuda_event_bench` twice: median of CUDA-event runs over
 ``rep_ms`` after ``warmup_ms``, the L2 flushed through a 256 MB buffer before each run, a GPU spin queued

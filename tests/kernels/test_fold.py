@@ -314,8 +314,9 @@ def test_gpu_quantize_fold_matches_reference(fmt, dtype, mode, rnd, rng):
 def test_gpu_quantize_fold_large(fmt, rng):
     from mxkit.kernels.fold import quantize_fold_triton
 
-    e = torch.randint(-3, 4, (8192, 256, 1), generator=rng).float().expand(8192, 256, 32).reshape(8192, 8192)
-    x = (torch.randn(8192, 8192, generator=rng) * torch.exp2(e)).to(torch.bfloat16).cuda()
+    R = K = 8192
+    e = torch.randint(-3, 4, (R, K // 32, 1), generator=rng).float().expand(R, K // 32, 32).reshape(R, K)
+    x = (torch.randn(R, K, generator=rng) * torch.exp2(e)).to(torch.bfloat16).cuda()  # block exponents span 6
     ref = quantize_fold_reference(x, fmt)  # on the GPU
     check_kernel_rows(*run_quantize_fold_raw(x, fmt, "floor", "rne", poison=True), ref, f"gpu 8192^2 {fmt}")
     assert_folded_equal(quantize_fold_triton(x, fmt), ref, "gpu 8192^2")

@@ -20,14 +20,14 @@ M=$M,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio
 M=$M,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
-# pipe mix (session 7: the FP6 / FP4 quantize kernels were ALU-pipe-bound, not DRAM-bound)
+# pipe mix (which pipe bounds an ALU-heavy kernel)
 M=$M,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum
 M=$M,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active
 M=$M,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum
-# NCU_L2_BREAKDOWN=1: the sub-units of lts__throughput instead (session 9: the L2 fabric between the two
-# partitions, lts__ltcfabric2ltc_cycles_active, is the limit at 87-88% in every kernel)
+# NCU_L2_BREAKDOWN=1: the sub-units of lts__throughput instead (e.g. lts__ltcfabric2ltc_cycles_active, the
+# fabric between the H200's two L2 partitions)
 if [ "${NCU_L2_BREAKDOWN:-0}" = 1 ]; then
     M=breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests.sum,lts__t_sectors.sum
 fi

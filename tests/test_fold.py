@@ -175,7 +175,9 @@ def test_fold_exact_spreads(fmt, rng):
     q = rand_mx(rng, fmt, 30, 32 * 24, spreads)
     fo = fold_reference(q)
     assert fo.data.dtype == torch.float8_e4m3fn and fo.scale.dtype == torch.float32 and fo.owner.dtype == torch.int64
-    assert fo.rows() == 30 and fo.lead_shape == (30,) and fo.fmt is get_format(fmt)
+    assert fo.rows() == 30 and fo.lead_shape == (30,) and fo.fmt is get_format(fmt) and fo.K == 32 * 24
+    moved = fo.to("cpu")
+    assert moved.device == torch.device("cpu") and torch.equal(moved.owner, fo.owner)
     assert_exact(q, fo)
     n = expected_slices(q)
     counts = torch.bincount(fo.owner, minlength=30) + 1

@@ -131,6 +131,10 @@ class Folded:
     def K(self) -> int:
         return self.data.shape[1]
 
+    def to(self, device: Union[str, torch.device]) -> "Folded":
+        """The same Folded with its tensors on ``device``."""
+        return Folded(self.data.to(device), self.scale.to(device), self.owner.to(device), self.fmt, self.lead_shape)
+
     @property
     def device(self) -> torch.device:
         return self.data.device

@@ -364,38 +364,191 @@ def assert_bytes_equal(actual, expected, what: str = "") -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# dynamic sharding of the GPU tests over several pytest processes (scripts/gpu_check.sh)
-#
-# With MXKIT_TEST_CLAIM_DIR set, each process collects every test, orders them costliest first, and runs a
-# test only if it is the first to create the test's claim file in that folder (O_CREAT | O_EXCL). N processes
-# sharing the folder thus split the suite like a work queue: a worker that finishes early takes the next
-# unclaimed test. The GPU tests' time is Triton compiles (CPU-bound, one per kernel specialisation), so a
-# static split left some processes with several of the slowest tests and others idle.
+# layout tests
 
-_CLAIM_DIR = os.environ.get("MXKIT_TEST_CLAIM_DIR")
-# rough relative cost (compiled kernel specialisations) by test-function name; unknown tests count 1
-_COST = {"test_gpu_variants_match_reference": 12, "test_gpu_fp6_words": 8, "test_gpu_cast_transpose": 10,
-         "test_gpu_quantize_matches_reference": 3, "test_gpu_dequantize_matches_reference": 3,
-         "test_gpu_small_shapes": 2, "test_gpu_swizzled_scale_layout": 2,
-         "test_gpu_fp6_pairs": 6, "test_gpu_cast_transpose_streams_and_graphs": 3}
+# rows/cols below, at and above every padding multiple, degenerate 1x1, a GPT-OSS-like K/32 = 90, big
+SCALE_SHAPES = [
+    (1, 1), (1, 3), (3, 1), (5, 7), (31, 4), (32, 8), (33, 9), (127, 5), (128, 4), (129, 4), (200, 3),
+    (255, 8), (256, 8), (257, 9), (300, 17), (640, 90), (1000, 1), (2880, 90),
+]
 
-if _CLAIM_DIR:
-    import hashlib
 
-    from _pytest.runner import runtestprotocol
+def rand_bytes(*shape, device="cpu") -> torch.Tensor:
+    return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
 
-    def pytest_collection_modifyitems(config, items):
-        items.sort(key=lambda it: -_COST.get(getattr(it, "originalname", it.name), 1))  # stable
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(item, nextitem):
-        claim = os.path.join(_CLAIM_DIR, hashlib.sha1(item.nodeid.encode()).hexdigest())
-        try:
-            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return True  # another process runs it: no report here
-        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        # nextitem=None: tear everything down, since the next test this process runs is not known
-        runtestprotocol(item, nextitem=None, log=True)
-        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        return True
+def bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and the same bytes (any 1-byte dtype, any strides)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# kernel tests: devices, byte checks of MXTensors, the interpreter subprocess
+
+
+HAS_CUDA = torch.cuda.is_available()
+FULL = os.environ.get("MXKIT_GPU_FULL", "0") == "1"  # the complete GPU matrix (scripts/gpu_check.sh sets it)
+DEV = os.environ.get("MXKIT_TEST_DEVICE", "cuda")  # "cpu" + TRITON_INTERPRET=1: a dry run of the GPU tests
+RUN_GPU = HAS_CUDA or (DEV == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+SKIP_REASON_CUDA = "needs CUDA"  # the one skip reason a [dev] install may show (pytest_runtest_makereport)
+
+
+@pytest.fixture
+def poison():
+    """Fill (then free) a large chunk of the CUDA caching allocator with 0xAB: outputs allocated with
+    torch.empty right after reuse it, so a byte the kernel forgets to write is 0xAB, not a lucky 0."""
+    if DEV == "cuda":
+        p = torch.full((64 << 20,), 0xAB, dtype=torch.uint8, device="cuda")
+        del p
+    yield
+
+
+def ref_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
+    """The reference scale in ``layout`` (ND scales flattened to rows first, as the kernels write them)."""
+    from mxkit.layouts import to_layout
+
+    return to_layout(scale.reshape(-1, scale.shape[-1]), layout)
+
+
+def assert_mx_equal(got, ref, layout: str = "plain", what: str = "") -> None:
+    """Two MXTensors hold the same bytes (qdata, scale in ``layout``) and metadata."""
+    assert got.qdata.shape == ref.qdata.shape, f"{what}: qdata shape {got.qdata.shape} != {ref.qdata.shape}"
+    assert_bytes_equal(got.qdata.cpu(), ref.qdata.cpu(), f"{what} qdata")
+    exp_scale = ref.scale if layout == "plain" else ref_layout(ref.scale, layout)
+    assert_bytes_equal(got.scale.cpu(), exp_scale.cpu(), f"{what} scale[{layout}]")
+    assert got.axis == ref.axis and got.shape == ref.shape and got.scale_layout == layout
+
+
+def assert_dequant_equal(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    """Byte equality except NaN payloads (the reference's NaN bits differ between CPU and CUDA)."""
+    got, ref = got.cpu(), ref.cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape, f"{what}: {got.dtype}{tuple(got.shape)}"
+    gn, rn = torch.isnan(got), torch.isnan(ref)
+    assert torch.equal(gn, rn), f"{what}: NaN positions differ ({int((gn != rn).sum())})"
+    assert_bytes_equal(got[~rn], ref[~rn], f"{what} (non-NaN)")
+
+
+def run_interpreted(path: str, func: str) -> str:
+    """Run ``func()`` of the test module at ``path`` in a subprocess under Triton's CPU interpreter
+    (TRITON_INTERPRET=1 must be set before triton is imported). The function asserts that it really ran
+    interpreted and prints ``interpreter checks passed: <n>``; returns the subprocess's stdout."""
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(tests), "src"), tests,
+                                         env.get("PYTHONPATH", "")])
+    code = f"import runpy; runpy.run_path({path!r})[{func!r}]()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "interpreter checks passed" in r.stdout, r.stdout[-2000:]
+    return r.stdout
+
+
+def interpreted_rng(*kernels) -> torch.Generator:
+    """Inside run_interpreted: asserts that the kernels really run under the interpreter (not compiled, not
+    skipped); returns a generator with a fresh seed, printed for replay (MXKIT_TEST_SEED=<seed>)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for k in kernels:
+        assert isinstance(k, InterpretedFunction), type(k)
+    g, seed = make_generator(int(os.environ["MXKIT_TEST_SEED"]) if "MXKIT_TEST_SEED" in os.environ else None)
+    print(f"interpreter checks, seed={seed}")
+    return g
+
+
+def variant_modes(k: int) -> tuple:
+    """Scale modes a variant config is checked with: the scale rule is a constexpr (a compile per mode), so
+    outside FULL runs each config takes one mode, rotating with k (production configs get every mode in the
+    matrix tests)."""
+    return SCALE_MODES if FULL else (SCALE_MODES[k % 4],)
+
+
+def fp8_tie_blocks(fmt: str) -> torch.Tensor:
+    """fp32 blocks for the FP8 / FP6 / FP4 element rounding (the hardware-cvt paths): blocks with amax =
+    max_normal * 2^k (every scale mode picks the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one
+    fp32 ulp above them, and their negatives; blocks whose mantissa exceeds max_normal's (saturation under
+    FLOOR); tiny elements (FP8 subnormals / underflow); k spans fp32-denormal to huge; fp32-denormal blocks."""
+    from mxkit.formats import decode_elements, get_format
+
+    f = get_format(fmt)
+    grid = decode_elements(torch.arange(1 << (f.bits - 1), dtype=torch.uint8), fmt).double()  # codes >= 0
+    grid = torch.unique(grid[torch.isfinite(grid)])  # sorted
+    mids = ((grid[1:] + grid[:-1]) / 2).float()  # exact in fp32 (a few significant bits)
+    up = (mids.view(torch.int32) + 1).view(torch.float32)
+    mx = float(grid[-1])
+    vals = torch.cat([mids, -mids, up, -up])
+    vals = vals[torch.randperm(vals.numel())]
+    nb = -(-vals.numel() // 31)
+    vals = torch.cat([vals, torch.zeros(nb * 31 - vals.numel())]).reshape(nb, 31)
+    ties = torch.cat([torch.full((nb, 1), mx), vals], dim=1)  # amax = max_normal exactly
+    sat = torch.tensor([mx * 1.0625, -mx * 1.125, mx * 1.1, -mx, mx * 0.999, 2.0**-12, -(2.0**-11), 3 * 2.0**-12]
+                       + [0.0] * 24).reshape(1, 32)
+    out = [b * 2.0**k for k in (-120, -60, 0, 40, 100) for b in (ties, sat, -sat)]
+    den = torch.randint(-(2**23 - 1), 2**23, (4, 32), dtype=torch.int32)
+    out.append((den.abs() | (den < 0).to(torch.int32) << 31).view(torch.float32))
+    return torch.cat(out)
+
+
+def scale_bytes(shape: tuple, rng) -> torch.Tensor:
+    """Random E8M0 scale bytes of ``shape`` holding every byte value 0-255 at random places (as many distinct
+    values as there are bytes, when fewer than 256)."""
+    sc = torch.randint(0, 256, shape, generator=rng, dtype=torch.uint8)
+    flat = sc.view(-1)
+    k = min(256, flat.numel())
+    flat[torch.randperm(flat.numel(), generator=rng)[:k]] = torch.randperm(256, generator=rng)[:k].to(torch.uint8)
+    return sc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# skips: GPU tests skip without CUDA; with the [dev] install nothing else may skip
+
+
+_DEV_EXTRAS = ("triton", "transformers", "safetensors", "torchao")
+
+
+def _dev_install() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in _DEV_EXTRAS)
+
+
+def pytest_collection_modifyitems(config, items):
+    if RUN_GPU:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON_CUDA)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def _unexpected_skip(report) -> Optional[str]:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return None
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    return None if reason == SKIP_REASON_CUDA else reason
+
+
+def _fail_unexpected_skip(report) -> None:
+    reason = _unexpected_skip(report)
+    if reason is not None and _dev_install():
+        report.outcome = "failed"
+        report.longrepr = f"unexpected skip with the [dev] install: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With the [dev] install (triton, transformers, safetensors and torchao importable), a skip for any reason
+    but "needs CUDA" fails the test: a broken import or a missing extra must not leave CI green."""
+    outcome = yield
+    _fail_unexpected_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped at collection (``pytest.importorskip``) fails the same way."""
+    outcome = yield
+    _fail_unexpected_skip(outcome.get_result())

@@ -98,7 +98,7 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 # add after the mad.lo (a VIADD) the fused FP4 cast-transpose has 1216 SASS instructions, not 1240 (H200
 # 16384^2 261.5 -> 257.8 us; H100 equal; rowwise and columnwise FP4 equal on both). Every
 # bf16 bit pattern under every X is checked against mxkit.formats.encode_elements by running this PTX through
-# a CPU interpreter (tests/test_kernels.py).
+# a CPU interpreter (tests/kernels/test_codecs.py).
 _FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
              "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; and.b32 s, a, 0x80008000; "
              "mad.lo.u32 m, m, 2, s; add.u32 m, m, 0x02020202; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "

@@ -90,7 +90,7 @@ def _hmax_abs(a, b):
     amax over bf16 pairs, rowwise (_rows_fp4_pairs) and columnwise (_cols_fp4_words, _cols_fp4_units); it
     replaced a sign mask and a max.u16x2 per word (session 11: rowwise / columnwise FP4 0.3-1% faster, the
     fused FP4 cast-transpose 1.5%). Checked on the GPU against the integer max of the masked halves for every bf16 class
-    (tests/test_kernels.py)."""
+    (tests/kernels/test_codecs.py)."""
     return tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
                                      is_pure=True, pack=1)
 
@@ -115,18 +115,6 @@ def _half_row(L):
     multiple of 16. Said explicitly: Triton's specialisation only knows L % 16 == 0, hence L / 2 % 8, which
     limited FP4 row accesses to 8-byte vectors."""
     return tl.multiple_of(L // 2, 16)
-
-
-@triton.jit
-def _deinterleave(x, A: tl.constexpr, N: tl.constexpr):
-    """[A, N] -> (even columns, odd columns), each [A, N // 2]."""
-    return tl.split(tl.reshape(x, [A, N // 2, 2]))
-
-
-@triton.jit
-def _interleave(a, b, A: tl.constexpr, N: tl.constexpr):
-    """two [A, N] -> [A, 2N] with a in the even columns."""
-    return tl.reshape(tl.join(a, b), [A, 2 * N])
 
 
 @triton.jit

@@ -1,0 +1,111 @@
+"""The direct launch (:mod:`mxkit.kernels.launch`) and the launch grids of the quantize plans."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from mxkit.kernels import quantize as kq
+
+
+def test_direct_launch_supported_by_installed_triton():
+    """The installed Triton (the README's, in CI) has the launch convention the direct launch replays, so no
+    install silently takes the slow path: ``JITFunction.run`` launches the ``CompiledKernel`` with every bound
+    argument, constexprs included, and returns it; ``CompiledKernel[grid]`` is a runner of the same arguments.
+    A Triton that changes this fails here (then fix mxkit.kernels.launch or drop the direct launch)."""
+    import triton
+    from triton.compiler.compiler import CompiledKernel
+
+    from mxkit.kernels import launch
+
+    assert launch.direct_launch_supported(), triton.__version__
+    params = list(inspect.signature(CompiledKernel.__getitem__).parameters)
+    assert params == ["self", "grid"], params
+
+
+def test_direct_launch_keys_on_every_specialisation(monkeypatch):
+    """The direct launch (:class:`mxkit.kernels.launch._Launcher`) reuses a CompiledKernel only for calls with the same
+    specialisation: tensor dtype and 16-byte alignment, int == 1 / % 16 / 32-bit range, constexprs and
+    num_warps; it passes every argument in signature order (constexpr defaults filled in). Checked on the CPU
+    with a stand-in for Triton's JITFunction launch that records what it is given."""
+    import types
+
+    import triton
+    import triton.language as tl
+
+    from mxkit.kernels import launch
+
+    @triton.jit
+    def _probe(x_ptr, n, m, A: tl.constexpr, B: tl.constexpr = 7):
+        pass
+
+    jit_calls, direct_calls = [], []
+
+    class Compiled:
+        function = object()
+
+        def __getitem__(self, grid):  # Triton's runner reads grid[0], grid[1] and grid[2]
+            assert len(grid) == 3
+            return lambda *a: direct_calls.append((grid, a))
+
+    def jit_getitem(self, grid):
+        def launch(*a, **kw):
+            jit_calls.append((grid, a, kw))
+            return Compiled()
+        return launch
+
+    assert isinstance(_probe, triton.runtime.JITFunction), "run the CPU tests without TRITON_INTERPRET"
+    _probe.__class__ = type("RecordingJIT", (type(_probe),), {"__getitem__": jit_getitem})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert launch.direct_launch_supported()
+    module = types.SimpleNamespace(_probe=_probe)
+    launcher = launch._Launcher(module, "_probe")
+    buf = torch.zeros(64, dtype=torch.uint8)
+    aligned = buf[(-buf.data_ptr()) % 16:][:32]
+    assert aligned.data_ptr() % 16 == 0
+    launcher((3,), (aligned, 32, 5), (("A", 1),), 4)
+    assert len(jit_calls) == 1 and not direct_calls
+    launcher((4,), (aligned, 48, 7), (("A", 1),), 4)  # same specialisation (48 % 16 == 0, 7 neither 1 nor % 16)
+    assert len(jit_calls) == 1 and direct_calls == [((4, 1, 1), (aligned, 48, 7, 1, 7))]
+    variants = [
+        ((aligned[1:], 32, 5), (("A", 1),), 4),  # misaligned pointer
+        ((aligned.view(torch.int8), 32, 5), (("A", 1),), 4),  # other dtype
+        ((aligned, 33, 5), (("A", 1),), 4),  # not % 16
+        ((aligned, 32, 1), (("A", 1),), 4),  # == 1
+        ((aligned, 32, 2**31), (("A", 1),), 4),  # 64-bit
+        ((aligned, 32, 5), (("A", 2),), 4),  # constexpr
+        ((aligned, 32, 5), (("A", 1), ("B", 3)), 4),  # constexpr default overridden
+        ((aligned, 32, 5), (("A", 1),), 8),  # num_warps
+    ]
+    for k, (args, consts, warps) in enumerate(variants):
+        launcher((1,), args, consts, warps)
+        assert len(jit_calls) == 2 + k, f"variant {k} reused a kernel of another specialisation"
+    launcher((1,), (aligned, 32, 5), (("A", 1), ("B", 3)), 4)
+    assert direct_calls[-1] == ((1, 1, 1), (aligned, 32, 5, 1, 3))
+    from mxkit.kernels.launch import triton_launch_only
+
+    with triton_launch_only():  # off: Triton's path every time
+        launcher((1,), (aligned, 32, 5), (("A", 1),), 4)
+    assert len(jit_calls) == 2 + len(variants)
+
+
+def test_launch_grid_limits():
+    """The 3-D launch grid (tile indices straight from the program ids) only where CUDA allows it: dims 1 and
+    2 up to 65535, dim 0 up to 2^31 - 1; else the 1-D grid of every tile, which the kernel splits."""
+    assert kq._grid(256, 64, 1, True) == ((256, 64, 1), True)
+    assert kq._grid(2, 65535, 65535, True) == ((2, 65535, 65535), True)
+    assert kq._grid(2, 65536, 1, True) == ((2 * 65536,), False)
+    assert kq._grid(1, 3, 65536, True) == ((3 * 65536,), False)
+    assert kq._grid(2**31, 1, 1, True) == ((2**31,), False)
+    assert kq._grid(256, 64, 3, False) == ((256 * 64 * 3,), False)
+    # the planned launches: columnwise FP6 of 4 x 4096 x 4096 (128 x 64 tiles: the 3-D grid), of 2^23 x 64 (65536
+    # row tiles: 1-D), of 4096^2 (below 2^26 elements: 1-D), columnwise FP8 (1-D)
+    plan = kq._quantize_plan((4, 4096, 4096), torch.bfloat16, "mxfp6_e2m3", 1, "floor", "rne", "plain", None)
+    assert plan.grid == (64, 32, 4) and dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((2**23, 64), torch.bfloat16, "mxfp6_e2m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (65536,) and not dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp6_e2m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (64 * 32,) and not dict(plan.consts)["GRID3"]
+    plan = kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp8_e4m3", 0, "floor", "rne", "plain", None)
+    assert plan.grid == (64 * 16,) and not dict(plan.consts)["GRID3"]

@@ -1,0 +1,165 @@
+"""Rowwise quantize (blocks of 32 along the contiguous dim; :mod:`mxkit.kernels.quantize_details._rows`)
+against the reference, byte for byte.
+
+CPU: the kernels run under Triton's interpreter (a subprocess: TRITON_INTERPRET=1 must be set before triton is
+imported). The interpreter cannot run inline asm, so the hardware-convert paths (HW_CVT: FP8 cvt, FP4 bf16x2,
+FP6 unit asm) fall back to the integer encoder there; their PTX is checked on the CPU by tests/kernels/
+test_codecs.py and their bytes by the GPU tests here (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import (
+    DEV, FORMAT_NAMES, INPUT_DTYPES, ROUNDINGS, SCALE_MODES, assert_bytes_equal, assert_dequant_equal,
+    assert_mx_equal, fp8_tie_blocks, interpreted_rng, rand_blocks, rand_tensor, run_interpreted, variant_modes,
+)
+
+from mxkit.kernels.quantize import QuantizeConfig as QC
+from mxkit.reference import dequantize_reference, quantize_reference
+
+
+def _check_rows_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`); raises on a mismatch."""
+    from mxkit.kernels.quantize import _quantize_impl, quantize_triton
+    from mxkit.kernels.quantize_details import _quantize
+
+    g = interpreted_rng(_quantize._quantize_kernel)
+    n = 0
+    dts = INPUT_DTYPES
+    for i, fmt in enumerate(FORMAT_NAMES):
+        for j in range(4):
+            # every mode on each format; rounding and dtype rotate (the GPU tests run the full matrix)
+            mode, rnd, dt = SCALE_MODES[j], ROUNDINGS[(i + j) % 2], dts[(i + j) % 3]
+            x = rand_tensor((2, 64), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+            assert_mx_equal(quantize_triton(x, fmt, scale_mode=mode, rounding=rnd), ref,
+                            what=f"{fmt} {mode} {rnd} {dt}")
+            n += 1
+        # crafted blocks, fp32 (all special blocks, both roundings)
+        x = rand_blocks(64, generator=g, dtype=torch.float32, nonfinite=True)
+        rnd = ROUNDINGS[i % 2]
+        assert_mx_equal(quantize_triton(x, fmt, rounding=rnd), quantize_reference(x, fmt, rounding=rnd),
+                        what=f"{fmt} special blocks {rnd}")
+        # programs walking 2 tiles down R (the last span ragged)
+        mode, dt = SCALE_MODES[i % 4], dts[i % 3]
+        x = rand_tensor((40, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+        q, s = _quantize_impl(x, fmt, -1, mode, rnd, "plain",
+                              cfg=QC(block_r=8, block_c=64, num_warps=2, int64=False, rblocks=2))
+        ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"rows rblocks=2 {fmt} {mode} qdata")
+        assert_bytes_equal(s, ref.scale, f"rows rblocks=2 {fmt} {mode} scale")
+        n += 2
+        if fmt.startswith("mxfp6"):  # each thread packs whole 3-word groups (fp6_words), ragged last tiles
+            for k, dt in enumerate(dts):
+                x = rand_tensor((6, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+                m = SCALE_MODES[(i + k) % 4]
+                cfg = QC(block_r=4, block_c=64 if k % 2 else 256, num_warps=2, int64=False, fp6_words=True,
+                         rblocks=1 + k % 2)
+                q, s = _quantize_impl(x, fmt, -1, m, rnd, "plain", cfg=cfg)
+                ref = quantize_reference(x, fmt, scale_mode=m, rounding=rnd)
+                assert_bytes_equal(q, ref.qdata, f"fp6_words {fmt} {m} {rnd} {dt} qdata")
+                assert_bytes_equal(s, ref.scale, f"fp6_words {fmt} {m} {rnd} {dt} scale")
+                n += 1
+    # the 64-bit offset path, forced on a small problem (with the 3-D launch grid and with the 1-D one that the
+    # kernel splits itself)
+    x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
+    for grid3 in (True, False):
+        q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain",
+                              cfg=QC(block_r=4, block_c=64, num_warps=4, int64=True, grid3=grid3))
+        ref = quantize_reference(x, "mxfp6_e2m3")
+        assert_bytes_equal(q, ref.qdata, f"int64 path grid3={grid3} qdata")
+        assert_bytes_equal(s, ref.scale, f"int64 path grid3={grid3} scale")
+        n += 1
+    print(f"interpreter checks passed: {n}")
+
+
+def test_rows_interpreted():
+    """Every format x mode, both roundings, every dtype, special blocks, multi-tile programs, FP6 words and the
+    64-bit offsets, run by Triton's CPU interpreter (asserted inside) in a subprocess."""
+    run_interpreted(__file__, "_check_rows_interpreted")
+
+
+def _row_variants(fmt: str) -> list:
+    """Rowwise configs beside the production ones: the integer paths on every format; with a hardware-convert
+    path (FP8 / FP6 / FP4), the hw_cvt configs (the FP6 words and unit asm, FP4 pairs, FP8 words)."""
+    cfgs = [QC(block_r=16, block_c=256, num_warps=4, int64=False),
+            QC(block_r=16, block_c=256, num_warps=4, int64=False, rblocks=4)]
+    if fmt.startswith(("mxfp8", "mxfp6", "mxfp4")):
+        cfgs += [QC(block_r=16, block_c=256, num_warps=4, int64=False, hw_cvt=True),
+                 QC(block_r=16, block_c=256, num_warps=4, int64=False, rblocks=2, hw_cvt=True),
+                 # on tiles wider than the 608-element rows (masked)
+                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, fp6_words=True, hw_cvt=True),
+                 QC(block_r=2, block_c=1024, num_warps=2, int64=False, rblocks=4, fp4_pairs=True, hw_cvt=True),
+                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, fp6_words=True, fp6_asm=True,
+                    hw_cvt=True),
+                 QC(block_r=2, block_c=256, num_warps=1, int64=False, fp6_words=True, fp6_asm=True, hw_cvt=True),
+                 QC(block_r=8, block_c=1024, num_warps=8, int64=False, fp8_words=True, hw_cvt=True),
+                 QC(block_r=16, block_c=256, num_warps=4, int64=False, fp8_words=True, hw_cvt=True)]
+    return cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,k", [(f, k) for f in FORMAT_NAMES for k in range(len(_row_variants(f)))])
+def test_gpu_row_variants_match_reference(fmt, k, rng, poison):
+    """Each rowwise variant config byte-equals the reference: its scale mode(s), both roundings (AWAY falls back
+    to the integer path), fp32 / bf16 / fp16 rotating, wide-range random data with special blocks, ragged
+    shapes, and with a hardware path crafted ties / saturation / subnormals / fp32 denormals (fp32 and bf16)."""
+    from mxkit.kernels.quantize import _quantize_impl
+
+    cfg = _row_variants(fmt)[k]
+    hw = fmt.startswith(("mxfp8", "mxfp6", "mxfp4"))
+    x = rand_tensor((300, 608), -1, generator=rng, dtype=INPUT_DTYPES[k % 3], nonfinite=True)
+    xs = [x] + ([fp8_tie_blocks(fmt), fp8_tie_blocks(fmt).to(torch.bfloat16)] if hw else [])
+    for ix, x in enumerate(xs):
+        for mode in variant_modes(k + ix):
+            for rnd in ROUNDINGS if ix == 0 else ("rne",):
+                ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
+                assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {x.dtype} qdata")
+                assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {x.dtype} scale")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_gpu_fp6_words(fmt, k, rng, poison):
+    """The fp6_words paths (rowwise FP6 with whole 16-element groups per thread) byte-equal the reference:
+    fp32 / bf16 / fp16, both roundings, wide-range data with special blocks, ragged tiles."""
+    from mxkit.kernels.quantize import _quantize_impl
+
+    cfg = (QC(block_r=8, block_c=256, num_warps=2, int64=False, fp6_words=True, rblocks=4),
+           QC(block_r=16, block_c=256, num_warps=4, int64=False, fp6_words=True))[k]
+    for dt in INPUT_DTYPES:
+        x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
+        for mode in variant_modes(k):
+            for rnd in ROUNDINGS:
+                ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
+                q, s = _quantize_impl(x.to(DEV), fmt, -1, mode, rnd, "plain", cfg)
+                assert_bytes_equal(q.cpu(), ref.qdata, f"rows {cfg} {mode} {rnd} {dt} qdata")
+                assert_bytes_equal(s.cpu(), ref.scale, f"rows {cfg} {mode} {rnd} {dt} scale")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2"])
+def test_gpu_row_tiles_of_padded_rows_match_reference(fmt, rng, poison):
+    """Rowwise quantize of rows that 1024-wide tiles would pad by more than 1/8 (narrower tiles, one per program:
+    _row_width; also shorter rows, 544 / 768) and of ragged rows that keep them (2880), row counts the tiles do
+    not divide (one and two rows too), bf16 (FP6: the pairs path from 1024) and fp32 with NaN / Inf / subnormal
+    blocks, two scale modes: the reference's bytes; the references of the bf16 inputs dequantize (2-D tiles, or
+    one row per program) to the reference's bits."""
+    from mxkit.kernels.quantize import dequantize_triton, quantize_triton
+
+    for shape in ((37, 1056), (1, 1056), (5, 1280), (2, 1280), (3, 2, 1536), (9, 2560), (4, 2880), (33, 544),
+                  (6, 768)):
+        for dt in (torch.bfloat16, torch.float32):
+            x = rand_tensor(shape, -1, generator=rng, dtype=dt, nonfinite=True)
+            for mode in ("floor", "rceil"):
+                ref = quantize_reference(x, fmt, axis=-1, scale_mode=mode)
+                assert_mx_equal(quantize_triton(x.to(DEV), fmt, axis=-1, scale_mode=mode), ref,
+                                 what=f"rows {fmt} {shape} {dt} {mode}")
+                if dt == torch.bfloat16:
+                    for out in (torch.bfloat16, torch.float16):
+                        assert_dequant_equal(dequantize_triton(ref.to(DEV), out), dequantize_reference(ref, out),
+                                              f"dequantize {fmt} {shape} {mode} {out}")

@@ -376,7 +376,7 @@ def test_gpu_decode_w4a16(K, rng):
     N = 200 if K == 28672 else 1000
     w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
     w.scale[3, 1] = 0
-    w.scale[5, 0] = 254 - 2  # large but inside the bf16-exact envelope (6 * 2^125 < 2^128)
+    w.scale[5, 0] = 200  # large (6 * 2^73): the products stay far from the float32 / bf16 overflow
     pw = mxkit.pack_weight(w)
     bias = torch.randn(N, generator=rng).cuda()
     with gemm_table_override({"default": {"decode_w4a16": {"max_m": 64, "configs": [

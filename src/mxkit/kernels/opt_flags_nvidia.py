@@ -47,10 +47,8 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
             # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
         elif do_row and f.is_float and f.bits == 4:
-            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128 as before session 13, where a 256-wide
-            # tile would idle most of its columns), the rows from bf16 pairs (blocks outer), the columns from bf16
-            # pairs in the col_units layout (a lane per 32-row block of a column pair, the two blocks of a column
-            # on neighbouring lanes), ct_evict; a thread per (block, pair): warps = tile / 2048
+            # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128, a 256-wide tile would idle most of its
+            # columns), rows and columns from bf16 pairs, ct_evict; a thread per (block, pair): warps = tile / 2048
             block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
             warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
         elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
@@ -60,7 +58,7 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
         elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
             block_r, c_max = (256 if R >= 256 else r128), 64
             warps = max(1, block_r // 64)
-        elif fp8:  # col_units on 256 x 64, a warp per 32-row block (session 9: 8192^2 60.0 -> 57.8 us)
+        elif fp8:  # col_units on 256 x 64, a warp per 32-row block
             block_r = 256 if R >= 256 else r128
             c_max, warps, units = 64, block_r // 32, 2
         else:  # FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
@@ -76,7 +74,8 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
             wide = lanes >= 32
             warps = max(1, min(warps, lanes // 32))
         span_c = split[1] if split else block_c
-        cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r, span_c),
+        cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps,
+                             int64=_tiles_need_int64(B, R, C, block_r, span_c),
                              col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                              hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                              group_c=0 if split else group_c, fp6_asm=bool(units and f.bits == 6),
@@ -93,23 +92,21 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
     # (_row_width) of as many elements (FP8: half as many)
     wide = _row_width(C) if C >= 1024 else 0
     narrow = False  # (FP4 / FP6 on narrower tiles than their default: one tile per program, below)
-    if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps (session 5: 197 -> 192 us at 16384^2)
+    if f.is_float and f.bits == 8 and wide == 1024:  # 8 x 1024 on 8 warps
         block_c, block_r, warps = 1024, max(1, min(_pow2(R), 8)), 8
-    elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps (session 16: C = 1088 38.6 -> 34.0 us)
+    elif f.is_float and f.bits == 8 and wide:  # 8 x 512 on 4 warps
         block_c, block_r, warps = 512, max(1, min(_pow2(R), 8)), 4
     elif f.is_float and f.bits in (4, 6):
         row_tiles = bool(wide) and (f.bits == 4 or fp6p_rows)
         if row_tiles:
-            # FP4: one 1024-element row per warp (8192^2: 49.8 -> 47.6 us); FP6 from bf16 pairs, 2 x 1024 on two
-            # warps (session 12, H200: 186.8 -> 179.6 us); narrower when padded (session 16: FP6 C = 1088 44.2 ->
-            # 34.5 us, C = 2560 40.1 -> 35.3 us)
+            # FP4: one 1024-element row per warp; FP6 from bf16 pairs, 2 x 1024 on two warps; narrower when padded
             block_c, narrow = wide, wide < 1024
         else:  # 2048 elements, 1024 per warp, up to 1024 (FP4) / 512 (FP6) wide
             block_c = max(32, min(1024 if f.bits == 4 else 512, _pow2(C)))
             block_r = max(1, min(_pow2(R), 2048 // block_c))
             warps = max(1, min(2, block_r * block_c // 1024))
             # rows that tile pads by more than 1/8, when a 256-wide one pads them less (C = 544, 640, 768, ...; FP6
-            # from fp32 / fp16 past 1024; session 16, H200 32768 x 768: FP4 27.5 -> 22.9 us, FP6 31.0 -> 26.7 us)
+            # from fp32 / fp16 past 1024)
             w = _row_width(C, block_c)
             narrow = C >= 256 and (-C) % w < (-C) % block_c
             block_c = w if narrow else block_c
@@ -122,14 +119,11 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
         warps = max(1, min(4, block_r * block_c // 1024))
     n_tiles = -(-R // block_r) * -(-C // block_c)
     # FP4 / FP6 programs walk 2 one-row / 4 other tiles down R from 2^14 tiles (the H100: one, GPU_TUNING), not
-    # the narrower tiles of padded rows (session 16, H200, 16384 x 1280: FP4 22.0 -> 20.0 us, FP6 22.2 -> 21.5 us
-    # with one; with a clean L2 within 6.5% either way). On the 1024-wide tiles walking gained on the H200 with a
-    # clean L2 (8192^2 FP4 44.4 -> 41.5 us, 16384 x 8192 FP6 92.3 -> 88.5 us; elsewhere equal) and was mixed after
-    # do_bench's flush (FP6 8192^2 51.9 -> 52.4 us, 16384 x 8192 96.4 -> 94.8 us), so it stays
-    # (benchmarks/h200-2026-11-23-s16/ab_row_tiles.txt)
+    # the narrower tiles of padded rows
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
-    cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps, int64=_tiles_need_int64(B, R, C, block_r * rblocks, block_c),
-                         hw_cvt=f.is_float, rblocks=rblocks,
+    cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps,
+                         int64=_tiles_need_int64(B, R, C, block_r * rblocks, block_c), hw_cvt=f.is_float,
+                         rblocks=rblocks,
                          fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
                          fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
                          fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
@@ -146,19 +140,19 @@ def dequantize_flags(B: int, N: int, L: int, trans: bool, f: ElementFormat,
     if trans:
         block_l = max(32, min(128, _pow2(L)))
         block_n = max(16, min(32, _pow2(N)))
-        return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=4, int64=_tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
+        return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=4,
+                                int64=_tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
     load3d = f.is_float and f.bits in (4, 8)
     fp4_asm = f.is_float and f.bits == 4
-    # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements:
-    # session 16, H200, 16384 x L: FP4 at L = 2560 34.1 -> 30.8 us, FP8 at L = 1280 24.3 -> 20.6 us; FP8 at
-    # L = 2560 / 3584 35.1 / 47.1 us on 1 x 1024 against 35.8 / 49.0 us on 8 x 512)
+    # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements)
     rows_1024 = L >= 1024 and (_row_width(L) == 1024 or (f.bits == 8 and L >= 2048))
     if load3d and out_dtype in (torch.bfloat16, torch.float16) and rows_1024:
-        return DequantizeConfig(block_n=1, block_l=1024, num_warps=1, int64=_tiles_need_int64(B, N, L, 1, 1024), load3d=True, hw_dec=True,
-                                fp4_asm=fp4_asm)
+        return DequantizeConfig(block_n=1, block_l=1024, num_warps=1, int64=_tiles_need_int64(B, N, L, 1, 1024),
+                                load3d=True, hw_dec=True, fp4_asm=fp4_asm)
     block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
     block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
-    return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=warps, int64=_tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d,
-                            hw_dec=hw_dec, fp6_words=f.bits == 6, pair_swap=f.bits == 6,
+    return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=warps,
+                            int64=_tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d, hw_dec=hw_dec,
+                            fp6_words=f.bits == 6, pair_swap=f.bits == 6,
                             fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)

@@ -137,7 +137,7 @@ def _per_thread(cfg: QuantizeConfig, block_r: int = 0, block_c: int = 0) -> int:
 def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int, per_thread: int = 0) -> bool:
     """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
     FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
-    arithmetic, ``quantize_details._codecs._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
+    arithmetic, ``_codecs._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
     config's tile, or in a tile with ``per_thread`` elements per thread when given (the split rows)."""
     per_thread = per_thread or _per_thread(cfg)
     fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
@@ -146,8 +146,8 @@ def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int
 
 def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_row: bool, do_col: bool,
                row_per_thread: int = 0) -> bool:
-    """Whether the FP6 unit asm (``quantize_details._codecs._fp6_units_asm``) may run, given that the hardware path runs: the
-    asm packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
+    """Whether the FP6 unit asm (``_codecs._fp6_units_asm``) may run, given that the hardware path runs: the asm
+    packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
     layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
     row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
     elements per half group. Columns (col_units): tiles of 32 x col_units columns with a warp per 32-row

@@ -1,6 +1,12 @@
-"""Triton kernels for Hopper (sm_90). Launchers validate, flatten, allocate and launch; the
-``@triton.jit`` bodies live in ``_*.py`` files beside them. Imported lazily: the package works without
-Triton (CPU-only installs use :mod:`mxkit.reference`)."""
+"""Triton kernels for Hopper (sm_90), one op family per host module, laid out as OpenAI's triton_kernels:
+
+* ``quantize.py`` (validation, plans, custom ops, the public entry) + ``quantize_details/`` (the ``@triton.jit``
+  code by concern: ``_codecs``, ``_scale``, ``_store``, ``_rows``, ``_cols``, ``_quantize``, ``_cast_transpose``,
+  ``_dequantize``);
+* ``opt_flags.py`` (frozen configs, the per-GPU table, ``override()`` for A/B runs) + ``opt_flags_nvidia.py``
+  (the Hopper heuristics); ``launch.py`` (the direct launch of compiled kernels).
+
+Imported lazily: the package works without Triton (CPU-only installs use :mod:`mxkit.reference`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The fold kernels (mxkit.kernels.fold) against the reference (mxkit.fold), byte for byte: data bytes, scale
 bits, owner, and the kernel's per-row status (so a row the kernel wrongly sends to the host cannot hide).
 
-* CPU (CI): the kernels run under Triton's interpreter in a subprocess per format (TRITON_INTERPRET=1 must be
+* CPU (CI): sm_90 builds of the kernels (Triton's bundled ptxas); the kernels run under Triton's interpreter in a subprocess per format (TRITON_INTERPRET=1 must be
   set before triton is imported; the subprocess asserts that the kernels really are interpreted): every
   scale mode x rounding x input dtype on rows of crafted special blocks (NaN / Inf / zero / denormal /
   saturating) and random rows of spreads 0 / W / W+1 / 40, 7 x 96 and 33 x 2880 (masked tails, several K
@@ -15,6 +15,7 @@ only, against a device copy of the same bytes): ``python tests/kernels/test_fold
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -76,18 +77,18 @@ def check_kernel_rows(data, scale, status, ref: Folded, what: str) -> None:
                        f"{what} kernel scale")
 
 
-def run_fold_raw(q, poison: bool = False):
+def run_fold_raw(q, poison: bool = False, cfg=None):
     from mxkit.kernels import fold as kf
 
     R, K = math.prod(q.shape[:-1]), q.shape[-1]
     data, scale, status = kf._outputs(R, K, q.device)
     if poison:
         data.fill_(POISON), scale.view(torch.int32).fill_(-1), status.fill_(POISON)
-    kf._run_fold(q, data, scale, status)
+    kf._run_fold(q, data, scale, status, cfg)
     return data, scale, status
 
 
-def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False):
+def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False, cfg=None):
     from mxkit.formats import Rounding, ScaleMode
     from mxkit.kernels import fold as kf
 
@@ -96,7 +97,7 @@ def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False):
     data, scale, status = kf._outputs(x2.shape[0], K, x.device)
     if poison:
         data.fill_(POISON), scale.view(torch.int32).fill_(-1), status.fill_(POISON)
-    kf._run_quantize_fold(x2, get_format(fmt), ScaleMode.parse(mode), Rounding.parse(rnd), data, scale, status)
+    kf._run_quantize_fold(x2, get_format(fmt), ScaleMode.parse(mode), Rounding.parse(rnd), data, scale, status, cfg)
     return data, scale, status
 
 
@@ -131,7 +132,7 @@ def _interpret_checks(fmt: str, seed: int) -> int:
     """Runs under TRITON_INTERPRET=1. Returns the number of checks; raises on a mismatch."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from mxkit.kernels.fold import fold_triton, quantize_fold_triton
+    from mxkit.kernels.fold import fold_config, fold_triton, quantize_fold_triton
     from mxkit.kernels.fold_details import _fold
 
     assert isinstance(_fold._fold_kernel, InterpretedFunction), "the interpreter must run the fold kernel"
@@ -174,6 +175,17 @@ def _interpret_checks(fmt: str, seed: int) -> int:
         if api:
             assert_folded_equal(quantize_fold_triton(x, fmt, scale_mode=mode, rounding=rnd), ref, f"{shape}")
         n += 1
+    # the GPU's tile configs (fold_config(on_gpu=True), no inline asm) on odd shapes: [2, 1024] chunks with a
+    # masked tail and rows, [16, 32] x 3 chunks, one [2, 2048] chunk
+    f = get_format(fmt)
+    for R, K in ((5, 2880), (16, 96), (5, 2048)):
+        q = rand_mx(g, fmt, R, K, spreads)
+        x = spread_rows(g, fmt, R, K, torch.bfloat16, spreads)
+        cfg = dataclasses.replace(fold_config(R, K, f), hw_cvt=False)
+        check_kernel_rows(*run_fold_raw(q, cfg=cfg), fold_reference(q), f"fold {fmt} {R}x{K} {cfg}")
+        ref = quantize_fold_reference(x, fmt, scale_mode="ceil")
+        check_kernel_rows(*run_quantize_fold_raw(x, fmt, "ceil", "rne", cfg=cfg), ref, f"{fmt} {R}x{K} {cfg}")
+        n += 2
     # R = 0
     e = quantize_fold_triton(torch.empty(0, 3, 64), fmt)
     assert e.data.shape == (0, 64) and e.scale.shape == (0,) and e.owner.shape == (0,) and e.lead_shape == (0, 3)
@@ -219,14 +231,17 @@ def test_fold_config_is_pure_and_bounded():
 
     f = get_format("mxfp4")
     for R in (1, 3, 727, 8192):
-        for K in (32, 96, 2880, 4096, 8192, 16384, 28672):
+        for K in (32, 96, 1056, 2048, 2880, 4096, 8192, 16384, 28672):
             cfg = fold_config(R, K, f)
             assert cfg == fold_config(R, K, f) and isinstance(cfg, FoldConfig)
-            assert cfg.block_k % 32 == 0 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_k <= 16384
-            assert cfg.block_r >= 1 and cfg.block_r * cfg.block_k <= max(4096, cfg.block_k)
-            assert cfg.block_r * cfg.block_k <= 32 * 32 * cfg.num_warps  # <= 32 elements per thread
-            one = K <= cfg.block_k
-            assert one == (K in (32, 96, 4096, 8192, 16384)), (K, cfg)  # 2880 (4096 pads 30%), 28672: chunks
+            assert cfg.block_k % 32 == 0 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_k <= 2048
+            assert cfg.block_r >= 1 and cfg.block_r * cfg.block_k <= 4096
+            assert cfg.block_r * cfg.block_k <= 16 * 32 * cfg.num_warps  # <= 16 elements per thread
+            chunks = -(-K // cfg.block_k)
+            assert 8 * K >= 7 * chunks * cfg.block_k, (K, cfg)  # the tiles pad K by at most 1/8
+            assert (chunks == 1) == (K in (32, 2048)) or (K == 96 and chunks == 3), (K, cfg)
+            assert chunks == 1 or cfg.block_r == 1 or cfg.block_r * K <= 8192  # small rows for the L2 re-read
+            assert cfg.block_r & (cfg.block_r - 1) == 0
             assert fold_config(R, K, f, on_gpu=False).block_k == min(1024, 1 << max(5, (K - 1).bit_length()))
     with pytest.raises(Exception):
         cfg.block_r = 2  # frozen
@@ -262,6 +277,50 @@ def test_argument_errors():
             quantize_fold_triton(torch.ones(2, 64), "mxfp4")
         with pytest.raises(ValueError, match="device=cpu"):
             fold_triton(quantize_reference(torch.ones(2, 64), "mxfp4"))
+
+
+@pytest.mark.parametrize("case", ["fold_fp4_chunks", "fold_fp6_one", "qfold_fp6_hw_chunks", "qfold_fp4_one_away"])
+def test_fold_kernels_compile_for_sm90(case):
+    """The compiled (non-interpreted) kernels build for sm_90 on the CPU with Triton's bundled ptxas (what the
+    interpreter never sees: layouts of the joins and reshapes, the FP6 cvt asm); their bytes are the GPU tests'.
+    (At the configs of fold_config, the sm_90 builds used 37-108 registers and no spills: ptxas -v, 2026-11-24.)"""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the interpreter replaces the compiler")
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mxkit.fold import fold_range
+    from mxkit.kernels.fold import _IN_KIND, _max_frac, fold_config
+    from mxkit.kernels.fold_details import _fold
+
+    fmt, R, K, quantize, dtype, mode, away = {
+        "fold_fp4_chunks": ("mxfp4_e2m1", 727, 2880, False, None, 0, False),
+        "fold_fp6_one": ("mxfp6_e3m2", 3, 2048, False, None, 0, False),
+        "qfold_fp6_hw_chunks": ("mxfp6_e2m3", 8192, 8192, True, torch.bfloat16, 2, False),
+        "qfold_fp4_one_away": ("mxfp4_e2m1", 5, 1024, True, torch.float16, 3, True),
+    }[case]
+    f = get_format(fmt)
+    d_lo, d_hi = fold_range(f)
+    cfg = fold_config(R, K, f, quantize=quantize, rounding="away" if away else "rne")
+    ce = dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k,
+              ONE_CHUNK=K <= cfg.block_k, MASKED=R % cfg.block_r != 0 or K % cfg.block_k != 0)
+    if quantize:
+        fn = _fold._quantize_fold_kernel
+        ce.update(IN_KIND=_IN_KIND[dtype], EMAX=f.emax, MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f),
+                  MODE=mode, AWAY=away, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt)
+        ptrs = {"x_ptr": ("*i32", "*i16", "*fp16")[_IN_KIND[dtype]]}
+    else:
+        fn = _fold._fold_kernel
+        ce.update(D_LO=d_lo, D_HI=d_hi)
+        ptrs = {"q_ptr": "*i32", "s_ptr": "*u8"}
+    assert cfg.hw_cvt == (case == "qfold_fp6_hw_chunks")
+    ptrs.update(out_ptr="*u8", rs_ptr="*i32", st_ptr="*u8")
+    sig = {a: "constexpr" if a in ce else ptrs.get(a, "i32") for a in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": cfg.num_warps})
+    assert len(k.asm["cubin"]) > 0
 
 
 # ---------------------------------------------------------------------------------------------------------

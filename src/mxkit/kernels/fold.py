@@ -16,7 +16,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -45,23 +45,31 @@ class FoldConfig:
 
 def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, rounding: Rounding = Rounding.RNE,
                 on_gpu: bool = True) -> FoldConfig:
-    """The launch config of a problem (a pure function of its arguments). Untuned: no GPU run has picked these.
+    """The launch config of a problem (a pure function of its arguments). Untuned: no GPU run has timed these
+    (``python tests/kernels/test_fold.py --timing`` compares candidates; ``_run_fold(..., cfg=)`` takes one).
 
-    GPU: a row of K <= 16384 whose power-of-two tile pads it by at most 1/8 is one tile (block_k = that power
-    of two), held in registers between the statistics pass and the write, so the input is read exactly once;
-    other rows walk chunks of 1024 (the second pass re-reads a program's rows, an L2 hit while the resident
-    programs' rows fit L2). Tiles of up to 4096 elements per program ([4, 1024], [1, 8192], ...), about 32
-    elements per thread (num_warps up to 16). Off the GPU (the CPU interpreter, whose cost is per program and
-    per op rather than per element) 1024-wide chunks and up to 64 rows per program."""
+    GPU, about 16 elements per thread (the sm_90 compiles of the quantize-fold use 58-75 registers there, against
+    89-150 at 32 per thread):
+    * rows of K <= 2048 whose power-of-two tile pads them by at most 1/8: one chunk ([2, 2048], [4, 1024],
+      ...), the codes held in registers between the statistics and the write, so the input is read once;
+    * other rows: chunks of the widest of 2048 / 1024 / ... elements that pads K by at most 1/8, walked twice
+      (statistics, then the write), the second pass an L2 hit: a program's rows hold at most 8192 elements
+      (16 KB of bf16; with 8 programs per SM, ~17 MB of L2 on 132 SMs).
+    Off the GPU (the CPU interpreter, whose cost is per program and per op rather than per element) 1024-wide
+    chunks and up to 64 rows per program."""
     p2 = 1 << max(5, (K - 1).bit_length())
     rows_p2 = 1 << max(0, (max(R, 1) - 1).bit_length())
     rnd = Rounding.parse(rounding)
     hw_cvt = quantize and on_gpu and fmt.bits == 6 and rnd is Rounding.RNE
     if not on_gpu:
         return FoldConfig(min(64, rows_p2), min(1024, p2), 4, hw_cvt)
-    block_k = p2 if p2 <= 16384 and 8 * K >= 7 * p2 else min(1024, p2)
-    block_r = max(1, min(4096 // block_k, rows_p2))
-    num_warps = max(2, min(16, block_r * block_k // 1024))
+    if p2 <= 2048 and 8 * K >= 7 * p2:
+        block_k = p2
+        block_r = max(1, min(4096 // block_k, rows_p2))
+    else:
+        block_k = next(c for c in (2048, 1024, 512, 256, 128, 64, 32) if c < p2 and 8 * K >= 7 * (-(-K // c) * c))
+        block_r = 1 << (max(1, min(4096 // block_k, rows_p2, 8192 // K)).bit_length() - 1)  # a power of two
+    num_warps = max(1, min(8, block_r * block_k // 512))
     # the cvt asm rounds 4 elements at a time: at least 4 per thread
     hw_cvt = hw_cvt and block_r * block_k >= 4 * 32 * num_warps
     return FoldConfig(block_r, block_k, num_warps, hw_cvt)
@@ -113,26 +121,29 @@ def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.
             torch.empty(R, dtype=torch.uint8, device=device))
 
 
-def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor) -> None:
-    """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`)."""
+def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor,
+              cfg: Optional[FoldConfig] = None) -> None:
+    """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`); cfg:
+    an explicit config for A/B runs (default :func:`fold_config`)."""
     from .fold_details._fold import _fold_kernel
 
     f, (R, K) = q.fmt, data.shape
     d_lo, d_hi = fold_range(f)
-    cfg = fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
+    cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
     qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
     _launch(_fold_kernel, (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status), R, K, cfg,
             dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi))
 
 
 def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,
-                       scale: torch.Tensor, status: torch.Tensor) -> None:
-    """Launch the quantize-fold kernel on a validated contiguous x2 [R >= 1, K] into the given outputs."""
+                       scale: torch.Tensor, status: torch.Tensor, cfg: Optional[FoldConfig] = None) -> None:
+    """Launch the quantize-fold kernel on a validated contiguous x2 [R >= 1, K] into the given outputs; cfg: an
+    explicit config for A/B runs (default :func:`fold_config`)."""
     from .fold_details._fold import _quantize_fold_kernel
 
     R, K = x2.shape
     d_lo, d_hi = fold_range(f)
-    cfg = fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
+    cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
     _launch(_quantize_fold_kernel, (x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K,
             cfg, dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
                       MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode],

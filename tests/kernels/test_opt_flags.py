@@ -97,6 +97,9 @@ def test_override_replaces_the_choice_and_clears_the_caches():
             assert qc(*args, gpu="NVIDIA H100 80GB HBM3") == base  # (the table in force replaces GPU_TUNING)
             raise RuntimeError
     assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 1
+    with pytest.raises(TypeError, match="no_such_field"):
+        with opt_flags.override(quantize={"no_such_field": 1}):
+            pass
     with opt_flags.override(dequantize={"num_warps": 8}):
         assert opt_flags.dequantize_config(1, 64, 4096, False, "mxfp8_e4m3").num_warps == 8
     assert opt_flags.dequantize_config(1, 64, 4096, False, "mxfp8_e4m3").num_warps == 1

@@ -186,12 +186,17 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     """For A/B runs: within the ``with`` block, ``table`` (a tuple of :class:`TuningEntry`) replaces
     :data:`GPU_TUNING`, and the ``quantize`` / ``dequantize`` field values replace those of every chosen config
     (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, so
-    no call sees a stale config. Not thread-safe (one A/B run at a time).
+    no call sees a stale config. Unknown field names raise TypeError on entry. Not thread-safe (one A/B run
+    at a time).
 
         with opt_flags.override(quantize={"rblocks": 1}):
             y = quantize_triton(x, "mxfp4_e2m1")
     """
     global _active
+    for cls, given in ((QuantizeConfig, quantize), (DequantizeConfig, dequantize)):
+        unknown = set(given or ()) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
     prev = _active
     _active = _Override(table=GPU_TUNING if table is None else tuple(table),
                         quantize=tuple((quantize or {}).items()), dequantize=tuple((dequantize or {}).items()))

@@ -413,8 +413,23 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     print(f"seed={seed_arg}: {_interpret_checks(fmt_arg, seed_arg)} interpret checks passed")
 
 
+def _candidates(R: int, K: int, cfg):
+    """fold_config's choice and alternatives for an A/B run: whole rows in one tile, narrower / wider chunks."""
+    from mxkit.kernels.fold import FoldConfig
+
+    p2 = 1 << (K - 1).bit_length()
+    out = {"default": cfg}
+    if p2 <= 16384:
+        out[f"one [1, {p2}]"] = FoldConfig(1, p2, min(16, max(4, p2 // 512)), cfg.hw_cvt)
+    for br, bk, w in ((1, 1024, 2), (4, 1024, 8), (1, 4096, 8)):
+        if bk < K:
+            out[f"chunks [{br}, {bk}] w{w}"] = FoldConfig(br, bk, w, cfg.hw_cvt and br * bk >= 128 * w)
+    return out
+
+
 def _timing() -> None:  # pragma: no cover - run by hand on a GPU
-    """Kernel-only time of both folds at 8192^2 and 16384 x 8192 against a device copy of the same bytes."""
+    """Kernel-only times of both folds (default config and alternatives, :func:`_candidates`) against a device
+    copy of the same bytes (read + written) in the same run."""
     import triton
 
     from mxkit.formats import Rounding, ScaleMode
@@ -422,25 +437,28 @@ def _timing() -> None:  # pragma: no cover - run by hand on a GPU
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     g, _ = make_generator(0)
-    for R, K in ((8192, 8192), (16384, 8192), (727, 2880)):
+    for R, K in ((8192, 8192), (16384, 8192), (727, 2880), (8192, 28672)):
+        x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16)
         for fmt in FOLD_FORMATS:
             f = get_format(fmt)
             q = rand_mx(g, fmt, 64, K, [0, 3, 8]).to("cuda")
-            q = type(q)(q.qdata.repeat(R // 64 + 1, 1)[:R].contiguous(), q.scale.repeat(R // 64 + 1, 1)[:R]
-                        .contiguous(), f, 1, 32, (R, K))
-            x = torch.randn(R, K, device="cuda", dtype=torch.bfloat16)
+            q = MXTensor(q.qdata.repeat(R // 64 + 1, 1)[:R].contiguous(), q.scale.repeat(R // 64 + 1, 1)[:R]
+                         .contiguous(), f, 1, 32, (R, K))
             data, scale, status = kf._outputs(R, K, "cuda")
-            for name, fn, nbytes in (
-                ("fold", lambda: kf._run_fold(q, data, scale, status), q.qdata.numel() + q.scale.numel() + R * K + 4 * R),
-                ("quantize_fold bf16", lambda: kf._run_quantize_fold(x, f, ScaleMode.FLOOR, Rounding.RNE, data, scale,
-                                                                     status), 2 * R * K + R * K + 4 * R),
+            for name, nbytes, run, cfg in (
+                ("fold", q.qdata.numel() + q.scale.numel() + R * K + 5 * R,
+                 lambda c: kf._run_fold(q, data, scale, status, c), kf.fold_config(R, K, f)),
+                ("quantize_fold bf16", 2 * R * K + R * K + 5 * R,
+                 lambda c: kf._run_quantize_fold(x, f, ScaleMode.FLOOR, Rounding.RNE, data, scale, status, c),
+                 kf.fold_config(R, K, f, quantize=True)),
             ):
                 src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
                 dst = torch.empty_like(src)
                 t_copy = triton.testing.do_bench(lambda: dst.copy_(src))
-                t = triton.testing.do_bench(fn)
-                print(f"{R}x{K} {fmt:12s} {name:20s} {t * 1e3:8.1f} us  {nbytes / t / 1e9:6.2f} TB/s  "
-                      f"{100 * t_copy / t:5.1f}% of copy")
+                for label, c in _candidates(R, K, cfg).items():
+                    t = triton.testing.do_bench(lambda: run(c))
+                    print(f"{R}x{K} {fmt:11s} {name:18s} {label:22s} {t * 1e3:8.1f} us {nbytes / t / 1e9:5.2f} TB/s "
+                          f"{100 * t_copy / t:5.1f}% of copy", flush=True)
 
 
 if __name__ == "__main__" and "--timing" in sys.argv:

@@ -37,7 +37,7 @@ from conftest import (  # noqa: E402
     rand_tensor,
     special_blocks,
 )
-from test_fold import EXPECTED_RANGES, FOLD_FORMATS, NAN_ROW, ZERO_ROW, rand_mx, window  # noqa: E402
+from test_fold import FOLD_FORMATS, NAN_ROW, ZERO_ROW, rand_mx, window  # noqa: E402
 
 from mxkit.fold import Folded, fold_reference, quantize_fold_reference  # noqa: E402
 from mxkit.formats import get_format  # noqa: E402

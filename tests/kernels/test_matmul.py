@@ -443,3 +443,26 @@ def test_gpu_mxlinear_packs_once_and_moves(rng):
     with torch.no_grad():
         assert torch.equal(m2(x), y)
     assert m.cpu()._packed is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_deferred_fold_completes_wide_rows(rng):
+    """MXLinear's path: the fused quantize-fold without its host sync, completed by matmul after the GEMM is
+    enqueued; rows whose block scales span more than 14 (row 1: 2^40 next to 2^-40; row 4: wide only through a
+    block that is all zero, so the kernel flags it but the reference folds it whole) must come out exact."""
+    from mxkit.kernels.fold import PendingFold, quantize_fold_triton
+
+    x = torch.randn(9, 2880, generator=rng).to(torch.bfloat16)
+    x[1, :32] *= 2.0**40
+    x[1, 32:64] *= 2.0**-40
+    x[4, :32] = 0
+    x[6] = 0
+    x = x.cuda()
+    pend = quantize_fold_triton(x, "mxfp4", defer=True)
+    assert isinstance(pend, PendingFold)
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(64, 2880, generator=rng).cuda(), "mxfp4"))
+    y = mxkit.matmul(pend, pw)
+    OUT[0] = y.dtype
+    assert_within_bound(y, mxkit.quantize(x, "mxfp4"), pw)
+    assert torch.equal(y, mxkit.matmul(mxkit.quantize_fold(x, "mxfp4"), pw))

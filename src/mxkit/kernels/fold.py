@@ -16,7 +16,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -24,7 +24,7 @@ from ..fold import Folded, _check_foldable, fold_range, fold_reference, quantize
 from ..formats import ElementFormat, FormatLike, Rounding, ScaleMode
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
 
-__all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton"]
+__all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton", "PendingFold"]
 
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _IN_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # _quantize's IN_F32_BITS / BF16_BITS / F16
@@ -108,6 +108,29 @@ def _complete(data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, f: 
     return Folded(data.view(torch.float8_e4m3fn), scale, owner, f, lead)
 
 
+@dataclass(frozen=True)
+class PendingFold:
+    """A fold whose status-1 rows (block scales spanning more than the window) are not completed yet, so that a
+    caller can enqueue more GPU work before the one host sync: ``folded`` holds every other row exactly (a
+    status-1 row's data and scale are whatever the kernel left: the caller must not use them), ``status`` uint8
+    [R] (0 folded, 1 pending, 2 NaN). :meth:`complete` (one host sync) returns the exact :class:`Folded`."""
+
+    folded: Folded
+    status: torch.Tensor
+    redo: Callable[[torch.Tensor], Folded]
+
+    def complete(self) -> Folded:
+        f = self.folded
+        return _complete(f.data.view(torch.uint8), f.scale, self.status, f.fmt, f.lead_shape, self.redo)
+
+
+def _pending(data, scale, status, f, lead, redo, defer: bool) -> Union[Folded, PendingFold]:
+    if defer:
+        return PendingFold(Folded(data.view(torch.float8_e4m3fn), scale, data.new_zeros(0, dtype=torch.int64), f,
+                                  lead), status, redo)
+    return _complete(data, scale, status, f, lead, redo)
+
+
 def _launch(kernel, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
     grid = (-(-R // cfg.block_r),)
     masked = R % cfg.block_r != 0 or K % cfg.block_k != 0
@@ -150,13 +173,14 @@ def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd:
                       AWAY=rnd is Rounding.AWAY, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
 
 
-def fold_triton(q: MXTensor) -> Folded:
+def fold_triton(q: MXTensor, *, defer: bool = False) -> Union[Folded, PendingFold]:
     """Fold an MX tensor to E4M3 rows with the Triton kernel; byte-identical to :func:`mxkit.fold.fold_reference`.
 
     q: MXTensor (..., K) of mxfp4_e2m1, mxfp6_e2m3 or mxfp6_e3m2 quantized along its last axis, block_size 32,
       plain scale layout, qdata and scale contiguous, on CUDA (or any device under TRITON_INTERPRET=1).
     Returns :class:`mxkit.fold.Folded`: data float8_e4m3fn [R + X, K], scale float32 [R + X], owner int64 [X]
-    (R = prod of the leading dims; R = 0 gives empty tensors). Raises TypeError for a non-MXTensor, ValueError
+    (R = prod of the leading dims; R = 0 gives empty tensors); with ``defer=True`` a :class:`PendingFold` (no host
+    sync; R = 0 still returns a Folded). Raises TypeError for a non-MXTensor, ValueError
     for a format that does not fold, another axis, block size or scale layout, non-contiguous storage or a
     CPU tensor outside the interpreter.
     """
@@ -187,7 +211,7 @@ def fold_triton(q: MXTensor) -> Folded:
     def redo(rows):
         return fold_reference(MXTensor(qd[rows], sc[rows], f, 1, 32, (rows.numel(), K)))
 
-    return _complete(data, scale, status, f, lead, redo)
+    return _pending(data, scale, status, f, lead, redo, defer)
 
 
 def _max_frac(f: ElementFormat) -> int:
@@ -202,7 +226,8 @@ def quantize_fold_triton(
     block_size: int = 32,
     scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
     rounding: Union[str, Rounding] = Rounding.RNE,
-) -> Folded:
+    defer: bool = False,
+) -> Union[Folded, PendingFold]:
     """Quantize x to MXFP4 / MXFP6 along its last axis and fold each row, in one fused pass; byte-identical to
     :func:`mxkit.fold.quantize_fold_reference` (``fold_reference(quantize_reference(x, ...))``).
 
@@ -210,7 +235,8 @@ def quantize_fold_triton(
       TRITON_INTERPRET=1); R = prod of the leading dims may be 0 (empty result).
     fmt: mxfp4_e2m1 / mxfp6_e2m3 / mxfp6_e3m2. scale_mode: :class:`~mxkit.formats.ScaleMode` (block scales as
       mxkit.quantize); rounding: RNE or AWAY (ties away from zero), saturating.
-    Returns :class:`mxkit.fold.Folded`. Raises TypeError for a wrong dtype, ValueError for a format that does
+    Returns :class:`mxkit.fold.Folded` (``defer=True``: a :class:`PendingFold`, no host sync). Raises TypeError
+    for a wrong dtype, ValueError for a format that does
     not fold, K % 32 != 0, block_size != 32, a 0-dim, non-contiguous or (outside the interpreter) CPU tensor.
     """
     if not isinstance(x, torch.Tensor):
@@ -241,5 +267,5 @@ def quantize_fold_triton(
     def redo(rows):
         return quantize_fold_reference(x2[rows], f, scale_mode=mode, rounding=rnd)
 
-    return _complete(data, scale, status, f, lead, redo)
+    return _pending(data, scale, status, f, lead, redo, defer)
 

@@ -209,12 +209,35 @@ def _in_range(lo: int, hi: int, rng: tuple[int, int]) -> bool:
 # packing
 
 
-def _fold(q: MXTensor) -> Folded:
+def _fold(q: MXTensor, defer: bool = False):
+    """Folded (or, with ``defer`` on CUDA, a :class:`mxkit.kernels.fold.PendingFold`) of an MX tensor."""
     if q.device.type == "cuda":
         from .fold import fold_triton
 
-        return fold_triton(q)
+        return fold_triton(q, defer=defer)
     return fold_reference(q)
+
+
+def _out_of_envelope(scale: torch.Tensor) -> torch.Tensor:
+    """Rows whose folded scale 2^e has |e| > FOLD_EXP_LIMIT (NaN rows are not: NaN propagates as it should)."""
+    lim = 2.0 ** FOLD_EXP_LIMIT
+    return ~((scale >= 1.0 / lim) & (scale <= lim)) & ~torch.isnan(scale)
+
+
+def _to_host_async(flag: torch.Tensor):
+    """(pinned host copy of a 0-dim bool, event to wait on) without blocking the host now."""
+    if flag.device.type != "cuda":
+        return flag, _NoEvent()
+    host = torch.empty((), dtype=torch.bool, pin_memory=True)
+    host.copy_(flag, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    return host, ev
+
+
+class _NoEvent:
+    def synchronize(self) -> None:
+        pass
 
 
 def _dequantize(q: MXTensor, dtype: torch.dtype) -> torch.Tensor:
@@ -243,10 +266,7 @@ def _check_weight(b: MXTensor) -> None:
 def _special_rows(f: Folded, rows: int) -> torch.Tensor:
     """Rows of a folded operand that the FP8 path cannot take: owners of extra slices, and non-zero rows whose
     scale exponent lies outside +-FOLD_EXP_LIMIT (one host sync)."""
-    s = f.scale[:rows]
-    lim = 2.0 ** FOLD_EXP_LIMIT
-    out_env = ~((s >= 1.0 / lim) & (s <= lim)) & ~torch.isnan(s)
-    cand = torch.nonzero(out_env).flatten()
+    cand = torch.nonzero(_out_of_envelope(f.scale[:rows])).flatten()
     if cand.numel():  # an all-zero row's product is 0 whatever its scale
         nonzero = (f.data[cand].view(torch.uint8) & 0x7F).amax(dim=1) > 0
         cand = cand[nonzero]
@@ -284,6 +304,8 @@ def _a_kind(a) -> str:
         return "mx"
     if isinstance(a, Folded):
         return "folded"
+    if type(a).__name__ == "PendingFold":  # mxkit.kernels.fold.PendingFold (imported lazily: needs triton)
+        return "pending"
     if isinstance(a, Fp8Rowwise):
         return "fp8_rowwise"
     if isinstance(a, torch.Tensor):
@@ -298,6 +320,8 @@ def _a_rows_k(a, kind: str) -> tuple[int, int]:
         return a.shape[:-1].numel(), a.shape[-1]
     if kind == "folded":
         return a.rows(), a.data.shape[-1]
+    if kind == "pending":
+        return a.folded.rows(), a.folded.data.shape[-1]
     if kind == "fp8_rowwise":
         return a.data.shape[:-1].numel(), a.data.shape[-1]
     if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -308,6 +332,8 @@ def _a_rows_k(a, kind: str) -> tuple[int, int]:
 
 
 def _a_device(a, kind: str) -> torch.device:
+    if kind == "pending":
+        return a.folded.device
     return a.data.device if kind in ("folded", "fp8_rowwise") else a.device
 
 
@@ -331,6 +357,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return GemmPlan(path, reason, M, N, K, out)
 
     wf = w.fmt
+    if kind == "pending":
+        if not can_fold(wf):
+            raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
+        return plan("fold-fp8", f"{a.folded.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind in ("mx", "folded") and can_fold(wf) and (kind == "folded" or can_fold(a.fmt)):
         return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind == "fp8_rowwise" and can_fold(wf):
@@ -443,18 +473,35 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         pw = packed if packed is not None else pack_weight(w)
         fb = pw.folded
         if kind == "fp8_rowwise":
-            A = a.data.reshape(M, K)
-            sa = a.scale.reshape(M, 1)
-            a_special = torch.zeros(0, dtype=torch.int64, device=A.device)
+            y = _fp8_gemm(a.data.reshape(M, K), a.scale.reshape(M, 1), fb, N, out, bias)
+            if pw.special_rows.numel():
+                y = _fix_special(y, a, kind, M, pw, pw.special_rows[:0], pw.special_rows, bias)
+            return y.reshape(*lead, N)
+        pending = None
+        if kind == "pending":
+            pending, fa = a, a.folded
+        elif kind == "folded":
+            fa = a
         else:
-            fa = a if kind == "folded" else _fold(_plain(a))
-            A = fa.data[:M]
-            sa = fa.scale[:M].reshape(M, 1)
-            a_special = _special_rows(fa, M)
-        y = _fp8_gemm(A, sa, fb, N, out, bias)
-        b_special = pw.special_rows
-        if a_special.numel() or b_special.numel():
-            y = _fix_special(y, a, kind, M, pw, a_special, b_special, bias)
+            fa = _fold(_plain(a), defer=True)
+            if not isinstance(fa, Folded):
+                pending, fa = fa, fa.folded
+        # one host sync, after the GEMM is enqueued: whether any row of a needs the float32 route
+        flag = _out_of_envelope(fa.scale[:M]).any()
+        if pending is not None:
+            flag |= pending.status.eq(1).any()
+        flag_host, ready = _to_host_async(flag)
+        y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
+        ready.synchronize()
+        a_fix = bool(flag_host) or fa.owner.numel() > 0
+        if a_fix or pw.special_rows.numel():
+            a_rows = pw.special_rows[:0]
+            if pending is not None:
+                fa = pending.complete()
+                a_rows = torch.nonzero(pending.status.eq(1)).flatten()  # whatever the kernel left there
+            if a_fix:
+                a_rows = torch.unique(torch.cat([a_rows, _special_rows(fa, M)]))
+            y = _fix_special(y, fa, "folded", M, pw, a_rows, pw.special_rows, bias)
         return y.reshape(*lead, N)
     if path == "bf16-exact":
         xa = _dequantize(_plain(a), torch.bfloat16).reshape(M, K)
@@ -538,6 +585,8 @@ def _lead_shape(a, kind: str) -> tuple:
         return tuple(a.shape[:-1])
     if kind == "folded":
         return tuple(a.lead_shape)
+    if kind == "pending":
+        return tuple(a.folded.lead_shape)
     if kind == "fp8_rowwise":
         return tuple(a.data.shape[:-1])
     return tuple(a.shape[:-1])
@@ -546,6 +595,8 @@ def _lead_shape(a, kind: str) -> tuple:
 def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The reference twin: float32 matmul of the exact operand values (any a kind), then bias, then ``out``."""
     kind = _a_kind(a)
+    if kind == "pending":
+        a, kind = a.complete(), "folded"
     w = b.source if isinstance(b, PackedWeight) else b
     if kind == "mx":
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fold, quantize_fp8_rowwise
+from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwise
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..tensor import MXTensor
@@ -180,7 +180,10 @@ class MXLinear(nn.Module):
         if act == FP8_ROWWISE:
             a = quantize_fp8_rowwise(x)
         elif act is not None and x.is_cuda and can_fold(act) and can_fold(self.weight_format):
-            a = quantize_fold(x, act, block_size=self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
+            from ..kernels.fold import quantize_fold_triton  # deferred: matmul completes it after enqueuing
+
+            a = quantize_fold_triton(x.contiguous(), act, block_size=self.block_size, scale_mode=self.scale_mode,
+                                     rounding=self.rounding, defer=True)
         elif act is not None:
             a = quantize(x, act, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
                          rounding=self.rounding)

@@ -102,7 +102,7 @@ def test_opt_in_paths_compile_for_sm90(variant):
 
     def quant(fmt, do_row, do_col, br, bc, warps, **kw):
         ce = dict(IN_KIND=1, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=0, LAYOUT_C=1, AWAY=False, BLOCK_R=br,
-                  BLOCK_C=bc, INT64=False, MASKED=True, HW_CVT=False,
+                  BLOCK_C=bc, INT64=False, MASKED=True, HW_CVT=False, SCALE_MODE=0,
                   COL_DIRECT=False, **_format_constexprs(get_format(fmt)))
         ce.update(kw)
         return _sm90_compile("_quantize_kernel", warps, **ce)

@@ -22,7 +22,9 @@ def _even_exponent(e, frac, MBITS: tl.constexpr):
 def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_FRAC: tl.constexpr,
                  MODE: tl.constexpr = -1):
     """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks).
-    MODE >= 0: the scale rule as a constexpr (only its arithmetic is emitted); -1: the runtime scale_mode."""
+    MODE: the scale rule (MODE_FLOOR / _CEIL / _RCEIL / _EVEN), a constexpr, so only its arithmetic is emitted.
+    scale_mode is not read (the runtime rule is gone: every config passes MODE); it stays in the signature for
+    the callers that pass it positionally."""
     ef = amax >> 23
     frac = amax & 0x7FFFFF
     # fp32 denormal amax: the int -> float conversion of its mantissa is exact and normal
@@ -32,11 +34,8 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
     frac = tl.where(den, fm & 0x7FFFFF, frac)
     # CEIL: +1 unless amax is a power of two; RCEIL: amax <= max_normal * 2^X <=> mantissa(amax) <=
     # mantissa(max_normal) once the exponents align
-    if MODE < 0:  # the rule as a runtime value (per-block work only; saves a compile per mode)
-        up = tl.where(scale_mode == MODE_CEIL, (frac != 0).to(tl.int32),
-                      tl.where(scale_mode == MODE_RCEIL, (frac > MAX_FRAC).to(tl.int32), 0))
-        x = tl.where(scale_mode == MODE_EVEN, _even_exponent(e, frac, MBITS), e + up)
-    elif MODE == MODE_EVEN:
+    tl.static_assert(MODE >= 0, "the scale rule is a constexpr (MODE)")
+    if MODE == MODE_EVEN:
         x = _even_exponent(e, frac, MBITS)
     elif MODE == MODE_CEIL:
         x = e + (frac != 0).to(tl.int32)

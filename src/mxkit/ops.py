@@ -208,15 +208,21 @@ def quantize_fold(
     scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
     rounding: Union[str, Rounding] = Rounding.RNE,
     backend: str = "auto",
+    defer: bool = False,
 ) -> Folded:
     """Quantize activations x (..., K) to MX ``fmt`` (FP4 / FP6) along K and fold them to FP8 E4M3 with one
     power-of-two scale per row, in one pass over x on CUDA: the ``a`` operand of the fold-fp8 GEMM path.
-    Byte-identical to ``mxkit.fold.fold_reference(quantize(x, fmt, ...))``. Raises ValueError for a format
-    that does not fold (FP8, INT8) and on the bad inputs :func:`quantize` rejects."""
+    Byte-identical to ``mxkit.fold.fold_reference(quantize(x, fmt, ...))``.
+
+    defer (CUDA): return a :class:`mxkit.kernels.fold.PendingFold` without the host sync that completes rows
+    whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
+    (``MXLinear``'s path). Raises ValueError for a format that does not fold (FP8, INT8) and on the bad inputs
+    :func:`quantize` rejects."""
     if _resolve_backend(backend, x.device) == "triton":
         from .kernels.fold import quantize_fold_triton
 
-        return quantize_fold_triton(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
+        return quantize_fold_triton(x if x.is_contiguous() else x.contiguous(), fmt, block_size=block_size,
+                                    scale_mode=scale_mode, rounding=rounding, defer=defer)
     return quantize_fold_reference(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
 
 

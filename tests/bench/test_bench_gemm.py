@@ -135,7 +135,7 @@ def fake_api(monkeypatch):
 
     api = {"matmul": matmul, "pack_weight": lambda w: types.SimpleNamespace(w=w, extra=torch.zeros(7, dtype=torch.uint8)),
            "gemm_plan": lambda a, b: types.SimpleNamespace(path="fake-path", reason="a fake plan"),
-           "quantize_fold": lambda x, fmt: mxkit.quantize(x, fmt, backend="reference"),
+           "quantize_fold": lambda x, fmt, defer=False: mxkit.quantize(x, fmt, backend="reference"),
            "quantize_fp8_rowwise": fp8_rowwise}
     for k, v in api.items():
         monkeypatch.setattr(mxkit, k, v, raising=False)

@@ -286,13 +286,26 @@ def pack_weight(w: MXTensor) -> PackedWeight:
         return w
     _check_weight(w)
     w = _plain(w)
-    folded = _fold(w) if can_fold(w.fmt) else None
-    lo, hi, nan = _scale_extrema(w.scale)
+    fold = _fold(w, defer=True) if can_fold(w.fmt) else None
+    pending = None if fold is None or isinstance(fold, Folded) else fold
+    folded = pending.folded if pending is not None else fold
+    # one host sync for everything the envelope needs: scale extrema, NaN, rows to complete or route aside
+    s = w.scale.reshape(-1).to(torch.int16)
+    nan = s == 0xFF
+    stats = [torch.where(nan, 255, s).amin() if s.numel() else s.new_tensor(255),
+             torch.where(nan, -1, s).amax() if s.numel() else s.new_tensor(-1), nan.any()]
     if folded is not None:
-        special = _special_rows(folded, w.shape[0])
-    else:
-        special = torch.zeros(0, dtype=torch.int64, device=w.device)
-    return PackedWeight(w, folded, lo, hi, nan, special)
+        stats.append(_out_of_envelope(folded.scale[: w.shape[0]]).any())
+        stats.append(pending.status.eq(1).any() if pending is not None else stats[-1] & False)
+    lo, hi, has_nan, *rest = torch.stack([t.to(torch.int32) for t in stats]).tolist()
+    special = torch.zeros(0, dtype=torch.int64, device=w.device)
+    if folded is not None:
+        out_env, wide = rest
+        if wide:
+            folded = pending.complete()
+        if out_env or folded.owner.numel():
+            special = _special_rows(folded, w.shape[0])
+    return PackedWeight(w, folded, lo, hi, bool(has_nan), special)
 
 
 # --------------------------------------------------------------------------------------------------------

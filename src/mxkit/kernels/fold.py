@@ -45,11 +45,13 @@ class FoldConfig:
 
 def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, rounding: Rounding = Rounding.RNE,
                 on_gpu: bool = True) -> FoldConfig:
-    """The launch config of a problem (a pure function of its arguments). Untuned: no GPU run has timed these
-    (``python tests/kernels/test_fold.py --timing`` compares candidates; ``_run_fold(..., cfg=)`` takes one).
+    """The launch config of a problem (a pure function of its arguments). Timed on an H200 for K of 2880 and
+    more (BENCHMARKS.md); ``_run_fold(..., cfg=)`` takes another for A/B runs.
 
     GPU, about 16 elements per thread (the sm_90 compiles of the quantize-fold use 58-75 registers there, against
     89-150 at 32 per thread):
+    * rows of 2048 < K <= 4096 (and K <= 8192 for the quantize-fold): one row per program in one power-of-two
+      tile, read once, whatever it pads;
     * rows of K <= 2048 whose power-of-two tile pads them by at most 1/8: one chunk ([2, 2048], [4, 1024],
       ...), the codes held in registers between the statistics and the write, so the input is read once;
     * other rows: chunks of the widest of 2048 / 1024 / ... elements that pads K by at most 1/8, walked twice
@@ -63,6 +65,11 @@ def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, r
     hw_cvt = quantize and on_gpu and fmt.bits == 6 and rnd is Rounding.RNE
     if not on_gpu:
         return FoldConfig(min(64, rows_p2), min(1024, p2), 4, hw_cvt)
+    if 2048 < K and (p2 <= 4096 or (quantize and p2 == 8192)):
+        # one row per program in one tile, read once (H200: 727 x 2880 FP4 fold 11.3 -> 7.4 us, quantize-fold
+        # E3M2 29.6 -> 9.8 us; 16384 x 8192 quantize-fold 210.7 -> 193.6 us)
+        hw = hw_cvt and p2 >= 4 * 32 * min(16, max(4, p2 // 512))
+        return FoldConfig(1, p2, min(16, max(4, p2 // 512)), hw)
     if p2 <= 2048 and 8 * K >= 7 * p2:
         block_k = p2
         block_r = max(1, min(4096 // block_k, rows_p2))

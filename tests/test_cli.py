@@ -81,7 +81,7 @@ def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
     (args, kwargs, returned), = calls
     assert args == (None,) and kwargs == dict(
         formats=["mxfp4", "mxfp8_e4m3"], scale_modes=["floor"], sentences=16, act_format=None, rounding="rne",
-        block_size=32, skip=ev.DEFAULT_SKIP, device="cpu", kind="auto", batch_size=128, progress=False)
+        block_size=32, skip=ev.DEFAULT_SKIP, device="cpu", kind="auto", batch_size=128, progress=False, dtype="float32")
     out = capsys.readouterr().out
     assert "all_minilm" in out and "16 sentences" in out and f"wrote {js}" in out and f"wrote {cs}" in out
     table = [ln.split() for ln in out.splitlines()]
@@ -218,3 +218,14 @@ def test_python_dash_m():
     r = subprocess.run([sys.executable, "-m", "mxkit", "formats", "--plain"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "mxfp6_e3m2" in r.stdout
+
+
+def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
+    import torch
+
+    from mxkit.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["tune", "gemm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a CUDA GPU" in err[0]

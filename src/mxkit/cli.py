@@ -86,7 +86,7 @@ def _cmd_eval(args) -> int:
         get_format(f)
     for m in modes:
         ScaleMode.parse(m)
-    if args.act_format is not None:
+    if args.act_format is not None and args.act_format.lower() != "fp8_e4m3_rowwise":
         get_format(args.act_format)
     for out in args.out or []:
         if Path(out).suffix.lower() not in (".json", ".csv"):
@@ -101,6 +101,7 @@ def _cmd_eval(args) -> int:
     rows = ev.evaluate(
         args.model, formats=formats, scale_modes=modes, sentences=args.sentences, act_format=args.act_format,
         rounding=args.rounding, block_size=args.block_size, skip=skip, device=args.device, kind=args.kind,
+        dtype=args.dtype,
         batch_size=args.batch_size, progress=not args.no_progress,
     )
     title = (f"mxkit eval: {rows[0]['model']}, {rows[0]['sentences']} sentences, "
@@ -270,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default=None, help=f"comma-separated formats (default: {','.join(FORMATS)})")
     p.add_argument("--scale-modes", default=None, help=f"comma-separated scale modes (default: {modes})")
     p.add_argument("--sentences", type=int, default=512, help="number of stdlib docstring sentences (default 512)")
-    p.add_argument("--act-format", default=None, help="also quantize layer inputs on the fly to this format")
+    p.add_argument("--act-format", default=None,
+                   help="also quantize layer inputs on the fly to this format (or fp8_e4m3_rowwise: W4A8)")
     p.add_argument("--rounding", default="rne", choices=["rne", "away"], help="element rounding (default rne)")
     p.add_argument("--block-size", type=int, default=32, help="elements per scale (default 32)")
     p.add_argument("--skip", default=None,
@@ -280,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", default="auto", choices=["auto", "embedding", "causal"],
                    help="model kind (default: causal if the config names a *ForCausalLM architecture)")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per forward pass (default 128)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="model dtype (default float32; bfloat16 for a GPU run against bf16)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)")
     p.add_argument("--out", action="append", default=None, help="write rows to FILE.json or FILE.csv (repeatable)")
@@ -295,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain text table (no rich)")
     p.set_defaults(func=_cmd_inspect)
 
+    p = sub.add_parser("tune", help="re-measure a dispatch table on this GPU (gemm: the decode kernel's schedule "
+                                    "and envelope)")
+    p.add_argument("what", choices=["gemm"], help="which table")
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated NxK weight shapes (default: 8192x8192,28672x8192,5120x2880,2880x4096)")
+    p.add_argument("--out", default="gemm_table.json", help="JSON file to write (default gemm_table.json)")
+    p.set_defaults(func=_cmd_tune)
+
     try:  # mxkit.bench registers its own `bench` subcommand (and its sub-subcommands) when present
         _bench = importlib.import_module("mxkit.bench")
     except ImportError:
@@ -305,6 +317,26 @@ def build_parser() -> argparse.ArgumentParser:
     if _bench is not None and hasattr(_bench, "add_bench_parser"):
         _bench.add_bench_parser(sub)
     return parser
+
+
+def _cmd_tune(args) -> int:
+    import torch
+
+    from .tune import DEFAULT_SHAPES, tune_gemm
+
+    if not torch.cuda.is_available():
+        print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
+        return 2
+    shapes = DEFAULT_SHAPES
+    if args.shapes:
+        try:
+            shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(","))
+        except ValueError:
+            raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
+        if any(len(s) != 2 for s in shapes):
+            raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
+    tune_gemm(shapes, out=args.out)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

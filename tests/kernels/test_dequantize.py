@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import (
-    DEV, FORMAT_NAMES, FULL, INPUT_DTYPES, assert_dequant_equal, interpreted_rng, rand_tensor,
+    AXIS_CASES, DEV, FORMAT_NAMES, FULL, INPUT_DTYPES, assert_dequant_equal, interpreted_rng, rand_tensor,
     run_interpreted, scale_bytes,
 )
 
@@ -123,7 +123,7 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
     assert dequantize_config(1, 4096, 512, False, "mxfp4_e2m1").fp4_asm  # (a 2-D tile of shorter rows)
     dt = getattr(torch, out)
     for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080), (3, 2880)):
-        n, L = math.prod(shape[:-1]), shape[-1]
+        L = shape[-1]
         qd = torch.randint(0, 256, (*shape[:-1], L // 2), generator=rng, dtype=torch.uint8)
         sc = scale_bytes((*shape[:-1], L // 32), rng)
         q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)

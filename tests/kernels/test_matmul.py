@@ -24,7 +24,7 @@ import torch
 import mxkit
 from mxkit.fold import fold_range
 from mxkit.formats import get_format
-from mxkit.kernels.matmul import PATHS, exact_scale_range, plan_gemm
+from mxkit.kernels.matmul import PATHS, exact_scale_range
 from mxkit.packed import PackedWeight
 from mxkit.reference import dequantize_reference, pack_codes
 from mxkit.tensor import MXTensor

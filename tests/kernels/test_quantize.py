@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from conftest import (
+    AXIS_CASES,
     DEV, FORMAT_NAMES, FULL, HAS_CUDA, ROUNDINGS, SCALE_MODES, SKIP_REASON_CUDA, assert_dequant_equal,
     assert_mx_equal, rand_tensor,
 )
@@ -17,13 +18,6 @@ from mxkit.kernels import quantize as kq
 from mxkit.reference import dequantize_reference, quantize_reference
 
 
-AXIS_CASES = {  # name: (shape, axis)
-    "rows_727x608": ((727, 608), -1),
-    "cols_608x727": ((608, 727), 0),
-    "cols_320x208": ((320, 208), 0),  # C a multiple of 16: the FP6 unit asm (col_units, ragged column tiles)
-    "mid_3x96x50": ((3, 96, 50), 1),
-    "one_row": ((1, 4096), -1),
-}
 _DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 if FULL:
     QUANT_CASES = [(r, d) for r in ROUNDINGS for d in _DT]

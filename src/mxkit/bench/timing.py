@@ -392,7 +392,7 @@ class Context:
     sync: Callable[[], None]
     impls: tuple[str, ...] = ("mxkit",)
     backend: str = "triton"
-    compile: bool = True  # torch.compile shape-generic (dynamic=True): one compile per op variant
+    compile: bool = True  # torch.compile per shape (dynamic=False: the shape-generic compile fails on the GPU)
     check: bool = True
     copy_gbps: Optional[float] = None  # read flush
     copy_gbps_write: Optional[float] = None
@@ -405,7 +405,7 @@ class Context:
         if not self.compile:
             return make()
         if key not in self.compiled:
-            self.compiled[key] = torch.compile(make(), dynamic=True)
+            self.compiled[key] = torch.compile(make(), dynamic=False)
         return self.compiled[key]
 
 

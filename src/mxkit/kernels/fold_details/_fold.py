@@ -18,7 +18,7 @@ through the hardware FP8 cvt), so its codes are mxkit.quantize's.
 
 The element -> E4M3 step is integer work plus one exact fp32 multiply (:func:`_codes_to_e4m3`); it relies
 on fp32 multiplies that keep subnormal operands and results (PTX ``mul.f32`` without ``.ftz``, what Triton
-emits for sm_90, and numpy in the interpreter), as the quantize kernels' DENORM_NONE path does.
+emits for sm_90, and numpy in the interpreter), as the quantize kernels do.
 Row offsets are int64 (rows * row stride), so R * K past 2^31 is safe; offsets within a row are int32.
 """
 
@@ -27,7 +27,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._quantize import DENORM_NONE, _block_scale, _encode, _fp6_codes16, _load_raw, _to_bits
+from ..quantize_details._codecs import _encode, _fp6_codes16
+from ..quantize_details._common import _load_raw, _to_bits
+from ..quantize_details._scale import _block_scale
 
 
 @triton.jit
@@ -188,10 +190,10 @@ def _quantize_chunk(x_ptr, xrow, k0, K, rmask, IN_KIND: tl.constexpr, BITS: tl.c
     sbyte, X = _block_scale(amax, 0, MBITS, EMAX, MAX_FRAC, MODE)
     bad = amax >= 0x7F800000
     codes = _encode(xbits, X[:, :, None], bad[:, :, None], BITS, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY,
-                    DENORM_NONE, HW_CVT)
+                    HW_CVT)
     # rounding is monotone: the block has a non-zero code iff its amax rounds to one (all-zero blocks and
     # blocks whose scale clamped at 2^-127 round to 0 entirely)
-    nonzero = (_encode(amax, X, bad, BITS, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY, DENORM_NONE)
+    nonzero = (_encode(amax, X, bad, BITS, MBITS, EMIN, EMAX, False, MAX_NORMAL, AWAY)
                & ((1 << (BITS - 1)) - 1)) != 0
     return codes, sbyte, nonzero
 

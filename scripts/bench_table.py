@@ -3,7 +3,7 @@
 flush (do_bench's) and × the compiled reference. Bold: the row meets its issue #3 target. Exits 1 when a row is
 missing or an mxkit output did not match the reference.
 
-    python3 scripts/bench_table.py benchmarks/h200-2026-11-23-s17
+    python3 scripts/bench_table.py benchmarks/h200-2026-11-24
 
 A run folder holds bench_quantize.json with both flushes per row (``us`` / ``us_write``), or, from runs before
 the harness timed both, bench_quantize.json (write flush) and bench_quantize_flush_read.json (read flush).

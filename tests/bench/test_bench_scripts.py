@@ -52,13 +52,13 @@ def test_ab_variants_and_missing_override(monkeypatch):
 
 def test_gpu_summary_on_a_kept_run(capsys):
     summary = _script("gpu_summary")
-    run = ROOT / "benchmarks" / "h200-2026-11-23-s17"
-    assert summary.main([str(run), "506"]) == 0
+    run = ROOT / "benchmarks" / "h100-2026-11-24"
+    assert summary.main([str(run), "560"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("==== gpu_check summary (506 s) ====")
-    assert "218 passed, 0 failed" in out and "60 mxkit rows, 0 n/a or error, 0 byte mismatches" in out
+    assert out.startswith("==== gpu_check summary (560 s) ====")
+    assert "495 passed, 0 failed" in out and "24 mxkit rows, 0 n/a or error, 0 byte mismatches" in out
     assert sum(" match" in line for line in out.splitlines()) == 24  # 12 op x format at two shapes
-    assert "bench_gemm: no JSON" in out
+    assert "bench_gemm: NVIDIA H100" in out and sum(" fold-fp8 " in line for line in out.splitlines()) == 16
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

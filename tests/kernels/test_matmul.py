@@ -2,8 +2,8 @@
 
 Every path is held to issue #22's bound against y64, the float64 product of the dequantized operands:
 
-* bf16 / fp16 output, row by row: ``‖y_r − y64_r‖ ≤ 1.2 · ‖round(y64_r) − y64_r‖ + acc_r`` where ``round`` is the
-  output dtype's rounding and ``acc_r = K · 2^-24 · ‖(|a| · |b|ᵀ)_r‖`` bounds float32 accumulation (the only
+* bf16 / fp16 output, row by row: ``‖y_r − y64_r‖ ≤ 1.2 · ‖round(y64_r) − y64_r‖ + acc_r`` where ``round`` is
+  the output dtype's rounding and ``acc_r = K · 2^-24 · ‖(|a| · |b|ᵀ)_r‖`` bounds float32 accumulation (the only
   other error an exact path may add; without it a row whose y64 happens to be representable would demand
   bit-exact sums);
 * float32 output: ``‖y_r − y64_r‖ ≤ 1e-5 · ‖y64_r‖ + acc_r``.

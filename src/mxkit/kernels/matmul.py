@@ -552,7 +552,8 @@ def _decode_w4a16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tens
     nsplit = triton.cdiv(K, k_split)
     part = torch.empty(nsplit, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), nsplit)
-    _w16_fp4_decode_kernel[grid](x, w.qdata, w.scale, part, M, N, K, x.stride(0), k_split,
+    # the kernel addresses rows of K / 2 and K / 32 bytes: views of other strides are copied (no-ops otherwise)
+    _w16_fp4_decode_kernel[grid](x, w.qdata.contiguous(), w.scale.contiguous(), part, M, N, K, x.stride(0), k_split,
                                  BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=cfg.block_n, BLOCK_K=bk,
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return part[0] if nsplit == 1 else part.sum(0)  # a fixed-order reduction: deterministic

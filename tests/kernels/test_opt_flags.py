@@ -127,6 +127,41 @@ def test_configs_are_pure_and_frozen():
         assert cfg.block_r & (cfg.block_r - 1) == 0 and cfg.block_c & (cfg.block_c - 1) == 0
 
 
+def test_resolved_config_says_what_runs():
+    """Given the input dtype and the rounding, quantize_config returns a resolved config whose fields are the
+    paths that run (the plan's constexprs read them one to one); the schedule alone (no dtype) is unresolved."""
+    qc = opt_flags.quantize_config
+    sched = qc(1, 4096, 4096, True, False, "mxfp4_e2m1")
+    assert not sched.resolved and sched.fp4_pairs and sched.hw_cvt
+    bf = qc(1, 4096, 4096, True, False, "mxfp4_e2m1", dtype=torch.bfloat16, rounding="rne")
+    assert bf.resolved and bf.hw_cvt and bf.fp4_pairs and bf.hw_cvt_rows
+    for kw in ({"dtype": torch.float32, "rounding": "rne"}, {"dtype": torch.bfloat16, "rounding": "away"},
+               {"dtype": torch.bfloat16, "rounding": "rne", "asm": False}):
+        c = qc(1, 4096, 4096, True, False, "mxfp4_e2m1", **kw)
+        assert c.resolved and not (c.hw_cvt or c.fp4_pairs or c.hw_cvt_rows), kw
+    # FP6 cast-transpose from bf16: pairs in both directions (so no 16-byte FP6 asm); from fp32: the split kernel
+    ct = qc(1, 4096, 4096, True, True, "mxfp6_e2m3", dtype=torch.bfloat16, rounding="rne")
+    assert ct.fp6_pairs_rows and ct.fp6_pairs_cols and not ct.fp6_asm and not ct.split_rows
+    sp = qc(1, 4096, 4096, True, True, "mxfp6_e2m3", dtype=torch.float32, rounding="rne")
+    assert sp.split_rows and not (sp.fp6_pairs_rows or sp.fp6_pairs_cols) and sp.hw_cvt_rows
+    # scales written transposed only in the plain layout
+    big = dict(dtype=torch.bfloat16, rounding="rne")
+    assert qc(1, 8192, 8192, True, True, "mxfp8_e4m3", **big).scale_t
+    assert not qc(1, 8192, 8192, True, True, "mxfp8_e4m3", scale_layout="nvidia_128x4", **big).scale_t
+    # resolving a resolved config changes nothing; the plan's constexprs are its fields
+    from mxkit.formats import get_format
+
+    assert opt_flags_nvidia.resolve_quantize(bf, 1, 4096, 4096, True, False, get_format("mxfp4_e2m1"),
+                                             torch.float32, "away") is bf
+    d = dict(kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp4_e2m1", -1, "floor", "rne", "plain",
+                               None).consts)
+    assert (d["HW_CVT"], d["FP4_PAIRS"], d["BLOCK_R"], d["BLOCK_C"], d["RB"]) == (
+        bf.hw_cvt, bf.fp4_pairs, bf.block_r, bf.block_c, bf.rblocks)
+    dq = opt_flags.dequantize_config(1, 64, 4096, False, "mxfp4_e2m1", torch.float32, resolve=True)
+    assert dq.resolved and dq.hw_dec and not dq.fp4_asm  # (the FP4 word asm writes 16-bit outputs only)
+    assert not opt_flags.dequantize_config(1, 64, 4096, False, "mxfp4_e2m1").resolved
+
+
 def test_row_tiles_of_padded_rows():
     """Rows that 1024-wide tiles would pad by more than 1/8 take narrower tiles, one per program (rowwise quantize:
     FP8 8 x 512, FP4 / FP6 as many elements as the 1024-wide tile), and the 2-D tiles (dequantize; FP8 only below

@@ -90,7 +90,8 @@ def test_hardware_path_guards():
     """The inline-asm paths take 4 elements per asm block: they are enabled only with >= 4 elements per
     thread, only for RNE, and FP4's bf16x2 path only for bf16 inputs (pure functions of the config)."""
     from mxkit.formats import Rounding, get_format
-    from mxkit.kernels.quantize import DequantizeConfig as DC, QuantizeConfig as QC, hw_cvt_ok, hw_dec_ok
+    from mxkit.kernels.opt_flags import DequantizeConfig as DC, QuantizeConfig as QC
+    from mxkit.kernels.opt_flags_nvidia import hw_cvt_ok, hw_dec_ok
 
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "under the interpreter every hardware path is off"
     fp8, fp4, fp6, i8 = (get_format(n) for n in ("mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e3m2", "mxint8"))

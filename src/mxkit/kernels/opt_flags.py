@@ -35,7 +35,8 @@ def _tiles_need_int64(B: int, R: int, C: int, span_r: int, span_c: int) -> bool:
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view."""
+    """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view, and its paths:
+    those asked for, or once resolved for one problem (``resolved``), those that run."""
 
     block_r: int
     block_c: int
@@ -99,6 +100,18 @@ class QuantizeConfig:
     # launch a (tiles_c, tiles_r, B) grid where tiles_r and B fit its 65535 limit (not with group_c or
     # split_rows): the program ids are the tile indices, no division of a 1-D id (_quantize._tile_ids)
     grid3: bool = False
+    # --- set by resolution (:func:`mxkit.kernels.opt_flags_nvidia.resolve_quantize`, which quantize_config runs
+    # when given the input dtype and rounding): True = every field above is the path that runs for that one
+    # problem (the flags that do not apply are False / 0; hw_cvt, fp6_asm, fp4_pairs, col_fp4_words, fp8_words
+    # only where the hardware convert runs), and the fields below are set. The plan reads fields only.
+    resolved: bool = False
+    # the hardware convert of the row / column direction (the fused and one-direction kernels: hw_cvt_rows =
+    # hw_cvt_cols = hw_cvt; the split cast-transpose's row programs check their own tile)
+    hw_cvt_rows: bool = False
+    hw_cvt_cols: bool = False
+    # FP6 from bf16 pairs (fp6_pairs) in the rows (fp6_words tiles) and in the columns (col_units, C even)
+    fp6_pairs_rows: bool = False
+    fp6_pairs_cols: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,10 @@ class DequantizeConfig:
     # rowwise FP4 to bf16 / fp16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to
     # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
     fp4_asm: bool = False
+    # set by resolution (:func:`mxkit.kernels.opt_flags_nvidia.resolve_dequantize`, which dequantize_config runs
+    # unless resolve=False): True = every field above is the path that runs for that one problem (the flags that
+    # do not apply are False); the plan reads fields only
+    resolved: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,28 +243,41 @@ def _gpu_tuned(cfg: QuantizeConfig, table: tuple, gpu: str, path: str, fmt_name:
 
 @functools.lru_cache(maxsize=1024)  # pure function of the problem (and of override()'s state, which clears it)
 def quantize_config(B: int, R: int, C: int, do_row: bool, do_col: bool, fmt: FormatLike, *,
-                    in_bf16: bool = True, gpu: str = "") -> QuantizeConfig:
+                    in_bf16: bool = True, gpu: str = "", dtype: Optional[torch.dtype] = None,
+                    rounding=None, scale_layout: str = "plain", asm: bool = True) -> QuantizeConfig:
     """The config of x viewed [B, R, C], blocks along C (do_row) and / or along R (do_col); in_bf16: bfloat16
-    input; gpu: the CUDA device name (:data:`GPU_TUNING`'s key). Heuristics:
-    :func:`mxkit.kernels.opt_flags_nvidia.quantize_flags`."""
-    from .opt_flags_nvidia import quantize_flags  # (it imports the config classes from here)
+    input (dtype, when given, decides it); gpu: the CUDA device name (:data:`GPU_TUNING`'s key). Heuristics:
+    :func:`mxkit.kernels.opt_flags_nvidia.quantize_flags`. Given the input ``dtype`` and the ``rounding``, the
+    config is resolved (:func:`mxkit.kernels.opt_flags_nvidia.resolve_quantize`: its fields are the paths that
+    run for that problem, written with ``scale_layout``; asm: False under the CPU interpreter, which cannot run
+    inline asm)."""
+    from .opt_flags_nvidia import quantize_flags, resolve_quantize  # (it imports the config classes from here)
 
     f = get_format(fmt)
+    if dtype is not None:
+        in_bf16 = dtype == torch.bfloat16
     cfg = quantize_flags(B, R, C, do_row, do_col, f, in_bf16)
     path = ("cast_transpose" if do_row else "cols") if do_col else "rows"
     cfg = _gpu_tuned(cfg, _active.table, gpu, path, f.name, B, R, C)
-    return _replace(cfg, _active.quantize, B, R, C) if _active.quantize else cfg
+    cfg = _replace(cfg, _active.quantize, B, R, C) if _active.quantize else cfg
+    if dtype is None or rounding is None:
+        return cfg
+    return resolve_quantize(cfg, B, R, C, do_row, do_col, f, dtype, rounding, scale_layout, asm=asm)
 
 
 @functools.lru_cache(maxsize=1024)
 def dequantize_config(B: int, N: int, L: int, trans: bool, fmt: FormatLike,
-                      out_dtype: torch.dtype = torch.bfloat16) -> DequantizeConfig:
+                      out_dtype: torch.dtype = torch.bfloat16, *, resolve: bool = False,
+                      asm: bool = True) -> DequantizeConfig:
     """The config of qdata viewed [B, N, L] decoded to ``out_dtype`` (trans: blocks along N's rows, the output
-    transposed). Heuristics: :func:`mxkit.kernels.opt_flags_nvidia.dequantize_flags`."""
-    from .opt_flags_nvidia import dequantize_flags
+    transposed). Heuristics: :func:`mxkit.kernels.opt_flags_nvidia.dequantize_flags`. resolve: the fields made
+    the paths that run (:func:`mxkit.kernels.opt_flags_nvidia.resolve_dequantize`; asm: False under the CPU
+    interpreter)."""
+    from .opt_flags_nvidia import dequantize_flags, resolve_dequantize
 
-    cfg = dequantize_flags(B, N, L, trans, get_format(fmt), out_dtype)
-    if not _active.dequantize:
-        return cfg
-    cfg = dataclasses.replace(cfg, **dict(_active.dequantize))
-    return dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, N, L, cfg.block_n, cfg.block_l))
+    f = get_format(fmt)
+    cfg = dequantize_flags(B, N, L, trans, f, out_dtype)
+    if _active.dequantize:
+        cfg = dataclasses.replace(cfg, **dict(_active.dequantize))
+        cfg = dataclasses.replace(cfg, int64=cfg.int64 or _tiles_need_int64(B, N, L, cfg.block_n, cfg.block_l))
+    return resolve_dequantize(cfg, trans, f, out_dtype, asm=asm) if resolve else cfg

@@ -1,13 +1,25 @@
 """The Hopper (sm_90) heuristics behind :func:`mxkit.kernels.opt_flags.quantize_config` and
 :func:`~mxkit.kernels.opt_flags.dequantize_config`: pure functions of the problem, measured on the H200 and the H100
-(same-process A/B runs; the numbers are in BENCHMARKS.md and the commit history)."""
+(same-process A/B runs; the numbers are in BENCHMARKS.md and the commit history), and the resolution of a
+config for one problem (:func:`resolve_quantize`, :func:`resolve_dequantize`): the paths that run, which the
+plans in :mod:`mxkit.kernels.quantize` read without deciding anything."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from typing import Optional
+
 import torch
 
-from ..formats import ElementFormat
+from ..formats import ElementFormat, Rounding
 from .opt_flags import DequantizeConfig, QuantizeConfig, _tiles_need_int64
+
+_IN_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' IN_KIND of an input dtype
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _pow2(n: int) -> int:
@@ -156,3 +168,123 @@ def dequantize_flags(B: int, N: int, L: int, trans: bool, f: ElementFormat,
                             int64=_tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d, hw_dec=hw_dec,
                             fp6_words=f.bits == 6, pair_swap=f.bits == 6,
                             fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# resolution: the paths that run for one problem, written into the config's fields (the plans read fields only)
+
+
+def _per_thread(cfg: QuantizeConfig, block_r: int = 0, block_c: int = 0) -> int:
+    """Elements per thread of a block_r x block_c tile (default: the config's tile) on the config's warps."""
+    return (block_r or cfg.block_r) * (block_c or cfg.block_c) // (32 * cfg.num_warps)
+
+
+def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int, per_thread: int = 0,
+              asm: Optional[bool] = None) -> bool:
+    """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU
+    (asm; default: not under the CPU interpreter), FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any
+    input, FP4 from bfloat16 inputs (bf16x2 arithmetic, ``_codecs._fp4_bf16x2``); at least 4 elements per thread
+    (the asm takes 4 at a time) in the config's tile, or in a tile with ``per_thread`` elements per thread when
+    given (the split rows)."""
+    asm = not _interpret() if asm is None else asm
+    per_thread = per_thread or _per_thread(cfg)
+    fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
+    return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and asm and per_thread >= 4)
+
+
+def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_row: bool, do_col: bool,
+               row_per_thread: int = 0) -> bool:
+    """Whether the FP6 unit asm (``_codecs._fp6_units_asm``) may run, given that the hardware path runs: the asm
+    packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
+    layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
+    row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
+    elements per half group. Columns (col_units): tiles of 32 x col_units columns with a warp per 32-row
+    block (no register repetitions before the unit's elements) and C a multiple of 16 (so Triton vectorises
+    the col_units-element loads; the split cast-transpose's column programs run the config's tile too). The
+    input address must also be a multiple of 16 bytes: checked per call (the plan's ``unaligned``
+    constexprs). A tile outside these rules gave wrong bytes in the A/B (128 x 128 on four warps), hence the
+    fallback to the per-element paths rather than trust in Triton's layout choices."""
+    if not (cfg.fp6_asm and f.is_float and f.bits == 6):
+        return False
+    if do_row and not (cfg.fp6_words and in_kind in (1, 2) and (row_per_thread or _per_thread(cfg)) >= 16):
+        return False
+    return not do_col or bool(cfg.col_units and cfg.block_c == 32 * cfg.col_units
+                              and cfg.num_warps == cfg.block_r // 32 and C % 16 == 0)
+
+
+def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat, asm: Optional[bool] = None) -> bool:
+    """Whether the hardware FP8 -> fp16 decode runs: FP8 / FP6 / FP4 on the GPU (asm; default: not under the
+    CPU interpreter), at least 4 elements per thread (the asm takes 4 at a time)."""
+    asm = not _interpret() if asm is None else asm
+    per_thread = cfg.block_n * cfg.block_l // (32 * cfg.num_warps)
+    return bool(cfg.hw_dec and f.is_float and asm and per_thread >= 4)
+
+
+def resolve_quantize(cfg: QuantizeConfig, B: int, R: int, C: int, do_row: bool, do_col: bool, f: ElementFormat,
+                     dtype: torch.dtype, rounding, scale_layout: str = "plain", *, asm: bool = True) -> QuantizeConfig:
+    """cfg (a schedule: the paths asked for) made the paths that run for x viewed [B, R, C] of ``dtype``, rounded
+    with ``rounding``, its scales in ``scale_layout``: every flag whose format, input, rounding, direction, tile
+    or C rules it out is cleared (the hardware convert also without asm: the CPU interpreter), and the per-direction
+    fields set (hw_cvt_rows / _cols, fp6_pairs_rows / _cols). A resolved config is returned as it is."""
+    if cfg.resolved:
+        return cfg
+    rnd = Rounding.parse(rounding)
+    in_kind = _IN_KIND[dtype]
+    split = bool(cfg.split_rows and do_row and do_col)
+    units = cfg.col_units if do_col else 0
+    packed = bool(cfg.col_packed and do_col and not units)
+    # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
+    fp4w = bool((packed or units) and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
+                and C % 2 == 0)
+    wide = bool(cfg.col_wide and f.bits in (4, 8) and (packed or fp4w))
+    hw = hw_cvt_ok(cfg, f, rnd, in_kind, asm=asm)
+    # FP6 from bf16 pairs (rows: with fp6_words; columns: col_units, C even)
+    fp6p = bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and hw)
+    fp6p_c = bool(fp6p and units and C % 2 == 0 and do_col)
+    if split:  # one-direction programs: the row programs on their own tile (split_rows)
+        rbr, rbc, _ = cfg.split_rows
+        per_thread_r = _per_thread(cfg, rbr, rbc)
+        row_hw = hw_cvt_ok(cfg, f, rnd, in_kind, per_thread_r, asm=asm)
+        col_hw = bool(hw and (f.bits != 6 or fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)))
+        fp6_words = bool(cfg.fp6_words and f.bits == 6)
+        fp4_pairs = bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8)
+        fp6_asm = bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r))
+        fp6_store4 = bool(cfg.fp6_store4 and f.bits == 6)
+        fp6p_r = bool(fp6p and cfg.fp6_words and row_hw)
+        col_fp4w = fp4w and col_hw
+    else:
+        row_hw = col_hw = hw
+        fp6_words = bool(cfg.fp6_words and f.bits == 6 and do_row and cfg.block_c >= 32)
+        fp4_pairs = bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and hw and _per_thread(cfg) >= 8)
+        fp6_asm = bool(hw and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col))
+        fp6_store4 = bool(cfg.fp6_store4 and f.bits == 6 and do_row)
+        fp6p_r = bool(fp6p and do_row and cfg.fp6_words and cfg.block_c >= 32)
+        col_fp4w = fp4w and hw
+    if fp6_asm and (fp6p_r or not do_row) and (fp6p_c or not do_col):
+        fp6_asm = False  # the FP6 pairs paths do all the work (no 16-byte alignment needed)
+    return dataclasses.replace(
+        cfg, resolved=True, hw_cvt=hw, hw_cvt_rows=row_hw, hw_cvt_cols=col_hw,
+        col_direct=bool(cfg.col_direct and do_col and not units), fp6_words=fp6_words,
+        col_packed=packed, col_wide=wide, col_units=units, col_fp4_words=col_fp4w, fp6_asm=fp6_asm,
+        fp4_pairs=fp4_pairs, fp8_words=bool(cfg.fp8_words and f.is_float and f.bits == 8 and hw),
+        ct_evict=cfg.ct_evict if (do_row and do_col and units) else 0, fp6_store4=fp6_store4,
+        fp6_pairs=fp6p, fp6_pairs_rows=fp6p_r, fp6_pairs_cols=fp6p_c,
+        split_rows=cfg.split_rows if split else (), grid3=bool(cfg.grid3 and not cfg.group_c and not split),
+        scale_t=bool(cfg.scale_t and do_col and scale_layout == "plain"))
+
+
+def resolve_dequantize(cfg: DequantizeConfig, trans: bool, f: ElementFormat, out_dtype: torch.dtype, *,
+                       asm: bool = True) -> DequantizeConfig:
+    """cfg made the paths that run for qdata of format f decoded to ``out_dtype`` (the kernel's output dtype;
+    trans: blocks along N's rows): every flag the format, direction, tile, output or asm (False: the CPU
+    interpreter) rules out is cleared. A resolved config is returned as it is."""
+    if cfg.resolved:
+        return cfg
+    hw_dec = hw_dec_ok(cfg, f, asm=asm)
+    fp6_words = bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32)
+    return dataclasses.replace(
+        cfg, resolved=True, hw_dec=hw_dec, load3d=bool(cfg.load3d and not trans and f.bits != 6),
+        fp6_words=fp6_words, pair_swap=bool(fp6_words and cfg.pair_swap and out_dtype != torch.float32 and asm),
+        fp6_asm=bool(fp6_words and cfg.fp6_asm and f.is_float and out_dtype == torch.bfloat16 and hw_dec),
+        fp4_asm=bool(cfg.fp4_asm and f.is_float and f.bits == 4 and not trans
+                     and out_dtype in (torch.bfloat16, torch.float16) and hw_dec))

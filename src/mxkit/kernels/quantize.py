@@ -35,6 +35,7 @@ from ..tensor import MXTensor, check_out_dtype, check_quantize_args
 from . import opt_flags
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
+from .opt_flags_nvidia import resolve_dequantize, resolve_quantize
 from .quantize_details import _cast_transpose, _dequantize, _quantize
 
 __all__ = [
@@ -129,48 +130,6 @@ def _cols_padded(nblk: int, layout: str) -> int:
     return scale_layout_shape(1, nblk, layout)[1]
 
 
-def _per_thread(cfg: QuantizeConfig, block_r: int = 0, block_c: int = 0) -> int:
-    """Elements per thread of a block_r x block_c tile (default: the config's tile) on the config's warps."""
-    return (block_r or cfg.block_r) * (block_c or cfg.block_c) // (32 * cfg.num_warps)
-
-
-def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int, per_thread: int = 0) -> bool:
-    """Whether a hardware-conversion path runs for this config / format / rounding / input: RNE on the GPU,
-    FP8 or FP6 (through the FP8 ``cvt.rn.satfinite``) from any input, FP4 from bfloat16 inputs (bf16x2
-    arithmetic, ``_codecs._fp4_bf16x2``); at least 4 elements per thread (the asm takes 4 at a time) in the
-    config's tile, or in a tile with ``per_thread`` elements per thread when given (the split rows)."""
-    per_thread = per_thread or _per_thread(cfg)
-    fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
-    return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and not _interpret() and per_thread >= 4)
-
-
-def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_row: bool, do_col: bool,
-               row_per_thread: int = 0) -> bool:
-    """Whether the FP6 unit asm (``_codecs._fp6_units_asm``) may run, given that the hardware path runs: the asm
-    packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
-    layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
-    row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
-    elements per half group. Columns (col_units): tiles of 32 x col_units columns with a warp per 32-row
-    block (no register repetitions before the unit's elements) and C a multiple of 16 (so Triton vectorises
-    the col_units-element loads; the split cast-transpose's column programs run the config's tile too). The
-    input address must also be a multiple of 16 bytes: checked per call (the plan's ``unaligned``
-    constexprs). A tile outside these rules gave wrong bytes in the A/B (128 x 128 on four warps), hence the
-    fallback to the per-element paths rather than trust in Triton's layout choices."""
-    if not (cfg.fp6_asm and f.is_float and f.bits == 6):
-        return False
-    if do_row and not (cfg.fp6_words and in_kind in (1, 2) and (row_per_thread or _per_thread(cfg)) >= 16):
-        return False
-    return not do_col or bool(cfg.col_units and cfg.block_c == 32 * cfg.col_units
-                              and cfg.num_warps == cfg.block_r // 32 and C % 16 == 0)
-
-
-def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat) -> bool:
-    """Whether the hardware FP8 -> fp16 decode runs: FP8 / FP6 / FP4 on the GPU, at least 4 elements per
-    thread (the asm takes 4 at a time)."""
-    per_thread = cfg.block_n * cfg.block_l // (32 * cfg.num_warps)
-    return bool(cfg.hw_dec and f.is_float and not _interpret() and per_thread >= 4)
-
-
 _QUANTIZE = _Launcher(_quantize, "_quantize_kernel")
 _CT_SPLIT = _Launcher(_cast_transpose, "_cast_transpose_split_kernel")
 _DEQUANTIZE = _Launcher(_dequantize, "_dequantize_kernel")
@@ -242,83 +201,62 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             B, R, C, do_row, do_col = math.prod(shape[:axis]), L, Q, False, True
             slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
             lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
-    cfg = cfg or quantize_config(B, R, C, do_row, do_col, f, in_bf16=in_kind == 1, gpu=gpu)
-    units = cfg.col_units if do_col else 0
-    packed = bool(cfg.col_packed and do_col and not units)
-    # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
-    fp4w = bool((packed or units) and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
-                and C % 2 == 0)
-    wide = bool(cfg.col_wide and f.bits in (4, 8) and (packed or fp4w))
-    if packed or units:  # the column data is written as int32 words
+    asm = not _interpret()
+    if cfg is None:
+        cfg = quantize_config(B, R, C, do_row, do_col, f, gpu=gpu, dtype=dtype, rounding=rnd,
+                              scale_layout=scale_layout, asm=asm)
+    else:  # a config given by the caller (tests, A/B variants): the paths it asks for that can run
+        cfg = resolve_quantize(cfg, B, R, C, do_row, do_col, f, dtype, rnd, scale_layout, asm=asm)
+    if cfg.col_packed or cfg.col_units:  # the column data is written as int32 words
         slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
-    # FP6 from bf16 pairs (rows: with fp6_words; columns: col_units, C even)
-    fp6p = bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and hw_cvt_ok(cfg, f, rnd, in_kind))
-    fp6p_c = bool(fp6p and units and C % 2 == 0)
     rb = cfg.rblocks
     span_r = cfg.block_r * rb
     tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
     scale_t = None
-    if cfg.scale_t and do_col and lay_c == 0:
+    if cfg.scale_t:
         # columnwise scales written transposed ([R / 32, B * C]: each program's bytes for one block row are
         # contiguous), then transposed into place by a tiled byte transpose (1/32 of the data)
         scale_t = ((R // 32, B * C), len(outs) - 1, B * C, R // 32)
         lay_c, colsp_c = _LAYOUT_PLAIN_T, B * C  # (colsp_c: the transposed scale's row length)
-    consts = tuple(dict(
-        IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
-        AWAY=rnd is Rounding.AWAY, **_format_constexprs(f),
-        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64,
-        MASKED=bool(R % span_r or C % cfg.block_c),
-        HW_CVT=hw_cvt_ok(cfg, f, rnd, in_kind),
-        COL_DIRECT=bool(cfg.col_direct and do_col and not units), GROUP_C=cfg.group_c, RB=rb,
-        SCALE_MODE=_MODE[mode],
-        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and do_row and cfg.block_c >= 32),
-        COL_PACKED=packed, COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and hw_cvt_ok(cfg, f, rnd, in_kind),
-        FP6_ASM=bool(hw_cvt_ok(cfg, f, rnd, in_kind) and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col)),
-        FP4_PAIRS=bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1
-                       and hw_cvt_ok(cfg, f, rnd, in_kind) and _per_thread(cfg) >= 8),
-        FP8_WORDS=bool(cfg.fp8_words and f.is_float and f.bits == 8 and hw_cvt_ok(cfg, f, rnd, in_kind)),
-        CT_EVICT=cfg.ct_evict if (do_row and do_col and units) else 0,
-        FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6 and do_row),
-        FP6P_R=bool(fp6p and do_row and cfg.fp6_words and cfg.block_c >= 32),
-        FP6P_C=bool(fp6p_c and do_col),
-    ).items())
-    ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
-    launcher = _QUANTIZE
-    grid, grid3 = _grid(tiles_c, tiles_r, B, cfg.grid3 and not cfg.group_c)
-    consts += (("GRID3", grid3),)
-    if cfg.split_rows and do_row and do_col:
+    if cfg.split_rows:
         # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
         rbr, rbc, rrb = cfg.split_rows
         regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
-        per_thread_r = _per_thread(cfg, rbr, rbc)
-        row_hw = hw_cvt_ok(cfg, f, rnd, in_kind, per_thread_r)
-        col_hw = bool(hw_cvt_ok(cfg, f, rnd, in_kind)
-                      and (f.bits != 6 or fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)))
         consts = tuple(dict(
             IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,
             INT64=cfg.int64, MASKED=bool(R % cfg.block_r or C % rbc),
             SCALE_MODE=_MODE[mode],
-            ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=row_hw, FP6_WORDS=bool(cfg.fp6_words and f.bits == 6),
-            FP4_PAIRS=bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8),
-            COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=col_hw, COL_PACKED=packed,
-            COL_WIDE=wide, COL_UNITS=units, COL_FP4W=fp4w and col_hw,
-            FP6_ASM=bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)),
-            FP6_ST4=bool(cfg.fp6_store4 and f.bits == 6),
-            FP6P_R=bool(fp6p and cfg.fp6_words and row_hw), FP6P_C=fp6p_c,
+            ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=cfg.hw_cvt_rows, FP6_WORDS=cfg.fp6_words,
+            FP4_PAIRS=cfg.fp4_pairs, COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=cfg.hw_cvt_cols,
+            COL_PACKED=cfg.col_packed, COL_WIDE=cfg.col_wide, COL_UNITS=cfg.col_units, COL_FP4W=cfg.col_fp4_words,
+            FP6_ASM=cfg.fp6_asm, FP6_ST4=cfg.fp6_store4, FP6P_R=cfg.fp6_pairs_rows, FP6P_C=cfg.fp6_pairs_cols,
         ).items())
         ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
         n_r = cfg.block_r // (rbr * rrb)
         grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
         launcher = _CT_SPLIT
+    else:
+        consts = tuple(dict(
+            IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
+            AWAY=rnd is Rounding.AWAY, **_format_constexprs(f),
+            BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64,
+            MASKED=bool(R % span_r or C % cfg.block_c),
+            HW_CVT=cfg.hw_cvt,
+            COL_DIRECT=cfg.col_direct, GROUP_C=cfg.group_c, RB=rb,
+            SCALE_MODE=_MODE[mode],
+            FP6_WORDS=cfg.fp6_words, COL_PACKED=cfg.col_packed, COL_WIDE=cfg.col_wide, COL_UNITS=cfg.col_units,
+            COL_FP4W=cfg.col_fp4_words, FP6_ASM=cfg.fp6_asm, FP4_PAIRS=cfg.fp4_pairs, FP8_WORDS=cfg.fp8_words,
+            CT_EVICT=cfg.ct_evict, FP6_ST4=cfg.fp6_store4, FP6P_R=cfg.fp6_pairs_rows, FP6P_C=cfg.fp6_pairs_cols,
+        ).items())
+        ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
+        launcher = _QUANTIZE
+        grid, grid3 = _grid(tiles_c, tiles_r, B, cfg.grid3)
+        consts += (("GRID3", grid3),)
     # inputs at an address that is not a multiple of 4 (FP4_PAIRS, COL_FP4W, FP6P_R / _C: bf16 pairs read as
-    # 32-bit words) /
-    # 16 bytes (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without
-    d = dict(consts)
-    if d.get("FP6_ASM") and (d.get("FP6P_R") or not do_row) and (d.get("FP6P_C") or not do_col):
-        d["FP6_ASM"] = False  # the FP6 pairs paths do all the work: no 16-byte alignment needed
-        consts = tuple(d.items())
-    align = 16 if d.get("FP6_ASM") else (4 if d.get("FP4_PAIRS") or d.get("COL_FP4W") or d.get("FP6P_R")
-                                         or d.get("FP6P_C") else 0)
+    # 32-bit words) / 16 bytes (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take
+    # the paths without
+    align = 16 if cfg.fp6_asm else (4 if cfg.fp4_pairs or cfg.col_fp4_words or cfg.fp6_pairs_rows
+                                    or cfg.fp6_pairs_cols else 0)
     off = ("FP4_PAIRS", "FP6_ASM", "COL_FP4W", "FP6P_R", "FP6P_C")
     unaligned = (align, tuple((k, False if k in off else v) for k, v in consts)) if align else None
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
@@ -384,26 +322,22 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     kdtype = dtype if dtype in _OUT_KIND else torch.float32
     trans = Q > 1
     Bk, N = (B, Q) if trans else (1, B)
-    cfg = cfg or dequantize_config(Bk, N, L, trans, f, kdtype)
+    asm = not _interpret()
+    if cfg is None:
+        cfg = dequantize_config(Bk, N, L, trans, f, kdtype, resolve=True, asm=asm)
+    else:  # a config given by the caller (tests): the paths it asks for that can run
+        cfg = resolve_dequantize(cfg, trans, f, kdtype, asm=asm)
     tiles_n, tiles_l = -(-N // cfg.block_n), -(-L // cfg.block_l)
-    fp4_asm = bool(cfg.fp4_asm and f.is_float and f.bits == 4 and not trans
-                   and kdtype in (torch.bfloat16, torch.float16) and hw_dec_ok(cfg, f))
     consts = tuple(dict(
         TRANS=trans, OUT_KIND=_OUT_KIND[kdtype],
         BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), BIAS=f.bias,
         IS_INT=not f.is_float, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
         BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64,
         MASKED=bool(N % cfg.block_n or L % cfg.block_l),
-        LOAD3D=bool(cfg.load3d and not trans and f.bits != 6),
-        HW_DEC=hw_dec_ok(cfg, f),
-        FP6_WORDS=bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32),
-        SWAP=bool(cfg.fp6_words and cfg.pair_swap and f.bits == 6 and not trans and cfg.block_l >= 32
-                  and kdtype != torch.float32 and not _interpret()),
-        GROUP_ASM=bool(cfg.fp6_words and cfg.fp6_asm and f.bits == 6 and f.is_float and not trans
-                       and cfg.block_l >= 32 and kdtype == torch.bfloat16 and hw_dec_ok(cfg, f)),
-        FP4_ASM=fp4_asm,
+        LOAD3D=cfg.load3d, HW_DEC=cfg.hw_dec, FP6_WORDS=cfg.fp6_words, SWAP=cfg.pair_swap, GROUP_ASM=cfg.fp6_asm,
+        FP4_ASM=cfg.fp4_asm,
     ).items())
-    return (kdtype, kdtype == torch.bfloat16, f.bits == 6 or fp4_asm, (Bk * tiles_n * tiles_l,),
+    return (kdtype, kdtype == torch.bfloat16, f.bits == 6 or cfg.fp4_asm, (Bk * tiles_n * tiles_l,),
             (N, L, tiles_n, tiles_l, L // 8), consts, cfg.num_warps)
 
 

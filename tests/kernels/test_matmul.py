@@ -236,6 +236,8 @@ def test_bias_is_added_before_rounding(rng):
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4"))
     bias = torch.randn(32, generator=rng)
     check(qa, pw, bias=bias)
+    pw40 = mxkit.pack_weight(mxkit.quantize(torch.randn(40, 64, generator=rng), "mxfp4"))  # N padded to 48
+    check(qa, pw40, bias=torch.randn(40, generator=rng), path="fold-fp8")
     with pytest.raises(ValueError, match="bias"):
         mxkit.matmul(qa, pw, bias=torch.randn(31))
 

@@ -32,6 +32,7 @@ output, so no shape or value ever takes an inexact path silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from typing import Mapping, Optional, Union
 import torch
 
 from .. import reference
-from ..fold import Folded, can_fold, fold_reference
+from ..fold import Folded, can_fold, fold_reference, unfold_reference
 from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
@@ -191,14 +192,24 @@ def exact_scale_range(fmt: ElementFormat, dtype: torch.dtype) -> tuple[int, int]
     return lo, hi
 
 
-def _scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
-    """(smallest, largest) E8M0 byte other than 0xFF, and whether a 0xFF byte occurs (one host sync)."""
+def _scale_stats(scale: torch.Tensor) -> list[torch.Tensor]:
+    """0-dim device tensors: the smallest and largest E8M0 byte other than 0xFF, and whether a 0xFF occurs."""
     s = scale.reshape(-1).to(torch.int16)
     nan = s == 0xFF
-    lo = torch.where(nan, 255, s).min() if s.numel() else torch.tensor(255)
-    hi = torch.where(nan, -1, s).max() if s.numel() else torch.tensor(-1)
-    lo, hi, any_nan = torch.stack([lo.to(torch.int32), hi.to(torch.int32), nan.any().to(torch.int32)]).tolist()
-    return lo, hi, bool(any_nan)
+    if not s.numel():
+        return [s.new_tensor(255), s.new_tensor(-1), nan.any()]
+    return [torch.where(nan, 255, s).amin(), torch.where(nan, -1, s).amax(), nan.any()]
+
+
+def _host_ints(stats: list[torch.Tensor]) -> list[int]:
+    """The 0-dim tensors as host ints, in one sync."""
+    return torch.stack([t.to(torch.int32) for t in stats]).tolist()
+
+
+def _scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
+    """(smallest, largest) E8M0 byte other than 0xFF, and whether a 0xFF byte occurs (one host sync)."""
+    lo, hi, nan = _host_ints(_scale_stats(scale))
+    return lo, hi, bool(nan)
 
 
 def _in_range(lo: int, hi: int, rng: tuple[int, int]) -> bool:
@@ -251,8 +262,6 @@ def _dequantize(q: MXTensor, dtype: torch.dtype) -> torch.Tensor:
 def _plain(q: MXTensor) -> MXTensor:
     if q.scale_layout == "plain":
         return q
-    import dataclasses
-
     return dataclasses.replace(q, scale=q.plain_scale().contiguous(), scale_layout="plain")
 
 
@@ -290,14 +299,11 @@ def pack_weight(w: MXTensor) -> PackedWeight:
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
     # one host sync for everything the envelope needs: scale extrema, NaN, rows to complete or route aside
-    s = w.scale.reshape(-1).to(torch.int16)
-    nan = s == 0xFF
-    stats = [torch.where(nan, 255, s).amin() if s.numel() else s.new_tensor(255),
-             torch.where(nan, -1, s).amax() if s.numel() else s.new_tensor(-1), nan.any()]
+    stats = _scale_stats(w.scale)
     if folded is not None:
         stats.append(_out_of_envelope(folded.scale[: w.shape[0]]).any())
-        stats.append(pending.status.eq(1).any() if pending is not None else stats[-1] & False)
-    lo, hi, has_nan, *rest = torch.stack([t.to(torch.int32) for t in stats]).tolist()
+        stats.append(pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device))
+    lo, hi, has_nan, *rest = _host_ints(stats)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     if folded is not None:
         out_env, wide = rest
@@ -432,13 +438,20 @@ def _values_fp32(a, kind: str) -> torch.Tensor:
 
 
 def _unfold_fp32(f: Folded, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Exact float32 values of a Folded's rows (sum of its slices; NaN rows NaN)."""
+    """Exact float32 values of a Folded's source rows (all, or ``rows``): each row plus its extra slices (disjoint
+    blocks, so the sums are exact); NaN rows NaN."""
     R = f.rows()
-    vals = f.data[:R].to(torch.float32) * f.scale[:R, None]
+    if rows is None:
+        rows = torch.arange(R, device=f.data.device)
+    vals = f.data[rows].to(torch.float32) * f.scale[rows, None]
     if f.owner.numel():
-        extra = f.data[R:].to(torch.float32) * f.scale[R:, None]
-        vals = vals.index_add(0, f.owner.to(vals.device), extra)  # disjoint blocks: exact
-    return vals if rows is None else vals[rows]
+        where = torch.full((R,), -1, dtype=torch.int64, device=vals.device)
+        where[rows] = torch.arange(rows.numel(), device=vals.device)
+        dest = where[f.owner.to(vals.device)]
+        keep = dest >= 0
+        extra = f.data[R:][keep].to(torch.float32) * f.scale[R:][keep, None]
+        vals = vals.index_add(0, dest[keep], extra)
+    return vals
 
 
 def _fp32_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -454,21 +467,18 @@ def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: 
               bias: Optional[torch.Tensor]) -> torch.Tensor:
     """cuBLAS FP8 GEMM with rowwise float32 scales: (A * sa) @ (B * sb).T [+ bias], one output rounding."""
     B = fb.data[:N]
-    sb = fb.scale[:N].reshape(1, N).contiguous()
-    sa = sa.contiguous()
-    if N % 16:  # cuBLAS FP8 needs N % 16 == 0: pad with zero rows (a copy of B per call; real N are multiples)
-        pad = 16 - N % 16
+    sb = fb.scale[:N].reshape(1, N)
+    pad = -N % 16
+    if pad:  # cuBLAS FP8 needs N % 16 == 0: zero rows appended (a copy of B per call; real N are multiples)
         B = torch.cat([B, B.new_zeros(pad, B.shape[1])])
         sb = torch.cat([sb, sb.new_ones(1, pad)], dim=1)
-        return _fp8_gemm(A, sa, Folded(B, sb.reshape(-1), fb.owner[:0], fb.fmt, torch.Size([N + pad])),
-                         N + pad, out_dtype, None if bias is None else torch.cat([bias, bias.new_zeros(pad)])
-                         )[:, :N].contiguous()
     if out_dtype == torch.bfloat16 and bias is None:
-        return torch._scaled_mm(A, B.t(), sa, sb, out_dtype=torch.bfloat16)
-    y = torch._scaled_mm(A, B.t(), sa, sb, out_dtype=torch.float32)
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(out_dtype)
+        y = torch._scaled_mm(A, B.t(), sa.contiguous(), sb.contiguous(), out_dtype=torch.bfloat16)
+    else:
+        y = torch._scaled_mm(A, B.t(), sa.contiguous(), sb.contiguous(), out_dtype=torch.float32)
+        y = y if bias is None else y + torch.nn.functional.pad(bias.to(torch.float32), (0, pad))
+        y = y.to(out_dtype)
+    return y[:, :N].contiguous() if pad else y
 
 
 def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional[torch.Tensor] = None
@@ -575,17 +585,16 @@ def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows
     """Recompute the output rows of ``a_rows`` and columns of ``b_rows`` through the float32 route."""
     y = y.clone()
     rs = _row_scale(kind, a, M)
+    xa = _values_fp32(a, kind)
     if a_rows.numel():
-        xa = _values_fp32(a, kind)[a_rows]
-        part = _fp32_gemm(xa, _dequantize(pw.source, torch.float32))
+        part = _fp32_gemm(xa[a_rows], _dequantize(pw.source, torch.float32))
         if rs is not None:
             part = part * rs[a_rows]
         if bias is not None:
             part = part + bias.to(torch.float32)
         y[a_rows] = part.to(y.dtype)
     if b_rows.numel():
-        xw = _unfold_fp32(pw.folded, b_rows)
-        part = _fp32_gemm(_values_fp32(a, kind), xw)
+        part = _fp32_gemm(xa, _unfold_fp32(pw.folded, b_rows))
         if rs is not None:
             part = part * rs
         if bias is not None:
@@ -615,7 +624,7 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
     if kind == "mx":
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:
-        xa = (reference_unfold(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
+        xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
         y = xa @ reference.dequantize_reference(w, torch.float32).t()
         rs = _row_scale(kind, a, xa.shape[0])
         if rs is not None:
@@ -624,12 +633,6 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(out)
-
-
-def reference_unfold(f: Folded) -> torch.Tensor:
-    from ..fold import unfold_reference
-
-    return unfold_reference(f).to(torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------------

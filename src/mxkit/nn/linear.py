@@ -187,11 +187,11 @@ class MXLinear(nn.Module):
         elif act is not None:
             a = quantize(x, act, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
                          rounding=self.rounding)
-        bias = None if self.bias is None else self.bias.detach()
-        if torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None and self.bias.requires_grad)):
-            y = matmul(a, w, out_dtype=x.dtype)  # autograd: the bias add stays a torch op
-            return y if self.bias is None else y + self.bias.to(y.dtype)
-        return matmul(a, w, bias=bias.to(torch.float32) if bias is not None else None, out_dtype=x.dtype)
+        if self.bias is not None and self.bias.requires_grad and torch.is_grad_enabled():
+            y = matmul(a, w, out_dtype=x.dtype)  # autograd reaches the bias through a torch add
+            return y + self.bias.to(y.dtype)
+        # inference: the bias is added in float32 before the one output rounding
+        return matmul(a, w, bias=None if self.bias is None else self.bias.detach(), out_dtype=x.dtype)
 
     def extra_repr(self) -> str:
         act = getattr(self.act_format, "name", self.act_format)

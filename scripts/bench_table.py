@@ -5,8 +5,7 @@ missing or an mxkit output did not match the reference.
 
     python3 scripts/bench_table.py benchmarks/h200-2026-11-24
 
-A run folder holds bench_quantize.json with both flushes per row (``us`` / ``us_write``), or, from runs before
-the harness timed both, bench_quantize.json (write flush) and bench_quantize_flush_read.json (read flush).
+A run folder holds bench_quantize.json with both flushes per row (``us`` / ``us_write``).
 tests/test_bench.py checks that BENCHMARKS.md's tables are what this prints for the folders they name.
 """
 
@@ -31,25 +30,13 @@ def target(op: str, fmt: str) -> float:
     return 80.0 if fmt.startswith("mxfp6") else TARGET[op]
 
 
-def _mxkit_rows(path: Path) -> dict:
-    doc = json.loads(path.read_text())
-    return {(r["op"], r["fmt"], r["shape"]): r for r in doc["rows"] if r["impl"] == "mxkit"}
-
-
 def run_rows(folder: Path) -> dict:
-    """(op, fmt, shape) -> {us, gbps, pct, pct_write, vs_ref, ok} from either folder layout."""
-    main = _mxkit_rows(folder / "bench_quantize.json")
-    old = folder / "bench_quantize_flush_read.json"
-    read = _mxkit_rows(old) if old.exists() else None
-    out = {}
-    for key, r in main.items():
-        c = r if read is None else read.get(key)
-        if c is None:
-            continue
-        out[key] = {"us": c["us"], "gbps": c["gbps"], "pct": c["pct_copy"], "vs_ref": r["vs_ref"],
-                    "pct_write": r["pct_copy"] if read is not None else r.get("pct_copy_write"),
-                    "ok": r["check"] == "match" and c["check"] in ("match", "")}
-    return out
+    """(op, fmt, shape) -> {us, gbps, pct, pct_write, vs_ref, ok} of the folder's mxkit rows."""
+    doc = json.loads((folder / "bench_quantize.json").read_text())
+    return {(r["op"], r["fmt"], r["shape"]): {"us": r["us"], "gbps": r["gbps"], "pct": r["pct_copy"],
+                                               "pct_write": r.get("pct_copy_write"), "vs_ref": r["vs_ref"],
+                                               "ok": r["check"] == "match"}
+            for r in doc["rows"] if r["impl"] == "mxkit"}
 
 
 def table_rows(folder: Path) -> list[str]:

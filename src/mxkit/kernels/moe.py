@@ -1,0 +1,212 @@
+"""The MoE expert computation on Hopper: token sorting on the device, two grouped GEMMs over MX expert weights
+read as MX bytes (bf16 activations: W4A16 / W8A16), the activation fused into the first GEMM's epilogue, the
+routing weight into the second's, and a fixed-order weighted combine.
+
+Reference twin: :func:`mxkit.moe_reference.moe_reference` (``intermediate_dtype`` = the activation dtype, as
+here); :func:`moe_triton` takes :func:`mxkit.moe.moe_experts`'s arguments less ``backend``. The jit body is
+:mod:`mxkit.kernels.matmul_details._grouped`, whose weight tile the dense decode kernel shares.
+
+Steps (no host sync, so a call can be captured in a CUDA graph):
+
+1. :func:`align_device`: vLLM's ``moe_align_block_size`` convention (flat (token, slot) ids i = t * k + j
+   grouped by expert in expert order, stable, each group padded to a multiple of ``block_m`` with the sentinel
+   T * k), on the device, into a buffer sized for the worst case; unused blocks carry expert -1.
+2. gate_up GEMM: rows gathered from ``x`` by token (i // k), bias, activation, stored as h (T * k, I) in the
+   activation dtype (the rounding HF's bf16 forward also makes).
+3. down GEMM: rows i of h, bias, times the routing weight of pair i, stored float32 (T * k, H).
+4. combine: the k float32 rows of each token summed in slot order, rounded once to ``out_dtype``.
+
+Weights outside the bf16-exact scale envelope (:func:`mxkit.kernels.matmul.exact_scale_range`) and formats the
+weight tile does not decode (FP6) take the reference.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..moe_reference import check_moe_args, moe_reference
+from ..tensor import MXTensor
+from .matmul import W_KINDS, exact_scale_range
+
+__all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton"]
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Schedule of one grouped GEMM: BLOCK_M sorted rows x BLOCK_N weight rows per program, K in BLOCK_K steps."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def moe_config(rows_per_expert: float, N: int, K: int) -> MoeConfig:
+    """The schedule for an average of ``rows_per_expert`` routed rows per expert (decode: a few; prefill: many)."""
+    if rows_per_expert <= 16:
+        return MoeConfig(16, 64, 128, 4, 3)
+    if rows_per_expert <= 64:
+        return MoeConfig(32, 64, 128, 4, 3)
+    return MoeConfig(64, 128, 64, 4, 4)
+
+
+def max_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
+    """An upper bound on the padded blocks of :func:`align_device`: every expert that receives a pair pads its
+    group by at most block_m - 1."""
+    return -(-(n_pairs + min(num_experts, n_pairs) * (block_m - 1)) // block_m)
+
+
+def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs by expert on the device, without a host sync (vLLM's
+    ``moe_align_block_size`` convention, as :func:`mxkit.moe_reference.align_block_size`).
+
+    topk_ids: (T, k) int, global expert ids; the experts held are lo .. lo + num_experts - 1 (others' pairs
+    are left out). Returns (sorted_ids int32 [B * block_m], expert_ids int32 [B]) with B =
+    :func:`max_blocks`: the first blocks equal ``align_block_size``'s output (local expert ids), the rest
+    are padding (sentinel T * k, expert -1)."""
+    n = topk_ids.numel()
+    dev = topk_ids.device
+    E = num_experts
+    B = max_blocks(n, E, block_m)
+    flat = topk_ids.reshape(-1).to(torch.int64) - lo
+    key = torch.where((flat >= 0) & (flat < E), flat, E)  # bin E: other ranks' experts, sorted last
+    counts = torch.bincount(key, minlength=E + 1)
+    padded = (counts[:E] + block_m - 1) // block_m * block_m
+    pend = torch.cumsum(padded, 0)
+    cend = torch.cumsum(counts, 0)
+    order = torch.argsort(key, stable=True)
+    ks = key[order]
+    pstart = torch.cat([pend - padded, pend.new_zeros(1)])
+    pos = pstart[ks] + torch.arange(n, device=dev) - (cend - counts)[ks]
+    pos = torch.where(ks < E, pos, B * block_m)  # left out: one junk slot past the end
+    sorted_ids = torch.full((B * block_m + 1,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, pos, order.to(torch.int32))
+    eids = torch.searchsorted(pend // block_m, torch.arange(B, device=dev), right=True)
+    eids = torch.where(eids < E, eids, -1).to(torch.int32)
+    return sorted_ids[:-1], eids
+
+
+_EXTREMA: dict[int, tuple] = {}  # id(scale) -> (weakref to it, its _version, lo, hi)
+
+
+def _in_envelope(w: MXTensor) -> bool:
+    """Whether every scale byte of ``w`` (other than 0xFF, which yields NaN as the reference does) lies in the
+    bf16-exact range of its format. One host sync per scale tensor and version (cached)."""
+    s = w.scale
+    hit = _EXTREMA.get(id(s))
+    if hit is None or hit[0]() is not s or hit[1] != s._version:
+        v = s.reshape(-1).to(torch.int16)
+        if v.numel():
+            lo, hi = torch.stack([torch.where(v == 255, 255, v).amin(), torch.where(v == 255, -1, v).amax()]).tolist()
+        else:
+            lo, hi = 255, -1
+        if len(_EXTREMA) > 4096:
+            _EXTREMA.clear()
+        hit = (weakref.ref(s), s._version, lo, hi)
+        _EXTREMA[id(s)] = hit
+    _, _, lo, hi = hit
+    rng = exact_scale_range(w.fmt, torch.bfloat16)
+    return hi < lo or (rng[0] <= lo and hi <= rng[1])
+
+
+def supported(w: MXTensor) -> bool:
+    """Whether the grouped kernel takes expert weights ``w`` (element kind, plain scales, envelope)."""
+    return w.fmt.name in W_KINDS and w.block_size == 32 and _in_envelope(w)
+
+
+def grouped_matmul_w16(
+    a: torch.Tensor,
+    w: MXTensor,
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    cfg: MoeConfig,
+    *,
+    n_valid: int,
+    top_k: int,
+    gather: bool,
+    bias: Optional[torch.Tensor] = None,
+    routing_weights: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    out: Optional[torch.Tensor] = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """One grouped GEMM (:mod:`mxkit.kernels.matmul_details._grouped`): row i (flat (token, slot) order) of the
+    result is ``act(a[i // top_k if gather else i] @ W[e(i)].T + bias[e(i)]) * routing_weights[i]``.
+
+    a: bf16 (rows, K), last dim contiguous; w: MXTensor (E, N, K) along K, plain scales, a format of
+    :data:`W_KINDS`; sorted_ids / expert_ids: from :func:`align_device` with ``cfg.block_m``; bias (E, N) or
+    None; routing_weights (n_valid,) float32 or None; activation None, ``"swiglu_gpt_oss"`` or ``"swiglu"``
+    (output N / 2 columns). Writes into ``out`` (n_valid, N or N / 2) when given (rows of pairs absent from
+    ``sorted_ids`` untouched), else a new tensor of ``out_dtype`` (such rows unspecified)."""
+    import triton
+
+    from .matmul_details._grouped import ACTS, _grouped_w16_kernel
+
+    E, N, K = w.shape
+    n_out = N // 2 if activation else N
+    if out is None:
+        out = torch.empty(n_valid, n_out, dtype=out_dtype, device=a.device)
+    if n_valid == 0 or expert_ids.numel() == 0:
+        return out
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    rw = None if routing_weights is None else routing_weights.reshape(-1).to(torch.float32).contiguous()
+    bn = cfg.block_n
+    grid = (expert_ids.numel(), triton.cdiv(n_out * 2 if activation else N, bn))
+    _grouped_w16_kernel[grid](
+        a, w.qdata.contiguous(), w.scale.contiguous(), b, rw, out, sorted_ids, expert_ids,
+        N, K, n_valid, a.stride(0), out.stride(0),
+        TOP_K=top_k, GATHER=gather, HAS_BIAS=b is not None, MUL_RW=rw is not None, ACT=ACTS[activation],
+        W_KIND=W_KINDS[w.fmt.name], BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def moe_triton(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: Optional[torch.dtype] = None,
+    expert_range: Optional[tuple[int, int]] = None,
+    num_experts: Optional[int] = None,
+) -> torch.Tensor:
+    """The expert computation of :func:`mxkit.moe.moe_experts` on CUDA (module docstring). x (T, H) bf16 (other
+    float dtypes, FP6 experts and weights outside the bf16-exact envelope take the reference with the
+    intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype)."""
+    T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
+                                   activation=activation, expert_range=expert_range, num_experts=num_experts)
+    out_dtype = out_dtype or x.dtype
+    plain = w_gate_up.scale_layout == "plain" and w_down.scale_layout == "plain"
+    if x.dtype != torch.bfloat16 or not plain or not (supported(w_gate_up) and supported(w_down)):
+        return moe_reference(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
+                             out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts,
+                             intermediate_dtype=x.dtype)
+    n = T * k
+    lo = expert_range[0] if expert_range is not None else 0
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rw = topk_weights.reshape(-1).to(torch.float32)
+    per_expert = n / (num_experts or E)  # routed rows per expert (of all ranks: the same schedule on each)
+    cfg1 = moe_config(per_expert, 2 * I, H)
+    ids, eids = align_device(topk_ids, E, cfg1.block_m, lo=lo)
+    h = grouped_matmul_w16(x, w_gate_up, ids, eids, cfg1, n_valid=n, top_k=k, gather=True, bias=b_gate_up,
+                           activation=activation, out_dtype=x.dtype)
+    cfg2 = moe_config(per_expert, H, I)
+    if cfg2.block_m != cfg1.block_m:
+        ids, eids = align_device(topk_ids, E, cfg2.block_m, lo=lo)
+    # pairs routed to other ranks' experts contribute 0: their rows are not written by the kernel
+    y = torch.zeros(n, H, dtype=torch.float32, device=x.device) if expert_range is not None else None
+    y = grouped_matmul_w16(h, w_down, ids, eids, cfg2, n_valid=n, top_k=k, gather=False, bias=b_down,
+                           routing_weights=rw, out=y, out_dtype=torch.float32)
+    return y.view(T, k, H).sum(1).to(out_dtype)

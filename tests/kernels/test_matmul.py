@@ -356,7 +356,7 @@ def test_gpu_shapes_and_paths(M, rng):
     w = mxkit.quantize(torch.randn(512, 2880, generator=rng).cuda(), "mxfp4")
     pw = mxkit.pack_weight(w)
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
-    check(a, pw, backend="auto", path="decode-w4a16" if M <= 16 else "dense-exact")
+    check(a, pw, backend="auto", path="decode-w16" if M <= 16 else "dense-exact")
     check(a.to(torch.float16), pw, backend="auto", path="dense-exact")
     check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
@@ -369,15 +369,17 @@ def test_gpu_shapes_and_paths(M, rng):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("K", [2880, 4096, 8192, 28672])
-def test_gpu_decode_w4a16(K, rng):
+@pytest.mark.parametrize("K,fmt", [(2880, "mxfp4_e2m1"), (4096, "mxfp4_e2m1"), (8192, "mxfp4_e2m1"),
+                                   (28672, "mxfp4_e2m1"), (2880, "mxfp8_e4m3"), (8192, "mxfp8_e5m2"),
+                                   (4096, "mxint8")])
+def test_gpu_decode_w16(K, fmt, rng):
     """The small-M kernel for M in issue #23's list, forced up to 64 by a table override; bias, 3-D x, N not a
-    multiple of the tile, scale bytes 0 and 254 in the weight, outputs poisoned first (fresh tensors)."""
+    multiple of the tile, the smallest scale byte of the bf16-exact envelope and a large one in the weight."""
     from mxkit.kernels.matmul import gemm_table_override
 
     N = 200 if K == 28672 else 1000
-    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
-    w.scale[3, 1] = 0
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    w.scale[3, 1] = exact_scale_range(w.fmt, torch.bfloat16)[0]  # 0 for E2M1; subnormal bf16 products
     w.scale[5, 0] = 200  # large (6 * 2^73): the products stay far from the float32 / bf16 overflow
     pw = mxkit.pack_weight(w)
     bias = torch.randn(N, generator=rng).cuda()
@@ -386,10 +388,10 @@ def test_gpu_decode_w4a16(K, rng):
             {"k_max": 1 << 30, "block_n": 32, "block_k": 256, "split_k": 3, "num_warps": 4, "num_stages": 3}]}}}):
         for M in (1, 2, 3, 7, 16, 33, 64):
             a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-            check(a, pw, backend="auto", path="decode-w4a16", bias=bias if M % 2 else None)
-            check(a, pw, backend="auto", path="decode-w4a16", out_dtype=torch.float32)
+            check(a, pw, backend="auto", path="decode-w16", bias=bias if M % 2 else None)
+            check(a, pw, backend="auto", path="decode-w16", out_dtype=torch.float32)
         y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
-                     path="decode-w4a16")
+                     path="decode-w16")
         assert y.shape == (2, 3, N)
 
 

@@ -17,10 +17,10 @@ float32 accumulation plus one output rounding):
 ``dense-exact``
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
-``decode-w4a16``
-    bf16 activations × an MXFP4 weight at small M (the tuned table's ``max_m``): a Triton kernel that reads
-    the MX bytes (4.25 bits per weight), decodes them to bf16 in registers and accumulates in float32, with a
-    split-K whose partial sums are reduced in a fixed order (deterministic).
+``decode-w16``
+    bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
+    kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
+    accumulates in float32, with a split-K whose partial sums are reduced in a fixed order (deterministic).
 ``fp32-exact``
     Everything outside those envelopes: float32 operands (exact MX values), float32 GEMM with TF32 off.
 
@@ -56,10 +56,14 @@ PATHS = {
     "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
     "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
-    "decode-w4a16": "small M: MXFP4 bytes decoded to bf16 in registers (Triton), fp32 accumulation, split-K",
+    "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
+                  "accumulation, split-K",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
     "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
 }
+
+# the weight element kinds of the bf16-activation kernels (``W_KIND`` of matmul_details._mx_weight)
+W_KINDS = {"mxfp4_e2m1": 0, "mxfp8_e4m3": 1, "mxfp8_e5m2": 2, "mxint8": 3}
 
 # A folded row scale 2^e with |e| <= FOLD_EXP_LIMIT keeps cuBLAS' float32 epilogue (acc * scale_a * scale_b)
 # normal for every non-zero accumulator: |acc| lies in [2^-18, 2^32] (products of E4M3 values are multiples
@@ -394,10 +398,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
-        if (a.dtype == torch.bfloat16 and wf.name == "mxfp4_e2m1" and dev.type == "cuda" and _in_range(lo, hi, rng)
+        if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and _in_range(lo, hi, rng)
                 and 0 < M <= _decode_max_m(dev)):
-            return plan("decode-w4a16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
-                                        f"bf16 x mxfp4_e2m1")
+            return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
+                                      f"bf16 x {wf.name}")
         if _in_range(lo, hi, rng):
             return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
                                        f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
@@ -533,8 +537,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
-    elif path == "decode-w4a16":
-        y = _decode_w4a16(a.reshape(M, K), w, decode_config(a.device, K))
+    elif path == "decode-w16":
+        y = _decode_w16(a.reshape(M, K), w, decode_config(a.device, K))
     elif path == "fp32-exact":
         y = _fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
         rs = _row_scale(kind, a, M)
@@ -547,11 +551,11 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     return y.to(out).reshape(*lead, N)
 
 
-def _decode_w4a16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tensor:
+def _decode_w16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tensor:
     """Float32 (M, N) = x @ dequantize(w).T for bf16 x (M <= 64) from the MX bytes (deterministic split-K)."""
     import triton
 
-    from .matmul_details._w16_decode import _w16_fp4_decode_kernel
+    from .matmul_details._w16_decode import _w16_decode_kernel
 
     M, K = x.shape
     N = w.shape[0]
@@ -563,8 +567,9 @@ def _decode_w4a16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tens
     part = torch.empty(nsplit, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg.block_n), nsplit)
     # the kernel addresses rows of K / 2 and K / 32 bytes: views of other strides are copied (no-ops otherwise)
-    _w16_fp4_decode_kernel[grid](x, w.qdata.contiguous(), w.scale.contiguous(), part, M, N, K, x.stride(0), k_split,
+    _w16_decode_kernel[grid](x, w.qdata.contiguous(), w.scale.contiguous(), part, M, N, K, x.stride(0), k_split,
                                  BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=cfg.block_n, BLOCK_K=bk,
+                                 W_KIND=W_KINDS[w.fmt.name],
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return part[0] if nsplit == 1 else part.sum(0)  # a fixed-order reduction: deterministic
 

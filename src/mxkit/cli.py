@@ -187,8 +187,13 @@ def _cmd_inspect(args) -> int:
     from safetensors import SafetensorError
 
     from .formats import get_format
+    from .gpt_oss import is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
 
     fmt = get_format(args.format) if args.format else None
+    if is_gpt_oss_mxfp4_dir(args.path):  # a summary; the tensor table too when --match / --format ask for it
+        print_gpt_oss_summary(summarize_gpt_oss(args.path), plain=args.plain)
+        if not (args.match or fmt):
+            return 0
     files = _safetensors_files(Path(args.path))
     rows = []
     for fpath in files:
@@ -291,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain text table (no rich)")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("inspect", help="list the tensors of a safetensors file or model dir; find MX pairs")
-    p.add_argument("path", help="a *.safetensors file or a directory of them")
+    p = sub.add_parser("inspect", help="list the tensors of a safetensors file or model dir; find MX pairs; "
+                                       "summarise a GPT-OSS MXFP4 directory")
+    p.add_argument("path", help="a *.safetensors file or a directory of them (a GPT-OSS MXFP4 directory: a summary, "
+                                "and the tensor table with --match or --format)")
     p.add_argument("--format", default=None, help="report the QSNR of float tensors quantized to this format")
     p.add_argument("--scale-mode", default="floor", help="scale mode for --format (default floor)")
     p.add_argument("--match", default=None, help="only tensors whose name matches this fnmatch pattern")

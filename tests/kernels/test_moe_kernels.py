@@ -67,6 +67,23 @@ def test_align_device_expert_range(lo, hi, rng):
 # GPU
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,k,block_m,rng_", [(1, 128, 4, 16, None), (3, 32, 4, 16, None), (32, 128, 4, 16, None),
+                                                (7, 32, 2, 64, None), (32, 32, 4, 16, (8, 24)), (1, 8, 4, 16, (4, 8))])
+def test_gpu_align_one_program(T, E, k, block_m, rng_, rng):
+    """The one-program sort (up to SMALL_PAIRS pairs) equals align_block_size, padding blocks included."""
+    from mxkit.kernels.moe import SMALL_PAIRS
+
+    assert T * k <= SMALL_PAIRS
+    ids = rand_ids(T, k, E, rng, every=1 if T > 1 else None).cuda()
+    lo, hi = rng_ or (0, E)
+    ref_ids, ref_eids, P = align_block_size(ids, E, block_m, expert_range=rng_)
+    got_ids, got_eids = align_device(ids, hi - lo, block_m, lo=lo)
+    assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids)
+    assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
+
+
 def experts(E, N, K, fmt, g, *, band=3):
     w = torch.randn(E, N, K, generator=g) * 2.0 ** torch.randint(-band, band + 1, (E, N, 1), generator=g)
     return mxkit.quantize(w.cuda(), fmt)
@@ -204,5 +221,10 @@ def test_w16_kernels_compile_for_sm90(w_kind):
         consts = dict(TOP_K=4, GATHER=gather, HAS_BIAS=True, MUL_RW=not gather, ACT=act, W_KIND=w_kind,
                       BLOCK_M=tiles[0], BLOCK_N=tiles[1], BLOCK_K=tiles[2])
         assert build(_grouped_w16_kernel, gptrs, consts) > 0
+    if w_kind == 0:
+        from mxkit.kernels.matmul_details._align import _align_small_kernel
+
+        aptrs = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "eids_ptr": "*i32"}
+        assert build(_align_small_kernel, aptrs, dict(N_P2=128, E_P2=128, NB_P2=128, BLOCK_M=16), 8) > 0
     dptrs = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
     assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0

@@ -47,12 +47,13 @@ class MoeConfig:
 
 
 def moe_config(rows_per_expert: float, N: int, K: int) -> MoeConfig:
-    """The schedule for an average of ``rows_per_expert`` routed rows per expert (decode: a few; prefill: many)."""
+    """The schedule for an average of ``rows_per_expert`` routed rows per expert (decode: a few; prefill: many),
+    timed on an H100 for GPT-OSS-120B's experts (BENCHMARKS.md)."""
     if rows_per_expert <= 16:
-        return MoeConfig(16, 64, 128, 4, 3)
+        return MoeConfig(16, 64, 256, 4, 3)
     if rows_per_expert <= 64:
-        return MoeConfig(32, 64, 128, 4, 3)
-    return MoeConfig(64, 128, 64, 4, 4)
+        return MoeConfig(16, 64, 128, 4, 3)
+    return MoeConfig(128, 128, 64, 8, 3)
 
 
 def max_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
@@ -64,7 +65,9 @@ def max_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
 def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort the (token, slot) pairs by expert on the device, without a host sync (vLLM's
-    ``moe_align_block_size`` convention, as :func:`mxkit.moe_reference.align_block_size`).
+    ``moe_align_block_size`` convention, as :func:`mxkit.moe_reference.align_block_size`): one Triton program
+    for up to :data:`SMALL_PAIRS` pairs on CUDA (decode), PyTorch ops (scatter-add, stable argsort, searchsorted)
+    otherwise.
 
     topk_ids: (T, k) int, global expert ids; the experts held are lo .. lo + num_experts - 1 (others' pairs
     are left out). Returns (sorted_ids int32 [B * block_m], expert_ids int32 [B]) with B =
@@ -74,9 +77,12 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     dev = topk_ids.device
     E = num_experts
     B = max_blocks(n, E, block_m)
+    if 0 < n <= SMALL_PAIRS and E <= 256 and topk_ids.is_cuda:
+        return _align_small(topk_ids, E, block_m, lo, B)
     flat = topk_ids.reshape(-1).to(torch.int64) - lo
     key = torch.where((flat >= 0) & (flat < E), flat, E)  # bin E: other ranks' experts, sorted last
-    counts = torch.bincount(key, minlength=E + 1)
+    # (torch.bincount reads the largest key on the host: a sync)
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts[:E] + block_m - 1) // block_m * block_m
     pend = torch.cumsum(padded, 0)
     cend = torch.cumsum(counts, 0)
@@ -90,6 +96,26 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     eids = torch.searchsorted(pend // block_m, torch.arange(B, device=dev), right=True)
     eids = torch.where(eids < E, eids, -1).to(torch.int32)
     return sorted_ids[:-1], eids
+
+
+SMALL_PAIRS = 128  # up to this many (token, slot) pairs, one program sorts them (decode)
+
+
+def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import triton
+
+    from .matmul_details._align import _align_small_kernel
+
+    n = topk_ids.numel()
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
+    eids = torch.empty(B, dtype=torch.int32, device=ids.device)
+    _align_small_kernel[(1,)](ids, sorted_ids, eids, n, lo, E, B, N_P2=max(16, triton.next_power_of_2(n)),
+                              E_P2=max(16, triton.next_power_of_2(E)), NB_P2=max(16, triton.next_power_of_2(B)),
+                              BLOCK_M=block_m, num_warps=8)
+    return sorted_ids, eids
 
 
 _EXTREMA: dict[int, tuple] = {}  # id(scale) -> (weakref to it, its _version, lo, hi)

@@ -178,6 +178,11 @@ def matmul(
     dequantized operands (:func:`mxkit.reference.matmul_reference`).
     Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
     """
+    if (backend == "auto" and type(b) is PackedWeight and type(a) is torch.Tensor and a.is_cuda
+            and (bias is None or type(bias) is torch.Tensor) and not torch.compiler.is_compiling()):
+        from .kernels.matmul import prepared_call  # the eager hot path: plan and launch arguments made once
+
+        return prepared_call(a, b, out_dtype, bias)(a, bias)
     from .kernels.matmul import plan_gemm, reference_gemm, run_gemm
 
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1):

@@ -48,7 +48,7 @@ from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT",
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT",
            "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config"]
 
 PATHS = {
@@ -538,7 +538,9 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
     elif path == "decode-w16":
-        y = _decode_w16(a.reshape(M, K), w, decode_config(a.device, K))
+        x = a if a.is_contiguous() else a.contiguous()
+        bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+        return _DecodeCall(w, M, lead, out, bias is not None, a.device)(x, bias)
     elif path == "fp32-exact":
         y = _fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
         rs = _row_scale(kind, a, M)
@@ -551,27 +553,80 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     return y.to(out).reshape(*lead, N)
 
 
-def _decode_w16(x: torch.Tensor, w: MXTensor, cfg: DecodeConfig) -> torch.Tensor:
-    """Float32 (M, N) = x @ dequantize(w).T for bf16 x (M <= 64) from the MX bytes (deterministic split-K)."""
-    import triton
+class _DecodeCall:
+    """The decode-w16 launch of one (weight, M, K, out dtype, bias or not), prepared once: two launches per
+    call (the GEMM's split-K partials, then their fixed-order sum with the bias and the output rounding) through
+    :class:`mxkit.kernels.launch._Launcher` (:func:`prepared_call`)."""
 
-    from .matmul_details._w16_decode import _w16_decode_kernel
+    def __init__(self, w: MXTensor, M: int, lead: tuple, out: torch.dtype, has_bias: bool, device: torch.device):
+        import triton
 
-    M, K = x.shape
-    N = w.shape[0]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    bk = cfg.block_k
-    k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), bk) * bk
-    nsplit = triton.cdiv(K, k_split)
-    part = torch.empty(nsplit, M, N, device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(N, cfg.block_n), nsplit)
-    # the kernel addresses rows of K / 2 and K / 32 bytes: views of other strides are copied (no-ops otherwise)
-    _w16_decode_kernel[grid](x, w.qdata.contiguous(), w.scale.contiguous(), part, M, N, K, x.stride(0), k_split,
-                                 BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=cfg.block_n, BLOCK_K=bk,
-                                 W_KIND=W_KINDS[w.fmt.name],
-                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return part[0] if nsplit == 1 else part.sum(0)  # a fixed-order reduction: deterministic
+        from . import launch
+        from .matmul_details import _w16_decode
+
+        cfg = decode_config(device, w.shape[1])
+        N, K = w.shape
+        bk = cfg.block_k
+        k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), bk) * bk
+        self.nsplit = triton.cdiv(K, k_split)
+        self.q, self.s = w.qdata.contiguous(), w.scale.contiguous()
+        self.M, self.N, self.K, self.k_split, self.lead, self.out = M, N, K, k_split, lead, out
+        self.grid = (triton.cdiv(N, cfg.block_n), self.nsplit)
+        self.consts = (("BLOCK_M", max(16, triton.next_power_of_2(M))), ("BLOCK_N", cfg.block_n), ("BLOCK_K", bk),
+                       ("W_KIND", W_KINDS[w.fmt.name]), ("num_stages", cfg.num_stages))
+        self.warps = cfg.num_warps
+        self.rgrid = (triton.cdiv(M * N, 1024),)
+        self.rconsts = (("NSPLIT", self.nsplit), ("HAS_BIAS", has_bias), ("BLOCK", 1024))
+        self.gemm = launch._Launcher(_w16_decode, "_w16_decode_kernel")
+        self.reduce = launch._Launcher(_w16_decode, "_splitk_reduce_kernel")
+
+    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        M, N = self.M, self.N
+        x = a.reshape(M, self.K)
+        part = torch.empty(self.nsplit, M, N, device=a.device, dtype=torch.float32)
+        self.gemm(self.grid, (x, self.q, self.s, part, M, N, self.K, x.stride(0), self.k_split), self.consts,
+                  self.warps)
+        y = torch.empty(M, N, device=a.device, dtype=self.out)
+        # (the launcher takes tensors and ints only: without a bias, part stands in, never read)
+        self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, 4)
+        return y.view(*self.lead, N)
+
+
+class _PlannedCall:
+    """Any other path with its plan made once (:func:`prepared_call`)."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan):
+        self.b, self.plan = b, plan
+
+    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return run_gemm(a, self.b, self.plan, bias)
+
+
+def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]):
+    """The eager host path of ``matmul(a, b)`` for a float ``a`` on CUDA and a PackedWeight: the plan and the
+    launch arguments are made on the first call of each (shape, strides, dtype, device, out dtype, bias
+    shape / dtype, dispatch table) and kept on ``b``; later calls only allocate and launch. Returns a callable
+    ``(a, bias) -> y``. Validation (:func:`plan_gemm`) runs on the first call of each key."""
+    calls = b.__dict__.get("_calls")
+    if calls is None:
+        calls = {}
+        object.__setattr__(b, "_calls", calls)  # not a field: dataclasses.replace / .to() start a new cache
+    key = (a.shape, a.stride(), a.dtype, a.device, out_dtype, id(gemm_table()),
+           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
+    call = calls.get(key)
+    if call is None:
+        if len(calls) >= 64:  # many shapes (prefill of varying lengths): keep the cache small
+            calls.clear()
+        plan = plan_gemm(a, b, out_dtype)
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != plan.N or bias.device != b.device):
+            raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on "
+                             f"{b.device}")
+        if plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
+            call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
+        else:
+            call = _PlannedCall(b, plan)
+        calls[key] = call
+    return call
 
 
 def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:

@@ -38,3 +38,18 @@ def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split
         acc += tl.dot(xk, tl.trans(w))
     out = out_ptr + pid_k.to(tl.int64) * M * N + m[:, None] * N + n[None, :]
     tl.store(out, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, NSPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """out [M, N] = part[0] + part[1] + ... + part[NSPLIT - 1] (float32, in that order) + bias [N], one rounding
+    to out's dtype."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < MN
+    acc = tl.load(part_ptr + i, mask=m, other=0.0)
+    for s in tl.static_range(1, NSPLIT):
+        acc += tl.load(part_ptr + s * MN + i, mask=m, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + i % N, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=m)

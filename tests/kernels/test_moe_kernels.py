@@ -228,3 +228,62 @@ def test_w16_kernels_compile_for_sm90(w_kind):
         assert build(_align_small_kernel, aptrs, dict(N_P2=128, E_P2=128, NB_P2=128, BLOCK_M=16), 8) > 0
     dptrs = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
     assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+@pytest.mark.parametrize("T,E", [(3, 8), (300, 32)])
+def test_gpu_moe_w4a8_stages(act, T, E, rng):
+    """The W4A8 MoE stage by stage: each FP8 grouped GEMM within the GEMM bound of float64 on its FP8 inputs,
+    the middle pass within one FP8 rounding of float32 act(h + b), the combine within bf16 rounding; an expert
+    that receives every token and one that receives none; padding rows zero."""
+    from mxkit.kernels.moe import fold_experts, moe_w4a8_triton
+
+    H, I, k = 256, 192, 4
+    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+    ids = rand_ids(T, k, E, rng, every=1, none=2).cuda()
+    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
+    f1, f2 = fold_experts(w1, interleave_halves=act == "swiglu"), fold_experts(w2)
+    xq = mxkit.quantize_fp8_rowwise(x)
+    st = {}
+    out = moe_w4a8_triton(xq, f1, b1, f2, b2, tw, ids, activation=act, stages=st)
+    sid, eid = st["ids"], st["eids"]
+    valid = sid < T * k
+    e_row = eid.clamp(min=0).repeat_interleave(16).long()
+    w1v = dequantize_reference(w1, torch.float64)
+    if act == "swiglu":
+        w1v, b1v = torch.cat([w1v[:, :I, None], w1v[:, I:, None]], 2).flatten(1, 2), None
+    a64 = st["xa"].to(torch.float64) * st["sa"].to(torch.float64)[:, None]
+    h64 = torch.einsum("rk,rnk->rn", a64[valid], w1v[e_row[valid]])
+    assert_rows(st["h"][valid], h64, torch.zeros(int(valid.sum())))
+    # the middle pass, from the kernel's own h
+    b1i = b1 if act != "swiglu" else torch.stack([b1[:, :I], b1[:, I:]], 2).flatten(1, 2)
+    hv = st["h"][valid].to(torch.float32) + b1i[e_row[valid]]
+    v = (swiglu_gpt_oss(hv) if act == "swiglu_gpt_oss" else swiglu(torch.cat([hv[:, 0::2], hv[:, 1::2]], 1)))
+    ref8 = mxkit.quantize_fp8_rowwise(v)
+    got = st["h8"][valid].to(torch.float64) * st["s2"][valid].to(torch.float64)[:, None]
+    err = (got - v.to(torch.float64)).norm(dim=1)
+    bound = 1.2 * (ref8.dequantize(torch.float64) - v.to(torch.float64)).norm(dim=1) + 1e-5 * v.norm(dim=1)
+    assert (err <= bound).all(), (err - bound).max()
+    assert (st["h8"][~valid].view(torch.uint8) == 0).all() and (st["s2"][~valid] == 0).all()
+    # the down GEMM and the combine
+    y64 = torch.einsum("rk,rnk->rn", got, dequantize_reference(w2, torch.float64)[e_row[valid]])
+    assert_rows(st["y"][valid], y64, torch.zeros(int(valid.sum())))
+    pairs = torch.zeros(T * k, H, dtype=torch.float64, device="cuda")
+    pairs[sid[valid].long()] = st["y"][valid].to(torch.float64) + b2.to(torch.float64)[e_row[valid]]
+    o64 = (pairs.view(T, k, H) * tw.to(torch.float64)[..., None]).sum(1)
+    assert_rows(out, o64, 1e-6 * o64.norm(dim=1))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fold_experts_refuses_rows_that_do_not_fold(rng):
+    from mxkit.kernels.moe import fold_experts
+
+    w = experts(4, 64, 128, "mxfp4", rng)
+    assert fold_experts(w) is not None
+    w.scale[2, 5, 0], w.scale[2, 5, 1] = 150, 100  # a span of 50 > 14
+    assert fold_experts(w) is None

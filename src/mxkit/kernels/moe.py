@@ -236,3 +236,115 @@ def moe_triton(
     y = grouped_matmul_w16(h, w_down, ids, eids, cfg2, n_valid=n, top_k=k, gather=False, bias=b_down,
                            routing_weights=rw, out=y, out_dtype=torch.float32)
     return y.view(T, k, H).sum(1).to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------------------
+# W4A8: FP8 E4M3 rowwise activations x MXFP4 / MXFP6 experts folded to E4M3 (the fold path of issue #22)
+
+
+def _interleave_halves(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """[gate; up] halves along ``dim`` -> interleaved (gate 0, up 0, gate 1, ...)."""
+    n = t.shape[dim] // 2
+    return torch.stack([t.narrow(dim, 0, n), t.narrow(dim, n, n)], dim=dim + 1).flatten(dim, dim + 1)
+
+
+@dataclass(frozen=True, eq=False)
+class FoldedExperts:
+    """Experts (E, N, K) folded once to FP8 E4M3 with one float32 power-of-two scale per row, for
+    ``torch._scaled_grouped_mm`` (:func:`fold_experts`): data float8_e4m3fn (E, N, K), scale float32 (E, N),
+    ``interleaved``: rows reordered from ``[gate; up]`` halves to interleaved pairs (for ``"swiglu"``)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    interleaved: bool = False
+
+
+def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[FoldedExperts]:
+    """Fold MX experts (E, N, K) along K (FP4 / FP6) for the W4A8 MoE: exact (:mod:`mxkit.fold`). Returns None
+    when a row does not fold into one E4M3 row with a row scale inside the FP8 epilogue's envelope (block scales
+    spanning more than the fold range, or :data:`mxkit.kernels.matmul.FOLD_EXP_LIMIT`): such experts take the
+    reference. One host sync (pack time)."""
+    from .matmul import pack_weight
+
+    E, N, K = w.shape
+    flat = MXTensor._trusted(w.qdata.reshape(E * N, -1), w.plain_scale().reshape(E * N, -1), w.fmt, 1,
+                             w.block_size, torch.Size((E * N, K)), w.scale_mode, w.rounding, "plain")
+    pw = pack_weight(flat)
+    if pw.folded is None or pw.special_rows.numel() or pw.folded.owner.numel():
+        return None
+    data, scale = pw.folded.data.view(E, N, K), pw.folded.scale.view(E, N)
+    if interleave_halves:
+        data, scale = _interleave_halves(data, 1).contiguous(), _interleave_halves(scale, 1).contiguous()
+    return FoldedExperts(data, scale, interleave_halves)
+
+
+def moe_w4a8_triton(
+    xq,
+    w_gate_up: FoldedExperts,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: FoldedExperts,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+    stages: Optional[dict] = None,
+) -> torch.Tensor:
+    """The W4A8 expert computation (TensorRT-LLM's GPT-OSS mode on Hopper) on FP8 tensor cores:
+
+    1. ``h = (xq.data * xq.scale)[token] @ W1[e].T`` by ``torch._scaled_grouped_mm`` on the tokens sorted by
+       expert (padded to 16 rows per expert), rounded once to bf16;
+    2. one pass per row: ``v = act(h + b1[e])`` in float32, then FP8 E4M3 rowwise (:func:`mxkit.quantize_fp8_rowwise`'s
+       rule) -> (h8, s2);
+    3. ``y = (h8 * s2) @ W2[e].T`` the same way, rounded once to bf16;
+    4. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in float32, rounded to
+       ``out_dtype``.
+    Each GEMM is exact for its FP8 inputs (the fold is exact; float32 accumulation, one rounding).
+
+    xq: :class:`mxkit.Fp8Rowwise` (T, H); w_gate_up / w_down: :func:`fold_experts` of (E, 2I, H) / (E, H, I)
+    (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
+    topk (T, k). ``stages``: a dict that receives the intermediates (tests). Returns (T, H). No host sync."""
+    from .matmul_details._grouped import ACTS
+    from .matmul_details._moe_epilogue import _bias_act_fp8_kernel, _combine_kernel
+    import triton
+
+    bm = 16
+    T, H = xq.data.shape
+    k = topk_ids.shape[1]
+    E, N1, _ = w_gate_up.data.shape
+    I = N1 // 2  # noqa: E741 (GPT-OSS's name)
+    n = T * k
+    ids, eids = align_device(topk_ids, E, bm)
+    R = ids.numel()
+    valid = ids < n
+    tok = torch.where(valid, ids // k, 0).long()
+    xa = xq.data.view(torch.uint8)[tok].view(torch.float8_e4m3fn)
+    sa = torch.where(valid, xq.scale.reshape(-1)[tok], 0.0).contiguous()
+    flat = topk_ids.reshape(-1).long()
+    counts = torch.zeros(E, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum((counts + bm - 1) // bm * bm, 0).to(torch.int32)
+    h = torch._scaled_grouped_mm(xa, w_gate_up.data.transpose(1, 2), sa, w_gate_up.scale, offs=offs,
+                                 out_dtype=torch.bfloat16)
+    b1 = b_gate_up
+    if b1 is not None and w_gate_up.interleaved:
+        b1 = _interleave_halves(b1, 1)
+    h8 = torch.empty(R, I, dtype=torch.float8_e4m3fn, device=h.device)
+    s2 = torch.empty(R, dtype=torch.float32, device=h.device)
+    if R:
+        _bias_act_fp8_kernel[(R,)](h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1,
+                                   ACT=ACTS[activation], HAS_BIAS=b1 is not None, BLOCK_M=bm,
+                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=4)
+    y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
+                                 out_dtype=torch.bfloat16)
+    # the row of each pair in the sorted order (padding rows write past the end, dropped)
+    pos = torch.full((n + 1,), -1, dtype=torch.int32, device=y.device)
+    pos.scatter_(0, torch.where(valid, ids, n).long(), torch.arange(R, dtype=torch.int32, device=y.device))
+    out = torch.empty(T, H, dtype=out_dtype, device=y.device)
+    if T:
+        _combine_kernel[(T, triton.cdiv(H, 1024))](
+            y, y if b_down is None else b_down.contiguous(), topk_weights.to(torch.float32).contiguous(), pos,
+            topk_ids.to(torch.int32).contiguous(), out, H, TOP_K=k, HAS_BIAS=b_down is not None, BLOCK_H=1024)
+    if stages is not None:
+        stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
+    return out

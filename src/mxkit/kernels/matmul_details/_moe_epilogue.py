@@ -1,0 +1,58 @@
+"""The middle of the W4A8 MoE (FP8 rowwise activations x folded MXFP4 experts): one pass over each sorted row
+of the gate_up GEMM's output — expert bias, activation, FP8 E4M3 rowwise quantization for the down GEMM."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._grouped import _act_pairs
+
+
+@triton.jit
+def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid, N,
+                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
+    v = act(h[r] + b[e]) in float32 ([N / 2]), then scale = amax|v| / 448 (1 for an all-zero row, NaN for a NaN
+    row), q[r] = E4M3(v / scale) (RNE, clamped to +-448) and s[r] = scale — the rule of
+    :func:`mxkit.quantize_fp8_rowwise`. Padding rows get q = 0 and s = 0."""
+    r = tl.program_id(0)
+    valid = tl.load(ids_ptr + r) < n_valid
+    j = tl.arange(0, BLOCK_N)
+    hmask = j < N
+    h = tl.load(h_ptr + r.to(tl.int64) * N + j, mask=hmask & valid, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        e = tl.maximum(tl.load(eids_ptr + r // BLOCK_M), 0)
+        h += tl.load(b_ptr + e.to(tl.int64) * N + j, mask=hmask & valid, other=0.0).to(tl.float32)
+    v = tl.reshape(_act_pairs(tl.reshape(h, [1, BLOCK_N]), ACT, 1, BLOCK_N), [BLOCK_N // 2])
+    c = tl.arange(0, BLOCK_N // 2)
+    amax = tl.max(tl.where(c < N // 2, tl.abs(v), 0.0), axis=0)
+    has_nan = tl.sum(tl.where((c < N // 2) & (v != v), 1, 0), axis=0) > 0
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    scale = tl.where(has_nan, float("nan"), scale)
+    scale = tl.where(valid, scale, 0.0)
+    q = tl.clamp(v / tl.where(valid, scale, 1.0), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    q = tl.where(valid, q, 0.0)
+    tl.store(q_ptr + r.to(tl.int64) * (N // 2) + c, q.to(tl.float8e4nv), mask=c < N // 2)
+    tl.store(s_ptr + r, scale)
+
+
+@triton.jit
+def _combine_kernel(y_ptr, b_ptr, w_ptr, pos_ptr, e_ptr, out_ptr, H,
+                    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Token t: out[t] = sum_j w[t, j] * (y[pos[t, j]] + b[e[t, j]]), j = 0 .. TOP_K - 1 in order, in float32,
+    one rounding to out's dtype. y [R, H] (sorted rows), pos int32 [T, TOP_K] (row of pair (t, j) in y; -1: an
+    expert not held here, contributing 0), e int32 [T, TOP_K] (local expert), b [E, H]."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = h < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        p = tl.load(pos_ptr + t * TOP_K + j)
+        held = p >= 0
+        v = tl.load(y_ptr + tl.maximum(p, 0).to(tl.int64) * H + h, mask=hmask & held, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            e = tl.load(e_ptr + t * TOP_K + j)
+            v += tl.load(b_ptr + tl.maximum(e, 0).to(tl.int64) * H + h, mask=hmask & held, other=0.0).to(tl.float32)
+        acc += tl.load(w_ptr + t * TOP_K + j).to(tl.float32) * v
+    tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=hmask)

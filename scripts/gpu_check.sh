@@ -86,11 +86,11 @@ else
 fi
 
 # 3. the quantize benchmark --------------------------------------------------------------------------------
-bench() {  # bench <stage name> <budget> <mxkit.bench args...>
+bench() {  # bench <stage name> <budget> <mxkit bench args...>
     local name=$1 budget=$2
     shift 2
-    say "$name: python3 -m mxkit.bench $* (budget $budget s)"
-    timeout -s INT -k 20 "$budget" python3 -m mxkit.bench "$@" --out "$RESULTS" --plain 2>&1 | tee -a "$LOG" | tail -n 80
+    say "$name: python3 -m mxkit bench $* (budget $budget s)"
+    timeout -s INT -k 20 "$budget" python3 -m mxkit bench "$@" --out "$RESULTS" --plain 2>&1 | tee -a "$LOG" | tail -n 80
     local rc=${PIPESTATUS[0]}
     STATUS+=("$name: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time: the JSON holds the rows measured)')$([ "$rc" = 1 ] && echo ' (an mxkit output failed its check)')")
     [ "$rc" = 0 ] || FAILED=1

@@ -1,10 +1,12 @@
 """The benchmark harness (mxkit.bench) on CPU: byte counting, output writers, argument parsing, the registry,
-the whole case pipeline with an injected timer, graceful n/a rows, and the no-CUDA exit. No GPU needed."""
+the whole case pipeline with an injected timer, graceful n/a rows, the compiled peers (per shape, never
+dynamic), and the no-CUDA exit. No GPU needed."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -15,7 +17,8 @@ import pytest
 import torch
 
 import mxkit
-from mxkit import bench
+from mxkit import bench, cli
+from mxkit.bench import output
 from mxkit.bench import quantize as bq
 from mxkit.bench import timing
 from mxkit.bench.timing import BenchUnavailable, Row
@@ -81,10 +84,6 @@ def test_case_shapes_and_invalid_reasons():
 def test_small_helpers():
     assert timing.gbps(3_000_000, 1.0) == 3000.0  # 3 MB in 1 µs = 3000 GB/s
     assert timing.gbps(100, None) is None and timing.gbps(100, 0.0) is None
-    assert timing.pct_of(1500.0, 3000.0) == 50.0 and timing.pct_of(None, 3000.0) is None
-    assert timing.median_us([0.003, 0.001, 0.002]) == 2.0
-    with pytest.raises(ValueError):
-        timing.median_us([])
     assert timing.parse_shape("8x2048x4096") == (8, 2048, 4096)
     assert timing.format_shape((32768, 160)) == "32768x160"
     for bad in ("12xz", "0x64", "", "-1x32"):
@@ -112,25 +111,28 @@ def _rows() -> list[Row]:
 def test_csv_and_json_round_trip(tmp_path):
     rows = _rows()
     env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "copy_gbps": 4270.0}
-    p_csv = timing.write_csv(rows, tmp_path / "a" / "b.csv")
+    p_csv = output.write_csv(rows, tmp_path / "a" / "b.csv")
     with p_csv.open() as fh:
         got = list(csv.DictReader(fh))
     assert [g["impl"] for g in got] == [r.impl for r in rows]
     assert got[0]["us"] == "50.0" and got[2]["us"] == "" and got[2]["status"] == "n/a"
-    assert list(got[0]) == Row.fields()
-    p_json = timing.write_json(rows, env, tmp_path / "b.json", config={"quick": True})
+    assert list(got[0]) == [f.name for f in dataclasses.fields(Row)]
+    p_json = output.write_json(rows, env, tmp_path / "b.json", config={"quick": True})
     doc = json.loads(p_json.read_text())
     assert doc["env"] == env and doc["config"] == {"quick": True}
     assert doc["rows"][2]["us"] is None
-    env2, rows2 = timing.read_json_rows(p_json)
-    assert env2 == env and rows2 == rows
+    assert [Row(**r) for r in doc["rows"]] == rows
+    # any dataclass rows (the overhead and decode benches write their own)
+    Other = dataclasses.make_dataclass("Other", [("name", str), ("value", float)])
+    p_other = output.write_csv([Other("a", 1.5), Other("b", None)], tmp_path / "o.csv")
+    assert p_other.read_text().splitlines() == ["name,value", "a,1.5", "b,"]
 
 
 def test_table_plain_and_rich(capsys):
     lines = timing.summary_lines(_rows())
     assert [(d["op"], d["main"].impl) for d in lines] == [("rowwise", "mxkit"), ("cast_transpose", "mxkit")]
     cols = bq.table_columns(["reference-compiled", "torchao-compiled"])
-    text = timing.render_table(lines, cols, title="T", plain=True)
+    text = output.render_table(lines, cols, title="T", plain=True)
     assert capsys.readouterr().out == text
     head, rule, r1, r2 = text.splitlines()[1:5]
     assert "× vs ref.compiled" in head and "ref.compiled µs" in head and "torchao µs" in head
@@ -138,18 +140,21 @@ def test_table_plain_and_rich(capsys):
     assert "50.0" in r1 and "3397" in r1 and "79.6" in r1 and "3.42" in r1 and "171.0" in r1 and "match" in r1
     assert r2.count("n/a") >= 5 and "ModuleNotFoundError" in r2
     pytest.importorskip("rich")
-    text2 = timing.render_table(lines, cols, title="T")
+    text2 = output.render_table(lines, cols, title="T")
     out = capsys.readouterr().out
     assert text2 == text and "3397" in out and "ModuleNotFoundError" in out
 
 
 def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
     rows = _rows()
+    kw = dict(value="pct_copy", ylabel="% copy", is_main=lambda r: r.impl == "mxkit")
     if _has("matplotlib"):
-        path, note = timing.write_chart(rows, tmp_path / "c.png")
+        path, note = output.write_chart(rows, tmp_path / "c.png", **kw)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart" in note
+        path, note = output.write_chart(rows, tmp_path / "e.png", **dict(kw, is_main=lambda r: r.impl == "nobody"))
+        assert path is None and "no rows" in note and not (tmp_path / "e.png").exists()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    path, note = timing.write_chart(rows, tmp_path / "d.png")
+    path, note = output.write_chart(rows, tmp_path / "d.png", **kw)
     assert path is None and "matplotlib" in note and not (tmp_path / "d.png").exists()
 
 
@@ -227,19 +232,15 @@ def test_bench_needs_an_op(capsys):
 
 def test_registry():
     reg = bench.registry()
-    assert list(reg) == list(bench.BENCH_MODULES) and "quantize" in reg
-    b = reg["quantize"]
-    assert b.run is bq.run and b.add_arguments is bq.add_arguments and b.help == bq.HELP
-    with pytest.raises(ValueError, match="two benchmarks named 'quantize'"):
-        bench.registry(("quantize", "quantize"))
-    with pytest.raises(TypeError, match="lacks HELP, add_arguments, run"):
-        bench.Benchmark.from_module(types.SimpleNamespace(__name__="fake", NAME="fake"))
-    # a second op joins with one module: its sub-command and func come out of the same code path
-    fake = bench.Benchmark("gemm", "fake gemm", lambda p: p.add_argument("--m", type=int), lambda a: 7)
+    assert list(reg) == list(bench.BENCH_MODULES) == ["quantize", "gemm"]
+    assert reg["quantize"] is bq and all(reg[name].NAME == name for name in reg)
+    # a new op joins with one module: its sub-command and func come out of the same code path
+    fake = types.SimpleNamespace(NAME="fake", HELP="fake op", add_arguments=lambda p: p.add_argument("--m", type=int),
+                                 run=lambda a: 7)
     parser = argparse.ArgumentParser()
-    bench.add_op_parsers(parser.add_subparsers(dest="op"), {"quantize": b, "gemm": fake})
-    args = parser.parse_args(["gemm", "--m", "3"])
-    assert args.m == 3 and args.func(args) == 7
+    bench.add_bench_parser(parser.add_subparsers(dest="cmd"), {"quantize": bq, "fake": fake})
+    args = parser.parse_args(["bench", "fake", "--m", "3"])
+    assert args.m == 3 and args.func(args) == 7 and parser.parse_args(["bench", "quantize"]).func is bq.run
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_registry():
 
 def test_no_cuda_exits_with_a_message(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(["quantize", "--shapes", "64x64"]) == 2
+    assert cli.main(["bench", "quantize", "--shapes", "64x64"]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "Traceback" not in err
 
@@ -258,7 +259,7 @@ def test_no_cuda_subprocess_has_no_traceback():
     import os
 
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    r = subprocess.run([sys.executable, "-m", "mxkit.bench", "quantize", "--quick"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "mxkit", "bench", "quantize", "--quick"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
@@ -266,7 +267,7 @@ def test_no_cuda_subprocess_has_no_traceback():
 
 def test_list_needs_no_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(["quantize", "--list", "--formats", "mxfp4", "--shapes", "32768x160,48x64,33x33"]) == 0
+    assert cli.main(["bench", "quantize", "--list", "--formats", "mxfp4", "--shapes", "32768x160,48x64,33x33"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(bq.OPS) * 3
     assert any("columnwise" in line and "dim 0 = 48" in line for line in out)
@@ -320,6 +321,32 @@ def test_pipeline_checks_bytes_and_computes_ratios():
     ref = [r for r in rows if r.impl == "reference-compiled"]
     assert all(r.us == 40.0 and r.vs_ref == 1.0 and r.compile_s is not None and r.check == "match" for r in ref)
     assert {r.note for r in rows if r.op == "columnwise" and r.shape == "2x32x64"} == {"2-D view 64x64"}
+
+
+def test_compiled_peers_are_per_shape_and_never_dynamic(monkeypatch):
+    """Issue #23: with the shape-generic compile (dynamic=True) every reference-compiled row of ``mxkit bench
+    quantize`` was n/a on torch 2.11 ("RuntimeError when making fake tensor call"). Each compiled peer is one
+    ``torch.compile(..., dynamic=False)`` per (op, format, shape). Compiled for real here with backend aot_eager
+    (dynamo and fake tensors, no C++ compiler needed) and byte-checked against the eager reference."""
+    seen = []
+    real_compile = torch.compile
+
+    def recording(fn, **kw):
+        seen.append(kw)
+        return real_compile(fn, **dict(kw, backend="aot_eager"))
+
+    monkeypatch.setattr(torch, "compile", recording)
+    ctx = _ctx(compile=True)
+    impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": bq.IMPLS["reference-compiled"]}
+    cases = bq.plan_cases(("rowwise", "dequantize"), ["mxfp4_e2m1"], [(64, 64), (32, 128)], BF16)
+    rows = timing.run_cases(cases, ctx, impls, log=lambda s: None)
+    ref = [r for r in rows if r.impl == "reference-compiled"]
+    assert all(r.status == "ok" and r.check == "match" and r.compile_s is not None for r in ref), ref
+    assert seen == [{"dynamic": False}] * len(cases)
+    assert sorted(shape for _, shape in ctx.compiled) == [(32, 128), (32, 128), (64, 64), (64, 64)]
+    # the same case again reuses its compiled function
+    timing.bench_case(cases[0], ctx, impls)
+    assert len(seen) == len(cases)
 
 
 def test_unavailable_and_failing_impls_become_rows():
@@ -422,7 +449,8 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "copy limit: 2000 GB/s after a read flush, 1600 after a write flush" in out and "ref.eager µs" in out
-    env, rows = timing.read_json_rows(tmp_path / "bench_quantize.json")
+    doc = json.loads((tmp_path / "bench_quantize.json").read_text())
+    env, rows = doc["env"], [Row(**r) for r in doc["rows"]]
     assert env["copy_gbps"] == 2000.0 and env["copy_gbps_write"] == 1600.0 and "torch" in env and "date_utc" in env
     assert rows[0].impl == "copy" and len(rows) == 1 + 2 * len(cases)
     assert all(r.check == "match" and (r.us, r.us_write) == (25.0, 30.0) and r.vs_ref == 1.0 for r in rows[1:]), rows
@@ -432,7 +460,7 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     rc = timing.run_benchmark(args, cases[:1], wrong, what="t", stem="b2", peers=(), columns=bq.table_columns(()),
                               ref_impl="reference-eager", title="T", device="cpu")
     assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err
-    assert timing.read_json_rows(tmp_path / "b2.json")[1][1].check == "MISMATCH"
+    assert json.loads((tmp_path / "b2.json").read_text())["rows"][1]["check"] == "MISMATCH"
 
 
 @pytest.mark.gpu

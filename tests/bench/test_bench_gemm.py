@@ -5,6 +5,7 @@ dot_scaled peer under the Triton interpreter. No GPU needed."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import types
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 import mxkit
-from mxkit import bench
+from mxkit import bench, cli
 from mxkit.bench import gemm as bg
-from mxkit.bench import timing
+from mxkit.bench import output, timing
 
 
 def _cli(argv):
@@ -68,10 +69,10 @@ def test_bad_options(argv, needle, capsys):
 
 def test_list_and_no_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(["gemm", "--list", "--quick"]) == 0
+    assert cli.main(["bench", "gemm", "--list", "--quick"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 32 and "GFLOP" in out[0] and "1099.5 GFLOP" in out[0]  # 2 * 8192^3
-    assert bench.main(["gemm", "--quick"]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert cli.main(["bench", "gemm", "--quick"]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -166,8 +167,20 @@ def test_pipeline_rows_with_fake_api(fake_api):
     for key in [("reference-compiled", "bf16×mxfp4 (W4A16)", "ready"), ("cublas-bf16", "mxfp8_e4m3×mxfp8_e4m3", "ready")]:
         assert by[key].status == "ok" and by[key].check == "ok", by[key]
     lines = timing.summary_lines(rows)
-    text = timing.render_table(lines, bg.table_columns(("cublas-bf16", "torchao")), plain=True)
+    text = output.render_table(lines, bg.table_columns(("cublas-bf16", "torchao")), plain=True)
     assert "× cuBLAS bf16" in text and "fake-path" in text and "cuBLAS bf16 µs" in text
+
+
+def test_compiled_reference_is_per_shape_and_never_dynamic(fake_api, monkeypatch):
+    """The GEMM reference peer is compiled once per (pair, shape) with dynamic=False (issue #23: the shape-generic
+    compile failed on torch 2.11)."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    ctx = timing.Context(**dict(vars(_ctx(("mxkit", "reference-compiled"))), compile=True))
+    cases = bg.plan_cases(("mxfp4", "w4a16"), ("ready",), [(32, 64, 128), (16, 32, 64)])
+    rows = timing.run_cases(cases, ctx, bg.IMPLS, log=lambda s: None)
+    assert all(r.status == "ok" and r.check == "ok" for r in rows), [(r.impl, r.note) for r in rows]
+    assert seen == [{"dynamic": False}] * 4 and len({shape for _, shape in ctx.compiled}) == 2
 
 
 def test_missing_api_and_failing_peer_become_rows(fake_api, monkeypatch):
@@ -198,7 +211,7 @@ def test_run_benchmark_writes_gemm_files(fake_api, monkeypatch, tmp_path, capsys
     doc = json.loads((tmp_path / "bench_gemm.json").read_text())
     mine = [r for r in doc["rows"] if r["impl"] == "mxkit"]
     assert len(mine) == 3 and all(r["check"] == "ok" and r["path"] == "fake-path" for r in mine)
-    assert (tmp_path / "bench_gemm.csv").read_text().splitlines()[0].split(",") == timing.Row.fields()
+    assert (tmp_path / "bench_gemm.csv").read_text().splitlines()[0].split(",") == [f.name for f in dataclasses.fields(timing.Row)]
     # an mxkit output past its bound exits 1
     monkeypatch.setitem(fake_api, "matmul", None)
     monkeypatch.setattr(mxkit, "matmul", lambda a, b, **kw: torch.zeros(64, 32, dtype=torch.bfloat16))

@@ -334,15 +334,16 @@ def _torchao(case: GemmCase, inp: Inputs, ctx):
 
 
 def _reference(case: GemmCase, inp: Inputs, ctx):
-    """torch.compile of dequantize (the mxkit reference, to bf16) then a bf16 matmul; shape-generic per pair."""
+    """torch.compile of dequantize (the mxkit reference, to bf16) then a bf16 matmul, per pair and shape."""
     fa, fb = case.formats
     deq_b = dequantize_fn(get_format(fb), torch.bfloat16)
+    key, shape = ("gemm-reference", case.pair), (case.M, case.N, case.K)
     if is_mx(fa):
         deq_a = dequantize_fn(get_format(fa), torch.bfloat16)
-        fn = ctx.compiled_fn(("gemm-reference", case.pair), lambda: lambda qa, sa, qb, sb: deq_a(qa, sa) @ deq_b(qb, sb).T)
+        fn = ctx.compiled_fn(key, shape, lambda: lambda qa, sa, qb, sb: deq_a(qa, sa) @ deq_b(qb, sb).T)
         args = (inp.a.qdata, inp.a.scale, inp.wq.qdata, inp.wq.scale)
     else:  # W4A16 / W4A8: a as its bf16 values
-        fn = ctx.compiled_fn(("gemm-reference", case.pair), lambda: lambda a, qb, sb: a @ deq_b(qb, sb).T)
+        fn = ctx.compiled_fn(key, shape, lambda: lambda a, qb, sb: a @ deq_b(qb, sb).T)
         args = (inp.a_bf16, inp.wq.qdata, inp.wq.scale)
     return lambda: fn(*args)
 

@@ -149,7 +149,7 @@ def _mxkit(case: Case, inp: Inputs, ctx) -> Callable[[], object]:
 
 def dequantize_fn(fmt: ElementFormat, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> Callable:
     """``deq(qdata, scale) -> dtype`` tensor: :func:`dequantize_reference` of the plain MXTensor along the last
-    axis those bytes make. The shape follows from the tensors, so a compiled version stays shape-generic."""
+    axis those bytes make (the shape follows from the tensors)."""
     def deq(qdata: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         shape = tuple(qdata.shape[:-1]) + (qdata.shape[-1] * fmt.pack // fmt.pack_bytes,)
         return dequantize_reference(MXTensor(qdata, scale, fmt, len(shape) - 1, block_size, shape), dtype)
@@ -200,8 +200,8 @@ def _torchao_fn(case: Case) -> Callable:
 def _compiled(name: str, make_fn: Callable[[Case], Callable]) -> Callable:
     def make(case: Case, inp: Inputs, ctx) -> Callable[[], object]:
         raw = make_fn(case)  # raises BenchUnavailable before anything compiles
-        key = (name, case.op, case.fmt.name, case.dtype, case.scale_mode, len(case.run_shape))
-        return _bind(case, inp, ctx.compiled_fn(key, lambda: raw))
+        key = (name, case.op, case.fmt.name, case.dtype, case.scale_mode)
+        return _bind(case, inp, ctx.compiled_fn(key, case.run_shape, lambda: raw))
 
     return make
 

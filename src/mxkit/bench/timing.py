@@ -1,30 +1,19 @@
-"""The shared benchmark harness: timing, the copy limit, the case runner, and table / CSV / JSON / PNG output.
+"""The harness of the kernel benchmarks (``quantize.py``, ``gemm.py``). An op module supplies cases and
+implementations (:class:`Impl`); :func:`run_benchmark` times them, turns failures into ``n/a`` rows with the
+reason, and writes the table and files (:mod:`.output`) the same way for every op.
 
-An op module (``quantize.py``, ``gemm.py``) supplies cases and implementations (:class:`Impl` says what each
-offers); :func:`run_benchmark` does the rest, so every op times, degrades (``n/a`` rows with the reason) and
-writes files the same way.
-
-Timing: one untimed call (compilation), then :func:`cuda_event_bench` twice: median of CUDA-event runs over
-``rep_ms`` after ``warmup_ms``, the L2 flushed through a 256 MB buffer before each run, a GPU spin queued
-before each run so the events bracket device time, not the host's launch path. Two flushes, both reported:
-
-* ``read`` (``Row.us``, the measure targets are judged on): the buffer is read, so L2 is cold and clean;
-* ``write`` (``Row.us_write``): the buffer is zero-filled as ``triton.testing.do_bench`` does; the run then
-  also writes the buffer's dirty lines back (4-6 µs per run on an H200, whatever the run's size).
-
-Bandwidth counts bytes read plus written once each; the limit is a 1 GiB device ``copy_`` timed the same way
-in the same process. GEMM rows count 2·M·N·K flops.
+Timing (:func:`cuda_event_bench`): the median of CUDA-event runs, each after an L2 flush through a 256 MB buffer
+and a GPU spin (the events bracket device time, not the host's launch path). Two flushes, both reported: ``read``
+(``Row.us``, what targets are judged on) sums the buffer, leaving L2 cold and clean; ``write`` (``Row.us_write``)
+zero-fills it as ``triton.testing.do_bench`` does (which has neither the read flush nor the spin), so each run
+also writes back dirty lines (4-6 µs on an H200). Bandwidth counts bytes read plus written once each, against a
+1 GiB device ``copy_`` timed the same way in the same process; GEMM rows count 2·M·N·K flops.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import datetime as _dt
-import json
-import math
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from .output import (Column, env_line, environment, fmt_num, progress, reason, render_table, save,  # noqa: F401
+                     write_chart)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any Hopper L2 (50 MB), as do_bench
 FLUSH_MODES = ("read", "write")
@@ -84,17 +76,6 @@ class Row:
     err_bound: Optional[float] = None
     note: str = ""
 
-    @classmethod
-    def fields(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# -------------------------------------------------------------------------------------------------------
-# small helpers
-
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"8192x8192"`` / ``"8x2048x4096"`` → tuple of positive ints. Raises ValueError naming the text."""
@@ -116,22 +97,6 @@ def gbps(nbytes: int, us: Optional[float]) -> Optional[float]:
     return nbytes / us / 1e3 if us is not None and us > 0 else None
 
 
-def pct_of(value: Optional[float], limit: Optional[float]) -> Optional[float]:
-    return None if value is None or not limit else 100.0 * value / limit
-
-
-def median_us(times_ms: Sequence[float]) -> float:
-    """Median of per-run times given in ms, returned in µs. ValueError when empty."""
-    if not times_ms:
-        raise ValueError("no timings to take the median of")
-    return 1e3 * statistics.median(times_ms)
-
-
-def progress(msg: str) -> None:
-    """A timestamped progress line on stderr (the table goes to stdout)."""
-    print(f"[{_dt.datetime.now(_dt.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
-
-
 class ChoiceError(ValueError, argparse.ArgumentTypeError):
     """An unknown name: a ValueError, and a usage error (with its message) when argparse parses it."""
 
@@ -140,7 +105,7 @@ def choice(what: str, known) -> Callable[[str], str]:
     """A parser of one name among ``known``; :class:`ChoiceError` naming the choices otherwise."""
     def parse(name: str) -> str:
         if name not in known:
-            raise ChoiceError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+            raise ChoiceError(f"unknown {what} {name!r}; known: {', '.join(map(str, known))}")
         return name
 
     return parse
@@ -165,22 +130,29 @@ def peers_arg(what: str, known) -> Callable[[str], tuple]:
     return lambda text: () if text.strip() == "none" else csv_arg(choice(what, known))(text)
 
 
-# -------------------------------------------------------------------------------------------------------
-# timing on the device
+def no_cuda(what: str, hint: str = "'--list' shows the cases without a GPU") -> int:
+    """The one-line error of a GPU benchmark on a machine without CUDA; returns the exit status 2."""
+    print(f"error: {what} needs a CUDA GPU, but torch.cuda.is_available() is False (torch {torch.__version__}, "
+          f"CUDA build {torch.version.cuda}); {hint}.", file=sys.stderr)
+    return 2
+
+
+def spin_cycles(us: float) -> int:
+    """GPU cycles of a ``us`` µs ``torch.cuda._sleep`` spin at the device's clock (2 GHz when it is not known)."""
+    mhz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e3 or 2000.0
+    return int(us * mhz)
 
 
 def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: float = 100.0,
                      spin_us: float = 0.0, flush: str = "read") -> float:
-    """Median µs of ``fn()``: one call, a 5-run estimate, ``warmup_ms`` of untimed runs, then ``rep_ms`` of
-    runs each preceded by the L2 flush (``flush``, module docstring) and a ``spin_us`` GPU spin.
-    Raises ValueError for an unknown ``flush``."""
+    """Median µs of ``fn()`` on the current CUDA device: one call, a 5-run estimate, ``warmup_ms`` of untimed runs,
+    then runs for ``rep_ms``, each after the ``flush`` and a ``spin_us`` spin. ValueError for an unknown flush."""
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush={flush!r} must be one of {FLUSH_MODES}")
     buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     total = torch.empty((), dtype=torch.int64, device="cuda")
     do_flush = (lambda: torch.sum(buf, dim=0, out=total)) if flush == "read" else buf.zero_
-    mhz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e3 or 2000.0
-    cycles = int(spin_us * mhz)
+    cycles = spin_cycles(spin_us)
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -203,7 +175,7 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
         fn()
         e.record()
     torch.cuda.synchronize()
-    return median_us([s.elapsed_time(e) for s, e in events])
+    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def time_us(fn: Callable[[], object], cfg: TimingConfig) -> tuple[float, float]:
@@ -211,158 +183,14 @@ def time_us(fn: Callable[[], object], cfg: TimingConfig) -> tuple[float, float]:
     return tuple(cuda_event_bench(fn, cfg.warmup_ms, cfg.rep_ms, cfg.spin_us, f) for f in FLUSH_MODES)
 
 
-def copy_bandwidth(cfg: TimingConfig, total_mib: int = 1024) -> tuple[float, float, int]:
-    """The limit: a device ``dst.copy_(src)`` moving ``total_mib`` MiB (read + written), timed by
-    :func:`time_us`. Returns (GB/s read flush, GB/s write flush, bytes). ValueError below 2 MiB."""
-    if total_mib < 2:
-        raise ValueError(f"copy size total_mib={total_mib} must be at least 2")
-    src = torch.randn(total_mib * 2**20 // 4, device="cuda", dtype=torch.bfloat16)
+def copy_bandwidth(cfg: TimingConfig) -> tuple[float, float, int]:
+    """The limit: a device ``dst.copy_(src)`` moving 1 GiB (read + written), timed by :func:`time_us`.
+    Returns (GB/s read flush, GB/s write flush, bytes)."""
+    src = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * 2
     us_read, us_write = time_us(lambda: dst.copy_(src), cfg)
     return gbps(nbytes, us_read), gbps(nbytes, us_write), nbytes
-
-
-def environment() -> dict:
-    """GPU, library versions, date (UTC), host: printed above the table and stored in the JSON."""
-    import mxkit
-
-    try:
-        import triton
-    except Exception:
-        triton = None
-    p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
-    return {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
-            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "triton": getattr(triton, "__version__", None), "mxkit": getattr(mxkit, "__version__", None),
-            "gpu": p and p.name, "capability": p and f"{p.major}.{p.minor}", "sm_count": p and p.multi_processor_count}
-
-
-# -------------------------------------------------------------------------------------------------------
-# output: table, CSV, JSON, chart
-
-
-def fmt_num(v: Optional[float], spec: str) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-@dataclass(frozen=True)
-class Column:
-    title: str
-    get: Callable[[dict], str]  # from a summary line (:func:`summary_lines`)
-    right: bool = True
-
-
-def summary_lines(rows: Sequence[Row], main: str = "mxkit") -> list[dict]:
-    """One dict per case (op, fmt, shape): ``main`` (the ``main`` impl's row, else the first), ``peers``
-    (impl → row) and ``note`` (why rows did not run; peers whose check failed). ``copy`` rows are left out."""
-    by_case: dict[tuple, dict[str, Row]] = {}
-    for r in rows:
-        if r.op != "copy":
-            by_case.setdefault((r.op, r.fmt, r.shape), {})[r.impl] = r
-    lines = []
-    for (op, fmt, shape), d in by_case.items():
-        m = d.get(main) or next(iter(d.values()))
-        notes = [f"{k}: {v.note}" for k, v in d.items() if v.status not in ("ok", "skip") and v.note]
-        notes += [f"{k} check {v.check}" for k, v in d.items() if k != main and v.check in BAD_CHECKS]
-        if m.status == "ok" and m.note:
-            notes.insert(0, m.note)
-        lines.append({"op": op, "fmt": fmt, "shape": shape, "main": m, "peers": d, "note": "; ".join(notes)})
-    return lines
-
-
-def main_value(attr: str, spec: str) -> Callable[[dict], str]:
-    """A column getter: the main row's ``attr`` formatted with ``spec`` ("n/a" when missing)."""
-    return lambda d: fmt_num(getattr(d["main"], attr), spec)
-
-
-def peer_us_column(name: str, label: str) -> Column:
-    return Column(f"{label} µs", lambda d: fmt_num(getattr(d["peers"].get(name), "us", None), ".1f"))
-
-
-def render_table(lines: Sequence[dict], columns: Sequence[Column], *, title: str = "", plain: bool = False,
-                 file=None) -> str:
-    """Print ``lines`` with ``columns`` (rich when installed and not ``plain``); returns the plain text."""
-    from .._table import print_table
-
-    cells = [[c.get(d) for c in columns] for d in lines]
-    return print_table([c.title for c in columns], cells, title=title or None, plain=plain, file=file,
-                       right=[c.title for c in columns if c.right])
-
-
-def write_csv(rows: Sequence[Row], path: Path) -> Path:
-    """All rows, one per (case, implementation), columns :meth:`Row.fields`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=Row.fields())
-        w.writeheader()
-        w.writerows({k: ("" if v is None else v) for k, v in r.as_dict().items()} for r in rows)
-    return path
-
-
-def write_json(rows: Sequence[Row], env: dict, path: Path, *, config: Optional[dict] = None) -> Path:
-    """``{"env": {...}, "config": {...}, "rows": [...]}``; missing numbers are ``null``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"env": env, "config": config or {}, "rows": [r.as_dict() for r in rows]}
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    return path
-
-
-def read_json_rows(path: Path) -> tuple[dict, list[Row]]:
-    doc = json.loads(Path(path).read_text())
-    return doc["env"], [Row(**r) for r in doc["rows"]]
-
-
-def write_chart(rows: Sequence[Row], path: Path, *, value: str = "pct_copy", ylabel: str = "% of copy bandwidth",
-                main: str = "mxkit", title: str = "") -> tuple[Optional[Path], str]:
-    """PNG, one panel per op: bars of ``value`` per shape (x) and format (colour) for every impl that ran,
-    ``main`` solid, peers as black ticks. Returns (path or None, note); without matplotlib writes nothing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # optional dependency
-        return None, f"chart skipped: matplotlib not importable ({type(e).__name__}: {e})"
-    ops = list(dict.fromkeys(r.op for r in rows if r.impl == main and r.op != "copy"))
-    if not ops:
-        return None, f"chart skipped: no rows of impl {main!r}"
-    fmts = list(dict.fromkeys(r.fmt for r in rows if r.impl == main))
-    ncols, nrows = min(2, len(ops)), math.ceil(len(ops) / 2)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 3.6 * nrows), squeeze=False)
-    for k, op in enumerate(ops):
-        ax = axes[k // ncols][k % ncols]
-        shapes = list(dict.fromkeys(r.shape for r in rows if r.impl == main and r.op == op))
-        for r in rows:
-            v = getattr(r, value)
-            if r.op != op or v is None or r.shape not in shapes:
-                continue
-            j = fmts.index(r.fmt)
-            x = shapes.index(r.shape) - 0.4 + 0.8 / len(fmts) * (j + 0.5)
-            if r.impl == main:
-                ax.bar(x, v, width=0.76 / len(fmts), color=f"C{j}", label=r.fmt)
-            else:
-                ax.scatter([x], [v], marker="_", s=120, color="black", zorder=3)
-        ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels(shapes, fontsize=7, rotation=20)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{op} (ticks: peers)", fontsize=9)
-        handles = dict(zip(*ax.get_legend_handles_labels()[::-1]))
-        ax.legend(handles.values(), handles.keys(), fontsize=7)
-    for k in range(len(ops), axes.size):
-        axes[k // ncols][k % ncols].axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path), f"chart: {path}"
-
-
-# -------------------------------------------------------------------------------------------------------
-# the case runner every op shares
 
 
 @dataclass(frozen=True)
@@ -392,7 +220,7 @@ class Context:
     sync: Callable[[], None]
     impls: tuple[str, ...] = ("mxkit",)
     backend: str = "triton"
-    compile: bool = True  # torch.compile per shape (dynamic=False: the shape-generic compile fails on the GPU)
+    compile: bool = True
     check: bool = True
     copy_gbps: Optional[float] = None  # read flush
     copy_gbps_write: Optional[float] = None
@@ -400,37 +228,28 @@ class Context:
     compiled: dict = dataclasses.field(default_factory=dict)
     last_shape: Optional[str] = None
 
-    def compiled_fn(self, key: tuple, make: Callable[[], Callable]) -> Callable:
-        """``torch.compile(make())`` once per ``key``; plain ``make()`` when compile is off."""
+    def compiled_fn(self, key: tuple, shape: tuple, make: Callable[[], Callable]) -> Callable:
+        """``torch.compile(make(), dynamic=False)`` once per (``key``, ``shape``); plain ``make()`` when compile
+        is off. Per shape and never dynamic: on torch 2.11 the shape-generic compile (dynamic=True) failed
+        for every reference peer ("RuntimeError when making fake tensor call", issue #23)."""
         if not self.compile:
             return make()
-        if key not in self.compiled:
-            self.compiled[key] = torch.compile(make(), dynamic=False)
-        return self.compiled[key]
+        if (key, shape) not in self.compiled:
+            self.compiled[key, shape] = torch.compile(make(), dynamic=False)
+        return self.compiled[key, shape]
 
 
 _UNAVAILABLE = (BenchUnavailable, ImportError, NotImplementedError)
 
 
 def _reason(e: BaseException) -> str:
-    msg = (str(e).strip().splitlines() or [""])[0]
-    return msg[:160] if isinstance(e, BenchUnavailable) else f"{type(e).__name__}: {msg}"[:160]
-
-
-def blank_rows(case, impls: Sequence[str], status: str = "ok", note: str = "") -> list[Row]:
-    try:
-        nbytes = case.nbytes()
-    except ValueError:
-        nbytes = 0
-    return [Row(op=case.op, fmt=case.fmt_name, shape=case.label, impl=name, dtype=str(case.dtype).replace("torch.", ""),
-                nbytes=nbytes, flops=getattr(case, "flops", 0), status=status, note=note) for name in impls]
+    return (str(e).strip().splitlines() or [""])[0][:160] if isinstance(e, BenchUnavailable) else reason(e)
 
 
 def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: list) -> None:
     made = impl.make(case, inputs, ctx)
     fn, extra = made if isinstance(made, tuple) else (made, {})
-    for k, v in extra.items():
-        setattr(row, k, v)
+    vars(row).update(extra)
     t0 = time.perf_counter()
     out = fn()
     ctx.sync()
@@ -439,8 +258,7 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
     if impl.checked and ctx.check:
         if not expected:
             expected.append(case.expected(inputs))
-        for k, v in case.check(out, expected[0]).items():
-            setattr(row, k, v)
+        vars(row).update(case.check(out, expected[0]))
     del out
     if ctx.last_shape != case.label:  # the first timing after a new shape read 1.8-3.4x slow (clocks ramping)
         ctx.time_fn(fn)
@@ -452,9 +270,11 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
     """One row per name in ``ctx.impls``: first call, check, timing. Never raises for an impl: unavailable →
     ``n/a`` with the reason, another exception → ``error`` (``n/a`` for a compiled impl whose compile failed)."""
     bad = case.invalid_reason()
+    rows = [Row(op=case.op, fmt=case.fmt_name, shape=case.label, impl=name, dtype=str(case.dtype).replace("torch.", ""),
+                nbytes=0 if bad else case.nbytes(), flops=getattr(case, "flops", 0), status="n/a" if bad else "ok",
+                note=bad or "") for name in ctx.impls]
     if bad:
-        return blank_rows(case, ctx.impls, "n/a", bad)
-    rows = blank_rows(case, ctx.impls)
+        return rows
     try:
         inputs = case.make_inputs(ctx)
     except Exception as e:  # e.g. out of memory for the inputs themselves
@@ -478,9 +298,9 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
             failed_compile = impl.compiled and row.compile_s is None
             row.status = "n/a" if failed_compile else "error"
             row.note = f"{'torch.compile failed' if failed_compile else 'error'}: {_reason(e)}"
-        row.gbps = gbps(row.nbytes, row.us) if row.nbytes else None
-        row.pct_copy = pct_of(row.gbps, ctx.copy_gbps)
-        row.pct_copy_write = pct_of(gbps(row.nbytes, row.us_write) if row.nbytes else None, ctx.copy_gbps_write)
+        row.gbps, gb_write = (gbps(row.nbytes, row.us), gbps(row.nbytes, row.us_write)) if row.nbytes else (None, None)
+        row.pct_copy = 100 * row.gbps / ctx.copy_gbps if row.gbps and ctx.copy_gbps else None
+        row.pct_copy_write = 100 * gb_write / ctx.copy_gbps_write if gb_write and ctx.copy_gbps_write else None
         row.tflops = gbps(row.flops, row.us) / 1e3 if row.flops and row.us else None
         row.note = row.note or case.note
     ref = next((r for r in rows if r.impl == ctx.ref_impl and r.us), None)
@@ -489,32 +309,56 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
     return rows
 
 
-def _brief(r: Row) -> str:
-    if r.us is None:
-        return f"{r.impl} {r.status} ({r.note})"
-    return f"{r.impl} {r.us:.1f}/{r.us_write:.1f} us" + (f" {r.check}" if r.check else "")
-
-
 def run_cases(cases: Sequence, ctx: Context, impls: dict[str, Impl], *,
               log: Callable[[str], None] = progress, on_rows: Optional[Callable[[list[Row]], None]] = None) -> list[Row]:
     """Bench every case in order, one progress line each; ``on_rows(rows so far)`` after each case (the files
     are rewritten then, so a run stopped from outside keeps what it measured)."""
-    rows: list[Row] = []
     import torch._dynamo.config as dcfg
 
+    def brief(r: Row) -> str:
+        return (f"{r.impl} {r.status} ({r.note})" if r.us is None else
+                f"{r.impl} {r.us:.1f}/{r.us_write:.1f} us" + (f" {r.check}" if r.check else ""))
+
+    rows: list[Row] = []
     limits = {k: v for k, v in (("recompile_limit", 64), ("accumulated_recompile_limit", 1024)) if hasattr(dcfg, k)}
-    with dcfg.patch(**limits):  # many (op, format) variants compile in one process
+    with dcfg.patch(**limits):  # many (op, format, shape) variants compile in one process
         for i, case in enumerate(cases, 1):
             got = bench_case(case, ctx, impls)
             rows.extend(got)
-            log(f"{i}/{len(cases)} {case.op} {case.fmt_name} {case.label}: " + "; ".join(map(_brief, got)))
+            log(f"{i}/{len(cases)} {case.op} {case.fmt_name} {case.label}: " + "; ".join(map(brief, got)))
             if on_rows is not None:
                 on_rows(rows)
     return rows
 
 
+def summary_lines(rows: Sequence[Row], main: str = "mxkit") -> list[dict]:
+    """One dict per case (op, fmt, shape): ``main`` (the ``main`` impl's row, else the first), ``peers``
+    (impl → row) and ``note`` (why rows did not run; peers whose check failed)."""
+    by_case: dict[tuple, dict[str, Row]] = {}
+    for r in rows:
+        by_case.setdefault((r.op, r.fmt, r.shape), {})[r.impl] = r
+    lines = []
+    for (op, fmt, shape), d in by_case.items():
+        m = d.get(main) or next(iter(d.values()))
+        notes = [f"{k}: {v.note}" for k, v in d.items() if v.status not in ("ok", "skip") and v.note]
+        notes += [f"{k} check {v.check}" for k, v in d.items() if k != main and v.check in BAD_CHECKS]
+        if m.status == "ok" and m.note:
+            notes.insert(0, m.note)
+        lines.append({"op": op, "fmt": fmt, "shape": shape, "main": m, "peers": d, "note": "; ".join(notes)})
+    return lines
+
+
+def main_value(attr: str, spec: str) -> Callable[[dict], str]:
+    """A column getter: the main row's ``attr`` formatted with ``spec`` ("n/a" when missing)."""
+    return lambda d: fmt_num(getattr(d["main"], attr), spec)
+
+
+def peer_us_column(name: str, label: str) -> Column:
+    return Column(f"{label} µs", lambda d: fmt_num(getattr(d["peers"].get(name), "us", None), ".1f"))
+
+
 def add_common_arguments(p) -> None:
-    """Options every op benchmark shares, read by :func:`run_benchmark`."""
+    """Options every kernel benchmark shares, read by :func:`run_benchmark`."""
     p.add_argument("--backend", choices=("triton", "reference", "auto"), default="triton",
                    help="backend of the mxkit rows (default triton)")
     p.add_argument("--no-check", action="store_true", help="skip the output checks")
@@ -541,9 +385,7 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
     """The run every op shares: CUDA check, environment, the copy limit, all cases, table, files.
     Returns 0, 1 if a ``main`` output failed its check, 2 when it cannot run here (a message, no traceback)."""
     if device == "cuda" and not torch.cuda.is_available():
-        print(f"error: {what} needs a CUDA GPU, but torch.cuda.is_available() is False (torch {torch.__version__}, "
-              f"CUDA build {torch.version.cuda}); '--list' shows the cases without a GPU.", file=sys.stderr)
-        return 2
+        return no_cuda(what)
     try:
         cfg = timing_config(args)
     except ValueError as e:
@@ -552,33 +394,24 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
     env = environment()
     copy_read, copy_write, copy_bytes = copy_bandwidth(cfg)
     env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes)
-    print(" | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "date_utc")))
+    print(env_line(env))
     print(f"copy limit: {copy_read:.0f} GB/s after a read flush, {copy_write:.0f} after a write flush "
           f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}[{args.backend}] + {', '.join(peers) or 'no peers'}; "
           f"median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, spin {cfg.spin_us:g} µs", flush=True)
     ctx = Context(device=device, time_fn=lambda fn: time_us(fn, cfg), sync=torch.cuda.synchronize if device == "cuda"
                   else (lambda: None), impls=(main, *peers), backend=args.backend, check=not args.no_check, copy_gbps=copy_read,
                   copy_gbps_write=copy_write, ref_impl=ref_impl)
-    config = {k: (v if isinstance(v, (int, float, bool, str, type(None))) else str(v))
-              for k, v in vars(args).items() if k != "func"}
     copy_row = Row(op="copy", fmt="-", shape=f"{copy_bytes // 2 // 2**20}MiB", impl="copy", nbytes=copy_bytes,
                    us=copy_bytes / copy_read / 1e3, us_write=copy_bytes / copy_write / 1e3, gbps=copy_read,
                    pct_copy=100.0, pct_copy_write=100.0)
-
-    def save(rows: list[Row]) -> list[str]:
-        if args.out is None:
-            return []
-        return [f"csv: {write_csv([copy_row, *rows], args.out / f'{stem}.csv')}",
-                f"json: {write_json([copy_row, *rows], env, args.out / f'{stem}.json', config=config)}"]
-
-    rows = run_cases(cases, ctx, impls, on_rows=save)
+    rows = run_cases(cases, ctx, impls, on_rows=lambda rows: save([copy_row, *rows], args, stem, env))
     print()
     render_table(summary_lines(rows, main), columns, plain=args.plain,
                  title=f"{title} — {env['gpu']} — copy {copy_read:.0f} GB/s — {env['date_utc']}")
-    notes = save(rows)
+    notes = save([copy_row, *rows], args, stem, env)
     if args.out is not None:
-        notes.append(write_chart(rows, args.out / f"{stem}.png", value=chart[0], ylabel=chart[1], main=main,
-                                 title=f"{stem} — {env.get('gpu')} — {env.get('date_utc')}")[1])
+        notes.append(write_chart(rows, args.out / f"{stem}.png", value=chart[0], ylabel=chart[1],
+                                 is_main=lambda r: r.impl == main, title=f"{stem} — {env['gpu']} — {env['date_utc']}")[1])
     print("\n".join(notes))
     bad = [r for r in rows if r.check in BAD_CHECKS and r.impl == main]
     if bad:

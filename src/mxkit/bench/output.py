@@ -1,0 +1,151 @@
+"""What every benchmark writes: the environment, a table (rich when installed, :mod:`mxkit._table`), CSV, JSON
+and a PNG bar chart (matplotlib). Rows are dataclasses of any kind (:class:`mxkit.bench.timing.Row`, the
+overhead and decode rows); a missing number is ``""`` in the CSV, ``null`` in the JSON, ``n/a`` in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime as _dt
+import json
+import math
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+
+def progress(msg: str) -> None:
+    """A timestamped progress line on stderr (the table goes to stdout)."""
+    print(f"[{_dt.datetime.now(_dt.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def environment() -> dict:
+    """GPU, library versions, date (UTC), host: printed above a table and stored in the JSON."""
+    import mxkit
+
+    try:
+        import triton
+    except Exception:
+        triton = None
+    p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
+            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": getattr(triton, "__version__", None), "mxkit": getattr(mxkit, "__version__", None),
+            "gpu": p and p.name, "capability": p and f"{p.major}.{p.minor}", "sm_count": p and p.multi_processor_count}
+
+
+def reason(e: BaseException) -> str:
+    """``"Type: first line of the message"``, at most 160 characters: why a row did not run."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:160]
+
+
+def env_line(env: dict) -> str:
+    return " | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "date_utc"))
+
+
+def fmt_num(v: Optional[float], spec: str) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: ``get(line) -> str`` for each line the table is given."""
+
+    title: str
+    get: Callable[[Any], str]
+    right: bool = True
+
+
+def render_table(lines: Sequence[Any], columns: Sequence[Column], *, title: str = "", plain: bool = False,
+                 file=None) -> str:
+    """Print ``lines`` with ``columns`` (rich when installed and not ``plain``); returns the plain text."""
+    from .._table import print_table
+
+    cells = [[c.get(d) for c in columns] for d in lines]
+    return print_table([c.title for c in columns], cells, title=title or None, plain=plain, file=file,
+                       right=[c.title for c in columns if c.right])
+
+
+def _folder_made(path) -> Path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
+def write_csv(rows: Sequence[Any], path: Path) -> Path:
+    """One line per row, the dataclass fields as columns (in their order)."""
+    path = _folder_made(path)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(rows[0])] if rows else [])
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()} for r in rows)
+    return path
+
+
+def write_json(rows: Sequence[Any], env: dict, path: Path, *, config=None) -> Path:
+    """``{"env": {...}, "config": {...}, "rows": [...]}``; ``config``: a dict or the parsed options (their
+    non-JSON values as strings)."""
+    path = _folder_made(path)
+    config = {k: v for k, v in (vars(config) if isinstance(config, argparse.Namespace) else config or {}).items()
+              if k != "func"}
+    doc = {"env": env, "config": config, "rows": [dataclasses.asdict(r) for r in rows]}
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return path
+
+
+def save(rows: Sequence[Any], args, stem: str, env: dict) -> list[str]:
+    """Rewrite ``stem``.csv and .json in ``args.out`` (nothing when it is None); lines naming the files."""
+    if args.out is None:
+        return []
+    return [f"csv: {write_csv(rows, args.out / f'{stem}.csv')}",
+            f"json: {write_json(rows, env, args.out / f'{stem}.json', config=args)}"]
+
+
+def write_chart(rows: Sequence[Any], path: Path, *, value: str, ylabel: str, title: str = "", panel: str = "op",
+                x: str = "shape", colour: str = "fmt", is_main: Callable[[Any], bool] = lambda r: True
+                ) -> tuple[Optional[Path], str]:
+    """PNG bar chart, one panel per value of the ``panel`` field: bars of ``value`` per ``x`` (ticks) and
+    ``colour`` (one colour each) for the rows ``is_main`` keeps; the other rows' values as black ticks over
+    the bar of the same place. Rows whose value is None are left out. Returns (path or None, note); without
+    matplotlib it writes nothing and says so."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # optional dependency
+        return None, f"chart skipped: matplotlib not importable ({type(e).__name__}: {e})"
+    main = [r for r in rows if is_main(r)]
+    panels, colours = (list(dict.fromkeys(getattr(r, a) for r in main)) for a in (panel, colour))
+    if not panels:
+        return None, "chart skipped: no rows to draw"
+    ncols = min(2, len(panels))
+    fig, axes = plt.subplots(math.ceil(len(panels) / 2), ncols, figsize=(7.5 * ncols, 3.6 * math.ceil(len(panels) / 2)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, panels):
+        xs = list(dict.fromkeys(getattr(r, x) for r in main if getattr(r, panel) == name))
+        for r in rows:
+            v, j = getattr(r, value), colours.index(getattr(r, colour)) if getattr(r, colour) in colours else None
+            if getattr(r, panel) != name or v is None or getattr(r, x) not in xs or j is None:
+                continue
+            pos, width = xs.index(getattr(r, x)) - 0.4 + 0.8 / len(colours) * (j + 0.5), 0.76 / len(colours)
+            if is_main(r):
+                ax.bar(pos, v, width=width, color=f"C{j}", label=str(colours[j]))
+            else:
+                ax.scatter([pos], [v], marker="_", s=120, color="black", zorder=3)
+        ax.set_xticks(range(len(xs)), [str(v) for v in xs], fontsize=7, rotation=20)
+        ax.set(xlabel=x, ylabel=ylabel, title=f"{name} (ticks: peers)" if len(main) < len(rows) else str(name))
+        handles = dict(zip(*ax.get_legend_handles_labels()[::-1]))
+        ax.legend(handles.values(), handles.keys(), fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(_folder_made(path), dpi=110)
+    plt.close(fig)
+    return Path(path), f"chart: {path}"

@@ -1,5 +1,5 @@
-"""Benchmarks: one module per op family (``quantize``, ``gemm``). The kernel benches share the harness in
-``timing.py``; every bench writes its table and files through ``output.py``.
+"""Benchmarks: one module per op family (``quantize``, ``gemm``, ``overhead``). The kernel benches
+share the harness in ``timing.py``; every bench writes its table and files through ``output.py``.
 
 ``mxkit bench <op> [options]`` (``python -m mxkit bench`` from source). A bench module exposes ``NAME``,
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` (exit status); adding one is a module plus its
@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 __all__ = ["BENCH_MODULES", "registry", "add_bench_parser"]
 
-BENCH_MODULES = ("quantize", "gemm")  # in the order --help shows them
+BENCH_MODULES = ("quantize", "gemm", "overhead")  # in the order --help shows them
 
 
 def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, ModuleType]:
@@ -25,9 +25,9 @@ def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, ModuleType]:
 
 def add_bench_parser(subparsers, benchmarks: Optional[dict[str, ModuleType]] = None) -> argparse.ArgumentParser:
     """Register ``bench`` on a CLI's ``subparsers``: one sub-command per benchmark, ``func=<run(args) -> int>``."""
-    p = subparsers.add_parser("bench", help="GPU benchmarks (median, L2 flushed, same-run peers)",
-                              description="GPU benchmarks: median time after a read and a write L2 flush, against "
-                                          "the copy bandwidth and peers measured in the same run.")
+    p = subparsers.add_parser("bench", help="GPU benchmarks: kernels, host overhead per call",
+                              description="GPU benchmarks: kernels (median after a read and a write L2 flush, against "
+                                          "the copy bandwidth and peers of the same run), host overhead per call.")
     ops = p.add_subparsers(dest="bench_op", metavar="OP", required=True)
     for b in (benchmarks or registry()).values():
         sub = ops.add_parser(b.NAME, help=b.HELP, description=b.HELP)

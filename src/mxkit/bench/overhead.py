@@ -1,0 +1,270 @@
+"""``mxkit bench overhead``: host µs per eager call of mxkit's public ops, side by side with a plain torch op.
+
+Method (issue #23, "Host overhead"). Every call gets tiny-to-small operands, so that its GPU time is below its
+host time. After ``--warmup`` untimed calls (Triton compiles, caches), ``--calls`` calls are timed one at a
+time with ``time.perf_counter_ns`` around the call alone. Nothing inside a timed call synchronizes. Every
+``--sync-every`` calls, a ``torch.cuda.synchronize`` runs outside the timed windows, so the launch queue never
+fills; a full queue would block the launching call and count as host time.
+
+Reported per call:
+* the median and p90 host µs;
+* "× torch op": the median over the median of ``x * 2`` (one elementwise kernel on a (256, 1024) bf16 x). That
+  op is timed the same way, in the same process, first and last; the ratio uses the mean of the two medians;
+* GPU µs per call: CUDA events around ``GPU_CALLS`` back-to-back calls. The calls are queued behind a GPU spin
+  long enough for the host to enqueue them all, and the event time is divided by ``GPU_CALLS``. A GPU µs well
+  under the host µs says the call is host-bound. A call that syncs the host waits for the spin, so its GPU
+  column reads about as high as its host column.
+
+The target (issue #23): every call ≤ 1.5× the torch op. Needs CUDA; ``--list`` shows the calls without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import output, timing
+from .output import Column, fmt_num
+
+NAME = "overhead"
+HELP = "host µs per eager call of quantize / dequantize / cast_transpose / matmul / MXLinear, × a plain torch op"
+
+TARGET = 1.5  # × the torch op's host time (issue #23)
+GPU_CALLS = 20
+BASELINE = "torch x * 2"
+X_SHAPE = (256, 1024)  # quantize, dequantize, cast_transpose and the torch op
+N, K = 1024, 1024  # the matmul / MXLinear weight
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call to time: ``make(device) -> (zero-argument callable, note)``, its operands built once."""
+
+    name: str
+    shape: str
+    make: Callable[[str], tuple[Callable[[], object], str]]
+
+
+@dataclass
+class OverheadRow:
+    """One call. Host µs: median and p90 per call; ``gpu_us``: device µs per call; ``x_torch``: host median over
+    the torch op's; ``ok``: ``x_torch`` <= :data:`TARGET`. ``status``: ok | error (``note`` says why)."""
+
+    op: str
+    shape: str
+    host_us: Optional[float] = None
+    host_p90_us: Optional[float] = None
+    gpu_us: Optional[float] = None
+    x_torch: Optional[float] = None
+    ok: Optional[bool] = None
+    calls: int = 0
+    status: str = "ok"
+    note: str = ""
+
+
+def _x(device: str, shape=X_SHAPE) -> torch.Tensor:
+    return torch.randn(shape, device=device, dtype=torch.bfloat16)
+
+
+def _torch_op(device: str):
+    x = _x(device)
+    return (lambda: x * 2), ""
+
+
+def _quantize(fmt: str):
+    def make(device: str):
+        import mxkit
+
+        x = _x(device)
+        return (lambda: mxkit.quantize(x, fmt)), ""
+
+    return make
+
+
+def _dequantize(device: str):
+    import mxkit
+
+    q = mxkit.quantize(_x(device), "mxfp4_e2m1")
+    return (lambda: mxkit.dequantize(q, torch.bfloat16)), ""
+
+
+def _cast_transpose(device: str):
+    import mxkit
+
+    x = _x(device)
+    return (lambda: mxkit.cast_transpose(x, "mxfp8_e4m3")), ""
+
+
+def _matmul(m: int, a_fmt: Optional[str]):
+    def make(device: str):
+        import mxkit
+
+        b = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, device=device, dtype=torch.bfloat16) * 2.0**-5,
+                                             "mxfp4_e2m1"))
+        a = _x(device, (m, K))
+        a = a if a_fmt is None else mxkit.quantize(a, a_fmt)
+        return (lambda: mxkit.matmul(a, b)), f"path {mxkit.gemm_plan(a, b).path}"
+
+    return make
+
+
+def _mxlinear(device: str):
+    import mxkit
+    from ..nn import MXLinear
+
+    mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16), "mxfp4_e2m1")
+    x = _x(device, (1, K))
+    return (lambda: mod(x)), f"path {mxkit.gemm_plan(x, mod.weight_mx if mod._packed is None else mod._packed).path}"
+
+
+CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
+    Call(BASELINE, "x".join(map(str, X_SHAPE)), _torch_op),
+    Call("quantize mxfp4", "x".join(map(str, X_SHAPE)), _quantize("mxfp4_e2m1")),
+    Call("quantize mxfp8", "x".join(map(str, X_SHAPE)), _quantize("mxfp8_e4m3")),
+    Call("dequantize mxfp4", "x".join(map(str, X_SHAPE)), _dequantize),
+    Call("cast_transpose mxfp8", "x".join(map(str, X_SHAPE)), _cast_transpose),
+    Call("matmul bf16 x mxfp4 (M=1)", f"1x{N}x{K}", _matmul(1, None)),
+    Call("matmul bf16 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, None)),
+    Call("matmul mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp4_e2m1")),
+    Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear),
+)
+
+
+def select(only: Optional[Sequence[str]]) -> list[Call]:
+    """The torch op and the calls whose name holds one of ``only`` (case-insensitive; None: all). Raises
+    ValueError naming a part that no call holds."""
+    if only is None:
+        return list(CALLS)
+    for part in only:
+        if not any(part.lower() in c.name.lower() for c in CALLS):
+            raise ValueError(f"no call named like {part!r}; calls: {', '.join(c.name for c in CALLS)}")
+    return [CALLS[0]] + [c for c in CALLS[1:] if any(p.lower() in c.name.lower() for p in only)]
+
+
+def host_times_ns(fn: Callable[[], object], calls: int, *, warmup: int = 50, sync_every: int = 64,
+                  sync: Callable[[], None] = torch.cuda.synchronize,
+                  clock: Callable[[], int] = time.perf_counter_ns) -> list[int]:
+    """ns of each of ``calls`` calls of ``fn`` (the clock read right before and right after the call), after
+    ``warmup`` untimed calls. ``sync()`` after the warm-up, after every ``sync_every`` timed calls and at the end,
+    never inside a timed window. Raises ValueError unless calls >= 1 and sync_every >= 1."""
+    if calls < 1 or sync_every < 1:
+        raise ValueError(f"{calls=} and {sync_every=} must be >= 1")
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for i in range(1, calls + 1):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+        if i % sync_every == 0:
+            sync()
+    sync()
+    return times
+
+
+def median_p90_us(times_ns: Sequence[int]) -> tuple[float, float]:
+    """(median, 90th percentile) in µs of per-call ns (inclusive quantiles). ValueError when empty."""
+    if not times_ns:
+        raise ValueError("no timings")
+    p90 = statistics.quantiles(times_ns, n=10, method="inclusive")[-1] if len(times_ns) > 1 else times_ns[0]
+    return statistics.median(times_ns) / 1e3, p90 / 1e3
+
+
+def gpu_us_per_call(fn: Callable[[], object], host_us: float, calls: int = GPU_CALLS, repeats: int = 5) -> float:
+    """Device µs per call: CUDA events around ``calls`` back-to-back calls queued behind a spin of twice their
+    host time plus 200 µs; the median over ``repeats``."""
+    cycles = timing.spin_cycles(2 * calls * host_us + 200)
+    got = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        got.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(got)
+
+
+def measure(call: Call, args, device: str = "cuda", sync: Callable[[], None] = torch.cuda.synchronize,
+            gpu_time: Callable[[Callable[[], object], float], float] = gpu_us_per_call) -> OverheadRow:
+    """One row: build the operands, time the host path, then the device time. An exception → ``error`` row."""
+    row = OverheadRow(call.name, call.shape, calls=args.calls)
+    try:
+        fn, row.note = call.make(device)
+        times = host_times_ns(fn, args.calls, warmup=args.warmup, sync_every=args.sync_every, sync=sync)
+        row.host_us, row.host_p90_us = median_p90_us(times)
+        row.gpu_us = gpu_time(fn, row.host_p90_us)
+    except Exception as e:
+        row.status, row.note = "error", output.reason(e)
+    return row
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calls", type=int, default=2000, help="timed calls per op (default 2000)")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls first (default 50)")
+    p.add_argument("--sync-every", type=int, default=64, help="synchronize every N calls, untimed (default 64)")
+    p.add_argument("--only", type=timing.csv_arg(lambda s: select([s]) and s), default=None,
+                   help="comma list of parts of call names: the calls to run besides the torch op ('matmul,M=1')")
+    p.add_argument("--list", action="store_true", help="print the calls and exit (no GPU needed)")
+    p.add_argument("--out", type=Path, default=None, help="write bench_overhead.csv / .json into this folder")
+    p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
+
+
+COLUMNS = [Column("call", lambda r: r.op, right=False), Column("shape", lambda r: r.shape, right=False),
+           Column("host µs", lambda r: fmt_num(r.host_us, ".1f")),
+           Column("p90 µs", lambda r: fmt_num(r.host_p90_us, ".1f")),
+           Column("GPU µs", lambda r: fmt_num(r.gpu_us, ".1f")),
+           Column("× torch op", lambda r: fmt_num(r.x_torch, ".2f")),
+           Column(f"≤ {TARGET:g}×", lambda r: "-" if r.ok is None else ("yes" if r.ok else "NO")),
+           Column("note", lambda r: r.note[:70], right=False)]
+
+
+def run(args) -> int:
+    """``mxkit bench overhead``. 0: ran (the target is information); 1: an mxkit call raised; 2: cannot run here."""
+    todo = select(args.only)
+    if args.list:
+        print("\n".join(f"{c.name:32s} {c.shape}" for c in todo))
+        return 0
+    if min(args.calls, args.sync_every) < 1 or args.warmup < 0:
+        print(f"error: --calls={args.calls} and --sync-every={args.sync_every} must be >= 1, --warmup >= 0",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        return timing.no_cuda("mxkit bench overhead", "'--list' shows the calls without a GPU")
+    env = output.environment()
+    print(output.env_line(env))
+    print(f"{args.calls} timed calls each after {args.warmup} warm-up calls, a sync every {args.sync_every} "
+          f"(untimed); GPU µs over {GPU_CALLS} queued calls", flush=True)
+    rows = []
+    for c in todo + [todo[0]]:  # the torch op first and last
+        rows.append(measure(c, args))
+        output.progress(f"{c.name}: {fmt_num(rows[-1].host_us, '.1f')} µs host, "
+                        f"{fmt_num(rows[-1].gpu_us, '.1f')} µs GPU {rows[-1].note}")
+    first, last = rows[0], rows.pop()
+    env.update(torch_op_host_us_first=first.host_us, torch_op_host_us_last=last.host_us)
+    base = (first.host_us + last.host_us) / 2 if first.host_us and last.host_us else None
+    for r in rows:
+        r.x_torch = r.host_us / base if base and r.host_us else None
+        r.ok = None if r.x_torch is None else r.x_torch <= TARGET
+    print()
+    output.render_table(rows, COLUMNS, plain=args.plain,
+                        title=f"mxkit bench overhead — {env['gpu']} — torch op {fmt_num(first.host_us, '.1f')} / "
+                              f"{fmt_num(last.host_us, '.1f')} µs (first / last) — {env['date_utc']}")
+    for line in output.save(rows, args, "bench_overhead", env):
+        print(line)
+    bad = [r.op for r in rows if r.status != "ok"]
+    if bad:
+        print(f"error: {len(bad)} call(s) raised: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0

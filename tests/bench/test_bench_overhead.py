@@ -1,0 +1,150 @@
+"""``mxkit bench overhead`` on CPU: the per-call host timing loop under a fake clock (where it reads the clock
+and where it syncs), its statistics, the calls' operands and API (each call runs once on CPU), the ratio to the
+torch op and the files of a run with the measurement faked, and the command line's errors. No GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import mxkit
+from mxkit import bench, cli
+from mxkit.bench import output
+from mxkit.bench import overhead as bo
+
+
+def _args(argv=()):
+    parser = argparse.ArgumentParser(prog="mxkit")
+    bench.add_bench_parser(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(["bench", "overhead", *argv])
+
+
+class FakeClock:
+    """ns that advance only when a call runs (its cost) or a sync runs (1e6, which must never be timed)."""
+
+    def __init__(self, costs):
+        self.now, self.costs, self.events = 0, iter(costs), []
+
+    def __call__(self) -> int:
+        self.events.append("clock")
+        return self.now
+
+    def call(self) -> None:
+        self.events.append("call")
+        self.now += next(self.costs)
+
+    def sync(self) -> None:
+        self.events.append("sync")
+        self.now += 1_000_000
+
+
+def test_host_times_read_the_clock_around_the_call_alone():
+    warmup, calls, every = 3, 10, 4
+    costs = [100 * (k + 1) for k in range(warmup + calls)]
+    fake = FakeClock(costs)
+    got = bo.host_times_ns(fake.call, calls, warmup=warmup, sync_every=every, sync=fake.sync, clock=fake)
+    assert got == costs[warmup:]  # each time is that call's cost: no sync and no other call inside a window
+    ev = fake.events
+    assert ev[:warmup + 1] == ["call"] * warmup + ["sync"]  # the warm-up, then a sync before the first timed call
+    timed = ev[warmup + 1:]
+    # clock, call, clock per timed call; a sync after calls 4 and 8 and one at the end, each outside a window
+    assert timed.count("sync") == calls // every + 1 and timed[-1] == "sync"
+    windows = "".join({"clock": "c", "call": "x", "sync": "s"}[e] for e in timed)
+    assert windows == "cxc" * 4 + "s" + "cxc" * 4 + "s" + "cxc" * 2 + "s"
+    with pytest.raises(ValueError, match="calls=0"):
+        bo.host_times_ns(fake.call, 0, sync=fake.sync, clock=fake)
+    with pytest.raises(ValueError, match="sync_every=0"):
+        bo.host_times_ns(fake.call, 3, sync_every=0, sync=fake.sync, clock=fake)
+
+
+def test_median_and_p90():
+    # 1..10 µs: median 5.5; the inclusive 90th percentile lies 0.1 of the way from 9 to 10
+    assert bo.median_p90_us([k * 1000 for k in range(10, 0, -1)]) == pytest.approx((5.5, 9.1))
+    assert bo.median_p90_us([7000]) == (7.0, 7.0)
+    with pytest.raises(ValueError):
+        bo.median_p90_us([])
+
+
+def test_every_call_runs_on_cpu_through_the_public_api():
+    """The calls' operands and API (cast_transpose's pair, matmul on a PackedWeight, MXLinear.forward), run once on
+    CPU (the reference backend): a call that no longer matches the API fails here, not on the GPU."""
+    got = {}
+    for c in bo.CALLS:
+        fn, note = c.make("cpu")
+        got[c.name] = (fn(), note)
+    assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 9
+    assert torch.equal(got[bo.BASELINE][0] / 2, got[bo.BASELINE][0] * 0.5)
+    for fmt in ("mxfp4", "mxfp8"):
+        q = got[f"quantize {fmt}"][0]
+        assert isinstance(q, mxkit.MXTensor) and q.shape == bo.X_SHAPE and q.fmt.name.startswith(fmt)
+    assert got["dequantize mxfp4"][0].dtype is torch.bfloat16 and got["dequantize mxfp4"][0].shape == bo.X_SHAPE
+    rows, cols = got["cast_transpose mxfp8"][0]
+    assert rows.axis != cols.axis and tuple(rows.shape) == tuple(cols.shape) == bo.X_SHAPE
+    for name, m in (("matmul bf16 x mxfp4 (M=1)", 1), ("matmul bf16 x mxfp4 (M=256)", 256),
+                    ("matmul mxfp4 x mxfp4 (M=256)", 256), ("MXLinear.forward mxfp4 (M=1)", 1)):
+        y, note = got[name]
+        assert y.shape == (m, bo.N) and y.dtype is torch.bfloat16 and note == "path reference", name
+
+
+def test_select_and_options(capsys):
+    assert [c.name for c in bo.select(None)] == [c.name for c in bo.CALLS]
+    assert [c.name for c in bo.select(["MATMUL", "M=1"])] == [
+        bo.BASELINE, "matmul bf16 x mxfp4 (M=1)", "matmul bf16 x mxfp4 (M=256)", "matmul mxfp4 x mxfp4 (M=256)",
+        "MXLinear.forward mxfp4 (M=1)"]
+    args = _args(["--only", "dequantize", "--calls", "100", "--sync-every", "8", "--out", "r"])
+    assert args.func is bo.run and args.only == ("dequantize",) and (args.calls, args.sync_every) == (100, 8)
+    with pytest.raises(SystemExit):
+        _args(["--only", "transpose2"])
+    assert "no call named like 'transpose2'" in capsys.readouterr().err
+
+
+def test_cli_without_cuda(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "overhead", "--list", "--only", "quantize"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    want = [bo.BASELINE, "quantize mxfp4", "quantize mxfp8", "dequantize mxfp4"]
+    assert [line.split("  ")[0] for line in out] == want
+    assert cli.main(["bench", "overhead"]) == 2
+    err = capsys.readouterr().err
+    assert "mxkit bench overhead needs a CUDA GPU" in err and "Traceback" not in err
+    assert cli.main(["bench", "overhead", "--calls", "0"]) == 2 and "--calls=0" in capsys.readouterr().err
+
+
+def test_measure_turns_a_failing_call_into_a_row():
+    def broken(device):
+        raise RuntimeError("CUDA error: an illegal memory access\nmore")
+
+    row = bo.measure(bo.Call("broken", "1x1", broken), _args(), device="cpu", sync=lambda: None,
+                     gpu_time=lambda fn, us: 1.0)
+    assert (row.status, row.note, row.host_us) == ("error", "RuntimeError: CUDA error: an illegal memory access", None)
+    row = bo.measure(bo.CALLS[0], _args(["--calls", "5", "--warmup", "1"]), device="cpu", sync=lambda: None,
+                     gpu_time=lambda fn, us: 1.25)
+    assert row.status == "ok" and row.calls == 5 and row.gpu_us == 1.25 and 0 < row.host_us <= row.host_p90_us
+
+
+def test_run_ratios_table_and_files(monkeypatch, tmp_path, capsys):
+    """run() with the measurement faked: × torch op against the mean of the torch op's first and last medians,
+    the ≤ 1.5× column, CSV / JSON, and exit status 1 when a call raised."""
+    host = {bo.BASELINE: [10.0, 14.0], "quantize mxfp4": [18.0], "quantize mxfp8": [30.0]}
+
+    def fake_measure(call, args, device="cuda", **kw):
+        if call.name == "dequantize mxfp4":
+            return bo.OverheadRow(call.name, call.shape, status="error", note="RuntimeError: boom")
+        return bo.OverheadRow(call.name, call.shape, host_us=host[call.name].pop(0), host_p90_us=40.0, gpu_us=3.0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(output, "environment", lambda: {"gpu": "FakeGPU", "date_utc": "today"})
+    monkeypatch.setattr(bo, "measure", fake_measure)
+    rc = bo.run(_args(["--only", "quantize", "--out", str(tmp_path), "--plain"]))
+    out = capsys.readouterr().out
+    assert rc == 1 and "× torch op" in out and "torch op 10.0 / 14.0 µs" in out
+    rows = {r["op"]: r for r in json.loads((tmp_path / "bench_overhead.json").read_text())["rows"]}
+    # the torch op's second measurement folds into the first row
+    assert list(rows) == [bo.BASELINE, "quantize mxfp4", "quantize mxfp8", "dequantize mxfp4"]
+    assert rows["quantize mxfp4"]["x_torch"] == pytest.approx(1.5) and rows["quantize mxfp4"]["ok"] is True
+    assert rows["quantize mxfp8"]["x_torch"] == pytest.approx(2.5) and rows["quantize mxfp8"]["ok"] is False
+    assert rows["dequantize mxfp4"]["x_torch"] is None and rows["dequantize mxfp4"]["status"] == "error"
+    assert (tmp_path / "bench_overhead.csv").read_text().splitlines()[0].startswith("op,shape,host_us,host_p90_us")

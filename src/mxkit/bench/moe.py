@@ -1,0 +1,290 @@
+"""``mxkit bench moe``: the expert computation of a GPT-OSS MoE layer (both expert GEMMs, the activation, the
+routing weights and the combine) with MXFP4 experts, against same-run peers.
+
+Cases are (model, tokens, routing, mode). Models: GPT-OSS-120B (E = 128) and GPT-OSS-20B (E = 32) experts,
+hidden 2880, intermediate 2880, top-4. Routing: ``uniform`` (the top-4 of normal logits) or ``zipf`` (expert e
+drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Modes: ``w4a16`` times
+:func:`mxkit.kernels.moe.moe_triton` (bf16 tokens, MXFP4 experts read as MX bytes); ``w4a8`` times
+``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to E4M3 once:
+"pack µs").
+
+Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16``): ``grouped-mm-bf16``
+(``torch._grouped_mm`` on the tokens sorted by expert: gather, gate_up, GPT-OSS activation, down, weighted
+combine; the × column), ``loop-bf16`` (one cuBLAS matmul per expert that received tokens) and ``dequant-bf16``
+(HF transformers' fallback: the MXFP4 experts dequantized to bf16 on every call, then as ``grouped-mm-bf16``).
+
+Bytes: the MXFP4 bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
+floor (decode). Numerics: on up to 64 tokens, ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
+(the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64 for ``w4a16``; 0.1
+for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound, not the exactness one).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from . import timing
+from .timing import BenchUnavailable, Column, Impl
+
+NAME = "moe"
+HELP = "GPT-OSS MoE experts (MXFP4): µs, TFLOP/s, × torch._grouped_mm bf16, touched-weight bytes, error"
+
+MODELS = {"gpt-oss-120b": 128, "gpt-oss-20b": 32}  # experts
+HIDDEN = INTER = 2880
+TOP_K = 4
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+ROUTINGS = ("uniform", "zipf")
+MODES = ("w4a16", "w4a8")
+PEERS = ("grouped-mm-bf16", "loop-bf16", "dequant-bf16")
+PEER_LABELS = {"grouped-mm-bf16": "_grouped_mm bf16", "loop-bf16": "loop bf16", "dequant-bf16": "dequant+bf16"}
+REF_IMPL = "grouped-mm-bf16"
+SAMPLE_TOKENS = 64
+MXFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 32
+
+
+def routing(T: int, E: int, kind: str, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights (T, 4) float32, topk_ids (T, 4) int32), fixed by the case (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    if kind == "uniform":
+        logits = torch.randn(T, E, generator=g)
+    else:  # Zipf: Gumbel top-k over log(1 / (e + 1)) draws expert e with weight 1 / (e + 1), without repeats
+        gumbel = -torch.log(-torch.log(torch.rand(T, E, generator=g).clamp_min(1e-20)))
+        logits = gumbel - torch.log(torch.arange(1, E + 1, dtype=torch.float32))
+    top, ids = torch.topk(logits, TOP_K, dim=-1)
+    return torch.softmax(top, -1).to(device), ids.to(torch.int32).to(device)
+
+
+@dataclass(frozen=True)
+class MoeCase:
+    model: str
+    T: int
+    routing: str
+    mode: str
+    dtype: torch.dtype = torch.bfloat16
+
+    op = property(lambda self: self.mode)
+    fmt_name = property(lambda self: f"{self.model} {self.routing}")
+    label = property(lambda self: f"T={self.T}")
+    note = ""
+    E = property(lambda self: MODELS[self.model])
+    flops = property(lambda self: 2 * self.T * TOP_K * 3 * HIDDEN * INTER)
+
+    def experts_hit(self) -> int:
+        return int(torch.unique(routing(self.T, self.E, self.routing)[1]).numel())
+
+    def nbytes(self) -> int:
+        return int(self.experts_hit() * 3 * HIDDEN * INTER * MXFP4_BYTES_PER_ELEMENT)
+
+    def invalid_reason(self) -> Optional[str]:
+        return None
+
+    def make_inputs(self, ctx) -> "Inputs":
+        return make_inputs(self, ctx)
+
+    def expected(self, inp: "Inputs") -> tuple[torch.Tensor, torch.Tensor]:
+        from ..moe_reference import moe_reference
+
+        idx = torch.arange(self.T, device=inp.x.device)
+        if self.T > SAMPLE_TOKENS:
+            idx = torch.randperm(self.T, device=inp.x.device)[:SAMPLE_TOKENS].sort().values
+        w = inp.weights
+        y64 = moe_reference(inp.x[idx], w.w1, w.b1, w.w2, w.b2, inp.tw[idx], inp.ids[idx], out_dtype=torch.float64,
+                            intermediate_dtype=torch.bfloat16)
+        return idx, y64
+
+    def check(self, out: Any, expected: tuple[torch.Tensor, torch.Tensor]) -> dict:
+        idx, y64 = expected
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (self.T, HIDDEN):
+            return {"check": "FAIL", "note": f"output {getattr(out, 'shape', type(out).__name__)}"}
+        err = ((out[idx].double() - y64).norm() / y64.norm()).item()
+        bound = 0.1 if self.mode == "w4a8" else \
+            1.5 * ((y64.to(torch.bfloat16).double() - y64).norm() / y64.norm()).item()
+        return {"err": err, "err_bound": bound, "check": "ok" if err <= bound else "FAIL"}
+
+
+@dataclass
+class Weights:
+    w1: Any  # MXTensor (E, 2I, H), gate / up interleaved (GPT-OSS)
+    b1: torch.Tensor
+    w2: Any  # MXTensor (E, H, I)
+    b2: torch.Tensor
+    w1_bf16: torch.Tensor  # (E, H, 2I): the peers' bf16 experts, K-major like HF's GptOssExperts
+    w2_bf16: torch.Tensor
+
+
+@dataclass
+class Inputs:
+    x: torch.Tensor
+    tw: torch.Tensor
+    ids: torch.Tensor
+    weights: Weights
+
+
+_WEIGHTS: dict = {}  # model -> Weights (one model at a time: its experts fill GBs)
+
+
+def weights(model: str, device) -> Weights:
+    if model not in _WEIGHTS:
+        import mxkit
+
+        _WEIGHTS.clear()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        E = MODELS[model]
+        g = torch.Generator(device=device).manual_seed(1)
+
+        def mx(*shape):
+            return mxkit.quantize(torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
+
+        w1, w2 = mx(E, 2 * INTER, HIDDEN), mx(E, HIDDEN, INTER)
+        b1 = torch.randn(E, 2 * INTER, device=device, generator=g) * 0.1
+        b2 = torch.randn(E, HIDDEN, device=device, generator=g) * 0.1
+        _WEIGHTS[model] = Weights(w1, b1, w2, b2, mxkit.dequantize(w1, torch.bfloat16).transpose(1, 2),
+                                  mxkit.dequantize(w2, torch.bfloat16).transpose(1, 2))
+    return _WEIGHTS[model]
+
+
+def make_inputs(case: MoeCase, ctx) -> Inputs:
+    tw, ids = routing(case.T, case.E, case.routing, ctx.device)
+    x = torch.randn(case.T, HIDDEN, device=ctx.device, dtype=case.dtype)
+    return Inputs(x, tw, ids, weights(case.model, ctx.device))
+
+
+# -------------------------------------------------------------------------------------------------------
+# implementations
+
+
+def _mxkit(case: MoeCase, inp: Inputs, ctx):
+    from ..kernels.moe import fold_experts, moe_triton, moe_w4a8_triton
+    from ..ops import quantize_fp8_rowwise
+
+    w, x, tw, ids = inp.weights, inp.x, inp.tw, inp.ids
+    if case.mode == "w4a16":
+        return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
+    f1, f2 = fold_experts(w.w1), fold_experts(w.w2)
+    if f1 is None or f2 is None:
+        raise BenchUnavailable("an expert row does not fold (block scales spanning more than 14)")
+    pack_us = ctx.time_fn(lambda: (fold_experts(w.w1), fold_experts(w.w2)))[0]
+    return (lambda: moe_w4a8_triton(quantize_fp8_rowwise(x), f1, w.b1, f2, w.b2, tw, ids)), {"pack_us": pack_us}
+
+
+def _act(h: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU on interleaved gate / up columns (transformers' GptOssExperts), in h's dtype."""
+    gate, up = h[..., ::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+def _sorted(inp: Inputs, E: int):
+    flat = inp.ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    return flat, order, offs
+
+
+def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False):
+    import mxkit
+
+    if not hasattr(torch, "_grouped_mm"):
+        raise BenchUnavailable("torch._grouped_mm is not in this torch")
+    w, x = inp.weights, inp.x
+    flat, order, offs = _sorted(inp, case.E)
+    tok = order // TOP_K
+    rw = inp.tw.reshape(-1)[order].to(x.dtype)[:, None]
+    e_sorted = flat[order]
+
+    def fn():
+        w1 = mxkit.dequantize(w.w1, torch.bfloat16).transpose(1, 2) if dequant else w.w1_bf16
+        w2 = mxkit.dequantize(w.w2, torch.bfloat16).transpose(1, 2) if dequant else w.w2_bf16
+        h = torch._grouped_mm(x[tok], w1, offs=offs) + w.b1[e_sorted].to(x.dtype)
+        y = torch._grouped_mm(_act(h), w2, offs=offs) + w.b2[e_sorted].to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, tok, y * rw)
+
+    return fn
+
+
+def _loop(case: MoeCase, inp: Inputs, ctx):
+    w, x = inp.weights, inp.x
+    flat, order, offs = _sorted(inp, case.E)
+    bounds = [0, *offs.tolist()]
+    groups = [(e, order[bounds[e]:bounds[e + 1]]) for e in range(case.E) if bounds[e + 1] > bounds[e]]
+    groups = [(e, pairs // TOP_K, inp.tw.reshape(-1)[pairs].to(x.dtype)[:, None]) for e, pairs in groups]
+
+    def fn():
+        out = torch.zeros_like(x)
+        for e, tok, rw in groups:
+            h = x[tok] @ w.w1_bf16[e] + w.b1[e].to(x.dtype)
+            out.index_add_(0, tok, (_act(h) @ w.w2_bf16[e] + w.b2[e].to(x.dtype)) * rw)
+        return out
+
+    return fn
+
+
+IMPLS: dict[str, Impl] = {i.name: i for i in (
+    Impl("mxkit", _mxkit, checked=True),
+    Impl("grouped-mm-bf16", _grouped, checked=True),
+    Impl("loop-bf16", _loop, checked=True, skip=lambda c: "a Python loop over experts: T <= 4096 only"
+         if c.T > 4096 else None),
+    Impl("dequant-bf16", lambda c, i, x: _grouped(c, i, x, dequant=True), checked=True),
+)}
+
+
+# -------------------------------------------------------------------------------------------------------
+# table and command line
+
+
+def table_columns(peers) -> list[Column]:
+    main = timing.main_value
+    return [Column("mode", lambda d: d["op"], right=False), Column("experts, routing", lambda d: d["fmt"], right=False),
+            Column("tokens", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
+            Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".1f")),
+            Column("weight GB/s", main("gbps", ".0f")), Column("% copy", main("pct_copy", ".0f")),
+            Column("× _grouped_mm", main("vs_ref", ".2f")), Column("pack µs", main("pack_us", ".0f")),
+            Column("rel. err", main("err", ".2e")), Column("bound", main("err_bound", ".2e")),
+            Column("check", lambda d: d["main"].check or "-"),
+            *(timing.peer_us_column(p, PEER_LABELS[p]) for p in peers),
+            Column("note", lambda d: d["note"][:90], right=False)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    csv = timing.csv_arg
+    p.add_argument("--models", type=csv(timing.choice("model", MODELS)), default=tuple(MODELS),
+                   help=f"comma list of {', '.join(MODELS)} (default both)")
+    p.add_argument("--tokens", type=csv(int), default=TOKENS, help="comma list of token counts (default "
+                   + ",".join(map(str, TOKENS)) + ")")
+    p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=ROUTINGS,
+                   help="uniform and/or zipf (default both)")
+    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES, help="w4a16 and/or w4a8")
+    p.add_argument("--quick", action="store_true", help="GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
+    p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
+                   help=f"comma list of {', '.join(PEERS)} or none (default all)")
+    p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+    timing.add_common_arguments(p)
+
+
+def cases_from_args(args) -> list[MoeCase]:
+    if any(t <= 0 for t in args.tokens):
+        raise ValueError(f"token counts must be positive, got {args.tokens}")
+    if args.quick:
+        return [MoeCase("gpt-oss-120b", T, "uniform", m) for T in (1, 64, 4096) for m in args.modes]
+    return [MoeCase(model, T, r, m) for model in args.models for r in args.routings for T in args.tokens
+            for m in args.modes if r == "uniform" or model == "gpt-oss-120b"]
+
+
+def run(args) -> int:
+    """Entry point of ``mxkit bench moe``. 0: ran; 1: an mxkit row past its error bound; 2: cannot run here."""
+    try:
+        cases = cases_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}")
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} {c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")
+        return 0
+    return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench moe", stem="bench_moe", peers=args.peers,
+                                columns=table_columns(args.peers), ref_impl=REF_IMPL,
+                                title="mxkit bench moe — GPT-OSS experts, bf16 tokens, MXFP4 experts",
+                                chart=("tflops", "TFLOP/s (read flush)"))

@@ -232,7 +232,7 @@ def test_bench_needs_an_op(capsys):
 
 def test_registry():
     reg = bench.registry()
-    assert list(reg) == list(bench.BENCH_MODULES) == ["quantize", "gemm", "overhead"]
+    assert list(reg) == list(bench.BENCH_MODULES) == ["quantize", "gemm", "overhead", "decode"]
     assert reg["quantize"] is bq and all(reg[name].NAME == name for name in reg)
     # a new op joins with one module: its sub-command and func come out of the same code path
     fake = types.SimpleNamespace(NAME="fake", HELP="fake op", add_arguments=lambda p: p.add_argument("--m", type=int),
@@ -241,6 +241,13 @@ def test_registry():
     bench.add_bench_parser(parser.add_subparsers(dest="cmd"), {"quantize": bq, "fake": fake})
     args = parser.parse_args(["bench", "fake", "--m", "3"])
     assert args.m == 3 and args.func(args) == 7 and parser.parse_args(["bench", "quantize"]).func is bq.run
+
+
+def test_bench_parsers_do_not_import_transformers():
+    """``mxkit --help`` builds every bench parser: that must not import transformers (slow, optional)."""
+    code = "import sys, mxkit.bench as b; b.registry(); print('transformers' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "False", r.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------------------------------------

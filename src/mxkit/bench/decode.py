@@ -1,0 +1,356 @@
+"""``mxkit bench decode``: end-to-end greedy decode of a Hugging Face causal LM with a real architecture. The
+model is built from a config written here (no hub access) with random weights of the real shapes. It runs in
+bf16 and after :func:`mxkit.quantize_model` to MX weights, eager and with CUDA graphs.
+
+Models:
+* ``llama-3-8b`` (default): Llama-3-8B's config. Its bf16 weights (16 GB) fit an H100 or an H200.
+* ``gpt-oss-20b`` (when the installed transformers has GptOss): its attention layers, embeddings and head at
+  GPT-OSS-20B's shapes. The MoE blocks are skipped (they add zeros): their experts are 3-D parameters rather
+  than ``nn.Linear``, so quantize_model would not convert them, and transformers' expert loop syncs the host
+  in every layer, which rules out graph capture. With graphs, prompt + tokens + 2 must fit the 128-token
+  sliding window: the sliding layers keep their length in a Python int, frozen at capture.
+* ``tiny-llama``: 2 layers of hidden 64, for smoke tests on CPU.
+
+``--layers N`` keeps the first N decoder layers. Every format starts from the same weights (one seed).
+quantize_model converts every ``nn.Linear`` except ``lm_head``; the head stays bf16 as in MX checkpoints such as
+GPT-OSS, unless ``--quantize-head`` is given.
+
+Method, per (format, batch): a transformers ``StaticCache`` of prompt + tokens + 2 positions. The prefill of a
+random prompt of ``--prompt`` tokens is not timed. Then ``--tokens`` greedy steps. One step runs the model on
+the (batch, 1) token ids at the position held in a device tensor, and the last logits' argmax and the next
+position are written back into those tensors. The step reads nothing on the host, so it can be replayed.
+
+* ``eager``: the step in a Python loop, after one untimed run.
+* ``graphs``: the step captured once in a ``torch.cuda.CUDAGraph`` after two warm-up steps on a side stream;
+  the loop is ``graph.replay()``. Capture was chosen over ``torch.compile(mode="reduce-overhead")``: it
+  compiles nothing (compiling a 32-layer model takes minutes) and records MXLinear's Triton launches as they
+  run. It needs a step without host syncs, which mxkit's bf16 x MX paths (the decode kernel, dense-exact) are.
+
+Time per run: wall clock between two device syncs around the loop; the median over ``--repeats`` runs, each
+with a reset cache and a fresh prefill. ms per token = time / tokens (one token per sequence per step);
+tokens/s = batch · tokens / time; × bf16 = tokens/s over bf16's at the same batch and mode. The GEMM path
+column is what :func:`mxkit.gemm_plan` picks for the first quantized layer at M = batch.
+Target (issue #23, information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from . import output, timing
+from .output import Column, fmt_num
+
+NAME = "decode"
+HELP = "end-to-end decode of a real LM architecture (Llama-3-8B), bf16 vs MXFP4 / MXFP8 weights, eager and graphs"
+
+MODES = ("eager", "graphs")
+WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
+QUICK = dict(layers=4, tokens=16, repeats=1)
+TARGETS = {"eager": 1.5, "graphs": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
+_LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
+                   rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False, bos_token_id=128000,
+                   eos_token_id=128001, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+# (transformers config class, its arguments, attention implementation)
+MODELS = {
+    "llama-3-8b": ("LlamaConfig", _LLAMA_3_8B, "sdpa"),
+    "gpt-oss-20b": ("GptOssConfig", dict(
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
+        head_dim=64, vocab_size=201088, sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        attention_bias=True, tie_word_embeddings=False, num_local_experts=1, num_experts_per_tok=1,  # MoE skipped
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False}), "eager"),
+    "tiny-llama": ("LlamaConfig", dict(_LLAMA_3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                                       bos_token_id=1, eos_token_id=2), "sdpa"),
+}
+
+
+@dataclass
+class DecodeRow:
+    """One (format, batch, mode) run. ``ms_per_token`` / ``tokens_per_s``: medians over the repeats;
+    ``x_bf16``: tokens/s over bf16's at the same batch and mode. ``status``: ok | error (``note`` says why)."""
+
+    model: str
+    fmt: str
+    batch: int
+    mode: str
+    layers: int
+    prompt: int
+    tokens: int
+    ms_per_token: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    x_bf16: Optional[float] = None
+    path: str = ""
+    status: str = "ok"
+    note: str = ""
+
+
+class _NoMoE(torch.nn.Module):
+    """GPT-OSS's MoE block left out: zeros, and no router scores."""
+
+    def forward(self, hidden_states: torch.Tensor):
+        return torch.zeros_like(hidden_states), None
+
+
+def model_layers(name: str) -> int:
+    return MODELS[name][1]["num_hidden_layers"]
+
+
+def build_model(name: str, *, layers: Optional[int] = None, device: str = "cuda", seed: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """The transformers causal LM of :data:`MODELS` ``name`` with its first ``layers`` decoder layers (default all),
+    random weights (transformers' init after ``torch.manual_seed(seed)``) in ``dtype`` on ``device``, in eval mode.
+    Raises ValueError for a layer count out of range or a model this transformers lacks."""
+    import transformers
+
+    cls_name, kw, attn = MODELS[name]
+    n = kw["num_hidden_layers"]
+    if layers is not None and not 1 <= layers <= n:
+        raise ValueError(f"--layers={layers}: {name} has {n} decoder layers")
+    if not hasattr(transformers, cls_name):
+        raise ValueError(f"{name} needs transformers.{cls_name}, which transformers {transformers.__version__} lacks")
+    config = getattr(transformers, cls_name)(**dict(kw, num_hidden_layers=layers or n))
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    if cls_name == "GptOssConfig":
+        for layer in model.model.layers:
+            layer.mlp = _NoMoE()
+    return model.eval()
+
+
+class Decoder:
+    """Greedy decode of ``batch`` random prompts of ``prompt`` tokens with a ``StaticCache``. :meth:`step` decodes one
+    token per sequence from device tensors only (``ids`` (batch, 1), ``pos`` (1, 1)), so a CUDA graph can replay it."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, prompt: int, tokens: int, seed: int = 0) -> None:
+        from transformers import StaticCache
+
+        device = next(model.parameters()).device
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=prompt + tokens + WARMUP_STEPS)
+        gen = torch.Generator().manual_seed(seed)
+        self.prompt_ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def _next(self, ids: torch.Tensor, pos: torch.Tensor) -> None:
+        logits = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                            logits_to_keep=1).logits
+        self.ids.copy_(logits[:, -1:].argmax(-1))
+
+    def prefill(self) -> None:
+        """Empty the cache, run the prompt, leave its next token in ``ids`` and its length in ``pos``."""
+        self.cache.reset()
+        n = self.prompt_ids.shape[1]
+        self._next(self.prompt_ids, torch.arange(n, device=self.pos.device)[None])
+        self.pos.fill_(n)
+
+    def step(self) -> None:
+        self._next(self.ids, self.pos)
+        self.pos.add_(1)
+
+    def capture(self) -> "torch.cuda.CUDAGraph":
+        """A CUDA graph of one :meth:`step`, after a prefill and ``WARMUP_STEPS`` steps on a side stream."""
+        self.prefill()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                self.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step()
+        return graph
+
+
+def time_decode(dec: Decoder, step: Callable[[], None], tokens: int, repeats: int, sync: Callable[[], None],
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of ``tokens`` calls of ``step`` after a prefill, between two ``sync()`` (``repeats`` runs)."""
+    times = []
+    for _ in range(repeats):
+        dec.prefill()
+        sync()
+        t0 = clock()
+        for _ in range(tokens):
+            step()
+        sync()
+        times.append(clock() - t0)
+    return statistics.median(times)
+
+
+def gemm_path(model: torch.nn.Module, batch: int) -> str:
+    """What :func:`mxkit.gemm_plan` picks for the first MXLinear at M = ``batch`` ("" when there is none)."""
+    import mxkit
+    from ..nn import MXLinear
+
+    mod = next((m for m in model.modules() if isinstance(m, MXLinear)), None)
+    if mod is None:
+        return ""
+    x = torch.empty(batch, mod.in_features, dtype=torch.bfloat16, device=mod.weight_qdata.device)
+    return mxkit.gemm_plan(x, mod.weight_mx if mod._packed is None else mod._packed).path
+
+
+def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
+    """Build the model in ``fmt`` and time every (batch, mode); ``on_row`` gets each row (errors included)."""
+    import mxkit
+
+    def rows(status="ok", note=""):
+        return [DecodeRow(args.model, fmt, b, m, args.layers or model_layers(args.model), args.prompt, args.tokens,
+                          status=status, note=note) for b in args.batches for m in args.modes]
+
+    try:
+        model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
+        if fmt != "bf16":
+            mxkit.quantize_model(model, fmt, skip=None if args.quantize_head else "lm_head", compute_qsnr=False,
+                                 progress=False)
+    except Exception as e:
+        for r in rows("error", f"build / quantize: {output.reason(e)}"):
+            on_row(r)
+        return
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    todo = iter(rows())
+    with torch.no_grad():
+        for b in args.batches:
+            dec = Decoder(model, b, args.prompt, args.tokens, seed=args.seed)
+            path = gemm_path(model, b)
+            for mode in args.modes:
+                row = next(todo)
+                row.path = path
+                try:
+                    if mode == "eager":
+                        step = dec.step
+                        time_decode(dec, step, args.tokens, 1, sync)  # untimed: compiles, workspaces
+                    else:
+                        step = dec.capture().replay
+                    s = time_decode(dec, step, args.tokens, args.repeats, sync)
+                    row.ms_per_token, row.tokens_per_s = 1e3 * s / args.tokens, b * args.tokens / s
+                except Exception as e:
+                    row.status, row.note = "error", f"{mode}: {output.reason(e)}"
+                on_row(row)
+            del dec
+    del model
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    csv = timing.csv_arg
+
+    def positive(s: str) -> int:
+        if int(s) < 1:
+            raise ValueError(f"{s} is not a positive integer")
+        return int(s)
+
+    p.add_argument("--model", type=timing.choice("model", MODELS), default="llama-3-8b",
+                   help=f"{', '.join(MODELS)} (default llama-3-8b)")
+    p.add_argument("--layers", type=positive, default=None, help="keep the first N decoder layers (default all)")
+    p.add_argument("--formats", type=csv(lambda s: s if s == "bf16" else _mx_name(s)), default=("bf16", "mxfp4_e2m1",
+                   "mxfp8_e4m3"), help="comma list of bf16 and MX weight formats (default bf16,mxfp4,mxfp8)")
+    p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
+                   help="comma list of batch sizes (default 1,16,64)")
+    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES, help="eager and/or graphs")
+    p.add_argument("--prompt", type=positive, default=8, help="prompt tokens (default 8)")
+    p.add_argument("--tokens", type=positive, default=None, help="tokens decoded per run (default 64; 16 with --quick)")
+    p.add_argument("--repeats", type=positive, default=None,
+                   help="timed runs per row, median (default 3; 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="--layers 4 --tokens 16 --repeats 1 unless given")
+    p.add_argument("--quantize-head", action="store_true", help="quantize lm_head too (default: kept in bf16)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: eager only, for smoke tests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
+    p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
+
+
+def _mx_name(s: str) -> str:
+    from ..formats import get_format
+
+    return get_format(s).name
+
+
+def resolve(args) -> None:
+    """Fill the ``--quick`` defaults; raise ValueError for options that do not go together."""
+    for k, quick in QUICK.items():
+        if getattr(args, k) is None and (args.quick or k != "layers"):
+            setattr(args, k, quick if args.quick else {"tokens": 64, "repeats": 3}[k])
+    if args.layers is not None and args.layers > model_layers(args.model):
+        raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
+    if "graphs" in args.modes and args.device != "cuda":
+        raise ValueError("--modes graphs needs --device cuda (CUDA graphs); use --modes eager on CPU")
+    window = MODELS[args.model][1].get("sliding_window")
+    if window and "graphs" in args.modes and args.prompt + args.tokens + WARMUP_STEPS > window:
+        raise ValueError(f"{args.model} with graphs: --prompt + --tokens + {WARMUP_STEPS} = "
+                         f"{args.prompt + args.tokens + WARMUP_STEPS} must fit the sliding window of {window}")
+
+
+COLUMNS = [Column("format", lambda r: r.fmt, right=False), Column("batch", lambda r: str(r.batch)),
+           Column("mode", lambda r: r.mode, right=False),
+           Column("ms/token", lambda r: fmt_num(r.ms_per_token, ".2f")),
+           Column("tokens/s", lambda r: fmt_num(r.tokens_per_s, ".0f")),
+           Column("× bf16", lambda r: fmt_num(r.x_bf16, ".2f")),
+           Column("GEMM path", lambda r: r.path or "-", right=False),
+           Column("note", lambda r: r.note[:80], right=False)]
+
+
+def run(args) -> int:
+    """``mxkit bench decode``. 0: every row ran; 1: a row failed (its note says why); 2: cannot run here."""
+    try:
+        resolve(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return timing.no_cuda("mxkit bench decode", "'--model tiny-llama --device cpu --modes eager' runs on CPU")
+    from tqdm.auto import tqdm
+
+    env = output.environment()
+    layers = args.layers or model_layers(args.model)
+    print(output.env_line(env))
+    print(f"{args.model}, {layers} layers, prompt {args.prompt}, {args.tokens} tokens, median of {args.repeats}; "
+          f"formats {', '.join(args.formats)}; batches {', '.join(map(str, args.batches))}; {', '.join(args.modes)}",
+          flush=True)
+    rows: list[DecodeRow] = []
+    bar = tqdm(total=len(args.formats) * len(args.batches) * len(args.modes), desc="decode", unit="run")
+
+    def on_row(r: DecodeRow) -> None:
+        rows.append(r)
+        bar.set_postfix_str(f"{r.fmt} b{r.batch} {r.mode}: {fmt_num(r.tokens_per_s, '.0f')} tok/s")
+        bar.update()
+        output.save(rows, args, "bench_decode", env)
+
+    for fmt in args.formats:
+        run_format(args, fmt, on_row)
+    bar.close()
+    base = {(r.batch, r.mode): r.tokens_per_s for r in rows if r.fmt == "bf16" and r.tokens_per_s}
+    for r in rows:
+        r.x_bf16 = r.tokens_per_s / base[r.batch, r.mode] if r.tokens_per_s and (r.batch, r.mode) in base else None
+    output.render_table(rows, COLUMNS, plain=args.plain, title=f"mxkit bench decode — {args.model}, {layers} layers, "
+                        f"{args.tokens} tokens — {env['gpu'] or 'cpu'} — {env['date_utc']}")
+    for mode, target in TARGETS.items():
+        got = next((r.x_bf16 for r in rows if (r.fmt, r.batch, r.mode) == ("mxfp4_e2m1", 1, mode) and r.x_bf16), None)
+        if got is not None:
+            print(f"target ({mode}, batch 1): MXFP4 {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "
+                  f"({'met' if got >= target else 'missed'})")
+    notes = output.save(rows, args, "bench_decode", env)
+    if args.out is not None:
+        notes.append(output.write_chart(rows, args.out / "bench_decode.png", value="tokens_per_s", ylabel="tokens/s",
+                                        panel="mode", x="batch", colour="fmt",
+                                        title=f"bench_decode — {args.model} — {env['gpu'] or 'cpu'}")[1])
+    print("\n".join(notes))
+    bad = [f"{r.fmt}/b{r.batch}/{r.mode}" for r in rows if r.status != "ok"]
+    if bad:
+        print(f"error: {len(bad)} run(s) failed: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,183 @@
+"""``mxkit bench decode`` on CPU: the model builder (real configs, the cut to N layers, GPT-OSS without its MoE),
+the greedy decode step against a full recompute, the whole command with a tiny Llama in eager mode (table, CSV,
+JSON, PNG), and the argument errors. CUDA graphs need a GPU: only their argument checks run here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import mxkit
+from mxkit import bench, cli
+from mxkit.bench import decode as bd
+from mxkit.nn import MXLinear
+
+
+def _args(argv=()):
+    parser = argparse.ArgumentParser(prog="mxkit")
+    bench.add_bench_parser(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(["bench", "decode", *argv])
+
+
+def test_real_configs_are_written_here():
+    """Built on the meta device (shapes, no memory): Llama-3-8B has its published 8,030,261,248 parameters."""
+    m = bd.build_model("llama-3-8b", device="meta")
+    cfg = m.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (4096, 14336, 32)
+    assert cfg.num_attention_heads == 32
+    assert (cfg.num_key_value_heads, cfg.vocab_size, cfg.max_position_embeddings) == (8, 128256, 8192)
+    assert cfg.rope_parameters["rope_theta"] == 500000.0 and cfg._attn_implementation == "sdpa"
+    assert sum(p.numel() for p in m.parameters()) == 8_030_261_248
+    m = bd.build_model("gpt-oss-20b", device="meta", layers=2)
+    cfg = m.config
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (2880, 64, 8, 64)
+    assert cfg.sliding_window == 128 and cfg.layer_types == ["sliding_attention", "full_attention"]
+    assert tuple(m.model.layers[0].self_attn.q_proj.weight.shape) == (4096, 2880) and m.lm_head.out_features == 201088
+
+
+def test_build_model_tiny_llama():
+    m = bd.build_model("tiny-llama", device="cpu")
+    linears = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)]
+    assert len(linears) == 2 * 7 + 1 and linears[-1] == "lm_head" and m.config.hidden_size == 64
+    assert next(m.parameters()).dtype is torch.bfloat16 and not m.training
+    again, other = bd.build_model("tiny-llama", device="cpu"), bd.build_model("tiny-llama", device="cpu", seed=1)
+    w = m.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(w, again.model.layers[0].mlp.up_proj.weight)  # every format starts from the same weights
+    assert not torch.equal(w, other.model.layers[0].mlp.up_proj.weight)
+    assert len(bd.build_model("tiny-llama", layers=1, device="cpu").model.layers) == 1
+    with pytest.raises(ValueError, match="--layers=3: tiny-llama has 2 decoder layers"):
+        bd.build_model("tiny-llama", layers=3, device="cpu")
+
+
+def test_gpt_oss_is_built_without_its_moe(monkeypatch):
+    cls, kw, attn = bd.MODELS["gpt-oss-20b"]
+    tiny = dict(kw, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                num_hidden_layers=2)
+    monkeypatch.setitem(bd.MODELS, "gpt-oss-20b", (cls, tiny, attn))
+    m = bd.build_model("gpt-oss-20b", device="cpu")
+    assert all(isinstance(layer.mlp, bd._NoMoE) for layer in m.model.layers)
+    linears = [n.split(".")[-1] for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)]
+    assert linears == ["q_proj", "k_proj", "v_proj", "o_proj"] * 2 + ["lm_head"]
+    dec = bd.Decoder(m, 2, 4, 3)
+    with torch.no_grad():
+        dec.prefill()
+        dec.step()
+    assert dec.ids.shape == (2, 1) and int(dec.pos) == 5
+
+
+def test_decode_step_matches_a_full_recompute():
+    """Greedy tokens from the static cache (one step per token, the position a device tensor) equal the argmax of
+    the model run on the whole sequence without a cache (float32: no rounding ties between the two paths)."""
+    m = bd.build_model("tiny-llama", device="cpu", dtype=torch.float32)
+    dec = bd.Decoder(m, 3, 5, 4, seed=2)
+    with torch.no_grad():
+        dec.prefill()
+        got = [dec.ids.clone()]
+        for _ in range(4):
+            dec.step()
+            got.append(dec.ids.clone())
+        seq = torch.cat([dec.prompt_ids, *got], 1)
+        want = m(input_ids=seq[:, :-1]).logits.argmax(-1)[:, 4:]
+        assert torch.equal(torch.cat(got, 1), want) and int(dec.pos) == 9
+        dec.prefill()  # a second run starts over: the cache is reset, the first token is the same
+        assert torch.equal(dec.ids, got[0]) and int(dec.pos) == 5
+
+
+def test_time_decode_brackets_the_steps_with_syncs():
+    events = []
+    dec = type("D", (), {"prefill": lambda self: events.append("prefill")})()
+    clock = iter([0.0, 2.0, 10.0, 13.0, 20.0, 21.0])
+    s = bd.time_decode(dec, lambda: events.append("step"), 2, 3, lambda: events.append("sync"),
+                       clock=lambda: next(clock))
+    assert s == 2.0 and events == ["prefill", "sync", "step", "step", "sync"] * 3  # median of 2, 3, 1 s
+
+
+def test_whole_command_on_cpu(tmp_path, capsys, monkeypatch):
+    seen = []
+    real = mxkit.quantize_model
+    monkeypatch.setattr(mxkit, "quantize_model",
+                        lambda model, fmt, **kw: seen.append((fmt, kw)) or real(model, fmt, **kw))
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "3",
+                   "--batches", "1,2", "--prompt", "4", "--out", str(tmp_path), "--plain"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "× bf16" in out and "tokens/s" in out and "target (eager, batch 1): MXFP4" in out
+    assert [f for f, _ in seen] == ["mxfp4_e2m1", "mxfp8_e4m3"] and all(kw["skip"] == "lm_head" for _, kw in seen)
+    doc = json.loads((tmp_path / "bench_decode.json").read_text())
+    rows = doc["rows"]
+    assert [(r["fmt"], r["batch"], r["mode"]) for r in rows] == [
+        (f, b, "eager") for f in ("bf16", "mxfp4_e2m1", "mxfp8_e4m3") for b in (1, 2)]
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["layers"] == 2 and r["tokens"] == 3 for r in rows)
+    for r in rows:  # tokens/s = batch · tokens / time, ms per token = time / tokens
+        assert r["tokens_per_s"] * r["ms_per_token"] / 1e3 == pytest.approx(r["batch"])
+        base = next(b for b in rows if b["fmt"] == "bf16" and b["batch"] == r["batch"])
+        assert r["x_bf16"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        assert r["path"] == ("" if r["fmt"] == "bf16" else "reference")  # CPU: the reference GEMM
+    assert doc["config"]["model"] == "tiny-llama" and doc["config"]["repeats"] == 3
+    assert (tmp_path / "bench_decode.csv").read_text().count("\n") == 7
+    assert (tmp_path / "bench_decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quantize_head_and_failed_runs(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(mxkit, "quantize_model", lambda model, fmt, **kw: seen.append(kw["skip"]))
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
+                   "--batches", "1", "--formats", "mxfp4", "--quantize-head", "--plain"])
+    assert rc == 0 and seen == [None]
+    monkeypatch.setattr(bd.Decoder, "step", lambda self: (_ for _ in ()).throw(RuntimeError("capture failed\nmore")))
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
+                   "--batches", "1", "--formats", "bf16", "--plain"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "eager: RuntimeError: capture failed" in captured.out and "bf16/b1/eager" in captured.err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "llama-3-70b"], "unknown model 'llama-3-70b'"),
+    (["--formats", "bf16,mxfp9"], "unknown MX format 'mxfp9'"),
+    (["--batches", "1,0"], "0 is not a positive integer"),
+    (["--modes", "compiled"], "unknown mode 'compiled'"),
+    (["--layers", "0"], "invalid positive value"),
+])
+def test_bad_options_are_usage_errors(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        _args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--layers", "33"], "--layers=33: llama-3-8b has 32 decoder layers"),
+    (["--device", "cpu"], "--modes graphs needs --device cuda"),
+    (["--model", "gpt-oss-20b", "--tokens", "120"], "must fit the sliding window of 128"),
+])
+def test_options_that_do_not_go_together(argv, needle, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the checks come before any GPU work
+    assert cli.main(["bench", "decode", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_quick_defaults_and_no_cuda(monkeypatch, capsys):
+    args = _args(["--quick"])
+    bd.resolve(args)
+    assert (args.layers, args.tokens, args.repeats, args.prompt) == (4, 16, 1, 8)
+    args = _args(["--quick", "--tokens", "32"])
+    bd.resolve(args)
+    assert (args.layers, args.tokens) == (4, 32)
+    args = _args([])
+    bd.resolve(args)
+    assert (args.layers, args.tokens, args.repeats) == (None, 64, 3)
+    assert args.formats == ("bf16", "mxfp4_e2m1", "mxfp8_e4m3") and args.batches == (1, 16, 64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "decode", "--quick"]) == 2
+    assert "mxkit bench decode needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_gemm_path_names_the_first_mx_layer():
+    m = bd.build_model("tiny-llama", device="cpu")
+    assert bd.gemm_path(m, 4) == ""
+    mxkit.quantize_model(m, "mxfp4", skip="lm_head", compute_qsnr=False, progress=False)
+    assert isinstance(m.model.layers[0].self_attn.q_proj, MXLinear) and isinstance(m.lm_head, torch.nn.Linear)
+    assert bd.gemm_path(m, 4) == "reference"

@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
 # The GPU check, one call of well under 10 minutes on an H100 / H200 machine: (1) the tests marked gpu through
 # pytest-xdist, (2) optionally compute-sanitizer memcheck, (3) `mxkit bench quantize` at 8192^2 and 16384^2
-# with peers, (4) `mxkit bench gemm --quick`; logs, CSV / JSON / PNG under $OUT, a short summary printed LAST.
-# Runs from source (PYTHONPATH=src); installs nothing.
+# with peers, (4) `mxkit bench gemm --quick`, (5) `mxkit bench overhead`, (6) `mxkit bench decode --quick`;
+# logs, CSV / JSON / PNG under $OUT, a short summary printed LAST. Runs from source (PYTHONPATH=src); installs
+# nothing.
 #
 #   bash scripts/gpu_check.sh
 #
 # Each stage runs under `timeout` with its own budget (seconds), cut to what is left of MXKIT_WALL_BUDGET after
 # keeping 30 s for every later stage; a benchmark stopped by its budget keeps the rows it measured (the files
-# are rewritten after every case), and the summary says the stage timed out.
+# are rewritten after every case or run), and the summary says the stage timed out.
 #   OUT                     results folder (default results/gpu)
 #   MXKIT_WALL_BUDGET       the whole check (default 550)
 #   MXKIT_TESTS_BUDGET      stage 1 (default 280)     MXKIT_SKIP_TESTS=1  skip it
 #   MXKIT_SANITIZE=1        run stage 2 (default off); MXKIT_SANITIZE_BUDGET (default 120),
 #                           MXKIT_SANITIZE_K: its pytest -k expression (default "quantize or dequantize")
-#   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stage 3 (and 4)
-#   MXKIT_GEMM_BUDGET       stage 4 (default 90)     MXKIT_SKIP_GEMM=1   skip stage 4
+#   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stages 3 to 6
+#   MXKIT_GEMM_BUDGET       stage 4 (default 90)      MXKIT_SKIP_GEMM=1   skip stage 4
+#   MXKIT_OVERHEAD_BUDGET   stage 5 (default 45)      MXKIT_SKIP_OVERHEAD=1  skip stage 5
+#   MXKIT_DECODE_BUDGET     stage 6 (default 120)     MXKIT_SKIP_DECODE=1    skip stage 6
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
 #   MXKIT_TEST_K            a pytest -k expression for stage 1 (default: every gpu test)
 #   MXKIT_XDIST_N           pytest-xdist workers (default 16)
-#   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS  extra options for the two benchmarks; the GEMM stage's default,
-#                           "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,torchao", leaves out the compiled
-#                           reference, whose torch.compile per pair and shape does not fit the stage (the full
-#                           `mxkit bench gemm` runs it)
+#   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra options for the
+#                           benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,
+#                           torchao", leaves out the compiled reference, whose torch.compile per pair and shape
+#                           does not fit the stage (the full `mxkit bench gemm` runs it); decode's, "--quick", cuts
+#                           Llama-3-8B to 4 layers and 16 tokens
 # Files: gpu_check.log, pytest_gpu.xml, sanitizer.log, bench_quantize.{csv,json,png}, bench_gemm.{csv,json,png},
-# summary.txt. Exit status 0 when every stage that ran passed (no test failure, no memcheck error, every mxkit
-# benchmark output checked, no stage out of time).
+# bench_overhead.{csv,json}, bench_decode.{csv,json,png}, summary.txt. Exit status 0 when every stage that ran
+# passed (no test failure, no memcheck error, every mxkit benchmark output checked, every overhead call and
+# decode run done, no stage out of time).
 
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -58,7 +63,7 @@ else
         PAR=(-p no:xdist)
         say "pytest-xdist is not importable here: the GPU tests run serially (-p no:xdist)"
     fi
-    B=$(fit "${MXKIT_TESTS_BUDGET:-280}" 3)
+    B=$(fit "${MXKIT_TESTS_BUDGET:-280}" 5)
     say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL)"
     # one CPU thread per worker for torch's CPU references: the Triton compiles need the cores
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s INT -k 20 "$B" python3 -m pytest -m gpu "${PAR[@]}" -q \
@@ -71,7 +76,7 @@ fi
 
 # 2. compute-sanitizer memcheck (off unless MXKIT_SANITIZE=1) ---------------------------------------------------
 if [ "${MXKIT_SANITIZE:-0}" = 1 ] && [ "${MXKIT_SKIP_TESTS:-0}" != 1 ]; then
-    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" 2)
+    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" 4)
     K="${MXKIT_SANITIZE_K:-quantize or dequantize}"
     say "stage 2: compute-sanitizer memcheck over pytest -m gpu -k '$K' (budget $B s; caching allocator off)"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$B" compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -92,26 +97,40 @@ bench() {  # bench <stage name> <budget> <mxkit bench args...>
     say "$name: python3 -m mxkit bench $* (budget $budget s)"
     timeout -s INT -k 20 "$budget" python3 -m mxkit bench "$@" --out "$RESULTS" --plain 2>&1 | tee -a "$LOG" | tail -n 80
     local rc=${PIPESTATUS[0]}
-    STATUS+=("$name: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time: the JSON holds the rows measured)')$([ "$rc" = 1 ] && echo ' (an mxkit output failed its check)')")
+    STATUS+=("$name: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time: the JSON holds the rows measured)')$([ "$rc" = 1 ] && echo ' (an mxkit output failed its check, or a call / run raised)')")
     [ "$rc" = 0 ] || FAILED=1
 }
 if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then
-    STATUS+=("bench quantize / gemm: skipped (MXKIT_SKIP_BENCH=1)")
+    STATUS+=("bench quantize / gemm / overhead / decode: skipped (MXKIT_SKIP_BENCH=1)")
 else
     # shellcheck disable=SC2086
-    bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 1)" quantize --shapes 8192x8192,16384x16384 \
+    bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 3)" quantize --shapes 8192x8192,16384x16384 \
         ${MXKIT_QUANTIZE_ARGS:-}
     # 4. the GEMM benchmark, quick set ---------------------------------------------------------------------
     if [ "${MXKIT_SKIP_GEMM:-0}" = 1 ]; then
         STATUS+=("bench gemm: skipped (MXKIT_SKIP_GEMM=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 0)" gemm --quick \
+        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 2)" gemm --quick \
             ${MXKIT_GEMM_ARGS:---peers cublas-bf16,scaled-mm-fp8,dot-scaled,torchao}
+    fi
+    # 5. host overhead per eager call (under 30 s) -----------------------------------------------------------
+    if [ "${MXKIT_SKIP_OVERHEAD:-0}" = 1 ]; then
+        STATUS+=("bench overhead: skipped (MXKIT_SKIP_OVERHEAD=1)")
+    else
+        # shellcheck disable=SC2086
+        bench "bench overhead" "$(fit "${MXKIT_OVERHEAD_BUDGET:-45}" 1)" overhead ${MXKIT_OVERHEAD_ARGS:-}
+    fi
+    # 6. end-to-end decode, cut to 4 layers and 16 tokens (under 90 s on an H200) ----------------------------
+    if [ "${MXKIT_SKIP_DECODE:-0}" = 1 ]; then
+        STATUS+=("bench decode: skipped (MXKIT_SKIP_DECODE=1)")
+    else
+        # shellcheck disable=SC2086
+        bench "bench decode" "$(fit "${MXKIT_DECODE_BUDGET:-120}" 0)" decode ${MXKIT_DECODE_ARGS:---quick}
     fi
 fi
 
-# 5. summary, printed last ---------------------------------------------------------------------------------
+# 7. summary, printed last ---------------------------------------------------------------------------------
 printf '%s\n' "${STATUS[@]}" >"$RESULTS/.status"
 python3 scripts/gpu_summary.py "$RESULTS" "$(($(date +%s) - T0))" 2>&1 | tee "$RESULTS/summary.txt" | tee -a "$LOG"
 rm -f "$RESULTS/.status"

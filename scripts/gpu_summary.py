@@ -1,5 +1,6 @@
 """The short summary scripts/gpu_check.sh prints last, from its results folder: the stages' exit status, the GPU
-test counts (junit), mxkit's quantize rows at 8192^2 / 16384^2 and its GEMM rows.
+test counts (junit), mxkit's quantize rows at 8192^2 / 16384^2, its GEMM rows, the host overhead per call and the
+end-to-end decode rows.
 
     python3 scripts/gpu_summary.py results/gpu [wall seconds]
 """
@@ -39,9 +40,10 @@ def load(res: Path, stem: str):
     except Exception as e:
         return None, [f"{stem}: no JSON ({type(e).__name__})"]
     env = doc["env"]
-    head = (f"{stem}: {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}; copy "
-            f"{env.get('copy_gbps')} GB/s (read flush) / {env.get('copy_gbps_write')} (write flush); {env.get('date_utc')}")
-    return [r for r in doc["rows"] if r["impl"] == "mxkit"], [head]
+    head = f"{stem}: {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}; "
+    head += (f"copy {env.get('copy_gbps')} GB/s (read flush) / {env.get('copy_gbps_write')} (write flush); "
+             if "copy_gbps" in env else "")
+    return [r for r in doc["rows"] if r.get("impl", "mxkit") == "mxkit"], [head + str(env.get("date_utc"))]
 
 
 def section(res: Path, stem: str, head: str, cells, keep=lambda r: True) -> tuple[list, list[str]]:
@@ -77,6 +79,29 @@ def gemm_lines(res: Path) -> list[str]:
                    f"{f(r['err_bound'], '8.1e')} {r['check'] or '-'}"))[1]
 
 
+def overhead_lines(res: Path) -> list[str]:
+    rows, out = section(
+        res, "bench_overhead", f"{'call':30s} {'host µs':>8s} {'p90 µs':>8s} {'GPU µs':>8s} {'× torch':>7s}",
+        lambda r: (f"{r['op']:30s} {f(r['host_us'], '8.1f')} {f(r['host_p90_us'], '8.1f')} {f(r['gpu_us'], '8.1f')} "
+                   f"{f(r['x_torch'], '7.2f')}"))
+    if rows:
+        out.append(f"overhead: {sum(bool(r['ok']) for r in rows)} of {len(rows)} calls within 1.5x the torch op, "
+                   f"{sum(r['status'] != 'ok' for r in rows)} raised")
+    return out
+
+
+def decode_lines(res: Path) -> list[str]:
+    rows, out = section(
+        res, "bench_decode", f"{'format':11s} {'batch':>5s} {'mode':6s} {'ms/token':>8s} {'tokens/s':>8s} "
+                             f"{'× bf16':>6s} path",
+        lambda r: (f"{r['fmt']:11s} {r['batch']:5d} {r['mode']:6s} {f(r['ms_per_token'], '8.2f')} "
+                   f"{f(r['tokens_per_s'], '8.0f')} {f(r['x_bf16'], '6.2f')} {r['path'] or '-'}"))
+    if rows:
+        r0 = rows[0]
+        out.insert(1, f"decode: {r0['model']}, {r0['layers']} layers, prompt {r0['prompt']}, {r0['tokens']} tokens")
+    return out
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -86,7 +111,7 @@ def main(argv: list[str]) -> int:
     lines = [f"==== gpu_check summary{wall} ===="]
     status = res / ".status"
     lines += status.read_text().splitlines() if status.exists() else []
-    lines += tests_line(res) + quantize_lines(res) + gemm_lines(res)
+    lines += tests_line(res) + quantize_lines(res) + gemm_lines(res) + overhead_lines(res) + decode_lines(res)
     print("\n".join(lines))
     return 0
 

@@ -1,5 +1,6 @@
 """scripts/ on CPU: the A/B tool's variant parsing and its clear exit without the config override hook, the
-gpu_check summary on a kept run folder, and gpu_check.sh's syntax and stage switches."""
+gpu_check summary on a kept run folder and on overhead / decode files, and gpu_check.sh's syntax and stage
+switches."""
 
 from __future__ import annotations
 
@@ -61,17 +62,40 @@ def test_gpu_summary_on_a_kept_run(capsys):
     assert "bench_gemm: NVIDIA H100" in out and sum(" fold-fp8 " in line for line in out.splitlines()) == 16
 
 
+def test_gpu_summary_of_overhead_and_decode(tmp_path, capsys):
+    from mxkit.bench import decode, output, overhead
+
+    env = {"gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "date_utc": "2026-11-24T10:00:00Z"}
+    output.write_json([overhead.OverheadRow("torch x * 2", "256x1024", 12.0, 13.0, 2.0, 1.0, True),
+                       overhead.OverheadRow("quantize mxfp4", "256x1024", 30.0, 33.0, 4.0, 2.5, False),
+                       overhead.OverheadRow("dequantize mxfp4", "256x1024", status="error", note="RuntimeError: x")],
+                      env, tmp_path / "bench_overhead.json")
+    output.write_json([decode.DecodeRow("llama-3-8b", "bf16", 1, "graphs", 4, 8, 16, 4.0, 250.0, 1.0),
+                       decode.DecodeRow("llama-3-8b", "mxfp4_e2m1", 1, "graphs", 4, 8, 16, 1.6, 625.0, 2.5,
+                                        "decode-w4a16")], env, tmp_path / "bench_decode.json")
+    assert _script("gpu_summary").main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "bench_overhead: NVIDIA H200; torch 2.11, triton 3.6; 2026-11-24T10:00:00Z" in out
+    assert any(line.startswith("quantize mxfp4") and line.split()[-1] == "2.50" for line in out)
+    assert any(line.startswith("dequantize mxfp4") and "[error: RuntimeError: x]" in line for line in out)
+    assert "overhead: 1 of 3 calls within 1.5x the torch op, 1 raised" in out
+    assert "decode: llama-3-8b, 4 layers, prompt 8, 16 tokens" in out
+    assert any(line.split() == ["mxfp4_e2m1", "1", "graphs", "1.60", "625", "2.50", "decode-w4a16"] for line in out)
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_check_runs_its_stages_without_a_gpu(tmp_path):
     script = ROOT / "scripts" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    env = {"OUT": str(tmp_path), "MXKIT_SKIP_TESTS": "1", "MXKIT_SKIP_GEMM": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    env = {"OUT": str(tmp_path), "MXKIT_SKIP_TESTS": "1", "MXKIT_SKIP_GEMM": "1", "MXKIT_SKIP_DECODE": "1",
+           "CUDA_VISIBLE_DEVICES": "", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
     summary = (tmp_path / "summary.txt").read_text()
-    assert r.returncode == 1  # the benchmark cannot run here: rc 2, so the check fails, and says so last
+    assert r.returncode == 1  # the benchmarks cannot run here: rc 2, so the check fails, and says so last
     assert "tests: skipped (MXKIT_SKIP_TESTS=1)" in summary and "bench quantize: rc 2" in summary
-    assert "bench gemm: skipped (MXKIT_SKIP_GEMM=1)" in summary
+    assert "bench gemm: skipped (MXKIT_SKIP_GEMM=1)" in summary and "bench overhead: rc 2" in summary
+    assert "bench decode: skipped (MXKIT_SKIP_DECODE=1)" in summary
+    assert "needs a CUDA GPU" in (tmp_path / "gpu_check.log").read_text()
     assert r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
 
 

@@ -232,7 +232,7 @@ def test_bench_needs_an_op(capsys):
 
 def test_registry():
     reg = bench.registry()
-    assert list(reg) == list(bench.BENCH_MODULES) == ["quantize", "gemm", "overhead", "decode"]
+    assert list(reg) == list(bench.BENCH_MODULES) and {"quantize", "gemm", "overhead", "decode"} <= set(reg)
     assert reg["quantize"] is bq and all(reg[name].NAME == name for name in reg)
     # a new op joins with one module: its sub-command and func come out of the same code path
     fake = types.SimpleNamespace(NAME="fake", HELP="fake op", add_arguments=lambda p: p.add_argument("--m", type=int),

@@ -1,7 +1,8 @@
-"""Cast-transpose (one call quantizes x along its last two dims: the fused kernel, or one-direction programs
+"""Cast-transpose (one call quantizes x along its last two dims: the fused kernels, or FP6 one-direction programs
 over regions, :mod:`mxkit.kernels.quantize_details._cast_transpose`) and the scale byte transpose, against the
 reference byte for byte. CPU: Triton's interpreter in a subprocess (no inline asm there: the hardware-convert
-paths are covered by tests/kernels/test_codecs.py on the CPU and by the GPU tests here)."""
+paths, FP8 cvt words, FP4 bf16x2 and bf16 pairs, the FP6 pairs and unit asm, run on the GPU only; their PTX is run
+on the CPU by tests/kernels/test_codecs.py and their bytes are checked by the GPU tests here)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def _check_ct(outs, x, fmt, mode, rnd, layout, what):
 def _check_cast_transpose_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`); raises on a mismatch."""
     from mxkit.kernels.quantize import _cast_transpose_impl, _transpose_bytes, quantize_triton
-    from mxkit.kernels.quantize_details import _cast_transpose, _quantize
+    from mxkit.kernels.quantize_details import _cast_transpose
 
-    g = interpreted_rng(_quantize._quantize_kernel, _cast_transpose._cast_transpose_split_kernel,
-                       _cast_transpose._transpose_bytes_kernel)
+    g = interpreted_rng(_cast_transpose._cast_transpose_kernel, _cast_transpose._cast_transpose_tile_kernel,
+                        _cast_transpose._cast_transpose_split_kernel, _cast_transpose._transpose_bytes_kernel)
     n = 0
     dts = INPUT_DTYPES
     for i, fmt in enumerate(FORMAT_NAMES):
@@ -45,36 +46,35 @@ def _check_cast_transpose_interpreted() -> None:
         for o, a in zip(outs, axes):
             assert_mx_equal(o, quantize_reference(x, fmt, axis=a, scale_mode="rceil"), layout,
                             what=f"cast-transpose {fmt} {dt} axes={axes} axis={a}")
-        # col_packed columns; by one-direction programs (split_rows) with either column path, ragged R
+        # the tile kernel (one raw tile for both halves: FP6 codes transposed, the others the raw tile); FP6 by
+        # one-direction programs (split_rows; the other formats: the fused kernel with the same tiles), ragged R
         x = rand_tensor((96, 64), -1, generator=g, dtype=dts[i % 3])
-        cfg = QC(block_r=64, block_c=32, num_warps=2, int64=False, col_packed=True)
+        cfg = QC(block_r=64, block_c=32, num_warps=2, int64=False)
         _check_ct(_cast_transpose_impl(x, fmt, "floor", rnd, "plain", cfg=cfg), x, fmt, "floor", rnd, "plain",
-                  f"col_packed {fmt}")
-        split = QC(block_r=(32, 64)[i % 2], block_c=32, num_warps=1, int64=False, col_packed=i % 2 == 1,
-                   col_direct=i % 2 == 0, col_wide=True, fp6_words=True, split_rows=((1, 64, 8), (2, 64, 4))[i % 2])
+                  f"tile {fmt}")
+        split = QC(block_r=(32, 64)[i % 2], block_c=32, num_warps=1, int64=False, col_units=2,
+                   split_rows=((1, 64, 8), (2, 64, 4))[i % 2])
         _check_ct(_cast_transpose_impl(x, fmt, "even", rnd, "nvidia_128x4", cfg=split), x, fmt, "even", rnd,
                   "nvidia_128x4", f"split {fmt}")
-        # col_units columns, fused (also the 3-D grid) and split
+        # the fused kernel (whole units per thread in the columns; also the 3-D grid), and split
         x = rand_tensor((96, 128), -1, generator=g, dtype=dts[(i + 1) % 3], nonfinite=True)
         lay = "plain" if i % 3 == 0 else layout
-        for cfg in (QC(block_r=64, block_c=32, num_warps=2, int64=False, col_units=2 - i % 2, fp6_words=True,
-                       grid3=i % 2 == 0),
-                    QC(block_r=64, block_c=32, num_warps=2, int64=False, col_units=1 + i % 2, fp6_words=True,
-                       split_rows=(2, 64, 4))):
+        for cfg in (QC(block_r=64, block_c=32, num_warps=2, int64=False, col_units=2, grid3=i % 2 == 0),
+                    QC(block_r=64, block_c=32, num_warps=2, int64=False, col_units=2, split_rows=(2, 64, 4))):
             _check_ct(_cast_transpose_impl(x, fmt, "rceil", rnd, lay, cfg=cfg), x, fmt, "rceil", rnd, lay,
                       f"{cfg} {fmt}")
-        # col_direct in strips of 2 column tiles (3 x 3 tiles: the last strip narrower); the raw transpose and
-        # col_direct rotating; programs walking 4 tiles down R
+        # the tile kernel in strips of 2 column tiles (3 x 3 tiles: the last strip narrower) and in C-fastest
+        # order; the fused kernel with programs walking 4 tiles down R
         x = rand_tensor((96, 96), -1, generator=g, dtype=dt)
-        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, col_direct=True, group_c=2)
+        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, group_c=2)
         _check_ct(_cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=cfg), x, fmt, mode, rnd, "plain",
-                  f"col_direct group_c {fmt}")
+                  f"tile group_c {fmt}")
         x = rand_tensor((64, 96), -1, generator=g, dtype=dt)
-        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, col_direct=i % 2 == 1)
+        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False)
         _check_ct(_cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=cfg), x, fmt, mode, rnd, "plain",
                   f"{cfg} {fmt}")
         x = rand_tensor((128, 64), -1, generator=g, dtype=dt)
-        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, rblocks=4, col_packed=i % 2 == 1)
+        cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, rblocks=4, col_units=2)
         _check_ct(_cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=cfg), x, fmt, mode, rnd, "plain",
                   f"rblocks=4 {fmt}")
         n += 8
@@ -90,7 +90,7 @@ def _check_cast_transpose_interpreted() -> None:
     x = rand_tensor((3, 96, 160), -1, generator=g, dtype=torch.float32, nonfinite=True)
     for grid3 in (True, False):
         for cfg in (QC(block_r=64, block_c=32, num_warps=2, int64=False, col_units=2, grid3=grid3),
-                    QC(block_r=32, block_c=64, num_warps=1, int64=False, col_packed=True, rblocks=2, grid3=grid3)):
+                    QC(block_r=32, block_c=64, num_warps=1, int64=False, col_units=2, rblocks=2, grid3=grid3)):
             _check_ct(_cast_transpose_impl(x, "mxfp8_e4m3", "rceil", "rne", "plain", cfg=cfg), x, "mxfp8_e4m3",
                       "rceil", "rne", "plain", f"{cfg}")
             n += 1
@@ -98,9 +98,9 @@ def _check_cast_transpose_interpreted() -> None:
 
 
 def test_cast_transpose_interpreted():
-    """Every format: the public call (3-D, both orders, the three layouts), col_packed / col_units / col_direct
-    columns, one-direction programs, strips, multi-tile programs, both launch grids, the scale byte transpose,
-    run by Triton's CPU interpreter in a subprocess."""
+    """Every format: the public call (3-D, both orders, the three layouts), the fused and the tile kernel, FP6
+    one-direction programs, strips, multi-tile programs, both launch grids, the scale byte transpose, run by
+    Triton's CPU interpreter in a subprocess."""
     run_interpreted(__file__, "_check_cast_transpose_interpreted")
 
 
@@ -181,7 +181,7 @@ def test_gpu_cast_transpose_streams_and_graphs(fmt, rng, poison):
 def test_gpu_fp6_pairs(fmt, half, rng, poison):
     """FP6 from bf16 pairs (``fp6_pairs``: ``quantize_details._rows._rows_fp6_pairs``, ``_cols._cols_fp6_pairs``,
     the asm ``_codecs._fp6_pairs_asm``) with and without the [groups, rows, 4] row store (fp6_store4):
-    rowwise, columnwise, the one-direction cast-transpose and fused cast-transposes on several tiles, on
+    rowwise, the fused cast-transpose on several tiles and the default cast-transposes, on
     bf16 (the pairs paths), fp32 (the same configs' fallbacks) and a bf16 input at an address that is not a
     multiple of 4 (the fallback too); ragged shapes (masked rows and columns), NaN / Inf / zero / subnormal /
     saturating blocks and the crafted tie blocks; a batch of matrices through the public call (the default
@@ -193,7 +193,7 @@ def test_gpu_fp6_pairs(fmt, half, rng, poison):
     def default(x, rows, cols):
         return quantize_config(1, x.shape[0], x.shape[1], rows, cols, fmt)
 
-    kw = dict(hw_cvt=True, col_units=2, fp6_words=True, fp6_asm=True, fp6_pairs=True, ct_evict=1)
+    kw = dict(hw_cvt=True, col_units=2, fp6_asm=True, fp6_pairs=True)
     fused = [QC(block_r=128, block_c=64, num_warps=4, int64=False, fp6_store4=True, scale_t=True, **kw),
              QC(block_r=64, block_c=64, num_warps=2, int64=False, **kw),
              QC(block_r=64, block_c=128, num_warps=4, int64=False, fp6_store4=True, **kw),
@@ -213,8 +213,8 @@ def test_gpu_fp6_pairs(fmt, half, rng, poison):
             xd.copy_(x.to(DEV))
             assert xd.data_ptr() % 4 == 2
         cfgs = [("rows", dataclasses.replace(default(x, True, False), fp6_pairs=True, fp6_store4=bool(i % 2))),
-                ("cols", dataclasses.replace(default(x, False, True), fp6_pairs=True)),
-                ("ct", dataclasses.replace(default(x, True, True), fp6_pairs=True, fp6_store4=bool(i % 2)))]
+                ("cols", default(x, False, True)),
+                ("ct", default(x, True, True))]
         cfgs += [("ct", c) for k, c in enumerate(fused) if (k + i) % 2 == half]
         for k, (kind, cfg) in enumerate(cfgs):
             if kind == "rows" and half == 1 or kind == "cols" and half == 0:

@@ -62,7 +62,7 @@ def test_fp4_fp6_decode_through_fp8_grid(fmt, f8, shift):
 
 
 def _run_ptx_subset(asm: str, operands: dict) -> dict:
-    """A CPU interpreter for the instructions of the FP6 unit asm (``_quantize._fp6_units_asm``), the FP6 pairs
+    """A CPU interpreter for the instructions of the FP6 unit asm (``_codecs._fp6_units_asm``), the FP6 pairs
     asm (``_fp6_pairs_asm``), the FP6 group
     decode asm (``_fp6_group_decode_asm``), the FP4 word decode asm (``_fp4_word_decode_asm``), the FP4 encoder
     asm (``_FP4_ELEMENTS_ASM``, ``_FP4_PAIRS_ASM``) and
@@ -225,7 +225,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 @pytest.mark.parametrize("vec,n_out", [(1, 16), (2, 32), (1, 8)])
 def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
-    """The FP6 unit asm (``_quantize._fp6_units_asm``, inline PTX: GPU only), run instruction by instruction
+    """The FP6 unit asm (``_codecs._fp6_units_asm``, inline PTX: GPU only), run instruction by instruction
     on the CPU: for units of scaled elements v * 2^-6 / 2^-12 (every FP6 grid value and every tie between
     neighbours, both signs and signed zeros, fp32-subnormal, saturating and random values), the three words
     of each unit equal the reference's packed FP6 bytes (:func:`mxkit.formats.encode_elements`, RNE, then
@@ -261,12 +261,12 @@ def _fp6_pairs_operands(X, f):
     """The per-block operands of the FP6 pairs asm for block exponents X (int64 tensor): the fp32 bits of the
     factor 2^(-X-6) (E2M3) / 2^(-X-12) (E3M2), subnormal where needed, and the bf16 bits of the clamp
     max_normal * 2^X (+Inf where that overflows bf16), as the kernels compute them (_fp6_pairs_factor)."""
-    from mxkit.kernels.quantize import _max_frac
+    from mxkit.kernels.quantize_details._common import element_spec
 
     e = 127 - X - (6 if f.mbits == 3 else 12)
     fac = torch.where(e > 0, e.clamp(min=1) << 23, 1 << (22 + e).clamp(min=0))
     t = X + f.emax + 127
-    clamp = torch.where(t < 255, (t << 7) | (_max_frac(f) >> 16), 0x7F80)
+    clamp = torch.where(t < 255, (t << 7) | (element_spec(f).max_frac >> 16), 0x7F80)
     return fac, clamp
 
 
@@ -285,7 +285,7 @@ def _fp6_codes_of_words(words):
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 @pytest.mark.parametrize("cols", [False, True])
 def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
-    """The FP6 pairs asm (``_quantize._fp6_pairs_asm``: FP6 straight from bf16 pairs, inline PTX: GPU only), run
+    """The FP6 pairs asm (``_codecs._fp6_pairs_asm``: FP6 straight from bf16 pairs, inline PTX: GPU only), run
     instruction by instruction on the CPU: every bf16 bit pattern under every block exponent X in [-127, 126]
     (rows: a group of 16 elements of one block; columns: the two halves of each word in two columns with
     their own X), each finite element's code equals :func:`mxkit.formats.encode_elements` of the exact
@@ -340,7 +340,7 @@ def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 def test_fp6_group_decode_asm_matches_reference(fmt):
-    """The FP6 group decode asm (``_quantize._fp6_group_decode_asm``, inline PTX: GPU only), run instruction
+    """The FP6 group decode asm (``_codecs._fp6_group_decode_asm``, inline PTX: GPU only), run instruction
     by instruction on the CPU: random 96-bit groups (every code in every position) with scale bytes over the
     whole E8M0 range (0, 1, 127, 254, 255 included) give the reference's bf16 bits (NaN positions for s = 255,
     fp32-subnormal products included: one fp32 rounding, then bf16 RNE)."""
@@ -370,7 +370,7 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
 
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 def test_fp4_word_decode_asm_matches_reference(out):
-    """The FP4 word decode asm (``_quantize._fp4_word_decode_asm``, inline PTX: GPU only), run instruction by
+    """The FP4 word decode asm (``_codecs._fp4_word_decode_asm``, inline PTX: GPU only), run instruction by
     instruction on the CPU: every byte (two E2M1 codes) in every byte position of a word under every scale byte
     0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf; in fp16 from zero
     through fp16 subnormals and ties to Inf), and random words, give the reference's bf16 / fp16 bits (NaN
@@ -417,7 +417,7 @@ def _finite16(x):
 
 
 def test_fp4_elements_asm_every_bf16_every_scale():
-    """The bf16x2 FP4 encoder (``_quantize._FP4_ELEMENTS_ASM``, inline PTX: GPU only), run instruction by
+    """The bf16x2 FP4 encoder (``_codecs._FP4_ELEMENTS_ASM``, inline PTX: GPU only), run instruction by
     instruction on the CPU: for every finite bf16 input and every block exponent X, the four code bytes of
     each asm block (two bf16 pairs; the pairs mix values at random, Inf and NaN included: a pair's two
     elements may belong to different blocks, so a non-finite one must not disturb its neighbour) equal
@@ -446,7 +446,7 @@ def test_fp4_elements_asm_every_bf16_every_scale():
 
 
 def test_fp4_pairs_asm_packs_and_masks():
-    """The rowwise FP4 pairs asm (``_quantize._FP4_PAIRS_ASM``: four bf16 pairs -> four packed bytes, even
+    """The rowwise FP4 pairs asm (``_codecs._FP4_PAIRS_ASM``: four bf16 pairs -> four packed bytes, even
     element in the low nibble, a block's bytes zeroed by its keep mask) on the CPU: every finite bf16 under
     random block exponents, the bytes equal :func:`mxkit.reference.pack_codes` of the reference codes, and 0
     where keep is 0 (the launcher's mask for a block holding Inf / NaN)."""
@@ -477,7 +477,7 @@ def test_fp4_pairs_asm_packs_and_masks():
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize("keep", [False, True])
 def test_fp8x4_asm_matches_encode(fmt, keep):
-    """The FP8 cvt asm (``_quantize._fp8x4_asm``: four fp32 values -> four code bytes in element order; with
+    """The FP8 cvt asm (``_codecs._fp8x4_asm``: four fp32 values -> four code bytes in element order; with
     keep, each code zeroed by its own keep word, as ``_cvt_fp8_rn_keep`` masks a NaN / Inf block's codes and
     ``_fp8_words`` makes a unit's word) on the CPU: every FP8 grid value and every tie between neighbours,
     one fp32 ulp either side, both signs and signed zeros, fp32 subnormals and saturating values equal
@@ -510,7 +510,7 @@ def test_fp8x4_asm_matches_encode(fmt, keep):
 
 @pytest.mark.parametrize("rows", [8, 16])
 def test_fp4_cols_asm_packs_units(rows):
-    """The columnwise FP4 asm (``_quantize._fp4_cols_asm``: ``rows`` bf16 pairs of two adjacent columns, one
+    """The columnwise FP4 asm (``_codecs._fp4_cols_asm``: ``rows`` bf16 pairs of two adjacent columns, one
     per row of a packed unit, and their factor pair -> each column's packed unit) on the CPU: random bf16
     inputs (every bit pattern appears; Inf / NaN in one column must not disturb the other) and block
     exponents per column, the units of the finite columns equal

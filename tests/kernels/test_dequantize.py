@@ -32,7 +32,7 @@ def _check_dequantize_interpreted() -> None:
     from mxkit.kernels.quantize import _dequantize_impl, dequantize_triton
     from mxkit.kernels.quantize_details import _dequantize
 
-    g = interpreted_rng(_dequantize._dequantize_kernel)
+    g = interpreted_rng(_dequantize._dequantize_rows_kernel, _dequantize._dequantize_cols_kernel)
     n = 0
     dts = INPUT_DTYPES
     for i, fmt in enumerate(FORMAT_NAMES):
@@ -44,23 +44,23 @@ def _check_dequantize_interpreted() -> None:
                                  f"dequantize {fmt} {shape} axis={axis} -> {odt}")
             n += 1
         q = _random_mx((6, 96), -1, fmt, g)
-        if not fmt.startswith("mxfp6"):  # codes and output as [n, l // 32, 32] tiles (load3d)
-            cfg = DC(block_n=4, block_l=64, num_warps=2, int64=False, load3d=True)
+        if not fmt.startswith("mxfp6"):  # FP8 / FP4: [n, l // 32, 32] tiles; MXINT8: 2-D tiles
+            cfg = DC(block_n=4, block_l=64, num_warps=2, int64=False)
             got = _dequantize_impl(q.qdata, q.scale, fmt, -1, (6, 96), dts[i % 3], cfg=cfg)
-            assert_dequant_equal(got, dequantize_reference(q, dts[i % 3]), f"dequantize load3d {fmt}")
+            assert_dequant_equal(got, dequantize_reference(q, dts[i % 3]), f"dequantize rows {fmt}")
             n += 1
-        else:  # FP6: each thread unpacks whole 3-word groups (fp6_words), ragged last tiles
+        else:  # FP6: each thread unpacks whole 3-word groups, ragged last tiles
             for k, odt in enumerate(dts):
-                cfg = DC(block_n=4, block_l=64 if k % 2 else 32, num_warps=2, int64=False, fp6_words=True)
+                cfg = DC(block_n=4, block_l=64 if k % 2 else 32, num_warps=2, int64=False)
                 got = _dequantize_impl(q.qdata, q.scale, fmt, -1, (6, 96), odt, cfg=cfg)
-                assert_dequant_equal(got, dequantize_reference(q, odt), f"dequantize fp6_words {fmt} -> {odt}")
+                assert_dequant_equal(got, dequantize_reference(q, odt), f"dequantize fp6 groups {fmt} -> {odt}")
                 n += 1
     print(f"interpreter checks passed: {n}")
 
 
 def test_dequantize_interpreted():
     """Every format to every output dtype, rowwise and transposed, random bytes (every code, scale bytes 0 /
-    254 / 255), the load3d tiles and FP6 words, run by Triton's CPU interpreter in a subprocess."""
+    254 / 255), the [n, l // 32, 32] tiles and FP6 whole groups, run by Triton's CPU interpreter in a subprocess."""
     run_interpreted(__file__, "_check_dequantize_interpreted")
 
 
@@ -175,9 +175,9 @@ def test_gpu_fp8_row_tiles_match_reference(fmt, rng, poison):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", [f for f in FORMAT_NAMES if not f.startswith("mxfp6")])  # FP6: below
 def test_gpu_dequantize_variants_match_reference(fmt, rng, poison):
-    """The integer decode (load3d) and the hardware FP8 -> fp16 decode (hw_dec) with and without load3d (FP4 to
-    bf16 / fp16: also the word decode asm on a masked tile), of quantized data and of random bytes (every code,
-    scale bytes 0 / 1 / 254 / 255), to every output dtype."""
+    """The integer decode and the hardware FP8 -> fp16 decode (hw_dec) of the rowwise tiles (FP4 to bf16 / fp16:
+    also the word decode asm on a masked tile), of quantized data and of random bytes (every code, scale bytes
+    0 / 1 / 254 / 255), to every output dtype."""
     from mxkit.kernels.quantize import _dequantize_impl
 
     x = rand_tensor((300, 608), -1, generator=rng, dtype=torch.float32, nonfinite=True)
@@ -185,8 +185,7 @@ def test_gpu_dequantize_variants_match_reference(fmt, rng, poison):
     qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
     sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
     sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
-    cfgs = [DC(block_n=16, block_l=256, num_warps=4, int64=False, load3d=True),
-            DC(block_n=16, block_l=256, num_warps=4, int64=False, load3d=True, hw_dec=True),
+    cfgs = [DC(block_n=16, block_l=256, num_warps=4, int64=False),
             DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True)]
     if fmt == "mxfp4_e2m1":
         cfgs.append(DC(block_n=16, block_l=512, num_warps=4, int64=False, hw_dec=True, fp4_asm=True))
@@ -200,7 +199,7 @@ def test_gpu_dequantize_variants_match_reference(fmt, rng, poison):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 def test_gpu_fp6_words_dequantize(fmt, rng, poison):
-    """The fp6_words dequantize paths (whole 16-code groups per thread; the lane-pair swap for 16-bit outputs;
+    """The rowwise FP6 dequantize paths (whole 16-code groups per thread; the lane-pair swap for 16-bit outputs;
     the group decode asm for bf16) of quantized data and of random bytes (every code, scale bytes 0 / 1 / 254 /
     255), to every output dtype; tiles whose pairs straddle lanes (8 x 32, one warp)."""
     from mxkit.kernels.quantize import _dequantize_impl
@@ -210,14 +209,14 @@ def test_gpu_fp6_words_dequantize(fmt, rng, poison):
     qd = torch.randint(0, 256, q.qdata.shape, generator=rng, dtype=torch.uint8)
     sc = torch.randint(0, 256, q.scale.shape, generator=rng, dtype=torch.uint8)
     sc.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
-    cfgs = (DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True, fp6_words=True),
-            DC(block_n=8, block_l=512, num_warps=4, int64=False, fp6_words=True),
-            DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True, fp6_words=True, pair_swap=True),
-            DC(block_n=8, block_l=32, num_warps=1, int64=False, fp6_words=True, pair_swap=True),
-            DC(block_n=4, block_l=512, num_warps=2, int64=False, hw_dec=True, fp6_words=True, pair_swap=True,
+    cfgs = (DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True),
+            DC(block_n=8, block_l=512, num_warps=4, int64=False),
+            DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True, pair_swap=True),
+            DC(block_n=8, block_l=32, num_warps=1, int64=False, pair_swap=True),
+            DC(block_n=4, block_l=512, num_warps=2, int64=False, hw_dec=True, pair_swap=True,
                fp6_asm=True),
-            DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True, fp6_words=True, fp6_asm=True),
-            DC(block_n=8, block_l=32, num_warps=1, int64=False, hw_dec=True, fp6_words=True, pair_swap=True,
+            DC(block_n=16, block_l=256, num_warps=4, int64=False, hw_dec=True, fp6_asm=True),
+            DC(block_n=8, block_l=32, num_warps=1, int64=False, hw_dec=True, pair_swap=True,
                fp6_asm=True))
     for qq in (q, type(q)(qd, sc, q.fmt, q.axis, 32, q.shape)):
         for odt in INPUT_DTYPES:

@@ -155,7 +155,7 @@ def test_resolved_config_says_what_runs():
                                              torch.float32, "away") is bf
     d = dict(kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp4_e2m1", -1, "floor", "rne", "plain",
                                None).consts)
-    assert (d["HW_CVT"], d["FP4_PAIRS"], d["BLOCK_R"], d["BLOCK_C"], d["RB"]) == (
+    assert (d["HW_CVT"], d["PAIRS"], d["BLOCK_R"], d["BLOCK_C"], d["RB"]) == (
         bf.hw_cvt, bf.fp4_pairs, bf.block_r, bf.block_c, bf.rblocks)
     dq = opt_flags.dequantize_config(1, 64, 4096, False, "mxfp4_e2m1", torch.float32, resolve=True)
     assert dq.resolved and dq.hw_dec and not dq.fp4_asm  # (the FP4 word asm writes 16-bit outputs only)

@@ -23,9 +23,9 @@ from mxkit.reference import dequantize_reference, quantize_reference
 def _check_rows_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`); raises on a mismatch."""
     from mxkit.kernels.quantize import _quantize_impl, quantize_triton
-    from mxkit.kernels.quantize_details import _quantize
+    from mxkit.kernels.quantize_details import _rows
 
-    g = interpreted_rng(_quantize._quantize_kernel)
+    g = interpreted_rng(_rows._quantize_rows_kernel)
     n = 0
     dts = INPUT_DTYPES
     for i, fmt in enumerate(FORMAT_NAMES):
@@ -51,52 +51,53 @@ def _check_rows_interpreted() -> None:
         assert_bytes_equal(q, ref.qdata, f"rows rblocks=2 {fmt} {mode} qdata")
         assert_bytes_equal(s, ref.scale, f"rows rblocks=2 {fmt} {mode} scale")
         n += 2
-        if fmt.startswith("mxfp6"):  # each thread packs whole 3-word groups (fp6_words), ragged last tiles
+        if fmt.startswith("mxfp6"):  # each thread packs whole 3-word groups, ragged last tiles
             for k, dt in enumerate(dts):
                 x = rand_tensor((6, 96), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
                 m = SCALE_MODES[(i + k) % 4]
-                cfg = QC(block_r=4, block_c=64 if k % 2 else 256, num_warps=2, int64=False, fp6_words=True,
-                         rblocks=1 + k % 2)
+                cfg = QC(block_r=4, block_c=64 if k % 2 else 256, num_warps=2, int64=False, rblocks=1 + k % 2,
+                         fp6_store4=k == 1)
                 q, s = _quantize_impl(x, fmt, -1, m, rnd, "plain", cfg=cfg)
                 ref = quantize_reference(x, fmt, scale_mode=m, rounding=rnd)
-                assert_bytes_equal(q, ref.qdata, f"fp6_words {fmt} {m} {rnd} {dt} qdata")
-                assert_bytes_equal(s, ref.scale, f"fp6_words {fmt} {m} {rnd} {dt} scale")
+                assert_bytes_equal(q, ref.qdata, f"fp6 groups {cfg} {fmt} {m} {rnd} {dt} qdata")
+                assert_bytes_equal(s, ref.scale, f"fp6 groups {cfg} {fmt} {m} {rnd} {dt} scale")
                 n += 1
-    # the 64-bit offset path, forced on a small problem (with the 3-D launch grid and with the 1-D one that the
-    # kernel splits itself)
+    # the 64-bit offset path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
-    for grid3 in (True, False):
-        q, s = _quantize_impl(x, "mxfp6_e2m3", -1, "floor", "rne", "plain",
-                              cfg=QC(block_r=4, block_c=64, num_warps=4, int64=True, grid3=grid3))
-        ref = quantize_reference(x, "mxfp6_e2m3")
-        assert_bytes_equal(q, ref.qdata, f"int64 path grid3={grid3} qdata")
-        assert_bytes_equal(s, ref.scale, f"int64 path grid3={grid3} scale")
+    for fmt in ("mxfp6_e2m3", "mxfp8_e4m3"):
+        q, s = _quantize_impl(x, fmt, -1, "floor", "rne", "plain",
+                              cfg=QC(block_r=4, block_c=64, num_warps=4, int64=True))
+        ref = quantize_reference(x, fmt)
+        assert_bytes_equal(q, ref.qdata, f"int64 path {fmt} qdata")
+        assert_bytes_equal(s, ref.scale, f"int64 path {fmt} scale")
         n += 1
     print(f"interpreter checks passed: {n}")
 
 
 def test_rows_interpreted():
-    """Every format x mode, both roundings, every dtype, special blocks, multi-tile programs, FP6 words and the
-    64-bit offsets, run by Triton's CPU interpreter (asserted inside) in a subprocess."""
+    """Every format x mode, both roundings, every dtype, special blocks, multi-tile programs, FP6 whole groups per
+    thread (both word stores) and the 64-bit offsets, run by Triton's CPU interpreter (asserted inside) in a
+    subprocess. The interpreter cannot run inline asm: the hardware-convert paths (FP8 cvt with the mask in the
+    asm, FP4 bf16x2 and bf16 pairs, the FP6 unit and pairs asm) run on the GPU only (the GPU tests below; their
+    PTX is run on the CPU by tests/kernels/test_codecs.py)."""
     run_interpreted(__file__, "_check_rows_interpreted")
 
 
 def _row_variants(fmt: str) -> list:
     """Rowwise configs beside the production ones: the integer paths on every format; with a hardware-convert
-    path (FP8 / FP6 / FP4), the hw_cvt configs (the FP6 words and unit asm, FP4 pairs, FP8 words)."""
+    path (FP8 / FP6 / FP4), the hw_cvt configs (the FP6 unit asm, FP6 and FP4 bf16 pairs, FP8 words)."""
     cfgs = [QC(block_r=16, block_c=256, num_warps=4, int64=False),
             QC(block_r=16, block_c=256, num_warps=4, int64=False, rblocks=4)]
     if fmt.startswith(("mxfp8", "mxfp6", "mxfp4")):
         cfgs += [QC(block_r=16, block_c=256, num_warps=4, int64=False, hw_cvt=True),
                  QC(block_r=16, block_c=256, num_warps=4, int64=False, rblocks=2, hw_cvt=True),
                  # on tiles wider than the 608-element rows (masked)
-                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, fp6_words=True, hw_cvt=True),
+                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, hw_cvt=True),
                  QC(block_r=2, block_c=1024, num_warps=2, int64=False, rblocks=4, fp4_pairs=True, hw_cvt=True),
-                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, fp6_words=True, fp6_asm=True,
-                    hw_cvt=True),
-                 QC(block_r=2, block_c=256, num_warps=1, int64=False, fp6_words=True, fp6_asm=True, hw_cvt=True),
-                 QC(block_r=8, block_c=1024, num_warps=8, int64=False, fp8_words=True, hw_cvt=True),
-                 QC(block_r=16, block_c=256, num_warps=4, int64=False, fp8_words=True, hw_cvt=True)]
+                 QC(block_r=4, block_c=512, num_warps=2, int64=False, rblocks=4, fp6_asm=True, hw_cvt=True),
+                 QC(block_r=2, block_c=256, num_warps=1, int64=False, fp6_asm=True, hw_cvt=True),
+                 QC(block_r=8, block_c=1024, num_warps=8, int64=False, hw_cvt=True),
+                 QC(block_r=2, block_c=1024, num_warps=2, int64=False, fp6_pairs=True, fp6_store4=True, hw_cvt=True)]
     return cfgs
 
 
@@ -125,12 +126,12 @@ def test_gpu_row_variants_match_reference(fmt, k, rng, poison):
 @pytest.mark.parametrize("k", [0, 1])
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 def test_gpu_fp6_words(fmt, k, rng, poison):
-    """The fp6_words paths (rowwise FP6 with whole 16-element groups per thread) byte-equal the reference:
+    """Rowwise FP6 with whole 16-element groups per thread (either word store) byte-equals the reference:
     fp32 / bf16 / fp16, both roundings, wide-range data with special blocks, ragged tiles."""
     from mxkit.kernels.quantize import _quantize_impl
 
-    cfg = (QC(block_r=8, block_c=256, num_warps=2, int64=False, fp6_words=True, rblocks=4),
-           QC(block_r=16, block_c=256, num_warps=4, int64=False, fp6_words=True))[k]
+    cfg = (QC(block_r=8, block_c=256, num_warps=2, int64=False, rblocks=4),
+           QC(block_r=16, block_c=256, num_warps=4, int64=False, fp6_store4=True))[k]
     for dt in INPUT_DTYPES:
         x = rand_tensor((300, 608), -1, generator=rng, dtype=dt, nonfinite=True)
         for mode in variant_modes(k):

@@ -36,108 +36,100 @@ def _tiles_need_int64(B: int, R: int, C: int, span_r: int, span_c: int) -> bool:
 @dataclass(frozen=True)
 class QuantizeConfig:
     """Tile of one quantize program: ``[block_r, block_c]`` elements of the ``[B, R, C]`` view, and its paths:
-    those asked for, or once resolved for one problem (``resolved``), those that run."""
+    those asked for, or once resolved for one problem (``resolved``), those that run.
+
+    The kernel follows from the problem and the resolved fields (:mod:`mxkit.kernels.quantize_details`): rowwise
+    ``_quantize_rows_kernel``; columnwise ``_quantize_cols_kernel`` (FP4: codes packed into words before the
+    transpose; the other formats: whole packed units per thread); cast-transpose ``_cast_transpose_kernel``
+    (col_units), ``_cast_transpose_tile_kernel`` (no col_units: one raw tile for both halves) or, for FP6,
+    ``_cast_transpose_split_kernel`` (split_rows)."""
 
     block_r: int
     block_c: int
     num_warps: int
     int64: bool
-    # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2 (inline asm; ignored
-    # for other formats, for AWAY rounding and under the CPU interpreter, which cannot run inline asm)
+    # FP8 / FP6 elements (RNE only) through the hardware cvt.rn.satfinite.{e4m3,e5m2}x2, FP4 from bf16 through
+    # bf16x2 arithmetic (inline asm; ignored for MXINT8, for AWAY rounding, under the CPU interpreter, which cannot
+    # run inline asm, and by the cast-transpose tile kernel); FP8 codes are then made and masked 4 to a word
     hw_cvt: bool = False
-    col_direct: bool = False  # blocks along R: quantize the untransposed tile, transpose only the codes
-    group_c: int = 0  # > 0: program order in strips of group_c column tiles walked down R (0: C fastest)
-    rblocks: int = 1  # each program walks rblocks tiles down R
-    # rowwise FP6, block_c >= 32: each thread packs and stores whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (default for rowwise FP6; ignored elsewhere)
-    fp6_words: bool = False
+    # the cast-transpose tile kernel: > 0 = program order in strips of group_c column tiles walked down R (0: C
+    # fastest)
+    group_c: int = 0
+    # rowwise and the cast-transpose with col_units: each program walks rblocks tiles down R
+    rblocks: int = 1
     # blocks along R, plain scale layout: the kernel writes the scales transposed ([R / 32, B * C], so a
     # program's bytes of one block row are contiguous) and a tiled byte transpose moves them into place
     scale_t: bool = False
-    # blocks along R: load the tile as [block_r / J, J, block_c] so each thread packs whole 32-bit words of
-    # codes (J = 4 FP8 / MXINT8, 8 FP4, 16 FP6 -> 3 words) and only the words are transposed (_cols_packed)
-    col_packed: bool = False
-    # rowwise FP4 from bf16 with hw_cvt: the input read as bf16 pairs (32-bit words), each pair
-    # rounded straight into its packed byte (_rows_fp4_pairs; in the fused cast-transpose with the blocks as the
-    # tile's outer dim); skipped for an input address not a multiple of 4
+    # rowwise FP4 from bf16 with hw_cvt (the fused cast-transpose: with col_fp4_words): the input read as bf16
+    # pairs (32-bit words), each pair rounded straight into its packed byte (_rows_fp4_pairs); skipped for an
+    # input address not a multiple of 4
     fp4_pairs: bool = False
-    # with col_packed, 8- / 4-bit elements: 8 / 16 codes per packed unit, one 64-bit word (half the transposed
-    # elements); FP4 with col_units and col_fp4_words: 16-row units, one 64-bit word each
+    # columnwise FP4: 64-bit packed units (16 codes), half the transposed elements
     col_wide: bool = False
-    # columnwise FP4 from bf16 with col_packed or col_units (C even): the tile read as bf16 pairs of adjacent
-    # columns, one asm per pair rounding and packing both columns' units (_quantize._cols_fp4_words with
-    # col_packed, _quantize._cols_fp4_units with col_units: a lane per 32-row block of a pair, one word per
-    # load); skipped for an input address not a multiple of 4
+    # FP4 columns from bf16 with hw_cvt (C even): the tile read as bf16 pairs of adjacent columns, one asm per pair
+    # rounding and packing both columns' units (columnwise: _cols_fp4_words; the fused cast-transpose, with
+    # fp4_pairs: _cols_fp4_units); skipped for an input address not a multiple of 4
     col_fp4_words: bool = False
-    # blocks along R: 0 = off; 1 / 2 = the tile loaded with 1- / 2-element loads so lanes run along the columns
-    # and warps along the 32-row blocks, each thread packing whole units (_cols_units; FP6: 16 codes = 3
-    # words, a warp storing 96 contiguous bytes of an output row from 128-row tiles); col_direct, col_packed
-    # ignored
+    # the cast-transpose: 2 = the columns as whole packed units per thread from 2-element loads (_cols_units),
+    # the rows' load of the tile evict_last and the columns' reload evict_first (_cast_transpose_kernel); 0 = one
+    # raw tile for both halves (_cast_transpose_tile_kernel). Resolved for the columnwise and split paths too
+    # (FP4 columns: 0, the other formats: 2), whose column path follows from the format
     col_units: int = 0
-    # FP6 with hw_cvt (rowwise fp6_words, col_units): one inline asm per 16-element unit rounds through the FP8
-    # cvt, saturates, moves the signs and packs the three words on 4 codes at a time (_quantize._fp6_units_asm)
+    # FP6 with hw_cvt (rowwise, columnwise, the split cast-transpose): one inline asm per 16-element unit rounds
+    # through the FP8 cvt, saturates, moves the signs and packs the three words (_codecs._fp6_units_asm)
     fp6_asm: bool = False
-    # cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
+    # FP6 cast-transpose only: (row_block_r, row_block_c, row_rblocks) = programs doing one direction each
     # (_cast_transpose_split_kernel): regions of block_r x row_block_c, each cut into row programs of
-    # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = the
-    # fused kernel (both directions from each tile)
+    # row_rblocks tiles of row_block_r x row_block_c and column programs of block_r x block_c tiles; () = a fused
+    # kernel
     split_rows: tuple = ()
-    # FP8 with hw_cvt: the codes of 4 elements made and masked as one 32-bit word: rowwise tiles
-    # with the bad-block mask inside the cvt asm (_quantize._cvt_fp8_rn_keep), col_units columns and col_packed
-    # columns of 32-bit units (not col_wide) with each unit's word from one asm (_quantize._fp8_words)
-    fp8_words: bool = False
-    # fused cast-transpose with col_units: cache eviction hints, 1 = the rows' load of the tile evict_last and
-    # the columns' reload evict_first, 2 = the rows' load evict_last only (0: none); the FP8 / FP4 default
-    ct_evict: int = 0
-    # rowwise FP6 with fp6_words: each row's group words stored as one [groups, rows, 4] tile (words 0, 1, 2
-    # and a masked copy of word 2), so a warp's store runs along (word, group) of a row: contiguous row
-    # pieces instead of three stride-3 word stores (_quantize._rows_fp6_words)
+    # rowwise FP6: each row's group words stored as one [groups, rows, 4] tile (words 0, 1, 2 and a masked copy
+    # of word 2), so a warp's store runs along (word, group) of a row (_store_group_words); always on in the
+    # fused cast-transpose with col_units
     fp6_store4: bool = False
-    # FP6 from bf16 with hw_cvt: rowwise fp6_words tiles and col_units columns (C even) read as bf16 pairs
-    # (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds through
-    # the FP8 cvt and packs (_quantize._fp6_pairs_asm); skipped for an input address not a multiple of 4
+    # FP6 from bf16 with hw_cvt: rows (and in the fused cast-transpose the col_units columns, C even) read as
+    # bf16 pairs (32-bit words), the amax on the pairs, and one asm per unit that clamps in bf16x2, scales, rounds
+    # through the FP8 cvt and packs (_codecs._fp6_pairs_asm); skipped for an input address not a multiple of 4
     fp6_pairs: bool = False
-    # launch a (tiles_c, tiles_r, B) grid where tiles_r and B fit its 65535 limit (not with group_c or
-    # split_rows): the program ids are the tile indices, no division of a 1-D id (_quantize._tile_ids)
+    # columnwise and the cast-transpose with col_units: a (tiles_c, tiles_r, B) grid where tiles_r and B fit its
+    # 65535 limit: the program ids are the tile indices, no division of a 1-D id (_common._tile_ids)
     grid3: bool = False
     # --- set by resolution (:func:`mxkit.kernels.opt_flags_nvidia.resolve_quantize`, which quantize_config runs
     # when given the input dtype and rounding): True = every field above is the path that runs for that one
-    # problem (the flags that do not apply are False / 0; hw_cvt, fp6_asm, fp4_pairs, col_fp4_words, fp8_words
-    # only where the hardware convert runs), and the fields below are set. The plan reads fields only.
+    # problem (the flags that do not apply are False / 0; hw_cvt, fp6_asm, fp4_pairs, col_fp4_words only where
+    # the hardware convert runs), and the fields below are set. The plan reads fields only.
     resolved: bool = False
-    # the hardware convert of the row / column direction (the fused and one-direction kernels: hw_cvt_rows =
-    # hw_cvt_cols = hw_cvt; the split cast-transpose's row programs check their own tile)
+    # the hardware convert of the row / column direction (the split cast-transpose's row programs check their
+    # own tile; elsewhere both equal hw_cvt)
     hw_cvt_rows: bool = False
     hw_cvt_cols: bool = False
-    # FP6 from bf16 pairs (fp6_pairs) in the rows (fp6_words tiles) and in the columns (col_units, C even)
+    # FP6 from bf16 pairs (fp6_pairs) in the rows and in the columns (the fused cast-transpose, C even)
     fp6_pairs_rows: bool = False
     fp6_pairs_cols: bool = False
 
 
 @dataclass(frozen=True)
 class DequantizeConfig:
-    """Tile of one dequantize program: ``[block_n, block_l]`` elements (block_l along the quantized dim)."""
+    """Tile of one dequantize program: ``[block_n, block_l]`` elements (block_l along the quantized dim). The
+    kernel: ``_dequantize_rows_kernel`` (blocks along the contiguous dim; FP6 whole 16-code groups per thread,
+    FP8 / FP4 [n, l // 32, 32] tiles, MXINT8 2-D tiles) or ``_dequantize_cols_kernel`` (the output transposed)."""
 
     block_n: int
     block_l: int
     num_warps: int
     int64: bool
-    load3d: bool = False  # rowwise, not FP6: address codes and output as [n, l // 32, 32] tiles
     # FP8 / FP6 / FP4 through the hardware FP8 -> fp16 cvt (inline asm; ignored for MXINT8 and under the
     # CPU interpreter)
     hw_dec: bool = False
-    # rowwise FP6, block_l >= 32: each thread unpacks and writes whole 16-code groups (3 words) itself, no
-    # shared-memory exchange (default for rowwise FP6)
-    fp6_words: bool = False
-    # with fp6_words and a 16-bit output: lane pairs swap half groups so every store writes whole 32-byte
-    # sectors (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and
-    # under the CPU interpreter)
+    # rowwise FP6 to a 16-bit output: lane pairs swap half groups so every store writes whole 32-byte sectors
+    # (inline-asm shuffles; ignored for fp32 output, whose 8-element halves are whole sectors, and under the CPU
+    # interpreter)
     pair_swap: bool = False
-    # with fp6_words, hw_dec and bf16 output: each 16-code group decoded by one inline asm (bytes spread 4 at a
-    # time, FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _quantize._fp6_group_decode_asm)
+    # rowwise FP6 to bf16 with hw_dec: each 16-code group decoded by one inline asm (bytes spread 4 at a time,
+    # FP8 -> fp16 cvt, fp32 scale multiply, bf16x2 cvt; _codecs._fp6_group_decode_asm)
     fp6_asm: bool = False
     # rowwise FP4 to bf16 / fp16 with hw_dec: qdata read as int32 words, each word's 8 codes decoded straight to
-    # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _quantize._fp4_word_decode_asm)
+    # bf16 / fp16 pairs by one inline asm (integer placement + two bf16x2 multiplies; _codecs._fp4_word_decode_asm)
     fp4_asm: bool = False
     # set by resolution (:func:`mxkit.kernels.opt_flags_nvidia.resolve_dequantize`, which dequantize_config runs
     # unless resolve=False): True = every field above is the path that runs for that one problem (the flags that

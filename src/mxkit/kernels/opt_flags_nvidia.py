@@ -51,23 +51,23 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
         split, units, fp6p = (), 0, False
         if do_row and f.is_float and f.bits == 6 and C >= 512 and in_bf16:
             # cast-transpose FP6 from bf16 fused: 128 x 128 tiles on 4 warps, rows and columns from bf16 pairs
-            # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4), ct_evict
+            # (fp6_pairs), the rows' words stored as [groups, rows, 4] tiles (fp6_store4)
             block_r, c_max, units, fp6p = r128, 128, 2, True
             warps = max(1, block_r * max(32, min(c_max, _pow2(C))) // 4096)
         elif do_row and f.is_float and f.bits == 6 and C >= 512:
             # cast-transpose FP6 by one-direction programs (_cast_transpose_split_kernel): columns on 64 x 64
-            # (col_units), rows on 2 x 512 (4 per program, fp6_words), a warp per 32 rows
+            # (col_units), rows on 2 x 512 (4 per program), a warp per 32 rows
             block_r, c_max, warps, split, units = r64, 64, r64 // 32, (2, max(32, min(512, _pow2(C))), 4), 2
         elif do_row and f.is_float and f.bits == 4:
             # cast-transpose FP4 fused: 64 x 256 tiles (C < 256: 64 x 128, a 256-wide tile would idle most of its
-            # columns), rows and columns from bf16 pairs, ct_evict; a thread per (block, pair): warps = tile / 2048
+            # columns), rows and columns from bf16 pairs; a thread per (block, pair): warps = tile / 2048
             block_r, c_max, units = r64, 256 if C >= 256 else 128, 2
             warps = max(1, block_r // 32 * max(32, min(c_max, _pow2(C))) // 64)
         elif do_row and fp8:  # cast-transpose FP8: col_units columns on 32 x 256 (64 x 128 when C < 256), 4 warps
             block_r, c_max, warps, units = (32, 256, 4, 2) if C >= 256 else (r64, 128, 4, 2)
         elif do_row:  # cast-transpose FP6 (C < 512), MXINT8
             block_r, c_max, warps = 32, 64, 1
-        elif f.is_float and f.bits == 4:  # 64-bit units (col_packed + col_wide): 256 x 64, a warp per 64 rows
+        elif f.is_float and f.bits == 4:  # 64-bit packed units (col_wide): 256 x 64, a warp per 64 rows
             block_r, c_max = (256 if R >= 256 else r128), 64
             warps = max(1, block_r // 64)
         elif fp8:  # col_units on 256 x 64, a warp per 32-row block
@@ -75,7 +75,7 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
             c_max, warps, units = 64, block_r // 32, 2
         else:  # FP6 / MXINT8: col_units, 128 x 64, a warp per 32-row block
             block_r, c_max, warps, units = r128, 64, r128 // 32, 2
-        packed = f.is_float and f.bits in (4, 8) and not units  # col_packed (FP6: 2x slower than col_direct)
+        packed = f.is_float and f.bits in (4, 8) and not units  # FP4 columns packed into words before the transpose
         group_c = 16 if f.bits == 6 and not units else 0
         block_c = max(32 if do_row else 16, min(c_max, _pow2(C)))
         wide = False
@@ -88,14 +88,12 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
         span_c = split[1] if split else block_c
         cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps,
                              int64=_tiles_need_int64(B, R, C, block_r, span_c),
-                             col_direct=f.is_float and f.bits == 6 and not units, col_packed=packed,
                              hw_cvt=hw_cvt or bool(split) or bool(units and f.bits == 6),
                              group_c=0 if split else group_c, fp6_asm=bool(units and f.bits == 6),
-                             fp6_words=do_row and f.bits == 6, col_wide=wide, fp4_pairs=do_row and f.bits == 4,
+                             col_wide=wide, fp4_pairs=do_row and f.bits == 4,
                              split_rows=split, col_units=units, col_fp4_words=f.bits == 4 and (packed or do_row),
                              scale_t=(f.is_float and (f.bits != 4 or (do_row and not split))
                                       and not (units and not do_row) and B * R * C >= 1 << 26),
-                             fp8_words=fp8, ct_evict=1 if (do_row and (fp8 or f.bits == 4 or fp6p)) else 0,
                              fp6_pairs=fp6p, fp6_store4=fp6p,
                              grid3=f.is_float and f.bits == 6 and not split and B * R * C >= 1 << 26)
         return cfg
@@ -135,10 +133,8 @@ def quantize_flags(B: int, R: int, C: int, do_row: bool, do_col: bool, f: Elemen
     rblocks = (2 if block_r == 1 else 4) if (f.bits in (4, 6) and n_tiles >= 16384 and not narrow) else 1
     cfg = QuantizeConfig(block_r=block_r, block_c=block_c, num_warps=warps,
                          int64=_tiles_need_int64(B, R, C, block_r * rblocks, block_c), hw_cvt=f.is_float,
-                         rblocks=rblocks,
-                         fp6_words=f.bits == 6, fp4_pairs=f.is_float and f.bits == 4,
-                         fp6_asm=f.is_float and f.bits == 6, fp8_words=f.is_float and f.bits == 8,
-                         fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
+                         rblocks=rblocks, fp4_pairs=f.is_float and f.bits == 4,
+                         fp6_asm=f.is_float and f.bits == 6, fp6_pairs=fp6p_rows, fp6_store4=fp6p_rows)
     return cfg
 
 
@@ -146,28 +142,27 @@ def dequantize_flags(B: int, N: int, L: int, trans: bool, f: ElementFormat,
                      out_dtype: torch.dtype) -> DequantizeConfig:
     """The tile and paths for qdata viewed [B, N, L] (trans: blocks along N's rows, the output transposed):
     FP8 / FP6 / FP4 decode through the hardware FP8 -> fp16 cvt; rowwise FP8 / FP4 to 16-bit outputs one
-    1024-element row per program (unless that pads the row by more than 1/8); FP6 whole 16-code groups per
-    thread with lane-pair swaps, FP4 whole 8-code words per asm."""
+    1024-element row per program (unless that pads the row by more than 1/8); FP6 lane-pair swaps and one asm per
+    group, FP4 whole 8-code words per asm."""
     hw_dec = f.is_float
     if trans:
         block_l = max(32, min(128, _pow2(L)))
         block_n = max(16, min(32, _pow2(N)))
         return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=4,
                                 int64=_tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec)
-    load3d = f.is_float and f.bits in (4, 8)
+    load3d = f.is_float and f.bits in (4, 8)  # (the rows kernel's [n, l // 32, 32] tiles)
     fp4_asm = f.is_float and f.bits == 4
     # rows the 1024-wide tiles pad by more than 1/8 take the 2-D tiles below (FP8 only below 2048 elements)
     rows_1024 = L >= 1024 and (_row_width(L) == 1024 or (f.bits == 8 and L >= 2048))
     if load3d and out_dtype in (torch.bfloat16, torch.float16) and rows_1024:
         return DequantizeConfig(block_n=1, block_l=1024, num_warps=1, int64=_tiles_need_int64(B, N, L, 1, 1024),
-                                load3d=True, hw_dec=True, fp4_asm=fp4_asm)
+                                hw_dec=True, fp4_asm=fp4_asm)
     block_l = max(32, min(512 if ((load3d and f.bits == 8) or f.bits == 6) else 256, _pow2(L)))
     block_n = max(1, min(_pow2(N), (2048 if f.bits == 6 else 4096) // block_l))
     warps = max(1, min(4, block_n * block_l // 1024))
     return DequantizeConfig(block_n=block_n, block_l=block_l, num_warps=warps,
-                            int64=_tiles_need_int64(B, N, L, block_n, block_l), load3d=load3d, hw_dec=hw_dec,
-                            fp6_words=f.bits == 6, pair_swap=f.bits == 6,
-                            fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)
+                            int64=_tiles_need_int64(B, N, L, block_n, block_l), hw_dec=hw_dec,
+                            pair_swap=f.bits == 6, fp6_asm=f.is_float and f.bits == 6, fp4_asm=fp4_asm)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -196,20 +191,19 @@ def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_r
                row_per_thread: int = 0) -> bool:
     """Whether the FP6 unit asm (``_codecs._fp6_units_asm``) may run, given that the hardware path runs: the asm
     packs the 16 elements of a unit from consecutive registers of a thread, which holds only for the load
-    layouts it was written for. Rows (fp6_words): 16-bit inputs and at least 16 elements per thread in the
-    row tile (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8
-    elements per half group. Columns (col_units): tiles of 32 x col_units columns with a warp per 32-row
-    block (no register repetitions before the unit's elements) and C a multiple of 16 (so Triton vectorises
-    the col_units-element loads; the split cast-transpose's column programs run the config's tile too). The
-    input address must also be a multiple of 16 bytes: checked per call (the plan's ``unaligned``
-    constexprs). A tile outside these rules gave wrong bytes in the A/B (128 x 128 on four warps), hence the
-    fallback to the per-element paths rather than trust in Triton's layout choices."""
+    layouts it was written for. Rows: 16-bit inputs and at least 16 elements per thread in the row tile
+    (``row_per_thread`` when not the config's tile), so each thread loads whole 16-byte vectors = 8 elements per
+    half group. Columns (whole units from 2-element loads): tiles of 32 x 2 columns per lane with a warp per
+    32-row block (no register repetitions before the unit's elements) and C a multiple of 16 (so Triton
+    vectorises the loads; the split cast-transpose's column programs run the config's tile too). The input
+    address must also be a multiple of 16 bytes: checked per call (the plan's ``unaligned`` constexprs). A tile
+    outside these rules gave wrong bytes (128 x 128 on four warps), hence the fallback to the per-element paths
+    rather than trust in Triton's layout choices."""
     if not (cfg.fp6_asm and f.is_float and f.bits == 6):
         return False
-    if do_row and not (cfg.fp6_words and in_kind in (1, 2) and (row_per_thread or _per_thread(cfg)) >= 16):
+    if do_row and not (in_kind in (1, 2) and (row_per_thread or _per_thread(cfg)) >= 16):
         return False
-    return not do_col or bool(cfg.col_units and cfg.block_c == 32 * cfg.col_units
-                              and cfg.num_warps == cfg.block_r // 32 and C % 16 == 0)
+    return not do_col or bool(cfg.block_c == 64 and cfg.num_warps == cfg.block_r // 32 and C % 16 == 0)
 
 
 def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat, asm: Optional[bool] = None) -> bool:
@@ -223,54 +217,50 @@ def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat, asm: Optional[bool] = Non
 def resolve_quantize(cfg: QuantizeConfig, B: int, R: int, C: int, do_row: bool, do_col: bool, f: ElementFormat,
                      dtype: torch.dtype, rounding, scale_layout: str = "plain", *, asm: bool = True) -> QuantizeConfig:
     """cfg (a schedule: the paths asked for) made the paths that run for x viewed [B, R, C] of ``dtype``, rounded
-    with ``rounding``, its scales in ``scale_layout``: every flag whose format, input, rounding, direction, tile
-    or C rules it out is cleared (the hardware convert also without asm: the CPU interpreter), and the per-direction
-    fields set (hw_cvt_rows / _cols, fp6_pairs_rows / _cols). A resolved config is returned as it is."""
+    with ``rounding``, its scales in ``scale_layout``: every flag whose format, input, rounding, direction, tile,
+    C or kernel rules it out is cleared (the hardware convert also without asm: the CPU interpreter), the fields
+    that the kernel's algorithm fixes are set (col_units of the columnwise and split paths, fp6_store4 of the
+    fused cast-transpose with col_units), and the per-direction fields set (hw_cvt_rows / _cols, fp6_pairs_rows /
+    _cols). Raises ValueError for col_units other than 0 and 2 (the column units load 2 elements). A resolved
+    config is returned as it is."""
     if cfg.resolved:
         return cfg
+    if cfg.col_units not in (0, 2):
+        raise ValueError(f"col_units={cfg.col_units} must be 0 or 2 (the units load 2-element vectors)")
     rnd = Rounding.parse(rounding)
     in_kind = _IN_KIND[dtype]
-    split = bool(cfg.split_rows and do_row and do_col)
-    units = cfg.col_units if do_col else 0
-    packed = bool(cfg.col_packed and do_col and not units)
-    # FP4 columns from bf16 pairs of adjacent columns (the packed tile, or with col_units one word per load)
-    fp4w = bool((packed or units) and cfg.col_fp4_words and f.is_float and f.bits == 4 and in_kind == 1
-                and C % 2 == 0)
-    wide = bool(cfg.col_wide and f.bits in (4, 8) and (packed or fp4w))
+    bf16 = in_kind == 1
     hw = hw_cvt_ok(cfg, f, rnd, in_kind, asm=asm)
-    # FP6 from bf16 pairs (rows: with fp6_words; columns: col_units, C even)
-    fp6p = bool(cfg.fp6_pairs and f.is_float and f.bits == 6 and in_kind == 1 and hw)
-    fp6p_c = bool(fp6p and units and C % 2 == 0 and do_col)
-    if split:  # one-direction programs: the row programs on their own tile (split_rows)
+    fp4, fp6 = f.is_float and f.bits == 4, f.is_float and f.bits == 6
+    zero = dict(hw_cvt=hw, hw_cvt_rows=hw, hw_cvt_cols=hw, group_c=0, rblocks=1, scale_t=False, fp4_pairs=False,
+                col_wide=False, col_fp4_words=False, col_units=0, fp6_asm=False, split_rows=(), fp6_store4=False,
+                fp6_pairs=False, fp6_pairs_rows=False, fp6_pairs_cols=False, grid3=False)
+    scale_t = bool(cfg.scale_t and scale_layout == "plain")
+    if do_row and not do_col:  # _quantize_rows_kernel
+        fp6p = bool(cfg.fp6_pairs and fp6 and bf16 and hw)
+        fp6_asm = bool(hw and fp6_asm_ok(cfg, f, in_kind, C, True, False)) and not fp6p
+        fields = dict(rblocks=cfg.rblocks, fp4_pairs=bool(cfg.fp4_pairs and fp4 and bf16 and hw and _per_thread(cfg) >= 8),
+                      fp6_asm=fp6_asm, fp6_store4=bool(cfg.fp6_store4 and fp6), fp6_pairs=fp6p, fp6_pairs_rows=fp6p)
+    elif do_col and not do_row:  # _quantize_cols_kernel
+        fields = dict(scale_t=scale_t, grid3=cfg.grid3, col_units=0 if fp4 else 2, col_wide=bool(cfg.col_wide and fp4),
+                      col_fp4_words=bool(cfg.col_fp4_words and fp4 and bf16 and C % 2 == 0 and hw),
+                      fp6_asm=bool(hw and fp6_asm_ok(cfg, f, in_kind, C, False, True)))
+    elif cfg.split_rows and fp6:  # _cast_transpose_split_kernel: the row programs on their own tile
         rbr, rbc, _ = cfg.split_rows
         per_thread_r = _per_thread(cfg, rbr, rbc)
         row_hw = hw_cvt_ok(cfg, f, rnd, in_kind, per_thread_r, asm=asm)
-        col_hw = bool(hw and (f.bits != 6 or fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)))
-        fp6_words = bool(cfg.fp6_words and f.bits == 6)
-        fp4_pairs = bool(cfg.fp4_pairs and f.bits == 4 and row_hw and per_thread_r >= 8)
-        fp6_asm = bool(row_hw and fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r))
-        fp6_store4 = bool(cfg.fp6_store4 and f.bits == 6)
-        fp6p_r = bool(fp6p and cfg.fp6_words and row_hw)
-        col_fp4w = fp4w and col_hw
-    else:
-        row_hw = col_hw = hw
-        fp6_words = bool(cfg.fp6_words and f.bits == 6 and do_row and cfg.block_c >= 32)
-        fp4_pairs = bool(cfg.fp4_pairs and do_row and f.bits == 4 and in_kind == 1 and hw and _per_thread(cfg) >= 8)
-        fp6_asm = bool(hw and fp6_asm_ok(cfg, f, in_kind, C, do_row, do_col))
-        fp6_store4 = bool(cfg.fp6_store4 and f.bits == 6 and do_row)
-        fp6p_r = bool(fp6p and do_row and cfg.fp6_words and cfg.block_c >= 32)
-        col_fp4w = fp4w and hw
-    if fp6_asm and (fp6p_r or not do_row) and (fp6p_c or not do_col):
-        fp6_asm = False  # the FP6 pairs paths do all the work (no 16-byte alignment needed)
-    return dataclasses.replace(
-        cfg, resolved=True, hw_cvt=hw, hw_cvt_rows=row_hw, hw_cvt_cols=col_hw,
-        col_direct=bool(cfg.col_direct and do_col and not units), fp6_words=fp6_words,
-        col_packed=packed, col_wide=wide, col_units=units, col_fp4_words=col_fp4w, fp6_asm=fp6_asm,
-        fp4_pairs=fp4_pairs, fp8_words=bool(cfg.fp8_words and f.is_float and f.bits == 8 and hw),
-        ct_evict=cfg.ct_evict if (do_row and do_col and units) else 0, fp6_store4=fp6_store4,
-        fp6_pairs=fp6p, fp6_pairs_rows=fp6p_r, fp6_pairs_cols=fp6p_c,
-        split_rows=cfg.split_rows if split else (), grid3=bool(cfg.grid3 and not cfg.group_c and not split),
-        scale_t=bool(cfg.scale_t and do_col and scale_layout == "plain"))
+        asm_ok = fp6_asm_ok(cfg, f, in_kind, C, True, True, per_thread_r)
+        fields = dict(split_rows=cfg.split_rows, scale_t=scale_t, col_units=2, hw_cvt_rows=row_hw,
+                      hw_cvt_cols=bool(hw and asm_ok), fp6_asm=bool(row_hw and asm_ok))
+    elif cfg.col_units:  # _cast_transpose_kernel
+        pairs = bool(bf16 and hw and C % 2 == 0 and (
+            (fp4 and cfg.fp4_pairs and cfg.col_fp4_words and _per_thread(cfg) >= 8) or (fp6 and cfg.fp6_pairs)))
+        fields = dict(rblocks=cfg.rblocks, scale_t=scale_t, grid3=cfg.grid3, col_units=2, fp4_pairs=fp4 and pairs,
+                      col_fp4_words=fp4 and pairs, fp6_store4=fp6, fp6_pairs=fp6 and pairs,
+                      fp6_pairs_rows=fp6 and pairs, fp6_pairs_cols=fp6 and pairs)
+    else:  # _cast_transpose_tile_kernel (integer encoder)
+        fields = dict(hw_cvt=False, hw_cvt_rows=False, hw_cvt_cols=False, group_c=cfg.group_c, scale_t=scale_t)
+    return dataclasses.replace(cfg, resolved=True, **dict(zero, **fields))
 
 
 def resolve_dequantize(cfg: DequantizeConfig, trans: bool, f: ElementFormat, out_dtype: torch.dtype, *,
@@ -281,10 +271,10 @@ def resolve_dequantize(cfg: DequantizeConfig, trans: bool, f: ElementFormat, out
     if cfg.resolved:
         return cfg
     hw_dec = hw_dec_ok(cfg, f, asm=asm)
-    fp6_words = bool(cfg.fp6_words and f.bits == 6 and not trans and cfg.block_l >= 32)
+    fp6_rows = f.bits == 6 and not trans
     return dataclasses.replace(
-        cfg, resolved=True, hw_dec=hw_dec, load3d=bool(cfg.load3d and not trans and f.bits != 6),
-        fp6_words=fp6_words, pair_swap=bool(fp6_words and cfg.pair_swap and out_dtype != torch.float32 and asm),
-        fp6_asm=bool(fp6_words and cfg.fp6_asm and f.is_float and out_dtype == torch.bfloat16 and hw_dec),
+        cfg, resolved=True, hw_dec=hw_dec,
+        pair_swap=bool(fp6_rows and cfg.pair_swap and out_dtype != torch.float32 and asm),
+        fp6_asm=bool(fp6_rows and cfg.fp6_asm and f.is_float and out_dtype == torch.bfloat16 and hw_dec),
         fp4_asm=bool(cfg.fp4_asm and f.is_float and f.bits == 4 and not trans
                      and out_dtype in (torch.bfloat16, torch.float16) and hw_dec))

@@ -9,10 +9,15 @@ Every call views the input as ``[B, R, C]`` with C contiguous:
 
 * ``axis`` = last dim: ``B = 1``, ``R = prod(other dims)``, ``C = shape[axis]``; blocks of 32 run along C.
 * ``axis`` = any other dim: ``B = prod(dims before)``, ``R = shape[axis]``, ``C = prod(dims after)``; the
-  kernel loads ``[BLOCK_R, BLOCK_C]`` tiles coalesced along C, transposes the raw tile (shared memory) and
-  quantizes its rows, so the output (MXTensor keeps the quantized axis last) is written contiguously.
+  kernel loads ``[BLOCK_R, BLOCK_C]`` tiles coalesced along C and packs the codes of each 32-row block before
+  the transpose, so the output (MXTensor keeps the quantized axis last) is written contiguously.
 * cast-transpose ``axis=(last, second-to-last)`` (either order): ``[B, M, K]``; both copies in one launch, x read
-  from DRAM about once (fused per tile, or FP4 / FP6 programs of one direction sharing regions through L2).
+  from DRAM about once (fused per tile, or FP6 programs of one direction sharing regions through L2).
+
+One kernel per algorithm (:mod:`mxkit.kernels.quantize_details`): rowwise ``_quantize_rows_kernel``, columnwise
+``_quantize_cols_kernel``, cast-transpose ``_cast_transpose_kernel`` / ``_cast_transpose_tile_kernel`` /
+``_cast_transpose_split_kernel``, dequantize ``_dequantize_rows_kernel`` / ``_dequantize_cols_kernel``; the
+format is one constexpr (:class:`~mxkit.kernels.quantize_details._common.ElementSpec`).
 
 Custom ops ``mxkit::quantize_mx``, ``mxkit::cast_transpose_mx``, ``mxkit::dequantize_mx`` return raw
 tensors, so ``torch.compile(fullgraph=True)`` traces through them; MXTensor is built outside the ops.
@@ -23,7 +28,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import struct
 from typing import Optional, Sequence, Union
 
 import torch
@@ -36,7 +40,8 @@ from . import opt_flags
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
 from .opt_flags_nvidia import resolve_dequantize, resolve_quantize
-from .quantize_details import _cast_transpose, _dequantize, _quantize
+from .quantize_details import _cast_transpose, _cols, _dequantize, _rows
+from .quantize_details._common import element_spec
 
 __all__ = [
     "quantize_triton",
@@ -88,18 +93,6 @@ def _gpu_name(t: torch.Tensor) -> str:
 # helpers
 
 
-def _max_frac(f: ElementFormat) -> int:
-    return struct.unpack("<I", struct.pack("<f", f.max_normal))[0] & 0x7FFFFF
-
-
-@functools.lru_cache(maxsize=None)
-def _format_constexprs(f: ElementFormat) -> dict:
-    return dict(
-        BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), EMAX=f.emax,
-        IS_INT=not f.is_float, MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f),
-    )
-
-
 def _check_device(t: torch.Tensor) -> None:
     if not t.is_cuda and not _interpret():
         raise ValueError(
@@ -130,9 +123,13 @@ def _cols_padded(nblk: int, layout: str) -> int:
     return scale_layout_shape(1, nblk, layout)[1]
 
 
-_QUANTIZE = _Launcher(_quantize, "_quantize_kernel")
+_ROWS = _Launcher(_rows, "_quantize_rows_kernel")
+_COLS = _Launcher(_cols, "_quantize_cols_kernel")
+_CT = _Launcher(_cast_transpose, "_cast_transpose_kernel")
+_CT_TILE = _Launcher(_cast_transpose, "_cast_transpose_tile_kernel")
 _CT_SPLIT = _Launcher(_cast_transpose, "_cast_transpose_split_kernel")
-_DEQUANTIZE = _Launcher(_dequantize, "_dequantize_kernel")
+_DEQUANT_ROWS = _Launcher(_dequantize, "_dequantize_rows_kernel")
+_DEQUANT_COLS = _Launcher(_dequantize, "_dequantize_cols_kernel")
 _TRANSPOSE = _Launcher(_cast_transpose, "_transpose_bytes_kernel")
 
 
@@ -141,12 +138,12 @@ class _QuantizePlan:
     modes, layout, config): computed once per problem (:func:`_quantize_plan`, cached), so a call only
     allocates and launches.
 
-    outs: (shape, zero-filled) of each uint8 output, in return order; slots: for the kernel's qr, sr, qc, sc
-    pointers, (output index or -1 for a dummy, int32 view); ints: the kernel's runtime ints; scale_t: None or
-    (transposed scale shape, output index, rows, cols) of the column scale written transposed; unaligned: None
-    or (alignment in bytes, the constexprs for an input whose address is not a multiple of it: FP4_PAIRS reads
-    bf16 pairs as 32-bit words (4), FP6_ASM needs Triton's 16-byte vectors (16)); launcher: the kernel's
-    _Launcher."""
+    outs: (shape, zero-filled) of each uint8 output, in return order; slots: for the kernel's output pointers
+    (q, s, or qr, sr, qc, sc), (output index, int32 view); ints: the kernel's runtime ints; scale_t: None or
+    (transposed scale shape, output index, rows, cols) of the column scale (the last slot) written transposed;
+    unaligned: None or (alignment in bytes, the constexprs for an input whose address is not a multiple of it:
+    PAIRS reads bf16 pairs as 32-bit words (4), FP6_ASM needs Triton's 16-byte vectors (16)); launcher: the
+    kernel's _Launcher."""
 
     __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned",
                  "launcher")
@@ -185,8 +182,6 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         B, R, C, do_row, do_col = math.prod(shape[:-2]), M, Kd, True, True
         outs = _out_shapes(shape, len(shape) - 1, f, scale_layout) + _out_shapes(shape, len(shape) - 2, f,
                                                                                   scale_layout)
-        slots = ((0, f.bits == 6), (1, False), (2, f.bits == 6), (3, False))
-        lay_r, lay_c = lay, lay
         colsp_r, colsp_c = _cols_padded(Kd // BLOCK_SIZE, scale_layout), _cols_padded(M // BLOCK_SIZE, scale_layout)
     else:
         axis = axis % len(shape)
@@ -195,70 +190,70 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
         cols_p = _cols_padded(L // BLOCK_SIZE, scale_layout)
         if Q == 1:  # rowwise: [1, B, L]
             B, R, C, do_row, do_col = 1, math.prod(shape[:axis]), L, True, False
-            slots = ((0, f.bits == 6), (1, False), (-1, False), (-1, False))
-            lay_r, lay_c, colsp_r, colsp_c = lay, 0, cols_p, 0
         else:  # columnwise: [B, L, Q], blocks along L
             B, R, C, do_row, do_col = math.prod(shape[:axis]), L, Q, False, True
-            slots = ((-1, False), (-1, False), (0, f.bits == 6), (1, False))
-            lay_r, lay_c, colsp_r, colsp_c = 0, lay, 0, cols_p
     asm = not _interpret()
     if cfg is None:
         cfg = quantize_config(B, R, C, do_row, do_col, f, gpu=gpu, dtype=dtype, rounding=rnd,
                               scale_layout=scale_layout, asm=asm)
     else:  # a config given by the caller (tests, A/B variants): the paths it asks for that can run
         cfg = resolve_quantize(cfg, B, R, C, do_row, do_col, f, dtype, rnd, scale_layout, asm=asm)
-    if cfg.col_packed or cfg.col_units:  # the column data is written as int32 words
-        slots = slots[:2] + ((slots[2][0], True),) + slots[3:]
-    rb = cfg.rblocks
-    span_r = cfg.block_r * rb
-    tiles_r, tiles_c = -(-R // span_r), -(-C // cfg.block_c)
+    fmt_consts = (("IN_KIND", in_kind), ("FMT", element_spec(f)), ("MODE", _MODE[mode]),
+                  ("AWAY", rnd is Rounding.AWAY))
+    tiles_r, tiles_c = -(-R // (cfg.block_r * cfg.rblocks)), -(-C // cfg.block_c)
+    masked = bool(R % (cfg.block_r * cfg.rblocks) or C % cfg.block_c)
+    tile = (("BLOCK_R", cfg.block_r), ("BLOCK_C", cfg.block_c))
     scale_t = None
+    lay_c = lay
     if cfg.scale_t:
         # columnwise scales written transposed ([R / 32, B * C]: each program's bytes for one block row are
         # contiguous), then transposed into place by a tiled byte transpose (1/32 of the data)
         scale_t = ((R // 32, B * C), len(outs) - 1, B * C, R // 32)
         lay_c, colsp_c = _LAYOUT_PLAIN_T, B * C  # (colsp_c: the transposed scale's row length)
-    if cfg.split_rows:
-        # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
-        rbr, rbc, rrb = cfg.split_rows
-        regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
-        consts = tuple(dict(
-            IN_KIND=in_kind, LAYOUT_R=lay_r, LAYOUT_C=lay_c, **_format_constexprs(f), AWAY=rnd is Rounding.AWAY,
-            INT64=cfg.int64, MASKED=bool(R % cfg.block_r or C % rbc),
-            SCALE_MODE=_MODE[mode],
-            ROW_BR=rbr, ROW_BC=rbc, ROW_RB=rrb, ROW_HW=cfg.hw_cvt_rows, FP6_WORDS=cfg.fp6_words,
-            FP4_PAIRS=cfg.fp4_pairs, COL_BR=cfg.block_r, COL_BC=cfg.block_c, COL_HW=cfg.hw_cvt_cols,
-            COL_PACKED=cfg.col_packed, COL_WIDE=cfg.col_wide, COL_UNITS=cfg.col_units, COL_FP4W=cfg.col_fp4_words,
-            FP6_ASM=cfg.fp6_asm, FP6_ST4=cfg.fp6_store4, FP6P_R=cfg.fp6_pairs_rows, FP6P_C=cfg.fp6_pairs_cols,
-        ).items())
-        ints = (R, C, regions_r, regions_c, colsp_r, colsp_c, _MODE[mode])
-        n_r = cfg.block_r // (rbr * rrb)
-        grid = (B * regions_r * regions_c * (n_r + rbc // cfg.block_c),)
-        launcher = _CT_SPLIT
-    else:
-        consts = tuple(dict(
-            IN_KIND=in_kind, DO_ROW=do_row, DO_COL=do_col, LAYOUT_R=lay_r, LAYOUT_C=lay_c,
-            AWAY=rnd is Rounding.AWAY, **_format_constexprs(f),
-            BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, INT64=cfg.int64,
-            MASKED=bool(R % span_r or C % cfg.block_c),
-            HW_CVT=cfg.hw_cvt,
-            COL_DIRECT=cfg.col_direct, GROUP_C=cfg.group_c, RB=rb,
-            SCALE_MODE=_MODE[mode],
-            FP6_WORDS=cfg.fp6_words, COL_PACKED=cfg.col_packed, COL_WIDE=cfg.col_wide, COL_UNITS=cfg.col_units,
-            COL_FP4W=cfg.col_fp4_words, FP6_ASM=cfg.fp6_asm, FP4_PAIRS=cfg.fp4_pairs, FP8_WORDS=cfg.fp8_words,
-            CT_EVICT=cfg.ct_evict, FP6_ST4=cfg.fp6_store4, FP6P_R=cfg.fp6_pairs_rows, FP6P_C=cfg.fp6_pairs_cols,
-        ).items())
-        ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c, _MODE[mode])
-        launcher = _QUANTIZE
+        cols_p = colsp_c
+    if do_row and not do_col:
+        slots = ((0, f.bits == 6), (1, False))
+        consts = (("LAYOUT", lay),) + fmt_consts + (
+            ("HW_CVT", cfg.hw_cvt), ("PAIRS", cfg.fp4_pairs or cfg.fp6_pairs_rows), ("FP6_ASM", cfg.fp6_asm),
+            ("FP6_ST4", cfg.fp6_store4)) + tile + (("RB", cfg.rblocks), ("INT64", cfg.int64), ("MASKED", masked))
+        ints, grid, launcher = (R, C, tiles_r, tiles_c, cols_p), (tiles_r * tiles_c,), _ROWS
+    elif do_col and not do_row:
+        slots = ((0, True), (1, False))  # (the column data is written as int32 words)
         grid, grid3 = _grid(tiles_c, tiles_r, B, cfg.grid3)
-        consts += (("GRID3", grid3),)
-    # inputs at an address that is not a multiple of 4 (FP4_PAIRS, COL_FP4W, FP6P_R / _C: bf16 pairs read as
-    # 32-bit words) / 16 bytes (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take
-    # the paths without
-    align = 16 if cfg.fp6_asm else (4 if cfg.fp4_pairs or cfg.col_fp4_words or cfg.fp6_pairs_rows
-                                    or cfg.fp6_pairs_cols else 0)
-    off = ("FP4_PAIRS", "FP6_ASM", "COL_FP4W", "FP6P_R", "FP6P_C")
-    unaligned = (align, tuple((k, False if k in off else v) for k, v in consts)) if align else None
+        consts = (("LAYOUT", lay_c),) + fmt_consts + (
+            ("HW_CVT", cfg.hw_cvt), ("PAIRS", cfg.col_fp4_words), ("FP6_ASM", cfg.fp6_asm), ("WIDE", cfg.col_wide)
+        ) + tile + (("INT64", cfg.int64), ("MASKED", masked), ("GRID3", grid3))
+        ints, launcher = (R, C, tiles_r, tiles_c, cols_p), _COLS
+    else:
+        slots = ((0, f.bits == 6), (1, False), (2, f.bits == 6 or bool(cfg.col_units)), (3, False))
+        ints = (R, C, tiles_r, tiles_c, colsp_r, colsp_c)
+        lays = (("LAYOUT_R", lay), ("LAYOUT_C", lay_c))
+        if cfg.split_rows:
+            # cast-transpose by one-direction programs over regions of block_r x row_block_c (see the kernel)
+            rbr, rbc, rrb = cfg.split_rows
+            regions_r, regions_c = -(-R // cfg.block_r), -(-C // rbc)
+            consts = lays + fmt_consts + (
+                ("ROW_BR", rbr), ("ROW_BC", rbc), ("ROW_RB", rrb), ("ROW_HW", cfg.hw_cvt_rows),
+                ("COL_BR", cfg.block_r), ("COL_BC", cfg.block_c), ("COL_HW", cfg.hw_cvt_cols), ("FP6_ASM", cfg.fp6_asm),
+                ("INT64", cfg.int64), ("MASKED", bool(R % cfg.block_r or C % rbc)))
+            ints = (R, C, regions_r, regions_c, colsp_r, colsp_c)
+            grid = (B * regions_r * regions_c * (cfg.block_r // (rbr * rrb) + rbc // cfg.block_c),)
+            launcher = _CT_SPLIT
+        elif cfg.col_units:
+            grid, grid3 = _grid(tiles_c, tiles_r, B, cfg.grid3)
+            consts = lays + fmt_consts + (
+                ("HW_CVT", cfg.hw_cvt), ("PAIRS", cfg.fp4_pairs or cfg.fp6_pairs_rows)) + tile + (
+                ("RB", cfg.rblocks), ("INT64", cfg.int64), ("MASKED", masked), ("GRID3", grid3))
+            launcher = _CT
+        else:
+            consts = lays + fmt_consts + (("GROUP_C", cfg.group_c),) + tile + (
+                ("INT64", cfg.int64), ("MASKED", masked))
+            grid, launcher = (B * tiles_r * tiles_c,), _CT_TILE
+    # inputs at an address that is not a multiple of 4 (PAIRS: bf16 pairs read as 32-bit words) / 16 bytes
+    # (FP6_ASM: Triton vectorises the loads only from 16-byte-aligned pointers) take the paths without
+    named = dict(consts)
+    align = 16 if named.get("FP6_ASM") else (4 if named.get("PAIRS") else 0)
+    unaligned = (align, tuple((k, False if k in ("PAIRS", "FP6_ASM") else v) for k, v in consts)) if align else None
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
 
@@ -267,17 +262,15 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     x = x.contiguous()
     dev = x.device
     outs = [(torch.zeros if zero else torch.empty)(shape, dtype=torch.uint8, device=dev) for shape, zero in plan.outs]
-    ptrs = [(outs[i].view(torch.int32) if word else outs[i]) if i >= 0 else None for i, word in plan.slots]
-    dummy = ptrs[0] if ptrs[0] is not None else ptrs[2]
+    ptrs = [outs[i].view(torch.int32) if word else outs[i] for i, word in plan.slots]
     if plan.scale_t is not None:
         tshape, si, rows, cols = plan.scale_t
-        ptrs[3] = torch.empty(tshape, dtype=torch.uint8, device=dev)
-    ptrs = [p if p is not None else dummy for p in ptrs]
+        ptrs[-1] = torch.empty(tshape, dtype=torch.uint8, device=dev)
     xv = x.view(plan.in_view) if plan.in_view is not None else x
     consts = plan.consts if plan.unaligned is None or x.data_ptr() % plan.unaligned[0] == 0 else plan.unaligned[1]
     plan.launcher(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
     if plan.scale_t is not None:
-        _transpose_bytes(ptrs[3], outs[si].view(rows, cols))
+        _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
     return tuple(outs)
 
 
@@ -312,8 +305,8 @@ _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 @functools.lru_cache(maxsize=4096)
 def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Optional[DequantizeConfig]):
-    """(kernel output dtype, int16 view?, int32 qdata view?, grid, runtime ints, constexprs, num_warps) of one
-    dequantize problem."""
+    """(kernel output dtype, int16 view?, int32 qdata view?, grid, runtime ints, constexprs, num_warps, launcher) of
+    one dequantize problem."""
     f = get_format(fmt)
     axis = axis % len(shape)
     L = shape[axis]
@@ -328,29 +321,29 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     else:  # a config given by the caller (tests): the paths it asks for that can run
         cfg = resolve_dequantize(cfg, trans, f, kdtype, asm=asm)
     tiles_n, tiles_l = -(-N // cfg.block_n), -(-L // cfg.block_l)
-    consts = tuple(dict(
-        TRANS=trans, OUT_KIND=_OUT_KIND[kdtype],
-        BITS=f.bits, MBITS=f.mbits, EMIN=(f.emin if f.is_float else -6), BIAS=f.bias,
-        IS_INT=not f.is_float, HAS_INF=f.has_inf, HAS_NAN=f.has_nan,
-        BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, INT64=cfg.int64,
-        MASKED=bool(N % cfg.block_n or L % cfg.block_l),
-        LOAD3D=cfg.load3d, HW_DEC=cfg.hw_dec, FP6_WORDS=cfg.fp6_words, SWAP=cfg.pair_swap, GROUP_ASM=cfg.fp6_asm,
-        FP4_ASM=cfg.fp4_asm,
-    ).items())
-    return (kdtype, kdtype == torch.bfloat16, f.bits == 6 or cfg.fp4_asm, (Bk * tiles_n * tiles_l,),
-            (N, L, tiles_n, tiles_l, L // 8), consts, cfg.num_warps)
+    consts = (("OUT_KIND", _OUT_KIND[kdtype]), ("FMT", element_spec(f)), ("HW_DEC", cfg.hw_dec))
+    tile = (("BLOCK_N", cfg.block_n), ("BLOCK_L", cfg.block_l), ("INT64", cfg.int64),
+            ("MASKED", bool(N % cfg.block_n or L % cfg.block_l)))
+    if trans:
+        ints, launcher = (N, L, tiles_n, tiles_l), _DEQUANT_COLS
+        consts += tile
+    else:
+        ints, launcher = (N, L, tiles_n, tiles_l, L // 8), _DEQUANT_ROWS
+        consts += (("SWAP", cfg.pair_swap), ("GROUP_ASM", cfg.fp6_asm), ("FP4_ASM", cfg.fp4_asm)) + tile
+    return (kdtype, kdtype == torch.bfloat16, f.bits == 6 or cfg.fp4_asm, (Bk * tiles_n * tiles_l,), ints, consts,
+            cfg.num_warps, launcher)
 
 
 def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     shape = tuple(shape)
-    kdtype, view16, words, grid, ints, consts, num_warps = _dequantize_plan(fmt, axis, shape, dtype, cfg)
+    kdtype, view16, words, grid, ints, consts, num_warps, launcher = _dequantize_plan(fmt, axis, shape, dtype, cfg)
     out = torch.empty(shape, dtype=kdtype, device=qdata.device)
     qdata = qdata.contiguous()
     if words and qdata.data_ptr() % 4:
         qdata = qdata.clone()  # the kernel reads FP6 (and FP4 with fp4_asm) as aligned int32 words
     qv = qdata.view(torch.int32) if words else qdata
     ov = out.view(torch.int16) if view16 else out
-    _DEQUANTIZE(grid, (qv, scale.contiguous(), ov, *ints), consts, num_warps)
+    launcher(grid, (qv, scale.contiguous(), ov, *ints), consts, num_warps)
     return out if kdtype == dtype else out.to(dtype)
 
 

@@ -15,13 +15,17 @@ compute it):
   and the magic number *is* the number of element ulps. Ties-away adds one where the add rounded a tie down.
   The hardware-conversion paths (HW_CVT / HW_DEC: FP8 ``cvt.rn.satfinite``, FP4 bf16x2 arithmetic, FP6 through
   the FP8 grid) are inline asm, GPU only (the CPU interpreter cannot run inline asm); the identities behind
-  each are checked on the CPU in tests/kernels/test_codecs.py. :mod:`._codecs`.
+  each are checked on the CPU in tests/kernels/test_codecs.py, which runs their PTX through a CPU emulator.
+  :mod:`._codecs`.
 * MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
 
-Files, by concern: ``_common`` (constants, loads, program ids), ``_codecs`` (element codecs and PTX helpers),
-``_scale`` (the scale rule), ``_store`` (code packing, scale stores and layouts), ``_rows`` (rowwise tiles),
-``_cols`` (columnwise tiles), ``_quantize`` (the rowwise / columnwise / fused cast-transpose kernel),
-``_cast_transpose`` (one-direction cast-transpose programs, the scale byte transpose), ``_dequantize``.
+Files, by concern: ``_common`` (the format spec, constants, loads, program ids), ``_codecs`` (element codecs and
+PTX helpers), ``_scale`` (the scale rule), ``_store`` (code packing, scale stores and layouts), ``_rows`` (row tiles
+and the rowwise kernel), ``_cols`` (column tiles and the columnwise kernel), ``_cast_transpose`` (the fused, tile
+and one-direction cast-transpose kernels, the scale byte transpose), ``_dequantize`` (the rowwise and transposed
+dequantize kernels). One kernel per algorithm, each with at most 16 constexprs: the element format is ONE
+constexpr (``FMT``, an :class:`~._common.ElementSpec` with named fields), the rest are the scale rule, the scale
+layout, the tile and the few choices its algorithm reads.
 Inputs are passed as fp32 bits (int32 view), bf16 bits (int16 view) or float16. Outputs are uint8 (FP6 data
 through an int32 view: 16 codes = 12 bytes = 3 little-endian words).
 """

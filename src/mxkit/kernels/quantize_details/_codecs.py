@@ -47,7 +47,7 @@ def _cvt_fp8_rn_keep(vbits, keep, MBITS: tl.constexpr):
     """:func:`_cvt_fp8_rn` with the bad-block mask applied inside the asm: keep (int32, -1 to keep the code, 0
     for a NaN / Inf block's 0) per element. Four elements per asm block, each with its own keep (any layout:
     the four need not share a block). A ``tl.where`` on the uint8 codes instead had every byte unpacked,
-    selected and repacked (11 ALU instructions per four codes; session 10)."""
+    selected and repacked (11 ALU instructions per four codes)."""
     tl.static_assert(MBITS == 3 or MBITS == 2)
     if MBITS == 3:
         asm: tl.constexpr = _FP8X4_KEEP_E4M3
@@ -63,7 +63,7 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
     bad [A, B, 4] (int32, nonzero in a NaN / Inf block; a broadcast, so v's layout) -> int32 words [A, B]: the
     four FP8 codes little-endian (element 0 in the low byte), rounded by ``cvt.rn.satfinite`` as in
     :func:`_cvt_fp8_rn`, 0 where bad. One asm and one select per word: the per-code ``tl.where`` on uint8
-    codes had every byte unpacked, selected and repacked (11 ALU instructions per word; session 10). bad goes
+    codes had every byte unpacked, selected and repacked (11 ALU instructions per word). bad goes
     through the same reshape and splits as v, so the select needs no layout conversion."""
     e0, e1, e2, e3 = _split4(v.to(tl.int32, bitcast=True), A, B)
     m, _m1, _m2, _m3 = _split4(bad, A, B)
@@ -91,14 +91,10 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 # m comes from e by one mul.hi (65 * Eb in each half), one mad.lo (x 2, plus the sign bits) and one add (514 in
 # each half); the sign is masked from a itself (a float x * (+0) would turn a NaN into bits across both halves,
 # and the two halves of a pair may belong to different blocks). 11 instructions per pair, 6 of them on the ALU
-# pipe (session 7: 15, 10 on the ALU pipe; sessions 8-11: 11, 7 with a separate abs before an unsigned add;
-# session 12: the fused FP4 cast-transpose 726 -> 662 ALU instructions per thread, H200 16384^2 272.7 -> 268.2
-# us). Session 14: the 257 had been mad.hi's addend, which SASS's IMAD.HI takes as the high word of a 64-bit
-# register pair, so ptxas re-made the pair {0, 0x01010101} with one or two moves before most of them; as an
-# add after the mad.lo (a VIADD) the fused FP4 cast-transpose has 1216 SASS instructions, not 1240 (H200
-# 16384^2 261.5 -> 257.8 us; H100 equal; rowwise and columnwise FP4 equal on both). Every
-# bf16 bit pattern under every X is checked against mxkit.formats.encode_elements by running this PTX through
-# a CPU interpreter (tests/kernels/test_codecs.py).
+# pipe. The 514 is an add after the mad.lo, not mad.hi's addend: SASS's IMAD.HI takes its addend as the high word
+# of a 64-bit register pair, which ptxas would re-make with extra moves. Every bf16 bit pattern under every X is
+# checked against mxkit.formats.encode_elements by running this PTX through a CPU interpreter
+# (tests/kernels/test_codecs.py).
 _FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
              "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; and.b32 s, a, 0x80008000; "
              "mad.lo.u32 m, m, 2, s; add.u32 m, m, 0x02020202; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "
@@ -293,13 +289,10 @@ FP6_PAIRS_ROWS_RW = tl.constexpr(",".join(["=r"] * 3 + ["r"] * 11))
 FP6_PAIRS_COLS_RW = tl.constexpr(",".join(["=r"] * 6 + ["r"] * 21))
 
 
-FP6_UNITS_E2M3_1 = tl.constexpr(_fp6_units_asm(3, 1, 16))
 FP6_UNITS_E2M3_2 = tl.constexpr(_fp6_units_asm(3, 2, 32))
-FP6_UNITS_E3M2_1 = tl.constexpr(_fp6_units_asm(2, 1, 16))
 FP6_UNITS_E3M2_2 = tl.constexpr(_fp6_units_asm(2, 2, 32))
 FP6_HALVES_E2M3 = tl.constexpr(_fp6_units_asm(3, 1, 8))
 FP6_HALVES_E3M2 = tl.constexpr(_fp6_units_asm(2, 1, 8))
-FP6_UNITS_RW_1 = tl.constexpr(",".join(["=r"] * 16 + ["r"] * 16))
 FP6_UNITS_RW_2 = tl.constexpr(",".join(["=r"] * 32 + ["r"] * 32))
 FP6_HALVES_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 16))
 
@@ -382,17 +375,12 @@ FP6_DEC_RW = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 3 + ["f"]))
 
 
 @triton.jit
-def _fp6_units_hw(vbits, MBITS: tl.constexpr, VEC: tl.constexpr):
-    """:func:`_fp6_units_asm` on vbits [..., 16 (j), U, VEC] (fp32 bits of the scaled elements, registers in
+def _fp6_units_hw(vbits, MBITS: tl.constexpr):
+    """:func:`_fp6_units_asm` on vbits [..., 16 (j), U, 2 (v)] (fp32 bits of the scaled elements, registers in
     (v, j, u) order): the same shape of int32, word k of a unit at j = k (k < 3), the rest unset."""
-    tl.static_assert((VEC == 1 or VEC == 2) and (MBITS == 2 or MBITS == 3))
-    if VEC == 1:
-        o = tl.inline_asm_elementwise(FP6_UNITS_E2M3_1 if MBITS == 3 else FP6_UNITS_E3M2_1, FP6_UNITS_RW_1, [vbits],
-                                      dtype=tl.int32, is_pure=True, pack=16)
-    else:
-        o = tl.inline_asm_elementwise(FP6_UNITS_E2M3_2 if MBITS == 3 else FP6_UNITS_E3M2_2, FP6_UNITS_RW_2, [vbits],
-                                      dtype=tl.int32, is_pure=True, pack=32)
-    return o
+    tl.static_assert(MBITS == 2 or MBITS == 3)
+    return tl.inline_asm_elementwise(FP6_UNITS_E2M3_2 if MBITS == 3 else FP6_UNITS_E3M2_2, FP6_UNITS_RW_2, [vbits],
+                                     dtype=tl.int32, is_pure=True, pack=32)
 
 
 @triton.jit
@@ -489,6 +477,14 @@ def _encode(xbits, X, bad, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
 
 
 @triton.jit
+def _encode_as(xbits, X, bad, FMT: tl.constexpr, AWAY: tl.constexpr, HW_CVT: tl.constexpr = False,
+               KEEP_ASM: tl.constexpr = False):
+    """:func:`_encode` to format FMT (an :class:`~._common.ElementSpec`)."""
+    return _encode(xbits, X, bad, FMT.bits, FMT.mbits, FMT.emin, FMT.emax, FMT.is_int, FMT.max_normal, AWAY, HW_CVT,
+                   KEEP_ASM)
+
+
+@triton.jit
 def _fp6_unit_words(codes):
     """FP6 codes [..., 16] (int32, 6 bits each) -> the three words (w0, w1, w2) [...] of each 16-code unit:
     code k at bit 6k of the unit's 96-bit little-endian word triple (OCP MX v1.0 packs FP6 elements
@@ -503,10 +499,14 @@ def _fp6_unit_words(codes):
 
 
 @triton.jit
-def _decode(code, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
-            IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr):
-    """codes (int32) and their scale bytes (broadcast) -> fp32 decode(code) * 2^(scale - 127), one rounding."""
-    if IS_INT:
+def _decode(code, sbyte, FMT: tl.constexpr):
+    """codes (int32) of format FMT (an :class:`~._common.ElementSpec`) and their scale bytes (broadcast) -> fp32
+    decode(code) * 2^(scale - 127), one rounding."""
+    BITS: tl.constexpr = FMT.bits
+    MBITS: tl.constexpr = FMT.mbits
+    EMIN: tl.constexpr = FMT.emin
+    BIAS: tl.constexpr = FMT.bias
+    if FMT.is_int:
         val = ((code ^ 0x80) - 0x80).to(tl.float32) * 0.015625  # two's complement * 2^-6, exact
         isnan = sbyte == 255
     else:
@@ -522,12 +522,12 @@ def _decode(code, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.const
         vb = vb | ((code & SIGN) << (32 - BITS))
         val = vb.to(tl.float32, bitcast=True)
         isnan = sbyte == 255
-        if HAS_INF:
+        if FMT.has_inf:
             top = ef == (1 << (BITS - 1 - MBITS)) - 1
             isnan = isnan | (top & (mant != 0))
             inf = tl.where((code & SIGN) != 0, float("-inf"), float("inf"))
             val = tl.where(top & (mant == 0), inf, val)
-        elif HAS_NAN:
+        elif FMT.has_nan:
             isnan = isnan | (mag == SIGN - 1)
     # 2^(s - 127) for s >= 1 is an fp32 normal; s == 0 (2^-127) is applied as 0.5 (exact on the element
     # value, which is >= 2^-16) times 2^-126, so the product is the single correctly rounded fp32 result

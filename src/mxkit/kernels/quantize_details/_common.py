@@ -1,12 +1,55 @@
-"""Constants and shared helpers of the quantize / dequantize jit code: input / output kinds, eviction hints, scale-
-layout ids, loads, bit views, block amax of bf16 pairs, program-id arithmetic."""
+"""Constants and shared helpers of the quantize / dequantize jit code: the element-format spec, input / output
+kinds, eviction hints, scale-layout ids, loads, bit views, block amax of bf16 pairs, program-id arithmetic."""
 
 from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 
+from ...formats import ElementFormat
 from ...layouts import aiter_shuffle, nvidia_128x4, plain
+
+
+@dataclass(frozen=True)
+class ElementSpec:
+    """The constants of one element format that the jit code reads, passed as ONE constexpr (``FMT``; the kernels
+    read ``FMT.bits``, ``FMT.mbits``, ...): named fields, so no positional constexpr can be misordered. Frozen and
+    hashable (Triton keys its compile cache on the value). Built by :func:`element_spec`.
+
+    bits / mbits: element width and mantissa bits; emin: exponent of the smallest normal (MXINT8: -6, its fixed
+    step 2^-6); emax: exponent of max_normal (the scale rule's offset); bias: exponent bias (decode); is_int:
+    MXINT8; has_inf / has_nan: the element has Inf / NaN codes; max_normal: the saturation value; max_frac: the
+    23-bit fp32 mantissa of max_normal (the RCEIL rule)."""
+
+    bits: int
+    mbits: int
+    emin: int
+    emax: int
+    bias: int
+    is_int: bool
+    has_inf: bool
+    has_nan: bool
+    max_normal: float
+    max_frac: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in self.__dataclass_fields__)))
+
+    def __hash__(self) -> int:  # computed once: every launch hashes its constexprs (the direct launch's key)
+        return self._hash
+
+
+@functools.lru_cache(maxsize=None)
+def element_spec(f: ElementFormat) -> ElementSpec:
+    """The :class:`ElementSpec` of format f."""
+    max_frac = struct.unpack("<I", struct.pack("<f", f.max_normal))[0] & 0x7FFFFF
+    return ElementSpec(bits=f.bits, mbits=f.mbits, emin=f.emin if f.is_float else -6, emax=f.emax, bias=f.bias,
+                       is_int=not f.is_float, has_inf=f.has_inf, has_nan=f.has_nan,
+                       max_normal=float(f.max_normal), max_frac=max_frac)
 
 
 # scale rules (constexpr ints; the launcher maps ScaleMode onto them)
@@ -86,10 +129,9 @@ def _hmax_abs(a, b):
     """max(|a|, |b|) of each bf16 half of two int32 words (sm_90 ``max.NaN.xorsign.abs.bf16x2``, one ALU
     instruction): the magnitude bits of the larger (exact, subnormals kept: no .ftz; a NaN half gives the
     canonical NaN 0x7FFF, Inf 0x7F80, so the non-finite test stays ``>= 0x7F80``) and a sign bit that is the
-    XOR of the two signs, cleared once after the block's last step (:func:`_block_absmax`). A step of the FP4
-    amax over bf16 pairs, rowwise (_rows_fp4_pairs) and columnwise (_cols_fp4_words, _cols_fp4_units); it
-    replaced a sign mask and a max.u16x2 per word (session 11: rowwise / columnwise FP4 0.3-1% faster, the
-    fused FP4 cast-transpose 1.5%). Checked on the GPU against the integer max of the masked halves for every bf16 class
+    XOR of the two signs, cleared once after the block's last step (:func:`_block_absmax`). A step of the amax
+    over bf16 pairs (FP4: _rows_fp4_pairs, _cols_fp4_words, _cols_fp4_units; FP6: _rows_fp6_pairs,
+    _cols_fp6_pairs). Checked on the GPU against the integer max of the masked halves for every bf16 class
     (tests/kernels/test_codecs.py)."""
     return tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
                                      is_pure=True, pack=1)
@@ -127,11 +169,10 @@ def _split_pid(pid, n_fast, n_mid):
 @triton.jit
 def _tile_ids(n_fast, n_mid, INT64: tl.constexpr, GRID3: tl.constexpr):
     """(fast, mid, batch) tile indices of this program, fast varying fastest. GRID3: the launch grid is
-    (n_fast, n_mid, batch) and the indices are its program ids (the launcher's choice with
-    QuantizeConfig.grid3, where n_mid and batch fit the grid's 65535 limit of dims 1 and 2); else a 1-D grid
-    split by :func:`_split_pid`, whose two 32-bit divisions by runtime ints cost ~60 instructions before a
-    program's first load. Same program order either way (CUDA walks dim 0 fastest). INT64: the indices as
-    int64."""
+    (n_fast, n_mid, batch) and the indices are its program ids (the plan's choice with QuantizeConfig.grid3,
+    where n_mid and batch fit the grid's 65535 limit of dims 1 and 2); else a 1-D grid split by
+    :func:`_split_pid`, whose two 32-bit divisions by runtime ints cost ~60 instructions before a program's
+    first load. Same program order either way (CUDA walks dim 0 fastest). INT64: the indices as int64."""
     if GRID3:
         f = tl.program_id(0)
         m = tl.program_id(1)

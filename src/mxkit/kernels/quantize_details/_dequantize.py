@@ -1,4 +1,4 @@
-"""The dequantize kernel and its tile helpers."""
+"""The dequantize kernels (rowwise and transposed) and their tile helpers."""
 
 from __future__ import annotations
 
@@ -79,11 +79,10 @@ def _shfl_xor1(v):
 
 
 @triton.jit
-def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
-                       EMIN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.constexpr, FMT: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, HW_DEC: tl.constexpr,
                        SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False):
-    """FP6_WORDS (rowwise FP6 dequantize): each thread loads the 3 words of one 16-code group (three strided
+    """Rowwise FP6 dequantize: each thread loads the 3 words of one 16-code group (three strided
     word loads over a [groups, rows] tile: equal contiguity, so Triton's coalescing puts lanes along the groups,
     the lower dim) and unpacks, decodes and stores its 16 elements itself (two 8-element stores whose pointer
     tiles have the layout the values already have): no shared-memory exchange. q_ptr: int32 words.
@@ -100,7 +99,7 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
     if GROUP_ASM:
         tl.static_assert(HW_DEC and OUT_KIND == OUT_BF16)
         fac = tl.where(sb == 0, 0x00400000, tl.where(sb == 255, 0x7FC00000, sb << 23)).to(tl.float32, bitcast=True)
-        o = tl.inline_asm_elementwise(FP6_DEC_E2M3 if MBITS == 3 else FP6_DEC_E3M2, FP6_DEC_RW, [w0, w1, w2, fac],
+        o = tl.inline_asm_elementwise(FP6_DEC_E2M3 if FMT.mbits == 3 else FP6_DEC_E3M2, FP6_DEC_RW, [w0, w1, w2, fac],
                                       dtype=(tl.int32, ) * 8, is_pure=True, pack=1)
         # bf16 pairs as words: elements 0-7 = words 0-3, 8-15 = words 4-7 (the stores below count in words)
         lo = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [G, BLOCK_N, 4])
@@ -111,9 +110,9 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
     else:
         codes = _fp6_codes16(w0, w1, w2)  # [G, BLOCK_N, 16]
         if HW_DEC:
-            val = _decode_hw(codes, sb[:, :, None], 6, MBITS)
+            val = _decode_hw(codes, sb[:, :, None], 6, FMT.mbits)
         else:
-            val = _decode(codes, sb[:, :, None], 6, MBITS, EMIN, BIAS, False, HAS_INF, HAS_NAN)
+            val = _decode(codes, sb[:, :, None], FMT)
         out = _to_out(val, OUT_KIND, HW_DEC)
         lo, hi = tl.split(tl.permute(tl.reshape(out, [G, BLOCK_N, 2, 8]), [0, 1, 3, 2]))  # elements 0-7, 8-15
         H: tl.constexpr = 8
@@ -128,7 +127,7 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         # this [G, BLOCK_N] key, so a split of the 8 elements over lanes fails the check too). Where the partner
         # is not group gi ^ 1 of the same row (small tiles: fewer (group, row) pairs than threads), the lane
         # stores its own halves as without SWAP. 16-bit outputs only (the launcher): an fp32 half is a whole
-        # sector already. H200, bf16 16384^2: 285 -> 220 us.
+        # sector already.
         nn = tl.arange(0, BLOCK_N)[None, :]
         key = gi[:, None] * BLOCK_N + nn + w0 * 0  # w0's layout: the slice the 3-D tiles broadcast from
         ok = (_shfl_xor1(key) == (gi ^ 1)[:, None] * BLOCK_N + nn)[:, :, None]
@@ -144,45 +143,39 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
 
 
 @triton.jit(do_not_specialize=["tiles_n", "tiles_l", "row_words"])
-def _dequantize_kernel(
-    q_ptr, s_ptr, out_ptr,
-    N, L, tiles_n, tiles_l, row_words,
-    TRANS: tl.constexpr, OUT_KIND: tl.constexpr,
-    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
-    IS_INT: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
-    LOAD3D: tl.constexpr = False, HW_DEC: tl.constexpr = False, FP6_WORDS: tl.constexpr = False,
-    SWAP: tl.constexpr = False, GROUP_ASM: tl.constexpr = False, FP4_ASM: tl.constexpr = False,
+def _dequantize_rows_kernel(
+    q_ptr, s_ptr, out_ptr, N, L, tiles_n, tiles_l, row_words,
+    OUT_KIND: tl.constexpr, FMT: tl.constexpr, HW_DEC: tl.constexpr, SWAP: tl.constexpr, GROUP_ASM: tl.constexpr,
+    FP4_ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, INT64: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, N, L] (TRANS False) or [B, L, N]
-    (TRANS: the quantized axis goes back in front of the N trailing elements).
-    LOAD3D (not TRANS, FP8 / FP4 / MXINT8): codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32]
-    tiles (the scale broadcasts along the fastest axis, no reshapes). HW_DEC (FP8 / FP6 / FP4, GPU only): decode
-    through the hardware FP8 -> fp16 cvt and one scale multiply (:func:`_decode_hw`). FP6_WORDS (rowwise FP6):
-    :func:`_dequant_fp6_words`; SWAP (with it, GPU only): lane pairs exchange halves so stores write whole sectors.
-    FP4_ASM (rowwise FP4 to bf16 / fp16, GPU only): q_ptr points to int32 words of 8 codes, each decoded straight
-    to four bf16 / fp16 pairs by one inline asm (:func:`_fp4_word_decode_asm`), stored as int32 words;
-    row_words = L / 8 (the launcher passes it for every path; only FP4_ASM reads it)."""
+    """qdata [N, L packed] of format FMT (:class:`~._common.ElementSpec`), scale [N, L / 32] -> out [N, L] in
+    OUT_KIND (fp32, bf16 bits or fp16, RNE), one [BLOCK_N, BLOCK_L] tile per program, L fastest.
+    HW_DEC (floats, GPU only): decode through the hardware FP8 -> fp16 cvt and one scale multiply
+    (:func:`~._codecs._decode_hw`). FP6: whole 16-code groups per thread (:func:`_dequant_fp6_words`; SWAP, GPU
+    only: lane pairs exchange halves so stores write whole sectors; GROUP_ASM, bf16 with HW_DEC: one asm per
+    group). FP8 / FP4: codes and output addressed directly as [BLOCK_N, BLOCK_L // 32, 32] tiles (the scale
+    broadcasts along the fastest axis, no reshapes); FP4_ASM (FP4 to bf16 / fp16 with HW_DEC): q_ptr points to
+    int32 words of 8 codes, each decoded straight to four bf16 / fp16 pairs by one inline asm
+    (:func:`~._codecs._fp4_word_decode_asm`), stored as int32 words; row_words = L / 8 (passed for every
+    format; only FP4_ASM reads it). MXINT8: 2-D tiles."""
+    BITS: tl.constexpr = FMT.bits
     pid = tl.program_id(0)
     if INT64:  # every index derived from pid is then 64-bit
         pid = pid.to(tl.int64)
-    if TRANS:
-        pn, pl, b = _split_pid(pid, tiles_n, tiles_l)  # neighbouring programs write neighbouring output columns
-    else:
-        pl, pn, b = _split_pid(pid, tiles_l, tiles_n)
+    pl, pn, b = _split_pid(pid, tiles_l, tiles_n)
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = (n < N) | (not MASKED)
     g = b * N + n
-    if FP6_WORDS:
-        _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, MBITS, EMIN, BIAS, HAS_INF, HAS_NAN,
-                           BLOCK_N, BLOCK_L, MASKED, HW_DEC, SWAP, GROUP_ASM)
+    if BITS == 6:
+        _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND, FMT, BLOCK_N, BLOCK_L, MASKED, HW_DEC,
+                           SWAP, GROUP_ASM)
     elif FP4_ASM:
         # One word (8 codes) per lane and per load: row_words (L / 8, a runtime int Triton does not specialise)
         # hides the rows' 8- / 16-byte alignment, so Triton's coalescing keeps one word per thread, lanes along
         # the row, and each lane's 16 output bytes sit next to its neighbours' (a warp's store: 512 contiguous
         # bytes, whole sectors, no layout conversion; with 2- or 4-word loads the 32- / 64-byte outputs per
         # thread went through shared memory to be stored)
-        tl.static_assert(not TRANS and BITS == 4 and (OUT_KIND == OUT_BF16 or OUT_KIND == OUT_F16))
+        tl.static_assert(BITS == 4 and (OUT_KIND == OUT_BF16 or OUT_KIND == OUT_F16))
         W: tl.constexpr = BLOCK_L // 8
         wi = pl * W + tl.arange(0, W)
         m2 = nmask[:, None] & ((wi < L // 8) | (not MASKED))[None, :]
@@ -196,8 +189,7 @@ def _dequantize_kernel(
         o4 = pl * (4 * W) + tl.arange(0, 4 * W)
         tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + g[:, None] * (row_words * 4) + o4[None, :], out,
                  mask=nmask[:, None] & ((o4 < L // 2) | (not MASKED))[None, :])
-    elif LOAD3D:
-        tl.static_assert(not TRANS and BITS != 6)
+    elif not FMT.is_int:  # FP8 / FP4: [BLOCK_N, BLOCK_L // 32, 32] tiles
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
         smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
         sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
@@ -213,26 +205,53 @@ def _dequantize_kernel(
             sh = tl.arange(0, 2) * 4
             c3 = tl.reshape((byte[:, :, :, None] >> sh[None, None, None, :]) & 0xF, [BLOCK_N, BLOCK_L // 32, 32])
         if HW_DEC:
-            val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, MBITS)
+            val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, FMT.mbits)
         else:
-            val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+            val = _decode(c3, tl.expand_dims(sbyte, 2), FMT)
         tl.store(out_ptr + g[:, None, None] * L + l3, _to_out(val, OUT_KIND, HW_DEC), mask=m3)
-    else:
+    else:  # MXINT8: 2-D tiles
         codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
         scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
         smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
         sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
         c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
-        if HW_DEC:
-            val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, MBITS)
-        else:
-            val = _decode(c3, tl.expand_dims(sbyte, 2), BITS, MBITS, EMIN, BIAS, IS_INT, HAS_INF, HAS_NAN)
+        val = _decode(c3, tl.expand_dims(sbyte, 2), FMT)
         out = _to_out(tl.reshape(val, [BLOCK_N, BLOCK_L]), OUT_KIND, HW_DEC)
         l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
         lmask = (l < L) | (not MASKED)
-        if TRANS:
-            offs = (b * L + l)[:, None] * N + n[None, :]
-            tl.store(out_ptr + offs, tl.trans(out), mask=lmask[:, None] & nmask[None, :])
-        else:
-            offs = g[:, None] * L + l[None, :]
-            tl.store(out_ptr + offs, out, mask=nmask[:, None] & lmask[None, :])
+        offs = g[:, None] * L + l[None, :]
+        tl.store(out_ptr + offs, out, mask=nmask[:, None] & lmask[None, :])
+
+
+@triton.jit(do_not_specialize=["tiles_n", "tiles_l"])
+def _dequantize_cols_kernel(
+    q_ptr, s_ptr, out_ptr, N, L, tiles_n, tiles_l,
+    OUT_KIND: tl.constexpr, FMT: tl.constexpr, HW_DEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    INT64: tl.constexpr, MASKED: tl.constexpr,
+):
+    """qdata viewed [B, N, L packed], scale [B, N, L / 32] -> out [B, L, N]: the quantized axis goes back in front
+    of the N trailing elements. One [BLOCK_N, BLOCK_L] tile per program, neighbouring programs writing
+    neighbouring output columns; the tile is decoded as loaded and stored transposed. FMT, OUT_KIND, HW_DEC as in
+    :func:`_dequantize_rows_kernel`."""
+    BITS: tl.constexpr = FMT.bits
+    pid = tl.program_id(0)
+    if INT64:  # every index derived from pid is then 64-bit
+        pid = pid.to(tl.int64)
+    pn, pl, b = _split_pid(pid, tiles_n, tiles_l)  # neighbouring programs write neighbouring output columns
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = (n < N) | (not MASKED)
+    g = b * N + n
+    codes = _load_codes(q_ptr, g, nmask, pl * BLOCK_L, L, BLOCK_N, BLOCK_L, BITS, MASKED)
+    scols = pl * (BLOCK_L // 32) + tl.arange(0, BLOCK_L // 32)
+    smask = nmask[:, None] & ((scols < L // 32) | (not MASKED))[None, :]
+    sbyte = tl.load(s_ptr + g[:, None] * (L // 32) + scols[None, :], mask=smask, other=0).to(tl.int32)
+    c3 = tl.reshape(codes, [BLOCK_N, BLOCK_L // 32, 32])
+    if HW_DEC:
+        val = _decode_hw(c3, tl.expand_dims(sbyte, 2), BITS, FMT.mbits)
+    else:
+        val = _decode(c3, tl.expand_dims(sbyte, 2), FMT)
+    out = _to_out(tl.reshape(val, [BLOCK_N, BLOCK_L]), OUT_KIND, HW_DEC)
+    l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+    lmask = (l < L) | (not MASKED)
+    offs = (b * L + l)[:, None] * N + n[None, :]
+    tl.store(out_ptr + offs, tl.trans(out), mask=lmask[:, None] & nmask[None, :])

@@ -23,8 +23,8 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
                  MODE: tl.constexpr = -1):
     """amax bits (int32 >= 0) of each block -> (E8M0 byte, X = byte - 127, 0 for non-finite blocks).
     MODE: the scale rule (MODE_FLOOR / _CEIL / _RCEIL / _EVEN), a constexpr, so only its arithmetic is emitted.
-    scale_mode is not read (the runtime rule is gone: every config passes MODE); it stays in the signature for
-    the callers that pass it positionally."""
+    scale_mode is not read (the rule is the constexpr MODE); it stays in the signature for the fold kernels, which
+    pass it positionally. The quantize kernels call :func:`_scale_of`."""
     ef = amax >> 23
     frac = amax & 0x7FFFFF
     # fp32 denormal amax: the int -> float conversion of its mantissa is exact and normal
@@ -50,6 +50,12 @@ def _block_scale(amax, scale_mode, MBITS: tl.constexpr, EMAX: tl.constexpr, MAX_
     byte = tl.where(nonfinite, 255, byte)
     x = tl.where(nonfinite, 0, x)
     return byte, x
+
+
+@triton.jit
+def _scale_of(amax, FMT: tl.constexpr, MODE: tl.constexpr):
+    """:func:`_block_scale` of format FMT (an :class:`~._common.ElementSpec`) under rule MODE."""
+    return _block_scale(amax, 0, FMT.mbits, FMT.emax, FMT.max_frac, MODE)
 
 
 @triton.jit

@@ -59,10 +59,9 @@ def _scale_offsets(row, col, ncols, cols_p, LAYOUT: tl.constexpr):
 @triton.jit
 def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
                      A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
-                     MASKED: tl.constexpr, STORE_SCALES: tl.constexpr = True):
+                     MASKED: tl.constexpr):
     """Pack codes [A, N] (rows g, elements n0 .. n0+N of a quantized dim of length Ltot) and store them with
-    their scale bytes [A, N // 32] (unless STORE_SCALES is False: the caller stores them). FP6 goes through
-    an int32 view of qdata (q_ptr points to int32)."""
+    their scale bytes [A, N // 32]. FP6 goes through an int32 view of qdata (q_ptr points to int32)."""
     cols = n0 + tl.arange(0, N)
     cmask = (cols < Ltot) | (not MASKED)
     if BITS == 8:
@@ -98,8 +97,7 @@ def _store_quantized(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
         m = (gmask[:, None, None] & ((wcols < Ltot // 16) | (not MASKED))[None, :, None]
              & (tl.arange(0, 4) < 3)[None, None, :])
         tl.store(q_ptr + offs, words, mask=m)
-    if STORE_SCALES:
-        _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
+    _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
 
 
 @triton.jit
@@ -114,22 +112,11 @@ def _store_scales(s_ptr, sbyte, g, gmask, n0, Ltot, cols_p, N: tl.constexpr, LAY
 @triton.jit
 def _store_cols_direct(q_ptr, s_ptr, codes, sbyte, g, gmask, n0, Ltot, cols_p,
                        A: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, LAYOUT: tl.constexpr,
-                       MASKED: tl.constexpr, STORE_SCALES: tl.constexpr = True):
-    """Store codes [N // 32, 32, A] / scale bytes [N // 32, A] quantized along dim 0 of the raw tile as the
-    transposed rows g (A of them) x elements n0 .. n0 + N: only the (packed) 1-byte codes are transposed."""
-    if BITS == 4:
-        # pack element pairs along the quantized dim first: half the bytes go through the transpose
-        sh = tl.arange(0, 2) * 4
-        packed = tl.sum(tl.reshape(codes, [N // 2, 2, A]) << sh[None, :, None], axis=1).to(tl.uint8)
-        pt = tl.trans(packed)  # [A, N // 2]
-        bcols = n0 // 2 + tl.arange(0, N // 2)
-        offs = g[:, None] * _half_row(Ltot) + bcols[None, :]
-        tl.store(q_ptr + offs, pt, mask=gmask[:, None] & ((bcols < Ltot // 2) | (not MASKED))[None, :])
-        if STORE_SCALES:
-            _store_scales(s_ptr, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p, N, LAYOUT, MASKED)
-    else:
-        ct = tl.trans(tl.reshape(codes.to(tl.uint8), [N, A]))
-        if BITS == 6:
-            ct = ct.to(tl.int32)
-        _store_quantized(q_ptr, s_ptr, ct, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p,
-                         A, N, BITS, LAYOUT, MASKED, STORE_SCALES)
+                       MASKED: tl.constexpr):
+    """Store FP6 codes [N // 32, 32, A] / scale bytes [N // 32, A] quantized along dim 0 of the raw tile as the
+    transposed rows g (A of them) x elements n0 .. n0 + N: only the 1-byte codes are transposed."""
+    tl.static_assert(BITS == 6)
+    ct = tl.trans(tl.reshape(codes.to(tl.uint8), [N, A]))
+    ct = ct.to(tl.int32)
+    _store_quantized(q_ptr, s_ptr, ct, tl.trans(sbyte.to(tl.uint8)), g, gmask, n0, Ltot, cols_p,
+                     A, N, BITS, LAYOUT, MASKED)

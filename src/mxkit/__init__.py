@@ -28,6 +28,7 @@ from .ops import (
     quantize_fold,
     quantize_fp8_rowwise,
 )
+from .moe import moe  # the op; its module stays importable as ``from mxkit.moe import ...``
 from .packed import Fp8Rowwise, PackedWeight
 from .tensor import MXTensor
 

@@ -1,0 +1,146 @@
+"""The MoE op (layer ``ops``): routing plus the expert computation, dispatched by backend.
+
+``backend="reference"`` runs :func:`mxkit.moe_reference.moe_reference` (float64 inside, one output rounding).
+``"triton"`` runs ``mxkit.kernels.moe.moe_triton``, imported lazily; ``"auto"`` takes it for CUDA tensors when
+Triton imports and that module exists, and the reference otherwise (so CPU, and CUDA before the kernels land,
+still work). The kernel contract: ``moe_triton`` takes exactly :func:`moe_experts`'s arguments less
+``backend`` — those of :func:`~mxkit.moe_reference.moe_reference` less ``intermediate_dtype`` — and returns
+what the reference returns, within the kernel's stated bound.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .moe_reference import check_moe_args, moe_reference, route
+from .tensor import MXTensor
+
+__all__ = ["moe", "moe_experts", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
+
+MOE_BACKENDS = ("auto", "reference", "triton")
+_KERNEL_MODULE = "mxkit.kernels.moe"
+
+
+def _load_moe_triton() -> Optional[Callable]:
+    """``mxkit.kernels.moe.moe_triton``, or None when that module does not exist (an ImportError raised
+    *inside* the module is not swallowed)."""
+    try:
+        from .kernels.moe import moe_triton
+    except ModuleNotFoundError as e:
+        if e.name == _KERNEL_MODULE:
+            return None
+        raise
+    return moe_triton
+
+
+def resolve_moe_backend(backend: str, device: torch.device) -> str:
+    """``"reference"`` or ``"triton"`` for a call on ``device``. Raises ValueError for an unknown name, or for
+    ``"triton"`` on a non-CUDA device; ImportError for ``"triton"`` without Triton or without
+    ``mxkit.kernels.moe``."""
+    if backend not in MOE_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(MOE_BACKENDS)}")
+    if backend == "reference":
+        return backend
+    from .kernels import triton_available
+
+    usable = device.type == "cuda" and triton_available() and _load_moe_triton() is not None
+    if backend == "auto":
+        return "triton" if usable else "reference"
+    if device.type != "cuda":
+        raise ValueError(f"backend='triton' runs the GPU MoE kernels and needs CUDA tensors, got {device}")
+    if not triton_available():
+        raise ImportError("backend='triton' needs Triton, which failed to import: pip install 'mxkit[triton]'")
+    if _load_moe_triton() is None:
+        raise ImportError(f"backend='triton': the MoE kernels ({_KERNEL_MODULE}.moe_triton) are not in this "
+                          "build of mxkit; use backend='auto' or 'reference'")
+    return backend
+
+
+def _run_reference(*args, **kwargs) -> torch.Tensor:
+    return moe_reference(*args, **kwargs)
+
+
+def _run_triton(*args, **kwargs) -> torch.Tensor:
+    return _load_moe_triton()(*args, **kwargs)
+
+
+_IMPLS: dict[str, Callable[..., torch.Tensor]] = {"reference": _run_reference, "triton": _run_triton}
+
+
+def moe_experts(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: Optional[torch.dtype] = None,
+    expert_range: Optional[tuple[int, int]] = None,
+    num_experts: Optional[int] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The expert computation on routed tokens: :func:`~mxkit.moe_reference.moe_reference`'s arguments and
+    result (x (T, H), experts (E, 2I, H) / (E, H, I) MX along K, topk (T, k); returns (T, H) in ``out_dtype``,
+    default ``x.dtype``), run by ``backend``. Raises its TypeError / ValueError, and those of
+    :func:`resolve_moe_backend`."""
+    check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
+                   expert_range=expert_range, num_experts=num_experts)
+    impl = _IMPLS[resolve_moe_backend(backend, x.device)]
+    return impl(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
+                out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts)
+
+
+def moe(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+    backend: str = "auto",
+    expert_range: Optional[tuple[int, int]] = None,
+) -> torch.Tensor:
+    """A mixture-of-experts layer with MX experts: route, run the experts, combine.
+
+    x: (..., H) float32 | bfloat16 | float16; router_logits: (..., E) with the same leading dims (the router
+      Linear's output, bias included).
+    w_gate_up: MXTensor (E_local, 2I, H) quantized along H; b_gate_up: (E_local, 2I) or None.
+    w_down: MXTensor (E_local, H, I) quantized along I; b_down: (E_local, H) or None.
+    top_k, routing: :func:`~mxkit.moe_reference.route` (``"gpt_oss"``: softmax over the top-k logits;
+      ``"softmax_topk"``: softmax then top-k; ties go to the lower expert index).
+    activation: ``"swiglu_gpt_oss"`` (gate / up interleaved, clamped at 7, alpha 1.702) or ``"swiglu"``
+      (``[gate; up]`` halves).
+    expert_range: (lo, hi) when the weights hold only experts lo..hi-1 of the E routed over (E_local = hi - lo):
+      the result is their contribution alone; summed over a partition of the experts it is the whole layer
+      (:mod:`mxkit.distributed` does that with an all-to-all).
+    backend: ``"auto"``, ``"reference"`` or ``"triton"`` (module docstring).
+    Returns (..., H) in ``x.dtype``. Raises TypeError / ValueError for mismatched shapes (naming them), a
+    ``top_k`` outside [1, E], non-MXTensor experts, a K that does not match, unknown names.
+    """
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    out = moe_experts(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
+                      expert_range=expert_range, num_experts=router_logits.shape[-1], backend=backend)
+    return out.reshape(x.shape)
+
+
+def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
+                 routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (..., H) and its router logits (..., E) → ``(x (T, H), topk_weights (T, k), topk_ids (T, k))`` with
+    T = prod(...) (:func:`~mxkit.moe_reference.route`). Raises TypeError / ValueError when the leading dims
+    differ or the routing arguments are bad."""
+    if not isinstance(x, torch.Tensor) or not isinstance(router_logits, torch.Tensor):
+        raise TypeError("x and router_logits must be tensors")
+    if x.dim() == 0 or router_logits.dim() == 0 or x.shape[:-1] != router_logits.shape[:-1]:
+        raise ValueError(f"x (..., H) {tuple(x.shape)} and router_logits (..., E) {tuple(router_logits.shape)} "
+                         "must have the same leading dims")
+    weights, ids = route(router_logits.reshape(-1, router_logits.shape[-1]), top_k, mode=routing)
+    return x.reshape(-1, x.shape[-1]), weights, ids

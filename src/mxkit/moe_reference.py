@@ -1,0 +1,486 @@
+"""Mixture-of-experts, the reference (layer ``reference``): routing, token sorting, activations, the grouped
+GEMMs and the combine, in plain PyTorch (CPU or CUDA), float64 inside. The oracle of the GPU MoE kernels.
+
+One MoE layer, for tokens ``x`` (T, H) and experts e = 0..E-1 (checkpoint layout, ``nn.Linear`` convention,
+each expert weight quantized along its K = last axis):
+
+1. :func:`route` — router logits (T, E) → ``topk_weights`` (T, k) float32, ``topk_ids`` (T, k) int32.
+2. :func:`align_block_size` — the (token, slot) pairs sorted by expert and padded per expert to a multiple of
+   ``block_m`` (vLLM's ``moe_align_block_size`` convention): ``sorted_token_ids``, ``expert_ids``.
+3. :func:`grouped_matmul_reference` with ``gather=True`` — ``h = x[token] @ W_gate_up[e].T + b_gate_up[e]``
+   (P, 2I) in sorted order.
+4. :func:`swiglu_gpt_oss` or :func:`swiglu` — (P, 2I) → (P, I).
+5. :func:`grouped_matmul_reference` with ``gather=False`` — ``y = act @ W_down[e].T + b_down[e]`` (P, H).
+6. :func:`combine_reference` — ``out[t] = Σ_j topk_weights[t, j] · y[(t, j)]`` in token order.
+
+:func:`moe_reference` runs the six steps and rounds once to the output dtype. Expert parallelism: with
+``expert_range=(lo, hi)`` only experts lo..hi-1 are present (the weight tensors hold those, indexed by the
+local id e - lo) and the other slots contribute nothing, so the sum over ranks of the partial outputs is the
+whole layer (:mod:`mxkit.distributed`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .reference import dequantize_reference
+from .tensor import MXTensor, check_out_dtype
+
+__all__ = [
+    "ROUTING_MODES",
+    "ACTIVATIONS",
+    "GPT_OSS_SWIGLU_ALPHA",
+    "GPT_OSS_SWIGLU_LIMIT",
+    "REFERENCE_BLOCK_M",
+    "MoeShapes",
+    "route",
+    "align_block_size",
+    "swiglu_gpt_oss",
+    "swiglu",
+    "select_experts",
+    "grouped_matmul_reference",
+    "combine_reference",
+    "check_moe_args",
+    "moe_reference",
+]
+
+ROUTING_MODES = ("gpt_oss", "softmax_topk")
+GPT_OSS_SWIGLU_ALPHA = 1.702  # GptOssConfig.swiglu_alpha (transformers), OpenAI gpt-oss ``swiglu(alpha=1.702)``
+GPT_OSS_SWIGLU_LIMIT = 7.0  # GptOssConfig.swiglu_limit
+REFERENCE_BLOCK_M = 16  # moe_reference's block_m: any value gives the same result (padding rows are skipped)
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_INTS = (torch.int32, torch.int64)
+
+
+# --- routing ----------------------------------------------------------------------------------------------
+
+
+def _check_top_k(top_k, num_experts: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k!r} must be an int in [1, num_experts={num_experts}]")
+
+
+def _topk_lowest_index_on_ties(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int64) of the k largest entries of each row, largest first, equal values by increasing index.
+
+    ``torch.topk`` does not fix the order of ties (on CPU it returned [1, 3] for the top 2 of [1, 3, 3, 3, 0]
+    and [86, 85, 84, 87] for the top 4 of 128 zeros, torch 2.13), so a stable descending sort decides them.
+    NaN sorts as the largest value (``torch.sort``)."""
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def route(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    mode: str = "gpt_oss",
+    renormalize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing: router logits → per-token expert weights and ids.
+
+    router_logits: (T, E) float32 | bfloat16 | float16 | float64, the router's output *including its bias*
+      (GPT-OSS: ``F.linear(x, router.weight, router.bias)``, computed by the caller in the model dtype).
+    top_k: 1 ≤ top_k ≤ E.
+    mode:
+      ``"gpt_oss"`` — the k largest logits, then a softmax over those k logits. This is transformers'
+      ``GptOssTopKRouter.forward`` (``models/gpt_oss/modeling_gpt_oss.py``: ``torch.topk(logits, k)``, then
+      ``softmax(top_values, dim=1)``). The selection is made on the logits in their own dtype and the softmax in
+      float32: for float32 logits the ids and weights are bit-identical to HF's; for bfloat16 logits HF rounds
+      the weights to bfloat16 (its softmax runs in the logits' dtype) and these are the float32 values before
+      that rounding (float64 logits: the k selected ones are rounded to float32 first).
+      ``"softmax_topk"`` — a float32 softmax over all E logits, then the k largest probabilities (selected on
+      the logits, the same order since softmax is monotone); with ``renormalize=True`` they are divided by
+      their sum (Mixtral / Qwen-MoE's ``norm_topk_prob``), otherwise left as they are.
+    Ties: equal logits go to the lower expert index, deterministically on every device (``torch.topk`` leaves
+    the order of ties unspecified; see :func:`_topk_lowest_index_on_ties`). Slots are ordered by decreasing
+    logit, as ``torch.topk(sorted=True)`` orders them.
+
+    Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)`` on the logits' device.
+    Raises TypeError for a non-float tensor, ValueError for a shape other than (T, E), a ``top_k`` outside
+    [1, E], an unknown ``mode`` or ``renormalize=True`` with ``mode="gpt_oss"`` (its weights sum to 1).
+    """
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dtype not in _FLOATS:
+        raise TypeError(f"router_logits must be a float tensor, got {getattr(router_logits, 'dtype', router_logits)}")
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be (T, E), got shape {tuple(router_logits.shape)}")
+    if mode not in ROUTING_MODES:
+        raise ValueError(f"unknown routing mode={mode!r}; known: {', '.join(ROUTING_MODES)}")
+    if renormalize and mode == "gpt_oss":
+        raise ValueError("renormalize=True applies to mode='softmax_topk' (gpt_oss weights already sum to 1)")
+    _check_top_k(top_k, router_logits.shape[1])
+    ids = _topk_lowest_index_on_ties(router_logits, top_k)
+    if mode == "gpt_oss":
+        weights = torch.softmax(router_logits.gather(1, ids).to(torch.float32), dim=1)
+    else:
+        weights = torch.softmax(router_logits.to(torch.float32), dim=1).gather(1, ids)
+        if renormalize:
+            weights = weights / weights.sum(dim=1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+# --- token sorting ----------------------------------------------------------------------------------------
+
+
+def _check_expert_range(expert_range, num_experts: int) -> tuple[int, int]:
+    if expert_range is None:
+        return 0, num_experts
+    lo, hi = expert_range
+    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi <= num_experts):
+        raise ValueError(f"expert_range={expert_range!r} must be (lo, hi) with 0 <= lo < hi <= {num_experts=}")
+    return lo, hi
+
+
+def _check_topk_ids(topk_ids) -> None:
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in _INTS:
+        raise TypeError(f"topk_ids must be an int32 / int64 tensor, got {getattr(topk_ids, 'dtype', topk_ids)}")
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be (T, top_k), got shape {tuple(topk_ids.shape)}")
+
+
+def align_block_size(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    *,
+    expert_range: Optional[tuple[int, int]] = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Sort the (token, slot) pairs by expert and pad each expert's group to a multiple of ``block_m``.
+
+    The convention of vLLM's ``moe_align_block_size`` (``vllm/model_executor/layers/fused_moe/
+    moe_align_block_size.py``; golden model ``torch_moe_align_block_size`` in vLLM's tests): the pair (token t,
+    slot j) has the flat index ``i = t * k + j``; ``sorted_token_ids`` lists the flat indices grouped by expert,
+    experts in increasing order, each group padded up to a multiple of ``block_m`` with the sentinel
+    ``T * k``; ``expert_ids[b]`` is the expert of rows ``b * block_m .. (b + 1) * block_m - 1``. A grouped GEMM
+    reads token ``sorted_token_ids[p] // k`` for row p and skips sentinel rows.
+
+    Where this differs from vLLM:
+      * the outputs have their exact length P (vLLM allocates ``numel + E * (block_m - 1)`` entries and
+        returns P in a one-element tensor), so P is a host int here (one host sync on CUDA);
+      * within an expert the order is the increasing flat index (stable); vLLM's CUDA kernel does not fix it
+        (its test compares the sets);
+      * ``expert_range=(lo, hi)`` (expert parallelism): only experts lo..hi-1 get blocks, pairs routed
+        elsewhere are left out, and ``expert_ids`` holds *local* ids ``e - lo`` that index a weight tensor
+        holding experts lo..hi-1. vLLM's ``expert_map`` keeps every expert's blocks and marks the
+        non-local ones -1. The sentinel stays ``T * k``.
+    Experts with no pairs get no blocks.
+
+    topk_ids: (T, k) int32 | int64, values in [0, num_experts), on any device.
+    Returns ``(sorted_token_ids (P,) int32, expert_ids (P // block_m,) int32, P)``. Vectorised (bincount,
+    cumsum, stable sort): no host loop over tokens or experts.
+    Raises TypeError / ValueError for a wrong dtype or rank, an id outside [0, num_experts), a non-positive
+    ``block_m`` or ``num_experts``, an ``expert_range`` outside [0, num_experts], or T * k ≥ 2^31.
+    """
+    _check_topk_ids(topk_ids)
+    for name, v in (("num_experts", num_experts), ("block_m", block_m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    lo, hi = _check_expert_range(expert_range, num_experts)
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    if n >= 2**31:
+        raise ValueError(f"T * top_k = {n} does not fit the int32 sorted_token_ids")
+    n_local = hi - lo
+    # local expert of each pair; pairs of other experts get the key n_local and sort after every local one
+    local = flat - lo
+    key = torch.where((local >= 0) & (local < n_local), local, n_local)
+    counts = torch.bincount(key, minlength=n_local + 1)[:n_local]
+    blocks = (counts + block_m - 1) // block_m
+    stats = torch.stack([flat.min(), flat.max()]) if n else torch.zeros(2, dtype=torch.int64, device=flat.device)
+    id_min, id_max, kept, num_blocks = torch.cat([stats, counts.sum().view(1), blocks.sum().view(1)]).tolist()
+    if id_min < 0 or id_max >= num_experts:
+        raise ValueError(f"topk_ids holds expert ids in [{id_min}, {id_max}], outside [0, {num_experts=})")
+    padded = blocks * block_m
+    group_start = torch.cumsum(padded, 0) - padded  # first row of each expert's group
+    pair_start = torch.cumsum(counts, 0) - counts  # first sorted pair of each expert
+    order = torch.sort(key, stable=True).indices[:kept]
+    e_sorted = key[order]
+    rank = torch.arange(kept, device=flat.device) - pair_start[e_sorted]
+    P = num_blocks * block_m
+    sorted_token_ids = torch.full((P,), n, dtype=torch.int32, device=flat.device)
+    sorted_token_ids[group_start[e_sorted] + rank] = order.to(torch.int32)
+    expert_ids = torch.repeat_interleave(
+        torch.arange(n_local, dtype=torch.int32, device=flat.device), blocks, output_size=num_blocks
+    )
+    return sorted_token_ids, expert_ids, P
+
+
+# --- activations ------------------------------------------------------------------------------------------
+
+
+def _check_even_last(h: torch.Tensor, what: str) -> None:
+    if not isinstance(h, torch.Tensor) or h.dim() == 0 or h.shape[-1] % 2:
+        raise ValueError(f"{what} needs (..., 2I) with an even last dim, got {getattr(h, 'shape', h)}")
+
+
+def swiglu_gpt_oss(
+    h: torch.Tensor, *, alpha: float = GPT_OSS_SWIGLU_ALPHA, limit: float = GPT_OSS_SWIGLU_LIMIT
+) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU: (..., 2I) → (..., I), computed in ``h.dtype``.
+
+    gate = h[..., 0::2], up = h[..., 1::2] (interleaved rows of the gate_up weight); gate clamped to ≤ limit
+    (no lower clamp), up clamped to [-limit, limit]; out = (up + 1) * (gate * sigmoid(gate * alpha)).
+    The operations and their order are those of transformers' ``GptOssExperts._apply_gate``
+    (``models/gpt_oss/modeling_gpt_oss.py``, alpha = ``swiglu_alpha`` = 1.702, limit = ``swiglu_limit`` =
+    7.0), so the result is bit-identical to HF's in every dtype. NaN propagates (``clamp`` keeps NaN).
+    Raises ValueError for an odd last dim.
+    """
+    _check_even_last(h, "swiglu_gpt_oss")
+    gate, up = h[..., 0::2], h[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """Plain SwiGLU: (..., 2I) → (..., I) = silu(gate) * up, computed in ``h.dtype``.
+
+    gate = h[..., :I] (first half), up = h[..., I:] (second half): the concatenated ``[gate; up]`` layout of a
+    fused gate_up weight built from Llama's separate ``gate_proj`` / ``up_proj`` (vLLM ``SiluAndMul``:
+    ``F.silu(x[..., :d]) * x[..., d:]``). No clamp. Raises ValueError for an odd last dim.
+    """
+    _check_even_last(h, "swiglu")
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "swiglu_gpt_oss": swiglu_gpt_oss,
+    "swiglu": swiglu,
+}
+
+
+# --- experts and the grouped GEMM ---------------------------------------------------------------------------
+
+
+def _check_experts(w, name: str) -> tuple[int, int, int]:
+    """(E, N, K) of an MX expert weight (E, N, K) quantized along K; TypeError / ValueError otherwise."""
+    if not isinstance(w, MXTensor):
+        raise TypeError(f"{name} must be an MXTensor (E, N, K) quantized along K, got {type(w).__name__}")
+    if w.ndim != 3 or w.axis != 2:
+        raise ValueError(f"{name} must be 3-D (E, N, K) quantized along K (axis=2); got shape {tuple(w.shape)}, "
+                         f"axis={w.axis}")
+    return tuple(w.shape)
+
+
+def _check_bias(bias, shape: tuple[int, int], name: str) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or bias.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be a float tensor {shape} or None, got {getattr(bias, 'dtype', bias)}")
+    if tuple(bias.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(bias.shape)}, expected {shape} (experts, N)")
+
+
+def select_experts(w: MXTensor, lo: int, hi: int) -> MXTensor:
+    """Experts lo..hi-1 of an (E, N, K) MX expert weight, as an (hi - lo, N, K) MXTensor (views, no copy)."""
+    E, N, K = _check_experts(w, "w")
+    if not 0 <= lo < hi <= E:
+        raise ValueError(f"expert slice [{lo}, {hi}) is outside [0, {E=})")
+    return MXTensor(w.qdata[lo:hi], w.plain_scale()[lo:hi], w.fmt, 2, w.block_size, (hi - lo, N, K), w.scale_mode,
+                    w.rounding)
+
+
+def _expert_weight(w: MXTensor, plain_scale: torch.Tensor, e: int) -> torch.Tensor:
+    """Expert e of an (E, N, K) MX weight, dequantized exactly to float64 (N, K)."""
+    one = MXTensor._trusted(w.qdata[e], plain_scale[e], w.fmt, 1, w.block_size, w.shape[1:], w.scale_mode,
+                            w.rounding, "plain")
+    return dequantize_reference(one, torch.float64)
+
+
+def grouped_matmul_reference(
+    a: torch.Tensor,
+    w: MXTensor,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    block_m: int,
+    top_k: int,
+    bias: Optional[torch.Tensor] = None,
+    gather: bool = True,
+    *,
+    num_tokens: Optional[int] = None,
+) -> torch.Tensor:
+    """One grouped GEMM over sorted tokens: row p = ``a[src(p)] @ W[e].T + bias[e]`` in float64, e = expert_ids[p
+    // block_m]; exact products of the dequantized expert weights, float64 accumulation.
+
+    a: float (T, K) with ``gather=True`` (row p reads token ``sorted_token_ids[p] // top_k``: the first GEMM,
+      gather fused into its loads) or (P, K) with ``gather=False`` (row p reads row p: the second GEMM).
+    w: MXTensor (E, N, K) quantized along K (axis 2); ``expert_ids`` index its first dim.
+    sorted_token_ids (P,), expert_ids (P // block_m,): from :func:`align_block_size` with the same block_m.
+    bias: optional (E, N) float, added to each row of expert e.
+    num_tokens: T, the token count whose sentinel ``T * top_k`` marks padding rows; defaults to ``a.shape[0]``
+      with ``gather=True`` and is required with ``gather=False``.
+    Returns (P, N) float64 in sorted order; **sentinel (padding) rows are zero** (a kernel may leave them
+    unspecified: compare rows with ``sorted_token_ids < T * top_k`` only).
+    Raises TypeError / ValueError for a non-MX or non-3-D ``w``, a K mismatch, lengths that do not agree with
+    ``block_m``, an expert id outside [0, E), a bias of the wrong shape or a missing ``num_tokens``.
+    """
+    E, N, K = _check_experts(w, "w")
+    if not isinstance(a, torch.Tensor) or a.dtype not in _FLOATS or a.dim() != 2:
+        raise TypeError(f"a must be a 2-D float tensor, got {getattr(a, 'dtype', type(a).__name__)} "
+                        f"{tuple(getattr(a, 'shape', ()))}")
+    if a.shape[1] != K:
+        raise ValueError(f"K mismatch: a has K={a.shape[1]}, w (E, N, K) = {tuple(w.shape)}")
+    _check_bias(bias, (E, N), "bias")
+    P = sorted_token_ids.numel()
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or P % block_m:
+        raise ValueError(f"{block_m=} must be a positive int dividing len(sorted_token_ids)={P}")
+    if expert_ids.numel() != P // block_m:
+        raise ValueError(f"expert_ids has {expert_ids.numel()} entries, expected P // block_m = {P // block_m}")
+    if gather:
+        num_tokens = a.shape[0] if num_tokens is None else num_tokens
+        if num_tokens != a.shape[0]:
+            raise ValueError(f"{num_tokens=} but a has {a.shape[0]} rows (gather=True reads token rows)")
+    elif num_tokens is None:
+        raise ValueError("gather=False needs num_tokens (T) to recognise the sentinel rows T * top_k")
+    elif a.shape[0] != P:
+        raise ValueError(f"gather=False reads row p of a: a has {a.shape[0]} rows, expected P={P}")
+    out = torch.zeros(P, N, dtype=torch.float64, device=a.device)
+    if P == 0:
+        return out
+    ids = sorted_token_ids.reshape(-1).to(torch.int64)
+    valid = ids < num_tokens * top_k
+    row_expert = expert_ids.reshape(-1).to(torch.int64).repeat_interleave(block_m)
+    hit = torch.unique(row_expert[valid]).tolist()
+    if hit and (hit[0] < 0 or hit[-1] >= E):
+        raise ValueError(f"expert_ids holds experts in [{hit[0]}, {hit[-1]}], outside [0, E={E})")
+    src = ids // top_k if gather else torch.arange(P, device=a.device)
+    scale = w.plain_scale()
+    for e in hit:
+        rows = (valid & (row_expert == e)).nonzero().squeeze(1)
+        y = a[src[rows]].to(torch.float64) @ _expert_weight(w, scale, e).t()
+        out[rows] = y if bias is None else y + bias[e].to(torch.float64)
+    return out
+
+
+def combine_reference(
+    y: torch.Tensor, sorted_token_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """The weighted combine: ``out[t] = Σ_j topk_weights[t, j] · y[p(t, j)]`` in float64, j = 0..k-1 in order.
+
+    y: (P, H) expert outputs in sorted order; sorted_token_ids (P,) as from :func:`align_block_size`;
+    topk_weights (T, k). Pairs absent from ``sorted_token_ids`` (other ranks' experts) contribute 0.
+    The sum runs as ``(w[..., None] * y_pairs.view(T, k, H)).sum(1)`` on the (T, k, H) tensor of pairs in flat
+    order, so one rank and the expert-parallel path (which sums the same (T, k, H) products) agree.
+    Returns (T, H) float64.
+    """
+    T, k = topk_weights.shape
+    H = y.shape[1]
+    ids = sorted_token_ids.reshape(-1).to(torch.int64)
+    valid = ids < T * k
+    pairs = torch.zeros(T * k, H, dtype=torch.float64, device=y.device)
+    pairs[ids[valid]] = y[valid].to(torch.float64)
+    return (topk_weights.to(torch.float64).unsqueeze(-1) * pairs.view(T, k, H)).sum(1)
+
+
+# --- the layer ----------------------------------------------------------------------------------------------
+
+
+class MoeShapes(NamedTuple):
+    """Sizes of a validated MoE call (:func:`check_moe_args`): tokens T, hidden H, expert intermediate I,
+    experts held E_local, experts per token top_k."""
+
+    T: int
+    H: int
+    I: int  # noqa: E741 (the name GPT-OSS's config uses: intermediate_size)
+    E_local: int
+    top_k: int
+
+
+def check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, *, activation: str,
+                   expert_range=None, num_experts: Optional[int] = None) -> MoeShapes:
+    """Validate the arguments of :func:`moe_reference` (shared with the kernel backends); returns
+    :class:`MoeShapes`. Checks only shapes, dtypes and types (no host sync): expert ids are range-checked
+    by :func:`align_block_size`. Raises TypeError / ValueError naming the argument and its shape."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
+        raise TypeError(f"x must be a float tensor (T, H), got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be (T, H), got shape {tuple(x.shape)}")
+    T, H = x.shape
+    E, N1, K1 = _check_experts(w_gate_up, "w_gate_up")
+    E2, N2, K2 = _check_experts(w_down, "w_down")
+    if K1 != H:
+        raise ValueError(f"K mismatch: x has H={H}, w_gate_up (E, 2I, H) = {tuple(w_gate_up.shape)}")
+    if N1 % 2:
+        raise ValueError(f"w_gate_up (E, 2I, H) = {tuple(w_gate_up.shape)} needs an even 2I (gate and up)")
+    if (E2, N2, K2) != (E, H, N1 // 2):
+        raise ValueError(f"w_down has shape {tuple(w_down.shape)}, expected (E, H, I) = {(E, H, N1 // 2)} "
+                         f"from w_gate_up {tuple(w_gate_up.shape)}")
+    _check_bias(b_gate_up, (E, N1), "b_gate_up")
+    _check_bias(b_down, (E, H), "b_down")
+    _check_topk_ids(topk_ids)
+    if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype not in _FLOATS:
+        raise TypeError(f"topk_weights must be a float tensor (T, k), got {getattr(topk_weights, 'dtype', None)}")
+    if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != T:
+        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must "
+                         f"both be (T, k) with T={T} (x {tuple(x.shape)})")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation={activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if expert_range is None:
+        if num_experts is not None and num_experts != E:
+            raise ValueError(f"{num_experts=} but the experts hold E={E} (pass expert_range for a slice)")
+    else:
+        if num_experts is None:
+            raise ValueError("expert_range needs num_experts (the global expert count the ids refer to)")
+        lo, hi = _check_expert_range(expert_range, num_experts)
+        if hi - lo != E:
+            raise ValueError(f"expert_range={expert_range} holds {hi - lo} experts but the weights hold E={E}")
+    k = topk_ids.shape[1]
+    _check_top_k(k, num_experts if num_experts is not None else E)
+    tensors = (x, w_gate_up.qdata, w_down.qdata, topk_ids, topk_weights, b_gate_up, b_down)
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"x, the experts, topk_weights and topk_ids must share one device, got {devices}")
+    return MoeShapes(T, H, N1 // 2, E, k)
+
+
+def moe_reference(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: Optional[torch.dtype] = None,
+    expert_range: Optional[tuple[int, int]] = None,
+    num_experts: Optional[int] = None,
+    intermediate_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """An MoE layer on routed tokens, the oracle of the GPU kernels (see the module docstring for the steps).
+
+    x: (T, H) float32 | bfloat16 | float16 | float64.
+    w_gate_up: MXTensor (E, 2I, H) quantized along H (axis 2) — the checkpoint layout (GPT-OSS
+      ``gate_up_proj_blocks [E, 2I, H/32, 16]`` is its qdata); rows interleave gate / up for
+      ``"swiglu_gpt_oss"``, are ``[gate; up]`` for ``"swiglu"``. b_gate_up: (E, 2I) or None.
+    w_down: MXTensor (E, H, I) quantized along I; b_down: (E, H) or None.
+    topk_weights (T, k) float, topk_ids (T, k) int32 | int64: from :func:`route`.
+    activation: ``"swiglu_gpt_oss"`` (:func:`swiglu_gpt_oss`) or ``"swiglu"`` (:func:`swiglu`).
+    out_dtype: default ``x.dtype``; any of float32 / bfloat16 / float16 / float64.
+    expert_range, num_experts: expert parallelism — the weights hold experts lo..hi-1 of ``num_experts`` and the
+      result is the contribution of those experts only (0 for tokens routed elsewhere).
+    intermediate_dtype: None keeps the activation output in float64; a dtype rounds it to that dtype before
+      the down GEMM (what a kernel that stores the intermediate in bf16 computes).
+
+    Every expert weight is dequantized exactly to float64 (one expert at a time, only experts that received
+    tokens), both GEMMs, the bias adds, the activation and the weighted combine run in float64, and the result
+    is rounded once to ``out_dtype``. Returns (T, H). Raises the TypeError / ValueError of
+    :func:`check_moe_args` and :func:`align_block_size` (ids outside [0, num_experts)).
+    """
+    T, H, _, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
+                                   activation=activation, expert_range=expert_range, num_experts=num_experts)
+    out_dtype = check_out_dtype(x.dtype if out_dtype is None else out_dtype)
+    sorted_ids, expert_ids, _ = align_block_size(topk_ids, num_experts or E, REFERENCE_BLOCK_M,
+                                                 expert_range=expert_range)
+    h = grouped_matmul_reference(x, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_gate_up)
+    act = ACTIVATIONS[activation](h)
+    if intermediate_dtype is not None:
+        act = act.to(intermediate_dtype).to(torch.float64)
+    y = grouped_matmul_reference(act, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_down, gather=False,
+                                 num_tokens=T)
+    return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
+

@@ -1,5 +1,6 @@
 """Modules and model conversion: :class:`MXLinear`, :func:`quantize_model` (layer ``nn``; imports ``ops``)."""
 
 from .linear import LayerReport, MXLinear, qsnr_db, quantize_model
+from .moe import MXMoE, swap_gpt_oss_moe  # noqa: F401 (MoE layer and GPT-OSS conversion)
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db"]

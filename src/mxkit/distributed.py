@@ -1,0 +1,131 @@
+"""Expert parallelism over ``torch.distributed`` (layer ``ops``): each rank holds a contiguous range of experts
+and its own tokens; an all-to-all sends every (token, slot) pair to the rank that holds its expert and brings
+the expert output back.
+
+Per rank r holding experts ``ranges[r] = (lo_r, hi_r)`` (contiguous, covering [0, E), rank order) and tokens
+x_r (T_r, H), :func:`ep_moe` does:
+
+1. route locally (the router is replicated): ``topk_weights``, ``topk_ids`` (T_r, k);
+2. sort the T_r·k pairs by destination rank (stable), exchange the per-rank counts (``all_to_all_single`` of
+   one int64 per rank), then ``all_to_all_single`` the pairs' token rows (x's dtype) and their (expert id,
+   weight) metadata (float64: both exact);
+3. on arrival, run the local experts on the received rows with top_k = 1 (:func:`mxkit.moe.moe_experts`,
+   ``expert_range`` = this rank's range): each row becomes ``weight · expert(row)``;
+4. ``all_to_all_single`` the rows back (``combine_dtype``), put them in pair order and sum the k pairs of each
+   token in float64, then round once to x's dtype.
+
+With ``combine_dtype=torch.float64`` (the default) and the reference backend, step 4 adds the same float64
+products in the same order as one rank's :func:`~mxkit.moe_reference.combine_reference`, so the result equals
+one rank holding every expert up to float64 matmul blocking (a float64 GEMM of other row counts may round
+differently in the last bit; after the final rounding to float32 the outputs agree to 1 ulp and almost always
+bit for bit). A narrower ``combine_dtype`` cuts the return traffic and adds one rounding per pair.
+
+The gloo backend of torch 2.13 implements ``all_to_all_single`` with uneven split sizes on CPU (checked), so
+no all_gather / send-recv fallback is needed; NCCL implements it on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .moe import moe_experts, route_tokens
+from .moe_reference import check_moe_args
+from .tensor import MXTensor
+
+__all__ = ["expert_ranges", "check_expert_ranges", "ep_moe"]
+
+
+def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
+    """Contiguous expert ranges, one per rank, as even as possible (the first ``num_experts % world_size`` ranks
+    take one more). Raises ValueError if a rank would hold no expert."""
+    if not (isinstance(num_experts, int) and isinstance(world_size, int) and 1 <= world_size <= num_experts):
+        raise ValueError(f"need 1 <= {world_size=} <= {num_experts=} (every rank holds at least one expert)")
+    base, extra = divmod(num_experts, world_size)
+    bounds = [0]
+    for r in range(world_size):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int, world_size: int) -> None:
+    """Raise ValueError unless ``ranges`` has one non-empty (lo, hi) per rank, contiguous in rank order, from 0
+    to ``num_experts``."""
+    ranges = [tuple(r) for r in ranges]
+    ok = len(ranges) == world_size and ranges[0][0] == 0 and ranges[-1][1] == num_experts
+    ok = ok and all(lo < hi for lo, hi in ranges) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    if not ok:
+        raise ValueError(f"expert ranges {ranges} must be {world_size} contiguous non-empty (lo, hi) pairs in rank "
+                         f"order covering [0, {num_experts})")
+
+
+def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
+    """all_to_all_single of the rows of ``send`` (grouped by destination rank, ``send_counts`` rows each)."""
+    out = send.new_empty((sum(recv_counts),) + tuple(send.shape[1:]))
+    dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+def ep_moe(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    ranges: Sequence[tuple[int, int]],
+    group: Optional[dist.ProcessGroup] = None,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+    backend: str = "auto",
+    combine_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Expert-parallel :func:`mxkit.moe`: this rank's tokens through experts spread over the ranks of ``group``.
+
+    x: (..., H) this rank's tokens (any count, 0 included); router_logits (..., E) for them.
+    w_gate_up (E_r, 2I, H), b_gate_up (E_r, 2I) | None, w_down (E_r, H, I), b_down (E_r, H) | None: this rank's
+      experts ``ranges[rank]``, E_r = hi - lo, as for :func:`mxkit.moe` with ``expert_range``.
+    ranges: every rank's (lo, hi), e.g. :func:`expert_ranges` (E, world_size).
+    group: the process group (default: the world). Collective: every rank of the group must call it.
+    combine_dtype: dtype of the expert outputs on their way back (module docstring).
+    Returns (..., H) in x's dtype: what :func:`mxkit.moe` returns for these tokens with every expert on one rank.
+    Raises ValueError for ranges that do not partition [0, E) or weights that do not hold ``ranges[rank]``, and
+    whatever :func:`mxkit.moe` raises for bad shapes (before any communication).
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    (T, H), k, E = x2.shape, ids.shape[1], router_logits.shape[-1]
+    check_expert_ranges(ranges, E, world)
+    lo, hi = ranges[rank]
+    # validated before any collective: a bad call fails on its rank with this message (its peers at the timeout)
+    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
+                   expert_range=(lo, hi), num_experts=E)
+
+    # 2. pairs sorted by destination rank; counts first, then rows and metadata
+    owner = torch.repeat_interleave(torch.arange(world, device=ids.device),
+                                    torch.tensor([h - l for l, h in ranges], device=ids.device))
+    flat_ids = ids.reshape(-1).to(torch.int64)
+    dest = owner[flat_ids]
+    order = torch.sort(dest, stable=True).indices
+    send_counts_t = torch.bincount(dest, minlength=world)
+    recv_counts_t = torch.empty_like(send_counts_t)
+    dist.all_to_all_single(recv_counts_t, send_counts_t, group=group)
+    send_counts, recv_counts = send_counts_t.tolist(), recv_counts_t.tolist()
+    meta = torch.stack([flat_ids[order].to(torch.float64), weights.reshape(-1)[order].to(torch.float64)], dim=1)
+    rows_in = _exchange(x2[order // k], send_counts, recv_counts, group)
+    meta_in = _exchange(meta, send_counts, recv_counts, group)
+
+    # 3. the local experts, one pair per row (top_k = 1): weight * expert(row)
+    y_local = moe_experts(rows_in, w_gate_up, b_gate_up, w_down, b_down, meta_in[:, 1:].to(torch.float32),
+                          meta_in[:, :1].to(torch.int64), activation=activation, out_dtype=combine_dtype,
+                          expert_range=(lo, hi), num_experts=E, backend=backend)
+
+    # 4. back to the owners of the tokens, into pair order, summed over the k slots
+    y_back = _exchange(y_local, recv_counts, send_counts, group)
+    pairs = torch.empty(T * k, H, dtype=torch.float64, device=x.device)
+    pairs[order] = y_back.to(torch.float64)
+    return pairs.view(T, k, H).sum(1).to(x.dtype).reshape(x.shape)

@@ -1,0 +1,319 @@
+"""`MXMoE`: a mixture-of-experts layer whose experts are stored in an MX format, and GPT-OSS model conversion.
+
+Layout (the checkpoint convention, ``nn.Linear``-style ``y = x @ W.T``): expert e's ``gate_up`` weight is
+(2I, H) and its ``down`` weight (H, I), each quantized along its last axis (K). The experts are held as four
+uint8 buffers — ``gate_up_qdata`` (E, 2I, H·pack_bytes/pack), ``gate_up_scale`` (E, 2I, H/32),
+``down_qdata`` (E, H, I·pack_bytes/pack), ``down_scale`` (E, H, I/32) — so ``state_dict()``, ``.to()`` and
+``load_state_dict()`` work as for any buffer (as :class:`mxkit.nn.MXLinear` holds its weight). The router
+(``nn.Linear(H, E)`` with a bias) and the expert biases ``gate_up_bias`` (E, 2I), ``down_bias`` (E, H) stay in
+the float dtype. For GPT-OSS the ``gate_up`` rows interleave gate and up (row 2i gate, 2i+1 up).
+
+transformers' ``GptOssExperts`` stores the transposes: ``gate_up_proj`` [E, H, 2I] and ``down_proj`` [E, I, H]
+(``x @ gate_up_proj[e]``); :meth:`MXMoE.from_hf_gpt_oss` transposes them back to the checkpoint layout
+(``gate_up_proj_blocks [E, 2I, H/32, 16]`` is exactly this module's ``gate_up_qdata`` viewed per block).
+
+Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
+forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
+set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the group.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..distributed import check_expert_ranges, ep_moe, expert_ranges
+from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..moe import moe
+from ..moe_reference import (
+    ACTIVATIONS,
+    GPT_OSS_SWIGLU_ALPHA,
+    GPT_OSS_SWIGLU_LIMIT,
+    ROUTING_MODES,
+    route,
+)
+from ..ops import dequantize, quantize
+from ..tensor import MXTensor
+from .linear import _set_submodule
+
+__all__ = ["MXMoE", "swap_gpt_oss_moe"]
+
+_EXPERTS = ("gate_up", "down")
+
+
+class MXMoE(nn.Module):
+    """A top-k MoE layer with MX experts (layout in the module docstring).
+
+    Args (most users call :meth:`from_dense` or :meth:`from_hf_gpt_oss`):
+      hidden_size H, intermediate_size I: both multiples of ``block_size``.
+      num_experts E, top_k: 1 ≤ top_k ≤ E.
+      weight_format: element format of the experts (``"mxfp4"``, ``"mxfp8_e4m3"``, …).
+      bias: expert biases (``gate_up_bias`` (E_local, 2I), ``down_bias`` (E_local, H)); router_bias: the
+        router's bias.
+      routing: ``"gpt_oss"`` | ``"softmax_topk"``; activation: ``"swiglu_gpt_oss"`` | ``"swiglu"``
+        (:mod:`mxkit.moe_reference`).
+      expert_range: (lo, hi) — hold only experts lo..hi-1 (E_local = hi - lo); default all.
+      return_router_scores: forward returns ``(y, scores)`` like transformers' ``GptOssMLP`` (scores = the
+        (T, k) routing weights in the router's dtype), for a drop-in swap.
+      scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` by the constructors.
+      backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
+      device / dtype: of the router and the biases.
+    Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
+
+    forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
+    above. Inference only: gradients reach x and the router through the reference backend, not the experts.
+    Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        weight_format: FormatLike,
+        *,
+        bias: bool = True,
+        router_bias: bool = True,
+        routing: str = "gpt_oss",
+        activation: str = "swiglu_gpt_oss",
+        expert_range: Optional[tuple[int, int]] = None,
+        return_router_scores: bool = False,
+        scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
+        rounding: Union[str, Rounding] = Rounding.RNE,
+        block_size: int = BLOCK_SIZE,
+        backend: str = "auto",
+        device: Optional[Union[str, torch.device]] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        fmt = get_format(weight_format)
+        H, I, E = hidden_size, intermediate_size, num_experts  # noqa: E741
+        for name, v in (("hidden_size", H), ("intermediate_size", I)):
+            if v % block_size:
+                raise ValueError(f"{name}={v} must be a multiple of {block_size=} for MXMoE")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= E:
+            raise ValueError(f"top_k={top_k!r} must be an int in [1, num_experts={E}]")
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"unknown routing={routing!r}; known: {', '.join(ROUTING_MODES)}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation={activation!r}; known: {', '.join(ACTIVATIONS)}")
+        lo, hi = (0, E) if expert_range is None else tuple(expert_range)
+        if not 0 <= lo < hi <= E:
+            raise ValueError(f"expert_range={expert_range!r} must be (lo, hi) with 0 <= lo < hi <= {E}")
+        self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
+        self.weight_format: ElementFormat = fmt
+        self.routing, self.activation, self.backend = routing, activation, backend
+        self.expert_range = (lo, hi)
+        self.return_router_scores = return_router_scores
+        self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
+        self.block_size = block_size
+        self.ep_ranges: Optional[list[tuple[int, int]]] = None  # set by shard_experts: every rank's range
+        self.ep_group = None
+        f = dict(device=device, dtype=dtype or torch.float32)
+        self.router = nn.Linear(H, E, bias=router_bias, **f)
+        for name, shape in zip(_EXPERTS, self._expert_shapes(hi - lo)):
+            q_shape, s_shape = MXTensor.expected_shapes(shape, 2, fmt, block_size)
+            self.register_buffer(f"{name}_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
+            self.register_buffer(f"{name}_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
+        if bias:
+            self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
+            self.down_bias = nn.Parameter(torch.zeros(hi - lo, H, **f))
+        else:
+            self.register_parameter("gate_up_bias", None)
+            self.register_parameter("down_bias", None)
+
+    def _expert_shapes(self, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        return (n, 2 * self.intermediate_size, self.hidden_size), (n, self.hidden_size, self.intermediate_size)
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.expert_range[1] - self.expert_range[0]
+
+    def _mx(self, name: str) -> MXTensor:
+        shape = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
+        return MXTensor(getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale"), self.weight_format, 2,
+                        self.block_size, shape, self.scale_mode, self.rounding)
+
+    @property
+    def gate_up_mx(self) -> MXTensor:
+        """The gate_up experts as an MXTensor (E_local, 2I, H) along H, sharing the buffers."""
+        return self._mx("gate_up")
+
+    @property
+    def down_mx(self) -> MXTensor:
+        """The down experts as an MXTensor (E_local, H, I) along I, sharing the buffers."""
+        return self._mx("down")
+
+    def dequantize_experts(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense ``(gate_up (E_local, 2I, H), down (E_local, H, I))`` in ``dtype`` (exact in float32)."""
+        return dequantize(self.gate_up_mx, dtype), dequantize(self.down_mx, dtype)
+
+    @property
+    def expert_nbytes(self) -> int:
+        """Storage bytes of the experts: element codes plus E8M0 scales."""
+        return sum(getattr(self, f"{n}_{p}").numel() for n in _EXPERTS for p in ("qdata", "scale"))
+
+    # --- constructors ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dense(
+        cls,
+        router: nn.Linear,
+        w_gate_up: torch.Tensor,
+        b_gate_up: Optional[torch.Tensor],
+        w_down: torch.Tensor,
+        b_down: Optional[torch.Tensor],
+        top_k: int,
+        weight_format: FormatLike,
+        *,
+        expert_range: Optional[tuple[int, int]] = None,
+        **kwargs,
+    ) -> "MXMoE":
+        """Quantize dense experts given in the checkpoint convention and return an MXMoE on their device.
+
+        router: ``nn.Linear(H, E)`` (copied; its bias, if any, too).
+        w_gate_up: (E, 2I, H), w_down: (E, H, I) float32 | bfloat16 | float16, each quantized along its last
+          axis with :func:`mxkit.quantize`; b_gate_up (E, 2I), b_down (E, H) or both None.
+        expert_range: keep experts lo..hi-1 only (the others are not quantized).
+        kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
+          backend). Raises TypeError / ValueError for shapes that do not agree (naming them).
+        """
+        if not isinstance(router, nn.Linear):
+            raise TypeError(f"router must be an nn.Linear(H, E), got {type(router).__name__}")
+        E, H = router.out_features, router.in_features
+        if w_gate_up.dim() != 3 or w_gate_up.shape[0] != E or w_gate_up.shape[2] != H or w_gate_up.shape[1] % 2:
+            raise ValueError(f"w_gate_up has shape {tuple(w_gate_up.shape)}, expected (E, 2I, H) with E={E}, H={H}")
+        I = w_gate_up.shape[1] // 2  # noqa: E741
+        if tuple(w_down.shape) != (E, H, I):
+            raise ValueError(f"w_down has shape {tuple(w_down.shape)}, expected (E, H, I) = {(E, H, I)}")
+        if (b_gate_up is None) != (b_down is None):
+            raise ValueError("pass both expert biases (b_gate_up, b_down) or neither")
+        for name, b, shape in (("b_gate_up", b_gate_up, (E, 2 * I)), ("b_down", b_down, (E, H))):
+            if b is not None and tuple(b.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")
+        w = router.weight.detach()
+        mod = cls(H, I, E, top_k, weight_format, bias=b_gate_up is not None, router_bias=router.bias is not None,
+                  expert_range=expert_range, device=w.device, dtype=w.dtype, **kwargs)
+        lo, hi = mod.expert_range
+        with torch.no_grad():
+            mod.router.weight.copy_(w)
+            if router.bias is not None:
+                mod.router.bias.copy_(router.bias.detach())
+            for name, dense, b in (("gate_up", w_gate_up, b_gate_up), ("down", w_down, b_down)):
+                q = quantize(dense.detach()[lo:hi], mod.weight_format, axis=-1, block_size=mod.block_size,
+                             scale_mode=mod.scale_mode, rounding=mod.rounding)
+                getattr(mod, f"{name}_qdata").copy_(q.qdata)
+                getattr(mod, f"{name}_scale").copy_(q.scale)
+                if b is not None:
+                    getattr(mod, f"{name}_bias").copy_(b.detach()[lo:hi])
+        return mod
+
+    @classmethod
+    def from_hf_gpt_oss(
+        cls,
+        mlp: nn.Module,
+        weight_format: FormatLike = "mxfp4",
+        *,
+        expert_range: Optional[tuple[int, int]] = None,
+        return_router_scores: bool = False,
+        **kwargs,
+    ) -> "MXMoE":
+        """Convert a transformers ``GptOssMLP`` (``models/gpt_oss/modeling_gpt_oss.py``: ``.router``, a
+        ``GptOssTopKRouter`` with weight (E, H) and bias (E,); ``.experts``, a ``GptOssExperts`` with
+        ``gate_up_proj`` [E, H, 2I], ``gate_up_proj_bias`` [E, 2I], ``down_proj`` [E, I, H], ``down_proj_bias``
+        [E, H]) to an MXMoE with GPT-OSS routing and activation, the expert weights transposed to the checkpoint
+        layout and quantized to ``weight_format``.
+
+        Raises TypeError for another module, ValueError for a ``swiglu_alpha`` / ``swiglu_limit`` other than
+        1.702 / 7.0 (the activation mxkit implements).
+        """
+        router, experts = getattr(mlp, "router", None), getattr(mlp, "experts", None)
+        if not all(hasattr(experts, a) for a in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")) \
+                or not hasattr(router, "top_k"):
+            raise TypeError(f"from_hf_gpt_oss expects a transformers GptOssMLP (router + experts), got "
+                            f"{type(mlp).__name__}")
+        alpha, limit = getattr(experts, "alpha", None), getattr(experts, "limit", None)
+        if (alpha, limit) != (GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT):
+            raise ValueError(f"GptOssExperts has swiglu alpha={alpha}, limit={limit}; MXMoE implements "
+                             f"alpha={GPT_OSS_SWIGLU_ALPHA}, limit={GPT_OSS_SWIGLU_LIMIT}")
+        w = router.weight.detach()
+        lin = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(router.bias.detach())
+        return cls.from_dense(
+            lin, experts.gate_up_proj.detach().transpose(1, 2), experts.gate_up_proj_bias.detach(),
+            experts.down_proj.detach().transpose(1, 2), experts.down_proj_bias.detach(), router.top_k,
+            weight_format, expert_range=expert_range, routing="gpt_oss", activation="swiglu_gpt_oss",
+            return_router_scores=return_router_scores, **kwargs,
+        )
+
+    # --- expert parallelism --------------------------------------------------------------------------------
+
+    def shard_experts(self, group=None, ranges: Optional[Sequence[tuple[int, int]]] = None) -> "MXMoE":
+        """Keep only this rank's experts (in place) and run forward expert-parallel over ``group``.
+
+        ranges: every rank's (lo, hi); default :func:`mxkit.distributed.expert_ranges` (E, world size).
+        The module must hold every expert (a shard of a full module). Returns ``self``.
+        """
+        import torch.distributed as dist
+
+        if self.expert_range != (0, self.num_experts):
+            raise ValueError(f"shard_experts needs a module holding every expert, this one holds {self.expert_range}")
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
+        check_expert_ranges(ranges, self.num_experts, world)
+        lo, hi = ranges[rank]
+        for name in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
+            setattr(self, name, getattr(self, name)[lo:hi].clone())
+        for name in ("gate_up_bias", "down_bias"):
+            b = getattr(self, name)
+            if b is not None:
+                setattr(self, name, nn.Parameter(b.detach()[lo:hi].clone(), requires_grad=b.requires_grad))
+        self.expert_range, self.ep_ranges, self.ep_group = (lo, hi), ranges, group
+        return self
+
+    # --- forward ---------------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor):
+        logits = self.router(x)
+        args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
+        kw = dict(routing=self.routing, activation=self.activation, backend=self.backend)
+        if self.ep_ranges is not None:
+            y = ep_moe(*args, ranges=self.ep_ranges, group=self.ep_group, **kw)
+        else:
+            partial = self.expert_range != (0, self.num_experts)
+            y = moe(*args, expert_range=self.expert_range if partial else None, **kw)
+        if not self.return_router_scores:
+            return y
+        scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
+        return y, scores.to(logits.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"num_experts={self.num_experts}, top_k={self.top_k}, expert_range={self.expert_range}, "
+                f"weight_format={self.weight_format.name}, routing={self.routing}, activation={self.activation}, "
+                f"bias={self.gate_up_bias is not None}")
+
+
+def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kwargs) -> nn.Module:
+    """Replace every transformers ``GptOssMLP`` in ``model`` (e.g. a ``GptOssForCausalLM``) by an
+    :class:`MXMoE` (:meth:`MXMoE.from_hf_gpt_oss` with ``return_router_scores=True``, the ``(hidden, scores)``
+    pair the decoder layer unpacks), in place. Returns ``model``.
+
+    The swapped model no longer records ``router_logits`` (``output_router_logits``: transformers hooks
+    ``GptOssTopKRouter``, which the MXMoE's ``nn.Linear`` router is not). Raises ImportError without
+    transformers' GPT-OSS, ValueError if the model has no GptOssMLP.
+    """
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    names = [n for n, m in model.named_modules() if isinstance(m, GptOssMLP)]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no GptOssMLP to swap")
+    for name in names:
+        new = MXMoE.from_hf_gpt_oss(model.get_submodule(name), weight_format, return_router_scores=True, **kwargs)
+        _set_submodule(model, name, new)
+    return model

@@ -1,0 +1,642 @@
+"""mxkit MoE: routing, token sorting, activations, the reference layer, the op's dispatch and the nn layer.
+
+The oracles are written here, apart from mxkit: expert weights are decoded with conftest's ``oracle_unpack`` +
+ml_dtypes (not mxkit's dequantize), the layer is a loop over tokens and their selected experts in float64,
+the activations are the formulas in float64, the token sort is a loop over pairs. Routing, activations and the
+layer are also compared with transformers' GPT-OSS code itself.
+"""
+
+import copy
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mxkit
+from conftest import ml_decode, oracle_unpack
+from mxkit.moe_reference import (
+    align_block_size,
+    combine_reference,
+    grouped_matmul_reference,
+    moe_reference,
+    route,
+    select_experts,
+    swiglu,
+    swiglu_gpt_oss,
+)
+from mxkit.nn import MXMoE, swap_gpt_oss_moe
+
+gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
+
+moe_op = sys.modules["mxkit.moe"]  # the module (the name ``mxkit.moe`` is the function, exported by mxkit)
+
+H, I = 64, 32  # noqa: E741  (hidden, expert intermediate: both multiples of the block of 32)
+TOKENS = (1, 3, 727)
+EXPERTS = (32, 128)
+FORMATS = ("mxfp4_e2m1", "mxfp8_e4m3")
+
+
+# --- helpers: inputs and the independent oracles -------------------------------------------------------------
+
+
+def make_experts(E, fmt, rng, *, bias=True, i_size=I):
+    """Random MX experts (E, 2I, H) and (E, H, I) quantized along K, and float biases (or None). The weight
+    scale is chosen so that gate / up values cross the GPT-OSS clamps at ±7 for unit-normal inputs."""
+    w_gu = mxkit.quantize(torch.randn(E, 2 * i_size, H, generator=rng) * 0.4, fmt, axis=-1)
+    w_d = mxkit.quantize(torch.randn(E, H, i_size, generator=rng) * 0.4, fmt, axis=-1)
+    b_gu = torch.randn(E, 2 * i_size, generator=rng) if bias else None
+    b_d = torch.randn(E, H, generator=rng) if bias else None
+    return w_gu, b_gu, w_d, b_d
+
+
+def oracle_weights(w: mxkit.MXTensor) -> torch.Tensor:
+    """float64 values of an MX expert weight (E, N, K) along K, decoded by ml_dtypes, not by mxkit."""
+    codes = oracle_unpack(w.qdata, w.fmt.name).numpy()
+    factor = np.ldexp(1.0, w.scale.numpy().astype(np.int64) - 127).repeat(w.block_size, axis=-1)
+    return torch.from_numpy(ml_decode(codes, w.fmt.name) * factor)
+
+
+def oracle_act(h, activation: str):
+    """The activations written from their definitions, float64, elementwise (numpy or torch in, same out)."""
+    if isinstance(h, torch.Tensor):
+        return torch.from_numpy(oracle_act(h.to(torch.float64).numpy(), activation))
+    if activation == "swiglu_gpt_oss":
+        gate, up = np.minimum(h[..., 0::2], 7.0), np.clip(h[..., 1::2], -7.0, 7.0)
+        return (up + 1.0) * gate / (1.0 + np.exp(-1.702 * gate))
+    gate, up = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def oracle_moe(x, w_gu, b_gu, w_d, b_d, weights, ids, activation, intermediate_dtype=None):
+    """A loop over tokens and their selected experts in numpy float64 (a different code path from
+    moe_reference: no sorting, no grouping, no torch matmul)."""
+    Wgu, Wd = oracle_weights(w_gu).numpy(), oracle_weights(w_d).numpy()
+    b_gu = np.zeros(Wgu.shape[:2]) if b_gu is None else b_gu.double().numpy()
+    b_d = np.zeros(Wd.shape[:2]) if b_d is None else b_d.double().numpy()
+    x64, w64, ids = x.double().numpy(), weights.double().numpy(), ids.numpy()
+    out = np.zeros((x.shape[0], Wd.shape[1]))
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            a = oracle_act(Wgu[e] @ x64[t] + b_gu[e], activation)
+            if intermediate_dtype is not None:
+                a = torch.from_numpy(a).to(intermediate_dtype).double().numpy()
+            out[t] += w64[t, j] * (Wd[e] @ a + b_d[e])
+    return torch.from_numpy(out)
+
+
+def assert_rounded_once(y: torch.Tensor, y64: torch.Tensor, slack: float = 1e-12):
+    """``y`` is ``y64`` rounded once to y's dtype: |y - y64| <= half an ulp of y's dtype at |y64| (normal range),
+    plus ``slack`` * max|y64| for float64 evaluation-order differences between the two float64 paths."""
+    mant = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}[y.dtype]
+    _, e = torch.frexp(y64)  # |y64| in [2^(e-1), 2^e)
+    half_ulp = torch.ldexp(torch.ones_like(y64), e - 2 - mant)
+    err = (y.to(torch.float64) - y64).abs()
+    bound = half_ulp + slack * y64.abs().max()
+    assert bool((err <= bound).all()), f"max error / bound {float((err / bound).max()):.3g}"
+
+
+def random_routing(T, E, k, rng, hot=None):
+    """Random logits routed GPT-OSS style; ``hot`` = an expert that receives every token."""
+    logits = torch.randn(T, E, generator=rng)
+    if hot is not None:
+        logits[:, hot] += 100.0
+    return route(logits, k)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tests are many small torch ops: with the default OpenMP threads on a loaded 2-core CI box
+    (pytest -n 4) moe_reference took 8.5 s instead of 0.2 s (727 tokens, E = 128). One thread per test,
+    restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def hf_config(**kw):
+    base = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=64, num_local_experts=4,
+                num_experts_per_tok=2, vocab_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    return GptOssConfig(**{**base, **kw})
+
+
+# --- routing --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("E,k", [(4, 2), (32, 4), (128, 4)])
+def test_route_matches_hf_router_float32(E, k, rng):
+    router = gpt_oss.GptOssTopKRouter(hf_config(num_local_experts=E, num_experts_per_tok=k))
+    with torch.no_grad():
+        router.weight.normal_(generator=rng)
+        router.bias.normal_(generator=rng)
+    hidden = torch.randn(257, 64, generator=rng)
+    logits, hf_scores, hf_ids = router(hidden)
+    weights, ids = route(logits, k)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (257, k)
+    assert torch.equal(ids.long(), hf_ids)
+    assert torch.equal(weights, hf_scores)  # the same float32 softmax over the same k values: bit-identical
+
+
+def test_route_bf16_logits_are_hf_before_its_bf16_rounding(rng):
+    router = gpt_oss.GptOssTopKRouter(hf_config(num_local_experts=32, num_experts_per_tok=4)).to(torch.bfloat16)
+    with torch.no_grad():
+        router.weight.normal_(generator=rng)
+        router.bias.normal_(generator=rng)
+    logits, hf_scores, hf_ids = router(torch.randn(200, 64, generator=rng).to(torch.bfloat16))
+    weights, ids = route(logits, 4)
+    # ids: the same selection wherever the bf16 logits have no ties (HF's topk order of ties is unspecified)
+    no_tie = torch.tensor([torch.unique(r).numel() == r.numel() for r in logits])
+    assert no_tie.any() and torch.equal(ids.long()[no_tie], hf_ids[no_tie])
+    assert weights.dtype == torch.float32
+    # HF's softmax runs in bf16 (float32 inside, one rounding): its scores are ours rounded to bf16
+    assert_rounded_once(hf_scores[no_tie], weights[no_tie].double(), slack=1e-6)
+
+
+def test_route_softmax_topk(rng):
+    logits = torch.randn(50, 32, generator=rng) * 3
+    weights, ids = route(logits, 4, mode="softmax_topk")
+    probs = torch.softmax(logits.double(), dim=-1)
+    expect_ids = torch.argsort(-logits.double(), dim=-1, stable=True)[:, :4]
+    assert torch.equal(ids.long(), expect_ids)
+    torch.testing.assert_close(weights.double(), probs.gather(1, expect_ids), rtol=1e-6, atol=0)
+    assert bool((weights.sum(1) < 1).all())  # not renormalised
+    w_norm, ids_norm = route(logits, 4, mode="softmax_topk", renormalize=True)
+    assert torch.equal(ids_norm, ids)
+    torch.testing.assert_close(w_norm.double().sum(1), torch.ones(50, dtype=torch.float64), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["gpt_oss", "softmax_topk"])
+def test_route_ties_go_to_the_lower_expert(mode):
+    # torch.topk returned [1, 3] here on CPU (torch 2.13): the tie rule must not depend on it
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0],  # a three-way tie across the top-2 boundary
+                           [0.0, 0.0, 0.0, 0.0, 0.0],  # all equal
+                           [2.0, 5.0, 1.0, 5.0, 5.0]])
+    weights, ids = route(logits, 2, mode=mode)
+    assert ids.tolist() == [[1, 2], [0, 1], [1, 3]]
+    if mode == "gpt_oss":
+        assert weights.tolist() == [[0.5, 0.5]] * 3  # softmax of two equal logits
+    else:
+        assert torch.equal(weights, torch.softmax(logits, dim=1).gather(1, ids.long()))
+    zeros = torch.zeros(3, 128)
+    assert torch.equal(route(zeros, 4, mode=mode)[1], torch.arange(4, dtype=torch.int32).expand(3, 4))
+
+
+def test_route_errors():
+    with pytest.raises(ValueError, match="top_k"):
+        route(torch.zeros(3, 4), 5)
+    with pytest.raises(ValueError, match="top_k"):
+        route(torch.zeros(3, 4), 0)
+    with pytest.raises(ValueError, match="T, E"):
+        route(torch.zeros(2, 3, 4), 2)
+    with pytest.raises(TypeError, match="float"):
+        route(torch.zeros(3, 4, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="routing mode"):
+        route(torch.zeros(3, 4), 2, mode="sigmoid")
+    with pytest.raises(ValueError, match="renormalize"):
+        route(torch.zeros(3, 4), 2, renormalize=True)
+
+
+# --- token sorting --------------------------------------------------------------------------------------------
+
+
+def oracle_align(ids: torch.Tensor, block_m: int, lo: int, hi: int):
+    """vLLM's convention written as a loop over the (token, slot) pairs."""
+    n = ids.numel()
+    groups = {}
+    for i, e in enumerate(ids.reshape(-1).tolist()):
+        if lo <= e < hi:
+            groups.setdefault(e, []).append(i)
+    sorted_ids, blocks = [], []
+    for e in sorted(groups):
+        members = groups[e] + [n] * (-len(groups[e]) % block_m)
+        sorted_ids += members
+        blocks += [e - lo] * (len(members) // block_m)
+    return sorted_ids, blocks
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("E", EXPERTS)
+@pytest.mark.parametrize("block_m", [16, 64])
+@pytest.mark.parametrize("case", ["uniform", "hot", "range"])
+def test_align_block_size(T, E, block_m, case, rng):
+    k = 4
+    hot = 5 if case == "hot" else None
+    _, ids = random_routing(T, E, k, rng, hot=hot)
+    lo, hi = (E // 4, E // 2) if case == "range" else (0, E)
+    sorted_ids, expert_ids, P = align_block_size(ids, E, block_m, expert_range=(lo, hi) if case == "range" else None)
+    exp_sorted, exp_blocks = oracle_align(ids, block_m, lo, hi)
+    assert sorted_ids.dtype == torch.int32 and expert_ids.dtype == torch.int32 and isinstance(P, int)
+    assert sorted_ids.tolist() == exp_sorted and expert_ids.tolist() == exp_blocks and P == len(exp_sorted)
+    # the invariants, stated directly
+    assert P % block_m == 0 and expert_ids.numel() == P // block_m
+    real = sorted_ids[sorted_ids < T * k].long()
+    in_range = ((ids.reshape(-1) >= lo) & (ids.reshape(-1) < hi)).nonzero().squeeze(1)
+    assert torch.equal(torch.sort(real).values, in_range)  # every (t, j) of these experts exactly once
+    row_expert = expert_ids.long().repeat_interleave(block_m)
+    assert torch.equal(ids.reshape(-1).long()[real] - lo, row_expert[sorted_ids < T * k])
+    assert bool((torch.diff(expert_ids) >= 0).all())  # one run of blocks per expert, in expert order
+    for e in expert_ids.unique().tolist():  # stable: increasing flat index within each expert
+        rows = sorted_ids[(row_expert == e) & (sorted_ids < T * k)]
+        assert bool((torch.diff(rows) > 0).all())
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=E)[lo:hi]
+    assert set(expert_ids.tolist()) == set(counts.nonzero().squeeze(1).tolist())  # no tokens: no blocks
+    if hot is not None:
+        assert int(counts[hot]) == T  # an expert that receives every token
+
+
+def test_align_block_size_small_example():
+    ids = torch.tensor([[0, 2], [2, 1], [0, 2]])
+    s, b, P = align_block_size(ids, 4, 2)
+    assert s.tolist() == [0, 4, 3, 6, 1, 2, 5, 6] and b.tolist() == [0, 1, 2, 2] and P == 8
+    s, b, P = align_block_size(ids, 4, 2, expert_range=(1, 3))
+    assert s.tolist() == [3, 6, 1, 2, 5, 6] and b.tolist() == [0, 1, 1] and P == 6
+    s, b, P = align_block_size(torch.zeros(0, 2, dtype=torch.int32), 4, 16)
+    assert s.numel() == 0 and b.numel() == 0 and P == 0
+
+
+def test_align_block_size_errors():
+    ids = torch.tensor([[0, 2], [2, 1]])
+    with pytest.raises(ValueError, match=r"outside \[0, num_experts=2\)"):
+        align_block_size(ids, 2, 16)
+    with pytest.raises(ValueError, match="outside"):
+        align_block_size(-ids, 4, 16)
+    with pytest.raises(TypeError, match="int32"):
+        align_block_size(ids.float(), 4, 16)
+    with pytest.raises(ValueError, match="T, top_k"):
+        align_block_size(ids.reshape(-1), 4, 16)
+    with pytest.raises(ValueError, match="block_m"):
+        align_block_size(ids, 4, 0)
+    with pytest.raises(ValueError, match="expert_range"):
+        align_block_size(ids, 4, 16, expert_range=(2, 5))
+
+
+# --- activations --------------------------------------------------------------------------------------------
+
+
+def clamp_values(dtype):
+    """Values around the clamps: ±7 exactly, one ulp either side, far outside, zero, small, random."""
+    seven = torch.tensor(7.0, dtype=dtype)
+    inf = torch.tensor(float("inf"), dtype=dtype)
+    up, down = torch.nextafter(seven, inf), torch.nextafter(seven, -inf)
+    vals = [seven, up, down, -seven, -up, -down, torch.tensor(100.0), torch.tensor(-100.0), torch.tensor(0.0),
+            torch.tensor(-0.0), torch.tensor(1e-3), torch.tensor(-3.5), torch.tensor(6.5)]
+    return torch.stack([v.to(dtype) for v in vals])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_swiglu_gpt_oss_matches_hf(dtype, rng):
+    experts = gpt_oss.GptOssExperts(hf_config())
+    v = clamp_values(dtype)
+    grid = torch.cartesian_prod(v, v)  # every (gate, up) pair, interleaved as gate_up's rows are
+    rand = (torch.randn(40, 2, generator=rng) * 6).to(dtype)
+    h = torch.cat([grid, rand]).reshape(1, -1)  # (1, 2I): the pairs along the last dim
+    got = swiglu_gpt_oss(h)
+    assert got.shape == (1, h.shape[1] // 2) and got.dtype == dtype
+    assert torch.equal(got, experts._apply_gate(h))  # same operations, same order: bit-identical
+    if dtype != torch.bfloat16:  # (bf16 rounds gate * alpha: sigmoid's relative error grows with -gate)
+        # atol: gate = -100 gives -100 * sigmoid(-170.2) ~ -1e-72, which float32 flushes to 0
+        tol = dict(rtol=1e-6, atol=1e-37) if dtype == torch.float32 else dict(rtol=1e-14, atol=1e-300)
+        torch.testing.assert_close(got.double(), oracle_act(h, "swiglu_gpt_oss"), **tol)
+
+
+def test_swiglu_gpt_oss_clamps_by_hand():
+    s = lambda g: g / (1 + np.exp(-1.702 * g))  # noqa: E731
+    h = torch.tensor([[7.0, 0.0], [8.0, 0.0], [7.0, 8.0], [7.0, -8.0], [-100.0, 0.0], [1.0, -7.0]], dtype=torch.float64)
+    got = swiglu_gpt_oss(h.reshape(-1)).tolist()
+    expect = [s(7.0), s(7.0), 8.0 * s(7.0), -6.0 * s(7.0), s(-100.0), -6.0 * s(1.0)]
+    assert got == pytest.approx(expect, rel=1e-15, abs=1e-300)
+    assert got[4] < 0  # the gate has no lower clamp
+
+
+def test_swiglu_plain(rng):
+    h = torch.randn(5, 2 * I, generator=rng) * 4
+    got = swiglu(h)
+    torch.testing.assert_close(got.double(), oracle_act(h, "swiglu"), rtol=1e-6, atol=1e-7)
+    assert torch.equal(got, F.silu(h[:, :I]) * h[:, I:])
+    with pytest.raises(ValueError, match="even"):
+        swiglu(torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="even"):
+        swiglu_gpt_oss(torch.zeros(3, 5))
+
+
+# --- the grouped GEMM and the layer reference ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_grouped_matmul_reference(fmt, rng):
+    T, E, k, block_m = 37, 8, 2, 16
+    w, b, _, _ = make_experts(E, fmt, rng)
+    x = torch.randn(T, H, generator=rng)
+    _, ids = random_routing(T, E, k, rng)
+    s, e_ids, P = align_block_size(ids, E, block_m)
+    out = grouped_matmul_reference(x, w, s, e_ids, block_m, k, b)
+    assert out.shape == (P, 2 * I) and out.dtype == torch.float64
+    W = oracle_weights(w)
+    sentinel = s >= T * k
+    assert sentinel.any() and bool((out[sentinel] == 0).all())  # padding rows are zero
+    for p in (~sentinel).nonzero().squeeze(1).tolist():
+        t, e = int(s[p]) // k, int(e_ids[p // block_m])
+        torch.testing.assert_close(out[p], W[e] @ x[t].double() + b[e].double(), rtol=1e-13, atol=1e-13)
+    # gather=False reads row p: the same GEMM on the gathered rows
+    rows = torch.where(sentinel.unsqueeze(1), torch.full((P, H), float("nan")), x[(s.long() // k).clamp(max=T - 1)])
+    out2 = grouped_matmul_reference(rows, w, s, e_ids, block_m, k, b, gather=False, num_tokens=T)
+    assert torch.equal(out2, out)  # NaN in the sentinel rows never reaches the output
+    with pytest.raises(ValueError, match="num_tokens"):
+        grouped_matmul_reference(rows, w, s, e_ids, block_m, k, b, gather=False)
+    with pytest.raises(ValueError, match="K mismatch"):
+        grouped_matmul_reference(x[:, :32], w, s, e_ids, block_m, k)
+    with pytest.raises(ValueError, match="expert_ids"):
+        grouped_matmul_reference(x, w, s, e_ids[:-1], block_m, k)
+    with pytest.raises(ValueError, match="outside"):
+        grouped_matmul_reference(x, select_experts(w, 0, 2), s, e_ids, block_m, k)
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("E", EXPERTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("activation", ["swiglu_gpt_oss", "swiglu"])
+def test_moe_reference_vs_token_loop(T, E, fmt, bias, activation, rng):
+    k = 4
+    w_gu, b_gu, w_d, b_d = make_experts(E, fmt, rng, bias=bias)
+    x = torch.randn(T, H, generator=rng)
+    weights, ids = random_routing(T, E, k, rng, hot=E - 1 if T == 727 else None)
+    expect = oracle_moe(x, w_gu, b_gu, w_d, b_d, weights, ids, activation)
+    got = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids, activation=activation, out_dtype=torch.float64)
+    assert got.shape == (T, H) and got.dtype == torch.float64
+    torch.testing.assert_close(got, expect, rtol=1e-12, atol=1e-12 * float(expect.abs().max()))
+    y32 = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids, activation=activation)
+    assert y32.dtype == torch.float32
+    assert_rounded_once(y32, expect)  # one rounding at the end, nothing rounded before it
+
+
+def test_moe_reference_bf16_and_intermediate_rounding(rng):
+    E, T, k = 32, 50, 4
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16)
+    weights, ids = random_routing(T, E, k, rng)
+    y = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids)
+    assert y.dtype == torch.bfloat16
+    assert_rounded_once(y, oracle_moe(x, w_gu, b_gu, w_d, b_d, weights, ids, "swiglu_gpt_oss"))
+    y_mid = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids, intermediate_dtype=torch.bfloat16,
+                          out_dtype=torch.float64)
+    expect = oracle_moe(x, w_gu, b_gu, w_d, b_d, weights, ids, "swiglu_gpt_oss", intermediate_dtype=torch.bfloat16)
+    torch.testing.assert_close(y_mid, expect, rtol=1e-12, atol=1e-12 * float(expect.abs().max()))
+    full = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids, out_dtype=torch.float64)
+    assert not torch.equal(y_mid, full)  # the option rounds the intermediate
+
+
+def test_moe_reference_expert_ranges_partition_the_layer(rng):
+    E, T, k = 32, 101, 4
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x = torch.randn(T, H, generator=rng)
+    weights, ids = random_routing(T, E, k, rng)
+    full = moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids, out_dtype=torch.float64)
+    parts = torch.zeros_like(full)
+    for lo, hi in [(0, 3), (3, 17), (17, 31), (31, 32)]:
+        part = moe_reference(x, select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi],
+                             weights, ids, out_dtype=torch.float64, expert_range=(lo, hi), num_experts=E)
+        touched = ((ids >= lo) & (ids < hi)).any(1)
+        assert bool((part[~touched] == 0).all())  # tokens routed elsewhere get nothing from these experts
+        parts += part
+    torch.testing.assert_close(parts, full, rtol=1e-13, atol=1e-13 * float(full.abs().max()))
+
+
+def test_combine_reference_by_hand():
+    y = torch.tensor([[1.0], [2.0], [4.0], [9.0]], dtype=torch.float64)
+    s = torch.tensor([2, 0, 1, 4], dtype=torch.int32)  # pair (t, j) = flat t*2 + j; 4 = sentinel (T*k)
+    w = torch.tensor([[0.5, 0.25], [2.0, 1.0]])
+    assert combine_reference(y, s, w).tolist() == [[0.5 * 2 + 0.25 * 4], [2.0 * 1 + 1.0 * 0]]
+
+
+def test_moe_reference_errors(rng):
+    E, T, k = 8, 5, 2
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x = torch.randn(T, H, generator=rng)
+    weights, ids = random_routing(T, E, k, rng)
+    args = [x, w_gu, b_gu, w_d, b_d, weights, ids]
+
+    def call(i, v, **kw):
+        a = list(args)
+        a[i] = v
+        return moe_reference(*a, **kw)
+
+    with pytest.raises(TypeError, match="w_gate_up must be an MXTensor"):
+        call(1, mxkit.dequantize(w_gu))
+    with pytest.raises(TypeError, match="w_down must be an MXTensor"):
+        call(3, torch.zeros(E, H, I))
+    with pytest.raises(ValueError, match="K mismatch"):
+        call(0, torch.randn(T, 2 * H))
+    with pytest.raises(ValueError, match="w_down has shape"):
+        call(3, mxkit.quantize(torch.randn(E, H, 2 * I), "mxfp4"))
+    with pytest.raises(ValueError, match="quantized along K"):
+        call(1, mxkit.quantize(torch.randn(E, 2 * I, H), "mxfp4", axis=1))
+    with pytest.raises(ValueError, match="b_gate_up has shape"):
+        call(2, torch.zeros(E, I))
+    with pytest.raises(ValueError, match="b_down has shape"):
+        call(4, torch.zeros(E + 1, H))
+    with pytest.raises(ValueError, match=r"\(T, k\)"):
+        call(5, weights[:, :1])
+    with pytest.raises(ValueError, match="outside"):
+        call(6, ids.clone().fill_(E))
+    with pytest.raises(ValueError, match="top_k"):
+        moe_reference(x, w_gu, b_gu, w_d, b_d, torch.ones(T, E + 1), torch.zeros(T, E + 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="activation"):
+        moe_reference(*args, activation="gelu")
+    with pytest.raises(ValueError, match="num_experts"):
+        moe_reference(*args, expert_range=(0, E))
+    with pytest.raises(ValueError, match="holds 2 experts"):
+        moe_reference(*args, expert_range=(0, 2), num_experts=E)
+
+
+# --- the op: mxkit.moe and its dispatch ----------------------------------------------------------------------
+
+
+def test_moe_op_reference_and_auto_on_cpu(rng):
+    E, k = 32, 4
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x = torch.randn(2, 9, H, generator=rng)
+    logits = torch.randn(2, 9, E, generator=rng)
+    y = mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k, backend="reference")
+    weights, ids = route(logits.reshape(-1, E), k)
+    expect = moe_reference(x.reshape(-1, H), w_gu, b_gu, w_d, b_d, weights, ids).reshape(2, 9, H)
+    assert y.shape == (2, 9, H) and torch.equal(y, expect)
+    assert torch.equal(mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k), expect)  # auto on CPU: the reference
+    y2 = mxkit.moe(x, w_gu, None, w_d, None, logits, k, routing="softmax_topk", activation="swiglu",
+                   backend="reference")
+    weights2, ids2 = route(logits.reshape(-1, E), k, mode="softmax_topk")
+    assert torch.equal(y2, moe_reference(x.reshape(-1, H), w_gu, None, w_d, None, weights2, ids2,
+                                         activation="swiglu").reshape(2, 9, H))
+
+
+def test_moe_op_errors(rng):
+    E = 8
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x, logits = torch.randn(4, H, generator=rng), torch.randn(4, E, generator=rng)
+    with pytest.raises(ValueError, match="top_k"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, E + 1)
+    with pytest.raises(ValueError, match="leading dims"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits[:3], 2)
+    with pytest.raises(ValueError, match="num_experts=16"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, torch.randn(4, 16), 2)
+    with pytest.raises(ValueError, match="unknown backend"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2, backend="cuda")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2, backend="triton")
+
+
+def test_moe_backend_resolution(monkeypatch):
+    import mxkit.kernels
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(mxkit.kernels, "triton_available", lambda: True)
+    monkeypatch.setattr(moe_op, "_load_moe_triton", lambda: None)  # kernels not in this build
+    assert moe_op.resolve_moe_backend("auto", cuda) == "reference"
+    with pytest.raises(ImportError, match="mxkit.kernels.moe"):
+        moe_op.resolve_moe_backend("triton", cuda)
+    monkeypatch.setattr(moe_op, "_load_moe_triton", lambda: (lambda *a, **k: None))
+    assert moe_op.resolve_moe_backend("auto", cuda) == "triton"
+    assert moe_op.resolve_moe_backend("auto", torch.device("cpu")) == "reference"
+    assert moe_op.resolve_moe_backend("reference", cuda) == "reference"
+    monkeypatch.setattr(mxkit.kernels, "triton_available", lambda: False)
+    assert moe_op.resolve_moe_backend("auto", cuda) == "reference"
+    with pytest.raises(ImportError, match="Triton"):
+        moe_op.resolve_moe_backend("triton", cuda)
+
+
+def test_moe_triton_contract(monkeypatch, rng):
+    """The kernel gets moe_reference's arguments (routed), as the module docstring promises."""
+    E, k = 8, 2
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp8", rng)
+    x, logits = torch.randn(5, H, generator=rng), torch.randn(5, E, generator=rng)
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append((args, kwargs))
+        return moe_reference(*args, **kwargs)
+
+    monkeypatch.setattr(moe_op, "_load_moe_triton", lambda: fake)
+    monkeypatch.setattr(moe_op, "resolve_moe_backend", lambda backend, device: "triton")
+    y = mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k, backend="triton")
+    (args, kwargs), = calls
+    weights, ids = route(logits, k)
+    assert args[1] is w_gu and args[3] is w_d and torch.equal(args[5], weights) and torch.equal(args[6], ids)
+    assert kwargs == dict(activation="swiglu_gpt_oss", out_dtype=None, expert_range=None, num_experts=E)
+    assert torch.equal(y, moe_reference(x, w_gu, b_gu, w_d, b_d, weights, ids))
+
+
+# --- nn: MXMoE and the GPT-OSS swap -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_mxmoe_from_dense_and_state_dict(fmt, rng):
+    E, k = 8, 2
+    router = nn.Linear(H, E)
+    w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt)
+    q = mxkit.quantize(w_gu, fmt, axis=-1)
+    assert torch.equal(m.gate_up_qdata, q.qdata) and torch.equal(m.gate_up_scale, q.scale)
+    x = torch.randn(3, 4, H, generator=rng)
+    y = m(x)
+    expect = mxkit.moe(x, q, b_gu, mxkit.quantize(w_d, fmt, axis=-1), b_d, router(x), k, backend="reference")
+    assert y.shape == x.shape and torch.equal(y, expect)
+    fresh = MXMoE(H, I, E, k, fmt)
+    assert not torch.equal(fresh(x), y)
+    fresh.load_state_dict(m.state_dict())
+    assert torch.equal(fresh(x), y)
+    assert set(m.state_dict()) == {"router.weight", "router.bias", "gate_up_qdata", "gate_up_scale", "down_qdata",
+                                   "down_scale", "gate_up_bias", "down_bias"}
+    half = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt, expert_range=(0, 4))
+    other = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt, expert_range=(4, 8))
+    assert half.gate_up_qdata.shape[0] == 4
+    torch.testing.assert_close(half(x) + other(x), y, rtol=1e-6, atol=1e-6 * float(y.abs().max()))
+
+
+def test_mxmoe_errors():
+    with pytest.raises(ValueError, match="hidden_size=48"):
+        MXMoE(48, 32, 4, 2, "mxfp4")
+    with pytest.raises(ValueError, match="top_k"):
+        MXMoE(64, 32, 4, 5, "mxfp4")
+    with pytest.raises(ValueError, match="activation"):
+        MXMoE(64, 32, 4, 2, "mxfp4", activation="relu")
+    router = nn.Linear(H, 4)
+    with pytest.raises(ValueError, match="w_down has shape"):
+        MXMoE.from_dense(router, torch.zeros(4, 2 * I, H), None, torch.zeros(4, I, H), None, 2, "mxfp4")
+    with pytest.raises(ValueError, match="w_gate_up has shape"):
+        MXMoE.from_dense(router, torch.zeros(4, 2 * I, 2 * H), None, torch.zeros(4, H, I), None, 2, "mxfp4")
+    with pytest.raises(TypeError, match="GptOssMLP"):
+        MXMoE.from_hf_gpt_oss(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="no GptOssMLP"):
+        swap_gpt_oss_moe(nn.Sequential(nn.Linear(4, 4)))
+
+
+def tiny_gpt_oss(rng):
+    """The tiny random GptOssForCausalLM (2 layers, hidden 64, intermediate 64, 4 experts, top-2, vocab 128),
+    float32, with random expert biases and gate_up weights large enough that the ±7 clamps act."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GptOssForCausalLM(hf_config()).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                ex = layer.mlp.experts
+                ex.gate_up_proj.mul_(50.0)
+                ex.gate_up_proj_bias.normal_()
+                ex.down_proj_bias.normal_()
+    return model
+
+
+def put_back_dequantized(model, fmt):
+    """Make every expert weight of the HF model exactly representable in ``fmt``: quantize, dequantize, store."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gu, d = MXMoE.from_hf_gpt_oss(layer.mlp, fmt).dequantize_experts(torch.float32)
+            layer.mlp.experts.gate_up_proj.copy_(gu.transpose(1, 2))
+            layer.mlp.experts.down_proj.copy_(d.transpose(1, 2))
+
+
+# float32 HF (float32 accumulation over K = 64, float32 activation and index_add) against mxkit's float64 with one
+# rounding: the difference is HF's float32 evaluation error, a few units of 2^-24 times the magnitudes.
+F32_RTOL = 1e-5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpt_oss_swap_matches_hf(fmt, rng):
+    hf = tiny_gpt_oss(rng)
+    put_back_dequantized(hf, fmt)
+    swapped = swap_gpt_oss_moe(copy.deepcopy(hf), fmt)
+    hidden_gate_max = 0.0
+    for hf_layer, mx_layer in zip(hf.model.layers, swapped.model.layers):
+        mlp, mx = hf_layer.mlp, mx_layer.mlp
+        assert isinstance(mx, MXMoE) and mx.num_experts == 4 and mx.top_k == 2
+        # the HF weights were MX values already: converting them again gives the same bytes
+        again = MXMoE.from_hf_gpt_oss(mlp, fmt)
+        assert torch.equal(again.gate_up_qdata, mx.gate_up_qdata) and torch.equal(again.down_scale, mx.down_scale)
+        h = torch.randn(3, 7, 64, generator=rng)
+        with torch.no_grad():
+            hf_out, hf_scores = mlp(h)
+            mx_out, mx_scores = mx(h)
+            gate_up = h.reshape(-1, 64) @ mlp.experts.gate_up_proj[0]
+        hidden_gate_max = max(hidden_gate_max, float(gate_up[:, 0::2].abs().max()))
+        assert torch.equal(mx_scores, hf_scores)
+        torch.testing.assert_close(mx_out, hf_out, rtol=F32_RTOL, atol=F32_RTOL * float(hf_out.abs().max()))
+    assert hidden_gate_max > 7.0  # the clamps were exercised
+    ids = torch.randint(0, 128, (2, 11), generator=rng)
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True)
+        got = swapped(ids, output_hidden_states=True)
+    for a, b in zip(got.hidden_states, ref.hidden_states):  # per layer, through attention and the MoE
+        torch.testing.assert_close(a, b, rtol=F32_RTOL, atol=F32_RTOL * float(b.abs().max()))
+    torch.testing.assert_close(got.logits, ref.logits, rtol=F32_RTOL, atol=F32_RTOL * float(ref.logits.abs().max()))
+    # and the comparison can fail: the unconverted HF weights (not MX values) change the logits
+    fresh = tiny_gpt_oss(rng)
+    with torch.no_grad():
+        assert not torch.allclose(swap_gpt_oss_moe(copy.deepcopy(fresh), fmt)(ids).logits, fresh(ids).logits,
+                                  rtol=F32_RTOL, atol=F32_RTOL * float(ref.logits.abs().max()))

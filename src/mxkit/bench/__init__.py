@@ -1,4 +1,4 @@
-"""Benchmarks: one module per op family (``quantize``, ``gemm``, ``overhead``, ``decode``). The kernel benches
+"""Benchmarks: one module per op family (``quantize``, ``gemm``, ``moe``, ``overhead``, ``decode``). The kernel benches
 share the harness in ``timing.py``; every bench writes its table and files through ``output.py``.
 
 ``mxkit bench <op> [options]`` (``python -m mxkit bench`` from source). A bench module exposes ``NAME``,
@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 __all__ = ["BENCH_MODULES", "registry", "add_bench_parser"]
 
-BENCH_MODULES = ("quantize", "gemm", "overhead", "decode")  # in the order --help shows them
+BENCH_MODULES = ("quantize", "gemm", "moe", "overhead", "decode")  # in the order --help shows them
 
 
 def registry(modules: Sequence[str] = BENCH_MODULES) -> dict[str, ModuleType]:

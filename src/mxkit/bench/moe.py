@@ -8,10 +8,15 @@ drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Mode
 ``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to E4M3 once:
 "pack µs").
 
-Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16``): ``grouped-mm-bf16``
-(``torch._grouped_mm`` on the tokens sorted by expert: gather, gate_up, GPT-OSS activation, down, weighted
-combine; the × column), ``loop-bf16`` (one cuBLAS matmul per expert that received tokens) and ``dequant-bf16``
-(HF transformers' fallback: the MXFP4 experts dequantized to bf16 on every call, then as ``grouped-mm-bf16``).
+Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16``): ``grouped-mm-gemms``
+(the two ``torch._grouped_mm`` bf16 GEMMs alone on tokens already sorted by expert, activation excluded: the
+peer of ANCHORS.md and of the issue's targets; the × column), ``grouped-mm-bf16`` (the whole layer around them in
+eager PyTorch: gather, gate_up, GPT-OSS activation, down, weighted combine), ``loop-bf16`` (one cuBLAS matmul per
+expert that received tokens) and ``dequant-bf16`` (HF transformers' fallback: the MXFP4 experts dequantized to bf16
+on every call, then as ``grouped-mm-bf16``). The peers' outputs are not checked (bf16 arithmetic throughout).
+
+Up to ``--graph-tokens`` tokens (default 64, decode) every implementation is captured in a CUDA graph and the
+replay is timed, as a serving engine runs decode steps; above, eager calls behind the harness's GPU spin.
 
 Bytes: the MXFP4 bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
 floor (decode). Numerics: on up to 64 tokens, ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
@@ -39,9 +44,10 @@ TOP_K = 4
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 ROUTINGS = ("uniform", "zipf")
 MODES = ("w4a16", "w4a8")
-PEERS = ("grouped-mm-bf16", "loop-bf16", "dequant-bf16")
-PEER_LABELS = {"grouped-mm-bf16": "_grouped_mm bf16", "loop-bf16": "loop bf16", "dequant-bf16": "dequant+bf16"}
-REF_IMPL = "grouped-mm-bf16"
+PEERS = ("grouped-mm-gemms", "grouped-mm-bf16", "loop-bf16", "dequant-bf16")
+PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16 layer", "loop-bf16": "loop bf16",
+               "dequant-bf16": "dequant+bf16"}
+REF_IMPL = "grouped-mm-gemms"
 SAMPLE_TOKENS = 64
 MXFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 32
 
@@ -157,6 +163,42 @@ def make_inputs(case: MoeCase, ctx) -> Inputs:
 # implementations
 
 
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after two warm-up calls on a side stream); returns the replay, which gives
+    the captured output tensor and keeps ``fn`` (and the input tensors its closure holds) alive."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay():
+        graph.replay()
+        return out
+
+    replay.keep = fn  # the tensors fn's closure holds are the graph's inputs: they must outlive it
+    return replay
+
+
+def _maybe_graphed(make):
+    """An Impl.make whose callable is graphed for cases of at most ``GRAPH_TOKENS[0]`` tokens."""
+    def wrapped(case: MoeCase, inp: Inputs, ctx):
+        made = make(case, inp, ctx)
+        fn, extra = made if isinstance(made, tuple) else (made, {})
+        if case.T <= GRAPH_TOKENS[0] and ctx.device == "cuda":
+            fn, extra = graphed(fn), {**extra, "note": "CUDA graph replay"}
+        return fn, extra
+
+    return wrapped
+
+
+GRAPH_TOKENS = [64]  # set by --graph-tokens
+
+
 def _mxkit(case: MoeCase, inp: Inputs, ctx):
     from ..kernels.moe import fold_experts, moe_triton, moe_w4a8_triton
     from ..ops import quantize_fp8_rowwise
@@ -184,7 +226,7 @@ def _sorted(inp: Inputs, E: int):
     return flat, order, offs
 
 
-def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False):
+def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False, gemms_only: bool = False):
     import mxkit
 
     if not hasattr(torch, "_grouped_mm"):
@@ -194,6 +236,13 @@ def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False):
     tok = order // TOP_K
     rw = inp.tw.reshape(-1)[order].to(x.dtype)[:, None]
     e_sorted = flat[order]
+
+    def gemms():
+        return torch._grouped_mm(torch._grouped_mm(xs, w.w1_bf16, offs=offs)[:, :INTER].contiguous(), w.w2_bf16, offs=offs)
+
+    xs = x[tok].contiguous()
+    if gemms_only:
+        return gemms
 
     def fn():
         w1 = mxkit.dequantize(w.w1, torch.bfloat16).transpose(1, 2) if dequant else w.w1_bf16
@@ -223,11 +272,12 @@ def _loop(case: MoeCase, inp: Inputs, ctx):
 
 
 IMPLS: dict[str, Impl] = {i.name: i for i in (
-    Impl("mxkit", _mxkit, checked=True),
-    Impl("grouped-mm-bf16", _grouped, checked=True),
-    Impl("loop-bf16", _loop, checked=True, skip=lambda c: "a Python loop over experts: T <= 4096 only"
+    Impl("mxkit", _maybe_graphed(_mxkit), checked=True),
+    Impl("grouped-mm-gemms", _maybe_graphed(lambda c, i, x: _grouped(c, i, x, gemms_only=True))),
+    Impl("grouped-mm-bf16", _maybe_graphed(_grouped)),
+    Impl("loop-bf16", _maybe_graphed(_loop), skip=lambda c: "a Python loop over experts: T <= 4096 only"
          if c.T > 4096 else None),
-    Impl("dequant-bf16", lambda c, i, x: _grouped(c, i, x, dequant=True), checked=True),
+    Impl("dequant-bf16", _maybe_graphed(lambda c, i, x: _grouped(c, i, x, dequant=True))),
 )}
 
 
@@ -241,7 +291,7 @@ def table_columns(peers) -> list[Column]:
             Column("tokens", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".1f")),
             Column("weight GB/s", main("gbps", ".0f")), Column("% copy", main("pct_copy", ".0f")),
-            Column("× _grouped_mm", main("vs_ref", ".2f")), Column("pack µs", main("pack_us", ".0f")),
+            Column("× _grouped_mm GEMMs", main("vs_ref", ".2f")), Column("pack µs", main("pack_us", ".0f")),
             Column("rel. err", main("err", ".2e")), Column("bound", main("err_bound", ".2e")),
             Column("check", lambda d: d["main"].check or "-"),
             *(timing.peer_us_column(p, PEER_LABELS[p]) for p in peers),
@@ -260,6 +310,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")
+    p.add_argument("--graph-tokens", type=int, default=64,
+                   help="time CUDA-graph replays up to this many tokens (default 64; 0: eager everywhere)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     timing.add_common_arguments(p)
 
@@ -280,6 +332,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"error: {e}")
         return 2
+    GRAPH_TOKENS[0] = args.graph_tokens
     if args.list:
         for c in cases:
             print(f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} {c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")

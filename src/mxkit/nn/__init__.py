@@ -2,5 +2,6 @@
 
 from .linear import LayerReport, MXLinear, qsnr_db, quantize_model
 from .moe import MXMoE, swap_gpt_oss_moe  # noqa: F401 (MoE layer and GPT-OSS conversion)
+from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # noqa: F401 (tensor parallelism)
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db"]

@@ -1,0 +1,330 @@
+"""Tensor-parallel MXLinear on CPU: gloo process groups of 2 and 4 ranks (mxkit.nn.parallel), against the unsharded
+MXLinear and a float64 oracle.
+
+Ranks are forked (``torch.multiprocessing.start_processes(start_method="fork")``, as tests/test_moe_distributed.py
+does: a spawned rank re-imports torch, seconds on the 2-core CI box) and drop to one OpenMP thread. They meet
+through a FileStore in ``tmp_path`` (no ports); collectives time out after 20 s and the test kills its ranks after
+45 s, so a hang fails the test instead of the run. Every rank draws the same full layer and inputs from a fresh
+seed (printed by the ``rng`` fixture), then checks its own shard and the collective result.
+
+Numerics (issue #22's bound, the one tests/kernels/test_matmul.py uses), row by row against y64, the float64 product
+of the dequantized operands: ``‖y_r − y64_r‖ ≤ 1.2·‖round(y64_r) − y64_r‖ + K·2^-24·‖(|a|·|b|ᵀ)_r‖`` for a bf16
+output, ``1e-5·‖y64_r‖ + K·2^-24·‖(|a|·|b|ᵀ)_r‖`` for float32. Column-parallel outputs are also compared byte for
+byte with the shards computed one by one in the rank (the same GEMM per element). Every check is shown to fail
+on a wrong shard (a neighbour's offset, a swapped gather order).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from datetime import timedelta
+from typing import Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import mxkit
+from mxkit.nn import MXLinear
+from mxkit.nn.parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear
+from mxkit.tensor import MXTensor
+
+TIMEOUT_S = 45  # the whole test, ranks killed after it
+COLLECTIVE_TIMEOUT_S = 20
+N = 96  # out_features: splits over 2 and 4 ranks
+FORMATS = ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp6_e3m2")
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers (run inside the ranks)
+
+
+def full_layer(g: torch.Generator, K: int, fmt: str, bias: bool, n: int = N, act_format=None) -> MXLinear:
+    lin = torch.nn.Linear(K, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, K, generator=g) * torch.exp2(torch.randint(-3, 4, (n, K // 32), generator=g)
+                                                                       .float()).repeat_interleave(32, dim=1))
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=g))
+    return MXLinear.from_linear(lin, fmt, act_format=act_format)
+
+
+def weight64(layer: MXLinear) -> torch.Tensor:
+    return mxkit.dequantize(layer.weight_mx, torch.float64)
+
+
+def bound_error(y: torch.Tensor, a64: torch.Tensor, b64: torch.Tensor, bias: Optional[torch.Tensor] = None) -> str:
+    """'' if ``y ≈ a64 @ b64.T + bias`` within issue #22's row bound (module docstring), else what is over it."""
+    y64 = a64.reshape(-1, a64.shape[-1]) @ b64.T
+    if bias is not None:
+        y64 = y64 + bias.to(torch.float64)
+    K = a64.shape[-1]
+    acc = K * 2.0**-24 * (a64.reshape(-1, K).abs() @ b64.abs().T).norm(dim=1)
+    err = (y.reshape(y64.shape).to(torch.float64) - y64).norm(dim=1)
+    if y.dtype == torch.float32:
+        bound = 1e-5 * y64.norm(dim=1) + acc
+    else:
+        bound = 1.2 * (y64.to(y.dtype).to(torch.float64) - y64).norm(dim=1) + acc
+    bad = torch.nonzero(err > bound).flatten()
+    if bad.numel() == 0:
+        return ""
+    r = bad[0].item()
+    return f"{bad.numel()} of {err.numel()} rows over the bound, e.g. row {r}: {err[r]:.3e} > {bound[r]:.3e}"
+
+
+def assert_bound(y, a64, b64, bias=None, what="") -> None:
+    msg = bound_error(y, a64, b64, bias)
+    assert not msg, f"{what}: {msg}"
+
+
+def assert_bound_fails(y, a64, b64, bias=None, what="") -> None:
+    """The negative control: the check does reject a wrong answer."""
+    assert bound_error(y, a64, b64, bias), f"{what}: a wrong shard passed the bound check"
+
+
+def local_shard(t: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank's equal slice of ``t`` along ``dim``, written out independently of mxkit.nn.parallel."""
+    w = t.shape[dim] // world
+    return t.narrow(dim, rank * w, w)
+
+
+def shard_mx(full: MXLinear, dim: int, s: int, world: int) -> MXTensor:
+    """Shard s of the full weight's bytes along dim (0: rows N, 1: K, as equal byte slices)."""
+    shape = list(full.weight_mx.shape)
+    shape[dim] //= world
+    return MXTensor(local_shard(full.weight_qdata, dim, s, world), local_shard(full.weight_scale, dim, s, world),
+                    full.weight_format, 1, full.block_size, tuple(shape))
+
+
+def gather_all(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous())
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the cases (each runs on every rank)
+
+
+def case_column(rank: int, world: int, g: torch.Generator) -> None:
+    for fmt in FORMATS:
+        for bias in (True, False):
+            full = full_layer(g, 256, fmt, bias)
+            w64 = weight64(full)
+            col = shard_mxlinear(full, "column")
+            part = shard_mxlinear(full, "column", gather_output=False)
+            assert isinstance(col, ColumnParallelMXLinear) and col.out_features == N // world
+            for shape, dtype in (((7, 256), torch.bfloat16), ((2, 5, 256), torch.float32), ((1, 256), torch.bfloat16)):
+                x = torch.randn(shape, generator=g).to(dtype)
+                with torch.no_grad():
+                    y, y_part, y_full = col(x), part(x), full(x)
+                assert y.shape == shape[:-1] + (N,) and y.dtype == dtype
+                assert y_part.shape == shape[:-1] + (N // world,)
+                # byte for byte: each block of columns is what that shard's GEMM gives (computed here, one by one)
+                for s in range(world):
+                    w_s = shard_mx(full, 0, s, world)
+                    b_s = None if not bias else local_shard(full.bias.detach(), 0, s, world)
+                    want = mxkit.matmul(x, w_s, bias=b_s, out_dtype=dtype)
+                    assert torch.equal(local_shard(y, -1, s, world), want), f"{fmt} {shape}: column block {s}"
+                    if s == rank:
+                        assert torch.equal(y_part, want), f"{fmt} {shape}: rank {rank}'s shard"
+                b = full.bias.detach() if bias else None
+                what = f"column {fmt} bias={bias} {shape} {dtype} rank {rank}/{world}"
+                assert_bound(y, x.double(), w64, b, what)
+                assert_bound(y_full, x.double(), w64, b, what + " (unsharded)")
+                # negative control: the shards gathered in the wrong order
+                assert_bound_fails(torch.roll(y, N // world, dims=-1), x.double(), w64, b, what)
+
+
+def case_row(rank: int, world: int, g: torch.Generator) -> None:
+    K = 128 * 3  # 12 blocks: 6 (2 ranks) or 3 (4 ranks) whole blocks per rank
+    for fmt in FORMATS:
+        for bias in (True, False):
+            full = full_layer(g, K, fmt, bias)
+            w64 = weight64(full)
+            row = shard_mxlinear(full, "row")
+            par = shard_mxlinear(full, "row", input_is_parallel=True)
+            assert isinstance(row, RowParallelMXLinear) and row.in_features == K // world
+            b = full.bias.detach() if bias else None
+            for shape, dtype in (((7, K), torch.bfloat16), ((2, 5, K), torch.float32), ((3, 1, K), torch.bfloat16)):
+                x = torch.randn(shape, generator=g).to(dtype)
+                with torch.no_grad():
+                    y, y_par = row(x), par(local_shard(x, -1, rank, world))
+                assert y.shape == shape[:-1] + (N,) and y.dtype == dtype
+                what = f"row {fmt} bias={bias} {shape} {dtype} rank {rank}/{world}"
+                assert_bound(y, x.double(), w64, b, what)
+                assert torch.equal(y, y_par), what + ": input_is_parallel gives another result"
+                # negative control: this rank's K slice of x against the neighbour's K slice of W
+                w_nb = shard_mx(full, 1, (rank + 1) % world, world)
+                wrong = mxkit.matmul(local_shard(x, -1, rank, world), w_nb, out_dtype=torch.float32)
+                dist.all_reduce(wrong)
+                assert_bound_fails(wrong.to(dtype), x.double(), w64, b, what)
+    # an MX act_format: each rank quantizes its own K slice, whose blocks are those of the full input
+    full = full_layer(g, K, "mxfp4_e2m1", True, act_format="mxfp8_e4m3")
+    x = torch.randn(4, 3, K, generator=g).to(torch.bfloat16)
+    with torch.no_grad():
+        y = shard_mxlinear(full, "row")(x)
+    a64 = mxkit.dequantize(mxkit.quantize(x, "mxfp8_e4m3", axis=-1), torch.float64)
+    assert_bound(y, a64, weight64(full), full.bias.detach(), f"row act_format rank {rank}/{world}")
+    assert_bound_fails(y, x.double() * 1.01, weight64(full), full.bias.detach(), "row act_format")
+
+
+def case_mlp(rank: int, world: int, g: torch.Generator) -> None:
+    """Megatron's MLP: column (gather_output=False) → row (input_is_parallel=True), one all_reduce."""
+    up, down = full_layer(g, 128, "mxfp4_e2m1", True, n=256), full_layer(g, 256, "mxfp8_e4m3", True, n=128)
+    col = ColumnParallelMXLinear.from_mxlinear(up, gather_output=False)
+    row = RowParallelMXLinear.from_mxlinear(down, input_is_parallel=True)
+    x = torch.randn(3, 4, 128, generator=g)
+    with torch.no_grad():
+        h = col(x)
+        y = row(h)
+    assert h.shape == (3, 4, 256 // world) and y.shape == (3, 4, 128)
+    h_all = torch.cat(gather_all(h, world), -1)  # the hidden activations no rank holds whole
+    what = f"mlp rank {rank}/{world}"
+    assert_bound(h_all, x.double(), weight64(up), up.bias.detach(), what + " up")
+    assert_bound(y, h_all.double(), weight64(down), down.bias.detach(), what + " down")
+    assert_bound_fails(y, torch.roll(h_all, 256 // world, dims=-1).double(), weight64(down), down.bias.detach(), what)
+
+
+def case_bytes(rank: int, world: int, g: torch.Generator) -> None:
+    """Each shard holds exactly its bytes (FP6: 24 bytes per block, FP4: 16), from MXLinear or nn.Linear."""
+    K = 32 * 4 * world  # 4 blocks per rank
+    for fmt in FORMATS:
+        f = mxkit.formats.get_format(fmt)
+        lin = torch.nn.Linear(K, N)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(N, K, generator=g))
+            lin.bias.copy_(torch.randn(N, generator=g))
+        full = MXLinear.from_linear(lin, fmt)
+        for style, cls in (("column", ColumnParallelMXLinear), ("row", RowParallelMXLinear)):
+            shard, direct = shard_mxlinear(full, style), cls.from_linear(lin, fmt)
+            assert f"tp_rank={rank}, tp_world_size={world}" in repr(shard)
+            if style == "column":
+                want_q, want_s = shard_mx(full, 0, rank, world).qdata, shard_mx(full, 0, rank, world).scale
+                want_b = local_shard(full.bias.detach(), 0, rank, world)
+            else:
+                kb = 4 * 32 * f.pack_bytes // f.pack  # bytes of 4 blocks of K in this format, counted by hand
+                assert kb == {"mxfp4_e2m1": 64, "mxfp6_e3m2": 96, "mxfp8_e4m3": 128}[fmt]
+                want_q = full.weight_qdata[:, rank * kb : (rank + 1) * kb]
+                want_s = full.weight_scale[:, rank * 4 : rank * 4 + 4]
+                want_b = full.bias.detach()
+            for m in (shard, direct):
+                what = f"{style} {fmt} {type(m).__name__} rank {rank}/{world}"
+                assert torch.equal(m.weight_qdata, want_q), what + " qdata"
+                assert torch.equal(m.weight_scale, want_s), what + " scale"
+                assert torch.equal(m.bias.detach(), want_b), what + " bias"
+                sd = m.state_dict()
+                assert set(sd) == {"weight_qdata", "weight_scale", "bias"}
+                for k, t in sd.items():  # the shard's own storage, not a view of the full layer's
+                    assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), what + f" {k} storage"
+                own = sum(t.numel() * t.element_size() for t in sd.values())
+                assert own == full.weight_nbytes // world + 4 * want_b.numel(), what + " state_dict bytes"
+                buf = io.BytesIO()
+                torch.save(sd, buf)
+                assert buf.tell() < own + 4096, what + f": saved {buf.tell()} bytes for {own} of its own"
+            # the other ranks' shards are not this one: a wrong offset would be seen
+            others = gather_all(shard.weight_qdata, world)
+            assert sum(torch.equal(o, shard.weight_qdata) for o in others) == 1, f"{style} {fmt}: shards coincide"
+            # a state_dict loads into a module built for the same rank and reproduces the output
+            fresh = cls(K, N, fmt)
+            fresh.load_state_dict(shard.state_dict())
+            x = torch.randn(5, K, generator=g)
+            with torch.no_grad():
+                assert torch.equal(fresh(x), shard(x)), f"{style} {fmt}: loaded shard"
+
+
+def case_errors(rank: int, world: int, g: torch.Generator) -> None:
+    """Sizes that do not split raise before any communication; the sizes next to them are accepted."""
+    bad_k = 32 * (world + 1)  # a multiple of world (elements) but not world * 32 (whole blocks)
+    with pytest.raises(ValueError, match=rf"K={bad_k} .*world_size={world}.*block_size=32.*{world * 32}"):
+        RowParallelMXLinear(bad_k, N, "mxfp4")
+    with pytest.raises(ValueError, match=rf"K={bad_k} .*world_size={world}"):
+        shard_mxlinear(MXLinear(bad_k, N, "mxfp6_e3m2"), "row")
+    RowParallelMXLinear(32 * 2 * world, N, "mxfp4")  # 2 blocks per rank
+    with pytest.raises(ValueError, match=rf"N={N + 1} .*world_size={world}"):
+        ColumnParallelMXLinear(64, N + 1, "mxfp4")
+    ColumnParallelMXLinear(bad_k, N, "mxfp4")  # a column split does not cut K
+    with pytest.raises(ValueError, match="fp8_e4m3_rowwise"):
+        RowParallelMXLinear(128 * world, N, "mxfp4", act_format="fp8_e4m3_rowwise")
+    row = RowParallelMXLinear(128 * world, N, "mxfp4")
+    with pytest.raises(ValueError, match=rf"expected \(\.\.\., {128 * world}\)"):
+        row(torch.randn(2, 128))
+    with pytest.raises(TypeError, match="unsharded MXLinear"):
+        shard_mxlinear(row, "row")
+    dist.barrier()  # every rank got here: nothing above waited on a collective
+
+
+def case_grad(rank: int, world: int, g: torch.Generator) -> None:
+    """x.grad and the bias gradient through both layers equal the unsharded layer's within the bound."""
+    K = 256
+    for style in ("column", "row"):
+        full = full_layer(g, K, "mxfp4_e2m1", True)
+        x = torch.randn(6, K, generator=g)
+        gy = torch.randn(6, N, generator=g)  # the same upstream gradient on every rank
+        xs = x.clone().requires_grad_()
+        m = shard_mxlinear(full, style)
+        (m(xs) * gy).sum().backward()
+        what = f"grad {style} rank {rank}/{world}"
+        assert_bound(xs.grad, gy.double(), weight64(full).T, None, what + " x")
+        assert_bound_fails(xs.grad * 0.9, gy.double(), weight64(full).T, None, what + " x")
+        want_b = gy.double().sum(0)
+        if style == "column":
+            want_b = local_shard(want_b, 0, rank, world)
+        tol = 6 * 2.0**-24 * gy.abs().double().sum(0)
+        tol = local_shard(tol, 0, rank, world) if style == "column" else tol
+        assert bool(((m.bias.grad.double() - want_b).abs() <= tol).all()), what + " bias"
+        assert m.weight_qdata.grad is None
+
+
+CASES = {f.__name__: f for f in (case_column, case_row, case_mlp, case_bytes, case_errors, case_grad)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the process group
+
+
+def ranks_main(rank: int, world: int, store: str, seed: int, case: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        CASES[case](rank, world, torch.Generator().manual_seed(seed))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(case: str, world: int, tmp_path, rng) -> None:
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
+    ctx = mp.start_processes(ranks_main, args=(world, str(tmp_path / "store"), seed, case), nprocs=world, join=False,
+                             start_method="fork")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ctx.join(timeout=0.5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{case}: {world} gloo ranks did not finish in {TIMEOUT_S} s")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tensor_parallel(case, world, tmp_path, rng):
+    run_ranks(case, world, tmp_path, rng)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# single process
+
+
+def test_shard_mxlinear_rejects_bad_arguments():
+    layer = MXLinear(64, 32, "mxfp4")
+    with pytest.raises(ValueError, match="unknown tensor-parallel style 'diagonal'.*column, row"):
+        shard_mxlinear(layer, "diagonal")
+    with pytest.raises(TypeError, match="unsharded MXLinear, got Linear"):
+        shard_mxlinear(torch.nn.Linear(64, 32), "column")
+    with pytest.raises(TypeError, match="nn.Linear"):
+        ColumnParallelMXLinear.from_linear(layer, "mxfp4")

@@ -15,8 +15,9 @@
 #   MXKIT_TESTS_BUDGET      stage 1 (default 280)     MXKIT_SKIP_TESTS=1  skip it
 #   MXKIT_SANITIZE=1        run stage 2 (default off); MXKIT_SANITIZE_BUDGET (default 120),
 #                           MXKIT_SANITIZE_K: its pytest -k expression (default "quantize or dequantize")
-#   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stages 3 to 6
+#   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stages 3 to 6 (4b too)
 #   MXKIT_GEMM_BUDGET       stage 4 (default 90)      MXKIT_SKIP_GEMM=1   skip stage 4
+#   MXKIT_MOE_BUDGET        stage 4b (default 90)     MXKIT_SKIP_MOE=1       skip stage 4b (bench moe --quick)
 #   MXKIT_OVERHEAD_BUDGET   stage 5 (default 45)      MXKIT_SKIP_OVERHEAD=1  skip stage 5
 #   MXKIT_DECODE_BUDGET     stage 6 (default 120)     MXKIT_SKIP_DECODE=1    skip stage 6
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
@@ -101,7 +102,7 @@ bench() {  # bench <stage name> <budget> <mxkit bench args...>
     [ "$rc" = 0 ] || FAILED=1
 }
 if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then
-    STATUS+=("bench quantize / gemm / overhead / decode: skipped (MXKIT_SKIP_BENCH=1)")
+    STATUS+=("bench quantize / gemm / moe / overhead / decode: skipped (MXKIT_SKIP_BENCH=1)")
 else
     # shellcheck disable=SC2086
     bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 3)" quantize --shapes 8192x8192,16384x16384 \
@@ -113,6 +114,13 @@ else
         # shellcheck disable=SC2086
         bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 2)" gemm --quick \
             ${MXKIT_GEMM_ARGS:---peers cublas-bf16,scaled-mm-fp8,dot-scaled,torchao}
+    fi
+    # 4b. the MoE benchmark, quick set (GPT-OSS-120B experts at 1, 64, 4096 tokens; under 60 s) -----------------
+    if [ "${MXKIT_SKIP_MOE:-0}" = 1 ]; then
+        STATUS+=("bench moe: skipped (MXKIT_SKIP_MOE=1)")
+    else
+        # shellcheck disable=SC2086
+        bench "bench moe" "$(fit "${MXKIT_MOE_BUDGET:-90}" 2)" moe --quick ${MXKIT_MOE_ARGS:-}
     fi
     # 5. host overhead per eager call (under 30 s) -----------------------------------------------------------
     if [ "${MXKIT_SKIP_OVERHEAD:-0}" = 1 ]; then

@@ -79,6 +79,15 @@ def gemm_lines(res: Path) -> list[str]:
                    f"{f(r['err_bound'], '8.1e')} {r['check'] or '-'}"))[1]
 
 
+def moe_lines(res: Path) -> list[str]:
+    return section(
+        res, "bench_moe", f"{'mode':6s} {'experts, routing':21s} {'tokens':8s} {'µs':>9s} {'TFLOP/s':>7s} "
+                          f"{'GB/s':>6s} {'×GEMMs':>6s} {'rel.err':>8s} {'bound':>8s} check",
+        lambda r: (f"{r['op']:6s} {r['fmt']:21s} {r['shape']:8s} {f(r['us'], '9.1f')} {f(r['tflops'], '7.1f')} "
+                   f"{f(r['gbps'], '6.0f')} {f(r['vs_ref'], '6.2f')} {f(r['err'], '8.1e')} {f(r['err_bound'], '8.1e')} "
+                   f"{r['check'] or '-'}"))[1]
+
+
 def overhead_lines(res: Path) -> list[str]:
     rows, out = section(
         res, "bench_overhead", f"{'call':30s} {'host µs':>8s} {'p90 µs':>8s} {'GPU µs':>8s} {'× torch':>7s}",
@@ -111,7 +120,8 @@ def main(argv: list[str]) -> int:
     lines = [f"==== gpu_check summary{wall} ===="]
     status = res / ".status"
     lines += status.read_text().splitlines() if status.exists() else []
-    lines += tests_line(res) + quantize_lines(res) + gemm_lines(res) + overhead_lines(res) + decode_lines(res)
+    lines += (tests_line(res) + quantize_lines(res) + gemm_lines(res) + moe_lines(res) + overhead_lines(res)
+              + decode_lines(res))
     print("\n".join(lines))
     return 0
 

@@ -53,7 +53,8 @@ def _check_cols_interpreted() -> None:
             q, s = _quantize_impl(x, fmt, 1, m, rnd, lay, cfg=cfg)
             ref = quantize_reference(x, fmt, axis=1, scale_mode=m, rounding=rnd)
             assert_bytes_equal(q, ref.qdata, f"cols {cfg} {fmt} qdata")
-            assert_bytes_equal(s, ref.scale if lay == "plain" else ref_layout(ref.scale, lay), f"cols {cfg} {fmt} scale")
+            assert_bytes_equal(s, ref.scale if lay == "plain" else ref_layout(ref.scale, lay),
+                               f"cols {cfg} {fmt} scale")
         # 3-D middle axis, swizzled layout
         x = rand_tensor((3, 32, 5), 1, generator=g, dtype=dt)
         assert_mx_equal(quantize_triton(x, fmt, axis=1, scale_layout="nvidia_128x4"),

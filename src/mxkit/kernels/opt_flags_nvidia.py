@@ -239,8 +239,9 @@ def resolve_quantize(cfg: QuantizeConfig, B: int, R: int, C: int, do_row: bool, 
     if do_row and not do_col:  # _quantize_rows_kernel
         fp6p = bool(cfg.fp6_pairs and fp6 and bf16 and hw)
         fp6_asm = bool(hw and fp6_asm_ok(cfg, f, in_kind, C, True, False)) and not fp6p
-        fields = dict(rblocks=cfg.rblocks, fp4_pairs=bool(cfg.fp4_pairs and fp4 and bf16 and hw and _per_thread(cfg) >= 8),
-                      fp6_asm=fp6_asm, fp6_store4=bool(cfg.fp6_store4 and fp6), fp6_pairs=fp6p, fp6_pairs_rows=fp6p)
+        fp4p = bool(cfg.fp4_pairs and fp4 and bf16 and hw and _per_thread(cfg) >= 8)
+        fields = dict(rblocks=cfg.rblocks, fp4_pairs=fp4p, fp6_asm=fp6_asm, fp6_store4=bool(cfg.fp6_store4 and fp6),
+                      fp6_pairs=fp6p, fp6_pairs_rows=fp6p)
     elif do_col and not do_row:  # _quantize_cols_kernel
         fields = dict(scale_t=scale_t, grid3=cfg.grid3, col_units=0 if fp4 else 2, col_wide=bool(cfg.col_wide and fp4),
                       col_fp4_words=bool(cfg.col_fp4_words and fp4 and bf16 and C % 2 == 0 and hw),

@@ -112,7 +112,7 @@ else
         STATUS+=("bench gemm: skipped (MXKIT_SKIP_GEMM=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 2)" gemm --quick \
+        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 3)" gemm --quick \
             ${MXKIT_GEMM_ARGS:---peers cublas-bf16,scaled-mm-fp8,dot-scaled,torchao}
     fi
     # 4b. the MoE benchmark, quick set (GPT-OSS-120B experts at 1, 64, 4096 tokens; under 60 s) -----------------

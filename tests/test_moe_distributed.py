@@ -9,15 +9,14 @@ FileStore in ``tmp_path`` (no ports), the collectives time out after 30 s and th
 then takes its share of tokens and experts.
 """
 
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mxkit
+from conftest import run_forked_ranks
 from mxkit.distributed import check_expert_ranges, ep_moe, expert_ranges
 from mxkit.moe_reference import moe_reference, route, select_experts
 from mxkit.nn import MXMoE
@@ -118,15 +117,7 @@ def ranks_main(rank, world, store, seed):
 
 
 def run_ranks(world: int, tmp_path, seed: int) -> None:
-    ctx = mp.start_processes(ranks_main, args=(world, str(tmp_path / "store"), seed), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=0.5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"{world} gloo ranks did not finish in {TIMEOUT_S} s")
+    run_forked_ranks(ranks_main, world, (world, str(tmp_path / "store"), seed), TIMEOUT_S, "expert parallelism")
 
 
 @pytest.mark.parametrize("world", [2, 4])

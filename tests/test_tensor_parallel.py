@@ -17,16 +17,15 @@ on a wrong shard (a neighbour's offset, a swapped gather order).
 from __future__ import annotations
 
 import io
-import time
 from datetime import timedelta
 from typing import Optional
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import mxkit
+from conftest import run_forked_ranks
 from mxkit.nn import MXLinear
 from mxkit.nn.parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear
 from mxkit.tensor import MXTensor
@@ -299,15 +298,7 @@ def ranks_main(rank: int, world: int, store: str, seed: int, case: str) -> None:
 
 def run_ranks(case: str, world: int, tmp_path, rng) -> None:
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
-    ctx = mp.start_processes(ranks_main, args=(world, str(tmp_path / "store"), seed, case), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=0.5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"{case}: {world} gloo ranks did not finish in {TIMEOUT_S} s")
+    run_forked_ranks(ranks_main, world, (world, str(tmp_path / "store"), seed, case), TIMEOUT_S, case)
 
 
 @pytest.mark.parametrize("world", [2, 4])

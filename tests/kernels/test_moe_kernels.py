@@ -287,3 +287,40 @@ def test_gpu_fold_experts_refuses_rows_that_do_not_fold(rng):
     assert fold_experts(w) is not None
     w.scale[2, 5, 0], w.scale[2, 5, 1] = 150, 100  # a span of 50 > 14
     assert fold_experts(w) is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_ops_capture_in_cuda_graphs(rng):
+    """quantize (rowwise), dequantize and the MoE expert computation (decode size) captured in one CUDA graph
+    and replayed on new input data give the eager bytes (issue #23: every op capturable)."""
+    import mxkit
+
+    T, E, H, I, k = 2, 16, 256, 128, 4
+    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+    ids = rand_ids(T, k, E, rng).cuda()
+    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
+
+    def step():
+        q = mxkit.quantize(x, "mxfp8")
+        return q, mxkit.dequantize(q, torch.bfloat16), moe_triton(x, w1, b1, w2, b2, tw, ids)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, xd, y = step()
+    for _ in range(3):
+        x.copy_(torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda())
+        ids.copy_(rand_ids(T, k, E, rng).cuda())
+        graph.replay()
+        q_ref, xd_ref, y_ref = step()
+        assert torch.equal(q.qdata, q_ref.qdata) and torch.equal(q.scale, q_ref.scale)
+        assert torch.equal(xd.view(torch.int16), xd_ref.view(torch.int16))
+        assert torch.equal(y.view(torch.int16), y_ref.view(torch.int16))

@@ -647,3 +647,34 @@ def test_gpt_oss_swap_matches_hf(fmt, rng):
     with torch.no_grad():
         assert not torch.allclose(swap_gpt_oss_moe(copy.deepcopy(fresh), fmt)(ids).logits, fresh(ids).logits,
                                   rtol=F32_RTOL, atol=F32_RTOL * float(ref.logits.abs().max()))
+
+
+@pytest.mark.parametrize("activation", ["swiglu_gpt_oss", "swiglu"])
+def test_moe_w4a8_reference_against_a_pair_loop(activation, rng):
+    """The W4A8 twin (moe_w4a8_reference) against a loop over (token, slot) pairs written from its docstring:
+    FP8 rowwise tokens, bf16 rounding after each GEMM, the FP8 rowwise cast of the activation, biases, the
+    weighted sum; an expert that gets no pair, distinct experts per token."""
+    from mxkit.moe_reference import moe_w4a8_reference
+
+    T, E, H, I2, k = 5, 4, 64, 64, 2
+    w1 = mxkit.quantize(torch.randn(E, I2, H, generator=rng), "mxfp4", axis=-1)
+    w2 = mxkit.quantize(torch.randn(E, H, I2 // 2, generator=rng), "mxfp4", axis=-1)
+    b1, b2 = torch.randn(E, I2, generator=rng), torch.randn(E, H, generator=rng)
+    xq = mxkit.quantize_fp8_rowwise(torch.randn(T, H, generator=rng) * 3)
+    ids = torch.stack([torch.randperm(3, generator=rng)[:k] for _ in range(T)]).to(torch.int32)  # expert 3: none
+    tw = torch.rand(T, k, generator=rng)
+    got = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=activation, out_dtype=torch.float64)
+    W1 = mxkit.dequantize(w1, torch.float64, backend="reference")
+    W2 = mxkit.dequantize(w2, torch.float64, backend="reference")
+    a = xq.data.double() * xq.scale.double()
+    bf = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    out = torch.zeros(T, H, dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            h = bf(a[t] @ W1[e].T) + b1[e].double()
+            v = oracle_act(h[None], activation)[0].float()
+            s = v.abs().max() / 448.0
+            v8 = (v / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s.double()
+            out[t] += tw[t, j].double() * (bf(v8 @ W2[e].T) + b2[e].double())
+    torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)

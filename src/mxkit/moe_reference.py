@@ -45,6 +45,7 @@ __all__ = [
     "combine_reference",
     "check_moe_args",
     "moe_reference",
+    "moe_w4a8_reference",
 ]
 
 ROUTING_MODES = ("gpt_oss", "softmax_topk")
@@ -482,5 +483,61 @@ def moe_reference(
         act = act.to(intermediate_dtype).to(torch.float64)
     y = grouped_matmul_reference(act, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_down, gather=False,
                                  num_tokens=T)
+    return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
+
+
+def _fp8_rowwise_values(v: torch.Tensor) -> torch.Tensor:
+    """float64 of the FP8 E4M3 rowwise cast of v (R, C) by :func:`mxkit.quantize_fp8_rowwise`'s rule: the scale
+    s = amax|row| / 448 in float32 (1 for an all-zero row, NaN for a NaN row), E4M3(v / s) rounded to nearest
+    even after clamping to ±448, times s."""
+    vf = v.to(torch.float32)
+    amax = vf.abs().amax(dim=-1, keepdim=True) if v.shape[-1] else vf.new_zeros(v.shape[0], 1)
+    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    s = torch.where(torch.isnan(amax), amax, s)
+    q = (vf / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.to(torch.float64) * s.to(torch.float64)
+
+
+def moe_w4a8_reference(
+    xq,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The W4A8 MoE (TensorRT-LLM's GPT-OSS serving mode on Hopper), the twin of
+    :func:`mxkit.kernels.moe.moe_w4a8_triton` with its rounding points, float64 elsewhere:
+
+    1. ``h = bf16(a[token] @ W1[e].T)`` with ``a = xq.data * xq.scale`` (FP8 E4M3 rowwise tokens,
+       :class:`mxkit.Fp8Rowwise`), the expert exact (dequantized MX; the kernel reads it folded to E4M3, the same
+       values);
+    2. ``v = act(h + b1[e])``; the FP8 E4M3 rowwise cast of v (:func:`mxkit.quantize_fp8_rowwise`'s rule);
+    3. ``y = bf16(v8 @ W2[e].T)``;
+    4. ``out[t] = Σ_j topk_weights[t, j] · (y + b2[e])``, rounded once to ``out_dtype``.
+    xq: Fp8Rowwise (T, H); experts MXTensor (E, 2I, H) / (E, H, I) along K, biases (E, 2I) / (E, H) or None;
+    topk (T, k). A kernel matches it but for float32 vs float64 in the activation, which may move an element of
+    v8 by one E4M3 step where v sits on a rounding boundary. Raises the errors of :func:`check_moe_args`."""
+    data, scale = xq.data, xq.scale
+    a = data.to(torch.float64) * scale.to(torch.float64).reshape(-1, 1)
+    T, H, _, E, k = check_moe_args(a, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
+                                   activation=activation)
+    out_dtype = check_out_dtype(out_dtype)
+    sorted_ids, expert_ids, _ = align_block_size(topk_ids, E, REFERENCE_BLOCK_M)
+    valid = sorted_ids.to(torch.int64) < T * k
+    row_e = expert_ids.to(torch.int64).repeat_interleave(REFERENCE_BLOCK_M)
+    h = grouped_matmul_reference(a, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k)
+    h = h.to(torch.bfloat16).to(torch.float64)
+    if b_gate_up is not None:
+        h = h + torch.where(valid[:, None], b_gate_up.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
+    v8 = _fp8_rowwise_values(ACTIVATIONS[activation](h))
+    y = grouped_matmul_reference(v8, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
+                                 num_tokens=T).to(torch.bfloat16).to(torch.float64)
+    if b_down is not None:
+        y = y + torch.where(valid[:, None], b_down.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
     return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
 

@@ -237,7 +237,8 @@ def test_w16_kernels_compile_for_sm90(w_kind):
 def test_gpu_moe_w4a8_stages(act, T, E, rng):
     """The W4A8 MoE stage by stage: each FP8 grouped GEMM within the GEMM bound of float64 on its FP8 inputs,
     the middle pass within one FP8 rounding of float32 act(h + b), the combine within bf16 rounding; an expert
-    that receives every token and one that receives none; padding rows zero."""
+    that receives every token and one that receives none; padding rows zero; then the whole against the
+    twin moe_w4a8_reference (added after this session's GPU runs: not yet run on a GPU)."""
     from mxkit.kernels.moe import fold_experts, moe_w4a8_triton
 
     H, I, k = 256, 192, 4
@@ -276,6 +277,11 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     pairs[sid[valid].long()] = st["y"][valid].to(torch.float64) + b2.to(torch.float64)[e_row[valid]]
     o64 = (pairs.view(T, k, H) * tw.to(torch.float64)[..., None]).sum(1)
     assert_rows(out, o64, 1e-6 * o64.norm(dim=1))
+    # and against the twin (float64 activation: an element of v8 may sit one E4M3 step away)
+    from mxkit.moe_reference import moe_w4a8_reference
+
+    ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64)
+    assert_rows(out, ref, 0.01 * ref.norm(dim=1), factor=1.5)
 
 
 @pytest.mark.gpu

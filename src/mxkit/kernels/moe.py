@@ -291,7 +291,8 @@ def moe_w4a8_triton(
     out_dtype: torch.dtype = torch.bfloat16,
     stages: Optional[dict] = None,
 ) -> torch.Tensor:
-    """The W4A8 expert computation (TensorRT-LLM's GPT-OSS mode on Hopper) on FP8 tensor cores:
+    """The W4A8 expert computation (TensorRT-LLM's GPT-OSS mode on Hopper) on FP8 tensor cores; reference twin
+    :func:`mxkit.moe_reference.moe_w4a8_reference` (MXTensor experts; the same rounding points):
 
     1. ``h = (xq.data * xq.scale)[token] @ W1[e].T`` by ``torch._scaled_grouped_mm`` on the tokens sorted by
        expert (padded to 16 rows per expert), rounded once to bf16;

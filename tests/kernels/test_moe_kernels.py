@@ -97,7 +97,8 @@ def assert_rows(y, y64, err_scale, c=1.0, factor=1.2):
     bound = factor * (y64.to(torch.bfloat16).to(torch.float64) - y64).norm(dim=1) + c * err_scale
     err = (y - y64).norm(dim=1)
     bad = torch.nonzero(err > bound).flatten()
-    assert bad.numel() == 0, f"{bad.numel()} rows over the bound, e.g. row {bad[0]}: {err[bad[0]]:.3e} > {bound[bad[0]]:.3e}"
+    assert bad.numel() == 0, (f"{bad.numel()} rows over the bound, e.g. row {bad[0]}: {err[bad[0]]:.3e} > "
+                              f"{bound[bad[0]]:.3e}")
 
 
 @pytest.mark.gpu
@@ -169,7 +170,8 @@ def test_gpu_moe_expert_parallel_slices_sum_to_the_layer(rng):
     ids = rand_ids(T, k, E, rng).cuda()
     tw = torch.rand(T, k, generator=rng).cuda()
     whole = moe_triton(x, w1, None, w2, None, tw, ids, out_dtype=torch.float32)
-    parts = sum(moe_triton(x, select_experts(w1, lo, hi), None, select_experts(w2, lo, hi), None, tw, ids, out_dtype=torch.float32,
+    parts = sum(moe_triton(x, select_experts(w1, lo, hi), None, select_experts(w2, lo, hi), None, tw, ids,
+                           out_dtype=torch.float32,
                            expert_range=(lo, hi), num_experts=E) for lo, hi in ((0, 12), (12, 13), (13, 32)))
     y64 = moe_reference(x, w1, None, w2, None, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
     assert_rows(whole, y64, torch.zeros(T), factor=1.5)
@@ -256,7 +258,7 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     e_row = eid.clamp(min=0).repeat_interleave(16).long()
     w1v = dequantize_reference(w1, torch.float64)
     if act == "swiglu":
-        w1v, b1v = torch.cat([w1v[:, :I, None], w1v[:, I:, None]], 2).flatten(1, 2), None
+        w1v = torch.cat([w1v[:, :I, None], w1v[:, I:, None]], 2).flatten(1, 2)
     a64 = st["xa"].to(torch.float64) * st["sa"].to(torch.float64)[:, None]
     h64 = torch.einsum("rk,rnk->rn", a64[valid], w1v[e_row[valid]])
     assert_rows(st["h"][valid], h64, torch.zeros(int(valid.sum())))

@@ -238,7 +238,8 @@ def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False, gemms_only:
     e_sorted = flat[order]
 
     def gemms():
-        return torch._grouped_mm(torch._grouped_mm(xs, w.w1_bf16, offs=offs)[:, :INTER].contiguous(), w.w2_bf16, offs=offs)
+        h = torch._grouped_mm(xs, w.w1_bf16, offs=offs)[:, :INTER].contiguous()
+        return torch._grouped_mm(h, w.w2_bf16, offs=offs)
 
     xs = x[tok].contiguous()
     if gemms_only:

@@ -48,8 +48,8 @@ from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range", "FOLD_EXP_LIMIT",
-           "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config"]
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range",
+           "FOLD_EXP_LIMIT", "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "W_KINDS"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",

@@ -678,3 +678,33 @@ def test_moe_w4a8_reference_against_a_pair_loop(activation, rng):
             v8 = (v / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s.double()
             out[t] += tw[t, j].double() * (bf(v8 @ W2[e].T) + b2[e].double())
     torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
+
+
+def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
+    """MXMoE(act_format="fp8_e4m3_rowwise") routes, casts the tokens to FP8 rowwise and runs the W4A8 twin on
+    CPU (the GPU kernel's own tests compare it with the same twin); bad act_format names and expert
+    parallelism are refused."""
+    from mxkit.moe_reference import moe_w4a8_reference
+
+    E, H, I2, k = 4, 64, 64, 2
+    router = nn.Linear(H, E)
+    dense = dict(w_gate_up=torch.randn(E, I2, H, generator=rng), b_gate_up=torch.randn(E, I2, generator=rng),
+                 w_down=torch.randn(E, H, I2 // 2, generator=rng), b_down=torch.randn(E, H, generator=rng))
+    m = MXMoE.from_dense(router, dense["w_gate_up"], dense["b_gate_up"], dense["w_down"], dense["b_down"], k,
+                         "mxfp4", act_format="fp8_e4m3_rowwise")
+    x = torch.randn(2, 3, H, generator=rng)
+    with torch.no_grad():
+        y = m(x)
+        tw, ids = route(m.router(x).reshape(-1, E), k)
+        ref = moe_w4a8_reference(mxkit.quantize_fp8_rowwise(x.reshape(-1, H)), m.gate_up_mx, m.gate_up_bias,
+                                 m.down_mx, m.down_bias, tw, ids, out_dtype=x.dtype)
+        assert torch.equal(y, ref.reshape(2, 3, H))
+        w4a16 = MXMoE.from_dense(router, *dense.values(), k, "mxfp4")(x)
+    rel = ((y - w4a16).norm() / w4a16.norm()).item()
+    assert 1e-4 < rel < 0.2  # FP8 tokens: close to the bf16-token layer, not equal to it
+    assert "act_format=fp8_e4m3_rowwise" in repr(m)
+    with pytest.raises(ValueError, match="act_format"):
+        MXMoE(H, I2 // 2, E, k, "mxfp4", act_format="mxfp8")
+    half = MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="fp8_e4m3_rowwise")
+    with pytest.raises(NotImplementedError, match="expert parallelism"):
+        half(x)

@@ -14,10 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .moe_reference import check_moe_args, moe_reference, route
+from .moe_reference import check_moe_args, moe_reference, moe_w4a8_reference, route
 from .tensor import MXTensor
 
-__all__ = ["moe", "moe_experts", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
+__all__ = ["moe", "moe_experts", "moe_w4a8", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
 
 MOE_BACKENDS = ("auto", "reference", "triton")
 _KERNEL_MODULE = "mxkit.kernels.moe"
@@ -144,3 +144,46 @@ def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                          "must have the same leading dims")
     weights, ids = route(router_logits.reshape(-1, router_logits.shape[-1]), top_k, mode=routing)
     return x.reshape(-1, x.shape[-1]), weights, ids
+
+
+def moe_w4a8(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+    folded: Optional[tuple] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The MoE layer in W4A8 (TensorRT-LLM's GPT-OSS serving mode on Hopper): the tokens cast to FP8 E4M3 with a
+    scale per token (:func:`mxkit.quantize_fp8_rowwise`), FP4 / FP6 experts, FP8 tensor cores on CUDA
+    (:func:`mxkit.kernels.moe.moe_w4a8_triton`), :func:`~mxkit.moe_reference.moe_w4a8_reference` otherwise.
+
+    Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
+    a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
+    do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
+    x's dtype. No expert parallelism here."""
+    from .ops import quantize_fp8_rowwise
+
+    lead, H = x.shape[:-1], x.shape[-1]
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    xq = quantize_fp8_rowwise(x2)
+    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation)
+    if resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
+        from .kernels.moe import fold_experts, moe_w4a8_triton
+
+        if folded is None:
+            folded = (fold_experts(w_gate_up, interleave_halves=activation == "swiglu"), fold_experts(w_down))
+        if folded[0] is not None and folded[1] is not None:
+            y = moe_w4a8_triton(xq, folded[0], b_gate_up, folded[1], b_down, weights, ids, activation=activation,
+                                out_dtype=x.dtype)
+            return y.reshape(*lead, H)
+    y = moe_w4a8_reference(xq, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
+                           out_dtype=x.dtype)
+    return y.reshape(*lead, H)
+

@@ -332,3 +332,32 @@ def test_gpu_ops_capture_in_cuda_graphs(rng):
         assert torch.equal(q.qdata, q_ref.qdata) and torch.equal(q.scale, q_ref.scale)
         assert torch.equal(xd.view(torch.int16), xd_ref.view(torch.int16))
         assert torch.equal(y.view(torch.int16), y_ref.view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])
+def test_gpu_mxmoe_layer(act_format, rng):
+    """MXMoE on CUDA (bf16 router, biases and tokens) takes the kernels and agrees with its references: W4A16
+    with moe_reference (intermediate in bf16), W4A8 with moe_w4a8_reference (written after this session's GPU
+    runs: not yet run on a GPU)."""
+    from mxkit.moe_reference import moe_w4a8_reference, route
+    from mxkit.nn import MXMoE
+
+    E, H, I, k = 32, 256, 128, 4
+    router = torch.nn.Linear(H, E).to(torch.bfloat16).cuda()
+    dense = [torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng)]
+    m = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), k, "mxfp4", act_format=act_format)
+    x = torch.randn(37, H, generator=rng).to(torch.bfloat16).cuda()
+    with torch.no_grad():
+        y = m(x)
+        tw, ids = route(m.router(x), k)
+        if act_format is None:
+            ref = moe_reference(x, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, tw, ids,
+                                out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
+            assert_rows(y, ref, torch.zeros(37), factor=1.5)
+        else:
+            ref = moe_w4a8_reference(mxkit.quantize_fp8_rowwise(x), m.gate_up_mx, m.gate_up_bias, m.down_mx,
+                                     m.down_bias, tw, ids, out_dtype=torch.float64)
+            assert_rows(y, ref, 0.01 * ref.norm(dim=1), factor=1.5)

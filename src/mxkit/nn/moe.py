@@ -26,7 +26,7 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..moe import moe
+from ..moe import moe, moe_w4a8
 from ..moe_reference import (
     ACTIVATIONS,
     GPT_OSS_SWIGLU_ALPHA,
@@ -59,6 +59,8 @@ class MXMoE(nn.Module):
         (T, k) routing weights in the router's dtype), for a drop-in swap.
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` by the constructors.
       backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
+      act_format: None (bf16 tokens: W4A16 / W8A16) or ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
+        FP8 tokens with a scale per token, FP4 / FP6 experts folded once to E4M3 on first use per device).
       device / dtype: of the router and the biases.
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
@@ -85,10 +87,13 @@ class MXMoE(nn.Module):
         rounding: Union[str, Rounding] = Rounding.RNE,
         block_size: int = BLOCK_SIZE,
         backend: str = "auto",
+        act_format: Optional[str] = None,
         device: Optional[Union[str, torch.device]] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        if act_format not in (None, "fp8_e4m3_rowwise"):
+            raise ValueError(f"act_format={act_format!r}: None or 'fp8_e4m3_rowwise'")
         fmt = get_format(weight_format)
         H, I, E = hidden_size, intermediate_size, num_experts  # noqa: E741
         for name, v in (("hidden_size", H), ("intermediate_size", I)):
@@ -106,6 +111,8 @@ class MXMoE(nn.Module):
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.weight_format: ElementFormat = fmt
         self.routing, self.activation, self.backend = routing, activation, backend
+        self.act_format = act_format
+        self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -282,7 +289,11 @@ class MXMoE(nn.Module):
         logits = self.router(x)
         args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
         kw = dict(routing=self.routing, activation=self.activation, backend=self.backend)
-        if self.ep_ranges is not None:
+        if self.act_format is not None:
+            if self.ep_ranges is not None or self.expert_range != (0, self.num_experts):
+                raise NotImplementedError("act_format='fp8_e4m3_rowwise' with expert parallelism")
+            y = moe_w4a8(*args, folded=self._folded_experts(x), **kw)
+        elif self.ep_ranges is not None:
             y = ep_moe(*args, ranges=self.ep_ranges, group=self.ep_group, **kw)
         else:
             partial = self.expert_range != (0, self.num_experts)
@@ -292,11 +303,27 @@ class MXMoE(nn.Module):
         scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return y, scores.to(logits.dtype)
 
+    def _folded_experts(self, x: torch.Tensor) -> Optional[tuple]:
+        """The experts folded for W4A8 on CUDA, made once per buffer storage and version (None elsewhere: the
+        reference runs)."""
+        if not x.is_cuda or self.weight_format.bits not in (4, 6):
+            return None
+        bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
+        key = tuple((b.data_ptr(), b._version) for b in bufs)
+        if self._folded is None or self._folded[0] != key:
+            from ..kernels.moe import fold_experts
+
+            pair = (fold_experts(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
+                    fold_experts(self.down_mx))
+            self._folded = (key, pair)
+        return self._folded[1]
+
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, top_k={self.top_k}, expert_range={self.expert_range}, "
                 f"weight_format={self.weight_format.name}, routing={self.routing}, activation={self.activation}, "
-                f"bias={self.gate_up_bias is not None}")
+                f"bias={self.gate_up_bias is not None}"
+                + (f", act_format={self.act_format}" if self.act_format else ""))
 
 
 def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kwargs) -> nn.Module:

@@ -530,14 +530,16 @@ def moe_w4a8_reference(
     sorted_ids, expert_ids, _ = align_block_size(topk_ids, E, REFERENCE_BLOCK_M)
     valid = sorted_ids.to(torch.int64) < T * k
     row_e = expert_ids.to(torch.int64).repeat_interleave(REFERENCE_BLOCK_M)
+
+    def row_bias(b):  # each sorted row's expert bias (0 on padding rows), added after the bf16 rounding
+        return 0.0 if b is None else torch.where(valid[:, None], b.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
+
     h = grouped_matmul_reference(a, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k)
     h = h.to(torch.bfloat16).to(torch.float64)
-    if b_gate_up is not None:
-        h = h + torch.where(valid[:, None], b_gate_up.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
+    h = h + row_bias(b_gate_up)
     v8 = _fp8_rowwise_values(ACTIVATIONS[activation](h))
     y = grouped_matmul_reference(v8, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
                                  num_tokens=T).to(torch.bfloat16).to(torch.float64)
-    if b_down is not None:
-        y = y + torch.where(valid[:, None], b_down.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
+    y = y + row_bias(b_down)
     return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
 

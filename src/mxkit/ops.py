@@ -183,13 +183,10 @@ def matmul(
         from .kernels.matmul import prepared_call  # the eager hot path: plan and launch arguments made once
 
         return prepared_call(a, b, out_dtype, bias)(a, bias)
-    from .kernels.matmul import plan_gemm, reference_gemm, run_gemm
+    from .kernels.matmul import check_bias, plan_gemm, reference_gemm, run_gemm
 
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1):
-        raise ValueError(f"bias must be a 1-D tensor (N,), got {getattr(bias, 'shape', type(bias).__name__)}")
     plan = plan_gemm(a, b, out_dtype)
-    if bias is not None and (bias.shape[0] != plan.N or bias.device != b.device):
-        raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {b.device}")
+    check_bias(bias, plan, b.device)
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)

@@ -378,10 +378,7 @@ def table_columns(peers) -> list[Column]:
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".0f")),
             Column("× cuBLAS bf16", main("vs_ref", ".2f")), Column("path", lambda d: d["main"].path or "-", right=False),
             Column("pack µs", main("pack_us", ".1f")), Column("pack GB/s", main("pack_gbps", ".0f")),
-            Column("rel. err", main("err", ".2e")), Column("bound", main("err_bound", ".2e")),
-            Column("check", lambda d: d["main"].check or "-"),
-            *(timing.peer_us_column(p, PEER_LABELS[p]) for p in peers),
-            Column("note", lambda d: d["note"][:90], right=False)]
+            *timing.error_peer_note_columns(peers, PEER_LABELS)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

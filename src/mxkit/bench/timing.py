@@ -357,6 +357,15 @@ def peer_us_column(name: str, label: str) -> Column:
     return Column(f"{label} µs", lambda d: fmt_num(getattr(d["peers"].get(name), "us", None), ".1f"))
 
 
+def error_peer_note_columns(peers: Sequence[str], labels: dict[str, str]) -> list[Column]:
+    """The columns every checked-against-float64 bench ends its table with: the main row's error, bound and
+    check, each peer's µs, the note."""
+    main = main_value
+    return [Column("rel. err", main("err", ".2e")), Column("bound", main("err_bound", ".2e")),
+            Column("check", lambda d: d["main"].check or "-"), *(peer_us_column(p, labels[p]) for p in peers),
+            Column("note", lambda d: d["note"][:90], right=False)]
+
+
 def add_common_arguments(p) -> None:
     """Options every kernel benchmark shares, read by :func:`run_benchmark`."""
     p.add_argument("--backend", choices=("triton", "reference", "auto"), default="triton",

@@ -49,7 +49,7 @@ from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range",
-           "FOLD_EXP_LIMIT", "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "W_KINDS"]
+           "FOLD_EXP_LIMIT", "check_bias", "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "W_KINDS"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
@@ -553,6 +553,17 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     return y.to(out).reshape(*lead, N)
 
 
+@functools.lru_cache(maxsize=1)
+def _decode_launchers():
+    """The direct launchers of the decode GEMM and its split-K sum, one per process, so every call (prepared or
+    not) reuses their compiled kernels."""
+    from . import launch
+    from .matmul_details import _w16_decode
+
+    return (launch._Launcher(_w16_decode, "_w16_decode_kernel"),
+            launch._Launcher(_w16_decode, "_splitk_reduce_kernel"))
+
+
 class _DecodeCall:
     """The decode-w16 launch of one (weight, M, K, out dtype, bias or not), prepared once: two launches per
     call (the GEMM's split-K partials, then their fixed-order sum with the bias and the output rounding) through
@@ -560,9 +571,6 @@ class _DecodeCall:
 
     def __init__(self, w: MXTensor, M: int, lead: tuple, out: torch.dtype, has_bias: bool, device: torch.device):
         import triton
-
-        from . import launch
-        from .matmul_details import _w16_decode
 
         cfg = decode_config(device, w.shape[1])
         N, K = w.shape
@@ -577,8 +585,7 @@ class _DecodeCall:
         self.warps = cfg.num_warps
         self.rgrid = (triton.cdiv(M * N, 1024),)
         self.rconsts = (("NSPLIT", self.nsplit), ("HAS_BIAS", has_bias), ("BLOCK", 1024))
-        self.gemm = launch._Launcher(_w16_decode, "_w16_decode_kernel")
-        self.reduce = launch._Launcher(_w16_decode, "_splitk_reduce_kernel")
+        self.gemm, self.reduce = _decode_launchers()
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         M, N = self.M, self.N
@@ -590,6 +597,16 @@ class _DecodeCall:
         # (the launcher takes tensors and ints only: without a bias, part stands in, never read)
         self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, 4)
         return y.view(*self.lead, N)
+
+
+def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:
+    """A GEMM bias is None or a 1-D (N,) tensor on the weight's device; ValueError otherwise."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 1:
+        raise ValueError(f"bias must be a 1-D tensor (N,), got {getattr(bias, 'shape', type(bias).__name__)}")
+    if bias.shape[0] != plan.N or bias.device != device:
+        raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {device}")
 
 
 class _PlannedCall:
@@ -618,9 +635,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         if len(calls) >= 64:  # many shapes (prefill of varying lengths): keep the cache small
             calls.clear()
         plan = plan_gemm(a, b, out_dtype)
-        if bias is not None and (bias.dim() != 1 or bias.shape[0] != plan.N or bias.device != b.device):
-            raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on "
-                             f"{b.device}")
+        check_bias(bias, plan, b.device)
         if plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         else:

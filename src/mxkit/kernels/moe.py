@@ -30,7 +30,7 @@ import torch
 
 from ..moe_reference import check_moe_args, moe_reference
 from ..tensor import MXTensor
-from .matmul import W_KINDS, exact_scale_range
+from .matmul import W_KINDS, _scale_extrema, exact_scale_range
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton"]
 
@@ -54,6 +54,9 @@ def moe_config(rows_per_expert: float, N: int, K: int) -> MoeConfig:
     if rows_per_expert <= 64:
         return MoeConfig(16, 64, 128, 4, 3)
     return MoeConfig(128, 128, 64, 8, 3)
+
+
+SMALL_PAIRS = 128  # up to this many (token, slot) pairs, one program sorts them (decode)
 
 
 def max_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
@@ -98,9 +101,6 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     return sorted_ids[:-1], eids
 
 
-SMALL_PAIRS = 128  # up to this many (token, slot) pairs, one program sorts them (decode)
-
-
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
 
@@ -127,11 +127,7 @@ def _in_envelope(w: MXTensor) -> bool:
     s = w.scale
     hit = _EXTREMA.get(id(s))
     if hit is None or hit[0]() is not s or hit[1] != s._version:
-        v = s.reshape(-1).to(torch.int16)
-        if v.numel():
-            lo, hi = torch.stack([torch.where(v == 255, 255, v).amin(), torch.where(v == 255, -1, v).amax()]).tolist()
-        else:
-            lo, hi = 255, -1
+        lo, hi, _ = _scale_extrema(s)
         if len(_EXTREMA) > 4096:
             _EXTREMA.clear()
         hit = (weakref.ref(s), s._version, lo, hi)
@@ -322,9 +318,10 @@ def moe_w4a8_triton(
     tok = torch.where(valid, ids // k, 0).long()
     xa = xq.data.view(torch.uint8)[tok].view(torch.float8_e4m3fn)
     sa = torch.where(valid, xq.scale.reshape(-1)[tok], 0.0).contiguous()
-    flat = topk_ids.reshape(-1).long()
-    counts = torch.zeros(E, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum((counts + bm - 1) // bm * bm, 0).to(torch.int32)
+    # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
+    block_e = torch.where(eids < 0, E, eids)
+    offs = (torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True)
+            * bm).to(torch.int32)
     h = torch._scaled_grouped_mm(xa, w_gate_up.data.transpose(1, 2), sa, w_gate_up.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
     b1 = b_gate_up

@@ -78,6 +78,9 @@ class PackedWeight:
       has_nan: whether a block has the NaN scale byte 0xFF.
       special_rows: int64 (S,) rows of the weight the fold path cannot take (slices or row scales outside
         the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
+      mma_q / mma_s: for MXFP4 weights with N % 16 == 0 and K % 64 == 0, the same codes and scales rearranged
+        for the tensor-core decode kernel (int32 [N/16, K/64, 32, 4] and [N/16, K/64, 8]; the layout is
+        spelled out in ``kernels/matmul_details/mma_decode.cu``); None otherwise.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
     :func:`mxkit.pack_weight` on load, a memory-bound pass).
@@ -89,6 +92,8 @@ class PackedWeight:
     scale_max: int
     has_nan: bool
     special_rows: torch.Tensor
+    mma_q: Optional[torch.Tensor] = None
+    mma_s: Optional[torch.Tensor] = None
 
     @property
     def shape(self) -> torch.Size:
@@ -104,18 +109,21 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: the MX source plus the folded copy."""
+        """Bytes held on the device: the MX source plus the folded and the decode-layout copies."""
         n = self.source.nbytes
         if self.folded is not None:
             n += self.folded.data.numel() + 4 * self.folded.scale.numel()
+        if self.mma_q is not None:
+            n += 4 * (self.mma_q.numel() + self.mma_s.numel())
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
         f = self.folded
         if f is not None:
             f = dataclasses.replace(f, data=f.data.to(device), scale=f.scale.to(device), owner=f.owner.to(device))
+        mma = {} if self.mma_q is None else {"mma_q": self.mma_q.to(device), "mma_s": self.mma_s.to(device)}
         return dataclasses.replace(self, source=self.source.to(device), folded=f,
-                                   special_rows=self.special_rows.to(device))
+                                   special_rows=self.special_rows.to(device), **mma)
 
     def state_dict(self) -> dict:
         """The bytes that define the weight, plus its format metadata (strings and ints)."""
@@ -131,13 +139,14 @@ class PackedWeight:
 
 def _packed_flatten(p: PackedWeight):
     f = p.folded
-    leaves = [p.source, p.special_rows] + ([f] if f is not None else [])
+    leaves = [p.source, p.special_rows, p.mma_q, p.mma_s] + ([f] if f is not None else [])
     return leaves, (p.scale_min, p.scale_max, p.has_nan, f is not None)
 
 
 def _packed_unflatten(leaves, ctx) -> PackedWeight:
     scale_min, scale_max, has_nan, has_fold = ctx
-    return PackedWeight(leaves[0], leaves[2] if has_fold else None, scale_min, scale_max, has_nan, leaves[1])
+    return PackedWeight(leaves[0], leaves[4] if has_fold else None, scale_min, scale_max, has_nan, leaves[1],
+                        leaves[2], leaves[3])
 
 
 pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,

@@ -356,7 +356,7 @@ def test_gpu_shapes_and_paths(M, rng):
     w = mxkit.quantize(torch.randn(512, 2880, generator=rng).cuda(), "mxfp4")
     pw = mxkit.pack_weight(w)
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
-    check(a, pw, backend="auto", path="decode-w16" if M <= 16 else "dense-exact")
+    check(a, pw, backend="auto", path="decode-mma" if M <= 16 else "dense-exact")
     check(a.to(torch.float16), pw, backend="auto", path="dense-exact")
     check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")

@@ -240,7 +240,7 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     """The W4A8 MoE stage by stage: each FP8 grouped GEMM within the GEMM bound of float64 on its FP8 inputs,
     the middle pass within one FP8 rounding of float32 act(h + b), the combine within bf16 rounding; an expert
     that receives every token and one that receives none; padding rows zero; then the whole against the
-    twin moe_w4a8_reference (added after this session's GPU runs: not yet run on a GPU)."""
+    twin moe_w4a8_reference."""
     from mxkit.kernels.moe import fold_experts, moe_w4a8_triton
 
     H, I, k = 256, 192, 4
@@ -279,11 +279,16 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     pairs[sid[valid].long()] = st["y"][valid].to(torch.float64) + b2.to(torch.float64)[e_row[valid]]
     o64 = (pairs.view(T, k, H) * tw.to(torch.float64)[..., None]).sum(1)
     assert_rows(out, o64, 1e-6 * o64.norm(dim=1))
-    # and against the twin (float64 activation: an element of v8 may sit one E4M3 step away)
+    # and against the twin. Its activation runs in float64, the kernel's in float32 on the same bf16 h, so an
+    # element of v8 that sits on an E4M3 rounding boundary may land one step (up to 1/8 of it) away; one such
+    # element moves its token's output by a few percent where it dominates its row (seen: 4 of 300 tokens past
+    # 1%, seed 3292234434). A twin of other semantics (bias, routing weight, activation, order) misses on most
+    # tokens, so: at most 2% of the tokens past 1% of their norm, none past 20%.
     from mxkit.moe_reference import moe_w4a8_reference
 
-    ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64)
-    assert_rows(out, ref, 0.01 * ref.norm(dim=1), factor=1.5)
+    ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64).cpu()
+    rel = (out.cpu().to(torch.float64) - ref).norm(dim=1) / ref.norm(dim=1).clamp(min=1e-300)
+    assert (rel > 0.01).sum() <= max(1, T // 50) and rel.max() <= 0.2, (int((rel > 0.01).sum()), rel.max())
 
 
 @pytest.mark.gpu

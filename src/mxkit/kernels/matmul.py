@@ -17,6 +17,12 @@ float32 accumulation plus one output rounding):
 ``dense-exact``
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
+``decode-mma``
+    bf16 activations × an MXFP4 weight at M <= 16 (N % 16 == 0, K % 64 == 0): a CUDA C++ kernel shipped as
+    PTX and launched through the driver API (:mod:`.matmul_details._mma_decode`): E2M1 codes to bf16 in two
+    integer operations per pair, ``mma.sync`` with float32 accumulation, each 32-element block's sum scaled by
+    its E8M0 factor in float32 (so any scale byte is exact), K split over a block's warps and reduced in a
+    fixed order.
 ``decode-w16``
     bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
@@ -56,6 +62,8 @@ PATHS = {
     "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
     "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
+    "decode-mma": "M <= 16: MXFP4 codes decoded to bf16 in registers, mma.sync tensor cores (CUDA C++ as "
+                  "PTX), fp32 accumulation, block scales in fp32",
     "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
                   "accumulation, split-K",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
@@ -315,7 +323,27 @@ def pack_weight(w: MXTensor) -> PackedWeight:
             folded = pending.complete()
         if out_env or folded.owner.numel():
             special = _special_rows(folded, w.shape[0])
-    return PackedWeight(w, folded, lo, hi, bool(has_nan), special)
+    mma = _pack_mma(w)
+    return PackedWeight(w, folded, lo, hi, bool(has_nan), special, *mma)
+
+
+def _pack_mma(w: MXTensor) -> tuple:
+    """(q, s) of the decode-mma layout for an MXFP4 weight of a shape it takes, else (None, None)."""
+    from .matmul_details import _mma_decode
+
+    N, K = w.shape
+    if w.fmt.name != "mxfp4_e2m1" or not _mma_decode.shape_ok(N, K):
+        return None, None
+    return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
+
+
+def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
+    if not (isinstance(b, PackedWeight) and b.mma_q is not None and a.dtype == torch.bfloat16
+            and dev.type == "cuda" and 0 < M <= 16):
+        return False
+    from .matmul_details import _mma_decode
+
+    return _mma_decode.available(dev.index if dev.index is not None else torch.cuda.current_device()) is None
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -396,6 +424,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
             return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: every value is exact in bf16 "
                                       f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
+    if kind == "float" and _mma_ok(b, a, M, dev):
+        return plan("decode-mma", f"M={M} <= 16, bf16 x {wf.name} packed for the tensor-core decode kernel "
+                                  f"(exact for every scale byte)")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
         if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and _in_range(lo, hi, rng)
@@ -537,6 +568,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
+    elif path == "decode-mma":
+        return _MmaCall(packed, M, lead, out)(a, bias)
     elif path == "decode-w16":
         x = a if a.is_contiguous() else a.contiguous()
         bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
@@ -609,6 +642,26 @@ def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.devic
         raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {device}")
 
 
+class _MmaCall:
+    """The decode-mma launch of one (packed weight, M, leading shape, out dtype): one kernel, the bias added in
+    float32 before the one output rounding."""
+
+    def __init__(self, b: PackedWeight, M: int, lead: tuple, out: torch.dtype):
+        from .matmul_details._mma_decode import MmaDecode
+
+        N, K = b.shape
+        self.run = MmaDecode(b.mma_q, b.mma_s, N, K, M, out)
+        self.M, self.K, self.N, self.lead = M, K, N, lead
+
+    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        x = a.reshape(self.M, self.K)
+        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
+            x = x.clone(memory_format=torch.contiguous_format)
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.to(torch.float32).contiguous()
+        return self.run(x, bias).view(*self.lead, self.N)
+
+
 class _PlannedCall:
     """Any other path with its plan made once (:func:`prepared_call`)."""
 
@@ -636,7 +689,9 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
             calls.clear()
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
-        if plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
+        if plan.path == "decode-mma":
+            call = _MmaCall(b, plan.M, tuple(a.shape[:-1]), plan.out_dtype)
+        elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         else:
             call = _PlannedCall(b, plan)

@@ -1,0 +1,89 @@
+"""Launch a PTX kernel shipped with mxkit through the CUDA driver API (``libcuda`` by ``ctypes``).
+
+The PTX is loaded once per device into the context PyTorch made current (its primary context); the driver
+compiles it for the GPU at load time, so no CUDA toolkit is needed at run time. Launches go on PyTorch's
+current stream, so they order with PyTorch's work and are captured by CUDA graphs. Where ``libcuda`` or the
+module cannot be loaded, :func:`load_module` raises :class:`CudaDriverUnavailable` and the caller takes its
+Triton path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Sequence, Union
+
+import torch
+
+__all__ = ["CudaDriverUnavailable", "load_module", "Kernel"]
+
+
+class CudaDriverUnavailable(RuntimeError):
+    """libcuda, the device or the PTX module is not usable here."""
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> ctypes.CDLL:
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise CudaDriverUnavailable("libcuda is not loadable")
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+    lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
+        ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        msg = ctypes.c_char_p()
+        _libcuda().cuGetErrorString(rc, ctypes.byref(msg))
+        raise CudaDriverUnavailable(f"{what} failed: CUDA error {rc} ({(msg.value or b'?').decode()})")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(path: str, device_index: int) -> ctypes.c_void_p:
+    lib = _libcuda()
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream()  # makes PyTorch's primary context current on this thread
+        torch.empty(1, device=f"cuda:{device_index}")
+        mod = ctypes.c_void_p()
+        _check(lib.cuModuleLoadData(ctypes.byref(mod), Path(path).read_bytes() + b"\0"), f"loading {path}")
+    return mod
+
+
+def load_module(path: Union[str, Path], device: torch.device) -> ctypes.c_void_p:
+    """The module of PTX file ``path`` on CUDA ``device`` (loaded once per process and device).
+    Raises CudaDriverUnavailable."""
+    if device.type != "cuda":
+        raise CudaDriverUnavailable(f"{device} is not a CUDA device")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _module(str(path), index)
+
+
+class Kernel:
+    """Function ``name`` of the PTX module ``path`` on ``device``: ``kernel(grid, block, args)`` launches it
+    on the current stream. ``args`` are tensors (passed as their data pointers; None passes a null pointer)
+    and ``ctypes`` scalars (``ctypes.c_int``, ``ctypes.c_longlong``) in the kernel's parameter order."""
+
+    def __init__(self, path: Union[str, Path], name: str, device: torch.device):
+        mod = load_module(path, device)
+        self.fn = ctypes.c_void_p()
+        _check(_libcuda().cuModuleGetFunction(ctypes.byref(self.fn), mod, name.encode()), f"finding {name}")
+        self.name, self.device = name, device
+
+    def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
+        vals = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor)
+                else ctypes.c_void_p(0) if a is None else a for a in args]
+        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        _check(_libcuda().cuLaunchKernel(self.fn, gx, gy, gz, block, 1, 1, 0, ctypes.c_void_p(stream), params,
+                                         None), f"launching {self.name}")

@@ -1,0 +1,186 @@
+// Small-M GEMM y = x @ W.T from bf16 activations and an MXFP4 weight, on tensor cores (mma.sync m16n8k16),
+// for decode (M <= 16). The PTX beside this file (mma_decode.ptx) is what mxkit loads; regenerate it with
+// scripts/build_ptx.sh on a machine with nvcc after editing this file (a CPU test checks the two agree).
+//
+// The weight is read in the "mma" layout that mxkit.kernels.matmul_details._mma_decode.pack_mma writes once,
+// at pack_weight time (OCP MX v1.0 E2M1 codes and E8M0 scales, rearranged, no value changed). A 16-row x
+// 64-column tile is one 16-byte load per lane l = 4g + t: word j (k-step j, in 32-element block b = j / 2,
+// step s = j % 2) holds the lane's 8 A-fragment codes, nibble i at bits 4i .. 4i + 3, of columns
+// 32b + 8t + 4s + {0, 1, 2, 3} (the K order inside a block is permuted, the same for x, so that a lane's x
+// values of a block are 8 contiguous bf16, one 16-byte load):
+//   n0 n4 = row g, columns +0 +1; n2 n6 = row g+8, +0 +1; n1 n5 = row g, +2 +3; n3 n7 = row g+8, +2 +3.
+//   q [N/16, K/64, 32 lanes, 4 words];  s [N/16, K/64, 8, 4] bytes: for g, the scales of (row g, block 0),
+//   (g, 1), (g+8, 0), (g+8, 1).
+// Each pair (n0, n4) (n2, n6) (n1, n5) (n3, n7) becomes one bf16x2 register in two shifts and a lop3: its
+// magnitude bits e1 e0 m at bits 8..6 of each half and its sign at bit 15, a bf16 equal to the E2M1 value times
+// 2^-126 (the subnormal 0.5 included), times 2^126 by one fma.rn.bf16x2 (exact). Each 32-element block's two
+// k-steps accumulate in float32 from zero and are added to the accumulator times 2^(s - 127) (float32: s = 0 is
+// 2^-127, s = 255 NaN), so a block's sum is scaled exactly once. The 8 warps of a block split K (warp w takes
+// the 64-column tiles w, w + 8, ...; the next batch of tiles is loaded while one is computed) and their partial
+// sums are added in warp order (deterministic).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int WARPS = 8;
+
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ void decode8(uint32_t q, uint32_t (&a)[4]) {
+  const uint32_t M = 0x01C001C0u, S = 0x80008000u, K126 = 0x7E807E80u, NZ = 0x80008000u;
+  a[0] = fma_bf16x2(((q << 6) & M) | ((q << 12) & S), K126, NZ);  // n0 n4: row g
+  a[1] = fma_bf16x2(((q >> 2) & M) | ((q << 4) & S), K126, NZ);   // n2 n6: row g+8
+  a[2] = fma_bf16x2(((q << 2) & M) | ((q << 8) & S), K126, NZ);   // n1 n5: row g, fragment cols + 8
+  a[3] = fma_bf16x2(((q >> 6) & M) | (q & S), K126, NZ);          // n3 n7: row g+8, fragment cols + 8
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float e8m0(uint32_t s) {
+  return __uint_as_float(s == 255u ? 0x7FC00000u : (s == 0u ? 0x00400000u : s << 23));
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <typename T> __device__ __forceinline__ T to_out(float v);
+template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
+
+// NT n8 token tiles (M <= 8 * NT), UNROLL tiles per warp and batch. grid (N / 16, 1), block 32 * WARPS.
+template <int NT, int UNROLL, typename OUT>
+__device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
+                                                 const uint32_t* __restrict__ s, const float* __restrict__ bias,
+                                                 OUT* __restrict__ y, int M, int N, int K, long long ldx,
+                                                 long long ldy) {
+  __shared__ float red[WARPS][NT][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const long long strip = blockIdx.x;
+  const int KT = K >> 6;
+  const uint4* qs = q + strip * KT * 32 + lane;
+  const uint32_t* ss = s + strip * KT * 8 + g;
+  const uint4* xr[NT];
+  bool xm[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xm[nt] = g + 8 * nt < M;
+    xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  // x rows: lane (g, t) reads token g (+ 8 nt), columns 32b + 8t .. + 7 of each block b: one uint4
+  uint4 qv[UNROLL], qn[UNROLL];
+  uint32_t sv[UNROLL], sn[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int kt = warp + u * WARPS;
+    if (kt < KT) {
+      qv[u] = ld_stream(qs + (long long)kt * 32);
+      sv[u] = __ldg(ss + (long long)kt * 8);
+    }
+  }
+  for (int t0 = warp; t0 < KT; t0 += WARPS * UNROLL) {
+    uint4 xv[UNROLL][NT][2];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = t0 + u * WARPS;
+      if (kt < KT) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+            xv[u][nt][b] = xm[nt] ? __ldg(xr[nt] + kt * 8 + b * 4) : make_uint4(0u, 0u, 0u, 0u);
+      }
+      const int kn = kt + WARPS * UNROLL;  // the next batch, in flight while this one is computed
+      if (kn < KT) {
+        qn[u] = ld_stream(qs + (long long)kn * 32);
+        sn[u] = __ldg(ss + (long long)kn * 8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = t0 + u * WARPS;
+      if (kt < KT) {
+        const uint32_t w[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
+#pragma unroll
+        for (int blk = 0; blk < 2; ++blk) {
+          uint32_t a0[4], a1[4];
+          decode8(w[2 * blk], a0);
+          decode8(w[2 * blk + 1], a1);
+          const float f_lo = e8m0((sv[u] >> (8 * blk)) & 0xFF), f_hi = e8m0((sv[u] >> (8 * blk + 16)) & 0xFF);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4 xb = xv[u][nt][blk];
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            mma(c, a0, xb.x, xb.y);
+            mma(c, a1, xb.z, xb.w);
+            acc[nt][0] = fmaf(c[0], f_lo, acc[nt][0]);
+            acc[nt][1] = fmaf(c[1], f_lo, acc[nt][1]);
+            acc[nt][2] = fmaf(c[2], f_hi, acc[nt][2]);
+            acc[nt][3] = fmaf(c[3], f_hi, acc[nt][3]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      qv[u] = qn[u];
+      sv[u] = sn[u];
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
+  __syncthreads();
+  // thread i < 32 * NT * 4 sums one (nt, i, lane) over the warps in order, adds the bias, rounds once
+  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
+    const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
+    float v = red[0][nt][i][l];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
+    const int row = (int)strip * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
+    const int m = 8 * nt + 2 * (l & 3) + (i & 1);               // token
+    if (m < M) {
+      if (bias != nullptr) v += bias[row];
+      y[m * ldy + row] = to_out<OUT>(v);
+    }
+  }
+}
+
+}  // namespace
+
+#define MXKIT_MMA_DECODE(NAME, NT, UNROLL, OUT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(                                               \
+      const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
+      const float* __restrict__ bias, OUT* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) { \
+    mxfp4_mma_decode<NT, UNROLL, OUT>(x, q, s, bias, y, M, N, K, ldx, ldy);                                            \
+  }
+
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16, 1, 4, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16, 2, 2, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16, 1, 4, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16, 2, 2, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32, 1, 4, float)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32, 2, 2, float)

@@ -1,0 +1,211 @@
+"""The tensor-core decode GEMM (path ``decode-mma``): its weight layout on the CPU (byte-exact round trip,
+every fragment position), the shipped PTX against its source, and the kernel on the GPU against float64."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+import torch
+
+import mxkit
+from mxkit.kernels.matmul_details import _mma_decode
+from mxkit.kernels.matmul_details._mma_decode import pack_mma, unpack_mma
+from mxkit.packed import PackedWeight
+
+from .test_matmul import OUT, assert_within_bound, check, rand_mx
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+@pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880), (160, 4096)])
+def test_pack_mma_round_trip(N, K, rng):
+    q = torch.randint(0, 256, (N, K // 2), generator=rng, dtype=torch.uint8)
+    s = torch.randint(0, 256, (N, K // 32), generator=rng, dtype=torch.uint8)
+    pq, ps = pack_mma(q, s)
+    assert pq.dtype == ps.dtype == torch.int32
+    assert pq.shape == (N // 16, K // 64, 32, 4) and ps.shape == (N // 16, K // 64, 8)
+    q2, s2 = unpack_mma(pq, ps)
+    assert torch.equal(q2, q) and torch.equal(s2, s)
+
+
+def test_pack_mma_every_fragment_position(rng):
+    """Each nibble of each lane's word is the code mma_decode.cu's header says: row 16r + 8h + g, column
+    64 tile + 32 b + 8 t + 4 s + 2 kh + e for nibble 4e + 2h + kh of word j = 2b + s of lane 4g + t; and each
+    lane's scale word holds (g, block 0), (g, 1), (g + 8, 0), (g + 8, 1)."""
+    N, K = 32, 128
+    q = torch.randint(0, 256, (N, K // 2), generator=rng, dtype=torch.uint8)
+    s = torch.randint(0, 256, (N, K // 32), generator=rng, dtype=torch.uint8)
+    codes = torch.stack([q & 0xF, q >> 4], -1).flatten(-2)
+    pq, ps = pack_mma(q, s)
+    words = pq.view(torch.uint8).view(N // 16, K // 64, 32, 4, 4).to(torch.int64)
+    sw = ps.view(torch.uint8).view(N // 16, K // 64, 8, 4)
+    for r in range(N // 16):
+        for tile in range(K // 64):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for j in range(4):
+                    b, st = divmod(j, 2)
+                    for n in range(8):
+                        e, h, kh = n >> 2, (n >> 1) & 1, n & 1
+                        nib = (int(words[r, tile, lane, j, n // 2]) >> (4 * (n % 2))) & 0xF
+                        assert nib == int(codes[16 * r + 8 * h + g, 64 * tile + 32 * b + 8 * t + 4 * st + 2 * kh + e])
+            for g in range(8):
+                want = [s[16 * r + g, 2 * tile], s[16 * r + g, 2 * tile + 1], s[16 * r + g + 8, 2 * tile],
+                        s[16 * r + g + 8, 2 * tile + 1]]
+                assert [int(v) for v in sw[r, tile, g]] == [int(v) for v in want]
+
+
+@pytest.mark.parametrize("shape", [(8, 64), (16, 32), (16, 96)])
+def test_pack_mma_rejects_shapes(shape):
+    N, K = shape
+    with pytest.raises(ValueError, match="N % 16 == 0 and K % 64 == 0"):
+        pack_mma(torch.zeros(N, K // 2, dtype=torch.uint8), torch.zeros(N, K // 32, dtype=torch.uint8))
+
+
+def test_ptx_matches_source():
+    """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
+    declares PTX ISA 7.8 for sm_80 and defines every kernel the launcher names."""
+    ptx = _mma_decode.PTX.read_text()
+    digest = hashlib.sha256(_mma_decode.SOURCE.read_bytes()).hexdigest()[:16]
+    assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_decode.cu"
+    assert re.search(r"^\.version 7\.8$", ptx, re.M) and re.search(r"^\.target sm_80$", ptx, re.M)
+    for m in (8, 16):
+        for o in _mma_decode._OUT_NAMES.values():
+            assert f".entry mxfp4_mma_decode_m{m}_{o}(" in ptx
+
+
+def test_pack_weight_carries_the_mma_layout(rng):
+    w = rand_mx((64, 256), "mxfp4_e2m1", rng)
+    pw = mxkit.pack_weight(w)
+    assert pw.mma_q is not None and pw.mma_s is not None
+    q, s = unpack_mma(pw.mma_q, pw.mma_s)
+    assert torch.equal(q, w.qdata) and torch.equal(s, w.scale)
+    assert pw.nbytes == w.nbytes + pw.folded.data.numel() + 4 * pw.folded.scale.numel() + 4 * (
+        pw.mma_q.numel() + pw.mma_s.numel())
+    import torch.utils._pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(pw)
+    back = pytree.tree_unflatten(leaves, spec)
+    assert torch.equal(back.mma_q, pw.mma_q) and torch.equal(back.mma_s, pw.mma_s)
+    assert torch.equal(pw.to("cpu").mma_q, pw.mma_q)
+    # state_dict keeps the source only; packing again rebuilds the same layout
+    again = mxkit.pack_weight(PackedWeight.source_from_state_dict(pw.state_dict()))
+    assert torch.equal(again.mma_q, pw.mma_q) and torch.equal(again.mma_s, pw.mma_s)
+    for other in (rand_mx((64, 256), "mxfp8_e4m3", rng), rand_mx((40, 256), "mxfp4_e2m1", rng),
+                  rand_mx((64, 96), "mxfp4_e2m1", rng)):
+        assert mxkit.pack_weight(other).mma_q is None
+
+
+def test_cpu_plan_never_takes_decode_mma(rng):
+    pw = mxkit.pack_weight(rand_mx((64, 256), "mxfp4_e2m1", rng))
+    plan = mxkit.gemm_plan(torch.randn(1, 256).to(torch.bfloat16), pw)
+    assert plan.path != "decode-mma"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+
+def _poison_allocator(nbytes=64 << 20):
+    """Fill freed allocator memory with NaN bytes so an output the kernel fails to write shows up."""
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("K", [64, 2880, 4096, 8192, 28672])
+def test_gpu_decode_mma(K, rng):
+    """M in issue #23's list up to 16, with and without bias (float32 and bf16), bf16 / fp16 / fp32 out, 3-D x;
+    the scale bytes 0 (2^-127) and 200 in the weight (every scale byte is exact on this path: the block sums
+    are scaled in float32); N = 16, and N = 1040 (65 strips); outputs poisoned before each call."""
+    N = 16 if K == 64 else 1040
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    w.scale[3, 1] = 0
+    w.scale[5, 0] = 200  # 6 * 2^73: far from the float32 / bf16 overflow
+    pw = mxkit.pack_weight(w)
+    w16 = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
+    w16.scale[5, 0] = 127  # fp16 out: a row of 2^73 would overflow it
+    pw16 = mxkit.pack_weight(w16)
+    bias = torch.randn(N, generator=rng).cuda()
+    for M in (1, 2, 3, 7, 8, 9, 16):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        _poison_allocator()
+        check(a, pw, backend="auto", path="decode-mma", bias=bias if M % 2 else None)
+        _poison_allocator()
+        check(a, pw, backend="auto", path="decode-mma", out_dtype=torch.float32,
+              bias=bias.to(torch.bfloat16) if M == 3 else None)
+        _poison_allocator()
+        check(a, pw16, backend="auto", path="decode-mma", out_dtype=torch.float16)
+    y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
+                 path="decode-mma")
+    assert y.shape == (2, 3, N)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_mma_nan_block(rng):
+    """A NaN scale byte (0xFF) makes its row's outputs NaN and leaves every other column byte-identical."""
+    K, N = 2880, 512
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    wn = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
+    wn.scale[7, -1] = 255
+    a = torch.randn(5, K, generator=rng).to(torch.bfloat16).cuda()
+    y, yn = mxkit.matmul(a, mxkit.pack_weight(w)), mxkit.matmul(a, mxkit.pack_weight(wn))
+    assert mxkit.gemm_plan(a, mxkit.pack_weight(wn)).path == "decode-mma"
+    assert torch.isnan(yn[:, 7]).all()
+    keep = torch.arange(N, device="cuda") != 7
+    assert torch.equal(y[:, keep].view(torch.int16), yn[:, keep].view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_mma_strided_and_unaligned_x(rng):
+    """x a column slice (row stride not K) and a view starting 2 elements in (not 16-byte aligned)."""
+    K, N = 2880, 512
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4"))
+    big = torch.randn(4, K + 8, generator=rng).to(torch.bfloat16).cuda()
+    for a in (big[:, :K], big[:, 2:K + 2], big.flatten()[2:2 + 3 * K].view(3, K)):
+        check(a, pw, backend="auto", path="decode-mma")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_mma_matches_decode_w16(rng):
+    """The two decode kernels agree within the bound of each other's float32 accumulation on a real-shape
+    layer, and the eager prepared call equals the planned one byte for byte (the same kernel)."""
+    K, N = 4096, 2880
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    for M in (1, 16):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        y1 = mxkit.matmul(a, pw)
+        y2 = mxkit.matmul(a, w)  # an MXTensor: the Triton decode kernel
+        assert mxkit.gemm_plan(a, w).path == "decode-w16"
+        OUT[0] = torch.bfloat16
+        assert_within_bound(y1, a, w)
+        assert_within_bound(y2, a, w)
+        from mxkit.kernels.matmul import plan_gemm, run_gemm
+
+        assert torch.equal(run_gemm(a, pw, plan_gemm(a, pw)).view(torch.int16), y1.view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_mma_in_a_cuda_graph(rng):
+    K, N = 2880, 5120
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4"))
+    bias = torch.randn(N, generator=rng).cuda()
+    x = torch.randn(4, K, generator=rng).to(torch.bfloat16).cuda()
+    mxkit.matmul(x, pw, bias=bias)  # plan, load the module, warm the caches
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mxkit.matmul(x, pw, bias=bias)
+    for _ in range(3):
+        x.copy_(torch.randn(4, K, generator=rng).to(torch.bfloat16))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), mxkit.matmul(x, pw, bias=bias).view(torch.int16))

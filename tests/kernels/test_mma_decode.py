@@ -32,15 +32,16 @@ def test_pack_mma_round_trip(N, K, rng):
 
 
 def test_pack_mma_every_fragment_position(rng):
-    """Each nibble of each lane's word is the code mma_decode.cu's header says: row 16r + 8h + g, column
-    64 tile + 32 b + 8 t + 4 s + 2 kh + e for nibble 4e + 2h + kh of word j = 2b + s of lane 4g + t; and each
-    lane's scale word holds (g, block 0), (g, 1), (g + 8, 0), (g + 8, 1)."""
+    """Each code of each lane's word is where mma_decode.cu's header says: code bits (m, e0, e1, sign) of
+    pair p = h + 2 kh, half e at BITS[p, e], for row 16r + 8h + g, column 64 tile + 32 b + 8 t + 4 s + 2 kh + e
+    of word j = 2b + s of lane 4g + t; the 32 bit positions used once each; each lane's scale word holds
+    (g, block 0), (g, 1), (g + 8, 0), (g + 8, 1)."""
+    assert sorted(b for pos in _mma_decode.BITS.values() for b in pos) == list(range(32))
     N, K = 32, 128
     q = torch.randint(0, 256, (N, K // 2), generator=rng, dtype=torch.uint8)
     s = torch.randint(0, 256, (N, K // 32), generator=rng, dtype=torch.uint8)
     codes = torch.stack([q & 0xF, q >> 4], -1).flatten(-2)
     pq, ps = pack_mma(q, s)
-    words = pq.view(torch.uint8).view(N // 16, K // 64, 32, 4, 4).to(torch.int64)
     sw = ps.view(torch.uint8).view(N // 16, K // 64, 8, 4)
     for r in range(N // 16):
         for tile in range(K // 64):
@@ -48,10 +49,11 @@ def test_pack_mma_every_fragment_position(rng):
                 g, t = divmod(lane, 4)
                 for j in range(4):
                     b, st = divmod(j, 2)
-                    for n in range(8):
-                        e, h, kh = n >> 2, (n >> 1) & 1, n & 1
-                        nib = (int(words[r, tile, lane, j, n // 2]) >> (4 * (n % 2))) & 0xF
-                        assert nib == int(codes[16 * r + 8 * h + g, 64 * tile + 32 * b + 8 * t + 4 * st + 2 * kh + e])
+                    word = int(pq[r, tile, lane, j]) & 0xFFFFFFFF
+                    for (p, e), pos in _mma_decode.BITS.items():
+                        h, kh = p & 1, p >> 1
+                        code = sum(((word >> at) & 1) << bit for bit, at in enumerate(pos))
+                        assert code == int(codes[16 * r + 8 * h + g, 64 * tile + 32 * b + 8 * t + 4 * st + 2 * kh + e])
             for g in range(8):
                 want = [s[16 * r + g, 2 * tile], s[16 * r + g, 2 * tile + 1], s[16 * r + g + 8, 2 * tile],
                         s[16 * r + g + 8, 2 * tile + 1]]
@@ -74,7 +76,8 @@ def test_ptx_matches_source():
     assert re.search(r"^\.version 7\.8$", ptx, re.M) and re.search(r"^\.target sm_80$", ptx, re.M)
     for m in (8, 16):
         for o in _mma_decode._OUT_NAMES.values():
-            assert f".entry mxfp4_mma_decode_m{m}_{o}(" in ptx
+            for sp in ("", "_special"):
+                assert f".entry mxfp4_mma_decode_m{m}_{o}{sp}(" in ptx
 
 
 def test_pack_weight_carries_the_mma_layout(rng):

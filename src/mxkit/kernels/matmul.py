@@ -650,7 +650,7 @@ class _MmaCall:
         from .matmul_details._mma_decode import MmaDecode
 
         N, K = b.shape
-        self.run = MmaDecode(b.mma_q, b.mma_s, N, K, M, out)
+        self.run = MmaDecode(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0)
         self.M, self.K, self.N, self.lead = M, K, N, lead
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -19,13 +19,19 @@ import torch
 PTX = Path(__file__).with_name("mma_decode.ptx")
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 16
-WARPS = 8
+WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 def _nibbles(qdata: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K / 2] (element 2i in byte i's low nibble) -> codes uint8 [N, K]."""
     return torch.stack([qdata & 0xF, qdata >> 4], dim=-1).flatten(-2)
+
+
+# bit positions of code bits (m, e0, e1, sign) of the lane word's 8 elements, pair p = h + 2 kh (row g + 8h,
+# fragment column pair kh), half e (column +e): mma_decode.cu's table
+BITS = {(0, 0): (6, 7, 8, 15), (0, 1): (22, 23, 24, 31), (1, 0): (3, 4, 5, 12), (1, 1): (19, 20, 21, 28),
+        (2, 0): (0, 1, 2, 9), (2, 1): (16, 17, 18, 25), (3, 0): (10, 11, 13, 14), (3, 1): (26, 27, 29, 30)}
 
 
 def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,9 +44,14 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
                          f"got {tuple(qdata.shape)} and {tuple(scale.shape)}")
     # column = 64 tile + 32 b + 8 t + 4 s + 2 kh + e; row = 16 r + 8 h + g; k-step j = 2 b + s
     c = _nibbles(qdata).view(N // 16, 2, 8, K // 64, 2, 4, 2, 2, 2)  # r, h, g, tile, b, t, s, kh, e
-    c = c.permute(0, 3, 2, 5, 4, 6, 8, 1, 7)                          # r, tile, g, t, b, s, e, h, kh
-    c = c.reshape(N // 16, K // 64, 32, 4, 4, 2)                      # ..., lane, j, byte (e, h), nibble kh
-    q = (c[..., 0] | (c[..., 1] << 4)).contiguous().view(torch.int32).squeeze(-1)
+    c = c.permute(0, 3, 2, 5, 4, 6, 7, 1, 8).to(torch.int64)          # r, tile, g, t, b, s, kh, h, e
+    c = c.reshape(N // 16, K // 64, 32, 4, 4, 2)                      # ..., lane, j, pair p = h + 2 kh, half e
+    word = torch.zeros(c.shape[:4], dtype=torch.int64, device=c.device)
+    for (p, e), pos in BITS.items():
+        v = c[..., p, e]
+        for bit, at in enumerate(pos):
+            word |= ((v >> bit) & 1) << at
+    q = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
     s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
     return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
 
@@ -48,9 +59,13 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
 def unpack_mma(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack_mma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
     R, T = q.shape[0], q.shape[1]
-    b = q.contiguous().view(torch.uint8).view(R, T, 8, 4, 2, 2, 2, 2)  # r, tile, g, t, b, s, e, h (bytes)
-    c = torch.stack([b & 0xF, b >> 4], dim=-1)                          # ..., kh
-    c = c.permute(0, 7, 2, 1, 4, 3, 5, 8, 6).reshape(R * 16, T * 64)    # r, h, g, tile, b, t, s, kh, e
+    word = q.to(torch.int64) & 0xFFFFFFFF                                # r, tile, lane, j
+    c = torch.zeros(*word.shape, 4, 2, dtype=torch.int64, device=q.device)
+    for (p, e), pos in BITS.items():
+        for bit, at in enumerate(pos):
+            c[..., p, e] |= ((word >> at) & 1) << bit
+    c = c.view(R, T, 8, 4, 2, 2, 2, 2, 2)                                 # r, tile, g, t, b, s, kh, h, e
+    c = c.permute(0, 7, 2, 1, 4, 3, 5, 6, 8).reshape(R * 16, T * 64).to(torch.uint8)  # r, h, g, tile, b, t, s, kh, e
     qdata = (c[:, 0::2] | (c[:, 1::2] << 4)).contiguous()
     sb = s.contiguous().view(torch.uint8).view(R, T, 8, 2, 2).permute(0, 3, 2, 1, 4)  # r, h, g, tile, block
     return qdata, sb.reshape(R * 16, T * 2).contiguous()
@@ -87,14 +102,19 @@ def _kernel(name: str, device_index: int):
 
 
 class MmaDecode:
-    """One prepared launch: weight (q, s) of pack_mma, N x K, M <= 16 bf16 rows in, ``out`` dtype out."""
+    """One prepared launch: weight (q, s) of pack_mma, N x K, M <= 16 bf16 rows in, ``out`` dtype out.
+    ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly)."""
 
-    def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype):
+    def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
+                 special: bool = True):
         if not 0 < M <= MAX_M:
             raise ValueError(f"decode-mma takes 1 <= M <= {MAX_M}, got {M}")
         dev = q.device
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        self.kernel = _kernel(f"mxfp4_mma_decode_m{8 if M <= 8 else 16}_{_OUT_NAMES[out]}", idx)
+        mt = 8 if M <= 8 else 16
+        name = f"mxfp4_mma_decode_m{mt}_{_OUT_NAMES[out]}{'_special' if special else ''}"
+        self.block = 32 * WARPS[mt]
+        self.kernel = _kernel(name, idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
         self.grid = (N // 16,)
         self.scalars = (ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K))
@@ -102,6 +122,6 @@ class MmaDecode:
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x bf16 [M, K] (rows 4-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""
         y = torch.empty(self.M, self.N, device=x.device, dtype=self.out)
-        self.kernel(self.grid, 32 * WARPS, (x, self.q, self.s, bias, y) + self.scalars
+        self.kernel(self.grid, self.block, (x, self.q, self.s, bias, y) + self.scalars
                     + (ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(self.N)))
         return y

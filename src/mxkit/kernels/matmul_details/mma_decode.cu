@@ -5,26 +5,29 @@
 // The weight is read in the "mma" layout that mxkit.kernels.matmul_details._mma_decode.pack_mma writes once,
 // at pack_weight time (OCP MX v1.0 E2M1 codes and E8M0 scales, rearranged, no value changed). A 16-row x
 // 64-column tile is one 16-byte load per lane l = 4g + t: word j (k-step j, in 32-element block b = j / 2,
-// step s = j % 2) holds the lane's 8 A-fragment codes, nibble i at bits 4i .. 4i + 3, of columns
-// 32b + 8t + 4s + {0, 1, 2, 3} (the K order inside a block is permuted, the same for x, so that a lane's x
-// values of a block are 8 contiguous bf16, one 16-byte load):
-//   n0 n4 = row g, columns +0 +1; n2 n6 = row g+8, +0 +1; n1 n5 = row g, +2 +3; n3 n7 = row g+8, +2 +3.
+// step s = j % 2) holds the lane's 8 A-fragment codes, of columns 32b + 8t + 4s + {0, 1, 2, 3} (the K order
+// inside a block is permuted, the same for x, so that a lane's x values of a block are 8 contiguous bf16, one
+// 16-byte load). The word is laid out for the decode, code bits (m, e0, e1, sign) at:
+//   pair 0 (row g,   columns +0 | +1): bits  6  7  8 15 | 22 23 24 31   -> w & 0x81C081C0
+//   pair 1 (row g+8, columns +0 | +1): bits  3  4  5 12 | 19 20 21 28   -> (w << 3) & 0x81C081C0
+//   pair 2 (row g,   columns +2 | +3): bits  0  1  2  9 | 16 17 18 25   -> (w << 6) & 0x81C081C0
+//   pair 3 (row g+8, columns +2 | +3): bits 10 11 13 14 | 26 27 29 30   -> three shifts, three lop3
 //   q [N/16, K/64, 32 lanes, 4 words];  s [N/16, K/64, 8, 4] bytes: for g, the scales of (row g, block 0),
 //   (g, 1), (g+8, 0), (g+8, 1).
-// Each pair (n0, n4) (n2, n6) (n1, n5) (n3, n7) becomes one bf16x2 register in two shifts and a lop3: its
-// magnitude bits e1 e0 m at bits 8..6 of each half and its sign at bit 15, a bf16 equal to the E2M1 value times
-// 2^-126 (the subnormal 0.5 included), times 2^126 by one fma.rn.bf16x2 (exact). Each 32-element block's two
-// k-steps accumulate in float32 from zero and are added to the accumulator times 2^(s - 127) (float32: s = 0 is
-// 2^-127, s = 255 NaN), so a block's sum is scaled exactly once. The 8 warps of a block split K (warp w takes
-// the 64-column tiles w, w + 8, ...; the next batch of tiles is loaded while one is computed) and their partial
-// sums are added in warp order (deterministic).
+// Each pair becomes one bf16x2 register of the mma's A fragment: its magnitude bits e1 e0 m at bits 8..6 of
+// each half and its sign at bit 15, a bf16 equal to the E2M1 value times 2^-126 (the subnormal 0.5 included),
+// times 2^126 by one fma.rn.bf16x2 (exact). Each 32-element block's two k-steps accumulate in float32 from
+// zero and are added to the accumulator times 2^(s - 127) (float32; the _special kernels, for weights with a
+// scale byte 0 or 255, make them 2^-127 and NaN), so a
+// block's sum is scaled exactly once. The W warps of a block split K (warp w takes the 64-column tiles w,
+// w + W, ...; the next batch of tiles is loaded while one is computed) and their partial sums are added in
+// warp order (deterministic).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int WARPS = 8;
 
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -32,12 +35,13 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
   return d;
 }
 
-__device__ __forceinline__ void decode8(uint32_t q, uint32_t (&a)[4]) {
-  const uint32_t M = 0x01C001C0u, S = 0x80008000u, K126 = 0x7E807E80u, NZ = 0x80008000u;
-  a[0] = fma_bf16x2(((q << 6) & M) | ((q << 12) & S), K126, NZ);  // n0 n4: row g
-  a[1] = fma_bf16x2(((q >> 2) & M) | ((q << 4) & S), K126, NZ);   // n2 n6: row g+8
-  a[2] = fma_bf16x2(((q << 2) & M) | ((q << 8) & S), K126, NZ);   // n1 n5: row g, fragment cols + 8
-  a[3] = fma_bf16x2(((q >> 6) & M) | (q & S), K126, NZ);          // n3 n7: row g+8, fragment cols + 8
+__device__ __forceinline__ void decode8(uint32_t w, uint32_t (&a)[4]) {
+  const uint32_t P = 0x81C081C0u, K126 = 0x7E807E80u, NZ = 0x80008000u;
+  a[0] = fma_bf16x2(w & P, K126, NZ);         // row g, fragment columns 2t, 2t+1
+  a[1] = fma_bf16x2((w << 3) & P, K126, NZ);  // row g+8
+  a[2] = fma_bf16x2((w << 6) & P, K126, NZ);  // row g, fragment columns 2t+8, 2t+9
+  a[3] = fma_bf16x2(((w >> 4) & 0x00C000C0u) | ((w >> 5) & 0x01000100u) | ((w << 1) & 0x80008000u), K126,
+                    NZ);                       // row g+8, fragment columns 2t+8, 2t+9
 }
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -47,8 +51,14 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float e8m0(uint32_t s) {
-  return __uint_as_float(s == 255u ? 0x7FC00000u : (s == 0u ? 0x00400000u : s << 23));
+// 2^(s - 127) for scale byte k of word w, as float32. SPECIAL: the weight has a byte 0 (2^-127, subnormal) or
+// 255 (NaN); else every byte is in 1..254 and the exponent field is the byte itself (two operations).
+template <bool SPECIAL, int k> __device__ __forceinline__ float e8m0(uint32_t w) {
+  if (SPECIAL) {
+    const uint32_t s = (w >> (8 * k)) & 0xFFu;
+    return __uint_as_float(s == 255u ? 0x7FC00000u : (s == 0u ? 0x00400000u : s << 23));
+  }
+  return __uint_as_float((k * 8 <= 23 ? w << (23 - 8 * k) : w >> (8 * k - 23)) & 0x7F800000u);
 }
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -63,8 +73,9 @@ template <> __device__ __forceinline__ float to_out<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
-// NT n8 token tiles (M <= 8 * NT), UNROLL tiles per warp and batch. grid (N / 16, 1), block 32 * WARPS.
-template <int NT, int UNROLL, typename OUT>
+// NT n8 token tiles (M <= 8 * NT), UNROLL tiles per warp and batch, WARPS warps splitting K. grid (N / 16),
+// block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8, 8 x 2 for M <= 16).
+template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, int M, int N, int K, long long ldx,
@@ -128,7 +139,8 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
           uint32_t a0[4], a1[4];
           decode8(w[2 * blk], a0);
           decode8(w[2 * blk + 1], a1);
-          const float f_lo = e8m0((sv[u] >> (8 * blk)) & 0xFF), f_hi = e8m0((sv[u] >> (8 * blk + 16)) & 0xFF);
+          const float f_lo = blk ? e8m0<SPECIAL, 1>(sv[u]) : e8m0<SPECIAL, 0>(sv[u]);
+          const float f_hi = blk ? e8m0<SPECIAL, 3>(sv[u]) : e8m0<SPECIAL, 2>(sv[u]);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const uint4 xb = xv[u][nt][blk];
@@ -171,16 +183,22 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 
 }  // namespace
 
-#define MXKIT_MMA_DECODE(NAME, NT, UNROLL, OUT)                                                                          \
+#define MXKIT_MMA_DECODE(NAME, NT, UNROLL, WARPS, SPECIAL, OUT)                                                                          \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(                                               \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) { \
-    mxfp4_mma_decode<NT, UNROLL, OUT>(x, q, s, bias, y, M, N, K, ldx, ldy);                                            \
+    mxfp4_mma_decode<NT, UNROLL, WARPS, SPECIAL, OUT>(x, q, s, bias, y, M, N, K, ldx, ldy);                                            \
   }
 
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16, 1, 4, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16, 2, 2, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16, 1, 4, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16, 2, 2, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32, 1, 4, float)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32, 2, 2, float)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16, 1, 4, 4, false, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16_special, 1, 4, 4, true, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16, 1, 4, 4, false, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16_special, 1, 4, 4, true, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32, 1, 4, 4, false, float)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32_special, 1, 4, 4, true, float)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16, 2, 2, 8, false, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16_special, 2, 2, 8, true, __nv_bfloat16)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16, 2, 2, 8, false, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16_special, 2, 2, 8, true, __half)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32, 2, 2, 8, false, float)
+MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32_special, 2, 2, 8, true, float)

@@ -122,7 +122,7 @@ def _poison_allocator(nbytes=64 << 20):
 @gpu
 @pytest.mark.parametrize("K", [64, 2880, 4096, 8192, 28672])
 def test_gpu_decode_mma(K, rng):
-    """M in issue #23's list up to 16, with and without bias (float32 and bf16), bf16 / fp16 / fp32 out, 3-D x;
+    """M in issue #23's list and 8 / 9 / 17 (token-block edges), with and without bias (float32 and bf16), bf16 / fp16 / fp32 out, 3-D x;
     the scale bytes 0 (2^-127) and 200 in the weight (every scale byte is exact on this path: the block sums
     are scaled in float32); N = 16, and N = 1040 (65 strips); outputs poisoned before each call."""
     N = 16 if K == 64 else 1040
@@ -134,7 +134,7 @@ def test_gpu_decode_mma(K, rng):
     w16.scale[5, 0] = 127  # fp16 out: a row of 2^73 would overflow it
     pw16 = mxkit.pack_weight(w16)
     bias = torch.randn(N, generator=rng).cuda()
-    for M in (1, 2, 3, 7, 8, 9, 16):
+    for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
         a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
         _poison_allocator()
         check(a, pw, backend="auto", path="decode-mma", bias=bias if M % 2 else None)

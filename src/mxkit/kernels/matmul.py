@@ -18,7 +18,8 @@ float32 accumulation plus one output rounding):
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
 ``decode-mma``
-    bf16 activations × an MXFP4 weight at M <= 16 (N % 16 == 0, K % 64 == 0): a CUDA C++ kernel shipped as
+    bf16 activations × a packed MXFP4 weight at small M (the tuned table's ``decode_mma.max_m``, default 64;
+    N % 16 == 0, K % 64 == 0): a CUDA C++ kernel shipped as
     PTX and launched through the driver API (:mod:`.matmul_details._mma_decode`): E2M1 codes to bf16 in two
     integer operations per pair, ``mma.sync`` with float32 accumulation, each 32-element block's sum scaled by
     its E8M0 factor in float32 (so any scale byte is exact), K split over a block's warps and reduced in a
@@ -62,7 +63,7 @@ PATHS = {
     "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
     "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
-    "decode-mma": "M <= 16: MXFP4 codes decoded to bf16 in registers, mma.sync tensor cores (CUDA C++ as "
+    "decode-mma": "small M: MXFP4 codes decoded to bf16 in registers, mma.sync tensor cores (CUDA C++ as "
                   "PTX), fp32 accumulation, block scales in fp32",
     "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
                   "accumulation, split-K",
@@ -337,9 +338,16 @@ def _pack_mma(w: MXTensor) -> tuple:
     return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
 
 
+def _mma_max_m(device: torch.device) -> int:
+    from .matmul_details._mma_decode import MAX_M
+
+    entry = _entry(device, "decode_mma")
+    return min(int(entry["max_m"]), MAX_M) if entry else 0
+
+
 def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
     if not (isinstance(b, PackedWeight) and b.mma_q is not None and a.dtype == torch.bfloat16
-            and dev.type == "cuda" and 0 < M <= 16):
+            and dev.type == "cuda" and 0 < M <= _mma_max_m(dev)):
         return False
     from .matmul_details import _mma_decode
 
@@ -425,8 +433,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                       f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
     if kind == "float" and _mma_ok(b, a, M, dev):
-        return plan("decode-mma", f"M={M} <= 16, bf16 x {wf.name} packed for the tensor-core decode kernel "
-                                  f"(exact for every scale byte)")
+        return plan("decode-mma", f"M={M} <= the tensor-core decode envelope ({_mma_max_m(dev)}, gemm_table), "
+                                  f"bf16 x packed {wf.name} (exact for every scale byte)")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
         if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and _in_range(lo, hi, rng)

@@ -1,4 +1,4 @@
-"""The tensor-core decode GEMM (``decode-mma``): bf16 activations x an MXFP4 weight for M <= 16, a CUDA C++
+"""The tensor-core decode GEMM (``decode-mma``): bf16 activations x an MXFP4 weight at small M, a CUDA C++
 kernel (``mma_decode.cu``, shipped as PTX) launched through the driver API.
 
 :func:`pack_mma` rearranges an MXFP4 weight once into the layout the kernel reads (each lane's A-fragment
@@ -18,7 +18,7 @@ import torch
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
 SOURCE = Path(__file__).with_name("mma_decode.cu")
-MAX_M = 16
+MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
 WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -102,7 +102,7 @@ def _kernel(name: str, device_index: int):
 
 
 class MmaDecode:
-    """One prepared launch: weight (q, s) of pack_mma, N x K, M <= 16 bf16 rows in, ``out`` dtype out.
+    """One prepared launch: weight (q, s) of pack_mma, N x K, M <= MAX_M bf16 rows in, ``out`` dtype out.
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
@@ -116,7 +116,7 @@ class MmaDecode:
         self.block = 32 * WARPS[mt]
         self.kernel = _kernel(name, idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
-        self.grid = (N // 16,)
+        self.grid = (-(-M // mt), N // 16)
         self.scalars = (ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K))
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

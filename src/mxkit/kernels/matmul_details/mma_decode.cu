@@ -1,5 +1,5 @@
 // Small-M GEMM y = x @ W.T from bf16 activations and an MXFP4 weight, on tensor cores (mma.sync m16n8k16),
-// for decode (M <= 16). The PTX beside this file (mma_decode.ptx) is what mxkit loads; regenerate it with
+// for decode (M up to a few dozen: blocks of 8 or 16 tokens). The PTX beside this file (mma_decode.ptx) is what mxkit loads; regenerate it with
 // scripts/build_ptx.sh on a machine with nvcc after editing this file (a CPU test checks the two agree).
 //
 // The weight is read in the "mma" layout that mxkit.kernels.matmul_details._mma_decode.pack_mma writes once,
@@ -73,8 +73,8 @@ template <> __device__ __forceinline__ float to_out<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
-// NT n8 token tiles (M <= 8 * NT), UNROLL tiles per warp and batch, WARPS warps splitting K. grid (N / 16),
-// block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8, 8 x 2 for M <= 16).
+// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K.
+// grid (ceil(M / (8 * NT)), N / 16), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8, 8 x 2 for M <= 16).
 template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
@@ -83,7 +83,12 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   __shared__ float red[WARPS][NT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const long long strip = blockIdx.x;
+  // blockIdx.x: the group of 8 * NT tokens (fastest, so the groups of one strip run together and all but one
+  // read its weight bytes from L2); blockIdx.y: the 16-row strip
+  const long long strip = blockIdx.y;
+  x += (long long)blockIdx.x * 8 * NT * ldx;
+  y += (long long)blockIdx.x * 8 * NT * ldy;
+  M = min(M - (int)blockIdx.x * 8 * NT, 8 * NT);
   const int KT = K >> 6;
   const uint4* qs = q + strip * KT * 32 + lane;
   const uint32_t* ss = s + strip * KT * 8 + g;

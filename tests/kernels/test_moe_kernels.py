@@ -84,6 +84,17 @@ def test_gpu_align_one_program(T, E, k, block_m, rng_, rng):
     assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
 
 
+def act_flips(y64, x, w1, b1, w2, b2, tw, ids, act="swiglu_gpt_oss"):
+    """Per token, twice what rounding every element of the activation output v = act(x @ W1.T + b1) to bf16
+    moves the output (the float64 reference with v in float64 against y64, which rounds v as the kernel does).
+    The kernel's v, from float32 sums, can sit on the other side of a bf16 rounding boundary than the exact v:
+    that element then rounds to the neighbouring bf16 (one ulp away, where rounding moves it by at most half of
+    one), and the output moves with it; such elements are a few of all, so twice the all-elements effect
+    bounds them (seen: 1 of 727 tokens 12% past the bare 1.5x output-rounding bound, H200)."""
+    wide = moe_reference(x, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64)
+    return 2 * (wide - y64).norm(dim=1)
+
+
 def experts(E, N, K, fmt, g, *, band=3):
     w = torch.randn(E, N, K, generator=g) * 2.0 ** torch.randint(-band, band + 1, (E, N, 1), generator=g)
     return mxkit.quantize(w.cuda(), fmt)
@@ -155,7 +166,7 @@ def test_gpu_moe_layer(T, E, H, I, fmt, act, rng):
     y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64,
                         intermediate_dtype=torch.bfloat16)
     assert y.dtype == torch.bfloat16 and y.shape == (T, H)
-    assert_rows(y, y64, torch.zeros(T), factor=1.5)
+    assert_rows(y, y64, act_flips(y64, x, w1, b1, w2, b2, tw, ids, act), factor=1.5)
 
 
 @pytest.mark.gpu
@@ -174,8 +185,9 @@ def test_gpu_moe_expert_parallel_slices_sum_to_the_layer(rng):
                            out_dtype=torch.float32,
                            expert_range=(lo, hi), num_experts=E) for lo, hi in ((0, 12), (12, 13), (13, 32)))
     y64 = moe_reference(x, w1, None, w2, None, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
-    assert_rows(whole, y64, torch.zeros(T), factor=1.5)
-    assert_rows(parts, y64, torch.zeros(T), factor=1.5)
+    flips = act_flips(y64, x, w1, None, w2, None, tw, ids)
+    assert_rows(whole, y64, flips, factor=1.5)
+    assert_rows(parts, y64, flips, factor=1.5)
 
 
 @pytest.mark.gpu

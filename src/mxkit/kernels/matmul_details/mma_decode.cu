@@ -74,13 +74,18 @@ template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float
 template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
 // NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K.
-// grid (ceil(M / (8 * NT)), N / 16), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8, 8 x 2 for M <= 16).
+// grid (ceil(M / (8 * NT)), N / 16, S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
+// 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
+// writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
+// (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
+// deterministic whichever block arrives last.
 template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
-                                                 OUT* __restrict__ y, int M, int N, int K, long long ldx,
-                                                 long long ldy) {
+                                                 OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
+                                                 int M, int N, int K, long long ldx, long long ldy) {
   __shared__ float red[WARPS][NT][4][32];
+  __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   // blockIdx.x: the group of 8 * NT tokens (fastest, so the groups of one strip run together and all but one
@@ -90,6 +95,8 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   y += (long long)blockIdx.x * 8 * NT * ldy;
   M = min(M - (int)blockIdx.x * 8 * NT, 8 * NT);
   const int KT = K >> 6;
+  const int S = gridDim.z, split = blockIdx.z;
+  const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
   const uint4* qs = q + strip * KT * 32 + lane;
   const uint32_t* ss = s + strip * KT * 8 + g;
   const uint4* xr[NT];
@@ -110,18 +117,18 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   uint32_t sv[UNROLL], sn[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const int kt = warp + u * WARPS;
-    if (kt < KT) {
+    const int kt = kt_lo + warp + u * WARPS;
+    if (kt < kt_hi) {
       qv[u] = ld_stream(qs + (long long)kt * 32);
       sv[u] = __ldg(ss + (long long)kt * 8);
     }
   }
-  for (int t0 = warp; t0 < KT; t0 += WARPS * UNROLL) {
+  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
     uint4 xv[UNROLL][NT][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
-      if (kt < KT) {
+      if (kt < kt_hi) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -129,7 +136,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
             xv[u][nt][b] = xm[nt] ? __ldg(xr[nt] + kt * 8 + b * 4) : make_uint4(0u, 0u, 0u, 0u);
       }
       const int kn = kt + WARPS * UNROLL;  // the next batch, in flight while this one is computed
-      if (kn < KT) {
+      if (kn < kt_hi) {
         qn[u] = ld_stream(qs + (long long)kn * 32);
         sn[u] = __ldg(ss + (long long)kn * 8);
       }
@@ -137,7 +144,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
-      if (kt < KT) {
+      if (kt < kt_hi) {
         const uint32_t w[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
@@ -171,12 +178,36 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
   __syncthreads();
-  // thread i < 32 * NT * 4 sums one (nt, i, lane) over the warps in order, adds the bias, rounds once
-  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
-    const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
-    float v = red[0][nt][i][l];
+  // thread e < 32 * NT * 4 sums one (nt, i, lane) over the warps in order; with S > 1 the block's partial goes
+  // to ws and the last block of the (token block, strip) sums the S partials in order
+  const long long tile = (long long)blockIdx.x * gridDim.y + strip;
+  float* part = ws + tile * S * (NT * 128);
+  if (S > 1) {
+    for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
+      const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
+      float v = red[0][nt][i][l];
 #pragma unroll
-    for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
+      for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
+      part[split * (NT * 128) + e] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+  }
+  for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
+    const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
+    float v;
+    if (S > 1) {
+      v = __ldcg(part + e);
+      for (int z = 1; z < S; ++z) v += __ldcg(part + z * (NT * 128) + e);
+    } else {
+      v = red[0][nt][i][l];
+#pragma unroll
+      for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
+    }
     const int row = (int)strip * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
     const int m = 8 * nt + 2 * (l & 3) + (i & 1);               // token
     if (m < M) {
@@ -184,6 +215,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
       y[m * ldy + row] = to_out<OUT>(v);
     }
   }
+  if (S > 1 && threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (or graph replay)
 }
 
 }  // namespace
@@ -191,8 +223,9 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 #define MXKIT_MMA_DECODE(NAME, NT, UNROLL, WARPS, SPECIAL, OUT)                                                                          \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(                                               \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
-      const float* __restrict__ bias, OUT* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) { \
-    mxfp4_mma_decode<NT, UNROLL, WARPS, SPECIAL, OUT>(x, q, s, bias, y, M, N, K, ldx, ldy);                                            \
+      const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
+      int N, int K, long long ldx, long long ldy) {                                                             \
+    mxfp4_mma_decode<NT, UNROLL, WARPS, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy);                                            \
   }
 
 MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16, 1, 4, 4, false, __nv_bfloat16)

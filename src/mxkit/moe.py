@@ -83,16 +83,19 @@ def moe_experts(
     expert_range: Optional[tuple[int, int]] = None,
     num_experts: Optional[int] = None,
     backend: str = "auto",
+    packed: Optional[tuple] = None,
 ) -> torch.Tensor:
     """The expert computation on routed tokens: :func:`~mxkit.moe_reference.moe_reference`'s arguments and
     result (x (T, H), experts (E, 2I, H) / (E, H, I) MX along K, topk (T, k); returns (T, H) in ``out_dtype``,
-    default ``x.dtype``), run by ``backend``. Raises its TypeError / ValueError, and those of
-    :func:`resolve_moe_backend`."""
+    default ``x.dtype``), run by ``backend``. ``packed``: the experts of
+    :func:`mxkit.kernels.moe.pack_experts_mma` for the Triton backend's decode path (ignored elsewhere).
+    Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
     check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                    expert_range=expert_range, num_experts=num_experts)
-    impl = _IMPLS[resolve_moe_backend(backend, x.device)]
-    return impl(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
-                out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts)
+    name = resolve_moe_backend(backend, x.device)
+    extra = {"packed": packed} if name == "triton" and packed is not None else {}
+    return _IMPLS[name](x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
+                        out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts, **extra)
 
 
 def moe(
@@ -108,6 +111,7 @@ def moe(
     activation: str = "swiglu_gpt_oss",
     backend: str = "auto",
     expert_range: Optional[tuple[int, int]] = None,
+    packed: Optional[tuple] = None,
 ) -> torch.Tensor:
     """A mixture-of-experts layer with MX experts: route, run the experts, combine.
 
@@ -123,12 +127,16 @@ def moe(
       the result is their contribution alone; summed over a partition of the experts it is the whole layer
       (:mod:`mxkit.distributed` does that with an all-to-all).
     backend: ``"auto"``, ``"reference"`` or ``"triton"`` (module docstring).
+    packed: optional (gate_up, down) of :func:`mxkit.kernels.moe.pack_experts_mma` (MXFP4 experts packed once
+      for the tensor-core decode kernel, which the Triton backend takes up to 64 tokens; :class:`mxkit.nn.MXMoE`
+      keeps them per weight buffer).
     Returns (..., H) in ``x.dtype``. Raises TypeError / ValueError for mismatched shapes (naming them), a
     ``top_k`` outside [1, E], non-MXTensor experts, a K that does not match, unknown names.
     """
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
     out = moe_experts(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
-                      expert_range=expert_range, num_experts=router_logits.shape[-1], backend=backend)
+                      expert_range=expert_range, num_experts=router_logits.shape[-1], backend=backend,
+                      packed=packed)
     return out.reshape(x.shape)
 
 

@@ -378,3 +378,85 @@ def test_gpu_mxmoe_layer(act_format, rng):
             ref = moe_w4a8_reference(mxkit.quantize_fp8_rowwise(x), m.gate_up_mx, m.gate_up_bias, m.down_mx,
                                      m.down_bias, tw, ids, out_dtype=torch.float64)
             assert_rows(y, ref, 0.01 * ref.norm(dim=1), factor=1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the decode path: both expert GEMMs on the tensor-core decode kernel (packed experts)
+
+
+def _count_grouped_mma(monkeypatch):
+    from mxkit.kernels.matmul_details import _mma_decode
+
+    calls = []
+    real = _mma_decode.grouped_mma
+
+    def counting(*a, **kw):
+        calls.append(kw["activation"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_mma_decode, "grouped_mma", counting)
+    return calls
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,H,I", [(1, 128, 2880, 2880), (3, 32, 2880, 2880), (64, 128, 256, 192),
+                                     (61, 32, 512, 256)])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
+    """Packed MXFP4 experts (pack_experts_mma): up to 64 tokens both GEMMs run on the tensor-core decode kernel
+    (counted), within the layer's bound of the float64 reference; an expert that receives every token, one that
+    receives none, biases, a scale byte 0 (the kernel's special-scale variant), top-4."""
+    from mxkit.kernels.moe import moe_triton, pack_experts_mma
+
+    k = 4
+    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    w1.scale[0, 3, 1] = 0
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+    ids = rand_ids(T, k, E, rng, every=3, none=9).cuda()
+    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
+    packed = (pack_experts_mma(w1, interleave_halves=act == "swiglu"), pack_experts_mma(w2))
+    assert packed[0].special and not packed[1].special
+    calls = _count_grouped_mma(monkeypatch)
+    y = moe_triton(x, w1, b1, w2, b2, tw, ids, activation=act, packed=packed)
+    assert calls == [act, None]
+    y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64,
+                        intermediate_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == (T, H)
+    assert_rows(y, y64, act_flips(y64, x, w1, b1, w2, b2, tw, ids, act), factor=1.5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_moe_decode_mma_expert_range_and_graph(rng, monkeypatch):
+    """The packed decode path on a slice of the experts (the slices' float32 partials sum to the layer within
+    its bound), beyond 64 tokens the Triton kernels (not counted), and a CUDA graph replay equal to eager."""
+    from mxkit.kernels.moe import moe_triton, pack_experts_mma
+
+    T, E, H, I, k = 16, 32, 256, 128, 4
+    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+    ids = rand_ids(T, k, E, rng).cuda()
+    tw = torch.rand(T, k, generator=rng).cuda()
+    calls = _count_grouped_mma(monkeypatch)
+    parts = 0
+    for lo, hi in ((0, 12), (12, 13), (13, 32)):
+        s1, s2 = select_experts(w1, lo, hi), select_experts(w2, lo, hi)
+        parts = parts + moe_triton(x, s1, None, s2, None, tw, ids, out_dtype=torch.float32, expert_range=(lo, hi),
+                                   num_experts=E, packed=(pack_experts_mma(s1), pack_experts_mma(s2)))
+    assert len(calls) == 6
+    y64 = moe_reference(x, w1, None, w2, None, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
+    assert_rows(parts, y64, act_flips(y64, x, w1, None, w2, None, tw, ids), factor=1.5)
+    packed = (pack_experts_mma(w1), pack_experts_mma(w2))
+    xl = torch.randn(65, H, generator=rng).to(torch.bfloat16).cuda()
+    moe_triton(xl, w1, None, w2, None, torch.rand(65, k, generator=rng).cuda(), rand_ids(65, k, E, rng).cuda(),
+               packed=packed)
+    assert len(calls) == 6  # 260 pairs > MMA_MAX_PAIRS: the Triton kernels
+    eager = moe_triton(x, w1, None, w2, None, tw, ids, packed=packed)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = moe_triton(x, w1, None, w2, None, tw, ids, packed=packed)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))

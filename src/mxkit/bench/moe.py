@@ -200,12 +200,17 @@ GRAPH_TOKENS = [64]  # set by --graph-tokens
 
 
 def _mxkit(case: MoeCase, inp: Inputs, ctx):
-    from ..kernels.moe import fold_experts, moe_triton, moe_w4a8_triton
+    from ..kernels.moe import MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma
     from ..ops import quantize_fp8_rowwise
 
     w, x, tw, ids = inp.weights, inp.x, inp.tw, inp.ids
     if case.mode == "w4a16":
-        return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
+        if ids.numel() > MMA_MAX_PAIRS:
+            return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
+        # decode: the experts packed once for the tensor-core decode kernel (MXMoE keeps them per buffer)
+        packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
+        pack_us = ctx.time_fn(lambda: (pack_experts_mma(w.w1), pack_experts_mma(w.w2)))[0]
+        return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), {"pack_us": pack_us}
     f1, f2 = fold_experts(w.w1), fold_experts(w.w2)
     if f1 is None or f2 is None:
         raise BenchUnavailable("an expert row does not fold (block scales spanning more than 14)")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["CudaDriverUnavailable", "load_module", "Kernel"]
+__all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch"]
 
 
 class CudaDriverUnavailable(RuntimeError):
@@ -80,10 +80,30 @@ class Kernel:
         self.name, self.device = name, device
 
     def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
-        vals = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor)
-                else ctypes.c_void_p(0) if a is None else a for a in args]
-        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+        self.bind(args)(grid, block)
+
+    def bind(self, args: Sequence) -> "BoundLaunch":
+        """The launch with its parameter block built once; :meth:`BoundLaunch.set_ptr` swaps a pointer argument
+        (the per-call tensors) without rebuilding it (the eager hot path)."""
+        return BoundLaunch(self, args)
+
+
+class BoundLaunch:
+    """A kernel and its ``ctypes`` parameter block (see :meth:`Kernel.bind`)."""
+
+    def __init__(self, kernel: Kernel, args: Sequence):
+        self.kernel = kernel
+        self.vals = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor)
+                     else ctypes.c_void_p(0) if a is None else a for a in args]
+        self.params = (ctypes.c_void_p * len(self.vals))(
+            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.vals])
+
+    def set_ptr(self, i: int, t: Optional[torch.Tensor]) -> None:
+        self.vals[i].value = t.data_ptr() if t is not None else 0
+
+    def __call__(self, grid: Sequence[int], block: int) -> None:
+        k = self.kernel
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        _check(_libcuda().cuLaunchKernel(self.fn, gx, gy, gz, block, 1, 1, 0, ctypes.c_void_p(stream), params,
-                                         None), f"launching {self.name}")
+        stream = torch.cuda.current_stream(k.device).cuda_stream
+        _check(_libcuda().cuLaunchKernel(k.fn, gx, gy, gz, block, 1, 1, 0, ctypes.c_void_p(stream), self.params,
+                                         None), f"launching {k.name}")

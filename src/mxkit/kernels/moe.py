@@ -32,7 +32,8 @@ from ..moe_reference import check_moe_args, moe_reference
 from ..tensor import MXTensor
 from .matmul import W_KINDS, _scale_extrema, exact_scale_range
 
-__all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton"]
+__all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
+           "pack_experts_mma", "MMA_MAX_PAIRS"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,66 @@ def grouped_matmul_w16(
     return out
 
 
+def _mma_ready(x: torch.Tensor) -> bool:
+    from .matmul_details._mma_decode import available
+
+    return (x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and available(x.device.index if x.device.index is not None else torch.cuda.current_device()) is None)
+
+
+# the decode path: both expert GEMMs on the tensor-core decode kernel (matmul_details/mma_decode.cu)
+
+MMA_MAX_PAIRS = 256  # (token, slot) pairs up to which moe_triton takes the packed experts (64 tokens, top-4)
+
+
+@dataclass(frozen=True, eq=False)
+class MmaExperts:
+    """MXFP4 experts (E, N, K) in the layout of the tensor-core decode kernel (:func:`pack_experts_mma`): q, s
+    of :func:`mxkit.kernels.matmul_details._mma_decode.pack_mma` on the (E * N, K) weight; ``special``: a scale
+    byte 0 or 255 is present; ``interleaved``: rows reordered from ``[gate; up]`` halves to (gate, up) pairs."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+    shape: tuple
+    special: bool
+    interleaved: bool = False
+
+
+def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optional[MmaExperts]:
+    """Pack MXFP4 experts (E, N, K) along K once for the decode path of :func:`moe_triton` (``packed=``); None
+    for other formats or shapes (N % 16, K % 64). One host sync (the special-scale flag)."""
+    from .matmul_details._mma_decode import pack_mma
+
+    E, N, K = w.shape
+    if w.fmt.name != "mxfp4_e2m1" or N % 16 or K % 64 or w.axis != 2:
+        return None
+    qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
+    if interleave_halves:
+        qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
+    q, s = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc.reshape(E * N, K // 32).contiguous())
+    special = bool(((sc == 0) | (sc == 255)).any())
+    return MmaExperts(q, s, (E, N, K), special, interleave_halves)
+
+
+def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H, activation,
+             expert_range) -> torch.Tensor:
+    from .matmul_details._mma_decode import grouped_mma
+
+    n = T * k
+    ids, eids = align_device(topk_ids, E, 8, lo=lo)
+    if b1 is not None:
+        b1 = b1.to(torch.float32)
+        b1 = (_interleave_halves(b1, 1) if p1.interleaved else b1).contiguous()
+    b2 = None if b2 is None else b2.to(torch.float32).contiguous()
+    h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
+    grouped_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, eids, n, k, gather=True, bias=b1, activation=activation,
+                rw=None, out=h)
+    y = (torch.zeros if expert_range is not None else torch.empty)(n, H, device=x.device, dtype=torch.float32)
+    grouped_mma(h, p2.q, p2.s, p2.special, H, I, ids, eids, n, k, gather=False, bias=b2, activation=None,
+                rw=rw.contiguous(), out=y)
+    return y
+
+
 def moe_triton(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -202,10 +263,16 @@ def moe_triton(
     out_dtype: Optional[torch.dtype] = None,
     expert_range: Optional[tuple[int, int]] = None,
     num_experts: Optional[int] = None,
+    packed: Optional[tuple] = None,
 ) -> torch.Tensor:
     """The expert computation of :func:`mxkit.moe.moe_experts` on CUDA (module docstring). x (T, H) bf16 (other
     float dtypes, FP6 experts and weights outside the bf16-exact envelope take the reference with the
-    intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype)."""
+    intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
+
+    packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
+    ``interleave_halves`` for ``"swiglu"``): up to :data:`MMA_MAX_PAIRS` (token, slot) pairs both GEMMs run on
+    the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact; the same roundings: h in bf16,
+    the down GEMM in float32)."""
     T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype
@@ -219,6 +286,11 @@ def moe_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     rw = topk_weights.reshape(-1).to(torch.float32)
+    if (packed is not None and packed[0] is not None and packed[1] is not None and n <= MMA_MAX_PAIRS
+            and packed[0].interleaved == (activation == "swiglu") and _mma_ready(x)):
+        y = _moe_mma(x, packed[0], b_gate_up, packed[1], b_down, rw, topk_ids, E, lo, T, k, I, H, activation,
+                     expert_range)
+        return y.view(T, k, H).sum(1).to(out_dtype)
     per_expert = n / (num_experts or E)  # routed rows per expert (of all ranks: the same schedule on each)
     cfg1 = moe_config(per_expert, 2 * I, H)
     ids, eids = align_device(topk_ids, E, cfg1.block_m, lo=lo)

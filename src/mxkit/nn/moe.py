@@ -113,6 +113,7 @@ class MXMoE(nn.Module):
         self.routing, self.activation, self.backend = routing, activation, backend
         self.act_format = act_format
         self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
+        self._packed: Optional[tuple] = None  # (key, decode-packed pair), as _folded
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -297,7 +298,8 @@ class MXMoE(nn.Module):
             y = ep_moe(*args, ranges=self.ep_ranges, group=self.ep_group, **kw)
         else:
             partial = self.expert_range != (0, self.num_experts)
-            y = moe(*args, expert_range=self.expert_range if partial else None, **kw)
+            y = moe(*args, expert_range=self.expert_range if partial else None, packed=self._packed_experts(x),
+                    **kw)
         if not self.return_router_scores:
             return y
         scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
@@ -317,6 +319,24 @@ class MXMoE(nn.Module):
                     fold_experts(self.down_mx))
             self._folded = (key, pair)
         return self._folded[1]
+
+    def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
+        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`),
+        made once per buffer storage and version; None off CUDA, for other formats, or beyond the decode
+        envelope (the packs are made on the first decode-sized call)."""
+        if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
+            return None
+        from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma
+
+        if x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS:
+            return self._packed[1] if self._packed is not None else None
+        bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
+        key = tuple((b.data_ptr(), b._version) for b in bufs)
+        if self._packed is None or self._packed[0] != key:
+            pair = (pack_experts_mma(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
+                    pack_experts_mma(self.down_mx))
+            self._packed = (key, pair)
+        return self._packed[1]
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "

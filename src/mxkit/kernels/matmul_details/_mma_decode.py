@@ -42,18 +42,27 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
     if qdata.dim() != 2 or N % 16 or K % 64 or tuple(scale.shape) != (N, K // 32):
         raise ValueError(f"pack_mma needs qdata [N, K/2] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "
                          f"got {tuple(qdata.shape)} and {tuple(scale.shape)}")
+    q = torch.empty(N // 16, K // 64, 32, 4, dtype=torch.int32, device=qdata.device)
+    step = max(16, (1 << 23) // K // 16 * 16)  # rows per chunk: int64 temporaries of at most 64 MB
+    for r0 in range(0, N, step):
+        q[r0 // 16:(r0 + step) // 16] = _pack_words(qdata[r0:r0 + step])
+    s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
+    return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+
+
+def _pack_words(qdata: torch.Tensor) -> torch.Tensor:
+    """The lane words of rows qdata [n, K / 2] (n % 16 == 0): int32 [n / 16, K / 64, 32, 4]."""
+    n, K = qdata.shape[0], qdata.shape[1] * 2
     # column = 64 tile + 32 b + 8 t + 4 s + 2 kh + e; row = 16 r + 8 h + g; k-step j = 2 b + s
-    c = _nibbles(qdata).view(N // 16, 2, 8, K // 64, 2, 4, 2, 2, 2)  # r, h, g, tile, b, t, s, kh, e
+    c = _nibbles(qdata).view(n // 16, 2, 8, K // 64, 2, 4, 2, 2, 2)  # r, h, g, tile, b, t, s, kh, e
     c = c.permute(0, 3, 2, 5, 4, 6, 7, 1, 8).to(torch.int64)          # r, tile, g, t, b, s, kh, h, e
-    c = c.reshape(N // 16, K // 64, 32, 4, 4, 2)                      # ..., lane, j, pair p = h + 2 kh, half e
+    c = c.reshape(n // 16, K // 64, 32, 4, 4, 2)                      # ..., lane, j, pair p = h + 2 kh, half e
     word = torch.zeros(c.shape[:4], dtype=torch.int64, device=c.device)
     for (p, e), pos in BITS.items():
         v = c[..., p, e]
         for bit, at in enumerate(pos):
             word |= ((v >> bit) & 1) << at
-    q = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-    s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
-    return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
 
 
 def unpack_mma(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,11 +146,48 @@ class MmaDecode:
             self.cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32)
         else:
             self.ws = self.cnt = None
-        self.scalars = (ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K))
+        self.launch = None  # bound on the first call (x's row stride is an argument)
+        self.ldx = None
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""
         y = torch.empty(self.M, self.N, device=x.device, dtype=self.out)
-        self.kernel(self.grid, self.block, (x, self.q, self.s, bias, y, self.ws, self.cnt) + self.scalars
-                    + (ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(self.N)))
+        if self.launch is None or x.stride(0) != self.ldx:
+            self.ldx = x.stride(0)
+            self.launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt, ctypes.c_int(self.M),
+                                            ctypes.c_int(self.N), ctypes.c_int(self.K), ctypes.c_longlong(self.ldx),
+                                            ctypes.c_longlong(self.N)))
+        else:
+            launch = self.launch
+            launch.set_ptr(0, x)
+            launch.set_ptr(3, bias)
+            launch.set_ptr(4, y)
+        self.launch(self.grid, self.block)
         return y
+
+
+# --------------------------------------------------------------------------------------------------------
+# grouped (MoE experts)
+
+GROUPED_ACTS = {"swiglu_gpt_oss": "swiglu_gpt_oss", "swiglu": "swiglu", None: "down"}
+
+
+def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int,
+                ids: torch.Tensor, eids: torch.Tensor, n_valid: int, top_k: int, *, gather: bool,
+                bias: Optional[torch.Tensor], activation: Optional[str], rw: Optional[torch.Tensor],
+                out: torch.Tensor) -> torch.Tensor:
+    """One grouped GEMM of ``mma_decode.cu``'s ``mxfp4_mma_grouped_*`` kernels (its comment has the contract):
+    x bf16 [*, K] (rows 16-byte aligned); experts (q, s) of :func:`pack_mma` on the (E * N, K) weight; ids /
+    eids int32 of ``align_device`` with blocks of 8; bias float32 [E, N] or None; activation "swiglu_gpt_oss" /
+    "swiglu" (rows interleaved: gate 2c, up 2c + 1; bf16 out, N / 2 columns, gather=True, no rw) or None (float32
+    out, N columns, gather=False, rw float32 [n_valid]). Writes the valid rows of ``out`` and returns it."""
+    kind = GROUPED_ACTS[activation]
+    if (activation is not None) != gather or (activation is None) != (rw is not None):
+        raise ValueError("grouped_mma: the activation goes with gather and bf16 out, rw with the down GEMM")
+    dev = x.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    k = _kernel(f"mxfp4_mma_grouped_{kind}{'_special' if special else ''}", idx)
+    k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
+                                     ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
+                                     ctypes.c_longlong(out.stride(0))))
+    return out

@@ -73,45 +73,17 @@ template <> __device__ __forceinline__ float to_out<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
-// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K.
-// grid (ceil(M / (8 * NT)), N / 16, S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
-// 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
-// writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
-// (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
-// deterministic whichever block arrives last.
-template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
-__device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
-                                                 const uint32_t* __restrict__ s, const float* __restrict__ bias,
-                                                 OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
-                                                 int M, int N, int K, long long ldx, long long ldy) {
-  __shared__ float red[WARPS][NT][4][32];
-  __shared__ int last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  // blockIdx.x: the group of 8 * NT tokens (fastest, so the groups of one strip run together and all but one
-  // read its weight bytes from L2); blockIdx.y: the 16-row strip
-  const long long strip = blockIdx.y;
-  x += (long long)blockIdx.x * 8 * NT * ldx;
-  y += (long long)blockIdx.x * 8 * NT * ldy;
-  M = min(M - (int)blockIdx.x * 8 * NT, 8 * NT);
-  const int KT = K >> 6;
-  const int S = gridDim.z, split = blockIdx.z;
-  const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
-  const uint4* qs = q + strip * KT * 32 + lane;
-  const uint32_t* ss = s + strip * KT * 8 + g;
-  const uint4* xr[NT];
-  bool xm[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    xm[nt] = g + 8 * nt < M;
-    xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
-  }
-  float acc[NT][4];
+// The K loop of one warp: tiles kt_lo + warp, + WARPS, ... < kt_hi of the strip at qs / ss (the lane's
+// q and scale-word pointers), x rows of the lane's tokens at xr[nt] (xm[nt]: the row exists), accumulated
+// into acc[nt][0..3] (rows g, g, g+8, g+8; tokens 8 nt + 2t, + 1, 2t, + 1).
+template <int NT, int UNROLL, int WARPS, bool SPECIAL>
+__device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
+                                         const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
+                                         float (&acc)[NT][4]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-
   // x rows: lane (g, t) reads token g (+ 8 nt), columns 32b + 8t .. + 7 of each block b: one uint4
   uint4 qv[UNROLL], qn[UNROLL];
   uint32_t sv[UNROLL], sn[UNROLL];
@@ -173,6 +145,42 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
       sv[u] = sn[u];
     }
   }
+}
+
+// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K.
+// grid (ceil(M / (8 * NT)), N / 16, S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
+// 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
+// writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
+// (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
+// deterministic whichever block arrives last.
+template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
+__device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
+                                                 const uint32_t* __restrict__ s, const float* __restrict__ bias,
+                                                 OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
+                                                 int M, int N, int K, long long ldx, long long ldy) {
+  __shared__ float red[WARPS][NT][4][32];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  // blockIdx.x: the group of 8 * NT tokens (fastest, so the groups of one strip run together and all but one
+  // read its weight bytes from L2); blockIdx.y: the 16-row strip
+  const long long strip = blockIdx.y;
+  x += (long long)blockIdx.x * 8 * NT * ldx;
+  y += (long long)blockIdx.x * 8 * NT * ldy;
+  M = min(M - (int)blockIdx.x * 8 * NT, 8 * NT);
+  const int KT = K >> 6;
+  const int S = gridDim.z, split = blockIdx.z;
+  const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
+  const uint4* xr[NT];
+  bool xm[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xm[nt] = g + 8 * nt < M;
+    xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
+  }
+  float acc[NT][4];
+  mainloop<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
+                                       warp, acc);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -218,6 +226,78 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   if (S > 1 && threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (or graph replay)
 }
 
+// Grouped (MoE expert) decode GEMM over tokens sorted by expert (vLLM's moe_align_block_size with blocks of
+// 8): block (mb, strip) computes the sorted rows ids[8 mb .. 8 mb + 7] (flat (token, slot) index i; the
+// padding id is n_valid) by the 16 weight rows of `strip` of expert eids[mb] (-1: nothing to do). Experts are
+// packed one after another (expert e's strips follow expert e - 1's). The x row of i is i / top_k (GATHER: the
+// token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
+// on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
+// times rw[i]; stored once in OUT at out[i] (row stride ldo).
+template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT>
+__device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
+                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
+                                                  const float* __restrict__ rw, OUT* __restrict__ out,
+                                                  const int* __restrict__ ids, const int* __restrict__ eids, int N,
+                                                  int K, int n_valid, int top_k, long long ldx, long long ldo) {
+  constexpr int WARPS = 4, UNROLL = 4;
+  __shared__ float red[WARPS][4][32];
+  __shared__ float v[8][17];
+  const int mb = blockIdx.x, strip = blockIdx.y;
+  const int e = eids[mb];
+  if (e < 0) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int id = ids[mb * 8 + g];
+  const bool xm[1] = {id < n_valid};
+  const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
+  const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
+  const int KT = K >> 6;
+  const long long es = (long long)e * (N / 16) + strip;
+  float acc[1][4];
+  mainloop<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
+  __syncthreads();
+  for (int el = threadIdx.x; el < 128; el += blockDim.x) {
+    const int i = el / 32, l = el & 31;
+    float sum = red[0][i][l];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) sum += red[w][i][l];
+    const int r = (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
+    if (bias != nullptr) sum += bias[(long long)e * N + strip * 16 + r];
+    v[m][r] = sum;
+  }
+  __syncthreads();
+  if (ACT == 0) {
+    for (int el = threadIdx.x; el < 128; el += blockDim.x) {
+      const int m = el / 16, r = el % 16;
+      const int i = ids[mb * 8 + m];
+      if (i < n_valid) {
+        float val = v[m][r];
+        if (MUL_RW) val *= rw[i];
+        out[(long long)i * ldo + strip * 16 + r] = to_out<OUT>(val);
+      }
+    }
+  } else {
+    for (int el = threadIdx.x; el < 64; el += blockDim.x) {
+      const int m = el / 8, c = el % 8;
+      const int i = ids[mb * 8 + m];
+      if (i < n_valid) {
+        float gate = v[m][2 * c], up = v[m][2 * c + 1], val;
+        if (ACT == 1) {  // transformers' GptOssExperts: alpha 1.702, limit 7.0
+          gate = fminf(gate, 7.f);
+          up = fminf(fmaxf(up, -7.f), 7.f);
+          val = (up + 1.f) * (gate / (1.f + expf(-1.702f * gate)));
+        } else {
+          val = gate / (1.f + expf(-gate)) * up;
+        }
+        if (MUL_RW) val *= rw[i];
+        out[(long long)i * ldo + strip * 8 + c] = to_out<OUT>(val);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 #define MXKIT_MMA_DECODE(NAME, NT, UNROLL, WARPS, SPECIAL, OUT)                                                                          \
@@ -240,3 +320,20 @@ MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16, 2, 2, 8, false, __half)
 MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16_special, 2, 2, 8, true, __half)
 MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32, 2, 2, 8, false, float)
 MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32_special, 2, 2, 8, true, float)
+
+#define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT)                                             \
+  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+      const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
+      const float* __restrict__ bias, const float* __restrict__ rw, OUT* __restrict__ out,                     \
+      const int* __restrict__ ids, const int* __restrict__ eids, int N, int K, int n_valid, int top_k,         \
+      long long ldx, long long ldo) {                                                                          \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT>(x, q, s, bias, rw, out, ids, eids, N, K, n_valid,     \
+                                                         top_k, ldx, ldo);                                     \
+  }
+
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, false, __nv_bfloat16)
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_gpt_oss_special, 1, true, false, true, __nv_bfloat16)
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu, 2, true, false, false, __nv_bfloat16)
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_special, 2, true, false, true, __nv_bfloat16)
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_down, 0, false, true, false, float)
+MXKIT_MMA_GROUPED(mxfp4_mma_grouped_down_special, 0, false, true, true, float)

@@ -305,38 +305,36 @@ class MXMoE(nn.Module):
         scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return y, scores.to(logits.dtype)
 
-    def _folded_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """The experts folded for W4A8 on CUDA, made once per buffer storage and version (None elsewhere: the
-        reference runs)."""
-        if not x.is_cuda or self.weight_format.bits not in (4, 6):
-            return None
+    def _per_buffers(self, slot: str, make) -> tuple:
+        """``make(interleave_halves)``'s (gate_up, down) pair, kept in ``slot`` and made again only when an
+        expert buffer's storage or version changed."""
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         key = tuple((b.data_ptr(), b._version) for b in bufs)
-        if self._folded is None or self._folded[0] != key:
-            from ..kernels.moe import fold_experts
+        kept = getattr(self, slot)
+        if kept is None or kept[0] != key:
+            kept = (key, (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
+                          make(self.down_mx)))
+            setattr(self, slot, kept)
+        return kept[1]
 
-            pair = (fold_experts(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
-                    fold_experts(self.down_mx))
-            self._folded = (key, pair)
-        return self._folded[1]
+    def _folded_experts(self, x: torch.Tensor) -> Optional[tuple]:
+        """The experts folded for W4A8 on CUDA (None elsewhere: the reference runs)."""
+        if not x.is_cuda or self.weight_format.bits not in (4, 6):
+            return None
+        from ..kernels.moe import fold_experts
+
+        return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`),
-        made once per buffer storage and version; None off CUDA, for other formats, or beyond the decode
-        envelope (the packs are made on the first decode-sized call)."""
+        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`);
+        None off CUDA, for other formats, or beyond the decode envelope (made on the first decode-sized call)."""
         if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
             return None
         from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma
 
         if x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS:
-            return self._packed[1] if self._packed is not None else None
-        bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
-        key = tuple((b.data_ptr(), b._version) for b in bufs)
-        if self._packed is None or self._packed[0] != key:
-            pair = (pack_experts_mma(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
-                    pack_experts_mma(self.down_mx))
-            self._packed = (key, pair)
-        return self._packed[1]
+            return None
+        return self._per_buffers("_packed", pack_experts_mma)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "

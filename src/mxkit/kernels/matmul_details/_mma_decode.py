@@ -43,7 +43,7 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
         raise ValueError(f"pack_mma needs qdata [N, K/2] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "
                          f"got {tuple(qdata.shape)} and {tuple(scale.shape)}")
     q = torch.empty(N // 16, K // 64, 32, 4, dtype=torch.int32, device=qdata.device)
-    step = max(16, (1 << 23) // K // 16 * 16)  # rows per chunk: int64 temporaries of at most 64 MB
+    step = max(16, (1 << 22) // K // 16 * 16)  # rows per chunk: 4M codes, int64 temporaries of 32 MB
     for r0 in range(0, N, step):
         q[r0 // 16:(r0 + step) // 16] = _pack_words(qdata[r0:r0 + step])
     s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
@@ -57,12 +57,20 @@ def _pack_words(qdata: torch.Tensor) -> torch.Tensor:
     c = _nibbles(qdata).view(n // 16, 2, 8, K // 64, 2, 4, 2, 2, 2)  # r, h, g, tile, b, t, s, kh, e
     c = c.permute(0, 3, 2, 5, 4, 6, 7, 1, 8).to(torch.int64)          # r, tile, g, t, b, s, kh, h, e
     c = c.reshape(n // 16, K // 64, 32, 4, 4, 2)                      # ..., lane, j, pair p = h + 2 kh, half e
-    word = torch.zeros(c.shape[:4], dtype=torch.int64, device=c.device)
-    for (p, e), pos in BITS.items():
-        v = c[..., p, e]
-        for bit, at in enumerate(pos):
-            word |= ((v >> bit) & 1) << at
+    # each code's bits at their positions: one table of 8 elements x 16 codes (disjoint bits: sum = or)
+    idx = c.flatten(-2) + 16 * torch.arange(8, device=c.device)
+    word = _word_table(c.device)[idx].sum(-1)
     return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _word_table(device: torch.device) -> torch.Tensor:
+    """int64 [8 * 16]: entry 16 (2p + e) + code = that code's bits placed where BITS puts element (p, e)."""
+    t = torch.zeros(8, 16, dtype=torch.int64)
+    for (p, e), pos in BITS.items():
+        for code in range(16):
+            t[2 * p + e, code] = sum(((code >> bit) & 1) << at for bit, at in enumerate(pos))
+    return t.flatten().to(device)
 
 
 def unpack_mma(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

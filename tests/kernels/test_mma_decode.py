@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mxkit
+from mxkit.kernels.matmul import gemm_table_override
 from mxkit.kernels.matmul_details import _mma_decode
 from mxkit.kernels.matmul_details._mma_decode import pack_mma, unpack_mma
 from mxkit.packed import PackedWeight
@@ -141,17 +142,18 @@ def test_gpu_decode_mma(K, rng):
     w16.scale[5, 0] = 127  # fp16 out: a row of 2^73 would overflow it
     pw16 = mxkit.pack_weight(w16)
     bias = torch.randn(N, generator=rng).cuda()
-    for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
-        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-        _poison_allocator()
-        check(a, pw, backend="auto", path="decode-mma", bias=bias if M % 2 else None)
-        _poison_allocator()
-        check(a, pw, backend="auto", path="decode-mma", out_dtype=torch.float32,
-              bias=bias.to(torch.bfloat16) if M == 3 else None)
-        _poison_allocator()
-        check(a, pw16, backend="auto", path="decode-mma", out_dtype=torch.float16)
-    y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
-                 path="decode-mma")
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 64}}}):  # the H200's table stops at 16
+        for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
+            a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+            _poison_allocator()
+            check(a, pw, backend="auto", path="decode-mma", bias=bias if M % 2 else None)
+            _poison_allocator()
+            check(a, pw, backend="auto", path="decode-mma", out_dtype=torch.float32,
+                  bias=bias.to(torch.bfloat16) if M == 3 else None)
+            _poison_allocator()
+            check(a, pw16, backend="auto", path="decode-mma", out_dtype=torch.float16)
+        y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
+                     path="decode-mma")
     assert y.shape == (2, 3, N)
 
 

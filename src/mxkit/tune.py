@@ -4,7 +4,8 @@
 For each K class (K <= 4096, larger K) it times every decode-kernel schedule of a small grid on the given
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
-the largest M at which the decode kernel is faster on every shape. The result is written as a table of the
+the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
+tensor-core decode kernel on packed MXFP4 weights (0 where it cannot run). The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
 """
@@ -57,7 +58,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             try:
                 for N, K in ks:
                     x = torch.randn(1, K, device=dev, dtype=torch.bfloat16, generator=g)
-                    total += _time(lambda: mm._decode_w4a16(x, weights[(N, K)], cfg), rep_ms)
+                    total += _time(lambda: mm.decode_w16(x, weights[(N, K)], cfg), rep_ms)
             except Exception as e:  # a schedule that does not compile here (shared memory) is skipped
                 log(f"  skip {cfg}: {str(e).splitlines()[0][:100]}")
                 continue
@@ -75,7 +76,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             for (N, K), w in weights.items():
                 x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
                 cfg = mm.decode_config(dev, K)
-                t_dec = _time(lambda: mm._decode_w4a16(x, w, cfg), rep_ms)
+                t_dec = _time(lambda: mm.decode_w16(x, w, cfg), rep_ms)
                 t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
                 log(f"M={M} N={N} K={K}: decode {t_dec:.1f} us, dense {t_dense:.1f} us")
                 wins &= t_dec < t_dense
@@ -83,6 +84,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                 break
             max_m = M
     entry["decode_w4a16"]["max_m"] = max_m
+    entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
     table = {name: entry}
@@ -90,3 +92,33 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
         Path(out).write_text(json.dumps(table, indent=2) + "\n")
         log(f"wrote {out}")
     return table
+
+
+def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
+    """The largest M of 1, 2, 4, ..., 64 at which decode-mma beats the dense path on every shape."""
+    from .kernels import matmul as mm
+    from .kernels.matmul_details import _mma_decode
+
+    dev = torch.device("cuda")
+    why = _mma_decode.available(torch.cuda.current_device())
+    if why is not None:
+        log(f"decode-mma cannot run here: {why}")
+        return 0
+    packed = {s: mm.pack_weight(w) for s, w in weights.items()}
+    max_m = 0
+    for M in (1, 2, 4, 8, 16, 32, 64):
+        wins = True
+        for (N, K), pw in packed.items():
+            if pw.mma_q is None:
+                continue
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+            run = _mma_decode.MmaDecode(pw.mma_q, pw.mma_s, N, K, M, torch.bfloat16,
+                                        special=pw.has_nan or pw.scale_min == 0)
+            t_mma = _time(lambda: run(x, None), rep_ms)
+            t_dense = _time(lambda: mm._dense(x, mm._dequantize(pw.source, torch.bfloat16), torch.bfloat16), rep_ms)
+            log(f"M={M} N={N} K={K}: decode-mma {t_mma:.1f} us, dense {t_dense:.1f} us")
+            wins &= t_mma < t_dense
+        if not wins:
+            break
+        max_m = M
+    return max_m

@@ -57,7 +57,7 @@ def test_gpu_summary_on_a_kept_run(capsys):
     assert summary.main([str(run), "560"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("==== gpu_check summary (560 s) ====")
-    assert "464 passed, 0 failed" in out and "24 mxkit rows, 0 n/a or error, 0 byte mismatches" in out
+    assert "488 passed, 0 failed" in out and "24 mxkit rows, 0 n/a or error, 0 byte mismatches" in out
     assert sum(" match" in line for line in out.splitlines()) == 24  # 12 op x format at two shapes
     assert "bench_gemm: NVIDIA H100" in out and sum(" fold-fp8 " in line for line in out.splitlines()) == 16
     assert "bench_moe: NVIDIA H100" in out and sum(line.startswith("w4a16 ") for line in out.splitlines()) == 24

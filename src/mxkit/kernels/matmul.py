@@ -342,6 +342,8 @@ def _mma_max_m(device: torch.device) -> int:
     from .matmul_details._mma_decode import MAX_M
 
     entry = _entry(device, "decode_mma")
+    if entry is None:  # a table without the entry (one `mxkit tune gemm` wrote): the packaged default
+        entry = _packaged_table()["default"].get("decode_mma")
     return min(int(entry["max_m"]), MAX_M) if entry else 0
 
 
@@ -610,10 +612,11 @@ class _DecodeCall:
     call (the GEMM's split-K partials, then their fixed-order sum with the bias and the output rounding) through
     :class:`mxkit.kernels.launch._Launcher` (:func:`prepared_call`)."""
 
-    def __init__(self, w: MXTensor, M: int, lead: tuple, out: torch.dtype, has_bias: bool, device: torch.device):
+    def __init__(self, w: MXTensor, M: int, lead: tuple, out: torch.dtype, has_bias: bool, device: torch.device,
+                 cfg: Optional[DecodeConfig] = None):
         import triton
 
-        cfg = decode_config(device, w.shape[1])
+        cfg = cfg or decode_config(device, w.shape[1])
         N, K = w.shape
         bk = cfg.block_k
         k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), bk) * bk
@@ -638,6 +641,12 @@ class _DecodeCall:
         # (the launcher takes tensors and ints only: without a bias, part stands in, never read)
         self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, 4)
         return y.view(*self.lead, N)
+
+
+def decode_w16(x: torch.Tensor, w: MXTensor, cfg: Optional[DecodeConfig] = None) -> torch.Tensor:
+    """The decode-w16 kernel alone on x bf16 (M, K) and an MX weight (N, K) with schedule ``cfg`` (default: the
+    table's), bf16 out, no bias: ``mxkit tune gemm``'s timed call. No envelope check (the caller's)."""
+    return _DecodeCall(w, x.shape[0], (x.shape[0],), torch.bfloat16, False, x.device, cfg)(x, None)
 
 
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:

@@ -13,6 +13,7 @@ with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into th
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -69,21 +70,10 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                                             ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
     entry = {"decode_w4a16": {"max_m": 64, "configs": configs}}
     name = torch.cuda.get_device_name()
-    max_m = 0
     with mm.gemm_table_override({name: entry}):
-        for M in (1, 2, 4, 8, 16, 32, 64):
-            wins = True
-            for (N, K), w in weights.items():
-                x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
-                cfg = mm.decode_config(dev, K)
-                t_dec = _time(lambda: mm.decode_w16(x, w, cfg), rep_ms)
-                t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
-                log(f"M={M} N={N} K={K}: decode {t_dec:.1f} us, dense {t_dense:.1f} us")
-                wins &= t_dec < t_dense
-            if not wins:
-                break
-            max_m = M
-    entry["decode_w4a16"]["max_m"] = max_m
+        entry["decode_w4a16"]["max_m"] = _envelope(
+            "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
+                       for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
@@ -99,25 +89,35 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
-    dev = torch.device("cuda")
-    why = _mma_decode.available(torch.cuda.current_device())
+    why = _mma_decode.available(torch.device("cuda"))
     if why is not None:
         log(f"decode-mma cannot run here: {why}")
         return 0
-    packed = {s: mm.pack_weight(w) for s, w in weights.items()}
+    runs = {}
+    for s, w in weights.items():
+        pw = mm.pack_weight(w)
+        if pw.mma_q is not None:
+            runs[s] = (w, lambda M, pw=pw: functools.partial(_mma_decode.MmaDecode.of(pw, M, torch.bfloat16),
+                                                              bias=None))
+    return _envelope("decode-mma", runs, g, rep_ms, log)
+
+
+def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
+    """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
+    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M."""
+    from .kernels import matmul as mm
+
+    dev = torch.device("cuda")
     max_m = 0
     for M in (1, 2, 4, 8, 16, 32, 64):
         wins = True
-        for (N, K), pw in packed.items():
-            if pw.mma_q is None:
-                continue
+        for (N, K), (w, make) in runs.items():
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
-            run = _mma_decode.MmaDecode(pw.mma_q, pw.mma_s, N, K, M, torch.bfloat16,
-                                        special=pw.has_nan or pw.scale_min == 0)
-            t_mma = _time(lambda: run(x, None), rep_ms)
-            t_dense = _time(lambda: mm._dense(x, mm._dequantize(pw.source, torch.bfloat16), torch.bfloat16), rep_ms)
-            log(f"M={M} N={N} K={K}: decode-mma {t_mma:.1f} us, dense {t_dense:.1f} us")
-            wins &= t_mma < t_dense
+            run = make(M)
+            t_run = _time(lambda: run(x), rep_ms)
+            t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
+            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
+            wins &= t_run < t_dense
         if not wins:
             break
         max_m = M

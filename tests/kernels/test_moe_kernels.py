@@ -147,6 +147,25 @@ def test_gpu_grouped_gemm(fmt, act, cfg, rng):
     assert_rows(out, y64, acc * rw.to(torch.float64), c=10.0 if act else 1.0)
 
 
+def layer_case(T, E, H, I, fmt, rng, k=4):
+    """(x, w1, b1, w2, b2, topk_weights, topk_ids) of a layer: biases, top-k, an expert that receives every
+    token (3) and one that receives none (9)."""
+    w1, w2 = experts(E, 2 * I, H, fmt, rng), experts(E, H, I, fmt, rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+    ids = rand_ids(T, k, E, rng, every=3, none=9).cuda()
+    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
+    return x, w1, b1, w2, b2, tw, ids
+
+
+def check_layer(y, case, act):
+    """y (bf16, (T, H)) within the layer's bound of the float64 reference (h rounded to bf16 as the kernels do;
+    act_flips for the activation's rounding flips)."""
+    y64 = moe_reference(*case, activation=act, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == (case[0].shape[0], case[0].shape[1])
+    assert_rows(y, y64, act_flips(y64, *case, act), factor=1.5)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("T,E,H,I,fmt", [(1, 128, 2880, 2880, "mxfp4_e2m1"), (3, 32, 2880, 2880, "mxfp4_e2m1"),
@@ -156,17 +175,8 @@ def test_gpu_grouped_gemm(fmt, act, cfg, rng):
 def test_gpu_moe_layer(T, E, H, I, fmt, act, rng):
     """The whole expert computation against the reference: an expert that receives every token, one that
     receives none, biases, top-4."""
-    k = 4
-    w1, w2 = experts(E, 2 * I, H, fmt, rng), experts(E, H, I, fmt, rng)
-    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
-    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
-    ids = rand_ids(T, k, E, rng, every=3, none=9).cuda()
-    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
-    y = moe_triton(x, w1, b1, w2, b2, tw, ids, activation=act)
-    y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64,
-                        intermediate_dtype=torch.bfloat16)
-    assert y.dtype == torch.bfloat16 and y.shape == (T, H)
-    assert_rows(y, y64, act_flips(y64, x, w1, b1, w2, b2, tw, ids, act), factor=1.5)
+    case = layer_case(T, E, H, I, fmt, rng)
+    check_layer(moe_triton(*case, activation=act), case, act)
 
 
 @pytest.mark.gpu
@@ -409,22 +419,15 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     receives none, biases, a scale byte 0 (the kernel's special-scale variant), top-4."""
     from mxkit.kernels.moe import moe_triton, pack_experts_mma
 
-    k = 4
-    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    case = layer_case(T, E, H, I, "mxfp4", rng)
+    w1, w2 = case[1], case[3]
     w1.scale[0, 3, 1] = 0
-    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
-    x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
-    ids = rand_ids(T, k, E, rng, every=3, none=9).cuda()
-    tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
     packed = (pack_experts_mma(w1, interleave_halves=act == "swiglu"), pack_experts_mma(w2))
     assert packed[0].special and not packed[1].special
     calls = _count_grouped_mma(monkeypatch)
-    y = moe_triton(x, w1, b1, w2, b2, tw, ids, activation=act, packed=packed)
+    y = moe_triton(*case, activation=act, packed=packed)
     assert calls == [act, None]
-    y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64,
-                        intermediate_dtype=torch.bfloat16)
-    assert y.dtype == torch.bfloat16 and y.shape == (T, H)
-    assert_rows(y, y64, act_flips(y64, x, w1, b1, w2, b2, tw, ids, act), factor=1.5)
+    check_layer(y, case, act)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ float32 accumulation plus one output rounding):
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
 ``decode-mma``
-    bf16 activations × a packed MXFP4 weight at small M (the tuned table's ``decode_mma.max_m``, default 64;
+    bf16 activations × a packed MXFP4 weight at small M (the tuned table's ``decode_mma.max_m``, default 32;
     N % 16 == 0, K % 64 == 0): a CUDA C++ kernel shipped as
     PTX and launched through the driver API (:mod:`.matmul_details._mma_decode`): E2M1 codes to bf16 in two
     integer operations per pair, ``mma.sync`` with float32 accumulation, each 32-element block's sum scaled by
@@ -353,7 +353,7 @@ def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
         return False
     from .matmul_details import _mma_decode
 
-    return _mma_decode.available(dev.index if dev.index is not None else torch.cuda.current_device()) is None
+    return _mma_decode.available(dev) is None
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -666,13 +666,15 @@ class _MmaCall:
     def __init__(self, b: PackedWeight, M: int, lead: tuple, out: torch.dtype):
         from .matmul_details._mma_decode import MmaDecode
 
-        N, K = b.shape
-        self.run = MmaDecode(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0)
-        self.M, self.K, self.N, self.lead = M, K, N, lead
+        self.run = MmaDecode.of(b, M, out)
+        self.M, self.N, self.K = M, *b.shape
+        self.lead = lead
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        from .matmul_details._mma_decode import rows_ok
+
         x = a.reshape(self.M, self.K)
-        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
+        if not rows_ok(x):  # the kernel reads rows in 16-byte loads
             x = x.clone(memory_format=torch.contiguous_format)
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.to(torch.float32).contiguous()

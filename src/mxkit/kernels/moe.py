@@ -190,13 +190,6 @@ def grouped_matmul_w16(
     return out
 
 
-def _mma_ready(x: torch.Tensor) -> bool:
-    from .matmul_details._mma_decode import available
-
-    return (x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
-            and available(x.device.index if x.device.index is not None else torch.cuda.current_device()) is None)
-
-
 # the decode path: both expert GEMMs on the tensor-core decode kernel (matmul_details/mma_decode.cu)
 
 MMA_MAX_PAIRS = 256  # (token, slot) pairs up to which moe_triton takes the packed experts (64 tokens, top-4)
@@ -229,6 +222,16 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
     q, s = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc.reshape(E * N, K // 32).contiguous())
     special = bool(((sc == 0) | (sc == 255)).any())
     return MmaExperts(q, s, (E, N, K), special, interleave_halves)
+
+
+def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
+    """Whether moe_triton's decode path runs: both experts packed (gate_up interleaved for "swiglu"), at most
+    MMA_MAX_PAIRS pairs, x's rows readable as they are, the kernel loadable here."""
+    from .matmul_details import _mma_decode as mma
+
+    p1, p2 = packed
+    return (p1 is not None and p2 is not None and n <= MMA_MAX_PAIRS and p1.interleaved == (activation == "swiglu")
+            and mma.rows_ok(x) and mma.available(x.device) is None)
 
 
 def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H, activation,
@@ -286,8 +289,7 @@ def moe_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     rw = topk_weights.reshape(-1).to(torch.float32)
-    if (packed is not None and packed[0] is not None and packed[1] is not None and n <= MMA_MAX_PAIRS
-            and packed[0].interleaved == (activation == "swiglu") and _mma_ready(x)):
+    if packed is not None and _mma_takes(packed, n, activation, x):
         y = _moe_mma(x, packed[0], b_gate_up, packed[1], b_down, rw, topk_ids, E, lo, T, k, I, H, activation,
                      expert_range)
         return y.view(T, k, H).sum(1).to(out_dtype)

@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from ...packed import PackedWeight
+
 PTX = Path(__file__).with_name("mma_decode.ptx")
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
@@ -92,10 +94,23 @@ def shape_ok(N: int, K: int) -> bool:
     return N % 16 == 0 and K % 64 == 0 and N > 0 and K > 0
 
 
+def rows_ok(x: torch.Tensor) -> bool:
+    """Whether the kernels can read x's rows as they are: unit stride along K, rows 16-byte aligned."""
+    return x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def available(device: torch.device) -> Optional[str]:
+    """None when the kernel can run on CUDA ``device``, else the reason it cannot (no PTX, a GPU older than
+    sm_80, the driver refusing the module, ``MXKIT_MMA_DECODE=0``)."""
+    return _available(_index(device))
+
+
 @functools.lru_cache(maxsize=None)
-def available(device_index: int) -> Optional[str]:
-    """None when the kernel can run on CUDA device ``device_index``, else the reason it cannot (no PTX, a GPU
-    older than sm_80, the driver refusing the module, ``MXKIT_MMA_DECODE=0``)."""
+def _available(device_index: int) -> Optional[str]:
     if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
         return "MXKIT_MMA_DECODE=0"
     if not PTX.exists():
@@ -138,7 +153,7 @@ class MmaDecode:
         if not 0 < M <= MAX_M:
             raise ValueError(f"decode-mma takes 1 <= M <= {MAX_M}, got {M}")
         dev = q.device
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        idx = _index(dev)
         mt = 8 if M <= 8 else 16
         name = f"mxfp4_mma_decode_m{mt}_{_OUT_NAMES[out]}{'_special' if special else ''}"
         self.block = 32 * WARPS[mt]
@@ -156,6 +171,13 @@ class MmaDecode:
             self.ws = self.cnt = None
         self.launch = None  # bound on the first call (x's row stride is an argument)
         self.ldx = None
+
+    @classmethod
+    def of(cls, b: PackedWeight, M: int, out: torch.dtype) -> "MmaDecode":
+        """The launch for packed weight ``b`` (its ``mma_q`` / ``mma_s``; the special-scale variant when its
+        scale extrema hold a byte 0 or 255)."""
+        N, K = b.shape
+        return cls(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""
@@ -177,9 +199,6 @@ class MmaDecode:
 # --------------------------------------------------------------------------------------------------------
 # grouped (MoE experts)
 
-GROUPED_ACTS = {"swiglu_gpt_oss": "swiglu_gpt_oss", "swiglu": "swiglu", None: "down"}
-
-
 def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int,
                 ids: torch.Tensor, eids: torch.Tensor, n_valid: int, top_k: int, *, gather: bool,
                 bias: Optional[torch.Tensor], activation: Optional[str], rw: Optional[torch.Tensor],
@@ -189,12 +208,11 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
     eids int32 of ``align_device`` with blocks of 8; bias float32 [E, N] or None; activation "swiglu_gpt_oss" /
     "swiglu" (rows interleaved: gate 2c, up 2c + 1; bf16 out, N / 2 columns, gather=True, no rw) or None (float32
     out, N columns, gather=False, rw float32 [n_valid]). Writes the valid rows of ``out`` and returns it."""
-    kind = GROUPED_ACTS[activation]
-    if (activation is not None) != gather or (activation is None) != (rw is not None):
-        raise ValueError("grouped_mma: the activation goes with gather and bf16 out, rw with the down GEMM")
-    dev = x.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    k = _kernel(f"mxfp4_mma_grouped_{kind}{'_special' if special else ''}", idx)
+    if activation not in ("swiglu_gpt_oss", "swiglu", None) or (activation is not None) != gather \
+            or (activation is None) != (rw is not None):
+        raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
+                         "rw with the down GEMM")
+    k = _kernel(f"mxfp4_mma_grouped_{activation or 'down'}{'_special' if special else ''}", _index(x.device))
     k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
                                      ctypes.c_longlong(out.stride(0))))

@@ -308,18 +308,17 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     mxfp4_mma_decode<NT, UNROLL, WARPS, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy);                                            \
   }
 
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16, 1, 4, 4, false, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_bf16_special, 1, 4, 4, true, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16, 1, 4, 4, false, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f16_special, 1, 4, 4, true, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32, 1, 4, 4, false, float)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m8_f32_special, 1, 4, 4, true, float)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16, 2, 2, 8, false, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_bf16_special, 2, 2, 8, true, __nv_bfloat16)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16, 2, 2, 8, false, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f16_special, 2, 2, 8, true, __half)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32, 2, 2, 8, false, float)
-MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32_special, 2, 2, 8, true, float)
+// each out dtype, plain and _special (scale bytes 0 / 255)
+#define MXKIT_MMA_DECODE_ALL(M, NT, UNROLL, WARPS)                                                          \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16, NT, UNROLL, WARPS, false, __nv_bfloat16)                  \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16_special, NT, UNROLL, WARPS, true, __nv_bfloat16)           \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16, NT, UNROLL, WARPS, false, __half)                          \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16_special, NT, UNROLL, WARPS, true, __half)                   \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32, NT, UNROLL, WARPS, false, float)                           \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32_special, NT, UNROLL, WARPS, true, float)
+
+MXKIT_MMA_DECODE_ALL(8, 1, 4, 4)
+MXKIT_MMA_DECODE_ALL(16, 2, 2, 8)
 
 #define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT)                                             \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
@@ -331,9 +330,10 @@ MXKIT_MMA_DECODE(mxfp4_mma_decode_m16_f32_special, 2, 2, 8, true, float)
                                                          top_k, ldx, ldo);                                     \
   }
 
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, false, __nv_bfloat16)
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_gpt_oss_special, 1, true, false, true, __nv_bfloat16)
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu, 2, true, false, false, __nv_bfloat16)
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_swiglu_special, 2, true, false, true, __nv_bfloat16)
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_down, 0, false, true, false, float)
-MXKIT_MMA_GROUPED(mxfp4_mma_grouped_down_special, 0, false, true, true, float)
+#define MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT)                                             \
+  MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, false, OUT)                                                 \
+  MXKIT_MMA_GROUPED(NAME##_special, ACT, GATHER, MUL_RW, true, OUT)
+
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_down, 0, false, true, float)

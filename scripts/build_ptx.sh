@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Regenerate the PTX that mxkit ships for its CUDA C++ kernels (src/mxkit/kernels/matmul_details/*.cu), with
-# nvcc (CUDA 12 or newer). The PTX targets sm_80 and declares PTX ISA 7.8 (CUDA 11.8 drivers and newer
-# load it): the kernels use nothing newer, and ptxas checks that here for sm_80 and sm_90.
+# nvcc (CUDA 12.4 or newer). Each file declares the oldest target and PTX ISA its kernels need, so that older
+# drivers load it too, and ptxas checks that here for that target and sm_90:
+#   mma_decode.cu  sm_80, PTX ISA 7.8 (CUDA 11.8 drivers): mma.sync bf16
+#   mma_a8w8.cu    sm_89, PTX ISA 8.4 (CUDA 12.4 drivers): mma.sync e4m3, cvt e4m3x2
 #
 #   bash scripts/build_ptx.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for cu in src/mxkit/kernels/matmul_details/*.cu; do
+    case "$(basename "$cu")" in
+        mma_a8w8.cu) arch=sm_89 isa=8.4 ;;
+        *) arch=sm_80 isa=7.8 ;;
+    esac
     ptx="${cu%.cu}.ptx"
-    nvcc -ptx -arch=sm_80 -O3 -o "$ptx.tmp" "$cu"
+    nvcc -ptx -arch="$arch" -O3 -o "$ptx.tmp" "$cu"
     {
         echo "// Generated from $(basename "$cu") (sha256 $(sha256sum "$cu" | cut -c1-16)) by scripts/build_ptx.sh; do not edit."
-        sed -e 's/^\.version [0-9.]*$/.version 7.8/' "$ptx.tmp"
+        sed -e "s/^\.version [0-9.]*\$/.version $isa/" "$ptx.tmp"
     } >"$ptx"
     rm -f "$ptx.tmp"
-    for arch in sm_80 sm_90; do ptxas -arch="$arch" "$ptx" -o /dev/null; done
+    for a in "$arch" sm_90; do ptxas -arch="$a" "$ptx" -o /dev/null; done
     echo "wrote $ptx"
 done

@@ -201,12 +201,35 @@ def test_gpu_decode_mma_split_k(split, rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_decode_mma_strided_and_unaligned_x(rng):
-    """x a column slice (row stride not K) and a view starting 2 elements in (not 16-byte aligned)."""
+    """x a column slice (row stride not K: read in place), a view starting 2 elements in (not 16-byte aligned),
+    a row stride that is not a multiple of 8, 3-D slices whose leading dims flatten to one row stride (read in
+    place) and a transposed 3-D x whose do not (copied first): every one through the eager prepared call and
+    the planned one."""
+    from mxkit.kernels.matmul import plan_gemm, run_gemm
+
     K, N = 2880, 512
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4"))
     big = torch.randn(4, K + 8, generator=rng).to(torch.bfloat16).cuda()
-    for a in (big[:, :K], big[:, 2:K + 2], big.flatten()[2:2 + 3 * K].view(3, K)):
-        check(a, pw, backend="auto", path="decode-mma")
+    odd = torch.randn(3, K + 4, generator=rng).to(torch.bfloat16).cuda()
+    big3 = torch.randn(2, 3, K + 8, generator=rng).to(torch.bfloat16).cuda()
+    for a in (big[:, :K], big[:, 2:K + 2], big.flatten()[2:2 + 3 * K].view(3, K), odd[:, :K], big3[:, :, :K],
+              big3[:, 1:, 8:K + 8], big3[:, :, :K].transpose(0, 1), big3[:1, :1, :K]):
+        y, _ = check(a, pw, backend="auto", path="decode-mma")
+        assert y.shape == (*a.shape[:-1], N)
+        y2 = run_gemm(a, pw, plan_gemm(a, pw))
+        assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
+
+
+@pytest.mark.parametrize("shape,stride,ld", [
+    ((1, 64), (64, 1), 64), ((4, 64), (72, 1), 72), ((4, 64), (68, 1), None), ((2, 3, 64), (216, 72, 1), 72),
+    ((3, 2, 64), (72, 216, 1), None), ((1, 1, 64), (5, 3, 1), 64), ((64,), (1,), 64), ((2, 64), (0, 1), None),
+    ((2, 64), (128, 2), None), ((2, 1, 64), (72, 7, 1), 72)])
+def test_row_stride(shape, stride, ld):
+    """Which x the decode-mma call reads in place: leading dims that flatten to one row stride, a multiple of
+    8 elements, unit stride along K (dims of size 1 take any stride)."""
+    from mxkit.kernels.matmul import _row_stride
+
+    assert _row_stride(shape, stride) == ld
 
 
 @pytest.mark.gpu

@@ -4,7 +4,8 @@ Cases are (format pair, mode, M×N×K). Pairs: MXFP4×MXFP4, MXFP6 E2M3×MXFP6 E
 W4A16 (bf16 × MXFP4) and W4A8 (FP8 E4M3 per-row-scaled activations × MXFP4). Modes: ``ready`` times
 ``mxkit.matmul`` on prepared operands (a from ``mxkit.quantize``, ``mxkit.quantize_fp8_rowwise`` or bf16);
 ``from-bf16`` (MX×MX only) times ``mxkit.matmul(mxkit.quantize_fold(x, fmt), packed)``, the fused
-quantize-and-fold included. The weight is packed once (``mxkit.pack_weight``), timed apart ("pack µs").
+quantize-and-fold included (MXFP8×MXFP8 at small M: ``mxkit.kernels.matmul.a8w8_linear``, x quantized inside
+the GEMM's one launch; elsewhere ``quantize`` then ``matmul``). The weight is packed once (``mxkit.pack_weight``), timed apart ("pack µs").
 
 Peers (each in its own try; a failing one leaves its error in its row): ``cublas-bf16`` (``torch.matmul`` of
 the bf16 dequantized operands; the × column), ``scaled-mm-fp8`` (``torch._scaled_mm`` on E4M3 casts of those
@@ -274,8 +275,14 @@ def _mxkit(case: GemmCase, inp: Inputs, ctx):
             def fn():
                 return matmul(prepare(x, fa, defer=True), packed)
         else:
-            def fn():
-                return matmul(prepare(x, fa), packed)
+            from ..kernels.matmul import a8w8_linear
+
+            if a8w8_linear(x, packed) is not None:  # one launch: x quantized inside the a8w8-mma kernel
+                def fn():
+                    return a8w8_linear(x, packed)
+            else:
+                def fn():
+                    return matmul(prepare(x, fa), packed)
     else:
         if inp.a is None:
             raise BenchUnavailable(f"no mxkit activation for {case.pair} ({inp.note})")

@@ -24,6 +24,13 @@ float32 accumulation plus one output rounding):
     integer operations per pair, ``mma.sync`` with float32 accumulation, each 32-element block's sum scaled by
     its E8M0 factor in float32 (so any scale byte is exact), K split over a block's warps and reduced in a
     fixed order.
+``a8w8-mma``
+    MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
+    default 16; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
+    (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
+    32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
+    mxkit stores them (no repacking). :func:`a8w8_linear` is the same kernel from bf16 activations, quantized
+    inside it (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
 ``decode-w16``
     bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
@@ -56,7 +63,8 @@ from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range",
-           "FOLD_EXP_LIMIT", "check_bias", "DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "W_KINDS"]
+           "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table", "gemm_table_override",
+           "decode_config", "W_KINDS"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
@@ -65,6 +73,8 @@ PATHS = {
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
     "decode-mma": "small M: MXFP4 codes decoded to bf16 in registers, mma.sync tensor cores (CUDA C++ as "
                   "PTX), fp32 accumulation, block scales in fp32",
+    "a8w8-mma": "small M: MXFP8 x MXFP8 E4M3 codes on FP8 tensor cores (mma.sync e4m3, CUDA C++ as PTX), "
+                "fp32 accumulation, block scales in fp32",
     "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
                   "accumulation, split-K",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
@@ -338,13 +348,25 @@ def _pack_mma(w: MXTensor) -> tuple:
     return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
 
 
-def _mma_max_m(device: torch.device) -> int:
-    from .matmul_details._mma_decode import MAX_M
+def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
+    """The table's ``max_m`` of a CUDA C++ kernel's envelope (``decode_mma`` or ``a8w8_mma``), at most the
+    kernel module's MAX_M."""
+    from .matmul_details import _mma_a8w8, _mma_decode
 
-    entry = _entry(device, "decode_mma")
+    entry = _entry(device, key)
     if entry is None:  # a table without the entry (one `mxkit tune gemm` wrote): the packaged default
-        entry = _packaged_table()["default"].get("decode_mma")
-    return min(int(entry["max_m"]), MAX_M) if entry else 0
+        entry = _packaged_table()["default"].get(key)
+    cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M
+    return min(int(entry["max_m"]), cap) if entry else 0
+
+
+def _a8w8_ok(a: MXTensor, w: MXTensor, M: int, dev: torch.device) -> bool:
+    if not (a.fmt.name == "mxfp8_e4m3" and w.fmt.name == "mxfp8_e4m3" and dev.type == "cuda"
+            and 0 < M <= _mma_max_m(dev, "a8w8_mma")):
+        return False
+    from .matmul_details import _mma_a8w8
+
+    return _mma_a8w8.shape_ok(*w.shape) and _mma_a8w8.available(dev) is None
 
 
 def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
@@ -426,6 +448,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind == "fp8_rowwise" and can_fold(wf):
         return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
+    if kind == "mx" and _a8w8_ok(a, w, M, dev):
+        return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
+                                f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
     if kind == "mx":
         alo, ahi, _ = _scale_extrema(a.scale)
@@ -579,7 +604,9 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
     elif path == "decode-mma":
-        return _MmaCall(packed, M, lead, out)(a, bias)
+        return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
+    elif path == "a8w8-mma":
+        return _a8w8(_plain(a), None, w, M, lead, out, bias)
     elif path == "decode-w16":
         x = a if a.is_contiguous() else a.contiguous()
         bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
@@ -649,6 +676,52 @@ def decode_w16(x: torch.Tensor, w: MXTensor, cfg: Optional[DecodeConfig] = None)
     return _DecodeCall(w, x.shape[0], (x.shape[0],), torch.bfloat16, False, x.device, cfg)(x, None)
 
 
+def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int, lead: tuple,
+          out: torch.dtype, bias: Optional[torch.Tensor], split: Optional[int] = None) -> torch.Tensor:
+    """The a8w8-mma kernel on an MXFP8 ``a`` (plain scales) or, with ``a`` None, bf16 rows ``x`` quantized in
+    the kernel; weight ``w`` E4M3 (N, K), plain scales. Returns (*lead, N) in ``out``."""
+    from .matmul_details._mma_a8w8 import A8W8, weight_ok, x_ok
+
+    N, K = w.shape
+    wq, ws = w.qdata, w.scale
+    if not weight_ok(wq, ws):
+        wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
+    quant = a is None
+    if quant:
+        xv, xs = x.reshape(M, K), None
+    else:
+        xv, xs = a.qdata.reshape(M, K), a.scale.reshape(M, K // 32)
+        if xs.stride(-1) != 1 or xs.stride(0) % 2 or xs.data_ptr() % 2:
+            xs = xs.contiguous().clone()
+    if not x_ok(xv, quant):
+        xv = xv.contiguous().clone()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    y = torch.empty(*lead, N, device=w.device, dtype=out)
+    return A8W8(wq, ws, M, out, quant, split)(xv, xs, bias, y)
+
+
+def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
+                out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    """``quantize(x, "mxfp8") @ w.T + bias`` in one launch: bf16 activations x (..., K) quantized to MXFP8 E4M3
+    inside the a8w8-mma kernel (OCP FLOOR scale, round to nearest even: byte-identical to
+    :func:`mxkit.quantize`, so the result equals ``matmul(quantize(x, "mxfp8"), w)`` on the same path bit for
+    bit), weight an MXFP8 E4M3 MXTensor (N, K) or its PackedWeight. Returns (..., N) in ``out_dtype`` (default
+    bf16), or None where the kernel does not take the call (not CUDA, not bf16, another format, M past the
+    envelope, N % 16 or K % 64, a GPU older than sm_89): the caller then quantizes and calls matmul."""
+    w = w.source if isinstance(w, PackedWeight) else w
+    if not (isinstance(w, MXTensor) and x.dtype == torch.bfloat16 and x.is_cuda and w.ndim == 2
+            and w.axis == 1 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and w.device == x.device):
+        return None
+    M = x.shape[:-1].numel()
+    if not _a8w8_ok(w, w, M, x.device):  # (w stands for the activation: its format is E4M3 by construction)
+        return None
+    out = check_out_dtype(out_dtype or torch.bfloat16)
+    if bias is not None:
+        check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
+    return _a8w8(None, x, _plain(w), M, tuple(x.shape[:-1]), out, bias)
+
+
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:
     """A GEMM bias is None or a 1-D (N,) tensor on the weight's device; ValueError otherwise."""
     if bias is None:
@@ -660,25 +733,40 @@ def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.devic
 
 
 class _MmaCall:
-    """The decode-mma launch of one (packed weight, M, leading shape, out dtype): one kernel, the bias added in
-    float32 before the one output rounding."""
+    """The decode-mma launch of one (packed weight, shape and strides of a, out dtype): one kernel, the bias
+    added in float32 before the one output rounding. Where a's leading dims flatten to rows of one stride (a
+    view), the kernel reads a in place and writes the output in its final shape: no reshape, no view."""
 
-    def __init__(self, b: PackedWeight, M: int, lead: tuple, out: torch.dtype):
+    def __init__(self, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple, out: torch.dtype):
         from .matmul_details._mma_decode import MmaDecode
 
         self.run = MmaDecode.of(b, M, out)
         self.M, self.N, self.K = M, *b.shape
-        self.lead = lead
+        self.out_shape = (*a_shape[:-1], self.N)
+        self.ldx = _row_stride(a_shape, a_stride)  # None: a is copied into rows first
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from .matmul_details._mma_decode import rows_ok
-
-        x = a.reshape(self.M, self.K)
-        if not rows_ok(x):  # the kernel reads rows in 16-byte loads
-            x = x.clone(memory_format=torch.contiguous_format)
+        ldx = self.ldx
+        if ldx is None or a.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
+            a = a.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
+            ldx = self.K
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.to(torch.float32).contiguous()
-        return self.run(x, bias).view(*self.lead, self.N)
+        y = torch.empty(self.out_shape, device=a.device, dtype=self.run.out)
+        return self.run.into(a, ldx, bias, y)
+
+
+def _row_stride(shape: tuple, stride: tuple) -> Optional[int]:
+    """The stride between a's rows when its leading dims flatten into rows of one stride with unit stride along
+    K and that stride a multiple of 8 elements (16 bytes of bf16); None otherwise."""
+    if not shape or stride[-1] != 1 and shape[-1] > 1:
+        return None
+    rows = [(n, st) for n, st in zip(shape[:-1], stride[:-1]) if n != 1]
+    ld = rows[-1][1] if rows else shape[-1]
+    for (n, st), (n2, st2) in zip(rows, rows[1:]):
+        if st != st2 * n2:
+            return None
+    return ld if ld % 8 == 0 and ld >= shape[-1] else None
 
 
 class _PlannedCall:
@@ -709,7 +797,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
         if plan.path == "decode-mma":
-            call = _MmaCall(b, plan.M, tuple(a.shape[:-1]), plan.out_dtype)
+            call = _MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
         elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         else:

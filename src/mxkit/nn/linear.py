@@ -32,6 +32,7 @@ from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwis
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..tensor import MXTensor
+from ..kernels.matmul import a8w8_linear, prepared_call
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
 
@@ -174,9 +175,14 @@ class MXLinear(nn.Module):
         return self.weight_qdata.numel() + self.weight_scale.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self._packed if self._packed is not None else self.weight_mx
+        packed, act = self._packed, self.act_format
+        if act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda \
+                and not torch.compiler.is_compiling():
+            bias = self.bias  # the eager hot path (decode): what matmul's own fast path runs, minus its checks
+            if bias is None or not (bias.requires_grad and torch.is_grad_enabled()):
+                return prepared_call(x, packed, x.dtype, bias)(x, bias)
+        w = packed if packed is not None else self.weight_mx
         a = x
-        act = self.act_format
         if act == FP8_ROWWISE:
             a = quantize_fp8_rowwise(x)
         elif act is not None and x.is_cuda and can_fold(act) and can_fold(self.weight_format):
@@ -185,6 +191,9 @@ class MXLinear(nn.Module):
             a = quantize_fold_triton(x.contiguous(), act, block_size=self.block_size, scale_mode=self.scale_mode,
                                      rounding=self.rounding, defer=True)
         elif act is not None:
+            y = self._a8w8(x, w)
+            if y is not None:
+                return y
             a = quantize(x, act, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
                          rounding=self.rounding)
         if self.bias is not None and self.bias.requires_grad and torch.is_grad_enabled():
@@ -192,6 +201,18 @@ class MXLinear(nn.Module):
             return y + self.bias.to(y.dtype)
         # inference: the bias is added in float32 before the one output rounding
         return matmul(a, w, bias=None if self.bias is None else self.bias.detach(), out_dtype=x.dtype)
+
+    def _a8w8(self, x: torch.Tensor, w) -> Optional[torch.Tensor]:
+        """MXFP8 activations x an MXFP8 weight at small M in one launch (x quantized inside the a8w8-mma kernel,
+        the bytes of :func:`mxkit.quantize` with this layer's FLOOR / RNE), or None where it does not apply."""
+        if not (getattr(self.act_format, "name", None) == "mxfp8_e4m3" and self.weight_format.name == "mxfp8_e4m3"
+                and self.scale_mode is ScaleMode.FLOOR and self.rounding is Rounding.RNE and self.block_size == 32
+                and x.is_cuda and x.dtype == torch.bfloat16 and not torch.compiler.is_compiling()):
+            return None
+        bias = self.bias
+        if bias is not None and bias.requires_grad and torch.is_grad_enabled():
+            return None
+        return a8w8_linear(x, w, bias, x.dtype)
 
     def extra_repr(self) -> str:
         act = getattr(self.act_format, "name", self.act_format)

@@ -181,18 +181,23 @@ class MmaDecode:
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""
-        y = torch.empty(self.M, self.N, device=x.device, dtype=self.out)
-        if self.launch is None or x.stride(0) != self.ldx:
-            self.ldx = x.stride(0)
-            self.launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt, ctypes.c_int(self.M),
-                                            ctypes.c_int(self.N), ctypes.c_int(self.K), ctypes.c_longlong(self.ldx),
-                                            ctypes.c_longlong(self.N)))
+        return self.into(x, x.stride(0), bias, torch.empty(self.M, self.N, device=x.device, dtype=self.out))
+
+    def into(self, x: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        """The launch writing ``y`` (M x N contiguous, any shape of that many elements) from the M rows of
+        ``ldx`` elements at ``x.data_ptr()`` (16-byte aligned, ldx % 8 == 0, unit stride along K). Returns y."""
+        launch = self.launch
+        if launch is None or ldx != self.ldx:
+            self.ldx = ldx
+            self.launch = launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt,
+                                                     ctypes.c_int(self.M), ctypes.c_int(self.N),
+                                                     ctypes.c_int(self.K), ctypes.c_longlong(ldx),
+                                                     ctypes.c_longlong(self.N)))
         else:
-            launch = self.launch
             launch.set_ptr(0, x)
             launch.set_ptr(3, bias)
             launch.set_ptr(4, y)
-        self.launch(self.grid, self.block)
+        launch.launch(*self.grid, self.block)
         return y
 
 

@@ -1,0 +1,286 @@
+// Small-M GEMM y = x @ W.T with MXFP8 (E4M3) activations and an MXFP8 (E4M3) weight on FP8 tensor cores
+// (mma.sync m16n8k32 e4m3, sm_89 and newer: Ada, Hopper), aiter's a8w8 small-M GEMM on Hopper. The PTX beside
+// this file (mma_a8w8.ptx, sm_89) is what mxkit loads; scripts/build_ptx.sh regenerates it.
+//
+// Both operands are read as mxkit stores them, nothing repacked: the weight's E4M3 codes W [N, K] and E8M0
+// scales SW [N, K / 32] (row-major, K along the row: OCP MX v1.0 blocks of 32 along K); the activations either
+// as MXFP8 codes X [M, K] with scales SX [M, K / 32], or as bf16 rows that the kernel quantizes itself (the
+// _bf16in kernels: OCP FLOOR scale, round to nearest even, saturating: mxkit.reference.quantize_reference's
+// bytes, checked byte for byte through mxfp8_quantize_probe). One mma covers one 32-element block: the lane
+// (g, t) of a warp holds, for weight rows g and g + 8 and for token g, the 8 block columns 8t .. 8t + 7 (one
+// 8-byte load each: the mma's K order is permuted within the block, the same for both operands, so that
+// fragment columns 4t + i and 16 + 4t + i are block columns 8t + i and 8t + 4 + i). The block's sum, float32
+// from zero, is multiplied by 2^(sw - 127) * 2^(sx - 127) (float32; byte 255 is NaN, byte 0 is 2^-127) and added
+// to the accumulator: exact per-block products, float32 accumulation. A warp takes R 16-row strips at once
+// (the activation quantization is shared by them); the 4 warps of a block split K in tiles of two blocks and
+// their partial sums are added in warp order; split-K over thread blocks is as in mma_decode.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], uint2 wg, uint2 wg8, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(wg.x), "r"(wg8.x), "r"(wg.y), "r"(wg8.y), "r"(b0), "r"(b1));
+}
+
+// E8M0 byte -> 2^(s - 127) in float32; 255 is NaN, 0 the subnormal 2^-127
+__device__ __forceinline__ float e8m0(uint32_t s) {
+  return __uint_as_float(s == 255u ? 0x7FC00000u : (s == 0u ? 0x00400000u : s << 23));
+}
+
+__device__ __forceinline__ uint2 ld_stream(const uint8_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+template <typename T> __device__ __forceinline__ T to_out(float v);
+template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
+
+// four bf16 (p: elements 0 low, 1 high; q: 2, 3) times mul, to four E4M3 codes (element 0 in the low byte)
+__device__ __forceinline__ uint32_t cvt4(uint32_t p, uint32_t q, float mul) {
+  const float f0 = __uint_as_float(p << 16) * mul, f1 = __uint_as_float(p & 0xFFFF0000u) * mul;
+  const float f2 = __uint_as_float(q << 16) * mul, f3 = __uint_as_float(q & 0xFFFF0000u) * mul;
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(f1), "f"(f0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(f3), "f"(f2));
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+// The lane's 8 bf16 of a 32-element block (the quad of lanes 4g .. 4g + 3 holds the block) -> its 8 E4M3 codes
+// (b0: the first four) and the block's E8M0 byte, returned. OCP MX v1.0 §6.3 FLOOR scale for E4M3 (emax 8):
+// byte = max(E - 8, 0) for the largest magnitude's bf16 exponent field E (0 for an all-zero block; a bf16
+// subnormal amax clamps to 0 too); 255 and codes 0 when the block holds an Inf or NaN (magnitude bits >= 0x7F80).
+// The elements times 2^(127 - byte) (exact: results below the float32 normals round to zero in E4M3 either way)
+// round to nearest even and saturate to +-448 (cvt.rn.satfinite), the sign of zero kept.
+__device__ __forceinline__ uint32_t quantize8(uint4 v, uint32_t& b0, uint32_t& b1) {
+  const uint32_t MAG = 0x7FFF7FFFu;
+  uint32_t m = __vmaxu2(__vmaxu2(v.x & MAG, v.y & MAG), __vmaxu2(v.z & MAG, v.w & MAG));
+  m = max(m & 0xFFFFu, m >> 16);
+  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  const uint32_t e = m >> 7;
+  const bool nonfinite = m >= 0x7F80u;
+  const uint32_t byte = nonfinite ? 255u : (e > 8u ? e - 8u : 0u);
+  const float mul = __uint_as_float((254u - min(byte, 246u)) << 23);
+  b0 = nonfinite ? 0u : cvt4(v.x, v.y, mul);
+  b1 = nonfinite ? 0u : cvt4(v.z, v.w, mul);
+  return byte;
+}
+
+// The K loop of one warp over tiles (two 32-element blocks) kt_lo + warp, + 4, ... < kt_hi, for R strips of 16
+// weight rows: wr[r] / wr8[r] the lane's rows g and g + 8 (+ 8t bytes), swr[r] / swr8[r] their scale rows;
+// x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]: rows g, g, g+8, g+8 of
+// strip r; tokens 2t, 2t + 1, 2t, 2t + 1.
+template <int R, int UNROLL, bool QUANT>
+__device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const uint8_t* const (&wr8)[R],
+                                         const uint16_t* const (&swr)[R], const uint16_t* const (&swr8)[R],
+                                         const uint4* xb, const uint8_t* xq, const uint16_t* xs, bool xm,
+                                         int kt_lo, int kt_hi, int warp, float (&acc)[R][4]) {
+  constexpr int WARPS = 4;
+  const int lane = threadIdx.x & 31, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
+  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
+    uint2 w[UNROLL][R][2][2];  // tile, strip, block, row g / g + 8
+    uint32_t sw[UNROLL][R][2];
+    uint32_t bx[UNROLL][2][2], sx[UNROLL][2];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = t0 + u * WARPS;
+      if (kt < kt_hi) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            w[u][r][b][0] = ld_stream(wr[r] + (long long)kt * 64 + 32 * b);
+            w[u][r][b][1] = ld_stream(wr8[r] + (long long)kt * 64 + 32 * b);
+          }
+          sw[u][r][0] = __ldg(swr[r] + kt);
+          sw[u][r][1] = __ldg(swr8[r] + kt);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = t0 + u * WARPS;
+      if (kt < kt_hi) {  // (uniform over the warp: the shuffles in quantize8 see every lane)
+        if (QUANT) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const uint4 v = xm ? __ldg(xb + kt * 8 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
+            sx[u][b] = quantize8(v, bx[u][b][0], bx[u][b][1]);
+          }
+        } else {
+          const uint32_t s2 = xm ? __ldg(xs + kt) : 0u;
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const uint2 v = xm ? __ldg(reinterpret_cast<const uint2*>(xq + (long long)kt * 64 + 32 * b))
+                               : make_uint2(0u, 0u);
+            bx[u][b][0] = v.x;
+            bx[u][b][1] = v.y;
+            sx[u][b] = (s2 >> (8 * b)) & 0xFFu;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = t0 + u * WARPS;
+      if (kt < kt_hi) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          // the scales of tokens 2t and 2t + 1 (held by the quads 2t, 2t + 1)
+          const float fa = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t));
+          const float fb = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t + 4));
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_e4m3(c, w[u][r][b][0], w[u][r][b][1], bx[u][b][0], bx[u][b][1]);
+            const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
+            const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
+            acc[r][0] = fmaf(c[0] * fa, fg, acc[r][0]);
+            acc[r][1] = fmaf(c[1] * fb, fg, acc[r][1]);
+            acc[r][2] = fmaf(c[2] * fa, fg8, acc[r][2]);
+            acc[r][3] = fmaf(c[3] * fb, fg8, acc[r][3]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// grid (ceil(M / 8), N / (16 R), S), block 128 (4 warps). x: bf16 rows (QUANT) or E4M3 codes [M, ldx] with
+// E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
+// ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
+// of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
+template <int R, int UNROLL, bool QUANT, typename OUT>
+__device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
+                                           const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
+                                           const float* __restrict__ bias, OUT* __restrict__ y,
+                                           float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K,
+                                           long long ldx, long long ldxs, long long ldy) {
+  constexpr int WARPS = 4;
+  __shared__ float red[WARPS][R][4][32];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const long long row0 = (long long)blockIdx.y * 16 * R;
+  const int m0 = blockIdx.x * 8;
+  M = min(M - m0, 8);
+  y += (long long)m0 * ldy;
+  const int KT = K >> 6;
+  const long long KB = K >> 5;
+  const int S = gridDim.z, split = blockIdx.z;
+  const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
+  const uint8_t* wr[R];
+  const uint8_t* wr8[R];
+  const uint16_t* swr[R];
+  const uint16_t* swr8[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const long long n = row0 + 16 * r + g;
+    wr[r] = w + n * K + 8 * t;
+    wr8[r] = w + (n + 8) * K + 8 * t;
+    swr[r] = reinterpret_cast<const uint16_t*>(sw + n * KB);
+    swr8[r] = reinterpret_cast<const uint16_t*>(sw + (n + 8) * KB);
+  }
+  const bool xm = g < M;
+  const long long xrow = m0 + (xm ? g : 0);
+  const uint4* xb = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + xrow * ldx) + t;
+  const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
+  float acc[R][4];
+  mainloop<R, UNROLL, QUANT>(wr, wr8, swr, swr8, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][r][i][lane] = acc[r][i];
+  __syncthreads();
+  const long long tile = (long long)blockIdx.x * gridDim.y + blockIdx.y;
+  float* part = ws + tile * S * (R * 128);
+  if (S > 1) {
+    for (int e = threadIdx.x; e < R * 128; e += blockDim.x) {
+      const int r = e / 128, i = (e / 32) & 3, l = e & 31;
+      float v = red[0][r][i][l];
+#pragma unroll
+      for (int k = 1; k < WARPS; ++k) v += red[k][r][i][l];
+      part[split * (R * 128) + e] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+  }
+  for (int e = threadIdx.x; e < R * 128; e += blockDim.x) {
+    const int r = e / 128, i = (e / 32) & 3, l = e & 31;
+    float v;
+    if (S > 1) {
+      v = __ldcg(part + e);
+      for (int z = 1; z < S; ++z) v += __ldcg(part + z * (R * 128) + e);
+    } else {
+      v = red[0][r][i][l];
+#pragma unroll
+      for (int k = 1; k < WARPS; ++k) v += red[k][r][i][l];
+    }
+    const long long row = row0 + 16 * r + (l >> 2) + 8 * (i >> 1);  // weight row n
+    const int m = 2 * (l & 3) + (i & 1);                             // token, within the block of 8
+    if (m < M) {
+      if (bias != nullptr) v += bias[row];
+      y[m * ldy + row] = to_out<OUT>(v);
+    }
+  }
+  if (S > 1 && threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (or graph replay)
+}
+
+}  // namespace
+
+#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, OUT)                                                                 \
+  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+      const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
+      const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
+      float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
+      long long ldy) {                                                                                         \
+    mxfp8_a8w8<R, UNROLL, QUANT, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);                \
+  }
+
+// each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)
+#define MXKIT_A8W8_ALL(R, UNROLL)                                                                              \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_bf16, R, UNROLL, false, __nv_bfloat16)                                          \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_f16, R, UNROLL, false, __half)                                                  \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_f32, R, UNROLL, false, float)                                                   \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_bf16_bf16in, R, UNROLL, true, __nv_bfloat16)                                    \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_f16_bf16in, R, UNROLL, true, __half)                                            \
+  MXKIT_A8W8(mxfp8_a8w8_r##R##_f32_bf16in, R, UNROLL, true, float)
+
+MXKIT_A8W8_ALL(1, 4)
+MXKIT_A8W8_ALL(2, 2)
+
+// The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)
+// -> codes q [rows, K] and scales s [rows, K / 32]. grid (K / 32, ceil(rows / 8)), block 32.
+extern "C" __global__ void __launch_bounds__(32) mxfp8_quantize_probe(const __nv_bfloat16* __restrict__ x,
+                                                                      uint8_t* __restrict__ q,
+                                                                      uint8_t* __restrict__ s, int rows, int K,
+                                                                      long long ldx) {
+  const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  const long long row = (long long)blockIdx.y * 8 + g;
+  const bool ok = row < rows;
+  const long long col = (long long)blockIdx.x * 32 + 8 * t;
+  const uint4 v = ok ? *reinterpret_cast<const uint4*>(x + row * ldx + col) : make_uint4(0u, 0u, 0u, 0u);
+  uint32_t b0, b1;
+  const uint32_t byte = quantize8(v, b0, b1);
+  if (ok) {
+    *reinterpret_cast<uint2*>(q + row * K + col) = make_uint2(b0, b1);
+    if (t == 0) s[row * (K / 32) + blockIdx.x] = (uint8_t)byte;
+  }
+}

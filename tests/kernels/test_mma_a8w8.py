@@ -1,0 +1,215 @@
+"""The small-M MXFP8 x MXFP8 GEMM (path ``a8w8-mma``, ``mma_a8w8.cu``): the shipped PTX against its source on
+the CPU; on the GPU its in-kernel activation quantization byte for byte against mxkit.quantize, the GEMM
+against float64 (issue #22's row-wise bound), the fused call bit for bit against quantize-then-matmul."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+import torch
+
+import mxkit
+import mxkit.nn
+from mxkit.kernels.matmul import a8w8_linear, gemm_table_override
+from mxkit.kernels.matmul_details import _mma_a8w8
+
+from .test_matmul import OUT, assert_within_bound, check, rand_mx
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+sm89 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() < (8, 9), reason="needs sm_89 or newer")
+WIDE = {"default": {"a8w8_mma": {"max_m": 64}}}  # the envelope's full range, whatever the GPU's table says
+
+
+def test_ptx_matches_source():
+    """The shipped PTX was generated from the current .cu (its hash in the first line), declares PTX ISA 8.4
+    for sm_89 and defines every kernel the launcher names."""
+    ptx = _mma_a8w8.PTX.read_text()
+    digest = hashlib.sha256(_mma_a8w8.SOURCE.read_bytes()).hexdigest()[:16]
+    assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_a8w8.cu"
+    assert re.search(r"^\.version 8\.4$", ptx, re.M) and re.search(r"^\.target sm_89$", ptx, re.M)
+    for r in _mma_a8w8.UNROLL:
+        for o in _mma_a8w8._OUT_NAMES.values():
+            for q in ("", "_bf16in"):
+                assert f".entry mxfp8_a8w8_r{r}_{o}{q}(" in ptx
+    assert ".entry mxfp8_quantize_probe(" in ptx
+
+
+def test_cpu_never_takes_a8w8(rng):
+    a, w = rand_mx((2, 128), "mxfp8_e4m3", rng), rand_mx((32, 128), "mxfp8_e4m3", rng)
+    assert mxkit.gemm_plan(a, w).path == "reference"
+    assert a8w8_linear(torch.randn(2, 128).to(torch.bfloat16), w) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+
+def _poison():
+    torch.empty(64 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)  # freed memory full of NaN bytes
+
+
+def _crafted_rows(K: int, g: torch.Generator) -> torch.Tensor:
+    """bf16 rows [16, K]: random magnitudes over a wide exponent range, then blocks of zeros, -0, NaN, +-Inf,
+    bf16 subnormals, amax just under a power of two (saturation to 448), E4M3 ties, huge and tiny values."""
+    x = torch.randn(16, K, generator=g) * torch.exp2(torch.randint(-40, 40, (16, K // 32, 1), generator=g)
+                                                     .float()).repeat_interleave(32, 1).view(16, K)
+    x = x.to(torch.bfloat16)
+    x[0, :32] = 0
+    x[0, 32:64] = -0.0
+    x[1, 5] = float("nan")
+    x[1, 40] = float("inf")
+    x[1, 70] = -float("inf")
+    x[2, :32] = torch.tensor(2.0**-130, dtype=torch.bfloat16) * torch.arange(-16, 16).to(torch.bfloat16)
+    x[3, :32] = 1.99 * torch.linspace(-1, 1, 32)  # amax < 2: scale 2^-8, codes past 448 saturate
+    # ties: odd multiples of half an E4M3 step at several binades (scale fixed by the block's amax of 256)
+    x[4, :32] = torch.tensor([256.0] + [(2 * i + 1) * 2.0 ** (e - 4) for e in range(-6, 2) for i in (3, 4, 5, 6)]
+                             [:31], dtype=torch.bfloat16)
+    x[5, :32] = 3.0e38
+    x[5, 32:64] = 1.0e-38
+    x[6, :] = -x[6, :].abs()
+    return x
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+@pytest.mark.parametrize("K", [128, 2880, 8192])
+def test_gpu_quantize_probe_bytes(K, rng):
+    """The kernel's activation quantization (mxfp8_quantize_probe runs its device function) writes the bytes
+    of mxkit.quantize(x, "mxfp8") (FLOOR, RNE): codes and scales, special blocks included."""
+    x = _crafted_rows(K, rng).cuda()
+    _poison()
+    q, s = _mma_a8w8.quantize_probe(x)
+    ref = mxkit.quantize(x, "mxfp8_e4m3", backend="reference")
+    assert torch.equal(s, ref.scale), "scale bytes differ"
+    assert torch.equal(q, ref.qdata), "codes differ"
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+@pytest.mark.parametrize("K", [64, 2880, 4096, 8192, 28672])
+def test_gpu_a8w8(K, rng):
+    """M in issue #23's list and 8 / 9 / 17 (token-block edges); bias (float32, bf16), bf16 / fp16 / fp32 out;
+    N = 1040 (R = 2 strips per warp) and N = 48 (R = 1); outputs poisoned first."""
+    for N in (48, 1040) if K <= 4096 else (1040,):
+        w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+        bias = torch.randn(N, generator=rng).cuda()
+        with gemm_table_override(WIDE):
+            for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
+                a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
+                _poison()
+                check(a, w, backend="auto", path="a8w8-mma", bias=bias if M % 2 else None)
+                if M in (1, 9):
+                    _poison()
+                    check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float32, bias=bias.to(torch.bfloat16))
+                    _poison()
+                    check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float16)
+            y, _ = check(mxkit.quantize(torch.randn(2, 3, K, generator=rng).cuda(), "mxfp8_e4m3"), w,
+                         backend="auto", path="a8w8-mma")
+            assert y.shape == (2, 3, N)
+            assert mxkit.gemm_plan(a, mxkit.pack_weight(w)).path == "a8w8-mma"
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
+    """bf16 x quantized inside the kernel gives the bits of quantize(x) then the a8w8-mma matmul, for plain,
+    3-D, strided and unaligned x, with a bias; MXLinear(act_format="mxfp8") takes the fused call."""
+    K, N = 2880, 5120
+    w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+    bias = torch.randn(N, generator=rng).cuda()
+    big = torch.randn(4, K + 8, generator=rng).to(torch.bfloat16).cuda()
+    xs = [torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda() for M in (1, 5, 16)]
+    xs += [_crafted_rows(K, rng).cuda()[:9], torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(),
+           big[:, :K], big[:, 2:K + 2]]
+    with gemm_table_override(WIDE):
+        for x in xs:
+            _poison()
+            y = a8w8_linear(x, w, bias)
+            y2 = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), w, bias=bias)
+            assert mxkit.gemm_plan(mxkit.quantize(x, "mxfp8_e4m3"), w).path == "a8w8-mma"
+            assert y.shape == (*x.shape[:-1], N)
+            assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
+        lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+        mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
+        x = xs[1]
+        with torch.no_grad():
+            y = mx(x)
+        ref = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), mx.weight_mx, bias=lin.bias.detach(), out_dtype=x.dtype)
+        assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_a8w8_special_scales(rng):
+    """Weight scale bytes 0 (2^-127) and 200 are exact; a weight scale 255 makes its column NaN; an
+    activation block holding NaN or Inf (scale 255) makes its row NaN; every other output keeps its bits."""
+    K, N, M = 2880, 512, 5
+    w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+    w.scale[3, 1] = 0
+    w.scale[5, 0] = 200
+    x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+    a = mxkit.quantize(x, "mxfp8_e4m3")
+    check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float32)
+    y = mxkit.matmul(a, w)
+    wn = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
+    wn.scale[7, -1] = 255
+    yn = mxkit.matmul(a, wn)
+    keep = torch.arange(N, device="cuda") != 7
+    assert torch.isnan(yn[:, 7]).all() and torch.equal(y[:, keep].view(torch.int16), yn[:, keep].view(torch.int16))
+    xi = x.clone()
+    xi[2, 100] = float("inf")
+    yi = a8w8_linear(xi, w)
+    rows = torch.arange(M, device="cuda") != 2
+    assert torch.isnan(yi[2]).all() and torch.equal(yi[rows].view(torch.int16), y[rows].view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+@pytest.mark.parametrize("split", [2, 3, 7])
+def test_gpu_a8w8_split_k(split, rng):
+    """K split over thread blocks: within the bound, the same bits on every call, the counters reset."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+    N, K = 1024, 4096 + 64 * split
+    w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+    bias = torch.randn(N, generator=rng).cuda()
+    for M in (1, 17):
+        a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
+        run = A8W8(w.qdata, w.scale, M, torch.bfloat16, quant=False, split=split)
+        assert run.split == split
+        _poison()
+        y = run(a.qdata, a.scale, bias)
+        OUT[0] = torch.bfloat16
+        assert_within_bound(y, a, w, bias)
+        for _ in range(3):
+            assert torch.equal(run(a.qdata, a.scale, bias).view(torch.int16), y.view(torch.int16))
+        assert int(run.cnt.sum()) == 0
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_a8w8_in_a_cuda_graph(rng):
+    """MXLinear(act_format="mxfp8") (the fused launch) captured in a CUDA graph: replays with new x equal eager."""
+    K, N = 4096, 2048
+    lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+    mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
+    x = torch.randn(4, K, generator=rng).to(torch.bfloat16).cuda()
+    with torch.no_grad():
+        mx(x)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = mx(x)
+        for _ in range(3):
+            x.copy_(torch.randn(4, K, generator=rng).to(torch.bfloat16))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y.view(torch.int16), mx(x).view(torch.int16))

@@ -30,11 +30,41 @@ def test_ptx_matches_source():
     digest = hashlib.sha256(_mma_a8w8.SOURCE.read_bytes()).hexdigest()[:16]
     assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_a8w8.cu"
     assert re.search(r"^\.version 8\.4$", ptx, re.M) and re.search(r"^\.target sm_89$", ptx, re.M)
-    for r in _mma_a8w8.UNROLL:
-        for o in _mma_a8w8._OUT_NAMES.values():
-            for q in ("", "_bf16in"):
-                assert f".entry mxfp8_a8w8_r{r}_{o}{q}(" in ptx
+    for p, rs in _mma_a8w8.KERNEL_R.items():
+        for r in rs:
+            for o in _mma_a8w8._OUT_NAMES.values():
+                for q in ("", "_bf16in"):
+                    assert f".entry mxfp8_a8w8{p}_r{r}_{o}{q}(" in ptx
     assert ".entry mxfp8_quantize_probe(" in ptx
+
+
+@pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
+def test_pack_a8w8_round_trip_and_fragments(N, K, rng):
+    """The a8w8 layout holds the same bytes (round trip), lane 4g + t's words are its mma A fragment (rows g,
+    g + 8 of the strip; block columns 8t .. 8t + 3, then 8t + 4 .. 8t + 7), and pack_weight carries it for E4M3
+    weights (state_dict keeps the source only; packing again rebuilds it)."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import pack_a8w8, unpack_a8w8
+    from mxkit.packed import PackedWeight
+
+    w = rand_mx((N, K), "mxfp8_e4m3", rng)
+    q, s = pack_a8w8(w.qdata, w.scale)
+    assert q.dtype == torch.int32 and q.shape == (N // 16, K // 64, 2, 32, 4) and s.shape == (N // 16, K // 64, 8)
+    back_q, back_s = unpack_a8w8(q, s)
+    assert torch.equal(back_q, w.qdata) and torch.equal(back_s, w.scale)
+    qb = q.view(torch.uint8).view(N // 16, K // 64, 2, 32, 16)
+    for _ in range(20):
+        r, kt, b, g, t = (int(torch.randint(n, (1,), generator=rng)) for n in (N // 16, K // 64, 2, 8, 4))
+        c, n = 64 * kt + 32 * b + 8 * t, 16 * r + g
+        want = torch.cat([w.qdata[n, c:c + 4], w.qdata[n + 8, c:c + 4], w.qdata[n, c + 4:c + 8],
+                          w.qdata[n + 8, c + 4:c + 8]])
+        assert torch.equal(qb[r, kt, b, 4 * g + t], want)
+        sw = s[r, kt, g:g + 1].view(torch.uint8)
+        assert sw.tolist() == [int(w.scale[n, 2 * kt]), int(w.scale[n, 2 * kt + 1]), int(w.scale[n + 8, 2 * kt]),
+                               int(w.scale[n + 8, 2 * kt + 1])]
+    pw = mxkit.pack_weight(w)
+    assert torch.equal(pw.mma_q, q) and torch.equal(pw.mma_s, s)
+    again = mxkit.pack_weight(PackedWeight.source_from_state_dict(pw.state_dict()))
+    assert torch.equal(again.mma_q, q)
 
 
 def test_cpu_never_takes_a8w8(rng):
@@ -94,24 +124,29 @@ def test_gpu_quantize_probe_bytes(K, rng):
 @pytest.mark.parametrize("K", [64, 2880, 4096, 8192, 28672])
 def test_gpu_a8w8(K, rng):
     """M in issue #23's list and 8 / 9 / 17 (token-block edges); bias (float32, bf16), bf16 / fp16 / fp32 out;
-    N = 1040 (R = 2 strips per warp) and N = 48 (R = 1); outputs poisoned first."""
-    for N in (48, 1040) if K <= 4096 else (1040,):
+    the weight as stored (MXTensor) and packed (the a8w8 layout); N = 1088 (R = 1 or 4 strips per warp on the
+    packed layout), 1040 (R = 1 only) and 48; outputs poisoned first."""
+    for N in (48, 1040, 1088) if K <= 4096 else (1088,):
         w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+        pw = mxkit.pack_weight(w)
+        assert pw.mma_q is not None
         bias = torch.randn(N, generator=rng).cuda()
         with gemm_table_override(WIDE):
             for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
                 a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
-                _poison()
-                check(a, w, backend="auto", path="a8w8-mma", bias=bias if M % 2 else None)
-                if M in (1, 9):
+                for b in (w, pw):
                     _poison()
-                    check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float32, bias=bias.to(torch.bfloat16))
-                    _poison()
-                    check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float16)
-            y, _ = check(mxkit.quantize(torch.randn(2, 3, K, generator=rng).cuda(), "mxfp8_e4m3"), w,
-                         backend="auto", path="a8w8-mma")
-            assert y.shape == (2, 3, N)
-            assert mxkit.gemm_plan(a, mxkit.pack_weight(w)).path == "a8w8-mma"
+                    check(a, b, backend="auto", path="a8w8-mma", bias=bias if M % 2 else None)
+                    if M in (1, 9):
+                        _poison()
+                        check(a, b, backend="auto", path="a8w8-mma", out_dtype=torch.float32,
+                              bias=bias.to(torch.bfloat16))
+                        _poison()
+                        check(a, b, backend="auto", path="a8w8-mma", out_dtype=torch.float16)
+            for b in (w, pw):
+                y, _ = check(mxkit.quantize(torch.randn(2, 3, K, generator=rng).cuda(), "mxfp8_e4m3"), b,
+                             backend="auto", path="a8w8-mma")
+                assert y.shape == (2, 3, N)
 
 
 @pytest.mark.gpu
@@ -128,13 +163,14 @@ def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
     xs += [_crafted_rows(K, rng).cuda()[:9], torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(),
            big[:, :K], big[:, 2:K + 2]]
     with gemm_table_override(WIDE):
-        for x in xs:
-            _poison()
-            y = a8w8_linear(x, w, bias)
-            y2 = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), w, bias=bias)
-            assert mxkit.gemm_plan(mxkit.quantize(x, "mxfp8_e4m3"), w).path == "a8w8-mma"
-            assert y.shape == (*x.shape[:-1], N)
-            assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
+        for b in (w, mxkit.pack_weight(w)):
+            for x in xs:
+                _poison()
+                y = a8w8_linear(x, b, bias)
+                y2 = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), b, bias=bias)
+                assert mxkit.gemm_plan(mxkit.quantize(x, "mxfp8_e4m3"), b).path == "a8w8-mma"
+                assert y.shape == (*x.shape[:-1], N)
+                assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
         lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
         mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
         x = xs[1]
@@ -181,9 +217,11 @@ def test_gpu_a8w8_split_k(split, rng):
     N, K = 1024, 4096 + 64 * split
     w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
     bias = torch.randn(N, generator=rng).cuda()
-    for M in (1, 17):
+    pq, ps = _mma_a8w8.pack_a8w8(w.qdata, w.scale)
+    for M, packed in ((1, False), (17, False), (1, True), (17, True)):
         a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
-        run = A8W8(w.qdata, w.scale, M, torch.bfloat16, quant=False, split=split)
+        run = (A8W8(pq, ps, M, torch.bfloat16, quant=False, split=split, shape=(N, K)) if packed
+               else A8W8(w.qdata, w.scale, M, torch.bfloat16, quant=False, split=split))
         assert run.split == split
         _poison()
         y = run(a.qdata, a.scale, bias)

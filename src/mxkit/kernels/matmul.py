@@ -339,13 +339,18 @@ def pack_weight(w: MXTensor) -> PackedWeight:
 
 
 def _pack_mma(w: MXTensor) -> tuple:
-    """(q, s) of the decode-mma layout for an MXFP4 weight of a shape it takes, else (None, None)."""
-    from .matmul_details import _mma_decode
+    """(q, s) of the decode-mma layout for an MXFP4 weight, of the a8w8-mma layout for an MXFP8 E4M3 weight,
+    of a shape the kernel takes; else (None, None)."""
+    from .matmul_details import _mma_a8w8, _mma_decode
 
     N, K = w.shape
-    if w.fmt.name != "mxfp4_e2m1" or not _mma_decode.shape_ok(N, K):
+    if not _mma_decode.shape_ok(N, K):
         return None, None
-    return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
+    if w.fmt.name == "mxfp4_e2m1":
+        return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
+    if w.fmt.name == "mxfp8_e4m3":
+        return _mma_a8w8.pack_a8w8(w.qdata, w.scale)
+    return None, None
 
 
 def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
@@ -370,7 +375,8 @@ def _a8w8_ok(a: MXTensor, w: MXTensor, M: int, dev: torch.device) -> bool:
 
 
 def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
-    if not (isinstance(b, PackedWeight) and b.mma_q is not None and a.dtype == torch.bfloat16
+    if not (isinstance(b, PackedWeight) and b.mma_q is not None and b.source.fmt.name == "mxfp4_e2m1"
+            and a.dtype == torch.bfloat16
             and dev.type == "cuda" and 0 < M <= _mma_max_m(dev)):
         return False
     from .matmul_details import _mma_decode
@@ -606,7 +612,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     elif path == "decode-mma":
         return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "a8w8-mma":
-        return _a8w8(_plain(a), None, w, M, lead, out, bias)
+        return _a8w8(_plain(a), None, w, M, lead, out, bias, packed)
     elif path == "decode-w16":
         x = a if a.is_contiguous() else a.contiguous()
         bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
@@ -677,15 +683,20 @@ def decode_w16(x: torch.Tensor, w: MXTensor, cfg: Optional[DecodeConfig] = None)
 
 
 def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int, lead: tuple,
-          out: torch.dtype, bias: Optional[torch.Tensor], split: Optional[int] = None) -> torch.Tensor:
+          out: torch.dtype, bias: Optional[torch.Tensor], packed: Optional[PackedWeight] = None) -> torch.Tensor:
     """The a8w8-mma kernel on an MXFP8 ``a`` (plain scales) or, with ``a`` None, bf16 rows ``x`` quantized in
-    the kernel; weight ``w`` E4M3 (N, K), plain scales. Returns (*lead, N) in ``out``."""
+    the kernel; weight ``w`` E4M3 (N, K), plain scales, read in ``packed``'s a8w8 layout where it has one.
+    Returns (*lead, N) in ``out``."""
     from .matmul_details._mma_a8w8 import A8W8, weight_ok, x_ok
 
     N, K = w.shape
-    wq, ws = w.qdata, w.scale
-    if not weight_ok(wq, ws):
-        wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
+    shape = None
+    if packed is not None and packed.mma_q is not None:
+        wq, ws, shape = packed.mma_q, packed.mma_s, (N, K)
+    else:
+        wq, ws = w.qdata, w.scale
+        if not weight_ok(wq, ws):
+            wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
     quant = a is None
     if quant:
         xv, xs = x.reshape(M, K), None
@@ -698,7 +709,7 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     y = torch.empty(*lead, N, device=w.device, dtype=out)
-    return A8W8(wq, ws, M, out, quant, split)(xv, xs, bias, y)
+    return A8W8(wq, ws, M, out, quant, shape=shape)(xv, xs, bias, y)
 
 
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
@@ -709,7 +720,8 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     bit), weight an MXFP8 E4M3 MXTensor (N, K) or its PackedWeight. Returns (..., N) in ``out_dtype`` (default
     bf16), or None where the kernel does not take the call (not CUDA, not bf16, another format, M past the
     envelope, N % 16 or K % 64, a GPU older than sm_89): the caller then quantizes and calls matmul."""
-    w = w.source if isinstance(w, PackedWeight) else w
+    packed = w if isinstance(w, PackedWeight) else None
+    w = w.source if packed is not None else w
     if not (isinstance(w, MXTensor) and x.dtype == torch.bfloat16 and x.is_cuda and w.ndim == 2
             and w.axis == 1 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and w.device == x.device):
         return None
@@ -719,7 +731,7 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     out = check_out_dtype(out_dtype or torch.bfloat16)
     if bias is not None:
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
-    return _a8w8(None, x, _plain(w), M, tuple(x.shape[:-1]), out, bias)
+    return _a8w8(None, x, _plain(w), M, tuple(x.shape[:-1]), out, bias, packed)
 
 
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:

@@ -1,8 +1,10 @@
 """The small-M MXFP8 x MXFP8 GEMM (``a8w8-mma``): E4M3 codes of both operands straight into FP8 tensor cores
 (``mma.sync.m16n8k32`` e4m3, sm_89+), a CUDA C++ kernel (``mma_a8w8.cu``, shipped as PTX) launched through
-the driver API. Both operands are read as mxkit stores them (no repacking). The activations come as an MXFP8
-MXTensor, or as bf16 rows that the kernel quantizes itself (OCP FLOOR scale, round to nearest even: the bytes
-of ``mxkit.quantize(x, "mxfp8")``), so the fused call is one launch.
+the driver API. The weight is read in the a8w8 layout :func:`pack_a8w8` writes once (``pack_weight``: each
+lane's A fragment of a block one 16-byte load, a warp's loads 512 contiguous bytes; 84-90% of copy bandwidth
+for a load-only kernel on an H100, against 66% for 8-byte loads of the rows as stored), or as stored (an
+MXTensor weight). The activations come as an MXFP8 MXTensor, or as bf16 rows that the kernel quantizes itself
+(OCP FLOOR scale, round to nearest even: the bytes of ``mxkit.quantize(x, "mxfp8")``): one launch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ PTX = Path(__file__).with_name("mma_a8w8.ptx")
 SOURCE = Path(__file__).with_name("mma_a8w8.cu")
 MAX_M = 64  # the kernel takes any M (blocks of 8 tokens on the grid); past this the plan stops offering it
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-UNROLL = {1: 4, 2: 2}  # tiles per warp and batch of the r1 / r2 kernels (mma_a8w8.cu's instantiations)
+# the strips per warp (R) of mma_a8w8.cu's instantiations: as stored, and in the a8w8 layout
+KERNEL_R = {"": (1, 2), "p": (1, 2, 4)}
+
+
+def strips_per_warp(N: int, M: int, quant: bool, packed: bool) -> int:
+    """R of the kernel a call takes (measured on an H100, ``benchmarks/a8w8_ab.md``): one strip for M <= 8
+    from MXFP8 activations, four past 8 tokens on the packed layout (more rows per activation load), two when
+    the kernel quantizes bf16 activations (their quantization shared by more rows); each as N allows."""
+    want = 2 if quant else (4 if packed and M > 8 else 1)
+    return max(r for r in KERNEL_R["p" if packed else ""] if r <= want and N % (16 * r) == 0)
 
 
 def _index(device: torch.device) -> int:
@@ -62,6 +73,32 @@ def shape_ok(N: int, K: int) -> bool:
     return N % 16 == 0 and K % 64 == 0 and N > 0 and K > 0
 
 
+def pack_a8w8(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 codes ``qdata`` uint8 [N, K] and E8M0 ``scale`` uint8 [N, K / 32] (N % 16 == 0, K % 64 == 0) ->
+    (q int32 [N / 16, K / 64, 2, 32, 4], s int32 [N / 16, K / 64, 8]): for strip r (rows 16r ..), tile kt,
+    block b and lane 4g + t, the words W[g][c .. c+3], W[g+8][c .. c+3], W[g][c+4 .. c+7], W[g+8][c+4 .. c+7]
+    with c = 64kt + 32b + 8t (the mma's A fragment, a0 .. a3); s: decode-mma's scale words (bytes of rows g
+    and g + 8, blocks 0 and 1). Same bytes, rearranged. ValueError on other shapes."""
+    N, K = qdata.shape
+    if qdata.dim() != 2 or N % 16 or K % 64 or tuple(scale.shape) != (N, K // 32):
+        raise ValueError(f"pack_a8w8 needs qdata [N, K] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "
+                         f"got {tuple(qdata.shape)} and {tuple(scale.shape)}")
+    q = qdata.contiguous().view(N // 16, 2, 8, K // 64, 2, 4, 2, 4)  # r, h, g, kt, b, t, half, i
+    q = q.permute(0, 3, 4, 2, 5, 6, 1, 7).contiguous()               # r, kt, b, g, t, half, h, i
+    s = scale.contiguous().view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4).contiguous()  # r, kt, g, h, b
+    return q.view(N // 16, K // 64, 2, 32, 16).view(torch.int32), s.view(N // 16, K // 64, 8, 4).view(
+        torch.int32).squeeze(-1)
+
+
+def unpack_a8w8(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack_a8w8`: (qdata uint8 [N, K], scale uint8 [N, K / 32])."""
+    R, T = q.shape[0], q.shape[1]
+    qb = q.contiguous().view(torch.uint8).view(R, T, 2, 8, 4, 2, 2, 4)  # r, kt, b, g, t, half, h, i
+    qd = qb.permute(0, 6, 3, 1, 2, 4, 5, 7).reshape(R * 16, T * 64)      # r, h, g, kt, b, t, half, i
+    sb = s.contiguous().view(torch.uint8).view(R, T, 8, 2, 2).permute(0, 3, 2, 1, 4)  # r, h, g, kt, b
+    return qd.contiguous(), sb.reshape(R * 16, T * 2).contiguous()
+
+
 def weight_ok(qdata: torch.Tensor, scale: torch.Tensor) -> bool:
     """Whether the kernel reads an E4M3 weight's codes [N, K] and plain scales [N, K / 32] as they are:
     row-major, codes 16-byte aligned, scales 2-byte aligned."""
@@ -77,20 +114,23 @@ def x_ok(x: torch.Tensor, quant: bool) -> bool:
 
 class A8W8:
     """One prepared launch of the MXFP8 x MXFP8 kernel: weight codes ``w`` uint8 [N, K] and scales ``sw`` uint8
-    [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), M rows of activations, ``out`` dtype out; ``quant``:
+    [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), or with ``shape=(N, K)`` the (q, s) of
+    :func:`pack_a8w8`; M rows of activations, ``out`` dtype out; ``quant``:
     the activations are bf16 and the kernel quantizes them. ``split``: thread blocks along K (default
     :func:`mxkit.kernels.matmul_details._mma_decode.split_k`); with more than one, the launch owns a float32
     workspace and a counter array (one stream at a time)."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
-                 split: Optional[int] = None):
-        N, K = w.shape
+                 split: Optional[int] = None, shape: Optional[tuple[int, int]] = None):
+        packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
+        N, K = shape if packed else w.shape
         if not (M > 0 and shape_ok(N, K)):
             raise ValueError(f"a8w8-mma takes M >= 1, N % 16 == 0 and K % 64 == 0; got M={M}, N={N}, K={K}")
         dev = w.device
         idx = _index(dev)
-        self.r = 2 if N % 32 == 0 else 1
-        self.kernel = _kernel(f"mxfp8_a8w8_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}", idx)
+        self.r = strips_per_warp(N, M, quant, packed)
+        self.kernel = _kernel(f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}"
+                              f"{'_bf16in' if quant else ''}", idx)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // 8), N // (16 * self.r)
         if split is None:

@@ -2,8 +2,8 @@
 // (mma.sync m16n8k32 e4m3, sm_89 and newer: Ada, Hopper), aiter's a8w8 small-M GEMM on Hopper. The PTX beside
 // this file (mma_a8w8.ptx, sm_89) is what mxkit loads; scripts/build_ptx.sh regenerates it.
 //
-// Both operands are read as mxkit stores them, nothing repacked: the weight's E4M3 codes W [N, K] and E8M0
-// scales SW [N, K / 32] (row-major, K along the row: OCP MX v1.0 blocks of 32 along K); the activations either
+// The operands: the weight's E4M3 codes W [N, K] and E8M0 scales SW [N, K / 32] (row-major, K along the row:
+// OCP MX v1.0 blocks of 32 along K; or in the a8w8 layout, below); the activations either
 // as MXFP8 codes X [M, K] with scales SX [M, K / 32], or as bf16 rows that the kernel quantizes itself (the
 // _bf16in kernels: OCP FLOOR scale, round to nearest even, saturating: mxkit.reference.quantize_reference's
 // bytes, checked byte for byte through mxfp8_quantize_probe). One mma covers one 32-element block: the lane
@@ -14,6 +14,10 @@
 // to the accumulator: exact per-block products, float32 accumulation. A warp takes R 16-row strips at once
 // (the activation quantization is shared by them); the 4 warps of a block split K in tiles of two blocks and
 // their partial sums are added in warp order; split-K over thread blocks is as in mma_decode.cu.
+// The weight is read either as stored (above: 8-byte loads of rows g and g + 8) or, faster, in the a8w8 layout
+// that mxkit.kernels.matmul_details._mma_a8w8.pack_a8w8 writes once at pack_weight time (same bytes): for each
+// 16-row strip, tile and block, lane 4g + t's 16 bytes are its fragment words a0 .. a3 (rows g, g + 8; block
+// columns 8t .. 8t + 3, 8t + 4 .. 8t + 7), a warp's load 512 contiguous bytes; scale words as in mma_decode.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -35,6 +39,13 @@ __device__ __forceinline__ float e8m0(uint32_t s) {
 __device__ __forceinline__ uint2 ld_stream(const uint8_t* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -74,41 +85,66 @@ __device__ __forceinline__ uint32_t quantize8(uint4 v, uint32_t& b0, uint32_t& b
   return byte;
 }
 
+// The weight bytes of tile kt, strip r: fragment words (a0, a2) in lo, (a1, a3) in hi, per block b; the scale
+// bytes of rows g (low half of sw[.][0]) and g + 8 (sw[.][1]), blocks 0 and 1. PACKED: the a8w8 layout of
+// pack_a8w8 (ws: the strip's lane base, one 16-byte load per block; ss: its scale words), else the weight as
+// stored (wr / wr8: rows g, g + 8 at column 8t, an 8-byte load per row and block; swr / swr8: scale rows).
+template <bool PACKED>
+struct WeightRows {
+  const uint8_t* wr;
+  const uint8_t* wr8;
+  const uint16_t* swr;
+  const uint16_t* swr8;
+  __device__ __forceinline__ void load(int kt, uint2 (&lo)[2], uint2 (&hi)[2], uint32_t (&sw)[2]) const {
+    if (PACKED) {
+      const uint4* q = reinterpret_cast<const uint4*>(wr) + (long long)kt * 64;
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint4 v = ld_stream16(q + 32 * b);
+        lo[b] = make_uint2(v.x, v.z);
+        hi[b] = make_uint2(v.y, v.w);
+      }
+      const uint32_t s = __ldg(reinterpret_cast<const uint32_t*>(swr) + (long long)kt * 8);
+      sw[0] = s & 0xFFFFu;
+      sw[1] = s >> 16;
+    } else {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        lo[b] = ld_stream(wr + (long long)kt * 64 + 32 * b);
+        hi[b] = ld_stream(wr8 + (long long)kt * 64 + 32 * b);
+      }
+      sw[0] = __ldg(swr + kt);
+      sw[1] = __ldg(swr8 + kt);
+    }
+  }
+};
+
 // The K loop of one warp over tiles (two 32-element blocks) kt_lo + warp, + 4, ... < kt_hi, for R strips of 16
-// weight rows: wr[r] / wr8[r] the lane's rows g and g + 8 (+ 8t bytes), swr[r] / swr8[r] their scale rows;
-// x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]: rows g, g, g+8, g+8 of
-// strip r; tokens 2t, 2t + 1, 2t, 2t + 1.
-template <int R, int UNROLL, bool QUANT>
-__device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const uint8_t* const (&wr8)[R],
-                                         const uint16_t* const (&swr)[R], const uint16_t* const (&swr8)[R],
-                                         const uint4* xb, const uint8_t* xq, const uint16_t* xs, bool xm,
-                                         int kt_lo, int kt_hi, int warp, float (&acc)[R][4]) {
+// weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]:
+// rows g, g, g+8, g+8 of strip r; tokens 2t, 2t + 1, 2t, 2t + 1. The weight bytes of the next batch of UNROLL
+// tiles are in flight while one batch is computed.
+template <int R, int UNROLL, bool QUANT, bool PACKED>
+__device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], const uint4* xb, const uint8_t* xq,
+                                         const uint16_t* xs, bool xm, int kt_lo, int kt_hi, int warp,
+                                         float (&acc)[R][4]) {
   constexpr int WARPS = 4;
   const int lane = threadIdx.x & 31, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
-  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
-    uint2 w[UNROLL][R][2][2];  // tile, strip, block, row g / g + 8
-    uint32_t sw[UNROLL][R][2];
-    uint32_t bx[UNROLL][2][2], sx[UNROLL][2];
+  uint2 wl[UNROLL][R][2], wh[UNROLL][R][2], nl[UNROLL][R][2], nh[UNROLL][R][2];  // tile, strip, block
+  uint32_t sw[UNROLL][R][2], sn[UNROLL][R][2];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int kt = t0 + u * WARPS;
-      if (kt < kt_hi) {
+  for (int u = 0; u < UNROLL; ++u) {
+    const int kt = kt_lo + warp + u * WARPS;
+    if (kt < kt_hi) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            w[u][r][b][0] = ld_stream(wr[r] + (long long)kt * 64 + 32 * b);
-            w[u][r][b][1] = ld_stream(wr8[r] + (long long)kt * 64 + 32 * b);
-          }
-          sw[u][r][0] = __ldg(swr[r] + kt);
-          sw[u][r][1] = __ldg(swr8[r] + kt);
-        }
-      }
+      for (int r = 0; r < R; ++r) wrows[r].load(kt, wl[u][r], wh[u][r], sw[u][r]);
     }
+  }
+  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
+    uint32_t bx[UNROLL][2][2], sx[UNROLL][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
@@ -131,6 +167,11 @@ __device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const ui
           }
         }
       }
+      const int kn = kt + WARPS * UNROLL;  // the next batch
+      if (kn < kt_hi) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) wrows[r].load(kn, nl[u][r], nh[u][r], sn[u][r]);
+      }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -144,7 +185,7 @@ __device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const ui
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             float c[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_e4m3(c, w[u][r][b][0], w[u][r][b][1], bx[u][b][0], bx[u][b][1]);
+            mma_e4m3(c, wl[u][r][b], wh[u][r][b], bx[u][b][0], bx[u][b][1]);
             const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
             const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
             acc[r][0] = fmaf(c[0] * fa, fg, acc[r][0]);
@@ -155,6 +196,18 @@ __device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const ui
         }
       }
     }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          wl[u][r][b] = nl[u][r][b];
+          wh[u][r][b] = nh[u][r][b];
+        }
+        sw[u][r][0] = sn[u][r][0];
+        sw[u][r][1] = sn[u][r][1];
+      }
   }
 }
 
@@ -162,7 +215,7 @@ __device__ __forceinline__ void mainloop(const uint8_t* const (&wr)[R], const ui
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
 // of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
-template <int R, int UNROLL, bool QUANT, typename OUT>
+template <int R, int UNROLL, bool QUANT, bool PACKED, typename OUT>
 __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                            const float* __restrict__ bias, OUT* __restrict__ y,
@@ -181,17 +234,20 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
   const long long KB = K >> 5;
   const int S = gridDim.z, split = blockIdx.z;
   const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
-  const uint8_t* wr[R];
-  const uint8_t* wr8[R];
-  const uint16_t* swr[R];
-  const uint16_t* swr8[R];
+  WeightRows<PACKED> wrows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const long long n = row0 + 16 * r + g;
-    wr[r] = w + n * K + 8 * t;
-    wr8[r] = w + (n + 8) * K + 8 * t;
-    swr[r] = reinterpret_cast<const uint16_t*>(sw + n * KB);
-    swr8[r] = reinterpret_cast<const uint16_t*>(sw + (n + 8) * KB);
+    if (PACKED) {
+      const long long strip = row0 / 16 + r;
+      wrows[r].wr = w + (strip * KT * 64 + lane) * 16;
+      wrows[r].swr = reinterpret_cast<const uint16_t*>(sw + (strip * KT * 8 + g) * 4);
+    } else {
+      const long long n = row0 + 16 * r + g;
+      wrows[r].wr = w + n * K + 8 * t;
+      wrows[r].wr8 = w + (n + 8) * K + 8 * t;
+      wrows[r].swr = reinterpret_cast<const uint16_t*>(sw + n * KB);
+      wrows[r].swr8 = reinterpret_cast<const uint16_t*>(sw + (n + 8) * KB);
+    }
   }
   const bool xm = g < M;
   const long long xrow = m0 + (xm ? g : 0);
@@ -199,7 +255,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
   const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
   float acc[R][4];
-  mainloop<R, UNROLL, QUANT>(wr, wr8, swr, swr8, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  mainloop<R, UNROLL, QUANT, PACKED>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -245,26 +301,31 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
 
 }  // namespace
 
-#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, OUT)                                                                 \
+#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, OUT)                                                         \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
       float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
       long long ldy) {                                                                                         \
-    mxfp8_a8w8<R, UNROLL, QUANT, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);                \
+    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);        \
   }
 
 // each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)
-#define MXKIT_A8W8_ALL(R, UNROLL)                                                                              \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_bf16, R, UNROLL, false, __nv_bfloat16)                                          \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_f16, R, UNROLL, false, __half)                                                  \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_f32, R, UNROLL, false, float)                                                   \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_bf16_bf16in, R, UNROLL, true, __nv_bfloat16)                                    \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_f16_bf16in, R, UNROLL, true, __half)                                            \
-  MXKIT_A8W8(mxfp8_a8w8_r##R##_f32_bf16in, R, UNROLL, true, float)
+#define MXKIT_A8W8_ALL(P, R, UNROLL, PACKED)                                                                   \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16, R, UNROLL, false, PACKED, __nv_bfloat16)                             \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16, R, UNROLL, false, PACKED, __half)                                     \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32, R, UNROLL, false, PACKED, float)                                      \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16_bf16in, R, UNROLL, true, PACKED, __nv_bfloat16)                       \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16_bf16in, R, UNROLL, true, PACKED, __half)                               \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32_bf16in, R, UNROLL, true, PACKED, float)
 
-MXKIT_A8W8_ALL(1, 4)
-MXKIT_A8W8_ALL(2, 2)
+// the weight as stored (mxfp8_a8w8_*) and in the a8w8 layout (mxfp8_a8w8p_*); R strips per warp, UNROLL tiles
+// per batch, chosen on an H100 (benchmarks/a8w8_ab.md): r1 for M <= 8, r4 for more tokens, r2 with _bf16in
+MXKIT_A8W8_ALL(, 1, 2, false)
+MXKIT_A8W8_ALL(, 2, 2, false)
+MXKIT_A8W8_ALL(p, 1, 2, true)
+MXKIT_A8W8_ALL(p, 2, 2, true)
+MXKIT_A8W8_ALL(p, 4, 1, true)
 
 // The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)
 // -> codes q [rows, K] and scales s [rows, K / 32]. grid (K / 32, ceil(rows / 8)), block 32.

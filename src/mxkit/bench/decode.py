@@ -213,8 +213,9 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
     try:
         model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
         if fmt != "bf16":
-            mxkit.quantize_model(model, fmt, skip=None if args.quantize_head else "lm_head", compute_qsnr=False,
-                                 progress=False)
+            w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if fmt == A8W8 else (fmt, None)
+            mxkit.quantize_model(model, w_fmt, act_format=act, skip=None if args.quantize_head else "lm_head",
+                                 compute_qsnr=False, progress=False)
     except Exception as e:
         for r in rows("error", f"build / quantize: {output.reason(e)}"):
             on_row(r)
@@ -257,8 +258,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=timing.choice("model", MODELS), default="llama-3-8b",
                    help=f"{', '.join(MODELS)} (default llama-3-8b)")
     p.add_argument("--layers", type=positive, default=None, help="keep the first N decoder layers (default all)")
-    p.add_argument("--formats", type=csv(lambda s: s if s == "bf16" else _mx_name(s)), default=("bf16", "mxfp4_e2m1",
-                   "mxfp8_e4m3"), help="comma list of bf16 and MX weight formats (default bf16,mxfp4,mxfp8)")
+    p.add_argument("--formats", type=csv(lambda s: s if s == "bf16" else _mx_name(s)),
+                   default=("bf16", "mxfp4_e2m1", "mxfp8_e4m3"),
+                   help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations) "
+                        "(default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES, help="eager and/or graphs")
@@ -274,9 +277,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 
+A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format): the a8w8-mma path
+
+
 def _mx_name(s: str) -> str:
     from ..formats import get_format
 
+    if s.lower().replace("_e4m3", "").replace("×", "x") in (A8W8, "a8w8"):
+        return A8W8
     return get_format(s).name
 
 

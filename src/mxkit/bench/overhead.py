@@ -102,12 +102,12 @@ def _cast_transpose(device: str):
     return (lambda: mxkit.cast_transpose(x, "mxfp8_e4m3")), ""
 
 
-def _matmul(m: int, a_fmt: Optional[str]):
+def _matmul(m: int, a_fmt: Optional[str], w_fmt: str = "mxfp4_e2m1"):
     def make(device: str):
         import mxkit
 
         b = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, device=device, dtype=torch.bfloat16) * 2.0**-5,
-                                             "mxfp4_e2m1"))
+                                             w_fmt))
         a = _x(device, (m, K))
         a = a if a_fmt is None else mxkit.quantize(a, a_fmt)
         return (lambda: mxkit.matmul(a, b)), f"path {mxkit.gemm_plan(a, b).path}"
@@ -115,13 +115,19 @@ def _matmul(m: int, a_fmt: Optional[str]):
     return make
 
 
-def _mxlinear(device: str):
-    import mxkit
-    from ..nn import MXLinear
+def _mxlinear(w_fmt: str, act: Optional[str]):
+    def make(device: str):
+        import mxkit
+        from ..nn import MXLinear
 
-    mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16), "mxfp4_e2m1")
-    x = _x(device, (1, K))
-    return (lambda: mod(x)), f"path {mxkit.gemm_plan(x, mod.weight_mx if mod._packed is None else mod._packed).path}"
+        mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16), w_fmt,
+                                   act_format=act)
+        x = _x(device, (1, K))
+        w = mod.weight_mx if mod._packed is None else mod._packed
+        a = x if act is None else mxkit.quantize(x, act)
+        return (lambda: mod(x)), f"path {mxkit.gemm_plan(a, w).path}" + (" (x quantized in the GEMM)" if act else "")
+
+    return make
 
 
 CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
@@ -133,7 +139,9 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
     Call("matmul bf16 x mxfp4 (M=1)", f"1x{N}x{K}", _matmul(1, None)),
     Call("matmul bf16 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, None)),
     Call("matmul mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp4_e2m1")),
-    Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear),
+    Call("matmul mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _matmul(1, "mxfp8_e4m3", "mxfp8_e4m3")),
+    Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None)),
+    Call("MXLinear.forward mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp8_e4m3", "mxfp8_e4m3")),
 )
 
 

@@ -153,30 +153,46 @@ def test_gpu_a8w8(K, rng):
 @gpu
 @sm89
 def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
-    """bf16 x quantized inside the kernel gives the bits of quantize(x) then the a8w8-mma matmul, for plain,
-    3-D, strided and unaligned x, with a bias; MXLinear(act_format="mxfp8") takes the fused call."""
+    """bf16 x quantized inside the kernel: with the same split of K, the kernel gives the bits of the same kernel
+    on quantize(x) (as stored and packed, R = 1 / 2 / 4 strips per warp: R does not change the sums); through
+    a8w8_linear (its own split) within the bound of quantize(x) @ w, for plain, 3-D, strided, unaligned and
+    crafted x, M = 1 .. 16, with a bias; MXLinear(act_format="mxfp8") takes it."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
     K, N = 2880, 5120
     w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+    pw = mxkit.pack_weight(w)
     bias = torch.randn(N, generator=rng).cuda()
+    for M in (1, 5, 16):
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        a = mxkit.quantize(x, "mxfp8_e4m3")
+        for split in (1, 2):
+            for packed in (False, True):
+                args = ((pw.mma_q, pw.mma_s) if packed else (w.qdata, w.scale))
+                shape = (N, K) if packed else None
+                yq = A8W8(*args, M, torch.bfloat16, quant=True, split=split, shape=shape)(x, None, bias)
+                ya = A8W8(*args, M, torch.bfloat16, quant=False, split=split, shape=shape)(a.qdata, a.scale, bias)
+                assert torch.equal(yq.view(torch.int16), ya.view(torch.int16)), (M, split, packed)
     big = torch.randn(4, K + 8, generator=rng).to(torch.bfloat16).cuda()
     xs = [torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda() for M in (1, 5, 16)]
     xs += [_crafted_rows(K, rng).cuda()[:9], torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(),
            big[:, :K], big[:, 2:K + 2]]
     with gemm_table_override(WIDE):
-        for b in (w, mxkit.pack_weight(w)):
+        for b in (w, pw):
             for x in xs:
                 _poison()
                 y = a8w8_linear(x, b, bias)
-                y2 = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), b, bias=bias)
-                assert mxkit.gemm_plan(mxkit.quantize(x, "mxfp8_e4m3"), b).path == "a8w8-mma"
+                a = mxkit.quantize(x, "mxfp8_e4m3")
+                assert mxkit.gemm_plan(a, b).path == "a8w8-mma"
                 assert y.shape == (*x.shape[:-1], N)
-                assert torch.equal(y.view(torch.int16), y2.view(torch.int16))
+                OUT[0] = torch.bfloat16
+                assert_within_bound(y, a, w, bias)
         lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
         mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
         x = xs[1]
         with torch.no_grad():
             y = mx(x)
-        ref = mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), mx.weight_mx, bias=lin.bias.detach(), out_dtype=x.dtype)
+        ref = a8w8_linear(x, mx._packed, lin.bias.detach(), x.dtype)
         assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
 
 
@@ -201,9 +217,9 @@ def test_gpu_a8w8_special_scales(rng):
     assert torch.isnan(yn[:, 7]).all() and torch.equal(y[:, keep].view(torch.int16), yn[:, keep].view(torch.int16))
     xi = x.clone()
     xi[2, 100] = float("inf")
-    yi = a8w8_linear(xi, w)
+    yi, y0 = a8w8_linear(xi, w), a8w8_linear(x, w)
     rows = torch.arange(M, device="cuda") != 2
-    assert torch.isnan(yi[2]).all() and torch.equal(yi[rows].view(torch.int16), y[rows].view(torch.int16))
+    assert torch.isnan(yi[2]).all() and torch.equal(yi[rows].view(torch.int16), y0[rows].view(torch.int16))
 
 
 @pytest.mark.gpu

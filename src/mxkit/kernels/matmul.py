@@ -29,8 +29,8 @@ float32 accumulation plus one output rounding):
     default 16; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
-    mxkit stores them (no repacking). :func:`a8w8_linear` is the same kernel from bf16 activations, quantized
-    inside it (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
+    mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
+    activations, quantized inside it up to 8 rows (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
 ``decode-w16``
     bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
@@ -726,10 +726,12 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
 
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
                 out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
-    """``quantize(x, "mxfp8") @ w.T + bias`` in one launch: bf16 activations x (..., K) quantized to MXFP8 E4M3
-    inside the a8w8-mma kernel (OCP FLOOR scale, round to nearest even: byte-identical to
-    :func:`mxkit.quantize`, so the result equals ``matmul(quantize(x, "mxfp8"), w)`` on the same path bit for
-    bit), weight an MXFP8 E4M3 MXTensor (N, K) or its PackedWeight. Returns (..., N) in ``out_dtype`` (default
+    """``quantize(x, "mxfp8") @ w.T + bias``: bf16 activations x (..., K) quantized to MXFP8 E4M3 inside the
+    a8w8-mma kernel up to 8 rows (one launch; past that x is quantized once first, two launches) (OCP FLOOR
+    scale, round to nearest even: the bytes of :func:`mxkit.quantize`; with the same split of K the kernel gives
+    the bits it gives on ``quantize(x, "mxfp8")``, and this call may split K more on small grids, so it agrees
+    with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight an MXFP8 E4M3 MXTensor (N, K) or its
+    PackedWeight. Returns (..., N) in ``out_dtype`` (default
     bf16), or None where the kernel does not take the call (not CUDA, not bf16, another format, M past the
     envelope, N % 16 or K % 64, a GPU older than sm_89): the caller then quantizes and calls matmul."""
     packed = w if isinstance(w, PackedWeight) else None
@@ -743,6 +745,11 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     out = check_out_dtype(out_dtype or torch.bfloat16)
     if bias is not None:
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
+    if M > 8:  # past one block of 8 tokens, every block would quantize x again: quantize once, then the GEMM
+        from .quantize import quantize_triton
+
+        return _a8w8(_plain(quantize_triton(x, "mxfp8_e4m3")), None, _plain(w), M, tuple(x.shape[:-1]), out, bias,
+                     packed)
     return _a8w8(None, x, _plain(w), M, tuple(x.shape[:-1]), out, bias, packed)
 
 

@@ -112,6 +112,15 @@ def x_ok(x: torch.Tensor, quant: bool) -> bool:
     return x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % (16 if quant else 8) == 0
 
 
+def split_quant(blocks: int, K: int, sms: int) -> int:
+    """Thread blocks along K for the kernels that quantize x: a grid of fewer than two blocks per multiprocessor
+    is split until it has them, each split keeping at least 8 tiles of K, at most 4 (the quantization makes each
+    warp's chain of tiles long: 1 x 5120 x 2880 took 24.2 us unsplit and 18.5 us in two on an H100)."""
+    if blocks >= 2 * sms:
+        return 1
+    return max(1, min(4, -(-2 * sms // blocks), K // 64 // 8))
+
+
 class A8W8:
     """One prepared launch of the MXFP8 x MXFP8 kernel: weight codes ``w`` uint8 [N, K] and scales ``sw`` uint8
     [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), or with ``shape=(N, K)`` the (q, s) of
@@ -134,7 +143,8 @@ class A8W8:
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // 8), N // (16 * self.r)
         if split is None:
-            split = split_k(groups * strips, K, 8, torch.cuda.get_device_properties(idx).multi_processor_count)
+            sms = torch.cuda.get_device_properties(idx).multi_processor_count
+            split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
         self.split = max(1, min(int(split), K // 64))
         self.grid = (groups, strips, self.split)
         if self.split > 1:

@@ -178,11 +178,15 @@ def matmul(
     dequantized operands (:func:`mxkit.reference.matmul_reference`).
     Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
     """
-    if (backend == "auto" and type(b) is PackedWeight and type(a) is torch.Tensor and a.is_cuda
-            and (bias is None or type(bias) is torch.Tensor) and not torch.compiler.is_compiling()):
-        from .kernels.matmul import prepared_call  # the eager hot path: plan and launch arguments made once
-
-        return prepared_call(a, b, out_dtype, bias)(a, bias)
+    if (backend == "auto" and type(b) is PackedWeight and (bias is None or type(bias) is torch.Tensor)
+            and not torch.compiler.is_compiling()):
+        # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
+        if type(a) is torch.Tensor and a.is_cuda:
+            return _hot().prepared_call(a, b, out_dtype, bias)(a, bias)
+        if type(a) is MXTensor and a.qdata.is_cuda:
+            call = _hot().prepared_call_mx(a, b, out_dtype, bias)
+            if call is not None:
+                return call(a, bias)
     from .kernels.matmul import check_bias, plan_gemm, reference_gemm, run_gemm
 
     plan = plan_gemm(a, b, out_dtype)
@@ -190,6 +194,19 @@ def matmul(
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)
+
+
+_HOT = None
+
+
+def _hot():
+    """mxkit.kernels.matmul, imported once (an import statement in the hot path costs ~1 µs a call)."""
+    global _HOT
+    if _HOT is None:
+        from .kernels import matmul
+
+        _HOT = matmul
+    return _HOT
 
 
 def pack_weight(w: MXTensor) -> PackedWeight:

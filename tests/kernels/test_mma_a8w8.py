@@ -267,3 +267,27 @@ def test_gpu_a8w8_in_a_cuda_graph(rng):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(y.view(torch.int16), mx(x).view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_a8w8_prepared_call(rng):
+    """matmul(MXFP8 a, packed MXFP8 weight) keeps its a8w8-mma call on the weight: repeated calls (and a bias)
+    give the bits of the planned path; an MX pair of another path is planned every call (its plan reads a's
+    scales) and still right."""
+    from mxkit.kernels.matmul import plan_gemm, run_gemm
+
+    K, N = 4096, 2048
+    pw = mxkit.pack_weight(rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda"))
+    bias = torch.randn(N, generator=rng).cuda()
+    for M in (1, 7, 33):
+        a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
+        want = run_gemm(a, pw, plan_gemm(a, pw), bias)
+        for _ in range(3):
+            _poison()
+            assert torch.equal(mxkit.matmul(a, pw, bias=bias).view(torch.int16), want.view(torch.int16))
+    assert any(c is not None for c in pw.__dict__["_calls"].values())
+    a6 = mxkit.quantize(torch.randn(3, K, generator=rng).cuda(), "mxfp6_e2m3")
+    for _ in range(2):
+        check(a6, pw, backend="auto")

@@ -62,9 +62,9 @@ from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "pack_weight", "exact_scale_range",
-           "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table", "gemm_table_override",
-           "decode_config", "W_KINDS"]
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "pack_weight",
+           "exact_scale_range", "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table",
+           "gemm_table_override", "decode_config", "W_KINDS"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
@@ -775,6 +775,7 @@ class _MmaCall:
         self.M, self.N, self.K = M, *b.shape
         self.out_shape = (*a_shape[:-1], self.N)
         self.ldx = _row_stride(a_shape, a_stride)  # None: a is copied into rows first
+        self.device = b.device
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         ldx = self.ldx
@@ -783,7 +784,7 @@ class _MmaCall:
             ldx = self.K
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.to(torch.float32).contiguous()
-        y = torch.empty(self.out_shape, device=a.device, dtype=self.run.out)
+        y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
         return self.run.into(a, ldx, bias, y)
 
 
@@ -798,6 +799,16 @@ def _row_stride(shape: tuple, stride: tuple) -> Optional[int]:
         if st != st2 * n2:
             return None
     return ld if ld % 8 == 0 and ld >= shape[-1] else None
+
+
+class _A8W8Call:
+    """The a8w8-mma path of one (packed weight, MXFP8 a's shape and layout, out dtype)."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+        self.b, self.M, self.lead, self.out = b, plan.M, lead, plan.out_dtype
+
+    def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
 
 
 class _PlannedCall:
@@ -834,6 +845,32 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         else:
             call = _PlannedCall(b, plan)
         calls[key] = call
+    return call
+
+
+def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dtype],
+                     bias: Optional[torch.Tensor]):
+    """:func:`prepared_call` for an MX ``a`` on CUDA: the call of the a8w8-mma path (whose plan depends on shapes
+    and formats only) made once per key and kept on ``b``; None when the plan is another path (those read a's
+    scale values: the caller plans each call)."""
+    calls = b.__dict__.get("_calls")
+    if calls is None:
+        calls = {}
+        object.__setattr__(b, "_calls", calls)
+    key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
+           a.qdata.device, out_dtype, id(gemm_table()),
+           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
+    if key in calls:
+        return calls[key]
+    if len(calls) >= 64:
+        calls.clear()
+    call = None
+    if a.fmt.name == "mxfp8_e4m3" and b.source.fmt.name == "mxfp8_e4m3":
+        plan = plan_gemm(a, b, out_dtype)
+        check_bias(bias, plan, b.device)
+        if plan.path == "a8w8-mma":
+            call = _A8W8Call(b, plan, tuple(a.shape[:-1]))
+    calls[key] = call
     return call
 
 

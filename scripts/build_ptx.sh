@@ -16,7 +16,8 @@ for cu in src/mxkit/kernels/matmul_details/*.cu; do
     ptx="${cu%.cu}.ptx"
     nvcc -ptx -arch="$arch" -O3 -o "$ptx.tmp" "$cu"
     {
-        echo "// Generated from $(basename "$cu") (sha256 $(sha256sum "$cu" | cut -c1-16)) by scripts/build_ptx.sh; do not edit."
+        # the hash covers the .cu and the header every .cu includes (mma_common.cuh)
+        echo "// Generated from $(basename "$cu") (sha256 $(cat "$cu" "$(dirname "$cu")/mma_common.cuh" | sha256sum | cut -c1-16)) by scripts/build_ptx.sh; do not edit."
         sed -e "s/^\.version [0-9.]*\$/.version $isa/" "$ptx.tmp"
     } >"$ptx"
     rm -f "$ptx.tmp"

@@ -27,7 +27,7 @@ def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (its hash in the first line), declares PTX ISA 8.4
     for sm_89 and defines every kernel the launcher names."""
     ptx = _mma_a8w8.PTX.read_text()
-    digest = hashlib.sha256(_mma_a8w8.SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(_mma_a8w8.SOURCE.read_bytes() + _mma_a8w8.COMMON.read_bytes()).hexdigest()[:16]
     assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_a8w8.cu"
     assert re.search(r"^\.version 8\.4$", ptx, re.M) and re.search(r"^\.target sm_89$", ptx, re.M)
     for p, rs in _mma_a8w8.KERNEL_R.items():

@@ -72,7 +72,7 @@ def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
     declares PTX ISA 7.8 for sm_80 and defines every kernel the launcher names."""
     ptx = _mma_decode.PTX.read_text()
-    digest = hashlib.sha256(_mma_decode.SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(_mma_decode.SOURCE.read_bytes() + _mma_decode.COMMON.read_bytes()).hexdigest()[:16]
     assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_decode.cu"
     assert re.search(r"^\.version 7\.8$", ptx, re.M) and re.search(r"^\.target sm_80$", ptx, re.M)
     for m in (8, 16):

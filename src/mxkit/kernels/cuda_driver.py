@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch"]
+__all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch", "shipped_ptx_unavailable",
+           "shipped_kernel", "device_index"]
 
 
 class CudaDriverUnavailable(RuntimeError):
@@ -66,6 +67,36 @@ def load_module(path: Union[str, Path], device: torch.device) -> ctypes.c_void_p
         raise CudaDriverUnavailable(f"{device} is not a CUDA device")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _module(str(path), index)
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int], needs: str) -> Optional[str]:
+    """None when the PTX file ``path`` can run on CUDA device ``device_index``, else why not: the file missing, a
+    GPU older than ``min_cc`` (``needs``: what for), the driver refusing the module, or ``MXKIT_MMA_DECODE=0``
+    (which turns off every CUDA C++ kernel mxkit ships)."""
+    import os
+
+    if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
+        return "MXKIT_MMA_DECODE=0"
+    if not Path(path).exists():
+        return f"{Path(path).name} is missing"
+    if torch.cuda.get_device_capability(device_index) < min_cc:
+        return f"needs sm_{min_cc[0]}{min_cc[1]} or newer ({needs})"
+    try:
+        load_module(path, torch.device("cuda", device_index))
+    except CudaDriverUnavailable as e:
+        return str(e)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_kernel(path: str, name: str, device_index: int) -> "Kernel":
+    """:class:`Kernel` ``name`` of the PTX file ``path`` on device ``device_index``, made once."""
+    return Kernel(path, name, torch.device("cuda", device_index))
 
 
 class Kernel:

@@ -10,8 +10,6 @@ MXTensor weight). The activations come as an MXFP8 MXTensor, or as bf16 rows tha
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +18,7 @@ import torch
 from ._mma_decode import split_k
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
+COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_a8w8.cu")
 MAX_M = 64  # the kernel takes any M (blocks of 8 tokens on the grid); past this the plan stops offering it
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
@@ -36,37 +35,23 @@ def strips_per_warp(N: int, M: int, quant: bool, packed: bool) -> int:
 
 
 def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+    from ..cuda_driver import device_index
+
+    return device_index(device)
 
 
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on CUDA ``device``, else why not (no PTX, a GPU older than sm_89, the
     driver refusing the module, ``MXKIT_MMA_DECODE=0``, which turns off every CUDA C++ decode kernel)."""
-    return _available(_index(device))
+    from ..cuda_driver import shipped_ptx_unavailable
+
+    return shipped_ptx_unavailable(str(PTX), _index(device), (8, 9), "mma.sync e4m3")
 
 
-@functools.lru_cache(maxsize=None)
-def _available(device_index: int) -> Optional[str]:
-    if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
-        return "MXKIT_MMA_DECODE=0"
-    if not PTX.exists():
-        return f"{PTX.name} is missing"
-    if torch.cuda.get_device_capability(device_index) < (8, 9):
-        return "needs sm_89 or newer (mma.sync e4m3)"
-    from ..cuda_driver import CudaDriverUnavailable, load_module
-
-    try:
-        load_module(PTX, torch.device("cuda", device_index))
-    except CudaDriverUnavailable as e:
-        return str(e)
-    return None
-
-
-@functools.lru_cache(maxsize=None)
 def _kernel(name: str, device_index: int):
-    from ..cuda_driver import Kernel
+    from ..cuda_driver import shipped_kernel
 
-    return Kernel(PTX, name, torch.device("cuda", device_index))
+    return shipped_kernel(str(PTX), name, device_index)
 
 
 def shape_ok(N: int, K: int) -> bool:

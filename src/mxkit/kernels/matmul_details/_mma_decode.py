@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +18,7 @@ import torch
 from ...packed import PackedWeight
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
+COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
 WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
@@ -100,37 +100,23 @@ def rows_ok(x: torch.Tensor) -> bool:
 
 
 def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+    from ..cuda_driver import device_index
+
+    return device_index(device)
 
 
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on CUDA ``device``, else the reason it cannot (no PTX, a GPU older than
     sm_80, the driver refusing the module, ``MXKIT_MMA_DECODE=0``)."""
-    return _available(_index(device))
+    from ..cuda_driver import shipped_ptx_unavailable
+
+    return shipped_ptx_unavailable(str(PTX), _index(device), (8, 0), "mma.sync bf16")
 
 
-@functools.lru_cache(maxsize=None)
-def _available(device_index: int) -> Optional[str]:
-    if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
-        return "MXKIT_MMA_DECODE=0"
-    if not PTX.exists():
-        return f"{PTX.name} is missing"
-    if torch.cuda.get_device_capability(device_index) < (8, 0):
-        return "needs sm_80 or newer (mma.sync bf16)"
-    from ..cuda_driver import CudaDriverUnavailable, load_module
-
-    try:
-        load_module(PTX, torch.device("cuda", device_index))
-    except CudaDriverUnavailable as e:
-        return str(e)
-    return None
-
-
-@functools.lru_cache(maxsize=None)
 def _kernel(name: str, device_index: int):
-    from ..cuda_driver import Kernel
+    from ..cuda_driver import shipped_kernel
 
-    return Kernel(PTX, name, torch.device("cuda", device_index))
+    return shipped_kernel(str(PTX), name, device_index)
 
 
 def split_k(blocks: int, K: int, mt: int, sms: int) -> int:

@@ -22,6 +22,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mma_common.cuh"
+
 namespace {
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint2 wg, uint2 wg8, uint32_t b0, uint32_t b1) {
@@ -49,10 +51,6 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   return v;
 }
 
-template <typename T> __device__ __forceinline__ T to_out(float v);
-template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
 // four bf16 (p: elements 0 low, 1 high; q: 2, 3) times mul, to four E4M3 codes (element 0 in the low byte)
 __device__ __forceinline__ uint32_t cvt4(uint32_t p, uint32_t q, float mul) {
@@ -262,41 +260,15 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
     for (int i = 0; i < 4; ++i) red[warp][r][i][lane] = acc[r][i];
   __syncthreads();
   const long long tile = (long long)blockIdx.x * gridDim.y + blockIdx.y;
-  float* part = ws + tile * S * (R * 128);
-  if (S > 1) {
-    for (int e = threadIdx.x; e < R * 128; e += blockDim.x) {
-      const int r = e / 128, i = (e / 32) & 3, l = e & 31;
-      float v = red[0][r][i][l];
-#pragma unroll
-      for (int k = 1; k < WARPS; ++k) v += red[k][r][i][l];
-      part[split * (R * 128) + e] = v;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1) == S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-  }
-  for (int e = threadIdx.x; e < R * 128; e += blockDim.x) {
+  mxkit::reduce_store<WARPS, R>(red, ws + tile * S * (R * 128), cnt + tile, S, split, last, [&](int e, float v) {
     const int r = e / 128, i = (e / 32) & 3, l = e & 31;
-    float v;
-    if (S > 1) {
-      v = __ldcg(part + e);
-      for (int z = 1; z < S; ++z) v += __ldcg(part + z * (R * 128) + e);
-    } else {
-      v = red[0][r][i][l];
-#pragma unroll
-      for (int k = 1; k < WARPS; ++k) v += red[k][r][i][l];
-    }
     const long long row = row0 + 16 * r + (l >> 2) + 8 * (i >> 1);  // weight row n
     const int m = 2 * (l & 3) + (i & 1);                             // token, within the block of 8
     if (m < M) {
       if (bias != nullptr) v += bias[row];
-      y[m * ldy + row] = to_out<OUT>(v);
+      y[m * ldy + row] = mxkit::to_out<OUT>(v);
     }
-  }
-  if (S > 1 && threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (or graph replay)
+  });
 }
 
 }  // namespace

@@ -26,6 +26,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mma_common.cuh"
+
 namespace {
 
 
@@ -68,10 +70,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
-template <typename T> __device__ __forceinline__ T to_out(float v);
-template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
+using mxkit::to_out;
 
 // The K loop of one warp: tiles kt_lo + warp, + WARPS, ... < kt_hi of the strip at qs / ss (the lane's
 // q and scale-word pointers), x rows of the lane's tokens at xr[nt] (xm[nt]: the row exists), accumulated
@@ -186,44 +185,18 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
   __syncthreads();
-  // thread e < 32 * NT * 4 sums one (nt, i, lane) over the warps in order; with S > 1 the block's partial goes
-  // to ws and the last block of the (token block, strip) sums the S partials in order
+  // each (nt, i, lane) summed over the warps in order; with S > 1 over the S blocks of the (token block,
+  // strip) too, in order (mma_common.cuh)
   const long long tile = (long long)blockIdx.x * gridDim.y + strip;
-  float* part = ws + tile * S * (NT * 128);
-  if (S > 1) {
-    for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
-      const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
-      float v = red[0][nt][i][l];
-#pragma unroll
-      for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
-      part[split * (NT * 128) + e] = v;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1) == S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-  }
-  for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
+  mxkit::reduce_store<WARPS, NT>(red, ws + tile * S * (NT * 128), cnt + tile, S, split, last, [&](int e, float v) {
     const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
-    float v;
-    if (S > 1) {
-      v = __ldcg(part + e);
-      for (int z = 1; z < S; ++z) v += __ldcg(part + z * (NT * 128) + e);
-    } else {
-      v = red[0][nt][i][l];
-#pragma unroll
-      for (int w = 1; w < WARPS; ++w) v += red[w][nt][i][l];
-    }
     const int row = (int)strip * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
     const int m = 8 * nt + 2 * (l & 3) + (i & 1);               // token
     if (m < M) {
       if (bias != nullptr) v += bias[row];
-      y[m * ldy + row] = to_out<OUT>(v);
+      y[m * ldy + row] = mxkit::to_out<OUT>(v);
     }
-  }
-  if (S > 1 && threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (or graph replay)
+  });
 }
 
 // Grouped (MoE expert) decode GEMM over tokens sorted by expert (vLLM's moe_align_block_size with blocks of

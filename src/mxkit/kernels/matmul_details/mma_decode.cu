@@ -212,7 +212,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
                                                   const float* __restrict__ rw, OUT* __restrict__ out,
                                                   const int* __restrict__ ids, const int* __restrict__ eids, int N,
                                                   int K, int n_valid, int top_k, long long ldx, long long ldo) {
-  constexpr int WARPS = 4, UNROLL = 4;
+  constexpr int WARPS = 4, UNROLL = 2;  // 2 tiles a batch: 8-15% faster than 4 at 1-64 tokens (H100)
   __shared__ float red[WARPS][4][32];
   __shared__ float v[8][17];
   const int mb = blockIdx.x, strip = blockIdx.y;

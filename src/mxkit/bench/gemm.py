@@ -5,7 +5,8 @@ W4A16 (bf16 × MXFP4) and W4A8 (FP8 E4M3 per-row-scaled activations × MXFP4). M
 ``mxkit.matmul`` on prepared operands (a from ``mxkit.quantize``, ``mxkit.quantize_fp8_rowwise`` or bf16);
 ``from-bf16`` (MX×MX only) times ``mxkit.matmul(mxkit.quantize_fold(x, fmt), packed)``, the fused
 quantize-and-fold included (MXFP8×MXFP8 at small M: ``mxkit.kernels.matmul.a8w8_linear``, x quantized inside
-the GEMM's one launch; elsewhere ``quantize`` then ``matmul``). The weight is packed once (``mxkit.pack_weight``), timed apart ("pack µs").
+the GEMM's one launch; elsewhere ``quantize`` then ``matmul``). The weight is packed once
+(``mxkit.pack_weight``), timed apart ("pack µs").
 
 Peers (each in its own try; a failing one leaves its error in its row): ``cublas-bf16`` (``torch.matmul`` of
 the bf16 dequantized operands; the × column), ``scaled-mm-fp8`` (``torch._scaled_mm`` on E4M3 casts of those

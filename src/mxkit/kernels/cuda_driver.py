@@ -65,11 +65,11 @@ def load_module(path: Union[str, Path], device: torch.device) -> ctypes.c_void_p
     Raises CudaDriverUnavailable."""
     if device.type != "cuda":
         raise CudaDriverUnavailable(f"{device} is not a CUDA device")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _module(str(path), index)
+    return _module(str(path), device_index(device))
 
 
 def device_index(device: torch.device) -> int:
+    """The index of CUDA ``device`` (the current device for a bare ``"cuda"``)."""
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
@@ -109,7 +109,7 @@ class Kernel:
         self.fn = ctypes.c_void_p()
         _check(_libcuda().cuModuleGetFunction(ctypes.byref(self.fn), mod, name.encode()), f"finding {name}")
         self.name, self.device = name, device
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self.index = device_index(device)
 
     def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
         self.bind(args)(grid, block)

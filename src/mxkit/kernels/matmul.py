@@ -26,7 +26,7 @@ float32 accumulation plus one output rounding):
     fixed order.
 ``a8w8-mma``
     MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
-    default 16; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
+    default 64; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
     mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
@@ -365,8 +365,8 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
     return min(int(entry["max_m"]), cap) if entry else 0
 
 
-def _a8w8_ok(a: MXTensor, w: MXTensor, M: int, dev: torch.device) -> bool:
-    if not (a.fmt.name == "mxfp8_e4m3" and w.fmt.name == "mxfp8_e4m3" and dev.type == "cuda"
+def _a8w8_ok(a_fmt: ElementFormat, w: MXTensor, M: int, dev: torch.device) -> bool:
+    if not (a_fmt.name == "mxfp8_e4m3" and w.fmt.name == "mxfp8_e4m3" and dev.type == "cuda"
             and 0 < M <= _mma_max_m(dev, "a8w8_mma")):
         return False
     from .matmul_details import _mma_a8w8
@@ -454,7 +454,7 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind == "fp8_rowwise" and can_fold(wf):
         return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
-    if kind == "mx" and _a8w8_ok(a, w, M, dev):
+    if kind == "mx" and _a8w8_ok(a.fmt, w, M, dev):
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
@@ -710,18 +710,25 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
         bias = bias.to(torch.float32).contiguous()
     y = torch.empty(*lead, N, device=w.device, dtype=out)
     # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
-    holder = packed if shape is not None else w
-    runs = holder.__dict__.get("_a8w8")
-    if runs is None:
-        runs = {}
-        object.__setattr__(holder, "_a8w8", runs)  # not a field: dataclasses.replace / .to() start anew
+    runs = _calls_on(packed if shape is not None else w, "_a8w8")
     key = (M, out, quant, wq.data_ptr())
     run = runs.get(key)
     if run is None:
-        if len(runs) >= 64:
-            runs.clear()
         run = runs[key] = A8W8(wq, ws, M, out, quant, shape=shape)
     return run(xv, xs, bias, y)
+
+
+def _calls_on(holder, name: str) -> dict:
+    """The dict of prepared calls kept on a weight object (PackedWeight or MXTensor) under ``name``: not a field,
+    so dataclasses.replace / .to() start a new one; emptied when it reaches 64 entries (many shapes, e.g.
+    prefill of varying lengths) so that it stays small."""
+    calls = holder.__dict__.get(name)
+    if calls is None:
+        calls = {}
+        object.__setattr__(holder, name, calls)
+    elif len(calls) >= 64:
+        calls.clear()
+    return calls
 
 
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
@@ -733,14 +740,16 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight an MXFP8 E4M3 MXTensor (N, K) or its
     PackedWeight. Returns (..., N) in ``out_dtype`` (default
     bf16), or None where the kernel does not take the call (not CUDA, not bf16, another format, M past the
-    envelope, N % 16 or K % 64, a GPU older than sm_89): the caller then quantizes and calls matmul."""
+    envelope, N % 16 or K % 64, a GPU older than sm_89, while torch.compile traces): the caller then quantizes
+    and calls matmul."""
     packed = w if isinstance(w, PackedWeight) else None
     w = w.source if packed is not None else w
     if not (isinstance(w, MXTensor) and x.dtype == torch.bfloat16 and x.is_cuda and w.ndim == 2
-            and w.axis == 1 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and w.device == x.device):
+            and w.axis == 1 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and w.device == x.device
+            and not torch.compiler.is_compiling()):
         return None
     M = x.shape[:-1].numel()
-    if not _a8w8_ok(w, w, M, x.device):  # (w stands for the activation: its format is E4M3 by construction)
+    if not _a8w8_ok(w.fmt, w, M, x.device):  # (the activations are quantized to E4M3, the weight's format)
         return None
     out = check_out_dtype(out_dtype or torch.bfloat16)
     if bias is not None:
@@ -826,16 +835,11 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
     launch arguments are made on the first call of each (shape, strides, dtype, device, out dtype, bias
     shape / dtype, dispatch table) and kept on ``b``; later calls only allocate and launch. Returns a callable
     ``(a, bias) -> y``. Validation (:func:`plan_gemm`) runs on the first call of each key."""
-    calls = b.__dict__.get("_calls")
-    if calls is None:
-        calls = {}
-        object.__setattr__(b, "_calls", calls)  # not a field: dataclasses.replace / .to() start a new cache
+    calls = _calls_on(b, "_calls")
     key = (a.shape, a.stride(), a.dtype, a.device, out_dtype, id(gemm_table()),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     call = calls.get(key)
     if call is None:
-        if len(calls) >= 64:  # many shapes (prefill of varying lengths): keep the cache small
-            calls.clear()
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
         if plan.path == "decode-mma":
@@ -853,17 +857,12 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
     """:func:`prepared_call` for an MX ``a`` on CUDA: the call of the a8w8-mma path (whose plan depends on shapes
     and formats only) made once per key and kept on ``b``; None when the plan is another path (those read a's
     scale values: the caller plans each call)."""
-    calls = b.__dict__.get("_calls")
-    if calls is None:
-        calls = {}
-        object.__setattr__(b, "_calls", calls)
+    calls = _calls_on(b, "_calls")
     key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
            a.qdata.device, out_dtype, id(gemm_table()),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     if key in calls:
         return calls[key]
-    if len(calls) >= 64:
-        calls.clear()
     call = None
     if a.fmt.name == "mxfp8_e4m3" and b.source.fmt.name == "mxfp8_e4m3":
         plan = plan_gemm(a, b, out_dtype)

@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from ._mma_decode import split_k
+from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
+from ._mma_decode import shape_ok, split_k  # the same 16-row strips and 64-column tiles
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
@@ -34,28 +35,14 @@ def strips_per_warp(N: int, M: int, quant: bool, packed: bool) -> int:
     return max(r for r in KERNEL_R["p" if packed else ""] if r <= want and N % (16 * r) == 0)
 
 
-def _index(device: torch.device) -> int:
-    from ..cuda_driver import device_index
-
-    return device_index(device)
-
-
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on CUDA ``device``, else why not (no PTX, a GPU older than sm_89, the
     driver refusing the module, ``MXKIT_MMA_DECODE=0``, which turns off every CUDA C++ decode kernel)."""
-    from ..cuda_driver import shipped_ptx_unavailable
-
     return shipped_ptx_unavailable(str(PTX), _index(device), (8, 9), "mma.sync e4m3")
 
 
-def _kernel(name: str, device_index: int):
-    from ..cuda_driver import shipped_kernel
-
-    return shipped_kernel(str(PTX), name, device_index)
-
-
-def shape_ok(N: int, K: int) -> bool:
-    return N % 16 == 0 and K % 64 == 0 and N > 0 and K > 0
+def _kernel(name: str, index: int):
+    return shipped_kernel(str(PTX), name, index)
 
 
 def pack_a8w8(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +98,8 @@ class A8W8:
     [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), or with ``shape=(N, K)`` the (q, s) of
     :func:`pack_a8w8`; M rows of activations, ``out`` dtype out; ``quant``:
     the activations are bf16 and the kernel quantizes them. ``split``: thread blocks along K (default
-    :func:`mxkit.kernels.matmul_details._mma_decode.split_k`); with more than one, the launch owns a float32
+    :func:`split_quant` when quantizing, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`); with
+    more than one, the launch owns a float32
     workspace and a counter array (one stream at a time)."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,

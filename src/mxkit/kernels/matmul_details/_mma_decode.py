@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ...packed import PackedWeight
+from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
@@ -99,24 +100,14 @@ def rows_ok(x: torch.Tensor) -> bool:
     return x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
 
 
-def _index(device: torch.device) -> int:
-    from ..cuda_driver import device_index
-
-    return device_index(device)
-
-
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on CUDA ``device``, else the reason it cannot (no PTX, a GPU older than
     sm_80, the driver refusing the module, ``MXKIT_MMA_DECODE=0``)."""
-    from ..cuda_driver import shipped_ptx_unavailable
-
     return shipped_ptx_unavailable(str(PTX), _index(device), (8, 0), "mma.sync bf16")
 
 
-def _kernel(name: str, device_index: int):
-    from ..cuda_driver import shipped_kernel
-
-    return shipped_kernel(str(PTX), name, device_index)
+def _kernel(name: str, index: int):
+    return shipped_kernel(str(PTX), name, index)
 
 
 def split_k(blocks: int, K: int, mt: int, sms: int) -> int:

@@ -28,6 +28,10 @@
 
 #include "mma_common.cuh"
 
+#ifndef MXKIT_CP_HINT
+#define MXKIT_CP_HINT ""  // an L2 prefetch size for cp.async, e.g. ".L2::256B" (A/B builds)
+#endif
+
 namespace {
 
 
@@ -70,12 +74,139 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
+// cp.async (sm_80): 16 bytes / 4 bytes global -> shared, bypassing registers; the group commit and wait
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global" MXKIT_CP_HINT " [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool full) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 using mxkit::to_out;
+
+// One batch of UNROLL tiles (u: tile t0 + u WARPS) from the lane's weight words qv / scale words sv and x
+// rows xv, into acc: each 32-element block's two k-steps summed from zero, then scaled once in float32.
+template <int NT, int UNROLL, int WARPS, bool SPECIAL>
+__device__ __forceinline__ void batch(const uint4 (&qv)[UNROLL], const uint32_t (&sv)[UNROLL],
+                                      const uint4 (&xv)[UNROLL][NT][2], int t0, int kt_hi, float (&acc)[NT][4]) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int kt = t0 + u * WARPS;
+    if (kt < kt_hi) {
+      const uint32_t w[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        uint32_t a0[4], a1[4];
+        decode8(w[2 * blk], a0);
+        decode8(w[2 * blk + 1], a1);
+        const float f_lo = blk ? e8m0<SPECIAL, 1>(sv[u]) : e8m0<SPECIAL, 0>(sv[u]);
+        const float f_hi = blk ? e8m0<SPECIAL, 3>(sv[u]) : e8m0<SPECIAL, 2>(sv[u]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 xb = xv[u][nt][blk];
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+          mma(c, a0, xb.x, xb.y);
+          mma(c, a1, xb.z, xb.w);
+          acc[nt][0] = fmaf(c[0], f_lo, acc[nt][0]);
+          acc[nt][1] = fmaf(c[1], f_lo, acc[nt][1]);
+          acc[nt][2] = fmaf(c[2], f_hi, acc[nt][2]);
+          acc[nt][3] = fmaf(c[3], f_hi, acc[nt][3]);
+        }
+      }
+    }
+  }
+}
+
+// The x values of batch t0 (lane (g, t): token g + 8 nt, columns 32 b + 8 t .. + 7 of each block b: one uint4)
+template <int NT, int UNROLL, int WARPS>
+__device__ __forceinline__ void load_x(const uint4* const (&xr)[NT], const bool (&xm)[NT], int t0, int kt_hi,
+                                       uint4 (&xv)[UNROLL][NT][2]) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int kt = t0 + u * WARPS;
+    if (kt < kt_hi) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          xv[u][nt][b] = xm[nt] ? __ldg(xr[nt] + kt * 8 + b * 4) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// The K loop with the weight staged through shared memory by cp.async, STAGES batches deep (STAGES - 1 in
+// flight while one is computed), no registers held for them. Each lane copies and reads back only its own
+// words (slot [stage][u][thread]), so the wait needs no barrier. Same tiles, same order, same arithmetic as
+// mainloop: the same bits.
+template <int NT, int UNROLL, int WARPS, int STAGES, bool XPF, bool SPECIAL>
+__device__ __forceinline__ void mainloop_async(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
+                                               const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
+                                               float (&acc)[NT][4]) {
+  __shared__ uint4 qsm[STAGES][UNROLL][WARPS * 32];
+  __shared__ uint32_t ssm[STAGES][UNROLL][WARPS * 32];
+  __shared__ uint4 xsm[XPF ? STAGES : 1][UNROLL][NT * 2][WARPS * 32];  // XPF: x staged with the weight
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  auto issue = [&](int j) {
+    const int slot = j % STAGES;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = kt_lo + warp + (j * UNROLL + u) * WARPS;
+      if (kt < kt_hi) {
+        cp_async16(&qsm[slot][u][tid], qs + (long long)kt * 32);
+        cp_async4(&ssm[slot][u][tid], ss + (long long)kt * 8);
+        if (XPF)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) cp_async16_zfill(&xsm[XPF ? slot : 0][u][nt * 2 + b][tid], xr[nt] + kt * 8 + b * 4, xm[nt]);
+      }
+    }
+    cp_async_commit();  // empty groups too: the wait counts groups
+  };
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) issue(j);
+  int j = 0;
+  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL, ++j) {
+    uint4 xv[UNROLL][NT][2];
+    if (!XPF) load_x<NT, UNROLL, WARPS>(xr, xm, t0, kt_hi, xv);
+    cp_async_wait<STAGES - 2>();  // batch j is in
+    const int slot = j % STAGES;
+    if (XPF)
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) xv[u][nt][b] = xsm[XPF ? slot : 0][u][nt * 2 + b][tid];
+    uint4 qv[UNROLL];
+    uint32_t sv[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      qv[u] = qsm[slot][u][tid];
+      sv[u] = ssm[slot][u][tid];
+    }
+    issue(j + STAGES - 1);  // into the slot read in the previous iteration
+    batch<NT, UNROLL, WARPS, SPECIAL>(qv, sv, xv, t0, kt_hi, acc);
+  }
+  cp_async_wait<0>();
+}
 
 // The K loop of one warp: tiles kt_lo + warp, + WARPS, ... < kt_hi of the strip at qs / ss (the lane's
 // q and scale-word pointers), x rows of the lane's tokens at xr[nt] (xm[nt]: the row exists), accumulated
 // into acc[nt][0..3] (rows g, g, g+8, g+8; tokens 8 nt + 2t, + 1, 2t, + 1).
-template <int NT, int UNROLL, int WARPS, bool SPECIAL>
+template <int NT, int UNROLL, int WARPS, bool XPF, bool SPECIAL>
 __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
                                          const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
                                          float (&acc)[NT][4]) {
@@ -83,9 +214,9 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-  // x rows: lane (g, t) reads token g (+ 8 nt), columns 32b + 8t .. + 7 of each block b: one uint4
   uint4 qv[UNROLL], qn[UNROLL];
   uint32_t sv[UNROLL], sn[UNROLL];
+  uint4 xv[UNROLL][NT][2], xn[UNROLL][NT][2];  // XPF: x of the next batch loaded with its weight words
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int kt = kt_lo + warp + u * WARPS;
@@ -94,54 +225,26 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
       sv[u] = __ldg(ss + (long long)kt * 8);
     }
   }
+  if (XPF) load_x<NT, UNROLL, WARPS>(xr, xm, kt_lo + warp, kt_hi, xv);
   for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
-    uint4 xv[UNROLL][NT][2];
+    if (!XPF) load_x<NT, UNROLL, WARPS>(xr, xm, t0, kt_hi, xv);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int kt = t0 + u * WARPS;
-      if (kt < kt_hi) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int b = 0; b < 2; ++b)
-            xv[u][nt][b] = xm[nt] ? __ldg(xr[nt] + kt * 8 + b * 4) : make_uint4(0u, 0u, 0u, 0u);
-      }
-      const int kn = kt + WARPS * UNROLL;  // the next batch, in flight while this one is computed
+      const int kn = t0 + u * WARPS + WARPS * UNROLL;  // the next batch, in flight while this one is computed
       if (kn < kt_hi) {
         qn[u] = ld_stream(qs + (long long)kn * 32);
         sn[u] = __ldg(ss + (long long)kn * 8);
       }
     }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int kt = t0 + u * WARPS;
-      if (kt < kt_hi) {
-        const uint32_t w[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
-#pragma unroll
-        for (int blk = 0; blk < 2; ++blk) {
-          uint32_t a0[4], a1[4];
-          decode8(w[2 * blk], a0);
-          decode8(w[2 * blk + 1], a1);
-          const float f_lo = blk ? e8m0<SPECIAL, 1>(sv[u]) : e8m0<SPECIAL, 0>(sv[u]);
-          const float f_hi = blk ? e8m0<SPECIAL, 3>(sv[u]) : e8m0<SPECIAL, 2>(sv[u]);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4 xb = xv[u][nt][blk];
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            mma(c, a0, xb.x, xb.y);
-            mma(c, a1, xb.z, xb.w);
-            acc[nt][0] = fmaf(c[0], f_lo, acc[nt][0]);
-            acc[nt][1] = fmaf(c[1], f_lo, acc[nt][1]);
-            acc[nt][2] = fmaf(c[2], f_hi, acc[nt][2]);
-            acc[nt][3] = fmaf(c[3], f_hi, acc[nt][3]);
-          }
-        }
-      }
-    }
+    if (XPF) load_x<NT, UNROLL, WARPS>(xr, xm, t0 + WARPS * UNROLL, kt_hi, xn);
+    batch<NT, UNROLL, WARPS, SPECIAL>(qv, sv, xv, t0, kt_hi, acc);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       qv[u] = qn[u];
       sv[u] = sn[u];
+      if (XPF)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) xv[u][nt][0] = xn[u][nt][0], xv[u][nt][1] = xn[u][nt][1];
     }
   }
 }
@@ -152,7 +255,7 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
 // writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
 // (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
 // deterministic whichever block arrives last.
-template <int NT, int UNROLL, int WARPS, bool SPECIAL, typename OUT>
+template <int NT, int UNROLL, int WARPS, int STAGES, bool XPF, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
@@ -178,8 +281,12 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
   }
   float acc[NT][4];
-  mainloop<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
-                                       warp, acc);
+  if constexpr (STAGES > 0)
+    mainloop_async<NT, UNROLL, WARPS, STAGES, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
+                                                       kt_lo, kt_hi, warp, acc);
+  else
+    mainloop<NT, UNROLL, WARPS, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
+                                         warp, acc);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -206,13 +313,13 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
 // on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
 // times rw[i]; stored once in OUT at out[i] (row stride ldo).
-template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT>
+template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, int STAGES,
+          bool XPF>
 __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                   const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                   const float* __restrict__ rw, OUT* __restrict__ out,
                                                   const int* __restrict__ ids, const int* __restrict__ eids, int N,
                                                   int K, int n_valid, int top_k, long long ldx, long long ldo) {
-  constexpr int WARPS = 4, UNROLL = 2;  // 2 tiles a batch: 8-15% faster than 4 at 1-64 tokens (H100)
   __shared__ float red[WARPS][4][32];
   __shared__ float v[8][17];
   const int mb = blockIdx.x, strip = blockIdx.y;
@@ -227,7 +334,11 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   const int KT = K >> 6;
   const long long es = (long long)e * (N / 16) + strip;
   float acc[1][4];
-  mainloop<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
+  if constexpr (STAGES > 0)
+    mainloop_async<1, UNROLL, WARPS, STAGES, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT,
+                                                      warp, acc);
+  else
+    mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
 #pragma unroll
   for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
   __syncthreads();
@@ -273,40 +384,47 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 }  // namespace
 
-#define MXKIT_MMA_DECODE(NAME, NT, UNROLL, WARPS, SPECIAL, OUT)                                                                          \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(                                               \
+// W warps, U tiles a batch, S cp.async stages (0: registers, one batch ahead), X: x loaded a batch ahead too
+#define MXKIT_MMA_DECODE(NAME, NT, W, U, S, X, SPECIAL, OUT)                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
       int N, int K, long long ldx, long long ldy) {                                                             \
-    mxfp4_mma_decode<NT, UNROLL, WARPS, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy);                                            \
+    mxfp4_mma_decode<NT, U, W, S, X, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy);              \
   }
 
 // each out dtype, plain and _special (scale bytes 0 / 255)
-#define MXKIT_MMA_DECODE_ALL(M, NT, UNROLL, WARPS)                                                          \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16, NT, UNROLL, WARPS, false, __nv_bfloat16)                  \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16_special, NT, UNROLL, WARPS, true, __nv_bfloat16)           \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16, NT, UNROLL, WARPS, false, __half)                          \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16_special, NT, UNROLL, WARPS, true, __half)                   \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32, NT, UNROLL, WARPS, false, float)                           \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32_special, NT, UNROLL, WARPS, true, float)
+#define MXKIT_MMA_DECODE_ALL(M, NT, W, U, S, X)                                                              \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16, NT, W, U, S, X, false, __nv_bfloat16)                     \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16_special, NT, W, U, S, X, true, __nv_bfloat16)              \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16, NT, W, U, S, X, false, __half)                             \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16_special, NT, W, U, S, X, true, __half)                      \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32, NT, W, U, S, X, false, float)                              \
+  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32_special, NT, W, U, S, X, true, float)
 
-MXKIT_MMA_DECODE_ALL(8, 1, 4, 4)
-MXKIT_MMA_DECODE_ALL(16, 2, 2, 8)
-
-#define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT)                                             \
-  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+#define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, S, X)                                 \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, const float* __restrict__ rw, OUT* __restrict__ out,                     \
       const int* __restrict__ ids, const int* __restrict__ eids, int N, int K, int n_valid, int top_k,         \
       long long ldx, long long ldo) {                                                                          \
-    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT>(x, q, s, bias, rw, out, ids, eids, N, K, n_valid,     \
-                                                         top_k, ldx, ldo);                                     \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, S, X>(x, q, s, bias, rw, out, ids, eids, N, K,  \
+                                                                     n_valid, top_k, ldx, ldo);                \
   }
 
-#define MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT)                                             \
-  MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, false, OUT)                                                 \
-  MXKIT_MMA_GROUPED(NAME##_special, ACT, GATHER, MUL_RW, true, OUT)
+// plain and _special
+#define MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, W, U, S, X)                                 \
+  MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, false, OUT, W, U, S, X)                                     \
+  MXKIT_MMA_GROUPED(NAME##_special, ACT, GATHER, MUL_RW, true, OUT, W, U, S, X)
 
-MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
-MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
-MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_down, 0, false, true, float)
+#ifndef MXKIT_DECODE_VARIANTS  // the A/B probe (benchmarks/probes/decode_ab.py) instantiates its own
+// The configs measured best on an H100 (benchmarks/decode_mma_ab.md): M <= 8 4 warps x 4 tiles, x a batch
+// ahead (7-12% faster than without); M <= 16 8 warps x 1 tile through 4 cp.async stages (13-20% faster than
+// registers); grouped 4 warps x 1 tile, x a batch ahead (2-10%, never slower at 1-64 tokens). Warps split K
+// the same way in each pair compared: the same bits.
+MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
+MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16, 4, 1, 0, true)
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16, 4, 1, 0, true)
+MXKIT_MMA_GROUPED_BOTH(mxfp4_mma_grouped_down, 0, false, true, float, 4, 1, 0, true)
+#endif  // MXKIT_DECODE_VARIANTS

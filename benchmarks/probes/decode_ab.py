@@ -1,0 +1,134 @@
+"""A/B of the decode-mma kernels' K loop (benchmarks/probes/decode_variants.cu): warps x tiles a batch x
+cp.async stages, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
+is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
+
+    python3 benchmarks/probes/decode_ab.py PTX[,PTX...]    # PTX files built from decode_variants.cu
+"""
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+import mxkit  # noqa: E402
+from mxkit.bench.moe import routing  # noqa: E402
+from mxkit.bench.timing import cuda_event_bench  # noqa: E402
+from mxkit.kernels.cuda_driver import Kernel  # noqa: E402
+from mxkit.kernels.matmul_details import _mma_decode as md  # noqa: E402
+from mxkit.kernels.moe import align_device, pack_experts_mma  # noqa: E402
+import ctypes  # noqa: E402
+
+dev = torch.device("cuda")
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+ptxs = sys.argv[1].split(",")
+names = {}
+for p in ptxs:
+    for n in re.findall(r"^\.visible \.entry (\w+)\(", Path(p).read_text(), re.M):
+        names[(Path(p).stem, n)] = Kernel(p, n, dev)
+
+
+def close(a, b):
+    """bits differ (another split of K over warps): still within 1e-2 relative of the production output"""
+    return bool(((a.float() - b.float()).norm() <= 1e-2 * b.float().norm()).item())
+
+
+def t(fn):
+    return cuda_event_bench(fn, 10, 50, 20, "read")
+
+
+def dense(M, N, K):
+    w = mxkit.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05, "mxfp4")
+    b = mxkit.pack_weight(w)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False)
+    ref = prod(x, None)
+    row = {"prod": t(lambda: prod(x, None))}
+    mt = 8 if M <= 8 else 16
+    for (stem, n), k in names.items():
+        if not n.startswith(f"m{mt}_"):
+            continue
+        W = int(re.search(r"_w(\d+)", n).group(1))
+        groups, strips = -(-M // mt), N // 16
+        split = md.split_k(groups * strips, K, mt, SMS)
+        ws = torch.empty(groups * strips * split * mt * 16, device=dev) if split > 1 else None
+        cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32) if split > 1 else None
+        y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
+        launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K),
+                         ctypes.c_longlong(K), ctypes.c_longlong(N)))
+        go = lambda: launch.launch(groups, strips, split, 32 * W)  # noqa: E731
+        go()
+        torch.cuda.synchronize()
+        tag = f"{stem}:{n[len(f'm{mt}_bf16_'):]}"
+        row[tag] = (t(go), torch.equal(y, ref), close(y, ref))
+    return row
+
+
+E, H, I, TOPK = 128, 2880, 2880, 4
+g = torch.Generator(device=dev).manual_seed(1)
+w1 = mxkit.quantize(torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
+w2 = mxkit.quantize(torch.randn(E, H, I, device=dev, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
+p1, p2 = pack_experts_mma(w1), pack_experts_mma(w2)
+b1 = torch.randn(E, 2 * I, device=dev) * 0.1
+b2 = torch.randn(E, H, device=dev) * 0.1
+
+
+def grouped(T):
+    tw, tid = routing(T, E, "uniform", dev)
+    x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    ids, eids = align_device(tid, E, 8)
+    n = T * TOPK
+    rw = tw.reshape(-1).contiguous()
+    h_ref = torch.empty(n, I, device=dev, dtype=torch.bfloat16)
+    y_ref = torch.empty(n, H, device=dev)
+
+    def prod_gu():
+        md.grouped_mma(x, p1.q, p1.s, False, 2 * I, H, ids, eids, n, TOPK, gather=True, bias=b1,
+                       activation="swiglu_gpt_oss", rw=None, out=h_ref)
+
+    def prod_dn():
+        md.grouped_mma(h_ref, p2.q, p2.s, False, H, I, ids, eids, n, TOPK, gather=False, bias=b2, activation=None,
+                       rw=rw, out=y_ref)
+    prod_gu(); prod_dn()
+    row = {"prod": (t(prod_gu), t(prod_dn))}
+    for (stem, nm), k in names.items():
+        if not nm.startswith("gu_"):
+            continue
+        W = int(re.search(r"_w(\d+)", nm).group(1))
+        kd = names[(stem, "dn_" + nm[3:])]
+        h = torch.full((n, I), float("nan"), device=dev, dtype=torch.bfloat16)
+        y = torch.full((n, H), float("nan"), device=dev)
+        a1 = (x, p1.q, p1.s, b1, None, h, ids, eids, ctypes.c_int(2 * I), ctypes.c_int(H), ctypes.c_int(n),
+              ctypes.c_int(TOPK), ctypes.c_longlong(H), ctypes.c_longlong(I))
+        a2 = (h_ref, p2.q, p2.s, b2, rw, y, ids, eids, ctypes.c_int(H), ctypes.c_int(I), ctypes.c_int(n),
+              ctypes.c_int(TOPK), ctypes.c_longlong(I), ctypes.c_longlong(H))
+        l1, l2 = k.bind(a1), kd.bind(a2)
+        f1 = lambda: l1.launch(eids.numel(), 2 * I // 16, 1, 32 * W)  # noqa: E731
+        f2 = lambda: l2.launch(eids.numel(), H // 16, 1, 32 * W)  # noqa: E731
+        f1(); f2()
+        torch.cuda.synchronize()
+        ok = torch.equal(h, h_ref) and torch.equal(y, y_ref)
+        row[f"{stem}:{nm[3:]}"] = (t(f1), t(f2), ok, close(h, h_ref) and close(y, y_ref))
+    return row
+
+
+def show(title, rows):
+    cols = list(next(iter(rows.values())).keys())
+    print(f"\n## {title}\n")
+    print("| case | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for case, r in rows.items():
+        cells = []
+        for c in r.values():
+            c = c if isinstance(c, tuple) else (c,)
+            ts = [v for v in c if isinstance(v, float)]
+            mark = "" if len(c) == len(ts) or c[len(ts)] else (" ≈" if c[len(ts) + 1] else " WRONG")
+            cells.append(" / ".join(f"{v:.1f}" for v in ts) + mark)
+        print(f"| {case} | " + " | ".join(cells) + " |")
+
+
+print(torch.cuda.get_device_name(0), torch.__version__)
+show("dense, µs", {f"{M}x{N}x{K}": dense(M, N, K) for M, N, K in [
+    (1, 8192, 8192), (1, 28672, 8192), (1, 8192, 28672), (1, 5120, 2880), (1, 2880, 4096), (1, 4096, 4096),
+    (1, 14336, 4096), (1, 4096, 14336), (16, 8192, 8192), (16, 28672, 8192)]})
+show("grouped GPT-OSS-120B, gate_up / down µs", {f"T={T}": grouped(T) for T in (1, 4, 16, 64)})

@@ -29,9 +29,10 @@ KERNEL_R = {"": (1, 2), "p": (1, 2, 4)}
 
 def strips_per_warp(N: int, M: int, quant: bool, packed: bool) -> int:
     """R of the kernel a call takes (measured on an H100, ``benchmarks/a8w8_ab.md``): one strip for M <= 8
-    from MXFP8 activations, four past 8 tokens on the packed layout (more rows per activation load), two when
-    the kernel quantizes bf16 activations (their quantization shared by more rows); each as N allows."""
-    want = 2 if quant else (4 if packed and M > 8 else 1)
+    from MXFP8 activations; on the packed layout two up to 16 tokens and four past that (more rows per
+    activation load); two when the kernel quantizes bf16 activations (their quantization shared by more rows);
+    each as N allows."""
+    want = 2 if quant else (1 if M <= 8 or not packed else (2 if M <= 16 else 4))
     return max(r for r in KERNEL_R["p" if packed else ""] if r <= want and N % (16 * r) == 0)
 
 

@@ -117,11 +117,46 @@ struct WeightRows {
   }
 };
 
+// The x bytes of tile kt for the lane's token (zeros past M): QUANT, two uint4 of bf16 (v[b], block b); else
+// the E4M3 codes of block b in v[b].x / .y and the two scale bytes in s2.
+template <bool QUANT>
+struct XTile {
+  uint4 v[2];
+  uint32_t s2;
+  __device__ __forceinline__ void load(const uint4* xb, const uint8_t* xq, const uint16_t* xs, bool xm, int kt) {
+    if (QUANT) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) v[b] = xm ? __ldg(xb + kt * 8 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      s2 = xm ? __ldg(xs + kt) : 0u;
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint2 c = xm ? __ldg(reinterpret_cast<const uint2*>(xq + (long long)kt * 64 + 32 * b))
+                           : make_uint2(0u, 0u);
+        v[b] = make_uint4(c.x, c.y, 0u, 0u);
+      }
+    }
+  }
+  // the mma's B words bx[b][0..1] and scale bytes sx[b] (QUANT: quantized here; its shuffles need the whole warp)
+  __device__ __forceinline__ void operands(uint32_t (&bx)[2][2], uint32_t (&sx)[2]) const {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (QUANT) {
+        sx[b] = quantize8(v[b], bx[b][0], bx[b][1]);
+      } else {
+        bx[b][0] = v[b].x;
+        bx[b][1] = v[b].y;
+        sx[b] = (s2 >> (8 * b)) & 0xFFu;
+      }
+    }
+  }
+};
+
 // The K loop of one warp over tiles (two 32-element blocks) kt_lo + warp, + 4, ... < kt_hi, for R strips of 16
 // weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]:
 // rows g, g, g+8, g+8 of strip r; tokens 2t, 2t + 1, 2t, 2t + 1. The weight bytes of the next batch of UNROLL
-// tiles are in flight while one batch is computed.
-template <int R, int UNROLL, bool QUANT, bool PACKED>
+// tiles are in flight while one batch is computed, and with XPF its x bytes too.
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF>
 __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], const uint4* xb, const uint8_t* xq,
                                          const uint16_t* xs, bool xm, int kt_lo, int kt_hi, int warp,
                                          float (&acc)[R][4]) {
@@ -133,12 +168,14 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
     for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
   uint2 wl[UNROLL][R][2], wh[UNROLL][R][2], nl[UNROLL][R][2], nh[UNROLL][R][2];  // tile, strip, block
   uint32_t sw[UNROLL][R][2], sn[UNROLL][R][2];
+  XTile<QUANT> xc[UNROLL], xn[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int kt = kt_lo + warp + u * WARPS;
     if (kt < kt_hi) {
 #pragma unroll
       for (int r = 0; r < R; ++r) wrows[r].load(kt, wl[u][r], wh[u][r], sw[u][r]);
+      if (XPF) xc[u].load(xb, xq, xs, xm, kt);
     }
   }
   for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
@@ -146,30 +183,14 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
-      if (kt < kt_hi) {  // (uniform over the warp: the shuffles in quantize8 see every lane)
-        if (QUANT) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            const uint4 v = xm ? __ldg(xb + kt * 8 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
-            sx[u][b] = quantize8(v, bx[u][b][0], bx[u][b][1]);
-          }
-        } else {
-          const uint32_t s2 = xm ? __ldg(xs + kt) : 0u;
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            const uint2 v = xm ? __ldg(reinterpret_cast<const uint2*>(xq + (long long)kt * 64 + 32 * b))
-                               : make_uint2(0u, 0u);
-            bx[u][b][0] = v.x;
-            bx[u][b][1] = v.y;
-            sx[u][b] = (s2 >> (8 * b)) & 0xFFu;
-          }
-        }
-      }
+      if (!XPF && kt < kt_hi) xc[u].load(xb, xq, xs, xm, kt);
       const int kn = kt + WARPS * UNROLL;  // the next batch
       if (kn < kt_hi) {
 #pragma unroll
         for (int r = 0; r < R; ++r) wrows[r].load(kn, nl[u][r], nh[u][r], sn[u][r]);
+        if (XPF) xn[u].load(xb, xq, xs, xm, kn);
       }
+      if (kt < kt_hi) xc[u].operands(bx[u], sx[u]);  // (uniform over the warp: quantize8's shuffles)
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -195,7 +216,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
       }
     }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
+    for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -206,6 +227,8 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
         sw[u][r][0] = sn[u][r][0];
         sw[u][r][1] = sn[u][r][1];
       }
+      if (XPF) xc[u] = xn[u];
+    }
   }
 }
 
@@ -213,7 +236,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
 // of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
-template <int R, int UNROLL, bool QUANT, bool PACKED, typename OUT>
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, typename OUT>
 __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                            const float* __restrict__ bias, OUT* __restrict__ y,
@@ -253,7 +276,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
   const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
   float acc[R][4];
-  mainloop<R, UNROLL, QUANT, PACKED>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  mainloop<R, UNROLL, QUANT, PACKED, XPF>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -273,31 +296,35 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
 
 }  // namespace
 
-#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, OUT)                                                         \
+#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, XPF, OUT)                                                    \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
       float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
       long long ldy) {                                                                                         \
-    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);        \
+    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);   \
   }
 
 // each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)
-#define MXKIT_A8W8_ALL(P, R, UNROLL, PACKED)                                                                   \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16, R, UNROLL, false, PACKED, __nv_bfloat16)                             \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16, R, UNROLL, false, PACKED, __half)                                     \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32, R, UNROLL, false, PACKED, float)                                      \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16_bf16in, R, UNROLL, true, PACKED, __nv_bfloat16)                       \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16_bf16in, R, UNROLL, true, PACKED, __half)                               \
-  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32_bf16in, R, UNROLL, true, PACKED, float)
+#define MXKIT_A8W8_ALL(P, R, UNROLL, PACKED, XPF)                                                              \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16, R, UNROLL, false, PACKED, XPF, __nv_bfloat16)                        \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16, R, UNROLL, false, PACKED, XPF, __half)                                \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32, R, UNROLL, false, PACKED, XPF, float)                                 \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_bf16_bf16in, R, UNROLL, true, PACKED, XPF, __nv_bfloat16)                  \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16_bf16in, R, UNROLL, true, PACKED, XPF, __half)                          \
+  MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32_bf16in, R, UNROLL, true, PACKED, XPF, float)
 
+#ifndef MXKIT_A8W8_VARIANTS  // the A/B probe (benchmarks/probes/a8w8_ab.py) instantiates its own
 // the weight as stored (mxfp8_a8w8_*) and in the a8w8 layout (mxfp8_a8w8p_*); R strips per warp, UNROLL tiles
-// per batch, chosen on an H100 (benchmarks/a8w8_ab.md): r1 for M <= 8, r4 for more tokens, r2 with _bf16in
-MXKIT_A8W8_ALL(, 1, 2, false)
-MXKIT_A8W8_ALL(, 2, 2, false)
-MXKIT_A8W8_ALL(p, 1, 2, true)
-MXKIT_A8W8_ALL(p, 2, 2, true)
-MXKIT_A8W8_ALL(p, 4, 1, true)
+// per batch, x a batch ahead or not, chosen on an H100 (benchmarks/a8w8_ab.md): MXFP8 x, M <= 8: r1, 2 tiles;
+// M <= 16: r2, 1 tile, x ahead; more: r4, 1 tile, x ahead; bf16 x (_bf16in): r2, 1 tile, x ahead. R, UNROLL
+// and the prefetch leave each row's sum order as it is: every kernel here gives the same bits.
+MXKIT_A8W8_ALL(, 1, 2, false, false)
+MXKIT_A8W8_ALL(, 2, 2, false, false)
+MXKIT_A8W8_ALL(p, 1, 2, true, false)
+MXKIT_A8W8_ALL(p, 2, 1, true, true)
+MXKIT_A8W8_ALL(p, 4, 1, true, true)
+#endif  // MXKIT_A8W8_VARIANTS
 
 // The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)
 // -> codes q [rows, K] and scales s [rows, K / 32]. grid (K / 32, ceil(rows / 8)), block 32.

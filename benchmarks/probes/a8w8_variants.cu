@@ -1,0 +1,18 @@
+// A/B variants of mma_a8w8.cu's kernels on the packed weight (benchmarks/probes/a8w8_ab.py times them): R strips
+// per warp x U tiles a batch x X (x loaded a batch ahead). Names: a8w8_<c|b>_r<R>_u<U>_x<X> (c: MXFP8 codes
+// in, b: bf16 in, quantized in the kernel).
+#define MXKIT_A8W8_VARIANTS
+#include "../../src/mxkit/kernels/matmul_details/mma_a8w8.cu"
+
+#define V(R, U, X)                                                                                            \
+  MXKIT_A8W8(a8w8_c_r##R##_u##U##_x##X, R, U, false, true, X, __nv_bfloat16)                                  \
+  MXKIT_A8W8(a8w8_b_r##R##_u##U##_x##X, R, U, true, true, X, __nv_bfloat16)
+
+V(1, 2, 0)
+V(1, 2, 1)
+V(1, 4, 1)
+V(2, 2, 0)
+V(2, 2, 1)
+V(2, 1, 1)
+V(4, 1, 0)
+V(4, 1, 1)

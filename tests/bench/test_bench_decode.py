@@ -181,3 +181,14 @@ def test_gemm_path_names_the_first_mx_layer():
     mxkit.quantize_model(m, "mxfp4", skip="lm_head", compute_qsnr=False, progress=False)
     assert isinstance(m.model.layers[0].self_attn.q_proj, MXLinear) and isinstance(m.lm_head, torch.nn.Linear)
     assert bd.gemm_path(m, 4) == "reference"
+
+
+def test_gemm_path_of_an_a8w8_model_plans_mxfp8_activations(monkeypatch):
+    """With MXFP8 activations the plan is the one for the quantized x (a8w8-mma on a GPU), not for bf16 x."""
+    m = bd.build_model("tiny-llama", device="cpu")
+    mxkit.quantize_model(m, "mxfp8", act_format="mxfp8", skip="lm_head", compute_qsnr=False, progress=False)
+    seen = []
+    real = mxkit.gemm_plan
+    monkeypatch.setattr(mxkit, "gemm_plan", lambda a, b: seen.append(a) or real(a, b))
+    assert bd.gemm_path(m, 4) == "reference"
+    assert isinstance(seen[0], mxkit.MXTensor) and seen[0].fmt.name == "mxfp8_e4m3"

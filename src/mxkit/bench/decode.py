@@ -191,15 +191,19 @@ def time_decode(dec: Decoder, step: Callable[[], None], tokens: int, repeats: in
 
 
 def gemm_path(model: torch.nn.Module, batch: int) -> str:
-    """What :func:`mxkit.gemm_plan` picks for the first MXLinear at M = ``batch`` ("" when there is none)."""
+    """What :func:`mxkit.gemm_plan` picks for the first MXLinear at M = ``batch`` ("" when there is none): for
+    bf16 x, or for x quantized to the layer's activation format (MXFP8 activations: ``a8w8-mma`` also where
+    the layer quantizes x inside that kernel)."""
     import mxkit
     from ..nn import MXLinear
 
     mod = next((m for m in model.modules() if isinstance(m, MXLinear)), None)
     if mod is None:
         return ""
-    x = torch.empty(batch, mod.in_features, dtype=torch.bfloat16, device=mod.weight_qdata.device)
-    return mxkit.gemm_plan(x, mod.weight_mx if mod._packed is None else mod._packed).path
+    x = torch.randn(batch, mod.in_features, dtype=torch.bfloat16, device=mod.weight_qdata.device)
+    act = getattr(mod.act_format, "name", mod.act_format)
+    a = mxkit.quantize(x, act) if act is not None and act.startswith("mx") else x
+    return mxkit.gemm_plan(a, mod.weight_mx if mod._packed is None else mod._packed).path
 
 
 def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:

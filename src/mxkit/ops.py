@@ -61,6 +61,11 @@ def quantize(
       backend writes it directly; byte-identical to quantize then :func:`mxkit.layouts.to_layout`).
     Raises TypeError / ValueError on bad input (dtype, empty, axis length, names).
     """
+    if backend == "auto" and type(axis) is int and isinstance(x, torch.Tensor) and x.is_cuda:
+        k = _cuda_kernels()
+        if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
+            return k.quantize_triton(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode,
+                                     rounding=rounding, scale_layout=scale_layout)
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if not isinstance(axis, int):
         axis = tuple(axis)
@@ -119,6 +124,10 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    if backend == "auto" and q.qdata.is_cuda:
+        k = _cuda_kernels()
+        if k is not None:
+            return k.dequantize_triton(q, dtype)
     if _resolve_backend(backend, q.device) == "triton":
         from .kernels import dequantize_triton
 
@@ -194,6 +203,25 @@ def matmul(
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)
+
+
+_KERNELS = None  # mxkit.kernels.quantize where Triton imports, False where it does not (None: not asked yet)
+
+
+def _cuda_kernels():
+    """mxkit.kernels.quantize (quantize_triton, dequantize_triton) when Triton is importable, else None;
+    imported once (backend "auto" on CUDA tensors: the eager fast path)."""
+    global _KERNELS
+    if _KERNELS is None:
+        from .kernels import triton_available
+
+        if triton_available():
+            from .kernels import quantize as kernels_quantize
+
+            _KERNELS = kernels_quantize
+        else:
+            _KERNELS = False
+    return _KERNELS or None
 
 
 _HOT = None

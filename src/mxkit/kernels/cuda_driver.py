@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 __all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch", "shipped_ptx_unavailable",
-           "shipped_kernel", "device_index"]
+           "shipped_kernel", "device_index", "param_sizes"]
 
 
 class CudaDriverUnavailable(RuntimeError):
@@ -102,7 +102,8 @@ def shipped_kernel(path: str, name: str, device_index: int) -> "Kernel":
 class Kernel:
     """Function ``name`` of the PTX module ``path`` on ``device``: ``kernel(grid, block, args)`` launches it
     on the current stream. ``args`` are tensors (passed as their data pointers; None passes a null pointer)
-    and ``ctypes`` scalars (``ctypes.c_int``, ``ctypes.c_longlong``) in the kernel's parameter order."""
+    and ``ctypes`` scalars (``ctypes.c_int``, ``ctypes.c_longlong``) in the kernel's parameter order.
+    :meth:`from_handle` wraps a function loaded by someone else (a Triton ``CompiledKernel``'s)."""
 
     def __init__(self, path: Union[str, Path], name: str, device: torch.device):
         mod = load_module(path, device)
@@ -110,6 +111,13 @@ class Kernel:
         _check(_libcuda().cuModuleGetFunction(ctypes.byref(self.fn), mod, name.encode()), f"finding {name}")
         self.name, self.device = name, device
         self.index = device_index(device)
+
+    @classmethod
+    def from_handle(cls, handle: int, name: str, device: torch.device) -> "Kernel":
+        """The kernel of an already loaded ``CUfunction`` ``handle`` (its module stays owned by its loader)."""
+        k = cls.__new__(cls)
+        k.fn, k.name, k.device, k.index = ctypes.c_void_p(handle), name, device, device_index(device)
+        return k
 
     def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
         self.bind(args)(grid, block)
@@ -136,6 +144,7 @@ class BoundLaunch:
         self._fn = ctypes.c_void_p(kernel.fn.value)
         self._params = ctypes.c_void_p(ctypes.addressof(self.params))
         self._stream = (None, None)  # (raw handle, its ctypes object)
+        self.shared = 0  # dynamic shared memory bytes of each launch
 
     def set_ptr(self, i: int, t: Optional[torch.Tensor]) -> None:
         self.vals[i].value = t.data_ptr() if t is not None else 0
@@ -149,9 +158,26 @@ class BoundLaunch:
         raw = _raw_stream(self.kernel.index)
         if raw != self._stream[0]:
             self._stream = (raw, ctypes.c_void_p(raw))
-        rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, 0, self._stream[1], self._params, None)
+        rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
         if rc:
             _check(rc, f"launching {self.kernel.name}")
+
+
+def param_sizes(handle: int) -> Optional[list[int]]:
+    """The byte sizes of the parameters of ``CUfunction`` ``handle`` in order (``cuFuncGetParamInfo``, CUDA 12.4
+    drivers and newer), or None where the driver cannot say."""
+    try:
+        fn = _libcuda()["cuFuncGetParamInfo"]
+    except (CudaDriverUnavailable, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    sizes, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
+    while len(sizes) < 256:
+        if fn(ctypes.c_void_p(handle), len(sizes), ctypes.byref(off), ctypes.byref(size)) != 0:
+            return sizes  # (past the last parameter: CUDA_ERROR_INVALID_VALUE)
+        sizes.append(size.value)
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,11 +8,18 @@ and by a CPU test with the ``[dev]`` install): ``JITFunction.run`` returns the `
 launches it with every bound argument in signature order, constexprs included, as
 ``CompiledKernel[grid](*args)`` does. Where either fails (another Triton, the CPU interpreter), every call
 takes ``JITFunction``'s own launch.
+
+:meth:`_Launcher.bind` goes one step further for callers that launch one problem many times (the quantize /
+dequantize plans): a :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the compiled kernel's ``CUfunction``,
+its parameter block built once and checked against the driver's own count and sizes of the kernel's
+parameters (:func:`triton_bound_launch`), launched by one ``cuLaunchKernel`` (Triton's runner and the
+specialisation key took ~20 µs of host time a call).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import inspect
 from types import ModuleType
@@ -101,3 +108,69 @@ class _Launcher:
             return
         k, full_consts = hit
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
+
+    def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
+        """A :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the kernel this launcher ran for exactly these
+        arguments' specialisation (call it once first), with ``args``' values bound; or None where the direct
+        launch is off or cannot be derived (:func:`triton_bound_launch`). The caller swaps the tensor pointers
+        (:meth:`BoundLaunch.set_ptr`, in the order of the kernel's pointer parameters) for tensors of the same
+        16-byte alignment, and launches ``grid`` with ``block``."""
+        fn = getattr(self.module, self.name)
+        if not (_enabled and isinstance(fn, triton.runtime.JITFunction) and direct_launch_supported()):
+            return None
+        _, ok, _, _ = self._meta(fn)
+        hit = self.cache.get((tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device()))
+        return triton_bound_launch(hit[0], args, grid) if ok and hit is not None else None
+
+
+_C_INTS = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
+           "i64": ctypes.c_int64, "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16,
+           "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+
+
+def triton_bound_launch(k, args: tuple, grid: tuple):
+    """A BoundLaunch of Triton ``CompiledKernel`` ``k`` with runtime arguments ``args`` (tensors, ints, floats:
+    the kernel's non-constexpr parameters, which come first in its signature), or None. The kernel's parameters
+    are those arguments not specialised into constants (Triton turns ints equal to 1 and None into constexprs
+    of the compiled signature, entries of ``constants``), then the global and profile scratch pointers
+    (null: kernels that need either scratch, several CTAs, PDL or a cooperative launch are not taken). The
+    derived sizes must equal the driver's (:func:`~mxkit.kernels.cuda_driver.param_sizes`), else None.
+    Attributes ``grid`` (3 ints) and ``block`` (threads) are set on the returned launch."""
+    from .cuda_driver import CudaDriverUnavailable, Kernel, param_sizes
+
+    try:
+        sig, consts, md = k.src.signature, k.src.constants, k.metadata
+        if (not isinstance(sig, dict) or not isinstance(consts, dict) or getattr(md, "num_ctas", 1) != 1
+                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
+                or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
+            return None
+        types_ = list(sig.values())
+        if len(types_) < len(args):
+            return None
+        vals, sizes = [], []
+        for i, a in enumerate(args):  # the runtime parameters: the first len(args) of the signature
+            ty = types_[i]
+            if ty == "constexpr" or (i,) in consts:  # specialised into the kernel (an int equal to 1, None)
+                continue
+            if ty.startswith("*"):
+                if not (a is None or isinstance(a, torch.Tensor)):
+                    return None
+                vals.append(a)
+                sizes.append(8)
+            elif ty in _C_INTS:
+                c = _C_INTS[ty](a)
+                vals.append(c)
+                sizes.append(ctypes.sizeof(c))
+            else:
+                return None
+        k._init_handles()
+        if param_sizes(k.function) != sizes + [8, 8]:
+            return None
+        dev = torch.device("cuda", torch.cuda.current_device())
+        launch = Kernel.from_handle(k.function, k.name, dev).bind(vals + [None, None])
+    except (AttributeError, TypeError, ValueError, CudaDriverUnavailable):
+        return None
+    launch.shared = int(md.shared)
+    launch.grid = tuple((tuple(grid) + (1, 1))[:3])
+    launch.block = 32 * int(md.num_warps)
+    return launch

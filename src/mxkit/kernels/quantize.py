@@ -146,12 +146,15 @@ class _QuantizePlan:
     kernel's _Launcher."""
 
     __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned",
-                 "launcher")
+                 "launcher", "bound")
 
     def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t, unaligned, launcher):
         self.outs, self.slots, self.in_view, self.grid = outs, slots, in_view, grid
         self.ints, self.consts, self.num_warps, self.scale_t = ints, consts, num_warps, scale_t
         self.unaligned, self.launcher = unaligned, launcher
+        # (device index, x 16-byte aligned, x aligned for the plan's constexprs) -> the bound direct launch of
+        # that specialisation (launch.py), or False where it cannot be made
+        self.bound = {}
 
 
 _IN_VIEW = {torch.float32: (torch.int32, 0), torch.bfloat16: (torch.int16, 1), torch.float16: (None, 2)}
@@ -258,19 +261,34 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
 
 
 def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
-    """Allocate the plan's outputs and launch; returns the uint8 outputs in the plan's order."""
+    """Allocate the plan's outputs and launch; returns the uint8 outputs in the plan's order. After the first
+    launch of a specialisation (device, x's alignment) the later ones go through its bound direct launch
+    (:meth:`mxkit.kernels.launch._Launcher.bind`): the same kernel, the same arguments."""
     x = x.contiguous()
     dev = x.device
     outs = [(torch.zeros if zero else torch.empty)(shape, dtype=torch.uint8, device=dev) for shape, zero in plan.outs]
+    p = x.data_ptr()
+    aligned = plan.unaligned is None or p % plan.unaligned[0] == 0
+    key = (x.get_device(), p % 16 == 0, aligned)
+    bound = plan.bound.get(key)
+    if bound:  # (outputs: fresh allocations, 16-byte aligned like the ones the kernel was specialised for)
+        bound.set_ptr(0, x)
+        for j, (i, _) in enumerate(plan.slots):
+            bound.set_ptr(j + 1, outs[i])
+        bound.launch(*bound.grid, bound.block)
+        return tuple(outs)
     ptrs = [outs[i].view(torch.int32) if word else outs[i] for i, word in plan.slots]
     if plan.scale_t is not None:
         tshape, si, rows, cols = plan.scale_t
         ptrs[-1] = torch.empty(tshape, dtype=torch.uint8, device=dev)
     xv = x.view(plan.in_view) if plan.in_view is not None else x
-    consts = plan.consts if plan.unaligned is None or x.data_ptr() % plan.unaligned[0] == 0 else plan.unaligned[1]
-    plan.launcher(plan.grid, (xv, *ptrs, *plan.ints), consts, plan.num_warps)
+    consts = plan.consts if aligned else plan.unaligned[1]
+    args = (xv, *ptrs, *plan.ints)
+    plan.launcher(plan.grid, args, consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
+    elif bound is None and x.is_cuda and key[0] == torch.cuda.current_device():
+        plan.bound[key] = plan.launcher.bind(plan.grid, args, consts, plan.num_warps) or False
     return tuple(outs)
 
 
@@ -334,21 +352,47 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
             cfg.num_warps, launcher)
 
 
+# (quantize_triton's problem key, device index) -> (QuantizeArgs, plan) of an eager single-axis call on CUDA
+# (at most _HOT_MAX problems); emptied with the plans
+_HOT: dict = {}
+_HOT_MAX = 4096
+
+# (id of the plan, device index, qdata and scale 16-byte aligned) -> (plan, the bound direct launch of that
+# specialisation (launch.py), or False where it cannot be made); emptied with the plans
+_DEQUANT_BOUND: dict = {}
+
+
 def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     shape = tuple(shape)
-    kdtype, view16, words, grid, ints, consts, num_warps, launcher = _dequantize_plan(fmt, axis, shape, dtype, cfg)
+    plan = _dequantize_plan(fmt, axis, shape, dtype, cfg)
+    kdtype, view16, words, grid, ints, consts, num_warps, launcher = plan
     out = torch.empty(shape, dtype=kdtype, device=qdata.device)
     qdata = qdata.contiguous()
     if words and qdata.data_ptr() % 4:
         qdata = qdata.clone()  # the kernel reads FP6 (and FP4 with fp4_asm) as aligned int32 words
-    qv = qdata.view(torch.int32) if words else qdata
-    ov = out.view(torch.int16) if view16 else out
-    launcher(grid, (qv, scale.contiguous(), ov, *ints), consts, num_warps)
+    scale = scale.contiguous()
+    key = (id(plan), qdata.get_device(), qdata.data_ptr() % 16 == 0, scale.data_ptr() % 16 == 0)
+    hit = _DEQUANT_BOUND.get(key)  # (plan, launch): the entry keeps its plan, so its id is not reused
+    bound = hit[1] if hit is not None and hit[0] is plan else None
+    if bound:  # (out: a fresh allocation, 16-byte aligned like the one the kernel was specialised for)
+        bound.set_ptr(0, qdata)
+        bound.set_ptr(1, scale)
+        bound.set_ptr(2, out)
+        bound.launch(*bound.grid, bound.block)
+    else:
+        qv = qdata.view(torch.int32) if words else qdata
+        ov = out.view(torch.int16) if view16 else out
+        args = (qv, scale, ov, *ints)
+        launcher(grid, args, consts, num_warps)
+        if bound is None and qdata.is_cuda and key[1] == torch.cuda.current_device():
+            _DEQUANT_BOUND[key] = (plan, launcher.bind(grid, args, consts, num_warps) or False)
     return out if kdtype == dtype else out.to(dtype)
 
 
 opt_flags.register_cache(_quantize_plan.cache_clear)  # (plans hold the chosen configs)
 opt_flags.register_cache(_dequantize_plan.cache_clear)
+opt_flags.register_cache(_DEQUANT_BOUND.clear)
+opt_flags.register_cache(_HOT.clear)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -461,23 +505,30 @@ def quantize_triton(
     # and for an unhashable argument; the MXTensors are then built with their own checks too
     uncached = torch.compiler.is_compiling()
     key = (tuple(x.shape), x.dtype, fmt, axis, block_size, scale_mode, rounding, scale_layout)
-    try:
-        hash(key) if not uncached else None
-    except TypeError:
-        uncached = True
+    if not uncached:
+        try:
+            hot = _HOT.get((key, x.get_device()))
+        except TypeError:
+            uncached = True
+        else:
+            if hot is not None:  # an eager call of a problem seen before on this device: checks and plan known
+                return _hot_call(hot, x, block_size, scale_layout)
     fused, margs = _check_args(x, *key[2:]) if uncached else _checked(*key)
     _check_device(x)
     mx = MXTensor if uncached else MXTensor._trusted
     if fused:  # the last two dims: one cast-transpose kernel
-        nd = x.dim()
-        a0, a1 = margs
-        qr, sr, qc, sc = _dispatch(
-            torch.ops.mxkit.cast_transpose_mx, _cast_transpose_impl,
-            x, a0.fmt.name, a0.scale_mode.value, a0.rounding.value, scale_layout,
-        )
-        mk = {nd - 1: (qr, sr), nd - 2: (qc, sc)}
-        return tuple(mx(*mk[a.axis], a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
-                     for a in margs)
+        a0 = margs[0]
+        if uncached or not x.is_cuda:
+            outs = _dispatch(
+                torch.ops.mxkit.cast_transpose_mx, _cast_transpose_impl,
+                x, a0.fmt.name, a0.scale_mode.value, a0.rounding.value, scale_layout,
+            )
+        else:  # eager: _cast_transpose_impl's plan, kept for the next call of this problem
+            plan = _quantize_plan(tuple(x.shape), x.dtype, a0.fmt.name, None, a0.scale_mode.value,
+                                  a0.rounding.value, scale_layout, None, _gpu_name(x))
+            outs = _run_quantize(plan, x)
+            _keep_hot(key, x, margs, plan)
+        return _wrap(mx, outs, margs, x, block_size, scale_layout)
     if len(margs) == 2:  # two other axes: two kernels
         return tuple(
             quantize_triton(x, fmt, axis=a.axis, block_size=block_size, scale_mode=scale_mode,
@@ -485,11 +536,40 @@ def quantize_triton(
             for a in margs
         )
     (a,) = margs
-    q, s = _dispatch(
-        torch.ops.mxkit.quantize_mx, _quantize_impl,
-        x, a.fmt.name, a.axis, a.scale_mode.value, a.rounding.value, scale_layout,
-    )
+    if uncached or not x.is_cuda:
+        q, s = _dispatch(
+            torch.ops.mxkit.quantize_mx, _quantize_impl,
+            x, a.fmt.name, a.axis, a.scale_mode.value, a.rounding.value, scale_layout,
+        )
+    else:  # eager: _quantize_impl's plan, kept for the next call of this problem
+        plan = _quantize_plan(tuple(x.shape), x.dtype, a.fmt.name, a.axis, a.scale_mode.value, a.rounding.value,
+                              scale_layout, None, _gpu_name(x))
+        q, s = _run_quantize(plan, x)
+        _keep_hot(key, x, margs, plan)
     return mx(q, s, a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
+
+
+def _keep_hot(key: tuple, x: torch.Tensor, margs: tuple, plan: _QuantizePlan) -> None:
+    if len(_HOT) >= _HOT_MAX:
+        _HOT.clear()
+    _HOT[(key, x.get_device())] = (margs, plan)
+
+
+def _wrap(mx, outs: tuple, margs: tuple, x: torch.Tensor, block_size: int, scale_layout: str):
+    """The MXTensor(s) of a launch's outputs: one axis (q, s), or a cast-transpose (qr, sr, qc, sc) returned in
+    the order of the axes asked for."""
+    if len(margs) == 1:
+        (a,) = margs
+        return mx(outs[0], outs[1], a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
+    nd = x.dim()
+    mk = {nd - 1: outs[:2], nd - 2: outs[2:]}
+    return tuple(mx(*mk[a.axis], a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
+                 for a in margs)
+
+
+def _hot_call(hot: tuple, x: torch.Tensor, block_size: int, scale_layout: str):
+    margs, plan = hot
+    return _wrap(MXTensor._trusted, _run_quantize(plan, x), margs, x, block_size, scale_layout)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,120 @@
+"""The bound direct launch of the Triton quantize / dequantize / cast-transpose kernels
+(:func:`mxkit.kernels.launch.triton_bound_launch`, the plans' ``bound`` launches): the parameter block derived
+from a compiled kernel, and on the GPU the bytes of repeated calls, which take it."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import pytest
+import torch
+from conftest import DEV, FORMAT_NAMES, assert_dequant_equal, assert_mx_equal, rand_tensor
+
+import mxkit
+from mxkit.kernels import cuda_driver, launch
+from mxkit.kernels import quantize as kq
+from mxkit.reference import dequantize_reference, quantize_reference
+
+
+def _compiled(signature, constants, **md):
+    meta = dict(num_ctas=1, shared=96, num_warps=4, launch_cooperative_grid=False, launch_pdl=False,
+                global_scratch_size=0, profile_scratch_size=0)
+    meta.update(md)
+    return types.SimpleNamespace(src=types.SimpleNamespace(signature=signature, constants=constants),
+                                 metadata=types.SimpleNamespace(**meta), function=1234, name="probe",
+                                 _init_handles=lambda: None)
+
+
+def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(monkeypatch):
+    """Runtime arguments in signature order, less constexprs and arguments specialised into constants, then the
+    two scratch pointers; sizes checked against the driver's list; anything unusual gives None."""
+    # "one": an int argument equal to 1, specialised (Triton 3.6 writes it as a constexpr of the signature);
+    # "none": a None argument; "B": a constexpr parameter
+    sig = {"x_ptr": "*i16", "q_ptr": "*u8", "n": "i32", "one": "constexpr", "big": "i64", "none": "constexpr",
+           "f": "fp32", "B": "constexpr"}
+    k = _compiled(sig, {(3,): 1, (5,): None, (7,): 64})
+    x, q = torch.zeros(8, dtype=torch.int16), torch.zeros(8, dtype=torch.uint8)
+    sizes = [8, 8, 4, 8, 4, 8, 8]
+    monkeypatch.setattr(cuda_driver, "param_sizes", lambda handle: list(sizes) if handle == 1234 else None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    b = launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,))
+    assert b is not None
+    assert (b.grid, b.block, b.shared, b.kernel.fn.value) == ((3, 1, 1), 128, 96, 1234)
+    assert [v.value for v in b.vals[:2]] == [x.data_ptr(), q.data_ptr()]
+    assert [type(v) for v in b.vals[2:5]] == [ctypes.c_int32, ctypes.c_int64, ctypes.c_float]
+    assert [b.vals[2].value, b.vals[3].value, b.vals[4].value] == [5, 2**40, 0.5]
+    assert [v.value for v in b.vals[5:]] == [None, None]  # the scratch pointers: null
+    b.set_ptr(1, x)
+    assert b.vals[1].value == x.data_ptr()
+    sizes.pop()  # the driver counts one parameter fewer than derived
+    assert launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,)) is None
+    sizes.append(8)
+    k_int = _compiled(dict(sig, one="i32"), {(5,): None, (7,): 64})  # "one" not specialised: a parameter
+    sizes[3:3] = [4]
+    b = launch.triton_bound_launch(k_int, (x, q, 5, 1, 2**40, None, 0.5), (3,))
+    assert [v.value for v in b.vals[2:6]] == [5, 1, 2**40, 0.5]
+    del sizes[3]
+    for md in ({"global_scratch_size": 128}, {"num_ctas": 2}, {"launch_pdl": True}):
+        kk = _compiled(sig, {(3,): 1, (5,): None}, **md)
+        assert launch.triton_bound_launch(kk, (x, q, 5, 1, 2**40, None, 0.5), (1,)) is None
+    assert launch.triton_bound_launch(_compiled({"p": "*fp32", "t": "bf16x2"}, {}), (x, 1), (1,)) is None
+    assert launch.triton_bound_launch(_compiled({"p": "*fp32"}, {}), (5,), (1,)) is None  # an int for a pointer
+
+
+def _bound_plans() -> list:
+    return [b for _, plan in kq._HOT.values() for b in plan.bound.values() if b]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_repeated_calls_take_the_bound_launch(fmt, rng, poison):
+    """The second call of a problem launches through the bound launch: the same bytes as the reference for
+    fresh data on every call, for x at a 16-byte-aligned address and at an offset of 4 bytes (another
+    specialisation, bound separately), for quantize, cast_transpose and dequantize."""
+    kq._HOT.clear()
+    kq._DEQUANT_BOUND.clear()
+    shape = (96, 256)
+    n = shape[0] * shape[1]
+    for offset in (0, 2):  # bf16 elements: x at +0 and +4 bytes
+        for call in range(3):
+            x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+            buf = torch.empty(n + offset, dtype=torch.bfloat16, device=DEV)
+            xd = buf[offset:].view(shape)
+            xd.copy_(x)
+            got = mxkit.quantize(xd, fmt)
+            assert_mx_equal(got, quantize_reference(x, fmt), what=f"{fmt} quantize call {call} offset {offset}")
+            ref = quantize_reference(x, fmt)
+            for dtype in (torch.bfloat16, torch.float32):
+                assert_dequant_equal(mxkit.dequantize(got, dtype), dequantize_reference(ref, dtype),
+                                     what=f"{fmt} dequantize {dtype} call {call}")
+            rows, cols = mxkit.cast_transpose(xd, fmt)
+            assert_mx_equal(rows, quantize_reference(x, fmt, axis=1), what=f"{fmt} cast_transpose rows {call}")
+            assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{fmt} cast_transpose cols {call}")
+    assert _bound_plans(), "no quantize plan holds a bound launch: the fast path never ran"
+    assert any(v[1] for v in kq._DEQUANT_BOUND.values()), "no dequantize plan holds a bound launch"
+
+
+@pytest.mark.gpu
+def test_gpu_bound_launch_is_captured_by_cuda_graphs(rng):
+    """A quantize call through the bound launch inside a CUDA graph: replays with new input data give the
+    reference bytes."""
+    x = torch.empty(64, 512, dtype=torch.bfloat16, device=DEV)
+    x.copy_(rand_tensor(x.shape, -1, generator=rng, dtype=torch.bfloat16))
+    for _ in range(2):
+        mxkit.quantize(x, "mxfp8")  # the second call binds the launch
+    assert _bound_plans()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mxkit.quantize(x, "mxfp8")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxkit.quantize(x, "mxfp8")
+    for _ in range(2):
+        new = rand_tensor(x.shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+        x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_mx_equal(out, quantize_reference(new, "mxfp8"), what="graph replay")

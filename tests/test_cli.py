@@ -299,3 +299,27 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     assert main(["tune", "gemm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a CUDA GPU" in err[0]
+
+
+@pytest.mark.gpu
+def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
+    """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma
+    and a8w8-mma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8 envelope."""
+    from mxkit import tune
+    from mxkit.kernels.matmul import gemm_table_override
+
+    monkeypatch.setattr(tune, "_GRID", dict(block_n=(64,), block_k=(128,), split_k=(1,), num_stages=(2,)))
+    out = tmp_path / "table.json"
+    table = tune.tune_gemm(((1024, 2048), (512, 8192)), out=out, rep_ms=2.0, log=lambda *a: None)
+    (name, entry), = table.items()
+    assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
+    for key in ("decode_w4a16", "decode_mma", "a8w8_mma"):
+        assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
+    m = entry["a8w8_mma"]["max_m"]
+    assert m >= 1, "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
+    w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")
+    with gemm_table_override(table):
+        assert mxkit.gemm_plan(mxkit.quantize(torch.randn(m, 8192, device="cuda"), "mxfp8"), w).path == "a8w8-mma"
+        if m < 64:
+            a = mxkit.quantize(torch.randn(2 * m, 8192, device="cuda"), "mxfp8")
+            assert mxkit.gemm_plan(a, w).path != "a8w8-mma"

@@ -5,7 +5,9 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
-tensor-core decode kernel on packed MXFP4 weights (0 where it cannot run). The result is written as a table of the
+tensor-core decode kernel on packed MXFP4 weights, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
+packed MXFP8 weights against the path it replaces (both operands dequantized, cuBLAS); 0 where a kernel
+cannot run. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
 """
@@ -75,6 +77,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
                        for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
+    entry["a8w8_mma"] = {"max_m": _tune_a8w8(shapes, g, rep_ms, log)}
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
     table = {name: entry}
@@ -102,9 +105,38 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
     return _envelope("decode-mma", runs, g, rep_ms, log)
 
 
-def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
+def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
+    """The largest M of 1, 2, 4, ..., 64 at which a8w8-mma (MXFP8 activations x a packed MXFP8 weight) beats
+    the bf16-exact path it replaces (both operands dequantized, cuBLAS) on every shape."""
+    from . import ops
+    from .kernels import matmul as mm
+    from .kernels.matmul_details import _mma_a8w8
+
+    dev = torch.device("cuda")
+    why = _mma_a8w8.available(dev)
+    if why is not None:
+        log(f"a8w8-mma cannot run here: {why}")
+        return 0
+    runs = {}
+    for N, K in shapes:
+        w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
+        pw = mm.pack_weight(w)
+        if pw.mma_q is None:
+            continue
+
+        def make(M, pw=pw, N=N, K=K):
+            run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
+            return lambda a: run(a.qdata, a.plain_scale(), None)
+        runs[(N, K)] = (w, make)
+    return _envelope("a8w8-mma", runs, g, rep_ms, log, act="mxfp8")
+
+
+def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, act: Optional[str] = None) -> int:
     """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
-    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M."""
+    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M. ``act``:
+    the calls take x quantized to that MX format (made outside the timed call), the dense path dequantizes
+    it too."""
+    from . import ops
     from .kernels import matmul as mm
 
     dev = torch.device("cuda")
@@ -113,9 +145,15 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) ->
         wins = True
         for (N, K), (w, make) in runs.items():
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+            if act is not None:
+                x = ops.quantize(x, act)
             run = make(M)
             t_run = _time(lambda: run(x), rep_ms)
-            t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
+
+            def dense():
+                xd = mm._dequantize(x, torch.bfloat16) if act is not None else x
+                return mm._dense(xd, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
+            t_dense = _time(dense, rep_ms)
             log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
             wins &= t_run < t_dense
         if not wins:

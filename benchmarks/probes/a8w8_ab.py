@@ -3,7 +3,8 @@ warp x tiles a batch x x-prefetch, from MXFP8 codes (c) and from bf16 (b, quanti
 variant's output is checked byte for byte against the production kernel (the same split of K over warps and
 blocks: the same bits); µs medians after a clean-L2 read flush.
 
-    python3 benchmarks/probes/a8w8_ab.py PTX
+    nvcc -ptx -arch=sm_89 -O3 -o /tmp/a8w8_variants.ptx benchmarks/probes/a8w8_variants.cu
+    python3 benchmarks/probes/a8w8_ab.py /tmp/a8w8_variants.ptx                          # on the GPU
 """
 import ctypes
 import re

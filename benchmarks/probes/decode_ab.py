@@ -2,7 +2,8 @@
 cp.async stages, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
 is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
 
-    python3 benchmarks/probes/decode_ab.py PTX[,PTX...]    # PTX files built from decode_variants.cu
+    nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
+    python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
 """
 import re
 import sys

@@ -128,6 +128,9 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
             return lambda a: run(a.qdata, a.plain_scale(), None)
         runs[(N, K)] = (w, make)
+    if not runs:
+        log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
+        return 0
     return _envelope("a8w8-mma", runs, g, rep_ms, log, act="mxfp8")
 
 

@@ -41,6 +41,8 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     b = launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,))
     assert b is not None
     assert (b.grid, b.block, b.shared, b.kernel.fn.value) == ((3, 1, 1), 128, 96, 1234)
+    with b.lock:  # (callers hold it around set_ptr + launch)
+        pass
     assert [v.value for v in b.vals[:2]] == [x.data_ptr(), q.data_ptr()]
     assert [type(v) for v in b.vals[2:5]] == [ctypes.c_int32, ctypes.c_int64, ctypes.c_float]
     assert [b.vals[2].value, b.vals[3].value, b.vals[4].value] == [5, 2**40, 0.5]
@@ -93,6 +95,23 @@ def test_gpu_repeated_calls_take_the_bound_launch(fmt, rng, poison):
             assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{fmt} cast_transpose cols {call}")
     assert _bound_plans(), "no quantize plan holds a bound launch: the fast path never ran"
     assert any(v[1] for v in kq._DEQUANT_BOUND.values()), "no dequantize plan holds a bound launch"
+
+
+@pytest.mark.gpu
+def test_gpu_triton_launch_only_takes_tritons_launcher(rng):
+    """Inside launch.triton_launch_only() (host-overhead A/B runs) calls go through Triton's launcher even for a
+    problem with a bound launch, and no plan first run there is stuck without one."""
+    from mxkit.kernels.launch import triton_launch_only
+
+    kq._HOT.clear()
+    x = rand_tensor((64, 256), -1, generator=rng, dtype=torch.bfloat16).to(DEV)
+    with triton_launch_only():
+        for _ in range(2):
+            assert_mx_equal(mxkit.quantize(x, "mxfp4"), quantize_reference(x.cpu(), "mxfp4"), what="launch only")
+    assert not any(plan.bound for _, plan in kq._HOT.values())
+    for _ in range(2):
+        assert_mx_equal(mxkit.quantize(x, "mxfp4"), quantize_reference(x.cpu(), "mxfp4"), what="after")
+    assert _bound_plans()
 
 
 @pytest.mark.gpu

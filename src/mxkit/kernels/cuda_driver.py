@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -145,6 +146,9 @@ class BoundLaunch:
         self._params = ctypes.c_void_p(ctypes.addressof(self.params))
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
+        # held by callers around set_ptr + launch where several threads may share this launch (the driver reads
+        # the parameter block during cuLaunchKernel, which runs without the GIL)
+        self.lock = threading.Lock()
 
     def set_ptr(self, i: int, t: Optional[torch.Tensor]) -> None:
         self.vals[i].value = t.data_ptr() if t is not None else 0

@@ -37,6 +37,7 @@ from .. import layouts
 from ..layouts import KERNEL_LAYOUT_IDS, scale_layout_shape
 from ..tensor import MXTensor, check_out_dtype, check_quantize_args
 from . import opt_flags
+from . import launch as _launch
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
 from .opt_flags_nvidia import resolve_dequantize, resolve_quantize
@@ -271,11 +272,12 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     aligned = plan.unaligned is None or p % plan.unaligned[0] == 0
     key = (x.get_device(), p % 16 == 0, aligned)
     bound = plan.bound.get(key)
-    if bound:  # (outputs: fresh allocations, 16-byte aligned like the ones the kernel was specialised for)
-        bound.set_ptr(0, x)
-        for j, (i, _) in enumerate(plan.slots):
-            bound.set_ptr(j + 1, outs[i])
-        bound.launch(*bound.grid, bound.block)
+    if bound and _launch._enabled:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
+        with bound.lock:
+            bound.set_ptr(0, x)
+            for j, (i, _) in enumerate(plan.slots):
+                bound.set_ptr(j + 1, outs[i])
+            bound.launch(*bound.grid, bound.block)
         return tuple(outs)
     ptrs = [outs[i].view(torch.int32) if word else outs[i] for i, word in plan.slots]
     if plan.scale_t is not None:
@@ -287,7 +289,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     plan.launcher(plan.grid, args, consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
-    elif bound is None and x.is_cuda and key[0] == torch.cuda.current_device():
+    elif bound is None and x.is_cuda and _launch._enabled and key[0] == torch.cuda.current_device():
         plan.bound[key] = plan.launcher.bind(plan.grid, args, consts, plan.num_warps) or False
     return tuple(outs)
 
@@ -374,17 +376,20 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     key = (id(plan), qdata.get_device(), qdata.data_ptr() % 16 == 0, scale.data_ptr() % 16 == 0)
     hit = _DEQUANT_BOUND.get(key)  # (plan, launch): the entry keeps its plan, so its id is not reused
     bound = hit[1] if hit is not None and hit[0] is plan else None
-    if bound:  # (out: a fresh allocation, 16-byte aligned like the one the kernel was specialised for)
-        bound.set_ptr(0, qdata)
-        bound.set_ptr(1, scale)
-        bound.set_ptr(2, out)
-        bound.launch(*bound.grid, bound.block)
+    if bound and _launch._enabled:  # (out: a fresh allocation, 16-byte aligned like the kernel's)
+        with bound.lock:
+            bound.set_ptr(0, qdata)
+            bound.set_ptr(1, scale)
+            bound.set_ptr(2, out)
+            bound.launch(*bound.grid, bound.block)
     else:
         qv = qdata.view(torch.int32) if words else qdata
         ov = out.view(torch.int16) if view16 else out
         args = (qv, scale, ov, *ints)
         launcher(grid, args, consts, num_warps)
-        if bound is None and qdata.is_cuda and key[1] == torch.cuda.current_device():
+        if bound is None and qdata.is_cuda and _launch._enabled and key[1] == torch.cuda.current_device():
+            if len(_DEQUANT_BOUND) >= _HOT_MAX:
+                _DEQUANT_BOUND.clear()
             _DEQUANT_BOUND[key] = (plan, launcher.bind(grid, args, consts, num_warps) or False)
     return out if kdtype == dtype else out.to(dtype)
 

@@ -318,7 +318,8 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
 // the weight as stored (mxfp8_a8w8_*) and in the a8w8 layout (mxfp8_a8w8p_*); R strips per warp, UNROLL tiles
 // per batch, x a batch ahead or not, chosen on an H100 (benchmarks/a8w8_ab.md): MXFP8 x, M <= 8: r1, 2 tiles;
 // M <= 16: r2, 1 tile, x ahead; more: r4, 1 tile, x ahead; bf16 x (_bf16in): r2, 1 tile, x ahead. R, UNROLL
-// and the prefetch leave each row's sum order as it is: every kernel here gives the same bits.
+// and the prefetch leave each row's sum order as it is: with the same split of K over thread blocks every
+// kernel here gives the same bits (the host's split depends on the grid, hence on R).
 MXKIT_A8W8_ALL(, 1, 2, false, false)
 MXKIT_A8W8_ALL(, 2, 2, false, false)
 MXKIT_A8W8_ALL(p, 1, 2, true, false)

@@ -9,23 +9,14 @@ blocks: the same bits); µs medians after a clean-L2 read flush.
 import ctypes
 import re
 import sys
-from pathlib import Path
 
 import torch
+from _probe import DEV as dev, kernels as load_kernels, split_buffers, time_us as t
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-import mxkit  # noqa: E402
-from mxkit.bench.timing import cuda_event_bench  # noqa: E402
-from mxkit.kernels.cuda_driver import Kernel  # noqa: E402
-from mxkit.kernels.matmul_details._mma_a8w8 import A8W8  # noqa: E402
+import mxkit
+from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
 
-dev = torch.device("cuda")
-ptx = sys.argv[1]
-kernels = {n: Kernel(ptx, n, dev) for n in re.findall(r"^\.visible \.entry (\w+)\(", Path(ptx).read_text(), re.M)}
-
-
-def t(fn):
-    return cuda_event_bench(fn, 10, 50, 20, "read")
+kernels = load_kernels(sys.argv[1])
 
 
 def case(M, N, K):
@@ -50,8 +41,7 @@ def case(M, N, K):
                 continue
             split = prod.split
             groups, strips = -(-M // 8), N // (16 * R)
-            ws = torch.empty(groups * strips * split * R * 128, device=dev) if split > 1 else None
-            cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32) if split > 1 else None
+            ws, cnt = split_buffers(groups * strips, split, R * 128)
             y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
             launch = k.bind((xin, sin, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
                              ctypes.c_int(K), ctypes.c_longlong(xin.stride(0)),

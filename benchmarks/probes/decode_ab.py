@@ -5,37 +5,26 @@ is checked byte for byte against the production kernel; times are medians after 
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
     python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
 """
+import ctypes
 import re
 import sys
 from pathlib import Path
 
 import torch
+from _probe import DEV as dev, kernels, split_buffers, time_us as t
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-import mxkit  # noqa: E402
-from mxkit.bench.moe import routing  # noqa: E402
-from mxkit.bench.timing import cuda_event_bench  # noqa: E402
-from mxkit.kernels.cuda_driver import Kernel  # noqa: E402
-from mxkit.kernels.matmul_details import _mma_decode as md  # noqa: E402
-from mxkit.kernels.moe import align_device, pack_experts_mma  # noqa: E402
-import ctypes  # noqa: E402
+import mxkit
+from mxkit.bench.moe import routing
+from mxkit.kernels.matmul_details import _mma_decode as md
+from mxkit.kernels.moe import align_device, pack_experts_mma
 
-dev = torch.device("cuda")
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
-ptxs = sys.argv[1].split(",")
-names = {}
-for p in ptxs:
-    for n in re.findall(r"^\.visible \.entry (\w+)\(", Path(p).read_text(), re.M):
-        names[(Path(p).stem, n)] = Kernel(p, n, dev)
+names = {(Path(p).stem, n): k for p in sys.argv[1].split(",") for n, k in kernels(p).items()}
 
 
 def close(a, b):
     """bits differ (another split of K over warps): still within 1e-2 relative of the production output"""
     return bool(((a.float() - b.float()).norm() <= 1e-2 * b.float().norm()).item())
-
-
-def t(fn):
-    return cuda_event_bench(fn, 10, 50, 20, "read")
 
 
 def dense(M, N, K):
@@ -52,8 +41,7 @@ def dense(M, N, K):
         W = int(re.search(r"_w(\d+)", n).group(1))
         groups, strips = -(-M // mt), N // 16
         split = md.split_k(groups * strips, K, mt, SMS)
-        ws = torch.empty(groups * strips * split * mt * 16, device=dev) if split > 1 else None
-        cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32) if split > 1 else None
+        ws, cnt = split_buffers(groups * strips, split, mt * 16)
         y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
         launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K),
                          ctypes.c_longlong(K), ctypes.c_longlong(N)))

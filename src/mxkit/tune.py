@@ -93,16 +93,13 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
     from .kernels.matmul_details import _mma_decode
 
     why = _mma_decode.available(torch.device("cuda"))
-    if why is not None:
-        log(f"decode-mma cannot run here: {why}")
-        return 0
     runs = {}
-    for s, w in weights.items():
+    for s, w in ({} if why else weights).items():
         pw = mm.pack_weight(w)
         if pw.mma_q is not None:
             runs[s] = (w, lambda M, pw=pw: functools.partial(_mma_decode.MmaDecode.of(pw, M, torch.bfloat16),
                                                               bias=None))
-    return _envelope("decode-mma", runs, g, rep_ms, log)
+    return _kernel_envelope("decode-mma", why, runs, g, rep_ms, log)
 
 
 def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
@@ -114,11 +111,8 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
 
     dev = torch.device("cuda")
     why = _mma_a8w8.available(dev)
-    if why is not None:
-        log(f"a8w8-mma cannot run here: {why}")
-        return 0
     runs = {}
-    for N, K in shapes:
+    for N, K in ([] if why else shapes):
         w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
         pw = mm.pack_weight(w)
         if pw.mma_q is None:
@@ -128,10 +122,20 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
             return lambda a: run(a.qdata, a.plain_scale(), None)
         runs[(N, K)] = (w, make)
-    if not runs:
-        log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
+    return _kernel_envelope("a8w8-mma", why, runs, g, rep_ms, log, act="mxfp8")
+
+
+def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,
+                     act: Optional[str] = None) -> int:
+    """:func:`_envelope` of a CUDA C++ kernel: 0 where it cannot run here (``why``) or no shape takes its packed
+    layout (nothing measured)."""
+    if why is not None:
+        log(f"{label} cannot run here: {why}")
         return 0
-    return _envelope("a8w8-mma", runs, g, rep_ms, log, act="mxfp8")
+    if not runs:
+        log(f"{label}: no shape packs to its layout (N % 16, K % 64)")
+        return 0
+    return _envelope(label, runs, g, rep_ms, log, act)
 
 
 def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, act: Optional[str] = None) -> int:

@@ -41,14 +41,16 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     b = launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,))
     assert b is not None
     assert (b.grid, b.block, b.shared, b.kernel.fn.value) == ((3, 1, 1), 128, 96, 1234)
-    with b.lock:  # (callers hold it around set_ptr + launch)
-        pass
     assert [v.value for v in b.vals[:2]] == [x.data_ptr(), q.data_ptr()]
     assert [type(v) for v in b.vals[2:5]] == [ctypes.c_int32, ctypes.c_int64, ctypes.c_float]
     assert [b.vals[2].value, b.vals[3].value, b.vals[4].value] == [5, 2**40, 0.5]
     assert [v.value for v in b.vals[5:]] == [None, None]  # the scratch pointers: null
     b.set_ptr(1, x)
     assert b.vals[1].value == x.data_ptr()
+    calls = []
+    monkeypatch.setattr(b, "launch", lambda *shape: calls.append((shape, [v.value for v in b.vals[:2]])))
+    b.run(q, x)  # the first pointer arguments swapped under the lock, then the launch of the kernel's shape
+    assert calls == [((3, 1, 1, 128), [q.data_ptr(), x.data_ptr()])] and not b.lock.locked()
     sizes.pop()  # the driver counts one parameter fewer than derived
     assert launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,)) is None
     sizes.append(8)
@@ -75,7 +77,7 @@ def test_gpu_repeated_calls_take_the_bound_launch(fmt, rng, poison):
     fresh data on every call, for x at a 16-byte-aligned address and at an offset of 4 bytes (another
     specialisation, bound separately), for quantize, cast_transpose and dequantize."""
     kq._HOT.clear()
-    kq._DEQUANT_BOUND.clear()
+    kq._dequantize_plan.cache_clear()
     shape = (96, 256)
     n = shape[0] * shape[1]
     for offset in (0, 2):  # bf16 elements: x at +0 and +4 bytes
@@ -94,7 +96,9 @@ def test_gpu_repeated_calls_take_the_bound_launch(fmt, rng, poison):
             assert_mx_equal(rows, quantize_reference(x, fmt, axis=1), what=f"{fmt} cast_transpose rows {call}")
             assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{fmt} cast_transpose cols {call}")
     assert _bound_plans(), "no quantize plan holds a bound launch: the fast path never ran"
-    assert any(v[1] for v in kq._DEQUANT_BOUND.values()), "no dequantize plan holds a bound launch"
+    for dtype in (torch.bfloat16, torch.float32):
+        plan = kq._dequantize_plan(kq.get_format(fmt).name, 1, shape, dtype, None)
+        assert any(plan.bound.values()), f"the {dtype} dequantize plan holds no bound launch"
 
 
 @pytest.mark.gpu

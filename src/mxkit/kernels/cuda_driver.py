@@ -146,8 +146,9 @@ class BoundLaunch:
         self._params = ctypes.c_void_p(ctypes.addressof(self.params))
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
-        # held by callers around set_ptr + launch where several threads may share this launch (the driver reads
-        # the parameter block during cuLaunchKernel, which runs without the GIL)
+        self.grid, self.block = (1, 1, 1), 32  # the launch shape of run()
+        # held around set_ptr + launch where several threads may share this launch (the driver reads the
+        # parameter block during cuLaunchKernel, which runs without the GIL): run() does
         self.lock = threading.Lock()
 
     def set_ptr(self, i: int, t: Optional[torch.Tensor]) -> None:
@@ -156,6 +157,14 @@ class BoundLaunch:
     def __call__(self, grid: Sequence[int], block: int) -> None:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         self.launch(gx, gy, gz, block)
+
+    def run(self, *tensors: torch.Tensor) -> None:
+        """The launch of shape ``grid`` / ``block`` with ``tensors`` as its first pointer arguments, atomically
+        for threads sharing this launch."""
+        with self.lock:
+            for i, t in enumerate(tensors):
+                self.vals[i].value = t.data_ptr()
+            self.launch(*self.grid, self.block)
 
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads (the hot path's form)."""

@@ -122,6 +122,20 @@ class _Launcher:
         hit = self.cache.get((tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device()))
         return triton_bound_launch(hit[0], args, grid) if ok and hit is not None else None
 
+    def bind_once(self, bound: dict, key: tuple, device: int, grid: tuple, args: tuple, consts: tuple,
+                  num_warps: int) -> None:
+        """After a launch of these arguments on CUDA device ``device``: ``bound[key]`` = :meth:`bind`'s launch (or
+        False where it cannot be made), unless the key was tried, direct launches are off (nothing is stored then,
+        so the key is tried again later) or ``device`` is not the current one (-1: not CUDA)."""
+        if key not in bound and _enabled and device >= 0 and device == torch.cuda.current_device():
+            bound[key] = self.bind(grid, args, consts, num_warps) or False
+
+
+def bound_launch(bound: dict, key: tuple):
+    """The launch :meth:`_Launcher.bind_once` stored under ``key`` (None / False: none), while direct launches
+    are on."""
+    return bound.get(key) if _enabled else None
+
 
 _C_INTS = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
            "i64": ctypes.c_int64, "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16,
@@ -135,7 +149,7 @@ def triton_bound_launch(k, args: tuple, grid: tuple):
     of the compiled signature, entries of ``constants``), then the global and profile scratch pointers
     (null: kernels that need either scratch, several CTAs, PDL or a cooperative launch are not taken). The
     derived sizes must equal the driver's (:func:`~mxkit.kernels.cuda_driver.param_sizes`), else None.
-    Attributes ``grid`` (3 ints) and ``block`` (threads) are set on the returned launch."""
+    Its ``grid`` (3 ints), ``block`` (threads) and ``shared`` bytes are the kernel's: ``launch.run(*tensors)``."""
     from .cuda_driver import CudaDriverUnavailable, Kernel, param_sizes
 
     try:

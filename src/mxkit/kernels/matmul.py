@@ -706,8 +706,7 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
             xs = xs.contiguous().clone()
     if not x_ok(xv, quant):
         xv = xv.contiguous().clone()
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
+    bias = _f32_bias(bias)
     y = torch.empty(*lead, N, device=w.device, dtype=out)
     # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
     runs = _calls_on(packed if shape is not None else w, "_a8w8")
@@ -791,10 +790,16 @@ class _MmaCall:
         if ldx is None or a.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
             a = a.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
             ldx = self.K
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.to(torch.float32).contiguous()
+        bias = _f32_bias(bias)
         y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
         return self.run.into(a, ldx, bias, y)
+
+
+def _f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bias as the CUDA C++ kernels read it: float32, contiguous (converted only where it is not)."""
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    return bias
 
 
 def _row_stride(shape: tuple, stride: tuple) -> Optional[int]:

@@ -271,13 +271,9 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     p = x.data_ptr()
     aligned = plan.unaligned is None or p % plan.unaligned[0] == 0
     key = (x.get_device(), p % 16 == 0, aligned)
-    bound = plan.bound.get(key)
-    if bound and _launch._enabled:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
-        with bound.lock:
-            bound.set_ptr(0, x)
-            for j, (i, _) in enumerate(plan.slots):
-                bound.set_ptr(j + 1, outs[i])
-            bound.launch(*bound.grid, bound.block)
+    bound = _launch.bound_launch(plan.bound, key)
+    if bound:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
+        bound.run(x, *[outs[i] for i, _ in plan.slots])
         return tuple(outs)
     ptrs = [outs[i].view(torch.int32) if word else outs[i] for i, word in plan.slots]
     if plan.scale_t is not None:
@@ -289,8 +285,8 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     plan.launcher(plan.grid, args, consts, plan.num_warps)
     if plan.scale_t is not None:
         _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
-    elif bound is None and x.is_cuda and _launch._enabled and key[0] == torch.cuda.current_device():
-        plan.bound[key] = plan.launcher.bind(plan.grid, args, consts, plan.num_warps) or False
+    else:
+        plan.launcher.bind_once(plan.bound, key, key[0], plan.grid, args, consts, plan.num_warps)
     return tuple(outs)
 
 
@@ -323,10 +319,20 @@ def _cast_transpose_impl(x, fmt, scale_mode, rounding, scale_layout, cfg=None):
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+class _DequantizePlan(tuple):
+    """(kernel output dtype, int16 view?, int32 qdata view?, grid, runtime ints, constexprs, num_warps, launcher)
+    of one dequantize problem; ``bound``: (device index, qdata and scale 16-byte aligned) -> the bound direct
+    launch of that specialisation, or False (as :class:`_QuantizePlan`'s)."""
+
+    def __new__(cls, fields: tuple):
+        plan = super().__new__(cls, fields)
+        plan.bound = {}
+        return plan
+
+
 @functools.lru_cache(maxsize=4096)
 def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Optional[DequantizeConfig]):
-    """(kernel output dtype, int16 view?, int32 qdata view?, grid, runtime ints, constexprs, num_warps, launcher) of
-    one dequantize problem."""
+    """The :class:`_DequantizePlan` of one dequantize problem."""
     f = get_format(fmt)
     axis = axis % len(shape)
     L = shape[axis]
@@ -350,18 +356,14 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     else:
         ints, launcher = (N, L, tiles_n, tiles_l, L // 8), _DEQUANT_ROWS
         consts += (("SWAP", cfg.pair_swap), ("GROUP_ASM", cfg.fp6_asm), ("FP4_ASM", cfg.fp4_asm)) + tile
-    return (kdtype, kdtype == torch.bfloat16, f.bits == 6 or cfg.fp4_asm, (Bk * tiles_n * tiles_l,), ints, consts,
-            cfg.num_warps, launcher)
+    return _DequantizePlan((kdtype, kdtype == torch.bfloat16, f.bits == 6 or cfg.fp4_asm, (Bk * tiles_n * tiles_l,),
+                            ints, consts, cfg.num_warps, launcher))
 
 
-# (quantize_triton's problem key, device index) -> (QuantizeArgs, plan) of an eager single-axis call on CUDA
-# (at most _HOT_MAX problems); emptied with the plans
+# (quantize_triton's problem key, device index) -> (QuantizeArgs per axis, plan) of an eager call on CUDA (at
+# most _HOT_MAX problems); emptied with the plans
 _HOT: dict = {}
 _HOT_MAX = 4096
-
-# (id of the plan, device index, qdata and scale 16-byte aligned) -> (plan, the bound direct launch of that
-# specialisation (launch.py), or False where it cannot be made); emptied with the plans
-_DEQUANT_BOUND: dict = {}
 
 
 def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
@@ -373,30 +375,21 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     if words and qdata.data_ptr() % 4:
         qdata = qdata.clone()  # the kernel reads FP6 (and FP4 with fp4_asm) as aligned int32 words
     scale = scale.contiguous()
-    key = (id(plan), qdata.get_device(), qdata.data_ptr() % 16 == 0, scale.data_ptr() % 16 == 0)
-    hit = _DEQUANT_BOUND.get(key)  # (plan, launch): the entry keeps its plan, so its id is not reused
-    bound = hit[1] if hit is not None and hit[0] is plan else None
-    if bound and _launch._enabled:  # (out: a fresh allocation, 16-byte aligned like the kernel's)
-        with bound.lock:
-            bound.set_ptr(0, qdata)
-            bound.set_ptr(1, scale)
-            bound.set_ptr(2, out)
-            bound.launch(*bound.grid, bound.block)
+    key = (qdata.get_device(), qdata.data_ptr() % 16 == 0, scale.data_ptr() % 16 == 0)
+    bound = _launch.bound_launch(plan.bound, key)
+    if bound:  # (out: a fresh allocation, 16-byte aligned like the kernel's)
+        bound.run(qdata, scale, out)
     else:
         qv = qdata.view(torch.int32) if words else qdata
         ov = out.view(torch.int16) if view16 else out
         args = (qv, scale, ov, *ints)
         launcher(grid, args, consts, num_warps)
-        if bound is None and qdata.is_cuda and _launch._enabled and key[1] == torch.cuda.current_device():
-            if len(_DEQUANT_BOUND) >= _HOT_MAX:
-                _DEQUANT_BOUND.clear()
-            _DEQUANT_BOUND[key] = (plan, launcher.bind(grid, args, consts, num_warps) or False)
+        launcher.bind_once(plan.bound, key, key[0], grid, args, consts, num_warps)
     return out if kdtype == dtype else out.to(dtype)
 
 
 opt_flags.register_cache(_quantize_plan.cache_clear)  # (plans hold the chosen configs)
 opt_flags.register_cache(_dequantize_plan.cache_clear)
-opt_flags.register_cache(_DEQUANT_BOUND.clear)
 opt_flags.register_cache(_HOT.clear)
 
 
@@ -528,11 +521,8 @@ def quantize_triton(
                 torch.ops.mxkit.cast_transpose_mx, _cast_transpose_impl,
                 x, a0.fmt.name, a0.scale_mode.value, a0.rounding.value, scale_layout,
             )
-        else:  # eager: _cast_transpose_impl's plan, kept for the next call of this problem
-            plan = _quantize_plan(tuple(x.shape), x.dtype, a0.fmt.name, None, a0.scale_mode.value,
-                                  a0.rounding.value, scale_layout, None, _gpu_name(x))
-            outs = _run_quantize(plan, x)
-            _keep_hot(key, x, margs, plan)
+        else:
+            outs = _run_eager(key, x, margs, None, scale_layout)
         return _wrap(mx, outs, margs, x, block_size, scale_layout)
     if len(margs) == 2:  # two other axes: two kernels
         return tuple(
@@ -546,18 +536,21 @@ def quantize_triton(
             torch.ops.mxkit.quantize_mx, _quantize_impl,
             x, a.fmt.name, a.axis, a.scale_mode.value, a.rounding.value, scale_layout,
         )
-    else:  # eager: _quantize_impl's plan, kept for the next call of this problem
-        plan = _quantize_plan(tuple(x.shape), x.dtype, a.fmt.name, a.axis, a.scale_mode.value, a.rounding.value,
-                              scale_layout, None, _gpu_name(x))
-        q, s = _run_quantize(plan, x)
-        _keep_hot(key, x, margs, plan)
+    else:
+        q, s = _run_eager(key, x, margs, a.axis, scale_layout)
     return mx(q, s, a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
 
 
-def _keep_hot(key: tuple, x: torch.Tensor, margs: tuple, plan: _QuantizePlan) -> None:
+def _run_eager(key: tuple, x: torch.Tensor, margs: tuple, axis: Optional[int], scale_layout: str) -> tuple:
+    """The eager launch of ``_quantize_impl`` (axis) / ``_cast_transpose_impl`` (axis None) on CUDA x, its plan
+    kept in _HOT for the next call of the problem ``key``. Returns the kernel's outputs."""
+    a = margs[0]
+    plan = _quantize_plan(tuple(x.shape), x.dtype, a.fmt.name, axis, a.scale_mode.value, a.rounding.value,
+                          scale_layout, None, _gpu_name(x))
     if len(_HOT) >= _HOT_MAX:
         _HOT.clear()
     _HOT[(key, x.get_device())] = (margs, plan)
+    return _run_quantize(plan, x)
 
 
 def _wrap(mx, outs: tuple, margs: tuple, x: torch.Tensor, block_size: int, scale_layout: str):

@@ -28,10 +28,6 @@
 
 #include "mma_common.cuh"
 
-#ifndef MXKIT_CP_HINT
-#define MXKIT_CP_HINT ""  // an L2 prefetch size for cp.async, e.g. ".L2::256B" (A/B builds)
-#endif
-
 namespace {
 
 
@@ -77,7 +73,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // cp.async (sm_80): 16 bytes / 4 bytes global -> shared, bypassing registers; the group commit and wait
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global" MXKIT_CP_HINT " [%0], [%1], 16;" ::"r"(d), "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
 }
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool full) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);

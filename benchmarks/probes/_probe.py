@@ -1,0 +1,30 @@
+"""What the A/B probes share: the kernels of a PTX file, the timing, the split-K buffers."""
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from mxkit.bench.timing import cuda_event_bench  # noqa: E402
+from mxkit.kernels.cuda_driver import Kernel  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def kernels(ptx: str) -> dict:
+    """{entry name: Kernel} of every kernel of the PTX file ``ptx``."""
+    return {n: Kernel(ptx, n, DEV) for n in re.findall(r"^\.visible \.entry (\w+)\(", Path(ptx).read_text(), re.M)}
+
+
+def time_us(fn) -> float:
+    """Median µs of ``fn`` after a clean-L2 read flush."""
+    return cuda_event_bench(fn, 10, 50, 20, "read")
+
+
+def split_buffers(tiles: int, split: int, per_tile: int):
+    """(float32 workspace, int32 counters) of a launch split over ``split`` blocks along K, (None, None) unsplit."""
+    if split == 1:
+        return None, None
+    return (torch.empty(tiles * split * per_tile, device=DEV),
+            torch.zeros(tiles, device=DEV, dtype=torch.int32))

@@ -356,7 +356,7 @@ def test_gpu_shapes_and_paths(M, rng):
     w = mxkit.quantize(torch.randn(512, 2880, generator=rng).cuda(), "mxfp4")
     pw = mxkit.pack_weight(w)
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
-    check(a, pw, backend="auto", path="decode-mma" if M <= 16 else "dense-exact")
+    check(a, pw, backend="auto", path="decode-mma" if M <= 16 else "dense-exact")  # a small layer: not wgmma
     check(a.to(torch.float16), pw, backend="auto", path="dense-exact")
     check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
@@ -365,6 +365,89 @@ def test_gpu_shapes_and_paths(M, rng):
     a3 = torch.randn(2, M, 2880, generator=rng).to(torch.bfloat16).cuda()
     y, _ = check(mxkit.quantize_fold(a3, "mxfp4"), pw, backend="auto", path="fold-fp8")
     assert y.shape == (2, M, 512)
+
+
+@pytest.mark.parametrize("N,K", [(8, 32), (40, 2880), (16, 2912), (24, 4096)])
+def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
+    """The wgmma layout holds the same codes and scale bytes (K padded to a multiple of 64 with zero bytes):
+    lane c's 8 bytes of a 64-column step are bytes c, c + 4, ..., c + 28 of the step, contiguous; the scales
+    are step-major; one_mul says whether every scale byte is <= 128."""
+    from mxkit.kernels.matmul_details._w4a16_wgmma import pack_wgmma, unpack_wgmma
+
+    w = rand_mx((N, K), "mxfp4_e2m1", rng, base=125)
+    q, st, one_mul = pack_wgmma(w.qdata, w.scale)
+    Kp = -(-K // 64) * 64
+    assert q.shape == (N, Kp // 2) and st.shape == (Kp // 64, 2 * N) and one_mul
+    qd, sc = unpack_wgmma(q, st, K)
+    assert torch.equal(qd, w.qdata) and torch.equal(sc, w.scale)
+    if K >= 64:
+        assert torch.equal(q[3, 8 * 2 + 5], w.qdata[3, 2 + 4 * 5])  # step 0, lane c = 2, register i = 5
+        assert torch.equal(st[0, 2 * 5 + 1], w.scale[5, 1])
+    if Kp != K:  # the padding: zero codes and zero scale bytes in the last step
+        last = q[:, -32:].view(N, 4, 8).transpose(1, 2).reshape(N, 32)
+        assert (last[:, (K % 64) // 2:] == 0).all() and (st[-1].view(N, 2)[:, (K % 64) // 32:] == 0).all()
+    w.scale[0, 0] = 129
+    assert not pack_wgmma(w.qdata, w.scale)[2]
+    with pytest.raises(ValueError, match="N % 8"):
+        pack_wgmma(w.qdata[:5], w.scale[:5])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_w4a16_wgmma_envelope():
+    """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 1024 (H100), dense-exact
+    past it and on small layers."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    big = mxkit.pack_weight(mxkit.quantize(torch.randn(8192, 8192, device="cuda") / 8, "mxfp4"))
+    small = mxkit.pack_weight(mxkit.quantize(torch.randn(5120, 2880, device="cuda") / 8, "mxfp4"))
+    for M, w, path in ((128, big, "w4a16-wgmma"), (1024, big, "w4a16-wgmma"), (4096, big, "dense-exact"),
+                       (1024, small, "dense-exact")):
+        a = torch.empty(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+        assert mxkit.gemm_plan(a, w).path == path, (M, w.shape)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("M,N,K", [(17, 200, 2880), (129, 512, 4096), (727, 1000, 2912), (1024, 5120, 2880)])
+@pytest.mark.parametrize("base", [125, 140])
+def test_gpu_w4a16_wgmma(M, N, K, base, rng):
+    """The Hopper prefill kernel (its envelope widened to these shapes by a table override) against the float64
+    bound: K not a multiple of 64 (2912) or of 128 (2880), N not a multiple of the 128-row tile, 3-D and strided
+    activations, bias, float32 out, both decodes (every scale byte <= 128: one multiply; above: two), a NaN
+    scale byte (its output column NaN), an output poisoned before the kernel writes it."""
+    from mxkit.kernels.matmul import gemm_table_override, pack_weight
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    w = rand_mx((N, K), "mxfp4_e2m1", rng, base=base, device="cuda")
+    pw = pack_weight(w)
+    assert wg.packed_of(pw)[2] == (base <= 125)
+    bias = torch.randn(N, generator=rng).cuda()
+    table = {"w4a16_wgmma": {"max_m": 4096, "min_nk": 0}, "decode_mma": {"max_m": 16}, "a8w8_mma": {"max_m": 64},
+             "decode_w4a16": {"max_m": 16, "configs": []}}
+    with gemm_table_override({"default": table}):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        y, _ = check(a, pw, backend="auto", path="w4a16-wgmma")
+        check(a, pw, backend="auto", bias=bias, out_dtype=torch.float32, path="w4a16-wgmma")
+        a3 = torch.randn(2, M, K + 64, generator=rng).to(torch.bfloat16).cuda()[..., 32:K + 32]  # strided
+        y3, _ = check(a3, w, backend="auto", bias=bias, path="w4a16-wgmma")  # unpacked: packed per call
+        assert y3.shape == (2, M, N)
+        q, st, one = wg.packed_of(pw)
+        poisoned = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        assert torch.equal(wg.w4a16_wgmma(a.contiguous(), q, st, N, one, torch.bfloat16, None, y=poisoned), y)
+        # a NaN scale byte: its output column is NaN, the other columns are the same bits (the two-multiply
+        # decode, which a NaN byte selects, is exact as the one-multiply one is)
+        wn = MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, w.shape)
+        wn.scale[7, 3] = 0xFF
+        yn = mxkit.matmul(a, pack_weight(wn), backend="auto")
+        assert mxkit.gemm_plan(a, pack_weight(wn), backend="auto").path == "w4a16-wgmma"
+        assert torch.isnan(yn[:, 7]).all()
+        keep = torch.arange(N, device="cuda") != 7
+        assert torch.equal(yn[:, keep], y[:, keep])
 
 
 @pytest.mark.gpu

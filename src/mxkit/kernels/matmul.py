@@ -77,6 +77,8 @@ PATHS = {
                 "fp32 accumulation, block scales in fp32",
     "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
                   "accumulation, split-K",
+    "w4a16-wgmma": "prefill on Hopper: MXFP4 codes decoded to bf16 in registers as wgmma's register operand "
+                   "(Gluon, TMA), fp32 accumulation",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
     "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
 }
@@ -374,6 +376,20 @@ def _a8w8_ok(a_fmt: ElementFormat, w: MXTensor, M: int, dev: torch.device) -> bo
     return _mma_a8w8.shape_ok(*w.shape) and _mma_a8w8.available(dev) is None
 
 
+def _wgmma_ok(a: torch.Tensor, w: MXTensor, M: int, dev: torch.device) -> bool:
+    """bf16 activations x an MXFP4 weight on the Hopper prefill kernel (the caller checks the bf16-exact scale
+    envelope): the table's ``w4a16_wgmma`` envelope, M <= max_m and N * K >= min_nk (where it beats
+    dequantize + cuBLAS)."""
+    if not (a.dtype == torch.bfloat16 and w.fmt.name == "mxfp4_e2m1" and dev.type == "cuda" and M > 0):
+        return False
+    from .matmul_details import _w4a16_wgmma
+
+    entry = _entry(dev, "w4a16_wgmma") or _packaged_table()["default"].get("w4a16_wgmma") or {}
+    return (M <= int(entry.get("max_m", 0)) and w.shape.numel() >= int(entry.get("min_nk", 0))
+            and _w4a16_wgmma.shape_ok(*w.shape)
+            and _w4a16_wgmma.available(dev) is None)
+
+
 def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
     if not (isinstance(b, PackedWeight) and b.mma_q is not None and b.source.fmt.name == "mxfp4_e2m1"
             and a.dtype == torch.bfloat16
@@ -474,6 +490,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                 and 0 < M <= _decode_max_m(dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
                                       f"bf16 x {wf.name}")
+        if _in_range(lo, hi, rng) and _wgmma_ok(a, w, M, dev):
+            return plan("w4a16-wgmma", f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "
+                                       f"kernel (scale bytes [{lo}, {hi}] exact in bf16)")
         if _in_range(lo, hi, rng):
             return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
                                        f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
@@ -611,6 +630,14 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         y = _dense(a.reshape(M, K), wb, out)
     elif path == "decode-mma":
         return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
+    elif path == "w4a16-wgmma":
+        from .matmul_details import _w4a16_wgmma as wg
+
+        x = a.reshape(M, K)
+        if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # TMA: 16-byte aligned rows
+            x = x.contiguous() if x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
+        q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
+        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias)).reshape(*lead, N)
     elif path == "a8w8-mma":
         return _a8w8(_plain(a), None, w, M, lead, out, bias, packed)
     elif path == "decode-w16":

@@ -1,0 +1,293 @@
+"""W4A16 prefill GEMM on Hopper (``w4a16-wgmma``): y = x @ W.T from bf16 activations x [M, K] and an MXFP4
+weight W [N, K] (OCP MX v1.0 E2M1 codes, E8M0 scales per 32 elements of K), a Gluon kernel on wgmma.
+
+The weight is wgmma's register operand, after triton_kernels' Hopper design (triton PR #8917): each program
+computes the transposed tile y^T [BN, BM] = W [BN, 64] @ x^T [64, BM] per 64-column step of K, so the decoded
+weight never goes through shared memory. Per step, one TMA brings each of x [BM, 64] (bf16), the weight bytes
+[BN, 32] and the step's scale bytes [1, 2 BN] into a ring of ``STAGES`` shared-memory slots; each thread loads
+the 16 weight bytes of its wgmma A fragment (two 8-byte loads), decodes them to bf16 in registers (exact:
+E2M1 value times 2^-126 by placing its bits in a bf16, then times 2^126 and the block factor 2^(s - 127),
+or times 2^(s - 1) at once when every scale byte is <= 128), and issues the step's wgmma while it decodes
+the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32) is added to the
+accumulator and the output rounded once.
+
+The weight layout (:func:`pack_wgmma`, once per weight): the codes [N, Kp / 2] with K padded to Kp, a
+multiple of 64, and each 32-byte step permuted so that lane c of a quad finds its 8 bytes contiguous:
+``q[n, 32 t + 8 c + i] = qdata[n, 32 t + c + 4 i]`` (c < 4, i < 8); the scales step-major,
+``st[t, 2 n + j] = scale[n, 2 t + j]``. Element k = 64 t + 8 i + 2 c + e of row n is then the low (e = 0) or
+high nibble of q[n, 32 t + 8 c + i], which is the wgmma A-fragment order of k (lanes c, registers i, e).
+:func:`unpack_wgmma` is the inverse (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from ...packed import PackedWeight
+
+BN = 128      # weight rows per program (wgmma M: 8 warps x 16 rows)
+BK = 64       # K per step
+WARPS = 8
+GROUP_M = 8   # programs along M that share weight tiles in L2 (launch order)
+
+
+def pack_wgmma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """MXFP4 ``qdata`` uint8 [N, K / 2] and E8M0 ``scale`` uint8 [N, K / 32] (K along the last axis, N % 8 == 0)
+    -> (q uint8 [N, Kp / 2], st uint8 [Kp / 64, 2 N], one_mul) in this module's layout (K padded with zero
+    codes and zero scale bytes to Kp = the next multiple of 64); one_mul: every scale byte is <= 128 (the
+    one-multiply decode). ValueError on other shapes."""
+    if qdata.dim() != 2 or scale.dim() != 2 or qdata.shape[0] != scale.shape[0] or qdata.shape[0] % 8 \
+            or scale.shape[1] * 16 != qdata.shape[1]:
+        raise ValueError(f"pack_wgmma needs qdata [N, K/2] and scale [N, K/32] with N % 8 == 0; got "
+                         f"{tuple(qdata.shape)} and {tuple(scale.shape)}")
+    N, KB = qdata.shape
+    steps = -(-KB // 32)
+    q = torch.zeros(N, steps * 32, dtype=torch.uint8, device=qdata.device)
+    q[:, :KB] = qdata
+    q = q.view(N, steps, 8, 4).transpose(2, 3).reshape(N, steps * 32).contiguous()  # (t, i, c) -> (t, c, i)
+    s = torch.zeros(N, steps * 2, dtype=torch.uint8, device=scale.device)
+    s[:, :scale.shape[1]] = scale
+    st = s.view(N, steps, 2).transpose(0, 1).reshape(steps, 2 * N).contiguous()
+    one_mul = bool(scale.numel() == 0 or int(scale.max()) <= 128)
+    return q, st, one_mul
+
+
+def unpack_wgmma(q: torch.Tensor, st: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack_wgmma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
+    N, KB = q.shape
+    qd = q.view(N, KB // 32, 4, 8).transpose(2, 3).reshape(N, KB)[:, :K // 2]
+    s = st.view(-1, N, 2).transpose(0, 1).reshape(N, -1)[:, :K // 32]
+    return qd.contiguous(), s.contiguous()
+
+
+def shape_ok(N: int, K: int) -> bool:
+    """Whether the kernel takes a weight of this shape (TMA: the step-major scale rows of 2N bytes are 16-byte
+    aligned)."""
+    return N % 8 == 0 and K % 32 == 0 and N > 0 and K > 0
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon():
+    """The Gluon modules, or the ImportError's text."""
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                                      warpgroup_mma_wait)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except Exception as e:  # noqa: BLE001 - any failure means "not here"
+        return f"{type(e).__name__}: {e}"
+    return gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor
+
+
+def available(device: torch.device) -> Optional[str]:
+    """None when the kernel can run on ``device``, else why not (not CUDA, not sm_90 (wgmma is Hopper's), no
+    Gluon in the installed Triton, ``MXKIT_W4A16_WGMMA=0``)."""
+    import os
+
+    if device.type != "cuda":
+        return "not a CUDA device"
+    if os.environ.get("MXKIT_W4A16_WGMMA", "1") == "0":
+        return "MXKIT_W4A16_WGMMA=0"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return f"wgmma needs sm_90, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    g = _gluon()
+    return g if isinstance(g, str) else None
+
+
+def _fp4_pairs_asm(one_mul: bool) -> str:
+    """PTX: $4 four packed bytes (8 E2M1 codes, element 2i in byte i's low nibble), $5 the block factor as bf16x2
+    (both halves equal; times 2^126 when one_mul) -> $0 .. $3 the (even, odd) elements of bytes 0 .. 3 as bf16x2.
+    Per byte: its magnitude bits e1 e0 m at bits 8-6 of each bf16 half (one multiply by 2^6 + 2^18), its sign
+    bits at 15 and 31 (by 2^12 + 2^24), joined by lop3: a bf16 equal to the E2M1 value times 2^-126 (the
+    subnormal 0.5 included); then times 2^126 and the factor (exact), or times the factor 2^(s - 1)."""
+    lines = ["{", ".reg .b32 b, z, s, k;", "mov.b32 k, 0x7E807E80;"]
+    for i in range(4):
+        lines += [f"prmt.b32 b, $4, 0, 0x{0x4440 + i:04X};",
+                  "mul.lo.u32 z, b, 0x00040040;", "mul.lo.u32 s, b, 0x01001000;",
+                  "and.b32 z, z, 0x01C001C0;", "lop3.b32 z, z, s, 0x80008000, 0xF8;"]
+        if not one_mul:
+            lines += ["mul.rn.bf16x2 z, z, k;"]
+        lines += [f"mul.rn.bf16x2 ${i}, z, $5;"]
+    return " ".join(lines + ["}"])
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    """Build the Gluon kernel (once; needs Triton's Gluon)."""
+    gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
+    asm2, asm1 = gl.constexpr(_fp4_pairs_asm(False)), gl.constexpr(_fp4_pairs_asm(True))
+
+    @gluon.jit
+    def _e8m0_bf16(sb):
+        # 2^(s - 127) as bf16 bits: exponent field s for s >= 1, subnormal 0x0040 for 0, NaN for 255
+        bits = gl.where(sb >= 1, sb << 7, 0x0040)
+        bits = gl.where(sb == 255, 0x7FC0, bits)
+        return bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+
+    @gluon.jit
+    def _decode(w_tile, s_tile, BNc: gl.constexpr, B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr,
+                L3: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr):
+        # bytes [BN, 4 (c), 8 (i)]: lane c's 8 bytes of its rows, contiguous
+        byt = gl.convert_layout(gl.reshape(w_tile.load(B2), [BNc, 4, 8]), BL, assert_trivial=True)
+        sb = s_tile.load(S2).to(gl.int32)                        # [1, 2 BN]: row r, block j at 2 r + j
+        if ONE_MUL:
+            f = _e8m0_bf16(sb + 126)                             # 2^(s - 1), s <= 128
+        else:
+            f = _e8m0_bf16(sb)
+        f = gl.convert_layout(gl.reshape(f, [BNc, 2]), gl.SliceLayout(1, L3), assert_trivial=True)
+        f = gl.broadcast(gl.expand_dims(f, 1), gl.full([BNc, 4, 2], 0, gl.bfloat16, L3))[0]  # [BN, c, j]
+        f = gl.join(f, f)
+        f = gl.join(f, f)                                        # [BN, c, j, 2, 2]: i = 4 j + (i % 4)
+        f = gl.convert_layout(gl.reshape(f, [BNc, 4, 8]), BL, assert_trivial=True)
+        if ONE_MUL:
+            a, b = gl.inline_asm_elementwise(asm1, "=r,=r,=r,=r,r,r,r", [byt, f], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=4)
+        else:
+            a, b = gl.inline_asm_elementwise(asm2, "=r,=r,=r,=r,r,r,r", [byt, f], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=4)
+        # a[i % 4 = q]: byte q // 2 of the four, element parity q % 2; b: bytes 2, 3
+        w = gl.join(a, b)                                        # [BN, 4 (c), 8 (i = 4 j + 2 q1 + q0), 2 (s)]
+        w = gl.reshape(w, [BNc, 2, 2, 2, 2, 2, 2])               # [BN, c1, c0, j, q1, q0, s]
+        w = gl.permute(w, (0, 3, 6, 4, 1, 2, 5))                 # k = 32 j + 16 s + 8 q1 + 4 c1 + 2 c0 + q0
+        return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
+
+    @gluon.jit
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, M, N, STEPS, stride_ym,
+                           BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                           B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
+                           ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                           num_warps: gl.constexpr):
+        pid = gl.program_id(0)
+        grid_n = gl.cdiv(N, BNc)
+        grid_m = gl.cdiv(M, BM)
+        per_group = GROUP * grid_n                               # GROUP programs along M share weight tiles
+        first_m = (pid // per_group) * GROUP
+        rows_m = gl.minimum(grid_m - first_m, GROUP)
+        pid_m = first_m + (pid % per_group) % rows_m
+        pid_n = (pid % per_group) // rows_m
+        off_n = pid_n * BNc
+        off_m = pid_m * BM
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, 64], x_desc.layout)
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 32], w_desc.layout)
+        s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        for s in gl.static_range(STAGES - 1):
+            if s < STEPS:
+                mbarrier.expect(bars.index(s), NBYTES)
+                tma.async_copy_global_to_shared(x_desc, [off_m, s * 64], bars.index(s), x_smem.index(s))
+                tma.async_copy_global_to_shared(w_desc, [off_n, s * 32], bars.index(s), w_smem.index(s))
+                tma.async_copy_global_to_shared(s_desc, [s, 2 * off_n], bars.index(s), s_smem.index(s))
+        acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
+        mbarrier.wait(bars.index(0), 0)
+        w_cur = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        w_prev = w_cur
+        for t in range(STEPS):
+            st = t % STAGES
+            acc = warpgroup_mma(w_cur, x_smem.index(st).permute((1, 0)), acc, is_async=True)
+            # step t - 1's wgmma is done: its slot is free, its register operand may be reused
+            acc, w_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_prev))
+            tn = t + STAGES - 1
+            if tn < STEPS:
+                sl = tn % STAGES
+                mbarrier.expect(bars.index(sl), NBYTES)
+                tma.async_copy_global_to_shared(x_desc, [off_m, tn * 64], bars.index(sl), x_smem.index(sl))
+                tma.async_copy_global_to_shared(w_desc, [off_n, tn * 32], bars.index(sl), w_smem.index(sl))
+                tma.async_copy_global_to_shared(s_desc, [tn, 2 * off_n], bars.index(sl), s_smem.index(sl))
+            t1 = gl.minimum(t + 1, STEPS - 1)                    # the next step's weight, decoded meanwhile
+            s1 = t1 % STAGES
+            mbarrier.wait(bars.index(s1), (t1 // STAGES) & 1)
+            w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+            w_prev = w_cur
+            w_cur = w_next
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))
+        m_o = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(b_ptr + n_o, mask=n_o < N, other=0.0), 1)
+        ptr = y_ptr + gl.expand_dims(m_o, 0).to(gl.int64) * stride_ym + gl.expand_dims(n_o, 1)
+        mask = (gl.expand_dims(n_o, 1) < N) & (gl.expand_dims(m_o, 0) < M)
+        gl.store(ptr, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    return w4a16_wgmma_kernel
+
+
+def _warp_bases(rows_per_warp: int, dims: int, at: int, scale: int = 1) -> list:
+    out, w = [], rows_per_warp
+    while w < rows_per_warp * WARPS:
+        b = [0] * dims
+        b[at] = w * scale
+        out.append(b)
+        w *= 2
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _layouts(BM: int):
+    """(B2, S2, BL, L3, ACC, DOT): the byte tile [BN, 32] and scale tile [1, 2 BN] as loaded from shared memory,
+    the bytes [BN, 4 (c), 8 (i)] and factors [BN, 4 (c), 2 (j)] per lane (rows: lanes 0-7 and registers +8 in
+    each warp's 16, as the wgmma A fragment), the accumulator and the A-operand layout."""
+    gl = _gluon()[1]
+    lin = gl.DistributedLinearLayout
+    quad = [[1, 0], [2, 0], [4, 0]]
+    b2 = lin([[0, 1], [0, 2], [0, 4], [8, 0]], [[0, 8], [0, 16]] + quad, _warp_bases(16, 2, 0), [], [BN, 32])
+    s2 = lin([[0, 1], [0, 16]], [[0, 0], [0, 0], [0, 2], [0, 4], [0, 8]], _warp_bases(16, 2, 1, 2), [], [1, 2 * BN])
+    q3 = [[1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    bl = lin([[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]], [[0, 1, 0], [0, 2, 0]] + q3, _warp_bases(16, 3, 0), [],
+             [BN, 4, 8])
+    l3 = lin([[0, 0, 1], [8, 0, 0]], [[0, 1, 0], [0, 2, 0]] + q3, _warp_bases(16, 3, 0), [], [BN, 4, 2])
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16])
+    dot = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    return b2, s2, bl, l3, acc, dot
+
+
+def block_m(M: int) -> int:
+    """Tokens per program: 256 (wgmma's widest N) unless M fits 128."""
+    return 128 if M <= 128 else 256
+
+
+def stages(bm: int) -> int:
+    return 4
+
+
+def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_mul: bool,
+                out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
+                y: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
+    W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
+    rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
+    every value exact in bf16."""
+    _, gl, _, _, _, _, TensorDescriptor = _gluon()
+    M, K = x.shape
+    steps = q.shape[1] // 32
+    if y is None:
+        y = torch.empty(M, N, dtype=out, device=x.device)
+    bm = block_m(M)
+    b2, s2, bl, l3, acc, dot = _layouts(bm)
+    x_desc = TensorDescriptor.from_tensor(x, [bm, 64], gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16))
+    u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
+    s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
+    grid = (-(-M // bm) * -(-N // BN),)
+    _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y, M, N, steps, y.stride(0),
+                    BN, bm, stages(bm), GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
+                    num_warps=WARPS)
+    return y
+
+
+def packed_of(b: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The weight of a PackedWeight in this kernel's layout, made on first use and kept on the PackedWeight
+    (not in its state_dict; ``.to()`` copies drop it)."""
+    got = b.__dict__.get("_wgmma")
+    if got is None:
+        got = pack_wgmma(b.source.qdata, b.source.scale)
+        object.__setattr__(b, "_wgmma", got)
+    return got

@@ -355,14 +355,19 @@ def _pack_mma(w: MXTensor) -> tuple:
     return None, None
 
 
+def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
+    """The table's entry ``key`` for ``device``; for a table without it (one `mxkit tune gemm` wrote), the
+    packaged default's."""
+    entry = _entry(device, key)
+    return entry if entry is not None else _packaged_table()["default"].get(key)
+
+
 def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
     """The table's ``max_m`` of a CUDA C++ kernel's envelope (``decode_mma`` or ``a8w8_mma``), at most the
     kernel module's MAX_M."""
     from .matmul_details import _mma_a8w8, _mma_decode
 
-    entry = _entry(device, key)
-    if entry is None:  # a table without the entry (one `mxkit tune gemm` wrote): the packaged default
-        entry = _packaged_table()["default"].get(key)
+    entry = _envelope(device, key)
     cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M
     return min(int(entry["max_m"]), cap) if entry else 0
 
@@ -384,7 +389,7 @@ def _wgmma_ok(a: torch.Tensor, w: MXTensor, M: int, dev: torch.device) -> bool:
         return False
     from .matmul_details import _w4a16_wgmma
 
-    entry = _entry(dev, "w4a16_wgmma") or _packaged_table()["default"].get("w4a16_wgmma") or {}
+    entry = _envelope(dev, "w4a16_wgmma") or {}
     return (M <= int(entry.get("max_m", 0)) and w.shape.numel() >= int(entry.get("min_nk", 0))
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)
@@ -635,7 +640,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
 
         x = a.reshape(M, K)
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # TMA: 16-byte aligned rows
-            x = x.contiguous() if x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
+            x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
         return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias)).reshape(*lead, N)
     elif path == "a8w8-mma":

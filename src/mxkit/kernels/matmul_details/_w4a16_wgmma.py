@@ -28,9 +28,9 @@ import torch
 
 from ...packed import PackedWeight
 
-BN = 128      # weight rows per program (wgmma M: 8 warps x 16 rows)
-BK = 64       # K per step
+BN = 128      # weight rows per program (wgmma M: 8 warps x 16 rows); K goes in steps of 64
 WARPS = 8
+STAGES = 4    # slots of the TMA ring
 GROUP_M = 8   # programs along M that share weight tiles in L2 (launch order)
 
 
@@ -254,10 +254,6 @@ def block_m(M: int) -> int:
     return 128 if M <= 128 else 256
 
 
-def stages(bm: int) -> int:
-    return 4
-
-
 def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_mul: bool,
                 out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
                 y: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -278,7 +274,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid = (-(-M // bm) * -(-N // BN),)
     _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y, M, N, steps, y.stride(0),
-                    BN, bm, stages(bm), GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
+                    BN, bm, STAGES, GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
                     num_warps=WARPS)
     return y
 

@@ -392,6 +392,41 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
         pack_wgmma(w.qdata[:5], w.scale[:5])
 
 
+@pytest.mark.parametrize("bm,grouped,act,out", [(256, False, 0, "bf16"), (128, False, 0, "fp32"),
+                                                 (64, True, 1, "bf16"), (16, True, 2, "bf16"), (256, True, 0, "fp32")])
+def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out):
+    """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
+    (expert blocks, fused activation), every block size the dispatch uses. Its results are checked by the GPU
+    tests (the interpreter does not run Gluon)."""
+    import os
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+
+    if isinstance(W._gluon(), str):
+        pytest.skip(W._gluon())
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the interpreter replaces the compiler"
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gl = W._gluon()[1]
+    xl = gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16)
+    u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<u8[{W.BN}, 32],{u8}>",
+           "s_desc": f"tensordesc<u8[1, {2 * W.BN}],{u8}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
+           "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32"}
+    b2, s2, bl, l3, acc, dot = W._layouts(bm)
+    cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
+              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, num_warps=W.WARPS)
+    sig.update({k: "constexpr" for k in cx})
+    names = list(sig)
+    src = GluonASTSource(W._kernel(), sig, constexprs={(names.index(k),): v for k, v in cx.items()},
+                         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("y_ptr", "b_ptr", "e_ptr")})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WARPS})
+    assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async" in k.asm["ptx"]
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_w4a16_wgmma_envelope():

@@ -33,7 +33,7 @@ from ..tensor import MXTensor
 from .matmul import W_KINDS, _scale_extrema, exact_scale_range
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
-           "pack_experts_mma", "MMA_MAX_PAIRS"]
+           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m"]
 
 
 @dataclass(frozen=True)
@@ -69,20 +69,27 @@ def max_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
 def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort the (token, slot) pairs by expert on the device, without a host sync (vLLM's
-    ``moe_align_block_size`` convention, as :func:`mxkit.moe_reference.align_block_size`): one Triton program
-    for up to :data:`SMALL_PAIRS` pairs on CUDA (decode), PyTorch ops (scatter-add, stable argsort, searchsorted)
-    otherwise.
+    ``moe_align_block_size`` convention, as :func:`mxkit.moe_reference.align_block_size`): on CUDA one Triton
+    program for up to :data:`SMALL_PAIRS` pairs (decode), one program per expert above; PyTorch ops
+    (scatter-add, stable argsort, searchsorted) on the CPU.
 
     topk_ids: (T, k) int, global expert ids; the experts held are lo .. lo + num_experts - 1 (others' pairs
     are left out). Returns (sorted_ids int32 [B * block_m], expert_ids int32 [B]) with B =
     :func:`max_blocks`: the first blocks equal ``align_block_size``'s output (local expert ids), the rest
     are padding (sentinel T * k, expert -1)."""
     n = topk_ids.numel()
-    dev = topk_ids.device
     E = num_experts
     B = max_blocks(n, E, block_m)
     if 0 < n <= SMALL_PAIRS and E <= 256 and topk_ids.is_cuda:
         return _align_small(topk_ids, E, block_m, lo, B)
+    if n > SMALL_PAIRS and E <= 1024 and n < 2**30 and (topk_ids.is_cuda or _INTERPRET_ALIGN):
+        return _align_experts(topk_ids, E, block_m, lo, B)
+    return _align_torch(topk_ids, E, block_m, lo, B)
+
+
+def _align_torch(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = topk_ids.numel()
+    dev = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int64) - lo
     key = torch.where((flat >= 0) & (flat < E), flat, E)  # bin E: other ranks' experts, sorted last
     # (torch.bincount reads the largest key on the host: a sync)
@@ -100,6 +107,30 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     eids = torch.searchsorted(pend // block_m, torch.arange(B, device=dev), right=True)
     eids = torch.where(eids < E, eids, -1).to(torch.int32)
     return sorted_ids[:-1], eids
+
+
+_INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (under TRITON_INTERPRET=1)
+
+
+def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import triton
+
+    from .matmul_details._align import _align_expert_kernel, _align_hist_kernel
+
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    n, chunk, group = ids.numel(), 1024, 8
+    e_p2 = max(16, triton.next_power_of_2(E))
+    n_chunks = -(-n // chunk)
+    hist = torch.empty(n_chunks, e_p2, dtype=torch.int32, device=ids.device)
+    sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
+    eids = torch.empty(B, dtype=torch.int32, device=ids.device)
+    _align_hist_kernel[(n_chunks,)](ids, hist, n, lo, E, E_P2=e_p2, CHUNK=chunk, num_warps=4)
+    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, n, lo, E, B, n_chunks, E_P2=e_p2,
+                                                     CHUNK=chunk, GROUP=group, ROWS=max(1, 2048 // e_p2),
+                                                     BLOCK_M=block_m, num_warps=4)
+    return sorted_ids, eids
 
 
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,6 +284,108 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
     return y
 
 
+# the prefill path: both expert GEMMs on the W4A16 wgmma kernel (matmul_details/_w4a16_wgmma.py), grouped
+
+
+@dataclass(frozen=True, eq=False)
+class WgmmaExperts:
+    """MXFP4 experts (E, N, K) in the grouped wgmma kernel's layout (:func:`pack_experts_wgmma`): q, st,
+    one_mul of :func:`mxkit.kernels.matmul_details._w4a16_wgmma.pack_wgmma_experts`; ``act_pairs``: the
+    activation whose (gate, up) row order the rows were packed in (gate_up experts), or None."""
+
+    q: torch.Tensor
+    st: torch.Tensor
+    one_mul: bool
+    shape: tuple
+    act_pairs: Optional[str] = None
+
+
+def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optional[WgmmaExperts]:
+    """Pack MXFP4 experts (E, N, K) along K once for the prefill path of :func:`moe_triton` (``packed=``);
+    ``act_pairs``: the gate_up experts' activation (``"swiglu_gpt_oss"``: rows interleaved gate, up, ...;
+    ``"swiglu"``: ``[gate; up]`` halves), whose pairs the kernel's epilogue fuses. None for other formats or
+    shapes (N % 16, K % 32, E * N % 8). Same bytes as the experts (a copy); one host sync (the scale maximum)."""
+    from .matmul_details._w4a16_wgmma import pack_wgmma_experts
+
+    E, N, K = w.shape
+    if w.fmt.name != "mxfp4_e2m1" or w.axis != 2 or w.block_size != 32 or N % 16 or K % 32 or (E * N) % 8:
+        return None
+    qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
+    q, st, one_mul = pack_wgmma_experts(qd, sc, act_pairs)
+    return WgmmaExperts(q, st, one_mul, (E, N, K), act_pairs)
+
+
+def wgmma_block_m(pairs_per_expert: float) -> int:
+    """Sorted rows per program of the grouped wgmma kernel for an average of ``pairs_per_expert`` routed rows
+    per expert (the padding of each expert's group against the tile's efficiency; H100, BENCHMARKS.md)."""
+    import os
+
+    forced = os.environ.get("MXKIT_MOE_WGMMA_BM")
+    if forced:
+        return int(forced)
+    if pairs_per_expert <= 16:
+        return 32
+    if pairs_per_expert <= 48:
+        return 64
+    return 128 if pairs_per_expert <= 384 else 256
+
+
+def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
+    """Whether moe_triton's prefill path runs: both experts packed for it (gate_up in ``activation``'s row
+    order), more than MMA_MAX_PAIRS pairs, the kernel available here."""
+    from .matmul_details import _w4a16_wgmma as wg
+
+    p1, p2 = packed
+    return (isinstance(p1, WgmmaExperts) and isinstance(p2, WgmmaExperts) and n > MMA_MAX_PAIRS
+            and p1.act_pairs == activation and p2.act_pairs is None and wg.available(x.device) is None)
+
+
+def _sorted_rows(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """int32 (n,): the sorted row of each flat (token, slot) pair of :func:`align_device`'s ``ids``; -1 for a
+    pair not held here."""
+    pos = torch.full((n + 1,), -1, dtype=torch.int32, device=ids.device)
+    pos.scatter_(0, torch.where(ids < n, ids, n).long(), torch.arange(ids.numel(), dtype=torch.int32,
+                                                                       device=ids.device))
+    return pos[:n]
+
+
+def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Tensor, pos: torch.Tensor,
+             experts: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`._moe_epilogue._combine_kernel`: out (T, H) from the sorted rows y (R, H)."""
+    import triton
+
+    from .matmul_details._moe_epilogue import _combine_kernel
+
+    T, k = topk_weights.shape
+    H = y.shape[1]
+    out = torch.empty(T, H, dtype=out_dtype, device=y.device)
+    if T:
+        _combine_kernel[(T, triton.cdiv(H, 1024))](
+            y, y if b is None else b.contiguous(), topk_weights.to(torch.float32).contiguous(), pos,
+            experts.to(torch.int32).contiguous(), out, H, TOP_K=k, HAS_BIAS=b is not None, BLOCK_H=1024)
+    return out
+
+
+def _moe_wgmma(x, p1: WgmmaExperts, b1, p2: WgmmaExperts, b2, topk_weights, topk_ids, E, lo, n_total_experts,
+               activation, out_dtype) -> torch.Tensor:
+    from .matmul_details._w4a16_wgmma import expert_row_order, w4a16_wgmma
+
+    T, k = topk_ids.shape
+    n = T * k
+    _, N1, H = p1.shape
+    bm = wgmma_block_m(n / n_total_experts)
+    ids, eids = align_device(topk_ids, E, bm, lo=lo)
+    # the gather: rows in sorted order (padding rows read token 0; their results are never read)
+    xs = x[torch.where(ids < n, ids // k, 0)]
+    if b1 is not None:
+        b1 = b1.to(torch.float32)[:, expert_row_order(N1, activation, b1.device)].reshape(-1).contiguous()
+    h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
+    w4a16_wgmma(xs, p1.q, p1.st, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation)
+    y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
+    w4a16_wgmma(h, p2.q, p2.st, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm)
+    return _combine(y, b2, topk_weights, _sorted_rows(ids, n), topk_ids - lo, out_dtype)
+
+
 def moe_triton(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -275,7 +408,10 @@ def moe_triton(
     packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
     ``interleave_halves`` for ``"swiglu"``): up to :data:`MMA_MAX_PAIRS` (token, slot) pairs both GEMMs run on
     the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact; the same roundings: h in bf16,
-    the down GEMM in float32)."""
+    the down GEMM in float32). Or (gate_up, down) of :func:`pack_experts_wgmma` (gate_up with ``act_pairs``
+    = ``activation``): above MMA_MAX_PAIRS pairs both GEMMs run on the grouped W4A16 wgmma kernel (Hopper):
+    rows gathered into sorted order, bias and activation in the first GEMM's epilogue, h in bf16, the down
+    GEMM stored float32 in sorted order, then the combine (bias, routing weight, k slots in order)."""
     T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype
@@ -289,7 +425,10 @@ def moe_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     rw = topk_weights.reshape(-1).to(torch.float32)
-    if packed is not None and _mma_takes(packed, n, activation, x):
+    if packed is not None and _wgmma_takes(packed, n, activation, x):
+        return _moe_wgmma(x, packed[0], b_gate_up, packed[1], b_down, topk_weights, topk_ids, E, lo,
+                          num_experts or E, activation, out_dtype)
+    if packed is not None and isinstance(packed[0], MmaExperts) and _mma_takes(packed, n, activation, x):
         y = _moe_mma(x, packed[0], b_gate_up, packed[1], b_down, rw, topk_ids, E, lo, T, k, I, H, activation,
                      expert_range)
         return y.view(T, k, H).sum(1).to(out_dtype)
@@ -377,7 +516,7 @@ def moe_w4a8_triton(
     (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
     topk (T, k). ``stages``: a dict that receives the intermediates (tests). Returns (T, H). No host sync."""
     from .matmul_details._grouped import ACTS
-    from .matmul_details._moe_epilogue import _bias_act_fp8_kernel, _combine_kernel
+    from .matmul_details._moe_epilogue import _bias_act_fp8_kernel
     import triton
 
     bm = 16
@@ -409,14 +548,7 @@ def moe_w4a8_triton(
                                    BLOCK_N=triton.next_power_of_2(N1), num_warps=4)
     y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
-    # the row of each pair in the sorted order (padding rows write past the end, dropped)
-    pos = torch.full((n + 1,), -1, dtype=torch.int32, device=y.device)
-    pos.scatter_(0, torch.where(valid, ids, n).long(), torch.arange(R, dtype=torch.int32, device=y.device))
-    out = torch.empty(T, H, dtype=out_dtype, device=y.device)
-    if T:
-        _combine_kernel[(T, triton.cdiv(H, 1024))](
-            y, y if b_down is None else b_down.contiguous(), topk_weights.to(torch.float32).contiguous(), pos,
-            topk_ids.to(torch.int32).contiguous(), out, H, TOP_K=k, HAS_BIAS=b_down is not None, BLOCK_H=1024)
+    out = _combine(y, b_down, topk_weights, _sorted_rows(ids, n), topk_ids, out_dtype)
     if stages is not None:
         stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
     return out

@@ -114,6 +114,7 @@ class MXMoE(nn.Module):
         self.act_format = act_format
         self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
         self._packed: Optional[tuple] = None  # (key, decode-packed pair), as _folded
+        self._packed_wgmma: Optional[tuple] = None  # (key, prefill-packed pair), as _folded
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -305,15 +306,15 @@ class MXMoE(nn.Module):
         scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return y, scores.to(logits.dtype)
 
-    def _per_buffers(self, slot: str, make) -> tuple:
-        """``make(interleave_halves)``'s (gate_up, down) pair, kept in ``slot`` and made again only when an
-        expert buffer's storage or version changed."""
+    def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
+        """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
+        made again only when an expert buffer's storage or version changed."""
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         key = tuple((b.data_ptr(), b._version) for b in bufs)
         kept = getattr(self, slot)
         if kept is None or kept[0] != key:
             kept = (key, (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
-                          make(self.down_mx)))
+                          (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
         return kept[1]
 
@@ -326,15 +327,23 @@ class MXMoE(nn.Module):
         return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`);
-        None off CUDA, for other formats, or beyond the decode envelope (made on the first decode-sized call)."""
+        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`) up to
+        MMA_MAX_PAIRS (token, slot) pairs, for the grouped wgmma prefill path
+        (:func:`mxkit.kernels.moe.pack_experts_wgmma`, Hopper) above; each made on its first call, kept (a copy
+        of the expert bytes each) and made again when an expert buffer changes. None off CUDA, for other formats
+        or the reference backend."""
         if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
             return None
-        from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma
+        from ..kernels.matmul_details._w4a16_wgmma import available
+        from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma, pack_experts_wgmma
 
-        if x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS:
+        if x.numel() // self.hidden_size * self.top_k <= MMA_MAX_PAIRS:
+            return self._per_buffers("_packed", pack_experts_mma)
+        if available(x.device) is not None:
             return None
-        return self._per_buffers("_packed", pack_experts_mma)
+        act = self.activation
+        return self._per_buffers("_packed_wgmma", lambda w, **_: pack_experts_wgmma(w, act_pairs=act),
+                                 pack_experts_wgmma)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "

@@ -35,3 +35,60 @@ def _align_small_kernel(ids_ptr, sorted_ptr, eids_ptr, n, lo, E, n_blocks,
     eid = tl.sum(((bend[None, :] <= b[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
     eid = tl.where(b < tl.max(bend, axis=0), eid, -1)
     tl.store(eids_ptr + b, eid, mask=b < n_blocks)
+
+
+@triton.jit
+def _align_hist_kernel(ids_ptr, hist_ptr, n, lo, E, E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """Chunk c of CHUNK pairs: hist[c, e] = its pairs of local expert e (int32 [n_chunks, E_P2])."""
+    c = tl.program_id(0)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
+    h = tl.histogram(key, E_P2, mask=(i < n) & (key >= 0) & (key < E))
+    tl.store(hist_ptr + c * E_P2 + tl.arange(0, E_P2), h)
+
+
+@triton.jit
+def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, n, lo, E, n_blocks, n_chunks,
+                         E_P2: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
+    """The same result as :func:`_align_small_kernel` for any n, from the chunk histograms of
+    :func:`_align_hist_kernel`: program (e, g) writes local expert e's pairs of chunks g * GROUP .. + GROUP - 1
+    at its group's start (the padded groups of experts < e) plus its pairs in earlier chunks, in order (a
+    running cumulative sum: stable); program (e, 0) also writes its group's padding sentinels and the expert id
+    of its blocks, program (E - 1, 0) the unused blocks (sentinels, expert -1)."""
+    e = tl.program_id(0)
+    g = tl.program_id(1)
+    bins = tl.arange(0, E_P2)
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    before = tl.zeros([E_P2], dtype=tl.int32)  # pairs of each expert in the chunks before this group's
+    for r0 in range(0, n_chunks, ROWS):
+        r = r0 + tl.arange(0, ROWS)
+        h = tl.load(hist_ptr + r[:, None] * E_P2 + bins[None, :], mask=(r < n_chunks)[:, None], other=0)
+        counts += tl.sum(h, axis=0)
+        before += tl.sum(tl.where((r < g * GROUP)[:, None], h, 0), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    start = tl.sum(tl.where(bins < e, padded, 0), axis=0)
+    mine = tl.sum(tl.where(bins == e, counts, 0), axis=0)
+    run = start + tl.sum(tl.where(bins == e, before, 0), axis=0)
+    for c in range(g * GROUP, tl.minimum(g * GROUP + GROUP, n_chunks)):
+        i = c * CHUNK + tl.arange(0, CHUNK)
+        key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
+        m = (i < n) & (key == e)
+        cs = tl.cumsum(m.to(tl.int32), axis=0)
+        tl.store(sorted_ptr + run + cs - 1, i, mask=m)
+        run += tl.sum(m.to(tl.int32), axis=0)
+    if g == 0:
+        end = start + (mine + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        pad = start + mine + tl.arange(0, BLOCK_M)
+        tl.store(sorted_ptr + pad, n, mask=pad < end)
+        for b0 in range(start // BLOCK_M, end // BLOCK_M, CHUNK):
+            b = b0 + tl.arange(0, CHUNK)
+            tl.store(eids_ptr + b, e, mask=b < end // BLOCK_M)
+        if e == E - 1:  # the unused blocks past the last group
+            used = tl.sum(padded, axis=0)
+            for p0 in range(used, n_blocks * BLOCK_M, CHUNK):
+                p = p0 + tl.arange(0, CHUNK)
+                tl.store(sorted_ptr + p, n, mask=p < n_blocks * BLOCK_M)
+            for b0 in range(used // BLOCK_M, n_blocks, CHUNK):
+                b = b0 + tl.arange(0, CHUNK)
+                tl.store(eids_ptr + b, -1, mask=b < n_blocks)

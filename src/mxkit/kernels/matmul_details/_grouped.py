@@ -30,8 +30,9 @@ def _act_pairs(acc, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
     # [BLOCK_M, BLOCK_N] of interleaved (gate, up) columns -> [BLOCK_M, BLOCK_N // 2]
     gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
     if ACT == 1:  # transformers' GptOssExperts: alpha 1.702, limit 7.0
-        gate = tl.minimum(gate, 7.0)
-        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        gate = tl.minimum(gate, 7.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as torch's clamp
+        up = tl.minimum(tl.maximum(up, -7.0, propagate_nan=tl.PropagateNan.ALL), 7.0,
+                        propagate_nan=tl.PropagateNan.ALL)
         out = (up + 1.0) * (gate * tl.sigmoid(1.702 * gate))
     else:
         out = gate * tl.sigmoid(gate) * up

@@ -55,6 +55,32 @@ def pack_wgmma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, 
     return q, st, one_mul
 
 
+def expert_row_order(N: int, act_pairs: Optional[str], device=None) -> torch.Tensor:
+    """int64 [N]: the source row of each packed row of an expert's gate_up weight (N rows) for the fused
+    activation: in each 16 packed rows 16 b + 8 h + r, h = 0 the gate and h = 1 the up row of output column
+    8 b + r (one thread's accumulator registers). ``act_pairs``: ``"swiglu_gpt_oss"`` (rows interleaved gate,
+    up, gate, ... as GPT-OSS's checkpoint), ``"swiglu"`` (``[gate; up]`` halves), or None (identity)."""
+    p = torch.arange(N, device=device)
+    if act_pairs is None:
+        return p
+    if N % 16:
+        raise ValueError(f"the fused activation needs the gate_up rows N % 16 == 0, got {N}")
+    b, h, r = p // 16, p // 8 % 2, p % 8
+    c = 8 * b + r
+    return 2 * c + h if act_pairs == "swiglu_gpt_oss" else c + h * (N // 2)
+
+
+def pack_wgmma_experts(qdata: torch.Tensor, scale: torch.Tensor, act_pairs: Optional[str] = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """E MXFP4 experts, ``qdata`` uint8 [E, N, K / 2] and ``scale`` uint8 [E, N, K / 32] -> :func:`pack_wgmma`
+    of the [E * N, K] weight with each expert's rows in :func:`expert_row_order` (for the grouped kernel)."""
+    E, N = qdata.shape[:2]
+    if act_pairs is not None:
+        order = expert_row_order(N, act_pairs, qdata.device)
+        qdata, scale = qdata[:, order], scale[:, order]
+    return pack_wgmma(qdata.reshape(E * N, -1), scale.reshape(E * N, -1))
+
+
 def unpack_wgmma(q: torch.Tensor, st: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack_wgmma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
     N, KB = q.shape
@@ -119,7 +145,12 @@ def _fp4_pairs_asm(one_mul: bool) -> str:
 def _kernel():
     """Build the Gluon kernel (once; needs Triton's Gluon)."""
     gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
+    import triton.language as tl
+
     asm2, asm1 = gl.constexpr(_fp4_pairs_asm(False)), gl.constexpr(_fp4_pairs_asm(True))
+    # TMA load: async_copy_global_to_shared in Triton 3.6, renamed async_load later (the old name then raises)
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    NAN_ALL = gl.constexpr(tl.PropagateNan.ALL)
 
     @gluon.jit
     def _e8m0_bf16(sb):
@@ -156,11 +187,43 @@ def _kernel():
         return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, M, N, STEPS, stride_ym,
+    def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m, row0, STEPS,
+              NBYTES: gl.constexpr, STAGES: gl.constexpr, BNc: gl.constexpr, B2: gl.constexpr, S2: gl.constexpr,
+              BL: gl.constexpr, L3: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr):
+        # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the TMA
+        # of step t + STAGES - 1 and the decode of step t + 1's weight into w_next, while this wgmma runs
+        acc = warpgroup_mma(w_use, x_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, w_next = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_next))
+        tn = t + STAGES - 1
+        if tn < STEPS:
+            sl = tn % STAGES
+            mbarrier.expect(bars.index(sl), NBYTES)
+            tma_load(x_desc, [off_m, tn * 64], bars.index(sl), x_smem.index(sl))
+            tma_load(w_desc, [row0, tn * 32], bars.index(sl), w_smem.index(sl))
+            tma_load(s_desc, [tn, 2 * row0], bars.index(sl), s_smem.index(sl))
+        t1 = gl.minimum(t + 1, STEPS - 1)
+        s1 = t1 % STAGES
+        mbarrier.wait(bars.index(s1), (t1 // STAGES) & 1)
+        w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        return acc, w_next
+
+    @gluon.jit
+    def _act(gate, up, ACT: gl.constexpr):
+        # _grouped._act_pairs' activations, float32
+        if ACT == 1:  # transformers' GptOssExperts: alpha 1.702, limit 7.0
+            gate = gl.minimum(gate, 7.0, propagate_nan=NAN_ALL)  # NaN stays NaN, as torch's clamp
+            up = gl.minimum(gl.maximum(up, -7.0, propagate_nan=NAN_ALL), 7.0, propagate_nan=NAN_ALL)
+            out = (up + 1.0) * (gate / (1.0 + gl.exp(-1.702 * gate)))
+        else:
+            out = gate / (1.0 + gl.exp(-gate)) * up
+        return out
+
+    @gluon.jit
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, STEPS, stride_ym,
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           GROUPED: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         grid_n = gl.cdiv(N, BNc)
         grid_m = gl.cdiv(M, BM)
@@ -171,6 +234,13 @@ def _kernel():
         pid_n = (pid % per_group) // rows_m
         off_n = pid_n * BNc
         off_m = pid_m * BM
+        if GROUPED:  # block pid_m of the sorted rows is expert e's (-1: unused); its N rows follow expert e - 1's
+            e = gl.load(e_ptr + pid_m)
+            if e < 0:
+                return
+            row0 = e * N + off_n
+        else:
+            row0 = off_n
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, 64], x_desc.layout)
         w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 32], w_desc.layout)
         s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
@@ -181,41 +251,45 @@ def _kernel():
         for s in gl.static_range(STAGES - 1):
             if s < STEPS:
                 mbarrier.expect(bars.index(s), NBYTES)
-                tma.async_copy_global_to_shared(x_desc, [off_m, s * 64], bars.index(s), x_smem.index(s))
-                tma.async_copy_global_to_shared(w_desc, [off_n, s * 32], bars.index(s), w_smem.index(s))
-                tma.async_copy_global_to_shared(s_desc, [s, 2 * off_n], bars.index(s), s_smem.index(s))
+                tma_load(x_desc, [off_m, s * 64], bars.index(s), x_smem.index(s))
+                tma_load(w_desc, [row0, s * 32], bars.index(s), w_smem.index(s))
+                tma_load(s_desc, [s, 2 * row0], bars.index(s), s_smem.index(s))
         acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
         mbarrier.wait(bars.index(0), 0)
-        w_cur = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-        w_prev = w_cur
-        for t in range(STEPS):
-            st = t % STAGES
-            acc = warpgroup_mma(w_cur, x_smem.index(st).permute((1, 0)), acc, is_async=True)
-            # step t - 1's wgmma is done: its slot is free, its register operand may be reused
-            acc, w_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_prev))
-            tn = t + STAGES - 1
-            if tn < STEPS:
-                sl = tn % STAGES
-                mbarrier.expect(bars.index(sl), NBYTES)
-                tma.async_copy_global_to_shared(x_desc, [off_m, tn * 64], bars.index(sl), x_smem.index(sl))
-                tma.async_copy_global_to_shared(w_desc, [off_n, tn * 32], bars.index(sl), w_smem.index(sl))
-                tma.async_copy_global_to_shared(s_desc, [tn, 2 * off_n], bars.index(sl), s_smem.index(sl))
-            t1 = gl.minimum(t + 1, STEPS - 1)                    # the next step's weight, decoded meanwhile
-            s1 = t1 % STAGES
-            mbarrier.wait(bars.index(s1), (t1 // STAGES) & 1)
-            w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-            w_prev = w_cur
-            w_cur = w_next
+        w0 = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        w1 = w0
+        # two steps per iteration, the weight operands alternating between w0 and w1 (no register copies)
+        for t in range(0, STEPS - 1, 2):
+            acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m, row0,
+                            STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+            acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m,
+                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        if STEPS % 2 == 1:  # the last step's weight is in w0
+            acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))
         m_o = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
         if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + n_o, mask=n_o < N, other=0.0), 1)
-        ptr = y_ptr + gl.expand_dims(m_o, 0).to(gl.int64) * stride_ym + gl.expand_dims(n_o, 1)
-        mask = (gl.expand_dims(n_o, 1) < N) & (gl.expand_dims(m_o, 0) < M)
-        gl.store(ptr, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            acc = acc + gl.expand_dims(gl.load(b_ptr + (row0 - off_n) + n_o, mask=n_o < N, other=0.0), 1)
+        n2 = gl.expand_dims(n_o, 1) + gl.zeros([BNc, BM], gl.int32, ACC)
+        m2 = gl.expand_dims(m_o, 0) + gl.zeros([BNc, BM], gl.int32, ACC)
+        if ACT != 0:
+            # rows 16 b + r (gate) and 16 b + 8 + r (up) of the tile are one thread's registers: output column
+            # 8 b + r of the pair (pack_wgmma_experts' row order)
+            gate, up = gl.split(gl.permute(gl.reshape(acc, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+            out = _act(gate, up, ACT)
+            n2, _ = gl.split(gl.permute(gl.reshape(n2, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+            m2, _ = gl.split(gl.permute(gl.reshape(m2, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+            col = (n2 // 16) * 8 + n2 % 8
+        else:
+            out = acc
+            col = n2
+        ptr = y_ptr + m2.to(gl.int64) * stride_ym + col
+        mask = (n2 < N) & (m2 < M)
+        gl.store(ptr, out.to(y_ptr.dtype.element_ty), mask=mask)
 
     return w4a16_wgmma_kernel
 
@@ -256,26 +330,39 @@ def block_m(M: int) -> int:
 
 def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_mul: bool,
                 out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
-                y: Optional[torch.Tensor] = None) -> torch.Tensor:
+                y: Optional[torch.Tensor] = None, *, expert_ids: Optional[torch.Tensor] = None,
+                bm: Optional[int] = None, activation: Optional[str] = None) -> torch.Tensor:
     """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
     W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
     rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
-    every value exact in bf16."""
+    every value exact in bf16.
+
+    Grouped (MoE experts; ``expert_ids`` given): (q, st) are E experts of N rows each, packed as one [E * N, K]
+    weight (:func:`pack_wgmma_experts`), x's rows are sorted in blocks of ``bm`` (:func:`block_m`'s values)
+    and block b is multiplied by expert ``expert_ids[b]`` (int32; -1: skipped, its rows of y untouched);
+    ``bias`` float32 [E * N] in the packed row order; ``activation`` ``"swiglu_gpt_oss"`` / ``"swiglu"`` (the
+    experts packed with ``act_pairs``) makes y [M, N / 2] of the activation of each (gate, up) pair."""
+    from ._grouped import ACTS
+
     _, gl, _, _, _, _, TensorDescriptor = _gluon()
     M, K = x.shape
     steps = q.shape[1] // 32
+    grouped = expert_ids is not None
+    n_out = N // 2 if activation else N
     if y is None:
-        y = torch.empty(M, N, dtype=out, device=x.device)
-    bm = block_m(M)
+        y = torch.empty(M, n_out, dtype=out, device=x.device)
+    bm = bm or block_m(M)
     b2, s2, bl, l3, acc, dot = _layouts(bm)
     x_desc = TensorDescriptor.from_tensor(x, [bm, 64], gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16))
     u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
     s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
-    grid = (-(-M // bm) * -(-N // BN),)
-    _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y, M, N, steps, y.stride(0),
+    grid_m = expert_ids.numel() if grouped else -(-M // bm)
+    grid = (grid_m * -(-N // BN),)
+    _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y,
+                    expert_ids if grouped else y, M, N, steps, y.stride(0),
                     BN, bm, STAGES, GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
-                    num_warps=WARPS)
+                    grouped, ACTS[activation], num_warps=WARPS)
     return y
 
 

@@ -365,8 +365,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
       if (i < n_valid) {
         float gate = v[m][2 * c], up = v[m][2 * c + 1], val;
         if (ACT == 1) {  // transformers' GptOssExperts: alpha 1.702, limit 7.0
-          gate = fminf(gate, 7.f);
-          up = fminf(fmaxf(up, -7.f), 7.f);
+          gate = gate > 7.f ? 7.f : gate;  // NaN stays NaN, as torch's clamp (fminf would drop it)
+          up = up > 7.f ? 7.f : (up < -7.f ? -7.f : up);
           val = (up + 1.f) * (gate / (1.f + expf(-1.702f * gate)));
         } else {
           val = gate / (1.f + expf(-gate)) * up;

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import mxkit
-from mxkit.kernels.moe import MoeConfig, align_device, grouped_matmul_w16, max_blocks, moe_triton
+from mxkit.kernels.moe import MoeConfig, _align_experts, align_device, grouped_matmul_w16, max_blocks, moe_triton
 from mxkit.moe_reference import (align_block_size, grouped_matmul_reference, moe_reference, select_experts,
                                  swiglu, swiglu_gpt_oss)
 from mxkit.reference import dequantize_reference
@@ -82,6 +82,12 @@ def _check_align_experts(device: str, g, cases) -> int:
         got_ids, got_eids = got_ids.cpu(), got_eids.cpu()
         assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids), (T, E, block_m)
         assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
+        # with the rows of the prefill path: each held pair's sorted row (-1: not held), each row's token
+        _, _, pos, tok = _align_experts(ids, hi - lo, block_m, lo, B, top_k=k)
+        want_pos = torch.full((T * k,), -1, dtype=torch.int32)
+        want_pos[ref_ids[ref_ids < T * k].long()] = torch.nonzero(ref_ids < T * k).flatten().to(torch.int32)
+        assert torch.equal(pos.cpu(), want_pos)
+        assert torch.equal(tok.cpu(), torch.where(got_ids < T * k, got_ids // k, 0).to(torch.int32))
     return len(cases)
 
 
@@ -307,9 +313,11 @@ def test_w16_kernels_compile_for_sm90(w_kind):
 
         from mxkit.kernels.matmul_details._align import _align_hist_kernel
 
-        aptrs["hist_ptr"] = "*i32"
-        assert build(_align_hist_kernel, aptrs, dict(E_P2=128, CHUNK=1024)) > 0
-        assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, ROWS=16, BLOCK_M=256)) > 0
+        aptrs.update(hist_ptr="*i32", pos_ptr="*i32", tok_ptr="*i32")
+        for top_k in (0, 4):
+            assert build(_align_hist_kernel, aptrs, dict(E_P2=128, CHUNK=1024, ROWS=top_k > 0)) > 0
+            assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, HROWS=16, BLOCK_M=256,
+                                                           TOP_K=top_k)) > 0
     dptrs = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
     assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
 

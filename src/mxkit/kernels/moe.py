@@ -112,7 +112,8 @@ def _align_torch(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) 
 _INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (under TRITON_INTERPRET=1)
 
 
-def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0) -> tuple:
+    """:func:`._align._align_expert_kernel`: (sorted_ids, expert_ids), plus (pos, tok) when ``top_k`` > 0."""
     import triton
 
     from .matmul_details._align import _align_expert_kernel, _align_hist_kernel
@@ -126,11 +127,13 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     hist = torch.empty(n_chunks, e_p2, dtype=torch.int32, device=ids.device)
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
-    _align_hist_kernel[(n_chunks,)](ids, hist, n, lo, E, E_P2=e_p2, CHUNK=chunk, num_warps=4)
-    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, n, lo, E, B, n_chunks, E_P2=e_p2,
-                                                     CHUNK=chunk, GROUP=group, ROWS=max(1, 2048 // e_p2),
-                                                     BLOCK_M=block_m, num_warps=4)
-    return sorted_ids, eids
+    pos = torch.empty(n if top_k else 0, dtype=torch.int32, device=ids.device)
+    tok = torch.empty(B * block_m if top_k else 0, dtype=torch.int32, device=ids.device)
+    _align_hist_kernel[(n_chunks,)](ids, hist, pos, n, lo, E, E_P2=e_p2, CHUNK=chunk, ROWS=top_k > 0, num_warps=4)
+    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, pos, tok, n, lo, E, B, n_chunks,
+                                                     E_P2=e_p2, CHUNK=chunk, GROUP=group, HROWS=max(1, 2048 // e_p2),
+                                                     BLOCK_M=block_m, TOP_K=top_k, num_warps=4)
+    return (sorted_ids, eids, pos, tok) if top_k else (sorted_ids, eids)
 
 
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,22 +371,46 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
 
 def _moe_wgmma(x, p1: WgmmaExperts, b1, p2: WgmmaExperts, b2, topk_weights, topk_ids, E, lo, n_total_experts,
                activation, out_dtype) -> torch.Tensor:
-    from .matmul_details._w4a16_wgmma import expert_row_order, w4a16_wgmma
+    from .matmul_details._w4a16_wgmma import w4a16_wgmma
 
     T, k = topk_ids.shape
     n = T * k
     _, N1, H = p1.shape
     bm = wgmma_block_m(n / n_total_experts)
-    ids, eids = align_device(topk_ids, E, bm, lo=lo)
+    B = max_blocks(n, E, bm)
+    if E <= 1024 and n < 2**30:  # the sort also gives each sorted row's token and each pair's sorted row
+        ids, eids, pos, tok = _align_experts(topk_ids, E, bm, lo, B, top_k=k)
+    else:
+        ids, eids = align_device(topk_ids, E, bm, lo=lo)
+        pos, tok = _sorted_rows(ids, n), torch.where(ids < n, ids // k, 0)
     # the gather: rows in sorted order (padding rows read token 0; their results are never read)
-    xs = x[torch.where(ids < n, ids // k, 0)]
+    xs = x.index_select(0, tok)
     if b1 is not None:
-        b1 = b1.to(torch.float32)[:, expert_row_order(N1, activation, b1.device)].reshape(-1).contiguous()
+        b1 = _packed_bias(b1, N1, activation)
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
     w4a16_wgmma(xs, p1.q, p1.st, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation)
     y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
     w4a16_wgmma(h, p2.q, p2.st, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm)
-    return _combine(y, b2, topk_weights, _sorted_rows(ids, n), topk_ids - lo, out_dtype)
+    return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
+
+
+_BIAS: dict = {}  # (id(bias), its _version, activation) -> (weakref to it, float32 bias in the packed row order)
+
+
+def _packed_bias(b: torch.Tensor, N: int, activation: Optional[str]) -> torch.Tensor:
+    """The gate_up bias (E, N) as float32 [E * N] in :func:`pack_experts_wgmma`'s row order; kept per tensor
+    and version (no per-call kernels)."""
+    from .matmul_details._w4a16_wgmma import expert_row_order
+
+    key = (id(b), b._version, activation)
+    hit = _BIAS.get(key)
+    if hit is None or hit[0]() is not b:
+        if len(_BIAS) > 64:
+            _BIAS.clear()
+        hit = (weakref.ref(b), b.detach().to(torch.float32)[:, expert_row_order(N, activation, b.device)]
+               .reshape(-1).contiguous())
+        _BIAS[key] = hit
+    return hit[1]
 
 
 def moe_triton(

@@ -38,31 +38,37 @@ def _align_small_kernel(ids_ptr, sorted_ptr, eids_ptr, n, lo, E, n_blocks,
 
 
 @triton.jit
-def _align_hist_kernel(ids_ptr, hist_ptr, n, lo, E, E_P2: tl.constexpr, CHUNK: tl.constexpr):
-    """Chunk c of CHUNK pairs: hist[c, e] = its pairs of local expert e (int32 [n_chunks, E_P2])."""
+def _align_hist_kernel(ids_ptr, hist_ptr, pos_ptr, n, lo, E, E_P2: tl.constexpr, CHUNK: tl.constexpr,
+                       ROWS: tl.constexpr):
+    """Chunk c of CHUNK pairs: hist[c, e] = its pairs of local expert e (int32 [n_chunks, E_P2]); with ROWS,
+    pos[i] = -1 for its pairs (the expert kernel then writes the held pairs' rows)."""
     c = tl.program_id(0)
     i = c * CHUNK + tl.arange(0, CHUNK)
     key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
     h = tl.histogram(key, E_P2, mask=(i < n) & (key >= 0) & (key < E))
     tl.store(hist_ptr + c * E_P2 + tl.arange(0, E_P2), h)
+    if ROWS:
+        tl.store(pos_ptr + i, -1, mask=i < n)
 
 
 @triton.jit
-def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, n, lo, E, n_blocks, n_chunks,
-                         E_P2: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_M: tl.constexpr):
+def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_ptr, n, lo, E, n_blocks, n_chunks,
+                         E_P2: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, HROWS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, TOP_K: tl.constexpr):
     """The same result as :func:`_align_small_kernel` for any n, from the chunk histograms of
     :func:`_align_hist_kernel`: program (e, g) writes local expert e's pairs of chunks g * GROUP .. + GROUP - 1
     at its group's start (the padded groups of experts < e) plus its pairs in earlier chunks, in order (a
     running cumulative sum: stable); program (e, 0) also writes its group's padding sentinels and the expert id
-    of its blocks, program (E - 1, 0) the unused blocks (sentinels, expert -1)."""
+    of its blocks, program (E - 1, 0) the unused blocks (sentinels, expert -1). With TOP_K > 0 also pos[i] =
+    the sorted row of held pair i and tok[p] = the token (i // TOP_K) of sorted row p, 0 on padding rows (for
+    the gather and the combine of :func:`mxkit.kernels.moe.moe_triton`'s prefill path)."""
     e = tl.program_id(0)
     g = tl.program_id(1)
     bins = tl.arange(0, E_P2)
     counts = tl.zeros([E_P2], dtype=tl.int32)
     before = tl.zeros([E_P2], dtype=tl.int32)  # pairs of each expert in the chunks before this group's
-    for r0 in range(0, n_chunks, ROWS):
-        r = r0 + tl.arange(0, ROWS)
+    for r0 in range(0, n_chunks, HROWS):
+        r = r0 + tl.arange(0, HROWS)
         h = tl.load(hist_ptr + r[:, None] * E_P2 + bins[None, :], mask=(r < n_chunks)[:, None], other=0)
         counts += tl.sum(h, axis=0)
         before += tl.sum(tl.where((r < g * GROUP)[:, None], h, 0), axis=0)
@@ -76,11 +82,16 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, n, lo, E, n_bl
         m = (i < n) & (key == e)
         cs = tl.cumsum(m.to(tl.int32), axis=0)
         tl.store(sorted_ptr + run + cs - 1, i, mask=m)
+        if TOP_K > 0:
+            tl.store(pos_ptr + i, run + cs - 1, mask=m)
+            tl.store(tok_ptr + run + cs - 1, i // TOP_K, mask=m)
         run += tl.sum(m.to(tl.int32), axis=0)
     if g == 0:
         end = start + (mine + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         pad = start + mine + tl.arange(0, BLOCK_M)
         tl.store(sorted_ptr + pad, n, mask=pad < end)
+        if TOP_K > 0:
+            tl.store(tok_ptr + pad, 0, mask=pad < end)
         for b0 in range(start // BLOCK_M, end // BLOCK_M, CHUNK):
             b = b0 + tl.arange(0, CHUNK)
             tl.store(eids_ptr + b, e, mask=b < end // BLOCK_M)
@@ -89,6 +100,8 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, n, lo, E, n_bl
             for p0 in range(used, n_blocks * BLOCK_M, CHUNK):
                 p = p0 + tl.arange(0, CHUNK)
                 tl.store(sorted_ptr + p, n, mask=p < n_blocks * BLOCK_M)
+                if TOP_K > 0:
+                    tl.store(tok_ptr + p, 0, mask=p < n_blocks * BLOCK_M)
             for b0 in range(used // BLOCK_M, n_blocks, CHUNK):
                 b = b0 + tl.arange(0, CHUNK)
                 tl.store(eids_ptr + b, -1, mask=b < n_blocks)

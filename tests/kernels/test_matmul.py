@@ -392,12 +392,14 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
         pack_wgmma(w.qdata[:5], w.scale[:5])
 
 
-@pytest.mark.parametrize("bm,grouped,act,out", [(256, False, 0, "bf16"), (128, False, 0, "fp32"),
-                                                 (64, True, 1, "bf16"), (16, True, 2, "bf16"), (256, True, 0, "fp32")])
-def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out):
+@pytest.mark.parametrize("bm,grouped,act,out,ws", [(256, False, 0, "bf16", True), (128, False, 0, "fp32", True),
+                                                    (64, True, 1, "bf16", True), (32, True, 2, "bf16", True),
+                                                    (256, True, 0, "fp32", True), (256, False, 0, "bf16", False),
+                                                    (64, True, 1, "bf16", False)])
+def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws):
     """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
-    (expert blocks, fused activation), every block size the dispatch uses. Its results are checked by the GPU
-    tests (the interpreter does not run Gluon)."""
+    (expert blocks, fused activation), every block size the dispatch uses, warp-specialized (the default) and
+    not. Its results are checked by the GPU tests (the interpreter does not run Gluon)."""
     import os
 
     import triton
@@ -418,7 +420,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out):
            "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32"}
     b2, s2, bl, l3, acc, dot = W._layouts(bm)
     cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, num_warps=W.WARPS)
+              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, num_warps=W.WARPS)
     sig.update({k: "constexpr" for k in cx})
     names = list(sig)
     src = GluonASTSource(W._kernel(), sig, constexprs={(names.index(k),): v for k, v in cx.items()},
@@ -448,11 +450,14 @@ def test_gpu_w4a16_wgmma_envelope():
 @gpu
 @pytest.mark.parametrize("M,N,K", [(17, 200, 2880), (129, 512, 4096), (727, 1000, 2912), (1024, 5120, 2880)])
 @pytest.mark.parametrize("base", [125, 140])
-def test_gpu_w4a16_wgmma(M, N, K, base, rng):
+@pytest.mark.parametrize("ws", ["1", "0"])
+def test_gpu_w4a16_wgmma(M, N, K, base, ws, rng, monkeypatch):
     """The Hopper prefill kernel (its envelope widened to these shapes by a table override) against the float64
     bound: K not a multiple of 64 (2912) or of 128 (2880), N not a multiple of the 128-row tile, 3-D and strided
     activations, bias, float32 out, both decodes (every scale byte <= 128: one multiply; above: two), a NaN
-    scale byte (its output column NaN), an output poisoned before the kernel writes it."""
+    scale byte (its output column NaN), an output poisoned before the kernel writes it; warp-specialized (the
+    default) and the single-partition loop (MXKIT_WGMMA_WS=0)."""
+    monkeypatch.setenv("MXKIT_WGMMA_WS", ws)
     from mxkit.kernels.matmul import gemm_table_override, pack_weight
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 

@@ -11,11 +11,12 @@ or times 2^(s - 1) at once when every scale byte is <= 128), and issues the step
 the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32) is added to the
 accumulator and the output rounded once.
 
-Schedule: warp-specialized (default): one producer warp issues the TMA loads of each step once the 8
+Schedule: warp-specialized (blocks of >= 128 tokens): one producer warp issues the TMA loads of each step once the 8
 consumer warps free its slot (``empty`` mbarriers); the consumers only wait, decode and multiply, two steps
 per loop iteration with the decoded operands alternating between two register sets. This took the 5
 ``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition loop out of the
-consumers' path (H100: 1024 x 8192^2 212 -> 184 us). ``MXKIT_WGMMA_WS=0`` runs the single-partition loop.
+consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Smaller blocks (the MoE at a few rows per expert) keep
+the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either.
 
 The weight layout (:func:`pack_wgmma`, once per weight): the codes [N, Kp / 2] with K padded to Kp, a
 multiple of 64, and each 32-byte step permuted so that lane c of a quad finds its 8 bytes contiguous:
@@ -386,12 +387,14 @@ def _layouts(BM: int):
     return b2, s2, bl, l3, acc, dot
 
 
-def _ws() -> bool:
-    """The warp-specialized schedule (a one-warp TMA producer), unless MXKIT_WGMMA_WS=0 (the single-partition
-    loop, for A/B runs)."""
+def _ws(bm: int) -> bool:
+    """The warp-specialized schedule (a one-warp TMA producer) for blocks of >= 128 tokens; below, a step is too
+    short for the producer round trip and the single-partition loop is faster (H100 / H200, MoE at 256 tokens:
+    1.0 against 1.27 ms). MXKIT_WGMMA_WS=0 / 1 forces either (A/B runs, tests)."""
     import os
 
-    return os.environ.get("MXKIT_WGMMA_WS", "1") != "0"
+    forced = os.environ.get("MXKIT_WGMMA_WS")
+    return forced != "0" if forced in ("0", "1") else bm >= 128
 
 
 def block_m(M: int) -> int:
@@ -433,7 +436,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y,
                     expert_ids if grouped else y, M, N, steps, y.stride(0),
                     BN, bm, STAGES, GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
-                    grouped, ACTS[activation], _ws(), num_warps=WARPS)
+                    grouped, ACTS[activation], _ws(bm), num_warps=WARPS)
     return y
 
 

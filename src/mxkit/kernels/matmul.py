@@ -62,7 +62,8 @@ from ..formats import ElementFormat, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "pack_weight",
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "prepared_call_a8w8",
+           "pack_weight",
            "exact_scale_range", "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table",
            "gemm_table_override", "decode_config", "W_KINDS"]
 
@@ -855,6 +856,55 @@ class _A8W8Call:
 
     def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
+
+
+class _A8W8InCall:
+    """:func:`a8w8_linear`'s one-launch form (bf16 x quantized in the kernel, M <= 8) of one (packed weight,
+    shape and strides of x, out dtype): the same kernel, split and bits; x read in place where its rows
+    flatten to one stride, the output allocated in its final shape."""
+
+    def __init__(self, b: PackedWeight, M: int, x_shape: tuple, x_stride: tuple, out: torch.dtype):
+        from .matmul_details._mma_a8w8 import A8W8
+
+        N, K = b.shape
+        self.run = A8W8(b.mma_q, b.mma_s, M, out, True, shape=(N, K))
+        self.M, self.K, self.out = M, K, out
+        self.out_shape = (*x_shape[:-1], N)
+        self.ldx = _row_stride(x_shape, x_stride)  # None: x is copied into rows first
+        self.device = b.device
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        ldx = self.ldx
+        if ldx is None or x.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
+            x = x.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
+            ldx = self.K
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.to(torch.float32).contiguous()
+        y = torch.empty(self.out_shape, device=self.device, dtype=self.out)
+        return self.run.into(x, ldx, None, 0, bias, y)
+
+
+def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
+    """The eager host path of :func:`a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
+    M <= 8 (one launch): made on the first call of each (shape, strides, device, out dtype, bias shape / dtype,
+    dispatch table) and kept on ``b``; None where a8w8_linear would not take that one-launch form (the caller
+    then calls it). Returns a callable ``(x, bias) -> y``."""
+    calls = _calls_on(b, "_calls")
+    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.device, out_dtype, id(gemm_table()),
+           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
+    if key in calls:
+        return calls[key]
+    call = None
+    w = b.source
+    M = x.shape[:-1].numel()
+    if (x.dtype == torch.bfloat16 and x.dim() >= 1 and b.mma_q is not None and w.ndim == 2 and w.axis == 1
+            and x.shape[-1] == w.shape[1] and w.device == x.device and 0 < M <= 8
+            and _a8w8_ok(w.fmt, w, M, x.device)):
+        out = check_out_dtype(out_dtype)
+        check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
+        call = _A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
+    calls[key] = call
+    return call
 
 
 class _PlannedCall:

@@ -31,8 +31,9 @@ from torch import nn
 from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwise
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..packed import PackedWeight
 from ..tensor import MXTensor
-from ..kernels.matmul import a8w8_linear, prepared_call
+from ..kernels.matmul import a8w8_linear, prepared_call, prepared_call_a8w8
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
 
@@ -211,6 +212,11 @@ class MXLinear(nn.Module):
         bias = self.bias
         if bias is not None and bias.requires_grad and torch.is_grad_enabled():
             return None
+        if isinstance(w, PackedWeight) and type(x) is torch.Tensor and x.is_cuda \
+                and not torch.compiler.is_compiling():
+            call = prepared_call_a8w8(x, w, x.dtype, bias)  # the eager hot path: one launch, checks made once
+            if call is not None:
+                return call(x, bias)
         return a8w8_linear(x, w, bias, x.dtype)
 
     def extra_repr(self) -> str:

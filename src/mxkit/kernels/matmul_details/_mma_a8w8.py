@@ -136,7 +136,13 @@ class A8W8:
         output, contiguous, M x N elements (allocated when None). Returns y."""
         if y is None:
             y = torch.empty(self.M, self.N, device=x.device, dtype=self.out)
-        ld = (x.stride(0), 0 if xs is None else xs.stride(0))
+        return self.into(x, x.stride(0), xs, 0 if xs is None else xs.stride(0), bias, y)
+
+    def into(self, x: torch.Tensor, ldx: int, xs: Optional[torch.Tensor], ldxs: int, bias: Optional[torch.Tensor],
+             y: torch.Tensor) -> torch.Tensor:
+        """The launch writing ``y`` (M x N contiguous, any shape of that many elements) from the M rows of ``ldx``
+        elements at ``x.data_ptr()`` (scales: rows of ``ldxs`` bytes at ``xs``), as :meth:`__call__`. Returns y."""
+        ld = (ldx, ldxs)
         launch = self.launch
         if launch is None or ld != self.ld:
             self.ld = ld

@@ -194,29 +194,51 @@ def _kernel():
         return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
 
     @gluon.jit
-    def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m, row0, STEPS,
-              NBYTES: gl.constexpr, STAGES: gl.constexpr, BNc: gl.constexpr, B2: gl.constexpr, S2: gl.constexpr,
-              BL: gl.constexpr, L3: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr):
-        # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the TMA
-        # of step t + STAGES - 1 and the decode of step t + 1's weight into w_next, while this wgmma runs
+    def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0,
+              STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS):
+        # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot
+        # goes back to the producer (WS) or takes step t + STAGES - 1's TMA, and step t + 1's weight is decoded
+        # into w_next while this wgmma runs
         acc = warpgroup_mma(w_use, x_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
         acc, w_next = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_next))
-        tn = t + STAGES - 1
-        if tn < STEPS:
-            sl = tn % STAGES
-            mbarrier.expect(bars.index(sl), NBYTES)
-            tma_load(x_desc, [off_m, tn * 64], bars.index(sl), x_smem.index(sl))
-            tma_load(w_desc, [row0, tn * 32], bars.index(sl), w_smem.index(sl))
-            tma_load(s_desc, [tn, 2 * row0], bars.index(sl), s_smem.index(sl))
+        if WS:
+            mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES), pred=t > 0)
+        else:
+            tn = t + STAGES - 1
+            if tn < STEPS:
+                sl = tn % STAGES
+                mbarrier.expect(ready.index(sl), NBYTES)
+                tma_load(x_desc, [off_m, tn * 64], ready.index(sl), x_smem.index(sl))
+                tma_load(w_desc, [row0, tn * 32], ready.index(sl), w_smem.index(sl))
+                tma_load(s_desc, [tn, 2 * row0], ready.index(sl), s_smem.index(sl))
         t1 = gl.minimum(t + 1, STEPS - 1)
         s1 = t1 % STAGES
-        mbarrier.wait(bars.index(s1), (t1 // STAGES) & 1)
+        mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
         w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
         return acc, w_next
 
     @gluon.jit
-    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, STEPS,
-                 NBYTES, STAGES):
+    def _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS, NBYTES,
+                  STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS):
+        # the decode + wgmma loop (the consumers, or every warp without WS), two steps per iteration with the
+        # weight operands alternating between w0 and w1 (no register copies)
+        acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
+        mbarrier.wait(ready.index(0), 0)
+        w0 = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        w1 = w0
+        for t in range(0, STEPS - 1, 2):
+            acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
+                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS)
+            acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
+                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS)
+        if STEPS % 2 == 1:  # the last step's weight is in w0
+            acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        return (acc,)  # a tuple: gl.warp_specialize flattens the default partition's results
+
+    @gluon.jit
+    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, STEPS, NBYTES, STAGES):
         # the TMA producer (one warp): step t into slot t % STAGES once the consumers freed it
         for t in range(STEPS):
             sl = t % STAGES
@@ -225,39 +247,6 @@ def _kernel():
             tma_load(x_desc, [off_m, t * 64], ready.index(sl), x_smem.index(sl))
             tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
             tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
-
-    @gluon.jit
-    def _cstep(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, STEPS, STAGES,
-               BNc, B2, S2, BL, L3,
-               DOT, ONE_MUL):
-        # _step for the consumers: step t - 1's wgmma done -> its slot back to the producer
-        acc = warpgroup_mma(w_use, x_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
-        acc, w_next = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_next))
-        mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES), pred=t > 0)
-        t1 = gl.minimum(t + 1, STEPS - 1)
-        s1 = t1 % STAGES
-        mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
-        w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-        return acc, w_next
-
-    @gluon.jit
-    def _consume(x_smem, w_smem, s_smem, ready, empty, STEPS, STAGES, BNc,
-                 BM, B2, S2, BL, L3,
-                 ACC, DOT, ONE_MUL):
-        acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
-        mbarrier.wait(ready.index(0), 0)
-        w0 = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-        w1 = w0
-        for t in range(0, STEPS - 1, 2):
-            acc, w1 = _cstep(t, acc, w0, w1, x_smem, w_smem, s_smem, ready, empty, STEPS, STAGES, BNc, B2, S2, BL,
-                             L3, DOT, ONE_MUL)
-            acc, w0 = _cstep(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, ready, empty, STEPS, STAGES, BNc, B2, S2,
-                             BL, L3, DOT, ONE_MUL)
-        if STEPS % 2 == 1:
-            acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return (acc,)
 
     @gluon.jit
     def _act(gate, up, ACT: gl.constexpr):
@@ -300,38 +289,26 @@ def _kernel():
         NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         if WS:  # a one-warp TMA producer; the 8 warps decode and multiply, freeing slots through `empty`
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for s in gl.static_range(STAGES):
                 mbarrier.init(empty.index(s), count=1)
-            (acc,) = gl.warp_specialize([
-                (_consume, (x_smem, w_smem, s_smem, bars, empty, STEPS, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT,
-                            ONE_MUL)),
-                (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty, off_m, row0, STEPS,
-                            NBYTES, STAGES))], [1], [24])
+            (acc,) = gl.warp_specialize([(_mainloop, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc,
+                                                      off_m, row0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL, L3,
+                                                      ACC, DOT, ONE_MUL, WS)),
+                                         (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty,
+                                                     off_m, row0, STEPS, NBYTES, STAGES))], [1], [24])
             for s in gl.static_range(STAGES):
                 mbarrier.invalidate(empty.index(s))
-        else:
+        else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
             for s in gl.static_range(STAGES - 1):
                 if s < STEPS:
                     mbarrier.expect(bars.index(s), NBYTES)
                     tma_load(x_desc, [off_m, s * 64], bars.index(s), x_smem.index(s))
                     tma_load(w_desc, [row0, s * 32], bars.index(s), w_smem.index(s))
                     tma_load(s_desc, [s, 2 * row0], bars.index(s), s_smem.index(s))
-            acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
-            mbarrier.wait(bars.index(0), 0)
-            w0 = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-            w1 = w0
-            # two steps per iteration, the weight operands alternating between w0 and w1 (no register copies)
-            for t in range(0, STEPS - 1, 2):
-                acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m, row0,
-                                STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-                acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, bars, x_desc, w_desc, s_desc, off_m,
-                                row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL)
-            if STEPS % 2 == 1:  # the last step's weight is in w0
-                acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS,
+                               NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))

@@ -463,18 +463,23 @@ def test_gpu_mxmoe_layer(act_format, rng):
 # the decode path: both expert GEMMs on the tensor-core decode kernel (packed experts)
 
 
+def _count(monkeypatch, module, name: str, record) -> list:
+    """Wrap ``module.name`` for the test: each call appends ``record(kwargs)`` to the returned list."""
+    calls = []
+    real = getattr(module, name)
+
+    def counting(*a, **kw):
+        calls.append(record(kw))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
 def _count_grouped_mma(monkeypatch):
     from mxkit.kernels.matmul_details import _mma_decode
 
-    calls = []
-    real = _mma_decode.grouped_mma
-
-    def counting(*a, **kw):
-        calls.append(kw["activation"])
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_mma_decode, "grouped_mma", counting)
-    return calls
+    return _count(monkeypatch, _mma_decode, "grouped_mma", lambda kw: kw["activation"])
 
 
 @pytest.mark.gpu
@@ -558,15 +563,7 @@ def _wgmma_here():
 def _count_wgmma(monkeypatch):
     from mxkit.kernels.matmul_details import _w4a16_wgmma
 
-    calls = []
-    real = _w4a16_wgmma.w4a16_wgmma
-
-    def counting(*a, **kw):
-        calls.append((kw.get("activation"), kw.get("bm")))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_w4a16_wgmma, "w4a16_wgmma", counting)
-    return calls
+    return _count(monkeypatch, _w4a16_wgmma, "w4a16_wgmma", lambda kw: (kw.get("activation"), kw.get("bm")))
 
 
 @pytest.mark.parametrize("act", [None, "swiglu_gpt_oss", "swiglu"])

@@ -812,7 +812,10 @@ class _MmaCall:
     def __init__(self, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple, out: torch.dtype):
         from .matmul_details._mma_decode import MmaDecode
 
-        self.run = MmaDecode.of(b, M, out)
+        self._rows(MmaDecode.of(b, M, out), b, M, a_shape, a_stride)
+
+    def _rows(self, run, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple) -> None:
+        self.run = run
         self.M, self.N, self.K = M, *b.shape
         self.out_shape = (*a_shape[:-1], self.N)
         self.ldx = _row_stride(a_shape, a_stride)  # None: a is copied into rows first
@@ -823,8 +826,10 @@ class _MmaCall:
         if ldx is None or a.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
             a = a.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
             ldx = self.K
-        bias = _f32_bias(bias)
         y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
+        return self._into(a, ldx, _f32_bias(bias), y)
+
+    def _into(self, a: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return self.run.into(a, ldx, bias, y)
 
 
@@ -858,29 +863,17 @@ class _A8W8Call:
         return _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
 
 
-class _A8W8InCall:
+class _A8W8InCall(_MmaCall):
     """:func:`a8w8_linear`'s one-launch form (bf16 x quantized in the kernel, M <= 8) of one (packed weight,
-    shape and strides of x, out dtype): the same kernel, split and bits; x read in place where its rows
-    flatten to one stride, the output allocated in its final shape."""
+    shape and strides of x, out dtype): the same kernel, split and bits; x's rows handled as :class:`_MmaCall`
+    does."""
 
     def __init__(self, b: PackedWeight, M: int, x_shape: tuple, x_stride: tuple, out: torch.dtype):
         from .matmul_details._mma_a8w8 import A8W8
 
-        N, K = b.shape
-        self.run = A8W8(b.mma_q, b.mma_s, M, out, True, shape=(N, K))
-        self.M, self.K, self.out = M, K, out
-        self.out_shape = (*x_shape[:-1], N)
-        self.ldx = _row_stride(x_shape, x_stride)  # None: x is copied into rows first
-        self.device = b.device
+        self._rows(A8W8(b.mma_q, b.mma_s, M, out, True, shape=b.shape), b, M, x_shape, x_stride)
 
-    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        ldx = self.ldx
-        if ldx is None or x.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
-            x = x.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
-            ldx = self.K
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.to(torch.float32).contiguous()
-        y = torch.empty(self.out_shape, device=self.device, dtype=self.out)
+    def _into(self, x: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return self.run.into(x, ldx, None, 0, bias, y)
 
 

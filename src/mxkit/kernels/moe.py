@@ -82,7 +82,7 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     B = max_blocks(n, E, block_m)
     if 0 < n <= SMALL_PAIRS and E <= 256 and topk_ids.is_cuda:
         return _align_small(topk_ids, E, block_m, lo, B)
-    if n > SMALL_PAIRS and E <= 1024 and n < 2**30 and (topk_ids.is_cuda or _INTERPRET_ALIGN):
+    if n > SMALL_PAIRS and _experts_sort_takes(n, E) and (topk_ids.is_cuda or _INTERPRET_ALIGN):
         return _align_experts(topk_ids, E, block_m, lo, B)
     return _align_torch(topk_ids, E, block_m, lo, B)
 
@@ -110,6 +110,12 @@ def _align_torch(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) 
 
 
 _INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (under TRITON_INTERPRET=1)
+
+
+def _experts_sort_takes(n: int, E: int) -> bool:
+    """Whether :func:`_align_experts` takes n pairs over E experts (its histograms hold up to 1024 experts; int32
+    positions)."""
+    return E <= 1024 and n < 2**30
 
 
 def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0) -> tuple:
@@ -378,7 +384,7 @@ def _moe_wgmma(x, p1: WgmmaExperts, b1, p2: WgmmaExperts, b2, topk_weights, topk
     _, N1, H = p1.shape
     bm = wgmma_block_m(n / n_total_experts)
     B = max_blocks(n, E, bm)
-    if E <= 1024 and n < 2**30:  # the sort also gives each sorted row's token and each pair's sorted row
+    if _experts_sort_takes(n, E):  # the sort also gives each sorted row's token and each pair's sorted row
         ids, eids, pos, tok = _align_experts(topk_ids, E, bm, lo, B, top_k=k)
     else:
         ids, eids = align_device(topk_ids, E, bm, lo=lo)

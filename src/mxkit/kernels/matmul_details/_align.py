@@ -80,11 +80,11 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_p
         i = c * CHUNK + tl.arange(0, CHUNK)
         key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
         m = (i < n) & (key == e)
-        cs = tl.cumsum(m.to(tl.int32), axis=0)
-        tl.store(sorted_ptr + run + cs - 1, i, mask=m)
+        row = run + tl.cumsum(m.to(tl.int32), axis=0) - 1
+        tl.store(sorted_ptr + row, i, mask=m)
         if TOP_K > 0:
-            tl.store(pos_ptr + i, run + cs - 1, mask=m)
-            tl.store(tok_ptr + run + cs - 1, i // TOP_K, mask=m)
+            tl.store(pos_ptr + i, row, mask=m)
+            tl.store(tok_ptr + row, i // TOP_K, mask=m)
         run += tl.sum(m.to(tl.int32), axis=0)
     if g == 0:
         end = start + (mine + BLOCK_M - 1) // BLOCK_M * BLOCK_M

@@ -194,6 +194,14 @@ def _kernel():
         return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
 
     @gluon.jit
+    def _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES):
+        # step t's x, weight bytes and scale bytes into slot sl, signalling ready[sl]
+        mbarrier.expect(ready.index(sl), NBYTES)
+        tma_load(x_desc, [off_m, t * 64], ready.index(sl), x_smem.index(sl))
+        tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
+        tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
+
+    @gluon.jit
     def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0,
               STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS):
         # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot
@@ -206,11 +214,7 @@ def _kernel():
         else:
             tn = t + STAGES - 1
             if tn < STEPS:
-                sl = tn % STAGES
-                mbarrier.expect(ready.index(sl), NBYTES)
-                tma_load(x_desc, [off_m, tn * 64], ready.index(sl), x_smem.index(sl))
-                tma_load(w_desc, [row0, tn * 32], ready.index(sl), w_smem.index(sl))
-                tma_load(s_desc, [tn, 2 * row0], ready.index(sl), s_smem.index(sl))
+                _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
         t1 = gl.minimum(t + 1, STEPS - 1)
         s1 = t1 % STAGES
         mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
@@ -243,10 +247,13 @@ def _kernel():
         for t in range(STEPS):
             sl = t % STAGES
             mbarrier.wait(empty.index(sl), ((t // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(sl), NBYTES)
-            tma_load(x_desc, [off_m, t * 64], ready.index(sl), x_smem.index(sl))
-            tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
-            tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
+            _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
+
+    @gluon.jit
+    def _pairs(t, BNc: gl.constexpr, BM: gl.constexpr):
+        # [BNc, BM] -> its rows 16 b + r (gate) and 16 b + 8 + r (up), [BNc / 16, 8, BM] each: one thread's
+        # registers (the accumulator layout's row 8 is a register bit)
+        return gl.split(gl.permute(gl.reshape(t, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
 
     @gluon.jit
     def _act(gate, up, ACT: gl.constexpr):
@@ -303,10 +310,7 @@ def _kernel():
         else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
             for s in gl.static_range(STAGES - 1):
                 if s < STEPS:
-                    mbarrier.expect(bars.index(s), NBYTES)
-                    tma_load(x_desc, [off_m, s * 64], bars.index(s), x_smem.index(s))
-                    tma_load(w_desc, [row0, s * 32], bars.index(s), w_smem.index(s))
-                    tma_load(s_desc, [s, 2 * row0], bars.index(s), s_smem.index(s))
+                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
             (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS,
                                NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS)
         for s in gl.static_range(STAGES):
@@ -320,10 +324,10 @@ def _kernel():
         if ACT != 0:
             # rows 16 b + r (gate) and 16 b + 8 + r (up) of the tile are one thread's registers: output column
             # 8 b + r of the pair (pack_wgmma_experts' row order)
-            gate, up = gl.split(gl.permute(gl.reshape(acc, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+            gate, up = _pairs(acc, BNc, BM)
             out = _act(gate, up, ACT)
-            n2, _ = gl.split(gl.permute(gl.reshape(n2, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
-            m2, _ = gl.split(gl.permute(gl.reshape(m2, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+            n2, _ = _pairs(n2, BNc, BM)
+            m2, _ = _pairs(m2, BNc, BM)
             col = (n2 // 16) * 8 + n2 % 8
         else:
             out = acc
@@ -389,7 +393,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     every value exact in bf16.
 
     Grouped (MoE experts; ``expert_ids`` given): (q, st) are E experts of N rows each, packed as one [E * N, K]
-    weight (:func:`pack_wgmma_experts`), x's rows are sorted in blocks of ``bm`` (:func:`block_m`'s values)
+    weight (:func:`pack_wgmma_experts`), x's rows are sorted in blocks of ``bm`` rows (32, 64, 128 or 256)
     and block b is multiplied by expert ``expert_ids[b]`` (int32; -1: skipped, its rows of y untouched);
     ``bias`` float32 [E * N] in the packed row order; ``activation`` ``"swiglu_gpt_oss"`` / ``"swiglu"`` (the
     experts packed with ``act_pairs``) makes y [M, N / 2] of the activation of each (gate, up) pair."""

@@ -100,7 +100,12 @@ def cast_transpose(
     """
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if backend == "auto" and x.is_cuda:
+        k = _cuda_kernels()
+        if k is not None:  # the eager fast path (quantize's, for the pair of axes)
+            return k.quantize_triton(x2, fmt, axis=(1, 0), block_size=block_size, scale_mode=scale_mode,
+                                     rounding=rounding)
     return quantize(
         x2, fmt, axis=(1, 0), block_size=block_size, scale_mode=scale_mode, rounding=rounding, backend=backend
     )

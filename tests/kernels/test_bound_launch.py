@@ -141,3 +141,23 @@ def test_gpu_bound_launch_is_captured_by_cuda_graphs(rng):
         graph.replay()
         torch.cuda.synchronize()
         assert_mx_equal(out, quantize_reference(new, "mxfp8"), what="graph replay")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp6_e2m3"])
+def test_gpu_cast_transpose_with_a_transposed_scale_binds_both_launches(fmt, rng):
+    """A cast-transpose whose column scale is written transposed and then moved into place (``scale_t``: the
+    default from 2^26 elements, forced here on a small problem) binds its two launches together: repeated calls
+    with fresh data give the reference bytes through them."""
+    from mxkit.kernels import opt_flags
+
+    shape = (128, 384)
+    with opt_flags.override(quantize={"scale_t": True}):
+        for call in range(3):
+            x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+            rows, cols = mxkit.cast_transpose(x.to(DEV), fmt)
+            assert_mx_equal(rows, quantize_reference(x, fmt, axis=1), what=f"{fmt} rows, call {call}")
+            assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{fmt} cols, call {call}")
+        plans = [plan for (key, _), (_, plan) in kq._HOT.items() if key[0] == shape and isinstance(key[3], tuple)]
+        assert plans and plans[0].scale_t is not None, "the override did not give the transposed-scale plan"
+        assert any(isinstance(b, tuple) and len(b) == 2 for b in plans[0].bound.values()), plans[0].bound

@@ -131,6 +131,15 @@ class _Launcher:
             bound[key] = self.bind(grid, args, consts, num_warps) or False
 
 
+def bind_once_all(bound: dict, key: tuple, device: int, launches: tuple) -> None:
+    """:meth:`_Launcher.bind_once` for a call made of several launches, each ``(launcher, grid, args, consts,
+    num_warps)`` as it just ran (None: one that could not run): ``bound[key]`` = the tuple of their bound launches,
+    or False where any cannot be made."""
+    if key not in bound and _enabled and device >= 0 and device == torch.cuda.current_device():
+        made = tuple(entry[0].bind(*entry[1:]) if entry else None for entry in launches)
+        bound[key] = made if all(made) else False
+
+
 def bound_launch(bound: dict, key: tuple):
     """The launch :meth:`_Launcher.bind_once` stored under ``key`` (None / False: none), while direct launches
     are on."""

@@ -273,7 +273,13 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     key = (x.get_device(), p % 16 == 0, aligned)
     bound = _launch.bound_launch(plan.bound, key)
     if bound:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
-        bound.run(x, *[outs[i] for i, _ in plan.slots])
+        if plan.scale_t is None:
+            bound.run(x, *[outs[i] for i, _ in plan.slots])
+        else:  # the kernel writes the column scale transposed into a scratch buffer, then the byte transpose
+            main, transpose = bound
+            tmp = torch.empty(plan.scale_t[0], dtype=torch.uint8, device=dev)
+            main.run(x, *[outs[i] for i, _ in plan.slots[:-1]], tmp)
+            transpose.run(tmp, outs[plan.scale_t[1]])
         return tuple(outs)
     ptrs = [outs[i].view(torch.int32) if word else outs[i] for i, word in plan.slots]
     if plan.scale_t is not None:
@@ -283,21 +289,26 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     consts = plan.consts if aligned else plan.unaligned[1]
     args = (xv, *ptrs, *plan.ints)
     plan.launcher(plan.grid, args, consts, plan.num_warps)
-    if plan.scale_t is not None:
-        _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
-    else:
+    if plan.scale_t is None:
         plan.launcher.bind_once(plan.bound, key, key[0], plan.grid, args, consts, plan.num_warps)
+        return tuple(outs)
+    t_launch = _transpose_bytes(ptrs[-1], outs[si].view(rows, cols))
+    _launch.bind_once_all(plan.bound, key, key[0], ((plan.launcher, plan.grid, args, consts, plan.num_warps),
+                                                   (_TRANSPOSE, *t_launch) if t_launch else None))
     return tuple(outs)
 
 
-def _transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> None:
+def _transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> Optional[tuple]:
     """dst = src.T for 2-D uint8 tensors on the GPU (a tiled Triton transpose: torch's strided copy of a
-    transposed uint8 view took tens of microseconds for the 8 MB of scales of a 16384^2 problem)."""
+    transposed uint8 view took tens of microseconds for the 8 MB of scales of a 16384^2 problem). Returns the
+    launch's (grid, args, consts, num_warps), None when there was nothing to move."""
     M, N = src.shape
     if src.numel() == 0:
-        return
+        return None
     tiles_n = -(-N // 64)
-    _TRANSPOSE((-(-M // 64) * tiles_n,), (src, dst, M, N, tiles_n), (("BLOCK", 64),), 4)
+    launch = ((-(-M // 64) * tiles_n,), (src, dst, M, N, tiles_n), (("BLOCK", 64),), 4)
+    _TRANSPOSE(*launch)
+    return launch
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -278,20 +278,22 @@ def quantize_fold(
     return quantize_fold_reference(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
 
 
-def quantize_fp8_rowwise(x: torch.Tensor) -> Fp8Rowwise:
+def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwise:
     """FP8 E4M3 activations with one float32 scale per row (TensorRT-LLM's per-token FP8, the W4A8 ``a``):
-    scale = amax(|row|) / 448 (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest even.
+    scale = amax(|row|) / 448 (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest even; the rule
+    of :func:`mxkit.reference.quantize_fp8_rowwise_reference`, which CUDA tensors meet byte for byte in one
+    pass over x (:func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton`).
 
     x: (..., K) float32 | bfloat16 | float16. Returns :class:`mxkit.Fp8Rowwise` (data (..., K), scale (..., 1)).
-    A row holding NaN gets a NaN scale. Raises TypeError on other dtypes, ValueError on a 0-dim x.
+    A row holding NaN gets a NaN scale and NaN codes (0x7F). Raises TypeError on other dtypes, ValueError on a
+    0-dim x.
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., K)")
-    xf = x.to(torch.float32)
-    amax = xf.abs().amax(dim=-1, keepdim=True) if x.shape[-1] else torch.zeros(*x.shape[:-1], 1, device=x.device)
-    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    scale = torch.where(torch.isnan(amax), amax, scale)
-    data = (xf / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return Fp8Rowwise(data.contiguous(), scale.contiguous())
+    if _resolve_backend(backend, x.device) == "triton":
+        from .kernels.quantize import quantize_fp8_rowwise_triton
+
+        return Fp8Rowwise(*quantize_fp8_rowwise_triton(x))
+    return Fp8Rowwise(*reference.quantize_fp8_rowwise_reference(x))

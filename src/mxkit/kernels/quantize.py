@@ -41,7 +41,7 @@ from . import launch as _launch
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
 from .opt_flags_nvidia import resolve_dequantize, resolve_quantize
-from .quantize_details import _cast_transpose, _cols, _dequantize, _rows
+from .quantize_details import _cast_transpose, _cols, _dequantize, _fp8_rowwise, _rows
 from .quantize_details._common import element_spec
 
 __all__ = [
@@ -630,3 +630,40 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
     scale = q.plain_scale()
     return _dispatch(torch.ops.mxkit.dequantize_mx, _dequantize_impl,
                      q.qdata, scale, q.fmt.name, q.axis, list(q.shape), dtype)
+
+
+_FP8_ROWWISE = _Launcher(_fp8_rowwise, "_fp8_rowwise_kernel")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 E4M3 rowwise quantization of a CUDA tensor in one launch; byte-identical to
+    :func:`mxkit.reference.quantize_fp8_rowwise_reference` (its rule: scale = amax / 448 per row, IEEE division,
+    RNE, canonical NaN).
+
+    x: (..., K) float32 | bfloat16 | float16 (a non-contiguous x is copied first). Returns (data
+    float8_e4m3fn (..., K), scale float32 (..., 1)). Raises TypeError on other dtypes, ValueError for a 0-dim or
+    non-CUDA x."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _IN_VIEW:
+        raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., K)")
+    _check_device(x)
+    x = x.contiguous()
+    K = x.shape[-1]
+    R = x.numel() // K if K else math.prod(x.shape[:-1])
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(*x.shape[:-1], 1, dtype=torch.float32, device=x.device)
+    if R and not K:
+        scale.fill_(1.0)
+    elif R:
+        block_k = min(_next_pow2(K), 4096)
+        rows = max(1, min(2048 // block_k, _next_pow2(R)))
+        bf16 = x.dtype == torch.bfloat16
+        _FP8_ROWWISE((-(-R // rows),), (x.view(torch.int16) if bf16 else x, data.view(torch.uint8), scale, R, K),
+                     (("ROWS", rows), ("BLOCK_K", block_k), ("ONE_PASS", K <= block_k), ("BF16_BITS", bf16),
+                      ("HW_CVT", not _interpret())), 4)
+    return data, scale

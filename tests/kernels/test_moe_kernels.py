@@ -82,12 +82,11 @@ def _check_align_experts(device: str, g, cases) -> int:
         got_ids, got_eids = got_ids.cpu(), got_eids.cpu()
         assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids), (T, E, block_m)
         assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
-        # with the rows of the prefill path: each held pair's sorted row (-1: not held), each row's token
-        _, _, pos, tok = _align_experts(ids, hi - lo, block_m, lo, B, top_k=k)
+        # with the rows of the prefill path: each held pair's sorted row (-1: not held)
+        _, _, pos = _align_experts(ids, hi - lo, block_m, lo, B, top_k=k)
         want_pos = torch.full((T * k,), -1, dtype=torch.int32)
         want_pos[ref_ids[ref_ids < T * k].long()] = torch.nonzero(ref_ids < T * k).flatten().to(torch.int32)
         assert torch.equal(pos.cpu(), want_pos)
-        assert torch.equal(tok.cpu(), torch.where(got_ids < T * k, got_ids // k, 0).to(torch.int32))
     return len(cases)
 
 
@@ -313,11 +312,26 @@ def test_w16_kernels_compile_for_sm90(w_kind):
 
         from mxkit.kernels.matmul_details._align import _align_hist_kernel
 
-        aptrs.update(hist_ptr="*i32", pos_ptr="*i32", tok_ptr="*i32")
+        aptrs.update(hist_ptr="*i32", pos_ptr="*i32")
         for top_k in (0, 4):
             assert build(_align_hist_kernel, aptrs, dict(E_P2=128, CHUNK=1024, ROWS=top_k > 0)) > 0
             assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, HROWS=16, BLOCK_M=256,
                                                            TOP_K=top_k)) > 0
+        # the row passes around the grouped GEMMs (gather, W4A8 middle pass) and the FP8 rowwise quantization
+        from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_fp8_kernel, _gather_rows_kernel
+        from mxkit.kernels.quantize_details._fp8_rowwise import _fp8_rowwise_kernel
+
+        rptrs = {"src_ptr": "*i32", "ids_ptr": "*i32", "dst_ptr": "*i32", "ssrc_ptr": "*fp32", "sdst_ptr": "*fp32"}
+        assert build(_gather_rows_kernel, rptrs, dict(TOP_K=4, ROWS=4, BLOCK_W=256, HAS_SCALE=True)) > 0
+        bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*fp8e4nv",
+                 "s_ptr": "*fp32"}
+        for act in (1, 2):
+            assert build(_bias_act_fp8_kernel, bptrs, dict(ACT=act, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=512)) > 0
+        for x_ty, bf16 in (("*i16", True), ("*fp32", False), ("*fp16", False)):
+            fptrs = {"x_ptr": x_ty, "q_ptr": "*u8", "s_ptr": "*fp32"}
+            for one_pass in (True, False):
+                assert build(_fp8_rowwise_kernel, fptrs, dict(ROWS=1, BLOCK_K=4096, ONE_PASS=one_pass, BF16_BITS=bf16,
+                                                              HW_CVT=True), 8) > 0
     dptrs = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
     assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
 

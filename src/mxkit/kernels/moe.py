@@ -119,7 +119,8 @@ def _experts_sort_takes(n: int, E: int) -> bool:
 
 
 def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0) -> tuple:
-    """:func:`._align._align_expert_kernel`: (sorted_ids, expert_ids), plus (pos, tok) when ``top_k`` > 0."""
+    """:func:`._align._align_expert_kernel`: (sorted_ids, expert_ids), plus pos (each pair's sorted row) when
+    ``top_k`` > 0."""
     import triton
 
     from .matmul_details._align import _align_expert_kernel, _align_hist_kernel
@@ -134,12 +135,11 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
     pos = torch.empty(n if top_k else 0, dtype=torch.int32, device=ids.device)
-    tok = torch.empty(B * block_m if top_k else 0, dtype=torch.int32, device=ids.device)
     _align_hist_kernel[(n_chunks,)](ids, hist, pos, n, lo, E, E_P2=e_p2, CHUNK=chunk, ROWS=top_k > 0, num_warps=4)
-    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, pos, tok, n, lo, E, B, n_chunks,
+    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, pos, n, lo, E, B, n_chunks,
                                                      E_P2=e_p2, CHUNK=chunk, GROUP=group, HROWS=max(1, 2048 // e_p2),
                                                      BLOCK_M=block_m, TOP_K=top_k, num_warps=4)
-    return (sorted_ids, eids, pos, tok) if top_k else (sorted_ids, eids)
+    return (sorted_ids, eids, pos) if top_k else (sorted_ids, eids)
 
 
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,6 +358,40 @@ def _sorted_rows(ids: torch.Tensor, n: int) -> torch.Tensor:
     return pos[:n]
 
 
+def _align_rows(topk_ids: torch.Tensor, E: int, bm: int, lo: int, B: int) -> tuple:
+    """:func:`align_device`'s (sorted_ids, expert_ids) and each pair's sorted row (-1: not held here), from one
+    sort where its kernels take the problem."""
+    if _experts_sort_takes(topk_ids.numel(), E):
+        return _align_experts(topk_ids, E, bm, lo, B, top_k=topk_ids.shape[1])
+    ids, eids = align_device(topk_ids, E, bm, lo=lo)
+    return ids, eids, _sorted_rows(ids, topk_ids.numel())
+
+
+def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: Optional[torch.Tensor] = None):
+    """The token rows of x (T, H) in the sorted order of :func:`align_device`'s ``ids`` (R,): row r is
+    x[ids[r] // top_k] where ids[r] < n; padding rows are left unwritten (the grouped GEMMs compute them and
+    nothing reads them). One Triton kernel. With ``scale`` (T,) float32 (the FP8 rowwise scales) also returns
+    their (R,) gather, 0 on padding rows. Returns xs (R, H) [, scales (R,)]."""
+    import triton
+
+    from .matmul_details._moe_epilogue import _gather_rows_kernel
+
+    R, (T, H) = ids.numel(), x.shape
+    xs = torch.empty(R, H, dtype=x.dtype, device=x.device)
+    ss = torch.empty(R if scale is not None else 0, dtype=torch.float32, device=x.device)
+    row_bytes = H * x.element_size()
+    word = next(w for w in (torch.int32, torch.int16, torch.uint8) if row_bytes % torch.empty(0, dtype=w).element_size() == 0)
+    W = row_bytes // torch.empty(0, dtype=word).element_size()
+    if R and W:
+        block_w = min(256, triton.next_power_of_2(W))
+        rows = max(1, 1024 // block_w)
+        x_, ss_src = x.contiguous(), scale.reshape(-1).contiguous() if scale is not None else ss
+        _gather_rows_kernel[(triton.cdiv(R, rows),)](
+            x_.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word), ss_src, ss, n, R, W,
+            TOP_K=top_k, ROWS=rows, BLOCK_W=block_w, HAS_SCALE=scale is not None, num_warps=4)
+    return (xs, ss) if scale is not None else xs
+
+
 def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Tensor, pos: torch.Tensor,
              experts: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """:func:`._moe_epilogue._combine_kernel`: out (T, H) from the sorted rows y (R, H)."""
@@ -384,13 +418,8 @@ def _moe_wgmma(x, p1: WgmmaExperts, b1, p2: WgmmaExperts, b2, topk_weights, topk
     _, N1, H = p1.shape
     bm = wgmma_block_m(n / n_total_experts)
     B = max_blocks(n, E, bm)
-    if _experts_sort_takes(n, E):  # the sort also gives each sorted row's token and each pair's sorted row
-        ids, eids, pos, tok = _align_experts(topk_ids, E, bm, lo, B, top_k=k)
-    else:
-        ids, eids = align_device(topk_ids, E, bm, lo=lo)
-        pos, tok = _sorted_rows(ids, n), torch.where(ids < n, ids // k, 0)
-    # the gather: rows in sorted order (padding rows read token 0; their results are never read)
-    xs = x.index_select(0, tok)
+    ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
+    xs = gather_rows(x, ids, n, k)
     if b1 is not None:
         b1 = _packed_bias(b1, N1, activation)
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
@@ -558,12 +587,9 @@ def moe_w4a8_triton(
     E, N1, _ = w_gate_up.data.shape
     I = N1 // 2  # noqa: E741 (GPT-OSS's name)
     n = T * k
-    ids, eids = align_device(topk_ids, E, bm)
+    ids, eids, pos = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm))
     R = ids.numel()
-    valid = ids < n
-    tok = torch.where(valid, ids // k, 0).long()
-    xa = xq.data.view(torch.uint8)[tok].view(torch.float8_e4m3fn)
-    sa = torch.where(valid, xq.scale.reshape(-1)[tok], 0.0).contiguous()
+    xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
     # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
     block_e = torch.where(eids < 0, E, eids)
     offs = (torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True)
@@ -578,10 +604,10 @@ def moe_w4a8_triton(
     if R:
         _bias_act_fp8_kernel[(R,)](h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1,
                                    ACT=ACTS[activation], HAS_BIAS=b1 is not None, BLOCK_M=bm,
-                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=4)
+                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=8)
     y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
-    out = _combine(y, b_down, topk_weights, _sorted_rows(ids, n), topk_ids, out_dtype)
+    out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
     if stages is not None:
         stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
     return out

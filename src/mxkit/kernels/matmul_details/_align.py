@@ -52,7 +52,7 @@ def _align_hist_kernel(ids_ptr, hist_ptr, pos_ptr, n, lo, E, E_P2: tl.constexpr,
 
 
 @triton.jit
-def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_ptr, n, lo, E, n_blocks, n_chunks,
+def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, n, lo, E, n_blocks, n_chunks,
                          E_P2: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, HROWS: tl.constexpr,
                          BLOCK_M: tl.constexpr, TOP_K: tl.constexpr):
     """The same result as :func:`_align_small_kernel` for any n, from the chunk histograms of
@@ -60,8 +60,7 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_p
     at its group's start (the padded groups of experts < e) plus its pairs in earlier chunks, in order (a
     running cumulative sum: stable); program (e, 0) also writes its group's padding sentinels and the expert id
     of its blocks, program (E - 1, 0) the unused blocks (sentinels, expert -1). With TOP_K > 0 also pos[i] =
-    the sorted row of held pair i and tok[p] = the token (i // TOP_K) of sorted row p, 0 on padding rows (for
-    the gather and the combine of :func:`mxkit.kernels.moe.moe_triton`'s prefill path)."""
+    the sorted row of held pair i (for the combine of :func:`mxkit.kernels.moe.moe_triton`'s prefill path)."""
     e = tl.program_id(0)
     g = tl.program_id(1)
     bins = tl.arange(0, E_P2)
@@ -84,14 +83,11 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_p
         tl.store(sorted_ptr + row, i, mask=m)
         if TOP_K > 0:
             tl.store(pos_ptr + i, row, mask=m)
-            tl.store(tok_ptr + row, i // TOP_K, mask=m)
         run += tl.sum(m.to(tl.int32), axis=0)
     if g == 0:
         end = start + (mine + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         pad = start + mine + tl.arange(0, BLOCK_M)
         tl.store(sorted_ptr + pad, n, mask=pad < end)
-        if TOP_K > 0:
-            tl.store(tok_ptr + pad, 0, mask=pad < end)
         for b0 in range(start // BLOCK_M, end // BLOCK_M, CHUNK):
             b = b0 + tl.arange(0, CHUNK)
             tl.store(eids_ptr + b, e, mask=b < end // BLOCK_M)
@@ -100,8 +96,6 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, tok_p
             for p0 in range(used, n_blocks * BLOCK_M, CHUNK):
                 p = p0 + tl.arange(0, CHUNK)
                 tl.store(sorted_ptr + p, n, mask=p < n_blocks * BLOCK_M)
-                if TOP_K > 0:
-                    tl.store(tok_ptr + p, 0, mask=p < n_blocks * BLOCK_M)
             for b0 in range(used // BLOCK_M, n_blocks, CHUNK):
                 b = b0 + tl.arange(0, CHUNK)
                 tl.store(eids_ptr + b, -1, mask=b < n_blocks)

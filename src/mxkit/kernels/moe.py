@@ -604,7 +604,7 @@ def moe_w4a8_triton(
     if R:
         _bias_act_fp8_kernel[(R,)](h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1,
                                    ACT=ACTS[activation], HAS_BIAS=b1 is not None, BLOCK_M=bm,
-                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=8)
+                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=4)
     y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)

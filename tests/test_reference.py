@@ -523,3 +523,34 @@ def test_quantize_near_fp32_max_rounds_above_fp32_range():
         d = dequantize_reference(quantize_reference(x, fmt, scale_mode="floor"))
         assert torch.isfinite(d).all(), fmt
     assert torch.isinf(dequantize_reference(quantize_reference(x, "mxfp4", scale_mode="rceil"))[0, 0])
+
+
+def test_round_from_float64_rounds_once(rng):
+    """float64 -> bf16 / fp16 rounded once: torch's conversion goes through float32 and double-rounds values just
+    off a tie (7.046874977... becomes the tie 7.046875 in float32, then 7.0625; once-rounded it is 7.03125);
+    checked against an exact rounding of fresh random values, ties and near-ties, and specials."""
+    from mxkit.reference import round_from_float64
+
+    assert float(round_from_float64(torch.tensor([7.046874977773901], dtype=torch.float64), torch.bfloat16)) == 7.03125
+    assert float(torch.tensor([7.046874977773901], dtype=torch.float64).to(torch.bfloat16)) == 7.0625  # (torch's)
+    for dtype, mant in ((torch.bfloat16, 7), (torch.float16, 10)):
+        grid = torch.randn(4000, generator=rng, dtype=torch.float64).to(dtype).to(torch.float64)
+        nxt = torch.nextafter(grid.to(dtype), torch.full_like(grid.to(dtype), float("inf"))).to(torch.float64)
+        ties = (grid + nxt) / 2
+        x = torch.cat([torch.randn(20000, generator=rng, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (20000,), generator=rng),
+                       ties, ties * (1 + 2.0**-40), ties * (1 - 2.0**-40), ties * (1 + 2.0**-30),
+                       torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-300, -1e-300, 1e300], dtype=torch.float64)])
+        got = round_from_float64(x, dtype).to(torch.float64)
+        # exact RNE to `dtype`: the two neighbours on its grid, nearest wins, ties to the even mantissa
+        lo = x.to(dtype).to(torch.float64)
+        up = torch.nextafter(x.to(dtype), torch.full_like(x.to(dtype), float("inf"))).to(torch.float64)
+        dn = torch.nextafter(x.to(dtype), torch.full_like(x.to(dtype), -float("inf"))).to(torch.float64)
+        cand = torch.stack([dn, lo, up])
+        d = (cand - x).abs()
+        best = d.min(0).values
+        fin = torch.isfinite(x) & torch.isfinite(got) & (x.abs() < 6e4 if dtype == torch.float16 else torch.isfinite(x))
+        assert ((got - x).abs()[fin] <= best[fin]).all(), dtype
+        tie = fin & ((d == best).sum(0) > 1)
+        even = (got.to(dtype).view(torch.int16) & 1) == 0
+        assert even[tie].all(), dtype
+        assert torch.equal(got[~torch.isfinite(x)], x.to(dtype).to(torch.float64)[~torch.isfinite(x)])

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .reference import dequantize_reference
+from .reference import dequantize_reference, round_from_float64
 from .tensor import MXTensor, check_out_dtype
 
 __all__ = [
@@ -480,10 +480,10 @@ def moe_reference(
     h = grouped_matmul_reference(x, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_gate_up)
     act = ACTIVATIONS[activation](h)
     if intermediate_dtype is not None:
-        act = act.to(intermediate_dtype).to(torch.float64)
+        act = round_from_float64(act, intermediate_dtype).to(torch.float64)
     y = grouped_matmul_reference(act, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_down, gather=False,
                                  num_tokens=T)
-    return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
+    return round_from_float64(combine_reference(y, sorted_ids, topk_weights), out_dtype)
 
 
 def _fp8_rowwise_values(v: torch.Tensor) -> torch.Tensor:
@@ -541,5 +541,5 @@ def moe_w4a8_reference(
     y = grouped_matmul_reference(v8, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
                                  num_tokens=T).to(torch.bfloat16).to(torch.float64)
     y = y + row_bias(b_down)
-    return combine_reference(y, sorted_ids, topk_weights).to(out_dtype)
+    return round_from_float64(combine_reference(y, sorted_ids, topk_weights), out_dtype)
 

@@ -150,6 +150,23 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     return out.to(dtype).movedim(-1, q.axis)
 
 
+def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``x`` rounded ONCE to ``dtype`` (round to nearest even), as the reference results are specified.
+    torch's float64 -> bfloat16 / float16 conversion goes through float32 and so rounds twice (a value just
+    below a bf16 tie becomes the tie in float32, then goes to even); here the float32 step rounds to odd
+    (truncate, then set the last bit where inexact), which keeps the final rounding exact for any format at
+    least two bits narrower than float32. Other dtypes: a plain ``.to``."""
+    if dtype not in (torch.bfloat16, torch.float16) or x.dtype != torch.float64:
+        return x.to(dtype)
+    r = x.to(torch.float32)
+    # r rounded to nearest: step it toward zero where it rounded away from it (finite values only)
+    away = torch.isfinite(r) & (r.to(torch.float64).abs() > x.abs())
+    bits = r.view(torch.int32) - away.to(torch.int32)  # |r| one float32 ulp smaller (same sign)
+    inexact = torch.isfinite(r) & (bits.view(torch.float32).to(torch.float64) != x)
+    odd = (bits | inexact.to(torch.int32)).view(torch.float32)
+    return odd.to(dtype)
+
+
 def matmul_reference(
     a: Union[torch.Tensor, MXTensor],
     b: MXTensor,

@@ -89,22 +89,32 @@ class _Launcher:
     def _spec(a):
         if isinstance(a, torch.Tensor):
             return (a.dtype, a.data_ptr() % 16 == 0)
-        return (a == 1, a % 16 == 0, _INT32_MIN <= a <= _INT32_MAX)
+        if isinstance(a, int):
+            return (a == 1, a % 16 == 0, _INT32_MIN <= a <= _INT32_MAX)
+        # a host TensorDescriptor (Gluon / TMA): its type is the base's dtype, block shape and shared layout; the
+        # strides' and base's 16-byte alignment are kept in the key too (conservative: a miss only recompiles)
+        return ("desc", a.base.dtype, tuple(a.block_shape), a.layout, a.base.data_ptr() % 16 == 0,
+                tuple(st % 16 == 0 for st in a.strides))
 
-    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int) -> None:
-        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are)."""
+    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None) -> None:
+        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are);
+        consts_key: a hashable stand-in that determines them, keyed instead (constexprs slow to hash: Gluon
+        layouts, ~70 us a call with Triton 3.6)."""
         fn = getattr(self.module, self.name)
         if not (_enabled and isinstance(fn, triton.runtime.JITFunction) and direct_launch_supported()):
             fn[grid](*args, **dict(consts), num_warps=num_warps)  # (the interpreter: not a JITFunction)
             return
         _, ok, names, defaults = self._meta(fn)
-        key = (tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device())
+        key = (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
+               torch.cuda.current_device())
         hit = self.cache.get(key) if ok else None
         if hit is None:
             given = dict(consts)
             k = fn[grid](*args, **given, num_warps=num_warps)
             if ok and hasattr(k, "function") and hasattr(k, "__getitem__"):
-                self.cache[key] = (k, tuple(given.get(n, defaults[n]) for n in names))
+                # (a kernel that declares num_warps as a constexpr gets the launch option's value, as Triton binds it)
+                self.cache[key] = (k, tuple(num_warps if n == "num_warps" else given.get(n, defaults[n])
+                                            for n in names))
             return
         k, full_consts = hit
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)

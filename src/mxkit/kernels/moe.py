@@ -30,7 +30,16 @@ import torch
 
 from ..moe_reference import check_moe_args, moe_reference
 from ..tensor import MXTensor
+from .launch import _Launcher
 from .matmul import W_KINDS, _scale_extrema, exact_scale_range
+from .matmul_details import _align, _moe_epilogue
+
+# direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
+_ALIGN_HIST = _Launcher(_align, "_align_hist_kernel")
+_ALIGN_EXPERT = _Launcher(_align, "_align_expert_kernel")
+_GATHER = _Launcher(_moe_epilogue, "_gather_rows_kernel")
+_COMBINE = _Launcher(_moe_epilogue, "_combine_kernel")
+_WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
            "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m"]
@@ -123,8 +132,6 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     ``top_k`` > 0."""
     import triton
 
-    from .matmul_details._align import _align_expert_kernel, _align_hist_kernel
-
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         ids = ids.to(torch.int32).contiguous()
@@ -135,10 +142,10 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
     pos = torch.empty(n if top_k else 0, dtype=torch.int32, device=ids.device)
-    _align_hist_kernel[(n_chunks,)](ids, hist, pos, n, lo, E, E_P2=e_p2, CHUNK=chunk, ROWS=top_k > 0, num_warps=4)
-    _align_expert_kernel[(E, -(-n_chunks // group))](ids, hist, sorted_ids, eids, pos, n, lo, E, B, n_chunks,
-                                                     E_P2=e_p2, CHUNK=chunk, GROUP=group, HROWS=max(1, 2048 // e_p2),
-                                                     BLOCK_M=block_m, TOP_K=top_k, num_warps=4)
+    _ALIGN_HIST((n_chunks,), (ids, hist, pos, n, lo, E), (("E_P2", e_p2), ("CHUNK", chunk), ("ROWS", top_k > 0)), 4)
+    _ALIGN_EXPERT((E, -(-n_chunks // group)), (ids, hist, sorted_ids, eids, pos, n, lo, E, B, n_chunks),
+                  (("E_P2", e_p2), ("CHUNK", chunk), ("GROUP", group), ("HROWS", max(1, 2048 // e_p2)),
+                   ("BLOCK_M", block_m), ("TOP_K", top_k)), 4)
     return (sorted_ids, eids, pos) if top_k else (sorted_ids, eids)
 
 
@@ -372,40 +379,35 @@ def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: O
     x[ids[r] // top_k] where ids[r] < n; padding rows are left unwritten (the grouped GEMMs compute them and
     nothing reads them). One Triton kernel. With ``scale`` (T,) float32 (the FP8 rowwise scales) also returns
     their (R,) gather, 0 on padding rows. Returns xs (R, H) [, scales (R,)]."""
-    import triton
-
-    from .matmul_details._moe_epilogue import _gather_rows_kernel
-
     R, (T, H) = ids.numel(), x.shape
     xs = torch.empty(R, H, dtype=x.dtype, device=x.device)
-    ss = torch.empty(R if scale is not None else 0, dtype=torch.float32, device=x.device)
+    ss = torch.empty(R, dtype=torch.float32, device=x.device) if scale is not None else None
     row_bytes = H * x.element_size()
-    word = next(w for w in (torch.int32, torch.int16, torch.uint8) if row_bytes % torch.empty(0, dtype=w).element_size() == 0)
-    W = row_bytes // torch.empty(0, dtype=word).element_size()
+    word, size = next((w, b) for w, b in _WORDS if row_bytes % b == 0)
+    W = row_bytes // size
     if R and W:
-        block_w = min(256, triton.next_power_of_2(W))
+        block_w = min(256, 1 << max(0, W - 1).bit_length())
         rows = max(1, 1024 // block_w)
-        x_, ss_src = x.contiguous(), scale.reshape(-1).contiguous() if scale is not None else ss
-        _gather_rows_kernel[(triton.cdiv(R, rows),)](
-            x_.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word), ss_src, ss, n, R, W,
-            TOP_K=top_k, ROWS=rows, BLOCK_W=block_w, HAS_SCALE=scale is not None, num_warps=4)
+        x = x if x.is_contiguous() else x.contiguous()
+        ss_src = scale.reshape(-1) if scale is not None else None
+        _GATHER((-(-R // rows),), (x.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word),
+                                   ss_src if ss_src is not None else xs, ss if ss is not None else xs, n, R, W),
+                (("TOP_K", top_k), ("ROWS", rows), ("BLOCK_W", block_w), ("HAS_SCALE", scale is not None)), 4)
     return (xs, ss) if scale is not None else xs
 
 
 def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Tensor, pos: torch.Tensor,
              experts: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """:func:`._moe_epilogue._combine_kernel`: out (T, H) from the sorted rows y (R, H)."""
-    import triton
-
-    from .matmul_details._moe_epilogue import _combine_kernel
-
     T, k = topk_weights.shape
     H = y.shape[1]
     out = torch.empty(T, H, dtype=out_dtype, device=y.device)
     if T:
-        _combine_kernel[(T, triton.cdiv(H, 1024))](
-            y, y if b is None else b.contiguous(), topk_weights.to(torch.float32).contiguous(), pos,
-            experts.to(torch.int32).contiguous(), out, H, TOP_K=k, HAS_BIAS=b is not None, BLOCK_H=1024)
+        rw = topk_weights if topk_weights.dtype == torch.float32 and topk_weights.is_contiguous() else \
+            topk_weights.to(torch.float32).contiguous()
+        e = experts if experts.dtype == torch.int32 and experts.is_contiguous() else experts.to(torch.int32).contiguous()
+        _COMBINE((T, -(-H // 1024)), (y, y if b is None else b.contiguous(), rw, pos, e, out, H),
+                 (("TOP_K", k), ("HAS_BIAS", b is not None), ("BLOCK_H", 1024)), 4)
     return out
 
 
@@ -486,10 +488,10 @@ def moe_triton(
     lo = expert_range[0] if expert_range is not None else 0
     if x.stride(-1) != 1:
         x = x.contiguous()
-    rw = topk_weights.reshape(-1).to(torch.float32)
     if packed is not None and _wgmma_takes(packed, n, activation, x):
         return _moe_wgmma(x, packed[0], b_gate_up, packed[1], b_down, topk_weights, topk_ids, E, lo,
                           num_experts or E, activation, out_dtype)
+    rw = topk_weights.reshape(-1).to(torch.float32)
     if packed is not None and isinstance(packed[0], MmaExperts) and _mma_takes(packed, n, activation, x):
         y = _moe_mma(x, packed[0], b_gate_up, packed[1], b_down, rw, topk_ids, E, lo, T, k, I, H, activation,
                      expert_range)

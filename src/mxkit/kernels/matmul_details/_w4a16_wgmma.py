@@ -125,8 +125,14 @@ def available(device: torch.device) -> Optional[str]:
         return "not a CUDA device"
     if os.environ.get("MXKIT_W4A16_WGMMA", "1") == "0":
         return "MXKIT_W4A16_WGMMA=0"
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return f"wgmma needs sm_90, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    return _available_on(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _available_on(index: int) -> Optional[str]:
+    cc = torch.cuda.get_device_capability(index)
+    if cc != (9, 0):
+        return f"wgmma needs sm_90, this GPU is sm_{''.join(map(str, cc))}"
     g = _gluon()
     return g if isinstance(g, str) else None
 
@@ -368,6 +374,14 @@ def _layouts(BM: int):
     return b2, s2, bl, l3, acc, dot
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_layouts(BM: int):
+    """The shared layouts of the TMA descriptors: x's tile [BM, 64] (bf16, swizzled for wgmma) and the byte tiles."""
+    gl = _gluon()[1]
+    return (gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16),
+            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
+
+
 def _ws(bm: int) -> bool:
     """The warp-specialized schedule (a one-warp TMA producer) for blocks of >= 128 tokens; below, a step is too
     short for the producer round trip and the single-partition loop is faster (H100 / H200, MoE at 256 tokens:
@@ -408,17 +422,31 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
         y = torch.empty(M, n_out, dtype=out, device=x.device)
     bm = bm or block_m(M)
     b2, s2, bl, l3, acc, dot = _layouts(bm)
-    x_desc = TensorDescriptor.from_tensor(x, [bm, 64], gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16))
-    u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    x_smem, u8 = _smem_layouts(bm)
+    x_desc = TensorDescriptor.from_tensor(x, [bm, 64], x_smem)
     w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
     s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid_m = expert_ids.numel() if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN),)
-    _kernel()[grid](x_desc, w_desc, s_desc, y, bias if bias is not None else y,
-                    expert_ids if grouped else y, M, N, steps, y.stride(0),
-                    BN, bm, STAGES, GROUP_M, b2, s2, bl, l3, acc, dot, bool(one_mul), bias is not None,
-                    grouped, ACTS[activation], _ws(bm), num_warps=WARPS)
+    consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
+              ("L3", l3), ("ACC", acc), ("DOT", dot), ("ONE_MUL", bool(one_mul)), ("HAS_BIAS", bias is not None),
+              ("GROUPED", grouped), ("ACT", ACTS[activation]), ("WS", _ws(bm)))
+    # (the layouts are made once per bm: the key names them by bm)
+    _launcher()(grid, (x_desc, w_desc, s_desc, y, bias if bias is not None else y, expert_ids if grouped else y,
+                       M, N, steps, y.stride(0)), consts, WARPS,
+                consts_key=(bm, bool(one_mul), bias is not None, grouped, activation, _ws(bm)))
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher():
+    """The kernel's direct launch (:class:`mxkit.kernels.launch._Launcher`: Gluon's own launcher took ~100 us of
+    host time a call, hashing the layout constexprs)."""
+    import types
+
+    from ..launch import _Launcher
+
+    return _Launcher(types.SimpleNamespace(w4a16_wgmma_kernel=_kernel()), "w4a16_wgmma_kernel")
 
 
 def packed_of(b: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, bool]:

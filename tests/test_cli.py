@@ -303,8 +303,8 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
-    """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma
-    and a8w8-mma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8 envelope."""
+    """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma,
+    a8w8-mma and w4a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8 envelope."""
     from mxkit import tune
     from mxkit.kernels.matmul import gemm_table_override
 
@@ -315,6 +315,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
     for key in ("decode_w4a16", "decode_mma", "a8w8_mma"):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
+    assert entry["w4a16_wgmma"]["max_m"] in (0,) + tune.WGMMA_MS and entry["w4a16_wgmma"]["min_nk"] >= 0
     m = entry["a8w8_mma"]["max_m"]
     assert m >= 1, "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
     w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")
@@ -323,3 +324,24 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
         if m < 64:
             a = mxkit.quantize(torch.randn(2 * m, 8192, device="cuda"), "mxfp8")
             assert mxkit.gemm_plan(a, w).path != "a8w8-mma"
+
+
+def test_wgmma_envelope_choice():
+    """`mxkit tune gemm`'s W4A16 prefill envelope from measured wins: (max_m, min_nk) won by every shape at least
+    as large as min_nk at every M <= max_m, covering the most (shape, M) points; small shapes that lose do not cap
+    the large ones, and one huge shape that wins further does not shrink the set to itself."""
+    from mxkit.tune import WGMMA_MS, wgmma_envelope
+
+    big, mid, small = (8192, 8192), (28672, 8192), (5120, 2880)
+    wins = {}
+    for M in WGMMA_MS:
+        wins[(*big, M)] = M <= 1024
+        wins[(*mid, M)] = M <= 2048
+        wins[(*small, M)] = False
+    assert wgmma_envelope(wins) == {"max_m": 1024, "min_nk": 8192 * 8192}
+    wins.update({(*small, M): M <= 256 for M in WGMMA_MS})
+    assert wgmma_envelope(wins) == {"max_m": 1024, "min_nk": 8192 * 8192}  # 2 x 4 points beat 3 x 2 and 1 x 5
+    wins.update({(*big, M): M <= 128 for M in WGMMA_MS})
+    assert wgmma_envelope(wins) == {"max_m": 2048, "min_nk": 28672 * 8192}
+    assert wgmma_envelope({(*small, M): False for M in WGMMA_MS}) == {"max_m": 0, "min_nk": 0}
+    assert wgmma_envelope({(*big, 128): True, (*big, 256): False}) == {"max_m": 128, "min_nk": 8192 * 8192}

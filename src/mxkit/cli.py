@@ -306,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain text table (no rich)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("tune", help="re-measure a dispatch table on this GPU (gemm: the decode kernel's schedule "
-                                    "and envelope)")
+    p = sub.add_parser("tune", help="re-measure a dispatch table on this GPU (gemm: the decode kernels' schedule "
+                                    "and envelopes, the W4A16 prefill kernel's envelope)")
     p.add_argument("what", choices=["gemm"], help="which table")
     p.add_argument("--shapes", default=None,
                    help="comma-separated NxK weight shapes (default: 8192x8192,28672x8192,5120x2880,2880x4096)")

@@ -7,7 +7,9 @@ decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ...,
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
 tensor-core decode kernel on packed MXFP4 weights, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path it replaces (both operands dequantized, cuBLAS); 0 where a kernel
-cannot run. The result is written as a table of the
+cannot run. For the Hopper W4A16 prefill kernel (``w4a16_wgmma``) it times the kernel against dequantize +
+cuBLAS at M = 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
+N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
 """
@@ -78,6 +80,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                        for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
     entry["a8w8_mma"] = {"max_m": _tune_a8w8(shapes, g, rep_ms, log)}
+    entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
     table = {name: entry}
@@ -123,6 +126,53 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             return lambda a: run(a.qdata, a.plain_scale(), None)
         runs[(N, K)] = (w, make)
     return _kernel_envelope("a8w8-mma", why, runs, g, rep_ms, log, act="mxfp8")
+
+
+WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
+    """The ``w4a16_wgmma`` envelope: for each candidate ``min_nk`` (the N * K of a shape), the largest M of
+    :data:`WGMMA_MS` up to which the kernel beats dequantize + cuBLAS at every M on every shape of N * K >=
+    min_nk; kept: the candidate whose envelope covers the most (shape, M) points, then the widest M.
+    ``{"max_m": 0, ...}`` where it cannot run or never wins."""
+    from .kernels import matmul as mm
+    from .kernels.matmul_details import _w4a16_wgmma as wg
+
+    dev = torch.device("cuda")
+    why = wg.available(dev)
+    shapes = [s for s in weights if wg.shape_ok(*s)]
+    if why is not None or not shapes:
+        log(f"w4a16-wgmma cannot run here: {why or 'no shape fits it'}")
+        return {"max_m": 0, "min_nk": 0}
+    wins = {}
+    for (N, K) in shapes:
+        w = weights[(N, K)]
+        q, st, one_mul = wg.packed_of(mm.pack_weight(w))
+        for M in WGMMA_MS:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+            t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul), rep_ms)
+            t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
+            log(f"M={M} N={N} K={K}: w4a16-wgmma {t_run:.1f} us, dense {t_dense:.1f} us")
+            wins[(N, K, M)] = t_run < t_dense
+    return wgmma_envelope(wins)
+
+
+def wgmma_envelope(wins: dict) -> dict:
+    """:func:`_tune_wgmma`'s choice from ``wins[(N, K, M)]`` (the kernel beat the dense path): ``{"max_m", "min_nk"}``."""
+    shapes = sorted({(N, K) for N, K, _ in wins}, key=lambda s: s[0] * s[1])
+    best, best_key = {"max_m": 0, "min_nk": 0}, (0, 0)
+    for cand in sorted({N * K for N, K in shapes}):
+        big = [s for s in shapes if s[0] * s[1] >= cand]
+        max_m = 0
+        for M in WGMMA_MS:
+            if not all(wins.get((N, K, M), False) for N, K in big):
+                break
+            max_m = M
+        area = len(big) * sum(1 for M in WGMMA_MS if M <= max_m)
+        if max_m and (area, max_m) > best_key:
+            best, best_key = {"max_m": max_m, "min_nk": cand}, (area, max_m)
+    return best
 
 
 def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,

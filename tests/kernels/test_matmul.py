@@ -432,7 +432,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws):
 @pytest.mark.gpu
 @gpu
 def test_gpu_w4a16_wgmma_envelope():
-    """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 1024 (H100), dense-exact
+    """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 2048 (H100), dense-exact
     past it and on small layers."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
@@ -440,7 +440,7 @@ def test_gpu_w4a16_wgmma_envelope():
         pytest.skip(wg.available(torch.device("cuda")))
     big = mxkit.pack_weight(mxkit.quantize(torch.randn(8192, 8192, device="cuda") / 8, "mxfp4"))
     small = mxkit.pack_weight(mxkit.quantize(torch.randn(5120, 2880, device="cuda") / 8, "mxfp4"))
-    for M, w, path in ((128, big, "w4a16-wgmma"), (1024, big, "w4a16-wgmma"), (4096, big, "dense-exact"),
+    for M, w, path in ((128, big, "w4a16-wgmma"), (2048, big, "w4a16-wgmma"), (4096, big, "dense-exact"),
                        (1024, small, "dense-exact")):
         a = torch.empty(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
         assert mxkit.gemm_plan(a, w).path == path, (M, w.shape)

@@ -35,10 +35,12 @@ from .matmul import W_KINDS, _scale_extrema, exact_scale_range
 from .matmul_details import _align, _moe_epilogue
 
 # direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
+_ALIGN_SMALL = _Launcher(_align, "_align_small_kernel")
 _ALIGN_HIST = _Launcher(_align, "_align_hist_kernel")
 _ALIGN_EXPERT = _Launcher(_align, "_align_expert_kernel")
 _GATHER = _Launcher(_moe_epilogue, "_gather_rows_kernel")
 _COMBINE = _Launcher(_moe_epilogue, "_combine_kernel")
+_BIAS_ACT_FP8 = _Launcher(_moe_epilogue, "_bias_act_fp8_kernel")
 _WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
@@ -152,17 +154,15 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
 
-    from .matmul_details._align import _align_small_kernel
-
     n = topk_ids.numel()
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         ids = ids.to(torch.int32).contiguous()
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
-    _align_small_kernel[(1,)](ids, sorted_ids, eids, n, lo, E, B, N_P2=max(16, triton.next_power_of_2(n)),
-                              E_P2=max(16, triton.next_power_of_2(E)), NB_P2=max(16, triton.next_power_of_2(B)),
-                              BLOCK_M=block_m, num_warps=8)
+    _ALIGN_SMALL((1,), (ids, sorted_ids, eids, n, lo, E, B),
+                 (("N_P2", max(16, triton.next_power_of_2(n))), ("E_P2", max(16, triton.next_power_of_2(E))),
+                  ("NB_P2", max(16, triton.next_power_of_2(B))), ("BLOCK_M", block_m)), 8)
     return sorted_ids, eids
 
 
@@ -580,7 +580,6 @@ def moe_w4a8_triton(
     (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
     topk (T, k). ``stages``: a dict that receives the intermediates (tests). Returns (T, H). No host sync."""
     from .matmul_details._grouped import ACTS
-    from .matmul_details._moe_epilogue import _bias_act_fp8_kernel
     import triton
 
     bm = 16
@@ -604,9 +603,9 @@ def moe_w4a8_triton(
     h8 = torch.empty(R, I, dtype=torch.float8_e4m3fn, device=h.device)
     s2 = torch.empty(R, dtype=torch.float32, device=h.device)
     if R:
-        _bias_act_fp8_kernel[(R,)](h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1,
-                                   ACT=ACTS[activation], HAS_BIAS=b1 is not None, BLOCK_M=bm,
-                                   BLOCK_N=triton.next_power_of_2(N1), num_warps=4)
+        _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1),
+                      (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
+                       ("BLOCK_N", triton.next_power_of_2(N1))), 4)
     y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)

@@ -292,7 +292,8 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwis
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., K)")
-    if _resolve_backend(backend, x.device) == "triton":
+    # (while torch.compile traces, the reference: the same bytes, and traceable ops)
+    if _resolve_backend(backend, x.device) == "triton" and not torch.compiler.is_compiling():
         from .kernels.quantize import quantize_fp8_rowwise_triton
 
         return Fp8Rowwise(*quantize_fp8_rowwise_triton(x))

@@ -109,3 +109,11 @@ def test_gpu_fp8_rowwise_matches_the_reference(rng, poison):
         check(x, what)
     x = torch.randn(3000, 4096, generator=rng) * torch.logspace(-30, 30, 3000, base=2.0)[:, None]
     check(x.to(torch.bfloat16), "3000x4096 bf16 random")
+
+
+def test_traces_under_torch_compile_fullgraph(rng):
+    """torch.compile(fullgraph=True) traces mxkit.quantize_fp8_rowwise (its reference ops) with the eager bytes."""
+    x = (torch.randn(6, 96, generator=rng) * 3).to(torch.bfloat16)
+    got = torch.compile(lambda t: mxkit.quantize_fp8_rowwise(t), fullgraph=True, backend="eager")(x)
+    data, scale = quantize_fp8_rowwise_reference(x)
+    assert torch.equal(got.data.view(torch.uint8), data.view(torch.uint8)) and torch.equal(got.scale, scale)

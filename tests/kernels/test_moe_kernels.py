@@ -82,8 +82,11 @@ def _check_align_experts(device: str, g, cases) -> int:
         got_ids, got_eids = got_ids.cpu(), got_eids.cpu()
         assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids), (T, E, block_m)
         assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
-        # with the rows of the prefill path: each held pair's sorted row (-1: not held)
-        _, _, pos = _align_experts(ids, hi - lo, block_m, lo, B, top_k=k)
+        # with the rows of the prefill path: each held pair's sorted row (-1: not held), each group's end row
+        _, _, pos, ends = _align_experts(ids, hi - lo, block_m, lo, B, top_k=k, offs=True)
+        block_e = torch.where(got_eids < 0, hi - lo, got_eids)
+        want_ends = torch.searchsorted(block_e, torch.arange(hi - lo, dtype=block_e.dtype), right=True) * block_m
+        assert torch.equal(ends.cpu(), want_ends.to(torch.int32)), (T, E, block_m)
         want_pos = torch.full((T * k,), -1, dtype=torch.int32)
         want_pos[ref_ids[ref_ids < T * k].long()] = torch.nonzero(ref_ids < T * k).flatten().to(torch.int32)
         assert torch.equal(pos.cpu(), want_pos)
@@ -312,11 +315,11 @@ def test_w16_kernels_compile_for_sm90(w_kind):
 
         from mxkit.kernels.matmul_details._align import _align_hist_kernel
 
-        aptrs.update(hist_ptr="*i32", pos_ptr="*i32")
+        aptrs.update(hist_ptr="*i32", pos_ptr="*i32", offs_ptr="*i32")
         for top_k in (0, 4):
             assert build(_align_hist_kernel, aptrs, dict(E_P2=128, CHUNK=1024, ROWS=top_k > 0)) > 0
             assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, HROWS=16, BLOCK_M=256,
-                                                           TOP_K=top_k)) > 0
+                                                           TOP_K=top_k, OFFS=top_k > 0)) > 0
         # the row passes around the grouped GEMMs (gather, W4A8 middle pass) and the FP8 rowwise quantization
         from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_fp8_kernel, _gather_rows_kernel
         from mxkit.kernels.quantize_details._fp8_rowwise import _fp8_rowwise_kernel

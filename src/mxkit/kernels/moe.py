@@ -129,9 +129,10 @@ def _experts_sort_takes(n: int, E: int) -> bool:
     return E <= 1024 and n < 2**30
 
 
-def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0) -> tuple:
+def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0,
+                   offs: bool = False) -> tuple:
     """:func:`._align._align_expert_kernel`: (sorted_ids, expert_ids), plus pos (each pair's sorted row) when
-    ``top_k`` > 0."""
+    ``top_k`` > 0, plus (``offs``) int32 [E] the end row of each expert's padded group."""
     import triton
 
     ids = topk_ids.reshape(-1)
@@ -144,11 +145,12 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
     pos = torch.empty(n if top_k else 0, dtype=torch.int32, device=ids.device)
+    ends = torch.empty(E if offs else 0, dtype=torch.int32, device=ids.device)
     _ALIGN_HIST((n_chunks,), (ids, hist, pos, n, lo, E), (("E_P2", e_p2), ("CHUNK", chunk), ("ROWS", top_k > 0)), 4)
-    _ALIGN_EXPERT((E, -(-n_chunks // group)), (ids, hist, sorted_ids, eids, pos, n, lo, E, B, n_chunks),
+    _ALIGN_EXPERT((E, -(-n_chunks // group)), (ids, hist, sorted_ids, eids, pos, ends, n, lo, E, B, n_chunks),
                   (("E_P2", e_p2), ("CHUNK", chunk), ("GROUP", group), ("HROWS", max(1, 2048 // e_p2)),
-                   ("BLOCK_M", block_m), ("TOP_K", top_k)), 4)
-    return (sorted_ids, eids, pos) if top_k else (sorted_ids, eids)
+                   ("BLOCK_M", block_m), ("TOP_K", top_k), ("OFFS", offs)), 4)
+    return (sorted_ids, eids) + ((pos,) if top_k else ()) + ((ends,) if offs else ())
 
 
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -588,13 +590,17 @@ def moe_w4a8_triton(
     E, N1, _ = w_gate_up.data.shape
     I = N1 // 2  # noqa: E741 (GPT-OSS's name)
     n = T * k
-    ids, eids, pos = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm))
+    B = max_blocks(n, E, bm)
+    if _experts_sort_takes(n, E) and topk_ids.is_cuda:  # the sort also gives each expert group's end row
+        ids, eids, pos, offs = _align_experts(topk_ids, E, bm, 0, B, top_k=k, offs=True)
+    else:
+        ids, eids, pos = _align_rows(topk_ids, E, bm, 0, B)
+        # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
+        block_e = torch.where(eids < 0, E, eids)
+        offs = (torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True)
+                * bm).to(torch.int32)
     R = ids.numel()
     xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
-    # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
-    block_e = torch.where(eids < 0, E, eids)
-    offs = (torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True)
-            * bm).to(torch.int32)
     h = torch._scaled_grouped_mm(xa, w_gate_up.data.transpose(1, 2), sa, w_gate_up.scale, offs=offs,
                                  out_dtype=torch.bfloat16)
     b1 = b_gate_up

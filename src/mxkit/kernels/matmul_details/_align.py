@@ -52,15 +52,16 @@ def _align_hist_kernel(ids_ptr, hist_ptr, pos_ptr, n, lo, E, E_P2: tl.constexpr,
 
 
 @triton.jit
-def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, n, lo, E, n_blocks, n_chunks,
+def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, offs_ptr, n, lo, E, n_blocks, n_chunks,
                          E_P2: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, HROWS: tl.constexpr,
-                         BLOCK_M: tl.constexpr, TOP_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, TOP_K: tl.constexpr, OFFS: tl.constexpr):
     """The same result as :func:`_align_small_kernel` for any n, from the chunk histograms of
     :func:`_align_hist_kernel`: program (e, g) writes local expert e's pairs of chunks g * GROUP .. + GROUP - 1
     at its group's start (the padded groups of experts < e) plus its pairs in earlier chunks, in order (a
     running cumulative sum: stable); program (e, 0) also writes its group's padding sentinels and the expert id
     of its blocks, program (E - 1, 0) the unused blocks (sentinels, expert -1). With TOP_K > 0 also pos[i] =
-    the sorted row of held pair i (for the combine of :func:`mxkit.kernels.moe.moe_triton`'s prefill path)."""
+    the sorted row of held pair i (for the combine of :func:`mxkit.kernels.moe.moe_triton`'s prefill path);
+    with OFFS, offs[e] = the end row of expert e's padded group (``torch._scaled_grouped_mm``'s group ends)."""
     e = tl.program_id(0)
     g = tl.program_id(1)
     bins = tl.arange(0, E_P2)
@@ -86,6 +87,8 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, n, lo
         run += tl.sum(m.to(tl.int32), axis=0)
     if g == 0:
         end = start + (mine + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        if OFFS:
+            tl.store(offs_ptr + e, end)
         pad = start + mine + tl.arange(0, BLOCK_M)
         tl.store(sorted_ptr + pad, n, mask=pad < end)
         for b0 in range(start // BLOCK_M, end // BLOCK_M, CHUNK):

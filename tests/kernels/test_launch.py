@@ -109,3 +109,21 @@ def test_launch_grid_limits():
     assert plan.grid == (64 * 32,) and not dict(plan.consts)["GRID3"]
     plan = kq._quantize_plan((4096, 4096), torch.bfloat16, "mxfp8_e4m3", 0, "floor", "rne", "plain", None)
     assert plan.grid == (64 * 16,) and not dict(plan.consts)["GRID3"]
+
+
+def test_launch_spec_of_a_tensor_descriptor():
+    """The direct launch's specialisation key of a host TensorDescriptor (Gluon / TMA): the base's dtype, block
+    shape and shared layout, with the base's and the strides' 16-byte alignment; ints and tensors as Triton
+    specialises them."""
+    import types
+
+    from mxkit.kernels.launch import _Launcher
+
+    base = torch.empty(64, 96, dtype=torch.bfloat16)
+    desc = types.SimpleNamespace(base=base, block_shape=[32, 64], layout="nvmma128", strides=[96, 1], shape=[64, 96])
+    spec = _Launcher._spec(desc)
+    assert spec == ("desc", torch.bfloat16, (32, 64), "nvmma128", base.data_ptr() % 16 == 0, (True, False))
+    assert _Launcher._spec(desc) == spec and hash(spec) == hash(_Launcher._spec(desc))
+    assert _Launcher._spec(types.SimpleNamespace(**{**vars(desc), "strides": [100, 1]}))[-1] == (False, False)
+    assert _Launcher._spec(16) == (False, True, True) and _Launcher._spec(1) == (True, False, True)
+    assert _Launcher._spec(2**40)[2] is False

@@ -160,7 +160,7 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
 
 def wgmma_envelope(wins: dict) -> dict:
     """:func:`_tune_wgmma`'s choice from ``wins[(N, K, M)]`` (the kernel beat the dense path): ``{"max_m", "min_nk"}``."""
-    shapes = sorted({(N, K) for N, K, _ in wins}, key=lambda s: s[0] * s[1])
+    shapes = {(N, K) for N, K, _ in wins}
     best, best_key = {"max_m": 0, "min_nk": 0}, (0, 0)
     for cand in sorted({N * K for N, K in shapes}):
         big = [s for s in shapes if s[0] * s[1] >= cand]

@@ -93,7 +93,7 @@ def align_device(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, lo: 
     B = max_blocks(n, E, block_m)
     if 0 < n <= SMALL_PAIRS and E <= 256 and topk_ids.is_cuda:
         return _align_small(topk_ids, E, block_m, lo, B)
-    if n > SMALL_PAIRS and _experts_sort_takes(n, E) and (topk_ids.is_cuda or _INTERPRET_ALIGN):
+    if n > SMALL_PAIRS and _experts_sort_runs(topk_ids, E):
         return _align_experts(topk_ids, E, block_m, lo, B)
     return _align_torch(topk_ids, E, block_m, lo, B)
 
@@ -123,10 +123,10 @@ def _align_torch(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) 
 _INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (under TRITON_INTERPRET=1)
 
 
-def _experts_sort_takes(n: int, E: int) -> bool:
-    """Whether :func:`_align_experts` takes n pairs over E experts (its histograms hold up to 1024 experts; int32
-    positions)."""
-    return E <= 1024 and n < 2**30
+def _experts_sort_runs(topk_ids: torch.Tensor, E: int) -> bool:
+    """Whether :func:`_align_experts` sorts these pairs over E experts: CUDA ids (or the interpreter tests'), its
+    histograms hold up to 1024 experts, int32 positions."""
+    return E <= 1024 and topk_ids.numel() < 2**30 and (topk_ids.is_cuda or _INTERPRET_ALIGN)
 
 
 def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0,
@@ -367,13 +367,19 @@ def _sorted_rows(ids: torch.Tensor, n: int) -> torch.Tensor:
     return pos[:n]
 
 
-def _align_rows(topk_ids: torch.Tensor, E: int, bm: int, lo: int, B: int) -> tuple:
-    """:func:`align_device`'s (sorted_ids, expert_ids) and each pair's sorted row (-1: not held here), from one
-    sort where its kernels take the problem."""
-    if _experts_sort_takes(topk_ids.numel(), E):
-        return _align_experts(topk_ids, E, bm, lo, B, top_k=topk_ids.shape[1])
+def _align_rows(topk_ids: torch.Tensor, E: int, bm: int, lo: int, B: int, offs: bool = False) -> tuple:
+    """:func:`align_device`'s (sorted_ids, expert_ids) and each pair's sorted row (-1: not held here), plus
+    (``offs``) int32 [E] the end row of each expert's padded group, from the sort's kernels where they run."""
+    if _experts_sort_runs(topk_ids, E):
+        return _align_experts(topk_ids, E, bm, lo, B, top_k=topk_ids.shape[1], offs=offs)
     ids, eids = align_device(topk_ids, E, bm, lo=lo)
-    return ids, eids, _sorted_rows(ids, topk_ids.numel())
+    rows = (ids, eids, _sorted_rows(ids, topk_ids.numel()))
+    if not offs:
+        return rows
+    # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
+    block_e = torch.where(eids < 0, E, eids)
+    ends = torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True) * bm
+    return rows + (ends.to(torch.int32),)
 
 
 def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: Optional[torch.Tensor] = None):
@@ -388,12 +394,14 @@ def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: O
     word, size = next((w, b) for w, b in _WORDS if row_bytes % b == 0)
     W = row_bytes // size
     if R and W:
-        block_w = min(256, 1 << max(0, W - 1).bit_length())
+        import triton
+
+        block_w = min(256, triton.next_power_of_2(W))
         rows = max(1, 1024 // block_w)
         x = x if x.is_contiguous() else x.contiguous()
-        ss_src = scale.reshape(-1) if scale is not None else None
-        _GATHER((-(-R // rows),), (x.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word),
-                                   ss_src if ss_src is not None else xs, ss if ss is not None else xs, n, R, W),
+        s_src, s_dst = (scale.reshape(-1), ss) if scale is not None else (xs, xs)  # (unread without HAS_SCALE)
+        _GATHER((-(-R // rows),), (x.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word), s_src,
+                                   s_dst, n, R, W),
                 (("TOP_K", top_k), ("ROWS", rows), ("BLOCK_W", block_w), ("HAS_SCALE", scale is not None)), 4)
     return (xs, ss) if scale is not None else xs
 
@@ -405,9 +413,8 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
     H = y.shape[1]
     out = torch.empty(T, H, dtype=out_dtype, device=y.device)
     if T:
-        rw = topk_weights if topk_weights.dtype == torch.float32 and topk_weights.is_contiguous() else \
-            topk_weights.to(torch.float32).contiguous()
-        e = experts if experts.dtype == torch.int32 and experts.is_contiguous() else experts.to(torch.int32).contiguous()
+        rw = topk_weights.to(torch.float32).contiguous()  # (no copies when already so)
+        e = experts.to(torch.int32).contiguous()
         _COMBINE((T, -(-H // 1024)), (y, y if b is None else b.contiguous(), rw, pos, e, out, H),
                  (("TOP_K", k), ("HAS_BIAS", b is not None), ("BLOCK_H", 1024)), 4)
     return out
@@ -590,15 +597,7 @@ def moe_w4a8_triton(
     E, N1, _ = w_gate_up.data.shape
     I = N1 // 2  # noqa: E741 (GPT-OSS's name)
     n = T * k
-    B = max_blocks(n, E, bm)
-    if _experts_sort_takes(n, E) and topk_ids.is_cuda:  # the sort also gives each expert group's end row
-        ids, eids, pos, offs = _align_experts(topk_ids, E, bm, 0, B, top_k=k, offs=True)
-    else:
-        ids, eids, pos = _align_rows(topk_ids, E, bm, 0, B)
-        # each expert's group ends where the blocks of experts <= e end (unused blocks, expert -1, sort last)
-        block_e = torch.where(eids < 0, E, eids)
-        offs = (torch.searchsorted(block_e, torch.arange(E, device=eids.device, dtype=block_e.dtype), right=True)
-                * bm).to(torch.int32)
+    ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
     R = ids.numel()
     xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
     h = torch._scaled_grouped_mm(xa, w_gate_up.data.transpose(1, 2), sa, w_gate_up.scale, offs=offs,

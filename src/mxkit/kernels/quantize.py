@@ -40,7 +40,7 @@ from . import opt_flags
 from . import launch as _launch
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
-from .opt_flags_nvidia import resolve_dequantize, resolve_quantize
+from .opt_flags_nvidia import _pow2, resolve_dequantize, resolve_quantize
 from .quantize_details import _cast_transpose, _cols, _dequantize, _fp8_rowwise, _rows
 from .quantize_details._common import element_spec
 
@@ -635,10 +635,6 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
 _FP8_ROWWISE = _Launcher(_fp8_rowwise, "_fp8_rowwise_kernel")
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 rowwise quantization of a CUDA tensor in one launch; byte-identical to
     :func:`mxkit.reference.quantize_fp8_rowwise_reference` (its rule: scale = amax / 448 per row, IEEE division,
@@ -660,8 +656,8 @@ def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if R and not K:
         scale.fill_(1.0)
     elif R:
-        block_k = min(_next_pow2(K), 4096)
-        rows = max(1, min(2048 // block_k, _next_pow2(R)))
+        block_k = min(_pow2(K), 4096)
+        rows = max(1, min(2048 // block_k, _pow2(R)))
         bf16 = x.dtype == torch.bfloat16
         _FP8_ROWWISE((-(-R // rows),), (x.view(torch.int16) if bf16 else x, data.view(torch.uint8), scale, R, K),
                      (("ROWS", rows), ("BLOCK_K", block_k), ("ONE_PASS", K <= block_k), ("BF16_BITS", bf16),

@@ -428,13 +428,13 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid_m = expert_ids.numel() if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN),)
+    # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
-              ("L3", l3), ("ACC", acc), ("DOT", dot), ("ONE_MUL", bool(one_mul)), ("HAS_BIAS", bias is not None),
-              ("GROUPED", grouped), ("ACT", ACTS[activation]), ("WS", _ws(bm)))
-    # (the layouts are made once per bm: the key names them by bm)
+              ("L3", l3), ("ACC", acc), ("DOT", dot))
+    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS"), flags))
     _launcher()(grid, (x_desc, w_desc, s_desc, y, bias if bias is not None else y, expert_ids if grouped else y,
-                       M, N, steps, y.stride(0)), consts, WARPS,
-                consts_key=(bm, bool(one_mul), bias is not None, grouped, activation, _ws(bm)))
+                       M, N, steps, y.stride(0)), consts, WARPS, consts_key=(bm,) + flags)
     return y
 
 

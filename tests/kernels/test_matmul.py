@@ -392,14 +392,16 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
         pack_wgmma(w.qdata[:5], w.scale[:5])
 
 
-@pytest.mark.parametrize("bm,grouped,act,out,ws", [(256, False, 0, "bf16", True), (128, False, 0, "fp32", True),
-                                                    (64, True, 1, "bf16", True), (32, True, 2, "bf16", True),
-                                                    (256, True, 0, "fp32", True), (256, False, 0, "bf16", False),
-                                                    (64, True, 1, "bf16", False)])
-def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws):
+@pytest.mark.parametrize("bm,grouped,act,out,ws,mma", [
+    (256, False, 0, "bf16", True, False), (128, False, 0, "fp32", True, False), (64, True, 1, "bf16", True, False),
+    (32, True, 2, "bf16", True, False), (256, True, 0, "fp32", True, False), (256, False, 0, "bf16", False, False),
+    (64, True, 1, "bf16", False, False), (256, True, 1, "bf16", True, True), (32, True, 2, "bf16", False, True),
+    (128, True, 0, "fp32", True, True), (64, True, 0, "fp32", False, True)])
+def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
     """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
     (expert blocks, fused activation), every block size the dispatch uses, warp-specialized (the default) and
-    not. Its results are checked by the GPU tests (the interpreter does not run Gluon)."""
+    not, its own weight layout and the decode kernel's (mma: the layout conversions asserted free). Its results
+    are checked by the GPU tests (the interpreter does not run Gluon)."""
     import os
 
     import triton
@@ -415,12 +417,18 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws):
     gl = W._gluon()[1]
     xl = gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16)
     u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<u8[{W.BN}, 32],{u8}>",
-           "s_desc": f"tensordesc<u8[1, {2 * W.BN}],{u8}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
+    w_ty, s_ty = (f"u8[{W.BN // 16}, 2, 256],{W._u8_layout(3)}", f"u8[{W.BN // 16}, 32],{u8}") if mma else \
+        (f"u8[{W.BN}, 32],{u8}", f"u8[1, {2 * W.BN}],{u8}")
+    sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<{w_ty}>",
+           "s_desc": f"tensordesc<{s_ty}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
            "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32"}
     b2, s2, bl, l3, acc, dot = W._layouts(bm)
+    pair = acc
+    if mma:
+        b2, s2, bl, pair = W._layouts_mma(bm)
     cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, num_warps=W.WARPS)
+              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, MMA=mma, PAIR=pair,
+              PERM_OUT=mma and act != 0, num_warps=W.WARPS)
     sig.update({k: "constexpr" for k in cx})
     names = list(sig)
     src = GluonASTSource(W._kernel(), sig, constexprs={(names.index(k),): v for k, v in cx.items()},

@@ -127,6 +127,11 @@ def _check_gather_rows(device: str, g) -> int:
         x = torch.randn(T, H, generator=g).to(torch.bfloat16)
         xs = gather_rows(x.to(device), sid, T * k, k).cpu()
         assert torch.equal(xs[valid].view(torch.int16), x[tok[valid]].view(torch.int16)), (T, E, H)
+        if H % 64 == 0:  # the decode-mma layout's K order (the prefill kernel on decode-packed experts)
+            from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order
+
+            xp = gather_rows(x.to(device), sid, T * k, k, mma_k_order=True).cpu()
+            assert torch.equal(xp[valid].view(torch.int16), x[tok[valid]][:, mma_k_order(H)].view(torch.int16))
         codes = torch.randint(0, 256, (T, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
         scale = torch.rand(T, 1, generator=g) + 0.5
         xa, sa = gather_rows(codes.to(device), sid, T * k, k, scale=scale.to(device))
@@ -156,6 +161,40 @@ def test_gather_rows_interpreted():
 @gpu
 def test_gpu_gather_rows(rng):
     assert _check_gather_rows("cuda", rng) == 3
+
+
+def test_mma_k_order():
+    """The decode-mma layout's K order (mma_k_order) is a permutation inside each 64 columns, the inverse of the
+    wgmma kernel's PERM_OUT column map (its formula, replicated), and matches pack_mma: the codes of column
+    mma_k_order[16 j + 8 kh + 2 t + e] are those of lane (g, t)'s word j, pair (h = 0, kh), half e."""
+    from mxkit.kernels.matmul_details._mma_decode import BITS, pack_mma
+    from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order
+
+    K = 192
+    order = mma_k_order(K)
+    assert torch.equal(order.sort().values, torch.arange(K)) and torch.equal(order // 64, torch.arange(K) // 64)
+    ka = torch.arange(K) % 64
+    kl = (ka & 1) | (((ka >> 3) & 3) << 1) | (((ka >> 1) & 1) << 3) | (((ka >> 2) & 1) << 4) | (ka & 32)
+    assert torch.equal(order[torch.arange(K) // 64 * 64 + kl], torch.arange(K))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        from mxkit.kernels.moe import gather_rows
+
+        gather_rows(torch.zeros(2, 96, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32), 2, 1,
+                    mma_k_order=True)
+    # row 0's codes 0..63, distinct modulo 16 inside each 16: the word bits say which column each lane holds
+    codes = (torch.arange(K) % 16).to(torch.uint8)
+    qd = torch.zeros(16, K // 2, dtype=torch.uint8)
+    qd[0] = codes[0::2] | (codes[1::2] << 4)
+    q, _ = pack_mma(qd, torch.full((16, K // 32), 127, dtype=torch.uint8))
+    word = q[0, :, :4].to(torch.int64) & 0xFFFFFFFF  # tile, lane (g = 0, t), j
+    for tile in range(K // 64):
+        for t in range(4):
+            for j in range(4):
+                for kh in range(2):
+                    for e in range(2):
+                        code = sum(((int(word[tile, t, j]) >> at) & 1) << bit
+                                   for bit, at in enumerate(BITS[(2 * kh, e)]))
+                        assert code == int(codes[order[64 * tile + 16 * j + 8 * kh + 2 * t + e]])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -371,7 +410,10 @@ def test_w16_kernels_compile_for_sm90(w_kind):
         from mxkit.kernels.quantize_details._fp8_rowwise import _fp8_rowwise_kernel
 
         rptrs = {"src_ptr": "*i32", "ids_ptr": "*i32", "dst_ptr": "*i32", "ssrc_ptr": "*fp32", "sdst_ptr": "*fp32"}
-        assert build(_gather_rows_kernel, rptrs, dict(TOP_K=4, ROWS=4, BLOCK_W=256, HAS_SCALE=True)) > 0
+        assert build(_gather_rows_kernel, rptrs, dict(TOP_K=4, ROWS=4, BLOCK_W=256, HAS_SCALE=True,
+                                                      PERM64=False)) > 0
+        assert build(_gather_rows_kernel, rptrs, dict(TOP_K=4, ROWS=4, BLOCK_W=256, HAS_SCALE=False,
+                                                      PERM64=True)) > 0
         bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                  "s_ptr": "*fp32"}
         for act in (1, 2):
@@ -703,21 +745,81 @@ def test_gpu_grouped_wgmma_kernel(bm, act, rng):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("bm", [32, 64, 256])
+@pytest.mark.parametrize("act", [None, "swiglu_gpt_oss", "swiglu"])
+@pytest.mark.parametrize("base", [120, 135])
+def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
+    """The grouped wgmma kernel on experts in the decode kernel's layout (pack_experts_mma: one copy for decode
+    and prefill), x in that layout's K order, into a NaN-poisoned output: within the bound of the float64
+    product; h written in the K order (perm_out) is the same values permuted; blocks of expert -1 untouched;
+    both decodes (every scale byte <= 128: one multiply; above: two), a scale byte 0 and a NaN scale byte."""
+    if _wgmma_here():
+        pytest.skip(_wgmma_here())
+    from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order, w4a16_wgmma
+    from mxkit.kernels.moe import _interleave_halves, pack_experts_mma
+
+    E, N, K = 5, 320, 2880  # N: 2.5 tiles of 128 rows
+    w = experts(E, N, K, "mxfp4", rng)
+    w.scale.copy_(torch.randint(base - 8, base + 8, w.scale.shape, generator=rng, dtype=torch.uint8).cuda())
+    w.scale[1, 5, 3] = 0
+    if base > 128:  # (a NaN byte is above 128: it selects the two-multiply decode)
+        w.scale[2, 17, 7] = 255
+    p = pack_experts_mma(w, interleave_halves=act == "swiglu")
+    assert p.one_mul == (base < 128) and p.special
+    blocks = torch.tensor([0, 0, 3, -1, 1, 4, 2, -1, 3], dtype=torch.int32)
+    R = blocks.numel() * bm
+    x = torch.randn(R, K, generator=rng).to(torch.bfloat16).cuda()
+    bias = torch.randn(E, N, generator=rng).cuda()
+    kb = _interleave_halves(bias, 1) if act == "swiglu" else bias
+    n_out = N // 2 if act else N
+    y = torch.full((R, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+    xk = x[:, mma_k_order(K, "cuda")].contiguous()
+    w4a16_wgmma(xk, p.q, p.s, N, p.one_mul, bias=kb.reshape(-1).contiguous(), y=y, expert_ids=blocks.cuda(), bm=bm,
+                activation=act, layout="mma")
+    if n_out % 64 == 0:
+        yp = torch.full_like(y, float("nan"))
+        w4a16_wgmma(xk, p.q, p.s, N, p.one_mul, bias=kb.reshape(-1).contiguous(), y=yp, expert_ids=blocks.cuda(),
+                    bm=bm, activation=act, layout="mma", perm_out=True)
+        used = (blocks >= 0).repeat_interleave(bm).cuda()
+        assert torch.equal(yp[used].view(torch.int16), y[used][:, mma_k_order(n_out, "cuda")].view(torch.int16))
+    w64 = dequantize_reference(w, torch.float64)
+    f = {None: lambda h: h, "swiglu_gpt_oss": swiglu_gpt_oss, "swiglu": swiglu}[act]
+    for b, e in enumerate(blocks.tolist()):
+        rows = slice(b * bm, (b + 1) * bm)
+        if e < 0:
+            assert torch.isnan(y[rows].float()).all()
+            continue
+        a64 = x[rows].to(torch.float64)
+        y64 = f(a64 @ w64[e].T + bias[e].to(torch.float64))
+        acc = K * 2.0**-24 * (a64.abs() @ w64[e].abs().nan_to_num().T).norm(dim=1)
+        nan = torch.isnan(y64).any(0)  # expert 2's row 17 (NaN scale byte): the output column it feeds
+        assert nan.sum() == (e == 2 and base > 128)
+        assert torch.isnan(y[rows][:, nan].float()).all()
+        assert_rows(y[rows][:, ~nan], y64[:, ~nan], acc, c=10.0 if act else 1.0)
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("T,E,H,I", [(65, 32, 512, 256), (727, 32, 2880, 2880), (727, 128, 256, 192),
                                      (300, 128, 2880, 2880)])
 @pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
-def test_gpu_moe_prefill_wgmma(T, E, H, I, act, rng, monkeypatch):
-    """Experts packed for the prefill path (pack_experts_wgmma): above MMA_MAX_PAIRS pairs both GEMMs run on the
-    grouped wgmma kernel (counted), within the layer's bound of the float64 reference; an expert that receives
-    every token, one that receives none, biases, top-4, a scale byte 0."""
+@pytest.mark.parametrize("layout", ["mma", "wgmma"])
+def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
+    """Experts packed for the decode path (pack_experts_mma, what MXMoE keeps: one copy) or for the prefill
+    kernel's own layout (pack_experts_wgmma): above MMA_MAX_PAIRS pairs both GEMMs run on the grouped wgmma
+    kernel (counted), within the layer's bound of the float64 reference; an expert that receives every token,
+    one that receives none, biases, top-4, a scale byte 0 and a NaN scale byte."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
-    from mxkit.kernels.moe import pack_experts_wgmma, wgmma_block_m
+    from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma, wgmma_block_m
 
     case = layer_case(T, E, H, I, "mxfp4", rng)
     case[1].scale[0, 3, 1] = 0
     case[1].scale[5, 1, 0] = 255  # a NaN in an up (GPT-OSS) / gate row: NaN through the clamps of its tokens' rows
-    packed = (pack_experts_wgmma(case[1], act_pairs=act), pack_experts_wgmma(case[3]))
+    if layout == "mma":
+        packed = (pack_experts_mma(case[1], interleave_halves=act == "swiglu"), pack_experts_mma(case[3]))
+    else:
+        packed = (pack_experts_wgmma(case[1], act_pairs=act), pack_experts_wgmma(case[3]))
     calls = _count_wgmma(monkeypatch)
     y = moe_triton(*case, activation=act, packed=packed)
     bm = wgmma_block_m(T * 4 / E)

@@ -201,23 +201,15 @@ GRAPH_TOKENS = [64]  # set by --graph-tokens
 
 def _mxkit(case: MoeCase, inp: Inputs, ctx):
     from ..kernels.matmul_details._w4a16_wgmma import available as wgmma_available
-    from ..kernels.moe import (MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma,
-                               pack_experts_wgmma)
+    from ..kernels.moe import MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma
     from ..ops import quantize_fp8_rowwise
 
     w, x, tw, ids = inp.weights, inp.x, inp.tw, inp.ids
     if case.mode == "w4a16":
-        if ids.numel() > MMA_MAX_PAIRS:
-            if wgmma_available(x.device) is not None:
-                return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
-            # prefill: the experts packed once for the grouped wgmma kernel (MXMoE keeps them per buffer)
-            def pack():
-                return pack_experts_wgmma(w.w1, act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(w.w2)
-
-            packed = pack()
-            pack_us = ctx.time_fn(pack)[0]
-            return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), {"pack_us": pack_us}
-        # decode: the experts packed once for the tensor-core decode kernel (MXMoE keeps them per buffer)
+        if ids.numel() > MMA_MAX_PAIRS and wgmma_available(x.device) is not None:
+            return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
+        # the experts packed once in the decode kernel's layout, which the decode (up to MMA_MAX_PAIRS pairs) and
+        # the prefill kernels both read (MXMoE keeps this one copy per buffer)
         packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
         pack_us = ctx.time_fn(lambda: (pack_experts_mma(w.w1), pack_experts_mma(w.w2)))[0]
         return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), {"pack_us": pack_us}

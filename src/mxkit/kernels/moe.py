@@ -248,18 +248,22 @@ MMA_MAX_PAIRS = 256  # (token, slot) pairs up to which moe_triton takes the pack
 class MmaExperts:
     """MXFP4 experts (E, N, K) in the layout of the tensor-core decode kernel (:func:`pack_experts_mma`): q, s
     of :func:`mxkit.kernels.matmul_details._mma_decode.pack_mma` on the (E * N, K) weight; ``special``: a scale
-    byte 0 or 255 is present; ``interleaved``: rows reordered from ``[gate; up]`` halves to (gate, up) pairs."""
+    byte 0 or 255 is present; ``interleaved``: rows reordered from ``[gate; up]`` halves to (gate, up) pairs;
+    ``one_mul``: every scale byte is <= 128 (the prefill kernel's one-multiply decode). The prefill path reads
+    the same bytes (:func:`moe_triton`): one copy of the experts serves every token count."""
 
     q: torch.Tensor
     s: torch.Tensor
     shape: tuple
     special: bool
     interleaved: bool = False
+    one_mul: bool = False
 
 
 def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optional[MmaExperts]:
-    """Pack MXFP4 experts (E, N, K) along K once for the decode path of :func:`moe_triton` (``packed=``); None
-    for other formats or shapes (N % 16, K % 64). One host sync (the special-scale flag)."""
+    """Pack MXFP4 experts (E, N, K) along K once for :func:`moe_triton` (``packed=``): the decode kernel's
+    layout, which the prefill kernel reads too. None for other formats or shapes (N % 16, K % 64). One host
+    sync (the special-scale and one-multiply flags)."""
     from .matmul_details._mma_decode import pack_mma
 
     E, N, K = w.shape
@@ -269,8 +273,8 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
     if interleave_halves:
         qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
     q, s = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc.reshape(E * N, K // 32).contiguous())
-    special = bool(((sc == 0) | (sc == 255)).any())
-    return MmaExperts(q, s, (E, N, K), special, interleave_halves)
+    special, big = (bool(v) for v in torch.stack([((sc == 0) | (sc == 255)).any(), (sc > 128).any()]).tolist())
+    return MmaExperts(q, s, (E, N, K), special, interleave_halves, not big)
 
 
 def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
@@ -349,13 +353,18 @@ def wgmma_block_m(pairs_per_expert: float) -> int:
 
 
 def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
-    """Whether moe_triton's prefill path runs: both experts packed for it (gate_up in ``activation``'s row
-    order), more than MMA_MAX_PAIRS pairs, the kernel available here."""
+    """Whether moe_triton's prefill path runs: more than MMA_MAX_PAIRS pairs, the kernel available here, and
+    both experts packed for it (gate_up in ``activation``'s row order) or for the decode path (the same bytes
+    read in that layout)."""
     from .matmul_details import _w4a16_wgmma as wg
 
     p1, p2 = packed
-    return (isinstance(p1, WgmmaExperts) and isinstance(p2, WgmmaExperts) and n > MMA_MAX_PAIRS
-            and p1.act_pairs == activation and p2.act_pairs is None and wg.available(x.device) is None)
+    if n <= MMA_MAX_PAIRS or wg.available(x.device) is not None:
+        return False
+    if isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts):
+        return p1.interleaved == (activation == "swiglu") and not p2.interleaved
+    return (isinstance(p1, WgmmaExperts) and isinstance(p2, WgmmaExperts) and p1.act_pairs == activation
+            and p2.act_pairs is None)
 
 
 def _sorted_rows(ids: torch.Tensor, n: int) -> torch.Tensor:
@@ -382,12 +391,17 @@ def _align_rows(topk_ids: torch.Tensor, E: int, bm: int, lo: int, B: int, offs: 
     return rows + (ends.to(torch.int32),)
 
 
-def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: Optional[torch.Tensor] = None):
+def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: Optional[torch.Tensor] = None,
+                mma_k_order: bool = False):
     """The token rows of x (T, H) in the sorted order of :func:`align_device`'s ``ids`` (R,): row r is
     x[ids[r] // top_k] where ids[r] < n; padding rows are left unwritten (the grouped GEMMs compute them and
     nothing reads them). One Triton kernel. With ``scale`` (T,) float32 (the FP8 rowwise scales) also returns
-    their (R,) gather, 0 on padding rows. Returns xs (R, H) [, scales (R,)]."""
+    their (R,) gather, 0 on padding rows. ``mma_k_order`` (bf16 x, H % 64 == 0): the columns in the order of
+    :func:`mxkit.kernels.matmul_details._w4a16_wgmma.mma_k_order` (the prefill kernel on decode-mma experts).
+    Returns xs (R, H) [, scales (R,)]."""
     R, (T, H) = ids.numel(), x.shape
+    if mma_k_order and (x.element_size() != 2 or H % 64):
+        raise ValueError(f"mma_k_order needs 16-bit rows of a multiple of 64, got {x.dtype} rows of {H}")
     xs = torch.empty(R, H, dtype=x.dtype, device=x.device)
     ss = torch.empty(R, dtype=torch.float32, device=x.device) if scale is not None else None
     row_bytes = H * x.element_size()
@@ -402,7 +416,8 @@ def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: O
         s_src, s_dst = (scale.reshape(-1), ss) if scale is not None else (xs, xs)  # (unread without HAS_SCALE)
         _GATHER((-(-R // rows),), (x.view(torch.uint8).view(word), ids, xs.view(torch.uint8).view(word), s_src,
                                    s_dst, n, R, W),
-                (("TOP_K", top_k), ("ROWS", rows), ("BLOCK_W", block_w), ("HAS_SCALE", scale is not None)), 4)
+                (("TOP_K", top_k), ("ROWS", rows), ("BLOCK_W", block_w), ("HAS_SCALE", scale is not None),
+                 ("PERM64", mma_k_order)), 4)
     return (xs, ss) if scale is not None else xs
 
 
@@ -420,41 +435,54 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
     return out
 
 
-def _moe_wgmma(x, p1: WgmmaExperts, b1, p2: WgmmaExperts, b2, topk_weights, topk_ids, E, lo, n_total_experts,
-               activation, out_dtype) -> torch.Tensor:
+def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts, activation, out_dtype
+               ) -> torch.Tensor:
+    """Both GEMMs on the grouped wgmma kernel, the experts in its layout (WgmmaExperts) or in the decode
+    kernel's (MmaExperts: x gathered in that layout's K order, h written in it)."""
     from .matmul_details._w4a16_wgmma import w4a16_wgmma
 
     T, k = topk_ids.shape
     n = T * k
     _, N1, H = p1.shape
+    mma = isinstance(p1, MmaExperts)
     bm = wgmma_block_m(n / n_total_experts)
     B = max_blocks(n, E, bm)
     ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
-    xs = gather_rows(x, ids, n, k)
+    xs = gather_rows(x, ids, n, k, mma_k_order=mma)
     if b1 is not None:
-        b1 = _packed_bias(b1, N1, activation)
+        b1 = _packed_bias(b1, N1, ("mma", p1.interleaved) if mma else activation)
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
-    w4a16_wgmma(xs, p1.q, p1.st, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation)
     y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
-    w4a16_wgmma(h, p2.q, p2.st, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm)
+    if mma:
+        w4a16_wgmma(xs, p1.q, p1.s, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation,
+                    layout="mma", perm_out=True)
+        w4a16_wgmma(h, p2.q, p2.s, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm, layout="mma")
+    else:
+        w4a16_wgmma(xs, p1.q, p1.st, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation)
+        w4a16_wgmma(h, p2.q, p2.st, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm)
     return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
 
 
 _BIAS: dict = {}  # (id(bias), its _version, activation) -> (weakref to it, float32 bias in the packed row order)
 
 
-def _packed_bias(b: torch.Tensor, N: int, activation: Optional[str]) -> torch.Tensor:
-    """The gate_up bias (E, N) as float32 [E * N] in :func:`pack_experts_wgmma`'s row order; kept per tensor
-    and version (no per-call kernels)."""
+def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
+    """The gate_up bias (E, N) as float32 [E * N] in the packed experts' row order: :func:`pack_experts_wgmma`'s
+    for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor and
+    version (no per-call kernels)."""
     from .matmul_details._w4a16_wgmma import expert_row_order
 
-    key = (id(b), b._version, activation)
+    key = (id(b), b._version, order)
     hit = _BIAS.get(key)
     if hit is None or hit[0]() is not b:
         if len(_BIAS) > 64:
             _BIAS.clear()
-        hit = (weakref.ref(b), b.detach().to(torch.float32)[:, expert_row_order(N, activation, b.device)]
-               .reshape(-1).contiguous())
+        f = b.detach().to(torch.float32)
+        if isinstance(order, tuple):
+            f = _interleave_halves(f, 1) if order[1] else f
+        else:
+            f = f[:, expert_row_order(N, order, b.device)]
+        hit = (weakref.ref(b), f.reshape(-1).contiguous())
         _BIAS[key] = hit
     return hit[1]
 
@@ -479,12 +507,14 @@ def moe_triton(
     intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
 
     packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
-    ``interleave_halves`` for ``"swiglu"``): up to :data:`MMA_MAX_PAIRS` (token, slot) pairs both GEMMs run on
-    the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact; the same roundings: h in bf16,
-    the down GEMM in float32). Or (gate_up, down) of :func:`pack_experts_wgmma` (gate_up with ``act_pairs``
-    = ``activation``): above MMA_MAX_PAIRS pairs both GEMMs run on the grouped W4A16 wgmma kernel (Hopper):
-    rows gathered into sorted order, bias and activation in the first GEMM's epilogue, h in bf16, the down
-    GEMM stored float32 in sorted order, then the combine (bias, routing weight, k slots in order)."""
+    ``interleave_halves`` for ``"swiglu"``), one copy for every token count: up to :data:`MMA_MAX_PAIRS` (token,
+    slot) pairs both GEMMs run on the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact;
+    the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16 wgmma kernel
+    (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order), bias
+    and activation in the first GEMM's epilogue, h in bf16 (written in the K order), the down GEMM stored
+    float32 in sorted order, then the combine (bias, routing weight, k slots in order). Or (gate_up, down) of
+    :func:`pack_experts_wgmma` (gate_up with ``act_pairs`` = ``activation``; any K % 32): the prefill path
+    only, in the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md)."""
     T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype

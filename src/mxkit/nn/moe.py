@@ -113,8 +113,8 @@ class MXMoE(nn.Module):
         self.routing, self.activation, self.backend = routing, activation, backend
         self.act_format = act_format
         self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
-        self._packed: Optional[tuple] = None  # (key, decode-packed pair), as _folded
-        self._packed_wgmma: Optional[tuple] = None  # (key, prefill-packed pair), as _folded
+        self._packed: Optional[tuple] = None  # (key, decode-layout pair: decode and prefill), as _folded
+        self._packed_wgmma: Optional[tuple] = None  # (key, prefill-layout pair, for K % 64 != 0), as _folded
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -327,19 +327,21 @@ class MXMoE(nn.Module):
         return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """MXFP4 experts packed for the tensor-core decode path (:func:`mxkit.kernels.moe.pack_experts_mma`) up to
-        MMA_MAX_PAIRS (token, slot) pairs, for the grouped wgmma prefill path
-        (:func:`mxkit.kernels.moe.pack_experts_wgmma`, Hopper) above; each made on its first call, kept (a copy
-        of the expert bytes each) and made again when an expert buffer changes. None off CUDA, for other formats
-        or the reference backend."""
+        """MXFP4 experts packed once in the tensor-core decode kernel's layout
+        (:func:`mxkit.kernels.moe.pack_experts_mma`), which both the decode path (up to MMA_MAX_PAIRS (token,
+        slot) pairs) and the grouped wgmma prefill path (above, Hopper) read: one copy of the expert bytes, made
+        on the first call and made again when an expert buffer changes. Shapes that layout does not take (K % 64)
+        get the prefill kernel's own layout (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS.
+        None off CUDA, for other formats or the reference backend."""
         if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
             return None
         from ..kernels.matmul_details._w4a16_wgmma import available
         from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma, pack_experts_wgmma
 
-        if x.numel() // self.hidden_size * self.top_k <= MMA_MAX_PAIRS:
-            return self._per_buffers("_packed", pack_experts_mma)
-        if available(x.device) is not None:
+        packed = self._per_buffers("_packed", pack_experts_mma)
+        if all(p is not None for p in packed):
+            return packed
+        if x.numel() // self.hidden_size * self.top_k <= MMA_MAX_PAIRS or available(x.device) is not None:
             return None
         act = self.activation
         return self._per_buffers("_packed_wgmma", lambda w, **_: pack_experts_wgmma(w, act_pairs=act),

@@ -13,10 +13,13 @@ from ._grouped import _act_pairs
 
 @triton.jit
 def _gather_rows_kernel(src_ptr, ids_ptr, dst_ptr, ssrc_ptr, sdst_ptr, n_valid, R, W,
-                        TOP_K: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, HAS_SCALE: tl.constexpr):
+                        TOP_K: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, HAS_SCALE: tl.constexpr,
+                        PERM64: tl.constexpr):
     """Sorted rows [ROWS * pid, + ROWS) of R: dst[r] = src[ids[r] // TOP_K] (rows of W words) where ids[r] <
     n_valid; padding rows are not written (the grouped GEMMs compute them, nobody reads the results).
-    HAS_SCALE: sdst[r] = ssrc[that token], 0 for padding rows."""
+    HAS_SCALE: sdst[r] = ssrc[that token], 0 for padding rows. PERM64 (words of two bf16, W % 32 == 0): each 32
+    words in the decode-mma layout's K order (``_w4a16_wgmma.mma_k_order``): word 16 b + 8 s + 4 kh + t takes
+    word 16 b + 4 t + 2 s + kh."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = r < R
     i = tl.load(ids_ptr + r, mask=rm, other=n_valid)
@@ -25,7 +28,11 @@ def _gather_rows_kernel(src_ptr, ids_ptr, dst_ptr, ssrc_ptr, sdst_ptr, n_valid, 
     c = tl.arange(0, BLOCK_W)
     for w0 in range(0, W, BLOCK_W):
         m = valid[:, None] & (w0 + c < W)[None, :]
-        v = tl.load(src_ptr + tok[:, None] * W + w0 + c[None, :], mask=m)
+        col = w0 + c
+        if PERM64:
+            wl = col % 32
+            col = col - wl + (wl & 16) + (wl & 3) * 4 + ((wl >> 3) & 1) * 2 + ((wl >> 2) & 1)
+        v = tl.load(src_ptr + tok[:, None] * W + col[None, :], mask=m)
         tl.store(dst_ptr + r.to(tl.int64)[:, None] * W + w0 + c[None, :], v, mask=m)
     if HAS_SCALE:
         tl.store(sdst_ptr + r, tl.load(ssrc_ptr + tok, mask=valid, other=0.0), mask=rm)

@@ -24,6 +24,14 @@ multiple of 64, and each 32-byte step permuted so that lane c of a quad finds it
 ``st[t, 2 n + j] = scale[n, 2 t + j]``. Element k = 64 t + 8 i + 2 c + e of row n is then the low (e = 0) or
 high nibble of q[n, 32 t + 8 c + i], which is the wgmma A-fragment order of k (lanes c, registers i, e).
 :func:`unpack_wgmma` is the inverse (tests).
+
+The kernel also reads the decode-mma kernel's layout (``layout="mma"``, :func:`_mma_decode.pack_mma`: per 16
+rows and 64 columns, lane l = 4 g + t's 16 bytes hold its A-fragment codes of rows g, g + 8 for four k-steps,
+bits placed for a mask-and-shift decode), so one copy of MoE experts serves decode and prefill. That layout
+permutes K inside each 64 columns (:func:`mma_k_order`); wgmma reads x from shared memory in its own order, so
+x comes with its columns in that order (the MoE gather writes them so, and the first GEMM's epilogue writes h
+so for the second). Its decode is cheaper (a mask, at most one shift, and the multiplies per register): the
+MoE prefill runs 4-14% faster on it than on this module's layout (H100).
 """
 
 from __future__ import annotations
@@ -154,6 +162,26 @@ def _fp4_pairs_asm(one_mul: bool) -> str:
     return " ".join(lines + ["}"])
 
 
+def _mma_words_asm(one_mul: bool) -> str:
+    """PTX: $4 one word of the decode-mma layout (8 E2M1 codes at :data:`_mma_decode.BITS`), $5 / $6 the block
+    factors of rows g / g + 8 as bf16x2 (both halves equal; times 2^126 when one_mul) -> $0 .. $3 the bf16x2
+    A-fragment registers (row g, row g + 8) x (columns 2t, 2t + 1 | 2t + 8, 2t + 9) of ``mma_decode.cu``'s
+    decode8: magnitude bits at 8..6 and sign at 15 of each half by a mask (one shift for three of the four), a
+    bf16 equal to the E2M1 value times 2^-126, then times 2^126 and the factor (exact), or times the factor
+    2^(s - 1) at once."""
+    P = "0x81C081C0"
+    parts = [f"and.b32 z, $4, {P};", f"shl.b32 u, $4, 3; and.b32 z, u, {P};", f"shl.b32 u, $4, 6; and.b32 z, u, {P};",
+             "shr.b32 u, $4, 4; and.b32 z, u, 0x00C000C0; shr.b32 u, $4, 5; and.b32 u, u, 0x01000100; "
+             "or.b32 z, z, u; shl.b32 u, $4, 1; and.b32 u, u, 0x80008000; or.b32 z, z, u;"]
+    lines = ["{", ".reg .b32 z, u, k;", "mov.b32 k, 0x7E807E80;"]
+    for i, part in enumerate(parts):
+        lines.append(part)
+        if not one_mul:
+            lines.append("mul.rn.bf16x2 z, z, k;")
+        lines.append(f"mul.rn.bf16x2 ${i}, z, ${5 + i % 2};")
+    return " ".join(lines + ["}"])
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel():
     """Build the Gluon kernel (once; needs Triton's Gluon)."""
@@ -161,6 +189,7 @@ def _kernel():
     import triton.language as tl
 
     asm2, asm1 = gl.constexpr(_fp4_pairs_asm(False)), gl.constexpr(_fp4_pairs_asm(True))
+    masm2, masm1 = gl.constexpr(_mma_words_asm(False)), gl.constexpr(_mma_words_asm(True))
     # TMA load: async_copy_global_to_shared in Triton 3.6, renamed async_load later (the old name then raises)
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     NAN_ALL = gl.constexpr(tl.PropagateNan.ALL)
@@ -200,16 +229,56 @@ def _kernel():
         return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
 
     @gluon.jit
-    def _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES):
+    def _decode_mma(w_tile, s_tile, BNc: gl.constexpr, B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr,
+                    DOT: gl.constexpr, ONE_MUL: gl.constexpr):
+        # the decode-mma layout: per 16 rows (group) 512 bytes, lane l = 4 g + t's 16 bytes at 16 l: word j of
+        # the four is k-step j's A fragment of rows g, g + 8 (K permuted inside the 64: x comes permuted alike)
+        byt = gl.convert_layout(gl.reshape(w_tile.load(B2), [BNc // 2, 4, 16]), BL, assert_trivial=True)
+        sb = gl.reshape(s_tile.load(S2), [BNc // 2, 2, 2]).to(gl.int32)   # [(group, g), h, b]: 4 g + 2 h + b
+        if ONE_MUL:
+            f = _e8m0_bf16(sb + 126)                                     # 2^(s - 1), s <= 128
+        else:
+            f = _e8m0_bf16(sb)
+        f = gl.permute(f, (0, 2, 1))                                     # [.., b, h]
+        f = gl.join(f, f)                                                # [.., b, h, d]
+        f = gl.join(f, f)                                                # [.., b, h, d, s]
+        f = gl.reshape(gl.permute(f, (0, 1, 4, 2, 3)), [BNc // 2, 16])    # j = 2 b + s, slot q = 2 h + d
+        f = gl.convert_layout(f, gl.SliceLayout(1, BL), assert_trivial=True)
+        f = gl.broadcast(gl.expand_dims(f, 1), gl.full([BNc // 2, 4, 16], 0, gl.bfloat16, BL))[0]
+        if ONE_MUL:
+            a, b = gl.inline_asm_elementwise(masm1, "=r,=r,=r,=r,r,r,r", [byt, f], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=4)
+        else:
+            a, b = gl.inline_asm_elementwise(masm2, "=r,=r,=r,=r,r,r,r", [byt, f], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=4)
+        # a: slots (row g, g + 8) x (column 2t, 2t + 1) of word j; b: columns + 8
+        w = gl.reshape(gl.join(a, b), [BNc // 16, 8, 4, 4, 2, 2, 2])     # [group, g, t, j, h, e, kh]
+        w = gl.permute(w, (0, 4, 1, 3, 6, 2, 5))                         # row 16 group + 8 h + g; k 16 j + 8 kh + 2 t + e
+        return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
+
+    @gluon.jit
+    def _decode_any(w_tile, s_tile, BNc, B2, S2, BL, L3, DOT, ONE_MUL, MMA):  # constexprs past the tiles
+        if MMA:
+            w = _decode_mma(w_tile, s_tile, BNc, B2, S2, BL, DOT, ONE_MUL)
+        else:
+            w = _decode(w_tile, s_tile, BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        return w
+
+    @gluon.jit
+    def _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA):
         # step t's x, weight bytes and scale bytes into slot sl, signalling ready[sl]
         mbarrier.expect(ready.index(sl), NBYTES)
         tma_load(x_desc, [off_m, t * 64], ready.index(sl), x_smem.index(sl))
-        tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
-        tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
+        if MMA:  # the decode-mma layout: [N / 16, K / 64 * 2, 256] bytes and [N / 16, K / 64 * 32] scale bytes
+            tma_load(w_desc, [row0 // 16, 2 * t, 0], ready.index(sl), w_smem.index(sl))
+            tma_load(s_desc, [row0 // 16, 32 * t], ready.index(sl), s_smem.index(sl))
+        else:
+            tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
+            tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
 
     @gluon.jit
     def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0,
-              STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS):
+              STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA):
         # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot
         # goes back to the producer (WS) or takes step t + STAGES - 1's TMA, and step t + 1's weight is decoded
         # into w_next while this wgmma runs
@@ -220,27 +289,27 @@ def _kernel():
         else:
             tn = t + STAGES - 1
             if tn < STEPS:
-                _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
+                _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
         t1 = gl.minimum(t + 1, STEPS - 1)
         s1 = t1 % STAGES
         mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
-        w_next = _decode(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        w_next = _decode_any(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL, MMA)
         return acc, w_next
 
     @gluon.jit
     def _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS, NBYTES,
-                  STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS):
+                  STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA):
         # the decode + wgmma loop (the consumers, or every warp without WS), two steps per iteration with the
         # weight operands alternating between w0 and w1 (no register copies)
         acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
         mbarrier.wait(ready.index(0), 0)
-        w0 = _decode(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL)
+        w0 = _decode_any(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL, MMA)
         w1 = w0
         for t in range(0, STEPS - 1, 2):
             acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS)
+                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
             acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS)
+                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
         if STEPS % 2 == 1:  # the last step's weight is in w0
             acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -248,18 +317,25 @@ def _kernel():
         return (acc,)  # a tuple: gl.warp_specialize flattens the default partition's results
 
     @gluon.jit
-    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, STEPS, NBYTES, STAGES):
+    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, STEPS, NBYTES, STAGES,
+                 MMA):
         # the TMA producer (one warp): step t into slot t % STAGES once the consumers freed it
         for t in range(STEPS):
             sl = t % STAGES
             mbarrier.wait(empty.index(sl), ((t // STAGES) & 1) ^ 1)
-            _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
+            _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
 
     @gluon.jit
     def _pairs(t, BNc: gl.constexpr, BM: gl.constexpr):
         # [BNc, BM] -> its rows 16 b + r (gate) and 16 b + 8 + r (up), [BNc / 16, 8, BM] each: one thread's
         # registers (the accumulator layout's row 8 is a register bit)
         return gl.split(gl.permute(gl.reshape(t, [BNc // 16, 2, 8, BM]), (0, 2, 3, 1)))
+
+    @gluon.jit
+    def _adjacent(t, PAIR: gl.constexpr, BNc: gl.constexpr, BM: gl.constexpr):
+        # [BNc, BM] -> its rows 2 c and 2 c + 1, [BNc / 2, BM] each (PAIR: row bit 0 a register bit)
+        t = gl.permute(gl.reshape(gl.convert_layout(t, PAIR), [BNc // 2, 2, BM]), (0, 2, 1))
+        return gl.split(t)
 
     @gluon.jit
     def _act(gate, up, ACT: gl.constexpr):
@@ -277,7 +353,8 @@ def _kernel():
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, MMA: gl.constexpr,
+                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         grid_n = gl.cdiv(N, BNc)
         grid_m = gl.cdiv(M, BM)
@@ -296,8 +373,12 @@ def _kernel():
         else:
             row0 = off_n
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, 64], x_desc.layout)
-        w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 32], w_desc.layout)
-        s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
+        if MMA:
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc // 16, 2, 256], w_desc.layout)
+            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, BNc // 16, 32], s_desc.layout)
+        else:
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 32], w_desc.layout)
+            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
         for s in gl.static_range(STAGES):
@@ -308,17 +389,17 @@ def _kernel():
                 mbarrier.init(empty.index(s), count=1)
             (acc,) = gl.warp_specialize([(_mainloop, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc,
                                                       off_m, row0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL, L3,
-                                                      ACC, DOT, ONE_MUL, WS)),
+                                                      ACC, DOT, ONE_MUL, WS, MMA)),
                                          (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty,
-                                                     off_m, row0, STEPS, NBYTES, STAGES))], [1], [24])
+                                                     off_m, row0, STEPS, NBYTES, STAGES, MMA))], [1], [24])
             for s in gl.static_range(STAGES):
                 mbarrier.invalidate(empty.index(s))
         else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
             for s in gl.static_range(STAGES - 1):
                 if s < STEPS:
-                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES)
+                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
             (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS,
-                               NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS)
+                               NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))
@@ -327,7 +408,14 @@ def _kernel():
             acc = acc + gl.expand_dims(gl.load(b_ptr + (row0 - off_n) + n_o, mask=n_o < N, other=0.0), 1)
         n2 = gl.expand_dims(n_o, 1) + gl.zeros([BNc, BM], gl.int32, ACC)
         m2 = gl.expand_dims(m_o, 0) + gl.zeros([BNc, BM], gl.int32, ACC)
-        if ACT != 0:
+        if ACT != 0 and MMA:
+            # the decode-mma row order (gate 2 c, up 2 c + 1): a shuffle puts each pair in one thread
+            gate, up = _adjacent(acc, PAIR, BNc, BM)
+            out = _act(gate, up, ACT)
+            n2, _ = _adjacent(n2, PAIR, BNc, BM)
+            m2, _ = _adjacent(m2, PAIR, BNc, BM)
+            col = n2 // 2
+        elif ACT != 0:
             # rows 16 b + r (gate) and 16 b + 8 + r (up) of the tile are one thread's registers: output column
             # 8 b + r of the pair (pack_wgmma_experts' row order)
             gate, up = _pairs(acc, BNc, BM)
@@ -338,6 +426,9 @@ def _kernel():
         else:
             out = acc
             col = n2
+        if PERM_OUT:  # columns in the decode-mma layout's K order (the next GEMM's x): 64 c + k -> 64 c + kl(k)
+            k = col % 64
+            col = col - k + ((k & 1) | (((k >> 3) & 3) << 1) | (((k >> 1) & 1) << 3) | (((k >> 2) & 1) << 4) | (k & 32))
         ptr = y_ptr + m2.to(gl.int64) * stride_ym + col
         mask = (n2 < N) & (m2 < M)
         gl.store(ptr, out.to(y_ptr.dtype.element_ty), mask=mask)
@@ -375,6 +466,43 @@ def _layouts(BM: int):
 
 
 @functools.lru_cache(maxsize=None)
+def _layouts_mma(BM: int):
+    """(B2, S2, BL, PAIR) of the decode-mma layout: the byte tile [BN / 16, 2, 256] and scale tile [BN / 16, 32]
+    as loaded from shared memory (lane l = 4 g + t: bytes 16 l .. 16 l + 15 of its warp's group, the 4 scale bytes
+    of g), the bytes [BN / 2 (group, g), 4 (t), 16] per lane, and the accumulator with row bit 0 in a register
+    (gate / up pairs of adjacent rows in one thread)."""
+    gl = _gluon()[1]
+    lin = gl.DistributedLinearLayout
+    G = BN // 16
+    warps3 = [[1 << i, 0, 0] for i in range(WARPS.bit_length() - 1)]
+    warps2 = [[1 << i, 0] for i in range(WARPS.bit_length() - 1)]
+    b2 = lin([[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]], [[0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 0, 128], [0, 1, 0]],
+             warps3, [], [G, 2, 256])
+    s2 = lin([[0, 1], [0, 2]], [[0, 0], [0, 0], [0, 4], [0, 8], [0, 16]], warps2, [], [G, 32])
+    bl = lin([[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]], [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+             [[8 << i, 0, 0] for i in range(WARPS.bit_length() - 1)], [], [BN // 2, 4, 16])
+    cols = [[0, 8 << i] for i in range((BM // 8).bit_length() - 1)]
+    pair = lin([[0, 1], [1, 0]] + cols, [[0, 2], [0, 4], [8, 0], [2, 0], [4, 0]],
+               [[16 << i, 0] for i in range(WARPS.bit_length() - 1)], [], [BN, BM])
+    return b2, s2, bl, pair
+
+
+@functools.lru_cache(maxsize=None)
+def _u8_layout(rank: int):
+    return _gluon()[1].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=rank)
+
+
+def mma_k_order(K: int, device=None) -> torch.Tensor:
+    """int64 [K]: the source column of each column of x for ``layout="mma"`` (K % 64 == 0): in each 64, column
+    16 j + 8 kh + 2 t + e (the wgmma A-fragment order of step j) takes column 32 (j // 2) + 8 t + 4 (j % 2) + 2 kh
+    + e (the decode-mma layout's order of the same weight codes, ``mma_decode.cu``)."""
+    k = torch.arange(K, device=device)
+    c, kl = k // 64 * 64, k % 64
+    e, t, kh, j = kl & 1, (kl >> 1) & 3, (kl >> 3) & 1, kl >> 4
+    return c + 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * kh + e
+
+
+@functools.lru_cache(maxsize=None)
 def _smem_layouts(BM: int):
     """The shared layouts of the TMA descriptors: x's tile [BM, 64] (bf16, swizzled for wgmma) and the byte tiles."""
     gl = _gluon()[1]
@@ -400,7 +528,8 @@ def block_m(M: int) -> int:
 def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_mul: bool,
                 out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
                 y: Optional[torch.Tensor] = None, *, expert_ids: Optional[torch.Tensor] = None,
-                bm: Optional[int] = None, activation: Optional[str] = None) -> torch.Tensor:
+                bm: Optional[int] = None, activation: Optional[str] = None, layout: str = "wgmma",
+                perm_out: bool = False) -> torch.Tensor:
     """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
     W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
     rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
@@ -410,12 +539,19 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     weight (:func:`pack_wgmma_experts`), x's rows are sorted in blocks of ``bm`` rows (32, 64, 128 or 256)
     and block b is multiplied by expert ``expert_ids[b]`` (int32; -1: skipped, its rows of y untouched);
     ``bias`` float32 [E * N] in the packed row order; ``activation`` ``"swiglu_gpt_oss"`` / ``"swiglu"`` (the
-    experts packed with ``act_pairs``) makes y [M, N / 2] of the activation of each (gate, up) pair."""
+    experts packed with ``act_pairs``) makes y [M, N / 2] of the activation of each (gate, up) pair.
+
+    ``layout="mma"``: (q, st) are the decode-mma kernel's (:func:`mxkit.kernels.matmul_details._mma_decode.pack_mma`,
+    q int32 [N / 16, K / 64, 32, 4], st int32 [N / 16, K / 64, 8]; K % 64 == 0), one copy serving decode and
+    prefill; x's columns must then be in that layout's K order (:func:`mma_k_order`), gate_up rows in pairs
+    (gate 2c, up 2c + 1) for ``activation``; ``perm_out`` writes y's columns in that K order (the next GEMM's
+    x)."""
     from ._grouped import ACTS
 
     _, gl, _, _, _, _, TensorDescriptor = _gluon()
     M, K = x.shape
-    steps = q.shape[1] // 32
+    mma = layout == "mma"
+    steps = q.shape[1] if mma else q.shape[1] // 32
     grouped = expert_ids is not None
     n_out = N // 2 if activation else N
     if y is None:
@@ -424,15 +560,24 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     b2, s2, bl, l3, acc, dot = _layouts(bm)
     x_smem, u8 = _smem_layouts(bm)
     x_desc = TensorDescriptor.from_tensor(x, [bm, 64], x_smem)
-    w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
-    s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
+    pair = acc
+    if mma:
+        b2, s2, bl, pair = _layouts_mma(bm)
+        R = q.shape[0]
+        w_desc = TensorDescriptor.from_tensor(q.view(torch.uint8).view(R, 2 * steps, 256), [BN // 16, 2, 256],
+                                              _u8_layout(3))
+        s_desc = TensorDescriptor.from_tensor(st.view(torch.uint8).view(R, 32 * steps), [BN // 16, 32], u8)
+    else:
+        w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
+        s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid_m = expert_ids.numel() if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN),)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm))
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), mma, bool(perm_out))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
               ("L3", l3), ("ACC", acc), ("DOT", dot))
-    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS"), flags))
+    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "MMA"), flags[:6]))
+    consts += (("PAIR", pair), ("PERM_OUT", flags[6]))
     _launcher()(grid, (x_desc, w_desc, s_desc, y, bias if bias is not None else y, expert_ids if grouped else y,
                        M, N, steps, y.stride(0)), consts, WARPS, consts_key=(bm,) + flags)
     return y

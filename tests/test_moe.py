@@ -572,6 +572,48 @@ def test_mxmoe_from_dense_and_state_dict(fmt, rng):
     torch.testing.assert_close(half(x) + other(x), y, rtol=1e-6, atol=1e-6 * float(y.abs().max()))
 
 
+@pytest.mark.parametrize("activation", ["swiglu_gpt_oss", "swiglu"])
+@torch.no_grad()
+def test_mxmoe_pack_in_place(activation, rng):
+    """MXMoE.pack_ (what the first CUDA forward does): the four expert buffers become the decode-mma layout (one
+    copy, the same bytes); the forward (the reference here) is unchanged to the bit; state_dict still gives the
+    checkpoint layout byte for byte, load_state_dict takes it into a packed module (packing it), a wrong shape
+    is a clear error; expert_range modules and sharding unpack; other formats and W4A8 modules do not pack."""
+    E, k, H2, I2 = 4, 2, 128, 64  # K % 64 == 0 for both expert tensors
+    router = nn.Linear(H2, E)
+    dense = (torch.randn(E, 2 * I2, H2, generator=rng), torch.randn(E, 2 * I2, generator=rng),
+             torch.randn(E, H2, I2, generator=rng), torch.randn(E, H2, generator=rng))
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4", activation=activation)
+    x = torch.randn(5, H2, generator=rng)
+    y0, sd0 = m(x), {n: t.clone() for n, t in m.state_dict().items()}
+    nbytes = m.expert_nbytes
+    assert m.expert_layout == "checkpoint" and m.pack_() and m.pack_()
+    assert m.expert_layout == "mma" and "expert_layout=mma" in repr(m)
+    assert m.gate_up_qdata.dtype == torch.int32 and m.gate_up_qdata.shape == (E * 2 * I2 // 16, H2 // 64, 32, 4)
+    assert m.down_scale.shape == (E * H2 // 16, I2 // 64, 8) and m.expert_nbytes == nbytes
+    assert torch.equal(m(x), y0)
+    sd1 = m.state_dict()
+    assert set(sd1) == set(sd0) and all(torch.equal(sd1[n], sd0[n]) for n in sd0)
+    assert torch.equal(m.gate_up_mx.qdata, sd0["gate_up_qdata"]) and torch.equal(m.down_mx.scale, sd0["down_scale"])
+    fresh = MXMoE(H2, I2, E, k, "mxfp4", activation=activation)
+    assert fresh.pack_()
+    fresh.load_state_dict(sd0)
+    assert torch.equal(fresh(x), y0) and fresh.expert_layout == "mma"
+    assert all(torch.equal(fresh.state_dict()[n], sd0[n]) for n in sd0)
+    bad = dict(sd0, gate_up_qdata=sd0["gate_up_qdata"][:, :-1])
+    with pytest.raises(RuntimeError, match="gate_up_qdata / gate_up_scale: expected uint8 tensors of the checkpoint"):
+        fresh.load_state_dict(bad)
+    copy.deepcopy(fresh)
+    part = MXMoE.from_dense(router, *dense, k, "mxfp4", activation=activation, expert_range=(1, 3))
+    want = part(x)
+    assert part.pack_() and torch.equal(part(x), want)
+    assert not MXMoE.from_dense(router, *dense, k, "mxfp8", activation=activation).pack_()
+    assert not MXMoE.from_dense(router, *dense, k, "mxfp4", act_format="fp8_e4m3_rowwise").pack_()
+    odd = MXMoE.from_dense(nn.Linear(96, E), torch.randn(E, 64, 96, generator=rng), None,
+                           torch.randn(E, 96, 32, generator=rng), None, k, "mxfp4")
+    assert not odd.pack_() and odd.expert_layout == "checkpoint"  # K % 64 != 0
+
+
 def test_mxmoe_errors():
     with pytest.raises(ValueError, match="hidden_size=48"):
         MXMoE(48, 32, 4, 2, "mxfp4")
@@ -699,9 +741,11 @@ def test_gpu_gpt_oss_swap_matches_hf_bf16(tokens, rng):
             assert _bf16_rows_off(a, b) <= allowed, f"hidden state {i}"
         assert _bf16_rows_off(got.logits, ref.logits) <= allowed
         mlp = swapped.model.layers[0].mlp
+        assert mlp.expert_layout == "mma"  # packed in place by the first forward (one copy)
+        sd = mlp.state_dict()  # the checkpoint layout: exchange the experts in pairs there
         for name in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
-            t = getattr(mlp, name)
-            t.copy_(t[[1, 0, 3, 2]])
+            sd[name] = sd[name][[1, 0, 3, 2]]
+        mlp.load_state_dict(sd)
         assert _bf16_rows_off(mlp(seen[0][0])[0], seen[0][1]) > 0
 
 

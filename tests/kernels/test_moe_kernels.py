@@ -846,14 +846,27 @@ def test_gpu_moe_prefill_wgmma_expert_range_graph_and_mxmoe(rng, monkeypatch):
     dense = [torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
              torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng)]
     m = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), k, "mxfp4")
-    for n_tok, n_calls in ((100, 2), (16, 0)):
+    keep = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), k, "mxfp4", keep_source=True)
+    xs = [torch.randn(n_tok, H, generator=rng).to(torch.bfloat16).cuda() for n_tok in (100, 16)]
+    with torch.no_grad():
+        y_keep = [keep(xm) for xm in xs]  # (also warms the kernels' caches before m's memory is measured)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for xm, yk, (n_tok, n_calls) in zip(xs, y_keep, ((100, 2), (16, 0))):
         calls.clear()
-        xm = torch.randn(n_tok, H, generator=rng).to(torch.bfloat16).cuda()
         with torch.no_grad():
             y = m(xm)
             tw_m, ids_m = route(m.router(xm), k)
-        assert len(calls) == n_calls
+        assert len(calls) == n_calls and torch.equal(yk, y)  # keep: the checkpoint buffers plus a packed copy
         ref = moe_reference(xm, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, tw_m, ids_m,
                             out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
         assert_rows(y, ref, act_flips(ref, xm, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, tw_m, ids_m),
                     factor=1.5)
+    # one copy: the first forward re-laid m's buffers in place (a second copy would add expert_nbytes)
+    assert m.expert_layout == "mma" and keep.expert_layout == "checkpoint" and keep._packed is not None
+    m.backend = keep.backend = "reference"  # no packed path: m's experts unpacked on the fly, the same result
+    with torch.no_grad():
+        assert torch.equal(m(xs[1]), keep(xs[1]))
+    del xm, y, ref
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < m.expert_nbytes // 4

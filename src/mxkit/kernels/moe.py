@@ -44,7 +44,8 @@ _BIAS_ACT_FP8 = _Launcher(_moe_epilogue, "_bias_act_fp8_kernel")
 _WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
-           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m"]
+           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m", "moe_packed",
+           "packed_path"]
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,10 @@ class MmaExperts:
     """MXFP4 experts (E, N, K) in the layout of the tensor-core decode kernel (:func:`pack_experts_mma`): q, s
     of :func:`mxkit.kernels.matmul_details._mma_decode.pack_mma` on the (E * N, K) weight; ``special``: a scale
     byte 0 or 255 is present; ``interleaved``: rows reordered from ``[gate; up]`` halves to (gate, up) pairs;
-    ``one_mul``: every scale byte is <= 128 (the prefill kernel's one-multiply decode). The prefill path reads
-    the same bytes (:func:`moe_triton`): one copy of the experts serves every token count."""
+    ``one_mul``: every scale byte is <= 128 (the prefill kernel's one-multiply decode); ``bf16_exact``: every
+    scale byte in the bf16-exact envelope (:func:`supported`; the packed paths need it, as the grouped kernel
+    does). The prefill path reads the same bytes (:func:`moe_triton`): one copy of the experts serves every
+    token count."""
 
     q: torch.Tensor
     s: torch.Tensor
@@ -258,6 +261,7 @@ class MmaExperts:
     special: bool
     interleaved: bool = False
     one_mul: bool = False
+    bf16_exact: bool = True
 
 
 def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optional[MmaExperts]:
@@ -274,7 +278,7 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
         qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
     q, s = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc.reshape(E * N, K // 32).contiguous())
     special, big = (bool(v) for v in torch.stack([((sc == 0) | (sc == 255)).any(), (sc > 128).any()]).tolist())
-    return MmaExperts(q, s, (E, N, K), special, interleave_halves, not big)
+    return MmaExperts(q, s, (E, N, K), special, interleave_halves, not big, supported(w))
 
 
 def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
@@ -350,6 +354,20 @@ def wgmma_block_m(pairs_per_expert: float) -> int:
     if pairs_per_expert <= 48:
         return 64
     return 128 if pairs_per_expert <= 384 else 256
+
+
+def packed_path(packed: Optional[tuple], n: int, activation: str, x: torch.Tensor) -> Optional[str]:
+    """Which path :func:`moe_triton` takes on ``packed`` experts for ``n`` (token, slot) pairs of the 2-D bf16
+    ``x``: ``"wgmma"`` (prefill), ``"mma"`` (decode), or None (neither: the experts' MXTensors are read)."""
+    if packed is None or x.dtype != torch.bfloat16:
+        return None
+    p1, p2 = packed
+    mma = isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts)
+    if mma and not (p1.bf16_exact and p2.bf16_exact):
+        return None
+    if _wgmma_takes(packed, n, activation, x):
+        return "wgmma"
+    return "mma" if mma and _mma_takes(packed, n, activation, x) else None
 
 
 def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
@@ -487,6 +505,55 @@ def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     return hit[1]
 
 
+def _run_packed(path: str, x, packed, b1, b2, topk_weights, topk_ids, activation, out_dtype, expert_range,
+                n_experts) -> torch.Tensor:
+    T, k = topk_ids.shape
+    E, N1, H = packed[0].shape
+    lo = expert_range[0] if expert_range is not None else 0
+    if path == "wgmma":
+        return _moe_wgmma(x, packed[0], b1, packed[1], b2, topk_weights, topk_ids, E, lo, n_experts, activation,
+                          out_dtype)
+    rw = topk_weights.reshape(-1).to(torch.float32)
+    y = _moe_mma(x, packed[0], b1, packed[1], b2, rw, topk_ids, E, lo, T, k, N1 // 2, H, activation, expert_range)
+    return y.view(T, k, H).sum(1).to(out_dtype)
+
+
+def moe_packed(
+    x: torch.Tensor,
+    packed: tuple,
+    b_gate_up: Optional[torch.Tensor],
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: Optional[torch.dtype] = None,
+    expert_range: Optional[tuple[int, int]] = None,
+    num_experts: Optional[int] = None,
+) -> Optional[torch.Tensor]:
+    """:func:`moe_triton` on experts held only packed (``packed``: the (gate_up, down) pair of
+    :func:`pack_experts_mma`, as :meth:`mxkit.nn.MXMoE.pack_` keeps them): the decode or the prefill path, the
+    same kernels and result. Returns None when neither path takes the call (:func:`packed_path`: x not bf16,
+    scale bytes outside the bf16-exact envelope, no kernel here); the caller then runs the experts' MXTensors.
+    x (T, H) bf16 on CUDA, topk (T, k); biases (E_local, 2I) / (E_local, H) or None. Raises ValueError for
+    shapes that do not match the packed experts."""
+    p1, p2 = packed
+    if not (isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts)):
+        raise TypeError("moe_packed takes the (gate_up, down) pair of pack_experts_mma")
+    E, N1, H = p1.shape
+    if x.dim() != 2 or x.shape[1] != H or tuple(p2.shape) != (E, H, N1 // 2) or topk_ids.dim() != 2 \
+            or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"moe_packed: x {tuple(x.shape)}, experts {p1.shape} / {p2.shape}, topk "
+                         f"{tuple(topk_weights.shape)} / {tuple(topk_ids.shape)} do not match")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    path = packed_path(packed, topk_ids.numel(), activation, x)
+    if path is None:
+        return None
+    return _run_packed(path, x, packed, b_gate_up, b_down, topk_weights, topk_ids, activation,
+                       out_dtype or x.dtype, expert_range, num_experts or E)
+
+
 def moe_triton(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -524,17 +591,14 @@ def moe_triton(
                              out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts,
                              intermediate_dtype=x.dtype)
     n = T * k
-    lo = expert_range[0] if expert_range is not None else 0
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if packed is not None and _wgmma_takes(packed, n, activation, x):
-        return _moe_wgmma(x, packed[0], b_gate_up, packed[1], b_down, topk_weights, topk_ids, E, lo,
-                          num_experts or E, activation, out_dtype)
+    path = packed_path(packed, n, activation, x)
+    if path is not None:
+        return _run_packed(path, x, packed, b_gate_up, b_down, topk_weights, topk_ids, activation, out_dtype,
+                           expert_range, num_experts or E)
+    lo = expert_range[0] if expert_range is not None else 0
     rw = topk_weights.reshape(-1).to(torch.float32)
-    if packed is not None and isinstance(packed[0], MmaExperts) and _mma_takes(packed, n, activation, x):
-        y = _moe_mma(x, packed[0], b_gate_up, packed[1], b_down, rw, topk_ids, E, lo, T, k, I, H, activation,
-                     expert_range)
-        return y.view(T, k, H).sum(1).to(out_dtype)
     per_expert = n / (num_experts or E)  # routed rows per expert (of all ranks: the same schedule on each)
     cfg1 = moe_config(per_expert, 2 * I, H)
     ids, eids = align_device(topk_ids, E, cfg1.block_m, lo=lo)

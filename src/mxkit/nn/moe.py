@@ -12,6 +12,15 @@ transformers' ``GptOssExperts`` stores the transposes: ``gate_up_proj`` [E, H, 2
 (``x @ gate_up_proj[e]``); :meth:`MXMoE.from_hf_gpt_oss` transposes them back to the checkpoint layout
 (``gate_up_proj_blocks [E, 2I, H/32, 16]`` is exactly this module's ``gate_up_qdata`` viewed per block).
 
+Storage on Hopper: on its first CUDA forward (W4A16, MXFP4 experts, K % 64 == 0, sm_90) the module re-lays the four
+expert buffers in place in the tensor-core kernels' layout (:meth:`MXMoE.pack_`: int32 ``gate_up_qdata``
+(E·2I/16, H/64, 32, 4) and ``gate_up_scale`` (E·2I/16, H/64, 8), the same for ``down``; the same bytes,
+rearranged), which the decode and the prefill kernels both read. The experts then take their MXFP4 size once
+(GPT-OSS-120B: 60.9 GB) instead of a source plus a packed copy. ``state_dict()`` still gives, and
+``load_state_dict()`` still takes, the checkpoint layout (converted per tensor on the module's device);
+``gate_up_mx`` / ``down_mx`` unpack on the fly (the reference path, CPU). ``keep_source=True`` keeps the
+checkpoint-layout buffers and a packed copy beside them instead.
+
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
 set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the group.
@@ -61,6 +70,8 @@ class MXMoE(nn.Module):
       backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
       act_format: None (bf16 tokens: W4A16 / W8A16) or ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
         FP8 tokens with a scale per token, FP4 / FP6 experts folded once to E4M3 on first use per device).
+      keep_source: False (default): the first forward on Hopper packs the experts in place (module docstring); True:
+        the buffers keep the checkpoint layout and the packed copy is kept beside them (twice the memory).
       device / dtype: of the router and the biases.
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
@@ -88,6 +99,7 @@ class MXMoE(nn.Module):
         block_size: int = BLOCK_SIZE,
         backend: str = "auto",
         act_format: Optional[str] = None,
+        keep_source: bool = False,
         device: Optional[Union[str, torch.device]] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -115,6 +127,11 @@ class MXMoE(nn.Module):
         self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
         self._packed: Optional[tuple] = None  # (key, decode-layout pair: decode and prefill), as _folded
         self._packed_wgmma: Optional[tuple] = None  # (key, prefill-layout pair, for K % 64 != 0), as _folded
+        self.keep_source = keep_source
+        # the buffers' layout: "checkpoint", or "mma" after pack_ (then _mma_flags: MmaExperts' (special, one_mul,
+        # bf16_exact) per expert tensor, of the bytes the buffers hold)
+        self.expert_layout = "checkpoint"
+        self._mma_flags: Optional[tuple] = None
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -127,6 +144,8 @@ class MXMoE(nn.Module):
             q_shape, s_shape = MXTensor.expected_shapes(shape, 2, fmt, block_size)
             self.register_buffer(f"{name}_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
             self.register_buffer(f"{name}_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
+        self.register_state_dict_post_hook(_checkpoint_layout_state)
+        self.register_load_state_dict_pre_hook(_pack_loaded_state)
         if bias:
             self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
             self.down_bias = nn.Parameter(torch.zeros(hi - lo, H, **f))
@@ -143,8 +162,61 @@ class MXMoE(nn.Module):
 
     def _mx(self, name: str) -> MXTensor:
         shape = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
-        return MXTensor(getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale"), self.weight_format, 2,
-                        self.block_size, shape, self.scale_mode, self.rounding)
+        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+        if self.expert_layout == "mma":
+            q, s = self._unpacked(name, q, s)
+        return MXTensor(q, s, self.weight_format, 2, self.block_size, shape, self.scale_mode, self.rounding)
+
+    def _interleaved(self, name: str) -> bool:
+        """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
+        return name == "gate_up" and self.activation == "swiglu"
+
+    def _unpacked(self, name: str, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checkpoint-layout (qdata, scale) of expert tensor ``name`` from its decode-mma buffers."""
+        from ..kernels.matmul_details._mma_decode import unpack_mma
+
+        E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
+        qd = torch.empty(E * N, K // 2, dtype=torch.uint8, device=q.device)
+        sc = torch.empty(E * N, K // 32, dtype=torch.uint8, device=q.device)
+        step = max(1, (1 << 18) // K)  # groups of 16 rows per chunk: 4M codes (unpack_mma's int64 temporaries)
+        for r0 in range(0, q.shape[0], step):
+            qd[16 * r0:16 * (r0 + step)], sc[16 * r0:16 * (r0 + step)] = unpack_mma(q[r0:r0 + step], s[r0:r0 + step])
+        qd, sc = qd.view(E, N, K // 2), sc.view(E, N, K // 32)
+        if self._interleaved(name):  # (gate 0, up 0, gate 1, ...) -> [gate; up]
+            qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
+        return qd, sc
+
+    def _packed_pair(self, name: str, q: torch.Tensor, s: torch.Tensor):
+        """:func:`mxkit.kernels.moe.pack_experts_mma` of checkpoint-layout (qdata, scale) of ``name`` (None for
+        shapes it does not take)."""
+        from ..kernels.moe import pack_experts_mma
+
+        shape = self._expert_shapes(q.shape[0])[_EXPERTS.index(name)]
+        w = MXTensor(q, s, self.weight_format, 2, self.block_size, shape, self.scale_mode, self.rounding)
+        return pack_experts_mma(w, interleave_halves=self._interleaved(name))
+
+    def pack_(self) -> bool:
+        """Re-lay the experts in place in the tensor-core kernels' layout (module docstring): one copy serving the
+        decode and the prefill kernels, the checkpoint-layout buffers freed. The first CUDA forward of a W4A16
+        MXFP4 module on Hopper calls it (unless ``keep_source``); it works on any device. Returns whether the buffers are
+        now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, or expert parallelism)."""
+        if self.expert_layout == "mma":
+            return True
+        if self.weight_format.name != "mxfp4_e2m1" or self.ep_ranges is not None or self.act_format is not None:
+            return False
+        pairs, flags = [], []
+        for name in _EXPERTS:
+            p = self._packed_pair(name, getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale"))
+            if p is None:
+                return False
+            pairs.append((p.q, p.s))
+            flags.append((p.special, p.one_mul, p.bf16_exact))
+        for name, (q, s) in zip(_EXPERTS, pairs):
+            setattr(self, f"{name}_qdata", q)
+            setattr(self, f"{name}_scale", s)
+        self.expert_layout, self._mma_flags = "mma", tuple(flags)
+        self._packed = self._folded = None
+        return True
 
     @property
     def gate_up_mx(self) -> MXTensor:
@@ -162,8 +234,8 @@ class MXMoE(nn.Module):
 
     @property
     def expert_nbytes(self) -> int:
-        """Storage bytes of the experts: element codes plus E8M0 scales."""
-        return sum(getattr(self, f"{n}_{p}").numel() for n in _EXPERTS for p in ("qdata", "scale"))
+        """Storage bytes of the experts: element codes plus E8M0 scales (either layout: the same bytes)."""
+        return sum(getattr(self, f"{n}_{p}").nbytes for n in _EXPERTS for p in ("qdata", "scale"))
 
     # --- constructors ----------------------------------------------------------------------------------------
 
@@ -276,6 +348,12 @@ class MXMoE(nn.Module):
         ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
         check_expert_ranges(ranges, self.num_experts, world)
         lo, hi = ranges[rank]
+        if self.expert_layout == "mma":  # back to the checkpoint layout: the expert-parallel path reads it
+            for name in _EXPERTS:
+                q, s = self._unpacked(name, getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale"))
+                setattr(self, f"{name}_qdata", q)
+                setattr(self, f"{name}_scale", s)
+            self.expert_layout, self._mma_flags, self._packed = "checkpoint", None, None
         for name in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
             setattr(self, name, getattr(self, name)[lo:hi].clone())
         for name in ("gate_up_bias", "down_bias"):
@@ -289,6 +367,9 @@ class MXMoE(nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = self.router(x)
+        y = self._forward_packed(x, logits)
+        if y is not None:
+            return self._result(y, logits)
         args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
         kw = dict(routing=self.routing, activation=self.activation, backend=self.backend)
         if self.act_format is not None:
@@ -301,10 +382,30 @@ class MXMoE(nn.Module):
             partial = self.expert_range != (0, self.num_experts)
             y = moe(*args, expert_range=self.expert_range if partial else None, packed=self._packed_experts(x),
                     **kw)
+        return self._result(y, logits)
+
+    def _result(self, y: torch.Tensor, logits: torch.Tensor):
         if not self.return_router_scores:
             return y
         scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return y, scores.to(logits.dtype)
+
+    def _forward_packed(self, x: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """The W4A16 forward on the experts packed in place (:func:`mxkit.kernels.moe.moe_packed`, no MXTensor
+        unpacked), or None where it does not run (then forward reads ``gate_up_mx`` / ``down_mx``)."""
+        if self.act_format is not None or self.ep_ranges is not None:
+            return None
+        packed = self._packed_experts(x)
+        if self.expert_layout != "mma" or packed is None:
+            return None
+        from ..kernels.moe import moe_packed
+        from ..moe import route_tokens
+
+        x2, weights, ids = route_tokens(x, logits, self.top_k, self.routing)
+        partial = self.expert_range != (0, self.num_experts)
+        y = moe_packed(x2, packed, self.gate_up_bias, self.down_bias, weights, ids, activation=self.activation,
+                       expert_range=self.expert_range if partial else None, num_experts=self.num_experts)
+        return None if y is None else y.reshape(x.shape)
 
     def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
         """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
@@ -327,17 +428,29 @@ class MXMoE(nn.Module):
         return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """MXFP4 experts packed once in the tensor-core decode kernel's layout
-        (:func:`mxkit.kernels.moe.pack_experts_mma`), which both the decode path (up to MMA_MAX_PAIRS (token,
-        slot) pairs) and the grouped wgmma prefill path (above, Hopper) read: one copy of the expert bytes, made
-        on the first call and made again when an expert buffer changes. Shapes that layout does not take (K % 64)
-        get the prefill kernel's own layout (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS.
-        None off CUDA, for other formats or the reference backend."""
+        """MXFP4 experts in the tensor-core decode kernel's layout (:func:`mxkit.kernels.moe.pack_experts_mma`),
+        which both the decode path (up to MMA_MAX_PAIRS (token, slot) pairs) and the grouped wgmma prefill path
+        (above, Hopper) read: the buffers themselves after :meth:`pack_` (done here on the first call unless
+        ``keep_source``), else a copy made on the first call and made again when an expert buffer changes.
+        Shapes that layout does not take (K % 64) get the prefill kernel's own layout
+        (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS. None off CUDA, for other formats
+        or the reference backend."""
         if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
             return None
         from ..kernels.matmul_details._w4a16_wgmma import available
-        from ..kernels.moe import MMA_MAX_PAIRS, pack_experts_mma, pack_experts_wgmma
+        from ..kernels.moe import MMA_MAX_PAIRS, MmaExperts, pack_experts_mma, pack_experts_wgmma
 
+        if not self.keep_source and available(x.device) is None:  # (elsewhere the prefill reads the MXTensors)
+            self.pack_()
+        if self.expert_layout == "mma":
+            bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
+            key = tuple((b.data_ptr(), b._version) for b in bufs) + (self._mma_flags,)
+            if self._packed is None or self._packed[0] != key:
+                shapes = self._expert_shapes(self.num_local_experts)
+                self._packed = (key, tuple(
+                    MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])
+                    for name, q, sc, shape, flags in zip(_EXPERTS, bufs[0::2], bufs[1::2], shapes, self._mma_flags)))
+            return self._packed[1]
         packed = self._per_buffers("_packed", pack_experts_mma)
         if all(p is not None for p in packed):
             return packed
@@ -351,8 +464,44 @@ class MXMoE(nn.Module):
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, top_k={self.top_k}, expert_range={self.expert_range}, "
                 f"weight_format={self.weight_format.name}, routing={self.routing}, activation={self.activation}, "
-                f"bias={self.gate_up_bias is not None}"
+                f"bias={self.gate_up_bias is not None}, expert_layout={self.expert_layout}"
                 + (f", act_format={self.act_format}" if self.act_format else ""))
+
+
+def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict post-hook: experts packed in place (:meth:`MXMoE.pack_`) are given in the checkpoint layout."""
+    if module.expert_layout != "mma":
+        return
+    for name in _EXPERTS:
+        q, s = module._unpacked(name, getattr(module, f"{name}_qdata"), getattr(module, f"{name}_scale"))
+        state_dict[f"{prefix}{name}_qdata"], state_dict[f"{prefix}{name}_scale"] = q, s
+
+
+def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
+                       unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: checkpoint-layout experts loaded into a module packed in place are packed (on the
+    module's device) before the copy."""
+    if module.expert_layout != "mma":
+        return
+    flags = list(module._mma_flags)
+    for i, name in enumerate(_EXPERTS):
+        kq, ks = f"{prefix}{name}_qdata", f"{prefix}{name}_scale"
+        if kq not in state_dict or ks not in state_dict:
+            continue  # (reported as missing by load_state_dict)
+        q, s = state_dict[kq], state_dict[ks]
+        shape = module._expert_shapes(module.num_local_experts)[i]
+        want = MXTensor.expected_shapes(shape, 2, module.weight_format, module.block_size)
+        if (tuple(q.shape), tuple(s.shape)) != tuple(map(tuple, want)) or q.dtype != torch.uint8 \
+                or s.dtype != torch.uint8:
+            error_msgs.append(f"{kq} / {ks}: expected uint8 tensors of the checkpoint layout {tuple(want[0])} / "
+                              f"{tuple(want[1])}, got {q.dtype} {tuple(q.shape)} / {s.dtype} {tuple(s.shape)}")
+            del state_dict[kq], state_dict[ks]
+            continue
+        dev = getattr(module, kq[len(prefix):]).device
+        p = module._packed_pair(name, q.to(dev), s.to(dev))
+        state_dict[kq], state_dict[ks] = p.q, p.s
+        flags[i] = (p.special, p.one_mul, p.bf16_exact)
+    module._mma_flags, module._packed = tuple(flags), None
 
 
 def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kwargs) -> nn.Module:

@@ -72,7 +72,8 @@ class PackedWeight:
       folded: for FP4 / FP6 weights, the same values re-expressed as FP8 E4M3 with one float32 power-of-two
         scale per row (:class:`mxkit.fold.Folded`, exact by construction); rows whose block scales span more
         than the format's fold range also have extra slice rows (``folded.owner``), which the GEMM computes
-        through the exact float32 route. ``None`` for FP8 / INT8 weights.
+        through the exact float32 route. ``None`` for FP8 / INT8 weights, and when packed for float activations
+        (``pack_weight(act="float")``, what a W4A16 :class:`mxkit.nn.MXLinear` keeps).
       scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (host ints, read
         once at pack time: the exact-in-bf16 envelope check).
       has_nan: whether a block has the NaN scale byte 0xFF.

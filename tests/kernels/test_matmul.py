@@ -307,6 +307,29 @@ def test_packed_weight_state_dict_and_to(rng):
     assert torch.utils._pytree.tree_unflatten(leaves, spec).scale_max == pw.scale_max
 
 
+def test_pack_weight_act_builds_only_what_the_activations_read(rng):
+    """pack_weight(act=...): float activations get the decode-mma layout and no FP8 fold (a W4A16 MXLinear's
+    weight: its MX bytes twice, not four times); FP8 rowwise / MX activations get the fold and no decode
+    layout; an MXFP8 E4M3 weight with MX activations gets the a8w8 layout; MXLinear packs per its act_format."""
+    from mxkit.nn import MXLinear
+
+    w4 = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4")
+    full, flt, fp8 = (mxkit.pack_weight(w4, act=a) for a in (None, "float", "fp8_rowwise"))
+    assert full.folded is not None and full.mma_q is not None
+    assert flt.folded is None and flt.mma_q is not None and flt.nbytes == 2 * w4.nbytes
+    assert fp8.folded is not None and fp8.mma_q is None and torch.equal(fp8.folded.data.view(torch.uint8),
+                                                                        full.folded.data.view(torch.uint8))
+    w8 = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp8_e4m3")
+    assert mxkit.pack_weight(w8, act="mx").mma_q is not None and mxkit.pack_weight(w8, act="float").mma_q is None
+    with pytest.raises(ValueError, match="act="):
+        mxkit.pack_weight(w4, act="bf16")
+    lin = torch.nn.Linear(128, 64)
+    for act, folded, mma in ((None, False, True), ("fp8_e4m3_rowwise", True, False), ("mxfp4", True, False)):
+        m = MXLinear.from_linear(lin, "mxfp4", act_format=act)
+        pw = mxkit.pack_weight(m.weight_mx, act={None: "float", "mxfp4": "mx"}.get(act, "fp8_rowwise"))
+        assert (pw.folded is not None, pw.mma_q is not None) == (folded, mma)
+
+
 def test_mxlinear_takes_the_paths_and_matches_the_reference(rng):
     from mxkit.nn import MXLinear
 
@@ -567,8 +590,13 @@ def test_gpu_mxlinear_packs_once_and_moves(rng):
 
     lin = torch.nn.Linear(2880, 256).cuda()
     m = MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")
-    assert m._packed is not None and m._packed.folded is not None
+    assert m._packed is not None and m._packed.folded is not None and m._packed.mma_q is None
+    w16 = MXLinear.from_linear(lin, "mxfp4")  # W4A16: the decode layout, no fold
+    assert w16._packed.folded is None and w16._packed.mma_q is not None
     x = torch.randn(17, 2880, device="cuda")
+    # an MX activation meeting a weight packed without its fold: the fold path packs it on the call, same bytes
+    qa = mxkit.quantize(x, "mxfp4")
+    assert torch.equal(mxkit.matmul(qa, w16._packed), mxkit.matmul(qa, m._packed))
     with torch.no_grad():
         y = m(x)
     OUT[0] = y.dtype

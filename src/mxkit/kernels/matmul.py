@@ -310,18 +310,27 @@ def _special_rows(f: Folded, rows: int) -> torch.Tensor:
     return torch.unique(cand)
 
 
-def pack_weight(w: MXTensor) -> PackedWeight:
+PACK_ACTS = (None, "float", "fp8_rowwise", "mx")  # pack_weight's act: the activations a weight meets
+
+
+def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     """One-time re-layout of an MX weight (N, K) along K into what the GEMM paths read (see PackedWeight).
 
     FP4 / FP6 weights are folded to FP8 E4M3 with row scales (a memory-bound kernel on CUDA, the reference
-    on CPU); every weight gets its scale extrema (one host sync). Raises TypeError / ValueError on a weight
-    that is not an MXTensor (N, K) along K.
+    on CPU); MXFP4 / MXFP8 E4M3 weights of the small-M kernels' shapes get their layouts (``mma_q``); every
+    weight gets its scale extrema (one host sync). ``act`` (:data:`PACK_ACTS`) builds only the layouts of the
+    paths those activations take: None all; ``"float"`` the decode-mma one (no fold); ``"fp8_rowwise"`` /
+    ``"mx"`` the fold, and with ``"mx"`` the a8w8-mma one of an MXFP8 E4M3 weight. A fold path given a packed
+    weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
+    ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
     if isinstance(w, PackedWeight):
         return w
+    if act not in PACK_ACTS:
+        raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     _check_weight(w)
     w = _plain(w)
-    fold = _fold(w, defer=True) if can_fold(w.fmt) else None
+    fold = _fold(w, defer=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
     # one host sync for everything the envelope needs: scale extrema, NaN, rows to complete or route aside
@@ -337,7 +346,8 @@ def pack_weight(w: MXTensor) -> PackedWeight:
             folded = pending.complete()
         if out_env or folded.owner.numel():
             special = _special_rows(folded, w.shape[0])
-    mma = _pack_mma(w)
+    mma = _pack_mma(w) if act is None or act == {"mxfp4_e2m1": "float", "mxfp8_e4m3": "mx"}.get(w.fmt.name) \
+        else (None, None)
     return PackedWeight(w, folded, lo, hi, bool(has_nan), special, *mma)
 
 
@@ -594,7 +604,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     packed = b if isinstance(b, PackedWeight) else None
     w = packed.source if packed is not None else _plain(b)
     if path in ("fold-fp8", "w4a8-fp8"):
-        pw = packed if packed is not None else pack_weight(w)
+        pw = packed if packed is not None and packed.folded is not None else pack_weight(w)
         fb = pw.folded
         if kind == "fp8_rowwise":
             y = _fp8_gemm(a.data.reshape(M, K), a.scale.reshape(M, 1), fb, N, out, bias)

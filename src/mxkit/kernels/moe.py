@@ -645,7 +645,7 @@ def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[Fo
     E, N, K = w.shape
     flat = MXTensor._trusted(w.qdata.reshape(E * N, -1), w.plain_scale().reshape(E * N, -1), w.fmt, 1,
                              w.block_size, torch.Size((E * N, K)), w.scale_mode, w.rounding, "plain")
-    pw = pack_weight(flat)
+    pw = pack_weight(flat, act="fp8_rowwise")
     if pw.folded is None or pw.special_rows.numel() or pw.folded.owner.numel():
         return None
     data, scale = pw.folded.data.view(E, N, K), pw.folded.scale.view(E, N)

@@ -116,8 +116,10 @@ class MXLinear(nn.Module):
         self.register_load_state_dict_post_hook(_repack_after_load)
 
     def repack(self) -> None:
-        """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU)."""
-        self._packed = pack_weight(self.weight_mx) if self.weight_qdata.is_cuda else None
+        """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
+        module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
+        act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
+        self._packed = pack_weight(self.weight_mx, act=act) if self.weight_qdata.is_cuda else None
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

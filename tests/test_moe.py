@@ -28,6 +28,7 @@ from mxkit.moe_reference import (
     swiglu_gpt_oss,
 )
 from mxkit.nn import MXMoE, swap_gpt_oss_moe
+from mxkit.reference import round_from_float64
 
 gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
@@ -84,7 +85,8 @@ def oracle_moe(x, w_gu, b_gu, w_d, b_d, weights, ids, activation, intermediate_d
             e = ids[t, j]
             a = oracle_act(Wgu[e] @ x64[t] + b_gu[e], activation)
             if intermediate_dtype is not None:
-                a = torch.from_numpy(a).to(intermediate_dtype).double().numpy()
+                # rounded once (torch's float64 -> bf16 .to rounds twice, via float32: rare ties differ)
+                a = round_from_float64(torch.from_numpy(a), intermediate_dtype).double().numpy()
             out[t] += w64[t, j] * (Wd[e] @ a + b_d[e])
     return torch.from_numpy(out)
 

@@ -258,8 +258,10 @@ def tensor_bytes(obj: Any, _depth: int = 0, _seen: Optional[set] = None) -> int:
 
 def _mxkit(case: GemmCase, inp: Inputs, ctx):
     matmul, pack_weight, gemm_plan = _api("matmul"), _api("pack_weight"), _api("gemm_plan")
-    packed = pack_weight(inp.wq)
-    pack_us = ctx.time_fn(lambda: pack_weight(inp.wq))[0]  # one-time cost, after a read flush
+    # packed as MXLinear packs it for these activations (only the layouts they read)
+    act = {"bf16": "float", "fp8_rowwise": "fp8_rowwise"}.get(case.formats[0], "mx")
+    packed = pack_weight(inp.wq, act=act)
+    pack_us = ctx.time_fn(lambda: pack_weight(inp.wq, act=act))[0]  # one-time cost, after a read flush
     pack_bytes = tensor_bytes(inp.wq) + tensor_bytes(packed)
     x, fa = inp.x, case.formats[0]
     if case.mode == "from-bf16":

@@ -330,6 +330,17 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     _check_weight(w)
     w = _plain(w)
+    if act == "float" and w.fmt.name == "mxfp4_e2m1":
+        from .matmul_details import _mma_decode
+
+        if _mma_decode.shape_ok(*w.shape) and _mma_decode.kernel_packs(w.qdata, w.scale):
+            # one kernel: the decode layout and the scale statistics, then the one host sync
+            from .matmul_details._mma_pack import pack_mma_fused
+
+            q, s, stats = pack_mma_fused(w.qdata, w.scale, stats=True)
+            lo, hi, has_nan = _host_ints(stats)
+            return PackedWeight(w, None, lo, hi, bool(has_nan), torch.zeros(0, dtype=torch.int64, device=w.device),
+                                q, s)
     fold = _fold(w, defer=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold

@@ -45,12 +45,30 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
     if qdata.dim() != 2 or N % 16 or K % 64 or tuple(scale.shape) != (N, K // 32):
         raise ValueError(f"pack_mma needs qdata [N, K/2] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "
                          f"got {tuple(qdata.shape)} and {tuple(scale.shape)}")
+    if kernel_packs(qdata, scale):  # one Triton kernel (its twin: below)
+        from ._mma_pack import pack_mma_fused
+
+        return pack_mma_fused(qdata, scale)
+    q = pack_mma_codes_reference(qdata)
+    s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
+    return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+
+
+def kernel_packs(qdata: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether :func:`pack_mma` runs its Triton kernel (``_mma_pack``): CUDA, contiguous, 4-byte aligned codes."""
+    return (qdata.is_cuda and scale.is_cuda and qdata.is_contiguous() and scale.is_contiguous()
+            and qdata.data_ptr() % 4 == 0)
+
+
+def pack_mma_codes_reference(qdata: torch.Tensor) -> torch.Tensor:
+    """The codes of :func:`pack_mma` in PyTorch (int32 [N / 16, K / 64, 32, 4]; chunks of 4M codes): the twin of
+    :func:`._mma_pack.pack_mma_codes`, and the CPU path."""
+    N, K = qdata.shape[0], qdata.shape[1] * 2
     q = torch.empty(N // 16, K // 64, 32, 4, dtype=torch.int32, device=qdata.device)
     step = max(16, (1 << 22) // K // 16 * 16)  # rows per chunk: 4M codes, int64 temporaries of 32 MB
     for r0 in range(0, N, step):
         q[r0 // 16:(r0 + step) // 16] = _pack_words(qdata[r0:r0 + step])
-    s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
-    return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+    return q
 
 
 def _pack_words(qdata: torch.Tensor) -> torch.Tensor:

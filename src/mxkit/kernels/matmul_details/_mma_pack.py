@@ -75,14 +75,23 @@ TILES = 4  # 64-column tiles per program (256 columns of 16 rows: 2 KiB in, 2 Ki
 
 
 def _launch(qdata: torch.Tensor, scale, q, s, stats) -> None:
+    from ..launch import _Launcher
+
+    global _LAUNCH
+    if _LAUNCH is None:  # (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
+        import sys
+
+        _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
     N, K = qdata.shape[0], qdata.shape[1] * 2
     R, T = N // 16, K // 64
     if R and T:
         sc = scale if scale is not None else q
-        _pack_mma_kernel[(R, triton.cdiv(T, TILES))](qdata.view(torch.int32), sc, q, s if s is not None else q,
-                                                     stats if stats is not None else q, R, T, K // 8, K // 32,
-                                                     TILES=TILES, SCALES=scale is not None, STATS=stats is not None,
-                                                     num_warps=4)
+        _LAUNCH((R, triton.cdiv(T, TILES)), (qdata.view(torch.int32), sc, q, s if s is not None else q,
+                                             stats if stats is not None else q, R, T, K // 8, K // 32),
+                (("TILES", TILES), ("SCALES", scale is not None), ("STATS", stats is not None)), 4)
+
+
+_LAUNCH = None
 
 
 def pack_mma_codes(qdata: torch.Tensor) -> torch.Tensor:
@@ -106,7 +115,9 @@ def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False
     if not stats:
         _launch(qdata, scale, q, s.view(torch.uint8), None)
         return q, s
-    programs = max(1, R * triton.cdiv(T, TILES))  # (none: the empty weight's 255 / -1 / 0)
-    part = torch.tensor([[255, -1, 0]], dtype=torch.int32, device=qdata.device).repeat(programs, 1)
+    if not (R and T):  # no program: the empty weight's 255 / -1 / 0
+        part = torch.tensor([[255, -1, 0]], dtype=torch.int32, device=qdata.device)
+    else:  # every program writes its row (its first tile is inside the weight)
+        part = torch.empty(R * triton.cdiv(T, TILES), 3, dtype=torch.int32, device=qdata.device)
     _launch(qdata, scale, q, s.view(torch.uint8), part)
     return q, s, [part[:, 0].amin(), part[:, 1].amax(), part[:, 2].amax()]

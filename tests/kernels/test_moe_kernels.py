@@ -700,6 +700,27 @@ def test_pack_wgmma_experts_row_order(act, rng):
         expert_row_order(40, "swiglu")
 
 
+def _check_blocks(y, x, w, bias, blocks, bm, act, nan_expert):
+    """The grouped kernel's output y: block b of bm sorted rows of x times expert blocks[b] (bias, activation)
+    within the bound of the float64 product; blocks of expert -1 untouched (still the NaN poison); the output
+    column fed by ``nan_expert``'s NaN scale byte NaN in its blocks, no other."""
+    K = x.shape[1]
+    w64 = dequantize_reference(w, torch.float64)
+    f = {None: lambda h: h, "swiglu_gpt_oss": swiglu_gpt_oss, "swiglu": swiglu}[act]
+    for b, e in enumerate(blocks.tolist()):
+        rows = slice(b * bm, (b + 1) * bm)
+        if e < 0:
+            assert torch.isnan(y[rows].float()).all()
+            continue
+        a64 = x[rows].to(torch.float64)
+        y64 = f(a64 @ w64[e].T + bias[e].to(torch.float64))
+        acc = K * 2.0**-24 * (a64.abs() @ w64[e].abs().nan_to_num().T).norm(dim=1)
+        nan = torch.isnan(y64).any(0)
+        assert nan.sum() == (e == nan_expert)
+        assert torch.isnan(y[rows][:, nan].float()).all()
+        assert_rows(y[rows][:, ~nan], y64[:, ~nan], acc, c=10.0 if act else 1.0)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("bm", [64, 128, 256])
@@ -727,20 +748,7 @@ def test_gpu_grouped_wgmma_kernel(bm, act, rng):
     y = torch.full((R, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
     w4a16_wgmma(x, q, st, N, one_mul, bias=bias[:, order].reshape(-1).contiguous(), y=y,
                 expert_ids=blocks.cuda(), bm=bm, activation=act)
-    w64 = dequantize_reference(w, torch.float64)
-    f = {None: lambda h: h, "swiglu_gpt_oss": swiglu_gpt_oss, "swiglu": swiglu}[act]
-    for b, e in enumerate(blocks.tolist()):
-        rows = slice(b * bm, (b + 1) * bm)
-        if e < 0:
-            assert torch.isnan(y[rows].float()).all()
-            continue
-        a64 = x[rows].to(torch.float64)
-        y64 = f(a64 @ w64[e].T + bias[e].to(torch.float64))
-        acc = K * 2.0**-24 * (a64.abs() @ w64[e].abs().nan_to_num().T).norm(dim=1)
-        nan = torch.isnan(y64).any(0)  # expert 2's row 17 (NaN scale byte): the output column it feeds
-        assert nan.sum() == (e == 2)
-        assert torch.isnan(y[rows][:, nan].float()).all()
-        assert_rows(y[rows][:, ~nan], y64[:, ~nan], acc, c=10.0 if act else 1.0)
+    _check_blocks(y, x, w, bias, blocks, bm, act, nan_expert=2)
 
 
 @pytest.mark.gpu
@@ -782,20 +790,7 @@ def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
                     bm=bm, activation=act, layout="mma", perm_out=True)
         used = (blocks >= 0).repeat_interleave(bm).cuda()
         assert torch.equal(yp[used].view(torch.int16), y[used][:, mma_k_order(n_out, "cuda")].view(torch.int16))
-    w64 = dequantize_reference(w, torch.float64)
-    f = {None: lambda h: h, "swiglu_gpt_oss": swiglu_gpt_oss, "swiglu": swiglu}[act]
-    for b, e in enumerate(blocks.tolist()):
-        rows = slice(b * bm, (b + 1) * bm)
-        if e < 0:
-            assert torch.isnan(y[rows].float()).all()
-            continue
-        a64 = x[rows].to(torch.float64)
-        y64 = f(a64 @ w64[e].T + bias[e].to(torch.float64))
-        acc = K * 2.0**-24 * (a64.abs() @ w64[e].abs().nan_to_num().T).norm(dim=1)
-        nan = torch.isnan(y64).any(0)  # expert 2's row 17 (NaN scale byte): the output column it feeds
-        assert nan.sum() == (e == 2 and base > 128)
-        assert torch.isnan(y[rows][:, nan].float()).all()
-        assert_rows(y[rows][:, ~nan], y64[:, ~nan], acc, c=10.0 if act else 1.0)
+    _check_blocks(y, x, w, bias, blocks, bm, act, nan_expert=2 if base > 128 else None)
 
 
 @pytest.mark.gpu

@@ -198,8 +198,9 @@ class MXMoE(nn.Module):
     def pack_(self) -> bool:
         """Re-lay the experts in place in the tensor-core kernels' layout (module docstring): one copy serving the
         decode and the prefill kernels, the checkpoint-layout buffers freed. The first CUDA forward of a W4A16
-        MXFP4 module on Hopper calls it (unless ``keep_source``); it works on any device. Returns whether the buffers are
-        now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, or expert parallelism)."""
+        MXFP4 module on Hopper calls it (unless ``keep_source``); it works on any device. Returns whether the
+        buffers are now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, W4A8, or expert
+        parallelism)."""
         if self.expert_layout == "mma":
             return True
         if self.weight_format.name != "mxfp4_e2m1" or self.ep_ranges is not None or self.act_format is not None:

@@ -253,7 +253,8 @@ def _kernel():
                                              is_pure=True, pack=4)
         # a: slots (row g, g + 8) x (column 2t, 2t + 1) of word j; b: columns + 8
         w = gl.reshape(gl.join(a, b), [BNc // 16, 8, 4, 4, 2, 2, 2])     # [group, g, t, j, h, e, kh]
-        w = gl.permute(w, (0, 4, 1, 3, 6, 2, 5))                         # row 16 group + 8 h + g; k 16 j + 8 kh + 2 t + e
+        # row 16 group + 8 h + g; k 16 j + 8 kh + 2 t + e
+        w = gl.permute(w, (0, 4, 1, 3, 6, 2, 5))
         return gl.convert_layout(gl.reshape(w, [BNc, 64]), DOT, assert_trivial=True)
 
     @gluon.jit

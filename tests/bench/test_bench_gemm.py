@@ -134,7 +134,8 @@ def fake_api(monkeypatch):
         q, s = bg.rowwise_e4m3(x)
         return types.SimpleNamespace(qdata=q, scale=s.squeeze(1))
 
-    api = {"matmul": matmul, "pack_weight": lambda w: types.SimpleNamespace(w=w, extra=torch.zeros(7, dtype=torch.uint8)),
+    api = {"matmul": matmul,
+           "pack_weight": lambda w, act=None: types.SimpleNamespace(w=w, extra=torch.zeros(7, dtype=torch.uint8)),
            "gemm_plan": lambda a, b: types.SimpleNamespace(path="fake-path", reason="a fake plan"),
            "quantize_fold": lambda x, fmt, defer=False: mxkit.quantize(x, fmt, backend="reference"),
            "quantize_fp8_rowwise": fp8_rowwise}

@@ -297,10 +297,10 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
 
     n = T * k
     ids, eids = align_device(topk_ids, E, 8, lo=lo)
-    if b1 is not None:
-        b1 = b1.to(torch.float32)
-        b1 = (_interleave_halves(b1, 1) if p1.interleaved else b1).contiguous()
-    b2 = None if b2 is None else b2.to(torch.float32).contiguous()
+    # float32 biases in the packed row order, kept per tensor and version (a bf16 model's would otherwise cost two
+    # cast kernels a decode step)
+    b1 = None if b1 is None else _packed_bias(b1, 2 * I, ("mma", p1.interleaved))
+    b2 = None if b2 is None else _packed_bias(b2, H, ("mma", False))
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
     grouped_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, eids, n, k, gather=True, bias=b1, activation=activation,
                 rw=None, out=h)
@@ -485,15 +485,19 @@ _BIAS: dict = {}  # (id(bias), its _version, activation) -> (weakref to it, floa
 
 
 def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
-    """The gate_up bias (E, N) as float32 [E * N] in the packed experts' row order: :func:`pack_experts_wgmma`'s
+    """An expert bias (E, N) as float32 [E * N] in the packed experts' row order: :func:`pack_experts_wgmma`'s
     for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor and
-    version (no per-call kernels)."""
+    version while the tensor lives (no per-call kernels; a CUDA graph captured after a first call reads the kept
+    tensor, which stays valid: entries go only with their bias, or past 4096 live ones)."""
     from .matmul_details._w4a16_wgmma import expert_row_order
 
     key = (id(b), b._version, order)
     hit = _BIAS.get(key)
     if hit is None or hit[0]() is not b:
-        if len(_BIAS) > 64:
+        for k_, (ref, _) in list(_BIAS.items()):  # drop the entries of biases that are gone
+            if ref() is None:
+                del _BIAS[k_]
+        if len(_BIAS) > 4096:
             _BIAS.clear()
         f = b.detach().to(torch.float32)
         if isinstance(order, tuple):

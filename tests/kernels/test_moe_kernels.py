@@ -14,6 +14,7 @@ CPU: the device sort (pure PyTorch) against ``align_block_size``. GPU: the rest.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -406,7 +407,8 @@ def test_w16_kernels_compile_for_sm90(w_kind):
             assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, HROWS=16, BLOCK_M=256,
                                                            TOP_K=top_k, OFFS=top_k > 0)) > 0
         # the row passes around the grouped GEMMs (gather, W4A8 middle pass) and the FP8 rowwise quantization
-        from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_fp8_kernel, _gather_rows_kernel
+        from mxkit.kernels.matmul_details._moe_epilogue import (_bias_act_fp8_kernel, _combine_kernel,
+                                                                _gather_rows_kernel)
         from mxkit.kernels.quantize_details._fp8_rowwise import _fp8_rowwise_kernel
 
         rptrs = {"src_ptr": "*i32", "ids_ptr": "*i32", "dst_ptr": "*i32", "ssrc_ptr": "*fp32", "sdst_ptr": "*fp32"}
@@ -414,6 +416,10 @@ def test_w16_kernels_compile_for_sm90(w_kind):
                                                       PERM64=False)) > 0
         assert build(_gather_rows_kernel, rptrs, dict(TOP_K=4, ROWS=4, BLOCK_W=256, HAS_SCALE=False,
                                                       PERM64=True)) > 0
+        cptrs = {"y_ptr": "*fp32", "b_ptr": "*fp32", "w_ptr": "*fp32", "pos_ptr": "*i32", "e_ptr": "*i32",
+                 "out_ptr": "*bf16"}
+        for direct in (False, True):
+            assert build(_combine_kernel, cptrs, dict(TOP_K=4, HAS_BIAS=not direct, BLOCK_H=1024, DIRECT=direct)) > 0
         bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                  "s_ptr": "*fp32"}
         for act in (1, 2):
@@ -859,9 +865,14 @@ def test_gpu_moe_prefill_wgmma_expert_range_graph_and_mxmoe(rng, monkeypatch):
                     factor=1.5)
     # one copy: the first forward re-laid m's buffers in place (a second copy would add expert_nbytes)
     assert m.expert_layout == "mma" and keep.expert_layout == "checkpoint" and keep._packed is not None
-    m.backend = keep.backend = "reference"  # no packed path: m's experts unpacked on the fly, the same result
-    with torch.no_grad():
-        assert torch.equal(m(xs[1]), keep(xs[1]))
     del xm, y, ref
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < m.expert_nbytes // 4
+    with torch.no_grad():  # a module packed on the CPU, then moved: its packed buffers move, the same result
+        moved = copy.deepcopy(keep).cpu()
+        assert moved.pack_()
+        moved = moved.cuda()
+        assert moved.expert_layout == "mma" and torch.equal(moved(xs[1]), y_keep[1])
+    m.backend = keep.backend = "reference"  # no packed path: m's experts unpacked on the fly, the same result
+    with torch.no_grad():
+        assert torch.equal(m(xs[1]), keep(xs[1]))

@@ -18,20 +18,22 @@ PACK_CASES = [(16, 64), (48, 192), (32, 2880), (160, 4096), (16, 576)]  # tiles 
 
 
 def _check_pack_kernel(device: str, g) -> int:
-    """The packing kernel (_mma_pack.pack_mma_codes) writes pack_mma's reference codes word for word, into a
-    poisoned output (every word written), on random bytes (every code in every position)."""
+    """The packing kernel (_mma_pack.pack_mma_fused) writes pack_mma's reference codes and scale words word for
+    word on random bytes (every code in every position), with and without the scale statistics, and those
+    statistics are _scale_stats' (a NaN byte; every byte NaN: no extrema)."""
     from mxkit.kernels.matmul_details import _mma_pack
 
     for N, K in PACK_CASES:
         q = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
-        want = _mma_decode.pack_mma_codes_reference(q)
-        got = _mma_pack.pack_mma_codes(q.to(device)).cpu()
-        assert torch.equal(got, want), (N, K)
         sc = torch.randint(0, 256, (N, K // 32), generator=g, dtype=torch.uint8)
         sc[3, 1] = 255
-        qf, sf, stats = _mma_pack.pack_mma_fused(q.to(device), sc.to(device), stats=True)
+        want = _mma_decode.pack_mma_codes_reference(q)
         want_s = sc.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4).reshape(N // 16, K // 64, 32)
-        assert torch.equal(qf.cpu(), want) and torch.equal(sf.cpu(), want_s.contiguous().view(torch.int32))
+        want_s = want_s.contiguous().view(torch.int32)
+        qp, sp = _mma_pack.pack_mma_fused(q.to(device), sc.to(device))
+        assert torch.equal(qp.cpu(), want) and torch.equal(sp.cpu(), want_s), (N, K)
+        qf, sf, stats = _mma_pack.pack_mma_fused(q.to(device), sc.to(device), stats=True)
+        assert torch.equal(qf.cpu(), want) and torch.equal(sf.cpu(), want_s), (N, K)
         keep = sc[sc != 255].to(torch.int32)
         assert [int(t) for t in stats] == [int(keep.min()), int(keep.max()), 1]
         _, _, stats = _mma_pack.pack_mma_fused(q.to(device), torch.full_like(sc, 255).to(device), stats=True)

@@ -330,22 +330,14 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     _check_weight(w)
     w = _plain(w)
-    if act == "float" and w.fmt.name == "mxfp4_e2m1":
-        from .matmul_details import _mma_decode
-
-        if _mma_decode.shape_ok(*w.shape) and _mma_decode.kernel_packs(w.qdata, w.scale):
-            # one kernel: the decode layout and the scale statistics, then the one host sync
-            from .matmul_details._mma_pack import pack_mma_fused
-
-            q, s, stats = pack_mma_fused(w.qdata, w.scale, stats=True)
-            lo, hi, has_nan = _host_ints(stats)
-            return PackedWeight(w, None, lo, hi, bool(has_nan), torch.zeros(0, dtype=torch.int64, device=w.device),
-                                q, s)
     fold = _fold(w, defer=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
-    # one host sync for everything the envelope needs: scale extrema, NaN, rows to complete or route aside
-    stats = _scale_stats(w.scale)
+    builds_mma = act is None or act == {"mxfp4_e2m1": "float", "mxfp8_e4m3": "mx"}.get(w.fmt.name)
+    mma_q, mma_s, stats = _pack_mma(w) if builds_mma else (None, None, None)
+    # one host sync for everything the envelope needs: scale extrema (the decode layout's packing kernel makes
+    # them on the way), NaN, rows to complete or route aside
+    stats = list(stats) if stats is not None else _scale_stats(w.scale)
     if folded is not None:
         stats.append(_out_of_envelope(folded.scale[: w.shape[0]]).any())
         stats.append(pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device))
@@ -357,24 +349,23 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
             folded = pending.complete()
         if out_env or folded.owner.numel():
             special = _special_rows(folded, w.shape[0])
-    mma = _pack_mma(w) if act is None or act == {"mxfp4_e2m1": "float", "mxfp8_e4m3": "mx"}.get(w.fmt.name) \
-        else (None, None)
-    return PackedWeight(w, folded, lo, hi, bool(has_nan), special, *mma)
+    return PackedWeight(w, folded, lo, hi, bool(has_nan), special, mma_q, mma_s)
 
 
 def _pack_mma(w: MXTensor) -> tuple:
-    """(q, s) of the decode-mma layout for an MXFP4 weight, of the a8w8-mma layout for an MXFP8 E4M3 weight,
-    of a shape the kernel takes; else (None, None)."""
+    """(q, s, scale statistics or None) of the decode-mma layout for an MXFP4 weight (the statistics from the
+    packing kernel on CUDA), of the a8w8-mma layout for an MXFP8 E4M3 weight, of a shape the kernel takes; else
+    (None, None, None)."""
     from .matmul_details import _mma_a8w8, _mma_decode
 
     N, K = w.shape
     if not _mma_decode.shape_ok(N, K):
-        return None, None
+        return None, None, None
     if w.fmt.name == "mxfp4_e2m1":
-        return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous())
+        return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous(), stats=True)
     if w.fmt.name == "mxfp8_e4m3":
-        return _mma_a8w8.pack_a8w8(w.qdata, w.scale)
-    return None, None
+        return (*_mma_a8w8.pack_a8w8(w.qdata, w.scale), None)
+    return None, None, None
 
 
 def _envelope(device: torch.device, key: str) -> Optional[Mapping]:

@@ -31,7 +31,7 @@ import torch
 from ..moe_reference import check_moe_args, moe_reference
 from ..tensor import MXTensor
 from .launch import _Launcher
-from .matmul import W_KINDS, _scale_extrema, exact_scale_range
+from .matmul import W_KINDS, _host_ints, _scale_extrema, _scale_stats, exact_scale_range
 from .matmul_details import _align, _moe_epilogue
 
 # direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
@@ -183,8 +183,12 @@ def _in_envelope(w: MXTensor) -> bool:
             _EXTREMA.clear()
         hit = (weakref.ref(s), s._version, lo, hi)
         _EXTREMA[id(s)] = hit
-    _, _, lo, hi = hit
-    rng = exact_scale_range(w.fmt, torch.bfloat16)
+    return _envelope_ok(w.fmt, hit[2], hit[3])
+
+
+def _envelope_ok(fmt, lo: int, hi: int) -> bool:
+    """Whether scale bytes in [lo, hi] (0xFF aside; hi < lo: none) are all in fmt's bf16-exact range."""
+    rng = exact_scale_range(fmt, torch.bfloat16)
     return hi < lo or (rng[0] <= lo and hi <= rng[1])
 
 
@@ -267,18 +271,21 @@ class MmaExperts:
 def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optional[MmaExperts]:
     """Pack MXFP4 experts (E, N, K) along K once for :func:`moe_triton` (``packed=``): the decode kernel's
     layout, which the prefill kernel reads too. None for other formats or shapes (N % 16, K % 64). One host
-    sync (the special-scale and one-multiply flags)."""
+    sync (the scale statistics behind the flags)."""
     from .matmul_details._mma_decode import pack_mma
 
     E, N, K = w.shape
-    if w.fmt.name != "mxfp4_e2m1" or N % 16 or K % 64 or w.axis != 2:
+    if w.fmt.name != "mxfp4_e2m1" or w.block_size != 32 or N % 16 or K % 64 or w.axis != 2:
         return None
     qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
     if interleave_halves:
         qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
-    q, s = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc.reshape(E * N, K // 32).contiguous())
-    special, big = (bool(v) for v in torch.stack([((sc == 0) | (sc == 255)).any(), (sc > 128).any()]).tolist())
-    return MmaExperts(q, s, (E, N, K), special, interleave_halves, not big, supported(w))
+    sc = sc.reshape(E * N, K // 32).contiguous()
+    q, s, stats = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc, stats=True)
+    lo, hi, nan = _host_ints(stats if stats is not None else _scale_stats(sc))
+    # special: a byte 0 or 0xFF; one_mul: every byte <= 128
+    return MmaExperts(q, s, (E, N, K), lo == 0 or bool(nan), interleave_halves, hi <= 128 and not nan,
+                      _envelope_ok(w.fmt, lo, hi))
 
 
 def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
@@ -471,13 +478,10 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
         b1 = _packed_bias(b1, N1, ("mma", p1.interleaved) if mma else activation)
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
     y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
-    if mma:
-        w4a16_wgmma(xs, p1.q, p1.s, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation,
-                    layout="mma", perm_out=True)
-        w4a16_wgmma(h, p2.q, p2.s, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm, layout="mma")
-    else:
-        w4a16_wgmma(xs, p1.q, p1.st, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation)
-        w4a16_wgmma(h, p2.q, p2.st, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm)
+    (s1, s2), layout = ((p1.s, p2.s), "mma") if mma else ((p1.st, p2.st), "wgmma")
+    w4a16_wgmma(xs, p1.q, s1, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation,
+                layout=layout, perm_out=mma)  # (h in the K order the second GEMM's layout reads)
+    w4a16_wgmma(h, p2.q, s2, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm, layout=layout)
     return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
 
 

@@ -128,9 +128,7 @@ class MXMoE(nn.Module):
         self._packed: Optional[tuple] = None  # (key, decode-layout pair: decode and prefill), as _folded
         self._packed_wgmma: Optional[tuple] = None  # (key, prefill-layout pair, for K % 64 != 0), as _folded
         self.keep_source = keep_source
-        # the buffers' layout: "checkpoint", or "mma" after pack_ (then _mma_flags: MmaExperts' (special, one_mul,
-        # bf16_exact) per expert tensor, of the bytes the buffers hold)
-        self.expert_layout = "checkpoint"
+        # after pack_: MmaExperts' (special, one_mul, bf16_exact) per expert tensor, of the bytes the buffers hold
         self._mma_flags: Optional[tuple] = None
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
@@ -166,6 +164,21 @@ class MXMoE(nn.Module):
         if self.expert_layout == "mma":
             q, s = self._unpacked(name, q, s)
         return MXTensor(q, s, self.weight_format, 2, self.block_size, shape, self.scale_mode, self.rounding)
+
+    @property
+    def expert_layout(self) -> str:
+        """The expert buffers' layout: ``"checkpoint"``, or ``"mma"`` after :meth:`pack_`."""
+        return "checkpoint" if self._mma_flags is None else "mma"
+
+    def _checkpoint_buffers(self) -> dict[str, torch.Tensor]:
+        """The four expert buffers in the checkpoint layout, by name (unpacked when packed in place)."""
+        out = {}
+        for name in _EXPERTS:
+            q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+            if self._mma_flags is not None:
+                q, s = self._unpacked(name, q, s)
+            out[f"{name}_qdata"], out[f"{name}_scale"] = q, s
+        return out
 
     def _interleaved(self, name: str) -> bool:
         """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
@@ -215,7 +228,7 @@ class MXMoE(nn.Module):
         for name, (q, s) in zip(_EXPERTS, pairs):
             setattr(self, f"{name}_qdata", q)
             setattr(self, f"{name}_scale", s)
-        self.expert_layout, self._mma_flags = "mma", tuple(flags)
+        self._mma_flags = tuple(flags)
         self._packed = self._folded = None
         return True
 
@@ -349,14 +362,10 @@ class MXMoE(nn.Module):
         ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
         check_expert_ranges(ranges, self.num_experts, world)
         lo, hi = ranges[rank]
-        if self.expert_layout == "mma":  # back to the checkpoint layout: the expert-parallel path reads it
-            for name in _EXPERTS:
-                q, s = self._unpacked(name, getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale"))
-                setattr(self, f"{name}_qdata", q)
-                setattr(self, f"{name}_scale", s)
-            self.expert_layout, self._mma_flags, self._packed = "checkpoint", None, None
-        for name in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
-            setattr(self, name, getattr(self, name)[lo:hi].clone())
+        # (in the checkpoint layout: the expert-parallel path reads it)
+        for name, t in self._checkpoint_buffers().items():
+            setattr(self, name, t[lo:hi].clone())
+        self._mma_flags = self._packed = None
         for name in ("gate_up_bias", "down_bias"):
             b = getattr(self, name)
             if b is not None:
@@ -471,11 +480,8 @@ class MXMoE(nn.Module):
 
 def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:
     """state_dict post-hook: experts packed in place (:meth:`MXMoE.pack_`) are given in the checkpoint layout."""
-    if module.expert_layout != "mma":
-        return
-    for name in _EXPERTS:
-        q, s = module._unpacked(name, getattr(module, f"{name}_qdata"), getattr(module, f"{name}_scale"))
-        state_dict[f"{prefix}{name}_qdata"], state_dict[f"{prefix}{name}_scale"] = q, s
+    if module.expert_layout == "mma":
+        state_dict.update({prefix + name: t for name, t in module._checkpoint_buffers().items()})
 
 
 def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,

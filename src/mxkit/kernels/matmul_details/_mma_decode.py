@@ -37,10 +37,12 @@ BITS = {(0, 0): (6, 7, 8, 15), (0, 1): (22, 23, 24, 31), (1, 0): (3, 4, 5, 12), 
         (2, 0): (0, 1, 2, 9), (2, 1): (16, 17, 18, 25), (3, 0): (10, 11, 13, 14), (3, 1): (26, 27, 29, 30)}
 
 
-def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_mma(qdata: torch.Tensor, scale: torch.Tensor, *, stats: bool = False) -> tuple:
     """MXFP4 bytes ``qdata`` uint8 [N, K / 2] and E8M0 ``scale`` uint8 [N, K / 32] (rowwise, K along the
     last axis; N % 16 == 0, K % 64 == 0) -> (q int32 [N / 16, K / 64, 32, 4], s int32 [N / 16, K / 64, 8]),
-    the kernel's layout (``mma_decode.cu``): same codes and scales, rearranged. ValueError on other shapes."""
+    the kernel's layout (``mma_decode.cu``): same codes and scales, rearranged. ValueError on other shapes.
+    ``stats``: a third item, the scale statistics the packing kernel made on the way (see
+    :func:`._mma_pack.pack_mma_fused`), or None where the PyTorch path ran (the caller computes them)."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     if qdata.dim() != 2 or N % 16 or K % 64 or tuple(scale.shape) != (N, K // 32):
         raise ValueError(f"pack_mma needs qdata [N, K/2] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "
@@ -48,10 +50,11 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
     if kernel_packs(qdata, scale):  # one Triton kernel (its twin: below)
         from ._mma_pack import pack_mma_fused
 
-        return pack_mma_fused(qdata, scale)
+        return pack_mma_fused(qdata, scale, stats)
     q = pack_mma_codes_reference(qdata)
     s = scale.view(N // 16, 2, 8, K // 64, 2).permute(0, 3, 2, 1, 4)  # r, tile, g, h, block
-    return q.contiguous(), s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+    s = s.contiguous().view(N // 16, K // 64, 8, 4).view(torch.int32).squeeze(-1)
+    return (q, s, None) if stats else (q, s)
 
 
 def kernel_packs(qdata: torch.Tensor, scale: torch.Tensor) -> bool:
@@ -62,7 +65,7 @@ def kernel_packs(qdata: torch.Tensor, scale: torch.Tensor) -> bool:
 
 def pack_mma_codes_reference(qdata: torch.Tensor) -> torch.Tensor:
     """The codes of :func:`pack_mma` in PyTorch (int32 [N / 16, K / 64, 32, 4]; chunks of 4M codes): the twin of
-    :func:`._mma_pack.pack_mma_codes`, and the CPU path."""
+    :func:`._mma_pack.pack_mma_fused`'s codes, and the CPU path."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     q = torch.empty(N // 16, K // 64, 32, 4, dtype=torch.int32, device=qdata.device)
     step = max(16, (1 << 22) // K // 16 * 16)  # rows per chunk: 4M codes, int64 temporaries of 32 MB

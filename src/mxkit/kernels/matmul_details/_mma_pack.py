@@ -11,9 +11,13 @@ is the OR over the four bytes), the bytes read as the int32 holding columns 64 t
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
+
+from ..launch import _Launcher
 
 
 @triton.jit
@@ -35,12 +39,12 @@ def _place(b, P: tl.constexpr):
 
 @triton.jit
 def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, R, T, W32, KS, TILES: tl.constexpr,
-                     SCALES: tl.constexpr, STATS: tl.constexpr):
+                     STATS: tl.constexpr):
     """Group r = program_id(0), tiles [TILES * program_id(1), + TILES) of T: dst words [r, tile, lane, j] from
-    the codes as int32 words (W32 = K / 8 per row). SCALES: also the scale bytes sdst [r, tile, g, h, blk] =
-    ssrc[16 r + 8 h + g, 2 tile + blk] (KS = K / 32 per row); STATS: and this program's statistics of them at
-    stats[3 * program]: the smallest and the largest byte other than 0xFF (255 / -1 when none), whether a 0xFF
-    occurs."""
+    the codes as int32 words (W32 = K / 8 per row), and the scale bytes sdst [r, tile, g, h, blk] =
+    ssrc[16 r + 8 h + g, 2 tile + blk] (KS = K / 32 per row). STATS: this program's statistics of those bytes
+    at stats[3 * program]: the smallest and the largest byte other than 0xFF (255 / -1 when none), whether a
+    0xFF occurs."""
     r = tl.program_id(0)
     tile = tl.program_id(1) * TILES + tl.arange(0, TILES)[:, None, None]      # [TILES, 1, 1]
     lane = tl.arange(0, 32)[None, :, None]
@@ -56,68 +60,41 @@ def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, R, T, W32,
             word = word | _place((a >> (8 * (2 * s + kh))) & 0xFF, h + 2 * kh)
     out = (r.to(tl.int64) * T + tile) * 128 + lane * 4 + j
     tl.store(dst_ptr + out, word, mask=ok)
-    if SCALES:
-        gs = tl.arange(0, 8)[None, :, None]
-        q = tl.arange(0, 4)[None, None, :]                                    # 2 h + blk
-        sok = (tile < T) & (gs >= 0) & (q >= 0)
-        srow = (16 * r + 8 * (q // 2) + gs).to(tl.int64)
-        v = tl.load(ssrc_ptr + srow * KS + 2 * tile + q % 2, mask=sok, other=0).to(tl.int32)
-        tl.store(sdst_ptr + (r.to(tl.int64) * T + tile) * 32 + gs * 4 + q, v.to(tl.uint8), mask=sok)
-        if STATS:
-            keep = sok & (v != 255)
-            at = stats_ptr + 3 * (r.to(tl.int64) * tl.num_programs(1) + tl.program_id(1))
-            tl.store(at, tl.min(tl.where(keep, v, 255)))
-            tl.store(at + 1, tl.max(tl.where(keep, v, -1)))
-            tl.store(at + 2, tl.max((sok & (v == 255)).to(tl.int32)))
+    gs = tl.arange(0, 8)[None, :, None]
+    q = tl.arange(0, 4)[None, None, :]                                        # 2 h + blk
+    sok = (tile < T) & (gs >= 0) & (q >= 0)
+    srow = (16 * r + 8 * (q // 2) + gs).to(tl.int64)
+    v = tl.load(ssrc_ptr + srow * KS + 2 * tile + q % 2, mask=sok, other=0).to(tl.int32)
+    tl.store(sdst_ptr + (r.to(tl.int64) * T + tile) * 32 + gs * 4 + q, v.to(tl.uint8), mask=sok)
+    if STATS:
+        keep = sok & (v != 255)
+        at = stats_ptr + 3 * (r.to(tl.int64) * tl.num_programs(1) + tl.program_id(1))
+        tl.store(at, tl.min(tl.where(keep, v, 255)))
+        tl.store(at + 1, tl.max(tl.where(keep, v, -1)))
+        tl.store(at + 2, tl.max((sok & (v == 255)).to(tl.int32)))
 
 
 TILES = 4  # 64-column tiles per program (256 columns of 16 rows: 2 KiB in, 2 KiB out; H100: 4 to 32 swept)
-
-
-def _launch(qdata: torch.Tensor, scale, q, s, stats) -> None:
-    from ..launch import _Launcher
-
-    global _LAUNCH
-    if _LAUNCH is None:  # (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
-        import sys
-
-        _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
-    N, K = qdata.shape[0], qdata.shape[1] * 2
-    R, T = N // 16, K // 64
-    if R and T:
-        sc = scale if scale is not None else q
-        _LAUNCH((R, triton.cdiv(T, TILES)), (qdata.view(torch.int32), sc, q, s if s is not None else q,
-                                             stats if stats is not None else q, R, T, K // 8, K // 32),
-                (("TILES", TILES), ("SCALES", scale is not None), ("STATS", stats is not None)), 4)
-
-
-_LAUNCH = None
-
-
-def pack_mma_codes(qdata: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, K / 2] contiguous (N % 16 == 0, K % 64 == 0, 4-byte aligned) -> int32 [N / 16, K / 64, 32, 4]:
-    the codes of ``pack_mma`` in one kernel."""
-    N, K = qdata.shape[0], qdata.shape[1] * 2
-    q = torch.empty(N // 16, K // 64, 32, 4, dtype=torch.int32, device=qdata.device)
-    _launch(qdata, None, q, None, None)
-    return q
+# the direct launch (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
+_LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
 
 
 def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False) -> tuple:
-    """``pack_mma`` (q, s) in one kernel. qdata uint8 [N, K / 2], scale uint8 [N, K / 32], both contiguous.
-    ``stats``: also the scale statistics of :func:`mxkit.kernels.matmul._scale_stats` (0-dim int32 device
-    tensors: the smallest and the largest byte other than 0xFF, 255 / -1 when there is none, whether a 0xFF
-    occurs), from the kernel's per-program partials."""
+    """``pack_mma``'s (q, s) in one kernel. qdata uint8 [N, K / 2] (4-byte aligned), scale uint8 [N, K / 32],
+    both contiguous. ``stats``: also the scale statistics of :func:`mxkit.kernels.matmul._scale_stats` (a list of
+    0-dim int32 device tensors: the smallest and the largest byte other than 0xFF, 255 / -1 when there is none,
+    whether a 0xFF occurs), from the kernel's per-program partials."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     R, T = N // 16, K // 64
     q = torch.empty(R, T, 32, 4, dtype=torch.int32, device=qdata.device)
     s = torch.empty(R, T, 8, dtype=torch.int32, device=qdata.device)
-    if not stats:
-        _launch(qdata, scale, q, s.view(torch.uint8), None)
-        return q, s
+    grid = (R, triton.cdiv(T, TILES))
     if not (R and T):  # no program: the empty weight's 255 / -1 / 0
-        part = torch.tensor([[255, -1, 0]], dtype=torch.int32, device=qdata.device)
+        part = torch.tensor([[255, -1, 0]], dtype=torch.int32, device=qdata.device) if stats else None
     else:  # every program writes its row (its first tile is inside the weight)
-        part = torch.empty(R * triton.cdiv(T, TILES), 3, dtype=torch.int32, device=qdata.device)
-    _launch(qdata, scale, q, s.view(torch.uint8), part)
+        part = torch.empty(grid[0] * grid[1], 3, dtype=torch.int32, device=qdata.device) if stats else None
+        _LAUNCH(grid, (qdata.view(torch.int32), scale, q, s.view(torch.uint8), q if part is None else part, R, T,
+                       K // 8, K // 32), (("TILES", TILES), ("STATS", stats)), 4)
+    if not stats:
+        return q, s
     return q, s, [part[:, 0].amin(), part[:, 1].amax(), part[:, 2].amax()]

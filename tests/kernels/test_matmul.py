@@ -359,8 +359,8 @@ def test_gpu_every_format_pair(fa, fb, rng):
     qa, qb = mxkit.quantize(a, fa), mxkit.quantize(w, fb)
     path = "fold-fp8" if fa in FOLDABLE and fb in FOLDABLE else "bf16-exact"
     check(qa, mxkit.pack_weight(qb), path=path, backend="auto")
-    if fa == fb:
-        check(qa, mxkit.pack_weight(qb), path=path, backend="auto", out_dtype=torch.float32)
+    if fa == fb:  # a float32 output does not take the FP8 GEMM (its accumulation is below float32 precision)
+        check(qa, mxkit.pack_weight(qb), path="bf16-exact", backend="auto", out_dtype=torch.float32)
 
 
 @pytest.mark.gpu

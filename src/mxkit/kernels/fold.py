@@ -24,7 +24,7 @@ from ..fold import Folded, _check_foldable, fold_range, fold_reference, quantize
 from ..formats import ElementFormat, FormatLike, Rounding, ScaleMode
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
 
-__all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton", "PendingFold"]
+__all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton", "PendingFold", "QuantizedRows"]
 
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _IN_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # _quantize's IN_F32_BITS / BF16_BITS / F16
@@ -116,33 +116,58 @@ def _complete(data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, f: 
 
 
 @dataclass(frozen=True)
+class QuantizedRows:
+    """The rows a quantize-fold read, and how it quantized them: x [R, K] contiguous (float32 / bfloat16 /
+    float16) to ``fmt`` with ``scale_mode`` and ``rounding`` (mxkit.quantize's codes)."""
+
+    x: torch.Tensor
+    fmt: ElementFormat
+    scale_mode: ScaleMode
+    rounding: Rounding
+
+
+@dataclass(frozen=True)
 class PendingFold:
     """A fold whose status-1 rows (block scales spanning more than the window) are not completed yet, so that a
     caller can enqueue more GPU work before the one host sync: ``folded`` holds every other row exactly (a
     status-1 row's data and scale are whatever the kernel left: the caller must not use them), ``status`` uint8
-    [R] (0 folded, 1 pending, 2 NaN). :meth:`complete` (one host sync) returns the exact :class:`Folded`."""
+    [R] (0 folded, 1 pending, 2 NaN). :meth:`complete` (one host sync) returns the exact :class:`Folded`.
+    ``source``: what the fold read (the MXTensor, or the :class:`QuantizedRows`), from which the GEMM's fix-up
+    kernel recomputes the pending rows exactly without completing them (no host sync)."""
 
     folded: Folded
     status: torch.Tensor
     redo: Callable[[torch.Tensor], Folded]
+    source: Union[MXTensor, QuantizedRows, None] = None
 
     def complete(self) -> Folded:
         f = self.folded
         return _complete(f.data.view(torch.uint8), f.scale, self.status, f.fmt, f.lead_shape, self.redo)
 
 
-def _pending(data, scale, status, f, lead, redo, defer: bool) -> Union[Folded, PendingFold]:
+def _pending(data, scale, status, f, lead, redo, defer: bool, source=None) -> Union[Folded, PendingFold]:
     if defer:
         return PendingFold(Folded(data.view(torch.float8_e4m3fn), scale, data.new_zeros(0, dtype=torch.int64), f,
-                                  lead), status, redo)
+                                  lead), status, redo, source)
     return _complete(data, scale, status, f, lead, redo)
 
 
-def _launch(kernel, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
-    grid = (-(-R // cfg.block_r),)
+_LAUNCHERS: dict = {}
+
+
+def _launch(name: str, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
+    """Launch kernel ``name`` of ``fold_details._fold`` through mxkit's direct launch (Triton 3.6's own launcher
+    spent ~50 us of host time a call)."""
+    launcher = _LAUNCHERS.get(name)
+    if launcher is None:
+        from . import launch
+        from .fold_details import _fold
+
+        launcher = _LAUNCHERS[name] = launch._Launcher(_fold, name)
     masked = R % cfg.block_r != 0 or K % cfg.block_k != 0
-    kernel[grid](*args, R, K, **consts, BLOCK_R=cfg.block_r, BLOCK_K=cfg.block_k, ONE_CHUNK=K <= cfg.block_k,
-                 MASKED=masked, num_warps=cfg.num_warps)
+    launcher((-(-R // cfg.block_r),), args + (R, K), tuple(consts.items()) + (
+        ("BLOCK_R", cfg.block_r), ("BLOCK_K", cfg.block_k), ("ONE_CHUNK", K <= cfg.block_k), ("MASKED", masked)),
+        cfg.num_warps)
 
 
 def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,13 +180,11 @@ def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torc
               cfg: Optional[FoldConfig] = None) -> None:
     """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`); cfg:
     an explicit config for A/B runs (default :func:`fold_config`)."""
-    from .fold_details._fold import _fold_kernel
-
     f, (R, K) = q.fmt, data.shape
     d_lo, d_hi = fold_range(f)
     cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
     qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
-    _launch(_fold_kernel, (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status), R, K, cfg,
+    _launch("_fold_kernel", (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status), R, K, cfg,
             dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi))
 
 
@@ -169,12 +192,10 @@ def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd:
                        scale: torch.Tensor, status: torch.Tensor, cfg: Optional[FoldConfig] = None) -> None:
     """Launch the quantize-fold kernel on a validated contiguous x2 [R >= 1, K] into the given outputs; cfg: an
     explicit config for A/B runs (default :func:`fold_config`)."""
-    from .fold_details._fold import _quantize_fold_kernel
-
     R, K = x2.shape
     d_lo, d_hi = fold_range(f)
     cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
-    _launch(_quantize_fold_kernel, (x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K,
+    _launch("_quantize_fold_kernel", (x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K,
             cfg, dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
                       MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode],
                       AWAY=rnd is Rounding.AWAY, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
@@ -218,7 +239,7 @@ def fold_triton(q: MXTensor, *, defer: bool = False) -> Union[Folded, PendingFol
     def redo(rows):
         return fold_reference(MXTensor(qd[rows], sc[rows], f, 1, 32, (rows.numel(), K)))
 
-    return _pending(data, scale, status, f, lead, redo, defer)
+    return _pending(data, scale, status, f, lead, redo, defer, q)
 
 
 def _max_frac(f: ElementFormat) -> int:
@@ -274,5 +295,5 @@ def quantize_fold_triton(
     def redo(rows):
         return quantize_fold_reference(x2[rows], f, scale_mode=mode, rounding=rnd)
 
-    return _pending(data, scale, status, f, lead, redo, defer)
+    return _pending(data, scale, status, f, lead, redo, defer, QuantizedRows(x2, f, mode, rnd))
 

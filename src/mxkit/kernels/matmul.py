@@ -8,6 +8,9 @@ float32 accumulation plus one output rounding):
     FP4 / FP6 × FP4 / FP6. Each row of 32-element blocks is folded into FP8 E4M3 with one power-of-two
     float32 scale per row (:mod:`mxkit.fold`; exact when the row's block scales span at most the format's
     fold range, e.g. 14 for E2M1), then cuBLAS' FP8 GEMM with rowwise scales (``torch._scaled_mm``).
+    bf16 / fp16 outputs only on CUDA: Hopper's FP8 tensor cores add products with fewer bits than float32
+    (up to 5e-5 relative error on MXFP6 rows, measured), so a float32 output takes ``bf16-exact`` (every
+    FP4 / FP6 value times its scale is as exact in bf16 as in float32) or ``fp32-exact``.
 ``w4a8-fp8``
     FP4 / FP6 weights × FP8 E4M3 activations with a float32 scale per row (:class:`mxkit.Fp8Rowwise`,
     TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM.
@@ -39,8 +42,10 @@ float32 accumulation plus one output rounding):
     Everything outside those envelopes: float32 operands (exact MX values), float32 GEMM with TF32 off.
 
 Rows the fold path cannot take (a row whose block scales span more than the fold range, or a row scale
-outside the FP8 epilogue's envelope) are computed through the float32 route and written into the same
-output, so no shape or value ever takes an inexact path silently.
+outside the FP8 epilogue's envelope) are recomputed exactly and written into the same output, so no shape or
+value ever takes an inexact path silently: for a deferred fold (MX activations, or bf16 ones through the
+fused quantize-fold) by one fix-up kernel after the FP8 GEMM, without a host sync (so the call is CUDA-graph
+capturable); for a completed :class:`~mxkit.fold.Folded` through the float32 route after one host sync.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import torch
 
 from .. import reference
 from ..fold import Folded, can_fold, fold_reference, unfold_reference
-from ..formats import ElementFormat, decode_elements
+from ..formats import ElementFormat, Rounding, decode_elements
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
 
@@ -480,13 +485,24 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return GemmPlan(path, reason, M, N, K, out)
 
     wf = w.fmt
+    # Hopper's FP8 tensor cores add products with fewer bits than float32 (about 1e-5 relative): a float32
+    # output takes an exact route instead of the FP8 GEMM (bf16 / fp16 outputs round far coarser than that)
+    f32 = out == torch.float32 and dev.type == "cuda"
+    why32 = ("a float32 output: the FP8 tensor cores' accumulation is below float32 precision (FP4 / FP6 values "
+             "are as exact in bf16 as in float32)")
     if kind == "pending":
         if not can_fold(wf):
             raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
+        if f32:
+            return plan("bf16-exact" if a.source is not None else "fp32-exact", why32)
         return plan("fold-fp8", f"{a.folded.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind in ("mx", "folded") and can_fold(wf) and (kind == "folded" or can_fold(a.fmt)):
+        if f32:
+            return plan("bf16-exact" if kind == "mx" else "fp32-exact", why32)
         return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind == "fp8_rowwise" and can_fold(wf):
+        if f32:
+            return plan("fp32-exact", why32)
         return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
     if kind == "mx" and _a8w8_ok(a.fmt, w, M, dev):
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
@@ -605,6 +621,10 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         return reference_gemm(a, b, out, bias)
     packed = b if isinstance(b, PackedWeight) else None
     w = packed.source if packed is not None else _plain(b)
+    if kind == "pending" and path == "bf16-exact":  # (a float32 output): the MX tensor the fold was made from
+        a, kind = _mx_source(a.source), "mx"
+    if kind == "pending" and path != "fold-fp8":
+        a, kind = a.complete(), "folded"
     if path in ("fold-fp8", "w4a8-fp8"):
         pw = packed if packed is not None and packed.folded is not None else pack_weight(w)
         fb = pw.folded
@@ -622,7 +642,11 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             fa = _fold(_plain(a), defer=True)
             if not isinstance(fa, Folded):
                 pending, fa = fa, fa.folded
-        # one host sync, after the GEMM is enqueued: whether any row of a needs the float32 route
+        if pending is not None and pending.source is not None:  # no host sync: the fix-up kernel
+            y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
+            _fixup(y, pending.source, pending.status, fa.scale, pw.source, pw.special_rows, bias, M, N, K)
+            return y.reshape(*lead, N)
+        # a complete Folded: one host sync, after the GEMM is enqueued: whether any row needs the float32 route
         flag = _out_of_envelope(fa.scale[:M]).any()
         if pending is not None:
             flag |= pending.status.eq(1).any()
@@ -974,6 +998,78 @@ def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
             return torch.mm(x, w.t(), out_dtype=torch.float32)
         except (RuntimeError, TypeError):
             return x.float() @ w.float().t()
+
+
+_FIXUP_BLOCKS = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K of the fix-up kernel (4 warps)
+
+
+def _fixup(y: torch.Tensor, src, status: torch.Tensor, scale: torch.Tensor, w: MXTensor,
+           special: Optional[torch.Tensor], bias: Optional[torch.Tensor], M: int, N: int, K: int) -> None:
+    """Overwrite, in y [M, N] (the fold path's FP8 GEMM output), the elements of a's rows that the FP8 GEMM
+    could not take (fold status 1, or a row scale outside +-FOLD_EXP_LIMIT) and of the weight's special rows
+    (``special``) with the exact float32 product (+ bias), read from the MX source bytes (``src``: the MXTensor
+    a, or the :class:`~mxkit.kernels.fold.QuantizedRows` it was quantized from; ``w``: the weight, plain
+    scales). One launch, no host sync: tiles without a flagged row or column exit after reading their flags
+    (``matmul_details._row_fixup``)."""
+    from .fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
+    from .quantize_details._common import element_spec
+
+    global _FIXUP
+    if _FIXUP is None:
+        from . import launch
+        from .matmul_details import _row_fixup
+
+        _FIXUP = launch._Launcher(_row_fixup, "_fixup_kernel")
+    wq = _words(w.qdata.reshape(N, -1))
+    if isinstance(src, QuantizedRows):
+        aq, a_s = src.x.view(_IN_VIEW[src.x.dtype]), status
+        a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(src.fmt)),
+               ("MODE", _MODE[src.scale_mode]), ("AWAY", src.rounding is Rounding.AWAY))
+    else:
+        aq, a_s = _words(src.qdata.reshape(M, -1)), src.scale.reshape(M, -1)
+        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(src.fmt)), ("MODE", 0), ("AWAY", False))
+    cols = special is not None and special.numel() > 0
+    if cols:
+        cf = torch.zeros(N, dtype=torch.uint8, device=y.device)
+        cf[special.to(y.device)] = 1
+    bm, bn, bk = _FIXUP_BLOCKS
+    consts = a_c + (
+        ("W_FMT", element_spec(w.fmt)), ("LIMIT_LO", 2.0 ** -FOLD_EXP_LIMIT), ("LIMIT_HI", 2.0 ** FOLD_EXP_LIMIT),
+        ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", y.is_cuda and not _interpret()),
+        ("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk))
+    bias_t = status if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
+    tiles_m, tiles_n = -(-M // bm), -(-N // bn)
+    _FIXUP((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
+           (y, aq, a_s, status, scale, wq, w.scale.reshape(N, -1), cf if cols else status, bias_t, M, N, K,
+            y.stride(0)), consts, 4)
+
+
+_FIXUP = None
+
+
+def _mx_source(src) -> MXTensor:
+    """The MXTensor a deferred fold was made from (a :class:`~mxkit.kernels.fold.QuantizedRows`: quantized now,
+    mxkit.quantize's bytes)."""
+    if isinstance(src, MXTensor):
+        return src
+    from .quantize import quantize_triton
+
+    return quantize_triton(src.x, src.fmt, axis=-1, scale_mode=src.scale_mode, rounding=src.rounding)
+
+
+@functools.lru_cache(maxsize=None)
+def _fixup_programs(device: torch.device) -> int:
+    """About two programs per SM (the fix-up's grid; the CPU interpreter: 4)."""
+    if device.type != "cuda":
+        return 4
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _words(q: torch.Tensor) -> torch.Tensor:
+    """Packed code rows (uint8 [R, bytes], a multiple of 4 bytes a row) as int32 words (copied if unaligned)."""
+    if q.data_ptr() % 16 or not q.is_contiguous():
+        q = q.clone(memory_format=torch.contiguous_format)
+    return q.view(torch.int32)
 
 
 def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows: torch.Tensor,

@@ -1,0 +1,163 @@
+"""The fold path without a host sync (``mxkit.kernels.matmul._fixup``, ``matmul_details/_row_fixup.py``): the FP8
+GEMM runs every row of a deferred fold, then one kernel overwrites the output of the rows it could not take
+(block scales spanning more than the fold window, row scales outside the FP8 epilogue's envelope) and of the
+weight's special rows with the exact product. Held to issue #22's row-wise bound against y64; the rows the fix-up
+leaves alone are byte-equal to the completed fold's path (the same FP8 GEMM). Under Triton's CPU interpreter
+(CPU ``torch._scaled_mm``) and on the GPU, where it is also captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+import mxkit
+from mxkit.fold import fold_range
+
+try:
+    from .test_matmul import OUT, assert_within_bound, rand_mx
+except ImportError:  # run as a script under the interpreter (conftest.run_interpreted)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_matmul import OUT, assert_within_bound, rand_mx
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+def _bound(y, a, b, bias=None):
+    OUT[0] = y.dtype
+    assert_within_bound(y, a, b, bias)
+
+
+def _activations(M: int, K: int, dtype, g, device: str) -> torch.Tensor:
+    """Rows of every kind the fold meets: narrow, a span of exactly the window, one past it, a span of 80,
+    tiny (row scale below 2^-54), huge (above 2^54), a NaN, zero; the rest random."""
+    x = torch.randn(M, K, generator=g).to(dtype)
+    x[1, :32] *= 2.0**40
+    x[1, 32:64] *= 2.0**-40
+    x[2, 32:64] *= 2.0**-15  # a span of about 15 scale steps
+    x[3] *= 2.0**-100
+    x[4] *= 2.0**90 if dtype != torch.float16 else 1.0
+    x[5, 40] = float("nan")
+    x[6] = 0
+    return x.to(device)
+
+
+def _check_fixup(device: str, g) -> int:
+    """Deferred folds (of bf16 / fp32 rows, and of MX tensors) times packed weights with and without special
+    rows, bias or not, bf16 / fp32 out: within the bound, NaN rows NaN, zero rows zero, and every element the
+    fix-up does not own byte-equal to the completed fold's result."""
+    from mxkit.kernels.fold import PendingFold, fold_triton, quantize_fold_triton
+
+    n = 0
+    M, K, N = 9, 192, 80
+    for wfmt, wspread in (("mxfp4_e2m1", 2), ("mxfp6_e3m2", 20), ("mxfp6_e2m3", 3)):
+        qb = rand_mx((N, K), wfmt, g, spread=wspread, device=device)
+        pw = mxkit.pack_weight(qb)
+        assert (pw.special_rows.numel() > 0) == (wspread > fold_range(wfmt)[1] - fold_range(wfmt)[0])
+        for afmt, dtype in (("mxfp4_e2m1", torch.bfloat16), ("mxfp6_e2m3", torch.float32)):
+            x = _activations(M, K, dtype, g, device)
+            qa = mxkit.quantize(x, afmt)
+            for bias, out in ((None, torch.bfloat16), (torch.randn(N, generator=g).to(device), torch.float32)):
+                for pend in (quantize_fold_triton(x, afmt, defer=True), fold_triton(qa, defer=True)):
+                    assert isinstance(pend, PendingFold) and pend.source is not None
+                    y = mxkit.matmul(pend, pw, bias=bias, out_dtype=out, backend="triton")
+                    if device == "cuda" or out == torch.float32:  # the interpreter's bf16 casts truncate
+                        _bound(y, qa, pw, bias)
+                    assert torch.isnan(y[5]).all() and not torch.isnan(y[[0, 1, 2, 3, 4, 6, 7, 8]]).any()
+                    if device == "cuda" and out == torch.float32:  # not the FP8 GEMM: dequantized to bf16
+                        assert mxkit.gemm_plan(pend, pw, out_dtype=out).path == "bf16-exact"
+                        y2 = mxkit.matmul(qa, pw, bias=bias, out_dtype=out)
+                        assert mxkit.gemm_plan(qa, pw, out_dtype=out).path == "bf16-exact"
+                        assert torch.equal(y.view(torch.uint8), y2.view(torch.uint8))
+                        n += 1
+                        continue
+                    want = mxkit.matmul(pend.complete(), pw, bias=bias, out_dtype=out, backend="triton")
+                    fixed = (pend.status == 1) | ~((pend.folded.scale >= 2.0**-54) & (pend.folded.scale <= 2.0**54))
+                    fixed &= ~torch.isnan(pend.folded.scale)
+                    assert fixed[[1, 3, 4]].all() if dtype != torch.float16 else True
+                    keep = ~fixed[:, None].expand(M, N).clone()
+                    keep[:, pw.special_rows] = False
+                    assert torch.equal(y[keep].view(torch.uint8), want[keep].view(torch.uint8))
+                    n += 1
+    return n
+
+
+def _check_fixup_writes_only_flags(device: str, g) -> int:
+    """The kernel alone on a poisoned output: exactly the flagged rows' and columns' elements are written."""
+    from mxkit.kernels.fold import quantize_fold_triton
+    from mxkit.kernels.matmul import _fixup
+
+    M, K, N = 70, 96, 72  # two row tiles, two column tiles
+    x = torch.randn(M, K, generator=g)
+    x[65, :32] *= 2.0**30
+    x[65, 32:64] *= 2.0**-30
+    pend = quantize_fold_triton(x.to(device), "mxfp4", defer=True)
+    pw = mxkit.pack_weight(rand_mx((N, K), "mxfp4_e2m1", g, spread=20, device=device))
+    assert pw.special_rows.numel() == N
+    pw = mxkit.PackedWeight(pw.source, pw.folded, pw.scale_min, pw.scale_max, pw.has_nan,
+                            torch.tensor([3, 70], device=device))
+    y = torch.full((M, N), float("nan"), device=device)
+    _fixup(y, pend.source, pend.status, pend.folded.scale, pw.source, pw.special_rows, None, M, N, K)
+    written = ~torch.isnan(y)
+    want = torch.zeros(M, N, dtype=torch.bool)
+    want[65] = True
+    want[:, [3, 70]] = True
+    assert torch.equal(written.cpu(), want)
+    _bound(y[:, [3, 70]], mxkit.quantize(x, "mxfp4"), mxkit.MXTensor(pw.source.qdata[[3, 70]],
+                                                                     pw.source.scale[[3, 70]], pw.source.fmt, 1,
+                                                                     32, (2, K)))
+    return 1
+
+
+def _check_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
+    from conftest import interpreted_rng
+
+    from mxkit.kernels.matmul_details import _row_fixup
+
+    g = interpreted_rng(_row_fixup._fixup_kernel)
+    n = _check_fixup("cpu", g) + _check_fixup_writes_only_flags("cpu", g)
+    print(f"interpreter checks passed: {n}")
+
+
+def test_fixup_interpreted():
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "_check_interpreted")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fixup(rng):
+    assert _check_fixup("cuda", rng) and _check_fixup_writes_only_flags("cuda", rng)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mx_activation_linear_in_a_cuda_graph(rng):
+    """MXLinear(act_format="mxfp4") no longer syncs: captured in a CUDA graph, replayed on new rows (one of them
+    spanning 80 scale steps, one tiny), it gives the eager bytes."""
+    from mxkit.nn import MXLinear
+
+    lin = torch.nn.Linear(2880, 512).cuda()
+    m = MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")
+    static = torch.randn(8, 2880, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        m(static)  # warm up: compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = m(static)
+    for _ in range(3):
+        static.copy_(_activations(8, 2880, torch.float32, rng, "cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        with torch.no_grad():
+            want = m(static.clone())
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))  # (row 5 is NaN)
+        _bound(out, mxkit.quantize(static, "mxfp4"), m.weight_mx, lin.bias.detach())

@@ -161,7 +161,8 @@ def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: O
     """Which path :func:`matmul` takes for ``(a, b)`` and why: a :class:`mxkit.kernels.matmul.GemmPlan`
     (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
     :data:`mxkit.kernels.matmul.PATHS`; every one is exact (float32 accumulation, one output rounding).
-    May read the scale extrema of an MX ``a`` (one host sync)."""
+    On CUDA with a PackedWeight it reads no device value (no host sync); an MXTensor weight's scale range is
+    read once per call (pack it with :func:`pack_weight`)."""
     from .kernels.matmul import GemmPlan, plan_gemm
 
     p = plan_gemm(a, b, out_dtype)

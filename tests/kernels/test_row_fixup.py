@@ -15,6 +15,8 @@ import torch
 
 import mxkit
 from mxkit.fold import fold_range
+from mxkit.reference import pack_codes
+from mxkit.tensor import MXTensor
 
 try:
     from .test_matmul import OUT, assert_within_bound, rand_mx
@@ -100,7 +102,7 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
     pw = mxkit.PackedWeight(pw.source, pw.folded, pw.scale_min, pw.scale_max, pw.has_nan,
                             torch.tensor([3, 70], device=device))
     y = torch.full((M, N), float("nan"), device=device)
-    _fixup(y, pend.source, pend.status, pend.folded.scale, pw.source, pw.special_rows, None, M, N, K)
+    _fixup(y, pend.source, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale), special=pw.special_rows)
     written = ~torch.isnan(y)
     want = torch.zeros(M, N, dtype=torch.bool)
     want[65] = True
@@ -112,6 +114,49 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
     return 1
 
 
+def _scale_rows(M: int, K: int, fmt: str, g, device: str):
+    """An MX ``a`` whose rows 2 (every scale byte 0 or 1: E4M3's subnormals times 2^-127 are not bf16 values) and
+    5 (one block at byte 247, small codes) lie outside the bf16-exact envelope of FP8 elements."""
+    qa = rand_mx((M, K), fmt, g)
+    qa.scale[2] = torch.randint(0, 2, (K // 32,), generator=g, dtype=torch.uint8)
+    qa.scale[5, 1] = 247
+    codes = decode_codes(qa)
+    codes[5, 32:64] &= 0x31  # small magnitudes (every format: at most an exponent bit or two), so row 5 stays finite
+    return MXTensor(pack_codes(codes, qa.fmt), qa.scale, qa.fmt, 1, 32, (M, K)).to(device)
+
+
+def decode_codes(q):
+    from mxkit.reference import unpack_codes
+
+    return unpack_codes(q.qdata, q.fmt).to(torch.uint8).clone()
+
+
+def _check_scale_fixup(device: str, g) -> int:
+    """The bf16-exact path's fix-up (no fold): on a NaN-poisoned output it writes exactly the rows of ``a``
+    with a scale byte outside a's bf16-exact range, each within the bound; every pair of element kinds."""
+    from mxkit.kernels.matmul import _fixup, exact_scale_range
+
+    M, K, N = 9, 192, 40
+    n = 0
+    for fa, fb in (("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxint8"), ("mxint8", "mxfp4_e2m1"),
+                   ("mxfp6_e3m2", "mxfp8_e4m3")):
+        qa = _scale_rows(M, K, fa, g, device)
+        w = mxkit.quantize(torch.randn(N, K, generator=g), fb).to(device)
+        bias = torch.randn(N, generator=g).to(device)
+        y = torch.full((M, N), float("nan"), device=device)
+        _fixup(y, qa, w, bias, M, N, K)
+        lo, hi = exact_scale_range(qa.fmt, torch.bfloat16)
+        sc = qa.scale.cpu().to(torch.int32)
+        want = ((sc < lo) | ((sc > hi) & (sc != 255))).any(dim=1)
+        written = ~torch.isnan(y).any(dim=1).cpu()
+        assert torch.equal(written, want), (fa, fb, written, want)
+        rows = torch.nonzero(want).flatten()
+        sub = MXTensor(qa.qdata[rows.to(device)], qa.scale[rows.to(device)], qa.fmt, 1, 32, (rows.numel(), K))
+        _bound(y[rows.to(device)], sub, w, bias)
+        n += 1
+    return n
+
+
 def _check_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
@@ -119,7 +164,7 @@ def _check_interpreted() -> None:
     from mxkit.kernels.matmul_details import _row_fixup
 
     g = interpreted_rng(_row_fixup._fixup_kernel)
-    n = _check_fixup("cpu", g) + _check_fixup_writes_only_flags("cpu", g)
+    n = _check_fixup("cpu", g) + _check_fixup_writes_only_flags("cpu", g) + _check_scale_fixup("cpu", g)
     print(f"interpreter checks passed: {n}")
 
 
@@ -133,6 +178,37 @@ def test_fixup_interpreted():
 @gpu
 def test_gpu_fixup(rng):
     assert _check_fixup("cuda", rng) and _check_fixup_writes_only_flags("cuda", rng)
+    assert _check_scale_fixup("cuda", rng)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fa,fb", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxint8"),
+                                   ("mxfp4_e2m1", "mxfp6_e2m3")])
+def test_gpu_bf16_exact_without_a_sync(fa, fb, rng):
+    """MX x MX past the a8w8 envelope (and a float32 output of a fold pair) takes bf16-exact with no host sync:
+    rows of a outside the bf16 envelope are fixed up; captured in a CUDA graph and replayed on new data, the
+    eager bytes."""
+    M, K, N = 100, 2880, 256
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng), fb).to("cuda"))
+    out = torch.float32 if fa == "mxfp4_e2m1" else torch.bfloat16
+    qa = _scale_rows(M, K, fa, rng, "cuda")
+    assert mxkit.gemm_plan(qa, pw, out_dtype=out).path == "bf16-exact"
+    y = mxkit.matmul(qa, pw, out_dtype=out)
+    _bound(y, qa, pw)
+    static = _scale_rows(M, K, fa, rng, "cuda")
+    mxkit.matmul(static, pw, out_dtype=out)  # warm up: compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = mxkit.matmul(static, pw, out_dtype=out)
+    for _ in range(2):
+        new = _scale_rows(M, K, fa, rng, "cuda")
+        static.qdata.copy_(new.qdata)
+        static.scale.copy_(new.scale)
+        ys.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(ys.view(torch.uint8), mxkit.matmul(new, pw, out_dtype=out).view(torch.uint8))
+        _bound(ys, new, pw)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,9 @@ float32 accumulation plus one output rounding):
     TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM.
 ``bf16-exact``
     Any other MX × MX pair: both dequantized to bf16 (every MX value times its E8M0 scale is exact in bf16
-    inside the envelope checked here), then cuBLAS bf16 with float32 accumulation.
+    inside an envelope of scale bytes: the weight's is checked at pack time), then cuBLAS bf16 with float32
+    accumulation; on CUDA the rows of ``a`` with a scale byte outside it are then recomputed exactly by the
+    fix-up kernel (no host sync; elsewhere the plan reads a's scale range and takes ``fp32-exact``).
 ``dense-exact``
     bf16 / fp16 activations × an MX weight (W4A16 … W8A16 prefill): the weight dequantized to the
     activation dtype (exact inside the envelope), then cuBLAS.
@@ -466,8 +468,9 @@ def _a_device(a, kind: str) -> torch.device:
 
 
 def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dtype] = None) -> GemmPlan:
-    """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. May read the scale extrema of
-    an MX ``a`` (one host sync). Raises TypeError / ValueError on operands that do not fit together."""
+    """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. Reads no device value for a
+    PackedWeight on CUDA; an MXTensor weight's scale extrema (one host sync), and on the CPU an MX ``a``'s.
+    Raises TypeError / ValueError on operands that do not fit together."""
     kind = _a_kind(a)
     w = b.source if isinstance(b, PackedWeight) else b
     _check_weight(w)
@@ -508,6 +511,11 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
+    if kind == "mx" and dev.type == "cuda" and _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
+        r0, r1 = exact_scale_range(a.fmt, torch.bfloat16)
+        return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: the weight is exact in bf16 (scale bytes [{lo}, "
+                                  f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
+                                  f"exactly by the fix-up kernel")
     if kind == "mx":
         alo, ahi, _ = _scale_extrema(a.scale)
         if _in_range(alo, ahi, exact_scale_range(a.fmt, torch.bfloat16)) and _in_range(
@@ -644,7 +652,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
                 pending, fa = fa, fa.folded
         if pending is not None and pending.source is not None:  # no host sync: the fix-up kernel
             y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
-            _fixup(y, pending.source, pending.status, fa.scale, pw.source, pw.special_rows, bias, M, N, K)
+            _fixup(y, pending.source, pw.source, bias, M, N, K, fold=(pending.status, fa.scale),
+                   special=pw.special_rows)
             return y.reshape(*lead, N)
         # a complete Folded: one host sync, after the GEMM is enqueued: whether any row needs the float32 route
         flag = _out_of_envelope(fa.scale[:M]).any()
@@ -664,9 +673,14 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             y = _fix_special(y, fa, "folded", M, pw, a_rows, pw.special_rows, bias)
         return y.reshape(*lead, N)
     if path == "bf16-exact":
-        xa = _dequantize(_plain(a), torch.bfloat16).reshape(M, K)
-        wb = _dequantize(w, torch.bfloat16)
-        y = _dense(xa, wb, out)
+        ap = _plain(a)
+        y = _dense(_dequantize(ap, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), out)
+        if bias is not None:
+            y = y.to(torch.float32) + bias.to(torch.float32)
+        y = y.to(out)
+        if y.is_cuda and M and N:  # rows of a whose values bf16 does not hold exactly: recomputed, no host sync
+            _fixup(y, ap, w, bias, M, N, K)
+        return y.reshape(*lead, N)
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
@@ -1003,14 +1017,17 @@ def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
 _FIXUP_BLOCKS = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K of the fix-up kernel (4 warps)
 
 
-def _fixup(y: torch.Tensor, src, status: torch.Tensor, scale: torch.Tensor, w: MXTensor,
-           special: Optional[torch.Tensor], bias: Optional[torch.Tensor], M: int, N: int, K: int) -> None:
-    """Overwrite, in y [M, N] (the fold path's FP8 GEMM output), the elements of a's rows that the FP8 GEMM
-    could not take (fold status 1, or a row scale outside +-FOLD_EXP_LIMIT) and of the weight's special rows
-    (``special``) with the exact float32 product (+ bias), read from the MX source bytes (``src``: the MXTensor
-    a, or the :class:`~mxkit.kernels.fold.QuantizedRows` it was quantized from; ``w``: the weight, plain
-    scales). One launch, no host sync: tiles without a flagged row or column exit after reading their flags
-    (``matmul_details._row_fixup``)."""
+def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: int, N: int, K: int, *,
+           fold: Optional[tuple] = None, special: Optional[torch.Tensor] = None) -> None:
+    """Overwrite in y [M, N] (contiguous rows), with the exact float32 product (+ bias) read from the MX bytes,
+    the elements a fast GEMM was not exact for (``matmul_details._row_fixup``; one launch, no host sync: tiles
+    without a flagged row or column exit after reading their flags). ``src``: a's MXTensor (plain scales), or
+    the :class:`~mxkit.kernels.fold.QuantizedRows` a deferred quantize-fold read; ``w``: the weight (plain).
+
+    fold: (status uint8 [M], row scale float32 [M]) of a's fold, after the fold path's FP8 GEMM: rows of status 1
+      or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows);
+      None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's bf16-exact range.
+    """
     from .fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
     from .quantize_details._common import element_spec
 
@@ -1020,28 +1037,50 @@ def _fixup(y: torch.Tensor, src, status: torch.Tensor, scale: torch.Tensor, w: M
         from .matmul_details import _row_fixup
 
         _FIXUP = launch._Launcher(_row_fixup, "_fixup_kernel")
-    wq = _words(w.qdata.reshape(N, -1))
     if isinstance(src, QuantizedRows):
-        aq, a_s = src.x.view(_IN_VIEW[src.x.dtype]), status
-        a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(src.fmt)),
+        aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
+        a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
                ("MODE", _MODE[src.scale_mode]), ("AWAY", src.rounding is Rounding.AWAY))
     else:
-        aq, a_s = _words(src.qdata.reshape(M, -1)), src.scale.reshape(M, -1)
-        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(src.fmt)), ("MODE", 0), ("AWAY", False))
+        aq, a_s, a_fmt = _codes(src.qdata.reshape(M, -1), src.fmt), src.scale.reshape(M, -1), src.fmt
+        if not a_s.is_contiguous():
+            a_s = a_s.contiguous()
+        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(a_fmt)), ("MODE", 0), ("AWAY", False))
+    if fold is not None:
+        status, row_scale = fold
+        flag = (("FLAG", 0), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT))
+    else:
+        status = row_scale = y  # (unread)
+        flag = (("FLAG", 1),) + tuple(zip(("LO", "HI"), exact_scale_range(a_fmt, torch.bfloat16)))
     cols = special is not None and special.numel() > 0
     if cols:
         cf = torch.zeros(N, dtype=torch.uint8, device=y.device)
         cf[special.to(y.device)] = 1
     bm, bn, bk = _FIXUP_BLOCKS
-    consts = a_c + (
-        ("W_FMT", element_spec(w.fmt)), ("LIMIT_LO", 2.0 ** -FOLD_EXP_LIMIT), ("LIMIT_HI", 2.0 ** FOLD_EXP_LIMIT),
-        ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", y.is_cuda and not _interpret()),
-        ("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk))
-    bias_t = status if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
+    bf16 = y.is_cuda and not _interpret() and _bf16_exact_values(a_fmt) and _bf16_exact_values(w.fmt)
+    consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
+        ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
+        ("BLOCK_K", bk))
+    bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     _FIXUP((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
-           (y, aq, a_s, status, scale, wq, w.scale.reshape(N, -1), cf if cols else status, bias_t, M, N, K,
-            y.stride(0)), consts, 4)
+           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1),
+            cf if cols else y, bias_t, M, N, K, y.stride(0)), consts, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_exact_values(f: ElementFormat) -> bool:
+    """Every value of ``f`` times any E8M0 factor is exact in bf16 wherever it is in float32 (FP4, FP6, INT8;
+    not FP8, whose smallest subnormals times 2^-127 fall below bf16's)."""
+    return exact_scale_range(f, torch.bfloat16) == exact_scale_range(f, torch.float32)
+
+
+def _codes(q: torch.Tensor, f: ElementFormat) -> torch.Tensor:
+    """MX code rows (uint8 [R, bytes]) as the fix-up reads them: bytes, FP6 as int32 words (copied where
+    unaligned or not contiguous)."""
+    if not q.is_contiguous() or (f.bits == 6 and q.data_ptr() % 4):
+        q = q.clone(memory_format=torch.contiguous_format)
+    return q.view(torch.int32) if f.bits == 6 else q
 
 
 _FIXUP = None
@@ -1063,13 +1102,6 @@ def _fixup_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _words(q: torch.Tensor) -> torch.Tensor:
-    """Packed code rows (uint8 [R, bytes], a multiple of 4 bytes a row) as int32 words (copied if unaligned)."""
-    if q.data_ptr() % 16 or not q.is_contiguous():
-        q = q.clone(memory_format=torch.contiguous_format)
-    return q.view(torch.int32)
 
 
 def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows: torch.Tensor,

@@ -1,21 +1,27 @@
-"""``@triton.jit`` body of the exact fix-up of the fold path (launcher: ``mxkit.kernels.matmul._fixup``;
-reference twin: the float32 route of ``_fix_special``).
+"""``@triton.jit`` body of the exact fix-up of the fold and bf16-exact paths (launcher:
+``mxkit.kernels.matmul._fixup``; reference twin: the float32 route, ``reference_gemm``).
 
-The fold path runs every row of ``a`` through cuBLAS' FP8 GEMM, including rows the fold cannot take: rows
-whose block scales span more than the fold window (fold status 1: their E4M3 bytes are not their values) and
-rows whose row scale lies outside the FP8 epilogue's envelope. This kernel then overwrites, without a host
-sync, the output elements of those rows and of the weight's special rows (columns) with the exact product:
-each program owns a BLOCK_M x BLOCK_N output tile, reads the status bytes and row scales of its rows and the
-column flags of its columns, and exits unless one of them is flagged (the common case: one small load). A
-flagged tile is recomputed from the MX source bytes of both operands (``a`` as packed FP4 / FP6 codes and
-E8M0 scales, or as the bf16 / fp16 / fp32 rows it is quantized from, through the quantize kernels'
-``_block_scale`` / ``_encode``: mxkit.quantize's codes) with float32 accumulation, plus the bias, rounded
+Both paths run every row of ``a`` through a fast GEMM that is exact for almost all of them, and this kernel
+then overwrites, without a host sync, the output elements of the rows it was not exact for:
+
+* FLAG 0, after the fold path's FP8 GEMM: rows whose block scales span more than the fold window (fold
+  status 1: their E4M3 bytes are not their values) and rows whose row scale lies outside the FP8 epilogue's
+  envelope [LO, HI]; plus the weight's special rows (columns, HAS_COLS);
+* FLAG 1, after the bf16-exact path's bf16 GEMM: rows with a block scale byte outside [LO, HI], where a's
+  element values times their scale are not exact in bf16 (0xFF, NaN, propagates as it should).
+
+Each program owns a BLOCK_M-row tile and walks its column tiles (j, j + G, ...: the grid stays about two
+programs per SM); without a flagged row or column it exits after reading its flags (the common case). A
+flagged tile is recomputed from the MX bytes of both operands (``a`` as element codes and E8M0 scales, or as
+the bf16 / fp16 / fp32 rows a deferred quantize-fold read, through the quantize kernels' ``_block_scale`` /
+``_encode``: mxkit.quantize's codes), each value decoded to float32 with one rounding (``_codecs._decode``,
+the dequantize kernels' decode: the float32 route's values), float32 accumulation, plus the bias, rounded
 once to the output dtype; only the flagged rows' and columns' elements are stored.
 
-Every FP4 / FP6 element times its E8M0 scale is exact in bf16 whenever it is finite in float32 (at most 4
-significant bits, and bf16 shares float32's exponent range: the smallest, E3M2's 2^-4 * 2^-127, is a bf16
-subnormal), so on a GPU the tile products run on bf16 tensor cores (DOT_BF16); the CPU interpreter, whose bf16
-``tl.dot`` is unfaithful, takes float32 ``ieee``. Row offsets are int64.
+DOT_BF16 (the launcher's choice: both formats' values exact in bf16 wherever they are finite in float32, as
+FP4 / FP6 / INT8 are) multiplies on bf16 tensor cores; otherwise (FP8 elements, whose smallest subnormals
+times 2^-127 fall below bf16's) float32 ``ieee`` dots. The CPU interpreter, whose bf16 ``tl.dot`` is
+unfaithful, always takes the float32 dot. Row offsets are int64.
 """
 
 from __future__ import annotations
@@ -23,20 +29,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..fold_details._fold import _fold_read, _quantize_chunk
+from ..fold_details._fold import _quantize_chunk
+from ..quantize_details._codecs import _decode
+from ..quantize_details._dequantize import _load_codes
 
 
 @triton.jit
-def _values(codes, sbyte, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """float32 values [R, NB, 32] of FP4 / FP6 codes [R, NB, 32] (int32) with E8M0 scale bytes [R, NB]: exact
-    (NaN for the byte 0xFF, overflow only where the value passes float32's range)."""
-    # magnitude bits at fp32's exponent / mantissa fields: the element times 2^(bias - 127), bias = 1 - EMIN
-    u = ((codes & ((1 << (BITS - 1)) - 1)) << (23 - MBITS)).to(tl.float32, bitcast=True)
-    s = sbyte[:, :, None]
-    u = u * ((s * 0 + (254 - (1 - EMIN))) << 23).to(tl.float32, bitcast=True)  # times 2^(127 - bias): the element
-    f = tl.where(s == 255, 0x7FC00000, tl.where(s == 0, 0x00400000, s << 23)).to(tl.float32, bitcast=True)
-    v = u * f
-    return tl.where(((codes >> (BITS - 1)) & 1) != 0, -v, v)
+def _mx_values(q_ptr, s_ptr, r64, rmask, k0, K, FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 values [BLOCK_R, BLOCK_K] of columns k0 .. k0 + BLOCK_K of MX rows r64 (int64): codes at q_ptr
+    (bytes; FP6: int32 words), scale bytes s_ptr [R, K / 32]. Masked elements are 0."""
+    NB: tl.constexpr = BLOCK_K // 32
+    codes = tl.reshape(_load_codes(q_ptr, r64, rmask, k0, K, BLOCK_R, BLOCK_K, FMT.bits, True), [BLOCK_R, NB, 32])
+    b = k0 // 32 + tl.arange(0, NB)
+    sm = rmask[:, None] & (b < K // 32)[None, :]
+    sb = tl.load(s_ptr + r64[:, None] * (K // 32) + b[None, :], mask=sm, other=1).to(tl.int32)
+    return tl.reshape(_decode(codes, sb[:, :, None], FMT), [BLOCK_R, BLOCK_K])
 
 
 @triton.jit
@@ -53,13 +60,10 @@ def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rf
             ac, asb, _ = _quantize_chunk(aq_ptr, r64 * K, k0, K, rmask, IN_KIND, A_FMT.bits, A_FMT.mbits,
                                          A_FMT.emin, A_FMT.emax, A_FMT.max_normal, A_FMT.max_frac, MODE, AWAY,
                                          False, BLOCK_M, BLOCK_K, True)
+            av = tl.reshape(_decode(ac, asb[:, :, None], A_FMT), [BLOCK_M, BLOCK_K])
         else:
-            ac, asb, _ = _fold_read(aq_ptr, as_ptr, r64 * (K // 32 * A_FMT.bits), r64 * (K // 32), k0, K, rmask,
-                                    A_FMT.bits, BLOCK_M, BLOCK_K, True)
-        wc, wsb, _ = _fold_read(wq_ptr, ws_ptr, c64 * (K // 32 * W_FMT.bits), c64 * (K // 32), k0, K, cmask,
-                                W_FMT.bits, BLOCK_N, BLOCK_K, True)
-        av = tl.reshape(_values(ac, asb, A_FMT.bits, A_FMT.mbits, A_FMT.emin), [BLOCK_M, BLOCK_K])
-        wv = tl.reshape(_values(wc, wsb, W_FMT.bits, W_FMT.mbits, W_FMT.emin), [BLOCK_N, BLOCK_K])
+            av = _mx_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_FMT, BLOCK_M, BLOCK_K)
+        wv = _mx_values(wq_ptr, ws_ptr, c64, cmask, k0, K, W_FMT, BLOCK_N, BLOCK_K)
         if DOT_BF16:
             acc = tl.dot(av.to(tl.bfloat16), tl.trans(wv.to(tl.bfloat16)), acc)
         else:
@@ -73,22 +77,30 @@ def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rf
 @triton.jit
 def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr, bias_ptr, M, N, K, ldy,
                   A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr, MODE: tl.constexpr,
-                  AWAY: tl.constexpr, W_FMT: tl.constexpr, LIMIT_LO: tl.constexpr, LIMIT_HI: tl.constexpr,
-                  HAS_COLS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y [M, N] (row stride ldy) of the fold path: recompute the elements of flagged rows (st [M] uint8 == 1,
-    or row scale rs [M] float32 outside [LIMIT_LO, LIMIT_HI], NaN not) and flagged columns (cf [N] uint8 != 0,
-    HAS_COLS) exactly. a: A_X False, packed codes aq (int32 words [M, K * A_BITS / 32]) and scales as (uint8
-    [M, K / 32]) of format A_FMT (``quantize_details._common.ElementSpec``); A_X True, the rows aq [M, K]
-    (IN_KIND: fp32 bits / bf16 bits / fp16) quantized to A_FMT as the quantize kernels do (MODE, AWAY). w:
-    packed codes wq (int32 words [N, K * W_FMT.bits / 32]), scales ws.
-    Program (i, j) owns row tile i and column tiles j, j + G, ... (G = the grid's second extent, so the grid
-    stays about two programs per SM whatever the shape: a program without a flagged row reads BLOCK_M flags
-    and, without column flags, exits)."""
+                  AWAY: tl.constexpr, W_FMT: tl.constexpr, FLAG: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+                  HAS_COLS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_BF16: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Recompute the flagged elements of y [M, N] (row stride ldy) exactly (module docstring): rows by FLAG 0
+    (fold status st [M] uint8 == 1, or row scale rs [M] float32 outside [LO, HI], NaN not) or FLAG 1 (a scale
+    byte of a outside [LO, HI], 0xFF not), columns by cf [N] uint8 != 0 (HAS_COLS). a: A_X False, MX codes aq
+    (uint8 [M, K * bits / 8]; FP6 as int32 words) and scales as (uint8 [M, K / 32]) of format A_FMT (an
+    ``ElementSpec``); A_X True, the rows aq [M, K] (IN_KIND: fp32 bits / bf16 bits / fp16) quantized to A_FMT
+    (MODE, AWAY) as the quantize kernels do. w: codes wq [N, ...] and scales ws [N, K / 32] of format W_FMT."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
-    st = tl.load(st_ptr + rows, mask=rmask, other=0)
-    rs = tl.load(rs_ptr + rows, mask=rmask, other=1.0)
-    rflag = rmask & ((st == 1) | (rs < LIMIT_LO) | (rs > LIMIT_HI))
+    if FLAG == 0:
+        st = tl.load(st_ptr + rows, mask=rmask, other=0)
+        rs = tl.load(rs_ptr + rows, mask=rmask, other=1.0)
+        rflag = rmask & ((st == 1) | (rs < LO) | (rs > HI))
+    else:
+        bad = tl.zeros([BLOCK_M], dtype=tl.int32)
+        r64 = rows.to(tl.int64)
+        for b0 in range(0, K // 32, 64):
+            b = b0 + tl.arange(0, 64)
+            sb = tl.load(as_ptr + r64[:, None] * (K // 32) + b[None, :], mask=rmask[:, None] & (b < K // 32)[None, :],
+                         other=LO).to(tl.int32)
+            bad = tl.maximum(bad, tl.max(((sb < LO) | ((sb > HI) & (sb != 255))).to(tl.int32), axis=1))
+        rflag = rmask & (bad != 0)
     any_row = tl.max(rflag.to(tl.int32), axis=0) > 0
     if any_row or HAS_COLS:
         for n0 in range(tl.program_id(1) * BLOCK_N, N, tl.num_programs(1) * BLOCK_N):

@@ -13,7 +13,9 @@ Models:
 
 ``--layers N`` keeps the first N decoder layers. Every format starts from the same weights (one seed).
 quantize_model converts every ``nn.Linear`` except ``lm_head``; the head stays bf16 as in MX checkpoints such as
-GPT-OSS, unless ``--quantize-head`` is given.
+GPT-OSS, unless ``--quantize-head`` is given. A format spelled ``mxfp4+fused`` also runs the sibling
+projections that read the same input (q / k / v, gate / up) as one GEMM each (``quantize_model(fuse=True)``,
+:mod:`mxkit.nn.fused`); the bf16 model it is compared with stays HF's unfused one.
 
 Method, per (format, batch): a transformers ``StaticCache`` of prompt + tokens + 2 positions. The prefill of a
 random prompt of ``--prompt`` tokens is not timed. Then ``--tokens`` greedy steps. One step runs the model on
@@ -55,6 +57,7 @@ HELP = "end-to-end decode of a real LM architecture (Llama-3-8B), bf16 vs MXFP4 
 MODES = ("eager", "graphs")
 WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
 QUICK = dict(layers=4, tokens=16, repeats=1)
+FUSED = "+fused"  # a format suffix: quantize_model(..., fuse=True)
 TARGETS = {"eager": 1.5, "graphs": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
 _LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
@@ -217,9 +220,10 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
     try:
         model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
         if fmt != "bf16":
-            w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if fmt == A8W8 else (fmt, None)
+            base = fmt.removesuffix(FUSED)
+            w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if base == A8W8 else (base, None)
             mxkit.quantize_model(model, w_fmt, act_format=act, skip=None if args.quantize_head else "lm_head",
-                                 compute_qsnr=False, progress=False)
+                                 compute_qsnr=False, progress=False, fuse=fmt.endswith(FUSED))
     except Exception as e:
         for r in rows("error", f"build / quantize: {output.reason(e)}"):
             on_row(r)
@@ -264,7 +268,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=positive, default=None, help="keep the first N decoder layers (default all)")
     p.add_argument("--formats", type=csv(lambda s: s if s == "bf16" else _mx_name(s)),
                    default=("bf16", "mxfp4_e2m1", "mxfp8_e4m3"),
-                   help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations) "
+                   help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), each "
+                        "optionally with +fused (q / k / v and gate / up as one GEMM each, mxkit.nn.fuse_siblings) "
                         "(default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
@@ -287,6 +292,8 @@ A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format
 def _mx_name(s: str) -> str:
     from ..formats import get_format
 
+    if s.endswith(FUSED):
+        return _mx_name(s.removesuffix(FUSED)) + FUSED
     if s.lower().replace("_e4m3", "").replace("×", "x") in (A8W8, "a8w8"):
         return A8W8
     return get_format(s).name
@@ -351,10 +358,11 @@ def run(args) -> int:
     output.render_table(rows, COLUMNS, plain=args.plain, title=f"mxkit bench decode — {args.model}, {layers} layers, "
                         f"{args.tokens} tokens — {env['gpu'] or 'cpu'} — {env['date_utc']}")
     for mode, target in TARGETS.items():
-        got = next((r.x_bf16 for r in rows if (r.fmt, r.batch, r.mode) == ("mxfp4_e2m1", 1, mode) and r.x_bf16), None)
-        if got is not None:
-            print(f"target ({mode}, batch 1): MXFP4 {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "
-                  f"({'met' if got >= target else 'missed'})")
+        for fmt in ("mxfp4_e2m1", "mxfp4_e2m1" + FUSED):
+            got = next((r.x_bf16 for r in rows if (r.fmt, r.batch, r.mode) == (fmt, 1, mode) and r.x_bf16), None)
+            if got is not None:
+                print(f"target ({mode}, batch 1): {fmt} {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "
+                      f"({'met' if got >= target else 'missed'})")
     notes = output.save(rows, args, "bench_decode", env)
     if args.out is not None:
         notes.append(output.write_chart(rows, args.out / "bench_decode.png", value="tokens_per_s", ylabel="tokens/s",

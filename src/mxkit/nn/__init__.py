@@ -1,7 +1,8 @@
 """Modules and model conversion: :class:`MXLinear`, :func:`quantize_model` (layer ``nn``; imports ``ops``)."""
 
 from .linear import LayerReport, MXLinear, qsnr_db, quantize_model
+from .fused import FusedMXLinear, FusedPart, fuse_siblings  # noqa: F401 (q / k / v and gate / up as one GEMM)
 from .moe import MXMoE, swap_gpt_oss_moe  # noqa: F401 (MoE layer and GPT-OSS conversion)
 from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # noqa: F401 (tensor parallelism)
 
-__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db"]
+__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "fuse_siblings", "FusedMXLinear"]

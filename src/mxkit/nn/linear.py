@@ -298,6 +298,7 @@ def quantize_model(
     compute_qsnr: bool = True,
     progress: bool = True,
     return_report: bool = False,
+    fuse: bool = False,
 ):
     """Replace every ``nn.Linear`` of ``model`` by an :class:`MXLinear`, in place.
 
@@ -307,6 +308,8 @@ def quantize_model(
     ``"unsupported"`` and listed in one ``UserWarning``.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
     progress: show a tqdm bar over the Linear layers.
+    fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
+      attention's q / k / v and a gated MLP's gate / up; the state_dict then holds the fused layers).
 
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
@@ -354,5 +357,9 @@ def quantize_model(
             f"not a multiple of block_size={block_size}: {', '.join(unsupported)}",
             stacklevel=2,
         )
+    if fuse:
+        from .fused import fuse_siblings
+
+        fuse_siblings(model)
     model.mx_report = report
     return (model, report) if return_report else model

@@ -1,0 +1,133 @@
+"""Sibling :class:`~mxkit.nn.MXLinear` layers that read the same input, run as one GEMM.
+
+A decoder layer projects the same hidden state several times: attention's q / k / v, a gated MLP's gate and
+up. In decode each of these GEMMs is a small, latency-bound launch (a Llama-3-8B k_proj moves 2 MB of MXFP4
+bytes), so one GEMM over the concatenated weight rows does the same work with one launch and one pass over
+the input. :func:`fuse_siblings` replaces each group by a :class:`FusedMXLinear` (registered on the parent under
+the joined name, e.g. ``q_proj_k_proj_v_proj``) and each member by a :class:`FusedPart` that returns its column
+slice of the fused output: the model's own forward is unchanged.
+
+The fused weight is the members' MX bytes stacked along N (each row keeps its own blocks and scales), so every
+output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
+bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
+group has read it, for that very tensor object at that version (``x._version``: an in-place change between two
+parts' calls recomputes): parts called with different inputs each get a correct result. Under
+``torch.compile`` every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict
+holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from .linear import MXLinear
+
+__all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
+
+# Sibling names of HF transformers' decoder layers (Llama, Mistral, Qwen2/3, Gemma, ...): attention and MLP
+FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class FusedMXLinear(nn.Module):
+    """One MXLinear over the stacked weight rows of ``layers`` (MXLinear with equal in_features, weight and
+    activation formats, scale rule, rounding, block size, device, and all or none with a bias).
+
+    ``output(x, i)`` is ``layers[i](x)`` up to float32 summation order: the columns ``offsets[i] :
+    offsets[i] + splits[i]`` of ``fused(x)`` (a view). Raises ValueError for layers that do not match."""
+
+    def __init__(self, layers: Sequence[MXLinear]):
+        super().__init__()
+        if len(layers) < 2 or not all(isinstance(m, MXLinear) for m in layers):
+            raise ValueError("FusedMXLinear needs two or more MXLinear layers")
+        first = layers[0]
+        keys = [(m.in_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
+                 m.weight_qdata.device, m.bias is None, None if m.bias is None else m.bias.dtype) for m in layers]
+        if any(k != keys[0] for k in keys[1:]):
+            raise ValueError(f"layers to fuse must share in_features, formats, scale rule, rounding, block size, "
+                             f"device and bias presence / dtype; got {keys}")
+        self.splits = tuple(m.out_features for m in layers)
+        self.offsets = tuple(sum(self.splits[:i]) for i in range(len(layers)))
+        bias = first.bias
+        self.fused = MXLinear(first.in_features, sum(self.splits), first.weight_format, bias=bias is not None,
+                              act_format=first.act_format, scale_mode=first.scale_mode, rounding=first.rounding,
+                              block_size=first.block_size, device=first.weight_qdata.device,
+                              dtype=None if bias is None else bias.dtype)
+        with torch.no_grad():
+            self.fused.weight_qdata.copy_(torch.cat([m.weight_qdata for m in layers]))
+            self.fused.weight_scale.copy_(torch.cat([m.weight_scale for m in layers]))
+            if bias is not None:
+                self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
+                self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
+        self.fused.repack()
+        self._last = None  # [weakref to x, x._version, fused(x), parts served]
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Part i's output for input x (the module docstring's reuse rule)."""
+        if torch.compiler.is_compiling():
+            y = self.fused(x)
+        else:
+            last = self._last
+            if last is not None and last[0]() is x and last[1] == x._version and i not in last[3]:
+                y = last[2]
+            else:
+                y = self.fused(x)
+                last = self._last = [weakref.ref(x), x._version, y, set()]
+            last[3].add(i)
+            if len(last[3]) == len(self.splits):
+                self._last = None  # every part has its slice: drop the reference
+        return y.narrow(-1, self.offsets[i], self.splits[i])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """All parts' outputs for x (one GEMM)."""
+        y = self.fused(x)
+        return tuple(y.narrow(-1, o, n) for o, n in zip(self.offsets, self.splits))
+
+    def extra_repr(self) -> str:
+        return f"splits={self.splits}"
+
+
+class FusedPart(nn.Module):
+    """Member ``index`` of a :class:`FusedMXLinear` in its original place: ``forward(x)`` is
+    ``group.output(x, index)``. Holds no parameters (the group is registered on the parent)."""
+
+    def __init__(self, group: FusedMXLinear, index: int):
+        super().__init__()
+        self.__dict__["group"] = group  # not a submodule: the weights live once, under the group's own name
+        self.index = index
+        self.in_features = group.fused.in_features
+        self.out_features = group.splits[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x, self.index)
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, out_features={self.out_features}"
+
+
+def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUPS) -> list[str]:
+    """Fuse, in place, every set of sibling MXLinear children named like one of ``groups`` (default
+    :data:`FUSE_GROUPS`: q / k / v and gate / up projections) into a :class:`FusedMXLinear`; returns the
+    qualified names of the fused groups. Groups with a missing member, a member that is not an MXLinear, or
+    members that do not match (formats, in_features, bias) are left alone. The model's forward must call each
+    member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
+    each call still returns its correct output."""
+    done = []
+    for pname, parent in list(model.named_modules()):
+        for names in groups:
+            mods = [getattr(parent, n, None) for n in names]
+            if not all(type(m) is MXLinear for m in mods):
+                continue
+            try:
+                group = FusedMXLinear(mods)
+            except ValueError:
+                continue
+            gname = "_".join(names)
+            parent.add_module(gname, group)
+            for i, n in enumerate(names):
+                setattr(parent, n, FusedPart(group, i))
+            done.append(f"{pname}.{gname}" if pname else gname)
+    return done

@@ -1,0 +1,134 @@
+"""Sibling MXLinear layers as one GEMM (:mod:`mxkit.nn.fused`): the same outputs as the members (within issue
+#22's bound, bitwise on the CPU reference), one fused GEMM per group and input, state moves with ``.to()``,
+and an HF Llama decoder built from a config gives the logits of the unfused model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mxkit
+from mxkit.nn import FusedMXLinear, FusedPart, MXLinear, fuse_siblings
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+class _Attn(nn.Module):
+    def __init__(self, K: int, bias: bool):
+        super().__init__()
+        self.q_proj = nn.Linear(K, 96, bias=bias)
+        self.k_proj = nn.Linear(K, 32, bias=bias)
+        self.v_proj = nn.Linear(K, 32, bias=bias)
+        self.o_proj = nn.Linear(96, K, bias=False)
+
+    def forward(self, x):
+        return self.o_proj(self.q_proj(x) * torch.cat([self.k_proj(x), self.v_proj(x), self.k_proj(x)], -1))
+
+
+def _model(K=128, bias=True, device="cpu", dtype=torch.float32, g=None):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
+    return nn.Sequential(_Attn(K, bias), _Attn(K, not bias)).to(device=device, dtype=dtype)
+
+
+def test_fuse_siblings_outputs_and_calls(rng):
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 5, 128, generator=rng)
+    want = model(x)
+    parts = [dict(model.named_modules())[f"{i}.{n}"] for i in range(2) for n in ("q_proj", "k_proj", "v_proj")]
+    names = fuse_siblings(model)
+    assert names == ["0.q_proj_k_proj_v_proj", "1.q_proj_k_proj_v_proj"]
+    assert all(isinstance(m, FusedPart) for i in range(2) for m in (model[i].q_proj, model[i].k_proj))
+    assert isinstance(model[0].o_proj, MXLinear)  # not a member of any group
+    calls = []
+    for i in range(2):
+        g = getattr(model[i], "q_proj_k_proj_v_proj")
+        f = g.fused.forward
+        g.fused.forward = lambda x, f=f: calls.append(1) or f(x)
+    got = model(x)
+    assert torch.equal(got, want)  # the CPU reference: the same float32 sums column by column
+    # each layer's three members share one GEMM; its k_proj, called twice with x, recomputes the second time
+    assert len(calls) == 4
+    # a member called alone with another input still gets its own output
+    y = torch.randn(2, 128, generator=rng)
+    assert torch.equal(model[0].k_proj(y), parts[1](y))
+    # an in-place change between two members' calls is seen
+    g0 = getattr(model[0], "q_proj_k_proj_v_proj")
+    z = torch.randn(2, 128, generator=rng)
+    q = model[0].q_proj(z)
+    z.mul_(2)
+    assert torch.equal(model[0].k_proj(z), parts[1](z))
+    assert torch.equal(q, parts[0](z / 2))
+    del g0
+
+
+def test_fused_state_dict_and_mismatches(rng):
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
+    keys = set(model.state_dict())
+    assert "0.q_proj_k_proj_v_proj.fused.weight_qdata" in keys and not any(".q_proj." in k for k in keys)
+    other = _model(g=rng)
+    mxkit.quantize_model(other, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
+    other.load_state_dict(model.state_dict())
+    x = torch.randn(4, 128, generator=rng)
+    assert torch.equal(other(x), model(x))
+    a, b = MXLinear(64, 16, "mxfp4"), MXLinear(64, 16, "mxfp8")
+    with pytest.raises(ValueError, match="share"):
+        FusedMXLinear([a, b])
+    with pytest.raises(ValueError, match="two or more"):
+        FusedMXLinear([a])
+
+
+def test_llama_decoder_fused_matches(rng):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
+    ids = torch.randint(0, 64, (2, 9), generator=rng)
+    with torch.no_grad():
+        want = model(ids).logits
+        assert fuse_siblings(model) == [f"model.layers.{i}.{g}" for i in range(2)
+                                        for g in ("self_attn.q_proj_k_proj_v_proj", "mlp.gate_proj_up_proj")]
+        got = model(ids).logits
+    assert torch.equal(got, want)
+    # every member read its slice once: no fused output is kept past the forward
+    assert all(m._last is None for m in model.modules() if isinstance(m, FusedMXLinear))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
+    """On the GPU (decode-mma at M = 1..2): the fused model's logits within bf16 tolerance of the unfused one's,
+    and a layer's fused projections captured in a CUDA graph replay to the eager bytes."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
+    ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        fuse_siblings(model)
+        got = model(ids).logits.float()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        layer = model.model.layers[0]
+        x = torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16)
+
+        def step():
+            a = layer.self_attn
+            return a.q_proj(x), a.k_proj(x), a.v_proj(x), layer.mlp(x)
+
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = step()
+        for _ in range(2):
+            x.copy_(torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16))
+            graph.replay()
+            for o, w in zip(outs, step()):
+                assert torch.equal(o, w)

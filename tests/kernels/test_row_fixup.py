@@ -237,3 +237,20 @@ def test_gpu_mx_activation_linear_in_a_cuda_graph(rng):
             want = m(static.clone())
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))  # (row 5 is NaN)
         _bound(out, mxkit.quantize(static, "mxfp4"), m.weight_mx, lin.bias.detach())
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_empty_rows(rng):
+    """No rows: an empty (0, N) output from the fold and bf16-exact paths, and from a deferred fold."""
+    from mxkit.kernels.fold import quantize_fold_triton
+
+    for fa, fb in (("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp8_e4m3", "mxfp8_e4m3")):
+        pw = mxkit.pack_weight(mxkit.quantize(torch.randn(64, 128, generator=rng), fb).to("cuda"))
+        qa = mxkit.quantize(torch.randn(0, 128, device="cuda"), fa)
+        for out in (torch.bfloat16, torch.float32):
+            y = mxkit.matmul(qa, pw, out_dtype=out)
+            assert y.shape == (0, 64) and y.dtype == out
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4").to("cuda"))
+    y = mxkit.matmul(quantize_fold_triton(torch.randn(0, 3, 128, device="cuda"), "mxfp4", defer=True), pw)
+    assert y.shape == (0, 3, 64)

@@ -678,7 +678,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         y = y.to(out)
-        if y.is_cuda and M and N:  # rows of a whose values bf16 does not hold exactly: recomputed, no host sync
+        if y.is_cuda:  # rows of a whose values bf16 does not hold exactly: recomputed, no host sync
             _fixup(y, ap, w, bias, M, N, K)
         return y.reshape(*lead, N)
     elif path == "dense-exact":
@@ -1031,6 +1031,8 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
     from .fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
     from .quantize_details._common import element_spec
 
+    if not (M and N):
+        return
     global _FIXUP
     if _FIXUP is None:
         from . import launch

@@ -629,6 +629,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         return reference_gemm(a, b, out, bias)
     packed = b if isinstance(b, PackedWeight) else None
     w = packed.source if packed is not None else _plain(b)
+    if M == 0:  # no rows: an empty output, no launch
+        return torch.empty(*lead, N, dtype=out, device=w.device)
     if kind == "pending" and path == "bf16-exact":  # (a float32 output): the MX tensor the fold was made from
         a, kind = _mx_source(a.source), "mx"
     if kind == "pending" and path != "fold-fp8":

@@ -156,16 +156,16 @@ _LAUNCHERS: dict = {}
 
 
 def _launch(name: str, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
-    """Launch kernel ``name`` of ``fold_details._fold`` through mxkit's direct launch (Triton 3.6's own launcher
-    spent ~50 us of host time a call)."""
+    """Launch kernel ``name`` of ``fold_details._fold`` (tensor arguments ``args``) through mxkit's direct launch
+    (:class:`mxkit.kernels.launch.BoundCache`: Triton 3.6's own launcher spent ~50 us of host time a call)."""
     launcher = _LAUNCHERS.get(name)
     if launcher is None:
         from . import launch
         from .fold_details import _fold
 
-        launcher = _LAUNCHERS[name] = launch._Launcher(_fold, name)
+        launcher = _LAUNCHERS[name] = launch.BoundCache(launch._Launcher(_fold, name))
     masked = R % cfg.block_r != 0 or K % cfg.block_k != 0
-    launcher((-(-R // cfg.block_r),), args + (R, K), tuple(consts.items()) + (
+    launcher((-(-R // cfg.block_r),), args, (R, K), tuple(consts.items()) + (
         ("BLOCK_R", cfg.block_r), ("BLOCK_K", cfg.block_k), ("ONE_CHUNK", K <= cfg.block_k), ("MASKED", masked)),
         cfg.num_warps)
 

@@ -150,6 +150,33 @@ def bind_once_all(bound: dict, key: tuple, device: int, launches: tuple) -> None
         bound[key] = made if all(made) else False
 
 
+class BoundCache:
+    """Launches of one :class:`_Launcher`'s kernel whose runtime arguments are tensors then ints: the first call
+    of a problem (grid, ints, constexprs, num_warps, the tensors' dtypes and 16-byte alignment, device) goes
+    through the launcher and binds a direct launch (:meth:`_Launcher.bind_once`); later calls of that problem run
+    it with their own tensors' pointers (one ``cuLaunchKernel``: Triton's runner took ~40 µs of host time a
+    launch on the device machines). At most ``max_entries`` problems are kept (then all are dropped)."""
+
+    def __init__(self, launcher: _Launcher, max_entries: int = 4096):
+        self.launcher = launcher
+        self.bound: dict = {}
+        self.max_entries = max_entries
+
+    def __call__(self, grid: tuple, tensors: tuple, ints: tuple, consts: tuple, num_warps: int) -> None:
+        dev = tensors[0].get_device()
+        key = (grid, ints, consts, num_warps, tuple(t.data_ptr() % 16 == 0 for t in tensors),
+               tuple(t.dtype for t in tensors), dev)
+        hit = bound_launch(self.bound, key)
+        if hit:
+            hit.run(*tensors)
+            return
+        args = tensors + ints
+        self.launcher(grid, args, consts, num_warps)
+        if len(self.bound) >= self.max_entries:
+            self.bound.clear()
+        self.launcher.bind_once(self.bound, key, dev, grid, args, consts, num_warps)
+
+
 def bound_launch(bound: dict, key: tuple):
     """The launch :meth:`_Launcher.bind_once` stored under ``key`` (None / False: none), while direct launches
     are on."""

@@ -1040,7 +1040,7 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
         from . import launch
         from .matmul_details import _row_fixup
 
-        _FIXUP = launch._Launcher(_row_fixup, "_fixup_kernel")
+        _FIXUP = launch.BoundCache(launch._Launcher(_row_fixup, "_fixup_kernel"))
     if isinstance(src, QuantizedRows):
         aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
         a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
@@ -1069,7 +1069,7 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     _FIXUP((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
            (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1),
-            cf if cols else y, bias_t, M, N, K, y.stride(0)), consts, 4)
+            cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
 
 
 @functools.lru_cache(maxsize=None)

@@ -802,7 +802,7 @@ def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("T,E,H,I", [(65, 32, 512, 256), (727, 32, 2880, 2880), (727, 128, 256, 192),
-                                     (300, 128, 2880, 2880)])
+                                     (300, 128, 2880, 2880), (3200, 32, 256, 192)])
 @pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
 @pytest.mark.parametrize("layout", ["mma", "wgmma"])
 def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
@@ -824,8 +824,88 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
     calls = _count_wgmma(monkeypatch)
     y = moe_triton(*case, activation=act, packed=packed)
     bm = wgmma_block_m(T * 4 / E)
-    assert calls == [(act, bm), (None, bm)]
+    sizes = [256, 128, 64] if bm == 256 else [bm]  # mixed_blocks' launches
+    assert calls == [(act, b) for b in sizes] + [(None, b) for b in sizes]
     check_layer(y, case, act)
+    if bm == 256:  # the same layer with every group padded to the widest block (MXKIT_MOE_MIXED=0)
+        monkeypatch.setenv("MXKIT_MOE_MIXED", "0")
+        calls.clear()
+        y1 = moe_triton(*case, activation=act, packed=packed)
+        assert calls == [(act, bm), (None, bm)]
+        check_layer(y1, case, act)
+
+
+def _mixed_cases(g, full, count=20):
+    """(ends int32 [E], n) of random groups: experts without tokens, groups of up to 3 * full rows, padded to 64."""
+    for _ in range(count):
+        E = int(torch.randint(1, 40, (1,), generator=g))
+        rows = torch.randint(0, 3 * full, (E,), generator=g)
+        rows[torch.rand(E, generator=g) < 0.2] = 0
+        yield rows, torch.cumsum((rows + 63) // 64 * 64, 0).to(torch.int32), int(rows.sum())
+
+
+def _check_mixed_kernel(device: str, g) -> int:
+    """The tables kernel (mixed_blocks_device) equals its PyTorch twin (mixed_blocks), word for word."""
+    from mxkit.kernels.moe import mixed_blocks, mixed_blocks_device
+
+    n = 0
+    for full in (128, 256):
+        for _, ends, pairs in _mixed_cases(g, full):
+            want = mixed_blocks(ends, full, pairs)
+            got = mixed_blocks_device(ends.to(device), full, pairs)
+            assert [b for b, _ in got] == [b for b, _ in want]
+            for (_, a), (_, b) in zip(got, want):
+                assert torch.equal(a.cpu(), b), (full, ends, a, b)
+            n += 1
+    return n
+
+
+def _check_mixed_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
+    from conftest import interpreted_rng
+
+    from mxkit.kernels.matmul_details import _align
+
+    g = interpreted_rng(_align._mixed_blocks_kernel)
+    print(f"interpreter checks passed: {_check_mixed_kernel('cpu', g)}")
+
+
+def test_mixed_blocks_kernel_interpreted():
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "_check_mixed_interpreted")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mixed_blocks_kernel(rng):
+    assert _check_mixed_kernel("cuda", rng)
+
+
+@pytest.mark.parametrize("full", [128, 256])
+def test_mixed_blocks_cover_each_group_once(full, rng):
+    """mixed_blocks: every 64-row block of every expert's group (padded to 64) is covered by exactly one block,
+    each block lies inside its expert's group, and no expert has more than one block of each smaller size."""
+    from mxkit.kernels.moe import mixed_blocks
+
+    for rows, ends, n in _mixed_cases(rng, full):
+        E = rows.numel()
+        padded = (rows + 63) // 64 * 64
+        owner = torch.repeat_interleave(torch.arange(E), padded // 64)  # the expert of each 64-row block
+        seen = torch.zeros(owner.numel(), dtype=torch.int64)
+        for bm, tab in mixed_blocks(ends, full, n):
+            assert tab.dtype == torch.int32 and tab.shape[0] == 2
+            if bm < full:
+                assert tab.shape[1] == E
+            for e, start in tab.t().tolist():
+                if e < 0:
+                    continue
+                assert start % 64 == 0
+                blocks = range(start // 64, start // 64 + bm // 64)
+                assert all(owner[b] == e for b in blocks), (bm, e, start)
+                for b in blocks:
+                    seen[b] += 1
+        assert torch.equal(seen, torch.ones_like(seen)), (rows, full)
 
 
 @pytest.mark.gpu

@@ -40,12 +40,13 @@ _ALIGN_HIST = _Launcher(_align, "_align_hist_kernel")
 _ALIGN_EXPERT = _Launcher(_align, "_align_expert_kernel")
 _GATHER = _Launcher(_moe_epilogue, "_gather_rows_kernel")
 _COMBINE = _Launcher(_moe_epilogue, "_combine_kernel")
+_MIXED = _Launcher(_align, "_mixed_blocks_kernel")
 _BIAS_ACT_FP8 = _Launcher(_moe_epilogue, "_bias_act_fp8_kernel")
 _WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
-           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m", "moe_packed",
-           "packed_path"]
+           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m", "mixed_blocks",
+           "moe_packed", "packed_path"]
 
 
 @dataclass(frozen=True)
@@ -363,6 +364,60 @@ def wgmma_block_m(pairs_per_expert: float) -> int:
     return 128 if pairs_per_expert <= 384 else 256
 
 
+def mixed_blocks_device(ends: torch.Tensor, full: int, n: int) -> list[tuple[int, torch.Tensor]]:
+    """:func:`mixed_blocks` in one Triton launch (``_align._mixed_blocks_kernel``; the same tables)."""
+    import triton
+
+    E = ends.numel()
+    nb = n // full + E
+    dev = ends.device
+    tabs = [(full, torch.empty(2, nb, dtype=torch.int32, device=dev))]
+    if full == 256:
+        tabs.append((128, torch.empty(2, E, dtype=torch.int32, device=dev)))
+    tabs.append((64, torch.empty(2, E, dtype=torch.int32, device=dev)))
+    block = 128
+    e_p2 = max(16, triton.next_power_of_2(E))
+    ends = ends if ends.dtype == torch.int32 and ends.is_contiguous() else ends.to(torch.int32).contiguous()
+    _MIXED((-(-nb // block),), (ends, tabs[0][1], tabs[1][1], tabs[-1][1], E, nb),
+           (("FULL", full), ("E_P2", e_p2), ("BLOCK", block)), 4)
+    return tabs
+
+
+def mixed_blocks(ends: torch.Tensor, full: int, n: int) -> list[tuple[int, torch.Tensor]]:
+    """Blocks of several sizes covering experts' sorted groups padded to 64 rows (:func:`align_device` with
+    block_m 64): each group's first rows in blocks of ``full`` (128 or 256) rows, the rest in at most one block
+    of 128 (``full`` 256) and one of 64, so a group pads to 64 rows rather than to ``full`` while most of its rows
+    still run in the widest tile. ``ends``: int32 [E], the end row of each expert's group (groups in expert
+    order from row 0); ``n``: the (token, slot) pairs (bounds the block count without a host sync). Returns
+    [(bm, table int32 [2, NB])]: table[0] the block's local expert (-1: no block), table[1] its first row, for
+    :func:`~mxkit.kernels.matmul_details._w4a16_wgmma.w4a16_wgmma`'s ``starts`` (one launch per size)."""
+    E = ends.numel()
+    dev = ends.device
+    end = ends.to(torch.int64)
+    start = torch.cat([end.new_zeros(1), end[:-1]])
+    g = (end - start) // 64  # 64-row blocks of each group
+    q = full // 64
+    nfull, t = g // q, g % q
+    # full blocks: expert e's j-th at start_e + full * j (at most n / full + E of them)
+    nb = n // full + E
+    cum = torch.cumsum(nfull, 0)
+    idx = torch.arange(nb, device=dev)
+    owner = torch.searchsorted(cum, idx, right=True)
+    ok = owner < E
+    oc = owner.clamp(max=E - 1)
+    first = start[oc] + full * (idx - (cum[oc] - nfull[oc]))
+    tables = [(full, torch.stack([torch.where(ok, oc, -1), torch.where(ok, first, 0)]))]
+    rest = start + full * nfull
+    experts = torch.arange(E, device=dev)
+    if full == 256:
+        half = t >= 2
+        tables.append((128, torch.stack([torch.where(half, experts, -1), torch.where(half, rest, 0)])))
+        rest = rest + 128 * half
+    tail = t % 2 == 1
+    tables.append((64, torch.stack([torch.where(tail, experts, -1), torch.where(tail, rest, 0)])))
+    return [(bm, tab.to(torch.int32).contiguous()) for bm, tab in tables]
+
+
 def packed_path(packed: Optional[tuple], n: int, activation: str, x: torch.Tensor) -> Optional[str]:
     """Which path :func:`moe_triton` takes on ``packed`` experts for ``n`` (token, slot) pairs of the 2-D bf16
     ``x``: ``"wgmma"`` (prefill), ``"mma"`` (decode), or None (neither: the experts' MXTensors are read)."""
@@ -471,18 +526,36 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
     _, N1, H = p1.shape
     mma = isinstance(p1, MmaExperts)
     bm = wgmma_block_m(n / n_total_experts)
-    B = max_blocks(n, E, bm)
-    ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
+    mixed = bm == 256 and _mixed_on()
+    B = max_blocks(n, E, 64 if mixed else bm)
+    if mixed:  # groups padded to 64 rows, covered by blocks of 256, then 128 / 64 (mixed_blocks)
+        ids, _, pos, ends = _align_rows(topk_ids, E, 64, lo, B, offs=True)
+        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, bm, n)]
+    else:
+        ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
+        launches = [(bm, eids, False)]
     xs = gather_rows(x, ids, n, k, mma_k_order=mma)
     if b1 is not None:
         b1 = _packed_bias(b1, N1, ("mma", p1.interleaved) if mma else activation)
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
     y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
     (s1, s2), layout = ((p1.s, p2.s), "mma") if mma else ((p1.st, p2.st), "wgmma")
-    w4a16_wgmma(xs, p1.q, s1, N1, p1.one_mul, bias=b1, y=h, expert_ids=eids, bm=bm, activation=activation,
-                layout=layout, perm_out=mma)  # (h in the K order the second GEMM's layout reads)
-    w4a16_wgmma(h, p2.q, s2, H, p2.one_mul, out=torch.float32, y=y, expert_ids=eids, bm=bm, layout=layout)
+    for b, tab, starts in launches:  # (h in the K order the second GEMM's layout reads)
+        w4a16_wgmma(xs, p1.q, s1, N1, p1.one_mul, bias=b1, y=h, expert_ids=tab, bm=b, activation=activation,
+                    layout=layout, perm_out=mma, starts=starts)
+    for b, tab, starts in launches:
+        w4a16_wgmma(h, p2.q, s2, H, p2.one_mul, out=torch.float32, y=y, expert_ids=tab, bm=b, layout=layout,
+                    starts=starts)
     return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
+
+
+def _mixed_on() -> bool:
+    """Mixed block sizes for the prefill GEMMs where blocks of 256 rows would run (at 384 pairs per expert and
+    more: H100 GPT-OSS-120B at 16384 tokens 6.72 -> 6.16 ms; at 128 rows a block they gained nothing and their
+    extra launches cost host time). ``MXKIT_MOE_MIXED=0`` turns them off, for A/B runs."""
+    import os
+
+    return os.environ.get("MXKIT_MOE_MIXED", "1") != "0"
 
 
 _BIAS: dict = {}  # (id(bias), its _version, activation) -> (weakref to it, float32 bias in the packed row order)

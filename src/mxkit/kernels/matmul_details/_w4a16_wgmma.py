@@ -350,15 +350,16 @@ def _kernel():
         return out
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, STEPS, stride_ym,
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, STEPS, stride_ym, NB,
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
                            GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, MMA: gl.constexpr,
-                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, num_warps: gl.constexpr):
+                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr,
+                           num_warps: gl.constexpr):
         pid = gl.program_id(0)
         grid_n = gl.cdiv(N, BNc)
-        grid_m = gl.cdiv(M, BM)
+        grid_m = NB if GROUPED else gl.cdiv(M, BM)
         per_group = GROUP * grid_n                               # GROUP programs along M share weight tiles
         first_m = (pid // per_group) * GROUP
         rows_m = gl.minimum(grid_m - first_m, GROUP)
@@ -370,6 +371,8 @@ def _kernel():
             e = gl.load(e_ptr + pid_m)
             if e < 0:
                 return
+            if STARTS:  # the block's first sorted row from the table's second half (blocks of mixed sizes)
+                off_m = gl.load(e_ptr + NB + pid_m)
             row0 = e * N + off_n
         else:
             row0 = off_n
@@ -530,7 +533,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
                 out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
                 y: Optional[torch.Tensor] = None, *, expert_ids: Optional[torch.Tensor] = None,
                 bm: Optional[int] = None, activation: Optional[str] = None, layout: str = "wgmma",
-                perm_out: bool = False) -> torch.Tensor:
+                perm_out: bool = False, starts: bool = False) -> torch.Tensor:
     """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
     W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
     rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
@@ -546,7 +549,9 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     q int32 [N / 16, K / 64, 32, 4], st int32 [N / 16, K / 64, 8]; K % 64 == 0), one copy serving decode and
     prefill; x's columns must then be in that layout's K order (:func:`mma_k_order`), gate_up rows in pairs
     (gate 2c, up 2c + 1) for ``activation``; ``perm_out`` writes y's columns in that K order (the next GEMM's
-    x)."""
+    x). ``starts``: ``expert_ids`` is int32 [2, NB], the expert of each block then its first row (any multiple
+    of 64 whose ``bm`` rows lie in that expert's sorted group), so groups can be covered by blocks of several
+    sizes, one launch per size (:func:`mxkit.kernels.moe.mixed_blocks`)."""
     from ._grouped import ACTS
 
     _, gl, _, _, _, _, TensorDescriptor = _gluon()
@@ -571,16 +576,19 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     else:
         w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
         s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
-    grid_m = expert_ids.numel() if grouped else -(-M // bm)
+    grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN),)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), mma, bool(perm_out))
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), mma, bool(perm_out),
+             grouped and bool(starts))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
               ("L3", l3), ("ACC", acc), ("DOT", dot))
     consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "MMA"), flags[:6]))
-    consts += (("PAIR", pair), ("PERM_OUT", flags[6]))
+    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
+    if grid[0] == 0:
+        return y
     _launcher()(grid, (x_desc, w_desc, s_desc, y, bias if bias is not None else y, expert_ids if grouped else y,
-                       M, N, steps, y.stride(0)), consts, WARPS, consts_key=(bm,) + flags)
+                       M, N, steps, y.stride(0), grid_m), consts, WARPS, consts_key=(bm,) + flags)
     return y
 
 

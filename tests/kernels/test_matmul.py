@@ -423,8 +423,9 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
 def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
     """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
     (expert blocks, fused activation), every block size the dispatch uses, warp-specialized (the default) and
-    not, its own weight layout and the decode kernel's (mma: the layout conversions asserted free). Its results
-    are checked by the GPU tests (the interpreter does not run Gluon)."""
+    not, its own weight layout and the decode kernel's (mma: the layout conversions asserted free), blocks at the
+    rows of a table (grouped: with and without STARTS, the MoE's mixed block sizes). Its results are checked by
+    the GPU tests (the interpreter does not run Gluon)."""
     import os
 
     import triton
@@ -444,20 +445,21 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
         (f"u8[{W.BN}, 32],{u8}", f"u8[1, {2 * W.BN}],{u8}")
     sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<{w_ty}>",
            "s_desc": f"tensordesc<{s_ty}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
-           "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32"}
+           "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32", "NB": "i32"}
     b2, s2, bl, l3, acc, dot = W._layouts(bm)
     pair = acc
     if mma:
         b2, s2, bl, pair = W._layouts_mma(bm)
-    cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-              ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, MMA=mma, PAIR=pair,
-              PERM_OUT=mma and act != 0, num_warps=W.WARPS)
-    sig.update({k: "constexpr" for k in cx})
-    names = list(sig)
-    src = GluonASTSource(W._kernel(), sig, constexprs={(names.index(k),): v for k, v in cx.items()},
-                         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("y_ptr", "b_ptr", "e_ptr")})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WARPS})
-    assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async" in k.asm["ptx"]
+    for starts in (False, True) if grouped else (False,):
+        cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
+                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, MMA=mma, PAIR=pair,
+                  PERM_OUT=mma and act != 0, STARTS=starts, num_warps=W.WARPS)
+        full = dict(sig, **{k: "constexpr" for k in cx})
+        names = list(full)
+        src = GluonASTSource(W._kernel(), full, constexprs={(names.index(k),): v for k, v in cx.items()},
+                             attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("y_ptr", "b_ptr", "e_ptr")})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WARPS})
+        assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async" in k.asm["ptx"]
 
 
 @pytest.mark.gpu

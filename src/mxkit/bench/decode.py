@@ -358,10 +358,10 @@ def run(args) -> int:
     output.render_table(rows, COLUMNS, plain=args.plain, title=f"mxkit bench decode — {args.model}, {layers} layers, "
                         f"{args.tokens} tokens — {env['gpu'] or 'cpu'} — {env['date_utc']}")
     for mode, target in TARGETS.items():
-        for fmt in ("mxfp4_e2m1", "mxfp4_e2m1" + FUSED):
+        for fmt, label in (("mxfp4_e2m1", "MXFP4"), ("mxfp4_e2m1" + FUSED, "MXFP4 fused")):
             got = next((r.x_bf16 for r in rows if (r.fmt, r.batch, r.mode) == (fmt, 1, mode) and r.x_bf16), None)
             if got is not None:
-                print(f"target ({mode}, batch 1): {fmt} {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "
+                print(f"target ({mode}, batch 1): {label} {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "
                       f"({'met' if got >= target else 'missed'})")
     notes = output.save(rows, args, "bench_decode", env)
     if args.out is not None:

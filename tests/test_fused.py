@@ -64,6 +64,17 @@ def test_fuse_siblings_outputs_and_calls(rng):
     del g0
 
 
+def test_fused_under_inference_mode(rng):
+    """Inference-mode tensors keep no version counter: the fused parts still run (one GEMM per group)."""
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 128, generator=rng)
+    want = model(x)
+    fuse_siblings(model)
+    with torch.inference_mode():
+        assert torch.equal(model(x.clone()), want)
+
+
 def test_fused_state_dict_and_mismatches(rng):
     model = _model(g=rng)
     mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False, fuse=True)

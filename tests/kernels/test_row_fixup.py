@@ -116,12 +116,19 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
 
 def _scale_rows(M: int, K: int, fmt: str, g, device: str):
     """An MX ``a`` whose rows 2 (every scale byte 0 or 1: E4M3's subnormals times 2^-127 are not bf16 values) and
-    5 (one block at byte 247, small codes) lie outside the bf16-exact envelope of FP8 elements."""
+    5 (one block at byte 247, small codes) lie outside the bf16-exact envelope of FP8 elements, and row 6 (one
+    block at the byte just above the format's envelope, one element of the smallest code) outside every
+    format's."""
+    from mxkit.kernels.matmul import exact_scale_range
+
     qa = rand_mx((M, K), fmt, g)
     qa.scale[2] = torch.randint(0, 2, (K // 32,), generator=g, dtype=torch.uint8)
     qa.scale[5, 1] = 247
+    qa.scale[6, 2] = exact_scale_range(qa.fmt, torch.bfloat16)[1] + 1
     codes = decode_codes(qa)
     codes[5, 32:64] &= 0x31  # small magnitudes (every format: at most an exponent bit or two), so row 5 stays finite
+    codes[6, 64:96] = 0
+    codes[6, 64] = 1  # one value of at most 2^125 (FP4's 0.5 times 2^126): its products stay finite in float32
     return MXTensor(pack_codes(codes, qa.fmt), qa.scale, qa.fmt, 1, 32, (M, K)).to(device)
 
 
@@ -150,6 +157,7 @@ def _check_scale_fixup(device: str, g) -> int:
         want = ((sc < lo) | ((sc > hi) & (sc != 255))).any(dim=1)
         written = ~torch.isnan(y).any(dim=1).cpu()
         assert torch.equal(written, want), (fa, fb, written, want)
+        assert want[6], (fa, "row 6 lies outside every format's envelope")
         rows = torch.nonzero(want).flatten()
         sub = MXTensor(qa.qdata[rows.to(device)], qa.scale[rows.to(device)], qa.fmt, 1, 32, (rows.numel(), K))
         _bound(y[rows.to(device)], sub, w, bias)
@@ -255,3 +263,26 @@ def test_gpu_empty_rows(rng):
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4").to("cuda"))
     y = mxkit.matmul(quantize_fold_triton(torch.randn(0, 3, 128, device="cuda"), "mxfp4", defer=True), pw)
     assert y.shape == (0, 3, 64)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mx_plans_read_no_device_value(rng):
+    """On CUDA a PackedWeight's MX x MX plan (and the call) reads nothing back from the GPU, also when the weight
+    lies outside the bf16-exact envelope (then fp32-exact, decided from its packed scale range)."""
+    w = mxkit.quantize(torch.randn(64, 256, generator=rng), "mxfp8_e4m3")
+    w.scale[3, 1] = 0  # below E4M3's bf16-exact range
+    cases = [(mxkit.pack_weight(w.to("cuda")), "fp32-exact"),
+             (mxkit.pack_weight(mxkit.quantize(torch.randn(64, 256, generator=rng), "mxfp8_e4m3").to("cuda")),
+              "bf16-exact")]
+    qa = mxkit.quantize(torch.randn(100, 256, device="cuda"), "mxfp8_e5m2")
+    for pw, path in cases:
+        mxkit.matmul(qa, pw)  # warm up (compiles, caches)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            assert mxkit.gemm_plan(qa, pw).path == path
+            if path == "bf16-exact":
+                mxkit.matmul(qa, pw)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

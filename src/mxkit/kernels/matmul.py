@@ -511,7 +511,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
-    if kind == "mx" and dev.type == "cuda" and _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
+    if kind == "mx" and dev.type == "cuda" and not _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
+        return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: weight scale bytes [{lo}, {hi}] outside the "
+                                  f"bf16-exact envelope")
+    if kind == "mx" and dev.type == "cuda":
         r0, r1 = exact_scale_range(a.fmt, torch.bfloat16)
         return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: the weight is exact in bf16 (scale bytes [{lo}, "
                                   f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
@@ -1068,7 +1071,7 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
     bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
     _FIXUP((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
-           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1),
+           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1).contiguous(),
             cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
 
 

@@ -11,7 +11,8 @@ The fused weight is the members' MX bytes stacked along N (each row keeps its ow
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
 bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
 group has read it, for that very tensor object at that version (``x._version``: an in-place change between two
-parts' calls recomputes): parts called with different inputs each get a correct result. Under
+parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
+parts' calls is not seen): parts called with different inputs each get a correct result. Under
 ``torch.compile`` every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict
 holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
@@ -70,12 +71,13 @@ class FusedMXLinear(nn.Module):
         if torch.compiler.is_compiling():
             y = self.fused(x)
         else:
+            ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
             last = self._last
-            if last is not None and last[0]() is x and last[1] == x._version and i not in last[3]:
+            if last is not None and last[0]() is x and last[1] == ver and i not in last[3]:
                 y = last[2]
             else:
                 y = self.fused(x)
-                last = self._last = [weakref.ref(x), x._version, y, set()]
+                last = self._last = [weakref.ref(x), ver, y, set()]
             last[3].add(i)
             if len(last[3]) == len(self.splits):
                 self._last = None  # every part has its slice: drop the reference

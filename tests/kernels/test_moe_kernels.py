@@ -835,11 +835,11 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
         check_layer(y1, case, act)
 
 
-def _mixed_cases(g, full, count=20):
-    """(ends int32 [E], n) of random groups: experts without tokens, groups of up to 3 * full rows, padded to 64."""
+def _mixed_cases(g, count=40):
+    """(rows, ends int32 [E], n) of random groups: experts without tokens, groups of up to 768 rows, padded to 64."""
     for _ in range(count):
         E = int(torch.randint(1, 40, (1,), generator=g))
-        rows = torch.randint(0, 3 * full, (E,), generator=g)
+        rows = torch.randint(0, 768, (E,), generator=g)
         rows[torch.rand(E, generator=g) < 0.2] = 0
         yield rows, torch.cumsum((rows + 63) // 64 * 64, 0).to(torch.int32), int(rows.sum())
 
@@ -849,14 +849,13 @@ def _check_mixed_kernel(device: str, g) -> int:
     from mxkit.kernels.moe import mixed_blocks, mixed_blocks_device
 
     n = 0
-    for full in (128, 256):
-        for _, ends, pairs in _mixed_cases(g, full):
-            want = mixed_blocks(ends, full, pairs)
-            got = mixed_blocks_device(ends.to(device), full, pairs)
-            assert [b for b, _ in got] == [b for b, _ in want]
-            for (_, a), (_, b) in zip(got, want):
-                assert torch.equal(a.cpu(), b), (full, ends, a, b)
-            n += 1
+    for _, ends, pairs in _mixed_cases(g):
+        want = mixed_blocks(ends, pairs)
+        got = mixed_blocks_device(ends.to(device), pairs)
+        assert [b for b, _ in got] == [b for b, _ in want]
+        for (_, a), (_, b) in zip(got, want):
+            assert torch.equal(a.cpu(), b), (ends, a, b)
+        n += 1
     return n
 
 
@@ -882,20 +881,19 @@ def test_gpu_mixed_blocks_kernel(rng):
     assert _check_mixed_kernel("cuda", rng)
 
 
-@pytest.mark.parametrize("full", [128, 256])
-def test_mixed_blocks_cover_each_group_once(full, rng):
+def test_mixed_blocks_cover_each_group_once(rng):
     """mixed_blocks: every 64-row block of every expert's group (padded to 64) is covered by exactly one block,
     each block lies inside its expert's group, and no expert has more than one block of each smaller size."""
     from mxkit.kernels.moe import mixed_blocks
 
-    for rows, ends, n in _mixed_cases(rng, full):
+    for rows, ends, n in _mixed_cases(rng):
         E = rows.numel()
         padded = (rows + 63) // 64 * 64
         owner = torch.repeat_interleave(torch.arange(E), padded // 64)  # the expert of each 64-row block
         seen = torch.zeros(owner.numel(), dtype=torch.int64)
-        for bm, tab in mixed_blocks(ends, full, n):
+        for bm, tab in mixed_blocks(ends, n):
             assert tab.dtype == torch.int32 and tab.shape[0] == 2
-            if bm < full:
+            if bm < 256:
                 assert tab.shape[1] == E
             for e, start in tab.t().tolist():
                 if e < 0:
@@ -905,7 +903,7 @@ def test_mixed_blocks_cover_each_group_once(full, rng):
                 assert all(owner[b] == e for b in blocks), (bm, e, start)
                 for b in blocks:
                     seen[b] += 1
-        assert torch.equal(seen, torch.ones_like(seen)), (rows, full)
+        assert torch.equal(seen, torch.ones_like(seen)), rows
 
 
 @pytest.mark.gpu

@@ -511,10 +511,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
-    if kind == "mx" and dev.type == "cuda" and not _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
-        return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: weight scale bytes [{lo}, {hi}] outside the "
-                                  f"bf16-exact envelope")
-    if kind == "mx" and dev.type == "cuda":
+    if kind == "mx" and dev.type == "cuda":  # a's scales are not read: the fix-up takes its rows outside
+        if not _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
+            return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: weight scale bytes [{lo}, {hi}] outside the "
+                                      f"bf16-exact envelope")
         r0, r1 = exact_scale_range(a.fmt, torch.bfloat16)
         return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: the weight is exact in bf16 (scale bytes [{lo}, "
                                   f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
@@ -636,7 +636,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         return torch.empty(*lead, N, dtype=out, device=w.device)
     if kind == "pending" and path == "bf16-exact":  # (a float32 output): the MX tensor the fold was made from
         a, kind = _mx_source(a.source), "mx"
-    if kind == "pending" and path != "fold-fp8":
+    if kind == "pending" and (path != "fold-fp8" or a.source is None):
         a, kind = a.complete(), "folded"
     if path in ("fold-fp8", "w4a8-fp8"):
         pw = packed if packed is not None and packed.folded is not None else pack_weight(w)
@@ -646,46 +646,25 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             if pw.special_rows.numel():
                 y = _fix_special(y, a, kind, M, pw, pw.special_rows[:0], pw.special_rows, bias)
             return y.reshape(*lead, N)
-        pending = None
-        if kind == "pending":
-            pending, fa = a, a.folded
-        elif kind == "folded":
-            fa = a
-        else:
-            fa = _fold(_plain(a), defer=True)
-            if not isinstance(fa, Folded):
-                pending, fa = fa, fa.folded
-        if pending is not None and pending.source is not None:  # no host sync: the fix-up kernel
-            y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
-            _fixup(y, pending.source, pw.source, bias, M, N, K, fold=(pending.status, fa.scale),
+        # an MX a: a PendingFold on CUDA (it keeps its source), a complete Folded on the CPU
+        fa = _fold(_plain(a), defer=True) if kind == "mx" else a
+        if not isinstance(fa, Folded):  # deferred: the FP8 GEMM, then the fix-up kernel; no host sync
+            y = _fp8_gemm(fa.folded.data[:M], fa.folded.scale[:M].reshape(M, 1), fb, N, out, bias)
+            _fixup(y, fa.source, pw.source, bias, M, N, K, fold=(fa.status, fa.folded.scale),
                    special=pw.special_rows)
             return y.reshape(*lead, N)
         # a complete Folded: one host sync, after the GEMM is enqueued: whether any row needs the float32 route
-        flag = _out_of_envelope(fa.scale[:M]).any()
-        if pending is not None:
-            flag |= pending.status.eq(1).any()
-        flag_host, ready = _to_host_async(flag)
+        flag_host, ready = _to_host_async(_out_of_envelope(fa.scale[:M]).any())
         y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
         ready.synchronize()
         a_fix = bool(flag_host) or fa.owner.numel() > 0
         if a_fix or pw.special_rows.numel():
-            a_rows = pw.special_rows[:0]
-            if pending is not None:
-                fa = pending.complete()
-                a_rows = torch.nonzero(pending.status.eq(1)).flatten()  # whatever the kernel left there
-            if a_fix:
-                a_rows = torch.unique(torch.cat([a_rows, _special_rows(fa, M)]))
+            a_rows = _special_rows(fa, M) if a_fix else pw.special_rows[:0]
             y = _fix_special(y, fa, "folded", M, pw, a_rows, pw.special_rows, bias)
         return y.reshape(*lead, N)
     if path == "bf16-exact":
-        ap = _plain(a)
-        y = _dense(_dequantize(ap, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), out)
-        if bias is not None:
-            y = y.to(torch.float32) + bias.to(torch.float32)
-        y = y.to(out)
-        if y.is_cuda:  # rows of a whose values bf16 does not hold exactly: recomputed, no host sync
-            _fixup(y, ap, w, bias, M, N, K)
-        return y.reshape(*lead, N)
+        a = _plain(a)
+        y = _dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), out)
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, out)
@@ -714,7 +693,10 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         raise ValueError(f"unknown GEMM path {path!r}; known: {', '.join(PATHS)}")
     if bias is not None:
         y = y.to(torch.float32) + bias.to(torch.float32)
-    return y.to(out).reshape(*lead, N)
+    y = y.to(out)
+    if path == "bf16-exact" and y.is_cuda:  # rows of a whose values bf16 does not hold exactly: recomputed
+        _fixup(y, a, w, bias, M, N, K)
+    return y.reshape(*lead, N)
 
 
 @functools.lru_cache(maxsize=1)
@@ -1038,12 +1020,6 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
 
     if not (M and N):
         return
-    global _FIXUP
-    if _FIXUP is None:
-        from . import launch
-        from .matmul_details import _row_fixup
-
-        _FIXUP = launch.BoundCache(launch._Launcher(_row_fixup, "_fixup_kernel"))
     if isinstance(src, QuantizedRows):
         aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
         a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
@@ -1070,7 +1046,7 @@ def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: i
         ("BLOCK_K", bk))
     bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
-    _FIXUP((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
+    _fixup_launcher()((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
            (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1).contiguous(),
             cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
 
@@ -1090,7 +1066,13 @@ def _codes(q: torch.Tensor, f: ElementFormat) -> torch.Tensor:
     return q.view(torch.int32) if f.bits == 6 else q
 
 
-_FIXUP = None
+@functools.lru_cache(maxsize=1)
+def _fixup_launcher():
+    """The fix-up kernel's bound direct launch, one per process."""
+    from . import launch
+    from .matmul_details import _row_fixup
+
+    return launch.BoundCache(launch._Launcher(_row_fixup, "_fixup_kernel"))
 
 
 def _mx_source(src) -> MXTensor:

@@ -46,7 +46,7 @@ _WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
            "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m", "mixed_blocks",
-           "moe_packed", "packed_path"]
+           "MIXED_SIZES", "moe_packed", "packed_path"]
 
 
 @dataclass(frozen=True)
@@ -364,58 +364,52 @@ def wgmma_block_m(pairs_per_expert: float) -> int:
     return 128 if pairs_per_expert <= 384 else 256
 
 
-def mixed_blocks_device(ends: torch.Tensor, full: int, n: int) -> list[tuple[int, torch.Tensor]]:
+MIXED_SIZES = (256, 128, 64)  # the block sizes of mixed_blocks, one launch each
+
+
+def mixed_blocks_device(ends: torch.Tensor, n: int) -> list[tuple[int, torch.Tensor]]:
     """:func:`mixed_blocks` in one Triton launch (``_align._mixed_blocks_kernel``; the same tables)."""
     import triton
 
     E = ends.numel()
-    nb = n // full + E
-    dev = ends.device
-    tabs = [(full, torch.empty(2, nb, dtype=torch.int32, device=dev))]
-    if full == 256:
-        tabs.append((128, torch.empty(2, E, dtype=torch.int32, device=dev)))
-    tabs.append((64, torch.empty(2, E, dtype=torch.int32, device=dev)))
-    block = 128
-    e_p2 = max(16, triton.next_power_of_2(E))
+    tabs = [(bm, torch.empty(2, n // 256 + E if bm == 256 else E, dtype=torch.int32, device=ends.device))
+            for bm in MIXED_SIZES]
+    nb = tabs[0][1].shape[1]
     ends = ends if ends.dtype == torch.int32 and ends.is_contiguous() else ends.to(torch.int32).contiguous()
-    _MIXED((-(-nb // block),), (ends, tabs[0][1], tabs[1][1], tabs[-1][1], E, nb),
-           (("FULL", full), ("E_P2", e_p2), ("BLOCK", block)), 4)
+    _MIXED((-(-nb // 128),), (ends, tabs[0][1], tabs[1][1], tabs[2][1], E, nb),
+           (("E_P2", max(16, triton.next_power_of_2(E))), ("BLOCK", 128)), 4)
     return tabs
 
 
-def mixed_blocks(ends: torch.Tensor, full: int, n: int) -> list[tuple[int, torch.Tensor]]:
+def mixed_blocks(ends: torch.Tensor, n: int) -> list[tuple[int, torch.Tensor]]:
     """Blocks of several sizes covering experts' sorted groups padded to 64 rows (:func:`align_device` with
-    block_m 64): each group's first rows in blocks of ``full`` (128 or 256) rows, the rest in at most one block
-    of 128 (``full`` 256) and one of 64, so a group pads to 64 rows rather than to ``full`` while most of its rows
-    still run in the widest tile. ``ends``: int32 [E], the end row of each expert's group (groups in expert
-    order from row 0); ``n``: the (token, slot) pairs (bounds the block count without a host sync). Returns
-    [(bm, table int32 [2, NB])]: table[0] the block's local expert (-1: no block), table[1] its first row, for
+    block_m 64): each group's first rows in blocks of 256 rows, the rest in at most one block of 128 and one of
+    64, so a group pads to 64 rows rather than to 256 while most of its rows still run in the widest tile.
+    ``ends``: int32 [E], the end row of each expert's group (groups in expert order from row 0); ``n``: the
+    (token, slot) pairs (bounds the block count without a host sync). Returns [(bm, table int32 [2, NB])] for bm
+    in :data:`MIXED_SIZES`: table[0] the block's local expert (-1: no block), table[1] its first row, for
     :func:`~mxkit.kernels.matmul_details._w4a16_wgmma.w4a16_wgmma`'s ``starts`` (one launch per size)."""
     E = ends.numel()
     dev = ends.device
     end = ends.to(torch.int64)
     start = torch.cat([end.new_zeros(1), end[:-1]])
     g = (end - start) // 64  # 64-row blocks of each group
-    q = full // 64
-    nfull, t = g // q, g % q
-    # full blocks: expert e's j-th at start_e + full * j (at most n / full + E of them)
-    nb = n // full + E
+    nfull, t = g // 4, g % 4
+    # blocks of 256: expert e's j-th at start_e + 256 j (at most n / 256 + E of them)
+    nb = n // 256 + E
     cum = torch.cumsum(nfull, 0)
     idx = torch.arange(nb, device=dev)
     owner = torch.searchsorted(cum, idx, right=True)
     ok = owner < E
     oc = owner.clamp(max=E - 1)
-    first = start[oc] + full * (idx - (cum[oc] - nfull[oc]))
-    tables = [(full, torch.stack([torch.where(ok, oc, -1), torch.where(ok, first, 0)]))]
-    rest = start + full * nfull
+    first = start[oc] + 256 * (idx - (cum[oc] - nfull[oc]))
     experts = torch.arange(E, device=dev)
-    if full == 256:
-        half = t >= 2
-        tables.append((128, torch.stack([torch.where(half, experts, -1), torch.where(half, rest, 0)])))
-        rest = rest + 128 * half
-    tail = t % 2 == 1
-    tables.append((64, torch.stack([torch.where(tail, experts, -1), torch.where(tail, rest, 0)])))
-    return [(bm, tab.to(torch.int32).contiguous()) for bm, tab in tables]
+    rest = start + 256 * nfull
+    half, tail = t >= 2, t % 2 == 1
+    tables = [torch.stack([torch.where(ok, oc, -1), torch.where(ok, first, 0)]),
+              torch.stack([torch.where(half, experts, -1), torch.where(half, rest, 0)]),
+              torch.stack([torch.where(tail, experts, -1), torch.where(tail, rest + 128 * half, 0)])]
+    return [(bm, tab.to(torch.int32).contiguous()) for bm, tab in zip(MIXED_SIZES, tables)]
 
 
 def packed_path(packed: Optional[tuple], n: int, activation: str, x: torch.Tensor) -> Optional[str]:
@@ -530,7 +524,7 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
     B = max_blocks(n, E, 64 if mixed else bm)
     if mixed:  # groups padded to 64 rows, covered by blocks of 256, then 128 / 64 (mixed_blocks)
         ids, _, pos, ends = _align_rows(topk_ids, E, 64, lo, B, offs=True)
-        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, bm, n)]
+        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, n)]
     else:
         ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
         launches = [(bm, eids, False)]

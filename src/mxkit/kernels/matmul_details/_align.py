@@ -105,36 +105,32 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, offs_
 
 
 @triton.jit
-def _mixed_blocks_kernel(ends_ptr, full_ptr, half_ptr, tail_ptr, E, NB, FULL: tl.constexpr, E_P2: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _mixed_blocks_kernel(ends_ptr, full_ptr, half_ptr, tail_ptr, E, NB, E_P2: tl.constexpr, BLOCK: tl.constexpr):
     """The block tables of :func:`mxkit.kernels.moe.mixed_blocks` (its PyTorch twin) from ends int32 [E] (the end
     row of each expert's group, padded to 64 rows, groups in expert order from row 0): program p writes slots
-    p * BLOCK .. of the FULL-row table full [2, NB] (expert, first row; -1 / 0 past the blocks), program 0 also
-    the 128-row table half [2, E] (FULL 256) and the 64-row table tail [2, E]."""
+    p * BLOCK .. of the 256-row table full [2, NB] (expert, first row; -1 / 0 past the blocks), program 0 also
+    the 128-row table half [2, E] and the 64-row table tail [2, E]."""
     e = tl.arange(0, E_P2)
     em = e < E
     end = tl.load(ends_ptr + e, mask=em, other=0)
     prev = tl.load(ends_ptr + e - 1, mask=em & (e > 0), other=0)
     g = (end - prev) // 64
-    Q: tl.constexpr = FULL // 64
-    nfull = tl.where(em, g // Q, 0)
-    t = g % Q
+    nfull = tl.where(em, g // 4, 0)
+    t = g % 4
     cum = tl.cumsum(nfull, axis=0)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    owner = tl.sum((cum[None, :] <= i[:, None]).to(tl.int32), axis=1)  # experts whose full blocks end by slot i
+    owner = tl.sum((cum[None, :] <= i[:, None]).to(tl.int32), axis=1)  # experts whose 256-row blocks end by slot i
     sel = e[None, :] == owner[:, None]
-    first = tl.sum(tl.where(sel, (prev - FULL * (cum - nfull))[None, :], 0), axis=1) + FULL * i
+    first = tl.sum(tl.where(sel, (prev - 256 * (cum - nfull))[None, :], 0), axis=1) + 256 * i
     ok = owner < E
     im = i < NB
     tl.store(full_ptr + i, tl.where(ok, owner, -1), mask=im)
     tl.store(full_ptr + NB + i, tl.where(ok, first, 0), mask=im)
     if tl.program_id(0) == 0:
-        rest = prev + FULL * nfull
-        if FULL == 256:
-            half = em & (t >= 2)
-            tl.store(half_ptr + e, tl.where(half, e, -1), mask=em)
-            tl.store(half_ptr + E + e, tl.where(half, rest, 0), mask=em)
-            rest = rest + tl.where(half, 128, 0)
+        rest = prev + 256 * nfull
+        half = em & (t >= 2)
+        tl.store(half_ptr + e, tl.where(half, e, -1), mask=em)
+        tl.store(half_ptr + E + e, tl.where(half, rest, 0), mask=em)
         tail = em & (t % 2 == 1)
         tl.store(tail_ptr + e, tl.where(tail, e, -1), mask=em)
-        tl.store(tail_ptr + E + e, tl.where(tail, rest, 0), mask=em)
+        tl.store(tail_ptr + E + e, tl.where(tail, rest + tl.where(half, 128, 0), 0), mask=em)

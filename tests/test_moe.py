@@ -28,7 +28,8 @@ from mxkit.moe_reference import (
     swiglu_gpt_oss,
 )
 from mxkit.nn import MXMoE, swap_gpt_oss_moe
-from mxkit.reference import round_from_float64
+from mxkit.formats import get_format
+from mxkit.reference import round_from_float64, unpack_codes
 
 gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
@@ -580,7 +581,8 @@ def test_mxmoe_pack_in_place(activation, rng):
     """MXMoE.pack_ (what the first CUDA forward does): the four expert buffers become the decode-mma layout (one
     copy, the same bytes); the forward (the reference here) is unchanged to the bit; state_dict still gives the
     checkpoint layout byte for byte, load_state_dict takes it into a packed module (packing it), a wrong shape
-    is a clear error; expert_range modules and sharding unpack; other formats and W4A8 modules do not pack."""
+    is a clear error; expert_range modules and sharding unpack; other formats do not pack (W4A8 modules fold:
+    test_mxmoe_w4a8_fold_in_place)."""
     E, k, H2, I2 = 4, 2, 128, 64  # K % 64 == 0 for both expert tensors
     router = nn.Linear(H2, E)
     dense = (torch.randn(E, 2 * I2, H2, generator=rng), torch.randn(E, 2 * I2, generator=rng),
@@ -610,10 +612,51 @@ def test_mxmoe_pack_in_place(activation, rng):
     want = part(x)
     assert part.pack_() and torch.equal(part(x), want)
     assert not MXMoE.from_dense(router, *dense, k, "mxfp8", activation=activation).pack_()
-    assert not MXMoE.from_dense(router, *dense, k, "mxfp4", act_format="fp8_e4m3_rowwise").pack_()
     odd = MXMoE.from_dense(nn.Linear(96, E), torch.randn(E, 64, 96, generator=rng), None,
                            torch.randn(E, 96, 32, generator=rng), None, k, "mxfp4")
     assert not odd.pack_() and odd.expert_layout == "checkpoint"  # K % 64 != 0
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"])
+@pytest.mark.parametrize("activation", ["swiglu_gpt_oss", "swiglu"])
+@torch.no_grad()
+def test_mxmoe_w4a8_fold_in_place(fmt, activation, rng):
+    """MXMoE.pack_ of a W4A8 module (what its first CUDA forward does): the expert buffers become the E4M3 fold
+    (E, N, K) bytes plus float32 row scales, twice the MXFP4 bytes rather than three times; the forward (the
+    reference here, from the experts unfolded again) is unchanged to the bit; state_dict still gives the
+    checkpoint layout byte for byte (every code, -0 included, recovered from the fold); load_state_dict takes it
+    back to the checkpoint layout; sharding unfolds; experts that do not fold keep the checkpoint layout."""
+    E, k, H2, I2 = 4, 2, 128, 64
+    router = nn.Linear(H2, E)
+    dense = (torch.randn(E, 2 * I2, H2, generator=rng), torch.randn(E, 2 * I2, generator=rng),
+             torch.randn(E, H2, I2, generator=rng), torch.randn(E, H2, generator=rng))
+    kw = dict(activation=activation, act_format="fp8_e4m3_rowwise")
+    m = MXMoE.from_dense(router, *dense, k, fmt, **kw)
+    x = torch.randn(5, H2, generator=rng)
+    y0, sd0 = m(x), {n: t.clone() for n, t in m.state_dict().items()}
+    f = get_format(fmt)
+    assert bool((unpack_codes(sd0["gate_up_qdata"], f) == f.sign_bit).any())  # -0 codes, which the fold keeps
+    assert m.expert_layout == "checkpoint" and m.pack_() and m.pack_() and m.expert_layout == "fold"
+    assert "expert_layout=fold" in repr(m)
+    assert m.gate_up_qdata.shape == (E, 2 * I2, H2) and m.gate_up_row_scale.shape == (E, 2 * I2)
+    assert m.down_scale.shape == (E, H2, I2 // 32) and m.down_row_scale.dtype == torch.float32
+    assert m.expert_nbytes == sum(E * n * kk * (1 + 1 / 32) + 4 * E * n for n, kk in ((2 * I2, H2), (H2, I2)))
+    assert "gate_up_row_scale" not in m.state_dict()
+    assert torch.equal(m(x), y0)
+    sd1 = m.state_dict()
+    assert set(sd1) == set(sd0) and all(torch.equal(sd1[n], sd0[n]) for n in sd0)
+    assert torch.equal(m.gate_up_mx.qdata, sd0["gate_up_qdata"]) and torch.equal(m.down_mx.scale, sd0["down_scale"])
+    fresh = MXMoE(H2, I2, E, k, fmt, **kw)
+    assert fresh.pack_() and fresh.expert_layout == "fold"
+    fresh.load_state_dict(sd0)
+    assert fresh.expert_layout == "checkpoint" and torch.equal(fresh(x), y0)
+    assert torch.equal(copy.deepcopy(m)(x), y0)
+    m._to_checkpoint_layout()
+    assert m.expert_layout == "checkpoint" and not hasattr(m, "gate_up_row_scale") and torch.equal(m(x), y0)
+    spread = [t.clone() for t in dense]
+    spread[0][1, 3, :32] *= 2.0**20  # a row whose block scales span 20 > the fold range: the experts do not fold
+    wide = MXMoE.from_dense(router, *spread, k, fmt, **kw)
+    assert not wide.pack_() and wide.expert_layout == "checkpoint"
 
 
 def test_mxmoe_errors():

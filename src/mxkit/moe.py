@@ -195,3 +195,27 @@ def moe_w4a8(
                            out_dtype=x.dtype)
     return y.reshape(*lead, H)
 
+
+def moe_w4a8_folded(
+    x: torch.Tensor,
+    folded: tuple,
+    b_gate_up: Optional[torch.Tensor],
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+) -> torch.Tensor:
+    """:func:`moe_w4a8` on CUDA from experts that are already folded, with no MXTensor: ``folded`` is the
+    (gate_up, down) pair of :class:`mxkit.kernels.moe.FoldedExperts` (E, 2I, H) / (E, H, I) that
+    :class:`mxkit.nn.MXMoE` holds in place of its MX bytes (its ``"fold"`` layout). The caller has checked the
+    shapes. Returns (..., H) in x's dtype."""
+    from .kernels.moe import moe_w4a8_triton
+    from .ops import quantize_fp8_rowwise
+
+    lead, H = x.shape[:-1], x.shape[-1]
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    y = moe_w4a8_triton(quantize_fp8_rowwise(x2), folded[0], b_gate_up, folded[1], b_down, weights, ids,
+                        activation=activation, out_dtype=x.dtype)
+    return y.reshape(*lead, H)

@@ -546,8 +546,9 @@ def test_gpu_ops_capture_in_cuda_graphs(rng):
 @pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])
 def test_gpu_mxmoe_layer(act_format, rng):
     """MXMoE on CUDA (bf16 router, biases and tokens) takes the kernels and agrees with its references: W4A16
-    with moe_reference (intermediate in bf16), W4A8 with moe_w4a8_reference (written after this session's GPU
-    runs: not yet run on a GPU)."""
+    with moe_reference (intermediate in bf16), W4A8 with moe_w4a8_reference. The W4A8 module's first forward
+    folds its experts in place (layout "fold", twice the MXFP4 bytes): its output is the bits of a module that
+    keeps its MX bytes and a folded copy, and its state_dict the checkpoint bytes it was built with."""
     from mxkit.moe_reference import moe_w4a8_reference, route
     from mxkit.nn import MXMoE
 
@@ -557,8 +558,16 @@ def test_gpu_mxmoe_layer(act_format, rng):
              torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng)]
     m = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), k, "mxfp4", act_format=act_format)
     x = torch.randn(37, H, generator=rng).to(torch.bfloat16).cuda()
+    sd0 = {n: t.clone() for n, t in m.state_dict().items()}
     with torch.no_grad():
         y = m(x)
+        if act_format is not None:
+            assert m.expert_layout == "fold" and m.gate_up_qdata.shape == (E, 2 * I, H)
+            keep = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), k, "mxfp4",
+                                    act_format=act_format, keep_source=True)
+            assert torch.equal(keep(x).view(torch.int16), y.view(torch.int16)) and keep.expert_layout == "checkpoint"
+            sd1 = m.state_dict()
+            assert all(torch.equal(sd1[n], sd0[n]) for n in sd0)
         tw, ids = route(m.router(x), k)
         if act_format is None:
             ref = moe_reference(x, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, tw, ids,

@@ -21,6 +21,13 @@ rearranged), which the decode and the prefill kernels both read. The experts the
 ``gate_up_mx`` / ``down_mx`` unpack on the fly (the reference path, CPU). ``keep_source=True`` keeps the
 checkpoint-layout buffers and a packed copy beside them instead.
 
+W4A8 (``act_format="fp8_e4m3_rowwise"``, FP4 / FP6 experts): the first CUDA forward folds the experts in place
+instead (:meth:`MXMoE.pack_`, layout ``"fold"``): ``gate_up_qdata`` becomes the E4M3 bytes (E, 2I, H) that the
+FP8 grouped GEMMs read, ``gate_up_row_scale`` (E, 2I) float32 their power-of-two row scales (a buffer outside
+``state_dict``), and ``gate_up_scale`` keeps the E8M0 block scales, from which the fold is undone exactly for
+``state_dict()``. The experts then take twice their MXFP4 size (the E4M3 bytes) instead of three times (the
+MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183.
+
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
 set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the group.
@@ -70,8 +77,9 @@ class MXMoE(nn.Module):
       backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
       act_format: None (bf16 tokens: W4A16 / W8A16) or ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
         FP8 tokens with a scale per token, FP4 / FP6 experts folded once to E4M3 on first use per device).
-      keep_source: False (default): the first forward on Hopper packs the experts in place (module docstring); True:
-        the buffers keep the checkpoint layout and the packed copy is kept beside them (twice the memory).
+      keep_source: False (default): the first forward on Hopper packs the experts in place, and the first CUDA
+        forward of a W4A8 module folds them in place (module docstring); True: the buffers keep the checkpoint
+        layout and the packed or folded copy is kept beside them.
       device / dtype: of the router and the biases.
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
@@ -130,6 +138,7 @@ class MXMoE(nn.Module):
         self.keep_source = keep_source
         # after pack_: MmaExperts' (special, one_mul, bf16_exact) per expert tensor, of the bytes the buffers hold
         self._mma_flags: Optional[tuple] = None
+        self._fold_layout = False  # after pack_ of a W4A8 module: the buffers hold the experts folded to E4M3
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
@@ -160,24 +169,31 @@ class MXMoE(nn.Module):
 
     def _mx(self, name: str) -> MXTensor:
         shape = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
-        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
-        if self.expert_layout == "mma":
-            q, s = self._unpacked(name, q, s)
+        q, s = self._checkpoint_pair(name)
         return MXTensor(q, s, self.weight_format, 2, self.block_size, shape, self.scale_mode, self.rounding)
 
     @property
     def expert_layout(self) -> str:
-        """The expert buffers' layout: ``"checkpoint"``, or ``"mma"`` after :meth:`pack_`."""
-        return "checkpoint" if self._mma_flags is None else "mma"
+        """The expert buffers' layout: ``"checkpoint"``; after :meth:`pack_`, ``"mma"`` (W4A16) or ``"fold"``
+        (W4A8)."""
+        if self._mma_flags is not None:
+            return "mma"
+        return "fold" if self._fold_layout else "checkpoint"
+
+    def _checkpoint_pair(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checkpoint-layout (qdata, scale) of expert tensor ``name`` (unpacked or unfolded when packed)."""
+        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+        if self.expert_layout == "mma":
+            return self._unpacked(name, q, s)
+        if self.expert_layout == "fold":
+            return self._unfolded(name)
+        return q, s
 
     def _checkpoint_buffers(self) -> dict[str, torch.Tensor]:
         """The four expert buffers in the checkpoint layout, by name (unpacked when packed in place)."""
         out = {}
         for name in _EXPERTS:
-            q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
-            if self._mma_flags is not None:
-                q, s = self._unpacked(name, q, s)
-            out[f"{name}_qdata"], out[f"{name}_scale"] = q, s
+            out[f"{name}_qdata"], out[f"{name}_scale"] = self._checkpoint_pair(name)
         return out
 
     def _interleaved(self, name: str) -> bool:
@@ -199,6 +215,58 @@ class MXMoE(nn.Module):
             qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
         return qd, sc
 
+    def _unfolded(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checkpoint-layout (qdata, scale) of expert tensor ``name`` from its fold-layout buffers: each
+        element's E4M3 value times its row scale over its block scale is the FP4 / FP6 element exactly (the fold
+        is exact), encoded again. One expert at a time (float32 temporaries of one expert)."""
+        from ..formats import _exp2_f32, encode_elements
+        from ..reference import pack_codes
+
+        data = getattr(self, f"{name}_qdata").view(torch.float8_e4m3fn)
+        scale, row = getattr(self, f"{name}_scale"), getattr(self, f"{name}_row_scale")
+        E, N, K = data.shape
+        nb = K // self.block_size
+        row_exp = torch.frexp(row)[1].to(torch.int32) - 1  # row scales are powers of two
+        qd = torch.empty(MXTensor.expected_shapes((E, N, K), 2, self.weight_format, self.block_size)[0],
+                         dtype=torch.uint8, device=data.device)
+        for e in range(E):
+            shift = row_exp[e][:, None] - (scale[e].to(torch.int32) - 127)  # (N, nb)
+            v = data[e].to(torch.float32).view(N, nb, self.block_size) * _exp2_f32(shift)[..., None]
+            qd[e] = pack_codes(encode_elements(v.view(N, K), self.weight_format), self.weight_format)
+        sc = scale
+        if self._interleaved(name):  # (gate 0, up 0, gate 1, ...) -> [gate; up]
+            qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
+        return qd, sc.clone()
+
+    def _fold_(self) -> bool:
+        """pack_ of a W4A8 module: the experts folded in place (module docstring)."""
+        from ..kernels.moe import _interleave_halves, fold_experts
+
+        if self.weight_format.bits not in (4, 6) or self.block_size != 32:
+            return False
+        folded = [fold_experts(self._mx(name), interleave_halves=self._interleaved(name)) for name in _EXPERTS]
+        if any(f is None for f in folded):
+            return False
+        for name, f in zip(_EXPERTS, folded):
+            s = getattr(self, f"{name}_scale")
+            setattr(self, f"{name}_scale", _interleave_halves(s, 1).contiguous() if f.interleaved else s)
+            setattr(self, f"{name}_qdata", f.data.view(torch.uint8))
+            self.register_buffer(f"{name}_row_scale", f.scale, persistent=False)
+        self._fold_layout = True
+        self._packed = self._folded = None
+        return True
+
+    def _to_checkpoint_layout(self) -> None:
+        """Undo :meth:`pack_`: the four expert buffers back in the checkpoint layout."""
+        if self.expert_layout == "checkpoint":
+            return
+        for name, t in self._checkpoint_buffers().items():
+            setattr(self, name, t)
+        for name in _EXPERTS:
+            self._buffers.pop(f"{name}_row_scale", None)
+        self._mma_flags, self._fold_layout = None, False
+        self._packed = self._folded = None
+
     def _packed_pair(self, name: str, q: torch.Tensor, s: torch.Tensor):
         """:func:`mxkit.kernels.moe.pack_experts_mma` of checkpoint-layout (qdata, scale) of ``name`` (None for
         shapes it does not take)."""
@@ -212,11 +280,20 @@ class MXMoE(nn.Module):
         """Re-lay the experts in place in the tensor-core kernels' layout (module docstring): one copy serving the
         decode and the prefill kernels, the checkpoint-layout buffers freed. The first CUDA forward of a W4A16
         MXFP4 module on Hopper calls it (unless ``keep_source``); it works on any device. Returns whether the
-        buffers are now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, W4A8, or expert
-        parallelism)."""
-        if self.expert_layout == "mma":
+        buffers are now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, or expert
+        parallelism).
+
+        W4A8 modules (``act_format``) are folded in place instead (layout ``"fold"``, on the first CUDA forward):
+        False for other formats than FP4 / FP6, or experts that do not fold (a row whose block scales span more
+        than the fold range, or outside the FP8 epilogue's envelope: :func:`mxkit.kernels.moe.fold_experts`;
+        they keep the checkpoint layout and take the reference)."""
+        if self.expert_layout != "checkpoint":
             return True
-        if self.weight_format.name != "mxfp4_e2m1" or self.ep_ranges is not None or self.act_format is not None:
+        if self.ep_ranges is not None:
+            return False
+        if self.act_format is not None:
+            return self._fold_()
+        if self.weight_format.name != "mxfp4_e2m1":
             return False
         pairs, flags = [], []
         for name in _EXPERTS:
@@ -248,8 +325,10 @@ class MXMoE(nn.Module):
 
     @property
     def expert_nbytes(self) -> int:
-        """Storage bytes of the experts: element codes plus E8M0 scales (either layout: the same bytes)."""
-        return sum(getattr(self, f"{n}_{p}").nbytes for n in _EXPERTS for p in ("qdata", "scale"))
+        """Storage bytes of the experts: element codes plus E8M0 scales (the same bytes in the checkpoint and the
+        mma layout); in the fold layout, the E4M3 bytes, the E8M0 scales and the float32 row scales."""
+        parts = ("qdata", "scale", "row_scale") if self.expert_layout == "fold" else ("qdata", "scale")
+        return sum(getattr(self, f"{n}_{p}").nbytes for n in _EXPERTS for p in parts)
 
     # --- constructors ----------------------------------------------------------------------------------------
 
@@ -363,9 +442,9 @@ class MXMoE(nn.Module):
         check_expert_ranges(ranges, self.num_experts, world)
         lo, hi = ranges[rank]
         # (in the checkpoint layout: the expert-parallel path reads it)
+        self._to_checkpoint_layout()
         for name, t in self._checkpoint_buffers().items():
             setattr(self, name, t[lo:hi].clone())
-        self._mma_flags = self._packed = None
         for name in ("gate_up_bias", "down_bias"):
             b = getattr(self, name)
             if b is not None:
@@ -378,6 +457,8 @@ class MXMoE(nn.Module):
     def forward(self, x: torch.Tensor):
         logits = self.router(x)
         y = self._forward_packed(x, logits)
+        if y is None:
+            y = self._forward_folded(x, logits)
         if y is not None:
             return self._result(y, logits)
         args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
@@ -417,6 +498,19 @@ class MXMoE(nn.Module):
                        expert_range=self.expert_range if partial else None, num_experts=self.num_experts)
         return None if y is None else y.reshape(x.shape)
 
+    def _forward_folded(self, x: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """The W4A8 forward on the experts folded in place (:func:`mxkit.moe.moe_w4a8` without unfolding them to
+        MXTensors), or None where it does not run."""
+        if self.act_format is None or self.ep_ranges is not None or self.expert_range != (0, self.num_experts):
+            return None
+        folded = self._folded_experts(x)
+        if self.expert_layout != "fold" or folded is None:
+            return None
+        from ..moe import moe_w4a8_folded
+
+        return moe_w4a8_folded(x, folded, self.gate_up_bias, self.down_bias, logits, self.top_k,
+                               routing=self.routing, activation=self.activation)
+
     def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
         """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
         made again only when an expert buffer's storage or version changed."""
@@ -430,11 +524,18 @@ class MXMoE(nn.Module):
         return kept[1]
 
     def _folded_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """The experts folded for W4A8 on CUDA (None elsewhere: the reference runs)."""
-        if not x.is_cuda or self.weight_format.bits not in (4, 6):
+        """The experts folded for W4A8 on CUDA: the buffers themselves after :meth:`pack_` (done here on the first
+        call unless ``keep_source``), else a copy made on the first call and made again when an expert buffer
+        changes. None elsewhere (the reference runs)."""
+        if not x.is_cuda or self.weight_format.bits not in (4, 6) or self.backend == "reference":
             return None
-        from ..kernels.moe import fold_experts
+        from ..kernels.moe import FoldedExperts, fold_experts
 
+        if not self.keep_source:
+            self.pack_()
+        if self.expert_layout == "fold":
+            return tuple(FoldedExperts(getattr(self, f"{n}_qdata").view(torch.float8_e4m3fn),
+                                       getattr(self, f"{n}_row_scale"), self._interleaved(n)) for n in _EXPERTS)
         return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
@@ -480,14 +581,17 @@ class MXMoE(nn.Module):
 
 def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:
     """state_dict post-hook: experts packed in place (:meth:`MXMoE.pack_`) are given in the checkpoint layout."""
-    if module.expert_layout == "mma":
+    if module.expert_layout != "checkpoint":
         state_dict.update({prefix + name: t for name, t in module._checkpoint_buffers().items()})
 
 
 def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
                        unexpected_keys, error_msgs) -> None:
     """load_state_dict pre-hook: checkpoint-layout experts loaded into a module packed in place are packed (on the
-    module's device) before the copy."""
+    module's device) before the copy. A module folded in place (W4A8) goes back to the checkpoint layout, and its
+    next CUDA forward folds the loaded experts."""
+    if module.expert_layout == "fold":
+        module._to_checkpoint_layout()
     if module.expert_layout != "mma":
         return
     flags = list(module._mma_flags)

@@ -143,3 +143,40 @@ def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
             graph.replay()
             for o, w in zip(outs, step()):
                 assert torch.equal(o, w)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fuse", [False, True])
+def test_gpu_llama_under_torch_compile(fuse, rng):
+    """torch.compile of a quantized (and fused) Llama on the GPU: each MXLinear / fused part is a graph break
+    that runs the eager kernels (their driver-API launches are not traceable): the compiled model's logits are
+    the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once where eager
+    rounds each op), and a fused group still runs one GEMM per input (decode-mma launches counted)."""
+    transformers = pytest.importorskip("transformers")
+    from mxkit.kernels import matmul as kmm
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False, fuse=fuse)
+    ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        want = model(ids).logits
+        got = compiled(ids).logits
+        torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+        calls = []
+        real = kmm._MmaCall.__call__
+
+        def counting(self, *a):
+            calls.append(1)
+            return real(self, *a)
+
+        kmm._MmaCall.__call__ = counting
+        try:
+            assert torch.equal(compiled(ids).logits, got)  # (the same compiled graph: the same bits)
+        finally:
+            kmm._MmaCall.__call__ = real
+    assert len(calls) == 2 * (4 if fuse else 7)  # per layer: qkv, o, gate_up, down fused; else 7 projections

@@ -138,7 +138,7 @@ def test_quantize_head_and_failed_runs(monkeypatch, capsys):
     (["--model", "llama-3-70b"], "unknown model 'llama-3-70b'"),
     (["--formats", "bf16,mxfp9"], "unknown MX format 'mxfp9'"),
     (["--batches", "1,0"], "0 is not a positive integer"),
-    (["--modes", "compiled"], "unknown mode 'compiled'"),
+    (["--modes", "fast"], "unknown mode 'fast'"),
     (["--layers", "0"], "invalid positive value"),
 ])
 def test_bad_options_are_usage_errors(argv, needle, capsys):
@@ -192,3 +192,29 @@ def test_gemm_path_of_an_a8w8_model_plans_mxfp8_activations(monkeypatch):
     monkeypatch.setattr(mxkit, "gemm_plan", lambda a, b: seen.append(a) or real(a, b))
     assert bd.gemm_path(m, 4) == "reference"
     assert isinstance(seen[0], mxkit.MXTensor) and seen[0].fmt.name == "mxfp8_e4m3"
+
+
+def test_compiled_mode_compiles_the_step_only(monkeypatch, capsys):
+    """--modes compiled: the step runs through torch.compile of the model's forward (dynamic=False), the prefill
+    and the other modes through the model itself (torch.compile replaced by a recording stand-in: compiling
+    takes a minute on CI's CPUs; the GPU run compiles for real)."""
+    compiled, calls = [], []
+
+    def fake_compile(fn, **kw):
+        compiled.append(kw)
+
+        def run(**a):
+            calls.append(tuple(a["input_ids"].shape))
+            return fn(**a)
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "compiled,eager",
+                   "--formats", "bf16", "--tokens", "2", "--repeats", "1", "--batches", "3", "--plain"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert compiled == [{"dynamic": False}]
+    assert calls and set(calls) == {(3, 1)}  # decode steps only: the (3, 8) prefill stays eager
+    n = len(calls)
+    assert "target (compiled, batch 1)" not in out  # (no MXFP4 row)
+    assert " compiled " in out and " eager " in out and n == 2 + 2  # untimed run + timed run, none for eager

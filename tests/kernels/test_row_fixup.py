@@ -1,4 +1,4 @@
-"""The fold path without a host sync (``mxkit.kernels.matmul._fixup``, ``matmul_details/_row_fixup.py``): the FP8
+"""The fold path without a host sync (``mxkit.kernels.matmul_details._row_fixup``): the FP8
 GEMM runs every row of a deferred fold, then one kernel overwrites the output of the rows it could not take
 (block scales spanning more than the fold window, row scales outside the FP8 epilogue's envelope) and of the
 weight's special rows with the exact product. Held to issue #22's row-wise bound against y64; the rows the fix-up
@@ -90,7 +90,7 @@ def _check_fixup(device: str, g) -> int:
 def _check_fixup_writes_only_flags(device: str, g) -> int:
     """The kernel alone on a poisoned output: exactly the flagged rows' and columns' elements are written."""
     from mxkit.kernels.fold import quantize_fold_triton
-    from mxkit.kernels.matmul import _fixup
+    from mxkit.kernels.matmul_details._row_fixup import fixup
 
     M, K, N = 70, 96, 72  # two row tiles, two column tiles
     x = torch.randn(M, K, generator=g)
@@ -102,7 +102,7 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
     pw = mxkit.PackedWeight(pw.source, pw.folded, pw.scale_min, pw.scale_max, pw.has_nan,
                             torch.tensor([3, 70], device=device))
     y = torch.full((M, N), float("nan"), device=device)
-    _fixup(y, pend.source, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale), special=pw.special_rows)
+    fixup(y, pend.source, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale), special=pw.special_rows)
     written = ~torch.isnan(y)
     want = torch.zeros(M, N, dtype=torch.bool)
     want[65] = True
@@ -141,7 +141,8 @@ def decode_codes(q):
 def _check_scale_fixup(device: str, g) -> int:
     """The bf16-exact path's fix-up (no fold): on a NaN-poisoned output it writes exactly the rows of ``a``
     with a scale byte outside a's bf16-exact range, each within the bound; every pair of element kinds."""
-    from mxkit.kernels.matmul import _fixup, exact_scale_range
+    from mxkit.kernels.matmul_details._envelope import exact_scale_range
+    from mxkit.kernels.matmul_details._row_fixup import fixup
 
     M, K, N = 9, 192, 40
     n = 0
@@ -151,7 +152,7 @@ def _check_scale_fixup(device: str, g) -> int:
         w = mxkit.quantize(torch.randn(N, K, generator=g), fb).to(device)
         bias = torch.randn(N, generator=g).to(device)
         y = torch.full((M, N), float("nan"), device=device)
-        _fixup(y, qa, w, bias, M, N, K)
+        fixup(y, qa, w, bias, M, N, K)
         lo, hi = exact_scale_range(qa.fmt, torch.bfloat16)
         sc = qa.scale.cpu().to(torch.int32)
         want = ((sc < lo) | ((sc > hi) & (sc != 255))).any(dim=1)

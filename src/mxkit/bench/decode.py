@@ -24,9 +24,12 @@ position are written back into those tensors. The step reads nothing on the host
 
 * ``eager``: the step in a Python loop, after one untimed run.
 * ``graphs``: the step captured once in a ``torch.cuda.CUDAGraph`` after two warm-up steps on a side stream;
-  the loop is ``graph.replay()``. Capture was chosen over ``torch.compile(mode="reduce-overhead")``: it
-  compiles nothing (compiling a 32-layer model takes minutes) and records MXLinear's Triton launches as they
-  run. It needs a step without host syncs, which mxkit's bf16 x MX paths (the decode kernel, dense-exact) are.
+  the loop is ``graph.replay()``. It compiles nothing and records MXLinear's launches as they run. It needs a
+  step without host syncs, which mxkit's bf16 x MX paths (the decode kernel, dense-exact) are.
+* ``compiled`` (not in the default modes: it compiles each model): the model's forward under
+  ``torch.compile`` (Inductor, ``dynamic=False``; the prefill stays eager), then captured and replayed as in
+  ``graphs``. Inductor fuses the small kernels of the attention, rotary embedding, RMSNorm and residual adds;
+  each MXLinear is a graph break (run eagerly, recorded by the capture). bf16 and MX models alike.
 
 Time per run: wall clock between two device syncs around the loop; the median over ``--repeats`` runs, each
 with a reset cache and a fresh prefill. ms per token = time / tokens (one token per sequence per step);
@@ -54,11 +57,12 @@ from .output import Column, fmt_num
 NAME = "decode"
 HELP = "end-to-end decode of a real LM architecture (Llama-3-8B), bf16 vs MXFP4 / MXFP8 weights, eager and graphs"
 
-MODES = ("eager", "graphs")
+MODES = ("eager", "graphs")  # the default
+MODE_CHOICES = MODES + ("compiled",)
 WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
 QUICK = dict(layers=4, tokens=16, repeats=1)
 FUSED = "+fused"  # a format suffix: quantize_model(..., fuse=True)
-TARGETS = {"eager": 1.5, "graphs": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
+TARGETS = {"eager": 1.5, "graphs": 2.5, "compiled": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
 _LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
                    rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False, bos_token_id=128000,
@@ -146,21 +150,37 @@ class Decoder:
         self.prompt_ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.step_forward = model  # what step calls: the model, or its compiled forward (compile)
 
-    def _next(self, ids: torch.Tensor, pos: torch.Tensor) -> None:
-        logits = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                            logits_to_keep=1).logits
+    def compile(self) -> None:
+        """Run :meth:`step` through ``torch.compile`` of the model's forward (``dynamic=False``: one graph for
+        the (batch, 1) step; the prefill stays eager). The first step compiles. Dynamo's caches are reset
+        first (an earlier model's or batch's compiles count against its recompile limit) and the limit raised
+        to twice the layer count (and kept raised): with a graph break per MXLinear, each decoder layer's
+        attention is its own frame, specialised on its ``layer_idx``, and past the default limit (8) the later
+        layers would run uncompiled."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        need = 2 * self.model.config.num_hidden_layers + 8
+        if torch._dynamo.config.recompile_limit < need:
+            torch._dynamo.config.recompile_limit = need
+        self.step_forward = torch.compile(self.model.forward, dynamic=False)
+
+    def _next(self, ids: torch.Tensor, pos: torch.Tensor, forward: Callable) -> None:
+        logits = forward(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1).logits
         self.ids.copy_(logits[:, -1:].argmax(-1))
 
     def prefill(self) -> None:
         """Empty the cache, run the prompt, leave its next token in ``ids`` and its length in ``pos``."""
         self.cache.reset()
         n = self.prompt_ids.shape[1]
-        self._next(self.prompt_ids, torch.arange(n, device=self.pos.device)[None])
+        self._next(self.prompt_ids, torch.arange(n, device=self.pos.device)[None], self.model)
         self.pos.fill_(n)
 
     def step(self) -> None:
-        self._next(self.ids, self.pos)
+        self._next(self.ids, self.pos, self.step_forward)
         self.pos.add_(1)
 
     def capture(self) -> "torch.cuda.CUDAGraph":
@@ -238,7 +258,10 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
                 row = next(todo)
                 row.path = path
                 try:
-                    if mode == "eager":
+                    dec.step_forward = model
+                    if mode == "compiled":
+                        dec.compile()
+                    if mode == "eager" or (mode == "compiled" and args.device != "cuda"):
                         step = dec.step
                         time_decode(dec, step, args.tokens, 1, sync)  # untimed: compiles, workspaces
                     else:
@@ -273,7 +296,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
-    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES, help="eager and/or graphs")
+    p.add_argument("--modes", type=csv(timing.choice("mode", MODE_CHOICES)), default=MODES,
+                   help="comma list of eager, graphs, compiled (torch.compile, then graphs on CUDA) (default "
+                        "eager,graphs)")
     p.add_argument("--prompt", type=positive, default=8, help="prompt tokens (default 8)")
     p.add_argument("--tokens", type=positive, default=None, help="tokens decoded per run (default 64; 16 with --quick)")
     p.add_argument("--repeats", type=positive, default=None,

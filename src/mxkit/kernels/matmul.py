@@ -65,9 +65,18 @@ import torch
 
 from .. import reference
 from ..fold import Folded, can_fold, fold_reference, unfold_reference
-from ..formats import ElementFormat, Rounding, decode_elements
+from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight
 from ..tensor import MXTensor, check_out_dtype
+from .matmul_details._envelope import (
+    FOLD_EXP_LIMIT,
+    exact_scale_range,
+    host_ints,
+    in_range,
+    out_of_envelope,
+    scale_extrema,
+    scale_stats,
+)
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "prepared_call_a8w8",
            "pack_weight",
@@ -93,11 +102,6 @@ PATHS = {
 
 # the weight element kinds of the bf16-activation kernels (``W_KIND`` of matmul_details._mx_weight)
 W_KINDS = {"mxfp4_e2m1": 0, "mxfp8_e4m3": 1, "mxfp8_e5m2": 2, "mxint8": 3}
-
-# A folded row scale 2^e with |e| <= FOLD_EXP_LIMIT keeps cuBLAS' float32 epilogue (acc * scale_a * scale_b)
-# normal for every non-zero accumulator: |acc| lies in [2^-18, 2^32] (products of E4M3 values are multiples
-# of 2^-18), so acc * 2^(ea + eb) stays within [2^-126, 2^140] (overflow only where the true result does).
-FOLD_EXP_LIMIT = 54
 
 
 @dataclass(frozen=True)
@@ -199,57 +203,6 @@ def _decode_max_m(device: torch.device) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------
-# envelopes
-
-
-@functools.lru_cache(maxsize=None)
-def exact_scale_range(fmt: ElementFormat, dtype: torch.dtype) -> tuple[int, int]:
-    """The E8M0 bytes ``[lo, hi]`` for which every element value of ``fmt`` times 2^(s - 127) is finite and
-    exactly representable in ``dtype`` (derived by enumerating the element codes in float64).
-
-    Returns ``(1, 0)`` (an empty range) when no scale byte qualifies.
-    """
-    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
-    vals = decode_elements(codes, fmt).to(torch.float64)
-    vals = vals[torch.isfinite(vals)]
-    ok = []
-    for s in range(255):
-        v = vals * 2.0 ** (s - 127)
-        back = v.to(dtype).to(torch.float64)
-        ok.append(bool(torch.isfinite(back).all()) and bool(torch.equal(back, v)))
-    good = [s for s, g in enumerate(ok) if g]
-    if not good:
-        return 1, 0
-    lo, hi = good[0], good[-1]
-    assert all(ok[lo : hi + 1]), f"the exact range of {fmt.name} in {dtype} is not an interval"
-    return lo, hi
-
-
-def _scale_stats(scale: torch.Tensor) -> list[torch.Tensor]:
-    """0-dim device tensors: the smallest and largest E8M0 byte other than 0xFF, and whether a 0xFF occurs."""
-    s = scale.reshape(-1).to(torch.int16)
-    nan = s == 0xFF
-    if not s.numel():
-        return [s.new_tensor(255), s.new_tensor(-1), nan.any()]
-    return [torch.where(nan, 255, s).amin(), torch.where(nan, -1, s).amax(), nan.any()]
-
-
-def _host_ints(stats: list[torch.Tensor]) -> list[int]:
-    """The 0-dim tensors as host ints, in one sync."""
-    return torch.stack([t.to(torch.int32) for t in stats]).tolist()
-
-
-def _scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
-    """(smallest, largest) E8M0 byte other than 0xFF, and whether a 0xFF byte occurs (one host sync)."""
-    lo, hi, nan = _host_ints(_scale_stats(scale))
-    return lo, hi, bool(nan)
-
-
-def _in_range(lo: int, hi: int, rng: tuple[int, int]) -> bool:
-    return hi < lo or (rng[0] <= lo and hi <= rng[1])  # hi < lo: no finite scale at all
-
-
-# --------------------------------------------------------------------------------------------------------
 # packing
 
 
@@ -260,12 +213,6 @@ def _fold(q: MXTensor, defer: bool = False):
 
         return fold_triton(q, defer=defer)
     return fold_reference(q)
-
-
-def _out_of_envelope(scale: torch.Tensor) -> torch.Tensor:
-    """Rows whose folded scale 2^e has |e| > FOLD_EXP_LIMIT (NaN rows are not: NaN propagates as it should)."""
-    lim = 2.0 ** FOLD_EXP_LIMIT
-    return ~((scale >= 1.0 / lim) & (scale <= lim)) & ~torch.isnan(scale)
 
 
 def _to_host_async(flag: torch.Tensor):
@@ -308,7 +255,7 @@ def _check_weight(b: MXTensor) -> None:
 def _special_rows(f: Folded, rows: int) -> torch.Tensor:
     """Rows of a folded operand that the FP8 path cannot take: owners of extra slices, and non-zero rows whose
     scale exponent lies outside +-FOLD_EXP_LIMIT (one host sync)."""
-    cand = torch.nonzero(_out_of_envelope(f.scale[:rows])).flatten()
+    cand = torch.nonzero(out_of_envelope(f.scale[:rows])).flatten()
     if cand.numel():  # an all-zero row's product is 0 whatever its scale
         nonzero = (f.data[cand].view(torch.uint8) & 0x7F).amax(dim=1) > 0
         cand = cand[nonzero]
@@ -344,11 +291,11 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     mma_q, mma_s, stats = _pack_mma(w) if builds_mma else (None, None, None)
     # one host sync for everything the envelope needs: scale extrema (the decode layout's packing kernel makes
     # them on the way), NaN, rows to complete or route aside
-    stats = list(stats) if stats is not None else _scale_stats(w.scale)
+    stats = list(stats) if stats is not None else scale_stats(w.scale)
     if folded is not None:
-        stats.append(_out_of_envelope(folded.scale[: w.shape[0]]).any())
+        stats.append(out_of_envelope(folded.scale[: w.shape[0]]).any())
         stats.append(pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device))
-    lo, hi, has_nan, *rest = _host_ints(stats)
+    lo, hi, has_nan, *rest = host_ints(stats)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     if folded is not None:
         out_env, wide = rest
@@ -510,9 +457,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
     if kind == "mx" and _a8w8_ok(a.fmt, w, M, dev):
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
-    lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else _scale_extrema(w.scale)[:2])
+    lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else scale_extrema(w.scale)[:2])
     if kind == "mx" and dev.type == "cuda":  # a's scales are not read: the fix-up takes its rows outside
-        if not _in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
+        if not in_range(lo, hi, exact_scale_range(wf, torch.bfloat16)):
             return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: weight scale bytes [{lo}, {hi}] outside the "
                                       f"bf16-exact envelope")
         r0, r1 = exact_scale_range(a.fmt, torch.bfloat16)
@@ -520,8 +467,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                   f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
                                   f"exactly by the fix-up kernel")
     if kind == "mx":
-        alo, ahi, _ = _scale_extrema(a.scale)
-        if _in_range(alo, ahi, exact_scale_range(a.fmt, torch.bfloat16)) and _in_range(
+        alo, ahi, _ = scale_extrema(a.scale)
+        if in_range(alo, ahi, exact_scale_range(a.fmt, torch.bfloat16)) and in_range(
                 lo, hi, exact_scale_range(wf, torch.bfloat16)):
             return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: every value is exact in bf16 "
                                       f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
@@ -531,14 +478,14 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                   f"bf16 x packed {wf.name} (exact for every scale byte)")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
-        if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and _in_range(lo, hi, rng)
+        if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and in_range(lo, hi, rng)
                 and 0 < M <= _decode_max_m(dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
                                       f"bf16 x {wf.name}")
-        if _in_range(lo, hi, rng) and _wgmma_ok(a, w, M, dev):
+        if in_range(lo, hi, rng) and _wgmma_ok(a, w, M, dev):
             return plan("w4a16-wgmma", f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "
                                        f"kernel (scale bytes [{lo}, {hi}] exact in bf16)")
-        if _in_range(lo, hi, rng):
+        if in_range(lo, hi, rng):
             return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
                                        f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
         return plan("fp32-exact", f"{wf.name} weight scale bytes [{lo}, {hi}] outside the {a.dtype}-exact "
@@ -649,12 +596,14 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         # an MX a: a PendingFold on CUDA (it keeps its source), a complete Folded on the CPU
         fa = _fold(_plain(a), defer=True) if kind == "mx" else a
         if not isinstance(fa, Folded):  # deferred: the FP8 GEMM, then the fix-up kernel; no host sync
+            from .matmul_details._row_fixup import fixup
+
             y = _fp8_gemm(fa.folded.data[:M], fa.folded.scale[:M].reshape(M, 1), fb, N, out, bias)
-            _fixup(y, fa.source, pw.source, bias, M, N, K, fold=(fa.status, fa.folded.scale),
-                   special=pw.special_rows)
+            fixup(y, fa.source, pw.source, bias, M, N, K, fold=(fa.status, fa.folded.scale),
+                  special=pw.special_rows)
             return y.reshape(*lead, N)
         # a complete Folded: one host sync, after the GEMM is enqueued: whether any row needs the float32 route
-        flag_host, ready = _to_host_async(_out_of_envelope(fa.scale[:M]).any())
+        flag_host, ready = _to_host_async(out_of_envelope(fa.scale[:M]).any())
         y = _fp8_gemm(fa.data[:M], fa.scale[:M].reshape(M, 1), fb, N, out, bias)
         ready.synchronize()
         a_fix = bool(flag_host) or fa.owner.numel() > 0
@@ -695,7 +644,9 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         y = y.to(torch.float32) + bias.to(torch.float32)
     y = y.to(out)
     if path == "bf16-exact" and y.is_cuda:  # rows of a whose values bf16 does not hold exactly: recomputed
-        _fixup(y, a, w, bias, M, N, K)
+        from .matmul_details._row_fixup import fixup
+
+        fixup(y, a, w, bias, M, N, K)
     return y.reshape(*lead, N)
 
 
@@ -1001,80 +952,6 @@ def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
             return x.float() @ w.float().t()
 
 
-_FIXUP_BLOCKS = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K of the fix-up kernel (4 warps)
-
-
-def _fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: int, N: int, K: int, *,
-           fold: Optional[tuple] = None, special: Optional[torch.Tensor] = None) -> None:
-    """Overwrite in y [M, N] (contiguous rows), with the exact float32 product (+ bias) read from the MX bytes,
-    the elements a fast GEMM was not exact for (``matmul_details._row_fixup``; one launch, no host sync: tiles
-    without a flagged row or column exit after reading their flags). ``src``: a's MXTensor (plain scales), or
-    the :class:`~mxkit.kernels.fold.QuantizedRows` a deferred quantize-fold read; ``w``: the weight (plain).
-
-    fold: (status uint8 [M], row scale float32 [M]) of a's fold, after the fold path's FP8 GEMM: rows of status 1
-      or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows);
-      None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's bf16-exact range.
-    """
-    from .fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
-    from .quantize_details._common import element_spec
-
-    if not (M and N):
-        return
-    if isinstance(src, QuantizedRows):
-        aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
-        a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
-               ("MODE", _MODE[src.scale_mode]), ("AWAY", src.rounding is Rounding.AWAY))
-    else:
-        aq, a_s, a_fmt = _codes(src.qdata.reshape(M, -1), src.fmt), src.scale.reshape(M, -1), src.fmt
-        if not a_s.is_contiguous():
-            a_s = a_s.contiguous()
-        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(a_fmt)), ("MODE", 0), ("AWAY", False))
-    if fold is not None:
-        status, row_scale = fold
-        flag = (("FLAG", 0), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT))
-    else:
-        status = row_scale = y  # (unread)
-        flag = (("FLAG", 1),) + tuple(zip(("LO", "HI"), exact_scale_range(a_fmt, torch.bfloat16)))
-    cols = special is not None and special.numel() > 0
-    if cols:
-        cf = torch.zeros(N, dtype=torch.uint8, device=y.device)
-        cf[special.to(y.device)] = 1
-    bm, bn, bk = _FIXUP_BLOCKS
-    bf16 = y.is_cuda and not _interpret() and _bf16_exact_values(a_fmt) and _bf16_exact_values(w.fmt)
-    consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
-        ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
-        ("BLOCK_K", bk))
-    bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
-    tiles_m, tiles_n = -(-M // bm), -(-N // bn)
-    _fixup_launcher()((tiles_m, max(1, min(tiles_n, _fixup_programs(y.device) // tiles_m))),
-           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1).contiguous(),
-            cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
-
-
-@functools.lru_cache(maxsize=None)
-def _bf16_exact_values(f: ElementFormat) -> bool:
-    """Every value of ``f`` times any E8M0 factor is exact in bf16 wherever it is in float32 (FP4, FP6, INT8;
-    not FP8, whose smallest subnormals times 2^-127 fall below bf16's)."""
-    return exact_scale_range(f, torch.bfloat16) == exact_scale_range(f, torch.float32)
-
-
-def _codes(q: torch.Tensor, f: ElementFormat) -> torch.Tensor:
-    """MX code rows (uint8 [R, bytes]) as the fix-up reads them: bytes, FP6 as int32 words (copied where
-    unaligned or not contiguous)."""
-    if not q.is_contiguous() or (f.bits == 6 and q.data_ptr() % 4):
-        q = q.clone(memory_format=torch.contiguous_format)
-    return q.view(torch.int32) if f.bits == 6 else q
-
-
-@functools.lru_cache(maxsize=1)
-def _fixup_launcher():
-    """The fix-up kernel's bound direct launch, one per process."""
-    from . import launch
-    from .matmul_details import _row_fixup
-
-    return launch.BoundCache(launch._Launcher(_row_fixup, "_fixup_kernel"))
-
-
 def _mx_source(src) -> MXTensor:
     """The MXTensor a deferred fold was made from (a :class:`~mxkit.kernels.fold.QuantizedRows`: quantized now,
     mxkit.quantize's bytes)."""
@@ -1083,14 +960,6 @@ def _mx_source(src) -> MXTensor:
     from .quantize import quantize_triton
 
     return quantize_triton(src.x, src.fmt, axis=-1, scale_mode=src.scale_mode, rounding=src.rounding)
-
-
-@functools.lru_cache(maxsize=None)
-def _fixup_programs(device: torch.device) -> int:
-    """About two programs per SM (the fix-up's grid; the CPU interpreter: 4)."""
-    if device.type != "cuda":
-        return 4
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows: torch.Tensor,

@@ -31,7 +31,8 @@ import torch
 from ..moe_reference import check_moe_args, moe_reference
 from ..tensor import MXTensor
 from .launch import _Launcher
-from .matmul import W_KINDS, _host_ints, _scale_extrema, _scale_stats, exact_scale_range
+from .matmul import W_KINDS
+from .matmul_details._envelope import exact_scale_range, host_ints, scale_extrema, scale_stats
 from .matmul_details import _align, _moe_epilogue
 
 # direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
@@ -179,7 +180,7 @@ def _in_envelope(w: MXTensor) -> bool:
     s = w.scale
     hit = _EXTREMA.get(id(s))
     if hit is None or hit[0]() is not s or hit[1] != s._version:
-        lo, hi, _ = _scale_extrema(s)
+        lo, hi, _ = scale_extrema(s)
         if len(_EXTREMA) > 4096:
             _EXTREMA.clear()
         hit = (weakref.ref(s), s._version, lo, hi)
@@ -283,7 +284,7 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
         qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
     sc = sc.reshape(E * N, K // 32).contiguous()
     q, s, stats = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc, stats=True)
-    lo, hi, nan = _host_ints(stats if stats is not None else _scale_stats(sc))
+    lo, hi, nan = host_ints(stats if stats is not None else scale_stats(sc))
     # special: a byte 0 or 0xFF; one_mul: every byte <= 128
     return MmaExperts(q, s, (E, N, K), lo == 0 or bool(nan), interleave_halves, hi <= 128 and not nan,
                       _envelope_ok(w.fmt, lo, hi))

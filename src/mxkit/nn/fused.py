@@ -13,7 +13,8 @@ bound). The first part called with an input runs the fused GEMM and keeps its ou
 group has read it, for that very tensor object at that version (``x._version``: an in-place change between two
 parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
 parts' calls is not seen): parts called with different inputs each get a correct result. Under
-``torch.compile`` every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict
+``torch.compile`` a CUDA part runs outside the compiled graph (a graph break, as :class:`MXLinear` is), by the
+same rule; elsewhere every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict
 holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
@@ -68,6 +69,8 @@ class FusedMXLinear(nn.Module):
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Part i's output for input x (the module docstring's reuse rule)."""
+        if torch.compiler.is_compiling() and x.is_cuda:
+            return _eager_output(self, x, i)
         if torch.compiler.is_compiling():
             y = self.fused(x)
         else:
@@ -90,6 +93,12 @@ class FusedMXLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"splits={self.splits}"
+
+
+@torch.compiler.disable
+def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor:
+    """``group.output(x, i)`` outside torch.compile's graph (the reuse rule holds: one GEMM per group)."""
+    return group.output(x, i)
 
 
 class FusedPart(nn.Module):

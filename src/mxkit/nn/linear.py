@@ -179,6 +179,8 @@ class MXLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed, act = self._packed, self.act_format
+        if torch.compiler.is_compiling() and x.is_cuda:
+            return _eager_forward(self, x)  # the CUDA GEMMs launch through ctypes: run eagerly, a graph break
         if act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda \
                 and not torch.compiler.is_compiling():
             bias = self.bias  # the eager hot path (decode): what matmul's own fast path runs, minus its checks
@@ -228,6 +230,14 @@ class MXLinear(nn.Module):
             f"weight_format={self.weight_format.name}, act_format={act}, scale_mode={self.scale_mode.value}, "
             f"rounding={self.rounding.value}, block_size={self.block_size}"
         )
+
+
+@torch.compiler.disable
+def _eager_forward(module: MXLinear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` outside torch.compile's graph: under ``torch.compile`` a CUDA MXLinear is a graph break (its
+    kernels launch through the driver API, which dynamo does not trace); the code around it is compiled and a
+    CUDA graph of the whole step still records its launches."""
+    return module.forward(x)
 
 
 @dataclass

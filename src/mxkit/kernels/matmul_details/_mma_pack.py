@@ -81,8 +81,8 @@ _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
 
 def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False) -> tuple:
     """``pack_mma``'s (q, s) in one kernel. qdata uint8 [N, K / 2] (4-byte aligned), scale uint8 [N, K / 32],
-    both contiguous. ``stats``: also the scale statistics of :func:`mxkit.kernels.matmul._scale_stats` (a list of
-    0-dim int32 device tensors: the smallest and the largest byte other than 0xFF, 255 / -1 when there is none,
+    both contiguous. ``stats``: also the scale statistics of :func:`._envelope.scale_stats` (a list of 0-dim
+    int32 device tensors: the smallest and the largest byte other than 0xFF, 255 / -1 when there is none,
     whether a 0xFF occurs), from the kernel's per-program partials."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     R, T = N // 16, K // 64

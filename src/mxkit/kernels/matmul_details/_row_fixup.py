@@ -1,5 +1,5 @@
-"""``@triton.jit`` body of the exact fix-up of the fold and bf16-exact paths (launcher:
-``mxkit.kernels.matmul._fixup``; reference twin: the float32 route, ``reference_gemm``).
+"""The exact fix-up of the fold and bf16-exact paths: its ``@triton.jit`` body and its launcher :func:`fixup`
+(called by :func:`mxkit.kernels.matmul.run_gemm`; reference twin: the float32 route, ``reference_gemm``).
 
 Both paths run every row of ``a`` through a fast GEMM that is exact for almost all of them, and this kernel
 then overwrites, without a host sync, the output elements of the rows it was not exact for:
@@ -26,10 +26,19 @@ unfaithful, always takes the float32 dot. Row offsets are int64.
 
 from __future__ import annotations
 
+import functools
+import sys
+from typing import Optional
+
+import torch
 import triton
 import triton.language as tl
 
+from ...formats import ElementFormat, Rounding
+from ...tensor import MXTensor
 from ..fold_details._fold import _quantize_chunk
+from ..quantize_details._common import element_spec
+from ._envelope import FOLD_EXP_LIMIT, exact_scale_range
 from ..quantize_details._codecs import _decode
 from ..quantize_details._dequantize import _load_codes
 
@@ -114,3 +123,87 @@ def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr,
                 _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, cols, cmask, cflag,
                             K, ldy, A_X, IN_KIND, A_FMT, MODE, AWAY, W_FMT, HAS_BIAS, DOT_BF16, BLOCK_M, BLOCK_N,
                             BLOCK_K)
+
+
+# --------------------------------------------------------------------------------------------------------
+# launcher
+
+
+FIXUP_BLOCKS = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K of the fix-up kernel (4 warps)
+
+
+def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: int, N: int, K: int, *,
+           fold: Optional[tuple] = None, special: Optional[torch.Tensor] = None) -> None:
+    """Overwrite in y [M, N] (contiguous rows), with the exact float32 product (+ bias) read from the MX bytes,
+    the elements a fast GEMM was not exact for (``matmul_details._row_fixup``; one launch, no host sync: tiles
+    without a flagged row or column exit after reading their flags). ``src``: a's MXTensor (plain scales), or
+    the :class:`~mxkit.kernels.fold.QuantizedRows` a deferred quantize-fold read; ``w``: the weight (plain).
+
+    fold: (status uint8 [M], row scale float32 [M]) of a's fold, after the fold path's FP8 GEMM: rows of status 1
+      or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows);
+      None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's bf16-exact range.
+    """
+    from ..fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
+
+    if not (M and N):
+        return
+    if isinstance(src, QuantizedRows):
+        aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
+        a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
+               ("MODE", _MODE[src.scale_mode]), ("AWAY", src.rounding is Rounding.AWAY))
+    else:
+        aq, a_s, a_fmt = _codes(src.qdata.reshape(M, -1), src.fmt), src.scale.reshape(M, -1), src.fmt
+        if not a_s.is_contiguous():
+            a_s = a_s.contiguous()
+        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(a_fmt)), ("MODE", 0), ("AWAY", False))
+    if fold is not None:
+        status, row_scale = fold
+        flag = (("FLAG", 0), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT))
+    else:
+        status = row_scale = y  # (unread)
+        flag = (("FLAG", 1),) + tuple(zip(("LO", "HI"), exact_scale_range(a_fmt, torch.bfloat16)))
+    cols = special is not None and special.numel() > 0
+    if cols:
+        cf = torch.zeros(N, dtype=torch.uint8, device=y.device)
+        cf[special.to(y.device)] = 1
+    bm, bn, bk = FIXUP_BLOCKS
+    bf16 = y.is_cuda and not _interpret() and bf16_exact_values(a_fmt) and bf16_exact_values(w.fmt)
+    consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
+        ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
+        ("BLOCK_K", bk))
+    bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
+    tiles_m, tiles_n = -(-M // bm), -(-N // bn)
+    _launcher()((tiles_m, max(1, min(tiles_n, _programs(y.device) // tiles_m))),
+           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1).contiguous(),
+            cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_exact_values(f: ElementFormat) -> bool:
+    """Every value of ``f`` times any E8M0 factor is exact in bf16 wherever it is in float32 (FP4, FP6, INT8;
+    not FP8, whose smallest subnormals times 2^-127 fall below bf16's)."""
+    return exact_scale_range(f, torch.bfloat16) == exact_scale_range(f, torch.float32)
+
+
+def _codes(q: torch.Tensor, f: ElementFormat) -> torch.Tensor:
+    """MX code rows (uint8 [R, bytes]) as the fix-up reads them: bytes, FP6 as int32 words (copied where
+    unaligned or not contiguous)."""
+    if not q.is_contiguous() or (f.bits == 6 and q.data_ptr() % 4):
+        q = q.clone(memory_format=torch.contiguous_format)
+    return q.view(torch.int32) if f.bits == 6 else q
+
+
+@functools.lru_cache(maxsize=1)
+def _launcher():
+    """The fix-up kernel's bound direct launch, one per process."""
+    from .. import launch
+
+    return launch.BoundCache(launch._Launcher(sys.modules[__name__], "_fixup_kernel"))
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(device: torch.device) -> int:
+    """About two programs per SM (the fix-up's grid; the CPU interpreter: 4)."""
+    if device.type != "cuda":
+        return 4
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count

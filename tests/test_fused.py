@@ -147,12 +147,14 @@ def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("fuse", [False, True])
-def test_gpu_llama_under_torch_compile(fuse, rng):
-    """torch.compile of a quantized (and fused) Llama on the GPU: each MXLinear / fused part is a graph break
-    that runs the eager kernels (their driver-API launches are not traceable): the compiled model's logits are
-    the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once where eager
-    rounds each op), and a fused group still runs one GEMM per input (decode-mma launches counted)."""
+@pytest.mark.parametrize("fuse,mode", [(False, None), (False, "reduce-overhead"), (True, None)])
+def test_gpu_llama_under_torch_compile(fuse, mode, rng):
+    """torch.compile of a quantized (and fused) Llama on the GPU: an MXLinear is one custom op
+    (``mxkit::mx_linear``, so ``fullgraph=True`` and ``mode="reduce-overhead"`` work), a fused part a graph
+    break; both run the eager kernels (their driver-API launches are not traceable). The compiled model's
+    logits are the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once
+    where eager rounds each op), and a fused group still runs one GEMM per input (decode-mma launches
+    counted)."""
     transformers = pytest.importorskip("transformers")
     from mxkit.kernels import matmul as kmm
 
@@ -162,11 +164,17 @@ def test_gpu_llama_under_torch_compile(fuse, rng):
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False, fuse=fuse)
     ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
-    compiled = torch.compile(model, dynamic=False)
+    compiled = torch.compile(model, dynamic=False, fullgraph=not fuse, mode=mode)
     with torch.no_grad():
         want = model(ids).logits
         got = compiled(ids).logits
         torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+        if mode is not None:  # CUDA graphs of the compiled model: replays with new token ids
+            for _ in range(2):
+                ids2 = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+                torch.testing.assert_close(compiled(ids2).logits.float(), model(ids2).logits.float(), rtol=3e-2,
+                                           atol=3e-2)
+            return
         calls = []
         real = kmm._MmaCall.__call__
 

@@ -277,3 +277,36 @@ def test_mxlinear_cuda_matches_cpu():
 def test_layer_report_as_dict():
     r = LayerReport("a", 2, 32, "quantized", qsnr_db=1.0)
     assert r.numel == 64 and r.as_dict()["qsnr_db"] == 1.0
+
+
+def test_mx_linear_custom_op_handles_and_fake(rng):
+    """``mxkit::mx_linear`` (torch.compile's view of a CUDA MXLinear): the handle reaches the module that owns it
+    (a deep copy gets its own), the op's kernel is the module's forward (bit for bit), its fake gives the shape
+    and dtype, a handle whose module is gone is a clear error; and the op traces under torch.compile
+    (fullgraph, the aot_eager backend: no compiler needed on CPU) with the eager bytes."""
+    import gc
+
+    from mxkit.nn.linear import _OPS
+
+    lin = nn.Linear(64, 48, bias=True)
+    m = MXLinear.from_linear(lin, "mxfp4")
+    twin = copy.deepcopy(m)
+    assert twin._op_handle != m._op_handle and _OPS[twin._op_handle]() is twin and _OPS[m._op_handle]() is m
+    x = torch.randn(2, 3, 64, generator=rng)
+    with torch.no_grad():
+        want = m(x)
+        assert torch.equal(torch.ops.mxkit.mx_linear(x, m._op_handle), want)
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        xb = x.to(torch.bfloat16)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.mxkit.mx_linear(mode.from_tensor(xb), m._op_handle)
+        assert fake.shape == (2, 3, 48) and fake.dtype == torch.bfloat16
+        got = torch.compile(lambda t: torch.ops.mxkit.mx_linear(t, m._op_handle), fullgraph=True,
+                            backend="aot_eager")(x)
+        assert torch.equal(got, want)
+    h = twin._op_handle
+    del twin
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"handle {h} no longer exists"):
+        torch.ops.mxkit.mx_linear(x, h)

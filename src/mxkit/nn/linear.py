@@ -15,13 +15,21 @@ folded in one pass (:func:`mxkit.quantize_fold`) and runs on the FP8 tensor core
 On CUDA the weight is packed once (:func:`mxkit.pack_weight`: FP4 / FP6 weights folded to FP8 E4M3 with
 row scales) when the module is built by :meth:`MXLinear.from_linear`, moved by ``.to()`` or loaded by
 ``load_state_dict``; the packed copy is not part of the ``state_dict`` (it is rebuilt from the MX bytes).
+
+Under ``torch.compile`` (inference: no gradient to the input or the bias) a CUDA MXLinear is one opaque
+custom op, ``mxkit::mx_linear(x, handle)``, whose kernel is this module's eager forward (the GEMM kernels
+launch through the driver API, which dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"``
+work, and the module's weights are not graph inputs. ``handle`` is the module's process-local id
+(:data:`_OPS`); a deep copy or an unpickled module gets its own. With gradients it is a graph break instead.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import math
 import warnings
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Optional, Union
 
@@ -114,6 +122,11 @@ class MXLinear(nn.Module):
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
         self.register_load_state_dict_post_hook(_repack_after_load)
+        _register_op_handle(self)
+
+    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
+        super().__setstate__(state)
+        _register_op_handle(self)
 
     def repack(self) -> None:
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
@@ -180,7 +193,12 @@ class MXLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed, act = self._packed, self.act_format
         if torch.compiler.is_compiling() and x.is_cuda:
-            return _eager_forward(self, x)  # the CUDA GEMMs launch through ctypes: run eagerly, a graph break
+            # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque op
+            # for inference, a graph break where autograd needs the input's or the bias' gradient
+            bias = self.bias
+            if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                return _eager_forward(self, x)
+            return torch.ops.mxkit.mx_linear(x, self._op_handle)
         if act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda \
                 and not torch.compiler.is_compiling():
             bias = self.bias  # the eager hot path (decode): what matmul's own fast path runs, minus its checks
@@ -234,10 +252,40 @@ class MXLinear(nn.Module):
 
 @torch.compiler.disable
 def _eager_forward(module: MXLinear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` outside torch.compile's graph: under ``torch.compile`` a CUDA MXLinear is a graph break (its
-    kernels launch through the driver API, which dynamo does not trace); the code around it is compiled and a
-    CUDA graph of the whole step still records its launches."""
+    """``module(x)`` outside torch.compile's graph (a graph break: the training case of the module docstring)."""
     return module.forward(x)
+
+
+# the MXLinear modules the custom op can reach, by handle (weak: a module that is gone drops out)
+_OPS: dict[int, "weakref.ref[MXLinear]"] = {}
+_OP_IDS = itertools.count(1)
+
+
+def _register_op_handle(module: MXLinear) -> None:
+    h = next(_OP_IDS)
+    _OPS[h] = weakref.ref(module)
+    weakref.finalize(module, _OPS.pop, h, None)
+    module.__dict__["_op_handle"] = h  # a plain int attribute: a constant in the compiled graph
+
+
+def _op_module(handle: int) -> MXLinear:
+    m = _OPS.get(handle)
+    m = m() if m is not None else None
+    if m is None:
+        raise RuntimeError(f"mxkit::mx_linear: the MXLinear of handle {handle} no longer exists")
+    return m
+
+
+@torch.library.custom_op("mxkit::mx_linear", mutates_args=())
+def _mx_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """``module(x)`` of the MXLinear of ``handle``, eagerly (its CUDA kernels): torch.compile's view of a CUDA
+    MXLinear. Returns (..., out_features) in x's dtype."""
+    return _op_module(handle).forward(x)  # (a new tensor: no path returns a view of x)
+
+
+@_mx_linear_op.register_fake
+def _mx_linear_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _op_module(handle).out_features))
 
 
 @dataclass

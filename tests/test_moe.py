@@ -853,3 +853,53 @@ def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
     half = MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="fp8_e4m3_rowwise")
     with pytest.raises(NotImplementedError, match="expert parallelism"):
         half(x)
+
+
+@torch.no_grad()
+def test_mx_moe_custom_op(rng):
+    """``mxkit::mx_moe`` (torch.compile's view of a CUDA MXMoE's experts): the op's kernel is the module's expert
+    computation on the given logits (bit for bit), its fake has x's shape and dtype, it traces under
+    torch.compile (fullgraph, aot_eager: no compiler needed on CPU), and a deep copy gets its own handle."""
+    dense = (torch.randn(4, 2 * I, H, generator=rng), torch.randn(4, 2 * I, generator=rng),
+             torch.randn(4, H, I, generator=rng), torch.randn(4, H, generator=rng))
+    m = MXMoE.from_dense(nn.Linear(H, 4), *dense, 2, "mxfp4")
+    twin = copy.deepcopy(m)
+    assert twin._op_handle != m._op_handle
+    x = torch.randn(5, H, generator=rng)
+    logits = m.router(x)
+    want = m(x)
+    assert torch.equal(torch.ops.mxkit.mx_moe(x, logits, m._op_handle), want)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    xb, lb = x.to(torch.bfloat16), logits.to(torch.bfloat16)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.mxkit.mx_moe(mode.from_tensor(xb), mode.from_tensor(lb), m._op_handle)
+    assert fake.shape == (5, H) and fake.dtype == torch.bfloat16
+    got = torch.compile(lambda t, lg: torch.ops.mxkit.mx_moe(t, lg, twin._op_handle), fullgraph=True,
+                        backend="aot_eager")(x, logits)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_gpu_gpt_oss_under_torch_compile(mode, rng):
+    """GptOssForCausalLM on the GPU (bf16) with its experts swapped for MXMoE, under torch.compile: each MXMoE's
+    experts are one custom op (an MXMoE alone compiles with fullgraph=True), and the compiled model's logits are
+    the eager swapped model's within bf16 tolerance (Inductor fuses the bf16 elementwise work differently), also
+    replayed as CUDA graphs with mode="reduce-overhead"."""
+    hf = tiny_gpt_oss(rng)
+    swapped = swap_gpt_oss_moe(hf, "mxfp4_e2m1").to("cuda", torch.bfloat16).eval()
+    mlp = swapped.model.layers[0].mlp
+    with torch.no_grad():
+        x = torch.randn(3, 64, generator=rng).to("cuda", torch.bfloat16)
+        y, scores = mlp(x)
+        cy, cscores = torch.compile(mlp, fullgraph=True)(x)
+        torch.testing.assert_close(cy.float(), y.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(cscores.float(), scores.float(), rtol=2e-2, atol=2e-2)
+        compiled = torch.compile(swapped, mode=mode)
+        for _ in range(3):
+            ids = torch.randint(0, 128, (2, 5), generator=rng).cuda()
+            want = swapped(ids).logits.float()
+            got = compiled(ids).logits.float()
+            assert _bf16_rows_off(got, want) <= 1  # (a router near-tie may pick another expert)

@@ -286,12 +286,13 @@ def test_mx_linear_custom_op_handles_and_fake(rng):
     (fullgraph, the aot_eager backend: no compiler needed on CPU) with the eager bytes."""
     import gc
 
-    from mxkit.nn.linear import _OPS
+    from mxkit.nn._ops import _MODULES
 
     lin = nn.Linear(64, 48, bias=True)
     m = MXLinear.from_linear(lin, "mxfp4")
     twin = copy.deepcopy(m)
-    assert twin._op_handle != m._op_handle and _OPS[twin._op_handle]() is twin and _OPS[m._op_handle]() is m
+    assert twin._op_handle != m._op_handle and _MODULES[twin._op_handle]() is twin
+    assert _MODULES[m._op_handle]() is m
     x = torch.randn(2, 3, 64, generator=rng)
     with torch.no_grad():
         want = m(x)
@@ -308,5 +309,5 @@ def test_mx_linear_custom_op_handles_and_fake(rng):
     h = twin._op_handle
     del twin
     gc.collect()
-    with pytest.raises(RuntimeError, match=f"handle {h} no longer exists"):
+    with pytest.raises(RuntimeError, match=f"mx_linear: the module of handle {h} no longer exists"):
         torch.ops.mxkit.mx_linear(x, h)

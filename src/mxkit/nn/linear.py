@@ -20,16 +20,15 @@ Under ``torch.compile`` (inference: no gradient to the input or the bias) a CUDA
 custom op, ``mxkit::mx_linear(x, handle)``, whose kernel is this module's eager forward (the GEMM kernels
 launch through the driver API, which dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"``
 work, and the module's weights are not graph inputs. ``handle`` is the module's process-local id
-(:data:`_OPS`); a deep copy or an unpickled module gets its own. With gradients it is a graph break instead.
+(:mod:`mxkit.nn._ops`); a deep copy or an unpickled module gets its own. With gradients it is a graph break
+instead.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import itertools
 import math
 import warnings
-import weakref
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Optional, Union
 
@@ -42,6 +41,7 @@ from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode
 from ..packed import PackedWeight
 from ..tensor import MXTensor
 from ..kernels.matmul import a8w8_linear, prepared_call, prepared_call_a8w8
+from . import _ops
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
 
@@ -122,11 +122,11 @@ class MXLinear(nn.Module):
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
         self.register_load_state_dict_post_hook(_repack_after_load)
-        _register_op_handle(self)
+        _ops.register(self)
 
     def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
         super().__setstate__(state)
-        _register_op_handle(self)
+        _ops.register(self)
 
     def repack(self) -> None:
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
@@ -192,15 +192,15 @@ class MXLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed, act = self._packed, self.act_format
-        if torch.compiler.is_compiling() and x.is_cuda:
-            # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque op
-            # for inference, a graph break where autograd needs the input's or the bias' gradient
-            bias = self.bias
-            if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-                return _eager_forward(self, x)
-            return torch.ops.mxkit.mx_linear(x, self._op_handle)
-        if act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda \
-                and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            if x.is_cuda:
+                # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque
+                # op for inference, a graph break where autograd needs the input's or the bias' gradient
+                bias = self.bias
+                if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                    return _eager_forward(self, x)
+                return torch.ops.mxkit.mx_linear(x, self._op_handle)
+        elif act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda:
             bias = self.bias  # the eager hot path (decode): what matmul's own fast path runs, minus its checks
             if bias is None or not (bias.requires_grad and torch.is_grad_enabled()):
                 return prepared_call(x, packed, x.dtype, bias)(x, bias)
@@ -256,36 +256,17 @@ def _eager_forward(module: MXLinear, x: torch.Tensor) -> torch.Tensor:
     return module.forward(x)
 
 
-# the MXLinear modules the custom op can reach, by handle (weak: a module that is gone drops out)
-_OPS: dict[int, "weakref.ref[MXLinear]"] = {}
-_OP_IDS = itertools.count(1)
-
-
-def _register_op_handle(module: MXLinear) -> None:
-    h = next(_OP_IDS)
-    _OPS[h] = weakref.ref(module)
-    weakref.finalize(module, _OPS.pop, h, None)
-    module.__dict__["_op_handle"] = h  # a plain int attribute: a constant in the compiled graph
-
-
-def _op_module(handle: int) -> MXLinear:
-    m = _OPS.get(handle)
-    m = m() if m is not None else None
-    if m is None:
-        raise RuntimeError(f"mxkit::mx_linear: the MXLinear of handle {handle} no longer exists")
-    return m
-
 
 @torch.library.custom_op("mxkit::mx_linear", mutates_args=())
 def _mx_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
     """``module(x)`` of the MXLinear of ``handle``, eagerly (its CUDA kernels): torch.compile's view of a CUDA
     MXLinear. Returns (..., out_features) in x's dtype."""
-    return _op_module(handle).forward(x)  # (a new tensor: no path returns a view of x)
+    return _ops.module_of(handle, "mx_linear").forward(x)  # (a new tensor: no path returns a view of x)
 
 
 @_mx_linear_op.register_fake
 def _mx_linear_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], _op_module(handle).out_features))
+    return x.new_empty((*x.shape[:-1], _ops.module_of(handle, "mx_linear").out_features))
 
 
 @dataclass

@@ -28,6 +28,11 @@ FP8 grouped GEMMs read, ``gate_up_row_scale`` (E, 2I) float32 their power-of-two
 ``state_dict()``. The experts then take twice their MXFP4 size (the E4M3 bytes) instead of three times (the
 MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183.
 
+Under ``torch.compile`` (inference: no gradient to x or the router) a CUDA MXMoE's experts are one opaque custom
+op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the module's eager
+expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
+``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included).
+
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
 set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the group.
@@ -52,6 +57,7 @@ from ..moe_reference import (
 )
 from ..ops import dequantize, quantize
 from ..tensor import MXTensor
+from . import _ops
 from .linear import _set_submodule
 
 __all__ = ["MXMoE", "swap_gpt_oss_moe"]
@@ -153,12 +159,17 @@ class MXMoE(nn.Module):
             self.register_buffer(f"{name}_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
         self.register_state_dict_post_hook(_checkpoint_layout_state)
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
+        _ops.register(self)
         if bias:
             self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
             self.down_bias = nn.Parameter(torch.zeros(hi - lo, H, **f))
         else:
             self.register_parameter("gate_up_bias", None)
             self.register_parameter("down_bias", None)
+
+    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
+        super().__setstate__(state)
+        _ops.register(self)
 
     def _expert_shapes(self, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         return (n, 2 * self.intermediate_size, self.hidden_size), (n, self.hidden_size, self.intermediate_size)
@@ -456,11 +467,21 @@ class MXMoE(nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = self.router(x)
+        if torch.compiler.is_compiling() and x.is_cuda:
+            # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
+            # a graph break where autograd needs x's or the router's gradient
+            if torch.is_grad_enabled() and (x.requires_grad or logits.requires_grad):
+                return self._result(_eager_experts(self, x, logits), logits)
+            return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
+        return self._result(self._experts(x, logits), logits)
+
+    def _experts(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router)."""
         y = self._forward_packed(x, logits)
         if y is None:
             y = self._forward_folded(x, logits)
         if y is not None:
-            return self._result(y, logits)
+            return y
         args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
         kw = dict(routing=self.routing, activation=self.activation, backend=self.backend)
         if self.act_format is not None:
@@ -473,7 +494,7 @@ class MXMoE(nn.Module):
             partial = self.expert_range != (0, self.num_experts)
             y = moe(*args, expert_range=self.expert_range if partial else None, packed=self._packed_experts(x),
                     **kw)
-        return self._result(y, logits)
+        return y
 
     def _result(self, y: torch.Tensor, logits: torch.Tensor):
         if not self.return_router_scores:
@@ -577,6 +598,24 @@ class MXMoE(nn.Module):
                 f"weight_format={self.weight_format.name}, routing={self.routing}, activation={self.activation}, "
                 f"bias={self.gate_up_bias is not None}, expert_layout={self.expert_layout}"
                 + (f", act_format={self.act_format}" if self.act_format else ""))
+
+
+@torch.compiler.disable
+def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
+    return module._experts(x, logits)
+
+
+@torch.library.custom_op("mxkit::mx_moe", mutates_args=())
+def _mx_moe_op(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
+    """The experts of the MXMoE of ``handle`` on x (..., H) routed by ``router_logits`` (..., E), eagerly (its
+    CUDA kernels): torch.compile's view of a CUDA MXMoE. Returns (..., H) in x's dtype."""
+    return _ops.module_of(handle, "mx_moe")._experts(x, router_logits)
+
+
+@_mx_moe_op.register_fake
+def _mx_moe_fake(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:

@@ -1,0 +1,33 @@
+"""How ``torch.compile`` reaches mxkit's CUDA modules: each :class:`~mxkit.nn.MXLinear` / :class:`~mxkit.nn.MXMoE`
+gets a process-local integer handle at construction (and a new one when deep-copied or unpickled), and its
+custom op (``mxkit::mx_linear``, ``mxkit::mx_moe``) finds the module by that handle and runs its eager forward:
+the kernels launch through the driver API, which dynamo does not trace, so to a compiled graph each module is
+one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from torch import nn
+
+_MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
+_IDS = itertools.count(1)
+
+
+def register(module: nn.Module) -> None:
+    """Give ``module`` a new handle (``module._op_handle``)."""
+    h = next(_IDS)
+    _MODULES[h] = weakref.ref(module)
+    weakref.finalize(module, _MODULES.pop, h, None)
+    module.__dict__["_op_handle"] = h
+
+
+def module_of(handle: int, op: str) -> nn.Module:
+    """The module of ``handle``; RuntimeError (naming the op) when it no longer exists."""
+    m = _MODULES.get(handle)
+    m = m() if m is not None else None
+    if m is None:
+        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
+    return m

@@ -882,12 +882,11 @@ def test_mx_moe_custom_op(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
-def test_gpu_gpt_oss_under_torch_compile(mode, rng):
+def test_gpu_gpt_oss_under_torch_compile(rng):
     """GptOssForCausalLM on the GPU (bf16) with its experts swapped for MXMoE, under torch.compile: each MXMoE's
     experts are one custom op (an MXMoE alone compiles with fullgraph=True), and the compiled model's logits are
-    the eager swapped model's within bf16 tolerance (Inductor fuses the bf16 elementwise work differently), also
-    replayed as CUDA graphs with mode="reduce-overhead"."""
+    the eager swapped model's within bf16 tolerance (Inductor fuses the bf16 elementwise work differently).
+    (mode="reduce-overhead" passed on an H100 too, session 28; left out here: minutes of compiling.)"""
     hf = tiny_gpt_oss(rng)
     swapped = swap_gpt_oss_moe(hf, "mxfp4_e2m1").to("cuda", torch.bfloat16).eval()
     mlp = swapped.model.layers[0].mlp
@@ -897,8 +896,8 @@ def test_gpu_gpt_oss_under_torch_compile(mode, rng):
         cy, cscores = torch.compile(mlp, fullgraph=True)(x)
         torch.testing.assert_close(cy.float(), y.float(), rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(cscores.float(), scores.float(), rtol=2e-2, atol=2e-2)
-        compiled = torch.compile(swapped, mode=mode)
-        for _ in range(3):
+        compiled = torch.compile(swapped)
+        for _ in range(2):
             ids = torch.randint(0, 128, (2, 5), generator=rng).cuda()
             want = swapped(ids).logits.float()
             got = compiled(ids).logits.float()

@@ -147,14 +147,14 @@ def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("fuse,mode", [(False, None), (False, "reduce-overhead"), (True, None)])
+@pytest.mark.parametrize("fuse,mode", [(False, None), (False, "reduce-overhead"), (True, None),
+                                       (True, "reduce-overhead")])
 def test_gpu_llama_under_torch_compile(fuse, mode, rng):
-    """torch.compile of a quantized (and fused) Llama on the GPU: an MXLinear is one custom op
-    (``mxkit::mx_linear``, so ``fullgraph=True`` and ``mode="reduce-overhead"`` work), a fused part a graph
-    break; both run the eager kernels (their driver-API launches are not traceable). The compiled model's
-    logits are the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once
-    where eager rounds each op), and a fused group still runs one GEMM per input (decode-mma launches
-    counted)."""
+    """torch.compile(fullgraph=True) of a quantized (and fused) Llama on the GPU: an MXLinear is one custom op
+    (``mxkit::mx_linear``), a fused part too (``mxkit::mx_fused_part``); both run the eager kernels (their
+    driver-API launches are not traceable), also under ``mode="reduce-overhead"``. The compiled model's logits
+    are the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once where
+    eager rounds each op), and a fused group still runs one GEMM per input (decode-mma launches counted)."""
     transformers = pytest.importorskip("transformers")
     from mxkit.kernels import matmul as kmm
 
@@ -164,7 +164,7 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False, fuse=fuse)
     ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
-    compiled = torch.compile(model, dynamic=False, fullgraph=not fuse, mode=mode)
+    compiled = torch.compile(model, dynamic=False, fullgraph=True, mode=mode)
     with torch.no_grad():
         want = model(ids).logits
         got = compiled(ids).logits
@@ -188,3 +188,25 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
         finally:
             kmm._MmaCall.__call__ = real
     assert len(calls) == 2 * (4 if fuse else 7)  # per layer: qkv, o, gate_up, down fused; else 7 projections
+
+
+def test_fused_part_custom_op(rng):
+    """``mxkit::mx_fused_part`` (torch.compile's view of a CUDA fused part): under torch.compile (fullgraph, the
+    aot_eager backend: no compiler on CPU) three part ops on one input run one fused GEMM and give each part's
+    columns, bit for bit; the fake has the part's shape and the strides of its view of the fused output."""
+    layers = [MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16, 16)]
+    group = FusedMXLinear(layers)
+    x = torch.randn(3, 64, generator=rng)
+    with torch.no_grad():
+        want = group(x)
+        calls = []
+        real = group.fused.forward
+        group.fused.forward = lambda t: calls.append(1) or real(t)
+        ops = [lambda t, i=i: torch.ops.mxkit.mx_fused_part(t, group._op_handle, i) for i in range(3)]
+        got = torch.compile(lambda t: tuple(op(t) for op in ops), fullgraph=True, backend="aot_eager")(x)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and len(calls) == 1
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.ops.mxkit.mx_fused_part(mode.from_tensor(x), group._op_handle, 1)
+    assert fake.shape == (3, 16) and fake.stride() == (64, 1) == want[1].stride()

@@ -13,8 +13,11 @@ bound). The first part called with an input runs the fused GEMM and keeps its ou
 group has read it, for that very tensor object at that version (``x._version``: an in-place change between two
 parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
 parts' calls is not seen): parts called with different inputs each get a correct result. Under
-``torch.compile`` a CUDA part runs outside the compiled graph (a graph break, as :class:`MXLinear` is), by the
-same rule; elsewhere every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict
+``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
+(:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the
+part's output is its view of the fused output, and the op's fake gives that view's strides): ``fullgraph=True``
+and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every part runs the
+fused GEMM itself (correct; nothing is kept between calls). The state_dict
 holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
@@ -26,6 +29,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from . import _ops
 from .linear import MXLinear
 
 __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
@@ -66,11 +70,19 @@ class FusedMXLinear(nn.Module):
                 self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
         self.fused.repack()
         self._last = None  # [weakref to x, x._version, fused(x), parts served]
+        _ops.register(self)
+
+    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
+        super().__setstate__(state)
+        _ops.register(self)
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Part i's output for input x (the module docstring's reuse rule)."""
         if torch.compiler.is_compiling() and x.is_cuda:
-            return _eager_output(self, x, i)
+            bias = self.fused.bias
+            if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                return _eager_output(self, x, i)
+            return torch.ops.mxkit.mx_fused_part(x, self._op_handle, i)
         if torch.compiler.is_compiling():
             y = self.fused(x)
         else:
@@ -97,8 +109,26 @@ class FusedMXLinear(nn.Module):
 
 @torch.compiler.disable
 def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor:
-    """``group.output(x, i)`` outside torch.compile's graph (the reuse rule holds: one GEMM per group)."""
+    """``group.output(x, i)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return group.output(x, i)
+
+
+@torch.library.custom_op("mxkit::mx_fused_part", mutates_args=())
+def _fused_part_op(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
+    """Part ``i``'s output of the FusedMXLinear of ``handle`` for x (its eager ``output``: one fused GEMM per
+    group and input, kept until every part has read it). Returns (..., splits[i]) in x's dtype: a view of the
+    fused output, with the strides the fake gives."""
+    return _ops.module_of(handle, "mx_fused_part").output(x, i)
+
+
+@_fused_part_op.register_fake
+def _fused_part_fake(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
+    g = _ops.module_of(handle, "mx_fused_part")
+    full = (*x.shape[:-1], sum(g.splits))  # the fused output (contiguous), of which the part is a column slice
+    strides = [1] * len(full)
+    for d in range(len(full) - 2, -1, -1):
+        strides[d] = strides[d + 1] * full[d + 1]
+    return x.new_empty_strided((*x.shape[:-1], g.splits[i]), strides)
 
 
 class FusedPart(nn.Module):

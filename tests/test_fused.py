@@ -210,3 +210,21 @@ def test_fused_part_custom_op(rng):
     with FakeTensorMode() as mode:
         fake = torch.ops.mxkit.mx_fused_part(mode.from_tensor(x), group._op_handle, 1)
     assert fake.shape == (3, 16) and fake.stride() == (64, 1) == want[1].stride()
+
+
+def test_fused_parts_share_one_gemm_across_views_of_one_base(rng):
+    """Compiled code hands each part a new view object of one buffer: views of one base with the same data
+    pointer, shape and strides share the fused GEMM; another view of that base (other rows) recomputes."""
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)])
+    base = torch.randn(4, 64, generator=rng)
+    calls = []
+    real = group.fused.forward
+    group.fused.forward = lambda t: calls.append(1) or real(t)
+    with torch.no_grad():
+        a = group.output(base[:2], 0)
+        b = group.output(base[:2], 1)  # a new view object, the same geometry: no second GEMM
+        assert len(calls) == 1
+        c = group.output(base[2:], 0)  # other rows of the same base: recomputed
+        assert len(calls) == 2
+        want = group(base)
+    assert torch.equal(a, want[0][:2]) and torch.equal(b, want[1][:2]) and torch.equal(c, want[0][2:])

@@ -10,7 +10,8 @@ slice of the fused output: the model's own forward is unchanged.
 The fused weight is the members' MX bytes stacked along N (each row keeps its own blocks and scales), so every
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
 bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
-group has read it, for that very tensor object at that version (``x._version``: an in-place change between two
+group has read it, for that very tensor object (or view of one base object, with the same data pointer, shape
+and strides) at that version (``x._version``: an in-place change between two
 parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
 parts' calls is not seen): parts called with different inputs each get a correct result. Under
 ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
@@ -69,7 +70,7 @@ class FusedMXLinear(nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
         self.fused.repack()
-        self._last = None  # [weakref to x, x._version, fused(x), parts served]
+        self._last = None  # [weakref to x (or x's base), x._version, fused(x), parts served, x's view]
         _ops.register(self)
 
     def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
@@ -87,12 +88,16 @@ class FusedMXLinear(nn.Module):
             y = self.fused(x)
         else:
             ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
+            # a view is keyed by its base object and its geometry: compiled code hands each part a new view of
+            # one buffer
+            src = x if x._base is None else x._base
+            view = (x.data_ptr(), x.shape, x.stride())
             last = self._last
-            if last is not None and last[0]() is x and last[1] == ver and i not in last[3]:
+            if last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]:
                 y = last[2]
             else:
                 y = self.fused(x)
-                last = self._last = [weakref.ref(x), ver, y, set()]
+                last = self._last = [weakref.ref(src), ver, y, set(), view]
             last[3].add(i)
             if len(last[3]) == len(self.splits):
                 self._last = None  # every part has its slice: drop the reference

@@ -29,7 +29,8 @@ position are written back into those tensors. The step reads nothing on the host
 * ``compiled`` (not in the default modes: it compiles each model): the model's forward under
   ``torch.compile`` (Inductor, ``dynamic=False``; the prefill stays eager), then captured and replayed as in
   ``graphs``. Inductor fuses the small kernels of the attention, rotary embedding, RMSNorm and residual adds;
-  each MXLinear is a graph break (run eagerly, recorded by the capture). bf16 and MX models alike.
+  each MXLinear (or fused part) is one custom op that runs its kernels eagerly, recorded by the capture. bf16 and
+  MX models alike.
 
 Time per run: wall clock between two device syncs around the loop; the median over ``--repeats`` runs, each
 with a reset cache and a fresh prefill. ms per token = time / tokens (one token per sequence per step);
@@ -156,9 +157,9 @@ class Decoder:
         """Run :meth:`step` through ``torch.compile`` of the model's forward (``dynamic=False``: one graph for
         the (batch, 1) step; the prefill stays eager). The first step compiles. Dynamo's caches are reset
         first (an earlier model's or batch's compiles count against its recompile limit) and the limit raised
-        to twice the layer count (and kept raised): with a graph break per MXLinear, each decoder layer's
-        attention is its own frame, specialised on its ``layer_idx``, and past the default limit (8) the later
-        layers would run uncompiled."""
+        to twice the layer count (and kept raised): where a module graph-breaks (with gradients, or a module of
+        another library), each decoder layer's attention is its own frame, specialised on its ``layer_idx``, and
+        past the default limit (8) the later layers would run uncompiled."""
         import torch._dynamo
 
         torch._dynamo.reset()

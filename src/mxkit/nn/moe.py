@@ -555,8 +555,10 @@ class MXMoE(nn.Module):
         if not self.keep_source:
             self.pack_()
         if self.expert_layout == "fold":
+            # (.float(): a module.to(dtype) casts the row scales, powers of two exact in any float dtype)
             return tuple(FoldedExperts(getattr(self, f"{n}_qdata").view(torch.float8_e4m3fn),
-                                       getattr(self, f"{n}_row_scale"), self._interleaved(n)) for n in _EXPERTS)
+                                       getattr(self, f"{n}_row_scale").float(), self._interleaved(n))
+                         for n in _EXPERTS)
         return self._per_buffers("_folded", fold_experts)
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:

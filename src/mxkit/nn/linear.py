@@ -256,7 +256,6 @@ def _eager_forward(module: MXLinear, x: torch.Tensor) -> torch.Tensor:
     return module.forward(x)
 
 
-
 @torch.library.custom_op("mxkit::mx_linear", mutates_args=())
 def _mx_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
     """``module(x)`` of the MXLinear of ``handle``, eagerly (its CUDA kernels): torch.compile's view of a CUDA

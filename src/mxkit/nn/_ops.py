@@ -25,6 +25,15 @@ def register(module: nn.Module) -> None:
     module.__dict__["_op_handle"] = h
 
 
+class Handled:
+    """Mixin of the modules above: a deep copy or an unpickled module registers a handle of its own (their
+    ``__init__`` calls :func:`register`)."""
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        register(self)
+
+
 def module_of(handle: int, op: str) -> nn.Module:
     """The module of ``handle``; RuntimeError (naming the op) when it no longer exists."""
     m = _MODULES.get(handle)

@@ -39,7 +39,7 @@ __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
 FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-class FusedMXLinear(nn.Module):
+class FusedMXLinear(_ops.Handled, nn.Module):
     """One MXLinear over the stacked weight rows of ``layers`` (MXLinear with equal in_features, weight and
     activation formats, scale rule, rounding, block size, device, and all or none with a bias).
 
@@ -71,10 +71,6 @@ class FusedMXLinear(nn.Module):
                 self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
         self.fused.repack()
         self._last = None  # [weakref to x (or x's base), x._version, fused(x), parts served, x's view]
-        _ops.register(self)
-
-    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
-        super().__setstate__(state)
         _ops.register(self)
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:

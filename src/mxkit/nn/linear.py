@@ -65,7 +65,7 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     return 10.0 * math.log10(sig / err)
 
 
-class MXLinear(nn.Module):
+class MXLinear(_ops.Handled, nn.Module):
     """``y = x @ dequant(W).T + b`` with ``W`` stored in an MX format (see module docstring for layout).
 
     Args (constructor; most users call :meth:`from_linear`):
@@ -122,10 +122,6 @@ class MXLinear(nn.Module):
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
         self.register_load_state_dict_post_hook(_repack_after_load)
-        _ops.register(self)
-
-    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
-        super().__setstate__(state)
         _ops.register(self)
 
     def repack(self) -> None:

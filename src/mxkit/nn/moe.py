@@ -65,7 +65,7 @@ __all__ = ["MXMoE", "swap_gpt_oss_moe"]
 _EXPERTS = ("gate_up", "down")
 
 
-class MXMoE(nn.Module):
+class MXMoE(_ops.Handled, nn.Module):
     """A top-k MoE layer with MX experts (layout in the module docstring).
 
     Args (most users call :meth:`from_dense` or :meth:`from_hf_gpt_oss`):
@@ -167,10 +167,6 @@ class MXMoE(nn.Module):
             self.register_parameter("gate_up_bias", None)
             self.register_parameter("down_bias", None)
 
-    def __setstate__(self, state) -> None:  # (copy.deepcopy and unpickling: a handle of its own)
-        super().__setstate__(state)
-        _ops.register(self)
-
     def _expert_shapes(self, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         return (n, 2 * self.intermediate_size, self.hidden_size), (n, self.hidden_size, self.intermediate_size)
 
@@ -193,12 +189,13 @@ class MXMoE(nn.Module):
 
     def _checkpoint_pair(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The checkpoint-layout (qdata, scale) of expert tensor ``name`` (unpacked or unfolded when packed)."""
-        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
-        if self.expert_layout == "mma":
-            return self._unpacked(name, q, s)
-        if self.expert_layout == "fold":
-            return self._unfolded(name)
-        return q, s
+        layout = self.expert_layout
+        if layout == "checkpoint":
+            return getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+        qd, sc = self._unpacked(name) if layout == "mma" else self._unfolded(name)
+        if self._interleaved(name):  # (gate 0, up 0, gate 1, ...) -> [gate; up]
+            qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
+        return qd, sc
 
     def _checkpoint_buffers(self) -> dict[str, torch.Tensor]:
         """The four expert buffers in the checkpoint layout, by name (unpacked when packed in place)."""
@@ -211,23 +208,21 @@ class MXMoE(nn.Module):
         """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
         return name == "gate_up" and self.activation == "swiglu"
 
-    def _unpacked(self, name: str, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The checkpoint-layout (qdata, scale) of expert tensor ``name`` from its decode-mma buffers."""
+    def _unpacked(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qdata, scale) of expert tensor ``name`` from its decode-mma buffers, rows in the packed order."""
         from ..kernels.matmul_details._mma_decode import unpack_mma
 
+        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
         E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
         qd = torch.empty(E * N, K // 2, dtype=torch.uint8, device=q.device)
         sc = torch.empty(E * N, K // 32, dtype=torch.uint8, device=q.device)
         step = max(1, (1 << 18) // K)  # groups of 16 rows per chunk: 4M codes (unpack_mma's int64 temporaries)
         for r0 in range(0, q.shape[0], step):
             qd[16 * r0:16 * (r0 + step)], sc[16 * r0:16 * (r0 + step)] = unpack_mma(q[r0:r0 + step], s[r0:r0 + step])
-        qd, sc = qd.view(E, N, K // 2), sc.view(E, N, K // 32)
-        if self._interleaved(name):  # (gate 0, up 0, gate 1, ...) -> [gate; up]
-            qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
-        return qd, sc
+        return qd.view(E, N, K // 2), sc.view(E, N, K // 32)
 
     def _unfolded(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The checkpoint-layout (qdata, scale) of expert tensor ``name`` from its fold-layout buffers: each
+        """(qdata, scale) of expert tensor ``name`` from its fold-layout buffers, rows in the packed order: each
         element's E4M3 value times its row scale over its block scale is the FP4 / FP6 element exactly (the fold
         is exact), encoded again. One expert at a time (float32 temporaries of one expert)."""
         from ..formats import _exp2_f32, encode_elements
@@ -244,10 +239,7 @@ class MXMoE(nn.Module):
             shift = row_exp[e][:, None] - (scale[e].to(torch.int32) - 127)  # (N, nb)
             v = data[e].to(torch.float32).view(N, nb, self.block_size) * _exp2_f32(shift)[..., None]
             qd[e] = pack_codes(encode_elements(v.view(N, K), self.weight_format), self.weight_format)
-        sc = scale
-        if self._interleaved(name):  # (gate 0, up 0, gate 1, ...) -> [gate; up]
-            qd, sc = (torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (qd, sc))
-        return qd, sc.clone()
+        return qd, scale.clone()
 
     def _fold_(self) -> bool:
         """pack_ of a W4A8 module: the experts folded in place (module docstring)."""

@@ -2,7 +2,7 @@
 cp.async stages, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
 is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
 
-    nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
+    nvcc -ptx -arch=sm_90 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
     python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
 """
 import ctypes
@@ -22,6 +22,11 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count
 names = {(Path(p).stem, n): k for p in sys.argv[1].split(",") for n, k in kernels(p).items()}
 
 
+def threads(name):
+    """block size of a variant: 32 per warp, one producer warp more with bulk copies (_b<B>)"""
+    return 32 * (int(re.search(r"_w(\d+)", name).group(1)) + bool(re.search(r"_b\d+$", name)))
+
+
 def close(a, b):
     """bits differ (another split of K over warps): still within 1e-2 relative of the production output"""
     return bool(((a.float() - b.float()).norm() <= 1e-2 * b.float().norm()).item())
@@ -38,14 +43,14 @@ def dense(M, N, K):
     for (stem, n), k in names.items():
         if not n.startswith(f"m{mt}_"):
             continue
-        W = int(re.search(r"_w(\d+)", n).group(1))
+        W = threads(n)
         groups, strips = -(-M // mt), N // 16
         split = md.split_k(groups * strips, K, mt, SMS)
         ws, cnt = split_buffers(groups * strips, split, mt * 16)
         y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
         launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K),
                          ctypes.c_longlong(K), ctypes.c_longlong(N)))
-        go = lambda: launch.launch(groups, strips, split, 32 * W)  # noqa: E731
+        go = lambda: launch.launch(groups, strips, split, W)  # noqa: E731
         go()
         torch.cuda.synchronize()
         tag = f"{stem}:{n[len(f'm{mt}_bf16_'):]}"
@@ -83,7 +88,7 @@ def grouped(T):
     for (stem, nm), k in names.items():
         if not nm.startswith("gu_"):
             continue
-        W = int(re.search(r"_w(\d+)", nm).group(1))
+        W = threads(nm)
         kd = names[(stem, "dn_" + nm[3:])]
         h = torch.full((n, I), float("nan"), device=dev, dtype=torch.bfloat16)
         y = torch.full((n, H), float("nan"), device=dev)
@@ -92,8 +97,8 @@ def grouped(T):
         a2 = (h_ref, p2.q, p2.s, b2, rw, y, ids, eids, ctypes.c_int(H), ctypes.c_int(I), ctypes.c_int(n),
               ctypes.c_int(TOPK), ctypes.c_longlong(I), ctypes.c_longlong(H))
         l1, l2 = k.bind(a1), kd.bind(a2)
-        f1 = lambda: l1.launch(eids.numel(), 2 * I // 16, 1, 32 * W)  # noqa: E731
-        f2 = lambda: l2.launch(eids.numel(), H // 16, 1, 32 * W)  # noqa: E731
+        f1 = lambda: l1.launch(eids.numel(), 2 * I // 16, 1, W)  # noqa: E731
+        f2 = lambda: l2.launch(eids.numel(), H // 16, 1, W)  # noqa: E731
         f1(); f2()
         torch.cuda.synchronize()
         ok = torch.equal(h, h_ref) and torch.equal(y, y_ref)
@@ -119,5 +124,6 @@ def show(title, rows):
 print(torch.cuda.get_device_name(0), torch.__version__)
 show("dense, µs", {f"{M}x{N}x{K}": dense(M, N, K) for M, N, K in [
     (1, 8192, 8192), (1, 28672, 8192), (1, 8192, 28672), (1, 5120, 2880), (1, 2880, 4096), (1, 4096, 4096),
-    (1, 14336, 4096), (1, 4096, 14336), (16, 8192, 8192), (16, 28672, 8192)]})
+    (1, 14336, 4096), (1, 4096, 14336), (1, 6144, 4096), (1, 28672, 4096), (16, 8192, 8192), (16, 28672, 8192),
+    (16, 4096, 4096)]})
 show("grouped GPT-OSS-120B, gate_up / down µs", {f"T={T}": grouped(T) for T in (1, 4, 16, 64)})

@@ -2,7 +2,7 @@
 cp.async stages, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
 is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
 
-    nvcc -ptx -arch=sm_90 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
+    nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
     python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
 """
 import ctypes
@@ -23,7 +23,7 @@ names = {(Path(p).stem, n): k for p in sys.argv[1].split(",") for n, k in kernel
 
 
 def threads(name):
-    """block size of a variant: 32 per warp, one producer warp more with bulk copies (_b<B>)"""
+    """block size of a variant: 32 per warp (6edf583's bulk-copy variants, _b<B>, had one producer warp more)"""
     return 32 * (int(re.search(r"_w(\d+)", name).group(1)) + bool(re.search(r"_b\d+$", name)))
 
 

@@ -199,89 +199,6 @@ __device__ __forceinline__ void mainloop_async(const uint4* qs, const uint32_t* 
   cp_async_wait<0>();
 }
 
-// Hopper (sm_90) bulk copies: one thread moves a contiguous range of bytes global -> shared through the copy
-// engine (cp.async.bulk, 1-D), its completion counted in bytes on an mbarrier.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}\n" ::"r"(
-          smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-
-// The K loop with the weight streamed by bulk copies (sm_90): warp WARPS of the block (the producer; its lane 0)
-// copies chunks of WARPS x UNROLL consecutive tiles of the strip (512 code bytes and 32 scale bytes a tile, both
-// contiguous) into a ring of STAGES chunks; the WARPS consumer warps take their tiles of each chunk (warp w:
-// tiles w, w + WARPS, ...: mainloop's assignment, so the same bits) into registers, free the slot, and compute.
-// qs / ss: the strip's first code word / scale word (no lane offset).
-template <int NT, int UNROLL, int WARPS, int STAGES, bool SPECIAL>
-__device__ __forceinline__ void mainloop_bulk(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
-                                              const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
-                                              float (&acc)[NT][4]) {
-  constexpr int CH = WARPS * UNROLL;
-  __shared__ __align__(128) uint4 qsm[STAGES][CH][32];
-  __shared__ __align__(16) uint32_t ssm[STAGES][CH][8];
-  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
-  const int lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], WARPS);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-  const int n = kt_hi - kt_lo, chunks = (n + CH - 1) / CH;
-  if (warp == WARPS) {
-    if (lane == 0)
-      for (int c = 0; c < chunks; ++c) {
-        const int slot = c % STAGES;
-        if (c >= STAGES) mbar_wait(&empty[slot], ((c / STAGES) - 1) & 1);
-        const int nt = min(CH, n - c * CH), kt = kt_lo + c * CH;
-        mbar_expect_tx(&full[slot], nt * 544u);
-        bulk_copy(&qsm[slot][0][0], qs + (long long)kt * 32, nt * 512u, &full[slot]);
-        bulk_copy(&ssm[slot][0][0], ss + (long long)kt * 8, nt * 32u, &full[slot]);
-      }
-    return;
-  }
-  const int g = lane >> 2;
-  for (int c = 0; c < chunks; ++c) {
-    const int slot = c % STAGES, t0 = kt_lo + c * CH + warp;
-    uint4 xv[UNROLL][NT][2];
-    load_x<NT, UNROLL, WARPS>(xr, xm, t0, kt_hi, xv);  // in flight during the wait
-    mbar_wait(&full[slot], (c / STAGES) & 1);
-    uint4 qv[UNROLL];
-    uint32_t sv[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (t0 + u * WARPS < kt_hi) {
-        qv[u] = qsm[slot][u * WARPS + warp][lane];
-        sv[u] = ssm[slot][u * WARPS + warp][g];
-      }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[slot]);
-    batch<NT, UNROLL, WARPS, SPECIAL>(qv, sv, xv, t0, kt_hi, acc);
-  }
-}
-
 // The K loop of one warp: tiles kt_lo + warp, + WARPS, ... < kt_hi of the strip at qs / ss (the lane's
 // q and scale-word pointers), x rows of the lane's tokens at xr[nt] (xm[nt]: the row exists), accumulated
 // into acc[nt][0..3] (rows g, g, g+8, g+8; tokens 8 nt + 2t, + 1, 2t, + 1).
@@ -360,20 +277,16 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
   }
   float acc[NT][4];
-  if constexpr (STAGES < 0)
-    mainloop_bulk<NT, UNROLL, WARPS, -STAGES, SPECIAL>(q + strip * KT * 32, s + strip * KT * 8, xr, xm, kt_lo, kt_hi,
-                                                      warp, acc);
-  else if constexpr (STAGES > 0)
+  if constexpr (STAGES > 0)
     mainloop_async<NT, UNROLL, WARPS, STAGES, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
                                                        kt_lo, kt_hi, warp, acc);
   else
     mainloop<NT, UNROLL, WARPS, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
                                          warp, acc);
-  if (warp < WARPS)  // (bulk copies: warp WARPS is the producer)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
+    for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
   __syncthreads();
   // each (nt, i, lane) summed over the warps in order; with S > 1 over the S blocks of the (token block,
   // strip) too, in order (mma_common.cuh)
@@ -417,16 +330,13 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   const int KT = K >> 6;
   const long long es = (long long)e * (N / 16) + strip;
   float acc[1][4];
-  if constexpr (STAGES < 0)
-    mainloop_bulk<1, UNROLL, WARPS, -STAGES, SPECIAL>(q + es * KT * 32, s + es * KT * 8, xr, xm, 0, KT, warp, acc);
-  else if constexpr (STAGES > 0)
+  if constexpr (STAGES > 0)
     mainloop_async<1, UNROLL, WARPS, STAGES, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT,
                                                       warp, acc);
   else
     mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
-  if (warp < WARPS)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
+  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
   __syncthreads();
   for (int el = threadIdx.x; el < 128; el += blockDim.x) {
     const int i = el / 32, l = el & 31;
@@ -472,7 +382,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 // W warps, U tiles a batch, S cp.async stages (0: registers, one batch ahead), X: x loaded a batch ahead too
 #define MXKIT_MMA_DECODE(NAME, NT, W, U, S, X, SPECIAL, OUT)                                                   \
-  extern "C" __global__ void __launch_bounds__(32 * (W + ((S) < 0))) NAME(                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
       int N, int K, long long ldx, long long ldy) {                                                             \
@@ -489,7 +399,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32_special, NT, W, U, S, X, true, float)
 
 #define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, S, X)                                 \
-  extern "C" __global__ void __launch_bounds__(32 * (W + ((S) < 0))) NAME(                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, const float* __restrict__ rw, OUT* __restrict__ out,                     \
       const int* __restrict__ ids, const int* __restrict__ eids, int N, int K, int n_valid, int top_k,         \

@@ -231,3 +231,37 @@ def test_fused_parts_share_one_gemm_across_views_of_one_base(rng):
         assert len(calls) == 2
         top, bottom = group(base[:2].clone()), group(base[2:].clone())
     assert torch.equal(a, top[0]) and torch.equal(b, top[1]) and torch.equal(c, bottom[0])
+
+
+def test_fused_output_lives_only_through_the_parts_slices(rng):
+    """The custom op's calls (``weak=True``) hold the fused output by a weak reference: a part left unread
+    (Inductor handed it another copy of the input, as it does for layer 0 on the GPU) keeps nothing alive past the
+    parts' outputs (a CUDA graph pool would find a stray tensor: ``mode="reduce-overhead"`` failed so), and a part
+    called after the earlier parts' slices are gone recomputes, with the same values. Eager calls keep it until
+    every part has read it (HF's MLP drops gate's output before it calls up)."""
+    import gc
+    import weakref
+
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16, 16)])
+    x = torch.randn(3, 64, generator=rng)
+    calls = []
+    real = group.fused.forward
+    group.fused.forward = lambda t: calls.append(1) or real(t)
+    with torch.no_grad():
+        want = group(x)
+        calls.clear()
+        a = group.output(x, 0, weak=True)
+        b = group.output(x, 1, weak=True)  # a's slice is alive: the same GEMM
+        assert len(calls) == 1 and group._last is not None
+        fused = weakref.ref(a._base)
+        del a, b
+        gc.collect()
+        assert fused() is None  # part 2 never came: the entry left behind holds no tensor
+        c = group.output(x, 2, weak=True)  # recomputed
+        assert len(calls) == 2
+        del c
+        group.output(x, 0)  # eager: kept while part 1 is still to come, though part 0's slice is gone
+        gc.collect()
+        group.output(x, 1)
+        assert len(calls) == 3
+    assert torch.equal(group.output(x, 2, weak=True), want[2])

@@ -16,8 +16,10 @@ parts' calls recomputes; an inference-mode tensor keeps no version, so an in-pla
 parts' calls is not seen): parts called with different inputs each get a correct result. Under
 ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
 (:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the
-part's output is its view of the fused output, and the op's fake gives that view's strides): ``fullgraph=True``
-and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every part runs the
+part's output is its view of the fused output, and the op's fake gives that view's strides), except that the op
+keeps the fused output only while a part's slice of it is alive (a weak reference): Inductor may hand a group's
+parts different copies of one input, and a part left unread must not leave a tensor in a CUDA graph's pool.
+``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every part runs the
 fused GEMM itself (correct; nothing is kept between calls). The state_dict
 holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
@@ -70,11 +72,13 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
         self.fused.repack()
-        self._last = None  # [weakref to x (or x's base), x._version, fused(x), parts served, x's view]
+        # [weakref to x (or x's base), x._version, fused(x) (weak: held by _hold), parts served, x's view, weak]
+        self._last = None
         _ops.register(self)
 
-    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """Part i's output for input x (the module docstring's reuse rule)."""
+    def output(self, x: torch.Tensor, i: int, weak: bool = False) -> torch.Tensor:
+        """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
+        a compiled graph): the fused output is kept only while a part's slice of it is alive."""
         if torch.compiler.is_compiling() and x.is_cuda:
             bias = self.fused.bias
             if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
@@ -89,14 +93,14 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             src = x if x._base is None else x._base
             view = (x.data_ptr(), x.shape, x.stride())
             last = self._last
-            if last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]:
-                y = last[2]
-            else:
+            hit = last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]
+            y = (_held(last[2]) if last[5] else last[2]) if hit else None  # (weak: None once no slice is alive)
+            if y is None:
                 y = self.fused(x)
-                last = self._last = [weakref.ref(src), ver, y, set(), view]
+                last = self._last = [weakref.ref(src), ver, _hold(y) if weak else y, set(), view, weak]
             last[3].add(i)
             if len(last[3]) == len(self.splits):
-                self._last = None  # every part has its slice: drop the reference
+                self._last = None  # every part has its slice
         return y.narrow(-1, self.offsets[i], self.splits[i])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -108,6 +112,20 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         return f"splits={self.splits}"
 
 
+def _hold(y: torch.Tensor) -> tuple:
+    """y held weakly: a weak reference to its storage (alive while any tensor on that memory is: the parts'
+    outputs, views or, inside a compiled graph, detached aliases of y) and y's dtype and geometry."""
+    return weakref.ref(y.untyped_storage()), y.dtype, tuple(y.shape), y.stride(), y.storage_offset()
+
+
+def _held(held: tuple):
+    """The tensor of :func:`_hold`, or None when its memory is gone."""
+    st = held[0]()
+    if st is None:
+        return None
+    return torch.empty(0, dtype=held[1], device=st.device).set_(st, held[4], held[2], held[3])
+
+
 @torch.compiler.disable
 def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor:
     """``group.output(x, i)`` outside torch.compile's graph (a graph break: the gradient case)."""
@@ -117,9 +135,9 @@ def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor
 @torch.library.custom_op("mxkit::mx_fused_part", mutates_args=())
 def _fused_part_op(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
     """Part ``i``'s output of the FusedMXLinear of ``handle`` for x (its eager ``output``: one fused GEMM per
-    group and input, kept until every part has read it). Returns (..., splits[i]) in x's dtype: a view of the
+    group and input, shared while a part's slice of it is alive). Returns (..., splits[i]) in x's dtype: a view of the
     fused output, with the strides the fake gives."""
-    return _ops.module_of(handle, "mx_fused_part").output(x, i)
+    return _ops.module_of(handle, "mx_fused_part").output(x, i, weak=True)
 
 
 @_fused_part_op.register_fake

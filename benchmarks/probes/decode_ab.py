@@ -1,5 +1,5 @@
 """A/B of the decode-mma kernels' K loop (benchmarks/probes/decode_variants.cu): warps x tiles a batch x
-cp.async stages, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
+loop kind, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
 is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
 
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)

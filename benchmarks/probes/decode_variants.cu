@@ -1,29 +1,26 @@
 // A/B variants of mma_decode.cu's kernels (benchmarks/probes/decode_ab.py builds and times them): the same
-// source with other warps W x tiles a batch U x cp.async stages S (0: registers) x x-prefetch X.
-// Names: m8_ / m16_ (dense) and gu_ / dn_ (grouped gate_up + SwiGLU / down) + w<W>_u<U>_s<S>_x<X>.
+// source with other warps W x tiles a batch U, in the register loop (mainloop, _r: x loaded a batch ahead with
+// the weight words, as the m8 kernel does) or the lean loop (mainloop_lean, _l). Earlier variants (cp.async
+// stages, bulk copies) are in git history: benchmarks/decode_mma_ab.md names the commits.
+// Names: m8_ / m16_ (dense) and gu_ / dn_ (grouped gate_up + SwiGLU / down) + w<W>_u<U>_r | w<W>_u<U>_l.
 #define MXKIT_DECODE_VARIANTS
 #include "../../src/mxkit/kernels/matmul_details/mma_decode.cu"
 
-#define DENSE8(W, U, S, X) MXKIT_MMA_DECODE(m8_bf16_w##W##_u##U##_s##S##_x##X, 1, W, U, S, X, false, __nv_bfloat16)
-#define DENSE16(W, U, S, X) MXKIT_MMA_DECODE(m16_bf16_w##W##_u##U##_s##S##_x##X, 2, W, U, S, X, false, __nv_bfloat16)
-#define GROUPED(W, U, S, X)                                                                                   \
-  MXKIT_MMA_GROUPED(gu_w##W##_u##U##_s##S##_x##X, 1, true, false, false, __nv_bfloat16, W, U, S, X)          \
-  MXKIT_MMA_GROUPED(dn_w##W##_u##U##_s##S##_x##X, 0, false, true, false, float, W, U, S, X)
+#define DENSE8(W, U, L) MXKIT_MMA_DECODE(m8_bf16_w##W##_u##U##_##L, 1, W, U, LOOP_##L, true, false, __nv_bfloat16)
+#define DENSE16(W, U, L) MXKIT_MMA_DECODE(m16_bf16_w##W##_u##U##_##L, 2, W, U, LOOP_##L, true, false, __nv_bfloat16)
+#define GROUPED(W, U, L)                                                                                      \
+  MXKIT_MMA_GROUPED(gu_w##W##_u##U##_##L, 1, true, false, false, __nv_bfloat16, W, U, LOOP_##L, true)        \
+  MXKIT_MMA_GROUPED(dn_w##W##_u##U##_##L, 0, false, true, false, float, W, U, LOOP_##L, true)
+#define LOOP_r false
+#define LOOP_l true
 
-DENSE8(4, 4, 0, 0)
-DENSE8(4, 4, 0, 1)
-DENSE8(4, 3, 0, 1)
-DENSE8(4, 8, 0, 1)
-DENSE8(8, 2, 0, 1)
-DENSE8(8, 4, 0, 1)
-DENSE16(8, 2, 0, 0)
-DENSE16(8, 1, 4, 0)
-DENSE16(8, 1, 6, 0)
-DENSE16(8, 2, 3, 0)
-DENSE16(8, 1, 3, 0)
-DENSE16(4, 2, 4, 0)
-GROUPED(4, 2, 0, 0)
-GROUPED(4, 2, 0, 1)
-GROUPED(4, 1, 0, 1)
-GROUPED(4, 3, 0, 1)
-GROUPED(2, 4, 0, 1)
+DENSE8(4, 4, r)
+DENSE8(4, 4, l)
+DENSE8(4, 2, l)
+DENSE8(8, 2, l)
+DENSE16(8, 2, r)
+DENSE16(8, 2, l)
+DENSE16(8, 1, l)
+GROUPED(4, 1, r)
+GROUPED(4, 1, l)
+GROUPED(4, 2, l)

@@ -23,6 +23,7 @@ COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (ha
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
 WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
+SMALL_PAIRS = 8  # up to this many (token, slot) pairs the grouped kernels take 2 tiles a batch (_u2; same bits)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
@@ -215,7 +216,8 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
             or (activation is None) != (rw is not None):
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
                          "rw with the down GEMM")
-    k = _kernel(f"mxfp4_mma_grouped_{activation or 'down'}{'_special' if special else ''}", _index(x.device))
+    size = "_u2" if n_valid <= SMALL_PAIRS else ""  # (2 tiles a batch: mma_decode.cu's instantiations)
+    k = _kernel(f"mxfp4_mma_grouped_{activation or 'down'}{size}{'_special' if special else ''}", _index(x.device))
     k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
                                      ctypes.c_longlong(out.stride(0))))

@@ -1,24 +1,29 @@
 // A/B variants of mma_decode.cu's kernels (benchmarks/probes/decode_ab.py builds and times them): the same
 // source with other warps W x tiles a batch U, in the register loop (mainloop, _r: x loaded a batch ahead with
-// the weight words, as the m8 kernel does) or the lean loop (mainloop_lean, _l). Earlier variants (cp.async
-// stages, bulk copies) are in git history: benchmarks/decode_mma_ab.md names the commits.
-// Names: m8_ / m16_ (dense) and gu_ / dn_ (grouped gate_up + SwiGLU / down) + w<W>_u<U>_r | w<W>_u<U>_l.
+// the weight words, as the m8 kernel does), the lean loop (mainloop_lean, _l) or through 4 cp.async stages
+// (mainloop_async, _s4). The bulk-copy variants are in git history (benchmarks/decode_mma_ab.md names the commit).
+// Names: m8_ / m16_ (dense) and gu_ / dn_ (grouped gate_up + SwiGLU / down) + w<W>_u<U>_<loop>.
 #define MXKIT_DECODE_VARIANTS
 #include "../../src/mxkit/kernels/matmul_details/mma_decode.cu"
 
-#define DENSE8(W, U, L) MXKIT_MMA_DECODE(m8_bf16_w##W##_u##U##_##L, 1, W, U, LOOP_##L, true, false, __nv_bfloat16)
-#define DENSE16(W, U, L) MXKIT_MMA_DECODE(m16_bf16_w##W##_u##U##_##L, 2, W, U, LOOP_##L, true, false, __nv_bfloat16)
+#define DENSE8(W, U, L) MXKIT_MMA_DECODE(m8_bf16_w##W##_u##U##_##L, 1, W, U, LOOP_##L, XPF_##L, false, __nv_bfloat16)
+#define DENSE16(W, U, L) MXKIT_MMA_DECODE(m16_bf16_w##W##_u##U##_##L, 2, W, U, LOOP_##L, XPF_##L, false, __nv_bfloat16)
 #define GROUPED(W, U, L)                                                                                      \
-  MXKIT_MMA_GROUPED(gu_w##W##_u##U##_##L, 1, true, false, false, __nv_bfloat16, W, U, LOOP_##L, true)        \
-  MXKIT_MMA_GROUPED(dn_w##W##_u##U##_##L, 0, false, true, false, float, W, U, LOOP_##L, true)
-#define LOOP_r false
-#define LOOP_l true
+  MXKIT_MMA_GROUPED(gu_w##W##_u##U##_##L, 1, true, false, false, __nv_bfloat16, W, U, LOOP_##L, XPF_##L)        \
+  MXKIT_MMA_GROUPED(dn_w##W##_u##U##_##L, 0, false, true, false, float, W, U, LOOP_##L, XPF_##L)
+#define LOOP_r 0
+#define LOOP_l LEAN
+#define LOOP_s4 4
+#define XPF_r true  // (x a batch ahead: the register loop's; the others load x as the production kernels do)
+#define XPF_l false
+#define XPF_s4 false
 
 DENSE8(4, 4, r)
 DENSE8(4, 4, l)
 DENSE8(4, 2, l)
 DENSE8(8, 2, l)
 DENSE16(8, 2, r)
+DENSE16(8, 1, s4)
 DENSE16(8, 2, l)
 DENSE16(8, 1, l)
 GROUPED(4, 1, r)

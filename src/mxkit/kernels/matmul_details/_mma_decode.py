@@ -140,6 +140,13 @@ def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
+def m16_loop(N: int, K: int) -> str:
+    """The m16 kernel's K loop for an N x K weight: "" (4 cp.async stages, 60 registers: layers with K <= 4096
+    and N > 4096, many blocks of short chains) or "l" (the lean loop, 2 tiles a batch: the others, where its
+    fewer instructions per tile win; H100, benchmarks/decode_mma_ab.md). Both give the same bits."""
+    return "" if K <= 4096 and N > 4096 else "l"
+
+
 class MmaDecode:
     """One prepared launch: weight (q, s) of pack_mma, N x K, M <= MAX_M bf16 rows in, ``out`` dtype out.
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
@@ -154,7 +161,8 @@ class MmaDecode:
         dev = q.device
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
-        name = f"mxfp4_mma_decode_m{mt}_{_OUT_NAMES[out]}{'_special' if special else ''}"
+        name = f"mxfp4_mma_decode_m{mt}{m16_loop(N, K) if mt == 16 else ''}_{_OUT_NAMES[out]}" \
+               f"{'_special' if special else ''}"
         self.block = 32 * WARPS[mt]
         self.kernel = _kernel(name, idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out

@@ -70,6 +70,22 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
+// cp.async (sm_80): 16 bytes / 4 bytes global -> shared, bypassing registers; the group commit and wait
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool full) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 using mxkit::to_out;
 
 // One batch of UNROLL tiles (u: tile t0 + u WARPS) from the lane's weight words qv / scale words sv and x
@@ -122,6 +138,67 @@ __device__ __forceinline__ void load_x(const uint4* const (&xr)[NT], const bool 
   }
 }
 
+// The K loop with the weight staged through shared memory by cp.async, STAGES batches deep (STAGES - 1 in
+// flight while one is computed), no registers held for them. Each lane copies and reads back only its own
+// words (slot [stage][u][thread]), so the wait needs no barrier. Same tiles, same order, same arithmetic as
+// mainloop: the same bits.
+template <int NT, int UNROLL, int WARPS, int STAGES, bool XPF, bool SPECIAL>
+__device__ __forceinline__ void mainloop_async(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
+                                               const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
+                                               float (&acc)[NT][4]) {
+  __shared__ uint4 qsm[STAGES][UNROLL][WARPS * 32];
+  __shared__ uint32_t ssm[STAGES][UNROLL][WARPS * 32];
+  __shared__ uint4 xsm[XPF ? STAGES : 1][UNROLL][NT * 2][WARPS * 32];  // XPF: x staged with the weight
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  auto issue = [&](int j) {
+    const int slot = j % STAGES;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kt = kt_lo + warp + (j * UNROLL + u) * WARPS;
+      if (kt < kt_hi) {
+        cp_async16(&qsm[slot][u][tid], qs + (long long)kt * 32);
+        cp_async4(&ssm[slot][u][tid], ss + (long long)kt * 8);
+        if (XPF)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) cp_async16_zfill(&xsm[XPF ? slot : 0][u][nt * 2 + b][tid], xr[nt] + kt * 8 + b * 4, xm[nt]);
+      }
+    }
+    cp_async_commit();  // empty groups too: the wait counts groups
+  };
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) issue(j);
+  int j = 0;
+  for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL, ++j) {
+    uint4 xv[UNROLL][NT][2];
+    if (!XPF) load_x<NT, UNROLL, WARPS>(xr, xm, t0, kt_hi, xv);
+    cp_async_wait<STAGES - 2>();  // batch j is in
+    const int slot = j % STAGES;
+    if (XPF)
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) xv[u][nt][b] = xsm[XPF ? slot : 0][u][nt * 2 + b][tid];
+    uint4 qv[UNROLL];
+    uint32_t sv[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      qv[u] = qsm[slot][u][tid];
+      sv[u] = ssm[slot][u][tid];
+    }
+    issue(j + STAGES - 1);  // into the slot read in the previous iteration
+    batch<NT, UNROLL, WARPS, SPECIAL>(qv, sv, xv, t0, kt_hi, acc);
+  }
+  cp_async_wait<0>();
+}
+
 // The K loop of one warp: tiles kt_lo + warp, + WARPS, ... < kt_hi of the strip at qs / ss (the lane's
 // q and scale-word pointers), x rows of the lane's tokens at xr[nt] (xm[nt]: the row exists), accumulated
 // into acc[nt][0..3] (rows g, g, g+8, g+8; tokens 8 nt + 2t, + 1, 2t, + 1).
@@ -167,6 +244,8 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
     }
   }
 }
+
+constexpr int LEAN = -1;  // the LOOP argument of the kernels below: mainloop_lean (0: mainloop, S > 0: mainloop_async)
 
 // The K loop of mainloop with fewer instructions per tile: the warp's full batches of UNROLL tiles load
 // without bounds checks through pointers stepped once a batch, the x rows of absent tokens are read from row 0
@@ -240,7 +319,7 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 // writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
 // (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
 // deterministic whichever block arrives last.
-template <int NT, int UNROLL, int WARPS, bool LEAN, bool XPF, bool SPECIAL, typename OUT>
+template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
@@ -266,9 +345,12 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
   }
   float acc[NT][4];
-  if constexpr (LEAN)
+  if constexpr (LOOP == LEAN)
     mainloop_lean<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo, kt_hi,
                                               warp, acc);
+  else if constexpr (LOOP > 0)
+    mainloop_async<NT, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
+                                                     kt_lo, kt_hi, warp, acc);
   else
     mainloop<NT, UNROLL, WARPS, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
                                          warp, acc);
@@ -298,7 +380,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
 // on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
 // times rw[i]; stored once in OUT at out[i] (row stride ldo).
-template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, bool LEAN,
+template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, int LOOP,
           bool XPF>
 __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                   const uint32_t* __restrict__ s, const float* __restrict__ bias,
@@ -319,8 +401,11 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   const int KT = K >> 6;
   const long long es = (long long)e * (N / 16) + strip;
   float acc[1][4];
-  if constexpr (LEAN)
+  if constexpr (LOOP == LEAN)
     mainloop_lean<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc);
+  else if constexpr (LOOP > 0)
+    mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT,
+                                                    warp, acc);
   else
     mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
 #pragma unroll
@@ -368,8 +453,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 }  // namespace
 
-// W warps, U tiles a batch, L: the lean loop (mainloop_lean) or the register loop (mainloop, X: x loaded a batch
-// ahead too)
+// W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), 0 (mainloop; X: x loaded a batch ahead too) or
+// S > 0 (mainloop_async, S cp.async stages)
 #define MXKIT_MMA_DECODE(NAME, NT, W, U, L, X, SPECIAL, OUT)                                                   \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
@@ -404,17 +489,19 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 // the grouped kernels of one activation: 1 tile a batch, and 2 (_u2: faster up to 8 (token, slot) pairs)
 #define MXKIT_MMA_GROUPED_SIZES(NAME, ACT, GATHER, MUL_RW, OUT)                                            \
-  MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, 4, 1, true, false)                                \
-  MXKIT_MMA_GROUPED_BOTH(NAME##_u2, ACT, GATHER, MUL_RW, OUT, 4, 2, true, false)
+  MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, 4, 1, LEAN, false)                                \
+  MXKIT_MMA_GROUPED_BOTH(NAME##_u2, ACT, GATHER, MUL_RW, OUT, 4, 2, LEAN, false)
 
 #ifndef MXKIT_DECODE_VARIANTS  // the A/B probe (benchmarks/probes/decode_ab.py) instantiates its own
 // The configs measured best on an H100 (benchmarks/decode_mma_ab.md): M <= 8 4 warps x 4 tiles, the register
-// loop with x a batch ahead; M <= 16 8 warps x 2 tiles, the lean loop (5-10% faster than 8 x 1 through 4
-// cp.async stages); grouped 4 warps, the lean loop, 1 tile a batch (level with the register loop at 1-4 tokens,
-// 2-3% faster at 16-64), 2 up to 8 pairs (1 token: 6-10% faster). Warps split K the same way in each pair
-// compared: the same bits.
-MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, false, true)
-MXKIT_MMA_DECODE_ALL(16, 2, 8, 2, true, false)
+// loop with x a batch ahead; M <= 16 8 warps, either 1 tile through 4 cp.async stages (m16: layers with
+// K <= 4096 and N > 4096, where it holds 60 registers and 4 blocks per SM) or 2 tiles in the lean loop (m16l:
+// the others, 8-25% faster there); grouped 4 warps, the lean loop, 1 tile a batch (level with the register
+// loop at 1-4 tokens, 2-3% faster at 16-64), 2 up to 8 pairs (1 token: 6-10% faster). Warps split K the same
+// way in each pair compared: the same bits.
+MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
+MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)
+MXKIT_MMA_DECODE_ALL(16l, 2, 8, 2, LEAN, false)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_down, 0, false, true, float)

@@ -19,9 +19,9 @@ parts' calls is not seen): parts called with different inputs each get a correct
 part's output is its view of the fused output, and the op's fake gives that view's strides), except that the op
 keeps the fused output only while a part's slice of it is alive (a weak reference): Inductor may hand a group's
 parts different copies of one input, and a part left unread must not leave a tensor in a CUDA graph's pool.
-``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every part runs the
-fused GEMM itself (correct; nothing is kept between calls). The state_dict
-holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
+``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices
+every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict holds the fused
+layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor
 @torch.library.custom_op("mxkit::mx_fused_part", mutates_args=())
 def _fused_part_op(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
     """Part ``i``'s output of the FusedMXLinear of ``handle`` for x (its eager ``output``: one fused GEMM per
-    group and input, shared while a part's slice of it is alive). Returns (..., splits[i]) in x's dtype: a view of the
-    fused output, with the strides the fake gives."""
+    group and input, shared while a part's slice of it is alive). Returns (..., splits[i]) in x's dtype: a view
+    of the fused output, with the strides the fake gives."""
     return _ops.module_of(handle, "mx_fused_part").output(x, i, weak=True)
 
 

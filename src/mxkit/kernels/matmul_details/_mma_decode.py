@@ -140,6 +140,21 @@ def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
+def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool) -> str:
+    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 up to 8 rows, else m16 or
+    m16l by :func:`m16_loop`), ``out`` dtype out, ``special``: the variant for scale bytes 0 / 255."""
+    mt = 8 if M <= 8 else 16
+    loop = m16_loop(N, K) if mt == 16 else ""
+    return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"
+
+
+def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool) -> str:
+    """The ``mma_decode.cu`` entry of a grouped launch over ``n_valid`` (token, slot) pairs: 2 tiles a batch up
+    to :data:`SMALL_PAIRS` (``_u2``), else 1; ``activation`` "swiglu_gpt_oss" / "swiglu" or None (down)."""
+    size = "_u2" if n_valid <= SMALL_PAIRS else ""
+    return f"mxfp4_mma_grouped_{activation or 'down'}{size}{'_special' if special else ''}"
+
+
 def m16_loop(N: int, K: int) -> str:
     """The m16 kernel's K loop for an N x K weight: "" (4 cp.async stages, 60 registers: layers with K <= 4096
     and N > 4096, many blocks of short chains) or "l" (the lean loop, 2 tiles a batch: the others, where its
@@ -161,10 +176,8 @@ class MmaDecode:
         dev = q.device
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
-        name = f"mxfp4_mma_decode_m{mt}{m16_loop(N, K) if mt == 16 else ''}_{_OUT_NAMES[out]}" \
-               f"{'_special' if special else ''}"
         self.block = 32 * WARPS[mt]
-        self.kernel = _kernel(name, idx)
+        self.kernel = _kernel(dense_kernel_name(M, N, K, out, special), idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
         groups, strips = -(-M // mt), N // 16
         if split is None:
@@ -224,8 +237,7 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
             or (activation is None) != (rw is not None):
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
                          "rw with the down GEMM")
-    size = "_u2" if n_valid <= SMALL_PAIRS else ""  # (2 tiles a batch: mma_decode.cu's instantiations)
-    k = _kernel(f"mxfp4_mma_grouped_{activation or 'down'}{size}{'_special' if special else ''}", _index(x.device))
+    k = _kernel(grouped_kernel_name(activation, n_valid, special), _index(x.device))
     k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
                                      ctypes.c_longlong(out.stride(0))))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import weakref
 
+import torch
 from torch import nn
 
 _MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
@@ -41,3 +42,9 @@ def module_of(handle: int, op: str) -> nn.Module:
     if m is None:
         raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
     return m
+
+
+def needs_grad(*tensors) -> bool:
+    """Whether autograd would record an op on any of ``tensors`` (None skipped): then a module's custom op
+    (whose kernels autograd does not see) gives way to a graph break."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -27,7 +27,7 @@ layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse af
 from __future__ import annotations
 
 import weakref
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -72,7 +72,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
         self.fused.repack()
-        # [weakref to x (or x's base), x._version, fused(x) (weak: held by _hold), parts served, x's view, weak]
+        # [weakref to x (or x's base), x._version, a function giving fused(x) back (None: gone), parts served,
+        # x's view]
         self._last = None
         _ops.register(self)
 
@@ -80,8 +81,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
         a compiled graph): the fused output is kept only while a part's slice of it is alive."""
         if torch.compiler.is_compiling() and x.is_cuda:
-            bias = self.fused.bias
-            if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            if _ops.needs_grad(x, self.fused.bias):
                 return _eager_output(self, x, i)
             return torch.ops.mxkit.mx_fused_part(x, self._op_handle, i)
         if torch.compiler.is_compiling():
@@ -94,10 +94,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             view = (x.data_ptr(), x.shape, x.stride())
             last = self._last
             hit = last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]
-            y = (_held(last[2]) if last[5] else last[2]) if hit else None  # (weak: None once no slice is alive)
+            y = last[2]() if hit else None  # (weak: None once no slice is alive)
             if y is None:
                 y = self.fused(x)
-                last = self._last = [weakref.ref(src), ver, _hold(y) if weak else y, set(), view, weak]
+                last = self._last = [weakref.ref(src), ver, _weakly(y) if weak else (lambda y=y: y), set(), view]
             last[3].add(i)
             if len(last[3]) == len(self.splits):
                 self._last = None  # every part has its slice
@@ -112,18 +112,18 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         return f"splits={self.splits}"
 
 
-def _hold(y: torch.Tensor) -> tuple:
-    """y held weakly: a weak reference to its storage (alive while any tensor on that memory is: the parts'
-    outputs, views or, inside a compiled graph, detached aliases of y) and y's dtype and geometry."""
-    return weakref.ref(y.untyped_storage()), y.dtype, tuple(y.shape), y.stride(), y.storage_offset()
+def _weakly(y: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
+    """y held weakly: a function giving y back (a tensor on its memory with its dtype and geometry) while any
+    tensor on that memory lives (the parts' outputs: views or, inside a compiled graph, detached aliases of y, so
+    the weak reference is to the storage, not to y), and None after."""
+    ref, dtype, shape, stride, offset = (weakref.ref(y.untyped_storage()), y.dtype, tuple(y.shape), y.stride(),
+                                         y.storage_offset())
 
+    def get() -> Optional[torch.Tensor]:
+        st = ref()
+        return None if st is None else torch.empty(0, dtype=dtype, device=st.device).set_(st, offset, shape, stride)
 
-def _held(held: tuple):
-    """The tensor of :func:`_hold`, or None when its memory is gone."""
-    st = held[0]()
-    if st is None:
-        return None
-    return torch.empty(0, dtype=held[1], device=st.device).set_(st, held[4], held[2], held[3])
+    return get
 
 
 @torch.compiler.disable

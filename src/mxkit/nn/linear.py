@@ -192,8 +192,7 @@ class MXLinear(_ops.Handled, nn.Module):
             if x.is_cuda:
                 # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque
                 # op for inference, a graph break where autograd needs the input's or the bias' gradient
-                bias = self.bias
-                if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                if _ops.needs_grad(x, self.bias):
                     return _eager_forward(self, x)
                 return torch.ops.mxkit.mx_linear(x, self._op_handle)
         elif act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda:

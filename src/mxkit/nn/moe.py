@@ -462,7 +462,7 @@ class MXMoE(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling() and x.is_cuda:
             # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
             # a graph break where autograd needs x's or the router's gradient
-            if torch.is_grad_enabled() and (x.requires_grad or logits.requires_grad):
+            if _ops.needs_grad(x, logits):
                 return self._result(_eager_experts(self, x, logits), logits)
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
         return self._result(self._experts(x, logits), logits)

@@ -668,6 +668,70 @@ def test_gpu_moe_decode_mma_expert_range_and_graph(rng, monkeypatch):
     assert not calls  # 260 pairs > MMA_MAX_PAIRS: the Triton kernels
 
 
+def _pdl_grouped_kernels() -> list:
+    """The grouped decode kernels on this GPU (those launched with programmatic dependent launch on sm_90)."""
+    from mxkit.kernels.matmul_details import _mma_decode as md
+
+    idx = torch.cuda.current_device()
+    return [md._kernel(md.grouped_kernel_name(a, n, sp), idx) for a in ("swiglu_gpt_oss", "swiglu", None)
+            for n in (1, md.SMALL_PAIRS + 1) for sp in (False, True)]
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_moe_decode_pdl_equals_serial_launches(rng):
+    """sm_90: the two expert GEMMs launched with programmatic dependent launch (the down GEMM's blocks start while
+    the gate_up GEMM's last ones run, prefetching their experts; each waits before it reads h or writes) give
+    the bytes of the same kernels launched one after another, for fresh tokens and routing on every call with
+    the allocator's free memory poisoned in between, eager and replayed in a CUDA graph; 1, 5 and 40 tokens,
+    GPT-OSS shapes."""
+    from mxkit.kernels import cuda_driver
+    from mxkit.kernels.moe import pack_experts_mma
+
+    if torch.cuda.get_device_capability() < (9, 0) or not cuda_driver.pdl_enabled():
+        pytest.skip("programmatic dependent launch needs sm_90 and cuLaunchKernelEx (and MXKIT_PDL != 0)")
+    kernels = _pdl_grouped_kernels()
+    assert all(k.pdl for k in kernels)
+    E, H, I, k = 32, 2880, 2880, 4
+    w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    packed = (pack_experts_mma(w1), pack_experts_mma(w2))
+    try:
+        for T in (1, 5, 40):
+            def case():
+                return (torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda(), rand_ids(T, k, E, rng).cuda(),
+                        torch.softmax(torch.randn(T, k, generator=rng), -1).cuda())
+
+            run = lambda x, ids, tw: moe_triton(x, w1, b1, w2, b2, tw, ids, packed=packed)  # noqa: E731
+            x, ids, tw = case()
+            g = torch.cuda.CUDAGraph()
+            run(x, ids, tw)
+            with torch.cuda.graph(g):
+                out = run(x, ids, tw)
+            for _ in range(3):
+                xs, ids_s, tw_s = case()
+                _poison()
+                y = run(xs, ids_s, tw_s)
+                x.copy_(xs), ids.copy_(ids_s), tw.copy_(tw_s)
+                _poison()
+                g.replay()
+                torch.cuda.synchronize()
+                cuda_driver.set_pdl(False)
+                _poison()
+                want = run(xs, ids_s, tw_s)
+                torch.cuda.synchronize()
+                cuda_driver.set_pdl(True)
+                assert torch.equal(y.view(torch.int16), want.view(torch.int16)), T
+                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), T
+    finally:
+        cuda_driver.set_pdl(True)
+
+
+def _poison(nbytes=256 << 20):
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    torch.cuda.synchronize()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the prefill path: both expert GEMMs on the grouped W4A16 wgmma kernel (Hopper; packed experts)
 

@@ -2,15 +2,18 @@
 # Regenerate the PTX that mxkit ships for its CUDA C++ kernels (src/mxkit/kernels/matmul_details/*.cu), with
 # nvcc (CUDA 12.4 or newer). Each file declares the oldest target and PTX ISA its kernels need, so that older
 # drivers load it too, and ptxas checks that here for that target and sm_90:
-#   mma_decode.cu  sm_80, PTX ISA 7.8 (CUDA 11.8 drivers): mma.sync bf16; and mma_decode_sm90.ptx, sm_90, PTX
-#                  ISA 7.8: the same kernels with programmatic dependent launch (griddepcontrol), for Hopper
+#   mma_decode.cu  sm_80, PTX ISA 7.8 (CUDA 11.8 drivers): mma.sync bf16
 #   mma_a8w8.cu    sm_89, PTX ISA 8.4 (CUDA 12.4 drivers): mma.sync e4m3, cvt e4m3x2
 #
 #   bash scripts/build_ptx.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build() {  # build <.cu> <arch> <isa> <.ptx>
-    local cu=$1 arch=$2 isa=$3 ptx=$4
+for cu in src/mxkit/kernels/matmul_details/*.cu; do
+    case "$(basename "$cu")" in
+        mma_a8w8.cu) arch=sm_89 isa=8.4 ;;
+        *) arch=sm_80 isa=7.8 ;;
+    esac
+    ptx="${cu%.cu}.ptx"
     nvcc -ptx -arch="$arch" -O3 -o "$ptx.tmp" "$cu"
     {
         # the hash covers the .cu and the header every .cu includes (mma_common.cuh)
@@ -20,13 +23,4 @@ build() {  # build <.cu> <arch> <isa> <.ptx>
     rm -f "$ptx.tmp"
     for a in "$arch" sm_90; do ptxas -arch="$a" "$ptx" -o /dev/null; done
     echo "wrote $ptx"
-}
-for cu in src/mxkit/kernels/matmul_details/*.cu; do
-    case "$(basename "$cu")" in
-        mma_a8w8.cu) build "$cu" sm_89 8.4 "${cu%.cu}.ptx" ;;
-        mma_decode.cu)
-            build "$cu" sm_80 7.8 "${cu%.cu}.ptx"
-            build "$cu" sm_90 7.8 "${cu%.cu}_sm90.ptx" ;;
-        *) build "$cu" sm_80 7.8 "${cu%.cu}.ptx" ;;
-    esac
 done

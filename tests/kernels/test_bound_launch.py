@@ -66,47 +66,6 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     assert launch.triton_bound_launch(_compiled({"p": "*fp32"}, {}), (5,), (1,)) is None  # an int for a pointer
 
 
-def test_pdl_launch_config_matches_cuda_h(monkeypatch):
-    """cuLaunchKernelEx's structures as cuda.h lays them out (64-bit): CUlaunchAttribute 72 bytes (id, padding,
-    a 64-byte value), CUlaunchConfig 56; a PDL kernel's launch fills the config and passes one attribute,
-    programmatic stream serialization allowed; a kernel without pdl takes cuLaunchKernel."""
-    assert ctypes.sizeof(cuda_driver._LaunchAttribute) == 72
-    assert cuda_driver._LaunchAttribute.value.offset == 8
-    assert ctypes.sizeof(cuda_driver._LaunchConfig) == 56
-    assert (cuda_driver._LaunchConfig.sharedMemBytes.offset, cuda_driver._LaunchConfig.hStream.offset,
-            cuda_driver._LaunchConfig.attrs.offset, cuda_driver._LaunchConfig.numAttrs.offset) == (24, 32, 40, 48)
-    k = cuda_driver.Kernel.from_handle(1234, "probe", torch.device("cuda", 0))
-    x = torch.zeros(4)
-    b = k.bind((x, ctypes.c_int(3)))
-    seen = []
-
-    def ex(cfg_addr, fn, params, extra):
-        c = cuda_driver._LaunchConfig.from_address(cfg_addr.value)
-        a = c.attrs[0]
-        seen.append(("ex", (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ),
-                     c.sharedMemBytes, c.hStream, c.numAttrs, a.id, bytes(a.value[:4]), fn.value))
-        return 0
-
-    monkeypatch.setattr(cuda_driver, "_launch_ex_fn", lambda: ex)
-    monkeypatch.setattr(cuda_driver, "_launch_fn", lambda: lambda *a: seen.append(("plain", a[1:5])) or 0)
-    monkeypatch.setattr(cuda_driver, "_raw_stream", lambda index: 777)
-    k.pdl = True
-    b.shared = 64
-    prev = cuda_driver.set_pdl(True)
-    try:
-        b.launch(5, 6, 7, 128)
-        assert seen == [("ex", (5, 6, 7, 128, 1, 1), 64, 777, 1, 6, b"\x01\x00\x00\x00", 1234)]
-        cuda_driver.set_pdl(False)
-        b.launch(5, 6, 7, 128)
-        assert seen[1] == ("plain", (5, 6, 7, 128))
-        cuda_driver.set_pdl(True)
-        k.pdl = False  # a kernel not made for PDL never takes it
-        b.launch(5, 6, 7, 128)
-        assert seen[2] == ("plain", (5, 6, 7, 128))
-    finally:
-        cuda_driver.set_pdl(prev)
-
-
 def _bound_plans() -> list:
     return [b for _, plan in kq._HOT.values() for b in plan.bound.values() if b]
 

@@ -5,18 +5,12 @@ compiles it for the GPU at load time, so no CUDA toolkit is needed at run time. 
 current stream, so they order with PyTorch's work and are captured by CUDA graphs. Where ``libcuda`` or the
 module cannot be loaded, :func:`load_module` raises :class:`CudaDriverUnavailable` and the caller takes its
 Triton path.
-
-A kernel whose code waits on its predecessor (PTX ``griddepcontrol.wait`` before it reads or writes anything
-the previous kernels touch) can be launched with programmatic dependent launch (``Kernel(..., pdl=True)``;
-CUDA Programming Guide 4.5, sm_90): ``cuLaunchKernelEx`` with programmatic stream serialization, so that it
-starts while the kernel before it finishes. ``MXKIT_PDL=0`` or :func:`set_pdl` turns it off.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -24,7 +18,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 __all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch", "shipped_ptx_unavailable",
-           "shipped_kernel", "device_index", "param_sizes", "pdl_enabled", "set_pdl"]
+           "shipped_kernel", "device_index", "param_sizes"]
 
 
 class CudaDriverUnavailable(RuntimeError):
@@ -85,6 +79,8 @@ def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int
     """None when the PTX file ``path`` can run on CUDA device ``device_index``, else why not: the file missing, a
     GPU older than ``min_cc`` (``needs``: what for), the driver refusing the module, or ``MXKIT_MMA_DECODE=0``
     (which turns off every CUDA C++ kernel mxkit ships)."""
+    import os
+
     if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
         return "MXKIT_MMA_DECODE=0"
     if not Path(path).exists():
@@ -99,52 +95,29 @@ def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int
 
 
 @functools.lru_cache(maxsize=None)
-def shipped_kernel(path: str, name: str, device_index: int, pdl: bool = False) -> "Kernel":
-    """:class:`Kernel` ``name`` of the PTX file ``path`` on device ``device_index``, made once; ``pdl``: the
-    kernel waits on its predecessor (see :class:`Kernel`)."""
-    return Kernel(path, name, torch.device("cuda", device_index), pdl=pdl)
-
-
-_PDL_ON = [os.environ.get("MXKIT_PDL", "1") != "0"]  # set_pdl's switch, read by every launch
-
-
-def pdl_enabled() -> bool:
-    """Whether kernels made with ``pdl=True`` launch with programmatic dependent launch now: the driver has
-    ``cuLaunchKernelEx``, and neither ``MXKIT_PDL=0`` (at import) nor :func:`set_pdl` turned it off."""
-    return _PDL_ON[0] and _launch_ex_fn() is not None
-
-
-def set_pdl(enabled: bool) -> bool:
-    """Turn programmatic dependent launch on or off for the launches that follow (A/B runs; a CUDA graph keeps
-    what it captured). Returns the previous setting. The results are the same bits either way."""
-    prev, _PDL_ON[0] = _PDL_ON[0], bool(enabled)
-    return prev
+def shipped_kernel(path: str, name: str, device_index: int) -> "Kernel":
+    """:class:`Kernel` ``name`` of the PTX file ``path`` on device ``device_index``, made once."""
+    return Kernel(path, name, torch.device("cuda", device_index))
 
 
 class Kernel:
     """Function ``name`` of the PTX module ``path`` on ``device``: ``kernel(grid, block, args)`` launches it
     on the current stream. ``args`` are tensors (passed as their data pointers; None passes a null pointer)
     and ``ctypes`` scalars (``ctypes.c_int``, ``ctypes.c_longlong``) in the kernel's parameter order.
-    :meth:`from_handle` wraps a function loaded by someone else (a Triton ``CompiledKernel``'s).
+    :meth:`from_handle` wraps a function loaded by someone else (a Triton ``CompiledKernel``'s)."""
 
-    ``pdl=True`` only for a kernel that executes ``griddepcontrol.wait`` before it reads anything an earlier
-    kernel writes and before it writes anything: it is then launched with programmatic stream serialization
-    (while :func:`pdl_enabled`), so it may start while the previous kernel on the stream finishes."""
-
-    def __init__(self, path: Union[str, Path], name: str, device: torch.device, pdl: bool = False):
+    def __init__(self, path: Union[str, Path], name: str, device: torch.device):
         mod = load_module(path, device)
         self.fn = ctypes.c_void_p()
         _check(_libcuda().cuModuleGetFunction(ctypes.byref(self.fn), mod, name.encode()), f"finding {name}")
         self.name, self.device = name, device
         self.index = device_index(device)
-        self.pdl = pdl and _launch_ex_fn() is not None
 
     @classmethod
     def from_handle(cls, handle: int, name: str, device: torch.device) -> "Kernel":
         """The kernel of an already loaded ``CUfunction`` ``handle`` (its module stays owned by its loader)."""
         k = cls.__new__(cls)
         k.fn, k.name, k.device, k.index = ctypes.c_void_p(handle), name, device, device_index(device)
-        k.pdl = False
         return k
 
     def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
@@ -174,7 +147,6 @@ class BoundLaunch:
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
         self.grid, self.block = (1, 1, 1), 32  # the launch shape of run()
-        self._ex = None  # (CUlaunchConfig, its address, the attribute array it points to): PDL launches
         # held around set_ptr + launch where several threads may share this launch (the driver reads the
         # parameter block during cuLaunchKernel, which runs without the GIL): run() does
         self.lock = threading.Lock()
@@ -199,50 +171,9 @@ class BoundLaunch:
         raw = _raw_stream(self.kernel.index)
         if raw != self._stream[0]:
             self._stream = (raw, ctypes.c_void_p(raw))
-        if self.kernel.pdl and _PDL_ON[0]:
-            ex = self._ex or self._make_ex()
-            c = ex[0]
-            c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX = gx, gy, gz, block
-            c.sharedMemBytes, c.hStream = self.shared, raw
-            rc = _launch_ex_fn()(ex[1], self._fn, self._params, None)
-        else:
-            rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
+        rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
         if rc:
             _check(rc, f"launching {self.kernel.name}")
-
-    def _make_ex(self) -> tuple:
-        attrs = (_LaunchAttribute * 1)()
-        attrs[0].id = _PROGRAMMATIC_STREAM_SERIALIZATION
-        attrs[0].value[0] = 1  # programmaticStreamSerializationAllowed (an int at the union's start)
-        cfg = _LaunchConfig(blockDimY=1, blockDimZ=1, attrs=attrs, numAttrs=1)
-        self._ex = (cfg, ctypes.c_void_p(ctypes.addressof(cfg)), attrs)
-        return self._ex
-
-
-# CUDA driver API (cuda.h) structures of cuLaunchKernelEx
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-@functools.lru_cache(maxsize=1)
-def _launch_ex_fn():
-    """``cuLaunchKernelEx`` (CUDA 11.8 drivers and newer) without a prototype, or None where the driver lacks it."""
-    try:
-        fn = _libcuda()["cuLaunchKernelEx"]
-    except (CudaDriverUnavailable, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    return fn
 
 
 def param_sizes(handle: int) -> Optional[list[int]]:

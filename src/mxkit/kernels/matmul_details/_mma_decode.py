@@ -19,10 +19,6 @@ from ...packed import PackedWeight
 from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
-# the same kernels for sm_90 and newer, with programmatic dependent launch (mma_common.cuh: pdl_wait): each waits
-# on the previous kernel before it reads x, ids or eids or writes anything, and prefetches weight bytes into L2
-# before that (the down GEMM: its whole strip, eids read ahead)
-PTX_SM90 = Path(__file__).with_name("mma_decode_sm90.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
@@ -129,18 +125,11 @@ def rows_ok(x: torch.Tensor) -> bool:
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on CUDA ``device``, else the reason it cannot (no PTX, a GPU older than
     sm_80, the driver refusing the module, ``MXKIT_MMA_DECODE=0``)."""
-    return shipped_ptx_unavailable(str(ptx_for(_index(device))), _index(device), (8, 0), "mma.sync bf16")
-
-
-@functools.lru_cache(maxsize=None)
-def ptx_for(index: int) -> Path:
-    """The PTX file for CUDA device ``index``: :data:`PTX_SM90` on sm_90 and newer, :data:`PTX` before."""
-    return PTX_SM90 if torch.cuda.get_device_capability(index) >= (9, 0) and PTX_SM90.exists() else PTX
+    return shipped_ptx_unavailable(str(PTX), _index(device), (8, 0), "mma.sync bf16")
 
 
 def _kernel(name: str, index: int):
-    path = ptx_for(index)
-    return shipped_kernel(str(path), name, index, pdl=path == PTX_SM90)
+    return shipped_kernel(str(PTX), name, index)
 
 
 def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
@@ -243,11 +232,7 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
     x bf16 [*, K] (rows 16-byte aligned); experts (q, s) of :func:`pack_mma` on the (E * N, K) weight; ids /
     eids int32 of ``align_device`` with blocks of 8; bias float32 [E, N] or None; activation "swiglu_gpt_oss" /
     "swiglu" (rows interleaved: gate 2c, up 2c + 1; bf16 out, N / 2 columns, gather=True, no rw) or None (float32
-    out, N columns, gather=False, rw float32 [n_valid]). Writes the valid rows of ``out`` and returns it.
-
-    The down GEMM (rw given) reads ``eids`` before it waits on the kernel launched just before it (programmatic
-    dependent launch, sm_90), to prefetch its experts' weights: ``eids`` must have been written before that
-    kernel started, as :func:`mxkit.kernels.moe` launches it after the gate_up GEMM."""
+    out, N columns, gather=False, rw float32 [n_valid]). Writes the valid rows of ``out`` and returns it."""
     if activation not in ("swiglu_gpt_oss", "swiglu", None) or (activation is not None) != gather \
             or (activation is None) != (rw is not None):
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "

@@ -7,30 +7,6 @@
 
 namespace mxkit {
 
-// Programmatic dependent launch (CUDA Programming Guide 4.5; PTX griddepcontrol, sm_90). In the sm_90 PTX a kernel
-// launched with programmatic stream serialization may start while the kernel before it on the stream finishes:
-// pdl_wait() blocks until that kernel has completed and its writes are visible, so nothing the previous kernels
-// write may be read, and nothing written, before it. pdl_launch_dependents() lets the next such launch start once
-// every block of this one has called it or exited. Both compile to nothing in the sm_80 PTX, and pdl_wait()
-// returns at once where the launch did not ask for it.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// An L2 prefetch of the 128-byte line at p (a hint: no data reaches the thread, so it may run before pdl_wait()
-// on memory that a previous kernel writes); sm_90 PTX only, where it is issued ahead of pdl_wait().
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }

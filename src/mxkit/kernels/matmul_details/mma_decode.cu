@@ -337,17 +337,6 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   const int KT = K >> 6;
   const int S = gridDim.z, split = blockIdx.z;
   const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
-  // ahead of the wait on the previous kernel (PDL, sm_90 PTX): the first blockDim.x 128-byte lines of this
-  // block's weight codes (a tile is 4 lines) and the lines of their scale words into L2
-  {
-    const char* qb = reinterpret_cast<const char*>(q + (strip * KT + kt_lo) * 32);
-    const int tiles = kt_hi - kt_lo, lines = min(tiles * 4, (int)blockDim.x);
-    if ((int)threadIdx.x < lines) mxkit::prefetch_l2(qb + threadIdx.x * 128);
-    if ((int)threadIdx.x < (lines / 4 * 32 + 127) / 128)
-      mxkit::prefetch_l2(reinterpret_cast<const char*>(s + (strip * KT + kt_lo) * 8) + threadIdx.x * 128);
-  }
-  mxkit::pdl_wait();
-  mxkit::pdl_launch_dependents();
   const uint4* xr[NT];
   bool xm[NT];
 #pragma unroll
@@ -401,26 +390,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   __shared__ float red[WARPS][4][32];
   __shared__ float v[8][17];
   const int mb = blockIdx.x, strip = blockIdx.y;
-  const int KT = K >> 6;
-  int e;
-  if constexpr (MUL_RW) {
-    // The down GEMM: eids was written before the kernel preceding this one (the gate_up GEMM) started, so it is
-    // read ahead of the wait on that kernel (from L2), and the block's whole weight strip is prefetched into L2
-    // while the gate_up GEMM's last blocks run.
-    e = __ldcg(eids + mb);
-    if (e >= 0) {
-      const long long es = (long long)e * (N / 16) + strip;
-      const char* qb = reinterpret_cast<const char*>(q + es * KT * 32);
-      const char* sb = reinterpret_cast<const char*>(s + es * KT * 8);
-      for (int l = threadIdx.x; l < KT * 4; l += blockDim.x) mxkit::prefetch_l2(qb + l * 128);
-      for (int l = threadIdx.x; l < (KT + 3) / 4; l += blockDim.x) mxkit::prefetch_l2(sb + l * 128);
-    }
-    mxkit::pdl_wait();
-  } else {
-    mxkit::pdl_wait();
-    e = eids[mb];
-  }
-  mxkit::pdl_launch_dependents();
+  const int e = eids[mb];
   if (e < 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -428,6 +398,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   const bool xm[1] = {id < n_valid};
   const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
   const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
+  const int KT = K >> 6;
   const long long es = (long long)e * (N / 16) + strip;
   float acc[1][4];
   if constexpr (LOOP == LEAN)

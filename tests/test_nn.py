@@ -101,12 +101,68 @@ def test_mxlinear_bf16_input_and_grad(rng):
     x = torch.randn(4, 64, generator=rng).bfloat16().requires_grad_()
     y = m(x)
     assert y.dtype == torch.bfloat16
-    assert torch.equal(y, _expected(x.detach(), lin, "mxfp4"))
+    with torch.no_grad():
+        assert torch.equal(y, m(x))  # computing gradients does not change the forward
+    torch.testing.assert_close(y, _expected(x.detach(), lin, "mxfp4"), rtol=2**-7, atol=1e-2)  # one rounding less
     y.float().sum().backward()
     # d(sum y)/dx = column sums of the dequantized weight; a different float32 summation order may move the
     # bf16 rounding of x.grad by one bf16 ulp (2^-8 relative)
     expected = m.dequantize_weight().sum(0).expand(4, 64)
     torch.testing.assert_close(x.grad.float(), expected, rtol=2**-7, atol=1e-6)
+    assert m.bias.grad.dtype == torch.bfloat16 and torch.equal(m.bias.grad, torch.full((16,), 4.0).bfloat16())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("act", [None, "mxfp8", "mxfp4", "fp8_e4m3_rowwise"])
+def test_mxlinear_gradients_of_every_activation_format(act, device, rng):
+    """x and the bias get their gradients through a frozen MX weight whatever the activation format and device
+    (on CUDA the GEMM kernels, which compute none, and the decode hot path): grad_y @ dequantize(W) (the
+    activation quantization passed straight through) and grad_y summed; the weight's buffers take none; with
+    a bias frozen, x alone; with x frozen, the bias alone; the forward is the no-grad one, bit for bit."""
+    lin = nn.Linear(64, 32)
+    m = MXLinear.from_linear(lin, "mxfp6_e2m3" if act else "mxfp4", act_format=act).to(device)
+    x = torch.randn(2, 3, 64, generator=rng).to(device).requires_grad_()
+    g = torch.randn(2, 3, 32, generator=rng).to(device)
+    y = m(x)
+    with torch.no_grad():
+        assert torch.equal(y, m(x))
+    y.backward(g)
+    w = m.dequantize_weight()
+    torch.testing.assert_close(x.grad, (g.reshape(-1, 32) @ w).reshape(2, 3, 64), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(m.bias.grad, g.sum((0, 1)), rtol=1e-6, atol=1e-6)
+    assert not m.weight_qdata.requires_grad and not m.weight_scale.requires_grad
+    m.bias.requires_grad_(False)
+    x2 = x.detach().requires_grad_()
+    m(x2).backward(g)
+    torch.testing.assert_close(x2.grad, x.grad)
+    m.bias.requires_grad_(True)
+    m.bias.grad = None
+    m(x.detach()).backward(g)
+    torch.testing.assert_close(m.bias.grad, g.sum((0, 1)), rtol=1e-6, atol=1e-6)
+    if act is None:  # one bf16 token: on CUDA the decode kernel's eager hot path, had x not needed a gradient
+        xb = torch.randn(1, 64, generator=rng).bfloat16().to(device).requires_grad_()
+        m.bfloat16()(xb).float().sum().backward()
+        torch.testing.assert_close(xb.grad.float(), w.sum(0, keepdim=True), rtol=2**-7, atol=1e-6)
+
+
+def test_matmul_gradients(rng):
+    """mxkit.matmul: a float ``a`` and the bias get grad_y @ dequantize(b) and grad_y summed (an MXTensor or a
+    PackedWeight b alike); an MXTensor ``a`` takes none, its bias still does; the forward is the no-grad one."""
+    w = mxkit.quantize(torch.randn(24, 96, generator=rng), "mxfp4")
+    for b in (w, mxkit.pack_weight(w)):
+        a = torch.randn(5, 96, generator=rng, requires_grad=True)
+        bias = torch.randn(24, generator=rng, requires_grad=True)
+        g = torch.randn(5, 24, generator=rng)
+        y = mxkit.matmul(a, b, bias=bias)
+        assert torch.equal(y.detach(), mxkit.matmul(a.detach(), b, bias=bias.detach()))
+        y.backward(g)
+        torch.testing.assert_close(a.grad, g @ mxkit.dequantize(w), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(bias.grad, g.sum(0), rtol=1e-6, atol=1e-6)
+    aq = mxkit.quantize(torch.randn(5, 96, generator=rng), "mxfp8")
+    bias = torch.randn(24, generator=rng, requires_grad=True)
+    mxkit.matmul(aq, w, bias=bias).sum().backward()
+    torch.testing.assert_close(bias.grad, torch.full((24,), 5.0))
 
 
 def test_mxlinear_bits_repr_and_errors():

@@ -191,8 +191,14 @@ def matmul(
     pairs, cuBLAS bf16 for the rest); every path is exact: its error is float32 accumulation plus one output
     rounding (issue #22's bound). ``backend="reference"`` (and CPU under ``"auto"``) computes in float32 on the
     dequantized operands (:func:`mxkit.reference.matmul_reference`).
+    Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
+    get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
     """
+    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False)
+                                    or (bias is not None and bias.requires_grad)):
+        return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
+                                                                     backend=backend))
     if (backend == "auto" and type(b) is PackedWeight and (bias is None or type(bias) is torch.Tensor)
             and not torch.compiler.is_compiling()):
         # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
@@ -209,6 +215,39 @@ def matmul(
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)
+
+
+class _InputGrad(torch.autograd.Function):
+    """See :func:`with_input_grad`."""
+
+    @staticmethod
+    def forward(ctx, x, bias, w, fn):  # (autograd records nothing in here: fn's kernels need not be traceable)
+        ctx.w, ctx.x_meta = w, (x.dtype, x.shape) if isinstance(x, torch.Tensor) else None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return fn(x, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        w = ctx.w.source if isinstance(ctx.w, PackedWeight) else ctx.w
+        g2 = g.reshape(-1, g.shape[-1]).float()
+        gx = gb = None
+        if ctx.needs_input_grad[0]:
+            dtype, shape = ctx.x_meta
+            gx = (g2 @ dequantize(w, torch.float32)).to(dtype).reshape(shape)
+        if ctx.needs_input_grad[1]:
+            gb = g2.sum(0).to(ctx.bias_dtype)
+        return gx, gb, None, None
+
+
+def with_input_grad(x, bias: Optional[torch.Tensor], w: Union[MXTensor, PackedWeight], fn) -> torch.Tensor:
+    """``fn(x, bias)`` — a linear layer's forward y = f(x) @ dequantize(w).T + bias, by any path — with the
+    gradients autograd needs: x (a float tensor; an MXTensor takes none) gets ``grad_y @ dequantize(w)``,
+    computed in float32 and cast to x's dtype (any quantization of x inside ``fn``, such as ``MXLinear``'s
+    ``act_format``, passed straight through: the straight-through estimator of quantization-aware training);
+    ``bias`` gets ``grad_y`` summed over the leading dims, in its dtype. The MX weight ``w`` (N, K) is frozen.
+    ``fn`` runs outside autograd, so its kernels need not be differentiable; its result is the one the same
+    call gives without gradients, bit for bit."""
+    return _InputGrad.apply(x, bias, w, fn)
 
 
 _KERNELS = None  # mxkit.kernels.quantize where Triton imports, False where it does not (None: not asked yet)

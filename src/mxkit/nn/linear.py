@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwise
+from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwise, with_input_grad
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
@@ -84,7 +84,9 @@ class MXLinear(_ops.Handled, nn.Module):
 
     forward: x (..., in_features) float32 | bfloat16 | float16 on the buffers' device → (..., out_features)
     in ``x.dtype``. Computed by :func:`mxkit.matmul` (float32 accumulation on CPU today). Gradients flow to
-    ``x`` and the bias, not to the frozen weight.
+    ``x`` and the bias, not to the frozen weight, on every device and path (:func:`mxkit.ops.with_input_grad`:
+    ``grad_y @ dequantize(W)``, ``act_format``'s quantization passed straight through); the forward's result is
+    the same with or without them.
     Raises ValueError if ``in_features % block_size != 0``.
     """
 
@@ -187,7 +189,6 @@ class MXLinear(_ops.Handled, nn.Module):
         return self.weight_qdata.numel() + self.weight_scale.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packed, act = self._packed, self.act_format
         if torch.compiler.is_compiling():
             if x.is_cuda:
                 # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque
@@ -195,10 +196,19 @@ class MXLinear(_ops.Handled, nn.Module):
                 if _ops.needs_grad(x, self.bias):
                     return _eager_forward(self, x)
                 return torch.ops.mxkit.mx_linear(x, self._op_handle)
-        elif act is None and packed is not None and type(x) is torch.Tensor and x.is_cuda:
-            bias = self.bias  # the eager hot path (decode): what matmul's own fast path runs, minus its checks
-            if bias is None or not (bias.requires_grad and torch.is_grad_enabled()):
-                return prepared_call(x, packed, x.dtype, bias)(x, bias)
+        elif self.act_format is None and self._packed is not None and type(x) is torch.Tensor and x.is_cuda \
+                and not (torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None
+                                                                          and self.bias.requires_grad))):
+            # the eager hot path (decode): what matmul's own fast path runs, minus its checks
+            return prepared_call(x, self._packed, x.dtype, self.bias)(x, self.bias)
+        if _ops.needs_grad(x, self.bias):
+            # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
+            # without gradients), the input's and the bias' gradients by the dequantized weight
+            return with_input_grad(x, self.bias, self.weight_mx, self._forward)
+        return self._forward(x, self.bias)
+
+    def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        packed, act = self._packed, self.act_format
         w = packed if packed is not None else self.weight_mx
         a = x
         if act == FP8_ROWWISE:
@@ -209,26 +219,20 @@ class MXLinear(_ops.Handled, nn.Module):
             a = quantize_fold_triton(x.contiguous(), act, block_size=self.block_size, scale_mode=self.scale_mode,
                                      rounding=self.rounding, defer=True)
         elif act is not None:
-            y = self._a8w8(x, w)
+            y = self._a8w8(x, w, bias)
             if y is not None:
                 return y
             a = quantize(x, act, axis=-1, block_size=self.block_size, scale_mode=self.scale_mode,
                          rounding=self.rounding)
-        if self.bias is not None and self.bias.requires_grad and torch.is_grad_enabled():
-            y = matmul(a, w, out_dtype=x.dtype)  # autograd reaches the bias through a torch add
-            return y + self.bias.to(y.dtype)
-        # inference: the bias is added in float32 before the one output rounding
-        return matmul(a, w, bias=None if self.bias is None else self.bias.detach(), out_dtype=x.dtype)
+        # the bias added in float32 before the one output rounding
+        return matmul(a, w, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)
 
-    def _a8w8(self, x: torch.Tensor, w) -> Optional[torch.Tensor]:
+    def _a8w8(self, x: torch.Tensor, w, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """MXFP8 activations x an MXFP8 weight at small M in one launch (x quantized inside the a8w8-mma kernel,
         the bytes of :func:`mxkit.quantize` with this layer's FLOOR / RNE), or None where it does not apply."""
         if not (getattr(self.act_format, "name", None) == "mxfp8_e4m3" and self.weight_format.name == "mxfp8_e4m3"
                 and self.scale_mode is ScaleMode.FLOOR and self.rounding is Rounding.RNE and self.block_size == 32):
             return None  # (a8w8_linear checks the rest: CUDA, bf16 x, shapes, envelope, not while compiling)
-        bias = self.bias
-        if bias is not None and bias.requires_grad and torch.is_grad_enabled():
-            return None
         if isinstance(w, PackedWeight) and type(x) is torch.Tensor and x.is_cuda \
                 and not torch.compiler.is_compiling():
             call = prepared_call_a8w8(x, w, x.dtype, bias)  # the eager hot path: one launch, checks made once

@@ -28,9 +28,9 @@ FP8 grouped GEMMs read, ``gate_up_row_scale`` (E, 2I) float32 their power-of-two
 ``state_dict()``. The experts then take twice their MXFP4 size (the E4M3 bytes) instead of three times (the
 MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183.
 
-Under ``torch.compile`` (inference: no gradient to x or the router) a CUDA MXMoE's experts are one opaque custom
-op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the module's eager
-expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
+Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) a CUDA MXMoE's experts
+are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the
+module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
 ``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included).
 
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
@@ -90,7 +90,9 @@ class MXMoE(_ops.Handled, nn.Module):
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
-    above. Inference only: gradients reach x and the router through the reference backend, not the experts.
+    above. The experts are frozen (MX bytes); gradients reach x, the router and the expert biases through the
+    reference backend, which the layer takes on any device whenever autograd needs one of them (float64 inside:
+    slow, for fine-tuning around the experts, not for training at scale).
     Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
     """
 
@@ -461,31 +463,35 @@ class MXMoE(_ops.Handled, nn.Module):
         logits = self.router(x)
         if torch.compiler.is_compiling() and x.is_cuda:
             # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
-            # a graph break where autograd needs x's or the router's gradient
-            if _ops.needs_grad(x, logits):
+            # a graph break where autograd needs a gradient (x, the router, the expert biases)
+            if _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias):
                 return self._result(_eager_experts(self, x, logits), logits)
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
         return self._result(self._experts(x, logits), logits)
 
     def _experts(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router)."""
-        y = self._forward_packed(x, logits)
-        if y is None:
-            y = self._forward_folded(x, logits)
-        if y is not None:
-            return y
+        """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
+        Where autograd needs a gradient (x, the router or the expert biases) it runs the reference backend: the
+        GPU kernels compute none."""
+        grad = _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias)
+        if not grad:
+            y = self._forward_packed(x, logits)
+            if y is None:
+                y = self._forward_folded(x, logits)
+            if y is not None:
+                return y
         args = (x, self.gate_up_mx, self.gate_up_bias, self.down_mx, self.down_bias, logits, self.top_k)
-        kw = dict(routing=self.routing, activation=self.activation, backend=self.backend)
+        kw = dict(routing=self.routing, activation=self.activation, backend="reference" if grad else self.backend)
         if self.act_format is not None:
             if self.ep_ranges is not None or self.expert_range != (0, self.num_experts):
                 raise NotImplementedError("act_format='fp8_e4m3_rowwise' with expert parallelism")
-            y = moe_w4a8(*args, folded=self._folded_experts(x), **kw)
+            y = moe_w4a8(*args, folded=None if grad else self._folded_experts(x), **kw)
         elif self.ep_ranges is not None:
             y = ep_moe(*args, ranges=self.ep_ranges, group=self.ep_group, **kw)
         else:
             partial = self.expert_range != (0, self.num_experts)
-            y = moe(*args, expert_range=self.expert_range if partial else None, packed=self._packed_experts(x),
-                    **kw)
+            y = moe(*args, expert_range=self.expert_range if partial else None,
+                    packed=None if grad else self._packed_experts(x), **kw)
         return y
 
     def _result(self, y: torch.Tensor, logits: torch.Tensor):

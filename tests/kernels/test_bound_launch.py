@@ -66,6 +66,25 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     assert launch.triton_bound_launch(_compiled({"p": "*fp32"}, {}), (5,), (1,)) is None  # an int for a pointer
 
 
+def test_launch_binds_the_primary_context_on_a_thread_without_one(monkeypatch):
+    """A launch that the driver refuses for want of a current context (CUDA_ERROR_INVALID_CONTEXT: autograd's
+    backward worker thread) binds the device's primary context to the thread and is made again, once; any other
+    error is raised."""
+    k = cuda_driver.Kernel.from_handle(1234, "probe", torch.device("cuda", 3))
+    b = k.bind((torch.zeros(2), ctypes.c_int(1)))
+    rcs, bound = [201, 0], []
+    monkeypatch.setattr(cuda_driver, "_launch_fn", lambda: lambda *a: rcs.pop(0))
+    monkeypatch.setattr(cuda_driver, "_raw_stream", lambda index: 0)
+    monkeypatch.setattr(cuda_driver, "bind_primary_context", bound.append)
+    b.launch(1, 1, 1, 32)
+    assert bound == [3] and not rcs
+    rcs[:] = [201, 201]
+    monkeypatch.setattr(cuda_driver, "_libcuda", lambda: types.SimpleNamespace(
+        cuGetErrorString=lambda rc, msg: 0))
+    with pytest.raises(cuda_driver.CudaDriverUnavailable, match="launching probe failed: CUDA error 201"):
+        b.launch(1, 1, 1, 32)
+
+
 def _bound_plans() -> list:
     return [b for _, plan in kq._HOT.values() for b in plan.bound.values() if b]
 

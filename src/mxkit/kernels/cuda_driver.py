@@ -172,8 +172,27 @@ class BoundLaunch:
         if raw != self._stream[0]:
             self._stream = (raw, ctypes.c_void_p(raw))
         rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
+        if rc == _INVALID_CONTEXT:  # a thread without a current context (autograd's backward worker): bind it, retry
+            bind_primary_context(self.kernel.index)
+            rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
         if rc:
             _check(rc, f"launching {self.kernel.name}")
+
+
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
+
+
+def bind_primary_context(index: int) -> None:
+    """Make device ``index``'s primary context (the one PyTorch uses, into which the modules were loaded) current on
+    this thread. A thread that has made no CUDA runtime call that needs one, such as the autograd engine's
+    worker running a backward, has no current context, and driver-API launches there fail with
+    CUDA_ERROR_INVALID_CONTEXT. Raises CudaDriverUnavailable."""
+    lib = _libcuda()
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    _check(lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(index)), "cuDeviceGet")
+    # (retained, not released: PyTorch holds this context for the life of the process anyway)
+    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def param_sizes(handle: int) -> Optional[list[int]]:

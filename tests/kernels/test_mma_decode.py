@@ -71,7 +71,8 @@ def test_pack_mma_rejects_shapes(shape):
 def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
     declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8, m16, m16l by shape;
-    grouped: each activation, 1 or 2 tiles a batch; each with its special-scale variant)."""
+    grouped: each activation, 1 or 2 tiles a batch; pairs: each activation; each with its special-scale
+    variant)."""
     ptx = _mma_decode.PTX.read_text()
     digest = hashlib.sha256(_mma_decode.SOURCE.read_bytes() + _mma_decode.COMMON.read_bytes()).hexdigest()[:16]
     assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing mma_decode.cu"
@@ -85,8 +86,12 @@ def test_ptx_matches_source():
         for n in (1, _mma_decode.SMALL_PAIRS, _mma_decode.SMALL_PAIRS + 1, 256):
             for sp in (False, True):
                 names.add(_mma_decode.grouped_kernel_name(act, n, sp))
-    assert len(names) == 18 + 12  # m8 / m16 / m16l x 3 dtypes x 2; 3 activations x 2 sizes x 2
+    for act in ("swiglu_gpt_oss", "swiglu", None):
+        for sp in (False, True):
+            names.add(_mma_decode.pairs_kernel_name(act, sp))
+    assert len(names) == 18 + 12 + 6  # m8 / m16 / m16l x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
     assert "mxfp4_mma_decode_m16l_f32_special" in names and "mxfp4_mma_grouped_down_u2" in names
+    assert "mxfp4_mma_pairs_down_special" in names
     for name in names:
         assert f".entry {name}(" in ptx, name
 

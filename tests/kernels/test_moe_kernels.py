@@ -597,9 +597,15 @@ def _count(monkeypatch, module, name: str, record) -> list:
 
 
 def _count_grouped_mma(monkeypatch):
+    """The decode path's GEMM launches: the sorted blocks' (grouped_mma: the activation) and the unsorted pairs'
+    (pairs_mma: ("pairs", the activation)), in call order."""
     from mxkit.kernels.matmul_details import _mma_decode
 
-    return _count(monkeypatch, _mma_decode, "grouped_mma", lambda kw: kw["activation"])
+    calls = _count(monkeypatch, _mma_decode, "grouped_mma", lambda kw: kw["activation"])
+    real = _mma_decode.pairs_mma
+    monkeypatch.setattr(_mma_decode, "pairs_mma", lambda *a, **kw: calls.append(("pairs", kw["activation"]))
+                        or real(*a, **kw))
+    return calls
 
 
 @pytest.mark.gpu
@@ -621,8 +627,70 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     assert packed[0].special and not packed[1].special
     calls = _count_grouped_mma(monkeypatch)
     y = moe_triton(*case, activation=act, packed=packed)
-    assert calls == [act, None]
+    assert calls == ([("pairs", act), ("pairs", None)] if T * 4 <= 8 else [act, None])
     check_layer(y, case, act)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,k", [(1, 4), (2, 4), (8, 1), (3, 2)])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
+    """Up to 8 (token, slot) pairs on all the experts with bf16 out, both GEMMs run one block per pair from the
+    router's ids (int64 as torch.topk gives them, or int32), with no sort and no combine kernel (the down GEMM
+    sums the slots): the bytes of the sorted blocks and the combine kernel (which a slice holding every expert
+    takes, float32 out, rounded once to bf16 here); a pair routed to an expert id outside the layer contributes
+    0 (the sorted path with that pair's weight 0); fresh inputs in a CUDA graph replay; the allocator's free
+    memory poisoned before the calls."""
+    from mxkit.kernels import moe as kmoe
+
+    E, H, I = 32, 256, 128
+    case = layer_case(T, E, H, I, "mxfp4", rng, k=k)
+    x, w1, b1, w2, b2, tw, ids = case
+    w1.scale[3, 1, 0] = 0  # the special-scale variant of the gate_up kernel
+    packed = (kmoe.pack_experts_mma(w1, interleave_halves=act == "swiglu"), kmoe.pack_experts_mma(w2))
+    calls = _count_grouped_mma(monkeypatch)
+    sorts, combines = _count(monkeypatch, kmoe, "align_device", lambda kw: 1), []
+    real_combine = kmoe._COMBINE
+    monkeypatch.setattr(kmoe, "_COMBINE", lambda *a, **kw: combines.append(1) or real_combine(*a, **kw))
+
+    def sorted_path(ids_, tw_):  # every expert held as a slice: the sorted blocks, float32 partials, the combine
+        return kmoe.moe_triton(x, w1, b1, w2, b2, tw_, ids_, activation=act, packed=packed, out_dtype=torch.float32,
+                               expert_range=(0, E), num_experts=E)
+
+    for dtype in (torch.int64, torch.int32):
+        i = ids.to(dtype)
+        _poison()
+        y = kmoe.moe_triton(x, w1, b1, w2, b2, tw, i, activation=act, packed=packed)
+        assert calls == [("pairs", act), ("pairs", None)] and not sorts and not combines
+        calls.clear()
+        want = sorted_path(i, tw)
+        assert calls == [act, None] and sorts and combines
+        calls.clear(), sorts.clear(), combines.clear()
+        assert y.dtype == torch.bfloat16 and torch.equal(y.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
+        check_layer(y, case, act)
+    bad, tw0 = ids.clone(), tw.clone()
+    bad[T - 1, k - 1], tw0[T - 1, k - 1] = E, 0.0  # an id outside the layer: its pair contributes 0
+    y = kmoe.moe_triton(x, w1, b1, w2, b2, tw, bad, activation=act, packed=packed)
+    want = sorted_path(torch.where(bad >= E, 0, bad), tw0)
+    assert torch.equal(y.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
+    xs, idss, tws = x.clone(), ids.clone(), tw.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = kmoe.moe_triton(xs, w1, b1, w2, b2, tws, idss, activation=act, packed=packed)
+    for _ in range(2):
+        xs.copy_(torch.randn(T, H, generator=rng).to(torch.bfloat16))
+        idss.copy_(rand_ids(T, k, E, rng))
+        _poison()
+        g.replay()
+        torch.cuda.synchronize()
+        want = kmoe.moe_triton(xs, w1, b1, w2, b2, tws, idss, activation=act, packed=packed)
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+def _poison(nbytes=256 << 20):
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    torch.cuda.synchronize()
 
 
 def _slices_and_graph(rng, T, pack, calls, E=32, H=256, I=128, k=4):

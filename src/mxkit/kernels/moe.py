@@ -33,7 +33,7 @@ from ..tensor import MXTensor
 from .launch import _Launcher
 from .matmul import W_KINDS
 from .matmul_details._envelope import exact_scale_range, host_ints, scale_extrema, scale_stats
-from .matmul_details import _align, _moe_epilogue
+from .matmul_details import _align, _mma_decode, _moe_epilogue
 
 # direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
 _ALIGN_SMALL = _Launcher(_align, "_align_small_kernel")
@@ -319,6 +319,25 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
     return y
 
 
+def _moe_mma_pairs(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, T, k, I, H,
+                   activation) -> torch.Tensor:
+    """Up to ``_mma_decode.SMALL_PAIRS`` (token, slot) pairs on all the experts, bf16 out: both GEMMs one block per
+    pair from the router's ids (no sort, no int32 copy), the down GEMM combining the slots (no combine kernel);
+    the bytes of _moe_mma and the combine."""
+    pairs_mma = _mma_decode.pairs_mma
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    b1 = None if b1 is None else _packed_bias(b1, 2 * I, ("mma", p1.interleaved))
+    b2 = None if b2 is None else _packed_bias(b2, H, ("mma", False))
+    n = T * k
+    h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
+    pairs_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, k, E, bias=b1, activation=activation, rw=None, out=h)
+    out = torch.empty(T, H, device=x.device, dtype=torch.bfloat16)
+    ws = torch.empty(n, H, device=x.device, dtype=torch.float32)
+    return pairs_mma(h, p2.q, p2.s, p2.special, H, I, ids, k, E, bias=b2, activation=None, rw=rw, out=out, ws=ws)
+
+
 # the prefill path: both expert GEMMs on the W4A16 wgmma kernel (matmul_details/_w4a16_wgmma.py), grouped
 
 
@@ -590,6 +609,9 @@ def _run_packed(path: str, x, packed, b1, b2, topk_weights, topk_ids, activation
         return _moe_wgmma(x, packed[0], b1, packed[1], b2, topk_weights, topk_ids, E, lo, n_experts, activation,
                           out_dtype)
     rw = topk_weights.reshape(-1).to(torch.float32)
+    if 0 < T * k <= _mma_decode.SMALL_PAIRS and expert_range is None and out_dtype == torch.bfloat16:
+        return _moe_mma_pairs(x, packed[0], b1, packed[1], b2, rw.contiguous(), topk_ids, E, T, k, N1 // 2, H,
+                              activation)
     y = _moe_mma(x, packed[0], b1, packed[1], b2, rw, topk_ids, E, lo, T, k, N1 // 2, H, activation, expert_range)
     out = torch.empty(T, H, dtype=out_dtype, device=x.device)
     if T:  # the k slots of each token summed in order in float32, rounded once: one kernel

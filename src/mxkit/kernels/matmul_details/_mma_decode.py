@@ -16,14 +16,15 @@ from typing import Optional
 import torch
 
 from ...packed import PackedWeight
-from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
+from ..cuda_driver import _raw_stream, device_index as _index, shipped_kernel, shipped_ptx_unavailable
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
 WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
-SMALL_PAIRS = 8  # up to this many (token, slot) pairs the grouped kernels take 2 tiles a batch (_u2; same bits)
+SMALL_PAIRS = 8  # up to this many (token, slot) pairs the grouped kernels take 2 tiles a batch (_u2; same bits),
+#                 and the MoE decode path runs one block per pair without the sort (pairs_mma)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
@@ -241,4 +242,49 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
     k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
                                      ctypes.c_longlong(out.stride(0))))
+    return out
+
+
+def pairs_kernel_name(activation: Optional[str], special: bool) -> str:
+    """The ``mma_decode.cu`` entry of a :func:`pairs_mma` launch (``activation`` None: the down GEMM)."""
+    return f"mxfp4_mma_pairs_{activation or 'down'}{'_special' if special else ''}"
+
+
+_COUNTERS: dict = {}  # (device index, raw stream) -> [int32 zeros in use, the smaller ones it replaced]
+
+
+def pair_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 arrival counters for the down GEMM of :func:`pairs_mma` on the current stream of
+    ``device``: zero between launches (each launch's last blocks reset theirs), one set per stream (two streams
+    running at once would otherwise share them). A larger request replaces the set but keeps the old one alive:
+    a CUDA graph captured with it still points there."""
+    idx = _index(device)
+    kept = _COUNTERS.setdefault((idx, _raw_stream(idx)), [])
+    if not kept or kept[0].numel() < n:
+        kept.insert(0, torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return kept[0]
+
+
+def pairs_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int,
+              topk_ids: torch.Tensor, top_k: int, n_experts: int, *, bias: Optional[torch.Tensor],
+              activation: Optional[str], rw: Optional[torch.Tensor], out: torch.Tensor,
+              ws: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One GEMM of the MoE decode path without the sort, up to :data:`SMALL_PAIRS` (token, slot) pairs:
+    ``mma_decode.cu``'s ``mxfp4_mma_pairs_*`` kernels, one block per pair (the contract is beside
+    ``mxfp4_mma_grouped``'s PAIRS). topk_ids: the router's ids (T, top_k) or flat, int32 or int64, contiguous; an
+    id outside 0 .. n_experts - 1 contributes 0. The gate_up GEMM (``activation`` "swiglu_gpt_oss" / "swiglu",
+    x (T, K) gathered by pair, rows interleaved) writes h bf16 (pairs, N / 2) to ``out``. The down GEMM
+    (``activation`` None, x = h, ``rw`` float32 per pair, ``ws`` float32 (pairs, N) scratch) also combines each
+    token's ``top_k`` slots in order into ``out`` bf16 (T, N): the bytes of the sorted path and its combine
+    kernel. Returns ``out``."""
+    n = topk_ids.numel()
+    if not (0 < n <= SMALL_PAIRS and topk_ids.dtype in (torch.int32, torch.int64) and topk_ids.is_contiguous()
+            and (activation is None) == (rw is not None) == (ws is not None) and out.dtype == torch.bfloat16):
+        raise ValueError(f"pairs_mma takes 1 to {SMALL_PAIRS} contiguous int32 / int64 ids, bf16 out, and rw with ws "
+                         f"for the down GEMM (activation None)")
+    cnt = pair_counters(x.device, (n // top_k) * (N // 16)) if activation is None else None
+    k = _kernel(pairs_kernel_name(activation, special), _index(x.device))
+    k((n, N // 16), 128, (x, q, s, bias, rw, out, topk_ids, ctypes.c_int(topk_ids.dtype == torch.int64), ws, cnt,
+                          ctypes.c_int(N), ctypes.c_int(K), ctypes.c_int(n), ctypes.c_int(top_k),
+                          ctypes.c_int(n_experts), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(out.stride(0))))
     return out

@@ -380,51 +380,93 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
 // on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
 // times rw[i]; stored once in OUT at out[i] (row stride ldo).
+//
+// PAIRS (a few (token, slot) pairs, no sort): block mb is pair mb alone (row 0 of the block; the other 7 rows
+// are padding), of the expert eids[mb] read from the router's ids as they are (int64 where ids64, else int32;
+// an id outside 0 .. n_exp - 1 contributes 0, as the sort leaves such a pair out); ids is not read. The down
+// GEMM (ACT 0, MUL_RW) then also combines: it writes its pair's row (times rw, 0 for an expert not held) to the
+// float32 workspace ws [n_valid, N], and the last of a token's top_k blocks of a strip to arrive (counted in
+// cnt [tokens, N / 16], which it resets to 0) sums the token's k rows in slot order from 0 in float32 into
+// out[token] (OUT, row stride ldo): the arithmetic of the combine kernel (_moe_epilogue's DIRECT), whichever
+// block arrives last.
 template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, int LOOP,
-          bool XPF>
+          bool XPF, bool PAIRS = false>
 __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                   const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                   const float* __restrict__ rw, OUT* __restrict__ out,
                                                   const int* __restrict__ ids, const int* __restrict__ eids, int N,
-                                                  int K, int n_valid, int top_k, long long ldx, long long ldo) {
+                                                  int K, int n_valid, int top_k, long long ldx, long long ldo,
+                                                  int ids64 = 0, int n_exp = 0, float* __restrict__ ws = nullptr,
+                                                  int* __restrict__ cnt = nullptr) {
   __shared__ float red[WARPS][4][32];
   __shared__ float v[8][17];
   const int mb = blockIdx.x, strip = blockIdx.y;
-  const int e = eids[mb];
-  if (e < 0) return;
+  int e;
+  if constexpr (PAIRS) {
+    const long long te = ids64 ? reinterpret_cast<const long long*>(eids)[mb] : (long long)eids[mb];
+    e = te >= 0 && te < n_exp ? (int)te : -1;
+  } else {
+    e = eids[mb];
+  }
+  constexpr bool COMBINE = PAIRS && ACT == 0;
+  if (e < 0 && !COMBINE) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int id = ids[mb * 8 + g];
-  const bool xm[1] = {id < n_valid};
-  const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
-  const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
-  const int KT = K >> 6;
-  const long long es = (long long)e * (N / 16) + strip;
-  float acc[1][4];
-  if constexpr (LOOP == LEAN)
-    mainloop_lean<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc);
-  else if constexpr (LOOP > 0)
-    mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT,
-                                                    warp, acc);
-  else
-    mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp, acc);
+  // the sorted row r of the block: its flat (token, slot) index, n_valid for padding
+  auto row_id = [&](int r) { return PAIRS ? (r == 0 ? mb : n_valid) : ids[mb * 8 + r]; };
+  if (e >= 0) {
+    const int id = row_id(g);
+    const bool xm[1] = {id < n_valid};
+    const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
+    const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
+    const int KT = K >> 6;
+    const long long es = (long long)e * (N / 16) + strip;
+    float acc[1][4];
+    if constexpr (LOOP == LEAN)
+      mainloop_lean<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc);
+    else if constexpr (LOOP > 0)
+      mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0,
+                                                      KT, warp, acc);
+    else
+      mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp,
+                                               acc);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
-  __syncthreads();
-  for (int el = threadIdx.x; el < 128; el += blockDim.x) {
-    const int i = el / 32, l = el & 31;
-    float sum = red[0][i][l];
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
+    __syncthreads();
+    for (int el = threadIdx.x; el < 128; el += blockDim.x) {
+      const int i = el / 32, l = el & 31;
+      float sum = red[0][i][l];
 #pragma unroll
-    for (int w = 1; w < WARPS; ++w) sum += red[w][i][l];
-    const int r = (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
-    if (bias != nullptr) sum += bias[(long long)e * N + strip * 16 + r];
-    v[m][r] = sum;
+      for (int w = 1; w < WARPS; ++w) sum += red[w][i][l];
+      const int r = (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
+      if (bias != nullptr) sum += bias[(long long)e * N + strip * 16 + r];
+      v[m][r] = sum;
+    }
+    __syncthreads();
   }
-  __syncthreads();
+  if constexpr (COMBINE) {
+    __shared__ int last;
+    const int tok = mb / top_k;
+    if (threadIdx.x < 16) ws[(long long)mb * N + strip * 16 + threadIdx.x] = e >= 0 ? v[0][threadIdx.x] * rw[mb] : 0.f;
+    __threadfence();
+    __syncthreads();
+    int* c = cnt + (long long)tok * (N / 16) + strip;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1) == top_k - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 16) {
+      float sum = 0.f;
+      for (int j = 0; j < top_k; ++j) sum += __ldcg(ws + (long long)(tok * top_k + j) * N + strip * 16 + threadIdx.x);
+      out[(long long)tok * ldo + strip * 16 + threadIdx.x] = to_out<OUT>(sum);
+    }
+    if (threadIdx.x == 0) *c = 0;
+    return;
+  }
   if (ACT == 0) {
     for (int el = threadIdx.x; el < 128; el += blockDim.x) {
       const int m = el / 16, r = el % 16;
-      const int i = ids[mb * 8 + m];
+      const int i = row_id(m);
       if (i < n_valid) {
         float val = v[m][r];
         if (MUL_RW) val *= rw[i];
@@ -434,7 +476,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   } else {
     for (int el = threadIdx.x; el < 64; el += blockDim.x) {
       const int m = el / 8, c = el % 8;
-      const int i = ids[mb * 8 + m];
+      const int i = row_id(m);
       if (i < n_valid) {
         float gate = v[m][2 * c], up = v[m][2 * c + 1], val;
         if (ACT == 1) {  // transformers' GptOssExperts: alpha 1.702, limit 7.0
@@ -487,6 +529,20 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, false, OUT, W, U, L, X)                                     \
   MXKIT_MMA_GROUPED(NAME##_special, ACT, GATHER, MUL_RW, true, OUT, W, U, L, X)
 
+// one block per (token, slot) pair, no sort (PAIRS; the down GEMM combining into bf16 out): 2 tiles a batch
+#define MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, SPECIAL)                                                 \
+  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+      const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
+      const float* __restrict__ bias, const float* __restrict__ rw, __nv_bfloat16* __restrict__ out,           \
+      const int* __restrict__ topk_ids, int ids64, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, \
+      int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {                                       \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, __nv_bfloat16, 4, 2, LEAN, false, true>(                   \
+        x, q, s, bias, rw, out, nullptr, topk_ids, N, K, n_valid, top_k, ldx, ldo, ids64, n_exp, ws, cnt);       \
+  }
+#define MXKIT_MMA_PAIRS_BOTH(NAME, ACT, GATHER, MUL_RW)                                                     \
+  MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, false)                                                         \
+  MXKIT_MMA_PAIRS(NAME##_special, ACT, GATHER, MUL_RW, true)
+
 // the grouped kernels of one activation: 1 tile a batch, and 2 (_u2: faster up to 8 (token, slot) pairs)
 #define MXKIT_MMA_GROUPED_SIZES(NAME, ACT, GATHER, MUL_RW, OUT)                                            \
   MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, 4, 1, LEAN, false)                                \
@@ -505,4 +561,7 @@ MXKIT_MMA_DECODE_ALL(16l, 2, 8, 2, LEAN, false)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_down, 0, false, true, float)
+MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_swiglu_gpt_oss, 1, true, false)
+MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_swiglu, 2, true, false)
+MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_down, 0, false, true)
 #endif  // MXKIT_DECODE_VARIANTS

@@ -420,6 +420,8 @@ def test_w16_kernels_compile_for_sm90(w_kind):
                  "out_ptr": "*bf16"}
         for direct in (False, True):
             assert build(_combine_kernel, cptrs, dict(TOP_K=4, HAS_BIAS=not direct, BLOCK_H=1024, DIRECT=direct)) > 0
+        assert build(_combine_kernel, dict(cptrs, pos_ptr="*i64"), dict(TOP_K=4, HAS_BIAS=False, BLOCK_H=1024,
+                                                                        DIRECT=True)) > 0
         bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                  "s_ptr": "*fp32"}
         for act in (1, 2):
@@ -686,6 +688,27 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
         torch.cuda.synchronize()
         want = kmoe.moe_triton(xs, w1, b1, w2, b2, tws, idss, activation=act, packed=packed)
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T", [5, 40])
+def test_gpu_moe_id_outside_the_layer_contributes_zero(T, rng):
+    """A (token, slot) pair whose expert id is outside the layer (a router bug; the reference raises, the GPU
+    paths cannot without a host sync) contributes 0 on the sorted decode path and the Triton grouped path alike,
+    instead of the unwritten row it used to sum: the result of the same pair with a valid id and weight 0."""
+    from mxkit.kernels import moe as kmoe
+
+    E, H, I, k = 32, 256, 128, 4
+    x, w1, b1, w2, b2, tw, ids = layer_case(T, E, H, I, "mxfp4", rng, k=k)
+    packed = (kmoe.pack_experts_mma(w1), kmoe.pack_experts_mma(w2))
+    bad, tw0 = ids.clone(), tw.clone()
+    bad[1, 2], tw0[1, 2] = E + 5, 0.0
+    for pk in (packed, None):
+        _poison()
+        y = kmoe.moe_triton(x, w1, b1, w2, b2, tw, bad, packed=pk)
+        want = kmoe.moe_triton(x, w1, b1, w2, b2, tw0, torch.where(bad >= E, 0, bad), packed=pk)
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), pk is None
 
 
 def _poison(nbytes=256 << 20):

@@ -300,8 +300,8 @@ def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
             and mma.rows_ok(x) and mma.available(x.device) is None)
 
 
-def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H, activation,
-             expert_range) -> torch.Tensor:
+def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H,
+             activation) -> torch.Tensor:
     from .matmul_details._mma_decode import grouped_mma
 
     n = T * k
@@ -313,7 +313,7 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
     grouped_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, eids, n, k, gather=True, bias=b1, activation=activation,
                 rw=None, out=h)
-    y = (torch.zeros if expert_range is not None else torch.empty)(n, H, device=x.device, dtype=torch.float32)
+    y = torch.empty(n, H, device=x.device, dtype=torch.float32)  # (rows of pairs not held here: left unwritten)
     grouped_mma(h, p2.q, p2.s, p2.special, H, I, ids, eids, n, k, gather=False, bias=b2, activation=None,
                 rw=rw.contiguous(), out=y)
     return y
@@ -524,7 +524,7 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
     if T:
         rw = topk_weights.to(torch.float32).contiguous()  # (no copies when already so)
         e = experts.to(torch.int32).contiguous()
-        _COMBINE((T, -(-H // 1024)), (y, y if b is None else b.contiguous(), rw, pos, e, out, H),
+        _COMBINE((T, -(-H // 1024)), (y, y if b is None else b.contiguous(), rw, pos, e, out, H, 0, 0),
                  (("TOP_K", k), ("HAS_BIAS", b is not None), ("BLOCK_H", 1024)), 4)
     return out
 
@@ -612,11 +612,21 @@ def _run_packed(path: str, x, packed, b1, b2, topk_weights, topk_ids, activation
     if 0 < T * k <= _mma_decode.SMALL_PAIRS and expert_range is None and out_dtype == torch.bfloat16:
         return _moe_mma_pairs(x, packed[0], b1, packed[1], b2, rw.contiguous(), topk_ids, E, T, k, N1 // 2, H,
                               activation)
-    y = _moe_mma(x, packed[0], b1, packed[1], b2, rw, topk_ids, E, lo, T, k, N1 // 2, H, activation, expert_range)
-    out = torch.empty(T, H, dtype=out_dtype, device=x.device)
-    if T:  # the k slots of each token summed in order in float32, rounded once: one kernel
-        _COMBINE((T, -(-H // 1024)), (y, y, y, y, y, out, H), (("TOP_K", k), ("HAS_BIAS", False), ("BLOCK_H", 1024),
-                                                                 ("DIRECT", True)), 4)
+    y = _moe_mma(x, packed[0], b1, packed[1], b2, rw, topk_ids, E, lo, T, k, N1 // 2, H, activation)
+    return _combine_direct(y, topk_ids, lo, E, out_dtype)
+
+
+def _combine_direct(y: torch.Tensor, topk_ids: torch.Tensor, lo: int, E: int, out_dtype) -> torch.Tensor:
+    """out (T, H): each token's k rows of y (n, H) float32 (the pairs in token order, weighted) summed in order in
+    float32 and rounded once (one kernel), leaving out the pairs of experts outside lo .. lo + E - 1 (their rows
+    are unwritten: another rank's experts, or an id out of range, contributing 0)."""
+    T, k = topk_ids.shape
+    H = y.shape[1]
+    out = torch.empty(T, H, dtype=out_dtype, device=y.device)
+    if T:
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        _COMBINE((T, -(-H // 1024)), (y, y, y, ids, y, out, H, lo, E),
+                 (("TOP_K", k), ("HAS_BIAS", False), ("BLOCK_H", 1024), ("DIRECT", True)), 4)
     return out
 
 
@@ -709,11 +719,11 @@ def moe_triton(
     cfg2 = moe_config(per_expert, H, I)
     if cfg2.block_m != cfg1.block_m:
         ids, eids = align_device(topk_ids, E, cfg2.block_m, lo=lo)
-    # pairs routed to other ranks' experts contribute 0: their rows are not written by the kernel
-    y = torch.zeros(n, H, dtype=torch.float32, device=x.device) if expert_range is not None else None
+    # pairs routed to experts not held here (other ranks', or ids out of range) are left out of the sum: their
+    # rows are not written by the kernel
     y = grouped_matmul_w16(h, w_down, ids, eids, cfg2, n_valid=n, top_k=k, gather=False, bias=b_down,
-                           routing_weights=rw, out=y, out_dtype=torch.float32)
-    return y.view(T, k, H).sum(1).to(out_dtype)
+                           routing_weights=rw, out_dtype=torch.float32)
+    return _combine_direct(y, topk_ids, lo, E, out_dtype)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -69,19 +69,23 @@ def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid,
 
 
 @triton.jit
-def _combine_kernel(y_ptr, b_ptr, w_ptr, pos_ptr, e_ptr, out_ptr, H,
+def _combine_kernel(y_ptr, b_ptr, w_ptr, pos_ptr, e_ptr, out_ptr, H, lo, n_exp,
                     TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_H: tl.constexpr, DIRECT: tl.constexpr = False):
     """Token t: out[t] = sum_j w[t, j] * (y[pos[t, j]] + b[e[t, j]]), j = 0 .. TOP_K - 1 in order, in float32,
     one rounding to out's dtype. y [R, H] (sorted rows), pos int32 [T, TOP_K] (row of pair (t, j) in y; -1: an
     expert not held here, contributing 0), e int32 [T, TOP_K] (local expert), b [E, H]. DIRECT: y's rows are the
-    pairs in token order, weighted and biased already (the decode path): out[t] = sum_j y[t * TOP_K + j]."""
+    pairs in token order, weighted and biased already (the decode path), pos the router's ids [T, TOP_K] (int32 or
+    int64): out[t] = sum_j y[t * TOP_K + j] over the pairs whose id is in lo .. lo + n_exp - 1 (the others' rows
+    are never written: they contribute 0)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         if DIRECT:
-            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=hmask, other=0.0).to(tl.float32)
+            e = tl.load(pos_ptr + t * TOP_K + j)
+            held = (e >= lo) & (e < lo + n_exp)
+            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=hmask & held, other=0.0).to(tl.float32)
         else:
             p = tl.load(pos_ptr + t * TOP_K + j)
             held = p >= 0

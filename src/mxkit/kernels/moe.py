@@ -693,7 +693,10 @@ def moe_triton(
     and activation in the first GEMM's epilogue, h in bf16 (written in the K order), the down GEMM stored
     float32 in sorted order, then the combine (bias, routing weight, k slots in order). Or (gate_up, down) of
     :func:`pack_experts_wgmma` (gate_up with ``act_pairs`` = ``activation``; any K % 32): the prefill path
-    only, in the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md)."""
+    only, in the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md).
+
+    Expert ids are not range-checked here (that would be a host sync): a pair whose id is outside the experts
+    held contributes 0 on every path (where the reference raises)."""
     T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype

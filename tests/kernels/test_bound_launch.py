@@ -85,6 +85,30 @@ def test_launch_binds_the_primary_context_on_a_thread_without_one(monkeypatch):
         b.launch(1, 1, 1, 32)
 
 
+def test_kernel_call_reuses_its_parameter_block(monkeypatch):
+    """``Kernel(grid, block, args)`` binds its parameter block on the first call and afterwards only replaces the
+    values (tensor pointers, None as null, ctypes scalars): each launch passes that call's values."""
+    k = cuda_driver.Kernel.from_handle(1234, "probe", torch.device("cuda", 0))
+    seen = []
+
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ptrs = ctypes.cast(params.value, ctypes.POINTER(ctypes.c_void_p))
+        seen.append((gx, ctypes.cast(ptrs[0], ctypes.POINTER(ctypes.c_void_p))[0],
+                     ctypes.cast(ptrs[1], ctypes.POINTER(ctypes.c_void_p))[0],
+                     ctypes.cast(ptrs[2], ctypes.POINTER(ctypes.c_int))[0]))
+        return 0
+
+    monkeypatch.setattr(cuda_driver, "_launch_fn", lambda: launch)
+    monkeypatch.setattr(cuda_driver, "_raw_stream", lambda index: 0)
+    a, b = torch.zeros(4), torch.zeros(8)
+    k((1,), 32, (a, None, ctypes.c_int(5)))
+    first = k._bound
+    k((2,), 32, (b, a, ctypes.c_int(7)))
+    k((3,), 32, (None, b, ctypes.c_int(-1)))
+    assert k._bound is first and not first.lock.locked()
+    assert seen == [(1, a.data_ptr(), None, 5), (2, b.data_ptr(), a.data_ptr(), 7), (3, None, b.data_ptr(), -1)]
+
+
 def _bound_plans() -> list:
     return [b for _, plan in kq._HOT.values() for b in plan.bound.values() if b]
 

@@ -72,9 +72,10 @@ ALIGN_EXPERT_CASES = [(727, 32, 4, 64, None), (727, 128, 4, 16, None), (33, 8, 4
 
 def _check_align_experts(device: str, g, cases) -> int:
     """The one-program-per-expert sort (above SMALL_PAIRS pairs) equals align_block_size, padding blocks
-    included; an expert that receives every token, one that receives none."""
-    for T, E, k, block_m, rng_ in cases:
-        ids = rand_ids(T, k, E, g, every=1, none=5).to(device)
+    included; an expert that receives every token, one that receives none; int32 ids and (every other case) the
+    router's int64."""
+    for c, (T, E, k, block_m, rng_) in enumerate(cases):
+        ids = rand_ids(T, k, E, g, every=1, none=5).to(device).to(torch.int64 if c % 2 else torch.int32)
         lo, hi = rng_ or (0, E)
         ref_ids, ref_eids, P = align_block_size(ids.cpu(), E, block_m, expert_range=rng_)
         got_ids, got_eids = align_device(ids, hi - lo, block_m, lo=lo)
@@ -207,16 +208,18 @@ def test_mma_k_order():
 @pytest.mark.parametrize("T,E,k,block_m,rng_", [(1, 128, 4, 16, None), (3, 32, 4, 16, None), (32, 128, 4, 16, None),
                                                 (7, 32, 2, 64, None), (32, 32, 4, 16, (8, 24)), (1, 8, 4, 16, (4, 8))])
 def test_gpu_align_one_program(T, E, k, block_m, rng_, rng):
-    """The one-program sort (up to SMALL_PAIRS pairs) equals align_block_size, padding blocks included."""
+    """The one-program sort (up to SMALL_PAIRS pairs) equals align_block_size, padding blocks included, from
+    int32 ids and from the router's int64 ones (read as they are)."""
     from mxkit.kernels.moe import SMALL_PAIRS
 
     assert T * k <= SMALL_PAIRS
     ids = rand_ids(T, k, E, rng, every=1 if T > 1 else None).cuda()
     lo, hi = rng_ or (0, E)
     ref_ids, ref_eids, P = align_block_size(ids, E, block_m, expert_range=rng_)
-    got_ids, got_eids = align_device(ids, hi - lo, block_m, lo=lo)
-    assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids)
-    assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
+    for dtype in (torch.int32, torch.int64):
+        got_ids, got_eids = align_device(ids.to(dtype), hi - lo, block_m, lo=lo)
+        assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // block_m], ref_eids)
+        assert (got_ids[P:] == T * k).all() and (got_eids[P // block_m:] == -1).all()
 
 
 @pytest.mark.gpu

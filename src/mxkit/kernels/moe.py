@@ -138,9 +138,7 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     ``top_k`` > 0, plus (``offs``) int32 [E] the end row of each expert's padded group."""
     import triton
 
-    ids = topk_ids.reshape(-1)
-    if ids.dtype != torch.int32 or not ids.is_contiguous():
-        ids = ids.to(torch.int32).contiguous()
+    ids = _flat_ids(topk_ids)
     n, chunk, group = ids.numel(), 1024, 8
     e_p2 = max(16, triton.next_power_of_2(E))
     n_chunks = -(-n // chunk)
@@ -156,13 +154,20 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     return (sorted_ids, eids) + ((pos,) if top_k else ()) + ((ends,) if offs else ())
 
 
+def _flat_ids(topk_ids: torch.Tensor) -> torch.Tensor:
+    """The ids as the align kernels read them: flat and contiguous, int32 or int64 as given (no cast kernel: the
+    router's int64 ids are read as they are)."""
+    ids = topk_ids.reshape(-1)
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.to(torch.int32)
+    return ids if ids.is_contiguous() else ids.contiguous()
+
+
 def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
 
     n = topk_ids.numel()
-    ids = topk_ids.reshape(-1)
-    if ids.dtype != torch.int32 or not ids.is_contiguous():
-        ids = ids.to(torch.int32).contiguous()
+    ids = _flat_ids(topk_ids)
     sorted_ids = torch.empty(B * block_m, dtype=torch.int32, device=ids.device)
     eids = torch.empty(B, dtype=torch.int32, device=ids.device)
     _ALIGN_SMALL((1,), (ids, sorted_ids, eids, n, lo, E, B),

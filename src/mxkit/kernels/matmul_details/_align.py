@@ -8,16 +8,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _local_key(ids_ptr, i, n, lo, E):
+    """The local expert (int32) of pairs i of the flat expert ids (int32 or int64, global): id - lo where
+    lo <= id < lo + E and i < n, else -1 (a pair of another rank's expert, an id out of range, or past n)."""
+    raw = tl.load(ids_ptr + i, mask=i < n, other=-1)
+    return tl.where((i < n) & (raw >= lo) & (raw < lo + E), raw - lo, -1).to(tl.int32)
+
+
+@triton.jit
 def _align_small_kernel(ids_ptr, sorted_ptr, eids_ptr, n, lo, E, n_blocks,
                         N_P2: tl.constexpr, E_P2: tl.constexpr, NB_P2: tl.constexpr, BLOCK_M: tl.constexpr):
-    """ids int32 [n] (flat (token, slot) expert ids, global; the experts held are lo .. lo + E - 1) ->
+    """ids int32 or int64 [n] (flat (token, slot) expert ids, global; the experts held are lo .. lo + E - 1) ->
     sorted int32 [n_blocks * BLOCK_M] (pair indices grouped by expert, stable, each group padded to BLOCK_M
     with the sentinel n), eids int32 [n_blocks] (the local expert of each block, -1 past the last).
     One program; every pair against every pair ([N_P2, N_P2]) and every expert ([N_P2, E_P2])."""
     i = tl.arange(0, N_P2)
-    key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
-    held = (i < n) & (key >= 0) & (key < E)
-    key = tl.where(held, key, -1)
+    key = _local_key(ids_ptr, i, n, lo, E)
+    held = key >= 0
     e = tl.arange(0, E_P2)
     onehot = key[:, None] == e[None, :]
     counts = tl.sum(onehot.to(tl.int32), axis=0)
@@ -44,8 +51,8 @@ def _align_hist_kernel(ids_ptr, hist_ptr, pos_ptr, n, lo, E, E_P2: tl.constexpr,
     pos[i] = -1 for its pairs (the expert kernel then writes the held pairs' rows)."""
     c = tl.program_id(0)
     i = c * CHUNK + tl.arange(0, CHUNK)
-    key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
-    h = tl.histogram(key, E_P2, mask=(i < n) & (key >= 0) & (key < E))
+    key = _local_key(ids_ptr, i, n, lo, E)
+    h = tl.histogram(key, E_P2, mask=key >= 0)
     tl.store(hist_ptr + c * E_P2 + tl.arange(0, E_P2), h)
     if ROWS:
         tl.store(pos_ptr + i, -1, mask=i < n)
@@ -78,8 +85,8 @@ def _align_expert_kernel(ids_ptr, hist_ptr, sorted_ptr, eids_ptr, pos_ptr, offs_
     run = start + tl.sum(tl.where(bins == e, before, 0), axis=0)
     for c in range(g * GROUP, tl.minimum(g * GROUP + GROUP, n_chunks)):
         i = c * CHUNK + tl.arange(0, CHUNK)
-        key = tl.load(ids_ptr + i, mask=i < n, other=-1 - lo) - lo
-        m = (i < n) & (key == e)
+        key = _local_key(ids_ptr, i, n, lo, E)
+        m = key == e
         row = run + tl.cumsum(m.to(tl.int32), axis=0) - 1
         tl.store(sorted_ptr + row, i, mask=m)
         if TOP_K > 0:

@@ -400,6 +400,13 @@ RUN_GPU = HAS_CUDA or (DEV == "cpu" and os.environ.get("TRITON_INTERPRET") == "1
 SKIP_REASON_CUDA = "needs CUDA"  # the one skip reason a [dev] install may show (pytest_runtest_makereport)
 
 
+def poison_allocator(nbytes: int = 64 << 20) -> None:
+    """Fill freed CUDA allocator memory with 0xFF bytes (NaN in every float format) and wait: an output a kernel
+    fails to write, or a row it should leave alone but reads, shows up."""
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    torch.cuda.synchronize()
+
+
 @pytest.fixture
 def poison():
     """Fill (then free) a large chunk of the CUDA caching allocator with 0xAB: outputs allocated with

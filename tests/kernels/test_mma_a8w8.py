@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from conftest import poison_allocator
 
 import mxkit
 import mxkit.nn
@@ -77,10 +78,6 @@ def test_cpu_never_takes_a8w8(rng):
 # GPU
 
 
-def _poison():
-    torch.empty(64 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)  # freed memory full of NaN bytes
-
-
 def _crafted_rows(K: int, g: torch.Generator) -> torch.Tensor:
     """bf16 rows [16, K]: random magnitudes over a wide exponent range, then blocks of zeros, -0, NaN, +-Inf,
     bf16 subnormals, amax just under a power of two (saturation to 448), E4M3 ties, huge and tiny values."""
@@ -111,7 +108,7 @@ def test_gpu_quantize_probe_bytes(K, rng):
     """The kernel's activation quantization (mxfp8_quantize_probe runs its device function) writes the bytes
     of mxkit.quantize(x, "mxfp8") (FLOOR, RNE): codes and scales, special blocks included."""
     x = _crafted_rows(K, rng).cuda()
-    _poison()
+    poison_allocator()
     q, s = _mma_a8w8.quantize_probe(x)
     ref = mxkit.quantize(x, "mxfp8_e4m3", backend="reference")
     assert torch.equal(s, ref.scale), "scale bytes differ"
@@ -135,13 +132,13 @@ def test_gpu_a8w8(K, rng):
             for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
                 a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
                 for b in (w, pw):
-                    _poison()
+                    poison_allocator()
                     check(a, b, backend="auto", path="a8w8-mma", bias=bias if M % 2 else None)
                     if M in (1, 9):
-                        _poison()
+                        poison_allocator()
                         check(a, b, backend="auto", path="a8w8-mma", out_dtype=torch.float32,
                               bias=bias.to(torch.bfloat16))
-                        _poison()
+                        poison_allocator()
                         check(a, b, backend="auto", path="a8w8-mma", out_dtype=torch.float16)
             for b in (w, pw):
                 y, _ = check(mxkit.quantize(torch.randn(2, 3, K, generator=rng).cuda(), "mxfp8_e4m3"), b,
@@ -180,7 +177,7 @@ def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
     with gemm_table_override(WIDE):
         for b in (w, pw):
             for x in xs:
-                _poison()
+                poison_allocator()
                 y = a8w8_linear(x, b, bias)
                 a = mxkit.quantize(x, "mxfp8_e4m3")
                 assert mxkit.gemm_plan(a, b).path == "a8w8-mma"
@@ -243,7 +240,7 @@ def test_gpu_a8w8_split_k(split, rng):
         run = (A8W8(pq, ps, M, torch.bfloat16, quant=False, split=split, shape=(N, K)) if packed
                else A8W8(w.qdata, w.scale, M, torch.bfloat16, quant=False, split=split))
         assert run.split == split
-        _poison()
+        poison_allocator()
         y = run(a.qdata, a.scale, bias)
         OUT[0] = torch.bfloat16
         assert_within_bound(y, a, w, bias)
@@ -289,7 +286,7 @@ def test_gpu_a8w8_prepared_call(rng):
         a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
         want = run_gemm(a, pw, plan_gemm(a, pw), bias)
         for _ in range(3):
-            _poison()
+            poison_allocator()
             assert torch.equal(mxkit.matmul(a, pw, bias=bias).view(torch.int16), want.view(torch.int16))
     assert any(c is not None for c in pw.__dict__["_calls"].values())
     a6 = mxkit.quantize(torch.randn(3, K, generator=rng).cuda(), "mxfp6_e2m3")

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from conftest import poison_allocator
 
 import mxkit
 from mxkit.kernels.matmul import gemm_table_override
@@ -135,12 +136,6 @@ def test_cpu_plan_never_takes_decode_mma(rng):
 # GPU
 
 
-def _poison_allocator(nbytes=64 << 20):
-    """Fill freed allocator memory with NaN bytes so an output the kernel fails to write shows up."""
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
-    torch.cuda.synchronize()
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("K", [64, 2880, 4096, 8192, 28672])
@@ -160,12 +155,12 @@ def test_gpu_decode_mma(K, rng):
     with gemm_table_override({"default": {"decode_mma": {"max_m": 64}}}):  # the H200's table stops at 16
         for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
             a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-            _poison_allocator()
+            poison_allocator()
             check(a, pw, backend="auto", path="decode-mma", bias=bias if M % 2 else None)
-            _poison_allocator()
+            poison_allocator()
             check(a, pw, backend="auto", path="decode-mma", out_dtype=torch.float32,
                   bias=bias.to(torch.bfloat16) if M == 3 else None)
-            _poison_allocator()
+            poison_allocator()
             check(a, pw16, backend="auto", path="decode-mma", out_dtype=torch.float16)
         y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
                      path="decode-mma")
@@ -204,7 +199,7 @@ def test_gpu_decode_mma_split_k(split, rng):
         run = MmaDecode(pw.mma_q, pw.mma_s, N, K, M, torch.bfloat16, special=False, split=split)
         assert run.split == split
         x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-        _poison_allocator()
+        poison_allocator()
         y = run(x, bias)
         OUT[0] = torch.bfloat16
         assert_within_bound(y, x, w, bias)

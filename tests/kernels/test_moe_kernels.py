@@ -19,6 +19,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import poison_allocator
 
 import mxkit
 from mxkit.kernels.moe import MoeConfig, _align_experts, align_device, grouped_matmul_w16, max_blocks, moe_triton
@@ -665,7 +666,7 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
 
     for dtype in (torch.int64, torch.int32):
         i = ids.to(dtype)
-        _poison()
+        poison_allocator()
         y = kmoe.moe_triton(x, w1, b1, w2, b2, tw, i, activation=act, packed=packed)
         assert calls == [("pairs", act), ("pairs", None)] and not sorts and not combines
         calls.clear()
@@ -686,7 +687,7 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
     for _ in range(2):
         xs.copy_(torch.randn(T, H, generator=rng).to(torch.bfloat16))
         idss.copy_(rand_ids(T, k, E, rng))
-        _poison()
+        poison_allocator()
         g.replay()
         torch.cuda.synchronize()
         want = kmoe.moe_triton(xs, w1, b1, w2, b2, tws, idss, activation=act, packed=packed)
@@ -708,15 +709,10 @@ def test_gpu_moe_id_outside_the_layer_contributes_zero(T, rng):
     bad, tw0 = ids.clone(), tw.clone()
     bad[1, 2], tw0[1, 2] = E + 5, 0.0
     for pk in (packed, None):
-        _poison()
+        poison_allocator()
         y = kmoe.moe_triton(x, w1, b1, w2, b2, tw, bad, packed=pk)
         want = kmoe.moe_triton(x, w1, b1, w2, b2, tw0, torch.where(bad >= E, 0, bad), packed=pk)
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), pk is None
-
-
-def _poison(nbytes=256 << 20):
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
-    torch.cuda.synchronize()
 
 
 def _slices_and_graph(rng, T, pack, calls, E=32, H=256, I=128, k=4):

@@ -311,10 +311,7 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
 
     n = T * k
     ids, eids = align_device(topk_ids, E, 8, lo=lo)
-    # float32 biases in the packed row order, kept per tensor and version (a bf16 model's would otherwise cost two
-    # cast kernels a decode step)
-    b1 = None if b1 is None else _packed_bias(b1, 2 * I, ("mma", p1.interleaved))
-    b2 = None if b2 is None else _packed_bias(b2, H, ("mma", False))
+    b1, b2 = _mma_biases(b1, b2, p1, I, H)
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
     grouped_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, eids, n, k, gather=True, bias=b1, activation=activation,
                 rw=None, out=h)
@@ -324,17 +321,21 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
     return y
 
 
+def _mma_biases(b1, b2, p1: MmaExperts, I: int, H: int) -> tuple:
+    """The expert biases of the decode kernels: float32 in the packed row order, kept per tensor and version (a
+    bf16 model's would otherwise cost two cast kernels a decode step); None stays None."""
+    return (None if b1 is None else _packed_bias(b1, 2 * I, ("mma", p1.interleaved)),
+            None if b2 is None else _packed_bias(b2, H, ("mma", False)))
+
+
 def _moe_mma_pairs(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, T, k, I, H,
                    activation) -> torch.Tensor:
     """Up to ``_mma_decode.SMALL_PAIRS`` (token, slot) pairs on all the experts, bf16 out: both GEMMs one block per
     pair from the router's ids (no sort, no int32 copy), the down GEMM combining the slots (no combine kernel);
     the bytes of _moe_mma and the combine."""
     pairs_mma = _mma_decode.pairs_mma
-    ids = topk_ids.reshape(-1)
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    b1 = None if b1 is None else _packed_bias(b1, 2 * I, ("mma", p1.interleaved))
-    b2 = None if b2 is None else _packed_bias(b2, H, ("mma", False))
+    ids = _flat_ids(topk_ids)
+    b1, b2 = _mma_biases(b1, b2, p1, I, H)
     n = T * k
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
     pairs_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, k, E, bias=b1, activation=activation, rw=None, out=h)
@@ -498,7 +499,7 @@ def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: O
     their (R,) gather, 0 on padding rows. ``mma_k_order`` (bf16 x, H % 64 == 0): the columns in the order of
     :func:`mxkit.kernels.matmul_details._w4a16_wgmma.mma_k_order` (the prefill kernel on decode-mma experts).
     Returns xs (R, H) [, scales (R,)]."""
-    R, (T, H) = ids.numel(), x.shape
+    R, H = ids.numel(), x.shape[1]
     if mma_k_order and (x.element_size() != 2 or H % 64):
         raise ValueError(f"mma_k_order needs 16-bit rows of a multiple of 64, got {x.dtype} rows of {H}")
     xs = torch.empty(R, H, dtype=x.dtype, device=x.device)
@@ -629,8 +630,7 @@ def _combine_direct(y: torch.Tensor, topk_ids: torch.Tensor, lo: int, E: int, ou
     H = y.shape[1]
     out = torch.empty(T, H, dtype=out_dtype, device=y.device)
     if T:
-        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-        _COMBINE((T, -(-H // 1024)), (y, y, y, ids, y, out, H, lo, E),
+        _COMBINE((T, -(-H // 1024)), (y, y, y, _flat_ids(topk_ids), y, out, H, lo, E),
                  (("TOP_K", k), ("HAS_BIAS", False), ("BLOCK_H", 1024), ("DIRECT", True)), 4)
     return out
 

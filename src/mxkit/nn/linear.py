@@ -196,15 +196,13 @@ class MXLinear(_ops.Handled, nn.Module):
                 if _ops.needs_grad(x, self.bias):
                     return _eager_forward(self, x)
                 return torch.ops.mxkit.mx_linear(x, self._op_handle)
-        elif self.act_format is None and self._packed is not None and type(x) is torch.Tensor and x.is_cuda \
-                and not (torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None
-                                                                          and self.bias.requires_grad))):
-            # the eager hot path (decode): what matmul's own fast path runs, minus its checks
-            return prepared_call(x, self._packed, x.dtype, self.bias)(x, self.bias)
         if _ops.needs_grad(x, self.bias):
             # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
             # without gradients), the input's and the bias' gradients by the dequantized weight
             return with_input_grad(x, self.bias, self.weight_mx, self._forward)
+        if self.act_format is None and self._packed is not None and type(x) is torch.Tensor and x.is_cuda:
+            # the eager hot path (decode): what matmul's own fast path runs, minus its checks
+            return prepared_call(x, self._packed, x.dtype, self.bias)(x, self.bias)
         return self._forward(x, self.bias)
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

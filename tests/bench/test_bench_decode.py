@@ -1,4 +1,4 @@
-"""``mxkit bench decode`` on CPU: the model builder (real configs, the cut to N layers, GPT-OSS without its MoE),
+"""``mxkit bench decode`` on CPU: the model builder (real configs, the cut to N layers, GPT-OSS with its MoE),
 the greedy decode step against a full recompute, the whole command with a tiny Llama in eager mode (table, CSV,
 JSON, PNG), and the argument errors. CUDA graphs need a GPU: only their argument checks run here."""
 
@@ -31,11 +31,17 @@ def test_real_configs_are_written_here():
     assert (cfg.num_key_value_heads, cfg.vocab_size, cfg.max_position_embeddings) == (8, 128256, 8192)
     assert cfg.rope_parameters["rope_theta"] == 500000.0 and cfg._attn_implementation == "sdpa"
     assert sum(p.numel() for p in m.parameters()) == 8_030_261_248
+    m = bd.build_model("gpt-oss-20b", device="meta")  # GPT-OSS-20B's published 20.91B parameters, experts included
+    assert sum(p.numel() for p in m.parameters()) == 20_914_757_184
     m = bd.build_model("gpt-oss-20b", device="meta", layers=2)
     cfg = m.config
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (2880, 64, 8, 64)
     assert cfg.sliding_window == 128 and cfg.layer_types == ["sliding_attention", "full_attention"]
     assert tuple(m.model.layers[0].self_attn.q_proj.weight.shape) == (4096, 2880) and m.lm_head.out_features == 201088
+    experts = m.model.layers[0].mlp.experts
+    assert (cfg.num_local_experts, cfg.num_experts_per_tok) == (32, 4)
+    assert tuple(experts.gate_up_proj.shape) == (32, 2880, 5760) and tuple(experts.down_proj.shape) == (32, 2880, 2880)
+    assert cfg._experts_implementation == "grouped_mm"  # off the CPU: no host sync, so CUDA graphs capture it
 
 
 def test_build_model_tiny_llama():
@@ -52,20 +58,40 @@ def test_build_model_tiny_llama():
         bd.build_model("tiny-llama", layers=3, device="cpu")
 
 
-def test_gpt_oss_is_built_without_its_moe(monkeypatch):
-    cls, kw, attn = bd.MODELS["gpt-oss-20b"]
-    tiny = dict(kw, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
-                num_hidden_layers=2)
-    monkeypatch.setitem(bd.MODELS, "gpt-oss-20b", (cls, tiny, attn))
-    m = bd.build_model("gpt-oss-20b", device="cpu")
-    assert all(isinstance(layer.mlp, bd._NoMoE) for layer in m.model.layers)
+def test_gpt_oss_formats_convert_the_moe():
+    """A GPT-OSS model (tiny) keeps its MoE: an MX format quantizes the attention projections (not lm_head) and
+    swaps each MoE block for an MXMoE with the experts in that format; ``+experts`` swaps the MoE blocks only.
+    The converted models decode."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    from mxkit.nn import MXMoE
+
+    m = bd.build_model("tiny-gpt-oss", device="cpu")
+    assert all(isinstance(layer.mlp, GptOssMLP) for layer in m.model.layers)
     linears = [n.split(".")[-1] for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)]
     assert linears == ["q_proj", "k_proj", "v_proj", "o_proj"] * 2 + ["lm_head"]
-    dec = bd.Decoder(m, 2, 4, 3)
-    with torch.no_grad():
-        dec.prefill()
-        dec.step()
-    assert dec.ids.shape == (2, 1) and int(dec.pos) == 5
+    for fmt, mx_attention in (("mxfp4_e2m1", True), ("mxfp4_e2m1+experts", False), ("mxfp8_e4m3", True)):
+        m = bd.build_model("tiny-gpt-oss", device="cpu")
+        bd.quantize(m, fmt)
+        for layer in m.model.layers:
+            assert isinstance(layer.mlp, MXMoE) and layer.mlp.gate_up_mx.fmt.name == fmt.split("+")[0]
+            assert isinstance(layer.mlp.router, torch.nn.Linear) and not isinstance(layer.mlp.router, MXLinear)
+            assert isinstance(layer.self_attn.q_proj, MXLinear) == mx_attention
+        assert not isinstance(m.lm_head, MXLinear)
+        assert bd.gemm_path(m, 2) == ("reference + MXMoE" if mx_attention else "MXMoE")
+        dec = bd.Decoder(m, 2, 4, 3)
+        with torch.no_grad():
+            dec.prefill()
+            dec.step()
+        assert dec.ids.shape == (2, 1) and int(dec.pos) == 5
+
+
+def test_experts_format_needs_a_moe_model(capsys):
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
+                   "--batches", "1", "--formats", "mxfp4+experts", "--plain"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "build / quantize: ValueError: LlamaForCausalLM has no GptOssMLP to swap" in out
+    assert bd._mx_name("MXFP4+experts") == "mxfp4_e2m1+experts" and bd._mx_name("a8w8+fused") == "mxfp8xmxfp8+fused"
 
 
 def test_decode_step_matches_a_full_recompute():
@@ -84,6 +110,42 @@ def test_decode_step_matches_a_full_recompute():
         assert torch.equal(torch.cat(got, 1), want) and int(dec.pos) == 9
         dec.prefill()  # a second run starts over: the cache is reset, the first token is the same
         assert torch.equal(dec.ids, got[0]) and int(dec.pos) == 5
+
+
+def test_gpt_oss_steps_with_their_own_masks_match_a_full_recompute():
+    """GPT-OSS (eager attention): the steps pass masks made on the device (transformers' eager mask builder is not
+    capturable). The greedy tokens equal the argmax of a full recompute, and each step's logits those of the same
+    step with transformers' own masks (float32)."""
+    m = bd.build_model("tiny-gpt-oss", device="cpu", dtype=torch.float32)
+    ours, theirs = bd.Decoder(m, 2, 5, 4, seed=3), bd.Decoder(m, 2, 5, 4, seed=3)
+    assert ours.mask is not None and ours.mask.shape == (2, 1, 1, 5 + 4 + bd.WARMUP_STEPS)
+    theirs.mask = None
+    logits = {id(ours): [], id(theirs): []}
+    def recording(dec):
+        def forward(**kw):
+            out = m(**kw)
+            logits[id(dec)].append(out.logits)
+            return out
+        return forward
+
+    for dec in (ours, theirs):
+        dec.step_forward = recording(dec)
+    with torch.no_grad():
+        got = []
+        for dec in (ours, theirs):
+            dec.prefill()
+            got.append([dec.ids.clone()])
+            for _ in range(4):
+                dec.step()
+                got[-1].append(dec.ids.clone())
+        assert torch.equal(ours.mask[0, 0, 0] == 0, torch.arange(ours.mask.shape[-1]) <= 8)  # the last step's: pos 8
+        seq = torch.cat([ours.prompt_ids, *got[0]], 1)
+        want = m(input_ids=seq[:, :-1]).logits.argmax(-1)[:, 4:]
+    assert torch.equal(torch.cat(got[0], 1), want) and torch.equal(torch.cat(got[1], 1), want)
+    assert len(logits[id(ours)]) == 4 and all(torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+                                              for a, b in zip(logits[id(ours)], logits[id(theirs)]))
+    assert bd.Decoder(bd.build_model("tiny-llama", device="cpu"), 1, 2, 2).mask is None  # sdpa: transformers' masks
+    assert bd.Decoder(m, 1, 100, 100).mask is None  # past the sliding window: transformers' masks
 
 
 def test_time_decode_brackets_the_steps_with_syncs():

@@ -4,18 +4,21 @@ bf16 and after :func:`mxkit.quantize_model` to MX weights, eager and with CUDA g
 
 Models:
 * ``llama-3-8b`` (default): Llama-3-8B's config. Its bf16 weights (16 GB) fit an H100 or an H200.
-* ``gpt-oss-20b`` (when the installed transformers has GptOss): its attention layers, embeddings and head at
-  GPT-OSS-20B's shapes. The MoE blocks are skipped (they add zeros): their experts are 3-D parameters rather
-  than ``nn.Linear``, so quantize_model would not convert them, and transformers' expert loop syncs the host
-  in every layer, which rules out graph capture. With graphs, prompt + tokens + 2 must fit the 128-token
-  sliding window: the sliding layers keep their length in a Python int, frozen at capture.
-* ``tiny-llama``: 2 layers of hidden 64, for smoke tests on CPU.
+* ``gpt-oss-20b`` (when the installed transformers has GptOss): GPT-OSS-20B's config, MoE included (32 experts,
+  top-4; its bf16 weights, 42 GB, fit an H100). The bf16 model runs transformers' ``grouped_mm`` experts (two
+  ``torch._grouped_mm`` over the tokens sorted on the device: no host sync, so CUDA graphs capture it; on CPU
+  transformers' default). With graphs, prompt + tokens + 2 must fit the 128-token sliding window: the
+  sliding layers keep their length in a Python int, frozen at capture.
+* ``tiny-llama``, ``tiny-gpt-oss``: 2 layers of hidden 64, for smoke tests on CPU.
 
 ``--layers N`` keeps the first N decoder layers. Every format starts from the same weights (one seed).
 quantize_model converts every ``nn.Linear`` except ``lm_head``; the head stays bf16 as in MX checkpoints such as
-GPT-OSS, unless ``--quantize-head`` is given. A format spelled ``mxfp4+fused`` also runs the sibling
-projections that read the same input (q / k / v, gate / up) as one GEMM each (``quantize_model(fuse=True)``,
-:mod:`mxkit.nn.fused`); the bf16 model it is compared with stays HF's unfused one.
+GPT-OSS, unless ``--quantize-head`` is given. A model's MoE blocks become :class:`mxkit.nn.MXMoE` layers with
+their experts in the format (:func:`mxkit.nn.swap_gpt_oss_moe`: the router stays bf16). A format spelled
+``mxfp4+fused`` also runs the sibling projections that read the same input (q / k / v, gate / up) as one GEMM
+each (``quantize_model(fuse=True)``, :mod:`mxkit.nn.fused`); the bf16 model it is compared with stays HF's
+unfused one. ``mxfp4+experts`` quantizes the MoE experts only (a GPT-OSS checkpoint's split: MXFP4 experts,
+bf16 attention).
 
 Method, per (format, batch): a transformers ``StaticCache`` of prompt + tokens + 2 positions. The prefill of a
 random prompt of ``--prompt`` tokens is not timed. Then ``--tokens`` greedy steps. One step runs the model on
@@ -56,30 +59,37 @@ from . import output, timing
 from .output import Column, fmt_num
 
 NAME = "decode"
-HELP = "end-to-end decode of a real LM architecture (Llama-3-8B), bf16 vs MXFP4 / MXFP8 weights, eager and graphs"
+HELP = ("end-to-end decode of a real LM architecture (Llama-3-8B, GPT-OSS-20B), bf16 vs MXFP4 / MXFP8 weights, "
+        "eager and graphs")
 
 MODES = ("eager", "graphs")  # the default
 MODE_CHOICES = MODES + ("compiled",)
 WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
 QUICK = dict(layers=4, tokens=16, repeats=1)
 FUSED = "+fused"  # a format suffix: quantize_model(..., fuse=True)
+EXPERTS = "+experts"  # a format suffix: only the MoE experts quantized (swap_gpt_oss_moe; no quantize_model)
 TARGETS = {"eager": 1.5, "graphs": 2.5, "compiled": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
 _LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
                    rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False, bos_token_id=128000,
                    eos_token_id=128001, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+_GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                    num_key_value_heads=8, head_dim=64, vocab_size=201088, sliding_window=128,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, attention_bias=True, tie_word_embeddings=False,
+                    num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False})
+_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             vocab_size=256)
 # (transformers config class, its arguments, attention implementation)
 MODELS = {
     "llama-3-8b": ("LlamaConfig", _LLAMA_3_8B, "sdpa"),
-    "gpt-oss-20b": ("GptOssConfig", dict(
-        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
-        head_dim=64, vocab_size=201088, sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        attention_bias=True, tie_word_embeddings=False, num_local_experts=1, num_experts_per_tok=1,  # MoE skipped
-        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False}), "eager"),
+    "gpt-oss-20b": ("GptOssConfig", _GPT_OSS_20B, "eager"),
     "tiny-llama": ("LlamaConfig", dict(_LLAMA_3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
                                        bos_token_id=1, eos_token_id=2), "sdpa"),
+    "tiny-gpt-oss": ("GptOssConfig", dict(_GPT_OSS_20B, **_TINY, intermediate_size=64, num_local_experts=4,
+                                          num_experts_per_tok=2), "eager"),
 }
 
 
@@ -103,13 +113,6 @@ class DecodeRow:
     note: str = ""
 
 
-class _NoMoE(torch.nn.Module):
-    """GPT-OSS's MoE block left out: zeros, and no router scores."""
-
-    def forward(self, hidden_states: torch.Tensor):
-        return torch.zeros_like(hidden_states), None
-
-
 def model_layers(name: str) -> int:
     return MODELS[name][1]["num_hidden_layers"]
 
@@ -128,25 +131,47 @@ def build_model(name: str, *, layers: Optional[int] = None, device: str = "cuda"
     if not hasattr(transformers, cls_name):
         raise ValueError(f"{name} needs transformers.{cls_name}, which transformers {transformers.__version__} lacks")
     config = getattr(transformers, cls_name)(**dict(kw, num_hidden_layers=layers or n))
+    extra = {}
+    if kw.get("num_local_experts") and device != "cpu" and _has_experts_implementation("grouped_mm"):
+        extra["experts_implementation"] = "grouped_mm"  # no host sync: CUDA graphs capture it
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-    if cls_name == "GptOssConfig":
-        for layer in model.model.layers:
-            layer.mlp = _NoMoE()
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn, **extra)
     return model.eval()
+
+
+def _has_experts_implementation(name: str) -> bool:
+    """Whether the installed transformers has the MoE experts implementation ``name`` (transformers 5)."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return False
+    return name in ALL_EXPERTS_FUNCTIONS
 
 
 class Decoder:
     """Greedy decode of ``batch`` random prompts of ``prompt`` tokens with a ``StaticCache``. :meth:`step` decodes one
-    token per sequence from device tensors only (``ids`` (batch, 1), ``pos`` (1, 1)), so a CUDA graph can replay it."""
+    token per sequence from device tensors only (``ids`` (batch, 1), ``pos`` (1, 1)), so a CUDA graph can replay it.
+
+    With transformers' ``eager`` attention (GPT-OSS), whose mask builder copies a host scalar to the GPU on every
+    call (not capturable), a step passes its own masks: the additive (batch, 1, 1, cache length) mask of keys at
+    positions <= ``pos``, made on the device, for the full and the sliding layers alike (when the cache fits the
+    sliding window, as ``graphs`` needs: every cached key is then inside the window)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, prompt: int, tokens: int, seed: int = 0) -> None:
         from transformers import StaticCache
 
         device = next(model.parameters()).device
         self.model = model
-        self.cache = StaticCache(config=model.config, max_cache_len=prompt + tokens + WARMUP_STEPS)
+        length = prompt + tokens + WARMUP_STEPS
+        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.mask = None
+        window = getattr(model.config, "sliding_window", None)
+        if model.config._attn_implementation == "eager" and (window is None or length <= window):
+            dtype = next(model.parameters()).dtype
+            self.mask = torch.empty(batch, 1, 1, length, dtype=dtype, device=device)
+            self.key_pos = torch.arange(length, device=device)
+            self.mask_values = torch.tensor([torch.finfo(dtype).min, 0.0], dtype=dtype, device=device)
         gen = torch.Generator().manual_seed(seed)
         self.prompt_ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -168,9 +193,9 @@ class Decoder:
             torch._dynamo.config.recompile_limit = need
         self.step_forward = torch.compile(self.model.forward, dynamic=False)
 
-    def _next(self, ids: torch.Tensor, pos: torch.Tensor, forward: Callable) -> None:
+    def _next(self, ids: torch.Tensor, pos: torch.Tensor, forward: Callable, **kw) -> None:
         logits = forward(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1).logits
+                         logits_to_keep=1, **kw).logits
         self.ids.copy_(logits[:, -1:].argmax(-1))
 
     def prefill(self) -> None:
@@ -181,7 +206,11 @@ class Decoder:
         self.pos.fill_(n)
 
     def step(self) -> None:
-        self._next(self.ids, self.pos, self.step_forward)
+        kw = {}
+        if self.mask is not None:  # 0 where the key's position <= pos, the dtype's min elsewhere
+            self.mask.copy_(self.mask_values[(self.key_pos <= self.pos).long()].expand_as(self.mask))
+            kw["attention_mask"] = {"full_attention": self.mask, "sliding_attention": self.mask}
+        self._next(self.ids, self.pos, self.step_forward, **kw)
         self.pos.add_(1)
 
     def capture(self) -> "torch.cuda.CUDAGraph":
@@ -217,23 +246,22 @@ def time_decode(dec: Decoder, step: Callable[[], None], tokens: int, repeats: in
 def gemm_path(model: torch.nn.Module, batch: int) -> str:
     """What :func:`mxkit.gemm_plan` picks for the first MXLinear at M = ``batch`` ("" when there is none): for
     bf16 x, or for x quantized to the layer's activation format (MXFP8 activations: ``a8w8-mma`` also where
-    the layer quantizes x inside that kernel)."""
+    the layer quantizes x inside that kernel). ``+ MXMoE`` where the model has MX experts."""
     import mxkit
-    from ..nn import MXLinear
+    from ..nn import MXLinear, MXMoE
 
+    moe = " + MXMoE" if any(isinstance(m, MXMoE) for m in model.modules()) else ""
     mod = next((m for m in model.modules() if isinstance(m, MXLinear)), None)
     if mod is None:
-        return ""
+        return moe.removeprefix(" + ")
     x = torch.randn(batch, mod.in_features, dtype=torch.bfloat16, device=mod.weight_qdata.device)
     act = getattr(mod.act_format, "name", mod.act_format)
     a = mxkit.quantize(x, act) if act is not None and act.startswith("mx") else x
-    return mxkit.gemm_plan(a, mod.weight_mx if mod._packed is None else mod._packed).path
+    return mxkit.gemm_plan(a, mod.weight_mx if mod._packed is None else mod._packed).path + moe
 
 
 def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
     """Build the model in ``fmt`` and time every (batch, mode); ``on_row`` gets each row (errors included)."""
-    import mxkit
-
     def rows(status="ok", note=""):
         return [DecodeRow(args.model, fmt, b, m, args.layers or model_layers(args.model), args.prompt, args.tokens,
                           status=status, note=note) for b in args.batches for m in args.modes]
@@ -241,10 +269,7 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
     try:
         model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
         if fmt != "bf16":
-            base = fmt.removesuffix(FUSED)
-            w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if base == A8W8 else (base, None)
-            mxkit.quantize_model(model, w_fmt, act_format=act, skip=None if args.quantize_head else "lm_head",
-                                 compute_qsnr=False, progress=False, fuse=fmt.endswith(FUSED))
+            quantize(model, fmt, args.quantize_head)
     except Exception as e:
         for r in rows("error", f"build / quantize: {output.reason(e)}"):
             on_row(r)
@@ -279,6 +304,22 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
         torch.cuda.empty_cache()
 
 
+def quantize(model: torch.nn.Module, fmt: str, quantize_head: bool = False) -> None:
+    """Convert ``model`` to the bench format ``fmt`` (not bf16) in place: every ``nn.Linear`` but ``lm_head``
+    (unless ``quantize_head``) by :func:`mxkit.quantize_model` (not with ``+experts``), then the MoE blocks'
+    experts by :func:`mxkit.nn.swap_gpt_oss_moe` (``+experts``: ValueError on a model without them)."""
+    import mxkit
+    from ..nn.moe import swap_gpt_oss_moe
+
+    base = fmt.removesuffix(FUSED).removesuffix(EXPERTS)
+    w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if base == A8W8 else (base, None)
+    if not fmt.endswith(EXPERTS):
+        mxkit.quantize_model(model, w_fmt, act_format=act, skip=None if quantize_head else "lm_head",
+                             compute_qsnr=False, progress=False, fuse=fmt.endswith(FUSED))
+    if fmt.endswith(EXPERTS) or getattr(model.config, "num_local_experts", 0):
+        swap_gpt_oss_moe(model, w_fmt)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
 
@@ -294,7 +335,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=("bf16", "mxfp4_e2m1", "mxfp8_e4m3"),
                    help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), each "
                         "optionally with +fused (q / k / v and gate / up as one GEMM each, mxkit.nn.fuse_siblings) "
-                        "(default bf16,mxfp4,mxfp8)")
+                        "or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODE_CHOICES)), default=MODES,
@@ -318,8 +359,9 @@ A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format
 def _mx_name(s: str) -> str:
     from ..formats import get_format
 
-    if s.endswith(FUSED):
-        return _mx_name(s.removesuffix(FUSED)) + FUSED
+    for suffix in (FUSED, EXPERTS):
+        if s.endswith(suffix):
+            return _mx_name(s.removesuffix(suffix)) + suffix
     if s.lower().replace("_e4m3", "").replace("×", "x") in (A8W8, "a8w8"):
         return A8W8
     return get_format(s).name

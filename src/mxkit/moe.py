@@ -14,10 +14,11 @@ from typing import Callable, Optional
 
 import torch
 
-from .moe_reference import check_moe_args, moe_reference, moe_w4a8_reference, route
+from .moe_reference import check_moe_args, moe_reference, moe_w4a8_reference
+from .moe_reference import route as reference_route
 from .tensor import MXTensor
 
-__all__ = ["moe", "moe_experts", "moe_w4a8", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
+__all__ = ["moe", "moe_experts", "moe_w4a8", "route", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
 
 MOE_BACKENDS = ("auto", "reference", "triton")
 _KERNEL_MODULE = "mxkit.kernels.moe"
@@ -152,6 +153,22 @@ def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                          "must have the same leading dims")
     weights, ids = route(router_logits.reshape(-1, router_logits.shape[-1]), top_k, mode=routing)
     return x.reshape(-1, x.shape[-1]), weights, ids
+
+
+def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
+          renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mxkit.moe_reference.route` (the same arguments, results and errors): ``(topk_weights (T, k) float32,
+    topk_ids (T, k) int32)``. On CUDA, ``mode="gpt_oss"`` with float32 / bfloat16 / float16 logits (E <= 1024,
+    k <= 32) runs one Triton kernel (:mod:`mxkit.kernels.matmul_details._route`) that writes the reference's
+    bytes; everything else (logits that need a gradient, code torch.compile traces) runs the reference."""
+    if (mode == "gpt_oss" and not renormalize and isinstance(router_logits, torch.Tensor) and router_logits.is_cuda
+            and not torch.compiler.is_compiling()
+            and not (router_logits.requires_grad and torch.is_grad_enabled())):  # (the kernel has no backward)
+        from .kernels.matmul_details import _route
+
+        if _route.takes(router_logits, top_k):
+            return _route.route_gpt_oss(router_logits, top_k)
+    return reference_route(router_logits, top_k, mode=mode, renormalize=renormalize)
 
 
 def moe_w4a8(

@@ -64,13 +64,27 @@ def _check_top_k(top_k, num_experts: int) -> None:
         raise ValueError(f"top_k={top_k!r} must be an int in [1, num_experts={num_experts}]")
 
 
+def _order_key(values: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as the float ``values``: NaN (any sign or payload) above +inf, -0.0 equal to +0.0.
+    Integer keys sort the same on every device: CUDA's ``torch.sort`` of floats did not put NaN first (torch
+    2.11: a row with two NaNs and +inf came out +inf first, the NaNs past the top 4), the CPU's does."""
+    if values.dtype == torch.float64:
+        bits, flip = values.view(torch.int64), (1 << 63) - 1
+    else:
+        values = values.to(torch.float32)
+        bits, flip = values.view(torch.int32).to(torch.int64), (1 << 31) - 1
+    key = torch.where(bits >= 0, bits, bits ^ flip)
+    key = torch.where(values == 0, 0, key)
+    return torch.where(values.isnan(), torch.iinfo(torch.int64).max, key)
+
+
 def _topk_lowest_index_on_ties(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (int64) of the k largest entries of each row, largest first, equal values by increasing index.
+    """Indices (int64) of the k largest entries of each row, largest first, equal values by increasing index,
+    NaN above every number (:func:`_order_key`).
 
     ``torch.topk`` does not fix the order of ties (on CPU it returned [1, 3] for the top 2 of [1, 3, 3, 3, 0]
-    and [86, 85, 84, 87] for the top 4 of 128 zeros, torch 2.13), so a stable descending sort decides them.
-    NaN sorts as the largest value (``torch.sort``)."""
-    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+    and [86, 85, 84, 87] for the top 4 of 128 zeros, torch 2.13), so a stable descending sort decides them."""
+    return torch.sort(_order_key(values), dim=-1, descending=True, stable=True).indices[..., :k]
 
 
 def route(
@@ -96,8 +110,9 @@ def route(
       the logits, the same order since softmax is monotone); with ``renormalize=True`` they are divided by
       their sum (Mixtral / Qwen-MoE's ``norm_topk_prob``), otherwise left as they are.
     Ties: equal logits go to the lower expert index, deterministically on every device (``torch.topk`` leaves
-    the order of ties unspecified; see :func:`_topk_lowest_index_on_ties`). Slots are ordered by decreasing
-    logit, as ``torch.topk(sorted=True)`` orders them.
+    the order of ties unspecified; see :func:`_topk_lowest_index_on_ties`); -0.0 equals +0.0; NaN ranks above
+    every number (the same on CPU and CUDA). Slots are ordered by decreasing logit, as ``torch.topk(sorted=True)``
+    orders them.
 
     Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)`` on the logits' device.
     Raises TypeError for a non-float tensor, ValueError for a shape other than (T, E), a ``top_k`` outside

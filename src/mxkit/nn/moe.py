@@ -47,14 +47,8 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..moe import moe, moe_w4a8
-from ..moe_reference import (
-    ACTIVATIONS,
-    GPT_OSS_SWIGLU_ALPHA,
-    GPT_OSS_SWIGLU_LIMIT,
-    ROUTING_MODES,
-    route,
-)
+from ..moe import moe, moe_w4a8, route
+from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
 from ..ops import dequantize, quantize
 from ..tensor import MXTensor
 from . import _ops

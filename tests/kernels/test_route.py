@@ -125,3 +125,33 @@ def test_route_dispatch_keeps_the_reference_contract():
                               ((x, 2), {"renormalize": True}, ValueError)]:
             with pytest.raises(err):
                 dispatch_route(*args, **kw)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
+    """An MXMoE that returns its router scores (GPT-OSS's (hidden, scores)) routes once a forward on CUDA: its
+    output is the bits of the same layer without scores, its scores the reference routing's weights."""
+    from mxkit.kernels.matmul_details import _route
+    from mxkit.nn import MXMoE
+
+    E, H, I, k = 32, 256, 128, 4
+    router = torch.nn.Linear(H, E).to(torch.bfloat16).cuda()
+    dense = [t.to(torch.bfloat16).cuda() for t in (torch.randn(E, 2 * I, H, generator=rng),
+                                                    torch.randn(E, 2 * I, generator=rng),
+                                                    torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))]
+    plain = MXMoE.from_dense(router, *dense, k, "mxfp4")
+    scored = MXMoE.from_dense(router, *dense, k, "mxfp4", return_router_scores=True)
+    calls = []
+    real = _route.route_gpt_oss
+    monkeypatch.setattr(_route, "route_gpt_oss", lambda *a: calls.append(a) or real(*a))
+    for T in (1, 5, 300):  # the decode pairs, the sorted decode blocks, the prefill kernel
+        x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
+        with torch.no_grad():
+            want = plain(x)
+            del calls[:]
+            y, scores = scored(x)
+        assert len(calls) == 1, T
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), T
+        ref_w, _ = reference_route(router(x).detach(), k)
+        assert torch.equal(scores, ref_w.to(torch.bfloat16)), T

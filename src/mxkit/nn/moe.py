@@ -461,15 +461,20 @@ class MXMoE(_ops.Handled, nn.Module):
             if _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias):
                 return self._result(_eager_experts(self, x, logits), logits)
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
-        return self._result(self._experts(x, logits), logits)
+        routed = None
+        if self.return_router_scores and x.is_cuda and not _ops.needs_grad(x, logits, self.gate_up_bias,
+                                                                           self.down_bias):
+            routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
+        return self._result(self._experts(x, logits, routed), logits, routed)
 
-    def _experts(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
-        Where autograd needs a gradient (x, the router or the expert biases) it runs the reference backend: the
-        GPU kernels compute none."""
+        ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
+        packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
+        the router or the expert biases) it runs the reference backend: the GPU kernels compute none."""
         grad = _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if not grad:
-            y = self._forward_packed(x, logits)
+            y = self._forward_packed(x, logits, routed)
             if y is None:
                 y = self._forward_folded(x, logits)
             if y is not None:
@@ -488,15 +493,17 @@ class MXMoE(_ops.Handled, nn.Module):
                     packed=None if grad else self._packed_experts(x), **kw)
         return y
 
-    def _result(self, y: torch.Tensor, logits: torch.Tensor):
+    def _result(self, y: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None):
         if not self.return_router_scores:
             return y
-        scores, _ = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
+        scores, _ = routed or route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return y, scores.to(logits.dtype)
 
-    def _forward_packed(self, x: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+    def _forward_packed(self, x: torch.Tensor, logits: torch.Tensor,
+                        routed: Optional[tuple] = None) -> Optional[torch.Tensor]:
         """The W4A16 forward on the experts packed in place (:func:`mxkit.kernels.moe.moe_packed`, no MXTensor
-        unpacked), or None where it does not run (then forward reads ``gate_up_mx`` / ``down_mx``)."""
+        unpacked; routed by ``routed`` where given), or None where it does not run (then forward reads
+        ``gate_up_mx`` / ``down_mx``)."""
         if self.act_format is not None or self.ep_ranges is not None:
             return None
         packed = self._packed_experts(x)
@@ -505,7 +512,10 @@ class MXMoE(_ops.Handled, nn.Module):
         from ..kernels.moe import moe_packed
         from ..moe import route_tokens
 
-        x2, weights, ids = route_tokens(x, logits, self.top_k, self.routing)
+        if routed is None:
+            x2, weights, ids = route_tokens(x, logits, self.top_k, self.routing)
+        else:
+            x2, (weights, ids) = x.reshape(-1, x.shape[-1]), routed
         partial = self.expert_range != (0, self.num_experts)
         y = moe_packed(x2, packed, self.gate_up_bias, self.down_bias, weights, ids, activation=self.activation,
                        expert_range=self.expert_range if partial else None, num_experts=self.num_experts)

@@ -4,7 +4,8 @@ which takes one stable sort, a gather, a cast, a softmax and another cast (six l
 writes the same bytes in one.
 
 Selection: the k largest logits of a row, largest first; equal logits by increasing expert index; NaN above
-every number (``torch.sort(descending=True, stable=True)``); -0.0 equal to +0.0. Weights: the float32 softmax of
+every number; -0.0 equal to +0.0 (the reference's integer keys, ``_order_key``; here packed with the index into
+one int64 so that a max picks each slot). Weights: the float32 softmax of
 the k selected logits written as PyTorch's CUDA softmax computes a row of up to 1024 elements
 (``aten/src/ATen/native/cuda/PersistentSoftmax.cuh``, ``softmax_warp_forward``): m = max, e_j = expf(l_j - m)
 (full-precision ``expf``), their sum by the warp's butterfly over the next power of two P >= k lanes (the lanes

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import statistics
 import sys
 import time
@@ -165,6 +166,9 @@ class Decoder:
         self.model = model
         length = prompt + tokens + WARMUP_STEPS
         self.cache = StaticCache(config=model.config, max_cache_len=length)
+        # the cache argument's name: ``cache`` from transformers 5.2x (``past_key_values`` deprecated), before it
+        # ``past_key_values``
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.mask = None
         window = getattr(model.config, "sliding_window", None)
         if model.config._attn_implementation == "eager" and (window is None or length <= window):
@@ -194,8 +198,8 @@ class Decoder:
         self.step_forward = torch.compile(self.model.forward, dynamic=False)
 
     def _next(self, ids: torch.Tensor, pos: torch.Tensor, forward: Callable, **kw) -> None:
-        logits = forward(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1, **kw).logits
+        kw[self.cache_arg] = self.cache
+        logits = forward(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **kw).logits
         self.ids.copy_(logits[:, -1:].argmax(-1))
 
     def prefill(self) -> None:

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
 from .tensor import MXTensor
@@ -162,8 +163,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
     k <= 32) runs one Triton kernel (:mod:`mxkit.kernels.matmul_details._route`) that writes the reference's
     bytes; everything else (logits that need a gradient, code torch.compile traces) runs the reference."""
     if (mode == "gpt_oss" and not renormalize and isinstance(router_logits, torch.Tensor) and router_logits.is_cuda
-            and not torch.compiler.is_compiling()
-            and not (router_logits.requires_grad and torch.is_grad_enabled())):  # (the kernel has no backward)
+            and not torch.compiler.is_compiling() and not needs_grad(router_logits)):  # (the kernel has no backward)
         from .kernels.matmul_details import _route
 
         if _route.takes(router_logits, top_k):

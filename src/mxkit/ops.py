@@ -195,8 +195,7 @@ def matmul(
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
     """
-    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False)
-                                    or (bias is not None and bias.requires_grad)):
+    if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
     if (backend == "auto" and type(b) is PackedWeight and (bias is None or type(bias) is torch.Tensor)
@@ -215,6 +214,19 @@ def matmul(
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)
+
+
+def needs_grad(*tensors) -> bool:
+    """Whether autograd would record an op on any of ``tensors`` (None and non-tensors such as an MXTensor
+    skipped): then a fast path whose kernels autograd does not see gives way to the gradient path
+    (:func:`with_input_grad`, MXMoE's reference, the reference routing) or, under torch.compile, a custom op to a
+    graph break."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # (a loop, not any(): this runs on every eager MXLinear call)
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
 
 
 class _InputGrad(torch.autograd.Function):

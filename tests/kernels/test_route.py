@@ -89,20 +89,17 @@ def test_gpu_route_kernel_writes_the_reference_bytes(rng):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_route_dispatch(rng):
+def test_gpu_route_dispatch(rng, monkeypatch):
     """The dispatching route takes the kernel on CUDA for gpt_oss (the reference's bytes), the reference otherwise."""
     from mxkit.kernels.matmul_details import _route
 
     logits = torch.randn(40, 32, generator=rng).to("cuda", torch.bfloat16)
     calls = []
     real = _route.route_gpt_oss
-    _route.route_gpt_oss = lambda *a: calls.append(a) or real(*a)
-    try:
-        got = dispatch_route(logits, 4)
-        soft = dispatch_route(logits, 4, mode="softmax_topk")
-        wide = dispatch_route(logits.double(), 4)
-    finally:
-        _route.route_gpt_oss = real
+    monkeypatch.setattr(_route, "route_gpt_oss", lambda *a: calls.append(a) or real(*a))
+    got = dispatch_route(logits, 4)
+    soft = dispatch_route(logits, 4, mode="softmax_topk")
+    wide = dispatch_route(logits.double(), 4)
     assert len(calls) == 1
     for a, b in zip(got, reference_route(logits, 4)):
         assert torch.equal(a, b)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import weakref
 
-import torch
 from torch import nn
 
 _MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
@@ -43,14 +42,3 @@ def module_of(handle: int, op: str) -> nn.Module:
         raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
     return m
 
-
-def needs_grad(*tensors) -> bool:
-    """Whether autograd would record an op on any of ``tensors`` (None skipped): then a module's custom op
-    (whose kernels autograd does not see) gives way to a graph break, and its eager forward to the gradient
-    path (:func:`mxkit.ops.with_input_grad`, or MXMoE's reference)."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:  # (a loop, not any(): this runs on every eager MXLinear call)
-        if t is not None and t.requires_grad:
-            return True
-    return False

@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
+from ..ops import needs_grad
 from . import _ops
 from .linear import MXLinear
 
@@ -81,7 +82,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
         a compiled graph): the fused output is kept only while a part's slice of it is alive."""
         if torch.compiler.is_compiling() and x.is_cuda:
-            if _ops.needs_grad(x, self.fused.bias):
+            if needs_grad(x, self.fused.bias):
                 return _eager_output(self, x, i)
             return torch.ops.mxkit.mx_fused_part(x, self._op_handle, i)
         if torch.compiler.is_compiling():

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from ..ops import dequantize, matmul, pack_weight, quantize, quantize_fp8_rowwise, with_input_grad
+from ..ops import dequantize, matmul, needs_grad, pack_weight, quantize, quantize_fp8_rowwise, with_input_grad
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
@@ -193,10 +193,10 @@ class MXLinear(_ops.Handled, nn.Module):
             if x.is_cuda:
                 # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque
                 # op for inference, a graph break where autograd needs the input's or the bias' gradient
-                if _ops.needs_grad(x, self.bias):
+                if needs_grad(x, self.bias):
                     return _eager_forward(self, x)
                 return torch.ops.mxkit.mx_linear(x, self._op_handle)
-        if _ops.needs_grad(x, self.bias):
+        if needs_grad(x, self.bias):
             # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
             # without gradients), the input's and the bias' gradients by the dequantized weight
             return with_input_grad(x, self.bias, self.weight_mx, self._forward)

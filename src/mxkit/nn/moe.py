@@ -49,7 +49,7 @@ from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..moe import moe, moe_w4a8, route
 from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
-from ..ops import dequantize, quantize
+from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
 from .linear import _set_submodule
@@ -458,11 +458,11 @@ class MXMoE(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling() and x.is_cuda:
             # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
             # a graph break where autograd needs a gradient (x, the router, the expert biases)
-            if _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias):
+            if needs_grad(x, logits, self.gate_up_bias, self.down_bias):
                 return self._result(_eager_experts(self, x, logits), logits)
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
         routed = None
-        if self.return_router_scores and x.is_cuda and not _ops.needs_grad(x, logits, self.gate_up_bias,
+        if self.return_router_scores and x.is_cuda and not needs_grad(x, logits, self.gate_up_bias,
                                                                            self.down_bias):
             routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
         return self._result(self._experts(x, logits, routed), logits, routed)
@@ -472,7 +472,7 @@ class MXMoE(_ops.Handled, nn.Module):
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
         packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
         the router or the expert biases) it runs the reference backend: the GPU kernels compute none."""
-        grad = _ops.needs_grad(x, logits, self.gate_up_bias, self.down_bias)
+        grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if not grad:
             y = self._forward_packed(x, logits, routed)
             if y is None:

@@ -57,8 +57,7 @@ from torch import nn
 
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
-from ..ops import matmul, quantize, quantize_fold
-from . import _ops
+from ..ops import matmul, needs_grad, quantize, quantize_fold
 from .linear import FP8_ROWWISE, MXLinear
 
 __all__ = ["ColumnParallelMXLinear", "RowParallelMXLinear", "shard_mxlinear", "STYLES"]
@@ -256,12 +255,12 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
         return self._local_weight(b, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _ops.needs_grad(x):
+        if needs_grad(x):
             x = _CopyToGroup.apply(x, self.tp_group)
         y = super().forward(x)
         if not self.gather_output or self.tp_world_size == 1:
             return y
-        if _ops.needs_grad(y):
+        if needs_grad(y):
             return _GatherFromGroup.apply(y, self.tp_group, self.tp_rank, self.tp_world_size)
         return _all_gather_last(y, self.tp_group, self.tp_world_size)
 
@@ -338,14 +337,14 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
             raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {expect}), {what}")
         out_dtype = x.dtype
         if not self.input_is_parallel and self.tp_world_size > 1:
-            if _ops.needs_grad(x):
+            if needs_grad(x):
                 x = _ScatterToGroup.apply(x, self.tp_group, self.tp_rank, self.tp_world_size)
             else:
                 x = x.narrow(-1, self.tp_rank * self.in_features, self.in_features).contiguous()
         w = self._packed if self._packed is not None else self.weight_mx
         y = matmul(self._operand(x), w, out_dtype=torch.float32)  # partial sum over this rank's K, no bias
         if self.tp_world_size > 1:
-            if _ops.needs_grad(y):
+            if needs_grad(y):
                 y = _ReduceFromGroup.apply(y, self.tp_group)
             else:
                 dist.all_reduce(y, group=self.tp_group)

@@ -74,8 +74,13 @@ class PackedWeight:
         than the format's fold range also have extra slice rows (``folded.owner``), which the GEMM computes
         through the exact float32 route. ``None`` for FP8 / INT8 weights, and when packed for float activations
         (``pack_weight(act="float")``, what a W4A16 :class:`mxkit.nn.MXLinear` keeps).
-      scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (host ints, read
-        once at pack time: the exact-in-bf16 envelope check).
+      stats: the scale statistics of ``source``: host values ``(scale_min, scale_max, has_nan)``, or, until they
+        are first read, the device tensor of per-part statistics they reduce from (int32 [P, 3], see
+        :func:`partial_stats_host`), so packing for float activations needs no host sync. Read them through
+        the properties:
+      scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (the exact-in-bf16
+        envelope check); 255 / -1 when every byte is 0xFF. The first read of a pending ``stats`` takes one host
+        sync (RuntimeError during CUDA-graph capture: read them, or call once, before capturing).
       has_nan: whether a block has the NaN scale byte 0xFF.
       special_rows: int64 (S,) rows of the weight the fold path cannot take (slices or row scales outside
         the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
@@ -91,12 +96,29 @@ class PackedWeight:
 
     source: MXTensor
     folded: Optional[Folded]
-    scale_min: int
-    scale_max: int
-    has_nan: bool
+    stats: Union[tuple, torch.Tensor]
     special_rows: torch.Tensor
     mma_q: Optional[torch.Tensor] = None
     mma_s: Optional[torch.Tensor] = None
+
+    def _host_stats(self) -> tuple:
+        st = self.stats
+        if isinstance(st, torch.Tensor):  # read once, then kept (the dataclass is frozen; the value is not new)
+            st = partial_stats_host(st)
+            object.__setattr__(self, "stats", st)
+        return st
+
+    @property
+    def scale_min(self) -> int:
+        return self._host_stats()[0]
+
+    @property
+    def scale_max(self) -> int:
+        return self._host_stats()[1]
+
+    @property
+    def has_nan(self) -> bool:
+        return self._host_stats()[2]
 
     @property
     def shape(self) -> torch.Size:
@@ -125,7 +147,8 @@ class PackedWeight:
         if f is not None:
             f = dataclasses.replace(f, data=f.data.to(device), scale=f.scale.to(device), owner=f.owner.to(device))
         mma = {} if self.mma_q is None else {"mma_q": self.mma_q.to(device), "mma_s": self.mma_s.to(device)}
-        return dataclasses.replace(self, source=self.source.to(device), folded=f,
+        st = self.stats.to(device) if isinstance(self.stats, torch.Tensor) else self.stats
+        return dataclasses.replace(self, source=self.source.to(device), folded=f, stats=st,
                                    special_rows=self.special_rows.to(device), **mma)
 
     def state_dict(self) -> dict:
@@ -140,16 +163,34 @@ class PackedWeight:
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
 
 
+def partial_stats(part: torch.Tensor) -> list:
+    """Three 0-dim device tensors, the smallest byte other than 0xFF, the largest, and whether a 0xFF occurs,
+    from per-part scale statistics int32 [P, 3] (:func:`partial_stats_host`); no host sync."""
+    return [part[:, 0].amin(), part[:, 1].amax(), part[:, 2].amax()]
+
+
+def partial_stats_host(part: torch.Tensor) -> tuple:
+    """``(scale_min, scale_max, has_nan)`` (int, int, bool) from per-part scale statistics int32 [P, 3], P >= 1
+    (each row: the smallest and the largest E8M0 byte other than 0xFF of its part, 255 / -1 when it has none,
+    and 1 where a 0xFF occurs; the packing kernel writes one row per program): one host sync. RuntimeError
+    during CUDA-graph capture, which cannot read a device value."""
+    if part.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("a PackedWeight's scale statistics are read on its first GEMM call, which cannot "
+                           "happen during CUDA-graph capture: call the GEMM once (or read .scale_max) before "
+                           "capturing")
+    lo, hi, nan = torch.stack(partial_stats(part)).tolist()
+    return lo, hi, bool(nan)
+
+
 def _packed_flatten(p: PackedWeight):
     f = p.folded
     leaves = [p.source, p.special_rows, p.mma_q, p.mma_s] + ([f] if f is not None else [])
-    return leaves, (p.scale_min, p.scale_max, p.has_nan, f is not None)
+    return leaves, (p._host_stats(), f is not None)
 
 
 def _packed_unflatten(leaves, ctx) -> PackedWeight:
-    scale_min, scale_max, has_nan, has_fold = ctx
-    return PackedWeight(leaves[0], leaves[4] if has_fold else None, scale_min, scale_max, has_nan, leaves[1],
-                        leaves[2], leaves[3])
+    stats, has_fold = ctx
+    return PackedWeight(leaves[0], leaves[4] if has_fold else None, stats, leaves[1], leaves[2], leaves[3])
 
 
 pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,

@@ -87,6 +87,39 @@ def run_fold_raw(q, poison: bool = False, cfg=None):
     return data, scale, status
 
 
+def check_weight_stats(g, fmt: str, spreads, device: str = "cpu") -> int:
+    """The fold kernel's weight statistics (``fold_triton(stats=True)``, reduced by ``weight_stats``) equal the
+    PyTorch ones pack_weight took before (scale extrema, NaN, a row scale outside the FP8 epilogue's envelope,
+    a status-1 row), at fold_config's configs and at ones with masked rows and chunks: random rows of every
+    spread, rows whose scale bytes put the row scale past 2^+-54, and rows of one 0xFF byte or all 0xFF."""
+    from mxkit.kernels import fold as kf
+    from mxkit.kernels.matmul_details._envelope import out_of_envelope, scale_extrema
+
+    n = 0
+    for R, K, cfg in ((7, 96, None), (33, 2880, None), (5, 2880, kf.FoldConfig(4, 1024, 4)),
+                      (16, 2048, kf.FoldConfig(2, 512, 1))):
+        for case in ("random", "envelope", "nan", "all_nan"):
+            q = rand_mx(g, fmt, R, K, spreads if case == "random" else [0, 1])
+            q = MXTensor(q.qdata.to(device), q.scale.to(device), q.fmt, 1, 32, (R, K))
+            if case == "envelope":
+                q.scale[1] = 250
+                q.scale[R - 1] = 2
+            elif case == "nan":
+                q.scale[R // 2, -1] = 255
+            elif case == "all_nan":
+                q.scale.fill_(255)
+            data, scale, status = kf._outputs(R, K, q.device)
+            got = kf.weight_stats(kf._run_fold(q, data, scale, status, cfg, stats=True))
+            want = (*scale_extrema(q.scale), bool(out_of_envelope(scale.view(torch.float32)).any()),
+                    bool(status.eq(1).any()))
+            assert got == want, (fmt, R, K, cfg, case, got, want)
+            assert case != "envelope" or got[3], "the crafted rows must be outside the envelope"
+            n += 1
+        pend = kf.fold_triton(q, defer=True, stats=True)
+        assert kf.weight_stats(pend.stats)[:3] == scale_extrema(q.scale)
+    return n
+
+
 def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False, cfg=None):
     from mxkit.formats import Rounding, ScaleMode
     from mxkit.kernels import fold as kf
@@ -148,6 +181,7 @@ def _interpret_checks(fmt: str, seed: int) -> int:
         check_kernel_rows(*run_fold_raw(q), ref, f"fold {fmt} {shape}")
         assert_folded_equal(fold_triton(q), ref, f"fold_triton {fmt} {shape}")
         n += 2
+    n += check_weight_stats(g, fmt, spreads)
     # qdata at an offset that is not a multiple of 4 bytes (FP6 rows of 24 bytes): read through an aligned copy
     q = rand_mx(g, fmt, 6, 32, spreads)
     sub = MXTensor(q.qdata[1:], q.scale[1:], q.fmt, 1, 32, (5, 32))
@@ -316,8 +350,8 @@ def test_fold_kernels_compile_for_sm90(case):
         ptrs = {"x_ptr": ("*i32", "*i16", "*fp16")[_IN_KIND[dtype]]}
     else:
         fn = _fold._fold_kernel
-        ce.update(D_LO=d_lo, D_HI=d_hi)
-        ptrs = {"q_ptr": "*i32", "s_ptr": "*u8"}
+        ce.update(D_LO=d_lo, D_HI=d_hi, STATS=case == "fold_fp4_chunks", EXP_LIMIT=54)
+        ptrs = {"q_ptr": "*i32", "s_ptr": "*u8", "stats_ptr": "*i32"}
     assert cfg.hw_cvt == (case == "qfold_fp6_hw_chunks")
     ptrs.update(out_ptr="*u8", rs_ptr="*i32", st_ptr="*u8")
     sig = {a: "constexpr" if a in ce else ptrs.get(a, "i32") for a in fn.arg_names}
@@ -347,6 +381,14 @@ def test_gpu_fold_matches_reference(fmt, shape, rng):
     assert_folded_equal(fold_triton(q), ref, f"gpu fold_triton {fmt} {shape}")
     if shape[0] <= 1024:  # the CUDA reference against the CPU one
         assert_folded_equal(ref, fold_reference(q.to("cpu")), "reference cuda vs cpu")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", FOLD_FORMATS)
+def test_gpu_fold_weight_stats(fmt, rng):
+    w = window(fmt)
+    assert check_weight_stats(rng, fmt, [0, 3, w, w + 1, 40, NAN_ROW, ZERO_ROW], "cuda") == 16
 
 
 @pytest.mark.gpu

@@ -307,6 +307,30 @@ def test_packed_weight_state_dict_and_to(rng):
     assert torch.utils._pytree.tree_unflatten(leaves, spec).scale_max == pw.scale_max
 
 
+def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):
+    """pack_weight without a fold (act="float", FP8 weights) takes no host sync: its scale statistics stay a device
+    tensor of per-part rows until the first read, which gives scale_extrema's values and keeps them; to(), the
+    pytree round trip and state_dict see the same values; the fold path reads them in its one sync."""
+    from mxkit.kernels.matmul_details._envelope import scale_extrema
+
+    for fmt in ("mxfp4", "mxfp8_e4m3", "mxint8"):
+        w = mxkit.quantize(torch.randn(48, 128, generator=rng) * 2.0 ** torch.randint(-20, 20, (48, 1),
+                                                                                       generator=rng), fmt)
+        w.scale[3, 1] = 255 if fmt == "mxfp4" else w.scale[3, 1]
+        pw = mxkit.pack_weight(w, act="float")
+        assert isinstance(pw.stats, torch.Tensor) and pw.stats.dtype == torch.int32 and pw.stats.shape[1] == 3
+        moved = pw.to("cpu")
+        assert isinstance(moved.stats, torch.Tensor)
+        lo, hi, nan = scale_extrema(w.scale)
+        assert (pw.scale_min, pw.scale_max, pw.has_nan) == (lo, hi, nan) == (moved.scale_min, moved.scale_max,
+                                                                             moved.has_nan)
+        assert pw.stats == (lo, hi, nan) and nan == (fmt == "mxfp4")
+        leaves, spec = torch.utils._pytree.tree_flatten(mxkit.pack_weight(w, act="float"))
+        assert torch.utils._pytree.tree_unflatten(leaves, spec).stats == (lo, hi, nan)
+    folded = mxkit.pack_weight(w4 := mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4"))
+    assert folded.stats == scale_extrema(w4.scale)
+
+
 def test_pack_weight_act_builds_only_what_the_activations_read(rng):
     """pack_weight(act=...): float activations get the decode-mma layout and no FP8 fold (a W4A16 MXLinear's
     weight: its MX bytes twice, not four times); FP8 rowwise / MX activations get the fold and no decode

@@ -9,6 +9,7 @@ import torch
 import mxkit
 from mxkit.kernels.matmul_details import _mma_decode
 from mxkit.kernels.matmul_details._mma_decode import pack_mma, unpack_mma
+from mxkit.packed import partial_stats_host
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -32,12 +33,18 @@ def _check_pack_kernel(device: str, g) -> int:
         want_s = want_s.contiguous().view(torch.int32)
         qp, sp = _mma_pack.pack_mma_fused(q.to(device), sc.to(device))
         assert torch.equal(qp.cpu(), want) and torch.equal(sp.cpu(), want_s), (N, K)
-        qf, sf, stats = _mma_pack.pack_mma_fused(q.to(device), sc.to(device), stats=True)
+        qf, sf, part = _mma_pack.pack_mma_fused(q.to(device), sc.to(device), stats=True)
         assert torch.equal(qf.cpu(), want) and torch.equal(sf.cpu(), want_s), (N, K)
         keep = sc[sc != 255].to(torch.int32)
-        assert [int(t) for t in stats] == [int(keep.min()), int(keep.max()), 1]
-        _, _, stats = _mma_pack.pack_mma_fused(q.to(device), torch.full_like(sc, 255).to(device), stats=True)
-        assert [int(t) for t in stats] == [255, -1, 1]  # every byte NaN: no extrema (the _scale_stats fill)
+        assert partial_stats_host(part) == (int(keep.min()), int(keep.max()), True)
+        _, _, part = _mma_pack.pack_mma_fused(q.to(device), torch.full_like(sc, 255).to(device), stats=True)
+        assert partial_stats_host(part) == (255, -1, True)  # every byte NaN: no extrema (the _scale_stats fill)
+        one = sc.clone()
+        one[one == 255] = 254
+        one[-1, -1] = 7  # the extrema in the last program, no NaN
+        one[0, 0] = 250
+        _, _, part = _mma_pack.pack_mma_fused(q.to(device), one.to(device), stats=True)
+        assert partial_stats_host(part) == (int(one.min()), int(one.max()), False)
     return len(PACK_CASES)
 
 

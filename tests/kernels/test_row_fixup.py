@@ -99,8 +99,7 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
     pend = quantize_fold_triton(x.to(device), "mxfp4", defer=True)
     pw = mxkit.pack_weight(rand_mx((N, K), "mxfp4_e2m1", g, spread=20, device=device))
     assert pw.special_rows.numel() == N
-    pw = mxkit.PackedWeight(pw.source, pw.folded, pw.scale_min, pw.scale_max, pw.has_nan,
-                            torch.tensor([3, 70], device=device))
+    pw = mxkit.PackedWeight(pw.source, pw.folded, pw.stats, torch.tensor([3, 70], device=device))
     y = torch.full((M, N), float("nan"), device=device)
     fixup(y, pend.source, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale), special=pw.special_rows)
     written = ~torch.isnan(y)

@@ -23,6 +23,7 @@ import torch
 from ..fold import Folded, _check_foldable, fold_range, fold_reference, quantize_fold_reference
 from ..formats import ElementFormat, FormatLike, Rounding, ScaleMode
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
+from .matmul_details._envelope import FOLD_EXP_LIMIT
 
 __all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton", "PendingFold", "QuantizedRows"]
 
@@ -133,23 +134,35 @@ class PendingFold:
     status-1 row's data and scale are whatever the kernel left: the caller must not use them), ``status`` uint8
     [R] (0 folded, 1 pending, 2 NaN). :meth:`complete` (one host sync) returns the exact :class:`Folded`.
     ``source``: what the fold read (the MXTensor, or the :class:`QuantizedRows`), from which the GEMM's fix-up
-    kernel recomputes the pending rows exactly without completing them (no host sync)."""
+    kernel recomputes the pending rows exactly without completing them (no host sync). ``stats``: with
+    ``fold_triton(..., stats=True)``, the kernel's per-program statistics of a weight, int32 [P, 5], which
+    :func:`weight_stats` reduces."""
 
     folded: Folded
     status: torch.Tensor
     redo: Callable[[torch.Tensor], Folded]
     source: Union[MXTensor, QuantizedRows, None] = None
+    stats: Optional[torch.Tensor] = None
 
     def complete(self) -> Folded:
         f = self.folded
         return _complete(f.data.view(torch.uint8), f.scale, self.status, f.fmt, f.lead_shape, self.redo)
 
 
-def _pending(data, scale, status, f, lead, redo, defer: bool, source=None) -> Union[Folded, PendingFold]:
+def _pending(data, scale, status, f, lead, redo, defer: bool, source=None, stats=None
+             ) -> Union[Folded, PendingFold]:
     if defer:
         return PendingFold(Folded(data.view(torch.float8_e4m3fn), scale, data.new_zeros(0, dtype=torch.int64), f,
-                                  lead), status, redo, source)
+                                  lead), status, redo, source, stats)
     return _complete(data, scale, status, f, lead, redo)
+
+
+def weight_stats(stats: torch.Tensor) -> tuple[int, int, bool, bool, bool]:
+    """One host sync: (smallest and largest scale byte other than 0xFF (255 / -1 when none), whether a 0xFF
+    occurs, whether a row scale lies outside the FP8 epilogue's envelope (``FOLD_EXP_LIMIT``), whether a row's
+    block scales span more than the fold window) from the fold kernel's per-program rows int32 [P, 5]."""
+    v = stats.amax(0).tolist()
+    return 255 - v[0], v[1] - 1, bool(v[2]), bool(v[3]), bool(v[4])
 
 
 _LAUNCHERS: dict = {}
@@ -177,15 +190,20 @@ def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor,
-              cfg: Optional[FoldConfig] = None) -> None:
+              cfg: Optional[FoldConfig] = None, stats: bool = False) -> Optional[torch.Tensor]:
     """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`); cfg:
-    an explicit config for A/B runs (default :func:`fold_config`)."""
+    an explicit config for A/B runs (default :func:`fold_config`). ``stats``: returns the kernel's per-program
+    weight statistics (int32 [P, 5], :func:`weight_stats`)."""
     f, (R, K) = q.fmt, data.shape
     d_lo, d_hi = fold_range(f)
     cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
     qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
-    _launch("_fold_kernel", (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status), R, K, cfg,
-            dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi))
+    part = torch.empty(-(-R // cfg.block_r), 5, dtype=torch.int32, device=data.device) if stats else None
+    _launch("_fold_kernel", (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status,
+                             status if part is None else part), R, K, cfg,
+            dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi, STATS=stats,
+                 EXP_LIMIT=FOLD_EXP_LIMIT))
+    return part
 
 
 def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,
@@ -201,14 +219,15 @@ def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd:
                       AWAY=rnd is Rounding.AWAY, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
 
 
-def fold_triton(q: MXTensor, *, defer: bool = False) -> Union[Folded, PendingFold]:
+def fold_triton(q: MXTensor, *, defer: bool = False, stats: bool = False) -> Union[Folded, PendingFold]:
     """Fold an MX tensor to E4M3 rows with the Triton kernel; byte-identical to :func:`mxkit.fold.fold_reference`.
 
     q: MXTensor (..., K) of mxfp4_e2m1, mxfp6_e2m3 or mxfp6_e3m2 quantized along its last axis, block_size 32,
       plain scale layout, qdata and scale contiguous, on CUDA (or any device under TRITON_INTERPRET=1).
     Returns :class:`mxkit.fold.Folded`: data float8_e4m3fn [R + X, K], scale float32 [R + X], owner int64 [X]
     (R = prod of the leading dims; R = 0 gives empty tensors); with ``defer=True`` a :class:`PendingFold` (no host
-    sync; R = 0 still returns a Folded). Raises TypeError for a non-MXTensor, ValueError
+    sync; R = 0 still returns a Folded), which with ``stats=True`` carries the weight statistics of
+    :func:`weight_stats` made on the way. Raises TypeError for a non-MXTensor, ValueError
     for a format that does not fold, another axis, block size or scale layout, non-contiguous storage or a
     CPU tensor outside the interpreter.
     """
@@ -233,13 +252,13 @@ def fold_triton(q: MXTensor, *, defer: bool = False) -> Union[Folded, PendingFol
     if R == 0 or K == 0:
         return _empty(R, K, f, lead, q.device)
     data, scale, status = _outputs(R, K, q.device)
-    _run_fold(q, data, scale, status)
+    part = _run_fold(q, data, scale, status, stats=stats)
     qd, sc = q.qdata.reshape(R, -1), q.scale.reshape(R, -1)
 
     def redo(rows):
         return fold_reference(MXTensor(qd[rows], sc[rows], f, 1, 32, (rows.numel(), K)))
 
-    return _pending(data, scale, status, f, lead, redo, defer, q)
+    return _pending(data, scale, status, f, lead, redo, defer, q, part)
 
 
 def _max_frac(f: ElementFormat) -> int:

@@ -66,7 +66,7 @@ import torch
 from .. import reference
 from ..fold import Folded, can_fold, fold_reference, unfold_reference
 from ..formats import ElementFormat
-from ..packed import Fp8Rowwise, PackedWeight
+from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
@@ -206,12 +206,13 @@ def _decode_max_m(device: torch.device) -> int:
 # packing
 
 
-def _fold(q: MXTensor, defer: bool = False):
-    """Folded (or, with ``defer`` on CUDA, a :class:`mxkit.kernels.fold.PendingFold`) of an MX tensor."""
+def _fold(q: MXTensor, defer: bool = False, stats: bool = False):
+    """Folded (or, with ``defer`` on CUDA, a :class:`mxkit.kernels.fold.PendingFold`, with ``stats`` carrying the
+    weight statistics the kernel made on the way) of an MX tensor."""
     if q.device.type == "cuda":
         from .fold import fold_triton
 
-        return fold_triton(q, defer=defer)
+        return fold_triton(q, defer=defer, stats=stats)
     return fold_reference(q)
 
 
@@ -272,7 +273,9 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
 
     FP4 / FP6 weights are folded to FP8 E4M3 with row scales (a memory-bound kernel on CUDA, the reference
     on CPU); MXFP4 / MXFP8 E4M3 weights of the small-M kernels' shapes get their layouts (``mma_q``); every
-    weight gets its scale extrema (one host sync). ``act`` (:data:`PACK_ACTS`) builds only the layouts of the
+    weight gets its scale extrema: with a fold, in the fold's one host sync; without (``act="float"``, FP8 / INT8
+    weights), left on the device and read by the first GEMM call (so packing a model's weights queues kernels
+    only: ``PackedWeight.stats``). ``act`` (:data:`PACK_ACTS`) builds only the layouts of the
     paths those activations take: None all; ``"float"`` the decode-mma one (no fold); ``"fp8_rowwise"`` /
     ``"mx"`` the fold, and with ``"mx"`` the a8w8-mma one of an MXFP8 E4M3 weight. A fold path given a packed
     weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
@@ -284,32 +287,38 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     _check_weight(w)
     w = _plain(w)
-    fold = _fold(w, defer=True) if can_fold(w.fmt) and act != "float" else None
+    fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
     builds_mma = act is None or act == {"mxfp4_e2m1": "float", "mxfp8_e4m3": "mx"}.get(w.fmt.name)
-    mma_q, mma_s, stats = _pack_mma(w) if builds_mma else (None, None, None)
-    # one host sync for everything the envelope needs: scale extrema (the decode layout's packing kernel makes
-    # them on the way), NaN, rows to complete or route aside
-    stats = list(stats) if stats is not None else scale_stats(w.scale)
-    if folded is not None:
-        stats.append(out_of_envelope(folded.scale[: w.shape[0]]).any())
-        stats.append(pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device))
-    lo, hi, has_nan, *rest = host_ints(stats)
+    mma_q, mma_s, part = _pack_mma(w) if builds_mma else (None, None, None)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
-    if folded is not None:
-        out_env, wide = rest
-        if wide:
-            folded = pending.complete()
-        if out_env or folded.owner.numel():
-            special = _special_rows(folded, w.shape[0])
-    return PackedWeight(w, folded, lo, hi, bool(has_nan), special, mma_q, mma_s)
+    if folded is None:  # no host sync: the scale statistics stay on the device until the first GEMM reads them
+        if part is None:
+            part = torch.stack([t.to(torch.int32) for t in scale_stats(w.scale)]).view(1, 3)
+        return PackedWeight(w, None, part, special, mma_q, mma_s)
+    # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (on CUDA
+    # the fold kernel makes them on the way)
+    if pending is not None and pending.stats is not None:
+        from .fold import weight_stats
+
+        lo, hi, has_nan, out_env, wide = weight_stats(pending.stats)
+    else:
+        stats = [*(partial_stats(part) if part is not None else scale_stats(w.scale)),
+                 out_of_envelope(folded.scale[: w.shape[0]]).any(),
+                 pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device)]
+        lo, hi, has_nan, out_env, wide = host_ints(stats)
+    if wide:
+        folded = pending.complete()
+    if out_env or folded.owner.numel():
+        special = _special_rows(folded, w.shape[0])
+    return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s)
 
 
 def _pack_mma(w: MXTensor) -> tuple:
-    """(q, s, scale statistics or None) of the decode-mma layout for an MXFP4 weight (the statistics from the
-    packing kernel on CUDA), of the a8w8-mma layout for an MXFP8 E4M3 weight, of a shape the kernel takes; else
-    (None, None, None)."""
+    """(q, s, scale statistics or None) of the decode-mma layout for an MXFP4 weight (on CUDA the packing
+    kernel's per-program statistics, int32 [P, 3]), of the a8w8-mma layout for an MXFP8 E4M3 weight, of a shape
+    the kernel takes; else (None, None, None)."""
     from .matmul_details import _mma_a8w8, _mma_decode
 
     N, K = w.shape

@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from ..moe_reference import check_moe_args, moe_reference
+from ..packed import partial_stats_host
 from ..tensor import MXTensor
 from .launch import _Launcher
 from .matmul import W_KINDS
@@ -288,8 +289,8 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
     if interleave_halves:
         qd, sc = _interleave_halves(qd, 1), _interleave_halves(sc, 1)
     sc = sc.reshape(E * N, K // 32).contiguous()
-    q, s, stats = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc, stats=True)
-    lo, hi, nan = host_ints(stats if stats is not None else scale_stats(sc))
+    q, s, part = pack_mma(qd.reshape(E * N, K // 2).contiguous(), sc, stats=True)
+    lo, hi, nan = partial_stats_host(part) if part is not None else host_ints(scale_stats(sc))
     # special: a byte 0 or 0xFF; one_mul: every byte <= 128
     return MmaExperts(q, s, (E, N, K), lo == 0 or bool(nan), interleave_halves, hi <= 128 and not nan,
                       _envelope_ok(w.fmt, lo, hi))

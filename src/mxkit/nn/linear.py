@@ -131,6 +131,8 @@ class MXLinear(_ops.Handled, nn.Module):
         module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
         act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
         self._packed = pack_weight(self.weight_mx, act=act) if self.weight_qdata.is_cuda else None
+        if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
+            self._packed.scale_max
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

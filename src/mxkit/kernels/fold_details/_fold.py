@@ -139,12 +139,41 @@ def _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, R, K,
+def _byte_extrema(sbyte, k0, K, rmask, amin, amax, BLOCK_K: tl.constexpr):
+    """Running smallest / largest scale byte other than 0xFF of each row, over every block (zero blocks too)
+    of a [BLOCK_R, NB] chunk (masked blocks left out)."""
+    b = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    keep = rmask[:, None] & (b < K // 32)[None, :] & (sbyte != 255)
+    amin = tl.minimum(amin, tl.min(tl.where(keep, sbyte, 255), axis=1))
+    amax = tl.maximum(amax, tl.max(tl.where(keep, sbyte, -1), axis=1))
+    return amin, amax
+
+
+@triton.jit
+def _store_stats(stats_ptr, rmask, amin, amax, smax, smin, nan, D_LO: tl.constexpr, D_HI: tl.constexpr,
+                 EXP_LIMIT: tl.constexpr):
+    """This program's row of the weight statistics, every entry a maximum over its rows (0 when none, so the
+    rows of all programs reduce by one amax): 255 - smallest byte, largest byte + 1, a 0xFF byte, a row scale
+    2^e with |e| > EXP_LIMIT (NaN rows not), a row whose block scales span more than the fold window."""
+    e = tl.where(smax >= 0, smax - 127 - D_HI, 0)
+    out_env = ~nan & ((e > EXP_LIMIT) | (e < -EXP_LIMIT))
+    wide = ~nan & (smax - smin > D_HI - D_LO)
+    at = stats_ptr + 5 * tl.program_id(0).to(tl.int64)
+    tl.store(at, tl.max(tl.where(rmask, 255 - amin, 0), axis=0))
+    tl.store(at + 1, tl.max(tl.where(rmask, amax + 1, 0), axis=0))
+    tl.store(at + 2, tl.max(tl.where(rmask & nan, 1, 0), axis=0))
+    tl.store(at + 3, tl.max(tl.where(rmask & out_env, 1, 0), axis=0))
+    tl.store(at + 4, tl.max(tl.where(rmask & wide, 1, 0), axis=0))
+
+
+@triton.jit
+def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, stats_ptr, R, K,
                  BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, D_LO: tl.constexpr,
                  D_HI: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                 MASKED: tl.constexpr):
+                 MASKED: tl.constexpr, STATS: tl.constexpr, EXP_LIMIT: tl.constexpr):
     """Fold packed FP4 / FP6 rows (qdata [R, K * BITS / 32] int32 words, scale [R, K / 32] uint8) to E4M3
-    (out [R, K] uint8), row scales (rs [R] int32 = fp32 bits) and status bytes (st [R] uint8)."""
+    (out [R, K] uint8), row scales (rs [R] int32 = fp32 bits) and status bytes (st [R] uint8). STATS: also the
+    statistics a packed weight needs, one row of 5 int32 per program (``_store_stats``)."""
     tl.static_assert(BLOCK_K % 32 == 0)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -155,9 +184,13 @@ def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, R, K,
     smax = tl.full([BLOCK_R], -1, tl.int32)
     smin = tl.full([BLOCK_R], 256, tl.int32)
     nan = tl.full([BLOCK_R], 0, tl.int1)
+    amax = tl.full([BLOCK_R], -1, tl.int32)
+    amin = tl.full([BLOCK_R], 255, tl.int32)
     if ONE_CHUNK:  # K <= BLOCK_K: one load serves both passes
         codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, 0, K, rmask, BITS, BLOCK_R, BLOCK_K, MASKED)
         smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+        if STATS:
+            amin, amax = _byte_extrema(sbyte, 0, K, rmask, amin, amax, BLOCK_K)
         _fold_chunk(codes, sbyte, smax, nan, out_ptr, orow, 0, K, rmask, BITS, MBITS, EMIN, D_LO, D_HI,
                     BLOCK_R, BLOCK_K, MASKED)
     else:
@@ -165,12 +198,16 @@ def _fold_kernel(q_ptr, s_ptr, out_ptr, rs_ptr, st_ptr, R, K,
             codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K,
                                                MASKED)
             smax, smin, nan = _row_stats(sbyte, nonzero, smax, smin, nan)
+            if STATS:
+                amin, amax = _byte_extrema(sbyte, k0, K, rmask, amin, amax, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             codes, sbyte, nonzero = _fold_read(q_ptr, s_ptr, qrow, srow, k0, K, rmask, BITS, BLOCK_R, BLOCK_K,
                                                MASKED)
             _fold_chunk(codes, sbyte, smax, nan, out_ptr, orow, k0, K, rmask, BITS, MBITS, EMIN, D_LO, D_HI,
                         BLOCK_R, BLOCK_K, MASKED)
     _store_row(rs_ptr, st_ptr, rows, rmask, smax, smin, nan, D_LO, D_HI)
+    if STATS:
+        _store_stats(stats_ptr, rmask, amin, amax, smax, smin, nan, D_LO, D_HI, EXP_LIMIT)
 
 
 @triton.jit

@@ -43,8 +43,9 @@ def pack_mma(qdata: torch.Tensor, scale: torch.Tensor, *, stats: bool = False) -
     """MXFP4 bytes ``qdata`` uint8 [N, K / 2] and E8M0 ``scale`` uint8 [N, K / 32] (rowwise, K along the
     last axis; N % 16 == 0, K % 64 == 0) -> (q int32 [N / 16, K / 64, 32, 4], s int32 [N / 16, K / 64, 8]),
     the kernel's layout (``mma_decode.cu``): same codes and scales, rearranged. ValueError on other shapes.
-    ``stats``: a third item, the scale statistics the packing kernel made on the way (see
-    :func:`._mma_pack.pack_mma_fused`), or None where the PyTorch path ran (the caller computes them)."""
+    ``stats``: a third item, the per-program partials of the scale statistics the packing kernel made on the
+    way (int32 [P, 3], see :func:`._mma_pack.pack_mma_fused`; :func:`mxkit.packed.partial_stats_host` reduces them), or
+    None where the PyTorch path ran (the caller computes them)."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     if qdata.dim() != 2 or N % 16 or K % 64 or tuple(scale.shape) != (N, K // 32):
         raise ValueError(f"pack_mma needs qdata [N, K/2] and scale [N, K/32] with N % 16 == 0 and K % 64 == 0; "

@@ -38,63 +38,74 @@ def _place(b, P: tl.constexpr):
 
 
 @triton.jit
-def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, R, T, W32, KS, TILES: tl.constexpr,
+def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, T, W32, KS, TILES: tl.constexpr,
                      STATS: tl.constexpr):
     """Group r = program_id(0), tiles [TILES * program_id(1), + TILES) of T: dst words [r, tile, lane, j] from
     the codes as int32 words (W32 = K / 8 per row), and the scale bytes sdst [r, tile, g, h, blk] =
-    ssrc[16 r + 8 h + g, 2 tile + blk] (KS = K / 32 per row). STATS: this program's statistics of those bytes
-    at stats[3 * program]: the smallest and the largest byte other than 0xFF (255 / -1 when none), whether a
-    0xFF occurs."""
+    ssrc[16 r + 8 h + g, 2 tile + blk] (KS = K / 32 per row). The loads run along the rows (32 TILES
+    contiguous bytes of codes and 2 TILES of scales a row); the words are built in that order and permuted to
+    the layout's on the way to the stores. STATS: this program's statistics of its scale bytes at
+    stats[3 * program]: the smallest and the largest byte other than 0xFF (255 / -1 when none), whether a 0xFF
+    occurs."""
     r = tl.program_id(0)
-    tile = tl.program_id(1) * TILES + tl.arange(0, TILES)[:, None, None]      # [TILES, 1, 1]
-    lane = tl.arange(0, 32)[None, :, None]
-    j = tl.arange(0, 4)[None, None, :]
-    g, t, b, s = lane // 4, lane % 4, j // 2, j % 2
-    ok = (tile < T) & (lane >= 0) & (j >= 0)
-    col = 8 * tile + 4 * b + t                                                # int32 word of the row
-    word = tl.zeros([TILES, 32, 4], dtype=tl.int32)
-    for h in tl.static_range(2):
-        row = (16 * r + 8 * h + g).to(tl.int64)
-        a = tl.load(src_ptr + row * W32 + col, mask=ok, other=0)
-        for kh in tl.static_range(2):
-            word = word | _place((a >> (8 * (2 * s + kh))) & 0xFF, h + 2 * kh)
-    out = (r.to(tl.int64) * T + tile) * 128 + lane * 4 + j
-    tl.store(dst_ptr + out, word, mask=ok)
-    gs = tl.arange(0, 8)[None, :, None]
-    q = tl.arange(0, 4)[None, None, :]                                        # 2 h + blk
-    sok = (tile < T) & (gs >= 0) & (q >= 0)
-    srow = (16 * r + 8 * (q // 2) + gs).to(tl.int64)
-    v = tl.load(ssrc_ptr + srow * KS + 2 * tile + q % 2, mask=sok, other=0).to(tl.int32)
-    tl.store(sdst_ptr + (r.to(tl.int64) * T + tile) * 32 + gs * 4 + q, v.to(tl.uint8), mask=sok)
+    t0 = tl.program_id(1) * TILES
+    g = tl.arange(0, 8)[:, None, None, None]
+    tile = t0 + tl.arange(0, TILES)[None, :, None, None]
+    b = tl.arange(0, 2)[None, None, :, None]
+    t = tl.arange(0, 4)[None, None, None, :]
+    ok = (tile < T) & (g >= 0) & (b >= 0) & (t >= 0)                         # [8, TILES, 2, 4]: g, tile, b, t
+    at = (16 * r + g).to(tl.int64) * W32 + 8 * tile + 4 * b + t
+    x0 = tl.load(src_ptr + at, mask=ok, other=0)                              # rows 16 r + g (h = 0)
+    x1 = tl.load(src_ptr + at + 8 * W32, mask=ok, other=0)                    # rows 16 r + 8 + g (h = 1)
+    # k-step s of the word: source bytes 2 s (kh = 0, element pair h) and 2 s + 1 (kh = 1, pair h + 2)
+    w0 = (_place(x0 & 0xFF, 0) | _place((x0 >> 8) & 0xFF, 2)
+          | _place(x1 & 0xFF, 1) | _place((x1 >> 8) & 0xFF, 3))
+    w1 = (_place((x0 >> 16) & 0xFF, 0) | _place((x0 >> 24) & 0xFF, 2)
+          | _place((x1 >> 16) & 0xFF, 1) | _place((x1 >> 24) & 0xFF, 3))
+    words = tl.reshape(tl.permute(tl.join(w0, w1), (1, 0, 3, 2, 4)), (TILES, 128))  # tile, (g, t, b, s)
+    trow = t0 + tl.arange(0, TILES)[:, None]
+    out = (r.to(tl.int64) * T + trow) * 128 + tl.arange(0, 128)[None, :]
+    tl.store(dst_ptr + out, words, mask=(trow < T) & (out >= 0))
+    h = tl.arange(0, 2)[:, None, None, None]
+    gs = tl.arange(0, 8)[None, :, None, None]
+    st = t0 + tl.arange(0, TILES)[None, None, :, None]
+    blk = tl.arange(0, 2)[None, None, None, :]
+    sok = (st < T) & (h >= 0) & (gs >= 0) & (blk >= 0)                        # [2, 8, TILES, 2]: h, g, tile, blk
+    v = tl.load(ssrc_ptr + (16 * r + 8 * h + gs).to(tl.int64) * KS + 2 * st + blk, mask=sok, other=0)
+    sv = tl.reshape(tl.permute(v, (2, 1, 0, 3)), (TILES, 32))                 # tile, (g, h, blk)
+    sout = (r.to(tl.int64) * T + trow) * 32 + tl.arange(0, 32)[None, :]
+    tl.store(sdst_ptr + sout, sv, mask=(trow < T) & (sout >= 0))
     if STATS:
-        keep = sok & (v != 255)
-        at = stats_ptr + 3 * (r.to(tl.int64) * tl.num_programs(1) + tl.program_id(1))
-        tl.store(at, tl.min(tl.where(keep, v, 255)))
-        tl.store(at + 1, tl.max(tl.where(keep, v, -1)))
-        tl.store(at + 2, tl.max((sok & (v == 255)).to(tl.int32)))
+        vi = v.to(tl.int32)
+        keep = sok & (vi != 255)
+        at_s = stats_ptr + 3 * (r.to(tl.int64) * tl.num_programs(1) + tl.program_id(1))
+        tl.store(at_s, tl.min(tl.min(tl.min(tl.min(tl.where(keep, vi, 255), 3), 2), 1), 0))
+        tl.store(at_s + 1, tl.max(tl.max(tl.max(tl.max(tl.where(keep, vi, -1), 3), 2), 1), 0))
+        tl.store(at_s + 2, tl.max(tl.max(tl.max(tl.max((sok & (vi == 255)).to(tl.int32), 3), 2), 1), 0))
 
 
-TILES = 4  # 64-column tiles per program (256 columns of 16 rows: 2 KiB in, 2 KiB out; H100: 4 to 32 swept)
+TILES = 16  # 64-column tiles per program (1024 columns of 16 rows: 8 KiB in, 8 KiB out)
+WARPS = 4
 # the direct launch (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
 _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
 
 
-def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False) -> tuple:
+def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False, *, tiles: int = TILES,
+                   warps: int = WARPS) -> tuple:
     """``pack_mma``'s (q, s) in one kernel. qdata uint8 [N, K / 2] (4-byte aligned), scale uint8 [N, K / 32],
-    both contiguous. ``stats``: also the scale statistics of :func:`._envelope.scale_stats` (a list of 0-dim
-    int32 device tensors: the smallest and the largest byte other than 0xFF, 255 / -1 when there is none,
-    whether a 0xFF occurs), from the kernel's per-program partials."""
+    both contiguous. ``stats``: also the per-program partials of the scale statistics, int32 [P, 3] (each row:
+    the smallest and the largest byte other than 0xFF, 255 / -1 when there is none, whether a 0xFF occurs);
+    :func:`mxkit.packed.partial_stats_host` reduces them (not done here: the call stays one launch with no
+    host sync). ``tiles`` / ``warps``: the schedule (A/B runs)."""
     N, K = qdata.shape[0], qdata.shape[1] * 2
     R, T = N // 16, K // 64
     q = torch.empty(R, T, 32, 4, dtype=torch.int32, device=qdata.device)
     s = torch.empty(R, T, 8, dtype=torch.int32, device=qdata.device)
-    grid = (R, triton.cdiv(T, TILES))
+    grid = (R, triton.cdiv(T, tiles))
     if not (R and T):  # no program: the empty weight's 255 / -1 / 0
         part = torch.tensor([[255, -1, 0]], dtype=torch.int32, device=qdata.device) if stats else None
     else:  # every program writes its row (its first tile is inside the weight)
         part = torch.empty(grid[0] * grid[1], 3, dtype=torch.int32, device=qdata.device) if stats else None
-        _LAUNCH(grid, (qdata.view(torch.int32), scale, q, s.view(torch.uint8), q if part is None else part, R, T,
-                       K // 8, K // 32), (("TILES", TILES), ("STATS", stats)), 4)
-    if not stats:
-        return q, s
-    return q, s, [part[:, 0].amin(), part[:, 1].amax(), part[:, 2].amax()]
+        _LAUNCH(grid, (qdata.view(torch.int32), scale, q, s.view(torch.uint8), q if part is None else part, T,
+                       K // 8, K // 32), (("TILES", tiles), ("STATS", stats)), warps)
+    return (q, s, part) if stats else (q, s)

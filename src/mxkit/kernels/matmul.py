@@ -561,9 +561,14 @@ def _row_scale(kind: str, a, R: int) -> Optional[torch.Tensor]:
 
 def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: torch.dtype,
               bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """cuBLAS FP8 GEMM with rowwise float32 scales: (A * sa) @ (B * sb).T [+ bias], one output rounding."""
+    """cuBLAS FP8 GEMM with rowwise float32 scales: (A * sa) @ (B * sb).T [+ bias], one output rounding. Off CUDA
+    (the CPU interpreter's runs) the same in float32 (exact products; torch's CPU ``_scaled_mm`` takes per-tensor
+    scales only before torch 2.13)."""
     B = fb.data[:N]
     sb = fb.scale[:N].reshape(1, N)
+    if A.device.type != "cuda":
+        y = (A.to(torch.float32) @ B.to(torch.float32).t()) * sa.reshape(-1, 1) * sb
+        return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
     pad = -N % 16
     if pad:  # cuBLAS FP8 needs N % 16 == 0: zero rows appended (a copy of B per call; real N are multiples)
         B = torch.cat([B, B.new_zeros(pad, B.shape[1])])

@@ -85,7 +85,7 @@ def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, T, W32, KS
 
 
 TILES = 16  # 64-column tiles per program (1024 columns of 16 rows: 8 KiB in, 8 KiB out)
-WARPS = 4
+WARPS = 2  # t16w2: H100 83-96%, H200 79-92% of copy (benchmarks/h*-2026-11-25h/pack_weight_ab*.txt)
 # the direct launch (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
 _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
 

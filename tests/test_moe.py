@@ -575,29 +575,114 @@ def test_mxmoe_from_dense_and_state_dict(fmt, rng):
     torch.testing.assert_close(half(x) + other(x), y, rtol=1e-6, atol=1e-6 * float(y.abs().max()))
 
 
+def _grads_against_reference(m: MXMoE, x: torch.Tensor, g: torch.Tensor, k: int) -> None:
+    """m's gradients (x, router, expert biases; one backward of m(x) against g) equal autograd through
+    ``mxkit.moe(backend="reference")`` written out (float64 inside; the layer's backward is float32); m(x) with
+    gradients has the bits of m(x) without."""
+    x = x.detach().clone().requires_grad_()
+    y = m(x)
+    with torch.no_grad():
+        assert torch.equal(y, m(x))
+    y.backward(g)
+    params = [m.router.weight, m.router.bias, m.gate_up_bias, m.down_bias]
+    grads = [x.grad] + [p.grad for p in params if p is not None]
+    assert all(t is not None and t.abs().sum() > 0 for t in grads)
+    x2 = x.detach().clone().requires_grad_()
+    ref = [None if p is None else p.detach().clone().requires_grad_() for p in params]
+    logits = F.linear(x2, ref[0], ref[1])
+    partial = m.expert_range != (0, m.num_experts)
+    mxkit.moe(x2, m.gate_up_mx, ref[2], m.down_mx, ref[3], logits, k, routing=m.routing, activation=m.activation,
+              expert_range=m.expert_range if partial else None,
+              backend="reference").backward(g)
+    for got, want in zip(grads, [x2.grad] + [p.grad for p in ref if p is not None]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_mxmoe_gradients(device, rng):
-    """The experts are frozen; x, the router and the expert biases get their gradients on every device: where
-    autograd needs one the layer runs the reference backend (the CUDA kernels compute none), so they equal
-    autograd through ``mxkit.moe(backend="reference")`` written out."""
+    """The experts are frozen; x, the router and the expert biases get their gradients on every device, one expert
+    at a time in float32 (_ExpertsGrad), equal to autograd through the float64 reference: both activations and
+    routings, with and without expert biases, a layer holding part of the experts, 3-D x in bf16; the forward
+    keeps the bits it has without autograd (on CUDA the kernels')."""
     E, k = 8, 2
     router = nn.Linear(H, E)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
-    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").to(device)
-    x = torch.randn(5, H, generator=rng).to(device).requires_grad_()
+    x = torch.randn(5, H, generator=rng).to(device)
     g = torch.randn(5, H, generator=rng).to(device)
-    m(x).backward(g)
-    grads = [x.grad, m.router.weight.grad, m.router.bias.grad, m.gate_up_bias.grad, m.down_bias.grad]
-    assert all(t is not None and t.abs().sum() > 0 for t in grads)
-    x2 = x.detach().clone().requires_grad_()
-    params = [p.detach().clone().requires_grad_() for p in (m.router.weight, m.router.bias, m.gate_up_bias,
-                                                            m.down_bias)]
-    logits = F.linear(x2, params[0], params[1])
-    mxkit.moe(x2, m.gate_up_mx, params[2], m.down_mx, params[3], logits, k, backend="reference").backward(g)
-    for got, want in zip(grads, [x2.grad] + [p.grad for p in params]):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    for act, routing in (("swiglu_gpt_oss", "gpt_oss"), ("swiglu", "softmax_topk")):
+        m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", activation=act, routing=routing).to(device)
+        _grads_against_reference(m, x, g, k)
+    m = MXMoE.from_dense(router, w_gu, None, w_d, None, k, "mxfp4").to(device)
+    _grads_against_reference(m, x, g, k)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", expert_range=(2, 6)).to(device)
+    _grads_against_reference(m, x, g, k)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").to(device).to(torch.bfloat16)
+    x3 = torch.randn(2, 3, H, generator=rng).to(device, torch.bfloat16)
+    x3.requires_grad_()
+    m(x3).float().sum().backward()
+    assert x3.grad.shape == x3.shape and torch.isfinite(x3.grad).all() and x3.grad.abs().sum() > 0
+
+
+def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):
+    """A W4A8 layer's gradients (its FP8 tokens and intermediate passed straight through) are the W4A16 layer's
+    of the same experts, bit for bit; its forward keeps its own (FP8) result."""
+    E, k = 8, 2
+    router = nn.Linear(H, E)
+    w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    x, g = torch.randn(6, H, generator=rng), torch.randn(6, H, generator=rng)
+    out = []
+    for act_format in (None, "fp8_e4m3_rowwise"):
+        m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format)
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        y.backward(g)
+        out.append((y.detach(), xi.grad, m.router.weight.grad, m.gate_up_bias.grad, m.down_bias.grad))
+    assert not torch.equal(out[0][0], out[1][0])
+    for a, b in zip(out[0][1:], out[1][1:]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_mxmoe_gradients_hold_one_expert_at_a_time(rng):
+    """GPT-OSS-20B's MoE dimensions (32 experts of 5760 x 2880 and 2880 x 2880, top-4), 64 tokens: the backward
+    holds one expert's float32 weights at a time (~100 MB), not every touched expert's in float64 (6.4 GB, as
+    autograd through the reference would): forward + backward stay under 1 GB above the layer, and the gradient
+    of x matches the reference's on a few tokens."""
+    Hg, Ig, E, k = 2880, 2880, 32, 4
+    m = MXMoE(Hg, Ig, E, k, "mxfp4", device="cuda")
+    with torch.no_grad():
+        for name in ("gate_up_qdata", "down_qdata"):
+            t = getattr(m, name)
+            t.copy_(torch.randint(0, 256, t.shape, device="cuda", dtype=torch.uint8))
+        for name in ("gate_up_scale", "down_scale"):
+            t = getattr(m, name)
+            t.copy_(torch.randint(117, 123, t.shape, device="cuda", dtype=torch.uint8))
+        m.router.weight.normal_(0, 0.02)
+        m.gate_up_bias.normal_()
+        m.down_bias.normal_()
+    m = m.to(torch.bfloat16)
+    x = torch.randn(64, Hg, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    m(x.detach())  # the first forward packs the experts in place
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    m(x).float().square().sum().backward()
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base < 1 << 30
+    assert torch.isfinite(x.grad).all() and m.gate_up_bias.grad.abs().sum() > 0
+    sub = x.detach()[:3].float().requires_grad_()
+    logits = F.linear(sub, m.router.weight.float(), m.router.bias.float())
+    ref = mxkit.moe(sub, m.gate_up_mx, m.gate_up_bias.float(), m.down_mx, m.down_bias.float(), logits, k,
+                    backend="reference")
+    gsub = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, sub, gsub)[0]
+    sub16 = sub.detach().to(torch.bfloat16).requires_grad_()
+    got = torch.autograd.grad(m(sub16), sub16, gsub.to(torch.bfloat16))[0]
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
 
 
 @pytest.mark.parametrize("activation", ["swiglu_gpt_oss", "swiglu"])

@@ -84,9 +84,11 @@ class MXMoE(_ops.Handled, nn.Module):
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
-    above. The experts are frozen (MX bytes); gradients reach x, the router and the expert biases through the
-    reference backend, which the layer takes on any device whenever autograd needs one of them (float64 inside:
-    slow, for fine-tuning around the experts, not for training at scale).
+    above. The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
+    (:class:`_ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
+    expert at a time in float32 on its exact dequantized weights (the FP8 activations of W4A8 passed straight
+    through), so memory stays at one expert's weights plus its tokens' activations. Expert parallelism
+    (``ep_ranges``) differentiates through the reference backend (float64) instead.
     Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
     """
 
@@ -473,6 +475,9 @@ class MXMoE(_ops.Handled, nn.Module):
         packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
         the router or the expert biases) it runs the reference backend: the GPU kernels compute none."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
+        if grad and self.ep_ranges is None:
+            weights, ids = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
+            return _ExpertsGrad.apply(x, weights, self.gate_up_bias, self.down_bias, ids, logits.detach(), self)
         if not grad:
             y = self._forward_packed(x, logits, routed)
             if y is None:
@@ -605,6 +610,77 @@ class MXMoE(_ops.Handled, nn.Module):
 
 
 @torch.compiler.disable
+class _ExpertsGrad(torch.autograd.Function):
+    """The experts' weighted sum y (..., H) of an :class:`MXMoE` where autograd needs a gradient of x, the routing
+    weights (hence the router) or the expert biases.
+
+    forward(x, weights (T, k), b_gate_up, b_down, ids (T, k), logits (detached), layer): the layer's path without
+    autograd, routed by (weights, ids) (the routing of ``logits``), so y has the bits it has without gradients.
+    backward: for each expert that received a pair, in float32: its gate_up and down weights dequantized (exact),
+    h = x W1ᵀ + b1, a = act(h), y_e = a W2ᵀ + b2 differentiated by autograd (the activation's own derivative,
+    clamps included), with y's gradient times each pair's routing weight; a pair's routing-weight gradient is
+    <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate), the backward
+    passes them straight through. Memory: one expert's dequantized weights and its pairs' activations at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weights, b1, b2, ids, logits, layer):
+        with torch.no_grad():
+            y = layer._experts(x, logits, (weights.detach(), ids))
+        ctx.save_for_backward(x, weights, ids, b1, b2)
+        ctx.layer = layer
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weights, ids, b1, b2 = ctx.saved_tensors
+        layer = ctx.layer
+        need_x, need_w, need_b1, need_b2 = ctx.needs_input_grad[:4]
+        H, k = x.shape[-1], ids.shape[-1]
+        x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
+        f32 = dict(dtype=torch.float32, device=x.device)
+        gx = torch.zeros(x2.shape, **f32) if need_x else None
+        gw = torch.zeros(weights.shape, **f32) if need_w else None
+        gb1 = torch.zeros(b1.shape, **f32) if need_b1 else None
+        gb2 = torch.zeros(b2.shape, **f32) if need_b2 else None
+        lo, hi = layer.expert_range
+        w_gate_up, w_down = layer.gate_up_mx, layer.down_mx
+        act = ACTIVATIONS[layer.activation]
+        flat = ids.reshape(-1)
+        for e in torch.unique(flat).tolist():
+            if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
+                continue
+            pair = (flat == e).nonzero().squeeze(1)
+            t, slot = pair // k, pair % k
+            w1, w2 = (dequantize(_expert(w, e - lo), torch.float32) for w in (w_gate_up, w_down))
+            with torch.enable_grad():
+                xe = x2[t].to(torch.float32).requires_grad_(need_x)
+                b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32).requires_grad_(need_b1)
+                b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32).requires_grad_(need_b2)
+                h = xe @ w1.t()
+                a = act(h if b1e is None else h + b1e)
+                ye = a @ w2.t()
+                ye = ye if b2e is None else ye + b2e
+                ins = [v for v in (xe, b1e, b2e) if v is not None and v.requires_grad]
+                got = iter(torch.autograd.grad(ye, ins, g2[t] * weights[t, slot, None].to(torch.float32))
+                           if ins else ())
+            if need_x:
+                gx.index_add_(0, t, next(got))
+            if b1e is not None and b1e.requires_grad:
+                gb1[e - lo] = next(got)
+            if b2e is not None and b2e.requires_grad:
+                gb2[e - lo] = next(got)
+            if need_w:
+                gw[t, slot] = (g2[t] * ye.detach()).sum(-1)
+        cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
+        return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None
+
+
+def _expert(w: MXTensor, e: int) -> MXTensor:
+    """Expert e of an (E, N, K) MX expert weight as an (N, K) MXTensor (views)."""
+    return MXTensor(w.qdata[e], w.scale[e], w.fmt, 1, w.block_size, tuple(w.shape[1:]), w.scale_mode, w.rounding)
+
+
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return module._experts(x, logits)

@@ -623,6 +623,9 @@ def test_mxmoe_gradients(device, rng):
     x3.requires_grad_()
     m(x3).float().sum().backward()
     assert x3.grad.shape == x3.shape and torch.isfinite(x3.grad).all() and x3.grad.abs().sum() > 0
+    # the reference in bf16 is differentiable too (its once-rounding to bf16 used to cut the graph)
+    y = mxkit.moe(x3, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, m.router(x3), k, backend="reference")
+    assert y.dtype == torch.bfloat16 and y.grad_fn is not None
 
 
 def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):

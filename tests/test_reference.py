@@ -554,3 +554,10 @@ def test_round_from_float64_rounds_once(rng):
         even = (got.to(dtype).view(torch.int16) & 1) == 0
         assert even[tie].all(), dtype
         assert torch.equal(got[~torch.isfinite(x)], x.to(dtype).to(torch.float64)[~torch.isfinite(x)])
+        # differentiable like .to: the same bits, the identity's gradient
+        xg = x.clone().requires_grad_()
+        out = round_from_float64(xg, dtype)
+        assert out.grad_fn is not None and torch.equal(out.view(torch.int16), round_from_float64(x, dtype).view(
+            torch.int16))
+        out.to(torch.float64).sum().backward()
+        assert torch.equal(xg.grad, torch.ones_like(x))

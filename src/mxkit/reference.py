@@ -155,9 +155,12 @@ def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     torch's float64 -> bfloat16 / float16 conversion goes through float32 and so rounds twice (a value just
     below a bf16 tie becomes the tie in float32, then goes to even); here the float32 step rounds to odd
     (truncate, then set the last bit where inexact), which keeps the final rounding exact for any format at
-    least two bits narrower than float32. Other dtypes: a plain ``.to``."""
+    least two bits narrower than float32. Other dtypes: a plain ``.to``. Differentiable like ``.to`` (where x
+    needs a gradient, the rounded value is attached to ``x.to(dtype)``'s graph)."""
     if dtype not in (torch.bfloat16, torch.float16) or x.dtype != torch.float64:
         return x.to(dtype)
+    if x.requires_grad and torch.is_grad_enabled():  # the bit steps below are not differentiable
+        return _RoundOnce.apply(x, dtype)
     r = x.to(torch.float32)
     # r rounded to nearest: step it toward zero where it rounded away from it (finite values only)
     away = torch.isfinite(r) & (r.to(torch.float64).abs() > x.abs())
@@ -165,6 +168,18 @@ def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     inexact = torch.isfinite(r) & (bits.view(torch.float32).to(torch.float64) != x)
     odd = (bits | inexact.to(torch.int32)).view(torch.float32)
     return odd.to(dtype)
+
+
+class _RoundOnce(torch.autograd.Function):
+    """:func:`round_from_float64` with the gradient of ``.to(dtype)`` (the identity, cast back)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return round_from_float64(x, dtype)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return g.to(torch.float64), None
 
 
 def matmul_reference(

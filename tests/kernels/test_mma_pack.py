@@ -35,6 +35,8 @@ def _check_pack_kernel(device: str, g) -> int:
         assert torch.equal(qp.cpu(), want) and torch.equal(sp.cpu(), want_s), (N, K)
         qf, sf, part = _mma_pack.pack_mma_fused(q.to(device), sc.to(device), stats=True)
         assert torch.equal(qf.cpu(), want) and torch.equal(sf.cpu(), want_s), (N, K)
+        qu, su = _mma_pack.unpack_mma_fused(qp, sp)  # the inverse kernel gives the bytes back
+        assert torch.equal(qu.cpu(), q) and torch.equal(su.cpu(), sc), (N, K)
         keep = sc[sc != 255].to(torch.int32)
         assert partial_stats_host(part) == (int(keep.min()), int(keep.max()), True)
         _, _, part = _mma_pack.pack_mma_fused(q.to(device), torch.full_like(sc, 255).to(device), stats=True)
@@ -54,7 +56,7 @@ def _check_pack_interpreted() -> None:
 
     from mxkit.kernels.matmul_details import _mma_pack
 
-    g = interpreted_rng(_mma_pack._pack_mma_kernel)
+    g = interpreted_rng(_mma_pack._pack_mma_kernel, _mma_pack._unpack_mma_kernel)
     print(f"interpreter checks passed: {_check_pack_kernel('cpu', g)}")
 
 

@@ -206,12 +206,37 @@ class MXMoE(_ops.Handled, nn.Module):
         """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
         return name == "gate_up" and self.activation == "swiglu"
 
+    def _expert_weight(self, name: str, e: int) -> torch.Tensor:
+        """Local expert e of ``name`` dequantized to float32 (N, K) (exact), rows in the checkpoint order, from
+        whichever layout the buffers hold, touching that expert's bytes only."""
+        E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
+        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+        layout = self.expert_layout
+        if layout == "fold":  # each E4M3 byte times its row scale is the MX value (the fold is exact)
+            w = q[e].view(torch.float8_e4m3fn).to(torch.float32) * getattr(self, f"{name}_row_scale")[e][:, None]
+        else:
+            if layout == "mma":
+                from ..kernels.matmul_details._mma_decode import unpack_mma
+
+                g = N // 16
+                q, s = unpack_mma(q[e * g:(e + 1) * g], s[e * g:(e + 1) * g])
+            else:
+                q, s = q[e], s[e]
+            w = dequantize(MXTensor(q, s, self.weight_format, 1, self.block_size, (N, K), self.scale_mode,
+                                    self.rounding), torch.float32)
+            if layout == "checkpoint":
+                return w
+        return torch.cat([w[0::2], w[1::2]]) if self._interleaved(name) else w
+
     def _unpacked(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(qdata, scale) of expert tensor ``name`` from its decode-mma buffers, rows in the packed order."""
         from ..kernels.matmul_details._mma_decode import unpack_mma
 
         q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
         E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
+        if q.is_cuda:  # one kernel (_mma_pack.unpack_mma_fused)
+            qd, sc = unpack_mma(q, s)
+            return qd.view(E, N, K // 2), sc.view(E, N, K // 32)
         qd = torch.empty(E * N, K // 2, dtype=torch.uint8, device=q.device)
         sc = torch.empty(E * N, K // 32, dtype=torch.uint8, device=q.device)
         step = max(1, (1 << 18) // K)  # groups of 16 rows per chunk: 4M codes (unpack_mma's int64 temporaries)
@@ -644,7 +669,6 @@ class _ExpertsGrad(torch.autograd.Function):
         gb1 = torch.zeros(b1.shape, **f32) if need_b1 else None
         gb2 = torch.zeros(b2.shape, **f32) if need_b2 else None
         lo, hi = layer.expert_range
-        w_gate_up, w_down = layer.gate_up_mx, layer.down_mx
         act = ACTIVATIONS[layer.activation]
         flat = ids.reshape(-1)
         for e in torch.unique(flat).tolist():
@@ -652,7 +676,7 @@ class _ExpertsGrad(torch.autograd.Function):
                 continue
             pair = (flat == e).nonzero().squeeze(1)
             t, slot = pair // k, pair % k
-            w1, w2 = (dequantize(_expert(w, e - lo), torch.float32) for w in (w_gate_up, w_down))
+            w1, w2 = (layer._expert_weight(name, e - lo) for name in _EXPERTS)
             with torch.enable_grad():
                 xe = x2[t].to(torch.float32).requires_grad_(need_x)
                 b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32).requires_grad_(need_b1)
@@ -674,11 +698,6 @@ class _ExpertsGrad(torch.autograd.Function):
                 gw[t, slot] = (g2[t] * ye.detach()).sum(-1)
         cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
         return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None
-
-
-def _expert(w: MXTensor, e: int) -> MXTensor:
-    """Expert e of an (E, N, K) MX expert weight as an (N, K) MXTensor (views)."""
-    return MXTensor(w.qdata[e], w.scale[e], w.fmt, 1, w.block_size, tuple(w.shape[1:]), w.scale_mode, w.rounding)
 
 
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -101,7 +101,17 @@ def _word_table(device: torch.device) -> torch.Tensor:
 
 
 def unpack_mma(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of :func:`pack_mma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
+    """The inverse of :func:`pack_mma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32]); on CUDA one Triton
+    kernel (``_mma_pack.unpack_mma_fused``; this body is its twin)."""
+    if q.is_cuda and s.is_cuda and q.is_contiguous() and s.is_contiguous():
+        from ._mma_pack import unpack_mma_fused
+
+        return unpack_mma_fused(q, s)
+    return unpack_mma_reference(q, s)
+
+
+def unpack_mma_reference(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`unpack_mma` in PyTorch (the CPU path, and the twin of its kernel)."""
     R, T = q.shape[0], q.shape[1]
     word = q.to(torch.int64) & 0xFFFFFFFF                                # r, tile, lane, j
     c = torch.zeros(*word.shape, 4, 2, dtype=torch.int64, device=q.device)

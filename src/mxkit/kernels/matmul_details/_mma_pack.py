@@ -84,10 +84,56 @@ def _pack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, stats_ptr, T, W32, KS
         tl.store(at_s + 2, tl.max(tl.max(tl.max(tl.max((sok & (vi == 255)).to(tl.int32), 3), 2), 1), 0))
 
 
+@triton.jit
+def _take(w, P: tl.constexpr):
+    """The inverse of :func:`_place`: the byte whose low / high nibble are elements (P, 0) / (P, 1) of word w."""
+    if P == 0:
+        x = ((w >> 6) & 0x70007) | ((w >> 12) & 0x80008)
+    elif P == 1:
+        x = ((w >> 3) & 0x70007) | ((w >> 9) & 0x80008)
+    elif P == 2:
+        x = (w & 0x70007) | ((w >> 6) & 0x80008)
+    else:
+        x = ((w >> 10) & 0x30003) | ((w >> 11) & 0x40004) | ((w >> 11) & 0x80008)
+    return (x & 0xF) | ((x >> 12) & 0xF0)
+
+
+@triton.jit
+def _unpack_mma_kernel(src_ptr, ssrc_ptr, dst_ptr, sdst_ptr, T, W32, KS, TILES: tl.constexpr):
+    """The inverse of :func:`_pack_mma_kernel` (group r = program_id(0), tiles [TILES * program_id(1), + TILES)):
+    the words of the layout read in their order, each row-word of codes (int32, W32 = K / 8 a row) rebuilt from
+    the two k-step words it was spread over and stored along the rows; the scale bytes likewise (KS = K / 32)."""
+    r = tl.program_id(0)
+    t0 = tl.program_id(1) * TILES
+    trow = t0 + tl.arange(0, TILES)[:, None]
+    words = tl.load(src_ptr + (r.to(tl.int64) * T + trow) * 128 + tl.arange(0, 128)[None, :],
+                    mask=(trow < T) & (trow >= 0), other=0)                   # tile, (g, t, b, s)
+    w0, w1 = tl.split(tl.permute(tl.reshape(words, (TILES, 8, 4, 2, 2)), (1, 0, 3, 2, 4)))  # g, tile, b, t
+    g = tl.arange(0, 8)[:, None, None, None]
+    tile = t0 + tl.arange(0, TILES)[None, :, None, None]
+    b = tl.arange(0, 2)[None, None, :, None]
+    t = tl.arange(0, 4)[None, None, None, :]
+    ok = (tile < T) & (g >= 0) & (b >= 0) & (t >= 0)
+    at = (16 * r + g).to(tl.int64) * W32 + 8 * tile + 4 * b + t
+    for h in tl.static_range(2):  # rows 16 r + 8 h + g: bytes 2 s + kh from element pair h + 2 kh of word s
+        a = _take(w0, h) | (_take(w0, h + 2) << 8) | (_take(w1, h) << 16) | (_take(w1, h + 2) << 24)
+        tl.store(dst_ptr + at + h * 8 * W32, a, mask=ok)
+    v = tl.load(ssrc_ptr + (r.to(tl.int64) * T + trow) * 32 + tl.arange(0, 32)[None, :],
+                mask=(trow < T) & (trow >= 0), other=0)                       # tile, (g, h, blk)
+    v = tl.permute(tl.reshape(v, (TILES, 8, 2, 2)), (2, 1, 0, 3))             # h, g, tile, blk
+    h = tl.arange(0, 2)[:, None, None, None]
+    gs = tl.arange(0, 8)[None, :, None, None]
+    st = t0 + tl.arange(0, TILES)[None, None, :, None]
+    blk = tl.arange(0, 2)[None, None, None, :]
+    sok = (st < T) & (h >= 0) & (gs >= 0) & (blk >= 0)
+    tl.store(sdst_ptr + (16 * r + 8 * h + gs).to(tl.int64) * KS + 2 * st + blk, v, mask=sok)
+
+
 TILES = 16  # 64-column tiles per program (1024 columns of 16 rows: 8 KiB in, 8 KiB out)
 WARPS = 2  # t16w2: H100 83-96%, H200 79-92% of copy (benchmarks/h*-2026-11-25h/pack_weight_ab*.txt)
 # the direct launch (Triton's own launcher: ~150 us of host time a call with Triton 3.6)
 _LAUNCH = _Launcher(sys.modules[__name__], "_pack_mma_kernel")
+_UNPACK = _Launcher(sys.modules[__name__], "_unpack_mma_kernel")
 
 
 def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False, *, tiles: int = TILES,
@@ -109,3 +155,16 @@ def pack_mma_fused(qdata: torch.Tensor, scale: torch.Tensor, stats: bool = False
         _LAUNCH(grid, (qdata.view(torch.int32), scale, q, s.view(torch.uint8), q if part is None else part, T,
                        K // 8, K // 32), (("TILES", tiles), ("STATS", stats)), warps)
     return (q, s, part) if stats else (q, s)
+
+
+def unpack_mma_fused(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``unpack_mma`` in one kernel: q int32 [N / 16, K / 64, 32, 4] and s int32 [N / 16, K / 64, 8] (contiguous)
+    -> (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
+    R, T = q.shape[0], q.shape[1]
+    N, K = 16 * R, 64 * T
+    qdata = torch.empty(N, K // 2, dtype=torch.uint8, device=q.device)
+    scale = torch.empty(N, K // 32, dtype=torch.uint8, device=q.device)
+    if R and T:
+        _UNPACK((R, triton.cdiv(T, TILES)), (q, s.view(torch.uint8), qdata.view(torch.int32), scale, T, K // 8,
+                                             K // 32), (("TILES", TILES),), WARPS)
+    return qdata, scale

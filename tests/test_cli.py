@@ -345,3 +345,8 @@ def test_wgmma_envelope_choice():
     assert wgmma_envelope(wins) == {"max_m": 2048, "min_nk": 28672 * 8192}
     assert wgmma_envelope({(*small, M): False for M in WGMMA_MS}) == {"max_m": 0, "min_nk": 0}
     assert wgmma_envelope({(*big, 128): True, (*big, 256): False}) == {"max_m": 128, "min_nk": 8192 * 8192}
+    # the small-M envelope (M = 64 alone): the smallest N * K from which every larger shape wins
+    four = (4096, 4096)
+    assert wgmma_envelope({(*big, 64): True, (*four, 64): True, (*small, 64): False}, (64,)) == \
+        {"max_m": 64, "min_nk": 4096 * 4096}
+    assert wgmma_envelope({(*big, 64): False, (*small, 64): False}, (64,)) == {"max_m": 0, "min_nk": 0}

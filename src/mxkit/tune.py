@@ -144,32 +144,39 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
     shapes = [s for s in weights if wg.shape_ok(*s)]
     if why is not None or not shapes:
         log(f"w4a16-wgmma cannot run here: {why or 'no shape fits it'}")
-        return {"max_m": 0, "min_nk": 0}
+        return {"max_m": 0, "min_nk": 0, "small_max_m": 0, "small_min_nk": 0}
     wins = {}
     for (N, K) in shapes:
         w = weights[(N, K)]
         q, st, one_mul = wg.packed_of(mm.pack_weight(w))
-        for M in WGMMA_MS:
+        for M in (SMALL_M,) + WGMMA_MS:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
-            t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul), rep_ms)
+            bm, split = wg.dense_schedule(M, N, K, dev)  # the plan's schedule
+            t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split), rep_ms)
             t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
-            log(f"M={M} N={N} K={K}: w4a16-wgmma {t_run:.1f} us, dense {t_dense:.1f} us")
+            log(f"M={M} N={N} K={K}: w4a16-wgmma {t_run:.1f} us (tile {bm}, split {split}), dense {t_dense:.1f} us")
             wins[(N, K, M)] = t_run < t_dense
-    return wgmma_envelope(wins)
+    entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] != SMALL_M})
+    small = wgmma_envelope({key: won for key, won in wins.items() if key[2] == SMALL_M}, (SMALL_M,))
+    return {**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"]}
 
 
-def wgmma_envelope(wins: dict) -> dict:
-    """:func:`_tune_wgmma`'s choice from ``wins[(N, K, M)]`` (the kernel beat the dense path): ``{"max_m", "min_nk"}``."""
+SMALL_M = 64  # the second envelope's M (the kernel split along K at small M: _w4a16_wgmma.dense_schedule)
+
+
+def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:
+    """:func:`_tune_wgmma`'s choice from ``wins[(N, K, M)]`` (the kernel beat the dense path) over the Ms ``ms``:
+    ``{"max_m", "min_nk"}``."""
     shapes = {(N, K) for N, K, _ in wins}
     best, best_key = {"max_m": 0, "min_nk": 0}, (0, 0)
     for cand in sorted({N * K for N, K in shapes}):
         big = [s for s in shapes if s[0] * s[1] >= cand]
         max_m = 0
-        for M in WGMMA_MS:
+        for M in ms:
             if not all(wins.get((N, K, M), False) for N, K in big):
                 break
             max_m = M
-        area = len(big) * sum(1 for M in WGMMA_MS if M <= max_m)
+        area = len(big) * sum(1 for M in ms if M <= max_m)
         if max_m and (area, max_m) > best_key:
             best, best_key = {"max_m": max_m, "min_nk": cand}, (area, max_m)
     return best

@@ -469,7 +469,8 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
         (f"u8[{W.BN}, 32],{u8}", f"u8[1, {2 * W.BN}],{u8}")
     sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<{w_ty}>",
            "s_desc": f"tensordesc<{s_ty}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
-           "M": "i32", "N": "i32", "STEPS": "i32", "stride_ym": "i32", "NB": "i32"}
+           "M": "i32", "N": "i32", "ALL_STEPS": "i32", "KSTEPS": "i32", "stride_ym": "i32", "stride_yk": "i32",
+           "NB": "i32"}
     b2, s2, bl, l3, acc, dot = W._layouts(bm)
     pair = acc
     if mma:
@@ -505,6 +506,39 @@ def test_gpu_w4a16_wgmma_envelope():
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("M,N,K", [(1, 256, 4096), (33, 520, 2880), (64, 4096, 14336), (100, 384, 2912)])
+def test_gpu_w4a16_wgmma_split_k(M, N, K, rng):
+    """Split-K (the kernel's K steps over 2 to 8 programs per tile, float32 partials added in a fixed order):
+    every split and tile within the float64 bound row by row, with bias and both output dtypes, deterministic
+    (a second run gives the same bytes), an uneven split (45 or 46 K steps); and the plan takes it at M = 64 on
+    4096 x 14336 (dense_schedule: 64-token tiles, split 8)."""
+    from mxkit.kernels.matmul import pack_weight
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    w = rand_mx((N, K), "mxfp4_e2m1", rng, base=126, device="cuda")
+    pw = pack_weight(w, act="float")
+    q, st, one = wg.packed_of(pw)
+    a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+    bias = torch.randn(N, generator=rng).cuda()
+    for bm in (64, 128):
+        for split in (1, 2, 4, 8):
+            for out, b in ((torch.bfloat16, None), (torch.float32, bias)):
+                y = wg.w4a16_wgmma(a, q, st, N, one, out, b, bm=bm, split=split)
+                assert y.shape == (M, N) and y.dtype == out
+                OUT[0] = out
+                assert_within_bound(y, a, pw, b)
+                assert torch.equal(y, wg.w4a16_wgmma(a, q, st, N, one, out, b, bm=bm, split=split))
+    if (M, N, K) == (64, 4096, 14336):
+        assert wg.dense_schedule(M, N, K, a.device) == (64, 8)
+        y, plan = check(a, pw, backend="auto", bias=bias, path="w4a16-wgmma")
+    with pytest.raises(ValueError, match="split-K"):
+        wg.w4a16_wgmma(a, q, st, N, one, y=torch.empty(M, N, dtype=torch.bfloat16, device="cuda"), split=2)
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("M,N,K", [(17, 200, 2880), (129, 512, 4096), (727, 1000, 2912), (1024, 5120, 2880)])
 @pytest.mark.parametrize("base", [125, 140])
 @pytest.mark.parametrize("ws", ["1", "0"])
@@ -534,8 +568,12 @@ def test_gpu_w4a16_wgmma(M, N, K, base, ws, rng, monkeypatch):
         y3, _ = check(a3, w, backend="auto", bias=bias, path="w4a16-wgmma")  # unpacked: packed per call
         assert y3.shape == (2, M, N)
         q, st, one = wg.packed_of(pw)
+        bm, split = wg.dense_schedule(M, N, K, a.device)
+        assert torch.equal(wg.w4a16_wgmma(a.contiguous(), q, st, N, one, bm=bm, split=split), y)  # the plan's
         poisoned = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        assert torch.equal(wg.w4a16_wgmma(a.contiguous(), q, st, N, one, torch.bfloat16, None, y=poisoned), y)
+        got = wg.w4a16_wgmma(a.contiguous(), q, st, N, one, torch.bfloat16, None, y=poisoned, bm=bm)  # split 1
+        assert not torch.isnan(got).any()
+        assert_within_bound(got, a, pw, None)
         # a NaN scale byte: its output column is NaN, the other columns are the same bits (the two-multiply
         # decode, which a NaN byte selects, is exact as the one-multiply one is)
         wn = MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, w.shape)

@@ -359,14 +359,19 @@ def _a8w8_ok(a_fmt: ElementFormat, w: MXTensor, M: int, dev: torch.device) -> bo
 
 def _wgmma_ok(a: torch.Tensor, w: MXTensor, M: int, dev: torch.device) -> bool:
     """bf16 activations x an MXFP4 weight on the Hopper prefill kernel (the caller checks the bf16-exact scale
-    envelope): the table's ``w4a16_wgmma`` envelope, M <= max_m and N * K >= min_nk (where it beats
-    dequantize + cuBLAS)."""
+    envelope): the table's ``w4a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K
+    schedule at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS; a table
+    without the small keys takes the packaged default's)."""
     if not (a.dtype == torch.bfloat16 and w.fmt.name == "mxfp4_e2m1" and dev.type == "cuda" and M > 0):
         return False
     from .matmul_details import _w4a16_wgmma
 
     entry = _envelope(dev, "w4a16_wgmma") or {}
-    return (M <= int(entry.get("max_m", 0)) and w.shape.numel() >= int(entry.get("min_nk", 0))
+    base = _packaged_table()["default"].get("w4a16_wgmma", {})
+    nk = w.shape.numel()
+    small = (M <= int(entry.get("small_max_m", base.get("small_max_m", 0)))
+             and nk >= int(entry.get("small_min_nk", base.get("small_min_nk", 0))))
+    return ((small or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)
 
@@ -640,7 +645,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # TMA: 16-byte aligned rows
             x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
-        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias)).reshape(*lead, N)
+        bm, split = wg.dense_schedule(M, N, K, x.device)
+        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias), bm=bm, split=split).reshape(*lead, N)
     elif path == "a8w8-mma":
         return _a8w8(_plain(a), None, w, M, lead, out, bias, packed)
     elif path == "decode-w16":

@@ -266,20 +266,21 @@ def _kernel():
         return w
 
     @gluon.jit
-    def _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA):
-        # step t's x, weight bytes and scale bytes into slot sl, signalling ready[sl]
+    def _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES, MMA):
+        # step t (K step T0 + t of the weight: a split-K program starts at T0) into slot sl, signalling ready[sl]
         mbarrier.expect(ready.index(sl), NBYTES)
-        tma_load(x_desc, [off_m, t * 64], ready.index(sl), x_smem.index(sl))
+        k = T0 + t
+        tma_load(x_desc, [off_m, k * 64], ready.index(sl), x_smem.index(sl))
         if MMA:  # the decode-mma layout: [N / 16, K / 64 * 2, 256] bytes and [N / 16, K / 64 * 32] scale bytes
-            tma_load(w_desc, [row0 // 16, 2 * t, 0], ready.index(sl), w_smem.index(sl))
-            tma_load(s_desc, [row0 // 16, 32 * t], ready.index(sl), s_smem.index(sl))
+            tma_load(w_desc, [row0 // 16, 2 * k, 0], ready.index(sl), w_smem.index(sl))
+            tma_load(s_desc, [row0 // 16, 32 * k], ready.index(sl), s_smem.index(sl))
         else:
-            tma_load(w_desc, [row0, t * 32], ready.index(sl), w_smem.index(sl))
-            tma_load(s_desc, [t, 2 * row0], ready.index(sl), s_smem.index(sl))
+            tma_load(w_desc, [row0, k * 32], ready.index(sl), w_smem.index(sl))
+            tma_load(s_desc, [k, 2 * row0], ready.index(sl), s_smem.index(sl))
 
     @gluon.jit
     def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0,
-              STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA):
+              T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA):
         # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot
         # goes back to the producer (WS) or takes step t + STAGES - 1's TMA, and step t + 1's weight is decoded
         # into w_next while this wgmma runs
@@ -290,7 +291,8 @@ def _kernel():
         else:
             tn = t + STAGES - 1
             if tn < STEPS:
-                _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
+                _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES,
+                      MMA)
         t1 = gl.minimum(t + 1, STEPS - 1)
         s1 = t1 % STAGES
         mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
@@ -298,7 +300,7 @@ def _kernel():
         return acc, w_next
 
     @gluon.jit
-    def _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS, NBYTES,
+    def _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, T0, STEPS, NBYTES,
                   STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA):
         # the decode + wgmma loop (the consumers, or every warp without WS), two steps per iteration with the
         # weight operands alternating between w0 and w1 (no register copies)
@@ -308,9 +310,9 @@ def _kernel():
         w1 = w0
         for t in range(0, STEPS - 1, 2):
             acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
+                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
             acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
+                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA)
         if STEPS % 2 == 1:  # the last step's weight is in w0
             acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -318,13 +320,13 @@ def _kernel():
         return (acc,)  # a tuple: gl.warp_specialize flattens the default partition's results
 
     @gluon.jit
-    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, STEPS, NBYTES, STAGES,
-                 MMA):
+    def _produce(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, off_m, row0, T0, STEPS, NBYTES,
+                 STAGES, MMA):
         # the TMA producer (one warp): step t into slot t % STAGES once the consumers freed it
         for t in range(STEPS):
             sl = t % STAGES
             mbarrier.wait(empty.index(sl), ((t // STAGES) & 1) ^ 1)
-            _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
+            _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES, MMA)
 
     @gluon.jit
     def _pairs(t, BNc: gl.constexpr, BM: gl.constexpr):
@@ -350,7 +352,8 @@ def _kernel():
         return out
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, STEPS, stride_ym, NB,
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, ALL_STEPS, KSTEPS, stride_ym,
+                           stride_yk, NB,
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -367,6 +370,10 @@ def _kernel():
         pid_n = (pid % per_group) // rows_m
         off_n = pid_n * BNc
         off_m = pid_m * BM
+        # split-K (program_id(1) of the grid): K steps [T0, T0 + STEPS) into partial sum pid_k of y
+        pid_k = gl.program_id(1)
+        T0 = pid_k * KSTEPS
+        STEPS = gl.minimum(ALL_STEPS - T0, KSTEPS)
         if GROUPED:  # block pid_m of the sorted rows is expert e's (-1: unused); its N rows follow expert e - 1's
             e = gl.load(e_ptr + pid_m)
             if e < 0:
@@ -392,17 +399,17 @@ def _kernel():
             for s in gl.static_range(STAGES):
                 mbarrier.init(empty.index(s), count=1)
             (acc,) = gl.warp_specialize([(_mainloop, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc,
-                                                      off_m, row0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL, L3,
-                                                      ACC, DOT, ONE_MUL, WS, MMA)),
+                                                      off_m, row0, T0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL,
+                                                      L3, ACC, DOT, ONE_MUL, WS, MMA)),
                                          (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty,
-                                                     off_m, row0, STEPS, NBYTES, STAGES, MMA))], [1], [24])
+                                                     off_m, row0, T0, STEPS, NBYTES, STAGES, MMA))], [1], [24])
             for s in gl.static_range(STAGES):
                 mbarrier.invalidate(empty.index(s))
         else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
             for s in gl.static_range(STAGES - 1):
                 if s < STEPS:
-                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, NBYTES, MMA)
-            (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, STEPS,
+                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES, MMA)
+            (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, T0, STEPS,
                                NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
@@ -433,7 +440,7 @@ def _kernel():
         if PERM_OUT:  # columns in the decode-mma layout's K order (the next GEMM's x): 64 c + k -> 64 c + kl(k)
             k = col % 64
             col = col - k + ((k & 1) | (((k >> 3) & 3) << 1) | (((k >> 1) & 1) << 3) | (((k >> 2) & 1) << 4) | (k & 32))
-        ptr = y_ptr + m2.to(gl.int64) * stride_ym + col
+        ptr = y_ptr + pid_k.to(gl.int64) * stride_yk + m2.to(gl.int64) * stride_ym + col
         mask = (n2 < N) & (m2 < M)
         gl.store(ptr, out.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -529,11 +536,30 @@ def block_m(M: int) -> int:
     return 128 if M <= 128 else 256
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def dense_schedule(M: int, N: int, K: int, device: torch.device) -> tuple[int, int]:
+    """(tokens per program, split-K) of a dense call: 64 tokens up to M = 64, 128 up to 256 (a 256-token tile
+    left half the SMs idle at M = 256 on 8192 x 8192: 86 against 64 us, H100), else 256; then K split 8 / 4 / 2
+    ways where the tiles fill less than one program per SM (two at 64 tokens, whose programs are smaller) and
+    every split keeps >= 8 K steps. H100 (``benchmarks/probes/w4a16_splitk_ab.py``, session 32): M = 64 on
+    4096 x 14336 106 -> 41 us (split 8), 8192 x 8192 60 -> 45 (split 4); M = 128 on 8192 x 8192 63 -> 52 (2)."""
+    bm = 64 if M <= 64 else 128 if M <= 256 else 256
+    tiles = -(-M // bm) * -(-N // BN)
+    cap = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * (2 if bm == 64 else 1)
+    steps = -(-K // 64)
+    split = next((s for s in (8, 4, 2) if tiles * s <= cap and steps // s >= 8), 1)
+    return bm, split
+
+
 def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_mul: bool,
                 out: torch.dtype = torch.bfloat16, bias: Optional[torch.Tensor] = None,
                 y: Optional[torch.Tensor] = None, *, expert_ids: Optional[torch.Tensor] = None,
                 bm: Optional[int] = None, activation: Optional[str] = None, layout: str = "wgmma",
-                perm_out: bool = False, starts: bool = False) -> torch.Tensor:
+                perm_out: bool = False, starts: bool = False, split: int = 1) -> torch.Tensor:
     """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
     W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
     rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
@@ -551,7 +577,11 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     (gate 2c, up 2c + 1) for ``activation``; ``perm_out`` writes y's columns in that K order (the next GEMM's
     x). ``starts``: ``expert_ids`` is int32 [2, NB], the expert of each block then its first row (any multiple
     of 64 whose ``bm`` rows lie in that expert's sorted group), so groups can be covered by blocks of several
-    sizes, one launch per size (:func:`mxkit.kernels.moe.mixed_blocks`)."""
+    sizes, one launch per size (:func:`mxkit.kernels.moe.mixed_blocks`).
+
+    ``split`` > 1 (dense calls: not grouped, no activation, ``y`` None): K is split over that many programs per
+    output tile (the grid of a small M is otherwise a few programs per SM), each writing a float32 partial sum;
+    the partials are then added in a fixed order (deterministic), the bias added and the output rounded once."""
     from ._grouped import ACTS
 
     _, gl, _, _, _, _, TensorDescriptor = _gluon()
@@ -560,8 +590,16 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     steps = q.shape[1] if mma else q.shape[1] // 32
     grouped = expert_ids is not None
     n_out = N // 2 if activation else N
-    if y is None:
-        y = torch.empty(M, n_out, dtype=out, device=x.device)
+    ksteps = -(-steps // max(1, split))
+    split = -(-steps // ksteps) if steps else 1
+    if split > 1 and (grouped or activation or perm_out or y is not None):
+        raise ValueError("split-K runs dense calls only (no expert_ids, activation, perm_out or y)")
+    if y is None:  # (split-K: float32 partial sums, added below)
+        y = torch.empty(M, n_out, dtype=out, device=x.device) if split == 1 else \
+            torch.empty(split, M, n_out, dtype=torch.float32, device=x.device)
+    final_bias = None
+    if split > 1:
+        final_bias, bias = bias, None
     bm = bm or block_m(M)
     b2, s2, bl, l3, acc, dot = _layouts(bm)
     x_smem, u8 = _smem_layouts(bm)
@@ -577,7 +615,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
         w_desc = TensorDescriptor.from_tensor(q, [BN, 32], u8)
         s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
-    grid = (grid_m * -(-N // BN),)
+    grid = (grid_m * -(-N // BN), split)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
     flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), mma, bool(perm_out),
              grouped and bool(starts))
@@ -585,11 +623,18 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
               ("L3", l3), ("ACC", acc), ("DOT", dot))
     consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "MMA"), flags[:6]))
     consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
-    if grid[0] == 0:
-        return y
+    if grid[0] == 0:  # (no rows or no columns: nothing to compute)
+        return y if split == 1 else torch.empty(M, n_out, dtype=out, device=x.device)
+    yk = y.stride(0) if split > 1 else 0
+    ym = y.stride(1) if split > 1 else y.stride(0)
     _launcher()(grid, (x_desc, w_desc, s_desc, y, bias if bias is not None else y, expert_ids if grouped else y,
-                       M, N, steps, y.stride(0), grid_m), consts, WARPS, consts_key=(bm,) + flags)
-    return y
+                       M, N, steps, ksteps, ym, yk, grid_m), consts, WARPS, consts_key=(bm,) + flags)
+    if split == 1:
+        return y
+    part = y.sum(0)  # a fixed order: the same bits every run
+    if final_bias is not None:
+        part += final_bias
+    return part.to(out)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,15 @@
+import cProfile, pstats, time, torch, mxkit
+M, N, K = 256, 1024, 1024
+pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, device="cuda"), "mxfp4"))
+a = mxkit.quantize(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), "mxfp4")
+f = lambda: mxkit.matmul(a, pw)
+for _ in range(20): f()
+torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(200): f()
+torch.cuda.synchronize()
+print(f"wall per call {(time.perf_counter() - t) / 200 * 1e6:.1f} us")
+pr = cProfile.Profile(); pr.enable()
+for _ in range(200): f()
+pr.disable(); torch.cuda.synchronize()
+pstats.Stats(pr).sort_stats("cumulative").print_stats(30)

@@ -542,14 +542,17 @@ def _sm_count(index: int) -> int:
 
 
 def dense_schedule(M: int, N: int, K: int, device: torch.device) -> tuple[int, int]:
-    """(tokens per program, split-K) of a dense call: 64 tokens up to M = 64, 128 up to 256 (a 256-token tile
-    left half the SMs idle at M = 256 on 8192 x 8192: 86 against 64 us, H100), else 256; then K split 8 / 4 / 2
-    ways where the tiles fill less than one program per SM (two at 64 tokens, whose programs are smaller) and
-    every split keeps >= 8 K steps. H100 (``benchmarks/probes/w4a16_splitk_ab.py``, session 32): M = 64 on
-    4096 x 14336 106 -> 41 us (split 8), 8192 x 8192 60 -> 45 (split 4); M = 128 on 8192 x 8192 63 -> 52 (2)."""
-    bm = 64 if M <= 64 else 128 if M <= 256 else 256
-    tiles = -(-M // bm) * -(-N // BN)
-    cap = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * (2 if bm == 64 else 1)
+    """(tokens per program, split-K) of a dense call: 64 tokens up to M = 64, 128 up to 128, 256 above, but 128
+    up to M = 256 where 256-token tiles would not give every SM one (M = 256 on 8192 x 8192: 86 against 64 us;
+    on 28672 x 8192 256 stays ahead, 183 against 247, H100); then K split 8 / 4 / 2 ways where the tiles fill
+    less than one program per SM (two at 64 tokens, whose programs are smaller) and every split keeps >= 8 K
+    steps. H100 (``benchmarks/probes/w4a16_splitk_ab.py``, session 32): M = 64 on 4096 x 14336 106 -> 41 us
+    (split 8), 8192 x 8192 60 -> 45 (split 4); M = 128 on 8192 x 8192 63 -> 52 (split 2)."""
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    tiles_n = -(-N // BN)
+    bm = 64 if M <= 64 else 128 if M <= 128 or (M <= 256 and -(-M // 256) * tiles_n < sms) else 256
+    tiles = -(-M // bm) * tiles_n
+    cap = sms * (2 if bm == 64 else 1)
     steps = -(-K // 64)
     split = next((s for s in (8, 4, 2) if tiles * s <= cap and steps // s >= 8), 1)
     return bm, split

@@ -650,6 +650,28 @@ def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_mxmoe_gradients_under_torch_compile(rng):
+    """torch.compile of an MXMoE where x needs a gradient: the experts run eagerly (a graph break), the same
+    output and gradients as the eager module."""
+    E, k = 8, 2
+    router = nn.Linear(H, E)
+    w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").cuda()
+    x, g = torch.randn(6, H, generator=rng).cuda(), torch.randn(6, H, generator=rng).cuda()
+    out = []
+    for fn in (m, torch.compile(m)):
+        xi = x.clone().requires_grad_()
+        y = fn(xi)
+        y.backward(g)
+        out.append((y.detach(), xi.grad, m.gate_up_bias.grad.clone()))
+        m.zero_grad()
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_mxmoe_gradients_hold_one_expert_at_a_time(rng):
     """GPT-OSS-20B's MoE dimensions (32 experts of 5760 x 2880 and 2880 x 2880, top-4), 64 tokens: the backward
     holds one expert's float32 weights at a time (~100 MB), not every touched expert's in float64 (6.4 GB, as

@@ -498,7 +498,8 @@ class MXMoE(_ops.Handled, nn.Module):
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
         packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
-        the router or the expert biases) it runs the reference backend: the GPU kernels compute none."""
+        the router or the expert biases) it goes through :class:`_ExpertsGrad` (the same forward, a per-expert
+        float32 backward); under expert parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
             weights, ids = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
@@ -634,7 +635,6 @@ class MXMoE(_ops.Handled, nn.Module):
                 + (f", act_format={self.act_format}" if self.act_format else ""))
 
 
-@torch.compiler.disable
 class _ExpertsGrad(torch.autograd.Function):
     """The experts' weighted sum y (..., H) of an :class:`MXMoE` where autograd needs a gradient of x, the routing
     weights (hence the router) or the expert biases.
@@ -700,6 +700,7 @@ class _ExpertsGrad(torch.autograd.Function):
         return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None
 
 
+@torch.compiler.disable
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return module._experts(x, logits)

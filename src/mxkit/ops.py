@@ -219,8 +219,8 @@ def matmul(
 def needs_grad(*tensors) -> bool:
     """Whether autograd would record an op on any of ``tensors`` (None and non-tensors such as an MXTensor
     skipped): then a fast path whose kernels autograd does not see gives way to the gradient path
-    (:func:`with_input_grad`, MXMoE's reference, the reference routing) or, under torch.compile, a custom op to a
-    graph break."""
+    (:func:`with_input_grad`, MXMoE's per-expert backward, the reference routing) or, under torch.compile, a custom
+    op to a graph break."""
     if not torch.is_grad_enabled():
         return False
     for t in tensors:  # (a loop, not any(): this runs on every eager MXLinear call)

@@ -291,6 +291,21 @@ def test_support_matrix_is_in_the_readme():
     assert support_matrix_markdown() in readme, "README's GEMM support matrix is stale: paste support_matrix_markdown()"
 
 
+def test_table_entry_missing_fields_come_from_the_packaged_default():
+    """A dispatch table whose entry lacks fields (written by an older `mxkit tune gemm`) takes them from the packaged
+    default; the fields it has win; an entry absent from both is None."""
+    from mxkit.kernels.matmul import _envelope, _packaged_table, gemm_table_override
+
+    cpu = torch.device("cpu")
+    packaged = _packaged_table()["default"]["w4a16_wgmma"]
+    with gemm_table_override({"default": {"w4a16_wgmma": {"max_m": 7, "min_nk": 5}}}):
+        e = _envelope(cpu, "w4a16_wgmma")
+        assert (e["max_m"], e["min_nk"]) == (7, 5)
+        assert (e["small_max_m"], e["small_min_nk"]) == (packaged["small_max_m"], packaged["small_min_nk"])
+        assert _envelope(cpu, "decode_mma") == _packaged_table()["default"]["decode_mma"]
+        assert _envelope(cpu, "no_such_entry") is None
+
+
 def test_packed_weight_state_dict_and_to(rng):
     w = mxkit.quantize(torch.randn(48, 96, generator=rng), "mxfp4")
     pw = mxkit.pack_weight(w)

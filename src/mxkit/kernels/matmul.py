@@ -297,17 +297,16 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         if part is None:
             part = torch.stack([t.to(torch.int32) for t in scale_stats(w.scale)]).view(1, 3)
         return PackedWeight(w, None, part, special, mma_q, mma_s)
-    # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (on CUDA
-    # the fold kernel makes them on the way)
-    if pending is not None and pending.stats is not None:
+    # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (the fold
+    # kernel makes them on the way; a complete Folded, made on the CPU or empty, has no rows to complete)
+    if pending is not None:
         from .fold import weight_stats
 
         lo, hi, has_nan, out_env, wide = weight_stats(pending.stats)
     else:
         stats = [*(partial_stats(part) if part is not None else scale_stats(w.scale)),
-                 out_of_envelope(folded.scale[: w.shape[0]]).any(),
-                 pending.status.eq(1).any() if pending is not None else torch.zeros((), device=w.device)]
-        lo, hi, has_nan, out_env, wide = host_ints(stats)
+                 out_of_envelope(folded.scale[: w.shape[0]]).any()]
+        (lo, hi, has_nan, out_env), wide = host_ints(stats), False
     if wide:
         folded = pending.complete()
     if out_env or folded.owner.numel():
@@ -332,10 +331,12 @@ def _pack_mma(w: MXTensor) -> tuple:
 
 
 def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
-    """The table's entry ``key`` for ``device``; for a table without it (one `mxkit tune gemm` wrote), the
-    packaged default's."""
-    entry = _entry(device, key)
-    return entry if entry is not None else _packaged_table()["default"].get(key)
+    """The table's entry ``key`` for ``device``, its missing fields (a table `mxkit tune gemm` wrote before they
+    existed, or one without the entry) taken from the packaged default's; None where neither has it."""
+    entry, default = _entry(device, key), _packaged_table()["default"].get(key)
+    if entry is None or default is None:
+        return entry if entry is not None else default
+    return {**default, **entry}
 
 
 def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
@@ -360,17 +361,14 @@ def _a8w8_ok(a_fmt: ElementFormat, w: MXTensor, M: int, dev: torch.device) -> bo
 def _wgmma_ok(a: torch.Tensor, w: MXTensor, M: int, dev: torch.device) -> bool:
     """bf16 activations x an MXFP4 weight on the Hopper prefill kernel (the caller checks the bf16-exact scale
     envelope): the table's ``w4a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K
-    schedule at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS; a table
-    without the small keys takes the packaged default's)."""
+    schedule at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS)."""
     if not (a.dtype == torch.bfloat16 and w.fmt.name == "mxfp4_e2m1" and dev.type == "cuda" and M > 0):
         return False
     from .matmul_details import _w4a16_wgmma
 
     entry = _envelope(dev, "w4a16_wgmma") or {}
-    base = _packaged_table()["default"].get("w4a16_wgmma", {})
     nk = w.shape.numel()
-    small = (M <= int(entry.get("small_max_m", base.get("small_max_m", 0)))
-             and nk >= int(entry.get("small_min_nk", base.get("small_min_nk", 0))))
+    small = M <= int(entry.get("small_max_m", 0)) and nk >= int(entry.get("small_min_nk", 0))
     return ((small or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)

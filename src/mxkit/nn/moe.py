@@ -218,15 +218,13 @@ class MXMoE(_ops.Handled, nn.Module):
             if layout == "mma":
                 from ..kernels.matmul_details._mma_decode import unpack_mma
 
-                g = N // 16
-                q, s = unpack_mma(q[e * g:(e + 1) * g], s[e * g:(e + 1) * g])
+                q, s = unpack_mma(q[e * N // 16:(e + 1) * N // 16], s[e * N // 16:(e + 1) * N // 16])
             else:
                 q, s = q[e], s[e]
             w = dequantize(MXTensor(q, s, self.weight_format, 1, self.block_size, (N, K), self.scale_mode,
                                     self.rounding), torch.float32)
-            if layout == "checkpoint":
-                return w
-        return torch.cat([w[0::2], w[1::2]]) if self._interleaved(name) else w
+        # (the packed layouts hold swiglu's [gate; up] halves interleaved)
+        return torch.cat([w[0::2], w[1::2]]) if layout != "checkpoint" and self._interleaved(name) else w
 
     def _unpacked(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(qdata, scale) of expert tensor ``name`` from its decode-mma buffers, rows in the packed order."""
@@ -234,12 +232,12 @@ class MXMoE(_ops.Handled, nn.Module):
 
         q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
         E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
-        if q.is_cuda:  # one kernel (_mma_pack.unpack_mma_fused)
+        if q.is_cuda:  # one kernel (_mma_pack.unpack_mma_fused) writing the outputs
             qd, sc = unpack_mma(q, s)
             return qd.view(E, N, K // 2), sc.view(E, N, K // 32)
         qd = torch.empty(E * N, K // 2, dtype=torch.uint8, device=q.device)
         sc = torch.empty(E * N, K // 32, dtype=torch.uint8, device=q.device)
-        step = max(1, (1 << 18) // K)  # groups of 16 rows per chunk: 4M codes (unpack_mma's int64 temporaries)
+        step = max(1, (1 << 18) // K)  # groups of 16 rows per chunk: 4M codes (the PyTorch twin's int64 temporaries)
         for r0 in range(0, q.shape[0], step):
             qd[16 * r0:16 * (r0 + step)], sc[16 * r0:16 * (r0 + step)] = unpack_mma(q[r0:r0 + step], s[r0:r0 + step])
         return qd.view(E, N, K // 2), sc.view(E, N, K // 32)

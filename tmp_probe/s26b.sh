@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-pip install --no-index --no-deps -q tmp_probe/wheels/*.whl 2>/dev/null
-OMP_NUM_THREADS=1 timeout 200 python3 -m pytest -q -n 16 -p no:cacheprovider -m gpu tests/kernels/test_moe_kernels.py -k "mma_layout or prefill_wgmma or gather" -x 2>&1 | tail -25 | tee $OUT/tests.txt
-timeout 200 python3 tmp_probe/s26_layout_ab.py 2>&1 | tail -14 | tee $OUT/layout_ab.txt

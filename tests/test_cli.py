@@ -304,7 +304,7 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma,
-    a8w8-mma and w4a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8 envelope."""
+    a8w8-mma, w4a16-wgmma and w8a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8 envelope."""
     from mxkit import tune
     from mxkit.kernels.matmul import gemm_table_override
 
@@ -315,7 +315,8 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
     for key in ("decode_w4a16", "decode_mma", "a8w8_mma"):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
-    assert entry["w4a16_wgmma"]["max_m"] in (0,) + tune.WGMMA_MS and entry["w4a16_wgmma"]["min_nk"] >= 0
+    for key in ("w4a16_wgmma", "w8a16_wgmma"):
+        assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
     m = entry["a8w8_mma"]["max_m"]
     assert m >= 1, "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
     w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")

@@ -28,3 +28,14 @@ def split_buffers(tiles: int, split: int, per_tile: int):
         return None, None
     return (torch.empty(tiles * split * per_tile, device=DEV),
             torch.zeros(tiles, device=DEV, dtype=torch.int32))
+
+
+def main_shapes(row, warmup_ms: float = 5, rep_ms: float = 15) -> None:
+    """The GPU's name, then ``row(M, N, K, cfg)`` for each ``MxNxK`` of the comma list in ``sys.argv[1]``."""
+    from mxkit.bench.timing import TimingConfig
+
+    cfg = TimingConfig(warmup_ms=warmup_ms, rep_ms=rep_ms)
+    print(torch.cuda.get_device_name(0))
+    for s in sys.argv[1].split(","):
+        print(row(*(int(v) for v in s.split("x")), cfg), flush=True)
+        torch.cuda.empty_cache()

@@ -6,9 +6,8 @@ cuBLAS bf16 on the dequantized weight is the peer. µs after the clean-L2 read f
 
     PYTHONPATH=src python3 benchmarks/probes/w4a16_layout_ab.py 1024x8192x8192,1024x28672x8192   # on the GPU
 """
-import sys
-
 import torch
+from _probe import main_shapes
 
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
@@ -51,13 +50,5 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     return " | ".join(cells)
 
 
-def main():
-    cfg = TimingConfig(warmup_ms=10, rep_ms=30)
-    print(torch.cuda.get_device_name(0))
-    for s in sys.argv[1].split(","):
-        print(row(*(int(v) for v in s.split("x")), cfg), flush=True)
-        torch.cuda.empty_cache()
-
-
 if __name__ == "__main__":
-    main()
+    main_shapes(row, 10, 30)

@@ -5,9 +5,8 @@ flush; every split checked against float64 within issue #22's bound.
 
     PYTHONPATH=src python3 benchmarks/probes/w4a16_splitk_ab.py 64x8192x8192,...   # on the GPU
 """
-import sys
-
 import torch
+from _probe import main_shapes
 
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
@@ -41,13 +40,5 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     return " | ".join(cells)
 
 
-def main():
-    cfg = TimingConfig(warmup_ms=5, rep_ms=15)
-    print(torch.cuda.get_device_name(0))
-    for s in sys.argv[1].split(","):
-        print(row(*(int(v) for v in s.split("x")), cfg), flush=True)
-        torch.cuda.empty_cache()
-
-
 if __name__ == "__main__":
-    main()
+    main_shapes(row)

@@ -81,7 +81,8 @@ class PackedWeight:
       scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (the exact-in-bf16
         envelope check); 255 / -1 when every byte is 0xFF. The first read of a pending ``stats`` takes one host
         sync (RuntimeError during CUDA-graph capture: read them, or call once, before capturing).
-      has_nan: whether a block has the NaN scale byte 0xFF.
+      has_nan: whether a block has the NaN scale byte 0xFF, or (MXFP8 weights packed with ``act`` "float" /
+        None / "mx") an element code is NaN or Inf: such weights stay off the wgmma kernel.
       special_rows: int64 (S,) rows of the weight the fold path cannot take (slices or row scales outside
         the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
       mma_q / mma_s: for weights with N % 16 == 0 and K % 64 == 0, the same codes and scales rearranged for a

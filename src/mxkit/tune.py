@@ -6,9 +6,10 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
 tensor-core decode kernel on packed MXFP4 weights, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
-packed MXFP8 weights against the path it replaces (both operands dequantized, cuBLAS); 0 where a kernel
-cannot run. For the Hopper W4A16 prefill kernel (``w4a16_wgmma``) it times the kernel against dequantize +
-cuBLAS at M = 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
+packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
+dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
+(``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
+(the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
 N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
@@ -81,6 +82,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
     entry["a8w8_mma"] = {"max_m": _tune_a8w8(shapes, g, rep_ms, log)}
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
+    entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
     table = {name: entry}
@@ -107,7 +109,8 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
 
 def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
     """The largest M of 1, 2, 4, ..., 64 at which a8w8-mma (MXFP8 activations x a packed MXFP8 weight) beats
-    the bf16-exact path it replaces (both operands dequantized, cuBLAS) on every shape."""
+    the path the plan takes without it on every shape: w8a16-wgmma where its envelope (the packaged table's)
+    takes the shape, else bf16-exact (both operands dequantized, cuBLAS)."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
@@ -124,37 +127,49 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
         def make(M, pw=pw, N=N, K=K):
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
             return lambda a: run(a.qdata, a.plain_scale(), None)
-        runs[(N, K)] = (w, make)
-    return _kernel_envelope("a8w8-mma", why, runs, g, rep_ms, log, act="mxfp8")
+        runs[(N, K)] = (pw, make)
+    name = torch.cuda.get_device_name()
+
+    def other(x, pw):  # the plan without a8w8-mma
+        with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 0}}}):
+            plan = mm.plan_gemm(x, pw)
+        return plan.path, lambda: mm.run_gemm(x, pw, plan)
+    return _kernel_envelope("a8w8-mma", why, runs, g, rep_ms, log, act="mxfp8", other=other)
 
 
 WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)
 
 
-def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
-    """The ``w4a16_wgmma`` envelope: for each candidate ``min_nk`` (the N * K of a shape), the largest M of
-    :data:`WGMMA_MS` up to which the kernel beats dequantize + cuBLAS at every M on every shape of N * K >=
-    min_nk; kept: the candidate whose envelope covers the most (shape, M) points, then the widest M.
-    ``{"max_m": 0, ...}`` where it cannot run or never wins."""
+def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool = False) -> dict:
+    """The ``w4a16_wgmma`` envelope (``fp8``: ``w8a16_wgmma``, on MXFP8 E4M3 weights of the same shapes): for each
+    candidate ``min_nk`` (the N * K of a shape), the largest M of :data:`WGMMA_MS` up to which the kernel beats
+    dequantize + cuBLAS at every M on every shape of N * K >= min_nk; kept: the candidate whose envelope covers
+    the most (shape, M) points, then the widest M. ``{"max_m": 0, ...}`` where it cannot run or never wins."""
+    from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _w4a16_wgmma as wg
+
+    label = "w8a16-wgmma" if fp8 else "w4a16-wgmma"
 
     dev = torch.device("cuda")
     why = wg.available(dev)
     shapes = [s for s in weights if wg.shape_ok(*s)]
     if why is not None or not shapes:
-        log(f"w4a16-wgmma cannot run here: {why or 'no shape fits it'}")
+        log(f"{label} cannot run here: {why or 'no shape fits it'}")
         return {"max_m": 0, "min_nk": 0, "small_max_m": 0, "small_min_nk": 0}
     wins = {}
     for (N, K) in shapes:
         w = weights[(N, K)]
-        q, st, one_mul = wg.packed_of(mm.pack_weight(w))
+        if fp8:
+            w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8_e4m3")
+        q, st, one_mul = wg.packed_of(mm.pack_weight(w, act="float"))
+        elem = wg.FP8_ELEMS.get(w.fmt.name, "e2m1")
         for M in (SMALL_M,) + WGMMA_MS:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             bm, split = wg.dense_schedule(M, N, K, dev)  # the plan's schedule
-            t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split), rep_ms)
+            t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split, elem=elem), rep_ms)
             t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
-            log(f"M={M} N={N} K={K}: w4a16-wgmma {t_run:.1f} us (tile {bm}, split {split}), dense {t_dense:.1f} us")
+            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us (tile {bm}, split {split}), dense {t_dense:.1f} us")
             wins[(N, K, M)] = t_run < t_dense
     entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] != SMALL_M})
     small = wgmma_envelope({key: won for key, won in wins.items() if key[2] == SMALL_M}, (SMALL_M,))
@@ -183,7 +198,7 @@ def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:
 
 
 def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,
-                     act: Optional[str] = None) -> int:
+                     act: Optional[str] = None, other=None) -> int:
     """:func:`_envelope` of a CUDA C++ kernel: 0 where it cannot run here (``why``) or no shape takes its packed
     layout (nothing measured)."""
     if why is not None:
@@ -192,14 +207,15 @@ def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Genera
     if not runs:
         log(f"{label}: no shape packs to its layout (N % 16, K % 64)")
         return 0
-    return _envelope(label, runs, g, rep_ms, log, act)
+    return _envelope(label, runs, g, rep_ms, log, act, other)
 
 
-def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, act: Optional[str] = None) -> int:
+def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, act: Optional[str] = None,
+              other=None) -> int:
     """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
     (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M. ``act``:
     the calls take x quantized to that MX format (made outside the timed call), the dense path dequantizes
-    it too."""
+    it too. ``other(x, weight) -> (label, call)``: the path to beat instead of the dense one."""
     from . import ops
     from .kernels import matmul as mm
 
@@ -217,8 +233,9 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, ac
             def dense():
                 xd = mm._dequantize(x, torch.bfloat16) if act is not None else x
                 return mm._dense(xd, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
-            t_dense = _time(dense, rep_ms)
-            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
+            name, call = ("dense", dense) if other is None else other(x, w)
+            t_dense = _time(call, rep_ms)
+            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, {name} {t_dense:.1f} us")
             wins &= t_run < t_dense
         if not wins:
             break

@@ -454,17 +454,128 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
         pack_wgmma(w.qdata[:5], w.scale[:5])
 
 
-@pytest.mark.parametrize("bm,grouped,act,out,ws,mma", [
-    (256, False, 0, "bf16", True, False), (128, False, 0, "fp32", True, False), (64, True, 1, "bf16", True, False),
-    (32, True, 2, "bf16", True, False), (256, True, 0, "fp32", True, False), (256, False, 0, "bf16", False, False),
-    (64, True, 1, "bf16", False, False), (256, True, 1, "bf16", True, True), (32, True, 2, "bf16", False, True),
-    (128, True, 0, "fp32", True, True), (64, True, 0, "fp32", False, True)])
-def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
+@pytest.mark.parametrize("N,K", [(8, 32), (40, 2880), (16, 2912), (24, 4096)])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_w8a16_wgmma_pack_roundtrip(N, K, fmt, rng):
+    """The FP8 wgmma layout holds the same codes and scale bytes (K padded to a multiple of 64 with zero bytes):
+    lane c's 16 codes of a 64-column step are columns 8 i + 2 c + e (register j = 2 i + e), contiguous; the
+    scales step-major; one_mul from the largest scale byte (E4M3: <= 134, E5M2: <= 142)."""
+    from mxkit.kernels.matmul_details._w4a16_wgmma import FP8, pack_wgmma8, unpack_wgmma8
+
+    elem = fmt[-4:]
+    w = rand_mx((N, K), fmt, rng, base=125)
+    q, st, one_mul = pack_wgmma8(w.qdata, w.scale, elem, int(w.scale.max()))
+    Kp = -(-K // 64) * 64
+    assert q.shape == (N, Kp) and st.shape == (Kp // 64, 2 * N) and one_mul
+    qd, sc = unpack_wgmma8(q, st, K)
+    assert torch.equal(qd, w.qdata) and torch.equal(sc, w.scale)
+    if K >= 64:
+        assert torch.equal(q[3, 16 * 2 + 2 * 5 + 1], w.qdata[3, 8 * 5 + 2 * 2 + 1])  # lane c = 2, i = 5, e = 1
+    if Kp != K:  # the padding: zero codes in the last step
+        last = q[:, -64:].view(N, 4, 8, 2).permute(0, 2, 1, 3).reshape(N, 64)
+        assert (last[:, K % 64:] == 0).all()
+    limit = FP8[elem][3]
+    assert pack_wgmma8(w.qdata, w.scale, elem, limit)[2] and not pack_wgmma8(w.qdata, w.scale, elem, limit + 1)[2]
+    with pytest.raises(ValueError, match="N % 8"):
+        pack_wgmma8(w.qdata[:5], w.scale[:5], elem, 127)
+
+
+def _run_ptx(asm: str, regs: dict) -> dict:
+    """A small interpreter of the decode asm's instructions (mov, prmt, shr, and, lop3, mul.rn.bf16x2) on 32-bit
+    registers; ``regs`` maps "$i" to values. Returns the registers."""
+    import struct
+
+    def bf16(h):  # bits -> float
+        return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+
+    def to_bf16(v):  # float (a product of two bf16: exact in float32) -> bits, rounded to nearest even
+        return int(torch.tensor([v], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+
+    def val(t):
+        t = t.strip()
+        return int(t, 0) if t[0].isdigit() else regs[t]
+
+    for ins in asm.strip("{} ").split(";"):
+        ins = ins.strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, args = ins.split(None, 1)
+        d, *src = [a.strip() for a in args.split(",")]
+        v = [val(a) for a in src]
+        if op == "mov.b32":
+            r = v[0]
+        elif op == "prmt.b32":
+            pool = [(v[0] >> (8 * i)) & 0xFF for i in range(4)] + [(v[1] >> (8 * i)) & 0xFF for i in range(4)]
+            r = sum(pool[(v[2] >> (4 * i)) & 7] << (8 * i) for i in range(4))
+        elif op == "shr.b32":
+            r = v[0] >> v[1]
+        elif op == "and.b32":
+            r = v[0] & v[1]
+        elif op == "lop3.b32":
+            assert v[3] == 0xEA  # (a & b) | c
+            r = (v[0] & v[1]) | v[2]
+        elif op == "mul.rn.bf16x2":
+            r = sum(to_bf16(bf16((v[0] >> (16 * i)) & 0xFFFF) * bf16((v[1] >> (16 * i)) & 0xFFFF)) << (16 * i)
+                    for i in range(2))
+        else:
+            raise AssertionError(f"unknown instruction {op}")
+        regs[d] = r & 0xFFFFFFFF
+    return regs
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_w8a16_decode_asm_exact(fmt):
+    """The kernel's FP8 decode (the PTX it inlines, run by a small interpreter): every finite E4M3 / E5M2 code,
+    subnormals and negative zero included, times 2^(s - 127) for scale bytes across the bf16-exact envelope,
+    bit-equal to the reference value in bf16; the one-multiply form for scale bytes up to its limit, the
+    two-multiply form everywhere (the kernel feeds the factor as a bf16, as ``_e8m0_bf16`` makes it)."""
+    from mxkit.formats import decode_elements
+    from mxkit.kernels.matmul_details._w4a16_wgmma import FP8, _fp8_pairs_asm
+
+    f = get_format(fmt)
+    elem = fmt[-4:]
+    _, _, r, limit = FP8[elem]
+    codes = torch.arange(256, dtype=torch.int32)
+    vals = decode_elements(codes, f).to(torch.float64)
+    finite = torch.isfinite(vals)
+    lo, hi = exact_scale_range(f, torch.bfloat16)
+
+    def factor_bits(e):  # _e8m0_bf16: 2^(e - 127) as bf16 bits
+        return 0x0040 if e == 0 else e << 7
+
+    for s in sorted({lo, lo + 1, 100, 127, 130, limit, min(hi, limit + 3), hi}):
+        for one in (True, False):
+            if one and s > limit:
+                continue
+            asm = _fp8_pairs_asm(elem, one)
+            fb = factor_bits(s + r if one else s)
+            fac = fb | (fb << 16)
+            for c0 in range(0, 256, 4):
+                word = sum((c0 + i) << (8 * i) for i in range(4))
+                out = _run_ptx(asm, {"$2": word, "$3": fac, "$4": fac})
+                for i in range(4):
+                    c = c0 + i
+                    if not finite[c]:
+                        continue
+                    got = (out[f"${i // 2}"] >> (16 * (i % 2))) & 0xFFFF
+                    want = vals[c] * 2.0 ** (s - 127)
+                    wb = int(torch.tensor([want]).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+                    assert got == wb, (fmt, s, one, hex(c), hex(got), hex(wb))
+
+
+@pytest.mark.parametrize("bm,grouped,act,out,ws,mma,w8", [
+    (256, False, 0, "bf16", True, False, 0), (128, False, 0, "fp32", True, False, 0),
+    (64, True, 1, "bf16", True, False, 0), (32, True, 2, "bf16", True, False, 0), (256, True, 0, "fp32", True, False, 0),
+    (256, False, 0, "bf16", False, False, 0), (64, True, 1, "bf16", False, False, 0),
+    (256, True, 1, "bf16", True, True, 0), (32, True, 2, "bf16", False, True, 0), (128, True, 0, "fp32", True, True, 0),
+    (64, True, 0, "fp32", False, True, 0), (256, False, 0, "bf16", True, False, 1), (64, False, 0, "fp32", False, False, 1),
+    (128, False, 0, "bf16", True, False, 2), (64, False, 0, "bf16", False, False, 2)])
+def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma, w8):
     """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
     (expert blocks, fused activation), every block size the dispatch uses, warp-specialized (the default) and
     not, its own weight layout and the decode kernel's (mma: the layout conversions asserted free), blocks at the
-    rows of a table (grouped: with and without STARTS, the MoE's mixed block sizes). Its results are checked by
-    the GPU tests (the interpreter does not run Gluon)."""
+    rows of a table (grouped: with and without STARTS, the MoE's mixed block sizes), and MXFP8 weights (w8: E4M3,
+    E5M2). Its results are checked by the GPU tests (the interpreter does not run Gluon)."""
     import os
 
     import triton
@@ -481,7 +592,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
     xl = gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16)
     u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     w_ty, s_ty = (f"u8[{W.BN // 16}, 2, 256],{W._u8_layout(3)}", f"u8[{W.BN // 16}, 32],{u8}") if mma else \
-        (f"u8[{W.BN}, 32],{u8}", f"u8[1, {2 * W.BN}],{u8}")
+        (f"u8[{W.BN}, {64 if w8 else 32}],{u8}", f"u8[1, {2 * W.BN}],{u8}")
     sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<{w_ty}>",
            "s_desc": f"tensordesc<{s_ty}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
            "M": "i32", "N": "i32", "ALL_STEPS": "i32", "KSTEPS": "i32", "stride_ym": "i32", "stride_yk": "i32",
@@ -490,10 +601,12 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma):
     pair = acc
     if mma:
         b2, s2, bl, pair = W._layouts_mma(bm)
+    if w8:
+        b2, bl = W._layouts_fp8()
     for starts in (False, True) if grouped else (False,):
         cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
                   ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, MMA=mma, PAIR=pair,
-                  PERM_OUT=mma and act != 0, STARTS=starts, num_warps=W.WARPS)
+                  PERM_OUT=mma and act != 0, STARTS=starts, W8=w8, num_warps=W.WARPS)
         full = dict(sig, **{k: "constexpr" for k in cx})
         names = list(full)
         src = GluonASTSource(W._kernel(), full, constexprs={(names.index(k),): v for k, v in cx.items()},
@@ -598,6 +711,94 @@ def test_gpu_w4a16_wgmma(M, N, K, base, ws, rng, monkeypatch):
         assert torch.isnan(yn[:, 7]).all()
         keep = torch.arange(N, device="cuda") != 7
         assert torch.equal(yn[:, keep], y[:, keep])
+
+
+def test_pack_weight_fp8_nonfinite_codes_count_as_nan(rng):
+    """An MXFP8 weight with a NaN (E4M3 0x7F / 0xFF) or Inf (E5M2 exponent all ones) element code reads
+    has_nan, so it stays off the wgmma kernel (whose decode does not keep them); finite codes do not."""
+    for fmt, code in (("mxfp8_e4m3", 0x7F), ("mxfp8_e4m3", 0xFF), ("mxfp8_e5m2", 0x7C), ("mxfp8_e5m2", 0xFE)):
+        w = rand_mx((16, 64), fmt, rng)
+        assert not mxkit.pack_weight(w, act="float").has_nan
+        w.qdata[3, 17] = code
+        for act in ("float", None):
+            assert mxkit.pack_weight(w, act=act).has_nan, (fmt, hex(code), act)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("M,N,K", [(17, 200, 2880), (64, 4096, 4096), (129, 512, 4096), (727, 1000, 2912),
+                                   (1024, 5120, 2880)])
+@pytest.mark.parametrize("fmt,base", [("mxfp8_e4m3", 120), ("mxfp8_e4m3", 140), ("mxfp8_e5m2", 110),
+                                      ("mxfp8_e5m2", 146)])
+def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
+    """MXFP8 weights on the Hopper wgmma kernel (its envelope widened to these shapes by a table override)
+    against the float64 bound row by row: bf16 activations (3-D and strided, bias, float32 out, split-K at small
+    M), MXFP8 / MXFP4 activations dequantized to bf16 (a row with a scale byte outside bf16's range recomputed by
+    the fix-up kernel; a NaN scale byte: its row NaN), both decodes (one multiply up to scale byte 134 / 142, two
+    above), deterministic; a weight holding a NaN code takes dense-exact (its column NaN)."""
+    from mxkit.kernels.matmul import gemm_table_override, pack_weight
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    w = rand_mx((N, K), fmt, rng, base=base, device="cuda")
+    pw = pack_weight(w, act="float")
+    assert wg.packed_of(pw)[2] == (base + 3 <= wg.FP8[fmt[-4:]][3])
+    bias = torch.randn(N, generator=rng).cuda()
+    table = {"w8a16_wgmma": {"max_m": 4096, "min_nk": 0}, "decode_mma": {"max_m": 16}, "a8w8_mma": {"max_m": 0},
+             "decode_w4a16": {"max_m": 16, "configs": []}}
+    with gemm_table_override({"default": table}):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        y, _ = check(a, pw, backend="auto", path="w8a16-wgmma")
+        assert torch.equal(y, mxkit.matmul(a, pw, backend="auto"))
+        check(a, pw, backend="auto", bias=bias, out_dtype=torch.float32, path="w8a16-wgmma")
+        a3 = torch.randn(2, M, K + 64, generator=rng).to(torch.bfloat16).cuda()[..., 32:K + 32]  # strided
+        y3, _ = check(a3, pw, backend="auto", bias=bias, path="w8a16-wgmma")
+        assert y3.shape == (2, M, N)
+        q, st, one = wg.packed_of(pw)
+        for split in (1, 2):
+            got = wg.w4a16_wgmma(a, q, st, N, one, torch.bfloat16, None, bm=64 if M <= 64 else 128, split=split,
+                                 elem=fmt[-4:])
+            OUT[0] = torch.bfloat16
+            assert_within_bound(got, a, pw, None)
+        for afmt in ("mxfp8_e4m3", "mxfp4_e2m1"):
+            am = mxkit.quantize(a * 4, afmt)
+            if afmt == "mxfp8_e4m3":
+                am.scale[min(5, M - 1), 0] = 250  # outside E4M3's bf16-exact range: the fix-up's row
+            if M > 2:
+                am.scale[1, 1] = 0xFF
+            check(am, pw, backend="auto", bias=bias, path="w8a16-wgmma")
+        wn = MXTensor(w.qdata.clone(), w.scale, w.fmt, 1, 32, w.shape)
+        wn.qdata[7, 3] = 0x7F if fmt == "mxfp8_e4m3" else 0x7E
+        pn = pack_weight(wn, act="float")
+        assert mxkit.gemm_plan(a, pn, backend="auto").path == "dense-exact"
+        yn = mxkit.matmul(a, pn, backend="auto")
+        keep = torch.arange(N) != 7
+        assert torch.isnan(yn[:, 7]).all() and not torch.isnan(yn[:, keep.cuda()]).any()
+        OUT[0] = torch.bfloat16
+        assert_within_bound(yn[:, keep.cuda()], a, dequantize_reference(w, torch.float64)[keep])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_w8a16_wgmma_envelope():
+    """The packaged table: the wgmma kernel for bf16 x packed MXFP8 on large layers up to its max_m, dense-exact
+    past it; an unpacked MXFP8 weight stays off it (its codes are not checked for NaN / Inf)."""
+    from mxkit.kernels.matmul import _envelope
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    dev = torch.device("cuda")
+    if wg.available(dev) is not None:
+        pytest.skip(wg.available(dev))
+    env = _envelope(dev, "w8a16_wgmma")
+    w = mxkit.quantize(torch.randn(8192, 8192, device="cuda") / 8, "mxfp8_e4m3")
+    big = mxkit.pack_weight(w, act="float")
+    for M, path in ((env["small_max_m"], "w8a16-wgmma"), (env["max_m"], "w8a16-wgmma"),
+                    (env["max_m"] + 1, "dense-exact")):
+        a = torch.empty(M, 8192, dtype=torch.bfloat16, device="cuda")
+        assert mxkit.gemm_plan(a, big).path == path, M
+    a = torch.empty(env["max_m"], 8192, dtype=torch.bfloat16, device="cuda")
+    assert mxkit.gemm_plan(a, w).path == "dense-exact"
 
 
 @pytest.mark.gpu

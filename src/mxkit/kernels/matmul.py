@@ -40,6 +40,13 @@ float32 accumulation plus one output rounding):
     bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
     accumulates in float32, with a split-K whose partial sums are reduced in a fixed order (deterministic).
+``w4a16-wgmma`` / ``w8a16-wgmma``
+    Hopper (sm_90), past the decode envelopes (the tuned table's ``w4a16_wgmma`` / ``w8a16_wgmma``): bf16
+    activations × an MXFP4 weight, or a packed MXFP8 (E4M3 / E5M2) one without NaN / Inf codes, on a Gluon
+    kernel that decodes the weight codes to bf16 in registers as wgmma's register operand (TMA, warp-specialized,
+    split along K at small M; :mod:`.matmul_details._w4a16_wgmma`). ``w8a16-wgmma`` also takes MX activations
+    × such a weight: a dequantized to bf16 first (exact), its rows outside bf16's range recomputed by the fix-up
+    kernel as in ``bf16-exact``.
 ``fp32-exact``
     Everything outside those envelopes: float32 operands (exact MX values), float32 GEMM with TF32 off.
 
@@ -55,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +104,8 @@ PATHS = {
                   "accumulation, split-K",
     "w4a16-wgmma": "prefill on Hopper: MXFP4 codes decoded to bf16 in registers as wgmma's register operand "
                    "(Gluon, TMA), fp32 accumulation",
+    "w8a16-wgmma": "Hopper: MXFP8 (E4M3 / E5M2) codes decoded to bf16 in registers as wgmma's register operand "
+                   "(Gluon, TMA), fp32 accumulation; bf16 activations, or MX ones dequantized to bf16 (exact)",
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
     "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
 }
@@ -140,6 +150,8 @@ class DecodeConfig:
 
 _TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")
 _table_stack: list[Mapping] = []
+_token_stack: list[int] = []  # one serial number per override entered: the prepared calls' key of the table
+_tokens = itertools.count(1)
 
 
 def _freeze(obj):
@@ -168,10 +180,18 @@ def gemm_table_override(table: Union[Mapping, str, Path]):
     if not isinstance(table, Mapping):
         table = json.loads(Path(table).read_text())
     _table_stack.append(_freeze(dict(table)))
+    _token_stack.append(next(_tokens))
     try:
         yield
     finally:
         _table_stack.pop()
+        _token_stack.pop()
+
+
+def _table_token() -> int:
+    """Which table is in force, for the keys of the prepared calls: 0 for the packaged one, else a number no
+    other override ever had (an ``id()`` of a table could be reused once the table is freed)."""
+    return _token_stack[-1] if _token_stack else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,7 +315,9 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     if folded is None:  # no host sync: the scale statistics stay on the device until the first GEMM reads them
         if part is None:
-            part = torch.stack([t.to(torch.int32) for t in scale_stats(w.scale)]).view(1, 3)
+            lo, hi, nan = scale_stats(w.scale)
+            codes = _nonfinite_codes(w)
+            part = torch.stack([t.to(torch.int32) for t in (lo, hi, nan if codes is None else nan | codes)]).view(1, 3)
         return PackedWeight(w, None, part, special, mma_q, mma_s)
     # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (the fold
     # kernel makes them on the way; a complete Folded, made on the CPU or empty, has no rows to complete)
@@ -312,6 +334,15 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     if out_env or folded.owner.numel():
         special = _special_rows(folded, w.shape[0])
     return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s)
+
+
+def _nonfinite_codes(w: MXTensor) -> Optional[torch.Tensor]:
+    """For an MXFP8 weight, a 0-dim bool device tensor: whether an element code is NaN or Inf (E4M3: 0x7F / 0xFF;
+    E5M2: exponent field all ones); None for other formats (their codes are finite)."""
+    if w.fmt.name not in ("mxfp8_e4m3", "mxfp8_e5m2"):
+        return None
+    mag = w.qdata.view(torch.uint8) & 0x7F
+    return (mag == 0x7F).any() if w.fmt.name == "mxfp8_e4m3" else (mag >= 0x7C).any()
 
 
 def _pack_mma(w: MXTensor) -> tuple:
@@ -339,34 +370,51 @@ def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
     return {**default, **entry}
 
 
-def _mma_max_m(device: torch.device, key: str = "decode_mma") -> int:
-    """The table's ``max_m`` of a CUDA C++ kernel's envelope (``decode_mma`` or ``a8w8_mma``), at most the
-    kernel module's MAX_M."""
+def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_m") -> int:
+    """The table's ``max_m`` (or ``field``, falling back to ``max_m``) of a CUDA C++ kernel's envelope
+    (``decode_mma`` or ``a8w8_mma``), at most the kernel module's MAX_M."""
     from .matmul_details import _mma_a8w8, _mma_decode
 
     entry = _envelope(device, key)
     cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M
-    return min(int(entry["max_m"]), cap) if entry else 0
+    return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
-def _a8w8_ok(a_fmt: ElementFormat, w: MXTensor, M: int, dev: torch.device) -> bool:
+def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
+    """The a8w8-mma envelope for weight ``b`` (MXTensor or PackedWeight) at M rows: the table's ``max_m``
+    (measured against w8a16-wgmma, the path past it on Hopper's large layers), or its ``max_m_no_wgmma``
+    (against bf16-exact) where the wgmma kernel does not take the call (not Hopper, a layer outside its
+    envelope, an unpacked weight)."""
+    w = b.source if isinstance(b, PackedWeight) else b
+    if _wgmma_ok(b, w, M, dev):
+        return _mma_max_m(dev, "a8w8_mma")
+    return _mma_max_m(dev, "a8w8_mma", "max_m_no_wgmma")
+
+
+def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
+    """MXFP8 E4M3 activations (``a_fmt``) x weight ``b`` (MXTensor or PackedWeight) of M rows on a8w8-mma."""
+    w = b.source if isinstance(b, PackedWeight) else b
     if not (a_fmt.name == "mxfp8_e4m3" and w.fmt.name == "mxfp8_e4m3" and dev.type == "cuda"
-            and 0 < M <= _mma_max_m(dev, "a8w8_mma")):
+            and 0 < M <= _a8w8_max_m(b, M, dev)):
         return False
     from .matmul_details import _mma_a8w8
 
     return _mma_a8w8.shape_ok(*w.shape) and _mma_a8w8.available(dev) is None
 
 
-def _wgmma_ok(a: torch.Tensor, w: MXTensor, M: int, dev: torch.device) -> bool:
-    """bf16 activations x an MXFP4 weight on the Hopper prefill kernel (the caller checks the bf16-exact scale
-    envelope): the table's ``w4a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K
-    schedule at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS)."""
-    if not (a.dtype == torch.bfloat16 and w.fmt.name == "mxfp4_e2m1" and dev.type == "cuda" and M > 0):
+def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
+    """bf16 activations x an MXFP4 weight, or a packed MXFP8 (E4M3 / E5M2) one without NaN / Inf, on the Hopper
+    wgmma kernel (the caller checks the bf16-exact scale envelope and the activations): the table's
+    ``w4a16_wgmma`` / ``w8a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K schedule
+    at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS)."""
+    fp8 = w.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2")
+    if not ((w.fmt.name == "mxfp4_e2m1" or fp8) and dev.type == "cuda" and M > 0):
+        return False
+    if fp8 and not (isinstance(b, PackedWeight) and not b.has_nan):  # (NaN / Inf codes: another path decodes them)
         return False
     from .matmul_details import _w4a16_wgmma
 
-    entry = _envelope(dev, "w4a16_wgmma") or {}
+    entry = _envelope(dev, "w8a16_wgmma" if fp8 else "w4a16_wgmma") or {}
     nk = w.shape.numel()
     small = M <= int(entry.get("small_max_m", 0)) and nk >= int(entry.get("small_min_nk", 0))
     return ((small or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
@@ -466,8 +514,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         if f32:
             return plan("fp32-exact", why32)
         return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
-    if kind == "mx" and _a8w8_ok(a.fmt, w, M, dev):
-        return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_mma_max_m(dev, 'a8w8_mma')}, "
+    if kind == "mx" and _a8w8_ok(a.fmt, b, M, dev):
+        return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_a8w8_max_m(b, M, dev)}, "
                                 f"gemm_table): E4M3 codes on FP8 tensor cores, every scale byte exact")
     lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else scale_extrema(w.scale)[:2])
     if kind == "mx" and dev.type == "cuda":  # a's scales are not read: the fix-up takes its rows outside
@@ -475,6 +523,11 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
             return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: weight scale bytes [{lo}, {hi}] outside the "
                                       f"bf16-exact envelope")
         r0, r1 = exact_scale_range(a.fmt, torch.bfloat16)
+        if wf.name != "mxfp4_e2m1" and _wgmma_ok(b, w, M, dev):
+            return plan("w8a16-wgmma", f"{a.fmt.name} x packed {wf.name}, M={M} in the w8a16_wgmma envelope "
+                                       f"(gemm_table): a dequantized to bf16, the weight decoded on the wgmma "
+                                       f"kernel (scale bytes [{lo}, {hi}] exact in bf16); rows of a with a scale "
+                                       f"byte outside [{r0}, {r1}] are recomputed exactly by the fix-up kernel")
         return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: the weight is exact in bf16 (scale bytes [{lo}, "
                                   f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
                                   f"exactly by the fix-up kernel")
@@ -494,9 +547,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                 and 0 < M <= _decode_max_m(dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
                                       f"bf16 x {wf.name}")
-        if in_range(lo, hi, rng) and _wgmma_ok(a, w, M, dev):
-            return plan("w4a16-wgmma", f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "
-                                       f"kernel (scale bytes [{lo}, {hi}] exact in bf16)")
+        if a.dtype == torch.bfloat16 and in_range(lo, hi, rng) and _wgmma_ok(b, w, M, dev):
+            path = "w4a16-wgmma" if wf.name == "mxfp4_e2m1" else "w8a16-wgmma"
+            return plan(path, f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "
+                              f"kernel (scale bytes [{lo}, {hi}] exact in bf16)")
         if in_range(lo, hi, rng):
             return plan("dense-exact", f"{a.dtype} activations x {wf.name} weight: the weight is exact in "
                                        f"{a.dtype} (scale bytes [{lo}, {hi}] within [{rng[0]}, {rng[1]}])")
@@ -645,6 +699,23 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
         bm, split = wg.dense_schedule(M, N, K, x.device)
         return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias), bm=bm, split=split).reshape(*lead, N)
+    elif path == "w8a16-wgmma":
+        from .matmul_details import _w4a16_wgmma as wg
+
+        if kind == "mx":
+            a = _plain(a)
+        x = a.reshape(M, K) if kind == "float" else _dequantize(a, torch.bfloat16).reshape(M, K)
+        if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # TMA: 16-byte aligned rows
+            x = x.clone(memory_format=torch.contiguous_format)
+        q, st, one_mul = wg.packed_of(packed)
+        bm, split = wg.dense_schedule(M, N, K, x.device)
+        y = wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias), bm=bm, split=split,
+                           elem=wg.FP8_ELEMS[w.fmt.name])
+        if kind == "mx":  # rows of a whose values bf16 does not hold exactly: recomputed
+            from .matmul_details._row_fixup import fixup
+
+            fixup(y, a, w, bias, M, N, K)
+        return y.reshape(*lead, N)
     elif path == "a8w8-mma":
         return _a8w8(_plain(a), None, w, M, lead, out, bias, packed)
     elif path == "decode-w16":
@@ -787,7 +858,7 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
             and not torch.compiler.is_compiling()):
         return None
     M = x.shape[:-1].numel()
-    if not _a8w8_ok(w.fmt, w, M, x.device):  # (the activations are quantized to E4M3, the weight's format)
+    if not _a8w8_ok(w.fmt, packed if packed is not None else w, M, x.device):  # (x quantized to E4M3)
         return None
     out = check_out_dtype(out_dtype or torch.bfloat16)
     if bias is not None:
@@ -889,7 +960,7 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     dispatch table) and kept on ``b``; None where a8w8_linear would not take that one-launch form (the caller
     then calls it). Returns a callable ``(x, bias) -> y``."""
     calls = _calls_on(b, "_calls")
-    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.device, out_dtype, id(gemm_table()),
+    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.device, out_dtype, _table_token(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     if key in calls:
         return calls[key]
@@ -898,7 +969,7 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     M = x.shape[:-1].numel()
     if (x.dtype == torch.bfloat16 and x.dim() >= 1 and b.mma_q is not None and w.ndim == 2 and w.axis == 1
             and x.shape[-1] == w.shape[1] and w.device == x.device and 0 < M <= 8
-            and _a8w8_ok(w.fmt, w, M, x.device)):
+            and _a8w8_ok(w.fmt, b, M, x.device)):
         out = check_out_dtype(out_dtype)
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
         call = _A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
@@ -922,7 +993,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
     shape / dtype, dispatch table) and kept on ``b``; later calls only allocate and launch. Returns a callable
     ``(a, bias) -> y``. Validation (:func:`plan_gemm`) runs on the first call of each key."""
     calls = _calls_on(b, "_calls")
-    key = (a.shape, a.stride(), a.dtype, a.device, out_dtype, id(gemm_table()),
+    key = (a.shape, a.stride(), a.dtype, a.device, out_dtype, _table_token(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     call = calls.get(key)
     if call is None:
@@ -945,7 +1016,7 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
     scale values: the caller plans each call)."""
     calls = _calls_on(b, "_calls")
     key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
-           a.qdata.device, out_dtype, id(gemm_table()),
+           a.qdata.device, out_dtype, _table_token(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     if key in calls:
         return calls[key]

@@ -779,8 +779,10 @@ def _count_wgmma(monkeypatch):
 @pytest.mark.parametrize("act", [None, "swiglu_gpt_oss", "swiglu"])
 def test_pack_wgmma_experts_row_order(act, rng):
     """pack_wgmma_experts = pack_wgmma of the experts' rows in expert_row_order: in each 16 packed rows, 8 gate
-    rows then the 8 up rows of the same output columns (GPT-OSS's interleaved rows, or [gate; up] halves)."""
-    from mxkit.kernels.matmul_details._w4a16_wgmma import expert_row_order, pack_wgmma_experts, unpack_wgmma
+    rows then the 8 up rows of the same output columns (GPT-OSS's interleaved rows, or [gate; up] halves); MXFP8
+    experts in the FP8 layout likewise, None for those with a NaN / Inf code and for MXINT8."""
+    from mxkit.kernels.matmul_details._w4a16_wgmma import (expert_row_order, pack_wgmma_experts, unpack_wgmma,
+                                                           unpack_wgmma8)
     from mxkit.kernels.moe import pack_experts_wgmma
 
     E, N, K = 3, 48, 96
@@ -799,8 +801,16 @@ def test_pack_wgmma_experts_row_order(act, rng):
         assert torch.equal(order, col + up * (N // 2))
     else:
         assert torch.equal(order, p)
-    w = mxkit.quantize(torch.randn(E, N, K, generator=rng), "mxfp8")
-    assert pack_experts_wgmma(w) is None  # MXFP8: not this kernel's
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):  # MXFP8 experts: the FP8 layout of the same reordered rows
+        w = mxkit.quantize(torch.randn(E, N, K, generator=rng), fmt)
+        p = pack_experts_wgmma(w, act_pairs=act)
+        assert p.elem == fmt[-4:] and p.act_pairs == act and p.shape == (E, N, K)
+        got_q, got_s = unpack_wgmma8(p.q, p.st, K)
+        assert torch.equal(got_q.view(E, N, K), w.qdata[:, order]) and torch.equal(got_s.view(E, N, -1),
+                                                                                   w.scale[:, order])
+        w.qdata[1, 2, 3] = 0x7F if fmt == "mxfp8_e4m3" else 0x7C  # a NaN / Inf code: not this kernel's
+        assert pack_experts_wgmma(w) is None
+    assert pack_experts_wgmma(mxkit.quantize(torch.randn(E, N, K, generator=rng), "mxint8")) is None
     with pytest.raises(ValueError, match="N % 16"):
         expert_row_order(40, "swiglu")
 
@@ -932,6 +942,47 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
         y1 = moe_triton(*case, activation=act, packed=packed)
         assert calls == [(act, bm), (None, bm)]
         check_layer(y1, case, act)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,H,I", [(727, 32, 2880, 2880), (300, 128, 256, 192)])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_prefill_wgmma_mxfp8(T, E, H, I, fmt, act, rng, monkeypatch):
+    """MXFP8 experts (W8A16) in the prefill kernel's layout: above MMA_MAX_PAIRS both GEMMs run on the grouped
+    wgmma kernel's FP8 decode (counted), within the layer's bound of the float64 reference (an expert that
+    receives every token, one that receives none, biases, a NaN scale byte); an MXMoE of such experts takes the
+    same path on a prefill call and the grouped Triton kernel on a decode call."""
+    if _wgmma_here():
+        pytest.skip(_wgmma_here())
+    from mxkit.kernels.moe import pack_experts_wgmma
+    from mxkit.moe_reference import route
+    from mxkit.nn import MXMoE
+
+    case = layer_case(T, E, H, I, fmt, rng)
+    case[1].scale[5, 1, 0] = 255
+    packed = (pack_experts_wgmma(case[1], act_pairs=act), pack_experts_wgmma(case[3]))
+    assert packed[0].elem == packed[1].elem == fmt[-4:]
+    calls = _count_wgmma(monkeypatch)
+    y = moe_triton(*case, activation=act, packed=packed)
+    assert [c[0] for c in calls] == [act] * (len(calls) // 2) + [None] * (len(calls) // 2) and calls
+    check_layer(y, case, act)
+    if E != 32:
+        return
+    router = torch.nn.Linear(H, E).to(torch.bfloat16).cuda()
+    dense = [torch.randn(E, 2 * I, H, generator=rng) / 8, torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, H, I, generator=rng) / 8, torch.randn(E, H, generator=rng)]
+    m = MXMoE.from_dense(router, *(t.to(torch.bfloat16).cuda() for t in dense), 4, fmt, activation=act)
+    for n_tok, n_calls in ((200, 2), (2, 0)):
+        xm = torch.randn(n_tok, H, generator=rng).to(torch.bfloat16).cuda()
+        calls.clear()
+        with torch.no_grad():
+            ym = m(xm)
+            tw_m, ids_m = route(m.router(xm), 4)
+        assert len(calls) == n_calls, (n_tok, calls)
+        cm = (xm, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, tw_m, ids_m)
+        check_layer(ym, cm, act)
 
 
 def _mixed_cases(g, count=40):

@@ -4,9 +4,10 @@ routing weights and the combine) with MXFP4 experts, against same-run peers.
 Cases are (model, tokens, routing, mode). Models: GPT-OSS-120B (E = 128) and GPT-OSS-20B (E = 32) experts,
 hidden 2880, intermediate 2880, top-4. Routing: ``uniform`` (the top-4 of normal logits) or ``zipf`` (expert e
 drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Modes: ``w4a16`` times
-:func:`mxkit.kernels.moe.moe_triton` (bf16 tokens, MXFP4 experts read as MX bytes); ``w4a8`` times
-``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to E4M3 once:
-"pack µs").
+:func:`mxkit.kernels.moe.moe_triton` (bf16 tokens, MXFP4 experts read as MX bytes); ``w8a16`` the same with
+MXFP8 E4M3 experts (the same random weights quantized to MXFP8; the peers then run on their bf16 values);
+``w4a8`` times ``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to
+E4M3 once: "pack µs").
 
 Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16``): ``grouped-mm-gemms``
 (the two ``torch._grouped_mm`` bf16 GEMMs alone on tokens already sorted by expert, activation excluded: the
@@ -18,10 +19,10 @@ on every call, then as ``grouped-mm-bf16``). The peers' outputs are not checked 
 Up to ``--graph-tokens`` tokens (default 64, decode) every implementation is captured in a CUDA graph and the
 replay is timed, as a serving engine runs decode steps; above, eager calls behind the harness's GPU spin.
 
-Bytes: the MXFP4 bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
+Bytes: the MX bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
 floor (decode). Numerics: on up to 64 tokens, ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
-(the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64 for ``w4a16``; 0.1
-for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound, not the exactness one).
+(the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64
+(``w4a16``, ``w8a16``); 0.1 for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound, not the exactness one).
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ HIDDEN = INTER = 2880
 TOP_K = 4
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 ROUTINGS = ("uniform", "zipf")
-MODES = ("w4a16", "w4a8")
+MODES = ("w4a16", "w4a8", "w8a16")
+EXPERT_FORMAT = {"w4a16": "mxfp4", "w4a8": "mxfp4", "w8a16": "mxfp8_e4m3"}
 PEERS = ("grouped-mm-gemms", "grouped-mm-bf16", "loop-bf16", "dequant-bf16")
 PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16 layer", "loop-bf16": "loop bf16",
                "dequant-bf16": "dequant+bf16"}
 REF_IMPL = "grouped-mm-gemms"
 SAMPLE_TOKENS = 64
-MXFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 32
+BYTES_PER_ELEMENT = {"mxfp4": 0.5 + 1 / 32, "mxfp8_e4m3": 1 + 1 / 32}
 
 
 def routing(T: int, E: int, kind: str, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +85,7 @@ class MoeCase:
         return int(torch.unique(routing(self.T, self.E, self.routing)[1]).numel())
 
     def nbytes(self) -> int:
-        return int(self.experts_hit() * 3 * HIDDEN * INTER * MXFP4_BYTES_PER_ELEMENT)
+        return int(self.experts_hit() * 3 * HIDDEN * INTER * BYTES_PER_ELEMENT[EXPERT_FORMAT[self.mode]])
 
     def invalid_reason(self) -> Optional[str]:
         return None
@@ -133,8 +135,9 @@ class Inputs:
 _WEIGHTS: dict = {}  # model -> Weights (one model at a time: its experts fill GBs)
 
 
-def weights(model: str, device) -> Weights:
-    if model not in _WEIGHTS:
+def weights(model: str, device, fmt: str = "mxfp4") -> Weights:
+    """The experts of ``model`` in MX format ``fmt`` (the same random values whatever the format), kept."""
+    if (model, fmt) not in _WEIGHTS:
         import mxkit
 
         _WEIGHTS.clear()
@@ -143,20 +146,20 @@ def weights(model: str, device) -> Weights:
         g = torch.Generator(device=device).manual_seed(1)
 
         def mx(*shape):
-            return mxkit.quantize(torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
+            return mxkit.quantize(torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g) * 0.05, fmt)
 
         w1, w2 = mx(E, 2 * INTER, HIDDEN), mx(E, HIDDEN, INTER)
         b1 = torch.randn(E, 2 * INTER, device=device, generator=g) * 0.1
         b2 = torch.randn(E, HIDDEN, device=device, generator=g) * 0.1
-        _WEIGHTS[model] = Weights(w1, b1, w2, b2, mxkit.dequantize(w1, torch.bfloat16).transpose(1, 2),
-                                  mxkit.dequantize(w2, torch.bfloat16).transpose(1, 2))
-    return _WEIGHTS[model]
+        _WEIGHTS[(model, fmt)] = Weights(w1, b1, w2, b2, mxkit.dequantize(w1, torch.bfloat16).transpose(1, 2),
+                                         mxkit.dequantize(w2, torch.bfloat16).transpose(1, 2))
+    return _WEIGHTS[(model, fmt)]
 
 
 def make_inputs(case: MoeCase, ctx) -> Inputs:
     tw, ids = routing(case.T, case.E, case.routing, ctx.device)
     x = torch.randn(case.T, HIDDEN, device=ctx.device, dtype=case.dtype)
-    return Inputs(x, tw, ids, weights(case.model, ctx.device))
+    return Inputs(x, tw, ids, weights(case.model, ctx.device, EXPERT_FORMAT[case.mode]))
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -201,10 +204,20 @@ GRAPH_TOKENS = [64]  # set by --graph-tokens
 
 def _mxkit(case: MoeCase, inp: Inputs, ctx):
     from ..kernels.matmul_details._w4a16_wgmma import available as wgmma_available
-    from ..kernels.moe import MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma
+    from ..kernels.moe import (MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma,
+                               pack_experts_wgmma)
     from ..ops import quantize_fp8_rowwise
 
     w, x, tw, ids = inp.weights, inp.x, inp.tw, inp.ids
+    if case.mode == "w8a16":  # MXFP8 experts: MXMoE's copy in the wgmma layout for prefill; decode reads them
+        if ids.numel() <= MMA_MAX_PAIRS or wgmma_available(x.device) is not None:
+            return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
+
+        def pack():
+            return pack_experts_wgmma(w.w1, act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(w.w2)
+        packed = pack()
+        return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), \
+            {"pack_us": ctx.time_fn(pack)[0]}
     if case.mode == "w4a16":
         if ids.numel() > MMA_MAX_PAIRS and wgmma_available(x.device) is not None:
             return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
@@ -311,7 +324,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    + ",".join(map(str, TOKENS)) + ")")
     p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=ROUTINGS,
                    help="uniform and/or zipf (default both)")
-    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES, help="w4a16 and/or w4a8")
+    p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES[:2],
+                   help="w4a16, w4a8 and / or w8a16 (MXFP8 experts) (default w4a16,w4a8)")
     p.add_argument("--quick", action="store_true", help="GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")

@@ -32,7 +32,7 @@ from ..moe_reference import check_moe_args, moe_reference
 from ..packed import partial_stats_host
 from ..tensor import MXTensor
 from .launch import _Launcher
-from .matmul import W_KINDS
+from .matmul import W_KINDS, _nonfinite_codes
 from .matmul_details._envelope import exact_scale_range, host_ints, scale_extrema, scale_stats
 from .matmul_details import _align, _mma_decode, _moe_epilogue
 
@@ -350,30 +350,42 @@ def _moe_mma_pairs(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, T
 
 @dataclass(frozen=True, eq=False)
 class WgmmaExperts:
-    """MXFP4 experts (E, N, K) in the grouped wgmma kernel's layout (:func:`pack_experts_wgmma`): q, st,
+    """MXFP4 or MXFP8 experts (E, N, K) in the grouped wgmma kernel's layout (:func:`pack_experts_wgmma`): q, st,
     one_mul of :func:`mxkit.kernels.matmul_details._w4a16_wgmma.pack_wgmma_experts`; ``act_pairs``: the
-    activation whose (gate, up) row order the rows were packed in (gate_up experts), or None."""
+    activation whose (gate, up) row order the rows were packed in (gate_up experts), or None; ``elem``: the
+    kernel's element decode ("e2m1", "e4m3", "e5m2")."""
 
     q: torch.Tensor
     st: torch.Tensor
     one_mul: bool
     shape: tuple
     act_pairs: Optional[str] = None
+    elem: str = "e2m1"
 
 
 def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optional[WgmmaExperts]:
-    """Pack MXFP4 experts (E, N, K) along K once for the prefill path of :func:`moe_triton` (``packed=``);
-    ``act_pairs``: the gate_up experts' activation (``"swiglu_gpt_oss"``: rows interleaved gate, up, ...;
-    ``"swiglu"``: ``[gate; up]`` halves), whose pairs the kernel's epilogue fuses. None for other formats or
-    shapes (N % 16, K % 32, E * N % 8). Same bytes as the experts (a copy); one host sync (the scale maximum)."""
-    from .matmul_details._w4a16_wgmma import pack_wgmma_experts
+    """Pack MXFP4 or MXFP8 (E4M3 / E5M2) experts (E, N, K) along K once for the prefill path of
+    :func:`moe_triton` (``packed=``); ``act_pairs``: the gate_up experts' activation (``"swiglu_gpt_oss"``: rows
+    interleaved gate, up, ...; ``"swiglu"``: ``[gate; up]`` halves), whose pairs the kernel's epilogue fuses.
+    None for other formats or shapes (N % 16, K % 32, E * N % 8), and for MXFP8 experts with a scale byte
+    outside the bf16-exact envelope or a NaN / Inf code (the wgmma decode does not keep them; the grouped
+    Triton kernel takes those). Same bytes as the experts (a copy); one or two host syncs (scale extrema,
+    MXFP8 codes)."""
+    from .matmul_details._w4a16_wgmma import FP8_ELEMS, pack_wgmma_experts
 
     E, N, K = w.shape
-    if w.fmt.name != "mxfp4_e2m1" or w.axis != 2 or w.block_size != 32 or N % 16 or K % 32 or (E * N) % 8:
+    elem = FP8_ELEMS.get(w.fmt.name, "e2m1" if w.fmt.name == "mxfp4_e2m1" else None)
+    if elem is None or w.axis != 2 or w.block_size != 32 or N % 16 or K % 32 or (E * N) % 8:
         return None
-    qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
-    q, st, one_mul = pack_wgmma_experts(qd, sc, act_pairs)
-    return WgmmaExperts(q, st, one_mul, (E, N, K), act_pairs)
+    if elem == "e2m1":
+        qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
+        return WgmmaExperts(*pack_wgmma_experts(qd, sc, act_pairs), (E, N, K), act_pairs)
+    lo, hi, nan = scale_extrema(w.scale)
+    if not _envelope_ok(w.fmt, lo, hi) or bool(_nonfinite_codes(w)):
+        return None
+    sc = w.plain_scale().reshape(E, N, K // 32)  # (a 0xFF byte: the two-multiply decode, which keeps its NaN)
+    q, st, one_mul = pack_wgmma_experts(w.qdata.reshape(E, N, K), sc, act_pairs, elem, 255 if nan else hi)
+    return WgmmaExperts(q, st, one_mul, (E, N, K), act_pairs, elem)
 
 
 def wgmma_block_m(pairs_per_expert: float) -> int:
@@ -561,12 +573,13 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
     h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
     y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
     (s1, s2), layout = ((p1.s, p2.s), "mma") if mma else ((p1.st, p2.st), "wgmma")
+    e1, e2 = ("e2m1", "e2m1") if mma else (p1.elem, p2.elem)
     for b, tab, starts in launches:  # (h in the K order the second GEMM's layout reads)
         w4a16_wgmma(xs, p1.q, s1, N1, p1.one_mul, bias=b1, y=h, expert_ids=tab, bm=b, activation=activation,
-                    layout=layout, perm_out=mma, starts=starts)
+                    layout=layout, perm_out=mma, starts=starts, elem=e1)
     for b, tab, starts in launches:
         w4a16_wgmma(h, p2.q, s2, H, p2.one_mul, out=torch.float32, y=y, expert_ids=tab, bm=b, layout=layout,
-                    starts=starts)
+                    starts=starts, elem=e2)
     return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
 
 

@@ -598,12 +598,23 @@ class MXMoE(_ops.Handled, nn.Module):
         (above, Hopper) read: the buffers themselves after :meth:`pack_` (done here on the first call unless
         ``keep_source``), else a copy made on the first call and made again when an expert buffer changes.
         Shapes that layout does not take (K % 64) get the prefill kernel's own layout
-        (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS. None off CUDA, for other formats
-        or the reference backend."""
-        if not x.is_cuda or self.weight_format.name != "mxfp4_e2m1" or self.backend == "reference":
+        (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS. MXFP8 experts: that layout above
+        MMA_MAX_PAIRS on Hopper (a second copy of the experts, made on the first prefill call), None below (the
+        grouped Triton kernel reads the buffers). None off CUDA, for other formats or the reference backend."""
+        fmt = self.weight_format.name
+        if not x.is_cuda or fmt not in ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2") or self.backend == "reference":
             return None
         from ..kernels.matmul_details._w4a16_wgmma import available
         from ..kernels.moe import MMA_MAX_PAIRS, MmaExperts, pack_experts_mma, pack_experts_wgmma
+
+        prefill = x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS and available(x.device) is None
+        act = self.activation
+        if fmt != "mxfp4_e2m1":
+            if not prefill or self.ep_ranges is not None:
+                return None
+            packed = self._per_buffers("_packed_wgmma", lambda w, **_: pack_experts_wgmma(w, act_pairs=act),
+                                       pack_experts_wgmma)
+            return packed if all(p is not None for p in packed) else None
 
         if not self.keep_source and available(x.device) is None:  # (elsewhere the prefill reads the MXTensors)
             self.pack_()
@@ -619,9 +630,8 @@ class MXMoE(_ops.Handled, nn.Module):
         packed = self._per_buffers("_packed", pack_experts_mma)
         if all(p is not None for p in packed):
             return packed
-        if x.numel() // self.hidden_size * self.top_k <= MMA_MAX_PAIRS or available(x.device) is not None:
+        if not prefill:
             return None
-        act = self.activation
         return self._per_buffers("_packed_wgmma", lambda w, **_: pack_experts_wgmma(w, act_pairs=act),
                                  pack_experts_wgmma)
 

@@ -133,14 +133,18 @@ def expert_row_order(N: int, act_pairs: Optional[str], device=None) -> torch.Ten
     return 2 * c + h if act_pairs == "swiglu_gpt_oss" else c + h * (N // 2)
 
 
-def pack_wgmma_experts(qdata: torch.Tensor, scale: torch.Tensor, act_pairs: Optional[str] = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def pack_wgmma_experts(qdata: torch.Tensor, scale: torch.Tensor, act_pairs: Optional[str] = None,
+                       elem: str = "e2m1", scale_max: int = 255) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """E MXFP4 experts, ``qdata`` uint8 [E, N, K / 2] and ``scale`` uint8 [E, N, K / 32] -> :func:`pack_wgmma`
-    of the [E * N, K] weight with each expert's rows in :func:`expert_row_order` (for the grouped kernel)."""
+    of the [E * N, K] weight with each expert's rows in :func:`expert_row_order` (for the grouped kernel); MXFP8
+    ones (``elem`` "e4m3" / "e5m2", ``qdata`` [E, N, K], ``scale_max`` their largest scale byte other than
+    0xFF) -> :func:`pack_wgmma8` of it."""
     E, N = qdata.shape[:2]
     if act_pairs is not None:
         order = expert_row_order(N, act_pairs, qdata.device)
         qdata, scale = qdata[:, order], scale[:, order]
+    if elem != "e2m1":
+        return pack_wgmma8(qdata.reshape(E * N, -1), scale.reshape(E * N, -1), elem, scale_max)
     return pack_wgmma(qdata.reshape(E * N, -1), scale.reshape(E * N, -1))
 
 

@@ -80,7 +80,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
                        for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
-    entry["a8w8_mma"] = {"max_m": _tune_a8w8(shapes, g, rep_ms, log)}
+    entry["a8w8_mma"] = _tune_a8w8(shapes, g, rep_ms, log)
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
     entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
@@ -107,34 +107,50 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
     return _kernel_envelope("decode-mma", why, runs, g, rep_ms, log)
 
 
-def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
-    """The largest M of 1, 2, 4, ..., 64 at which a8w8-mma (MXFP8 activations x a packed MXFP8 weight) beats
-    the path the plan takes without it on every shape: w8a16-wgmma where its envelope (the packaged table's)
-    takes the shape, else bf16-exact (both operands dequantized, cuBLAS)."""
+def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:
+    """The ``a8w8_mma`` envelope: a8w8-mma (MXFP8 activations x a packed MXFP8 weight) against the path the plan
+    takes without it, at M = 1, 2, 4, ..., 64 on every shape. ``max_m``: the largest M up to which it wins on
+    every shape whose other path is w8a16-wgmma (the packaged table's envelope; left out when no shape's is, so
+    the packaged value stands); ``max_m_no_wgmma``: the same over the shapes whose other path is bf16-exact (both
+    operands dequantized, cuBLAS). ``{"max_m": 0, "max_m_no_wgmma": 0}`` where the kernel cannot run."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
 
     dev = torch.device("cuda")
     why = _mma_a8w8.available(dev)
-    runs = {}
-    for N, K in ([] if why else shapes):
+    if why is not None:
+        log(f"a8w8-mma cannot run here: {why}")
+        return {"max_m": 0, "max_m_no_wgmma": 0}
+    name = torch.cuda.get_device_name()
+    won: dict = {"max_m": {}, "max_m_no_wgmma": {}}  # field -> {M: won on every shape of that kind}
+    for N, K in shapes:
         w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
         pw = mm.pack_weight(w)
         if pw.mma_q is None:
             continue
-
-        def make(M, pw=pw, N=N, K=K):
+        for M in (1, 2, 4, 8, 16, 32, 64):
+            x = ops.quantize(torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
-            return lambda a: run(a.qdata, a.plain_scale(), None)
-        runs[(N, K)] = (pw, make)
-    name = torch.cuda.get_device_name()
-
-    def other(x, pw):  # the plan without a8w8-mma
-        with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 0}}}):
-            plan = mm.plan_gemm(x, pw)
-        return plan.path, lambda: mm.run_gemm(x, pw, plan)
-    return _kernel_envelope("a8w8-mma", why, runs, g, rep_ms, log, act="mxfp8", other=other)
+            t_run = _time(lambda: run(x.qdata, x.plain_scale(), None), rep_ms)
+            with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}}):
+                plan = mm.plan_gemm(x, pw)  # (the other entries: the packaged table's)
+            t_other = _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
+            log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {plan.path} {t_other:.1f} us")
+            field = "max_m" if plan.path == "w8a16-wgmma" else "max_m_no_wgmma"
+            won[field][M] = won[field].get(M, True) and t_run < t_other
+    entry = {}
+    for field, by_m in won.items():
+        if by_m:
+            entry[field] = 0
+            for M in sorted(by_m):
+                if not by_m[M]:
+                    break
+                entry[field] = M
+    if not entry:
+        log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
+        return {"max_m": 0, "max_m_no_wgmma": 0}
+    return entry
 
 
 WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)
@@ -197,8 +213,7 @@ def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:
     return best
 
 
-def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,
-                     act: Optional[str] = None, other=None) -> int:
+def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
     """:func:`_envelope` of a CUDA C++ kernel: 0 where it cannot run here (``why``) or no shape takes its packed
     layout (nothing measured)."""
     if why is not None:
@@ -207,16 +222,12 @@ def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Genera
     if not runs:
         log(f"{label}: no shape packs to its layout (N % 16, K % 64)")
         return 0
-    return _envelope(label, runs, g, rep_ms, log, act, other)
+    return _envelope(label, runs, g, rep_ms, log)
 
 
-def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, act: Optional[str] = None,
-              other=None) -> int:
+def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
     """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
-    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M. ``act``:
-    the calls take x quantized to that MX format (made outside the timed call), the dense path dequantizes
-    it too. ``other(x, weight) -> (label, call)``: the path to beat instead of the dense one."""
-    from . import ops
+    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M."""
     from .kernels import matmul as mm
 
     dev = torch.device("cuda")
@@ -225,17 +236,13 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, ac
         wins = True
         for (N, K), (w, make) in runs.items():
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
-            if act is not None:
-                x = ops.quantize(x, act)
             run = make(M)
             t_run = _time(lambda: run(x), rep_ms)
 
             def dense():
-                xd = mm._dequantize(x, torch.bfloat16) if act is not None else x
-                return mm._dense(xd, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
-            name, call = ("dense", dense) if other is None else other(x, w)
-            t_dense = _time(call, rep_ms)
-            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, {name} {t_dense:.1f} us")
+                return mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
+            t_dense = _time(dense, rep_ms)
+            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
             wins &= t_run < t_dense
         if not wins:
             break

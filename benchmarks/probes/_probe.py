@@ -39,3 +39,18 @@ def main_shapes(row, warmup_ms: float = 5, rep_ms: float = 15) -> None:
     for s in sys.argv[1].split(","):
         print(row(*(int(v) for v in s.split("x")), cfg), flush=True)
         torch.cuda.empty_cache()
+
+
+def w16_case(M: int, N: int, K: int, fmt: str, act="float"):
+    """A bf16 x MX weight case: (x bf16 [M, K], the MX weight, ``pack_weight(w, act=act)``, its bf16 values, y64
+    the float64 product, issue #22's bf16 bound as a relative error). Rows of the weight at magnitudes 2^-7 .. 2^-1."""
+    import mxkit
+    from mxkit.reference import dequantize_reference
+
+    w = torch.randn(N, K, device="cuda") * 2.0 ** torch.randint(-7, 0, (N, 1), device="cuda")
+    wq = mxkit.quantize(w.to(torch.bfloat16), fmt)
+    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    wd = dequantize_reference(wq, torch.bfloat16)
+    y64 = x.double() @ wd.double().T
+    bound = 1.2 * ((y64.to(torch.bfloat16).double() - y64).norm() / y64.norm()).item()
+    return x, wq, mxkit.pack_weight(wq, act=act), wd, y64, bound

@@ -5,23 +5,15 @@ flush; every split checked against float64 within issue #22's bound.
 
     PYTHONPATH=src python3 benchmarks/probes/w4a16_splitk_ab.py 64x8192x8192,...   # on the GPU
 """
-import torch
-from _probe import main_shapes
+from _probe import main_shapes, w16_case
 
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
 from mxkit.kernels.matmul_details import _w4a16_wgmma as W
-from mxkit.reference import dequantize_reference
 
 
 def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
-    w = torch.randn(N, K, device="cuda") * 2.0 ** torch.randint(-7, 0, (N, 1), device="cuda")
-    wq = mxkit.quantize(w.to(torch.bfloat16), "mxfp4_e2m1")
-    pw = mxkit.pack_weight(wq, act="float")
-    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-    wd = dequantize_reference(wq, torch.bfloat16)
-    y64 = x.double() @ wd.double().T
-    bound = 1.2 * ((y64.to(torch.bfloat16).double() - y64).norm() / y64.norm()).item()
+    x, _, pw, wd, y64, bound = w16_case(M, N, K, "mxfp4_e2m1")
     t_cub = time_us(lambda: x @ wd.T, cfg)[0]
     plan = mxkit.gemm_plan(x, pw).path
     t_plan = time_us(lambda: mxkit.matmul(x, pw), cfg)[0]

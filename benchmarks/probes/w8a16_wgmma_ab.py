@@ -7,7 +7,7 @@ timed output checked against float64 within issue #22's bound.
     PYTHONPATH=src python3 benchmarks/probes/w8a16_wgmma_ab.py 64x8192x8192,...   # on the GPU
 """
 import torch
-from _probe import main_shapes
+from _probe import main_shapes, w16_case
 
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
@@ -30,12 +30,8 @@ def _err(y, y64) -> float:
 
 
 def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
-    w = torch.randn(N, K, device="cuda") * 2.0 ** torch.randint(-7, 0, (N, 1), device="cuda")
-    wq = mxkit.quantize(w.to(torch.bfloat16), "mxfp8_e4m3")
-    pw = mxkit.pack_weight(wq)  # every layout (a8w8 too)
-    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    x, _, pw, wd, _, _ = w16_case(M, N, K, "mxfp8_e4m3", act=None)  # every layout (a8w8 too)
     xq = mxkit.quantize(x, "mxfp8_e4m3")
-    wd = dequantize_reference(wq, torch.bfloat16)
     cells = [f"{M}x{N}x{K}: cuBLAS bf16 {time_us(lambda: x @ wd.T, cfg)[0]:.1f}"]
     for label, a in (("w16", x), ("mx", xq)):
         a64 = x.double() if label == "w16" else dequantize_reference(xq, torch.float64)

@@ -349,7 +349,8 @@ def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):
 def test_pack_weight_act_builds_only_what_the_activations_read(rng):
     """pack_weight(act=...): float activations get the decode-mma layout and no FP8 fold (a W4A16 MXLinear's
     weight: its MX bytes twice, not four times); FP8 rowwise / MX activations get the fold and no decode
-    layout; an MXFP8 E4M3 weight with MX activations gets the a8w8 layout; MXLinear packs per its act_format."""
+    layout; an MXFP8 E4M3 weight with MX or float activations and an E5M2 one with float activations get the a8w8
+    layout; MXLinear packs per its act_format."""
     from mxkit.nn import MXLinear
 
     w4 = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4")
@@ -358,8 +359,13 @@ def test_pack_weight_act_builds_only_what_the_activations_read(rng):
     assert flt.folded is None and flt.mma_q is not None and flt.nbytes == 2 * w4.nbytes
     assert fp8.folded is not None and fp8.mma_q is None and torch.equal(fp8.folded.data.view(torch.uint8),
                                                                         full.folded.data.view(torch.uint8))
-    w8 = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp8_e4m3")
-    assert mxkit.pack_weight(w8, act="mx").mma_q is not None and mxkit.pack_weight(w8, act="float").mma_q is None
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):  # the a8w8 layout, read by w8a16-mma (and E4M3 x E4M3 by a8w8-mma)
+        w8 = mxkit.quantize(torch.randn(64, 128, generator=rng), fmt)
+        pw8 = mxkit.pack_weight(w8, act="float")
+        assert pw8.mma_q is not None and pw8.folded is None and pw8.nbytes == 2 * w8.nbytes
+    assert mxkit.pack_weight(w8, act="mx").mma_q is None  # (E5M2 x MX: no kernel reads that layout)
+    assert mxkit.pack_weight(mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp8_e4m3"), act="mx").mma_q \
+        is not None
     with pytest.raises(ValueError, match="act="):
         mxkit.pack_weight(w4, act="bf16")
     lin = torch.nn.Linear(128, 64)

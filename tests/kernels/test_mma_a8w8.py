@@ -37,6 +37,10 @@ def test_ptx_matches_source():
                 for q in ("", "_bf16in"):
                     assert f".entry mxfp8_a8w8{p}_r{r}_{o}{q}(" in ptx
     assert ".entry mxfp8_quantize_probe(" in ptx
+    for r in (1, 2):  # the W8A16 kernels
+        for o in _mma_a8w8._OUT_NAMES.values():
+            for e in ("e4m3", "e5m2"):
+                assert f".entry mxfp8_w16p_r{r}_{o}_{e}(" in ptx
 
 
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
@@ -221,6 +225,92 @@ def test_gpu_a8w8_special_scales(rng):
     yi, y0 = a8w8_linear(xi, w), a8w8_linear(x, w)
     rows = torch.arange(M, device="cuda") != 2
     assert torch.isnan(yi[2]).all() and torch.equal(yi[rows].view(torch.int16), y0[rows].view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("K", [64, 2880, 4096, 28672])
+def test_gpu_w8a16_mma(fmt, K, rng):
+    """bf16 x times a packed MXFP8 weight on the W8A16 mma kernel (path w8a16-mma, its envelope widened to 64 by
+    a table override): M in issue #23's list and 8 / 9 / 17, N = 1040 (one strip per warp) and 1088 (two), bias,
+    bf16 / fp16 / fp32 out, 3-D and strided x, outputs poisoned first; scale bytes 0 and 200 exact, a scale byte
+    255 makes its column NaN; K split over thread blocks (the same bits every call, counters reset); a weight
+    with a NaN / Inf code takes another path."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+    wide = {"default": {"w8a16_mma": {"max_m": 64}, "w8a16_wgmma": {"max_m": 0, "small_max_m": 0}}}
+    for N in (1040, 1088) if K <= 4096 else (1088,):
+        w = rand_mx((N, K), fmt, rng, base=120 if fmt == "mxfp8_e4m3" else 110, device="cuda")
+        w.scale[3, 0] = 0
+        w.scale[N - 1, -1] = 200
+        pw = mxkit.pack_weight(w, act="float")
+        bias = torch.randn(N, generator=rng).cuda()
+        with gemm_table_override(wide):
+            for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64) if K <= 4096 else (1, 16):
+                x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+                poison_allocator()
+                y, _ = check(x, pw, backend="auto", path="w8a16-mma", bias=bias if M % 2 else None)
+                if M in (1, 9):
+                    poison_allocator()
+                    check(x, pw, backend="auto", path="w8a16-mma", out_dtype=torch.float32, bias=bias)
+                    check(x.half(), pw, backend="auto")  # (fp16 x: another path)
+                    OUT[0] = torch.float16
+                    yh = mxkit.matmul(x, pw, out_dtype=torch.float16)
+                    assert_within_bound(yh, x, pw, None)
+            x3 = torch.randn(2, 3, K + 64, generator=rng).to(torch.bfloat16).cuda()[..., 32:K + 32]
+            y3, _ = check(x3, pw, backend="auto", path="w8a16-mma", bias=bias)
+            assert y3.shape == (2, 3, N)
+            wn = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
+            wn.scale[7, -1] = 255
+            x = torch.randn(5, K, generator=rng).to(torch.bfloat16).cuda()
+            pn = mxkit.pack_weight(wn, act="float")
+            assert mxkit.gemm_plan(x, pn).path != "w8a16-mma"  # (has_nan: a 0xFF byte)
+            yn = A8W8(pn.mma_q, pn.mma_s, 5, torch.bfloat16, True, shape=(N, K), w16=fmt[-4:])(x, None, None)
+            y = mxkit.matmul(x, pw)
+            keep = torch.arange(N, device="cuda") != 7
+            assert torch.isnan(yn[:, 7]).all() and torch.equal(yn[:, keep].view(torch.int16),
+                                                                y[:, keep].view(torch.int16))
+        if K >= 2880:  # split-K: the same bits every call, within the bound
+            for split in (2, 3):
+                run = A8W8(pw.mma_q, pw.mma_s, 3, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
+                x = torch.randn(3, K, generator=rng).to(torch.bfloat16).cuda()
+                y = run(x, None, bias)
+                OUT[0] = torch.bfloat16
+                assert_within_bound(y, x, pw, bias)
+                assert torch.equal(run(x, None, bias).view(torch.int16), y.view(torch.int16))
+                assert int(run.cnt.sum()) == 0
+    wc = rand_mx((64, 128), fmt, rng, device="cuda")
+    wc.qdata[1, 2] = 0x7F if fmt == "mxfp8_e4m3" else 0x7C
+    x = torch.randn(1, 128, generator=rng).to(torch.bfloat16).cuda()
+    assert mxkit.gemm_plan(x, mxkit.pack_weight(wc, act="float")).path != "w8a16-mma"
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_w8a16_mma_graph_and_mxlinear(rng):
+    """An MXFP8 MXLinear at M = 1 takes w8a16-mma (its packed weight carries the a8w8 layout) and replays in a CUDA
+    graph with new x equal to eager."""
+    K, N = 4096, 2048
+    lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+        mx = mxkit.nn.MXLinear.from_linear(lin, fmt)
+        x = torch.randn(1, K, generator=rng).to(torch.bfloat16).cuda()
+        with torch.no_grad():
+            y0 = mx(x)
+            assert mxkit.gemm_plan(x, mx._packed).path == "w8a16-mma"
+            OUT[0] = torch.bfloat16
+            assert_within_bound(y0, x, mx._packed, lin.bias)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = mx(x)
+            for _ in range(3):
+                x.copy_(torch.randn(1, K, generator=rng).to(torch.bfloat16))
+                g.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(y.view(torch.int16), mx(x).view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -114,9 +114,9 @@ def test_pack_weight_carries_the_mma_layout(rng):
     # state_dict keeps the source only; packing again rebuilds the same layout
     again = mxkit.pack_weight(PackedWeight.source_from_state_dict(pw.state_dict()))
     assert torch.equal(again.mma_q, pw.mma_q) and torch.equal(again.mma_s, pw.mma_s)
-    for other in (rand_mx((64, 256), "mxfp8_e5m2", rng), rand_mx((40, 256), "mxfp4_e2m1", rng),
-                  rand_mx((64, 96), "mxfp4_e2m1", rng)):
-        assert mxkit.pack_weight(other).mma_q is None
+    for other in (rand_mx((64, 256), "mxint8", rng), rand_mx((40, 256), "mxfp4_e2m1", rng),
+                  rand_mx((64, 96), "mxfp4_e2m1", rng), rand_mx((40, 256), "mxfp8_e5m2", rng)):
+        assert mxkit.pack_weight(other).mma_q is None  # (MXFP8 of N % 16 == 0, K % 64 == 0: the a8w8 layout)
 
 
 def test_split_k_policy():

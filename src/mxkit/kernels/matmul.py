@@ -36,6 +36,11 @@ float32 accumulation plus one output rounding):
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
     mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
     activations, quantized inside it up to 8 rows (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
+``w8a16-mma``
+    bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
+    table's ``w8a16_mma.max_m``, default 16; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and
+    weight layout, the codes decoded to bf16 exactly and multiplied by bf16 x on ``mma.sync`` m16n8k16, each
+    block's float32 sum scaled once by its E8M0 factor (every scale byte exact).
 ``decode-w16``
     bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
@@ -100,6 +105,8 @@ PATHS = {
                   "PTX), fp32 accumulation, block scales in fp32",
     "a8w8-mma": "small M: MXFP8 x MXFP8 E4M3 codes on FP8 tensor cores (mma.sync e4m3, CUDA C++ as PTX), "
                 "fp32 accumulation, block scales in fp32",
+    "w8a16-mma": "small M: packed MXFP8 (E4M3 / E5M2) codes decoded to bf16 in registers, mma.sync tensor cores "
+                 "(CUDA C++ as PTX), fp32 accumulation, block scales in fp32",
     "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
                   "accumulation, split-K",
     "w4a16-wgmma": "prefill on Hopper: MXFP4 codes decoded to bf16 in registers as wgmma's register operand "
@@ -310,7 +317,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
-    builds_mma = act is None or act == {"mxfp4_e2m1": "float", "mxfp8_e4m3": "mx"}.get(w.fmt.name)
+    builds_mma = act is None or act in {"mxfp4_e2m1": ("float",), "mxfp8_e4m3": ("float", "mx"),
+                                        "mxfp8_e5m2": ("float",)}.get(w.fmt.name, ())
     mma_q, mma_s, part = _pack_mma(w) if builds_mma else (None, None, None)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     if folded is None:  # no host sync: the scale statistics stay on the device until the first GEMM reads them
@@ -356,7 +364,7 @@ def _pack_mma(w: MXTensor) -> tuple:
         return None, None, None
     if w.fmt.name == "mxfp4_e2m1":
         return _mma_decode.pack_mma(w.qdata.contiguous(), w.scale.contiguous(), stats=True)
-    if w.fmt.name == "mxfp8_e4m3":
+    if w.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2"):  # (the a8w8 layout: the same bytes whatever the codes)
         return (*_mma_a8w8.pack_a8w8(w.qdata, w.scale), None)
     return None, None, None
 
@@ -376,7 +384,7 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_
     from .matmul_details import _mma_a8w8, _mma_decode
 
     entry = _envelope(device, key)
-    cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M
+    cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M  # (a8w8_mma, w8a16_mma: the same file)
     return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
@@ -420,6 +428,18 @@ def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
     return ((small or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)
+
+
+def _w8_mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
+    """bf16 activations x a packed MXFP8 weight (a8w8 layout, no NaN / Inf) on the W8A16 mma kernel: M <= the
+    table's ``w8a16_mma.max_m``."""
+    if not (isinstance(b, PackedWeight) and b.mma_q is not None and b.source.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2")
+            and a.dtype == torch.bfloat16 and dev.type == "cuda" and 0 < M <= _mma_max_m(dev, "w8a16_mma")
+            and not b.has_nan):
+        return False
+    from .matmul_details import _mma_a8w8
+
+    return _mma_a8w8.available(dev) is None
 
 
 def _mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
@@ -538,6 +558,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
             return plan("bf16-exact", f"{a.fmt.name} x {wf.name}: every value is exact in bf16 "
                                       f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
+    if kind == "float" and _w8_mma_ok(b, a, M, dev):
+        return plan("w8a16-mma", f"M={M} <= the W8A16 envelope ({_mma_max_m(dev, 'w8a16_mma')}, gemm_table): bf16 x "
+                                 f"packed {wf.name} codes on tensor cores (exact for every scale byte)")
     if kind == "float" and _mma_ok(b, a, M, dev):
         return plan("decode-mma", f"M={M} <= the tensor-core decode envelope ({_mma_max_m(dev)}, gemm_table), "
                                   f"bf16 x packed {wf.name} (exact for every scale byte)")
@@ -690,6 +713,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         y = _dense(a.reshape(M, K), wb, out)
     elif path == "decode-mma":
         return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
+    elif path == "w8a16-mma":
+        return _W16Call(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w4a16-wgmma":
         from .matmul_details import _w4a16_wgmma as wg
 
@@ -954,6 +979,17 @@ class _A8W8InCall(_MmaCall):
         return self.run.into(x, ldx, None, 0, bias, y)
 
 
+class _W16Call(_A8W8InCall):
+    """The w8a16-mma launch of one (packed MXFP8 weight, shape and strides of x, out dtype), x's rows as
+    :class:`_MmaCall` handles them."""
+
+    def __init__(self, b: PackedWeight, M: int, x_shape: tuple, x_stride: tuple, out: torch.dtype):
+        from .matmul_details._mma_a8w8 import A8W8
+
+        elem = b.source.fmt.name[-4:]
+        self._rows(A8W8(b.mma_q, b.mma_s, M, out, True, shape=b.shape, w16=elem), b, M, x_shape, x_stride)
+
+
 def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
     """The eager host path of :func:`a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
     M <= 8 (one launch): made on the first call of each (shape, strides, device, out dtype, bias shape / dtype,
@@ -1001,6 +1037,8 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         check_bias(bias, plan, b.device)
         if plan.path == "decode-mma":
             call = _MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
+        elif plan.path == "w8a16-mma":
+            call = _W16Call(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
         elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         else:

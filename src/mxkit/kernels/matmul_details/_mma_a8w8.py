@@ -5,6 +5,10 @@ lane's A fragment of a block one 16-byte load, a warp's loads 512 contiguous byt
 for a load-only kernel on an H100, against 66% for 8-byte loads of the rows as stored), or as stored (an
 MXTensor weight). The activations come as an MXFP8 MXTensor, or as bf16 rows that the kernel quantizes itself
 (OCP FLOOR scale, round to nearest even: the bytes of ``mxkit.quantize(x, "mxfp8")``): one launch.
+
+The same file's W8A16 kernels (``w8a16-mma``; :class:`A8W8` with ``w16``) take bf16 rows as they are against an
+MXFP8 E4M3 or E5M2 weight in the a8w8 layout: the codes decoded to bf16 exactly, two bf16 ``mma.sync`` per
+block, each block's float32 sum scaled once (every scale byte exact).
 """
 
 from __future__ import annotations
@@ -98,22 +102,30 @@ class A8W8:
     """One prepared launch of the MXFP8 x MXFP8 kernel: weight codes ``w`` uint8 [N, K] and scales ``sw`` uint8
     [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), or with ``shape=(N, K)`` the (q, s) of
     :func:`pack_a8w8`; M rows of activations, ``out`` dtype out; ``quant``:
-    the activations are bf16 and the kernel quantizes them. ``split``: thread blocks along K (default
-    :func:`split_quant` when quantizing, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`); with
-    more than one, the launch owns a float32
+    the activations are bf16 and the kernel quantizes them. ``w16`` ("e4m3" / "e5m2"; needs ``shape`` and
+    ``quant``): the W8A16 kernel instead, bf16 activations as they are times the weight's codes of that element
+    format (which must hold no NaN / Inf code). ``split``: thread blocks along K (default
+    :func:`split_quant` for bf16 activations, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`);
+    with more than one, the launch owns a float32
     workspace and a counter array (one stream at a time)."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
-                 split: Optional[int] = None, shape: Optional[tuple[int, int]] = None):
+                 split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
         N, K = shape if packed else w.shape
         if not (M > 0 and shape_ok(N, K)):
             raise ValueError(f"a8w8-mma takes M >= 1, N % 16 == 0 and K % 64 == 0; got M={M}, N={N}, K={K}")
+        if w16 is not None and not (packed and quant and w16 in ("e4m3", "e5m2")):
+            raise ValueError(f"the W8A16 kernel takes bf16 activations and a packed E4M3 / E5M2 weight; got "
+                             f"w16={w16!r}, quant={quant}, packed={packed}")
         dev = w.device
         idx = _index(dev)
-        self.r = strips_per_warp(N, M, quant, packed)
-        self.kernel = _kernel(f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}"
-                              f"{'_bf16in' if quant else ''}", idx)
+        self.r = strips_per_warp(N, M, quant, packed) if w16 is None else max(
+            r for r in (1, 2) if N % (16 * r) == 0)
+        name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
+        if w16 is not None:
+            name = f"mxfp8_w16p_r{self.r}_{_OUT_NAMES[out]}_{w16}"
+        self.kernel = _kernel(name, idx)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // 8), N // (16 * self.r)
         if split is None:

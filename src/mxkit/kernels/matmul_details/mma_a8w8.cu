@@ -18,6 +18,15 @@
 // that mxkit.kernels.matmul_details._mma_a8w8.pack_a8w8 writes once at pack_weight time (same bytes): for each
 // 16-row strip, tile and block, lane 4g + t's 16 bytes are its fragment words a0 .. a3 (rows g, g + 8; block
 // columns 8t .. 8t + 3, 8t + 4 .. 8t + 7), a warp's load 512 contiguous bytes; scale words as in mma_decode.cu.
+//
+// W8A16 (the mxfp8_w16* kernels: bf16 activations times an MXFP8 E4M3 or E5M2 weight in the a8w8 layout, exact
+// like decode-mma): the lane's 8 codes of a row and block decode to bf16 in four integer operations a pair (each
+// byte in the high byte of a 16-bit half, shifted onto a bf16's exponent and mantissa, its sign kept: the value
+// times 2^-120 for E4M3, 2^-112 for E5M2, subnormals included) and one fma by 2^120 / 2^112 (exact), and the
+// block is two bf16 mma.sync m16n8k16 against the token's x values of block columns 8t .. 8t + 3 and 8t + 4 ..
+// 8t + 7 (one 16-byte load: the same K permutation on both sides). The block's float32 sum times 2^(sw - 127)
+// is added to the accumulator, as above. NaN / Inf codes do not decode to NaN / Inf: the host keeps weights
+// holding them off these kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -36,6 +45,19 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint2 wg, uint2 wg8, uin
 // E8M0 byte -> 2^(s - 127) in float32; 255 is NaN, 0 the subnormal 2^-127
 __device__ __forceinline__ float e8m0(uint32_t s) {
   return __uint_as_float(s == 255u ? 0x7FC00000u : (s == 0u ? 0x00400000u : s << 23));
+}
+
+// four FP8 codes (byte i = element i) -> the bf16x2 pairs (0, 1) and (2, 3) of their exact values. ELEM 1:
+// E4M3 (bits times 2^-120 after the shift by 4), 2: E5M2 (2^-112, shift 3).
+template <int ELEM>
+__device__ __forceinline__ void decode_fp8(uint32_t w, uint32_t& p01, uint32_t& p23) {
+  constexpr int SH = ELEM == 1 ? 4 : 3;
+  constexpr uint32_t MAG = ELEM == 1 ? 0x07F007F0u : 0x0FE00FE0u, K = ELEM == 1 ? 0x7B807B80u : 0x77807780u;
+  const uint32_t NZ = 0x80008000u;
+  uint32_t v = __byte_perm(w, 0u, 0x1404u);  // bytes 0, 1 -> the high bytes of the two halves
+  p01 = mxkit::fma_bf16x2(((v >> SH) & MAG) | (v & 0x80008000u), K, NZ);
+  v = __byte_perm(w, 0u, 0x3424u);
+  p23 = mxkit::fma_bf16x2(((v >> SH) & MAG) | (v & 0x80008000u), K, NZ);
 }
 
 __device__ __forceinline__ uint2 ld_stream(const uint8_t* p) {
@@ -156,7 +178,7 @@ struct XTile {
 // weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]:
 // rows g, g, g+8, g+8 of strip r; tokens 2t, 2t + 1, 2t, 2t + 1. The weight bytes of the next batch of UNROLL
 // tiles are in flight while one batch is computed, and with XPF its x bytes too.
-template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF>
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16>
 __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], const uint4* xb, const uint8_t* xq,
                                          const uint16_t* xs, bool xm, int kt_lo, int kt_hi, int warp,
                                          float (&acc)[R][4]) {
@@ -190,7 +212,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
         for (int r = 0; r < R; ++r) wrows[r].load(kn, nl[u][r], nh[u][r], sn[u][r]);
         if (XPF) xn[u].load(xb, xq, xs, xm, kn);
       }
-      if (kt < kt_hi) xc[u].operands(bx[u], sx[u]);  // (uniform over the warp: quantize8's shuffles)
+      if (!W16 && kt < kt_hi) xc[u].operands(bx[u], sx[u]);  // (uniform over the warp: quantize8's shuffles)
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -198,6 +220,27 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
       if (kt < kt_hi) {
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
+          if (W16) {  // bf16 x (block columns 8t .. 8t + 7 of token g) times the decoded weight codes
+            const uint4 xv = xc[u].v[b];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              uint32_t a0[4], a1[4];
+              decode_fp8<W16>(wl[u][r][b].x, a0[0], a0[2]);  // row g, block columns 8t .. 8t + 3
+              decode_fp8<W16>(wh[u][r][b].x, a0[1], a0[3]);  // row g + 8
+              decode_fp8<W16>(wl[u][r][b].y, a1[0], a1[2]);  // row g, 8t + 4 .. 8t + 7
+              decode_fp8<W16>(wh[u][r][b].y, a1[1], a1[3]);
+              float c[4] = {0.f, 0.f, 0.f, 0.f};
+              mxkit::mma_bf16(c, a0, xv.x, xv.y);
+              mxkit::mma_bf16(c, a1, xv.z, xv.w);
+              const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
+              const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
+              acc[r][0] = fmaf(c[0], fg, acc[r][0]);
+              acc[r][1] = fmaf(c[1], fg, acc[r][1]);
+              acc[r][2] = fmaf(c[2], fg8, acc[r][2]);
+              acc[r][3] = fmaf(c[3], fg8, acc[r][3]);
+            }
+            continue;
+          }
           // the scales of tokens 2t and 2t + 1 (held by the quads 2t, 2t + 1)
           const float fa = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t));
           const float fb = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t + 4));
@@ -236,7 +279,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
 // of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
-template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, typename OUT>
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16, typename OUT>
 __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                            const float* __restrict__ bias, OUT* __restrict__ y,
@@ -276,7 +319,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
   const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
   float acc[R][4];
-  mainloop<R, UNROLL, QUANT, PACKED, XPF>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  mainloop<R, UNROLL, QUANT, PACKED, XPF, W16>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -296,13 +339,15 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
 
 }  // namespace
 
-#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, XPF, OUT)                                                    \
+#define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, XPF, OUT) MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, 0, OUT)
+#define MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, W16, OUT)                                                \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
       float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
       long long ldy) {                                                                                         \
-    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs, ldy);   \
+    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, W16, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs,    \
+                                                       ldy);                                                   \
   }
 
 // each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)
@@ -325,6 +370,17 @@ MXKIT_A8W8_ALL(, 2, 2, false, false)
 MXKIT_A8W8_ALL(p, 1, 2, true, false)
 MXKIT_A8W8_ALL(p, 2, 1, true, true)
 MXKIT_A8W8_ALL(p, 4, 1, true, true)
+
+// W8A16: bf16 x (loaded as the _bf16in kernels load it, not quantized) times the a8w8 layout's E4M3 / E5M2
+// codes; R strips per warp as the _bf16in kernels (one tile a batch, x a batch ahead)
+#define MXKIT_W16_ALL(R, E, ELEM)                                                                               \
+  MXKIT_MX8(mxfp8_w16p_r##R##_bf16_##E, R, 1, true, true, true, ELEM, __nv_bfloat16)                           \
+  MXKIT_MX8(mxfp8_w16p_r##R##_f16_##E, R, 1, true, true, true, ELEM, __half)                                   \
+  MXKIT_MX8(mxfp8_w16p_r##R##_f32_##E, R, 1, true, true, true, ELEM, float)
+MXKIT_W16_ALL(1, e4m3, 1)
+MXKIT_W16_ALL(2, e4m3, 1)
+MXKIT_W16_ALL(1, e5m2, 2)
+MXKIT_W16_ALL(2, e5m2, 2)
 #endif  // MXKIT_A8W8_VARIANTS
 
 // The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)

@@ -1,11 +1,27 @@
-// Shared by mxkit's CUDA C++ small-M GEMMs (mma_decode.cu, mma_a8w8.cu): the output conversion and the
-// fixed-order reduction of a block's warps, with the deterministic split-K across thread blocks.
+// Shared by mxkit's CUDA C++ small-M GEMMs (mma_decode.cu, mma_a8w8.cu): the bf16 tensor-core mma and fma, the
+// output conversion and the fixed-order reduction of a block's warps, with the deterministic split-K across thread blocks.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace mxkit {
+
+// bf16x2 a * b + c, one rounding (the decodes' exact rescaling of a by a power of two b, c = -0 keeping -0)
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// c += A B on tensor cores: mma.sync m16n8k16, A (bf16x2 a0 .. a3: rows g, g + 8 x columns 2t, 2t + 1 | 2t + 8,
+// 2t + 9) times B (b0, b1: rows 2t, 2t + 1 | 2t + 8, 2t + 9 of column g), float32 accumulation
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }

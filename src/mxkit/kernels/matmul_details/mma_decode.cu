@@ -31,11 +31,8 @@
 namespace {
 
 
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
+using mxkit::fma_bf16x2;
+using mxkit::mma_bf16;
 
 __device__ __forceinline__ void decode8(uint32_t w, uint32_t (&a)[4]) {
   const uint32_t P = 0x81C081C0u, K126 = 0x7E807E80u, NZ = 0x80008000u;
@@ -44,13 +41,6 @@ __device__ __forceinline__ void decode8(uint32_t w, uint32_t (&a)[4]) {
   a[2] = fma_bf16x2((w << 6) & P, K126, NZ);  // row g, fragment columns 2t+8, 2t+9
   a[3] = fma_bf16x2(((w >> 4) & 0x00C000C0u) | ((w >> 5) & 0x01000100u) | ((w << 1) & 0x80008000u), K126,
                     NZ);                       // row g+8, fragment columns 2t+8, 2t+9
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // 2^(s - 127) for scale byte k of word w, as float32. SPECIAL: the weight has a byte 0 (2^-127, subnormal) or
@@ -109,8 +99,8 @@ __device__ __forceinline__ void batch(const uint4 (&qv)[UNROLL], const uint32_t 
         for (int nt = 0; nt < NT; ++nt) {
           const uint4 xb = xv[u][nt][blk];
           float c[4] = {0.f, 0.f, 0.f, 0.f};
-          mma(c, a0, xb.x, xb.y);
-          mma(c, a1, xb.z, xb.w);
+          mma_bf16(c, a0, xb.x, xb.y);
+          mma_bf16(c, a1, xb.z, xb.w);
           acc[nt][0] = fmaf(c[0], f_lo, acc[nt][0]);
           acc[nt][1] = fmaf(c[1], f_lo, acc[nt][1]);
           acc[nt][2] = fmaf(c[2], f_hi, acc[nt][2]);

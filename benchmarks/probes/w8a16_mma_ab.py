@@ -1,0 +1,36 @@
+"""bf16 x times a packed MXFP8 E4M3 weight at small M: the W8A16 mma kernel (``w8a16-mma``, mma_a8w8.cu) against
+the Triton kernel it replaces (``decode-w16``) and cuBLAS bf16 on the bf16 weight, with the kernel's split of K
+over thread blocks at the policy's choice and at 1 / 2 / 4. µs after the clean-L2 read flush; every timed output
+checked against float64 within issue #22's bound.
+
+    PYTHONPATH=src python3 benchmarks/probes/w8a16_mma_ab.py 1x8192x8192,...   # on the GPU
+"""
+import torch
+from _probe import main_shapes, w16_case
+
+import mxkit
+from mxkit.bench.timing import TimingConfig, time_us
+from mxkit.kernels.matmul import gemm_table_override
+from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+
+def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
+    x, _, pw, wd, y64, bound = w16_case(M, N, K, "mxfp8_e4m3")
+
+    def timed(fn) -> str:
+        err = ((fn().double() - y64).norm() / y64.norm()).item()
+        return f"{time_us(fn, cfg)[0]:.1f}{'' if err <= bound else ' BOUND'}"
+
+    cells = [f"{M}x{N}x{K}: cuBLAS bf16 {time_us(lambda: x @ wd.T, cfg)[0]:.1f}"]
+    with gemm_table_override({"default": {"w8a16_mma": {"max_m": 0}}}):
+        cells.append(f"{mxkit.gemm_plan(x, pw).path} {timed(lambda: mxkit.matmul(x, pw))}")
+    cells.append(f"{mxkit.gemm_plan(x, pw).path} {timed(lambda: mxkit.matmul(x, pw))}")
+    policy = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3").split
+    for split in (1, 2, 4):
+        run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3")
+        cells.append(f"split {split}{'*' if split == policy else ''} {timed(lambda: run(x, None, None))}")
+    return " | ".join(cells)
+
+
+if __name__ == "__main__":
+    main_shapes(row)

@@ -87,9 +87,9 @@ class PackedWeight:
         the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
       mma_q / mma_s: for weights with N % 16 == 0 and K % 64 == 0, the same codes and scales rearranged for a
         small-M tensor-core kernel: MXFP4 for decode-mma (int32 [N/16, K/64, 32, 4] and [N/16, K/64, 8]; the
-        layout is spelled out in ``kernels/matmul_details/mma_decode.cu``), MXFP8 E4M3 for a8w8-mma (int32
-        [N/16, K/64, 2, 32, 4] and [N/16, K/64, 8], ``mma_a8w8.cu``: the codes a second time, so an E4M3
-        PackedWeight holds about twice the MXFP8 bytes); None otherwise.
+        layout is spelled out in ``kernels/matmul_details/mma_decode.cu``), MXFP8 E4M3 / E5M2 for a8w8-mma and
+        w8a16-mma (int32 [N/16, K/64, 2, 32, 4] and [N/16, K/64, 8], ``mma_a8w8.cu``: the codes a second time, so
+        an MXFP8 PackedWeight holds about twice the MXFP8 bytes); None otherwise.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
     :func:`mxkit.pack_weight` on load, a memory-bound pass).

@@ -1,7 +1,8 @@
 """``mxkit bench gemm``: y = a @ b.T with MX weights (``mxkit.matmul``), against same-run peers.
 
 Cases are (format pair, mode, M×N×K). Pairs: MXFP4×MXFP4, MXFP6 E2M3×MXFP6 E2M3, MXFP8 E4M3×MXFP8 E4M3,
-W4A16 (bf16 × MXFP4) and W4A8 (FP8 E4M3 per-row-scaled activations × MXFP4). Modes: ``ready`` times
+W4A16 (bf16 × MXFP4), W4A8 (FP8 E4M3 per-row-scaled activations × MXFP4) and, on request (``--pairs``), W8A16
+(bf16 × MXFP8 E4M3). Modes: ``ready`` times
 ``mxkit.matmul`` on prepared operands (a from ``mxkit.quantize``, ``mxkit.quantize_fp8_rowwise`` or bf16);
 ``from-bf16`` (MX×MX only) times ``mxkit.matmul(mxkit.quantize_fold(x, fmt), packed)``, the fused
 quantize-and-fold included (MXFP8×MXFP8 at small M: ``mxkit.kernels.matmul.a8w8_linear``, x quantized inside
@@ -43,7 +44,9 @@ PAIRS = {
     "mxfp8": (("mxfp8_e4m3", "mxfp8_e4m3"), "mxfp8_e4m3×mxfp8_e4m3"),
     "w4a16": (("bf16", "mxfp4_e2m1"), "bf16×mxfp4 (W4A16)"),
     "w4a8": (("fp8_rowwise", "mxfp4_e2m1"), "fp8-rowwise×mxfp4 (W4A8)"),
+    "w8a16": (("bf16", "mxfp8_e4m3"), "bf16×mxfp8 (W8A16)"),
 }
+DEFAULT_PAIRS = ("mxfp4", "mxfp6", "mxfp8", "w4a16", "w4a8")  # (w8a16 on request: --pairs)
 MODES = ("ready", "from-bf16")
 SEED = (10000, 16384, 16384)  # IREE's MXFP4 problem
 SQUARES = ((8192, 8192, 8192), (4096, 4096, 4096))
@@ -393,8 +396,8 @@ def table_columns(peers) -> list[Column]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
-    p.add_argument("--pairs", type=csv(timing.choice("pair", PAIRS)), default=tuple(PAIRS),
-                   help=f"comma list of {', '.join(PAIRS)} (default all)")
+    p.add_argument("--pairs", type=csv(timing.choice("pair", PAIRS)), default=DEFAULT_PAIRS,
+                   help=f"comma list of {', '.join(PAIRS)} (default {','.join(DEFAULT_PAIRS)})")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES,
                    help="ready (operands prepared) and/or from-bf16 (fused quantize-and-fold timed too; MX x MX)")
     p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,

@@ -38,7 +38,7 @@ float32 accumulation plus one output rounding):
     activations, quantized inside it up to 8 rows (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
 ``w8a16-mma``
     bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
-    table's ``w8a16_mma.max_m``, default 16; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and
+    table's ``w8a16_mma.max_m``, default 8; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and
     weight layout, the codes decoded to bf16 exactly and multiplied by bf16 x on ``mma.sync`` m16n8k16, each
     block's float32 sum scaled once by its E8M0 factor (every scale byte exact).
 ``decode-w16``
@@ -380,7 +380,7 @@ def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
 
 def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_m") -> int:
     """The table's ``max_m`` (or ``field``, falling back to ``max_m``) of a CUDA C++ kernel's envelope
-    (``decode_mma`` or ``a8w8_mma``), at most the kernel module's MAX_M."""
+    (``decode_mma``, ``a8w8_mma`` or ``w8a16_mma``), at most the kernel module's MAX_M."""
     from .matmul_details import _mma_a8w8, _mma_decode
 
     entry = _envelope(device, key)

@@ -304,7 +304,7 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma,
-    a8w8-mma, w4a16-wgmma and w8a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
+    w8a16-mma, a8w8-mma, w4a16-wgmma and w8a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
     envelope (on layers the w8a16-wgmma envelope does not take, max_m_no_wgmma)."""
     from mxkit import tune
     from mxkit.kernels.matmul import gemm_table_override
@@ -314,8 +314,9 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     table = tune.tune_gemm(((1024, 2048), (512, 8192)), out=out, rep_ms=2.0, log=lambda *a: None)
     (name, entry), = table.items()
     assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
-    for key in ("decode_w4a16", "decode_mma"):
+    for key in ("decode_w4a16", "decode_mma", "w8a16_mma"):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
+    assert entry["w8a16_mma"]["max_m"] >= 1, "w8a16-mma lost at M = 1"
     assert "max_m" not in entry["a8w8_mma"]  # (these small layers are not w8a16-wgmma's: the packaged max_m stands)
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])

@@ -5,7 +5,8 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
-tensor-core decode kernel on packed MXFP4 weights, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
+tensor-core decode kernel on packed MXFP4 weights, ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
+weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
 (``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
@@ -81,6 +82,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                        for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
     entry["a8w8_mma"] = _tune_a8w8(shapes, g, rep_ms, log)
+    entry["w8a16_mma"] = {"max_m": _tune_w8a16_mma(shapes, g, rep_ms, log)}
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
     entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
@@ -151,6 +153,42 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
         log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
         return {"max_m": 0, "max_m_no_wgmma": 0}
     return entry
+
+
+def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
+    """The largest M of 1, 2, 4, ..., 64 up to which w8a16-mma (bf16 x a packed MXFP8 E4M3 weight) beats, on every
+    shape, the path the plan takes without it (decode-w16, w8a16-wgmma or dense-exact, by the packaged table);
+    0 where the kernel cannot run or no shape packs to its layout."""
+    from . import ops
+    from .kernels import matmul as mm
+    from .kernels.matmul_details import _mma_a8w8
+
+    dev = torch.device("cuda")
+    why = _mma_a8w8.available(dev)
+    if why is not None:
+        log(f"w8a16-mma cannot run here: {why}")
+        return 0
+    name = torch.cuda.get_device_name()
+    packed = [mm.pack_weight(ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g),
+                                          "mxfp8_e4m3"), act="float") for N, K in shapes]
+    packed = [pw for pw in packed if pw.mma_q is not None]
+    max_m = 0
+    for M in (1, 2, 4, 8, 16, 32, 64) if packed else ():
+        wins = True
+        for pw in packed:
+            (N, K) = pw.shape
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+            run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3")
+            t_run = _time(lambda: run(x, None, None), rep_ms)
+            with mm.gemm_table_override({name: {"w8a16_mma": {"max_m": 0}}}):
+                plan = mm.plan_gemm(x, pw)  # (the other entries: the packaged table's)
+            t_other = _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
+            log(f"M={M} N={N} K={K}: w8a16-mma {t_run:.1f} us, {plan.path} {t_other:.1f} us")
+            wins &= t_run < t_other
+        if not wins:
+            break
+        max_m = M
+    return max_m
 
 
 WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)

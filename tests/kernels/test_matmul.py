@@ -294,7 +294,8 @@ def test_support_matrix_is_in_the_readme():
 def test_table_entry_missing_fields_come_from_the_packaged_default():
     """A dispatch table whose entry lacks fields (written by an older `mxkit tune gemm`) takes them from the packaged
     default; the fields it has win; an entry absent from both is None."""
-    from mxkit.kernels.matmul import _envelope, _packaged_table, gemm_table_override
+    from mxkit.kernels.matmul import (DecodeConfig, _decode_max_m, _envelope, _packaged_table, decode_config,
+                                      gemm_table_override)
 
     cpu = torch.device("cpu")
     packaged = _packaged_table()["default"]["w4a16_wgmma"]
@@ -304,6 +305,13 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
         assert (e["small_max_m"], e["small_min_nk"]) == (packaged["small_max_m"], packaged["small_min_nk"])
         assert _envelope(cpu, "decode_mma") == _packaged_table()["default"]["decode_mma"]
         assert _envelope(cpu, "no_such_entry") is None
+        # decode-w16's envelope and schedules too (an override without them no longer turns decode-w16 off)
+        assert _decode_max_m(cpu) == _packaged_table()["default"]["decode_w4a16"]["max_m"]
+        c = _packaged_table()["default"]["decode_w4a16"]["configs"][0]
+        assert decode_config(cpu, c["k_max"]) == DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"],
+                                                              c["num_stages"])
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 0}}}):
+        assert _decode_max_m(cpu) == 0
 
 
 def test_packed_weight_state_dict_and_to(rng):

@@ -217,7 +217,7 @@ def _entry(device: torch.device, key: str) -> Optional[Mapping]:
 
 
 def decode_config(device: torch.device, K: int) -> DecodeConfig:
-    entry = _entry(device, "decode_w4a16")
+    entry = _envelope(device, "decode_w4a16")
     for c in (entry or {}).get("configs", ()):
         if K <= c["k_max"]:
             return DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"], c["num_stages"])
@@ -225,7 +225,9 @@ def decode_config(device: torch.device, K: int) -> DecodeConfig:
 
 
 def _decode_max_m(device: torch.device) -> int:
-    entry = _entry(device, "decode_w4a16")
+    """decode-w16's envelope (``decode_w4a16.max_m``; an override without the entry keeps the packaged one, as every
+    envelope does: :func:`_envelope`)."""
+    entry = _envelope(device, "decode_w4a16")
     return int(entry["max_m"]) if entry else 0
 
 

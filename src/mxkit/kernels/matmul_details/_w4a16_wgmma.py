@@ -59,23 +59,39 @@ STAGES = 4    # slots of the TMA ring
 GROUP_M = 8   # programs along M that share weight tiles in L2 (launch order)
 
 
+def _pack_codes(qdata: torch.Tensor, scale: torch.Tensor, code_bytes: int, name: str) -> tuple:
+    """(q, st) of :func:`pack_wgmma` (``code_bytes`` 1: E2M1 codes, two a byte) or :func:`pack_wgmma8` (2: FP8
+    codes): K padded with zero bytes to the next multiple of 64, each 64-column step of 32 * code_bytes bytes
+    permuted from (register i, lane c, e) to (c, i, e), e the code_bytes bytes of a lane's register pair, so that
+    lane c's bytes of a row are contiguous; scales step-major. ValueError on other shapes."""
+    if qdata.dim() != 2 or scale.dim() != 2 or qdata.shape[0] != scale.shape[0] or qdata.shape[0] % 8 \
+            or scale.shape[1] * 16 * code_bytes != qdata.shape[1]:
+        k = "K/2" if code_bytes == 1 else "K"
+        raise ValueError(f"{name} needs qdata [N, {k}] and scale [N, K/32] with N % 8 == 0; got "
+                         f"{tuple(qdata.shape)} and {tuple(scale.shape)}")
+    N, KB = qdata.shape
+    step = 32 * code_bytes
+    steps = -(-KB // step)
+    q = torch.zeros(N, steps * step, dtype=torch.uint8, device=qdata.device)
+    q[:, :KB] = qdata
+    q = q.view(N, steps, 8, 4, code_bytes).transpose(2, 3).reshape(N, steps * step).contiguous()
+    return q, _pack_scales(scale, steps)
+
+
+def _unpack_codes(q: torch.Tensor, st: torch.Tensor, K: int, code_bytes: int) -> tuple:
+    """The inverse of :func:`_pack_codes`: (qdata uint8 [N, K * code_bytes / 2], scale uint8 [N, K / 32])."""
+    N, KB = q.shape
+    qd = q.view(N, KB // (32 * code_bytes), 4, 8, code_bytes).transpose(2, 3).reshape(N, KB)
+    return qd[:, :K * code_bytes // 2].contiguous(), _unpack_scales(st, N, K)
+
+
 def pack_wgmma(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """MXFP4 ``qdata`` uint8 [N, K / 2] and E8M0 ``scale`` uint8 [N, K / 32] (K along the last axis, N % 8 == 0)
     -> (q uint8 [N, Kp / 2], st uint8 [Kp / 64, 2 N], one_mul) in this module's layout (K padded with zero
     codes and zero scale bytes to Kp = the next multiple of 64); one_mul: every scale byte is <= 128 (the
     one-multiply decode). ValueError on other shapes."""
-    if qdata.dim() != 2 or scale.dim() != 2 or qdata.shape[0] != scale.shape[0] or qdata.shape[0] % 8 \
-            or scale.shape[1] * 16 != qdata.shape[1]:
-        raise ValueError(f"pack_wgmma needs qdata [N, K/2] and scale [N, K/32] with N % 8 == 0; got "
-                         f"{tuple(qdata.shape)} and {tuple(scale.shape)}")
-    N, KB = qdata.shape
-    steps = -(-KB // 32)
-    q = torch.zeros(N, steps * 32, dtype=torch.uint8, device=qdata.device)
-    q[:, :KB] = qdata
-    q = q.view(N, steps, 8, 4).transpose(2, 3).reshape(N, steps * 32).contiguous()  # (t, i, c) -> (t, c, i)
-    st = _pack_scales(scale, steps)
-    one_mul = bool(scale.numel() == 0 or int(scale.max()) <= 128)
-    return q, st, one_mul
+    q, st = _pack_codes(qdata, scale, 1, "pack_wgmma")
+    return q, st, bool(scale.numel() == 0 or int(scale.max()) <= 128)
 
 
 def pack_wgmma8(qdata: torch.Tensor, scale: torch.Tensor, elem: str, scale_max: int
@@ -85,17 +101,11 @@ def pack_wgmma8(qdata: torch.Tensor, scale: torch.Tensor, elem: str, scale_max: 
     multiple of 64. Each 64-byte step is permuted so that lane c of a quad finds its 16 codes contiguous:
     ``q[n, 64 t + 16 c + j] = qdata[n, 64 t + 8 (j // 2) + 2 c + j % 2]`` (the wgmma A-fragment order of k:
     lanes c, registers j); scales as :func:`pack_wgmma`'s. one_mul: ``scale_max`` (the largest scale byte
-    other than 0xFF) keeps the block factor times 2^R a bf16 (:data:`FP8`). ValueError on other shapes."""
-    if qdata.dim() != 2 or scale.dim() != 2 or qdata.shape[0] != scale.shape[0] or qdata.shape[0] % 8 \
-            or scale.shape[1] * 32 != qdata.shape[1] or elem not in FP8:
-        raise ValueError(f"pack_wgmma8 needs qdata [N, K] and scale [N, K/32] with N % 8 == 0 and elem in "
-                         f"{tuple(FP8)}; got {tuple(qdata.shape)}, {tuple(scale.shape)}, {elem!r}")
-    N, K = qdata.shape
-    steps = -(-K // 64)
-    q = torch.zeros(N, steps * 64, dtype=torch.uint8, device=qdata.device)
-    q[:, :K] = qdata
-    q = q.view(N, steps, 8, 4, 2).permute(0, 1, 3, 2, 4).reshape(N, steps * 64).contiguous()  # (i, c, e) -> (c, i, e)
-    return q, _pack_scales(scale, steps), scale_max <= FP8[elem][3]
+    other than 0xFF) keeps the block factor times 2^R a bf16 (:data:`FP8`). ValueError on other shapes or
+    element names."""
+    if elem not in FP8:
+        raise ValueError(f"pack_wgmma8 takes elem in {tuple(FP8)}, got {elem!r}")
+    return (*_pack_codes(qdata, scale, 2, "pack_wgmma8"), scale_max <= FP8[elem][3])
 
 
 def _pack_scales(scale: torch.Tensor, steps: int) -> torch.Tensor:
@@ -113,9 +123,7 @@ def _unpack_scales(st: torch.Tensor, N: int, K: int) -> torch.Tensor:
 
 def unpack_wgmma8(q: torch.Tensor, st: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack_wgmma8`: (qdata uint8 [N, K], scale uint8 [N, K / 32])."""
-    N, KB = q.shape
-    qd = q.view(N, KB // 64, 4, 8, 2).permute(0, 1, 3, 2, 4).reshape(N, KB)[:, :K]
-    return qd.contiguous(), _unpack_scales(st, N, K)
+    return _unpack_codes(q, st, K, 2)
 
 
 def expert_row_order(N: int, act_pairs: Optional[str], device=None) -> torch.Tensor:
@@ -150,9 +158,7 @@ def pack_wgmma_experts(qdata: torch.Tensor, scale: torch.Tensor, act_pairs: Opti
 
 def unpack_wgmma(q: torch.Tensor, st: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack_wgmma`: (qdata uint8 [N, K / 2], scale uint8 [N, K / 32])."""
-    N, KB = q.shape
-    qd = q.view(N, KB // 32, 4, 8).transpose(2, 3).reshape(N, KB)[:, :K // 2]
-    return qd.contiguous(), _unpack_scales(st, N, K)
+    return _unpack_codes(q, st, K, 1)
 
 
 def shape_ok(N: int, K: int) -> bool:

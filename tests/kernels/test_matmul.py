@@ -577,6 +577,20 @@ def test_w8a16_decode_asm_exact(fmt):
                     assert got == wb, (fmt, s, one, hex(c), hex(got), hex(wb))
 
 
+def test_w4a16_wgmma_rejects_a_layout_it_does_not_read():
+    """FP8 codes are read in the wgmma layout only (the decode-mma layout is E2M1's), and unknown names are
+    refused before anything is launched."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+
+    if isinstance(W._gluon(), str):
+        pytest.skip(W._gluon())
+    x, q, st = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.uint8), torch.zeros(1, 16)
+    for layout, elem in (("mma", "e4m3"), ("mma", "e5m2"), ("wgmma", "e3m2"), ("nvidia", "e2m1")):
+        with pytest.raises(ValueError, match="wgmma layout only"):
+            W.w4a16_wgmma(x, q, st, 8, True, layout=layout, elem=elem)
+    assert sorted(W.WEIGHTS.values()) == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("bm,grouped,act,out,ws,mma,w8", [
     (256, False, 0, "bf16", True, False, 0), (128, False, 0, "fp32", True, False, 0),
     (64, True, 1, "bf16", True, False, 0), (32, True, 2, "bf16", True, False, 0), (256, True, 0, "fp32", True, False, 0),
@@ -619,8 +633,9 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma, w8):
         b2, bl = W._layouts_fp8()
     for starts in (False, True) if grouped else (False,):
         cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws, MMA=mma, PAIR=pair,
-                  PERM_OUT=mma and act != 0, STARTS=starts, W8=w8, num_warps=W.WARPS)
+                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws,
+                  WEIGHT=W.WEIGHTS["mma" if mma else "wgmma", ("e2m1", "e4m3", "e5m2")[w8]], PAIR=pair,
+                  PERM_OUT=mma and act != 0, STARTS=starts, num_warps=W.WARPS)
         full = dict(sig, **{k: "constexpr" for k in cx})
         names = list(full)
         src = GluonASTSource(W._kernel(), full, constexprs={(names.index(k),): v for k, v in cx.items()},

@@ -53,6 +53,8 @@ import torch
 from ...packed import PackedWeight
 
 FP8_ELEMS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}  # the MXFP8 weights the kernel reads (``elem``)
+# the kernel's WEIGHT constexpr of each (layout, elem) it reads
+WEIGHTS = {("wgmma", "e2m1"): 0, ("mma", "e2m1"): 1, ("wgmma", "e4m3"): 2, ("wgmma", "e5m2"): 3}
 BN = 128      # weight rows per program (wgmma M: 8 warps x 16 rows); K goes in steps of 64
 WARPS = 8
 STAGES = 4    # slots of the TMA ring
@@ -477,9 +479,13 @@ def _kernel():
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, MMA: gl.constexpr,
-                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr, W8: gl.constexpr,
+                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, WEIGHT: gl.constexpr,
+                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr,
                            num_warps: gl.constexpr):
+        # WEIGHT (:data:`WEIGHTS`): E2M1 codes in this module's layout (0) or the decode-mma one (1), FP8 codes
+        # (2: E4M3, 3: E5M2; the decode's W8 = 1 / 2)
+        MMA: gl.constexpr = WEIGHT == 1
+        W8: gl.constexpr = WEIGHT - 1 if WEIGHT >= 2 else 0
         pid = gl.program_id(0)
         grid_n = gl.cdiv(N, BNc)
         grid_m = NB if GROUPED else gl.cdiv(M, BM)
@@ -729,10 +735,11 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
 
     _, gl, _, _, _, _, TensorDescriptor = _gluon()
     M, K = x.shape
+    if (layout, elem) not in WEIGHTS:
+        raise ValueError(f"layout={layout!r} with elem={elem!r}: one of {sorted(WEIGHTS)} (FP8 weights are read in "
+                         f"the wgmma layout only)")
     mma = layout == "mma"
-    w8 = {"e2m1": 0, "e4m3": 1, "e5m2": 2}[elem]
-    if w8 and mma:
-        raise ValueError("FP8 weights are read in the wgmma layout only")
+    w8 = elem != "e2m1"
     steps = q.shape[1] if mma else q.shape[1] // (64 if w8 else 32)
     grouped = expert_ids is not None
     n_out = N // 2 if activation else N
@@ -765,12 +772,12 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN), split)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), mma, bool(perm_out),
-             grouped and bool(starts), w8)
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), WEIGHTS[layout, elem],
+             bool(perm_out), grouped and bool(starts))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
               ("L3", l3), ("ACC", acc), ("DOT", dot))
-    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "MMA"), flags[:6]))
-    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]), ("W8", w8))
+    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "WEIGHT"), flags[:6]))
+    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
     if grid[0] == 0:  # (no rows or no columns: nothing to compute)
         return y if split == 1 else torch.empty(M, n_out, dtype=out, device=x.device)
     yk = y.stride(0) if split > 1 else 0

@@ -329,6 +329,16 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
             assert mxkit.gemm_plan(a, w).path != "a8w8-mma"
 
 
+def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
+    """`mxkit tune gemm`'s small-M envelopes (a8w8-mma, w8a16-mma): the largest M up to which the kernel won at
+    every M, whatever it does past its first loss."""
+    from mxkit.tune import _largest_won
+
+    assert _largest_won({1: True, 2: True, 4: False, 8: True}) == 2
+    assert _largest_won({4: True, 1: True, 2: True}) == 4
+    assert _largest_won({1: False, 2: True}) == 0 and _largest_won({}) == 0
+
+
 def test_wgmma_envelope_choice():
     """`mxkit tune gemm`'s W4A16 prefill envelope from measured wins: (max_m, min_nk) won by every shape at least
     as large as min_nk at every M <= max_m, covering the most (shape, M) points; small shapes that lose do not cap

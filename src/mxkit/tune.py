@@ -135,20 +135,11 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             x = ops.quantize(torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
             t_run = _time(lambda: run(x.qdata, x.plain_scale(), None), rep_ms)
-            with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}}):
-                plan = mm.plan_gemm(x, pw)  # (the other entries: the packaged table's)
-            t_other = _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
-            log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {plan.path} {t_other:.1f} us")
-            field = "max_m" if plan.path == "w8a16-wgmma" else "max_m_no_wgmma"
+            path, t_other = _plan_without(x, pw, name, {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}, rep_ms)
+            log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {path} {t_other:.1f} us")
+            field = "max_m" if path == "w8a16-wgmma" else "max_m_no_wgmma"
             won[field][M] = won[field].get(M, True) and t_run < t_other
-    entry = {}
-    for field, by_m in won.items():
-        if by_m:
-            entry[field] = 0
-            for M in sorted(by_m):
-                if not by_m[M]:
-                    break
-                entry[field] = M
+    entry = {field: _largest_won(by_m) for field, by_m in won.items() if by_m}
     if not entry:
         log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
         return {"max_m": 0, "max_m_no_wgmma": 0}
@@ -171,24 +162,39 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     name = torch.cuda.get_device_name()
     packed = [mm.pack_weight(ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g),
                                           "mxfp8_e4m3"), act="float") for N, K in shapes]
-    packed = [pw for pw in packed if pw.mma_q is not None]
-    max_m = 0
-    for M in (1, 2, 4, 8, 16, 32, 64) if packed else ():
-        wins = True
-        for pw in packed:
-            (N, K) = pw.shape
+    won: dict = {}  # M -> won on every shape
+    for pw in packed:
+        if pw.mma_q is None:
+            continue
+        N, K = pw.shape
+        for M in (1, 2, 4, 8, 16, 32, 64):
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3")
             t_run = _time(lambda: run(x, None, None), rep_ms)
-            with mm.gemm_table_override({name: {"w8a16_mma": {"max_m": 0}}}):
-                plan = mm.plan_gemm(x, pw)  # (the other entries: the packaged table's)
-            t_other = _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
-            log(f"M={M} N={N} K={K}: w8a16-mma {t_run:.1f} us, {plan.path} {t_other:.1f} us")
-            wins &= t_run < t_other
-        if not wins:
+            path, t_other = _plan_without(x, pw, name, {"w8a16_mma": {"max_m": 0}}, rep_ms)
+            log(f"M={M} N={N} K={K}: w8a16-mma {t_run:.1f} us, {path} {t_other:.1f} us")
+            won[M] = won.get(M, True) and t_run < t_other
+    return _largest_won(won)
+
+
+def _plan_without(x, pw, name: str, off: dict, rep_ms: float) -> tuple[str, float]:
+    """(path, µs) of the plan for ``x`` times ``pw`` with this GPU's table entries ``off`` (a kernel's envelope
+    closed) and the packaged table's for the rest: the path a kernel's envelope is measured against."""
+    from .kernels import matmul as mm
+
+    with mm.gemm_table_override({name: off}):
+        plan = mm.plan_gemm(x, pw)
+    return plan.path, _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
+
+
+def _largest_won(won: dict) -> int:
+    """The largest M of ``won`` ({M: the kernel won there}) up to which it won at every M; 0 if it lost the first."""
+    best = 0
+    for M in sorted(won):
+        if not won[M]:
             break
-        max_m = M
-    return max_m
+        best = M
+    return best
 
 
 WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)

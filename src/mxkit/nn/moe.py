@@ -533,8 +533,8 @@ class MXMoE(_ops.Handled, nn.Module):
         """The W4A16 forward on the experts packed in place (:func:`mxkit.kernels.moe.moe_packed`, no MXTensor
         unpacked; routed by ``routed`` where given), or None where it does not run (then forward reads
         ``gate_up_mx`` / ``down_mx``)."""
-        if self.act_format is not None or self.ep_ranges is not None:
-            return None
+        if self.act_format is not None or self.ep_ranges is not None or self.weight_format.name != "mxfp4_e2m1":
+            return None  # (the in-place "mma" layout is MXFP4's)
         packed = self._packed_experts(x)
         if self.expert_layout != "mma" or packed is None:
             return None
@@ -610,7 +610,7 @@ class MXMoE(_ops.Handled, nn.Module):
         prefill = x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS and available(x.device) is None
         act = self.activation
         if fmt != "mxfp4_e2m1":
-            if not prefill or self.ep_ranges is not None:
+            if not prefill:
                 return None
             packed = self._per_buffers("_packed_wgmma", lambda w, **_: pack_experts_wgmma(w, act_pairs=act),
                                        pack_experts_wgmma)

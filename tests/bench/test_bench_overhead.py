@@ -113,38 +113,83 @@ def test_cli_without_cuda(monkeypatch, capsys):
     assert cli.main(["bench", "overhead", "--calls", "0"]) == 2 and "--calls=0" in capsys.readouterr().err
 
 
-def test_measure_turns_a_failing_call_into_a_row():
+def test_measure_rounds_interleaves_the_calls_and_ratios_per_round():
+    """Every round times each call in turn; × torch op is the median over rounds of the call's median over the
+    torch op's median in the same round (a host that slows down between rounds moves both); a call that raises
+    when built or while timed becomes an error row."""
+    order, speed = [], [1.0]
+
+    def maker(name, cost):
+        def make(device):
+            def fn():
+                order.append(name)
+                clock.now += int(cost * speed[0])
+            return fn, f"note {name}"
+        return make
+
+    class Clock:
+        now = 0
+
+        def __call__(self):
+            return self.now
+
+    clock = Clock()
+
+    slowed = set()
+
+    def sync():  # the host slows down by half after each round's "q" (3 calls a round), before the next torch op
+        n = order.count("q")
+        if order and order[-1] == "q" and n % 3 == 0 and n not in slowed:
+            slowed.add(n)
+            speed[0] *= 1.5
+
     def broken(device):
         raise RuntimeError("CUDA error: an illegal memory access\nmore")
 
-    row = bo.measure(bo.Call("broken", "1x1", broken), _args(), device="cpu", sync=lambda: None,
-                     gpu_time=lambda fn, us: 1.0)
-    assert (row.status, row.note, row.host_us) == ("error", "RuntimeError: CUDA error: an illegal memory access", None)
-    row = bo.measure(bo.CALLS[0], _args(["--calls", "5", "--warmup", "1"]), device="cpu", sync=lambda: None,
-                     gpu_time=lambda fn, us: 1.25)
-    assert row.status == "ok" and row.calls == 5 and row.gpu_us == 1.25 and 0 < row.host_us <= row.host_p90_us
+    late = {"n": 0}
+
+    def dies_late(device):
+        def fn():
+            late["n"] += 1
+            if late["n"] > 3:
+                raise ValueError("later")
+        return fn, ""
+
+    todo = [bo.Call("base", "1", maker("base", 1000)), bo.Call("q", "1", maker("q", 1500)),
+            bo.Call("broken", "1", broken), bo.Call("late", "1", dies_late)]
+    rows = bo.measure_rounds(todo, _args(["--calls", "6", "--rounds", "3", "--warmup", "1", "--sync-every", "100"]),
+                             device="cpu", sync=sync, gpu_time=lambda fn, us: 2.0, clock=clock)
+    assert [r.status for r in rows] == ["ok", "ok", "error", "error"]
+    assert rows[2].note == "RuntimeError: CUDA error: an illegal memory access" and rows[3].note == "ValueError: later"
+    # rounds: base x3 (1 warm-up + 2), q x3, then base x2 + 1 warm-up... each round base then q
+    assert order[:6] == ["base"] * 3 + ["q"] * 3 and order.count("base") == order.count("q") == 3 + 2 * 3
+    base, q = rows[0], rows[1]
+    assert base.x_torch == pytest.approx(1.0) and q.x_torch == pytest.approx(1.5)
+    assert base.host_us == pytest.approx(1.5)  # 1, 1.5, 2.25 µs in the three rounds: the host drifted
+    assert q.calls == 6 and q.gpu_us == 2.0 and q.note == "note q"
 
 
 def test_run_ratios_table_and_files(monkeypatch, tmp_path, capsys):
-    """run() with the measurement faked: × torch op against the mean of the torch op's first and last medians,
-    the ≤ 1.5× column, CSV / JSON, and exit status 1 when a call raised."""
-    host = {bo.BASELINE: [10.0, 14.0], "quantize mxfp4": [18.0], "quantize mxfp8": [30.0]}
+    """run() with the measurement faked: the ≤ 1.5× column from the rows' ratios, CSV / JSON, and exit status 1
+    when a call raised."""
+    ratio = {bo.BASELINE: 1.0, "quantize mxfp4": 1.5, "quantize mxfp8": 2.5}
 
-    def fake_measure(call, args, device="cuda", **kw):
-        if call.name == "dequantize mxfp4":
-            return bo.OverheadRow(call.name, call.shape, status="error", note="RuntimeError: boom")
-        return bo.OverheadRow(call.name, call.shape, host_us=host[call.name].pop(0), host_p90_us=40.0, gpu_us=3.0)
+    def fake_rounds(todo, args, device="cuda", **kw):
+        assert args.rounds == 4
+        return [bo.OverheadRow(c.name, c.shape, status="error", note="RuntimeError: boom") if c.name not in ratio
+                else bo.OverheadRow(c.name, c.shape, host_us=10.0 * ratio[c.name], host_p90_us=40.0, gpu_us=3.0,
+                                    x_torch=ratio[c.name]) for c in todo]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(output, "environment", lambda: {"gpu": "FakeGPU", "date_utc": "today"})
-    monkeypatch.setattr(bo, "measure", fake_measure)
-    rc = bo.run(_args(["--only", "quantize", "--out", str(tmp_path), "--plain"]))
+    monkeypatch.setattr(bo, "measure_rounds", fake_rounds)
+    rc = bo.run(_args(["--only", "quantize", "--rounds", "4", "--out", str(tmp_path), "--plain"]))
     out = capsys.readouterr().out
-    assert rc == 1 and "× torch op" in out and "torch op 10.0 / 14.0 µs" in out
+    assert rc == 1 and "× torch op" in out and "torch op 10.0 µs" in out and "interleaved rounds" in out
     rows = {r["op"]: r for r in json.loads((tmp_path / "bench_overhead.json").read_text())["rows"]}
-    # the torch op's second measurement folds into the first row
     assert list(rows) == [bo.BASELINE, "quantize mxfp4", "quantize mxfp8", "dequantize mxfp4"]
     assert rows["quantize mxfp4"]["x_torch"] == pytest.approx(1.5) and rows["quantize mxfp4"]["ok"] is True
     assert rows["quantize mxfp8"]["x_torch"] == pytest.approx(2.5) and rows["quantize mxfp8"]["ok"] is False
     assert rows["dequantize mxfp4"]["x_torch"] is None and rows["dequantize mxfp4"]["status"] == "error"
     assert (tmp_path / "bench_overhead.csv").read_text().splitlines()[0].startswith("op,shape,host_us,host_p90_us")
+    assert bo.run(_args(["--rounds", "0"])) == 2

@@ -48,7 +48,8 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     b.set_ptr(1, x)
     assert b.vals[1].value == x.data_ptr()
     calls = []
-    monkeypatch.setattr(b, "launch", lambda *shape: calls.append((shape, [v.value for v in b.vals[:2]])))
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)  # the ctypes path (test_fast_launch: the C one)
+    monkeypatch.setattr(b, "_launch_ctypes", lambda *shape: calls.append((shape, [v.value for v in b.vals[:2]])))
     b.run(q, x)  # the first pointer arguments swapped under the lock, then the launch of the kernel's shape
     assert calls == [((3, 1, 1, 128), [q.data_ptr(), x.data_ptr()])] and not b.lock.locked()
     sizes.pop()  # the driver counts one parameter fewer than derived
@@ -73,6 +74,7 @@ def test_launch_binds_the_primary_context_on_a_thread_without_one(monkeypatch):
     k = cuda_driver.Kernel.from_handle(1234, "probe", torch.device("cuda", 3))
     b = k.bind((torch.zeros(2), ctypes.c_int(1)))
     rcs, bound = [201, 0], []
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)
     monkeypatch.setattr(cuda_driver, "_launch_fn", lambda: lambda *a: rcs.pop(0))
     monkeypatch.setattr(cuda_driver, "_raw_stream", lambda index: 0)
     monkeypatch.setattr(cuda_driver, "bind_primary_context", bound.append)
@@ -98,6 +100,7 @@ def test_kernel_call_reuses_its_parameter_block(monkeypatch):
                      ctypes.cast(ptrs[2], ctypes.POINTER(ctypes.c_int))[0]))
         return 0
 
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)
     monkeypatch.setattr(cuda_driver, "_launch_fn", lambda: launch)
     monkeypatch.setattr(cuda_driver, "_raw_stream", lambda index: 0)
     a, b = torch.zeros(4), torch.zeros(8)

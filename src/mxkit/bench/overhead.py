@@ -1,15 +1,17 @@
 """``mxkit bench overhead``: host µs per eager call of mxkit's public ops, side by side with a plain torch op.
 
 Method (issue #23, "Host overhead"). Every call gets tiny-to-small operands, so that its GPU time is below its
-host time. After ``--warmup`` untimed calls (Triton compiles, caches), ``--calls`` calls are timed one at a
-time with ``time.perf_counter_ns`` around the call alone. Nothing inside a timed call synchronizes. Every
-``--sync-every`` calls, a ``torch.cuda.synchronize`` runs outside the timed windows, so the launch queue never
-fills; a full queue would block the launching call and count as host time.
+host time. The calls, the torch op among them, are timed in ``--rounds`` interleaved rounds (each round times
+every call in turn), ``--calls`` calls each in all, one call at a time with ``time.perf_counter_ns`` around the
+call alone, after ``--warmup`` untimed calls. Nothing inside a timed call synchronizes. Every ``--sync-every``
+calls, a ``torch.cuda.synchronize`` runs outside the timed windows, so the launch queue never fills; a full
+queue would block the launching call and count as host time.
 
 Reported per call:
-* the median and p90 host µs;
-* "× torch op": the median over the median of ``x * 2`` (one elementwise kernel on a (256, 1024) bf16 x). That
-  op is timed the same way, in the same process, first and last; the ratio uses the mean of the two medians;
+* the median and p90 host µs over all its timed calls;
+* "× torch op": the median over the rounds of the call's median over the median of ``x * 2`` (one elementwise
+  kernel on a (256, 1024) bf16 x) in the same round. The host's speed drifts by up to 50% within minutes on the
+  device machines; a ratio within a round follows it, one between runs does not;
 * GPU µs per call: CUDA events around ``GPU_CALLS`` back-to-back calls. The calls are queued behind a GPU spin
   long enough for the host to enqueue them all, and the event time is divided by ``GPU_CALLS``. A GPU µs well
   under the host µs says the call is host-bound. A call that syncs the host waits for the spin, so its GPU
@@ -204,22 +206,54 @@ def gpu_us_per_call(fn: Callable[[], object], host_us: float, calls: int = GPU_C
     return statistics.median(got)
 
 
-def measure(call: Call, args, device: str = "cuda", sync: Callable[[], None] = torch.cuda.synchronize,
-            gpu_time: Callable[[Callable[[], object], float], float] = gpu_us_per_call) -> OverheadRow:
-    """One row: build the operands, time the host path, then the device time. An exception → ``error`` row."""
-    row = OverheadRow(call.name, call.shape, calls=args.calls)
-    try:
-        fn, row.note = call.make(device)
-        times = host_times_ns(fn, args.calls, warmup=args.warmup, sync_every=args.sync_every, sync=sync)
-        row.host_us, row.host_p90_us = median_p90_us(times)
-        row.gpu_us = gpu_time(fn, row.host_p90_us)
-    except Exception as e:
-        row.status, row.note = "error", output.reason(e)
-    return row
+def measure_rounds(todo: Sequence[Call], args, device: str = "cuda",
+                   sync: Callable[[], None] = torch.cuda.synchronize,
+                   gpu_time: Callable[[Callable[[], object], float], float] = gpu_us_per_call,
+                   clock: Callable[[], int] = time.perf_counter_ns) -> list[OverheadRow]:
+    """The rows of ``todo`` (the torch op first): operands built once, then ``args.rounds`` rounds that time every
+    call in turn (``args.calls / rounds`` calls each, the first round after ``args.warmup`` untimed calls, later
+    ones after up to 5), then each call's device time. ``x_torch``: the median over the rounds of the call's
+    median over the torch op's in that round. A call that raises becomes an ``error`` row and is not timed again."""
+    rows = [OverheadRow(c.name, c.shape) for c in todo]
+    fns = []
+    for c, row in zip(todo, rows):
+        try:
+            fn, row.note = c.make(device)
+        except Exception as e:
+            fn, row.status, row.note = None, "error", output.reason(e)
+        fns.append(fn)
+    per_round = max(1, -(-args.calls // args.rounds))
+    times = [[] for _ in todo]
+    medians = [[] for _ in todo]
+    for r in range(args.rounds):
+        for i, fn in enumerate(fns):
+            if fn is None:
+                continue
+            try:
+                t = host_times_ns(fn, per_round, warmup=args.warmup if r == 0 else min(args.warmup, 5),
+                                  sync_every=args.sync_every, sync=sync, clock=clock)
+            except Exception as e:
+                fns[i], rows[i].status, rows[i].note = None, "error", output.reason(e)
+                continue
+            times[i] += t
+            medians[i].append(statistics.median(t))
+    for i, (row, fn) in enumerate(zip(rows, fns)):
+        if fn is None:
+            continue
+        row.calls = len(times[i])
+        row.host_us, row.host_p90_us = median_p90_us(times[i])
+        if fns[0] is not None and len(medians[0]) == len(medians[i]):
+            row.x_torch = statistics.median(m / b for m, b in zip(medians[i], medians[0]))
+        try:
+            row.gpu_us = gpu_time(fn, row.host_p90_us)
+        except Exception as e:
+            row.status, row.note = "error", output.reason(e)
+    return rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--calls", type=int, default=2000, help="timed calls per op (default 2000)")
+    p.add_argument("--calls", type=int, default=2000, help="timed calls per op, all rounds (default 2000)")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds over the calls (default 10)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls first (default 50)")
     p.add_argument("--sync-every", type=int, default=64, help="synchronize every N calls, untimed (default 64)")
     p.add_argument("--only", type=timing.csv_arg(lambda s: select([s]) and s), default=None,
@@ -244,31 +278,28 @@ def run(args) -> int:
     if args.list:
         print("\n".join(f"{c.name:32s} {c.shape}" for c in todo))
         return 0
-    if min(args.calls, args.sync_every) < 1 or args.warmup < 0:
-        print(f"error: --calls={args.calls} and --sync-every={args.sync_every} must be >= 1, --warmup >= 0",
-              file=sys.stderr)
+    if min(args.calls, args.sync_every, args.rounds) < 1 or args.warmup < 0:
+        print(f"error: --calls={args.calls}, --rounds={args.rounds} and --sync-every={args.sync_every} must be "
+              f">= 1, --warmup >= 0", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         return timing.no_cuda("mxkit bench overhead", "'--list' shows the calls without a GPU")
     env = output.environment()
+    from ..kernels.cuda_driver import _fast
+
+    env["launch"] = "C fast launch" if _fast() is not None else "ctypes (MXKIT_FAST_LAUNCH=0 or not built)"
     print(output.env_line(env))
-    print(f"{args.calls} timed calls each after {args.warmup} warm-up calls, a sync every {args.sync_every} "
-          f"(untimed); GPU µs over {GPU_CALLS} queued calls", flush=True)
-    rows = []
-    for c in todo + [todo[0]]:  # the torch op first and last
-        rows.append(measure(c, args))
-        output.progress(f"{c.name}: {fmt_num(rows[-1].host_us, '.1f')} µs host, "
-                        f"{fmt_num(rows[-1].gpu_us, '.1f')} µs GPU {rows[-1].note}")
-    first, last = rows[0], rows.pop()
-    env.update(torch_op_host_us_first=first.host_us, torch_op_host_us_last=last.host_us)
-    base = (first.host_us + last.host_us) / 2 if first.host_us and last.host_us else None
+    print(f"{args.calls} timed calls each in {args.rounds} interleaved rounds, {args.warmup} warm-up calls first, "
+          f"a sync every {args.sync_every} (untimed); GPU µs over {GPU_CALLS} queued calls; bound launches: "
+          f"{env['launch']}", flush=True)
+    rows = measure_rounds(todo, args)
     for r in rows:
-        r.x_torch = r.host_us / base if base and r.host_us else None
         r.ok = None if r.x_torch is None else r.x_torch <= TARGET
+    env.update(torch_op_host_us=rows[0].host_us, rounds=args.rounds)
     print()
     output.render_table(rows, COLUMNS, plain=args.plain,
-                        title=f"mxkit bench overhead — {env['gpu']} — torch op {fmt_num(first.host_us, '.1f')} / "
-                              f"{fmt_num(last.host_us, '.1f')} µs (first / last) — {env['date_utc']}")
+                        title=f"mxkit bench overhead — {env['gpu']} — torch op {fmt_num(rows[0].host_us, '.1f')} µs "
+                              f"— {env['date_utc']}")
     for line in output.save(rows, args, "bench_overhead", env):
         print(line)
     bad = [r.op for r in rows if r.status != "ok"]

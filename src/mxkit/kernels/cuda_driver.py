@@ -143,9 +143,10 @@ class Kernel:
 class BoundLaunch:
     """A kernel and its ``ctypes`` parameter block (see :meth:`Kernel.bind`).
 
-    A launch is one ``cuLaunchKernel`` through a prototype-free ``ctypes`` handle whose pointer arguments are
-    ``ctypes`` objects made once (argument conversion was a third of the call's host time), on the raw handle of
-    PyTorch's current stream (``torch.cuda.current_stream()`` builds a Python Stream object: ~9 µs a call)."""
+    A launch is one ``cuLaunchKernel`` of that block (its pointer arguments ``ctypes`` objects made once: argument
+    conversion was a third of the call's host time) on the raw handle of PyTorch's current stream
+    (``torch.cuda.current_stream()`` builds a Python Stream object: ~9 µs a call), called by the C fast launch
+    (:mod:`mxkit.kernels.fast_launch`) where it is built, else through a prototype-free ``ctypes`` handle."""
 
     def __init__(self, kernel: Kernel, args: Sequence):
         self.kernel = kernel
@@ -155,6 +156,9 @@ class BoundLaunch:
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.vals])
         self._fn = ctypes.c_void_p(kernel.fn.value)
         self._params = ctypes.c_void_p(ctypes.addressof(self.params))
+        self._fn_int, self._params_int = kernel.fn.value, ctypes.addressof(self.params)
+        # the leading pointer parameters, the ones run() / the fast launch may rewrite
+        self.n_ptr = next((i for i, v in enumerate(self.vals) if not isinstance(v, ctypes.c_void_p)), len(self.vals))
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
         self.grid, self.block = (1, 1, 1), 32  # the launch shape of run()
@@ -169,16 +173,44 @@ class BoundLaunch:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         self.launch(gx, gy, gz, block)
 
-    def run(self, *tensors: torch.Tensor) -> None:
-        """The launch of shape ``grid`` / ``block`` with ``tensors`` as its first pointer arguments, atomically
-        for threads sharing this launch."""
+    def run(self, *tensors: Optional[torch.Tensor]) -> None:
+        """The launch of shape ``grid`` / ``block`` with ``tensors`` (None: a null pointer) as its first pointer
+        arguments, atomically for threads sharing this launch: through the C fast launch where it is built
+        (:mod:`mxkit.kernels.fast_launch`), else ``ctypes``."""
+        fast = _fast()
+        if fast is not None and len(tensors) <= self.n_ptr:
+            gx, gy, gz = self.grid
+            rc = fast.launch(self._fn_int, gx, gy, gz, self.block, self.shared, self.kernel.index, self._params_int,
+                             *tensors)
+            if rc:
+                self._retry(rc, gx, gy, gz, self.block)
+            return
         with self.lock:
             for i, t in enumerate(tensors):
-                self.vals[i].value = t.data_ptr()
-            self.launch(*self.grid, self.block)
+                self.vals[i].value = t.data_ptr() if t is not None else 0
+            self._launch_ctypes(*self.grid, self.block)
 
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
-        """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads (the hot path's form)."""
+        """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as
+        it stands (:meth:`set_ptr`)."""
+        fast = _fast()
+        if fast is None:
+            self._launch_ctypes(gx, gy, gz, block)
+            return
+        rc = fast.launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int)
+        if rc:
+            self._retry(rc, gx, gy, gz, block)
+
+    def _retry(self, rc: int, gx: int, gy: int, gz: int, block: int) -> None:
+        """After a fast launch returned ``rc``: on a thread without a current context, bind it and launch again
+        (the parameter block is written); raise for any other error."""
+        if rc == _INVALID_CONTEXT:
+            bind_primary_context(self.kernel.index)
+            rc = _fast().launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int)
+        if rc:
+            _check(rc, f"launching {self.kernel.name}")
+
+    def _launch_ctypes(self, gx: int, gy: int, gz: int, block: int) -> None:
         raw = _raw_stream(self.kernel.index)
         if raw != self._stream[0]:
             self._stream = (raw, ctypes.c_void_p(raw))
@@ -221,6 +253,20 @@ def param_sizes(handle: int) -> Optional[list[int]]:
             return sizes  # (past the last parameter: CUDA_ERROR_INVALID_VALUE)
         sizes.append(size.value)
     return None
+
+
+_FAST_UNSET = object()
+_fast_module = _FAST_UNSET
+
+
+def _fast():
+    """The built C fast launch (:func:`mxkit.kernels.fast_launch.module`), or None; looked up once."""
+    global _fast_module
+    if _fast_module is _FAST_UNSET:
+        from .fast_launch import module
+
+        _fast_module = module()
+    return _fast_module
 
 
 @functools.lru_cache(maxsize=1)

@@ -162,12 +162,8 @@ class A8W8:
                 x, xs, self.w, self.sw, bias, y, self.ws, self.cnt, ctypes.c_int(self.M), ctypes.c_int(self.N),
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
                 ctypes.c_longlong(self.N)))
-        else:
-            launch.set_ptr(0, x)
-            launch.set_ptr(1, xs)
-            launch.set_ptr(4, bias)
-            launch.set_ptr(5, y)
-        launch.launch(*self.grid, 128)
+            launch.grid, launch.block = self.grid, 128
+        launch.run(x, xs, self.w, self.sw, bias, y)
         return y
 
 

@@ -225,11 +225,8 @@ class MmaDecode:
                                                      ctypes.c_int(self.M), ctypes.c_int(self.N),
                                                      ctypes.c_int(self.K), ctypes.c_longlong(ldx),
                                                      ctypes.c_longlong(self.N)))
-        else:
-            launch.set_ptr(0, x)
-            launch.set_ptr(3, bias)
-            launch.set_ptr(4, y)
-        launch.launch(*self.grid, self.block)
+            launch.grid, launch.block = self.grid, self.block
+        launch.run(x, self.q, self.s, bias, y)
         return y
 
 

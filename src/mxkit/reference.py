@@ -135,7 +135,10 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     exact unless the product leaves the fp32 normal range: MX values above fp32 max, reachable with
     CEIL/RCEIL/EVEN scales near 2^127, become ±Inf), then cast to ``dtype`` (float32 | bfloat16 | float16;
     round to nearest even). For ``dtype=float64`` the product is computed in float64 and is always exact.
-    Scale 0xFF and the element NaN codes give NaN.
+    Scale 0xFF and the element NaN codes give NaN, always the canonical positive quiet NaN of ``dtype``
+    (:data:`CANONICAL_NAN_BITS`: torch's own, float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00), on every device,
+    whatever the NaN's sign or how the arithmetic produced it (CUDA's float32 NaN is 0x7FFFFFFF): the Triton
+    dequantize writes the same bytes.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
@@ -147,7 +150,19 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     s = e8m0_to_float32(scale).to(compute).unsqueeze(-1)
     out = (vals.to(compute).reshape(*lead, n // q.block_size, q.block_size) * s).reshape(*lead, n)
-    return out.to(dtype).movedim(-1, q.axis)
+    return canonical_nan(out.to(dtype)).movedim(-1, q.axis)
+
+
+# the canonical positive quiet NaN of each float dtype (the bits torch writes for float("nan"))
+CANONICAL_NAN_BITS = {torch.float64: (torch.int64, 0x7FF8000000000000), torch.float32: (torch.int32, 0x7FC00000),
+                      torch.bfloat16: (torch.int16, 0x7FC0), torch.float16: (torch.int16, 0x7E00)}
+
+
+def canonical_nan(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every NaN replaced by :data:`CANONICAL_NAN_BITS` of its dtype, selected on the integer bits (a
+    float NaN constant would go through the device's own NaN on CUDA). Other values keep their bytes."""
+    int_dtype, bits = CANONICAL_NAN_BITS[x.dtype]
+    return torch.where(torch.isnan(x), bits, x.view(int_dtype)).view(x.dtype)
 
 
 def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Dequantize (:mod:`mxkit.kernels.quantize_details._dequantize`) against the reference, byte for byte (NaN
-payloads aside). CPU: Triton's interpreter in a subprocess; the hardware FP8 -> fp16 decode and the FP4 / FP6
+"""Dequantize (:mod:`mxkit.kernels.quantize_details._dequantize`) against the reference, byte for byte (NaNs
+included: both write the canonical NaN of the output dtype). CPU: Triton's interpreter in a subprocess; the hardware FP8 -> fp16 decode and the FP4 / FP6
 decode asm are inline asm, checked on the CPU by tests/kernels/test_codecs.py and by the GPU tests here."""
 
 from __future__ import annotations
@@ -62,6 +62,66 @@ def test_dequantize_interpreted():
     """Every format to every output dtype, rowwise and transposed, random bytes (every code, scale bytes 0 /
     254 / 255), the [n, l // 32, 32] tiles and FP6 whole groups, run by Triton's CPU interpreter in a subprocess."""
     run_interpreted(__file__, "_check_dequantize_interpreted")
+
+
+def _nan_cases(fmt: str):
+    """An MXTensor (4, 64) along the last axis whose NaNs come every way the format has: a 0xFF scale byte over
+    random codes (row 0, first block), and for FP8 its NaN codes with either sign under ordinary scales (E4M3
+    S.1111.111; E5M2 S.11111.xx, xx != 0, beside its ±Inf codes S.11111.00), the rest random finite codes.
+    Returns (MXTensor, the bool mask of the NaN outputs)."""
+    from mxkit.formats import get_format
+    from mxkit.tensor import MXTensor
+
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    f = get_format(fmt)
+    q = quantize_reference(torch.randn(4, 64, generator=g) * 4, fmt)
+    qd, sc = q.qdata.clone(), q.scale.clone()
+    sc[0, 0] = 255
+    nan = torch.zeros(4, 64, dtype=torch.bool)
+    nan[0, :32] = True
+    if f.name == "mxfp8_e4m3":
+        qd[1, :6] = torch.tensor([0x7F, 0xFF, 0x7F, 0xFF, 0x00, 0x80], dtype=torch.uint8)
+        nan[1, :4] = True
+    elif f.name == "mxfp8_e5m2":
+        qd[1, :8] = torch.tensor([0x7D, 0xFE, 0x7F, 0xFD, 0x7C, 0xFC, 0x7E, 0xFF], dtype=torch.uint8)
+        nan[1, :8] = torch.tensor([1, 1, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
+    return MXTensor(qd, sc, fmt, 1, 32, (4, 64)), nan
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_reference_dequantize_writes_the_canonical_nan(fmt):
+    """Every NaN output of the reference is the canonical positive quiet NaN of the output dtype (float64, float32
+    0x7FC00000, bf16 0x7FC0, fp16 0x7E00), whatever made it (scale 0xFF, an FP8 NaN code, a negative one);
+    every other output is unchanged by the canonicalisation and the E5M2 ±Inf codes stay ±Inf."""
+    from mxkit.reference import CANONICAL_NAN_BITS
+
+    q, nan = _nan_cases(fmt)
+    for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        got = dequantize_reference(q, dt)
+        int_dtype, bits = CANONICAL_NAN_BITS[dt]
+        assert torch.equal(torch.isnan(got), nan), (fmt, dt)
+        assert bool((got.view(int_dtype)[nan] == bits).all()), (fmt, dt, got.view(int_dtype)[nan].unique())
+        assert bool(torch.isfinite(got[~nan]).sum() >= (~nan).sum() - 2)
+    if fmt == "mxfp8_e5m2":
+        assert dequantize_reference(q, torch.float32)[1, 4:6].tolist() == [float("inf"), float("-inf")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_gpu_dequantize_writes_the_reference_nan_bytes(fmt, poison):
+    """The kernels write the reference's bytes for the crafted NaN cases, canonical NaNs included, to every output
+    dtype, rowwise (FP4 and FP6 to 16-bit outputs through their decode asm) and transposed."""
+    from mxkit.kernels.quantize import dequantize_triton
+    from mxkit.tensor import MXTensor
+
+    q, _ = _nan_cases(fmt)
+    qt = MXTensor(q.qdata, q.scale, q.fmt, 0, 32, (64, 4))  # the same bytes read as blocks along dim 0
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for m in (q, qt):
+            assert_dequant_equal(dequantize_triton(m.to(DEV), dt), dequantize_reference(m, dt),
+                                  f"{fmt} axis={m.axis} -> {dt}")
+            assert_dequant_equal(kq.dequantize_triton(m.to(DEV), dt).cpu(), dequantize_reference(m.to(DEV), dt).cpu(),
+                                  f"{fmt} axis={m.axis} -> {dt}, reference on CUDA")
 
 
 def test_dequantize_float64_is_exact_above_fp32_range():

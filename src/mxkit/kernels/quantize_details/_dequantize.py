@@ -49,20 +49,36 @@ def _load_codes(q_ptr, g, gmask, n0, Ltot, A: tl.constexpr, N: tl.constexpr, BIT
         return tl.reshape(codes, [A, N])
 
 
+# the canonical NaN the reference writes (mxkit.reference.CANONICAL_NAN_BITS): bf16 / fp16 bits, and a word of two
+NAN_BF16 = tl.constexpr(0x7FC0)
+NAN_F16 = tl.constexpr(0x7E00)
+NAN_F32 = tl.constexpr(0x7FC00000)
+
+
 @triton.jit
 def _to_out(val, OUT_KIND: tl.constexpr, HW_DEC: tl.constexpr):
-    """fp32 -> the stored output: fp32, bf16 bits (int16) or fp16, each with round-to-nearest-even."""
+    """fp32 -> the stored output: fp32, bf16 bits (int16) or fp16, each with round-to-nearest-even; every NaN
+    the canonical one of the output dtype (selected on the bits: the GPU's arithmetic writes its own NaN)."""
     if OUT_KIND == OUT_F32:
-        return val
+        return tl.where(val != val, NAN_F32, val.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     elif OUT_KIND == OUT_BF16:
-        if HW_DEC:  # cvt.rn.bf16.f32 (RNE, subnormals kept; NaN -> a quiet NaN)
-            return val.to(tl.bfloat16).to(tl.int16, bitcast=True)
-        # fp32 -> bf16 round to nearest even on the bits (exact for denormals too); NaN -> 0x7FC0
+        if HW_DEC:  # cvt.rn.bf16.f32 (RNE, subnormals kept)
+            return tl.where(val != val, NAN_BF16, val.to(tl.bfloat16).to(tl.int16, bitcast=True)).to(tl.int16)
+        # fp32 -> bf16 round to nearest even on the bits (exact for denormals too)
         u = val.to(tl.int32, bitcast=True)
         rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-        return tl.where(val != val, 0x7FC0, rb).to(tl.int16)
+        return tl.where(val != val, NAN_BF16, rb).to(tl.int16)
     else:
-        return val.to(tl.float16)
+        h = val.to(tl.float16).to(tl.int16, bitcast=True)
+        return tl.where(val != val, NAN_F16, h).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _nan_words(o, sb, OUT_KIND: tl.constexpr):
+    """A word of two 16-bit outputs from an asm decode, both set to the canonical NaN where the block's scale
+    byte ``sb`` is 0xFF (FP4 and FP6 have no NaN codes: their only NaNs)."""
+    nan: tl.constexpr = NAN_BF16 if OUT_KIND == OUT_BF16 else NAN_F16
+    return tl.where(sb == 255, nan | (nan << 16), o)
 
 
 @triton.jit
@@ -102,8 +118,12 @@ def _dequant_fp6_words(q_ptr, s_ptr, out_ptr, g, nmask, pl, L, OUT_KIND: tl.cons
         o = tl.inline_asm_elementwise(FP6_DEC_E2M3 if FMT.mbits == 3 else FP6_DEC_E3M2, FP6_DEC_RW, [w0, w1, w2, fac],
                                       dtype=(tl.int32, ) * 8, is_pure=True, pack=1)
         # bf16 pairs as words: elements 0-7 = words 0-3, 8-15 = words 4-7 (the stores below count in words)
-        lo = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [G, BLOCK_N, 4])
-        hi = tl.reshape(tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])), [G, BLOCK_N, 4])
+        o0, o1, o2, o3 = _nan_words(o[0], sb, OUT_KIND), _nan_words(o[1], sb, OUT_KIND), \
+            _nan_words(o[2], sb, OUT_KIND), _nan_words(o[3], sb, OUT_KIND)
+        o4, o5, o6, o7 = _nan_words(o[4], sb, OUT_KIND), _nan_words(o[5], sb, OUT_KIND), \
+            _nan_words(o[6], sb, OUT_KIND), _nan_words(o[7], sb, OUT_KIND)
+        lo = tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [G, BLOCK_N, 4])
+        hi = tl.reshape(tl.join(tl.join(o4, o6), tl.join(o5, o7)), [G, BLOCK_N, 4])
         out_ptr = out_ptr.to(tl.pointer_type(tl.int32))
         H: tl.constexpr = 4  # a half group in stored units
         offs = g[None, :, None] * (L // 2) + (gi * 8)[:, None, None] + tl.arange(0, 4)[None, None, :]
@@ -184,8 +204,10 @@ def _dequantize_rows_kernel(
         fac = tl.where(sb == 0, 0x0040, tl.where(sb == 255, 0x7FC0, sb << 7))  # 2^(s - 127) as bf16 bits
         o = tl.inline_asm_elementwise(FP4_DEC if OUT_KIND == OUT_BF16 else FP4_DEC_F16, FP4_DEC_RW,
                                       [w, fac | (fac << 16)], dtype=(tl.int32, ) * 4, is_pure=True, pack=1)
+        o0, o1, o2, o3 = _nan_words(o[0], sb, OUT_KIND), _nan_words(o[1], sb, OUT_KIND), \
+            _nan_words(o[2], sb, OUT_KIND), _nan_words(o[3], sb, OUT_KIND)
         # word j of a row -> output words 4j .. 4j + 3 (bf16 / fp16 pairs)
-        out = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), [BLOCK_N, 4 * W])
+        out = tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK_N, 4 * W])
         o4 = pl * (4 * W) + tl.arange(0, 4 * W)
         tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + g[:, None] * (row_words * 4) + o4[None, :], out,
                  mask=nmask[:, None] & ((o4 < L // 2) | (not MASKED))[None, :])

@@ -20,11 +20,14 @@ import io
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import mxkit
 from mxkit.fold import fold_range
 from mxkit.formats import get_format
 from mxkit.kernels.matmul import PATHS, exact_scale_range
+from mxkit.kernels.matmul_details._mx_weight import _fp6_tile
 from mxkit.packed import PackedWeight
 from mxkit.reference import dequantize_reference, pack_codes
 from mxkit.tensor import MXTensor
@@ -856,6 +859,99 @@ def test_gpu_decode_w16(K, fmt, rng):
         y, _ = check(torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(), pw, backend="auto",
                      path="decode-w16")
         assert y.shape == (2, 3, N)
+
+
+@triton.jit
+def _fp6_tile_kernel(q_ptr, out_ptr, N, K, k_hi, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     W_KIND: tl.constexpr):
+    """out [N, K] float32 = the FP6 element values of rows n, elements [k0, k0 + BLOCK_K) (a test kernel)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    k0 = tl.program_id(1) * BLOCK_K
+    v = _fp6_tile(q_ptr, n.to(tl.int64), nmask, k0, k_hi, K, BLOCK_N, BLOCK_K, W_KIND)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + n[:, None] * K + k[None, :], v, mask=nmask[:, None] & (k < K)[None, :])
+
+
+def _check_fp6_tile_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1: the FP6 codes of the decode kernels' weight tile
+    (``_mx_weight._fp6_tile``: three bytes to four codes, each to its value) equal the reference's element values
+    (dequantize under scale byte 127) for every code of E2M3 and E3M2, ragged rows and a K range that ends inside
+    the tile (zeros past it). The bf16 scaling after it is the FP8 kinds' (the interpreter's bf16 is not the
+    GPU's: the GPU tests check the whole tile)."""
+    import triton
+    from conftest import interpreted_rng
+
+    from mxkit.kernels.matmul import W_KINDS
+
+    g = interpreted_rng(_fp6_tile_kernel)
+    done = 0
+    for fmt in ("mxfp6_e2m3", "mxfp6_e3m2"):
+        N, K = 5, 256
+        codes = torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8)
+        codes[0, :64] = torch.arange(64, dtype=torch.uint8)  # every code
+        qd = pack_codes(codes, get_format(fmt))
+        w = MXTensor(qd, torch.full((N, K // 32), 127, dtype=torch.uint8), fmt, 1, 32, (N, K))
+        want = dequantize_reference(w, torch.float32)
+        for block_n, block_k, k_hi in ((4, 64, K), (8, 128, K), (4, 64, 96), (2, 256, 224)):
+            out = torch.full((N, K), float("nan"))
+            _fp6_tile_kernel[(triton.cdiv(N, block_n), triton.cdiv(K, block_k))](
+                qd, out, N, K, k_hi, BLOCK_N=block_n, BLOCK_K=block_k, W_KIND=W_KINDS[fmt])
+            exp = want.clone()
+            exp[:, k_hi:] = 0
+            assert torch.equal(out.view(torch.int32), exp.view(torch.int32)), (fmt, block_n, block_k, k_hi)
+            done += 1
+    print(f"interpreter checks passed: {done}")
+
+
+def test_fp6_tile_interpreted():
+    """The decode kernels' FP6 weight codes under Triton's CPU interpreter."""
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "_check_fp6_tile_interpreted")
+
+
+def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):
+    """fp16 activations and MXFP6 weights take decode-w16 at small M on CUDA (planned here with the device
+    faked: the plan reads shapes, dtypes and scale bytes only); a weight outside the fp16-exact envelope does
+    not."""
+    from mxkit.kernels import matmul as km
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
+    monkeypatch.setattr(km, "_decode_max_m", lambda d: 16)
+    for fmt, dt in (("mxfp6_e2m3", torch.bfloat16), ("mxfp6_e3m2", torch.float16), ("mxfp4_e2m1", torch.float16),
+                    ("mxfp8_e4m3", torch.float16), ("mxint8", torch.float16)):
+        w = mxkit.quantize(torch.randn(64, 128), fmt)
+        monkeypatch.setattr(type(w), "device", property(lambda self: dev), raising=False)
+        a = torch.randn(3, 128).to(dt)
+        p = km.plan_gemm(a, w)
+        assert p.path == "decode-w16", (fmt, dt, p)
+        assert str(dt) in p.reason
+        w.scale[0, 0] = 10  # 2^-117: below fp16's range for every element format
+        assert km.plan_gemm(a, w).path == ("decode-w16" if dt == torch.bfloat16 else "fp32-exact"), (fmt, dt)
+    assert km.plan_gemm(torch.randn(17, 128).to(torch.float16), mxkit.quantize(torch.randn(64, 128), "mxfp6_e2m3")
+                        ).path == "dense-exact"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("K,fmt,dt", [(2880, "mxfp6_e2m3", torch.bfloat16), (4096, "mxfp6_e3m2", torch.float16),
+                                      (8192, "mxfp6_e3m2", torch.bfloat16), (2880, "mxfp4_e2m1", torch.float16),
+                                      (4096, "mxfp8_e4m3", torch.float16), (2880, "mxint8", torch.float16)])
+def test_gpu_decode_w16_fp16_and_fp6(K, fmt, dt, rng, poison):
+    """decode-w16 for MXFP6 weights (bf16 and fp16 activations) and for fp16 activations on every other kind,
+    M in issue #23's list, held to the bound row by row; bias, a float32 output, and the smallest scale byte of
+    the activation dtype's exact envelope in the weight."""
+    N = 1000
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    w.scale[3, 1] = exact_scale_range(w.fmt, dt)[0]
+    bias = torch.randn(N, generator=rng).cuda()
+    for M in (1, 2, 3, 7, 16):
+        a = torch.randn(M, K, generator=rng).to(dt).cuda()
+        for b in (w, mxkit.pack_weight(w)):
+            check(a, b, backend="auto", path="decode-w16", bias=bias if M % 2 else None)
+        check(a, w, backend="auto", path="decode-w16", out_dtype=torch.float32)
 
 
 @pytest.mark.gpu

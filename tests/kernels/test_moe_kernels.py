@@ -368,7 +368,7 @@ def test_gpu_moe_fallbacks_equal_the_reference(rng):
         assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
 
 
-@pytest.mark.parametrize("w_kind", [0, 1, 2, 3])
+@pytest.mark.parametrize("w_kind", [0, 1, 2, 3, 4, 5])
 def test_w16_kernels_compile_for_sm90(w_kind):
     """The grouped and the dense decode kernel build for sm_90 on the CPU (Triton's bundled ptxas) for every
     weight kind and epilogue: the inline asm and the early return of unused blocks are only compiled there
@@ -435,8 +435,9 @@ def test_w16_kernels_compile_for_sm90(w_kind):
             for one_pass in (True, False):
                 assert build(_fp8_rowwise_kernel, fptrs, dict(ROWS=1, BLOCK_K=4096, ONE_PASS=one_pass, BF16_BITS=bf16,
                                                               HW_CVT=True), 8) > 0
-    dptrs = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
-    assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
+    for x_ty in ("*bf16", "*fp16"):
+        dptrs = {"x_ptr": x_ty, "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
+        assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
 
 
 @pytest.mark.gpu

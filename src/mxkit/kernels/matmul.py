@@ -107,8 +107,8 @@ PATHS = {
                 "fp32 accumulation, block scales in fp32",
     "w8a16-mma": "small M: packed MXFP8 (E4M3 / E5M2) codes decoded to bf16 in registers, mma.sync tensor cores "
                  "(CUDA C++ as PTX), fp32 accumulation, block scales in fp32",
-    "decode-w16": "small M: MXFP4 / MXFP8 / MXINT8 bytes decoded to bf16 in registers (Triton), fp32 "
-                  "accumulation, split-K",
+    "decode-w16": "small M: MXFP4 / MXFP6 / MXFP8 / MXINT8 bytes decoded to bf16 (fp16 for fp16 activations) in "
+                  "registers (Triton), fp32 accumulation, split-K",
     "w4a16-wgmma": "prefill on Hopper: MXFP4 codes decoded to bf16 in registers as wgmma's register operand "
                    "(Gluon, TMA), fp32 accumulation",
     "w8a16-wgmma": "Hopper: MXFP8 (E4M3 / E5M2) codes decoded to bf16 in registers as wgmma's register operand "
@@ -118,7 +118,7 @@ PATHS = {
 }
 
 # the weight element kinds of the bf16-activation kernels (``W_KIND`` of matmul_details._mx_weight)
-W_KINDS = {"mxfp4_e2m1": 0, "mxfp8_e4m3": 1, "mxfp8_e5m2": 2, "mxint8": 3}
+W_KINDS = {"mxfp4_e2m1": 0, "mxfp8_e4m3": 1, "mxfp8_e5m2": 2, "mxint8": 3, "mxfp6_e2m3": 4, "mxfp6_e3m2": 5}
 
 
 @dataclass(frozen=True)
@@ -568,10 +568,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                   f"bf16 x packed {wf.name} (exact for every scale byte)")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
-        if (a.dtype == torch.bfloat16 and wf.name in W_KINDS and dev.type == "cuda" and in_range(lo, hi, rng)
-                and 0 < M <= _decode_max_m(dev)):
+        if (wf.name in W_KINDS and dev.type == "cuda" and in_range(lo, hi, rng) and 0 < M <= _decode_max_m(dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
-                                      f"bf16 x {wf.name}")
+                                      f"{a.dtype} x {wf.name}")
         if a.dtype == torch.bfloat16 and in_range(lo, hi, rng) and _wgmma_ok(b, w, M, dev):
             path = "w4a16-wgmma" if wf.name == "mxfp4_e2m1" else "w8a16-wgmma"
             return plan(path, f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "

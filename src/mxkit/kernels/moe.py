@@ -202,7 +202,7 @@ def _envelope_ok(fmt, lo: int, hi: int) -> bool:
 
 def supported(w: MXTensor) -> bool:
     """Whether the grouped kernel takes expert weights ``w`` (element kind, plain scales, envelope)."""
-    return w.fmt.name in W_KINDS and w.block_size == 32 and _in_envelope(w)
+    return w.fmt.name in W_KINDS and w.fmt.bits != 6 and w.block_size == 32 and _in_envelope(w)
 
 
 def grouped_matmul_w16(

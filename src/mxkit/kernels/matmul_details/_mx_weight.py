@@ -3,7 +3,8 @@ decoded to bf16 in registers, exactly (every element value times its block facto
 inside the bf16-exact scale envelope the host checks), ready for ``tl.dot`` with float32 accumulation.
 
 Element kinds (the ``W_KIND`` constexpr): 0 E2M1 (two codes per byte, element 2i in the low nibble), 1 E4M3,
-2 E5M2, 3 INT8 (two's complement times 2^-6: the 2^-6 goes into the block factor); the host's names are
+2 E5M2, 3 INT8 (two's complement times 2^-6: the 2^-6 goes into the block factor), 4 E2M3 and 5 E3M2 (FP6: four
+codes per three little-endian bytes, code j of a group at bit 6j); the host's names are
 ``mxkit.kernels.matmul.W_KINDS``.
 """
 
@@ -45,15 +46,44 @@ def _e8m0_bf16(sb, SHIFT: tl.constexpr = 0):
 
 
 @triton.jit
+def _fp6_tile(q_ptr, rows, nmask, k0, k_hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KIND: tl.constexpr):
+    """float32 [BLOCK_N, BLOCK_K]: the FP6 element values (E2M3: W_KIND 4, E3M2: 5; unscaled, exact in bf16) of
+    elements [k0, k0 + BLOCK_K) (zero at and past k_hi) of rows of K * 3 / 4 bytes. Each group of four codes is
+    its three bytes joined into 24 bits; a code's value is its integer significand times a power of two built
+    on the float32 exponent bits (exact), signed."""
+    MB: tl.constexpr = 3 if W_KIND == 4 else 2  # mantissa bits
+    BIAS: tl.constexpr = 1 if W_KIND == 4 else 3
+    G: tl.constexpr = BLOCK_K // 4
+    gi = k0 // 4 + tl.arange(0, G)
+    j = tl.arange(0, 4)
+    m = nmask[:, None, None] & (gi < k_hi // 4)[None, :, None] & (j < 3)[None, None, :]
+    byt = tl.load(q_ptr + rows[:, None, None] * (K // 4 * 3) + (gi * 3)[None, :, None] + j[None, None, :],
+                  mask=m, other=0).to(tl.int32)
+    word = tl.sum(byt << (8 * j)[None, None, :], axis=2)  # [BLOCK_N, G] 24-bit groups
+    codes = tl.reshape((word[:, :, None] >> (6 * j)[None, None, :]) & 0x3F, [BLOCK_N, BLOCK_K])
+    e = (codes >> MB) & ((1 << (5 - MB)) - 1)
+    mant = codes & ((1 << MB) - 1)
+    sig = tl.where(e == 0, mant, mant + (1 << MB))  # the integer significand
+    p2 = ((tl.maximum(e, 1) - BIAS - MB + 127) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 1) - bias - MB)
+    v = sig.to(tl.float32) * p2
+    return tl.where((codes & 0x20) != 0, -v, v)
+
+
+@triton.jit
 def _mx_weight_tile(q_ptr, s_ptr, rows, nmask, k0, k_hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     W_KIND: tl.constexpr):
     """bf16 [BLOCK_N, BLOCK_K]: elements [k0, k0 + BLOCK_K) (zero at and past k_hi) of weight rows ``rows``
     (int64 [BLOCK_N], masked by ``nmask``; zero where masked) of a weight whose rows hold K elements: qdata rows
-    of K / 2 (E2M1) or K bytes, scale rows of K / 32 bytes. k0 and k_hi are multiples of 32."""
+    of K / 2 (E2M1), K * 3 / 4 (FP6) or K bytes, scale rows of K / 32 bytes. k0 and k_hi are multiples of 32."""
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     sb = tl.load(s_ptr + rows[:, None] * (K // 32) + ks[None, :],
                  mask=nmask[:, None] & (ks < k_hi // 32)[None, :], other=0).to(tl.int32)
-    if W_KIND == 0:
+    if W_KIND == 4 or W_KIND == 5:
+        v = _fp6_tile(q_ptr, rows, nmask, k0, k_hi, K, BLOCK_N, BLOCK_K, W_KIND).to(tl.bfloat16)
+        fac = tl.reshape(tl.broadcast_to(_e8m0_bf16(sb)[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]),
+                         [BLOCK_N, BLOCK_K])
+        w = v * fac
+    elif W_KIND == 0:
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         byt = tl.load(q_ptr + rows[:, None] * (K // 2) + kb[None, :], mask=nmask[:, None] & (kb < k_hi // 2)[None, :],
                       other=0)

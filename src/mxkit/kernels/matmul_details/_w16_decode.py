@@ -1,7 +1,7 @@
-"""Small-M GEMM ``y = x @ W.T`` from bf16 activations and an MX weight read as MX bytes (decode).
+"""Small-M GEMM ``y = x @ W.T`` from bf16 / fp16 activations and an MX weight read as MX bytes (decode).
 
 Memory-bound: each program streams BLOCK_N weight rows over its K range once, decodes them to bf16 in
-registers (:func:`._mx_weight._mx_weight_tile`, exact) and feeds ``tl.dot`` with float32 accumulation.
+registers (:func:`._mx_weight._mx_weight_tile`, exact; fp16 for fp16 x) and feeds ``tl.dot`` with float32 accumulation.
 Split-K programs write float32 partial sums that the host reduces in a fixed order (deterministic).
 """
 
@@ -17,8 +17,10 @@ from ._mx_weight import _mx_weight_tile
 def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        W_KIND: tl.constexpr = 0):
-    """x [M, K] bf16 (row stride stride_xm), q [N, K / 2] (E2M1) or [N, K] uint8, s [N, K / 32] uint8 ->
-    out [SPLIT, M, N] float32 partial sums of the K range [pid_k * k_split, (pid_k + 1) * k_split)."""
+    """x [M, K] bf16 or fp16 (row stride stride_xm), q [N, K / 2] (E2M1), [N, K * 3 / 4] (FP6) or [N, K] uint8,
+    s [N, K / 32] uint8 -> out [SPLIT, M, N] float32 partial sums of the K range [pid_k * k_split, (pid_k + 1) *
+    k_split). fp16 x: the weight tile is converted to fp16, exact inside the fp16-exact scale envelope the host
+    checks."""
     tl.static_assert(BLOCK_K % 32 == 0)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -35,7 +37,7 @@ def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split
         kx = k0 + tl.arange(0, BLOCK_K)
         xk = tl.load(x_ptr + m[:, None] * stride_xm + kx[None, :], mask=mmask[:, None] & (kx < k_hi)[None, :],
                      other=0.0)
-        acc += tl.dot(xk, tl.trans(w))
+        acc += tl.dot(xk, tl.trans(w.to(xk.dtype)))
     out = out_ptr + pid_k.to(tl.int64) * M * N + m[:, None] * N + n[None, :]
     tl.store(out, acc, mask=mmask[:, None] & nmask[None, :])
 

@@ -1,0 +1,139 @@
+"""Issue #23, "every op is CUDA-graph capturable", for the ops whose own test files do not capture them: columnwise
+quantize, FP8 rowwise quantize, the deferred quantize-fold and its MX x MX GEMM, W4A8 (matmul and MXLinear), the
+Hopper wgmma prefill paths (W4A16 and W8A16), decode-w16 and GPT-OSS routing. Each step is captured once, replayed
+on fresh input data copied into its static inputs (outputs poisoned with NaN / 0xFF before each replay), and must
+give the bytes of the eager step on the same inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mxkit
+import mxkit.nn
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """The tensors of a step's result (a tensor, an MXTensor, an Fp8Rowwise, a Folded, or tuples of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    for names in (("qdata", "scale"), ("data", "scale")):
+        if all(hasattr(out, n) for n in names):
+            return [getattr(out, n) for n in names]
+    raise TypeError(type(out).__name__)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3) -> None:
+    """Capture ``step(*inputs)`` in a CUDA graph (after two warm-up calls on a side stream), then ``replays`` times:
+    copy ``fresh()`` (a list like ``inputs``) into the static inputs, poison the captured outputs, replay, and
+    compare every output byte with an eager ``step`` on clones of the same inputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*inputs)
+        step(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = _tensors(step(*inputs))
+    for _ in range(replays):
+        for dst, src in zip(inputs, fresh()):
+            dst.copy_(src)
+        for o in outs:
+            _bytes(o).fill_(0xFF)
+        graph.replay()
+        want = _tensors(step(*[t.clone() for t in inputs]))
+        assert len(want) == len(outs)
+        for i, (o, w) in enumerate(zip(outs, want)):
+            assert o.shape == w.shape and o.dtype == w.dtype, i
+            assert torch.equal(_bytes(o), _bytes(w)), f"output {i} of the replay differs from the eager step"
+
+
+def _randn(rng, *shape, dtype=torch.bfloat16):
+    return (torch.randn(*shape, generator=rng) * 2).to(dtype).cuda()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e3m2"])
+def test_gpu_quantize_columnwise_and_fp8_rowwise_capture(fmt, rng):
+    x = _randn(rng, 256, 512)
+    assert_graph_replays(lambda x: (mxkit.quantize(x, fmt, axis=0), mxkit.quantize(x, fmt, axis=-1),
+                                    mxkit.quantize_fp8_rowwise(x)), [x], lambda: [_randn(rng, 256, 512)])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mx_x_mx_and_w4a8_capture(rng):
+    """MXFP4 x MXFP4 from bf16 activations (the deferred quantize-fold, the FP8 GEMM and the fix-up of rows the fold
+    does not cover: some rows of the fresh data span more than the fold window) and W4A8, through matmul and
+    MXLinear."""
+    N, K, M = 512, 1024, 8
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    pw = mxkit.pack_weight(w, act="mx")
+    p8 = mxkit.pack_weight(w, act="fp8_rowwise")
+
+    def fresh():
+        x = torch.randn(M, K, generator=rng)
+        x[1, :32] *= 2.0**30  # a row whose block scales span 30 > 14: the fix-up's row
+        return [x.to(torch.bfloat16).cuda()]
+
+    x = fresh()[0]
+    assert mxkit.gemm_plan(mxkit.quantize_fold(x, "mxfp4", defer=True), pw).path == "fold-fp8"
+    assert mxkit.gemm_plan(mxkit.quantize_fp8_rowwise(x), p8).path == "w4a8-fp8"
+    assert_graph_replays(lambda x: (mxkit.matmul(mxkit.quantize_fold(x, "mxfp4", defer=True), pw),
+                                    mxkit.matmul(mxkit.quantize_fp8_rowwise(x), p8)), [x], fresh)
+    lin = torch.nn.Linear(K, N, bias=True).cuda().to(torch.bfloat16)
+    for act in ("mxfp4", "fp8_e4m3_rowwise"):
+        m = mxkit.nn.MXLinear.from_linear(lin, "mxfp4", act_format=act)
+        with torch.no_grad():
+            assert_graph_replays(m, [x.clone()], fresh)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt,path", [("mxfp4_e2m1", "w4a16-wgmma"), ("mxfp8_e4m3", "w8a16-wgmma")])
+def test_gpu_wgmma_prefill_capture(fmt, path, rng):
+    """The Hopper wgmma kernel (split along K at this M) captured with bias."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma
+
+    if _w4a16_wgmma.available(torch.device("cuda")) is not None:
+        pytest.skip(_w4a16_wgmma.available(torch.device("cuda")))
+    N, K, M = 4096, 4096, 64
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda() / 8, fmt))
+    bias = torch.randn(N, generator=rng).cuda()
+    x = _randn(rng, M, K)
+    assert mxkit.gemm_plan(x, pw).path == path
+    assert_graph_replays(lambda x: mxkit.matmul(x, pw, bias=bias), [x], lambda: [_randn(rng, M, K)])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt,dt", [("mxint8", torch.bfloat16), ("mxfp6_e2m3", torch.float16)])
+def test_gpu_decode_w16_capture(fmt, dt, rng):
+    N, K, M = 1024, 2880, 3
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    x = _randn(rng, M, K, dtype=dt)
+    assert mxkit.gemm_plan(x, w).path == "decode-w16"
+    pw = mxkit.pack_weight(w)
+    assert_graph_replays(lambda x: (mxkit.matmul(x, w), mxkit.matmul(x, pw)), [x],
+                         lambda: [_randn(rng, M, K, dtype=dt)])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_route_capture(rng):
+    """GPT-OSS routing (the Triton kernel: top-4 of 128 experts, softmax over them) captured."""
+    logits = _randn(rng, 64, 128)
+    from mxkit.moe import route
+
+    assert_graph_replays(lambda lg: route(lg, 4), [logits], lambda: [_randn(rng, 64, 128)])

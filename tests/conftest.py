@@ -355,7 +355,11 @@ def rand_tensor(shape, axis: int = -1, **kw) -> torch.Tensor:
 
 
 def u8(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
+    """The bytes of ``t`` (its shape, the last dim times the element size), whatever its strides (a dim of size 1
+    may carry any stride in a "contiguous" tensor, which ``view(torch.uint8)`` refuses)."""
+    c = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    c.copy_(t)
+    return c.view(torch.uint8)
 
 
 def assert_bytes_equal(actual, expected, what: str = "") -> None:

@@ -120,13 +120,12 @@ def test_gpu_wgmma_prefill_capture(fmt, path, rng):
 @gpu
 @pytest.mark.parametrize("fmt,dt", [("mxint8", torch.bfloat16), ("mxfp6_e2m3", torch.float16)])
 def test_gpu_decode_w16_capture(fmt, dt, rng):
+    """(A PackedWeight: an MXTensor weight's scale range is read on the host each call, which a capture refuses.)"""
     N, K, M = 1024, 2880, 3
-    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt))
     x = _randn(rng, M, K, dtype=dt)
-    assert mxkit.gemm_plan(x, w).path == "decode-w16"
-    pw = mxkit.pack_weight(w)
-    assert_graph_replays(lambda x: (mxkit.matmul(x, w), mxkit.matmul(x, pw)), [x],
-                         lambda: [_randn(rng, M, K, dtype=dt)])
+    assert mxkit.gemm_plan(x, pw).path == "decode-w16"
+    assert_graph_replays(lambda x: mxkit.matmul(x, pw), [x], lambda: [_randn(rng, M, K, dtype=dt)])
 
 
 @pytest.mark.gpu

@@ -919,7 +919,7 @@ def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):
 
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
-    monkeypatch.setattr(km, "_decode_max_m", lambda d: 16)
+    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
     for fmt, dt in (("mxfp6_e2m3", torch.bfloat16), ("mxfp6_e3m2", torch.float16), ("mxfp4_e2m1", torch.float16),
                     ("mxfp8_e4m3", torch.float16), ("mxint8", torch.float16)):
         w = mxkit.quantize(torch.randn(64, 128), fmt)
@@ -930,8 +930,16 @@ def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):
         assert str(dt) in p.reason
         w.scale[0, 0] = 10  # 2^-117: below fp16's range for every element format
         assert km.plan_gemm(a, w).path == ("decode-w16" if dt == torch.bfloat16 else "fp32-exact"), (fmt, dt)
-    assert km.plan_gemm(torch.randn(17, 128).to(torch.float16), mxkit.quantize(torch.randn(64, 128), "mxfp6_e2m3")
-                        ).path == "dense-exact"
+    w6 = mxkit.quantize(torch.randn(64, 128), "mxfp6_e2m3")
+    monkeypatch.setattr(type(w6), "device", property(lambda self: dev), raising=False)
+    assert km.plan_gemm(torch.randn(17, 128).to(torch.float16), w6).path == "dense-exact"  # past max_m
+    # MXFP6 only up to decode_w4a16.fp6_max_nk elements (an entry's missing fields come from the packaged one)
+    with km.gemm_table_override({"default": {"decode_w4a16": {"max_m": 16, "fp6_max_nk": 64 * 128 - 32}}}):
+        assert km.plan_gemm(torch.randn(3, 128).to(torch.bfloat16), w6).path == "dense-exact"
+        assert km.plan_gemm(torch.randn(3, 128).to(torch.bfloat16), mxkit.quantize(torch.randn(64, 128), "mxint8")
+                            ).path == "decode-w16"
+    with km.gemm_table_override({"default": {"decode_w4a16": {"max_m": 16}}}):
+        assert km.plan_gemm(torch.randn(3, 128).to(torch.bfloat16), w6).path == "decode-w16"
 
 
 @pytest.mark.gpu

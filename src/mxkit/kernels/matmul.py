@@ -224,6 +224,17 @@ def decode_config(device: torch.device, K: int) -> DecodeConfig:
     return DecodeConfig()
 
 
+def _decode_takes(wf: ElementFormat, N: int, K: int, device: torch.device) -> bool:
+    """Whether decode-w16 takes a weight of format ``wf`` and shape (N, K): every kind of :data:`W_KINDS`, MXFP6
+    only up to ``decode_w4a16.fp6_max_nk`` elements (its unpacking is ALU-bound past that: dense-exact is faster)."""
+    if wf.name not in W_KINDS:
+        return False
+    if wf.bits != 6:
+        return True
+    entry = _envelope(device, "decode_w4a16") or {}
+    return N * K <= int(entry.get("fp6_max_nk", 0))
+
+
 def _decode_max_m(device: torch.device) -> int:
     """decode-w16's envelope (``decode_w4a16.max_m``; an override without the entry keeps the packaged one, as every
     envelope does: :func:`_envelope`)."""
@@ -568,7 +579,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                   f"bf16 x packed {wf.name} (exact for every scale byte)")
     if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):
         rng = exact_scale_range(wf, a.dtype)
-        if (wf.name in W_KINDS and dev.type == "cuda" and in_range(lo, hi, rng) and 0 < M <= _decode_max_m(dev)):
+        if (dev.type == "cuda" and in_range(lo, hi, rng) and 0 < M <= _decode_max_m(dev)
+                and _decode_takes(wf, N, K, dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
                                       f"{a.dtype} x {wf.name}")
         if a.dtype == torch.bfloat16 and in_range(lo, hi, rng) and _wgmma_ok(b, w, M, dev):

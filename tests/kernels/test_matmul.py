@@ -292,6 +292,11 @@ def test_support_matrix_is_in_the_readme():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert support_matrix_markdown() in readme, "README's GEMM support matrix is stale: paste support_matrix_markdown()"
+    from mxkit.kernels.matmul import envelope_markdown, envelope_rows
+
+    assert envelope_markdown() in readme, "README's GEMM envelope table is stale: paste envelope_markdown()"
+    rows = {r["path"]: r for r in envelope_rows()}
+    assert set(rows) <= set(PATHS) and rows["decode-w16"]["weight"].count("mx") == 6
 
 
 def test_table_entry_missing_fields_come_from_the_packaged_default():

@@ -1187,6 +1187,53 @@ def support_matrix() -> list[dict]:
     return rows
 
 
+def _m_env(e: Mapping, field: str = "max_m", nk: str = "min_nk") -> str:
+    return f"≤ {e[field]}" + (f" on N·K ≥ 2^{int(e[nk]).bit_length() - 1}" if nk in e else "")
+
+
+def envelope_rows() -> list[dict]:
+    """The CUDA paths that take a call before :func:`support_matrix`'s (checked in this order), each with its
+    operands and its envelope as the packaged dispatch table states it (``default``, then the GPUs with entries of
+    their own): generated from the table, so README cannot drift from it."""
+    table = _packaged_table()
+    d = table["default"]
+    gpus = [g for g in table if g not in ("default", "_doc")]
+
+    def per_gpu(key: str, field: str = "max_m") -> str:
+        own = [f"{g}: {table[g][key][field]}" for g in gpus if key in table[g] and field in table[g][key]]
+        return f" ({', '.join(own)})" if own else ""
+
+    kinds = " / ".join(W_KINDS)
+    wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
+    return [
+        {"path": "a8w8-mma", "a": "MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear)",
+         "weight": "mxfp8_e4m3", "M": f"≤ {d['a8w8_mma']['max_m']} where w8a16-wgmma takes the layer, else "
+                                     f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",
+         "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
+        {"path": "w8a16-mma", "a": "bf16", "weight": "packed mxfp8_e4m3 / e5m2, no NaN / Inf codes",
+         "M": f"≤ {d['w8a16_mma']['max_m']}{per_gpu('w8a16_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
+        {"path": "decode-mma", "a": "bf16", "weight": "packed mxfp4_e2m1",
+         "M": f"≤ {d['decode_mma']['max_m']}{per_gpu('decode_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_80+"},
+        {"path": "decode-w16", "a": "bf16 / fp16", "weight": kinds,
+         "M": f"≤ {d['decode_w4a16']['max_m']}{per_gpu('decode_w4a16')}",
+         "also": f"fp6 on N·K ≤ 2^{int(d['decode_w4a16']['fp6_max_nk']).bit_length() - 1}; weight scales in the "
+                 f"activation dtype's exact envelope"},
+        {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
+         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
+        {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16", "weight": "packed mxfp8_e4m3 / e5m2, no NaN / Inf codes",
+         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
+    ]
+
+
+def envelope_markdown() -> str:
+    """:func:`envelope_rows` as a markdown table (README's)."""
+    rows = envelope_rows()
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def support_matrix_markdown() -> str:
     rows = support_matrix()
     cols = list(rows[0])

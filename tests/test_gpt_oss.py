@@ -547,6 +547,58 @@ def test_hf_moe_layer_matches_float64(tmp_path, rng, dtype):
         assert err <= MOE_TOL[dtype], (moe.layer, err)
 
 
+def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
+    """load_gpt_oss_model: every MoE block an MXMoE whose buffers are the directory's expert bytes (never dense: no
+    GptOssExperts left, nothing on meta), every other parameter the directory's, and the logits, every hidden state
+    and the router scores those of load_hf_model's dequantized experts (float32; the MoE sums in float64 on the CPU,
+    transformers in float32)."""
+    pytest.importorskip("transformers")
+    from mxkit.nn import MXMoE, load_gpt_oss_model
+
+    root = _write(tmp_path, rng, num_experts=8, top_k=4, shards=2)
+    model = load_gpt_oss_model(root, dtype=torch.float32, progress=False)
+    ref = gpt_oss.load_hf_model(root, dtype=torch.float32, progress=False)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    assert not any(type(m).__name__ == "GptOssExperts" for m in model.modules())
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    for moe in ckpt.layers:
+        mx = model.model.layers[moe.layer].mlp
+        assert isinstance(mx, MXMoE) and (mx.num_experts, mx.top_k) == (8, 4)
+        assert torch.equal(mx.gate_up_qdata, moe.gate_up.qdata) and torch.equal(mx.gate_up_scale, moe.gate_up.scale)
+        assert torch.equal(mx.down_qdata, moe.down.qdata) and torch.equal(mx.down_scale, moe.down.scale)
+        assert torch.equal(mx.router.weight, moe.router_weight.float()) and torch.equal(mx.down_bias, moe.down_bias.float())
+    params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        if ".mlp." not in name:
+            assert torch.equal(p, params[name]), name
+    for name, b in ref.named_buffers():
+        assert torch.equal(model.get_buffer(name), b), name  # the rotary embedding's, computed
+    ids = torch.randint(0, 100, (2, 9), generator=rng)
+    with torch.no_grad():
+        got, want = model(ids, output_hidden_states=True), ref(ids, output_hidden_states=True)
+    for a, b in [*zip(got.hidden_states, want.hidden_states), (got.logits, want.logits)]:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    # and the comparison can fail: another directory's experts change the logits
+    other = gpt_oss.load_hf_model(_write(tmp_path, rng, name="other", num_experts=8, top_k=4), dtype=torch.float32,
+                                  progress=False)
+    for name, p in other.named_parameters():
+        if ".mlp." not in name:
+            with torch.no_grad():
+                p.copy_(params[name])
+    with torch.no_grad():
+        assert not torch.allclose(other(ids).logits, got.logits, rtol=1e-3, atol=1e-3 * float(want.logits.abs().max()))
+
+
+def test_gpt_oss_model_needs_every_tensor(tmp_path, rng):
+    pytest.importorskip("transformers")
+    from mxkit.nn import load_gpt_oss_model
+
+    root = _write(tmp_path, rng)
+    _rewrite(root / "model.safetensors", _drop("model.norm.weight"))
+    with pytest.raises(CheckpointError, match=r"parameters missing from it \['model.norm.weight'\]"):
+        load_gpt_oss_model(root, progress=False)
+
+
 def test_hf_model_needs_every_tensor(tmp_path, rng):
     pytest.importorskip("transformers")
     root = _write(tmp_path, rng)

@@ -1040,3 +1040,32 @@ def test_gpu_gpt_oss_under_torch_compile(rng):
             want = swapped(ids).logits.float()
             got = compiled(ids).logits.float()
             assert _bf16_rows_off(got, want) <= 1  # (a router near-tie may pick another expert)
+
+
+def test_mxmoe_from_mx_holds_the_bytes_and_checks_its_operands(rng):
+    """MXMoE.from_mx keeps the MX experts' bytes as given (the experts of expert_range only), computes what
+    from_dense of their dequantized values computes, and names what does not fit."""
+    E, H, I, k = 4, 64, 96, 2  # noqa: E741
+    gu = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    dn = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    bgu, bdn = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    router = nn.Linear(H, E)
+    mod = MXMoE.from_mx(router, gu, bgu, dn, bdn, k, expert_range=(1, 3))
+    assert torch.equal(mod.gate_up_qdata, gu.qdata[1:3]) and torch.equal(mod.down_scale, dn.scale[1:3])
+    assert torch.equal(mod.gate_up_bias, bgu[1:3]) and torch.equal(mod.router.weight, router.weight)
+    full = MXMoE.from_mx(router, gu, bgu, dn, bdn, k)
+    dense = MXMoE.from_dense(router, mxkit.dequantize(gu), bgu, mxkit.dequantize(dn), bdn, k, "mxfp4")
+    x = torch.randn(5, H, generator=rng)
+    with torch.no_grad():
+        assert torch.equal(full(x), dense(x))
+    with pytest.raises(TypeError, match="gate_up must be an MXTensor"):
+        MXMoE.from_mx(router, mxkit.dequantize(gu), bgu, dn, bdn, k)
+    with pytest.raises(ValueError, match="along its last axis"):
+        MXMoE.from_mx(router, mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4", axis=1), bgu, dn,
+                      bdn, k)
+    with pytest.raises(ValueError, match="gate_up is mxfp4_e2m1 but down mxfp8_e4m3"):
+        MXMoE.from_mx(router, gu, bgu, mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp8_e4m3"), bdn, k)
+    with pytest.raises(ValueError, match=r"down has shape \(4, 64, 64\)"):
+        MXMoE.from_mx(router, gu, bgu, mxkit.quantize(torch.randn(E, H, 64, generator=rng), "mxfp4"), bdn, k)
+    with pytest.raises(ValueError, match="both expert biases"):
+        MXMoE.from_mx(router, gu, bgu, dn, None, k)

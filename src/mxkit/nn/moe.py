@@ -54,7 +54,7 @@ from ..tensor import MXTensor
 from . import _ops
 from .linear import _set_submodule
 
-__all__ = ["MXMoE", "swap_gpt_oss_moe"]
+__all__ = ["MXMoE", "swap_gpt_oss_moe", "load_gpt_oss_model"]
 
 _EXPERTS = ("gate_up", "down")
 
@@ -379,32 +379,74 @@ class MXMoE(_ops.Handled, nn.Module):
         kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
           backend). Raises TypeError / ValueError for shapes that do not agree (naming them).
         """
-        if not isinstance(router, nn.Linear):
-            raise TypeError(f"router must be an nn.Linear(H, E), got {type(router).__name__}")
-        E, H = router.out_features, router.in_features
-        if w_gate_up.dim() != 3 or w_gate_up.shape[0] != E or w_gate_up.shape[2] != H or w_gate_up.shape[1] % 2:
-            raise ValueError(f"w_gate_up has shape {tuple(w_gate_up.shape)}, expected (E, 2I, H) with E={E}, H={H}")
-        I = w_gate_up.shape[1] // 2  # noqa: E741
-        if tuple(w_down.shape) != (E, H, I):
-            raise ValueError(f"w_down has shape {tuple(w_down.shape)}, expected (E, H, I) = {(E, H, I)}")
-        if (b_gate_up is None) != (b_down is None):
-            raise ValueError("pass both expert biases (b_gate_up, b_down) or neither")
-        for name, b, shape in (("b_gate_up", b_gate_up, (E, 2 * I)), ("b_down", b_down, (E, H))):
-            if b is not None and tuple(b.shape) != shape:
-                raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")
+        dims = _expert_dims(router, w_gate_up, b_gate_up, w_down, b_down, ("w_gate_up", "w_down"))
+
+        def experts(mod: "MXMoE", dense: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+            q = quantize(dense.detach()[lo:hi], mod.weight_format, axis=-1, block_size=mod.block_size,
+                         scale_mode=mod.scale_mode, rounding=mod.rounding)
+            return q.qdata, q.scale
+
+        return cls._filled(router, dims, top_k, weight_format, (w_gate_up, b_gate_up), (w_down, b_down), experts,
+                           expert_range=expert_range, device=None, **kwargs)
+
+    @classmethod
+    def from_mx(
+        cls,
+        router: nn.Linear,
+        gate_up: MXTensor,
+        b_gate_up: Optional[torch.Tensor],
+        down: MXTensor,
+        b_down: Optional[torch.Tensor],
+        top_k: int,
+        *,
+        expert_range: Optional[tuple[int, int]] = None,
+        device: Optional[Union[str, torch.device]] = None,
+        **kwargs,
+    ) -> "MXMoE":
+        """An MXMoE holding the given MX experts' bytes as they are (no dequantize, no re-quantize): a GPT-OSS
+        checkpoint's MXFP4 experts (:func:`mxkit.gpt_oss.load_gpt_oss`) become the module's buffers byte for byte.
+
+        router: ``nn.Linear(H, E)`` (copied, its bias too). gate_up: MXTensor (E, 2I, H), down: MXTensor (E, H, I),
+          both of one format, quantized along their last axis, plain scales, block size 32; b_gate_up (E, 2I),
+          b_down (E, H) or both None. Memory-mapped inputs are read once, only the experts of ``expert_range``.
+        device: of the module (default: the router's); the router and the biases keep the router's dtype.
+        kwargs: the constructor's (routing, activation, return_router_scores, backend, act_format, keep_source).
+        Raises TypeError / ValueError for operands that do not fit together (naming them).
+        """
+        for name, t in (("gate_up", gate_up), ("down", down)):
+            if not isinstance(t, MXTensor):
+                raise TypeError(f"{name} must be an MXTensor, got {type(t).__name__}")
+            if t.ndim != 3 or t.axis != 2 or t.scale_layout != "plain" or t.block_size != BLOCK_SIZE:
+                raise ValueError(f"{name} must be an MXTensor (E, N, K) along its last axis with plain scales and "
+                                 f"blocks of {BLOCK_SIZE}, got shape {tuple(t.shape)}, axis {t.axis}, "
+                                 f"{t.scale_layout} scales, blocks of {t.block_size}")
+        if gate_up.fmt != down.fmt:
+            raise ValueError(f"gate_up is {gate_up.fmt.name} but down {down.fmt.name}")
+        dims = _expert_dims(router, gate_up, b_gate_up, down, b_down, ("gate_up", "down"))
+        return cls._filled(router, dims, top_k, gate_up.fmt, (gate_up, b_gate_up), (down, b_down),
+                           lambda mod, q, lo, hi: (q.qdata[lo:hi], q.scale[lo:hi]), expert_range=expert_range,
+                           device=device, **kwargs)
+
+    @classmethod
+    def _filled(cls, router: nn.Linear, dims: tuple[int, int, int], top_k: int, fmt, gate_up: tuple, down: tuple,
+                experts, *, expert_range, device, **kwargs) -> "MXMoE":
+        """The module of :meth:`from_dense` / :meth:`from_mx`: built on ``device`` (default the router's) in the
+        router's dtype, its router copied, each of ``gate_up`` / ``down`` ((weights, bias or None)) written as
+        ``experts(module, weights, lo, hi) -> (qdata, scale)`` of the experts it holds and their biases."""
+        E, H, I = dims  # noqa: E741
         w = router.weight.detach()
-        mod = cls(H, I, E, top_k, weight_format, bias=b_gate_up is not None, router_bias=router.bias is not None,
-                  expert_range=expert_range, device=w.device, dtype=w.dtype, **kwargs)
+        mod = cls(H, I, E, top_k, fmt, bias=gate_up[1] is not None, router_bias=router.bias is not None,
+                  expert_range=expert_range, device=device if device is not None else w.device, dtype=w.dtype,
+                  **kwargs)
         lo, hi = mod.expert_range
         with torch.no_grad():
             mod.router.weight.copy_(w)
             if router.bias is not None:
                 mod.router.bias.copy_(router.bias.detach())
-            for name, dense, b in (("gate_up", w_gate_up, b_gate_up), ("down", w_down, b_down)):
-                q = quantize(dense.detach()[lo:hi], mod.weight_format, axis=-1, block_size=mod.block_size,
-                             scale_mode=mod.scale_mode, rounding=mod.rounding)
-                getattr(mod, f"{name}_qdata").copy_(q.qdata)
-                getattr(mod, f"{name}_scale").copy_(q.scale)
+            for name, (weights, b) in (("gate_up", gate_up), ("down", down)):
+                q, sc = experts(mod, weights, lo, hi)
+                getattr(mod, f"{name}_qdata").copy_(q)
+                getattr(mod, f"{name}_scale").copy_(sc)
                 if b is not None:
                     getattr(mod, f"{name}_bias").copy_(b.detach()[lo:hi])
         return mod
@@ -726,6 +768,27 @@ def _mx_moe_fake(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> t
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str]) -> tuple[int, int, int]:
+    """(E, H, I) of experts gate_up (E, 2I, H) and down (E, H, I) (tensors or MXTensors, named ``names`` in the
+    errors) behind ``router`` nn.Linear(H, E), with both biases (E, 2I) / (E, H) or neither; raises TypeError /
+    ValueError naming what does not fit."""
+    if not isinstance(router, nn.Linear):
+        raise TypeError(f"router must be an nn.Linear(H, E), got {type(router).__name__}")
+    E, H = router.out_features, router.in_features
+    gs, ds = tuple(gate_up.shape), tuple(down.shape)
+    if len(gs) != 3 or gs[0] != E or gs[2] != H or gs[1] % 2:
+        raise ValueError(f"{names[0]} has shape {gs}, expected (E, 2I, H) with E={E}, H={H}")
+    I = gs[1] // 2  # noqa: E741
+    if ds != (E, H, I):
+        raise ValueError(f"{names[1]} has shape {ds}, expected (E, H, I) = {(E, H, I)}")
+    if (b_gate_up is None) != (b_down is None):
+        raise ValueError("pass both expert biases (b_gate_up, b_down) or neither")
+    for name, b, shape in (("b_gate_up", b_gate_up, (E, 2 * I)), ("b_down", b_down, (E, H))):
+        if b is not None and tuple(b.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")
+    return E, H, I
+
+
 def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:
     """state_dict post-hook: experts packed in place (:meth:`MXMoE.pack_`) are given in the checkpoint layout."""
     if module.expert_layout != "checkpoint":
@@ -780,3 +843,75 @@ def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kw
         new = MXMoE.from_hf_gpt_oss(model.get_submodule(name), weight_format, return_router_scores=True, **kwargs)
         _set_submodule(model, name, new)
     return model
+
+
+def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu",
+                       progress: bool = True, **kwargs) -> nn.Module:
+    """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory with every MoE block an :class:`MXMoE`
+    holding the checkpoint's expert bytes as they are: no expert is ever dequantized or held dense, so a model
+    whose experts only fit as MXFP4 (GPT-OSS-120B: 60.9 GB of experts, 234 GB in bf16) loads onto one GPU.
+
+    The model is built on the meta device from config.json less its ``quantization_config`` (so transformers'
+    MXFP4 integration, which wants its own GPU kernels, is not involved); each ``GptOssMLP`` is replaced by
+    :meth:`MXMoE.from_mx` on ``device`` (``return_router_scores=True``, GPT-OSS routing and activation) from
+    :func:`mxkit.gpt_oss.load_gpt_oss`'s memory-mapped MXTensors; every other tensor is read from the directory
+    in ``dtype`` straight onto ``device``; the rotary embedding's buffers (not in a checkpoint) are computed there.
+    kwargs: :class:`MXMoE`'s (``backend``, ``act_format``, ``keep_source``). Returns the model in eval mode.
+    Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
+    MoE's rounding: MXMoE computes in float32 (CPU: float64) with one rounding per GEMM.
+    Raises ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or one that does
+    not match the model (naming the tensors).
+    """
+    import contextlib
+
+    from ..gpt_oss import CheckpointError, _Reader, load_gpt_oss, moe_tensor_name, MOE_ROLES
+
+    try:
+        from transformers import AutoModelForCausalLM, GptOssConfig
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+    except ImportError as e:
+        raise ImportError(f"loading a GPT-OSS model needs transformers with GptOss classes: {e}") from e
+
+    device = torch.device(device)
+    ckpt = load_gpt_oss(path, progress=progress)
+    config = GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    mlps = {n: m for n, m in model.named_modules() if isinstance(m, GptOssMLP)}
+    for moe_w in ckpt.layers:
+        name = f"model.layers.{moe_w.layer}.mlp"
+        if name not in mlps:
+            raise CheckpointError(f"{ckpt.path}: the model has no GptOssMLP {name!r}")
+        router = nn.Linear(ckpt.dims.hidden_size, ckpt.dims.num_experts, device=device, dtype=dtype)
+        with torch.no_grad():
+            router.weight.copy_(moe_w.router_weight)
+            router.bias.copy_(moe_w.router_bias)
+        new = MXMoE.from_mx(router, moe_w.gate_up, moe_w.gate_up_bias.to(dtype), moe_w.down,
+                            moe_w.down_bias.to(dtype), mlps[name].router.top_k, device=device, routing="gpt_oss",
+                            activation="swiglu_gpt_oss", return_router_scores=True, **kwargs)
+        _set_submodule(model, name, new)
+    state = {}
+    with contextlib.ExitStack() as stack:
+        reader = _Reader(ckpt.path, stack)
+        moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
+        for name in reader.weight_map:
+            if name not in moe_names:
+                state[name] = reader.tensor(name).to(device=device, dtype=dtype)
+        try:
+            result = model.load_state_dict(state, strict=False, assign=True)
+        except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
+            raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
+    # the MXMoE modules' own tensors are theirs already; anything else the directory lacks stays on meta
+    missing = [k for k in result.missing_keys if ".mlp." not in k or not isinstance(
+        model.get_submodule(k.rsplit(".mlp.", 1)[0] + ".mlp"), MXMoE)]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "
+                              f"from it {missing[:5]}, tensors the model lacks {result.unexpected_keys[:5]}")
+    for name, m in list(model.named_modules()):  # non-persistent buffers (rotary inv_freq): computed on device
+        if type(m).__name__.endswith("RotaryEmbedding") and any(b.is_meta for b in m.buffers(recurse=False)):
+            with torch.device(device):
+                _set_submodule(model, name, type(m)(config=model.config))
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise CheckpointError(f"{ckpt.path}: no tensor in the directory for {left[:5]}")
+    return model.eval()

@@ -40,6 +40,14 @@ def test_case_planning_and_quick():
     assert all(c.mode == "ready" for c in full if c.pair in ("w4a16", "w4a8"))
     args = _cli(["--pairs", "mxfp4,w4a8", "--modes", "from-bf16", "--shapes", "64x96x128", "--peers", "none"])
     assert [(c.pair, c.mode) for c in bg.cases_from_args(args)] == [("mxfp4", "from-bf16")] and args.peers == ()
+    # --decode: issue #23's shapes (M = 1 / 16 / 64 on 8192^2 and the four layers) with its pairs, unless --pairs
+    decode = bg.cases_from_args(_cli(["--decode"]))
+    assert len(decode) == 15 * 4 and {c.M for c in decode} == {1, 16, 64}
+    assert {(c.pair, c.mode) for c in decode} == {("w4a16", "ready"), ("w8a16", "ready"), ("mxfp8", "ready"),
+                                                  ("mxfp8", "from-bf16")}
+    assert {(c.N, c.K) for c in decode} == {(8192, 8192), *bg.LAYERS.values()}
+    assert {c.pair for c in bg.cases_from_args(_cli(["--decode", "--pairs", "w4a16"]))} == {"w4a16"}
+    assert "% of copy" in [c.title for c in bg.table_columns(())]
     with pytest.raises(ValueError, match="from-bf16"):
         bg.GemmCase("w4a16", "from-bf16", 1, 2, 32)
     assert bg.GemmCase("mxfp4", "ready", 8, 16, 48).invalid_reason() == "K=48 is not a multiple of 32"

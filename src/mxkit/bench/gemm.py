@@ -55,6 +55,11 @@ LAYERS = {"Llama-3-70B up": (28672, 8192), "Llama-3-70B down": (8192, 28672), "G
 LAYER_MS = (256, 1024, 4096, 8192)
 DEFAULT_SHAPES = (SEED, *SQUARES, *((m, n, k) for n, k in LAYERS.values() for m in LAYER_MS))
 QUICK_SHAPES = (*SQUARES, *((1024, n, k) for n, k in list(LAYERS.values())[:2]))
+# issue #23's decode targets: M = 1 / 16 / 64 on 8192^2 and the Llama-3-70B / GPT-OSS layers, where the weight's
+# bytes are the cost ("% of copy" is then the weight-bytes floor's share)
+DECODE_MS = (1, 16, 64)
+DECODE_SHAPES = tuple((m, n, k) for n, k in ((8192, 8192), *LAYERS.values()) for m in DECODE_MS)
+DECODE_PAIRS = ("w4a16", "w8a16", "mxfp8")
 PEERS = ("cublas-bf16", "scaled-mm-fp8", "dot-scaled", "torchao", "reference-compiled")
 PEER_LABELS = {"cublas-bf16": "cuBLAS bf16", "scaled-mm-fp8": "_scaled_mm fp8", "dot-scaled": "dot_scaled",
                "torchao": "torchao", "reference-compiled": "ref.compiled"}
@@ -389,21 +394,26 @@ def table_columns(peers) -> list[Column]:
     return [Column("mode", lambda d: d["op"], right=False), Column("pair", lambda d: d["fmt"], right=False),
             Column("M×N×K", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".0f")),
-            Column("× cuBLAS bf16", main("vs_ref", ".2f")), Column("path", lambda d: d["main"].path or "-", right=False),
+            Column("× cuBLAS bf16", main("vs_ref", ".2f")), Column("% of copy", main("pct_copy", ".0f")),
+            Column("path", lambda d: d["main"].path or "-", right=False),
             Column("pack µs", main("pack_us", ".1f")), Column("pack GB/s", main("pack_gbps", ".0f")),
             *timing.error_peer_note_columns(peers, PEER_LABELS)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
-    p.add_argument("--pairs", type=csv(timing.choice("pair", PAIRS)), default=DEFAULT_PAIRS,
-                   help=f"comma list of {', '.join(PAIRS)} (default {','.join(DEFAULT_PAIRS)})")
+    p.add_argument("--pairs", type=csv(timing.choice("pair", PAIRS)), default=None,
+                   help=f"comma list of {', '.join(PAIRS)} (default {','.join(DEFAULT_PAIRS)}; with --decode "
+                        f"{','.join(DECODE_PAIRS)})")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES,
                    help="ready (operands prepared) and/or from-bf16 (fused quantize-and-fold timed too; MX x MX)")
     p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
                    help="comma list of MxNxK (default: the seed 10000x16384x16384, 8192^3, 4096^3, Llama-3-70B MLP "
                         "and GPT-OSS attention layers at M in 256,1024,4096,8192)")
     p.add_argument("--quick", action="store_true", help="8192^3, 4096^3 and M=1024 of the Llama-3-70B MLP layers")
+    p.add_argument("--decode", action="store_true",
+                   help="issue #23's decode shapes: M in 1,16,64 on 8192^2, the Llama-3-70B MLP and GPT-OSS attention "
+                        "layers (\"% of copy\": the bytes moved, mostly the weight's, at the same-run copy bandwidth)")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
@@ -411,11 +421,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cases_from_args(args) -> list[GemmCase]:
-    shapes = args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+    decode = getattr(args, "decode", False)
+    shapes = args.shapes or (DECODE_SHAPES if decode else QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     bad = [timing.format_shape(s) for s in shapes if len(s) != 3]
     if bad:
         raise ValueError(f"gemm shapes are MxNxK, got {', '.join(bad)}")
-    return plan_cases(args.pairs, args.modes, shapes)
+    pairs = args.pairs or (DECODE_PAIRS if decode else DEFAULT_PAIRS)
+    return plan_cases(pairs, args.modes, shapes)
 
 
 def run(args) -> int:

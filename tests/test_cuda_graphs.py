@@ -48,8 +48,8 @@ def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int =
     for _ in range(replays):
         for dst, src in zip(inputs, fresh()):
             dst.copy_(src)
-        for o in outs:
-            _bytes(o).fill_(0xFF)
+        for o in outs:  # in place whatever the strides (a copy would leave a stale output unpoisoned)
+            o.fill_(float("nan") if o.is_floating_point() else -1 if o.dtype.is_signed else 0xFF)
         graph.replay()
         want = _tensors(step(*[t.clone() for t in inputs]))
         assert len(want) == len(outs)

@@ -64,7 +64,7 @@ def test_dequantize_interpreted():
     run_interpreted(__file__, "_check_dequantize_interpreted")
 
 
-def _nan_cases(fmt: str):
+def _nan_cases(fmt: str, g: torch.Generator):
     """An MXTensor (4, 64) along the last axis whose NaNs come every way the format has: a 0xFF scale byte over
     random codes (row 0, first block), and for FP8 its NaN codes with either sign under ordinary scales (E4M3
     S.1111.111; E5M2 S.11111.xx, xx != 0, beside its ±Inf codes S.11111.00), the rest random finite codes.
@@ -72,7 +72,6 @@ def _nan_cases(fmt: str):
     from mxkit.formats import get_format
     from mxkit.tensor import MXTensor
 
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
     f = get_format(fmt)
     q = quantize_reference(torch.randn(4, 64, generator=g) * 4, fmt)
     qd, sc = q.qdata.clone(), q.scale.clone()
@@ -89,13 +88,13 @@ def _nan_cases(fmt: str):
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_reference_dequantize_writes_the_canonical_nan(fmt):
+def test_reference_dequantize_writes_the_canonical_nan(fmt, rng):
     """Every NaN output of the reference is the canonical positive quiet NaN of the output dtype (float64, float32
     0x7FC00000, bf16 0x7FC0, fp16 0x7E00), whatever made it (scale 0xFF, an FP8 NaN code, a negative one);
     every other output is unchanged by the canonicalisation and the E5M2 ±Inf codes stay ±Inf."""
     from mxkit.reference import CANONICAL_NAN_BITS
 
-    q, nan = _nan_cases(fmt)
+    q, nan = _nan_cases(fmt, rng)
     for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
         got = dequantize_reference(q, dt)
         int_dtype, bits = CANONICAL_NAN_BITS[dt]
@@ -108,13 +107,13 @@ def test_reference_dequantize_writes_the_canonical_nan(fmt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_gpu_dequantize_writes_the_reference_nan_bytes(fmt, poison):
+def test_gpu_dequantize_writes_the_reference_nan_bytes(fmt, rng, poison):
     """The kernels write the reference's bytes for the crafted NaN cases, canonical NaNs included, to every output
     dtype, rowwise (FP4 and FP6 to 16-bit outputs through their decode asm) and transposed."""
     from mxkit.kernels.quantize import dequantize_triton
     from mxkit.tensor import MXTensor
 
-    q, _ = _nan_cases(fmt)
+    q, _ = _nan_cases(fmt, rng)
     qt = MXTensor(q.qdata, q.scale, q.fmt, 0, 32, (64, 4))  # the same bytes read as blocks along dim 0
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for m in (q, qt):

@@ -55,14 +55,14 @@ def test_launch_writes_pointers_and_passes_the_launch(built):
     a, b = torch.randn(7), torch.randn(3, 5)
     vals = (ctypes.c_uint64 * 4)(11, 22, 33, 44)
     params = (ctypes.c_void_p * 4)(*[ctypes.addressof(vals) + 8 * i for i in range(4)])
-    rc = mod.launch(0xABC0, 5, 6, 7, 128, 4096, 3, ctypes.addressof(params), a, None, b)
+    rc = mod.launch(0xABC0, 5, 6, 7, 128, 4096, 3, ctypes.addressof(params), 4, a, None, b)
     assert rc == 0
     (scalars, got), = rec.calls
     assert scalars == (0xABC0, 5, 6, 7, 128, 1, 1, 4096, 0x5678, None)
     assert got == [a.data_ptr(), 0, b.data_ptr(), 44]  # the fourth value left as it was
     assert list(vals) == got
     rec.calls.clear()
-    assert mod.launch(0xABC0, 1, 1, 1, 32, 0, 0, ctypes.addressof(params)) == 0  # no pointers: the block as it is
+    assert mod.launch(0xABC0, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 4) == 0  # no pointers: the block as is
     assert rec.calls[0][0][8] == 0x1234 and rec.calls[0][1] == got
 
 
@@ -71,19 +71,21 @@ def test_launch_returns_the_driver_code_and_rejects_bad_arguments(built):
     mod = _module(built, rec, {0: 1})
     val = ctypes.c_uint64(0)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(val))
-    assert mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), torch.zeros(1)) == 700
+    assert mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 1, torch.zeros(1)) == 700
     with pytest.raises(TypeError):
         mod.launch(1, 1, 1)
     with pytest.raises(OverflowError):
-        mod.launch(1, 2**32, 1, 1, 32, 0, 0, ctypes.addressof(params))
+        mod.launch(1, 2**32, 1, 1, 32, 0, 0, ctypes.addressof(params), 1)
     with pytest.raises(ValueError):
-        mod.launch(1, 1, 1, 1, 32, 0, 0, 0)  # a null parameter block
+        mod.launch(1, 1, 1, 1, 32, 0, 0, 0, 1)  # a null parameter block
     with pytest.raises(AttributeError):
-        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), object())  # not a tensor: no data_ptr()
-    with pytest.raises(ValueError):
-        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), *([None] * 65))
+        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 1, object())  # not a tensor: no data_ptr()
+    with pytest.raises(ValueError, match="2 pointers for 1 parameters"):
+        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 1, None, None)
+    with pytest.raises(ValueError, match="at most 64"):
+        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 65)
     with pytest.raises(KeyError):  # the stream getter's own error passes through
-        mod.launch(1, 1, 1, 1, 32, 0, 5, ctypes.addressof(params))
+        mod.launch(1, 1, 1, 1, 32, 0, 5, ctypes.addressof(params), 1)
     assert len(rec.calls) == 1
 
 
@@ -105,6 +107,18 @@ def test_bound_launch_goes_through_the_fast_launch(built, monkeypatch):
     assert rec.calls[1][0][1:5] == (3, 1, 1, 64) and rec.calls[1][1] == [y.data_ptr(), x.data_ptr(), 0, (-5) % 2**64]
 
 
+def test_bound_launch_refuses_more_tensors_than_pointer_slots(built, monkeypatch):
+    rec = Recorder(2)
+    monkeypatch.setattr(cuda_driver, "_fast_module", _module(built, rec, {0: 0}))
+    launch = cuda_driver.Kernel.from_handle(1, "k", torch.device("cuda", 0)).bind((torch.zeros(1), ctypes.c_int(3)))
+    with pytest.raises(ValueError, match="2 tensors for 1 leading pointer parameters"):
+        launch.run(torch.zeros(2), torch.zeros(2))
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)  # the ctypes path refuses the same way
+    with pytest.raises(ValueError, match="2 tensors"):
+        launch.run(torch.zeros(2), torch.zeros(2))
+    assert not rec.calls
+
+
 def test_bound_launch_raises_the_driver_error(built, monkeypatch):
     rec = Recorder(1, rc=700)  # CUDA_ERROR_ILLEGAL_ADDRESS
     monkeypatch.setattr(cuda_driver, "_fast_module", _module(built, rec, {0: 0}))
@@ -121,10 +135,17 @@ def test_bound_launch_binds_the_context_and_launches_again(built, monkeypatch):
     rcs = [201, 0]
     rec.fn = _SIG(lambda *a: (rec._call(*a), rcs.pop(0))[1])
     monkeypatch.setattr(cuda_driver, "_fast_module", _module(built, rec, {2: 7}))
+    launch = cuda_driver.Kernel.from_handle(1, "k", torch.device("cuda", 2)).bind((torch.zeros(1),))
+    other = torch.zeros(5)
     bound = []
-    monkeypatch.setattr(cuda_driver, "bind_primary_context", bound.append)
+
+    def bind(index):  # another thread rewrites the shared block while this one binds its context
+        bound.append(index)
+        launch.set_ptr(0, other)
+
+    monkeypatch.setattr(cuda_driver, "bind_primary_context", bind)
     x = torch.zeros(3)
-    cuda_driver.Kernel.from_handle(1, "k", torch.device("cuda", 2)).bind((torch.zeros(1),)).run(x)
+    launch.run(x)
     assert bound == [2] and not rcs and [c[1] for c in rec.calls] == [[x.data_ptr()]] * 2
 
 

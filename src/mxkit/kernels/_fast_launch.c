@@ -2,14 +2,15 @@
  *
  * Built at first use by mxkit/kernels/fast_launch.py with the C compiler and Python headers of the host (as
  * Triton builds its launcher); no CUDA or PyTorch headers: cuLaunchKernel's address and the current-stream
- * accessor come from Python through init(). The GIL is held from the writes of the parameter block to the
- * driver's return, so no other Python thread can rewrite the block while the driver reads it.
+ * accessor come from Python through init(). The pointers given to a launch are written into the shared parameter
+ * block (for later launches of the block as it stands) and into a private copy of the block on the C stack, which
+ * the driver reads with the GIL released: another thread may rewrite the shared block meanwhile.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
-#define MAX_POINTERS 64
+#define MAX_PARAMS 64
 
 typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shared, void *stream, void **params, void **extra);
@@ -46,14 +47,16 @@ static int as_uint(PyObject *o, unsigned *out) {
     return 0;
 }
 
-/* launch(function, gx, gy, gz, block, shared, device, params, *pointers) -> CUresult (int)
+/* launch(function, gx, gy, gz, block, shared, device, params, nparams, *pointers) -> CUresult (int)
  *
- * params: the address of the launch's void *[] (one entry per kernel parameter, each pointing at its value);
- * pointers: tensors (their data_ptr()) or None (0), written into the values of parameters 0, 1, ... before the
- * launch, which goes on the stream that stream_of(device) returns. */
+ * params: the address of the launch's void *[nparams] (one entry per kernel parameter, each pointing at its value);
+ * pointers: tensors (their data_ptr()) or None (0) for parameters 0, 1, ... (at most nparams), written into the
+ * shared block and into the private copy the driver reads; the launch goes on the stream that stream_of(device)
+ * returns. */
 static PyObject *fl_launch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t n) {
-    if (n < 8) {
-        PyErr_SetString(PyExc_TypeError, "launch(function, gx, gy, gz, block, shared, device, params, *pointers)");
+    if (n < 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "launch(function, gx, gy, gz, block, shared, device, params, nparams, *pointers)");
         return NULL;
     }
     if (cu_launch == NULL || stream_of == NULL) {
@@ -61,47 +64,60 @@ static PyObject *fl_launch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_
         return NULL;
     }
     void *fn = PyLong_AsVoidPtr(args[0]);
-    unsigned gx, gy, gz, block, shared;
+    unsigned gx, gy, gz, block, shared, nparams;
     if ((fn == NULL && PyErr_Occurred()) || as_uint(args[1], &gx) || as_uint(args[2], &gy) ||
-        as_uint(args[3], &gz) || as_uint(args[4], &block) || as_uint(args[5], &shared))
+        as_uint(args[3], &gz) || as_uint(args[4], &block) || as_uint(args[5], &shared) || as_uint(args[8], &nparams))
         return NULL;
     void **params = (void **)PyLong_AsVoidPtr(args[7]);
     if (params == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null parameter block");
         return NULL;
     }
-    /* every Python call first (a data_ptr() or the stream getter may run Python code, and another thread with
-     * it), then the writes and the launch with the GIL held throughout */
-    uint64_t ptrs[MAX_POINTERS];
-    if (n - 8 > MAX_POINTERS) {
-        PyErr_SetString(PyExc_ValueError, "too many pointer arguments");
+    Py_ssize_t npointers = n - 9;
+    if (nparams > MAX_PARAMS || npointers > (Py_ssize_t)nparams) {
+        PyErr_Format(PyExc_ValueError, "%zd pointers for %u parameters (at most %d parameters)", npointers, nparams,
+                     MAX_PARAMS);
         return NULL;
     }
-    for (Py_ssize_t i = 8; i < n; i++) {
+    /* every Python call first (a data_ptr() or the stream getter may run Python code, and another thread with it) */
+    uint64_t ptrs[MAX_PARAMS];
+    for (Py_ssize_t i = 0; i < npointers; i++) {
         uint64_t v = 0;
-        if (args[i] != Py_None) {
-            PyObject *r = PyObject_CallMethodNoArgs(args[i], data_ptr_name);
+        PyObject *t = args[9 + i];
+        if (t != Py_None) {
+            PyObject *r = PyObject_CallMethodNoArgs(t, data_ptr_name);
             if (r == NULL) return NULL;
             v = (uint64_t)PyLong_AsUnsignedLongLong(r);
             Py_DECREF(r);
             if (v == (uint64_t)-1 && PyErr_Occurred()) return NULL;
         }
-        ptrs[i - 8] = v;
+        ptrs[i] = v;
     }
-    PyObject *s = PyObject_CallOneArg(stream_of, args[6]);
+    PyObject *getter = stream_of; /* owned for the call: init() may replace the global meanwhile */
+    Py_INCREF(getter);
+    PyObject *s = PyObject_CallOneArg(getter, args[6]);
+    Py_DECREF(getter);
     if (s == NULL) return NULL;
     void *stream = PyLong_AsVoidPtr(s);
     Py_DECREF(s);
     if (stream == NULL && PyErr_Occurred()) return NULL;
-    for (Py_ssize_t i = 0; i < n - 8; i++) *(uint64_t *)params[i] = ptrs[i];
-    int rc = cu_launch(fn, gx, gy, gz, block, 1, 1, shared, stream, params, NULL);
+    void *local[MAX_PARAMS];
+    for (unsigned i = 0; i < nparams; i++) local[i] = params[i];
+    for (Py_ssize_t i = 0; i < npointers; i++) {
+        *(uint64_t *)params[i] = ptrs[i];
+        local[i] = &ptrs[i];
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cu_launch(fn, gx, gy, gz, block, 1, 1, shared, stream, local, NULL);
+    Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc);
 }
 
 static PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))fl_init, METH_FASTCALL, "init(launch function address, stream getter)"},
     {"launch", (PyCFunction)(void (*)(void))fl_launch, METH_FASTCALL,
-     "launch(function, gx, gy, gz, block, shared, device, params, *pointers) -> CUresult"},
+     "launch(function, gx, gy, gz, block, shared, device, params, nparams, *pointers) -> CUresult"},
     {NULL, NULL, 0, NULL},
 };
 

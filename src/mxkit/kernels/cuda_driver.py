@@ -177,13 +177,15 @@ class BoundLaunch:
         """The launch of shape ``grid`` / ``block`` with ``tensors`` (None: a null pointer) as its first pointer
         arguments, atomically for threads sharing this launch: through the C fast launch where it is built
         (:mod:`mxkit.kernels.fast_launch`), else ``ctypes``."""
+        if len(tensors) > self.n_ptr:
+            raise ValueError(f"{self.kernel.name}: {len(tensors)} tensors for {self.n_ptr} leading pointer parameters")
         fast = _fast()
-        if fast is not None and len(tensors) <= self.n_ptr:
+        if fast is not None:
             gx, gy, gz = self.grid
             rc = fast.launch(self._fn_int, gx, gy, gz, self.block, self.shared, self.kernel.index, self._params_int,
-                             *tensors)
+                             len(self.vals), *tensors)
             if rc:
-                self._retry(rc, gx, gy, gz, self.block)
+                self._retry(rc, gx, gy, gz, self.block, tensors)
             return
         with self.lock:
             for i, t in enumerate(tensors):
@@ -197,16 +199,19 @@ class BoundLaunch:
         if fast is None:
             self._launch_ctypes(gx, gy, gz, block)
             return
-        rc = fast.launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int)
+        rc = fast.launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int,
+                         len(self.vals))
         if rc:
-            self._retry(rc, gx, gy, gz, block)
+            self._retry(rc, gx, gy, gz, block, ())
 
-    def _retry(self, rc: int, gx: int, gy: int, gz: int, block: int) -> None:
+    def _retry(self, rc: int, gx: int, gy: int, gz: int, block: int, tensors: tuple) -> None:
         """After a fast launch returned ``rc``: on a thread without a current context, bind it and launch again
-        (the parameter block is written); raise for any other error."""
+        with the same ``tensors`` (not the shared block as it stands: another thread may have written it since);
+        raise for any other error."""
         if rc == _INVALID_CONTEXT:
             bind_primary_context(self.kernel.index)
-            rc = _fast().launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int)
+            rc = _fast().launch(self._fn_int, gx, gy, gz, block, self.shared, self.kernel.index, self._params_int,
+                                len(self.vals), *tensors)
         if rc:
             _check(rc, f"launching {self.kernel.name}")
 

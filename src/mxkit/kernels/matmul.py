@@ -1187,8 +1187,14 @@ def support_matrix() -> list[dict]:
     return rows
 
 
+def _count(n: int) -> str:
+    """2^k for a power of two, else the number."""
+    n = int(n)
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
 def _m_env(e: Mapping, field: str = "max_m", nk: str = "min_nk") -> str:
-    return f"≤ {e[field]}" + (f" on N·K ≥ 2^{int(e[nk]).bit_length() - 1}" if nk in e else "")
+    return f"≤ {e[field]}" + (f" on N·K ≥ {_count(e[nk])}" if nk in e else "")
 
 
 def envelope_rows() -> list[dict]:
@@ -1216,7 +1222,7 @@ def envelope_rows() -> list[dict]:
          "M": f"≤ {d['decode_mma']['max_m']}{per_gpu('decode_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_80+"},
         {"path": "decode-w16", "a": "bf16 / fp16", "weight": kinds,
          "M": f"≤ {d['decode_w4a16']['max_m']}{per_gpu('decode_w4a16')}",
-         "also": f"fp6 on N·K ≤ 2^{int(d['decode_w4a16']['fp6_max_nk']).bit_length() - 1}; weight scales in the "
+         "also": f"fp6 on N·K ≤ {_count(d['decode_w4a16']['fp6_max_nk'])}; weight scales in the "
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
          "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},

@@ -615,8 +615,9 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
     q: MXTensor on CUDA, block_size 32, any axis, any scale layout (non-plain layouts are converted with
     :func:`mxkit.layouts.from_layout` first). dtype: float32 | bfloat16 | float16; float64 is delegated
     to the reference, which multiplies in float64 (an fp32 product would turn MX values above fp32 max
-    into Inf). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are NaN; their
-    payload bits are not specified. Raises TypeError for a non-MXTensor / unsupported dtype.
+    into Inf). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are the canonical NaN
+    of ``dtype`` (:data:`mxkit.reference.CANONICAL_NAN_BITS`), the reference's bytes. Raises TypeError for a
+    non-MXTensor / unsupported dtype.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")

@@ -901,9 +901,12 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
             result = model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
             raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()  # (assign=True replaced the tied parameter; a tied lm_head is not in the directory)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     # the MXMoE modules' own tensors are theirs already; anything else the directory lacks stays on meta
-    missing = [k for k in result.missing_keys if ".mlp." not in k or not isinstance(
-        model.get_submodule(k.rsplit(".mlp.", 1)[0] + ".mlp"), MXMoE)]
+    missing = [k for k in result.missing_keys if k not in tied and (".mlp." not in k or not isinstance(
+        model.get_submodule(k.rsplit(".mlp.", 1)[0] + ".mlp"), MXMoE))]
     if missing or result.unexpected_keys:
         raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "
                               f"from it {missing[:5]}, tensors the model lacks {result.unexpected_keys[:5]}")

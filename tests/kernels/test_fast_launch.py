@@ -82,8 +82,8 @@ def test_launch_returns_the_driver_code_and_rejects_bad_arguments(built):
         mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 1, object())  # not a tensor: no data_ptr()
     with pytest.raises(ValueError, match="2 pointers for 1 parameters"):
         mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 1, None, None)
-    with pytest.raises(ValueError, match="at most 64"):
-        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 65)
+    with pytest.raises(ValueError, match="at most 512"):
+        mod.launch(1, 1, 1, 1, 32, 0, 0, ctypes.addressof(params), 513)
     with pytest.raises(KeyError):  # the stream getter's own error passes through
         mod.launch(1, 1, 1, 1, 32, 0, 5, ctypes.addressof(params), 1)
     assert len(rec.calls) == 1
@@ -160,3 +160,20 @@ def test_module_is_off_with_the_environment_switch(monkeypatch):
 
 def test_build_reuses_the_cached_module(built):
     assert fast_launch.build(built.parent) == built
+
+
+def test_a_launch_of_more_parameters_than_the_module_takes_goes_through_ctypes(built, monkeypatch):
+    """The C module's parameter limit is the one BoundLaunch routes by: a kernel with more parameters launches
+    through ctypes, the same block."""
+    assert cuda_driver._FAST_MAX_PARAMS == fast_launch.MAX_PARAMS
+    assert f"#define MAX_PARAMS {fast_launch.MAX_PARAMS} " in fast_launch._SRC.read_text()
+    rec = Recorder(1)
+    monkeypatch.setattr(cuda_driver, "_fast_module", _module(built, rec, {0: 0}))
+    monkeypatch.setattr(cuda_driver, "_FAST_MAX_PARAMS", 3)
+    calls = []
+    launch = cuda_driver.Kernel.from_handle(1, "k", torch.device("cuda", 0)).bind(
+        (torch.zeros(1), *[ctypes.c_int(i) for i in range(3)]))
+    monkeypatch.setattr(launch, "_launch_ctypes", lambda *shape: calls.append([v.value for v in launch.vals[:1]]))
+    x = torch.zeros(2)
+    launch.run(x)
+    assert calls == [[x.data_ptr()]] and not rec.calls

@@ -10,7 +10,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define MAX_PARAMS 64
+#define MAX_PARAMS 512 /* fast_launch.MAX_PARAMS: bound launches with more go through ctypes */
 
 typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shared, void *stream, void **params, void **extra);

@@ -159,6 +159,7 @@ class BoundLaunch:
         self._fn_int, self._params_int = kernel.fn.value, ctypes.addressof(self.params)
         # the leading pointer parameters, the ones run() / the fast launch may rewrite
         self.n_ptr = next((i for i, v in enumerate(self.vals) if not isinstance(v, ctypes.c_void_p)), len(self.vals))
+        self._fast_ok = len(self.vals) <= _FAST_MAX_PARAMS
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
         self.grid, self.block = (1, 1, 1), 32  # the launch shape of run()
@@ -179,7 +180,7 @@ class BoundLaunch:
         (:mod:`mxkit.kernels.fast_launch`), else ``ctypes``."""
         if len(tensors) > self.n_ptr:
             raise ValueError(f"{self.kernel.name}: {len(tensors)} tensors for {self.n_ptr} leading pointer parameters")
-        fast = _fast()
+        fast = _fast() if self._fast_ok else None
         if fast is not None:
             gx, gy, gz = self.grid
             rc = fast.launch(self._fn_int, gx, gy, gz, self.block, self.shared, self.kernel.index, self._params_int,
@@ -195,7 +196,7 @@ class BoundLaunch:
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as
         it stands (:meth:`set_ptr`)."""
-        fast = _fast()
+        fast = _fast() if self._fast_ok else None
         if fast is None:
             self._launch_ctypes(gx, gy, gz, block)
             return
@@ -261,6 +262,7 @@ def param_sizes(handle: int) -> Optional[list[int]]:
 
 
 _FAST_UNSET = object()
+_FAST_MAX_PARAMS = 512  # mxkit.kernels.fast_launch.MAX_PARAMS (a test checks they agree)
 _fast_module = _FAST_UNSET
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["module", "build", "cache_dir"]
+__all__ = ["module", "build", "cache_dir", "MAX_PARAMS"]
+
+MAX_PARAMS = 512  # the C module's limit on a kernel's parameters (_fast_launch.c); more launch through ctypes
 
 _NAME = "_mxkit_fast_launch"
 _SRC = Path(__file__).with_name("_fast_launch.c")

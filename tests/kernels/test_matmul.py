@@ -288,11 +288,11 @@ def test_gemm_table_is_data_with_an_override():
 def test_support_matrix_is_in_the_readme():
     from pathlib import Path
 
-    from mxkit.kernels.matmul import support_matrix_markdown
+    from mxkit.kernels.matmul_support import support_matrix_markdown
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert support_matrix_markdown() in readme, "README's GEMM support matrix is stale: paste support_matrix_markdown()"
-    from mxkit.kernels.matmul import envelope_markdown, envelope_rows
+    from mxkit.kernels.matmul_support import envelope_markdown, envelope_rows
 
     assert envelope_markdown() in readme, "README's GEMM envelope table is stale: paste envelope_markdown()"
     rows = {r["path"]: r for r in envelope_rows()}

@@ -17,6 +17,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .fast_launch import MAX_PARAMS as _FAST_MAX_PARAMS  # kernels with more parameters launch through ctypes
+
 __all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch", "shipped_ptx_unavailable",
            "shipped_kernel", "device_index", "param_sizes"]
 
@@ -262,7 +264,6 @@ def param_sizes(handle: int) -> Optional[list[int]]:
 
 
 _FAST_UNSET = object()
-_FAST_MAX_PARAMS = 512  # mxkit.kernels.fast_launch.MAX_PARAMS (a test checks they agree)
 _fast_module = _FAST_UNSET
 
 

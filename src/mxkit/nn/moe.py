@@ -896,7 +896,8 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
         moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
         for name in reader.weight_map:
             if name not in moe_names:
-                state[name] = reader.tensor(name).to(device=device, dtype=dtype)
+                t = reader.tensor(name)  # (assign=True keeps what it is given: cast here, floats only)
+                state[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
         try:
             result = model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names

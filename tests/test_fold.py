@@ -19,12 +19,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import ml_decode, ml_dtype, rand_tensor  # noqa: E402
 
 from mxkit.fold import (  # noqa: E402
+    WIDEN,
     Folded,
     can_fold,
     fold_range,
     fold_reference,
     quantize_fold_reference,
     unfold_reference,
+    widen_fp6,
 )
 from mxkit.formats import get_format  # noqa: E402
 from mxkit.reference import dequantize_reference, pack_codes, quantize_reference  # noqa: E402
@@ -304,3 +306,27 @@ def test_bad_arguments():
         quantize_fold_reference(torch.ones(2, 64), "mxfp4", block_size=64)
     with pytest.raises(ValueError, match="multiple"):
         quantize_fold_reference(torch.ones(2, 48), "mxfp4")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_widen_fp6_every_code(fmt, rng):
+    """widen_fp6: every FP6 code under every scale byte the twin holds (and NaN) dequantizes to the same bytes as
+    its MXFP8 twin; a byte past 254 - shift raises, or saturates with check=False."""
+    wide_fmt, shift = WIDEN[fmt]
+    f = get_format(fmt)
+    codes = torch.arange(64, dtype=torch.uint8).repeat(8, 1)[:, torch.randperm(64, generator=rng)]  # 8 rows x 64
+    scales = torch.tensor([[0, 1], [2, 60], [127, 126], [128, 200], [254 - shift, 3], [255, 127], [100, 255],
+                           [torch.randint(0, 255 - shift, (1,), generator=rng).item(), 7]], dtype=torch.uint8)
+    q = MXTensor(pack_codes(codes, f), scales, fmt, 1, 32, (8, 64))
+    w = widen_fp6(q)
+    assert w.fmt.name == wide_fmt and w.qdata.shape == (8, 64) and w.shape == q.shape
+    assert torch.equal(w.scale[scales == 255], scales[scales == 255])
+    for dt in (torch.float32, torch.bfloat16):
+        a, b = dequantize_reference(q, dt), dequantize_reference(w, dt)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (fmt, dt)
+    bad = MXTensor(q.qdata, scales.clone().fill_(255 - shift), fmt, 1, 32, (8, 64))
+    with pytest.raises(ValueError, match="no mxfp8"):
+        widen_fp6(bad)
+    assert (widen_fp6(bad, check=False).scale == 254).all()
+    with pytest.raises(ValueError, match="widen_fp6 takes"):
+        widen_fp6(quantize_reference(torch.randn(2, 32), "mxfp4"))

@@ -51,6 +51,8 @@ __all__ = [
     "quantize_fold_reference",
     "unfold_reference",
     "fold_row_split",
+    "WIDEN",
+    "widen_fp6",
 ]
 
 _D_SEARCH = 64  # |d| searched by fold_range; every format's values lie within 2^-16 … 2^16
@@ -155,6 +157,38 @@ def _block_view(q: MXTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     R = math.prod(q.shape[:-1])
     codes = unpack_codes(q.qdata, q.fmt).reshape(R, K)
     return codes, q.plain_scale().reshape(R, K // 32), K
+
+
+# An FP6 code s|e|m (E2M3: 2 exponent bits, bias 1; E3M2: 3, bias 3) read with its sign moved to bit 7 and two
+# zero bits above its exponent is an FP8 code whose value is the FP6 value times 2^-shift, normals and subnormals
+# alike: E2M3 -> E4M3 (bias 7: 2^(e-7) against 2^(e-1); subnormals 2^-6 against 2^0), E3M2 -> E5M2 (bias 15:
+# 2^(e-15) against 2^(e-3); 2^-14 against 2^-2). The block scale byte takes the shift: exact, no rounding.
+WIDEN = {"mxfp6_e2m3": ("mxfp8_e4m3", 6), "mxfp6_e3m2": ("mxfp8_e5m2", 12)}
+
+
+def widen_fp6(q: MXTensor, *, check: bool = True) -> MXTensor:
+    """An MXFP6 tensor re-expressed exactly as MXFP8 (:data:`WIDEN`): E2M3 codes as E4M3, E3M2 as E5M2, each code
+    ``s eeemm`` becoming the byte ``s 00 eeemm`` (value times 2^-6 / 2^-12) and each E8M0 scale byte raised by 6 /
+    12 (0xFF, NaN, stays). Same shape, axis, block size and metadata; qdata one byte per element, plain scales.
+
+    The values are identical element for element (``dequantize`` gives the same bytes) wherever the raised scale
+    byte stays <= 254; a scale byte above 254 - shift (values past 2^121 / 2^115) has no MXFP8 twin: ``check``
+    raises ValueError then (one host sync); ``check=False`` saturates such bytes at 254 and leaves the check to
+    the caller (:func:`mxkit.pack_weight` does, through the source's scale maximum). TypeError / ValueError on
+    other formats. Used by ``pack_weight`` so that bf16 x MXFP6 GEMMs run on the MXFP8 weight kernels."""
+    if not isinstance(q, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    if q.fmt.name not in WIDEN:
+        raise ValueError(f"widen_fp6 takes {' / '.join(WIDEN)}, got {q.fmt.name}")
+    name, shift = WIDEN[q.fmt.name]
+    codes = unpack_codes(q.qdata, q.fmt)
+    wide = ((codes & 0x20) << 2) | (codes & 0x1F)
+    s = q.plain_scale()
+    if check and bool(((s != E8M0_NAN) & (s > 254 - shift)).any()):
+        raise ValueError(f"{q.fmt.name} scale bytes above {254 - shift} have no {name} twin (the byte + {shift} "
+                         f"passes E8M0's largest, 254)")
+    raised = torch.where(s == E8M0_NAN, s, (s.to(torch.int32) + shift).clamp_(max=254).to(torch.uint8))
+    return MXTensor(wide, raised, name, q.axis, q.block_size, tuple(q.shape), q.scale_mode, q.rounding)
 
 
 def fold_row_split(scale: torch.Tensor, nonzero: torch.Tensor, w: int) -> torch.Tensor:

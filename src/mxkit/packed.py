@@ -90,6 +90,10 @@ class PackedWeight:
         layout is spelled out in ``kernels/matmul_details/mma_decode.cu``), MXFP8 E4M3 / E5M2 for a8w8-mma and
         w8a16-mma (int32 [N/16, K/64, 2, 32, 4] and [N/16, K/64, 8], ``mma_a8w8.cu``: the codes a second time, so
         an MXFP8 PackedWeight holds about twice the MXFP8 bytes); None otherwise.
+      wide: for MXFP6 weights packed for float activations (``act`` None or "float"), their exact MXFP8 twin
+        (:func:`mxkit.fold.widen_fp6`: E2M3 as E4M3, E3M2 as E5M2, scale bytes + 6 / + 12) packed as an MXFP8
+        weight, which bf16 activations read on the MXFP8 weight kernels (about 2.75 bytes per element held
+        in all); None otherwise.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
     :func:`mxkit.pack_weight` on load, a memory-bound pass).
@@ -101,6 +105,7 @@ class PackedWeight:
     special_rows: torch.Tensor
     mma_q: Optional[torch.Tensor] = None
     mma_s: Optional[torch.Tensor] = None
+    wide: Optional["PackedWeight"] = None
 
     def _host_stats(self) -> tuple:
         st = self.stats
@@ -135,12 +140,14 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: the MX source plus the folded and the decode-layout copies."""
+        """Bytes held on the device: the MX source plus the folded, the decode-layout and the MXFP8-twin copies."""
         n = self.source.nbytes
         if self.folded is not None:
             n += self.folded.data.numel() + 4 * self.folded.scale.numel()
         if self.mma_q is not None:
             n += 4 * (self.mma_q.numel() + self.mma_s.numel())
+        if self.wide is not None:
+            n += self.wide.nbytes
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
@@ -149,8 +156,9 @@ class PackedWeight:
             f = dataclasses.replace(f, data=f.data.to(device), scale=f.scale.to(device), owner=f.owner.to(device))
         mma = {} if self.mma_q is None else {"mma_q": self.mma_q.to(device), "mma_s": self.mma_s.to(device)}
         st = self.stats.to(device) if isinstance(self.stats, torch.Tensor) else self.stats
+        wide = None if self.wide is None else self.wide.to(device)
         return dataclasses.replace(self, source=self.source.to(device), folded=f, stats=st,
-                                   special_rows=self.special_rows.to(device), **mma)
+                                   special_rows=self.special_rows.to(device), wide=wide, **mma)
 
     def state_dict(self) -> dict:
         """The bytes that define the weight, plus its format metadata (strings and ints)."""
@@ -185,13 +193,12 @@ def partial_stats_host(part: torch.Tensor) -> tuple:
 
 def _packed_flatten(p: PackedWeight):
     f = p.folded
-    leaves = [p.source, p.special_rows, p.mma_q, p.mma_s] + ([f] if f is not None else [])
-    return leaves, (p._host_stats(), f is not None)
+    leaves = [p.source, p.special_rows, p.mma_q, p.mma_s, f, p.wide]
+    return leaves, p._host_stats()
 
 
-def _packed_unflatten(leaves, ctx) -> PackedWeight:
-    stats, has_fold = ctx
-    return PackedWeight(leaves[0], leaves[4] if has_fold else None, stats, leaves[1], leaves[2], leaves[3])
+def _packed_unflatten(leaves, stats) -> PackedWeight:
+    return PackedWeight(leaves[0], leaves[4], stats, leaves[1], leaves[2], leaves[3], leaves[5])
 
 
 pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,

@@ -441,7 +441,7 @@ def test_gpu_shapes_and_paths(M, rng):
     pw = mxkit.pack_weight(w)
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
     check(a, pw, backend="auto", path="decode-mma" if M <= 16 else "dense-exact")  # a small layer: not wgmma
-    check(a.to(torch.float16), pw, backend="auto", path="dense-exact")
+    check(a.to(torch.float16), pw, backend="auto", path="decode-w16" if M <= 16 else "dense-exact")  # fp16 x
     check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
     check(mxkit.quantize(a, "mxfp6_e2m3"), pw, backend="auto", path="fold-fp8",
@@ -945,6 +945,71 @@ def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):
                             ).path == "decode-w16"
     with km.gemm_table_override({"default": {"decode_w4a16": {"max_m": 16}}}):
         assert km.plan_gemm(torch.randn(3, 128).to(torch.bfloat16), w6).path == "decode-w16"
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_fp6_packed_weight_reads_its_mxfp8_twin(fmt, monkeypatch, rng):
+    """pack_weight of an MXFP6 weight for float activations keeps its exact MXFP8 twin (``wide``), which bf16 /
+    fp16 activations read: the MXFP8 weight paths in the plan (the device faked), the same bytes as the MXTensor
+    on the CPU; not packed for MX activations; not read when a scale byte has no twin; kept by .to / pytree."""
+    import torch.utils._pytree as pytree
+
+    from mxkit.kernels import matmul as km
+    from mxkit.kernels.matmul_details import _mma_a8w8
+
+    wide_fmt, shift = mxkit.fold.WIDEN[fmt]
+    w = rand_mx((64, 256), fmt, rng)
+    pw = mxkit.pack_weight(w)
+    assert pw.wide is not None and pw.wide.fmt.name == wide_fmt and pw.wide.mma_q is not None
+    assert pw.nbytes == w.nbytes + (pw.folded.data.numel() + 4 * pw.folded.scale.numel()) + pw.wide.nbytes
+    assert mxkit.pack_weight(w, act="mx").wide is None and mxkit.pack_weight(w, act="float").folded is None
+    leaves, spec = pytree.tree_flatten(pw)
+    assert pytree.tree_unflatten(leaves, spec).wide.fmt.name == wide_fmt and pw.to("cpu").wide is not None
+    a = torch.randn(3, 256, generator=rng).to(torch.bfloat16)
+    y, plan = check(a, pw, bias=torch.randn(64, generator=rng))
+    assert "twin" in plan.reason
+    assert torch.equal(mxkit.matmul(a, pw).view(torch.uint8), mxkit.matmul(a, w).view(torch.uint8))
+    for dt in (torch.float16, torch.float32):  # the MXFP6 weight's own paths
+        assert "twin" not in mxkit.gemm_plan(torch.randn(3, 256).to(dt), pw).reason
+    w2 = MXTensor(w.qdata, w.scale.clone(), fmt, 1, 32, w.shape)
+    w2.scale[5, 2] = 255 - shift  # a block whose scale has no twin: the MXFP6 weight's own paths
+    pw2 = mxkit.pack_weight(w2)
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
+    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(type(w), "device", property(lambda self: dev), raising=False)
+    monkeypatch.setattr(_mma_a8w8, "available", lambda d: None)
+    a = torch.randn(1, 256).to(torch.bfloat16)
+    p = km.plan_gemm(a, pw)
+    assert p.path == "w8a16-mma" and f"{fmt} weight read as its exact {wide_fmt} twin" in p.reason, p
+    assert km.plan_gemm(torch.randn(12, 256).to(torch.bfloat16), pw).path == "decode-w16"
+    p = km.plan_gemm(a, pw2)
+    assert "twin" not in p.reason and p.path == "decode-w16", p
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+def test_gpu_fp6_weight_on_mxfp8_kernels(fmt, rng, poison):
+    """bf16 x a packed MXFP6 weight runs on the MXFP8 weight kernels through its twin (w8a16-mma at M <= 8,
+    decode-w16 to 16, w8a16-wgmma past that on a layer in its envelope), held to the bound row by row against
+    the MXFP6 weight's own values; MXLinear from an MXFP6 format takes the same route."""
+    N, K = 4096, 4096
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    w.scale[7, 3] = 0  # the smallest scale byte: 2^-127 (the twin's byte 6 / 12)
+    pw = mxkit.pack_weight(w, act="float")
+    bias = torch.randn(N, generator=rng).cuda()
+    seen = set()
+    for M in (1, 3, 8, 16, 64, 200):
+        a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        _, plan = check(a, pw, backend="auto", bias=bias if M % 2 else None)
+        assert "twin" in plan.reason, plan
+        seen.add(plan.path)
+    assert {"w8a16-mma", "decode-w16"} <= seen, seen
+    lin = torch.nn.Linear(K, 256, bias=True).cuda().to(torch.bfloat16)
+    m = mxkit.nn.MXLinear.from_linear(lin, fmt)
+    x = torch.randn(2, K, generator=rng).to(torch.bfloat16).cuda()
+    assert "twin" in mxkit.gemm_plan(x, m._packed).reason
 
 
 @pytest.mark.gpu

@@ -77,7 +77,7 @@ from typing import Mapping, Optional, Union
 import torch
 
 from .. import reference
-from ..fold import Folded, can_fold, fold_reference, unfold_reference
+from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
 from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
@@ -317,7 +317,9 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     weights), left on the device and read by the first GEMM call (so packing a model's weights queues kernels
     only: ``PackedWeight.stats``). ``act`` (:data:`PACK_ACTS`) builds only the layouts of the
     paths those activations take: None all; ``"float"`` the decode-mma one (no fold); ``"fp8_rowwise"`` /
-    ``"mx"`` the fold, and with ``"mx"`` the a8w8-mma one of an MXFP8 E4M3 weight. A fold path given a packed
+    ``"mx"`` the fold, and with ``"mx"`` the a8w8-mma one of an MXFP8 E4M3 weight. An MXFP6 weight packed for
+    float activations (None / ``"float"``) also gets its exact MXFP8 twin, packed (``PackedWeight.wide``), which
+    bf16 activations read on the MXFP8 weight kernels. A fold path given a packed
     weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
@@ -334,12 +336,15 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
                                         "mxfp8_e5m2": ("float",)}.get(w.fmt.name, ())
     mma_q, mma_s, part = _pack_mma(w) if builds_mma else (None, None, None)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
+    twin = None
+    if w.fmt.name in WIDEN and act in (None, "float"):  # (scale bytes with no twin: checked at plan time, _twin)
+        twin = pack_weight(widen_fp6(w, check=False), act="float")
     if folded is None:  # no host sync: the scale statistics stay on the device until the first GEMM reads them
         if part is None:
             lo, hi, nan = scale_stats(w.scale)
             codes = _nonfinite_codes(w)
             part = torch.stack([t.to(torch.int32) for t in (lo, hi, nan if codes is None else nan | codes)]).view(1, 3)
-        return PackedWeight(w, None, part, special, mma_q, mma_s)
+        return PackedWeight(w, None, part, special, mma_q, mma_s, twin)
     # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (the fold
     # kernel makes them on the way; a complete Folded, made on the CPU or empty, has no rows to complete)
     if pending is not None:
@@ -354,7 +359,7 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         folded = pending.complete()
     if out_env or folded.owner.numel():
         special = _special_rows(folded, w.shape[0])
-    return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s)
+    return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s, twin)
 
 
 def _nonfinite_codes(w: MXTensor) -> Optional[torch.Tensor]:
@@ -507,11 +512,30 @@ def _a_device(a, kind: str) -> torch.device:
     return a.data.device if kind in ("folded", "fp8_rowwise") else a.device
 
 
+def _twin(a, b, kind: str):
+    """The operand a GEMM of ``a`` reads for weight ``b``: ``b.wide``, the packed MXFP8 twin of an MXFP6 weight,
+    for bf16 activations when every scale byte has its twin (``b.scale_max`` <= 254 - shift: one host sync the
+    first time a weight's statistics are read) and the twin's scale bytes lie in the MXFP8 bf16-exact envelope
+    (the twin's paths check that one, wider than the values need); else ``b``. (fp16 activations keep the MXFP6
+    weight: E5M2's fp16 envelope is far narrower than E3M2's.)"""
+    if not (kind == "float" and isinstance(b, PackedWeight) and b.wide is not None and a.dtype == torch.bfloat16):
+        return b
+    shift = WIDEN[b.fmt.name][1]
+    ok = b.scale_max <= 254 - shift and in_range(b.scale_min + shift, b.scale_max + shift,
+                                                 exact_scale_range(b.wide.fmt, torch.bfloat16))
+    return b.wide if ok else b
+
+
 def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dtype] = None) -> GemmPlan:
     """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. Reads no device value for a
     PackedWeight on CUDA; an MXTensor weight's scale extrema (one host sync), and on the CPU an MX ``a``'s.
     Raises TypeError / ValueError on operands that do not fit together."""
     kind = _a_kind(a)
+    twin = _twin(a, b, kind)
+    if twin is not b:
+        p = plan_gemm(a, twin, out_dtype)
+        return dataclasses.replace(p, reason=f"{b.fmt.name} weight read as its exact {twin.fmt.name} twin "
+                                             f"(pack_weight): {p.reason}")
     w = b.source if isinstance(b, PackedWeight) else b
     _check_weight(w)
     M, K = _a_rows_k(a, kind)
@@ -684,6 +708,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     path = plan.path
     if path == "reference":
         return reference_gemm(a, b, out, bias)
+    b = _twin(a, b, kind)
     packed = b if isinstance(b, PackedWeight) else None
     w = packed.source if packed is not None else _plain(b)
     if M == 0:  # no rows: an empty output, no launch
@@ -718,12 +743,13 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             a_rows = _special_rows(fa, M) if a_fix else pw.special_rows[:0]
             y = _fix_special(y, fa, "folded", M, pw, a_rows, pw.special_rows, bias)
         return y.reshape(*lead, N)
+    acc = out if bias is None else torch.float32  # (with a bias: added in float32, then the one rounding)
     if path == "bf16-exact":
         a = _plain(a)
-        y = _dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), out)
+        y = _dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), acc)
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
-        y = _dense(a.reshape(M, K), wb, out)
+        y = _dense(a.reshape(M, K), wb, acc)
     elif path == "decode-mma":
         return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w8a16-mma":
@@ -1048,6 +1074,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
     if call is None:
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
+        b = _twin(a, b, "float")
         if plan.path == "decode-mma":
             call = _MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
         elif plan.path == "w8a16-mma":

@@ -132,7 +132,9 @@ class MXLinear(_ops.Handled, nn.Module):
         act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
         self._packed = pack_weight(self.weight_mx, act=act) if self.weight_qdata.is_cuda else None
         if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
-            self._packed.scale_max
+            for p in (self._packed, self._packed.wide):
+                if p is not None:
+                    p.scale_max
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

@@ -15,7 +15,7 @@ import torch
 from . import reference
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
-from .packed import Fp8Rowwise, PackedWeight
+from .packed import Fp8Rowwise, PackedWeight, packed_of
 from .tensor import MXTensor
 
 __all__ = [
@@ -198,6 +198,10 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
+    if torch.compiler.is_compiling() and backend == "auto" and type(b) is PackedWeight and isinstance(a, torch.Tensor):
+        # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not trace); the
+        # weight is found by its id, a constant guarded on b's identity
+        return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
     if (backend == "auto" and type(b) is PackedWeight and (bias is None or type(bias) is torch.Tensor)
             and not torch.compiler.is_compiling()):
         # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
@@ -214,6 +218,19 @@ def matmul(
     if _gemm_backend(a, b, backend) == "reference":
         return reference_gemm(a, b, plan.out_dtype, bias)
     return run_gemm(a, b, plan, bias)
+
+
+@torch.library.custom_op("mxkit::packed_matmul", mutates_args=())
+def _packed_matmul_op(a: torch.Tensor, bias: Optional[torch.Tensor], handle: int,
+                      out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``matmul(a, packed_of(handle), bias=bias, out_dtype=out_dtype)``: what a compiled graph calls for a float
+    ``a`` times a PackedWeight (:func:`mxkit.packed.packed_of`)."""
+    return matmul(a, packed_of(handle), bias=bias, out_dtype=out_dtype)
+
+
+@_packed_matmul_op.register_fake
+def _(a, bias, handle, out_dtype):
+    return a.new_empty((*a.shape[:-1], packed_of(handle).shape[0]), dtype=out_dtype or a.dtype)
 
 
 def needs_grad(*tensors) -> bool:

@@ -9,6 +9,7 @@ Plain data, like :class:`~mxkit.MXTensor`: frozen dataclasses of tensors, regist
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -19,7 +20,9 @@ from .fold import Folded
 from .formats import ElementFormat, Rounding, ScaleMode
 from .tensor import MXTensor
 
-__all__ = ["PackedWeight", "Fp8Rowwise"]
+__all__ = ["PackedWeight", "Fp8Rowwise", "packed_of"]
+
+_LIVE: "dict[int, weakref.ref]" = {}  # id -> PackedWeight, for torch.compile's custom op (mxkit.ops.matmul)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +99,8 @@ class PackedWeight:
         in all); None otherwise.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
-    :func:`mxkit.pack_weight` on load, a memory-bound pass).
+    :func:`mxkit.pack_weight` on load, a memory-bound pass). Each PackedWeight is findable by its ``id`` while it
+    lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul`` with that id, a constant.
     """
 
     source: MXTensor
@@ -106,6 +110,11 @@ class PackedWeight:
     mma_q: Optional[torch.Tensor] = None
     mma_s: Optional[torch.Tensor] = None
     wide: Optional["PackedWeight"] = None
+
+    def __post_init__(self) -> None:
+        h = id(self)
+        _LIVE[h] = weakref.ref(self)
+        weakref.finalize(self, _LIVE.pop, h, None)
 
     def _host_stats(self) -> tuple:
         st = self.stats
@@ -170,6 +179,15 @@ class PackedWeight:
     def source_from_state_dict(sd: dict) -> MXTensor:
         return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, int(sd["block_size"]), tuple(sd["shape"]),
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
+
+
+def packed_of(handle: int) -> PackedWeight:
+    """The live PackedWeight whose ``id`` is ``handle``; RuntimeError when it no longer exists."""
+    ref = _LIVE.get(handle)
+    p = ref() if ref is not None else None
+    if p is None:
+        raise RuntimeError(f"mxkit::packed_matmul: the PackedWeight of id {handle} no longer exists")
+    return p
 
 
 def partial_stats(part: torch.Tensor) -> list:

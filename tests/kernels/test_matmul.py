@@ -1152,3 +1152,36 @@ def test_gpu_prepared_calls_and_cuda_graphs(fmt, rng):
         out.fill_(float("nan"))
         graph.replay()
         assert torch.equal(out, mxkit.matmul(static.clone(), pw, bias=bias))
+
+
+def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
+    """torch.compile(fullgraph=True) of mxkit.matmul on a PackedWeight (one opaque op, ``mxkit::packed_matmul``,
+    the weight found by its id): the eager bytes, with a bias and an out dtype, for two weights passed as
+    arguments (a guard on the weight's identity: each gets its own graph) and one held in a closure."""
+    pws = [mxkit.pack_weight(mxkit.quantize(torch.randn(N, 256, generator=rng).to(device), fmt))
+           for N, fmt in ((64, "mxfp4"), (96, "mxfp8_e4m3"))]
+    bias = torch.randn(96, generator=rng).to(device)
+    f = torch.compile(lambda x, b, bias: mxkit.matmul(x, b, bias=bias, out_dtype=torch.float32) * 2,
+                      fullgraph=True, backend=backend)
+    for M in (1, 3, 40):
+        x = torch.randn(M, 256, generator=rng).to(torch.bfloat16).to(device)
+        for pw in pws:
+            bb = bias[:pw.shape[0]]
+            want = mxkit.matmul(x, pw, bias=bb, out_dtype=torch.float32) * 2
+            assert torch.equal(f(x, pw, bb), want), (M, pw.fmt)
+        g = torch.compile(lambda x: mxkit.matmul(x, pws[0]), fullgraph=True, backend=backend)
+        assert torch.equal(g(x), mxkit.matmul(x, pws[0]))
+    with pytest.raises(RuntimeError, match="no longer exists"):
+        mxkit.packed.packed_of(-1)
+
+
+def test_compiled_matmul_packed_weight(rng):
+    _compiled_matmul_equals_eager("cpu", "aot_eager", rng)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compiled_matmul_packed_weight(rng):
+    """The same on CUDA with Inductor: the eager kernels (decode-mma, w8a16-mma, decode-w16, dense-exact) inside
+    the compiled graph."""
+    _compiled_matmul_equals_eager("cuda", "inductor", rng)

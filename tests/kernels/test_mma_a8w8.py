@@ -178,27 +178,29 @@ def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
     xs = [torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda() for M in (1, 5, 16)]
     xs += [_crafted_rows(K, rng).cuda()[:9], torch.randn(2, 3, K, generator=rng).to(torch.bfloat16).cuda(),
            big[:, :K], big[:, 2:K + 2]]
-    with gemm_table_override(WIDE):
-        for b in (w, pw):
-            for x in xs:
-                poison_allocator()
-                y = a8w8_linear(x, b, bias)
-                a = mxkit.quantize(x, "mxfp8_e4m3")
-                assert mxkit.gemm_plan(a, b).path == "a8w8-mma"
-                assert y.shape == (*x.shape[:-1], N)
-                OUT[0] = torch.bfloat16
-                assert_within_bound(y, a, w, bias)
-        lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
-        mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
-        # up to 8 rows the layer takes its prepared one-launch call (made on the first call of each x layout,
-        # then reused): the bits of a8w8_linear; past 8 rows a8w8_linear itself
-        for x in xs[:2] + [xs[3][:1], xs[4][:, :2], big[:2, :K], big[:3, 2:K + 2], xs[2]]:
-            for _ in range(2):
-                with torch.no_grad():
-                    y = mx(x)
-                ref = a8w8_linear(x, mx._packed, lin.bias.detach(), x.dtype)
-                assert y.shape == ref.shape and torch.equal(y.view(torch.int16), ref.view(torch.int16)), x.shape
-        assert any(k[0] == "a8w8-bf16" and v is not None for k, v in mx._packed._calls.items())
+    for quant_max_m in (8, 16):  # x of 9 .. 16 rows quantized first (two launches), or in the launch
+        with gemm_table_override({"default": {"a8w8_mma": {"max_m": 64, "quant_max_m": quant_max_m}}}):
+            for b in (w, pw):
+                for x in xs:
+                    poison_allocator()
+                    y = a8w8_linear(x, b, bias)
+                    a = mxkit.quantize(x, "mxfp8_e4m3")
+                    assert mxkit.gemm_plan(a, b).path == "a8w8-mma"
+                    assert y.shape == (*x.shape[:-1], N)
+                    OUT[0] = torch.bfloat16
+                    assert_within_bound(y, a, w, bias)
+            lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+            mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
+            # up to quant_max_m rows the layer takes its prepared one-launch call (made on the first call of each
+            # x layout, then reused): the bits of a8w8_linear; past them a8w8_linear itself
+            for x in xs[:2] + [xs[3][:1], xs[4][:, :2], big[:2, :K], big[:3, 2:K + 2], xs[2]]:
+                for _ in range(2):
+                    with torch.no_grad():
+                        y = mx(x)
+                    ref = a8w8_linear(x, mx._packed, lin.bias.detach(), x.dtype)
+                    assert y.shape == ref.shape, x.shape
+                    assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), x.shape
+            assert any(k[0] == "a8w8-bf16" and v is not None for k, v in mx._packed._calls.items())
 
 
 @pytest.mark.gpu

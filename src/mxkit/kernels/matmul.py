@@ -35,7 +35,8 @@ float32 accumulation plus one output rounding):
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
     mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
-    activations, quantized inside it up to 8 rows (one launch; the bytes of ``mxkit.quantize(x, "mxfp8")``).
+    activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
+    ``mxkit.quantize(x, "mxfp8")``).
 ``w8a16-mma``
     bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
     table's ``w8a16_mma.max_m``, default 8; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and
@@ -415,6 +416,13 @@ def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
     if _wgmma_ok(b, w, M, dev):
         return _mma_max_m(dev, "a8w8_mma")
     return _mma_max_m(dev, "a8w8_mma", "max_m_no_wgmma")
+
+
+def _a8w8_quant_max_m(dev: torch.device) -> int:
+    """The M up to which :func:`a8w8_linear` quantizes bf16 activations inside the a8w8-mma launch (the table's
+    ``a8w8_mma.quant_max_m``, default 8); past it, one quantize call first."""
+    entry = _envelope(dev, "a8w8_mma") or {}
+    return int(entry.get("quant_max_m", 8))
 
 
 def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
@@ -907,12 +915,12 @@ def _calls_on(holder, name: str) -> dict:
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
                 out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
     """``quantize(x, "mxfp8") @ w.T + bias``: bf16 activations x (..., K) quantized to MXFP8 E4M3 inside the
-    a8w8-mma kernel up to 8 rows (one launch; past that x is quantized once first, two launches) (OCP FLOOR
-    scale, round to nearest even: the bytes of :func:`mxkit.quantize`; with the same split of K the kernel gives
-    the bits it gives on ``quantize(x, "mxfp8")``, and this call may split K more on small grids, so it agrees
-    with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight an MXFP8 E4M3 MXTensor (N, K) or its
-    PackedWeight. Returns (..., N) in ``out_dtype`` (default
-    bf16), or None where the kernel does not take the call (not CUDA, not bf16, another format, M past the
+    a8w8-mma kernel up to ``a8w8_mma.quant_max_m`` rows (default 8: one launch; past that x is quantized once
+    first, two launches) (OCP FLOOR scale, round to nearest even: the bytes of :func:`mxkit.quantize`; with the
+    same split of K the kernel gives the bits it gives on ``quantize(x, "mxfp8")``, and this call may split K
+    more on small grids, so it agrees with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight
+    an MXFP8 E4M3 MXTensor (N, K) or its PackedWeight. Returns (..., N) in ``out_dtype`` (default bf16), or None
+    where the kernel does not take the call (not CUDA, not bf16, another format, M past the
     envelope, N % 16 or K % 64, a GPU older than sm_89, while torch.compile traces): the caller then quantizes
     and calls matmul."""
     packed = w if isinstance(w, PackedWeight) else None
@@ -927,7 +935,7 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     out = check_out_dtype(out_dtype or torch.bfloat16)
     if bias is not None:
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
-    if M > 8:  # past one block of 8 tokens, every block would quantize x again: quantize once, then the GEMM
+    if M > _a8w8_quant_max_m(x.device):  # (past it: quantize once, then the GEMM: two launches)
         from .quantize import quantize_triton
 
         return _a8w8(_plain(quantize_triton(x, "mxfp8_e4m3")), None, _plain(w), M, tuple(x.shape[:-1]), out, bias,
@@ -1031,9 +1039,9 @@ class _W16Call(_A8W8InCall):
 
 def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
     """The eager host path of :func:`a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
-    M <= 8 (one launch): made on the first call of each (shape, strides, device, out dtype, bias shape / dtype,
-    dispatch table) and kept on ``b``; None where a8w8_linear would not take that one-launch form (the caller
-    then calls it). Returns a callable ``(x, bias) -> y``."""
+    M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
+    dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
+    one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
     calls = _calls_on(b, "_calls")
     key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.device, out_dtype, _table_token(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
@@ -1043,7 +1051,7 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     w = b.source
     M = x.shape[:-1].numel()
     if (x.dtype == torch.bfloat16 and x.dim() >= 1 and b.mma_q is not None and w.ndim == 2 and w.axis == 1
-            and x.shape[-1] == w.shape[1] and w.device == x.device and 0 < M <= 8
+            and x.shape[-1] == w.shape[1] and w.device == x.device and 0 < M <= _a8w8_quant_max_m(x.device)
             and _a8w8_ok(w.fmt, b, M, x.device)):
         out = check_out_dtype(out_dtype)
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)

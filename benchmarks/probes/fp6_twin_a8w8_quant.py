@@ -9,6 +9,7 @@ product of the dequantized operands with issue #22's bf16 bound):
 
     PYTHONPATH=src python3 benchmarks/probes/fp6_twin_a8w8_quant.py
 """
+import contextlib
 import dataclasses
 
 import torch
@@ -60,3 +61,22 @@ for N, K in ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096)):
                 t = time_us(lambda: a8w8_linear(x, pw))
                 row.append(f"{t:8.1f} {rel_ok(a8w8_linear(x, pw), xd, wd)}")
         print(f"{M:3d}x{N}x{K:<6d} | {row[0]} | {row[1]}", flush=True)
+
+print("3. bf16 x packed MXFP4 / MXFP8 at M = 17 .. 128 on layers under the wgmma small envelope (N*K < 2^24):")
+print("   the plan | the wgmma kernel (small_min_nk 0) | cuBLAS bf16")
+WG = {"default": {"w4a16_wgmma": {"small_min_nk": 0}, "w8a16_wgmma": {"small_min_nk": 0}, "decode_mma": {"max_m": 16},
+                  "decode_w4a16": {"max_m": 16}}}
+for fmt in ("mxfp4_e2m1", "mxfp8_e4m3"):
+    for N, K in ((5120, 2880), (2880, 4096), (4096, 2880), (2880, 2880)):
+        wq = mxkit.quantize(torch.randn(N, K, device="cuda") / 16, fmt)
+        pw = mxkit.pack_weight(wq, act="float")
+        wd = dequantize_reference(wq, torch.bfloat16)
+        for M in (17, 32, 64, 128):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            row = []
+            for table in (None, WG):
+                with gemm_table_override(table) if table else contextlib.nullcontext():
+                    path = mxkit.gemm_plan(x, pw).path
+                    t = time_us(lambda: mxkit.matmul(x, pw))
+                    row.append(f"{t:8.1f} {path:12s} {rel_ok(mxkit.matmul(x, pw), x, wd)}")
+            print(f"{fmt:11s} {M:4d}x{N}x{K:<5d} | {row[0]} | {row[1]} | {time_us(lambda: x @ wd.T):8.1f}", flush=True)

@@ -35,7 +35,7 @@ def test_case_planning_and_quick():
     assert len(full) == 19 * 8 and len(quick) == 4 * 8
     assert {c.label for c in quick} == {"8192x8192x8192", "4096x4096x4096", "1024x28672x8192", "1024x8192x28672"}
     assert full[0].label == "10000x16384x16384" and {c.pair for c in quick} == set(bg.DEFAULT_PAIRS)
-    assert set(bg.PAIRS) - set(bg.DEFAULT_PAIRS) == {"w8a16"}  # (on request)
+    assert set(bg.PAIRS) - set(bg.DEFAULT_PAIRS) == {"w8a16", "w6a16"}  # (on request)
     assert {c.label for c in full if c.N == 5120} == {f"{m}x5120x2880" for m in bg.LAYER_MS}
     assert all(c.mode == "ready" for c in full if c.pair in ("w4a16", "w4a8"))
     args = _cli(["--pairs", "mxfp4,w4a8", "--modes", "from-bf16", "--shapes", "64x96x128", "--peers", "none"])
@@ -162,7 +162,7 @@ def test_pipeline_rows_with_fake_api(fake_api):
     cases = bg.plan_cases(tuple(bg.PAIRS), bg.MODES, [(96, 64, 128)])
     rows = timing.run_cases(cases, _ctx(), bg.IMPLS, log=lambda s: None)
     mine = [r for r in rows if r.impl == "mxkit"]
-    assert len(mine) == 9 and all(r.status == "ok" and r.check == "ok" for r in mine), [(r.fmt, r.note) for r in mine]
+    assert len(mine) == 10 and all(r.status == "ok" and r.check == "ok" for r in mine), [(r.fmt, r.note) for r in mine]
     for r in mine:
         assert r.path == "fake-path" and r.pack_us == 50.0 and r.note == "plan: a fake plan"
         assert r.flops == 2 * 96 * 64 * 128 and r.tflops == pytest.approx(r.flops / 50.0 / 1e6)

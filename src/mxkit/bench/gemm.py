@@ -45,8 +45,9 @@ PAIRS = {
     "w4a16": (("bf16", "mxfp4_e2m1"), "bf16×mxfp4 (W4A16)"),
     "w4a8": (("fp8_rowwise", "mxfp4_e2m1"), "fp8-rowwise×mxfp4 (W4A8)"),
     "w8a16": (("bf16", "mxfp8_e4m3"), "bf16×mxfp8 (W8A16)"),
+    "w6a16": (("bf16", "mxfp6_e2m3"), "bf16×mxfp6 (W6A16)"),
 }
-DEFAULT_PAIRS = ("mxfp4", "mxfp6", "mxfp8", "w4a16", "w4a8")  # (w8a16 on request: --pairs)
+DEFAULT_PAIRS = ("mxfp4", "mxfp6", "mxfp8", "w4a16", "w4a8")  # (w8a16, w6a16 on request: --pairs)
 MODES = ("ready", "from-bf16")
 SEED = (10000, 16384, 16384)  # IREE's MXFP4 problem
 SQUARES = ((8192, 8192, 8192), (4096, 4096, 4096))

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
-from ._mma_decode import shape_ok, split_k  # the same 16-row strips and 64-column tiles
+from ._mma_decode import check_shape, shape_ok, split_k  # the same 16-row strips and 64-column tiles
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
@@ -113,8 +113,9 @@ class A8W8:
                  split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
         N, K = shape if packed else w.shape
-        if not (M > 0 and shape_ok(N, K)):
-            raise ValueError(f"a8w8-mma takes M >= 1, N % 16 == 0 and K % 64 == 0; got M={M}, N={N}, K={K}")
+        if M <= 0:
+            raise ValueError(f"a8w8-mma takes M >= 1, got M={M}")
+        check_shape(N, K, "a8w8-mma")  # (gridDim.y: N / (16 r) strip groups, r >= 1)
         if w16 is not None and not (packed and quant and w16 in ("e4m3", "e5m2")):
             raise ValueError(f"the W8A16 kernel takes bf16 activations and a packed E4M3 / E5M2 weight; got "
                              f"w16={w16!r}, quant={quant}, packed={packed}")

@@ -125,8 +125,21 @@ def unpack_mma_reference(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor
     return qdata, sb.reshape(R * 16, T * 2).contiguous()
 
 
+MAX_STRIPS = 65535  # CUDA's largest gridDim.y: every launch of mma_decode.cu / mma_a8w8.cu puts a strip there
+
+
 def shape_ok(N: int, K: int) -> bool:
-    return N % 16 == 0 and K % 64 == 0 and N > 0 and K > 0
+    """Whether the kernels of this file and ``mma_a8w8.cu`` take an N x K weight: 16-row strips (at most
+    :data:`MAX_STRIPS`, gridDim.y: N <= 1048560) and 64-column tiles, K an int32 (the kernels' ``int K``; their
+    offsets are 64-bit, so weights past 2^31 bytes are fine)."""
+    return N % 16 == 0 and K % 64 == 0 and 0 < N <= 16 * MAX_STRIPS and 0 < K < 2**31
+
+
+def check_shape(N: int, K: int, what: str) -> None:
+    """ValueError before a launch unless :func:`shape_ok` (past MAX_STRIPS strips the driver refuses the grid)."""
+    if not shape_ok(N, K):
+        raise ValueError(f"{what} takes N % 16 == 0, N <= {16 * MAX_STRIPS} (gridDim.y) and K % 64 == 0; got N={N}, "
+                         f"K={K}")
 
 
 def rows_ok(x: torch.Tensor) -> bool:
@@ -185,6 +198,7 @@ class MmaDecode:
                  special: bool = True, split: Optional[int] = None):
         if not 0 < M <= MAX_M:
             raise ValueError(f"decode-mma takes 1 <= M <= {MAX_M}, got {M}")
+        check_shape(N, K, "decode-mma")
         dev = q.device
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
@@ -246,6 +260,7 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
             or (activation is None) != (rw is not None):
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
                          "rw with the down GEMM")
+    check_shape(N, K, "grouped_mma")
     k = _kernel(grouped_kernel_name(activation, n_valid, special), _index(x.device))
     k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
@@ -290,6 +305,7 @@ def pairs_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, 
             and (activation is None) == (rw is not None) == (ws is not None) and out.dtype == torch.bfloat16):
         raise ValueError(f"pairs_mma takes 1 to {SMALL_PAIRS} contiguous int32 / int64 ids, bf16 out, and rw with ws "
                          f"for the down GEMM (activation None)")
+    check_shape(N, K, "pairs_mma")
     cnt = pair_counters(x.device, (n // top_k) * (N // 16)) if activation is None else None
     k = _kernel(pairs_kernel_name(activation, special), _index(x.device))
     k((n, N // 16), 128, (x, q, s, bias, rw, out, topk_ids, ctypes.c_int(topk_ids.dtype == torch.int64), ws, cnt,

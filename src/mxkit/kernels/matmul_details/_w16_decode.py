@@ -28,6 +28,7 @@ def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split
     nmask = n < N
     m = tl.arange(0, BLOCK_M)
     mmask = m < M
+    m64 = m.to(tl.int64)  # (row offsets of x and out in 64 bits: M * K or M * N may pass 2^31)
     rows = n.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * k_split
@@ -35,10 +36,10 @@ def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split
     for k0 in range(k_lo, k_hi, BLOCK_K):
         w = _mx_weight_tile(q_ptr, s_ptr, rows, nmask, k0, k_hi, K, BLOCK_N, BLOCK_K, W_KIND)
         kx = k0 + tl.arange(0, BLOCK_K)
-        xk = tl.load(x_ptr + m[:, None] * stride_xm + kx[None, :], mask=mmask[:, None] & (kx < k_hi)[None, :],
+        xk = tl.load(x_ptr + m64[:, None] * stride_xm + kx[None, :], mask=mmask[:, None] & (kx < k_hi)[None, :],
                      other=0.0)
         acc += tl.dot(xk, tl.trans(w.to(xk.dtype)))
-    out = out_ptr + pid_k.to(tl.int64) * M * N + m[:, None] * N + n[None, :]
+    out = out_ptr + pid_k.to(tl.int64) * M * N + m64[:, None] * N + n[None, :]
     tl.store(out, acc, mask=mmask[:, None] & nmask[None, :])
 
 
@@ -50,8 +51,10 @@ def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, NSPLIT: tl.constex
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < MN
     acc = tl.load(part_ptr + i, mask=m, other=0.0)
+    off = i
     for s in tl.static_range(1, NSPLIT):
-        acc += tl.load(part_ptr + s * MN + i, mask=m, other=0.0)
+        off += MN  # partial s at s * MN + i, in 64 bits (s * MN in int32 passes 2^31 for M * N > 2^30)
+        acc += tl.load(part_ptr + off, mask=m, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + i % N, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=m)

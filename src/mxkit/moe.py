@@ -15,11 +15,12 @@ from typing import Callable, Optional
 import torch
 
 from .ops import needs_grad
-from .moe_reference import check_moe_args, moe_reference, moe_w4a8_reference
+from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
 from .tensor import MXTensor
 
-__all__ = ["moe", "moe_experts", "moe_w4a8", "route", "route_tokens", "MOE_BACKENDS", "resolve_moe_backend"]
+__all__ = ["moe", "moe_experts", "moe_w4a8", "moe_mxfp4", "route", "route_tokens", "MOE_BACKENDS",
+           "resolve_moe_backend"]
 
 MOE_BACKENDS = ("auto", "reference", "triton")
 _KERNEL_MODULE = "mxkit.kernels.moe"
@@ -193,24 +194,8 @@ def moe_w4a8(
     a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
     do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
     x's dtype. No expert parallelism here."""
-    from .ops import quantize_fp8_rowwise
-
-    lead, H = x.shape[:-1], x.shape[-1]
-    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
-    xq = quantize_fp8_rowwise(x2)
-    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation)
-    if resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
-        from .kernels.moe import fold_experts, moe_w4a8_triton
-
-        if folded is None:
-            folded = (fold_experts(w_gate_up, interleave_halves=activation == "swiglu"), fold_experts(w_down))
-        if folded[0] is not None and folded[1] is not None:
-            y = moe_w4a8_triton(xq, folded[0], b_gate_up, folded[1], b_down, weights, ids, activation=activation,
-                                out_dtype=x.dtype)
-            return y.reshape(*lead, H)
-    y = moe_w4a8_reference(xq, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
-                           out_dtype=x.dtype)
-    return y.reshape(*lead, H)
+    return _quantized_layer(_w4a8_folded, _w4a8_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits,
+                            top_k, routing, activation, folded, backend)
 
 
 def moe_w4a8_folded(
@@ -228,11 +213,117 @@ def moe_w4a8_folded(
     (gate_up, down) pair of :class:`mxkit.kernels.moe.FoldedExperts` (E, 2I, H) / (E, H, I) that
     :class:`mxkit.nn.MXMoE` holds in place of its MX bytes (its ``"fold"`` layout). The caller has checked the
     shapes. Returns (..., H) in x's dtype."""
+    return _folded_layer(_w4a8_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation)
+
+
+def moe_mxfp4(
+    x: torch.Tensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+    folded: Optional[tuple] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The MoE layer in MXFP4 x MXFP4 (the dense ``mxkit.matmul`` / ``MXLinear(act_format="mxfp4")`` convention
+    for MoE): the tokens quantized to MXFP4 along H and the intermediate (after the bias and the activation) to
+    MXFP4 along I, both with :func:`mxkit.quantize`'s bytes (OCP FLOOR scales, RNE), times MXFP4 (or MXFP6)
+    experts. On CUDA (:func:`mxkit.kernels.moe.moe_mxfp4_triton`) both sides are folded exactly to E4M3 and run
+    on FP8 tensor cores, the rows that do not fold (block scales spanning more than 14 steps) recomputed exactly
+    on the device with no host sync; elsewhere :func:`~mxkit.moe_reference.moe_mxfp4_reference`. Each GEMM is
+    exact for its MXFP4 operands (float32 accumulation, one rounding to bf16); the expert biases are added after
+    that rounding, the combine sums the k slots in float32.
+
+    x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I)
+    along K, biases (E, 2I) / (E, H) or None; top_k, routing, activation as :func:`moe` (ties go to the lower
+    expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
+    that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that do not
+    fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
+    envelope) take the reference. Returns (..., H) in x's dtype. No expert parallelism here. Raises the
+    TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E])."""
+    return _quantized_layer(_mxfp4_folded, _mxfp4_reference, x, w_gate_up, b_gate_up, w_down, b_down,
+                            router_logits, top_k, routing, activation, folded, backend)
+
+
+def moe_mxfp4_folded(
+    x: torch.Tensor,
+    folded: tuple,
+    b_gate_up: Optional[torch.Tensor],
+    b_down: Optional[torch.Tensor],
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    routing: str = "gpt_oss",
+    activation: str = "swiglu_gpt_oss",
+) -> torch.Tensor:
+    """:func:`moe_mxfp4` on CUDA from experts that are already folded (:func:`moe_w4a8_folded`'s arguments: the
+    pair :class:`mxkit.nn.MXMoE` holds in its ``"fold"`` layout). Returns (..., H) in x's dtype."""
+    return _folded_layer(_mxfp4_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation)
+
+
+# the two activation formats of the quantized-activation layers: (x2, folded pair, biases, topk, activation,
+# out dtype) -> (T, H) on the folded experts; (x2, MX experts, biases, topk, activation, out dtype) -> the twin
+
+
+def _w4a8_folded(x2, folded, b1, b2, weights, ids, activation, out_dtype) -> torch.Tensor:
     from .kernels.moe import moe_w4a8_triton
     from .ops import quantize_fp8_rowwise
 
+    return moe_w4a8_triton(quantize_fp8_rowwise(x2), folded[0], b1, folded[1], b2, weights, ids,
+                           activation=activation, out_dtype=out_dtype)
+
+
+def _w4a8_reference(x2, w1, b1, w2, b2, weights, ids, activation, out_dtype) -> torch.Tensor:
+    from .ops import quantize_fp8_rowwise
+
+    return moe_w4a8_reference(quantize_fp8_rowwise(x2), w1, b1, w2, b2, weights, ids, activation=activation,
+                              out_dtype=out_dtype)
+
+
+def _mxfp4_folded(x2, folded, b1, b2, weights, ids, activation, out_dtype) -> torch.Tensor:
+    from .kernels.moe import moe_mxfp4_triton
+
+    return moe_mxfp4_triton(x2, folded[0], b1, folded[1], b2, weights, ids, activation=activation,
+                            out_dtype=out_dtype)
+
+
+def _mxfp4_reference(x2, w1, b1, w2, b2, weights, ids, activation, out_dtype) -> torch.Tensor:
+    from .ops import quantize
+
+    return moe_mxfp4_reference(quantize(x2, "mxfp4_e2m1", axis=-1), w1, b1, w2, b2, weights, ids,
+                               activation=activation, out_dtype=out_dtype)
+
+
+def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits, top_k,
+                     routing, activation, folded, backend) -> torch.Tensor:
+    """:func:`moe_w4a8` / :func:`moe_mxfp4`: route, check, then ``run_folded`` on the experts folded (the Triton
+    backend, FP4 / FP6 experts that fold; ``folded`` None: folded here) or ``run_reference``. No tokens: an empty
+    result."""
     lead, H = x.shape[:-1], x.shape[-1]
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
-    y = moe_w4a8_triton(quantize_fp8_rowwise(x2), folded[0], b_gate_up, folded[1], b_down, weights, ids,
-                        activation=activation, out_dtype=x.dtype)
+    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation)
+    if x2.shape[0] == 0:
+        return x.new_zeros(x.shape)
+    if resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
+        from .kernels.moe import fold_experts
+
+        if folded is None:
+            folded = (fold_experts(w_gate_up, interleave_halves=activation == "swiglu"), fold_experts(w_down))
+        if folded[0] is not None and folded[1] is not None:
+            y = run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype)
+            return y.reshape(*lead, H)
+    y = run_reference(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation, x.dtype)
     return y.reshape(*lead, H)
+
+
+def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation
+                  ) -> torch.Tensor:
+    """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
+    lead, H = x.shape[:-1], x.shape[-1]
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

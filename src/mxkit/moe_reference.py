@@ -26,7 +26,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .reference import dequantize_reference, round_from_float64
+from .formats import MXFP4_E2M1
+from .reference import dequantize_reference, quantize_reference, round_from_float64
 from .tensor import MXTensor, check_out_dtype
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "check_moe_args",
     "moe_reference",
     "moe_w4a8_reference",
+    "moe_mxfp4_reference",
 ]
 
 ROUTING_MODES = ("gpt_oss", "softmax_topk")
@@ -537,8 +539,62 @@ def moe_w4a8_reference(
     xq: Fp8Rowwise (T, H); experts MXTensor (E, 2I, H) / (E, H, I) along K, biases (E, 2I) / (E, H) or None;
     topk (T, k). A kernel matches it but for float32 vs float64 in the activation, which may move an element of
     v8 by one E4M3 step where v sits on a rounding boundary. Raises the errors of :func:`check_moe_args`."""
-    data, scale = xq.data, xq.scale
-    a = data.to(torch.float64) * scale.to(torch.float64).reshape(-1, 1)
+    a = xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)
+    return _quantized_moe(a, _fp8_rowwise_values, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
+                          activation, out_dtype)
+
+
+def _mxfp4_values(v: torch.Tensor) -> torch.Tensor:
+    """float64 of v (R, C) rounded to float32, quantized to MXFP4 along C (:func:`mxkit.quantize`'s bytes: OCP
+    FLOOR scales, RNE) and dequantized (exact)."""
+    if v.numel() == 0:
+        return v
+    q = quantize_reference(v.to(torch.float32), MXFP4_E2M1, axis=-1)
+    return dequantize_reference(q, torch.float64)
+
+
+def moe_mxfp4_reference(
+    xq: MXTensor,
+    w_gate_up: MXTensor,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: MXTensor,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The MXFP4 x MXFP4 MoE (the tokens and the intermediate in MXFP4), the twin of
+    :func:`mxkit.kernels.moe.moe_mxfp4_triton` with its rounding points, float64 elsewhere:
+
+    1. ``h = bf16(a[token] @ W1[e].T)`` with ``a`` = xq dequantized (exact), the expert exact (dequantized MX;
+       the kernel reads both folded to E4M3 where they fold, the same values);
+    2. ``v = act(h + b1[e])``, rounded to float32 and quantized to MXFP4 along I (:func:`mxkit.quantize`: OCP
+       FLOOR scales, RNE), dequantized: v4;
+    3. ``y = bf16(v4 @ W2[e].T)``;
+    4. ``out[t] = Σ_j topk_weights[t, j] · (y + b2[e])``, rounded once to ``out_dtype``.
+    xq: MXTensor (T, H) mxfp4_e2m1 quantized along H (``mxkit.quantize(x, "mxfp4")``); experts MXTensor (E, 2I, H)
+    / (E, H, I) along K, biases (E, 2I) / (E, H) or None; topk (T, k). A kernel matches it but for float32 vs
+    float64 in the activation (and a float32 vs float64 sum before h's bf16 rounding), which may move an element
+    of v4 by one FP4 step, or a block scale, where v sits on a rounding boundary. Raises TypeError / ValueError
+    for an xq that is not such an MXTensor, and the errors of :func:`check_moe_args`."""
+    if not isinstance(xq, MXTensor) or xq.fmt != MXFP4_E2M1 or xq.ndim != 2 or xq.axis != 1:
+        what = (f"{xq.fmt.name} {tuple(xq.shape)} along axis {xq.axis}" if isinstance(xq, MXTensor)
+                else type(xq).__name__)
+        raise TypeError(f"xq must be an MXTensor (T, H) of mxfp4_e2m1 quantized along H, got {what}")
+    a = dequantize_reference(xq, torch.float64)
+    return _quantized_moe(a, _mxfp4_values, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
+                          activation, out_dtype)
+
+
+def _quantized_moe(a: torch.Tensor, quantize_act: Callable[[torch.Tensor], torch.Tensor], w_gate_up: MXTensor,
+                   b_gate_up: Optional[torch.Tensor], w_down: MXTensor, b_down: Optional[torch.Tensor],
+                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """The MoE with quantized activations (:func:`moe_w4a8_reference`, :func:`moe_mxfp4_reference`) from the
+    float64 token values ``a`` (T, H): each GEMM rounded to bf16, the expert bias added after, the activation's
+    output replaced by ``quantize_act(v)`` (float64 values of its quantization), the combine, one rounding."""
     T, H, _, E, k = check_moe_args(a, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation)
     out_dtype = check_out_dtype(out_dtype)
@@ -552,9 +608,8 @@ def moe_w4a8_reference(
     h = grouped_matmul_reference(a, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k)
     h = h.to(torch.bfloat16).to(torch.float64)
     h = h + row_bias(b_gate_up)
-    v8 = _fp8_rowwise_values(ACTIVATIONS[activation](h))
-    y = grouped_matmul_reference(v8, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
+    vq = quantize_act(ACTIVATIONS[activation](h))
+    y = grouped_matmul_reference(vq, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
                                  num_tokens=T).to(torch.bfloat16).to(torch.float64)
     y = y + row_bias(b_down)
     return round_from_float64(combine_reference(y, sorted_ids, topk_weights), out_dtype)
-

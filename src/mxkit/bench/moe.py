@@ -7,7 +7,8 @@ drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Mode
 :func:`mxkit.kernels.moe.moe_triton` (bf16 tokens, MXFP4 experts read as MX bytes); ``w8a16`` the same with
 MXFP8 E4M3 experts (the same random weights quantized to MXFP8; the peers then run on their bf16 values);
 ``w4a8`` times ``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to
-E4M3 once: "pack µs").
+E4M3 once: "pack µs"); ``mxfp4`` :func:`mxkit.kernels.moe.moe_mxfp4_triton` (MXFP4 x MXFP4: the tokens and the
+intermediate quantized to MXFP4 and folded inside the call, experts folded once).
 
 Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16``): ``grouped-mm-gemms``
 (the two ``torch._grouped_mm`` bf16 GEMMs alone on tokens already sorted by expert, activation excluded: the
@@ -22,7 +23,9 @@ replay is timed, as a serving engine runs decode steps; above, eager calls behin
 Bytes: the MX bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
 floor (decode). Numerics: on up to 64 tokens, ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
 (the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64
-(``w4a16``, ``w8a16``); 0.1 for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound, not the exactness one).
+(``w4a16``, ``w8a16``); 0.1 for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound,
+not the exactness one); ``mxfp4`` against its twin :func:`mxkit.moe_reference.moe_mxfp4_reference` with 0.02 (the
+twin's float64 activation may move an intermediate element by one FP4 step on a rounding boundary).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ HIDDEN = INTER = 2880
 TOP_K = 4
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 ROUTINGS = ("uniform", "zipf")
-MODES = ("w4a16", "w4a8", "w8a16")
-EXPERT_FORMAT = {"w4a16": "mxfp4", "w4a8": "mxfp4", "w8a16": "mxfp8_e4m3"}
+MODES = ("w4a16", "w4a8", "w8a16", "mxfp4")
+EXPERT_FORMAT = {"w4a16": "mxfp4", "w4a8": "mxfp4", "w8a16": "mxfp8_e4m3", "mxfp4": "mxfp4"}
 PEERS = ("grouped-mm-gemms", "grouped-mm-bf16", "loop-bf16", "dequant-bf16")
 PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16 layer", "loop-bf16": "loop bf16",
                "dequant-bf16": "dequant+bf16"}
@@ -100,6 +103,13 @@ class MoeCase:
         if self.T > SAMPLE_TOKENS:
             idx = torch.randperm(self.T, device=inp.x.device)[:SAMPLE_TOKENS].sort().values
         w = inp.weights
+        if self.mode == "mxfp4":
+            from ..moe_reference import moe_mxfp4_reference
+            from ..ops import quantize
+
+            y64 = moe_mxfp4_reference(quantize(inp.x[idx], "mxfp4_e2m1"), w.w1, w.b1, w.w2, w.b2, inp.tw[idx],
+                                      inp.ids[idx], out_dtype=torch.float64)
+            return idx, y64
         y64 = moe_reference(inp.x[idx], w.w1, w.b1, w.w2, w.b2, inp.tw[idx], inp.ids[idx], out_dtype=torch.float64,
                             intermediate_dtype=torch.bfloat16)
         return idx, y64
@@ -109,7 +119,7 @@ class MoeCase:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (self.T, HIDDEN):
             return {"check": "FAIL", "note": f"output {getattr(out, 'shape', type(out).__name__)}"}
         err = ((out[idx].double() - y64).norm() / y64.norm()).item()
-        bound = 0.1 if self.mode == "w4a8" else \
+        bound = 0.1 if self.mode == "w4a8" else 0.02 if self.mode == "mxfp4" else \
             1.5 * ((y64.to(torch.bfloat16).double() - y64).norm() / y64.norm()).item()
         return {"err": err, "err_bound": bound, "check": "ok" if err <= bound else "FAIL"}
 
@@ -204,13 +214,14 @@ GRAPH_TOKENS = [64]  # set by --graph-tokens
 
 def _mxkit(case: MoeCase, inp: Inputs, ctx):
     from ..kernels.matmul_details._w4a16_wgmma import available as wgmma_available
-    from ..kernels.moe import (MMA_MAX_PAIRS, fold_experts, moe_triton, moe_w4a8_triton, pack_experts_mma,
-                               pack_experts_wgmma)
+    from ..kernels.moe import (fold_experts, mma_max_pairs, moe_mxfp4_triton, moe_triton, moe_w4a8_triton,
+                               pack_experts_mma, pack_experts_wgmma)
     from ..ops import quantize_fp8_rowwise
 
     w, x, tw, ids = inp.weights, inp.x, inp.tw, inp.ids
+    max_pairs = mma_max_pairs(x.device)
     if case.mode == "w8a16":  # MXFP8 experts: MXMoE's copy in the wgmma layout for prefill; decode reads them
-        if ids.numel() <= MMA_MAX_PAIRS or wgmma_available(x.device) is not None:
+        if ids.numel() <= max_pairs or wgmma_available(x.device) is not None:
             return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
 
         def pack():
@@ -219,9 +230,9 @@ def _mxkit(case: MoeCase, inp: Inputs, ctx):
         return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), \
             {"pack_us": ctx.time_fn(pack)[0]}
     if case.mode == "w4a16":
-        if ids.numel() > MMA_MAX_PAIRS and wgmma_available(x.device) is not None:
+        if ids.numel() > max_pairs and wgmma_available(x.device) is not None:
             return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
-        # the experts packed once in the decode kernel's layout, which the decode (up to MMA_MAX_PAIRS pairs) and
+        # the experts packed once in the decode kernel's layout, which the decode (up to max_pairs pairs) and
         # the prefill kernels both read (MXMoE keeps this one copy per buffer)
         packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
         pack_us = ctx.time_fn(lambda: (pack_experts_mma(w.w1), pack_experts_mma(w.w2)))[0]
@@ -230,6 +241,8 @@ def _mxkit(case: MoeCase, inp: Inputs, ctx):
     if f1 is None or f2 is None:
         raise BenchUnavailable("an expert row does not fold (block scales spanning more than 14)")
     pack_us = ctx.time_fn(lambda: (fold_experts(w.w1), fold_experts(w.w2)))[0]
+    if case.mode == "mxfp4":
+        return (lambda: moe_mxfp4_triton(x, f1, w.b1, f2, w.b2, tw, ids)), {"pack_us": pack_us}
     return (lambda: moe_w4a8_triton(quantize_fp8_rowwise(x), f1, w.b1, f2, w.b2, tw, ids)), {"pack_us": pack_us}
 
 
@@ -325,7 +338,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=ROUTINGS,
                    help="uniform and/or zipf (default both)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES[:2],
-                   help="w4a16, w4a8 and / or w8a16 (MXFP8 experts) (default w4a16,w4a8)")
+                   help="w4a16, w4a8, w8a16 (MXFP8 experts) and / or mxfp4 (MXFP4 x MXFP4) (default w4a16,w4a8)")
     p.add_argument("--quick", action="store_true", help="GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")

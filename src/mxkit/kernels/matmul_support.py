@@ -66,12 +66,14 @@ def envelope_rows() -> list[dict]:
 
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
+    twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
     return [
-        {"path": "a8w8-mma", "a": "MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear)",
+        {"path": "a8w8-mma", "a": f"MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear up to M ≤ "
+                                 f"{d['a8w8_mma']['quant_max_m']})",
          "weight": "mxfp8_e4m3", "M": f"≤ {d['a8w8_mma']['max_m']} where w8a16-wgmma takes the layer, else "
                                      f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",
          "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
-        {"path": "w8a16-mma", "a": "bf16", "weight": "packed mxfp8_e4m3 / e5m2, no NaN / Inf codes",
+        {"path": "w8a16-mma", "a": "bf16", "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
          "M": f"≤ {d['w8a16_mma']['max_m']}{per_gpu('w8a16_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
         {"path": "decode-mma", "a": "bf16", "weight": "packed mxfp4_e2m1",
          "M": f"≤ {d['decode_mma']['max_m']}{per_gpu('decode_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_80+"},
@@ -81,7 +83,8 @@ def envelope_rows() -> list[dict]:
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
          "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
-        {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16", "weight": "packed mxfp8_e4m3 / e5m2, no NaN / Inf codes",
+        {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16",
+         "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
          "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
     ]
 

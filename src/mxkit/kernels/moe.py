@@ -32,7 +32,7 @@ from ..moe_reference import check_moe_args, moe_reference
 from ..packed import partial_stats_host
 from ..tensor import MXTensor
 from .launch import _Launcher
-from .matmul import W_KINDS, _nonfinite_codes
+from .matmul import W_KINDS, _envelope, _nonfinite_codes, _packaged_table
 from .matmul_details._envelope import exact_scale_range, host_ints, scale_extrema, scale_stats
 from .matmul_details import _align, _mma_decode, _moe_epilogue
 
@@ -44,11 +44,12 @@ _GATHER = _Launcher(_moe_epilogue, "_gather_rows_kernel")
 _COMBINE = _Launcher(_moe_epilogue, "_combine_kernel")
 _MIXED = _Launcher(_align, "_mixed_blocks_kernel")
 _BIAS_ACT_FP8 = _Launcher(_moe_epilogue, "_bias_act_fp8_kernel")
+_BIAS_ACT = _Launcher(_moe_epilogue, "_bias_act_kernel")
 _WORDS = ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "grouped_matmul_w16", "moe_triton", "MmaExperts",
-           "pack_experts_mma", "MMA_MAX_PAIRS", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m", "mixed_blocks",
-           "MIXED_SIZES", "moe_packed", "packed_path"]
+           "pack_experts_mma", "MMA_MAX_PAIRS", "mma_max_pairs", "WgmmaExperts", "pack_experts_wgmma",
+           "wgmma_block_m", "mixed_blocks", "MIXED_SIZES", "moe_packed", "packed_path", "moe_mxfp4_triton"]
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,9 @@ _INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (unde
 
 def _experts_sort_runs(topk_ids: torch.Tensor, E: int) -> bool:
     """Whether :func:`_align_experts` sorts these pairs over E experts: CUDA ids (or the interpreter tests'), its
-    histograms hold up to 1024 experts, int32 positions."""
-    return E <= 1024 and topk_ids.numel() < 2**30 and (topk_ids.is_cuda or _INTERPRET_ALIGN)
+    histograms hold up to 1024 experts, int32 positions, and its grid's y (n / 8192 groups of chunks) within CUDA's
+    65535."""
+    return E <= 1024 and topk_ids.numel() <= 8192 * _mma_decode.MAX_STRIPS and (topk_ids.is_cuda or _INTERPRET_ALIGN)
 
 
 def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, top_k: int = 0,
@@ -201,8 +203,10 @@ def _envelope_ok(fmt, lo: int, hi: int) -> bool:
 
 
 def supported(w: MXTensor) -> bool:
-    """Whether the grouped kernel takes expert weights ``w`` (element kind, plain scales, envelope)."""
-    return w.fmt.name in W_KINDS and w.fmt.bits != 6 and w.block_size == 32 and _in_envelope(w)
+    """Whether the grouped kernel takes expert weights ``w`` (element kind, plain scales, envelope, and N rows an
+    expert within its grid's y: N / 64 <= 65535, CUDA's limit)."""
+    return (w.fmt.name in W_KINDS and w.fmt.bits != 6 and w.block_size == 32
+            and w.shape[-2] <= 64 * _mma_decode.MAX_STRIPS and _in_envelope(w))
 
 
 def grouped_matmul_w16(
@@ -243,6 +247,9 @@ def grouped_matmul_w16(
     rw = None if routing_weights is None else routing_weights.reshape(-1).to(torch.float32).contiguous()
     bn = cfg.block_n
     grid = (expert_ids.numel(), triton.cdiv(n_out * 2 if activation else N, bn))
+    if grid[1] > _mma_decode.MAX_STRIPS:
+        raise ValueError(f"grouped_matmul_w16: N={N} rows an expert make {grid[1]} column tiles of {bn}, past CUDA's "
+                         f"grid y limit {_mma_decode.MAX_STRIPS}")
     _grouped_w16_kernel[grid](
         a, w.qdata.contiguous(), w.scale.contiguous(), b, rw, out, sorted_ids, expert_ids,
         N, K, n_valid, a.stride(0), out.stride(0),
@@ -254,7 +261,18 @@ def grouped_matmul_w16(
 
 # the decode path: both expert GEMMs on the tensor-core decode kernel (matmul_details/mma_decode.cu)
 
-MMA_MAX_PAIRS = 256  # (token, slot) pairs up to which moe_triton takes the packed experts (64 tokens, top-4)
+# (token, slot) pairs up to which moe_triton takes the packed experts' decode kernels (64 tokens at top-4): the
+# packaged default of the dispatch table's ``moe.mma_max_pairs``, which mma_max_pairs reads per GPU
+MMA_MAX_PAIRS = int(_packaged_table()["default"]["moe"]["mma_max_pairs"])
+
+
+def mma_max_pairs(device: torch.device) -> int:
+    """The (token, slot) pairs up to which :func:`moe_triton` runs packed MXFP4 experts on the tensor-core decode
+    kernels rather than the grouped wgmma prefill kernel: the dispatch table's ``moe.mma_max_pairs`` for
+    ``device``'s GPU (:func:`mxkit.kernels.matmul.gemm_table`; an override applies), else the packaged default
+    :data:`MMA_MAX_PAIRS`."""
+    entry = _envelope(device, "moe")
+    return int(entry["mma_max_pairs"]) if entry else MMA_MAX_PAIRS
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,12 +296,13 @@ class MmaExperts:
 
 def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optional[MmaExperts]:
     """Pack MXFP4 experts (E, N, K) along K once for :func:`moe_triton` (``packed=``): the decode kernel's
-    layout, which the prefill kernel reads too. None for other formats or shapes (N % 16, K % 64). One host
-    sync (the scale statistics behind the flags)."""
+    layout, which the prefill kernel reads too. None for other formats or shapes (N % 16, K % 64, N past
+    1048560: :func:`~mxkit.kernels.matmul_details._mma_decode.shape_ok`). One host sync (the scale statistics
+    behind the flags)."""
     from .matmul_details._mma_decode import pack_mma
 
     E, N, K = w.shape
-    if w.fmt.name != "mxfp4_e2m1" or w.block_size != 32 or N % 16 or K % 64 or w.axis != 2:
+    if w.fmt.name != "mxfp4_e2m1" or w.block_size != 32 or not _mma_decode.shape_ok(N, K) or w.axis != 2:
         return None
     qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
     if interleave_halves:
@@ -298,11 +317,12 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
 
 def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
     """Whether moe_triton's decode path runs: both experts packed (gate_up interleaved for "swiglu"), at most
-    MMA_MAX_PAIRS pairs, x's rows readable as they are, the kernel loadable here."""
+    :func:`mma_max_pairs` pairs, x's rows readable as they are, the kernel loadable here."""
     from .matmul_details import _mma_decode as mma
 
     p1, p2 = packed
-    return (p1 is not None and p2 is not None and n <= MMA_MAX_PAIRS and p1.interleaved == (activation == "swiglu")
+    return (p1 is not None and p2 is not None and n <= mma_max_pairs(x.device)
+            and p1.interleaved == (activation == "swiglu")
             and mma.rows_ok(x) and mma.available(x.device) is None)
 
 
@@ -466,13 +486,13 @@ def packed_path(packed: Optional[tuple], n: int, activation: str, x: torch.Tenso
 
 
 def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
-    """Whether moe_triton's prefill path runs: more than MMA_MAX_PAIRS pairs, the kernel available here, and
+    """Whether moe_triton's prefill path runs: more than :func:`mma_max_pairs` pairs, the kernel available here, and
     both experts packed for it (gate_up in ``activation``'s row order) or for the decode path (the same bytes
     read in that layout)."""
     from .matmul_details import _w4a16_wgmma as wg
 
     p1, p2 = packed
-    if n <= MMA_MAX_PAIRS or wg.available(x.device) is not None:
+    if n <= mma_max_pairs(x.device) or wg.available(x.device) is not None:
         return False
     if isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts):
         return p1.interleaved == (activation == "swiglu") and not p2.interleaved
@@ -705,7 +725,7 @@ def moe_triton(
     intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
 
     packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
-    ``interleave_halves`` for ``"swiglu"``), one copy for every token count: up to :data:`MMA_MAX_PAIRS` (token,
+    ``interleave_halves`` for ``"swiglu"``), one copy for every token count: up to :func:`mma_max_pairs` (token,
     slot) pairs both GEMMs run on the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact;
     the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16 wgmma kernel
     (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order), bias
@@ -770,7 +790,8 @@ class FoldedExperts:
 
 
 def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[FoldedExperts]:
-    """Fold MX experts (E, N, K) along K (FP4 / FP6) for the W4A8 MoE: exact (:mod:`mxkit.fold`). Returns None
+    """Fold MX experts (E, N, K) along K (FP4 / FP6) for the W4A8 and the MXFP4 x MXFP4 MoE (:func:`moe_w4a8_triton`,
+    :func:`moe_mxfp4_triton`): exact (:mod:`mxkit.fold`). Returns None
     when a row does not fold into one E4M3 row with a row scale inside the FP8 epilogue's envelope (block scales
     spanning more than the fold range, or :data:`mxkit.kernels.matmul.FOLD_EXP_LIMIT`): such experts take the
     reference. One host sync (pack time)."""
@@ -786,6 +807,13 @@ def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[Fo
     if interleave_halves:
         data, scale = _interleave_halves(data, 1).contiguous(), _interleave_halves(scale, 1).contiguous()
     return FoldedExperts(data, scale, interleave_halves)
+
+
+def _grouped_fp8(a: torch.Tensor, sa: torch.Tensor, w: FoldedExperts, offs: torch.Tensor) -> torch.Tensor:
+    """bf16 (R, N): row r of ``a`` (R, K) float8_e4m3fn times its scale ``sa[r]`` (float32) times expert e's folded
+    rows, for the rows of expert e's group (ending at ``offs[e]``, int32 [E]), by ``torch._scaled_grouped_mm``
+    (CUDA sm_90: float32 accumulation, one rounding); rows past ``offs[-1]`` unspecified."""
+    return torch._scaled_grouped_mm(a, w.data.transpose(1, 2), sa, w.scale, offs=offs, out_dtype=torch.bfloat16)
 
 
 def moe_w4a8_triton(
@@ -828,8 +856,7 @@ def moe_w4a8_triton(
     ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
     R = ids.numel()
     xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
-    h = torch._scaled_grouped_mm(xa, w_gate_up.data.transpose(1, 2), sa, w_gate_up.scale, offs=offs,
-                                 out_dtype=torch.bfloat16)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs)
     b1 = b_gate_up
     if b1 is not None and w_gate_up.interleaved:
         b1 = _interleave_halves(b1, 1)
@@ -839,9 +866,91 @@ def moe_w4a8_triton(
         _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1),
                       (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
                        ("BLOCK_N", triton.next_power_of_2(N1))), 4)
-    y = torch._scaled_grouped_mm(h8, w_down.data.transpose(1, 2), s2, w_down.scale, offs=offs,
-                                 out_dtype=torch.bfloat16)
+    y = _grouped_fp8(h8, s2, w_down, offs)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
     if stages is not None:
         stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# MXFP4 x MXFP4: the tokens and the intermediate quantized to MXFP4 x MXFP4 / MXFP6 experts, each side folded to
+# E4M3 (the fold path of issue #22) on FP8 tensor cores; rows that do not fold exactly are fixed up on the device
+
+
+ACT_MXFP4 = "mxfp4_e2m1"  # the activation format of moe_mxfp4_triton (OCP FLOOR scales, RNE: mxkit.quantize's)
+
+
+def moe_mxfp4_triton(
+    x: torch.Tensor,
+    w_gate_up: FoldedExperts,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: FoldedExperts,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+    stages: Optional[dict] = None,
+) -> torch.Tensor:
+    """The MXFP4 x MXFP4 expert computation on FP8 tensor cores; reference twin
+    :func:`mxkit.moe_reference.moe_mxfp4_reference` (the same rounding points):
+
+    1. the tokens quantized to MXFP4 along H (:func:`mxkit.quantize`'s bytes: OCP FLOOR scales, RNE) and folded
+       to E4M3 rows with power-of-two row scales in one pass (:func:`mxkit.kernels.fold.quantize_fold_triton`,
+       deferred: no host sync), gathered into the expert-sorted order (groups padded to 16 rows);
+    2. ``h = xq[token] @ W1[e].T`` by ``torch._scaled_grouped_mm``, rounded once to bf16; then the grouped
+       fix-up (:func:`mxkit.kernels.matmul_details._row_fixup.grouped_fixup`) recomputes, from x's rows and the
+       folded experts, the rows whose token does not fold exactly (block scales spanning more than 14 steps, or
+       a row scale outside 2^+-FOLD_EXP_LIMIT);
+    3. one pass per sorted row: ``v = act(h + b1[e])`` in float32, then v quantized to MXFP4 and folded the same
+       way (sorted order: no gather);
+    4. ``y = vq @ W2[e].T`` the same way (GEMM, bf16 rounding, fix-up of v's rows that do not fold);
+    5. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in order in float32, rounded
+       to ``out_dtype``.
+    Each GEMM is exact for its MXFP4 operands: float32 accumulation and one rounding of the product of the
+    dequantized values (the folds are exact, the fix-up reads exact values).
+
+    x: (T, H) float32 | bfloat16 | float16 (H % 32 == 0); w_gate_up / w_down: :func:`fold_experts` of
+    (E, 2I, H) / (E, H, I) MXFP4 / MXFP6 experts (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in
+    the checkpoint's row order, b_down (E, H), or None; topk_weights / topk_ids (T, k). ``stages``: a dict that
+    receives the intermediates (tests). Returns (T, H) in ``out_dtype``. No host sync (CUDA-graph capturable);
+    needs CUDA sm_90 (``torch._scaled_grouped_mm``). Raises TypeError for another x dtype. Expert ids are not
+    range-checked: a pair whose id is outside 0 .. E - 1 contributes 0."""
+    import triton
+
+    from .fold import quantize_fold_triton
+    from .matmul_details._grouped import ACTS
+    from .matmul_details._row_fixup import grouped_fixup
+
+    bm = 16  # rows an expert's group is padded to (the grouped GEMM's), the fix-up's row tile
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, N1, _ = w_gate_up.data.shape
+    n = T * k
+    if n == 0:
+        return torch.zeros(T, H, dtype=out_dtype, device=x.device)
+    x = x if x.is_contiguous() else x.contiguous()
+    ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
+    R = ids.numel()
+    xf = quantize_fold_triton(x, ACT_MXFP4, defer=True)  # (status-1 rows: unspecified until the fix-up)
+    xa, sa = gather_rows(xf.folded.data, ids, n, k, scale=xf.folded.scale)  # (padding rows: any codes, scale 0)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs)
+    grouped_fixup(h, xf.source, xf.status, xf.folded.scale, ids, eids, w_gate_up.data, w_gate_up.scale, n_valid=n,
+                  top_k=k, gather=True)
+    b1 = b_gate_up
+    if b1 is not None and w_gate_up.interleaved:
+        b1 = _interleave_halves(b1, 1)
+    v = torch.empty(R, N1 // 2, dtype=torch.float32, device=x.device)
+    _BIAS_ACT((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, v, n, N1),
+              (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
+               ("BLOCK_N", triton.next_power_of_2(N1))), 4)
+    vf = quantize_fold_triton(v, ACT_MXFP4, defer=True)  # (padding rows: zeros)
+    y = _grouped_fp8(vf.folded.data, vf.folded.scale, w_down, offs)
+    grouped_fixup(y, vf.source, vf.status, vf.folded.scale, ids, eids, w_down.data, w_down.scale, n_valid=n,
+                  top_k=k, gather=False)
+    out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
+    if stages is not None:
+        stages.update(ids=ids, eids=eids, h=h, v=v, y=y, x_fold=xf, v_fold=vf)
     return out

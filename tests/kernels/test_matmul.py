@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 import mxkit
+import mxkit.nn  # (MXLinear: not imported by mxkit itself)
 from mxkit.fold import fold_range
 from mxkit.formats import get_format
 from mxkit.kernels.matmul import PATHS, exact_scale_range
@@ -1185,3 +1186,81 @@ def test_gpu_compiled_matmul_packed_weight(rng):
     """The same on CUDA with Inductor: the eager kernels (decode-mma, w8a16-mma, decode-w16, dense-exact) inside
     the compiled graph."""
     _compiled_matmul_equals_eager("cuda", "inductor", rng)
+
+
+@pytest.mark.parametrize("fmt", ["mxint8", "mxfp4_e2m1", "mxfp6_e2m3"])
+def test_dense_cache_plan_and_values(fmt, monkeypatch, rng):
+    """pack_weight(dense=dtype) keeps the weight dequantized (the reference's bytes; an MXFP6 weight's bf16 cache
+    on its twin), which activations of that dtype read past the small-M kernels (path dense-cached, the device
+    faked) where the scale bytes are in the dtype's exact envelope; kept by .to / pytree; counted in nbytes."""
+    import torch.utils._pytree as pytree
+
+    from mxkit.kernels import matmul as km
+    from mxkit.reference import dequantize_reference
+
+    with pytest.raises(ValueError, match="dense="):
+        mxkit.pack_weight(rand_mx((16, 64), fmt, rng), dense=torch.float32)
+    w = rand_mx((64, 256), fmt, rng)
+    pw = mxkit.pack_weight(w, act="float", dense=torch.bfloat16)
+    holder = pw.wide if fmt.startswith("mxfp6") else pw
+    assert holder.dense.dtype == torch.bfloat16 and (pw.dense is None) == fmt.startswith("mxfp6")
+    assert torch.equal(holder.dense.view(torch.int16), dequantize_reference(w, torch.bfloat16).view(torch.int16))
+    assert pw.nbytes == mxkit.pack_weight(w, act="float").nbytes + 2 * w.shape.numel()
+    leaves, spec = pytree.tree_flatten(pw)
+    assert pytree.tree_unflatten(leaves, spec).to("cpu").nbytes == pw.nbytes
+    a = torch.randn(40, 256, generator=rng).to(torch.bfloat16)
+    assert torch.equal(mxkit.matmul(a, pw).view(torch.int16), mxkit.matmul(a, w).view(torch.int16))
+    p16 = mxkit.pack_weight(w, act="float", dense=torch.float16)
+    assert p16.dense.dtype == torch.float16
+    w2 = MXTensor(w.qdata, w.scale.clone(), fmt, 1, 32, w.shape)
+    w2.scale[3, 1] = 5 if fmt != "mxint8" else 2  # below fp16's range: the cache is not exact there
+    p16_low = mxkit.pack_weight(w2, act="float", dense=torch.float16)
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
+    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(type(w), "device", property(lambda self: dev), raising=False)
+    from mxkit.kernels.matmul_details import _mma_a8w8, _mma_decode
+
+    for mod in (_mma_a8w8, _mma_decode):  # (no driver here: the CUDA C++ kernels counted out)
+        monkeypatch.setattr(mod, "available", lambda d: "no GPU in this test")
+    assert km.plan_gemm(a, pw).path == "dense-cached"
+    assert km.plan_gemm(a[:1], pw).path != "dense-cached"  # small M: the decode kernels
+    assert km.plan_gemm(a.to(torch.float16), p16).path == "dense-cached"
+    assert km.plan_gemm(a.to(torch.float16), pw).path != "dense-cached"  # a bf16 cache for fp16 x: not read
+    assert km.plan_gemm(a.to(torch.float16), p16_low).path == "fp32-exact"
+
+
+def test_mxlinear_dense_cache_argument():
+    lin = torch.nn.Linear(64, 32)
+    m = mxkit.nn.MXLinear.from_linear(lin, "mxint8", dense_cache=torch.bfloat16)
+    assert m.dense_cache == torch.bfloat16 and "dense_cache=torch.bfloat16" in repr(m) and m._packed is None
+    with pytest.raises(ValueError, match="dense_cache"):
+        mxkit.nn.MXLinear(64, 32, "mxint8", dense_cache=torch.float32)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    mxkit.nn.quantize_model(model, "mxfp4", dense_cache=torch.float16, progress=False)
+    assert model[0].dense_cache == torch.float16
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["mxint8", "mxfp4_e2m1", "mxfp6_e3m2", "mxfp8_e4m3"])
+def test_gpu_dense_cache(fmt, rng, poison):
+    """Prefill on the dequantized-weight cache: path dense-cached at M = 300 (bias, bf16 and fp16 caches), within
+    the bound row by row; on MXINT8 the bytes of dense-exact (the same dequantized weight and cuBLAS call); MXLinear
+    and quantize_model with dense_cache take it."""
+    N, K = 1024, 2880
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), fmt)
+    bias = torch.randn(N, generator=rng).cuda()
+    for dt in (torch.bfloat16, torch.float16):
+        pw = mxkit.pack_weight(w, act="float", dense=dt)
+        a = torch.randn(300, K, generator=rng).to(dt).cuda()
+        y, _ = check(a, pw, backend="auto", path="dense-cached", bias=bias)
+        if fmt == "mxint8":
+            y0, _ = check(a, mxkit.pack_weight(w, act="float"), backend="auto", path="dense-exact", bias=bias)
+            assert torch.equal(y.view(torch.int16), y0.view(torch.int16))
+    lin = torch.nn.Linear(K, 512).cuda().to(torch.bfloat16)
+    m = mxkit.nn.MXLinear.from_linear(lin, fmt, dense_cache=torch.bfloat16)
+    x = torch.randn(2, 150, K, generator=rng).to(torch.bfloat16).cuda()
+    assert mxkit.gemm_plan(x, m._packed).path == "dense-cached"
+    with torch.no_grad():
+        assert torch.equal(m(x).view(torch.int16), mxkit.matmul(x, m._packed, bias=m.bias).view(torch.int16))

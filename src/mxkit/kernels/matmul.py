@@ -102,6 +102,8 @@ PATHS = {
     "w4a8-fp8": "FP4/FP6 weight folded to FP8 E4M3 x FP8 rowwise activations; cuBLAS FP8 rowwise GEMM",
     "bf16-exact": "both operands dequantized to bf16 (exact); cuBLAS bf16, fp32 accumulation",
     "dense-exact": "MX weight dequantized to the activation dtype (exact); cuBLAS, fp32 accumulation",
+    "dense-cached": "the PackedWeight's dequantized-weight cache (pack_weight(dense=...), exact); cuBLAS, fp32 "
+                    "accumulation",
     "decode-mma": "small M: MXFP4 codes decoded to bf16 in registers, mma.sync tensor cores (CUDA C++ as "
                   "PTX), fp32 accumulation, block scales in fp32",
     "a8w8-mma": "small M: MXFP8 x MXFP8 E4M3 codes on FP8 tensor cores (mma.sync e4m3, CUDA C++ as PTX), "
@@ -309,7 +311,7 @@ def _special_rows(f: Folded, rows: int) -> torch.Tensor:
 PACK_ACTS = (None, "float", "fp8_rowwise", "mx")  # pack_weight's act: the activations a weight meets
 
 
-def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
+def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch.dtype] = None) -> PackedWeight:
     """One-time re-layout of an MX weight (N, K) along K into what the GEMM paths read (see PackedWeight).
 
     FP4 / FP6 weights are folded to FP8 E4M3 with row scales (a memory-bound kernel on CUDA, the reference
@@ -320,7 +322,10 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     paths those activations take: None all; ``"float"`` the decode-mma one (no fold); ``"fp8_rowwise"`` /
     ``"mx"`` the fold, and with ``"mx"`` the a8w8-mma one of an MXFP8 E4M3 weight. An MXFP6 weight packed for
     float activations (None / ``"float"``) also gets its exact MXFP8 twin, packed (``PackedWeight.wide``), which
-    bf16 activations read on the MXFP8 weight kernels. A fold path given a packed
+    bf16 activations read on the MXFP8 weight kernels. ``dense`` (None, torch.bfloat16 or torch.float16) also keeps
+    the weight dequantized to that dtype (``PackedWeight.dense``, 2 bytes per element more): activations of that
+    dtype then run on cuBLAS against it past the small-M kernels (path ``dense-cached``), where the scale bytes
+    are in the dtype's exact envelope (elsewhere the exact paths as without it). A fold path given a packed
     weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
@@ -328,6 +333,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         return w
     if act not in PACK_ACTS:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
+    if dense not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"dense={dense!r}: None, torch.bfloat16 or torch.float16")
     _check_weight(w)
     w = _plain(w)
     fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
@@ -339,13 +346,16 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     twin = None
     if w.fmt.name in WIDEN and act in (None, "float"):  # (scale bytes with no twin: checked at plan time, _twin)
-        twin = pack_weight(widen_fp6(w, check=False), act="float")
+        twin = pack_weight(widen_fp6(w, check=False), act="float", dense=dense if dense == torch.bfloat16 else None)
+    # the dequantized-weight cache (exact where the plan uses it: scale bytes in dense's envelope); an MXFP6
+    # weight's bf16 one is its twin's (bf16 activations read the twin)
+    dense = _dequantize(w, dense) if dense is not None and (twin is None or dense != torch.bfloat16) else None
     if folded is None:  # no host sync: the scale statistics stay on the device until the first GEMM reads them
         if part is None:
             lo, hi, nan = scale_stats(w.scale)
             codes = _nonfinite_codes(w)
             part = torch.stack([t.to(torch.int32) for t in (lo, hi, nan if codes is None else nan | codes)]).view(1, 3)
-        return PackedWeight(w, None, part, special, mma_q, mma_s, twin)
+        return PackedWeight(w, None, part, special, mma_q, mma_s, twin, dense)
     # one host sync for everything the fold needs: scale extrema, NaN, rows to complete or route aside (the fold
     # kernel makes them on the way; a complete Folded, made on the CPU or empty, has no rows to complete)
     if pending is not None:
@@ -360,7 +370,7 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None) -> PackedWeight:
         folded = pending.complete()
     if out_env or folded.owner.numel():
         special = _special_rows(folded, w.shape[0])
-    return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s, twin)
+    return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s, twin, dense)
 
 
 def _nonfinite_codes(w: MXTensor) -> Optional[torch.Tensor]:
@@ -615,6 +625,9 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                 and _decode_takes(wf, N, K, dev)):
             return plan("decode-w16", f"M={M} <= the decode envelope ({_decode_max_m(dev)}, gemm_table) for "
                                       f"{a.dtype} x {wf.name}")
+        if isinstance(b, PackedWeight) and b.dense is not None and b.dense.dtype == a.dtype and in_range(lo, hi, rng):
+            return plan("dense-cached", f"M={M} past the decode envelopes: {a.dtype} x the weight's dequantized "
+                                        f"cache (pack_weight(dense=...)), cuBLAS with no dequantize per call")
         if a.dtype == torch.bfloat16 and in_range(lo, hi, rng) and _wgmma_ok(b, w, M, dev):
             path = "w4a16-wgmma" if wf.name == "mxfp4_e2m1" else "w8a16-wgmma"
             return plan(path, f"M={M} past the decode envelopes: bf16 x {wf.name} on the Hopper wgmma "
@@ -758,6 +771,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
         y = _dense(a.reshape(M, K), wb, acc)
+    elif path == "dense-cached":
+        y = _dense(a.reshape(M, K), packed.dense, acc)
     elif path == "decode-mma":
         return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w8a16-mma":

@@ -65,7 +65,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         self.fused = MXLinear(first.in_features, sum(self.splits), first.weight_format, bias=bias is not None,
                               act_format=first.act_format, scale_mode=first.scale_mode, rounding=first.rounding,
                               block_size=first.block_size, device=first.weight_qdata.device,
-                              dtype=None if bias is None else bias.dtype)
+                              dtype=None if bias is None else bias.dtype,
+                              dense_cache=getattr(first, "dense_cache", None))
         with torch.no_grad():
             self.fused.weight_qdata.copy_(torch.cat([m.weight_qdata for m in layers]))
             self.fused.weight_scale.copy_(torch.cat([m.weight_scale for m in layers]))

@@ -75,6 +75,9 @@ class MXLinear(_ops.Handled, nn.Module):
       act_format: optional element format for the input, quantized along K on the fly, or
         ``"fp8_e4m3_rowwise"`` (W4A8: FP8 E4M3 with a float32 scale per row).
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` (weight and activation).
+      dense_cache: None, torch.bfloat16 or torch.float16: on CUDA also keep the weight dequantized to that dtype
+        (:func:`mxkit.pack_weight`'s ``dense``: 2 bytes per element more), which float inputs of that dtype read
+        on cuBLAS past the small-M kernels (path ``dense-cached``; prefill at cuBLAS speed). Weights-only layers.
       device / dtype: of the bias and of the output when the input has that dtype (the weight
         buffers are uint8).
 
@@ -103,6 +106,7 @@ class MXLinear(_ops.Handled, nn.Module):
         block_size: int = BLOCK_SIZE,
         device: Optional[Union[str, torch.device]] = None,
         dtype: Optional[torch.dtype] = None,
+        dense_cache: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         fmt = get_format(weight_format)
@@ -115,6 +119,9 @@ class MXLinear(_ops.Handled, nn.Module):
         self.scale_mode = ScaleMode.parse(scale_mode)
         self.rounding = Rounding.parse(rounding)
         self.block_size = block_size
+        if dense_cache not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
+        self.dense_cache = dense_cache
         q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
         self.register_buffer("weight_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
@@ -130,7 +137,8 @@ class MXLinear(_ops.Handled, nn.Module):
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
         module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
         act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
-        self._packed = pack_weight(self.weight_mx, act=act) if self.weight_qdata.is_cuda else None
+        dense = getattr(self, "dense_cache", None) if act == "float" else None  # (None: pickled before it existed)
+        self._packed = pack_weight(self.weight_mx, act=act, dense=dense) if self.weight_qdata.is_cuda else None
         if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
             for p in (self._packed, self._packed.wide):
                 if p is not None:
@@ -152,6 +160,7 @@ class MXLinear(_ops.Handled, nn.Module):
         scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
         rounding: Union[str, Rounding] = Rounding.RNE,
         block_size: int = BLOCK_SIZE,
+        dense_cache: Optional[torch.dtype] = None,
     ) -> "MXLinear":
         """Quantize ``linear.weight`` along ``in_features`` and return an MXLinear on the same device.
 
@@ -164,7 +173,7 @@ class MXLinear(_ops.Handled, nn.Module):
         mod = cls(
             linear.in_features, linear.out_features, weight_format, bias=linear.bias is not None,
             act_format=act_format, scale_mode=scale_mode, rounding=rounding, block_size=block_size,
-            device=w.device, dtype=w.dtype,
+            device=w.device, dtype=w.dtype, dense_cache=dense_cache,
         )
         q = quantize(w, mod.weight_format, axis=1, block_size=block_size, scale_mode=mod.scale_mode,
                      rounding=mod.rounding)
@@ -248,6 +257,7 @@ class MXLinear(_ops.Handled, nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"weight_format={self.weight_format.name}, act_format={act}, scale_mode={self.scale_mode.value}, "
             f"rounding={self.rounding.value}, block_size={self.block_size}"
+            + (f", dense_cache={self.dense_cache}" if self.dense_cache is not None else "")
         )
 
 
@@ -338,6 +348,7 @@ def quantize_model(
     progress: bool = True,
     return_report: bool = False,
     fuse: bool = False,
+    dense_cache: Optional[torch.dtype] = None,
 ):
     """Replace every ``nn.Linear`` of ``model`` by an :class:`MXLinear`, in place.
 
@@ -349,6 +360,7 @@ def quantize_model(
     progress: show a tqdm bar over the Linear layers.
     fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
       attention's q / k / v and a gated MLP's gate / up; the state_dict then holds the fused layers).
+    dense_cache: :class:`MXLinear`'s (a dequantized copy of each weight kept for prefill on CUDA).
 
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
@@ -383,7 +395,7 @@ def quantize_model(
             unsupported.append(name)
         else:
             new = MXLinear.from_linear(lin, fmt, act_format=act, scale_mode=mode, rounding=rnd,
-                                       block_size=block_size)
+                                       block_size=block_size, dense_cache=dense_cache)
             if compute_qsnr:
                 row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
             row.weight_nbytes = new.weight_nbytes

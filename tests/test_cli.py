@@ -319,6 +319,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert "max_m" not in entry["a8w8_mma"]  # (these small layers are not w8a16-wgmma's: the packaged max_m stands)
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
+    assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
     m = entry["a8w8_mma"]["max_m_no_wgmma"]
     assert m in (1, 2, 4, 8, 16, 32, 64), "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
     w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")

@@ -114,7 +114,9 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
     takes without it, at M = 1, 2, 4, ..., 64 on every shape. ``max_m``: the largest M up to which it wins on
     every shape whose other path is w8a16-wgmma (the packaged table's envelope; left out when no shape's is, so
     the packaged value stands); ``max_m_no_wgmma``: the same over the shapes whose other path is bf16-exact (both
-    operands dequantized, cuBLAS). ``{"max_m": 0, "max_m_no_wgmma": 0}`` where the kernel cannot run."""
+    operands dequantized, cuBLAS); ``quant_max_m``: the largest M of 1, 2, 4, 8, 16 up to which quantizing bf16
+    activations inside the launch (:func:`mxkit.kernels.matmul.a8w8_linear`) beats one quantize call, then the
+    kernel, on every shape. ``{"max_m": 0, "max_m_no_wgmma": 0}`` where the kernel cannot run."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
@@ -125,7 +127,7 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
         log(f"a8w8-mma cannot run here: {why}")
         return {"max_m": 0, "max_m_no_wgmma": 0}
     name = torch.cuda.get_device_name()
-    won: dict = {"max_m": {}, "max_m_no_wgmma": {}}  # field -> {M: won on every shape of that kind}
+    won: dict = {"max_m": {}, "max_m_no_wgmma": {}, "quant_max_m": {}}  # field -> {M: won on every shape of that kind}
     for N, K in shapes:
         w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")
         pw = mm.pack_weight(w)
@@ -139,6 +141,15 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {path} {t_other:.1f} us")
             field = "max_m" if path == "w8a16-wgmma" else "max_m_no_wgmma"
             won[field][M] = won[field].get(M, True) and t_run < t_other
+            if M <= 16:  # the activation quantize inside the launch, or one quantize call first
+                xb = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+                t_q = {}
+                for qm in (64, 0):
+                    with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 64, "max_m_no_wgmma": 64,
+                                                                     "quant_max_m": qm}}}):
+                        t_q[qm] = _time(lambda: mm.a8w8_linear(xb, pw), rep_ms)
+                log(f"M={M} N={N} K={K}: x quantized in the launch {t_q[64]:.1f} us, first {t_q[0]:.1f} us")
+                won["quant_max_m"][M] = won["quant_max_m"].get(M, True) and t_q[64] < t_q[0]
     entry = {field: _largest_won(by_m) for field, by_m in won.items() if by_m}
     if not entry:
         log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")

@@ -198,19 +198,20 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
-    if torch.compiler.is_compiling() and backend == "auto" and type(b) is PackedWeight and isinstance(a, torch.Tensor):
-        # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not trace); the
-        # weight is found by its id, a constant guarded on b's identity
-        return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
-    if (backend == "auto" and type(b) is PackedWeight and (bias is None or type(bias) is torch.Tensor)
-            and not torch.compiler.is_compiling()):
-        # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
-        if type(a) is torch.Tensor and a.is_cuda:
-            return _hot().prepared_call(a, b, out_dtype, bias)(a, bias)
-        if type(a) is MXTensor and a.qdata.is_cuda:
-            call = _hot().prepared_call_mx(a, b, out_dtype, bias)
-            if call is not None:
-                return call(a, bias)
+    if backend == "auto" and type(b) is PackedWeight:
+        if torch.compiler.is_compiling():
+            if isinstance(a, torch.Tensor):
+                # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
+                # trace); the weight is found by its id, a constant guarded on b's identity
+                return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
+        elif bias is None or type(bias) is torch.Tensor:
+            # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
+            if type(a) is torch.Tensor and a.is_cuda:
+                return _hot().prepared_call(a, b, out_dtype, bias)(a, bias)
+            if type(a) is MXTensor and a.qdata.is_cuda:
+                call = _hot().prepared_call_mx(a, b, out_dtype, bias)
+                if call is not None:
+                    return call(a, bias)
     from .kernels.matmul import check_bias, plan_gemm, reference_gemm, run_gemm
 
     plan = plan_gemm(a, b, out_dtype)

@@ -117,12 +117,12 @@ def _matmul(m: int, a_fmt: Optional[str], w_fmt: str = "mxfp4_e2m1"):
     return make
 
 
-def _mxlinear(w_fmt: str, act: Optional[str]):
+def _mxlinear(w_fmt: str, act: Optional[str], bias: bool = False):
     def make(device: str):
         import mxkit
         from ..nn import MXLinear
 
-        mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16), w_fmt,
+        mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=bias, device=device, dtype=torch.bfloat16), w_fmt,
                                    act_format=act)
         x = _x(device, (1, K))
         w = mod.weight_mx if mod._packed is None else mod._packed
@@ -143,6 +143,7 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
     Call("matmul mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp4_e2m1")),
     Call("matmul mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _matmul(1, "mxfp8_e4m3", "mxfp8_e4m3")),
     Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None)),
+    Call("MXLinear.forward mxfp4 + bf16 bias (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None, bias=True)),
     Call("MXLinear.forward mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp8_e4m3", "mxfp8_e4m3")),
 )
 

@@ -1264,26 +1264,3 @@ def test_gpu_dense_cache(fmt, rng, poison):
     assert mxkit.gemm_plan(x, m._packed).path == "dense-cached"
     with torch.no_grad():
         assert torch.equal(m(x).view(torch.int16), mxkit.matmul(x, m._packed, bias=m.bias).view(torch.int16))
-
-
-def test_f32_bias_conversion_kept_until_the_bias_changes(rng):
-    """The CUDA C++ launchers' float32 copy of a bf16 bias is kept for the next call of the same tensor, made anew
-    after an in-place change (its _version moves) and dropped with the tensor; float32 contiguous biases pass."""
-    import gc
-
-    from mxkit.kernels import matmul as km
-
-    b = torch.randn(64, generator=rng).to(torch.bfloat16)
-    f = km._f32_bias(b)
-    assert f.dtype == torch.float32 and torch.equal(f, b.float()) and km._f32_bias(b) is f
-    b.add_(1)
-    g = km._f32_bias(b)
-    assert g is not f and torch.equal(g, b.float())
-    key = id(b)
-    del b, f, g
-    gc.collect()
-    assert key not in km._F32_BIAS
-    c = torch.randn(8)
-    assert km._f32_bias(c) is c and km._f32_bias(None) is None
-    s = torch.randn(8, 2)[:, 0]  # float32, not contiguous: a contiguous copy
-    assert km._f32_bias(s).is_contiguous() and torch.equal(km._f32_bias(s), s)

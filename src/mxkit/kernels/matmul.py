@@ -70,7 +70,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -998,25 +997,11 @@ class _MmaCall:
         return self.run.into(a, ldx, bias, y)
 
 
-_F32_BIAS: dict = {}  # id(bias) -> (weakref to it, its _version when converted, the float32 copy)
-
-
 def _f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the CUDA C++ kernels read it: float32, contiguous (converted only where it is not). A conversion
-    is kept for the next call while the bias is the same tensor at the same version (no in-place change since; a
-    layer's bf16 bias then costs no kernel a call), but never handed to a CUDA-graph capture, which must record the
-    conversion so that its replays see a bias changed in place."""
-    if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
-        return bias
-    key = id(bias)
-    hit = _F32_BIAS.get(key)
-    if (hit is not None and hit[0]() is bias and hit[1] == bias._version
-            and not (bias.is_cuda and torch.cuda.is_current_stream_capturing())):
-        return hit[2]
-    f32 = bias.to(torch.float32).contiguous()
-    if not torch.compiler.is_compiling() and not (bias.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _F32_BIAS[key] = (weakref.ref(bias, lambda _, key=key: _F32_BIAS.pop(key, None)), bias._version, f32)
-    return f32
+    """The bias as the CUDA C++ kernels read it: float32, contiguous (converted only where it is not)."""
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    return bias
 
 
 def _row_stride(shape: tuple, stride: tuple) -> Optional[int]:

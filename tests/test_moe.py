@@ -1069,3 +1069,13 @@ def test_mxmoe_from_mx_holds_the_bytes_and_checks_its_operands(rng):
         MXMoE.from_mx(router, gu, bgu, mxkit.quantize(torch.randn(E, H, 64, generator=rng), "mxfp4"), bdn, k)
     with pytest.raises(ValueError, match="both expert biases"):
         MXMoE.from_mx(router, gu, bgu, dn, None, k)
+
+
+def test_folded_layers_take_no_tokens():
+    """moe_w4a8_folded / moe_mxfp4_folded with no tokens: zeros of x's shape, before any kernel."""
+    from mxkit.moe import moe_mxfp4_folded, moe_w4a8_folded
+
+    x, logits = torch.zeros(0, 64), torch.zeros(0, 4)
+    for fn in (moe_w4a8_folded, moe_mxfp4_folded):
+        y = fn(x, None, None, None, logits, 2)
+        assert y.shape == (0, 64) and y.dtype == x.dtype

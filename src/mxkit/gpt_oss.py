@@ -792,22 +792,25 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     config = GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
     with no_init_weights(), device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {}
+    loaded: set = set()
+    unexpected: list = []
+
+    def load(part: dict) -> None:  # (one MoE layer's dequantized experts at a time: no second copy of them all)
+        try:
+            result = model.load_state_dict(part, strict=False)
+        except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
+            raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
+        unexpected.extend(result.unexpected_keys)
+        loaded.update(k for k in part if k not in result.unexpected_keys)
+
     for moe in ckpt.layers:
-        state.update(hf_state_dict(dataclasses.replace(moe, gate_up=moe.gate_up.to(device), down=moe.down.to(device)),
-                                   dtype))
+        load(hf_state_dict(dataclasses.replace(moe, gate_up=moe.gate_up.to(device), down=moe.down.to(device)), dtype))
     with contextlib.ExitStack() as stack:
         reader = _Reader(ckpt.path, stack)
         moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
-        for name in reader.weight_map:
-            if name not in moe_names:
-                state[name] = reader.tensor(name)
-        try:
-            result = model.load_state_dict(state, strict=False)
-        except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
-            raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
-    if result.missing_keys or result.unexpected_keys:
+        load({name: reader.tensor(name) for name in reader.weight_map if name not in moe_names})
+    missing = [k for k in model.state_dict() if k not in loaded]
+    if missing or unexpected:
         raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "
-                              f"from it {result.missing_keys[:5]}, tensors the model lacks "
-                              f"{result.unexpected_keys[:5]}")
+                              f"from it {missing[:5]}, tensors the model lacks {unexpected[:5]}")
     return model.eval().to(device)

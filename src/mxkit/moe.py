@@ -326,4 +326,6 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
     lead, H = x.shape[:-1], x.shape[-1]
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+    if x2.shape[0] == 0:
+        return x.new_zeros(x.shape)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

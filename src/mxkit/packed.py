@@ -104,7 +104,9 @@ class PackedWeight:
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
     :func:`mxkit.pack_weight` on load, a memory-bound pass). Each PackedWeight is findable by its ``id`` while it
-    lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul`` with that id, a constant.
+    lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul`` with that id, a constant that
+    dynamo guards on (one compiled function called with many PackedWeights compiles once per weight, up to
+    torch._dynamo's recompile limit).
     """
 
     source: MXTensor
@@ -120,6 +122,10 @@ class PackedWeight:
         h = id(self)
         _LIVE[h] = weakref.ref(self)
         weakref.finalize(self, _LIVE.pop, h, None)
+
+    def __setstate__(self, state: dict) -> None:  # (copy.deepcopy, pickle: registered like a new one)
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def _host_stats(self) -> tuple:
         st = self.stats

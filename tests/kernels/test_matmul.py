@@ -1264,3 +1264,20 @@ def test_gpu_dense_cache(fmt, rng, poison):
     assert mxkit.gemm_plan(x, m._packed).path == "dense-cached"
     with torch.no_grad():
         assert torch.equal(m(x).view(torch.int16), mxkit.matmul(x, m._packed, bias=m.bias).view(torch.int16))
+
+
+def test_packed_weight_copies_are_findable_and_repacking_checks_dense(rng):
+    """A deep copy (or torch.load) of a PackedWeight registers its own id for mxkit::packed_matmul; packing a
+    PackedWeight again asks for no cache it lacks."""
+    import copy
+
+    from mxkit.packed import packed_of
+
+    pw = mxkit.pack_weight(rand_mx((32, 64), "mxfp4_e2m1", rng))
+    c = copy.deepcopy(pw)
+    assert packed_of(id(c)) is c and packed_of(id(pw)) is pw
+    assert mxkit.pack_weight(pw) is pw
+    with pytest.raises(ValueError, match="without that cache"):
+        mxkit.pack_weight(pw, dense=torch.bfloat16)
+    pd = mxkit.pack_weight(pw.source, act="float", dense=torch.bfloat16)
+    assert mxkit.pack_weight(pd, dense=torch.bfloat16) is pd

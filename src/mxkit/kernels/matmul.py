@@ -325,11 +325,14 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     bf16 activations read on the MXFP8 weight kernels. ``dense`` (None, torch.bfloat16 or torch.float16) also keeps
     the weight dequantized to that dtype (``PackedWeight.dense``, 2 bytes per element more): activations of that
     dtype then run on cuBLAS against it past the small-M kernels (path ``dense-cached``), where the scale bytes
-    are in the dtype's exact envelope (elsewhere the exact paths as without it). A fold path given a packed
+    are in the dtype's exact envelope (elsewhere the exact paths as without it; an MXFP6 weight's bf16 cache is its
+    twin's, so scale bytes past the twin's envelope, above 240 for E2M3 / 227 for E3M2, take dense-exact). A fold path given a packed
     weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
     if isinstance(w, PackedWeight):
+        if dense is not None and (w.dense if w.wide is None else w.wide.dense) is None:
+            raise ValueError("pack_weight(dense=...) of a weight packed without that cache: pack its .source again")
         return w
     if act not in PACK_ACTS:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
@@ -545,8 +548,9 @@ def _twin(a, b, kind: str):
 
 
 def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dtype] = None) -> GemmPlan:
-    """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. Reads no device value for a
-    PackedWeight on CUDA; an MXTensor weight's scale extrema (one host sync), and on the CPU an MX ``a``'s.
+    """The path ``run_gemm(a, b)`` takes on its device, with a one-line reason. Reads a PackedWeight's scale
+    statistics (one host sync the first time they are read, then kept: read them before a CUDA-graph capture,
+    as MXLinear does); an MXTensor weight's scale extrema (one host sync), and on the CPU an MX ``a``'s.
     Raises TypeError / ValueError on operands that do not fit together."""
     kind = _a_kind(a)
     twin = _twin(a, b, kind)

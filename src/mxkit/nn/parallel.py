@@ -187,7 +187,8 @@ class _TensorParallelMXLinear(MXLinear):
         mod = cls(layer.in_features, layer.out_features, layer.weight_format, group=group,
                   bias=layer.bias is not None, act_format=layer.act_format, scale_mode=layer.scale_mode,
                   rounding=layer.rounding, block_size=layer.block_size, device=layer.weight_qdata.device,
-                  dtype=None if layer.bias is None else layer.bias.dtype, **kwargs)
+                  dtype=None if layer.bias is None else layer.bias.dtype,
+                  dense_cache=getattr(layer, "dense_cache", None), **kwargs)
         fmt = layer.weight_format
         mod._fill(mod._local_weight(layer.weight_qdata, fmt.pack_bytes, fmt.pack),
                   mod._local_weight(layer.weight_scale, 1, layer.block_size), layer.bias)

@@ -123,7 +123,7 @@ def _mxlinear(w_fmt: str, act: Optional[str], bias: bool = False):
         from ..nn import MXLinear
 
         mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=bias, device=device, dtype=torch.bfloat16), w_fmt,
-                                   act_format=act)
+                                   act_format=act).requires_grad_(False)  # (frozen, as served: no autograd path)
         x = _x(device, (1, K))
         w = mod.weight_mx if mod._packed is None else mod._packed
         a = x if act is None else mxkit.quantize(x, act)

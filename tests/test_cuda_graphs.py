@@ -11,51 +11,10 @@ import torch
 
 import mxkit
 import mxkit.nn
+from conftest import assert_graph_replays
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    """The tensors of a step's result (a tensor, an MXTensor, an Fp8Rowwise, a Folded, or tuples of them)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    for names in (("qdata", "scale"), ("data", "scale")):
-        if all(hasattr(out, n) for n in names):
-            return [getattr(out, n) for n in names]
-    raise TypeError(type(out).__name__)
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
-
-
-def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3) -> None:
-    """Capture ``step(*inputs)`` in a CUDA graph (after two warm-up calls on a side stream), then ``replays`` times:
-    copy ``fresh()`` (a list like ``inputs``) into the static inputs, poison the captured outputs, replay, and
-    compare every output byte with an eager ``step`` on clones of the same inputs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*inputs)
-        step(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = _tensors(step(*inputs))
-    for _ in range(replays):
-        for dst, src in zip(inputs, fresh()):
-            dst.copy_(src)
-        for o in outs:  # in place whatever the strides (a copy would leave a stale output unpoisoned)
-            o.fill_(float("nan") if o.is_floating_point() else -1 if o.dtype.is_signed else 0xFF)
-        graph.replay()
-        want = _tensors(step(*[t.clone() for t in inputs]))
-        assert len(want) == len(outs)
-        for i, (o, w) in enumerate(zip(outs, want)):
-            assert o.shape == w.shape and o.dtype == w.dtype, i
-            assert torch.equal(_bytes(o), _bytes(w)), f"output {i} of the replay differs from the eager step"
 
 
 def _randn(rng, *shape, dtype=torch.bfloat16):

@@ -71,6 +71,7 @@ __all__ = [
     "summarize_gpt_oss",
     "print_gpt_oss_summary",
     "hf_state_dict",
+    "hf_config",
     "load_hf_model",
 ]
 
@@ -769,6 +770,19 @@ def hf_state_dict(moe: GptOssMoE, dtype: torch.dtype = torch.bfloat16) -> dict[s
             p + "router.weight": moe.router_weight.to(dtype), p + "router.bias": moe.router_bias.to(dtype)}
 
 
+def hf_config(path: Union[str, Path], progress: bool = True):
+    """``(checkpoint, config)`` of an MXFP4 GPT-OSS directory: :func:`load_gpt_oss`'s checkpoint (memory-mapped) and
+    transformers' ``GptOssConfig`` of its config.json less ``quantization_config`` (so transformers' MXFP4
+    integration, which wants GPU kernels, is not involved). ImportError without transformers' GPT-OSS classes; the
+    errors of :func:`load_gpt_oss`."""
+    try:
+        from transformers import GptOssConfig
+    except ImportError as e:
+        raise ImportError(f"loading a GPT-OSS model needs transformers with GptOss classes: {e}") from e
+    ckpt = load_gpt_oss(path, progress=progress)
+    return ckpt, GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
+
+
 def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16,
                   device: Union[str, torch.device] = "cpu", progress: bool = True):
     """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory, experts dequantized by mxkit.
@@ -781,15 +795,11 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     classes, CheckpointError for a bad directory or when the directory and the model's parameters do not match
     (naming them).
     """
-    try:
-        from transformers import AutoModelForCausalLM, GptOssConfig
-        from transformers.initialization import no_init_weights
-    except ImportError as e:
-        raise ImportError(f"loading a GPT-OSS model needs transformers with GptOss classes: {e}") from e
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     device = torch.device(device)
-    ckpt = load_gpt_oss(path, progress=progress)
-    config = GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
+    ckpt, config = hf_config(path, progress)
     with no_init_weights(), device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     loaded: set = set()

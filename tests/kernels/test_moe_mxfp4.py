@@ -41,6 +41,8 @@ import torch
 
 import mxkit
 
+from conftest import assert_graph_replays
+
 try:
     from .test_moe_kernels import rand_ids
 except ImportError:  # run as a script under the interpreter (conftest.run_interpreted)
@@ -572,25 +574,11 @@ def test_gpu_moe_mxfp4_in_a_cuda_graph(rng):
     ids = rand_ids(T, k, E, rng).cuda()
     tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
 
-    def step():
-        return moe_mxfp4_triton(x, f1, b1, f2, b2, tw, ids)
+    def fresh():
+        return [span_tokens(T, H, rng)[torch.randperm(T, generator=rng)].cuda(),
+                rand_ids(T, k, E, rng, every=int(torch.randint(0, E, (1,), generator=rng))).cuda()]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = step()
-    for _ in range(3):
-        x.copy_(span_tokens(T, H, rng)[torch.randperm(T, generator=rng)].cuda())
-        ids.copy_(rand_ids(T, k, E, rng, every=int(torch.randint(0, E, (1,), generator=rng))).cuda())
-        y.fill_(float("nan"))
-        graph.replay()
-        want = step()
-        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    assert_graph_replays(lambda x, ids: moe_mxfp4_triton(x, f1, b1, f2, b2, tw, ids), [x, ids], fresh)
 
 
 @pytest.mark.gpu

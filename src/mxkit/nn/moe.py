@@ -889,17 +889,13 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     """
     import contextlib
 
-    from ..gpt_oss import CheckpointError, _Reader, load_gpt_oss, moe_tensor_name, MOE_ROLES
-
-    try:
-        from transformers import AutoModelForCausalLM, GptOssConfig
-        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-    except ImportError as e:
-        raise ImportError(f"loading a GPT-OSS model needs transformers with GptOss classes: {e}") from e
+    from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES
 
     device = torch.device(device)
-    ckpt = load_gpt_oss(path, progress=progress)
-    config = GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
+    ckpt, config = hf_config(path, progress)  # (ImportError without transformers' GPT-OSS classes)
+    from transformers import AutoModelForCausalLM
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     mlps = {n: m for n, m in model.named_modules() if isinstance(m, GptOssMLP)}

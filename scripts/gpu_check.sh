@@ -67,6 +67,8 @@ else
     fi
     # the later stages that will run keep their 30 s each (none when the benchmarks are skipped)
     if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" 0); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" 5); fi
+    # the C++ fast call, built once here (else every worker would build it at its first eager call)
+    python3 -c 'from mxkit.kernels import fast_call; print("fast call:", fast_call.build())' 2>&1 | tail -n 3 | tee -a "$LOG"
     say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL)"
     # one CPU thread per worker for torch's CPU references: the Triton compiles need the cores
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s INT -k 20 "$B" python3 -m pytest -m gpu "${PAR[@]}" -q \

@@ -404,6 +404,18 @@ RUN_GPU = HAS_CUDA or (DEV == "cpu" and os.environ.get("TRITON_INTERPRET") == "1
 SKIP_REASON_CUDA = "needs CUDA"  # the one skip reason a [dev] install may show (pytest_runtest_makereport)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fast_call_loaded():
+    """On a CUDA host the eager hot paths take the C++ fast call once its background build is done
+    (:mod:`mxkit.kernels.fast_call`): wait for it, so that the GPU tests run the path users get (a test that needs
+    the Python path switches it off)."""
+    if HAS_CUDA:
+        from mxkit.kernels import fast_call
+
+        fast_call.module(wait=True)
+    yield
+
+
 def poison_allocator(nbytes: int = 64 << 20) -> None:
     """Fill freed CUDA allocator memory with 0xFF bytes (NaN in every float format) and wait: an output a kernel
     fails to write, or a row it should leave alone but reads, shows up."""

@@ -62,10 +62,9 @@ def quantize(
     Raises TypeError / ValueError on bad input (dtype, empty, axis length, names).
     """
     if backend == "auto" and type(axis) is int and isinstance(x, torch.Tensor) and x.is_cuda:
-        k = _cuda_kernels()
+        k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
-            return k.quantize_triton(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode,
-                                     rounding=rounding, scale_layout=scale_layout)
+            return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if not isinstance(axis, int):
         axis = tuple(axis)
@@ -98,14 +97,14 @@ def cast_transpose(
     ``block_size``. Returns ``(rowwise, columnwise)``: rowwise is quantized along K (qdata (M, K/pack)),
     columnwise along M (qdata (K, M/pack): the transposed layout the backward / wgrad GEMM reads).
     """
-    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+    nd = x.dim() if isinstance(x, torch.Tensor) else 0
+    if nd == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
     if backend == "auto" and x.is_cuda:
-        k = _cuda_kernels()
+        k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path (quantize's, for the pair of axes)
-            return k.quantize_triton(x2, fmt, axis=(1, 0), block_size=block_size, scale_mode=scale_mode,
-                                     rounding=rounding)
+            return k.quantize_eager(x2, fmt, (1, 0), block_size, scale_mode, rounding, "plain")
     return quantize(
         x2, fmt, axis=(1, 0), block_size=block_size, scale_mode=scale_mode, rounding=rounding, backend=backend
     )
@@ -130,7 +129,7 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
     if backend == "auto" and q.qdata.is_cuda:
-        k = _cuda_kernels()
+        k = _KERNELS or _cuda_kernels()
         if k is not None:
             return k.dequantize_triton(q, dtype)
     if _resolve_backend(backend, q.device) == "triton":

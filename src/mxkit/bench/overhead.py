@@ -286,9 +286,14 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         return timing.no_cuda("mxkit bench overhead", "'--list' shows the calls without a GPU")
     env = output.environment()
+    from ..kernels import fast_call
     from ..kernels.cuda_driver import _fast
 
     env["launch"] = "C fast launch" if _fast() is not None else "ctypes (MXKIT_FAST_LAUNCH=0 or not built)"
+    # (the C++ fast call builds in the background at first use: wait for it, so the calls time the path they keep)
+    env["fast_call"] = "C++ fast call" if fast_call.module(wait=True) is not None else \
+        "none (MXKIT_FAST_CALL=0 or not built): outputs allocated from Python"
+    env["launch"] += f", outputs: {env['fast_call']}"
     print(output.env_line(env))
     print(f"{args.calls} timed calls each in {args.rounds} interleaved rounds, {args.warmup} warm-up calls first, "
           f"a sync every {args.sync_every} (untimed); GPU µs over {GPU_CALLS} queued calls; bound launches: "

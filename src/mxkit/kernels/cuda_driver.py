@@ -195,6 +195,24 @@ class BoundLaunch:
                 self.vals[i].value = t.data_ptr() if t is not None else 0
             self._launch_ctypes(*self.grid, self.block)
 
+    def with_outputs(self, slots: Sequence[int], outs: Sequence[tuple], n_inputs: int, single: bool = False):
+        """The C++ fast call of this launch (:mod:`mxkit.kernels.fast_call`), or None where that module is not
+        loaded (yet): ``call(*inputs)`` allocates ``outs`` — (shape, dtype, zero-filled) each, on this launch's
+        device — writes pointer parameter ``i`` from input ``slots[i]`` (>= 0; a tensor or None) or output
+        ``-1 - slots[i]``, launches ``grid`` / ``block`` / ``shared`` as they stand now on the current stream, and
+        returns the outputs (a tuple, or the one tensor with ``single``). The other parameters are the block's
+        values as they stand at each call (this launch's ints). Raises ValueError for more slots than leading
+        pointer parameters."""
+        if len(slots) > self.n_ptr:
+            raise ValueError(f"{self.kernel.name}: {len(slots)} pointer slots for {self.n_ptr} pointer parameters")
+        mod = _fast_call() if self._fast_ok else None
+        if mod is None:
+            return None
+        grid = (tuple(self.grid) + (1, 1))[:3]
+        return mod.Plan(self._fn_int, grid, self.block, self.shared, self.kernel.index, self._params_int,
+                        len(self.vals), tuple(slots), tuple((tuple(s), d, bool(z)) for s, d, z in outs), n_inputs,
+                        single, self, self.kernel.name)
+
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as
         it stands (:meth:`set_ptr`)."""
@@ -275,6 +293,23 @@ def _fast():
 
         _fast_module = module()
     return _fast_module
+
+
+def _fast_call():
+    """The C++ fast call module (:func:`mxkit.kernels.fast_call.module`): None while it builds, where it is off or
+    where it cannot be built."""
+    mod = _fast_call_state[0]
+    if mod is None and not _fast_call_state[1]:
+        from .fast_call import _ready, module
+
+        settled = _ready.is_set()  # (read first: a build that ends between the two reads is seen next time)
+        mod = module()
+        _fast_call_state[0] = mod
+        _fast_call_state[1] = settled  # loaded, off or failed: no more lookups
+    return mod
+
+
+_fast_call_state = [None, False]  # (module, settled)
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["module", "build", "cache_dir", "MAX_PARAMS"]
+__all__ = ["module", "build", "build_extension", "cache_dir", "MAX_PARAMS"]
 
 MAX_PARAMS = 512  # the C module's limit on a kernel's parameters (_fast_launch.c); more launch through ctypes
 
@@ -62,21 +62,31 @@ def build(directory: Optional[Path] = None) -> Path:
         raise RuntimeError("no C compiler found (CC, cc, gcc, clang)")
     if not include or not Path(include, "Python.h").exists():
         raise RuntimeError(f"Python.h not found under {include!r}")
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    src = _SRC.read_bytes()
-    tag = hashlib.sha256(src + " ".join(cc).encode() + include.encode() + suffix.encode()).hexdigest()[:16]
     out_dir = Path(directory) if directory is not None else cache_dir()
-    out = out_dir / f"{_NAME}-{tag}{suffix}"
+    return build_extension(_SRC, _NAME, [*cc, "-O2", "-shared", "-fPIC", f"-I{include}"], [], out_dir)
+
+
+def build_extension(src_path: Path, name: str, compile_cmd: list[str], link_flags: list[str], out_dir: Path,
+                    tag_extra: str = "", timeout: int = 120) -> Path:
+    """Compile the one-file extension ``src_path`` into module ``name`` under ``out_dir``:
+    ``compile_cmd + [src, "-o", out] + link_flags``, unless a module of the same source, command, flags, Python
+    ABI and ``tag_extra`` is there; returns its path. The file is written under a temporary name and renamed,
+    so concurrent builders never load a partial file. Raises RuntimeError where it cannot be built."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    src = Path(src_path).read_bytes()
+    key = " ".join(compile_cmd + link_flags) + suffix + tag_extra
+    tag = hashlib.sha256(src + key.encode()).hexdigest()[:16]
+    out = out_dir / f"{name}-{tag}{suffix}"
     if out.exists():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{_NAME}-", suffix=suffix)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}-", suffix=suffix)
     os.close(fd)
     try:
-        cmd = [*cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(_SRC), "-o", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        cmd = [*compile_cmd, str(src_path), "-o", tmp, *link_flags]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            raise RuntimeError(f"building the fast launch module failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
+            raise RuntimeError(f"building {name} failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -84,10 +94,10 @@ def build(directory: Optional[Path] = None) -> Path:
     return out
 
 
-def load(path: Path) -> ModuleType:
-    """Import the built module at ``path`` (not registered in ``sys.modules``)."""
-    loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
+def load(path: Path, name: str = _NAME) -> ModuleType:
+    """Import the built module ``name`` at ``path`` (not registered in ``sys.modules``)."""
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod

@@ -147,7 +147,7 @@ class _QuantizePlan:
     kernel's _Launcher."""
 
     __slots__ = ("outs", "slots", "in_view", "grid", "ints", "consts", "num_warps", "scale_t", "unaligned",
-                 "launcher", "bound")
+                 "launcher", "bound", "fast")
 
     def __init__(self, outs, slots, in_view, grid, ints, consts, num_warps, scale_t, unaligned, launcher):
         self.outs, self.slots, self.in_view, self.grid = outs, slots, in_view, grid
@@ -156,6 +156,9 @@ class _QuantizePlan:
         # (device index, x 16-byte aligned, x aligned for the plan's constexprs) -> the bound direct launch of
         # that specialisation (launch.py), or False where it cannot be made
         self.bound = {}
+        # the same key -> the C++ fast call of that bound launch (outputs allocated and the kernel launched in one
+        # call from Python: cuda_driver.BoundLaunch.with_outputs), where it is loaded
+        self.fast = {}
 
 
 _IN_VIEW = {torch.float32: (torch.int32, 0), torch.bfloat16: (torch.int16, 1), torch.float16: (None, 2)}
@@ -266,15 +269,22 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     launch of a specialisation (device, x's alignment) the later ones go through its bound direct launch
     (:meth:`mxkit.kernels.launch._Launcher.bind`): the same kernel, the same arguments."""
     x = x.contiguous()
-    dev = x.device
-    outs = [(torch.zeros if zero else torch.empty)(shape, dtype=torch.uint8, device=dev) for shape, zero in plan.outs]
     p = x.data_ptr()
     aligned = plan.unaligned is None or p % plan.unaligned[0] == 0
     key = (x.get_device(), p % 16 == 0, aligned)
+    fast = plan.fast.get(key)
+    if fast is not None and _launch._enabled:
+        return fast(x)
+    dev = x.device
+    outs = [(torch.zeros if zero else torch.empty)(shape, dtype=torch.uint8, device=dev) for shape, zero in plan.outs]
     bound = _launch.bound_launch(plan.bound, key)
     if bound:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
         if plan.scale_t is None:
             bound.run(x, *[outs[i] for i, _ in plan.slots])
+            fast = bound.with_outputs((0, *[-1 - i for i, _ in plan.slots]),
+                                      [(shape, torch.uint8, zero) for shape, zero in plan.outs], 1)
+            if fast is not None:
+                plan.fast[key] = fast
         else:  # the kernel writes the column scale transposed into a scratch buffer, then the byte transpose
             main, transpose = bound
             tmp = torch.empty(plan.scale_t[0], dtype=torch.uint8, device=dev)
@@ -337,7 +347,7 @@ class _DequantizePlan(tuple):
 
     def __new__(cls, fields: tuple):
         plan = super().__new__(cls, fields)
-        plan.bound = {}
+        plan.bound, plan.fast = {}, {}  # (fast: the C++ fast calls of the bound launches, as _QuantizePlan's)
         return plan
 
 
@@ -381,15 +391,22 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     shape = tuple(shape)
     plan = _dequantize_plan(fmt, axis, shape, dtype, cfg)
     kdtype, view16, words, grid, ints, consts, num_warps, launcher = plan
-    out = torch.empty(shape, dtype=kdtype, device=qdata.device)
     qdata = qdata.contiguous()
     if words and qdata.data_ptr() % 4:
         qdata = qdata.clone()  # the kernel reads FP6 (and FP4 with fp4_asm) as aligned int32 words
     scale = scale.contiguous()
     key = (qdata.get_device(), qdata.data_ptr() % 16 == 0, scale.data_ptr() % 16 == 0)
+    fast = plan.fast.get(key)
+    if fast is not None and _launch._enabled:
+        out = fast(qdata, scale)
+        return out if kdtype == dtype else out.to(dtype)
+    out = torch.empty(shape, dtype=kdtype, device=qdata.device)
     bound = _launch.bound_launch(plan.bound, key)
     if bound:  # (out: a fresh allocation, 16-byte aligned like the kernel's)
         bound.run(qdata, scale, out)
+        fast = bound.with_outputs((0, 1, -1), [(shape, kdtype, False)], 2, single=True)
+        if fast is not None:
+            plan.fast[key] = fast
     else:
         qv = qdata.view(torch.int32) if words else qdata
         ov = out.view(torch.int16) if view16 else out
@@ -521,7 +538,7 @@ def quantize_triton(
             uncached = True
         else:
             if hot is not None:  # an eager call of a problem seen before on this device: checks and plan known
-                return _hot_call(hot, x, block_size, scale_layout)
+                return hot.run(x)
     fused, margs = _check_args(x, *key[2:]) if uncached else _checked(*key)
     _check_device(x)
     mx = MXTensor if uncached else MXTensor._trusted
@@ -560,8 +577,67 @@ def _run_eager(key: tuple, x: torch.Tensor, margs: tuple, axis: Optional[int], s
                           scale_layout, None, _gpu_name(x))
     if len(_HOT) >= _HOT_MAX:
         _HOT.clear()
-    _HOT[(key, x.get_device())] = (margs, plan)
+    _HOT[(key, x.get_device())] = _Hot(margs, plan, key[0], key[4], scale_layout)
     return _run_quantize(plan, x)
+
+
+class _Hot(tuple):
+    """(QuantizeArgs per axis, plan) of one eager problem on one device, and ``run(x)``: its MXTensor(s) for a
+    CUDA x of that problem (shape, dtype and arguments as keyed), through the plan's C++ fast call where it is
+    made, else :func:`_run_quantize`."""
+
+    def __new__(cls, margs: tuple, plan: _QuantizePlan, shape: tuple, block_size: int, scale_layout: str):
+        hot = super().__new__(cls, (margs, plan))
+        hot.run = _hot_runner(margs, plan, len(shape), block_size, scale_layout)
+        return hot
+
+
+def _hot_runner(margs: tuple, plan: _QuantizePlan, nd: int, block_size: int, scale_layout: str):
+    trusted = MXTensor._trusted
+    align = plan.unaligned[0] if plan.unaligned is not None else 0
+    fast_of = plan.fast.get
+    made = [(a.fmt, a.axis, a.scale_mode, a.rounding) for a in margs]
+    # (the launch written out in both runners: this is the whole eager call of a problem seen before)
+    if len(margs) == 1:
+        ((f, ax, mode, rnd),) = made
+
+        def run(x):
+            x = x.contiguous()
+            p = x.data_ptr()
+            fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
+            q, s = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
+            return trusted(q, s, f, ax, block_size, x.shape, mode, rnd, scale_layout)
+
+        return run
+    # a cast-transpose: the outputs (qr, sr, qc, sc), returned in the order of the axes asked for
+    first = 0 if made[0][1] == nd - 1 else 2
+    (f0, ax0, mode0, rnd0), (f1, ax1, mode1, rnd1) = made
+
+    def run_pair(x):
+        x = x.contiguous()
+        p = x.data_ptr()
+        fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
+        outs = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
+        shape = x.shape
+        return (trusted(outs[first], outs[first + 1], f0, ax0, block_size, shape, mode0, rnd0, scale_layout),
+                trusted(outs[2 - first], outs[3 - first], f1, ax1, block_size, shape, mode1, rnd1, scale_layout))
+
+    return run_pair
+
+
+def quantize_eager(x: torch.Tensor, fmt, axis, block_size: int, scale_mode, rounding, scale_layout: str):
+    """:func:`quantize_triton` with positional arguments, for :func:`mxkit.quantize`'s eager CUDA path: a problem
+    seen before on x's device runs from its cached checks and plan."""
+    if type(x) is torch.Tensor and not torch.compiler.is_compiling():
+        try:
+            hot = _HOT.get(((x.shape, x.dtype, fmt, axis, block_size, scale_mode, rounding, scale_layout),
+                            x.get_device()))
+        except TypeError:
+            hot = None
+        if hot is not None:
+            return hot.run(x)
+    return quantize_triton(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
+                           scale_layout=scale_layout)
 
 
 def _wrap(mx, outs: tuple, margs: tuple, x: torch.Tensor, block_size: int, scale_layout: str):
@@ -574,11 +650,6 @@ def _wrap(mx, outs: tuple, margs: tuple, x: torch.Tensor, block_size: int, scale
     mk = {nd - 1: outs[:2], nd - 2: outs[2:]}
     return tuple(mx(*mk[a.axis], a.fmt, a.axis, block_size, x.shape, a.scale_mode, a.rounding, scale_layout)
                  for a in margs)
-
-
-def _hot_call(hot: tuple, x: torch.Tensor, block_size: int, scale_layout: str):
-    margs, plan = hot
-    return _wrap(MXTensor._trusted, _run_quantize(plan, x), margs, x, block_size, scale_layout)
 
 
 @functools.lru_cache(maxsize=4096)

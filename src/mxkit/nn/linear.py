@@ -211,7 +211,8 @@ class MXLinear(_ops.Handled, nn.Module):
                 if needs_grad(x, bias):
                     return _eager_forward(self, x)
                 return torch.ops.mxkit.mx_linear(x, self._op_handle)
-        if needs_grad(x, bias):
+        # (needs_grad(x, bias) written out: this runs on every eager call)
+        if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or bias is not None and bias.requires_grad):
             # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
             # without gradients), the input's and the bias' gradients by the dequantized weight
             return with_input_grad(x, bias, self.weight_mx, self._forward)

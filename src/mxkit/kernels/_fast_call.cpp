@@ -1,0 +1,324 @@
+/* mxkit's eager call fast path: allocate a launch's outputs and launch it in one call from Python.
+ *
+ * A Plan is one bound launch (a CUfunction, its grid / block / shared bytes and its parameter block, which a
+ * BoundLaunch of cuda_driver.py owns) plus the outputs each call makes: Plan(...)(*inputs) allocates them with
+ * at::empty / at::zeros (no Python argument parsing: torch.empty from Python cost ~4 us of host time a call on the
+ * device machines, at::empty ~2), writes the inputs' and outputs' data pointers into a private copy of the
+ * parameter block and calls cuLaunchKernel with the GIL released. The shared block is never written, so threads
+ * may share a Plan.
+ *
+ * Built at first use by mxkit/kernels/fast_call.py against the installed PyTorch's headers and libraries (no
+ * CUDA headers: cuLaunchKernel's address, the current-stream accessor, the context binder and the error check
+ * come from Python through init()). Where it cannot be built, the Python path (torch.empty, then the C fast
+ * launch) runs the same launch.
+ */
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kMaxParams = 512;  // fast_launch.MAX_PARAMS
+constexpr int kMaxSlots = 16;    // leading pointer parameters a Plan writes
+constexpr int kMaxOuts = 8;
+constexpr int kMaxDims = 8;
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+
+typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shared, void *stream, void **params, void **extra);
+
+launch_fn cu_launch = nullptr;
+PyObject *stream_of = nullptr;  // device index -> raw cudaStream_t (int)
+PyObject *bind_context = nullptr;  // device index -> None: make the primary context current on this thread
+PyObject *check_rc = nullptr;  // (CUresult, what) -> raises
+
+struct OutSpec {
+  int64_t sizes[kMaxDims];
+  int ndim;
+  at::ScalarType dtype;
+  bool zero;
+};
+
+struct Plan {
+  PyObject_HEAD
+  void *fn;
+  unsigned gx, gy, gz, block, shared, nparams;
+  int device;  // CUDA index; -1: CPU outputs (the CPU tests)
+  void **params;
+  int n_slots, n_outs, n_args;
+  int slots[kMaxSlots];  // leading pointer parameter i: >= 0 input slots[i]; < 0 output -1 - slots[i]
+  OutSpec outs[kMaxOuts];
+  bool single;
+  PyObject *device_obj;
+  PyObject *keep;  // what owns the parameter block (a BoundLaunch)
+  PyObject *name;
+};
+
+int as_uint(PyObject *o, unsigned *out, const char *what) {
+  unsigned long v = PyLong_AsUnsignedLong(o);
+  if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
+  if (v > 0xffffffffUL) {
+    PyErr_Format(PyExc_OverflowError, "%s out of range", what);
+    return -1;
+  }
+  *out = (unsigned)v;
+  return 0;
+}
+
+/* Plan(function, (gx, gy, gz), block, shared, device, params, nparams, slots, outs, n_args, single, keep, name)
+ * slots: a tuple of ints, one per leading pointer parameter (>= 0: that input; < 0: output -1 - slot);
+ * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool). */
+int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
+  Plan *self = (Plan *)self_;
+  PyObject *fn, *grid, *params, *slots, *outs, *keep, *name, *device_obj;
+  unsigned block, shared, nparams;
+  int device, n_args, single;
+  if (kwds != nullptr && PyDict_GET_SIZE(kwds)) {
+    PyErr_SetString(PyExc_TypeError, "Plan takes positional arguments only");
+    return -1;
+  }
+  if (!PyArg_ParseTuple(args, "OO!IIiOIO!O!ipOU", &fn, &PyTuple_Type, &grid, &block, &shared, &device, &params,
+                        &nparams, &PyTuple_Type, &slots, &PyTuple_Type, &outs, &n_args, &single, &keep, &name))
+    return -1;
+  self->fn = PyLong_AsVoidPtr(fn);
+  if (self->fn == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function");
+    return -1;
+  }
+  self->params = (void **)PyLong_AsVoidPtr(params);
+  if (self->params == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null parameter block");
+    return -1;
+  }
+  if (PyTuple_GET_SIZE(grid) != 3 || as_uint(PyTuple_GET_ITEM(grid, 0), &self->gx, "grid") ||
+      as_uint(PyTuple_GET_ITEM(grid, 1), &self->gy, "grid") || as_uint(PyTuple_GET_ITEM(grid, 2), &self->gz, "grid")) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "grid must be 3 ints");
+    return -1;
+  }
+  if (nparams > (unsigned)kMaxParams) {
+    PyErr_Format(PyExc_ValueError, "%u parameters (at most %d)", nparams, kMaxParams);
+    return -1;
+  }
+  Py_ssize_t ns = PyTuple_GET_SIZE(slots), no = PyTuple_GET_SIZE(outs);
+  if (ns > kMaxSlots || ns > (Py_ssize_t)nparams || no > kMaxOuts || n_args < 0 || n_args > kMaxSlots) {
+    PyErr_Format(PyExc_ValueError, "%zd pointer slots for %u parameters, %zd outputs, %d inputs (at most %d / %d)",
+                 ns, nparams, no, n_args, kMaxSlots, kMaxOuts);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < ns; i++) {
+    long v = PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v >= n_args || v < -no) {
+      PyErr_Format(PyExc_ValueError, "slot %zd names %ld: no such input (%d) or output (%zd)", i, v, n_args, no);
+      return -1;
+    }
+    self->slots[i] = (int)v;
+  }
+  for (Py_ssize_t j = 0; j < no; j++) {
+    PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
+    int zero;
+    if (!PyArg_ParseTuple(spec, "O!O!p", &PyTuple_Type, &sizes, &THPDtypeType, &dtype, &zero)) return -1;
+    Py_ssize_t nd = PyTuple_GET_SIZE(sizes);
+    if (nd > kMaxDims) {
+      PyErr_Format(PyExc_ValueError, "output %zd has %zd dims (at most %d)", j, nd, kMaxDims);
+      return -1;
+    }
+    for (Py_ssize_t d = 0; d < nd; d++) {
+      long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, d));
+      if (v == -1 && PyErr_Occurred()) return -1;
+      if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "output %zd: negative size", j);
+        return -1;
+      }
+      self->outs[j].sizes[d] = v;
+    }
+    self->outs[j].ndim = (int)nd;
+    self->outs[j].dtype = ((THPDtype *)dtype)->scalar_type;
+    self->outs[j].zero = zero != 0;
+  }
+  self->n_slots = (int)ns;
+  self->n_outs = (int)no;
+  self->n_args = n_args;
+  self->single = single != 0;
+  self->nparams = nparams;
+  self->block = block;
+  self->shared = shared;
+  self->device = device;
+  device_obj = PyLong_FromLong(device);
+  if (device_obj == nullptr) return -1;
+  Py_XSETREF(self->device_obj, device_obj);
+  Py_INCREF(keep);
+  Py_XSETREF(self->keep, keep);
+  Py_INCREF(name);
+  Py_XSETREF(self->name, name);
+  return 0;
+}
+
+void plan_dealloc(PyObject *self_) {
+  Plan *self = (Plan *)self_;
+  Py_XDECREF(self->device_obj);
+  Py_XDECREF(self->keep);
+  Py_XDECREF(self->name);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+int launch_once(Plan *self, void *stream, void **local) {
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = cu_launch(self->fn, self->gx, self->gy, self->gz, self->block, 1, 1, self->shared, stream, local, nullptr);
+  Py_END_ALLOW_THREADS
+  return rc;
+}
+
+PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
+  HANDLE_TH_ERRORS
+  Plan *self = (Plan *)self_;
+  if (cu_launch == nullptr || stream_of == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: init() was not called");
+    return nullptr;
+  }
+  if (self->fn == nullptr || self->name == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: a Plan that was not initialised");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (n != self->n_args || (kwds != nullptr && PyDict_GET_SIZE(kwds))) {
+    PyErr_Format(PyExc_TypeError, "%U takes %d tensors (or None), got %zd", self->name, self->n_args, n);
+    return nullptr;
+  }
+  uint64_t in_ptrs[kMaxSlots];
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *t = PyTuple_GET_ITEM(args, i);
+    if (t == Py_None) {
+      in_ptrs[i] = 0;
+    } else if (THPVariable_Check(t)) {
+      in_ptrs[i] = (uint64_t)(uintptr_t)THPVariable_Unpack(t).data_ptr();
+    } else {
+      PyErr_Format(PyExc_TypeError, "%U: input %zd is a %s, not a tensor or None", self->name, i, Py_TYPE(t)->tp_name);
+      return nullptr;
+    }
+  }
+  at::Tensor outs[kMaxOuts];
+  auto options = self->device >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)self->device)
+                                   : at::TensorOptions().device(at::kCPU);
+  for (int j = 0; j < self->n_outs; j++) {
+    const OutSpec &o = self->outs[j];
+    at::IntArrayRef sizes(o.sizes, o.ndim);
+    outs[j] = o.zero ? at::zeros(sizes, options.dtype(o.dtype)) : at::empty(sizes, options.dtype(o.dtype));
+  }
+  /* every Python call before the launch: the stream getter may run Python code */
+  PyObject *s = PyObject_CallOneArg(stream_of, self->device_obj);
+  if (s == nullptr) return nullptr;
+  void *stream = PyLong_AsVoidPtr(s);
+  Py_DECREF(s);
+  if (stream == nullptr && PyErr_Occurred()) return nullptr;
+  uint64_t ptrs[kMaxSlots];
+  void *local[kMaxParams];
+  std::memcpy(local, self->params, sizeof(void *) * self->nparams);
+  for (int i = 0; i < self->n_slots; i++) {
+    int v = self->slots[i];
+    ptrs[i] = v >= 0 ? in_ptrs[v] : (uint64_t)(uintptr_t)outs[-1 - v].data_ptr();
+    local[i] = &ptrs[i];
+  }
+  int rc = launch_once(self, stream, local);
+  if (rc == kInvalidContext && bind_context != nullptr) {  // a thread with no current context: bind it, launch again
+    PyObject *r = PyObject_CallOneArg(bind_context, self->device_obj);
+    if (r == nullptr) return nullptr;
+    Py_DECREF(r);
+    rc = launch_once(self, stream, local);
+  }
+  if (rc) {
+    if (check_rc != nullptr) {
+      PyObject *r = PyObject_CallFunction(check_rc, "iO", rc, self->name);
+      if (r == nullptr) return nullptr;
+      Py_DECREF(r);
+    }
+    PyErr_Format(PyExc_RuntimeError, "launching %U: CUresult %d", self->name, rc);
+    return nullptr;
+  }
+  if (self->single) return THPVariable_Wrap(std::move(outs[0]));
+  PyObject *tup = PyTuple_New(self->n_outs);
+  if (tup == nullptr) return nullptr;
+  for (int j = 0; j < self->n_outs; j++) {
+    PyObject *t = THPVariable_Wrap(std::move(outs[j]));
+    if (t == nullptr) {
+      Py_DECREF(tup);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tup, j, t);
+  }
+  return tup;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject *plan_repr(PyObject *self_) {
+  Plan *self = (Plan *)self_;
+  return PyUnicode_FromFormat("<mxkit fast call %U: grid (%u, %u, %u), block %u, %d inputs, %d outputs>", self->name,
+                              self->gx, self->gy, self->gz, self->block, self->n_args, self->n_outs);
+}
+
+PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+/* init(cuLaunchKernel address, stream getter, context binder, error check) */
+PyObject *fc_init(PyObject *, PyObject *const *args, Py_ssize_t n) {
+  if (n != 4 || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "init(launch function address: int, stream getter, context binder, error check: callables)");
+    return nullptr;
+  }
+  void *p = PyLong_AsVoidPtr(args[0]);
+  if (p == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null launch function");
+    return nullptr;
+  }
+  cu_launch = (launch_fn)p;
+  Py_INCREF(args[1]);
+  Py_XSETREF(stream_of, args[1]);
+  Py_INCREF(args[2]);
+  Py_XSETREF(bind_context, args[2]);
+  Py_INCREF(args[3]);
+  Py_XSETREF(check_rc, args[3]);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"init", (PyCFunction)(void (*)(void))fc_init, METH_FASTCALL,
+     "init(launch function address, stream getter, context binder, error check)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_mxkit_fast_call", nullptr, -1, methods,
+                                 nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__mxkit_fast_call(void) {
+  PlanType.tp_name = "_mxkit_fast_call.Plan";
+  PlanType.tp_basicsize = sizeof(Plan);
+  PlanType.tp_flags = Py_TPFLAGS_DEFAULT;
+  PlanType.tp_doc = "Plan(function, grid, block, shared, device, params, nparams, slots, outs, n_args, single, keep, "
+                    "name)(*inputs) -> the outputs, launched";
+  PlanType.tp_new = PyType_GenericNew;
+  PlanType.tp_init = plan_init;
+  PlanType.tp_dealloc = plan_dealloc;
+  PlanType.tp_call = plan_call;
+  PlanType.tp_repr = plan_repr;
+  if (PyType_Ready(&PlanType) < 0) return nullptr;
+  PyObject *m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&PlanType);
+  if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+    Py_DECREF(&PlanType);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

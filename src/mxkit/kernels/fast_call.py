@@ -1,0 +1,130 @@
+"""The eager call fast path: a small C++ module (``_fast_call.cpp``) whose ``Plan`` allocates a bound launch's
+outputs with ``at::empty`` and launches it, in one call from Python.
+
+On the device machines an eager quantize spent ~4 µs of host time on each ``torch.empty`` it made from Python
+(its argument parsing and wrapping) against ~2 for ``at::empty`` from C++, and the issue's budget for the whole
+call is 1.5× one ``x * 2``. :meth:`mxkit.kernels.cuda_driver.BoundLaunch.with_outputs` makes a Plan of a bound
+launch; the quantize, dequantize and decode GEMM hot paths call it where it exists, and otherwise allocate with
+``torch.empty`` and launch through :mod:`~mxkit.kernels.fast_launch`: the same kernel, the same bytes.
+
+The module is built against the installed PyTorch's headers and libraries with the host's C++ compiler (about
+15 s, once per machine and PyTorch build: cached under ``$MXKIT_CACHE_DIR`` like the C fast launch). The build
+runs in a background thread started by the first :func:`module` call, so no call waits for it; calls made
+before it is loaded take the Python path. ``module(wait=True)`` waits (tests, benchmarks). ``MXKIT_FAST_CALL=0``
+turns it off; a build that fails is reported once (a warning naming why) and the Python path stays.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sysconfig
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+from .fast_launch import build_extension, cache_dir, load
+
+__all__ = ["module", "build"]
+
+_NAME = "_mxkit_fast_call"
+_SRC = Path(__file__).with_name("_fast_call.cpp")
+
+
+def _compiler() -> Optional[list[str]]:
+    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    cmd = shlex.split(cxx)
+    if cmd and shutil.which(cmd[0]):
+        return cmd
+    for alt in ("c++", "g++", "clang++"):
+        if shutil.which(alt):
+            return [alt]
+    return None
+
+
+def build(directory: Optional[Path] = None) -> Path:
+    """Compile ``_fast_call.cpp`` into ``directory`` (default :func:`~mxkit.kernels.fast_launch.cache_dir`) unless
+    a module of the same source, compiler, flags, Python ABI and PyTorch build is there; returns its path. Raises
+    RuntimeError where it cannot be built (no C++ compiler, no Python or PyTorch headers, a failed compile)."""
+    import torch
+
+    cxx = _compiler()
+    py_include = sysconfig.get_paths().get("include")
+    root = Path(torch.__file__).parent
+    include, lib = root / "include", root / "lib"
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (CXX, c++, g++, clang++)")
+    if not py_include or not Path(py_include, "Python.h").exists():
+        raise RuntimeError(f"Python.h not found under {py_include!r}")
+    if not (include / "ATen" / "core" / "Tensor.h").exists():
+        raise RuntimeError(f"PyTorch's C++ headers not found under {str(include)!r}")
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cmd = [*cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{py_include}"]
+    link = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    out_dir = Path(directory) if directory is not None else cache_dir()
+    return build_extension(_SRC, _NAME, cmd, link, out_dir, tag_extra=f"torch {torch.__version__} {root}",
+                           timeout=600)
+
+
+_lock = threading.Lock()
+_ready = threading.Event()
+_state: dict = {"module": None, "thread": None}
+
+
+def _init(mod: ModuleType) -> None:
+    import ctypes
+
+    from .cuda_driver import _check, _libcuda, _raw_stream, bind_primary_context
+
+    addr = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    mod.init(addr, _raw_stream, bind_primary_context, lambda rc, what: _check(rc, f"launching {what}"))
+
+
+def _build_and_load() -> None:
+    try:
+        mod = load(build(), _NAME)
+        _init(mod)
+        _state["module"] = mod
+    except Exception as e:  # (a best-effort speed-up: any failure keeps the Python path)
+        import warnings
+
+        warnings.warn(f"mxkit: the C++ fast call is not available ({type(e).__name__}: {str(e)[:300]}); eager calls "
+                      f"allocate from Python (~2 µs more host time an output). MXKIT_FAST_CALL=0 silences this.",
+                      RuntimeWarning, stacklevel=2)
+    finally:
+        _ready.set()
+
+
+def module(wait: bool = False) -> Optional[ModuleType]:
+    """The built module, initialised with ``cuLaunchKernel``, PyTorch's current-stream accessor, the context binder
+    and the driver error check; or None: off (``MXKIT_FAST_CALL=0``), no CUDA driver, the build failed, or still
+    building (the first call starts the build in a background thread; ``wait=True`` waits for it to end)."""
+    mod = _state["module"]
+    if mod is not None:
+        return mod
+    if _state["thread"] is None:
+        with _lock:
+            if _state["thread"] is None:
+                if os.environ.get("MXKIT_FAST_CALL", "1") == "0" or not _driver_present():
+                    _state["thread"] = False
+                    _ready.set()
+                else:
+                    _state["thread"] = t = threading.Thread(target=_build_and_load, name="mxkit-fast-call-build",
+                                                            daemon=True)
+                    t.start()
+    if wait:
+        _ready.wait()
+    return _state["module"]
+
+
+def _driver_present() -> bool:
+    from .cuda_driver import CudaDriverUnavailable, _libcuda
+
+    try:
+        _libcuda()
+    except (CudaDriverUnavailable, OSError):
+        return False
+    return True

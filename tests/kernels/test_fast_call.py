@@ -1,0 +1,272 @@
+"""The C++ fast call (mxkit.kernels.fast_call) on the CPU: built into a temporary directory and initialised with a
+recording stand-in for cuLaunchKernel, a Plan must allocate its outputs (shape, dtype, zero fill), write each
+input's and output's data pointer (0 for None) into its own copy of the parameter block and leave the shared block
+alone, pass the grid, block, shared bytes and the getter's stream, bind the context and launch again on
+CUDA_ERROR_INVALID_CONTEXT, and raise through the error check on any other code. Its CPU outputs (device -1) stand
+in for the CUDA ones the device runs (every quantize / dequantize / decode GEMM GPU test goes through it there)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from mxkit.kernels import cuda_driver, fast_call, fast_launch
+
+_SIG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    try:
+        path = fast_call.build(tmp_path_factory.mktemp("fast_call"))
+    except RuntimeError as e:  # no C++ compiler or headers on this host: the Python path is used
+        pytest.skip(str(e))
+    return path
+
+
+class Recorder:
+    """A cuLaunchKernel stand-in: records each call's scalars and its first n parameter values (64-bit), returns
+    the codes of ``rcs`` in turn (then 0)."""
+
+    def __init__(self, n_read: int, rcs=()):
+        self.calls, self.n_read, self.rcs = [], n_read, list(rcs)
+        self.fn = _SIG(self._call)
+
+    def _call(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        vals = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(self.n_read)]
+        self.calls.append(((f, gx, gy, gz, bx, by, bz, shared, stream, extra), vals))
+        return self.rcs.pop(0) if self.rcs else 0
+
+    @property
+    def address(self) -> int:
+        return ctypes.cast(self.fn, ctypes.c_void_p).value
+
+
+def _module(built, rec, streams, bound=None, errors=None):
+    mod = fast_launch.load(built, "_mxkit_fast_call")
+
+    def check(rc, what):
+        if errors is not None:
+            errors.append((rc, what))
+        raise RuntimeError(f"{what}: CUresult {rc}")
+
+    mod.init(rec.address, lambda dev: streams[dev], bound.append if bound is not None else (lambda dev: None), check)
+    return mod
+
+
+def _block(values):
+    vals = (ctypes.c_uint64 * len(values))(*values)
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(vals) + 8 * i for i in range(len(values))])
+    return vals, params
+
+
+def test_plan_allocates_writes_pointers_and_launches(built):
+    rec = Recorder(5)
+    mod = _module(built, rec, {-1: 0x5678})
+    vals, params = _block([11, 22, 33, 44, 55])
+    outs = (((3, 4), torch.uint8, False), ((2,), torch.float32, True), ((), torch.bfloat16, False))
+    plan = mod.Plan(0xABC0, (5, 6, 7), 128, 4096, -1, ctypes.addressof(params), 5, (1, -1, 0, -3), outs, 2,
+                    False, params, "k")
+    a, b = torch.randn(7), torch.randn(3)
+    got = plan(b, a)
+    assert isinstance(got, tuple) and len(got) == 3
+    assert [(t.shape, t.dtype) for t in got] == [((3, 4), torch.uint8), ((2,), torch.float32), ((), torch.bfloat16)]
+    assert torch.equal(got[1], torch.zeros(2))
+    (scalars, ptrs), = rec.calls
+    assert scalars == (0xABC0, 5, 6, 7, 128, 1, 1, 4096, 0x5678, None)
+    assert ptrs == [a.data_ptr(), got[0].data_ptr(), b.data_ptr(), got[2].data_ptr(), 55]  # the fifth as it stood
+    assert list(vals) == [11, 22, 33, 44, 55]  # the shared block untouched
+    one = mod.Plan(1, (1, 1, 1), 32, 0, -1, ctypes.addressof(params), 5, (-1, 0), (((8,), torch.int32, False),), 1,
+                   True, params, "k1")
+    y = one(None)
+    assert isinstance(y, torch.Tensor) and y.shape == (8,) and y.dtype == torch.int32
+    assert rec.calls[-1][1][:2] == [y.data_ptr(), 0]
+    assert "k1" in repr(one)
+
+
+def test_plan_rejects_bad_arguments(built):
+    rec = Recorder(1)
+    mod = _module(built, rec, {-1: 0})
+    vals, params = _block([0, 0])
+    addr = ctypes.addressof(params)
+    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (0, -1), (((4,), torch.uint8, False),), 1, False, params, "k")
+    with pytest.raises(TypeError, match="takes 1 tensors"):
+        plan()
+    with pytest.raises(TypeError, match="not a tensor"):
+        plan(3)
+    with pytest.raises(ValueError, match="no such input"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (1, -1), (((4,), torch.uint8, False),), 1, False, params, "k")
+    with pytest.raises(ValueError, match="no such input"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (0, -2), (((4,), torch.uint8, False),), 1, False, params, "k")
+    with pytest.raises(ValueError, match="pointer slots"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (0, -1, -1), (((4,), torch.uint8, False),), 1, False, params, "k")
+    with pytest.raises(ValueError, match="negative size"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (0,), (((-4,), torch.uint8, False),), 1, False, params, "k")
+    with pytest.raises(TypeError):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 2, (0,), (((4,), "uint8", False),), 1, False, params, "k")
+    with pytest.raises(ValueError, match="null parameter block"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, 0, 2, (0,), (), 1, False, params, "k")
+    with pytest.raises(ValueError, match="at most 512"):
+        mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 513, (0,), (), 1, False, params, "k")
+    with pytest.raises(RuntimeError, match="not initialised"):
+        mod.Plan.__new__(mod.Plan)()
+    with pytest.raises(KeyError):  # the stream getter's own error passes through; nothing launched
+        mod.Plan(1, (1, 1, 1), 32, 0, 3, addr, 2, (0,), (), 1, False, params, "k")(None)
+    assert not rec.calls
+
+
+def test_plan_binds_the_context_then_raises_driver_errors(built):
+    vals, params = _block([0])
+    bound, errors = [], []
+    rec = Recorder(1, rcs=[201, 0])  # CUDA_ERROR_INVALID_CONTEXT once: bind, launch again
+    mod = _module(built, rec, {-1: 0}, bound, errors)
+    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, ctypes.addressof(params), 1, (-1,), (((4,), torch.uint8, False),), 0,
+                    True, params, "kern")
+    y = plan()
+    assert bound == [-1] and len(rec.calls) == 2 and rec.calls[1][1] == [y.data_ptr()]
+    rec.rcs = [700]
+    with pytest.raises(RuntimeError, match="kern: CUresult 700"):
+        plan()
+    assert errors == [(700, "kern")]
+
+
+def test_bound_launch_with_outputs(built, monkeypatch):
+    rec = Recorder(4)
+    mod = _module(built, rec, {-1: 0x99})
+    monkeypatch.setattr(cuda_driver, "_fast_call_state", [mod, True])
+    kernel = cuda_driver.Kernel.from_handle(0x4000, "k", torch.device("cuda", 0))
+    kernel.index = -1  # (CPU outputs: this host has no GPU)
+    x = torch.randn(4)
+    launch = kernel.bind((x, None, None, ctypes.c_longlong(-5)))
+    launch.grid, launch.block, launch.shared = (9, 2), 256, 100
+    with pytest.raises(ValueError, match="4 pointer slots for 3"):
+        launch.with_outputs((0, -1, -1, -1), [((2,), torch.uint8, False)], 1)
+    call = launch.with_outputs((0, -2, -1), [((2, 3), torch.uint8, False), ((5,), torch.float16, False)], 1)
+    q, s = call(x)
+    (scalars, got), = rec.calls
+    assert scalars == (0x4000, 9, 2, 1, 256, 1, 1, 100, 0x99, None)
+    assert got == [x.data_ptr(), s.data_ptr(), q.data_ptr(), (-5) % 2**64]
+    monkeypatch.setattr(cuda_driver, "_fast_call_state", [None, True])
+    assert launch.with_outputs((0,), [], 1) is None  # no module: the caller's Python path
+
+
+def test_module_is_off_with_the_environment_switch(monkeypatch):
+    monkeypatch.setenv("MXKIT_FAST_CALL", "0")
+    monkeypatch.setattr(fast_call, "_state", {"module": None, "thread": None})
+    monkeypatch.setattr(fast_call, "_ready", fast_call.threading.Event())
+    assert fast_call.module(wait=True) is None and fast_call._state["thread"] is False
+
+
+def test_build_reuses_the_cached_module(built):
+    assert fast_call.build(built.parent) == built
+
+
+# --- on the GPU: the hot paths through the fast call, byte for byte against the Python path and the reference ---
+
+def _python_path(monkeypatch):
+    """Every later call takes the Python path (torch.empty, then the C fast launch): no fast call module."""
+    monkeypatch.setattr(cuda_driver, "_fast_call_state", [None, True])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp6_e3m2", "mxfp8_e4m3", "mxint8"])
+def test_gpu_quantize_dequantize_cast_transpose_through_the_fast_call(fmt, rng, poison, monkeypatch):
+    """Repeated calls of a problem go through its plan's fast call (checked: the plans hold one) and give the
+    reference's bytes for fresh data, specials included; the Python path gives the same bytes."""
+    from conftest import DEV, assert_dequant_equal, assert_mx_equal, rand_tensor
+
+    import mxkit
+    from mxkit.kernels import quantize as kq
+    from mxkit.reference import dequantize_reference, quantize_reference
+
+    assert fast_call.module(wait=True) is not None, "the C++ fast call did not build on the device"
+    shape = (96, 256)
+    got = {}
+    for path in ("fast", "python"):
+        if path == "python":
+            _python_path(monkeypatch)
+        kq._HOT.clear()
+        kq._quantize_plan.cache_clear()
+        kq._dequantize_plan.cache_clear()
+        for call in range(3):
+            x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+            xd = x.to(DEV)
+            q = mxkit.quantize(xd, fmt)
+            ref = quantize_reference(x, fmt)
+            assert_mx_equal(q, ref, what=f"{path} {fmt} quantize call {call}")
+            d = mxkit.dequantize(q, torch.bfloat16)
+            assert_dequant_equal(d, dequantize_reference(ref, torch.bfloat16), what=f"{path} dequantize {call}")
+            rows, cols = mxkit.cast_transpose(xd, fmt)
+            assert_mx_equal(rows, quantize_reference(x, fmt, axis=1), what=f"{path} {fmt} rows {call}")
+            assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{path} {fmt} cols {call}")
+        fast_plans = [plan for _, plan in kq._HOT.values() if plan.fast]
+        dq = kq._dequantize_plan(kq.get_format(fmt).name, 1, shape, torch.bfloat16, None)
+        got[path] = (len(fast_plans), bool(dq.fast))
+    assert got["fast"] == (2, True), f"the quantize / cast_transpose / dequantize plans hold no fast call: {got}"
+    assert got["python"] == (0, False), got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["decode-mma", "decode-mma bias", "w8a16-mma", "a8w8 in-kernel", "mxlinear"])
+def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
+    """The decode GEMM calls (decode-mma, w8a16-mma, a8w8-mma with x quantized in the kernel, MXLinear) go through
+    their fast call from the second call of a shape on (checked) and give the same bytes as the Python path (the
+    same kernel and arguments), for fresh x on every call."""
+    import mxkit
+    from mxkit.nn import MXLinear
+
+    assert fast_call.module(wait=True) is not None
+    N, K, M = 1024, 2048, 3
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+    fmt = "mxfp8_e4m3" if case in ("w8a16-mma", "a8w8 in-kernel") else "mxfp4_e2m1"
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if case == "decode-mma bias" else None
+    if case == "mxlinear" or case == "a8w8 in-kernel":
+        lin = torch.nn.Linear(K, N, bias=True, device="cuda", dtype=torch.bfloat16)
+        mod = MXLinear.from_linear(lin, fmt, act_format="mxfp8_e4m3" if case == "a8w8 in-kernel" else None)
+        mod.requires_grad_(False)
+        run = mod
+    else:
+        packed = mxkit.pack_weight(mxkit.quantize(w, fmt))
+        run = (lambda x: mxkit.matmul(x, packed, bias=bias))
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    if case not in ("mxlinear", "a8w8 in-kernel"):
+        assert mxkit.gemm_plan(xs[0], packed).path == case.split()[0]
+    outs = {}
+    for path in ("fast", "python"):
+        if path == "python":
+            _python_path(monkeypatch)
+        made = []
+        for x in xs:
+            made.append(run(x).clone())
+        outs[path] = made
+        if path == "fast":
+            holder = mod._packed if case in ("mxlinear", "a8w8 in-kernel") else packed
+            calls = [c for c in holder.__dict__.get("_calls", {}).values() if getattr(c, "fast", None) is not None]
+            assert calls, f"{case}: no prepared call holds a fast call"
+            for c in calls:  # the Python path next: drop the fast calls made
+                c.fast = None
+    for i, (a, b) in enumerate(zip(outs["fast"], outs["python"])):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{case}: call {i} differs from the Python path"
+
+
+@pytest.mark.gpu
+def test_gpu_fast_calls_are_captured_by_cuda_graphs(rng):
+    """quantize then the decode GEMM through their fast calls inside a CUDA graph: replays with fresh x give the
+    bytes of the eager calls."""
+    from conftest import assert_graph_replays
+
+    import mxkit
+
+    assert fast_call.module(wait=True) is not None
+    packed = mxkit.pack_weight(mxkit.quantize(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), "mxfp4"))
+    x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def step(x):
+        return mxkit.quantize(x, "mxfp8_e4m3"), mxkit.matmul(x, packed)
+
+    step(x)
+    step(x)
+    assert_graph_replays(step, [x], lambda: [torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)])

@@ -303,13 +303,15 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
-    """`mxkit tune gemm` (one decode schedule, two small shapes) writes a table with the decode-w16, decode-mma,
-    w8a16-mma, a8w8-mma, w4a16-wgmma and w8a16-wgmma envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
+    """`mxkit tune gemm` (one decode schedule, two small shapes, small experts) writes a table with the decode-w16,
+    decode-mma, w8a16-mma, a8w8-mma, w4a16-wgmma, w8a16-wgmma and MoE envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
     envelope (on layers the w8a16-wgmma envelope does not take, max_m_no_wgmma)."""
     from mxkit import tune
     from mxkit.kernels.matmul import gemm_table_override
 
     monkeypatch.setattr(tune, "_GRID", dict(block_n=(64,), block_k=(128,), split_k=(1,), num_stages=(2,)))
+    monkeypatch.setattr(tune, "MOE_EXPERTS", ((8, 512, 256),))
+    monkeypatch.setattr(tune, "MOE_PAIRS", (8, 64, 512))
     out = tmp_path / "table.json"
     table = tune.tune_gemm(((1024, 2048), (512, 8192)), out=out, rep_ms=2.0, log=lambda *a: None)
     (name, entry), = table.items()
@@ -320,6 +322,8 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
     assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
+    assert entry["moe"]["mma_max_pairs"] in (0, 8, 64, 512), entry["moe"]
+    assert entry["moe"]["mma_max_pairs_per_expert"] == entry["moe"]["mma_max_pairs"] // 8
     m = entry["a8w8_mma"]["max_m_no_wgmma"]
     assert m in (1, 2, 4, 8, 16, 32, 64), "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
     w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")
@@ -338,6 +342,25 @@ def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
     assert _largest_won({1: True, 2: True, 4: False, 8: True}) == 2
     assert _largest_won({4: True, 1: True, 2: True}) == 4
     assert _largest_won({1: False, 2: True}) == 0 and _largest_won({}) == 0
+
+
+def test_moe_envelope_is_the_run_of_decode_wins_on_every_expert_set():
+    """`mxkit tune gemm`'s MoE envelope: per expert set, the largest (token, slot) pair count up to which the decode
+    kernels were no slower than the prefill kernel, whatever happens past the first loss; the least of those, and
+    the least per expert."""
+    from mxkit.tune import moe_envelope
+
+    times = {32: {8: (20.0, 90.0), 64: (200.0, 400.0), 256: (209.0, 255.0), 512: (330.0, 256.0),
+                  1024: (300.0, 900.0)},
+             128: {8: (30.0, 95.0), 64: (100.0, 150.0), 256: (462.0, 752.0), 512: (556.0, 870.0),
+                   1024: (778.0, 894.0)}}
+    assert moe_envelope(times) == {"mma_max_pairs": 256, "mma_max_pairs_per_expert": 8}  # H200's, 2026-12-02
+    times[128][256] = (752.0, 752.0)  # a tie keeps decode
+    assert moe_envelope(times)["mma_max_pairs"] == 256
+    times[32][64] = (401.0, 400.0)
+    assert moe_envelope(times) == {"mma_max_pairs": 8, "mma_max_pairs_per_expert": 0}
+    assert moe_envelope({8: {8: (10.0, 5.0), 16: (1.0, 9.0)}}) == {"mma_max_pairs": 0, "mma_max_pairs_per_expert": 0}
+    assert moe_envelope({}) == {"mma_max_pairs": 0, "mma_max_pairs_per_expert": 0}
 
 
 def test_wgmma_envelope_choice():

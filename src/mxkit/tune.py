@@ -11,7 +11,9 @@ packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on 
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
 (``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
 (the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
-N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. The result is written as a table of the
+N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. For MoE (``moe.mma_max_pairs``) it times
+the decode and the prefill path of packed MXFP4 GPT-OSS experts (E = 32 and 128) at 8 to 1024 (token, slot) pairs
+and keeps the largest count up to which decode wins on both, and that count per expert. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
 """
@@ -27,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["tune_gemm", "DEFAULT_SHAPES"]
+__all__ = ["tune_gemm", "DEFAULT_SHAPES", "moe_envelope"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
@@ -85,6 +87,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     entry["w8a16_mma"] = {"max_m": _tune_w8a16_mma(shapes, g, rep_ms, log)}
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
     entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
+    entry["moe"] = _tune_moe(g, rep_ms, log)
     entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
                           f"{list(shapes)}")
     table = {name: entry}
@@ -206,6 +209,70 @@ def _largest_won(won: dict) -> int:
             break
         best = M
     return best
+
+
+MOE_PAIRS = (8, 16, 32, 64, 128, 256, 512, 1024)  # (token, slot) pairs: 2 to 256 tokens at top-4
+MOE_EXPERTS = ((32, 2880, 2880), (128, 2880, 2880))  # (E, hidden, intermediate): GPT-OSS-20B and -120B
+
+
+def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
+    """The ``moe`` envelope: ``mma_max_pairs``, the (token, slot) pair count up to which
+    :func:`mxkit.kernels.moe.moe_triton` runs packed MXFP4 experts on the tensor-core decode kernels rather than
+    the grouped wgmma prefill kernel, and ``mma_max_pairs_per_expert``, the same per expert held (the envelope
+    is the larger of the two: :func:`mxkit.kernels.moe.mma_max_pairs`). Both paths are timed on the same packed
+    experts (GPT-OSS's clamped SwiGLU,
+    biases, uniform routing over :data:`MOE_EXPERTS`: (E, hidden, intermediate) each) at each count of
+    :data:`MOE_PAIRS`; the result is :func:`moe_envelope` of the times. The packaged value where either path
+    cannot run here."""
+    from . import ops
+    from .kernels import matmul as mm
+    from .kernels import moe as km
+    from .kernels.matmul_details import _mma_decode, _w4a16_wgmma
+
+    dev = torch.device("cuda")
+    why = _mma_decode.available(dev) or _w4a16_wgmma.available(dev)
+    if why is not None:
+        log(f"moe: the decode or prefill kernel cannot run here ({why}); mma_max_pairs stays {km.MMA_MAX_PAIRS}")
+        return {"mma_max_pairs": km.MMA_MAX_PAIRS}
+    name = torch.cuda.get_device_name()
+    times: dict = {}  # experts E -> {pairs: (decode us, prefill us)}
+    for E, H, inter in MOE_EXPERTS:
+        def mx(*shape):
+            return ops.quantize(torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
+
+        wgu, wd = mx(E, 2 * inter, H), mx(E, H, inter)
+        bgu = torch.randn(E, 2 * inter, device=dev, generator=g) * 0.01
+        bd = torch.randn(E, H, device=dev, generator=g) * 0.01
+        packed = (km.pack_experts_mma(wgu), km.pack_experts_mma(wd))
+        if None in packed:
+            log(f"moe: experts {E} x {H} x {inter} do not pack to the decode layout; skipped")
+            continue
+        for n in MOE_PAIRS:
+            T = max(1, n // top_k)
+            x = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=g)
+            ids = torch.rand(T, E, device=dev, generator=g).topk(top_k, dim=-1).indices.to(torch.int32)
+            tw = torch.softmax(torch.randn(T, top_k, device=dev, generator=g), dim=-1)
+            got = []
+            for limit in (1 << 30, 0):  # decode every count, then prefill every count
+                with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": limit}}}):
+                    got.append(_time(lambda: km.moe_triton(x, wgu, bgu, wd, bd, tw, ids, packed=packed), rep_ms))
+            log(f"moe E={E} H={H} I={inter}, {T * top_k} pairs: decode {got[0]:.1f} us, prefill {got[1]:.1f} us")
+            times.setdefault(E, {})[T * top_k] = tuple(got)
+        del wgu, wd, packed
+    if not times:
+        return {"mma_max_pairs": km.MMA_MAX_PAIRS}
+    return moe_envelope(times)
+
+
+def moe_envelope(times: dict) -> dict:
+    """The ``moe`` entry from ``{E: {pairs: (decode µs, prefill µs)}}`` (one expert set per E): for each set the
+    largest pair count up to which the decode path was at least as fast at every count (0 if it lost at the
+    smallest); ``mma_max_pairs``: the least of those, ``mma_max_pairs_per_expert``: the least of those over E
+    (rounded down)."""
+    won = {E: _largest_won({n: d <= p for n, (d, p) in by_n.items()}) for E, by_n in times.items()}
+    if not won:
+        return {"mma_max_pairs": 0, "mma_max_pairs_per_expert": 0}
+    return {"mma_max_pairs": min(won.values()), "mma_max_pairs_per_expert": min(n // E for E, n in won.items())}
 
 
 WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)

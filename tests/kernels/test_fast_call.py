@@ -210,7 +210,8 @@ def test_gpu_quantize_dequantize_cast_transpose_through_the_fast_call(fmt, rng, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["decode-mma", "decode-mma bias", "w8a16-mma", "a8w8 in-kernel", "mxlinear"])
+@pytest.mark.parametrize("case", ["decode-mma", "decode-mma bias", "w8a16-mma", "a8w8-mma mx", "a8w8 in-kernel",
+                                  "mxlinear"])
 def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
     """The decode GEMM calls (decode-mma, w8a16-mma, a8w8-mma with x quantized in the kernel, MXLinear) go through
     their fast call from the second call of a shape on (checked) and give the same bytes as the Python path (the
@@ -221,7 +222,7 @@ def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
     assert fast_call.module(wait=True) is not None
     N, K, M = 1024, 2048, 3
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
-    fmt = "mxfp8_e4m3" if case in ("w8a16-mma", "a8w8 in-kernel") else "mxfp4_e2m1"
+    fmt = "mxfp8_e4m3" if case in ("w8a16-mma", "a8w8-mma mx", "a8w8 in-kernel") else "mxfp4_e2m1"
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if case == "decode-mma bias" else None
     if case == "mxlinear" or case == "a8w8 in-kernel":
         lin = torch.nn.Linear(K, N, bias=True, device="cuda", dtype=torch.bfloat16)
@@ -232,6 +233,8 @@ def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
         packed = mxkit.pack_weight(mxkit.quantize(w, fmt))
         run = (lambda x: mxkit.matmul(x, packed, bias=bias))
     xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    if case == "a8w8-mma mx":  # MXFP8 activations, quantized before the call
+        xs = [mxkit.quantize(x, "mxfp8_e4m3") for x in xs]
     if case not in ("mxlinear", "a8w8 in-kernel"):
         assert mxkit.gemm_plan(xs[0], packed).path == case.split()[0]
     outs = {}
@@ -270,3 +273,15 @@ def test_gpu_fast_calls_are_captured_by_cuda_graphs(rng):
     step(x)
     step(x)
     assert_graph_replays(step, [x], lambda: [torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)])
+
+
+def test_a_forked_child_starts_the_build_over(monkeypatch):
+    """A child forked while the build thread ran has no such thread: its state goes back to "not asked", so a
+    later call builds or loads again instead of waiting for a thread that does not exist there."""
+    dead = fast_call.threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    monkeypatch.setattr(fast_call, "_state", {"module": None, "thread": dead})
+    monkeypatch.setattr(fast_call, "_ready", fast_call.threading.Event())
+    fast_call._after_fork_in_child()
+    assert fast_call._state["thread"] is None and not fast_call._ready.is_set()

@@ -759,6 +759,27 @@ def test_gpu_moe_decode_mma_expert_range_and_graph(rng, monkeypatch):
     assert not calls  # 260 pairs > MMA_MAX_PAIRS: the Triton kernels
 
 
+@pytest.mark.gpu
+@gpu
+def test_gpu_moe_decode_mma_up_to_the_per_expert_envelope(rng, monkeypatch):
+    """With ``moe.mma_max_pairs_per_expert`` (the H200's table: 8), a layer of 128 experts runs 800 (token, slot)
+    pairs on the decode kernels (counted), within the layer's bound of the float64 reference; 260 pairs on 16
+    experts (past both parts of the envelope) do not."""
+    from mxkit.kernels.matmul import gemm_table_override
+    from mxkit.kernels.moe import pack_experts_mma
+
+    name = torch.cuda.get_device_name()
+    calls = _count_grouped_mma(monkeypatch)
+    with gemm_table_override({name: {"moe": {"mma_max_pairs": 256, "mma_max_pairs_per_expert": 8}}}):
+        for T, E, decode in ((200, 128, True), (65, 16, False)):
+            case = layer_case(T, E, 256, 128, "mxfp4", rng)
+            packed = (pack_experts_mma(case[1]), pack_experts_mma(case[3]))
+            calls.clear()
+            y = moe_triton(*case, packed=packed)
+            assert bool(calls) == decode, (T, E, calls)
+            check_layer(y, case, "swiglu_gpt_oss")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the prefill path: both expert GEMMs on the grouped W4A16 wgmma kernel (Hopper; packed experts)
 

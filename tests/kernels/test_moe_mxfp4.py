@@ -495,7 +495,8 @@ def test_moe_mxfp4_kernels_compile_for_sm90():
 
 def test_mma_max_pairs_is_a_table_entry():
     """MMA_MAX_PAIRS lives in the dispatch table (``moe.mma_max_pairs``, packaged value 256): read per device,
-    overridable like the GEMM envelopes, with the packaged default for a table without the entry."""
+    overridable like the GEMM envelopes, with the packaged default for a table without the entry; with
+    ``mma_max_pairs_per_expert`` the envelope is the larger of the two for the experts a layer holds."""
     from mxkit.kernels.matmul import _packaged_table, gemm_table_override
     from mxkit.kernels.moe import MMA_MAX_PAIRS, mma_max_pairs
 
@@ -505,6 +506,12 @@ def test_mma_max_pairs_is_a_table_entry():
         assert mma_max_pairs(cpu) == 64
     with gemm_table_override({"default": {}}):
         assert mma_max_pairs(cpu) == 256
+    # the per-expert part (the H200's table: 8): the larger of the two for a layer holding that many experts
+    with gemm_table_override({"default": {"moe": {"mma_max_pairs": 256, "mma_max_pairs_per_expert": 8}}}):
+        assert mma_max_pairs(cpu) == 256 and mma_max_pairs(cpu, 16) == 256 and mma_max_pairs(cpu, 128) == 1024
+    assert mma_max_pairs(cpu, 128) == 256  # the packaged default: no per-expert part
+    h200 = _packaged_table()["NVIDIA H200"]["moe"]
+    assert h200["mma_max_pairs"] == 256 and h200["mma_max_pairs_per_expert"] == 8
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -229,8 +229,8 @@ def _mxkit(case: MoeCase, inp: Inputs, ctx):
         packed = pack()
         return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), \
             {"pack_us": ctx.time_fn(pack)[0]}
-    if case.mode == "w4a16":
-        if ids.numel() > max_pairs and wgmma_available(x.device) is not None:
+    if case.mode == "w4a16":  # (MXFP4 on the decode kernel: the envelope's per-expert part holds)
+        if ids.numel() > mma_max_pairs(x.device, w.w1.shape[0]) and wgmma_available(x.device) is not None:
             return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
         # the experts packed once in the decode kernel's layout, which the decode (up to max_pairs pairs) and
         # the prefill kernels both read (MXMoE keeps this one copy per buffer)

@@ -120,6 +120,19 @@ def module(wait: bool = False) -> Optional[ModuleType]:
     return _state["module"]
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while the build thread ran has no such thread: start over (the next call builds or loads)."""
+    global _ready
+    t = _state["thread"]
+    if _state["module"] is None and t and not t.is_alive():
+        _state["thread"] = None
+        _ready = threading.Event()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _driver_present() -> bool:
     from .cuda_driver import CudaDriverUnavailable, _libcuda
 

@@ -1045,9 +1045,29 @@ class _A8W8Call:
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         self.b, self.M, self.lead, self.out = b, plan.M, lead, plan.out_dtype
+        # the C++ fast call of the launch for contiguous plain-layout a (codes rows of K bytes, 16-byte aligned;
+        # scale rows of K / 32): y allocated and the kernel launched in one call; made after the first such call
+        self.fast, self.fast_pre = None, ()
 
     def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        return _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
+        q, s = a.qdata, a.scale
+        plain = (a.scale_layout == "plain" and q.is_contiguous() and s.is_contiguous() and q.data_ptr() % 16 == 0
+                 and s.data_ptr() % 2 == 0)
+        fast = self.fast
+        if plain and fast is not None:
+            return fast(q, s, *self.fast_pre, _f32_bias(bias))
+        y = _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
+        if plain and fast is None:
+            b = self.b
+            run = b.__dict__.get("_a8w8", {}).get((self.M, self.out, False, b.mma_q.data_ptr())) \
+                if b.mma_q is not None else None
+            K = b.shape[1]
+            if run is not None and run.launch is not None and run.ld == (K, K // 32):
+                fast = run.launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
+                                               single=True)
+                if fast is not None:
+                    self.fast, self.fast_pre = fast, (run.w, run.sw)
+        return y
 
 
 class _A8W8InCall(_MmaCall):

@@ -266,13 +266,18 @@ def grouped_matmul_w16(
 MMA_MAX_PAIRS = int(_packaged_table()["default"]["moe"]["mma_max_pairs"])
 
 
-def mma_max_pairs(device: torch.device) -> int:
+def mma_max_pairs(device: torch.device, num_experts: int = 0) -> int:
     """The (token, slot) pairs up to which :func:`moe_triton` runs packed MXFP4 experts on the tensor-core decode
-    kernels rather than the grouped wgmma prefill kernel: the dispatch table's ``moe.mma_max_pairs`` for
-    ``device``'s GPU (:func:`mxkit.kernels.matmul.gemm_table`; an override applies), else the packaged default
-    :data:`MMA_MAX_PAIRS`."""
+    kernels rather than the grouped wgmma prefill kernel, for a layer holding ``num_experts`` experts (0: not
+    said): the larger of the dispatch table's ``moe.mma_max_pairs`` and ``moe.mma_max_pairs_per_expert`` ×
+    ``num_experts`` for ``device``'s GPU (:func:`mxkit.kernels.matmul.gemm_table`; an override applies; a
+    missing field takes the packaged default's: :data:`MMA_MAX_PAIRS`, 0 per expert). The H200's table says 256
+    and 8 per expert (``mxkit tune gemm``: decode wins up to 8 pairs per expert on GPT-OSS-20B and -120B
+    experts)."""
     entry = _envelope(device, "moe")
-    return int(entry["mma_max_pairs"]) if entry else MMA_MAX_PAIRS
+    if not entry:
+        return MMA_MAX_PAIRS
+    return max(int(entry["mma_max_pairs"]), int(entry.get("mma_max_pairs_per_expert", 0)) * num_experts)
 
 
 @dataclass(frozen=True, eq=False)
@@ -321,7 +326,7 @@ def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
     from .matmul_details import _mma_decode as mma
 
     p1, p2 = packed
-    return (p1 is not None and p2 is not None and n <= mma_max_pairs(x.device)
+    return (p1 is not None and p2 is not None and n <= mma_max_pairs(x.device, p1.shape[0])
             and p1.interleaved == (activation == "swiglu")
             and mma.rows_ok(x) and mma.available(x.device) is None)
 
@@ -492,7 +497,9 @@ def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> boo
     from .matmul_details import _w4a16_wgmma as wg
 
     p1, p2 = packed
-    if n <= mma_max_pairs(x.device) or wg.available(x.device) is not None:
+    # (the per-expert part of the envelope holds where the decode kernel could take the experts: MmaExperts)
+    held = p1.shape[0] if isinstance(p1, MmaExperts) else 0
+    if n <= mma_max_pairs(x.device, held) or wg.available(x.device) is not None:
         return False
     if isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts):
         return p1.interleaved == (activation == "swiglu") and not p2.interleaved

@@ -111,8 +111,17 @@ def test_plan_rejects_bad_arguments(built):
         mod.Plan(1, (1, 1, 1), 32, 0, -1, 0, 2, (0,), (), 1, False, params, "k")
     with pytest.raises(ValueError, match="at most 512"):
         mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 513, (0,), (), 1, False, params, "k")
+    bare = mod.Plan.__new__(mod.Plan)
+    assert "not initialised" in repr(bare)
     with pytest.raises(RuntimeError, match="not initialised"):
-        mod.Plan.__new__(mod.Plan)()
+        bare()
+    with pytest.raises(TypeError, match="initialised once"):  # a live Plan's fields never change
+        plan.__init__(2, (1, 1, 1), 32, 0, -1, addr, 2, (0,), (), 1, False, params, "other")
+    with pytest.raises(ValueError, match="no such input"):  # a failed init leaves the Plan uninitialised...
+        bare.__init__(1, (1, 1, 1), 32, 0, -1, addr, 2, (5,), (), 1, False, params, "k")
+    assert "not initialised" in repr(bare)
+    bare.__init__(1, (1, 1, 1), 32, 0, -1, addr, 2, (0,), (), 1, False, params, "k2")  # ...and initialisable
+    assert "k2" in repr(bare)
     with pytest.raises(KeyError):  # the stream getter's own error passes through; nothing launched
         mod.Plan(1, (1, 1, 1), 32, 0, 3, addr, 2, (0,), (), 1, False, params, "k")(None)
     assert not rec.calls
@@ -149,8 +158,14 @@ def test_bound_launch_with_outputs(built, monkeypatch):
     (scalars, got), = rec.calls
     assert scalars == (0x4000, 9, 2, 1, 256, 1, 1, 100, 0x99, None)
     assert got == [x.data_ptr(), s.data_ptr(), q.data_ptr(), (-5) % 2**64]
+    # past the C++ limits (here 9 dims: a quantize of a 9-D tensor), and without the module: the Python path
+    assert launch.with_outputs((0, -1), [((1,) * (fast_call.MAX_DIMS + 1), torch.uint8, False)], 1) is None
+    assert launch.with_outputs((0,), [((1,), torch.uint8, False)] * (fast_call.MAX_OUTS + 1), 1) is None
+    assert launch.with_outputs((0,), [], fast_call.MAX_SLOTS + 1) is None
+    assert cuda_driver.fast_call_loaded()
     monkeypatch.setattr(cuda_driver, "_fast_call_state", [None, True])
-    assert launch.with_outputs((0,), [], 1) is None  # no module: the caller's Python path
+    assert launch.with_outputs((0,), [], 1) is None and not cuda_driver.fast_call_loaded()
+    assert launch.ld is None  # (the leading dimensions a launch was bound with: its maker records them)
 
 
 def test_module_is_off_with_the_environment_switch(monkeypatch):
@@ -158,6 +173,13 @@ def test_module_is_off_with_the_environment_switch(monkeypatch):
     monkeypatch.setattr(fast_call, "_state", {"module": None, "thread": None})
     monkeypatch.setattr(fast_call, "_ready", fast_call.threading.Event())
     assert fast_call.module(wait=True) is None and fast_call._state["thread"] is False
+
+
+def test_python_limits_are_the_modules():
+    src = fast_call._SRC.read_text()
+    for name, value in (("kMaxSlots", fast_call.MAX_SLOTS), ("kMaxOuts", fast_call.MAX_OUTS),
+                        ("kMaxDims", fast_call.MAX_DIMS)):
+        assert f"constexpr int {name} = {value};" in src, name
 
 
 def test_build_reuses_the_cached_module(built):
@@ -281,7 +303,15 @@ def test_a_forked_child_starts_the_build_over(monkeypatch):
     dead = fast_call.threading.Thread(target=lambda: None)
     dead.start()
     dead.join()
+    monkeypatch.setattr(fast_call, "_lock", fast_call._lock)  # (the handler makes a new lock: restored after)
     monkeypatch.setattr(fast_call, "_state", {"module": None, "thread": dead})
     monkeypatch.setattr(fast_call, "_ready", fast_call.threading.Event())
     fast_call._after_fork_in_child()
     assert fast_call._state["thread"] is None and not fast_call._ready.is_set()
+    # a build that had ended (here: failed and reported) stays ended in the child: no second build, no second warning
+    monkeypatch.setattr(fast_call, "_state", {"module": None, "thread": dead})
+    done = fast_call.threading.Event()
+    done.set()
+    monkeypatch.setattr(fast_call, "_ready", done)
+    fast_call._after_fork_in_child()
+    assert fast_call._state["thread"] is dead and fast_call._ready is done

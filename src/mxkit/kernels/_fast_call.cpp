@@ -85,21 +85,28 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_SetString(PyExc_TypeError, "Plan takes positional arguments only");
     return -1;
   }
+  if (self->fn != nullptr) {  // (a live Plan may be mid-launch in another thread: its fields never change)
+    PyErr_SetString(PyExc_TypeError, "a Plan is initialised once");
+    return -1;
+  }
   if (!PyArg_ParseTuple(args, "OO!IIiOIO!O!ipOU", &fn, &PyTuple_Type, &grid, &block, &shared, &device, &params,
                         &nparams, &PyTuple_Type, &slots, &PyTuple_Type, &outs, &n_args, &single, &keep, &name))
     return -1;
-  self->fn = PyLong_AsVoidPtr(fn);
-  if (self->fn == nullptr) {
+  /* every field is parsed into `plan` and checked first, then copied in: a failed init leaves the Plan as it was */
+  Plan plan;
+  std::memset(&plan, 0, sizeof(plan));
+  plan.fn = PyLong_AsVoidPtr(fn);
+  if (plan.fn == nullptr) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function");
     return -1;
   }
-  self->params = (void **)PyLong_AsVoidPtr(params);
-  if (self->params == nullptr) {
+  plan.params = (void **)PyLong_AsVoidPtr(params);
+  if (plan.params == nullptr) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null parameter block");
     return -1;
   }
-  if (PyTuple_GET_SIZE(grid) != 3 || as_uint(PyTuple_GET_ITEM(grid, 0), &self->gx, "grid") ||
-      as_uint(PyTuple_GET_ITEM(grid, 1), &self->gy, "grid") || as_uint(PyTuple_GET_ITEM(grid, 2), &self->gz, "grid")) {
+  if (PyTuple_GET_SIZE(grid) != 3 || as_uint(PyTuple_GET_ITEM(grid, 0), &plan.gx, "grid") ||
+      as_uint(PyTuple_GET_ITEM(grid, 1), &plan.gy, "grid") || as_uint(PyTuple_GET_ITEM(grid, 2), &plan.gz, "grid")) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "grid must be 3 ints");
     return -1;
   }
@@ -120,7 +127,7 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
       PyErr_Format(PyExc_ValueError, "slot %zd names %ld: no such input (%d) or output (%zd)", i, v, n_args, no);
       return -1;
     }
-    self->slots[i] = (int)v;
+    plan.slots[i] = (int)v;
   }
   for (Py_ssize_t j = 0; j < no; j++) {
     PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
@@ -138,27 +145,42 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "output %zd: negative size", j);
         return -1;
       }
-      self->outs[j].sizes[d] = v;
+      plan.outs[j].sizes[d] = v;
     }
-    self->outs[j].ndim = (int)nd;
-    self->outs[j].dtype = ((THPDtype *)dtype)->scalar_type;
-    self->outs[j].zero = zero != 0;
+    plan.outs[j].ndim = (int)nd;
+    plan.outs[j].dtype = ((THPDtype *)dtype)->scalar_type;
+    plan.outs[j].zero = zero != 0;
   }
-  self->n_slots = (int)ns;
-  self->n_outs = (int)no;
-  self->n_args = n_args;
-  self->single = single != 0;
-  self->nparams = nparams;
-  self->block = block;
-  self->shared = shared;
-  self->device = device;
+  plan.n_slots = (int)ns;
+  plan.n_outs = (int)no;
+  plan.n_args = n_args;
+  plan.single = single != 0;
+  plan.nparams = nparams;
+  plan.block = block;
+  plan.shared = shared;
+  plan.device = device;
   device_obj = PyLong_FromLong(device);
   if (device_obj == nullptr) return -1;
-  Py_XSETREF(self->device_obj, device_obj);
+  std::memcpy(self->slots, plan.slots, sizeof(plan.slots));
+  std::memcpy(self->outs, plan.outs, sizeof(plan.outs));
+  self->n_slots = plan.n_slots;
+  self->n_outs = plan.n_outs;
+  self->n_args = plan.n_args;
+  self->single = plan.single;
+  self->nparams = plan.nparams;
+  self->block = plan.block;
+  self->shared = plan.shared;
+  self->device = plan.device;
+  self->gx = plan.gx;
+  self->gy = plan.gy;
+  self->gz = plan.gz;
+  self->params = plan.params;
+  self->device_obj = device_obj;
   Py_INCREF(keep);
-  Py_XSETREF(self->keep, keep);
+  self->keep = keep;
   Py_INCREF(name);
-  Py_XSETREF(self->name, name);
+  self->name = name;
+  self->fn = plan.fn;  // (last: a Plan with fn set is whole)
   return 0;
 }
 
@@ -169,6 +191,14 @@ void plan_dealloc(PyObject *self_) {
   Py_XDECREF(self->name);
   Py_TYPE(self_)->tp_free(self_);
 }
+
+struct Owned {  // a new reference to a (possibly null) object for a scope
+  PyObject *p;
+  explicit Owned(PyObject *o) : p(o) { Py_XINCREF(p); }
+  ~Owned() { Py_XDECREF(p); }
+  Owned(const Owned &) = delete;
+  Owned &operator=(const Owned &) = delete;
+};
 
 int launch_once(Plan *self, void *stream, void **local) {
   int rc;
@@ -214,8 +244,10 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     at::IntArrayRef sizes(o.sizes, o.ndim);
     outs[j] = o.zero ? at::zeros(sizes, options.dtype(o.dtype)) : at::empty(sizes, options.dtype(o.dtype));
   }
-  /* every Python call before the launch: the stream getter may run Python code */
-  PyObject *s = PyObject_CallOneArg(stream_of, self->device_obj);
+  /* every Python call before the launch: the stream getter may run Python code. The callables are owned for the
+   * call: init() may replace the globals meanwhile */
+  Owned getter(stream_of), binder(bind_context), check(check_rc);
+  PyObject *s = PyObject_CallOneArg(getter.p, self->device_obj);
   if (s == nullptr) return nullptr;
   void *stream = PyLong_AsVoidPtr(s);
   Py_DECREF(s);
@@ -229,15 +261,15 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     local[i] = &ptrs[i];
   }
   int rc = launch_once(self, stream, local);
-  if (rc == kInvalidContext && bind_context != nullptr) {  // a thread with no current context: bind it, launch again
-    PyObject *r = PyObject_CallOneArg(bind_context, self->device_obj);
+  if (rc == kInvalidContext && binder.p != nullptr) {  // a thread with no current context: bind it, launch again
+    PyObject *r = PyObject_CallOneArg(binder.p, self->device_obj);
     if (r == nullptr) return nullptr;
     Py_DECREF(r);
     rc = launch_once(self, stream, local);
   }
   if (rc) {
-    if (check_rc != nullptr) {
-      PyObject *r = PyObject_CallFunction(check_rc, "iO", rc, self->name);
+    if (check.p != nullptr) {
+      PyObject *r = PyObject_CallFunction(check.p, "iO", rc, self->name);
       if (r == nullptr) return nullptr;
       Py_DECREF(r);
     }
@@ -261,6 +293,7 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
 
 PyObject *plan_repr(PyObject *self_) {
   Plan *self = (Plan *)self_;
+  if (self->fn == nullptr) return PyUnicode_FromString("<mxkit fast call: not initialised>");
   return PyUnicode_FromFormat("<mxkit fast call %U: grid (%u, %u, %u), block %u, %d inputs, %d outputs>", self->name,
                               self->gx, self->gy, self->gz, self->block, self->n_args, self->n_outs);
 }

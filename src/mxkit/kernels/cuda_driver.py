@@ -165,6 +165,7 @@ class BoundLaunch:
         self._stream = (None, None)  # (raw handle, its ctypes object)
         self.shared = 0  # dynamic shared memory bytes of each launch
         self.grid, self.block = (1, 1, 1), 32  # the launch shape of run()
+        self.ld = None  # the leading dimensions bound into the block, where its maker records them
         # held around set_ptr + launch where several threads may share this launch (the driver reads the
         # parameter block during cuLaunchKernel, which runs without the GIL): run() does
         self.lock = threading.Lock()
@@ -208,6 +209,11 @@ class BoundLaunch:
         mod = _fast_call() if self._fast_ok else None
         if mod is None:
             return None
+        from .fast_call import MAX_DIMS, MAX_OUTS, MAX_SLOTS
+
+        if len(slots) > MAX_SLOTS or n_inputs > MAX_SLOTS or len(outs) > MAX_OUTS \
+                or any(len(shape) > MAX_DIMS for shape, _, _ in outs):
+            return None  # (past the C++ module's limits: the caller keeps its Python path)
         grid = (tuple(self.grid) + (1, 1))[:3]
         return mod.Plan(self._fn_int, grid, self.block, self.shared, self.kernel.index, self._params_int,
                         len(self.vals), tuple(slots), tuple((tuple(s), d, bool(z)) for s, d, z in outs), n_inputs,
@@ -293,6 +299,12 @@ def _fast():
 
         _fast_module = module()
     return _fast_module
+
+
+def fast_call_loaded() -> bool:
+    """Whether the C++ fast call module is loaded (:meth:`BoundLaunch.with_outputs` can make a call): callers skip
+    building its arguments otherwise."""
+    return _fast_call() is not None
 
 
 def _fast_call():

@@ -27,7 +27,11 @@ from typing import Optional
 
 from .fast_launch import build_extension, cache_dir, load
 
-__all__ = ["module", "build"]
+__all__ = ["module", "build", "MAX_SLOTS", "MAX_OUTS", "MAX_DIMS"]
+
+# the C++ Plan's limits (_fast_call.cpp's kMaxSlots, kMaxOuts, kMaxDims; a test checks them): launches past them
+# keep the Python path (BoundLaunch.with_outputs returns None)
+MAX_SLOTS, MAX_OUTS, MAX_DIMS = 16, 8, 8
 
 _NAME = "_mxkit_fast_call"
 _SRC = Path(__file__).with_name("_fast_call.cpp")
@@ -121,10 +125,13 @@ def module(wait: bool = False) -> Optional[ModuleType]:
 
 
 def _after_fork_in_child() -> None:
-    """A child forked while the build thread ran has no such thread: start over (the next call builds or loads)."""
-    global _ready
+    """A child forked while the build thread ran has no such thread: start over (the next call builds or loads).
+    A build that had ended (loaded, or failed and reported) stays as it was. The lock is made anew: another
+    thread of the parent may have held it."""
+    global _ready, _lock
+    _lock = threading.Lock()
     t = _state["thread"]
-    if _state["module"] is None and t and not t.is_alive():
+    if _state["module"] is None and t and not _ready.is_set():
         _state["thread"] = None
         _ready = threading.Event()
 

@@ -82,6 +82,7 @@ from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, wi
 from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
+from .cuda_driver import fast_call_loaded
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
     exact_scale_range,
@@ -989,8 +990,9 @@ class _MmaCall:
         self.ldx = _row_stride(a_shape, a_stride)  # None: a is copied into rows first
         self.device = b.device
         # the C++ fast call of the launch at ldx (y allocated and the kernel launched in one call from Python),
-        # made after the first call that ran it; its inputs: a, the launch's fixed pointers (_pre), the bias
-        self.fast, self.fast_pre = None, ()
+        # made after the first call that ran it where the call object is kept (``kept``: the prepared calls; a
+        # one-off call of run_gemm makes none); its inputs: a, the launch's fixed pointers (_pre), the bias
+        self.fast, self.fast_pre, self.kept = None, (), False
 
     def _pre(self) -> tuple:
         """The pointer arguments of the launch between a and the bias (the weight's codes and scales)."""
@@ -1007,11 +1009,12 @@ class _MmaCall:
                 return fast(a, *self.fast_pre, _f32_bias(bias))
         y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
         y = self._into(a, ldx, _f32_bias(bias), y)
-        if ldx == self.ldx and self.fast is None:
+        launch = self.run.launch  # (the one launch object read once: its ld is the one it was bound with)
+        if self.kept and ldx == self.ldx and self.fast is None and launch.ld == ldx and fast_call_loaded():
             pre = self._pre()
             n = len(pre) + 2
-            fast = self.run.launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
-                                                single=True)
+            fast = launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
+                                       single=True)
             if fast is not None:
                 self.fast, self.fast_pre = fast, pre
         return y
@@ -1057,14 +1060,15 @@ class _A8W8Call:
         if plain and fast is not None:
             return fast(q, s, *self.fast_pre, _f32_bias(bias))
         y = _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
-        if plain and fast is None:
+        if plain and fast is None and fast_call_loaded():
             b = self.b
             run = b.__dict__.get("_a8w8", {}).get((self.M, self.out, False, b.mma_q.data_ptr())) \
                 if b.mma_q is not None else None
             K = b.shape[1]
-            if run is not None and run.launch is not None and run.ld == (K, K // 32):
-                fast = run.launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
-                                               single=True)
+            launch = run.launch if run is not None else None  # (read once: its ld is the one it was bound with)
+            if launch is not None and launch.ld == (K, K // 32):
+                fast = launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
+                                           single=True)
                 if fast is not None:
                     self.fast, self.fast_pre = fast, (run.w, run.sw)
         return y
@@ -1117,6 +1121,7 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
         out = check_out_dtype(out_dtype)
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
         call = _A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
+        call.kept = True
     calls[key] = call
     return call
 
@@ -1147,8 +1152,10 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         b = _twin(a, b, "float")
         if plan.path == "decode-mma":
             call = _MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
+            call.kept = True
         elif plan.path == "w8a16-mma":
             call = _W16Call(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
+            call.kept = True
         elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         else:

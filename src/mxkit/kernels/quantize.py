@@ -38,6 +38,7 @@ from ..layouts import KERNEL_LAYOUT_IDS, scale_layout_shape
 from ..tensor import MXTensor, check_out_dtype, check_quantize_args
 from . import opt_flags
 from . import launch as _launch
+from .cuda_driver import fast_call_loaded
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
 from .opt_flags_nvidia import _pow2, resolve_dequantize, resolve_quantize
@@ -281,10 +282,11 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     if bound:  # (outputs: fresh allocations, 16-byte aligned like the kernel's)
         if plan.scale_t is None:
             bound.run(x, *[outs[i] for i, _ in plan.slots])
-            fast = bound.with_outputs((0, *[-1 - i for i, _ in plan.slots]),
-                                      [(shape, torch.uint8, zero) for shape, zero in plan.outs], 1)
-            if fast is not None:
-                plan.fast[key] = fast
+            if fast_call_loaded():
+                fast = bound.with_outputs((0, *[-1 - i for i, _ in plan.slots]),
+                                          [(shape, torch.uint8, zero) for shape, zero in plan.outs], 1)
+                if fast is not None:
+                    plan.fast[key] = fast
         else:  # the kernel writes the column scale transposed into a scratch buffer, then the byte transpose
             main, transpose = bound
             tmp = torch.empty(plan.scale_t[0], dtype=torch.uint8, device=dev)
@@ -404,9 +406,10 @@ def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     bound = _launch.bound_launch(plan.bound, key)
     if bound:  # (out: a fresh allocation, 16-byte aligned like the kernel's)
         bound.run(qdata, scale, out)
-        fast = bound.with_outputs((0, 1, -1), [(shape, kdtype, False)], 2, single=True)
-        if fast is not None:
-            plan.fast[key] = fast
+        if fast_call_loaded():
+            fast = bound.with_outputs((0, 1, -1), [(shape, kdtype, False)], 2, single=True)
+            if fast is not None:
+                plan.fast[key] = fast
     else:
         qv = qdata.view(torch.int32) if words else qdata
         ov = out.view(torch.int16) if view16 else out

@@ -673,10 +673,9 @@ class MXMoE(_ops.Handled, nn.Module):
         from ..kernels.matmul_details._w4a16_wgmma import available
         from ..kernels.moe import MmaExperts, mma_max_pairs, pack_experts_mma, pack_experts_wgmma
 
-        # (the per-expert part of the envelope is the MXFP4 decode kernel's: other formats decode on the Triton kernel)
-        held = self.num_local_experts if fmt == "mxfp4_e2m1" else 0
-        prefill = (x.numel() // self.hidden_size * self.top_k > mma_max_pairs(x.device, held)
-                   and available(x.device) is None)
+        # (whether the prefill kernel's own layout is needed: the envelope without its per-expert part, which holds
+        # only where the experts are in the decode kernel's layout, MmaExperts, returned whatever the count below)
+        prefill = x.numel() // self.hidden_size * self.top_k > mma_max_pairs(x.device) and available(x.device) is None
         act = self.activation
         if fmt != "mxfp4_e2m1":
             if not prefill:

@@ -157,13 +157,14 @@ class A8W8:
         elements at ``x.data_ptr()`` (scales: rows of ``ldxs`` bytes at ``xs``), as :meth:`__call__`. Returns y."""
         ld = (ldx, ldxs)
         launch = self.launch
-        if launch is None or ld != self.ld:
-            self.ld = ld
-            self.launch = launch = self.kernel.bind((
+        if launch is None or ld != launch.ld:
+            # (made whole before it is published: a thread that reads self.launch sees a launch and its ld together)
+            launch = self.kernel.bind((
                 x, xs, self.w, self.sw, bias, y, self.ws, self.cnt, ctypes.c_int(self.M), ctypes.c_int(self.N),
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
                 ctypes.c_longlong(self.N)))
-            launch.grid, launch.block = self.grid, 128
+            launch.grid, launch.block, launch.ld = self.grid, 128, ld
+            self.launch, self.ld = launch, ld
         launch.run(x, xs, self.w, self.sw, bias, y)
         return y
 

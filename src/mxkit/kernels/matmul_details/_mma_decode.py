@@ -233,13 +233,13 @@ class MmaDecode:
         """The launch writing ``y`` (M x N contiguous, any shape of that many elements) from the M rows of
         ``ldx`` elements at ``x.data_ptr()`` (16-byte aligned, ldx % 8 == 0, unit stride along K). Returns y."""
         launch = self.launch
-        if launch is None or ldx != self.ldx:
-            self.ldx = ldx
-            self.launch = launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt,
-                                                     ctypes.c_int(self.M), ctypes.c_int(self.N),
-                                                     ctypes.c_int(self.K), ctypes.c_longlong(ldx),
-                                                     ctypes.c_longlong(self.N)))
-            launch.grid, launch.block = self.grid, self.block
+        if launch is None or ldx != launch.ld:
+            # (made whole before it is published: a thread that reads self.launch sees a launch and its ld together)
+            launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt, ctypes.c_int(self.M),
+                                       ctypes.c_int(self.N), ctypes.c_int(self.K), ctypes.c_longlong(ldx),
+                                       ctypes.c_longlong(self.N)))
+            launch.grid, launch.block, launch.ld = self.grid, self.block, ldx
+            self.launch, self.ldx = launch, ldx
         launch.run(x, self.q, self.s, bias, y)
         return y
 

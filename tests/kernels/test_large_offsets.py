@@ -30,6 +30,7 @@ from conftest import poison_allocator
 import mxkit
 from mxkit.formats import get_format
 from mxkit.kernels import matmul as km
+from mxkit.kernels import matmul_table
 from mxkit.kernels import moe as kmoe
 from mxkit.kernels.matmul_details import _mma_a8w8, _mma_decode
 from mxkit.tensor import MXTensor
@@ -64,7 +65,7 @@ def fake_cuda(monkeypatch) -> None:
     dispatch table's GPU name are faked; the plan reads shapes, dtypes and scale bytes only."""
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
-    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
     monkeypatch.setattr(MXTensor, "device", property(lambda self: dev), raising=False)
 
 

@@ -271,21 +271,6 @@ def test_bad_operands_raise(rng):
     assert set(PATHS) >= {"fold-fp8", "w4a8-fp8", "bf16-exact", "dense-exact", "fp32-exact", "reference"}
 
 
-def test_gemm_table_is_data_with_an_override():
-    from mxkit.kernels.matmul import DecodeConfig, decode_config, gemm_table, gemm_table_override
-
-    table = gemm_table()
-    assert table["default"]["decode_w4a16"]["max_m"] >= 1
-    with pytest.raises(TypeError):
-        table["default"]["decode_w4a16"]["max_m"] = 99  # read-only
-    cpu = torch.device("cpu")
-    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 4, "configs": [
-            {"k_max": 100, "block_n": 16, "block_k": 64, "split_k": 1, "num_warps": 2, "num_stages": 2}]}}}):
-        assert decode_config(cpu, 96) == DecodeConfig(16, 64, 1, 2, 2)
-        assert decode_config(cpu, 8192) == DecodeConfig()  # no entry covers K: the defaults
-    assert decode_config(cpu, 96) != DecodeConfig(16, 64, 1, 2, 2)
-
-
 def test_support_matrix_is_in_the_readme():
     from pathlib import Path
 
@@ -298,29 +283,6 @@ def test_support_matrix_is_in_the_readme():
     assert envelope_markdown() in readme, "README's GEMM envelope table is stale: paste envelope_markdown()"
     rows = {r["path"]: r for r in envelope_rows()}
     assert set(rows) <= set(PATHS) and rows["decode-w16"]["weight"].count("mx") == 6
-
-
-def test_table_entry_missing_fields_come_from_the_packaged_default():
-    """A dispatch table whose entry lacks fields (written by an older `mxkit tune gemm`) takes them from the packaged
-    default; the fields it has win; an entry absent from both is None."""
-    from mxkit.kernels.matmul import (DecodeConfig, _decode_max_m, _envelope, _packaged_table, decode_config,
-                                      gemm_table_override)
-
-    cpu = torch.device("cpu")
-    packaged = _packaged_table()["default"]["w4a16_wgmma"]
-    with gemm_table_override({"default": {"w4a16_wgmma": {"max_m": 7, "min_nk": 5}}}):
-        e = _envelope(cpu, "w4a16_wgmma")
-        assert (e["max_m"], e["min_nk"]) == (7, 5)
-        assert (e["small_max_m"], e["small_min_nk"]) == (packaged["small_max_m"], packaged["small_min_nk"])
-        assert _envelope(cpu, "decode_mma") == _packaged_table()["default"]["decode_mma"]
-        assert _envelope(cpu, "no_such_entry") is None
-        # decode-w16's envelope and schedules too (an override without them no longer turns decode-w16 off)
-        assert _decode_max_m(cpu) == _packaged_table()["default"]["decode_w4a16"]["max_m"]
-        c = _packaged_table()["default"]["decode_w4a16"]["configs"][0]
-        assert decode_config(cpu, c["k_max"]) == DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"],
-                                                              c["num_stages"])
-    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 0}}}):
-        assert _decode_max_m(cpu) == 0
 
 
 def test_packed_weight_state_dict_and_to(rng):
@@ -922,10 +884,11 @@ def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):
     faked: the plan reads shapes, dtypes and scale bytes only); a weight outside the fp16-exact envelope does
     not."""
     from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_table
 
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
-    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
     for fmt, dt in (("mxfp6_e2m3", torch.bfloat16), ("mxfp6_e3m2", torch.float16), ("mxfp4_e2m1", torch.float16),
                     ("mxfp8_e4m3", torch.float16), ("mxint8", torch.float16)):
         w = mxkit.quantize(torch.randn(64, 128), fmt)
@@ -956,6 +919,7 @@ def test_fp6_packed_weight_reads_its_mxfp8_twin(fmt, monkeypatch, rng):
     import torch.utils._pytree as pytree
 
     from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_table
     from mxkit.kernels.matmul_details import _mma_a8w8
 
     wide_fmt, shift = mxkit.fold.WIDEN[fmt]
@@ -977,7 +941,7 @@ def test_fp6_packed_weight_reads_its_mxfp8_twin(fmt, monkeypatch, rng):
     pw2 = mxkit.pack_weight(w2)
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
-    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
     monkeypatch.setattr(type(w), "device", property(lambda self: dev), raising=False)
     monkeypatch.setattr(_mma_a8w8, "available", lambda d: None)
     a = torch.randn(1, 256).to(torch.bfloat16)
@@ -1196,6 +1160,7 @@ def test_dense_cache_plan_and_values(fmt, monkeypatch, rng):
     import torch.utils._pytree as pytree
 
     from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_table
     from mxkit.reference import dequantize_reference
 
     with pytest.raises(ValueError, match="dense="):
@@ -1217,7 +1182,7 @@ def test_dense_cache_plan_and_values(fmt, monkeypatch, rng):
     p16_low = mxkit.pack_weight(w2, act="float", dense=torch.float16)
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
-    monkeypatch.setattr(km, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
     monkeypatch.setattr(type(w), "device", property(lambda self: dev), raising=False)
     from mxkit.kernels.matmul_details import _mma_a8w8, _mma_decode
 

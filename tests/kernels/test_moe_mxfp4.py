@@ -497,7 +497,8 @@ def test_mma_max_pairs_is_a_table_entry():
     """MMA_MAX_PAIRS lives in the dispatch table (``moe.mma_max_pairs``, packaged value 256): read per device,
     overridable like the GEMM envelopes, with the packaged default for a table without the entry; with
     ``mma_max_pairs_per_expert`` the envelope is the larger of the two for the experts a layer holds."""
-    from mxkit.kernels.matmul import _packaged_table, gemm_table_override
+    from mxkit.kernels.matmul import gemm_table_override
+    from mxkit.kernels.matmul_table import _packaged_table
     from mxkit.kernels.moe import MMA_MAX_PAIRS, mma_max_pairs
 
     cpu = torch.device("cpu")

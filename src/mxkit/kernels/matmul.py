@@ -68,12 +68,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from types import MappingProxyType
-from typing import Mapping, Optional, Union
+from typing import Optional, Union
 
 import torch
 
@@ -83,6 +79,17 @@ from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
 from .cuda_driver import fast_call_loaded
+from .matmul_table import (  # (re-exported: the dispatch table's API has lived here)
+    DecodeConfig,
+    _decode_max_m,
+    _envelope,
+    _mma_max_m,
+    _table_token,
+    _token_stack,
+    decode_config,
+    gemm_table,
+    gemm_table_override,
+)
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
     exact_scale_range,
@@ -143,91 +150,6 @@ class GemmPlan:
     exact: bool = True
 
 
-# --------------------------------------------------------------------------------------------------------
-# the per-GPU dispatch table (data: matmul_tuning.json beside this file)
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Schedule of the small-M decode kernel: BLOCK_N weight rows x BLOCK_K elements per step, split_k
-    programs along K, num_warps, num_stages."""
-
-    block_n: int = 64
-    block_k: int = 256
-    split_k: int = 2
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-_TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")
-_table_stack: list[Mapping] = []
-_token_stack: list[int] = []  # one serial number per override entered: the prepared calls' key of the table
-_tokens = itertools.count(1)
-
-
-def _freeze(obj):
-    if isinstance(obj, dict):
-        return MappingProxyType({k: _freeze(v) for k, v in obj.items()})
-    if isinstance(obj, list):
-        return tuple(_freeze(v) for v in obj)
-    return obj
-
-
-@functools.lru_cache(maxsize=1)
-def _packaged_table() -> Mapping:
-    return _freeze(json.loads(_TABLE_FILE.read_text()))
-
-
-def gemm_table() -> Mapping:
-    """The dispatch table in force (read-only): the packaged one, or the innermost
-    :func:`gemm_table_override`."""
-    return _table_stack[-1] if _table_stack else _packaged_table()
-
-
-@contextlib.contextmanager
-def gemm_table_override(table: Union[Mapping, str, Path]):
-    """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
-    ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning)."""
-    if not isinstance(table, Mapping):
-        table = json.loads(Path(table).read_text())
-    _table_stack.append(_freeze(dict(table)))
-    _token_stack.append(next(_tokens))
-    try:
-        yield
-    finally:
-        _table_stack.pop()
-        _token_stack.pop()
-
-
-def _table_token() -> int:
-    """Which table is in force, for the keys of the prepared calls: 0 for the packaged one, else a number no
-    other override ever had (an ``id()`` of a table could be reused once the table is freed)."""
-    return _token_stack[-1] if _token_stack else 0
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
-def _entry(device: torch.device, key: str) -> Optional[Mapping]:
-    table = gemm_table()
-    name = _gpu_name(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else ""
-    for k in (name, "default"):
-        if k in table and key in table[k]:
-            return table[k][key]
-    return None
-
-
-def decode_config(device: torch.device, K: int) -> DecodeConfig:
-    entry = _envelope(device, "decode_w4a16")
-    for c in (entry or {}).get("configs", ()):
-        if K <= c["k_max"]:
-            return DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"], c["num_stages"])
-    return DecodeConfig()
-
-
 def _decode_takes(wf: ElementFormat, N: int, K: int, device: torch.device) -> bool:
     """Whether decode-w16 takes a weight of format ``wf`` and shape (N, K): every kind of :data:`W_KINDS`, MXFP6
     only up to ``decode_w4a16.fp6_max_nk`` elements (its unpacking is ALU-bound past that: dense-exact is faster)."""
@@ -237,13 +159,6 @@ def _decode_takes(wf: ElementFormat, N: int, K: int, device: torch.device) -> bo
         return True
     entry = _envelope(device, "decode_w4a16") or {}
     return N * K <= int(entry.get("fp6_max_nk", 0))
-
-
-def _decode_max_m(device: torch.device) -> int:
-    """decode-w16's envelope (``decode_w4a16.max_m``; an override without the entry keeps the packaged one, as every
-    envelope does: :func:`_envelope`)."""
-    entry = _envelope(device, "decode_w4a16")
-    return int(entry["max_m"]) if entry else 0
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -400,25 +315,6 @@ def _pack_mma(w: MXTensor) -> tuple:
     if w.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2"):  # (the a8w8 layout: the same bytes whatever the codes)
         return (*_mma_a8w8.pack_a8w8(w.qdata, w.scale), None)
     return None, None, None
-
-
-def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
-    """The table's entry ``key`` for ``device``, its missing fields (a table `mxkit tune gemm` wrote before they
-    existed, or one without the entry) taken from the packaged default's; None where neither has it."""
-    entry, default = _entry(device, key), _packaged_table()["default"].get(key)
-    if entry is None or default is None:
-        return entry if entry is not None else default
-    return {**default, **entry}
-
-
-def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_m") -> int:
-    """The table's ``max_m`` (or ``field``, falling back to ``max_m``) of a CUDA C++ kernel's envelope
-    (``decode_mma``, ``a8w8_mma`` or ``w8a16_mma``), at most the kernel module's MAX_M."""
-    from .matmul_details import _mma_a8w8, _mma_decode
-
-    entry = _envelope(device, key)
-    cap = (_mma_decode if key == "decode_mma" else _mma_a8w8).MAX_M  # (a8w8_mma, w8a16_mma: the same file)
-    return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
 def _a8w8_max_m(b, M: int, dev: torch.device) -> int:

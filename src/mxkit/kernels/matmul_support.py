@@ -11,7 +11,8 @@ import torch
 from .. import reference
 from ..fold import can_fold
 from ..packed import Fp8Rowwise
-from .matmul import W_KINDS, _packaged_table, pack_weight, plan_gemm
+from .matmul import W_KINDS, pack_weight, plan_gemm
+from .matmul_table import _packaged_table
 
 __all__ = ["support_matrix", "support_matrix_markdown", "envelope_rows", "envelope_markdown"]
 

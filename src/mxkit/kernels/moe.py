@@ -32,7 +32,8 @@ from ..moe_reference import check_moe_args, moe_reference
 from ..packed import partial_stats_host
 from ..tensor import MXTensor
 from .launch import _Launcher
-from .matmul import W_KINDS, _envelope, _nonfinite_codes, _packaged_table
+from .matmul import W_KINDS, _nonfinite_codes
+from .matmul_table import _envelope, _packaged_table
 from .matmul_details._envelope import exact_scale_range, host_ints, scale_extrema, scale_stats
 from .matmul_details import _align, _mma_decode, _moe_epilogue
 

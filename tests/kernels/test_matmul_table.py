@@ -1,0 +1,50 @@
+"""The GEMM / MoE dispatch table (mxkit.kernels.matmul_table): read-only data with overrides, missing fields from
+the packaged default."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_gemm_table_is_data_with_an_override():
+    from mxkit.kernels import matmul
+    from mxkit.kernels.matmul_table import DecodeConfig, decode_config, gemm_table, gemm_table_override
+
+    # (mxkit.kernels.matmul re-exports the table's API, where it lived before)
+    assert (matmul.gemm_table, matmul.gemm_table_override, matmul.decode_config, matmul.DecodeConfig) == (
+        gemm_table, gemm_table_override, decode_config, DecodeConfig)
+
+    table = gemm_table()
+    assert table["default"]["decode_w4a16"]["max_m"] >= 1
+    with pytest.raises(TypeError):
+        table["default"]["decode_w4a16"]["max_m"] = 99  # read-only
+    cpu = torch.device("cpu")
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 4, "configs": [
+            {"k_max": 100, "block_n": 16, "block_k": 64, "split_k": 1, "num_warps": 2, "num_stages": 2}]}}}):
+        assert decode_config(cpu, 96) == DecodeConfig(16, 64, 1, 2, 2)
+        assert decode_config(cpu, 8192) == DecodeConfig()  # no entry covers K: the defaults
+    assert decode_config(cpu, 96) != DecodeConfig(16, 64, 1, 2, 2)
+
+
+def test_table_entry_missing_fields_come_from_the_packaged_default():
+    """A dispatch table whose entry lacks fields (written by an older `mxkit tune gemm`) takes them from the packaged
+    default; the fields it has win; an entry absent from both is None."""
+    from mxkit.kernels.matmul_table import (DecodeConfig, _decode_max_m, _envelope, _packaged_table, decode_config,
+                                            gemm_table_override)
+
+    cpu = torch.device("cpu")
+    packaged = _packaged_table()["default"]["w4a16_wgmma"]
+    with gemm_table_override({"default": {"w4a16_wgmma": {"max_m": 7, "min_nk": 5}}}):
+        e = _envelope(cpu, "w4a16_wgmma")
+        assert (e["max_m"], e["min_nk"]) == (7, 5)
+        assert (e["small_max_m"], e["small_min_nk"]) == (packaged["small_max_m"], packaged["small_min_nk"])
+        assert _envelope(cpu, "decode_mma") == _packaged_table()["default"]["decode_mma"]
+        assert _envelope(cpu, "no_such_entry") is None
+        # decode-w16's envelope and schedules too (an override without them no longer turns decode-w16 off)
+        assert _decode_max_m(cpu) == _packaged_table()["default"]["decode_w4a16"]["max_m"]
+        c = _packaged_table()["default"]["decode_w4a16"]["configs"][0]
+        assert decode_config(cpu, c["k_max"]) == DecodeConfig(c["block_n"], c["block_k"], c["split_k"], c["num_warps"],
+                                                              c["num_stages"])
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 0}}}):
+        assert _decode_max_m(cpu) == 0

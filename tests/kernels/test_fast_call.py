@@ -14,8 +14,7 @@ import torch
 
 from mxkit.kernels import cuda_driver, fast_call, fast_launch
 
-_SIG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+from .test_fast_launch import _SIG  # (cuLaunchKernel's signature, for the recording stand-in)
 
 
 @pytest.fixture(scope="module")

@@ -185,6 +185,36 @@ def test_build_reuses_the_cached_module(built):
     assert fast_call.build(built.parent) == built
 
 
+@pytest.mark.parametrize("kind", ["decode-mma", "a8w8 in-kernel", "w8a16-mma"])
+def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
+    """A prepared decode call makes its fast call only from a launch bound at its own row stride: ``_ld(ldx)``
+    must be what its run's ``into`` publishes as ``launch.ld`` (MmaDecode: ldx; A8W8: (ldx, 0)), else the fast
+    call is never made (the bug the GPU test caught for w8a16-mma and a8w8 in-kernel)."""
+    from mxkit.kernels import matmul as mm
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+    from mxkit.kernels.matmul_details._mma_decode import MmaDecode
+
+    class Launch:
+        def run(self, *args):
+            pass
+
+    class Kernel:
+        def bind(self, args):
+            return Launch()
+
+    cls, run_cls = {"decode-mma": (mm._MmaCall, MmaDecode), "a8w8 in-kernel": (mm._A8W8InCall, A8W8),
+                    "w8a16-mma": (mm._W16Call, A8W8)}[kind]
+    run = object.__new__(run_cls)
+    run.kernel, run.launch, run.grid = Kernel(), None, (1, 1, 1)
+    run.q = run.s = run.w = run.sw = run.ws = run.cnt = None
+    run.M, run.N, run.K, run.block = 2, 32, 64, 128
+    call = object.__new__(cls)
+    call.run = run
+    x, y = torch.zeros(2, 72, dtype=torch.bfloat16), torch.zeros(2, 32, dtype=torch.bfloat16)
+    call._into(x, 72, None, y)
+    assert run.launch.ld == call._ld(72) and run.launch.ld != call._ld(64)
+
+
 # --- on the GPU: the hot paths through the fast call, byte for byte against the Python path and the reference ---
 
 def _python_path(monkeypatch):

@@ -906,7 +906,7 @@ class _MmaCall:
         y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
         y = self._into(a, ldx, _f32_bias(bias), y)
         launch = self.run.launch  # (the one launch object read once: its ld is the one it was bound with)
-        if self.kept and ldx == self.ldx and self.fast is None and launch.ld == ldx and fast_call_loaded():
+        if self.kept and ldx == self.ldx and self.fast is None and launch.ld == self._ld(ldx) and fast_call_loaded():
             pre = self._pre()
             n = len(pre) + 2
             fast = launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
@@ -917,6 +917,11 @@ class _MmaCall:
 
     def _into(self, a: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return self.run.into(a, ldx, bias, y)
+
+    @staticmethod
+    def _ld(ldx: int):
+        """The ``ld`` a launch bound by :meth:`_into` at row stride ldx carries (MmaDecode: ldx)."""
+        return ldx
 
 
 def _f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -985,6 +990,10 @@ class _A8W8InCall(_MmaCall):
 
     def _into(self, x: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return self.run.into(x, ldx, None, 0, bias, y)
+
+    @staticmethod
+    def _ld(ldx: int):
+        return (ldx, 0)  # A8W8's launches carry (x's row stride, its scales' row stride: none here)
 
 
 class _W16Call(_A8W8InCall):

@@ -318,6 +318,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
     for key in ("decode_w4a16", "decode_mma", "w8a16_mma"):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
+    assert entry["decode_mma"]["m8_loop"] in ("", "l")
     assert "max_m" not in entry["a8w8_mma"]  # (these small layers are not w8a16-wgmma's: the packaged max_m stands)
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])

@@ -30,3 +30,13 @@ GROUPED(4, 1, r)
 GROUPED(4, 1, l)
 GROUPED(4, 2, l)
 
+
+// session 37 (H200): more warps resident (fewer tiles a batch, fewer registers)
+DENSE8(4, 1, l)
+DENSE8(4, 3, l)
+DENSE8(2, 2, l)
+DENSE8(2, 4, l)
+DENSE8(8, 1, l)
+DENSE8(4, 2, r)
+DENSE16(4, 1, l)
+DENSE16(4, 2, l)

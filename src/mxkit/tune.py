@@ -5,7 +5,8 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
-tensor-core decode kernel on packed MXFP4 weights, ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
+tensor-core decode kernel on packed MXFP4 weights (with ``decode_mma.m8_loop``, the loop of its kernel up to 8 rows
+that is faster at M = 1), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
@@ -82,7 +83,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
         entry["decode_w4a16"]["max_m"] = _envelope(
             "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
                        for s, w in weights.items()}, g, rep_ms, log)
-    entry["decode_mma"] = {"max_m": _tune_mma(weights, g, rep_ms, log)}
+    entry["decode_mma"] = _tune_mma(weights, g, rep_ms, log)
     entry["a8w8_mma"] = _tune_a8w8(shapes, g, rep_ms, log)
     entry["w8a16_mma"] = {"max_m": _tune_w8a16_mma(shapes, g, rep_ms, log)}
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
@@ -97,19 +98,28 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     return table
 
 
-def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> int:
-    """The largest M of 1, 2, 4, ..., 64 at which decode-mma beats the dense path on every shape."""
+def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
+    """``{"max_m", "m8_loop"}``: the m8 kernel's loop (of ``_mma_decode.M8_LOOPS``) with the smallest sum of
+    M = 1 times over the shapes, then the largest M of 1, 2, 4, ..., 64 at which decode-mma with it beats the
+    dense path on every shape."""
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
     why = _mma_decode.available(torch.device("cuda"))
-    runs = {}
-    for s, w in ({} if why else weights).items():
-        pw = mm.pack_weight(w)
-        if pw.mma_q is not None:
-            runs[s] = (w, lambda M, pw=pw: functools.partial(_mma_decode.MmaDecode.of(pw, M, torch.bfloat16),
-                                                              bias=None))
-    return _kernel_envelope("decode-mma", why, runs, g, rep_ms, log)
+    packed = {s: pw for s, pw in ({} if why else {s: mm.pack_weight(w) for s, w in weights.items()}).items()
+              if pw.mma_q is not None}
+    total = {}
+    for loop in _mma_decode.M8_LOOPS if packed else ():
+        total[loop] = 0.0
+        for (N, K), pw in packed.items():
+            run = _mma_decode.MmaDecode.of(pw, 1, torch.bfloat16, loop)
+            x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16, generator=g)
+            total[loop] += _time(lambda: run(x, None), rep_ms)
+        log(f"decode-mma m8 loop {loop or 'register'}: {total[loop]:.1f} us summed over {list(packed)} at M = 1")
+    m8_loop = min(total, key=total.get) if total else ""
+    runs = {s: (weights[s], lambda M, pw=pw: functools.partial(
+        _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, m8_loop), bias=None)) for s, pw in packed.items()}
+    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log), "m8_loop": m8_loop}
 
 
 def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:

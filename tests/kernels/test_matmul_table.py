@@ -48,3 +48,21 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
                                                               c["num_stages"])
     with gemm_table_override({"default": {"decode_w4a16": {"max_m": 0}}}):
         assert _decode_max_m(cpu) == 0
+
+
+def test_mma_m8_loop_from_the_table():
+    """decode_mma.m8_loop picks the decode-mma kernel up to 8 rows ("" register loop, "l" lean loop; default "")
+    and names its PTX entry; any other value is refused where the launch is made."""
+    from mxkit.kernels.matmul_details._mma_decode import dense_kernel_name
+    from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override, mma_m8_loop
+
+    cpu = torch.device("cpu")
+    assert "m8_loop" not in _packaged_table()["default"]["decode_mma"] and mma_m8_loop(cpu) == ""
+    assert _packaged_table()["NVIDIA H200"]["decode_mma"]["m8_loop"] == "l"
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "m8_loop": "l"}}}):
+        assert mma_m8_loop(cpu) == "l"
+    assert dense_kernel_name(8, 4096, 4096, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m8l_bf16"
+    assert dense_kernel_name(9, 4096, 8192, torch.float32, True, "l") == "mxfp4_mma_decode_m16l_f32_special"
+    assert dense_kernel_name(1, 4096, 4096, torch.float16, True) == "mxfp4_mma_decode_m8_f16_special"
+    with pytest.raises(ValueError, match="m8 loop"):
+        dense_kernel_name(1, 4096, 4096, torch.bfloat16, False, "x")

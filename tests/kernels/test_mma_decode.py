@@ -71,7 +71,8 @@ def test_pack_mma_rejects_shapes(shape):
 
 def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
-    declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8, m16, m16l by shape;
+    declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8 / m8l by the table, m16,
+    m16l by shape;
     grouped: each activation, 1 or 2 tiles a batch; pairs: each activation; each with its special-scale
     variant)."""
     ptx = _mma_decode.PTX.read_text()
@@ -82,7 +83,8 @@ def test_ptx_matches_source():
     for M, N, K in [(1, 4096, 4096), (16, 6144, 4096), (16, 4096, 4096), (16, 8192, 8192)]:
         for out in _mma_decode._OUT_NAMES:
             for sp in (False, True):
-                names.add(_mma_decode.dense_kernel_name(M, N, K, out, sp))
+                for loop in _mma_decode.M8_LOOPS:
+                    names.add(_mma_decode.dense_kernel_name(M, N, K, out, sp, loop))
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for n in (1, _mma_decode.SMALL_PAIRS, _mma_decode.SMALL_PAIRS + 1, 256):
             for sp in (False, True):
@@ -90,7 +92,7 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    assert len(names) == 18 + 12 + 6  # m8 / m16 / m16l x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
+    assert len(names) == 24 + 12 + 6  # m8 / m8l / m16 / m16l x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
     assert "mxfp4_mma_decode_m16l_f32_special" in names and "mxfp4_mma_grouped_down_u2" in names
     assert "mxfp4_mma_pairs_down_special" in names
     for name in names:
@@ -181,6 +183,33 @@ def test_gpu_decode_mma_nan_block(rng):
     assert torch.isnan(yn[:, 7]).all()
     keep = torch.arange(N, device="cuda") != 7
     assert torch.equal(y[:, keep].view(torch.int16), yn[:, keep].view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("K", [64, 192, 2880, 8192])
+def test_gpu_decode_mma_m8_loops_give_the_same_bytes(K, rng):
+    """The two m8 kernels (register loop, 4 tiles a batch; lean loop, 2) split K over the same 4 warps: the same
+    bytes for 1 .. 8 rows, bias or not, every out dtype, the special-scale variant too, K tiles short of a batch
+    (K = 64, 192) and a split along K (8192 on few strips); within the bound of the float64 product."""
+    from mxkit.kernels.matmul_details._mma_decode import MmaDecode
+
+    N = 48 if K < 2880 else 1040
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    w.scale[3, 0] = 0  # (the special-scale variant)
+    pw = mxkit.pack_weight(w)
+    bias = torch.randn(N, generator=rng).cuda()
+    for M, out in ((1, torch.bfloat16), (3, torch.float32), (8, torch.float16)):
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        ys = []
+        for loop in _mma_decode.M8_LOOPS:
+            run = MmaDecode.of(pw, M, out, loop)
+            assert run.kernel is not None and ("m8l_" in run.kernel.name) == (loop == "l")
+            poison_allocator()
+            ys.append(run(x, bias if M != 3 else None))
+        assert torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8)), (M, out)
+        OUT[0] = out
+        assert_within_bound(ys[1], x, w, bias if M != 3 else None)
 
 
 @pytest.mark.gpu

@@ -89,6 +89,7 @@ from .matmul_table import (  # (re-exported: the dispatch table's API has lived 
     decode_config,
     gemm_table,
     gemm_table_override,
+    mma_m8_loop,
 )
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
@@ -877,7 +878,7 @@ class _MmaCall:
     def __init__(self, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple, out: torch.dtype):
         from .matmul_details._mma_decode import MmaDecode
 
-        self._rows(MmaDecode.of(b, M, out), b, M, a_shape, a_stride)
+        self._rows(MmaDecode.of(b, M, out, mma_m8_loop(b.device)), b, M, a_shape, a_stride)
 
     def _rows(self, run, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple) -> None:
         self.run = run

@@ -123,6 +123,13 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_
     return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
+def mma_m8_loop(device: torch.device) -> str:
+    """The decode-mma m8 kernel's loop on ``device`` (``decode_mma.m8_loop``: "" the register loop, "l" the lean
+    loop; default "")."""
+    entry = _envelope(device, "decode_mma")
+    return str((entry or {}).get("m8_loop", ""))
+
+
 def _decode_max_m(device: torch.device) -> int:
     """decode-w16's envelope (``decode_w4a16.max_m``; an override without the entry keeps the packaged one, as every
     envelope does: :func:`_envelope`)."""

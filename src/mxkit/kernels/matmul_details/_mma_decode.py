@@ -165,11 +165,18 @@ def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
-def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool) -> str:
-    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 up to 8 rows, else m16 or
-    m16l by :func:`m16_loop`), ``out`` dtype out, ``special``: the variant for scale bytes 0 / 255."""
+M8_LOOPS = ("", "l")  # the m8 kernels: 4 warps x 4 tiles in the register loop (""), x 2 in the lean loop ("l")
+
+
+def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "") -> str:
+    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 or m8l by ``m8_loop``, one
+    of :data:`M8_LOOPS` (the dispatch table's ``decode_mma.m8_loop``), up to 8 rows, else m16 or m16l by
+    :func:`m16_loop`), ``out`` dtype out, ``special``: the variant for scale bytes 0 / 255. The two m8 kernels
+    split K over the same 4 warps: the same bits."""
+    if m8_loop not in M8_LOOPS:
+        raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
     mt = 8 if M <= 8 else 16
-    loop = m16_loop(N, K) if mt == 16 else ""
+    loop = m16_loop(N, K) if mt == 16 else m8_loop
     return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"
 
 
@@ -192,10 +199,10 @@ class MmaDecode:
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
     ``split``: blocks along K (default :func:`split_k`); with more than one, the launch owns a float32
     workspace and a counter array (calls on one stream only: two streams running one MmaDecode at once would
-    share them)."""
+    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows (:func:`dense_kernel_name`; the same bits)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
-                 special: bool = True, split: Optional[int] = None):
+                 special: bool = True, split: Optional[int] = None, m8_loop: str = ""):
         if not 0 < M <= MAX_M:
             raise ValueError(f"decode-mma takes 1 <= M <= {MAX_M}, got {M}")
         check_shape(N, K, "decode-mma")
@@ -203,7 +210,7 @@ class MmaDecode:
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
         self.block = 32 * WARPS[mt]
-        self.kernel = _kernel(dense_kernel_name(M, N, K, out, special), idx)
+        self.kernel = _kernel(dense_kernel_name(M, N, K, out, special, m8_loop), idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
         groups, strips = -(-M // mt), N // 16
         if split is None:
@@ -219,11 +226,11 @@ class MmaDecode:
         self.ldx = None
 
     @classmethod
-    def of(cls, b: PackedWeight, M: int, out: torch.dtype) -> "MmaDecode":
+    def of(cls, b: PackedWeight, M: int, out: torch.dtype, m8_loop: str = "") -> "MmaDecode":
         """The launch for packed weight ``b`` (its ``mma_q`` / ``mma_s``; the special-scale variant when its
         scale extrema hold a byte 0 or 255)."""
         N, K = b.shape
-        return cls(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0)
+        return cls(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0, m8_loop=m8_loop)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""

@@ -45,7 +45,8 @@ def case(M, N, K):
             y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
             launch = k.bind((xin, sin, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
                              ctypes.c_int(K), ctypes.c_longlong(xin.stride(0)),
-                             ctypes.c_longlong(0 if sin is None else sin.stride(0)), ctypes.c_longlong(N)))
+                             ctypes.c_longlong(0 if sin is None else sin.stride(0)), ctypes.c_longlong(N),
+                             ctypes.c_int(0)))  # (no bias)
             go = lambda: launch.launch(groups, strips, split, 128)  # noqa: E731
             go()
             torch.cuda.synchronize()

@@ -49,7 +49,7 @@ def dense(M, N, K):
         ws, cnt = split_buffers(groups * strips, split, mt * 16)
         y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
         launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K),
-                         ctypes.c_longlong(K), ctypes.c_longlong(N)))
+                         ctypes.c_longlong(K), ctypes.c_longlong(N), ctypes.c_int(0)))  # (no bias)
         go = lambda: launch.launch(groups, strips, split, W)  # noqa: E731
         go()
         torch.cuda.synchronize()

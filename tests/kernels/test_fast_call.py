@@ -211,8 +211,26 @@ def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
     call = object.__new__(cls)
     call.run = run
     x, y = torch.zeros(2, 72, dtype=torch.bfloat16), torch.zeros(2, 32, dtype=torch.bfloat16)
-    call._into(x, 72, None, y)
-    assert run.launch.ld == call._ld(72) and run.launch.ld != call._ld(64)
+    for bias in (None, torch.zeros(32), torch.zeros(32, dtype=torch.bfloat16)):
+        call._into(x, 72, bias, y)
+        assert run.launch.ld == call._ld(72, bias) and run.launch.ld != call._ld(64, bias)
+    assert call._ld(72, torch.zeros(32)) != call._ld(72, torch.zeros(32, dtype=torch.bfloat16))
+
+
+def test_kernel_bias_is_float32_or_bf16_as_it_is():
+    """The CUDA C++ GEMMs read a contiguous float32 or bf16 bias as it is (flag 1 for bf16: no conversion launch);
+    another dtype or a strided bias is converted to float32 first; the flag refuses other dtypes."""
+    from mxkit.kernels.matmul import _kernel_bias
+    from mxkit.kernels.matmul_details._mma_decode import bias_flag
+
+    f32, b16 = torch.randn(8), torch.randn(8).to(torch.bfloat16)
+    assert _kernel_bias(None) is None and _kernel_bias(f32) is f32 and _kernel_bias(b16) is b16
+    for other in (b16.to(torch.float16), torch.randn(16).to(torch.bfloat16)[::2]):
+        got = _kernel_bias(other)
+        assert got.dtype == torch.float32 and got.is_contiguous() and torch.equal(got, other.float())
+    assert (bias_flag(None), bias_flag(f32), bias_flag(b16)) == (0, 0, 1)
+    with pytest.raises(ValueError, match="float32 or bf16 bias"):
+        bias_flag(b16.half())
 
 
 # --- on the GPU: the hot paths through the fast call, byte for byte against the Python path and the reference ---

@@ -308,3 +308,35 @@ def test_gpu_decode_mma_in_a_cuda_graph(rng):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), mxkit.matmul(x, pw, bias=bias).view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", ["decode-mma", "w8a16-mma", "a8w8-mma", "a8w8 in-kernel"])
+def test_gpu_bf16_bias_read_as_it_is(case, rng):
+    """A bf16 bias reaches the CUDA C++ GEMMs as it is (the kernel adds its float32 value: no conversion launch):
+    the bytes of the same bias converted to float32 first, on the first call and on the prepared calls after it
+    (fast call), 1 / 5 / 8 rows, every out dtype; within the bound of the float64 product."""
+    from mxkit.kernels.matmul import a8w8_linear
+
+    N, K = 1040, 2880
+    fmt = "mxfp4_e2m1" if case == "decode-mma" else "mxfp8_e4m3"
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda() * 0.05, fmt)
+    pw = mxkit.pack_weight(w)
+    b16 = torch.randn(N, generator=rng).to(torch.bfloat16).cuda()
+    for M, out in ((1, torch.bfloat16), (5, torch.float32), (8, torch.float16)):
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        a = mxkit.quantize(x, "mxfp8_e4m3") if case == "a8w8-mma" else x
+        if case == "a8w8 in-kernel":
+            run = (lambda bias: a8w8_linear(x, pw, bias, out))
+        else:
+            assert mxkit.gemm_plan(a, pw).path == case
+            run = (lambda bias: mxkit.matmul(a, pw, bias=bias, out_dtype=out))
+        for _ in range(3):  # (the first call, then the prepared call and its fast call)
+            poison_allocator()
+            y = run(b16)
+            poison_allocator()
+            y32 = run(b16.float())
+            assert torch.equal(y.view(torch.uint8), y32.view(torch.uint8)), (case, M, out)
+        OUT[0] = out
+        assert_within_bound(y, a, w, b16)

@@ -100,6 +100,7 @@ from .matmul_details._envelope import (
     scale_extrema,
     scale_stats,
 )
+from .matmul_details._mma_decode import bias_flag
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "prepared_call_a8w8",
            "pack_weight",
@@ -805,7 +806,7 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
             xs = xs.contiguous().clone()
     if not x_ok(xv, quant):
         xv = xv.contiguous().clone()
-    bias = _f32_bias(bias)
+    bias = _kernel_bias(bias)
     y = torch.empty(*lead, N, device=w.device, dtype=out)
     # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
     runs = _calls_on(packed if shape is not None else w, "_a8w8")
@@ -903,11 +904,13 @@ class _MmaCall:
         else:
             fast = self.fast
             if fast is not None:
-                return fast(a, *self.fast_pre, _f32_bias(bias))
+                return fast(a, *self.fast_pre, _kernel_bias(bias))
         y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
-        y = self._into(a, ldx, _f32_bias(bias), y)
+        bias = _kernel_bias(bias)
+        y = self._into(a, ldx, bias, y)
         launch = self.run.launch  # (the one launch object read once: its ld is the one it was bound with)
-        if self.kept and ldx == self.ldx and self.fast is None and launch.ld == self._ld(ldx) and fast_call_loaded():
+        if (self.kept and ldx == self.ldx and self.fast is None and launch.ld == self._ld(ldx, bias)
+                and fast_call_loaded()):
             pre = self._pre()
             n = len(pre) + 2
             fast = launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
@@ -920,14 +923,23 @@ class _MmaCall:
         return self.run.into(a, ldx, bias, y)
 
     @staticmethod
-    def _ld(ldx: int):
-        """The ``ld`` a launch bound by :meth:`_into` at row stride ldx carries (MmaDecode: ldx)."""
-        return ldx
+    def _ld(ldx: int, bias: Optional[torch.Tensor]):
+        """The ``ld`` a launch bound by :meth:`_into` at row stride ldx with ``bias`` carries (MmaDecode: ldx and
+        the bias flag)."""
+        return (ldx, bias_flag(bias))
 
 
 def _f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the CUDA C++ kernels read it: float32, contiguous (converted only where it is not)."""
+    """The bias as the Triton GEMM kernels read it: float32, contiguous (converted only where it is not)."""
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    return bias
+
+
+def _kernel_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bias as the CUDA C++ kernels read it: float32 or bf16 as it is where contiguous (a bf16 bias needs no
+    conversion launch: :func:`._mma_decode.bias_flag`), else converted to float32, contiguous."""
+    if bias is not None and (bias.dtype not in (torch.float32, torch.bfloat16) or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     return bias
 
@@ -960,7 +972,7 @@ class _A8W8Call:
                  and s.data_ptr() % 2 == 0)
         fast = self.fast
         if plain and fast is not None:
-            return fast(q, s, *self.fast_pre, _f32_bias(bias))
+            return fast(q, s, *self.fast_pre, _kernel_bias(bias))
         y = _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
         if plain and fast is None and fast_call_loaded():
             b = self.b
@@ -968,7 +980,7 @@ class _A8W8Call:
                 if b.mma_q is not None else None
             K = b.shape[1]
             launch = run.launch if run is not None else None  # (read once: its ld is the one it was bound with)
-            if launch is not None and launch.ld == (K, K // 32):
+            if launch is not None and launch.ld == (K, K // 32, bias_flag(_kernel_bias(bias))):
                 fast = launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
                                            single=True)
                 if fast is not None:
@@ -993,8 +1005,8 @@ class _A8W8InCall(_MmaCall):
         return self.run.into(x, ldx, None, 0, bias, y)
 
     @staticmethod
-    def _ld(ldx: int):
-        return (ldx, 0)  # A8W8's launches carry (x's row stride, its scales' row stride: none here)
+    def _ld(ldx: int, bias: Optional[torch.Tensor]):
+        return (ldx, 0, bias_flag(bias))  # A8W8's: (x's row stride, its scales' row stride: none here, bias flag)
 
 
 class _W16Call(_A8W8InCall):

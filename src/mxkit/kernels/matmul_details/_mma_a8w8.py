@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
-from ._mma_decode import check_shape, shape_ok, split_k  # the same 16-row strips and 64-column tiles
+from ._mma_decode import bias_flag, check_shape, shape_ok, split_k  # the same strips, tiles and bias
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
@@ -145,7 +145,8 @@ class A8W8:
     def __call__(self, x: torch.Tensor, xs: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                  y: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: bf16 [M, K] (``quant``) or E4M3 codes uint8 [M, K] with scales ``xs`` uint8 [M, K / 32] (rows as
-        :func:`x_ok` says; xs contiguous rows, 2-byte aligned); bias float32 [N] contiguous or None; y: the
+        :func:`x_ok` says; xs contiguous rows, 2-byte aligned); bias float32 or bf16 [N] contiguous
+        (:func:`mxkit.kernels.matmul_details._mma_decode.bias_flag`) or None; y: the
         output, contiguous, M x N elements (allocated when None). Returns y."""
         if y is None:
             y = torch.empty(self.M, self.N, device=x.device, dtype=self.out)
@@ -154,15 +155,16 @@ class A8W8:
     def into(self, x: torch.Tensor, ldx: int, xs: Optional[torch.Tensor], ldxs: int, bias: Optional[torch.Tensor],
              y: torch.Tensor) -> torch.Tensor:
         """The launch writing ``y`` (M x N contiguous, any shape of that many elements) from the M rows of ``ldx``
-        elements at ``x.data_ptr()`` (scales: rows of ``ldxs`` bytes at ``xs``), as :meth:`__call__`. Returns y."""
-        ld = (ldx, ldxs)
+        elements at ``x.data_ptr()`` (scales: rows of ``ldxs`` bytes at ``xs``), as :meth:`__call__`. Returns y.
+        The bound launch carries ``ld`` = (ldx, ldxs, the bias flag)."""
+        ld = (ldx, ldxs, bias_flag(bias))
         launch = self.launch
         if launch is None or ld != launch.ld:
             # (made whole before it is published: a thread that reads self.launch sees a launch and its ld together)
             launch = self.kernel.bind((
                 x, xs, self.w, self.sw, bias, y, self.ws, self.cnt, ctypes.c_int(self.M), ctypes.c_int(self.N),
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
-                ctypes.c_longlong(self.N)))
+                ctypes.c_longlong(self.N), ctypes.c_int(ld[2])))
             launch.grid, launch.block, launch.ld = self.grid, 128, ld
             self.launch, self.ld = launch, ld
         launch.run(x, xs, self.w, self.sw, bias, y)

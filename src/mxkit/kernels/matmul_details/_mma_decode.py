@@ -168,6 +168,17 @@ def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
 M8_LOOPS = ("", "l")  # the m8 kernels: 4 warps x 4 tiles in the register loop (""), x 2 in the lean loop ("l")
 
 
+def bias_flag(bias: Optional[torch.Tensor]) -> int:
+    """The ``bias_bf16`` argument of the dense kernels of this file and ``mma_a8w8.cu`` for ``bias`` (float32 or
+    bf16 [N], contiguous, or None): 1 for bf16, read as it is and added in float32 (the bytes of converting it to
+    float32 first), else 0. ValueError for another dtype."""
+    if bias is None or bias.dtype == torch.float32:
+        return 0
+    if bias.dtype == torch.bfloat16:
+        return 1
+    raise ValueError(f"the CUDA C++ GEMM kernels take a float32 or bf16 bias, got {bias.dtype}")
+
+
 def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "") -> str:
     """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 or m8l by ``m8_loop``, one
     of :data:`M8_LOOPS` (the dispatch table's ``decode_mma.m8_loop``), up to 8 rows, else m16 or m16l by
@@ -233,19 +244,22 @@ class MmaDecode:
         return cls(b.mma_q, b.mma_s, N, K, M, out, special=b.has_nan or b.scale_min == 0, m8_loop=m8_loop)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 [N] or None -> [M, N]."""
+        """x bf16 [M, K] (rows 16-byte aligned, unit stride along K); bias float32 or bf16 [N] contiguous (see
+        :func:`bias_flag`) or None -> [M, N]."""
         return self.into(x, x.stride(0), bias, torch.empty(self.M, self.N, device=x.device, dtype=self.out))
 
     def into(self, x: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         """The launch writing ``y`` (M x N contiguous, any shape of that many elements) from the M rows of
-        ``ldx`` elements at ``x.data_ptr()`` (16-byte aligned, ldx % 8 == 0, unit stride along K). Returns y."""
+        ``ldx`` elements at ``x.data_ptr()`` (16-byte aligned, ldx % 8 == 0, unit stride along K). Returns y.
+        The bound launch carries ``ld`` = (ldx, :func:`bias_flag` of bias)."""
         launch = self.launch
-        if launch is None or ldx != launch.ld:
+        ld = (ldx, bias_flag(bias))
+        if launch is None or ld != launch.ld:
             # (made whole before it is published: a thread that reads self.launch sees a launch and its ld together)
             launch = self.kernel.bind((x, self.q, self.s, bias, y, self.ws, self.cnt, ctypes.c_int(self.M),
                                        ctypes.c_int(self.N), ctypes.c_int(self.K), ctypes.c_longlong(ldx),
-                                       ctypes.c_longlong(self.N)))
-            launch.grid, launch.block, launch.ld = self.grid, self.block, ldx
+                                       ctypes.c_longlong(self.N), ctypes.c_int(ld[1])))
+            launch.grid, launch.block, launch.ld = self.grid, self.block, ld
             self.launch, self.ldx = launch, ldx
         launch.run(x, self.q, self.s, bias, y)
         return y

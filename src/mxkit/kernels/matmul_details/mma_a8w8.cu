@@ -279,12 +279,13 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
 // of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
+// bias: float32 [N], or bf16 [N] where bias_bf16 (mxkit::bias_at), added in float32 before the rounding to OUT.
 template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16, typename OUT>
 __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                            const float* __restrict__ bias, OUT* __restrict__ y,
                                            float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K,
-                                           long long ldx, long long ldxs, long long ldy) {
+                                           long long ldx, long long ldxs, long long ldy, int bias_bf16) {
   constexpr int WARPS = 4;
   __shared__ float red[WARPS][R][4][32];
   __shared__ int last;
@@ -331,7 +332,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
     const long long row = row0 + 16 * r + (l >> 2) + 8 * (i >> 1);  // weight row n
     const int m = 2 * (l & 3) + (i & 1);                             // token, within the block of 8
     if (m < M) {
-      if (bias != nullptr) v += bias[row];
+      if (bias != nullptr) v += mxkit::bias_at(bias, bias_bf16, row);
       y[m * ldy + row] = mxkit::to_out<OUT>(v);
     }
   });
@@ -345,9 +346,9 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
       float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
-      long long ldy) {                                                                                         \
+      long long ldy, int bias_bf16) {                                                                          \
     mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, W16, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs,    \
-                                                       ldy);                                                   \
+                                                       ldy, bias_bf16);                                        \
   }
 
 // each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)

@@ -23,6 +23,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// bias[row] as float32: bias float32 [N], or bf16 [N] where bias_bf16 (read as it is: the float32 value of the bf16,
+// the sum the host's conversion to float32 gave before)
+__device__ __forceinline__ float bias_at(const float* bias, int bias_bf16, long long row) {
+  return bias_bf16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(bias)[row]) : bias[row];
+}
+
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }

@@ -308,12 +308,13 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 // 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
 // writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
 // (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
-// deterministic whichever block arrives last.
+// deterministic whichever block arrives last. bias: float32 [N], or bf16 [N] where bias_bf16 (mxkit::bias_at),
+// added in float32 before the one rounding to OUT; nullptr: none.
 template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
-                                                 int M, int N, int K, long long ldx, long long ldy) {
+                                                 int M, int N, int K, long long ldx, long long ldy, int bias_bf16) {
   __shared__ float red[WARPS][NT][4][32];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -357,7 +358,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     const int row = (int)strip * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
     const int m = 8 * nt + 2 * (l & 3) + (i & 1);               // token
     if (m < M) {
-      if (bias != nullptr) v += bias[row];
+      if (bias != nullptr) v += mxkit::bias_at(bias, bias_bf16, row);
       y[m * ldy + row] = mxkit::to_out<OUT>(v);
     }
   });
@@ -491,8 +492,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
-      int N, int K, long long ldx, long long ldy) {                                                             \
-    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy);              \
+      int N, int K, long long ldx, long long ldy, int bias_bf16) {                                              \
+    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy, bias_bf16);   \
   }
 
 // each out dtype, plain and _special (scale bytes 0 / 255)

@@ -277,11 +277,27 @@ def test_cli_works_without_bench(monkeypatch, capsys):
     assert "invalid choice: 'bench'" in capsys.readouterr().err
 
 
+def _commands(parser, prefix=()):
+    """Every (sub)command path of an argparse parser, e.g. ("bench", "gemm")."""
+    import argparse
+
+    yield prefix
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, prefix + (name,))
+
+
 def test_help_renders(capsys):
-    # argparse %-formats help strings: a stray '%' in any subcommand's help breaks `mxkit --help`
-    with pytest.raises(SystemExit) as e:
-        cli.main(["--help"])
-    assert e.value.code == 0 and "inspect" in capsys.readouterr().out
+    # argparse %-formats help strings: a stray '%' in any (sub)command's help breaks its --help (`mxkit bench gemm
+    # --help` did, over "% of copy")
+    commands = list(_commands(cli.build_parser()))
+    assert ("bench", "gemm") in commands and ("tune",) in commands
+    for command in commands:
+        with pytest.raises(SystemExit) as e:
+            cli.main([*command, "--help"])
+        assert e.value.code == 0, command
+    assert "usage" in capsys.readouterr().out
 
 
 def test_python_dash_m():

@@ -152,9 +152,11 @@ def test_time_decode_brackets_the_steps_with_syncs():
     events = []
     dec = type("D", (), {"prefill": lambda self: events.append("prefill")})()
     clock = iter([0.0, 2.0, 10.0, 13.0, 20.0, 21.0])
-    s = bd.time_decode(dec, lambda: events.append("step"), 2, 3, lambda: events.append("sync"),
-                       clock=lambda: next(clock))
+    gc_on = []
+    s = bd.time_decode(dec, lambda: events.append("step") or gc_on.append(bd.gc.isenabled()), 2, 3,
+                       lambda: events.append("sync"), clock=lambda: next(clock))
     assert s == 2.0 and events == ["prefill", "sync", "step", "step", "sync"] * 3  # median of 2, 3, 1 s
+    assert gc_on == [False] * 6 and bd.gc.isenabled()  # the collector off while timed, back on after
 
 
 def test_whole_command_on_cpu(tmp_path, capsys, monkeypatch):

@@ -234,16 +234,28 @@ class Decoder:
 
 def time_decode(dec: Decoder, step: Callable[[], None], tokens: int, repeats: int, sync: Callable[[], None],
                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median seconds of ``tokens`` calls of ``step`` after a prefill, between two ``sync()`` (``repeats`` runs)."""
+    """Median seconds of ``tokens`` calls of ``step`` after a prefill, between two ``sync()`` (``repeats`` runs).
+    Python's garbage collector is off while a run is timed (as ``timeit`` does; collected before each run): a
+    collection of the large heap a model leaves (tens to hundreds of ms) landing in one eager run would be
+    counted against the format timed then."""
     times = []
-    for _ in range(repeats):
-        dec.prefill()
-        sync()
-        t0 = clock()
-        for _ in range(tokens):
-            step()
-        sync()
-        times.append(clock() - t0)
+    enabled = gc.isenabled()
+    try:
+        for _ in range(repeats):
+            dec.prefill()
+            gc.collect()
+            gc.disable()
+            sync()
+            t0 = clock()
+            for _ in range(tokens):
+                step()
+            sync()
+            times.append(clock() - t0)
+            if enabled:
+                gc.enable()
+    finally:
+        if enabled:
+            gc.enable()
     return statistics.median(times)
 
 

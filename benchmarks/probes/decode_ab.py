@@ -1,6 +1,7 @@
 """A/B of the decode-mma kernels' K loop (benchmarks/probes/decode_variants.cu): warps x tiles a batch x
 loop kind, dense (M = 1, 16) and grouped (GPT-OSS-120B experts, 1 .. 64 tokens). Every variant's output
-is checked byte for byte against the production kernel; times are medians after a clean-L2 read flush (µs).
+is checked byte for byte against the production kernel (at M <= 8 the loop this GPU's table picks); times are
+medians after a clean-L2 read flush (µs).
 
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
     python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
@@ -16,6 +17,7 @@ from _probe import DEV as dev, kernels, split_buffers, time_us as t
 import mxkit
 from mxkit.bench.moe import routing
 from mxkit.kernels.matmul_details import _mma_decode as md
+from mxkit.kernels.matmul_table import mma_m8_loop
 from mxkit.kernels.moe import align_device, pack_experts_mma
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
@@ -36,7 +38,7 @@ def dense(M, N, K):
     w = mxkit.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05, "mxfp4")
     b = mxkit.pack_weight(w)
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False)
+    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev))
     ref = prod(x, None)
     row = {"prod": t(lambda: prod(x, None))}
     mt = 8 if M <= 8 else 16

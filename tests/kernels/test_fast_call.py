@@ -187,9 +187,10 @@ def test_build_reuses_the_cached_module(built):
 
 @pytest.mark.parametrize("kind", ["decode-mma", "a8w8 in-kernel", "w8a16-mma"])
 def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
-    """A prepared decode call makes its fast call only from a launch bound at its own row stride: ``_ld(ldx)``
-    must be what its run's ``into`` publishes as ``launch.ld`` (MmaDecode: ldx; A8W8: (ldx, 0)), else the fast
-    call is never made (the bug the GPU test caught for w8a16-mma and a8w8 in-kernel)."""
+    """A prepared decode call makes its fast call only from a launch bound at its own row stride and bias dtype:
+    ``_ld(ldx, bias)`` must be what its run's ``into`` publishes as ``launch.ld`` (MmaDecode: (ldx, bias flag);
+    A8W8: (ldx, 0, bias flag)), else the fast call is never made (the bug the GPU test caught for w8a16-mma and
+    a8w8 in-kernel)."""
     from mxkit.kernels import matmul as mm
     from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode

@@ -1,7 +1,7 @@
 """bf16 x times a packed MXFP8 E4M3 weight at small M: the W8A16 mma kernel (``w8a16-mma``, mma_a8w8.cu) against
 the Triton kernel it replaces (``decode-w16``) and cuBLAS bf16 on the bf16 weight, with the kernel's split of K
-over thread blocks at the policy's choice and at 1 / 2 / 4. µs after the clean-L2 read flush; every timed output
-checked against float64 within issue #22's bound.
+over thread blocks at the policy's choice and at 1 / 2 / 4, and with 1 or 2 strips a warp. µs after the clean-L2
+read flush; every timed output checked against float64 within issue #22's bound.
 
     PYTHONPATH=src python3 benchmarks/probes/w8a16_mma_ab.py 1x8192x8192,...   # on the GPU
 """
@@ -29,6 +29,11 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     for split in (1, 2, 4):
         run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3")
         cells.append(f"split {split}{'*' if split == policy else ''} {timed(lambda: run(x, None, None))}")
+    # strips a warp (r2: 96 registers, 5 blocks of 4 warps an SM; r1: 56, 9; ptxas for sm_90), at the policy's split
+    for r in (1, 2):
+        if N % (16 * r) == 0:
+            run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3", r=r)
+            cells.append(f"r{r} split {run.split} {timed(lambda: run(x, None, None))}")
     return " | ".join(cells)
 
 

@@ -72,6 +72,17 @@ def test_pack_a8w8_round_trip_and_fragments(N, K, rng):
     assert torch.equal(again.mma_q, q)
 
 
+@pytest.mark.parametrize("r,w16,N", [(3, None, 96), (4, None, 64), (4, "e4m3", 128), (2, "e4m3", 48)])
+def test_a8w8_refuses_strips_a_warp_it_has_no_kernel_for(r, w16, N):
+    """``A8W8(r=...)`` (for A/B probes) is refused before any device work where mma_a8w8.cu has no kernel of r
+    strips a warp for the call (plain layout: 1, 2; W8A16: 1, 2) or N is not a multiple of 16 r."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+    w, sw = torch.zeros(N, 64, dtype=torch.uint8), torch.zeros(N, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="strips a warp"):
+        A8W8(w, sw, 1, torch.bfloat16, w16 is not None, shape=(N, 64) if w16 else None, w16=w16, r=r)
+
+
 def test_cpu_never_takes_a8w8(rng):
     a, w = rand_mx((2, 128), "mxfp8_e4m3", rng), rand_mx((32, 128), "mxfp8_e4m3", rng)
     assert mxkit.gemm_plan(a, w).path == "reference"

@@ -107,10 +107,13 @@ class A8W8:
     format (which must hold no NaN / Inf code). ``split``: thread blocks along K (default
     :func:`split_quant` for bf16 activations, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`);
     with more than one, the launch owns a float32
-    workspace and a counter array (one stream at a time)."""
+    workspace and a counter array (one stream at a time). ``r``: 16-row strips a warp computes (default: the
+    policy, :func:`strips_per_warp`, or for W8A16 the largest of 1, 2 that divides N / 16; for A/B probes),
+    ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
-                 split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None):
+                 split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None,
+                 r: Optional[int] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
         N, K = shape if packed else w.shape
         if M <= 0:
@@ -119,10 +122,14 @@ class A8W8:
         if w16 is not None and not (packed and quant and w16 in ("e4m3", "e5m2")):
             raise ValueError(f"the W8A16 kernel takes bf16 activations and a packed E4M3 / E5M2 weight; got "
                              f"w16={w16!r}, quant={quant}, packed={packed}")
+        if r is None:
+            r = strips_per_warp(N, M, quant, packed) if w16 is None else max(
+                r for r in (1, 2) if N % (16 * r) == 0)
+        elif r not in ((1, 2) if w16 is not None else KERNEL_R["p" if packed else ""]) or N % (16 * r):
+            raise ValueError(f"a8w8-mma has no kernel of {r} strips a warp for this call (N={N})")
         dev = w.device
         idx = _index(dev)
-        self.r = strips_per_warp(N, M, quant, packed) if w16 is None else max(
-            r for r in (1, 2) if N % (16 * r) == 0)
+        self.r = r
         name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
         if w16 is not None:
             name = f"mxfp8_w16p_r{self.r}_{_OUT_NAMES[out]}_{w16}"

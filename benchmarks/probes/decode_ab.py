@@ -4,7 +4,9 @@ is checked byte for byte against the production kernel (at M <= 8 the loop this 
 medians after a clean-L2 read flush (µs).
 
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
-    python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...]               # on the GPU
+    python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...] [dense,grouped] [MxNxK,...] [REGEX]
+
+Variants named _n<SN> (SN strips a block sharing x) run at split 1, 2, 4 and split_k's (columns /z<S>).
 """
 import ctypes
 import re
@@ -22,6 +24,7 @@ from mxkit.kernels.moe import align_device, pack_experts_mma
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 names = {(Path(p).stem, n): k for p in sys.argv[1].split(",") for n, k in kernels(p).items()}
+PICK = sys.argv[4] if len(sys.argv) > 4 else ""  # a regex the dense variants' names must match
 
 
 def threads(name):
@@ -43,20 +46,24 @@ def dense(M, N, K):
     row = {"prod": t(lambda: prod(x, None))}
     mt = 8 if M <= 8 else 16
     for (stem, n), k in names.items():
-        if not n.startswith(f"m{mt}_"):
+        if not n.startswith(f"m{mt}_") or not re.search(PICK, n):
             continue
         W = threads(n)
+        sn = int(m.group(1)) if (m := re.search(r"_n(\d+)$", n)) else 1  # strips a block (session 38)
         groups, strips = -(-M // mt), N // 16
-        split = md.split_k(groups * strips, K, mt, SMS)
-        ws, cnt = split_buffers(groups * strips, split, mt * 16)
-        y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
-        launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K),
-                         ctypes.c_longlong(K), ctypes.c_longlong(N), ctypes.c_int(0)))  # (no bias)
-        go = lambda: launch.launch(groups, strips, split, W)  # noqa: E731
-        go()
-        torch.cuda.synchronize()
-        tag = f"{stem}:{n[len(f'm{mt}_bf16_'):]}"
-        row[tag] = (t(go), torch.equal(y, ref), close(y, ref))
+        if strips % sn:
+            continue
+        dflt = md.split_k(groups * strips, K, mt, SMS)
+        for split in sorted({dflt, 1, 2, 4}) if sn > 1 else (dflt,):
+            ws, cnt = split_buffers(groups * strips // sn, split, sn * mt * 16)
+            y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
+            launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
+                             ctypes.c_int(K), ctypes.c_longlong(K), ctypes.c_longlong(N), ctypes.c_int(0)))  # (no bias)
+            go = lambda: launch.launch(groups, strips // sn, split, W)  # noqa: E731
+            go()
+            torch.cuda.synchronize()
+            tag = f"{stem}:{n[len(f'm{mt}_bf16_'):]}" + (f"/z{split}" if sn > 1 else "")
+            row[tag] = (t(go), torch.equal(y, ref), close(y, ref))
     return row
 
 
@@ -125,10 +132,12 @@ def show(title, rows):
 
 print(torch.cuda.get_device_name(0), torch.__version__)
 ONLY = sys.argv[2] if len(sys.argv) > 2 else "dense,grouped"  # which tables
+SHAPES = [(1, 8192, 8192), (1, 28672, 8192), (1, 8192, 28672), (1, 5120, 2880), (1, 2880, 4096), (1, 4096, 4096),
+          (1, 14336, 4096), (1, 4096, 14336), (1, 6144, 4096), (1, 28672, 4096), (16, 8192, 8192), (16, 28672, 8192),
+          (16, 4096, 4096)]
+if len(sys.argv) > 3 and sys.argv[3]:  # MxNxK,... instead of SHAPES
+    SHAPES = [tuple(int(v) for v in c.split("x")) for c in sys.argv[3].split(",")]
 if "dense" in ONLY:
-  show("dense, µs", {f"{M}x{N}x{K}": dense(M, N, K) for M, N, K in [
-    (1, 8192, 8192), (1, 28672, 8192), (1, 8192, 28672), (1, 5120, 2880), (1, 2880, 4096), (1, 4096, 4096),
-    (1, 14336, 4096), (1, 4096, 14336), (1, 6144, 4096), (1, 28672, 4096), (16, 8192, 8192), (16, 28672, 8192),
-    (16, 4096, 4096)]})
+  show("dense, µs", {f"{M}x{N}x{K}": dense(M, N, K) for M, N, K in SHAPES})
 if "grouped" in ONLY:
   show("grouped GPT-OSS-120B, gate_up / down µs", {f"T={T}": grouped(T) for T in (1, 4, 16, 64)})

@@ -40,3 +40,21 @@ DENSE8(8, 1, l)
 DENSE8(4, 2, r)
 DENSE16(4, 1, l)
 DENSE16(4, 2, l)
+
+
+// session 38 (H200): SN strips per block sharing each x load (M = 16 reads 4x the weight's bytes of x from L2
+// at SN = 1); names + _n<SN>
+#define DENSE8N(W, U, SN) MXKIT_MMA_DECODE_SN(m8_bf16_w##W##_u##U##_l_n##SN, 1, W, U, LEAN, false, false, __nv_bfloat16, SN)
+#define DENSE16N(W, U, SN) MXKIT_MMA_DECODE_SN(m16_bf16_w##W##_u##U##_l_n##SN, 2, W, U, LEAN, false, false, __nv_bfloat16, SN)
+DENSE16N(8, 1, 2)
+DENSE16N(8, 1, 4)
+DENSE16N(8, 2, 2)
+DENSE16N(4, 1, 2)
+DENSE16N(4, 1, 4)
+DENSE16N(4, 2, 2)
+DENSE16N(4, 2, 4)
+DENSE16N(2, 1, 4)
+DENSE16N(2, 2, 4)
+DENSE8N(4, 2, 2)
+DENSE8N(4, 1, 4)
+DENSE8N(4, 2, 4)

@@ -4,6 +4,7 @@ every fragment position), the shipped PTX against its source, and the kernel on 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 
 import pytest
@@ -72,7 +73,7 @@ def test_pack_mma_rejects_shapes(shape):
 def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
     declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8 / m8l by the table, m16,
-    m16l by shape;
+    m16l, m16n by shape;
     grouped: each activation, 1 or 2 tiles a batch; pairs: each activation; each with its special-scale
     variant)."""
     ptx = _mma_decode.PTX.read_text()
@@ -92,7 +93,8 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    assert len(names) == 24 + 12 + 6  # m8 / m8l / m16 / m16l x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
+    # m8 / m8l / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
+    assert len(names) == 30 + 12 + 6
     assert "mxfp4_mma_decode_m16l_f32_special" in names and "mxfp4_mma_grouped_down_u2" in names
     assert "mxfp4_mma_pairs_down_special" in names
     for name in names:
@@ -126,6 +128,21 @@ def test_split_k_policy():
 
     assert split_k(256, 14336, 8, 132) == 2 and split_k(512, 28672, 8, 132) == 1
     assert split_k(64, 4096, 8, 132) == 1 and split_k(256, 14336, 16, 132) == 1
+    # 4 strips a block (m16n): 2 only for a grid short of the multiprocessors and a long K
+    assert split_k(128, 28672, 16, 132, 4) == 2 and split_k(128, 8192, 16, 132, 4) == 1
+    assert split_k(448, 28672, 16, 132, 4) == 1
+
+
+def test_m16_kernel_by_shape():
+    """m16n (4 strips a block sharing x) for N >= 8192 in whole blocks of strips, else m16 / m16l as before;
+    up to 8 rows the m8 kernels whatever N."""
+    md = _mma_decode
+    assert md.m16_loop(8192, 8192) == "n" and md.m16_loop(28672, 4096) == "n"
+    assert md.m16_loop(8192 + 16, 4096) == "" and md.m16_loop(4096, 14336) == "l" and md.m16_loop(6144, 4096) == ""
+    assert md.kernel_shape(16, 28672, 8192) == (4, 4) and md.kernel_shape(64, 8192, 8192) == (4, 4)
+    assert md.kernel_shape(8, 28672, 8192) == (4, 1) and md.kernel_shape(16, 4096, 4096) == (8, 1)
+    assert md.dense_kernel_name(33, 8192, 8192, torch.bfloat16, False) == "mxfp4_mma_decode_m16n_bf16"
+    assert md.dense_kernel_name(8, 8192, 8192, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m8l_bf16"
 
 
 def test_cpu_plan_never_takes_decode_mma(rng):
@@ -154,7 +171,7 @@ def test_gpu_decode_mma(K, rng):
     w16.scale[5, 0] = 127  # fp16 out: a row of 2^73 would overflow it
     pw16 = mxkit.pack_weight(w16)
     bias = torch.randn(N, generator=rng).cuda()
-    with gemm_table_override({"default": {"decode_mma": {"max_m": 64}}}):  # the H200's table stops at 16
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 64}}}):  # the H200's table stops at 32
         for M in (1, 2, 3, 7, 8, 9, 16, 17, 33, 64):
             a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
             poison_allocator()
@@ -210,6 +227,44 @@ def test_gpu_decode_mma_m8_loops_give_the_same_bytes(K, rng):
         assert torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8)), (M, out)
         OUT[0] = out
         assert_within_bound(ys[1], x, w, bias if M != 3 else None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("K", [64, 192, 2880, 8192])
+def test_gpu_decode_mma_m16n_gives_m8l_bytes(K, rng):
+    """m16n (4 warps, 4 strips a block sharing each x load, 16 tokens a block) computes each block of 8 tokens as
+    m8l does (the same 4 warps split K): byte-equal to m8l on rows 0-7, 8-15, ... for 9 / 16 / 17 / 33 / 64 rows
+    (absent tokens of the last block), bias float32 / bf16 or none, every out dtype, the special-scale variant,
+    split 1 and 2; within the bound of the float64 product; the dispatch picks it for N >= 8192."""
+    from mxkit.kernels.matmul_details._mma_decode import MmaDecode
+
+    N = 8192
+    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+    w.scale[3, 0] = 0  # (the special-scale variant)
+    w.scale[4100, -1] = 131  # (2^4: fp16 out holds the row)
+    pw = mxkit.pack_weight(w)
+    bias = torch.randn(N, generator=rng).cuda()
+    cases = ((9, torch.bfloat16, bias), (16, torch.float32, bias.to(torch.bfloat16)), (17, torch.float16, None),
+             (33, torch.bfloat16, None), (64, torch.bfloat16, bias))
+    for (M, out, b), split in itertools.product(cases, (1, 2)):
+        if split == 2 and K == 64:
+            continue
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        run = MmaDecode(pw.mma_q, pw.mma_s, N, K, M, out, special=True, split=split)
+        assert "_m16n_" in run.kernel.name and run.block == 128 and run.grid[1] == N // 64 and run.split == split
+        poison_allocator()
+        y = run(x, b)
+        for r0 in range(0, M, 8):
+            rows = min(8, M - r0)
+            poison_allocator()
+            ref = MmaDecode(pw.mma_q, pw.mma_s, N, K, rows, out, special=True, split=split, m8_loop="l")(
+                x[r0:r0 + rows], b)
+            assert torch.equal(y[r0:r0 + rows].view(torch.uint8), ref.view(torch.uint8)), (M, out, split, r0)
+        OUT[0] = out
+        assert_within_bound(y, x, w, b.float() if b is not None else None)
+    a = torch.randn(16, K, generator=rng).to(torch.bfloat16).cuda()
+    assert mxkit.gemm_plan(a, pw).path == "decode-mma"
 
 
 @pytest.mark.gpu

@@ -62,7 +62,8 @@ def envelope_rows() -> list[dict]:
     gpus = [g for g in table if g not in ("default", "_doc")]
 
     def per_gpu(key: str, field: str = "max_m") -> str:
-        own = [f"{g}: {table[g][key][field]}" for g in gpus if key in table[g] and field in table[g][key]]
+        own = [f"{g}: {table[g][key][field]}" for g in gpus
+               if key in table[g] and field in table[g][key] and table[g][key][field] != d.get(key, {}).get(field)]
         return f" ({', '.join(own)})" if own else ""
 
     kinds = " / ".join(W_KINDS)

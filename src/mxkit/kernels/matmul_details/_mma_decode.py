@@ -22,7 +22,7 @@ PTX = Path(__file__).with_name("mma_decode.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
-WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations)
+WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations; m16n: 4)
 SMALL_PAIRS = 8  # up to this many (token, slot) pairs the grouped kernels take 2 tiles a batch (_u2; same bits),
 #                 and the MoE decode path runs one block per pair without the sort (pairs_mma)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
@@ -157,11 +157,15 @@ def _kernel(name: str, index: int):
     return shipped_kernel(str(PTX), name, index)
 
 
-def split_k(blocks: int, K: int, mt: int, sms: int) -> int:
-    """How many blocks split K, for a grid of ``blocks`` (token blocks x strips) on ``sms`` multiprocessors:
-    2 when the grid has fewer than two blocks per multiprocessor and K >= 8192 at M <= 8 (each warp's chain of
-    tiles is long: 4096 x 14336 went from 25.7 to 21.9 us on an H100), else 1 (splitting the shorter K of
-    1024 / 2880 / 4096 x 4096 gained at most 0.4 us or lost up to 4: measured with 1, 2, 3, 4 and 8)."""
+def split_k(blocks: int, K: int, mt: int, sms: int, strips: int = 1) -> int:
+    """How many blocks split K, for a grid of ``blocks`` (token blocks x strip blocks of ``strips`` strips) on
+    ``sms`` multiprocessors: 2 when the grid has fewer than two blocks per multiprocessor and K >= 8192 at M <= 8
+    (each warp's chain of tiles is long: 4096 x 14336 went from 25.7 to 21.9 us on an H100); with 4 strips a
+    block (m16n), 2 when it has fewer blocks than multiprocessors and K >= 16384 (H200: 16 x 8192 x 28672 63.6 ->
+    52.7 us; 8192 x 8192 and 8192 x 4096 no faster split); else 1 (splitting the shorter K of 1024 / 2880 /
+    4096 x 4096 gained at most 0.4 us or lost up to 4: measured with 1, 2, 3, 4 and 8)."""
+    if strips > 1:
+        return 2 if blocks < sms and K >= 16384 else 1
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
@@ -181,9 +185,9 @@ def bias_flag(bias: Optional[torch.Tensor]) -> int:
 
 def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "") -> str:
     """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 or m8l by ``m8_loop``, one
-    of :data:`M8_LOOPS` (the dispatch table's ``decode_mma.m8_loop``), up to 8 rows, else m16 or m16l by
-    :func:`m16_loop`), ``out`` dtype out, ``special``: the variant for scale bytes 0 / 255. The two m8 kernels
-    split K over the same 4 warps: the same bits."""
+    of :data:`M8_LOOPS` (the dispatch table's ``decode_mma.m8_loop``), up to 8 rows, else m16, m16l or m16n by
+    :func:`m16_loop`; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out, ``special``: the
+    variant for scale bytes 0 / 255. The two m8 kernels split K over the same 4 warps: the same bits."""
     if m8_loop not in M8_LOOPS:
         raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
     mt = 8 if M <= 8 else 16
@@ -199,10 +203,25 @@ def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool) 
 
 
 def m16_loop(N: int, K: int) -> str:
-    """The m16 kernel's K loop for an N x K weight: "" (4 cp.async stages, 60 registers: layers with K <= 4096
-    and N > 4096, many blocks of short chains) or "l" (the lean loop, 2 tiles a batch: the others, where its
-    fewer instructions per tile win; H100, benchmarks/decode_mma_ab.md). Both give the same bits."""
+    """The m16 kernel's K loop for an N x K weight: "n" (4 warps x 2 tiles in the lean loop, 4 strips a block
+    sharing each x load: N >= 8192, where 1 strip a block reads 4x the weight's bytes of x from L2; H200:
+    16 x 28672 x 8192 75.0 -> 58.8 us, 64 x 8192 x 8192 85.5 -> 57.7; the bits of m8l on each 8 tokens), ""
+    (8 warps, 4 cp.async stages, 60 registers: the other layers with K <= 4096 and N > 4096, many blocks of
+    short chains) or "l" (8 warps, the lean loop, 2 tiles a batch: the rest, where its fewer instructions per
+    tile win; H100, benchmarks/decode_mma_ab.md). "" and "l" give the same bits."""
+    if N >= 8192 and N % (16 * M16N_STRIPS) == 0:
+        return "n"
     return "" if K <= 4096 and N > 4096 else "l"
+
+
+M16N_STRIPS = 4  # strips a block of the m16n kernel
+
+
+def kernel_shape(M: int, N: int, K: int) -> tuple[int, int]:
+    """(warps, strips) a block of the dense kernel that :func:`dense_kernel_name` picks for M rows of N x K."""
+    if M > 8 and m16_loop(N, K) == "n":
+        return 4, M16N_STRIPS
+    return WARPS[8 if M <= 8 else 16], 1
 
 
 class MmaDecode:
@@ -220,17 +239,19 @@ class MmaDecode:
         dev = q.device
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
-        self.block = 32 * WARPS[mt]
+        warps, sn = kernel_shape(M, N, K)
+        self.block = 32 * warps
         self.kernel = _kernel(dense_kernel_name(M, N, K, out, special, m8_loop), idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
-        groups, strips = -(-M // mt), N // 16
+        groups, blocks = -(-M // mt), N // 16 // sn
         if split is None:
-            split = split_k(groups * strips, K, mt, torch.cuda.get_device_properties(idx).multi_processor_count)
+            sms = torch.cuda.get_device_properties(idx).multi_processor_count
+            split = split_k(groups * blocks, K, mt, sms, sn)
         self.split = max(1, min(int(split), K // 64))
-        self.grid = (groups, strips, self.split)
+        self.grid = (groups, blocks, self.split)
         if self.split > 1:
-            self.ws = torch.empty(groups * strips * self.split * mt * 16, device=dev, dtype=torch.float32)
-            self.cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32)
+            self.ws = torch.empty(groups * N // 16 * self.split * mt * 16, device=dev, dtype=torch.float32)
+            self.cnt = torch.zeros(groups * blocks, device=dev, dtype=torch.int32)
         else:
             self.ws = self.cnt = None
         self.launch = None  # bound on the first call (x's row stride is an argument)

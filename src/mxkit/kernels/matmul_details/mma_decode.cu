@@ -240,14 +240,19 @@ constexpr int LEAN = -1;  // the LOOP argument of the kernels below: mainloop_le
 // The K loop of mainloop with fewer instructions per tile: the warp's full batches of UNROLL tiles load
 // without bounds checks through pointers stepped once a batch, the x rows of absent tokens are read from row 0
 // (xr is clamped there; their columns of the mma are never stored) instead of zeroed under a branch, and the
-// last n % UNROLL tiles run one at a time. Same tiles, same order, same arithmetic: the same bits.
-template <int NT, int UNROLL, int WARPS, bool SPECIAL>
+// last n % UNROLL tiles run one at a time. Same tiles, same order, same arithmetic: the same bits. SN strips
+// share each x load (strip p's words at qs + p qst, ss + p sst, summed into acc[p]): the x bytes read from L2
+// per weight byte divided by SN, each strip's sums the bits of SN = 1.
+template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
-                                              int kt_lo, int kt_hi, int warp, float (&acc)[NT][4]) {
+                                              int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
+                                              long long qst = 0, long long sst = 0) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int p = 0; p < SN; ++p)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][nt][i] = 0.f;
   const int first = kt_lo + warp;
   const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
   const int nb = n / UNROLL;
@@ -257,14 +262,17 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
   const uint4* xp[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xp[nt] = xr[nt] + (long long)first * 8;
-  uint4 qv[UNROLL], qn[UNROLL];
-  uint32_t sv[UNROLL], sn[UNROLL];
+  uint4 qv[SN][UNROLL], qn[SN][UNROLL];
+  uint32_t sv[SN][UNROLL], sn[SN][UNROLL];
   uint4 xv[UNROLL][NT][2], xn[UNROLL][NT][2];
-  auto load = [&](uint4 (&q_)[UNROLL], uint32_t (&s_)[UNROLL], uint4 (&x_)[UNROLL][NT][2]) {
+  auto load = [&](uint4 (&q_)[SN][UNROLL], uint32_t (&s_)[SN][UNROLL], uint4 (&x_)[UNROLL][NT][2]) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      q_[u] = ld_stream(qp + u * QS);
-      s_[u] = __ldg(sp + u * SS);
+#pragma unroll
+      for (int p = 0; p < SN; ++p) {
+        q_[p][u] = ld_stream(qp + p * qst + u * QS);
+        s_[p][u] = __ldg(sp + p * sst + u * SS);
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -278,24 +286,31 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
   if (nb > 0) load(qv, sv, xv);
   for (int j = 0; j < nb; ++j) {
     if (j + 1 < nb) load(qn, sn, xn);  // the next batch, in flight while this one is computed
-    batch<NT, UNROLL, 1, SPECIAL>(qv, sv, xv, 0, 0x7FFFFFFF, acc);
+#pragma unroll
+    for (int p = 0; p < SN; ++p) batch<NT, UNROLL, 1, SPECIAL>(qv[p], sv[p], xv, 0, 0x7FFFFFFF, acc[p]);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      qv[u] = qn[u];
-      sv[u] = sn[u];
+#pragma unroll
+      for (int p = 0; p < SN; ++p) {
+        qv[p][u] = qn[p][u];
+        sv[p][u] = sn[p][u];
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xv[u][nt][0] = xn[u][nt][0], xv[u][nt][1] = xn[u][nt][1];
     }
   }
   for (int r = nb * UNROLL; r < n; ++r) {
-    uint4 q1[1] = {ld_stream(qp)};
-    uint32_t s1[1] = {__ldg(sp)};
     uint4 x1[1][NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int b = 0; b < 2; ++b) x1[0][nt][b] = __ldg(xp[nt] + b * 4);
-    batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc);
+#pragma unroll
+    for (int p = 0; p < SN; ++p) {
+      uint4 q1[1] = {ld_stream(qp + p * qst)};
+      uint32_t s1[1] = {__ldg(sp + p * sst)};
+      batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc[p]);
+    }
     qp += QS;
     sp += SS;
 #pragma unroll
@@ -303,25 +318,27 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
   }
 }
 
-// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K.
-// grid (ceil(M / (8 * NT)), N / 16, S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
+// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K, SN
+// consecutive 16-row strips per block sharing each x load (the lean loop only; N / 16 a multiple of SN).
+// grid (ceil(M / (8 * NT)), N / (16 SN), S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
 // 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
-// writes its float32 partial to ws [token block, strip, S, 8 NT x 16], and the last of the S blocks of a
-// (token block, strip) to arrive (counted in cnt, which it resets to 0) adds the S partials in order 0 .. S-1:
-// deterministic whichever block arrives last. bias: float32 [N], or bf16 [N] where bias_bf16 (mxkit::bias_at),
-// added in float32 before the one rounding to OUT; nullptr: none.
-template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT>
+// writes its float32 partial to ws [token block, strip block, S, SN x 8 NT x 16], and the last of the S blocks of
+// a (token block, strip block) to arrive (counted in cnt, which it resets to 0) adds the S partials in order
+// 0 .. S-1: deterministic whichever block arrives last. bias: float32 [N], or bf16 [N] where bias_bf16
+// (mxkit::bias_at), added in float32 before the one rounding to OUT; nullptr: none. SN changes no bits.
+template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT, int SN = 1>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
                                                  int M, int N, int K, long long ldx, long long ldy, int bias_bf16) {
-  __shared__ float red[WARPS][NT][4][32];
+  static_assert(SN == 1 || LOOP == LEAN, "strips sharing x: the lean loop only");
+  __shared__ float red[WARPS][SN * NT][4][32];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   // blockIdx.x: the group of 8 * NT tokens (fastest, so the groups of one strip run together and all but one
-  // read its weight bytes from L2); blockIdx.y: the 16-row strip
-  const long long strip = blockIdx.y;
+  // read its weight bytes from L2); blockIdx.y: the block of SN 16-row strips
+  const long long strip = (long long)blockIdx.y * SN;
   x += (long long)blockIdx.x * 8 * NT * ldx;
   y += (long long)blockIdx.x * 8 * NT * ldy;
   M = min(M - (int)blockIdx.x * 8 * NT, 8 * NT);
@@ -335,28 +352,32 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     xm[nt] = g + 8 * nt < M;
     xr[nt] = reinterpret_cast<const uint4*>(x + (xm[nt] ? (g + 8 * nt) * ldx : 0)) + t;
   }
-  float acc[NT][4];
+  float acc[SN][NT][4];
   if constexpr (LOOP == LEAN)
-    mainloop_lean<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo, kt_hi,
-                                              warp, acc);
+    mainloop_lean<NT, UNROLL, WARPS, SPECIAL, SN>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
+                                                  kt_hi, warp, acc, (long long)KT * 32, (long long)KT * 8);
   else if constexpr (LOOP > 0)
     mainloop_async<NT, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
-                                                     kt_lo, kt_hi, warp, acc);
+                                                     kt_lo, kt_hi, warp, acc[0]);
   else
     mainloop<NT, UNROLL, WARPS, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm, kt_lo, kt_hi,
-                                         warp, acc);
+                                         warp, acc[0]);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int p = 0; p < SN; ++p)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][nt][i][lane] = acc[nt][i];
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][p * NT + nt][i][lane] = acc[p][nt][i];
   __syncthreads();
-  // each (nt, i, lane) summed over the warps in order; with S > 1 over the S blocks of the (token block,
-  // strip) too, in order (mma_common.cuh)
-  const long long tile = (long long)blockIdx.x * gridDim.y + strip;
-  mxkit::reduce_store<WARPS, NT>(red, ws + tile * S * (NT * 128), cnt + tile, S, split, last, [&](int e, float v) {
-    const int nt = e / 128, i = (e / 32) & 3, l = e & 31;
-    const int row = (int)strip * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
-    const int m = 8 * nt + 2 * (l & 3) + (i & 1);               // token
+  // each (strip, nt, i, lane) summed over the warps in order; with S > 1 over the S blocks of the (token block,
+  // strip block) too, in order (mma_common.cuh)
+  const long long tile = (long long)blockIdx.x * gridDim.y + blockIdx.y;
+  mxkit::reduce_store<WARPS, SN * NT>(red, ws + tile * S * (SN * NT * 128), cnt + tile, S, split, last,
+                                      [&](int e, float v) {
+    const int p = SN == 1 ? 0 : e / (NT * 128), nt = SN == 1 ? e / 128 : (e / 128) % NT;
+    const int i = (e / 32) & 3, l = e & 31;
+    const int row = (int)(strip + p) * 16 + (l >> 2) + 8 * (i >> 1);  // weight row n
+    const int m = 8 * nt + 2 * (l & 3) + (i & 1);                     // token
     if (m < M) {
       if (bias != nullptr) v += mxkit::bias_at(bias, bias_bf16, row);
       y[m * ldy + row] = mxkit::to_out<OUT>(v);
@@ -412,17 +433,17 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
     const int KT = K >> 6;
     const long long es = (long long)e * (N / 16) + strip;
-    float acc[1][4];
+    float acc[1][1][4];
     if constexpr (LOOP == LEAN)
       mainloop_lean<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc);
     else if constexpr (LOOP > 0)
       mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0,
-                                                      KT, warp, acc);
+                                                      KT, warp, acc[0]);
     else
       mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp,
-                                               acc);
+                                               acc[0]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][i];
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][0][i];
     __syncthreads();
     for (int el = threadIdx.x; el < 128; el += blockDim.x) {
       const int i = el / 32, l = el & 31;
@@ -488,22 +509,24 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 // W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), 0 (mainloop; X: x loaded a batch ahead too) or
 // S > 0 (mainloop_async, S cp.async stages)
-#define MXKIT_MMA_DECODE(NAME, NT, W, U, L, X, SPECIAL, OUT)                                                   \
+#define MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN)                                          \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
       int N, int K, long long ldx, long long ldy, int bias_bf16) {                                              \
-    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy, bias_bf16);   \
+    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT, SN>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy, bias_bf16); \
   }
+#define MXKIT_MMA_DECODE(NAME, NT, W, U, L, X, SPECIAL, OUT) MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, 1)
 
-// each out dtype, plain and _special (scale bytes 0 / 255)
-#define MXKIT_MMA_DECODE_ALL(M, NT, W, U, L, X)                                                              \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16, NT, W, U, L, X, false, __nv_bfloat16)                     \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_bf16_special, NT, W, U, L, X, true, __nv_bfloat16)              \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16, NT, W, U, L, X, false, __half)                             \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f16_special, NT, W, U, L, X, true, __half)                      \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32, NT, W, U, L, X, false, float)                              \
-  MXKIT_MMA_DECODE(mxfp4_mma_decode_m##M##_f32_special, NT, W, U, L, X, true, float)
+// each out dtype, plain and _special (scale bytes 0 / 255); SN strips a block
+#define MXKIT_MMA_DECODE_ALL_SN(M, NT, W, U, L, X, SN)                                                       \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_bf16, NT, W, U, L, X, false, __nv_bfloat16, SN)              \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_bf16_special, NT, W, U, L, X, true, __nv_bfloat16, SN)       \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_f16, NT, W, U, L, X, false, __half, SN)                      \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_f16_special, NT, W, U, L, X, true, __half, SN)               \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_f32, NT, W, U, L, X, false, float, SN)                       \
+  MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_f32_special, NT, W, U, L, X, true, float, SN)
+#define MXKIT_MMA_DECODE_ALL(M, NT, W, U, L, X) MXKIT_MMA_DECODE_ALL_SN(M, NT, W, U, L, X, 1)
 
 #define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X)                                 \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
@@ -547,11 +570,15 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 // K <= 4096 and N > 4096, where it holds 60 registers and 4 blocks per SM) or 2 tiles in the lean loop (m16l:
 // the others, 8-25% faster there); grouped 4 warps, the lean loop, 1 tile a batch (level with the register
 // loop at 1-4 tokens, 2-3% faster at 16-64), 2 up to 8 pairs (1 token: 6-10% faster). Warps split K the same
-// way in each pair compared: the same bits.
+// way in each pair compared: the same bits. m16n (H200, session 38, benchmarks/decode_mma_ab.md): 4 warps x 2
+// tiles in the lean loop, 4 strips a block sharing each x load (at 1 strip M = 16 reads 4x the weight's bytes of
+// x from L2): 16x28672x8192 75.0 -> 58.8 us, 64x8192x8192 85.5 -> 57.7, on layers of N >= 8192; the same bits as
+// m8l on each block of 8 tokens.
 MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
 MXKIT_MMA_DECODE_ALL(8l, 1, 4, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)
 MXKIT_MMA_DECODE_ALL(16l, 2, 8, 2, LEAN, false)
+MXKIT_MMA_DECODE_ALL_SN(16n, 2, 4, 2, LEAN, false, 4)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_down, 0, false, true, float)

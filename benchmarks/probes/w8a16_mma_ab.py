@@ -32,8 +32,10 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     # strips a warp (r2: 96 registers, 5 blocks of 4 warps an SM; r1: 56, 9; ptxas for sm_90), at the policy's split
     for r in (1, 2):
         if N % (16 * r) == 0:
-            run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3", r=r)
-            cells.append(f"r{r} split {run.split} {timed(lambda: run(x, None, None))}")
+            pol = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3", r=r).split
+            for split in sorted({pol, 1, 2, 4}):
+                run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=r)
+                cells.append(f"r{r} split {split}{'*' if split == pol else ''} {timed(lambda: run(x, None, None))}")
     return " | ".join(cells)
 
 

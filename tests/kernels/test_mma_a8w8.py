@@ -83,6 +83,18 @@ def test_a8w8_refuses_strips_a_warp_it_has_no_kernel_for(r, w16, N):
         A8W8(w, sw, 1, torch.bfloat16, w16 is not None, shape=(N, 64) if w16 else None, w16=w16, r=r)
 
 
+def test_w8a16_split_policy():
+    """One strip a warp (W8A16 up to W16_R1_MAX_M rows): the fewest of 1, 2, 4 blocks along K giving 4 blocks a
+    multiprocessor, doubled for K >= 16384, each split at least 8 tiles of K (the H200 shapes it was measured on)."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import W16_R1_MAX_M, split_w16
+
+    assert W16_R1_MAX_M == 8
+    assert split_w16(28672 // 16, 8192, 132) == 1 and split_w16(8192 // 16, 8192, 132) == 2
+    assert split_w16(8192 // 16, 28672, 132) == 4 and split_w16(4096 // 16, 14336, 132) == 4
+    assert split_w16(2880 // 16, 4096, 132) == 4 and split_w16(28672 // 16, 28672, 132) == 2
+    assert split_w16(1, 512, 132) == 1  # (8 tiles of K: K = 512 stays whole)
+
+
 def test_cpu_never_takes_a8w8(rng):
     a, w = rand_mx((2, 128), "mxfp8_e4m3", rng), rand_mx((32, 128), "mxfp8_e4m3", rng)
     assert mxkit.gemm_plan(a, w).path == "reference"

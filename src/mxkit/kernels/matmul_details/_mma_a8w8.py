@@ -98,6 +98,21 @@ def split_quant(blocks: int, K: int, sms: int) -> int:
     return max(1, min(4, -(-2 * sms // blocks), K // 64 // 8))
 
 
+def split_w16(blocks: int, K: int, sms: int) -> int:
+    """Thread blocks along K for the W8A16 kernel at one strip a warp: the fewest of 1, 2, 4 that give the grid
+    4 blocks per multiprocessor, doubled (at most 4) for K >= 16384 (H200, session 38, ``w8a16_mma_ab.py`` at
+    M = 1: 8192 x 8192 31.0 / 28.7 / 29.2 us at 1 / 2 / 4, 8192 x 28672 92.7 / 83.7 / 79.4, 28672 x 8192
+    76.7 / 77.8 / 80.4, 2880 x 4096 15.3 / 12.2 / 11.6, 4096 x 14336 41.7 / 29.7 / 26.5), each split keeping at
+    least 8 tiles of K."""
+    split = next((s for s in (1, 2, 4) if blocks * s >= 4 * sms), 4)
+    if K >= 16384:
+        split = min(4, 2 * split)
+    return max(1, min(split, K // 64 // 8))
+
+
+W16_R1_MAX_M = 8  # up to this M the W8A16 kernel runs one strip a warp (56 registers against 96 at two)
+
+
 class A8W8:
     """One prepared launch of the MXFP8 x MXFP8 kernel: weight codes ``w`` uint8 [N, K] and scales ``sw`` uint8
     [N, K / 32] (an E4M3 MXTensor's qdata / plain scale), or with ``shape=(N, K)`` the (q, s) of
@@ -107,8 +122,9 @@ class A8W8:
     format (which must hold no NaN / Inf code). ``split``: thread blocks along K (default
     :func:`split_quant` for bf16 activations, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`);
     with more than one, the launch owns a float32
-    workspace and a counter array (one stream at a time). ``r``: 16-row strips a warp computes (default: the
-    policy, :func:`strips_per_warp`, or for W8A16 the largest of 1, 2 that divides N / 16; for A/B probes),
+    workspace and a counter array (one stream at a time; W8A16 at one strip a warp: :func:`split_w16`). ``r``:
+    16-row strips a warp computes (default: the policy, :func:`strips_per_warp`, or for W8A16 1 up to
+    :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes),
     ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
@@ -123,8 +139,8 @@ class A8W8:
             raise ValueError(f"the W8A16 kernel takes bf16 activations and a packed E4M3 / E5M2 weight; got "
                              f"w16={w16!r}, quant={quant}, packed={packed}")
         if r is None:
-            r = strips_per_warp(N, M, quant, packed) if w16 is None else max(
-                r for r in (1, 2) if N % (16 * r) == 0)
+            r = strips_per_warp(N, M, quant, packed) if w16 is None else (1 if M <= W16_R1_MAX_M else max(
+                r for r in (1, 2) if N % (16 * r) == 0))
         elif r not in ((1, 2) if w16 is not None else KERNEL_R["p" if packed else ""]) or N % (16 * r):
             raise ValueError(f"a8w8-mma has no kernel of {r} strips a warp for this call (N={N})")
         dev = w.device
@@ -138,7 +154,10 @@ class A8W8:
         groups, strips = -(-M // 8), N // (16 * self.r)
         if split is None:
             sms = torch.cuda.get_device_properties(idx).multi_processor_count
-            split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
+            if w16 is not None and self.r == 1:
+                split = split_w16(groups * strips, K, sms)
+            else:
+                split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
         self.split = max(1, min(int(split), K // 64))
         self.grid = (groups, strips, self.split)
         if self.split > 1:

@@ -89,12 +89,16 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for n in (1, _mma_decode.SMALL_PAIRS, _mma_decode.SMALL_PAIRS + 1, 256):
             for sp in (False, True):
-                names.add(_mma_decode.grouped_kernel_name(act, n, sp))
+                for sn in _mma_decode.GROUPED_STRIPS:
+                    names.add(_mma_decode.grouped_kernel_name(act, n, sp, sn))
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    # m8 / m8l / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x 2 sizes x 2; pairs 3 x 2
-    assert len(names) == 30 + 12 + 6
+    # m8 / m8l / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips) x 2; pairs 3 x 2
+    assert len(names) == 30 + 24 + 6
+    assert "mxfp4_mma_grouped_swiglu_s4_special" in names
+    with pytest.raises(ValueError, match="strips a block"):
+        _mma_decode.grouped_kernel_name(None, 64, False, 3)
     assert "mxfp4_mma_decode_m16l_f32_special" in names and "mxfp4_mma_grouped_down_u2" in names
     assert "mxfp4_mma_pairs_down_special" in names
     for name in names:

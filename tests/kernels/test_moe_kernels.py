@@ -22,6 +22,7 @@ import torch
 from conftest import poison_allocator
 
 import mxkit
+from mxkit.kernels.matmul_table import gemm_table_override
 from mxkit.kernels.moe import MoeConfig, _align_experts, align_device, grouped_matmul_w16, max_blocks, moe_triton
 from mxkit.moe_reference import (align_block_size, grouped_matmul_reference, moe_reference, select_experts,
                                  swiglu, swiglu_gpt_oss)
@@ -636,6 +637,47 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     y = moe_triton(*case, activation=act, packed=packed)
     assert calls == ([("pairs", act), ("pairs", None)] if T * 4 <= 8 else [act, None])
     check_layer(y, case, act)
+
+
+def test_moe_mma_strips_from_the_table():
+    """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise."""
+    from mxkit.kernels.moe import mma_strips
+
+    cpu = torch.device("cpu")
+    assert mma_strips(cpu) == 1
+    with gemm_table_override({"default": {"moe": {"mma_strips": 4}}}):
+        assert mma_strips(cpu) == 4
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,H,I", [(16, 32, 256, 192), (61, 32, 512, 256), (64, 128, 2880, 2880)])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_decode_mma_strips_give_the_same_bytes(T, E, H, I, act, rng, monkeypatch):
+    """The sorted decode path with 2 and 4 strips a block sharing each x load (the table's moe.mma_strips): the
+    bytes of 1 strip (the same warps split K), the special-scale variant and biases included, the kernels of
+    that many strips launched; within the bound."""
+    from mxkit.kernels.matmul_details import _mma_decode
+    from mxkit.kernels.moe import moe_triton, pack_experts_mma
+
+    case = layer_case(T, E, H, I, "mxfp4", rng)
+    case[1].scale[0, 3, 1] = 0
+    packed = (pack_experts_mma(case[1], interleave_halves=act == "swiglu"), pack_experts_mma(case[3]))
+    names = []
+    real = _mma_decode._kernel
+    monkeypatch.setattr(_mma_decode, "_kernel", lambda name, idx: names.append(name) or real(name, idx))
+    ys = []
+    for sn in _mma_decode.GROUPED_STRIPS:
+        names.clear()
+        with gemm_table_override({"default": {"moe": {"mma_strips": sn, "mma_max_pairs": 256}}}):
+            poison_allocator()
+            ys.append(moe_triton(*case, activation=act, packed=packed))
+        want = [f"_s{sn}" if sn > 1 else ""] * 2
+        got = [n.removeprefix(f"mxfp4_mma_grouped_{a}").removesuffix("_special")
+               for n, a in zip(names, (act, "down"))]
+        assert got == want, (sn, names)
+        assert torch.equal(ys[-1].view(torch.int16), ys[0].view(torch.int16)), sn
+    check_layer(ys[0], case, act)
 
 
 @pytest.mark.gpu

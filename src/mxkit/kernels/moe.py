@@ -332,6 +332,13 @@ def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
             and mma.rows_ok(x) and mma.available(x.device) is None)
 
 
+def mma_strips(device: torch.device) -> int:
+    """16-row strips a block of the grouped decode kernels (:func:`~mxkit.kernels.matmul_details._mma_decode.
+    grouped_mma`) on ``device``: the dispatch table's ``moe.mma_strips`` (default 1). The same bits at each."""
+    entry = _envelope(device, "moe")
+    return int((entry or {}).get("mma_strips", 1))
+
+
 def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H,
              activation) -> torch.Tensor:
     from .matmul_details._mma_decode import grouped_mma
@@ -339,12 +346,13 @@ def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, 
     n = T * k
     ids, eids = align_device(topk_ids, E, 8, lo=lo)
     b1, b2 = _mma_biases(b1, b2, p1, I, H)
+    sn = mma_strips(x.device)
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
     grouped_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, eids, n, k, gather=True, bias=b1, activation=activation,
-                rw=None, out=h)
+                rw=None, out=h, strips=sn)
     y = torch.empty(n, H, device=x.device, dtype=torch.float32)  # (rows of pairs not held here: left unwritten)
     grouped_mma(h, p2.q, p2.s, p2.special, H, I, ids, eids, n, k, gather=False, bias=b2, activation=None,
-                rw=rw.contiguous(), out=y)
+                rw=rw.contiguous(), out=y, strips=sn)
     return y
 
 

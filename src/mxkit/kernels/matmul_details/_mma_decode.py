@@ -195,10 +195,16 @@ def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m
     return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"
 
 
-def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool) -> str:
+GROUPED_STRIPS = (1, 2, 4)  # strips a block of the grouped kernels past SMALL_PAIRS (the same bits)
+
+
+def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool, strips: int = 1) -> str:
     """The ``mma_decode.cu`` entry of a grouped launch over ``n_valid`` (token, slot) pairs: 2 tiles a batch up
-    to :data:`SMALL_PAIRS` (``_u2``), else 1; ``activation`` "swiglu_gpt_oss" / "swiglu" or None (down)."""
-    size = "_u2" if n_valid <= SMALL_PAIRS else ""
+    to :data:`SMALL_PAIRS` (``_u2``), else 1 with ``strips`` 16-row strips a block sharing each x load (one of
+    :data:`GROUPED_STRIPS`; ``_s2``, ``_s4``); ``activation`` "swiglu_gpt_oss" / "swiglu" or None (down)."""
+    if strips not in GROUPED_STRIPS:
+        raise ValueError(f"the grouped kernels take {GROUPED_STRIPS} strips a block, got {strips}")
+    size = "_u2" if n_valid <= SMALL_PAIRS else (f"_s{strips}" if strips > 1 else "")
     return f"mxfp4_mma_grouped_{activation or 'down'}{size}{'_special' if special else ''}"
 
 
@@ -292,19 +298,23 @@ class MmaDecode:
 def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int,
                 ids: torch.Tensor, eids: torch.Tensor, n_valid: int, top_k: int, *, gather: bool,
                 bias: Optional[torch.Tensor], activation: Optional[str], rw: Optional[torch.Tensor],
-                out: torch.Tensor) -> torch.Tensor:
+                out: torch.Tensor, strips: int = 1) -> torch.Tensor:
     """One grouped GEMM of ``mma_decode.cu``'s ``mxfp4_mma_grouped_*`` kernels (its comment has the contract):
     x bf16 [*, K] (rows 16-byte aligned); experts (q, s) of :func:`pack_mma` on the (E * N, K) weight; ids /
     eids int32 of ``align_device`` with blocks of 8; bias float32 [E, N] or None; activation "swiglu_gpt_oss" /
     "swiglu" (rows interleaved: gate 2c, up 2c + 1; bf16 out, N / 2 columns, gather=True, no rw) or None (float32
-    out, N columns, gather=False, rw float32 [n_valid]). Writes the valid rows of ``out`` and returns it."""
+    out, N columns, gather=False, rw float32 [n_valid]); ``strips``: 16-row strips a block past
+    :data:`SMALL_PAIRS` pairs (1 where N / 16 is not a multiple; the same bits). Writes the valid rows of ``out``
+    and returns it."""
     if activation not in ("swiglu_gpt_oss", "swiglu", None) or (activation is not None) != gather \
             or (activation is None) != (rw is not None):
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
                          "rw with the down GEMM")
     check_shape(N, K, "grouped_mma")
-    k = _kernel(grouped_kernel_name(activation, n_valid, special), _index(x.device))
-    k((eids.numel(), N // 16), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
+    if n_valid <= SMALL_PAIRS or (N // 16) % strips:
+        strips = 1
+    k = _kernel(grouped_kernel_name(activation, n_valid, special, strips), _index(x.device))
+    k((eids.numel(), N // 16 // strips), 128, (x, q, s, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
                                      ctypes.c_longlong(out.stride(0))))
     return out

@@ -391,7 +391,8 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // packed one after another (expert e's strips follow expert e - 1's). The x row of i is i / top_k (GATHER: the
 // token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
 // on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
-// times rw[i]; stored once in OUT at out[i] (row stride ldo).
+// times rw[i]; stored once in OUT at out[i] (row stride ldo). SN > 1 (the sorted blocks' lean loop): block
+// (mb, y) takes the SN strips SN y .. SN y + SN - 1, sharing each x load (the bits of SN = 1).
 //
 // PAIRS (a few (token, slot) pairs, no sort): block mb is pair mb alone (row 0 of the block; the other 7 rows
 // are padding), of the expert eids[mb] read from the router's ids as they are (int64 where ids64, else int32;
@@ -402,7 +403,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // out[token] (OUT, row stride ldo): the arithmetic of the combine kernel (_moe_epilogue's DIRECT), whichever
 // block arrives last.
 template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, int LOOP,
-          bool XPF, bool PAIRS = false>
+          bool XPF, bool PAIRS = false, int SN = 1>
 __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                   const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                   const float* __restrict__ rw, OUT* __restrict__ out,
@@ -410,9 +411,10 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
                                                   int K, int n_valid, int top_k, long long ldx, long long ldo,
                                                   int ids64 = 0, int n_exp = 0, float* __restrict__ ws = nullptr,
                                                   int* __restrict__ cnt = nullptr) {
-  __shared__ float red[WARPS][4][32];
-  __shared__ float v[8][17];
-  const int mb = blockIdx.x, strip = blockIdx.y;
+  static_assert(SN == 1 || (LOOP == LEAN && !PAIRS), "strips sharing x: the lean loop of the sorted blocks");
+  __shared__ float red[WARPS][SN][4][32];
+  __shared__ float v[8][16 * SN + 1];
+  const int mb = blockIdx.x, strip = blockIdx.y * SN;
   int e;
   if constexpr (PAIRS) {
     const long long te = ids64 ? reinterpret_cast<const long long*>(eids)[mb] : (long long)eids[mb];
@@ -433,9 +435,10 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
     const int KT = K >> 6;
     const long long es = (long long)e * (N / 16) + strip;
-    float acc[1][1][4];
+    float acc[SN][1][4];
     if constexpr (LOOP == LEAN)
-      mainloop_lean<1, UNROLL, WARPS, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc);
+      mainloop_lean<1, UNROLL, WARPS, SPECIAL, SN>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc,
+                                                   (long long)KT * 32, (long long)KT * 8);
     else if constexpr (LOOP > 0)
       mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0,
                                                       KT, warp, acc[0]);
@@ -443,14 +446,16 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
       mainloop<1, UNROLL, WARPS, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0, KT, warp,
                                                acc[0]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[0][0][i];
-    __syncthreads();
-    for (int el = threadIdx.x; el < 128; el += blockDim.x) {
-      const int i = el / 32, l = el & 31;
-      float sum = red[0][i][l];
+    for (int p = 0; p < SN; ++p)
 #pragma unroll
-      for (int w = 1; w < WARPS; ++w) sum += red[w][i][l];
-      const int r = (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
+      for (int i = 0; i < 4; ++i) red[warp][p][i][lane] = acc[p][0][i];
+    __syncthreads();
+    for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
+      const int p = SN == 1 ? 0 : el / 128, i = SN == 1 ? el / 32 : (el / 32) & 3, l = el & 31;
+      float sum = red[0][p][i][l];
+#pragma unroll
+      for (int w = 1; w < WARPS; ++w) sum += red[w][p][i][l];
+      const int r = 16 * p + (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
       if (bias != nullptr) sum += bias[(long long)e * N + strip * 16 + r];
       v[m][r] = sum;
     }
@@ -476,8 +481,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     return;
   }
   if (ACT == 0) {
-    for (int el = threadIdx.x; el < 128; el += blockDim.x) {
-      const int m = el / 16, r = el % 16;
+    for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
+      const int m = el / (16 * SN), r = el % (16 * SN);
       const int i = row_id(m);
       if (i < n_valid) {
         float val = v[m][r];
@@ -486,8 +491,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
       }
     }
   } else {
-    for (int el = threadIdx.x; el < 64; el += blockDim.x) {
-      const int m = el / 8, c = el % 8;
+    for (int el = threadIdx.x; el < 64 * SN; el += blockDim.x) {
+      const int m = el / (8 * SN), c = el % (8 * SN);
       const int i = row_id(m);
       if (i < n_valid) {
         float gate = v[m][2 * c], up = v[m][2 * c + 1], val;
@@ -528,20 +533,25 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   MXKIT_MMA_DECODE_SN(mxfp4_mma_decode_m##M##_f32_special, NT, W, U, L, X, true, float, SN)
 #define MXKIT_MMA_DECODE_ALL(M, NT, W, U, L, X) MXKIT_MMA_DECODE_ALL_SN(M, NT, W, U, L, X, 1)
 
-#define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X)                                 \
+#define MXKIT_MMA_GROUPED_SN(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X, SN)                        \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, const float* __restrict__ rw, OUT* __restrict__ out,                     \
       const int* __restrict__ ids, const int* __restrict__ eids, int N, int K, int n_valid, int top_k,         \
       long long ldx, long long ldo) {                                                                          \
-    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X>(x, q, s, bias, rw, out, ids, eids, N, K,  \
-                                                                     n_valid, top_k, ldx, ldo);                \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X, false, SN>(x, q, s, bias, rw, out, ids,   \
+                                                                                eids, N, K, n_valid, top_k,   \
+                                                                                ldx, ldo);                     \
   }
+#define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X)                                 \
+  MXKIT_MMA_GROUPED_SN(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X, 1)
 
 // plain and _special
+#define MXKIT_MMA_GROUPED_BOTH_SN(NAME, ACT, GATHER, MUL_RW, OUT, W, U, L, X, SN)                          \
+  MXKIT_MMA_GROUPED_SN(NAME, ACT, GATHER, MUL_RW, false, OUT, W, U, L, X, SN)                              \
+  MXKIT_MMA_GROUPED_SN(NAME##_special, ACT, GATHER, MUL_RW, true, OUT, W, U, L, X, SN)
 #define MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, W, U, L, X)                                 \
-  MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, false, OUT, W, U, L, X)                                     \
-  MXKIT_MMA_GROUPED(NAME##_special, ACT, GATHER, MUL_RW, true, OUT, W, U, L, X)
+  MXKIT_MMA_GROUPED_BOTH_SN(NAME, ACT, GATHER, MUL_RW, OUT, W, U, L, X, 1)
 
 // one block per (token, slot) pair, no sort (PAIRS; the down GEMM combining into bf16 out): 2 tiles a batch
 #define MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, SPECIAL)                                                 \
@@ -557,10 +567,13 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
   MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, false)                                                         \
   MXKIT_MMA_PAIRS(NAME##_special, ACT, GATHER, MUL_RW, true)
 
-// the grouped kernels of one activation: 1 tile a batch, and 2 (_u2: faster up to 8 (token, slot) pairs)
+// the grouped kernels of one activation: 1 tile a batch, and 2 (_u2: faster up to 8 (token, slot) pairs); 1 tile a
+// batch with 2 and 4 strips a block sharing x (_s2, _s4; the bits of 1)
 #define MXKIT_MMA_GROUPED_SIZES(NAME, ACT, GATHER, MUL_RW, OUT)                                            \
   MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, 4, 1, LEAN, false)                                \
-  MXKIT_MMA_GROUPED_BOTH(NAME##_u2, ACT, GATHER, MUL_RW, OUT, 4, 2, LEAN, false)
+  MXKIT_MMA_GROUPED_BOTH(NAME##_u2, ACT, GATHER, MUL_RW, OUT, 4, 2, LEAN, false)                           \
+  MXKIT_MMA_GROUPED_BOTH_SN(NAME##_s2, ACT, GATHER, MUL_RW, OUT, 4, 1, LEAN, false, 2)                     \
+  MXKIT_MMA_GROUPED_BOTH_SN(NAME##_s4, ACT, GATHER, MUL_RW, OUT, 4, 1, LEAN, false, 4)
 
 #ifndef MXKIT_DECODE_VARIANTS  // the A/B probe (benchmarks/probes/decode_ab.py) instantiates its own
 // The configs measured best on an H100 (benchmarks/decode_mma_ab.md): M <= 8 4 warps x 4 tiles, the register

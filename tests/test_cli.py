@@ -320,7 +320,8 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     """`mxkit tune gemm` (one decode schedule, two small shapes, small experts) writes a table with the decode-w16,
-    decode-mma, w8a16-mma, a8w8-mma, w4a16-wgmma, w8a16-wgmma and MoE envelopes for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
+    decode-mma, w8a16-mma, a8w8-mma, w4a16-wgmma, w8a16-wgmma and MoE envelopes (and the MoE decode kernels'
+    strips a block) for this GPU; loaded back, the MXFP8 x MXFP8 plan follows its a8w8
     envelope (on layers the w8a16-wgmma envelope does not take, max_m_no_wgmma)."""
     from mxkit import tune
     from mxkit.kernels.matmul import gemm_table_override
@@ -341,6 +342,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
     assert entry["moe"]["mma_max_pairs"] in (0, 8, 64, 512), entry["moe"]
     assert entry["moe"]["mma_max_pairs_per_expert"] == entry["moe"]["mma_max_pairs"] // 8
+    assert entry["moe"]["mma_strips"] in (1, 2, 4)  # (timed at 64 pairs)
     m = entry["a8w8_mma"]["max_m_no_wgmma"]
     assert m in (1, 2, 4, 8, 16, 32, 64), "a8w8-mma lost to dequantizing both operands + cuBLAS at M = 1"
     w = mxkit.quantize(torch.randn(512, 8192, device="cuda"), "mxfp8")
@@ -359,6 +361,16 @@ def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
     assert _largest_won({1: True, 2: True, 4: False, 8: True}) == 2
     assert _largest_won({4: True, 1: True, 2: True}) == 4
     assert _largest_won({1: False, 2: True}) == 0 and _largest_won({}) == 0
+
+
+def test_moe_strips_is_the_least_total_time():
+    """`mxkit tune gemm`'s moe.mma_strips: the strips a block of least total decode time (H200, session 38: 2); a
+    tie keeps fewer strips; nothing timed keeps 1."""
+    from mxkit.tune import moe_strips
+
+    assert moe_strips({1: 474.4 + 229.5, 2: 450.5 + 222.3, 4: 488.3 + 242.1}) == 2
+    assert moe_strips({1: 10.0, 2: 10.0, 4: 11.0}) == 1 and moe_strips({1: 12.0, 2: 11.0, 4: 10.0}) == 4
+    assert moe_strips({1: 0.0, 2: 0.0, 4: 0.0}) == 1 and moe_strips({}) == 1
 
 
 def test_moe_envelope_is_the_run_of_decode_wins_on_every_expert_set():

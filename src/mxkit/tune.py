@@ -14,7 +14,8 @@ dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel o
 (the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
 N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. For MoE (``moe.mma_max_pairs``) it times
 the decode and the prefill path of packed MXFP4 GPT-OSS experts (E = 32 and 128) at 8 to 1024 (token, slot) pairs
-and keeps the largest count up to which decode wins on both, and that count per expert. The result is written as a table of the
+and keeps the largest count up to which decode wins on both, and that count per expert; and ``moe.mma_strips``,
+the strips a block of the decode kernels (1, 2 or 4) with the least total time at 16 to 256 pairs. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
 with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
 """
@@ -30,7 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["tune_gemm", "DEFAULT_SHAPES", "moe_envelope"]
+__all__ = ["tune_gemm", "DEFAULT_SHAPES", "moe_envelope", "moe_strips"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
@@ -223,6 +224,7 @@ def _largest_won(won: dict) -> int:
 
 MOE_PAIRS = (8, 16, 32, 64, 128, 256, 512, 1024)  # (token, slot) pairs: 2 to 256 tokens at top-4
 MOE_EXPERTS = ((32, 2880, 2880), (128, 2880, 2880))  # (E, hidden, intermediate): GPT-OSS-20B and -120B
+MOE_STRIP_PAIRS = (16, 64, 256)  # the pair counts the decode kernels' strips a block are timed at
 
 
 def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
@@ -232,8 +234,10 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
     is the larger of the two: :func:`mxkit.kernels.moe.mma_max_pairs`). Both paths are timed on the same packed
     experts (GPT-OSS's clamped SwiGLU,
     biases, uniform routing over :data:`MOE_EXPERTS`: (E, hidden, intermediate) each) at each count of
-    :data:`MOE_PAIRS`; the result is :func:`moe_envelope` of the times. The packaged value where either path
-    cannot run here."""
+    :data:`MOE_PAIRS`; the result is :func:`moe_envelope` of the times, with ``mma_strips``: the decode kernels'
+    strips a block (:data:`~mxkit.kernels.matmul_details._mma_decode.GROUPED_STRIPS`) timed at
+    :data:`MOE_STRIP_PAIRS`, :func:`moe_strips` of the totals. The packaged value where either path cannot run
+    here."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels import moe as km
@@ -246,6 +250,7 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
         return {"mma_max_pairs": km.MMA_MAX_PAIRS}
     name = torch.cuda.get_device_name()
     times: dict = {}  # experts E -> {pairs: (decode us, prefill us)}
+    strip_us = dict.fromkeys(_mma_decode.GROUPED_STRIPS, 0.0)  # strips a block -> total decode us
     for E, H, inter in MOE_EXPERTS:
         def mx(*shape):
             return ops.quantize(torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=g) * 0.05, "mxfp4")
@@ -263,15 +268,32 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
             ids = torch.rand(T, E, device=dev, generator=g).topk(top_k, dim=-1).indices.to(torch.int32)
             tw = torch.softmax(torch.randn(T, top_k, device=dev, generator=g), dim=-1)
             got = []
+
+            def run():
+                return km.moe_triton(x, wgu, bgu, wd, bd, tw, ids, packed=packed)
             for limit in (1 << 30, 0):  # decode every count, then prefill every count
                 with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": limit}}}):
-                    got.append(_time(lambda: km.moe_triton(x, wgu, bgu, wd, bd, tw, ids, packed=packed), rep_ms))
+                    got.append(_time(run, rep_ms))
             log(f"moe E={E} H={H} I={inter}, {T * top_k} pairs: decode {got[0]:.1f} us, prefill {got[1]:.1f} us")
             times.setdefault(E, {})[T * top_k] = tuple(got)
+            if T * top_k in MOE_STRIP_PAIRS:
+                strip_us[1] += got[0]
+                for sn in _mma_decode.GROUPED_STRIPS[1:]:
+                    with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": 1 << 30, "mma_strips": sn}}}):
+                        t = _time(run, rep_ms)
+                    log(f"moe E={E}, {T * top_k} pairs: decode at {sn} strips a block {t:.1f} us")
+                    strip_us[sn] += t
         del wgu, wd, packed
     if not times:
         return {"mma_max_pairs": km.MMA_MAX_PAIRS}
-    return moe_envelope(times)
+    return {**moe_envelope(times), "mma_strips": moe_strips(strip_us)}
+
+
+def moe_strips(us: dict) -> int:
+    """The strips a block with the least total time of ``us`` ({strips: µs}); a tie keeps fewer strips, none
+    timed (every total 0) keeps 1."""
+    timed = {sn: t for sn, t in us.items() if t > 0}
+    return min(timed, key=lambda sn: (timed[sn], sn)) if timed else 1
 
 
 def moe_envelope(times: dict) -> dict:

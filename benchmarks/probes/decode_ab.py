@@ -53,7 +53,7 @@ def dense(M, N, K):
         groups, strips = -(-M // mt), N // 16
         if strips % sn:
             continue
-        dflt = md.split_k(groups * strips, K, mt, SMS)
+        dflt = md.split_k(groups * strips // sn, K, mt, SMS, sn)
         for split in sorted({dflt, 1, 2, 4}) if sn > 1 else (dflt,):
             ws, cnt = split_buffers(groups * strips // sn, split, sn * mt * 16)
             y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)

@@ -276,9 +276,8 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
                     got.append(_time(run, rep_ms))
             log(f"moe E={E} H={H} I={inter}, {T * top_k} pairs: decode {got[0]:.1f} us, prefill {got[1]:.1f} us")
             times.setdefault(E, {})[T * top_k] = tuple(got)
-            if T * top_k in MOE_STRIP_PAIRS:
-                strip_us[1] += got[0]
-                for sn in _mma_decode.GROUPED_STRIPS[1:]:
+            if T * top_k in MOE_STRIP_PAIRS:  # the decode path at each strips a block, one after another
+                for sn in _mma_decode.GROUPED_STRIPS:
                     with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": 1 << 30, "mma_strips": sn}}}):
                         t = _time(run, rep_ms)
                     log(f"moe E={E}, {T * top_k} pairs: decode at {sn} strips a block {t:.1f} us")

@@ -5,6 +5,7 @@ against float64 (issue #22's row-wise bound), the fused call bit for bit against
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 
 import pytest
@@ -298,9 +299,10 @@ def test_gpu_w8a16_mma(fmt, K, rng):
             assert torch.isnan(yn[:, 7]).all() and torch.equal(yn[:, keep].view(torch.int16),
                                                                 y[:, keep].view(torch.int16))
         if K >= 2880:  # split-K: the same bits every call, within the bound
-            for split in (2, 3):
-                run = A8W8(pw.mma_q, pw.mma_s, 3, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
-                x = torch.randn(3, K, generator=rng).to(torch.bfloat16).cuda()
+            for split, M in itertools.product((2, 3), (3, 12)):  # (12 rows on N = 1088: two strips a warp)
+                run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
+                assert run.r == (2 if M > 8 and N % 32 == 0 else 1)
+                x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
                 y = run(x, None, bias)
                 OUT[0] = torch.bfloat16
                 assert_within_bound(y, x, pw, bias)

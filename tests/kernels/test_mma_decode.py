@@ -137,6 +137,15 @@ def test_split_k_policy():
     assert split_k(448, 28672, 16, 132, 4) == 1
 
 
+def test_grouped_mma_refuses_strips_it_has_no_kernel_for():
+    """grouped_mma's strips a block: one of GROUPED_STRIPS, refused before any device work otherwise."""
+    z = torch.zeros(1)
+    for bad in (0, 3, 8):
+        with pytest.raises(ValueError, match="strips a block"):
+            _mma_decode.grouped_mma(z, z, z, False, 64, 64, z, z, 16, 4, gather=False, bias=None, activation=None,
+                                    rw=z, out=z, strips=bad)
+
+
 def test_m16_kernel_by_shape():
     """m16n (4 strips a block sharing x) for N >= 8192 in whole blocks of strips, else m16 / m16l as before;
     up to 8 rows the m8 kernels whatever N."""
@@ -276,24 +285,26 @@ def test_gpu_decode_mma_m16n_gives_m8l_bytes(K, rng):
 @pytest.mark.parametrize("split", [2, 3, 7])
 def test_gpu_decode_mma_split_k(split, rng):
     """K split over blocks (partials in a workspace, the last block of a strip adds them in order): within the
-    bound, the same bytes on every call (deterministic, and the counters reset), bias and 17 tokens too."""
+    bound, the same bytes on every call (deterministic, and the counters reset), bias and 17 tokens too, the m16n
+    kernel (4 strips a block) on N = 8192."""
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode
 
-    N, K = 1024, 4096 + 64 * split  # K tiles not a multiple of the split
-    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
-    pw = mxkit.pack_weight(w)
-    bias = torch.randn(N, generator=rng).cuda()
-    for M in (1, 17):
-        run = MmaDecode(pw.mma_q, pw.mma_s, N, K, M, torch.bfloat16, special=False, split=split)
-        assert run.split == split
-        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-        poison_allocator()
-        y = run(x, bias)
-        OUT[0] = torch.bfloat16
-        assert_within_bound(y, x, w, bias)
-        for _ in range(3):
-            assert torch.equal(run(x, bias).view(torch.int16), y.view(torch.int16))
-        assert int(run.cnt.sum()) == 0
+    K = 4096 + 64 * split  # K tiles not a multiple of the split
+    for N in (1024, 8192):  # (8192: m16n at 17 tokens, 4 strips a block)
+        w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+        pw = mxkit.pack_weight(w)
+        bias = torch.randn(N, generator=rng).cuda()
+        for M in (1, 17):
+            run = MmaDecode(pw.mma_q, pw.mma_s, N, K, M, torch.bfloat16, special=False, split=split)
+            assert run.split == split and ("_m16n_" in run.kernel.name) == (M == 17 and N == 8192)
+            x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+            poison_allocator()
+            y = run(x, bias)
+            OUT[0] = torch.bfloat16
+            assert_within_bound(y, x, w, bias)
+            for _ in range(3):
+                assert torch.equal(run(x, bias).view(torch.int16), y.view(torch.int16))
+            assert int(run.cnt.sum()) == 0
 
 
 @pytest.mark.gpu

@@ -640,13 +640,17 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
 
 
 def test_moe_mma_strips_from_the_table():
-    """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise."""
+    """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise or the value is
+    not a strip count the kernels have."""
     from mxkit.kernels.moe import mma_strips
 
     cpu = torch.device("cpu")
     assert mma_strips(cpu) == 1
     with gemm_table_override({"default": {"moe": {"mma_strips": 4}}}):
         assert mma_strips(cpu) == 4
+    for bad in (0, 3, "2"):  # (no such kernels: 1)
+        with gemm_table_override({"default": {"moe": {"mma_strips": bad}}}):
+            assert mma_strips(cpu) == 1
 
 
 @pytest.mark.gpu
@@ -678,6 +682,28 @@ def test_gpu_moe_decode_mma_strips_give_the_same_bytes(T, E, H, I, act, rng, mon
         assert got == want, (sn, names)
         assert torch.equal(ys[-1].view(torch.int16), ys[0].view(torch.int16)), sn
     check_layer(ys[0], case, act)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_grouped_mma_strips_fall_back_to_one(rng):
+    """grouped_mma on a weight of 25 strips (N = 400: no multiple of 2 or 4) runs 1 strip a block at any strips
+    asked for: the same bytes; a valid MoE layer never has such an N (K % 64 == 0 makes N / 16 a multiple of 4)."""
+    from mxkit.kernels.matmul_details import _mma_decode
+    from mxkit.kernels.moe import align_device, pack_experts_mma
+
+    E, N, K, T, k = 8, 400, 256, 12, 2
+    w = experts(E, N, K, "mxfp4", rng)
+    p = pack_experts_mma(w, interleave_halves=True)
+    x = torch.randn(T, K, generator=rng).to(torch.bfloat16).cuda()
+    ids, eids = align_device(rand_ids(T, k, E, rng).cuda(), E, 8)
+    hs = []
+    for sn in _mma_decode.GROUPED_STRIPS:
+        poison_allocator()
+        h = torch.empty(T * k, N // 2, device="cuda", dtype=torch.bfloat16)
+        hs.append(_mma_decode.grouped_mma(x, p.q, p.s, p.special, N, K, ids, eids, T * k, k, gather=True,
+                                          bias=None, activation="swiglu", rw=None, out=h, strips=sn))
+        assert torch.equal(hs[-1].view(torch.int16), hs[0].view(torch.int16)), sn
 
 
 @pytest.mark.gpu

@@ -334,9 +334,11 @@ def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
 
 def mma_strips(device: torch.device) -> int:
     """16-row strips a block of the grouped decode kernels (:func:`~mxkit.kernels.matmul_details._mma_decode.
-    grouped_mma`) on ``device``: the dispatch table's ``moe.mma_strips`` (default 1). The same bits at each."""
+    grouped_mma`) on ``device``: the dispatch table's ``moe.mma_strips`` (default 1; a value the kernels do not
+    have, :data:`~mxkit.kernels.matmul_details._mma_decode.GROUPED_STRIPS`, counts as 1). The same bits at each."""
     entry = _envelope(device, "moe")
-    return int((entry or {}).get("mma_strips", 1))
+    sn = (entry or {}).get("mma_strips", 1)
+    return sn if sn in _mma_decode.GROUPED_STRIPS else 1
 
 
 def _moe_mma(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, lo, T, k, I, H,

@@ -211,7 +211,8 @@ def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool, 
 def m16_loop(N: int, K: int) -> str:
     """The m16 kernel's K loop for an N x K weight: "n" (4 warps x 2 tiles in the lean loop, 4 strips a block
     sharing each x load: N >= 8192, where 1 strip a block reads 4x the weight's bytes of x from L2; H200:
-    16 x 28672 x 8192 75.0 -> 58.8 us, 64 x 8192 x 8192 85.5 -> 57.7; the bits of m8l on each 8 tokens), ""
+    16 x 28672 x 8192 75.0 -> 58.8 us, 64 x 8192 x 8192 85.5 -> 57.7; the bits of m8l on each 8 tokens at the same
+    split of K; measured on the H200 only), ""
     (8 warps, 4 cp.async stages, 60 registers: the other layers with K <= 4096 and N > 4096, many blocks of
     short chains) or "l" (8 warps, the lean loop, 2 tiles a batch: the rest, where its fewer instructions per
     tile win; H100, benchmarks/decode_mma_ab.md). "" and "l" give the same bits."""
@@ -311,6 +312,8 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
         raise ValueError("grouped_mma: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, "
                          "rw with the down GEMM")
     check_shape(N, K, "grouped_mma")
+    if strips not in GROUPED_STRIPS:
+        raise ValueError(f"grouped_mma takes {GROUPED_STRIPS} strips a block, got {strips}")
     if n_valid <= SMALL_PAIRS or (N // 16) % strips:
         strips = 1
     k = _kernel(grouped_kernel_name(activation, n_valid, special, strips), _index(x.device))

@@ -586,7 +586,7 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 // way in each pair compared: the same bits. m16n (H200, session 38, benchmarks/decode_mma_ab.md): 4 warps x 2
 // tiles in the lean loop, 4 strips a block sharing each x load (at 1 strip M = 16 reads 4x the weight's bytes of
 // x from L2): 16x28672x8192 75.0 -> 58.8 us, 64x8192x8192 85.5 -> 57.7, on layers of N >= 8192; the same bits as
-// m8l on each block of 8 tokens.
+// m8l on each block of 8 tokens at the same split of K.
 MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
 MXKIT_MMA_DECODE_ALL(8l, 1, 4, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)

@@ -212,10 +212,10 @@ def m16_loop(N: int, K: int) -> str:
     """The m16 kernel's K loop for an N x K weight: "n" (4 warps x 2 tiles in the lean loop, 4 strips a block
     sharing each x load: N >= 8192, where 1 strip a block reads 4x the weight's bytes of x from L2; H200:
     16 x 28672 x 8192 75.0 -> 58.8 us, 64 x 8192 x 8192 85.5 -> 57.7; the bits of m8l on each 8 tokens at the same
-    split of K; measured on the H200 only), ""
-    (8 warps, 4 cp.async stages, 60 registers: the other layers with K <= 4096 and N > 4096, many blocks of
-    short chains) or "l" (8 warps, the lean loop, 2 tiles a batch: the rest, where its fewer instructions per
-    tile win; H100, benchmarks/decode_mma_ab.md). "" and "l" give the same bits."""
+    split of K; measured on the H200 only), "" (8 warps, 4 cp.async stages, 60 registers: the other layers with
+    K <= 4096 and N > 4096, many blocks of short chains) or "l" (8 warps, the lean loop, 2 tiles a batch: the
+    rest, where its fewer instructions per tile win; H100, benchmarks/decode_mma_ab.md). "" and "l" give the same
+    bits."""
     if N >= 8192 and N % (16 * M16N_STRIPS) == 0:
         return "n"
     return "" if K <= 4096 and N > 4096 else "l"

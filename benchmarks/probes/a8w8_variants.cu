@@ -16,3 +16,10 @@ V(2, 2, 1)
 V(2, 1, 1)
 V(4, 1, 0)
 V(4, 1, 1)
+
+// session 38: W8A16 with NT token tiles of 8 a block (each weight tile decoded once for 8 NT tokens; the bits of
+// NT = 1 at the same R and split), E4M3, bf16 out: w16_r<R>_nt<NT> (benchmarks/probes/w8a16_mma_ab.py times them)
+#define W16NT(R, NT) MXKIT_MX8_NT(w16_r##R##_nt##NT, R, 1, true, true, true, 1, __nv_bfloat16, NT)
+W16NT(1, 2)
+W16NT(2, 2)
+W16NT(1, 4)

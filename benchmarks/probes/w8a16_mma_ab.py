@@ -4,9 +4,18 @@ over thread blocks at the policy's choice and at 1 / 2 / 4, and with 1 or 2 stri
 read flush; every timed output checked against float64 within issue #22's bound.
 
     PYTHONPATH=src python3 benchmarks/probes/w8a16_mma_ab.py 1x8192x8192,...   # on the GPU
+
+With a second argument, the PTX of ``benchmarks/probes/a8w8_variants.cu`` (``nvcc -ptx -arch=sm_89 -O3``), its
+``w16_r<R>_nt<NT>`` kernels (NT token tiles of 8 a block: each weight tile decoded once for 8 NT tokens) are timed
+too at splits 1 / 2 / 4, each output compared byte for byte with the shipped kernel's (NT = 1) at the same R and
+split ("=" the same bytes, "DIFF" not).
 """
+import ctypes
+import re
+import sys
+
 import torch
-from _probe import main_shapes, w16_case
+from _probe import kernels, main_shapes, split_buffers, w16_case
 
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
@@ -36,7 +45,31 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
             for split in sorted({pol, 1, 2, 4}):
                 run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=r)
                 cells.append(f"r{r} split {split}{'*' if split == pol else ''} {timed(lambda: run(x, None, None))}")
+    for name, k in VARIANTS.items():
+        R, NT = (int(v) for v in re.fullmatch(r"w16_r(\d+)_nt(\d+)", name).groups())
+        if N % (16 * R):
+            continue
+        groups, strips = -(-M // (8 * NT)), N // (16 * R)
+        for split in (1, 2, 4):
+            ref = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=R)(
+                x, None, None)
+            ws, cnt = split_buffers(groups * strips, split, R * NT * 128)
+            y = torch.full((M, N), float("nan"), device=x.device, dtype=torch.bfloat16)
+            launch = k.bind((x, None, pw.mma_q, pw.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
+                             ctypes.c_int(K), ctypes.c_longlong(K), ctypes.c_longlong(0), ctypes.c_longlong(N),
+                             ctypes.c_int(0)))
+
+            def go(launch=launch, y=y, split=split):
+                launch.launch(groups, strips, split, 128)
+                return y
+            go()
+            torch.cuda.synchronize()
+            same = "=" if torch.equal(y.view(torch.int16), ref.view(torch.int16)) else "DIFF"
+            cells.append(f"{name} split {split} {timed(go)} {same}")
     return " | ".join(cells)
+
+
+VARIANTS = {n: k for n, k in kernels(sys.argv[2]).items() if n.startswith("w16_")} if len(sys.argv) > 2 else {}
 
 
 if __name__ == "__main__":

@@ -175,29 +175,36 @@ struct XTile {
 };
 
 // The K loop of one warp over tiles (two 32-element blocks) kt_lo + warp, + 4, ... < kt_hi, for R strips of 16
-// weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g. acc[r][i]:
-// rows g, g, g+8, g+8 of strip r; tokens 2t, 2t + 1, 2t, 2t + 1. The weight bytes of the next batch of UNROLL
-// tiles are in flight while one batch is computed, and with XPF its x bytes too.
-template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16>
-__device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], const uint4* xb, const uint8_t* xq,
-                                         const uint16_t* xs, bool xm, int kt_lo, int kt_hi, int warp,
-                                         float (&acc)[R][4]) {
+// weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g (of token
+// tile n: xb[n] / xq[n] / xs[n] / xm[n]; NT > 1 for W16 only). acc[r][n][i]: rows g, g, g+8, g+8 of strip r;
+// tokens 8n + 2t, + 1, 2t, + 1. The weight bytes of the next batch of UNROLL tiles are in flight while one batch
+// is computed, and with XPF its x bytes too.
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16, int NT = 1>
+__device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], const uint4* const (&xb)[NT],
+                                         const uint8_t* const (&xq)[NT], const uint16_t* const (&xs)[NT],
+                                         const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
+                                         float (&acc)[R][NT][4]) {
+  static_assert(NT == 1 || W16, "token tiles a block past 1: the W8A16 kernels only");
   constexpr int WARPS = 4;
   const int lane = threadIdx.x & 31, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
   uint2 wl[UNROLL][R][2], wh[UNROLL][R][2], nl[UNROLL][R][2], nh[UNROLL][R][2];  // tile, strip, block
   uint32_t sw[UNROLL][R][2], sn[UNROLL][R][2];
-  XTile<QUANT> xc[UNROLL], xn[UNROLL];
+  XTile<QUANT> xc[UNROLL][NT], xn[UNROLL][NT];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int kt = kt_lo + warp + u * WARPS;
     if (kt < kt_hi) {
 #pragma unroll
       for (int r = 0; r < R; ++r) wrows[r].load(kt, wl[u][r], wh[u][r], sw[u][r]);
-      if (XPF) xc[u].load(xb, xq, xs, xm, kt);
+      if (XPF)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xc[u][n].load(xb[n], xq[n], xs[n], xm[n], kt);
     }
   }
   for (int t0 = kt_lo + warp; t0 < kt_hi; t0 += WARPS * UNROLL) {
@@ -205,14 +212,18 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
-      if (!XPF && kt < kt_hi) xc[u].load(xb, xq, xs, xm, kt);
+      if (!XPF && kt < kt_hi)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xc[u][n].load(xb[n], xq[n], xs[n], xm[n], kt);
       const int kn = kt + WARPS * UNROLL;  // the next batch
       if (kn < kt_hi) {
 #pragma unroll
         for (int r = 0; r < R; ++r) wrows[r].load(kn, nl[u][r], nh[u][r], sn[u][r]);
-        if (XPF) xn[u].load(xb, xq, xs, xm, kn);
+        if (XPF)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) xn[u][n].load(xb[n], xq[n], xs[n], xm[n], kn);
       }
-      if (!W16 && kt < kt_hi) xc[u].operands(bx[u], sx[u]);  // (uniform over the warp: quantize8's shuffles)
+      if (!W16 && kt < kt_hi) xc[u][0].operands(bx[u], sx[u]);  // (uniform over the warp: quantize8's shuffles)
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -220,8 +231,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
       if (kt < kt_hi) {
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          if (W16) {  // bf16 x (block columns 8t .. 8t + 7 of token g) times the decoded weight codes
-            const uint4 xv = xc[u].v[b];
+          if (W16) {  // bf16 x (block columns 8t .. 8t + 7 of token g of each tile) times the decoded weight codes
 #pragma unroll
             for (int r = 0; r < R; ++r) {
               uint32_t a0[4], a1[4];
@@ -229,15 +239,19 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
               decode_fp8<W16>(wh[u][r][b].x, a0[1], a0[3]);  // row g + 8
               decode_fp8<W16>(wl[u][r][b].y, a1[0], a1[2]);  // row g, 8t + 4 .. 8t + 7
               decode_fp8<W16>(wh[u][r][b].y, a1[1], a1[3]);
-              float c[4] = {0.f, 0.f, 0.f, 0.f};
-              mxkit::mma_bf16(c, a0, xv.x, xv.y);
-              mxkit::mma_bf16(c, a1, xv.z, xv.w);
-              const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
-              const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
-              acc[r][0] = fmaf(c[0], fg, acc[r][0]);
-              acc[r][1] = fmaf(c[1], fg, acc[r][1]);
-              acc[r][2] = fmaf(c[2], fg8, acc[r][2]);
-              acc[r][3] = fmaf(c[3], fg8, acc[r][3]);
+#pragma unroll
+              for (int n = 0; n < NT; ++n) {
+                const uint4 xv = xc[u][n].v[b];
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+                mxkit::mma_bf16(c, a0, xv.x, xv.y);
+                mxkit::mma_bf16(c, a1, xv.z, xv.w);
+                const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);  // (the same for every n)
+                const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
+                acc[r][n][0] = fmaf(c[0], fg, acc[r][n][0]);
+                acc[r][n][1] = fmaf(c[1], fg, acc[r][n][1]);
+                acc[r][n][2] = fmaf(c[2], fg8, acc[r][n][2]);
+                acc[r][n][3] = fmaf(c[3], fg8, acc[r][n][3]);
+              }
             }
             continue;
           }
@@ -250,10 +264,10 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
             mma_e4m3(c, wl[u][r][b], wh[u][r][b], bx[u][b][0], bx[u][b][1]);
             const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
             const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
-            acc[r][0] = fmaf(c[0] * fa, fg, acc[r][0]);
-            acc[r][1] = fmaf(c[1] * fb, fg, acc[r][1]);
-            acc[r][2] = fmaf(c[2] * fa, fg8, acc[r][2]);
-            acc[r][3] = fmaf(c[3] * fb, fg8, acc[r][3]);
+            acc[r][0][0] = fmaf(c[0] * fa, fg, acc[r][0][0]);
+            acc[r][0][1] = fmaf(c[1] * fb, fg, acc[r][0][1]);
+            acc[r][0][2] = fmaf(c[2] * fa, fg8, acc[r][0][2]);
+            acc[r][0][3] = fmaf(c[3] * fb, fg8, acc[r][0][3]);
           }
         }
       }
@@ -270,30 +284,34 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
         sw[u][r][0] = sn[u][r][0];
         sw[u][r][1] = sn[u][r][1];
       }
-      if (XPF) xc[u] = xn[u];
+      if (XPF)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xc[u][n] = xn[u][n];
     }
   }
 }
 
-// grid (ceil(M / 8), N / (16 R), S), block 128 (4 warps). x: bf16 rows (QUANT) or E4M3 codes [M, ldx] with
+// grid (ceil(M / (8 NT)), N / (16 R), S), block 128 (4 warps). x: bf16 rows (QUANT) or E4M3 codes [M, ldx] with
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
-// ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x 128] and the last
+// ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x NT x 128] and the last
 // of the S blocks to arrive (counted in cnt, reset to 0 by it) adds the S partials in order: deterministic.
 // bias: float32 [N], or bf16 [N] where bias_bf16 (mxkit::bias_at), added in float32 before the rounding to OUT.
-template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16, typename OUT>
+// NT token tiles of 8 a block (W16 only): each weight tile decoded once for 8 NT tokens, each token's sums the
+// bits of NT = 1.
+template <int R, int UNROLL, bool QUANT, bool PACKED, bool XPF, int W16, typename OUT, int NT = 1>
 __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                            const float* __restrict__ bias, OUT* __restrict__ y,
                                            float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K,
                                            long long ldx, long long ldxs, long long ldy, int bias_bf16) {
   constexpr int WARPS = 4;
-  __shared__ float red[WARPS][R][4][32];
+  __shared__ float red[WARPS][R * NT][4][32];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const long long row0 = (long long)blockIdx.y * 16 * R;
-  const int m0 = blockIdx.x * 8;
-  M = min(M - m0, 8);
+  const int m0 = blockIdx.x * 8 * NT;
+  M = min(M - m0, 8 * NT);
   y += (long long)m0 * ldy;
   const int KT = K >> 6;
   const long long KB = K >> 5;
@@ -314,23 +332,34 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
       wrows[r].swr8 = reinterpret_cast<const uint16_t*>(sw + (n + 8) * KB);
     }
   }
-  const bool xm = g < M;
-  const long long xrow = m0 + (xm ? g : 0);
-  const uint4* xb = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + xrow * ldx) + t;
-  const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
-  const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
-  float acc[R][4];
-  mainloop<R, UNROLL, QUANT, PACKED, XPF, W16>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  bool xm[NT];
+  const uint4* xb[NT];
+  const uint8_t* xq[NT];
+  const uint16_t* xs[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    xm[n] = g + 8 * n < M;
+    const long long xrow = m0 + (xm[n] ? g + 8 * n : 0);
+    xb[n] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + xrow * ldx) + t;
+    xq[n] = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
+    xs[n] = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
+  }
+  float acc[R][NT][4];
+  mainloop<R, UNROLL, QUANT, PACKED, XPF, W16, NT>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][r][i][lane] = acc[r][i];
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][r * NT + n][i][lane] = acc[r][n][i];
   __syncthreads();
   const long long tile = (long long)blockIdx.x * gridDim.y + blockIdx.y;
-  mxkit::reduce_store<WARPS, R>(red, ws + tile * S * (R * 128), cnt + tile, S, split, last, [&](int e, float v) {
-    const int r = e / 128, i = (e / 32) & 3, l = e & 31;
+  mxkit::reduce_store<WARPS, R * NT>(red, ws + tile * S * (R * NT * 128), cnt + tile, S, split, last,
+                                     [&](int e, float v) {
+    const int r = NT == 1 ? e / 128 : e / (NT * 128), n = NT == 1 ? 0 : (e / 128) % NT;
+    const int i = (e / 32) & 3, l = e & 31;
     const long long row = row0 + 16 * r + (l >> 2) + 8 * (i >> 1);  // weight row n
-    const int m = 2 * (l & 3) + (i & 1);                             // token, within the block of 8
+    const int m = 8 * n + 2 * (l & 3) + (i & 1);                     // token, within the block of 8 NT
     if (m < M) {
       if (bias != nullptr) v += mxkit::bias_at(bias, bias_bf16, row);
       y[m * ldy + row] = mxkit::to_out<OUT>(v);
@@ -341,14 +370,15 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
 }  // namespace
 
 #define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, XPF, OUT) MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, 0, OUT)
-#define MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, W16, OUT)                                                \
+#define MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, W16, OUT) MXKIT_MX8_NT(NAME, R, UNROLL, QUANT, PACKED, XPF, W16, OUT, 1)
+#define MXKIT_MX8_NT(NAME, R, UNROLL, QUANT, PACKED, XPF, W16, OUT, NT)                                         \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y,                     \
       float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, long long ldx, long long ldxs,       \
       long long ldy, int bias_bf16) {                                                                          \
-    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, W16, OUT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx, ldxs,    \
-                                                       ldy, bias_bf16);                                        \
+    mxfp8_a8w8<R, UNROLL, QUANT, PACKED, XPF, W16, OUT, NT>(x, xs, w, sw, bias, y, ws, cnt, M, N, K, ldx,      \
+                                                           ldxs, ldy, bias_bf16);                              \
   }
 
 // each out dtype; activations as MXFP8 codes + scales, or bf16 quantized in the kernel (_bf16in)

@@ -51,6 +51,7 @@ from typing import Optional
 import torch
 
 from ...packed import PackedWeight
+from ._split_sum import split_sum
 
 FP8_ELEMS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}  # the MXFP8 weights the kernel reads (``elem``)
 # the kernel's WEIGHT constexpr of each (layout, elem) it reads
@@ -58,6 +59,7 @@ WEIGHTS = {("wgmma", "e2m1"): 0, ("mma", "e2m1"): 1, ("wgmma", "e4m3"): 2, ("wgm
 BN = 128      # weight rows per program (wgmma M: 8 warps x 16 rows); K goes in steps of 64
 WARPS = 8
 STAGES = 4    # slots of the TMA ring
+STAGES_SMALL_M = 6  # ... in dense calls of 64-token tiles (M <= 64), whose steps are short (:func:`_stages`)
 GROUP_M = 8   # programs along M that share weight tiles in L2 (launch order)
 
 
@@ -664,6 +666,15 @@ def _smem_layouts(BM: int):
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
 
 
+def _stages(bm: int, grouped: bool) -> int:
+    """Slots of the TMA ring: 6 in dense calls of 64-token tiles, where a step (64 tokens x 128 weight rows) is
+    short and more bytes in flight per SM pay (H200, session 39, ``benchmarks/probes/w4a16_stages_ab.py``, W4A16
+    split as :func:`dense_schedule`: 64 x 8192^2 44.5 -> 42.9 us, 64 x 28672 x 8192 108.4 -> 104.4, 64 x 8192 x
+    28672 106.1 -> 103.9; 3 and 8 slots no better); 4 elsewhere (the prefill tiles and the grouped MoE calls,
+    tuned with 4)."""
+    return STAGES_SMALL_M if bm == 64 and not grouped else STAGES
+
+
 def _ws(bm: int) -> bool:
     """The warp-specialized schedule (a one-warp TMA producer) for blocks of >= 128 tokens; below, a step is too
     short for the producer round trip and the single-partition loop is faster (H100 / H200, MoE at 256 tokens:
@@ -774,8 +785,8 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
     flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), WEIGHTS[layout, elem],
              bool(perm_out), grouped and bool(starts))
-    consts = (("BNc", BN), ("BM", bm), ("STAGES", STAGES), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2), ("BL", bl),
-              ("L3", l3), ("ACC", acc), ("DOT", dot))
+    consts = (("BNc", BN), ("BM", bm), ("STAGES", _stages(bm, grouped)), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2),
+              ("BL", bl), ("L3", l3), ("ACC", acc), ("DOT", dot))
     consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "WEIGHT"), flags[:6]))
     consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
     if grid[0] == 0:  # (no rows or no columns: nothing to compute)
@@ -786,10 +797,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
                        M, N, steps, ksteps, ym, yk, grid_m), consts, WARPS, consts_key=(bm,) + flags)
     if split == 1:
         return y
-    part = y.sum(0)  # a fixed order: the same bits every run
-    if final_bias is not None:
-        part += final_bias
-    return part.to(out)
+    return split_sum(y, final_bias, out)  # (the partials added in a fixed order: the same bits every run)
 
 
 @functools.lru_cache(maxsize=None)

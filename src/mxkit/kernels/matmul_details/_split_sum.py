@@ -1,0 +1,93 @@
+"""The reduction of a split-K GEMM's float32 partial sums in one kernel: part [S, M, N] -> y [M, N] =
+round(((part[0] + part[1]) + ...) + part[S - 1] + bias), each element's S partials added in order s = 0, 1, ...
+in float32 (the same bits every run, whatever the grid), then the bias (float32 [N], optional), then one
+rounding to y's dtype (round to nearest even, as ``Tensor.to``).
+
+Its reference twin is :func:`split_sum_reference` (``torch`` ops, the same order, so the same bytes). The W4A16 /
+W8A16 wgmma kernel at M <= 64 splits K 2-8 ways; its PyTorch reduction (``part.sum(0)``, ``+= bias``,
+``.to``) took 11-13 µs on the H200 at 64 x 8192, three launches and two float32 round trips (session 39,
+``benchmarks/probes/w4a16_stages_ab.py``), a quarter of the whole call.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import _Launcher
+
+OUT_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+BLOCK = 1024
+WARPS = 4
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, bias_ptr, y_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      OUT: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements [BLOCK * program_id(0), + BLOCK) of y (M * N = MN elements, contiguous) from part (SPLIT
+    contiguous [M, N] planes). OUT: 0 bfloat16, 1 float16, 2 float32."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    p = part_ptr + offs
+    acc = tl.load(p, mask=ok, other=0.0)
+    for _ in tl.static_range(1, SPLIT):
+        p += MN  # (a pointer step: no 32-bit product s * MN)
+        acc += tl.load(p, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0)
+    if OUT == 0:
+        out = acc.to(tl.bfloat16)
+    elif OUT == 1:
+        out = acc.to(tl.float16)
+    else:
+        out = acc
+    tl.store(y_ptr + offs, out, mask=ok)
+
+
+_launch = _Launcher(sys.modules[__name__], "_split_sum_kernel")
+
+
+def _check(part: torch.Tensor, bias: Optional[torch.Tensor], out: torch.dtype) -> None:
+    if part.dtype != torch.float32 or part.dim() != 3 or not part.is_contiguous():
+        raise ValueError(f"part: a contiguous float32 [S, M, N] tensor, got {part.dtype} {tuple(part.shape)}")
+    if part.shape[0] == 0:
+        raise ValueError("part: at least one partial sum (S >= 1)")
+    if out not in OUT_DTYPES:
+        raise ValueError(f"out: one of {list(OUT_DTYPES)}, got {out}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (part.shape[2],) or
+                             not bias.is_contiguous() or bias.device != part.device):
+        raise ValueError(f"bias: a contiguous float32 [{part.shape[2]}] tensor on {part.device}, got "
+                         f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
+
+
+def split_sum_reference(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                        out: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """y [M, N] (``out``) of part float32 [S, M, N]: the partials added in order s = 0 .. S - 1 in float32, then
+    ``bias`` (float32 [N] or None), then one rounding to ``out``. Raises ValueError on another dtype, rank or
+    layout of ``part`` / ``bias``, S = 0 or an ``out`` outside bfloat16 / float16 / float32."""
+    _check(part, bias, out)
+    acc = part[0].clone()
+    for s in range(1, part.shape[0]):
+        acc += part[s]
+    if bias is not None:
+        acc += bias
+    return acc.to(out)
+
+
+def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
+              out: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """:func:`split_sum_reference` in one Triton kernel (the same bytes): part float32 [S, M, N] contiguous, 1 <= S,
+    on a CUDA device (or the CPU under TRITON_INTERPRET=1); returns a new contiguous [M, N] tensor of ``out``."""
+    _check(part, bias, out)
+    S, M, N = part.shape
+    y = torch.empty(M, N, dtype=out, device=part.device)
+    MN = M * N
+    if MN == 0:
+        return y
+    consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[out]), ("BLOCK", BLOCK))
+    _launch((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
+    return y

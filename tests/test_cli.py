@@ -416,3 +416,18 @@ def test_wgmma_envelope_choice():
     assert wgmma_envelope({(*big, 64): True, (*four, 64): True, (*small, 64): False}, (64,)) == \
         {"max_m": 64, "min_nk": 4096 * 4096}
     assert wgmma_envelope({(*big, 64): False, (*small, 64): False}, (64,)) == {"max_m": 0, "min_nk": 0}
+
+
+def test_w8a16_envelope_choice():
+    """`mxkit tune gemm`'s W8A16 mma envelope: max_m won on every shape at every M up to it; past it the larger
+    weights' own envelope (H200, session 39: up to 8 rows everywhere, 16 on N * K >= 6144 * 4096)."""
+    from mxkit.tune import W8A16_MS, w8a16_envelope
+
+    shapes = {(8192, 8192): 16, (28672, 8192): 16, (6144, 4096): 16, (4096, 4096): 8, (5120, 2880): 8}
+    won = {(N, K, M): M <= last for (N, K), last in shapes.items() for M in W8A16_MS}
+    assert w8a16_envelope(won) == {"max_m": 8, "large_max_m": 16, "large_min_nk": 6144 * 4096}
+    won = {(N, K, M): M <= 8 for (N, K) in shapes for M in W8A16_MS}
+    assert w8a16_envelope(won) == {"max_m": 8}  # (nothing wins past it)
+    won[(5120, 2880, 1)] = False
+    assert w8a16_envelope(won) == {"max_m": 0}
+    assert w8a16_envelope({}) == {"max_m": 0}

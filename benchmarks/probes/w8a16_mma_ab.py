@@ -38,20 +38,24 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     for split in (1, 2, 4):
         run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3")
         cells.append(f"split {split}{'*' if split == policy else ''} {timed(lambda: run(x, None, None))}")
-    # strips a warp (r2: 96 registers, 5 blocks of 4 warps an SM; r1: 56, 9; ptxas for sm_90), at the policy's split
-    for r in (1, 2):
+    # strips a warp (r2: 96 registers, 5 blocks of 4 warps an SM; r1: 56, 9; ptxas for sm_90) and token tiles of 8
+    # a block (nt2: r2 only, 121 registers), at the policy's split and 1 / 2 / 4
+    for r, nt in ((1, 1), (2, 1), (2, 2)):
         if N % (16 * r) == 0:
-            pol = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3", r=r).split
+            pol = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3", r=r, nt=nt).split
             for split in sorted({pol, 1, 2, 4}):
-                run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=r)
-                cells.append(f"r{r} split {split}{'*' if split == pol else ''} {timed(lambda: run(x, None, None))}")
+                run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=r,
+                           nt=nt)
+                cells.append(f"r{r} nt{nt} split {split}{'*' if split == pol else ''} "
+                             f"{timed(lambda: run(x, None, None))}")
     for name, k in VARIANTS.items():
         R, NT = (int(v) for v in re.fullmatch(r"w16_r(\d+)_nt(\d+)", name).groups())
         if N % (16 * R):
             continue
         groups, strips = -(-M // (8 * NT)), N // (16 * R)
         for split in (1, 2, 4):
-            ref = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=R)(
+            ref = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16="e4m3", r=R,
+                       nt=1)(
                 x, None, None)
             ws, cnt = split_buffers(groups * strips, split, R * NT * 128)
             y = torch.full((M, N), float("nan"), device=x.device, dtype=torch.bfloat16)

@@ -86,7 +86,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                        for s, w in weights.items()}, g, rep_ms, log)
     entry["decode_mma"] = _tune_mma(weights, g, rep_ms, log)
     entry["a8w8_mma"] = _tune_a8w8(shapes, g, rep_ms, log)
-    entry["w8a16_mma"] = {"max_m": _tune_w8a16_mma(shapes, g, rep_ms, log)}
+    entry["w8a16_mma"] = _tune_w8a16_mma(shapes, g, rep_ms, log)
     entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
     entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
     entry["moe"] = _tune_moe(g, rep_ms, log)
@@ -171,10 +171,15 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
     return entry
 
 
-def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> int:
-    """The largest M of 1, 2, 4, ..., 64 up to which w8a16-mma (bf16 x a packed MXFP8 E4M3 weight) beats, on every
-    shape, the path the plan takes without it (decode-w16, w8a16-wgmma or dense-exact, by the packaged table);
-    0 where the kernel cannot run or no shape packs to its layout."""
+W8A16_MS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:
+    """The ``w8a16_mma`` envelope: ``max_m``, the largest M of :data:`W8A16_MS` up to which w8a16-mma (bf16 x a
+    packed MXFP8 E4M3 weight) beats, on every shape, the path the plan takes without it (decode-w16,
+    w8a16-wgmma or dense-exact, by the packaged table), 0 where the kernel cannot run or no shape packs to its
+    layout; past it, where the larger weights win on: ``large_max_m`` and ``large_min_nk``
+    (:func:`w8a16_envelope`)."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
@@ -183,23 +188,41 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     why = _mma_a8w8.available(dev)
     if why is not None:
         log(f"w8a16-mma cannot run here: {why}")
-        return 0
+        return {"max_m": 0}
     name = torch.cuda.get_device_name()
     packed = [mm.pack_weight(ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g),
                                           "mxfp8_e4m3"), act="float") for N, K in shapes]
-    won: dict = {}  # M -> won on every shape
+    won: dict = {}  # (N, K, M) -> won
     for pw in packed:
         if pw.mma_q is None:
             continue
         N, K = pw.shape
-        for M in (1, 2, 4, 8, 16, 32, 64):
+        for M in W8A16_MS:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3")
             t_run = _time(lambda: run(x, None, None), rep_ms)
             path, t_other = _plan_without(x, pw, name, {"w8a16_mma": {"max_m": 0}}, rep_ms)
             log(f"M={M} N={N} K={K}: w8a16-mma {t_run:.1f} us, {path} {t_other:.1f} us")
-            won[M] = won.get(M, True) and t_run < t_other
-    return _largest_won(won)
+            won[(N, K, M)] = t_run < t_other
+    return w8a16_envelope(won)
+
+
+def w8a16_envelope(won: dict) -> dict:
+    """:func:`_tune_w8a16_mma`'s choice from ``won[(N, K, M)]`` (w8a16-mma beat the other path): ``max_m`` the
+    largest M it won at, and at every smaller M, on every shape; past it :func:`wgmma_envelope` over the larger
+    Ms (``large_max_m``, ``large_min_nk``: the weights of N * K >= large_min_nk win up to large_max_m), given only
+    where some weights win past ``max_m``."""
+    if not won:
+        return {"max_m": 0}
+    ms = sorted({M for _, _, M in won})
+    max_m = _largest_won({M: all(v for (_, _, m), v in won.items() if m == M) for M in ms})
+    entry = {"max_m": max_m}
+    more = tuple(M for M in ms if M > max_m)
+    if max_m and more:
+        large = wgmma_envelope({key: v for key, v in won.items() if key[2] > max_m}, more)
+        if large["max_m"]:
+            entry.update(large_max_m=large["max_m"], large_min_nk=large["min_nk"])
+    return entry
 
 
 def _plan_without(x, pw, name: str, off: dict, rep_ms: float) -> tuple[str, float]:

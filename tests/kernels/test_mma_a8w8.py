@@ -94,6 +94,20 @@ def test_w8a16_split_policy():
     assert split_w16(8192 // 16, 28672, 132) == 4 and split_w16(4096 // 16, 14336, 132) == 4
     assert split_w16(2880 // 16, 4096, 132) == 4 and split_w16(28672 // 16, 28672, 132) == 2
     assert split_w16(1, 512, 132) == 1  # (8 tiles of K: K = 512 stays whole)
+    # two strips a warp, 16 tokens a block (W16_R1_MAX_M < M <= W16_NT2_MAX_M): 2 blocks a multiprocessor, no doubling
+    assert split_w16(28672 // 32, 8192, 132, 2) == 1 and split_w16(8192 // 32, 8192, 132, 2) == 2
+    assert split_w16(8192 // 32, 28672, 132, 2) == 2 and split_w16(2880 // 32, 4096, 132, 2) == 4
+
+
+@pytest.mark.parametrize("r,nt,w16", [(1, 2, "e4m3"), (2, 3, "e4m3"), (2, 2, None)])
+def test_a8w8_refuses_token_tiles_it_has_no_kernel_for(r, nt, w16):
+    """16 tokens a block (``nt=2``) exist for the W8A16 kernels at two strips a warp only."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+    N = 64
+    w, sw = torch.zeros(N, 64, dtype=torch.uint8), torch.zeros(N, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="token tiles"):
+        A8W8(w, sw, 12, torch.bfloat16, True, shape=(N, 64), w16=w16, r=r, nt=nt)
 
 
 def test_cpu_never_takes_a8w8(rng):
@@ -260,7 +274,8 @@ def test_gpu_a8w8_special_scales(rng):
 @pytest.mark.parametrize("K", [64, 2880, 4096, 28672])
 def test_gpu_w8a16_mma(fmt, K, rng):
     """bf16 x times a packed MXFP8 weight on the W8A16 mma kernel (path w8a16-mma, its envelope widened to 64 by
-    a table override): M in issue #23's list and 8 / 9 / 17, N = 1040 (one strip per warp) and 1088 (two), bias,
+    a table override): M in issue #23's list and 8 / 9 / 17, N = 1040 (one strip per warp) and 1088 (two; 16 tokens
+    a block at 9-16 rows, the bits of 8 a block), bias,
     bf16 / fp16 / fp32 out, 3-D and strided x, outputs poisoned first; scale bytes 0 and 200 exact, a scale byte
     255 makes its column NaN; K split over thread blocks (the same bits every call, counters reset); a weight
     with a NaN / Inf code takes another path."""
@@ -301,17 +316,40 @@ def test_gpu_w8a16_mma(fmt, K, rng):
         if K >= 2880:  # split-K: the same bits every call, within the bound
             for split, M in itertools.product((2, 3), (3, 12)):  # (12 rows on N = 1088: two strips a warp)
                 run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
-                assert run.r == (2 if M > 8 and N % 32 == 0 else 1)
+                assert run.r == (2 if M > 8 and N % 32 == 0 else 1) and run.nt == (2 if run.r == 2 else 1)
                 x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
                 y = run(x, None, bias)
                 OUT[0] = torch.bfloat16
                 assert_within_bound(y, x, pw, bias)
                 assert torch.equal(run(x, None, bias).view(torch.int16), y.view(torch.int16))
                 assert int(run.cnt.sum()) == 0
+                if run.nt == 2:  # 16 tokens a block: each row the bits of 8 a block at the same split
+                    one = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K),
+                               w16=fmt[-4:], r=2, nt=1)
+                    poison_allocator()
+                    assert torch.equal(one(x, None, bias).view(torch.int16), y.view(torch.int16))
     wc = rand_mx((64, 128), fmt, rng, device="cuda")
     wc.qdata[1, 2] = 0x7F if fmt == "mxfp8_e4m3" else 0x7C
     x = torch.randn(1, 128, generator=rng).to(torch.bfloat16).cuda()
     assert mxkit.gemm_plan(x, mxkit.pack_weight(wc, act="float")).path != "w8a16-mma"
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_w8a16_mma_large_envelope(rng):
+    """The table's ``w8a16_mma.large_max_m`` widens the W8A16 envelope on weights of N * K >= ``large_min_nk``
+    only: 12 rows take w8a16-mma (16 tokens a block) on the larger weight, the other path on the smaller one, and
+    17 rows neither; each output within the bound."""
+    table = {"default": {"w8a16_mma": {"max_m": 8, "large_max_m": 16, "large_min_nk": 1088 * 1024}}}
+    with gemm_table_override(table):
+        for N, M, want in ((1088, 12, True), (512, 12, False), (1088, 17, False), (512, 8, True)):
+            pw = mxkit.pack_weight(rand_mx((N, 1024), "mxfp8_e4m3", rng, base=120, device="cuda"), act="float")
+            x = torch.randn(M, 1024, generator=rng).to(torch.bfloat16).cuda()
+            path = mxkit.gemm_plan(x, pw).path
+            assert (path == "w8a16-mma") == want, (N, M, path)
+            poison_allocator()
+            check(x, pw, backend="auto", path=path)
 
 
 @pytest.mark.gpu

@@ -368,12 +368,21 @@ def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
             and _w4a16_wgmma.available(dev) is None)
 
 
+def _w8_mma_envelope(dev: torch.device, nk: int) -> int:
+    """The W8A16 mma kernel's M envelope for a weight of N * K = ``nk``: the table's ``w8a16_mma.max_m``, or its
+    ``large_max_m`` where ``nk >= large_min_nk`` (16 tokens a block pay on large weights only)."""
+    m = _mma_max_m(dev, "w8a16_mma")
+    if nk >= int((_envelope(dev, "w8a16_mma") or {}).get("large_min_nk", 1 << 62)):
+        m = max(m, _mma_max_m(dev, "w8a16_mma", "large_max_m"))
+    return m
+
+
 def _w8_mma_ok(b, a: torch.Tensor, M: int, dev: torch.device) -> bool:
-    """bf16 activations x a packed MXFP8 weight (a8w8 layout, no NaN / Inf) on the W8A16 mma kernel: M <= the
-    table's ``w8a16_mma.max_m``."""
+    """bf16 activations x a packed MXFP8 weight (a8w8 layout, no NaN / Inf) on the W8A16 mma kernel: M within
+    :func:`_w8_mma_envelope`."""
     if not (isinstance(b, PackedWeight) and b.mma_q is not None and b.source.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2")
-            and a.dtype == torch.bfloat16 and dev.type == "cuda" and 0 < M <= _mma_max_m(dev, "w8a16_mma")
-            and not b.has_nan):
+            and a.dtype == torch.bfloat16 and dev.type == "cuda" and not b.has_nan
+            and 0 < M <= _w8_mma_envelope(dev, b.shape[0] * b.shape[1])):
         return False
     from .matmul_details import _mma_a8w8
 
@@ -517,7 +526,7 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                       f"(scale bytes a [{alo}, {ahi}], b [{lo}, {hi}])")
         return plan("fp32-exact", f"{a.fmt.name} x {wf.name}: scale bytes outside the bf16-exact envelope")
     if kind == "float" and _w8_mma_ok(b, a, M, dev):
-        return plan("w8a16-mma", f"M={M} <= the W8A16 envelope ({_mma_max_m(dev, 'w8a16_mma')}, gemm_table): bf16 x "
+        return plan("w8a16-mma", f"M={M} <= the W8A16 envelope ({_w8_mma_envelope(dev, N * K)}, gemm_table): bf16 x "
                                  f"packed {wf.name} codes on tensor cores (exact for every scale byte)")
     if kind == "float" and _mma_ok(b, a, M, dev):
         return plan("decode-mma", f"M={M} <= the tensor-core decode envelope ({_mma_max_m(dev)}, gemm_table), "

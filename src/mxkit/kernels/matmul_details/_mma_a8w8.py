@@ -98,19 +98,25 @@ def split_quant(blocks: int, K: int, sms: int) -> int:
     return max(1, min(4, -(-2 * sms // blocks), K // 64 // 8))
 
 
-def split_w16(blocks: int, K: int, sms: int) -> int:
-    """Thread blocks along K for the W8A16 kernel at one strip a warp: the fewest of 1, 2, 4 that give the grid
-    4 blocks per multiprocessor, doubled (at most 4) for K >= 16384 (H200, session 38, ``w8a16_mma_ab.py`` at
-    M = 1: 8192 x 8192 31.0 / 28.7 / 29.2 us at 1 / 2 / 4, 8192 x 28672 92.7 / 83.7 / 79.4, 28672 x 8192
-    76.7 / 77.8 / 80.4, 2880 x 4096 15.3 / 12.2 / 11.6, 4096 x 14336 41.7 / 29.7 / 26.5), each split keeping at
-    least 8 tiles of K."""
-    split = next((s for s in (1, 2, 4) if blocks * s >= 4 * sms), 4)
-    if K >= 16384:
-        split = min(4, 2 * split)
+def split_w16(blocks: int, K: int, sms: int, nt: int = 1) -> int:
+    """Thread blocks along K for the W8A16 kernel. One strip a warp, 8 tokens a block (``nt`` 1): the fewest of
+    1, 2, 4 that give the grid 4 blocks per multiprocessor, doubled (at most 4) for K >= 16384 (H200, session 38,
+    ``w8a16_mma_ab.py`` at M = 1: 8192 x 8192 31.0 / 28.7 / 29.2 us at 1 / 2 / 4, 8192 x 28672 92.7 / 83.7 /
+    79.4, 28672 x 8192 76.7 / 77.8 / 80.4, 2880 x 4096 15.3 / 12.2 / 11.6, 4096 x 14336 41.7 / 29.7 / 26.5).
+    Two strips a warp, 16 tokens a block (``nt`` 2, 121 registers): the fewest giving 2 blocks per multiprocessor
+    (H200, session 39, M = 16: 28672 x 8192 93.6 / 97.6 / 102.4, 8192 x 8192 39.4 / 33.5 / 35.9, 8192 x 28672
+    120.4 / 93.6 / 94.8). Each split keeps at least 8 tiles of K."""
+    if nt > 1:
+        split = next((s for s in (1, 2, 4) if blocks * s >= 2 * sms), 4)
+    else:
+        split = next((s for s in (1, 2, 4) if blocks * s >= 4 * sms), 4)
+        if K >= 16384:
+            split = min(4, 2 * split)
     return max(1, min(split, K // 64 // 8))
 
 
 W16_R1_MAX_M = 8  # up to this M the W8A16 kernel runs one strip a warp (56 registers against 96 at two)
+W16_NT2_MAX_M = 16  # ... past it, up to this M, two strips a warp and 16 tokens a block (N % 32 == 0)
 
 
 class A8W8:
@@ -122,14 +128,16 @@ class A8W8:
     format (which must hold no NaN / Inf code). ``split``: thread blocks along K (default
     :func:`split_quant` for bf16 activations, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`);
     with more than one, the launch owns a float32
-    workspace and a counter array (one stream at a time; W8A16 at one strip a warp: :func:`split_w16`). ``r``:
+    workspace and a counter array (one stream at a time; W8A16: :func:`split_w16`). ``r``:
     16-row strips a warp computes (default: the policy, :func:`strips_per_warp`, or for W8A16 1 up to
-    :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes),
+    :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes); ``nt`` (W8A16
+    only): token tiles of 8 a block, 1 or 2 (2 only at ``r`` 2; default 2 for :data:`W16_R1_MAX_M` <
+    M <= :data:`W16_NT2_MAX_M` at ``r`` 2, else 1; each token's row the bits of ``nt`` 1 at the same split).
     ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
                  split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None,
-                 r: Optional[int] = None):
+                 r: Optional[int] = None, nt: Optional[int] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
         N, K = shape if packed else w.shape
         if M <= 0:
@@ -143,25 +151,29 @@ class A8W8:
                 r for r in (1, 2) if N % (16 * r) == 0))
         elif r not in ((1, 2) if w16 is not None else KERNEL_R["p" if packed else ""]) or N % (16 * r):
             raise ValueError(f"a8w8-mma has no kernel of {r} strips a warp for this call (N={N})")
+        if nt is None:
+            nt = 2 if w16 is not None and r == 2 and W16_R1_MAX_M < M <= W16_NT2_MAX_M else 1
+        elif nt not in (1, 2) or (nt == 2 and (w16 is None or r != 2)):
+            raise ValueError(f"a8w8-mma has no kernel of {nt} token tiles a block at r={r} (w16={w16!r})")
         dev = w.device
         idx = _index(dev)
-        self.r = r
+        self.r, self.nt = r, nt
         name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
         if w16 is not None:
-            name = f"mxfp8_w16p_r{self.r}_{_OUT_NAMES[out]}_{w16}"
+            name = f"mxfp8_w16p_r{self.r}{'_nt2' if nt == 2 else ''}_{_OUT_NAMES[out]}_{w16}"
         self.kernel = _kernel(name, idx)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
-        groups, strips = -(-M // 8), N // (16 * self.r)
+        groups, strips = -(-M // (8 * nt)), N // (16 * self.r)
         if split is None:
             sms = torch.cuda.get_device_properties(idx).multi_processor_count
-            if w16 is not None and self.r == 1:
-                split = split_w16(groups * strips, K, sms)
+            if w16 is not None and (self.r == 1 or nt == 2):
+                split = split_w16(groups * strips, K, sms, nt)
             else:
                 split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
         self.split = max(1, min(int(split), K // 64))
         self.grid = (groups, strips, self.split)
         if self.split > 1:
-            self.ws = torch.empty(groups * strips * self.split * self.r * 128, device=dev, dtype=torch.float32)
+            self.ws = torch.empty(groups * strips * self.split * self.r * nt * 128, device=dev, dtype=torch.float32)
             self.cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32)
         else:
             self.ws = self.cnt = None

@@ -1,6 +1,6 @@
 """Where decode-mma's envelope should end on this GPU: bf16 x packed MXFP4 at M = 9 .. 64, the path the packaged
-table picks against decode-mma forced (its kernel for the shape: m16 / m16l / m16n), and cuBLAS bf16 on the
-dequantized weight. µs after the clean-L2 read flush; each output checked against float64 within issue #22's
+table picks against decode-mma forced (its kernel for the shape: m16 / m16l / m16n) and against the path past
+decode-mma's envelope (decode-mma's max_m 0), and cuBLAS bf16 on the dequantized weight. µs after the clean-L2 read flush; each output checked against float64 within issue #22's
 bound.
 
     PYTHONPATH=src python3 benchmarks/probes/decode_envelope.py 16x8192x8192,64x28672x8192,...   # on the GPU
@@ -30,6 +30,9 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     with gemm_table_override({**table, gpu: entry}):
         name = dense_kernel_name(M, N, K, torch.bfloat16, False, entry["decode_mma"].get("m8_loop", ""))
         cells.append(f"{mxkit.gemm_plan(x, pw).path} ({name.split('_')[3]}) {timed(lambda: mxkit.matmul(x, pw))}")
+    entry["decode_mma"] = dict(entry.get("decode_mma", {}), max_m=0)  # the path past decode-mma's envelope
+    with gemm_table_override({**table, gpu: entry}):
+        cells.append(f"without decode-mma: {mxkit.gemm_plan(x, pw).path} {timed(lambda: mxkit.matmul(x, pw))}")
     return " | ".join(cells)
 
 

@@ -44,9 +44,11 @@ def support_matrix() -> list[dict]:
 
 
 def _count(n: int) -> str:
-    """2^k for a power of two, else the number."""
+    """2^k for a power of two, c·2^20 for a multiple of 2^20, else the number."""
     n = int(n)
-    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+    if n > 0 and n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    return f"{n >> 20}·2^20" if n > 0 and n % (1 << 20) == 0 else str(n)
 
 
 def _m_env(e: Mapping, field: str = "max_m", nk: str = "min_nk") -> str:
@@ -66,6 +68,11 @@ def envelope_rows() -> list[dict]:
                if key in table[g] and field in table[g][key] and table[g][key][field] != d.get(key, {}).get(field)]
         return f" ({', '.join(own)})" if own else ""
 
+    def large(key: str) -> str:  # (the envelopes widened on large weights: large_max_m on N·K >= large_min_nk)
+        own = [f"{g}: ≤ {table[g][key]['large_max_m']} on N·K ≥ {_count(table[g][key]['large_min_nk'])}"
+               for g in gpus if "large_max_m" in table[g].get(key, {})]
+        return f"; {', '.join(own)}" if own else ""
+
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
     twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
@@ -76,7 +83,8 @@ def envelope_rows() -> list[dict]:
                                      f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",
          "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
         {"path": "w8a16-mma", "a": "bf16", "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
-         "M": f"≤ {d['w8a16_mma']['max_m']}{per_gpu('w8a16_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
+         "M": f"≤ {d['w8a16_mma']['max_m']}{per_gpu('w8a16_mma')}{large('w8a16_mma')}",
+         "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
         {"path": "decode-mma", "a": "bf16", "weight": "packed mxfp4_e2m1",
          "M": f"≤ {d['decode_mma']['max_m']}{per_gpu('decode_mma')}", "also": "N % 16 = 0, K % 64 = 0, sm_80+"},
         {"path": "decode-w16", "a": "bf16 / fp16", "weight": kinds,

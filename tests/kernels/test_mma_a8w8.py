@@ -314,7 +314,7 @@ def test_gpu_w8a16_mma(fmt, K, rng):
             assert torch.isnan(yn[:, 7]).all() and torch.equal(yn[:, keep].view(torch.int16),
                                                                 y[:, keep].view(torch.int16))
         if K >= 2880:  # split-K: the same bits every call, within the bound
-            for split, M in itertools.product((2, 3), (3, 12)):  # (12 rows on N = 1088: two strips a warp)
+            for split, M in itertools.product((2, 3), (3, 9, 12, 16)):  # (9-16 rows on N = 1088: nt2)
                 run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
                 assert run.r == (2 if M > 8 and N % 32 == 0 else 1) and run.nt == (2 if run.r == 2 else 1)
                 x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()

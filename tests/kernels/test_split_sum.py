@@ -99,14 +99,20 @@ def test_bad_input_raises(bad, match):
             fn(part, bias, out)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter runs CPU tensors")
+def test_cpu_tensors_are_refused():
+    with pytest.raises(ValueError, match="CUDA"):
+        split_sum(torch.randn(2, 3, 4))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not RUN_GPU, reason=SKIP_REASON_CUDA)
 def test_gpu_split_sum_matches_the_reference(rng, poison):
     for what, part, bias in _cases(rng):
         check(part, bias, what, DEV, nan_bits=DEV == "cuda", outs=OUTS if DEV == "cuda" else OUTS[1:])
-    # past 2^31 bytes of partials: the planes' pointer steps (no 32-bit s * MN), the last elements checked
-    if DEV == "cuda" and torch.cuda.get_device_properties(0).total_memory > 24 << 30:
-        part = torch.randn(5, 2 ** 14, 2 ** 13 + 16, device="cuda")  # 2.7 GB
+    # planes of more than 2^31 elements (MN an int64 argument; 4 MN past 2^33): the last rows checked
+    if DEV == "cuda" and torch.cuda.get_device_properties(0).total_memory > 40 << 30:
+        part = torch.randn(5, 2 ** 14, 2 ** 15 + 16, device="cuda")  # 10.7 GB
         got = split_sum(part, None, torch.float32)
         ref = split_sum_reference(part[:, -2:].contiguous(), None, torch.float32)
         assert torch.equal(got[-2:], ref)

@@ -3,14 +3,16 @@ round(((part[0] + part[1]) + ...) + part[S - 1] + bias), each element's S partia
 in float32 (the same bits every run, whatever the grid), then the bias (float32 [N], optional), then one
 rounding to y's dtype (round to nearest even, as ``Tensor.to``).
 
-Its reference twin is :func:`split_sum_reference` (``torch`` ops, the same order, so the same bytes). The W4A16 /
-W8A16 wgmma kernel at M <= 64 splits K 2-8 ways; its PyTorch reduction (``part.sum(0)``, ``+= bias``,
-``.to``) took 11-13 µs on the H200 at 64 x 8192, three launches and two float32 round trips (session 39,
-``benchmarks/probes/w4a16_stages_ab.py``), a quarter of the whole call.
+Its reference twin is :func:`split_sum_reference` (``torch`` ops, the same order, so the same bytes on the GPU).
+The W4A16 / W8A16 wgmma kernel splits K 2-8 ways where its tiles give too few programs (``dense_schedule``: M up
+to 256); its PyTorch reduction (``part.sum(0)``, ``+= bias``, ``.to``) took 11-13 µs on the H200 at 64 x 8192,
+three launches and two float32 round trips (session 39, ``benchmarks/probes/w4a16_stages_ab.py``), a quarter of
+the whole call.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -80,14 +82,23 @@ def split_sum_reference(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
 
 def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
               out: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """:func:`split_sum_reference` in one Triton kernel (the same bytes): part float32 [S, M, N] contiguous, 1 <= S,
-    on a CUDA device (or the CPU under TRITON_INTERPRET=1); returns a new contiguous [M, N] tensor of ``out``."""
+    """:func:`split_sum_reference` in one Triton kernel: part float32 [S, M, N] contiguous, 1 <= S, on a CUDA
+    device (the same bytes as the reference there), or the CPU under TRITON_INTERPRET=1 (whose float32 -> bfloat16
+    conversion truncates: the same bytes for float16 / float32 out only); returns a new contiguous [M, N] tensor
+    of ``out`` on part's device. ValueError as the reference, and for a CPU ``part`` outside the interpreter."""
     _check(part, bias, out)
+    if not part.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"split_sum runs on CUDA tensors, got part on {part.device} (split_sum_reference on CPU)")
     S, M, N = part.shape
     y = torch.empty(M, N, dtype=out, device=part.device)
     MN = M * N
     if MN == 0:
         return y
     consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[out]), ("BLOCK", BLOCK))
-    _launch((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
+    args = (part, bias if bias is not None else part, y, MN, N)
+    if part.is_cuda and part.device.index != torch.cuda.current_device():
+        with torch.cuda.device(part.device):
+            _launch((triton.cdiv(MN, BLOCK),), args, consts, WARPS)
+    else:
+        _launch((triton.cdiv(MN, BLOCK),), args, consts, WARPS)
     return y

@@ -47,8 +47,7 @@ struct OutSpec {
   bool zero;
 };
 
-struct Plan {
-  PyObject_HEAD
+struct Spec {  // a Plan's plain fields, parsed and checked whole before a Plan takes them
   void *fn;
   unsigned gx, gy, gz, block, shared, nparams;
   int device;  // CUDA index; -1: CPU outputs (the CPU tests)
@@ -57,6 +56,11 @@ struct Plan {
   int slots[kMaxSlots];  // leading pointer parameter i: >= 0 input slots[i]; < 0 output -1 - slots[i]
   OutSpec outs[kMaxOuts];
   bool single;
+};
+
+struct Plan {
+  PyObject_HEAD
+  Spec s;
   PyObject *device_obj;
   PyObject *keep;  // what owns the parameter block (a BoundLaunch)
   PyObject *name;
@@ -85,7 +89,7 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_SetString(PyExc_TypeError, "Plan takes positional arguments only");
     return -1;
   }
-  if (self->fn != nullptr) {  // (a live Plan may be mid-launch in another thread: its fields never change)
+  if (self->s.fn != nullptr) {  // (a live Plan may be mid-launch in another thread: its fields never change)
     PyErr_SetString(PyExc_TypeError, "a Plan is initialised once");
     return -1;
   }
@@ -93,7 +97,7 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
                         &nparams, &PyTuple_Type, &slots, &PyTuple_Type, &outs, &n_args, &single, &keep, &name))
     return -1;
   /* every field is parsed into `plan` and checked first, then copied in: a failed init leaves the Plan as it was */
-  Plan plan;
+  Spec plan;
   std::memset(&plan, 0, sizeof(plan));
   plan.fn = PyLong_AsVoidPtr(fn);
   if (plan.fn == nullptr) {
@@ -161,26 +165,15 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
   plan.device = device;
   device_obj = PyLong_FromLong(device);
   if (device_obj == nullptr) return -1;
-  std::memcpy(self->slots, plan.slots, sizeof(plan.slots));
-  std::memcpy(self->outs, plan.outs, sizeof(plan.outs));
-  self->n_slots = plan.n_slots;
-  self->n_outs = plan.n_outs;
-  self->n_args = plan.n_args;
-  self->single = plan.single;
-  self->nparams = plan.nparams;
-  self->block = plan.block;
-  self->shared = plan.shared;
-  self->device = plan.device;
-  self->gx = plan.gx;
-  self->gy = plan.gy;
-  self->gz = plan.gz;
-  self->params = plan.params;
+  Spec whole = plan;
+  whole.fn = nullptr;
+  self->s = whole;
   self->device_obj = device_obj;
   Py_INCREF(keep);
   self->keep = keep;
   Py_INCREF(name);
   self->name = name;
-  self->fn = plan.fn;  // (last: a Plan with fn set is whole)
+  self->s.fn = plan.fn;  // (last: a Plan with fn set is whole)
   return 0;
 }
 
@@ -203,7 +196,8 @@ struct Owned {  // a new reference to a (possibly null) object for a scope
 int launch_once(Plan *self, void *stream, void **local) {
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = cu_launch(self->fn, self->gx, self->gy, self->gz, self->block, 1, 1, self->shared, stream, local, nullptr);
+  const Spec &p = self->s;
+  rc = cu_launch(p.fn, p.gx, p.gy, p.gz, p.block, 1, 1, p.shared, stream, local, nullptr);
   Py_END_ALLOW_THREADS
   return rc;
 }
@@ -215,13 +209,13 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: init() was not called");
     return nullptr;
   }
-  if (self->fn == nullptr || self->name == nullptr) {
+  if (self->s.fn == nullptr || self->name == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: a Plan that was not initialised");
     return nullptr;
   }
   Py_ssize_t n = PyTuple_GET_SIZE(args);
-  if (n != self->n_args || (kwds != nullptr && PyDict_GET_SIZE(kwds))) {
-    PyErr_Format(PyExc_TypeError, "%U takes %d tensors (or None), got %zd", self->name, self->n_args, n);
+  if (n != self->s.n_args || (kwds != nullptr && PyDict_GET_SIZE(kwds))) {
+    PyErr_Format(PyExc_TypeError, "%U takes %d tensors (or None), got %zd", self->name, self->s.n_args, n);
     return nullptr;
   }
   uint64_t in_ptrs[kMaxSlots];
@@ -237,10 +231,10 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     }
   }
   at::Tensor outs[kMaxOuts];
-  auto options = self->device >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)self->device)
+  auto options = self->s.device >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)self->s.device)
                                    : at::TensorOptions().device(at::kCPU);
-  for (int j = 0; j < self->n_outs; j++) {
-    const OutSpec &o = self->outs[j];
+  for (int j = 0; j < self->s.n_outs; j++) {
+    const OutSpec &o = self->s.outs[j];
     at::IntArrayRef sizes(o.sizes, o.ndim);
     outs[j] = o.zero ? at::zeros(sizes, options.dtype(o.dtype)) : at::empty(sizes, options.dtype(o.dtype));
   }
@@ -254,9 +248,9 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
   if (stream == nullptr && PyErr_Occurred()) return nullptr;
   uint64_t ptrs[kMaxSlots];
   void *local[kMaxParams];
-  std::memcpy(local, self->params, sizeof(void *) * self->nparams);
-  for (int i = 0; i < self->n_slots; i++) {
-    int v = self->slots[i];
+  std::memcpy(local, self->s.params, sizeof(void *) * self->s.nparams);
+  for (int i = 0; i < self->s.n_slots; i++) {
+    int v = self->s.slots[i];
     ptrs[i] = v >= 0 ? in_ptrs[v] : (uint64_t)(uintptr_t)outs[-1 - v].data_ptr();
     local[i] = &ptrs[i];
   }
@@ -276,10 +270,10 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_Format(PyExc_RuntimeError, "launching %U: CUresult %d", self->name, rc);
     return nullptr;
   }
-  if (self->single) return THPVariable_Wrap(std::move(outs[0]));
-  PyObject *tup = PyTuple_New(self->n_outs);
+  if (self->s.single) return THPVariable_Wrap(std::move(outs[0]));
+  PyObject *tup = PyTuple_New(self->s.n_outs);
   if (tup == nullptr) return nullptr;
-  for (int j = 0; j < self->n_outs; j++) {
+  for (int j = 0; j < self->s.n_outs; j++) {
     PyObject *t = THPVariable_Wrap(std::move(outs[j]));
     if (t == nullptr) {
       Py_DECREF(tup);
@@ -293,9 +287,9 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
 
 PyObject *plan_repr(PyObject *self_) {
   Plan *self = (Plan *)self_;
-  if (self->fn == nullptr) return PyUnicode_FromString("<mxkit fast call: not initialised>");
+  if (self->s.fn == nullptr) return PyUnicode_FromString("<mxkit fast call: not initialised>");
   return PyUnicode_FromFormat("<mxkit fast call %U: grid (%u, %u, %u), block %u, %d inputs, %d outputs>", self->name,
-                              self->gx, self->gy, self->gz, self->block, self->n_args, self->n_outs);
+                              self->s.gx, self->s.gy, self->s.gz, self->s.block, self->s.n_args, self->s.n_outs);
 }
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};

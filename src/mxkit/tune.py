@@ -336,7 +336,9 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     """The ``w4a16_wgmma`` envelope (``fp8``: ``w8a16_wgmma``, on MXFP8 E4M3 weights of the same shapes): for each
     candidate ``min_nk`` (the N * K of a shape), the largest M of :data:`WGMMA_MS` up to which the kernel beats
     dequantize + cuBLAS at every M on every shape of N * K >= min_nk; kept: the candidate whose envelope covers
-    the most (shape, M) points, then the widest M. ``{"max_m": 0, ...}`` where it cannot run or never wins."""
+    the most (shape, M) points, then the widest M; ``small_max_m`` / ``small_min_nk`` the same over
+    :data:`SMALL_MS` (the split schedule's Ms, where smaller weights win too). ``{"max_m": 0, ...}`` where it cannot
+    run or never wins."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _w4a16_wgmma as wg
@@ -356,19 +358,20 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
             w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8_e4m3")
         q, st, one_mul = wg.packed_of(mm.pack_weight(w, act="float"))
         elem = wg.FP8_ELEMS.get(w.fmt.name, "e2m1")
-        for M in (SMALL_M,) + WGMMA_MS:
+        for M in sorted(set(SMALL_MS + WGMMA_MS)):
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             bm, split = wg.dense_schedule(M, N, K, dev)  # the plan's schedule
             t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split, elem=elem), rep_ms)
             t_dense = _time(lambda: mm._dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
             log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us (tile {bm}, split {split}), dense {t_dense:.1f} us")
             wins[(N, K, M)] = t_run < t_dense
-    entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] != SMALL_M})
-    small = wgmma_envelope({key: won for key, won in wins.items() if key[2] == SMALL_M}, (SMALL_M,))
+    entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] in WGMMA_MS})
+    small = wgmma_envelope({key: won for key, won in wins.items() if key[2] in SMALL_MS}, SMALL_MS)
     return {**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"]}
 
 
-SMALL_M = 64  # the second envelope's M (the kernel split along K at small M: _w4a16_wgmma.dense_schedule)
+SMALL_MS = (64, 128)  # the second envelope's Ms (the kernel split along K at small M: _w4a16_wgmma.dense_schedule;
+# H200, session 39: 128 wins on N * K in [2^24, 2^26) once the split's sum is one kernel)
 
 
 def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:

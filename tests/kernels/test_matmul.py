@@ -619,7 +619,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma, w8):
 @gpu
 def test_gpu_w4a16_wgmma_envelope():
     """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 2048 (H100), dense-exact
-    past it and on small layers."""
+    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 128)."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
     if wg.available(torch.device("cuda")) is not None:
@@ -630,6 +630,19 @@ def test_gpu_w4a16_wgmma_envelope():
                        (1024, small, "dense-exact")):
         a = torch.empty(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
         assert mxkit.gemm_plan(a, w).path == path, (M, w.shape)
+    # the small-M envelope (the split schedule) on a weight of N * K = small_min_nk, below min_nk: its edge, within
+    # the bound there
+    from mxkit.kernels.matmul_table import _envelope
+
+    env = _envelope(torch.device("cuda"), "w4a16_wgmma")
+    n = env["small_min_nk"] // 4096
+    if env["small_max_m"] and n * 4096 < env["min_nk"]:
+        mid = mxkit.pack_weight(mxkit.quantize(torch.randn(n, 4096, device="cuda") / 8, "mxfp4"))
+        for M, path in ((env["small_max_m"], "w4a16-wgmma"), (env["small_max_m"] + 1, "dense-exact")):
+            a = torch.randn(M, 4096, device="cuda").to(torch.bfloat16)
+            assert mxkit.gemm_plan(a, mid).path == path, (M, mid.shape, env)
+        check(torch.randn(env["small_max_m"], 4096, device="cuda").to(torch.bfloat16), mid, backend="auto",
+              path="w4a16-wgmma")
 
 
 @pytest.mark.gpu

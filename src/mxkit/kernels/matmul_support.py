@@ -92,10 +92,12 @@ def envelope_rows() -> list[dict]:
          "also": f"fp6 on N·K ≤ {_count(d['decode_w4a16']['fp6_max_nk'])}; weight scales in the "
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
-         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
+         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{per_gpu('w4a16_wgmma', 'small_max_m')}",
+         "also": "N % 8 = 0, sm_90"},
         {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16",
          "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
-         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}", "also": "N % 8 = 0, sm_90"},
+         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{per_gpu('w8a16_wgmma', 'small_max_m')}",
+         "also": "N % 8 = 0, sm_90"},
     ]
 
 

@@ -12,6 +12,7 @@ the whole call.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Optional
@@ -95,10 +96,7 @@ def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     if MN == 0:
         return y
     consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[out]), ("BLOCK", BLOCK))
-    args = (part, bias if bias is not None else part, y, MN, N)
-    if part.is_cuda and part.device.index != torch.cuda.current_device():
-        with torch.cuda.device(part.device):
-            _launch((triton.cdiv(MN, BLOCK),), args, consts, WARPS)
-    else:
-        _launch((triton.cdiv(MN, BLOCK),), args, consts, WARPS)
+    here = not part.is_cuda or part.device.index == torch.cuda.current_device()
+    with contextlib.nullcontext() if here else torch.cuda.device(part.device):
+        _launch((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
     return y

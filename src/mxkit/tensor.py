@@ -170,6 +170,25 @@ class MXTensor:
                           scale_mode=scale_mode, rounding=rounding, scale_layout=scale_layout)
         return t
 
+    @classmethod
+    def _trusted_maker(cls, fmt: ElementFormat, axis: int, block_size: int, shape: torch.Size, scale_mode: ScaleMode,
+                       rounding: Rounding, scale_layout: str):
+        """``make(qdata, scale)``: :meth:`_trusted` with every other field fixed, for a hot path that makes MXTensors
+        of one problem over and over (a copy of a prepared field dict: about a third less host time a tensor)."""
+        fields = dict(qdata=None, scale=None, fmt=fmt, axis=axis, block_size=block_size, shape=shape,
+                      scale_mode=scale_mode, rounding=rounding, scale_layout=scale_layout)
+        new, copy, put = object.__new__, fields.copy, object.__setattr__
+
+        def make(qdata: torch.Tensor, scale: torch.Tensor) -> "MXTensor":
+            t = new(cls)
+            d = copy()
+            d["qdata"] = qdata
+            d["scale"] = scale
+            put(t, "__dict__", d)
+            return t
+
+        return make
+
     @staticmethod
     def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
         shape = tuple(shape)

@@ -86,6 +86,54 @@ def test_plan_allocates_writes_pointers_and_launches(built):
     assert "k1" in repr(one)
 
 
+def test_plan_allocates_without_the_dispatcher_as_at_empty_would(built):
+    """With fast_alloc on (the default) a Plan's outputs after the first come from at::detail::empty_generic with
+    the allocator at::empty used: tensors like at::empty's (shape, dtype, device, contiguous, their own storage of
+    the right size, writable, the same allocator's memory); under torch.use_deterministic_algorithms with
+    fill_uninitialized_memory the at::empty path fills them (NaN for floats) as PyTorch does."""
+    rec = Recorder(2)
+    mod = _module(built, rec, {-1: 0})
+    vals, params = _block([0, 0])
+    outs = (((5, 7), torch.float32, False), ((3,), torch.uint8, False))
+    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, ctypes.addressof(params), 2, (-1, -2), outs, 0, False, params, "k")
+    assert mod.fast_alloc() is True
+    made = {}
+    for flag in (True, False):
+        prev = mod.fast_alloc(flag)
+        try:
+            a, b = plan()
+            n0 = mod.fast_alloc_count()
+            a2, b2 = plan()
+            assert mod.fast_alloc_count() - n0 == (2 if flag else 0)  # (the first call may have learned the allocator)
+        finally:
+            mod.fast_alloc(prev)
+        made[flag] = (a2, b2)
+        for t, (shape, dtype, _) in zip((a, b, a2, b2), outs * 2):
+            assert t.shape == shape and t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0
+            assert not t.requires_grad and t.grad_fn is None
+        assert len({t.data_ptr() for t in (a, b, a2, b2)}) == 4
+        a2.fill_(1.5)
+        assert torch.equal(a2 * 2, torch.full((5, 7), 3.0)) and torch.equal(b2.zero_(), torch.zeros(3, dtype=torch.uint8))
+    fast, slow = made[True][0], made[False][0]
+    assert type(fast) is type(slow) and fast._version == slow._version == 1  # (a version counter, as at::empty's)
+    with torch.inference_mode():
+        got, _ = plan()
+        assert got.is_inference()
+    det, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        n0 = mod.fast_alloc_count()
+        a, b = plan()
+        assert torch.isnan(a).all() and mod.fast_alloc_count() == n0, "deterministic fill: at::empty makes them"
+    finally:
+        torch.use_deterministic_algorithms(det)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    with pytest.raises(TypeError, match="fast_alloc"):
+        mod.fast_alloc(True, False)
+
+
 def test_plan_rejects_bad_arguments(built):
     rec = Recorder(1)
     mod = _module(built, rec, {-1: 0})
@@ -343,6 +391,45 @@ def test_gpu_fast_calls_are_captured_by_cuda_graphs(rng):
     step(x)
     step(x)
     assert_graph_replays(step, [x], lambda: [torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)])
+
+
+@pytest.mark.gpu
+def test_gpu_outputs_come_from_the_caching_allocator_without_the_dispatcher(rng):
+    """On CUDA the fast call's outputs after the first are made by empty_generic (counted) with PyTorch's CUDA
+    caching allocator: torch.cuda.memory_allocated grows by their bytes while they live and falls back when they are
+    freed; cast_transpose's four outputs and a decode GEMM's give the bytes of the at::empty path (fast_alloc off);
+    a CUDA graph captures them (the graph test above replays such calls)."""
+    import mxkit
+
+    mod = fast_call.module(wait=True)
+    assert mod is not None
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    packed = mxkit.pack_weight(mxkit.quantize(torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16), "mxfp4"))
+    xm = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # plans made, allocator learned
+        mxkit.cast_transpose(x, "mxfp8_e4m3"), mxkit.matmul(xm, packed)
+    torch.cuda.synchronize()
+    got = {}
+    for flag in (True, False):
+        prev = mod.fast_alloc(flag)
+        try:
+            n0, m0 = mod.fast_alloc_count(), torch.cuda.memory_allocated()
+            rows, cols = mxkit.cast_transpose(x, "mxfp8_e4m3")
+            y = mxkit.matmul(xm, packed)
+            n1, m1 = mod.fast_alloc_count(), torch.cuda.memory_allocated()
+        finally:
+            mod.fast_alloc(prev)
+        assert (n1 - n0 >= 5) if flag else n1 == n0, (flag, n1 - n0)  # (4 of cast_transpose, y at least)
+        made = [rows.qdata, rows.scale, cols.qdata, cols.scale, y]
+        assert m1 - m0 >= sum(t.numel() * t.element_size() for t in made)
+        assert all(t.is_cuda and t.device == x.device for t in made)
+        got[flag] = [t.clone() for t in made]
+        m2 = torch.cuda.memory_allocated()
+        del rows, cols, y, made
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == m2 - (m1 - m0)  # every byte the calls took, given back
+    for a, b in zip(got[True], got[False]):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_a_forked_child_starts_the_build_over(monkeypatch):

@@ -14,12 +14,15 @@
  */
 #include <Python.h>
 
+#include <ATen/Context.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <cstdint>
 #include <cstring>
@@ -39,6 +42,17 @@ launch_fn cu_launch = nullptr;
 PyObject *stream_of = nullptr;  // device index -> raw cudaStream_t (int)
 PyObject *bind_context = nullptr;  // device index -> None: make the primary context current on this thread
 PyObject *check_rc = nullptr;  // (CUresult, what) -> raises
+
+/* Output allocation without the dispatcher (at::empty's operator lookup, BackendSelect and the backend's empty
+ * kernel: ~1 us of host time an output on the device hosts): at::detail::empty_generic with the allocator that
+ * at::empty itself used for this device (learned from the first output's storage, so the CUDA caching allocator
+ * with its graph-capture pools and MemPools, or whatever allocator PyTorch was set up with), under one device guard
+ * per call. The same tensors as at::empty's; at::empty still makes them where PyTorch fills new memory
+ * (torch.use_deterministic_algorithms with fill_uninitialized_memory), and while fast_alloc(False). GIL held. */
+constexpr int kMaxDevices = 64;
+c10::Allocator *learned_alloc[kMaxDevices + 1] = {};  // [device + 1]; CPU at 0
+bool fast_alloc_on = true;
+unsigned long long fast_allocs = 0;  // outputs made by empty_generic (fast_alloc_count(): the tests' check)
 
 struct OutSpec {
   int64_t sizes[kMaxDims];
@@ -231,12 +245,33 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     }
   }
   at::Tensor outs[kMaxOuts];
-  auto options = self->s.device >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)self->s.device)
-                                   : at::TensorOptions().device(at::kCPU);
-  for (int j = 0; j < self->s.n_outs; j++) {
-    const OutSpec &o = self->s.outs[j];
-    at::IntArrayRef sizes(o.sizes, o.ndim);
-    outs[j] = o.zero ? at::zeros(sizes, options.dtype(o.dtype)) : at::empty(sizes, options.dtype(o.dtype));
+  const int dev = self->s.device;
+  if (self->s.n_outs > 0) {
+    auto options = dev >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)dev)
+                            : at::TensorOptions().device(at::kCPU);
+    const int slot = dev < kMaxDevices ? dev + 1 : -1;
+    c10::Allocator *alloc = nullptr;
+    if (fast_alloc_on && slot >= 0 &&
+        !(at::globalContext().deterministicAlgorithms() &&
+          at::globalContext().deterministicFillUninitializedMemory()))
+      alloc = learned_alloc[slot];
+    const c10::DispatchKeySet keys(dev >= 0 ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+    c10::OptionalDeviceGuard guard;
+    if (alloc != nullptr && dev >= 0) guard.reset_device(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)dev));
+    for (int j = 0; j < self->s.n_outs; j++) {
+      const OutSpec &o = self->s.outs[j];
+      at::IntArrayRef sizes(o.sizes, o.ndim);
+      if (o.zero) {
+        outs[j] = at::zeros(sizes, options.dtype(o.dtype));
+      } else if (alloc != nullptr) {
+        outs[j] = at::Tensor(at::detail::empty_generic(sizes, alloc, keys, o.dtype, std::nullopt));
+        ++fast_allocs;
+      } else {
+        outs[j] = at::empty(sizes, options.dtype(o.dtype));
+        if (fast_alloc_on && slot >= 0 && learned_alloc[slot] == nullptr)
+          learned_alloc[slot] = outs[j].storage().allocator();
+      }
+    }
   }
   /* every Python call before the launch: the stream getter may run Python code. The callables are owned for the
    * call: init() may replace the globals meanwhile */
@@ -316,9 +351,30 @@ PyObject *fc_init(PyObject *, PyObject *const *args, Py_ssize_t n) {
   Py_RETURN_NONE;
 }
 
+/* fast_alloc() -> bool; fast_alloc(flag) -> the previous flag: outputs allocated without the dispatcher (on by
+ * default; off: at::empty, as before; the A/B probe and the tests compare the two) */
+PyObject *fc_fast_alloc(PyObject *, PyObject *const *args, Py_ssize_t n) {
+  if (n > 1) {
+    PyErr_SetString(PyExc_TypeError, "fast_alloc([flag: bool])");
+    return nullptr;
+  }
+  const bool was = fast_alloc_on;
+  if (n == 1) {
+    int v = PyObject_IsTrue(args[0]);
+    if (v < 0) return nullptr;
+    fast_alloc_on = v != 0;
+  }
+  return PyBool_FromLong(was);
+}
+
+PyObject *fc_fast_alloc_count(PyObject *, PyObject *) { return PyLong_FromUnsignedLongLong(fast_allocs); }
+
 PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))fc_init, METH_FASTCALL,
      "init(launch function address, stream getter, context binder, error check)"},
+    {"fast_alloc", (PyCFunction)(void (*)(void))fc_fast_alloc, METH_FASTCALL,
+     "fast_alloc([flag]) -> the previous flag: outputs allocated without the dispatcher"},
+    {"fast_alloc_count", fc_fast_alloc_count, METH_NOARGS, "fast_alloc_count() -> how many outputs were allocated without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };
 

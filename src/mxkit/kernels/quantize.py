@@ -591,39 +591,38 @@ class _Hot(tuple):
 
     def __new__(cls, margs: tuple, plan: _QuantizePlan, shape: tuple, block_size: int, scale_layout: str):
         hot = super().__new__(cls, (margs, plan))
-        hot.run = _hot_runner(margs, plan, len(shape), block_size, scale_layout)
+        hot.run = _hot_runner(margs, plan, torch.Size(shape), block_size, scale_layout)
         return hot
 
 
-def _hot_runner(margs: tuple, plan: _QuantizePlan, nd: int, block_size: int, scale_layout: str):
-    trusted = MXTensor._trusted
+def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size: int, scale_layout: str):
     align = plan.unaligned[0] if plan.unaligned is not None else 0
     fast_of = plan.fast.get
-    made = [(a.fmt, a.axis, a.scale_mode, a.rounding) for a in margs]
-    # (the launch written out in both runners: this is the whole eager call of a problem seen before)
+    makers = [MXTensor._trusted_maker(a.fmt, a.axis, block_size, shape, a.scale_mode, a.rounding, scale_layout)
+              for a in margs]
+    # (the launch written out in both runners: this is the whole eager call of a problem seen before; x has the
+    # keyed shape, so the MXTensors' fields but the tensors are fixed)
     if len(margs) == 1:
-        ((f, ax, mode, rnd),) = made
+        (make,) = makers
 
         def run(x):
             x = x.contiguous()
             p = x.data_ptr()
             fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
             q, s = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
-            return trusted(q, s, f, ax, block_size, x.shape, mode, rnd, scale_layout)
+            return make(q, s)
 
         return run
     # a cast-transpose: the outputs (qr, sr, qc, sc), returned in the order of the axes asked for
-    first = 0 if made[0][1] == nd - 1 else 2
-    (f0, ax0, mode0, rnd0), (f1, ax1, mode1, rnd1) = made
+    make0, make1 = makers
+    first = 0 if margs[0].axis == len(shape) - 1 else 2
 
     def run_pair(x):
         x = x.contiguous()
         p = x.data_ptr()
         fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
         outs = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
-        shape = x.shape
-        return (trusted(outs[first], outs[first + 1], f0, ax0, block_size, shape, mode0, rnd0, scale_layout),
-                trusted(outs[2 - first], outs[3 - first], f1, ax1, block_size, shape, mode1, rnd1, scale_layout))
+        return make0(outs[first], outs[first + 1]), make1(outs[2 - first], outs[3 - first])
 
     return run_pair
 

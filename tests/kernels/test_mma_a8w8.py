@@ -42,6 +42,9 @@ def test_ptx_matches_source():
         for o in _mma_a8w8._OUT_NAMES.values():
             for e in ("e4m3", "e5m2"):
                 assert f".entry mxfp8_w16p_r{r}_{o}_{e}(" in ptx
+    for act in ("swiglu_gpt_oss", "swiglu", None):  # the grouped (MoE) W8A16 kernels
+        for e in ("e4m3", "e5m2"):
+            assert f".entry {_mma_a8w8.grouped_w16_kernel_name(act, e)}(" in ptx
 
 
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])

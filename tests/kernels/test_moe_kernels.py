@@ -639,6 +639,93 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     check_layer(y, case, act)
 
 
+def _count_grouped_w16(monkeypatch):
+    """The MXFP8 decode path's GEMM launches (grouped_w16: the activation, None for the down GEMM)."""
+    from mxkit.kernels.matmul_details import _mma_a8w8
+
+    return _count(monkeypatch, _mma_a8w8, "grouped_w16", lambda kw: kw["activation"])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,H,I,fmt", [(1, 128, 2880, 2880, "mxfp8_e4m3"), (3, 32, 2880, 2880, "mxfp8_e5m2"),
+                                         (64, 128, 256, 192, "mxfp8_e4m3"), (29, 32, 512, 256, "mxfp8_e5m2"),
+                                         (61, 32, 512, 256, "mxfp8_e4m3")])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_decode_w8a16_mma(T, E, H, I, fmt, act, rng, monkeypatch):
+    """MXFP8 experts read as stored: up to mma_max_pairs (token, slot) pairs and W16_MMA_MAX_PER_EXPERT an expert
+    both GEMMs run on the W8A16 tensor-core kernels (counted; past it, 61 tokens on 32 experts, the grouped Triton
+    kernel), within the layer's bound of the float64 reference; an expert that receives
+    every token, one that receives none, biases, a scale byte 255 (NaN through its tokens' rows), top-4. A NaN /
+    Inf element code sends the layer elsewhere (no launch here): E4M3 to the grouped Triton kernel, E5M2 to the
+    reference (the Triton kernel gave finite rows for an Inf code where the reference has NaN); both match the
+    reference. (Scale bytes outside the bf16-exact envelope, 0 among them, take the reference before either.)"""
+    case = layer_case(T, E, H, I, fmt, rng)
+    w1 = case[1]
+    w1.scale[5, 1, 0] = 255
+    from mxkit.kernels.moe import W16_MMA_MAX_PER_EXPERT
+
+    calls = _count_grouped_w16(monkeypatch)
+    check_layer(moe_triton(*case, activation=act), case, act)
+    assert calls == ([act, None] if T * 4 / E <= W16_MMA_MAX_PER_EXPERT else [])
+    w1.qdata[7, 2, 5] = 0x7F if fmt == "mxfp8_e4m3" else 0x7C  # (a new version of the codes: checked again)
+    calls.clear()
+    check_layer(moe_triton(*case, activation=act), case, act)
+    assert calls == []
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_gpu_grouped_w16_rows_are_the_dense_kernels_bytes(elem, rng, poison):
+    """Each row of the grouped W8A16 down GEMM (no activation, routing weight 1, top-1) is the dense W8A16 kernel's
+    float32 row at one thread block along K, byte for byte (the same K loop on the same codes, packed there, as
+    stored here), bias included; rows of padding and blocks of no expert are not written (the poison stays)."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8, grouped_w16, pack_a8w8
+
+    E, N, K, T = 6, 96, 448, 21
+    fmt = f"mxfp8_{elem}"
+    w = experts(E, N, K, fmt, rng)
+    bias = torch.randn(E, N, generator=rng).cuda()
+    x = torch.randn(T, K, generator=rng).to(torch.bfloat16).cuda()
+    ids = torch.randint(0, E - 1, (T, 1), generator=rng).cuda()  # (expert E - 1 receives none)
+    sorted_ids, eids = align_device(ids, E, 8)
+    y = torch.full((T, N), float("nan"), device="cuda")
+    grouped_w16(x, w.qdata, w.scale, elem, N, K, sorted_ids, eids, T, 1, gather=False, bias=bias, activation=None,
+                rw=torch.ones(T, device="cuda"), out=y)
+    for e in range(E - 1):
+        rows = (ids[:, 0] == e).nonzero().flatten()
+        if not len(rows):
+            continue
+        q, s = pack_a8w8(w.qdata[e], w.scale[e])
+        dense = A8W8(q, s, len(rows), torch.float32, True, split=1, shape=(N, K), w16=elem, r=1)
+        want = dense(x[rows].contiguous(), None, bias[e].contiguous())
+        assert torch.equal(y[rows].view(torch.int32), want.view(torch.int32)), f"expert {e}"
+
+
+def test_grouped_w16_refuses_what_its_kernels_do_not_take():
+    """grouped_w16's checks, before any launch (CPU tensors: the errors come first)."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import grouped_w16
+
+    x = torch.zeros(4, 128, dtype=torch.bfloat16)
+    w, sw = torch.zeros(2, 64, 128, dtype=torch.uint8), torch.zeros(2, 64, 4, dtype=torch.uint8)
+    ids, eids = torch.zeros(8, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(4, 32, dtype=torch.bfloat16)
+    kw = dict(gather=True, bias=None, activation="swiglu", rw=None, out=out)
+    with pytest.raises(ValueError, match="elem"):
+        grouped_w16(x, w, sw, "e2m1", 64, 128, ids, eids, 4, 1, **kw)
+    with pytest.raises(ValueError, match="activation"):
+        grouped_w16(x, w, sw, "e4m3", 64, 128, ids, eids, 4, 1, **{**kw, "gather": False})
+    with pytest.raises(ValueError, match="N % 32"):
+        grouped_w16(x, w[:, :48], sw[:, :48], "e4m3", 48, 128, ids, eids, 4, 1, **kw)
+    with pytest.raises(ValueError, match="K % 64"):
+        grouped_w16(x[:, :96], w[..., :96], sw[..., :3], "e4m3", 64, 96, ids, eids, 4, 1, **kw)
+    with pytest.raises(ValueError, match="contiguous"):
+        grouped_w16(x, w.transpose(1, 2).contiguous().transpose(1, 2), sw, "e4m3", 64, 128, ids, eids, 4, 1, **kw)
+    with pytest.raises(ValueError, match="bf16 x"):
+        grouped_w16(x.float(), w, sw, "e4m3", 64, 128, ids, eids, 4, 1, **kw)
+
+
 def test_moe_mma_strips_from_the_table():
     """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise or the value is
     not a strip count the kernels have."""

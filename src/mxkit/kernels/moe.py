@@ -210,6 +210,24 @@ def supported(w: MXTensor) -> bool:
             and w.shape[-2] <= 64 * _mma_decode.MAX_STRIPS and _in_envelope(w))
 
 
+_FINITE: dict[int, tuple] = {}  # id(qdata) -> (weakref to it, its _version, no NaN / Inf code)
+
+
+def _codes_finite(w: MXTensor) -> bool:
+    """Whether no element code of the experts ``w`` is NaN or Inf (True for formats without such codes; MXFP8:
+    the W8A16 tensor-core kernels decode them as finite values). One host sync per MXFP8 codes tensor and version
+    (cached)."""
+    q = w.qdata
+    hit = _FINITE.get(id(q))
+    if hit is None or hit[0]() is not q or hit[1] != q._version:
+        bad = _nonfinite_codes(w)
+        if len(_FINITE) > 4096:
+            _FINITE.clear()
+        hit = (weakref.ref(q), q._version, bad is None or not bool(bad))
+        _FINITE[id(q)] = hit
+    return hit[2]
+
+
 def grouped_matmul_w16(
     a: torch.Tensor,
     w: MXTensor,
@@ -379,6 +397,53 @@ def _moe_mma_pairs(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, T
     out = torch.empty(T, H, device=x.device, dtype=torch.bfloat16)
     ws = torch.empty(n, H, device=x.device, dtype=torch.float32)
     return pairs_mma(h, p2.q, p2.s, p2.special, H, I, ids, k, E, bias=b2, activation=None, rw=rw, out=out, ws=ws)
+
+
+# (token, slot) pairs per expert (of all ranks) up to which MXFP8 experts take the W8A16 tensor-core kernels in
+# blocks of 8 sorted rows; past it the grouped Triton kernel's larger blocks read each expert's bytes fewer times
+# (H200, GPT-OSS experts, CUDA graphs: 2 pairs an expert 21-25% faster on these kernels, 8 pairs 8% slower)
+W16_MMA_MAX_PER_EXPERT = 4
+
+
+def _w16_mma_elem(w1: MXTensor, w2: MXTensor, n: int, per_expert: float, activation: str,
+                  x: torch.Tensor) -> Optional[str]:
+    """The element ("e4m3" / "e5m2") where moe_triton's W8A16 decode path takes MXFP8 experts as stored: at most
+    :func:`mma_max_pairs` pairs (the envelope MXMoE hands the prefill its packed experts past) and
+    :data:`W16_MMA_MAX_PER_EXPERT` an expert on average, both GEMMs' shapes in the kernels' tiles, x's rows
+    readable as they are, no NaN / Inf code, the kernel loadable here; else None (the grouped Triton kernel)."""
+    from .matmul_details import _mma_a8w8
+
+    elem = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}.get(w1.fmt.name)
+    if elem is None or w2.fmt.name != w1.fmt.name or n > mma_max_pairs(x.device) \
+            or per_expert > W16_MMA_MAX_PER_EXPERT:
+        return None
+    E, N1, H = w1.shape
+    I = w2.shape[2]
+    if N1 % (32 if activation == "swiglu" else 16) or H % 64 or I % 64 or H % 16:
+        return None
+    if not _mma_a8w8.x_ok(x, True) or _mma_a8w8.available(x.device) is not None:
+        return None
+    return elem if _codes_finite(w1) and _codes_finite(w2) else None
+
+
+def _moe_w16_mma(x, w1: MXTensor, b1, w2: MXTensor, b2, rw, topk_ids, E, lo, T, k, I, H, activation,
+                 elem: str) -> torch.Tensor:
+    """Both expert GEMMs of MXFP8 experts on the W8A16 tensor-core kernels (``mma_a8w8.cu``), tokens sorted by
+    expert in blocks of 8 (the MXFP4 decode path's sort, bias, activation and routing weight): y float32 (T k,
+    H), the rows of pairs not held here unwritten, for :func:`_combine_direct`."""
+    from .matmul_details._mma_a8w8 import grouped_w16
+
+    n = T * k
+    ids, eids = align_device(topk_ids, E, 8, lo=lo)
+    b1 = None if b1 is None else _packed_bias(b1, 2 * I, ("mma", False))  # (float32, rows as stored)
+    b2 = None if b2 is None else _packed_bias(b2, H, ("mma", False))
+    h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
+    grouped_w16(x, w1.qdata.contiguous(), w1.scale.contiguous(), elem, 2 * I, H, ids, eids, n, k, gather=True,
+                bias=b1, activation=activation, rw=None, out=h)
+    y = torch.empty(n, H, device=x.device, dtype=torch.float32)
+    grouped_w16(h, w2.qdata.contiguous(), w2.scale.contiguous(), elem, H, I, ids, eids, n, k, gather=False, bias=b2,
+                activation=None, rw=rw.contiguous(), out=y)
+    return y
 
 
 # the prefill path: both expert GEMMs on the W4A16 wgmma kernel (matmul_details/_w4a16_wgmma.py), grouped
@@ -752,13 +817,21 @@ def moe_triton(
     :func:`pack_experts_wgmma` (gate_up with ``act_pairs`` = ``activation``; any K % 32): the prefill path
     only, in the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md).
 
+    MXFP8 experts (E4M3 / E5M2) without ``packed``, up to :func:`mma_max_pairs` pairs and
+    :data:`W16_MMA_MAX_PER_EXPERT` an expert: both GEMMs on the W8A16
+    tensor-core kernels (``mma_a8w8.cu``) reading the experts' bytes as stored, sorted as the MXFP4 decode path
+    (no NaN / Inf element code: else, and past that envelope, the grouped Triton kernel).
+
     Expert ids are not range-checked here (that would be a host sync): a pair whose id is outside the experts
     held contributes 0 on every path (where the reference raises)."""
     T, H, I, E, k = check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype
     plain = w_gate_up.scale_layout == "plain" and w_down.scale_layout == "plain"
-    if x.dtype != torch.bfloat16 or not plain or not (supported(w_gate_up) and supported(w_down)):
+    # (E5M2 experts holding an Inf / NaN code: the grouped Triton kernel gave finite rows where the reference has
+    # NaN (H200, 2026-12-02); the reference takes them)
+    e5m2_special = any(w.fmt.name == "mxfp8_e5m2" and not _codes_finite(w) for w in (w_gate_up, w_down))
+    if x.dtype != torch.bfloat16 or not plain or not (supported(w_gate_up) and supported(w_down)) or e5m2_special:
         return moe_reference(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                              out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts,
                              intermediate_dtype=x.dtype)
@@ -772,6 +845,10 @@ def moe_triton(
     lo = expert_range[0] if expert_range is not None else 0
     rw = topk_weights.reshape(-1).to(torch.float32)
     per_expert = n / (num_experts or E)  # routed rows per expert (of all ranks: the same schedule on each)
+    elem = _w16_mma_elem(w_gate_up, w_down, n, per_expert, activation, x) if n else None
+    if elem is not None:
+        y = _moe_w16_mma(x, w_gate_up, b_gate_up, w_down, b_down, rw, topk_ids, E, lo, T, k, I, H, activation, elem)
+        return _combine_direct(y, topk_ids, lo, E, out_dtype)
     cfg1 = moe_config(per_expert, 2 * I, H)
     ids, eids = align_device(topk_ids, E, cfg1.block_m, lo=lo)
     h = grouped_matmul_w16(x, w_gate_up, ids, eids, cfg1, n_valid=n, top_k=k, gather=True, bias=b_gate_up,

@@ -209,6 +209,42 @@ class A8W8:
         return y
 
 
+def grouped_w16_kernel_name(activation: Optional[str], elem: str) -> str:
+    """The ``mma_a8w8.cu`` entry of a :func:`grouped_w16` launch (``activation`` None: the down GEMM)."""
+    return f"mxfp8_w16_grouped_{activation or 'down'}_{elem}"
+
+
+def grouped_w16(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, elem: str, N: int, K: int, ids: torch.Tensor,
+                eids: torch.Tensor, n_valid: int, top_k: int, *, gather: bool, bias: Optional[torch.Tensor],
+                activation: Optional[str], rw: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """One grouped (MoE expert) W8A16 GEMM of ``mma_a8w8.cu``'s ``mxfp8_w16_grouped_*`` kernels (the contract is
+    beside ``mxfp8_w16_grouped``): x bf16 [*, K] (rows 16-byte aligned); the experts as stored, codes ``w`` uint8
+    [E, N, K] and plain scales ``sw`` uint8 [E, N, K / 32] of element format ``elem`` ("e4m3" / "e5m2"), no NaN /
+    Inf code (the caller checks); ids / eids int32 of ``align_device`` with blocks of 8; bias float32 [E, N] or
+    None; activation "swiglu_gpt_oss" (rows interleaved) / "swiglu" ([gate; up] halves) with gather and bf16
+    ``out`` of N / 2 columns, or None (the down GEMM: float32 ``out`` of N columns, rw float32 [n_valid], no
+    gather). Writes the valid rows of ``out`` and returns it. ValueError for shapes or operands the kernels do not
+    take."""
+    if activation not in ("swiglu_gpt_oss", "swiglu", None) or (activation is not None) != gather \
+            or (activation is None) != (rw is not None) or elem not in ("e4m3", "e5m2"):
+        raise ValueError("grouped_w16: an activation (swiglu_gpt_oss / swiglu) goes with gather and bf16 out, rw with "
+                         f"the down GEMM; elem e4m3 / e5m2 (got {elem!r})")
+    rows = 32 if activation == "swiglu" else 16  # weight rows a block
+    if N % rows or K % 64 or N // rows > 65535 or w.dim() != 3 or tuple(w.shape[1:]) != (N, K) \
+            or tuple(sw.shape) != (w.shape[0], N, K // 32):
+        raise ValueError(f"grouped_w16 takes codes [E, N, K] and scales [E, N, K / 32] with N % {rows} == 0, "
+                         f"K % 64 == 0; got {tuple(w.shape)} / {tuple(sw.shape)} for N={N}, K={K}")
+    if not (w.is_contiguous() and sw.is_contiguous() and w.dtype == sw.dtype == torch.uint8
+            and w.data_ptr() % 8 == 0 and sw.data_ptr() % 2 == 0 and x_ok(x, True) and x.dtype == torch.bfloat16):
+        raise ValueError("grouped_w16: contiguous uint8 codes (8-byte aligned) and scales, and bf16 x rows "
+                         "16-byte aligned with unit stride along K")
+    k = _kernel(grouped_w16_kernel_name(activation, elem), _index(x.device))
+    k((eids.numel(), N // rows), 128, (x, w, sw, bias, rw, out, ids, eids, ctypes.c_int(N), ctypes.c_int(K),
+                                      ctypes.c_int(n_valid), ctypes.c_int(top_k), ctypes.c_longlong(x.stride(0)),
+                                      ctypes.c_longlong(out.stride(0))))
+    return out
+
+
 def quantize_probe(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization alone (``mxfp8_quantize_probe``, the device function the _bf16in
     kernels run): x bf16 [rows, K] (K % 32 == 0, rows 16-byte aligned) -> (codes uint8 [rows, K], scales uint8

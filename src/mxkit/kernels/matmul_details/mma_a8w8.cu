@@ -367,6 +367,60 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
   });
 }
 
+// Grouped (MoE expert) W8A16 GEMM over tokens sorted by expert, the contract of mma_decode.cu's
+// mxfp4_mma_grouped (vLLM's moe_align_block_size with blocks of 8; ACT, GATHER, MUL_RW, bias, rw, out as there)
+// on MXFP8 experts read as stored: codes w [E N, K] and scales sw [E N, K / 32] (the experts' MXTensor bytes,
+// expert e's rows e N ..; K % 64 == 0, no NaN / Inf code), bf16 x. Block (mb, y) computes the sorted rows
+// ids[8 mb .. 8 mb + 7] by expert eids[mb] (-1: nothing to do): one 16-row strip y (ACT 0, and ACT 1 / 2 on
+// interleaved (gate, up) rows), or with HALVES ([gate; up] halves, ACT 2) gate rows 16 y .. and up rows
+// N / 2 + 16 y .. (two strips sharing each x load) into output columns 16 y ... The K loop and the per-block
+// arithmetic are the dense W8A16 kernel's (mainloop, W16 = ELEM): each row's sum the bits of that kernel at one
+// thread block along K.
+template <int ACT, bool GATHER, bool MUL_RW, bool HALVES, int ELEM, typename OUT>
+__device__ __forceinline__ void mxfp8_w16_grouped(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                                                  const uint8_t* __restrict__ sw, const float* __restrict__ bias,
+                                                  const float* __restrict__ rw, OUT* __restrict__ out,
+                                                  const int* __restrict__ ids, const int* __restrict__ eids, int N,
+                                                  int K, int n_valid, int top_k, long long ldx, long long ldo) {
+  constexpr int WARPS = 4, R = HALVES ? 2 : 1;
+  __shared__ float red[WARPS][R][4][32];
+  __shared__ float v[8][16 * R + 1];
+  const int mb = blockIdx.x, strip = blockIdx.y;
+  const int e = eids[mb];
+  if (e < 0) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int id = ids[mb * 8 + g];
+  const bool xm[1] = {id < n_valid};
+  const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
+  const uint4* const xb[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
+  const uint8_t* const xq[1] = {nullptr};
+  const uint16_t* const xs[1] = {nullptr};
+  const long long KB = K >> 5;
+  WeightRows<false> wrows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const long long n = (long long)e * N + (r ? N / 2 : 0) + 16LL * strip + g;  // (r 1: the up half)
+    wrows[r].wr = w + n * K + 8 * t;
+    wrows[r].wr8 = w + (n + 8) * K + 8 * t;
+    wrows[r].swr = reinterpret_cast<const uint16_t*>(sw + n * KB);
+    wrows[r].swr8 = reinterpret_cast<const uint16_t*>(sw + (n + 8) * KB);
+  }
+  float acc[R][1][4];
+  mainloop<R, 1, true, false, true, ELEM, 1>(wrows, xb, xq, xs, xm, 0, K >> 6, warp, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][r][i][lane] = acc[r][0][i];
+  __syncthreads();
+  mxkit::grouped_sums<WARPS, R>(red, v, [&](int p, int r, float sum) {
+    return bias != nullptr ? sum + bias[(long long)e * N + (p ? N / 2 : 0) + 16LL * strip + r] : sum;
+  });
+  __syncthreads();
+  mxkit::grouped_store<ACT, MUL_RW, HALVES, R, OUT>(v, [&](int m) { return ids[mb * 8 + m]; }, n_valid, rw, out,
+                                                    ldo, (long long)strip * (ACT == 0 || HALVES ? 16 : 8));
+}
+
 }  // namespace
 
 #define MXKIT_A8W8(NAME, R, UNROLL, QUANT, PACKED, XPF, OUT) MXKIT_MX8(NAME, R, UNROLL, QUANT, PACKED, XPF, 0, OUT)
@@ -420,6 +474,24 @@ MXKIT_W16_ALL(2, e5m2, 2)
   MXKIT_MX8_NT(mxfp8_w16p_r2_nt2_f32_##E, 2, 1, true, true, true, ELEM, float, 2)
 MXKIT_W16_NT2(e4m3, 1)
 MXKIT_W16_NT2(e5m2, 2)
+
+// The grouped (MoE) W8A16 kernels: gate_up with GPT-OSS's SwiGLU (interleaved rows) or SwiGLU on [gate; up]
+// halves (bf16 out), and the down GEMM times the routing weight (float32 out); per element format
+#define MXKIT_W16_GROUPED(NAME, ACT, GATHER, MUL_RW, HALVES, ELEM, OUT)                                          \
+  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+      const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,       \
+      const float* __restrict__ bias, const float* __restrict__ rw, OUT* __restrict__ out,                     \
+      const int* __restrict__ ids, const int* __restrict__ eids, int N, int K, int n_valid, int top_k,         \
+      long long ldx, long long ldo) {                                                                          \
+    mxfp8_w16_grouped<ACT, GATHER, MUL_RW, HALVES, ELEM, OUT>(x, w, sw, bias, rw, out, ids, eids, N, K, n_valid, \
+                                                              top_k, ldx, ldo);                                \
+  }
+#define MXKIT_W16_GROUPED_ALL(E, ELEM)                                                                          \
+  MXKIT_W16_GROUPED(mxfp8_w16_grouped_swiglu_gpt_oss_##E, 1, true, false, false, ELEM, __nv_bfloat16)          \
+  MXKIT_W16_GROUPED(mxfp8_w16_grouped_swiglu_##E, 2, true, false, true, ELEM, __nv_bfloat16)                   \
+  MXKIT_W16_GROUPED(mxfp8_w16_grouped_down_##E, 0, false, true, false, ELEM, float)
+MXKIT_W16_GROUPED_ALL(e4m3, 1)
+MXKIT_W16_GROUPED_ALL(e5m2, 2)
 #endif  // MXKIT_A8W8_VARIANTS
 
 // The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)

@@ -73,4 +73,65 @@ __device__ __forceinline__ void reduce_store(const float (&red)[WARPS][P][4][32]
   if (S > 1 && threadIdx.x == 0) *cnt = 0;
 }
 
+// --- the grouped (MoE expert) kernels' epilogue (mma_decode.cu's MXFP4 and mma_a8w8.cu's W8A16 kernels) -------------
+// A block holds 8 sorted rows m (flat (token, slot) ids row_id(m); n_valid: padding) by SN strips of 16 weight
+// rows. grouped_sums: v[m][16 p + r] = the sum over the warps, in order, of red[warp][p][i][lane] (the mma's
+// accumulator layout: weight row r = lane / 4 + 8 (i / 2) of strip p, sorted row m = 2 (lane % 4) + i % 2), then
+// add_bias(p, r, sum) (which returns the sum, or the sum plus the row's bias: the same float32 addition).
+template <int WARPS, int SN, typename AddBias>
+__device__ __forceinline__ void grouped_sums(const float (&red)[WARPS][SN][4][32], float (&v)[8][16 * SN + 1],
+                                             AddBias add_bias) {
+  for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
+    const int p = SN == 1 ? 0 : el / 128, i = SN == 1 ? el / 32 : (el / 32) & 3, l = el & 31;
+    float sum = red[0][p][i][l];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) sum += red[w][p][i][l];
+    const int r = (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
+    v[m][16 * p + r] = add_bias(p, r, sum);
+  }
+}
+
+// ACT 1: GPT-OSS's clamped SwiGLU (transformers' GptOssExperts: alpha 1.702, limit 7.0); 2: SiLU(gate) * up
+template <int ACT> __device__ __forceinline__ float act_pair(float gate, float up) {
+  if (ACT == 1) {
+    gate = gate > 7.f ? 7.f : gate;  // NaN stays NaN, as torch's clamp (fminf would drop it)
+    up = up > 7.f ? 7.f : (up < -7.f ? -7.f : up);
+    return (up + 1.f) * (gate / (1.f + expf(-1.702f * gate)));
+  }
+  return gate / (1.f + expf(-gate)) * up;
+}
+
+// The stores of v (grouped_sums) for the valid sorted rows i = row_id(m) < n_valid, each once in OUT at out[i]
+// (row stride ldo), times rw[i] where MUL_RW. ACT 0: column col0 + c of v[m][c], c < 16 SN. ACT 1 / 2 on (gate,
+// up) pairs into column col0 + c: interleaved rows (gate v[m][2c], up v[m][2c + 1], c < 8 SN), or HALVES (SN 2:
+// strip 0 the gate rows, strip 1 the up rows; gate v[m][c], up v[m][16 + c], c < 16).
+template <int ACT, bool MUL_RW, bool HALVES, int SN, typename OUT, typename RowId>
+__device__ __forceinline__ void grouped_store(const float (&v)[8][16 * SN + 1], RowId row_id, int n_valid,
+                                              const float* __restrict__ rw, OUT* __restrict__ out, long long ldo,
+                                              long long col0) {
+  static_assert(!HALVES || (SN == 2 && ACT != 0), "halves: a gate strip and an up strip, an activation");
+  if (ACT == 0) {
+    for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
+      const int m = el / (16 * SN), r = el % (16 * SN);
+      const int i = row_id(m);
+      if (i < n_valid) {
+        float val = v[m][r];
+        if (MUL_RW) val *= rw[i];
+        out[(long long)i * ldo + col0 + r] = to_out<OUT>(val);
+      }
+    }
+  } else {
+    constexpr int C = HALVES ? 16 : 8 * SN;  // output columns a block
+    for (int el = threadIdx.x; el < 8 * C; el += blockDim.x) {
+      const int m = el / C, c = el % C;
+      const int i = row_id(m);
+      if (i < n_valid) {
+        float val = HALVES ? act_pair<ACT>(v[m][c], v[m][16 + c]) : act_pair<ACT>(v[m][2 * c], v[m][2 * c + 1]);
+        if (MUL_RW) val *= rw[i];
+        out[(long long)i * ldo + col0 + c] = to_out<OUT>(val);
+      }
+    }
+  }
+}
+
 }  // namespace mxkit

@@ -450,15 +450,9 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][p][i][lane] = acc[p][0][i];
     __syncthreads();
-    for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
-      const int p = SN == 1 ? 0 : el / 128, i = SN == 1 ? el / 32 : (el / 32) & 3, l = el & 31;
-      float sum = red[0][p][i][l];
-#pragma unroll
-      for (int w = 1; w < WARPS; ++w) sum += red[w][p][i][l];
-      const int r = 16 * p + (l >> 2) + 8 * (i >> 1), m = 2 * (l & 3) + (i & 1);
-      if (bias != nullptr) sum += bias[(long long)e * N + strip * 16 + r];
-      v[m][r] = sum;
-    }
+    mxkit::grouped_sums<WARPS, SN>(red, v, [&](int p, int r, float sum) {
+      return bias != nullptr ? sum + bias[(long long)e * N + (strip + p) * 16 + r] : sum;
+    });
     __syncthreads();
   }
   if constexpr (COMBINE) {
@@ -480,34 +474,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     if (threadIdx.x == 0) *c = 0;
     return;
   }
-  if (ACT == 0) {
-    for (int el = threadIdx.x; el < 128 * SN; el += blockDim.x) {
-      const int m = el / (16 * SN), r = el % (16 * SN);
-      const int i = row_id(m);
-      if (i < n_valid) {
-        float val = v[m][r];
-        if (MUL_RW) val *= rw[i];
-        out[(long long)i * ldo + strip * 16 + r] = to_out<OUT>(val);
-      }
-    }
-  } else {
-    for (int el = threadIdx.x; el < 64 * SN; el += blockDim.x) {
-      const int m = el / (8 * SN), c = el % (8 * SN);
-      const int i = row_id(m);
-      if (i < n_valid) {
-        float gate = v[m][2 * c], up = v[m][2 * c + 1], val;
-        if (ACT == 1) {  // transformers' GptOssExperts: alpha 1.702, limit 7.0
-          gate = gate > 7.f ? 7.f : gate;  // NaN stays NaN, as torch's clamp (fminf would drop it)
-          up = up > 7.f ? 7.f : (up < -7.f ? -7.f : up);
-          val = (up + 1.f) * (gate / (1.f + expf(-1.702f * gate)));
-        } else {
-          val = gate / (1.f + expf(-gate)) * up;
-        }
-        if (MUL_RW) val *= rw[i];
-        out[(long long)i * ldo + strip * 8 + c] = to_out<OUT>(val);
-      }
-    }
-  }
+  mxkit::grouped_store<ACT, MUL_RW, false, SN, OUT>(v, row_id, n_valid, rw, out, ldo,
+                                                    (long long)strip * (ACT == 0 ? 16 : 8));
 }
 
 }  // namespace

@@ -703,6 +703,38 @@ def test_gpu_grouped_w16_rows_are_the_dense_kernels_bytes(elem, rng, poison):
         assert torch.equal(y[rows].view(torch.int32), want.view(torch.int32)), f"expert {e}"
 
 
+def test_w16_mma_envelope(monkeypatch, rng):
+    """Where moe_triton sends MXFP8 experts to the W8A16 tensor-core kernels (the kernel's availability and x's
+    alignment taken as given here): E4M3 / E5M2 on both GEMMs, up to mma_max_pairs pairs and
+    W16_MMA_MAX_PER_EXPERT an expert, shapes in the kernels' tiles, no NaN / Inf code (a new version of the codes
+    is checked again)."""
+    from mxkit.kernels import moe
+    from mxkit.kernels.matmul_details import _mma_a8w8
+
+    monkeypatch.setattr(_mma_a8w8, "available", lambda device: None)
+    monkeypatch.setattr(_mma_a8w8, "x_ok", lambda x, quant: True)
+    E, H, I = 4, 128, 64
+    x = torch.zeros(2, H, dtype=torch.bfloat16)
+    w = {f: (mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), f),
+             mxkit.quantize(torch.randn(E, H, I, generator=rng), f)) for f in ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")}
+    cap = moe.mma_max_pairs(x.device)
+    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], 8, 2.0, "swiglu_gpt_oss", x) == "e4m3"
+    assert moe._w16_mma_elem(*w["mxfp8_e5m2"], 8, 2.0, "swiglu", x) == "e5m2"
+    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], cap, moe.W16_MMA_MAX_PER_EXPERT, "swiglu", x) == "e4m3"
+    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], cap + 1, 1.0, "swiglu", x) is None
+    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], 8, moe.W16_MMA_MAX_PER_EXPERT + 0.5, "swiglu", x) is None
+    assert moe._w16_mma_elem(*w["mxfp4"], 8, 2.0, "swiglu", x) is None
+    assert moe._w16_mma_elem(w["mxfp8_e4m3"][0], w["mxfp8_e5m2"][1], 8, 2.0, "swiglu", x) is None
+    odd = mxkit.quantize(torch.randn(E, H, 96, generator=rng), "mxfp8_e4m3")  # (K = 96: not a multiple of 64)
+    assert moe._w16_mma_elem(mxkit.quantize(torch.randn(E, 192, H, generator=rng), "mxfp8_e4m3"), odd, 8, 2.0,
+                             "swiglu", x) is None
+    w1, w2 = w["mxfp8_e5m2"]
+    w2.qdata[1, 3, 5] = 0xFE  # a NaN code
+    assert moe._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) is None
+    w2.qdata[1, 3, 5] = 0x3C
+    assert moe._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) == "e5m2"
+
+
 def test_grouped_w16_refuses_what_its_kernels_do_not_take():
     """grouped_w16's checks, before any launch (CPU tensors: the errors come first)."""
     from mxkit.kernels.matmul_details._mma_a8w8 import grouped_w16

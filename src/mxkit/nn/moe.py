@@ -665,8 +665,9 @@ class MXMoE(_ops.Handled, nn.Module):
         Shapes that layout does not take (K % 64) get the prefill kernel's own layout
         (:func:`mxkit.kernels.moe.pack_experts_wgmma`) above ``mma_max_pairs``
         (:func:`mxkit.kernels.moe.mma_max_pairs`: the dispatch table's, per GPU). MXFP8 experts: that layout above
-        it on Hopper (a second copy of the experts, made on the first prefill call), None below (the grouped Triton
-        kernel reads the buffers). None off CUDA, for other formats or the reference backend."""
+        it on Hopper (a second copy of the experts, made on the first prefill call), None below (the buffers are read
+        as they are: by the W8A16 tensor-core kernels up to :data:`mxkit.kernels.moe.W16_MMA_MAX_PER_EXPERT` pairs an
+        expert, else the grouped Triton kernel). None off CUDA, for other formats or the reference backend."""
         fmt = self.weight_format.name
         if not x.is_cuda or fmt not in ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2") or self.backend == "reference":
             return None

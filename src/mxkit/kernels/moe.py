@@ -419,7 +419,7 @@ def _w16_mma_elem(w1: MXTensor, w2: MXTensor, n: int, per_expert: float, activat
         return None
     E, N1, H = w1.shape
     I = w2.shape[2]
-    if N1 % (32 if activation == "swiglu" else 16) or H % 64 or I % 64 or H % 16:
+    if N1 % (32 if activation == "swiglu" else 16) or H % 64 or I % 64:
         return None
     if not _mma_a8w8.x_ok(x, True) or _mma_a8w8.available(x.device) is not None:
         return None

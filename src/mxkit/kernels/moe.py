@@ -180,21 +180,27 @@ def _align_small(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int) 
     return sorted_ids, eids
 
 
-_EXTREMA: dict[int, tuple] = {}  # id(scale) -> (weakref to it, its _version, lo, hi)
+_PER_VERSION: dict[tuple, tuple] = {}  # (what, id(t)) -> (weakref to t, its _version, the value)
+
+
+def _per_version(what: str, t: torch.Tensor, compute):
+    """``compute()`` for tensor ``t``, kept while ``t`` lives at that ``_version`` (a host sync once per tensor and
+    version, not per call; at most 4096 entries)."""
+    key = (what, id(t))
+    hit = _PER_VERSION.get(key)
+    if hit is None or hit[0]() is not t or hit[1] != t._version:
+        if len(_PER_VERSION) > 4096:
+            _PER_VERSION.clear()
+        hit = (weakref.ref(t), t._version, compute())
+        _PER_VERSION[key] = hit
+    return hit[2]
 
 
 def _in_envelope(w: MXTensor) -> bool:
     """Whether every scale byte of ``w`` (other than 0xFF, which yields NaN as the reference does) lies in the
     bf16-exact range of its format. One host sync per scale tensor and version (cached)."""
-    s = w.scale
-    hit = _EXTREMA.get(id(s))
-    if hit is None or hit[0]() is not s or hit[1] != s._version:
-        lo, hi, _ = scale_extrema(s)
-        if len(_EXTREMA) > 4096:
-            _EXTREMA.clear()
-        hit = (weakref.ref(s), s._version, lo, hi)
-        _EXTREMA[id(s)] = hit
-    return _envelope_ok(w.fmt, hit[2], hit[3])
+    lo, hi, _ = _per_version("extrema", w.scale, lambda: scale_extrema(w.scale))
+    return _envelope_ok(w.fmt, lo, hi)
 
 
 def _envelope_ok(fmt, lo: int, hi: int) -> bool:
@@ -210,22 +216,15 @@ def supported(w: MXTensor) -> bool:
             and w.shape[-2] <= 64 * _mma_decode.MAX_STRIPS and _in_envelope(w))
 
 
-_FINITE: dict[int, tuple] = {}  # id(qdata) -> (weakref to it, its _version, no NaN / Inf code)
-
-
 def _codes_finite(w: MXTensor) -> bool:
     """Whether no element code of the experts ``w`` is NaN or Inf (True for formats without such codes; MXFP8:
     the W8A16 tensor-core kernels decode them as finite values). One host sync per MXFP8 codes tensor and version
     (cached)."""
-    q = w.qdata
-    hit = _FINITE.get(id(q))
-    if hit is None or hit[0]() is not q or hit[1] != q._version:
+    def compute() -> bool:
         bad = _nonfinite_codes(w)
-        if len(_FINITE) > 4096:
-            _FINITE.clear()
-        hit = (weakref.ref(q), q._version, bad is None or not bool(bad))
-        _FINITE[id(q)] = hit
-    return hit[2]
+        return bad is None or not bool(bad)
+
+    return _per_version("finite", w.qdata, compute)
 
 
 def grouped_matmul_w16(

@@ -1132,6 +1132,113 @@ def test_gpu_prepared_calls_and_cuda_graphs(fmt, rng):
         assert torch.equal(out, mxkit.matmul(static.clone(), pw, bias=bias))
 
 
+@pytest.mark.parametrize("fallback", [False, True])
+def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
+    """Inside ``_exact_cublas`` TF32 and the bf16 / fp16 reduced-precision reductions are off; after it every
+    setting is what it was (split-K ones included), through torch._C's setters or, where this PyTorch has other
+    ones, the torch.backends properties."""
+    from mxkit.kernels import matmul as km
+
+    if fallback:
+        monkeypatch.setattr(km, "_CUBLAS", None)
+    m = torch.backends.cuda.matmul
+    names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+    before = {n: getattr(m, n) for n in names}
+    try:
+        for state in ((True, True, True), (False, False, True), (True, True, False)):
+            for n, v in zip(names, state):
+                setattr(m, n, v)
+            with km._exact_cublas():
+                assert [getattr(m, n) for n in names] == [False, False, False]
+            assert [getattr(m, n) for n in names] == list(state)
+    finally:
+        for n, v in before.items():
+            setattr(m, n, v)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fa,fw", [("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp6_e3m2", "mxfp4_e2m1"),
+                                   ("mxfp4_e2m1", "mxfp6_e2m3"), ("mxfp8_e4m3", "mxfp4_e2m1"),
+                                   ("mxfp8_e5m2", "mxfp6_e2m3")])
+def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
+    """An MX a times a PackedWeight, eager, on the fold path (``_FoldCall``: the fold by one C++ fast call, cuBLAS's
+    FP8 GEMM, the fix-up by a bound launch) or the bf16-exact path (``_Bf16ExactCall``: both operands dequantized
+    by fast calls, cuBLAS, the fix-up) gives run_gemm's bytes call after call with new data in poisoned memory:
+    rows whose blocks span past the fold window or whose scale bytes lie outside the bf16-exact range (the
+    fix-up's rows), a zero row, a NaN block and a weight with special rows (its columns redone) included; 2-D and
+    3-D a, N % 16 != 0 (the fold path's padding: no prepared call); and under a CUDA graph."""
+    from conftest import assert_graph_replays, poison_allocator
+
+    from mxkit.kernels import matmul as km
+
+    K = 2880
+    w = torch.randn(1024, K, generator=rng)
+    w[5, :32] *= 2.0**50  # a special row: its blocks span past the fold window
+    w[5, 32:64] *= 2.0**-50
+    pw = mxkit.pack_weight(mxkit.quantize(w.cuda(), fw))
+    assert pw.special_rows.numel()
+
+    def fresh(*lead):
+        x = torch.randn(*lead, K, generator=rng)
+        x.view(-1, K)[1, :32] *= 2.0**40
+        x.view(-1, K)[1, 32:64] *= 2.0**-40
+        x.view(-1, K)[2] = 0
+        x.view(-1, K)[3, 64:96] = float("nan")
+        x.view(-1, K)[4] *= 2.0**-126  # scale bytes near the bottom: outside the bf16-exact range of FP8 a
+        return mxkit.quantize(x.to(torch.bfloat16).cuda(), fa)
+
+    kind = {"fold-fp8": km._FoldCall, "bf16-exact": km._Bf16ExactCall}
+
+    for lead in ((37,), (2, 9)):
+        for i in range(4):
+            a = fresh(*lead)
+            want = mxkit.matmul(a, pw, backend="triton")
+            poison_allocator()
+            y = mxkit.matmul(a, pw)
+            assert torch.equal(y.view(torch.int16), want.view(torch.int16)), (lead, i)
+        path = mxkit.gemm_plan(a, pw).path
+        assert path in kind, path
+        calls = [c for c in pw._calls.values() if isinstance(c, kind[path])]
+        assert calls and calls[-1].fix is not None, "the prepared launches were not made"
+    static = fresh(5)
+    assert_graph_replays(lambda q, s: mxkit.matmul(MXTensor(q, s, static.fmt, static.axis, 32, static.shape), pw),
+                         [static.qdata, static.scale], lambda: (lambda q: [q.qdata, q.scale])(fresh(5)))
+    pw_odd = mxkit.pack_weight(mxkit.quantize(torch.randn(1000, K, generator=rng).cuda(), fw))
+    a = fresh(7)
+    for _ in range(3):
+        assert torch.equal(mxkit.matmul(a, pw_odd).view(torch.int16),  # (bytes: the NaN block's row is NaN)
+                           mxkit.matmul(a, pw_odd, backend="triton").view(torch.int16))
+    if mxkit.gemm_plan(a, pw_odd).path == "fold-fp8":
+        assert not any(isinstance(c, km._FoldCall) for c in pw_odd._calls.values())
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
+    """bf16 a times a PackedWeight on the dense-exact path, eager (``_DenseExactCall``: the weight dequantized by
+    the dequantize kernel's C++ fast call, then cuBLAS): run_gemm's bytes call after call with new data; with a
+    bias (run_gemm each call) too."""
+    from conftest import poison_allocator
+
+    from mxkit.kernels import matmul as km
+
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(1024, 1024, generator=rng).cuda(), "mxfp4"))
+    M = next((m for m in (256, 512, 1024, 2048) if mxkit.gemm_plan(
+        torch.empty(m, 1024, dtype=torch.bfloat16, device="cuda"), pw).path == "dense-exact"), None)
+    if M is None:
+        pytest.skip("this GPU's dispatch table takes no 1024 x 1024 layer to dense-exact")
+    bias = torch.randn(1024, generator=rng).cuda()
+    for b in (None, bias):
+        for i in range(4):
+            a = torch.randn(M, 1024, generator=rng).to(torch.bfloat16).cuda()
+            want = mxkit.matmul(a, pw, bias=b, backend="triton")
+            poison_allocator()
+            assert torch.equal(mxkit.matmul(a, pw, bias=b), want), (b is None, i)
+    calls = [c for c in pw._calls.values() if isinstance(c, km._DenseExactCall)]
+    assert calls and calls[0].deq is not None, "the dequantize fast call was not made"
+
+
 def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
     """torch.compile(fullgraph=True) of mxkit.matmul on a PackedWeight (one opaque op, ``mxkit::packed_matmul``,
     the weight found by its id): the eager bytes, with a bias and an out dtype, for two weights passed as

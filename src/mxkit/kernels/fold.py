@@ -168,19 +168,29 @@ def weight_stats(stats: torch.Tensor) -> tuple[int, int, bool, bool, bool]:
 _LAUNCHERS: dict = {}
 
 
-def _launch(name: str, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
-    """Launch kernel ``name`` of ``fold_details._fold`` (tensor arguments ``args``) through mxkit's direct launch
-    (:class:`mxkit.kernels.launch.BoundCache`: Triton 3.6's own launcher spent ~50 us of host time a call)."""
+def _launcher(name: str):
     launcher = _LAUNCHERS.get(name)
     if launcher is None:
         from . import launch
         from .fold_details import _fold
 
         launcher = _LAUNCHERS[name] = launch.BoundCache(launch._Launcher(_fold, name))
+    return launcher
+
+
+def _launch_shape(R: int, K: int, cfg: FoldConfig, consts: dict) -> tuple:
+    """(grid, constexprs as (name, value) items, num_warps) of a launch over R rows of K elements."""
     masked = R % cfg.block_r != 0 or K % cfg.block_k != 0
-    launcher((-(-R // cfg.block_r),), args, (R, K), tuple(consts.items()) + (
+    return ((-(-R // cfg.block_r),), tuple(consts.items()) + (
         ("BLOCK_R", cfg.block_r), ("BLOCK_K", cfg.block_k), ("ONE_CHUNK", K <= cfg.block_k), ("MASKED", masked)),
         cfg.num_warps)
+
+
+def _launch(name: str, args: tuple, R: int, K: int, cfg: FoldConfig, consts: dict) -> None:
+    """Launch kernel ``name`` of ``fold_details._fold`` (tensor arguments ``args``) through mxkit's direct launch
+    (:class:`mxkit.kernels.launch.BoundCache`: Triton 3.6's own launcher spent ~50 us of host time a call)."""
+    grid, items, nw = _launch_shape(R, K, cfg, consts)
+    _launcher(name)(grid, args, (R, K), items, nw)
 
 
 def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -189,21 +199,36 @@ def _outputs(R: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.
             torch.empty(R, dtype=torch.uint8, device=device))
 
 
+def _fold_args(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor,
+               cfg: Optional[FoldConfig], part: Optional[torch.Tensor]) -> tuple:
+    f, (R, K) = q.fmt, data.shape
+    d_lo, d_hi = fold_range(f)
+    cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
+    qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
+    return ((qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status, status if part is None else part),
+            R, K, cfg, dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi, STATS=part is not None,
+                            EXP_LIMIT=FOLD_EXP_LIMIT))
+
+
 def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor,
               cfg: Optional[FoldConfig] = None, stats: bool = False) -> Optional[torch.Tensor]:
     """Launch the fold kernel on a validated q (R >= 1 rows) into the given outputs (:func:`_outputs`); cfg:
     an explicit config for A/B runs (default :func:`fold_config`). ``stats``: returns the kernel's per-program
     weight statistics (int32 [P, 5], :func:`weight_stats`)."""
-    f, (R, K) = q.fmt, data.shape
-    d_lo, d_hi = fold_range(f)
-    cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
-    qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
+    R, K = data.shape
+    cfg = cfg or fold_config(R, K, q.fmt, on_gpu=q.qdata.is_cuda and not _interpret())
     part = torch.empty(-(-R // cfg.block_r), 5, dtype=torch.int32, device=data.device) if stats else None
-    _launch("_fold_kernel", (qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status,
-                             status if part is None else part), R, K, cfg,
-            dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi, STATS=stats,
-                 EXP_LIMIT=FOLD_EXP_LIMIT))
+    _launch("_fold_kernel", *_fold_args(q, data, scale, status, cfg, part))
     return part
+
+
+def bind_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor):
+    """The :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the fold (no statistics) of q into these outputs,
+    as :func:`fold_triton` launched it (call that once first for this problem), or None where it cannot be made.
+    Its pointer parameters: q's codes (16-byte aligned), q's scale bytes, data, scale, status, status."""
+    args, R, K, cfg, consts = _fold_args(q, data, scale, status, None, None)
+    grid, items, nw = _launch_shape(R, K, cfg, consts)
+    return _launcher("_fold_kernel").launcher.bind(grid, args + (R, K), items, nw)
 
 
 def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,

@@ -65,7 +65,6 @@ capturable); for a completed :class:`~mxkit.fold.Folded` through the float32 rou
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -558,18 +557,57 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
 # the paths
 
 
-@contextlib.contextmanager
-def _exact_cublas():
-    """TF32 off and no reduced-precision split-K reductions for the duration (cuBLAS reads these per call)."""
-    m = torch.backends.cuda.matmul
-    saved = (m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction)
-    m.allow_tf32 = False
-    m.allow_bf16_reduced_precision_reduction = False
-    m.allow_fp16_reduced_precision_reduction = False
+def _cublas_flags():
+    """(getters, setters) of cuBLAS's TF32 and bf16 / fp16 reduced-precision reduction settings in ``torch._C``,
+    checked once (each getter's value given back to its setter), or None where this PyTorch has other ones: the
+    ``torch.backends.cuda.matmul`` properties over them cost ~4 µs of host time for the six reads and writes of
+    :func:`_exact_cublas`."""
+    C = torch._C
     try:
-        yield
-    finally:
-        m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = saved
+        get = (C._get_cublas_allow_tf32, C._get_cublas_allow_bf16_reduced_precision_reduction,
+               C._get_cublas_allow_fp16_reduced_precision_reduction)
+        put = (C._set_cublas_allow_tf32, C._set_cublas_allow_bf16_reduced_precision_reduction,
+               C._set_cublas_allow_fp16_reduced_precision_reduction)
+        for g, p in zip(get, put):
+            v = g()
+            p(*v) if isinstance(v, tuple) else p(v)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return get, put
+
+
+_CUBLAS = _cublas_flags()
+
+
+class _exact_cublas:
+    """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
+    call; a split-K setting stays as it is), the settings before restored after."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self):
+        if _CUBLAS is None:
+            m = torch.backends.cuda.matmul
+            self.saved = (m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+                          m.allow_fp16_reduced_precision_reduction)
+            m.allow_tf32 = False
+            m.allow_bf16_reduced_precision_reduction = False
+            m.allow_fp16_reduced_precision_reduction = False
+            return
+        get, put = _CUBLAS
+        self.saved = saved = (get[0](), get[1](), get[2]())
+        put[0](False)
+        for p, v in zip(put[1:], saved[1:]):
+            p(False, v[1]) if isinstance(v, tuple) else p(False)
+
+    def __exit__(self, *exc) -> None:
+        if _CUBLAS is None:
+            m = torch.backends.cuda.matmul
+            m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = \
+                self.saved
+            return
+        for p, v in zip(_CUBLAS[1], self.saved):
+            p(*v) if isinstance(v, tuple) else p(v)
 
 
 def _values_fp32(a, kind: str) -> torch.Tensor:
@@ -1053,6 +1091,129 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     return call
 
 
+class _DenseExactCall:
+    """The dense-exact path of one (packed weight, shape of a), a's dtype out, no bias, on CUDA: the weight
+    dequantized to a's dtype by the dequantize kernel's C++ fast call (its problem fixed: made by the first call),
+    then cuBLAS with float32 accumulation (:func:`_exact_cublas`): :func:`run_gemm`'s launches and bytes, without
+    its per-call dispatch. A call with a bias, or before the fast call exists, runs :func:`run_gemm`."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+        self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
+        self.w = _plain(b.source)
+        self.deq = None
+
+    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        from . import launch
+
+        deq = self.deq
+        if deq is None or bias is not None or not launch._enabled:
+            y = run_gemm(a, self.b, self.plan, bias)
+            if deq is None:
+                from .quantize import dequantize_fast
+
+                self.deq = dequantize_fast(self.w, a.dtype)
+            return y
+        wb = deq(self.w.qdata, self.w.scale)
+        with _exact_cublas():
+            y = a.reshape(self.plan.M, self.plan.K) @ wb.t()
+        return y.view(self.out_shape)
+
+
+class _MxBoundCall:
+    """A prepared call of an MX a times a PackedWeight (bf16 out, no bias, on CUDA) whose launches are bound after
+    :func:`run_gemm` ran them (:meth:`_bind`, tried at up to three calls: the C++ fast calls appear from a
+    problem's second call, or once the module is built), then made by :meth:`_fast` with :func:`run_gemm`'s bytes.
+    A call with a bias, a's codes or scales not 16-byte aligned (the bound launches' specialisation), or direct
+    launches off, runs :func:`run_gemm`."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+        self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
+        self.w = _plain(b.source)
+        self.fix = None  # the fix-up's bound launch, set last by _bind
+        self.tries = 0
+
+    def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        from . import launch
+
+        q, s = a.qdata, a.scale
+        aligned = not (q.data_ptr() % 16 or s.data_ptr() % 16)
+        if self.fix is not None and bias is None and aligned and launch._enabled:
+            return self._fast(q, s)
+        y = run_gemm(a, self.b, self.plan, bias)
+        if self.fix is None and self.tries < 3 and bias is None and aligned:
+            self.tries += 1
+            self._bind(_plain(a))
+        return y
+
+    def _bind_fixup(self, a: MXTensor, fold: Optional[tuple], cols: Optional[torch.Tensor]) -> None:
+        """The fix-up's bound launch (``self.fix``, and the weight's operands it reads) for problems of a's."""
+        from .matmul_details._row_fixup import _launcher, fixup_launch
+
+        M, N, K = self.plan.M, self.plan.N, self.plan.K
+        y = torch.empty(M, N, dtype=torch.bfloat16, device=a.device)
+        grid, tensors, ints, consts, nw = fixup_launch(y, a, self.w, None, M, N, K, fold=fold, cols=cols)
+        fix = _launcher().launcher.bind(grid, tensors + ints, consts, nw)
+        if fix is not None:
+            self.wq, self.ws = tensors[5], tensors[6]
+            self.fix = fix
+
+
+class _FoldCall(_MxBoundCall):
+    """The fold-fp8 path (:class:`_MxBoundCall`): a's fold (one C++ fast call: its three outputs allocated and the
+    kernel launched; deferred, no host sync), cuBLAS's FP8 GEMM with rowwise scales, the fix-up, with the weight's
+    folded operands and the fix-up's column flags made once."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+        from .matmul_details._row_fixup import column_flags
+
+        super().__init__(b, plan, lead)
+        N = plan.N
+        self.bt = b.folded.data[:N].t()
+        self.sb = b.folded.scale[:N].reshape(1, N).contiguous()
+        self.cols = column_flags(b.special_rows, N, b.device)
+
+    def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        data, scale, status = self.fold(q, s)
+        y = torch._scaled_mm(data, self.bt, scale, self.sb, out_dtype=torch.bfloat16)
+        self.fix.run(y, q, s, status, scale, self.wq, self.ws, self.cols if self.cols is not None else y, y)
+        return y.view(self.out_shape)
+
+    def _bind(self, a: MXTensor) -> None:
+        from .fold import _outputs, bind_fold
+
+        if not fast_call_loaded():
+            return
+        M, K = self.plan.M, self.plan.K
+        data, scale, status = _outputs(M, K, a.device)
+        bl = bind_fold(a, data, scale, status)
+        self.fold = None if bl is None else bl.with_outputs(
+            (0, 1, -1, -2, -3, -3), [((M, K), torch.float8_e4m3fn, False), ((M, 1), torch.float32, False),
+                                     ((M,), torch.uint8, False)], 2)
+        if self.fold is not None:
+            self._bind_fixup(a, (status, scale), self.cols)
+
+
+class _Bf16ExactCall(_MxBoundCall):
+    """The bf16-exact path (:class:`_MxBoundCall`): a and the weight dequantized to bf16 by the dequantize
+    kernel's C++ fast calls, cuBLAS with float32 accumulation (:func:`_exact_cublas`), the fix-up (a's rows with
+    a scale byte outside the bf16-exact range)."""
+
+    def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        xa = self.deq_a(q, s)
+        with _exact_cublas():
+            y = xa.view(self.plan.M, self.plan.K) @ self.deq_w(w.qdata, w.scale).t()
+        self.fix.run(y, q, s, y, y, self.wq, self.ws, y, y)
+        return y.view(self.out_shape)
+
+    def _bind(self, a: MXTensor) -> None:
+        from .quantize import dequantize_fast
+
+        self.deq_a, self.deq_w = dequantize_fast(a, torch.bfloat16), dequantize_fast(self.w, torch.bfloat16)
+        if self.deq_a is not None and self.deq_w is not None:
+            self._bind_fixup(a, None, None)
+
+
 class _PlannedCall:
     """Any other path with its plan made once (:func:`prepared_call`)."""
 
@@ -1085,6 +1246,8 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
             call.kept = True
         elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
+        elif plan.path == "dense-exact" and plan.out_dtype == a.dtype and bias is None and plan.M:
+            call = _DenseExactCall(b, plan, tuple(a.shape[:-1]))
         else:
             call = _PlannedCall(b, plan)
         calls[key] = call
@@ -1093,9 +1256,10 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
 
 def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dtype],
                      bias: Optional[torch.Tensor]):
-    """:func:`prepared_call` for an MX ``a`` on CUDA: the call of the a8w8-mma path (whose plan depends on shapes
-    and formats only) made once per key and kept on ``b``; None when the plan is another path (those read a's
-    scale values: the caller plans each call)."""
+    """:func:`prepared_call` for an MX ``a`` on CUDA: the call of the a8w8-mma path, or of the fold-fp8 and
+    bf16-exact paths (bf16 out, no bias, plain contiguous a: :class:`_FoldCall`, :class:`_Bf16ExactCall`), whose
+    plans depend on shapes and formats only, made once per key and kept on ``b``; None for the other paths (the
+    caller plans each call)."""
     calls = _calls_on(b, "_calls")
     key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
            a.qdata.device, out_dtype, _table_token(),
@@ -1108,6 +1272,14 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
         check_bias(bias, plan, b.device)
         if plan.path == "a8w8-mma":
             call = _A8W8Call(b, plan, tuple(a.shape[:-1]))
+    elif (bias is None and a.scale_layout == "plain" and a.block_size == 32 and a.axis == a.ndim - 1
+          and a.qdata.is_contiguous() and a.scale.is_contiguous()):
+        plan = plan_gemm(a, b, out_dtype)  # (on CUDA these plans read no value of a)
+        if plan.out_dtype == torch.bfloat16 and plan.M:
+            if plan.path == "fold-fp8" and plan.N % 16 == 0 and isinstance(b.folded, Folded):
+                call = _FoldCall(b, plan, tuple(a.shape[:-1]))
+            elif plan.path == "bf16-exact":
+                call = _Bf16ExactCall(b, plan, tuple(a.shape[:-1]))
     calls[key] = call
     return call
 

@@ -681,6 +681,18 @@ def _check_args(x, fmt, axis, block_size, scale_mode, rounding, scale_layout):
     return len(margs) == 2 and {a.axis for a in margs} == {nd - 1, nd - 2}, margs
 
 
+def dequantize_fast(q: MXTensor, dtype: torch.dtype):
+    """The C++ fast call of ``dequantize_triton(q, dtype)`` for q's problem and storage as they are (plain scales,
+    contiguous; a bf16 / fp16 / float32 dtype the kernel writes), made by an earlier eager call of it: ``call(q.qdata,
+    q.scale)`` allocates the output and launches, the same bytes; None where there is none (yet)."""
+    if q.scale_layout != "plain" or not (q.qdata.is_contiguous() and q.scale.is_contiguous()):
+        return None
+    plan = _dequantize_plan(q.fmt.name, q.axis, tuple(q.shape), dtype, None)
+    if plan[0] != dtype:
+        return None
+    return plan.fast.get((q.qdata.get_device(), q.qdata.data_ptr() % 16 == 0, q.scale.data_ptr() % 16 == 0))
+
+
 def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32) -> torch.Tensor:
     """Decode an MXTensor on the GPU; byte-identical to :func:`mxkit.reference.dequantize_reference`
     (decode(element) * 2^(scale - 127) rounded once to fp32, then cast with round-to-nearest-even).

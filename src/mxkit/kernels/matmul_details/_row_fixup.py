@@ -225,10 +225,17 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
       or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows);
       None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's bf16-exact range.
     """
+    if M and N:
+        _launcher()(*fixup_launch(y, src, w, bias, M, N, K, fold=fold, special=special))
+
+
+def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: int, N: int, K: int, *,
+                 fold: Optional[tuple] = None, special: Optional[torch.Tensor] = None, cols=None) -> tuple:
+    """The arguments of :func:`fixup`'s launch (M, N >= 1): (grid, tensors, ints, constexprs, num_warps), as
+    ``_launcher()`` takes them. ``cols``: the column flags uint8 [N] of ``special`` made before (else made here
+    where ``special`` has rows: one small allocation and scatter)."""
     from ..fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
 
-    if not (M and N):
-        return
     if isinstance(src, QuantizedRows):
         aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
         a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
@@ -244,10 +251,8 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
     else:
         status = row_scale = y  # (unread)
         flag = (("FLAG", 1),) + tuple(zip(("LO", "HI"), exact_scale_range(a_fmt, torch.bfloat16)))
-    cols = special is not None and special.numel() > 0
-    if cols:
-        cf = torch.zeros(N, dtype=torch.uint8, device=y.device)
-        cf[special.to(y.device)] = 1
+    cf = cols if cols is not None else column_flags(special, N, y.device)
+    cols = cf is not None
     bm, bn, bk = FIXUP_BLOCKS
     bf16 = y.is_cuda and not _interpret() and bf16_exact_values(a_fmt) and bf16_exact_values(w.fmt)
     consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
@@ -255,9 +260,18 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
         ("BLOCK_K", bk))
     bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())
     tiles_m, tiles_n = -(-M // bm), -(-N // bn)
-    _launcher()((tiles_m, max(1, min(tiles_n, _programs(y.device) // tiles_m))),
-           (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt), w.scale.reshape(N, -1).contiguous(),
-            cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
+    return ((tiles_m, max(1, min(tiles_n, _programs(y.device) // tiles_m))),
+            (y, aq, a_s, status, row_scale, _codes(w.qdata.reshape(N, -1), w.fmt),
+             w.scale.reshape(N, -1).contiguous(), cf if cols else y, bias_t), (M, N, K, y.stride(0)), consts, 4)
+
+
+def column_flags(special: Optional[torch.Tensor], N: int, device: torch.device) -> Optional[torch.Tensor]:
+    """uint8 [N]: 1 at the weight's special rows (the fix-up's HAS_COLS columns); None where there are none."""
+    if special is None or not special.numel():
+        return None
+    cf = torch.zeros(N, dtype=torch.uint8, device=device)
+    cf[special.to(device)] = 1
+    return cf
 
 
 def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.Tensor, sorted_ids: torch.Tensor,

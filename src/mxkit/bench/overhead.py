@@ -141,6 +141,7 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
     Call("matmul bf16 x mxfp4 (M=1)", f"1x{N}x{K}", _matmul(1, None)),
     Call("matmul bf16 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, None)),
     Call("matmul mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp4_e2m1")),
+    Call("matmul mxfp8 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp8_e4m3")),
     Call("matmul mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _matmul(1, "mxfp8_e4m3", "mxfp8_e4m3")),
     Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None)),
     Call("MXLinear.forward mxfp4 + bf16 bias (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None, bias=True)),

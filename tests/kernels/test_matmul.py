@@ -1156,6 +1156,37 @@ def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
             setattr(m, n, v)
 
 
+def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
+    """The prepared calls of the prefill paths (made for CUDA operands; here on CPU, where their launches are never
+    bound): fold-fp8 of an MX a with bf16 out and no bias gets a ``_FoldCall`` (not with a bias, another out dtype
+    or N % 16 != 0), a bf16 a on dense-exact a ``_DenseExactCall``; each call of them is run_gemm's, bytes and
+    all, since nothing is bound."""
+    from mxkit.kernels import matmul as km
+
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 256, generator=rng), "mxfp4"))
+    a = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp4")
+    call = km.prepared_call_mx(a, pw, None, None)
+    assert isinstance(call, km._FoldCall) and km.prepared_call_mx(a, pw, None, None) is call
+    for _ in range(3):
+        a = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp4")
+        assert torch.equal(call(a, None), mxkit.matmul(a, pw, backend="triton"))
+    assert call.fix is None  # (no CUDA: nothing bound)
+    bias = torch.randn(48, generator=rng)
+    assert km.prepared_call_mx(a, pw, None, bias) is None
+    assert km.prepared_call_mx(a, pw, torch.float32, None) is None
+    odd = mxkit.pack_weight(mxkit.quantize(torch.randn(40, 256, generator=rng), "mxfp4"))
+    assert km.prepared_call_mx(a, odd, None, None) is None
+    a8 = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp8_e4m3")
+    assert km.plan_gemm(a8, pw).path == "bf16-exact" and km.prepared_call_mx(a8, pw, None, None) is None  # (CPU)
+    x = torch.randn(7, 256, generator=rng).to(torch.bfloat16)
+    assert km.plan_gemm(x, pw).path == "dense-exact"
+    dcall = km.prepared_call(x, pw, None, None)
+    assert isinstance(dcall, km._DenseExactCall)
+    for _ in range(2):
+        assert torch.equal(dcall(x, None), mxkit.matmul(x, pw, backend="triton"))
+    assert isinstance(km.prepared_call(x, pw, None, bias), km._PlannedCall)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("fa,fw", [("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp6_e3m2", "mxfp4_e2m1"),

@@ -1278,7 +1278,7 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
         if plan.out_dtype == torch.bfloat16 and plan.M:
             if plan.path == "fold-fp8" and plan.N % 16 == 0 and isinstance(b.folded, Folded):
                 call = _FoldCall(b, plan, tuple(a.shape[:-1]))
-            elif plan.path == "bf16-exact":
+            elif plan.path == "bf16-exact" and a.qdata.is_cuda:  # (on the CPU this plan reads a's scales)
                 call = _Bf16ExactCall(b, plan, tuple(a.shape[:-1]))
     calls[key] = call
     return call

@@ -1140,7 +1140,7 @@ def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
     from mxkit.kernels import matmul as km
 
     if fallback:
-        monkeypatch.setattr(km, "_CUBLAS", None)
+        monkeypatch.setattr(km, "_CUBLAS", [None])
     m = torch.backends.cuda.matmul
     names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
     before = {n: getattr(m, n) for n in names}
@@ -1154,6 +1154,20 @@ def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
     finally:
         for n, v in before.items():
             setattr(m, n, v)
+
+
+def test_cublas_probe_only_reads_the_settings():
+    """Finding torch._C's cuBLAS setters writes nothing: a precision set through torch's newer API stays readable
+    (a write through the legacy setters would mix the two APIs, which torch refuses to read back)."""
+    from mxkit.kernels import matmul as km
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        km._cublas_flags()
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):

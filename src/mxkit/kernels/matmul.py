@@ -558,25 +558,26 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
 
 
 def _cublas_flags():
-    """(getters, setters) of cuBLAS's TF32 and bf16 / fp16 reduced-precision reduction settings in ``torch._C``,
-    checked once (each getter's value given back to its setter), or None where this PyTorch has other ones: the
-    ``torch.backends.cuda.matmul`` properties over them cost ~4 µs of host time for the six reads and writes of
-    :func:`_exact_cublas`."""
+    """(getters, setters) of cuBLAS's TF32 and bf16 / fp16 reduced-precision reduction settings in ``torch._C``
+    where this PyTorch has them and its getters give a bool or a (bool, bool) pair, else None (then the
+    ``torch.backends.cuda.matmul`` properties, which cost ~4 µs of host time for the six reads and writes of
+    :func:`_exact_cublas`). Probed by reading only, at the first use."""
     C = torch._C
     try:
         get = (C._get_cublas_allow_tf32, C._get_cublas_allow_bf16_reduced_precision_reduction,
                C._get_cublas_allow_fp16_reduced_precision_reduction)
         put = (C._set_cublas_allow_tf32, C._set_cublas_allow_bf16_reduced_precision_reduction,
                C._set_cublas_allow_fp16_reduced_precision_reduction)
-        for g, p in zip(get, put):
-            v = g()
-            p(*v) if isinstance(v, tuple) else p(v)
+        vals = [g() for g in get]
     except (AttributeError, TypeError, RuntimeError):
         return None
-    return get, put
+    ok = isinstance(vals[0], bool) and all(
+        isinstance(v, bool) or isinstance(v, tuple) and len(v) == 2 and all(isinstance(b, bool) for b in v)
+        for v in vals[1:])
+    return (get, put) if ok else None
 
 
-_CUBLAS = _cublas_flags()
+_CUBLAS: list = []  # [the probe's result], filled at the first use
 
 
 class _exact_cublas:
@@ -586,7 +587,10 @@ class _exact_cublas:
     __slots__ = ("saved",)
 
     def __enter__(self):
-        if _CUBLAS is None:
+        if not _CUBLAS:
+            _CUBLAS.append(_cublas_flags())
+        fns = _CUBLAS[0]
+        if fns is None:
             m = torch.backends.cuda.matmul
             self.saved = (m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
                           m.allow_fp16_reduced_precision_reduction)
@@ -594,19 +598,20 @@ class _exact_cublas:
             m.allow_bf16_reduced_precision_reduction = False
             m.allow_fp16_reduced_precision_reduction = False
             return
-        get, put = _CUBLAS
+        get, put = fns
         self.saved = saved = (get[0](), get[1](), get[2]())
         put[0](False)
         for p, v in zip(put[1:], saved[1:]):
             p(False, v[1]) if isinstance(v, tuple) else p(False)
 
     def __exit__(self, *exc) -> None:
-        if _CUBLAS is None:
+        fns = _CUBLAS[0]
+        if fns is None:
             m = torch.backends.cuda.matmul
             m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = \
                 self.saved
             return
-        for p, v in zip(_CUBLAS[1], self.saved):
+        for p, v in zip(fns[1], self.saved):
             p(*v) if isinstance(v, tuple) else p(v)
 
 
@@ -1140,7 +1145,8 @@ class _MxBoundCall:
         if self.fix is not None and bias is None and aligned and launch._enabled:
             return self._fast(q, s)
         y = run_gemm(a, self.b, self.plan, bias)
-        if self.fix is None and self.tries < 3 and bias is None and aligned:
+        if (self.fix is None and self.tries < 3 and bias is None and aligned and q.is_cuda
+                and q.get_device() == torch.cuda.current_device()):  # (launches bind to the current device)
             self.tries += 1
             self._bind(_plain(a))
         return y
@@ -1171,6 +1177,8 @@ class _FoldCall(_MxBoundCall):
         self.bt = b.folded.data[:N].t()
         self.sb = b.folded.scale[:N].reshape(1, N).contiguous()
         self.cols = column_flags(b.special_rows, N, b.device)
+        if self.cols is not None:  # (made on this stream: waited for, so that calls on any stream may read them)
+            torch.cuda.current_stream(b.device).synchronize()
 
     def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         data, scale, status = self.fold(q, s)
@@ -1274,6 +1282,8 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
             call = _A8W8Call(b, plan, tuple(a.shape[:-1]))
     elif (bias is None and a.scale_layout == "plain" and a.block_size == 32 and a.axis == a.ndim - 1
           and a.qdata.is_contiguous() and a.scale.is_contiguous()):
+        if a.qdata.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None  # (its operands are made once, outside a capture: a later call makes it)
         plan = plan_gemm(a, b, out_dtype)  # (on CUDA these plans read no value of a)
         if plan.out_dtype == torch.bfloat16 and plan.M:
             if plan.path == "fold-fp8" and plan.N % 16 == 0 and isinstance(b.folded, Folded):

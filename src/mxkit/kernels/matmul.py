@@ -61,6 +61,12 @@ outside the FP8 epilogue's envelope) are recomputed exactly and written into the
 value ever takes an inexact path silently: for a deferred fold (MX activations, or bf16 ones through the
 fused quantize-fold) by one fix-up kernel after the FP8 GEMM, without a host sync (so the call is CUDA-graph
 capturable); for a completed :class:`~mxkit.fold.Folded` through the float32 route after one host sync.
+
+Eager calls on a :class:`~mxkit.packed.PackedWeight` keep their plan and launches on it, per operand shape and
+layout (:func:`prepared_call`, :func:`prepared_call_mx`): the decode paths as one C++ fast call each, and the
+prefill paths of two or three launches (``dense-exact``, ``fold-fp8`` from MX activations, ``bf16-exact``) with
+their fold / dequantize launches as fast calls and the fix-up's parameter block bound after the first calls,
+which run :func:`run_gemm` (the same launches and bytes).
 """
 
 from __future__ import annotations

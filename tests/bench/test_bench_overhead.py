@@ -76,7 +76,8 @@ def test_every_call_runs_on_cpu_through_the_public_api():
         fn, note = c.make("cpu")
         got[c.name] = (fn(), note)
     assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 13
-    assert torch.equal(got[bo.BASELINE][0] / 2, got[bo.BASELINE][0] * 0.5)
+    base = got[bo.BASELINE][0]
+    assert base.shape == bo.X_SHAPE and base.dtype == torch.bfloat16 and bool(base.abs().max() > 0)
     for fmt in ("mxfp4", "mxfp8"):
         q = got[f"quantize {fmt}"][0]
         assert isinstance(q, mxkit.MXTensor) and q.shape == bo.X_SHAPE and q.fmt.name.startswith(fmt)

@@ -1220,7 +1220,9 @@ def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
         assert torch.equal(y, mxkit.matmul(x, pw, backend="triton"))
         OUT[0] = y.dtype
         assert_within_bound(y, x, pw.source)
-    assert dcall.deq is None  # (no CUDA: no dequantize fast call)
+    assert dcall.deq is None and dcall.tries == 2  # (no CUDA: no dequantize fast call; looked for at 3 calls at most)
+    dcall(x, None), dcall(x, None)
+    assert dcall.tries == 3
     assert isinstance(km.prepared_call(x, pw, None, bias), km._PlannedCall)
 
 

@@ -1106,12 +1106,14 @@ class _DenseExactCall:
     """The dense-exact path of one (packed weight, shape of a), a's dtype out, no bias, on CUDA: the weight
     dequantized to a's dtype by the dequantize kernel's C++ fast call (its problem fixed: made by the first call),
     then cuBLAS with float32 accumulation (:func:`_exact_cublas`): :func:`run_gemm`'s launches and bytes, without
-    its per-call dispatch. A call with a bias, or before the fast call exists, runs :func:`run_gemm`."""
+    its per-call dispatch. A call with a bias, or before the fast call exists (looked for at up to three calls),
+    runs :func:`run_gemm`."""
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
         self.w = _plain(b.source)
         self.deq = None
+        self.tries = 0
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         from . import launch
@@ -1119,9 +1121,10 @@ class _DenseExactCall:
         deq = self.deq
         if deq is None or bias is not None or not launch._enabled:
             y = run_gemm(a, self.b, self.plan, bias)
-            if deq is None:
+            if deq is None and self.tries < 3:  # (the fast call exists from the problem's second dequantize)
                 from .quantize import dequantize_fast
 
+                self.tries += 1
                 self.deq = dequantize_fast(self.w, a.dtype)
             return y
         wb = deq(self.w.qdata, self.w.scale)

@@ -330,6 +330,47 @@ def test_mxlinear_cuda_matches_cpu():
     torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("act,wf", [("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp6_e2m3", "mxfp4_e2m1"),
+                                    ("mxfp4_e2m1", "mxfp6_e3m2")])
+def test_gpu_mxlinear_folding_activations_prepared_call(act, wf, rng, poison):
+    """MXLinear with activations that fold, eager on CUDA (``_QuantizeFoldCall``: x's quantize-fold by one C++
+    fast call, cuBLAS's FP8 GEMM, the fix-up by a bound launch) gives the bytes of its unprepared forward (the
+    quantize-fold then matmul) call after call with new data in poisoned memory: rows whose blocks span past the
+    fold window (the fix-up's rows), a zero row and an Inf included, 2-D and 3-D x; in a CUDA graph too. With a
+    bias, the unprepared forward runs."""
+    from conftest import assert_graph_replays, poison_allocator
+
+    from mxkit.kernels import matmul as km
+
+    lin = nn.Linear(2880, 1024, bias=False, device="cuda")
+    layer = MXLinear.from_linear(lin, wf, act_format=act).requires_grad_(False)
+
+    def fresh(*lead):
+        x = torch.randn(*lead, 2880, generator=rng)
+        x.view(-1, 2880)[1, :32] *= 2.0**40
+        x.view(-1, 2880)[1, 32:64] *= 2.0**-40
+        x.view(-1, 2880)[2] = 0
+        x.view(-1, 2880)[3, 5] = float("inf")
+        return x.to(torch.bfloat16).cuda()
+
+    for lead in ((61,), (3, 7)):
+        for i in range(4):
+            x = fresh(*lead)
+            want = layer._forward(x, None)
+            poison_allocator()
+            assert torch.equal(layer(x).view(torch.int16), want.view(torch.int16)), (lead, i)
+        calls = [c for c in layer._packed._calls.values() if isinstance(c, km._QuantizeFoldCall)]
+        assert calls and calls[-1].fix is not None, "the prepared launches were not made"
+    static = fresh(9)
+    assert_graph_replays(lambda x: layer(x), [static], lambda: [fresh(9)])
+    biased = MXLinear.from_linear(nn.Linear(2880, 1024, device="cuda"), wf, act_format=act).requires_grad_(False)
+    x = fresh(5)
+    for _ in range(3):
+        assert torch.equal(biased(x).view(torch.int16), biased._forward(x, biased.bias).view(torch.int16))
+
+
 def test_layer_report_as_dict():
     r = LayerReport("a", 2, 32, "quantized", qsnr_db=1.0)
     assert r.numel == 64 and r.as_dict()["qsnr_db"] == 1.0

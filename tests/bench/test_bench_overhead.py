@@ -75,7 +75,7 @@ def test_every_call_runs_on_cpu_through_the_public_api():
     for c in bo.CALLS:
         fn, note = c.make("cpu")
         got[c.name] = (fn(), note)
-    assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 13
+    assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 14
     base = got[bo.BASELINE][0]
     assert base.shape == bo.X_SHAPE and base.dtype == torch.bfloat16 and bool(base.abs().max() > 0)
     for fmt in ("mxfp4", "mxfp8"):
@@ -89,14 +89,16 @@ def test_every_call_runs_on_cpu_through_the_public_api():
                     ("MXLinear.forward mxfp4 (M=1)", 1)):
         y, note = got[name]
         assert y.shape == (m, bo.N) and y.dtype is torch.bfloat16 and note == "path reference", name
+    y, note = got["MXLinear.forward mxfp4 x mxfp4 (M=256)"]
+    assert y.shape == (256, bo.N) and note == "path reference (x quantized first)"
 
 
 def test_select_and_options(capsys):
     assert [c.name for c in bo.select(None)] == [c.name for c in bo.CALLS]
     assert [c.name for c in bo.select(["MATMUL", "M=1"])] == [
         bo.BASELINE, "matmul bf16 x mxfp4 (M=1)", "matmul bf16 x mxfp4 (M=256)", "matmul mxfp4 x mxfp4 (M=256)",
-        "matmul mxfp8 x mxfp4 (M=256)", "matmul mxfp8 x mxfp8 (M=1)", "MXLinear.forward mxfp4 (M=1)", "MXLinear.forward mxfp4 + bf16 bias (M=1)",
-        "MXLinear.forward mxfp8 x mxfp8 (M=1)"]
+        "matmul mxfp8 x mxfp4 (M=256)", "matmul mxfp8 x mxfp8 (M=1)", "MXLinear.forward mxfp4 (M=1)",
+        "MXLinear.forward mxfp4 + bf16 bias (M=1)", "MXLinear.forward mxfp8 x mxfp8 (M=1)"]
     args = _args(["--only", "dequantize", "--calls", "100", "--sync-every", "8", "--out", "r"])
     assert args.func is bo.run and args.only == ("dequantize",) and (args.calls, args.sync_every) == (100, 8)
     with pytest.raises(SystemExit):

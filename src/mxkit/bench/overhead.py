@@ -117,17 +117,19 @@ def _matmul(m: int, a_fmt: Optional[str], w_fmt: str = "mxfp4_e2m1"):
     return make
 
 
-def _mxlinear(w_fmt: str, act: Optional[str], bias: bool = False):
+def _mxlinear(w_fmt: str, act: Optional[str], bias: bool = False, m: int = 1):
     def make(device: str):
         import mxkit
         from ..nn import MXLinear
 
         mod = MXLinear.from_linear(torch.nn.Linear(K, N, bias=bias, device=device, dtype=torch.bfloat16), w_fmt,
                                    act_format=act).requires_grad_(False)  # (frozen, as served: no autograd path)
-        x = _x(device, (1, K))
+        x = _x(device, (m, K))
         w = mod.weight_mx if mod._packed is None else mod._packed
         a = x if act is None else mxkit.quantize(x, act)
-        return (lambda: mod(x)), f"path {mxkit.gemm_plan(a, w).path}" + (" (x quantized in the GEMM)" if act else "")
+        path = mxkit.gemm_plan(a, w).path
+        how = "" if act is None else " (x quantized in the GEMM)" if path == "a8w8-mma" else " (x quantized first)"
+        return (lambda: mod(x)), f"path {path}{how}"
 
     return make
 
@@ -146,6 +148,7 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
     Call("MXLinear.forward mxfp4 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None)),
     Call("MXLinear.forward mxfp4 + bf16 bias (M=1)", f"1x{N}x{K}", _mxlinear("mxfp4_e2m1", None, bias=True)),
     Call("MXLinear.forward mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _mxlinear("mxfp8_e4m3", "mxfp8_e4m3")),
+    Call("MXLinear.forward mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _mxlinear("mxfp4_e2m1", "mxfp4_e2m1", m=256)),
 )
 
 

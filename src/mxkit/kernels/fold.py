@@ -231,17 +231,33 @@ def bind_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torc
     return _launcher("_fold_kernel").launcher.bind(grid, args + (R, K), items, nw)
 
 
+def _quantize_fold_args(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,
+                        scale: torch.Tensor, status: torch.Tensor, cfg: Optional[FoldConfig]) -> tuple:
+    R, K = x2.shape
+    d_lo, d_hi = fold_range(f)
+    cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
+    return ((x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K, cfg,
+            dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
+                 MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode], AWAY=rnd is Rounding.AWAY,
+                 D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
+
+
 def _run_quantize_fold(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd: Rounding, data: torch.Tensor,
                        scale: torch.Tensor, status: torch.Tensor, cfg: Optional[FoldConfig] = None) -> None:
     """Launch the quantize-fold kernel on a validated contiguous x2 [R >= 1, K] into the given outputs; cfg: an
     explicit config for A/B runs (default :func:`fold_config`)."""
-    R, K = x2.shape
-    d_lo, d_hi = fold_range(f)
-    cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
-    _launch("_quantize_fold_kernel", (x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K,
-            cfg, dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
-                      MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode],
-                      AWAY=rnd is Rounding.AWAY, D_HI=d_hi, W=d_hi - d_lo, HW_CVT=cfg.hw_cvt))
+    _launch("_quantize_fold_kernel", *_quantize_fold_args(x2, f, mode, rnd, data, scale, status, cfg))
+
+
+def bind_quantize_fold(x2: torch.Tensor, fmt: FormatLike, scale_mode: ScaleMode, rounding: Rounding,
+                       data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor):
+    """The :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the quantize-fold of x2 [R, K] (contiguous) into
+    these outputs (:func:`_outputs`), as :func:`quantize_fold_triton` launched it (call that once first for this
+    problem), or None where it cannot be made. Its pointer parameters: x2, data, scale, status."""
+    f = _check_foldable(fmt)[0]
+    args, R, K, cfg, consts = _quantize_fold_args(x2, f, scale_mode, rounding, data, scale, status, None)
+    grid, items, nw = _launch_shape(R, K, cfg, consts)
+    return _launcher("_quantize_fold_kernel").launcher.bind(grid, args + (R, K), items, nw)
 
 
 def fold_triton(q: MXTensor, *, defer: bool = False, stats: bool = False) -> Union[Folded, PendingFold]:

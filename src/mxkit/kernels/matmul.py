@@ -1140,8 +1140,8 @@ class _MxBoundCall:
     A call with a bias, a's codes or scales not 16-byte aligned (the bound launches' specialisation), or direct
     launches off, runs :func:`run_gemm`."""
 
-    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
-        self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
+    def __init__(self, b: PackedWeight, plan: Optional[GemmPlan], lead: tuple):
+        self.b, self.plan, self.out_shape = b, plan, (*lead, b.shape[0])
         self.w = _plain(b.source)
         self.fix = None  # the fix-up's bound launch, set last by _bind
         self.tries = 0
@@ -1165,7 +1165,7 @@ class _MxBoundCall:
         from .matmul_details._row_fixup import _launcher, fixup_launch
 
         M, N, K = self.plan.M, self.plan.N, self.plan.K
-        y = torch.empty(M, N, dtype=torch.bfloat16, device=a.device)
+        y = torch.empty(M, N, dtype=torch.bfloat16, device=self.b.device)
         grid, tensors, ints, consts, nw = fixup_launch(y, a, self.w, None, M, N, K, fold=fold, cols=cols)
         fix = _launcher().launcher.bind(grid, tensors + ints, consts, nw)
         if fix is not None:
@@ -1178,11 +1178,11 @@ class _FoldCall(_MxBoundCall):
     kernel launched; deferred, no host sync), cuBLAS's FP8 GEMM with rowwise scales, the fix-up, with the weight's
     folded operands and the fix-up's column flags made once."""
 
-    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+    def __init__(self, b: PackedWeight, plan: Optional[GemmPlan], lead: tuple):
         from .matmul_details._row_fixup import column_flags
 
         super().__init__(b, plan, lead)
-        N = plan.N
+        N = b.shape[0]
         self.bt = b.folded.data[:N].t()
         self.sb = b.folded.scale[:N].reshape(1, N).contiguous()
         self.cols = column_flags(b.special_rows, N, b.device)
@@ -1190,9 +1190,15 @@ class _FoldCall(_MxBoundCall):
             torch.cuda.current_stream(b.device).synchronize()
 
     def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        data, scale, status = self.fold(q, s)
+        return self._gemm_fixup(*self.fold(q, s), q, s)
+
+    def _gemm_fixup(self, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, aq: torch.Tensor,
+                    a_s: Optional[torch.Tensor]) -> torch.Tensor:
+        """cuBLAS's FP8 GEMM of a's fold (data, row scale, status) and the fix-up reading a at aq (its codes, or
+        the rows a quantize-fold read) and a_s (its scales; None: unread)."""
         y = torch._scaled_mm(data, self.bt, scale, self.sb, out_dtype=torch.bfloat16)
-        self.fix.run(y, q, s, status, scale, self.wq, self.ws, self.cols if self.cols is not None else y, y)
+        self.fix.run(y, aq, y if a_s is None else a_s, status, scale, self.wq, self.ws,
+                     self.cols if self.cols is not None else y, y)
         return y.view(self.out_shape)
 
     def _bind(self, a: MXTensor) -> None:
@@ -1208,6 +1214,73 @@ class _FoldCall(_MxBoundCall):
                                      ((M,), torch.uint8, False)], 2)
         if self.fold is not None:
             self._bind_fixup(a, (status, scale), self.cols)
+
+
+class _QuantizeFoldCall(_FoldCall):
+    """MXLinear's eager forward where activations fold (act_format and weight both MXFP4 / MXFP6), for one
+    (packed weight, bf16 x's shape, activation scale mode and rounding), no bias, on CUDA: x's quantize-fold (one
+    C++ fast call: its three outputs allocated and the kernel launched), cuBLAS's FP8 GEMM with rowwise scales,
+    the fix-up (rows whose fold is not exact, recomputed from x): the bytes of ``quantize_fold_triton(x,
+    defer=True)`` then :func:`run_gemm`, which the first calls (and a call on an x not 16-byte aligned, or with
+    direct launches off) run; the launches are bound after them."""
+
+    def __init__(self, b: PackedWeight, lead: tuple, fmt: ElementFormat, mode, rounding):
+        super().__init__(b, None, lead)
+        self.fmt, self.mode, self.rounding = fmt, mode, rounding
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from . import launch
+        from .fold import quantize_fold_triton
+
+        aligned = x.data_ptr() % 16 == 0
+        if self.fix is not None and aligned and launch._enabled:
+            return self._gemm_fixup(*self.fold(x), x, None)
+        pend = quantize_fold_triton(x, self.fmt, scale_mode=self.mode, rounding=self.rounding, defer=True)
+        plan = self.plan or plan_gemm(pend, self.b, x.dtype)
+        y = run_gemm(pend, self.b, plan, None)
+        if (self.fix is None and self.tries < 3 and aligned and plan.path == "fold-fp8" and plan.M
+                and plan.out_dtype == torch.bfloat16 and plan.N % 16 == 0
+                and x.get_device() == torch.cuda.current_device()):  # (launches bind to the current device)
+            self.tries += 1
+            self.plan = plan
+            self._bind(x)
+        return y
+
+    def _bind(self, x: torch.Tensor) -> None:
+        from .fold import QuantizedRows, _outputs, bind_quantize_fold
+
+        if not fast_call_loaded():
+            return
+        M, K = self.plan.M, self.plan.K
+        x2 = x.view(M, K)
+        data, scale, status = _outputs(M, K, x.device)
+        bl = bind_quantize_fold(x2, self.fmt, self.mode, self.rounding, data, scale, status)
+        self.fold = None if bl is None else bl.with_outputs(
+            (0, -1, -2, -3), [((M, K), torch.float8_e4m3fn, False), ((M, 1), torch.float32, False),
+                              ((M,), torch.uint8, False)], 1)
+        if self.fold is not None:
+            self._bind_fixup(QuantizedRows(x2, self.fmt, self.mode, self.rounding), (status, scale), self.cols)
+
+
+_UNSEEN = object()
+
+
+def prepared_call_quantize_fold(x: torch.Tensor, b: PackedWeight, fmt: ElementFormat, scale_mode, rounding):
+    """MXLinear's eager hot path where its activations fold: the :class:`_QuantizeFoldCall` of (b, x's shape,
+    strides and device, fmt, scale mode, rounding), made once and kept on b; None where it does not apply (x
+    not bf16 or not contiguous, a weight without its fold, no rows)."""
+    calls = _calls_on(b, "_calls")
+    key = ("qfold", x.shape, x.stride(), x.dtype, x.get_device(), fmt, scale_mode, rounding, _table_token())
+    call = calls.get(key, _UNSEEN)
+    if call is _UNSEEN:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # (its operands are made once, outside a capture: a later call makes it)
+        call = None
+        if (x.dtype == torch.bfloat16 and x.is_contiguous() and x.dim() >= 1 and x.shape[:-1].numel()
+                and isinstance(b.folded, Folded) and x.shape[-1] == b.shape[1]):
+            call = _QuantizeFoldCall(b, tuple(x.shape[:-1]), fmt, scale_mode, rounding)
+        calls[key] = call
+    return call
 
 
 class _Bf16ExactCall(_MxBoundCall):

@@ -40,7 +40,7 @@ from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
 from ..tensor import MXTensor
-from ..kernels.matmul import a8w8_linear, prepared_call, prepared_call_a8w8
+from ..kernels.matmul import a8w8_linear, prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _ops
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
@@ -217,9 +217,17 @@ class MXLinear(_ops.Handled, nn.Module):
             # without gradients), the input's and the bias' gradients by the dequantized weight
             return with_input_grad(x, bias, self.weight_mx, self._forward)
         packed = self._packed
-        if packed is not None and self.act_format is None and type(x) is torch.Tensor and x.is_cuda:
-            # the eager hot path (decode): what matmul's own fast path runs, minus its checks
-            return prepared_call(x, packed, x.dtype, bias)(x, bias)
+        if packed is not None and type(x) is torch.Tensor and x.is_cuda:
+            act = self.act_format
+            if act is None:
+                # the eager hot path (decode): what matmul's own fast path runs, minus its checks
+                return prepared_call(x, packed, x.dtype, bias)(x, bias)
+            if (bias is None and act != FP8_ROWWISE and self.block_size == 32 and can_fold(act)
+                    and can_fold(self.weight_format)):
+                # activations that fold: _forward's quantize-fold, FP8 GEMM and fix-up with their launches bound
+                call = prepared_call_quantize_fold(x, packed, act, self.scale_mode, self.rounding)
+                if call is not None:
+                    return call(x)
         return self._forward(x, bias)
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -68,7 +68,7 @@ def bound_error(y: torch.Tensor, a64: torch.Tensor, b64: torch.Tensor, bias: Opt
         bound = 1e-5 * y64.norm(dim=1) + acc
     else:
         bound = 1.2 * (y64.to(y.dtype).to(torch.float64) - y64).norm(dim=1) + acc
-    bad = torch.nonzero(~(err <= bound))  # (a NaN error is over it).flatten()
+    bad = torch.nonzero(~(err <= bound)).flatten()  # (a NaN error is over it)
     if bad.numel() == 0:
         return ""
     r = bad[0].item()

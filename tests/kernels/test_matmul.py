@@ -27,8 +27,8 @@ import mxkit
 import mxkit.nn  # (MXLinear: not imported by mxkit itself)
 from mxkit.fold import fold_range
 from mxkit.formats import get_format
-from mxkit.kernels.matmul import PATHS, exact_scale_range
-from mxkit.kernels.matmul_details._mx_weight import _fp6_tile
+from mxkit.kernels.matmul import PATHS, W_KINDS, exact_scale_range
+from mxkit.kernels.matmul_details._mx_weight import _fp6_tile, _mx_weight_tile
 from mxkit.packed import PackedWeight
 from mxkit.reference import dequantize_reference, pack_codes
 from mxkit.tensor import MXTensor
@@ -70,6 +70,9 @@ def assert_within_bound(y: torch.Tensor, a, b, bias=None, truncating: bool = Fal
     nan = torch.isnan(y64).any(dim=1)
     assert torch.isnan(y[nan]).all(), "a row whose exact product is NaN must be NaN"
     y, y64, a64 = y[~nan], y64[~nan], a64[~nan]
+    inf = torch.isinf(y64)  # (an Inf element code): the same infinity, then left out of the norms
+    assert torch.equal(y[inf], y64[inf]), "an element whose exact product is +-Inf must be it"
+    y, y64 = y.masked_fill(inf, 0), y64.masked_fill(inf, 0)
     K = a64.shape[1]
     acc = K * 2.0**-24 * ((a64.abs() @ b64.abs().T).norm(dim=1))
     err = (y - y64).norm(dim=1)
@@ -80,7 +83,7 @@ def assert_within_bound(y: torch.Tensor, a, b, bias=None, truncating: bool = Fal
     else:
         rounded = y64.to(OUT[0]).to(torch.float64)
         bound = 1.2 * (rounded - y64).norm(dim=1) + acc
-    bad = torch.nonzero(~(err <= bound))  # (a NaN error is over it).flatten()
+    bad = torch.nonzero(~(err <= bound)).flatten()  # (a NaN error is over it)
     assert bad.numel() == 0, (f"{bad.numel()} rows over the bound, e.g. row {bad[0].item()}: "
                               f"err {err[bad[0]].item():.3e} > bound {bound[bad[0]].item():.3e}")
 
@@ -790,8 +793,9 @@ def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
             assert_within_bound(got, a, pw, None)
         for afmt in ("mxfp8_e4m3", "mxfp4_e2m1"):
             am = mxkit.quantize(a * 4, afmt)
-            if afmt == "mxfp8_e4m3":
-                am.scale[min(5, M - 1), 0] = 250  # outside E4M3's bf16-exact range: the fix-up's row
+            if afmt == "mxfp8_e4m3":  # below E4M3's bf16-exact range: the fix-up's row (above it, the values
+                # pass float32's range: Inf there, as in the reference, where the float64 bound has none)
+                am.scale[min(5, M - 1), 0] = exact_scale_range(get_format(afmt), torch.bfloat16)[0] - 1
             if M > 2:
                 am.scale[1, 1] = 0xFF
             check(am, pw, backend="auto", bias=bias, path="w8a16-wgmma")
@@ -904,6 +908,80 @@ def test_fp6_tile_interpreted():
     from conftest import run_interpreted
 
     run_interpreted(__file__, "_check_fp6_tile_interpreted")
+
+
+@triton.jit
+def _mx_weight_tile_kernel(q_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           W_KIND: tl.constexpr):
+    """out [N, K] bf16 = the weight tile of the decode kernels (``_mx_weight._mx_weight_tile``; a test kernel)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    k0 = tl.program_id(1) * BLOCK_K
+    w = _mx_weight_tile(q_ptr, s_ptr, n.to(tl.int64), nmask, k0, K, K, BLOCK_N, BLOCK_K, W_KIND)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=nmask[:, None])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_mx_weight_tile_every_code(fmt, rng, poison):
+    """The weight tile of the decode and grouped kernels, element by element, is the reference's bf16
+    dequantize byte for byte for every element code (MXFP8's NaN and Inf codes, MXINT8's -128 included) under
+    random scale bytes of the bf16-exact envelope; a scale byte 255 gives NaN blocks (compared as NaN: the
+    payload is not specified)."""
+    f = get_format(fmt)
+    N, K = 24, 512
+    lo, hi = exact_scale_range(f, torch.bfloat16)
+    codes = torch.randint(0, 1 << f.bits, (N, K), generator=rng, dtype=torch.int32)
+    codes[: (1 << f.bits) // K + 1].view(-1)[: 1 << f.bits] = torch.arange(1 << f.bits, dtype=torch.int32)
+    scale = torch.randint(lo, hi + 1, (N, K // 32), generator=rng, dtype=torch.int32)
+    scale[0, 0], scale[-1, -1], scale[5, 3] = lo, hi, 255
+    w = MXTensor(pack_codes(codes.to(torch.uint8), f), scale.to(torch.uint8), f, 1, 32, (N, K))
+    want = dequantize_reference(w, torch.bfloat16)
+    wc = w.to("cuda")
+    out = torch.empty(N, K, dtype=torch.bfloat16, device="cuda")
+    _mx_weight_tile_kernel[(triton.cdiv(N, 16), K // 128)](wc.qdata, wc.scale, out, N, K, BLOCK_N=16, BLOCK_K=128,
+                                                            W_KIND=W_KINDS[fmt])
+    got = out.cpu()
+    nan = torch.isnan(want)
+    assert nan[5, 96:128].all() and (fmt != "mxfp8_e5m2" or torch.isinf(want).any())
+    bad = (torch.isnan(got) != nan) | (~nan & (got.view(torch.int16) != want.view(torch.int16)))
+    show = [(n, k, hex(codes[n, k].item()), scale[n, k // 32].item(), got[n, k].item(), want[n, k].item())
+            for n, k in bad.nonzero()[:6].tolist()]
+    assert not bad.any(), f"{int(bad.sum())} elements differ: (n, k, code, scale byte, tile, reference) {show}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt,special", [
+    ("mxfp8_e5m2", {5: [(105, 0x7C)], 17: [(117, 0xFC)], 40: [(140, 0x7E)], 41: [(7, 0x7C), (9, 0xFC)]}),
+    ("mxfp8_e4m3", {5: [(105, 0x7F)], 17: [(117, 0xFF)]})])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_decode_w16_nonfinite_codes(fmt, special, dtype, rng):
+    """A weight holding Inf / NaN element codes (E5M2 +Inf, -Inf, NaN, and a column with both infinities;
+    E4M3's two NaN) on decode-w16 (small M; such a weight stays off the tensor-core decode kernels): the
+    columns that read them are the float64 product's (+Inf, -Inf or NaN, element by element), the other columns
+    within the bound."""
+    N, K, M = 64, 1024, 3
+    w = rand_mx((N, K), fmt, rng, base=123)  # (scale bytes in fp16's envelope too)
+    for c, at in special.items():
+        for k, code in at:
+            w.qdata[c, k] = code
+    pw = mxkit.pack_weight(w.to("cuda"))
+    a = torch.randn(M, K, generator=rng).to(dtype)
+    assert mxkit.gemm_plan(a.cuda(), pw, backend="auto").path == "decode-w16"
+    y = mxkit.matmul(a.cuda(), pw, backend="auto").cpu().to(torch.float64)
+    y64 = values64(a) @ values64(w).T
+    cols = torch.zeros(N, dtype=torch.bool)
+    cols[list(special)] = True
+    assert not torch.isfinite(y64[:, cols]).any()
+    assert torch.equal(torch.isnan(y[:, cols]), torch.isnan(y64[:, cols]))
+    inf = torch.isinf(y64[:, cols])
+    assert torch.equal(y[:, cols][inf], y64[:, cols][inf])
+    keep = MXTensor(w.qdata[~cols], w.scale[~cols], w.fmt, 1, 32, (N - len(special), K))
+    OUT[0] = dtype
+    assert_within_bound(y[:, ~cols].to(dtype), a, keep)
 
 
 def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):

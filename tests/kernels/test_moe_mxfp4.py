@@ -127,7 +127,7 @@ def assert_gemm_rows(y: torch.Tensor, a64: torch.Tensor, w64: torch.Tensor, trun
         bound = ulp.norm(dim=1) + acc
     else:
         bound = 1.2 * (y64.to(torch.bfloat16).to(torch.float64) - y64).norm(dim=1) + acc
-    bad = torch.nonzero(~(err <= bound))  # (a NaN error is over it).flatten()
+    bad = torch.nonzero(~(err <= bound)).flatten()  # (a NaN error is over it)
     assert bad.numel() == 0, f"{bad.numel()} rows over the bound, e.g. {err[bad[0]]:.3e} > {bound[bad[0]]:.3e}"
 
 

@@ -827,10 +827,7 @@ def moe_triton(
                                    activation=activation, expert_range=expert_range, num_experts=num_experts)
     out_dtype = out_dtype or x.dtype
     plain = w_gate_up.scale_layout == "plain" and w_down.scale_layout == "plain"
-    # (E5M2 experts holding an Inf / NaN code: the grouped Triton kernel gave finite rows where the reference has
-    # NaN (H200, 2026-12-02); the reference takes them)
-    e5m2_special = any(w.fmt.name == "mxfp8_e5m2" and not _codes_finite(w) for w in (w_gate_up, w_down))
-    if x.dtype != torch.bfloat16 or not plain or not (supported(w_gate_up) and supported(w_down)) or e5m2_special:
+    if x.dtype != torch.bfloat16 or not plain or not (supported(w_gate_up) and supported(w_down)):
         return moe_reference(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                              out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts,
                              intermediate_dtype=x.dtype)

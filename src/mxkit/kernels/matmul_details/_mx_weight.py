@@ -66,7 +66,8 @@ def _fp6_tile(q_ptr, rows, nmask, k0, k_hi, K, BLOCK_N: tl.constexpr, BLOCK_K: t
     sig = tl.where(e == 0, mant, mant + (1 << MB))  # the integer significand
     p2 = ((tl.maximum(e, 1) - BIAS - MB + 127) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 1) - bias - MB)
     v = sig.to(tl.float32) * p2
-    return tl.where((codes & 0x20) != 0, -v, v)
+    # the sign bit set by bits (a select of -v gave +0 for the code of -0 on the H200)
+    return (v.to(tl.int32, bitcast=True) | ((codes & 0x20) << 26)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -99,7 +100,9 @@ def _mx_weight_tile(q_ptr, s_ptr, rows, nmask, k0, k_hi, K, BLOCK_N: tl.constexp
             v = byt.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
             fac = _e8m0_bf16(sb)
         elif W_KIND == 2:
-            v = byt.to(tl.float8e5, bitcast=True).to(tl.bfloat16)
+            # an E5M2 code is the high byte of the fp16 of its value, Inf and NaN included (Triton's float8e5 ->
+            # bf16 cast gave 65536 for an Inf code on the H200, triton 3.6)
+            v = (byt.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(tl.bfloat16)
             fac = _e8m0_bf16(sb)
         else:
             v = byt.to(tl.int8, bitcast=True).to(tl.bfloat16)

@@ -371,6 +371,25 @@ def test_gpu_mxlinear_folding_activations_prepared_call(act, wf, rng, poison):
         assert torch.equal(biased(x).view(torch.int16), biased._forward(x, biased.bias).view(torch.int16))
 
 
+def test_mxlinear_eager_route_follows_its_settings():
+    """The prepared eager call a layer with quantized activations takes (kept on the layer, made again when
+    act_format, scale_mode or rounding is replaced): a8w8 for MXFP8 x MXFP8 under FLOOR / RNE only, fold for
+    activations and weights that fold, none for FP8 rowwise or MXFP8 x MXFP4."""
+    def route(wf, act, **kw):
+        layer = MXLinear.from_linear(nn.Linear(64, 32, bias=False), wf, act_format=act, **kw)
+        return layer, layer._eager_route()[3]
+
+    layer, r = route("mxfp8_e4m3", "mxfp8_e4m3")
+    assert r == "a8w8" and layer.__dict__["_route"][0] is layer.act_format
+    layer.scale_mode = mxkit.ScaleMode.CEIL
+    assert layer._eager_route()[3] is None
+    assert route("mxfp8_e4m3", "mxfp8_e4m3", rounding="away")[1] is None
+    assert route("mxfp4_e2m1", "mxfp4_e2m1")[1] == "fold"
+    assert route("mxfp6_e3m2", "mxfp6_e2m3")[1] == "fold"
+    assert route("mxfp4_e2m1", "fp8_e4m3_rowwise")[1] is None
+    assert route("mxfp4_e2m1", "mxfp8_e4m3")[1] is None
+
+
 def test_layer_report_as_dict():
     r = LayerReport("a", 2, 32, "quantized", qsnr_db=1.0)
     assert r.numel == 64 and r.as_dict()["qsnr_db"] == 1.0

@@ -875,6 +875,9 @@ def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int,
     return run(xv, xs, bias, y)
 
 
+_UNSEEN = object()  # (a key not in a dict of prepared calls, whose values may be None)
+
+
 def _calls_on(holder, name: str) -> dict:
     """The dict of prepared calls kept on a weight object (PackedWeight or MXTensor) under ``name``: not a field,
     so dataclasses.replace / .to() start a new one; emptied when it reaches 64 entries (many shapes, e.g.
@@ -1083,11 +1086,14 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
     dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
     one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
-    calls = _calls_on(b, "_calls")
-    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.device, out_dtype, _table_token(),
+    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.get_device(), out_dtype,
+           _token_stack[-1] if _token_stack else 0,
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
-    if key in calls:
-        return calls[key]
+    calls = b.__dict__.get("_calls")
+    call = calls.get(key, _UNSEEN) if calls is not None else _UNSEEN
+    if call is not _UNSEEN:
+        return call
+    calls = _calls_on(b, "_calls")
     call = None
     w = b.source
     M = x.shape[:-1].numel()
@@ -1262,19 +1268,18 @@ class _QuantizeFoldCall(_FoldCall):
             self._bind_fixup(QuantizedRows(x2, self.fmt, self.mode, self.rounding), (status, scale), self.cols)
 
 
-_UNSEEN = object()
-
-
 def prepared_call_quantize_fold(x: torch.Tensor, b: PackedWeight, fmt: ElementFormat, scale_mode, rounding):
     """MXLinear's eager hot path where its activations fold: the :class:`_QuantizeFoldCall` of (b, x's shape,
     strides and device, fmt, scale mode, rounding), made once and kept on b; None where it does not apply (x
     not bf16 or not contiguous, a weight without its fold, no rows)."""
-    calls = _calls_on(b, "_calls")
-    key = ("qfold", x.shape, x.stride(), x.dtype, x.get_device(), fmt, scale_mode, rounding, _table_token())
-    call = calls.get(key, _UNSEEN)
+    key = ("qfold", x.shape, x.stride(), x.dtype, x.get_device(), fmt, scale_mode, rounding,
+           _token_stack[-1] if _token_stack else 0)
+    calls = b.__dict__.get("_calls")
+    call = calls.get(key, _UNSEEN) if calls is not None else _UNSEEN
     if call is _UNSEEN:
         if torch.cuda.is_current_stream_capturing():
             return None  # (its operands are made once, outside a capture: a later call makes it)
+        calls = _calls_on(b, "_calls")
         call = None
         if (x.dtype == torch.bfloat16 and x.is_contiguous() and x.dim() >= 1 and x.shape[:-1].numel()
                 and isinstance(b.folded, Folded) and x.shape[-1] == b.shape[1]):

@@ -222,13 +222,34 @@ class MXLinear(_ops.Handled, nn.Module):
             if act is None:
                 # the eager hot path (decode): what matmul's own fast path runs, minus its checks
                 return prepared_call(x, packed, x.dtype, bias)(x, bias)
-            if (bias is None and act != FP8_ROWWISE and self.block_size == 32 and can_fold(act)
-                    and can_fold(self.weight_format)):
+            r = self.__dict__.get("_route")
+            if r is None or not (r[0] is act and r[1] is self.scale_mode and r[2] is self.rounding):
+                r = self._eager_route()
+            if r[3] == "a8w8":  # _a8w8's one launch (x quantized in it), from its prepared call
+                call = prepared_call_a8w8(x, packed, x.dtype, bias)
+                if call is not None:
+                    return call(x, bias)
+            elif r[3] == "fold" and bias is None:
                 # activations that fold: _forward's quantize-fold, FP8 GEMM and fix-up with their launches bound
                 call = prepared_call_quantize_fold(x, packed, act, self.scale_mode, self.rounding)
                 if call is not None:
                     return call(x)
         return self._forward(x, bias)
+
+    def _eager_route(self) -> tuple:
+        """(act_format, scale_mode, rounding, route) kept on the layer: which prepared eager call its quantized
+        activations take on CUDA: "a8w8" (the conditions of :meth:`_a8w8`), "fold" (activations and weight that
+        fold, blocks of 32), else None (:meth:`_forward`). Made again when one of the three is replaced."""
+        act, wf = self.act_format, self.weight_format
+        route = None
+        if (getattr(act, "name", None) == "mxfp8_e4m3" and wf.name == "mxfp8_e4m3" and self.block_size == 32
+                and self.scale_mode is ScaleMode.FLOOR and self.rounding is Rounding.RNE):
+            route = "a8w8"
+        elif act is not None and act != FP8_ROWWISE and self.block_size == 32 and can_fold(act) and can_fold(wf):
+            route = "fold"
+        r = (act, self.scale_mode, self.rounding, route)
+        self.__dict__["_route"] = r  # (a plain attribute, set past nn.Module.__setattr__: not in the state_dict)
+        return r
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._packed, self.act_format

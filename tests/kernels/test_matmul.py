@@ -1238,6 +1238,7 @@ def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
     m = torch.backends.cuda.matmul
     names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
     before = {n: getattr(m, n) for n in names}
+    prec = m.fp32_precision
     try:
         for state in ((True, True, True), (False, False, True), (True, True, False)):
             for n, v in zip(names, state):
@@ -1245,9 +1246,29 @@ def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
             with km._exact_cublas():
                 assert [getattr(m, n) for n in names] == [False, False, False]
             assert [getattr(m, n) for n in names] == list(state)
+        # TF32 through the newer API (the legacy getters refuse to read its "tf32"): switched and restored by it
+        for p in ("tf32", "ieee", "none"):
+            m.fp32_precision = p
+            with km._exact_cublas():
+                # ("none" after a legacy TF32 on is a state the legacy getter refuses too: "ieee" inside then)
+                assert m.fp32_precision in (("ieee", "none") if p == "none" else ("ieee",))
+                assert not m.allow_bf16_reduced_precision_reduction
+            assert m.fp32_precision == p
+            m.fp32_precision = "none"
+        # all off: nothing is written (a legacy write of TF32 off would have turned "none" into "ieee")
+        m.fp32_precision = "none"
+        for n in names:
+            setattr(m, n, False)
+        assert m.fp32_precision == "ieee"  # (torch: the legacy write above already did)
+        m.fp32_precision = "none"
+        with km._exact_cublas():
+            assert m.fp32_precision == "none"
+        assert m.fp32_precision == "none"
     finally:
+        m.fp32_precision = prec
         for n, v in before.items():
-            setattr(m, n, v)
+            if n != "allow_tf32" or prec == "none":
+                setattr(m, n, v)
 
 
 def test_cublas_probe_only_reads_the_settings():

@@ -586,9 +586,23 @@ def _cublas_flags():
 _CUBLAS: list = []  # [the probe's result], filled at the first use
 
 
+def _tf32_off_new_api() -> Optional[str]:
+    """TF32 set through torch's newer API (``torch.backends.cuda.matmul.fp32_precision``, whose "tf32" state the
+    legacy getters refuse to read: "mix of the legacy and new APIs"): switched to "ieee" through it; returns the
+    precision to restore, None where it was "ieee" already (nothing written)."""
+    m = torch.backends.cuda.matmul
+    p = m.fp32_precision
+    if p == "ieee":
+        return None
+    m.fp32_precision = "ieee"
+    return p
+
+
 class _exact_cublas:
     """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
-    call; a split-K setting stays as it is), the settings before restored after."""
+    call; a split-K setting stays as it is), the settings before restored after. Only a setting that is on is
+    written (with all off, the default, nothing is), through the API it was set with: TF32 set through torch's
+    newer ``fp32_precision`` is switched to "ieee" and back through it."""
 
     __slots__ = ("saved",)
 
@@ -596,29 +610,59 @@ class _exact_cublas:
         if not _CUBLAS:
             _CUBLAS.append(_cublas_flags())
         fns = _CUBLAS[0]
+        m = torch.backends.cuda.matmul
         if fns is None:
-            m = torch.backends.cuda.matmul
-            self.saved = (m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
-                          m.allow_fp16_reduced_precision_reduction)
-            m.allow_tf32 = False
-            m.allow_bf16_reduced_precision_reduction = False
-            m.allow_fp16_reduced_precision_reduction = False
-            return
-        get, put = fns
-        self.saved = saved = (get[0](), get[1](), get[2]())
-        put[0](False)
-        for p, v in zip(put[1:], saved[1:]):
-            p(False, v[1]) if isinstance(v, tuple) else p(False)
+            get = (lambda: m.allow_tf32, lambda: m.allow_bf16_reduced_precision_reduction,
+                   lambda: m.allow_fp16_reduced_precision_reduction)
+        else:
+            get = fns[0]
+        try:
+            tf32 = get[0]()
+        except RuntimeError:  # (set through the newer API)
+            p = _tf32_off_new_api()
+            tf32 = None if p is None else (p,)
+        else:
+            if tf32:
+                if fns is None:
+                    m.allow_tf32 = False
+                else:
+                    fns[1][0](False)
+            else:
+                tf32 = None
+        bf16, fp16 = get[1](), get[2]()
+        saved = [tf32, None, None]
+        for i, v in ((1, bf16), (2, fp16)):
+            if v[0] if isinstance(v, tuple) else v:
+                saved[i] = v
+                if fns is None:
+                    setattr(m, _REDUCTIONS[i - 1], False)
+                else:
+                    fns[1][i](False, v[1]) if isinstance(v, tuple) else fns[1][i](False)
+        self.saved = saved
 
     def __exit__(self, *exc) -> None:
-        fns = _CUBLAS[0]
-        if fns is None:
-            m = torch.backends.cuda.matmul
-            m.allow_tf32, m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = \
-                self.saved
+        tf32, bf16, fp16 = self.saved
+        if tf32 is None and bf16 is None and fp16 is None:
             return
-        for p, v in zip(fns[1], self.saved):
-            p(*v) if isinstance(v, tuple) else p(v)
+        fns = _CUBLAS[0]
+        m = torch.backends.cuda.matmul
+        if isinstance(tf32, tuple):
+            m.fp32_precision = tf32[0]
+        elif tf32 is not None:
+            if fns is None:
+                m.allow_tf32 = True
+            else:
+                fns[1][0](True)
+        for i, v in ((1, bf16), (2, fp16)):
+            if v is None:
+                continue
+            if fns is None:
+                setattr(m, _REDUCTIONS[i - 1], v)
+            else:
+                fns[1][i](*v) if isinstance(v, tuple) else fns[1][i](v)
+
+
+_REDUCTIONS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
 
 
 def _values_fp32(a, kind: str) -> torch.Tensor:

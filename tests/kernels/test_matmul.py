@@ -799,6 +799,15 @@ def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
             if M > 2:
                 am.scale[1, 1] = 0xFF
             check(am, pw, backend="auto", bias=bias, path="w8a16-wgmma")
+        am = mxkit.quantize(a * 4, "mxfp8_e4m3")
+        am.scale[0, 0] = 250  # values past float32's largest: Inf in every path, as in the reference (a stated case)
+        yh = mxkit.matmul(am, pw, backend="auto")
+        want = mxkit.matmul(am, pw, backend="reference")
+        assert not torch.isfinite(want[0]).any() and not torch.isfinite(yh[0]).any()
+        OUT[0] = torch.bfloat16
+        rest = MXTensor(am.qdata[1:], am.scale[1:], am.fmt, 1, 32, (M - 1, K))
+        if M > 1:
+            assert_within_bound(yh[1:], rest, pw)
         wn = MXTensor(w.qdata.clone(), w.scale, w.fmt, 1, 32, w.shape)
         wn.qdata[7, 3] = 0x7F if fmt == "mxfp8_e4m3" else 0x7E
         pn = pack_weight(wn, act="float")

@@ -17,6 +17,7 @@ CI. GPU (``-m gpu``): the same checks on CUDA with the Triton fold kernels and c
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 import torch
@@ -74,7 +75,7 @@ def assert_within_bound(y: torch.Tensor, a, b, bias=None, truncating: bool = Fal
     assert torch.equal(y[inf], y64[inf]), "an element whose exact product is +-Inf must be it"
     y, y64 = y.masked_fill(inf, 0), y64.masked_fill(inf, 0)
     K = a64.shape[1]
-    acc = K * 2.0**-24 * ((a64.abs() @ b64.abs().T).norm(dim=1))
+    acc = K * 2.0**-24 * ((a64.abs() @ b64.abs().T).masked_fill(inf, 0).norm(dim=1))
     err = (y - y64).norm(dim=1)
     if y.dtype == torch.float64 and OUT[0] == torch.float32:
         bound = 1e-5 * y64.norm(dim=1) + acc
@@ -1235,49 +1236,69 @@ def test_gpu_prepared_calls_and_cuda_graphs(fmt, rng):
         assert torch.equal(out, mxkit.matmul(static.clone(), pw, bias=bias))
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_exact_cublas_sets_and_restores_the_settings(fallback, monkeypatch):
-    """Inside ``_exact_cublas`` TF32 and the bf16 / fp16 reduced-precision reductions are off; after it every
-    setting is what it was (split-K ones included), through torch._C's setters or, where this PyTorch has other
-    ones, the torch.backends properties."""
-    from mxkit.kernels import matmul as km
+_CUBLAS_SCENARIO = r"""
+import sys
+import torch
+from mxkit.kernels import matmul as km
 
-    if fallback:
-        monkeypatch.setattr(km, "_CUBLAS", [None])
-    m = torch.backends.cuda.matmul
-    names = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
-    before = {n: getattr(m, n) for n in names}
-    prec = m.fp32_precision
+m, C = torch.backends.cuda.matmul, torch._C
+if sys.argv[2] == "legacy":
+    km._CUBLAS[:] = [km._cublas_flags(), None]  # (a PyTorch without the newer API)
+
+
+def views():
+    out = []
+    for f in (lambda: C._get_fp32_precision_getter("cuda", "matmul"), lambda: m.fp32_precision,
+              lambda: C._get_cublas_allow_tf32(), torch.get_float32_matmul_precision,
+              lambda: C._get_cublas_allow_bf16_reduced_precision_reduction(),
+              lambda: C._get_cublas_allow_fp16_reduced_precision_reduction()):
+        try:
+            out.append(f())
+        except RuntimeError:
+            out.append("refused")
+    return out
+
+
+exec(sys.argv[1])
+before = views()
+for raise_inside in (False, True, False):
     try:
-        for state in ((True, True, True), (False, False, True), (True, True, False)):
-            for n, v in zip(names, state):
-                setattr(m, n, v)
-            with km._exact_cublas():
-                assert [getattr(m, n) for n in names] == [False, False, False]
-            assert [getattr(m, n) for n in names] == list(state)
-        # TF32 through the newer API (the legacy getters refuse to read its "tf32"): switched and restored by it
-        for p in ("tf32", "ieee", "none"):
-            m.fp32_precision = p
-            with km._exact_cublas():
-                # ("none" after a legacy TF32 on is a state the legacy getter refuses too: "ieee" inside then)
-                assert m.fp32_precision in (("ieee", "none") if p == "none" else ("ieee",))
-                assert not m.allow_bf16_reduced_precision_reduction
-            assert m.fp32_precision == p
-            m.fp32_precision = "none"
-        # all off: nothing is written (a legacy write of TF32 off would have turned "none" into "ieee")
-        m.fp32_precision = "none"
-        for n in names:
-            setattr(m, n, False)
-        assert m.fp32_precision == "ieee"  # (torch: the legacy write above already did)
-        m.fp32_precision = "none"
         with km._exact_cublas():
-            assert m.fp32_precision == "none"
-        assert m.fp32_precision == "none"
-    finally:
-        m.fp32_precision = prec
-        for n, v in before.items():
-            if n != "allow_tf32" or prec == "none":
-                setattr(m, n, v)
+            p = C._get_fp32_precision_getter("cuda", "matmul")
+            assert p == "ieee" or p == "none" and C._get_cublas_allow_tf32() is False, views()
+            assert not m.allow_bf16_reduced_precision_reduction and not m.allow_fp16_reduced_precision_reduction
+            if raise_inside:
+                raise KeyError
+    except KeyError:
+        pass
+    assert views() == before, (before, views())
+print("restored", before)
+"""
+
+
+@pytest.mark.parametrize("api,setup", [
+    ("new", "pass"), ("new", "torch.set_float32_matmul_precision('medium')"), ("new", "m.allow_tf32 = True"),
+    ("new", "m.fp32_precision = 'tf32'"), ("new", "torch.backends.fp32_precision = 'tf32'"),
+    ("new", "torch.set_float32_matmul_precision('high'); m.fp32_precision = 'ieee'"),
+    ("new", "m.allow_bf16_reduced_precision_reduction = True; m.allow_fp16_reduced_precision_reduction = False"),
+    ("legacy", "pass"), ("legacy", "m.allow_tf32 = True"),
+    ("legacy", "m.allow_tf32 = True; m.allow_fp16_reduced_precision_reduction = True")])
+def test_exact_cublas_sets_and_restores_the_settings(api, setup):
+    """Inside ``_exact_cublas`` TF32 and the bf16 / fp16 reduced-precision reductions are off; after it (an
+    exception inside included) every view of them reads as before: torch's newer fp32_precision, the legacy
+    getters, get_float32_matmul_precision (which torch refuses to read after a mix of the two APIs: its refusal
+    is kept, never caused), from a fresh process per starting state: set through either API, globally, or not
+    at all (nothing is written then); "legacy": a PyTorch without the newer API."""
+    import subprocess
+    import sys
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _CUBLAS_SCENARIO, setup, api], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "restored" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    if setup == "torch.backends.fp32_precision = 'tf32'":
+        assert "refused" in r.stdout  # (the state torch itself refuses to read through the legacy getter)
 
 
 def test_cublas_probe_only_reads_the_settings():
@@ -1289,6 +1310,7 @@ def test_cublas_probe_only_reads_the_settings():
     try:
         torch.set_float32_matmul_precision("medium")
         km._cublas_flags()
+        km._fp32_precision_api()
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)

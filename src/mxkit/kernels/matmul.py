@@ -583,32 +583,46 @@ def _cublas_flags():
     return (get, put) if ok else None
 
 
-_CUBLAS: list = []  # [the probe's result], filled at the first use
+_CUBLAS: list = []  # [_cublas_flags(), _fp32_precision_api()], filled at the first use
 
 
-def _tf32_off_new_api() -> Optional[str]:
-    """TF32 set through torch's newer API (``torch.backends.cuda.matmul.fp32_precision``, whose "tf32" state the
-    legacy getters refuse to read: "mix of the legacy and new APIs"): switched to "ieee" through it; returns the
-    precision to restore, None where it was "ieee" already (nothing written)."""
-    m = torch.backends.cuda.matmul
-    p = m.fp32_precision
+def _fp32_precision_api():
+    """torch._C's getter and setter of the newer per-backend float32 precision (``fp32_precision``), where this
+    PyTorch has them (2.9 on), else None."""
+    C = torch._C
+    get, put = getattr(C, "_get_fp32_precision_getter", None), getattr(C, "_set_fp32_precision_setter", None)
+    try:
+        return (get, put) if isinstance(get("cuda", "matmul"), str) and callable(put) else None
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _tf32_off_new_api(api) -> Optional[str]:
+    """cuBLAS's TF32 switched off through the newer API (``torch.backends.cuda.matmul.fp32_precision`` to
+    "ieee"), which keeps every view of the setting as it was once restored (a write through the legacy setters
+    makes torch refuse to read ``get_float32_matmul_precision`` back: "mix of the legacy and new APIs"). Returns
+    the precision to restore ("none" where the value was its parent's, so that it follows the parent again),
+    None where it was "ieee" already (nothing written)."""
+    get, put = api
+    p = get("cuda", "matmul")
     if p == "ieee":
         return None
-    m.fp32_precision = "ieee"
-    return p
+    put("cuda", "matmul", "ieee")
+    return "none" if p == get("cuda", "all") else p
 
 
 class _exact_cublas:
     """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
     call; a split-K setting stays as it is), the settings before restored after. Only a setting that is on is
-    written (with all off, the default, nothing is), through the API it was set with: TF32 set through torch's
-    newer ``fp32_precision`` is switched to "ieee" and back through it."""
+    written (with all off, the default, nothing is); TF32 through torch's newer ``fp32_precision`` API where this
+    PyTorch has it (:func:`_tf32_off_new_api`), else the legacy setters."""
 
     __slots__ = ("saved",)
 
     def __enter__(self):
         if not _CUBLAS:
             _CUBLAS.append(_cublas_flags())
+            _CUBLAS.append(_fp32_precision_api())
         fns = _CUBLAS[0]
         m = torch.backends.cuda.matmul
         if fns is None:
@@ -617,21 +631,24 @@ class _exact_cublas:
         else:
             get = fns[0]
         try:
-            tf32 = get[0]()
-        except RuntimeError:  # (set through the newer API)
-            p = _tf32_off_new_api()
-            tf32 = None if p is None else (p,)
-        else:
-            if tf32:
+            on = get[0]()
+        except RuntimeError:  # (a state of the newer API the legacy getter refuses to read)
+            on = True
+        tf32 = None
+        if on:
+            api = _CUBLAS[1]
+            if api is not None:
+                p = _tf32_off_new_api(api)
+                tf32 = None if p is None else (p,)
+            else:
+                tf32 = True
                 if fns is None:
                     m.allow_tf32 = False
                 else:
                     fns[1][0](False)
-            else:
-                tf32 = None
-        bf16, fp16 = get[1](), get[2]()
         saved = [tf32, None, None]
-        for i, v in ((1, bf16), (2, fp16)):
+        for i in (1, 2):
+            v = get[i]()
             if v[0] if isinstance(v, tuple) else v:
                 saved[i] = v
                 if fns is None:
@@ -647,7 +664,7 @@ class _exact_cublas:
         fns = _CUBLAS[0]
         m = torch.backends.cuda.matmul
         if isinstance(tf32, tuple):
-            m.fp32_precision = tf32[0]
+            _CUBLAS[1][1]("cuda", "matmul", tf32[0])
         elif tf32 is not None:
             if fns is None:
                 m.allow_tf32 = True
@@ -1223,21 +1240,31 @@ class _MxBoundCall:
             self.fix = fix
 
 
+def _fold_operands(b: PackedWeight) -> tuple:
+    """The weight's operands of the prepared fold-fp8 calls, made once per PackedWeight (every shape of a shares
+    them): its folded E4M3 rows transposed (K, N), their row scales (1, N) and the fix-up's column flags (None
+    without special rows; made on this stream and waited for once, so that calls on any stream may read them)."""
+    ops = b.__dict__.get("_fold_operands")
+    if ops is None:
+        from .matmul_details._row_fixup import column_flags
+
+        N = b.shape[0]
+        cols = column_flags(b.special_rows, N, b.device)
+        if cols is not None:
+            torch.cuda.current_stream(b.device).synchronize()
+        ops = (b.folded.data[:N].t(), b.folded.scale[:N].reshape(1, N).contiguous(), cols)
+        object.__setattr__(b, "_fold_operands", ops)
+    return ops
+
+
 class _FoldCall(_MxBoundCall):
     """The fold-fp8 path (:class:`_MxBoundCall`): a's fold (one C++ fast call: its three outputs allocated and the
     kernel launched; deferred, no host sync), cuBLAS's FP8 GEMM with rowwise scales, the fix-up, with the weight's
     folded operands and the fix-up's column flags made once."""
 
     def __init__(self, b: PackedWeight, plan: Optional[GemmPlan], lead: tuple):
-        from .matmul_details._row_fixup import column_flags
-
         super().__init__(b, plan, lead)
-        N = b.shape[0]
-        self.bt = b.folded.data[:N].t()
-        self.sb = b.folded.scale[:N].reshape(1, N).contiguous()
-        self.cols = column_flags(b.special_rows, N, b.device)
-        if self.cols is not None:  # (made on this stream: waited for, so that calls on any stream may read them)
-            torch.cuda.current_stream(b.device).synchronize()
+        self.bt, self.sb, self.cols = _fold_operands(b)
 
     def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return self._gemm_fixup(*self.fold(q, s), q, s)

@@ -239,7 +239,8 @@ class MXLinear(_ops.Handled, nn.Module):
     def _eager_route(self) -> tuple:
         """(act_format, scale_mode, rounding, route) kept on the layer: which prepared eager call its quantized
         activations take on CUDA: "a8w8" (the conditions of :meth:`_a8w8`), "fold" (activations and weight that
-        fold, blocks of 32), else None (:meth:`_forward`). Made again when one of the three is replaced."""
+        fold, blocks of 32), else None (:meth:`_forward`). Made again when one of the three is replaced (weight_format
+        and block_size are the quantized weight's; the prepared calls check the weight's layouts themselves)."""
         act, wf = self.act_format, self.weight_format
         route = None
         if (getattr(act, "name", None) == "mxfp8_e4m3" and wf.name == "mxfp8_e4m3" and self.block_size == 32

@@ -380,9 +380,12 @@ def test_mxlinear_eager_route_follows_its_settings():
         return layer, layer._eager_route()[3]
 
     layer, r = route("mxfp8_e4m3", "mxfp8_e4m3")
-    assert r == "a8w8" and layer.__dict__["_route"][0] is layer.act_format
-    layer.scale_mode = mxkit.ScaleMode.CEIL
-    assert layer._eager_route()[3] is None
+    assert r == "a8w8" and layer.__dict__["_route_kept"][0] is layer.act_format
+    assert layer._route() == "a8w8"
+    layer.scale_mode = mxkit.ScaleMode.CEIL  # (the kept route is stale: _route makes it again)
+    assert layer._route() is None and layer.__dict__["_route_kept"][1] is mxkit.ScaleMode.CEIL
+    layer.scale_mode = mxkit.ScaleMode.FLOOR
+    assert layer._route() == "a8w8"
     assert route("mxfp8_e4m3", "mxfp8_e4m3", rounding="away")[1] is None
     assert route("mxfp4_e2m1", "mxfp4_e2m1")[1] == "fold"
     assert route("mxfp6_e3m2", "mxfp6_e2m3")[1] == "fold"

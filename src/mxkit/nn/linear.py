@@ -222,19 +222,24 @@ class MXLinear(_ops.Handled, nn.Module):
             if act is None:
                 # the eager hot path (decode): what matmul's own fast path runs, minus its checks
                 return prepared_call(x, packed, x.dtype, bias)(x, bias)
-            r = self.__dict__.get("_route")
-            if r is None or not (r[0] is act and r[1] is self.scale_mode and r[2] is self.rounding):
-                r = self._eager_route()
-            if r[3] == "a8w8":  # _a8w8's one launch (x quantized in it), from its prepared call
+            route = self._route()
+            if route == "a8w8":  # _a8w8's one launch (x quantized in it), from its prepared call
                 call = prepared_call_a8w8(x, packed, x.dtype, bias)
                 if call is not None:
                     return call(x, bias)
-            elif r[3] == "fold" and bias is None:
+            elif route == "fold" and bias is None:
                 # activations that fold: _forward's quantize-fold, FP8 GEMM and fix-up with their launches bound
                 call = prepared_call_quantize_fold(x, packed, act, self.scale_mode, self.rounding)
                 if call is not None:
                     return call(x)
         return self._forward(x, bias)
+
+    def _route(self) -> Optional[str]:
+        """The route of :meth:`_eager_route`, made again where act_format, scale_mode or rounding was replaced."""
+        r = self.__dict__.get("_route_kept")
+        if r is None or not (r[0] is self.act_format and r[1] is self.scale_mode and r[2] is self.rounding):
+            r = self._eager_route()
+        return r[3]
 
     def _eager_route(self) -> tuple:
         """(act_format, scale_mode, rounding, route) kept on the layer: which prepared eager call its quantized
@@ -249,7 +254,7 @@ class MXLinear(_ops.Handled, nn.Module):
         elif act is not None and act != FP8_ROWWISE and self.block_size == 32 and can_fold(act) and can_fold(wf):
             route = "fold"
         r = (act, self.scale_mode, self.rounding, route)
-        self.__dict__["_route"] = r  # (a plain attribute, set past nn.Module.__setattr__: not in the state_dict)
+        self.__dict__["_route_kept"] = r  # (a plain attribute, set past nn.Module.__setattr__: not in the state_dict)
         return r
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -275,8 +280,7 @@ class MXLinear(_ops.Handled, nn.Module):
     def _a8w8(self, x: torch.Tensor, w, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """MXFP8 activations x an MXFP8 weight at small M in one launch (x quantized inside the a8w8-mma kernel,
         the bytes of :func:`mxkit.quantize` with this layer's FLOOR / RNE), or None where it does not apply."""
-        if not (getattr(self.act_format, "name", None) == "mxfp8_e4m3" and self.weight_format.name == "mxfp8_e4m3"
-                and self.scale_mode is ScaleMode.FLOOR and self.rounding is Rounding.RNE and self.block_size == 32):
+        if self._route() != "a8w8":
             return None  # (a8w8_linear checks the rest: CUDA, bf16 x, shapes, envelope, not while compiling)
         if isinstance(w, PackedWeight) and type(x) is torch.Tensor and x.is_cuda \
                 and not torch.compiler.is_compiling():

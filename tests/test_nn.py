@@ -193,6 +193,62 @@ def test_mxlinear_state_dict_round_trip(rng):
     assert torch.equal(fresh(x), m(x))
 
 
+def test_mxlinear_load_state_dict_takes_bytes_only(rng):
+    """A float tensor in place of the MX bytes would be cast by copy_ (300.0 -> 44): refused, naming the key."""
+    m = MXLinear.from_linear(nn.Linear(64, 48), "mxfp8_e4m3")
+    for key in ("weight_qdata", "weight_scale"):
+        sd = m.state_dict()
+        sd[key] = sd[key].float() + 0.7
+        fresh = MXLinear(64, 48, "mxfp8_e4m3")
+        with pytest.raises(TypeError, match=f"{key} must be uint8"):
+            fresh.load_state_dict(sd)
+    outer = nn.Sequential(m)  # the message carries the module's prefix
+    sd = outer.state_dict()
+    sd["0.weight_scale"] = sd["0.weight_scale"].to(torch.int32)
+    with pytest.raises(TypeError, match=r"0\.weight_scale must be uint8 \(MX bytes\), got torch.int32"):
+        outer.load_state_dict(sd)
+
+
+def test_mxlinear_rejects_bad_construction_and_inputs(rng):
+    for bs, msg in ((0, "block_size must be a positive int"), (32.0, "block_size must be a positive int"),
+                    (True, "block_size must be a positive int"), (2, "not a multiple of the element packing")):
+        with pytest.raises(ValueError, match=msg):
+            MXLinear(64, 16, "mxfp6", block_size=bs)
+    with pytest.raises(ValueError, match="packing of mxfp6_e3m2"):
+        MXLinear(64, 16, "mxfp8", act_format="mxfp6_e3m2", block_size=2)
+    for n_in, n_out in ((0, 16), (64, 0)):
+        with pytest.raises(ValueError, match="must be a positive int for MXLinear"):
+            MXLinear(n_in, n_out, "mxfp4")
+    lin = nn.Linear(64, 48)
+    m = MXLinear.from_linear(lin, "mxfp4")
+    with pytest.raises(TypeError, match=r"MXLinear takes a float tensor \(\.\.\., 64\), got MXTensor"):
+        m(mxkit.quantize(torch.randn(2, 64, generator=rng), "mxfp8"))
+    for act in (None, "mxfp8", "mxfp4", "mxint8", "fp8_e4m3_rowwise"):  # an empty batch with any activations
+        ma = MXLinear.from_linear(lin, "mxfp4", act_format=act)
+        y = ma(torch.randn(2, 0, 64, generator=rng))
+        assert y.shape == (2, 0, 48) and y.dtype == torch.float32, act
+    with pytest.raises(ValueError, match=r"x has shape \(0, 60\); expected \(\.\.\., 64\)"):
+        MXLinear.from_linear(lin, "mxfp4", act_format="mxfp8")(torch.randn(0, 60))
+
+
+def test_quantize_model_leaves_layers_it_cannot_take(rng):
+    """A float64 or empty layer is reported "unsupported" with its reason (it used to raise after the layers before
+    it had been replaced); a bad ``skip`` raises before anything is replaced."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64).double(), nn.Linear(64, 64), nn.Linear(40, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns on initialising the empty layer)
+        model.append(nn.Linear(64, 0))
+    with pytest.raises(TypeError, match="skip must be a name, an fnmatch pattern, a list of them or a callable"):
+        quantize_model(model, "mxfp4", skip=3, progress=False)
+    assert not any(isinstance(m, MXLinear) for m in model)
+    with pytest.warns(UserWarning, match=r"3 nn.Linear layer\(s\).*: 1 \(weight_dtype torch.float64.*\), 3, "
+                                         r"4 \(weight_shape 0 x 64: empty\)$"):
+        _, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
+    assert [type(m).__name__ for m in model] == ["MXLinear", "Linear", "MXLinear", "Linear", "Linear"]
+    assert [r.status for r in report] == ["quantized", "unsupported", "quantized", "unsupported", "unsupported"]
+    assert "float64" in report[1].reason and "block_size" in report[3].reason and "empty" in report[4].reason
+
+
 def test_qsnr_db_values(rng):
     x = torch.randn(1000, generator=rng, dtype=torch.float64)
     assert qsnr_db(x, x * 1.1) == pytest.approx(20.0)  # ‖x‖² / ‖0.1x‖² = 100

@@ -369,6 +369,35 @@ def test_errors():
         dequantize_reference(x)
 
 
+def test_public_entry_points_name_the_bad_argument():
+    """mxkit.quantize / quantize_fold / cast_transpose check what their own signatures add (a non-tensor x, the
+    pair of axes) before any backend, with the argument's name; dequantize a dtype outside its four."""
+    x = torch.randn(4, 64)
+    for f in (mxkit.quantize, mxkit.quantize_fold, mxkit.cast_transpose):
+        with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+            f([1.0] * 64, "mxfp4")
+    for axis in (1.0, (0, 1, 0), (0, True), "1", None):
+        with pytest.raises(TypeError, match="axis must be an int or a pair of ints"):
+            mxkit.quantize(x, "mxfp8", axis=axis)
+    with pytest.raises(ValueError, match=r"axis 1 is out of range for a 1-D tensor \(shape \(64,\)\)"):
+        mxkit.quantize(torch.randn(64), "mxfp8", axis=(0, 1))
+    with pytest.raises(ValueError, match="must differ"):
+        mxkit.quantize(x, "mxfp8", axis=(1, -1))
+    rows, cols = mxkit.quantize(torch.randn(64, 64), "mxfp8", axis=[1, 0])  # a list is a pair too
+    assert rows.axis == 1 and cols.axis == 0
+    with pytest.raises(TypeError, match="int32"):
+        mxkit.dequantize(mxkit.quantize(x, "mxfp8"), torch.int32)
+    assert mxkit.quantize_fold(torch.randn(0, 64), "mxfp4").data.shape[0] == 0  # an empty batch (documented)
+
+
+def test_mxtensor_block_size_must_hold_whole_packs():
+    with pytest.raises(ValueError, match="block_size=1 is not a multiple of mxfp6_e2m3's packing"):
+        mxkit.MXTensor(torch.zeros(4, 1, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), "mxfp6", 1, 1,
+                       (4, 2))
+    with pytest.raises(TypeError, match="shape must be a sequence of ints, got 64"):
+        mxkit.MXTensor(torch.zeros(64, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8), "mxfp8", 0, 32, 64)
+
+
 def test_other_block_sizes_match_oracle(rng):
     x = rand_blocks(64, 64, generator=rng, special=False).reshape(16, 256)
     for fmt in FORMAT_NAMES:

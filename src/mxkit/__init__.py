@@ -36,7 +36,9 @@ __version__ = "0.1.0"
 
 
 def quantize_model(*args, **kwargs):
-    """See :func:`mxkit.nn.quantize_model` (imported lazily: ``mxkit.nn`` is a higher layer)."""
+    """Replace every ``nn.Linear`` of a model by an MXLinear, in place: :func:`mxkit.nn.quantize_model`, whose
+    arguments, return value and errors (ValueError / TypeError for unknown names, a bad ``block_size`` or
+    ``skip``, a bare ``nn.Linear``) these are (imported lazily: ``mxkit.nn`` is a higher layer)."""
     from .nn import quantize_model as impl
 
     return impl(*args, **kwargs)

@@ -59,19 +59,28 @@ def quantize(
     EVEN = Triton / aiter. Rounding: ``"rne"`` (default) or ``"away"``.
     scale_layout: ``"plain"`` or a swizzled layout of :mod:`mxkit.layouts` (``"nvidia_128x4"``: the Triton
       backend writes it directly; byte-identical to quantize then :func:`mxkit.layouts.to_layout`).
-    Raises TypeError / ValueError on bad input (dtype, empty, axis length, names).
+    Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor or an axis that is not an int or a
+    pair of ints; ValueError for an empty x, an axis out of range, an axis length not a multiple of block_size,
+    a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
+    layout / backend names.
     """
     if backend == "auto" and type(axis) is int and isinstance(x, torch.Tensor) and x.is_cuda:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
             return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if not isinstance(axis, int):
-        axis = tuple(axis)
-        if len(axis) != 2 or not all(isinstance(a, int) for a in axis):
-            raise ValueError(f"axis must be an int or a pair of ints, got {axis!r}")
-        if axis[0] % max(1, x.dim()) == axis[1] % max(1, x.dim()):
+        pair = tuple(axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
+        if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):
+            raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
+        for a in pair:
+            if not -x.dim() <= a < x.dim():
+                raise ValueError(f"axis {a} is out of range for a {x.dim()}-D tensor (shape {tuple(x.shape)})")
+        if pair[0] % x.dim() == pair[1] % x.dim():
             raise ValueError(f"the two axes of a cast-transpose must differ, got {axis!r}")
+        axis = pair
     if _resolve_backend(backend, x.device) == "triton":
         from .kernels import quantize_triton
 
@@ -96,8 +105,12 @@ def cast_transpose(
     x: (..., K) is flattened to 2-D (M, K) with M = prod(leading dims); both M and K must be multiples of
     ``block_size``. Returns ``(rowwise, columnwise)``: rowwise is quantized along K (qdata (M, K/pack)),
     columnwise along M (qdata (K, M/pack): the transposed layout the backward / wgrad GEMM reads).
+    Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a 0-d or empty x,
+    M or K not a multiple of block_size, unknown names (as :func:`quantize`).
     """
-    nd = x.dim() if isinstance(x, torch.Tensor) else 0
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    nd = x.dim()
     if nd == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
@@ -125,6 +138,8 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
 
     Value = decode(element) × 2^(scale − 127) in float32, then cast (round to nearest even).
     Scale 0xFF or an element NaN code gives NaN. See :func:`mxkit.reference.dequantize_reference`.
+    Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
+    backend.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
@@ -161,7 +176,8 @@ def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: O
     (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
     :data:`mxkit.kernels.matmul.PATHS`; every one is exact (float32 accumulation, one output rounding).
     On CUDA with a PackedWeight it reads no device value (no host sync); an MXTensor weight's scale range is
-    read once per call (pack it with :func:`pack_weight`)."""
+    read once per call (pack it with :func:`pack_weight`). Raises what :func:`matmul` raises for its operands
+    (TypeError / ValueError: types, dtypes, a K mismatch, devices) and ValueError for an unknown backend."""
     from .kernels.matmul import GemmPlan, plan_gemm
 
     p = plan_gemm(a, b, out_dtype)
@@ -344,8 +360,11 @@ def quantize_fold(
 
     defer (CUDA): return a :class:`mxkit.kernels.fold.PendingFold` without the host sync that completes rows
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
-    (``MXLinear``'s path). Raises ValueError for a format that does not fold (FP8, INT8) and on the bad inputs
-    :func:`quantize` rejects."""
+    (``MXLinear``'s path). An x with no rows gives a Folded of 0 rows (activations: an empty batch). Raises
+    TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a format that does not
+    fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if _resolve_backend(backend, x.device) == "triton":
         from .kernels.fold import quantize_fold_triton
 

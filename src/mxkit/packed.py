@@ -59,9 +59,14 @@ class Fp8Rowwise:
         return self.data.device
 
     def to(self, device: Union[str, torch.device]) -> "Fp8Rowwise":
+        """The same activations with data and scale on ``device`` (values unchanged)."""
         return Fp8Rowwise(self.data.to(device), self.scale.to(device))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``data.float() * scale`` (..., K) in float32, then cast to ``dtype`` (float32 | bfloat16 | float16 |
+        float64; round to nearest even). Raises TypeError for another dtype."""
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise TypeError(f"dtype={dtype}: float32, bfloat16, float16 or float64")
         return (self.data.to(torch.float32) * self.scale).to(dtype)
 
 
@@ -192,6 +197,11 @@ class PackedWeight:
 
     @staticmethod
     def source_from_state_dict(sd: dict) -> MXTensor:
+        """The MX weight (N, K) of a :meth:`state_dict` (pack it again with :func:`mxkit.pack_weight`). Raises
+        KeyError naming a missing key, and MXTensor's TypeError / ValueError for inconsistent bytes or fields."""
+        missing = [k for k in ("qdata", "scale", "fmt", "shape", "block_size", "scale_mode", "rounding") if k not in sd]
+        if missing:
+            raise KeyError(f"PackedWeight state_dict lacks {', '.join(missing)}")
         return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, int(sd["block_size"]), tuple(sd["shape"]),
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
 

@@ -129,7 +129,11 @@ class MXTensor:
         object.__setattr__(self, "fmt", get_format(self.fmt))
         object.__setattr__(self, "scale_mode", ScaleMode.parse(self.scale_mode))
         object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
-        object.__setattr__(self, "shape", torch.Size(self.shape))
+        try:
+            shape = torch.Size(self.shape)
+        except TypeError:
+            raise TypeError(f"MXTensor shape must be a sequence of ints, got {self.shape!r}") from None
+        object.__setattr__(self, "shape", shape)
         for name in ("qdata", "scale"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor):
@@ -146,6 +150,9 @@ class MXTensor:
         if self.shape[self.axis] % self.block_size:
             raise ValueError(f"shape[{self.axis}]={self.shape[self.axis]} (shape {tuple(self.shape)}) is not a "
                              f"multiple of block_size={self.block_size}")
+        if self.block_size % self.fmt.pack:  # (then shape[axis] is a multiple of the packing too)
+            raise ValueError(f"block_size={self.block_size} is not a multiple of {self.fmt.name}'s packing "
+                             f"({self.fmt.pack} elements in {self.fmt.pack_bytes} bytes)")
         exp_q, exp_s = self.expected_shapes(self.shape, self.axis, self.fmt, self.block_size)
         if self.scale_layout != "plain":
             exp_s = scale_layout_shape(math.prod(exp_s[:-1]), exp_s[-1], self.scale_layout)
@@ -215,6 +222,8 @@ class MXTensor:
         return 8.0 * self.nbytes / max(1, self.shape.numel())
 
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
+        """The same MXTensor with qdata and scale on ``device`` (bytes unchanged; a device, not a dtype: the
+        element format is fixed, :func:`mxkit.dequantize` gives values in a dtype)."""
         return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 
     def plain_scale(self) -> torch.Tensor:

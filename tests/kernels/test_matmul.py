@@ -314,6 +314,29 @@ def test_packed_weight_state_dict_and_to(rng):
     assert pw.to("cpu").folded.data.device.type == "cpu"
     leaves, spec = torch.utils._pytree.tree_flatten(pw)
     assert torch.utils._pytree.tree_unflatten(leaves, spec).scale_max == pw.scale_max
+    del sd["rounding"], sd["shape"]
+    with pytest.raises(KeyError, match="PackedWeight state_dict lacks shape, rounding"):
+        PackedWeight.source_from_state_dict(sd)
+
+
+def test_bad_arguments_of_the_gemm_entry_points(rng):
+    """A non-float bias (a bool one used to add 1.0), pack_weight's argument name and its act checked on a packed
+    weight too, Fp8Rowwise.dequantize's dtypes."""
+    w = mxkit.quantize(torch.randn(48, 64, generator=rng), "mxfp4")
+    x = torch.randn(2, 64, generator=rng)
+    for bias in (torch.ones(48, dtype=torch.bool), torch.ones(48, dtype=torch.int32), torch.ones(48) * (1 + 5j)):
+        with pytest.raises(TypeError, match=f"bias must be a floating-point tensor.*{bias.dtype}"):
+            mxkit.matmul(x, w, bias=bias)
+    assert torch.equal(mxkit.matmul(x, w, bias=torch.ones(48, dtype=torch.float64)),
+                       mxkit.matmul(x, w, bias=torch.ones(48)))  # (float64 is a float: added in float32)
+    with pytest.raises(TypeError, match="w must be an MXTensor"):
+        mxkit.pack_weight(torch.randn(48, 64))
+    with pytest.raises(ValueError, match="act='garbage'"):
+        mxkit.pack_weight(mxkit.pack_weight(w), act="garbage")
+    a = mxkit.quantize_fp8_rowwise(x)
+    assert a.dequantize(torch.float64).dtype == torch.float64
+    with pytest.raises(TypeError, match="int32"):
+        a.dequantize(torch.int32)
 
 
 def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):

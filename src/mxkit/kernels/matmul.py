@@ -212,11 +212,12 @@ def _plain(q: MXTensor) -> MXTensor:
     return dataclasses.replace(q, scale=q.plain_scale().contiguous(), scale_layout="plain")
 
 
-def _check_weight(b: MXTensor) -> None:
+def _check_weight(b: MXTensor, name: str = "b") -> None:
     if not isinstance(b, MXTensor):
-        raise TypeError(f"b must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
+        raise TypeError(f"{name} must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
     if b.ndim != 2 or b.axis != 1:
-        raise ValueError(f"b must be 2-D (N, K) quantized along K (axis=1); got shape {tuple(b.shape)}, axis={b.axis}")
+        raise ValueError(f"{name} must be 2-D (N, K) quantized along K (axis=1); got shape {tuple(b.shape)}, "
+                         f"axis={b.axis}")
 
 
 def _special_rows(f: Folded, rows: int) -> torch.Tensor:
@@ -253,15 +254,15 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
+    if act not in PACK_ACTS:
+        raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     if isinstance(w, PackedWeight):
         if dense is not None and (w.dense if w.wide is None else w.wide.dense) is None:
             raise ValueError("pack_weight(dense=...) of a weight packed without that cache: pack its .source again")
         return w
-    if act not in PACK_ACTS:
-        raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
     if dense not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"dense={dense!r}: None, torch.bfloat16 or torch.float16")
-    _check_weight(w)
+    _check_weight(w, "w")
     w = _plain(w)
     fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
@@ -984,11 +985,14 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
 
 
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:
-    """A GEMM bias is None or a 1-D (N,) tensor on the weight's device; ValueError otherwise."""
+    """A GEMM bias is None or a 1-D (N,) floating-point tensor on the weight's device (it is added in float32);
+    TypeError for another dtype, ValueError otherwise."""
     if bias is None:
         return
     if not isinstance(bias, torch.Tensor) or bias.dim() != 1:
         raise ValueError(f"bias must be a 1-D tensor (N,), got {getattr(bias, 'shape', type(bias).__name__)}")
+    if not bias.dtype.is_floating_point:
+        raise TypeError(f"bias must be a floating-point tensor (added in float32), got {bias.dtype}")
     if bias.shape[0] != plan.N or bias.device != device:
         raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {device}")
 

@@ -90,7 +90,11 @@ class MXLinear(_ops.Handled, nn.Module):
     ``x`` and the bias, not to the frozen weight, on every device and path (:func:`mxkit.ops.with_input_grad`:
     ``grad_y @ dequantize(W)``, ``act_format``'s quantization passed straight through); the forward's result is
     the same with or without them.
-    Raises ValueError if ``in_features % block_size != 0``.
+    Raises ValueError if ``in_features`` or ``out_features`` is not positive, ``in_features % block_size != 0``,
+    or ``block_size`` is not a positive multiple of the formats' packing; ``load_state_dict`` raises TypeError for
+    ``weight_qdata`` / ``weight_scale`` that are not uint8 (the state_dict holds the MX bytes only: bytes of
+    another format of the same width load as this layer's format); forward raises TypeError for an x that is not
+    a tensor, ValueError for ``x.shape[-1] != in_features``.
     """
 
     def __init__(
@@ -110,12 +114,17 @@ class MXLinear(_ops.Handled, nn.Module):
     ) -> None:
         super().__init__()
         fmt = get_format(weight_format)
+        act = _parse_act(act_format)
+        _check_block_size(block_size, fmt, act)
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ValueError(f"{name} must be a positive int for MXLinear, got {n!r}")
         if in_features % block_size:
             raise ValueError(f"{in_features=} must be a multiple of {block_size=} for MXLinear")
         self.in_features = in_features
         self.out_features = out_features
         self.weight_format: ElementFormat = fmt
-        self.act_format: Optional[Union[ElementFormat, str]] = _parse_act(act_format)
+        self.act_format: Optional[Union[ElementFormat, str]] = act
         self.scale_mode = ScaleMode.parse(scale_mode)
         self.rounding = Rounding.parse(rounding)
         self.block_size = block_size
@@ -130,6 +139,7 @@ class MXLinear(_ops.Handled, nn.Module):
         else:
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
+        self._register_load_state_dict_pre_hook(_check_loaded_bytes)
         self.register_load_state_dict_post_hook(_repack_after_load)
         _ops.register(self)
 
@@ -259,6 +269,12 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._packed, self.act_format
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MXLinear takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
+        if x.numel() == 0 and act is not None:  # an empty batch: nothing to quantize
+            if x.dim() == 0 or x.shape[-1] != self.in_features:
+                raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")
+            return x.new_empty((*x.shape[:-1], self.out_features))
         w = packed if packed is not None else self.weight_mx
         a = x
         if act == FP8_ROWWISE:
@@ -322,7 +338,8 @@ class LayerReport:
     """One row of :func:`quantize_model`'s report.
 
     status: ``"quantized"``, ``"skipped"`` (matched ``skip``) or ``"unsupported"`` (in_features not a
-    multiple of block_size). qsnr_db: weight QSNR in dB (``None`` unless quantized and computed).
+    multiple of block_size, an empty layer, a weight dtype other than float32 / bfloat16 / float16: ``reason``
+    says which). qsnr_db: weight QSNR in dB (``None`` unless quantized and computed).
     bits_per_weight: storage bits per weight element including scales (``None`` unless quantized).
     """
 
@@ -347,6 +364,22 @@ def _repack_after_load(module: "MXLinear", incompatible_keys) -> None:
     module.repack()
 
 
+def _check_loaded_bytes(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """load_state_dict pre-hook: the MX buffers load as bytes only (``copy_`` would cast a float tensor)."""
+    for name in ("weight_qdata", "weight_scale"):
+        t = state_dict.get(prefix + name)
+        if isinstance(t, torch.Tensor) and t.dtype != torch.uint8:
+            raise TypeError(f"{prefix + name} must be uint8 (MX bytes), got {t.dtype}")
+
+
+def _check_block_size(block_size, fmt: ElementFormat, act) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    for f in (fmt, act):
+        if isinstance(f, ElementFormat) and block_size % f.pack:
+            raise ValueError(f"{block_size=} is not a multiple of the element packing of {f.name} ({f.pack})")
+
+
 def _parse_act(act_format) -> Optional[Union[ElementFormat, str]]:
     if act_format is None:
         return None
@@ -360,11 +393,26 @@ def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
         return lambda name, mod: False
     if callable(skip):
         return skip
-    patterns = [skip] if isinstance(skip, str) else list(skip)
+    bad = f"skip must be a name, an fnmatch pattern, a list of them or a callable; got {{!r}}"
+    try:
+        patterns = [skip] if isinstance(skip, str) else list(skip)
+    except TypeError:
+        raise TypeError(bad.format(skip)) from None
     for p in patterns:
         if not isinstance(p, str):
-            raise TypeError(f"skip must be a name, an fnmatch pattern, a list of them or a callable; got {p!r}")
+            raise TypeError(bad.format(p))
     return lambda name, mod: any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _unsupported(lin: nn.Linear, block_size: int) -> str:
+    """Why ``lin`` cannot become an MXLinear ("" if it can): checked for every layer before any is replaced."""
+    if lin.in_features % block_size:
+        return f"in_features={lin.in_features} % block_size={block_size} != 0"
+    if lin.in_features == 0 or lin.out_features == 0:
+        return f"weight_shape {lin.out_features} x {lin.in_features}: empty"
+    if lin.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"weight_dtype {lin.weight.dtype}: float32, bfloat16 or float16 only"
+    return ""
 
 
 def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
@@ -392,8 +440,8 @@ def quantize_model(
 
     skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
       callable ``(name, module) -> bool``; matching layers are left as they are.
-    Layers whose ``in_features % block_size != 0`` are left alone, reported with status
-    ``"unsupported"`` and listed in one ``UserWarning``.
+    Layers whose ``in_features % block_size != 0``, empty layers and layers whose weight is not float32 /
+    bfloat16 / float16 are left alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
     progress: show a tqdm bar over the Linear layers.
     fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
@@ -411,10 +459,7 @@ def quantize_model(
     act = _parse_act(act_format)
     mode = ScaleMode.parse(scale_mode)
     rnd = Rounding.parse(rounding)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if block_size % fmt.pack or (isinstance(act, ElementFormat) and block_size % act.pack):
-        raise ValueError(f"{block_size=} is not a multiple of the element packing of {fmt.name}")
+    _check_block_size(block_size, fmt, act)
     should_skip = _skip_matcher(skip)
     if isinstance(model, nn.Linear):
         raise TypeError("quantize_model got a bare nn.Linear, which cannot be replaced in place; "
@@ -427,10 +472,9 @@ def quantize_model(
         row = LayerReport(name, lin.out_features, lin.in_features, "quantized")
         if should_skip(name, lin):
             row.status, row.reason = "skipped", "matched skip"
-        elif lin.in_features % block_size:
-            row.status = "unsupported"
-            row.reason = f"in_features={lin.in_features} % block_size={block_size} != 0"
-            unsupported.append(name)
+        elif _unsupported(lin, block_size):
+            row.status, row.reason = "unsupported", _unsupported(lin, block_size)
+            unsupported.append(name if lin.in_features % block_size else f"{name} ({row.reason})")
         else:
             new = MXLinear.from_linear(lin, fmt, act_format=act, scale_mode=mode, rounding=rnd,
                                        block_size=block_size, dense_cache=dense_cache)
@@ -441,9 +485,11 @@ def quantize_model(
             _set_submodule(model, name, new)
         report.append(row)
     if unsupported:
+        why = (f"in_features is not a multiple of block_size={block_size}" if all(" (" not in u for u in unsupported)
+               else f"of their shape or dtype (in_features not a multiple of block_size={block_size} unless said)")
         warnings.warn(
-            f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized because in_features is "
-            f"not a multiple of block_size={block_size}: {', '.join(unsupported)}",
+            f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized because {why}: "
+            f"{', '.join(unsupported)}",
             stacklevel=2,
         )
     if fuse:

@@ -223,12 +223,27 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
     m = MXLinear.from_linear(lin, "mxfp4")
     with pytest.raises(TypeError, match=r"MXLinear takes a float tensor \(\.\.\., 64\), got MXTensor"):
         m(mxkit.quantize(torch.randn(2, 64, generator=rng), "mxfp8"))
-    for act in (None, "mxfp8", "mxfp4", "mxint8", "fp8_e4m3_rowwise"):  # an empty batch with any activations
-        ma = MXLinear.from_linear(lin, "mxfp4", act_format=act)
-        y = ma(torch.randn(2, 0, 64, generator=rng))
-        assert y.shape == (2, 0, 48) and y.dtype == torch.float32, act
     with pytest.raises(ValueError, match=r"x has shape \(0, 60\); expected \(\.\.\., 64\)"):
         MXLinear.from_linear(lin, "mxfp4", act_format="mxfp8")(torch.randn(0, 60))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_mxlinear_empty_batch(device):
+    """An empty batch gives an empty (..., out_features) output with every weight / activation format pair (the
+    quantized activations used to raise "cannot quantize an empty tensor"), eager and with gradients."""
+    lin = nn.Linear(64, 48, device=device)
+    for wf, act in (("mxfp4", None), ("mxfp4", "mxfp8"), ("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"),
+                    ("mxfp6", "mxfp6_e2m3"), ("mxint8", "mxint8"), ("mxfp4", "fp8_e4m3_rowwise")):
+        m = MXLinear.from_linear(lin, wf, act_format=act)
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape in ((0, 64), (2, 0, 64)):
+                x = torch.randn(shape, device=device, dtype=dtype)
+                y = m(x)
+                assert y.shape == shape[:-1] + (48,) and y.dtype == dtype and y.device == x.device, (wf, act)
+        x = torch.randn(0, 64, device=device, requires_grad=True)
+        m(x).sum().backward()
+        assert x.grad.shape == (0, 64)
 
 
 def test_quantize_model_leaves_layers_it_cannot_take(rng):

@@ -237,7 +237,7 @@ def test_round_trip_is_byte_identical(tmp_path, rng, shards):
             assert ma == mb == {"format": "pt"} and list(ta) == list(tb)
             for k in ta:
                 assert _same_bytes(ta[k], tb[k]), k
-        assert (dst / f.name).read_bytes() == f.read_bytes(), f.name  # both written by safetensors' serializer
+        assert (dst / f.name).read_bytes() == f.read_bytes(), f.name
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dst"]  # no temporary directory left
 
 
@@ -293,23 +293,19 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
     ckpt = gpt_oss.load_gpt_oss(src, progress=False)
     m0 = ckpt.layer(0)
     edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, down_bias=torch.zeros_like(m0.down_bias)),))
-    dst = tmp_path / "dst"
+    dst = tmp_path / "dst" if existing else tmp_path / "new" / "dst"  # (a new parent folder is removed too)
     if existing:
         shutil.copytree(src, dst)
         (dst / "extra.txt").write_text("mine")
     before = _snapshot(dst) if existing else None
     calls = {"save": 0}
+    real_write, real_rename = gpt_oss._write_shard, os.rename
 
-    import safetensors.torch as st
-
-    real_save, real_copy, real_rename = st.save_file, shutil.copy2, os.rename
-
-    def save_file_failing(*a, **kw):
+    def write_failing(*a, **kw):
         calls["save"] += 1
-        if fail_at == f"shard {calls['save']}":
-            real_save(*a, **kw)  # half the shards written, then the failure
+        real_write(*a, **kw)
+        if fail_at == f"shard {calls['save']}":  # half the shards written, then the failure
             raise OSError(f"injected failure after {fail_at}")
-        return real_save(*a, **kw)
 
     def copy_failing(s, d, **kw):
         raise OSError(f"injected failure copying {s}")
@@ -319,7 +315,7 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
             raise OSError("injected failure renaming into place")
         return real_rename(s, d)
 
-    monkeypatch.setattr(st, "save_file", save_file_failing)
+    monkeypatch.setattr(gpt_oss, "_write_shard", write_failing)
     if fail_at == "copy":
         monkeypatch.setattr(shutil, "copy2", copy_failing)
     if fail_at == "rename":
@@ -350,8 +346,237 @@ def test_save_rejects_tensors_that_do_not_fit_the_directory(tmp_path, rng):
     ]
     for moe, message in cases:
         with pytest.raises(CheckpointError, match=message):
-            gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "dst", progress=False)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+            gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "new" / "dst", progress=False)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nor a parent folder of dst
+
+
+def _move_shard(root: Path, shard: str, to: Path, value: str) -> None:
+    """Move ``root/shard`` to ``to`` and make the index map its tensors to ``value``."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(root / shard, to)
+    _edit_json(root / gpt_oss.INDEX_NAME,
+               lambda d: d["weight_map"].update((k, value) for k, v in d["weight_map"].items() if v == shard))
+
+
+def _header(path: Path) -> tuple[int, dict]:
+    """(start of the data section, JSON header) of a safetensors file, parsed by hand."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return 8 + n, json.loads(data[8:8 + n])
+
+
+@pytest.mark.parametrize("link", [True, False])
+def test_in_place_save_carries_subdirectories(tmp_path, rng, monkeypatch, link):
+    """The real openai/gpt-oss-20b holds original/ and metal/ beside the shards: an in-place save keeps them, by
+    hard links (the same inodes: no extra disk) or, where linking fails, copies; a shard in a subfolder is written
+    once, edited, not linked over."""
+    src = _write(tmp_path, rng, shards=2)
+    _move_shard(src, "model-00002-of-00002.safetensors", src / "w" / "s2.safetensors", "w/s2.safetensors")
+    (src / "w" / "notes.txt").write_text("beside a shard")
+    (src / "original" / "nested").mkdir(parents=True)
+    (src / "original" / "model.safetensors").write_bytes(os.urandom(1000))
+    (src / "original" / "nested" / "config.json").write_text("{}")
+    (src / "metal").mkdir()
+    (src / "metal" / "model.bin").write_bytes(os.urandom(100))
+    (src / "metal" / "latest").symlink_to("model.bin")
+    (src / "empty").mkdir()
+    os.chmod(src / "original", 0o750)
+    carried = {k: v for k, v in _snapshot(src).items() if k.startswith(("original/", "metal/", "w/notes"))}
+    inodes = {k: (src / k).stat().st_ino for k in carried}
+    if not link:
+        def no_link(*a, **kw):
+            raise OSError("injected: no hard links here")
+
+        monkeypatch.setattr(os, "link", no_link)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    name = moe_tensor_name(1, "down_proj_bias")
+    assert json.loads((src / gpt_oss.INDEX_NAME).read_text())["weight_map"][name] == "w/s2.safetensors"
+    m1 = ckpt.layer(1)
+    bias = torch.randn(m1.down_bias.shape, generator=rng).to(torch.bfloat16)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m1, down_bias=bias),))
+    assert gpt_oss.save_gpt_oss(edited, src, overwrite=True, progress=False) == src
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # the old directory is gone
+    after = _snapshot(src)
+    assert {k: after.get(k) for k in carried} == carried
+    assert {k: (src / k).stat().st_ino == inodes[k] for k in carried} == {k: link for k in carried}
+    assert os.readlink(src / "metal" / "latest") == "model.bin" and (src / "empty").is_dir()
+    assert oct((src / "original").stat().st_mode & 0o777) == oct(0o750)
+    assert _same_bytes(gpt_oss.load_gpt_oss(src, progress=False).layer(1).down_bias, bias)
+
+
+def test_save_through_a_symlinked_destination(tmp_path, rng):
+    src = _write(tmp_path, rng)
+    (src / "original").mkdir()
+    (src / "original" / "weights").write_bytes(b"kept")
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "extra.txt").write_text("replaced whole")
+    (tmp_path / "link").symlink_to("real")
+    (tmp_path / "dangling").symlink_to("later")
+    (tmp_path / "same").symlink_to(src)
+    for link in ("link", "dangling", "same"):
+        assert gpt_oss.save_gpt_oss(ckpt, tmp_path / link, overwrite=True, progress=False) == tmp_path / link
+        assert (tmp_path / link).is_symlink()
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["config.json", "model.safetensors"]
+    saved = (src / "model.safetensors").read_bytes()
+    assert all((tmp_path / d / "model.safetensors").read_bytes() == saved for d in ("real", "later"))
+    assert (src / "original" / "weights").read_bytes() == b"kept"  # "same" is src: an in-place save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "later", "link", "real", "same", "src"]
+
+
+def test_save_refuses_to_replace_a_parent_of_the_source(tmp_path, rng):
+    src = _write(tmp_path / "outer", rng)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for dst in (tmp_path / "outer", tmp_path):
+        with pytest.raises(ValueError, match="holds the source directory.*would delete the source"):
+            gpt_oss.save_gpt_oss(ckpt, dst, overwrite=True, progress=False)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_save_warns_when_the_old_directory_cannot_be_removed(tmp_path, rng, monkeypatch):
+    src = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    shutil.copytree(src, tmp_path / "dst")
+    (tmp_path / "dst" / "extra.txt").write_text("old")
+    real_rmtree = shutil.rmtree
+
+    def rmtree_failing(path, *a, **kw):
+        if str(path).endswith(".old"):
+            raise PermissionError(f"injected: cannot remove {path}")
+        return real_rmtree(path, *a, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_failing)
+    with pytest.warns(RuntimeWarning, match=r"could not be removed") as w:
+        assert gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", overwrite=True, progress=False) == tmp_path / "dst"
+    monkeypatch.undo()
+    old = [p for p in tmp_path.iterdir() if p.name.endswith(".old")]
+    assert len(old) == 1 and str(old[0]) in str(w[0].message) and (old[0] / "extra.txt").is_file()
+    assert not (tmp_path / "dst" / "extra.txt").exists()
+    assert (tmp_path / "dst" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+def _random_layer(m: gpt_oss.GptOssMoE, rng) -> gpt_oss.GptOssMoE:
+    """``m`` with all eight tensors replaced by random ones of the same shapes and dtypes."""
+    def mx(t):
+        return dataclasses.replace(t, qdata=torch.randint(0, 256, t.qdata.shape, dtype=torch.uint8, generator=rng),
+                                   scale=torch.randint(100, 140, t.scale.shape, dtype=torch.uint8, generator=rng))
+
+    def bf16(t):
+        return torch.randn(t.shape, generator=rng).to(t.dtype)
+
+    return dataclasses.replace(m, gate_up=mx(m.gate_up), down=mx(m.down), gate_up_bias=bf16(m.gate_up_bias),
+                               down_bias=bf16(m.down_bias), router_weight=bf16(m.router_weight),
+                               router_bias=bf16(m.router_bias))
+
+
+def test_index_with_a_subfolder_shard_round_trips(tmp_path, rng):
+    src = _write(tmp_path, rng, shards=3)
+    _move_shard(src, "model-00002-of-00003.safetensors", src / "w" / "x" / "two.safetensors", "w/x/two.safetensors")
+    os.chmod(src / "w", 0o751)
+    wmap = json.loads((src / gpt_oss.INDEX_NAME).read_text())["weight_map"]
+    assert any(".mlp." in k for k, v in wmap.items() if v == "w/x/two.safetensors")  # an MoE tensor lives there
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    dst = gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", progress=False)
+    assert _snapshot(dst) == _snapshot(src)
+    assert oct((dst / "w").stat().st_mode & 0o777) == oct(0o751)
+    edited = dataclasses.replace(ckpt, layers=tuple(_random_layer(m, rng) for m in ckpt.layers))
+    gpt_oss.save_gpt_oss(edited, dst, overwrite=True, progress=False)
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")) == sorted(
+        p.relative_to(src).as_posix() for p in src.rglob("*"))
+    after = {k: v for m in gpt_oss.load_gpt_oss(dst, progress=False).layers for k, v in m.checkpoint_tensors().items()}
+    want = {k: v for m in edited.layers for k, v in m.checkpoint_tensors().items()}
+    assert all(_same_bytes(after[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("where", ["parent", "inside and out", "absolute"])
+def test_index_pointing_outside_the_directory_is_rejected(tmp_path, rng, where):
+    root = _write(tmp_path, rng, shards=2)
+    shard = "model-00002-of-00002.safetensors"
+    to = tmp_path / "shared" / shard
+    value = {"parent": f"../shared/{shard}", "inside and out": f"w/../../shared/{shard}", "absolute": str(to)}[where]
+    (root / "w").mkdir()
+    _move_shard(root, shard, to, value)
+    name = next(k for k, v in json.loads((root / gpt_oss.INDEX_NAME).read_text())["weight_map"].items() if v == value)
+    with pytest.raises(CheckpointError) as e:
+        gpt_oss.load_gpt_oss(root, progress=False)
+    assert f"maps {name} to {value!r}, outside the directory" in str(e.value) and str(root) in str(e.value)
+
+
+def test_save_keeps_file_and_directory_modes(tmp_path, rng):
+    src = _write(tmp_path, rng, shards=2)
+    (src / "tokenizer.json").write_text("{}")
+    os.chmod(src, 0o751)
+    modes = {}
+    for k, f in enumerate(sorted(src.iterdir())):
+        modes[f.name] = (0o644, 0o604, 0o640)[k % 3]
+        os.chmod(f, modes[f.name])
+
+    def dir_modes(root):
+        return root.stat().st_mode & 0o777, {f.name: f.stat().st_mode & 0o777 for f in root.iterdir()}
+
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    assert dir_modes(gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", progress=False)) == (0o751, modes)
+    os.chmod(tmp_path / "dst", 0o705)  # an existing destination keeps its own mode
+    assert dir_modes(gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", overwrite=True, progress=False)) == (0o705, modes)
+    assert dir_modes(gpt_oss.save_gpt_oss(ckpt, src, overwrite=True, progress=False)) == (0o751, modes)
+
+
+def _rewrite_header_reversed(path: Path) -> None:
+    """Rewrite a safetensors file as another writer might: header keys in reverse order, no spaces, padded to 8
+    bytes with spaces; the data section unchanged."""
+    start, header = _header(path)
+    data = path.read_bytes()[start:]
+    text = json.dumps(dict(reversed(header.items())), separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+@pytest.mark.parametrize("writer", ["20 metadata keys", "reversed header"])
+def test_round_trip_is_byte_identical_whatever_wrote_the_file(tmp_path, rng, writer):
+    """safetensors writes metadata keys in a hash order of its own; other writers order and space the header as they
+    like: a save copies the file and overwrites only the tensors' bytes, so the file stays identical."""
+    src = _write(tmp_path, rng)
+    f = src / "model.safetensors"
+    if writer == "20 metadata keys":
+        tensors = {k: v.clone() for k, v in _file_tensors(f)[0].items()}
+        save_file(tensors, str(f), metadata={"format": "pt", **{f"key{i}": f"value {i}" for i in range(19)}})
+    else:
+        _rewrite_header_reversed(f)
+        assert not f.read_bytes()[8:].startswith(b'{"__metadata__')
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    dst = gpt_oss.save_gpt_oss(ckpt, tmp_path / "dst", progress=False)
+    assert (dst / f.name).read_bytes() == f.read_bytes()
+    # an edit changes the edited tensor's bytes and nothing else
+    m0 = ckpt.layer(0)
+    bias = torch.randn(m0.router_bias.shape, generator=rng).to(torch.bfloat16)
+    gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, router_bias=bias),)),
+                         tmp_path / "dst", overwrite=True, progress=False)
+    start, header = _header(f)
+    begin, end = (start + o for o in header[moe_tensor_name(0, "router.bias")]["data_offsets"])
+    a, b = f.read_bytes(), (dst / f.name).read_bytes()
+    assert (a[:begin], a[end:]) == (b[:begin], b[end:]) and b[begin:end] == _bytes(bias).numpy().tobytes()
+
+
+def test_save_of_tensors_sharing_memory(tmp_path, rng):
+    """Edits that reuse one tensor in several places (safetensors' own writer refuses those)."""
+    src = _write(tmp_path, rng, num_layers=3, shards=2)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m0, m1, m2 = ckpt.layers
+    bias = torch.randn(m0.router_bias.shape, generator=rng).to(torch.bfloat16)
+    wide = torch.randn(m1.down_bias.shape[1], 2 * m1.down_bias.shape[0], generator=rng).to(torch.bfloat16)
+    edited = dataclasses.replace(ckpt, layers=(
+        dataclasses.replace(m0, router_bias=bias),
+        dataclasses.replace(m1, gate_up=m0.gate_up, router_bias=bias, down_bias=wide.T[::2]),  # a strided view
+        dataclasses.replace(m2, down=m0.down, gate_up_bias=m0.gate_up_bias)))
+    dst = gpt_oss.save_gpt_oss(edited, tmp_path / "dst", progress=False)
+    back = gpt_oss.load_gpt_oss(dst, progress=False)
+    b0, b1, b2 = back.layers
+    assert _same_bytes(b0.router_bias, bias) and _same_bytes(b1.router_bias, bias)
+    assert _same_bytes(b1.gate_up.qdata, m0.gate_up.qdata) and _same_bytes(b1.gate_up.scale, m0.gate_up.scale)
+    assert _same_bytes(b1.down_bias, wide.T[::2].contiguous())
+    assert _same_bytes(b2.down.qdata, m0.down.qdata) and _same_bytes(b2.down.scale, m0.down.scale)
+    assert _same_bytes(b2.gate_up_bias, m0.gate_up_bias) and _same_bytes(b2.down_bias, m2.down_bias)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ Conventions (each with the line of transformers it is read from):
 
 A directory is ``config.json`` (``model_type`` ``"gpt_oss"``, ``quantization_config`` ``{"quant_method": "mxfp4",
 "modules_to_not_convert": [...]}``) plus either ``model.safetensors`` or shards listed by
-``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}``).
+``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}``, each file a
+path relative to the directory, subfolders allowed, ``..`` and absolute paths not).
 
 Errors: :class:`CheckpointError` (a ValueError) names the tensor and the file for a missing, misshapen or mistyped
 tensor, and the file for an unreadable (truncated, corrupt) one.
@@ -43,7 +44,9 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -263,7 +266,9 @@ def blocks_from_mxtensor(t: MXTensor, name: str = "tensor") -> tuple[torch.Tenso
 
 class _Reader:
     """The safetensors files of a directory: tensor → file (from the index when there is one), headers, tensors
-    (memory-mapped by ``safe_open``). Every failure is a CheckpointError naming the tensor and file."""
+    (memory-mapped by ``safe_open``). Every failure is a CheckpointError naming the tensor and file; an index
+    value that is absolute or holds ``..`` (a file outside the directory, which a save could not write back into
+    it) is one naming the tensor and the value."""
 
     def __init__(self, root: Path, stack: contextlib.ExitStack):
         self.root, self._stack, self._handles = root, stack, {}
@@ -273,6 +278,10 @@ class _Reader:
             wmap = data.get("weight_map")
             if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
                 raise CheckpointError(f"{str(index)!r} has no weight_map of tensor → file name")
+            for k, v in wmap.items():
+                if Path(v).is_absolute() or ".." in Path(v).parts:
+                    raise CheckpointError(f"{str(index)!r} maps {k} to {v!r}, outside the directory; weight_map "
+                                          "values must be paths relative to it without '..'")
             self.index: Optional[Path] = index
             self.weight_map = {k: root / v for k, v in wmap.items()}
             for f in sorted(set(self.weight_map.values())):
@@ -455,6 +464,19 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    """fsync every regular file and directory under ``root`` (symlinks are not followed), ``root`` last."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            if not os.path.islink(os.path.join(dirpath, name)):
+                _fsync(Path(dirpath, name))
+        _fsync(Path(dirpath))
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
 def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
     shape, dtype = reader.meta(name)
     if tuple(t.shape) != shape or _TORCH_DTYPE_NAMES.get(t.dtype) != dtype:
@@ -463,9 +485,81 @@ def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
                               "directory's shapes and dtypes")
 
 
+def _data_ranges(path: Path, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """Absolute byte range ``[begin, end)`` of each named tensor's data in a safetensors file, parsed from the file
+    itself: an 8-byte little-endian header length n, n bytes of JSON ``{name: {"data_offsets": [b, e], ...}}``, then
+    the data (offsets relative to its start, 8 + n). Raises CheckpointError naming the file (and the tensor) for an
+    unreadable header or a range outside the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        try:
+            if size < 8 or n > size - 8:
+                raise ValueError(f"header length {n} does not fit the file's {size} bytes")
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+            raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from e
+    out = {}
+    for name in names:
+        entry = header.get(name) if isinstance(header, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        ok = (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+              and 0 <= offsets[0] <= offsets[1] <= size - 8 - n)
+        if not ok:
+            raise CheckpointError(f"{name} in {str(path)!r}: header data_offsets {offsets!r} are not a range of the "
+                                  f"file's {size - 8 - n} data bytes")
+        out[name] = (8 + n + offsets[0], 8 + n + offsets[1])
+    return out
+
+
+def _write_shard(src: Path, dst: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy the safetensors file ``src`` to ``dst`` byte for byte (its mode too), then overwrite the data of each
+    tensor of ``tensors`` (name → tensor of the stored dtype and shape, any device, contiguous or not) in place, one
+    at a time. Raises CheckpointError (naming the tensor and file) when a tensor's byte count is not its stored
+    range's, before ``dst`` is written."""
+    ranges = _data_ranges(src, tensors)
+    for name, t in tensors.items():
+        begin, end = ranges[name]
+        if t.nbytes != end - begin:
+            raise CheckpointError(f"{name}: the tensor to save has {t.nbytes} bytes, but {str(src)!r} stores it in "
+                                  f"{end - begin}")
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as fh:
+        for name, t in tensors.items():
+            fh.seek(ranges[name][0])
+            fh.write(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+    shutil.copymode(src, dst)
+
+
+def _carry_tree(src: Path, dst: Path, skip: set[Path]) -> list[Path]:
+    """Recreate the directory ``src`` in ``dst`` (which may exist) without using disk: regular files hard-linked
+    (copied by ``shutil.copy2`` where linking fails, e.g. across file systems), symlinks recreated with the same
+    target, subdirectories recursively; FIFOs, sockets and devices are left out, and so are the files in ``skip``.
+    Returns the directories made, parents first (their modes are the caller's to set, once they are filled)."""
+    made = []
+    if not dst.is_dir():
+        dst.mkdir()
+        made.append(dst)
+    for entry in os.scandir(src):
+        s, d = Path(entry.path), dst / entry.name
+        if s in skip:
+            continue
+        if entry.is_symlink() and not d.is_dir():  # (a symlinked folder that holds a written shard: walked below)
+            os.symlink(os.readlink(s), d)
+        elif entry.is_dir():
+            made += _carry_tree(s, d, skip)
+        elif entry.is_file():
+            try:
+                os.link(s, d)
+            except OSError:
+                shutil.copy2(s, d)
+    return made
+
+
 def _swap_into_place(tmp: Path, dst: Path) -> None:
-    """Rename the finished ``tmp`` directory to ``dst``; an existing ``dst`` is renamed aside first and removed
-    after (restored if the second rename fails)."""
+    """Rename the finished ``tmp`` directory to ``dst`` (not a symlink); an existing ``dst`` is renamed aside first
+    (restored if the second rename fails) and removed after: where that removal fails, a warning names the
+    directory left behind, and the save still stands."""
     if not dst.exists():
         os.rename(tmp, dst)
         return
@@ -477,63 +571,101 @@ def _swap_into_place(tmp: Path, dst: Path) -> None:
     except BaseException:
         os.rename(old, dst)
         raise
-    shutil.rmtree(old)
+    try:
+        shutil.rmtree(old)
+    except OSError as e:
+        warnings.warn(f"saved {str(dst)!r}, but its previous contents, renamed to {str(old)!r}, could not be "
+                      f"removed ({e}); delete that directory by hand", RuntimeWarning, stacklevel=3)
 
 
 def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bool = False,
                  progress: bool = True) -> Path:
     """Write ``ckpt``'s directory to ``dst`` with its MoE layers taken from ``ckpt.layers``, in the same layout.
 
-    Every safetensors file of ``ckpt.path`` is written again under its own name, with its header metadata and every
-    tensor: the loaded layers' eight MoE tensors from ``ckpt.layers`` (MXTensors back to ``*_blocks`` [E, N, G, 16]
-    and ``*_scales`` [E, N, G] by :func:`blocks_from_mxtensor`), all others copied from the source; every other
-    regular file at the top of ``ckpt.path`` (config.json, the index, tokenizer files) is copied byte for byte;
-    subdirectories are not copied. A load → save round trip gives byte-identical tensors and metadata (and identical
-    files where the source was written by safetensors' own serializer). One shard at a time is held in memory.
+    Every safetensors file of ``ckpt.path`` is copied byte for byte to the same path relative to ``dst`` (a shard
+    the index lists as ``w/name`` goes to ``dst/w/name``), then the loaded layers' eight MoE tensors are written over
+    their stored bytes: MXTensors back to ``*_blocks`` [E, N, G, 16] and ``*_scales`` [E, N, G] by
+    :func:`blocks_from_mxtensor`, each tensor's bytes in place (shapes and dtypes are the source's, so no header
+    changes; tensors may share memory). Every other regular file at the top of ``ckpt.path`` (config.json, the
+    index, tokenizer files) is copied byte for byte. Files keep their source's mode, and the new directory that of
+    the ``dst`` it replaces, else that of ``ckpt.path``. A load → save round trip gives identical files, whatever
+    wrote the source. Memory: one tensor at a time (made contiguous on the CPU if it is not).
+
+    Subdirectories (the real openai/gpt-oss-20b holds ``original/`` and ``metal/``): where ``dst`` is ``ckpt.path``
+    itself (same file, symlinks followed), every one is carried into the new directory by hard links (copies where
+    linking fails), taking no extra disk; for another ``dst`` they are not copied, beyond the folders holding shards.
 
     Atomic: everything is written to a temporary directory beside ``dst`` (fsynced) and renamed to ``dst``; on any
-    exception the temporary directory is removed and ``dst`` is untouched. With ``overwrite=True`` an existing
-    ``dst`` (``ckpt.path`` itself included) is renamed aside, replaced, then deleted (between those two renames,
-    ``dst`` is briefly absent).
-    Raises FileExistsError if ``dst`` exists and ``overwrite`` is False; CheckpointError (naming the tensor) when a
-    layer's tensor no longer matches the source's shape or dtype, or an MXTensor is not MXFP4 along its last axis;
-    and the errors of reading the source (see :func:`load_gpt_oss`).
+    exception the temporary directory and any parent folders of ``dst`` the save made are removed and ``dst`` is
+    untouched. With ``overwrite=True`` an existing ``dst`` (``ckpt.path`` itself included) is renamed aside,
+    replaced whole (a separate ``dst``'s own files and subdirectories are gone), then deleted (between those two
+    renames, ``dst`` is briefly absent; a failed deletion is a RuntimeWarning naming the directory left). A ``dst``
+    that is a symlink is resolved first: its target is replaced and the link keeps pointing at it.
+    Returns ``dst`` as given. Raises FileExistsError if ``dst`` exists and ``overwrite`` is False, or is not a
+    directory; ValueError for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the
+    source); CheckpointError (naming the tensor) when a layer's tensor no longer matches the source's shape or
+    dtype, or an MXTensor is not MXFP4 along its last axis; and the errors of reading the source (see
+    :func:`load_gpt_oss`).
     """
-    from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    src, dst = Path(ckpt.path), Path(dst)
+    src, given = Path(ckpt.path), Path(dst)
+    dst = given.resolve() if given.is_symlink() else given
     if dst.exists() and not overwrite:
-        raise FileExistsError(f"{str(dst)!r} exists; pass overwrite=True to replace it")
+        raise FileExistsError(f"{str(given)!r} exists; pass overwrite=True to replace it")
     if dst.exists() and not dst.is_dir():
-        raise FileExistsError(f"{str(dst)!r} exists and is not a directory")
+        raise FileExistsError(f"{str(given)!r} exists and is not a directory")
     replace = {}
     for moe in ckpt.layers:
         replace.update(moe.checkpoint_tensors())
-    dst.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         reader = _Reader(src, stack)
         for name, t in replace.items():
             _check_replacement(reader, name, t)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
+        in_place = dst.exists() and dst.samefile(src)
+        if dst.exists() and not in_place and src.resolve().is_relative_to(dst.resolve()):
+            raise ValueError(f"{str(given)!r} holds the source directory {str(src)!r}: replacing it would delete "
+                             "the source; save elsewhere or onto the source itself")
+        mode = _mode(dst if dst.exists() else src)
+        new_parents = []
+        p = dst.parent
+        while not p.exists():
+            new_parents.append(p)
+            p = p.parent
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = None
         try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
+            made = []  # folders of tmp to give their source's mode, once filled
             for f in tqdm(reader.files, desc="save GPT-OSS", unit="file", disable=not progress):
-                fh = reader.open(f)
-                tensors = {k: (replace[k] if k in replace else fh.get_tensor(k)).contiguous() for k in fh.keys()}
-                save_file(tensors, str(tmp / f.name), metadata=fh.metadata())
-                del tensors
-            written = {f.name for f in reader.files}
+                rel = f.relative_to(src)
+                for part in reversed(rel.parents[:-1]):
+                    if not (tmp / part).is_dir():
+                        (tmp / part).mkdir()
+                        made.append(tmp / part)
+                _write_shard(f, tmp / rel, {k: replace[k] for k in reader.open(f).keys() if k in replace})
             for f in sorted(src.iterdir()):
-                if f.is_file() and f.name not in written:
+                if f in reader.files:
+                    continue
+                if f.is_file():
                     shutil.copy2(f, tmp / f.name)
-            for f in tmp.iterdir():
-                _fsync(f)
-            _fsync(tmp)
+                elif in_place and f.is_symlink() and f.is_dir() and not (tmp / f.name).is_dir():
+                    os.symlink(os.readlink(f), tmp / f.name)
+                elif in_place and f.is_dir():
+                    made += _carry_tree(f, tmp / f.name, set(reader.files))
+            for d in reversed(made):
+                os.chmod(d, _mode(src / d.relative_to(tmp)))
+            os.chmod(tmp, mode)
+            _fsync_tree(tmp)
             _swap_into_place(tmp, dst)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            for p in new_parents:
+                with contextlib.suppress(OSError):
+                    os.rmdir(p)
             raise
-    return dst
+    return given
 
 
 # --------------------------------------------------------------------------------------------------------

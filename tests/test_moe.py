@@ -274,8 +274,9 @@ def test_align_block_size_errors():
         align_block_size(ids.reshape(-1), 4, 16)
     with pytest.raises(ValueError, match="block_m"):
         align_block_size(ids, 4, 0)
-    with pytest.raises(ValueError, match="expert_range"):
-        align_block_size(ids, 4, 16, expert_range=(2, 5))
+    for bad in ((2, 5), (0, 1, 4), 3, (1.0, 3), "03"):
+        with pytest.raises(ValueError, match=r"expert_range=.* must be \(lo, hi\) with 0 <= lo < hi"):
+            align_block_size(ids, 4, 16, expert_range=bad)
 
 
 # --- activations --------------------------------------------------------------------------------------------
@@ -506,6 +507,19 @@ def test_moe_op_errors(rng):
         mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2, backend="triton")
 
 
+def test_quantized_moe_layers_check_the_router_width(rng):
+    """moe_mxfp4 / moe_w4a8 refuse router logits over another expert count than the experts hold (fewer: they
+    routed over a subset; more: an error naming topk_ids, which the caller never passed), as moe does."""
+    E = 8
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    x = torch.randn(5, H, generator=rng)
+    for fn in (moe_op.moe_mxfp4, moe_op.moe_w4a8):
+        for width in (4, 16):
+            with pytest.raises(ValueError, match=rf"route over {width} experts but the experts hold E={E}"):
+                fn(x, w_gu, b_gu, w_d, b_d, torch.randn(5, width, generator=rng), 2)
+        assert fn(x, w_gu, b_gu, w_d, b_d, torch.randn(5, E, generator=rng), 2).shape == x.shape
+
+
 def test_moe_backend_resolution(monkeypatch):
     import mxkit.kernels
 
@@ -626,6 +640,33 @@ def test_mxmoe_gradients(device, rng):
     # the reference in bf16 is differentiable too (its once-rounding to bf16 used to cut the graph)
     y = mxkit.moe(x3, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, m.router(x3), k, backend="reference")
     assert y.dtype == torch.bfloat16 and y.grad_fn is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
+    """A float32 MXMoE (from_dense of a float32 router) on bf16 / fp16 x: the router's logits in x's dtype (its
+    weight and bias cast), the output in x's dtype and equal to the layer op on those logits (W4A16, W4A8 and
+    MXFP4 x MXFP4); the router scores in x's dtype; gradients reach the float32 router and biases."""
+    E, k = 8, 2
+    router = nn.Linear(H, E)
+    dense = (torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))
+    x = torch.randn(2, 3, H, generator=rng).to(dtype)
+    for act_format, op in ((None, mxkit.moe), ("fp8_e4m3_rowwise", moe_op.moe_w4a8), ("mxfp4", moe_op.moe_mxfp4)):
+        m = MXMoE.from_dense(router, *dense, k, "mxfp4", act_format=act_format, return_router_scores=True)
+        assert m.router.weight.dtype == torch.float32
+        with torch.no_grad():
+            y, scores = m(x)
+            logits = F.linear(x, m.router.weight.to(dtype), m.router.bias.to(dtype))
+            want = op(x, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, logits, k)
+        assert y.dtype == dtype and scores.dtype == dtype
+        assert torch.equal(y, want), act_format
+        assert torch.equal(scores, route(logits.reshape(-1, E), k)[0].to(dtype))
+    xg = x.clone().requires_grad_()
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4")
+    m(xg).float().sum().backward()
+    for t, like in ((xg.grad, xg), (m.router.weight.grad, m.router.weight), (m.gate_up_bias.grad, m.gate_up_bias)):
+        assert t is not None and t.dtype == like.dtype and t.abs().sum() > 0
 
 
 def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):

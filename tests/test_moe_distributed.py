@@ -1,5 +1,6 @@
-"""Expert parallelism on CPU: gloo process groups of 2 and 4 ranks, each holding a contiguous range of experts and
-its own tokens, against one process holding every expert (mxkit.moe_reference on the whole weights).
+"""Expert parallelism on CPU: gloo process groups of 1 to 4 ranks, each holding a contiguous range of experts and
+its own tokens, against one process holding every expert (mxkit.moe_reference on the whole weights): the forward,
+its rounding of bfloat16 / float16 results, and the gradients (x, router, expert biases).
 
 Ranks are forked (``torch.multiprocessing.start_processes(start_method="fork")``) from the test process: a
 spawned rank re-imports torch and mxkit (7 s for 4 ranks on the 2-core CI box, 0.1 s forked); each child first
@@ -9,11 +10,13 @@ FileStore in ``tmp_path`` (no ports), the collectives time out after 30 s and th
 then takes its share of tokens and experts.
 """
 
+import contextlib
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import mxkit
 from conftest import run_forked_ranks
@@ -116,13 +119,150 @@ def ranks_main(rank, world, store, seed):
         dist.destroy_process_group()
 
 
-def run_ranks(world: int, tmp_path, seed: int) -> None:
-    run_forked_ranks(ranks_main, world, (world, str(tmp_path / "store"), seed), TIMEOUT_S, "expert parallelism")
+def run_ranks(world: int, tmp_path, seed: int, main=ranks_main) -> None:
+    run_forked_ranks(main, world, (world, str(tmp_path / "store"), seed), TIMEOUT_S, "expert parallelism")
+
+
+def a_seed(rng) -> int:
+    return int(torch.randint(0, 2**31 - 1 - 8, (1,), generator=rng))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_matches_one_rank(world, tmp_path, rng):
-    run_ranks(world, tmp_path, int(torch.randint(0, 2**31 - 1 - 8, (1,), generator=rng)))
+    run_ranks(world, tmp_path, a_seed(rng))
+
+
+def rounding_main(rank, world, store, seed):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=30))
+    try:
+        x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=4000)
+        weights, ids = route(logits, 4)
+        double_rounded = 0
+        for dtype in (torch.bfloat16, torch.float16):
+            xd = x.to(dtype)
+            y = ep_moe(xd, w_gu, b_gu, w_d, b_d, logits, 4, ranges=[(0, 8)])
+            expect = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids)
+            assert y.dtype == dtype and torch.equal(y.view(torch.int16), expect.view(torch.int16)), dtype
+            y64 = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids, out_dtype=torch.float64)
+            double_rounded += int((y64.to(dtype) != expect).sum())
+        # the case can fail: float64 -> float32 -> dtype rounds some of these sums differently (about 2 in bf16 and
+        # 15 in fp16 per 256k outputs)
+        assert double_rounded > 0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_rounds_bf16_and_fp16_once(tmp_path, rng):
+    """ep_moe of bfloat16 / float16 tokens (4000 tokens, MXFP4 experts with biases, k = 4), every expert on the
+    one rank: the bytes of moe_reference, which rounds the float64 sums once (through float32 they round twice)."""
+    run_ranks(1, tmp_path, a_seed(rng), rounding_main)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
+    """|got - want| <= tol * max|want| elementwise."""
+    torch.testing.assert_close(got, want, rtol=0, atol=tol * float(want.abs().max()) if want.numel() else 0.0,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def check_grads(rank, world, seed, *, E, ranges, splits, hot=(), x_grad=None, router_grad=True):
+    """One backward of a sharded MXMoE (``ranges``) on this rank's tokens (``splits``) against one process holding
+    every expert and every token: autograd through ``mxkit.moe(backend="reference")`` written out (the
+    computation EP runs), and the unsharded module (its float32 per-expert backward). ``hot``: experts whose router
+    bias takes +100 (every token picks them, the other experts' ranks receive nothing); ``x_grad``: per rank,
+    whether x needs a gradient; ``router_grad``: False freezes the router."""
+    x_grad = [True] * world if x_grad is None else x_grad
+    g = torch.Generator().manual_seed(seed)
+    router = torch.nn.Linear(H, E)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(E, H, generator=g) * 0.3)
+        router.bias.copy_(torch.randn(E, generator=g))
+        router.bias[list(hot)] += 100.0
+    full = MXMoE.from_dense(router, torch.randn(E, 2 * I, H, generator=g) * 0.4, torch.randn(E, 2 * I, generator=g),
+                            torch.randn(E, H, I, generator=g) * 0.4, torch.randn(E, H, generator=g), 4, "mxfp4")
+    full.router.requires_grad_(router_grad)
+    x, gy = torch.randn(sum(splits), H, generator=g), torch.randn(sum(splits), H, generator=g)
+    lo, hi = ranges[rank]
+
+    sharded = MXMoE(H, I, E, 4, "mxfp4")
+    sharded.load_state_dict(full.state_dict())
+    sharded.shard_experts(ranges=ranges).router.requires_grad_(router_grad)
+    xr = my_share(x, splits, rank).clone().requires_grad_(x_grad[rank])
+    y = sharded(xr)
+    assert y.requires_grad
+    y.backward(my_share(gy, splits, rank))
+    got = {"gate_up_bias": sharded.gate_up_bias.grad, "down_bias": sharded.down_bias.grad}
+    if x_grad[rank]:
+        got["x"] = xr.grad
+    if router_grad:  # a replica on every rank: the gradients summed over the ranks, as data parallelism does
+        for name in ("weight", "bias"):
+            got[f"router.{name}"] = getattr(sharded.router, name).grad.clone()
+            dist.all_reduce(got[f"router.{name}"], group=None)
+
+    # one process, the reference's autograd; the logits computed per share as the ranks do (the same bits)
+    xs = [t.clone().requires_grad_(need) for t, need in zip(x.split(splits), x_grad)]
+    ref = {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in full.named_parameters()}
+    logits = torch.cat([F.linear(t, ref["router.weight"], ref["router.bias"]) for t in xs])
+    y_ref = mxkit.moe(torch.cat(xs), full.gate_up_mx, ref["gate_up_bias"], full.down_mx, ref["down_bias"], logits, 4,
+                      backend="reference")
+    y_ref.backward(gy)
+    # the same (token, slot) pairs meet each expert in the same order (tokens are rank-major): equal bits
+    assert torch.equal(y, my_share(y_ref, splits, rank))
+    for name in ("gate_up_bias", "down_bias"):
+        assert torch.equal(got[name], ref[name].grad[lo:hi]), f"rank {rank}/{world}: {name}"
+    # x: its k slots' float32 gradients summed in another order; the router: per-rank sums added across ranks
+    if x_grad[rank]:
+        close(got["x"], xs[rank].grad, 2.0**-18, f"rank {rank}/{world}: x")
+    for name in ("weight", "bias"):
+        if router_grad:
+            close(got[f"router.{name}"], ref[f"router.{name}"].grad, 2.0**-18, f"rank {rank}/{world}: router.{name}")
+
+    # the unsharded module on one process: a float32 backward against EP's float64 one (test_moe's tolerance for
+    # that backward against the reference)
+    xf = x.clone().requires_grad_()
+    full(xf).backward(gy)
+    want = {"gate_up_bias": full.gate_up_bias.grad[lo:hi], "down_bias": full.down_bias.grad[lo:hi],
+            "x": my_share(xf.grad, splits, rank), "router.weight": full.router.weight.grad,
+            "router.bias": full.router.bias.grad}
+    for name, t in got.items():
+        close(t, want[name], 1e-5, f"rank {rank}/{world}: {name} against the unsharded module")
+
+
+def grad_main(rank, world, store, seed):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=30))
+    try:
+        E = {2: 8, 3: 7}[world]
+        uneven = {2: [(0, 3), (3, 8)], 3: [(0, 1), (1, 5), (5, 7)]}[world]
+        splits = {2: [0, 37], 3: [20, 0, 15]}[world]  # a rank with no tokens
+        check_grads(rank, world, seed, E=E, ranges=uneven, splits=splits)
+        # every pair to experts 0..3: the last rank's experts receive nothing (their biases' gradient: zeros)
+        check_grads(rank, world, seed + 1, E=E, ranges=expert_ranges(E, world), splits=[9, 14, 5][:world],
+                    hot=range(4))
+        # the router frozen and only rank 0's x needing a gradient: the other ranks need only their biases', yet
+        # their experts' backward sends rank 0 its rows' gradients
+        check_grads(rank, world, seed + 2, E=E, ranges=uneven, splits=[7, 11, 4][:world],
+                    x_grad=[r == 0 for r in range(world)], router_grad=False)
+        # one rank without autograd while the others need gradients: every rank raises, none waits in a backward
+        m = MXMoE(H, I, E, 4, "mxfp4").shard_experts()
+        x = torch.randn(3, H)
+        without_grad = torch.no_grad() if rank == 0 else contextlib.nullcontext()
+        with pytest.raises(RuntimeError, match="all or none"), without_grad:
+            m(x)
+        with torch.no_grad():  # the group is still in step
+            assert m(x).shape == x.shape
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_expert_parallel_gradients_match_one_process(world, tmp_path, rng):
+    """MXMoE.shard_experts() under autograd: y, and the gradients of x, the router (summed over the ranks) and
+    the expert biases, against one process holding every expert; uneven expert ranges (E = 7 over 3 ranks), a rank
+    with no tokens, ranks whose experts receive no pair, a rank that needs only its biases' gradients."""
+    run_ranks(world, tmp_path, a_seed(rng), grad_main)
 
 
 def test_expert_ranges():

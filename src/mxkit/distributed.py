@@ -7,18 +7,28 @@ x_r (T_r, H), :func:`ep_moe` does:
 
 1. route locally (the router is replicated): ``topk_weights``, ``topk_ids`` (T_r, k);
 2. sort the T_r·k pairs by destination rank (stable), exchange the per-rank counts (``all_to_all_single`` of
-   one int64 per rank), then ``all_to_all_single`` the pairs' token rows (x's dtype) and their (expert id,
-   weight) metadata (float64: both exact);
+   two int64 per rank: the count and whether this rank needs a gradient), then ``all_to_all_single`` the
+   pairs' token rows (x's dtype) and their (expert id, weight) metadata (float64: both exact);
 3. on arrival, run the local experts on the received rows with top_k = 1 (:func:`mxkit.moe.moe_experts`,
    ``expert_range`` = this rank's range): each row becomes ``weight · expert(row)``;
 4. ``all_to_all_single`` the rows back (``combine_dtype``), put them in pair order and sum the k pairs of each
-   token in float64, then round once to x's dtype.
+   token in float64, then round once to x's dtype (:func:`mxkit.reference.round_from_float64`: no double
+   rounding through float32 for bfloat16 / float16).
 
 With ``combine_dtype=torch.float64`` (the default) and the reference backend, step 4 adds the same float64
 products in the same order as one rank's :func:`~mxkit.moe_reference.combine_reference`, so the result equals
 one rank holding every expert up to float64 matmul blocking (a float64 GEMM of other row counts may round
 differently in the last bit; after the final rounding to float32 the outputs agree to 1 ulp and almost always
 bit for bit). A narrower ``combine_dtype`` cuts the return traffic and adds one rounding per pair.
+
+Autograd: steps 2 and 4 are autograd Functions (:class:`_Dispatch`, :class:`_Combine`) whose backwards run the
+reverse exchanges (the counts swapped): the gradients of the expert outputs go back to the ranks that computed
+them, those of the token rows and routing weights to the ranks that own the tokens. Where a gradient is needed
+the local experts run the reference backend (float64, differentiable; the kernels have no backward). The counts
+exchange also carries whether each rank needs a gradient (of x, router_logits or the expert biases): the backward
+is collective, so every rank of the group must need one or none does. Each rank then runs both backwards, in the
+same order (combine, then dispatch), also one where only the expert biases need a gradient (its peers still need
+the gradients of the rows they sent it).
 
 The gloo backend of torch 2.13 implements ``all_to_all_single`` with uneven split sizes on CPU (checked), so
 no all_gather / send-recv fallback is needed; NCCL implements it on CUDA.
@@ -33,6 +43,8 @@ import torch.distributed as dist
 
 from .moe import moe_experts, route_tokens
 from .moe_reference import check_moe_args
+from .ops import needs_grad
+from .reference import round_from_float64
 from .tensor import MXTensor
 
 __all__ = ["expert_ranges", "check_expert_ranges", "ep_moe"]
@@ -68,6 +80,49 @@ def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
     return out
 
 
+class _Dispatch(torch.autograd.Function):
+    """Step 2's exchange of the (token, slot) pairs, grouped by destination rank (``send_counts`` pairs each).
+
+    forward(rows (P, H) x's dtype, weights (P,) float, ids (P,) int64, send_counts, recv_counts, group): the rows,
+    then (id, weight) as one float64 (P, 2) tensor (both exact), each in one ``all_to_all_single``. Returns the
+    received ``rows_in`` (P_in, H), ``weights_in`` (P_in, 1) float32 and ``ids_in`` (P_in, 1) int64 (the last not
+    differentiable). backward: the gradients of rows_in, then of weights_in (float32), each sent back in one
+    ``all_to_all_single`` with the counts swapped (zeros where autograd has none, so every rank issues both).
+    """
+
+    @staticmethod
+    def forward(ctx, rows, weights, ids, send_counts, recv_counts, group):
+        ctx.counts, ctx.group, ctx.weights_dtype = (send_counts, recv_counts), group, weights.dtype
+        meta = torch.stack([ids.to(torch.float64), weights.to(torch.float64)], dim=1)
+        rows_in = _exchange(rows, send_counts, recv_counts, group)
+        meta_in = _exchange(meta, send_counts, recv_counts, group)
+        ids_in = meta_in[:, :1].to(torch.int64)
+        ctx.mark_non_differentiable(ids_in)
+        return rows_in, meta_in[:, 1:].to(torch.float32), ids_in
+
+    @staticmethod
+    def backward(ctx, g_rows, g_weights, _):
+        send_counts, recv_counts = ctx.counts
+        g_rows = _exchange(g_rows, recv_counts, send_counts, ctx.group)
+        g_weights = _exchange(g_weights.to(torch.float32), recv_counts, send_counts, ctx.group)
+        return g_rows, g_weights.view(-1).to(ctx.weights_dtype), None, None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """Step 4's exchange: the expert outputs y (P_in, H) back to the ranks that own their tokens (``send_counts``
+    rows to each rank, ``recv_counts`` from each); backward sends their gradients the other way."""
+
+    @staticmethod
+    def forward(ctx, y, send_counts, recv_counts, group):
+        ctx.counts, ctx.group = (send_counts, recv_counts), group
+        return _exchange(y, send_counts, recv_counts, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        send_counts, recv_counts = ctx.counts
+        return _exchange(g, recv_counts, send_counts, ctx.group), None, None, None
+
+
 def ep_moe(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -92,9 +147,13 @@ def ep_moe(
     ranges: every rank's (lo, hi), e.g. :func:`expert_ranges` (E, world_size).
     group: the process group (default: the world). Collective: every rank of the group must call it.
     combine_dtype: dtype of the expert outputs on their way back (module docstring).
+    backend: of the local experts (:func:`mxkit.moe`); where any rank needs a gradient, ``"reference"``.
     Returns (..., H) in x's dtype: what :func:`mxkit.moe` returns for these tokens with every expert on one rank.
+    Differentiable with respect to x, router_logits and the expert biases (module docstring): the backward is
+    collective too, every rank of the group must run it.
     Raises ValueError for ranges that do not partition [0, E) or weights that do not hold ``ranges[rank]``, and
-    whatever :func:`mxkit.moe` raises for bad shapes (before any communication).
+    whatever :func:`mxkit.moe` raises for bad shapes (before any communication); RuntimeError on every rank when
+    some ranks need a gradient and others do not (after the counts exchange, before the data moves).
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
@@ -105,27 +164,42 @@ def ep_moe(
     check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
                    expert_range=(lo, hi), num_experts=E)
 
-    # 2. pairs sorted by destination rank; counts first, then rows and metadata
+    # 2. pairs sorted by destination rank; the counts (and who needs a gradient) first, then rows and metadata
     owner = torch.repeat_interleave(torch.arange(world, device=ids.device),
                                     torch.tensor([h - l for l, h in ranges], device=ids.device))
     flat_ids = ids.reshape(-1).to(torch.int64)
     dest = owner[flat_ids]
     order = torch.sort(dest, stable=True).indices
     send_counts_t = torch.bincount(dest, minlength=world)
-    recv_counts_t = torch.empty_like(send_counts_t)
-    dist.all_to_all_single(recv_counts_t, send_counts_t, group=group)
-    send_counts, recv_counts = send_counts_t.tolist(), recv_counts_t.tolist()
-    meta = torch.stack([flat_ids[order].to(torch.float64), weights.reshape(-1)[order].to(torch.float64)], dim=1)
-    rows_in = _exchange(x2[order // k], send_counts, recv_counts, group)
-    meta_in = _exchange(meta, send_counts, recv_counts, group)
+    need = needs_grad(x, router_logits, b_gate_up, b_down)
+    head = torch.stack([send_counts_t, torch.full_like(send_counts_t, int(need))], dim=1)
+    head_in = torch.empty_like(head)
+    dist.all_to_all_single(head_in, head, group=group)
+    send_counts, (recv_counts, needs) = send_counts_t.tolist(), head_in.t().tolist()
+    grad = any(needs)
+    if grad and not all(needs):  # (every rank sees the same flags: all raise, none waits in the backward)
+        raise RuntimeError(f"ep_moe under autograd: ranks {[r for r, n in enumerate(needs) if n]} of the group need a "
+                           f"gradient (of x, router_logits or the expert biases) and ranks "
+                           f"{[r for r, n in enumerate(needs) if not n]} do not; the backward is collective, so all "
+                           "or none must")
+    weights = weights.reshape(-1)[order]
+    if grad and not weights.requires_grad:
+        # only the expert biases need a gradient here, but the peers need their rows' back: a throwaway leaf puts
+        # both exchanges in this rank's graph (the experts' output depends on the weights received)
+        weights = weights.detach().requires_grad_()
+    rows_in, weights_in, ids_in = _Dispatch.apply(x2[order // k], weights, flat_ids[order], send_counts,
+                                                  recv_counts, group)
 
     # 3. the local experts, one pair per row (top_k = 1): weight * expert(row)
-    y_local = moe_experts(rows_in, w_gate_up, b_gate_up, w_down, b_down, meta_in[:, 1:].to(torch.float32),
-                          meta_in[:, :1].to(torch.int64), activation=activation, out_dtype=combine_dtype,
-                          expert_range=(lo, hi), num_experts=E, backend=backend)
+    y_local = moe_experts(rows_in, w_gate_up, b_gate_up, w_down, b_down, weights_in, ids_in, activation=activation,
+                          out_dtype=combine_dtype, expert_range=(lo, hi), num_experts=E,
+                          backend="reference" if grad else backend)
+    if grad and rows_in.shape[0] == 0:
+        # no pair reached these experts: their biases get a zero gradient (as on one rank, where every expert's
+        # bias is in the graph), not None
+        y_local = y_local + sum(b.sum() * 0 for b in (b_gate_up, b_down) if b is not None)
 
-    # 4. back to the owners of the tokens, into pair order, summed over the k slots
-    y_back = _exchange(y_local, recv_counts, send_counts, group)
-    pairs = torch.empty(T * k, H, dtype=torch.float64, device=x.device)
-    pairs[order] = y_back.to(torch.float64)
-    return pairs.view(T, k, H).sum(1).to(x.dtype).reshape(x.shape)
+    # 4. back to the owners of the tokens, into pair order, summed over the k slots, rounded once
+    y_back = _Combine.apply(y_local, recv_counts, send_counts, group).to(torch.float64)
+    pairs = y_back.new_zeros(T * k, H).index_copy(0, order, y_back)
+    return round_from_float64(pairs.view(T, k, H).sum(1), x.dtype).reshape(x.shape)

@@ -162,7 +162,12 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
     """:func:`mxkit.moe_reference.route` (the same arguments, results and errors): ``(topk_weights (T, k) float32,
     topk_ids (T, k) int32)``. On CUDA, ``mode="gpt_oss"`` with float32 / bfloat16 / float16 logits (E <= 1024,
     k <= 32) runs one Triton kernel (:mod:`mxkit.kernels.matmul_details._route`) that writes the reference's
-    bytes; everything else (logits that need a gradient, code torch.compile traces) runs the reference."""
+    bytes; everything else (logits that need a gradient, code torch.compile traces) runs the reference.
+
+    Ties: equal logits go to the lower expert index. transformers' GPT-OSS router selects with ``torch.topk``,
+    which does not fix the order of ties, so in a row whose logits tie HF may select other experts (a tie at the
+    k-th place) or order the tied slots otherwise: for float32 logits the ids and weights are bit-identical to
+    HF's in rows without ties only."""
     if (mode == "gpt_oss" and not renormalize and isinstance(router_logits, torch.Tensor) and router_logits.is_cuda
             and not torch.compiler.is_compiling() and not needs_grad(router_logits)):  # (the kernel has no backward)
         from .kernels.matmul_details import _route
@@ -193,7 +198,9 @@ def moe_w4a8(
     Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
     a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
     do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
-    x's dtype. No expert parallelism here."""
+    x's dtype. No expert parallelism here.
+    Raises the TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError
+    when router_logits' last dim E is not the experts' count (before any expert runs)."""
     return _quantized_layer(_w4a8_folded, _w4a8_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits,
                             top_k, routing, activation, folded, backend)
 
@@ -245,7 +252,8 @@ def moe_mxfp4(
     that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that do not
     fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
     envelope) take the reference. Returns (..., H) in x's dtype. No expert parallelism here. Raises the
-    TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E])."""
+    TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError when
+    router_logits' last dim E is not the experts' count."""
     return _quantized_layer(_mxfp4_folded, _mxfp4_reference, x, w_gate_up, b_gate_up, w_down, b_down,
                             router_logits, top_k, routing, activation, folded, backend)
 
@@ -306,7 +314,10 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     result."""
     lead, H = x.shape[:-1], x.shape[-1]
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
-    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation)
+    E = check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation).E_local
+    if router_logits.shape[-1] != E:  # (the ids index the experts: routing over other experts is a caller's bug)
+        raise ValueError(f"router_logits {tuple(router_logits.shape)} route over {router_logits.shape[-1]} experts "
+                         f"but the experts hold E={E} (no expert parallelism here)")
     if x2.shape[0] == 0:
         return x.new_zeros(x.shape)
     if resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):

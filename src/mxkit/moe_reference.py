@@ -105,7 +105,8 @@ def route(
       ``"gpt_oss"`` — the k largest logits, then a softmax over those k logits. This is transformers'
       ``GptOssTopKRouter.forward`` (``models/gpt_oss/modeling_gpt_oss.py``: ``torch.topk(logits, k)``, then
       ``softmax(top_values, dim=1)``). The selection is made on the logits in their own dtype and the softmax in
-      float32: for float32 logits the ids and weights are bit-identical to HF's; for bfloat16 logits HF rounds
+      float32: for float32 logits the ids and weights are bit-identical to HF's in rows without tied logits (ties
+      below: ``torch.topk`` may pick or order tied experts otherwise); for bfloat16 logits HF rounds
       the weights to bfloat16 (its softmax runs in the logits' dtype) and these are the float32 values before
       that rounding (float64 logits: the k selected ones are rounded to float32 first).
       ``"softmax_topk"`` — a float32 softmax over all E logits, then the k largest probabilities (selected on
@@ -145,7 +146,8 @@ def route(
 def _check_expert_range(expert_range, num_experts: int) -> tuple[int, int]:
     if expert_range is None:
         return 0, num_experts
-    lo, hi = expert_range
+    pair = tuple(expert_range) if isinstance(expert_range, (tuple, list)) else ()
+    lo, hi = pair if len(pair) == 2 else (None, None)
     if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi <= num_experts):
         raise ValueError(f"expert_range={expert_range!r} must be (lo, hi) with 0 <= lo < hi <= {num_experts=}")
     return lo, hi

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
@@ -90,7 +91,7 @@ class MXMoE(_ops.Handled, nn.Module):
         (:mod:`mxkit.moe_reference`).
       expert_range: (lo, hi) — hold only experts lo..hi-1 (E_local = hi - lo); default all.
       return_router_scores: forward returns ``(y, scores)`` like transformers' ``GptOssMLP`` (scores = the
-        (T, k) routing weights in the router's dtype), for a drop-in swap.
+        (T, k) routing weights in x's dtype, that of the router's logits), for a drop-in swap.
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` by the constructors.
       backend: of :func:`mxkit.moe` (``"auto"``: the GPU kernels on CUDA when present, else the reference).
       act_format: None (bf16 tokens: W4A16 / W8A16), ``"fp8_e4m3_rowwise"`` (W4A8, :func:`mxkit.moe.moe_w4a8`:
@@ -105,11 +106,14 @@ class MXMoE(_ops.Handled, nn.Module):
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
-    above. The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
+    above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
+    another dtype). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
     (:class:`_ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
     expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
     x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens' activations.
-    Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead.
+    Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
+    exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
+    and run the backward, or none.
     Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
     """
 
@@ -542,7 +546,7 @@ class MXMoE(_ops.Handled, nn.Module):
     # --- forward ---------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor):
-        logits = self.router(x)
+        logits = self._router_logits(x)
         if torch.compiler.is_compiling() and x.is_cuda:
             # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
             # a graph break where autograd needs a gradient (x, the router, the expert biases)
@@ -554,6 +558,15 @@ class MXMoE(_ops.Handled, nn.Module):
                                                                            self.down_bias):
             routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
         return self._result(self._experts(x, logits, routed), logits, routed)
+
+    def _router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The router's logits (..., E) in x's dtype: ``self.router(x)``, or with the router's weight and bias cast
+        to x's dtype where they are in another (a float32 module called on bfloat16 / float16 x); the cast is
+        differentiable, so the gradients still reach the router's parameters in their dtype."""
+        w, b = self.router.weight, self.router.bias
+        if w.dtype == x.dtype:
+            return self.router(x)
+        return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
     def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).

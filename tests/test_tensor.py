@@ -100,6 +100,27 @@ def test_pytree_flatten_unflatten_round_trip(fmt, shape, axis, layout):
     assert _same(mapped["w"], q) and mapped["w"].qdata is not q.qdata and mapped["n"] == 3
 
 
+def test_torch_load_takes_an_mxtensor_by_default(tmp_path):
+    """torch.load's default (weights_only=True) rebuilds an MXTensor alone or inside a dict (mxkit allowlists it
+    and its field types at import): every field and byte as saved."""
+    q = _q("mxfp6_e3m2", (2, 64, 3), axis=1, scale_mode="even")
+    torch.save({"w": q, "step": 3}, tmp_path / "q.pt")
+    back = torch.load(tmp_path / "q.pt")
+    assert back["step"] == 3 and type(back["w"]) is MXTensor and _same(back["w"], q)
+
+
+def test_packed_weight_pytree_reaches_every_tensor():
+    """A PackedWeight's folded operand is a pytree node too (its tensors were one opaque leaf: a tensor map left
+    them where they were)."""
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(16, 128), "mxfp4", axis=1))
+    leaves = pytree.tree_leaves(pw)
+    assert all(isinstance(t, torch.Tensor) for t in leaves if t is not None)
+    assert any(t is pw.folded.data for t in leaves) and any(t is pw.folded.owner for t in leaves)
+    meta = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), pw)
+    assert meta.folded.device.type == "meta" and meta.source.device.type == "meta"
+    assert meta.folded.fmt is pw.folded.fmt and meta.folded.lead_shape == pw.folded.lead_shape
+
+
 def test_pytree_unflatten_checks_leaves():
     q = _q()
     leaves, spec = pytree.tree_flatten(q)

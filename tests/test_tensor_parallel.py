@@ -258,16 +258,20 @@ def case_errors(rank: int, world: int, g: torch.Generator) -> None:
 
 
 def case_grad(rank: int, world: int, g: torch.Generator) -> None:
-    """x.grad and the bias gradient through both layers equal the unsharded layer's within the bound."""
+    """x.grad and the bias gradient through both layers equal the unsharded layer's within the bound, with float and
+    MX activations (the quantization passed straight through: the row layer's x got no gradient with an
+    act_format); an empty batch runs forward and backward."""
     K = 256
-    for style in ("column", "row"):
-        full = full_layer(g, K, "mxfp4_e2m1", True)
+    for style, act in (("column", None), ("row", None), ("column", "mxfp8_e4m3"), ("row", "mxfp8_e4m3"),
+                       ("row", "mxfp4_e2m1")):
+        full = full_layer(g, K, "mxfp4_e2m1", True, act_format=act)
         x = torch.randn(6, K, generator=g)
         gy = torch.randn(6, N, generator=g)  # the same upstream gradient on every rank
         xs = x.clone().requires_grad_()
         m = shard_mxlinear(full, style)
         (m(xs) * gy).sum().backward()
-        what = f"grad {style} rank {rank}/{world}"
+        what = f"grad {style} {act} rank {rank}/{world}"
+        assert xs.grad is not None, what + ": x got no gradient"
         assert_bound(xs.grad, gy.double(), weight64(full).T, None, what + " x")
         assert_bound_fails(xs.grad * 0.9, gy.double(), weight64(full).T, None, what + " x")
         want_b = gy.double().sum(0)
@@ -277,6 +281,11 @@ def case_grad(rank: int, world: int, g: torch.Generator) -> None:
         tol = local_shard(tol, 0, rank, world) if style == "column" else tol
         assert bool(((m.bias.grad.double() - want_b).abs() <= tol).all()), what + " bias"
         assert m.weight_qdata.grad is None
+        x0 = torch.randn(0, K, generator=g, requires_grad=True)
+        y0 = m(x0)
+        assert y0.shape == (0, N), what + " empty batch"  # (the column layer gathers its output)
+        y0.sum().backward()
+        assert x0.grad is not None and x0.grad.shape == (0, K), what + " empty batch"
 
 
 CASES = {f.__name__: f for f in (case_column, case_row, case_mlp, case_bytes, case_errors, case_grad)}

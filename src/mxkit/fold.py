@@ -27,6 +27,7 @@ from fractions import Fraction
 from typing import Optional, Union
 
 import torch
+import torch.utils._pytree as pytree
 
 from .formats import (
     E8M0_BIAS,
@@ -140,6 +141,12 @@ class Folded:
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+
+# pytree: data, scale and owner are the leaves (tree maps reach them, e.g. a PackedWeight's .to by tree_map),
+# fmt and lead_shape the context
+pytree.register_pytree_node(Folded, lambda f: ([f.data, f.scale, f.owner], (f.fmt, f.lead_shape)),
+                            lambda leaves, ctx: Folded(*leaves, *ctx), serialized_type_name="mxkit.Folded")
 
 
 def _block_view(q: MXTensor) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -282,6 +282,10 @@ def _context_from_dump(dumped: list) -> tuple:
             layout)
 
 
+# torch.load's default unpickler (weights_only=True) takes only allowlisted classes: an MXTensor and its fields'
+# types are plain data (uint8 tensors, names, ints), safe to rebuild
+torch.serialization.add_safe_globals([MXTensor, ElementFormat, ScaleMode, Rounding])
+
 pytree.register_pytree_node(
     MXTensor, _flatten, _unflatten, serialized_type_name="mxkit.MXTensor", flatten_with_keys_fn=_flatten_with_keys,
     to_dumpable_context=_dumpable_context, from_dumpable_context=_context_from_dump,

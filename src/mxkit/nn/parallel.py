@@ -57,7 +57,7 @@ from torch import nn
 
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
-from ..ops import matmul, needs_grad, quantize, quantize_fold
+from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from .linear import FP8_ROWWISE, MXLinear
 
 __all__ = ["ColumnParallelMXLinear", "RowParallelMXLinear", "shard_mxlinear", "STYLES"]
@@ -322,9 +322,10 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         return b
 
     def _operand(self, x: torch.Tensor):
-        """The ``a`` operand of this rank's GEMM: x, or x quantized along K (its blocks are the full input's)."""
+        """The ``a`` operand of this rank's GEMM: x, or x quantized along K (its blocks are the full input's); an
+        empty batch as it is (nothing to quantize: the float GEMM of no rows)."""
         act = self.act_format
-        if act is None:
+        if act is None or x.numel() == 0:
             return x
         kw = dict(block_size=self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
         if x.is_cuda and can_fold(act) and can_fold(self.weight_format):
@@ -343,7 +344,12 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
             else:
                 x = x.narrow(-1, self.tp_rank * self.in_features, self.in_features).contiguous()
         w = self._packed if self._packed is not None else self.weight_mx
-        y = matmul(self._operand(x), w, out_dtype=torch.float32)  # partial sum over this rank's K, no bias
+        if self.act_format is not None and x.numel() and needs_grad(x):
+            # the quantized operand is not x: x's gradient by the dequantized weight, the quantization passed
+            # straight through (MXLinear's rule), the forward's bits unchanged
+            y = with_input_grad(x, None, w, lambda x_, _: matmul(self._operand(x_), w, out_dtype=torch.float32))
+        else:
+            y = matmul(self._operand(x), w, out_dtype=torch.float32)  # partial sum over this rank's K, no bias
         if self.tp_world_size > 1:
             if needs_grad(y):
                 y = _ReduceFromGroup.apply(y, self.tp_group)

@@ -583,6 +583,11 @@ def test_mxmoe_from_dense_and_state_dict(fmt, rng):
     assert torch.equal(fresh(x), y)
     assert set(m.state_dict()) == {"router.weight", "router.bias", "gate_up_qdata", "gate_up_scale", "down_qdata",
                                    "down_scale", "gate_up_bias", "down_bias"}
+    for key in ("gate_up_qdata", "down_scale"):  # MX bytes only: a float tensor would be cast by copy_
+        sd = m.state_dict()
+        sd[key] = sd[key].float() + 0.7
+        with pytest.raises(RuntimeError, match=f"{key}: expected uint8 MX bytes, got torch.float32"):
+            MXMoE(H, I, E, k, fmt).load_state_dict(sd)
     half = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt, expert_range=(0, 4))
     other = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt, expert_range=(4, 8))
     assert half.gate_up_qdata.shape[0] == 4

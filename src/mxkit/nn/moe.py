@@ -840,7 +840,14 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
                        unexpected_keys, error_msgs) -> None:
     """load_state_dict pre-hook: checkpoint-layout experts loaded into a module packed in place are packed (on the
     module's device) before the copy. A module folded in place (W4A8) goes back to the checkpoint layout, and its
-    next CUDA forward folds the loaded experts."""
+    next CUDA forward folds the loaded experts. Expert buffers that are not uint8 (MX bytes: ``copy_`` would cast
+    them) are reported in ``error_msgs`` (load_state_dict raises) and not loaded."""
+    for name in _EXPERTS:
+        for key in (f"{prefix}{name}_qdata", f"{prefix}{name}_scale"):
+            t = state_dict.get(key)
+            if isinstance(t, torch.Tensor) and t.dtype != torch.uint8:
+                error_msgs.append(f"{key}: expected uint8 MX bytes, got {t.dtype}")
+                del state_dict[key]
     if module.expert_layout == "fold":
         module._to_checkpoint_layout()
     if module.expert_layout != "mma":

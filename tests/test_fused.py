@@ -92,6 +92,40 @@ def test_fused_state_dict_and_mismatches(rng):
         FusedMXLinear([a])
 
 
+def test_fused_output_kept_only_for_the_same_weights(rng):
+    """A part served after a load_state_dict (or an in-place edit of the fused weight) recomputes; a module left
+    with one part read pickles (its kept output is a weak reference, dropped from the state); biases that differ
+    in requires_grad are not fused (the fused bias would train the frozen ones)."""
+    import io
+
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
+    other = _model(g=rng)
+    mxkit.quantize_model(other, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
+    x = torch.randn(2, 128, generator=rng)
+    model[0].q_proj(x)  # the fused output kept for k and v
+    buf = io.BytesIO()
+    torch.save(model, buf)  # (raised "cannot pickle 'weakref.ReferenceType'")
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    assert torch.equal(again[0].k_proj(x), model[0].k_proj(x))
+    model[0].q_proj(x)
+    model.load_state_dict(other.state_dict())
+    assert torch.equal(model[0].k_proj(x), other[0].k_proj(x))  # (was the old weights' k)
+    lin = [MXLinear.from_linear(nn.Linear(64, 16), "mxfp4") for _ in range(3)]
+    lin[1].bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="requires_grad"):
+        FusedMXLinear(lin)
+
+
+def test_fuse_siblings_leaves_cross_attention_alone(rng):
+    model = nn.Module()
+    model.self_attn, model.encoder_attn = _Attn(128, True), _Attn(128, True)
+    mxkit.quantize_model(model, "mxfp8", progress=False, compute_qsnr=False)
+    assert fuse_siblings(model) == ["self_attn.q_proj_k_proj_v_proj"]
+    assert isinstance(model.encoder_attn.q_proj, MXLinear)
+
+
 def test_llama_decoder_fused_matches(rng):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -889,6 +889,27 @@ def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
         assert not torch.allclose(other(ids).logits, got.logits, rtol=1e-3, atol=1e-3 * float(want.logits.abs().max()))
 
 
+def test_gpt_oss_model_reads_generation_config_and_quantizes_around_its_routers(tmp_path, rng):
+    """Both loaders take the directory's generation_config.json (its stop ids, as from_pretrained does); then
+    quantize_model leaves each MXMoE's router an nn.Linear (quantizing it broke the next forward)."""
+    pytest.importorskip("transformers")
+    from mxkit.nn import MXMoE, load_gpt_oss_model
+
+    root = _write(tmp_path, rng)
+    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 5], "pad_token_id": 9}))
+    for model in (load_gpt_oss_model(root, dtype=torch.float32, progress=False),
+                  gpt_oss.load_hf_model(root, dtype=torch.float32, progress=False)):
+        assert model.generation_config.eos_token_id == [7, 5] and model.generation_config.pad_token_id == 9
+    model = load_gpt_oss_model(root, dtype=torch.float32, progress=False)
+    ids = torch.randint(0, 100, (1, 5), generator=rng)
+    _, report = mxkit.quantize_model(model, "mxfp8", skip="lm_head", progress=False, return_report=True)
+    routers = [r for r in report if r.name.endswith(".mlp.router")]
+    assert routers and all(r.status == "skipped" and "MXMoE" in r.reason for r in routers)
+    assert all(type(m.router) is torch.nn.Linear for m in model.modules() if isinstance(m, MXMoE))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+
+
 def test_gpt_oss_model_needs_every_tensor(tmp_path, rng):
     pytest.importorskip("transformers")
     from mxkit.nn import load_gpt_oss_model

@@ -264,6 +264,20 @@ def test_quantize_model_leaves_layers_it_cannot_take(rng):
     assert "float64" in report[1].reason and "block_size" in report[3].reason and "empty" in report[4].reason
 
 
+def test_quantize_model_warns_when_it_unties_a_weight(rng):
+    """A Linear sharing its weight with an embedding (a tied lm_head) gets its own MX copy and a warning naming the
+    tie; the embedding stays dense."""
+    model = nn.Module()
+    model.embed, model.body, model.head = nn.Embedding(48, 64), nn.Linear(64, 64), nn.Linear(64, 48, bias=False)
+    model.head.weight = model.embed.weight
+    with pytest.warns(UserWarning, match=r"untied 1 weight\(s\): head.weight \(tied to embed.weight\)"):
+        quantize_model(model, "mxfp8", progress=False)
+    assert isinstance(model.head, MXLinear) and isinstance(model.embed, nn.Embedding)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing tied: no warning
+        quantize_model(nn.Sequential(nn.Linear(64, 64)), "mxfp8", progress=False)
+
+
 def test_qsnr_db_values(rng):
     x = torch.randn(1000, generator=rng, dtype=torch.float64)
     assert qsnr_db(x, x * 1.1) == pytest.approx(20.0)  # ‖x‖² / ‖0.1x‖² = 100

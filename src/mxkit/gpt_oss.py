@@ -915,6 +915,15 @@ def hf_config(path: Union[str, Path], progress: bool = True):
     return ckpt, GptOssConfig.from_dict({k: v for k, v in ckpt.config.items() if k != "quantization_config"})
 
 
+def use_generation_config(model, path: Union[str, Path]) -> None:
+    """Give ``model`` the directory's ``generation_config.json`` where it has one (its stop ids: the real GPT-OSS
+    directories list several, which ``from_config`` does not read), as ``from_pretrained`` does."""
+    if (Path(path) / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(str(path))
+
+
 def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16,
                   device: Union[str, torch.device] = "cpu", progress: bool = True):
     """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory, experts dequantized by mxkit.
@@ -955,4 +964,5 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     if missing or unexpected:
         raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "
                               f"from it {missing[:5]}, tensors the model lacks {unexpected[:5]}")
+    use_generation_config(model, ckpt.path)
     return model.eval().to(device)

@@ -1,8 +1,10 @@
 """Modules and model conversion: :class:`MXLinear`, :func:`quantize_model` (layer ``nn``; imports ``ops``)."""
 
 from .linear import LayerReport, MXLinear, qsnr_db, quantize_model
-from .fused import FusedMXLinear, FusedPart, fuse_siblings  # noqa: F401 (q / k / v and gate / up as one GEMM)
-from .moe import MXMoE, load_gpt_oss_model, swap_gpt_oss_moe  # noqa: F401 (MoE layer, GPT-OSS conversion and loading)
-from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # noqa: F401 (tensor parallelism)
+from .fused import FusedMXLinear, FusedPart, fuse_siblings  # q / k / v and gate / up as one GEMM
+from .moe import MXMoE, load_gpt_oss_model, swap_gpt_oss_moe  # MoE layer, GPT-OSS conversion and loading
+from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # tensor parallelism
 
-__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "fuse_siblings", "FusedMXLinear"]
+__all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "fuse_siblings", "FusedMXLinear", "FusedPart",
+           "MXMoE", "load_gpt_oss_model", "swap_gpt_oss_moe", "ColumnParallelMXLinear", "RowParallelMXLinear",
+           "shard_mxlinear"]

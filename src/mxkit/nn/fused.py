@@ -11,8 +11,8 @@ The fused weight is the members' MX bytes stacked along N (each row keeps its ow
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
 bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
 group has read it, for that very tensor object (or view of one base object, with the same data pointer, shape
-and strides) at that version (``x._version``: an in-place change between two
-parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
+and strides) at that version, and for the fused weight and bias at theirs (``_version``: an in-place change of x or
+a load_state_dict between two parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
 parts' calls is not seen): parts called with different inputs each get a correct result. Under
 ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
 (:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the
@@ -40,6 +40,9 @@ __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
 
 # Sibling names of HF transformers' decoder layers (Llama, Mistral, Qwen2/3, Gemma, ...): attention and MLP
 FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# names of cross-attention modules (BART, Whisper, mBART, Marian: ``encoder_attn``; BERT-style decoders:
+# ``crossattention``), whose q / k / v read different inputs: not fused
+CROSS_ATTENTION = ("encoder_attn", "crossattention")
 
 
 class FusedMXLinear(_ops.Handled, nn.Module):
@@ -55,10 +58,11 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
         first = layers[0]
         keys = [(m.in_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
-                 m.weight_qdata.device, m.bias is None, None if m.bias is None else m.bias.dtype) for m in layers]
+                 m.weight_qdata.device, m.bias is None, None if m.bias is None else (m.bias.dtype, m.bias.requires_grad))
+                for m in layers]
         if any(k != keys[0] for k in keys[1:]):
             raise ValueError(f"layers to fuse must share in_features, formats, scale rule, rounding, block size, "
-                             f"device and bias presence / dtype; got {keys}")
+                             f"device and bias presence / dtype / requires_grad; got {keys}")
         self.splits = tuple(m.out_features for m in layers)
         self.offsets = tuple(sum(self.splits[:i]) for i in range(len(layers)))
         bias = first.bias
@@ -72,12 +76,24 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             self.fused.weight_scale.copy_(torch.cat([m.weight_scale for m in layers]))
             if bias is not None:
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
-                self.fused.bias.requires_grad_(any(m.bias.requires_grad for m in layers))
+                self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
-        # [weakref to x (or x's base), x._version, a function giving fused(x) back (None: gone), parts served,
-        # x's view]
+        # [weakref to x (or x's base), (x's, the weight buffers' and the bias' versions), a function giving fused(x)
+        # back (None: gone), parts served, x's view]
         self._last = None
         _ops.register(self)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_last"] = None  # (a weak reference: not picklable, and nothing to keep across a copy)
+        return state
+
+    def _versions(self, x: torch.Tensor) -> tuple:
+        """x's version and the fused weight's and bias' (a weight loaded or edited in place after a part was
+        served must not be served from the old output)."""
+        f = self.fused
+        return tuple(None if t is None or t.is_inference() else t._version
+                     for t in (x, f.weight_qdata, f.weight_scale, f._parameters["bias"]))
 
     def output(self, x: torch.Tensor, i: int, weak: bool = False) -> torch.Tensor:
         """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
@@ -89,7 +105,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling():
             y = self.fused(x)
         else:
-            ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
+            ver = self._versions(x)  # (inference tensors keep no version counter: None)
             # a view is keyed by its base object and its geometry: compiled code hands each part a new view of
             # one buffer
             src = x if x._base is None else x._base
@@ -174,11 +190,14 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     """Fuse, in place, every set of sibling MXLinear children named like one of ``groups`` (default
     :data:`FUSE_GROUPS`: q / k / v and gate / up projections) into a :class:`FusedMXLinear`; returns the
     qualified names of the fused groups. Groups with a missing member, a member that is not an MXLinear, or
-    members that do not match (formats, in_features, bias) are left alone. The model's forward must call each
+    members that do not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so
+    are cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
     each call still returns its correct output."""
     done = []
     for pname, parent in list(model.named_modules()):
+        if pname.rsplit(".", 1)[-1] in CROSS_ATTENTION:
+            continue  # q reads the decoder's states, k / v the encoder's: one GEMM would serve one part only
         for names in groups:
             mods = [getattr(parent, n, None) for n in names]
             if not all(type(m) is MXLinear for m in mods):

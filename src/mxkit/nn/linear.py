@@ -393,7 +393,7 @@ def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
         return lambda name, mod: False
     if callable(skip):
         return skip
-    bad = f"skip must be a name, an fnmatch pattern, a list of them or a callable; got {{!r}}"
+    bad = "skip must be a name, an fnmatch pattern, a list of them or a callable; got {!r}"
     try:
         patterns = [skip] if isinstance(skip, str) else list(skip)
     except TypeError:
@@ -442,6 +442,8 @@ def quantize_model(
       callable ``(name, module) -> bool``; matching layers are left as they are.
     Layers whose ``in_features % block_size != 0``, empty layers and layers whose weight is not float32 /
     bfloat16 / float16 are left alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
+    An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another
+    parameter (a tied ``lm_head``) is quantized into its own MX copy, untied, with a ``UserWarning`` naming it.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
     progress: show a tqdm bar over the Linear layers.
     fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
@@ -465,13 +467,21 @@ def quantize_model(
         raise TypeError("quantize_model got a bare nn.Linear, which cannot be replaced in place; "
                         "use MXLinear.from_linear instead")
 
+    from .moe import MXMoE
+
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    in_moe = {id(sub) for m in model.modules() if isinstance(m, MXMoE) for sub in m.modules()}
+    names_of = {}  # parameter id -> every name it has (tied weights: more than one)
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(n)
     report: list[LayerReport] = []
-    unsupported = []
+    unsupported, untied = [], []
     for name, lin in tqdm(linears, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
         row = LayerReport(name, lin.out_features, lin.in_features, "quantized")
         if should_skip(name, lin):
             row.status, row.reason = "skipped", "matched skip"
+        elif id(lin) in in_moe:  # (MXMoE's router: it reads its weight, and its logits choose the experts)
+            row.status, row.reason = "skipped", "inside an MXMoE (its router)"
         elif _unsupported(lin, block_size):
             row.status, row.reason = "unsupported", _unsupported(lin, block_size)
             unsupported.append(name if lin.in_features % block_size else f"{name} ({row.reason})")
@@ -482,6 +492,9 @@ def quantize_model(
                 row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
             row.weight_nbytes = new.weight_nbytes
             row.bits_per_weight = 8.0 * new.weight_nbytes / row.numel
+            others = [n for n in names_of.get(id(lin.weight), ()) if n != f"{name}.weight"]
+            if others:
+                untied.append(f"{name}.weight (tied to {', '.join(others)})")
             _set_submodule(model, name, new)
         report.append(row)
     if unsupported:
@@ -490,6 +503,13 @@ def quantize_model(
         warnings.warn(
             f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized because {why}: "
             f"{', '.join(unsupported)}",
+            stacklevel=2,
+        )
+    if untied:
+        warnings.warn(
+            f"quantize_model untied {len(untied)} weight(s): {'; '.join(untied)}. Each MXLinear holds its own MX "
+            "copy and the other holders (e.g. the input embedding) stay as they were; do not call the model's "
+            "tie_weights() afterwards (pass skip=... to keep such a layer dense and tied)",
             stacklevel=2,
         )
     if fuse:

@@ -563,9 +563,10 @@ class MXMoE(_ops.Handled, nn.Module):
         """The router's logits (..., E) in x's dtype: ``self.router(x)``, or with the router's weight and bias cast
         to x's dtype where they are in another (a float32 module called on bfloat16 / float16 x); the cast is
         differentiable, so the gradients still reach the router's parameters in their dtype."""
-        w, b = self.router.weight, self.router.bias
-        if w.dtype == x.dtype:
+        w = getattr(self.router, "weight", None)  # (None: a router replaced by another module, e.g. an MXLinear)
+        if w is None or w.dtype == x.dtype:
             return self.router(x)
+        b = self.router.bias
         return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
     def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
@@ -912,7 +913,7 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     """
     import contextlib
 
-    from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES
+    from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, use_generation_config
 
     device = torch.device(device)
     ckpt, config = hf_config(path, progress)  # (ImportError without transformers' GPT-OSS classes)
@@ -962,4 +963,5 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise CheckpointError(f"{ckpt.path}: no tensor in the directory for {left[:5]}")
+    use_generation_config(model, ckpt.path)
     return model.eval()

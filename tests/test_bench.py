@@ -258,6 +258,7 @@ def test_no_cuda_exits_with_a_message(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "quantize", "--shapes", "64x64"]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and err.count("\n") == 1
     assert "needs a CUDA GPU" in err and "Traceback" not in err
 
 
@@ -468,6 +469,82 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
                               ref_impl="reference-eager", title="T", device="cpu")
     assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err
     assert json.loads((tmp_path / "b2.json").read_text())["rows"][1]["check"] == "MISMATCH"
+
+
+def _run_cpu(args, impls, **kw) -> int:
+    """run_benchmark on the CPU (copy limit and timer faked by the caller)."""
+    return timing.run_benchmark(args, bq.cases_from_args(args), impls, what="t", stem=kw.get("stem", "b"),
+                                peers=args.peers, columns=bq.table_columns(args.peers), ref_impl="reference-eager",
+                                title="T", device="cpu")
+
+
+def test_run_benchmark_fails_when_an_mxkit_row_raises(monkeypatch, capsys):
+    """Exit status 1 when an mxkit row raised (status error: its output was never checked), naming the case;
+    a peer that raises only fills its row (scripts/gpu_check.sh reads 0 as "every mxkit output ran and was
+    checked")."""
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (2000.0, 1600.0, 200_000_000))
+    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
+    args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8", "--ops", "rowwise",
+                              "--peers", "reference-eager", "--backend", "reference", "--plain"])
+
+    def boom(case, inputs, ctx):
+        raise RuntimeError("kernel exploded")
+
+    assert _run_cpu(args, dict(bq.IMPLS, mxkit=timing.Impl("mxkit", boom, checked=True))) == 1
+    out, err = capsys.readouterr()
+    assert "RuntimeError: kernel exploded" in out
+    assert err.endswith("\nmxkit: error: 1 mxkit row(s) raised: rowwise/mxfp8_e4m3/64x64\n")  # (after progress)
+    peer = timing.Impl("reference-eager", boom, checked=True)
+    assert _run_cpu(args, dict(bq.IMPLS, **{"reference-eager": peer})) == 0
+    out, err = capsys.readouterr()
+    assert "reference-eager: error: RuntimeError: kernel exploded" in out and "mxkit: error" not in err
+
+
+def _strict_json(text: str):
+    """json.loads refusing the bare NaN / Infinity / -Infinity that strict JSON does not have."""
+    return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+
+
+def test_non_finite_numbers_are_null_in_json_and_shown_in_tables(tmp_path, capsys):
+    """A NaN error (an output of NaNs) or an infinite ratio: null in the JSON, which stays strict; "nan" / "inf"
+    in the table, where "n/a" means the value does not exist (the row did not run)."""
+    from mxkit.bench import gemm as bg
+
+    rows = [Row("ready", "bf16×mxfp4 (W4A16)", "4x32x64", "mxkit", us=1.0, err=math.nan, err_bound=1.8e-3,
+                vs_ref=math.inf, check="FAIL")]
+    path = output.write_json(rows, {"copy_gbps": math.nan}, tmp_path / "r.json", config={"x": (1.0, -math.inf)})
+    doc = _strict_json(path.read_text())
+    assert doc["rows"][0]["err"] is None and doc["rows"][0]["vs_ref"] is None
+    assert doc["rows"][0]["err_bound"] == 1.8e-3 and doc["rows"][0]["us"] == 1.0
+    assert doc["env"] == {"copy_gbps": None} and doc["config"] == {"x": [1.0, None]}
+    assert [output.fmt_num(v, ".2e") for v in (math.nan, math.inf, -math.inf, None)] == ["nan", "inf", "-inf", "n/a"]
+    text = output.render_table(timing.summary_lines(rows), bg.table_columns(()), plain=True)
+    capsys.readouterr()
+    line = text.splitlines()[-1].split()
+    assert "nan" in line and "inf" in line and "FAIL" in line  # rel. err, × cuBLAS bf16
+    assert "n/a" in line  # µs after the write flush: not measured
+
+
+def test_out_that_is_not_a_writable_folder_is_refused_before_the_run(monkeypatch, tmp_path, capsys):
+    """--out names a folder: an existing file there (or a place where nothing can be made) is one error line and
+    exit status 2 before any timing, not an abort after the first case."""
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: pytest.fail("the run started"))
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    for out in (afile, "/proc/mxkit-bench"):
+        args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--out", str(out)])
+        assert _run_cpu(args, bq.IMPLS) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("mxkit: error: ") and str(out) in err and err.count("\n") == 1, err
+    assert afile.read_text() == "keep"
+    args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--out", str(tmp_path / "new" / "dir")])
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (2000.0, 1600.0, 200_000_000))
+    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
+    args.peers, args.backend = ("reference-eager",), "reference"
+    assert _run_cpu(args, bq.IMPLS, stem="bench_quantize") == 0  # a folder still to make is fine
+    assert (tmp_path / "new" / "dir" / "bench_quantize.json").is_file()
+    output.check_out_folder(tmp_path / "empty", ["a.csv", "a.json"])
+    assert list((tmp_path / "empty").iterdir()) == []  # the check leaves no files behind
 
 
 @pytest.mark.gpu

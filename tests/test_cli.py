@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import types
@@ -27,7 +28,8 @@ def test_formats_table(capsys):
     assert lines["mxfp6_e3m2"][:8] == ["mxfp6_e3m2", "E3M2", "6", "4", "28", "2^-2", "2^-4", "6.25"]
     assert lines["mxfp6_e2m3"][:8] == ["mxfp6_e2m3", "E2M3", "6", "2", "7.5", "1", "2^-3", "6.25"]
     assert lines["mxfp4_e2m1"][:8] == ["mxfp4_e2m1", "E2M1", "4", "2", "6", "1", "2^-1", "4.25"]
-    assert lines["mxint8"][:8] == ["mxint8", "INT8", "8", "0", "1.984375", "2^-6", "-", "8.25"]
+    # INT8 has no exponent field: no normals or subnormals (README's table: "—"); its step 2^-6 is no "min normal"
+    assert lines["mxint8"][:8] == ["mxint8", "INT8", "8", "0", "1.984375", "-", "-", "8.25"]
     assert "§5.3.3" in lines["mxfp4_e2m1"][-1]
 
 
@@ -45,6 +47,7 @@ def test_formats_rich_table(capsys):
     (["eval", "--out", "rows.xlsx"], "--out must end in .json or .csv"),
     (["inspect", "/nonexistent/file.safetensors"], "neither a safetensors file nor a directory"),
     (["inspect", "/", "--format", "mxfp9"], "unknown MX format 'mxfp9'"),
+    (["inspect", "/", "--scale-mode", "nearest"], "unknown ScaleMode 'nearest'"),  # checked with no --format too
 ])
 def test_errors_exit_nonzero_with_message(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -96,6 +99,34 @@ def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
     assert list(got[0]) == list(ROW_COLUMNS) and len(got) == 3
     assert [[c if c else None for c in g.values()] for g in got] == [
         [None if v is None else str(v) for v in r.values()] for r in rows]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--formats", ","], "--formats ',' names nothing"),
+    (["--scale-modes", " , "], "--scale-modes ' , ' names nothing"),
+    (["--batch-size", "0"], "batch size must be an integer >= 1, got 0"),
+    (["--batch-size", "-1"], "batch size must be an integer >= 1, got -1"),
+    (["--device", "bogus"], "device 'bogus' is not a torch device"),
+    (["--device", "cuda"], "device 'cuda': CUDA is not available here"),
+    (["--out", "/proc/x.json"], "--out '/proc/x.json' cannot be written"),
+    (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
+    (["--out", "TMP/file.json/r.json"], "--out 'TMP/file.json/r.json' cannot be written"),
+    (["--model", "TMP/file.json"], "model path 'TMP/file.json' is a file, not a model directory"),
+])
+def test_eval_refuses_bad_arguments_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
+    from mxkit import evaluate as ev
+
+    for name in ("stdlib_sentences", "load_model"):
+        monkeypatch.setattr(ev, name, lambda *a, **kw: pytest.fail("work started"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "adir.json").mkdir()
+    (tmp_path / "file.json").write_text("{}")
+    assert cli.main(["eval", *(a.replace("TMP", str(tmp_path)) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and err.count("\n") == 1, err
+    assert message.replace("TMP", str(tmp_path)) in err
+    assert (tmp_path / "file.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "adir.json", "file.json"]  # nothing written or left behind
 
 
 def _gpt_oss_like(tmp_path):
@@ -152,6 +183,18 @@ def test_inspect_directory_and_mxkit_buffers(tmp_path, capsys):
     assert "mxfp6 (e2m3|e3m2) data" in lines["mxfp6_e2m3.weight_qdata"]
     assert "mxfp8 (e4m3|e5m2) or mxint8 data" in lines["mxfp8_e5m2.weight_qdata"]
     assert "model.safetensors" not in out  # --match filtered the second file's tensors out
+
+
+def test_inspect_empty_tensors(tmp_path, capsys):
+    """An empty float tensor is a row that says so (the listing goes on); an empty MX pair has no scales."""
+    path = tmp_path / "e.safetensors"
+    safetensors_torch.save_file({"empty.weight": torch.zeros(0, 64), "w.weight": torch.randn(4, 64),
+                                 "e_blocks": torch.zeros(4, 0, 16, dtype=torch.uint8),
+                                 "e_scales": torch.zeros(4, 0, dtype=torch.uint8)}, str(path))
+    assert cli.main(["inspect", str(path), "--format", "mxfp8", "--plain"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[3:]}
+    assert lines["empty.weight"].endswith("not quantizable: empty") and "QSNR" in lines["w.weight"]
+    assert lines["e_blocks"].endswith("logical [4, 0], scales e_scales: no scales (empty)")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -315,6 +358,47 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     assert main(["tune", "gemm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a CUDA GPU" in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shapes", "0x0"], "shape 0x0: an NxK weight needs N >= 1 and K a positive multiple of 32"),
+    (["--shapes", "8192x100"], "shape 8192x100: an NxK weight needs"),
+    (["--shapes", "8192x8192,"], "--shapes must be NxK,NxK,... (got '8192x8192,')"),
+    (["--shapes", ""], "--shapes must be NxK"),
+    (["--out", "/proc/t.json"], "--out '/proc/t.json' cannot be written"),
+    (["--out", "TMP"], "--out 'TMP' is a directory, not a file"),
+])
+def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, capsys, monkeypatch):
+    """A tune runs for many minutes and writes at the end: its shapes and its output file are checked first."""
+    from mxkit import tune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tune, "tune_gemm", lambda *a, **kw: pytest.fail("tuning started"))
+    assert cli.main(["tune", "gemm", *(a.replace("TMP", str(tmp_path)) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and err.count("\n") == 1 and message.replace("TMP", str(tmp_path)) in err
+
+
+def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
+    from mxkit import tune
+
+    out = tmp_path / "a" / "b" / "t.json"
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tune, "tune_gemm",
+                        lambda shapes, out: seen.append((shapes, os.path.isdir(os.path.dirname(out)))))
+    assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
+    assert seen == [(((1024, 64),), True)] and not out.exists()  # the folders made; the check left no file
+    # tune_gemm itself: shapes and out checked, folders made, before it looks for a GPU
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="shape 64x33"):
+        tune.tune_gemm(((64, 33),))
+    with pytest.raises(IsADirectoryError):
+        tune.tune_gemm(out=tmp_path)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        tune.tune_gemm(out=tmp_path / "c" / "t.json")
+    assert (tmp_path / "c").is_dir()
 
 
 @pytest.mark.gpu

@@ -167,6 +167,43 @@ def test_evaluate_act_format_exact_per_layer(minilm, monkeypatch):
     assert w_act["cos_mean"] != w_only["cos_mean"]
 
 
+def test_reference_ms_per_batch_times_the_pass_alone(minilm, monkeypatch):
+    """Row 0's ms_per_batch is its forward pass per batch, as for the other rows: loading the model (1 s of sleep
+    here) and tokenizing stay in its time_s only."""
+    import time
+
+    def slow_load(*args, **kwargs):
+        time.sleep(1.0)
+        return minilm
+
+    monkeypatch.setattr(ev, "load_model", slow_load)
+    ref, _ = ev.evaluate(formats=["mxfp8"], scale_modes=["floor"], sentences=ev.stdlib_sentences(8), batch_size=4,
+                         progress=False)
+    assert ref["format"] == "none" and ref["time_s"] >= 1.0
+    assert 0 < ref["ms_per_batch"] * 2 <= 1e3 * (ref["time_s"] - 1.0)  # 2 batches: the pass, within time_s - sleep
+
+
+def test_evaluate_checks_arguments_before_work(tmp_path, monkeypatch):
+    """device, batch size and a model path that is not a directory are refused before the sentences are read and
+    the model is loaded."""
+    for name in ("stdlib_sentences", "load_model"):
+        monkeypatch.setattr(ev, name, lambda *a, **kw: pytest.fail("work started"))
+    with pytest.raises(ValueError, match="device 'bogus' is not a torch device"):
+        ev.evaluate(device="bogus")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda:0': CUDA is not available here"):
+        ev.evaluate(device="cuda:0")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="batch size must be an integer >= 1"):
+            ev.evaluate(batch_size=bad)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match="is a file, not a model directory"):
+        ev.evaluate(weights)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ev.evaluate(tmp_path / "missing")
+
+
 def test_evaluate_rejects_bad_names_before_work():
     with pytest.raises(ValueError, match="unknown MX format 'mxfp3'"):
         ev.evaluate(formats=["mxfp3"], eval_model=object())
@@ -189,6 +226,84 @@ def tiny_causal_lm(tmp_path_factory):
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(src / f, d / f)
     return d
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def _model_dir(root, model, *, tokenizer=True, architectures=True):
+    """``model`` saved in ``root`` (MiniLM's WordPiece tokenizer beside it unless not ``tokenizer``; the config's
+    ``architectures`` dropped unless ``architectures``)."""
+    model.save_pretrained(root)
+    if tokenizer:
+        for f in TOKENIZER_FILES:
+            shutil.copy(minilm_pkg.get_model_path() / f, root / f)
+    if not architectures:
+        cfg = json.loads((root / "config.json").read_text())
+        del cfg["architectures"]
+        (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+def _tiny_bert(**kw):
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return transformers.BertModel(cfg, **kw)
+
+
+def test_auto_kind_rule():
+    """Causal when the architectures say so; with none, when the model_type is causal-only: BERT, RoBERTa and
+    BART have causal-LM head classes too, but are encoders (or encoder-decoders), so they stay embedding models."""
+    assert ev._is_causal(transformers.LlamaConfig(architectures=["LlamaForCausalLM"]))
+    assert ev._is_causal(transformers.BertConfig(architectures=["BertLMHeadModel"]))
+    assert not ev._is_causal(transformers.BertConfig(architectures=["BertModel"]))
+    assert not ev._is_causal(transformers.LlamaConfig(architectures=["LlamaModel"]))
+    assert ev._is_causal(transformers.LlamaConfig()) and ev._is_causal(transformers.GPT2Config())
+    for cfg in (transformers.BertConfig(), transformers.RobertaConfig(), transformers.BartConfig(),
+                transformers.T5Config()):
+        assert cfg.architectures is None and not ev._is_causal(cfg), cfg.model_type
+
+
+def test_load_model_without_architectures(tmp_path):
+    """A config.json without "architectures" is loaded by the model_type rule of test_auto_kind_rule."""
+    cfg = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    llama = _model_dir(tmp_path / "llama", transformers.LlamaForCausalLM(cfg), architectures=False)
+    em = ev.load_model(llama)
+    assert em.kind == "causal" and type(em.model).__name__ == "LlamaForCausalLM"
+    bert = _model_dir(tmp_path / "bert", _tiny_bert(), architectures=False)
+    em = ev.load_model(bert)
+    assert em.kind == "embedding" and type(em.model).__name__ == "BertModel"
+
+
+def test_load_model_refuses_randomly_initialised_weights(tmp_path):
+    """kind="causal" on an encoder checkpoint: transformers would make up the LM head (cls.predictions.*), and
+    the perplexity would be that of random weights; a one-line error names them. An embedding model without the
+    pooler (which no metric reads) loads."""
+    bert = _model_dir(tmp_path / "bert", _tiny_bert())
+    head = r"as a causal model \(BertLMHeadModel\): \d+ weight\(s\) .*cls\.predictions\."
+    with pytest.raises(ValueError, match=head) as e:
+        ev.load_model(bert, kind="causal")
+    assert "\n" not in str(e.value) and "kind 'embedding'" in str(e.value)
+    no_pooler = _model_dir(tmp_path / "no_pooler", _tiny_bert(add_pooling_layer=False))
+    assert ev.load_model(no_pooler).kind == "embedding"
+
+
+def test_load_model_without_tokenizer_fails_before_the_weights(tmp_path, monkeypatch):
+    """A model directory without tokenizer files: one line naming it, before the weights load (transformers
+    would make a BERT tokenizer of its 5 special tokens, every word [UNK], or fail in five lines)."""
+    bert = _model_dir(tmp_path / "bert", _tiny_bert(), tokenizer=False)
+    cfg = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    llama = _model_dir(tmp_path / "llama", transformers.LlamaForCausalLM(cfg), tokenizer=False)
+    for cls in (transformers.AutoModel, transformers.AutoModelForCausalLM):
+        monkeypatch.setattr(cls, "from_pretrained", lambda *a, **kw: pytest.fail("the weights loaded first"))
+    for d in (bert, llama):
+        with pytest.raises(ValueError, match=f"no tokenizer .*'{d}'") as e:
+            ev.load_model(d)
+        assert "\n" not in str(e.value)
 
 
 def _ppl64(model, tokenizer, texts):

@@ -1,11 +1,14 @@
-"""The ``mxkit`` command line (top layer): ``formats``, ``eval``, ``inspect`` and, when installed, ``bench``.
+"""The ``mxkit`` command line (top layer): ``formats``, ``eval``, ``inspect``, ``tune`` and, when installed,
+``bench``.
 
 ``mxkit`` (console script) and ``python -m mxkit`` both call :func:`main`. Argument parsing lives here; the
-work is done by :mod:`mxkit.formats`, :mod:`mxkit.evaluate` and :mod:`mxkit.bench`.
+work is done by :mod:`mxkit.formats`, :mod:`mxkit.evaluate`, :mod:`mxkit.tune` and :mod:`mxkit.bench`.
 
-Exit codes: 0 success; 2 bad arguments or input (argparse errors, unknown format / scale-mode names,
-missing, unreadable, corrupt or truncated files), with a one-line ``mxkit: error: …`` message on stderr.
-Set ``MXKIT_TRACEBACK=1`` to see the traceback instead.
+Exit codes: 0 success; 1 a benchmark ran but an mxkit row raised or failed its check (``bench``); 2 bad
+arguments or input (argparse errors, unknown format / scale-mode names, a device that is not there, missing,
+unreadable, corrupt or truncated files, an output path that cannot be written), with a one-line
+``mxkit: error: …`` message on stderr. Arguments and output paths are checked before any long work. Set
+``MXKIT_TRACEBACK=1`` to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ._files import check_writable
 from ._table import print_table
 
 __all__ = ["main", "build_parser", "find_mx_pairs"]
@@ -54,9 +58,10 @@ def _cmd_formats(args) -> int:
 
     rows = []
     for r in format_table():
+        integer = r["element"] == "INT8"  # no exponent field: neither normals nor subnormals (its step is 2^-6)
         rows.append({
             "format": r["format"], "element": r["element"], "bits": r["bits"], "emax": r["emax"],
-            "max normal": f"{r['max_normal']:.10g}", "min normal": _pow2(r["min_normal"]),
+            "max normal": f"{r['max_normal']:.10g}", "min normal": None if integer else _pow2(r["min_normal"]),
             "min subnormal": _pow2(r["min_subnormal"]),
             "bits/elem incl. scale": f"{r['bits_per_element']:g}", "spec": r["spec"],
         })
@@ -76,12 +81,22 @@ def _split_list(text: Optional[str]) -> Optional[list[str]]:
     return items
 
 
+def _nonempty_list(text: Optional[str], option: str, default: Sequence[str]) -> list[str]:
+    """The items of a comma list option; ``default`` when it is not given. Raises ValueError for an empty list."""
+    items = _split_list(text)
+    if items is None:
+        return list(default)
+    if not items:
+        raise ValueError(f"{option} {text!r} names nothing; leave it out for the default")
+    return items
+
+
 def _cmd_eval(args) -> int:
     from . import evaluate as ev
     from .formats import ScaleMode, get_format
 
-    formats = _split_list(args.formats) or list(ev.DEFAULT_FORMATS)
-    modes = _split_list(args.scale_modes) or list(ev.DEFAULT_SCALE_MODES)
+    formats = _nonempty_list(args.formats, "--formats", ev.DEFAULT_FORMATS)
+    modes = _nonempty_list(args.scale_modes, "--scale-modes", ev.DEFAULT_SCALE_MODES)
     for f in formats:  # fail before loading anything
         get_format(f)
     for m in modes:
@@ -91,6 +106,7 @@ def _cmd_eval(args) -> int:
     for out in args.out or []:
         if Path(out).suffix.lower() not in (".json", ".csv"):
             raise ValueError(f"--out must end in .json or .csv, got {out!r}")
+        check_writable(out, "--out")
     skip = ev.DEFAULT_SKIP if args.skip is None else tuple(_split_list(args.skip))
     if args.threads is not None:
         if args.threads < 1:
@@ -159,6 +175,8 @@ def _scale_summary(scales) -> str:
     import torch
 
     s = scales.reshape(-1).to(torch.int64)
+    if s.numel() == 0:
+        return "no scales (empty)"
     nan = int((s == 0xFF).sum())
     hist = torch.bincount(s, minlength=256)[:255]  # bytes 0..254 = exponents -127..127 (a histogram: no sort)
     total = int(hist.sum())
@@ -186,10 +204,11 @@ def _safetensors_files(path: Path) -> list[Path]:
 def _cmd_inspect(args) -> int:
     from safetensors import SafetensorError
 
-    from .formats import get_format
+    from .formats import ScaleMode, get_format
     from .gpt_oss import is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
 
     fmt = get_format(args.format) if args.format else None
+    ScaleMode.parse(args.scale_mode)  # even when no tensor gets quantized
     if is_gpt_oss_mxfp4_dir(args.path):  # a summary; the tensor table too when --match / --format ask for it
         print_gpt_oss_summary(summarize_gpt_oss(args.path), plain=args.plain)
         if not (args.match or fmt):
@@ -240,6 +259,8 @@ def _inspect_file(fpath: Path, fmt, args, *, several: bool) -> list[dict]:
             elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
                 if shape[-1] % 32:
                     row["note"] = f"not quantizable: last dim {shape[-1]} % 32 != 0"
+                elif math.prod(shape) == 0:
+                    row["note"] = "not quantizable: empty"
                 else:
                     w = fh.get_tensor(name)
                     q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
@@ -287,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lm_head; pass '' to quantize all)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--kind", default="auto", choices=["auto", "embedding", "causal"],
-                   help="model kind (default: causal if the config names a *ForCausalLM architecture)")
+                   help="model kind (default: causal if the config's architectures name a *ForCausalLM / "
+                        "*LMHeadModel, or, when it names none, its model_type is decoder-only; else embedding)")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per forward pass (default 128)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="model dtype (default float32; bfloat16 for a GPU run against bf16)")
@@ -312,8 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and envelopes, the W4A16 prefill kernel's envelope)")
     p.add_argument("what", choices=["gemm"], help="which table")
     p.add_argument("--shapes", default=None,
-                   help="comma-separated NxK weight shapes (default: 8192x8192,28672x8192,5120x2880,2880x4096)")
-    p.add_argument("--out", default="gemm_table.json", help="JSON file to write (default gemm_table.json)")
+                   help="comma-separated NxK weight shapes, N >= 1, K a multiple of 32 (default: "
+                        "8192x8192,28672x8192,5120x2880,2880x4096)")
+    p.add_argument("--out", default="gemm_table.json",
+                   help="JSON file to write, its folders made (default gemm_table.json; checked before tuning)")
     p.set_defaults(func=_cmd_tune)
 
     try:  # mxkit.bench registers its own `bench` subcommand (and its sub-subcommands) when present
@@ -331,19 +355,21 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .tune import DEFAULT_SHAPES, tune_gemm
+    from .tune import DEFAULT_SHAPES, check_shapes, tune_gemm
 
-    if not torch.cuda.is_available():
-        print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
-        return 2
     shapes = DEFAULT_SHAPES
-    if args.shapes:
+    if args.shapes is not None:
         try:
             shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(","))
         except ValueError:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
+    check_shapes(shapes)
+    check_writable(args.out, "--out")
+    if not torch.cuda.is_available():
+        print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
+        return 2
     tune_gemm(shapes, out=args.out)
     return 0
 

@@ -19,7 +19,8 @@ unquantized model on the same tokenized text:
   the model, tokenizing and the reference pass).
 * ``ms_per_batch`` — on CUDA, the median wall time of one forward pass over a batch (``batch_size``
   sentences; CUDA synchronised), from a second, timed pass over the text (the first one warms up and
-  compiles); on CPU the first pass's time per batch. Row 0 is the unquantized model in its own dtype.
+  compiles); on CPU the first pass's time per batch (the pass alone: never loading, tokenizing, copying or
+  quantizing). Row 0 is the unquantized model in its own dtype.
 
 The first row (``format == "none"``) is the unquantized model itself. Reference embeddings and the
 tokenized batches are computed once per call.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import ast
 import copy
 import csv
+import fnmatch
 import functools
 import json
 import math
@@ -179,16 +181,39 @@ class EvalModel:
 
 
 def _is_causal(config) -> bool:
+    """``kind="auto"``: causal when the config's ``architectures`` name a ``*ForCausalLM`` / ``*LMHeadModel`` class;
+    with no ``architectures``, when its ``model_type`` is causal-only: a key of transformers' causal-LM mapping that
+    neither its masked-LM mapping (BERT and the other encoders also have an ``*LMHeadModel``) nor its seq2seq
+    mapping holds, and not an encoder-decoder. Anything else is an embedding model."""
     archs = list(getattr(config, "architectures", None) or [])
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return True
     if archs:
-        return False
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
 
-    return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(
-        config, "is_encoder_decoder", False
-    )
+    model_type = getattr(config, "model_type", None)
+    return (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+            and not getattr(config, "is_encoder_decoder", False))
+
+
+def _check_model_dir(path: Path) -> None:
+    """Raises FileNotFoundError for a missing ``path``, NotADirectoryError for a file."""
+    if not path.exists():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"model path {str(path)!r} is a file, not a model directory (config.json, weights, "
+                                 f"tokenizer)")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (transformers' run over several)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# weights the metrics never read, so a checkpoint may lack them: BERT's pooler (embedding models only)
+_UNUSED_WEIGHTS = {"embedding": ("pooler.*", "*.pooler.*"), "causal": ()}
 
 
 def load_model(
@@ -201,14 +226,19 @@ def load_model(
 ) -> EvalModel:
     """Load a local Hugging Face model directory offline (``HF_HUB_OFFLINE=1``, ``local_files_only``).
 
-    path: default :func:`default_model_path`. kind: ``"auto"`` (causal if the config names a
-    ``*ForCausalLM`` / ``*LMHeadModel`` architecture), ``"embedding"`` (``AutoModel``) or ``"causal"``
-    (``AutoModelForCausalLM``). The model is loaded in ``dtype`` (float32 default; bfloat16 / float16 for GPU
-    runs), in eval mode, on ``device``. An MXFP4 GPT-OSS directory (:func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`) is
-    loaded by :func:`mxkit.nn.load_gpt_oss_model` straight onto ``device``, its experts kept as MXFP4
-    (:class:`mxkit.nn.MXMoE`, never dequantized; ``"embedding"``: its ``.model``).
+    path: default :func:`default_model_path`. kind: ``"auto"`` (the rule of :func:`_is_causal`: causal if the
+    config names a ``*ForCausalLM`` / ``*LMHeadModel`` architecture, or names none and its ``model_type`` is
+    causal-only; else embedding), ``"embedding"`` (``AutoModel``) or ``"causal"`` (``AutoModelForCausalLM``). The
+    model is loaded in ``dtype`` (float32 default; bfloat16 / float16 for GPU runs), in eval mode, on ``device``.
+    An MXFP4 GPT-OSS directory (:func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`) is loaded by
+    :func:`mxkit.nn.load_gpt_oss_model` straight onto ``device``, its experts kept as MXFP4 (:class:`mxkit.nn.MXMoE`,
+    never dequantized; ``"embedding"``: its ``.model``).
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
-    else 256). Raises FileNotFoundError for a missing directory, ValueError for a bad ``kind``.
+    else 256). The tokenizer is loaded before the model. Raises FileNotFoundError for a missing directory,
+    NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config, a directory without a
+    usable tokenizer, and a model whose checkpoint lacks weights of the class ``kind`` picks (or holds them in
+    another shape), which transformers would initialise randomly (e.g. ``kind="causal"`` on a BERT encoder: its
+    ``cls.predictions.*`` head); an embedding model may lack the pooler, which no metric reads.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -216,11 +246,20 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     path = Path(path) if path is not None else default_model_path()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    _check_model_dir(path)
     if kind not in ("auto", "embedding", "causal"):
         raise ValueError(f"unknown model kind {kind!r}; known: auto, embedding, causal")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:
+        raise ValueError(f"no model config loads from {str(path)!r}: {_one_line(e)}"[:400]) from e
+    try:  # before the weights: a directory without a tokenizer fails in a second, not after the model loads
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:
+        raise ValueError(f"no tokenizer loads from {str(path)!r}: {_one_line(e)}"[:400]) from e
+    if len(tok) <= len(set(tok.all_special_tokens)):  # transformers makes an empty BertTokenizer from no files
+        raise ValueError(f"no tokenizer in {str(path)!r}: the one that loads has no tokens but its {len(tok)} special "
+                         f"ones (tokenizer.json or the vocabulary files missing?)")
     if kind == "auto":
         kind = "causal" if _is_causal(config) else "embedding"
     verbosity, bars_off = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled() is False
@@ -232,12 +271,20 @@ def load_model(
             model = model if kind == "causal" else model.model
         else:
             cls = AutoModelForCausalLM if kind == "causal" else AutoModel
-            model = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
+            model, info = cls.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
+            missing = sorted(k for k in info.get("missing_keys", ())
+                             if not any(fnmatch.fnmatchcase(k, p) for p in _UNUSED_WEIGHTS[kind]))
+            missing += sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys", ()))
+            if missing:
+                raise ValueError(
+                    f"{str(path)!r} as a {kind} model ({type(model).__name__}): {len(missing)} weight(s) not in the "
+                    f"checkpoint or of another shape would be random: {', '.join(missing[:4])}"
+                    f"{', ...' if len(missing) > 4 else ''}"
+                    + ("; for an encoder use kind 'embedding' (--kind embedding)" if kind == "causal" else ""))
     finally:
         hf_logging.set_verbosity(verbosity)
         if not bars_off:
             hf_logging.enable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     if max_length is None:
@@ -321,6 +368,25 @@ def _linear_weight_bytes(model: nn.Module, names: Iterable[str]) -> tuple[int, i
     return numel, nbytes
 
 
+def _check_device(device: Union[str, torch.device]) -> torch.device:
+    """``device`` as a torch.device that tensors can be made on here. Raises ValueError naming it: not a device
+    name, CUDA (or another accelerator) not available, an index past the devices present."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {str(device)!r} is not a torch device: {_one_line(e)}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: CUDA is not available here (torch {torch.__version__}, CUDA build "
+                         f"{torch.version.cuda}); use --device cpu")
+    if dev.type == "meta":
+        raise ValueError(f"device {str(device)!r} holds no data; use cpu or cuda")
+    try:
+        torch.empty(1, device=dev)
+    except Exception as e:  # AssertionError / RuntimeError: not compiled in, no driver, index past the devices
+        raise ValueError(f"device {str(device)!r} is not usable here: {_one_line(e)}") from None
+    return dev
+
+
 def evaluate(
     model_dir: Optional[Union[str, Path]] = None,
     *,
@@ -348,10 +414,16 @@ def evaluate(
     dtype: the model's dtype (``"float32"`` default; ``"bfloat16"`` for GPU runs against bf16).
     skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`); an MXMoE's router
       (GPT-OSS) is always kept.
+    device: a torch device that is usable here (``cuda`` only where CUDA is available).
+    batch_size: sentences per forward pass, >= 1.
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
-    values that do not apply are ``None``. Raises ValueError for unknown format / mode names (before any
-    model work), ImportError if transformers is missing.
+    values that do not apply are ``None``. Raises, before any text or model work: ValueError for unknown format /
+    mode names, an empty format or mode list, a bad ``batch_size``, ``dtype`` or ``device``;
+    FileNotFoundError / NotADirectoryError for a ``model_dir`` that is missing or a file. ImportError if
+    transformers is missing.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
     fmts = [get_format(f).name for f in formats]
     modes = [ScaleMode.parse(m).value for m in scale_modes]
     act = None if act_format is None else (
@@ -363,6 +435,10 @@ def evaluate(
     rnd = Rounding.parse(rounding).value
     if not fmts or not modes:
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
+    if eval_model is None:
+        _check_device(device)
+        if model_dir is not None:
+            _check_model_dir(Path(model_dir))
     texts = stdlib_sentences(sentences) if isinstance(sentences, int) else list(sentences)
     if len(texts) < 2:
         raise ValueError(f"need at least 2 sentences, got {len(texts)}")
@@ -372,8 +448,9 @@ def evaluate(
     dev = next(em.model.parameters()).device
     batches, _ = _tokenize(em, texts, batch_size, dev)
     # embeddings stay in the length-sorted batch order: every metric is invariant to the sentence order
+    t_run = time.perf_counter()
     ref_emb, ref_nll, ntok = _run(em.model, em.kind, batches)
-    ref_ms = _ms_per_batch(em.model, em.kind, batches, time.perf_counter() - t0)
+    ref_ms = _ms_per_batch(em.model, em.kind, batches, time.perf_counter() - t_run)
     ref_nn = _nearest_other(ref_emb)
     ref_ppl = math.exp(ref_nll / ntok) if em.kind == "causal" and ntok else None
     base = {c: None for c in ROW_COLUMNS}

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["tune_gemm", "DEFAULT_SHAPES", "moe_envelope", "moe_strips"]
+__all__ = ["tune_gemm", "check_shapes", "DEFAULT_SHAPES", "moe_envelope", "moe_strips"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
@@ -43,10 +43,29 @@ def _time(fn, rep_ms: float) -> float:
     return cuda_event_bench(fn, warmup_ms=5.0, rep_ms=rep_ms, spin_us=50.0, flush="read")
 
 
+def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
+    """Raises ValueError unless ``shapes`` is a non-empty list of (N, K) with N >= 1 and K a positive multiple of 32
+    (the MX block), naming the first bad shape."""
+    from .formats import BLOCK_SIZE
+
+    if not shapes:
+        raise ValueError("no shapes to tune on")
+    for s in shapes:
+        if len(s) != 2 or s[0] < 1 or s[1] < 1 or s[1] % BLOCK_SIZE:
+            raise ValueError(f"shape {'x'.join(map(str, s))}: an NxK weight needs N >= 1 and K a positive multiple "
+                             f"of {BLOCK_SIZE}")
+
+
 def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Optional[Path] = None,
               rep_ms: float = 20.0, log=print) -> dict:
-    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given).
-    shapes: (N, K) weight shapes. Raises RuntimeError without CUDA."""
+    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given, its folders made
+    before any timing). shapes: (N, K) weight shapes (:func:`check_shapes`). Raises ValueError for a bad shape,
+    IsADirectoryError when ``out`` is a directory (both before any work), RuntimeError without CUDA."""
+    check_shapes(shapes)
+    if out is not None:
+        if Path(out).is_dir():
+            raise IsADirectoryError(f"out={str(out)!r} is a directory, not a file")
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
     from . import ops

@@ -220,7 +220,19 @@ def test_options_that_do_not_go_together(argv, needle, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the checks come before any GPU work
     assert cli.main(["bench", "decode", *argv]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and err.count("\n") == 1
     assert needle in err and "Traceback" not in err
+
+
+def test_out_that_is_a_file_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bd, "run_format", lambda *a: pytest.fail("the run started"))
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    assert cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager",
+                     "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mxkit: error: --out '{afile}' is a file; it names the folder the results go into\n"
+    assert afile.read_text() == "keep"
 
 
 def test_quick_defaults_and_no_cuda(monkeypatch, capsys):
@@ -230,6 +242,9 @@ def test_quick_defaults_and_no_cuda(monkeypatch, capsys):
     args = _args(["--quick", "--tokens", "32"])
     bd.resolve(args)
     assert (args.layers, args.tokens) == (4, 32)
+    args = _args(["--quick", "--model", "tiny-llama"])  # a model of fewer than 4 layers keeps them all
+    bd.resolve(args)
+    assert (args.layers, args.tokens) == (2, 16)
     args = _args([])
     bd.resolve(args)
     assert (args.layers, args.tokens, args.repeats) == (None, 64, 3)

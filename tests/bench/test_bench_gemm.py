@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import types
 
@@ -68,8 +67,10 @@ def test_flops_and_bytes_hand_counted():
 @pytest.mark.parametrize("argv, needle", [(["--pairs", "mxfp5"], "unknown pair 'mxfp5'"), (["--modes", "cold"], "unknown mode 'cold'"),
                                           (["--peers", "cutlass"], "unknown peer 'cutlass'"), (["--shapes", "8x8"], None)])
 def test_bad_options(argv, needle, capsys):
-    if needle is None:  # a 2-D shape parses, and run() refuses it with a message
-        assert bg.run(_cli(argv)) == 2 and "MxNxK" in capsys.readouterr().out
+    if needle is None:  # a 2-D shape parses, and run() refuses it with one error line on stderr
+        assert bg.run(_cli(argv)) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == "mxkit: error: gemm shapes are MxNxK, got 8x8\n"
         return
     with pytest.raises(SystemExit):
         _cli(argv)
@@ -82,6 +83,20 @@ def test_list_and_no_cuda(monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 32 and "GFLOP" in out[0] and "1099.5 GFLOP" in out[0]  # 2 * 8192^3
     assert cli.main(["bench", "gemm", "--quick"]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_list_shows_a_case_that_cannot_run():
+    """K not a multiple of 32: --list says why and counts no bytes (the run makes it an n/a row), instead of
+    failing on the byte count."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "mxkit", "bench", "gemm", "--list", "--shapes", "1x1x33,2x64x64",
+                        "--pairs", "mxfp4,w4a16", "--modes", "ready"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 4 and all("n/a MB  K=33 is not a multiple of 32" in ln for ln in lines[:2])
+    assert "n/a" not in lines[2] and lines[2].split()[-1] == "MB"
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -47,5 +47,7 @@ def test_list_and_errors(capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 6 and "T=4096" in out[-1] and "w4a8" in out[-1]
     assert moe.run(parse("--tokens", "0", "--list")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "mxkit: error: token counts must be positive, got (0,)\n"
     with pytest.raises(SystemExit):
         parse("--models", "gpt-oss-7b")

@@ -118,6 +118,27 @@ def test_cli_without_cuda(monkeypatch, capsys):
     assert cli.main(["bench", "overhead", "--calls", "0"]) == 2 and "--calls=0" in capsys.readouterr().err
 
 
+def test_out_file_refused_and_the_calls_actually_timed(monkeypatch, tmp_path, capsys):
+    """--out naming a file: one error line before anything runs. --calls below --rounds: every round still times
+    one call (ceil(calls / rounds) a round), and the header says how many are timed."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(output, "environment", lambda: pytest.fail("the run started"))
+    assert cli.main(["bench", "overhead", "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mxkit: error: --out '{afile}' is a file; it names the folder the results go into\n"
+    seen = []
+    monkeypatch.setattr(output, "environment", lambda: {"gpu": "FakeGPU", "date_utc": "today"})
+    monkeypatch.setattr(bo, "measure_rounds", lambda todo, args, **kw: seen.append(args) or [
+        bo.OverheadRow(c.name, c.shape, host_us=1.0, host_p90_us=1.0, x_torch=1.0) for c in todo])
+    assert bo.run(_args(["--only", "quantize mxfp4", "--calls", "5", "--rounds", "10", "--plain"])) == 0
+    assert "10 timed calls each in 10 interleaved rounds of 1," in capsys.readouterr().out
+    parser = argparse.ArgumentParser()
+    bo.add_arguments(parser)
+    assert "ceil(CALLS / ROUNDS)" in next(a.help for a in parser._actions if a.dest == "calls")
+
+
 def test_measure_rounds_interleaves_the_calls_and_ratios_per_round():
     """Every round times each call in turn; × torch op is the median over rounds of the call's median over the
     torch op's median in the same round (a host that slows down between rounds moves both); a call that raises

@@ -361,7 +361,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=positive, default=None, help="tokens decoded per run (default 64; 16 with --quick)")
     p.add_argument("--repeats", type=positive, default=None,
                    help="timed runs per row, median (default 3; 1 with --quick)")
-    p.add_argument("--quick", action="store_true", help="--layers 4 --tokens 16 --repeats 1 unless given")
+    p.add_argument("--quick", action="store_true",
+                   help="--layers 4 (all of a smaller model) --tokens 16 --repeats 1 unless given")
     p.add_argument("--quantize-head", action="store_true", help="quantize lm_head too (default: kept in bf16)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: eager only, for smoke tests")
     p.add_argument("--seed", type=int, default=0)
@@ -384,10 +385,12 @@ def _mx_name(s: str) -> str:
 
 
 def resolve(args) -> None:
-    """Fill the ``--quick`` defaults; raise ValueError for options that do not go together."""
-    for k, quick in QUICK.items():
+    """Fill the ``--quick`` defaults (``--layers``: 4, or all of a model with fewer); raise ValueError for options
+    that do not go together."""
+    quick = dict(QUICK, layers=min(QUICK["layers"], model_layers(args.model)))
+    for k, v in quick.items():
         if getattr(args, k) is None and (args.quick or k != "layers"):
-            setattr(args, k, quick if args.quick else {"tokens": 64, "repeats": 3}[k])
+            setattr(args, k, v if args.quick else {"tokens": 64, "repeats": 3}[k])
     if args.layers is not None and args.layers > model_layers(args.model):
         raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
     if "graphs" in args.modes and args.device != "cuda":
@@ -411,9 +414,10 @@ def run(args) -> int:
     """``mxkit bench decode``. 0: every row ran; 1: a row failed (its note says why); 2: cannot run here."""
     try:
         resolve(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if args.out is not None:
+            output.check_out_folder(args.out, [f"bench_decode.{ext}" for ext in ("csv", "json", "png")])
+    except (ValueError, OSError) as e:
+        return output.usage_error(str(e))
     if args.device == "cuda" and not torch.cuda.is_available():
         return timing.no_cuda("mxkit bench decode", "'--model tiny-llama --device cpu --modes eager' runs on CPU")
     from tqdm.auto import tqdm
@@ -455,6 +459,6 @@ def run(args) -> int:
     print("\n".join(notes))
     bad = [f"{r.fmt}/b{r.batch}/{r.mode}" for r in rows if r.status != "ok"]
     if bad:
-        print(f"error: {len(bad)} run(s) failed: {', '.join(bad)}", file=sys.stderr)
+        print(f"mxkit: error: {len(bad)} run(s) failed: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0

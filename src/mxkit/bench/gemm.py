@@ -17,7 +17,7 @@ with per-row scales), ``dot-scaled`` (:mod:`mxkit.bench.peers_dot_scaled`, MXFP8
 
 Numerics (every row): rel. error ‖y − y64‖/‖y64‖ against the bound 1.2 × ‖bf16(y64) − y64‖/‖y64‖, y64 the
 float64 product of the dequantized operands on up to 64 random rows (:func:`rel_error`, :func:`error_bound`).
-Exit status 1 if an mxkit row is past its bound.
+Exit status 1 if an mxkit row raised or is past its bound.
 """
 
 from __future__ import annotations
@@ -432,15 +432,17 @@ def cases_from_args(args) -> list[GemmCase]:
 
 
 def run(args) -> int:
-    """Entry point of ``mxkit bench gemm``. 0: ran; 1: an mxkit row past its error bound; 2: cannot run here."""
+    """Entry point of ``mxkit bench gemm``. 0: ran; 1: an mxkit row raised or is past its error bound; 2: cannot
+    run here. ``--list`` shows a case that cannot run (K not a multiple of 32) with ``n/a`` bytes and the reason."""
     try:
         cases = cases_from_args(args)
     except ValueError as e:
-        print(f"error: {e}")
-        return 2
+        return timing.usage_error(str(e))
     if args.list:
         for c in cases:
-            print(f"{c.mode:9s} {c.fmt_name:26s} {c.label:18s} {c.flops / 1e9:10.1f} GFLOP {c.nbytes() / 1e6:9.1f} MB")
+            bad = c.invalid_reason()
+            print(f"{c.mode:9s} {c.fmt_name:26s} {c.label:18s} {c.flops / 1e9:10.1f} GFLOP "
+                  f"{'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>9s} MB" + (f"  {bad}" if bad else ""))
         return 0
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench gemm", stem="bench_gemm", peers=args.peers,
                                 columns=table_columns(args.peers), ref_impl=REF_IMPL,

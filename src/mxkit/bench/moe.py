@@ -358,12 +358,12 @@ def cases_from_args(args) -> list[MoeCase]:
 
 
 def run(args) -> int:
-    """Entry point of ``mxkit bench moe``. 0: ran; 1: an mxkit row past its error bound; 2: cannot run here."""
+    """Entry point of ``mxkit bench moe``. 0: ran; 1: an mxkit row raised or is past its error bound; 2: cannot run
+    here."""
     try:
         cases = cases_from_args(args)
     except ValueError as e:
-        print(f"error: {e}")
-        return 2
+        return timing.usage_error(str(e))
     GRAPH_TOKENS[0] = args.graph_tokens
     if args.list:
         for c in cases:

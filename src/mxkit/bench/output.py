@@ -1,6 +1,9 @@
 """What every benchmark writes: the environment, a table (rich when installed, :mod:`mxkit._table`), CSV, JSON
 and a PNG bar chart (matplotlib). Rows are dataclasses of any kind (:class:`mxkit.bench.timing.Row`, the
-overhead and decode rows); a missing number is ``""`` in the CSV, ``null`` in the JSON, ``n/a`` in the table.
+overhead and decode rows); a missing number is ``""`` in the CSV, ``null`` in the JSON, ``n/a`` in the table; a
+non-finite one (a NaN error, an infinite ratio) is ``nan`` / ``inf`` in the CSV and the table, ``null`` in the JSON
+(strict JSON has no NaN). Argument errors are one ``mxkit: error: …`` line on stderr, exit status 2
+(:func:`usage_error`); output paths are checked before a run (:func:`check_out_folder`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from .._files import check_writable
 
 
 def progress(msg: str) -> None:
@@ -49,8 +54,15 @@ def env_line(env: dict) -> str:
     return " | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "date_utc"))
 
 
+def usage_error(message: str) -> int:
+    """Print ``mxkit: error: message`` on stderr (as the ``mxkit`` CLI does); returns the exit status 2."""
+    print(f"mxkit: error: {message}", file=sys.stderr)
+    return 2
+
+
 def fmt_num(v: Optional[float], spec: str) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    """``v`` formatted with ``spec``; ``n/a`` when it is None (did not run), ``nan`` / ``inf`` / ``-inf`` as such."""
+    return "n/a" if v is None else format(v, spec)
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,27 @@ def _folder_made(path) -> Path:
     return Path(path)
 
 
+def check_out_folder(folder, names: Sequence[str]) -> None:
+    """Before a run: ``--out`` ``folder`` (made when missing) must be a folder in which each of ``names`` can be
+    written (:func:`mxkit._files.check_writable`). Raises OSError naming the path."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--out {str(folder)!r} is a file; it names the folder the results go into")
+    for name in names:
+        check_writable(folder / name)
+
+
+def _json_safe(v: Any) -> Any:
+    """``v`` with every non-finite float (in dicts, lists and tuples) replaced by None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
 def write_csv(rows: Sequence[Any], path: Path) -> Path:
     """One line per row, the dataclass fields as columns (in their order)."""
     path = _folder_made(path)
@@ -88,13 +121,13 @@ def write_csv(rows: Sequence[Any], path: Path) -> Path:
 
 
 def write_json(rows: Sequence[Any], env: dict, path: Path, *, config=None) -> Path:
-    """``{"env": {...}, "config": {...}, "rows": [...]}``; ``config``: a dict or the parsed options (their
-    non-JSON values as strings)."""
+    """``{"env": {...}, "config": {...}, "rows": [...]}``, strict JSON: non-finite floats as null; ``config``: a
+    dict or the parsed options (their non-JSON values as strings)."""
     path = _folder_made(path)
     config = {k: v for k, v in (vars(config) if isinstance(config, argparse.Namespace) else config or {}).items()
               if k != "func"}
-    doc = {"env": env, "config": config, "rows": [dataclasses.asdict(r) for r in rows]}
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    doc = _json_safe({"env": env, "config": config, "rows": [dataclasses.asdict(r) for r in rows]})
+    path.write_text(json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
     return path
 
 

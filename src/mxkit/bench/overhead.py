@@ -2,7 +2,8 @@
 
 Method (issue #23, "Host overhead"). Every call gets tiny-to-small operands, so that its GPU time is below its
 host time. The calls, the torch op among them, are timed in ``--rounds`` interleaved rounds (each round times
-every call in turn), ``--calls`` calls each in all, one call at a time with ``time.perf_counter_ns`` around the
+every call in turn), ``ceil(--calls / --rounds)`` calls each per round (so at least ``--calls`` in all, and at
+least one per round: ``--calls 5 --rounds 10`` times 10), one call at a time with ``time.perf_counter_ns`` around the
 call alone, after ``--warmup`` untimed calls. Nothing inside a timed call synchronizes. Every ``--sync-every``
 calls, a ``torch.cuda.synchronize`` runs outside the timed windows, so the launch queue never fills; a full
 queue would block the launching call and count as host time.
@@ -257,7 +258,9 @@ def measure_rounds(todo: Sequence[Call], args, device: str = "cuda",
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--calls", type=int, default=2000, help="timed calls per op, all rounds (default 2000)")
+    p.add_argument("--calls", type=int, default=2000,
+                   help="timed calls per op, all rounds (default 2000); each round times ceil(CALLS / ROUNDS) of them, "
+                        "so at least CALLS in all and at least ROUNDS")
     p.add_argument("--rounds", type=int, default=10, help="interleaved rounds over the calls (default 10)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls first (default 50)")
     p.add_argument("--sync-every", type=int, default=64, help="synchronize every N calls, untimed (default 64)")
@@ -284,9 +287,13 @@ def run(args) -> int:
         print("\n".join(f"{c.name:32s} {c.shape}" for c in todo))
         return 0
     if min(args.calls, args.sync_every, args.rounds) < 1 or args.warmup < 0:
-        print(f"error: --calls={args.calls}, --rounds={args.rounds} and --sync-every={args.sync_every} must be "
-              f">= 1, --warmup >= 0", file=sys.stderr)
-        return 2
+        return output.usage_error(f"--calls={args.calls}, --rounds={args.rounds} and --sync-every={args.sync_every} "
+                                  f"must be >= 1, --warmup >= 0")
+    if args.out is not None:
+        try:
+            output.check_out_folder(args.out, ["bench_overhead.csv", "bench_overhead.json"])
+        except OSError as e:
+            return output.usage_error(str(e))
     if not torch.cuda.is_available():
         return timing.no_cuda("mxkit bench overhead", "'--list' shows the calls without a GPU")
     env = output.environment()
@@ -299,7 +306,9 @@ def run(args) -> int:
         "none (MXKIT_FAST_CALL=0 or not built): outputs allocated from Python"
     env["launch"] += f", outputs: {env['fast_call']}"
     print(output.env_line(env))
-    print(f"{args.calls} timed calls each in {args.rounds} interleaved rounds, {args.warmup} warm-up calls first, "
+    per_round = -(-args.calls // args.rounds)
+    print(f"{per_round * args.rounds} timed calls each in {args.rounds} interleaved rounds of {per_round}, "
+          f"{args.warmup} warm-up calls first, "
           f"a sync every {args.sync_every} (untimed); GPU µs over {GPU_CALLS} queued calls; bound launches: "
           f"{env['launch']}", flush=True)
     rows = measure_rounds(todo, args)
@@ -314,6 +323,6 @@ def run(args) -> int:
         print(line)
     bad = [r.op for r in rows if r.status != "ok"]
     if bad:
-        print(f"error: {len(bad)} call(s) raised: {', '.join(bad)}", file=sys.stderr)
+        print(f"mxkit: error: {len(bad)} call(s) raised: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0

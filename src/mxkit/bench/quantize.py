@@ -10,7 +10,8 @@ Cases are op × format × shape; bytes are the least any implementation moves, e
 Implementations: ``mxkit`` (the public API, ``--backend``); ``reference-compiled`` (``torch.compile`` of
 :mod:`mxkit.reference`, the × column); ``torchao-compiled`` (``torch.compile`` of torchao's ``to_mx`` /
 ``to_dtype``, in torchao's own layout, not compared); ``reference-eager``. The outputs of ``mxkit`` and the
-references are compared byte for byte with the eager reference; exit status 1 if an mxkit output differs.
+references are compared byte for byte with the eager reference; exit status 1 if an mxkit output differs or an
+mxkit row raised.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -289,7 +290,8 @@ def cases_from_args(args) -> list[Case]:
 
 
 def run(args) -> int:
-    """``mxkit bench quantize``. 0: ran; 1: an mxkit output differs from the reference; 2: cannot run here."""
+    """``mxkit bench quantize``. 0: ran; 1: an mxkit row raised or its output differs from the reference; 2: cannot
+    run here."""
     cases = cases_from_args(args)
     if args.list:
         for c in cases:

@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .output import (Column, env_line, environment, fmt_num, progress, reason, render_table, save,  # noqa: F401
-                     write_chart)
+from .output import (Column, check_out_folder, env_line, environment, fmt_num, progress, reason,  # noqa: F401
+                     render_table, save, usage_error, write_chart)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any Hopper L2 (50 MB), as do_bench
 FLUSH_MODES = ("read", "write")
@@ -132,9 +132,8 @@ def peers_arg(what: str, known) -> Callable[[str], tuple]:
 
 def no_cuda(what: str, hint: str = "'--list' shows the cases without a GPU") -> int:
     """The one-line error of a GPU benchmark on a machine without CUDA; returns the exit status 2."""
-    print(f"error: {what} needs a CUDA GPU, but torch.cuda.is_available() is False (torch {torch.__version__}, "
-          f"CUDA build {torch.version.cuda}); {hint}.", file=sys.stderr)
-    return 2
+    return usage_error(f"{what} needs a CUDA GPU, but torch.cuda.is_available() is False (torch {torch.__version__}, "
+                       f"CUDA build {torch.version.cuda}); {hint}.")
 
 
 def spin_cycles(us: float) -> int:
@@ -375,7 +374,8 @@ def add_common_arguments(p) -> None:
                    help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
     p.add_argument("--spin-us", type=float, default=100.0,
                    help="GPU spin queued before each timed run so the host's launch path is not timed (default 100)")
-    p.add_argument("--out", type=Path, default=None, help="write CSV, JSON and a PNG chart into this folder")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write CSV, JSON and a PNG chart into this folder (made when missing; checked before the run)")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 
@@ -391,15 +391,17 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
                   peers: Sequence[str], columns: Sequence[Column], ref_impl: str, title: str,
                   chart: tuple[str, str] = ("pct_copy", "% of copy bandwidth (read flush)"),
                   main: str = "mxkit", device: str = "cuda") -> int:
-    """The run every op shares: CUDA check, environment, the copy limit, all cases, table, files.
-    Returns 0, 1 if a ``main`` output failed its check, 2 when it cannot run here (a message, no traceback)."""
-    if device == "cuda" and not torch.cuda.is_available():
-        return no_cuda(what)
+    """The run every op shares: option and ``--out`` checks, CUDA check, environment, the copy limit, all cases,
+    table, files. Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count) or its
+    output failed the check; 2 when it cannot run here (one ``mxkit: error: …`` line, no traceback)."""
     try:
         cfg = timing_config(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if args.out is not None:
+            check_out_folder(args.out, [f"{stem}.{ext}" for ext in ("csv", "json", "png")])
+    except (ValueError, OSError) as e:
+        return usage_error(str(e))
+    if device == "cuda" and not torch.cuda.is_available():
+        return no_cuda(what)
     env = environment()
     copy_read, copy_write, copy_bytes = copy_bandwidth(cfg)
     env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes)
@@ -422,9 +424,10 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
         notes.append(write_chart(rows, args.out / f"{stem}.png", value=chart[0], ylabel=chart[1],
                                  is_main=lambda r: r.impl == main, title=f"{stem} — {env['gpu']} — {env['date_utc']}")[1])
     print("\n".join(notes))
-    bad = [r for r in rows if r.check in BAD_CHECKS and r.impl == main]
-    if bad:
-        print(f"error: {len(bad)} {main} output(s) failed the check: "
-              + ", ".join(f"{r.op}/{r.fmt}/{r.shape}" for r in bad), file=sys.stderr)
-        return 1
-    return 0
+    failed = {"raised": [r for r in rows if r.impl == main and r.status == "error"],
+              "failed the check": [r for r in rows if r.impl == main and r.check in BAD_CHECKS]}
+    for how, bad in failed.items():
+        if bad:
+            print(f"mxkit: error: {len(bad)} {main} row(s) {how}: "
+                  + ", ".join(f"{r.op}/{r.fmt}/{r.shape}" for r in bad), file=sys.stderr)
+    return 1 if any(failed.values()) else 0

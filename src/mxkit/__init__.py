@@ -67,6 +67,7 @@ __all__ = [
     "dequantize",
     "get_format",
     "matmul",
+    "moe",
     "quantize",
     "quantize_model",
 ]

@@ -256,8 +256,8 @@ def test_quantize_model_leaves_layers_it_cannot_take(rng):
     with pytest.raises(TypeError, match="skip must be a name, an fnmatch pattern, a list of them or a callable"):
         quantize_model(model, "mxfp4", skip=3, progress=False)
     assert not any(isinstance(m, MXLinear) for m in model)
-    with pytest.warns(UserWarning, match=r"3 nn.Linear layer\(s\).*: 1 \(weight_dtype torch.float64.*\), 3, "
-                                         r"4 \(weight_shape 0 x 64: empty\)$"):
+    with pytest.warns(UserWarning, match=r"3 nn.Linear layer\(s\) unquantized: 1 \(weight_dtype torch.float64.*\), "
+                                         r"3 \(in_features=40 % block_size=32 != 0\), 4 \(weight_shape 0 x 64: empty\)$"):
         _, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
     assert [type(m).__name__ for m in model] == ["MXLinear", "Linear", "MXLinear", "Linear", "Linear"]
     assert [r.status for r in report] == ["quantized", "unsupported", "quantized", "unsupported", "unsupported"]
@@ -297,7 +297,8 @@ def test_quantize_model_sequential_skip_and_unsupported(rng):
     model = _small_model()
     x = torch.randn(3, 64, generator=rng)
     original = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    with pytest.warns(UserWarning, match=r"block_size=32: 4, 5\.0$"):
+    with pytest.warns(UserWarning, match=r"unquantized: 4 \(in_features=48 % block_size=32 != 0\), "
+                                         r"5\.0 \(in_features=16 % block_size=32 != 0\)$"):
         out, report = mxkit.quantize_model(model, "mxfp8", skip=["2"], progress=False, return_report=True)
     assert out is model and model.mx_report is report
     status = {r.name: r.status for r in report}
@@ -315,10 +316,10 @@ def test_quantize_model_sequential_skip_and_unsupported(rng):
 
 
 def test_quantize_model_skip_pattern_and_callable():
-    with pytest.warns(UserWarning, match=r"1 nn.Linear layer\(s\).*: 4$"):
+    with pytest.warns(UserWarning, match=r"1 nn.Linear layer\(s\) unquantized: 4 \(in_features=48 % block_size=32 != 0\)$"):
         m1 = quantize_model(_small_model(), "mxfp4", skip="5.*", progress=False)
     assert [r.status for r in m1.mx_report if r.name.startswith("5.")] == ["skipped", "skipped"]
-    with pytest.warns(UserWarning, match=r"2 nn.Linear layer\(s\).*: 4, 5\.0$"):
+    with pytest.warns(UserWarning, match=r"2 nn.Linear layer\(s\) unquantized: 4 \(in_features=48 .*\), 5\.0 \(in_features=16 .*\)$"):
         m2 = quantize_model(_small_model(), "mxfp4", skip=lambda name, mod: mod.out_features == 32, progress=False)
     assert {r.name for r in m2.mx_report if r.status == "skipped"} == {"0", "5.1"}
     with pytest.raises(ValueError, match="unknown ScaleMode 'round'"):

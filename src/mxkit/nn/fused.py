@@ -11,9 +11,9 @@ The fused weight is the members' MX bytes stacked along N (each row keeps its ow
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
 bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
 group has read it, for that very tensor object (or view of one base object, with the same data pointer, shape
-and strides) at that version, and for the fused weight and bias at theirs (``_version``: an in-place change of x or
-a load_state_dict between two parts' calls recomputes; an inference-mode tensor keeps no version, so an in-place change of one between two
-parts' calls is not seen): parts called with different inputs each get a correct result. Under
+and strides) at that version (``x._version``: an in-place change of x, or a load_state_dict, between two parts'
+calls recomputes; an in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode
+tensor keeps no version, an in-place change of one between two parts' calls): parts called with different inputs each get a correct result. Under
 ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
 (:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the
 part's output is its view of the fused output, and the op's fake gives that view's strides), except that the op
@@ -78,22 +78,16 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
-        # [weakref to x (or x's base), (x's, the weight buffers' and the bias' versions), a function giving fused(x)
-        # back (None: gone), parts served, x's view]
+        # [weakref to x (or x's base), x._version, a function giving fused(x) back (None: gone), parts served,
+        # x's view]; forgotten when a state_dict is loaded (the output of the old weights)
         self._last = None
+        self.register_load_state_dict_post_hook(_forget_output)
         _ops.register(self)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_last"] = None  # (a weak reference: not picklable, and nothing to keep across a copy)
         return state
-
-    def _versions(self, x: torch.Tensor) -> tuple:
-        """x's version and the fused weight's and bias' (a weight loaded or edited in place after a part was
-        served must not be served from the old output)."""
-        f = self.fused
-        return tuple(None if t is None or t.is_inference() else t._version
-                     for t in (x, f.weight_qdata, f.weight_scale, f._parameters["bias"]))
 
     def output(self, x: torch.Tensor, i: int, weak: bool = False) -> torch.Tensor:
         """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
@@ -105,7 +99,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling():
             y = self.fused(x)
         else:
-            ver = self._versions(x)  # (inference tensors keep no version counter: None)
+            ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
             # a view is keyed by its base object and its geometry: compiled code hands each part a new view of
             # one buffer
             src = x if x._base is None else x._base
@@ -128,6 +122,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
 
     def extra_repr(self) -> str:
         return f"splits={self.splits}"
+
+
+def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:
+    module._last = None
 
 
 def _weakly(y: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:

@@ -482,9 +482,9 @@ def quantize_model(
             row.status, row.reason = "skipped", "matched skip"
         elif id(lin) in in_moe:  # (MXMoE's router: it reads its weight, and its logits choose the experts)
             row.status, row.reason = "skipped", "inside an MXMoE (its router)"
-        elif _unsupported(lin, block_size):
-            row.status, row.reason = "unsupported", _unsupported(lin, block_size)
-            unsupported.append(name if lin.in_features % block_size else f"{name} ({row.reason})")
+        elif why := _unsupported(lin, block_size):
+            row.status, row.reason = "unsupported", why
+            unsupported.append(f"{name} ({why})")
         else:
             new = MXLinear.from_linear(lin, fmt, act_format=act, scale_mode=mode, rounding=rnd,
                                        block_size=block_size, dense_cache=dense_cache)
@@ -498,11 +498,8 @@ def quantize_model(
             _set_submodule(model, name, new)
         report.append(row)
     if unsupported:
-        why = (f"in_features is not a multiple of block_size={block_size}" if all(" (" not in u for u in unsupported)
-               else f"of their shape or dtype (in_features not a multiple of block_size={block_size} unless said)")
         warnings.warn(
-            f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized because {why}: "
-            f"{', '.join(unsupported)}",
+            f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized: {', '.join(unsupported)}",
             stacklevel=2,
         )
     if untied:

@@ -8,20 +8,20 @@ the joined name, e.g. ``q_proj_k_proj_v_proj``) and each member by a :class:`Fus
 slice of the fused output: the model's own forward is unchanged.
 
 The fused weight is the members' MX bytes stacked along N (each row keeps its own blocks and scales), so every
-output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22
-bound). The first part called with an input runs the fused GEMM and keeps its output until every part of the
-group has read it, for that very tensor object (or view of one base object, with the same data pointer, shape
-and strides) at that version (``x._version``: an in-place change of x, or a load_state_dict, between two parts'
-calls recomputes; an in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode
-tensor keeps no version, an in-place change of one between two parts' calls): parts called with different inputs each get a correct result. Under
-``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
-(:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the
-part's output is its view of the fused output, and the op's fake gives that view's strides), except that the op
-keeps the fused output only while a part's slice of it is alive (a weak reference): Inductor may hand a group's
-parts different copies of one input, and a part left unread must not leave a tensor in a CUDA graph's pool.
-``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices
-every part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict holds the fused
-layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
+output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22 bound).
+The first part called with an input runs the fused GEMM and keeps its output until every part of the group has read
+it, for that very tensor object (or view of one base object, with the same data pointer, shape and strides) at that
+version (``x._version``: an in-place change of x, or a load_state_dict, between two parts' calls recomputes; an
+in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode tensor keeps no version,
+an in-place change of one between two parts' calls): parts called with different inputs each get a correct result.
+Under ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
+(:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the part's
+output is its view of the fused output, and the op's fake gives that view's strides), except that the op keeps the
+fused output only while a part's slice of it is alive (a weak reference): Inductor may hand a group's parts
+different copies of one input, and a part left unread must not leave a tensor in a CUDA graph's pool.
+``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every
+part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict holds the fused layer
+(``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
         first = layers[0]
         keys = [(m.in_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
-                 m.weight_qdata.device, m.bias is None, None if m.bias is None else (m.bias.dtype, m.bias.requires_grad))
-                for m in layers]
+                 m.weight_qdata.device, m.bias is None,
+                 None if m.bias is None else (m.bias.dtype, m.bias.requires_grad)) for m in layers]
         if any(k != keys[0] for k in keys[1:]):
             raise ValueError(f"layers to fuse must share in_features, formats, scale rule, rounding, block size, "
                              f"device and bias presence / dtype / requires_grad; got {keys}")

@@ -875,8 +875,11 @@ def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
         assert torch.equal(model.get_buffer(name), b), name  # the rotary embedding's, computed
     ids = torch.randint(0, 100, (2, 9), generator=rng)
     with torch.no_grad():
-        got, want = model(ids, output_hidden_states=True), ref(ids, output_hidden_states=True)
-    for a, b in [*zip(got.hidden_states, want.hidden_states), (got.logits, want.logits)]:
+        got = model(ids, output_hidden_states=True, output_router_logits=True)
+        want = ref(ids, output_hidden_states=True, output_router_logits=True)
+    pairs = [*zip(got.hidden_states, want.hidden_states), *zip(got.router_logits, want.router_logits)]
+    assert len(got.router_logits) == len(want.router_logits) == len(ckpt.layers)
+    for a, b in [*pairs, (got.logits, want.logits), (got.aux_loss, want.aux_loss)]:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
     # and the comparison can fail: another directory's experts change the logits
     other = gpt_oss.load_hf_model(_write(tmp_path, rng, name="other", num_experts=8, top_k=4), dtype=torch.float32,

@@ -926,6 +926,35 @@ def test_gpt_oss_swap_matches_hf(fmt, rng):
                                   rtol=F32_RTOL, atol=F32_RTOL * float(ref.logits.abs().max()))
 
 
+def test_gpt_oss_swap_records_router_logits(rng, tmp_path):
+    """A swapped model still records the router logits (``output_router_logits=True``: transformers collects the
+    outputs of GptOssTopKRouter modules, which the MXMoE's nn.Linear router is not; before, the auxiliary loss
+    raised IndexError on the empty tuple): per layer (T, E) and the aux loss as HF's, and the gradient of the
+    aux loss reaches the routers. The recorder holds no state (state_dict keys unchanged) and the swapped model
+    deep-copies, and pickles before a forward (after one, transformers' recording hooks are local functions)."""
+    hf = tiny_gpt_oss(rng)
+    put_back_dequantized(hf, "mxfp4")
+    swapped = swap_gpt_oss_moe(copy.deepcopy(hf), "mxfp4")
+    torch.save(swapped, tmp_path / "m.pt")
+    ids = torch.randint(0, 128, (2, 11), generator=rng)
+    ref = hf(ids, labels=ids, output_router_logits=True)
+    got = swapped(ids, labels=ids, output_router_logits=True)
+    assert len(got.router_logits) == len(ref.router_logits) == 2
+    for a, b in [*zip(got.router_logits, ref.router_logits), (got.aux_loss, ref.aux_loss), (got.loss, ref.loss)]:
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=F32_RTOL, atol=F32_RTOL * float(b.abs().max()))
+    got.aux_loss.backward()
+    assert all(layer.mlp.router.weight.grad is not None and layer.mlp.router.weight.grad.abs().sum() > 0
+               for layer in swapped.model.layers)
+    assert not any("logits_recorder" in k for k in swapped.state_dict())
+    with torch.no_grad():
+        plain = swapped(ids).logits
+        assert swapped(ids, output_router_logits=False).router_logits is None
+        for m in (copy.deepcopy(swapped), torch.load(tmp_path / "m.pt", weights_only=False)):
+            assert torch.equal(m(ids).logits, plain)
+            assert len(m(ids, output_router_logits=True).router_logits) == 2
+
+
 # bf16 against bf16: transformers' forward and mxkit's each round every GEMM input and output, the SwiGLU and the
 # combine to bf16 (the float64 comparison above measured up to 2^-6.7 per MoE layer for bf16; on an H100 the two
 # MoE layers on the same input differed by at most 2^-6.9 of the largest output), per token relative to the

@@ -169,6 +169,9 @@ class MXMoE(_ops.Handled, nn.Module):
         self._fold_layout = False  # after pack_ of a W4A8 module: the buffers hold the experts folded to E4M3
         self.expert_range = (lo, hi)
         self.return_router_scores = return_router_scores
+        # a module called with the (T, E) logits on each forward (swap_gpt_oss_moe / load_gpt_oss_model: one that
+        # transformers' output recorder hooks, so output_router_logits works on a swapped model); None: none
+        self.logits_recorder: Optional[nn.Module] = None
         self.scale_mode, self.rounding = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
         self.block_size = block_size
         self.ep_ranges: Optional[list[tuple[int, int]]] = None  # set by shard_experts: every rank's range
@@ -547,6 +550,9 @@ class MXMoE(_ops.Handled, nn.Module):
 
     def forward(self, x: torch.Tensor):
         logits = self._router_logits(x)
+        recorder = self.logits_recorder
+        if recorder is not None:
+            recorder(logits.reshape(-1, self.num_experts))
         if torch.compiler.is_compiling() and x.is_cuda:
             # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
             # a graph break where autograd needs a gradient (x, the router, the expert biases)
@@ -879,8 +885,9 @@ def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kw
     :class:`MXMoE` (:meth:`MXMoE.from_hf_gpt_oss` with ``return_router_scores=True``, the ``(hidden, scores)``
     pair the decoder layer unpacks), in place. Returns ``model``.
 
-    The swapped model no longer records ``router_logits`` (``output_router_logits``: transformers hooks
-    ``GptOssTopKRouter``, which the MXMoE's ``nn.Linear`` router is not). Raises ImportError without
+    The swapped model still records ``router_logits`` (``output_router_logits=True``, and so the router's
+    auxiliary loss): each MXMoE's ``logits_recorder`` is a :class:`GptOssRouterLogits`, the module class
+    transformers' output recorder hooks, called with the layer's (T, E) logits. Raises ImportError without
     transformers' GPT-OSS, ValueError if the model has no GptOssMLP.
     """
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
@@ -890,6 +897,7 @@ def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kw
         raise ValueError(f"{type(model).__name__} has no GptOssMLP to swap")
     for name in names:
         new = MXMoE.from_hf_gpt_oss(model.get_submodule(name), weight_format, return_router_scores=True, **kwargs)
+        new.logits_recorder = __getattr__("GptOssRouterLogits")()
         _set_submodule(model, name, new)
     return model
 
@@ -903,7 +911,8 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     The model is built on the meta device from config.json less its ``quantization_config`` (so transformers'
     MXFP4 integration, which wants its own GPU kernels, is not involved); each ``GptOssMLP`` is replaced by
     :meth:`MXMoE.from_mx` on ``device`` (``return_router_scores=True``, GPT-OSS routing and activation) from
-    :func:`mxkit.gpt_oss.load_gpt_oss`'s memory-mapped MXTensors; every other tensor is read from the directory
+    :func:`mxkit.gpt_oss.load_gpt_oss`'s memory-mapped MXTensors (router logits recorded as by
+    :func:`swap_gpt_oss_moe`); every other tensor is read from the directory
     in ``dtype`` straight onto ``device``; the rotary embedding's buffers (not in a checkpoint) are computed there.
     kwargs: :class:`MXMoE`'s (``backend``, ``act_format``, ``keep_source``). Returns the model in eval mode.
     Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
@@ -934,6 +943,7 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
         new = MXMoE.from_mx(router, moe_w.gate_up, moe_w.gate_up_bias.to(dtype), moe_w.down,
                             moe_w.down_bias.to(dtype), mlps[name].router.top_k, device=device, routing="gpt_oss",
                             activation="swiglu_gpt_oss", return_router_scores=True, **kwargs)
+        new.logits_recorder = __getattr__("GptOssRouterLogits")()
         _set_submodule(model, name, new)
     state = {}
     with contextlib.ExitStack() as stack:
@@ -965,3 +975,28 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
         raise CheckpointError(f"{ckpt.path}: no tensor in the directory for {left[:5]}")
     use_generation_config(model, ckpt.path)
     return model.eval()
+
+
+def __getattr__(name: str):
+    """``GptOssRouterLogits``, made on first use (it subclasses transformers' ``GptOssTopKRouter``, so importing
+    this module does not need transformers; a pickled swapped model finds it here)."""
+    if name != "GptOssRouterLogits":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in globals():  # (made already: one class, which pickle finds by name)
+        return globals()[name]
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+    class GptOssRouterLogits(GptOssTopKRouter):
+        """The router logits of an :class:`MXMoE` as transformers records them: an instance of
+        ``GptOssTopKRouter`` (whose outputs ``output_router_logits`` collects by class), without parameters,
+        returning the (T, E) logits it is called with."""
+
+        def __init__(self):
+            nn.Module.__init__(self)
+
+        def forward(self, logits: torch.Tensor) -> torch.Tensor:
+            return logits
+
+    GptOssRouterLogits.__module__, GptOssRouterLogits.__qualname__ = __name__, "GptOssRouterLogits"
+    globals()["GptOssRouterLogits"] = GptOssRouterLogits
+    return GptOssRouterLogits

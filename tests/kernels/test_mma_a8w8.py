@@ -47,6 +47,18 @@ def test_ptx_matches_source():
             assert f".entry {_mma_a8w8.grouped_w16_kernel_name(act, e)}(" in ptx
 
 
+def test_bulk_ptx_matches_source():
+    """The bulk-copy kernels' PTX (sm_90) was generated from the current mma_a8w8_bulk.cu, the mma_a8w8.cu it
+    includes and the common header, and defines every kernel A8W8 names for it."""
+    ptx = _mma_a8w8.PTX_BULK.read_text()
+    src = _mma_a8w8.PTX_BULK.with_suffix(".cu").read_bytes() + _mma_a8w8.SOURCE.read_bytes()
+    digest = hashlib.sha256(src + _mma_a8w8.COMMON.read_bytes()).hexdigest()[:16]
+    assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing the .cu files"
+    assert re.search(r"^\.version 8\.4$", ptx, re.M) and re.search(r"^\.target sm_90$", ptx, re.M)
+    entries = re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M)
+    assert sorted(entries) == sorted(f"mxfp8_a8w8p_bulk_{o}" for o in _mma_a8w8._OUT_NAMES.values())
+
+
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
 def test_pack_a8w8_round_trip_and_fragments(N, K, rng):
     """The a8w8 layout holds the same bytes (round trip), lane 4g + t's words are its mma A fragment (rows g,
@@ -335,6 +347,84 @@ def test_gpu_w8a16_mma(fmt, K, rng):
     wc.qdata[1, 2] = 0x7F if fmt == "mxfp8_e4m3" else 0x7C
     x = torch.randn(1, 128, generator=rng).to(torch.bfloat16).cuda()
     assert mxkit.gemm_plan(x, mxkit.pack_weight(wc, act="float")).path != "w8a16-mma"
+
+
+sm90 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90 or newer")
+
+
+@pytest.mark.gpu
+@gpu
+@sm90
+@pytest.mark.parametrize("K", [64, 2880, 4096, 28672])
+def test_gpu_a8w8_bulk_kernels(K, rng, monkeypatch):
+    """The bulk-copy kernel (mma_a8w8_bulk.cu, MXFP8 codes in) gives the bytes of the register-load kernel at one
+    thread block along K, call after call (a slot freed too early would show as a changed row), in poisoned
+    memory: M 1 / 3 / 8, bias none / float32 / bf16, bf16 / fp16 / fp32 out, K of one tile (64), a partial last
+    chunk (2880: 45 tiles, chunks of 16) and whole chunks; N of 2112 (132 strips: a block per strip on 132 SMs)
+    and 4800 (300: blocks looping over strips); within the bound. The policy takes it at M <= 8 from codes on
+    layers of at least one strip per multiprocessor, not past 8 rows, not for W8A16 or bf16 x quantized in the
+    kernel; MXKIT_A8W8_BULK=0 turns it off."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for N in (2112, 4800) if K <= 4096 else (2112,):
+        bias32 = torch.randn(N, generator=rng).cuda()
+        w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+        pw = mxkit.pack_weight(w)
+        for M, out, bias in ((1, torch.bfloat16, None), (3, torch.float16, bias32),
+                             (8, torch.float32, bias32.to(torch.bfloat16)), (8, torch.bfloat16, bias32)):
+            a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
+            args = (pw.mma_q, pw.mma_s, M, out, False)
+            bulk = A8W8(*args, shape=(N, K), bulk=True)
+            assert bulk.bulk and bulk.block == 160 and bulk.grid == (1, min(N // 16, 2 * sms), 1)
+            assert A8W8(*args, shape=(N, K)).bulk == (N // 16 >= sms)
+            ref = A8W8(*args, shape=(N, K), split=1, r=1, bulk=False)(a.qdata, a.scale, bias)
+            for _ in range(4):
+                poison_allocator()
+                y = bulk(a.qdata, a.scale, bias)
+                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (N, K, M)
+            if M == 3:
+                OUT[0] = out
+                assert_within_bound(y, a, w, bias)
+    w = rand_mx((4800, 128), "mxfp8_e4m3", rng, device="cuda")
+    pw = mxkit.pack_weight(w, act="float")
+    assert A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, False, shape=(4800, 128)).bulk
+    assert not A8W8(pw.mma_q, pw.mma_s, 9, torch.bfloat16, False, shape=(4800, 128)).bulk
+    assert not A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, True, shape=(4800, 128), w16="e4m3").bulk
+    assert not A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, True, shape=(4800, 128)).bulk  # (bf16 x quantized)
+    with pytest.raises(ValueError, match="bulk-copy"):
+        A8W8(pw.mma_q, pw.mma_s, 9, torch.bfloat16, False, shape=(4800, 128), bulk=True)
+    monkeypatch.setenv("MXKIT_A8W8_BULK", "0")
+    _mma_a8w8.bulk_unavailable.cache_clear()
+    try:
+        assert not A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, False, shape=(4800, 128)).bulk
+    finally:
+        monkeypatch.delenv("MXKIT_A8W8_BULK")
+        _mma_a8w8.bulk_unavailable.cache_clear()
+
+
+@pytest.mark.gpu
+@gpu
+@sm90
+def test_gpu_a8w8_bulk_graph(rng):
+    """matmul(MXFP8 a, packed MXFP8 weight) at M = 2 on a layer the bulk-copy kernel takes: within the bound, its
+    prepared call the bulk kernel, replays in a CUDA graph with new a equal to eager."""
+    K, N = 2880, 4096
+    pw = mxkit.pack_weight(rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda"))
+    a = mxkit.quantize(torch.randn(2, K, generator=rng).cuda(), "mxfp8_e4m3")
+    y = mxkit.matmul(a, pw)
+    OUT[0] = torch.bfloat16
+    assert_within_bound(y, a, pw, None)
+    assert any(run.bulk for run in pw.__dict__["_a8w8"].values())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = mxkit.matmul(a, pw)
+    for _ in range(2):
+        a.qdata.copy_(mxkit.quantize(torch.randn(2, K, generator=rng).cuda(), "mxfp8_e4m3").qdata)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg.view(torch.int16), mxkit.matmul(a, pw).view(torch.int16))
+    assert not torch.equal(yg, y)
 
 
 @pytest.mark.gpu

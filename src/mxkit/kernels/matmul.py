@@ -36,7 +36,10 @@ float32 accumulation plus one output rounding):
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
     mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
     activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
-    ``mxkit.quantize(x, "mxfp8")``).
+    ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip per
+    multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp,
+    a ring of shared-memory chunks, persistent blocks) into the same arithmetic: the bits of the kernel at one
+    thread block along K.
 ``w8a16-mma``
     bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
     table's ``w8a16_mma.max_m``, default 8; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and

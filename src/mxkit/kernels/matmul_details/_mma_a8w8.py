@@ -6,6 +6,12 @@ for a load-only kernel on an H100, against 66% for 8-byte loads of the rows as s
 MXTensor weight). The activations come as an MXFP8 MXTensor, or as bf16 rows that the kernel quantizes itself
 (OCP FLOOR scale, round to nearest even: the bytes of ``mxkit.quantize(x, "mxfp8")``): one launch.
 
+On sm_90, from MXFP8 codes at M <= 8 on layers of at least one 16-row strip per multiprocessor, the kernel streams
+the weight by Hopper bulk copies instead (``mma_a8w8_bulk.cu``, its own PTX: a producer warp a block, a ring of
+17 KB chunks, persistent blocks; the bits of the kernel here at one thread block along K): H200, M = 1, 28672 x
+8192 80.3 -> 67.4 us (``benchmarks/a8w8_ab.md``; the W8A16 kernel, less load-bound, did not gain in its shipped
+form).
+
 The same file's W8A16 kernels (``w8a16-mma``; :class:`A8W8` with ``w16``) take bf16 rows as they are against an
 MXFP8 E4M3 or E5M2 weight in the a8w8 layout: the codes decoded to bf16 exactly, two bf16 ``mma.sync`` per
 block, each block's float32 sum scaled once (every scale byte exact).
@@ -14,6 +20,8 @@ block, each block's float32 sum scaled once (every scale byte exact).
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +31,7 @@ from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_un
 from ._mma_decode import bias_flag, check_shape, shape_ok, split_k  # the same strips, tiles and bias
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
+PTX_BULK = Path(__file__).with_name("mma_a8w8_bulk.ptx")  # sm_90: the bulk-copy kernels (mma_a8w8_bulk.cu)
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_a8w8.cu")
 MAX_M = 64  # the kernel takes any M (blocks of 8 tokens on the grid); past this the plan stops offering it
@@ -46,8 +55,23 @@ def available(device: torch.device) -> Optional[str]:
     return shipped_ptx_unavailable(str(PTX), _index(device), (8, 9), "mma.sync e4m3")
 
 
-def _kernel(name: str, index: int):
-    return shipped_kernel(str(PTX), name, index)
+def _kernel(name: str, index: int, bulk: bool = False):
+    return shipped_kernel(str(PTX_BULK if bulk else PTX), name, index)
+
+
+BULK_MAX_M = 8  # the bulk-copy kernels' rows (one block of 8 tokens along the grid's x)
+BULK_MIN_STRIPS_PER_SM = 1  # ... on layers of at least this many 16-row strips per multiprocessor (N >= 2112 on 132)
+BULK_BLOCKS_PER_SM = 2  # persistent blocks per multiprocessor (each loops over strips)
+
+
+@functools.lru_cache(maxsize=None)
+def bulk_unavailable(index: int) -> Optional[str]:
+    """None when the bulk-copy kernels (``mma_a8w8_bulk.ptx``) run on CUDA device ``index``, else why not: no
+    file, a GPU older than sm_90, the driver refusing the module, ``MXKIT_MMA_DECODE=0``, or ``MXKIT_A8W8_BULK=0``
+    (the register-load kernels instead, for A/B runs)."""
+    if os.environ.get("MXKIT_A8W8_BULK", "1") == "0":
+        return "MXKIT_A8W8_BULK=0"
+    return shipped_ptx_unavailable(str(PTX_BULK), index, (9, 0), "cp.async.bulk")
 
 
 def pack_a8w8(qdata: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,12 +157,17 @@ class A8W8:
     :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes); ``nt`` (W8A16
     only): token tiles of 8 a block, 1 or 2 (2 only at ``r`` 2; default 2 for :data:`W16_R1_MAX_M` <
     M <= :data:`W16_NT2_MAX_M` at ``r`` 2, else 1; each token's row the bits of ``nt`` 1 at the same split).
+    ``bulk``: the bulk-copy kernel (``mma_a8w8_bulk.cu``: MXFP8 codes in, packed, one strip a warp, M <=
+    :data:`BULK_MAX_M`, no split along K, the bits of split 1 here); None (default) takes it on sm_90 where
+    ``split`` and ``r`` are left to the policy and the layer has :data:`BULK_MIN_STRIPS_PER_SM` strips per
+    multiprocessor, False never, True always (ValueError where it cannot run).
     ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,
                  split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None,
-                 r: Optional[int] = None, nt: Optional[int] = None):
+                 r: Optional[int] = None, nt: Optional[int] = None, bulk: Optional[bool] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
+        auto = split is None and r is None
         N, K = shape if packed else w.shape
         if M <= 0:
             raise ValueError(f"a8w8-mma takes M >= 1, got M={M}")
@@ -158,14 +187,27 @@ class A8W8:
         dev = w.device
         idx = _index(dev)
         self.r, self.nt = r, nt
+        sms = torch.cuda.get_device_properties(idx).multi_processor_count
+        fits = (packed and r == 1 and nt == 1 and M <= BULK_MAX_M and w16 is None and not quant
+                and (split is None or int(split) == 1))
+        if bulk and (not fits or bulk_unavailable(idx) is not None):
+            raise ValueError(f"the bulk-copy a8w8 kernel takes a packed weight, one strip a warp, M <= {BULK_MAX_M} "
+                             f"and MXFP8 codes on sm_90 ({bulk_unavailable(idx) or 'this call does not fit'})")
+        self.bulk = bool(bulk) or (bulk is None and auto and fits and N // 16 >= BULK_MIN_STRIPS_PER_SM * sms
+                                   and bulk_unavailable(idx) is None)
         name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
         if w16 is not None:
             name = f"mxfp8_w16p_r{self.r}{'_nt2' if nt == 2 else ''}_{_OUT_NAMES[out]}_{w16}"
-        self.kernel = _kernel(name, idx)
+        if self.bulk:
+            name = f"mxfp8_a8w8p_bulk_{_OUT_NAMES[out]}"
+        self.kernel = _kernel(name, idx, self.bulk)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // (8 * nt)), N // (16 * self.r)
-        if split is None:
-            sms = torch.cuda.get_device_properties(idx).multi_processor_count
+        self.block = 160 if self.bulk else 128  # (bulk: 4 consumer warps and a producer)
+        if self.bulk:  # persistent blocks along y, each looping over strips; no split along K
+            split = 1
+            strips = min(strips, BULK_BLOCKS_PER_SM * sms)
+        elif split is None:
             if w16 is not None and (self.r == 1 or nt == 2):
                 split = split_w16(groups * strips, K, sms, nt)
             else:
@@ -203,7 +245,7 @@ class A8W8:
                 x, xs, self.w, self.sw, bias, y, self.ws, self.cnt, ctypes.c_int(self.M), ctypes.c_int(self.N),
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
                 ctypes.c_longlong(self.N), ctypes.c_int(ld[2])))
-            launch.grid, launch.block, launch.ld = self.grid, 128, ld
+            launch.grid, launch.block, launch.ld = self.grid, self.block, ld
             self.launch, self.ld = launch, ld
         launch.run(x, xs, self.w, self.sw, bias, y)
         return y

@@ -444,7 +444,7 @@ __device__ __forceinline__ void mxfp8_w16_grouped(const __nv_bfloat16* __restric
   MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f16_bf16in, R, UNROLL, true, PACKED, XPF, __half)                          \
   MXKIT_A8W8(mxfp8_a8w8##P##_r##R##_f32_bf16in, R, UNROLL, true, PACKED, XPF, float)
 
-#ifndef MXKIT_A8W8_VARIANTS  // the A/B probe (benchmarks/probes/a8w8_ab.py) instantiates its own
+#ifndef MXKIT_A8W8_VARIANTS  // the A/B probes (benchmarks/probes/a8w8_ab.py) and mma_a8w8_bulk.cu instantiate their own
 // the weight as stored (mxfp8_a8w8_*) and in the a8w8 layout (mxfp8_a8w8p_*); R strips per warp, UNROLL tiles
 // per batch, x a batch ahead or not, chosen on an H100 (benchmarks/a8w8_ab.md): MXFP8 x, M <= 8: r1, 2 tiles;
 // M <= 16: r2, 1 tile, x ahead; more: r4, 1 tile, x ahead; bf16 x (_bf16in): r2, 1 tile, x ahead. R, UNROLL
@@ -492,7 +492,6 @@ MXKIT_W16_NT2(e5m2, 2)
   MXKIT_W16_GROUPED(mxfp8_w16_grouped_down_##E, 0, false, true, false, ELEM, float)
 MXKIT_W16_GROUPED_ALL(e4m3, 1)
 MXKIT_W16_GROUPED_ALL(e5m2, 2)
-#endif  // MXKIT_A8W8_VARIANTS
 
 // The activation quantization of the _bf16in kernels alone, for the tests: x bf16 [rows, K] (row stride ldx)
 // -> codes q [rows, K] and scales s [rows, K / 32]. grid (K / 32, ceil(rows / 8)), block 32.
@@ -512,3 +511,4 @@ extern "C" __global__ void __launch_bounds__(32) mxfp8_quantize_probe(const __nv
     if (t == 0) s[row * (K / 32) + blockIdx.x] = (uint8_t)byte;
   }
 }
+#endif  // MXKIT_A8W8_VARIANTS

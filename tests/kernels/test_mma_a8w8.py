@@ -56,7 +56,8 @@ def test_bulk_ptx_matches_source():
     assert f"(sha256 {digest})" in ptx.splitlines()[0], "run scripts/build_ptx.sh after editing the .cu files"
     assert re.search(r"^\.version 8\.4$", ptx, re.M) and re.search(r"^\.target sm_90$", ptx, re.M)
     entries = re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M)
-    assert sorted(entries) == sorted(f"mxfp8_a8w8p_bulk_{o}" for o in _mma_a8w8._OUT_NAMES.values())
+    assert sorted(entries) == sorted(f"mxfp8_a8w8p_bulk_{o}{q}" for o in _mma_a8w8._OUT_NAMES.values()
+                                     for q in ("", "_bf16in"))
 
 
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
@@ -361,9 +362,10 @@ def test_gpu_a8w8_bulk_kernels(K, rng, monkeypatch):
     thread block along K, call after call (a slot freed too early would show as a changed row), in poisoned
     memory: M 1 / 3 / 8, bias none / float32 / bf16, bf16 / fp16 / fp32 out, K of one tile (64), a partial last
     chunk (2880: 45 tiles, chunks of 16) and whole chunks; N of 2112 (132 strips: a block per strip on 132 SMs)
-    and 4800 (300: blocks looping over strips); within the bound. The policy takes it at M <= 8 from codes on
-    layers of at least one strip per multiprocessor, not past 8 rows, not for W8A16 or bf16 x quantized in the
-    kernel; MXKIT_A8W8_BULK=0 turns it off."""
+    and 4800 (300: blocks looping over strips); within the bound. The same for bf16 x quantized once per block
+    into shared memory against the register kernel quantizing it in its loop, up to BULK_X_SMEM bytes of x
+    (K = 28672: up to 2 rows). The policy takes it at M <= 8 on layers of at least one strip per multiprocessor,
+    not past 8 rows, not for W8A16; MXKIT_A8W8_BULK=0 turns it off."""
     from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -371,27 +373,37 @@ def test_gpu_a8w8_bulk_kernels(K, rng, monkeypatch):
         bias32 = torch.randn(N, generator=rng).cuda()
         w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
         pw = mxkit.pack_weight(w)
-        for M, out, bias in ((1, torch.bfloat16, None), (3, torch.float16, bias32),
+        for M, out, bias in ((1, torch.bfloat16, None), (2, torch.bfloat16, bias32), (3, torch.float16, bias32),
                              (8, torch.float32, bias32.to(torch.bfloat16)), (8, torch.bfloat16, bias32)):
-            a = mxkit.quantize(torch.randn(M, K, generator=rng).cuda(), "mxfp8_e4m3")
-            args = (pw.mma_q, pw.mma_s, M, out, False)
-            bulk = A8W8(*args, shape=(N, K), bulk=True)
-            assert bulk.bulk and bulk.block == 160 and bulk.grid == (1, min(N // 16, 2 * sms), 1)
-            assert A8W8(*args, shape=(N, K)).bulk == (N // 16 >= sms)
-            ref = A8W8(*args, shape=(N, K), split=1, r=1, bulk=False)(a.qdata, a.scale, bias)
-            for _ in range(4):
-                poison_allocator()
-                y = bulk(a.qdata, a.scale, bias)
-                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (N, K, M)
-            if M == 3:
-                OUT[0] = out
-                assert_within_bound(y, a, w, bias)
+            x = torch.randn(M, K, generator=rng).cuda()
+            a = mxkit.quantize(x, "mxfp8_e4m3")
+            xb = x.to(torch.bfloat16)
+            for quant, xin, xs in ((False, a.qdata, a.scale), (True, xb, None)):
+                args = (pw.mma_q, pw.mma_s, M, out, quant)
+                fits = not quant or M * (K + K // 32) <= _mma_a8w8.BULK_X_SMEM
+                policy = not quant or M <= _mma_a8w8.BULK_QUANT_MAX_M
+                assert A8W8(*args, shape=(N, K)).bulk == (N // 16 >= sms and fits and policy)
+                if not fits:
+                    with pytest.raises(ValueError, match="bulk-copy"):
+                        A8W8(*args, shape=(N, K), bulk=True)
+                    continue
+                bulk = A8W8(*args, shape=(N, K), bulk=True)
+                assert bulk.bulk and bulk.block == 160 and bulk.grid == (1, min(N // 16, 2 * sms), 1)
+                # (the register kernel at split 1: bf16 x quantized in it, r = 2 strips a warp: the same sums)
+                ref = A8W8(*args, shape=(N, K), split=1, bulk=False)(xin, xs, bias)
+                for _ in range(4):
+                    poison_allocator()
+                    y = bulk(xin, xs, bias)
+                    assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (N, K, M, quant)
+                if M == 3:
+                    OUT[0] = out
+                    assert_within_bound(y, mxkit.quantize(xb, "mxfp8_e4m3") if quant else a, w, bias)
     w = rand_mx((4800, 128), "mxfp8_e4m3", rng, device="cuda")
     pw = mxkit.pack_weight(w, act="float")
     assert A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, False, shape=(4800, 128)).bulk
     assert not A8W8(pw.mma_q, pw.mma_s, 9, torch.bfloat16, False, shape=(4800, 128)).bulk
     assert not A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, True, shape=(4800, 128), w16="e4m3").bulk
-    assert not A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, True, shape=(4800, 128)).bulk  # (bf16 x quantized)
+    assert A8W8(pw.mma_q, pw.mma_s, 1, torch.bfloat16, True, shape=(4800, 128)).bulk  # (bf16 x quantized)
     with pytest.raises(ValueError, match="bulk-copy"):
         A8W8(pw.mma_q, pw.mma_s, 9, torch.bfloat16, False, shape=(4800, 128), bulk=True)
     monkeypatch.setenv("MXKIT_A8W8_BULK", "0")
@@ -407,8 +419,9 @@ def test_gpu_a8w8_bulk_kernels(K, rng, monkeypatch):
 @gpu
 @sm90
 def test_gpu_a8w8_bulk_graph(rng):
-    """matmul(MXFP8 a, packed MXFP8 weight) at M = 2 on a layer the bulk-copy kernel takes: within the bound, its
-    prepared call the bulk kernel, replays in a CUDA graph with new a equal to eager."""
+    """matmul(MXFP8 a, packed MXFP8 weight) at M = 2 on a layer the bulk-copy kernel takes, and an MXLinear with
+    MXFP8 activations at M = 1 (x quantized in the bulk kernel's launch): within the bound, their prepared calls
+    the bulk kernel, replays in a CUDA graph with new inputs equal to eager."""
     K, N = 2880, 4096
     pw = mxkit.pack_weight(rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda"))
     a = mxkit.quantize(torch.randn(2, K, generator=rng).cuda(), "mxfp8_e4m3")
@@ -425,6 +438,16 @@ def test_gpu_a8w8_bulk_graph(rng):
         torch.cuda.synchronize()
         assert torch.equal(yg.view(torch.int16), mxkit.matmul(a, pw).view(torch.int16))
     assert not torch.equal(yg, y)
+    # MXLinear(act_format="mxfp8") at M = 1: bf16 x quantized in the bulk kernel's launch, replayed in a graph
+    lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+    mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
+    x = torch.randn(1, K, generator=rng).to(torch.bfloat16).cuda()
+    with torch.no_grad():
+        y0 = mx(x)
+        assert_within_bound(y0, mxkit.quantize(x, "mxfp8_e4m3"), mx._packed, lin.bias)
+        calls = mx._packed.__dict__.get("_calls", {}).values()
+        assert any(getattr(getattr(c, "run", None), "bulk", False) for c in calls)
+        _assert_graph_replays(mx, x, rng)
 
 
 @pytest.mark.gpu

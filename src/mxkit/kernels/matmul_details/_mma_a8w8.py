@@ -10,7 +10,7 @@ On sm_90, from MXFP8 codes at M <= 8 on layers of at least one 16-row strip per 
 the weight by Hopper bulk copies instead (``mma_a8w8_bulk.cu``, its own PTX: a producer warp a block, a ring of
 17 KB chunks, persistent blocks; the bits of the kernel here at one thread block along K): H200, M = 1, 28672 x
 8192 80.3 -> 67.4 us (``benchmarks/a8w8_ab.md``; the W8A16 kernel, less load-bound, did not gain in its shipped
-form).
+form). From bf16 at M = 1 the bulk kernel quantizes x once per block into shared memory: 96.7 -> 70.8 us there.
 
 The same file's W8A16 kernels (``w8a16-mma``; :class:`A8W8` with ``w16``) take bf16 rows as they are against an
 MXFP8 E4M3 or E5M2 weight in the a8w8 layout: the codes decoded to bf16 exactly, two bf16 ``mma.sync`` per
@@ -62,6 +62,24 @@ def _kernel(name: str, index: int, bulk: bool = False):
 BULK_MAX_M = 8  # the bulk-copy kernels' rows (one block of 8 tokens along the grid's x)
 BULK_MIN_STRIPS_PER_SM = 1  # ... on layers of at least this many 16-row strips per multiprocessor (N >= 2112 on 132)
 BULK_BLOCKS_PER_SM = 2  # persistent blocks per multiprocessor (each loops over strips)
+# bf16 x quantized in the bulk kernel's launch: its M rows' codes and scale bytes in dynamic shared memory, up to
+# this many bytes (M (K + K / 32): K = 8192 up to 8 rows, 28672 up to 2); with the 36 KB ring, 2 blocks an SM
+BULK_X_SMEM = 72 * 1024
+# the policy's rows for it: the quantization, once a block, is the kernel's prologue, one dependent load after
+# another (H200, 8192^2 from bf16: 27.6 against 32.7 us at M = 1, 43.1 against 33.8 at 4, 64.4 against 33.1 at 8)
+BULK_QUANT_MAX_M = 1
+
+
+@functools.lru_cache(maxsize=None)
+def _bulk_x_kernel(name: str, index: int):
+    """A bulk bf16-in kernel with its dynamic shared memory allowed up to :data:`BULK_X_SMEM` (past the 48 KB that
+    needs no opt-in, with the static ring)."""
+    k = _kernel(name, index, True)
+    from ..cuda_driver import _check, _libcuda
+
+    # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    _check(_libcuda().cuFuncSetAttribute(k.fn, ctypes.c_int(8), ctypes.c_int(BULK_X_SMEM)), f"sizing {name}")
+    return k
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,7 +175,8 @@ class A8W8:
     :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes); ``nt`` (W8A16
     only): token tiles of 8 a block, 1 or 2 (2 only at ``r`` 2; default 2 for :data:`W16_R1_MAX_M` <
     M <= :data:`W16_NT2_MAX_M` at ``r`` 2, else 1; each token's row the bits of ``nt`` 1 at the same split).
-    ``bulk``: the bulk-copy kernel (``mma_a8w8_bulk.cu``: MXFP8 codes in, packed, one strip a warp, M <=
+    ``bulk``: the bulk-copy kernel (``mma_a8w8_bulk.cu``: MXFP8 codes in, or bf16 x quantized once per block
+    where its rows take at most :data:`BULK_X_SMEM` bytes of codes and scales; packed, one strip a warp, M <=
     :data:`BULK_MAX_M`, no split along K, the bits of split 1 here); None (default) takes it on sm_90 where
     ``split`` and ``r`` are left to the policy and the layer has :data:`BULK_MIN_STRIPS_PER_SM` strips per
     multiprocessor, False never, True always (ValueError where it cannot run).
@@ -167,7 +186,7 @@ class A8W8:
                  split: Optional[int] = None, shape: Optional[tuple[int, int]] = None, w16: Optional[str] = None,
                  r: Optional[int] = None, nt: Optional[int] = None, bulk: Optional[bool] = None):
         packed = shape is not None  # w, sw from pack_a8w8 of an (N, K) = shape weight
-        auto = split is None and r is None
+        auto, r_arg = split is None and r is None, r
         N, K = shape if packed else w.shape
         if M <= 0:
             raise ValueError(f"a8w8-mma takes M >= 1, got M={M}")
@@ -188,19 +207,24 @@ class A8W8:
         idx = _index(dev)
         self.r, self.nt = r, nt
         sms = torch.cuda.get_device_properties(idx).multi_processor_count
-        fits = (packed and r == 1 and nt == 1 and M <= BULK_MAX_M and w16 is None and not quant
-                and (split is None or int(split) == 1))
+        x_bytes = M * (K + K // 32) if quant else 0  # (the bulk bf16-in kernel's dynamic shared memory)
+        fits = (packed and r_arg in (None, 1) and nt == 1 and M <= BULK_MAX_M and w16 is None
+                and x_bytes <= BULK_X_SMEM and (split is None or int(split) == 1))
         if bulk and (not fits or bulk_unavailable(idx) is not None):
-            raise ValueError(f"the bulk-copy a8w8 kernel takes a packed weight, one strip a warp, M <= {BULK_MAX_M} "
-                             f"and MXFP8 codes on sm_90 ({bulk_unavailable(idx) or 'this call does not fit'})")
+            raise ValueError(f"the bulk-copy a8w8 kernel takes a packed weight, one strip a warp, M <= {BULK_MAX_M}, "
+                             f"MXFP8 codes or bf16 rows of at most {BULK_X_SMEM} bytes quantized, on sm_90 "
+                             f"({bulk_unavailable(idx) or 'this call does not fit'})")
         self.bulk = bool(bulk) or (bulk is None and auto and fits and N // 16 >= BULK_MIN_STRIPS_PER_SM * sms
-                                   and bulk_unavailable(idx) is None)
+                                   and (not quant or M <= BULK_QUANT_MAX_M) and bulk_unavailable(idx) is None)
         name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
         if w16 is not None:
             name = f"mxfp8_w16p_r{self.r}{'_nt2' if nt == 2 else ''}_{_OUT_NAMES[out]}_{w16}"
+        self.shared = 0  # dynamic shared memory bytes of a launch
         if self.bulk:
-            name = f"mxfp8_a8w8p_bulk_{_OUT_NAMES[out]}"
-        self.kernel = _kernel(name, idx, self.bulk)
+            self.r = r = 1
+            name = f"mxfp8_a8w8p_bulk_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
+            self.shared = -(-x_bytes // 16) * 16
+        self.kernel = _bulk_x_kernel(name, idx) if self.bulk and quant else _kernel(name, idx, self.bulk)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // (8 * nt)), N // (16 * self.r)
         self.block = 160 if self.bulk else 128  # (bulk: 4 consumer warps and a producer)
@@ -245,7 +269,7 @@ class A8W8:
                 x, xs, self.w, self.sw, bias, y, self.ws, self.cnt, ctypes.c_int(self.M), ctypes.c_int(self.N),
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
                 ctypes.c_longlong(self.N), ctypes.c_int(ld[2])))
-            launch.grid, launch.block, launch.ld = self.grid, self.block, ld
+            launch.grid, launch.block, launch.ld, launch.shared = self.grid, self.block, ld, self.shared
             self.launch, self.ld = launch, ld
         launch.run(x, xs, self.w, self.sw, bias, y)
         return y

@@ -1,4 +1,5 @@
-// mma_a8w8.cu's one-strip MXFP8 x MXFP8 kernel (E4M3 codes in) at M <= 8 with the weight streamed by
+// mma_a8w8.cu's MXFP8 x MXFP8 kernels (E4M3 codes in, or bf16 x quantized in the launch) at M <= 8 with the weight
+// streamed by
 // Hopper bulk copies: sm_90 (cp.async.bulk, mbarrier transaction counts), so a PTX of its own (mma_a8w8_bulk.ptx,
 // sm_90; scripts/build_ptx.sh), loaded only on such GPUs. At M <= 8 these kernels are load-bound
 // (benchmarks/a8w8_ab.md): with each consumer warp's own 16-byte loads one batch ahead they reach ~70% of copy
@@ -113,14 +114,17 @@ struct Ring {  // STAGES chunks of CH tiles
 };
 
 // grid (ceil(M / 8), blocks), block 160: warps 0 .. 3 consume, warp 4's lane 0 produces. Arguments as mma_a8w8.cu's
-// mxfp8_a8w8 from E4M3 codes (no split along K: ws and cnt unused); the weight in the a8w8 layout.
-template <typename OUT>
+// mxfp8_a8w8 (no split along K: ws and cnt unused); the weight in the a8w8 layout. QUANT: x bf16, its M <= 8 rows
+// quantized once per block into dynamic shared memory (codes [M][K], then scale bytes [M][K / 32]: the launch's
+// M (K + K / 32) bytes) by quantize8, the _bf16in kernels' bytes, while the producer's first chunks are in flight.
+template <bool QUANT, typename OUT>
 __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const uint8_t* __restrict__ xs_base,
                                             const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw,
                                             const float* __restrict__ bias, OUT* __restrict__ y, int M, int N, int K,
                                             long long ldx, long long ldxs, long long ldy, int bias_bf16) {
   __shared__ __align__(128) Ring ring;
   __shared__ float red[WARPS][4][32];
+  extern __shared__ __align__(16) uint8_t xsm[];  // QUANT: x's codes and scale bytes
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int m0 = blockIdx.x * 8;
   M = min(M - m0, 8);
@@ -154,6 +158,27 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
   const uint4* xb = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + xrow * ldx) + t;
   const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
+  if (QUANT) {  // a quad of lanes a 32-element block; every lane of a warp runs each step (quantize8's shuffles)
+    const int KB = K >> 5, blocks = M * KB;
+    uint8_t* sc = xsm + (long long)M * K;
+    for (int b0 = 0; b0 < blocks; b0 += 8 * WARPS) {
+      const int bi = b0 + 8 * warp + g;
+      const bool ok = bi < blocks;
+      const int row = ok ? bi / KB : 0, kb = ok ? bi % KB : 0;
+      const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) +
+                                                                  (m0 + row) * ldx + kb * 32 + 8 * t))
+                         : make_uint4(0u, 0u, 0u, 0u);
+      uint32_t c0, c1;
+      const uint32_t byte = quantize8(v, c0, c1);
+      if (ok) {
+        *reinterpret_cast<uint2*>(xsm + (long long)row * K + kb * 32 + 8 * t) = make_uint2(c0, c1);
+        if (t == 0) sc[row * KB + kb] = (uint8_t)byte;
+      }
+    }
+    consumers_sync();
+    xq = xsm + (long long)(xm ? g : 0) * K + 8 * t;
+    xs = reinterpret_cast<const uint16_t*>(sc + (xm ? g : 0) * KB);
+  }
   int c = 0;
   for (int strip = blockIdx.y; strip < strips; strip += gridDim.y) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -161,8 +186,20 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
       const int slot = c % STAGES, t0 = kc * CH + warp;
       XTile<false> xc[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-        if (t0 + u * WARPS < KT) xc[u].load(xb, xq, xs, xm, t0 + u * WARPS);  // in flight during the wait
+      for (int u = 0; u < UNROLL; ++u) {  // (in flight during the wait)
+        const int kt = t0 + u * WARPS;
+        if (kt >= KT) continue;
+        if (!QUANT) {
+          xc[u].load(xb, xq, xs, xm, kt);
+          continue;
+        }
+        xc[u].s2 = xm ? xs[kt] : 0u;  // XTile<false>::load, from shared memory
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint2 cw = xm ? *reinterpret_cast<const uint2*>(xq + kt * 64 + 32 * b) : make_uint2(0u, 0u);
+          xc[u].v[b] = make_uint4(cw.x, cw.y, 0u, 0u);
+        }
+      }
       mbar_wait(&ring.full[slot], (c / STAGES) & 1);
       uint2 wl[UNROLL][2], wh[UNROLL][2];
       uint32_t swd[UNROLL][2];
@@ -195,13 +232,16 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
 }  // namespace
 
 // the parameter list of mma_a8w8.cu's kernels (ws, cnt unused), so that one binding serves both files
-#define MXKIT_BULK(NAME, OUT)                                                                                   \
+#define MXKIT_BULK(NAME, QUANT, OUT)                                                                            \
   extern "C" __global__ void __launch_bounds__(160) NAME(                                                      \
       const void* __restrict__ x, const uint8_t* __restrict__ xs, const uint8_t* __restrict__ w,               \
       const uint8_t* __restrict__ sw, const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__, \
       int* __restrict__, int M, int N, int K, long long ldx, long long ldxs, long long ldy, int bias_bf16) {    \
-    bulk_kernel<OUT>(x, xs, w, sw, bias, y, M, N, K, ldx, ldxs, ldy, bias_bf16);                                \
+    bulk_kernel<QUANT, OUT>(x, xs, w, sw, bias, y, M, N, K, ldx, ldxs, ldy, bias_bf16);                         \
   }
-MXKIT_BULK(mxfp8_a8w8p_bulk_bf16, __nv_bfloat16)
-MXKIT_BULK(mxfp8_a8w8p_bulk_f16, __half)
-MXKIT_BULK(mxfp8_a8w8p_bulk_f32, float)
+MXKIT_BULK(mxfp8_a8w8p_bulk_bf16, false, __nv_bfloat16)  // E4M3 codes and scales in
+MXKIT_BULK(mxfp8_a8w8p_bulk_f16, false, __half)
+MXKIT_BULK(mxfp8_a8w8p_bulk_f32, false, float)
+MXKIT_BULK(mxfp8_a8w8p_bulk_bf16_bf16in, true, __nv_bfloat16)  // bf16 x, quantized in the launch
+MXKIT_BULK(mxfp8_a8w8p_bulk_f16_bf16in, true, __half)
+MXKIT_BULK(mxfp8_a8w8p_bulk_f32_bf16in, true, float)

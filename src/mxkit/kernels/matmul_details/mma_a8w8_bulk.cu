@@ -1,7 +1,6 @@
 // mma_a8w8.cu's MXFP8 x MXFP8 kernels (E4M3 codes in, or bf16 x quantized in the launch) at M <= 8 with the weight
-// streamed by
-// Hopper bulk copies: sm_90 (cp.async.bulk, mbarrier transaction counts), so a PTX of its own (mma_a8w8_bulk.ptx,
-// sm_90; scripts/build_ptx.sh), loaded only on such GPUs. At M <= 8 these kernels are load-bound
+// streamed by Hopper bulk copies: sm_90 (cp.async.bulk, mbarrier transaction counts), so a PTX of its own
+// (mma_a8w8_bulk.ptx, sm_90; scripts/build_ptx.sh), loaded only on such GPUs. At M <= 8 these kernels are load-bound
 // (benchmarks/a8w8_ab.md): with each consumer warp's own 16-byte loads one batch ahead they reach ~70% of copy
 // bandwidth on an H200; here one producer warp a block keeps two chunks of 16 tiles (17 KB each) in flight while
 // the block's 4 consumer warps compute (benchmarks/a8w8_ab.md: on an H200, 1 x 28672 x 8192 from MXFP8 codes

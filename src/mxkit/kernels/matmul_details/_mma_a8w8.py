@@ -179,7 +179,8 @@ class A8W8:
     where its rows take at most :data:`BULK_X_SMEM` bytes of codes and scales; packed, one strip a warp, M <=
     :data:`BULK_MAX_M`, no split along K, the bits of split 1 here); None (default) takes it on sm_90 where
     ``split`` and ``r`` are left to the policy and the layer has :data:`BULK_MIN_STRIPS_PER_SM` strips per
-    multiprocessor, False never, True always (ValueError where it cannot run).
+    multiprocessor (from bf16 up to :data:`BULK_QUANT_MAX_M` rows), False never, True always (ValueError where
+    it cannot run).
     ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 
     def __init__(self, w: torch.Tensor, sw: torch.Tensor, M: int, out: torch.dtype, quant: bool,

@@ -60,6 +60,22 @@ def test_bulk_ptx_matches_source():
                                      for q in ("", "_bf16in"))
 
 
+def test_bulk_policy():
+    """Where the bulk-copy kernel fits and where the default takes it (132 SMs: N >= 2112; from bf16 one row, at
+    most BULK_X_SMEM bytes of x; never W8A16, a weight as stored, a forced split or r, past 8 rows)."""
+    fits = _mma_a8w8.bulk_fits
+    assert fits(2112, 8192, 8, False, True, None, None, 1, None) and fits(2112, 8192, 1, True, True, None, 1, 1, 1)
+    assert fits(64, 28672, 2, True, True, None, None, 1, None)
+    assert not fits(64, 28672, 3, True, True, None, None, 1, None)  # (x of 88704 bytes)
+    for args in [(2112, 8192, 9, False, True, None, None, 1, None), (2112, 8192, 1, False, False, None, None, 1, None),
+                 (2112, 8192, 1, True, True, "e4m3", None, 1, None), (2112, 8192, 1, False, True, None, 2, 1, None),
+                 (2112, 8192, 1, False, True, None, None, 1, 2)]:
+        assert not fits(*args), args
+    policy = _mma_a8w8.bulk_policy
+    assert policy(2112, 8, False, 132) and not policy(2096, 1, False, 132)
+    assert policy(4096, 1, True, 132) and not policy(4096, 2, True, 132)
+
+
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
 def test_pack_a8w8_round_trip_and_fragments(N, K, rng):
     """The a8w8 layout holds the same bytes (round trip), lane 4g + t's words are its mma A fragment (rows g,

@@ -70,6 +70,23 @@ BULK_X_SMEM = 72 * 1024
 BULK_QUANT_MAX_M = 1
 
 
+def bulk_fits(N: int, K: int, M: int, quant: bool, packed: bool, w16: Optional[str], r: Optional[int],
+              nt: int, split: Optional[int]) -> bool:
+    """Whether the bulk-copy kernel can run the call :class:`A8W8` was given (``r`` / ``split`` as passed, None:
+    the policy's): a packed weight, one strip a warp, one token tile, M <= :data:`BULK_MAX_M`, MXFP8 codes or bf16
+    x whose M rows' codes and scales fit :data:`BULK_X_SMEM`, no W8A16, no split along K."""
+    x_bytes = M * (K + K // 32) if quant else 0
+    return (packed and r in (None, 1) and nt == 1 and M <= BULK_MAX_M and w16 is None and x_bytes <= BULK_X_SMEM
+            and (split is None or int(split) == 1))
+
+
+def bulk_policy(N: int, M: int, quant: bool, sms: int) -> bool:
+    """Whether the default (``bulk=None``, split and r left to the policy) takes the bulk-copy kernel where it fits:
+    at least :data:`BULK_MIN_STRIPS_PER_SM` strips per multiprocessor, and from bf16 at most
+    :data:`BULK_QUANT_MAX_M` rows."""
+    return N // 16 >= BULK_MIN_STRIPS_PER_SM * sms and (not quant or M <= BULK_QUANT_MAX_M)
+
+
 @functools.lru_cache(maxsize=None)
 def _bulk_x_kernel(name: str, index: int):
     """A bulk bf16-in kernel with its dynamic shared memory allowed up to :data:`BULK_X_SMEM` (past the 48 KB that
@@ -208,15 +225,13 @@ class A8W8:
         idx = _index(dev)
         self.r, self.nt = r, nt
         sms = torch.cuda.get_device_properties(idx).multi_processor_count
-        x_bytes = M * (K + K // 32) if quant else 0  # (the bulk bf16-in kernel's dynamic shared memory)
-        fits = (packed and r_arg in (None, 1) and nt == 1 and M <= BULK_MAX_M and w16 is None
-                and x_bytes <= BULK_X_SMEM and (split is None or int(split) == 1))
+        fits = bulk_fits(N, K, M, quant, packed, w16, r_arg, nt, split)
         if bulk and (not fits or bulk_unavailable(idx) is not None):
             raise ValueError(f"the bulk-copy a8w8 kernel takes a packed weight, one strip a warp, M <= {BULK_MAX_M}, "
                              f"MXFP8 codes or bf16 rows of at most {BULK_X_SMEM} bytes quantized, on sm_90 "
                              f"({bulk_unavailable(idx) or 'this call does not fit'})")
-        self.bulk = bool(bulk) or (bulk is None and auto and fits and N // 16 >= BULK_MIN_STRIPS_PER_SM * sms
-                                   and (not quant or M <= BULK_QUANT_MAX_M) and bulk_unavailable(idx) is None)
+        self.bulk = bool(bulk) or (bulk is None and auto and fits and bulk_policy(N, M, quant, sms)
+                                   and bulk_unavailable(idx) is None)
         name = f"mxfp8_a8w8{'p' if packed else ''}_r{self.r}_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
         if w16 is not None:
             name = f"mxfp8_w16p_r{self.r}{'_nt2' if nt == 2 else ''}_{_OUT_NAMES[out]}_{w16}"
@@ -224,7 +239,7 @@ class A8W8:
         if self.bulk:
             self.r = r = 1
             name = f"mxfp8_a8w8p_bulk_{_OUT_NAMES[out]}{'_bf16in' if quant else ''}"
-            self.shared = -(-x_bytes // 16) * 16
+            self.shared = -(-(M * (K + K // 32) if quant else 0) // 16) * 16  # (x's codes and scales)
         self.kernel = _bulk_x_kernel(name, idx) if self.bulk and quant else _kernel(name, idx, self.bulk)
         self.w, self.sw, self.N, self.K, self.M, self.out, self.quant = w, sw, N, K, M, out, quant
         groups, strips = -(-M // (8 * nt)), N // (16 * self.r)

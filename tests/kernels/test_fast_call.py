@@ -256,7 +256,7 @@ def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
     run = object.__new__(run_cls)
     run.kernel, run.launch, run.grid = Kernel(), None, (1, 1, 1)
     run.q = run.s = run.w = run.sw = run.ws = run.cnt = None
-    run.M, run.N, run.K, run.block = 2, 32, 64, 128
+    run.M, run.N, run.K, run.block, run.shared = 2, 32, 64, 128, 0
     call = object.__new__(cls)
     call.run = run
     x, y = torch.zeros(2, 72, dtype=torch.bfloat16), torch.zeros(2, 32, dtype=torch.bfloat16)

@@ -93,12 +93,7 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
   const int S = PERSIST ? 1 : gridDim.z, split = PERSIST ? 0 : blockIdx.z;
   const int kt_lo = (int)((long long)KT * split / S), kt_hi = (int)((long long)KT * (split + 1) / S);
   const int per_strip = (kt_hi - kt_lo + CH - 1) / CH;  // chunks a strip
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) mbar_init(&ring.full[i], 1), mbar_init(&ring.empty[i], WARPS);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(ring.full, ring.empty);
   const uint4* q = reinterpret_cast<const uint4*>(w);
   const uint32_t* s = reinterpret_cast<const uint32_t*>(sw);
   if (warp == WARPS) {  // the producer

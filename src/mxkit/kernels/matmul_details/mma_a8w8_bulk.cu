@@ -106,6 +106,18 @@ __device__ __forceinline__ void chunk_words(const uint4 (&q)[CHUNK][64], const u
     }
 }
 
+// a ring's mbarriers (full: the producer's arrival and the bytes; empty: the WARPS consumers), made by thread 0
+// and seen by the whole block
+template <int ST>
+__device__ __forceinline__ void init_ring(uint64_t (&full)[ST], uint64_t (&empty)[ST]) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < ST; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], WARPS);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 struct Ring {  // STAGES chunks of CH tiles
   uint4 q[STAGES][CH][64];
   uint32_t s[STAGES][CH][8];
@@ -129,12 +141,7 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
   M = min(M - m0, 8);
   y += (long long)m0 * ldy;
   const int KT = K >> 6, strips = N >> 4, chunks = (KT + CH - 1) / CH;  // chunks a strip
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) mbar_init(&ring.full[i], 1), mbar_init(&ring.empty[i], WARPS);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(ring.full, ring.empty);
   const uint4* q = reinterpret_cast<const uint4*>(w);
   const uint32_t* s = reinterpret_cast<const uint32_t*>(sw);
   if (warp == WARPS) {  // the producer: chunk c (counted over the block's strips) into slot c % STAGES once freed

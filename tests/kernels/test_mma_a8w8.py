@@ -61,8 +61,9 @@ def test_bulk_ptx_matches_source():
 
 
 def test_bulk_policy():
-    """Where the bulk-copy kernel fits and where the default takes it (132 SMs: N >= 2112; from bf16 one row, at
-    most BULK_X_SMEM bytes of x; never W8A16, a weight as stored, a forced split or r, past 8 rows)."""
+    """Where the bulk-copy kernel fits and where the default takes it (132 SMs: N >= 2112; from bf16 at
+    most BULK_X_SMEM bytes of x, up to 2 rows, 4 on N >= 14336; never W8A16, a weight as stored, a forced split or
+    r, past 8 rows)."""
     fits = _mma_a8w8.bulk_fits
     assert fits(2112, 8192, 8, False, True, None, None, 1, None) and fits(2112, 8192, 1, True, True, None, 1, 1, 1)
     assert fits(64, 28672, 2, True, True, None, None, 1, None)
@@ -73,7 +74,8 @@ def test_bulk_policy():
         assert not fits(*args), args
     policy = _mma_a8w8.bulk_policy
     assert policy(2112, 8, False, 132) and not policy(2096, 1, False, 132)
-    assert policy(4096, 1, True, 132) and not policy(4096, 2, True, 132)
+    assert policy(4096, 2, True, 132) and not policy(4096, 3, True, 132) and not policy(14335, 3, True, 132)
+    assert policy(14336, 4, True, 132) and not policy(14336, 5, True, 132) and policy(14336, 8, False, 132)
 
 
 @pytest.mark.parametrize("N,K", [(16, 64), (48, 192), (32, 2880)])
@@ -397,7 +399,7 @@ def test_gpu_a8w8_bulk_kernels(K, rng, monkeypatch):
             for quant, xin, xs in ((False, a.qdata, a.scale), (True, xb, None)):
                 args = (pw.mma_q, pw.mma_s, M, out, quant)
                 fits = not quant or M * (K + K // 32) <= _mma_a8w8.BULK_X_SMEM
-                policy = not quant or M <= _mma_a8w8.BULK_QUANT_MAX_M
+                policy = _mma_a8w8.bulk_policy(N, M, quant, sms)
                 assert A8W8(*args, shape=(N, K)).bulk == (N // 16 >= sms and fits and policy)
                 if not fits:
                     with pytest.raises(ValueError, match="bulk-copy"):

@@ -10,7 +10,8 @@ On sm_90, from MXFP8 codes at M <= 8 on layers of at least one 16-row strip per 
 the weight by Hopper bulk copies instead (``mma_a8w8_bulk.cu``, its own PTX: a producer warp a block, a ring of
 17 KB chunks, persistent blocks; the bits of the kernel here at one thread block along K): H200, M = 1, 28672 x
 8192 80.3 -> 67.4 us (``benchmarks/a8w8_ab.md``; the W8A16 kernel, less load-bound, did not gain in its shipped
-form). From bf16 at M = 1 the bulk kernel quantizes x once per block into shared memory: 96.7 -> 70.8 us there.
+form). From bf16 at up to 2 rows (4 on layers of N >= 14336) the bulk kernel quantizes x once per block into shared
+memory: 96.7 -> 70.8 us there at M = 1.
 
 The same file's W8A16 kernels (``w8a16-mma``; :class:`A8W8` with ``w16``) take bf16 rows as they are against an
 MXFP8 E4M3 or E5M2 weight in the a8w8 layout: the codes decoded to bf16 exactly, two bf16 ``mma.sync`` per
@@ -65,9 +66,13 @@ BULK_BLOCKS_PER_SM = 2  # persistent blocks per multiprocessor (each loops over 
 # bf16 x quantized in the bulk kernel's launch: its M rows' codes and scale bytes in dynamic shared memory, up to
 # this many bytes (M (K + K / 32): K = 8192 up to 8 rows, 28672 up to 2); with the 36 KB ring, 2 blocks an SM
 BULK_X_SMEM = 72 * 1024
-# the policy's rows for it: the quantization, once a block, is the kernel's prologue, one dependent load after
-# another (H200, 8192^2 from bf16: 27.6 against 32.7 us at M = 1, 43.1 against 33.8 at 4, 64.4 against 33.1 at 8)
-BULK_QUANT_MAX_M = 1
+# the policy's rows for it: the quantization, once a block, is the kernel's prologue (QB blocks a lane in flight),
+# paid again by every persistent block: up to 2 rows on any layer, 4 where N >= BULK_QUANT_WIDE_N, whose blocks
+# loop over more strips (H200, from bf16, us, register kernel -> bulk: 8192^2 33.5 -> 28.7 at M = 2, 33.6 -> 34.5
+# at 4, 33.2 -> 46.9 at 8; 28672 x 8192 95.4 -> 78.4 at 4, 95.9 -> 96.8 at 8; 14336 x 4096 30.8 -> 28.9 at 4;
+# benchmarks/a8w8_ab.md)
+BULK_QUANT_MAX_M = 2
+BULK_QUANT_WIDE_M, BULK_QUANT_WIDE_N = 4, 14336
 
 
 def bulk_fits(N: int, K: int, M: int, quant: bool, packed: bool, w16: Optional[str], r: Optional[int],
@@ -83,8 +88,9 @@ def bulk_fits(N: int, K: int, M: int, quant: bool, packed: bool, w16: Optional[s
 def bulk_policy(N: int, M: int, quant: bool, sms: int) -> bool:
     """Whether the default (``bulk=None``, split and r left to the policy) takes the bulk-copy kernel where it fits:
     at least :data:`BULK_MIN_STRIPS_PER_SM` strips per multiprocessor, and from bf16 at most
-    :data:`BULK_QUANT_MAX_M` rows."""
-    return N // 16 >= BULK_MIN_STRIPS_PER_SM * sms and (not quant or M <= BULK_QUANT_MAX_M)
+    :data:`BULK_QUANT_MAX_M` rows (:data:`BULK_QUANT_WIDE_M` where N >= :data:`BULK_QUANT_WIDE_N`)."""
+    rows = BULK_QUANT_WIDE_M if N >= BULK_QUANT_WIDE_N else BULK_QUANT_MAX_M
+    return N // 16 >= BULK_MIN_STRIPS_PER_SM * sms and (not quant or M <= rows)
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,7 +202,7 @@ class A8W8:
     where its rows take at most :data:`BULK_X_SMEM` bytes of codes and scales; packed, one strip a warp, M <=
     :data:`BULK_MAX_M`, no split along K, the bits of split 1 here); None (default) takes it on sm_90 where
     ``split`` and ``r`` are left to the policy and the layer has :data:`BULK_MIN_STRIPS_PER_SM` strips per
-    multiprocessor (from bf16 up to :data:`BULK_QUANT_MAX_M` rows), False never, True always (ValueError where
+    multiprocessor (from bf16 up to the rows of :func:`bulk_policy`), False never, True always (ValueError where
     it cannot run).
     ValueError where the file has no such kernel or N is not a multiple of 16 r."""
 

@@ -83,6 +83,7 @@ __device__ __forceinline__ void tile_math(const uint2 (&wl)[2], const uint2 (&wh
 
 constexpr int WARPS = 4, UNROLL = 4, CH = WARPS * UNROLL, STAGES = 2;  // H200: benchmarks/a8w8_ab.md
 constexpr uint32_t TILE_Q = 1024, TILE_S = 32;  // code and scale bytes of a tile of a strip
+constexpr int QB = 8;  // QUANT: x blocks a lane loads before quantizing them (benchmarks/a8w8_ab.md)
 
 // the words of warp `warp`'s tiles u WARPS + warp (u < U; tile t0 + u WARPS < kt_hi) of a chunk in shared memory:
 // wl / wh as WeightRows<true>::load gives them, sw the scale bytes of rows g and g + 8
@@ -164,21 +165,29 @@ __device__ __forceinline__ void bulk_kernel(const void* __restrict__ x, const ui
   const uint4* xb = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + xrow * ldx) + t;
   const uint8_t* xq = static_cast<const uint8_t*>(x) + xrow * ldx + 8 * t;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
-  if (QUANT) {  // a quad of lanes a 32-element block; every lane of a warp runs each step (quantize8's shuffles)
+  if (QUANT) {  // a quad of lanes a 32-element block, QB blocks a lane loaded before any is quantized (their loads
+    //             in flight together); every lane of a warp runs each quantize8 (its shuffles)
     const int KB = K >> 5, blocks = M * KB;
     uint8_t* sc = xsm + (long long)M * K;
-    for (int b0 = 0; b0 < blocks; b0 += 8 * WARPS) {
-      const int bi = b0 + 8 * warp + g;
-      const bool ok = bi < blocks;
-      const int row = ok ? bi / KB : 0, kb = ok ? bi % KB : 0;
-      const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) +
-                                                                  (m0 + row) * ldx + kb * 32 + 8 * t))
-                         : make_uint4(0u, 0u, 0u, 0u);
-      uint32_t c0, c1;
-      const uint32_t byte = quantize8(v, c0, c1);
-      if (ok) {
-        *reinterpret_cast<uint2*>(xsm + (long long)row * K + kb * 32 + 8 * t) = make_uint2(c0, c1);
-        if (t == 0) sc[row * KB + kb] = (uint8_t)byte;
+    for (int b0 = 0; b0 < blocks; b0 += 8 * WARPS * QB) {
+      uint4 v[QB];
+#pragma unroll
+      for (int j = 0; j < QB; ++j) {
+        const int bi = b0 + 8 * (WARPS * j + warp) + g;
+        v[j] = bi < blocks ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) +
+                                                                  (m0 + bi / KB) * ldx + (bi % KB) * 32 + 8 * t))
+                           : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int j = 0; j < QB; ++j) {
+        const int bi = b0 + 8 * (WARPS * j + warp) + g;
+        uint32_t c0, c1;
+        const uint32_t byte = quantize8(v[j], c0, c1);
+        if (bi < blocks) {
+          const int row = bi / KB, kb = bi % KB;
+          *reinterpret_cast<uint2*>(xsm + (long long)row * K + kb * 32 + 8 * t) = make_uint2(c0, c1);
+          if (t == 0) sc[row * KB + kb] = (uint8_t)byte;
+        }
       }
     }
     consumers_sync();

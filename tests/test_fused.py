@@ -190,7 +190,7 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
     are the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once where
     eager rounds each op), and a fused group still runs one GEMM per input (decode-mma launches counted)."""
     transformers = pytest.importorskip("transformers")
-    from mxkit.kernels import matmul as kmm
+    from mxkit.kernels.matmul_details import _mma_calls as kmm
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
@@ -210,17 +210,17 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
                                            atol=3e-2)
             return
         calls = []
-        real = kmm._MmaCall.__call__
+        real = kmm.MmaCall.__call__
 
         def counting(self, *a):
             calls.append(1)
             return real(self, *a)
 
-        kmm._MmaCall.__call__ = counting
+        kmm.MmaCall.__call__ = counting
         try:
             assert torch.equal(compiled(ids).logits, got)  # (the same compiled graph: the same bits)
         finally:
-            kmm._MmaCall.__call__ = real
+            kmm.MmaCall.__call__ = real
     # per layer: qkv, o, gate_up, down fused; else 7 projections. Fused, Inductor may hand a group's parts
     # separate copies of their input (it did for layer 0's q / k / v, recomputing the norm per consumer): each
     # copy then runs the fused GEMM (correct, not shared): at most two more launches here

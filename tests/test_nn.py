@@ -421,14 +421,14 @@ def test_mxlinear_cuda_matches_cpu():
 @pytest.mark.parametrize("act,wf", [("mxfp4_e2m1", "mxfp4_e2m1"), ("mxfp6_e2m3", "mxfp4_e2m1"),
                                     ("mxfp4_e2m1", "mxfp6_e3m2")])
 def test_gpu_mxlinear_folding_activations_prepared_call(act, wf, rng, poison):
-    """MXLinear with activations that fold, eager on CUDA (``_QuantizeFoldCall``: x's quantize-fold by one C++
+    """MXLinear with activations that fold, eager on CUDA (``QuantizeFoldCall``: x's quantize-fold by one C++
     fast call, cuBLAS's FP8 GEMM, the fix-up by a bound launch) gives the bytes of its unprepared forward (the
     quantize-fold then matmul) call after call with new data in poisoned memory: rows whose blocks span past the
     fold window (the fix-up's rows), a zero row and an Inf included, 2-D and 3-D x; in a CUDA graph too. With a
     bias, the unprepared forward runs."""
     from conftest import assert_graph_replays, poison_allocator
 
-    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_calls as kc
 
     lin = nn.Linear(2880, 1024, bias=False, device="cuda")
     layer = MXLinear.from_linear(lin, wf, act_format=act).requires_grad_(False)
@@ -447,7 +447,7 @@ def test_gpu_mxlinear_folding_activations_prepared_call(act, wf, rng, poison):
             want = layer._forward(x, None)
             poison_allocator()
             assert torch.equal(layer(x).view(torch.int16), want.view(torch.int16)), (lead, i)
-        calls = [c for c in layer._packed._calls.values() if isinstance(c, km._QuantizeFoldCall)]
+        calls = [c for c in layer._packed._calls.values() if isinstance(c, kc.QuantizeFoldCall)]
         assert calls and calls[-1].fix is not None, "the prepared launches were not made"
     static = fresh(9)
     assert_graph_replays(lambda x: layer(x), [static], lambda: [fresh(9)])

@@ -17,7 +17,7 @@ import torch
 import mxkit
 from mxkit.bench.overhead import host_times_ns
 from mxkit.kernels import quantize as kq
-from mxkit.kernels import matmul as km
+from mxkit.kernels import matmul_calls as kc
 from mxkit.nn import MXLinear
 from mxkit.tensor import MXTensor
 
@@ -47,7 +47,7 @@ def cases(dev: str) -> list[tuple[str, object]]:
     x1 = torch.randn(1, 1024, device=dev, dtype=torch.bfloat16)
     lin(x1)
     packed = lin._packed
-    call = km.prepared_call(x1, packed, x1.dtype, None)
+    call = kc.prepared_call(x1, packed, x1.dtype, None)
     out1 = torch.empty(1, 1024, device=dev, dtype=torch.bfloat16)
     from mxkit.kernels.cuda_driver import _raw_stream
 
@@ -81,7 +81,7 @@ def cases(dev: str) -> list[tuple[str, object]]:
         ("_run_quantize(ct plan, x)", lambda: kq._run_quantize(cplan, x)),
         ("mxkit.cast_transpose mxfp8", lambda: mxkit.cast_transpose(x, "mxfp8_e4m3")),
         ("mxkit.dequantize mxfp4", lambda: mxkit.dequantize(q4, torch.bfloat16)),
-        ("prepared_call lookup", lambda: km.prepared_call(x1, packed, x1.dtype, None)),
+        ("prepared_call lookup", lambda: kc.prepared_call(x1, packed, x1.dtype, None)),
         ("call(x, None)", lambda: call(x1, None)),
         ("mxkit.matmul(x, packed)", lambda: mxkit.matmul(x1, packed)),
         ("lin.forward(x)", lambda: lin.forward(x1)),

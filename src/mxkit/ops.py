@@ -318,12 +318,12 @@ _HOT = None
 
 
 def _hot():
-    """mxkit.kernels.matmul, imported once (an import statement in the hot path costs ~1 µs a call)."""
+    """mxkit.kernels.matmul_calls, imported once (an import statement in the hot path costs ~1 µs a call)."""
     global _HOT
     if _HOT is None:
-        from .kernels import matmul
+        from .kernels import matmul_calls
 
-        _HOT = matmul
+        _HOT = matmul_calls
     return _HOT
 
 

@@ -239,7 +239,7 @@ def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
     ``_ld(ldx, bias)`` must be what its run's ``into`` publishes as ``launch.ld`` (MmaDecode: (ldx, bias flag);
     A8W8: (ldx, 0, bias flag)), else the fast call is never made (the bug the GPU test caught for w8a16-mma and
     a8w8 in-kernel)."""
-    from mxkit.kernels import matmul as mm
+    from mxkit.kernels.matmul_details import _mma_calls as mc
     from mxkit.kernels.matmul_details._mma_a8w8 import A8W8
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode
 
@@ -251,8 +251,8 @@ def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
         def bind(self, args):
             return Launch()
 
-    cls, run_cls = {"decode-mma": (mm._MmaCall, MmaDecode), "a8w8 in-kernel": (mm._A8W8InCall, A8W8),
-                    "w8a16-mma": (mm._W16Call, A8W8)}[kind]
+    cls, run_cls = {"decode-mma": (mc.MmaCall, MmaDecode), "a8w8 in-kernel": (mc.A8W8InCall, A8W8),
+                    "w8a16-mma": (mc.W16Call, A8W8)}[kind]
     run = object.__new__(run_cls)
     run.kernel, run.launch, run.grid = Kernel(), None, (1, 1, 1)
     run.q = run.s = run.w = run.sw = run.ws = run.cnt = None
@@ -269,13 +269,13 @@ def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
 def test_kernel_bias_is_float32_or_bf16_as_it_is():
     """The CUDA C++ GEMMs read a contiguous float32 or bf16 bias as it is (flag 1 for bf16: no conversion launch);
     another dtype or a strided bias is converted to float32 first; the flag refuses other dtypes."""
-    from mxkit.kernels.matmul import _kernel_bias
+    from mxkit.kernels.matmul_details._mma_calls import kernel_bias
     from mxkit.kernels.matmul_details._mma_decode import bias_flag
 
     f32, b16 = torch.randn(8), torch.randn(8).to(torch.bfloat16)
-    assert _kernel_bias(None) is None and _kernel_bias(f32) is f32 and _kernel_bias(b16) is b16
+    assert kernel_bias(None) is None and kernel_bias(f32) is f32 and kernel_bias(b16) is b16
     for other in (b16.to(torch.float16), torch.randn(16).to(torch.bfloat16)[::2]):
-        got = _kernel_bias(other)
+        got = kernel_bias(other)
         assert got.dtype == torch.float32 and got.is_contiguous() and torch.equal(got, other.float())
     assert (bias_flag(None), bias_flag(f32), bias_flag(b16)) == (0, 0, 1)
     with pytest.raises(ValueError, match="float32 or bf16 bias"):

@@ -1262,11 +1262,11 @@ def test_gpu_prepared_calls_and_cuda_graphs(fmt, rng):
 _CUBLAS_SCENARIO = r"""
 import sys
 import torch
-from mxkit.kernels import matmul as km
+from mxkit.kernels.matmul_details import _cublas as cb
 
 m, C = torch.backends.cuda.matmul, torch._C
 if sys.argv[2] == "legacy":
-    km._CUBLAS[:] = [km._cublas_flags(), None]  # (a PyTorch without the newer API)
+    cb._CUBLAS[:] = [cb._cublas_flags(), None]  # (a PyTorch without the newer API)
 
 
 def views():
@@ -1286,7 +1286,7 @@ exec(sys.argv[1])
 before = views()
 for raise_inside in (False, True, False):
     try:
-        with km._exact_cublas():
+        with cb.exact_cublas():
             p = C._get_fp32_precision_getter("cuda", "matmul")
             assert p == "ieee" or p == "none" and C._get_cublas_allow_tf32() is False, views()
             assert not m.allow_bf16_reduced_precision_reduction and not m.allow_fp16_reduced_precision_reduction
@@ -1307,7 +1307,7 @@ print("restored", before)
     ("legacy", "pass"), ("legacy", "m.allow_tf32 = True"),
     ("legacy", "m.allow_tf32 = True; m.allow_fp16_reduced_precision_reduction = True")])
 def test_exact_cublas_sets_and_restores_the_settings(api, setup):
-    """Inside ``_exact_cublas`` TF32 and the bf16 / fp16 reduced-precision reductions are off; after it (an
+    """Inside ``exact_cublas`` TF32 and the bf16 / fp16 reduced-precision reductions are off; after it (an
     exception inside included) every view of them reads as before: torch's newer fp32_precision, the legacy
     getters, get_float32_matmul_precision (which torch refuses to read after a mix of the two APIs: its refusal
     is kept, never caused), from a fresh process per starting state: set through either API, globally, or not
@@ -1327,13 +1327,13 @@ def test_exact_cublas_sets_and_restores_the_settings(api, setup):
 def test_cublas_probe_only_reads_the_settings():
     """Finding torch._C's cuBLAS setters writes nothing: a precision set through torch's newer API stays readable
     (a write through the legacy setters would mix the two APIs, which torch refuses to read back)."""
-    from mxkit.kernels import matmul as km
+    from mxkit.kernels.matmul_details import _cublas as cb
 
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("medium")
-        km._cublas_flags()
-        km._fp32_precision_api()
+        cb._cublas_flags()
+        cb._fp32_precision_api()
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
@@ -1341,15 +1341,16 @@ def test_cublas_probe_only_reads_the_settings():
 
 def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
     """The prepared calls of the prefill paths (made for CUDA operands; here on CPU, where their launches are never
-    bound): fold-fp8 of an MX a with bf16 out and no bias gets a ``_FoldCall`` (not with a bias, another out dtype
-    or N % 16 != 0), a bf16 a on dense-exact a ``_DenseExactCall``; each call of them is run_gemm's, bytes and
+    bound): fold-fp8 of an MX a with bf16 out and no bias gets a ``FoldCall`` (not with a bias, another out dtype
+    or N % 16 != 0), a bf16 a on dense-exact a ``DenseExactCall``; each call of them is run_gemm's, bytes and
     all, since nothing is bound."""
     from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_calls as kc
 
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 256, generator=rng), "mxfp4"))
     a = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp4")
-    call = km.prepared_call_mx(a, pw, None, None)
-    assert isinstance(call, km._FoldCall) and km.prepared_call_mx(a, pw, None, None) is call
+    call = kc.prepared_call_mx(a, pw, None, None)
+    assert isinstance(call, kc.FoldCall) and kc.prepared_call_mx(a, pw, None, None) is call
     for _ in range(3):
         a = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp4")
         y = call(a, None)
@@ -1358,16 +1359,16 @@ def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
         assert_within_bound(y, a, pw.source)
     assert call.fix is None  # (no CUDA: nothing bound)
     bias = torch.randn(48, generator=rng)
-    assert km.prepared_call_mx(a, pw, None, bias) is None
-    assert km.prepared_call_mx(a, pw, torch.float32, None) is None
+    assert kc.prepared_call_mx(a, pw, None, bias) is None
+    assert kc.prepared_call_mx(a, pw, torch.float32, None) is None
     odd = mxkit.pack_weight(mxkit.quantize(torch.randn(40, 256, generator=rng), "mxfp4"))
-    assert km.prepared_call_mx(a, odd, None, None) is None
+    assert kc.prepared_call_mx(a, odd, None, None) is None
     a8 = mxkit.quantize(torch.randn(5, 256, generator=rng), "mxfp8_e4m3")
-    assert km.plan_gemm(a8, pw).path == "bf16-exact" and km.prepared_call_mx(a8, pw, None, None) is None  # (CPU)
+    assert km.plan_gemm(a8, pw).path == "bf16-exact" and kc.prepared_call_mx(a8, pw, None, None) is None  # (CPU)
     x = torch.randn(7, 256, generator=rng).to(torch.bfloat16)
     assert km.plan_gemm(x, pw).path == "dense-exact"
-    dcall = km.prepared_call(x, pw, None, None)
-    assert isinstance(dcall, km._DenseExactCall)
+    dcall = kc.prepared_call(x, pw, None, None)
+    assert isinstance(dcall, kc.DenseExactCall)
     for _ in range(2):
         y = dcall(x, None)
         assert torch.equal(y, mxkit.matmul(x, pw, backend="triton"))
@@ -1376,7 +1377,7 @@ def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
     assert dcall.deq is None and dcall.tries == 2  # (no CUDA: no dequantize fast call; looked for at 3 calls at most)
     dcall(x, None), dcall(x, None)
     assert dcall.tries == 3
-    assert isinstance(km.prepared_call(x, pw, None, bias), km._PlannedCall)
+    assert isinstance(kc.prepared_call(x, pw, None, bias), kc.PlannedCall)
 
 
 @pytest.mark.gpu
@@ -1385,15 +1386,15 @@ def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
                                    ("mxfp4_e2m1", "mxfp6_e2m3"), ("mxfp8_e4m3", "mxfp4_e2m1"),
                                    ("mxfp8_e5m2", "mxfp6_e2m3")])
 def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
-    """An MX a times a PackedWeight, eager, on the fold path (``_FoldCall``: the fold by one C++ fast call, cuBLAS's
-    FP8 GEMM, the fix-up by a bound launch) or the bf16-exact path (``_Bf16ExactCall``: both operands dequantized
+    """An MX a times a PackedWeight, eager, on the fold path (``FoldCall``: the fold by one C++ fast call, cuBLAS's
+    FP8 GEMM, the fix-up by a bound launch) or the bf16-exact path (``Bf16ExactCall``: both operands dequantized
     by fast calls, cuBLAS, the fix-up) gives run_gemm's bytes call after call with new data in poisoned memory:
     rows whose blocks span past the fold window or whose scale bytes lie outside the bf16-exact range (the
     fix-up's rows), a zero row, a NaN block and a weight with special rows (its columns redone) included; 2-D and
     3-D a, N % 16 != 0 (the fold path's padding: no prepared call); and under a CUDA graph."""
     from conftest import assert_graph_replays, poison_allocator
 
-    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_calls as kc
 
     K = 2880
     w = torch.randn(1024, K, generator=rng)
@@ -1411,7 +1412,7 @@ def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
         x.view(-1, K)[4] *= 2.0**-126  # scale bytes near the bottom: outside the bf16-exact range of FP8 a
         return mxkit.quantize(x.to(torch.bfloat16).cuda(), fa)
 
-    kind = {"fold-fp8": km._FoldCall, "bf16-exact": km._Bf16ExactCall}
+    kind = {"fold-fp8": kc.FoldCall, "bf16-exact": kc.Bf16ExactCall}
 
     for lead in ((37,), (2, 9)):
         for i in range(4):
@@ -1433,18 +1434,18 @@ def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
         assert torch.equal(mxkit.matmul(a, pw_odd).view(torch.int16),  # (bytes: the NaN block's row is NaN)
                            mxkit.matmul(a, pw_odd, backend="triton").view(torch.int16))
     if mxkit.gemm_plan(a, pw_odd).path == "fold-fp8":
-        assert not any(isinstance(c, km._FoldCall) for c in pw_odd._calls.values())
+        assert not any(isinstance(c, kc.FoldCall) for c in pw_odd._calls.values())
 
 
 @pytest.mark.gpu
 @gpu
 def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
-    """bf16 a times a PackedWeight on the dense-exact path, eager (``_DenseExactCall``: the weight dequantized by
+    """bf16 a times a PackedWeight on the dense-exact path, eager (``DenseExactCall``: the weight dequantized by
     the dequantize kernel's C++ fast call, then cuBLAS): run_gemm's bytes call after call with new data; with a
     bias (run_gemm each call) too."""
     from conftest import poison_allocator
 
-    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_calls as kc
 
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(1024, 1024, generator=rng).cuda(), "mxfp4"))
     M = next((m for m in (256, 512, 1024, 2048) if mxkit.gemm_plan(
@@ -1458,7 +1459,7 @@ def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
             want = mxkit.matmul(a, pw, bias=b, backend="triton")
             poison_allocator()
             assert torch.equal(mxkit.matmul(a, pw, bias=b), want), (b is None, i)
-    calls = [c for c in pw._calls.values() if isinstance(c, km._DenseExactCall)]
+    calls = [c for c in pw._calls.values() if isinstance(c, kc.DenseExactCall)]
     assert calls and calls[0].deq is not None, "the dequantize fast call was not made"
 
 

@@ -339,9 +339,9 @@ def test_gpu_decode_mma_strided_and_unaligned_x(rng):
 def test_row_stride(shape, stride, ld):
     """Which x the decode-mma call reads in place: leading dims that flatten to one row stride, a multiple of
     8 elements, unit stride along K (dims of size 1 take any stride)."""
-    from mxkit.kernels.matmul import _row_stride
+    from mxkit.kernels.matmul_details._mma_calls import row_stride
 
-    assert _row_stride(shape, stride) == ld
+    assert row_stride(shape, stride) == ld
 
 
 @pytest.mark.gpu

@@ -66,7 +66,7 @@ fused quantize-fold) by one fix-up kernel after the FP8 GEMM, without a host syn
 capturable); for a completed :class:`~mxkit.fold.Folded` through the float32 route after one host sync.
 
 Eager calls on a :class:`~mxkit.packed.PackedWeight` keep their plan and launches on it, per operand shape and
-layout (:func:`prepared_call`, :func:`prepared_call_mx`): the decode paths as one C++ fast call each, and the
+layout (:mod:`mxkit.kernels.matmul_calls`): the decode paths as one C++ fast call each, and the
 prefill paths of two or three launches (``dense-exact``, ``fold-fp8`` from MX activations, ``bf16-exact``) with
 their fold / dequantize launches as fast calls and the fix-up's parameter block bound after the first calls,
 which run :func:`run_gemm` (the same launches and bytes).
@@ -75,7 +75,6 @@ which run :func:`run_gemm` (the same launches and bytes).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -86,18 +85,14 @@ from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, wi
 from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
-from .cuda_driver import fast_call_loaded
 from .matmul_table import (  # (re-exported: the dispatch table's API has lived here)
     DecodeConfig,
     _decode_max_m,
     _envelope,
     _mma_max_m,
-    _table_token,
-    _token_stack,
     decode_config,
     gemm_table,
     gemm_table_override,
-    mma_m8_loop,
 )
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
@@ -108,12 +103,12 @@ from .matmul_details._envelope import (
     scale_extrema,
     scale_stats,
 )
-from .matmul_details._mma_decode import bias_flag
+from .matmul_details._cublas import dense, fp32_gemm
+from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, f32_bias, plain, run_a8w8
 
-__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "prepared_call", "prepared_call_mx", "prepared_call_a8w8",
-           "pack_weight",
+__all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight",
            "exact_scale_range", "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table",
-           "gemm_table_override", "decode_config", "W_KINDS"]
+           "gemm_table_override", "decode_config", "decode_w16", "W_KINDS"]
 
 PATHS = {
     "fold-fp8": "FP4/FP6 x FP4/FP6 folded to FP8 E4M3 with power-of-two row scales; cuBLAS FP8 rowwise GEMM",
@@ -137,9 +132,6 @@ PATHS = {
     "fp32-exact": "float32 operands (exact MX values); float32 GEMM, TF32 off",
     "reference": "mxkit.reference.matmul_reference (dequantize, float32 matmul)",
 }
-
-# the weight element kinds of the bf16-activation kernels (``W_KIND`` of matmul_details._mx_weight)
-W_KINDS = {"mxfp4_e2m1": 0, "mxfp8_e4m3": 1, "mxfp8_e5m2": 2, "mxint8": 3, "mxfp6_e2m3": 4, "mxfp6_e3m2": 5}
 
 
 @dataclass(frozen=True)
@@ -209,12 +201,6 @@ def _dequantize(q: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     return reference.dequantize_reference(q, dtype)
 
 
-def _plain(q: MXTensor) -> MXTensor:
-    if q.scale_layout == "plain":
-        return q
-    return dataclasses.replace(q, scale=q.plain_scale().contiguous(), scale_layout="plain")
-
-
 def _check_weight(b: MXTensor, name: str = "b") -> None:
     if not isinstance(b, MXTensor):
         raise TypeError(f"{name} must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
@@ -266,7 +252,7 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     if dense not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"dense={dense!r}: None, torch.bfloat16 or torch.float16")
     _check_weight(w, "w")
-    w = _plain(w)
+    w = plain(w)
     fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
@@ -567,129 +553,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
 # the paths
 
 
-def _cublas_flags():
-    """(getters, setters) of cuBLAS's TF32 and bf16 / fp16 reduced-precision reduction settings in ``torch._C``
-    where this PyTorch has them and its getters give a bool or a (bool, bool) pair, else None (then the
-    ``torch.backends.cuda.matmul`` properties, which cost ~4 µs of host time for the six reads and writes of
-    :func:`_exact_cublas`). Probed by reading only, at the first use."""
-    C = torch._C
-    try:
-        get = (C._get_cublas_allow_tf32, C._get_cublas_allow_bf16_reduced_precision_reduction,
-               C._get_cublas_allow_fp16_reduced_precision_reduction)
-        put = (C._set_cublas_allow_tf32, C._set_cublas_allow_bf16_reduced_precision_reduction,
-               C._set_cublas_allow_fp16_reduced_precision_reduction)
-        vals = [g() for g in get]
-    except (AttributeError, TypeError, RuntimeError):
-        return None
-    ok = isinstance(vals[0], bool) and all(
-        isinstance(v, bool) or isinstance(v, tuple) and len(v) == 2 and all(isinstance(b, bool) for b in v)
-        for v in vals[1:])
-    return (get, put) if ok else None
-
-
-_CUBLAS: list = []  # [_cublas_flags(), _fp32_precision_api()], filled at the first use
-
-
-def _fp32_precision_api():
-    """torch._C's getter and setter of the newer per-backend float32 precision (``fp32_precision``), where this
-    PyTorch has them (2.9 on), else None."""
-    C = torch._C
-    get, put = getattr(C, "_get_fp32_precision_getter", None), getattr(C, "_set_fp32_precision_setter", None)
-    try:
-        return (get, put) if isinstance(get("cuda", "matmul"), str) and callable(put) else None
-    except (TypeError, RuntimeError):
-        return None
-
-
-def _tf32_off_new_api(api) -> Optional[str]:
-    """cuBLAS's TF32 switched off through the newer API (``torch.backends.cuda.matmul.fp32_precision`` to
-    "ieee"), which keeps every view of the setting as it was once restored (a write through the legacy setters
-    makes torch refuse to read ``get_float32_matmul_precision`` back: "mix of the legacy and new APIs"). Returns
-    the precision to restore ("none" where the value was its parent's, so that it follows the parent again),
-    None where it was "ieee" already (nothing written)."""
-    get, put = api
-    p = get("cuda", "matmul")
-    if p == "ieee":
-        return None
-    put("cuda", "matmul", "ieee")
-    return "none" if p == get("cuda", "all") else p
-
-
-class _exact_cublas:
-    """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
-    call; a split-K setting stays as it is), the settings before restored after. Only a setting that is on is
-    written (with all off, the default, nothing is); TF32 through torch's newer ``fp32_precision`` API where this
-    PyTorch has it (:func:`_tf32_off_new_api`), else the legacy setters."""
-
-    __slots__ = ("saved",)
-
-    def __enter__(self):
-        if not _CUBLAS:
-            _CUBLAS.append(_cublas_flags())
-            _CUBLAS.append(_fp32_precision_api())
-        fns = _CUBLAS[0]
-        m = torch.backends.cuda.matmul
-        if fns is None:
-            get = (lambda: m.allow_tf32, lambda: m.allow_bf16_reduced_precision_reduction,
-                   lambda: m.allow_fp16_reduced_precision_reduction)
-        else:
-            get = fns[0]
-        try:
-            on = get[0]()
-        except RuntimeError:  # (a state of the newer API the legacy getter refuses to read)
-            on = True
-        tf32 = None
-        if on:
-            api = _CUBLAS[1]
-            if api is not None:
-                p = _tf32_off_new_api(api)
-                tf32 = None if p is None else (p,)
-            else:
-                tf32 = True
-                if fns is None:
-                    m.allow_tf32 = False
-                else:
-                    fns[1][0](False)
-        saved = [tf32, None, None]
-        for i in (1, 2):
-            v = get[i]()
-            if v[0] if isinstance(v, tuple) else v:
-                saved[i] = v
-                if fns is None:
-                    setattr(m, _REDUCTIONS[i - 1], False)
-                else:
-                    fns[1][i](False, v[1]) if isinstance(v, tuple) else fns[1][i](False)
-        self.saved = saved
-
-    def __exit__(self, *exc) -> None:
-        tf32, bf16, fp16 = self.saved
-        if tf32 is None and bf16 is None and fp16 is None:
-            return
-        fns = _CUBLAS[0]
-        m = torch.backends.cuda.matmul
-        if isinstance(tf32, tuple):
-            _CUBLAS[1][1]("cuda", "matmul", tf32[0])
-        elif tf32 is not None:
-            if fns is None:
-                m.allow_tf32 = True
-            else:
-                fns[1][0](True)
-        for i, v in ((1, bf16), (2, fp16)):
-            if v is None:
-                continue
-            if fns is None:
-                setattr(m, _REDUCTIONS[i - 1], v)
-            else:
-                fns[1][i](*v) if isinstance(v, tuple) else fns[1][i](v)
-
-
-_REDUCTIONS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
-
-
 def _values_fp32(a, kind: str) -> torch.Tensor:
     """a's exact values as float32 (R, K) (Fp8Rowwise: the E4M3 values only; its row scale is applied after)."""
     if kind == "mx":
-        return _dequantize(_plain(a), torch.float32).reshape(-1, a.shape[-1])
+        return _dequantize(plain(a), torch.float32).reshape(-1, a.shape[-1])
     if kind == "folded":
         return _unfold_fp32(a)
     if kind == "fp8_rowwise":
@@ -712,11 +579,6 @@ def _unfold_fp32(f: Folded, rows: Optional[torch.Tensor] = None) -> torch.Tensor
         extra = f.data[R:][keep].to(torch.float32) * f.scale[R:][keep, None]
         vals = vals.index_add(0, dest[keep], extra)
     return vals
-
-
-def _fp32_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    with _exact_cublas():
-        return x @ w.t()
 
 
 def _row_scale(kind: str, a, R: int) -> Optional[torch.Tensor]:
@@ -757,7 +619,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         return reference_gemm(a, b, out, bias)
     b = _twin(a, b, kind)
     packed = b if isinstance(b, PackedWeight) else None
-    w = packed.source if packed is not None else _plain(b)
+    w = packed.source if packed is not None else plain(b)
     if M == 0:  # no rows: an empty output, no launch
         return torch.empty(*lead, N, dtype=out, device=w.device)
     if kind == "pending" and path == "bf16-exact":  # (a float32 output): the MX tensor the fold was made from
@@ -773,7 +635,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
                 y = _fix_special(y, a, kind, M, pw, pw.special_rows[:0], pw.special_rows, bias)
             return y.reshape(*lead, N)
         # an MX a: a PendingFold on CUDA (it keeps its source), a complete Folded on the CPU
-        fa = _fold(_plain(a), defer=True) if kind == "mx" else a
+        fa = _fold(plain(a), defer=True) if kind == "mx" else a
         if not isinstance(fa, Folded):  # deferred: the FP8 GEMM, then the fix-up kernel; no host sync
             from .matmul_details._row_fixup import fixup
 
@@ -792,17 +654,17 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         return y.reshape(*lead, N)
     acc = out if bias is None else torch.float32  # (with a bias: added in float32, then the one rounding)
     if path == "bf16-exact":
-        a = _plain(a)
-        y = _dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), acc)
+        a = plain(a)
+        y = dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), acc)
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
-        y = _dense(a.reshape(M, K), wb, acc)
+        y = dense(a.reshape(M, K), wb, acc)
     elif path == "dense-cached":
-        y = _dense(a.reshape(M, K), packed.dense, acc)
+        y = dense(a.reshape(M, K), packed.dense, acc)
     elif path == "decode-mma":
-        return _MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
+        return MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w8a16-mma":
-        return _W16Call(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
+        return W16Call(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w4a16-wgmma":
         from .matmul_details import _w4a16_wgmma as wg
 
@@ -811,18 +673,18 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
         bm, split = wg.dense_schedule(M, N, K, x.device)
-        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias), bm=bm, split=split).reshape(*lead, N)
+        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, f32_bias(bias), bm=bm, split=split).reshape(*lead, N)
     elif path == "w8a16-wgmma":
         from .matmul_details import _w4a16_wgmma as wg
 
         if kind == "mx":
-            a = _plain(a)
+            a = plain(a)
         x = a.reshape(M, K) if kind == "float" else _dequantize(a, torch.bfloat16).reshape(M, K)
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # TMA: 16-byte aligned rows
             x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed)
         bm, split = wg.dense_schedule(M, N, K, x.device)
-        y = wg.w4a16_wgmma(x, q, st, N, one_mul, out, _f32_bias(bias), bm=bm, split=split,
+        y = wg.w4a16_wgmma(x, q, st, N, one_mul, out, f32_bias(bias), bm=bm, split=split,
                            elem=wg.FP8_ELEMS[w.fmt.name])
         if kind == "mx":  # rows of a whose values bf16 does not hold exactly: recomputed
             from .matmul_details._row_fixup import fixup
@@ -830,13 +692,13 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             fixup(y, a, w, bias, M, N, K)
         return y.reshape(*lead, N)
     elif path == "a8w8-mma":
-        return _a8w8(_plain(a), None, w, M, lead, out, bias, packed)
+        return run_a8w8(plain(a), None, w, M, lead, out, bias, packed)
     elif path == "decode-w16":
         x = a if a.is_contiguous() else a.contiguous()
         bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-        return _DecodeCall(w, M, lead, out, bias is not None, a.device)(x, bias)
+        return DecodeCall(w, M, lead, out, bias is not None, a.device)(x, bias)
     elif path == "fp32-exact":
-        y = _fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
+        y = fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
         rs = _row_scale(kind, a, M)
         if rs is not None:
             y = y * rs
@@ -850,110 +712,6 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
 
         fixup(y, a, w, bias, M, N, K)
     return y.reshape(*lead, N)
-
-
-@functools.lru_cache(maxsize=1)
-def _decode_launchers():
-    """The direct launchers of the decode GEMM and its split-K sum, one per process, so every call (prepared or
-    not) reuses their compiled kernels."""
-    from . import launch
-    from .matmul_details import _w16_decode
-
-    return (launch._Launcher(_w16_decode, "_w16_decode_kernel"),
-            launch._Launcher(_w16_decode, "_splitk_reduce_kernel"))
-
-
-class _DecodeCall:
-    """The decode-w16 launch of one (weight, M, K, out dtype, bias or not), prepared once: two launches per
-    call (the GEMM's split-K partials, then their fixed-order sum with the bias and the output rounding) through
-    :class:`mxkit.kernels.launch._Launcher` (:func:`prepared_call`)."""
-
-    def __init__(self, w: MXTensor, M: int, lead: tuple, out: torch.dtype, has_bias: bool, device: torch.device,
-                 cfg: Optional[DecodeConfig] = None):
-        import triton
-
-        cfg = cfg or decode_config(device, w.shape[1])
-        N, K = w.shape
-        bk = cfg.block_k
-        k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), bk) * bk
-        self.nsplit = triton.cdiv(K, k_split)
-        self.q, self.s = w.qdata.contiguous(), w.scale.contiguous()
-        self.M, self.N, self.K, self.k_split, self.lead, self.out = M, N, K, k_split, lead, out
-        self.grid = (triton.cdiv(N, cfg.block_n), self.nsplit)
-        self.consts = (("BLOCK_M", max(16, triton.next_power_of_2(M))), ("BLOCK_N", cfg.block_n), ("BLOCK_K", bk),
-                       ("W_KIND", W_KINDS[w.fmt.name]), ("num_stages", cfg.num_stages))
-        self.warps = cfg.num_warps
-        self.rgrid = (triton.cdiv(M * N, 1024),)
-        self.rconsts = (("NSPLIT", self.nsplit), ("HAS_BIAS", has_bias), ("BLOCK", 1024))
-        self.gemm, self.reduce = _decode_launchers()
-
-    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        M, N = self.M, self.N
-        x = a.reshape(M, self.K)
-        part = torch.empty(self.nsplit, M, N, device=a.device, dtype=torch.float32)
-        self.gemm(self.grid, (x, self.q, self.s, part, M, N, self.K, x.stride(0), self.k_split), self.consts,
-                  self.warps)
-        y = torch.empty(M, N, device=a.device, dtype=self.out)
-        # (the launcher takes tensors and ints only: without a bias, part stands in, never read)
-        self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, 4)
-        return y.view(*self.lead, N)
-
-
-def decode_w16(x: torch.Tensor, w: MXTensor, cfg: Optional[DecodeConfig] = None) -> torch.Tensor:
-    """The decode-w16 kernel alone on x bf16 (M, K) and an MX weight (N, K) with schedule ``cfg`` (default: the
-    table's), bf16 out, no bias: ``mxkit tune gemm``'s timed call. No envelope check (the caller's)."""
-    return _DecodeCall(w, x.shape[0], (x.shape[0],), torch.bfloat16, False, x.device, cfg)(x, None)
-
-
-def _a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: int, lead: tuple,
-          out: torch.dtype, bias: Optional[torch.Tensor], packed: Optional[PackedWeight] = None) -> torch.Tensor:
-    """The a8w8-mma kernel on an MXFP8 ``a`` (plain scales) or, with ``a`` None, bf16 rows ``x`` quantized in
-    the kernel; weight ``w`` E4M3 (N, K), plain scales, read in ``packed``'s a8w8 layout where it has one.
-    Returns (*lead, N) in ``out``."""
-    from .matmul_details._mma_a8w8 import A8W8, weight_ok, x_ok
-
-    N, K = w.shape
-    shape = None
-    if packed is not None and packed.mma_q is not None:
-        wq, ws, shape = packed.mma_q, packed.mma_s, (N, K)
-    else:
-        wq, ws = w.qdata, w.scale
-        if not weight_ok(wq, ws):
-            wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
-    quant = a is None
-    if quant:
-        xv, xs = x.reshape(M, K), None
-    else:
-        xv, xs = a.qdata.reshape(M, K), a.scale.reshape(M, K // 32)
-        if xs.stride(-1) != 1 or xs.stride(0) % 2 or xs.data_ptr() % 2:
-            xs = xs.contiguous().clone()
-    if not x_ok(xv, quant):
-        xv = xv.contiguous().clone()
-    bias = _kernel_bias(bias)
-    y = torch.empty(*lead, N, device=w.device, dtype=out)
-    # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
-    runs = _calls_on(packed if shape is not None else w, "_a8w8")
-    key = (M, out, quant, wq.data_ptr())
-    run = runs.get(key)
-    if run is None:
-        run = runs[key] = A8W8(wq, ws, M, out, quant, shape=shape)
-    return run(xv, xs, bias, y)
-
-
-_UNSEEN = object()  # (a key not in a dict of prepared calls, whose values may be None)
-
-
-def _calls_on(holder, name: str) -> dict:
-    """The dict of prepared calls kept on a weight object (PackedWeight or MXTensor) under ``name``: not a field,
-    so dataclasses.replace / .to() start a new one; emptied when it reaches 64 entries (many shapes, e.g.
-    prefill of varying lengths) so that it stays small."""
-    calls = holder.__dict__.get(name)
-    if calls is None:
-        calls = {}
-        object.__setattr__(holder, name, calls)
-    elif len(calls) >= 64:
-        calls.clear()
-    return calls
 
 
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
@@ -982,9 +740,9 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     if M > _a8w8_quant_max_m(x.device):  # (past it: quantize once, then the GEMM: two launches)
         from .quantize import quantize_triton
 
-        return _a8w8(_plain(quantize_triton(x, "mxfp8_e4m3")), None, _plain(w), M, tuple(x.shape[:-1]), out, bias,
+        return run_a8w8(plain(quantize_triton(x, "mxfp8_e4m3")), None, plain(w), M, tuple(x.shape[:-1]), out, bias,
                      packed)
-    return _a8w8(None, x, _plain(w), M, tuple(x.shape[:-1]), out, bias, packed)
+    return run_a8w8(None, x, plain(w), M, tuple(x.shape[:-1]), out, bias, packed)
 
 
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:
@@ -998,476 +756,6 @@ def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.devic
         raise TypeError(f"bias must be a floating-point tensor (added in float32), got {bias.dtype}")
     if bias.shape[0] != plan.N or bias.device != device:
         raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; expected ({plan.N},) on {device}")
-
-
-class _MmaCall:
-    """The decode-mma launch of one (packed weight, shape and strides of a, out dtype): one kernel, the bias
-    added in float32 before the one output rounding. Where a's leading dims flatten to rows of one stride (a
-    view), the kernel reads a in place and writes the output in its final shape: no reshape, no view."""
-
-    def __init__(self, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple, out: torch.dtype):
-        from .matmul_details._mma_decode import MmaDecode
-
-        self._rows(MmaDecode.of(b, M, out, mma_m8_loop(b.device)), b, M, a_shape, a_stride)
-
-    def _rows(self, run, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple) -> None:
-        self.run = run
-        self.M, self.N, self.K = M, *b.shape
-        self.out_shape = (*a_shape[:-1], self.N)
-        self.ldx = _row_stride(a_shape, a_stride)  # None: a is copied into rows first
-        self.device = b.device
-        # the C++ fast call of the launch at ldx (y allocated and the kernel launched in one call from Python),
-        # made after the first call that ran it where the call object is kept (``kept``: the prepared calls; a
-        # one-off call of run_gemm makes none); its inputs: a, the launch's fixed pointers (_pre), the bias
-        self.fast, self.fast_pre, self.kept = None, (), False
-
-    def _pre(self) -> tuple:
-        """The pointer arguments of the launch between a and the bias (the weight's codes and scales)."""
-        return (self.run.q, self.run.s)
-
-    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        ldx = self.ldx
-        if ldx is None or a.data_ptr() % 16:  # the kernel reads rows in 16-byte loads
-            a = a.reshape(self.M, self.K).clone(memory_format=torch.contiguous_format)
-            ldx = self.K
-        else:
-            fast = self.fast
-            if fast is not None:
-                return fast(a, *self.fast_pre, _kernel_bias(bias))
-        y = torch.empty(self.out_shape, device=self.device, dtype=self.run.out)
-        bias = _kernel_bias(bias)
-        y = self._into(a, ldx, bias, y)
-        launch = self.run.launch  # (the one launch object read once: its ld is the one it was bound with)
-        if (self.kept and ldx == self.ldx and self.fast is None and launch.ld == self._ld(ldx, bias)
-                and fast_call_loaded()):
-            pre = self._pre()
-            n = len(pre) + 2
-            fast = launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
-                                       single=True)
-            if fast is not None:
-                self.fast, self.fast_pre = fast, pre
-        return y
-
-    def _into(self, a: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-        return self.run.into(a, ldx, bias, y)
-
-    @staticmethod
-    def _ld(ldx: int, bias: Optional[torch.Tensor]):
-        """The ``ld`` a launch bound by :meth:`_into` at row stride ldx with ``bias`` carries (MmaDecode: ldx and
-        the bias flag)."""
-        return (ldx, bias_flag(bias))
-
-
-def _f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the Triton GEMM kernels read it: float32, contiguous (converted only where it is not)."""
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
-    return bias
-
-
-def _kernel_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the CUDA C++ kernels read it: float32 or bf16 as it is where contiguous (a bf16 bias needs no
-    conversion launch: :func:`._mma_decode.bias_flag`), else converted to float32, contiguous."""
-    if bias is not None and (bias.dtype not in (torch.float32, torch.bfloat16) or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
-    return bias
-
-
-def _row_stride(shape: tuple, stride: tuple) -> Optional[int]:
-    """The stride between a's rows when its leading dims flatten into rows of one stride with unit stride along
-    K and that stride a multiple of 8 elements (16 bytes of bf16); None otherwise."""
-    if not shape or stride[-1] != 1 and shape[-1] > 1:
-        return None
-    rows = [(n, st) for n, st in zip(shape[:-1], stride[:-1]) if n != 1]
-    ld = rows[-1][1] if rows else shape[-1]
-    for (n, st), (n2, st2) in zip(rows, rows[1:]):
-        if st != st2 * n2:
-            return None
-    return ld if ld % 8 == 0 and ld >= shape[-1] else None
-
-
-class _A8W8Call:
-    """The a8w8-mma path of one (packed weight, MXFP8 a's shape and layout, out dtype)."""
-
-    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
-        self.b, self.M, self.lead, self.out = b, plan.M, lead, plan.out_dtype
-        # the C++ fast call of the launch for contiguous plain-layout a (codes rows of K bytes, 16-byte aligned;
-        # scale rows of K / 32): y allocated and the kernel launched in one call; made after the first such call
-        self.fast, self.fast_pre = None, ()
-
-    def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        q, s = a.qdata, a.scale
-        plain = (a.scale_layout == "plain" and q.is_contiguous() and s.is_contiguous() and q.data_ptr() % 16 == 0
-                 and s.data_ptr() % 2 == 0)
-        fast = self.fast
-        if plain and fast is not None:
-            return fast(q, s, *self.fast_pre, _kernel_bias(bias))
-        y = _a8w8(_plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
-        if plain and fast is None and fast_call_loaded():
-            b = self.b
-            run = b.__dict__.get("_a8w8", {}).get((self.M, self.out, False, b.mma_q.data_ptr())) \
-                if b.mma_q is not None else None
-            K = b.shape[1]
-            launch = run.launch if run is not None else None  # (read once: its ld is the one it was bound with)
-            if launch is not None and launch.ld == (K, K // 32, bias_flag(_kernel_bias(bias))):
-                fast = launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
-                                           single=True)
-                if fast is not None:
-                    self.fast, self.fast_pre = fast, (run.w, run.sw)
-        return y
-
-
-class _A8W8InCall(_MmaCall):
-    """:func:`a8w8_linear`'s one-launch form (bf16 x quantized in the kernel, M <= 8) of one (packed weight,
-    shape and strides of x, out dtype): the same kernel, split and bits; x's rows handled as :class:`_MmaCall`
-    does."""
-
-    def __init__(self, b: PackedWeight, M: int, x_shape: tuple, x_stride: tuple, out: torch.dtype):
-        from .matmul_details._mma_a8w8 import A8W8
-
-        self._rows(A8W8(b.mma_q, b.mma_s, M, out, True, shape=b.shape), b, M, x_shape, x_stride)
-
-    def _pre(self) -> tuple:
-        return (None, self.run.w, self.run.sw)  # (x's scales: none, the kernel quantizes x)
-
-    def _into(self, x: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-        return self.run.into(x, ldx, None, 0, bias, y)
-
-    @staticmethod
-    def _ld(ldx: int, bias: Optional[torch.Tensor]):
-        return (ldx, 0, bias_flag(bias))  # A8W8's: (x's row stride, its scales' row stride: none here, bias flag)
-
-
-class _W16Call(_A8W8InCall):
-    """The w8a16-mma launch of one (packed MXFP8 weight, shape and strides of x, out dtype), x's rows as
-    :class:`_MmaCall` handles them."""
-
-    def __init__(self, b: PackedWeight, M: int, x_shape: tuple, x_stride: tuple, out: torch.dtype):
-        from .matmul_details._mma_a8w8 import A8W8
-
-        elem = b.source.fmt.name[-4:]
-        self._rows(A8W8(b.mma_q, b.mma_s, M, out, True, shape=b.shape, w16=elem), b, M, x_shape, x_stride)
-
-
-def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
-    """The eager host path of :func:`a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
-    M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
-    dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
-    one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
-    key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.get_device(), out_dtype,
-           _token_stack[-1] if _token_stack else 0,
-           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
-    calls = b.__dict__.get("_calls")
-    call = calls.get(key, _UNSEEN) if calls is not None else _UNSEEN
-    if call is not _UNSEEN:
-        return call
-    calls = _calls_on(b, "_calls")
-    call = None
-    w = b.source
-    M = x.shape[:-1].numel()
-    if (x.dtype == torch.bfloat16 and x.dim() >= 1 and b.mma_q is not None and w.ndim == 2 and w.axis == 1
-            and x.shape[-1] == w.shape[1] and w.device == x.device and 0 < M <= _a8w8_quant_max_m(x.device)
-            and _a8w8_ok(w.fmt, b, M, x.device)):
-        out = check_out_dtype(out_dtype)
-        check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
-        call = _A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
-        call.kept = True
-    calls[key] = call
-    return call
-
-
-class _DenseExactCall:
-    """The dense-exact path of one (packed weight, shape of a), a's dtype out, no bias, on CUDA: the weight
-    dequantized to a's dtype by the dequantize kernel's C++ fast call (its problem fixed: made by the first call),
-    then cuBLAS with float32 accumulation (:func:`_exact_cublas`): :func:`run_gemm`'s launches and bytes, without
-    its per-call dispatch. A call with a bias, or before the fast call exists (looked for at up to three calls),
-    runs :func:`run_gemm`."""
-
-    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
-        self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
-        self.w = _plain(b.source)
-        self.deq = None
-        self.tries = 0
-
-    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from . import launch
-
-        deq = self.deq
-        if deq is None or bias is not None or not launch._enabled:
-            y = run_gemm(a, self.b, self.plan, bias)
-            if deq is None and self.tries < 3:  # (the fast call exists from the problem's second dequantize)
-                from .quantize import dequantize_fast
-
-                self.tries += 1
-                self.deq = dequantize_fast(self.w, a.dtype)
-            return y
-        wb = deq(self.w.qdata, self.w.scale)
-        with _exact_cublas():
-            y = a.reshape(self.plan.M, self.plan.K) @ wb.t()
-        return y.view(self.out_shape)
-
-
-class _MxBoundCall:
-    """A prepared call of an MX a times a PackedWeight (bf16 out, no bias, on CUDA) whose launches are bound after
-    :func:`run_gemm` ran them (:meth:`_bind`, tried at up to three calls: the C++ fast calls appear from a
-    problem's second call, or once the module is built), then made by :meth:`_fast` with :func:`run_gemm`'s bytes.
-    A call with a bias, a's codes or scales not 16-byte aligned (the bound launches' specialisation), or direct
-    launches off, runs :func:`run_gemm`."""
-
-    def __init__(self, b: PackedWeight, plan: Optional[GemmPlan], lead: tuple):
-        self.b, self.plan, self.out_shape = b, plan, (*lead, b.shape[0])
-        self.w = _plain(b.source)
-        self.fix = None  # the fix-up's bound launch, set last by _bind
-        self.tries = 0
-
-    def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from . import launch
-
-        q, s = a.qdata, a.scale
-        aligned = not (q.data_ptr() % 16 or s.data_ptr() % 16)
-        if self.fix is not None and bias is None and aligned and launch._enabled:
-            return self._fast(q, s)
-        y = run_gemm(a, self.b, self.plan, bias)
-        if (self.fix is None and self.tries < 3 and bias is None and aligned and q.is_cuda
-                and q.get_device() == torch.cuda.current_device()):  # (launches bind to the current device)
-            self.tries += 1
-            self._bind(_plain(a))
-        return y
-
-    def _bind_fixup(self, a: MXTensor, fold: Optional[tuple], cols: Optional[torch.Tensor]) -> None:
-        """The fix-up's bound launch (``self.fix``, and the weight's operands it reads) for problems of a's."""
-        from .matmul_details._row_fixup import _launcher, fixup_launch
-
-        M, N, K = self.plan.M, self.plan.N, self.plan.K
-        y = torch.empty(M, N, dtype=torch.bfloat16, device=self.b.device)
-        grid, tensors, ints, consts, nw = fixup_launch(y, a, self.w, None, M, N, K, fold=fold, cols=cols)
-        fix = _launcher().launcher.bind(grid, tensors + ints, consts, nw)
-        if fix is not None:
-            self.wq, self.ws = tensors[5], tensors[6]
-            self.fix = fix
-
-
-def _fold_operands(b: PackedWeight) -> tuple:
-    """The weight's operands of the prepared fold-fp8 calls, made once per PackedWeight (every shape of a shares
-    them): its folded E4M3 rows transposed (K, N), their row scales (1, N) and the fix-up's column flags (None
-    without special rows; made on this stream and waited for once, so that calls on any stream may read them)."""
-    ops = b.__dict__.get("_fold_operands")
-    if ops is None:
-        from .matmul_details._row_fixup import column_flags
-
-        N = b.shape[0]
-        cols = column_flags(b.special_rows, N, b.device)
-        if cols is not None:
-            torch.cuda.current_stream(b.device).synchronize()
-        ops = (b.folded.data[:N].t(), b.folded.scale[:N].reshape(1, N).contiguous(), cols)
-        object.__setattr__(b, "_fold_operands", ops)
-    return ops
-
-
-class _FoldCall(_MxBoundCall):
-    """The fold-fp8 path (:class:`_MxBoundCall`): a's fold (one C++ fast call: its three outputs allocated and the
-    kernel launched; deferred, no host sync), cuBLAS's FP8 GEMM with rowwise scales, the fix-up, with the weight's
-    folded operands and the fix-up's column flags made once."""
-
-    def __init__(self, b: PackedWeight, plan: Optional[GemmPlan], lead: tuple):
-        super().__init__(b, plan, lead)
-        self.bt, self.sb, self.cols = _fold_operands(b)
-
-    def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        return self._gemm_fixup(*self.fold(q, s), q, s)
-
-    def _gemm_fixup(self, data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, aq: torch.Tensor,
-                    a_s: Optional[torch.Tensor]) -> torch.Tensor:
-        """cuBLAS's FP8 GEMM of a's fold (data, row scale, status) and the fix-up reading a at aq (its codes, or
-        the rows a quantize-fold read) and a_s (its scales; None: unread)."""
-        y = torch._scaled_mm(data, self.bt, scale, self.sb, out_dtype=torch.bfloat16)
-        self.fix.run(y, aq, y if a_s is None else a_s, status, scale, self.wq, self.ws,
-                     self.cols if self.cols is not None else y, y)
-        return y.view(self.out_shape)
-
-    def _bind(self, a: MXTensor) -> None:
-        from .fold import _outputs, bind_fold
-
-        if not fast_call_loaded():
-            return
-        M, K = self.plan.M, self.plan.K
-        data, scale, status = _outputs(M, K, a.device)
-        bl = bind_fold(a, data, scale, status)
-        self.fold = None if bl is None else bl.with_outputs(
-            (0, 1, -1, -2, -3, -3), [((M, K), torch.float8_e4m3fn, False), ((M, 1), torch.float32, False),
-                                     ((M,), torch.uint8, False)], 2)
-        if self.fold is not None:
-            self._bind_fixup(a, (status, scale), self.cols)
-
-
-class _QuantizeFoldCall(_FoldCall):
-    """MXLinear's eager forward where activations fold (act_format and weight both MXFP4 / MXFP6), for one
-    (packed weight, bf16 x's shape, activation scale mode and rounding), no bias, on CUDA: x's quantize-fold (one
-    C++ fast call: its three outputs allocated and the kernel launched), cuBLAS's FP8 GEMM with rowwise scales,
-    the fix-up (rows whose fold is not exact, recomputed from x): the bytes of ``quantize_fold_triton(x,
-    defer=True)`` then :func:`run_gemm`, which the first calls (and a call on an x not 16-byte aligned, or with
-    direct launches off) run; the launches are bound after them."""
-
-    def __init__(self, b: PackedWeight, lead: tuple, fmt: ElementFormat, mode, rounding):
-        super().__init__(b, None, lead)
-        self.fmt, self.mode, self.rounding = fmt, mode, rounding
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from . import launch
-        from .fold import quantize_fold_triton
-
-        aligned = x.data_ptr() % 16 == 0
-        if self.fix is not None and aligned and launch._enabled:
-            return self._gemm_fixup(*self.fold(x), x, None)
-        pend = quantize_fold_triton(x, self.fmt, scale_mode=self.mode, rounding=self.rounding, defer=True)
-        plan = self.plan or plan_gemm(pend, self.b, x.dtype)
-        y = run_gemm(pend, self.b, plan, None)
-        if (self.fix is None and self.tries < 3 and aligned and plan.path == "fold-fp8" and plan.M
-                and plan.out_dtype == torch.bfloat16 and plan.N % 16 == 0
-                and x.get_device() == torch.cuda.current_device()):  # (launches bind to the current device)
-            self.tries += 1
-            self.plan = plan
-            self._bind(x)
-        return y
-
-    def _bind(self, x: torch.Tensor) -> None:
-        from .fold import QuantizedRows, _outputs, bind_quantize_fold
-
-        if not fast_call_loaded():
-            return
-        M, K = self.plan.M, self.plan.K
-        x2 = x.view(M, K)
-        data, scale, status = _outputs(M, K, x.device)
-        bl = bind_quantize_fold(x2, self.fmt, self.mode, self.rounding, data, scale, status)
-        self.fold = None if bl is None else bl.with_outputs(
-            (0, -1, -2, -3), [((M, K), torch.float8_e4m3fn, False), ((M, 1), torch.float32, False),
-                              ((M,), torch.uint8, False)], 1)
-        if self.fold is not None:
-            self._bind_fixup(QuantizedRows(x2, self.fmt, self.mode, self.rounding), (status, scale), self.cols)
-
-
-def prepared_call_quantize_fold(x: torch.Tensor, b: PackedWeight, fmt: ElementFormat, scale_mode, rounding):
-    """MXLinear's eager hot path where its activations fold: the :class:`_QuantizeFoldCall` of (b, x's shape,
-    strides and device, fmt, scale mode, rounding), made once and kept on b; None where it does not apply (x
-    not bf16 or not contiguous, a weight without its fold, no rows)."""
-    key = ("qfold", x.shape, x.stride(), x.dtype, x.get_device(), fmt, scale_mode, rounding,
-           _token_stack[-1] if _token_stack else 0)
-    calls = b.__dict__.get("_calls")
-    call = calls.get(key, _UNSEEN) if calls is not None else _UNSEEN
-    if call is _UNSEEN:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # (its operands are made once, outside a capture: a later call makes it)
-        calls = _calls_on(b, "_calls")
-        call = None
-        if (x.dtype == torch.bfloat16 and x.is_contiguous() and x.dim() >= 1 and x.shape[:-1].numel()
-                and isinstance(b.folded, Folded) and x.shape[-1] == b.shape[1]):
-            call = _QuantizeFoldCall(b, tuple(x.shape[:-1]), fmt, scale_mode, rounding)
-        calls[key] = call
-    return call
-
-
-class _Bf16ExactCall(_MxBoundCall):
-    """The bf16-exact path (:class:`_MxBoundCall`): a and the weight dequantized to bf16 by the dequantize
-    kernel's C++ fast calls, cuBLAS with float32 accumulation (:func:`_exact_cublas`), the fix-up (a's rows with
-    a scale byte outside the bf16-exact range)."""
-
-    def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        xa = self.deq_a(q, s)
-        with _exact_cublas():
-            y = xa.view(self.plan.M, self.plan.K) @ self.deq_w(w.qdata, w.scale).t()
-        self.fix.run(y, q, s, y, y, self.wq, self.ws, y, y)
-        return y.view(self.out_shape)
-
-    def _bind(self, a: MXTensor) -> None:
-        from .quantize import dequantize_fast
-
-        self.deq_a, self.deq_w = dequantize_fast(a, torch.bfloat16), dequantize_fast(self.w, torch.bfloat16)
-        if self.deq_a is not None and self.deq_w is not None:
-            self._bind_fixup(a, None, None)
-
-
-class _PlannedCall:
-    """Any other path with its plan made once (:func:`prepared_call`)."""
-
-    def __init__(self, b: PackedWeight, plan: GemmPlan):
-        self.b, self.plan = b, plan
-
-    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        return run_gemm(a, self.b, self.plan, bias)
-
-
-def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]):
-    """The eager host path of ``matmul(a, b)`` for a float ``a`` on CUDA and a PackedWeight: the plan and the
-    launch arguments are made on the first call of each (shape, strides, dtype, device, out dtype, bias
-    shape / dtype, dispatch table) and kept on ``b``; later calls only allocate and launch. Returns a callable
-    ``(a, bias) -> y``. Validation (:func:`plan_gemm`) runs on the first call of each key."""
-    key = (a.shape, a.stride(), a.dtype, a.get_device(), out_dtype, _token_stack[-1] if _token_stack else 0,
-           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
-    calls = b.__dict__.get("_calls")
-    call = calls.get(key) if calls is not None else None
-    if call is None:
-        calls = _calls_on(b, "_calls")
-        plan = plan_gemm(a, b, out_dtype)
-        check_bias(bias, plan, b.device)
-        b = _twin(a, b, "float")
-        if plan.path == "decode-mma":
-            call = _MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
-            call.kept = True
-        elif plan.path == "w8a16-mma":
-            call = _W16Call(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
-            call.kept = True
-        elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
-            call = _DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
-        elif plan.path == "dense-exact" and plan.out_dtype == a.dtype and bias is None and plan.M:
-            call = _DenseExactCall(b, plan, tuple(a.shape[:-1]))
-        else:
-            call = _PlannedCall(b, plan)
-        calls[key] = call
-    return call
-
-
-def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dtype],
-                     bias: Optional[torch.Tensor]):
-    """:func:`prepared_call` for an MX ``a`` on CUDA: the call of the a8w8-mma path, or of the fold-fp8 and
-    bf16-exact paths (bf16 out, no bias, plain contiguous a: :class:`_FoldCall`, :class:`_Bf16ExactCall`), whose
-    plans depend on shapes and formats only, made once per key and kept on ``b``; None for the other paths (the
-    caller plans each call)."""
-    calls = _calls_on(b, "_calls")
-    key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
-           a.qdata.device, out_dtype, _table_token(),
-           None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
-    if key in calls:
-        return calls[key]
-    call = None
-    if a.fmt.name == "mxfp8_e4m3" and b.source.fmt.name == "mxfp8_e4m3":
-        plan = plan_gemm(a, b, out_dtype)
-        check_bias(bias, plan, b.device)
-        if plan.path == "a8w8-mma":
-            call = _A8W8Call(b, plan, tuple(a.shape[:-1]))
-    elif (bias is None and a.scale_layout == "plain" and a.block_size == 32 and a.axis == a.ndim - 1
-          and a.qdata.is_contiguous() and a.scale.is_contiguous()):
-        if a.qdata.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None  # (its operands are made once, outside a capture: a later call makes it)
-        plan = plan_gemm(a, b, out_dtype)  # (on CUDA these plans read no value of a)
-        if plan.out_dtype == torch.bfloat16 and plan.M:
-            if plan.path == "fold-fp8" and plan.N % 16 == 0 and isinstance(b.folded, Folded):
-                call = _FoldCall(b, plan, tuple(a.shape[:-1]))
-            elif plan.path == "bf16-exact" and a.qdata.is_cuda:  # (on the CPU this plan reads a's scales)
-                call = _Bf16ExactCall(b, plan, tuple(a.shape[:-1]))
-    calls[key] = call
-    return call
-
-
-def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
-    """x @ w.T for 16-bit x, w with float32 accumulation; output in ``out`` with one rounding."""
-    with _exact_cublas():
-        if out == x.dtype or x.device.type != "cuda":
-            return (x @ w.t()) if x.device.type == "cuda" else (x.float() @ w.float().t()).to(out)
-        try:
-            return torch.mm(x, w.t(), out_dtype=torch.float32)
-        except (RuntimeError, TypeError):
-            return x.float() @ w.float().t()
 
 
 def _mx_source(src) -> MXTensor:
@@ -1487,14 +775,14 @@ def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows
     rs = _row_scale(kind, a, M)
     xa = _values_fp32(a, kind)
     if a_rows.numel():
-        part = _fp32_gemm(xa[a_rows], _dequantize(pw.source, torch.float32))
+        part = fp32_gemm(xa[a_rows], _dequantize(pw.source, torch.float32))
         if rs is not None:
             part = part * rs[a_rows]
         if bias is not None:
             part = part + bias.to(torch.float32)
         y[a_rows] = part.to(y.dtype)
     if b_rows.numel():
-        part = _fp32_gemm(xa, _unfold_fp32(pw.folded, b_rows))
+        part = fp32_gemm(xa, _unfold_fp32(pw.folded, b_rows))
         if rs is not None:
             part = part * rs
         if bias is not None:

@@ -40,7 +40,8 @@ from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
 from ..tensor import MXTensor
-from ..kernels.matmul import a8w8_linear, prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
+from ..kernels.matmul import a8w8_linear
+from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _ops
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]

@@ -361,7 +361,7 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _w4a16_wgmma as wg
-    from .kernels.matmul_details._cublas import dense
+    from .kernels.matmul_details._cublas import dense_gemm
 
     label = "w8a16-wgmma" if fp8 else "w4a16-wgmma"
 
@@ -382,7 +382,7 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             bm, split = wg.dense_schedule(M, N, K, dev)  # the plan's schedule
             t_run = _time(lambda: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split, elem=elem), rep_ms)
-            t_dense = _time(lambda: dense(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
+            t_dense = _time(lambda: dense_gemm(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16), rep_ms)
             log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us (tile {bm}, split {split}), dense {t_dense:.1f} us")
             wins[(N, K, M)] = t_run < t_dense
     entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] in WGMMA_MS})
@@ -428,7 +428,7 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) ->
     """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
     (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M."""
     from .kernels import matmul as mm
-    from .kernels.matmul_details._cublas import dense as dense_gemm
+    from .kernels.matmul_details._cublas import dense_gemm
 
     dev = torch.device("cuda")
     max_m = 0

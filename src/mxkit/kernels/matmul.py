@@ -103,7 +103,7 @@ from .matmul_details._envelope import (
     scale_extrema,
     scale_stats,
 )
-from .matmul_details._cublas import dense, fp32_gemm
+from .matmul_details._cublas import dense_gemm, fp32_gemm
 from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, f32_bias, plain, run_a8w8
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight",
@@ -655,12 +655,12 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     acc = out if bias is None else torch.float32  # (with a bias: added in float32, then the one rounding)
     if path == "bf16-exact":
         a = plain(a)
-        y = dense(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), acc)
+        y = dense_gemm(_dequantize(a, torch.bfloat16).reshape(M, K), _dequantize(w, torch.bfloat16), acc)
     elif path == "dense-exact":
         wb = _dequantize(w, a.dtype)
-        y = dense(a.reshape(M, K), wb, acc)
+        y = dense_gemm(a.reshape(M, K), wb, acc)
     elif path == "dense-cached":
-        y = dense(a.reshape(M, K), packed.dense, acc)
+        y = dense_gemm(a.reshape(M, K), packed.dense, acc)
     elif path == "decode-mma":
         return MmaCall(packed, M, tuple(a.shape), a.stride(), out)(a, bias)
     elif path == "w8a16-mma":

@@ -1,5 +1,5 @@
 """cuBLAS with float32 accumulation and nothing less: :class:`exact_cublas` switches TF32 and the bf16 / fp16
-reduced-precision reductions off around a call (only where one is on) and restores them; :func:`dense` and
+reduced-precision reductions off around a call (only where one is on) and restores them; :func:`dense_gemm` and
 :func:`fp32_gemm` are the exact paths' GEMMs under it (:mod:`mxkit.kernels.matmul`)."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def fp32_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x @ w.t()
 
 
-def dense(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+def dense_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
     """x @ w.T for 16-bit x, w with float32 accumulation; output in ``out`` with one rounding."""
     with exact_cublas():
         if out == x.dtype or x.device.type != "cuda":

@@ -235,13 +235,13 @@ class A8W8Call:
 
     def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         q, s = a.qdata, a.scale
-        plain = (a.scale_layout == "plain" and q.is_contiguous() and s.is_contiguous() and q.data_ptr() % 16 == 0
-                 and s.data_ptr() % 2 == 0)
+        plain_a = (a.scale_layout == "plain" and q.is_contiguous() and s.is_contiguous() and q.data_ptr() % 16 == 0
+                   and s.data_ptr() % 2 == 0)
         fast = self.fast
-        if plain and fast is not None:
+        if plain_a and fast is not None:
             return fast(q, s, *self.fast_pre, kernel_bias(bias))
         y = run_a8w8(plain(a), None, self.b.source, self.M, self.lead, self.out, bias, self.b)
-        if plain and fast is None and fast_call_loaded():
+        if plain_a and fast is None and fast_call_loaded():
             b = self.b
             run = b.__dict__.get("_a8w8", {}).get((self.M, self.out, False, b.mma_q.data_ptr())) \
                 if b.mma_q is not None else None

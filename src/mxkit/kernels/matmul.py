@@ -39,7 +39,7 @@ float32 accumulation plus one output rounding):
     ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip per
     multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp,
     a ring of shared-memory chunks, persistent blocks) into the same arithmetic: the bits of the kernel at one
-    thread block along K.
+    thread block along K (from bf16 x too, up to 2 rows, or 4 on layers of N >= 14336: x quantized once a block).
 ``w8a16-mma``
     bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
     table's ``w8a16_mma.max_m``, default 8; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and

@@ -44,25 +44,32 @@ def dense(M, N, K):
     prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev))
     ref = prod(x, None)
     row = {"prod": t(lambda: prod(x, None))}
+    if M > 16:  # the dispatched path (mxkit.matmul) and cuBLAS bf16 beside the kernels of 32 / 64 tokens a block
+        wb = mxkit.dequantize(w, torch.bfloat16)
+        row["matmul"] = t(lambda: mxkit.matmul(x, b))
+        row["cublas"] = t(lambda: x @ wb.T)
     mt = 8 if M <= 8 else 16
     for (stem, n), k in names.items():
-        if not n.startswith(f"m{mt}_") or not re.search(PICK, n):
+        vt = int(re.match(r"m(\d+)", n).group(1)) if re.match(r"m\d+_", n) else 0  # tokens a block of the variant
+        if not (vt == mt or (M > 16 and vt > 16)) or not re.search(PICK, n):
             continue
+        mt_v = vt
         W = threads(n)
-        sn = int(m.group(1)) if (m := re.search(r"_n(\d+)$", n)) else 1  # strips a block (session 38)
-        groups, strips = -(-M // mt), N // 16
+        sn = int(m.group(1)) if (m := re.search(r"_n(\d+)(?:_x)?$", n)) else 1  # strips a block (session 38)
+        groups, strips = -(-M // mt_v), N // 16
         if strips % sn:
             continue
         dflt = md.split_k(groups * strips // sn, K, mt, SMS, sn)
-        for split in sorted({dflt, 1, 2, 4}) if sn > 1 else (dflt,):
-            ws, cnt = split_buffers(groups * strips // sn, split, sn * mt * 16)
+        for split in sorted({dflt, 1, 2, 4}) if sn > 1 or mt_v > 16 else (dflt,):
+            ws, cnt = split_buffers(groups * strips // sn, split, sn * mt_v * 16)
             y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
             launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
                              ctypes.c_int(K), ctypes.c_longlong(K), ctypes.c_longlong(N), ctypes.c_int(0)))  # (no bias)
             go = lambda: launch.launch(groups, strips // sn, split, W)  # noqa: E731
             go()
             torch.cuda.synchronize()
-            tag = f"{stem}:{n[len(f'm{mt}_bf16_'):]}" + (f"/z{split}" if sn > 1 else "")
+            name = n.replace("_bf16", "") if mt_v > 16 else n[len(f'm{mt}_bf16_'):]
+            tag = f"{stem}:{name}" + (f"/z{split}" if sn > 1 or mt_v > 16 else "")
             row[tag] = (t(go), torch.equal(y, ref), close(y, ref))
     return row
 

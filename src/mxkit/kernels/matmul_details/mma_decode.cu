@@ -243,7 +243,7 @@ constexpr int LEAN = -1;  // the LOOP argument of the kernels below: mainloop_le
 // last n % UNROLL tiles run one at a time. Same tiles, same order, same arithmetic: the same bits. SN strips
 // share each x load (strip p's words at qs + p qst, ss + p sst, summed into acc[p]): the x bytes read from L2
 // per weight byte divided by SN, each strip's sums the bits of SN = 1.
-template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1, bool XNEXT = true>
+template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
                                               int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
                                               long long qst = 0, long long sst = 0) {
@@ -283,57 +283,20 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xp[nt] += UNROLL * XS;
   };
-  if constexpr (XNEXT) {
-    if (nb > 0) load(qv, sv, xv);
-    for (int j = 0; j < nb; ++j) {
-      if (j + 1 < nb) load(qn, sn, xn);  // the next batch, in flight while this one is computed
+  if (nb > 0) load(qv, sv, xv);
+  for (int j = 0; j < nb; ++j) {
+    if (j + 1 < nb) load(qn, sn, xn);  // the next batch, in flight while this one is computed
 #pragma unroll
-      for (int p = 0; p < SN; ++p) batch<NT, UNROLL, 1, SPECIAL>(qv[p], sv[p], xv, 0, 0x7FFFFFFF, acc[p]);
+    for (int p = 0; p < SN; ++p) batch<NT, UNROLL, 1, SPECIAL>(qv[p], sv[p], xv, 0, 0x7FFFFFFF, acc[p]);
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
-        for (int p = 0; p < SN; ++p) {
-          qv[p][u] = qn[p][u];
-          sv[p][u] = sn[p][u];
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xv[u][nt][0] = xn[u][nt][0], xv[u][nt][1] = xn[u][nt][1];
+      for (int p = 0; p < SN; ++p) {
+        qv[p][u] = qn[p][u];
+        sv[p][u] = sn[p][u];
       }
-    }
-  } else {
-    // !XNEXT (many tokens a block: x of a batch is NT x 2 x UNROLL 16-byte loads a lane): only the weight words
-    // of the next batch are in flight while one is computed; x is loaded at the top of its own batch
-    auto load_w = [&](uint4 (&q_)[SN][UNROLL], uint32_t (&s_)[SN][UNROLL]) {
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int p = 0; p < SN; ++p) {
-          q_[p][u] = ld_stream(qp + p * qst + u * QS);
-          s_[p][u] = __ldg(sp + p * sst + u * SS);
-        }
-      qp += UNROLL * QS;
-      sp += UNROLL * SS;
-    };
-    if (nb > 0) load_w(qv, sv);
-    for (int j = 0; j < nb; ++j) {
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int b = 0; b < 2; ++b) xv[u][nt][b] = __ldg(xp[nt] + u * XS + b * 4);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xp[nt] += UNROLL * XS;
-      if (j + 1 < nb) load_w(qn, sn);
-#pragma unroll
-      for (int p = 0; p < SN; ++p) batch<NT, UNROLL, 1, SPECIAL>(qv[p], sv[p], xv, 0, 0x7FFFFFFF, acc[p]);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int p = 0; p < SN; ++p) {
-          qv[p][u] = qn[p][u];
-          sv[p][u] = sn[p][u];
-        }
+      for (int nt = 0; nt < NT; ++nt) xv[u][nt][0] = xn[u][nt][0], xv[u][nt][1] = xn[u][nt][1];
     }
   }
   for (int r = nb * UNROLL; r < n; ++r) {
@@ -363,7 +326,7 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 // a (token block, strip block) to arrive (counted in cnt, which it resets to 0) adds the S partials in order
 // 0 .. S-1: deterministic whichever block arrives last. bias: float32 [N], or bf16 [N] where bias_bf16
 // (mxkit::bias_at), added in float32 before the one rounding to OUT; nullptr: none. SN changes no bits.
-template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT, int SN = 1, bool XNEXT = true>
+template <int NT, int UNROLL, int WARPS, int LOOP, bool XPF, bool SPECIAL, typename OUT, int SN = 1>
 __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
@@ -391,7 +354,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   }
   float acc[SN][NT][4];
   if constexpr (LOOP == LEAN)
-    mainloop_lean<NT, UNROLL, WARPS, SPECIAL, SN, XNEXT>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
+    mainloop_lean<NT, UNROLL, WARPS, SPECIAL, SN>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
                                                   kt_hi, warp, acc, (long long)KT * 32, (long long)KT * 8);
   else if constexpr (LOOP > 0)
     mainloop_async<NT, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
@@ -519,16 +482,13 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 // W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), 0 (mainloop; X: x loaded a batch ahead too) or
 // S > 0 (mainloop_async, S cp.async stages)
-#define MXKIT_MMA_DECODE_XN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN, XNEXT)                                  \
+#define MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN)                                          \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt, int M, \
       int N, int K, long long ldx, long long ldy, int bias_bf16) {                                              \
-    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT, SN, XNEXT>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy,     \
-                                                              bias_bf16);                                     \
+    mxfp4_mma_decode<NT, U, W, L, X, SPECIAL, OUT, SN>(x, q, s, bias, y, ws, cnt, M, N, K, ldx, ldy, bias_bf16); \
   }
-#define MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN) \
-  MXKIT_MMA_DECODE_XN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN, true)
 #define MXKIT_MMA_DECODE(NAME, NT, W, U, L, X, SPECIAL, OUT) MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, 1)
 
 // each out dtype, plain and _special (scale bytes 0 / 255); SN strips a block

@@ -123,10 +123,12 @@ def test_moe_guards_past_the_grid_limits(monkeypatch):
     with pytest.raises(ValueError, match="grid y"):
         kmoe.grouped_matmul_w16(torch.zeros(1, 32, dtype=torch.bfloat16), wide, ids, eids,
                                 kmoe.MoeConfig(16, 64, 256, 4, 3), n_valid=1, top_k=1, gather=True)
-    monkeypatch.setattr(kmoe, "_INTERPRET_ALIGN", True)  # (the sort's kernels on CPU ids: only the size decides)
+    from mxkit.kernels.moe_details import _sort
+
+    monkeypatch.setattr(_sort, "_INTERPRET_ALIGN", True)  # (the sort's kernels on CPU ids: only the size decides)
     pairs = 8192 * STRIPS
-    assert kmoe._experts_sort_runs(torch.zeros(1, 1, dtype=torch.int32).expand(pairs, 1), 32)
-    assert not kmoe._experts_sort_runs(torch.zeros(1, 1, dtype=torch.int32).expand(pairs + 1, 1), 32)
+    assert _sort._experts_sort_runs(torch.zeros(1, 1, dtype=torch.int32).expand(pairs, 1), 32)
+    assert not _sort._experts_sort_runs(torch.zeros(1, 1, dtype=torch.int32).expand(pairs + 1, 1), 32)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from conftest import poison_allocator
 
 import mxkit
 from mxkit.kernels.matmul_table import gemm_table_override
-from mxkit.kernels.moe import MoeConfig, _align_experts, align_device, grouped_matmul_w16, max_blocks, moe_triton
+from mxkit.kernels.moe import MoeConfig, align_device, grouped_matmul_w16, max_blocks, moe_triton
+from mxkit.kernels.moe_details._sort import _align_experts
 from mxkit.moe_reference import (align_block_size, grouped_matmul_reference, moe_reference, select_experts,
                                  swiglu, swiglu_gpt_oss)
 from mxkit.reference import dequantize_reference
@@ -101,11 +102,11 @@ def _check_align_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels import moe
     from mxkit.kernels.matmul_details import _align
+    from mxkit.kernels.moe_details import _sort
 
     g = interpreted_rng(_align._align_expert_kernel, _align._align_hist_kernel)
-    moe._INTERPRET_ALIGN = True
+    _sort._INTERPRET_ALIGN = True
     n = _check_align_experts("cpu", g, ALIGN_EXPERT_CASES[:-1])
     print(f"interpreter checks passed: {n}")
 
@@ -717,6 +718,7 @@ def test_w16_mma_envelope(monkeypatch, rng):
     is checked again)."""
     from mxkit.kernels import moe
     from mxkit.kernels.matmul_details import _mma_a8w8
+    from mxkit.kernels.moe_details import _decode
 
     monkeypatch.setattr(_mma_a8w8, "available", lambda device: None)
     monkeypatch.setattr(_mma_a8w8, "x_ok", lambda x, quant: True)
@@ -725,21 +727,21 @@ def test_w16_mma_envelope(monkeypatch, rng):
     w = {f: (mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), f),
              mxkit.quantize(torch.randn(E, H, I, generator=rng), f)) for f in ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4")}
     cap = moe.mma_max_pairs(x.device)
-    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], 8, 2.0, "swiglu_gpt_oss", x) == "e4m3"
-    assert moe._w16_mma_elem(*w["mxfp8_e5m2"], 8, 2.0, "swiglu", x) == "e5m2"
-    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], cap, moe.W16_MMA_MAX_PER_EXPERT, "swiglu", x) == "e4m3"
-    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], cap + 1, 1.0, "swiglu", x) is None
-    assert moe._w16_mma_elem(*w["mxfp8_e4m3"], 8, moe.W16_MMA_MAX_PER_EXPERT + 0.5, "swiglu", x) is None
-    assert moe._w16_mma_elem(*w["mxfp4"], 8, 2.0, "swiglu", x) is None
-    assert moe._w16_mma_elem(w["mxfp8_e4m3"][0], w["mxfp8_e5m2"][1], 8, 2.0, "swiglu", x) is None
+    assert _decode._w16_mma_elem(*w["mxfp8_e4m3"], 8, 2.0, "swiglu_gpt_oss", x) == "e4m3"
+    assert _decode._w16_mma_elem(*w["mxfp8_e5m2"], 8, 2.0, "swiglu", x) == "e5m2"
+    assert _decode._w16_mma_elem(*w["mxfp8_e4m3"], cap, moe.W16_MMA_MAX_PER_EXPERT, "swiglu", x) == "e4m3"
+    assert _decode._w16_mma_elem(*w["mxfp8_e4m3"], cap + 1, 1.0, "swiglu", x) is None
+    assert _decode._w16_mma_elem(*w["mxfp8_e4m3"], 8, moe.W16_MMA_MAX_PER_EXPERT + 0.5, "swiglu", x) is None
+    assert _decode._w16_mma_elem(*w["mxfp4"], 8, 2.0, "swiglu", x) is None
+    assert _decode._w16_mma_elem(w["mxfp8_e4m3"][0], w["mxfp8_e5m2"][1], 8, 2.0, "swiglu", x) is None
     odd = mxkit.quantize(torch.randn(E, H, 96, generator=rng), "mxfp8_e4m3")  # (K = 96: not a multiple of 64)
-    assert moe._w16_mma_elem(mxkit.quantize(torch.randn(E, 192, H, generator=rng), "mxfp8_e4m3"), odd, 8, 2.0,
+    assert _decode._w16_mma_elem(mxkit.quantize(torch.randn(E, 192, H, generator=rng), "mxfp8_e4m3"), odd, 8, 2.0,
                              "swiglu", x) is None
     w1, w2 = w["mxfp8_e5m2"]
     w2.qdata[1, 3, 5] = 0xFE  # a NaN code
-    assert moe._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) is None
+    assert _decode._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) is None
     w2.qdata[1, 3, 5] = 0x3C
-    assert moe._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) == "e5m2"
+    assert _decode._w16_mma_elem(w1, w2, 8, 2.0, "swiglu", x) == "e5m2"
 
 
 def test_grouped_w16_refuses_what_its_kernels_do_not_take():
@@ -844,6 +846,7 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
     0 (the sorted path with that pair's weight 0); fresh inputs in a CUDA graph replay; the allocator's free
     memory poisoned before the calls."""
     from mxkit.kernels import moe as kmoe
+    from mxkit.kernels.moe_details import _decode, _rows
 
     E, H, I = 32, 256, 128
     case = layer_case(T, E, H, I, "mxfp4", rng, k=k)
@@ -851,9 +854,9 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
     w1.scale[3, 1, 0] = 0  # the special-scale variant of the gate_up kernel
     packed = (kmoe.pack_experts_mma(w1, interleave_halves=act == "swiglu"), kmoe.pack_experts_mma(w2))
     calls = _count_grouped_mma(monkeypatch)
-    sorts, combines = _count(monkeypatch, kmoe, "align_device", lambda kw: 1), []
-    real_combine = kmoe._COMBINE
-    monkeypatch.setattr(kmoe, "_COMBINE", lambda *a, **kw: combines.append(1) or real_combine(*a, **kw))
+    sorts, combines = _count(monkeypatch, _decode, "align_device", lambda kw: 1), []
+    real_combine = _rows._COMBINE
+    monkeypatch.setattr(_rows, "_COMBINE", lambda *a, **kw: combines.append(1) or real_combine(*a, **kw))
 
     def sorted_path(ids_, tw_):  # every expert held as a slice: the sorted blocks, float32 partials, the combine
         return kmoe.moe_triton(x, w1, b1, w2, b2, tw_, ids_, activation=act, packed=packed, out_dtype=torch.float32,
@@ -1095,7 +1098,8 @@ def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
     if _wgmma_here():
         pytest.skip(_wgmma_here())
     from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order, w4a16_wgmma
-    from mxkit.kernels.moe import _interleave_halves, pack_experts_mma
+    from mxkit.kernels.moe import pack_experts_mma
+    from mxkit.kernels.moe_details._rows import _interleave_halves
 
     E, N, K = 5, 320, 2880  # N: 2.5 tiles of 128 rows
     w = experts(E, N, K, "mxfp4", rng)

@@ -441,12 +441,12 @@ def _check_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels import moe
     from mxkit.kernels.matmul_details import _moe_epilogue, _row_fixup
+    from mxkit.kernels.moe_details import _fold
 
     g = interpreted_rng(_row_fixup._grouped_fixup_kernel, _moe_epilogue._bias_act_kernel)
     n = sum(_check_grouped_fixup("cpu", g, T) for T in (1, 3, 37))
-    moe._grouped_fp8, moe._combine = _grouped_fp8_float64, _combine_float64
+    _fold._grouped_fp8, _fold._combine = _grouped_fp8_float64, _combine_float64
     for T, act in ((1, "swiglu_gpt_oss"), (37, "swiglu_gpt_oss"), (37, "swiglu")):
         run = _check_layer("cpu", g, T, act, H=128, I=64)
         # the interpreter's bf16 casts truncate the fixed-up rows of h: their tokens are left out here

@@ -292,7 +292,8 @@ class MXMoE(_ops.Handled, nn.Module):
     def _fold_(self) -> bool:
         """pack_ of a W4A8 or MXFP4 x MXFP4 module (``act_format``): the experts folded in place (module
         docstring)."""
-        from ..kernels.moe import _interleave_halves, fold_experts
+        from ..kernels.moe import fold_experts
+        from ..kernels.moe_details._rows import _interleave_halves
 
         if self.weight_format.bits not in (4, 6) or self.block_size != 32:
             return False

@@ -1,0 +1,197 @@
+"""The MoE fold paths (:mod:`mxkit.kernels.moe`; issue #22's fold on FP8 tensor cores): W4A8 (FP8 E4M3 rowwise
+activations x MXFP4 / MXFP6 experts folded to E4M3) and MXFP4 x MXFP4 (the tokens and the intermediate quantized
+to MXFP4 and folded, rows that do not fold fixed up on the device), both on ``torch._scaled_grouped_mm``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ...tensor import MXTensor
+from ..launch import _Launcher
+from ..matmul_details import _moe_epilogue
+from ._rows import _combine, _interleave_halves, gather_rows
+from ._sort import _align_rows, max_blocks
+
+_BIAS_ACT_FP8 = _Launcher(_moe_epilogue, "_bias_act_fp8_kernel")
+_BIAS_ACT = _Launcher(_moe_epilogue, "_bias_act_kernel")
+
+
+@dataclass(frozen=True, eq=False)
+class FoldedExperts:
+    """Experts (E, N, K) folded once to FP8 E4M3 with one float32 power-of-two scale per row, for
+    ``torch._scaled_grouped_mm`` (:func:`fold_experts`): data float8_e4m3fn (E, N, K), scale float32 (E, N),
+    ``interleaved``: rows reordered from ``[gate; up]`` halves to interleaved pairs (for ``"swiglu"``)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    interleaved: bool = False
+
+
+def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[FoldedExperts]:
+    """Fold MX experts (E, N, K) along K (FP4 / FP6) for the W4A8 and the MXFP4 x MXFP4 MoE (:func:`moe_w4a8_triton`,
+    :func:`moe_mxfp4_triton`): exact (:mod:`mxkit.fold`). Returns None
+    when a row does not fold into one E4M3 row with a row scale inside the FP8 epilogue's envelope (block scales
+    spanning more than the fold range, or :data:`mxkit.kernels.matmul.FOLD_EXP_LIMIT`): such experts take the
+    reference. One host sync (pack time)."""
+    from ..matmul import pack_weight
+
+    E, N, K = w.shape
+    flat = MXTensor._trusted(w.qdata.reshape(E * N, -1), w.plain_scale().reshape(E * N, -1), w.fmt, 1,
+                             w.block_size, torch.Size((E * N, K)), w.scale_mode, w.rounding, "plain")
+    pw = pack_weight(flat, act="fp8_rowwise")
+    if pw.folded is None or pw.special_rows.numel() or pw.folded.owner.numel():
+        return None
+    data, scale = pw.folded.data.view(E, N, K), pw.folded.scale.view(E, N)
+    if interleave_halves:
+        data, scale = _interleave_halves(data, 1).contiguous(), _interleave_halves(scale, 1).contiguous()
+    return FoldedExperts(data, scale, interleave_halves)
+
+
+def _grouped_fp8(a: torch.Tensor, sa: torch.Tensor, w: FoldedExperts, offs: torch.Tensor) -> torch.Tensor:
+    """bf16 (R, N): row r of ``a`` (R, K) float8_e4m3fn times its scale ``sa[r]`` (float32) times expert e's folded
+    rows, for the rows of expert e's group (ending at ``offs[e]``, int32 [E]), by ``torch._scaled_grouped_mm``
+    (CUDA sm_90: float32 accumulation, one rounding); rows past ``offs[-1]`` unspecified."""
+    return torch._scaled_grouped_mm(a, w.data.transpose(1, 2), sa, w.scale, offs=offs, out_dtype=torch.bfloat16)
+
+
+def moe_w4a8_triton(
+    xq,
+    w_gate_up: FoldedExperts,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: FoldedExperts,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+    stages: Optional[dict] = None,
+) -> torch.Tensor:
+    """The W4A8 expert computation (TensorRT-LLM's GPT-OSS mode on Hopper) on FP8 tensor cores; reference twin
+    :func:`mxkit.moe_reference.moe_w4a8_reference` (MXTensor experts; the same rounding points):
+
+    1. ``h = (xq.data * xq.scale)[token] @ W1[e].T`` by ``torch._scaled_grouped_mm`` on the tokens sorted by
+       expert (padded to 16 rows per expert), rounded once to bf16;
+    2. one pass per row: ``v = act(h + b1[e])`` in float32, then FP8 E4M3 rowwise (:func:`mxkit.quantize_fp8_rowwise`'s
+       rule) -> (h8, s2);
+    3. ``y = (h8 * s2) @ W2[e].T`` the same way, rounded once to bf16;
+    4. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in float32, rounded to
+       ``out_dtype``.
+    Each GEMM is exact for its FP8 inputs (the fold is exact; float32 accumulation, one rounding).
+
+    xq: :class:`mxkit.Fp8Rowwise` (T, H); w_gate_up / w_down: :func:`fold_experts` of (E, 2I, H) / (E, H, I)
+    (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
+    topk (T, k). ``stages``: a dict that receives the intermediates (tests). Returns (T, H). No host sync."""
+    from ..matmul_details._grouped import ACTS
+    import triton
+
+    bm = 16
+    T, H = xq.data.shape
+    k = topk_ids.shape[1]
+    E, N1, _ = w_gate_up.data.shape
+    I = N1 // 2  # noqa: E741 (GPT-OSS's name)
+    n = T * k
+    ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
+    R = ids.numel()
+    xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs)
+    b1 = b_gate_up
+    if b1 is not None and w_gate_up.interleaved:
+        b1 = _interleave_halves(b1, 1)
+    h8 = torch.empty(R, I, dtype=torch.float8_e4m3fn, device=h.device)
+    s2 = torch.empty(R, dtype=torch.float32, device=h.device)
+    if R:
+        _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1),
+                      (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
+                       ("BLOCK_N", triton.next_power_of_2(N1))), 4)
+    y = _grouped_fp8(h8, s2, w_down, offs)
+    out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
+    if stages is not None:
+        stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# MXFP4 x MXFP4: the tokens and the intermediate quantized to MXFP4 x MXFP4 / MXFP6 experts, each side folded to
+# E4M3 (the fold path of issue #22) on FP8 tensor cores; rows that do not fold exactly are fixed up on the device
+
+
+ACT_MXFP4 = "mxfp4_e2m1"  # the activation format of moe_mxfp4_triton (OCP FLOOR scales, RNE: mxkit.quantize's)
+
+
+def moe_mxfp4_triton(
+    x: torch.Tensor,
+    w_gate_up: FoldedExperts,
+    b_gate_up: Optional[torch.Tensor],
+    w_down: FoldedExperts,
+    b_down: Optional[torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu_gpt_oss",
+    out_dtype: torch.dtype = torch.bfloat16,
+    stages: Optional[dict] = None,
+) -> torch.Tensor:
+    """The MXFP4 x MXFP4 expert computation on FP8 tensor cores; reference twin
+    :func:`mxkit.moe_reference.moe_mxfp4_reference` (the same rounding points):
+
+    1. the tokens quantized to MXFP4 along H (:func:`mxkit.quantize`'s bytes: OCP FLOOR scales, RNE) and folded
+       to E4M3 rows with power-of-two row scales in one pass (:func:`mxkit.kernels.fold.quantize_fold_triton`,
+       deferred: no host sync), gathered into the expert-sorted order (groups padded to 16 rows);
+    2. ``h = xq[token] @ W1[e].T`` by ``torch._scaled_grouped_mm``, rounded once to bf16; then the grouped
+       fix-up (:func:`mxkit.kernels.matmul_details._row_fixup.grouped_fixup`) recomputes, from x's rows and the
+       folded experts, the rows whose token does not fold exactly (block scales spanning more than 14 steps, or
+       a row scale outside 2^+-FOLD_EXP_LIMIT);
+    3. one pass per sorted row: ``v = act(h + b1[e])`` in float32, then v quantized to MXFP4 and folded the same
+       way (sorted order: no gather);
+    4. ``y = vq @ W2[e].T`` the same way (GEMM, bf16 rounding, fix-up of v's rows that do not fold);
+    5. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in order in float32, rounded
+       to ``out_dtype``.
+    Each GEMM is exact for its MXFP4 operands: float32 accumulation and one rounding of the product of the
+    dequantized values (the folds are exact, the fix-up reads exact values).
+
+    x: (T, H) float32 | bfloat16 | float16 (H % 32 == 0); w_gate_up / w_down: :func:`fold_experts` of
+    (E, 2I, H) / (E, H, I) MXFP4 / MXFP6 experts (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in
+    the checkpoint's row order, b_down (E, H), or None; topk_weights / topk_ids (T, k). ``stages``: a dict that
+    receives the intermediates (tests). Returns (T, H) in ``out_dtype``. No host sync (CUDA-graph capturable);
+    needs CUDA sm_90 (``torch._scaled_grouped_mm``). Raises TypeError for another x dtype. Expert ids are not
+    range-checked: a pair whose id is outside 0 .. E - 1 contributes 0."""
+    import triton
+
+    from ..fold import quantize_fold_triton
+    from ..matmul_details._grouped import ACTS
+    from ..matmul_details._row_fixup import grouped_fixup
+
+    bm = 16  # rows an expert's group is padded to (the grouped GEMM's), the fix-up's row tile
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, N1, _ = w_gate_up.data.shape
+    n = T * k
+    if n == 0:
+        return torch.zeros(T, H, dtype=out_dtype, device=x.device)
+    x = x if x.is_contiguous() else x.contiguous()
+    ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
+    R = ids.numel()
+    xf = quantize_fold_triton(x, ACT_MXFP4, defer=True)  # (status-1 rows: unspecified until the fix-up)
+    xa, sa = gather_rows(xf.folded.data, ids, n, k, scale=xf.folded.scale)  # (padding rows: any codes, scale 0)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs)
+    grouped_fixup(h, xf.source, xf.status, xf.folded.scale, ids, eids, w_gate_up.data, w_gate_up.scale, n_valid=n,
+                  top_k=k, gather=True)
+    b1 = b_gate_up
+    if b1 is not None and w_gate_up.interleaved:
+        b1 = _interleave_halves(b1, 1)
+    v = torch.empty(R, N1 // 2, dtype=torch.float32, device=x.device)
+    _BIAS_ACT((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, v, n, N1),
+              (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
+               ("BLOCK_N", triton.next_power_of_2(N1))), 4)
+    vf = quantize_fold_triton(v, ACT_MXFP4, defer=True)  # (padding rows: zeros)
+    y = _grouped_fp8(vf.folded.data, vf.folded.scale, w_down, offs)
+    grouped_fixup(y, vf.source, vf.status, vf.folded.scale, ids, eids, w_down.data, w_down.scale, n_valid=n,
+                  top_k=k, gather=False)
+    out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
+    if stages is not None:
+        stages.update(ids=ids, eids=eids, h=h, v=v, y=y, x_fold=xf, v_fold=vf)
+    return out

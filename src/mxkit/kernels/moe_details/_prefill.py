@@ -1,0 +1,139 @@
+"""The MoE prefill path (:mod:`mxkit.kernels.moe`, past :func:`~mxkit.kernels.moe_details._decode.mma_max_pairs`
+pairs on Hopper): both expert GEMMs on the grouped W4A16 / W8A16 wgmma kernel
+(``matmul_details/_w4a16_wgmma.py``), tokens sorted by expert into blocks of 32 to 256 rows (or mixed sizes),
+gathered into that order, the bias and activation in the first GEMM's epilogue, then the combine. It reads the
+experts in its own layout (:func:`pack_experts_wgmma`) or in the decode kernel's (:class:`MmaExperts`: one copy
+for every token count)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ...tensor import MXTensor
+from ..matmul import _nonfinite_codes
+from ..matmul_details._envelope import scale_extrema
+from ._decode import MmaExperts, mma_max_pairs
+from ._envelope import _envelope_ok
+from ._rows import _combine, _packed_bias, gather_rows
+from ._sort import _align_rows, max_blocks, mixed_blocks_device
+
+# the prefill path: both expert GEMMs on the W4A16 wgmma kernel (matmul_details/_w4a16_wgmma.py), grouped
+
+
+@dataclass(frozen=True, eq=False)
+class WgmmaExperts:
+    """MXFP4 or MXFP8 experts (E, N, K) in the grouped wgmma kernel's layout (:func:`pack_experts_wgmma`): q, st,
+    one_mul of :func:`mxkit.kernels.matmul_details._w4a16_wgmma.pack_wgmma_experts`; ``act_pairs``: the
+    activation whose (gate, up) row order the rows were packed in (gate_up experts), or None; ``elem``: the
+    kernel's element decode ("e2m1", "e4m3", "e5m2")."""
+
+    q: torch.Tensor
+    st: torch.Tensor
+    one_mul: bool
+    shape: tuple
+    act_pairs: Optional[str] = None
+    elem: str = "e2m1"
+
+
+def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optional[WgmmaExperts]:
+    """Pack MXFP4 or MXFP8 (E4M3 / E5M2) experts (E, N, K) along K once for the prefill path of
+    :func:`moe_triton` (``packed=``); ``act_pairs``: the gate_up experts' activation (``"swiglu_gpt_oss"``: rows
+    interleaved gate, up, ...; ``"swiglu"``: ``[gate; up]`` halves), whose pairs the kernel's epilogue fuses.
+    None for other formats or shapes (N % 16, K % 32, E * N % 8), and for MXFP8 experts with a scale byte
+    outside the bf16-exact envelope or a NaN / Inf code (the wgmma decode does not keep them; the grouped
+    Triton kernel takes those). Same bytes as the experts (a copy); one or two host syncs (scale extrema,
+    MXFP8 codes)."""
+    from ..matmul_details._w4a16_wgmma import FP8_ELEMS, pack_wgmma_experts
+
+    E, N, K = w.shape
+    elem = FP8_ELEMS.get(w.fmt.name, "e2m1" if w.fmt.name == "mxfp4_e2m1" else None)
+    if elem is None or w.axis != 2 or w.block_size != 32 or N % 16 or K % 32 or (E * N) % 8:
+        return None
+    if elem == "e2m1":
+        qd, sc = w.qdata.reshape(E, N, K // 2), w.plain_scale().reshape(E, N, K // 32)
+        return WgmmaExperts(*pack_wgmma_experts(qd, sc, act_pairs), (E, N, K), act_pairs)
+    lo, hi, nan = scale_extrema(w.scale)
+    if not _envelope_ok(w.fmt, lo, hi) or bool(_nonfinite_codes(w)):
+        return None
+    sc = w.plain_scale().reshape(E, N, K // 32)  # (a 0xFF byte: the two-multiply decode, which keeps its NaN)
+    q, st, one_mul = pack_wgmma_experts(w.qdata.reshape(E, N, K), sc, act_pairs, elem, 255 if nan else hi)
+    return WgmmaExperts(q, st, one_mul, (E, N, K), act_pairs, elem)
+
+
+def wgmma_block_m(pairs_per_expert: float) -> int:
+    """Sorted rows per program of the grouped wgmma kernel for an average of ``pairs_per_expert`` routed rows
+    per expert (the padding of each expert's group against the tile's efficiency; H100, BENCHMARKS.md)."""
+    import os
+
+    forced = os.environ.get("MXKIT_MOE_WGMMA_BM")
+    if forced:
+        return int(forced)
+    if pairs_per_expert <= 16:
+        return 32
+    if pairs_per_expert <= 48:
+        return 64
+    return 128 if pairs_per_expert <= 384 else 256
+
+
+def _wgmma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
+    """Whether moe_triton's prefill path runs: more than :func:`mma_max_pairs` pairs, the kernel available here, and
+    both experts packed for it (gate_up in ``activation``'s row order) or for the decode path (the same bytes
+    read in that layout)."""
+    from ..matmul_details import _w4a16_wgmma as wg
+
+    p1, p2 = packed
+    # (the per-expert part of the envelope holds where the decode kernel could take the experts: MmaExperts)
+    held = p1.shape[0] if isinstance(p1, MmaExperts) else 0
+    if n <= mma_max_pairs(x.device, held) or wg.available(x.device) is not None:
+        return False
+    if isinstance(p1, MmaExperts) and isinstance(p2, MmaExperts):
+        return p1.interleaved == (activation == "swiglu") and not p2.interleaved
+    return (isinstance(p1, WgmmaExperts) and isinstance(p2, WgmmaExperts) and p1.act_pairs == activation
+            and p2.act_pairs is None)
+
+
+def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts, activation, out_dtype
+               ) -> torch.Tensor:
+    """Both GEMMs on the grouped wgmma kernel, the experts in its layout (WgmmaExperts) or in the decode
+    kernel's (MmaExperts: x gathered in that layout's K order, h written in it)."""
+    from ..matmul_details._w4a16_wgmma import w4a16_wgmma
+
+    T, k = topk_ids.shape
+    n = T * k
+    _, N1, H = p1.shape
+    mma = isinstance(p1, MmaExperts)
+    bm = wgmma_block_m(n / n_total_experts)
+    mixed = bm == 256 and _mixed_on()
+    B = max_blocks(n, E, 64 if mixed else bm)
+    if mixed:  # groups padded to 64 rows, covered by blocks of 256, then 128 / 64 (mixed_blocks)
+        ids, _, pos, ends = _align_rows(topk_ids, E, 64, lo, B, offs=True)
+        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, n)]
+    else:
+        ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
+        launches = [(bm, eids, False)]
+    xs = gather_rows(x, ids, n, k, mma_k_order=mma)
+    if b1 is not None:
+        b1 = _packed_bias(b1, N1, ("mma", p1.interleaved) if mma else activation)
+    h = torch.empty(ids.numel(), N1 // 2, dtype=torch.bfloat16, device=x.device)
+    y = torch.empty(ids.numel(), H, dtype=torch.float32, device=x.device)
+    (s1, s2), layout = ((p1.s, p2.s), "mma") if mma else ((p1.st, p2.st), "wgmma")
+    e1, e2 = ("e2m1", "e2m1") if mma else (p1.elem, p2.elem)
+    for b, tab, starts in launches:  # (h in the K order the second GEMM's layout reads)
+        w4a16_wgmma(xs, p1.q, s1, N1, p1.one_mul, bias=b1, y=h, expert_ids=tab, bm=b, activation=activation,
+                    layout=layout, perm_out=mma, starts=starts, elem=e1)
+    for b, tab, starts in launches:
+        w4a16_wgmma(h, p2.q, s2, H, p2.one_mul, out=torch.float32, y=y, expert_ids=tab, bm=b, layout=layout,
+                    starts=starts, elem=e2)
+    return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
+
+
+def _mixed_on() -> bool:
+    """Mixed block sizes for the prefill GEMMs where blocks of 256 rows would run (at 384 pairs per expert and
+    more: H100 GPT-OSS-120B at 16384 tokens 6.72 -> 6.16 ms; at 128 rows a block they gained nothing and their
+    extra launches cost host time). ``MXKIT_MOE_MIXED=0`` turns them off, for A/B runs."""
+    import os
+
+    return os.environ.get("MXKIT_MOE_MIXED", "1") != "0"

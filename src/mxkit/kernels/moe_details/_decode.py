@@ -20,8 +20,6 @@ from ._envelope import _codes_finite, _envelope_ok
 from ._rows import _interleave_halves, _packed_bias
 from ._sort import _flat_ids, align_device
 
-# the decode path: both expert GEMMs on the tensor-core decode kernel (matmul_details/mma_decode.cu)
-
 # (token, slot) pairs up to which moe_triton takes the packed experts' decode kernels (64 tokens at top-4): the
 # packaged default of the dispatch table's ``moe.mma_max_pairs``, which mma_max_pairs reads per GPU
 MMA_MAX_PAIRS = int(_packaged_table()["default"]["moe"]["mma_max_pairs"])

@@ -20,8 +20,6 @@ from ._envelope import _envelope_ok
 from ._rows import _combine, _packed_bias, gather_rows
 from ._sort import _align_rows, max_blocks, mixed_blocks_device
 
-# the prefill path: both expert GEMMs on the W4A16 wgmma kernel (matmul_details/_w4a16_wgmma.py), grouped
-
 
 @dataclass(frozen=True, eq=False)
 class WgmmaExperts:

@@ -73,6 +73,14 @@ def envelope_rows() -> list[dict]:
                for g in gpus if "large_max_m" in table[g].get(key, {})]
         return f"; {', '.join(own)}" if own else ""
 
+    def small(key: str) -> str:  # (a GPU's own split-K envelope at small M: small_max_m on N·K >= small_min_nk)
+        own = []
+        for g in gpus:
+            e = {**d[key], **table[g].get(key, {})}
+            if any(f in table[g].get(key, {}) and e[f] != d[key][f] for f in ("small_max_m", "small_min_nk")):
+                own.append(f"{g}: {_m_env(e, 'small_max_m', 'small_min_nk')}")
+        return f" ({', '.join(own)})" if own else ""
+
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
     twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
@@ -92,11 +100,11 @@ def envelope_rows() -> list[dict]:
          "also": f"fp6 on N·K ≤ {_count(d['decode_w4a16']['fp6_max_nk'])}; weight scales in the "
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
-         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{per_gpu('w4a16_wgmma', 'small_max_m')}",
+         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{small('w4a16_wgmma')}",
          "also": "N % 8 = 0, sm_90"},
         {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16",
          "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
-         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{per_gpu('w8a16_wgmma', 'small_max_m')}",
+         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{small('w8a16_wgmma')}",
          "also": "N % 8 = 0, sm_90"},
     ]
 

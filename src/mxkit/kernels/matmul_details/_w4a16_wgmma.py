@@ -11,12 +11,12 @@ or times 2^(s - 1) at once when every scale byte is <= 128), and issues the step
 the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32) is added to the
 accumulator and the output rounded once.
 
-Schedule: warp-specialized (blocks of >= 128 tokens): one producer warp issues the TMA loads of each step once the 8
+Schedule: warp-specialized (dense calls, and grouped ones of >= 128-token blocks): one producer warp issues the TMA loads of each step once the 8
 consumer warps free its slot (``empty`` mbarriers); the consumers only wait, decode and multiply, two steps
 per loop iteration with the decoded operands alternating between two register sets. This took the 5
 ``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition loop out of the
-consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Smaller blocks (the MoE at a few rows per expert) keep
-the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either.
+consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Grouped calls of smaller blocks (the MoE at a few rows per
+expert) keep the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either (:func:`_ws`).
 
 The weight layout (:func:`pack_wgmma`, once per weight): the codes [N, Kp / 2] with K padded to Kp, a
 multiple of 64, and each 32-byte step permuted so that lane c of a quad finds its 8 bytes contiguous:
@@ -675,14 +675,18 @@ def _stages(bm: int, grouped: bool) -> int:
     return STAGES_SMALL_M if bm == 64 and not grouped else STAGES
 
 
-def _ws(bm: int) -> bool:
-    """The warp-specialized schedule (a one-warp TMA producer) for blocks of >= 128 tokens; below, a step is too
-    short for the producer round trip and the single-partition loop is faster (H100 / H200, MoE at 256 tokens:
-    1.0 against 1.27 ms). MXKIT_WGMMA_WS=0 / 1 forces either (A/B runs, tests)."""
+def _ws(bm: int, grouped: bool) -> bool:
+    """The warp-specialized schedule (a one-warp TMA producer; 168 registers a thread, so one program an SM): every
+    dense call, and grouped (MoE) calls of >= 128-token blocks. Below that a grouped step is too short for the
+    producer round trip and the single-partition loop is faster (H100 / H200, MoE at 256 tokens: 1.0 against
+    1.27 ms). Dense calls of 64-token tiles take it too since session 48, with :func:`dense_schedule` keeping their
+    grid within one program an SM (H200, ``benchmarks/probes/wgmma_small_ab.py``, µs, single-partition at the old
+    schedule -> warp-specialized at the new one: 64 x 8192^2 35.6 -> 32.4, 64 x 14336 x 4096 35.0 -> 28.9,
+    64 x 5120 x 2880 18.0 -> 15.6). MXKIT_WGMMA_WS=0 / 1 forces either (A/B runs, tests)."""
     import os
 
     forced = os.environ.get("MXKIT_WGMMA_WS")
-    return forced != "0" if forced in ("0", "1") else bm >= 128
+    return forced != "0" if forced in ("0", "1") else (bm >= 128 or not grouped)
 
 
 def block_m(M: int) -> int:
@@ -698,17 +702,17 @@ def _sm_count(index: int) -> int:
 def dense_schedule(M: int, N: int, K: int, device: torch.device) -> tuple[int, int]:
     """(tokens per program, split-K) of a dense call: 64 tokens up to M = 64, 128 up to 128, 256 above, but 128
     up to M = 256 where 256-token tiles would not give every SM one (M = 256 on 8192 x 8192: 86 against 64 us;
-    on 28672 x 8192 256 stays ahead, 183 against 247, H100); then K split 8 / 4 / 2 ways where the tiles fill
-    less than one program per SM (two at 64 tokens, whose programs are smaller) and every split keeps >= 8 K
-    steps. H100 (``benchmarks/probes/w4a16_splitk_ab.py``, session 32): M = 64 on 4096 x 14336 106 -> 41 us
-    (split 8), 8192 x 8192 60 -> 45 (split 4); M = 128 on 8192 x 8192 63 -> 52 (split 2)."""
+    on 28672 x 8192 256 stays ahead, 183 against 247, H100); then K split the most ways of 8 .. 2 that keeps the
+    grid within one program an SM (the warp-specialized kernel holds one an SM: :func:`_ws`) and every split at
+    >= 8 K steps. H200 (``benchmarks/probes/wgmma_small_ab.py``, session 48, µs): M = 64 on 8192 x 8192 split 2
+    32.4 (split 4: 35.8), 5120 x 2880 split 3 15.6 (4: 20.4), 2880 x 4096 split 5 14.9 (8: 19.8), 4096 x 14336
+    split 4 29.6 (8: 33.4)."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tiles_n = -(-N // BN)
     bm = 64 if M <= 64 else 128 if M <= 128 or (M <= 256 and -(-M // 256) * tiles_n < sms) else 256
     tiles = -(-M // bm) * tiles_n
-    cap = sms * (2 if bm == 64 else 1)
     steps = -(-K // 64)
-    split = next((s for s in (8, 4, 2) if tiles * s <= cap and steps // s >= 8), 1)
+    split = next((s for s in range(8, 1, -1) if tiles * s <= sms and steps // s >= 8), 1)
     return bm, split
 
 
@@ -783,7 +787,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN), split)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm), WEIGHTS[layout, elem],
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm, grouped), WEIGHTS[layout, elem],
              bool(perm_out), grouped and bool(starts))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", _stages(bm, grouped)), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2),
               ("BL", bl), ("L3", l3), ("ACC", acc), ("DOT", dot))

@@ -983,9 +983,11 @@ def test_gpu_gpt_oss_swap_matches_hf_bf16(tokens, rng):
     swapped = swap_gpt_oss_moe(copy.deepcopy(hf), "mxfp4_e2m1").to("cuda", torch.bfloat16)
     hf = hf.to("cuda", torch.bfloat16)
     ids = torch.randint(0, 128, (2, tokens), generator=rng).cuda()
-    seen = {}
+    seen, ref_logits, got_logits = {}, {}, {}
     hooks = [layer.mlp.register_forward_hook(lambda m, i, o, k=k: seen.__setitem__(k, (i[0], o[0])))
              for k, layer in enumerate(hf.model.layers)]
+    hooks += [layer.mlp.router.register_forward_hook(lambda m, i, o, k=k: ref_logits.__setitem__(k, o[0]))
+              for k, layer in enumerate(hf.model.layers)]
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
         for h in hooks:
@@ -993,11 +995,23 @@ def test_gpu_gpt_oss_swap_matches_hf_bf16(tokens, rng):
         for k, layer in enumerate(swapped.model.layers):
             x, want = seen[k]
             assert _bf16_rows_off(layer.mlp(x)[0], want) == 0, f"MoE layer {k}"
+        hooks = [layer.mlp.logits_recorder.register_forward_hook(
+            lambda m, i, o, k=k: got_logits.__setitem__(k, i[0])) for k, layer in enumerate(swapped.model.layers)]
         got = swapped(ids, output_hidden_states=True)
+        for h in hooks:
+            h.remove()
+        # end to end the layers' inputs differ by bf16 roundings, so a router near-tie may pick another expert
+        # for a token (its row then differs by far more than bf16): such tokens are allowed beside 3% of rows
+        top_k = hf.config.num_experts_per_tok
+        flipped = torch.zeros(2 * tokens, dtype=torch.bool, device="cuda")
         allowed = max(1, (2 * tokens * 3) // 100)
         for i, (a, b) in enumerate(zip(got.hidden_states, ref.hidden_states)):
-            assert _bf16_rows_off(a, b) <= allowed, f"hidden state {i}"
-        assert _bf16_rows_off(got.logits, ref.logits) <= allowed
+            assert _bf16_rows_off(a, b) <= allowed + int(flipped.sum()), f"hidden state {i}"
+            if i < len(ref_logits):  # the routing of layer i (whose output is hidden state i + 1)
+                pick = [lg.float().topk(top_k, -1).indices.sort(-1).values for lg in (got_logits[i], ref_logits[i])]
+                flipped |= (pick[0] != pick[1]).any(-1)
+        assert _bf16_rows_off(got.logits, ref.logits) <= allowed + int(flipped.sum())
+        assert int(flipped.sum()) <= max(2, tokens // 4), "routing differs on too many tokens"
         mlp = swapped.model.layers[0].mlp
         assert mlp.expert_layout == "mma"  # packed in place by the first forward (one copy)
         sd = mlp.state_dict()  # the checkpoint layout: exchange the experts in pairs there

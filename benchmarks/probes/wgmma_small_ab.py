@@ -38,7 +38,8 @@ def row(M: int, N: int, K: int, cfg) -> str:
     plan = mxkit.gemm_plan(x, pw).path
     t_plan = time_us(lambda: mxkit.matmul(x, pw), cfg)[0]
     q, st, one_mul = W.packed_of(pw)
-    lines = [f"{M}x{N}x{K}: cuBLAS {t_cub:.1f} | plan {plan} {t_plan:.1f} | schedule {W.dense_schedule(M, N, K, x.device)}"]
+    sched = W.dense_schedule(M, N, K, x.device)
+    lines = [f"{M}x{N}x{K}: cuBLAS {t_cub:.1f} | plan {plan} {t_plan:.1f} | schedule {sched}"]
     for stages in (6, 3, 8):
         W.STAGES_SMALL_M = stages
         for ws in ("0", "1"):
@@ -80,8 +81,8 @@ def ws_row(M: int, N: int, K: int, cfg, fmt: str = "mxfp4_e2m1") -> str:
     q, st, one_mul = W.packed_of(pw)
     bm = 64 if M <= 64 else 128
     tiles = -(-M // bm) * -(-N // W.BN)
-    out = [f"{fmt[:5]} {M}x{N}x{K} (tiles {tiles}): cuBLAS {t_cub:.1f} | dense-exact {t_dense:.1f} | plan {plan} {t_plan:.1f} | "
-           f"schedule {W.dense_schedule(M, N, K, x.device)}"]
+    out = [f"{fmt[:5]} {M}x{N}x{K} (tiles {tiles}): cuBLAS {t_cub:.1f} | dense-exact {t_dense:.1f} | "
+           f"plan {plan} {t_plan:.1f} | schedule {W.dense_schedule(M, N, K, x.device)}"]
     for ws in ("0", "1"):
         os.environ["MXKIT_WGMMA_WS"] = ws
         cells = []

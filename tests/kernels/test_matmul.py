@@ -713,7 +713,8 @@ def test_gpu_w4a16_wgmma_split_k(M, N, K, rng):
                 assert_within_bound(y, a, pw, b)
                 assert torch.equal(y, wg.w4a16_wgmma(a, q, st, N, one, out, b, bm=bm, split=split))
     if (M, N, K) == (64, 4096, 14336):
-        assert wg.dense_schedule(M, N, K, a.device) == (64, 4 if torch.cuda.get_device_properties(0).multi_processor_count >= 128 else 2)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert wg.dense_schedule(M, N, K, a.device) == (64, 4 if sms >= 128 else 2)
         y, plan = check(a, pw, backend="auto", bias=bias, path="w4a16-wgmma")
     with pytest.raises(ValueError, match="split-K"):
         wg.w4a16_wgmma(a, q, st, N, one, y=torch.empty(M, N, dtype=torch.bfloat16, device="cuda"), split=2)
@@ -1592,3 +1593,23 @@ def test_packed_weight_copies_are_findable_and_repacking_checks_dense(rng):
         mxkit.pack_weight(pw, dense=torch.bfloat16)
     pd = mxkit.pack_weight(pw.source, act="float", dense=torch.bfloat16)
     assert mxkit.pack_weight(pd, dense=torch.bfloat16) is pd
+
+
+def test_a8w8_envelope_wgmma_min_nk(monkeypatch):
+    """``a8w8_mma.wgmma_min_nk``: where w8a16-wgmma would take the call, a8w8-mma keeps ``max_m`` rows on weights
+    of N * K >= wgmma_min_nk and ``max_m_no_wgmma`` on smaller ones (H200: the GPT-OSS layers, where a8w8-mma
+    stays ahead at M = 32); without the field (default 0) ``max_m`` everywhere; without wgmma ``max_m_no_wgmma``."""
+    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_table
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
+    small, big = mxkit.quantize(torch.randn(64, 128), "mxfp8_e4m3"), mxkit.quantize(torch.randn(128, 256), "mxfp8_e4m3")
+    entry = {"max_m": 16, "max_m_no_wgmma": 64, "quant_max_m": 8}
+    for wg_ok in (True, False):
+        monkeypatch.setattr(km, "_wgmma_ok", lambda b, w, M, d, ok=wg_ok: ok)
+        with km.gemm_table_override({"default": {"a8w8_mma": {**entry, "wgmma_min_nk": 128 * 256}}}):
+            assert km._a8w8_max_m(small, 32, dev) == 64
+            assert km._a8w8_max_m(big, 32, dev) == (16 if wg_ok else 64)
+        with km.gemm_table_override({"default": {"a8w8_mma": entry}}):
+            assert km._a8w8_max_m(small, 32, dev) == (16 if wg_ok else 64)

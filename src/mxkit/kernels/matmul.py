@@ -318,9 +318,11 @@ def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
     """The a8w8-mma envelope for weight ``b`` (MXTensor or PackedWeight) at M rows: the table's ``max_m``
     (measured against w8a16-wgmma, the path past it on Hopper's large layers), or its ``max_m_no_wgmma``
     (against bf16-exact) where the wgmma kernel does not take the call (not Hopper, a layer outside its
-    envelope, an unpacked weight)."""
+    envelope, an unpacked weight) or the weight is smaller than ``wgmma_min_nk`` (N * K; default 0: the layers
+    the ``max_m`` was measured on)."""
     w = b.source if isinstance(b, PackedWeight) else b
-    if _wgmma_ok(b, w, M, dev):
+    min_nk = int((_envelope(dev, "a8w8_mma") or {}).get("wgmma_min_nk", 0))
+    if w.shape.numel() >= min_nk and _wgmma_ok(b, w, M, dev):
         return _mma_max_m(dev, "a8w8_mma")
     return _mma_max_m(dev, "a8w8_mma", "max_m_no_wgmma")
 

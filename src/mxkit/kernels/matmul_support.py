@@ -81,14 +81,20 @@ def envelope_rows() -> list[dict]:
                 own.append(f"{g}: {_m_env(e, 'small_max_m', 'small_min_nk')}")
         return f" ({', '.join(own)})" if own else ""
 
+    def per_gpu_nk(key: str) -> str:  # (a GPU's wgmma_min_nk: the weights below it keep the other envelope)
+        own = [f"{g}: of N·K ≥ {_count(table[g][key]['wgmma_min_nk'])}" for g in gpus
+               if "wgmma_min_nk" in table[g].get(key, {})]
+        return f" ({', '.join(own)})" if own else ""
+
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
     twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
     return [
         {"path": "a8w8-mma", "a": f"MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear up to M ≤ "
                                  f"{d['a8w8_mma']['quant_max_m']})",
-         "weight": "mxfp8_e4m3", "M": f"≤ {d['a8w8_mma']['max_m']} where w8a16-wgmma takes the layer, else "
-                                     f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",
+         "weight": "mxfp8_e4m3",
+         "M": f"≤ {d['a8w8_mma']['max_m']} where w8a16-wgmma takes the layer{per_gpu_nk('a8w8_mma')}, else "
+              f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",
          "also": "N % 16 = 0, K % 64 = 0, sm_89+"},
         {"path": "w8a16-mma", "a": "bf16", "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
          "M": f"≤ {d['w8a16_mma']['max_m']}{per_gpu('w8a16_mma')}{large('w8a16_mma')}",

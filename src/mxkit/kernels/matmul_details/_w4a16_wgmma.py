@@ -11,8 +11,8 @@ or times 2^(s - 1) at once when every scale byte is <= 128), and issues the step
 the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32) is added to the
 accumulator and the output rounded once.
 
-Schedule: warp-specialized (dense calls, and grouped ones of >= 128-token blocks): one producer warp issues the TMA loads of each step once the 8
-consumer warps free its slot (``empty`` mbarriers); the consumers only wait, decode and multiply, two steps
+Schedule: warp-specialized (dense calls, and grouped ones of >= 128-token blocks): one producer warp issues the
+TMA loads of each step once the 8 consumer warps free its slot (``empty`` mbarriers); the consumers only wait, decode and multiply, two steps
 per loop iteration with the decoded operands alternating between two register sets. This took the 5
 ``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition loop out of the
 consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Grouped calls of smaller blocks (the MoE at a few rows per

@@ -515,3 +515,26 @@ def test_w8a16_envelope_choice():
     won[(5120, 2880, 1)] = False
     assert w8a16_envelope(won) == {"max_m": 0}
     assert w8a16_envelope({}) == {"max_m": 0}
+
+
+def test_envelope_counts_the_rival(monkeypatch):
+    """`mxkit tune gemm`'s decode envelope: the kernel must beat the dense path and, where given, the rival (the
+    wgmma kernel past decode-mma's envelope on Hopper) at every M up to the envelope's edge; the timings are faked
+    (the rival ahead from M = 4), the calls run on the CPU."""
+    from mxkit import tune
+
+    def fake_time(fn, rep_ms):
+        out = fn()
+        if isinstance(out, tuple):
+            kind, M = out
+            return {"run": 10.0, "rival": 5.0 if M >= 4 else 20.0}[kind]
+        return 15.0  # dense: dequantize + cuBLAS
+
+    monkeypatch.setattr(tune, "_time", fake_time)
+    w = mxkit.quantize(torch.randn(16, 64), "mxfp4")
+    runs = {(16, 64): (w, lambda M: lambda x: ("run", M))}
+    rivals = {(16, 64): lambda M: lambda x: ("rival", M)}
+    g, cpu = torch.Generator().manual_seed(0), torch.device("cpu")
+    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, rivals, dev=cpu) == 2
+    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, {(16, 64): None}, dev=cpu) == 64
+    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, dev=cpu) == 64

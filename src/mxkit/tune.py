@@ -5,8 +5,9 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
-tensor-core decode kernel on packed MXFP4 weights (with ``decode_mma.m8_loop``, the loop of its kernel up to 8 rows
-that is faster at M = 1), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
+tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
+kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the loop of its kernel up
+to 8 rows that is faster at M = 1), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
@@ -121,7 +122,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
 def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
     """``{"max_m", "m8_loop"}``: the m8 kernel's loop (of ``_mma_decode.M8_LOOPS``) with the smallest sum of
     M = 1 times over the shapes, then the largest M of 1, 2, 4, ..., 64 at which decode-mma with it beats the
-    dense path on every shape."""
+    dense path, and the wgmma kernel where it runs (:func:`_wgmma_rival`), on every shape."""
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
@@ -139,7 +140,26 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
     m8_loop = min(total, key=total.get) if total else ""
     runs = {s: (weights[s], lambda M, pw=pw: functools.partial(
         _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, m8_loop), bias=None)) for s, pw in packed.items()}
-    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log), "m8_loop": m8_loop}
+    rivals = {s: _wgmma_rival(pw) for s, pw in packed.items()}
+    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop}
+
+
+def _wgmma_rival(pw) -> Optional[object]:
+    """``make(M) -> (x -> y)`` of the Hopper wgmma kernel on packed MXFP4 weight ``pw`` at its dense schedule (the
+    path the plan takes past decode-mma's envelope where the kernel wins: H200, session 48, M = 24-32), or None
+    where it cannot run (not sm_90, Gluon missing, a shape it does not take)."""
+    from .kernels.matmul_details import _w4a16_wgmma as wg
+
+    dev = torch.device("cuda")
+    if wg.available(dev) is not None or not wg.shape_ok(*pw.shape):
+        return None
+    q, st, one_mul = wg.packed_of(pw)
+    N, K = pw.shape
+
+    def make(M: int):
+        bm, split = wg.dense_schedule(M, N, K, dev)
+        return lambda x: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split)
+    return make
 
 
 def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:
@@ -412,7 +432,8 @@ def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:
     return best
 
 
-def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
+def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,
+                     rivals: Optional[dict] = None) -> int:
     """:func:`_envelope` of a CUDA C++ kernel: 0 where it cannot run here (``why``) or no shape takes its packed
     layout (nothing measured)."""
     if why is not None:
@@ -421,16 +442,18 @@ def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Genera
     if not runs:
         log(f"{label}: no shape packs to its layout (N % 16, K % 64)")
         return 0
-    return _envelope(label, runs, g, rep_ms, log)
+    return _envelope(label, runs, g, rep_ms, log, rivals)
 
 
-def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) -> int:
+def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, rivals: Optional[dict] = None,
+              dev: Optional[torch.device] = None) -> int:
     """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
-    (dequantize + cuBLAS) on every shape; ``make(M)`` is the timed call ``x -> y``, made once per M."""
+    (dequantize + cuBLAS) on every shape, and ``rivals[(N, K)]`` too where given (a ``make`` like ``runs``'s, or
+    None); ``make(M)`` is the timed call ``x -> y``, made once per M. ``dev``: the activations' device (CUDA)."""
     from .kernels import matmul as mm
     from .kernels.matmul_details._cublas import dense_gemm
 
-    dev = torch.device("cuda")
+    dev = dev or torch.device("cuda")
     max_m = 0
     for M in (1, 2, 4, 8, 16, 32, 64):
         wins = True
@@ -442,7 +465,14 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log) ->
             def dense():
                 return dense_gemm(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
             t_dense = _time(dense, rep_ms)
-            log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
+            rival = (rivals or {}).get((N, K))
+            if rival is not None:
+                other = rival(M)
+                t_other = _time(lambda: other(x), rep_ms)
+                log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us, rival {t_other:.1f} us")
+                t_dense = min(t_dense, t_other)
+            else:
+                log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
             wins &= t_run < t_dense
         if not wins:
             break

@@ -1613,3 +1613,22 @@ def test_a8w8_envelope_wgmma_min_nk(monkeypatch):
             assert km._a8w8_max_m(big, 32, dev) == (16 if wg_ok else 64)
         with km.gemm_table_override({"default": {"a8w8_mma": entry}}):
             assert km._a8w8_max_m(small, 32, dev) == (16 if wg_ok else 64)
+
+
+def test_wgmma_dense_schedule(monkeypatch):
+    """The wgmma kernel's dense schedule (warp-specialized, one program an SM): 64-token tiles up to M = 64, K split
+    the most ways of 8..2 that keeps tiles x split within the SM count with >= 8 K steps a split (H200, session 48:
+    64 x 5120 x 2880 at split 3, 8192^2 at 2, 2880 x 4096 at 5)."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    monkeypatch.setattr(wg, "_sm_count", lambda index: 132)
+    dev = torch.device("cuda", 0)
+    for (M, N, K), want in (((64, 5120, 2880), (64, 3)), ((64, 8192, 8192), (64, 2)), ((64, 2880, 4096), (64, 5)),
+                            ((17, 4096, 14336), (64, 4)), ((64, 28672, 8192), (64, 1)), ((128, 5120, 2880), (128, 3)),
+                            ((96, 2880, 4096), (128, 5)), ((64, 128, 512), (64, 1)), ((64, 256, 1024), (64, 2)),
+                            ((4096, 8192, 8192), (256, 1))):
+        assert wg.dense_schedule(M, N, K, dev) == want, (M, N, K)
+    monkeypatch.setenv("MXKIT_WGMMA_WS", "0")
+    assert not wg._ws(64, False) and not wg._ws(256, True)
+    monkeypatch.delenv("MXKIT_WGMMA_WS")
+    assert wg._ws(64, False) and wg._ws(128, True) and not wg._ws(64, True)

@@ -12,11 +12,11 @@ the next step's weight (one wgmma group in flight). Float32 accumulation; the bi
 accumulator and the output rounded once.
 
 Schedule: warp-specialized (dense calls, and grouped ones of >= 128-token blocks): one producer warp issues the
-TMA loads of each step once the 8 consumer warps free its slot (``empty`` mbarriers); the consumers only wait, decode and multiply, two steps
-per loop iteration with the decoded operands alternating between two register sets. This took the 5
-``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition loop out of the
-consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Grouped calls of smaller blocks (the MoE at a few rows per
-expert) keep the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either (:func:`_ws`).
+TMA loads of each step once the 8 consumer warps free its slot (``empty`` mbarriers); the consumers only wait,
+decode and multiply, two steps per loop iteration with the decoded operands alternating between two register
+sets. This took the 5 ``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition
+loop out of the consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Grouped calls of smaller blocks (the MoE at
+a few rows per expert) keep the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either (:func:`_ws`).
 
 The weight layout (:func:`pack_wgmma`, once per weight): the codes [N, Kp / 2] with K padded to Kp, a
 multiple of 64, and each 32-byte step permuted so that lane c of a quad finds its 8 bytes contiguous:

@@ -120,6 +120,7 @@ def grouped(T):
         if not nm.startswith("gu_"):
             continue
         W = threads(nm)
+        gsn = int(m.group(1)) if (m := re.search(r"_n(\d+)$", nm)) else 1  # strips a block
         kd = names[(stem, "dn_" + nm[3:])]
         h = torch.full((n, I), float("nan"), device=dev, dtype=torch.bfloat16)
         y = torch.full((n, H), float("nan"), device=dev)
@@ -128,8 +129,8 @@ def grouped(T):
         a2 = (h_ref, p2.q, p2.s, b2, rw, y, ids, eids, ctypes.c_int(H), ctypes.c_int(I), ctypes.c_int(n),
               ctypes.c_int(TOPK), ctypes.c_longlong(I), ctypes.c_longlong(H))
         l1, l2 = k.bind(a1), kd.bind(a2)
-        f1 = lambda: l1.launch(eids.numel(), 2 * I // 16, 1, W)  # noqa: E731
-        f2 = lambda: l2.launch(eids.numel(), H // 16, 1, W)  # noqa: E731
+        f1 = lambda: l1.launch(eids.numel(), 2 * I // 16 // gsn, 1, W)  # noqa: E731
+        f2 = lambda: l2.launch(eids.numel(), H // 16 // gsn, 1, W)  # noqa: E731
         f1(); f2()
         torch.cuda.synchronize()
         ok = torch.equal(h, h_ref) and torch.equal(y, y_ref)

@@ -6,9 +6,12 @@ medians after a clean-L2 read flush (µs).
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
     python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...] [dense,grouped] [MxNxK,...] [REGEX]
 
-Variants named _n<SN> (SN strips a block sharing x) run at split 1, 2, 4 and split_k's (columns /z<S>).
+Variants named _n<SN> (SN strips a block sharing x) run at split 1, 2, 4 and split_k's (columns /z<S>); with
+SPLITS=1,2,3 (environment) every dense variant runs at those splits too. Grouped variants named _n<SN> take SN
+strips a block.
 """
 import ctypes
+import os
 import re
 import sys
 from pathlib import Path
@@ -25,6 +28,7 @@ from mxkit.kernels.moe import align_device, pack_experts_mma
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 names = {(Path(p).stem, n): k for p in sys.argv[1].split(",") for n, k in kernels(p).items()}
 PICK = sys.argv[4] if len(sys.argv) > 4 else ""  # a regex the dense variants' names must match
+SPLITS = [int(v) for v in os.environ.get("SPLITS", "").split(",") if v]  # SPLITS=1,2,3: splits of K to time
 
 
 def threads(name):
@@ -60,7 +64,10 @@ def dense(M, N, K):
         if strips % sn:
             continue
         dflt = md.split_k(groups * strips // sn, K, mt, SMS, sn)
-        for split in sorted({dflt, 1, 2, 4}) if sn > 1 or mt_v > 16 else (dflt,):
+        splits = sorted({dflt, 1, 2, 4}) if sn > 1 or mt_v > 16 else (dflt,)
+        if SPLITS:  # every variant at these splits too (columns /z<S>)
+            splits = sorted(set(splits) | set(SPLITS))
+        for split in splits:
             ws, cnt = split_buffers(groups * strips // sn, split, sn * mt_v * 16)
             y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
             launch = k.bind((x, b.mma_q, b.mma_s, None, y, ws, cnt, ctypes.c_int(M), ctypes.c_int(N),
@@ -69,7 +76,7 @@ def dense(M, N, K):
             go()
             torch.cuda.synchronize()
             name = n.replace("_bf16", "") if mt_v > 16 else n[len(f'm{mt}_bf16_'):]
-            tag = f"{stem}:{name}" + (f"/z{split}" if sn > 1 or mt_v > 16 else "")
+            tag = f"{stem}:{name}" + (f"/z{split}" if sn > 1 or mt_v > 16 or SPLITS else "")
             row[tag] = (t(go), torch.equal(y, ref), close(y, ref))
     return row
 

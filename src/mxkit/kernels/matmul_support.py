@@ -63,28 +63,26 @@ def envelope_rows() -> list[dict]:
     d = table["default"]
     gpus = [g for g in table if g not in ("default", "_doc")]
 
+    def listed(key: str, text, lead: str = " (", tail: str = ")") -> str:
+        """The GPUs whose ``key`` entry says something of its own: ``text(entry, merged)`` (the GPU's entry, and it
+        over the default) is that, or None; listed as "gpu: text" between ``lead`` and ``tail``."""
+        own = [f"{g}: {t}" for g in gpus
+               if (t := text(table[g].get(key, {}), {**d.get(key, {}), **table[g].get(key, {})})) is not None]
+        return f"{lead}{', '.join(own)}{tail}" if own else ""
+
     def per_gpu(key: str, field: str = "max_m") -> str:
-        own = [f"{g}: {table[g][key][field]}" for g in gpus
-               if key in table[g] and field in table[g][key] and table[g][key][field] != d.get(key, {}).get(field)]
-        return f" ({', '.join(own)})" if own else ""
+        return listed(key, lambda e, m: e[field] if field in e and e[field] != d.get(key, {}).get(field) else None)
 
     def large(key: str) -> str:  # (the envelopes widened on large weights: large_max_m on N·K >= large_min_nk)
-        own = [f"{g}: ≤ {table[g][key]['large_max_m']} on N·K ≥ {_count(table[g][key]['large_min_nk'])}"
-               for g in gpus if "large_max_m" in table[g].get(key, {})]
-        return f"; {', '.join(own)}" if own else ""
+        return listed(key, lambda e, m: f"≤ {e['large_max_m']} on N·K ≥ {_count(e['large_min_nk'])}"
+                      if "large_max_m" in e else None, "; ", "")
 
     def small(key: str) -> str:  # (a GPU's own split-K envelope at small M: small_max_m on N·K >= small_min_nk)
-        own = []
-        for g in gpus:
-            e = {**d[key], **table[g].get(key, {})}
-            if any(f in table[g].get(key, {}) and e[f] != d[key][f] for f in ("small_max_m", "small_min_nk")):
-                own.append(f"{g}: {_m_env(e, 'small_max_m', 'small_min_nk')}")
-        return f" ({', '.join(own)})" if own else ""
+        return listed(key, lambda e, m: _m_env(m, "small_max_m", "small_min_nk")
+                      if any(f in e and e[f] != d[key][f] for f in ("small_max_m", "small_min_nk")) else None)
 
     def per_gpu_nk(key: str) -> str:  # (a GPU's wgmma_min_nk: the weights below it keep the other envelope)
-        own = [f"{g}: of N·K ≥ {_count(table[g][key]['wgmma_min_nk'])}" for g in gpus
-               if "wgmma_min_nk" in table[g].get(key, {})]
-        return f" ({', '.join(own)})" if own else ""
+        return listed(key, lambda e, m: f"of N·K ≥ {_count(e['wgmma_min_nk'])}" if "wgmma_min_nk" in e else None)
 
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]

@@ -621,7 +621,7 @@ def _grads_against_reference(m: MXMoE, x: torch.Tensor, g: torch.Tensor, k: int)
     not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_mxmoe_gradients(device, rng):
     """The experts are frozen; x, the router and the expert biases get their gradients on every device, one expert
-    at a time in float32 (_ExpertsGrad), equal to autograd through the float64 reference: both activations and
+    at a time in float32 (ExpertsGrad), equal to autograd through the float64 reference: both activations and
     routings, with and without expert biases, a layer holding part of the experts, 3-D x in bf16; the forward
     keeps the bits it has without autograd (on CUDA the kernels')."""
     E, k = 8, 2

@@ -325,7 +325,7 @@ def quantize(model: torch.nn.Module, fmt: str, quantize_head: bool = False) -> N
     (unless ``quantize_head``) by :func:`mxkit.quantize_model` (not with ``+experts``), then the MoE blocks'
     experts by :func:`mxkit.nn.swap_gpt_oss_moe` (``+experts``: ValueError on a model without them)."""
     import mxkit
-    from ..nn.moe import swap_gpt_oss_moe
+    from ..nn.gpt_oss import swap_gpt_oss_moe
 
     base = fmt.removesuffix(FUSED).removesuffix(EXPERTS)
     w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if base == A8W8 else (base, None)

@@ -2,7 +2,8 @@
 
 from .linear import LayerReport, MXLinear, qsnr_db, quantize_model
 from .fused import FusedMXLinear, FusedPart, fuse_siblings  # q / k / v and gate / up as one GEMM
-from .moe import MXMoE, load_gpt_oss_model, swap_gpt_oss_moe  # MoE layer, GPT-OSS conversion and loading
+from .moe import MXMoE  # MoE layer
+from .gpt_oss import load_gpt_oss_model, swap_gpt_oss_moe  # GPT-OSS conversion and loading
 from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # tensor parallelism
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "fuse_siblings", "FusedMXLinear", "FusedPart",

@@ -1,4 +1,5 @@
-"""`MXMoE`: a mixture-of-experts layer whose experts are stored in an MX format, and GPT-OSS model conversion.
+"""`MXMoE`: a mixture-of-experts layer whose experts are stored in an MX format (GPT-OSS model conversion and
+loading: :mod:`mxkit.nn.gpt_oss`; the experts' backward: :mod:`mxkit.nn._moe_grad`).
 
 Layout (the checkpoint convention, ``nn.Linear``-style ``y = x @ W.T``): expert e's ``gate_up`` weight is
 (2I, H) and its ``down`` weight (H, I), each quantized along its last axis (K). The experts are held as four
@@ -55,9 +56,10 @@ from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LI
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
-from .linear import FP8_ROWWISE, _parse_act, _set_submodule
+from ._moe_grad import ExpertsGrad
+from .linear import FP8_ROWWISE, _parse_act
 
-__all__ = ["MXMoE", "swap_gpt_oss_moe", "load_gpt_oss_model"]
+__all__ = ["MXMoE"]
 
 _EXPERTS = ("gate_up", "down")
 _ACT_FORMATS = (FP8_ROWWISE, "mxfp4_e2m1")  # MXMoE's act_format, as held (None: bf16 tokens)
@@ -108,7 +110,7 @@ class MXMoE(_ops.Handled, nn.Module):
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
     above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
     another dtype). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
-    (:class:`_ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
+    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
     expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
     x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens' activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
@@ -580,12 +582,12 @@ class MXMoE(_ops.Handled, nn.Module):
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
         packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
-        the router or the expert biases) it goes through :class:`_ExpertsGrad` (the same forward, a per-expert
+        the router or the expert biases) it goes through :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same forward, a per-expert
         float32 backward); under expert parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
             weights, ids = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
-            return _ExpertsGrad.apply(x, weights, self.gate_up_bias, self.down_bias, ids, logits.detach(), self)
+            return ExpertsGrad.apply(x, weights, self.gate_up_bias, self.down_bias, ids, logits.detach(), self)
         if not grad:
             y = self._forward_packed(x, logits, routed)
             if y is None:
@@ -733,72 +735,6 @@ class MXMoE(_ops.Handled, nn.Module):
                 + (f", act_format={self.act_format}" if self.act_format else ""))
 
 
-class _ExpertsGrad(torch.autograd.Function):
-    """The experts' weighted sum y (..., H) of an :class:`MXMoE` where autograd needs a gradient of x, the routing
-    weights (hence the router) or the expert biases.
-
-    forward(x, weights (T, k), b_gate_up, b_down, ids (T, k), logits (detached), layer): the layer's path without
-    autograd, routed by (weights, ids) (the routing of ``logits``), so y has the bits it has without gradients.
-    backward: for each expert that received a pair, in float32: its gate_up and down weights dequantized (exact),
-    h = x W1ᵀ + b1, a = act(h), y_e = a W2ᵀ + b2 differentiated by autograd (the activation's own derivative,
-    clamps included), with y's gradient times each pair's routing weight; a pair's routing-weight gradient is
-    <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate, MXFP4 x MXFP4's
-    MXFP4 ones), the backward passes them straight through. Memory: one expert's dequantized weights and its
-    pairs' activations at a time.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weights, b1, b2, ids, logits, layer):
-        with torch.no_grad():
-            y = layer._experts(x, logits, (weights.detach(), ids))
-        ctx.save_for_backward(x, weights, ids, b1, b2)
-        ctx.layer = layer
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, weights, ids, b1, b2 = ctx.saved_tensors
-        layer = ctx.layer
-        need_x, need_w, need_b1, need_b2 = ctx.needs_input_grad[:4]
-        H, k = x.shape[-1], ids.shape[-1]
-        x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
-        f32 = dict(dtype=torch.float32, device=x.device)
-        gx = torch.zeros(x2.shape, **f32) if need_x else None
-        gw = torch.zeros(weights.shape, **f32) if need_w else None
-        gb1 = torch.zeros(b1.shape, **f32) if need_b1 else None
-        gb2 = torch.zeros(b2.shape, **f32) if need_b2 else None
-        lo, hi = layer.expert_range
-        act = ACTIVATIONS[layer.activation]
-        flat = ids.reshape(-1)
-        for e in torch.unique(flat).tolist():
-            if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
-                continue
-            pair = (flat == e).nonzero().squeeze(1)
-            t, slot = pair // k, pair % k
-            w1, w2 = (layer._expert_weight(name, e - lo) for name in _EXPERTS)
-            with torch.enable_grad():
-                xe = x2[t].to(torch.float32).requires_grad_(need_x)
-                b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32).requires_grad_(need_b1)
-                b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32).requires_grad_(need_b2)
-                h = xe @ w1.t()
-                a = act(h if b1e is None else h + b1e)
-                ye = a @ w2.t()
-                ye = ye if b2e is None else ye + b2e
-                ins = [v for v in (xe, b1e, b2e) if v is not None and v.requires_grad]
-                got = iter(torch.autograd.grad(ye, ins, g2[t] * weights[t, slot, None].to(torch.float32))
-                           if ins else ())
-            if need_x:
-                gx.index_add_(0, t, next(got))
-            if b1e is not None and b1e.requires_grad:
-                gb1[e - lo] = next(got)
-            if b2e is not None and b2e.requires_grad:
-                gb2[e - lo] = next(got)
-            if need_w:
-                gw[t, slot] = (g2[t] * ye.detach()).sum(-1)
-        cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
-        return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None
-
-
 @torch.compiler.disable
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
@@ -881,123 +817,11 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
     module._mma_flags, module._packed = tuple(flags), None
 
 
-def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kwargs) -> nn.Module:
-    """Replace every transformers ``GptOssMLP`` in ``model`` (e.g. a ``GptOssForCausalLM``) by an
-    :class:`MXMoE` (:meth:`MXMoE.from_hf_gpt_oss` with ``return_router_scores=True``, the ``(hidden, scores)``
-    pair the decoder layer unpacks), in place. Returns ``model``.
-
-    The swapped model still records ``router_logits`` (``output_router_logits=True``, and so the router's
-    auxiliary loss): each MXMoE's ``logits_recorder`` is a :class:`GptOssRouterLogits`, the module class
-    transformers' output recorder hooks, called with the layer's (T, E) logits. Raises ImportError without
-    transformers' GPT-OSS, ValueError if the model has no GptOssMLP.
-    """
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-
-    names = [n for n, m in model.named_modules() if isinstance(m, GptOssMLP)]
-    if not names:
-        raise ValueError(f"{type(model).__name__} has no GptOssMLP to swap")
-    for name in names:
-        new = MXMoE.from_hf_gpt_oss(model.get_submodule(name), weight_format, return_router_scores=True, **kwargs)
-        new.logits_recorder = __getattr__("GptOssRouterLogits")()
-        _set_submodule(model, name, new)
-    return model
-
-
-def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu",
-                       progress: bool = True, **kwargs) -> nn.Module:
-    """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory with every MoE block an :class:`MXMoE`
-    holding the checkpoint's expert bytes as they are: no expert is ever dequantized or held dense, so a model
-    whose experts only fit as MXFP4 (GPT-OSS-120B: 60.9 GB of experts, 234 GB in bf16) loads onto one GPU.
-
-    The model is built on the meta device from config.json less its ``quantization_config`` (so transformers'
-    MXFP4 integration, which wants its own GPU kernels, is not involved); each ``GptOssMLP`` is replaced by
-    :meth:`MXMoE.from_mx` on ``device`` (``return_router_scores=True``, GPT-OSS routing and activation) from
-    :func:`mxkit.gpt_oss.load_gpt_oss`'s memory-mapped MXTensors (router logits recorded as by
-    :func:`swap_gpt_oss_moe`); every other tensor is read from the directory
-    in ``dtype`` straight onto ``device``; the rotary embedding's buffers (not in a checkpoint) are computed there.
-    kwargs: :class:`MXMoE`'s (``backend``, ``act_format``, ``keep_source``). Returns the model in eval mode.
-    Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
-    MoE's rounding: MXMoE computes in float32 (CPU: float64) with one rounding per GEMM.
-    Raises ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or one that does
-    not match the model (naming the tensors).
-    """
-    import contextlib
-
-    from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, use_generation_config
-
-    device = torch.device(device)
-    ckpt, config = hf_config(path, progress)  # (ImportError without transformers' GPT-OSS classes)
-    from transformers import AutoModelForCausalLM
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    mlps = {n: m for n, m in model.named_modules() if isinstance(m, GptOssMLP)}
-    for moe_w in ckpt.layers:
-        name = f"model.layers.{moe_w.layer}.mlp"
-        if name not in mlps:
-            raise CheckpointError(f"{ckpt.path}: the model has no GptOssMLP {name!r}")
-        router = nn.Linear(ckpt.dims.hidden_size, ckpt.dims.num_experts, device=device, dtype=dtype)
-        with torch.no_grad():
-            router.weight.copy_(moe_w.router_weight)
-            router.bias.copy_(moe_w.router_bias)
-        new = MXMoE.from_mx(router, moe_w.gate_up, moe_w.gate_up_bias.to(dtype), moe_w.down,
-                            moe_w.down_bias.to(dtype), mlps[name].router.top_k, device=device, routing="gpt_oss",
-                            activation="swiglu_gpt_oss", return_router_scores=True, **kwargs)
-        new.logits_recorder = __getattr__("GptOssRouterLogits")()
-        _set_submodule(model, name, new)
-    state = {}
-    with contextlib.ExitStack() as stack:
-        reader = _Reader(ckpt.path, stack)
-        moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
-        for name in reader.weight_map:
-            if name not in moe_names:
-                t = reader.tensor(name)  # (assign=True keeps what it is given: cast here, floats only)
-                state[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-        try:
-            result = model.load_state_dict(state, strict=False, assign=True)
-        except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
-            raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()  # (assign=True replaced the tied parameter; a tied lm_head is not in the directory)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    # the MXMoE modules' own tensors are theirs already; anything else the directory lacks stays on meta
-    missing = [k for k in result.missing_keys if k not in tied and (".mlp." not in k or not isinstance(
-        model.get_submodule(k.rsplit(".mlp.", 1)[0] + ".mlp"), MXMoE))]
-    if missing or result.unexpected_keys:
-        raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "
-                              f"from it {missing[:5]}, tensors the model lacks {result.unexpected_keys[:5]}")
-    for name, m in list(model.named_modules()):  # non-persistent buffers (rotary inv_freq): computed on device
-        if type(m).__name__.endswith("RotaryEmbedding") and any(b.is_meta for b in m.buffers(recurse=False)):
-            with torch.device(device):
-                _set_submodule(model, name, type(m)(config=model.config))
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise CheckpointError(f"{ckpt.path}: no tensor in the directory for {left[:5]}")
-    use_generation_config(model, ckpt.path)
-    return model.eval()
-
-
 def __getattr__(name: str):
-    """``GptOssRouterLogits``, made on first use (it subclasses transformers' ``GptOssTopKRouter``, so importing
-    this module does not need transformers; a pickled swapped model finds it here)."""
-    if name != "GptOssRouterLogits":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name in globals():  # (made already: one class, which pickle finds by name)
-        return globals()[name]
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+    """The GPT-OSS conversion's names, where they were before :mod:`mxkit.nn.gpt_oss` (a model pickled then names
+    ``mxkit.nn.moe.GptOssRouterLogits``)."""
+    if name in ("GptOssRouterLogits", "swap_gpt_oss_moe", "load_gpt_oss_model"):
+        from . import gpt_oss
 
-    class GptOssRouterLogits(GptOssTopKRouter):
-        """The router logits of an :class:`MXMoE` as transformers records them: an instance of
-        ``GptOssTopKRouter`` (whose outputs ``output_router_logits`` collects by class), without parameters,
-        returning the (T, E) logits it is called with."""
-
-        def __init__(self):
-            nn.Module.__init__(self)
-
-        def forward(self, logits: torch.Tensor) -> torch.Tensor:
-            return logits
-
-    GptOssRouterLogits.__module__, GptOssRouterLogits.__qualname__ = __name__, "GptOssRouterLogits"
-    globals()["GptOssRouterLogits"] = GptOssRouterLogits
-    return GptOssRouterLogits
+        return getattr(gpt_oss, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,76 @@
+"""The backward of :class:`mxkit.nn.MXMoE`'s experts: one expert at a time in float32 on its exact dequantized
+weights (the layer's forward, without autograd, keeps its bits)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..moe_reference import ACTIVATIONS
+
+__all__ = ["ExpertsGrad"]
+
+
+class ExpertsGrad(torch.autograd.Function):
+    """The experts' weighted sum y (..., H) of an :class:`MXMoE` where autograd needs a gradient of x, the routing
+    weights (hence the router) or the expert biases.
+
+    forward(x, weights (T, k), b_gate_up, b_down, ids (T, k), logits (detached), layer): the layer's path without
+    autograd, routed by (weights, ids) (the routing of ``logits``), so y has the bits it has without gradients.
+    backward: for each expert that received a pair, in float32: its gate_up and down weights dequantized (exact),
+    h = x W1ᵀ + b1, a = act(h), y_e = a W2ᵀ + b2 differentiated by autograd (the activation's own derivative,
+    clamps included), with y's gradient times each pair's routing weight; a pair's routing-weight gradient is
+    <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate, MXFP4 x MXFP4's
+    MXFP4 ones), the backward passes them straight through. Memory: one expert's dequantized weights and its
+    pairs' activations at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weights, b1, b2, ids, logits, layer):
+        with torch.no_grad():
+            y = layer._experts(x, logits, (weights.detach(), ids))
+        ctx.save_for_backward(x, weights, ids, b1, b2)
+        ctx.layer = layer
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weights, ids, b1, b2 = ctx.saved_tensors
+        layer = ctx.layer
+        need_x, need_w, need_b1, need_b2 = ctx.needs_input_grad[:4]
+        H, k = x.shape[-1], ids.shape[-1]
+        x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
+        f32 = dict(dtype=torch.float32, device=x.device)
+        gx = torch.zeros(x2.shape, **f32) if need_x else None
+        gw = torch.zeros(weights.shape, **f32) if need_w else None
+        gb1 = torch.zeros(b1.shape, **f32) if need_b1 else None
+        gb2 = torch.zeros(b2.shape, **f32) if need_b2 else None
+        lo, hi = layer.expert_range
+        act = ACTIVATIONS[layer.activation]
+        flat = ids.reshape(-1)
+        for e in torch.unique(flat).tolist():
+            if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
+                continue
+            pair = (flat == e).nonzero().squeeze(1)
+            t, slot = pair // k, pair % k
+            w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
+            with torch.enable_grad():
+                xe = x2[t].to(torch.float32).requires_grad_(need_x)
+                b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32).requires_grad_(need_b1)
+                b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32).requires_grad_(need_b2)
+                h = xe @ w1.t()
+                a = act(h if b1e is None else h + b1e)
+                ye = a @ w2.t()
+                ye = ye if b2e is None else ye + b2e
+                ins = [v for v in (xe, b1e, b2e) if v is not None and v.requires_grad]
+                got = iter(torch.autograd.grad(ye, ins, g2[t] * weights[t, slot, None].to(torch.float32))
+                           if ins else ())
+            if need_x:
+                gx.index_add_(0, t, next(got))
+            if b1e is not None and b1e.requires_grad:
+                gb1[e - lo] = next(got)
+            if b2e is not None and b2e.requires_grad:
+                gb2[e - lo] = next(got)
+            if need_w:
+                gw[t, slot] = (g2[t] * ye.detach()).sum(-1)
+        cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
+        return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None

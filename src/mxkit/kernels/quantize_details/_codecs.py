@@ -246,12 +246,12 @@ def _fp6_pairs_asm(mbits: int, cols: bool) -> str:
     lines = ["{", ".reg .b16 h0, h1;", ".reg .b32 y, w, s, t, g0, g1, g2, g3;",
              ".reg .f32 " + ", ".join(f"v{i}" for i in range(8)) + ";"]
     if cols:
-        words, fa, fb, m, keeps, n_units = [f"${6 + j}" for j in range(16)], "$22", "$23", "$24", ("$25", "$26"), 2
+        words, fa, fb, m, keeps = [f"${6 + j}" for j in range(16)], "$22", "$23", "$24", ("$25", "$26")
     else:
-        words, fa, fb, m, keeps, n_units = [f"${3 + j}" for j in range(8)], "$11", "$11", "$12", ("$13",), 1
+        words, fa, fb, m, keeps = [f"${3 + j}" for j in range(8)], "$11", "$11", "$12", ("$13",)
 
     def scaled(word, lo, hi):  # the word's two clamped, scaled halves -> f32 registers lo, hi
-        return [f"min.xorsign.abs.bf16x2 y, {word}, {m};", f"shl.b32 s, y, 16;", "and.b32 y, y, 0xFFFF0000;",
+        return [f"min.xorsign.abs.bf16x2 y, {word}, {m};", "shl.b32 s, y, 16;", "and.b32 y, y, 0xFFFF0000;",
                 f"mul.rn.f32 {lo}, s, {fa};", f"mul.rn.f32 {hi}, y, {fb};"]
 
     def codes4(a, b, c, d, g):  # four scaled values (element order) -> 24-bit field of 4 FP6 codes in g

@@ -110,8 +110,8 @@ class MXMoE(_ops.Handled, nn.Module):
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
     above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
     another dtype). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
-    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the backward runs one
-    expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
+    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
+    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
     x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens' activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
@@ -582,8 +582,8 @@ class MXMoE(_ops.Handled, nn.Module):
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
         packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
-        the router or the expert biases) it goes through :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same forward, a per-expert
-        float32 backward); under expert parallelism through the reference backend."""
+        the router or the expert biases) it goes through :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same
+        forward, a per-expert float32 backward); under expert parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
             weights, ids = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)

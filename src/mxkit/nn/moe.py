@@ -111,8 +111,9 @@ class MXMoE(_ops.Handled, nn.Module):
     above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
     another dtype). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
     (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
-    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of W4A8 / MXFP4
-    x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens' activations.
+    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of
+    W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens'
+    activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.

@@ -22,6 +22,7 @@ import triton.language as tl
 from _probe import DEV as dev, time_us as t
 
 import mxkit
+from mxkit.bench.moe import graphed
 from mxkit.bench.timing import TimingConfig, copy_bandwidth
 
 
@@ -96,18 +97,9 @@ def main():
 
 
 def in_graph(step) -> float:
-    """µs of one replay of ``step`` (a list of calls) captured in a CUDA graph, after the read flush."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm: compiles, plans, allocator
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    torch.cuda.synchronize()
-    return t(g.replay)
+    """µs of one replay of ``step`` (a list of calls) captured in a CUDA graph (:func:`mxkit.bench.moe.graphed`),
+    after the read flush."""
+    return t(graphed(step))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How ``torch.compile`` reaches mxkit's CUDA modules: each :class:`~mxkit.nn.MXLinear`,
 :class:`~mxkit.nn.FusedMXLinear` and :class:`~mxkit.nn.MXMoE` gets a process-local integer handle at construction
-(and a new one when deep-copied or unpickled), and its custom op (``mxkit::mx_linear``, ``mxkit::mx_fused_part``,
+(and a new one when deep-copied or unpickled), and its custom op (``mxkit::mx_linear``, ``mxkit::mx_fused``,
 ``mxkit::mx_moe``) finds the module by that handle and runs its eager forward:
 the kernels launch through the driver API, which dynamo does not trace, so to a compiled graph each module is
 one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph.

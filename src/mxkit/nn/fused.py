@@ -14,20 +14,21 @@ it, for that very tensor object (or view of one base object, with the same data 
 version (``x._version``: an in-place change of x, or a load_state_dict, between two parts' calls recomputes; an
 in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode tensor keeps no version,
 an in-place change of one between two parts' calls): parts called with different inputs each get a correct result.
-Under ``torch.compile`` (inference) a CUDA part is one custom op, ``mxkit::mx_fused_part(x, handle, i)``
-(:mod:`mxkit.nn._ops`), whose kernel is ``output(x, i)`` by the same rule (one GEMM per group and input; the part's
-output is its view of the fused output, and the op's fake gives that view's strides), except that the op keeps the
-fused output only while a part's slice of it is alive (a weak reference): Inductor may hand a group's parts
-different copies of one input, and a part left unread must not leave a tensor in a CUDA graph's pool.
-``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients it is a graph break; on other devices every
-part runs the fused GEMM itself (correct; nothing is kept between calls). The state_dict holds the fused layer
+Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cache: the first part traced with an
+input puts one fused GEMM in the graph and the group's other parts traced with that same input take their column
+slices of its output, so the compiled graph runs one GEMM per group and input whatever buffers Inductor later hands
+the op, and the fused output is an ordinary intermediate of the graph, freed with the parts' slices (nothing kept
+between calls, nothing left in a CUDA graph's pool). On CUDA (inference) the GEMM is one custom op,
+``mxkit::mx_fused(x, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the fused layer's eager forward;
+``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients on CUDA a part is a graph break (its eager
+``output``); on other devices the fused layer's forward is traced. The state_dict holds the fused layer
 (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -78,41 +79,52 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
-        # [weakref to x (or x's base), x._version, a function giving fused(x) back (None: gone), parts served,
-        # x's view]; forgotten when a state_dict is loaded (the output of the old weights)
+        # [weakref to x (or x's base), x._version, fused(x), parts served, x's view]; forgotten when a state_dict
+        # is loaded (the output of the old weights)
         self._last = None
+        # while Dynamo traces: (x, fused(x), parts served) of the last traced input, until every part has its slice
+        self._traced = [None]
         self.register_load_state_dict_post_hook(_forget_output)
         _ops.register(self)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_last"] = None  # (a weak reference: not picklable, and nothing to keep across a copy)
+        state["_traced"] = [None]
         return state
 
-    def output(self, x: torch.Tensor, i: int, weak: bool = False) -> torch.Tensor:
-        """Part i's output for input x (the module docstring's reuse rule). ``weak`` (the custom op's call, inside
-        a compiled graph): the fused output is kept only while a part's slice of it is alive."""
-        if torch.compiler.is_compiling() and x.is_cuda:
-            if needs_grad(x, self.fused.bias):
-                return _eager_output(self, x, i)
-            return torch.ops.mxkit.mx_fused_part(x, self._op_handle, i)
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Part i's output for input x (the module docstring's reuse rule)."""
         if torch.compiler.is_compiling():
-            y = self.fused(x)
+            if x.is_cuda and needs_grad(x, self.fused.bias):
+                return _eager_output(self, x, i)
+            return self._traced_output(x, i)
+        ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
+        # a view is keyed by its base object and its geometry
+        src = x if x._base is None else x._base
+        view = (x.data_ptr(), x.shape, x.stride())
+        last = self._last
+        hit = last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]
+        if hit:
+            y = last[2]
         else:
-            ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
-            # a view is keyed by its base object and its geometry: compiled code hands each part a new view of
-            # one buffer
-            src = x if x._base is None else x._base
-            view = (x.data_ptr(), x.shape, x.stride())
-            last = self._last
-            hit = last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]
-            y = last[2]() if hit else None  # (weak: None once no slice is alive)
-            if y is None:
-                y = self.fused(x)
-                last = self._last = [weakref.ref(src), ver, _weakly(y) if weak else (lambda y=y: y), set(), view]
-            last[3].add(i)
-            if len(last[3]) == len(self.splits):
-                self._last = None  # every part has its slice
+            y = self.fused(x)
+            last = self._last = [weakref.ref(src), ver, y, set(), view]
+        last[3].add(i)
+        if len(last[3]) == len(self.splits):
+            self._last = None  # every part has its slice
+        return y.narrow(-1, self.offsets[i], self.splits[i])
+
+    def _traced_output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """``output`` while Dynamo traces: the fused GEMM of the last traced input when this part has not had its
+        slice of it yet, else a new one (``mxkit::mx_fused`` on CUDA, the traced forward elsewhere)."""
+        traced = self._traced[0]
+        if traced is not None and traced[0] is x and i not in traced[2]:
+            y, served = traced[1], traced[2] | {i}
+        else:
+            y = torch.ops.mxkit.mx_fused(x, self._op_handle) if x.is_cuda else self.fused(x)
+            served = {i}
+        self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)
         return y.narrow(-1, self.offsets[i], self.splits[i])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -128,42 +140,23 @@ def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:
     module._last = None
 
 
-def _weakly(y: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
-    """y held weakly: a function giving y back (a tensor on its memory with its dtype and geometry) while any
-    tensor on that memory lives (the parts' outputs: views or, inside a compiled graph, detached aliases of y, so
-    the weak reference is to the storage, not to y), and None after."""
-    ref, dtype, shape, stride, offset = (weakref.ref(y.untyped_storage()), y.dtype, tuple(y.shape), y.stride(),
-                                         y.storage_offset())
-
-    def get() -> Optional[torch.Tensor]:
-        st = ref()
-        return None if st is None else torch.empty(0, dtype=dtype, device=st.device).set_(st, offset, shape, stride)
-
-    return get
-
-
 @torch.compiler.disable
 def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor:
     """``group.output(x, i)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return group.output(x, i)
 
 
-@torch.library.custom_op("mxkit::mx_fused_part", mutates_args=())
-def _fused_part_op(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
-    """Part ``i``'s output of the FusedMXLinear of ``handle`` for x (its eager ``output``: one fused GEMM per
-    group and input, shared while a part's slice of it is alive). Returns (..., splits[i]) in x's dtype: a view
-    of the fused output, with the strides the fake gives."""
-    return _ops.module_of(handle, "mx_fused_part").output(x, i, weak=True)
+@torch.library.custom_op("mxkit::mx_fused", mutates_args=())
+def _fused_op(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The fused output of the FusedMXLinear of ``handle`` for x: its fused layer's eager forward, (...,
+    sum(splits)) contiguous in x's dtype (torch.compile's view of a CUDA group's GEMM)."""
+    return _ops.module_of(handle, "mx_fused").fused(x)
 
 
-@_fused_part_op.register_fake
-def _fused_part_fake(x: torch.Tensor, handle: int, i: int) -> torch.Tensor:
-    g = _ops.module_of(handle, "mx_fused_part")
-    full = (*x.shape[:-1], sum(g.splits))  # the fused output (contiguous), of which the part is a column slice
-    strides = [1] * len(full)
-    for d in range(len(full) - 2, -1, -1):
-        strides[d] = strides[d + 1] * full[d + 1]
-    return x.new_empty_strided((*x.shape[:-1], g.splits[i]), strides)
+@_fused_op.register_fake
+def _fused_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
+    g = _ops.module_of(handle, "mx_fused")
+    return x.new_empty((*x.shape[:-1], sum(g.splits)))
 
 
 class FusedPart(nn.Module):

@@ -732,9 +732,9 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
     lower index (torch.topk leaves it unspecified): a hook does, and checks that no other token changes. Each MoE
     layer on the input transformers' layer got: the same experts (the same bf16 router GEMM; up to 8 tokens mxkit's
     one-launch router sums the logits in float64, so a token whose k-th and (k+1)-th logits lie within a few ulp may
-    differ there), every token within the bound. End to end, every hidden state and the logits within the bound, but for the tokens that take other
-    experts in the last layer, whose input differs by bf16 noise: a token near a router tie there may (allowed: a
-    quarter of the tokens, at least 3; measured 2-3%)."""
+    differ there), every token within the bound. End to end, every hidden state and the logits within the bound, but for
+    the tokens that take other experts in the last layer, whose input differs by bf16 noise: a token near a router tie
+    there may (allowed: a quarter of the tokens, at least 3; measured 2-3%)."""
     pytest.importorskip("transformers.models.gpt_oss")
     from mxkit.moe import route
     from mxkit.nn import MXMoE, load_gpt_oss_model

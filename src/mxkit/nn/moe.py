@@ -113,11 +113,11 @@ class MXMoE(_ops.Handled, nn.Module):
     another dtype); on CUDA, for up to 8 tokens of bfloat16 / float16 x with ``routing="gpt_oss"``, a router in x's
     dtype and no gradient to record (decode), the router, the top-k and the softmax run as one launch,
     :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they differ from the ``nn.Linear``'s cuBLAS
-    sums in the last bit of about 0.1% of them; the router module itself is then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
-    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
-    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of
-    W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens'
-    activations.
+    sums in the last bit of about 0.1% of them; the router module itself is then not called). The experts are frozen (MX
+    bytes); gradients reach x, the router and the expert biases (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward
+    is the path without autograd (the same bits), the backward runs one expert at a time in float32 on its exact
+    dequantized weights (the quantized activations of W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at
+    one expert's weights plus its tokens' activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.

@@ -33,11 +33,16 @@ MAX_EXPERTS, MAX_TOP_K = 1024, 32
 
 
 @triton.jit
-def _top_k_softmax(v, ok, cols, K: tl.constexpr, E_P2: tl.constexpr, K_P2: tl.constexpr, LOG_K_P2: tl.constexpr,
-                   ROWS: tl.constexpr, EXPF: tl.constexpr):
-    """The selection and softmax of the module docstring on logits v float32 [ROWS, E_P2] (``ok``: the real
-    entries, ``cols`` [1, E_P2] their expert indices) -> (w float32 [ROWS, K_P2], ids int32 [ROWS, K_P2], slot
-    [1, K_P2]); the slots past K hold w = 0."""
+def _route_gpt_oss_kernel(logits_ptr, w_ptr, ids_ptr, T, E, stride, K: tl.constexpr, E_P2: tl.constexpr,
+                          K_P2: tl.constexpr, LOG_K_P2: tl.constexpr, ROWS: tl.constexpr, EXPF: tl.constexpr):
+    """Rows [ROWS * program_id(0), + ROWS) of logits (T, E) (row stride ``stride``) -> w float32 (T, K),
+    ids int32 (T, K). K_P2 = 2^LOG_K_P2: the next power of two >= K. EXPF: libdevice's full-precision expf (the
+    GPU; the CPU interpreter has no libdevice: tl.exp)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r = rows[:, None]
+    cols = tl.arange(0, E_P2)[None, :]
+    ok = (r < T) & (cols < E)
+    v = tl.load(logits_ptr + r.to(tl.int64) * stride + cols, mask=ok, other=0.0).to(tl.float32)
     # an int32 key ordered as the values, NaN above +inf, -0.0 equal to +0.0; then the index, lower first
     bits = v.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -65,21 +70,7 @@ def _top_k_softmax(v, ok, cols, K: tl.constexpr, E_P2: tl.constexpr, K_P2: tl.co
     s = e
     for h in tl.static_range(LOG_K_P2):  # the butterfly: first half + second half, until one lane
         s = tl.sum(tl.reshape(s, [ROWS, 2, K_P2 >> (h + 1)]), axis=1)
-    return tl.math.div_rn(e, s), ids, slot
-
-
-@triton.jit
-def _route_gpt_oss_kernel(logits_ptr, w_ptr, ids_ptr, T, E, stride, K: tl.constexpr, E_P2: tl.constexpr,
-                          K_P2: tl.constexpr, LOG_K_P2: tl.constexpr, ROWS: tl.constexpr, EXPF: tl.constexpr):
-    """Rows [ROWS * program_id(0), + ROWS) of logits (T, E) (row stride ``stride``) -> w float32 (T, K),
-    ids int32 (T, K). K_P2 = 2^LOG_K_P2: the next power of two >= K. EXPF: libdevice's full-precision expf (the
-    GPU; the CPU interpreter has no libdevice: tl.exp)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    r = rows[:, None]
-    cols = tl.arange(0, E_P2)[None, :]
-    ok = (r < T) & (cols < E)
-    v = tl.load(logits_ptr + r.to(tl.int64) * stride + cols, mask=ok, other=0.0).to(tl.float32)
-    w, ids, slot = _top_k_softmax(v, ok, cols, K, E_P2, K_P2, LOG_K_P2, ROWS, EXPF)
+    w = tl.math.div_rn(e, s)
     out = r.to(tl.int64) * K + slot
     keep = (r < T) & (slot < K)
     tl.store(w_ptr + out, w, mask=keep)
@@ -112,98 +103,3 @@ def route_gpt_oss(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor
                 (("K", top_k), ("E_P2", e_p2), ("K_P2", k_p2), ("LOG_K_P2", k_p2.bit_length() - 1), ("ROWS", rows),
                  ("EXPF", router_logits.is_cuda)), 4)
     return w, ids
-
-
-# --------------------------------------------------------------------------------------------------------
-# the router GEMM, top-k and softmax in one launch (decode)
-
-ROUTER_MAX_TOKENS = 8  # up to this many tokens MXMoE routes through router_gpt_oss (one program per expert block
-#                        and token; above, cuBLAS's GEMM and the kernel above)
-_ROUTER_X = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}  # x dtypes taken -> PyTorch's NaN bits in that dtype
-
-
-@triton.jit
-def _router_gpt_oss_kernel(x_ptr, wt_ptr, b_ptr, logits_ptr, w_ptr, ids_ptr, cnt_ptr, E, H, stride_x,
-                           HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr, NAN_BITS: tl.constexpr,
-                           EPP: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, E_P2: tl.constexpr,
-                           K_P2: tl.constexpr, LOG_K_P2: tl.constexpr, EXPF: tl.constexpr):
-    """Token program_id(0), experts [EPP * program_id(1), + EPP): logits = x . wt[e] (+ b[e]) with the products and
-    their sum in float64, rounded to float32 and then to x's dtype (NaN as NAN_BITS), stored as int16 bits into
-    logits (T, E); the token's last program to arrive (its counter in cnt, reset to 0 after) reads the token's E
-    logits back and writes the top-K ids and weights of :func:`_top_k_softmax` into w / ids (T, K)."""
-    t = tl.program_id(0).to(tl.int64)
-    e = tl.program_id(1) * EPP + tl.arange(0, EPP)
-    acc = tl.zeros([EPP, BLOCK_H], dtype=tl.float64)
-    for h0 in range(0, H, BLOCK_H):
-        hh = h0 + tl.arange(0, BLOCK_H)
-        xv = tl.load(x_ptr + t * stride_x + hh, mask=hh < H, other=0.0).to(tl.float64)
-        wv = tl.load(wt_ptr + e[:, None].to(tl.int64) * H + hh[None, :], mask=(e[:, None] < E) & (hh[None, :] < H),
-                     other=0.0).to(tl.float64)
-        acc += wv * xv[None, :]  # (bf16 / fp16 products are exact in float64)
-    s = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        s += tl.load(b_ptr + e, mask=e < E, other=0.0).to(tl.float64)
-    f = s.to(tl.float32)
-    if OUT_BF16:  # to nearest, ties to even, in integers (the CPU interpreter's bf16 cast truncates)
-        b32 = f.to(tl.int32, bitcast=True)
-        bits = (b32 + 0x7FFF + ((b32 >> 16) & 1)) >> 16
-    else:
-        bits = f.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    bits = tl.where(f != f, NAN_BITS, bits).to(tl.int16)
-    tl.store(logits_ptr + t * E + e, bits, mask=e < E)
-    tl.debug_barrier()  # every thread's logits stored before the release below
-    arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
-        cols = tl.arange(0, E_P2)[None, :]
-        ok = cols < E
-        raw = tl.load(logits_ptr + t * E + cols, mask=ok, other=0, volatile=True)
-        if OUT_BF16:
-            v = raw.to(tl.bfloat16, bitcast=True).to(tl.float32)
-        else:
-            v = raw.to(tl.float16, bitcast=True).to(tl.float32)
-        w, ids, slot = _top_k_softmax(v, ok, cols, K, E_P2, K_P2, LOG_K_P2, 1, EXPF)
-        keep = slot < K
-        tl.store(w_ptr + t * K + slot, w, mask=keep)
-        tl.store(ids_ptr + t * K + slot, ids, mask=keep)
-        tl.store(cnt_ptr + t, 0)
-
-
-_ROUTER_LAUNCH = _Launcher(sys.modules[__name__], "_router_gpt_oss_kernel")
-
-
-def router_takes(x: torch.Tensor, weight: torch.Tensor, bias, top_k: int) -> bool:
-    """Whether :func:`router_gpt_oss` takes these: CUDA x (T, H) bfloat16 / float16 with a unit column stride and
-    1 <= T <= :data:`ROUTER_MAX_TOKENS`, weight (E, H) and bias (E,) or None contiguous in x's dtype on x's device,
-    E <= 1024, 1 <= top_k <= min(E, 32)."""
-    E = weight.shape[0] if weight.dim() == 2 else 0
-    return (x.is_cuda and x.dtype in _ROUTER_X and x.dim() == 2 and 0 < x.shape[0] <= ROUTER_MAX_TOKENS
-            and x.stride(1) == 1 and weight.dtype == x.dtype and weight.device == x.device and weight.dim() == 2
-            and weight.shape[1] == x.shape[1] and weight.is_contiguous() and 0 < E <= MAX_EXPERTS
-            and (bias is None or (bias.dtype == x.dtype and bias.device == x.device and tuple(bias.shape) == (E,)
-                                  and bias.is_contiguous()))
-            and type(top_k) is int and 1 <= top_k <= min(E, MAX_TOP_K) and libdevice is not None)
-
-
-def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias, top_k: int) -> tuple:
-    """``(logits (T, E) in x's dtype, topk_weights (T, k) float32, topk_ids (T, k) int32)``: GPT-OSS's router
-    (``x @ weight.T + bias``) and its routing in one launch, the bytes of
-    :func:`mxkit.moe_reference.router_logits` and :func:`mxkit.moe_reference.route` (``"gpt_oss"``) on them. The
-    caller checks :func:`router_takes`."""
-    from ._mma_decode import pair_counters
-
-    T, H = x.shape
-    E = weight.shape[0]
-    logits = torch.empty(T, E, dtype=x.dtype, device=x.device)
-    w = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
-    epp = triton.next_power_of_2(triton.cdiv(E, 32))  # 32 programs a token (E = 32: one expert each)
-    e_p2, k_p2 = triton.next_power_of_2(E), triton.next_power_of_2(top_k)
-    cnt = pair_counters(x.device, T, "router") if x.is_cuda else torch.zeros(T, dtype=torch.int32)  # (interpreter)
-    _ROUTER_LAUNCH((T, triton.cdiv(E, epp)),
-                   (x, weight, weight if bias is None else bias, logits.view(torch.int16), w, ids, cnt, E, H,
-                    x.stride(0)),
-                   (("HAS_BIAS", bias is not None), ("OUT_BF16", x.dtype == torch.bfloat16),
-                    ("NAN_BITS", _ROUTER_X[x.dtype]), ("EPP", epp),
-                    ("BLOCK_H", min(triton.next_power_of_2(H), 4096 // epp)), ("K", top_k),
-                    ("E_P2", e_p2), ("K_P2", k_p2), ("LOG_K_P2", k_p2.bit_length() - 1), ("EXPF", x.is_cuda)), 4)
-    return logits, w, ids

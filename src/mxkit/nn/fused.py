@@ -18,7 +18,8 @@ Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cac
 input puts one fused GEMM in the graph and the group's other parts traced with that same input take their column
 slices of its output, so the compiled graph runs one GEMM per group and input whatever buffers Inductor later hands
 the op, and the fused output is an ordinary intermediate of the graph, freed with the parts' slices (nothing kept
-between calls, nothing left in a CUDA graph's pool). On CUDA (inference) the GEMM is one custom op,
+between calls, nothing left in a CUDA graph's pool; a group whose parts are not all called in one compiled frame
+keeps that frame's input and fused output until its next traced call). On CUDA (inference) the GEMM is one custom op,
 ``mxkit::mx_fused(x, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the fused layer's eager forward;
 ``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients on CUDA a part is a graph break (its eager
 ``output``); on other devices the fused layer's forward is traced. The state_dict holds the fused layer

@@ -730,10 +730,11 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
     256, 3 seeds): MoE layers 2^-6.3, hidden states and logits 2^-6 at worst.
     transformers' router breaks ties at the 4th place (two equal bf16 logits, ~2% of the tokens) as mxkit does, by the
     lower index (torch.topk leaves it unspecified): a hook does, and checks that no other token changes. Each MoE
-    layer on the input transformers' layer got: the same experts (the same bf16 router GEMM), every token within the
-    bound. End to end, every hidden state and the logits within the bound, but for the tokens that take other
-    experts in the last layer, whose input differs by bf16 noise: a token near a router tie there may (allowed: a
-    quarter of the tokens, at least 3; measured 2-3%)."""
+    layer on the input transformers' layer got: the same experts (the same bf16 router GEMM; up to 8 tokens mxkit's
+    one-launch router sums the logits in float64, so a token whose k-th and (k+1)-th logits lie within a few ulp may
+    differ there), every token within the bound. End to end, every hidden state and the logits within the bound, but for
+    the tokens that take other experts in the last layer, whose input differs by bf16 noise: a token near a router tie
+    there may (allowed: a quarter of the tokens, at least 3; measured 2-3%)."""
     pytest.importorskip("transformers.models.gpt_oss")
     from mxkit.moe import route
     from mxkit.nn import MXMoE, load_gpt_oss_model
@@ -757,6 +758,9 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
         untied = top[:, k - 1] != top[:, k]
         assert torch.equal(ids.sort(-1).values[untied], ids_hf.sort(-1).values[untied])
         chosen["hf", i] = ids.sort(-1).values
+        # within a few ulp at the k-th place: mxkit's one-launch router (up to 8 tokens) sums in float64, cuBLAS in
+        # float32, and about 0.1% of their bf16 logits differ by one ulp
+        chosen["near", i] = (top[:, k - 1] - top[:, k]).float() <= 4 * 2.0 ** -7 * top[:, k - 1].float().abs()
         return logits, torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype), ids
 
     def route_mx(mod, args, out, i):
@@ -766,17 +770,20 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
         assert isinstance(b.mlp, MXMoE)
         a.mlp.register_forward_hook(lambda mod, args, out, i=i: seen.__setitem__(i, (args[0], out[0])))
         a.mlp.router.register_forward_hook(functools.partial(route_hf, i=i))
-        b.mlp.router.register_forward_hook(functools.partial(route_mx, i=i))
+        b.mlp.logits_recorder.register_forward_hook(functools.partial(route_mx, i=i))  # (the router may not run)
+
+    def same(i):
+        return (chosen["hf", i] == chosen["mx", i]).all(-1)
 
     def agree(i):
-        return (chosen["hf", i] == chosen["mx", i]).all(-1)
+        return same(i) | (chosen["near", i] & (ids.numel() <= 8))
 
     with torch.no_grad():
         for shape in ((2, 1), (2, 11), (8, 50)):
             ids = torch.randint(0, c.vocab_size, shape, generator=rng).cuda()
             want, got = hf(ids, output_hidden_states=True), mx(ids, output_hidden_states=True)
             assert all(bool(agree(i).all()) for i in range(last)), shape  # the same input, the same experts
-            keep = agree(last)
+            keep = torch.stack([same(i) for i in range(last + 1)]).all(0)
             assert int((~keep).sum()) <= max(3, ids.numel() // 4), (shape, int((~keep).sum()))
             for a, b in [*zip(got.hidden_states, want.hidden_states), (got.logits, want.logits)]:
                 a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
@@ -784,6 +791,8 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
             for i, layer in enumerate(mx.model.layers):  # each MoE layer on the input transformers' layer got
                 x, y = seen[i]
                 out = layer.mlp(x)[0]
+                rows = same(i)
+                out, y = out.reshape(-1, out.shape[-1])[rows], y.reshape(-1, y.shape[-1])[rows]
                 assert bool(agree(i).all()) and _bf16_rows_off(out, y) == 0, (shape, i)
                 assert layer.mlp.expert_layout == "mma"  # the kernels ran, on the experts packed in place
     print(f"20B dims, 2 layers: write + load both + 3 forwards {time.perf_counter() - t0:.1f} s, "

@@ -17,9 +17,10 @@ import torch
 from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
+from .moe_reference import router_logits
 from .tensor import MXTensor
 
-__all__ = ["moe", "moe_experts", "moe_w4a8", "moe_mxfp4", "route", "route_tokens", "MOE_BACKENDS",
+__all__ = ["moe", "moe_experts", "moe_w4a8", "moe_mxfp4", "route", "route_tokens", "router_gpt_oss", "MOE_BACKENDS",
            "resolve_moe_backend"]
 
 MOE_BACKENDS = ("auto", "reference", "triton")
@@ -175,6 +176,29 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
         if _route.takes(router_logits, top_k):
             return _route.route_gpt_oss(router_logits, top_k)
     return reference_route(router_logits, top_k, mode=mode, renormalize=renormalize)
+
+
+def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPT-OSS's router and its routing: ``(logits (T, E) in x's dtype, topk_weights (T, k) float32, topk_ids
+    (T, k) int32)`` of :func:`mxkit.moe_reference.router_logits` (``x @ weight.T + bias`` summed in float64, rounded
+    once to float32, then to x's dtype) and :func:`route` (``mode="gpt_oss"``) on them.
+
+    x: (T, H) bfloat16 | float16; weight (E, H), bias (E,) or None, in x's dtype. On CUDA, up to
+    :data:`~mxkit.kernels.matmul_details._route.ROUTER_MAX_TOKENS` tokens (decode) with E <= 1024 and top_k <= 32,
+    one Triton kernel writes all three (the reference's bytes; a GPT-OSS-20B layer's router in one launch instead
+    of cuBLAS's split-K GEMM, its reduction and the routing kernel); elsewhere (and where autograd needs a
+    gradient, or under torch.compile's tracing) the reference twin and :func:`route` run. The logits differ from
+    ``F.linear``'s (cuBLAS's float32 sums, transformers' router) in the last bit of about 0.1% of them, which can
+    change the experts of a token whose k-th and (k+1)-th logits are that close. Raises the reference's errors."""
+    if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
+        from .kernels.matmul_details import _route
+
+        if _route.router_takes(x, weight, bias, top_k):
+            return _route.router_gpt_oss(x, weight, bias, top_k)
+    logits = router_logits(x, weight, bias)
+    weights, ids = route(logits, top_k, mode="gpt_oss")
+    return logits, weights, ids
 
 
 def moe_w4a8(

@@ -140,6 +140,35 @@ def route(
     return weights, ids.to(torch.int32)
 
 
+def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A router's logits as mxkit's one-launch router computes them (:func:`mxkit.moe.router_gpt_oss`):
+    ``x @ weight.T + bias`` with the products and their sum in float64, rounded once to float32 and then to x's
+    dtype, NaN as the positive canonical quiet NaN (bfloat16 0x7FC0, float16 0x7E00; PyTorch's own casts write
+    other NaN bits on other paths), a zero sum as +0.0.
+
+    x: (T, H) bfloat16 | float16; weight: (E, H) and bias: (E,) or None, in x's dtype. Returns (T, E) in x's
+    dtype. The products of two bfloat16 / float16 values are exact in float64, so the float64 sum is the exact one
+    but for addends more than 2^53 below the largest partial sum, and another summation order changes the
+    result only where it lies that close to a rounding boundary of x's dtype. ``F.linear`` (cuBLAS's float32
+    accumulation, transformers' GPT-OSS router) rounds about 0.1% of such logits to the neighbouring value.
+    Raises TypeError for another dtype, ValueError for shapes that do not fit."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype \
+            or (bias is not None and bias.dtype != x.dtype):
+        raise TypeError(f"router_logits takes bfloat16 / float16 x, weight and bias of one dtype; got {x.dtype}, "
+                        f"{weight.dtype}, {None if bias is None else bias.dtype}")
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] \
+            or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+        raise ValueError(f"router_logits takes x (T, H), weight (E, H), bias (E,); got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}, {None if bias is None else tuple(bias.shape)}")
+    y = x.double() @ weight.double().T
+    if bias is not None:
+        y = y + bias.double()
+    out = y.float().to(x.dtype)
+    out.masked_fill_(y == 0, 0.0)  # +0.0 whatever the signs of the products
+    out.view(torch.int16).masked_fill_(y.isnan(), 0x7FC0 if x.dtype == torch.bfloat16 else 0x7E00)
+    return out
+
+
 # --- token sorting ----------------------------------------------------------------------------------------
 
 

@@ -128,8 +128,10 @@ def test_route_dispatch_keeps_the_reference_contract():
 @gpu
 def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
     """An MXMoE that returns its router scores (GPT-OSS's (hidden, scores)) routes once a forward on CUDA: its
-    output is the bits of the same layer without scores, its scores the reference routing's weights."""
+    output is the bits of the same layer without scores, its scores the reference routing's weights (of the
+    one-launch router's logits up to 8 tokens, of the nn.Linear's above: the routing kernel runs there)."""
     from mxkit.kernels.matmul_details import _route
+    from mxkit.moe_reference import router_logits
     from mxkit.nn import MXMoE
 
     E, H, I, k = 32, 256, 128, 4
@@ -139,16 +141,157 @@ def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
                                                     torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))]
     plain = MXMoE.from_dense(router, *dense, k, "mxfp4")
     scored = MXMoE.from_dense(router, *dense, k, "mxfp4", return_router_scores=True)
-    calls = []
-    real = _route.route_gpt_oss
-    monkeypatch.setattr(_route, "route_gpt_oss", lambda *a: calls.append(a) or real(*a))
+    calls = {"route": [], "router": []}
+    for name in ("route_gpt_oss", "router_gpt_oss"):
+        real = getattr(_route, name)
+        monkeypatch.setattr(_route, name, lambda *a, real=real, name=name: calls[name[:-8]].append(a) or real(*a))
     for T in (1, 5, 300):  # the decode pairs, the sorted decode blocks, the prefill kernel
         x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
         with torch.no_grad():
             want = plain(x)
-            del calls[:]
+            for v in calls.values():
+                del v[:]
             y, scores = scored(x)
-        assert len(calls) == 1, T
+            logits = router_logits(x, router.weight, router.bias) if T <= 8 else router(x)
+        assert (len(calls["route"]), len(calls["router"])) == ((0, 1) if T <= 8 else (1, 0)), T
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), T
-        ref_w, _ = reference_route(router(x).detach(), k)
+        ref_w, _ = reference_route(logits, k)
         assert torch.equal(scores, ref_w.to(torch.bfloat16)), T
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("tokens", [(1,), (2, 3), (8,), (9,)])
+def test_gpu_mxmoe_decode_router_in_one_launch(rng, tokens):
+    """Up to 8 tokens a CUDA MXMoE (GPT-OSS routing, bf16 router) takes its router, top-k and softmax from the
+    one-launch kernel: its output is the bits of the experts routed by the reference twin's logits
+    (``router_logits``), its recorded logits those logits; 9 tokens take the nn.Linear as before. Under
+    torch.compile (fullgraph; the routed layer one custom op, ``mxkit::mx_moe_routed``) the bits are the eager
+    ones, the scores the reference routing's weights in bf16; a router needing a gradient takes the nn.Linear."""
+    from mxkit.moe_reference import router_logits
+    from mxkit.nn import MXMoE
+
+    E, H, I, k = 32, 256, 128, 4
+    router = torch.nn.Linear(H, E).to(torch.bfloat16).cuda()
+    dense = [t.to(torch.bfloat16).cuda() for t in (torch.randn(E, 2 * I, H, generator=rng) * 0.1,
+                                                    torch.randn(E, 2 * I, generator=rng),
+                                                    torch.randn(E, H, I, generator=rng) * 0.1,
+                                                    torch.randn(E, H, generator=rng))]
+    layer = MXMoE.from_dense(router, *dense, k, "mxfp4", return_router_scores=True)
+    seen = []
+    layer.logits_recorder = lambda t: seen.append(t) or t
+    x = torch.randn(*tokens, H, generator=rng).to(torch.bfloat16).cuda()
+    x2 = x.reshape(-1, H)
+    with torch.no_grad():
+        y, scores = layer(x)
+        fused = x2.shape[0] <= 8
+        logits = router_logits(x2, router.weight, router.bias) if fused else router(x2)
+        assert torch.equal(seen[-1].view(torch.int16), logits.view(torch.int16))
+        want = layer._experts(x, logits.view(*x.shape[:-1], E))  # (routes these logits itself)
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+        assert torch.equal(scores, reference_route(logits, k)[0].to(torch.bfloat16))
+        compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+        for _ in range(2):
+            y2, scores2 = compiled(x)
+            assert torch.equal(y2.view(torch.int16), y.view(torch.int16)) and torch.equal(scores2, scores)
+    router.weight.requires_grad_(True)
+    layer.router.weight.requires_grad_(True)
+    y3, _ = layer(x)  # a gradient to record: the nn.Linear (the forward of the path without autograd)
+    with torch.no_grad():
+        want3 = layer._experts(x, layer.router(x))
+    assert torch.equal(y3.detach().view(torch.int16), want3.view(torch.int16))
+
+
+# --------------------------------------------------------------------------------------------------------
+# the router GEMM, top-k and softmax in one launch
+
+ROUTER_CASES = [(1, 32, 2880, 4), (3, 128, 64, 4), (8, 32, 100, 4), (2, 5, 96, 5), (5, 1000, 40, 3), (4, 16, 8, 1)]
+
+
+def _router_inputs(T: int, E: int, H: int, dtype: torch.dtype, bias: bool, g: torch.Generator, subnormal: bool):
+    """x (T, H), weight (E, H), bias (E,) or None; from T >= 4 crafted rows: token 1 has a +inf (logits +-inf or
+    NaN), token 2 is subnormal (``subnormal``; else tiny normals), token 3 a NaN, token 4 (T >= 5) zero; experts 1 and
+    0 equal (every token ties them)."""
+    x = torch.randn(T, H, generator=g)
+    w = torch.randn(E, H, generator=g) * H ** -0.5
+    b = torch.randn(E, generator=g) if bias else None
+    if T >= 4:
+        x[1, 3] = float("inf")
+        x[2] = x[2] * 2.0 ** ((-130 if dtype == torch.bfloat16 else -20) if subnormal else -100)
+        x[3, 0] = float("nan")
+    if T >= 5:
+        x[4] = 0.0  # products of either sign of zero: the logits +0.0 (or the bias)
+    if E >= 2:
+        w[1] = w[0]
+        if b is not None:
+            b[1] = b[0]
+    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+
+
+def _check_router(device: str, g: torch.Generator, exact: bool) -> int:
+    """exact: the GPU (the interpreter's expf is numpy's, and it misreads bf16 subnormals: loaded as bf16 and
+    converted, 2^-130-scale values came out up to 8x too large; no subnormal bf16 rows there)."""
+    from mxkit.kernels.matmul_details._route import router_gpt_oss
+    from mxkit.moe_reference import router_logits
+
+    n = 0
+    for T, E, H, k in ROUTER_CASES:
+        for dtype in (torch.bfloat16, torch.float16):
+            for bias in (True, False):
+                x, w, b = _router_inputs(T, E, H, dtype, bias, g, subnormal=exact or dtype != torch.bfloat16)
+                want = router_logits(x, w, b)
+                ref_w, ref_ids = reference_route(want.to(device), k)
+                logits, wts, ids = router_gpt_oss(x.to(device), w.to(device), None if b is None else b.to(device), k)
+                case = (T, E, H, k, dtype, bias)
+                assert logits.dtype == dtype and wts.dtype == torch.float32 and ids.dtype == torch.int32, case
+                assert torch.equal(logits.cpu().view(torch.int16), want.view(torch.int16)), case
+                assert torch.equal(ids.cpu(), ref_ids.cpu()), case
+                wts, ref_w = wts.cpu(), ref_w.cpu()
+                assert torch.equal(wts.isnan(), ref_w.isnan()), case
+                ok = ~ref_w.isnan()
+                if exact:
+                    assert torch.equal(wts[ok].view(torch.int32), ref_w[ok].view(torch.int32)), case
+                else:
+                    assert torch.allclose(wts[ok], ref_w[ok], rtol=1e-6, atol=1e-30), case
+                n += 1
+    return n
+
+
+def _check_router_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
+    from conftest import interpreted_rng
+
+    from mxkit.kernels.matmul_details import _route
+
+    g = interpreted_rng(_route._router_gpt_oss_kernel)
+    print(f"interpreter checks passed: {_check_router('cpu', g, exact=False)}")
+
+
+def test_router_kernel_interpreted():
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "_check_router_interpreted")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_router_kernel_writes_the_reference_bytes(rng):
+    """The one-launch router writes router_logits' bytes and the reference routing's ids and weights on them, in
+    poisoned memory, twice in a row (its arrival counters are back at 0 after each launch)."""
+    poison_allocator()
+    for _ in range(2):
+        assert _check_router("cuda", rng, exact=True) == 4 * len(ROUTER_CASES)
+
+
+def test_router_logits_reference_contract():
+    """router_logits is the float64 sum rounded twice (checked by hand on a sum that float32 accumulation rounds
+    otherwise), and refuses other dtypes and shapes."""
+    from mxkit.moe_reference import router_logits
+
+    x = torch.tensor([[1.0, 2.0 ** -20, 2.0 ** -20]], dtype=torch.bfloat16)
+    w = torch.ones(1, 3, dtype=torch.bfloat16)
+    assert router_logits(x, w).item() == torch.tensor(1.0 + 2.0 ** -19).to(torch.bfloat16).item()
+    with pytest.raises(TypeError):
+        router_logits(x.float(), w.float())
+    with pytest.raises(ValueError):
+        router_logits(x, w[:, :2])

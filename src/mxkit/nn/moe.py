@@ -51,7 +51,8 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..moe import moe, moe_mxfp4, moe_w4a8, route
+from ..kernels.matmul_details._route import ROUTER_MAX_TOKENS
+from ..moe import moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
@@ -109,11 +110,14 @@ class MXMoE(_ops.Handled, nn.Module):
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
     above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
-    another dtype). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
-    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
-    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of
-    W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens'
-    activations.
+    another dtype); on CUDA, for up to 8 tokens of bfloat16 / float16 x with ``routing="gpt_oss"``, a router in x's
+    dtype and no gradient to record (decode), the router, the top-k and the softmax run as one launch,
+    :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they differ from the ``nn.Linear``'s cuBLAS
+    sums in the last bit of about 0.1% of them; the router module itself is then not called). The experts are frozen (MX
+    bytes); gradients reach x, the router and the expert biases (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward
+    is the path without autograd (the same bits), the backward runs one expert at a time in float32 on its exact
+    dequantized weights (the quantized activations of W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at
+    one expert's weights plus its tokens' activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.
@@ -553,6 +557,20 @@ class MXMoE(_ops.Handled, nn.Module):
     # --- forward ---------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor):
+        routed = None
+        if self._routes_in_one_launch(x):
+            if torch.compiler.is_compiling():
+                y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, self._op_handle)
+                routed = (weights, None)
+            else:
+                logits, *routed = router_gpt_oss(x.reshape(-1, x.shape[-1]), self.router.weight, self.router.bias,
+                                                 self.top_k)
+                logits = logits.view(*x.shape[:-1], self.num_experts)
+                y = self._experts(x, logits, tuple(routed))
+            recorder = self.logits_recorder
+            if recorder is not None:
+                recorder(logits.reshape(-1, self.num_experts))
+            return self._result(y, logits, routed)
         logits = self._router_logits(x)
         recorder = self.logits_recorder
         if recorder is not None:
@@ -568,6 +586,17 @@ class MXMoE(_ops.Handled, nn.Module):
                                                                            self.down_bias):
             routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
         return self._result(self._experts(x, logits, routed), logits, routed)
+
+    def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
+        """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):
+        CUDA, bfloat16 / float16, up to 8 tokens, GPT-OSS routing, a plain ``nn.Linear`` router in x's dtype, E <=
+        1024, top_k <= 32, and no gradient to record."""
+        r = self.router
+        return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.routing == "gpt_oss"
+                and type(r) is nn.Linear and r.weight.dtype == x.dtype and r.weight.is_cuda
+                and 0 < x.numel() <= ROUTER_MAX_TOKENS * x.shape[-1] and self.num_experts <= 1024
+                and self.top_k <= 32 and (r.bias is None or r.bias.dtype == x.dtype)
+                and not needs_grad(x, r.weight, r.bias, self.gate_up_bias, self.down_bias))
 
     def _router_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The router's logits (..., E) in x's dtype: ``self.router(x)``, or with the router's weight and bias cast
@@ -752,6 +781,25 @@ def _mx_moe_op(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> tor
 @_mx_moe_op.register_fake
 def _mx_moe_fake(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mxkit::mx_moe_routed", mutates_args=())
+def _mx_moe_routed_op(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The MXMoE of ``handle`` on x (..., H) with its router in one launch (:func:`mxkit.moe.router_gpt_oss`), eagerly:
+    torch.compile's view of a CUDA MXMoE at decode sizes. Returns (y (..., H) in x's dtype, logits (..., E) in x's
+    dtype, topk_weights (T, k) float32)."""
+    m = _ops.module_of(handle, "mx_moe_routed")
+    logits, weights, ids = router_gpt_oss(x.reshape(-1, x.shape[-1]), m.router.weight, m.router.bias, m.top_k)
+    logits = logits.view(*x.shape[:-1], m.num_experts)
+    return m._experts(x, logits, (weights, ids)), logits, weights
+
+
+@_mx_moe_routed_op.register_fake
+def _mx_moe_routed_fake(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = _ops.module_of(handle, "mx_moe_routed")
+    T = x.numel() // x.shape[-1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(*x.shape[:-1], m.num_experts),
+            x.new_empty(T, m.top_k, dtype=torch.float32))
 
 
 def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str]) -> tuple[int, int, int]:

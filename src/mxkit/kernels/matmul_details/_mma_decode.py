@@ -328,16 +328,17 @@ def pairs_kernel_name(activation: Optional[str], special: bool) -> str:
     return f"mxfp4_mma_pairs_{activation or 'down'}{'_special' if special else ''}"
 
 
-_COUNTERS: dict = {}  # (device index, raw stream) -> [int32 zeros in use, the smaller ones it replaced]
+_COUNTERS: dict = {}  # (device index, raw stream, owner) -> [int32 zeros in use, the smaller ones it replaced]
 
 
-def pair_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` int32 arrival counters for the down GEMM of :func:`pairs_mma` on the current stream of
-    ``device``: zero between launches (each launch's last blocks reset theirs), one set per stream (two streams
-    running at once would otherwise share them). A larger request replaces the set but keeps the old one alive:
-    a CUDA graph captured with it still points there."""
+def pair_counters(device: torch.device, n: int, owner: str = "pairs") -> torch.Tensor:
+    """At least ``n`` int32 arrival counters for the kernels of ``owner`` ("pairs": the down GEMM of
+    :func:`pairs_mma`; "router": :func:`._route.router_gpt_oss`) on the current stream of ``device``: zero between
+    launches (each launch's last blocks reset theirs), one set per owner and stream (two streams running at once
+    would otherwise share them). A larger request replaces the set but keeps the old one alive: a CUDA graph
+    captured with it still points there."""
     idx = _index(device)
-    kept = _COUNTERS.setdefault((idx, _raw_stream(idx)), [])
+    kept = _COUNTERS.setdefault((idx, _raw_stream(idx), owner), [])
     if not kept or kept[0].numel() < n:
         kept.insert(0, torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
     return kept[0]

@@ -185,12 +185,13 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     once to float32, then to x's dtype) and :func:`route` (``mode="gpt_oss"``) on them.
 
     x: (T, H) bfloat16 | float16; weight (E, H), bias (E,) or None, in x's dtype. On CUDA, up to
-    :data:`~mxkit.kernels.matmul_details._route.ROUTER_MAX_TOKENS` tokens (decode) with E <= 1024 and top_k <= 32,
-    one Triton kernel writes all three (the reference's bytes; a GPT-OSS-20B layer's router in one launch instead
-    of cuBLAS's split-K GEMM, its reduction and the routing kernel); elsewhere (and where autograd needs a
-    gradient, or under torch.compile's tracing) the reference twin and :func:`route` run. The logits differ from
-    ``F.linear``'s (cuBLAS's float32 sums, transformers' router) in the last bit of about 0.1% of them, which can
-    change the experts of a token whose k-th and (k+1)-th logits are that close. Raises the reference's errors."""
+    :func:`~mxkit.kernels.matmul_details._route.router_max_tokens` (E) tokens (decode: 32 up to E = 32, 8 at
+    E = 128) with E <= 1024 and top_k <= 32, one Triton kernel writes all three (the reference's bytes; a
+    GPT-OSS-20B layer's router in one launch instead of cuBLAS's split-K GEMM, its reduction and the routing
+    kernel); elsewhere (and where autograd needs a gradient, or under torch.compile's tracing) the reference twin
+    and :func:`route` run. The logits differ from ``F.linear``'s (cuBLAS's float32 sums, transformers' router) in
+    the last bit of about 0.1% of them, which can change the experts of a token whose k-th and (k+1)-th logits are
+    that close. Raises the reference's errors."""
     if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
         from .kernels.matmul_details import _route
 

@@ -129,7 +129,8 @@ def test_route_dispatch_keeps_the_reference_contract():
 def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
     """An MXMoE that returns its router scores (GPT-OSS's (hidden, scores)) routes once a forward on CUDA: its
     output is the bits of the same layer without scores, its scores the reference routing's weights (of the
-    one-launch router's logits up to 8 tokens, of the nn.Linear's above: the routing kernel runs there)."""
+    one-launch router's logits up to ``router_max_tokens(E)`` tokens, of the nn.Linear's above: the routing kernel
+    runs there)."""
     from mxkit.kernels.matmul_details import _route
     from mxkit.moe_reference import router_logits
     from mxkit.nn import MXMoE
@@ -145,15 +146,16 @@ def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
     for name in ("route_gpt_oss", "router_gpt_oss"):
         real = getattr(_route, name)
         monkeypatch.setattr(_route, name, lambda *a, real=real, name=name: calls[name[:-8]].append(a) or real(*a))
-    for T in (1, 5, 300):  # the decode pairs, the sorted decode blocks, the prefill kernel
+    one = _route.router_max_tokens(E)  # 32
+    for T in (1, 5, 33, 300):  # the decode pairs, the sorted decode blocks (two), the prefill kernel
         x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
         with torch.no_grad():
             want = plain(x)
             for v in calls.values():
                 del v[:]
             y, scores = scored(x)
-            logits = router_logits(x, router.weight, router.bias) if T <= 8 else router(x)
-        assert (len(calls["route"]), len(calls["router"])) == ((0, 1) if T <= 8 else (1, 0)), T
+            logits = router_logits(x, router.weight, router.bias) if T <= one else router(x)
+        assert (len(calls["route"]), len(calls["router"])) == ((0, 1) if T <= one else (1, 0)), T
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), T
         ref_w, _ = reference_route(logits, k)
         assert torch.equal(scores, ref_w.to(torch.bfloat16)), T
@@ -161,13 +163,14 @@ def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("tokens", [(1,), (2, 3), (8,), (9,)])
+@pytest.mark.parametrize("tokens", [(1,), (2, 3), (4, 8), (33,)])
 def test_gpu_mxmoe_decode_router_in_one_launch(rng, tokens):
-    """Up to 8 tokens a CUDA MXMoE (GPT-OSS routing, bf16 router) takes its router, top-k and softmax from the
-    one-launch kernel: its output is the bits of the experts routed by the reference twin's logits
-    (``router_logits``), its recorded logits those logits; 9 tokens take the nn.Linear as before. Under
+    """Up to ``router_max_tokens(E)`` tokens (32 here) a CUDA MXMoE (GPT-OSS routing, bf16 router) takes its router,
+    top-k and softmax from the one-launch kernel: its output is the bits of the experts routed by the reference
+    twin's logits (``router_logits``), its recorded logits those logits; 33 tokens take the nn.Linear as before. Under
     torch.compile (fullgraph; the routed layer one custom op, ``mxkit::mx_moe_routed``) the bits are the eager
     ones, the scores the reference routing's weights in bf16; a router needing a gradient takes the nn.Linear."""
+    from mxkit.kernels.matmul_details._route import router_max_tokens
     from mxkit.moe_reference import router_logits
     from mxkit.nn import MXMoE
 
@@ -184,7 +187,7 @@ def test_gpu_mxmoe_decode_router_in_one_launch(rng, tokens):
     x2 = x.reshape(-1, H)
     with torch.no_grad():
         y, scores = layer(x)
-        fused = x2.shape[0] <= 8
+        fused = x2.shape[0] <= router_max_tokens(E)
         logits = router_logits(x2, router.weight, router.bias) if fused else router(x2)
         assert torch.equal(seen[-1].view(torch.int16), logits.view(torch.int16))
         want = layer._experts(x, logits.view(*x.shape[:-1], E))  # (routes these logits itself)
@@ -205,7 +208,8 @@ def test_gpu_mxmoe_decode_router_in_one_launch(rng, tokens):
 # --------------------------------------------------------------------------------------------------------
 # the router GEMM, top-k and softmax in one launch
 
-ROUTER_CASES = [(1, 32, 2880, 4), (3, 128, 64, 4), (8, 32, 100, 4), (2, 5, 96, 5), (5, 1000, 40, 3), (4, 16, 8, 1)]
+ROUTER_CASES = [(1, 32, 2880, 4), (3, 128, 64, 4), (8, 32, 100, 4), (2, 5, 96, 5), (5, 1000, 40, 3), (4, 16, 8, 1),
+                (20, 32, 300, 4)]
 
 
 def _router_inputs(T: int, E: int, H: int, dtype: torch.dtype, bias: bool, g: torch.Generator, subnormal: bool):
@@ -281,6 +285,13 @@ def test_gpu_router_kernel_writes_the_reference_bytes(rng):
     poison_allocator()
     for _ in range(2):
         assert _check_router("cuda", rng, exact=True) == 4 * len(ROUTER_CASES)
+
+
+def test_router_max_tokens():
+    """The one-launch router's token envelope: T * ceil(E / 32) <= 32, at least one token."""
+    from mxkit.kernels.matmul_details._route import router_max_tokens
+
+    assert [router_max_tokens(E) for E in (1, 5, 32, 33, 64, 128, 1000, 1024)] == [32, 32, 32, 16, 16, 8, 1, 1]
 
 
 def test_router_logits_reference_contract():

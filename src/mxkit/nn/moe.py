@@ -51,7 +51,7 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..kernels.matmul_details._route import ROUTER_MAX_TOKENS
+from ..kernels.matmul_details._route import router_max_tokens
 from ..moe import moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
 from ..ops import dequantize, needs_grad, quantize
@@ -110,14 +110,15 @@ class MXMoE(_ops.Handled, nn.Module):
 
     forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
     above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
-    another dtype); on CUDA, for up to 8 tokens of bfloat16 / float16 x with ``routing="gpt_oss"``, a router in x's
-    dtype and no gradient to record (decode), the router, the top-k and the softmax run as one launch,
-    :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they differ from the ``nn.Linear``'s cuBLAS
-    sums in the last bit of about 0.1% of them; the router module itself is then not called). The experts are frozen (MX
-    bytes); gradients reach x, the router and the expert biases (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward
-    is the path without autograd (the same bits), the backward runs one expert at a time in float32 on its exact
-    dequantized weights (the quantized activations of W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at
-    one expert's weights plus its tokens' activations.
+    another dtype); on CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 /
+    float16 x with ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the
+    top-k and the softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
+    differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module itself is
+    then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
+    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
+    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of
+    W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens'
+    activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.
@@ -589,12 +590,12 @@ class MXMoE(_ops.Handled, nn.Module):
 
     def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
         """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):
-        CUDA, bfloat16 / float16, up to 8 tokens, GPT-OSS routing, a plain ``nn.Linear`` router in x's dtype, E <=
-        1024, top_k <= 32, and no gradient to record."""
+        CUDA, bfloat16 / float16, up to ``router_max_tokens(E)`` tokens, GPT-OSS routing, a plain ``nn.Linear``
+        router in x's dtype, E <= 1024, top_k <= 32, and no gradient to record."""
         r = self.router
         return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.routing == "gpt_oss"
                 and type(r) is nn.Linear and r.weight.dtype == x.dtype and r.weight.is_cuda
-                and 0 < x.numel() <= ROUTER_MAX_TOKENS * x.shape[-1] and self.num_experts <= 1024
+                and 0 < x.numel() <= router_max_tokens(self.num_experts) * x.shape[-1] and self.num_experts <= 1024
                 and self.top_k <= 32 and (r.bias is None or r.bias.dtype == x.dtype)
                 and not needs_grad(x, r.weight, r.bias, self.gate_up_bias, self.down_bias))
 

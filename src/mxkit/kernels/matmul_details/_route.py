@@ -117,10 +117,21 @@ def route_gpt_oss(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor
 # --------------------------------------------------------------------------------------------------------
 # the router GEMM, top-k and softmax in one launch (decode)
 
-ROUTER_MAX_TOKENS = 8  # up to this many tokens MXMoE routes through router_gpt_oss (above: cuBLAS's GEMM and the
-#                        routing kernel above)
-_ROUTER_X = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}  # x dtypes taken -> PyTorch's NaN bits in that dtype
 ROUTER_BLOCK_H, ROUTER_BLOCK_E = 128, 32  # the columns of H and the experts of one program
+ROUTER_MAX_WORK = 32  # MXMoE routes T tokens of E experts through router_gpt_oss while T * ceil(E / 32) <= this
+#                      (above: cuBLAS's GEMM and the routing kernel above). 24 routers of H = 2880 in one CUDA graph
+#                      on the H200, µs a layer, this kernel against those two (h200-2026-12-03e/router_ab*.txt):
+#                      E = 32: 4.5 / 8.8 at 1 token, 6.1 / 9.4 at 32, 8.3 / 9.5 at 64; E = 128: 7.5 / 10.1 at 1
+#                      token, 12.0 / 10.5 at 16.
+
+
+def router_max_tokens(E: int) -> int:
+    """The most tokens MXMoE routes through :func:`router_gpt_oss` for E experts: 32 up to E = 32, 8 at E = 128
+    (:data:`ROUTER_MAX_WORK`), at least 1."""
+    return max(1, ROUTER_MAX_WORK // triton.cdiv(E, ROUTER_BLOCK_E))
+
+
+_ROUTER_X = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}  # x dtypes taken -> PyTorch's NaN bits in that dtype
 
 
 @triton.jit
@@ -180,10 +191,10 @@ _ROUTER_LAUNCH = _Launcher(sys.modules[__name__], "_router_gpt_oss_kernel")
 
 def router_takes(x: torch.Tensor, weight: torch.Tensor, bias, top_k: int) -> bool:
     """Whether :func:`router_gpt_oss` takes these: CUDA x (T, H) bfloat16 / float16 with a unit column stride and
-    1 <= T <= :data:`ROUTER_MAX_TOKENS`, weight (E, H) and bias (E,) or None contiguous in x's dtype on x's device,
+    1 <= T <= :func:`router_max_tokens` (E), weight (E, H) and bias (E,) or None contiguous in x's dtype on x's device,
     E <= 1024, 1 <= top_k <= min(E, 32)."""
     E = weight.shape[0] if weight.dim() == 2 else 0
-    return (x.is_cuda and x.dtype in _ROUTER_X and x.dim() == 2 and 0 < x.shape[0] <= ROUTER_MAX_TOKENS
+    return (x.is_cuda and x.dtype in _ROUTER_X and x.dim() == 2 and 0 < x.shape[0] <= router_max_tokens(E)
             and x.stride(1) == 1 and weight.dtype == x.dtype and weight.device == x.device and weight.dim() == 2
             and weight.shape[1] == x.shape[1] and weight.is_contiguous() and 0 < E <= MAX_EXPERTS
             and (bias is None or (bias.dtype == x.dtype and bias.device == x.device and tuple(bias.shape) == (E,)

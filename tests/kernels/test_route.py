@@ -38,6 +38,20 @@ def _crafted(E: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.stack(rows).to(dtype)
 
 
+def _assert_routed(w, ids, ref_w, ref_ids, exact: bool, case) -> None:
+    """ids int32 equal to the reference's; weights float32 with the reference's NaNs and, elsewhere, its bits
+    (``exact``: the GPU) or within 1e-6 relative (the interpreter: numpy's expf)."""
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and w.shape == ids.shape == ref_ids.shape, case
+    assert torch.equal(ids.cpu(), ref_ids.cpu()), case
+    w, ref_w = w.cpu(), ref_w.cpu()
+    assert torch.equal(w.isnan(), ref_w.isnan()), case
+    ok = ~ref_w.isnan()
+    if exact:
+        assert torch.equal(w[ok].view(torch.int32), ref_w[ok].view(torch.int32)), case
+    else:
+        assert torch.allclose(w[ok], ref_w[ok], rtol=1e-6, atol=1e-30), case
+
+
 def _check_route(device: str, g: torch.Generator, exact: bool) -> int:
     from mxkit.kernels.matmul_details._route import route_gpt_oss
 
@@ -51,15 +65,7 @@ def _check_route(device: str, g: torch.Generator, exact: bool) -> int:
                 logits = torch.randn(logits.shape[0], E + 7, generator=g).to(dtype)[:, 3:3 + E]
             ref_w, ref_ids = reference_route(logits.to(device), k)
             w, ids = route_gpt_oss(logits.to(device), k)
-            assert ids.dtype == torch.int32 and w.dtype == torch.float32 and w.shape == ids.shape == ref_ids.shape
-            assert torch.equal(ids.cpu(), ref_ids.cpu()), (T, E, k, dtype)
-            w, ref_w = w.cpu(), ref_w.cpu()
-            assert torch.equal(w.isnan(), ref_w.isnan()), (T, E, k, dtype)
-            ok = ~ref_w.isnan()
-            if exact:
-                assert torch.equal(w[ok].view(torch.int32), ref_w[ok].view(torch.int32)), (T, E, k, dtype)
-            else:
-                assert torch.allclose(w[ok], ref_w[ok], rtol=1e-6, atol=1e-30), (T, E, k, dtype)
+            _assert_routed(w, ids, ref_w, ref_ids, exact, (T, E, k, dtype))
             n += 1
     return n
 
@@ -247,16 +253,9 @@ def _check_router(device: str, g: torch.Generator, exact: bool) -> int:
                 ref_w, ref_ids = reference_route(want.to(device), k)
                 logits, wts, ids = router_gpt_oss(x.to(device), w.to(device), None if b is None else b.to(device), k)
                 case = (T, E, H, k, dtype, bias)
-                assert logits.dtype == dtype and wts.dtype == torch.float32 and ids.dtype == torch.int32, case
+                assert logits.dtype == dtype, case
                 assert torch.equal(logits.cpu().view(torch.int16), want.view(torch.int16)), case
-                assert torch.equal(ids.cpu(), ref_ids.cpu()), case
-                wts, ref_w = wts.cpu(), ref_w.cpu()
-                assert torch.equal(wts.isnan(), ref_w.isnan()), case
-                ok = ~ref_w.isnan()
-                if exact:
-                    assert torch.equal(wts[ok].view(torch.int32), ref_w[ok].view(torch.int32)), case
-                else:
-                    assert torch.allclose(wts[ok], ref_w[ok], rtol=1e-6, atol=1e-30), case
+                _assert_routed(wts, ids, ref_w, ref_ids, exact, case)
                 n += 1
     return n
 

@@ -70,20 +70,22 @@ def _check_route(device: str, g: torch.Generator, exact: bool) -> int:
     return n
 
 
-def _check_route_interpreted() -> None:
-    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
+def _check_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`): the routing kernel and the one-launch
+    router (defined below)."""
     from conftest import interpreted_rng
 
     from mxkit.kernels.matmul_details import _route
 
-    g = interpreted_rng(_route._route_gpt_oss_kernel)
-    print(f"interpreter checks passed: {_check_route('cpu', g, exact=False)}")
+    g = interpreted_rng(_route._route_gpt_oss_kernel, _route._router_gpt_oss_kernel)
+    n = _check_route("cpu", g, exact=False) + _check_router("cpu", g, exact=False)
+    print(f"interpreter checks passed: {n}")
 
 
-def test_route_kernel_interpreted():
+def test_route_kernels_interpreted():
     from conftest import run_interpreted
 
-    run_interpreted(__file__, "_check_route_interpreted")
+    run_interpreted(__file__, "_check_interpreted")
 
 
 @pytest.mark.gpu
@@ -258,22 +260,6 @@ def _check_router(device: str, g: torch.Generator, exact: bool) -> int:
                 _assert_routed(wts, ids, ref_w, ref_ids, exact, case)
                 n += 1
     return n
-
-
-def _check_router_interpreted() -> None:
-    """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
-    from conftest import interpreted_rng
-
-    from mxkit.kernels.matmul_details import _route
-
-    g = interpreted_rng(_route._router_gpt_oss_kernel)
-    print(f"interpreter checks passed: {_check_router('cpu', g, exact=False)}")
-
-
-def test_router_kernel_interpreted():
-    from conftest import run_interpreted
-
-    run_interpreted(__file__, "_check_router_interpreted")
 
 
 @pytest.mark.gpu

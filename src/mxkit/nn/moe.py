@@ -51,7 +51,7 @@ from torch import nn
 
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..kernels.matmul_details._route import router_max_tokens
+from ..kernels.matmul_details._route import router_takes
 from ..moe import moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
 from ..ops import dequantize, needs_grad, quantize
@@ -590,13 +590,12 @@ class MXMoE(_ops.Handled, nn.Module):
 
     def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
         """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):
-        CUDA, bfloat16 / float16, up to ``router_max_tokens(E)`` tokens, GPT-OSS routing, a plain ``nn.Linear``
-        router in x's dtype, E <= 1024, top_k <= 32, and no gradient to record."""
+        GPT-OSS routing, a plain ``nn.Linear`` router, no gradient to record, and x's tokens, the router's weight and
+        bias as the kernel takes them (``_route.router_takes``: CUDA, x's dtype bfloat16 / float16, up to
+        ``router_max_tokens(E)`` tokens, E <= 1024, top_k <= 32)."""
         r = self.router
-        return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.routing == "gpt_oss"
-                and type(r) is nn.Linear and r.weight.dtype == x.dtype and r.weight.is_cuda
-                and 0 < x.numel() <= router_max_tokens(self.num_experts) * x.shape[-1] and self.num_experts <= 1024
-                and self.top_k <= 32 and (r.bias is None or r.bias.dtype == x.dtype)
+        return (self.routing == "gpt_oss" and type(r) is nn.Linear and x.dim() >= 1 and x.shape[-1] > 0
+                and router_takes(x.reshape(-1, x.shape[-1]), r.weight, r.bias, self.top_k)
                 and not needs_grad(x, r.weight, r.bias, self.gate_up_bias, self.down_bias))
 
     def _router_logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -644,6 +644,71 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     check_layer(y, case, act)
 
 
+def _pairs_two_launches(x, p1, b1, p2, b2, rw, ids, E, T, k, I, H, act):
+    """out bf16 (T, H) of the pairs path's two launches (pairs_mma gate_up, then down with its combine)."""
+    from mxkit.kernels.matmul_details import _mma_decode
+
+    h = torch.full((T * k, I), float("nan"), device="cuda", dtype=torch.bfloat16)
+    _mma_decode.pairs_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, k, E, bias=b1, activation=act, rw=None, out=h)
+    out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ws = torch.full((T * k, H), float("nan"), device="cuda")
+    return _mma_decode.pairs_mma(h, p2.q, p2.s, p2.special, H, I, ids, k, E, bias=b2, activation=None, rw=rw,
+                                 out=out, ws=ws)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,k,E,H,I,special", [(1, 4, 32, 2880, 2880, True), (2, 4, 32, 2880, 2880, False),
+                                               (1, 1, 16, 256, 192, False), (3, 2, 16, 512, 256, True),
+                                               (2, 3, 16, 128, 1024, False)])
+@pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
+def test_gpu_moe_pairs_fused(T, k, E, H, I, special, act, rng, poison, monkeypatch):
+    """The one-launch pairs kernel (pairs_fused) writes the bytes of the two launches: biases and none, scale bytes
+    0 and 255 (the special variant) or none, int32 and int64 ids, an id out of range (its slot contributes 0),
+    called twice and replayed in a CUDA graph on new tokens (its counters back at 0 each time). moe_triton through
+    it (MXKIT_MOE_FUSED=1) is within the layer's bound of the float64 reference."""
+    from mxkit.kernels.matmul_details import _mma_decode
+    from mxkit.kernels.moe import moe_triton, pack_experts_mma
+    from mxkit.kernels.moe_details._decode import _mma_biases
+
+    case = layer_case(T, E, H, I, "mxfp4", rng, k=k)
+    x, w1, b1, w2, b2, tw, ids = case
+    if special:
+        w1.scale[5, 1, 0] = 255  # a NaN in an up (GPT-OSS) / gate row: NaN through its tokens' rows
+        w2.scale[3, 2, 0] = 0
+    p1, p2 = pack_experts_mma(w1, interleave_halves=act == "swiglu"), pack_experts_mma(w2)
+    assert (p1.special or p2.special) == special
+    monkeypatch.setenv("MXKIT_MOE_FUSED", "1")
+    check_layer(moe_triton(*case, activation=act, packed=(p1, p2)), case, act)
+    rw = tw.reshape(-1).float().contiguous()
+    ids = ids.reshape(-1).clone()
+    ids[-1] = E  # out of range: contributes 0 in both paths
+    for i64, bias in ((False, True), (True, False)):
+        fb1, fb2 = _mma_biases(b1, b2, p1, I, H) if bias else (None, None)
+        fids = ids.long() if i64 else ids
+        want = _pairs_two_launches(x, p1, fb1, p2, fb2, rw, fids, E, T, k, I, H, act)
+
+        def fused(xx):
+            h = torch.empty(T * k, I, device="cuda", dtype=torch.bfloat16)
+            ws = torch.empty(T * k, H, device="cuda")
+            out = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            return _mma_decode.pairs_fused(xx, (p1.q, p1.s), (p2.q, p2.s), special, H, I, fids, k, E, bias1=fb1,
+                                           bias2=fb2, activation=act, rw=rw, h=h, ws=ws, out=out)
+
+        for _ in range(2):
+            got = fused(x)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"int64={i64}"
+        xs = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gout = fused(xs)
+        for _ in range(2):
+            xs.copy_(torch.randn(T, H, generator=rng).to(torch.bfloat16))
+            graph.replay()
+            w = _pairs_two_launches(xs, p1, fb1, p2, fb2, rw, fids, E, T, k, I, H, act)
+            assert torch.equal(gout.view(torch.int16), w.view(torch.int16)), "graph"
+
+
 def _count_grouped_w16(monkeypatch):
     """The MXFP8 decode path's GEMM launches (grouped_w16: the activation, None for the down GEMM)."""
     from mxkit.kernels.matmul_details import _mma_a8w8

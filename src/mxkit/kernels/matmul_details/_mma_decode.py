@@ -368,3 +368,65 @@ def pairs_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, 
                           ctypes.c_int(N), ctypes.c_int(K), ctypes.c_int(n), ctypes.c_int(top_k),
                           ctypes.c_int(n_experts), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(out.stride(0))))
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# both MoE expert GEMMs of a few pairs in one launch
+
+
+def fused_kernel_name(activation: str, special: bool) -> str:
+    """The ``mma_decode.cu`` entry of a :func:`pairs_fused` launch."""
+    return f"mxfp4_mma_pairs_fused_{activation}{'_special' if special else ''}"
+
+
+def fused_shared_bytes(I: int) -> int:
+    """Dynamic shared memory of a :func:`pairs_fused` block: one down strip's codes and scales (I / 64 x 544)."""
+    return (I // 64) * 34 * 16
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_kernel(name: str, index: int) -> tuple:
+    """(kernel, the dynamic shared memory bytes a block may take: the GPU's opt-in limit less the static)."""
+    from ..cuda_driver import _check, _libcuda
+
+    k = _kernel(name, index)
+    static = ctypes.c_int()
+    # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    _check(_libcuda().cuFuncGetAttribute(ctypes.byref(static), ctypes.c_int(1), k.fn), f"sizing {name}")
+    dyn = max(0, torch.cuda.get_device_properties(index).shared_memory_per_block_optin - static.value)
+    _check(_libcuda().cuFuncSetAttribute(k.fn, ctypes.c_int(8), ctypes.c_int(dyn)), f"sizing {name}")
+    return k, dyn
+
+
+def fused_fits(I: int, device: torch.device, activation: str = "swiglu_gpt_oss") -> bool:
+    """Whether a down strip of K = ``I`` fits a :func:`pairs_fused` block's shared memory on ``device``."""
+    return fused_shared_bytes(I) <= _fused_kernel(fused_kernel_name(activation, False), _index(device))[1]
+
+
+def pairs_fused(x: torch.Tensor, p1: tuple, p2: tuple, special: bool, H: int, I: int, topk_ids: torch.Tensor,
+                top_k: int, n_experts: int, *, bias1: Optional[torch.Tensor], bias2: Optional[torch.Tensor],
+                activation: str, rw: torch.Tensor, h: torch.Tensor, ws: torch.Tensor,
+                out: torch.Tensor) -> torch.Tensor:
+    """Both GEMMs of :func:`pairs_mma` in one launch (``mma_decode.cu``'s ``mxfp4_mma_pairs_fused_*``, whose
+    comment has the contract): the bytes in ``out`` bf16 (T, H) of the gate_up launch into ``h`` then the down launch
+    with its combine. p1 = (q, s) of the gate_up experts (E * 2I rows, interleaved, K = H), p2 of the down experts
+    (E * H rows, K = I); ``special``: either has a scale byte 0 or 255; bias1 float32 [E, 2I] / bias2 [E, H] in the
+    packed row order, or None; rw float32 per pair; h bf16 (pairs, I) and ws float32 (pairs, H) scratch. ValueError
+    where a down strip does not fit shared memory (:func:`fused_fits`). Returns ``out``."""
+    n = topk_ids.numel()
+    if not (0 < n <= SMALL_PAIRS and topk_ids.dtype in (torch.int32, torch.int64) and topk_ids.is_contiguous()
+            and out.dtype == torch.bfloat16 and activation in ("swiglu_gpt_oss", "swiglu")):
+        raise ValueError(f"pairs_fused takes 1 to {SMALL_PAIRS} contiguous int32 / int64 ids, bf16 out and a SwiGLU")
+    check_shape(2 * I, H, "pairs_fused")
+    check_shape(H, I, "pairs_fused")
+    k, dyn = _fused_kernel(fused_kernel_name(activation, special), _index(x.device))
+    shared = fused_shared_bytes(I)
+    if shared > dyn:
+        raise ValueError(f"pairs_fused: a down strip of K = {I} takes {shared} bytes of shared memory, over {dyn}")
+    ctr = pair_counters(x.device, 2 + 2 * SMALL_PAIRS + (n // top_k) * (H // 16), "fused")
+    k((n * (2 * I // 16) + n * (H // 16),), 128,
+      (x, p1[0], p1[1], bias1, p2[0], p2[1], bias2, rw, h, ws, out, topk_ids,
+       ctypes.c_int(topk_ids.dtype == torch.int64), ctr, ctypes.c_int(H), ctypes.c_int(I), ctypes.c_int(n),
+       ctypes.c_int(top_k), ctypes.c_int(n_experts), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(out.stride(0))),
+      shared=shared)
+    return out

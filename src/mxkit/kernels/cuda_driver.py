@@ -122,21 +122,18 @@ class Kernel:
         k.fn, k.name, k.device, k.index = ctypes.c_void_p(handle), name, device, device_index(device)
         return k
 
-    def __call__(self, grid: Sequence[int], block: int, args: Sequence, shared: int = 0) -> None:
-        """One launch with ``args`` and ``shared`` bytes of dynamic shared memory: the parameter block of the first
-        call is kept and its values replaced (the same kinds of argument in the same order each call: a tensor or
-        None where a pointer goes), so a call builds no ctypes objects (binding 17 arguments afresh took ~50 µs of
-        host time)."""
+    def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
+        """One launch with ``args``: the parameter block of the first call is kept and its values replaced (the
+        same kinds of argument in the same order each call: a tensor or None where a pointer goes), so a call
+        builds no ctypes objects (binding 17 arguments afresh took ~50 µs of host time)."""
         b = self.__dict__.get("_bound")
         if b is None or len(b.vals) != len(args):
             self._bound = b = self.bind(args)
-            b.shared = shared
             b(grid, block)
             return
         with b.lock:
             for v, a in zip(b.vals, args):
                 v.value = a.data_ptr() if isinstance(a, torch.Tensor) else None if a is None else a.value
-            b.shared = shared
             b(grid, block)
 
     def bind(self, args: Sequence) -> "BoundLaunch":

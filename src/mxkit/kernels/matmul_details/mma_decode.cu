@@ -237,30 +237,13 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
 
 constexpr int LEAN = -1;  // the LOOP argument of the kernels below: mainloop_lean (0: mainloop, S > 0: mainloop_async)
 
-// Where mainloop_lean reads from (its SRC argument): GLOBAL, the weight words by streaming loads and x through the
-// read-only path; SHARED_W, the weight words from shared memory and x by L2 loads (x written earlier in the same
-// launch, which the read-only path may not see)
-constexpr int GLOBAL = 0, SHARED_W = 1;
-template <int SRC> __device__ __forceinline__ uint4 ld_w(const uint4* p) {
-  if constexpr (SRC == SHARED_W) return *p;
-  else return ld_stream(p);
-}
-template <int SRC> __device__ __forceinline__ uint32_t ld_s(const uint32_t* p) {
-  if constexpr (SRC == SHARED_W) return *p;
-  else return __ldg(p);
-}
-template <int SRC> __device__ __forceinline__ uint4 ld_x(const uint4* p) {
-  if constexpr (SRC == GLOBAL) return __ldg(p);
-  else return __ldcg(p);
-}
-
 // The K loop of mainloop with fewer instructions per tile: the warp's full batches of UNROLL tiles load
 // without bounds checks through pointers stepped once a batch, the x rows of absent tokens are read from row 0
 // (xr is clamped there; their columns of the mma are never stored) instead of zeroed under a branch, and the
 // last n % UNROLL tiles run one at a time. Same tiles, same order, same arithmetic: the same bits. SN strips
 // share each x load (strip p's words at qs + p qst, ss + p sst, summed into acc[p]): the x bytes read from L2
 // per weight byte divided by SN, each strip's sums the bits of SN = 1.
-template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1, int SRC = GLOBAL>
+template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
                                               int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
                                               long long qst = 0, long long sst = 0) {
@@ -287,13 +270,13 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
     for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
       for (int p = 0; p < SN; ++p) {
-        q_[p][u] = ld_w<SRC>(qp + p * qst + u * QS);
-        s_[p][u] = ld_s<SRC>(sp + p * sst + u * SS);
+        q_[p][u] = ld_stream(qp + p * qst + u * QS);
+        s_[p][u] = __ldg(sp + p * sst + u * SS);
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int b = 0; b < 2; ++b) x_[u][nt][b] = ld_x<SRC>(xp[nt] + u * XS + b * 4);
+        for (int b = 0; b < 2; ++b) x_[u][nt][b] = __ldg(xp[nt] + u * XS + b * 4);
     }
     qp += UNROLL * QS;
     sp += UNROLL * SS;
@@ -321,11 +304,11 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int b = 0; b < 2; ++b) x1[0][nt][b] = ld_x<SRC>(xp[nt] + b * 4);
+      for (int b = 0; b < 2; ++b) x1[0][nt][b] = __ldg(xp[nt] + b * 4);
 #pragma unroll
     for (int p = 0; p < SN; ++p) {
-      uint4 q1[1] = {ld_w<SRC>(qp + p * qst)};
-      uint32_t s1[1] = {ld_s<SRC>(sp + p * sst)};
+      uint4 q1[1] = {ld_stream(qp + p * qst)};
+      uint32_t s1[1] = {__ldg(sp + p * sst)};
       batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc[p]);
     }
     qp += QS;
@@ -420,18 +403,18 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // out[token] (OUT, row stride ldo): the arithmetic of the combine kernel (_moe_epilogue's DIRECT), whichever
 // block arrives last.
 template <int ACT, bool GATHER, bool MUL_RW, bool SPECIAL, typename OUT, int WARPS, int UNROLL, int LOOP,
-          bool XPF, bool PAIRS = false, int SN = 1, int SRC = GLOBAL>
+          bool XPF, bool PAIRS = false, int SN = 1>
 __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                                   const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                   const float* __restrict__ rw, OUT* __restrict__ out,
                                                   const int* __restrict__ ids, const int* __restrict__ eids, int N,
                                                   int K, int n_valid, int top_k, long long ldx, long long ldo,
-                                                  int mb, int strip, int ids64 = 0, int n_exp = 0,
-                                                  float* __restrict__ ws = nullptr, int* __restrict__ cnt = nullptr) {
+                                                  int ids64 = 0, int n_exp = 0, float* __restrict__ ws = nullptr,
+                                                  int* __restrict__ cnt = nullptr) {
   static_assert(SN == 1 || (LOOP == LEAN && !PAIRS), "strips sharing x: the lean loop of the sorted blocks");
-  static_assert(SRC == GLOBAL || (LOOP == LEAN && PAIRS), "the weight from shared memory: the pairs' lean loop");
   __shared__ float red[WARPS][SN][4][32];
   __shared__ float v[8][16 * SN + 1];
+  const int mb = blockIdx.x, strip = blockIdx.y * SN;
   int e;
   if constexpr (PAIRS) {
     const long long te = ids64 ? reinterpret_cast<const long long*>(eids)[mb] : (long long)eids[mb];
@@ -451,12 +434,11 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     const long long xrow = xm[0] ? (GATHER ? id / top_k : id) : 0;
     const uint4* const xr[1] = {reinterpret_cast<const uint4*>(x + xrow * ldx) + t};
     const int KT = K >> 6;
-    // (SHARED_W: q, s the strip's words in shared memory)
-    const long long es = SRC == SHARED_W ? 0 : (long long)e * (N / 16) + strip;
+    const long long es = (long long)e * (N / 16) + strip;
     float acc[SN][1][4];
     if constexpr (LOOP == LEAN)
-      mainloop_lean<1, UNROLL, WARPS, SPECIAL, SN, SRC>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp,
-                                                        acc, (long long)KT * 32, (long long)KT * 8);
+      mainloop_lean<1, UNROLL, WARPS, SPECIAL, SN>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc,
+                                                   (long long)KT * 32, (long long)KT * 8);
     else if constexpr (LOOP > 0)
       mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0,
                                                       KT, warp, acc[0]);
@@ -496,77 +478,6 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
                                                     (long long)strip * (ACT == 0 ? 16 : 8));
 }
 
-constexpr int FUSED_MAX_PAIRS = 8;  // the pairs of one launch of mxfp4_mma_pairs_fused: _mma_decode.SMALL_PAIRS
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Both expert GEMMs of the MoE decode path for a few (token, slot) pairs in one launch: the PAIRS gate_up GEMM
-// (ACT 1 / 2, x gathered by pair, h bf16 [n_valid, I]) and the PAIRS down GEMM with its combine into out bf16
-// [tokens, H], each block computing one strip exactly as a block of those two kernels does (the same bytes).
-// Blocks take tickets from a counter (ctr[0]) in the order they start: the first n_valid x 2I / 16 tickets are the
-// gate_up strips (pair-major), each adding 1 to its pair's count (ctr[2 + pair]) once h is written; the next
-// n_valid x H / 16 are the down strips (pair-major), which copy their weight strip into shared memory by cp.async
-// (it does not depend on h), wait for their pair's count, then compute from shared memory. The down blocks start
-// as the gate_up blocks' last wave drains, so their weight bytes and ramp overlap that tail. A block waits only on
-// gate_up strips of lower tickets, which running blocks hold and finish without waiting: no deadlock, whatever the
-// number of resident blocks. The counters go back to 0 for the next launch or graph replay: ctr[0] by the block
-// of the last ticket, a pair's count by the last of its down blocks to pass the wait (counted in ctr[2 +
-// FUSED_MAX_PAIRS + pair]), the combine counts (ctr[2 + 2 FUSED_MAX_PAIRS + token x H / 16 + strip]) as PAIRS.
-// Dynamic shared memory: I / 64 x 544 bytes (a down strip's codes and scales).
-template <int ACT, bool SPECIAL>
-__device__ __forceinline__ void mxfp4_mma_pairs_fused(
-    const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q1, const uint32_t* __restrict__ s1,
-    const float* __restrict__ b1, const uint4* __restrict__ q2, const uint32_t* __restrict__ s2,
-    const float* __restrict__ b2, const float* __restrict__ rw, __nv_bfloat16* __restrict__ h,
-    float* __restrict__ ws, __nv_bfloat16* __restrict__ out, const int* __restrict__ topk_ids, int ids64,
-    int* __restrict__ ctr, int H, int I, int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {
-  extern __shared__ uint4 wsm[];
-  __shared__ int tk;
-  if (threadIdx.x == 0) {
-    tk = atomicAdd(ctr, 1);
-    if (tk == (int)gridDim.x - 1) *ctr = 0;  // the last ticket
-  }
-  __syncthreads();
-  const int tkt = tk, S1 = I / 8, S2 = H / 16, UA = n_valid * S1;
-  int* const done = ctr + 2;
-  int* const passed = ctr + 2 + FUSED_MAX_PAIRS;
-  int* const cnt = ctr + 2 + 2 * FUSED_MAX_PAIRS;
-  if (tkt < UA) {
-    const int mb = tkt / S1;
-    mxfp4_mma_grouped<ACT, true, false, SPECIAL, __nv_bfloat16, 4, 2, LEAN, false, true>(
-        x, q1, s1, b1, nullptr, h, nullptr, topk_ids, 2 * I, H, n_valid, top_k, ldx, I, mb, tkt % S1, ids64, n_exp);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(done + mb, 1);
-    return;
-  }
-  const int u = tkt - UA, mb = u / S2, strip = u % S2, KT2 = I >> 6;
-  const long long te = ids64 ? reinterpret_cast<const long long*>(topk_ids)[mb] : (long long)topk_ids[mb];
-  if (te >= 0 && te < n_exp) {
-    const long long es = te * S2 + strip;
-    const uint4* qs = q2 + es * KT2 * 32;
-    const uint4* ss = reinterpret_cast<const uint4*>(s2 + es * KT2 * 8);
-    for (int c = threadIdx.x; c < KT2 * 32; c += blockDim.x) cp_async16(wsm + c, qs + c);
-    for (int c = threadIdx.x; c < KT2 * 2; c += blockDim.x) cp_async16(wsm + KT2 * 32 + c, ss + c);
-  }
-  cp_async_commit();
-  if (threadIdx.x == 0) {
-    while (ld_acquire(done + mb) < S1) __nanosleep(32);
-    if (atomicAdd(passed + mb, 1) == S2 - 1) {  // the pair's last down block past the wait
-      done[mb] = 0;
-      passed[mb] = 0;
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-  mxfp4_mma_grouped<0, false, true, SPECIAL, __nv_bfloat16, 4, 2, LEAN, false, true, 1, SHARED_W>(
-      h, wsm, reinterpret_cast<const uint32_t*>(wsm + KT2 * 32), b2, rw, out, nullptr, topk_ids, H, I, n_valid, top_k,
-      I, ldo, mb, strip, ids64, n_exp, ws, cnt);
-}
 }  // namespace
 
 // W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), 0 (mainloop; X: x loaded a batch ahead too) or
@@ -598,8 +509,7 @@ __device__ __forceinline__ void mxfp4_mma_pairs_fused(
       long long ldx, long long ldo) {                                                                          \
     mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X, false, SN>(x, q, s, bias, rw, out, ids,   \
                                                                                 eids, N, K, n_valid, top_k,   \
-                                                                                ldx, ldo, blockIdx.x,          \
-                                                                                blockIdx.y * SN);              \
+                                                                                ldx, ldo);                     \
   }
 #define MXKIT_MMA_GROUPED(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X)                                 \
   MXKIT_MMA_GROUPED_SN(NAME, ACT, GATHER, MUL_RW, SPECIAL, OUT, W, U, L, X, 1)
@@ -619,27 +529,11 @@ __device__ __forceinline__ void mxfp4_mma_pairs_fused(
       const int* __restrict__ topk_ids, int ids64, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, \
       int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {                                       \
     mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, __nv_bfloat16, 4, 2, LEAN, false, true>(                   \
-        x, q, s, bias, rw, out, nullptr, topk_ids, N, K, n_valid, top_k, ldx, ldo, blockIdx.x, blockIdx.y, ids64, \
-        n_exp, ws, cnt);                                                                                       \
+        x, q, s, bias, rw, out, nullptr, topk_ids, N, K, n_valid, top_k, ldx, ldo, ids64, n_exp, ws, cnt);       \
   }
 #define MXKIT_MMA_PAIRS_BOTH(NAME, ACT, GATHER, MUL_RW)                                                     \
   MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, false)                                                         \
   MXKIT_MMA_PAIRS(NAME##_special, ACT, GATHER, MUL_RW, true)
-
-// both GEMMs of the pairs in one launch (mxfp4_mma_pairs_fused)
-#define MXKIT_MMA_PAIRS_FUSED(NAME, ACT, SPECIAL)                                                             \
-  extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
-      const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q1, const uint32_t* __restrict__ s1,       \
-      const float* __restrict__ b1, const uint4* __restrict__ q2, const uint32_t* __restrict__ s2,              \
-      const float* __restrict__ b2, const float* __restrict__ rw, __nv_bfloat16* __restrict__ h,                \
-      float* __restrict__ ws, __nv_bfloat16* __restrict__ out, const int* __restrict__ topk_ids, int ids64,      \
-      int* __restrict__ ctr, int H, int I, int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {   \
-    mxfp4_mma_pairs_fused<ACT, SPECIAL>(x, q1, s1, b1, q2, s2, b2, rw, h, ws, out, topk_ids, ids64, ctr, H, I,    \
-                                        n_valid, top_k, n_exp, ldx, ldo);                                      \
-  }
-#define MXKIT_MMA_PAIRS_FUSED_BOTH(NAME, ACT)                                                                  \
-  MXKIT_MMA_PAIRS_FUSED(NAME, ACT, false)                                                                      \
-  MXKIT_MMA_PAIRS_FUSED(NAME##_special, ACT, true)
 
 // the grouped kernels of one activation: 1 tile a batch, and 2 (_u2: faster up to 8 (token, slot) pairs); 1 tile a
 // batch with 2 and 4 strips a block sharing x (_s2, _s4; the bits of 1)
@@ -672,6 +566,4 @@ MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_down, 0, false, true, float)
 MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_swiglu_gpt_oss, 1, true, false)
 MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_swiglu, 2, true, false)
 MXKIT_MMA_PAIRS_BOTH(mxfp4_mma_pairs_down, 0, false, true)
-MXKIT_MMA_PAIRS_FUSED_BOTH(mxfp4_mma_pairs_fused_swiglu_gpt_oss, 1)
-MXKIT_MMA_PAIRS_FUSED_BOTH(mxfp4_mma_pairs_fused_swiglu, 2)
 #endif  // MXKIT_DECODE_VARIANTS

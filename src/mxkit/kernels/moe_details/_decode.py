@@ -6,7 +6,6 @@ fused, or up to ``_mma_decode.SMALL_PAIRS`` pairs one block per pair with no sor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -124,30 +123,16 @@ def _mma_biases(b1, b2, p1: MmaExperts, I: int, H: int) -> tuple:
             None if b2 is None else _packed_bias(b2, H, ("mma", False)))
 
 
-def pairs_one_launch(device: torch.device, I: int) -> bool:
-    """Whether the pairs path runs both GEMMs in one launch (:func:`~mxkit.kernels.matmul_details._mma_decode.
-    pairs_fused`) on ``device`` for intermediate size ``I``: ``MXKIT_MOE_FUSED`` (0 / 1) where set (A/B runs), else
-    the dispatch table's ``moe.pairs_fused``; and a down strip fits a block's shared memory."""
-    env = os.environ.get("MXKIT_MOE_FUSED")
-    on = env != "0" if env else bool((_envelope(device, "moe") or {}).get("pairs_fused", False))
-    return on and _mma_decode.fused_fits(I, device)
-
-
 def _moe_mma_pairs(x, p1: MmaExperts, b1, p2: MmaExperts, b2, rw, topk_ids, E, T, k, I, H,
                    activation) -> torch.Tensor:
     """Up to ``_mma_decode.SMALL_PAIRS`` (token, slot) pairs on all the experts, bf16 out: both GEMMs one block per
-    pair from the router's ids (no sort, no int32 copy), the down GEMM combining the slots (no combine kernel), in
-    two launches or, where :func:`pairs_one_launch` says so, one; the bytes of _moe_mma and the combine either way."""
+    pair from the router's ids (no sort, no int32 copy), the down GEMM combining the slots (no combine kernel);
+    the bytes of _moe_mma and the combine."""
     pairs_mma = _mma_decode.pairs_mma
     ids = _flat_ids(topk_ids)
     b1, b2 = _mma_biases(b1, b2, p1, I, H)
     n = T * k
     h = torch.empty(n, I, device=x.device, dtype=torch.bfloat16)
-    if pairs_one_launch(x.device, I):
-        out = torch.empty(T, H, device=x.device, dtype=torch.bfloat16)
-        ws = torch.empty(n, H, device=x.device, dtype=torch.float32)
-        return _mma_decode.pairs_fused(x, (p1.q, p1.s), (p2.q, p2.s), p1.special or p2.special, H, I, ids, k, E,
-                                       bias1=b1, bias2=b2, activation=activation, rw=rw, h=h, ws=ws, out=out)
     pairs_mma(x, p1.q, p1.s, p1.special, 2 * I, H, ids, k, E, bias=b1, activation=activation, rw=None, out=h)
     out = torch.empty(T, H, device=x.device, dtype=torch.bfloat16)
     ws = torch.empty(n, H, device=x.device, dtype=torch.float32)

@@ -1077,9 +1077,72 @@ def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
     assert "act_format=fp8_e4m3_rowwise" in repr(m)
     with pytest.raises(ValueError, match="act_format"):
         MXMoE(H, I2 // 2, E, k, "mxfp4", act_format="mxfp8")
-    half = MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="fp8_e4m3_rowwise")
-    with pytest.raises(NotImplementedError, match="expert parallelism"):
-        half(x)
+    with pytest.raises(ValueError, match="no expert_range"):
+        MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="fp8_e4m3_rowwise")
+
+
+def test_mxmoe_constructor_refuses_what_no_forward_takes():
+    """Settings every forward would refuse fail at construction, with the argument named: an unknown backend,
+    expert_range that is not a pair of integers in range (NumPy integers are integers), a quantized-activation
+    layer holding part of the experts, MXFP4 activations in blocks other than 32."""
+    np = pytest.importorskip("numpy")
+    H, I2, E, k = 64, 64, 4, 2
+    with pytest.raises(ValueError, match="backend"):
+        MXMoE(H, I2 // 2, E, k, "mxfp4", backend="cuda")
+    for bad in ((0.0, 2.0), (0, 2, 3), (2, 2), (True, 2), (0, 5), "02"):
+        with pytest.raises(ValueError, match="expert_range"):
+            MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=bad)
+    assert MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(np.int64(1), np.int64(3))).expert_range == (1, 3)
+    with pytest.raises(ValueError, match="no expert_range"):
+        MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="mxfp4")
+    with pytest.raises(ValueError, match="blocks of 32"):
+        MXMoE(48, 48, E, k, "mxfp4", block_size=16, act_format="mxfp4")
+
+
+@pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])
+def test_mxmoe_fold_layout_survives_half(act_format, rng):
+    """A module folded in place (pack_, which a CUDA forward does first) and then cast with .half(): its row
+    scales stay float32 (float16 would flush the small experts' 2^-28), so its experts and checkpoint bytes are
+    those of the same module never folded; .to(device) still moves them."""
+    H, I, E, k = 64, 32, 4, 2
+    router = nn.Linear(H, E)
+    dense = (torch.randn(E, 2 * I, H, generator=rng) * 1e-6, torch.zeros(E, 2 * I),
+             torch.randn(E, H, I, generator=rng) * 1e-6, torch.zeros(E, H))
+    ref = MXMoE.from_dense(router, *dense, k, "mxfp4", act_format=act_format)
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4", act_format=act_format)
+    assert m.pack_() and m.expert_layout == "fold"
+    small = m.gate_up_row_scale.min().item()
+    assert 0 < small < 2.0 ** -24
+    m.half()
+    ref.half()
+    assert m.gate_up_row_scale.dtype == torch.float32 and m.gate_up_row_scale.min().item() == small
+    assert m.down_bias.dtype == torch.float16  # (the rest is cast as usual)
+    sd, sd_ref = m.state_dict(), ref.state_dict()
+    assert sd.keys() == sd_ref.keys() and all(torch.equal(sd[n], sd_ref[n]) for n in sd)
+    assert torch.equal(m.dequantize_experts()[0], ref.dequantize_experts()[0])
+    m.to("cpu", torch.bfloat16)
+    assert m.down_row_scale.dtype == torch.float32
+
+
+def test_moe_mxfp4_refuses_a_gradient_it_cannot_give(rng):
+    """moe_mxfp4 quantizes x and the intermediate to MXFP4 (not differentiable): where x or b_gate_up needs a
+    gradient it raises, naming them, rather than leaving them without one; the logits and b_down get theirs.
+    moe_w4a8 gives every gradient (its FP8 casts passed straight through)."""
+    E, k, H, I2 = 3, 2, 64, 64
+    wg = mxkit.quantize(torch.randn(E, I2, H, generator=rng) * 0.1, "mxfp4", axis=-1)
+    wd = mxkit.quantize(torch.randn(E, H, I2 // 2, generator=rng) * 0.1, "mxfp4", axis=-1)
+    x, logits = torch.randn(4, H, generator=rng), torch.randn(4, E, generator=rng)
+    b1, b2 = torch.randn(E, I2, generator=rng), torch.randn(E, H, generator=rng)
+    for needs in ("x", "b1"):
+        xs, b1s = x.clone().requires_grad_(needs == "x"), b1.clone().requires_grad_(needs == "b1")
+        with pytest.raises(ValueError, match="x or b_gate_up"):
+            moe_op.moe_mxfp4(xs, wg, b1s, wd, b2, logits, k)
+    lg, b2g = logits.clone().requires_grad_(), b2.clone().requires_grad_()
+    moe_op.moe_mxfp4(x, wg, b1, wd, b2g, lg, k).square().sum().backward()
+    assert lg.grad is not None and b2g.grad is not None
+    xg, b1g = x.clone().requires_grad_(), b1.clone().requires_grad_()
+    moe_op.moe_w4a8(xg, wg, b1g, wd, b2, logits, k).square().sum().backward()
+    assert xg.grad is not None and b1g.grad is not None
 
 
 @torch.no_grad()

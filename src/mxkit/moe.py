@@ -223,7 +223,8 @@ def moe_w4a8(
     Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
     a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
     do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
-    x's dtype. No expert parallelism here.
+    x's dtype. No expert parallelism here. Gradients: where x, a bias or the logits need one, the reference runs
+    (the FP8 casts passed straight through); the Triton path has no backward.
     Raises the TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError
     when router_logits' last dim E is not the experts' count (before any expert runs)."""
     return _quantized_layer(_w4a8_folded, _w4a8_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits,
@@ -276,7 +277,10 @@ def moe_mxfp4(
     expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
     that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that do not
     fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
-    envelope) take the reference. Returns (..., H) in x's dtype. No expert parallelism here. Raises the
+    envelope) take the reference. Returns (..., H) in x's dtype. No expert parallelism here. Gradients: the
+    logits and ``b_down`` get theirs through the reference; x and ``b_gate_up`` get none (the MXFP4 quantizations),
+    so a call where either needs one raises ValueError (:class:`mxkit.nn.MXMoE` with ``act_format="mxfp4"``
+    passes them straight through). Raises the
     TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError when
     router_logits' last dim E is not the experts' count."""
     return _quantized_layer(_mxfp4_folded, _mxfp4_reference, x, w_gate_up, b_gate_up, w_down, b_down,
@@ -345,7 +349,12 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
                          f"but the experts hold E={E} (no expert parallelism here)")
     if x2.shape[0] == 0:
         return x.new_zeros(x.shape)
-    if resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
+    grad = needs_grad(x, b_gate_up, b_down, router_logits)
+    if run_reference is _mxfp4_reference and needs_grad(x, b_gate_up):
+        raise ValueError("moe_mxfp4 has no gradient for x or b_gate_up (their MXFP4 quantizations are not "
+                         "differentiable); use mxkit.nn.MXMoE(act_format='mxfp4'), whose backward passes them "
+                         "straight through, or detach them")
+    if not grad and resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
         from .kernels.moe import fold_experts
 
         if folded is None:

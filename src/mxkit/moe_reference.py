@@ -21,6 +21,7 @@ whole layer (:mod:`mxkit.distributed`).
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -173,11 +174,17 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 
 def _check_expert_range(expert_range, num_experts: int) -> tuple[int, int]:
+    """(lo, hi) as Python ints from None (all the experts) or a pair of integers (NumPy's included) with
+    0 <= lo < hi <= num_experts; ValueError otherwise (floats, bools, another length)."""
     if expert_range is None:
         return 0, num_experts
     pair = tuple(expert_range) if isinstance(expert_range, (tuple, list)) else ()
-    lo, hi = pair if len(pair) == 2 else (None, None)
-    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi <= num_experts):
+    try:
+        lo, hi = (operator.index(v) for v in pair) if len(pair) == 2 and not any(isinstance(v, bool) for v in pair) \
+            else (None, None)
+    except TypeError:
+        lo = hi = None
+    if not (lo is not None and 0 <= lo < hi <= num_experts):
         raise ValueError(f"expert_range={expert_range!r} must be (lo, hi) with 0 <= lo < hi <= {num_experts=}")
     return lo, hi
 

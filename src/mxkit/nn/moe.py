@@ -52,8 +52,9 @@ from torch import nn
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.matmul_details._route import router_takes
-from ..moe import moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
-from ..moe_reference import ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES
+from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
+from ..moe_reference import (ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
+                             _check_expert_range)
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
@@ -161,9 +162,15 @@ class MXMoE(_ops.Handled, nn.Module):
             raise ValueError(f"unknown routing={routing!r}; known: {', '.join(ROUTING_MODES)}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation={activation!r}; known: {', '.join(ACTIVATIONS)}")
-        lo, hi = (0, E) if expert_range is None else tuple(expert_range)
-        if not 0 <= lo < hi <= E:
-            raise ValueError(f"expert_range={expert_range!r} must be (lo, hi) with 0 <= lo < hi <= {E}")
+        if backend not in MOE_BACKENDS:
+            raise ValueError(f"unknown backend={backend!r}; known: {', '.join(MOE_BACKENDS)}")
+        lo, hi = _check_expert_range(expert_range, E)
+        if act is not None and (lo, hi) != (0, E):
+            raise ValueError(f"act_format={act_format!r} takes all the experts (no expert_range): the quantized-"
+                             f"activation layers have no expert parallelism")
+        if act == "mxfp4_e2m1" and block_size != BLOCK_SIZE:
+            raise ValueError(f"act_format='mxfp4' quantizes the activations in blocks of {BLOCK_SIZE}; got "
+                             f"{block_size=}")
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.weight_format: ElementFormat = fmt
         self.routing, self.activation, self.backend = routing, activation, backend
@@ -316,6 +323,19 @@ class MXMoE(_ops.Handled, nn.Module):
         self._fold_layout = True
         self._packed = self._folded = None
         return True
+
+    def _apply(self, fn, recurse: bool = True):
+        """nn.Module's, but the fold layout's row scales (``*_row_scale``) move with the module and stay float32:
+        they are powers of two that float16 would flush under 2^-24 (``module.half()`` would otherwise change the
+        experts' values and their checkpoint bytes)."""
+        rows = {n: b for n, b in self._buffers.items() if n.endswith("_row_scale") and b is not None}
+        for n in rows:
+            self._buffers[n] = None  # (Module._apply skips None buffers; the dict keeps its order)
+        out = super()._apply(fn, recurse)
+        for n, b in rows.items():
+            moved = fn(b)
+            self._buffers[n] = moved if moved.dtype == torch.float32 else b.to(device=moved.device)
+        return out
 
     def _to_checkpoint_layout(self) -> None:
         """Undo :meth:`pack_`: the four expert buffers back in the checkpoint layout."""

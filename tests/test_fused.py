@@ -317,3 +317,18 @@ def test_eager_parts_keep_the_fused_output_until_every_part_has_read_it(rng):
         a = group.output(x, 0)
         assert len(calls) == 2
     assert all(torch.equal(g, w) for g, w in zip((a, b, c), want))
+
+
+def test_fused_output_made_without_grad_is_not_served_to_a_grad_call(rng):
+    """A part called under no_grad, then its sibling with gradients on and the same input: the sibling's output
+    carries the graph, and x's gradient is the one the unfused layers give (the cached output of the no_grad call
+    would carry none)."""
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)])
+    x = torch.randn(4, 64, generator=rng, requires_grad=True)
+    with torch.no_grad():
+        group.output(x, 0)
+    k = group.output(x, 1)
+    assert k.requires_grad
+    k.sum().backward()
+    w = group.fused.dequantize_weight(torch.float32)[32:48]
+    assert torch.allclose(x.grad, w.sum(0).expand(4, 64))

@@ -516,3 +516,20 @@ def test_mx_linear_custom_op_handles_and_fake(rng):
     gc.collect()
     with pytest.raises(RuntimeError, match=f"mx_linear: the module of handle {h} no longer exists"):
         torch.ops.mxkit.mx_linear(x, h)
+
+
+def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):
+    """nn.MultiheadAttention reads its out_proj's weight, and nn.TransformerEncoderLayer's fast path its linear1's
+    and linear2's: quantize_model leaves them as they are ("unsupported", named in the one warning), so the model
+    still runs, and quantizes the Linears around them."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    model = nn.Sequential(nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True),
+                          nn.Linear(64, 32)).eval()
+    x = torch.randn(2, 5, 64, generator=rng)
+    with pytest.warns(UserWarning, match="out_proj"):
+        _, report = quantize_model(model, "mxfp8_e4m3", progress=False, return_report=True)
+    status = {r.name: r.status for r in report}
+    assert status == {"0.self_attn.out_proj": "unsupported", "0.linear1": "unsupported",
+                      "0.linear2": "unsupported", "1": "quantized"}
+    with torch.no_grad():
+        assert model(x).shape == (2, 5, 32)

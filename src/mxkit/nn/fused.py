@@ -11,7 +11,8 @@ The fused weight is the members' MX bytes stacked along N (each row keeps its ow
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22 bound).
 The first part called with an input runs the fused GEMM and keeps its output until every part of the group has read
 it, for that very tensor object (or view of one base object, with the same data pointer, shape and strides) at that
-version (``x._version``: an in-place change of x, or a load_state_dict, between two parts' calls recomputes; an
+version and in the same grad mode (``x._version``: an in-place change of x, or a load_state_dict, between two parts'
+calls recomputes, as does a part called with gradients on after one called under ``no_grad``; an
 in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode tensor keeps no version,
 an in-place change of one between two parts' calls): parts called with different inputs each get a correct result.
 Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cache: the first part traced with an
@@ -80,8 +81,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
-        # [weakref to x (or x's base), x._version, fused(x), parts served, x's view]; forgotten when a state_dict
-        # is loaded (the output of the old weights)
+        # [weakref to x (or x's base), x._version, fused(x), parts served, x's view, grad mode]; forgotten when a
+        # state_dict is loaded (the output of the old weights)
         self._last = None
         # while Dynamo traces: (x, fused(x), parts served) of the last traced input, until every part has its slice
         self._traced = [None]
@@ -104,13 +105,15 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         # a view is keyed by its base object and its geometry
         src = x if x._base is None else x._base
         view = (x.data_ptr(), x.shape, x.stride())
+        grad = torch.is_grad_enabled()  # (an output made under no_grad carries no graph for a grad-mode part)
         last = self._last
-        hit = last is not None and last[0]() is src and last[4] == view and last[1] == ver and i not in last[3]
+        hit = (last is not None and last[0]() is src and last[4] == view and last[1] == ver and last[5] == grad
+               and i not in last[3])
         if hit:
             y = last[2]
         else:
             y = self.fused(x)
-            last = self._last = [weakref.ref(src), ver, y, set(), view]
+            last = self._last = [weakref.ref(src), ver, y, set(), view, grad]
         last[3].add(i)
         if len(last[3]) == len(self.splits):
             self._last = None  # every part has its slice

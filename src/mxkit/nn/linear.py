@@ -441,8 +441,10 @@ def quantize_model(
 
     skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
       callable ``(name, module) -> bool``; matching layers are left as they are.
-    Layers whose ``in_features % block_size != 0``, empty layers and layers whose weight is not float32 /
-    bfloat16 / float16 are left alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
+    Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
+    bfloat16 / float16, and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
+    ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) are left
+    alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another
     parameter (a tied ``lm_head``) is quantized into its own MX copy, untied, with a ``UserWarning`` naming it.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
@@ -472,6 +474,12 @@ def quantize_model(
 
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     in_moe = {id(sub) for m in model.modules() if isinstance(m, MXMoE) for sub in m.modules()}
+    # torch modules that read their Linears' weights themselves: nn.MultiheadAttention its out_proj's, and
+    # nn.TransformerEncoderLayer (its fast path's checks) its linear1's and linear2's
+    read = {id(m.out_proj): "nn.MultiheadAttention's out_proj" for m in model.modules()
+            if isinstance(m, nn.MultiheadAttention)}
+    read.update({id(getattr(m, n)): f"nn.TransformerEncoderLayer's {n}" for m in model.modules()
+                 if isinstance(m, nn.TransformerEncoderLayer) for n in ("linear1", "linear2")})
     names_of = {}  # parameter id -> every name it has (tied weights: more than one)
     for n, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(n)
@@ -483,6 +491,9 @@ def quantize_model(
             row.status, row.reason = "skipped", "matched skip"
         elif id(lin) in in_moe:  # (MXMoE's router: it reads its weight, and its logits choose the experts)
             row.status, row.reason = "skipped", "inside an MXMoE (its router)"
+        elif id(lin) in read:
+            row.status, row.reason = "unsupported", f"{read[id(lin)]}: its owner reads the weight"
+            unsupported.append(f"{name} ({row.reason})")
         elif why := _unsupported(lin, block_size):
             row.status, row.reason = "unsupported", why
             unsupported.append(f"{name} ({why})")

@@ -71,6 +71,8 @@ def quantize(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
+    if isinstance(axis, bool):
+        raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
     if not isinstance(axis, int):
         pair = tuple(axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
         if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):

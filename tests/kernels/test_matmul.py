@@ -392,6 +392,53 @@ def test_pack_weight_act_builds_only_what_the_activations_read(rng):
         assert (pw.folded is not None, pw.mma_q is not None) == (folded, mma)
 
 
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mxint8"])
+def test_pack_weight_of_other_blocks_takes_the_exact_paths(fmt, block_size, rng):
+    """A weight of 16- or 64-element blocks packs (every act) with none of the 32-element layouts (fold, small-M,
+    MXFP6 twin), and its GEMMs with float and MX activations stay within the bound of the float64 product of the
+    dequantized operands."""
+    w = mxkit.quantize(torch.randn(48, 256, generator=rng), fmt, block_size=block_size)
+    x = torch.randn(5, 256, generator=rng)
+    xq = mxkit.quantize(x, "mxfp8_e4m3", block_size=block_size)
+    wd = mxkit.dequantize(w, torch.float32).double()
+    for act in (None, "float", "mx"):
+        p = mxkit.pack_weight(w, act=act)
+        assert p.folded is None and p.mma_q is None and p.wide is None
+        a = xq if act == "mx" else x
+        want = (mxkit.dequantize(a, torch.float32).double() if act == "mx" else x.double()) @ wd.T
+        y = mxkit.matmul(a, p)
+        assert ((y.double() - want).norm() / want.norm()).item() < (4e-3 if act == "mx" else 1e-6)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+def test_gpu_weight_of_64_element_blocks(fmt, rng):
+    """On CUDA a weight of 64-element blocks (no 32-element layout) multiplies bf16 and MX activations at M = 1
+    and 64 within the bound of the float64 product, packed and not, and through MXLinear."""
+    from mxkit.nn import MXLinear
+
+    w = mxkit.quantize(torch.randn(128, 512, generator=rng).cuda(), fmt, block_size=64)
+    wd = mxkit.dequantize(w, torch.float32).double()
+    for M in (1, 64):
+        x = torch.randn(M, 512, generator=rng).cuda().to(torch.bfloat16)
+        want = x.double() @ wd.T
+        bound = 1.2 * ((want.to(torch.bfloat16).double() - want).norm() / want.norm()).item() + 1e-6
+        for b in (w, mxkit.pack_weight(w)):
+            y = mxkit.matmul(x, b)
+            assert ((y.double() - want).norm() / want.norm()).item() <= bound
+        xq = mxkit.quantize(x, "mxfp8_e4m3", block_size=64)
+        wantq = mxkit.dequantize(xq, torch.float32).double() @ wd.T
+        y = mxkit.matmul(xq, mxkit.pack_weight(w, act="mx"))
+        assert ((y.double() - wantq).norm() / wantq.norm()).item() <= 4e-3
+    lin = torch.nn.Linear(512, 128).cuda().to(torch.bfloat16)
+    m = MXLinear.from_linear(lin, fmt, block_size=64)
+    x = torch.randn(3, 512, generator=rng).cuda().to(torch.bfloat16)
+    want = x.double() @ m.dequantize_weight(torch.float32).double().T + lin.bias.double()
+    assert ((m(x).double() - want).norm() / want.norm()).item() <= 8e-3
+
+
 def test_mxlinear_on_cpu_is_within_the_bound(rng):
     """MXLinear on the CPU (matmul's reference backend there) for float, MXFP4 and FP8-rowwise activations: within
     the row bound of its quantized operands (NaN rows included in the check)."""

@@ -240,7 +240,9 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     dtype then run on cuBLAS against it past the small-M kernels (path ``dense-cached``), where the scale bytes
     are in the dtype's exact envelope (elsewhere the exact paths as without it; an MXFP6 weight's bf16 cache is its
     twin's, so scale bytes past the twin's envelope, above 240 for E2M3 / 227 for E3M2, take dense-exact). A fold path given a packed
-    weight without its fold packs the weight again on the call (correct, slower). Raises TypeError /
+    weight without its fold packs the weight again on the call (correct, slower). A weight of blocks other than 32
+    elements gets none of these layouts (the scale extrema and the dense cache only): its GEMMs take the exact
+    paths. Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
     """
     if act not in PACK_ACTS:
@@ -253,15 +255,16 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
         raise ValueError(f"dense={dense!r}: None, torch.bfloat16 or torch.float16")
     _check_weight(w, "w")
     w = plain(w)
-    fold = _fold(w, defer=True, stats=True) if can_fold(w.fmt) and act != "float" else None
+    blocks32 = w.block_size == 32  # (the fold, the small-M layouts and the MXFP6 twin are of 32-element blocks)
+    fold = _fold(w, defer=True, stats=True) if blocks32 and can_fold(w.fmt) and act != "float" else None
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
-    builds_mma = act is None or act in {"mxfp4_e2m1": ("float",), "mxfp8_e4m3": ("float", "mx"),
-                                        "mxfp8_e5m2": ("float",)}.get(w.fmt.name, ())
+    builds_mma = blocks32 and (act is None or act in {"mxfp4_e2m1": ("float",), "mxfp8_e4m3": ("float", "mx"),
+                                                      "mxfp8_e5m2": ("float",)}.get(w.fmt.name, ()))
     mma_q, mma_s, part = _pack_mma(w) if builds_mma else (None, None, None)
     special = torch.zeros(0, dtype=torch.int64, device=w.device)
     twin = None
-    if w.fmt.name in WIDEN and act in (None, "float"):  # (scale bytes with no twin: checked at plan time, _twin)
+    if blocks32 and w.fmt.name in WIDEN and act in (None, "float"):  # (scale bytes with no twin: at plan time)
         twin = pack_weight(widen_fp6(w, check=False), act="float", dense=dense if dense == torch.bfloat16 else None)
     # the dequantized-weight cache (exact where the plan uses it: scale bytes in dense's envelope); an MXFP6
     # weight's bf16 one is its twin's (bf16 activations read the twin)

@@ -268,6 +268,31 @@ def test_inspect_gpt_oss_directory_summary(tmp_path, rng, capsys):
     assert "config: 2 layers" in out and f"{root}: 2 tensors, 0 MX pairs" in out
 
 
+def test_inspect_sharded_directory_lists_its_index(tmp_path, rng, capsys):
+    """A sharded checkpoint's table is the tensors its index lists: a block / scale pair split across two shards is
+    one MX pair, shards in a subfolder are read, and a stray .safetensors file the index does not list is not."""
+    import json
+    import shutil
+
+    root = _gpt_oss_dir(tmp_path, rng, shards=3)
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    assert _holder(root, name + "_blocks") != _holder(root, name + "_scales")  # (the synthetic 3 shards split it)
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    (root / "w").mkdir()
+    for f in set(index["weight_map"].values()):
+        (root / f).rename(root / "w" / f)
+    index["weight_map"] = {k: "w/" + v for k, v in index["weight_map"].items()}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(root / "w" / index["weight_map"]["model.layers.0.mlp.router.bias"][2:], root / "stray.safetensors")
+    assert cli.main(["inspect", str(root), "--plain", "--match", "model.layers.0.mlp.*"]) == 0
+    out = capsys.readouterr().out
+    assert f"{root}: 8 tensors, 2 MX pairs" in out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("model.layers.0.mlp.")}
+    assert len(rows) == 8 and "mxfp4_e2m1 data" in rows[name + "_blocks"] and "stray" not in out
+    assert rows["model.layers.0.mlp.router.bias"].rstrip().endswith("w/" + index["weight_map"][
+        "model.layers.0.mlp.router.bias"][2:])
+
+
 @pytest.mark.parametrize("damage", ["truncated shard", "missing tensor", "wrong shape"])
 def test_inspect_gpt_oss_damaged_directory_one_line_error(tmp_path, rng, capsys, damage):
     root = _gpt_oss_dir(tmp_path, rng, shards=3)
@@ -538,3 +563,17 @@ def test_envelope_counts_the_rival(monkeypatch):
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, rivals, dev=cpu) == 2
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, {(16, 64): None}, dev=cpu) == 64
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, dev=cpu) == 64
+
+
+def test_check_writable_leaves_a_dangling_symlink_as_it_was(tmp_path):
+    """--out given as a symlink to a file not made yet: the check makes and removes the target file, and leaves
+    the link in place (it used to remove the link and leave an empty target)."""
+    from mxkit._files import check_writable
+
+    (tmp_path / "results").mkdir()
+    link = tmp_path / "rows.json"
+    link.symlink_to(tmp_path / "results" / "rows.json")
+    assert check_writable(link, "--out") == link
+    assert link.is_symlink() and not (tmp_path / "results" / "rows.json").exists()
+    with pytest.raises(IsADirectoryError, match="--out"):
+        check_writable(tmp_path / "results", "--out")

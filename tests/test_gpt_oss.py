@@ -269,6 +269,16 @@ def test_save_of_some_layers_copies_the_others(tmp_path, rng):
     assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
+def test_failed_save_removes_the_parent_folders_it_made(tmp_path, rng):
+    """A save whose destination cannot be made (a name past the file system's limit under new folders) raises and
+    leaves none of the folders it created."""
+    src = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    with pytest.raises(OSError):
+        gpt_oss.save_gpt_oss(ckpt, tmp_path / "new" / ("x" * 300) / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 def test_save_refuses_an_existing_destination_and_overwrites_in_place(tmp_path, rng):
     src = _write(tmp_path, rng)
     ckpt = gpt_oss.load_gpt_oss(src, progress=False)
@@ -930,6 +940,21 @@ def test_gpt_oss_model_needs_every_tensor(tmp_path, rng):
     root = _write(tmp_path, rng)
     _rewrite(root / "model.safetensors", _drop("model.norm.weight"))
     with pytest.raises(CheckpointError, match=r"parameters missing from it \['model.norm.weight'\]"):
+        load_gpt_oss_model(root, progress=False)
+
+
+@pytest.mark.parametrize("key,value", [("swiglu_limit", 0.5), ("swiglu_alpha", 3.0)])
+def test_gpt_oss_model_refuses_another_swiglu(tmp_path, rng, key, value):
+    """A config.json whose experts' SwiGLU is not GPT-OSS's (transformers reads swiglu_limit / swiglu_alpha from
+    it): load_gpt_oss_model raises, naming config.json and the values, rather than run MXMoE's 7.0 / 1.702."""
+    pytest.importorskip("transformers")
+    from mxkit.nn import load_gpt_oss_model
+
+    root = _write(tmp_path, rng)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg[key] = value
+    (root / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=rf"config.json: the experts' SwiGLU has .*{value}"):
         load_gpt_oss_model(root, progress=False)
 
 

@@ -16,11 +16,12 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
         raise IsADirectoryError(f"{what} is a directory, not a file that can be written")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        existed = path.exists()
+        target = path.resolve()  # (a symlink, dangling or not: the check makes and removes the file it points to)
+        existed = target.exists()
         with path.open("a"):
             pass
         if not existed:
-            path.unlink()
+            target.unlink()
     except OSError as e:
         raise OSError(f"{what} cannot be written: {e.strerror or e}") from None
     return path

@@ -202,10 +202,12 @@ def _safetensors_files(path: Path) -> list[Path]:
 
 
 def _cmd_inspect(args) -> int:
+    import contextlib
+
     from safetensors import SafetensorError
 
     from .formats import ScaleMode, get_format
-    from .gpt_oss import is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
+    from .gpt_oss import INDEX_NAME, _Reader, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
 
     fmt = get_format(args.format) if args.format else None
     ScaleMode.parse(args.scale_mode)  # even when no tensor gets quantized
@@ -213,61 +215,72 @@ def _cmd_inspect(args) -> int:
         print_gpt_oss_summary(summarize_gpt_oss(args.path), plain=args.plain)
         if not (args.match or fmt):
             return 0
-    files = _safetensors_files(Path(args.path))
+    path = Path(args.path)
     rows = []
-    for fpath in files:
-        try:
-            rows += _inspect_file(fpath, fmt, args, several=len(files) > 1)
-        except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
-            raise ValueError(f"{str(fpath)!r} is not a readable safetensors file: {' '.join(str(e).split())}") from e
-    cols = ["tensor", "dtype", "shape", "mx", "note"] + (["file"] if len(files) > 1 else [])
+    with contextlib.ExitStack() as stack:
+        if path.is_dir() and (path / INDEX_NAME).is_file():
+            # a sharded checkpoint: the tensors its index lists, wherever they are, block / scale pairs across shards
+            reader = _Reader(path, stack)
+            meta = {name: reader.meta(name) for name in reader.weight_map}
+            several = len(reader.files) > 1
+            rows = _inspect_rows(meta, reader.tensor, lambda n: str(reader.weight_map[n].relative_to(path)), fmt,
+                                 args, several)
+        else:
+            files = _safetensors_files(path)
+            several = len(files) > 1
+            for fpath in files:
+                try:
+                    from safetensors import safe_open
+
+                    fh = stack.enter_context(safe_open(str(fpath), framework="pt"))
+                    meta = {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
+                    rows += _inspect_rows(meta, fh.get_tensor, lambda n, f=fpath: f.name, fmt, args, several)
+                except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
+                    raise ValueError(f"{str(fpath)!r} is not a readable safetensors file: "
+                                     f"{' '.join(str(e).split())}") from e
+    cols = ["tensor", "dtype", "shape", "mx", "note"] + (["file"] if several else [])
     n_pairs = sum(1 for r in rows if r["mx"] and r["mx"].endswith("data"))
     _print_table(rows, cols, title=f"{args.path}: {len(rows)} tensors, {n_pairs} MX pairs", plain=args.plain)
     return 0
 
 
-def _inspect_file(fpath: Path, fmt, args, *, several: bool) -> list[dict]:
-    """The rows of one safetensors file (see :func:`_cmd_inspect`); safetensors errors propagate."""
+def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list[dict]:
+    """The rows of :func:`_cmd_inspect` for the tensors ``meta`` ({name: (shape, safetensors dtype)}: one file's,
+    or a sharded checkpoint's), ``tensor(name)`` reading one, ``file_of(name)`` its file for the "file" column."""
     import torch
-    from safetensors import safe_open
 
     from .nn import qsnr_db
     from .ops import dequantize, quantize
 
     rows = []
-    with safe_open(str(fpath), framework="pt") as fh:
-        meta = {}
-        for k in fh.keys():
-            sl = fh.get_slice(k)
-            meta[k] = (tuple(sl.get_shape()), sl.get_dtype())
-        pairs = find_mx_pairs(meta)
-        partners = {p["scales"] for p in pairs.values()}
-        for name in sorted(meta):
-            if args.match and not fnmatch.fnmatchcase(name, args.match):
-                continue
-            shape, dtype = meta[name]
-            row = {"tensor": name, "dtype": dtype, "shape": list(shape), "mx": None, "note": None}
-            if several:
-                row["file"] = fpath.name
-            if name in pairs:
-                p = pairs[name]
-                row["mx"] = f"{p['format']} data"
-                row["note"] = (f"logical {list(p['logical_shape'])}, scales {p['scales']}: "
-                               f"{_scale_summary(fh.get_tensor(p['scales']))}")
-            elif name in partners:
-                row["mx"] = "E8M0 scales"
-            elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
-                if shape[-1] % 32:
-                    row["note"] = f"not quantizable: last dim {shape[-1]} % 32 != 0"
-                elif math.prod(shape) == 0:
-                    row["note"] = "not quantizable: empty"
-                else:
-                    w = fh.get_tensor(name)
-                    q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
-                    row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
-                                   f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
-                                   f"{q.nbytes / 1e6:.3f} MB")
-            rows.append(row)
+    pairs = find_mx_pairs(meta)
+    partners = {p["scales"] for p in pairs.values()}
+    for name in sorted(meta):
+        if args.match and not fnmatch.fnmatchcase(name, args.match):
+            continue
+        shape, dtype = meta[name]
+        row = {"tensor": name, "dtype": dtype, "shape": list(shape), "mx": None, "note": None}
+        if several:
+            row["file"] = file_of(name)
+        if name in pairs:
+            p = pairs[name]
+            row["mx"] = f"{p['format']} data"
+            row["note"] = (f"logical {list(p['logical_shape'])}, scales {p['scales']}: "
+                           f"{_scale_summary(tensor(p['scales']))}")
+        elif name in partners:
+            row["mx"] = "E8M0 scales"
+        elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
+            if shape[-1] % 32:
+                row["note"] = f"not quantizable: last dim {shape[-1]} % 32 != 0"
+            elif math.prod(shape) == 0:
+                row["note"] = "not quantizable: empty"
+            else:
+                w = tensor(name)
+                q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
+                row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
+                               f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
+                               f"{q.nbytes / 1e6:.3f} MB")
+        rows.append(row)
     return rows
 
 

@@ -632,9 +632,9 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
         while not p.exists():
             new_parents.append(p)
             p = p.parent
-        dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = None
         try:
+            dst.parent.mkdir(parents=True, exist_ok=True)  # (in the try: a failure here removes what it made too)
             tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
             made = []  # folders of tmp to give their source's mode, once filled
             for f in tqdm(reader.files, desc="save GPT-OSS", unit="file", disable=not progress):

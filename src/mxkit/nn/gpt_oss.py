@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..formats import FormatLike
+from ..moe_reference import GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT
 from .linear import _set_submodule
 from .moe import MXMoE
 
@@ -55,7 +56,8 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
     MoE's rounding: MXMoE computes in float32 (CPU: float64) with one rounding per GEMM.
     Raises ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or one that does
-    not match the model (naming the tensors).
+    not match the model (naming the tensors), or a config whose ``swiglu_limit`` / ``swiglu_alpha`` is not GPT-OSS's
+    7.0 / 1.702 (the activation MXMoE implements).
     """
     from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, use_generation_config
 
@@ -71,6 +73,12 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
         name = f"model.layers.{moe_w.layer}.mlp"
         if name not in mlps:
             raise CheckpointError(f"{ckpt.path}: the model has no GptOssMLP {name!r}")
+        experts = mlps[name].experts  # (the activation's constants as transformers read them from the config)
+        alpha, limit = getattr(experts, "alpha", GPT_OSS_SWIGLU_ALPHA), getattr(experts, "limit", GPT_OSS_SWIGLU_LIMIT)
+        if (alpha, limit) != (GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT):
+            raise CheckpointError(f"{ckpt.path}/config.json: the experts' SwiGLU has alpha={alpha}, limit={limit}; "
+                                  f"MXMoE implements GPT-OSS's alpha={GPT_OSS_SWIGLU_ALPHA}, "
+                                  f"limit={GPT_OSS_SWIGLU_LIMIT}")
         router = nn.Linear(ckpt.dims.hidden_size, ckpt.dims.num_experts, device=device, dtype=dtype)
         with torch.no_grad():
             router.weight.copy_(moe_w.router_weight)

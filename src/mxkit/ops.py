@@ -26,13 +26,15 @@ __all__ = [
 BACKENDS = ("auto", "reference", "triton")
 
 
-def _resolve_backend(backend: str, device: torch.device) -> str:
+def _resolve_backend(backend: str, device: torch.device, block_size: int = BLOCK_SIZE) -> str:
+    """The backend of a quantize / dequantize call: "auto" is the Triton kernels on CUDA for blocks of 32 (the only
+    size they take) and the reference elsewhere."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     from .kernels import triton_available
 
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "reference"
+        return "triton" if device.type == "cuda" and block_size == BLOCK_SIZE and triton_available() else "reference"
     if backend == "triton" and not triton_available():
         raise ImportError("backend='triton' needs Triton, which failed to import: pip install 'mxkit[triton]'")
     return backend
@@ -64,7 +66,8 @@ def quantize(
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
     layout / backend names.
     """
-    if backend == "auto" and type(axis) is int and isinstance(x, torch.Tensor) and x.is_cuda:
+    if backend == "auto" and type(axis) is int and block_size == BLOCK_SIZE and isinstance(x, torch.Tensor) \
+            and x.is_cuda:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
             return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
@@ -83,7 +86,7 @@ def quantize(
         if pair[0] % x.dim() == pair[1] % x.dim():
             raise ValueError(f"the two axes of a cast-transpose must differ, got {axis!r}")
         axis = pair
-    if _resolve_backend(backend, x.device) == "triton":
+    if _resolve_backend(backend, x.device, block_size) == "triton":
         from .kernels import quantize_triton
 
         return quantize_triton(x, fmt, axis=axis, scale_layout=scale_layout, **kwargs)
@@ -116,7 +119,7 @@ def cast_transpose(
     if nd == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
-    if backend == "auto" and x.is_cuda:
+    if backend == "auto" and x.is_cuda and block_size == BLOCK_SIZE:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path (quantize's, for the pair of axes)
             return k.quantize_eager(x2, fmt, (1, 0), block_size, scale_mode, rounding, "plain")
@@ -145,11 +148,11 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
-    if backend == "auto" and q.qdata.is_cuda:
+    if backend == "auto" and q.qdata.is_cuda and q.block_size == BLOCK_SIZE:
         k = _KERNELS or _cuda_kernels()
         if k is not None:
             return k.dequantize_triton(q, dtype)
-    if _resolve_backend(backend, q.device) == "triton":
+    if _resolve_backend(backend, q.device, q.block_size) == "triton":
         from .kernels import dequantize_triton
 
         return dequantize_triton(q, dtype)
@@ -165,8 +168,9 @@ def _gemm_backend(a, b, backend: str) -> str:
         raise TypeError(f"b must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return "triton" if w.device.type == "cuda" else "reference"
+    if backend == "auto":  # (the kernels are of 32-element blocks; other sizes take the exact reference)
+        blocks32 = w.block_size == BLOCK_SIZE and getattr(a, "block_size", BLOCK_SIZE) == BLOCK_SIZE
+        return "triton" if w.device.type == "cuda" and blocks32 else "reference"
     if backend == "triton" and w.device.type == "cuda":
         return _resolve_backend(backend, w.device)
     return backend  # "triton" on CPU runs the same paths from CPU parts (fold reference, CPU _scaled_mm)
@@ -215,7 +219,7 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
-    if backend == "auto" and type(b) is PackedWeight:
+    if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
         if torch.compiler.is_compiling():
             if isinstance(a, torch.Tensor):
                 # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not

@@ -194,7 +194,7 @@ class _NoEvent:
 
 
 def _dequantize(q: MXTensor, dtype: torch.dtype) -> torch.Tensor:
-    if q.device.type == "cuda":
+    if q.device.type == "cuda" and q.block_size == 32:  # (the Triton kernel's only block size)
         from .quantize import dequantize_triton
 
         return dequantize_triton(q, dtype)

@@ -2,7 +2,7 @@
 exactness of fold_reference (unfold == float64 dequantize) over random rows of chosen block-scale spreads,
 NaN rows, all-zero blocks and the extreme scale bytes 0 / 1 / 254.
 
-``rand_mx`` (random MX tensors of chosen per-row spreads) is shared with tests/kernels/test_fold.py.
+``rand_mx`` (random MX tensors of chosen per-row spreads) is shared with tests/kernel_tests/test_fold.py.
 """
 
 from __future__ import annotations

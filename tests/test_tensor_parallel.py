@@ -7,7 +7,7 @@ through a FileStore in ``tmp_path`` (no ports); collectives time out after 20 s 
 45 s, so a hang fails the test instead of the run. Every rank draws the same full layer and inputs from a fresh
 seed (printed by the ``rng`` fixture), then checks its own shard and the collective result.
 
-Numerics (issue #22's bound, the one tests/kernels/test_matmul.py uses), row by row against y64, the float64 product
+Numerics (issue #22's bound, the one tests/kernel_tests/test_matmul.py uses), row by row against y64, the float64 product
 of the dequantized operands: ``‖y_r − y64_r‖ ≤ 1.2·‖round(y64_r) − y64_r‖ + K·2^-24·‖(|a|·|b|ᵀ)_r‖`` for a bf16
 output, ``1e-5·‖y64_r‖ + K·2^-24·‖(|a|·|b|ᵀ)_r‖`` for float32. Column-parallel outputs are also compared byte for
 byte with the shards computed one by one in the rank (the same GEMM per element). Every check is shown to fail

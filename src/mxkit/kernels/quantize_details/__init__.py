@@ -15,7 +15,7 @@ compute it):
   and the magic number *is* the number of element ulps. Ties-away adds one where the add rounded a tie down.
   The hardware-conversion paths (HW_CVT / HW_DEC: FP8 ``cvt.rn.satfinite``, FP4 bf16x2 arithmetic, FP6 through
   the FP8 grid) are inline asm, GPU only (the CPU interpreter cannot run inline asm); the identities behind
-  each are checked on the CPU in tests/kernels/test_codecs.py, which runs their PTX through a CPU emulator.
+  each are checked on the CPU in tests/kernel_tests/test_codecs.py, which runs their PTX through a CPU emulator.
   :mod:`._codecs`.
 * MASKED is False when the tiles divide the tensor: the masks fold to constants and vanish.
 

@@ -94,7 +94,7 @@ def _fp8_words(v, bad, A: tl.constexpr, B: tl.constexpr, MBITS: tl.constexpr):
 # pipe. The 514 is an add after the mad.lo, not mad.hi's addend: SASS's IMAD.HI takes its addend as the high word
 # of a 64-bit register pair, which ptxas would re-make with extra moves. Every bf16 bit pattern under every X is
 # checked against mxkit.formats.encode_elements by running this PTX through a CPU interpreter
-# (tests/kernels/test_codecs.py).
+# (tests/kernel_tests/test_codecs.py).
 _FP4_CODE = ("mul.rn.bf16x2 a, {x}, {f}; min.xorsign.abs.bf16x2 a, a, k6; max.xorsign.abs.bf16x2 e, a, k1; "
              "and.b32 e, e, 0x7F807F80; mul.hi.u32 m, e, 0x82000000; and.b32 s, a, 0x80008000; "
              "mad.lo.u32 m, m, 2, s; add.u32 m, m, 0x02020202; add.rn.bf16x2 t, a, m; and.b32 t, t, 0x00070007; "

@@ -132,7 +132,7 @@ def _hmax_abs(a, b):
     XOR of the two signs, cleared once after the block's last step (:func:`_block_absmax`). A step of the amax
     over bf16 pairs (FP4: _rows_fp4_pairs, _cols_fp4_words, _cols_fp4_units; FP6: _rows_fp6_pairs,
     _cols_fp6_pairs). Checked on the GPU against the integer max of the masked halves for every bf16 class
-    (tests/kernels/test_codecs.py)."""
+    (tests/kernel_tests/test_codecs.py)."""
     return tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
                                      is_pure=True, pack=1)
 

@@ -3,7 +3,7 @@ against the reference, byte for byte.
 
 CPU: the kernels run under Triton's interpreter (a subprocess: TRITON_INTERPRET=1 must be set before triton is
 imported). The interpreter cannot run inline asm, so the hardware-convert paths (HW_CVT: FP8 cvt, FP4 bf16x2,
-FP6 unit asm) fall back to the integer encoder there; their PTX is checked on the CPU by tests/kernels/
+FP6 unit asm) fall back to the integer encoder there; their PTX is checked on the CPU by tests/kernel_tests/
 test_codecs.py and their bytes by the GPU tests here (``-m gpu``).
 """
 
@@ -79,7 +79,7 @@ def test_rows_interpreted():
     thread (both word stores) and the 64-bit offsets, run by Triton's CPU interpreter (asserted inside) in a
     subprocess. The interpreter cannot run inline asm: the hardware-convert paths (FP8 cvt with the mask in the
     asm, FP4 bf16x2 and bf16 pairs, the FP6 unit and pairs asm) run on the GPU only (the GPU tests below; their
-    PTX is run on the CPU by tests/kernels/test_codecs.py)."""
+    PTX is run on the CPU by tests/kernel_tests/test_codecs.py)."""
     run_interpreted(__file__, "_check_rows_interpreted")
 
 

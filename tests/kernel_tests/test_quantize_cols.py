@@ -3,7 +3,7 @@ against the reference, byte for byte.
 
 CPU: the kernels run under Triton's interpreter (a subprocess). The interpreter cannot run inline asm, so the
 hardware-convert column paths (FP8 unit words, FP4 bf16 pairs and bf16x2 codes, the FP6 unit asm) fall back to the
-integer encoder there; their PTX is run on the CPU by tests/kernels/test_codecs.py and their bytes are checked by
+integer encoder there; their PTX is run on the CPU by tests/kernel_tests/test_codecs.py and their bytes are checked by
 the GPU tests here.
 """
 

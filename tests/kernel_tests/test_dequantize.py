@@ -1,6 +1,6 @@
 """Dequantize (:mod:`mxkit.kernels.quantize_details._dequantize`) against the reference, byte for byte (NaNs
 included: both write the canonical NaN of the output dtype). CPU: Triton's interpreter in a subprocess; the hardware FP8 -> fp16 decode and the FP4 / FP6
-decode asm are inline asm, checked on the CPU by tests/kernels/test_codecs.py and by the GPU tests here."""
+decode asm are inline asm, checked on the CPU by tests/kernel_tests/test_codecs.py and by the GPU tests here."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 over regions, :mod:`mxkit.kernels.quantize_details._cast_transpose`) and the scale byte transpose, against the
 reference byte for byte. CPU: Triton's interpreter in a subprocess (no inline asm there: the hardware-convert
 paths, FP8 cvt words, FP4 bf16x2 and bf16 pairs, the FP6 pairs and unit asm, run on the GPU only; their PTX is run
-on the CPU by tests/kernels/test_codecs.py and their bytes are checked by the GPU tests here)."""
+on the CPU by tests/kernel_tests/test_codecs.py and their bytes are checked by the GPU tests here)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ Bounds, row by row (issue #22's):
 CPU (in CI): the grouped fix-up alone and the whole layer under Triton's interpreter, where the grouped FP8 GEMM
 (``torch._scaled_grouped_mm``, CUDA sm_90 only) and the combine (whose scalar-masked loads the interpreter does
 not take; the W4A8 path's, tested on the GPU) are float64 PyTorch stand-ins; the new kernels compile for sm_90.
-GPU: ``pytest tests/kernels/test_moe_mxfp4.py -m gpu`` (names ``test_gpu_*mxfp4*``).
+GPU: ``pytest tests/kernel_tests/test_moe_mxfp4.py -m gpu`` (names ``test_gpu_*mxfp4*``).
 """
 
 from __future__ import annotations
@@ -515,7 +515,7 @@ def test_mma_max_pairs_is_a_table_entry():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPU (H200): pytest tests/kernels/test_moe_mxfp4.py -m gpu
+# GPU (H200): pytest tests/kernel_tests/test_moe_mxfp4.py -m gpu
 
 
 @pytest.mark.gpu

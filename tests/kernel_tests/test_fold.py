@@ -9,7 +9,7 @@ bits, owner, and the kernel's per-row status (so a row the kernel wrongly sends 
 * GPU (``-m gpu``): 8192 x 8192, 727 x 2880 and 3-D inputs, outputs poisoned with 0xAB before the kernel
   writes; R * K past 2^31.
 
-By hand: ``TRITON_INTERPRET=1 python tests/kernels/test_fold.py --interpret mxfp4_e2m1``.
+By hand: ``TRITON_INTERPRET=1 python tests/kernel_tests/test_fold.py --interpret mxfp4_e2m1``.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def interpret_runs():
 @pytest.mark.parametrize("fmt", FOLD_FORMATS)
 def test_interpret_fold_kernels(fmt, interpret_runs):
     proc, seed = interpret_runs[fmt]
-    print(f"seed={seed} (replay: TRITON_INTERPRET=1 MXKIT_TEST_SEED={seed} python tests/kernels/test_fold.py "
+    print(f"seed={seed} (replay: TRITON_INTERPRET=1 MXKIT_TEST_SEED={seed} python tests/kernel_tests/test_fold.py "
           f"--interpret {fmt})")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"seed={seed}\n{out[-4000:]}\n{err[-8000:]}"

@@ -61,6 +61,8 @@ def quantize(
     EVEN = Triton / aiter. Rounding: ``"rne"`` (default) or ``"away"``.
     scale_layout: ``"plain"`` or a swizzled layout of :mod:`mxkit.layouts` (``"nvidia_128x4"``: the Triton
       backend writes it directly; byte-identical to quantize then :func:`mxkit.layouts.to_layout`).
+    backend: ``"auto"`` (the Triton kernels on CUDA for blocks of 32, the reference otherwise: other block sizes
+      too), ``"reference"`` or ``"triton"`` (NotImplementedError for blocks other than 32).
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor or an axis that is not an int or a
     pair of ints; ValueError for an empty x, an axis out of range, an axis length not a multiple of block_size,
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /

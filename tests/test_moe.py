@@ -832,8 +832,8 @@ def test_mxmoe_w4a8_fold_in_place(fmt, activation, rng):
     fresh.load_state_dict(sd0)
     assert fresh.expert_layout == "checkpoint" and torch.equal(fresh(x), y0)
     assert torch.equal(copy.deepcopy(m)(x), y0)
-    half = copy.deepcopy(m).to(torch.bfloat16)  # casts the float32 row scales (powers of two: exact)
-    assert half.gate_up_row_scale.dtype == torch.bfloat16
+    half = copy.deepcopy(m).to(torch.bfloat16)  # (the row scales stay float32: test_mxmoe_fold_layout_survives_half)
+    assert half.gate_up_row_scale.dtype == torch.float32 and half.down_bias.dtype == torch.bfloat16
     assert all(torch.equal(half.state_dict()[n], sd0[n]) for n in sd0 if n.endswith(("qdata", "scale")))
     m._to_checkpoint_layout()
     assert m.expert_layout == "checkpoint" and not hasattr(m, "gate_up_row_scale") and torch.equal(m(x), y0)

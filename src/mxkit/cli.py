@@ -204,7 +204,7 @@ def _safetensors_files(path: Path) -> list[Path]:
 def _cmd_inspect(args) -> int:
     import contextlib
 
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
 
     from .formats import ScaleMode, get_format
     from .gpt_oss import INDEX_NAME, _Reader, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
@@ -230,8 +230,6 @@ def _cmd_inspect(args) -> int:
             several = len(files) > 1
             for fpath in files:
                 try:
-                    from safetensors import safe_open
-
                     fh = stack.enter_context(safe_open(str(fpath), framework="pt"))
                     meta = {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
                     rows += _inspect_rows(meta, fh.get_tensor, lambda n, f=fpath: f.name, fmt, args, several)

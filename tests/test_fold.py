@@ -192,6 +192,35 @@ def test_fold_exact_spreads(fmt, rng):
             assert n[r] >= 2, (r, s)
 
 
+def test_folded_and_fp8_rowwise_pickle(rng):
+    """pickle.dumps of a float8 tensor fails in torch (2.11-2.13); a Folded, a PackedWeight holding one and
+    Fp8Rowwise activations pickle through their uint8 view, bytes and results unchanged."""
+    import copy
+    import pickle
+
+    import mxkit
+    from mxkit.packed import Fp8Rowwise
+
+    q = rand_mx(rng, "mxfp4_e2m1", 20, 32 * 6, [0, 3, NAN_ROW, 40, 254])
+    fo = fold_reference(q)
+    for back in (pickle.loads(pickle.dumps(fo)), copy.deepcopy(fo)):
+        assert back.data.dtype == torch.float8_e4m3fn and back.fmt is fo.fmt and back.lead_shape == fo.lead_shape
+        assert torch.equal(back.data.view(torch.uint8), fo.data.view(torch.uint8))
+        assert torch.equal(back.scale.view(torch.int32), fo.scale.view(torch.int32))
+        assert torch.equal(back.owner, fo.owner)
+    w = torch.randn(64, 128, generator=rng).to(torch.bfloat16)
+    pw = mxkit.pack_weight(mxkit.quantize(w, "mxfp4", axis=1))
+    assert pw.folded is not None
+    pw2 = pickle.loads(pickle.dumps(pw))
+    a = mxkit.quantize_fp8_rowwise(torch.randn(3, 128, generator=rng))
+    a2 = pickle.loads(pickle.dumps(a))
+    assert isinstance(a2, Fp8Rowwise) and torch.equal(a2.data.view(torch.uint8), a.data.view(torch.uint8))
+    assert torch.equal(a2.scale, a.scale)
+    x = torch.randn(3, 128, generator=rng).to(torch.bfloat16)
+    assert torch.equal(mxkit.matmul(x, pw2), mxkit.matmul(x, pw))
+    assert torch.equal(mxkit.matmul(a2, pw2), mxkit.matmul(a, pw))
+
+
 @pytest.mark.parametrize("fmt", FOLD_FORMATS)
 def test_fold_row_scale_and_window(fmt, rng):
     """The row scale is 2^(max_s - 127 - d_hi) of the non-zero blocks; each extra slice's scale is below its

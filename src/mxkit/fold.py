@@ -142,6 +142,16 @@ class Folded:
     def device(self) -> torch.device:
         return self.data.device
 
+    def __reduce__(self):
+        # pickle.dumps of a float8 tensor fails in torch (2.11-2.13: its legacy storage reader asks
+        # UntypedStorage for a dtype); the codes travel as their uint8 view, the same bytes
+        return _folded_from_codes, (self.data.view(torch.uint8), self.data.dtype, self.scale, self.owner, self.fmt,
+                                    self.lead_shape)
+
+
+def _folded_from_codes(codes, dtype, scale, owner, fmt, lead_shape) -> Folded:
+    return Folded(codes.view(dtype), scale, owner, fmt, lead_shape)
+
 
 # pytree: data, scale and owner are the leaves (tree maps reach them, e.g. a PackedWeight's .to by tree_map),
 # fmt and lead_shape the context

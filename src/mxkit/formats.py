@@ -109,6 +109,12 @@ class ElementFormat:
     def __str__(self) -> str:  # the canonical string name
         return self.name
 
+    def __reduce_ex__(self, protocol):
+        # a registered format pickles (and deep-copies) by name, so it comes back as the same object
+        if FORMATS.get(self.name) is self:
+            return get_format, (self.name,)
+        return super().__reduce_ex__(protocol)
+
 
 def _max_magnitude_code(f: ElementFormat) -> int:
     # E4M3 reserves S.1111.111 for NaN, so its largest magnitude code is 0x7E; IEEE-like E5M2 reserves the

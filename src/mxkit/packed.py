@@ -62,12 +62,20 @@ class Fp8Rowwise:
         """The same activations with data and scale on ``device`` (values unchanged)."""
         return Fp8Rowwise(self.data.to(device), self.scale.to(device))
 
+    def __reduce__(self):
+        # as mxkit.fold.Folded: the float8 codes pickle as their uint8 view (torch's pickle of float8 fails)
+        return _fp8_rowwise_from_codes, (self.data.view(torch.uint8), self.scale)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data.float() * scale`` (..., K) in float32, then cast to ``dtype`` (float32 | bfloat16 | float16 |
         float64; round to nearest even). Raises TypeError for another dtype."""
         if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise TypeError(f"dtype={dtype}: float32, bfloat16, float16 or float64")
         return (self.data.to(torch.float32) * self.scale).to(dtype)
+
+
+def _fp8_rowwise_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> Fp8Rowwise:
+    return Fp8Rowwise(codes.view(torch.float8_e4m3fn), scale)
 
 
 @dataclass(frozen=True, eq=False)

@@ -283,8 +283,9 @@ def _context_from_dump(dumped: list) -> tuple:
 
 
 # torch.load's default unpickler (weights_only=True) takes only allowlisted classes: an MXTensor and its fields'
-# types are plain data (uint8 tensors, names, ints), safe to rebuild
-torch.serialization.add_safe_globals([MXTensor, ElementFormat, ScaleMode, Rounding])
+# types are plain data (uint8 tensors, names, ints), safe to rebuild; a registered format comes back through
+# get_format (a lookup by name)
+torch.serialization.add_safe_globals([MXTensor, ElementFormat, get_format, ScaleMode, Rounding])
 
 pytree.register_pytree_node(
     MXTensor, _flatten, _unflatten, serialized_type_name="mxkit.MXTensor", flatten_with_keys_fn=_flatten_with_keys,

@@ -501,21 +501,55 @@ def test_mx_linear_custom_op_handles_and_fake(rng):
     x = torch.randn(2, 3, 64, generator=rng)
     with torch.no_grad():
         want = m(x)
-        assert torch.equal(torch.ops.mxkit.mx_linear(x, m._op_handle), want)
+        assert torch.equal(torch.ops.mxkit.mx_linear(x, m.bias, m._op_handle), want)
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         xb = x.to(torch.bfloat16)
         with FakeTensorMode() as mode:
-            fake = torch.ops.mxkit.mx_linear(mode.from_tensor(xb), m._op_handle)
+            fake = torch.ops.mxkit.mx_linear(mode.from_tensor(xb), None, m._op_handle)
         assert fake.shape == (2, 3, 48) and fake.dtype == torch.bfloat16
-        got = torch.compile(lambda t: torch.ops.mxkit.mx_linear(t, m._op_handle), fullgraph=True,
+        got = torch.compile(lambda t: torch.ops.mxkit.mx_linear(t, m.bias, m._op_handle), fullgraph=True,
                             backend="aot_eager")(x)
         assert torch.equal(got, want)
     h = twin._op_handle
     del twin
     gc.collect()
     with pytest.raises(RuntimeError, match=f"mx_linear: the module of handle {h} no longer exists"):
-        torch.ops.mxkit.mx_linear(x, h)
+        torch.ops.mxkit.mx_linear(x, None, h)
+
+
+@pytest.mark.parametrize("act_format", [None, "mxfp8_e4m3", "mxfp4", "fp8_e4m3_rowwise"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_mx_linear_compiles_fullgraph_with_gradients(act_format, bias, rng):
+    """torch.compile(fullgraph=True) of an MXLinear on CPU (it failed on a data-dependent guard of the reference
+    path), with and without gradients of x and the bias: the output is the eager bytes, the gradients are
+    with_input_grad's (x's: grad @ dequantize(W) in float32, cast to x's dtype; the bias': grad summed)."""
+    lin = nn.Linear(96, 40, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(40, 96, generator=rng))
+        if bias:
+            lin.bias.copy_(torch.randn(40, generator=rng))
+    m = MXLinear.from_linear(lin, "mxfp4", act_format=act_format)
+    x0 = torch.randn(2, 3, 96, generator=rng).to(torch.bfloat16)
+    g = torch.randn(2, 3, 40, generator=rng).to(torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(x0), m(x0))
+    grads = []
+    for fn in (m, compiled):
+        x = x0.clone().requires_grad_(True)
+        if bias:
+            m.bias.grad = None
+        y = fn(x)
+        y.backward(g)
+        grads.append((y.detach(), x.grad, None if not bias else m.bias.grad.clone()))
+    (y_e, gx_e, gb_e), (y_c, gx_c, gb_c) = grads
+    assert torch.equal(y_c, y_e) and torch.equal(gx_c, gx_e)
+    want = (g.reshape(-1, 40).float() @ mxkit.dequantize(m.weight_mx, torch.float32)).to(torch.bfloat16)
+    assert torch.equal(gx_c.reshape(-1, 96), want)
+    if bias:
+        torch.testing.assert_close(gb_c, gb_e, rtol=0, atol=0)
 
 
 def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):

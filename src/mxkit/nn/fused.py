@@ -22,8 +22,10 @@ the op, and the fused output is an ordinary intermediate of the graph, freed wit
 between calls, nothing left in a CUDA graph's pool; a group whose parts are not all called in one compiled frame
 keeps that frame's input and fused output until its next traced call). On CUDA (inference) the GEMM is one custom op,
 ``mxkit::mx_fused(x, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the fused layer's eager forward;
-``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients on CUDA a part is a graph break (its eager
-``output``); on other devices the fused layer's forward is traced. The state_dict holds the fused layer
+``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients, and on other devices, it is the fused
+MXLinear's own op (``mxkit::mx_linear``, which carries x's and the bias' gradients). The traced reuse is keyed on
+the input object alone: an in-place change of x between two parts' calls inside a compiled frame is not seen there
+(eager calls see it). The state_dict holds the fused layer
 (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
 """
 
@@ -98,8 +100,6 @@ class FusedMXLinear(_ops.Handled, nn.Module):
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Part i's output for input x (the module docstring's reuse rule)."""
         if torch.compiler.is_compiling():
-            if x.is_cuda and needs_grad(x, self.fused.bias):
-                return _eager_output(self, x, i)
             return self._traced_output(x, i)
         ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
         # a view is keyed by its base object and its geometry
@@ -121,12 +121,14 @@ class FusedMXLinear(_ops.Handled, nn.Module):
 
     def _traced_output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """``output`` while Dynamo traces: the fused GEMM of the last traced input when this part has not had its
-        slice of it yet, else a new one (``mxkit::mx_fused`` on CUDA, the traced forward elsewhere)."""
+        slice of it yet, else a new one."""
         traced = self._traced[0]
         if traced is not None and traced[0] is x and i not in traced[2]:
             y, served = traced[1], traced[2] | {i}
         else:
-            y = torch.ops.mxkit.mx_fused(x, self._op_handle) if x.is_cuda else self.fused(x)
+            # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them)
+            cuda_inference = x.is_cuda and not needs_grad(x, self.fused.bias)
+            y = torch.ops.mxkit.mx_fused(x, self._op_handle) if cuda_inference else self.fused(x)
             served = {i}
         self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)
         return y.narrow(-1, self.offsets[i], self.splits[i])
@@ -142,12 +144,6 @@ class FusedMXLinear(_ops.Handled, nn.Module):
 
 def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:
     module._last = None
-
-
-@torch.compiler.disable
-def _eager_output(group: FusedMXLinear, x: torch.Tensor, i: int) -> torch.Tensor:
-    """``group.output(x, i)`` outside torch.compile's graph (a graph break: the gradient case)."""
-    return group.output(x, i)
 
 
 @torch.library.custom_op("mxkit::mx_fused", mutates_args=())

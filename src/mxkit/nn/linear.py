@@ -16,12 +16,13 @@ On CUDA the weight is packed once (:func:`mxkit.pack_weight`: FP4 / FP6 weights 
 row scales) when the module is built by :meth:`MXLinear.from_linear`, moved by ``.to()`` or loaded by
 ``load_state_dict``; the packed copy is not part of the ``state_dict`` (it is rebuilt from the MX bytes).
 
-Under ``torch.compile`` (inference: no gradient to the input or the bias) a CUDA MXLinear is one opaque
-custom op, ``mxkit::mx_linear(x, handle)``, whose kernel is this module's eager forward (the GEMM kernels
-launch through the driver API, which dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"``
-work, and the module's weights are not graph inputs. ``handle`` is the module's process-local id
-(:mod:`mxkit.nn._ops`); a deep copy or an unpickled module gets its own. With gradients it is a graph break
-instead.
+Under ``torch.compile`` an MXLinear (CUDA or CPU) is one opaque custom op, ``mxkit::mx_linear(x, bias,
+handle)``, whose kernel is this module's eager forward (the GEMM kernels launch through the driver API, which
+dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"`` work, and the MX weight is not a
+graph input. The gradients of x and the bias are registered on the op (x's by ``mxkit::mx_linear_dgrad``, the
+rule of :func:`mxkit.ops.with_input_grad`), so training around a frozen MX layer compiles with ``fullgraph``
+too. ``handle`` is the module's process-local id (:mod:`mxkit.nn._ops`); a deep copy or an unpickled module
+gets its own.
 """
 
 from __future__ import annotations
@@ -217,13 +218,15 @@ class MXLinear(_ops.Handled, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
-        if torch.compiler.is_compiling():
-            if x.is_cuda:
-                # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace: one opaque
-                # op for inference, a graph break where autograd needs the input's or the bias' gradient
-                if needs_grad(x, bias):
-                    return _eager_forward(self, x)
-                return torch.ops.mxkit.mx_linear(x, self._op_handle)
+        if torch.compiler.is_compiling() and type(x) is torch.Tensor:
+            # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU
+            # reference reads scale statistics on the host: one opaque op on every device, with the gradients of
+            # x and the bias (with_input_grad's) registered on it
+            return torch.ops.mxkit.mx_linear(x, bias, self._op_handle)
+        return self._eager(x, bias)
+
+    def _eager(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``forward`` outside torch.compile (and mxkit::mx_linear's kernel, where autograd is off)."""
         # (needs_grad(x, bias) written out: this runs on every eager call)
         if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or bias is not None and bias.requires_grad):
             # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
@@ -318,22 +321,50 @@ class MXLinear(_ops.Handled, nn.Module):
         )
 
 
-@torch.compiler.disable
-def _eager_forward(module: MXLinear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` outside torch.compile's graph (a graph break: the training case of the module docstring)."""
-    return module.forward(x)
-
-
 @torch.library.custom_op("mxkit::mx_linear", mutates_args=())
-def _mx_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
-    """``module(x)`` of the MXLinear of ``handle``, eagerly (its CUDA kernels): torch.compile's view of a CUDA
-    MXLinear. Returns (..., out_features) in x's dtype."""
-    return _ops.module_of(handle, "mx_linear").forward(x)  # (a new tensor: no path returns a view of x)
+def _mx_linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
+    """``module(x)`` of the MXLinear of ``handle`` with ``bias`` (its bias parameter, passed so that autograd
+    sees it), eagerly: torch.compile's view of an MXLinear. Returns (..., out_features) in x's dtype."""
+    m = _ops.module_of(handle, "mx_linear")
+    with torch.no_grad():  # (autograd is the op's: the registered backward below)
+        return m._eager(x, bias)  # (a new tensor: no path returns a view of x)
 
 
 @_mx_linear_op.register_fake
-def _mx_linear_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
+def _mx_linear_fake(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _ops.module_of(handle, "mx_linear").out_features))
+
+
+@torch.library.custom_op("mxkit::mx_linear_dgrad", mutates_args=())
+def _mx_linear_dgrad_op(grad: torch.Tensor, handle: int, dtype: torch.dtype) -> torch.Tensor:
+    """x's gradient of ``mxkit::mx_linear``: ``grad (..., out_features) @ dequantize(weight)`` in float32, cast
+    to ``dtype`` (:func:`mxkit.ops.with_input_grad`'s rule: the straight-through estimator for ``act_format``)."""
+    m = _ops.module_of(handle, "mx_linear_dgrad")
+    g = grad.reshape(-1, grad.shape[-1]).to(torch.float32)
+    return (g @ dequantize(m.weight_mx, torch.float32)).to(dtype).reshape(*grad.shape[:-1], m.in_features)
+
+
+@_mx_linear_dgrad_op.register_fake
+def _mx_linear_dgrad_fake(grad: torch.Tensor, handle: int, dtype: torch.dtype) -> torch.Tensor:
+    return grad.new_empty((*grad.shape[:-1], _ops.module_of(handle, "mx_linear_dgrad").in_features), dtype=dtype)
+
+
+def _mx_linear_setup(ctx, inputs, output) -> None:
+    x, bias, handle = inputs
+    ctx.handle, ctx.x_dtype = handle, x.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _mx_linear_backward(ctx, grad):
+    gx = gb = None
+    if ctx.needs_input_grad[0]:
+        gx = torch.ops.mxkit.mx_linear_dgrad(grad, ctx.handle, ctx.x_dtype)
+    if ctx.needs_input_grad[1]:
+        gb = grad.reshape(-1, grad.shape[-1]).to(torch.float32).sum(0).to(ctx.bias_dtype)
+    return gx, gb, None
+
+
+_mx_linear_op.register_autograd(_mx_linear_backward, setup_context=_mx_linear_setup)
 
 
 @dataclass

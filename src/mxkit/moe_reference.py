@@ -543,11 +543,11 @@ def moe_reference(
 
 def _fp8_rowwise_values(v: torch.Tensor) -> torch.Tensor:
     """float64 of the FP8 E4M3 rowwise cast of v (R, C) by :func:`mxkit.quantize_fp8_rowwise`'s rule: the scale
-    s = amax|row| / 448 in float32 (1 for an all-zero row, NaN for a NaN row), E4M3(v / s) rounded to nearest
+    s = max(amax|row| / 448, 2^-149) in float32 (1 for an all-zero row, NaN for a NaN row), E4M3(v / s) rounded to nearest
     even after clamping to ±448, times s."""
     vf = v.to(torch.float32)
     amax = vf.abs().amax(dim=-1, keepdim=True) if v.shape[-1] else vf.new_zeros(v.shape[0], 1)
-    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    s = torch.where(amax > 0, (amax / 448.0).clamp_min(2.0**-149), torch.ones_like(amax))
     s = torch.where(torch.isnan(amax), amax, s)
     q = (vf / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return q.to(torch.float64) * s.to(torch.float64)

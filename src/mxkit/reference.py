@@ -237,8 +237,9 @@ def matmul_reference(
 def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 with one float32 scale per row (TensorRT-LLM's per-token FP8; the W4A8 activations).
 
-    x: (..., K) float32 | bfloat16 | float16. In float32: ``scale = amax(|row|) / 448`` (IEEE division; 1 for a row
-    of zeros, K = 0 included; NaN for a row holding NaN), ``data = E4M3(x / scale)`` after clamping to ±448, rounded
+    x: (..., K) float32 | bfloat16 | float16. In float32: ``scale = amax(|row|) / 448`` (IEEE division, at least
+    2^-149, the smallest fp32 denormal, so a row of fp32 denormals keeps a scale; 1 for a row of zeros, K = 0
+    included; NaN for a row holding NaN), ``data = E4M3(x / scale)`` after clamping to ±448, rounded
     to nearest even (E4M3 subnormals included). NaN is canonical: scale 0x7FC00000, data code 0x7F (an Inf in a
     row makes its scale Inf, that element NaN and the rest ±0). Returns (data float8_e4m3fn (..., K), scale
     float32 (..., 1)). The twin of :func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton` (byte-identical)."""
@@ -247,7 +248,8 @@ def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
         amax = xf.abs().amax(dim=-1, keepdim=True)
     else:
         amax = torch.zeros(*x.shape[:-1], 1, device=x.device)
-    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    # (at least 2^-149: an amax under 448 * 2^-150 would make the quotient 0, and the row's zeros 0 / 0 = NaN)
+    scale = torch.where(amax > 0, (amax / 448.0).clamp_min(2.0**-149), torch.ones_like(amax))
     scale = torch.where(torch.isnan(amax), float("nan"), scale)
     y = (xf / scale).clamp(-448.0, 448.0)
     data = torch.where(torch.isnan(y), float("nan"), y).to(torch.float8_e4m3fn)

@@ -47,7 +47,8 @@ def crafted_rows(g: torch.Generator, K: int) -> torch.Tensor:
     r[0] = -float("inf")
     rows.append(r)
     rows.append(row([1e-45, 3e-44, 1e-39, 1e-38]))  # fp32 denormals
-    rows.append(row([1e-45, 0.0]))  # amax / 448 underflows to a zero scale: x / 0 saturates, 0 / 0 is NaN
+    rows.append(row([1e-45, 0.0]))  # amax / 448 underflows to 0: the scale is 2^-149, the zeros stay 0
+    rows.append(row([1e-42, -3e-43, 0.0]))  # amax / 448 a denormal under 2^-149 too
     rows.append(row([448.0 * 1.0000001, 1.0, 2.0**-9, 2.0**-10, 3 * 2.0**-11]))  # clamp, subnormals, underflow
     for _ in range(6):
         rows.append(torch.randn(K, generator=g) * 2.0 ** float(torch.randint(-140, 100, (1,), generator=g)))
@@ -84,6 +85,10 @@ def test_reference_rule_on_hand_values():
     assert codes[0].tolist() == [0x7E, 0x38, 0x40, 0x80]  # 2.125: the tie of 2.0 and 2.25 goes to even 2.0
     assert codes[2].tolist() == [0x7F] * 4
     assert codes[3].tolist() == [0x7F, 0x00, 0x80, 0x00]
+    # a row of fp32 denormals whose amax / 448 underflows to 0: the scale is 2^-149 (not 0, whose 0 / 0 was NaN)
+    data, scale = quantize_fp8_rowwise_reference(torch.tensor([[2.0**-149, 0.0, -(2.0**-148), -0.0]]))
+    assert scale.view(torch.int32).item() == 1
+    assert data.view(torch.uint8)[0].tolist() == [0x38, 0x00, 0xC0, 0x80]
 
 
 def interpreted_checks():

@@ -724,7 +724,7 @@ _FP8_ROWWISE = _Launcher(_fp8_rowwise, "_fp8_rowwise_kernel")
 def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 rowwise quantization of a CUDA tensor in one launch; byte-identical to
     :func:`mxkit.reference.quantize_fp8_rowwise_reference` (its rule: scale = amax / 448 per row, IEEE division,
-    RNE, canonical NaN).
+    at least 2^-149; RNE, canonical NaN).
 
     x: (..., K) float32 | bfloat16 | float16 (a non-contiguous x is copied first). Returns (data
     float8_e4m3fn (..., K), scale float32 (..., 1)). Raises TypeError on other dtypes, ValueError for a 0-dim or

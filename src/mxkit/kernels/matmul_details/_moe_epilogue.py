@@ -61,8 +61,8 @@ def _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT: tl.conste
 def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid, N,
                          ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
-    v = act(h[r] + b[e]) in float32 ([N / 2]), then scale = amax|v| / 448 (1 for an all-zero row, NaN for a NaN
-    row), q[r] = E4M3(v / scale) (RNE, clamped to +-448) and s[r] = scale — the rule of
+    v = act(h[r] + b[e]) in float32 ([N / 2]), then scale = max(amax|v| / 448, 2^-149) (1 for an all-zero row,
+    NaN for a NaN row), q[r] = E4M3(v / scale) (RNE, clamped to +-448) and s[r] = scale — the rule of
     :func:`mxkit.quantize_fp8_rowwise`, with Triton's fast fp32 division (within 2 ulp; the IEEE one doubled this
     ALU-bound pass, H100), so the W4A8 tests bound this pass rather than match its bytes. Padding rows get q = 0
     and s = 0."""
@@ -71,7 +71,8 @@ def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid,
     c = tl.arange(0, BLOCK_N // 2)
     amax = tl.max(tl.where(c < N // 2, tl.abs(v), 0.0), axis=0)
     has_nan = tl.sum(tl.where((c < N // 2) & (v != v), 1, 0), axis=0) > 0
-    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    tiny = tl.full(amax.shape, 1, tl.int32).to(tl.float32, bitcast=True)  # 2^-149
+    scale = tl.where(amax > 0, tl.maximum(amax / 448.0, tiny), 1.0)
     scale = tl.where(has_nan, float("nan"), scale)
     scale = tl.where(valid, scale, 0.0)
     q = tl.clamp(v / tl.where(valid, scale, 1.0), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)

@@ -36,8 +36,10 @@ def _load_f32(ptrs, m, BF16_BITS: tl.constexpr):
 
 @triton.jit
 def _row_scale(amax, nans):
-    # amax / 448 (IEEE division), 1 for a row of zeros, NaN for a row holding NaN (tl.max skips NaN: counted)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    # amax / 448 (IEEE division) but at least 2^-149 (the bit pattern 1: a row of fp32 denormals keeps a scale),
+    # 1 for a row of zeros, NaN for a row holding NaN (tl.max skips NaN: counted)
+    tiny = tl.full(amax.shape, 1, tl.int32).to(tl.float32, bitcast=True)
+    scale = tl.where(amax > 0, tl.maximum(tl.math.div_rn(amax, 448.0), tiny), 1.0)
     return tl.where(nans > 0, float("nan"), scale)
 
 
@@ -45,7 +47,8 @@ def _row_scale(amax, nans):
 def _fp8_rowwise_kernel(x_ptr, q_ptr, s_ptr, R, K, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                         ONE_PASS: tl.constexpr, BF16_BITS: tl.constexpr, HW_CVT: tl.constexpr):
     """Rows [ROWS * pid, + ROWS) of x [R, K] (float32 / bfloat16 bits as int16 / float16, contiguous) -> q uint8
-    [R, K] (E4M3 codes), s float32 [R]: s = amax|row| / 448 (1 for a row of zeros, NaN for a row holding NaN).
+    [R, K] (E4M3 codes), s float32 [R]: s = max(amax|row| / 448, 2^-149) (1 for a row of zeros, NaN for a row
+    holding NaN).
     ONE_PASS: K <= BLOCK_K (else a pass for the amax, a second for the codes, from L2). HW_CVT: the hardware
     conversion (GPU only)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)

@@ -388,6 +388,15 @@ def test_public_entry_points_name_the_bad_argument():
     with pytest.raises(TypeError, match="int32"):
         mxkit.dequantize(mxkit.quantize(x, "mxfp8"), torch.int32)
     assert mxkit.quantize_fold(torch.randn(0, 64), "mxfp4").data.shape[0] == 0  # an empty batch (documented)
+    # cast_transpose: an empty x is a ValueError (it was torch's reshape RuntimeError), and the M of an N-D x is
+    # named as prod(leading dims), not as the shape[0] of a (1, K) the caller never passed
+    for shape in ((2, 3, 0), (0,), (0, 64)):
+        with pytest.raises(ValueError, match=r"cannot quantize an empty tensor of shape"):
+            mxkit.cast_transpose(torch.empty(shape), "mxfp8")
+    with pytest.raises(ValueError, match=r"M = prod\(leading dims\) = 1 \(x of shape \(64,\)"):
+        mxkit.cast_transpose(torch.randn(64), "mxfp8")
+    with pytest.raises(ValueError, match=r"M = prod\(leading dims\) = 6 \(x of shape \(2, 3, 64\)"):
+        mxkit.cast_transpose(torch.randn(2, 3, 64), "mxfp8")
 
 
 def test_mxtensor_block_size_must_hold_whole_packs():

@@ -5,6 +5,7 @@ import dataclasses
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -201,9 +202,19 @@ def test_other_bad_fields():
         MXTensor(**_args(q, qdata=q.qdata.view(torch.int8)))
     with pytest.raises(TypeError, match="scale must be a torch.Tensor, got list"):
         MXTensor(**_args(q, scale=q.scale.tolist()))
-    for axis in (2, -1, True):
-        with pytest.raises(ValueError, match=rf"axis={axis!r} out of range for shape \(4, 64\)"):
+    for axis in (2, -3):
+        with pytest.raises(ValueError, match=rf"axis={axis} out of range for shape \(4, 64\)"):
             MXTensor(**_args(q, axis=axis))
+    for axis in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match=rf"MXTensor axis must be an int, got {axis!r}"):
+            MXTensor(**_args(q, axis=axis))
+    with pytest.raises(TypeError, match="MXTensor block_size must be an int, got 32.0"):
+        MXTensor(**_args(q, block_size=32.0))
+    # a NumPy integer (metadata read back from NumPy) and a negative axis are taken, stored as a Python int
+    for axis, bs in ((np.int64(1), np.int32(32)), (-1, 32)):
+        t = MXTensor(**_args(q, axis=axis, block_size=bs))
+        assert type(t.axis) is int and t.axis == 1 and type(t.block_size) is int and t.block_size == 32
+        assert torch.equal(mxkit.dequantize(t), mxkit.dequantize(q))
     with pytest.raises(ValueError, match=r"shape\[1\]=64 \(shape \(4, 64\)\) is not a multiple of block_size=48"):
         MXTensor(**_args(q, block_size=48))
     with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):

@@ -211,8 +211,9 @@ class ScaleMode(_ParseEnum):
     * ``CEIL`` — ``X = ceil(log2 amax) - emax`` (E(amax), plus one if amax is not a power of two).
     * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine: ``X = ceil(log2(amax / max_normal))``, the smallest X
       with ``amax <= max_normal * 2^X``; nothing saturates. Computed without a division:
-      ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the fp32 quotient rounded
-      up to a power of two.
+      ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the exact quotient rounded
+      up to a power of two (the fp32 quotient's too, except where that quotient is an fp32 denormal,
+      amax < max_normal * 2^-126, whose rounding can drop it to 2^-127: byte 0 there, mxkit's byte 1).
     * ``EVEN`` — Triton / aiter MXFP4 quantizers and torchao ``EVEN``: round amax to the element's
       precision first (``bits(amax) + (1 << (22 - mbits))``, masked to the exponent; for FP4 the
       constant is 0x200000), then ``E(·) - emax``.

@@ -120,6 +120,11 @@ def cast_transpose(
     nd = x.dim()
     if nd == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
+    if x.numel() == 0:
+        raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    if nd != 2 and (x.numel() // x.shape[-1]) % block_size:
+        raise ValueError(f"cast_transpose: M = prod(leading dims) = {x.numel() // x.shape[-1]} (x of shape "
+                         f"{tuple(x.shape)}, flattened to (M, K)) is not a multiple of block_size={block_size}")
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
     if backend == "auto" and x.is_cuda and block_size == BLOCK_SIZE:
         k = _KERNELS or _cuda_kernels()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -92,7 +93,8 @@ class MXTensor:
         packed (see module docstring).
       scale: uint8 (``*lead, axis_len // block_size``) — E8M0, bias 127, 0xFF = NaN.
       fmt: the element format.
-      axis: the quantized axis of the logical tensor (non-negative).
+      axis: the quantized axis of the logical tensor, stored non-negative (a negative one given counts from the
+        end; NumPy integers are taken as ints; TypeError for a non-integer, ValueError out of range).
       block_size: elements per scale (32 in OCP MX v1.0).
       scale_mode / rounding: how it was made (informational; dequantize does not need them).
       shape: logical shape (``torch.Size``) of the tensor that was quantized.
@@ -143,10 +145,24 @@ class MXTensor:
         if self.qdata.device != self.scale.device:
             raise ValueError(f"MXTensor qdata and scale must be on one device: qdata is on {self.qdata.device}, "
                              f"scale on {self.scale.device}")
-        if isinstance(self.axis, bool) or not isinstance(self.axis, int) or not 0 <= self.axis < len(self.shape):
-            raise ValueError(f"axis={self.axis!r} out of range for shape {tuple(self.shape)}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
-            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        # axis and block_size: Python ints, or anything with __index__ (NumPy integers: metadata read back from
+        # NumPy or JSON); a negative axis counts from the end, as quantize's
+        for name in ("axis", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or type(v) is not int:
+                try:
+                    if isinstance(v, bool):
+                        raise TypeError
+                    object.__setattr__(self, name, operator.index(v))
+                except TypeError:
+                    raise TypeError(f"MXTensor {name} must be an int, got {v!r}") from None
+        if not -len(self.shape) <= self.axis < len(self.shape):
+            raise ValueError(f"axis={self.axis} out of range for shape {tuple(self.shape)} (an axis in "
+                             f"[{-len(self.shape)}, {len(self.shape)}))")
+        if self.axis < 0:
+            object.__setattr__(self, "axis", self.axis + len(self.shape))
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size}")
         if self.shape[self.axis] % self.block_size:
             raise ValueError(f"shape[{self.axis}]={self.shape[self.axis]} (shape {tuple(self.shape)}) is not a "
                              f"multiple of block_size={self.block_size}")

@@ -332,3 +332,62 @@ def test_fused_output_made_without_grad_is_not_served_to_a_grad_call(rng):
     k.sum().backward()
     w = group.fused.dequantize_weight(torch.float32)[32:48]
     assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
+
+
+def test_fused_model_under_vmap(rng):
+    """torch.func.vmap of a fused model (its input a BatchedTensor, which has no data pointer to key the reuse by)
+    gives the unfused model's vmap, bit for bit (raised "Cannot access data pointer of Tensor that doesn't have
+    storage"); eager calls still share one GEMM afterwards."""
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(4, 3, 128, generator=rng)
+    with torch.no_grad():  # (MXLinear's gradient Function has no functorch rule: vmap it without autograd)
+        want = torch.func.vmap(model)(x)
+        fuse_siblings(model)
+        got = torch.func.vmap(model)(x)
+        assert torch.equal(got, want)
+        assert torch.equal(torch.func.vmap(model, in_dims=1, out_dims=1)(x.transpose(0, 1)), want.transpose(0, 1))
+        group = getattr(model[0], "q_proj_k_proj_v_proj")
+        assert group._last is None  # nothing kept for a BatchedTensor
+        calls = []
+        real = group.fused.forward
+        group.fused.forward = lambda t: calls.append(1) or real(t)
+        y = torch.randn(2, 128, generator=rng)
+        model[0].q_proj(y), model[0].k_proj(y)
+        assert len(calls) == 1
+
+
+def test_fuse_siblings_rejects_malformed_groups(rng):
+    """A flat tuple of names (one group, not a list of groups) iterated the names' characters and fused nothing;
+    a str group or a non-str name raises TypeError with the right form, before the model is touched."""
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    before = dict(model.named_modules())
+    for bad in (("q_proj", "k_proj", "v_proj"), "q_proj", [("q_proj", 1)], [("q_proj", "k_proj"), 7]):
+        with pytest.raises(TypeError, match=r"list of groups of sibling names, e\.g\. \[\('q_proj', 'k_proj'"):
+            fuse_siblings(model, bad)
+    with pytest.raises(TypeError, match=r"pass \[names\]"):
+        fuse_siblings(model, ("q_proj", "k_proj", "v_proj"))
+    assert dict(model.named_modules()) == before
+    # the right forms: a list of groups, one group in a list, a generator of lists
+    want = ["0.q_proj_k_proj_v_proj", "1.q_proj_k_proj_v_proj"]
+    assert fuse_siblings(model, [("q_proj", "k_proj", "v_proj")]) == want
+    other = _model(g=rng)
+    mxkit.quantize_model(other, "mxfp4", progress=False, compute_qsnr=False)
+    assert fuse_siblings(other, (list(n) for n in [("q_proj", "k_proj")])) == ["0.q_proj_k_proj", "1.q_proj_k_proj"]
+
+
+def test_fused_part_rejects_a_non_tensor(rng):
+    """A fused part given a list raises the member MXLinear's TypeError (was AttributeError: 'list' object has no
+    attribute 'is_inference')."""
+    model = _model(g=rng)
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = [[0.0] * 128]
+    with pytest.raises(TypeError, match=r"MXLinear takes a float tensor \(\.\.\., 128\), got list") as unfused:
+        model[0].k_proj(x)
+    fuse_siblings(model)
+    with pytest.raises(TypeError) as fused:
+        model[0].k_proj(x)
+    assert str(fused.value) == str(unfused.value)
+    with pytest.raises(TypeError, match="got list"):
+        getattr(model[0], "q_proj_k_proj_v_proj").output(x, 0)

@@ -16,6 +16,7 @@ on a wrong shard (a neighbour's offset, a swapped gather order).
 
 from __future__ import annotations
 
+import copy
 import io
 from datetime import timedelta
 from typing import Optional
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 import mxkit
 from conftest import run_forked_ranks
-from mxkit.nn import MXLinear
+from mxkit.nn import MXLinear, _ops
 from mxkit.nn.parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear
 from mxkit.tensor import MXTensor
 
@@ -288,7 +289,52 @@ def case_grad(rank: int, world: int, g: torch.Generator) -> None:
         assert x0.grad is not None and x0.grad.shape == (0, K), what + " empty batch"
 
 
-CASES = {f.__name__: f for f in (case_column, case_row, case_mlp, case_bytes, case_errors, case_grad)}
+def case_copy(rank: int, world: int, g: torch.Generator) -> None:
+    """A shard deep-copies with any group (raised "cannot pickle 'ProcessGroup'" with an explicit one): the copy
+    shares the group, has buffers and an op handle of its own and gives the same output; torch.save of a shard
+    works with the default group (None or the world group, saved as None) and raises a clear TypeError with another
+    (whose state_dict saves and loads)."""
+    full = full_layer(g, 64 * world, "mxfp4_e2m1", True)
+    custom = dist.new_group(list(range(world)))  # every rank, but not the world group object
+    assert custom is not dist.group.WORLD
+    x = torch.randn(3, 64 * world, generator=g)
+    for style in ("column", "row"):
+        for group in (None, dist.group.WORLD, custom):
+            what = f"copy {style} group={'custom' if group is custom else group} rank {rank}/{world}"
+            shard = shard_mxlinear(full, style, group=group)
+            dup = copy.deepcopy(shard)
+            assert type(dup) is type(shard) and dup.tp_group is group, what
+            assert dup._op_handle != shard._op_handle and _ops.module_of(dup._op_handle, "test") is dup, what
+            for name, t in shard.named_buffers():
+                assert dup.get_buffer(name).data_ptr() != t.data_ptr(), what + f" {name} shared"
+                assert torch.equal(dup.get_buffer(name), t), what + f" {name}"
+            assert dup.bias is not shard.bias and torch.equal(dup.bias, shard.bias), what + " bias"
+            with torch.no_grad():
+                y = shard(x)
+                assert torch.equal(dup(x), y), what
+            # a model holding the shard deep-copies too (the group shared through the memo)
+            outer = copy.deepcopy(torch.nn.Sequential(shard))
+            assert outer[0].tp_group is group and outer[0] is not shard, what
+            buf = io.BytesIO()
+            if group is custom:
+                with pytest.raises(TypeError, match="custom process group cannot be pickled.*state_dict"):
+                    torch.save(shard, buf)
+                buf = io.BytesIO()
+                torch.save(shard.state_dict(), buf)
+                buf.seek(0)
+                fresh = type(shard)(full.in_features, full.out_features, "mxfp4_e2m1", group=custom)
+                fresh.load_state_dict(torch.load(buf))
+            else:
+                torch.save(shard, buf)
+                buf.seek(0)
+                fresh = torch.load(buf, weights_only=False)
+                assert fresh.tp_group is None and fresh.tp_rank == rank, what
+            with torch.no_grad():
+                assert torch.equal(fresh(x), y), what + " loaded"
+    dist.barrier()
+
+
+CASES = {f.__name__: f for f in (case_column, case_row, case_mlp, case_bytes, case_errors, case_grad, case_copy)}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ version and in the same grad mode (``x._version``: an in-place change of x, or a
 calls recomputes, as does a part called with gradients on after one called under ``no_grad``; an
 in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode tensor keeps no version,
 an in-place change of one between two parts' calls): parts called with different inputs each get a correct result.
+An input without storage (a BatchedTensor inside ``torch.func.vmap``) has no data pointer to key the reuse by: each
+part called with it runs the fused GEMM and takes its slice.
 Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cache: the first part traced with an
 input puts one fused GEMM in the graph and the group's other parts traced with that same input take their column
 slices of its output, so the compiled graph runs one GEMM per group and input whatever buffers Inductor later hands
@@ -32,6 +34,7 @@ the input object alone: an in-place change of x between two parts' calls inside 
 from __future__ import annotations
 
 import weakref
+from collections import abc
 from typing import Iterable, Sequence
 
 import torch
@@ -98,13 +101,19 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         return state
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """Part i's output for input x (the module docstring's reuse rule)."""
+        """Part i's output for input x (the module docstring's reuse rule). Raises TypeError, as the member
+        MXLinear does, for an x that is not a tensor."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MXLinear takes a float tensor (..., {self.fused.in_features}), got {type(x).__name__}")
         if torch.compiler.is_compiling():
             return self._traced_output(x, i)
+        try:
+            view = (x.data_ptr(), x.shape, x.stride())  # a view is keyed by its base object and its geometry
+        except RuntimeError:
+            # no storage (functorch's vmap wraps x in a BatchedTensor): no key to reuse the output by
+            return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])
         ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
-        # a view is keyed by its base object and its geometry
         src = x if x._base is None else x._base
-        view = (x.data_ptr(), x.shape, x.stride())
         grad = torch.is_grad_enabled()  # (an output made under no_grad carries no graph for a grad-mode part)
         last = self._last
         hit = (last is not None and last[0]() is src and last[4] == view and last[1] == ver and last[5] == grad
@@ -184,7 +193,9 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     members that do not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so
     are cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
-    each call still returns its correct output."""
+    each call still returns its correct output. Raises TypeError when a group is a str or holds anything but
+    str names (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple)."""
+    groups = _check_groups(groups)
     done = []
     for pname, parent in list(model.named_modules()):
         if pname.rsplit(".", 1)[-1] in CROSS_ATTENTION:
@@ -203,3 +214,21 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
                 setattr(parent, n, FusedPart(group, i))
             done.append(f"{pname}.{gname}" if pname else gname)
     return done
+
+
+def _check_groups(groups) -> list[tuple[str, ...]]:
+    """``groups`` as a list of tuples of names; TypeError for a group that is a str (a flat tuple of names, whose
+    groups would be the names' characters) or is not a collection of str names."""
+    example = "e.g. [('q_proj', 'k_proj', 'v_proj'), ('gate_proj', 'up_proj')]"
+    if isinstance(groups, (str, bytes)):
+        raise TypeError(f"fuse_siblings takes a list of groups of sibling names, {example}; got the str {groups!r}")
+    out = []
+    for names in groups:
+        ok = not isinstance(names, (str, bytes)) and isinstance(names, abc.Iterable)
+        names = tuple(names) if ok else names
+        if not ok or not all(isinstance(n, str) for n in names):
+            flat = " (one flat tuple of names is one group: pass [names])" if isinstance(names, str) else ""
+            raise TypeError(f"fuse_siblings takes a list of groups of sibling names, {example}; got the group "
+                            f"{names!r}{flat}")
+        out.append(names)
+    return out

@@ -45,10 +45,15 @@ A shard is an :class:`MXLinear` of the local sizes (``in_features`` / ``out_feat
 layer's are ``global_in_features`` / ``global_out_features``): its ``state_dict`` holds ``weight_qdata`` /
 ``weight_scale`` of the shard alone (fresh tensors, not views of the full layer's storage) and the bias (the
 shard's entries, column; the whole bias, row). Load it into a module built for the same rank and world size.
+``copy.deepcopy`` gives a shard of its own buffers and op handle that shares the process group; a shard pickles
+(``torch.save`` of the module) when its group is the default (None or the world group, stored as None: the default
+group of the process that loads it); one with another group raises TypeError (a process group does not pickle):
+save its ``state_dict`` instead.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Union
 
 import torch
@@ -150,6 +155,31 @@ class _TensorParallelMXLinear(MXLinear):
         super().__init__(k_local, n_local, weight_format, bias=bias, act_format=act_format, **kwargs)
         self.global_in_features, self.global_out_features = in_features, out_features
         self.tp_group, self.tp_rank, self.tp_world_size = group, rank, world
+
+    # --- copies ---
+    def __deepcopy__(self, memo: dict) -> "_TensorParallelMXLinear":
+        """A deep copy (own buffers, a new op handle: ``Handled.__setstate__``) sharing the process group, which does
+        not copy."""
+        group = self.tp_group
+        if group is not None:
+            memo[id(group)] = group
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))
+        return new
+
+    def __getstate__(self) -> dict:
+        """Pickling: the world group is stored as None (the default group where it is loaded); another group
+        raises TypeError."""
+        state = super().__getstate__()
+        group = state.get("tp_group")
+        if group is not None:
+            if group is not dist.group.WORLD:
+                raise TypeError(f"a {type(self).__name__} with a custom process group cannot be pickled (a "
+                                f"ProcessGroup does not pickle): save its state_dict() instead and load it into a "
+                                f"shard built with that group")
+            state["tp_group"] = None
+        return state
 
     # --- what a rank keeps (subclasses) ---
     @staticmethod

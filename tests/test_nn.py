@@ -552,6 +552,23 @@ def test_mx_linear_compiles_fullgraph_with_gradients(act_format, bias, rng):
         torch.testing.assert_close(gb_c, gb_e, rtol=0, atol=0)
 
 
+def test_mx_linear_under_torch_func_vmap_and_grad(rng):
+    """torch.func's transforms take an MXLinear whose input needs a gradient (with_input_grad's autograd.Function
+    had no setup_context and its MX weight was a pytree operand): vmap gives the batched call's bytes and
+    gradients, torch.func.grad the eager gradient."""
+    m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")
+    x = torch.randn(5, 3, 64, generator=rng, requires_grad=True)
+    y = torch.func.vmap(m)(x)
+    assert torch.equal(y, m(x))
+    g = torch.randn(5, 3, 32, generator=rng)
+    y.backward(g)
+    got, x.grad = x.grad, None
+    m(x).backward(g)
+    assert torch.equal(got, x.grad)
+    gx = torch.func.grad(lambda t: (m(t) * g).sum())(x.detach())
+    assert torch.equal(gx, x.grad)
+
+
 def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):
     """nn.MultiheadAttention reads its out_proj's weight, and nn.TransformerEncoderLayer's fast path its linear1's
     and linear2's: quantize_model leaves them as they are ("unsupported", named in the one warning), so the model

@@ -276,13 +276,20 @@ def needs_grad(*tensors) -> bool:
 
 
 class _InputGrad(torch.autograd.Function):
-    """See :func:`with_input_grad`."""
+    """See :func:`with_input_grad`. (forward and setup_context apart, and a generated vmap rule: torch.func's
+    transforms, vmap and grad, take it.)"""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x, bias, w, fn):  # (autograd records nothing in here: fn's kernels need not be traceable)
-        ctx.w, ctx.x_meta = w, (x.dtype, x.shape) if isinstance(x, torch.Tensor) else None
-        ctx.bias_dtype = None if bias is None else bias.dtype
+    def forward(x, bias, held, fn):  # (autograd records nothing in here: fn's kernels need not be traceable)
         return fn(x, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, bias, held, _ = inputs
+        ctx.w, ctx.x_meta = held.w, (x.dtype, x.shape) if isinstance(x, torch.Tensor) else None
+        ctx.bias_dtype = None if bias is None else bias.dtype
 
     @staticmethod
     def backward(ctx, g):
@@ -297,6 +304,16 @@ class _InputGrad(torch.autograd.Function):
         return gx, gb, None, None
 
 
+class _Held:
+    """The weight of :class:`_InputGrad`, out of pytree's sight (torch.func's vmap maps over the operands'
+    pytrees, and an MXTensor's leaves are no operands to batch)."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w
+
+
 def with_input_grad(x, bias: Optional[torch.Tensor], w: Union[MXTensor, PackedWeight], fn) -> torch.Tensor:
     """``fn(x, bias)`` — a linear layer's forward y = f(x) @ dequantize(w).T + bias, by any path — with the
     gradients autograd needs: x (a float tensor; an MXTensor takes none) gets ``grad_y @ dequantize(w)``,
@@ -305,7 +322,7 @@ def with_input_grad(x, bias: Optional[torch.Tensor], w: Union[MXTensor, PackedWe
     ``bias`` gets ``grad_y`` summed over the leading dims, in its dtype. The MX weight ``w`` (N, K) is frozen.
     ``fn`` runs outside autograd, so its kernels need not be differentiable; its result is the one the same
     call gives without gradients, bit for bit."""
-    return _InputGrad.apply(x, bias, w, fn)
+    return _InputGrad.apply(x, bias, _Held(w), fn)
 
 
 _KERNELS = None  # mxkit.kernels.quantize where Triton imports, False where it does not (None: not asked yet)

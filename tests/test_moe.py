@@ -1052,6 +1052,27 @@ def test_moe_w4a8_reference_against_a_pair_loop(activation, rng):
     torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
 
 
+def test_mxmoe_compiles_fullgraph_on_cpu(rng):
+    """torch.compile(fullgraph=True) of an MXMoE for inference on CPU (it failed on a data-dependent guard of the
+    reference path): the experts are mxkit::mx_moe there too, with the eager bytes; with gradients, a graph break
+    (compiled without fullgraph, the eager output and gradients)."""
+    E, k = 8, 2
+    router = nn.Linear(H, E)
+    w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4")
+    x = torch.randn(3, 4, H, generator=rng)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(m, fullgraph=True, backend="aot_eager")(x), m(x))
+    xg = x.clone().requires_grad_(True)
+    y = torch.compile(m, backend="aot_eager")(xg)
+    y.sum().backward()
+    want_x = x.clone().requires_grad_(True)
+    m(want_x).sum().backward()
+    assert torch.equal(y, m(x)) and torch.equal(xg.grad, want_x.grad)
+
+
 def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
     """MXMoE(act_format="fp8_e4m3_rowwise") routes, casts the tokens to FP8 rowwise and runs the W4A8 twin on
     CPU (the GPU kernel's own tests compare it with the same twin); bad act_format names and expert

@@ -31,10 +31,11 @@ MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183. 
 (``act_format="mxfp4"``: the tokens and the intermediate quantized to MXFP4, :func:`mxkit.moe.moe_mxfp4`) holds its
 experts the same way (the same fold layout and kernels' operands).
 
-Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) a CUDA MXMoE's experts
-are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the
+Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) an MXMoE's experts (CUDA
+or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the
 module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
-``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included).
+``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included). Where a gradient is
+needed the experts are a graph break (their eager forward and per-expert backward): compile without ``fullgraph``.
 
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
@@ -596,9 +597,10 @@ class MXMoE(_ops.Handled, nn.Module):
         recorder = self.logits_recorder
         if recorder is not None:
             recorder(logits.reshape(-1, self.num_experts))
-        if torch.compiler.is_compiling() and x.is_cuda:
-            # the kernels launch through the driver API, which dynamo does not trace: one opaque op for inference,
-            # a graph break where autograd needs a gradient (x, the router, the expert biases)
+        if torch.compiler.is_compiling():
+            # the kernels launch through the driver API, which dynamo does not trace, and the CPU path reads
+            # routing counts on the host: one opaque op for inference on every device, a graph break where
+            # autograd needs a gradient (x, the router, the expert biases)
             if needs_grad(x, logits, self.gate_up_bias, self.down_bias):
                 return self._result(_eager_experts(self, x, logits), logits)
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
@@ -794,7 +796,7 @@ def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torc
 @torch.library.custom_op("mxkit::mx_moe", mutates_args=())
 def _mx_moe_op(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
     """The experts of the MXMoE of ``handle`` on x (..., H) routed by ``router_logits`` (..., E), eagerly (its
-    CUDA kernels): torch.compile's view of a CUDA MXMoE. Returns (..., H) in x's dtype."""
+    CUDA kernels): torch.compile's view of an MXMoE. Returns (..., H) in x's dtype."""
     return _ops.module_of(handle, "mx_moe")._experts(x, router_logits)
 
 

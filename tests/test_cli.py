@@ -112,6 +112,11 @@ def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
     (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
     (["--out", "TMP/file.json/r.json"], "--out 'TMP/file.json/r.json' cannot be written"),
     (["--model", "TMP/file.json"], "model path 'TMP/file.json' is a file, not a model directory"),
+    (["--block-size", "0"], "block_size must be a positive int, got 0"),
+    (["--formats", "mxfp8_e4m3,mxfp4", "--block-size", "7"],
+     "block_size=7 is not a multiple of the element packing of mxfp4_e2m1 (2)"),
+    (["--formats", "mxfp8_e4m3", "--act-format", "mxfp6_e2m3", "--block-size", "30"],
+     "block_size=30 is not a multiple of the element packing of mxfp6_e2m3 (4)"),
 ])
 def test_eval_refuses_bad_arguments_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     from mxkit import evaluate as ev
@@ -563,6 +568,91 @@ def test_envelope_counts_the_rival(monkeypatch):
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, rivals, dev=cpu) == 2
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, {(16, 64): None}, dev=cpu) == 64
     assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, dev=cpu) == 64
+
+
+def test_tune_overrides_keep_this_gpus_other_fields(monkeypatch):
+    """`mxkit tune gemm` times one field at a time under gemm_table_override: the change is merged into this GPU's
+    entry (tune._with_entry), so a lookup inside the override still sees this GPU's other fields and keys, not the
+    packaged "default" entry's. The GPU name is faked (NVIDIA H200, whose packaged entry differs from the
+    default); _plan_without, the a8w8 in-launch check and the MoE envelope all go through the helper."""
+    import inspect
+
+    from mxkit import tune
+    from mxkit.kernels import matmul as mm
+    from mxkit.kernels import matmul_table as mt
+
+    name, dev = "NVIDIA H200", torch.device("cuda", 0)
+    monkeypatch.setattr(mt, "_gpu_name", lambda index: name)
+    default, h200 = mt._packaged_table()["default"], mt.gemm_table()[name]
+    keys = [k for k, v in h200.items() if isinstance(v, dict) or hasattr(v, "items")]
+    assert "decode_mma" in keys and "a8w8_mma" in keys
+    assert h200["decode_mma"]["max_m"] != default["decode_mma"]["max_m"]  # (else this test shows nothing)
+    with mt.gemm_table_override(tune._with_entry(name, {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}})):
+        a8 = mt._envelope(dev, "a8w8_mma")
+        assert (a8["max_m"], a8["max_m_no_wgmma"]) == (0, 0)
+        closed = ("max_m", "max_m_no_wgmma")
+        assert {k: v for k, v in a8.items() if k not in closed} == {
+            k: v for k, v in {**default["a8w8_mma"], **h200["a8w8_mma"]}.items() if k not in closed}
+        for k in keys:
+            if k != "a8w8_mma":
+                assert dict(mt._envelope(dev, k)) == {**default.get(k, {}), **h200[k]}, k
+    # a key this GPU's entry lacks gets the change alone (the packaged default fills the rest, as before)
+    fake = {name: {"decode_mma": {"max_m": 3, "m8_loop": "l"}, "moe": {"mma_max_pairs": 5, "mma_strips": 2}}}
+    with mt.gemm_table_override(fake):
+        with mt.gemm_table_override(tune._with_entry(name, {"moe": {"mma_max_pairs": 0}})):
+            assert dict(mt._envelope(dev, "moe")) == {**default.get("moe", {}), "mma_max_pairs": 0, "mma_strips": 2}
+            assert mt._envelope(dev, "decode_mma")["max_m"] == 3
+        with mt.gemm_table_override(tune._with_entry(name, {"w8a16_mma": {"max_m": 0}})):
+            assert dict(mt._envelope(dev, "w8a16_mma")) == {**default["w8a16_mma"], "max_m": 0}
+            assert mt._envelope(dev, "moe")["mma_strips"] == 2
+    assert mt.gemm_table() is mt._packaged_table()
+    # _plan_without plans inside such an override
+    seen = {}
+
+    def plan(x, pw):
+        seen.update(a8w8=dict(mt._envelope(dev, "a8w8_mma")), decode_mma=dict(mt._envelope(dev, "decode_mma")))
+        return types.SimpleNamespace(path="dense-exact")
+
+    monkeypatch.setattr(mm, "plan_gemm", plan)
+    monkeypatch.setattr(mm, "run_gemm", lambda x, pw, p: None)
+    monkeypatch.setattr(tune, "_time", lambda fn, rep_ms: (fn(), 7.0)[1])
+    assert tune._plan_without(None, None, name, {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}, 1.0) == (
+        "dense-exact", 7.0)
+    assert seen["a8w8"]["max_m"] == 0 and seen["a8w8"].get("wgmma_min_nk") == h200["a8w8_mma"].get("wgmma_min_nk")
+    assert seen["decode_mma"] == {**default["decode_mma"], **h200["decode_mma"]}
+    for fn in (tune._tune_a8w8, tune._tune_moe):  # (these time GPU kernels: their overrides checked in the source)
+        src = inspect.getsource(fn)
+        assert "gemm_table_override(_with_entry(name, {" in src and "gemm_table_override({name" not in src
+
+
+def test_tune_decode_schedule_with_none_running_names_the_k_class(monkeypatch):
+    """Every decode schedule of a K class failing (not compiling here) is one clear error naming the K class, not a
+    TypeError on the missing best; otherwise the fastest schedule that ran is kept."""
+    from mxkit import tune
+    from mxkit.kernels import matmul as mm
+
+    monkeypatch.setattr(tune, "_GRID", dict(block_n=(64,), block_k=(128,), split_k=(1, 2, 4), num_stages=(2,)))
+    monkeypatch.setattr(tune, "_time", lambda fn, rep_ms: fn())
+    g, cpu, logs = torch.Generator().manual_seed(0), torch.device("cpu"), []
+
+    def fails(x, w, cfg):
+        raise RuntimeError("out of resource: shared memory, Required: 262144\nmore")
+
+    monkeypatch.setattr(mm, "decode_w16", fails)
+    with pytest.raises(RuntimeError, match=r"no decode-w16 schedule compiled and ran for the K class K <= 4096 "
+                                           r"\(shapes \[\(64, 128\)\]; all 3 failed, the first with: out of resource"):
+        tune._best_decode_config("K <= 4096", [(64, 128)], {(64, 128): None}, g, 1.0, logs.append, cpu)
+    assert len(logs) == 3 and all("skip" in line for line in logs)
+
+    def runs(x, w, cfg):
+        if cfg.split_k == 1:
+            raise RuntimeError("out of resource")
+        return 10.0 / cfg.split_k  # (the fake _time returns this)
+
+    monkeypatch.setattr(mm, "decode_w16", runs)
+    ks = [(64, 8192), (32, 8192)]
+    best = tune._best_decode_config("K > 4096", ks, dict.fromkeys(ks), g, 1.0, logs.append, cpu)
+    assert best == mm.DecodeConfig(64, 128, 4, 4, 2) and logs[-1].startswith("K > 4096: best")
 
 
 def test_check_writable_leaves_a_dangling_symlink_as_it_was(tmp_path):

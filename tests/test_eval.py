@@ -204,6 +204,29 @@ def test_evaluate_checks_arguments_before_work(tmp_path, monkeypatch):
         ev.evaluate(tmp_path / "missing")
 
 
+def test_evaluate_checks_block_size_before_loading(monkeypatch):
+    """A block size quantize_model would refuse (not a positive int, not a multiple of a selected format's or the
+    act_format's packing) is refused before the sentences are read and the model is loaded, with its message."""
+    for name in ("stdlib_sentences", "load_model", "_check_device"):
+        monkeypatch.setattr(ev, name, lambda *a, **kw: pytest.fail("work started"))
+    for bad in (0, -32, 2.0, True):
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            ev.evaluate(block_size=bad)
+    with pytest.raises(ValueError, match=r"block_size=7 is not a multiple of the element packing of mxfp4_e2m1 \(2\)"):
+        ev.evaluate(formats=["mxfp8_e4m3", "mxfp4"], block_size=7)
+    with pytest.raises(ValueError, match=r"of mxfp6_e3m2 \(4\)"):
+        ev.evaluate(formats=["mxint8"], act_format="mxfp6_e3m2", block_size=6)
+    for fmts, act, bs in ((["mxfp4"], None, 6), (["mxfp4"], "fp8_e4m3_rowwise", 2), (["mxfp6_e2m3"], None, 4)):
+        with pytest.raises(pytest.fail.Exception, match="work started"):  # accepted: the work starts
+            ev.evaluate(formats=fmts, act_format=act, block_size=bs)
+    # the same message quantize_model gives
+    with pytest.raises(ValueError) as ours:
+        ev.evaluate(formats=["mxfp4"], block_size=7)
+    with pytest.raises(ValueError) as theirs:
+        quantize_model(nn.Sequential(nn.Linear(14, 2)), "mxfp4", block_size=7)
+    assert str(ours.value) == str(theirs.value)
+
+
 def test_evaluate_rejects_bad_names_before_work():
     with pytest.raises(ValueError, match="unknown MX format 'mxfp3'"):
         ev.evaluate(formats=["mxfp3"], eval_model=object())

@@ -60,6 +60,7 @@ from torch import nn
 from .formats import FORMATS, Rounding, ScaleMode, get_format
 from .gpt_oss import is_gpt_oss_mxfp4_dir
 from .nn import MXMoE, load_gpt_oss_model, quantize_model
+from .nn.linear import _check_block_size
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -418,7 +419,8 @@ def evaluate(
     batch_size: sentences per forward pass, >= 1.
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
     values that do not apply are ``None``. Raises, before any text or model work: ValueError for unknown format /
-    mode names, an empty format or mode list, a bad ``batch_size``, ``dtype`` or ``device``;
+    mode names, an empty format or mode list, a bad ``batch_size``, ``dtype`` or ``device``, a ``block_size`` that
+    is not a positive int or not a multiple of a selected format's (or ``act_format``'s) element packing;
     FileNotFoundError / NotADirectoryError for a ``model_dir`` that is missing or a file. ImportError if
     transformers is missing.
     """
@@ -435,6 +437,8 @@ def evaluate(
     rnd = Rounding.parse(rounding).value
     if not fmts or not modes:
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
+    for f in fmts:  # quantize_model's own check (a positive int, a multiple of each format's packing), up front
+        _check_block_size(block_size, get_format(f), None if act in (None, "fp8_e4m3_rowwise") else get_format(act))
     if eval_model is None:
         _check_device(device)
         if model_dir is not None:

@@ -61,7 +61,8 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
               rep_ms: float = 20.0, log=print) -> dict:
     """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given, its folders made
     before any timing). shapes: (N, K) weight shapes (:func:`check_shapes`). Raises ValueError for a bad shape,
-    IsADirectoryError when ``out`` is a directory (both before any work), RuntimeError without CUDA."""
+    IsADirectoryError when ``out`` is a directory (both before any work), RuntimeError without CUDA or when no
+    decode schedule runs for a K class (:func:`_best_decode_config`)."""
     check_shapes(shapes)
     if out is not None:
         if Path(out).is_dir():
@@ -82,21 +83,9 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     for k_max, ks in ((4096, [s for s in shapes if s[1] <= 4096]), (1 << 30, [s for s in shapes if s[1] > 4096])):
         if not ks:
             continue
-        best = None
-        for bn, bk, sk, st in itertools.product(*_GRID.values()):
-            cfg = mm.DecodeConfig(bn, bk, sk, 4, st)
-            total = 0.0
-            try:
-                for N, K in ks:
-                    x = torch.randn(1, K, device=dev, dtype=torch.bfloat16, generator=g)
-                    total += _time(lambda: mm.decode_w16(x, weights[(N, K)], cfg), rep_ms)
-            except Exception as e:  # a schedule that does not compile here (shared memory) is skipped
-                log(f"  skip {cfg}: {str(e).splitlines()[0][:100]}")
-                continue
-            if best is None or total < best[0]:
-                best = (total, cfg)
-        log(f"K <= {k_max}: best {best[1]} ({best[0]:.1f} us summed over {ks})")
-        configs.append(dict(k_max=k_max, **{f: getattr(best[1], f) for f in
+        label = f"K <= {k_max}" if k_max == 4096 else "K > 4096"
+        best = _best_decode_config(label, ks, weights, g, rep_ms, log, dev)
+        configs.append(dict(k_max=k_max, **{f: getattr(best, f) for f in
                                             ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
     entry = {"decode_w4a16": {"max_m": 64, "configs": configs}}
     name = torch.cuda.get_device_name()
@@ -117,6 +106,49 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
         Path(out).write_text(json.dumps(table, indent=2) + "\n")
         log(f"wrote {out}")
     return table
+
+
+def _best_decode_config(k_class: str, ks: Sequence[tuple[int, int]], weights: dict, g: torch.Generator,
+                        rep_ms: float, log, dev: torch.device):
+    """The decode-w16 schedule of :data:`_GRID` with the least M = 1 time summed over the shapes ``ks`` (those of
+    the K class ``k_class``, e.g. ``"K <= 4096"``; ``weights[(N, K)]`` their MXFP4 weights); a schedule that raises
+    (does not compile here: shared memory) is skipped. Raises RuntimeError naming the K class when none ran."""
+    from .kernels import matmul as mm
+
+    best, skipped = None, []
+    for bn, bk, sk, st in itertools.product(*_GRID.values()):
+        cfg = mm.DecodeConfig(bn, bk, sk, 4, st)
+        total = 0.0
+        try:
+            for N, K in ks:
+                x = torch.randn(1, K, device=dev, dtype=torch.bfloat16, generator=g)
+                total += _time(lambda: mm.decode_w16(x, weights[(N, K)], cfg), rep_ms)
+        except Exception as e:  # a schedule that does not compile here (shared memory) is skipped
+            skipped.append(str(e).splitlines()[0][:100] if str(e) else type(e).__name__)
+            log(f"  skip {cfg}: {skipped[-1]}")
+            continue
+        if best is None or total < best[0]:
+            best = (total, cfg)
+    if best is None:
+        raise RuntimeError(f"mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class {k_class} "
+                           f"(shapes {list(ks)}; all {len(skipped)} failed, the first with: "
+                           f"{skipped[0] if skipped else 'nothing tried'})")
+    log(f"{k_class}: best {best[1]} ({best[0]:.1f} us summed over {list(ks)})")
+    return best[1]
+
+
+def _with_entry(name: str, changes: dict) -> dict:
+    """The table in force with GPU ``name``'s entry changed by ``changes`` (``{key: {field: value}}``), each merged
+    into that entry's own ``key``: its other fields and keys stay this GPU's (an override of ``{name: {key:
+    change}}`` alone would leave every other field to the packaged ``"default"`` entry). For
+    :func:`~mxkit.kernels.matmul.gemm_table_override`."""
+    from .kernels import matmul as mm
+
+    table = mm.gemm_table()
+    entry = dict(table.get(name, {}))
+    for key, change in changes.items():
+        entry[key] = {**entry.get(key, {}), **change}
+    return {**table, name: entry}
 
 
 def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
@@ -198,8 +230,8 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
                 xb = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
                 t_q = {}
                 for qm in (64, 0):
-                    with mm.gemm_table_override({name: {"a8w8_mma": {"max_m": 64, "max_m_no_wgmma": 64,
-                                                                     "quant_max_m": qm}}}):
+                    with mm.gemm_table_override(_with_entry(name, {"a8w8_mma": {
+                            "max_m": 64, "max_m_no_wgmma": 64, "quant_max_m": qm}})):
                         t_q[qm] = _time(lambda: mm.a8w8_linear(xb, pw), rep_ms)
                 log(f"M={M} N={N} K={K}: x quantized in the launch {t_q[64]:.1f} us, first {t_q[0]:.1f} us")
                 won["quant_max_m"][M] = won["quant_max_m"].get(M, True) and t_q[64] < t_q[0]
@@ -265,11 +297,12 @@ def w8a16_envelope(won: dict) -> dict:
 
 
 def _plan_without(x, pw, name: str, off: dict, rep_ms: float) -> tuple[str, float]:
-    """(path, µs) of the plan for ``x`` times ``pw`` with this GPU's table entries ``off`` (a kernel's envelope
-    closed) and the packaged table's for the rest: the path a kernel's envelope is measured against."""
+    """(path, µs) of the plan for ``x`` times ``pw`` with the fields ``off`` (``{key: {field: value}}``: a kernel's
+    envelope closed) merged into this GPU's table entry, its other fields and keys as they are (:func:`_with_entry`):
+    the path a kernel's envelope is measured against."""
     from .kernels import matmul as mm
 
-    with mm.gemm_table_override({name: off}):
+    with mm.gemm_table_override(_with_entry(name, off)):
         plan = mm.plan_gemm(x, pw)
     return plan.path, _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
 
@@ -334,13 +367,14 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
             def run():
                 return km.moe_triton(x, wgu, bgu, wd, bd, tw, ids, packed=packed)
             for limit in (1 << 30, 0):  # decode every count, then prefill every count
-                with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": limit}}}):
+                with mm.gemm_table_override(_with_entry(name, {"moe": {"mma_max_pairs": limit}})):
                     got.append(_time(run, rep_ms))
             log(f"moe E={E} H={H} I={inter}, {T * top_k} pairs: decode {got[0]:.1f} us, prefill {got[1]:.1f} us")
             times.setdefault(E, {})[T * top_k] = tuple(got)
             if T * top_k in MOE_STRIP_PAIRS:  # the decode path at each strips a block, one after another
                 for sn in _mma_decode.GROUPED_STRIPS:
-                    with mm.gemm_table_override({name: {"moe": {"mma_max_pairs": 1 << 30, "mma_strips": sn}}}):
+                    with mm.gemm_table_override(_with_entry(name, {"moe": {"mma_max_pairs": 1 << 30,
+                                                                           "mma_strips": sn}})):
                         t = _time(run, rep_ms)
                     log(f"moe E={E}, {T * top_k} pairs: decode at {sn} strips a block {t:.1f} us")
                     strip_us[sn] += t

@@ -154,14 +154,19 @@ def fake_api(monkeypatch):
     def matmul(a, b, **kw):
         return (dense(a) @ mxkit.dequantize(b.w, torch.float32, backend="reference").T).to(torch.bfloat16)
 
-    def fp8_rowwise(x):
+    def quantize_fold(x, fmt, defer=False, **kw):
+        if "fp8" in fmt:  # as mxkit's: FP8 does not fold
+            raise ValueError(f"{fmt} does not fold")
+        return mxkit.quantize(x, fmt, backend="reference")
+
+    def fp8_rowwise(x, **kw):
         q, s = bg.rowwise_e4m3(x)
         return types.SimpleNamespace(qdata=q, scale=s.squeeze(1))
 
     api = {"matmul": matmul,
            "pack_weight": lambda w, act=None: types.SimpleNamespace(w=w, extra=torch.zeros(7, dtype=torch.uint8)),
-           "gemm_plan": lambda a, b: types.SimpleNamespace(path="fake-path", reason="a fake plan"),
-           "quantize_fold": lambda x, fmt, defer=False: mxkit.quantize(x, fmt, backend="reference"),
+           "gemm_plan": lambda a, b, **kw: types.SimpleNamespace(path="fake-path", reason="a fake plan"),
+           "quantize_fold": quantize_fold,
            "quantize_fp8_rowwise": fp8_rowwise}
     for k, v in api.items():
         monkeypatch.setattr(mxkit, k, v, raising=False)
@@ -194,6 +199,35 @@ def test_pipeline_rows_with_fake_api(fake_api):
     lines = timing.summary_lines(rows)
     text = output.render_table(lines, bg.table_columns(("cublas-bf16", "torchao")), plain=True)
     assert "× cuBLAS bf16" in text and "fake-path" in text and "cuBLAS bf16 µs" in text
+
+
+def test_backend_reaches_the_timed_mxkit_calls(fake_api, monkeypatch):
+    """--backend goes to every mxkit call of the mxkit row that takes one: the timed matmul and activation
+    quantize / quantize_fold, gemm_plan, and the input quantizes; reference leaves a8w8_linear out."""
+    seen = []
+
+    def recording(name, fn):
+        def call(*a, **kw):
+            seen.append((name, kw.get("backend")))
+            return fn(*a, **kw)
+        return call
+
+    for name in ("matmul", "gemm_plan", "quantize_fold", "quantize_fp8_rowwise"):
+        monkeypatch.setattr(mxkit, name, recording(name, fake_api[name]))
+    monkeypatch.setattr(mxkit, "quantize", recording("quantize", mxkit.quantize))
+    import mxkit.kernels.matmul as km
+
+    monkeypatch.setattr(km, "a8w8_linear", lambda *a, **kw: pytest.fail("a8w8_linear under --backend reference"))
+    cases = bg.plan_cases(("mxfp4", "mxfp8", "w4a16", "w4a8"), bg.MODES, [(8, 64, 128)])
+    rows = timing.run_cases(cases, _ctx(("mxkit",)), bg.IMPLS, log=lambda s: None)
+    assert all(r.status == "ok" and r.check == "ok" for r in rows), [(r.fmt, r.op, r.note) for r in rows]
+    names = {n for n, _ in seen}
+    assert {"matmul", "gemm_plan", "quantize_fold", "quantize", "quantize_fp8_rowwise"} <= names
+    assert all(be == "reference" for _, be in seen), [c for c in seen if c[1] != "reference"]
+    parser = argparse.ArgumentParser()
+    bg.add_arguments(parser)
+    help_ = next(a.help for a in parser._actions if a.dest == "backend")
+    assert "matmul" in help_ and "pack_weight and a8w8_linear take none" in help_
 
 
 def test_compiled_reference_is_per_shape_and_never_dynamic(fake_api, monkeypatch):

@@ -17,6 +17,12 @@ def parse(*argv):
     return p.parse_args(list(argv))
 
 
+def _parser():
+    p = argparse.ArgumentParser()
+    moe.add_arguments(p)
+    return p
+
+
 def test_routing_is_fixed_per_case_and_zipf_is_skewed():
     tw, ids = moe.routing(4096, 128, "uniform")
     tw2, ids2 = moe.routing(4096, 128, "uniform")
@@ -33,6 +39,7 @@ def test_cases_bytes_and_flops():
     c = moe.MoeCase("gpt-oss-120b", 1, "uniform", "w4a16")
     assert c.experts_hit() == 4 and c.E == 128
     assert c.nbytes() == int(4 * 3 * 2880 * 2880 * (0.5 + 1 / 32))
+    assert moe.MoeCase("gpt-oss-120b", 1, "uniform", "w8a16").nbytes() == int(4 * 3 * 2880 * 2880 * (1 + 1 / 32))
     assert c.flops == 2 * 4 * 3 * 2880 * 2880
     assert moe.MoeCase("gpt-oss-20b", 4096, "uniform", "w4a8").experts_hit() == 32
     cases = moe.cases_from_args(parse())
@@ -51,3 +58,64 @@ def test_list_and_errors(capsys):
     assert out == "" and err == "mxkit: error: token counts must be positive, got (0,)\n"
     with pytest.raises(SystemExit):
         parse("--models", "gpt-oss-7b")
+
+
+def test_folded_modes_count_the_folded_bytes():
+    """w4a8 and mxfp4 read the experts folded to E4M3 (a byte an element, a float32 scale a row), not MXFP4 bytes:
+    E·N·K + 4·E·N over the touched experts of gate_up (2I x H) and down (H x I)."""
+    for mode in moe.FOLDED_MODES:
+        c = moe.MoeCase("gpt-oss-120b", 1, "uniform", mode)
+        assert c.nbytes() == 4 * (2 * 2880 * 2880 + 4 * 2 * 2880) + 4 * (2880 * 2880 + 4 * 2880)
+    # the count is what fold_experts makes (small experts, on the CPU)
+    import mxkit
+    from mxkit.kernels.moe import fold_experts
+
+    E, N, K = 3, 16, 64
+    w = mxkit.quantize(torch.randn(E, N, K) * 0.05, "mxfp4", backend="reference")
+    f = fold_experts(w)
+    assert f is not None and f.data.nbytes + f.scale.nbytes == E * N * K + 4 * E * N
+    assert "whose kernels read the experts folded to E4M3" in moe.__doc__
+
+
+def test_quick_fills_in_only_the_options_left_out():
+    """--quick is the defaults of the options not given (scripts/gpu_check.sh passes MXKIT_MOE_ARGS after it)."""
+    got = moe.cases_from_args(parse("--quick", "--models", "gpt-oss-20b", "--routings", "zipf", "--tokens", "16"))
+    assert {(c.model, c.routing, c.T) for c in got} == {("gpt-oss-20b", "zipf", 16)} and len(got) == 2
+    got = moe.cases_from_args(parse("--quick", "--tokens", "2,8", "--modes", "mxfp4"))
+    assert [(c.model, c.routing, c.T, c.mode) for c in got] == [("gpt-oss-120b", "uniform", 2, "mxfp4"),
+                                                                ("gpt-oss-120b", "uniform", 8, "mxfp4")]
+    got = moe.cases_from_args(parse("--quick", "--models", "gpt-oss-20b"))
+    assert {(c.model, c.routing) for c in got} == {("gpt-oss-20b", "uniform")} and {c.T for c in got} == {1, 64, 4096}
+    assert {(c.T, c.routing) for c in moe.cases_from_args(parse("--tokens", "3"))} == {(3, "uniform"), (3, "zipf")}
+
+
+def test_zipf_for_the_20b_and_no_case_is_an_error(capsys):
+    """Routings given apply to every model given (zipf runs on GPT-OSS-20B); a selection of no case exits 2."""
+    assert moe.run(parse("--models", "gpt-oss-20b", "--routings", "zipf", "--list")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(moe.TOKENS) * 2 and all("gpt-oss-20b zipf" in line for line in out)
+    zipf = moe.MoeCase("gpt-oss-20b", 64, "zipf", "w4a16")
+    assert zipf.E == 32 and 0 < zipf.experts_hit() <= 32
+    args = parse("--list")
+    args.modes = ()
+    assert moe.run(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mxkit: error: the options select no case") and err.count("\n") == 1
+    helps = {a.dest: a.help for a in _parser()._actions}
+    assert "each for every model given" in helps["routings"] and "not given" in helps["quick"]
+
+
+def test_no_backend_option_and_none_in_the_header(monkeypatch, capsys):
+    """The MoE kernels take no backend: moe has no --backend (a usage error), and its header names none."""
+    with pytest.raises(SystemExit) as e:
+        parse("--backend", "reference")
+    assert e.value.code == 2 and "--backend" in capsys.readouterr().err
+    assert "backend" not in {a.dest for a in _parser()._actions}
+    from mxkit.bench import timing
+
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (4000.0, 3800.0, 1 << 30))
+    args = parse("--peers", "none", "--plain")
+    rc = timing.run_benchmark(args, [], moe.IMPLS, what="t", stem="bench_moe", peers=(), columns=moe.table_columns(()),
+                              ref_impl=moe.REF_IMPL, title="T", device="cpu")
+    out = capsys.readouterr().out
+    assert rc == 0 and "0 cases; mxkit + no peers;" in out and "mxkit[" not in out

@@ -99,6 +99,13 @@ def test_select_and_options(capsys):
         bo.BASELINE, "matmul bf16 x mxfp4 (M=1)", "matmul bf16 x mxfp4 (M=256)", "matmul mxfp4 x mxfp4 (M=256)",
         "matmul mxfp8 x mxfp4 (M=256)", "matmul mxfp8 x mxfp8 (M=1)", "MXLinear.forward mxfp4 (M=1)",
         "MXLinear.forward mxfp4 + bf16 bias (M=1)", "MXLinear.forward mxfp8 x mxfp8 (M=1)"]
+    # a whole name (any case) picks that call alone; a part of names every call that holds it
+    assert [c.name for c in bo.select(["quantize mxfp4"])] == [bo.BASELINE, "quantize mxfp4"]
+    assert [c.name for c in bo.select(["QUANTIZE MXFP4", "dequantize mxfp4"])] == [
+        bo.BASELINE, "quantize mxfp4", "dequantize mxfp4"]
+    assert [c.name for c in bo.select(["quantize"])] == [
+        bo.BASELINE, "quantize mxfp4", "quantize mxfp8", "dequantize mxfp4"]
+    assert _args(["--only", "quantize mxfp4"]).only == ("quantize mxfp4",)
     args = _args(["--only", "dequantize", "--calls", "100", "--sync-every", "8", "--out", "r"])
     assert args.func is bo.run and args.only == ("dequantize",) and (args.calls, args.sync_every) == (100, 8)
     with pytest.raises(SystemExit):
@@ -112,6 +119,8 @@ def test_cli_without_cuda(monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     want = [bo.BASELINE, "quantize mxfp4", "quantize mxfp8", "dequantize mxfp4"]
     assert [line.split("  ")[0] for line in out] == want
+    assert cli.main(["bench", "overhead", "--list", "--only", "quantize mxfp4"]) == 0
+    assert [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()] == [bo.BASELINE, "quantize mxfp4"]
     assert cli.main(["bench", "overhead"]) == 2
     err = capsys.readouterr().err
     assert "mxkit bench overhead needs a CUDA GPU" in err and "Traceback" not in err

@@ -6,8 +6,10 @@ W4A16 (bf16 × MXFP4), W4A8 (FP8 E4M3 per-row-scaled activations × MXFP4) and, 
 ``mxkit.matmul`` on prepared operands (a from ``mxkit.quantize``, ``mxkit.quantize_fp8_rowwise`` or bf16);
 ``from-bf16`` (MX×MX only) times ``mxkit.matmul(mxkit.quantize_fold(x, fmt), packed)``, the fused
 quantize-and-fold included (MXFP8×MXFP8 at small M: ``mxkit.kernels.matmul.a8w8_linear``, x quantized inside
-the GEMM's one launch; elsewhere ``quantize`` then ``matmul``). The weight is packed once
-(``mxkit.pack_weight``), timed apart ("pack µs").
+the GEMM's one launch, but for ``--backend reference``; elsewhere ``quantize`` then ``matmul``). The weight is
+packed once (``mxkit.pack_weight``), timed apart ("pack µs"). ``--backend`` goes to every mxkit call that takes
+one (``quantize``, ``quantize_fold``, ``quantize_fp8_rowwise``, ``matmul``, ``gemm_plan``); ``pack_weight`` and
+``a8w8_linear`` take none.
 
 Peers (each in its own try; a failing one leaves its error in its row): ``cublas-bf16`` (``torch.matmul`` of
 the bf16 dequantized operands; the × column), ``scaled-mm-fp8`` (``torch._scaled_mm`` on E4M3 casts of those
@@ -188,7 +190,7 @@ def make_inputs(case: GemmCase, ctx) -> Inputs:
         a, a64 = x, x.double()
     else:
         try:
-            a = mxkit.quantize_fp8_rowwise(x)
+            a = mxkit.quantize_fp8_rowwise(x, backend=ctx.backend)
             a64 = _fp8_object_dense(a)
         except Exception as e:
             a, a64 = None, fp8_rowwise_dense(x)
@@ -272,37 +274,38 @@ def _mxkit(case: GemmCase, inp: Inputs, ctx):
     packed = pack_weight(inp.wq, act=act)
     pack_us = ctx.time_fn(lambda: pack_weight(inp.wq, act=act))[0]  # one-time cost, after a read flush
     pack_bytes = tensor_bytes(inp.wq) + tensor_bytes(packed)
-    x, fa = inp.x, case.formats[0]
+    x, fa, be = inp.x, case.formats[0], ctx.backend
     if case.mode == "from-bf16":
         import mxkit
 
         prepare = _api("quantize_fold")
         try:
-            a_plan = prepare(x, fa)
+            a_plan = prepare(x, fa, backend=be)
         except ValueError:  # a format that does not fold (MXFP8): its plain quantize is the fused pass
             prepare = mxkit.quantize
-            a_plan = prepare(x, fa)
+            a_plan = prepare(x, fa, backend=be)
 
         if prepare is not mxkit.quantize:  # MXLinear's path: the fold's host sync after the GEMM is enqueued
             def fn():
-                return matmul(prepare(x, fa, defer=True), packed)
+                return matmul(prepare(x, fa, defer=True, backend=be), packed, backend=be)
         else:
             from ..kernels.matmul import a8w8_linear
 
-            if a8w8_linear(x, packed) is not None:  # one launch: x quantized inside the a8w8-mma kernel
+            # one launch, x quantized inside the a8w8-mma kernel (a GPU path: it takes no backend)
+            if be != "reference" and a8w8_linear(x, packed) is not None:
                 def fn():
                     return a8w8_linear(x, packed)
             else:
                 def fn():
-                    return matmul(prepare(x, fa), packed)
+                    return matmul(prepare(x, fa, backend=be), packed, backend=be)
     else:
         if inp.a is None:
             raise BenchUnavailable(f"no mxkit activation for {case.pair} ({inp.note})")
         a = a_plan = inp.a
 
         def fn():
-            return matmul(a, packed)
-    plan = gemm_plan(a_plan, packed)
+            return matmul(a, packed, backend=be)
+    plan = gemm_plan(a_plan, packed, backend=be)
     return fn, {"path": str(plan.path), "pack_us": pack_us, "pack_gbps": timing.gbps(pack_bytes, pack_us),
                 "note": f"plan: {plan.reason}"[:80]}
 
@@ -418,7 +421,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
-    timing.add_common_arguments(p)
+    timing.add_common_arguments(p, backend_default="auto",
+                                backend_help="backend of the mxkit rows' quantize, quantize_fold, "
+                                "quantize_fp8_rowwise, matmul and gemm_plan calls (default auto: the calls as "
+                                "MXLinear makes them, the eager fast path included; triton: the same kernels, "
+                                "without it). pack_weight and a8w8_linear take none; reference leaves a8w8_linear "
+                                "out")
 
 
 def cases_from_args(args) -> list[GemmCase]:

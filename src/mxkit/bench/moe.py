@@ -3,7 +3,9 @@ routing weights and the combine) with MXFP4 experts, against same-run peers.
 
 Cases are (model, tokens, routing, mode). Models: GPT-OSS-120B (E = 128) and GPT-OSS-20B (E = 32) experts,
 hidden 2880, intermediate 2880, top-4. Routing: ``uniform`` (the top-4 of normal logits) or ``zipf`` (expert e
-drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Modes: ``w4a16`` times
+drawn with weight 1 / (e + 1): a few hot experts), fixed per case (seed 0). Without ``--routings``: uniform for
+every model, zipf too for GPT-OSS-120B; the routings given apply to every model given. The mxkit rows call the
+MoE kernels directly (they take no backend: there is no ``--backend`` option). Modes: ``w4a16`` times
 :func:`mxkit.kernels.moe.moe_triton` (bf16 tokens, MXFP4 experts read as MX bytes); ``w8a16`` the same with
 MXFP8 E4M3 experts (the same random weights quantized to MXFP8; the peers then run on their bf16 values);
 ``w4a8`` times ``mxkit.quantize_fp8_rowwise`` plus :func:`mxkit.kernels.moe.moe_w4a8_triton` (experts folded to
@@ -20,8 +22,11 @@ on every call, then as ``grouped-mm-bf16``). The peers' outputs are not checked 
 Up to ``--graph-tokens`` tokens (default 64, decode) every implementation is captured in a CUDA graph and the
 replay is timed, as a serving engine runs decode steps; above, eager calls behind the harness's GPU spin.
 
-Bytes: the MX bytes (elements and scales) of the experts the routing touches; "% copy" is the weight-bytes
-floor (decode). Numerics: on up to 64 tokens, ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
+Bytes: the expert bytes the mxkit kernels read for the experts the routing touches: the MX bytes (elements and
+scales) for ``w4a16`` / ``w8a16``; for ``w4a8`` / ``mxfp4``, whose kernels read the experts folded to E4M3
+(:func:`mxkit.kernels.moe.fold_experts`), one byte an element plus a float32 scale a row (E·N·K + 4·E·N over the
+touched experts E of both GEMMs); "% copy" is the weight-bytes floor (decode). Numerics: on up to 64 tokens,
+‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
 (the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64
 (``w4a16``, ``w8a16``); 0.1 for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound,
 not the exactness one); ``mxfp4`` against its twin :func:`mxkit.moe_reference.moe_mxfp4_reference` with 0.02 (the
@@ -54,7 +59,9 @@ PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16
                "dequant-bf16": "dequant+bf16"}
 REF_IMPL = "grouped-mm-gemms"
 SAMPLE_TOKENS = 64
-BYTES_PER_ELEMENT = {"mxfp4": 0.5 + 1 / 32, "mxfp8_e4m3": 1 + 1 / 32}
+BYTES_PER_ELEMENT = {"mxfp4": 0.5 + 1 / 32, "mxfp8_e4m3": 1 + 1 / 32}  # MX elements + a scale byte per 32
+FOLDED_MODES = ("w4a8", "mxfp4")  # kernels that read the experts folded to E4M3 (+ a float32 scale a row)
+QUICK = {"models": ("gpt-oss-120b",), "tokens": (1, 64, 4096), "routings": ("uniform",)}
 
 
 def routing(T: int, E: int, kind: str, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +95,12 @@ class MoeCase:
         return int(torch.unique(routing(self.T, self.E, self.routing)[1]).numel())
 
     def nbytes(self) -> int:
-        return int(self.experts_hit() * 3 * HIDDEN * INTER * BYTES_PER_ELEMENT[EXPERT_FORMAT[self.mode]])
+        """Expert bytes the mxkit kernel reads over the touched experts: gate_up (2I, H) and down (H, I), as MX
+        bytes, or (``w4a8``, ``mxfp4``) folded: E4M3 elements (1 byte) plus a float32 scale per row."""
+        hit = self.experts_hit()
+        if self.mode in FOLDED_MODES:
+            return hit * (3 * HIDDEN * INTER + 4 * (2 * INTER + HIDDEN))
+        return int(hit * 3 * HIDDEN * INTER * BYTES_PER_ELEMENT[EXPERT_FORMAT[self.mode]])
 
     def invalid_reason(self) -> Optional[str]:
         return None
@@ -324,42 +336,52 @@ def table_columns(peers) -> list[Column]:
     return [Column("mode", lambda d: d["op"], right=False), Column("experts, routing", lambda d: d["fmt"], right=False),
             Column("tokens", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".1f")),
-            Column("weight GB/s", main("gbps", ".0f")), Column("% copy", main("pct_copy", ".0f")),
+            Column("weight GB/s", main("gbps", ".0f")),  # expert bytes read (MX, or folded E4M3: nbytes)
+            Column("% copy", main("pct_copy", ".0f")),
             Column("× _grouped_mm GEMMs", main("vs_ref", ".2f")), Column("pack µs", main("pack_us", ".0f")),
             *timing.error_peer_note_columns(peers, PEER_LABELS)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
-    p.add_argument("--models", type=csv(timing.choice("model", MODELS)), default=tuple(MODELS),
-                   help=f"comma list of {', '.join(MODELS)} (default both)")
-    p.add_argument("--tokens", type=csv(int), default=TOKENS, help="comma list of token counts (default "
-                   + ",".join(map(str, TOKENS)) + ")")
-    p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=ROUTINGS,
-                   help="uniform and/or zipf (default both)")
+    p.add_argument("--models", type=csv(timing.choice("model", MODELS)), default=None,
+                   help=f"comma list of {', '.join(MODELS)} (default both; gpt-oss-120b with --quick)")
+    p.add_argument("--tokens", type=csv(int), default=None, help="comma list of token counts (default "
+                   + ",".join(map(str, TOKENS)) + "; " + ",".join(map(str, QUICK["tokens"])) + " with --quick)")
+    p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=None,
+                   help="uniform and/or zipf, each for every model given (default: uniform, and zipf for "
+                        "gpt-oss-120b; uniform with --quick)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES[:2],
                    help="w4a16, w4a8, w8a16 (MXFP8 experts) and / or mxfp4 (MXFP4 x MXFP4) (default w4a16,w4a8)")
-    p.add_argument("--quick", action="store_true", help="GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
+    p.add_argument("--quick", action="store_true",
+                   help="defaults for the options not given: GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")
     p.add_argument("--graph-tokens", type=int, default=64,
                    help="time CUDA-graph replays up to this many tokens (default 64; 0: eager everywhere)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
-    timing.add_common_arguments(p)
+    timing.add_common_arguments(p, backend=False)  # the MoE kernels are called directly: no backend to choose
 
 
 def cases_from_args(args) -> list[MoeCase]:
-    if any(t <= 0 for t in args.tokens):
-        raise ValueError(f"token counts must be positive, got {args.tokens}")
-    if args.quick:
-        return [MoeCase("gpt-oss-120b", T, "uniform", m) for T in (1, 64, 4096) for m in args.modes]
-    return [MoeCase(model, T, r, m) for model in args.models for r in args.routings for T in args.tokens
-            for m in args.modes if r == "uniform" or model == "gpt-oss-120b"]
+    """The cases of the options; ``--quick`` fills in only the options left out (:data:`QUICK`). Without
+    ``--routings``, zipf runs for GPT-OSS-120B only. ValueError for a token count below 1 or no case at all."""
+    quick = QUICK if args.quick else {}
+    models = args.models or quick.get("models", tuple(MODELS))
+    tokens = args.tokens or quick.get("tokens", TOKENS)
+    routings = args.routings or quick.get("routings")
+    if any(t <= 0 for t in tokens):
+        raise ValueError(f"token counts must be positive, got {tokens}")
+    cases = [MoeCase(model, T, r, m) for model in models for r in (routings or ROUTINGS) for T in tokens
+             for m in args.modes if routings or r == "uniform" or model == "gpt-oss-120b"]
+    if not cases:
+        raise ValueError("the options select no case (models, tokens, routings and modes must each name one)")
+    return cases
 
 
 def run(args) -> int:
     """Entry point of ``mxkit bench moe``. 0: ran; 1: an mxkit row raised or is past its error bound; 2: cannot run
-    here."""
+    here, or the options select no case."""
     try:
         cases = cases_from_args(args)
     except ValueError as e:

@@ -153,15 +153,24 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
 )
 
 
+def _matches(part: str) -> list[Call]:
+    """The calls named ``part`` (case-insensitive), else the calls whose name holds it."""
+    p = part.lower()
+    return [c for c in CALLS if c.name.lower() == p] or [c for c in CALLS if p in c.name.lower()]
+
+
 def select(only: Optional[Sequence[str]]) -> list[Call]:
-    """The torch op and the calls whose name holds one of ``only`` (case-insensitive; None: all). Raises
-    ValueError naming a part that no call holds."""
+    """The torch op and, for each part of ``only``, the call of that exact name (case-insensitive), or where no
+    call has it the calls whose name holds it (None: all). Raises ValueError naming a part that no call holds."""
     if only is None:
         return list(CALLS)
+    chosen = set()
     for part in only:
-        if not any(part.lower() in c.name.lower() for c in CALLS):
+        hits = _matches(part)
+        if not hits:
             raise ValueError(f"no call named like {part!r}; calls: {', '.join(c.name for c in CALLS)}")
-    return [CALLS[0]] + [c for c in CALLS[1:] if any(p.lower() in c.name.lower() for p in only)]
+        chosen.update(c.name for c in hits)
+    return [CALLS[0]] + [c for c in CALLS[1:] if c.name in chosen]
 
 
 def host_times_ns(fn: Callable[[], object], calls: int, *, warmup: int = 50, sync_every: int = 64,
@@ -265,7 +274,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=50, help="untimed calls first (default 50)")
     p.add_argument("--sync-every", type=int, default=64, help="synchronize every N calls, untimed (default 64)")
     p.add_argument("--only", type=timing.csv_arg(lambda s: select([s]) and s), default=None,
-                   help="comma list of parts of call names: the calls to run besides the torch op ('matmul,M=1')")
+                   help="comma list of call names, or parts of them: the calls to run besides the torch op "
+                        "('matmul,M=1'); a whole name picks that call alone ('quantize mxfp4'), a part every call "
+                        "whose name holds it (case-insensitive)")
     p.add_argument("--list", action="store_true", help="print the calls and exit (no GPU needed)")
     p.add_argument("--out", type=Path, default=None, help="write bench_overhead.csv / .json into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")

@@ -365,10 +365,13 @@ def error_peer_note_columns(peers: Sequence[str], labels: dict[str, str]) -> lis
             Column("note", lambda d: d["note"][:90], right=False)]
 
 
-def add_common_arguments(p) -> None:
-    """Options every kernel benchmark shares, read by :func:`run_benchmark`."""
-    p.add_argument("--backend", choices=("triton", "reference", "auto"), default="triton",
-                   help="backend of the mxkit rows (default triton)")
+def add_common_arguments(p, backend: bool = True, backend_help: str = "backend of the mxkit rows (default triton)",
+                         backend_default: str = "triton") -> None:
+    """Options every kernel benchmark shares, read by :func:`run_benchmark`; ``backend=False`` leaves out
+    ``--backend`` (a bench whose mxkit rows take none)."""
+    if backend:
+        p.add_argument("--backend", choices=("triton", "reference", "auto"), default=backend_default,
+                       help=backend_help)
     p.add_argument("--no-check", action="store_true", help="skip the output checks")
     p.add_argument("--rep-ms", type=float, default=None,
                    help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
@@ -402,16 +405,18 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
         return usage_error(str(e))
     if device == "cuda" and not torch.cuda.is_available():
         return no_cuda(what)
+    backend = getattr(args, "backend", None)  # (None: a bench without --backend)
     env = environment()
     copy_read, copy_write, copy_bytes = copy_bandwidth(cfg)
     env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes)
     print(env_line(env))
     print(f"copy limit: {copy_read:.0f} GB/s after a read flush, {copy_write:.0f} after a write flush "
-          f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}[{args.backend}] + {', '.join(peers) or 'no peers'}; "
-          f"median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, spin {cfg.spin_us:g} µs", flush=True)
+          f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}{f'[{backend}]' if backend else ''} + "
+          f"{', '.join(peers) or 'no peers'}; median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, "
+          f"spin {cfg.spin_us:g} µs", flush=True)
     ctx = Context(device=device, time_fn=lambda fn: time_us(fn, cfg), sync=torch.cuda.synchronize if device == "cuda"
-                  else (lambda: None), impls=(main, *peers), backend=args.backend, check=not args.no_check, copy_gbps=copy_read,
-                  copy_gbps_write=copy_write, ref_impl=ref_impl)
+                  else (lambda: None), impls=(main, *peers), **({"backend": backend} if backend else {}),
+                  check=not args.no_check, copy_gbps=copy_read, copy_gbps_write=copy_write, ref_impl=ref_impl)
     copy_row = Row(op="copy", fmt="-", shape=f"{copy_bytes // 2 // 2**20}MiB", impl="copy", nbytes=copy_bytes,
                    us=copy_bytes / copy_read / 1e3, us_write=copy_bytes / copy_write / 1e3, gbps=copy_read,
                    pct_copy=100.0, pct_copy_write=100.0)

@@ -697,8 +697,8 @@ def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_mxmoe_gradients_under_torch_compile(rng):
-    """torch.compile of an MXMoE where x needs a gradient: the experts run eagerly (a graph break), the same
-    output and gradients as the eager module."""
+    """torch.compile of an MXMoE where x needs a gradient (the routing and the experts as mxkit::mx_moe_route and
+    mxkit::mx_moe_experts, their backwards registered): the same output and gradients as the eager module."""
     E, k = 8, 2
     router = nn.Linear(H, E)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
@@ -1052,25 +1052,33 @@ def test_moe_w4a8_reference_against_a_pair_loop(activation, rng):
     torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
 
 
-def test_mxmoe_compiles_fullgraph_on_cpu(rng):
-    """torch.compile(fullgraph=True) of an MXMoE for inference on CPU (it failed on a data-dependent guard of the
-    reference path): the experts are mxkit::mx_moe there too, with the eager bytes; with gradients, a graph break
-    (compiled without fullgraph, the eager output and gradients)."""
+@pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])
+def test_mxmoe_compiles_fullgraph_on_cpu(act_format, rng):
+    """torch.compile(fullgraph=True) of an MXMoE on CPU (it failed on a data-dependent guard of the reference
+    path): for inference the experts are mxkit::mx_moe, with the eager bytes; with gradients (x, the router, the
+    expert biases) the routing is traced and the experts are mxkit::mx_moe_experts, whose registered backward is
+    ExpertsGrad's: the output and every gradient equal the eager ones."""
     E, k = 8, 2
     router = nn.Linear(H, E)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
-    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4")
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format)
     x = torch.randn(3, 4, H, generator=rng)
     torch._dynamo.reset()
     with torch.no_grad():
         assert torch.equal(torch.compile(m, fullgraph=True, backend="aot_eager")(x), m(x))
-    xg = x.clone().requires_grad_(True)
-    y = torch.compile(m, backend="aot_eager")(xg)
-    y.sum().backward()
-    want_x = x.clone().requires_grad_(True)
-    m(want_x).sum().backward()
-    assert torch.equal(y, m(x)) and torch.equal(xg.grad, want_x.grad)
+    params = [m.router.weight, m.router.bias, m.gate_up_bias, m.down_bias]
+    g = torch.randn(3, 4, H, generator=rng)
+    results = []
+    for fn in (m, torch.compile(m, fullgraph=True, backend="aot_eager")):
+        for p in params:
+            p.grad = None
+        xg = x.clone().requires_grad_(True)
+        y = fn(xg)
+        y.backward(g)
+        results.append([y.detach(), xg.grad] + [p.grad.clone() for p in params])
+    for name, want, got in zip(["y", "x", "router.weight", "router.bias", "gate_up_bias", "down_bias"], *results):
+        assert torch.equal(got, want), name
 
 
 def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):

@@ -7,7 +7,7 @@ import torch
 
 from ..moe_reference import ACTIVATIONS
 
-__all__ = ["ExpertsGrad"]
+__all__ = ["ExpertsGrad", "experts_backward"]
 
 
 class ExpertsGrad(torch.autograd.Function):
@@ -35,42 +35,59 @@ class ExpertsGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, weights, ids, b1, b2 = ctx.saved_tensors
-        layer = ctx.layer
-        need_x, need_w, need_b1, need_b2 = ctx.needs_input_grad[:4]
-        H, k = x.shape[-1], ids.shape[-1]
-        x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
-        f32 = dict(dtype=torch.float32, device=x.device)
-        gx = torch.zeros(x2.shape, **f32) if need_x else None
-        gw = torch.zeros(weights.shape, **f32) if need_w else None
-        gb1 = torch.zeros(b1.shape, **f32) if need_b1 else None
-        gb2 = torch.zeros(b2.shape, **f32) if need_b2 else None
-        lo, hi = layer.expert_range
-        act = ACTIVATIONS[layer.activation]
-        flat = ids.reshape(-1)
-        for e in torch.unique(flat).tolist():
-            if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
-                continue
-            pair = (flat == e).nonzero().squeeze(1)
-            t, slot = pair // k, pair % k
-            w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
-            with torch.enable_grad():
-                xe = x2[t].to(torch.float32).requires_grad_(need_x)
-                b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32).requires_grad_(need_b1)
-                b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32).requires_grad_(need_b2)
-                h = xe @ w1.t()
-                a = act(h if b1e is None else h + b1e)
-                ye = a @ w2.t()
-                ye = ye if b2e is None else ye + b2e
-                ins = [v for v in (xe, b1e, b2e) if v is not None and v.requires_grad]
-                got = iter(torch.autograd.grad(ye, ins, g2[t] * weights[t, slot, None].to(torch.float32))
-                           if ins else ())
-            if need_x:
-                gx.index_add_(0, t, next(got))
-            if b1e is not None and b1e.requires_grad:
-                gb1[e - lo] = next(got)
-            if b2e is not None and b2e.requires_grad:
-                gb2[e - lo] = next(got)
-            if need_w:
-                gw[t, slot] = (g2[t] * ye.detach()).sum(-1)
-        cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
-        return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2), None, None, None
+        grads = experts_backward(ctx.layer, gy, x, weights, ids, b1, b2, *ctx.needs_input_grad[:4])
+        return (*grads, None, None, None)
+
+
+def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                     b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool) -> tuple:
+    """:class:`ExpertsGrad`'s backward (and ``mxkit::mx_moe_experts``'): the gradients (x, weights, b1, b2) of the
+    experts' weighted sum, each None where not needed (or its tensor None), in its input's dtype and shape."""
+    H, k = x.shape[-1], ids.shape[-1]
+    x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
+    f32 = dict(dtype=torch.float32, device=x.device)
+    gx = torch.zeros(x2.shape, **f32) if need_x else None
+    gw = torch.zeros(weights.shape, **f32) if need_w else None
+    gb1 = torch.zeros(b1.shape, **f32) if need_b1 and b1 is not None else None
+    gb2 = torch.zeros(b2.shape, **f32) if need_b2 and b2 is not None else None
+    lo, hi = layer.expert_range
+    act = ACTIVATIONS[layer.activation]
+    flat = ids.reshape(-1)
+    for e in torch.unique(flat).tolist():
+        if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
+            continue
+        pair = (flat == e).nonzero().squeeze(1)
+        t, slot = pair // k, pair % k
+        w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
+        xe = x2[t].to(torch.float32)
+        b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32)
+        b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32)
+
+        def expert(xe, *biases, w1=w1, w2=w2, b1e=b1e, b2e=b2e):
+            it = iter(biases)
+            b1e, b2e = (None if b is None else next(it) for b in (b1e, b2e))
+            h = xe @ w1.t()
+            ye = act(h if b1e is None else h + b1e) @ w2.t()
+            return ye if b2e is None else ye + b2e
+
+        # torch.func.vjp rather than torch.autograd.grad: it also differentiates inside a custom op's kernel
+        # (mxkit::mx_moe_experts_backward), where the autograd dispatch keys are excluded
+        prims = (xe, *(b for b in (b1e, b2e) if b is not None))
+        if need_x or gb1 is not None or gb2 is not None:
+            ye, vjp = torch.func.vjp(expert, *prims)
+            grads = vjp(g2[t] * weights[t, slot, None].to(torch.float32))
+        else:  # the routing weights' gradient alone: the expert's output, no backward
+            ye, grads = expert(*prims), (None, None, None)
+        got = iter(grads[1:])
+        gb1e = None if b1e is None else next(got)
+        gb2e = None if b2e is None else next(got)
+        if need_x:
+            gx.index_add_(0, t, grads[0])
+        if gb1 is not None:
+            gb1[e - lo] = gb1e
+        if gb2 is not None:
+            gb2[e - lo] = gb2e
+        if need_w:
+            gw[t, slot] = (g2[t] * ye).sum(-1)
+    cast = (lambda g, like: None if g is None else g.to(like.dtype).view(like.shape))
+    return cast(gx, x), cast(gw, weights), cast(gb1, b1), cast(gb2, b2)

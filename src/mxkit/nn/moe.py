@@ -32,10 +32,13 @@ MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183. 
 experts the same way (the same fold layout and kernels' operands).
 
 Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) an MXMoE's experts (CUDA
-or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the
-module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
+or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel
+is the module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
 ``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included). Where a gradient is
-needed the experts are a graph break (their eager forward and per-expert backward): compile without ``fullgraph``.
+needed the routing and the experts are two ops with their backwards registered (``mxkit::mx_moe_route``, the
+reference routing, and ``mxkit::mx_moe_experts``, :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s forward and backward):
+``fullgraph=True`` works there too, with the eager output and gradients; under expert parallelism it is a graph
+break.
 
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
@@ -54,12 +57,13 @@ from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.matmul_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
+from ..moe_reference import route as reference_route
 from ..moe_reference import (ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
-from ._moe_grad import ExpertsGrad
+from ._moe_grad import ExpertsGrad, experts_backward
 from .linear import FP8_ROWWISE, _parse_act
 
 __all__ = ["MXMoE"]
@@ -602,7 +606,15 @@ class MXMoE(_ops.Handled, nn.Module):
             # routing counts on the host: one opaque op for inference on every device, a graph break where
             # autograd needs a gradient (x, the router, the expert biases)
             if needs_grad(x, logits, self.gate_up_bias, self.down_bias):
-                return self._result(_eager_experts(self, x, logits), logits)
+                if self.ep_ranges is not None:  # (the all-to-all's reference path: a graph break)
+                    return self._result(_eager_experts(self, x, logits), logits)
+                # the routing and the experts, each one op with its backward registered (the eager ops' bits:
+                # the routing's gradient reaches the router through the traced logits)
+                weights, ids = torch.ops.mxkit.mx_moe_route(logits.reshape(-1, self.num_experts), self.top_k,
+                                                            self.routing)
+                y = torch.ops.mxkit.mx_moe_experts(x, weights, ids, logits.detach(), self.gate_up_bias,
+                                                   self.down_bias, self._op_handle)
+                return self._result(y, logits, (weights, ids))
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
         routed = None
         if self.return_router_scores and x.is_cuda and not needs_grad(x, logits, self.gate_up_bias,
@@ -803,6 +815,105 @@ def _mx_moe_op(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> tor
 @_mx_moe_op.register_fake
 def _mx_moe_fake(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mxkit::mx_moe_route", mutates_args=())
+def _mx_moe_route_op(router_logits: torch.Tensor, top_k: int, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mxkit.moe_reference.route` of ``router_logits`` (T, E), eagerly: (topk_weights (T, k) float32, topk_ids
+    (T, k) int32). torch.compile's view of an MXMoE's routing where a gradient is needed (the eager ops' bits, which
+    a compiled softmax need not give)."""
+    return tuple(t.clone() for t in reference_route(router_logits, top_k, mode=mode))
+
+
+@_mx_moe_route_op.register_fake
+def _mx_moe_route_fake(router_logits, top_k, mode):
+    T = router_logits.shape[0]
+    return (router_logits.new_empty(T, top_k, dtype=torch.float32),
+            router_logits.new_empty(T, top_k, dtype=torch.int32))
+
+
+@torch.library.custom_op("mxkit::mx_moe_route_backward", mutates_args=())
+def _mx_moe_route_backward_op(router_logits: torch.Tensor, grad: torch.Tensor, top_k: int, mode: str) -> torch.Tensor:
+    """The logits' gradient of ``mxkit::mx_moe_route`` for the weights' gradient ``grad`` (T, k): the vjp of the
+    reference routing (its softmax's backward, zero on the logits not selected), in the logits' dtype."""
+    _, vjp = torch.func.vjp(lambda t: reference_route(t, top_k, mode=mode)[0], router_logits)
+    return vjp(grad)[0]
+
+
+@_mx_moe_route_backward_op.register_fake
+def _mx_moe_route_backward_fake(router_logits, grad, top_k, mode):
+    return torch.empty_like(router_logits)
+
+
+def _mx_moe_route_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
+    ctx.top_k, ctx.mode = inputs[1], inputs[2]
+
+
+def _mx_moe_route_backward(ctx, grad_weights, grad_ids):
+    (logits,) = ctx.saved_tensors
+    return torch.ops.mxkit.mx_moe_route_backward(logits, grad_weights, ctx.top_k, ctx.mode), None, None
+
+
+_mx_moe_route_op.register_autograd(_mx_moe_route_backward, setup_context=_mx_moe_route_setup)
+
+
+@torch.library.custom_op("mxkit::mx_moe_experts", mutates_args=())
+def _mx_moe_experts_op(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, router_logits: torch.Tensor,
+                       gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
+                       handle: int) -> torch.Tensor:
+    """The experts of the MXMoE of ``handle`` on x (..., H) routed by (weights (T, k) float32, ids (T, k)), the
+    routing of ``router_logits`` (..., E), eagerly (no autograd inside): torch.compile's view of an MXMoE whose
+    x, router or expert biases need a gradient. Its backward is :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s
+    (``mxkit::mx_moe_experts_backward``); the biases are passed (the module's own) so autograd sees them.
+    Returns (..., H) in x's dtype."""
+    m = _ops.module_of(handle, "mx_moe_experts")
+    with torch.no_grad():
+        return m._experts(x, router_logits, (weights, ids))
+
+
+@_mx_moe_experts_op.register_fake
+def _mx_moe_experts_fake(x, weights, ids, router_logits, gate_up_bias, down_bias, handle):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mxkit::mx_moe_experts_backward", mutates_args=())
+def _mx_moe_experts_backward_op(grad: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                                gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
+                                handle: int, need_x: bool, need_w: bool, need_b1: bool,
+                                need_b2: bool) -> list[torch.Tensor]:
+    """The gradients [x, weights, gate_up_bias, down_bias] of ``mxkit::mx_moe_experts`` (:func:`~mxkit.nn._moe_grad.
+    experts_backward`); an empty tensor where one is not needed."""
+    m = _ops.module_of(handle, "mx_moe_experts_backward")
+    grads = experts_backward(m, grad, x, weights, ids, gate_up_bias, down_bias, need_x, need_w, need_b1, need_b2)
+    return [g if g is not None else x.new_empty(0) for g in grads]
+
+
+@_mx_moe_experts_backward_op.register_fake
+def _mx_moe_experts_backward_fake(grad, x, weights, ids, gate_up_bias, down_bias, handle, need_x, need_w, need_b1,
+                                  need_b2):
+    like = (x, weights, gate_up_bias, down_bias)
+    need = (need_x, need_w, need_b1 and gate_up_bias is not None, need_b2 and down_bias is not None)
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) if n else x.new_empty(0)
+            for t, n in zip(like, need)]
+
+
+def _mx_moe_experts_setup(ctx, inputs, output) -> None:
+    x, weights, ids, _, b1, b2, handle = inputs
+    ctx.save_for_backward(x, weights, ids, b1, b2)
+    ctx.handle = handle
+
+
+def _mx_moe_experts_backward(ctx, grad):
+    x, weights, ids, b1, b2 = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    need = (n[0], n[1], n[4] and b1 is not None, n[5] and b2 is not None)
+    grads = torch.ops.mxkit.mx_moe_experts_backward(grad, x, weights, ids, b1, b2, ctx.handle, *need)
+    gx, gw, gb1, gb2 = (g if k else None for g, k in zip(grads, need))
+    return gx, gw, None, None, gb1, gb2, None
+
+
+_mx_moe_experts_op.register_autograd(_mx_moe_experts_backward, setup_context=_mx_moe_experts_setup)
 
 
 @torch.library.custom_op("mxkit::mx_moe_routed", mutates_args=())

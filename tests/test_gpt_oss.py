@@ -150,6 +150,22 @@ def test_synthetic_weights_are_valid_and_fresh(tmp_path, rng):
 # loading
 
 
+def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
+    """A non-positive size is named as write_synthetic_gpt_oss's (the message named a config.json the caller never
+    wrote), nothing is written, and a dst holding a config.json is refused with FileExistsError (documented)."""
+    for kw, key in ((dict(hidden_size=0), "hidden_size=0"), (dict(num_layers=0), "num_hidden_layers=0"),
+                    (dict(intermediate_size=-32), "intermediate_size=-32")):
+        with pytest.raises(CheckpointError, match=rf"^write_synthetic_gpt_oss's sizes: {key} \(need positive"):
+            _write(tmp_path, rng, "bad", **kw)
+        assert not (tmp_path / "bad" / "config.json").exists()
+    root = _write(tmp_path, rng, num_layers=1)
+    with pytest.raises(FileExistsError, match="already holds a config.json"):
+        _write(tmp_path, rng, num_layers=1)
+    assert json.loads((root / "config.json").read_text())["num_hidden_layers"] == 1
+    doc = gpt_oss.write_synthetic_gpt_oss.__doc__
+    assert "FileExistsError" in doc and "CheckpointError" in doc and "positive int" in doc
+
+
 def test_load_is_zero_copy_of_the_mapped_files(tmp_path, rng):
     root = _write(tmp_path, rng, shards=3)
     ckpt = gpt_oss.load_gpt_oss(root, progress=False)

@@ -1260,3 +1260,89 @@ def test_folded_layers_take_no_tokens():
     for fn in (moe_w4a8_folded, moe_mxfp4_folded):
         y = fn(x, None, None, None, logits, 2)
         assert y.shape == (0, 64) and y.dtype == x.dtype
+
+
+def test_mxmoe_constructor_checks_sizes_and_block_size():
+    """Sizes and block_size are checked before any arithmetic on them (a zero block divided by zero, a string
+    block failed in ``%``, a block the element packing does not divide built a module whose forward failed, a
+    negative size failed in torch.zeros, a zero size built)."""
+    for kw, err, msg in ((dict(block_size=0), ValueError, "block_size must be a positive int"),
+                         (dict(block_size="32"), ValueError, "block_size must be a positive int"),
+                         (dict(block_size=True), ValueError, "block_size must be a positive int")):
+        with pytest.raises(err, match=msg):
+            MXMoE(64, 32, 4, 2, "mxfp4", **kw)
+    with pytest.raises(ValueError, match="element packing of mxfp6"):
+        MXMoE(64, 32, 4, 2, "mxfp6", block_size=2)
+    for args, name in (((-32, 32, 4), "hidden_size"), ((0, 32, 4), "hidden_size"), ((64, 0, 4), "intermediate_size"),
+                       ((64, 32, 0), "num_experts")):
+        with pytest.raises(ValueError, match=rf"{name}=-?\d+ must be positive"):
+            MXMoE(*args, 1, "mxfp4")
+    for args, name in (((64.0, 32, 4), "hidden_size"), ((64, "32", 4), "intermediate_size"),
+                       ((64, 32, True), "num_experts")):
+        with pytest.raises(TypeError, match=rf"{name} must be an int"):
+            MXMoE(*args, 1, "mxfp4")
+    router = nn.Linear(H, 4)  # from_dense reaches the same checks
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        MXMoE.from_dense(router, torch.zeros(4, 2 * I, H), None, torch.zeros(4, H, I), None, 2, "mxfp4", block_size=0)
+
+
+def test_mxmoe_forward_checks_x():
+    """forward names hidden_size for an x of another width or a 0-d x, and refuses a non-tensor with TypeError
+    (torch's raw matmul errors, and an AttributeError, before)."""
+    m = MXMoE(H, I, 4, 2, "mxfp4")
+    with pytest.raises(ValueError, match=rf"hidden_size={H}\), got shape \(3, 32\)"):
+        m(torch.randn(3, 32))
+    with pytest.raises(ValueError, match=r"hidden_size=64\), got shape \(\)"):
+        m(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="tensor x"):
+        m([1.0] * H)
+    assert m(torch.randn(2, 3, H)).shape == (2, 3, H)
+
+
+def test_moe_op_rejects_zero_width_operands(rng):
+    """An H = 0 x reaches the experts' K check and an E = 0 router_logits is named (a reshape RuntimeError
+    before), in moe, route_tokens and the quantized layers (whose 0-d x failed with IndexError)."""
+    E = 8
+    w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)
+    with pytest.raises(ValueError, match=r"K mismatch: x has H=0"):
+        mxkit.moe(torch.randn(5, 0), w_gu, b_gu, w_d, b_d, torch.randn(5, E), 2)
+    with pytest.raises(ValueError, match=r"E = 0"):
+        moe_op.route_tokens(torch.randn(3, H), torch.randn(3, 0), 2, "gpt_oss")
+    with pytest.raises(ValueError, match=r"E = 0"):
+        mxkit.moe(torch.randn(3, H), w_gu, b_gu, w_d, b_d, torch.randn(3, 0), 2)
+    x2, w, ids = moe_op.route_tokens(torch.randn(2, 3, 0), torch.randn(2, 3, E), 2, "gpt_oss")
+    assert x2.shape == (6, 0) and w.shape == ids.shape == (6, 2)
+    for fn in (moe_op.moe_mxfp4, moe_op.moe_w4a8):
+        with pytest.raises(ValueError, match="K mismatch"):
+            fn(torch.randn(5, 0), w_gu, b_gu, w_d, b_d, torch.randn(5, E), 2)
+        with pytest.raises(ValueError, match="leading dims"):
+            fn(torch.tensor(1.0), w_gu, b_gu, w_d, b_d, torch.randn(E), 2)
+
+
+def test_moe_entry_points_name_bad_operand_types():
+    """A device string resolves (an AttributeError before); router_gpt_oss and from_dense name their operand
+    (AttributeError, or a TypeError naming quantize's "x", before)."""
+    assert moe_op.resolve_moe_backend("auto", "cpu") == "reference"
+    assert moe_op.resolve_moe_backend("reference", "cpu") == "reference"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        moe_op.resolve_moe_backend("triton", "cpu")
+    with pytest.raises(ValueError, match="not a device"):
+        moe_op.resolve_moe_backend("auto", "nodevice")
+    with pytest.raises(TypeError, match="device must be"):
+        moe_op.resolve_moe_backend("auto", 3.5)
+    W, b = torch.randn(4, H, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="x must be a tensor"):
+        moe_op.router_gpt_oss([1], W, b, 2)
+    with pytest.raises(TypeError, match="weight must be a tensor"):
+        moe_op.router_gpt_oss(torch.randn(3, H, dtype=torch.bfloat16), W.tolist(), b, 2)
+    with pytest.raises(TypeError, match="bias must be a tensor or None"):
+        moe_op.router_gpt_oss(torch.randn(3, H, dtype=torch.bfloat16), W, [0.0] * 4, 2)
+    router, wgu, wd = nn.Linear(H, 4), torch.randn(4, 2 * I, H), torch.randn(4, H, I)
+    with pytest.raises(TypeError, match="w_gate_up must be a float32 / bfloat16 / float16 tensor, got list"):
+        MXMoE.from_dense(router, [1], None, wd, None, 2, "mxfp4")
+    with pytest.raises(TypeError, match="w_gate_up must be .* got torch.int32"):
+        MXMoE.from_dense(router, wgu.int(), None, wd, None, 2, "mxfp4")
+    with pytest.raises(TypeError, match="w_down must be .* got torch.int32"):
+        MXMoE.from_dense(router, wgu, None, wd.int(), None, 2, "mxfp4")
+    with pytest.raises(TypeError, match="b_down must be a tensor or None"):
+        MXMoE.from_dense(router, wgu, torch.zeros(4, 2 * I), wd, [0.0], 2, "mxfp4")

@@ -720,7 +720,11 @@ def write_synthetic_gpt_oss(
     shards: 1 writes ``model.safetensors``; more write ``model-0000k-of-0000n.safetensors`` of about equal bytes
     plus ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as ``save_pretrained`` does.
     seed: None draws a fresh one. ``dst`` is created (it must not hold a config.json already).
-    Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``.
+    Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``;
+    :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
+    ``intermediate_size`` or ``vocab_size`` that is not a positive int (named by its config.json key:
+    ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst``
+    already holds a config.json.
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
@@ -744,7 +748,7 @@ def write_synthetic_gpt_oss(
                   layer_types=[("sliding_attention", "full_attention")[i % 2] for i in range(num_layers)])
     if vocab_size < REAL_20B_CONFIG["vocab_size"]:
         config.update(pad_token_id=vocab_size - 1, eos_token_id=vocab_size - 2)
-    dims = GptOssDims.from_config(config)
+    dims = GptOssDims.from_config(config, where="write_synthetic_gpt_oss's sizes")
     g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2 if seed is None else seed)
 
     def bf16(shape, std=0.02, mean=0.0):

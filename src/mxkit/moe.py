@@ -10,7 +10,7 @@ what the reference returns, within the kernel's stated bound.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -39,12 +39,20 @@ def _load_moe_triton() -> Optional[Callable]:
     return moe_triton
 
 
-def resolve_moe_backend(backend: str, device: torch.device) -> str:
-    """``"reference"`` or ``"triton"`` for a call on ``device``. Raises ValueError for an unknown name, or for
-    ``"triton"`` on a non-CUDA device; ImportError for ``"triton"`` without Triton or without
-    ``mxkit.kernels.moe``."""
+def resolve_moe_backend(backend: str, device: Union[str, torch.device]) -> str:
+    """``"reference"`` or ``"triton"`` for a call on ``device`` (a torch.device or a string it takes, ``"cpu"``,
+    ``"cuda:0"``). Raises ValueError for an unknown backend name or device string, or for ``"triton"`` on a
+    non-CUDA device; TypeError for a device of another type; ImportError for ``"triton"`` without Triton or
+    without ``mxkit.kernels.moe``."""
     if backend not in MOE_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(MOE_BACKENDS)}")
+    if not isinstance(device, torch.device):
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a torch.device or a string, got {type(device).__name__}")
+        try:
+            device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"device={device!r} is not a device: {e}") from None
     if backend == "reference":
         return backend
     from .kernels import triton_available
@@ -147,15 +155,19 @@ def moe(
 def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                  routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., H) and its router logits (..., E) → ``(x (T, H), topk_weights (T, k), topk_ids (T, k))`` with
-    T = prod(...) (:func:`~mxkit.moe_reference.route`). Raises TypeError / ValueError when the leading dims
-    differ or the routing arguments are bad."""
+    T = prod(...) (:func:`~mxkit.moe_reference.route`). Raises TypeError for non-tensors, ValueError when the
+    leading dims differ, router_logits has E = 0 or the routing arguments are bad (an H = 0 passes: the experts'
+    check then names the K mismatch)."""
     if not isinstance(x, torch.Tensor) or not isinstance(router_logits, torch.Tensor):
         raise TypeError("x and router_logits must be tensors")
     if x.dim() == 0 or router_logits.dim() == 0 or x.shape[:-1] != router_logits.shape[:-1]:
         raise ValueError(f"x (..., H) {tuple(x.shape)} and router_logits (..., E) {tuple(router_logits.shape)} "
                          "must have the same leading dims")
-    weights, ids = route(router_logits.reshape(-1, router_logits.shape[-1]), top_k, mode=routing)
-    return x.reshape(-1, x.shape[-1]), weights, ids
+    if router_logits.shape[-1] == 0:
+        raise ValueError(f"router_logits (..., E) {tuple(router_logits.shape)} route over no experts (E = 0)")
+    T = x.shape[:-1].numel()  # (not reshape(-1, ...): a last dim of 0 leaves -1 undetermined)
+    weights, ids = route(router_logits.reshape(T, router_logits.shape[-1]), top_k, mode=routing)
+    return x.reshape(T, x.shape[-1]), weights, ids
 
 
 def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
@@ -191,7 +203,12 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     kernel); elsewhere (and where autograd needs a gradient, or under torch.compile's tracing) the reference twin
     and :func:`route` run. The logits differ from ``F.linear``'s (cuBLAS's float32 sums, transformers' router) in
     the last bit of about 0.1% of them, which can change the experts of a token whose k-th and (k+1)-th logits are
-    that close. Raises the reference's errors."""
+    that close. Raises TypeError for an x or weight that is not a tensor, or a bias that is neither a tensor nor
+    None (naming it), and the reference's errors."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
+            raise TypeError(f"router_gpt_oss: {name} must be a tensor{' or None' if name == 'bias' else ''}, got "
+                            f"{type(t).__name__}")
     if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
         from .kernels.matmul_details import _route
 
@@ -341,8 +358,8 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     """:func:`moe_w4a8` / :func:`moe_mxfp4`: route, check, then ``run_folded`` on the experts folded (the Triton
     backend, FP4 / FP6 experts that fold; ``folded`` None: folded here) or ``run_reference``. No tokens: an empty
     result."""
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
     lead, H = x.shape[:-1], x.shape[-1]
-    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
     E = check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation).E_local
     if router_logits.shape[-1] != E:  # (the ids index the experts: routing over other experts is a caller's bug)
         raise ValueError(f"router_logits {tuple(router_logits.shape)} route over {router_logits.shape[-1]} experts "
@@ -369,8 +386,8 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
 def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation
                   ) -> torch.Tensor:
     """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
+    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
     lead, H = x.shape[:-1], x.shape[-1]
-    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
     if x2.shape[0] == 0:
         return x.new_zeros(x.shape)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

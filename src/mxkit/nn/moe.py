@@ -64,7 +64,7 @@ from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
 from ._moe_grad import ExpertsGrad, experts_backward
-from .linear import FP8_ROWWISE, _parse_act
+from .linear import FP8_ROWWISE, _check_block_size, _parse_act
 
 __all__ = ["MXMoE"]
 
@@ -128,7 +128,10 @@ class MXMoE(_ops.Handled, nn.Module):
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.
-    Raises ValueError for sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names.
+    Raises TypeError for a hidden_size / intermediate_size / num_experts that is not an int, ValueError for one
+    that is not positive, a ``block_size`` that is not a positive int (or not a multiple of the element packing of
+    ``weight_format``), sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names. forward
+    raises TypeError for an x that is not a tensor, ValueError for a 0-d x or one whose last dim is not H.
     """
 
     def __init__(
@@ -158,6 +161,12 @@ class MXMoE(_ops.Handled, nn.Module):
         act = _moe_act(act_format)
         fmt = get_format(weight_format)
         H, I, E = hidden_size, intermediate_size, num_experts  # noqa: E741
+        for name, v in (("hidden_size", H), ("intermediate_size", I), ("num_experts", E)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int for MXMoE, got {type(v).__name__} {v!r}")
+            if v <= 0:
+                raise ValueError(f"{name}={v} must be positive for MXMoE")
+        _check_block_size(block_size, fmt, None)  # (act_format: FP8 rows, or MXFP4 in blocks of 32, checked below)
         for name, v in (("hidden_size", H), ("intermediate_size", I)):
             if v % block_size:
                 raise ValueError(f"{name}={v} must be a multiple of {block_size=} for MXMoE")
@@ -439,8 +448,14 @@ class MXMoE(_ops.Handled, nn.Module):
           axis with :func:`mxkit.quantize`; b_gate_up (E, 2I), b_down (E, H) or both None.
         expert_range: keep experts lo..hi-1 only (the others are not quantized).
         kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
-          backend). Raises TypeError / ValueError for shapes that do not agree (naming them).
+          backend). Raises TypeError for experts that are not float32 / bfloat16 / float16 tensors or biases that
+          are not tensors (naming them), ValueError for shapes that do not agree (naming them), and the
+          constructor's errors.
         """
+        for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise TypeError(f"{name} must be a float32 / bfloat16 / float16 tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
         dims = _expert_dims(router, w_gate_up, b_gate_up, w_down, b_down, ("w_gate_up", "w_down"))
 
         def experts(mod: "MXMoE", dense: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -583,6 +598,10 @@ class MXMoE(_ops.Handled, nn.Module):
     # --- forward ---------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
         routed = None
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
@@ -950,6 +969,9 @@ def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str
         raise ValueError(f"{names[1]} has shape {ds}, expected (E, H, I) = {(E, H, I)}")
     if (b_gate_up is None) != (b_down is None):
         raise ValueError("pass both expert biases (b_gate_up, b_down) or neither")
+    for name, b in (("b_gate_up", b_gate_up), ("b_down", b_down)):
+        if b is not None and not isinstance(b, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor or None, got {type(b).__name__}")
     for name, b, shape in (("b_gate_up", b_gate_up, (E, 2 * I)), ("b_down", b_down, (E, H))):
         if b is not None and tuple(b.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")

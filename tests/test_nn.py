@@ -284,6 +284,9 @@ def test_qsnr_db_values(rng):
     assert qsnr_db(x, x * 0.99) == pytest.approx(40.0)
     assert qsnr_db(x, x.clone()) == math.inf
     assert qsnr_db(torch.zeros(4), torch.ones(4)) == -math.inf
+    assert qsnr_db(torch.empty(0), torch.empty(0)) == math.inf
+    with pytest.raises(ValueError, match=r"qsnr_db: x has shape \(1000,\) but x_hat \(1000, 1\)"):
+        qsnr_db(x, x[:, None])  # (broadcast, it gave a finite number for two equal vectors)
 
 
 def _small_model():

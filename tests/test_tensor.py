@@ -261,3 +261,19 @@ def test_backend_triton_without_triton_names_the_extra(monkeypatch):
             mxkit.dequantize(q, backend="triton")
     finally:
         real.cache_clear()
+
+
+def test_to_takes_a_device_not_a_dtype():
+    """MXTensor / PackedWeight / Fp8Rowwise .to(dtype) raise a TypeError that says so and names what gives values
+    in a dtype (it was a TypeError about qdata's dtype, from the constructor); Fp8Rowwise with 0-d data names it."""
+    from mxkit.packed import Fp8Rowwise
+
+    q = _q()
+    a = mxkit.quantize_fp8_rowwise(torch.randn(2, 64))
+    for obj, name, instead in ((q, "MXTensor", "mxkit.dequantize"), (mxkit.pack_weight(q), "PackedWeight",
+                               "mxkit.dequantize"), (a, "Fp8Rowwise", "a.dequantize")):
+        with pytest.raises(TypeError, match=rf"{name}.to takes a device, not a dtype \(torch.float16\).*{instead}"):
+            obj.to(torch.float16)
+        assert obj.to("cpu").device == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"Fp8Rowwise data must be at least 1-D"):
+        Fp8Rowwise(torch.tensor(1.0).to(torch.float8_e4m3fn), torch.ones(1))

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 
 from .fold import Folded
 from .formats import ElementFormat, Rounding, ScaleMode
-from .tensor import MXTensor
+from .tensor import MXTensor, device_only
 
 __all__ = ["PackedWeight", "Fp8Rowwise", "packed_of"]
 
@@ -44,7 +44,9 @@ class Fp8Rowwise:
         if not isinstance(self.scale, torch.Tensor) or self.scale.dtype != torch.float32:
             raise TypeError(f"Fp8Rowwise scale must be a float32 tensor, got "
                             f"{getattr(self.scale, 'dtype', type(self.scale).__name__)}")
-        if self.data.dim() < 1 or tuple(self.scale.shape) != tuple(self.data.shape[:-1]) + (1,):
+        if self.data.dim() < 1:
+            raise ValueError("Fp8Rowwise data must be at least 1-D (..., K), got a 0-d tensor")
+        if tuple(self.scale.shape) != tuple(self.data.shape[:-1]) + (1,):
             raise ValueError(f"Fp8Rowwise scale has shape {tuple(self.scale.shape)}, expected "
                              f"{tuple(self.data.shape[:-1]) + (1,)} for data of shape {tuple(self.data.shape)}")
         if self.data.device != self.scale.device:
@@ -59,7 +61,9 @@ class Fp8Rowwise:
         return self.data.device
 
     def to(self, device: Union[str, torch.device]) -> "Fp8Rowwise":
-        """The same activations with data and scale on ``device`` (values unchanged)."""
+        """The same activations with data and scale on ``device`` (values unchanged). Raises TypeError for a
+        dtype."""
+        device_only(device, "Fp8Rowwise", "a.dequantize(dtype)")
         return Fp8Rowwise(self.data.to(device), self.scale.to(device))
 
     def __reduce__(self):
@@ -187,6 +191,8 @@ class PackedWeight:
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
+        """The same weight with every tensor on ``device`` (bytes unchanged). Raises TypeError for a dtype."""
+        device_only(device, "PackedWeight", "mxkit.dequantize(w.source, dtype)")
         f = self.folded
         if f is not None:
             f = dataclasses.replace(f, data=f.data.to(device), scale=f.scale.to(device), owner=f.owner.to(device))

@@ -84,6 +84,14 @@ def check_quantize_args(
     return QuantizeArgs(f, axis, block_size, mode, rnd)
 
 
+def device_only(device, what: str, instead: str) -> None:
+    """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
+    gives values in a dtype)."""
+    if isinstance(device, torch.dtype):
+        raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
+                        f"{instead} for values in a dtype")
+
+
 @dataclass(frozen=True, eq=False)
 class MXTensor:
     """A tensor in an OCP MX format: element codes plus one E8M0 scale per block of ``block_size``.
@@ -239,7 +247,9 @@ class MXTensor:
 
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
         """The same MXTensor with qdata and scale on ``device`` (bytes unchanged; a device, not a dtype: the
-        element format is fixed, :func:`mxkit.dequantize` gives values in a dtype)."""
+        element format is fixed, :func:`mxkit.dequantize` gives values in a dtype). Raises TypeError for a
+        dtype."""
+        device_only(device, "MXTensor", "mxkit.dequantize(q, dtype)")
         return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 
     def plain_scale(self) -> torch.Tensor:

@@ -151,7 +151,8 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     Value = decode(element) × 2^(scale − 127) in float32, then cast (round to nearest even).
     Scale 0xFF or an element NaN code gives NaN. See :func:`mxkit.reference.dequantize_reference`.
     Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
-    backend.
+    backend and for ``backend="triton"`` on a tensor not on CUDA (the kernels' backend; :func:`matmul` instead
+    runs its CPU parts there).
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
@@ -405,13 +406,13 @@ def quantize_fold(
 
 def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwise:
     """FP8 E4M3 activations with one float32 scale per row (TensorRT-LLM's per-token FP8, the W4A8 ``a``):
-    scale = amax(|row|) / 448 (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest even; the rule
-    of :func:`mxkit.reference.quantize_fp8_rowwise_reference`, which CUDA tensors meet byte for byte in one
-    pass over x (:func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton`).
+    scale = max(amax(|row|) / 448, 2^-149) (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest
+    even; the rule of :func:`mxkit.reference.quantize_fp8_rowwise_reference`, which CUDA tensors meet byte for
+    byte in one pass over x (:func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton`).
 
     x: (..., K) float32 | bfloat16 | float16. Returns :class:`mxkit.Fp8Rowwise` (data (..., K), scale (..., 1)).
     A row holding NaN gets a NaN scale and NaN codes (0x7F). Raises TypeError on other dtypes, ValueError on a
-    0-dim x.
+    0-dim x, an unknown backend, or ``backend="triton"`` on a tensor not on CUDA.
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")

@@ -388,6 +388,11 @@ def test_public_entry_points_name_the_bad_argument():
     with pytest.raises(TypeError, match="int32"):
         mxkit.dequantize(mxkit.quantize(x, "mxfp8"), torch.int32)
     assert mxkit.quantize_fold(torch.randn(0, 64), "mxfp4").data.shape[0] == 0  # an empty batch (documented)
+    # ... after the checks a non-empty x gets (an empty one skipped them)
+    with pytest.raises(TypeError, match="x.dtype=torch.int64 is not supported"):
+        mxkit.quantize_fold(torch.ones(0, 64, dtype=torch.int64), "mxfp4")
+    with pytest.raises(ValueError, match="unknown ScaleMode 'foo'"):
+        mxkit.quantize_fold(torch.empty(0, 64), "mxfp4", scale_mode="foo")
     # cast_transpose: an empty x is a ValueError (it was torch's reshape RuntimeError), and the M of an N-D x is
     # named as prod(leading dims), not as the shape[0] of a (1, K) the caller never passed
     for shape in ((2, 3, 0), (0,), (0, 64)):

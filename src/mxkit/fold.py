@@ -276,12 +276,17 @@ def quantize_fold_reference(
     rounding: Union[str, Rounding] = Rounding.RNE,
 ) -> Folded:
     """``fold_reference(quantize_reference(x, fmt, axis=-1, ...))``: x (..., K) float32 | bfloat16 | float16,
-    K % 32 == 0, quantized along its last axis, then folded (R = 0 rows: an empty Folded). Raises as both (ValueError for formats that do not
-    fold, before quantizing)."""
+    K % 32 == 0, quantized along its last axis, then folded (R = 0 rows: an empty Folded, after the same checks of
+    x's dtype and the names). Raises as both (ValueError for formats that do not fold, before quantizing)."""
     _check_foldable(fmt)
     if block_size != 32:
         raise ValueError(f"fold supports block_size=32 only, got {block_size=}")
     if x.dim() >= 1 and x.numel() == 0 and x.shape[-1] % 32 == 0 and x.shape[-1] > 0:  # R = 0: empty result
+        # (the checks the quantize makes on a non-empty x: dtype, mode and rounding names)
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"x.dtype={x.dtype} is not supported; expected one of float32, bfloat16, float16")
+        ScaleMode.parse(scale_mode)
+        Rounding.parse(rounding)
         f = get_format(fmt)
         return Folded(torch.empty(0, x.shape[-1], dtype=torch.float8_e4m3fn, device=x.device),
                       torch.empty(0, dtype=torch.float32, device=x.device),

@@ -294,15 +294,21 @@ class _InputGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        w = ctx.w.source if isinstance(ctx.w, PackedWeight) else ctx.w
-        g2 = g.reshape(-1, g.shape[-1]).float()
         gx = gb = None
         if ctx.needs_input_grad[0]:
             dtype, shape = ctx.x_meta
-            gx = (g2 @ dequantize(w, torch.float32)).to(dtype).reshape(shape)
+            gx = linear_input_grad(g, ctx.w, dtype).reshape(shape)
         if ctx.needs_input_grad[1]:
-            gb = g2.sum(0).to(ctx.bias_dtype)
+            gb = g.reshape(-1, g.shape[-1]).float().sum(0).to(ctx.bias_dtype)
         return gx, gb, None, None
+
+
+def linear_input_grad(g: torch.Tensor, w: Union[MXTensor, PackedWeight], dtype: torch.dtype) -> torch.Tensor:
+    """x's gradient of y = x @ dequantize(w).T: ``g (..., N) @ dequantize(w) (N, K)`` in float32, cast to ``dtype``
+    ((..., K); :func:`with_input_grad`'s rule, and ``mxkit::mx_linear``'s)."""
+    w = w.source if isinstance(w, PackedWeight) else w
+    g2 = g.reshape(-1, g.shape[-1]).float()
+    return (g2 @ dequantize(w, torch.float32)).to(dtype).reshape(*g.shape[:-1], w.shape[1])
 
 
 class _Held:

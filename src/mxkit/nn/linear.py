@@ -36,7 +36,8 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from ..ops import dequantize, matmul, needs_grad, pack_weight, quantize, quantize_fp8_rowwise, with_input_grad
+from ..ops import (dequantize, linear_input_grad, matmul, pack_weight, quantize, quantize_fp8_rowwise,
+                   with_input_grad)
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
@@ -342,9 +343,7 @@ def _mx_linear_fake(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) 
 def _mx_linear_dgrad_op(grad: torch.Tensor, handle: int, dtype: torch.dtype) -> torch.Tensor:
     """x's gradient of ``mxkit::mx_linear``: ``grad (..., out_features) @ dequantize(weight)`` in float32, cast
     to ``dtype`` (:func:`mxkit.ops.with_input_grad`'s rule: the straight-through estimator for ``act_format``)."""
-    m = _ops.module_of(handle, "mx_linear_dgrad")
-    g = grad.reshape(-1, grad.shape[-1]).to(torch.float32)
-    return (g @ dequantize(m.weight_mx, torch.float32)).to(dtype).reshape(*grad.shape[:-1], m.in_features)
+    return linear_input_grad(grad, _ops.module_of(handle, "mx_linear_dgrad").weight_mx, dtype)
 
 
 @_mx_linear_dgrad_op.register_fake

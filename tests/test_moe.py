@@ -392,6 +392,38 @@ def test_moe_reference_vs_token_loop(T, E, fmt, bias, activation, rng):
     assert_rounded_once(y32, expect)  # one rounding at the end, nothing rounded before it
 
 
+def test_moe_reference_rounds_the_intermediate_once():
+    """The intermediate is rounded once from float64 (round_from_float64): a value just off a bf16 tie, which a
+    cast through float32 rounds twice (7.046874977... -> 7.046875 -> 7.0625), stays 7.03125. silu(64) is 64
+    exactly in float64 terms here and the down projection is the identity, so y is the intermediate itself."""
+    v = 7.046874977773901
+    w_gu = mxkit.quantize(torch.zeros(1, 64, 32), "mxfp8", axis=-1)
+    b_gu = torch.cat([torch.full((32,), 64.0, dtype=torch.float64), torch.full((32,), v / 64, dtype=torch.float64)])
+    w_d = mxkit.quantize(torch.eye(32)[None], "mxfp8", axis=-1)
+    y = moe_reference(torch.zeros(1, 32), w_gu, b_gu[None], w_d, None, torch.ones(1, 1),
+                      torch.zeros(1, 1, dtype=torch.int32), activation="swiglu", intermediate_dtype=torch.bfloat16,
+                      out_dtype=torch.float64)
+    assert (y == 7.03125).all(), y
+
+
+def test_route_selects_on_float64_logits():
+    """Selection on the logits in their own dtype: float64 logits 1e-12 apart pick the larger (through float32
+    they would tie and the lower index win)."""
+    assert route(torch.tensor([[1.0, 1.0 + 1e-12, 0.5]], dtype=torch.float64), 1)[1].tolist() == [[1]]
+
+
+def test_w4a8_reference_keeps_rows_of_fp32_denormals():
+    """The W4A8 reference's FP8 rowwise values follow quantize_fp8_rowwise's rule, its 2^-149 scale floor included
+    (a row whose amax / 448 underflows keeps its values, no NaN from 0 / 0)."""
+    from mxkit.moe_reference import _fp8_rowwise_values
+    from mxkit.reference import quantize_fp8_rowwise_reference
+
+    v = torch.tensor([[2.0**-149, 0.0, -(2.0**-148), 1e-43], [1.0, -3.0, 0.25, 0.0]], dtype=torch.float64)
+    d, s = quantize_fp8_rowwise_reference(v.float())
+    got = _fp8_rowwise_values(v)
+    assert torch.isfinite(got).all() and torch.equal(got, d.double() * s.double())
+
+
 def test_moe_reference_bf16_and_intermediate_rounding(rng):
     E, T, k = 32, 50, 4
     w_gu, b_gu, w_d, b_d = make_experts(E, "mxfp4", rng)

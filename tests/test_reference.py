@@ -608,3 +608,53 @@ def test_round_from_float64_rounds_once(rng):
             torch.int16))
         out.to(torch.float64).sum().backward()
         assert torch.equal(xg.grad, torch.ones_like(x))
+
+
+# --- matmul_reference: y = a @ b.T in float32 on the dequantized operands ---------------------------------------
+
+
+def _mx_weight(n, k, fmt="mxfp4"):
+    return quantize_reference(torch.randn(n, k) * 3, fmt, axis=1)
+
+
+@pytest.mark.parametrize("a_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("a_kind", ["float", "mx"])
+def test_matmul_reference_matches_float64_product(a_dtype, a_kind):
+    """Against the float64 product of the dequantized operands: float32 accumulation over K terms
+    (|err| <= K * 2^-24 * sum|a||b|, row-wise) plus one rounding to the output dtype (half an ulp of |y|)."""
+    m, n, k = 5, 24, 96
+    w = _mx_weight(n, k)
+    x = (torch.randn(3, m, k) * 2).to(a_dtype)
+    a = quantize_reference(x, "mxfp8_e4m3", axis=-1) if a_kind == "mx" else x
+    y = mxkit.reference.matmul_reference(a, w)
+    want_dtype = torch.bfloat16 if a_kind == "mx" else a_dtype
+    assert y.dtype == want_dtype and y.shape == (3, m, n)
+    af = dequantize_reference(a, torch.float64) if a_kind == "mx" else x.to(torch.float64)
+    wf = dequantize_reference(w, torch.float64)
+    exact = af @ wf.t()
+    mag = af.abs() @ wf.abs().t()
+    ulp = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[want_dtype]
+    bound = k * 2.0**-24 * mag + ulp * exact.abs() * (1 + k * 2.0**-24) + 1e-30
+    err = (y.to(torch.float64) - exact).abs()
+    assert bool((err <= bound).all()), float((err / bound).max())
+    # the float32 result rounded once to the output dtype is what an explicit out_dtype=float32 gives, rounded
+    y32 = mxkit.reference.matmul_reference(a, w, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    assert torch.equal(y32.to(want_dtype).view(torch.uint8), y.contiguous().view(torch.uint8))
+
+
+def test_matmul_reference_rejects_bad_operands():
+    w = _mx_weight(8, 64)
+    x = torch.randn(2, 64)
+    with pytest.raises(TypeError, match="b must be an MXTensor"):
+        mxkit.reference.matmul_reference(x, dequantize_reference(w))
+    with pytest.raises(ValueError, match="axis=1"):
+        mxkit.reference.matmul_reference(x, quantize_reference(torch.randn(64, 8), "mxfp4", axis=0))
+    with pytest.raises(ValueError, match="K mismatch"):
+        mxkit.reference.matmul_reference(torch.randn(2, 32), w)
+    with pytest.raises(TypeError, match="not supported"):
+        mxkit.reference.matmul_reference(x.to(torch.float64), w)
+    with pytest.raises(TypeError, match="tensor or MXTensor"):
+        mxkit.reference.matmul_reference(x.numpy(), w)
+    with pytest.raises(ValueError, match="last axis"):
+        mxkit.reference.matmul_reference(quantize_reference(torch.randn(64, 4), "mxfp8_e4m3", axis=0), w)

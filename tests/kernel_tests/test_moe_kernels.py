@@ -506,13 +506,22 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     assert (rel > 0.01).sum() <= max(1, T // 25) and rel.max() <= 0.2, (int((rel > 0.01).sum()), rel.max())
 
 
-@pytest.mark.gpu
-@gpu
-def test_gpu_fold_experts_refuses_rows_that_do_not_fold(rng):
+@pytest.mark.parametrize("interleave", [False, True])
+def test_fold_experts_is_exact_and_refuses_rows_that_do_not_fold(rng, interleave):
+    """Pack time runs on any device: the folded E4M3 rows times their row scales are the experts' values, and a
+    row whose block scales span more than the fold range makes the whole set refuse (None)."""
     from mxkit.kernels.moe import fold_experts
 
-    w = experts(4, 64, 128, "mxfp4", rng)
-    assert fold_experts(w) is not None
+    E, N, K = 4, 64, 128
+    w = mxkit.quantize(torch.randn(E, N, K, generator=rng) * 2.0 ** torch.randint(-3, 4, (E, N, 1), generator=rng),
+                       "mxfp4")
+    f = fold_experts(w, interleave_halves=interleave)
+    assert f is not None and f.data.dtype == torch.float8_e4m3fn and f.data.shape == (E, N, K)
+    want = dequantize_reference(w, torch.float64)
+    if interleave:  # rows (gate_i, up_i) side by side: the first half's row i, then the second half's
+        want = torch.stack([want[:, :N // 2], want[:, N // 2:]], 2).flatten(1, 2)
+    got = f.data.to(torch.float64) * f.scale.to(torch.float64)[..., None]
+    assert torch.equal(got, want)
     w.scale[2, 5, 0], w.scale[2, 5, 1] = 150, 100  # a span of 50 > 14
     assert fold_experts(w) is None
 

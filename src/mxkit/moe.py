@@ -353,6 +353,16 @@ def _mxfp4_reference(x2, w1, b1, w2, b2, weights, ids, activation, out_dtype) ->
                                activation=activation, out_dtype=out_dtype)
 
 
+def _no_tokens(x, *inputs) -> torch.Tensor:
+    """The layer's output for no tokens: zeros of x's shape, still in the autograd graph of every input that needs a
+    gradient (each gets zeros), through an empty slice's sum (0 exactly, whatever the input holds)."""
+    y = x.new_zeros(x.shape)
+    for t in (x, *inputs):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            y = y + t.reshape(-1)[:0].sum().to(y.dtype)
+    return y
+
+
 def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits, top_k,
                      routing, activation, folded, backend) -> torch.Tensor:
     """:func:`moe_w4a8` / :func:`moe_mxfp4`: route, check, then ``run_folded`` on the experts folded (the Triton
@@ -365,7 +375,7 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
         raise ValueError(f"router_logits {tuple(router_logits.shape)} route over {router_logits.shape[-1]} experts "
                          f"but the experts hold E={E} (no expert parallelism here)")
     if x2.shape[0] == 0:
-        return x.new_zeros(x.shape)
+        return _no_tokens(x, b_gate_up, b_down, router_logits)
     grad = needs_grad(x, b_gate_up, b_down, router_logits)
     if run_reference is _mxfp4_reference and needs_grad(x, b_gate_up):
         raise ValueError("moe_mxfp4 has no gradient for x or b_gate_up (their MXFP4 quantizations are not "
@@ -389,5 +399,5 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
     lead, H = x.shape[:-1], x.shape[-1]
     if x2.shape[0] == 0:
-        return x.new_zeros(x.shape)
+        return _no_tokens(x, b_gate_up, b_down, router_logits)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

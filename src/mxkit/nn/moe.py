@@ -574,12 +574,16 @@ class MXMoE(_ops.Handled, nn.Module):
         """Keep only this rank's experts (in place) and run forward expert-parallel over ``group``.
 
         ranges: every rank's (lo, hi); default :func:`mxkit.distributed.expert_ranges` (E, world size).
-        The module must hold every expert (a shard of a full module). Returns ``self``.
+        The module must hold every expert (a shard of a full module). Returns ``self``. Raises ValueError for a
+        module of quantized activations (``act_format``), which has no expert-parallel path.
         """
         import torch.distributed as dist
 
         if self.expert_range != (0, self.num_experts):
             raise ValueError(f"shard_experts needs a module holding every expert, this one holds {self.expert_range}")
+        if self.act_format is not None:
+            raise ValueError(f"act_format={self.act_format!r}: the quantized-activation layers have no expert "
+                             f"parallelism (shard a module of bf16 activations)")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
         check_expert_ranges(ranges, self.num_experts, world)

@@ -1,0 +1,338 @@
+"""Checks of mxkit.gpt_oss and mxkit.packed found by mutation testing: documented behaviour that no other test
+checked (config validation, the modules_to_not_convert match, mxtensor_from_blocks / blocks_from_mxtensor errors,
+duplicate tensors across single files, save-time shape / dtype checks, the synthetic writer's documented config and
+scale range, and PackedWeight / Fp8Rowwise's checks, .to and pytree round trip)."""
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import mxkit
+from mxkit import gpt_oss
+from mxkit.gpt_oss import CheckpointError, moe_tensor_name
+from mxkit.packed import Fp8Rowwise, PackedWeight, partial_stats_host
+
+safetensors = pytest.importorskip("safetensors")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+# small dims for CPU tests, as in test_gpt_oss.py: H != I so that a transposed expert cannot pass
+SMALL = dict(num_experts=4, hidden_size=64, intermediate_size=96, vocab_size=100, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16)
+
+
+def _seed(rng) -> int:
+    return int(torch.randint(0, 2**62, (), generator=rng))
+
+
+def _write(tmp_path, rng, name="src", **kw) -> Path:
+    return gpt_oss.write_synthetic_gpt_oss(tmp_path / name, seed=_seed(rng), **{**SMALL, **kw})
+
+
+def _file_tensors(path: Path) -> dict:
+    with safe_open(str(path), framework="pt") as fh:
+        return {k: fh.get_tensor(k) for k in fh.keys()}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _rewrite(path: Path, edit) -> None:
+    tensors = {k: v.clone() for k, v in _file_tensors(path).items()}
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+# --------------------------------------------------------------------------------------------------------
+# config.json
+
+
+def test_moe_tensor_name_rejects_an_unknown_role():
+    assert moe_tensor_name(3, "router.bias") == "model.layers.3.mlp.router.bias"
+    assert moe_tensor_name(3, "down_proj_scales") == "model.layers.3.mlp.experts.down_proj_scales"
+    with pytest.raises(ValueError, match="unknown MoE tensor role 'up_proj_blocks'"):
+        moe_tensor_name(0, "up_proj_blocks")
+
+
+def test_config_sizes_must_be_positive_ints_and_multiples_of_the_block(tmp_path, rng):
+    """A bool size (JSON true) is not an int size; intermediate_size is checked against the MXFP4 block as
+    hidden_size is (named in the message, not a later shape error)."""
+    root = _write(tmp_path, rng, num_layers=1)
+    good = (root / "config.json").read_text()
+    for edit, message in ((dict(num_hidden_layers=True), "num_hidden_layers=True (need positive integers)"),
+                          (dict(num_local_experts=True), "num_local_experts=True (need positive integers)"),
+                          (dict(intermediate_size=80), "intermediate_size=80 is not a multiple of the MXFP4 block 32")):
+        _edit_json(root / "config.json", lambda d: d.update(edit))
+        with pytest.raises(CheckpointError) as e:
+            gpt_oss.load_gpt_oss(root, progress=False)
+        assert message in str(e.value), str(e.value)
+        (root / "config.json").write_text(good)
+    assert gpt_oss.load_gpt_oss(root, progress=False).dims.num_layers == 1
+
+
+def test_modules_to_not_convert_matches_as_transformers_does(tmp_path, rng):
+    """transformers' should_convert_module: a regex from the start up to a module boundary, or a suffix. A prefix
+    that stops inside a name ("experts" vs "exp") does not keep the experts; a suffix ("mlp.experts") keeps them in
+    every layer; a layer prefix ("model.layers.1") keeps that layer's, not layer 10's or 11's."""
+    root = _write(tmp_path, rng, num_layers=12, num_experts=2, top_k=2, hidden_size=32, intermediate_size=32)
+
+    def load_with(patterns):
+        _edit_json(root / "config.json", lambda d: d["quantization_config"].update(modules_to_not_convert=patterns))
+        return gpt_oss.load_gpt_oss(root, layers=[0], progress=False)
+
+    for patterns in (["model.layers.1.mlp.exp"], ["model.layers.1.mlp.experts_x"], ["mlp.router", "lm_head"]):
+        assert [m.layer for m in load_with(patterns).layers] == [0], patterns
+    for patterns, kept in ((["mlp.experts"], list(range(12))), (["experts"], list(range(12))),
+                           (["model.layers.1"], [1]), (["model.layers.1.mlp.experts"], [1])):
+        with pytest.raises(CheckpointError, match=re.escape(f"keeps the experts of layers {kept} ")):
+            load_with(patterns)
+
+
+def test_is_gpt_oss_mxfp4_dir_needs_the_model_type(tmp_path, rng):
+    root = _write(tmp_path, rng, num_layers=1)
+    assert gpt_oss.is_gpt_oss_mxfp4_dir(root)
+    _edit_json(root / "config.json", lambda d: d.update(model_type="llama"))  # (quantization_config still mxfp4)
+    assert not gpt_oss.is_gpt_oss_mxfp4_dir(root)
+
+
+# --------------------------------------------------------------------------------------------------------
+# blocks <-> MXTensor
+
+
+def test_mxtensor_from_blocks_errors_are_checkpoint_errors(rng):
+    G = 3
+    blocks = torch.randint(0, 256, (2, 5, G, 16), dtype=torch.uint8, generator=rng)
+    scales = torch.randint(100, 140, (2, 5, G), dtype=torch.uint8, generator=rng)
+    t = gpt_oss.mxtensor_from_blocks(blocks, scales, "w")
+    assert tuple(t.shape) == (2, 5, 96) and torch.equal(t.qdata, blocks.reshape(2, 5, 16 * G))
+    for b, s, message in ((blocks, scales.view(torch.int8), "w: scales must be uint8, got torch.int8"),
+                          (blocks.view(torch.int8), scales, "w: blocks must be uint8, got torch.int8"),
+                          (blocks[..., :8], scales, r"w: blocks \(2, 5, 3, 8\) and scales \(2, 5, 3\) do not pair"),
+                          (blocks.reshape(2, 5, G, 8, 2), scales.reshape(2, 5, G, 1).expand(2, 5, G, 8),
+                           "do not pair")):
+        with pytest.raises(CheckpointError, match=message):
+            gpt_oss.mxtensor_from_blocks(b, s, "w")
+
+
+def test_blocks_from_mxtensor_refuses_other_layouts(rng):
+    """Only MXFP4 along the last axis, blocks of 32, plain scales reshape to GPT-OSS blocks; any other is a
+    CheckpointError naming the tensor (not a silent reshape of the wrong bytes, nor a torch error)."""
+    x = torch.randn(2, 128, 256, generator=rng)
+    good = mxkit.quantize(x, "mxfp4")
+    b, s = gpt_oss.blocks_from_mxtensor(good, "w")
+    assert tuple(b.shape) == (2, 128, 8, 16) and torch.equal(b.reshape(2, 128, 128), good.qdata)
+    others = {
+        "block 16": mxkit.quantize(x, "mxfp4", block_size=16),
+        "axis 1": mxkit.quantize(x, "mxfp4", axis=1),
+        "swizzled": mxkit.quantize(x[0], "mxfp4", scale_layout="nvidia_128x4"),
+    }
+    for what, t in others.items():
+        with pytest.raises(CheckpointError, match="w: GPT-OSS stores mxfp4_e2m1 along the last axis"):
+            gpt_oss.blocks_from_mxtensor(t, "w")
+    assert gpt_oss.blocks_from_mxtensor(mxkit.quantize(x[0], "mxfp4"))[0].shape == (128, 8, 16)
+
+
+# --------------------------------------------------------------------------------------------------------
+# reading
+
+
+def test_a_tensor_in_two_single_files_is_an_error(tmp_path, rng):
+    """Without an index, every *.safetensors file is read: a tensor held by two of them is ambiguous."""
+    root = _write(tmp_path, rng, num_layers=1)
+    name = moe_tensor_name(0, "router.bias")
+    save_file({name: _file_tensors(root / "model.safetensors")[name].clone()}, str(root / "extra.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        gpt_oss.load_gpt_oss(root, progress=False)
+    assert f"{name} is in both" in str(e.value) and "extra.safetensors" in str(e.value), str(e.value)
+
+
+def test_a_same_size_wrong_shape_is_refused_on_load(tmp_path, rng):
+    """The header's shape is compared, not its element count: a transposed router weight [H, E] is refused."""
+    root = _write(tmp_path, rng, num_layers=1)
+    name = moe_tensor_name(0, "router.weight")
+    _rewrite(root / "model.safetensors", lambda t: t.update({name: t[name].T.contiguous()}))
+    with pytest.raises(CheckpointError, match=rf"{name} in .*: shape \[64, 4\], expected \[4, 64\]"):
+        gpt_oss.load_gpt_oss(root, progress=False)
+
+
+def test_float32_and_float16_biases_and_router_load_and_round_trip(tmp_path, rng):
+    """BF16 / F16 / F32 are the documented dtypes of biases and router: loaded as stored, saved byte for byte."""
+    root = _write(tmp_path, rng, num_layers=1)
+    roles = {"gate_up_proj_bias": torch.float32, "down_proj_bias": torch.float16, "router.weight": torch.float32,
+             "router.bias": torch.float16}
+
+    def cast(t):
+        for role, dtype in roles.items():
+            t[moe_tensor_name(0, role)] = t[moe_tensor_name(0, role)].to(dtype)
+
+    _rewrite(root / "model.safetensors", cast)
+    m = gpt_oss.load_gpt_oss(root, progress=False).layer(0)
+    files = _file_tensors(root / "model.safetensors")
+    for role, t in (("gate_up_proj_bias", m.gate_up_bias), ("down_proj_bias", m.down_bias),
+                    ("router.weight", m.router_weight), ("router.bias", m.router_bias)):
+        assert t.dtype == roles[role] and _same_bytes(t, files[moe_tensor_name(0, role)]), role
+    dst = gpt_oss.save_gpt_oss(gpt_oss.load_gpt_oss(root, progress=False), tmp_path / "dst", progress=False)
+    assert (dst / "model.safetensors").read_bytes() == (root / "model.safetensors").read_bytes()
+
+
+def test_negative_layer_index_is_out_of_range(tmp_path, rng):
+    root = _write(tmp_path, rng, num_layers=2)
+    with pytest.raises(ValueError, match=r"layers \[-1\] out of range for num_hidden_layers=2"):
+        gpt_oss.load_gpt_oss(root, layers=[-1], progress=False)
+
+
+# --------------------------------------------------------------------------------------------------------
+# saving
+
+
+def test_save_refuses_same_size_tensors_of_another_shape_or_dtype(tmp_path, rng):
+    """A save keeps the directory's shapes and dtypes, compared exactly: a transposed router weight (same element
+    count) and a float16 bias in a BF16 slot (same byte count) are refused, and nothing is written."""
+    src = _write(tmp_path, rng, num_layers=1)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m0 = ckpt.layer(0)
+    cases = [
+        (dataclasses.replace(m0, router_weight=torch.randn(64, 4, generator=rng).to(torch.bfloat16)),
+         r"router.weight: the tensor to save is torch.bfloat16 \[64, 4\], but .* holds BF16 \[4, 64\]"),
+        (dataclasses.replace(m0, gate_up_bias=m0.gate_up_bias.to(torch.float16)),
+         r"gate_up_proj_bias: the tensor to save is torch.float16 \[4, 192\], but .* holds BF16 \[4, 192\]"),
+        (dataclasses.replace(m0, down_bias=m0.down_bias.view(torch.int16)), r"down_proj_bias: .*torch.int16"),
+    ]
+    for moe, message in cases:
+        with pytest.raises(CheckpointError, match=message):
+            gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "dst", progress=False)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# the synthetic directory
+
+
+def test_synthetic_writer_documented_config_and_scale_range(tmp_path, rng):
+    """scale_range is inclusive at both ends; experts_per_token = num_experts_per_tok = top_k; a small vocabulary
+    moves pad / eos to vocab_size - 1 / - 2; a reversed scale_range is a ValueError and writes nothing."""
+    root = _write(tmp_path, rng, num_layers=1, top_k=2, scale_range=(120, 121))
+    cfg = json.loads((root / "config.json").read_text())
+    assert (cfg["experts_per_token"], cfg["num_experts_per_tok"]) == (2, 2)
+    assert (cfg["pad_token_id"], cfg["eos_token_id"]) == (99, 98)
+    tensors = _file_tensors(root / "model.safetensors")
+    for proj in ("gate_up_proj", "down_proj"):
+        s = tensors[moe_tensor_name(0, f"{proj}_scales")]
+        assert torch.equal(torch.bincount(s.reshape(-1).long(), minlength=256).nonzero().flatten(),
+                           torch.tensor([120, 121])), proj  # (768 / 1536 bytes: both values, surely)
+    with pytest.raises(ValueError, match=r"scale_range=\(130, 120\) must be finite E8M0 bytes lo <= hi"):
+        _write(tmp_path, rng, "bad", num_layers=1, scale_range=(130, 120))
+    assert not (tmp_path / "bad").exists()
+
+
+def test_synthetic_shards_as_many_as_tensors_are_non_empty(tmp_path, rng):
+    """shards may be as large as the number of tensors (documented range): every shard then holds exactly one."""
+    probe = _write(tmp_path, rng, "probe", num_layers=1)
+    n = len(_file_tensors(probe / "model.safetensors"))
+    root = _write(tmp_path, rng, num_layers=1, shards=n)
+    wmap = json.loads((root / gpt_oss.INDEX_NAME).read_text())["weight_map"]
+    files = sorted(root.glob("*.safetensors"))
+    assert len(wmap) == n and len(files) == n and sorted(set(wmap.values())) == [f.name for f in files]
+    assert all(len(_file_tensors(f)) == 1 for f in files)
+    with pytest.raises(ValueError, match=rf"shards={n + 1} must be an int from 1 to {n}"):
+        _write(tmp_path, rng, "too_many", num_layers=1, shards=n + 1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# mxkit.packed
+
+
+def test_fp8_rowwise_checks_dtypes_shapes_and_devices():
+    data = torch.randn(3, 64).to(torch.float8_e4m3fn)
+    scale = torch.rand(3, 1) + 0.5
+    a = Fp8Rowwise(data, scale)
+    assert torch.equal(a.dequantize(), data.float() * scale)
+    one = Fp8Rowwise(data[0], scale[0])  # 1-D (K,) with scale (1,)
+    assert torch.equal(one.dequantize(), data[0].float() * scale[0])
+    with pytest.raises(TypeError, match="data must be a torch.float8_e4m3fn tensor, got torch.float32"):
+        Fp8Rowwise(data.float(), scale)
+    with pytest.raises(TypeError, match="data must be a torch.float8_e4m3fn tensor, got torch.float8_e5m2"):
+        Fp8Rowwise(data.to(torch.float8_e5m2), scale)
+    with pytest.raises(TypeError, match="scale must be a float32 tensor, got torch.bfloat16"):
+        Fp8Rowwise(data, scale.bfloat16())
+    for bad in (torch.ones(3, 2), torch.ones(1, 3), torch.ones(3), torch.ones(2, 1)):
+        with pytest.raises(ValueError, match=r"scale has shape .*expected \(3, 1\)"):
+            Fp8Rowwise(data, bad)
+    with pytest.raises(ValueError, match="data is on cpu but scale on meta"):
+        Fp8Rowwise(data, scale.to("meta"))
+
+
+def test_packed_weight_to_moves_every_tensor(rng):
+    """to(device) moves every tensor (folded data / scale / owner, special_rows, the decode layout, the pending
+    scale statistics), checked on the meta device, the one other device a CPU has."""
+    w = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4")
+    full, flt = mxkit.pack_weight(w), mxkit.pack_weight(w, act="float")
+    assert full.folded is not None and full.mma_q is not None and isinstance(flt.stats, torch.Tensor)
+    for pw in (full, flt):
+        m = pw.to("meta")
+        tensors = [m.source.qdata, m.source.scale, m.special_rows, m.mma_q, m.mma_s]
+        if m.folded is not None:
+            tensors += [m.folded.data, m.folded.scale, m.folded.owner]
+        if isinstance(m.stats, torch.Tensor):
+            tensors.append(m.stats)
+        assert all(t.device.type == "meta" for t in tensors), [t.device for t in tensors]
+
+
+def test_packed_weight_pytree_round_trip_keeps_each_field(rng):
+    """tree_unflatten(tree_flatten(pw)) puts every leaf back in its own field (mma_q and mma_s differ in shape but
+    not in what nbytes counts, so a swap is visible only field by field)."""
+    w = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4")
+    pw = mxkit.pack_weight(w, dense=torch.bfloat16)
+    leaves, spec = pytree.tree_flatten(pw)
+    back = pytree.tree_unflatten(leaves, spec)
+    assert isinstance(back, PackedWeight) and back is not pw
+    for field in ("special_rows", "mma_q", "mma_s", "dense"):
+        assert getattr(back, field) is getattr(pw, field), field
+    assert back.source.qdata is pw.source.qdata and back.folded.data is pw.folded.data
+    assert back.stats == pw.stats
+
+
+def test_packed_weight_state_dict_keeps_scale_mode_and_rounding(rng):
+    w = mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp6_e2m3", scale_mode="even", rounding="away")
+    sd = mxkit.pack_weight(w).state_dict()
+    assert (sd["scale_mode"], sd["rounding"]) == ("even", "away")
+    back = PackedWeight.source_from_state_dict(sd)
+    assert (back.scale_mode, back.rounding, back.fmt.name, tuple(back.shape)) == (w.scale_mode, w.rounding,
+                                                                                   "mxfp6_e2m3", (32, 64))
+    assert torch.equal(back.qdata, w.qdata) and torch.equal(back.scale, w.scale)
+
+
+def test_partial_stats_host_reduces_every_part():
+    """(scale_min, scale_max, has_nan) of P per-part rows: the minimum of the minima, the maximum of the maxima,
+    any part's NaN flag (a bool), whichever part holds them."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)
+    for _ in range(20):
+        P = int(torch.randint(2, 9, (), generator=g))
+        lo = torch.randint(0, 200, (P,), generator=g)
+        hi = lo + torch.randint(0, 50, (P,), generator=g)
+        nan = torch.zeros(P, dtype=torch.int64)
+        nan[int(torch.randint(1, P, (), generator=g))] = 1  # a NaN flag past the first part
+        part = torch.stack([lo, hi, nan], 1).to(torch.int32)
+        got = partial_stats_host(part)
+        assert got == (int(lo.min()), int(hi.max()), True) and type(got[2]) is bool
+        got = partial_stats_host(part * torch.tensor([1, 1, 0], dtype=torch.int32))
+        assert got[2] is False
+    empty_part = torch.tensor([[255, -1, 1], [7, 9, 0]], dtype=torch.int32)  # a part with only NaN bytes
+    assert partial_stats_host(empty_part) == (7, 9, True)

@@ -1,0 +1,346 @@
+"""MoE checks found by mutation testing of ``mxkit/moe.py``, ``mxkit/moe_reference.py`` and ``mxkit/nn/moe.py``:
+behaviours the documentation promises that no other test checked. Most tests name the mutant they were written
+against (a one-line change that every other CPU test let pass, and the test fails on).
+
+Oracles are written here in float64 from the definitions: expert weights decoded with conftest's
+``oracle_unpack`` + ml_dtypes (not mxkit's dequantize), routing as a stable sort of float64 logits and a float64
+softmax, the layer as a loop over tokens and their selected experts. Random inputs come from conftest's ``rng``
+(a fresh seed per test, printed for replay).
+"""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import mxkit
+from conftest import ml_decode, oracle_unpack
+from mxkit.moe_reference import route
+from mxkit.nn import MXMoE
+
+moe_op = sys.modules["mxkit.moe"]  # the module (the name ``mxkit.moe`` is the function, exported by mxkit)
+
+H, I = 64, 32  # noqa: E741  (hidden, expert intermediate: both multiples of the block of 32)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Many small torch ops: one thread per test (as tests/test_moe.py), restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# --- float64 oracles ----------------------------------------------------------------------------------------
+
+
+def oracle_weights(q: torch.Tensor, s: torch.Tensor, fmt: str, block: int = 32) -> np.ndarray:
+    """float64 values of MX expert bytes (E, N, K/pack) with E8M0 scales (E, N, K/block), decoded by ml_dtypes."""
+    codes = oracle_unpack(q, fmt).numpy()
+    return ml_decode(codes, fmt) * np.ldexp(1.0, s.numpy().astype(np.int64) - 127).repeat(block, axis=-1)
+
+
+def oracle_route(logits: np.ndarray, k: int):
+    """GPT-OSS routing in float64: the k largest logits (ties to the lower index), softmax over those k."""
+    ids = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    top = np.take_along_axis(logits, ids, axis=-1)
+    e = np.exp(top - top.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True), ids
+
+
+def oracle_mxmoe(m: MXMoE, x: torch.Tensor, router_w: torch.Tensor, router_b) -> np.ndarray:
+    """The layer of a GPT-OSS MXMoE (routing gpt_oss, activation swiglu_gpt_oss, all experts held) on x (T, H),
+    in float64: the router from ``router_w`` / ``router_b`` (the dense router the module was built from), the
+    experts from the module's bytes decoded here, a loop over tokens and their experts."""
+    fmt = m.weight_format.name
+    Wgu = oracle_weights(m.gate_up_qdata, m.gate_up_scale, fmt)
+    Wd = oracle_weights(m.down_qdata, m.down_scale, fmt)
+    bgu = m.gate_up_bias.detach().double().numpy() if m.gate_up_bias is not None else np.zeros(Wgu.shape[:2])
+    bd = m.down_bias.detach().double().numpy() if m.down_bias is not None else np.zeros(Wd.shape[:2])
+    x64 = x.double().numpy()
+    logits = x64 @ router_w.detach().double().numpy().T
+    if router_b is not None:
+        logits = logits + router_b.detach().double().numpy()
+    w, ids = oracle_route(logits, m.top_k)
+    out = np.zeros((x.shape[0], Wd.shape[1]))
+    for t in range(x.shape[0]):
+        for j in range(m.top_k):
+            e = ids[t, j]
+            h = Wgu[e] @ x64[t] + bgu[e]
+            gate, up = np.minimum(h[0::2], 7.0), np.clip(h[1::2], -7.0, 7.0)
+            a = (up + 1.0) * gate / (1.0 + np.exp(-1.702 * gate))
+            out[t] += w[t, j] * (Wd[e] @ a + bd[e])
+    return out
+
+
+def assert_close_to_oracle(y: torch.Tensor, ref: np.ndarray, rtol: float):
+    """|y - ref| <= rtol * max|ref| elementwise (ref float64)."""
+    ref = torch.from_numpy(ref)
+    err = (y.double() - ref).abs().max().item()
+    bound = rtol * ref.abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > bound {bound:.3g}"
+
+
+def dense_experts(E, rng, bias=True, scale=0.4):
+    w_gu = torch.randn(E, 2 * I, H, generator=rng) * scale
+    w_d = torch.randn(E, H, I, generator=rng) * scale
+    b_gu = torch.randn(E, 2 * I, generator=rng) if bias else None
+    b_d = torch.randn(E, H, generator=rng) if bias else None
+    return w_gu, b_gu, w_d, b_d
+
+
+# the module computes its logits in float32 (nn.Linear), routes them with a float32 softmax and sums in float64
+# with one rounding to float32: against the float64 oracle the difference is the float32 logits' and weights'
+# error, a few 2^-24 relative (1e-5 of the output's magnitude leaves a wide margin, and a mutant moves it by O(1))
+LAYER_RTOL = 1e-5
+
+
+# --- routing and the layer at top_k = E -------------------------------------------------------------------
+
+
+def test_route_and_mxmoe_take_every_expert(rng):
+    """top_k = E is in the documented range [1, E]: route selects every expert (by decreasing logit, weights the
+    softmax over all of them) and an MXMoE with top_k = num_experts builds and computes the float64 layer.
+    (Mutants: ``1 <= top_k < E`` in MXMoE.__init__ and in moe_reference._check_top_k.)"""
+    E, T = 4, 9
+    logits = torch.randn(T, E, generator=rng, dtype=torch.float64)
+    w, ids = route(logits, E)
+    ref_w, ref_ids = oracle_route(logits.numpy(), E)
+    assert torch.equal(ids.long(), torch.from_numpy(ref_ids))
+    torch.testing.assert_close(w.double(), torch.from_numpy(ref_w), rtol=1e-6, atol=1e-7)  # float32 softmax
+
+    router = nn.Linear(H, E)
+    w_gu, b_gu, w_d, b_d = dense_experts(E, rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, E, "mxfp4")
+    assert m.top_k == E
+    x = torch.randn(T, H, generator=rng)
+    with torch.no_grad():
+        y = m(x)
+    assert_close_to_oracle(y, oracle_mxmoe(m, x, router.weight, router.bias), LAYER_RTOL)
+
+
+def test_mxmoe_from_dense_keeps_a_bias_free_router(rng):
+    """A router without a bias stays without one (no randomly initialised bias slipped in): the module's
+    router has bias None and its forward is the float64 layer of x @ W.T. (Mutant: ``router_bias=True`` in
+    MXMoE._filled.)"""
+    E, k, T = 8, 2, 7
+    router = nn.Linear(H, E, bias=False)
+    m = MXMoE.from_dense(router, *dense_experts(E, rng), k, "mxfp4")
+    assert m.router.bias is None and "router.bias" not in m.state_dict()
+    x = torch.randn(T, H, generator=rng)
+    with torch.no_grad():
+        y = m(x)
+    assert_close_to_oracle(y, oracle_mxmoe(m, x, router.weight, None), LAYER_RTOL)
+
+
+# --- MXMoE constructors -------------------------------------------------------------------------------------
+
+
+def test_mxmoe_constructor_names_an_unknown_routing():
+    """An unknown routing name fails at construction, naming it (not at the first forward). (Mutant: the
+    ``routing not in ROUTING_MODES`` check skipped.)"""
+    with pytest.raises(ValueError, match="unknown routing='sigmoid'"):
+        MXMoE(H, I, 4, 2, "mxfp4", routing="sigmoid")
+
+
+def test_from_hf_gpt_oss_refuses_another_swiglu(rng):
+    """from_hf_gpt_oss raises ValueError for a GptOssExperts whose swiglu limit or alpha is not GPT-OSS's 7.0 /
+    1.702 (MXMoE implements only those) rather than convert it to a layer computing something else. (Mutant: the
+    alpha / limit check skipped.)"""
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    from transformers import GptOssConfig
+
+    def mlp(**kw):
+        cfg = GptOssConfig(num_hidden_layers=1, hidden_size=H, intermediate_size=I, num_local_experts=4,
+                           num_experts_per_tok=2, vocab_size=128, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, **kw)
+        block = gpt_oss.GptOssMLP(cfg)
+        with torch.no_grad():
+            for p in block.parameters():
+                p.normal_(generator=rng)
+        return block
+
+    assert MXMoE.from_hf_gpt_oss(mlp()).top_k == 2  # the default config converts
+    with pytest.raises(ValueError, match="limit=5.0"):
+        MXMoE.from_hf_gpt_oss(mlp(swiglu_limit=5.0))
+    other = mlp()
+    other.experts.alpha = 1.5
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        MXMoE.from_hf_gpt_oss(other)
+
+
+def test_from_dense_and_from_mx_refuse_an_odd_gate_up(rng):
+    """A gate_up of odd N (gate and up cannot pair) is a ValueError naming it, in from_dense and from_mx (a
+    RuntimeError from copy_ into the buffers otherwise). (Mutant: ``gs[1] % 2`` dropped from _expert_dims.)"""
+    E, k = 4, 2
+    router = nn.Linear(H, E)
+    w_gu, w_d = torch.randn(E, 2 * I + 1, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    with pytest.raises(ValueError, match=r"w_gate_up has shape \(4, 65, 64\)"):
+        MXMoE.from_dense(router, w_gu, None, w_d, None, k, "mxfp4")
+    with pytest.raises(ValueError, match=r"gate_up has shape \(4, 65, 64\)"):
+        MXMoE.from_mx(router, mxkit.quantize(w_gu, "mxfp4"), None, mxkit.quantize(w_d, "mxfp4"), None, k)
+
+
+def _tie_blocks(shape, rng) -> torch.Tensor:
+    """Values whose MXFP4 elements sit on rounding ties: each block of 32 has its amax 6 * 2^s (scale 2^s under
+    every scale mode's FLOOR), the rest midpoints of the E2M1 grid (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) times
+    2^s with random signs, so RNE and round-away give other codes."""
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    v = mids[torch.randint(0, 7, shape, generator=rng)]
+    v = v * (torch.randint(0, 2, shape, generator=rng) * 2 - 1)
+    v = v.reshape(*shape[:-1], shape[-1] // 32, 32)
+    v[..., 0] = 6.0
+    s = torch.randint(-3, 4, v.shape[:-1] + (1,), generator=rng).to(torch.float32)
+    return (v * torch.exp2(s)).reshape(shape)
+
+
+@pytest.mark.parametrize("kw", [dict(scale_mode="ceil"), dict(rounding="away")], ids=["ceil", "away"])
+def test_from_dense_quantizes_with_the_module_settings(kw, rng):
+    """from_dense passes scale_mode / rounding to mxkit.quantize (as its docstring says): the module's bytes are
+    quantize's bytes with those settings, which differ here from the defaults'. (Mutants: scale_mode, or
+    rounding, not passed to quantize in from_dense.)"""
+    E, k = 4, 2
+    router = nn.Linear(H, E)
+    if "rounding" in kw:
+        w_gu, w_d = _tie_blocks((E, 2 * I, H), rng), _tie_blocks((E, H, I), rng)
+    else:
+        w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
+    m = MXMoE.from_dense(router, w_gu, None, w_d, None, k, "mxfp4", **kw)
+    for name, dense in (("gate_up", w_gu), ("down", w_d)):
+        want = mxkit.quantize(dense, "mxfp4", axis=-1, **kw)
+        default = mxkit.quantize(dense, "mxfp4", axis=-1)
+        got = (getattr(m, f"{name}_qdata"), getattr(m, f"{name}_scale"))
+        assert torch.equal(got[0], want.qdata) and torch.equal(got[1], want.scale), name
+        assert not (torch.equal(want.qdata, default.qdata) and torch.equal(want.scale, default.scale))
+
+
+# --- expert parallelism guards ------------------------------------------------------------------------------
+
+
+def test_shard_experts_refuses_a_module_holding_part_of_the_experts(rng):
+    """shard_experts needs a module holding every expert: a module of expert_range (1, 3) is refused with a
+    ValueError naming its range, before any process-group call. (Mutant: that check skipped.)"""
+    m = MXMoE(H, I, 4, 2, "mxfp4", expert_range=(1, 3))
+    with pytest.raises(ValueError, match=r"holding every expert, this one holds \(1, 3\)"):
+        m.shard_experts(ranges=[(0, 2), (2, 4)])
+
+
+@pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])
+def test_quantized_activation_mxmoe_refuses_expert_parallel_forward(act_format, rng):
+    """A W4A8 / MXFP4 x MXFP4 module with ``ep_ranges`` set (what shard_experts sets) raises NotImplementedError
+    on forward rather than run the local layer as if it were the whole one (they have no expert parallelism).
+    (Mutant: the ep_ranges check in MXMoE._experts skipped.)"""
+    E, k = 4, 2
+    m = MXMoE.from_dense(nn.Linear(H, E), *dense_experts(E, rng), k, "mxfp4", act_format=act_format)
+    m.ep_ranges = [(0, 2), (2, 4)]
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="expert parallelism"):
+        m(torch.randn(3, H, generator=rng))
+
+
+def test_shard_experts_refuses_a_quantized_activation_module(rng):
+    """shard_experts on a W4A8 / MXFP4 x MXFP4 module raises before it touches the process group or the experts
+    (the constructor refuses an expert_range for them; forward would raise only after the shard)."""
+    E, k = 4, 2
+    for act_format in ("fp8_e4m3_rowwise", "mxfp4"):
+        m = MXMoE.from_dense(nn.Linear(H, E), *dense_experts(E, rng), k, "mxfp4", act_format=act_format)
+        before = m.gate_up_qdata.clone()
+        with pytest.raises(ValueError, match="no expert parallelism"):
+            m.shard_experts(ranges=[(0, 2), (2, 4)])
+        assert m.expert_range == (0, E) and m.ep_ranges is None
+        assert torch.equal(before.view(torch.uint8), m.gate_up_qdata.view(torch.uint8))
+
+
+# --- the op module: mxkit.moe and friends -------------------------------------------------------------------
+
+
+def test_route_tokens_checks_the_leading_dims_not_their_count(rng):
+    """x (2, 3, H) and router_logits (3, 2, E) hold as many tokens but not the same ones: a ValueError naming the
+    leading dims, in route_tokens and moe. (Mutant: the leading dims compared by their product only.)"""
+    E = 8
+    x, logits = torch.randn(2, 3, H, generator=rng), torch.randn(3, 2, E, generator=rng)
+    with pytest.raises(ValueError, match="leading dims"):
+        moe_op.route_tokens(x, logits, 2, "gpt_oss")
+    w_gu, b_gu, w_d, b_d = (mxkit.quantize(t, "mxfp4", axis=-1) if t.dim() == 3 else t
+                            for t in dense_experts(E, rng))
+    with pytest.raises(ValueError, match="leading dims"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_layers_take_no_tokens(dtype, rng):
+    """moe_w4a8 / moe_mxfp4 (the unfolded entry points) and an MXMoE with an act_format, on x with no tokens
+    ((0, H) and (2, 0, H)): zeros of x's shape and dtype (moe_mxfp4 used to reach quantize of an empty tensor).
+    (Mutant: the T = 0 early return in moe._quantized_layer dropped.)"""
+    E, k = 4, 2
+    dense = dense_experts(E, rng)
+    w_gu, b_gu, w_d, b_d = (mxkit.quantize(t, "mxfp4", axis=-1) if t.dim() == 3 else t for t in dense)
+    for shape in ((0, H), (2, 0, H)):
+        x, logits = torch.zeros(shape, dtype=dtype), torch.zeros(*shape[:-1], E, dtype=dtype)
+        for fn in (moe_op.moe_w4a8, moe_op.moe_mxfp4):
+            y = fn(x, w_gu, b_gu, w_d, b_d, logits, k)
+            assert y.shape == shape and y.dtype == dtype, fn.__name__
+    for act_format in ("fp8_e4m3_rowwise", "mxfp4"):
+        m = MXMoE.from_dense(nn.Linear(H, E), *dense, k, "mxfp4", act_format=act_format).to(dtype)
+        with torch.no_grad():
+            y = m(torch.zeros(0, H, dtype=dtype))
+        assert y.shape == (0, H) and y.dtype == dtype, act_format
+
+
+def test_quantized_layers_with_no_tokens_keep_the_autograd_graph(rng):
+    """moe_w4a8 / moe_mxfp4 with no tokens and inputs that need a gradient: the zeros stay in the graph, so a
+    backward runs (as for mxkit.moe) and gives every such input zeros of its shape (it raised "does not require
+    grad" when the empty result was a fresh tensor)."""
+    E, k = 4, 2
+    dense = dense_experts(E, rng)
+    w_gu, b_gu, w_d, b_d = (mxkit.quantize(t, "mxfp4", axis=-1) if t.dim() == 3 else t for t in dense)
+    for fn, grads in ((moe_op.moe_w4a8, ("x", "b_gu", "b_d", "logits")), (moe_op.moe_mxfp4, ("b_d", "logits"))):
+        t = {"x": torch.randn(0, H), "b_gu": b_gu.clone(), "b_d": b_d.clone(), "logits": torch.randn(0, E)}
+        for name in grads:
+            t[name].requires_grad_(True)
+        y = fn(t["x"], w_gu, t["b_gu"], w_d, t["b_d"], t["logits"], k)
+        assert y.shape == (0, H) and y.requires_grad, fn.__name__
+        y.sum().backward()
+        for name in grads:
+            g = t[name].grad
+            assert g is not None and g.shape == t[name].shape and not g.any(), (fn.__name__, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_router_gpt_oss_on_cpu(dtype, bias, rng):
+    """mxkit.moe.router_gpt_oss off CUDA (the reference twin): logits = x @ W.T + b in float64 rounded to x's
+    dtype (within the double rounding float64 -> float32 -> dtype: half an ulp of dtype plus 2^-24 relative),
+    ids the k largest of those logits (ties to the lower index), weights their softmax (float32: 1e-6
+    relative). (Mutants: the fallback drops the bias; the fallback routes softmax_topk.)"""
+    T, E, k = 11, 8, 3
+    x = torch.randn(T, H, generator=rng).to(dtype)
+    w = (torch.randn(E, H, generator=rng) * H ** -0.5).to(dtype)
+    b = torch.randn(E, generator=rng).to(dtype) if bias else None
+    logits, weights, ids = moe_op.router_gpt_oss(x, w, b, k)
+    assert logits.dtype == dtype and logits.shape == (T, E)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (T, k)
+    ref = x.double().numpy() @ w.double().numpy().T + (b.double().numpy() if bias else 0.0)
+    half_ulp = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    err = np.abs(logits.double().numpy() - ref)
+    # (+ 2^-24 absolute: float16's subnormal logits, |ref| < 2^-14, have a half ulp of 2^-25)
+    assert (err <= (half_ulp + 2.0**-24) * np.abs(ref) + 2.0**-24).all(), err.max()
+    ref_w, ref_ids = oracle_route(logits.double().numpy(), k)  # routing of the returned logits
+    assert torch.equal(ids.long(), torch.from_numpy(ref_ids))
+    torch.testing.assert_close(weights.double(), torch.from_numpy(ref_w), rtol=1e-6, atol=1e-7)
+
+
+def test_moe_ignores_packed_off_the_triton_backend(rng):
+    """``packed`` is for the Triton backend's decode path and ignored elsewhere (moe_experts' docstring): on CPU
+    (backend reference or auto) moe with a packed argument is moe without it, bit for bit. (Mutant: packed
+    passed on to the reference, which takes no such argument.)"""
+    E, k = 8, 2
+    w_gu, b_gu, w_d, b_d = (mxkit.quantize(t, "mxfp4", axis=-1) if t.dim() == 3 else t
+                            for t in dense_experts(E, rng))
+    x, logits = torch.randn(5, H, generator=rng), torch.randn(5, E, generator=rng)
+    want = mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k, backend="reference")
+    for backend in ("reference", "auto"):
+        got = mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k, backend=backend, packed=(object(), object()))
+        assert torch.equal(got, want), backend

@@ -153,10 +153,10 @@ def test_from_hf_gpt_oss_refuses_another_swiglu(rng):
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
     from transformers import GptOssConfig
 
-    def mlp(**kw):
+    def mlp():
         cfg = GptOssConfig(num_hidden_layers=1, hidden_size=H, intermediate_size=I, num_local_experts=4,
                            num_experts_per_tok=2, vocab_size=128, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=16, **kw)
+                           head_dim=16)
         block = gpt_oss.GptOssMLP(cfg)
         with torch.no_grad():
             for p in block.parameters():
@@ -164,8 +164,11 @@ def test_from_hf_gpt_oss_refuses_another_swiglu(rng):
         return block
 
     assert MXMoE.from_hf_gpt_oss(mlp()).top_k == 2  # the default config converts
+    # (set on the module: transformers 5.17 holds limit = 7.0 whatever the config's swiglu_limit, 5.25 reads it)
+    other = mlp()
+    other.experts.limit = 5.0
     with pytest.raises(ValueError, match="limit=5.0"):
-        MXMoE.from_hf_gpt_oss(mlp(swiglu_limit=5.0))
+        MXMoE.from_hf_gpt_oss(other)
     other = mlp()
     other.experts.alpha = 1.5
     with pytest.raises(ValueError, match="alpha=1.5"):

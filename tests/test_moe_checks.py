@@ -164,7 +164,7 @@ def test_from_hf_gpt_oss_refuses_another_swiglu(rng):
         return block
 
     assert MXMoE.from_hf_gpt_oss(mlp()).top_k == 2  # the default config converts
-    # (set on the module: transformers 5.17 holds limit = 7.0 whatever the config's swiglu_limit, 5.25 reads it)
+    # (set on the module: transformers 5.17 holds limit = 7.0 whatever the config's swiglu_limit; 5.24 reads it)
     other = mlp()
     other.experts.limit = 5.0
     with pytest.raises(ValueError, match="limit=5.0"):

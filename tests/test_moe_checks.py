@@ -347,3 +347,40 @@ def test_moe_ignores_packed_off_the_triton_backend(rng):
     for backend in ("reference", "auto"):
         got = mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, k, backend=backend, packed=(object(), object()))
         assert torch.equal(got, want), backend
+
+
+def test_route_orders_signed_zeros_and_nans_on_cpu():
+    """route's documented order, checked without Triton (the interpreter test caught these mutants alone): -0.0
+    equals +0.0 (a tie: the lower expert first), NaN of either sign ranks above +inf, then the numbers."""
+    nan, inf = float("nan"), float("inf")
+    neg_nan = torch.tensor([nan]).neg()  # (sign bit set)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        logits = torch.tensor([[0.0, -0.0, 1.0, -1.0, -2.0], [-0.0, 0.0, -1.0, -3.0, -2.0],
+                               [1.0, inf, nan, 0.0, 2.0], [1.0, inf, 0.0, nan, 2.0]], dtype=dtype)
+        logits[3, 3] = neg_nan.to(dtype)[0]
+        _, ids = route(logits, 3, mode="softmax_topk")
+        assert ids.tolist() == [[2, 0, 1], [0, 1, 2], [2, 1, 4], [3, 1, 4]], dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_route_gpt_oss_softmax_runs_in_float32(dtype, rng):
+    """mode="gpt_oss" on bf16 / fp16 logits: the weights are the float32 softmax of the k selected logits, bit for
+    bit (not the softmax in the logits' dtype, which HF then rounds)."""
+    logits = (torch.randn(64, 16, generator=rng) * 3).to(dtype)
+    w, ids = route(logits, 4, mode="gpt_oss")
+    sel = logits.gather(1, ids.long()).to(torch.float32)
+    assert torch.equal(w, torch.softmax(sel, dim=-1))
+    assert not torch.equal(w, torch.softmax(logits.gather(1, ids.long()), dim=-1).to(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_router_logits_adds_the_bias_once(dtype, rng):
+    """mxkit.moe_reference.router_logits: x @ W.T + b, exact in float64, rounded to float32 then to x's dtype."""
+    from mxkit.moe_reference import router_logits
+
+    x, w = torch.randn(9, 96, generator=rng).to(dtype), torch.randn(8, 96, generator=rng).to(dtype)
+    b = (torch.randn(8, generator=rng) * 4).to(dtype)
+    want = (x.double() @ w.double().T + b.double()).to(torch.float32).to(dtype)
+    assert torch.equal(router_logits(x, w, b).view(torch.uint8), want.view(torch.uint8))
+    want0 = (x.double() @ w.double().T).to(torch.float32).to(dtype)
+    assert torch.equal(router_logits(x, w).view(torch.uint8), want0.view(torch.uint8))

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,46 +18,8 @@ from mxkit.gpt_oss import CheckpointError, moe_tensor_name
 from mxkit.packed import Fp8Rowwise, PackedWeight, partial_stats_host
 
 safetensors = pytest.importorskip("safetensors")
-from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-
-# small dims for CPU tests, as in test_gpt_oss.py: H != I so that a transposed expert cannot pass
-SMALL = dict(num_experts=4, hidden_size=64, intermediate_size=96, vocab_size=100, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
-
-
-def _seed(rng) -> int:
-    return int(torch.randint(0, 2**62, (), generator=rng))
-
-
-def _write(tmp_path, rng, name="src", **kw) -> Path:
-    return gpt_oss.write_synthetic_gpt_oss(tmp_path / name, seed=_seed(rng), **{**SMALL, **kw})
-
-
-def _file_tensors(path: Path) -> dict:
-    with safe_open(str(path), framework="pt") as fh:
-        return {k: fh.get_tensor(k) for k in fh.keys()}
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
-
-
-def _edit_json(path: Path, edit) -> None:
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
-
-
-def _rewrite(path: Path, edit) -> None:
-    tensors = {k: v.clone() for k, v in _file_tensors(path).items()}
-    edit(tensors)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
+from test_gpt_oss import _edit_json, _file_tensors, _rewrite, _same_bytes, _write  # noqa: E402  (its helpers)
 
 # --------------------------------------------------------------------------------------------------------
 # config.json
@@ -157,7 +118,7 @@ def test_a_tensor_in_two_single_files_is_an_error(tmp_path, rng):
     """Without an index, every *.safetensors file is read: a tensor held by two of them is ambiguous."""
     root = _write(tmp_path, rng, num_layers=1)
     name = moe_tensor_name(0, "router.bias")
-    save_file({name: _file_tensors(root / "model.safetensors")[name].clone()}, str(root / "extra.safetensors"))
+    save_file({name: _file_tensors(root / "model.safetensors")[0][name].clone()}, str(root / "extra.safetensors"))
     with pytest.raises(CheckpointError) as e:
         gpt_oss.load_gpt_oss(root, progress=False)
     assert f"{name} is in both" in str(e.value) and "extra.safetensors" in str(e.value), str(e.value)
@@ -184,7 +145,7 @@ def test_float32_and_float16_biases_and_router_load_and_round_trip(tmp_path, rng
 
     _rewrite(root / "model.safetensors", cast)
     m = gpt_oss.load_gpt_oss(root, progress=False).layer(0)
-    files = _file_tensors(root / "model.safetensors")
+    files = _file_tensors(root / "model.safetensors")[0]
     for role, t in (("gate_up_proj_bias", m.gate_up_bias), ("down_proj_bias", m.down_bias),
                     ("router.weight", m.router_weight), ("router.bias", m.router_bias)):
         assert t.dtype == roles[role] and _same_bytes(t, files[moe_tensor_name(0, role)]), role
@@ -232,7 +193,7 @@ def test_synthetic_writer_documented_config_and_scale_range(tmp_path, rng):
     cfg = json.loads((root / "config.json").read_text())
     assert (cfg["experts_per_token"], cfg["num_experts_per_tok"]) == (2, 2)
     assert (cfg["pad_token_id"], cfg["eos_token_id"]) == (99, 98)
-    tensors = _file_tensors(root / "model.safetensors")
+    tensors = _file_tensors(root / "model.safetensors")[0]
     for proj in ("gate_up_proj", "down_proj"):
         s = tensors[moe_tensor_name(0, f"{proj}_scales")]
         assert torch.equal(torch.bincount(s.reshape(-1).long(), minlength=256).nonzero().flatten(),
@@ -245,12 +206,12 @@ def test_synthetic_writer_documented_config_and_scale_range(tmp_path, rng):
 def test_synthetic_shards_as_many_as_tensors_are_non_empty(tmp_path, rng):
     """shards may be as large as the number of tensors (documented range): every shard then holds exactly one."""
     probe = _write(tmp_path, rng, "probe", num_layers=1)
-    n = len(_file_tensors(probe / "model.safetensors"))
+    n = len(_file_tensors(probe / "model.safetensors")[0])
     root = _write(tmp_path, rng, num_layers=1, shards=n)
     wmap = json.loads((root / gpt_oss.INDEX_NAME).read_text())["weight_map"]
     files = sorted(root.glob("*.safetensors"))
     assert len(wmap) == n and len(files) == n and sorted(set(wmap.values())) == [f.name for f in files]
-    assert all(len(_file_tensors(f)) == 1 for f in files)
+    assert all(len(_file_tensors(f)[0]) == 1 for f in files)
     with pytest.raises(ValueError, match=rf"shards={n + 1} must be an int from 1 to {n}"):
         _write(tmp_path, rng, "too_many", num_layers=1, shards=n + 1)
 

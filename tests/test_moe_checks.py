@@ -9,6 +9,7 @@ softmax, the layer as a loop over tokens and their selected experts. Random inpu
 """
 
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,31 +17,23 @@ import torch
 from torch import nn
 
 import mxkit
-from conftest import ml_decode, oracle_unpack
 from mxkit.moe_reference import route
 from mxkit.nn import MXMoE
+from test_moe import one_thread, oracle_act  # noqa: F401  (one_thread: test_moe's autouse fixture, here too)
+from test_moe import oracle_weights as _oracle_mx
 
 moe_op = sys.modules["mxkit.moe"]  # the module (the name ``mxkit.moe`` is the function, exported by mxkit)
 
 H, I = 64, 32  # noqa: E741  (hidden, expert intermediate: both multiples of the block of 32)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Many small torch ops: one thread per test (as tests/test_moe.py), restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # --- float64 oracles ----------------------------------------------------------------------------------------
 
 
 def oracle_weights(q: torch.Tensor, s: torch.Tensor, fmt: str, block: int = 32) -> np.ndarray:
-    """float64 values of MX expert bytes (E, N, K/pack) with E8M0 scales (E, N, K/block), decoded by ml_dtypes."""
-    codes = oracle_unpack(q, fmt).numpy()
-    return ml_decode(codes, fmt) * np.ldexp(1.0, s.numpy().astype(np.int64) - 127).repeat(block, axis=-1)
+    """float64 values of MX expert bytes (E, N, K/pack) with E8M0 scales (E, N, K/block), decoded by ml_dtypes
+    (test_moe's oracle on the module's buffers)."""
+    return _oracle_mx(SimpleNamespace(qdata=q, scale=s, fmt=SimpleNamespace(name=fmt), block_size=block)).numpy()
 
 
 def oracle_route(logits: np.ndarray, k: int):
@@ -69,9 +62,7 @@ def oracle_mxmoe(m: MXMoE, x: torch.Tensor, router_w: torch.Tensor, router_b) ->
     for t in range(x.shape[0]):
         for j in range(m.top_k):
             e = ids[t, j]
-            h = Wgu[e] @ x64[t] + bgu[e]
-            gate, up = np.minimum(h[0::2], 7.0), np.clip(h[1::2], -7.0, 7.0)
-            a = (up + 1.0) * gate / (1.0 + np.exp(-1.702 * gate))
+            a = oracle_act(Wgu[e] @ x64[t] + bgu[e], "swiglu_gpt_oss")
             out[t] += w[t, j] * (Wd[e] @ a + bd[e])
     return out
 

@@ -186,7 +186,7 @@ __device__ __forceinline__ void store_sums(uint8_t* smem, float acc0, float acc1
 
 // One CTA: 64 weight rows (strip blockIdx.x), WG warpgroups splitting K by pairs of blocks (warpgroup w: pairs
 // w, w + WG, ...), U pairs loaded a batch ahead; partial sums added in warpgroup order.
-template <int MP, int WG, int U, bool NOMMA = false>
+template <int MP, int WG, int U, int NOMMA = 0>  // NOMMA 1: no wgmma; 2: no decode either (timing only)
 __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                      const uint32_t* __restrict__ s, __nv_bfloat16* __restrict__ y, int M, int N,
                                      int K, long long ldx, long long ldy) {
@@ -232,8 +232,13 @@ __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const 
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
           const int b = 2 * p + blk;
-          decode_e4m3(wv[2 * blk], a[blk][0], a[blk][1]);
-          decode_e4m3(wv[2 * blk + 1], a[blk][2], a[blk][3]);
+          if (NOMMA == 2) {
+            a[blk][0] = wv[2 * blk], a[blk][1] = wv[2 * blk] >> 1, a[blk][2] = wv[2 * blk + 1];
+            a[blk][3] = wv[2 * blk + 1] >> 1;
+          } else {
+            decode_e4m3(wv[2 * blk], a[blk][0], a[blk][1]);
+            decode_e4m3(wv[2 * blk + 1], a[blk][2], a[blk][3]);
+          }
           // the previous block (in the other set) is done: scale and add it, then issue this one
           if (!NOMMA) wg_wait<0>();
           float (&o)[4] = d[blk ^ 1];
@@ -495,5 +500,7 @@ W4F8A(1, 2, 8)
 W4F8A(1, 8, 4)
 W4F8A(1, 2, 16)
 W4F8A(4, 4, 8)
-ENTRY(w4f8_m1_wg4_u2_nomma, 512, w4f8<1, 4, 2, true>)
-ENTRY(w4f8_m1_wg8_u2_nomma, 1024, w4f8<1, 8, 2, true>)
+ENTRY(w4f8_m1_wg4_u2_nomma, 512, w4f8<1, 4, 2, 1>)
+ENTRY(w4f8_m1_wg8_u2_nomma, 1024, w4f8<1, 8, 2, 1>)
+ENTRY(w4f8_m1_wg4_u2_loads, 512, w4f8<1, 4, 2, 2>)
+ENTRY(w4f8_m1_wg4_u4_loads, 512, w4f8<1, 4, 4, 2>)

@@ -186,7 +186,9 @@ __device__ __forceinline__ void store_sums(uint8_t* smem, float acc0, float acc1
 
 // One CTA: 64 weight rows (strip blockIdx.x), WG warpgroups splitting K by pairs of blocks (warpgroup w: pairs
 // w, w + WG, ...), U pairs loaded a batch ahead; partial sums added in warpgroup order.
-template <int MP, int WG, int U, int NOMMA = 0>  // NOMMA 1: no wgmma; 2: no decode either (timing only)
+// NOMMA 1: no wgmma; 2: no decode either (timing only). PM: the weight pair-major, q [K/64][N/64][128][4 words] and
+// s [K/64][N/64][32] (all strips' pair p together), so that the CTAs stream one region at a time.
+template <int MP, int WG, int U, int NOMMA = 0, bool PM = false>
 __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
                                      const uint32_t* __restrict__ s, __nv_bfloat16* __restrict__ y, int M, int N,
                                      int K, long long ldx, long long ldy) {
@@ -198,8 +200,9 @@ __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const 
   const Place pl = place(q, s, K);
   const int w = pl.w, t = pl.t, P = pl.P;
   const long long strip = blockIdx.x;
-  const uint4* qs = pl.qs;
-  const uint32_t* ss = pl.ss;
+  const uint4* qs = PM ? q + strip * 128 + pl.wt : pl.qs;
+  const uint32_t* ss = PM ? s + strip * 32 + (pl.ss - s) % 32 : pl.ss;
+  const long long qstep = PM ? (long long)gridDim.x * 128 : 128, sstep = PM ? (long long)gridDim.x * 32 : 32;
   const uint64_t desc0 = x_desc<CH>(xs);
 
   float acc0 = 0.f, acc1 = 0.f;              // rows rA, rB of token t
@@ -212,7 +215,7 @@ __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const 
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int p = w + u * WG;
-    if (p < P) { qn[u] = ld_stream(qs + (long long)p * 128); sn[u] = ss[(long long)p * 32]; }
+    if (p < P) { qn[u] = ld_stream(qs + p * qstep); sn[u] = ss[p * sstep]; }
   }
   for (int pb = w; pb < P; pb += U * WG) {
     uint4 qc[U];
@@ -222,7 +225,7 @@ __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = pb + (U + u) * WG;
-      if (p < P) { qn[u] = ld_stream(qs + (long long)p * 128); sn[u] = ss[(long long)p * 32]; }
+      if (p < P) { qn[u] = ld_stream(qs + p * qstep); sn[u] = ss[p * sstep]; }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -504,3 +507,8 @@ ENTRY(w4f8_m1_wg4_u2_nomma, 512, w4f8<1, 4, 2, 1>)
 ENTRY(w4f8_m1_wg8_u2_nomma, 1024, w4f8<1, 8, 2, 1>)
 ENTRY(w4f8_m1_wg4_u2_loads, 512, w4f8<1, 4, 2, 2>)
 ENTRY(w4f8_m1_wg4_u4_loads, 512, w4f8<1, 4, 4, 2>)
+ENTRY(w4f8_m1_wg4_u2_pm, 512, w4f8<1, 4, 2, 0, true>)
+ENTRY(w4f8_m1_wg4_u4_pm, 512, w4f8<1, 4, 4, 0, true>)
+ENTRY(w4f8_m1_wg8_u2_pm, 1024, w4f8<1, 8, 2, 0, true>)
+ENTRY(w4f8_m1_wg4_u2_loads_pm, 512, w4f8<1, 4, 2, 2, true>)
+ENTRY(w4f8_m1_wg4_u4_loads_pm, 512, w4f8<1, 4, 4, 2, true>)

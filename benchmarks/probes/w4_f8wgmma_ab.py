@@ -69,7 +69,8 @@ def row(M: int, N: int, K: int) -> str:
         sm = smem_bytes(K, MP, WG) + (WG * int(m.group(3)) * 128 * 20 if m.group(3) else 0)
         cuda_driver._check(cuda_driver._libcuda().cuFuncSetAttribute(k.fn, 8, sm), "cuFuncSetAttribute")
         y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
-        launch = k.bind((x, q, s, y, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K), ctypes.c_longlong(K),
+        qq, ss = (q.transpose(0, 1).contiguous(), s.transpose(0, 1).contiguous()) if name.endswith("_pm") else (q, s)
+        launch = k.bind((x, qq, ss, y, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K), ctypes.c_longlong(K),
                          ctypes.c_longlong(N)))
         launch.shared = sm
         go = lambda: launch.launch(N // 64, 1, 1, WG * 128)  # noqa: E731

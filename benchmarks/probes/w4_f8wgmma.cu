@@ -47,7 +47,6 @@ template <int N> __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void keep(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // D = A B (scale-d false): m64n8k32 e4m3, A from registers
 __device__ __forceinline__ void wgmma_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
@@ -275,111 +274,6 @@ __device__ __forceinline__ void w4f8(const __nv_bfloat16* __restrict__ x, const 
 }
 
 
-// pair p's weight words and scale word, loaded without a branch (p clamped, then zeros past P)
-__device__ __forceinline__ void load_pair(const uint4* qs, const uint32_t* ss, int p, int P, uint4& qv, uint32_t& sv) {
-  const int pc = min(p, P - 1);
-  const uint4 v = ld_stream(qs + (long long)pc * 128);
-  const uint32_t sw = ss[(long long)pc * 32];
-  const bool in = p < P;
-  qv = make_uint4(in ? v.x : 0u, in ? v.y : 0u, in ? v.z : 0u, in ? v.w : 0u);
-  sv = in ? sw : 0u;
-}
-
-// The same with G pairs (2G blocks) a wgmma group: group i's codes decoded into a[i % 2] while group i - 1's
-// wgmmas run, then one wait, group i - 1's scaling, and group i's 2G wgmmas issued (U / G even; every batch whole,
-// the pairs past P zero codes, so that no warpgroup takes a divergent path around a wgmma).
-template <int MP, int WG, int U, int G>
-__device__ __forceinline__ void w4f8g(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q,
-                                      const uint32_t* __restrict__ s, __nv_bfloat16* __restrict__ y, int M, int N,
-                                      int K, long long ldx, long long ldy) {
-  static_assert(U % (2 * G) == 0, "U / G must be even");
-  extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int CH = 32 * MP, NB = 2 * G;
-  uint8_t* xs = smem;
-  float* fx = x_factors<CH>(xs, K);
-  prep_x<MP>(x, M, K, ldx, xs, fx, WG * 128);
-  const Place pl = place(q, s, K);
-  const int w = pl.w, t = pl.t, P = pl.P;
-  const long long strip = blockIdx.x;
-  const uint4* qs = pl.qs;
-  const uint32_t* ss = pl.ss;
-  const uint64_t desc0 = x_desc<CH>(xs);
-
-  float acc0 = 0.f, acc1 = 0.f;
-  float d[2][NB][4];
-  float Fa[NB], Fb[NB];
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-    Fa[i] = Fb[i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) d[0][i][j] = d[1][i][j] = 0.f;
-  }
-  uint32_t a[2][NB][4];
-
-  uint4 qn[U];
-  uint32_t sn[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int p = w + u * WG;
-    load_pair(qs, ss, p, P, qn[u], sn[u]);
-  }
-  for (int pb = w; pb < P; pb += U * WG) {
-    uint4 qc[U];
-    uint32_t sc[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) { qc[u] = qn[u]; sc[u] = sn[u]; }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int p = pb + (U + u) * WG;
-      load_pair(qs, ss, p, P, qn[u], sn[u]);  // pairs past P: zero codes
-    }
-#pragma unroll
-    for (int gi = 0; gi < U / G; ++gi) {
-      const int par = gi & 1;
-      float f[NB];
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const int u = gi * G + i / 2, p = pb + u * WG;
-        const uint32_t wv[4] = {qc[u].x, qc[u].y, qc[u].z, qc[u].w};
-        decode_e4m3(wv[2 * (i % 2)], a[par][i][0], a[par][i][1]);
-        decode_e4m3(wv[2 * (i % 2) + 1], a[par][i][2], a[par][i][3]);
-        const float fv = fx[(2 * min(p, P - 1) + i % 2) * 4 + t];
-        f[i] = p < P ? fv : 0.f;
-      }
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) { keep(d[par ^ 1][i][j]); keep(a[par ^ 1][i][j]); }
-        acc0 = fmaf(d[par ^ 1][i][0] + d[par ^ 1][i][1], Fa[i], acc0);
-        acc1 = fmaf(d[par ^ 1][i][2] + d[par ^ 1][i][3], Fb[i], acc1);
-        const int u = gi * G + i / 2;
-        Fa[i] = e8m0(sc[u], i % 2) * f[i];
-        Fb[i] = e8m0(sc[u], 2 + i % 2) * f[i];
-      }
-      wg_fence();
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const int p = pb + (gi * G + i / 2) * WG;
-        const int b = min(2 * p + i % 2, 2 * P - 1);
-        wgmma_rs(d[par][i], a[par][i], desc0 + (uint64_t)((b * 2 * CH) >> 4));
-      }
-      wg_commit();
-    }
-  }
-  wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) keep(d[1][i][j]);
-    acc0 = fmaf(d[1][i][0] + d[1][i][1], Fa[i], acc0);
-    acc1 = fmaf(d[1][i][2] + d[1][i][3], Fb[i], acc1);
-  }
-
-  store_sums<MP, WG>(smem, acc0, acc1, y, M, ldy, strip);
-}
-
-
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
@@ -478,7 +372,6 @@ __device__ __forceinline__ void w4f8a(const __nv_bfloat16* __restrict__ x, const
     __VA_ARGS__(x, q, s, y, M, N, K, ldx, ldy);                                                               \
   }
 #define W4F8(MP, WG, U) ENTRY(w4f8_m##MP##_wg##WG##_u##U, WG * 128, w4f8<MP, WG, U>)
-#define W4F8G(MP, WG, U, G) ENTRY(w4f8_m##MP##_wg##WG##_u##U##_g##G, WG * 128, w4f8g<MP, WG, U, G>)
 #define W4F8A(MP, WG, D) ENTRY(w4f8_m##MP##_wg##WG##_d##D, WG * 128, w4f8a<MP, WG, D>)
 
 W4F8(1, 2, 2)
@@ -490,13 +383,6 @@ W4F8(1, 6, 2)
 W4F8(1, 3, 4)
 W4F8(2, 4, 2)
 W4F8(4, 4, 2)
-W4F8G(1, 4, 2, 1)
-W4F8G(1, 8, 2, 1)
-W4F8G(1, 4, 4, 1)
-W4F8G(1, 4, 4, 2)
-W4F8G(1, 8, 4, 2)
-W4F8G(1, 2, 4, 2)
-W4F8G(4, 4, 2, 1)
 W4F8A(1, 4, 4)
 W4F8A(1, 4, 8)
 W4F8A(1, 2, 8)

@@ -449,7 +449,8 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert name == torch.cuda.get_device_name() and json.loads(out.read_text()) == table
     for key in ("decode_w4a16", "decode_mma", "w8a16_mma"):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
-    assert entry["decode_mma"]["m8_loop"] in ("", "l")
+    assert entry["decode_mma"]["m8_loop"] in ("", "l", "g")
+    assert entry["decode_mma"]["ring_min_k"] in (None, 2048, 8192)
     # max_m is tuned where one of the shapes takes w8a16-wgmma under this GPU's own entry (the H200's small wgmma
     # envelope takes 512 x 8192), else left out (the packaged value stands)
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]

@@ -58,3 +58,36 @@ DENSE16N(2, 2, 4)
 DENSE8N(4, 2, 2)
 DENSE8N(4, 1, 4)
 DENSE8N(4, 2, 4)
+// session 57 (H200): the weight through deeper cp.async rings at M = 1 (stream_shape.cu: loads alone reach a plain
+// read's bandwidth on 8192^2 only with ~32 KB a block in flight, decode-mma's lean loop holds ~4 KB); _s<S>x: x
+// staged with the weight
+#define LOOP_s8 8
+#define LOOP_s16 16
+#define LOOP_s4x 4
+#define LOOP_s8x 8
+#define XPF_s8 false
+#define XPF_s16 false
+#define XPF_s4x true
+#define XPF_s8x true
+DENSE8(4, 1, s4)
+DENSE8(4, 1, s8)
+DENSE8(4, 1, s16)
+DENSE8(4, 2, s4)
+DENSE8(4, 2, s8)
+DENSE8(8, 1, s4)
+DENSE8(8, 1, s8)
+DENSE8(4, 1, s4x)
+DENSE8(4, 1, s8x)
+DENSE8(2, 1, s16)
+// session 57 (H200): the ring loop (mainloop_ring: D = U tiles a lane in flight, weight and x); names _g
+#define LOOP_g RING
+#define XPF_g false
+DENSE8(4, 4, g)
+DENSE8(4, 6, g)
+DENSE8(4, 3, g)
+DENSE8(4, 5, g)
+DENSE8(8, 2, g)
+DENSE8(8, 4, g)
+DENSE8(8, 3, g)
+DENSE8(2, 4, g)
+DENSE8(4, 2, g)

@@ -6,6 +6,7 @@ the dequantized operands (w16_case's bound), and the relative difference from pr
     python3 benchmarks/probes/w4_f8wgmma_ab.py /tmp/w4f8.ptx 1x8192x8192,1x28672x8192 [REGEX]
 """
 import ctypes
+import os
 import re
 import sys
 
@@ -18,6 +19,7 @@ from mxkit.kernels.matmul_table import mma_m8_loop
 
 KS = kernels(sys.argv[1])
 PICK = sys.argv[3] if len(sys.argv) > 3 else ""
+SPLITS = [int(v) for v in os.environ.get("SPLITS", "1,2,4").split(",")]  # w4f8r's CTAs along K
 
 
 def codes(qdata: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,27 @@ def smem_bytes(K: int, MP: int, WG: int) -> int:
     return max(xs + (K // 32) * 16, WG * 1024)
 
 
+def ring_rows(name, k, x, q, s, M, N, K, MP, WG, err, bound, ref) -> list:
+    """w4f8r (session 57) at S = 1, 2, 4 CTAs along K (S > 1: float32 y added into by atomicAdd, its zeroing not
+    timed)"""
+    rows = []
+    for S in SPLITS:
+        sm = smem_bytes((K // 64 // S + 1) * 64, MP, WG)
+        cuda_driver._check(cuda_driver._libcuda().cuFuncSetAttribute(k.fn, 8, sm), "cuFuncSetAttribute")
+        y = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16) if S == 1 else \
+            torch.zeros(M, N, device=dev)
+        launch = k.bind((x, q, s, y, ctypes.c_int(M), ctypes.c_int(N), ctypes.c_int(K), ctypes.c_longlong(K),
+                         ctypes.c_longlong(N)))
+        launch.shared = sm
+        go = lambda: launch.launch(N // 64, S, 1, WG * 128)  # noqa: E731
+        go()
+        torch.cuda.synchronize()
+        e = err(y)
+        d = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+        rows.append(f"  {name}_s{S}: {time_us(go):.1f} err {e:.2e} {'ok' if e <= bound else 'OVER'} vs prod {d:.1e}")
+    return rows
+
+
 def row(M: int, N: int, K: int) -> str:
     x, wq, b, wd, y64, bound = w16_case(M, N, K, "mxfp4")
     scale = wq.plain_scale()
@@ -63,6 +86,9 @@ def row(M: int, N: int, K: int) -> str:
     MP = 1 if M == 1 else 2 if M == 2 else 4
     for name, k in KS.items():
         m = re.match(r"w4f8_m(\d+)_wg(\d+)_(?:u\d+|d(\d+))", name)
+        r = re.match(r"w4f8r_m(\d+)_wg(\d+)_d(\d+)(?:_nox)?$", name)
+        if r and int(r.group(1)) == MP and re.search(PICK, name):
+            out += ring_rows(name, k, x, q, s, M, N, K, MP, int(r.group(2)), err, bound, ref)
         if not m or int(m.group(1)) != MP or not re.search(PICK, name):
             continue
         WG = int(m.group(2))

@@ -7,7 +7,7 @@ decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ...,
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
 tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
 kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the loop of its kernel up
-to 8 rows that is faster at M = 1), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
+to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which the ring loop is), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
@@ -152,28 +152,42 @@ def _with_entry(name: str, changes: dict) -> dict:
 
 
 def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
-    """``{"max_m", "m8_loop"}``: the m8 kernel's loop (of ``_mma_decode.M8_LOOPS``) with the smallest sum of
-    M = 1 times over the shapes, then the largest M of 1, 2, 4, ..., 64 at which decode-mma with it beats the
-    dense path, and the wgmma kernel where it runs (:func:`_wgmma_rival`), on every shape."""
+    """``{"max_m", "m8_loop", "ring_min_k"}``: the m8 kernel's loop (of ``_mma_decode.M8_LOOPS``) with the
+    smallest sum of M = 1 times over the shapes; the smallest K of the shapes from which the ring loop ("g") is
+    faster than that loop on every shape of that K or more (None: none, or the ring loop is the loop); then the
+    largest M of 1, 2, 4, ..., 64 at which decode-mma with them beats the dense path, and the wgmma kernel where
+    it runs (:func:`_wgmma_rival`), on every shape."""
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
     why = _mma_decode.available(torch.device("cuda"))
     packed = {s: pw for s, pw in ({} if why else {s: mm.pack_weight(w) for s, w in weights.items()}).items()
               if pw.mma_q is not None}
-    total = {}
+    us = {}  # (loop, shape) -> µs at M = 1
     for loop in _mma_decode.M8_LOOPS if packed else ():
-        total[loop] = 0.0
         for (N, K), pw in packed.items():
             run = _mma_decode.MmaDecode.of(pw, 1, torch.bfloat16, loop)
             x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16, generator=g)
-            total[loop] += _time(lambda: run(x, None), rep_ms)
-        log(f"decode-mma m8 loop {loop or 'register'}: {total[loop]:.1f} us summed over {list(packed)} at M = 1")
+            us[loop, (N, K)] = _time(lambda: run(x, None), rep_ms)
+        log(f"decode-mma m8 loop {loop or 'register'}: " + ", ".join(
+            f"{N}x{K} {us[loop, (N, K)]:.1f}" for N, K in packed) + " us at M = 1")
+    total = {loop: sum(us[loop, s] for s in packed) for loop in _mma_decode.M8_LOOPS if packed}
     m8_loop = min(total, key=total.get) if total else ""
-    runs = {s: (weights[s], lambda M, pw=pw: functools.partial(
-        _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, m8_loop), bias=None)) for s, pw in packed.items()}
+    ring_min_k = None
+    if m8_loop != "g":
+        for k0 in sorted({K for _, K in packed}, reverse=True):  # the smallest K from which the ring wins on all
+            if all(us["g", s] < us[m8_loop, s] for s in packed if s[1] >= k0):
+                ring_min_k = k0
+            else:
+                break
+
+    def loop_of(K: int) -> str:
+        return "g" if ring_min_k is not None and K >= ring_min_k else m8_loop
+    runs = {s: (weights[s], lambda M, pw=pw, s=s: functools.partial(
+        _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, loop_of(s[1])), bias=None)) for s, pw in packed.items()}
     rivals = {s: _wgmma_rival(pw) for s, pw in packed.items()}
-    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop}
+    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop,
+            "ring_min_k": ring_min_k}
 
 
 def _wgmma_rival(pw) -> Optional[object]:

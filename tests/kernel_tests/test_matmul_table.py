@@ -51,16 +51,24 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
 
 
 def test_mma_m8_loop_from_the_table():
-    """decode_mma.m8_loop picks the decode-mma kernel up to 8 rows ("" register loop, "l" lean loop; default "")
-    and names its PTX entry; any other value is refused where the launch is made."""
+    """decode_mma.m8_loop picks the decode-mma kernel up to 8 rows ("" register loop, "l" lean loop, "g" ring loop;
+    default "") and names its PTX entry, ring_min_k the K from which the ring loop is taken whatever m8_loop says;
+    any other loop is refused where the launch is made."""
     from mxkit.kernels.matmul_details._mma_decode import dense_kernel_name
     from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override, mma_m8_loop
 
     cpu = torch.device("cpu")
     assert "m8_loop" not in _packaged_table()["default"]["decode_mma"] and mma_m8_loop(cpu) == ""
     assert _packaged_table()["NVIDIA H200"]["decode_mma"]["m8_loop"] == "l"
+    assert _packaged_table()["NVIDIA H200"]["decode_mma"]["ring_min_k"] == 8192
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "m8_loop": "l"}}}):
-        assert mma_m8_loop(cpu) == "l"
+        assert mma_m8_loop(cpu) == "l" and mma_m8_loop(cpu, 28672) == "l"
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "m8_loop": "l", "ring_min_k": 8192}}}):
+        assert [mma_m8_loop(cpu, K) for K in (0, 4096, 8191, 8192, 28672)] == ["l", "l", "l", "g", "g"]
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "ring_min_k": None}}}):
+        assert mma_m8_loop(cpu, 8192) == ""
+    assert dense_kernel_name(1, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m8g_bf16"
+    assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m16n_bf16"
     assert dense_kernel_name(8, 4096, 4096, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m8l_bf16"
     assert dense_kernel_name(9, 4096, 8192, torch.float32, True, "l") == "mxfp4_mma_decode_m16l_f32_special"
     assert dense_kernel_name(1, 4096, 4096, torch.float16, True) == "mxfp4_mma_decode_m8_f16_special"

@@ -72,7 +72,7 @@ def test_pack_mma_rejects_shapes(shape):
 
 def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
-    declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8 / m8l by the table, m16,
+    declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8 / m8l / m8g by the table, m16,
     m16l, m16n by shape;
     grouped: each activation, 1 or 2 tiles a batch; pairs: each activation; each with its special-scale
     variant)."""
@@ -94,8 +94,9 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    # m8 / m8l / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips) x 2; pairs 3 x 2
-    assert len(names) == 30 + 24 + 6
+    # m8 / m8l / m8g / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips) x 2; pairs 3 x 2
+    assert len(names) == 36 + 24 + 6
+    assert "mxfp4_mma_decode_m8g_f16_special" in names
     assert "mxfp4_mma_grouped_swiglu_s4_special" in names
     with pytest.raises(ValueError, match="strips a block"):
         _mma_decode.grouped_kernel_name(None, 64, False, 3)
@@ -220,11 +221,12 @@ def test_gpu_decode_mma_nan_block(rng):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("K", [64, 192, 2880, 8192])
+@pytest.mark.parametrize("K", [64, 192, 1600, 2880, 8192])
 def test_gpu_decode_mma_m8_loops_give_the_same_bytes(K, rng):
-    """The two m8 kernels (register loop, 4 tiles a batch; lean loop, 2) split K over the same 4 warps: the same
-    bytes for 1 .. 8 rows, bias or not, every out dtype, the special-scale variant too, K tiles short of a batch
-    (K = 64, 192) and a split along K (8192 on few strips); within the bound of the float64 product."""
+    """The three m8 kernels (register loop, 4 tiles a batch; lean loop, 2; ring loop, 4 in flight) split K over
+    the same 4 warps: the same bytes for 1 .. 8 rows, bias or not, every out dtype, the special-scale variant too,
+    K tiles short of a batch or of the ring (K = 64, 192; 1600: 6-7 tiles a warp, the ring's tail refilled) and a
+    split along K (8192 on few strips); within the bound of the float64 product."""
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode
 
     N = 48 if K < 2880 else 1040
@@ -237,10 +239,11 @@ def test_gpu_decode_mma_m8_loops_give_the_same_bytes(K, rng):
         ys = []
         for loop in _mma_decode.M8_LOOPS:
             run = MmaDecode.of(pw, M, out, loop)
-            assert run.kernel is not None and ("m8l_" in run.kernel.name) == (loop == "l")
+            assert run.kernel is not None and f"_m8{loop}_" in run.kernel.name
             poison_allocator()
             ys.append(run(x, bias if M != 3 else None))
-        assert torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8)), (M, out)
+        for y in ys[1:]:
+            assert torch.equal(ys[0].view(torch.uint8), y.view(torch.uint8)), (M, out)
         OUT[0] = out
         assert_within_bound(ys[1], x, w, bias if M != 3 else None)
 

@@ -123,11 +123,13 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_
     return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
-def mma_m8_loop(device: torch.device) -> str:
-    """The decode-mma m8 kernel's loop on ``device`` (``decode_mma.m8_loop``: "" the register loop, "l" the lean
-    loop; default "")."""
-    entry = _envelope(device, "decode_mma")
-    return str((entry or {}).get("m8_loop", ""))
+def mma_m8_loop(device: torch.device, K: int = 0) -> str:
+    """The decode-mma m8 kernel's loop on ``device`` for a weight of K columns: "g" (the ring loop) where K is at
+    least ``decode_mma.ring_min_k`` (optional; null or absent: never), else ``decode_mma.m8_loop`` ("" the
+    register loop, "l" the lean loop, "g"; default ""). Every loop gives the same bits."""
+    entry = _envelope(device, "decode_mma") or {}
+    ring = entry.get("ring_min_k")
+    return "g" if ring is not None and K >= int(ring) else str(entry.get("m8_loop", ""))
 
 
 def _decode_max_m(device: torch.device) -> int:

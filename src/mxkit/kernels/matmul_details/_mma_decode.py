@@ -169,7 +169,8 @@ def split_k(blocks: int, K: int, mt: int, sms: int, strips: int = 1) -> int:
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
-M8_LOOPS = ("", "l")  # the m8 kernels: 4 warps x 4 tiles in the register loop (""), x 2 in the lean loop ("l")
+M8_LOOPS = ("", "l", "g")  # the m8 kernels (4 warps): 4 tiles a batch in the register loop (""), 2 in the lean loop
+#                            ("l"), 4 in flight a lane in the ring loop ("g"); the same bits
 
 
 def bias_flag(bias: Optional[torch.Tensor]) -> int:
@@ -184,10 +185,10 @@ def bias_flag(bias: Optional[torch.Tensor]) -> int:
 
 
 def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "") -> str:
-    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8 or m8l by ``m8_loop``, one
-    of :data:`M8_LOOPS` (the dispatch table's ``decode_mma.m8_loop``), up to 8 rows, else m16, m16l or m16n by
-    :func:`m16_loop`; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out, ``special``: the
-    variant for scale bytes 0 / 255. The two m8 kernels split K over the same 4 warps: the same bits."""
+    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8, m8l or m8g by
+    ``m8_loop``, one of :data:`M8_LOOPS` (:func:`mxkit.kernels.matmul_table.mma_m8_loop`), up to 8 rows, else m16,
+    m16l or m16n by :func:`m16_loop`; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out,
+    ``special``: the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same bits."""
     if m8_loop not in M8_LOOPS:
         raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
     mt = 8 if M <= 8 else 16

@@ -318,6 +318,87 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
   }
 }
 
+// The K loop as a ring: each lane holds the weight words and x values of its next D tiles (D = UNROLL) in
+// registers and loads tile j + D as it computes tile j, so D tiles are always in flight without a batch boundary.
+// Same tiles, same order, same arithmetic as mainloop_lean at SN = 1: the same bits.
+template <int NT, int D, int WARPS, bool SPECIAL>
+__device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
+                                              int kt_lo, int kt_hi, int warp, float (&acc)[1][NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[0][nt][i] = 0.f;
+  const int first = kt_lo + warp;
+  const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
+  constexpr int QS = WARPS * 32, SS = WARPS * 8, XS = WARPS * 8;
+  const uint4* qp = qs + (long long)first * 32;
+  const uint32_t* sp = ss + (long long)first * 8;
+  const uint4* xp[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xp[nt] = xr[nt] + (long long)first * 8;
+  uint4 rq[D];
+  uint32_t rs[D];
+  uint4 rx[D][NT][2];
+  auto fill = [&](int i) {
+    rq[i] = ld_stream(qp + i * QS);
+    rs[i] = __ldg(sp + i * SS);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) rx[i][nt][b] = __ldg(xp[nt] + i * XS + b * 4);
+  };
+  auto step = [&]() {
+    qp += D * QS;
+    sp += D * SS;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xp[nt] += D * XS;
+  };
+  auto tile = [&](const uint4& qv, uint32_t sv, const uint4 (&xv)[NT][2]) {
+    uint4 x1[1][NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) x1[0][nt][0] = xv[nt][0], x1[0][nt][1] = xv[nt][1];
+    const uint4 q1[1] = {qv};
+    const uint32_t s1[1] = {sv};
+    batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc[0]);
+  };
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+    if (i < n) fill(i);
+  step();
+  int j = 0;
+  for (; j + 2 * D <= n; j += D) {  // every refill in range: no checks
+#pragma unroll
+    for (int i = 0; i < D; ++i) {
+      const uint4 qv = rq[i];
+      const uint32_t sv = rs[i];
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xv[nt][0] = rx[i][nt][0], xv[nt][1] = rx[i][nt][1];
+      fill(i);
+      tile(qv, sv, xv);
+    }
+    step();
+  }
+  // the last n - j tiles (fewer than 2 D): those in the ring, refilled while in range, then the refills
+#pragma unroll
+  for (int i = 0; i < D; ++i) {
+    if (j + i < n) {
+      const uint4 qv = rq[i];
+      const uint32_t sv = rs[i];
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xv[nt][0] = rx[i][nt][0], xv[nt][1] = rx[i][nt][1];
+      if (j + D + i < n) fill(i);
+      tile(qv, sv, xv);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+    if (j + D + i < n) tile(rq[i], rs[i], rx[i]);
+}
+
+constexpr int RING = -2;  // the LOOP argument for mainloop_ring (UNROLL tiles in the ring)
+
 // NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K, SN
 // consecutive 16-row strips per block sharing each x load (the lean loop only; N / 16 a multiple of SN).
 // grid (ceil(M / (8 * NT)), N / (16 SN), S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
@@ -356,6 +437,9 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
   if constexpr (LOOP == LEAN)
     mainloop_lean<NT, UNROLL, WARPS, SPECIAL, SN>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
                                                   kt_hi, warp, acc, (long long)KT * 32, (long long)KT * 8);
+  else if constexpr (LOOP == RING)
+    mainloop_ring<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo, kt_hi,
+                                              warp, acc);
   else if constexpr (LOOP > 0)
     mainloop_async<NT, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
                                                      kt_lo, kt_hi, warp, acc[0]);
@@ -480,8 +564,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 
 }  // namespace
 
-// W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), 0 (mainloop; X: x loaded a batch ahead too) or
-// S > 0 (mainloop_async, S cp.async stages)
+// W warps, U tiles a batch, L the K loop: LEAN (mainloop_lean), RING (mainloop_ring, U tiles in the ring), 0
+// (mainloop; X: x loaded a batch ahead too) or S > 0 (mainloop_async, S cp.async stages)
 #define MXKIT_MMA_DECODE_SN(NAME, NT, W, U, L, X, SPECIAL, OUT, SN)                                          \
   extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
@@ -554,9 +638,13 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 // way in each pair compared: the same bits. m16n (H200, session 38, benchmarks/decode_mma_ab.md): 4 warps x 2
 // tiles in the lean loop, 4 strips a block sharing each x load (at 1 strip M = 16 reads 4x the weight's bytes of
 // x from L2): 16x28672x8192 75.0 -> 58.8 us, 64x8192x8192 85.5 -> 57.7, on layers of N >= 8192; the same bits as
-// m8l on each block of 8 tokens at the same split of K.
+// m8l on each block of 8 tokens at the same split of K. m8g (H200, session 57): the same 4 warps with 4 tiles a
+// lane in flight in the ring loop (126 registers), which streams without a batch boundary: on K >= 8192
+// 1x8192x28672 45.3 -> 40.0 us, 8x8192x8192 17.9 -> 16.0, 1x8192x8192 16.7 -> 16.1; the same bits as m8l
+// (the dispatch table's decode_mma.ring_min_k picks it).
 MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
 MXKIT_MMA_DECODE_ALL(8l, 1, 4, 2, LEAN, false)
+MXKIT_MMA_DECODE_ALL(8g, 1, 4, 4, RING, false)
 MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)
 MXKIT_MMA_DECODE_ALL(16l, 2, 8, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL_SN(16n, 2, 4, 2, LEAN, false, 4)

@@ -480,6 +480,26 @@ def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
     assert _largest_won({1: False, 2: True}) == 0 and _largest_won({}) == 0
 
 
+def test_m8_loops_picks_the_loop_and_the_ring_min_k():
+    """tune.m8_loops: the batch loop ("" or "l") of least total µs at M = 1, then the smallest K from which the ring
+    loop wins on every shape of that K or more (the session-57 H200 runs: lean, the ring from K = 8192, though the
+    ring's total is the least)."""
+    from mxkit.tune import m8_loops
+
+    shapes = {(8192, 8192): (19.6, 16.7, 16.1), (8192, 28672): (52.3, 45.2, 39.7), (28672, 4096): (31.2, 25.4, 26.8),
+              (5120, 2880): (10.3, 8.6, 8.7)}
+    us = {(lp, s): t[i] for s, t in shapes.items() for i, lp in enumerate(("", "l", "g"))}
+    assert m8_loops(us) == ("l", 8192)
+    us["g", (8192, 8192)] = 17.0  # the ring loses on one K = 8192 shape: from 28672 only
+    assert m8_loops(us) == ("l", 28672)
+    us["g", (8192, 28672)] = 46.0  # and on the largest K: never
+    assert m8_loops(us) == ("l", None)
+    assert m8_loops({(lp, s): 1.0 + (lp == "l") for lp in ("", "l", "g") for s in shapes}) == ("", None)  # tie: first
+    assert m8_loops({(lp, (64, 64)): {"": 3.0, "l": 2.0, "g": 1.0}[lp] for lp in ("", "l", "g")}) == ("l", 64)
+    assert m8_loops({("g", (64, 64)): 1.0}) == ("g", None)
+    assert m8_loops({("", (64, 64)): 3.0, ("l", (64, 64)): 2.0}) == ("l", None) and m8_loops({}) == ("", None)
+
+
 def test_moe_strips_is_the_least_total_time():
     """`mxkit tune gemm`'s moe.mma_strips: the strips a block of least total decode time (H200, session 38: 2); a
     tie keeps fewer strips; nothing timed keeps 1."""

@@ -6,10 +6,11 @@ For each K class (K <= 4096, larger K) it times every decode-kernel schedule of 
 decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
 tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
-kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the loop of its kernel up
-to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which the ring loop is), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
-weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
-packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
+kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
+kernel up to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which its ring loop is
+faster), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8 weights against the path the plan takes
+without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the
+plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
 (``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
 (the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
@@ -152,11 +153,10 @@ def _with_entry(name: str, changes: dict) -> dict:
 
 
 def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
-    """``{"max_m", "m8_loop", "ring_min_k"}``: the m8 kernel's loop (of ``_mma_decode.M8_LOOPS``) with the
-    smallest sum of M = 1 times over the shapes; the smallest K of the shapes from which the ring loop ("g") is
-    faster than that loop on every shape of that K or more (None: none, or the ring loop is the loop); then the
-    largest M of 1, 2, 4, ..., 64 at which decode-mma with them beats the dense path, and the wgmma kernel where
-    it runs (:func:`_wgmma_rival`), on every shape."""
+    """``{"max_m", "m8_loop", "ring_min_k"}``: the m8 kernel's loops timed at M = 1 on every shape and chosen by
+    :func:`m8_loops` (a batch loop, and the K from which the ring loop is taken); then the largest M of 1, 2, 4,
+    ..., 64 at which decode-mma with them beats the dense path, and the wgmma kernel where it runs
+    (:func:`_wgmma_rival`), on every shape."""
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
@@ -171,15 +171,7 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
             us[loop, (N, K)] = _time(lambda: run(x, None), rep_ms)
         log(f"decode-mma m8 loop {loop or 'register'}: " + ", ".join(
             f"{N}x{K} {us[loop, (N, K)]:.1f}" for N, K in packed) + " us at M = 1")
-    total = {loop: sum(us[loop, s] for s in packed) for loop in _mma_decode.M8_LOOPS if packed}
-    m8_loop = min(total, key=total.get) if total else ""
-    ring_min_k = None
-    if m8_loop != "g":
-        for k0 in sorted({K for _, K in packed}, reverse=True):  # the smallest K from which the ring wins on all
-            if all(us["g", s] < us[m8_loop, s] for s in packed if s[1] >= k0):
-                ring_min_k = k0
-            else:
-                break
+    m8_loop, ring_min_k = m8_loops(us)
 
     def loop_of(K: int) -> str:
         return "g" if ring_min_k is not None and K >= ring_min_k else m8_loop
@@ -188,6 +180,27 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
     rivals = {s: _wgmma_rival(pw) for s, pw in packed.items()}
     return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop,
             "ring_min_k": ring_min_k}
+
+
+def m8_loops(us: dict) -> tuple[str, Optional[int]]:
+    """(m8_loop, ring_min_k) from ``us`` ({(loop, (N, K)): µs at M = 1} over ``_mma_decode.M8_LOOPS``): of the
+    batch loops ("" and "l"), the one with the least total over the shapes ("" where nothing was timed; a tie
+    keeps the earlier loop), and the smallest K of the shapes from which the ring loop ("g") is faster than it
+    on every shape of that K or more (None where the ring loses on the largest K or was not timed). A table may
+    still name "g" as its m8_loop; the tuner takes the ring by K."""
+    if not us:
+        return "", None
+    loops = list(dict.fromkeys(loop for loop, _ in us))
+    shapes = list(dict.fromkeys(s for _, s in us))
+    batch = [lp for lp in loops if lp != "g"] or loops
+    m8_loop = min(batch, key=lambda lp: (sum(us[lp, s] for s in shapes), batch.index(lp)))
+    ring_min_k = None
+    if m8_loop != "g" and "g" in loops:
+        for k0 in sorted({K for _, K in shapes}, reverse=True):
+            if not all(us["g", s] < us[m8_loop, s] for s in shapes if s[1] >= k0):
+                break
+            ring_min_k = k0
+    return m8_loop, ring_min_k
 
 
 def _wgmma_rival(pw) -> Optional[object]:

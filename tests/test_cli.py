@@ -494,7 +494,9 @@ def test_m8_loops_picks_the_loop_and_the_ring_min_k():
     assert m8_loops(us) == ("l", 28672)
     us["g", (8192, 28672)] = 46.0  # and on the largest K: never
     assert m8_loops(us) == ("l", None)
-    assert m8_loops({(lp, s): 1.0 + (lp == "l") for lp in ("", "l", "g") for s in shapes}) == ("", None)  # tie: first
+    assert m8_loops({(lp, s): 1.0 + (lp == "l") for lp in ("", "l", "g") for s in shapes}) == ("", None)
+    tie = {(lp, s): 1.0 for lp in ("", "l") for s in shapes}
+    assert m8_loops(tie) == ("", None) and m8_loops({("l", (64, 64)): 1.0, ("", (64, 64)): 1.0}) == ("l", None)
     assert m8_loops({(lp, (64, 64)): {"": 3.0, "l": 2.0, "g": 1.0}[lp] for lp in ("", "l", "g")}) == ("l", 64)
     assert m8_loops({("g", (64, 64)): 1.0}) == ("g", None)
     assert m8_loops({("", (64, 64)): 3.0, ("l", (64, 64)): 2.0}) == ("l", None) and m8_loops({}) == ("", None)

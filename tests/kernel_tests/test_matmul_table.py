@@ -58,11 +58,11 @@ def test_mma_m8_loop_from_the_table():
     from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override, mma_m8_loop
 
     cpu = torch.device("cpu")
-    assert "m8_loop" not in _packaged_table()["default"]["decode_mma"] and mma_m8_loop(cpu) == ""
+    assert "m8_loop" not in _packaged_table()["default"]["decode_mma"] and mma_m8_loop(cpu, 4096) == ""
     assert _packaged_table()["NVIDIA H200"]["decode_mma"]["m8_loop"] == "l"
     assert _packaged_table()["NVIDIA H200"]["decode_mma"]["ring_min_k"] == 8192
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "m8_loop": "l"}}}):
-        assert mma_m8_loop(cpu) == "l" and mma_m8_loop(cpu, 28672) == "l"
+        assert mma_m8_loop(cpu, 4096) == "l" and mma_m8_loop(cpu, 28672) == "l"
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "m8_loop": "l", "ring_min_k": 8192}}}):
         assert [mma_m8_loop(cpu, K) for K in (0, 4096, 8191, 8192, 28672)] == ["l", "l", "l", "g", "g"]
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "ring_min_k": None}}}):

@@ -230,22 +230,25 @@ def test_gpu_decode_mma_m8_loops_give_the_same_bytes(K, rng):
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode
 
     N = 48 if K < 2880 else 1040
-    w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
-    w.scale[3, 0] = 0  # (the special-scale variant)
-    pw = mxkit.pack_weight(w)
     bias = torch.randn(N, generator=rng).cuda()
-    for M, out in ((1, torch.bfloat16), (3, torch.float32), (8, torch.float16)):
-        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
-        ys = []
-        for loop in _mma_decode.M8_LOOPS:
-            run = MmaDecode.of(pw, M, out, loop)
-            assert run.kernel is not None and f"_m8{loop}_" in run.kernel.name
-            poison_allocator()
-            ys.append(run(x, bias if M != 3 else None))
-        for y in ys[1:]:
-            assert torch.equal(ys[0].view(torch.uint8), y.view(torch.uint8)), (M, out)
-        OUT[0] = out
-        assert_within_bound(ys[1], x, w, bias if M != 3 else None)
+    for special in (False, True):
+        w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+        if special:
+            w.scale[3, 0] = 0  # (the special-scale variant)
+        pw = mxkit.pack_weight(w)
+        for M, out in ((1, torch.bfloat16), (3, torch.float32), (8, torch.float16)):
+            x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+            ys = []
+            for loop in _mma_decode.M8_LOOPS:
+                run = MmaDecode.of(pw, M, out, loop)
+                assert run.kernel is not None and f"_m8{loop}_" in run.kernel.name
+                assert run.kernel.name.endswith("_special") == special
+                poison_allocator()
+                ys.append(run(x, bias if M != 3 else None))
+            for y in ys[1:]:
+                assert torch.equal(ys[0].view(torch.uint8), y.view(torch.uint8)), (M, out, special)
+            OUT[0] = out
+            assert_within_bound(ys[1], x, w, bias if M != 3 else None)
 
 
 @pytest.mark.gpu

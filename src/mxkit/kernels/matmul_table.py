@@ -123,7 +123,7 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_
     return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
-def mma_m8_loop(device: torch.device, K: int = 0) -> str:
+def mma_m8_loop(device: torch.device, K: int) -> str:
     """The decode-mma m8 kernel's loop on ``device`` for a weight of K columns: "g" (the ring loop) where K is at
     least ``decode_mma.ring_min_k`` (optional; null or absent: never), else ``decode_mma.m8_loop`` ("" the
     register loop, "l" the lean loop, "g"; default ""). Every loop gives the same bits."""

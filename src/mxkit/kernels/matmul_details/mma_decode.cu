@@ -399,8 +399,9 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
 
 constexpr int RING = -2;  // the LOOP argument for mainloop_ring (UNROLL tiles in the ring)
 
-// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch, WARPS warps splitting K, SN
-// consecutive 16-row strips per block sharing each x load (the lean loop only; N / 16 a multiple of SN).
+// NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch (RING: in the ring), WARPS warps
+// splitting K, SN consecutive 16-row strips per block sharing each x load (the lean loop only; N / 16 a multiple
+// of SN).
 // grid (ceil(M / (8 * NT)), N / (16 SN), S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
 // 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
 // writes its float32 partial to ws [token block, strip block, S, SN x 8 NT x 16], and the last of the S blocks of

@@ -91,3 +91,15 @@ DENSE8(8, 4, g)
 DENSE8(8, 3, g)
 DENSE8(2, 4, g)
 DENSE8(4, 2, g)
+// session 57, built but not yet run (no device time left): the ring loop at 16 tokens a block (m16 / m16n's place),
+// SN strips sharing x (_n<SN>). ptxas (sm_90a) registers: w4_u2_g_n4 254 and w8_u2_g_n4 255 with 12-byte spills (as
+// production's m16n, w4_u2_l_n4: 255, 4 bytes), w4_u2_g_n2 168, w8_u2_g 119, w8_u3_g 162, w4_u4_g 228; a ring of 3 at
+// 4 strips spills 492 bytes, so none is built.
+#define DENSE16G(W, U, SN) \
+  MXKIT_MMA_DECODE_SN(m16_bf16_w##W##_u##U##_g_n##SN, 2, W, U, RING, false, false, __nv_bfloat16, SN)
+DENSE16(4, 4, g)
+DENSE16(8, 2, g)
+DENSE16(8, 3, g)
+DENSE16G(4, 2, 4)
+DENSE16G(8, 2, 4)
+DENSE16G(4, 2, 2)

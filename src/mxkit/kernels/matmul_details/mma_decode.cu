@@ -320,14 +320,18 @@ __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* s
 
 // The K loop as a ring: each lane holds the weight words and x values of its next D tiles (D = UNROLL) in
 // registers and loads tile j + D as it computes tile j, so D tiles are always in flight without a batch boundary.
-// Same tiles, same order, same arithmetic as mainloop_lean at SN = 1: the same bits.
-template <int NT, int D, int WARPS, bool SPECIAL>
+// SN strips share each x load as in mainloop_lean. Same tiles, same order, same arithmetic as mainloop_lean: the
+// same bits.
+template <int NT, int D, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
-                                              int kt_lo, int kt_hi, int warp, float (&acc)[1][NT][4]) {
+                                              int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
+                                              long long qst = 0, long long sst = 0) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int p = 0; p < SN; ++p)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[0][nt][i] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][nt][i] = 0.f;
   const int first = kt_lo + warp;
   const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
   constexpr int QS = WARPS * 32, SS = WARPS * 8, XS = WARPS * 8;
@@ -336,12 +340,15 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
   const uint4* xp[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xp[nt] = xr[nt] + (long long)first * 8;
-  uint4 rq[D];
-  uint32_t rs[D];
+  uint4 rq[D][SN];
+  uint32_t rs[D][SN];
   uint4 rx[D][NT][2];
   auto fill = [&](int i) {
-    rq[i] = ld_stream(qp + i * QS);
-    rs[i] = __ldg(sp + i * SS);
+#pragma unroll
+    for (int p = 0; p < SN; ++p) {
+      rq[i][p] = ld_stream(qp + p * qst + i * QS);
+      rs[i][p] = __ldg(sp + p * sst + i * SS);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -353,13 +360,23 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xp[nt] += D * XS;
   };
-  auto tile = [&](const uint4& qv, uint32_t sv, const uint4 (&xv)[NT][2]) {
+  auto tile = [&](const uint4 (&qv)[SN], const uint32_t (&sv)[SN], const uint4 (&xv)[NT][2]) {
     uint4 x1[1][NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) x1[0][nt][0] = xv[nt][0], x1[0][nt][1] = xv[nt][1];
-    const uint4 q1[1] = {qv};
-    const uint32_t s1[1] = {sv};
-    batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc[0]);
+#pragma unroll
+    for (int p = 0; p < SN; ++p) {
+      const uint4 q1[1] = {qv[p]};
+      const uint32_t s1[1] = {sv[p]};
+      batch<NT, 1, 1, SPECIAL>(q1, s1, x1, 0, 1, acc[p]);
+    }
+  };
+  // tile i of the ring, copied out so that the slot can be refilled before it is computed
+  auto take = [&](int i, uint4 (&qv)[SN], uint32_t (&sv)[SN], uint4 (&xv)[NT][2]) {
+#pragma unroll
+    for (int p = 0; p < SN; ++p) qv[p] = rq[i][p], sv[p] = rs[i][p];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xv[nt][0] = rx[i][nt][0], xv[nt][1] = rx[i][nt][1];
   };
 #pragma unroll
   for (int i = 0; i < D; ++i)
@@ -369,11 +386,9 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
   for (; j + 2 * D <= n; j += D) {  // every refill in range: no checks
 #pragma unroll
     for (int i = 0; i < D; ++i) {
-      const uint4 qv = rq[i];
-      const uint32_t sv = rs[i];
-      uint4 xv[NT][2];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xv[nt][0] = rx[i][nt][0], xv[nt][1] = rx[i][nt][1];
+      uint4 qv[SN], xv[NT][2];
+      uint32_t sv[SN];
+      take(i, qv, sv, xv);
       fill(i);
       tile(qv, sv, xv);
     }
@@ -383,11 +398,9 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
 #pragma unroll
   for (int i = 0; i < D; ++i) {
     if (j + i < n) {
-      const uint4 qv = rq[i];
-      const uint32_t sv = rs[i];
-      uint4 xv[NT][2];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xv[nt][0] = rx[i][nt][0], xv[nt][1] = rx[i][nt][1];
+      uint4 qv[SN], xv[NT][2];
+      uint32_t sv[SN];
+      take(i, qv, sv, xv);
       if (j + D + i < n) fill(i);
       tile(qv, sv, xv);
     }
@@ -400,8 +413,8 @@ __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* s
 constexpr int RING = -2;  // the LOOP argument for mainloop_ring (UNROLL tiles in the ring)
 
 // NT n8 token tiles per block (8 * NT tokens), UNROLL tiles per warp and batch (RING: in the ring), WARPS warps
-// splitting K, SN consecutive 16-row strips per block sharing each x load (the lean loop only; N / 16 a multiple
-// of SN).
+// splitting K, SN consecutive 16-row strips per block sharing each x load (the lean and ring loops only; N / 16 a
+// multiple of SN).
 // grid (ceil(M / (8 * NT)), N / (16 SN), S), block 32 * WARPS (measured on an H100: 4 warps x 4 tiles for M <= 8,
 // 8 x 2 for M <= 16). With S > 1 (a grid too small for the GPU) block z takes the z-th of S ranges of K tiles,
 // writes its float32 partial to ws [token block, strip block, S, SN x 8 NT x 16], and the last of the S blocks of
@@ -413,7 +426,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
                                                  const uint32_t* __restrict__ s, const float* __restrict__ bias,
                                                  OUT* __restrict__ y, float* __restrict__ ws, int* __restrict__ cnt,
                                                  int M, int N, int K, long long ldx, long long ldy, int bias_bf16) {
-  static_assert(SN == 1 || LOOP == LEAN, "strips sharing x: the lean loop only");
+  static_assert(SN == 1 || LOOP == LEAN || LOOP == RING, "strips sharing x: the lean and ring loops only");
   __shared__ float red[WARPS][SN * NT][4][32];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -439,8 +452,8 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
     mainloop_lean<NT, UNROLL, WARPS, SPECIAL, SN>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
                                                   kt_hi, warp, acc, (long long)KT * 32, (long long)KT * 8);
   else if constexpr (LOOP == RING)
-    mainloop_ring<NT, UNROLL, WARPS, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo, kt_hi,
-                                              warp, acc);
+    mainloop_ring<NT, UNROLL, WARPS, SPECIAL, SN>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, kt_lo,
+                                                  kt_hi, warp, acc, (long long)KT * 32, (long long)KT * 8);
   else if constexpr (LOOP > 0)
     mainloop_async<NT, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + strip * KT * 32 + lane, s + strip * KT * 8 + g, xr, xm,
                                                      kt_lo, kt_hi, warp, acc[0]);

@@ -237,6 +237,21 @@ __device__ __forceinline__ void mainloop(const uint4* qs, const uint32_t* ss, co
 
 constexpr int LEAN = -1;  // the LOOP argument of the kernels below: mainloop_lean (0: mainloop, S > 0: mainloop_async)
 
+// Where a warp's K loop starts (mainloop_lean, mainloop_ring): its sums zeroed, its first tile (kt_lo + warp) and its
+// count n of tiles first, first + WARPS, ... < kt_hi.
+template <int NT, int WARPS, int SN>
+__device__ __forceinline__ void warp_tiles(int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4], int& first,
+                                           int& n) {
+#pragma unroll
+  for (int p = 0; p < SN; ++p)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][nt][i] = 0.f;
+  first = kt_lo + warp;
+  n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;
+}
+
 // The K loop of mainloop with fewer instructions per tile: the warp's full batches of UNROLL tiles load
 // without bounds checks through pointers stepped once a batch, the x rows of absent tokens are read from row 0
 // (xr is clamped there; their columns of the mma are never stored) instead of zeroed under a branch, and the
@@ -247,14 +262,8 @@ template <int NT, int UNROLL, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_lean(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
                                               int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
                                               long long qst = 0, long long sst = 0) {
-#pragma unroll
-  for (int p = 0; p < SN; ++p)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[p][nt][i] = 0.f;
-  const int first = kt_lo + warp;
-  const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
+  int first, n;  // this warp's first tile and tile count
+  warp_tiles<NT, WARPS, SN>(kt_lo, kt_hi, warp, acc, first, n);
   const int nb = n / UNROLL;
   constexpr int QS = WARPS * 32, SS = WARPS * 8, XS = WARPS * 8;  // a tile's step in each pointer
   const uint4* qp = qs + (long long)first * 32;
@@ -326,14 +335,8 @@ template <int NT, int D, int WARPS, bool SPECIAL, int SN = 1>
 __device__ __forceinline__ void mainloop_ring(const uint4* qs, const uint32_t* ss, const uint4* const (&xr)[NT],
                                               int kt_lo, int kt_hi, int warp, float (&acc)[SN][NT][4],
                                               long long qst = 0, long long sst = 0) {
-#pragma unroll
-  for (int p = 0; p < SN; ++p)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[p][nt][i] = 0.f;
-  const int first = kt_lo + warp;
-  const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
+  int first, n;  // this warp's first tile and tile count
+  warp_tiles<NT, WARPS, SN>(kt_lo, kt_hi, warp, acc, first, n);
   constexpr int QS = WARPS * 32, SS = WARPS * 8, XS = WARPS * 8;
   const uint4* qp = qs + (long long)first * 32;
   const uint32_t* sp = ss + (long long)first * 8;

@@ -4,7 +4,7 @@ is checked byte for byte against the production kernel (at M <= 8 the loop this 
 medians after a clean-L2 read flush (µs).
 
     nvcc -ptx -arch=sm_80 -O3 -o /tmp/variants.ptx benchmarks/probes/decode_variants.cu   # (CUDA 12.4+)
-    python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...] [dense,grouped] [MxNxK,...] [REGEX]
+    python3 benchmarks/probes/decode_ab.py /tmp/variants.ptx[,OTHER.ptx ...] [dense,grouped,pairs] [MxNxK,...] [REGEX]
 
 Variants named _n<SN> (SN strips a block sharing x) run at split 1, 2, 4 and split_k's (columns /z<S>); with
 SPLITS=1,2,3 (environment) every dense variant runs at those splits too. Grouped variants named _n<SN> take SN
@@ -145,6 +145,48 @@ def grouped(T):
     return row
 
 
+def pairs(T):
+    """one block per (token, slot) pair (production's pairs_mma up to 8 pairs) against the pgu_ / pdn_ variants"""
+    tw, tid = routing(T, E, "uniform", dev)
+    x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    n = T * TOPK
+    ids = tid.reshape(-1).contiguous()
+    rw = tw.reshape(-1).contiguous()
+    ws = torch.empty(n, H, device=dev)
+    h_ref = torch.empty(n, I, device=dev, dtype=torch.bfloat16)
+    y_ref = torch.empty(T, H, device=dev, dtype=torch.bfloat16)
+
+    def prod_gu():
+        md.pairs_mma(x, p1.q, p1.s, False, 2 * I, H, ids, TOPK, E, bias=b1, activation="swiglu_gpt_oss", rw=None,
+                     out=h_ref)
+
+    def prod_dn():
+        md.pairs_mma(h_ref, p2.q, p2.s, False, H, I, ids, TOPK, E, bias=b2, activation=None, rw=rw, out=y_ref, ws=ws)
+    prod_gu(); prod_dn()
+    torch.cuda.synchronize()
+    row = {"prod": (t(prod_gu), t(prod_dn))}
+    cnt = md.pair_counters(dev, T * (H // 16))
+    for (stem, nm), k in names.items():
+        if not nm.startswith("pgu_"):
+            continue
+        W = threads(nm)
+        kd = names[(stem, "pdn_" + nm[4:])]
+        h = torch.full((n, I), float("nan"), device=dev, dtype=torch.bfloat16)
+        y = torch.full((T, H), float("nan"), device=dev, dtype=torch.bfloat16)
+        a1 = (x, p1.q, p1.s, b1, None, h, ids, ctypes.c_int(0), None, None, ctypes.c_int(2 * I), ctypes.c_int(H),
+              ctypes.c_int(n), ctypes.c_int(TOPK), ctypes.c_int(E), ctypes.c_longlong(H), ctypes.c_longlong(I))
+        a2 = (h_ref, p2.q, p2.s, b2, rw, y, ids, ctypes.c_int(0), ws, cnt, ctypes.c_int(H), ctypes.c_int(I),
+              ctypes.c_int(n), ctypes.c_int(TOPK), ctypes.c_int(E), ctypes.c_longlong(I), ctypes.c_longlong(H))
+        l1, l2 = k.bind(a1), kd.bind(a2)
+        f1 = lambda: l1.launch(n, 2 * I // 16, 1, W)  # noqa: E731
+        f2 = lambda: l2.launch(n, H // 16, 1, W)  # noqa: E731
+        f1(); f2()
+        torch.cuda.synchronize()
+        ok = torch.equal(h, h_ref) and torch.equal(y, y_ref)
+        row[f"{stem}:{nm[4:]}"] = (t(f1), t(f2), ok, close(h, h_ref) and close(y, y_ref))
+    return row
+
+
 def show(title, rows):
     cols = list(next(iter(rows.values())).keys())
     print(f"\n## {title}\n")
@@ -171,3 +213,5 @@ if "dense" in ONLY:
   show("dense, µs", {f"{M}x{N}x{K}": dense(M, N, K) for M, N, K in SHAPES})
 if "grouped" in ONLY:
   show("grouped GPT-OSS-120B, gate_up / down µs", {f"T={T}": grouped(T) for T in (1, 4, 16, 64, 256)})
+if "pairs" in ONLY:
+  show("pairs GPT-OSS-120B, gate_up / down µs", {f"T={T}": pairs(T) for T in (1, 2)})

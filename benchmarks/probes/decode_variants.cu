@@ -103,3 +103,37 @@ DENSE16(8, 3, g)
 DENSE16G(4, 2, 4)
 DENSE16G(8, 2, 4)
 DENSE16G(4, 2, 2)
+// session 58 (H200): the ring loop in the grouped kernels (MoE decode, K = 2880: ~11 tiles a warp at 4 warps), the
+// sorted blocks (gu_ / dn_, _n<SN> strips sharing x) and one block per pair (pgu_ / pdn_: production's pairs kernels,
+// 4 warps x 2 tiles in the lean loop, at 1-8 pairs)
+#define GROUPEDN(W, U, L, SN)                                                                                 \
+  MXKIT_MMA_GROUPED_SN(gu_w##W##_u##U##_##L##_n##SN, 1, true, false, false, __nv_bfloat16, W, U, LOOP_##L,       \
+                       XPF_##L, SN)                                                                            \
+  MXKIT_MMA_GROUPED_SN(dn_w##W##_u##U##_##L##_n##SN, 0, false, true, false, float, W, U, LOOP_##L, XPF_##L, SN)
+#define PAIRSV1(NAME, ACT, GATHER, MUL_RW, W, U, L)                                                          \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                   \
+      const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
+      const float* __restrict__ bias, const float* __restrict__ rw, __nv_bfloat16* __restrict__ out,           \
+      const int* __restrict__ topk_ids, int ids64, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, \
+      int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {                                       \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, false, __nv_bfloat16, W, U, LOOP_##L, false, true>(                 \
+        x, q, s, bias, rw, out, nullptr, topk_ids, N, K, n_valid, top_k, ldx, ldo, ids64, n_exp, ws, cnt);       \
+  }
+#define PAIRSV(W, U, L)                                                                                       \
+  PAIRSV1(pgu_w##W##_u##U##_##L, 1, true, false, W, U, L)                                                     \
+  PAIRSV1(pdn_w##W##_u##U##_##L, 0, false, true, W, U, L)
+GROUPED(4, 2, g)
+GROUPED(4, 3, g)
+GROUPED(4, 4, g)
+GROUPED(8, 2, g)
+GROUPEDN(4, 2, g, 2)
+GROUPEDN(4, 3, g, 2)
+GROUPEDN(4, 4, g, 2)
+GROUPEDN(4, 1, l, 2)
+PAIRSV(4, 2, l)
+PAIRSV(4, 2, g)
+PAIRSV(4, 3, g)
+PAIRSV(4, 4, g)
+PAIRSV(8, 2, g)
+PAIRSV(8, 2, l)
+PAIRSV(2, 4, g)

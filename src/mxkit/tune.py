@@ -8,7 +8,7 @@ the largest M at which the decode kernel is faster on every shape; ``decode_mma.
 tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
 kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
 kernel up to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which its ring loop is
-faster), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8 weights against the path the plan takes
+faster; the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8 weights against the path the plan takes
 without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the
 plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights

@@ -52,7 +52,8 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
 
 def test_mma_m8_loop_from_the_table():
     """decode_mma.m8_loop picks the decode-mma kernel up to 8 rows ("" register loop, "l" lean loop, "g" ring loop;
-    default "") and names its PTX entry, ring_min_k the K from which the ring loop is taken whatever m8_loop says;
+    default "") and names its PTX entry, ring_min_k the K from which the ring loop is taken whatever m8_loop says (the
+    m16 kernels' ring loops too);
     any other loop is refused where the launch is made."""
     from mxkit.kernels.matmul_details._mma_decode import dense_kernel_name
     from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override, mma_m8_loop
@@ -68,7 +69,8 @@ def test_mma_m8_loop_from_the_table():
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "ring_min_k": None}}}):
         assert mma_m8_loop(cpu, 8192) == ""
     assert dense_kernel_name(1, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m8g_bf16"
-    assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m16n_bf16"
+    assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "g", 132) == "mxfp4_mma_decode_m16ng_bf16"
+    assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m16n_bf16"
     assert dense_kernel_name(8, 4096, 4096, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m8l_bf16"
     assert dense_kernel_name(9, 4096, 8192, torch.float32, True, "l") == "mxfp4_mma_decode_m16l_f32_special"
     assert dense_kernel_name(1, 4096, 4096, torch.float16, True) == "mxfp4_mma_decode_m8_f16_special"

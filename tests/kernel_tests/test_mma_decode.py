@@ -73,7 +73,7 @@ def test_pack_mma_rejects_shapes(shape):
 def test_ptx_matches_source():
     """The shipped PTX was generated from the current .cu (scripts/build_ptx.sh writes the source's hash), it
     declares PTX ISA 7.8 for sm_80 and defines every kernel the launchers name (dense: m8 / m8l / m8g by the table, m16,
-    m16l, m16n by shape;
+    m16l, m16n by shape, m16g / m16ng where the table takes the ring;
     grouped: each activation, 1 or 2 tiles a batch; pairs: each activation; each with its special-scale
     variant)."""
     ptx = _mma_decode.PTX.read_text()
@@ -85,7 +85,7 @@ def test_ptx_matches_source():
         for out in _mma_decode._OUT_NAMES:
             for sp in (False, True):
                 for loop in _mma_decode.M8_LOOPS:
-                    names.add(_mma_decode.dense_kernel_name(M, N, K, out, sp, loop))
+                    names.add(_mma_decode.dense_kernel_name(M, N, K, out, sp, loop, sms=132))
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for n in (1, _mma_decode.SMALL_PAIRS, _mma_decode.SMALL_PAIRS + 1, 256):
             for sp in (False, True):
@@ -94,8 +94,10 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    # m8 / m8l / m8g / m16 / m16l / m16n x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips) x 2; pairs 3 x 2
-    assert len(names) == 36 + 24 + 6
+    # m8 / m8l / m8g / m16 / m16l / m16n / m16g / m16ng x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips)
+    # x 2; pairs 3 x 2
+    assert len(names) == 48 + 24 + 6
+    assert "mxfp4_mma_decode_m16ng_f32_special" in names and "mxfp4_mma_decode_m16g_bf16" in names
     assert "mxfp4_mma_decode_m8g_f16_special" in names
     assert "mxfp4_mma_grouped_swiglu_s4_special" in names
     with pytest.raises(ValueError, match="strips a block"):
@@ -157,6 +159,18 @@ def test_m16_kernel_by_shape():
     assert md.kernel_shape(8, 28672, 8192) == (4, 1) and md.kernel_shape(16, 4096, 4096) == (8, 1)
     assert md.dense_kernel_name(33, 8192, 8192, torch.bfloat16, False) == "mxfp4_mma_decode_m16n_bf16"
     assert md.dense_kernel_name(8, 8192, 8192, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m8l_bf16"
+    # where the m8 kernel takes its ring ("g"), the m16 kernels take theirs: m16ng (2 strips) for m16n up to K < 16384
+    # where its grid fits one wave of 3 blocks an SM, m16g (8 warps) for m16l; the cp.async kernel stays
+    assert md.m16_loop(8192, 8192, True, 132) == "ng" and md.m16_loop(8192, 16384, True, 132) == "n"
+    assert md.m16_loop(12672, 8192, True, 132) == "ng" and md.m16_loop(12672 + 64, 8192, True, 132) == "n"
+    assert md.m16_loop(8192, 8192, True) == "n" and md.m16_loop(14336, 8192, True, 132) == "n"
+    assert md.m16_loop(4096, 14336, True) == "g" and md.m16_loop(6144, 4096, True) == ""
+    assert md.kernel_shape(16, 8192, 8192, True, 132) == (4, 2) and md.kernel_shape(16, 4096, 14336, True) == (8, 1)
+    assert md.kernel_shape(8, 8192, 8192, True, 132) == (4, 1) and md.kernel_shape(16, 8192, 28672, True, 132) == (4, 4)
+    assert md.dense_kernel_name(16, 8192, 8192, torch.bfloat16, True, "g", 132) == \
+        "mxfp4_mma_decode_m16ng_bf16_special"
+    assert md.dense_kernel_name(12, 4096, 14336, torch.float16, False, "g") == "mxfp4_mma_decode_m16g_f16"
+    assert md.dense_kernel_name(12, 4096, 14336, torch.float16, False, "l") == "mxfp4_mma_decode_m16l_f16"
 
 
 def test_cpu_plan_never_takes_decode_mma(rng):
@@ -287,6 +301,38 @@ def test_gpu_decode_mma_m16n_gives_m8l_bytes(K, rng):
         assert_within_bound(y, x, w, b.float() if b is not None else None)
     a = torch.randn(16, K, generator=rng).to(torch.bfloat16).cuda()
     assert mxkit.gemm_plan(a, pw).path == "decode-mma"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("N,K", [(1040, 192), (1040, 1600), (1040, 8192), (8192, 64), (8192, 2880), (8192, 8192)])
+def test_gpu_decode_mma_m16_rings_give_the_same_bytes(N, K, rng):
+    """The m16 kernels' ring loops (m8_loop "g": m16g, 8 warps, in m16l's place; m16ng, 4 warps and 2 strips a
+    block, in m16n's) split K over the same warps as the lean loops they replace: the same bytes for 9 / 16 / 33
+    rows, bias or not, every out dtype, a weight with and without the special scale, K short of the ring
+    (64, 192) and a split along K; within the bound of the float64 product."""
+    from mxkit.kernels.matmul_details._mma_decode import MmaDecode
+
+    bias = torch.randn(N, generator=rng).cuda()
+    for special in (False, True):
+        w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4")
+        if special:
+            w.scale[3, 0] = 0
+        pw = mxkit.pack_weight(w)
+        for M, out, split in ((9, torch.bfloat16, 1), (16, torch.float32, 2 if K >= 1600 else 1),
+                              (33, torch.float16, 1)):
+            x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+            b = bias if M != 16 else None
+            ys = []
+            for loop, name in (("l", "n" if N == 8192 else "l"), ("g", "ng" if N == 8192 else "g")):
+                run = MmaDecode(pw.mma_q, pw.mma_s, N, K, M, out, special=special, split=split, m8_loop=loop)
+                assert f"_m16{name}_" in run.kernel.name and run.split == split
+                assert run.grid[1] == N // 16 // {"n": 4, "ng": 2}.get(name, 1)
+                poison_allocator()
+                ys.append(run(x, b))
+            assert torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8)), (M, out, special)
+            OUT[0] = out
+            assert_within_bound(ys[1], x, w, b)
 
 
 @pytest.mark.gpu

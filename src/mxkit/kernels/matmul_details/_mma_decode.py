@@ -22,7 +22,7 @@ PTX = Path(__file__).with_name("mma_decode.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
 SOURCE = Path(__file__).with_name("mma_decode.cu")
 MAX_M = 64  # the largest M this kernel takes (blocks of 16 tokens; the plan's envelope may be smaller)
-WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations; m16n: 4)
+WARPS = {8: 4, 16: 8}  # warps per block of the m8 / m16 kernels (mma_decode.cu's instantiations; m16n, m16ng: 4)
 SMALL_PAIRS = 8  # up to this many (token, slot) pairs the grouped kernels take 2 tiles a batch (_u2; same bits),
 #                 and the MoE decode path runs one block per pair without the sort (pairs_mma)
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
@@ -157,6 +157,11 @@ def _kernel(name: str, index: int):
     return shipped_kernel(str(PTX), name, index)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def split_k(blocks: int, K: int, mt: int, sms: int, strips: int = 1) -> int:
     """How many blocks split K, for a grid of ``blocks`` (token blocks x strip blocks of ``strips`` strips) on
     ``sms`` multiprocessors: 2 when the grid has fewer than two blocks per multiprocessor and K >= 8192 at M <= 8
@@ -184,15 +189,17 @@ def bias_flag(bias: Optional[torch.Tensor]) -> int:
     raise ValueError(f"the CUDA C++ GEMM kernels take a float32 or bf16 bias, got {bias.dtype}")
 
 
-def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "") -> str:
+def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "",
+                      sms: int = 0) -> str:
     """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8, m8l or m8g by
     ``m8_loop``, one of :data:`M8_LOOPS` (:func:`mxkit.kernels.matmul_table.mma_m8_loop`), up to 8 rows, else m16,
-    m16l or m16n by :func:`m16_loop`; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out,
-    ``special``: the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same bits."""
+    m16l, m16g, m16n or m16ng by :func:`m16_loop`, the ring loops where ``m8_loop`` is the ring, "g", on a GPU of
+    ``sms`` multiprocessors; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out, ``special``:
+    the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same bits."""
     if m8_loop not in M8_LOOPS:
         raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
     mt = 8 if M <= 8 else 16
-    loop = m16_loop(N, K) if mt == 16 else m8_loop
+    loop = m16_loop(N, K, m8_loop == "g", sms) if mt == 16 else m8_loop
     return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"
 
 
@@ -209,26 +216,39 @@ def grouped_kernel_name(activation: Optional[str], n_valid: int, special: bool, 
     return f"mxfp4_mma_grouped_{activation or 'down'}{size}{'_special' if special else ''}"
 
 
-def m16_loop(N: int, K: int) -> str:
+def m16_loop(N: int, K: int, ring: bool = False, sms: int = 0) -> str:
     """The m16 kernel's K loop for an N x K weight: "n" (4 warps x 2 tiles in the lean loop, 4 strips a block
     sharing each x load: N >= 8192, where 1 strip a block reads 4x the weight's bytes of x from L2; H200:
     16 x 28672 x 8192 75.0 -> 58.8 us, 64 x 8192 x 8192 85.5 -> 57.7; the bits of m8l on each 8 tokens at the same
     split of K; measured on the H200 only), "" (8 warps, 4 cp.async stages, 60 registers: the other layers with
     K <= 4096 and N > 4096, many blocks of short chains) or "l" (8 warps, the lean loop, 2 tiles a batch: the
     rest, where its fewer instructions per tile win; H100, benchmarks/decode_mma_ab.md). "" and "l" give the same
-    bits."""
+    bits. With ``ring`` (the m8 kernel takes its ring loop at this K: :func:`mxkit.kernels.matmul_table.mma_m8_loop`)
+    the ring loop (2 tiles a lane in flight) replaces the lean one: "g" (8 warps) for "l", and "ng" (4 warps, 2
+    strips a block sharing x) for "n" where K < 16384 (there "n" splits K: 16 x 8192 x 28672 52.4 against 56.4 us)
+    and its grid fits one wave of :data:`M16NG_BLOCKS_PER_SM` blocks on each of ``sms`` multiprocessors (at 168
+    registers; 16 x 14336 x 8192, 1.1 waves, 31.7 -> 37.8 us). H200, session 58
+    (``benchmarks/probes/m16_ring_ab.py``): 16 x 8192^2 23.0 -> 21.2 us, 16 x 4096 x 14336 21.6 -> 18.4, 16 x 2880 x
+    8192 15.8 -> 12.8, 16 x 1024 x 8192 12.2 -> 11.4; the bits of "n" and "l"."""
     if N >= 8192 and N % (16 * M16N_STRIPS) == 0:
-        return "n"
-    return "" if K <= 4096 and N > 4096 else "l"
+        fits = N // (16 * M16NG_STRIPS) <= M16NG_BLOCKS_PER_SM * sms
+        return "ng" if ring and K < 16384 and fits else "n"
+    if K <= 4096 and N > 4096:
+        return ""
+    return "g" if ring else "l"
 
 
 M16N_STRIPS = 4  # strips a block of the m16n kernel
+M16NG_STRIPS = 2  # ... of the m16ng kernel (its ring of 2 tiles at 4 strips holds 255 registers and spills)
+M16NG_BLOCKS_PER_SM = 3  # m16ng's blocks resident on a multiprocessor (168 registers x 128 threads)
 
 
-def kernel_shape(M: int, N: int, K: int) -> tuple[int, int]:
-    """(warps, strips) a block of the dense kernel that :func:`dense_kernel_name` picks for M rows of N x K."""
-    if M > 8 and m16_loop(N, K) == "n":
-        return 4, M16N_STRIPS
+def kernel_shape(M: int, N: int, K: int, ring: bool = False, sms: int = 0) -> tuple[int, int]:
+    """(warps, strips) a block of the dense kernel that :func:`dense_kernel_name` picks for M rows of N x K
+    (``ring``, ``sms``: as :func:`m16_loop`'s)."""
+    loop = m16_loop(N, K, ring, sms) if M > 8 else None
+    if loop in ("n", "ng"):
+        return 4, M16N_STRIPS if loop == "n" else M16NG_STRIPS
     return WARPS[8 if M <= 8 else 16], 1
 
 
@@ -237,7 +257,8 @@ class MmaDecode:
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
     ``split``: blocks along K (default :func:`split_k`); with more than one, the launch owns a float32
     workspace and a counter array (calls on one stream only: two streams running one MmaDecode at once would
-    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows (:func:`dense_kernel_name`; the same bits)."""
+    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring "g" the m16 kernel's ring loops too
+    (:func:`dense_kernel_name`; the same bits)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
                  special: bool = True, split: Optional[int] = None, m8_loop: str = ""):
@@ -247,13 +268,13 @@ class MmaDecode:
         dev = q.device
         idx = _index(dev)
         mt = 8 if M <= 8 else 16
-        warps, sn = kernel_shape(M, N, K)
+        sms = _sm_count(idx)
+        warps, sn = kernel_shape(M, N, K, m8_loop == "g", sms)
         self.block = 32 * warps
-        self.kernel = _kernel(dense_kernel_name(M, N, K, out, special, m8_loop), idx)
+        self.kernel = _kernel(dense_kernel_name(M, N, K, out, special, m8_loop, sms), idx)
         self.q, self.s, self.N, self.K, self.M, self.out = q, s, N, K, M, out
         groups, blocks = -(-M // mt), N // 16 // sn
         if split is None:
-            sms = torch.cuda.get_device_properties(idx).multi_processor_count
             split = split_k(groups * blocks, K, mt, sms, sn)
         self.split = max(1, min(int(split), K // 64))
         self.grid = (groups, blocks, self.split)

@@ -512,7 +512,8 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
                                                   int K, int n_valid, int top_k, long long ldx, long long ldo,
                                                   int ids64 = 0, int n_exp = 0, float* __restrict__ ws = nullptr,
                                                   int* __restrict__ cnt = nullptr) {
-  static_assert(SN == 1 || (LOOP == LEAN && !PAIRS), "strips sharing x: the lean loop of the sorted blocks");
+  static_assert(SN == 1 || ((LOOP == LEAN || LOOP == RING) && !PAIRS),
+                "strips sharing x: the lean and ring loops of the sorted blocks");
   __shared__ float red[WARPS][SN][4][32];
   __shared__ float v[8][16 * SN + 1];
   const int mb = blockIdx.x, strip = blockIdx.y * SN;
@@ -539,6 +540,9 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
     float acc[SN][1][4];
     if constexpr (LOOP == LEAN)
       mainloop_lean<1, UNROLL, WARPS, SPECIAL, SN>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc,
+                                                   (long long)KT * 32, (long long)KT * 8);
+    else if constexpr (LOOP == RING)
+      mainloop_ring<1, UNROLL, WARPS, SPECIAL, SN>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, 0, KT, warp, acc,
                                                    (long long)KT * 32, (long long)KT * 8);
     else if constexpr (LOOP > 0)
       mainloop_async<1, UNROLL, WARPS, LOOP, XPF, SPECIAL>(q + es * KT * 32 + lane, s + es * KT * 8 + g, xr, xm, 0,
@@ -622,14 +626,16 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 #define MXKIT_MMA_GROUPED_BOTH(NAME, ACT, GATHER, MUL_RW, OUT, W, U, L, X)                                 \
   MXKIT_MMA_GROUPED_BOTH_SN(NAME, ACT, GATHER, MUL_RW, OUT, W, U, L, X, 1)
 
-// one block per (token, slot) pair, no sort (PAIRS; the down GEMM combining into bf16 out): 2 tiles a batch
+// one block per (token, slot) pair, no sort (PAIRS; the down GEMM combining into bf16 out): 4 warps, 2 tiles a lane
+// in flight in the ring loop (H200, session 58, GPT-OSS-120B experts at 1 token, gate_up / down: 19.3 / 14.1 us in
+// the lean loop's batches of 2, 18.7 / 13.2 in the ring; the same bits)
 #define MXKIT_MMA_PAIRS(NAME, ACT, GATHER, MUL_RW, SPECIAL)                                                 \
   extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
       const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ q, const uint32_t* __restrict__ s,        \
       const float* __restrict__ bias, const float* __restrict__ rw, __nv_bfloat16* __restrict__ out,           \
       const int* __restrict__ topk_ids, int ids64, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, \
       int n_valid, int top_k, int n_exp, long long ldx, long long ldo) {                                       \
-    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, __nv_bfloat16, 4, 2, LEAN, false, true>(                   \
+    mxfp4_mma_grouped<ACT, GATHER, MUL_RW, SPECIAL, __nv_bfloat16, 4, 2, RING, false, true>(                   \
         x, q, s, bias, rw, out, nullptr, topk_ids, N, K, n_valid, top_k, ldx, ldo, ids64, n_exp, ws, cnt);       \
   }
 #define MXKIT_MMA_PAIRS_BOTH(NAME, ACT, GATHER, MUL_RW)                                                     \
@@ -658,13 +664,18 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 // m8l on each block of 8 tokens at the same split of K. m8g (H200, session 57): the same 4 warps with 4 tiles a
 // lane in flight in the ring loop (126 registers), which streams without a batch boundary: on K >= 8192
 // 1x8192x28672 45.3 -> 40.0 us, 8x8192x8192 17.9 -> 16.0, 1x8192x8192 16.7 -> 16.1; the same bits as m8l
-// (the dispatch table's decode_mma.ring_min_k picks it).
+// (the dispatch table's decode_mma.ring_min_k picks it). m16g / m16ng (H200, session 58): the ring loop in m16l's
+// place (8 warps, 2 tiles a lane in flight) and in m16n's (4 warps; 2 strips a block: a ring of 2 at 4 strips holds
+// 255 registers and spills), where ring_min_k takes m8g: 16x4096x14336 21.8 -> 19.3 us, 16x8192x8192 23.0 -> 20.9;
+// the bits of m16l and m16n.
 MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
 MXKIT_MMA_DECODE_ALL(8l, 1, 4, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL(8g, 1, 4, 4, RING, false)
 MXKIT_MMA_DECODE_ALL(16, 2, 8, 1, 4, false)
 MXKIT_MMA_DECODE_ALL(16l, 2, 8, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL_SN(16n, 2, 4, 2, LEAN, false, 4)
+MXKIT_MMA_DECODE_ALL(16g, 2, 8, 2, RING, false)
+MXKIT_MMA_DECODE_ALL_SN(16ng, 2, 4, 2, RING, false, 2)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu_gpt_oss, 1, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_swiglu, 2, true, false, __nv_bfloat16)
 MXKIT_MMA_GROUPED_SIZES(mxfp4_mma_grouped_down, 0, false, true, float)

@@ -174,6 +174,37 @@ struct XTile {
   }
 };
 
+// One tile of the W8A16 kernels (W16 = ELEM): bf16 x (block columns 8t .. 8t + 7 of token g of each token tile n)
+// times the decoded weight codes of R strips, each block's sum scaled into acc in float32.
+template <int R, int W16, int NT>
+__device__ __forceinline__ void w16_tile(const uint2 (&wl)[R][2], const uint2 (&wh)[R][2], const uint32_t (&sw)[R][2],
+                                         const XTile<true> (&xc)[NT], float (&acc)[R][NT][4]) {
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t a0[4], a1[4];
+      decode_fp8<W16>(wl[r][b].x, a0[0], a0[2]);  // row g, block columns 8t .. 8t + 3
+      decode_fp8<W16>(wh[r][b].x, a0[1], a0[3]);  // row g + 8
+      decode_fp8<W16>(wl[r][b].y, a1[0], a1[2]);  // row g, 8t + 4 .. 8t + 7
+      decode_fp8<W16>(wh[r][b].y, a1[1], a1[3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4 xv = xc[n].v[b];
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        mxkit::mma_bf16(c, a0, xv.x, xv.y);
+        mxkit::mma_bf16(c, a1, xv.z, xv.w);
+        const float fg = e8m0((sw[r][0] >> (8 * b)) & 0xFFu);  // (the same for every n)
+        const float fg8 = e8m0((sw[r][1] >> (8 * b)) & 0xFFu);
+        acc[r][n][0] = fmaf(c[0], fg, acc[r][n][0]);
+        acc[r][n][1] = fmaf(c[1], fg, acc[r][n][1]);
+        acc[r][n][2] = fmaf(c[2], fg8, acc[r][n][2]);
+        acc[r][n][3] = fmaf(c[3], fg8, acc[r][n][3]);
+      }
+    }
+  }
+}
+
 // The K loop of one warp over tiles (two 32-element blocks) kt_lo + warp, + 4, ... < kt_hi, for R strips of 16
 // weight rows (wrows[r]); x: bf16 row xb (QUANT) or codes xq and scales xs of the lane's token g (of token
 // tile n: xb[n] / xq[n] / xs[n] / xm[n]; NT > 1 for W16 only). acc[r][n][i]: rows g, g, g+8, g+8 of strip r;
@@ -185,6 +216,7 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
                                          const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
                                          float (&acc)[R][NT][4]) {
   static_assert(NT == 1 || W16, "token tiles a block past 1: the W8A16 kernels only");
+  static_assert(!W16 || QUANT, "the W8A16 kernels read bf16 x");
   constexpr int WARPS = 4;
   const int lane = threadIdx.x & 31, t = lane & 3;
 #pragma unroll
@@ -229,45 +261,25 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
     for (int u = 0; u < UNROLL; ++u) {
       const int kt = t0 + u * WARPS;
       if (kt < kt_hi) {
+        if constexpr (W16 != 0) {
+          w16_tile<R, W16, NT>(wl[u], wh[u], sw[u], xc[u], acc);
+        } else {
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          if (W16) {  // bf16 x (block columns 8t .. 8t + 7 of token g of each tile) times the decoded weight codes
+          for (int b = 0; b < 2; ++b) {
+            // the scales of tokens 2t and 2t + 1 (held by the quads 2t, 2t + 1)
+            const float fa = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t));
+            const float fb = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t + 4));
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-              uint32_t a0[4], a1[4];
-              decode_fp8<W16>(wl[u][r][b].x, a0[0], a0[2]);  // row g, block columns 8t .. 8t + 3
-              decode_fp8<W16>(wh[u][r][b].x, a0[1], a0[3]);  // row g + 8
-              decode_fp8<W16>(wl[u][r][b].y, a1[0], a1[2]);  // row g, 8t + 4 .. 8t + 7
-              decode_fp8<W16>(wh[u][r][b].y, a1[1], a1[3]);
-#pragma unroll
-              for (int n = 0; n < NT; ++n) {
-                const uint4 xv = xc[u][n].v[b];
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-                mxkit::mma_bf16(c, a0, xv.x, xv.y);
-                mxkit::mma_bf16(c, a1, xv.z, xv.w);
-                const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);  // (the same for every n)
-                const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
-                acc[r][n][0] = fmaf(c[0], fg, acc[r][n][0]);
-                acc[r][n][1] = fmaf(c[1], fg, acc[r][n][1]);
-                acc[r][n][2] = fmaf(c[2], fg8, acc[r][n][2]);
-                acc[r][n][3] = fmaf(c[3], fg8, acc[r][n][3]);
-              }
+              float c[4] = {0.f, 0.f, 0.f, 0.f};
+              mma_e4m3(c, wl[u][r][b], wh[u][r][b], bx[u][b][0], bx[u][b][1]);
+              const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
+              const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
+              acc[r][0][0] = fmaf(c[0] * fa, fg, acc[r][0][0]);
+              acc[r][0][1] = fmaf(c[1] * fb, fg, acc[r][0][1]);
+              acc[r][0][2] = fmaf(c[2] * fa, fg8, acc[r][0][2]);
+              acc[r][0][3] = fmaf(c[3] * fb, fg8, acc[r][0][3]);
             }
-            continue;
-          }
-          // the scales of tokens 2t and 2t + 1 (held by the quads 2t, 2t + 1)
-          const float fa = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t));
-          const float fb = e8m0(__shfl_sync(0xFFFFFFFFu, sx[u][b], 8 * t + 4));
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_e4m3(c, wl[u][r][b], wh[u][r][b], bx[u][b][0], bx[u][b][1]);
-            const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
-            const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
-            acc[r][0][0] = fmaf(c[0] * fa, fg, acc[r][0][0]);
-            acc[r][0][1] = fmaf(c[1] * fb, fg, acc[r][0][1]);
-            acc[r][0][2] = fmaf(c[2] * fa, fg8, acc[r][0][2]);
-            acc[r][0][3] = fmaf(c[3] * fb, fg8, acc[r][0][3]);
           }
         }
       }
@@ -291,6 +303,64 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
   }
 }
 
+// The W8A16 K loop as a ring (mma_decode.cu's mainloop_ring): each lane holds the weight words, scale words and x
+// of its next D tiles and loads tile j + D as it computes tile j. Same tiles, same order, same arithmetic as
+// mainloop at W16: the same bits.
+template <int R, int D, bool PACKED, int W16, int NT>
+__device__ __forceinline__ void mainloop_ring16(const WeightRows<PACKED> (&wrows)[R], const uint4* const (&xb)[NT],
+                                                const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
+                                                float (&acc)[R][NT][4]) {
+  constexpr int WARPS = 4;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+  const int first = kt_lo + warp;
+  const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
+  uint2 rl[D][R][2], rh[D][R][2];
+  uint32_t rs[D][R][2];
+  XTile<true> rx[D][NT];
+  auto fill = [&](int i, int j) {  // slot i <- the warp's tile j
+    const int kt = first + j * WARPS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) wrows[r].load(kt, rl[i][r], rh[i][r], rs[i][r]);
+#pragma unroll
+    for (int m = 0; m < NT; ++m) rx[i][m].load(xb[m], nullptr, nullptr, xm[m], kt);
+  };
+  // slot i copied out so that it can be refilled before it is computed, then computed
+  auto take = [&](int i, int refill) {
+    uint2 wl[R][2], wh[R][2];
+    uint32_t sw[R][2];
+    XTile<true> xc[NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) wl[r][b] = rl[i][r][b], wh[r][b] = rh[i][r][b];
+      sw[r][0] = rs[i][r][0], sw[r][1] = rs[i][r][1];
+    }
+#pragma unroll
+    for (int m = 0; m < NT; ++m) xc[m] = rx[i][m];
+    if (refill >= 0) fill(i, refill);
+    w16_tile<R, W16, NT>(wl, wh, sw, xc, acc);
+  };
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+    if (i < n) fill(i, i);
+  int j = 0;
+  for (; j + 2 * D <= n; j += D)  // every refill in range
+#pragma unroll
+    for (int i = 0; i < D; ++i) take(i, j + D + i);
+  // the last n - j tiles (fewer than 2 D): those in the ring, refilled while in range, then the refills
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+    if (j + i < n) take(i, j + D + i < n ? j + D + i : -1);
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+    if (j + D + i < n) take(i, -1);
+}
+
 // grid (ceil(M / (8 NT)), N / (16 R), S), block 128 (4 warps). x: bf16 rows (QUANT) or E4M3 codes [M, ldx] with
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x NT x 128] and the last
@@ -304,6 +374,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
                                            const float* __restrict__ bias, OUT* __restrict__ y,
                                            float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K,
                                            long long ldx, long long ldxs, long long ldy, int bias_bf16) {
+  static_assert(UNROLL > 0 || W16, "the ring loop (UNROLL < 0): the W8A16 kernels only");
   constexpr int WARPS = 4;
   __shared__ float red[WARPS][R * NT][4][32];
   __shared__ int last;
@@ -345,7 +416,10 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
     xs[n] = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
   }
   float acc[R][NT][4];
-  mainloop<R, UNROLL, QUANT, PACKED, XPF, W16, NT>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  if constexpr (UNROLL < 0)  // the ring of -UNROLL tiles (W8A16)
+    mainloop_ring16<R, -UNROLL, PACKED, W16, NT>(wrows, xb, xm, kt_lo, kt_hi, warp, acc);
+  else
+    mainloop<R, UNROLL, QUANT, PACKED, XPF, W16, NT>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll

@@ -18,7 +18,8 @@ SHAPES = [(16, 8192, 8192), (12, 8192, 8192), (16, 28672, 8192), (16, 8192, 2867
 if len(sys.argv) > 1:
     SHAPES = [tuple(int(v) for v in c.split("x")) for c in sys.argv[1].split(",")]
 print(torch.cuda.get_device_name(0), torch.__version__)
-print("\n| M×N×K | lean: kernel | µs | ring: kernel | µs | ring / lean | same bytes |\n|---|---|---|---|---|---|---|")
+print("\n| M×N×K | lean: kernel | µs | ring: kernel | µs | ring / lean | same bytes |")
+print("|---|---|---|---|---|---|---|")
 for M, N, K in SHAPES:
     w = mxkit.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05, "mxfp4")
     b = mxkit.pack_weight(w)

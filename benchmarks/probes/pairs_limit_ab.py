@@ -43,7 +43,8 @@ def graph(x, tw, tid, limit):
 
 
 print(torch.cuda.get_device_name(0), torch.__version__)
-print(f"\n| T (pairs) | sorted + combine (SMALL_PAIRS 8) µs | pairs kernels (SMALL_PAIRS {LIMIT}) µs | ratio | same bytes |")
+print(f"\n| T (pairs) | sorted + combine (SMALL_PAIRS 8) µs | pairs kernels (SMALL_PAIRS {LIMIT}) µs | ratio "
+      "| same bytes |")
 print("|---|---|---|---|---|")
 for T in TS:
     tw, tid = routing(T, E, "uniform", dev)

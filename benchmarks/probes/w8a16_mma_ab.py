@@ -49,7 +49,7 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
                 cells.append(f"r{r} nt{nt} split {split}{'*' if split == pol else ''} "
                              f"{timed(lambda: run(x, None, None))}")
     for name, k in VARIANTS.items():
-        R, NT = (int(v) for v in re.fullmatch(r"w16_r(\d+)_nt(\d+)(?:_g\d+)?", name).groups())
+        R, NT = (int(v) for v in re.fullmatch(r"w16_r(\d+)_nt(\d+)(?:_g\d+)?", name).groups())  # _g: f308820
         if N % (16 * R):
             continue
         groups, strips = -(-M // (8 * NT)), N // (16 * R)

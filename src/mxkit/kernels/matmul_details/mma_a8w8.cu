@@ -303,64 +303,6 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
   }
 }
 
-// The W8A16 K loop as a ring (mma_decode.cu's mainloop_ring): each lane holds the weight words, scale words and x
-// of its next D tiles and loads tile j + D as it computes tile j. Same tiles, same order, same arithmetic as
-// mainloop at W16: the same bits.
-template <int R, int D, bool PACKED, int W16, int NT>
-__device__ __forceinline__ void mainloop_ring16(const WeightRows<PACKED> (&wrows)[R], const uint4* const (&xb)[NT],
-                                                const bool (&xm)[NT], int kt_lo, int kt_hi, int warp,
-                                                float (&acc)[R][NT][4]) {
-  constexpr int WARPS = 4;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
-  const int first = kt_lo + warp;
-  const int n = first < kt_hi ? (kt_hi - first + WARPS - 1) / WARPS : 0;  // this warp's tiles
-  uint2 rl[D][R][2], rh[D][R][2];
-  uint32_t rs[D][R][2];
-  XTile<true> rx[D][NT];
-  auto fill = [&](int i, int j) {  // slot i <- the warp's tile j
-    const int kt = first + j * WARPS;
-#pragma unroll
-    for (int r = 0; r < R; ++r) wrows[r].load(kt, rl[i][r], rh[i][r], rs[i][r]);
-#pragma unroll
-    for (int m = 0; m < NT; ++m) rx[i][m].load(xb[m], nullptr, nullptr, xm[m], kt);
-  };
-  // slot i copied out so that it can be refilled before it is computed, then computed
-  auto take = [&](int i, int refill) {
-    uint2 wl[R][2], wh[R][2];
-    uint32_t sw[R][2];
-    XTile<true> xc[NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) wl[r][b] = rl[i][r][b], wh[r][b] = rh[i][r][b];
-      sw[r][0] = rs[i][r][0], sw[r][1] = rs[i][r][1];
-    }
-#pragma unroll
-    for (int m = 0; m < NT; ++m) xc[m] = rx[i][m];
-    if (refill >= 0) fill(i, refill);
-    w16_tile<R, W16, NT>(wl, wh, sw, xc, acc);
-  };
-#pragma unroll
-  for (int i = 0; i < D; ++i)
-    if (i < n) fill(i, i);
-  int j = 0;
-  for (; j + 2 * D <= n; j += D)  // every refill in range
-#pragma unroll
-    for (int i = 0; i < D; ++i) take(i, j + D + i);
-  // the last n - j tiles (fewer than 2 D): those in the ring, refilled while in range, then the refills
-#pragma unroll
-  for (int i = 0; i < D; ++i)
-    if (j + i < n) take(i, j + D + i < n ? j + D + i : -1);
-#pragma unroll
-  for (int i = 0; i < D; ++i)
-    if (j + D + i < n) take(i, -1);
-}
-
 // grid (ceil(M / (8 NT)), N / (16 R), S), block 128 (4 warps). x: bf16 rows (QUANT) or E4M3 codes [M, ldx] with
 // E8M0 scales [M, ldxs]; w [N, K] codes, sw [N, K / 32]; y [M, ldy]. With S > 1 block z takes the z-th of S
 // ranges of K tiles, writes its float32 partial to ws [token block, strip group, S, R x NT x 128] and the last
@@ -374,7 +316,6 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
                                            const float* __restrict__ bias, OUT* __restrict__ y,
                                            float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K,
                                            long long ldx, long long ldxs, long long ldy, int bias_bf16) {
-  static_assert(UNROLL > 0 || W16, "the ring loop (UNROLL < 0): the W8A16 kernels only");
   constexpr int WARPS = 4;
   __shared__ float red[WARPS][R * NT][4][32];
   __shared__ int last;
@@ -416,10 +357,7 @@ __device__ __forceinline__ void mxfp8_a8w8(const void* __restrict__ x, const uin
     xs[n] = reinterpret_cast<const uint16_t*>(xs_base + xrow * ldxs);
   }
   float acc[R][NT][4];
-  if constexpr (UNROLL < 0)  // the ring of -UNROLL tiles (W8A16)
-    mainloop_ring16<R, -UNROLL, PACKED, W16, NT>(wrows, xb, xm, kt_lo, kt_hi, warp, acc);
-  else
-    mainloop<R, UNROLL, QUANT, PACKED, XPF, W16, NT>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
+  mainloop<R, UNROLL, QUANT, PACKED, XPF, W16, NT>(wrows, xb, xq, xs, xm, kt_lo, kt_hi, warp, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll

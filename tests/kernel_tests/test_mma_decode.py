@@ -171,6 +171,10 @@ def test_m16_kernel_by_shape():
         "mxfp4_mma_decode_m16ng_bf16_special"
     assert md.dense_kernel_name(12, 4096, 14336, torch.float16, False, "g") == "mxfp4_mma_decode_m16g_f16"
     assert md.dense_kernel_name(12, 4096, 14336, torch.float16, False, "l") == "mxfp4_mma_decode_m16l_f16"
+    # past 16 rows (more than one block of tokens) the lean loops, as measured
+    assert md.dense_kernel_name(17, 4096, 14336, torch.float16, False, "g") == "mxfp4_mma_decode_m16l_f16"
+    assert md.dense_kernel_name(33, 8192, 8192, torch.bfloat16, False, "g", 132) == "mxfp4_mma_decode_m16n_bf16"
+    assert md.kernel_shape(64, 8192, 8192, True, 132) == (4, 4) and md.kernel_shape(16, 8192, 8192, True, 132)[1] == 2
 
 
 def test_cpu_plan_never_takes_decode_mma(rng):
@@ -307,10 +311,11 @@ def test_gpu_decode_mma_m16n_gives_m8l_bytes(K, rng):
 @gpu
 @pytest.mark.parametrize("N,K", [(1040, 192), (1040, 1600), (1040, 8192), (8192, 64), (8192, 2880), (8192, 8192)])
 def test_gpu_decode_mma_m16_rings_give_the_same_bytes(N, K, rng):
-    """The m16 kernels' ring loops (m8_loop "g": m16g, 8 warps, in m16l's place; m16ng, 4 warps and 2 strips a
-    block, in m16n's) split K over the same warps as the lean loops they replace: the same bytes for 9 / 16 / 33
-    rows, bias or not, every out dtype, a weight with and without the special scale, K short of the ring
-    (64, 192) and a split along K; within the bound of the float64 product."""
+    """The m16 kernels' ring loops (m8_loop "g" up to 16 rows: m16g, 8 warps, in m16l's place; m16ng, 4 warps and 2
+    strips a block, in m16n's) split K over the same warps as the lean loops they replace: the same bytes for 9 /
+    12 / 16 rows, bias or not, every out dtype, a weight with and without the special scale, K short of the ring
+    (64, 192) and a split along K; within the bound of the float64 product. Past 16 rows "g" takes the lean
+    loops."""
     from mxkit.kernels.matmul_details._mma_decode import MmaDecode
 
     bias = torch.randn(N, generator=rng).cuda()
@@ -320,7 +325,7 @@ def test_gpu_decode_mma_m16_rings_give_the_same_bytes(N, K, rng):
             w.scale[3, 0] = 0
         pw = mxkit.pack_weight(w)
         for M, out, split in ((9, torch.bfloat16, 1), (16, torch.float32, 2 if K >= 1600 else 1),
-                              (33, torch.float16, 1)):
+                              (12, torch.float16, 1)):
             x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
             b = bias if M != 16 else None
             ys = []
@@ -333,6 +338,8 @@ def test_gpu_decode_mma_m16_rings_give_the_same_bytes(N, K, rng):
             assert torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8)), (M, out, special)
             OUT[0] = out
             assert_within_bound(ys[1], x, w, b)
+    lean = "n" if N == 8192 else "l"
+    assert f"_m16{lean}_" in MmaDecode(pw.mma_q, pw.mma_s, N, K, 33, torch.bfloat16, m8_loop="g").kernel.name
 
 
 @pytest.mark.gpu

@@ -193,13 +193,14 @@ def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m
                       sms: int = 0) -> str:
     """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8, m8l or m8g by
     ``m8_loop``, one of :data:`M8_LOOPS` (:func:`mxkit.kernels.matmul_table.mma_m8_loop`), up to 8 rows, else m16,
-    m16l, m16g, m16n or m16ng by :func:`m16_loop`, the ring loops where ``m8_loop`` is the ring, "g", on a GPU of
-    ``sms`` multiprocessors; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out, ``special``:
-    the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same bits."""
+    m16l, m16g, m16n or m16ng by :func:`m16_loop`, the ring loops up to 16 rows where ``m8_loop`` is the ring, "g",
+    on a GPU of ``sms`` multiprocessors; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out,
+    ``special``: the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same
+    bits."""
     if m8_loop not in M8_LOOPS:
         raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
     mt = 8 if M <= 8 else 16
-    loop = m16_loop(N, K, m8_loop == "g", sms) if mt == 16 else m8_loop
+    loop = m16_loop(N, K, m8_loop == "g" and M <= 16, sms) if mt == 16 else m8_loop
     return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"
 
 
@@ -245,8 +246,8 @@ M16NG_BLOCKS_PER_SM = 3  # m16ng's blocks resident on a multiprocessor (168 regi
 
 def kernel_shape(M: int, N: int, K: int, ring: bool = False, sms: int = 0) -> tuple[int, int]:
     """(warps, strips) a block of the dense kernel that :func:`dense_kernel_name` picks for M rows of N x K
-    (``ring``, ``sms``: as :func:`m16_loop`'s)."""
-    loop = m16_loop(N, K, ring, sms) if M > 8 else None
+    (``ring``: the m8 kernel's loop is the ring; ``sms``: as :func:`m16_loop`'s)."""
+    loop = m16_loop(N, K, ring and M <= 16, sms) if M > 8 else None
     if loop in ("n", "ng"):
         return 4, M16N_STRIPS if loop == "n" else M16NG_STRIPS
     return WARPS[8 if M <= 8 else 16], 1
@@ -257,8 +258,8 @@ class MmaDecode:
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
     ``split``: blocks along K (default :func:`split_k`); with more than one, the launch owns a float32
     workspace and a counter array (calls on one stream only: two streams running one MmaDecode at once would
-    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring "g" the m16 kernel's ring loops too
-    (:func:`dense_kernel_name`; the same bits)."""
+    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring "g" the m16 kernel's ring loops too at
+    9-16 rows (:func:`dense_kernel_name`; the same bits)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
                  special: bool = True, split: Optional[int] = None, m8_loop: str = ""):

@@ -8,9 +8,10 @@ the largest M at which the decode kernel is faster on every shape; ``decode_mma.
 tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
 kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
 kernel up to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which its ring loop is
-faster; the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8 weights against the path the plan takes
-without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the
-plan takes without it (w8a16-wgmma on Hopper, else both operands
+faster; at 9-16 rows the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16
+kernel on packed MXFP8 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the
+MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper,
+else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
 (``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
 (the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of

@@ -151,7 +151,8 @@ def test_grouped_mma_refuses_strips_it_has_no_kernel_for():
 
 def test_m16_kernel_by_shape():
     """m16n (4 strips a block sharing x) for N >= 8192 in whole blocks of strips, else m16 / m16l as before;
-    up to 8 rows the m8 kernels whatever N."""
+    up to 8 rows the m8 kernels whatever N; at 9-16 rows where the m8 kernel takes its ring, the ring loops
+    (m16g, m16ng)."""
     md = _mma_decode
     assert md.m16_loop(8192, 8192) == "n" and md.m16_loop(28672, 4096) == "n"
     assert md.m16_loop(8192 + 16, 4096) == "" and md.m16_loop(4096, 14336) == "l" and md.m16_loop(6144, 4096) == ""
@@ -166,6 +167,7 @@ def test_m16_kernel_by_shape():
     assert md.m16_loop(8192, 8192, True) == "n" and md.m16_loop(14336, 8192, True, 132) == "n"
     assert md.m16_loop(4096, 14336, True) == "g" and md.m16_loop(6144, 4096, True) == ""
     assert md.kernel_shape(16, 8192, 8192, True, 132) == (4, 2) and md.kernel_shape(16, 4096, 14336, True) == (8, 1)
+    assert md.kernel_shape(16, 8192, 8192, True, 85) == (4, 4)  # (256 blocks of 2 strips: more than a wave)
     assert md.kernel_shape(8, 8192, 8192, True, 132) == (4, 1) and md.kernel_shape(16, 8192, 28672, True, 132) == (4, 4)
     assert md.dense_kernel_name(16, 8192, 8192, torch.bfloat16, True, "g", 132) == \
         "mxfp4_mma_decode_m16ng_bf16_special"

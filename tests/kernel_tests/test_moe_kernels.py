@@ -847,17 +847,19 @@ def test_gpu_grouped_mma_strips_fall_back_to_one(rng):
 @gpu
 @pytest.mark.parametrize("T,k", [(1, 4), (2, 4), (8, 1), (3, 2)])
 @pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
-def test_gpu_moe_decode_pairs_without_sort(T, k, act, rng, monkeypatch):
+@pytest.mark.parametrize("H,I", [(256, 128), (2880, 704)])
+def test_gpu_moe_decode_pairs_without_sort(T, k, act, H, I, rng, monkeypatch):
     """Up to 8 (token, slot) pairs on all the experts with bf16 out, both GEMMs run one block per pair from the
     router's ids (int64 as torch.topk gives them, or int32), with no sort and no combine kernel (the down GEMM
     sums the slots): the bytes of the sorted blocks and the combine kernel (which a slice holding every expert
     takes, float32 out, rounded once to bf16 here); a pair routed to an expert id outside the layer contributes
     0 (the sorted path with that pair's weight 0); fresh inputs in a CUDA graph replay; the allocator's free
-    memory poisoned before the calls."""
+    memory poisoned before the calls. H, I: at most 1 tile of 64 a warp, and a warp's 11-12 tiles of the gate_up
+    GEMM at H = 2880 (the ring loop's steady state and its refilled tail; the down GEMM 2-3 at I = 704)."""
     from mxkit.kernels import moe as kmoe
     from mxkit.kernels.moe_details import _decode, _rows
 
-    E, H, I = 32, 256, 128
+    E = 32
     case = layer_case(T, E, H, I, "mxfp4", rng, k=k)
     x, w1, b1, w2, b2, tw, ids = case
     w1.scale[3, 1, 0] = 0  # the special-scale variant of the gate_up kernel

@@ -127,7 +127,7 @@ def mma_m8_loop(device: torch.device, K: int) -> str:
     """The decode-mma m8 kernel's loop on ``device`` for a weight of K columns: "g" (the ring loop) where K is at
     least ``decode_mma.ring_min_k`` (optional; null or absent: never), else ``decode_mma.m8_loop`` ("" the
     register loop, "l" the lean loop, "g"; default ""). Every loop gives the same bits. Where it is "g" the m16
-    kernels (9-64 rows) take their ring loops too (:func:`.matmul_details._mma_decode.m16_loop`)."""
+    kernels take their ring loops too at 9-16 rows (:func:`.matmul_details._mma_decode.m16_loop`)."""
     entry = _envelope(device, "decode_mma") or {}
     ring = entry.get("ring_min_k")
     return "g" if ring is not None and K >= int(ring) else str(entry.get("m8_loop", ""))

@@ -229,8 +229,8 @@ def m16_loop(N: int, K: int, ring: bool = False, sms: int = 0) -> str:
     strips a block sharing x) for "n" where K < 16384 (there "n" splits K: 16 x 8192 x 28672 52.4 against 56.4 us)
     and its grid fits one wave of :data:`M16NG_BLOCKS_PER_SM` blocks on each of ``sms`` multiprocessors (at 168
     registers; 16 x 14336 x 8192, 1.1 waves, 31.7 -> 37.8 us). H200, session 58
-    (``benchmarks/probes/m16_ring_ab.py``): 16 x 8192^2 23.0 -> 21.2 us, 16 x 4096 x 14336 21.6 -> 18.4, 16 x 2880 x
-    8192 15.8 -> 12.8, 16 x 1024 x 8192 12.2 -> 11.4; the bits of "n" and "l"."""
+    (``benchmarks/probes/m16_ring_ab.py``): 16 x 8192^2 23.6 -> 21.3 us, 16 x 4096 x 14336 21.9 -> 19.4, 16 x 2880 x
+    8192 15.2 -> 13.8, 16 x 1024 x 8192 12.4 -> 10.9; the bits of "n" and "l"."""
     if N >= 8192 and N % (16 * M16N_STRIPS) == 0:
         fits = N // (16 * M16NG_STRIPS) <= M16NG_BLOCKS_PER_SM * sms
         return "ng" if ring and K < 16384 and fits else "n"

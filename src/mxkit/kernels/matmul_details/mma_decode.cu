@@ -492,7 +492,7 @@ __device__ __forceinline__ void mxfp4_mma_decode(const __nv_bfloat16* __restrict
 // packed one after another (expert e's strips follow expert e - 1's). The x row of i is i / top_k (GATHER: the
 // token) or i. Epilogue, in float32: + bias[e, row]; ACT 1: GPT-OSS's clamped SwiGLU, ACT 2: SiLU(gate) * up,
 // on row pairs (gate 2c, up 2c + 1: interleaved rows), into column 8 strip + c; ACT 0: column row; MUL_RW:
-// times rw[i]; stored once in OUT at out[i] (row stride ldo). SN > 1 (the sorted blocks' lean loop): block
+// times rw[i]; stored once in OUT at out[i] (row stride ldo). SN > 1 (the sorted blocks' lean or ring loop): block
 // (mb, y) takes the SN strips SN y .. SN y + SN - 1, sharing each x load (the bits of SN = 1).
 //
 // PAIRS (a few (token, slot) pairs, no sort): block mb is pair mb alone (row 0 of the block; the other 7 rows
@@ -666,8 +666,9 @@ __device__ __forceinline__ void mxfp4_mma_grouped(const __nv_bfloat16* __restric
 // 1x8192x28672 45.3 -> 40.0 us, 8x8192x8192 17.9 -> 16.0, 1x8192x8192 16.7 -> 16.1; the same bits as m8l
 // (the dispatch table's decode_mma.ring_min_k picks it). m16g / m16ng (H200, session 58): the ring loop in m16l's
 // place (8 warps, 2 tiles a lane in flight) and in m16n's (4 warps; 2 strips a block: a ring of 2 at 4 strips holds
-// 255 registers and spills), where ring_min_k takes m8g: 16x4096x14336 21.8 -> 19.3 us, 16x8192x8192 23.0 -> 20.9;
-// the bits of m16l and m16n.
+// 255 registers and spills), at 9-16 rows where ring_min_k takes m8g (m16ng where its grid fits one wave):
+// 16x4096x14336 21.9 -> 19.4 us, 16x8192x8192 23.6 -> 21.3 (benchmarks/probes/m16_ring_ab.py); the bits of m16l
+// and m16n.
 MXKIT_MMA_DECODE_ALL(8, 1, 4, 4, 0, true)
 MXKIT_MMA_DECODE_ALL(8l, 1, 4, 2, LEAN, false)
 MXKIT_MMA_DECODE_ALL(8g, 1, 4, 4, RING, false)

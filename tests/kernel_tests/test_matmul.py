@@ -815,6 +815,36 @@ def test_gpu_w4a16_wgmma(M, N, K, base, ws, rng, monkeypatch):
         assert torch.equal(yn[:, keep], y[:, keep])
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("M,N,K,bm", [(4000, 5120, 2880, 256), (2048, 1000, 4096, 128), (700, 8192, 2912, 256)])
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp8_e4m3"])
+def test_gpu_wgmma_persistent_same_bytes(M, N, K, bm, fmt, rng, monkeypatch):
+    """Dense calls of the wgmma kernel on its persistent schedule (one program an SM over the tiles in launch
+    order: here 2-5 tiles a program; the default) give the bytes of one program a tile (MXKIT_WGMMA_PERSIST=0),
+    bf16 out and float32 out with a bias, M and N not multiples of the tile, K of odd (45) and even step
+    counts, into NaN-poisoned outputs; and within the float64 bound."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    w = rand_mx((N, K), fmt, rng, device="cuda")
+    pw = mxkit.pack_weight(w)
+    q, st, one = wg.packed_of(pw)
+    elem = wg.FP8_ELEMS.get(fmt, "e2m1")
+    a = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+    bias = torch.randn(N, generator=rng).cuda()
+    for out, b in ((torch.bfloat16, None), (torch.float32, bias)):
+        got = []
+        for persist in ("1", "0"):
+            monkeypatch.setenv("MXKIT_WGMMA_PERSIST", persist)
+            y = torch.full((M, N), float("nan"), dtype=out, device="cuda")
+            got.append(wg.w4a16_wgmma(a, q, st, N, one, out, b, y=y, bm=bm, elem=elem))
+        assert not torch.isnan(got[0]).any()
+        assert torch.equal(got[0], got[1])
+        assert_within_bound(got[0], a, pw, b)
+
+
 def test_pack_weight_fp8_nonfinite_codes_count_as_nan(rng):
     """An MXFP8 weight with a NaN (E4M3 0x7F / 0xFF) or Inf (E5M2 exponent all ones) element code reads
     has_nan, so it stays off the wgmma kernel (whose decode does not keep them); finite codes do not."""

@@ -1177,6 +1177,36 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("T,E,H,I,fmt", [(727, 32, 2880, 2880, "mxfp4"), (3200, 32, 256, 192, "mxfp4"),
+                                         (4096, 32, 2880, 704, "mxfp4"), (727, 32, 2880, 2880, "mxfp8_e4m3")])
+@pytest.mark.parametrize("layout", ["mma", "wgmma"])
+def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rng, monkeypatch):
+    """The wgmma kernel's persistent schedule (one program an SM walking the tiles, the TMA producer running into
+    the next tile during the epilogue; the default) gives the layer's bytes of one program a tile
+    (MXKIT_WGMMA_PERSIST=0): blocks of 128 rows and mixed 256 / 128 / 64 (the 64-row launches keep the
+    single-partition loop), several tiles a program (4096 tokens: ~20 a program), unused blocks skipped, K of odd
+    (45) and even (11) step counts, both layouts, MXFP8 experts; and the layer within its bound."""
+    if _wgmma_here():
+        pytest.skip(_wgmma_here())
+    if fmt != "mxfp4" and layout == "mma":
+        pytest.skip("the decode-mma layout holds MXFP4 experts only")
+    from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma
+
+    case = layer_case(T, E, H, I, fmt, rng)
+    if layout == "mma":
+        packed = (pack_experts_mma(case[1]), pack_experts_mma(case[3]))
+    else:
+        packed = (pack_experts_wgmma(case[1], act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(case[3]))
+    outs = []
+    for persist in ("1", "0"):
+        monkeypatch.setenv("MXKIT_WGMMA_PERSIST", persist)
+        outs.append(moe_triton(*case, packed=packed))
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    check_layer(outs[0], case, "swiglu_gpt_oss")
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("T,E,H,I", [(727, 32, 2880, 2880), (300, 128, 256, 192)])
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])

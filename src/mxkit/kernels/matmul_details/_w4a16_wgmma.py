@@ -17,6 +17,8 @@ decode and multiply, two steps per loop iteration with the decoded operands alte
 sets. This took the 5 ``bar.sync`` + ``MEMBAR`` a step that Gluon puts around TMA issues in a single-partition
 loop out of the consumers' path (H100: 1024 x 8192^2 212 -> 184 us). Grouped calls of smaller blocks (the MoE at
 a few rows per expert) keep the single-partition loop; ``MXKIT_WGMMA_WS=0`` / ``1`` forces either (:func:`_ws`).
+Grouped launches of one block size run it persistent (:func:`_persist`): one program an SM over the tiles,
+the producer loading the next tile's first steps during the last one's epilogue.
 
 The weight layout (:func:`pack_wgmma`, once per weight): the codes [N, Kp / 2] with K padded to Kp, a
 multiple of 64, and each 32-byte step permuted so that lane c of a quad finds its 8 bytes contiguous:
@@ -404,20 +406,20 @@ def _kernel():
 
     @gluon.jit
     def _step(t, acc, w_use, w_next, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0,
-              T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8):
-        # step t: its wgmma on w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot
-        # goes back to the producer (WS) or takes step t + STAGES - 1's TMA, and step t + 1's weight is decoded
-        # into w_next while this wgmma runs
-        acc = warpgroup_mma(w_use, x_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
+              T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8, C0):
+        # step t (the ring's step C0 + t: C0 counts the steps of a persistent program's earlier tiles): its wgmma on
+        # w_use; then (step t - 1's wgmma done: its slot free, w_next reusable) the slot goes back to the producer
+        # (WS) or takes step t + STAGES - 1's TMA, and step t + 1's weight is decoded into w_next while this wgmma runs
+        acc = warpgroup_mma(w_use, x_smem.index((C0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
         acc, w_next = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_next))
         if WS:
-            mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES), pred=t > 0)
+            mbarrier.arrive(empty.index((C0 + t + STAGES - 1) % STAGES), pred=t > 0)
         else:
             tn = t + STAGES - 1
             if tn < STEPS:
                 _load(tn, tn % STAGES, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES,
                       MMA, W8)
-        t1 = gl.minimum(t + 1, STEPS - 1)
+        t1 = C0 + gl.minimum(t + 1, STEPS - 1)
         s1 = t1 % STAGES
         mbarrier.wait(ready.index(s1), (t1 // STAGES) & 1)
         w_next = _decode_any(w_smem.index(s1), s_smem.index(s1), BNc, B2, S2, BL, L3, DOT, ONE_MUL, MMA, W8)
@@ -425,22 +427,27 @@ def _kernel():
 
     @gluon.jit
     def _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, T0, STEPS, NBYTES,
-                  STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA, W8):
+                  STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA, W8, C0=0, PERSIST=False):
         # the decode + wgmma loop (the consumers, or every warp without WS), two steps per iteration with the
-        # weight operands alternating between w0 and w1 (no register copies)
+        # weight operands alternating between w0 and w1 (no register copies); the ring's steps C0 .. C0 + STEPS - 1
         acc = gl.zeros([BNc, BM], gl.float32, layout=ACC)
-        mbarrier.wait(ready.index(0), 0)
-        w0 = _decode_any(w_smem.index(0), s_smem.index(0), BNc, B2, S2, BL, L3, DOT, ONE_MUL, MMA, W8)
+        mbarrier.wait(ready.index(C0 % STAGES), (C0 // STAGES) & 1)
+        w0 = _decode_any(w_smem.index(C0 % STAGES), s_smem.index(C0 % STAGES), BNc, B2, S2, BL, L3, DOT, ONE_MUL,
+                         MMA, W8)
         w1 = w0
         for t in range(0, STEPS - 1, 2):
             acc, w1 = _step(t, acc, w0, w1, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8)
+                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8, C0)
             acc, w0 = _step(t + 1, acc, w1, w0, x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m,
-                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8)
+                            row0, T0, STEPS, NBYTES, STAGES, BNc, B2, S2, BL, L3, DOT, ONE_MUL, WS, MMA, W8, C0)
         if STEPS % 2 == 1:  # the last step's weight is in w0
-            acc = warpgroup_mma(w0, x_smem.index((STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(w0, x_smem.index((C0 + STEPS - 1) % STAGES).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if PERSIST:  # the slots the loop did not give back (its last step's, and with STEPS odd the one before)
+            if STEPS % 2 == 1:
+                mbarrier.arrive(empty.index((C0 + STEPS - 2) % STAGES), pred=STEPS > 1)
+            mbarrier.arrive(empty.index((C0 + STEPS - 1) % STAGES))
         return (acc,)  # a tuple: gl.warp_specialize flattens the default partition's results
 
     @gluon.jit
@@ -476,72 +483,10 @@ def _kernel():
         return out
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, ALL_STEPS, KSTEPS, stride_ym,
-                           stride_yk, NB,
-                           BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                           B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
-                           ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, WEIGHT: gl.constexpr,
-                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr,
-                           num_warps: gl.constexpr):
-        # WEIGHT (:data:`WEIGHTS`): E2M1 codes in this module's layout (0) or the decode-mma one (1), FP8 codes
-        # (2: E4M3, 3: E5M2; the decode's W8 = 1 / 2)
-        MMA: gl.constexpr = WEIGHT == 1
-        W8: gl.constexpr = WEIGHT - 1 if WEIGHT >= 2 else 0
-        pid = gl.program_id(0)
-        grid_n = gl.cdiv(N, BNc)
-        grid_m = NB if GROUPED else gl.cdiv(M, BM)
-        per_group = GROUP * grid_n                               # GROUP programs along M share weight tiles
-        first_m = (pid // per_group) * GROUP
-        rows_m = gl.minimum(grid_m - first_m, GROUP)
-        pid_m = first_m + (pid % per_group) % rows_m
-        pid_n = (pid % per_group) // rows_m
-        off_n = pid_n * BNc
-        off_m = pid_m * BM
-        # split-K (program_id(1) of the grid): K steps [T0, T0 + STEPS) into partial sum pid_k of y
-        pid_k = gl.program_id(1)
-        T0 = pid_k * KSTEPS
-        STEPS = gl.minimum(ALL_STEPS - T0, KSTEPS)
-        if GROUPED:  # block pid_m of the sorted rows is expert e's (-1: unused); its N rows follow expert e - 1's
-            e = gl.load(e_ptr + pid_m)
-            if e < 0:
-                return
-            if STARTS:  # the block's first sorted row from the table's second half (blocks of mixed sizes)
-                off_m = gl.load(e_ptr + NB + pid_m)
-            row0 = e * N + off_n
-        else:
-            row0 = off_n
-        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, 64], x_desc.layout)
-        if MMA:
-            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc // 16, 2, 256], w_desc.layout)
-            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, BNc // 16, 32], s_desc.layout)
-        else:
-            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 64 if W8 != 0 else 32], w_desc.layout)
-            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        if WS:  # a one-warp TMA producer; the 8 warps decode and multiply, freeing slots through `empty`
-            for s in gl.static_range(STAGES):
-                mbarrier.init(empty.index(s), count=1)
-            (acc,) = gl.warp_specialize([(_mainloop, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc,
-                                                      off_m, row0, T0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL,
-                                                      L3, ACC, DOT, ONE_MUL, WS, MMA, W8)),
-                                         (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty,
-                                                     off_m, row0, T0, STEPS, NBYTES, STAGES, MMA, W8))], [1], [24])
-            for s in gl.static_range(STAGES):
-                mbarrier.invalidate(empty.index(s))
-        else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
-            for s in gl.static_range(STAGES - 1):
-                if s < STEPS:
-                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES, MMA,
-                          W8)
-            (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, T0, STEPS,
-                               NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA, W8)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+    def _epilogue(acc, y_ptr, b_ptr, M, N, off_m, off_n, row0, pid_k, stride_ym, stride_yk, BNc: gl.constexpr,
+                  BM: gl.constexpr, ACC: gl.constexpr, PAIR: gl.constexpr, HAS_BIAS: gl.constexpr, ACT: gl.constexpr,
+                  MMA: gl.constexpr, PERM_OUT: gl.constexpr):
+        # bias, activation, the one rounding and the store of a tile's float32 sums (acc [BN weight rows, BM tokens])
         n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))
         m_o = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
         if HAS_BIAS:
@@ -572,6 +517,141 @@ def _kernel():
         ptr = y_ptr + pid_k.to(gl.int64) * stride_yk + m2.to(gl.int64) * stride_ym + col
         mask = (n2 < N) & (m2 < M)
         gl.store(ptr, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _tile(tile, e_ptr, M, N, NB, BNc: gl.constexpr, BM: gl.constexpr, GROUP: gl.constexpr,
+              GROUPED: gl.constexpr, STARTS: gl.constexpr):
+        # output tile `tile` of the launch order (GROUP programs along M share weight tiles): its expert (grouped:
+        # -1 for an unused block, whose tile is skipped; 0 dense), first token row, first output column and first
+        # packed weight row
+        grid_n = gl.cdiv(N, BNc)
+        grid_m = NB if GROUPED else gl.cdiv(M, BM)
+        per_group = GROUP * grid_n
+        first_m = (tile // per_group) * GROUP
+        rows_m = gl.minimum(grid_m - first_m, GROUP)
+        pid_m = first_m + (tile % per_group) % rows_m
+        pid_n = (tile % per_group) // rows_m
+        off_n = pid_n * BNc
+        off_m = pid_m * BM
+        e = pid_m * 0
+        if GROUPED:  # block pid_m of the sorted rows is expert e's; its N rows follow expert e - 1's
+            e = gl.load(e_ptr + pid_m)
+            if STARTS:  # the block's first sorted row from the table's second half (blocks of mixed sizes)
+                off_m = gl.load(e_ptr + NB + pid_m)
+        return e, off_m, off_n, e * N + off_n
+
+    @gluon.jit
+    def _consume_tiles(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, NB,
+                       STEPS, stride_ym, NBYTES, STAGES, GROUP, BNc, BM, B2, S2, BL, L3, ACC, DOT, PAIR, ONE_MUL, MMA,
+                       W8, HAS_BIAS, ACT, PERM_OUT, GROUPED, STARTS):
+        # the persistent program's consumers: tiles program_id, + num_programs, ...; each tile's K loop on the
+        # ring's next STEPS steps, then its epilogue while the producer already loads the next tile's first steps
+        n_tiles = (NB if GROUPED else gl.cdiv(M, BM)) * gl.cdiv(N, BNc)
+        c0 = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            e, off_m, off_n, row0 = _tile(tile, e_ptr, M, N, NB, BNc, BM, GROUP, GROUPED, STARTS)
+            if e >= 0:
+                (acc,) = _mainloop(x_smem, w_smem, s_smem, ready, empty, x_desc, w_desc, s_desc, off_m, row0, 0, STEPS,
+                                   NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, True, MMA, W8, c0, True)
+                _epilogue(acc, y_ptr, b_ptr, M, N, off_m, off_n, row0, gl.program_id(1), stride_ym, 0, BNc, BM, ACC,
+                          PAIR, HAS_BIAS, ACT, MMA, PERM_OUT)
+                c0 += STEPS
+        return ()
+
+    @gluon.jit
+    def _produce_tiles(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, e_ptr, M, N, NB, STEPS, NBYTES,
+                       STAGES, GROUP, BNc, BM, MMA, W8, GROUPED, STARTS):
+        # the persistent program's TMA producer (one warp): the same tiles in the same order, ring step c into slot
+        # c % STAGES once the consumers freed it
+        n_tiles = (NB if GROUPED else gl.cdiv(M, BM)) * gl.cdiv(N, BNc)
+        c0 = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            e, off_m, off_n, row0 = _tile(tile, e_ptr, M, N, NB, BNc, BM, GROUP, GROUPED, STARTS)
+            if e >= 0:
+                for t in range(STEPS):
+                    c = c0 + t
+                    sl = c % STAGES
+                    mbarrier.wait(empty.index(sl), ((c // STAGES) & 1) ^ 1)
+                    _load(t, sl, ready, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, 0, NBYTES, MMA,
+                          W8)
+                c0 += STEPS
+
+    @gluon.jit
+    def _ring(x_desc, w_desc, s_desc, STAGES: gl.constexpr, BNc: gl.constexpr, BM: gl.constexpr, MMA: gl.constexpr,
+              W8: gl.constexpr):
+        # the TMA ring's slots (x, weight bytes, scale bytes), its `ready` mbarriers (initialized) and the `empty`
+        # ones (the warp-specialized schedules initialize them)
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, 64], x_desc.layout)
+        if MMA:
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc // 16, 2, 256], w_desc.layout)
+            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, BNc // 16, 32], s_desc.layout)
+        else:
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BNc, 64 if W8 != 0 else 32], w_desc.layout)
+            s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, 2 * BNc], s_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        return x_smem, w_smem, s_smem, bars, empty
+
+    @gluon.jit
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_desc, y_ptr, b_ptr, e_ptr, M, N, ALL_STEPS, KSTEPS, stride_ym,
+                           stride_yk, NB,
+                           BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                           B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
+                           ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, WEIGHT: gl.constexpr,
+                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr,
+                           PERSIST: gl.constexpr, num_warps: gl.constexpr):
+        # WEIGHT (:data:`WEIGHTS`): E2M1 codes in this module's layout (0) or the decode-mma one (1), FP8 codes
+        # (2: E4M3, 3: E5M2; the decode's W8 = 1 / 2)
+        MMA: gl.constexpr = WEIGHT == 1
+        W8: gl.constexpr = WEIGHT - 1 if WEIGHT >= 2 else 0
+        # split-K (program_id(1) of the grid): K steps [T0, T0 + STEPS) into partial sum pid_k of y
+        pid_k = gl.program_id(1)
+        T0 = pid_k * KSTEPS
+        STEPS = gl.minimum(ALL_STEPS - T0, KSTEPS)
+        NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+        if PERSIST:  # one program an SM over tiles program_id, + num_programs, ... (warp-specialized, no split)
+            x_smem, w_smem, s_smem, bars, empty = _ring(x_desc, w_desc, s_desc, STAGES, BNc, BM, MMA, W8)
+            for s in gl.static_range(STAGES):
+                mbarrier.init(empty.index(s), count=1)
+            gl.warp_specialize([(_consume_tiles, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, y_ptr,
+                                                  b_ptr, e_ptr, M, N, NB, ALL_STEPS, stride_ym, NBYTES, STAGES, GROUP,
+                                                  BNc, BM, B2, S2, BL, L3, ACC, DOT, PAIR, ONE_MUL, MMA, W8, HAS_BIAS,
+                                                  ACT, PERM_OUT, GROUPED, STARTS)),
+                                (_produce_tiles, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty, e_ptr,
+                                                  M, N, NB, ALL_STEPS, NBYTES, STAGES, GROUP, BNc, BM, MMA, W8, GROUPED,
+                                                  STARTS))], [1], [24])
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(empty.index(s))
+                mbarrier.invalidate(bars.index(s))
+            return
+        e, off_m, off_n, row0 = _tile(gl.program_id(0), e_ptr, M, N, NB, BNc, BM, GROUP, GROUPED, STARTS)
+        if e < 0:  # (grouped: an unused block)
+            return
+        x_smem, w_smem, s_smem, bars, empty = _ring(x_desc, w_desc, s_desc, STAGES, BNc, BM, MMA, W8)
+        if WS:  # a one-warp TMA producer; the 8 warps decode and multiply, freeing slots through `empty`
+            for s in gl.static_range(STAGES):
+                mbarrier.init(empty.index(s), count=1)
+            (acc,) = gl.warp_specialize([(_mainloop, (x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc,
+                                                      off_m, row0, T0, STEPS, NBYTES, STAGES, BNc, BM, B2, S2, BL,
+                                                      L3, ACC, DOT, ONE_MUL, WS, MMA, W8)),
+                                         (_produce, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, bars, empty,
+                                                     off_m, row0, T0, STEPS, NBYTES, STAGES, MMA, W8))], [1], [24])
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(empty.index(s))
+        else:  # every warp: the first STAGES - 1 steps' TMA, then each step issues the one STAGES - 1 ahead
+            for s in gl.static_range(STAGES - 1):
+                if s < STEPS:
+                    _load(s, s, bars, x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, off_m, row0, T0, NBYTES, MMA,
+                          W8)
+            (acc,) = _mainloop(x_smem, w_smem, s_smem, bars, empty, x_desc, w_desc, s_desc, off_m, row0, T0, STEPS,
+                               NBYTES, STAGES, BNc, BM, B2, S2, BL, L3, ACC, DOT, ONE_MUL, WS, MMA, W8)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        _epilogue(acc, y_ptr, b_ptr, M, N, off_m, off_n, row0, pid_k, stride_ym, stride_yk, BNc, BM, ACC, PAIR,
+                  HAS_BIAS, ACT, MMA, PERM_OUT)
 
     return w4a16_wgmma_kernel
 
@@ -689,6 +769,22 @@ def _ws(bm: int, grouped: bool) -> bool:
     return forced != "0" if forced in ("0", "1") else (bm >= 128 or not grouped)
 
 
+def _persist(default: bool) -> bool:
+    """The persistent schedule of the warp-specialized kernel (calls with no split): one program an SM walks the
+    output tiles in launch order, its producer loading the next tile's first steps while the consumers run the
+    last one's epilogue (a tile's prologue and epilogue otherwise cost ~9 us at K = 2880 on the H200: dense
+    16384 x 5760 x K took 814 us at K = 2880 and 1431 at 5760, ``benchmarks/probes/moe_prefill_profile.py``).
+    ``default``: on for the grouped (MoE) launches of one block size, off for the rest, as measured on the H200
+    (``benchmarks/probes/wgmma_persist_ab.py``): GPT-OSS-120B's MoE prefill at 4096 tokens 2253 -> 2113 us and
+    at 8192 3978 -> 3644, but the launches of mixed block sizes at 16384 tokens slower (the gate_up one of
+    256-row blocks 3242 -> 4181 us) and dense 2048 x 8192 x 8192 356 -> 370 us.
+    MXKIT_WGMMA_PERSIST=0 / 1 forces it off / on (A/B runs, tests)."""
+    import os
+
+    forced = os.environ.get("MXKIT_WGMMA_PERSIST")
+    return forced != "0" if forced in ("0", "1") else default
+
+
 def block_m(M: int) -> int:
     """Tokens per program: 256 (wgmma's widest N) unless M fits 128."""
     return 128 if M <= 128 else 256
@@ -786,13 +882,18 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
         s_desc = TensorDescriptor.from_tensor(st, [1, 2 * BN], u8)
     grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN), split)
+    ws = _ws(bm, grouped)
+    persist = ws and split == 1 and _persist(grouped and not starts)
+    if persist:  # (one program an SM, each over tiles pid, pid + grid, ...)
+        grid = (min(grid[0], _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())),
+                1)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], _ws(bm, grouped), WEIGHTS[layout, elem],
-             bool(perm_out), grouped and bool(starts))
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], ws, WEIGHTS[layout, elem],
+             bool(perm_out), grouped and bool(starts), persist)
     consts = (("BNc", BN), ("BM", bm), ("STAGES", _stages(bm, grouped)), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2),
               ("BL", bl), ("L3", l3), ("ACC", acc), ("DOT", dot))
     consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "WEIGHT"), flags[:6]))
-    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
+    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]), ("PERSIST", flags[8]))
     if grid[0] == 0:  # (no rows or no columns: nothing to compute)
         return y if split == 1 else torch.empty(M, n_out, dtype=out, device=x.device)
     yk = y.stride(0) if split > 1 else 0

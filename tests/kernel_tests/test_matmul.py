@@ -650,19 +650,22 @@ def test_w4a16_wgmma_rejects_a_layout_it_does_not_read():
     assert sorted(W.WEIGHTS.values()) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("bm,grouped,act,out,ws,mma,w8", [
-    (256, False, 0, "bf16", True, False, 0), (128, False, 0, "fp32", True, False, 0),
-    (64, True, 1, "bf16", True, False, 0), (32, True, 2, "bf16", True, False, 0), (256, True, 0, "fp32", True, False, 0),
-    (256, False, 0, "bf16", False, False, 0), (64, True, 1, "bf16", False, False, 0),
-    (256, True, 1, "bf16", True, True, 0), (32, True, 2, "bf16", False, True, 0), (128, True, 0, "fp32", True, True, 0),
-    (64, True, 0, "fp32", False, True, 0), (256, False, 0, "bf16", True, False, 1), (64, False, 0, "fp32", False, False, 1),
-    (128, False, 0, "bf16", True, False, 2), (64, False, 0, "bf16", False, False, 2)])
-def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma, w8):
+@pytest.mark.parametrize("bm,grouped,act,out,schedule,mma,w8", [
+    (256, False, 0, "bf16", 1, False, 0), (128, False, 0, "fp32", 1, False, 0),
+    (64, True, 1, "bf16", 1, False, 0), (32, True, 2, "bf16", 1, False, 0), (256, True, 0, "fp32", 1, False, 0),
+    (256, False, 0, "bf16", 0, False, 0), (64, True, 1, "bf16", 0, False, 0),
+    (256, True, 1, "bf16", 1, True, 0), (32, True, 2, "bf16", 0, True, 0), (128, True, 0, "fp32", 1, True, 0),
+    (64, True, 0, "fp32", 0, True, 0), (256, False, 0, "bf16", 1, False, 1), (64, False, 0, "fp32", 0, False, 1),
+    (128, False, 0, "bf16", 1, False, 2), (64, False, 0, "bf16", 0, False, 2),
+    (256, False, 0, "fp32", 2, False, 0), (256, True, 1, "bf16", 2, True, 0), (128, True, 0, "fp32", 2, True, 0),
+    (128, True, 1, "bf16", 2, False, 1), (256, False, 0, "bf16", 2, False, 2)])
+def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8):
     """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas): dense and grouped
-    (expert blocks, fused activation), every block size the dispatch uses, warp-specialized (the default) and
-    not, its own weight layout and the decode kernel's (mma: the layout conversions asserted free), blocks at the
-    rows of a table (grouped: with and without STARTS, the MoE's mixed block sizes), and MXFP8 weights (w8: E4M3,
-    E5M2). Its results are checked by the GPU tests (the interpreter does not run Gluon)."""
+    (expert blocks, fused activation), every block size the dispatch uses, each schedule (0: every warp, 1: a
+    one-warp TMA producer, the default, 2: that persistent), its own weight layout and the decode kernel's (mma:
+    the layout conversions asserted free), blocks at the rows of a table (grouped: with and without STARTS, the
+    MoE's mixed block sizes), and MXFP8 weights (w8: E4M3, E5M2). Its results are checked by the GPU tests (the
+    interpreter does not run Gluon)."""
     import os
 
     import triton
@@ -692,7 +695,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, ws, mma, w8):
         b2, bl = W._layouts_fp8()
     for starts in (False, True) if grouped else (False,):
         cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, WS=ws,
+                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, SCHEDULE=schedule,
                   WEIGHT=W.WEIGHTS["mma" if mma else "wgmma", ("e2m1", "e4m3", "e5m2")[w8]], PAIR=pair,
                   PERM_OUT=mma and act != 0, STARTS=starts, num_warps=W.WARPS)
         full = dict(sig, **{k: "constexpr" for k in cx})
@@ -821,9 +824,9 @@ def test_gpu_w4a16_wgmma(M, N, K, base, ws, rng, monkeypatch):
 @pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp8_e4m3"])
 def test_gpu_wgmma_persistent_same_bytes(M, N, K, bm, fmt, rng, monkeypatch):
     """Dense calls of the wgmma kernel on its persistent schedule (one program an SM over the tiles in launch
-    order: here 2-5 tiles a program; the default) give the bytes of one program a tile (MXKIT_WGMMA_PERSIST=0),
-    bf16 out and float32 out with a bias, M and N not multiples of the tile, K of odd (45) and even step
-    counts, into NaN-poisoned outputs; and within the float64 bound."""
+    order: here 2-5 tiles a program; off by default for dense calls, MXKIT_WGMMA_PERSIST=1) give the bytes of one
+    program a tile (MXKIT_WGMMA_PERSIST=0), bf16 out and float32 out with a bias, M and N not multiples of the
+    tile, K of odd (45) and even step counts, into NaN-poisoned outputs; and within the float64 bound."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
     if wg.available(torch.device("cuda")) is not None:
@@ -841,7 +844,7 @@ def test_gpu_wgmma_persistent_same_bytes(M, N, K, bm, fmt, rng, monkeypatch):
             y = torch.full((M, N), float("nan"), dtype=out, device="cuda")
             got.append(wg.w4a16_wgmma(a, q, st, N, one, out, b, y=y, bm=bm, elem=elem))
         assert not torch.isnan(got[0]).any()
-        assert torch.equal(got[0], got[1])
+        assert torch.equal(got[0].view(torch.uint8), got[1].view(torch.uint8))
         assert_within_bound(got[0], a, pw, b)
 
 

@@ -1182,10 +1182,11 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
 @pytest.mark.parametrize("layout", ["mma", "wgmma"])
 def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rng, monkeypatch):
     """The wgmma kernel's persistent schedule (one program an SM walking the tiles, the TMA producer running into
-    the next tile during the epilogue; the default) gives the layer's bytes of one program a tile
-    (MXKIT_WGMMA_PERSIST=0): blocks of 128 rows and mixed 256 / 128 / 64 (the 64-row launches keep the
-    single-partition loop), several tiles a program (4096 tokens: ~20 a program), unused blocks skipped, K of odd
-    (45) and even (11) step counts, both layouts, MXFP8 experts; and the layer within its bound."""
+    the next tile during the epilogue; the default for launches of one block size, MXKIT_WGMMA_PERSIST=1 forces
+    it) gives the layer's bytes of one program a tile (MXKIT_WGMMA_PERSIST=0): blocks of 128 rows and mixed
+    256 / 128 / 64 (the 64-row launches keep the single-partition loop), several tiles a program (4096 tokens:
+    ~20 a program), unused blocks skipped, K of odd (45) and even (11) step counts, both layouts, MXFP8 experts;
+    and the layer within its bound."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
     if fmt != "mxfp4" and layout == "mma":

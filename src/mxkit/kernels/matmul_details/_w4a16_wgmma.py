@@ -600,11 +600,13 @@ def _kernel():
                            BNc: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                            B2: gl.constexpr, S2: gl.constexpr, BL: gl.constexpr, L3: gl.constexpr,
                            ACC: gl.constexpr, DOT: gl.constexpr, ONE_MUL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                           GROUPED: gl.constexpr, ACT: gl.constexpr, WS: gl.constexpr, WEIGHT: gl.constexpr,
-                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr,
-                           PERSIST: gl.constexpr, num_warps: gl.constexpr):
+                           GROUPED: gl.constexpr, ACT: gl.constexpr, SCHEDULE: gl.constexpr, WEIGHT: gl.constexpr,
+                           PAIR: gl.constexpr, PERM_OUT: gl.constexpr, STARTS: gl.constexpr, num_warps: gl.constexpr):
         # WEIGHT (:data:`WEIGHTS`): E2M1 codes in this module's layout (0) or the decode-mma one (1), FP8 codes
-        # (2: E4M3, 3: E5M2; the decode's W8 = 1 / 2)
+        # (2: E4M3, 3: E5M2; the decode's W8 = 1 / 2). SCHEDULE: every warp loads and multiplies (0), a one-warp
+        # TMA producer (1: WS), that persistent (2: one program an SM over the tiles)
+        WS: gl.constexpr = SCHEDULE >= 1
+        PERSIST: gl.constexpr = SCHEDULE == 2
         MMA: gl.constexpr = WEIGHT == 1
         W8: gl.constexpr = WEIGHT - 1 if WEIGHT >= 2 else 0
         # split-K (program_id(1) of the grid): K steps [T0, T0 + STEPS) into partial sum pid_k of y
@@ -888,12 +890,12 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
         grid = (min(grid[0], _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())),
                 1)
     # the constexprs past the layouts (which are made once per bm) are the launch's key, with bm
-    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], ws, WEIGHTS[layout, elem],
-             bool(perm_out), grouped and bool(starts), persist)
+    flags = (bool(one_mul), bias is not None, grouped, ACTS[activation], int(ws) + int(persist),
+             WEIGHTS[layout, elem], bool(perm_out), grouped and bool(starts))
     consts = (("BNc", BN), ("BM", bm), ("STAGES", _stages(bm, grouped)), ("GROUP", GROUP_M), ("B2", b2), ("S2", s2),
               ("BL", bl), ("L3", l3), ("ACC", acc), ("DOT", dot))
-    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "WS", "WEIGHT"), flags[:6]))
-    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]), ("PERSIST", flags[8]))
+    consts += tuple(zip(("ONE_MUL", "HAS_BIAS", "GROUPED", "ACT", "SCHEDULE", "WEIGHT"), flags[:6]))
+    consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
     if grid[0] == 0:  # (no rows or no columns: nothing to compute)
         return y if split == 1 else torch.empty(M, n_out, dtype=out, device=x.device)
     yk = y.stride(0) if split > 1 else 0

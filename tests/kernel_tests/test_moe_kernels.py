@@ -108,7 +108,53 @@ def _check_align_interpreted() -> None:
     g = interpreted_rng(_align._align_expert_kernel, _align._align_hist_kernel)
     _sort._INTERPRET_ALIGN = True
     n = _check_align_experts("cpu", g, ALIGN_EXPERT_CASES[:-1])
+    n += _check_align_wide("cpu", g, ALIGN_WIDE_CASES[:-1])
     print(f"interpreter checks passed: {n}")
+
+
+ALIGN_WIDE_CASES = [(727, 32, 4, 64, 256), (300, 8, 4, 32, 256), (500, 16, 4, 32, 128), (2100, 32, 4, 64, 256),
+                    (4096, 128, 4, 64, 256)]
+
+
+def _check_align_wide(device: str, g, cases) -> int:
+    """The per-expert sort with groups padded for mixed block sizes (``wide``: padded_rows) equals the PyTorch
+    path: sorted ids, block experts, each pair's row and each group's end, the group sizes padded_rows' (an
+    expert with every token, one with none)."""
+    from mxkit.kernels.moe_details._sort import _align_experts, _align_torch, padded_rows
+
+    for T, E, k, bm, wide in cases:
+        ids = rand_ids(T, k, E, g, every=1, none=5).to(device)
+        B = max_blocks(T * k, E, bm, wide)
+        want_ids, want_eids = _align_torch(ids.cpu(), E, bm, 0, B, wide)
+        got_ids, got_eids, pos, ends = _align_experts(ids, E, bm, 0, B, top_k=k, offs=True, wide=wide)
+        assert torch.equal(got_ids.cpu(), want_ids) and torch.equal(got_eids.cpu(), want_eids), (T, E, bm, wide)
+        counts = torch.bincount(ids.cpu().long().flatten(), minlength=E)
+        sizes = torch.diff(ends.cpu().long(), prepend=torch.zeros(1, dtype=torch.long))
+        assert torch.equal(sizes, padded_rows(counts, bm, wide))
+        flat = torch.arange(T * k, dtype=torch.int32)
+        assert torch.equal(got_ids.cpu()[pos.cpu().long()], flat)
+    return len(cases)
+
+
+@pytest.mark.parametrize("bm,wide", [(64, 256), (32, 256), (64, 128), (64, 0), (16, 16)])
+def test_padded_rows(bm, wide):
+    """padded_rows: a multiple of bm, at least the rows, and (wide > bm) wide-row blocks plus one block of a
+    power-of-two multiple of bm, the smallest that holds the rest; max_blocks bounds the blocks."""
+    from mxkit.kernels.moe_details._sort import padded_rows
+
+    c = torch.arange(0, 1100)
+    p = padded_rows(c, bm, wide)
+    assert (p >= c).all() and (p % bm == 0).all()
+    if wide <= bm:
+        assert torch.equal(p, (c + bm - 1) // bm * bm)
+    else:
+        rem, prem = c % wide, p - c // wide * wide
+        sizes = torch.tensor([0] + [bm << j for j in range((wide // bm).bit_length())])
+        assert torch.isin(prem, sizes).all()
+        fit = torch.where(rem[:, None] <= sizes[None, :], sizes[None, :], 1 << 30).min(dim=1).values
+        assert torch.equal(prem, fit)
+    for n in (1, 7, 100, 1000):
+        assert max_blocks(n, 32, bm, wide) * bm >= n + ((p - c).max() * min(n, 32))
 
 
 def test_align_experts_interpreted():
@@ -228,8 +274,10 @@ def test_gpu_align_one_program(T, E, k, block_m, rng_, rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_align_per_expert(rng):
-    """The one-program-per-expert sort on the GPU (above SMALL_PAIRS pairs) equals align_block_size."""
+    """The one-program-per-expert sort on the GPU (above SMALL_PAIRS pairs) equals align_block_size, and with
+    the groups padded for mixed block sizes its PyTorch path."""
     _check_align_experts("cuda", rng, ALIGN_EXPERT_CASES)
+    _check_align_wide("cuda", rng, ALIGN_WIDE_CASES)
 
 
 def act_flips(y64, x, w1, b1, w2, b2, tw, ids, act="swiglu_gpt_oss"):
@@ -1153,6 +1201,7 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
     if _wgmma_here():
         pytest.skip(_wgmma_here())
     from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma, wgmma_block_m
+    from mxkit.kernels.moe_details._prefill import block_plan
 
     case = layer_case(T, E, H, I, "mxfp4", rng)
     case[1].scale[0, 3, 1] = 0
@@ -1164,10 +1213,11 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
     calls = _count_wgmma(monkeypatch)
     y = moe_triton(*case, activation=act, packed=packed)
     bm = wgmma_block_m(T * 4 / E)
-    sizes = [256, 128, 64] if bm == 256 else [bm]  # mixed_blocks' launches
+    sizes = list(block_plan(T * 4 / E)[0])  # mixed_blocks' launches above 128 pairs an expert
+    assert sizes == ([256, 128, 64] if T * 4 / E > 128 else [bm])
     assert calls == [(act, b) for b in sizes] + [(None, b) for b in sizes]
     check_layer(y, case, act)
-    if bm == 256:  # the same layer with every group padded to the widest block (MXKIT_MOE_MIXED=0)
+    if len(sizes) > 1:  # the same layer with every group padded to one block size (MXKIT_MOE_MIXED=0)
         monkeypatch.setenv("MXKIT_MOE_MIXED", "0")
         calls.clear()
         y1 = moe_triton(*case, activation=act, packed=packed)
@@ -1204,6 +1254,45 @@ def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rn
         outs.append(moe_triton(*case, packed=packed))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     check_layer(outs[0], case, "swiglu_gpt_oss")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T,E,H,I", [(3200, 32, 2880, 704), (2000, 16, 256, 192), (1024, 32, 512, 256)])
+@pytest.mark.parametrize("layout", ["mma", "wgmma"])
+def test_gpu_moe_prefill_block_plans_same_bytes(T, E, H, I, layout, rng, monkeypatch):
+    """The prefill GEMMs' block plans (block_plan) give the same bytes: one block size (MXKIT_MOE_MIXED=0), mixed
+    256 / 128 / 64 with the groups padded to 64 rows (1) or to fit one block past their 256-row ones (fit), and
+    both down to 32 rows (MXKIT_MOE_MIXED_SIZES=32), each with the persistent schedule off, on, and on for
+    128-row launches alone; at 400 and 500 pairs an expert, and at 128 (mixed from 48: MXKIT_MOE_MIXED_FROM);
+    the launches counted; the layer within its bound."""
+    if _wgmma_here():
+        pytest.skip(_wgmma_here())
+    from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma, wgmma_block_m
+
+    bm = wgmma_block_m(T * 4 / E)
+    assert bm == (256 if T * 4 / E > 384 else 128)
+    monkeypatch.setenv("MXKIT_MOE_MIXED_FROM", "48")
+    case = layer_case(T, E, H, I, "mxfp4", rng)
+    if layout == "mma":
+        packed = (pack_experts_mma(case[1]), pack_experts_mma(case[3]))
+    else:
+        packed = (pack_experts_wgmma(case[1], act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(case[3]))
+    calls = _count_wgmma(monkeypatch)
+    outs = {}
+    for mixed, smallest, sizes in (("0", "64", [bm]), ("1", "64", [256, 128, 64]), ("1", "32", [256, 128, 64, 32]),
+                                   ("fit", "64", [256, 128, 64]), ("fit", "32", [256, 128, 64, 32])):
+        monkeypatch.setenv("MXKIT_MOE_MIXED", mixed)
+        monkeypatch.setenv("MXKIT_MOE_MIXED_SIZES", smallest)
+        for persist in ("0", "1", "128"):
+            monkeypatch.setenv("MXKIT_WGMMA_PERSIST", persist)
+            calls.clear()
+            outs[mixed, smallest, persist] = moe_triton(*case, packed=packed)
+            assert [b for _, b in calls] == sizes * 2
+    first = outs["0", "64", "0"]
+    for key, y in outs.items():
+        assert torch.equal(y.view(torch.int16), first.view(torch.int16)), key
+    check_layer(first, case, "swiglu_gpt_oss")
 
 
 @pytest.mark.gpu
@@ -1247,27 +1336,30 @@ def test_gpu_moe_prefill_wgmma_mxfp8(T, E, H, I, fmt, act, rng, monkeypatch):
         check_layer(ym, cm, act)
 
 
-def _mixed_cases(g, count=40):
-    """(rows, ends int32 [E], n) of random groups: experts without tokens, groups of up to 768 rows, padded to 64."""
+def _mixed_cases(g, count=40, pad=64):
+    """(rows, ends int32 [E], n) of random groups: experts without tokens, groups of up to 768 rows, padded to
+    ``pad``."""
     for _ in range(count):
         E = int(torch.randint(1, 40, (1,), generator=g))
         rows = torch.randint(0, 768, (E,), generator=g)
         rows[torch.rand(E, generator=g) < 0.2] = 0
-        yield rows, torch.cumsum((rows + 63) // 64 * 64, 0).to(torch.int32), int(rows.sum())
+        yield rows, torch.cumsum((rows + pad - 1) // pad * pad, 0).to(torch.int32), int(rows.sum())
 
 
 def _check_mixed_kernel(device: str, g) -> int:
-    """The tables kernel (mixed_blocks_device) equals its PyTorch twin (mixed_blocks), word for word."""
-    from mxkit.kernels.moe import mixed_blocks, mixed_blocks_device
+    """The tables kernel (mixed_blocks_device) equals its PyTorch twin (mixed_blocks), word for word, for the
+    default sizes (256 / 128 / 64) and those down to 32 rows."""
+    from mxkit.kernels.moe import MIXED_SIZES, mixed_blocks, mixed_blocks_device, mixed_sizes
 
     n = 0
-    for _, ends, pairs in _mixed_cases(g):
-        want = mixed_blocks(ends, pairs)
-        got = mixed_blocks_device(ends.to(device), pairs)
-        assert [b for b, _ in got] == [b for b, _ in want]
-        for (_, a), (_, b) in zip(got, want):
-            assert torch.equal(a.cpu(), b), (ends, a, b)
-        n += 1
+    for sizes in (MIXED_SIZES, mixed_sizes(32)):
+        for _, ends, pairs in _mixed_cases(g, 20, sizes[-1]):
+            want = mixed_blocks(ends, pairs, sizes)
+            got = mixed_blocks_device(ends.to(device), pairs, sizes)
+            assert [b for b, _ in got] == [b for b, _ in want] == list(sizes)
+            for (_, a), (_, b) in zip(got, want):
+                assert a.is_contiguous() and torch.equal(a.cpu(), b), (ends, a, b)
+            n += 1
     return n
 
 
@@ -1293,29 +1385,42 @@ def test_gpu_mixed_blocks_kernel(rng):
     assert _check_mixed_kernel("cuda", rng)
 
 
-def test_mixed_blocks_cover_each_group_once(rng):
-    """mixed_blocks: every 64-row block of every expert's group (padded to 64) is covered by exactly one block,
-    each block lies inside its expert's group, and no expert has more than one block of each smaller size."""
-    from mxkit.kernels.moe import mixed_blocks
+@pytest.mark.parametrize("smallest", [64, 32])
+def test_mixed_blocks_cover_each_group_once(smallest, rng):
+    """mixed_blocks: every smallest-size block of every expert's group (padded to that size) is covered by
+    exactly one block, each block lies inside its expert's group, and no expert has more than one block of each
+    smaller size."""
+    from mxkit.kernels.moe import MIXED_SIZES, mixed_blocks, mixed_sizes
 
-    for rows, ends, n in _mixed_cases(rng):
+    sizes = mixed_sizes(smallest)
+    assert sizes == ((256, 128, 64) if smallest == 64 else (256, 128, 64, 32))
+    assert mixed_sizes(64) == MIXED_SIZES
+    for rows, ends, n in _mixed_cases(rng, pad=smallest):
         E = rows.numel()
-        padded = (rows + 63) // 64 * 64
-        owner = torch.repeat_interleave(torch.arange(E), padded // 64)  # the expert of each 64-row block
+        padded = (rows + smallest - 1) // smallest * smallest
+        owner = torch.repeat_interleave(torch.arange(E), padded // smallest)  # the expert of each smallest block
         seen = torch.zeros(owner.numel(), dtype=torch.int64)
-        for bm, tab in mixed_blocks(ends, n):
+        for bm, tab in mixed_blocks(ends, n, sizes):
             assert tab.dtype == torch.int32 and tab.shape[0] == 2
             if bm < 256:
                 assert tab.shape[1] == E
             for e, start in tab.t().tolist():
                 if e < 0:
                     continue
-                assert start % 64 == 0
-                blocks = range(start // 64, start // 64 + bm // 64)
+                assert start % smallest == 0
+                blocks = range(start // smallest, start // smallest + bm // smallest)
                 assert all(owner[b] == e for b in blocks), (bm, e, start)
                 for b in blocks:
                     seen[b] += 1
         assert torch.equal(seen, torch.ones_like(seen)), rows
+
+
+def test_mixed_sizes_rejects():
+    from mxkit.kernels.moe import mixed_sizes
+
+    for bad in (16, 48, 256):
+        with pytest.raises(ValueError, match="smallest mixed block"):
+            mixed_sizes(bad)
 
 
 @pytest.mark.gpu

@@ -40,13 +40,13 @@ from .moe_details._fold import ACT_MXFP4, FoldedExperts, fold_experts, moe_mxfp4
 from .moe_details._prefill import WgmmaExperts, _moe_wgmma, _wgmma_takes, pack_experts_wgmma, wgmma_block_m
 from .moe_details._rows import _combine_direct, gather_rows
 from .moe_details._sort import (MIXED_SIZES, SMALL_PAIRS, align_device, max_blocks, mixed_blocks,
-                                mixed_blocks_device)
+                                mixed_blocks_device, mixed_sizes)
 
 __all__ = ["MoeConfig", "moe_config", "align_device", "max_blocks", "SMALL_PAIRS", "grouped_matmul_w16", "moe_triton",
-           "moe_packed", "packed_path", "supported", "MmaExperts", "pack_experts_mma", "MMA_MAX_PAIRS", "mma_max_pairs",
-           "mma_strips", "W16_MMA_MAX_PER_EXPERT", "WgmmaExperts", "pack_experts_wgmma", "wgmma_block_m",
-           "mixed_blocks", "mixed_blocks_device", "MIXED_SIZES", "gather_rows", "FoldedExperts", "fold_experts",
-           "moe_w4a8_triton", "moe_mxfp4_triton", "ACT_MXFP4"]
+           "moe_packed", "packed_path", "supported", "MmaExperts", "pack_experts_mma", "MMA_MAX_PAIRS",
+           "mma_max_pairs", "mma_strips", "W16_MMA_MAX_PER_EXPERT", "WgmmaExperts", "pack_experts_wgmma",
+           "wgmma_block_m", "mixed_blocks", "mixed_blocks_device", "MIXED_SIZES", "mixed_sizes", "gather_rows",
+           "FoldedExperts", "fold_experts", "moe_w4a8_triton", "moe_mxfp4_triton", "ACT_MXFP4"]
 
 
 @dataclass(frozen=True)

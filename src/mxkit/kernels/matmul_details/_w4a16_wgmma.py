@@ -771,7 +771,7 @@ def _ws(bm: int, grouped: bool) -> bool:
     return forced != "0" if forced in ("0", "1") else (bm >= 128 or not grouped)
 
 
-def _persist(default: bool) -> bool:
+def _persist(default: bool, bm: int = 0) -> bool:
     """The persistent schedule of the warp-specialized kernel (calls with no split): one program an SM walks the
     output tiles in launch order, its producer loading the next tile's first steps while the consumers run the
     last one's epilogue (a tile's prologue and epilogue otherwise cost ~9 us at K = 2880 on the H200: dense
@@ -780,11 +780,16 @@ def _persist(default: bool) -> bool:
     (``benchmarks/probes/wgmma_persist_ab.py``): GPT-OSS-120B's MoE prefill at 4096 tokens 2253 -> 2113 us and
     at 8192 3978 -> 3644, but the launches of mixed block sizes at 16384 tokens slower (the gate_up one of
     256-row blocks 3242 -> 4181 us) and dense 2048 x 8192 x 8192 356 -> 370 us.
-    MXKIT_WGMMA_PERSIST=0 / 1 forces it off / on (A/B runs, tests)."""
+    MXKIT_WGMMA_PERSIST=0 / 1 forces it off / on (A/B runs, tests); a list of block sizes ("128" or "128,256")
+    turns it on for those alone."""
     import os
 
     forced = os.environ.get("MXKIT_WGMMA_PERSIST")
-    return forced != "0" if forced in ("0", "1") else default
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        return str(bm) in forced.split(",")
+    return default
 
 
 def block_m(M: int) -> int:
@@ -885,7 +890,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     grid_m = (expert_ids.numel() // (2 if starts else 1)) if grouped else -(-M // bm)
     grid = (grid_m * -(-N // BN), split)
     ws = _ws(bm, grouped)
-    persist = ws and split == 1 and _persist(grouped and not starts)
+    persist = ws and split == 1 and _persist(grouped and not starts, bm)
     if persist:  # (one program an SM, each over tiles pid, pid + grid, ...)
         grid = (min(grid[0], _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())),
                 1)

@@ -18,7 +18,7 @@ from ..matmul_details._envelope import scale_extrema
 from ._decode import MmaExperts, mma_max_pairs
 from ._envelope import _envelope_ok
 from ._rows import _combine, _packed_bias, gather_rows
-from ._sort import _align_rows, max_blocks, mixed_blocks_device
+from ._sort import _align_rows, max_blocks, mixed_blocks_device, mixed_sizes
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,15 +103,14 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
     n = T * k
     _, N1, H = p1.shape
     mma = isinstance(p1, MmaExperts)
-    bm = wgmma_block_m(n / n_total_experts)
-    mixed = bm == 256 and _mixed_on()
-    B = max_blocks(n, E, 64 if mixed else bm)
-    if mixed:  # groups padded to 64 rows, covered by blocks of 256, then 128 / 64 (mixed_blocks)
-        ids, _, pos, ends = _align_rows(topk_ids, E, 64, lo, B, offs=True)
-        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, n)]
+    sizes, wide = block_plan(n / n_total_experts)
+    B = max_blocks(n, E, sizes[-1], wide)
+    if len(sizes) > 1:  # groups covered by blocks of 256, then at most one of each smaller size (mixed_blocks)
+        ids, _, pos, ends = _align_rows(topk_ids, E, sizes[-1], lo, B, offs=True, wide=wide)
+        launches = [(b, tab, True) for b, tab in mixed_blocks_device(ends, n, sizes)]
     else:
-        ids, eids, pos = _align_rows(topk_ids, E, bm, lo, B)
-        launches = [(bm, eids, False)]
+        ids, eids, pos = _align_rows(topk_ids, E, sizes[0], lo, B)
+        launches = [(sizes[0], eids, False)]
     xs = gather_rows(x, ids, n, k, mma_k_order=mma)
     if b1 is not None:
         b1 = _packed_bias(b1, N1, ("mma", p1.interleaved) if mma else activation)
@@ -128,10 +127,24 @@ def _moe_wgmma(x, p1, b1, p2, b2, topk_weights, topk_ids, E, lo, n_total_experts
     return _combine(y, b2, topk_weights, pos, topk_ids if lo == 0 else topk_ids - lo, out_dtype)
 
 
-def _mixed_on() -> bool:
-    """Mixed block sizes for the prefill GEMMs where blocks of 256 rows would run (at 384 pairs per expert and
-    more: H100 GPT-OSS-120B at 16384 tokens 6.72 -> 6.16 ms; at 128 rows a block they gained nothing and their
-    extra launches cost host time). ``MXKIT_MOE_MIXED=0`` turns them off, for A/B runs."""
+def block_plan(pairs_per_expert: float) -> tuple[tuple[int, ...], int]:
+    """(block sizes, wide) of the prefill GEMMs for an average of ``pairs_per_expert`` routed rows per expert,
+    one launch per size: above 128 pairs an expert, mixed sizes 256 / 128 / 64 (:func:`mixed_blocks`) with wide
+    256, each expert's group padded as :func:`padded_rows` (its rows past its 256-row blocks in one block of 64,
+    128 or 256: one more pass over the expert's weight, where a 128-row block padded to 128 rows wasted up to half
+    its tile); up to 128, one size ``(wgmma_block_m(..),)`` and wide 0 (groups padded to it).
+    H200, GPT-OSS W4A16 prefill, µs one size -> mixed (``benchmarks/probes/moe_blocks_ab.py``,
+    ``benchmarks/h200-2026-12-04d/``): GPT-OSS-120B 5120 tokens 2925 -> 2655, 6144 3049 -> 2764, 8192 3866 -> 3426,
+    12288 5470 -> 5196; GPT-OSS-20B 2048 tokens 930 -> 855; at 128 pairs an expert level (120B 4096 tokens, 20B
+    1024), at 96 slower (120B 3072 tokens 1486 -> 1684). A/B settings: ``MXKIT_MOE_MIXED`` ``0`` (one size), ``1``
+    (mixed, groups padded to the smallest size, wide 0: the plan before), ``fit`` (the default);
+    ``MXKIT_MOE_MIXED_FROM``: mixed above that many pairs per expert (128); ``MXKIT_MOE_MIXED_SIZES``: the
+    smallest size (64; 32)."""
     import os
 
-    return os.environ.get("MXKIT_MOE_MIXED", "1") != "0"
+    bm = wgmma_block_m(pairs_per_expert)
+    mode = os.environ.get("MXKIT_MOE_MIXED", "fit")
+    if mode == "0" or pairs_per_expert <= float(os.environ.get("MXKIT_MOE_MIXED_FROM", "128")):
+        return (bm,), 0
+    sizes = mixed_sizes(int(os.environ.get("MXKIT_MOE_MIXED_SIZES", "64")))
+    return sizes, (sizes[0] if mode == "fit" else 0)

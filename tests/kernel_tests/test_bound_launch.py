@@ -207,3 +207,99 @@ def test_gpu_cast_transpose_with_a_transposed_scale_binds_both_launches(fmt, rng
         plans = [plan for (key, _), (_, plan) in kq._HOT.items() if key[0] == shape and isinstance(key[3], tuple)]
         assert plans and plans[0].scale_t is not None, "the override did not give the transposed-scale plan"
         assert any(isinstance(b, tuple) and len(b) == 2 for b in plans[0].bound.values()), plans[0].bound
+
+
+def _desc(t, shape, strides, block, padding="zero"):
+    return types.SimpleNamespace(base=t, shape=list(shape), strides=list(strides), block_shape=list(block),
+                                 padding=padding)
+
+
+def test_args_launch_rewrites_its_block_from_each_calls_arguments(monkeypatch):
+    """ArgsLaunch (the _Launcher's hits): a host TMA descriptor's parameters are its CUtensorMap (128 bytes,
+    64-byte aligned), shape (int32) and strides (int64); the map is encoded as Triton encodes it (dims and box
+    innermost first, byte strides, swizzle and element type from the kernel's metadata) and again only when the
+    descriptor changes; pointers and ints are rewritten each call, ints specialised to 1 and constexprs skipped;
+    a map the driver refuses launches nothing (False: the caller takes Triton's runner)."""
+    sig = {"x_desc": "tensordesc<bf16[256, 64]>", "y_ptr": "*bf16", "M": "i32", "one": "constexpr", "K": "i64",
+           "B": "constexpr"}
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [256, 64], "fp4_padded": False}
+    k = _compiled(sig, {(3,): 1, (5,): 64}, tensordesc_meta=[meta])
+    x1, x2 = torch.zeros(64, dtype=torch.bfloat16), torch.zeros(96, dtype=torch.bfloat16)
+    y = torch.zeros(8, dtype=torch.bfloat16)
+    sizes = [128, 4, 4, 8, 8, 8, 4, 8]
+    monkeypatch.setattr(cuda_driver, "param_sizes", lambda handle: list(sizes) + [8, 8])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    encoded, launched, rc = [], [], [0]
+
+    def encode(addr, dtype, rank, ptr, dims, gstrides, box, estrides, interleave, swizzle, l2, fill):
+        encoded.append((addr % 64, dtype, rank, ptr, list(dims[:rank]), list(gstrides[:rank - 1]), list(box[:rank]),
+                        list(estrides[:rank]), interleave, swizzle, l2, fill))
+        return rc[0]
+
+    monkeypatch.setattr(launch, "_encode_tiled", lambda: encode)
+    args = (_desc(x1, (1000, 2880), (2880, 1), (256, 64)), y, 1000, 1, 2**40)
+    al = launch.ArgsLaunch.make(k, args, (4,))
+    assert al is not None
+    b = al.launch
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)
+    monkeypatch.setattr(b, "_launch_ctypes", lambda *shape: launched.append(
+        (shape, [v.value for v in b.vals[1:8]])))
+    assert al((7, 2), args)
+    assert encoded == [(0, 8, 2, x1.data_ptr(), [2880, 1000], [2 * 2880], [64, 256], [1, 1], 0, 3, 2, 0)]
+    assert launched == [((7, 2, 1, 128), [1000, 2880, 2880, 1, y.data_ptr(), 1000, 2**40])]
+    assert bytes(b.vals[0]) is not None and len(b.vals) == 10  # map, 2 + 2 ints, y, M, K, 2 scratch pointers
+    assert al((7, 2), (args[0], x1, 5, 1, 7))  # the same descriptor: not encoded again
+    assert len(encoded) == 1 and launched[-1][1][4:] == [x1.data_ptr(), 5, 7]
+    nan = _desc(x2, (3, 32), (32, 1), (2, 32), padding="nan")
+    assert al((1,), (nan, y, 3, 1, 2))
+    assert encoded[-1][3:5] == (x2.data_ptr(), [32, 3]) and encoded[-1][-1] == 1
+    assert launched[-1][1][:4] == [3, 32, 32, 1]
+    rc[0] = 1  # the driver refuses the next map: nothing launched
+    n = len(launched)
+    assert not al((1,), (_desc(x2, (4, 32), (32, 1), (2, 32)), y, 3, 1, 2)) and len(launched) == n
+    # descriptors lowered to pointers (no metadata), or a size the driver does not count: no ArgsLaunch
+    assert launch.ArgsLaunch.make(_compiled(sig, {(3,): 1, (5,): 64}), args, (4,)) is None
+    sizes.pop()
+    assert launch.ArgsLaunch.make(k, args, (4,)) is None
+
+
+@pytest.mark.gpu
+def test_gpu_args_launch_wgmma_same_bytes_and_maps_as_triton(rng):
+    """The w4a16-wgmma kernel (three host TMA descriptors) on its ArgsLaunch: repeated calls with new x of other
+    row counts and a MoE-style y give the bytes of Triton's own launcher (launch.triton_launch_only), the launcher
+    holds an ArgsLaunch for the specialisation, and each CUtensorMap it encoded equals the one Triton's launcher
+    encodes for the same descriptor (read from Triton's map object)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    from mxkit.kernels.matmul import pack_weight
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+    from mxkit.reference import quantize_reference
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    N, K = 384, 2880
+    w = quantize_reference(torch.randn(N, K, generator=rng).to(torch.bfloat16), "mxfp4_e2m1").to("cuda")
+    q, st, one = wg.packed_of(pack_weight(w, act="float"))
+    bias = torch.randn(N, generator=rng).cuda()
+    L = wg._launcher()
+    for M in (320, 160, 480, 320):
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        with launch.triton_launch_only():
+            want = wg.w4a16_wgmma(x, q, st, N, one, torch.float32, bias, bm=128)
+        for _ in range(2):
+            got = wg.w4a16_wgmma(x, q, st, N, one, torch.float32, bias, bm=128)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), M
+    fast = [e[2] for e in L.cache.values() if e[2]]
+    assert fast, "no ArgsLaunch made for the wgmma kernel"
+    k = next(e[0] for e in L.cache.values() if e[2])
+    slots = [v for _, kind, v in fast[0].plan if kind == 2]
+    assert len(slots) == 3 and all(s.last is not None for s in slots)
+    for slot, meta in zip(slots, k.metadata.tensordesc_meta):
+        ptr, shape, strides, block, padding = slot.last
+        base = torch.empty(0, dtype=torch.uint8, device="cuda")
+        desc = types.SimpleNamespace(base=types.SimpleNamespace(data_ptr=lambda p=ptr: p, dtype=base.dtype),
+                                     shape=list(shape), strides=list(strides), block_shape=list(block),
+                                     padding=padding)
+        tmap = make_tensordesc_arg(desc, meta)[0]
+        assert type(tmap).__basicsize__ >= 256  # (PyObject_HEAD, then the 128-byte aligned CUtensorMap)
+        assert ctypes.string_at(id(tmap) + 128, 128) == bytes(slot.map)

@@ -22,8 +22,9 @@ import contextlib
 import ctypes
 import functools
 import inspect
+import os
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import triton
@@ -48,6 +49,8 @@ def direct_launch_supported() -> bool:
 
 
 _enabled = True  # switched off only inside triton_launch_only()
+# _Launcher's hits through ArgsLaunch (one cuLaunchKernel) rather than Triton's runner; MXKIT_ARGS_LAUNCH=0: off
+_ARGS_LAUNCH = os.environ.get("MXKIT_ARGS_LAUNCH", "1") != "0"
 
 
 @contextlib.contextmanager
@@ -114,9 +117,14 @@ class _Launcher:
             if ok and hasattr(k, "function") and hasattr(k, "__getitem__"):
                 # (a kernel that declares num_warps as a constexpr gets the launch option's value, as Triton binds it)
                 self.cache[key] = (k, tuple(num_warps if n == "num_warps" else given.get(n, defaults[n])
-                                            for n in names))
+                                            for n in names), None)
             return
-        k, full_consts = hit
+        k, full_consts, fast = hit
+        if fast is None and _ARGS_LAUNCH:  # (made at the second call: the first may have compiled the kernel)
+            fast = ArgsLaunch.make(k, args, grid) or False
+            self.cache[key] = (k, full_consts, fast)
+        if fast and fast(grid, args):
+            return
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
 
     def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
@@ -188,6 +196,69 @@ _C_INTS = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32
            "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
 
 
+def _derive(k, args: tuple, descs: bool):
+    """(values, sizes, plan) of Triton ``CompiledKernel`` ``k``'s parameter block for runtime arguments ``args``
+    (see :func:`triton_bound_launch`), or None: one value per kernel parameter (tensors as given, ctypes scalars,
+    and with ``descs`` each host TMA descriptor's :class:`_TmaSlot` values), its size, and per runtime argument
+    that is a parameter (argument index, its ctypes value or slot) for :class:`ArgsLaunch`. Raises what the
+    inspection of an unusual kernel raises (the callers catch it)."""
+    sig, consts, md = k.src.signature, k.src.constants, k.metadata
+    if (not isinstance(sig, dict) or not isinstance(consts, dict) or getattr(md, "num_ctas", 1) != 1
+            or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
+            or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
+        return None
+    types_ = list(sig.values())
+    if len(types_) < len(args):
+        return None
+    tdm = list(getattr(md, "tensordesc_meta", None) or [])
+    vals, sizes, plan = [], [], []
+    for i, a in enumerate(args):  # the runtime parameters: the first len(args) of the signature
+        ty = types_[i]
+        if ty == "constexpr" or (i,) in consts:  # specialised into the kernel (an int equal to 1, None)
+            continue
+        if isinstance(ty, str) and ty.startswith("tensordesc"):
+            if not (descs and tdm and hasattr(a, "base") and hasattr(a, "block_shape")):
+                return None
+            slot = _TmaSlot.make(tdm.pop(0), len(a.shape))
+            if slot is None:
+                return None
+            vals += slot.values
+            sizes += [128] + [4] * slot.ndim + [8] * slot.ndim
+            plan.append((i, slot))
+        elif ty.startswith("*"):
+            if not (a is None or isinstance(a, torch.Tensor)):
+                return None
+            vals.append(a)
+            sizes.append(8)
+            plan.append((i, None))
+        elif ty in _C_INTS:
+            c = _C_INTS[ty](a)
+            vals.append(c)
+            sizes.append(ctypes.sizeof(c))
+            plan.append((i, c))
+        else:
+            return None
+    if tdm:
+        return None
+    return vals, sizes, plan
+
+
+def _bind(k, vals: list, sizes: list, grid: tuple):
+    """The BoundLaunch of ``k`` with parameter values ``vals`` (then the two null scratch pointers), where the
+    driver's parameter sizes equal ``sizes`` (+ the scratch pointers'), else None."""
+    from .cuda_driver import Kernel, param_sizes
+
+    k._init_handles()
+    if param_sizes(k.function) != sizes + [8, 8]:
+        return None
+    dev = torch.device("cuda", torch.cuda.current_device())
+    launch = Kernel.from_handle(k.function, k.name, dev).bind(vals + [None, None])
+    launch.shared = int(k.metadata.shared)
+    launch.grid = tuple((tuple(grid) + (1, 1))[:3])
+    launch.block = 32 * int(k.metadata.num_warps)
+    return launch
+
+
 def triton_bound_launch(k, args: tuple, grid: tuple):
     """A BoundLaunch of Triton ``CompiledKernel`` ``k`` with runtime arguments ``args`` (tensors, ints, floats:
     the kernel's non-constexpr parameters, which come first in its signature), or None. The kernel's parameters
@@ -196,41 +267,134 @@ def triton_bound_launch(k, args: tuple, grid: tuple):
     (null: kernels that need either scratch, several CTAs, PDL or a cooperative launch are not taken). The
     derived sizes must equal the driver's (:func:`~mxkit.kernels.cuda_driver.param_sizes`), else None.
     Its ``grid`` (3 ints), ``block`` (threads) and ``shared`` bytes are the kernel's: ``launch.run(*tensors)``."""
-    from .cuda_driver import CudaDriverUnavailable, Kernel, param_sizes
+    from .cuda_driver import CudaDriverUnavailable
 
     try:
-        sig, consts, md = k.src.signature, k.src.constants, k.metadata
-        if (not isinstance(sig, dict) or not isinstance(consts, dict) or getattr(md, "num_ctas", 1) != 1
-                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
-                or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
-            return None
-        types_ = list(sig.values())
-        if len(types_) < len(args):
-            return None
-        vals, sizes = [], []
-        for i, a in enumerate(args):  # the runtime parameters: the first len(args) of the signature
-            ty = types_[i]
-            if ty == "constexpr" or (i,) in consts:  # specialised into the kernel (an int equal to 1, None)
-                continue
-            if ty.startswith("*"):
-                if not (a is None or isinstance(a, torch.Tensor)):
-                    return None
-                vals.append(a)
-                sizes.append(8)
-            elif ty in _C_INTS:
-                c = _C_INTS[ty](a)
-                vals.append(c)
-                sizes.append(ctypes.sizeof(c))
-            else:
-                return None
-        k._init_handles()
-        if param_sizes(k.function) != sizes + [8, 8]:
-            return None
-        dev = torch.device("cuda", torch.cuda.current_device())
-        launch = Kernel.from_handle(k.function, k.name, dev).bind(vals + [None, None])
+        got = _derive(k, args, descs=False)
+        return None if got is None else _bind(k, got[0], got[1], grid)
     except (AttributeError, TypeError, ValueError, CudaDriverUnavailable):
         return None
-    launch.shared = int(md.shared)
-    launch.grid = tuple((tuple(grid) + (1, 1))[:3])
-    launch.block = 32 * int(md.num_warps)
-    return launch
+
+
+class ArgsLaunch:
+    """One specialisation of a compiled Triton / Gluon kernel launched by one ``cuLaunchKernel`` of a parameter
+    block rewritten from each call's runtime arguments (:meth:`_Launcher.__call__` on a hit): tensors' pointers,
+    ints, floats, and host TMA descriptors (``TensorDescriptor``: its CUtensorMap encoded here as Triton's launcher
+    encodes it, again only where its base, shape or strides changed). Triton's runner took 35-70 µs of host time a
+    launch on the device machines, the wgmma kernel's with its three descriptors the most."""
+
+    def __init__(self, launch, plan: list):
+        self.launch = launch
+        self.plan = []  # (argument index, 0 pointer / 1 scalar / 2 descriptor, its ctypes value or slot)
+        pos = 0
+        for i, slot in plan:
+            if slot is None:
+                self.plan.append((i, 0, launch.vals[pos]))
+            else:
+                self.plan.append((i, 2 if isinstance(slot, _TmaSlot) else 1, slot))
+            pos += 1 + 2 * slot.ndim if isinstance(slot, _TmaSlot) else 1
+
+    @classmethod
+    def make(cls, k, args: tuple, grid: tuple) -> Optional["ArgsLaunch"]:
+        """The launch of ``k`` for arguments like ``args``, or None where it cannot be derived (then the caller
+        keeps Triton's runner)."""
+        from .cuda_driver import CudaDriverUnavailable
+
+        try:
+            got = _derive(k, args, descs=True)
+            launch = None if got is None else _bind(k, got[0], got[1], grid)
+        except (AttributeError, TypeError, ValueError, KeyError, ImportError, CudaDriverUnavailable):
+            return None
+        return None if launch is None else cls(launch, got[2])
+
+    def __call__(self, grid: tuple, args: tuple) -> bool:
+        """Launch with ``args`` (the same kinds, in the same order, of the specialisation it was made for) on
+        ``grid``; False, launching nothing, where a descriptor cannot be encoded (the caller then takes Triton's
+        runner, which raises its error)."""
+        b = self.launch
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        with b.lock:
+            for i, kind, v in self.plan:
+                a = args[i]
+                if kind == 0:
+                    v.value = a.data_ptr() if a is not None else 0
+                elif kind == 1:
+                    v.value = a
+                elif not v.fill(a):
+                    return False
+            b.launch(gx, gy, gz, b.block)
+        return True
+
+
+class _TmaSlot:
+    """The parameters of one host TMA descriptor as Triton's launcher passes them (``make_tensordesc_arg``): its
+    CUtensorMap (128 bytes, 64-byte aligned), then the shape (int32) and the strides (int64); the map encoded by
+    ``cuTensorMapEncodeTiled`` with Triton's arguments (``fillTMADescriptor``: dims and box innermost first,
+    byte strides, element strides 1, no interleave, the kernel's swizzle, L2 promotion 128 B, NaN fill for a
+    ``padding="nan"`` descriptor)."""
+
+    @classmethod
+    def make(cls, meta, ndim: int) -> Optional["_TmaSlot"]:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        if not isinstance(meta, dict) or not 1 <= ndim <= 5:
+            return None
+        t = cls()
+        t.ndim = ndim
+        t.swizzle, t.elem_size = int(meta["swizzle"]), int(meta["elem_size"])
+        t.dtype, t.fp4_padded = int(TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]), bool(meta["fp4_padded"])
+        t.raw = (ctypes.c_uint8 * 192)()
+        t.map = (ctypes.c_uint8 * 128).from_address((ctypes.addressof(t.raw) + 63) // 64 * 64)
+        t.shape = [ctypes.c_int32() for _ in range(ndim)]
+        t.strides = [ctypes.c_int64() for _ in range(ndim)]
+        t.dims, t.gstrides = (ctypes.c_uint64 * 5)(), (ctypes.c_uint64 * 5)()
+        t.box, t.estrides = (ctypes.c_uint32 * 5)(), (ctypes.c_uint32 * 5)(1, 1, 1, 1, 1)
+        t.last = None
+        return t
+
+    @property
+    def values(self) -> list:
+        return [self.map] + self.shape + self.strides
+
+    def fill(self, desc) -> bool:
+        """Encode ``desc`` (a host TensorDescriptor: base tensor, shape, strides, block_shape, padding) unless it
+        is the one encoded last; False where the driver refuses it."""
+        base = desc.base
+        key = (base.data_ptr(), tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), desc.padding)
+        if key == self.last:
+            return True
+        shape, strides, block = list(key[1]), key[2], key[3]
+        if self.fp4_padded:
+            shape[-1] *= 2
+        r = self.ndim
+        if len(shape) != r or len(strides) != r or len(block) != r or strides[-1] != 1:
+            return False
+        for i in range(r):
+            self.dims[r - 1 - i] = shape[i]
+            self.box[r - 1 - i] = block[i]
+        for i in range(r - 1):
+            self.gstrides[r - 2 - i] = self.elem_size * strides[i]
+        rc = _encode_tiled()(ctypes.addressof(self.map), self.dtype, r, key[0], self.dims, self.gstrides, self.box,
+                             self.estrides, 0, self.swizzle, 2, 1 if desc.padding == "nan" else 0)
+        if rc:
+            self.last = None
+            return False
+        for c, v in zip(self.shape, shape):
+            c.value = v
+        for c, v in zip(self.strides, strides):
+            c.value = v
+        self.last = key
+        return True
+
+
+@functools.lru_cache(maxsize=1)
+def _encode_tiled():
+    """``cuTensorMapEncodeTiled`` of libcuda, prototyped."""
+    from .cuda_driver import _libcuda
+
+    fn = _libcuda()["cuTensorMapEncodeTiled"]
+    fn.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn

@@ -281,7 +281,9 @@ class ArgsLaunch:
     block rewritten from each call's runtime arguments (:meth:`_Launcher.__call__` on a hit): tensors' pointers,
     ints, floats, and host TMA descriptors (``TensorDescriptor``: its CUtensorMap encoded here as Triton's launcher
     encodes it, again only where its base, shape or strides changed). Triton's runner took 35-70 µs of host time a
-    launch on the device machines, the wgmma kernel's with its three descriptors the most."""
+    launch on the device machines, the wgmma kernel's with its three descriptors the most. It skips Triton's launch
+    hooks (``knobs.runtime.launch_enter_hook``, which proton's profiler sets): set ``MXKIT_ARGS_LAUNCH=0`` to see
+    these launches there."""
 
     def __init__(self, launch, plan: list):
         self.launch = launch

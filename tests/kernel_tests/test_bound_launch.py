@@ -237,6 +237,7 @@ def test_args_launch_rewrites_its_block_from_each_calls_arguments(monkeypatch):
         return rc[0]
 
     monkeypatch.setattr(launch, "_encode_tiled", lambda: encode)
+    monkeypatch.setattr(launch, "_TMA_TRITON", True)  # (the encoding is Triton 3.6's; CI may install another)
     args = (_desc(x1, (1000, 2880), (2880, 1), (256, 64)), y, 1000, 1, 2**40)
     al = launch.ArgsLaunch.make(k, args, (4,))
     assert al is not None
@@ -253,10 +254,19 @@ def test_args_launch_rewrites_its_block_from_each_calls_arguments(monkeypatch):
     nan = _desc(x2, (3, 32), (32, 1), (2, 32), padding="nan")
     assert al((1,), (nan, y, 3, 1, 2))
     assert encoded[-1][3:5] == (x2.data_ptr(), [32, 3]) and encoded[-1][-1] == 1
+    assert encoded[-1][6] == [64, 256]  # the box of the kernel's metadata (Triton's), not the descriptor's block
     assert launched[-1][1][:4] == [3, 32, 32, 1]
     rc[0] = 1  # the driver refuses the next map: nothing launched
     n = len(launched)
     assert not al((1,), (_desc(x2, (4, 32), (32, 1), (2, 32)), y, 3, 1, 2)) and len(launched) == n
+    rc[0] = 0
+    assert al((0, 2), args) and len(launched) == n  # an empty grid: nothing launched (as Triton's launcher)
+    # metadata this encoding does not know (another Triton's), or another Triton: no ArgsLaunch
+    k_tf32 = _compiled(sig, {(3,): 1, (5,): 64}, tensordesc_meta=[dict(meta, round_f32_to_tf32=True)])
+    assert launch.ArgsLaunch.make(k_tf32, args, (4,)) is None
+    monkeypatch.setattr(launch, "_TMA_TRITON", False)
+    assert launch.ArgsLaunch.make(k, args, (4,)) is None
+    monkeypatch.setattr(launch, "_TMA_TRITON", True)
     # descriptors lowered to pointers (no metadata), or a size the driver does not count: no ArgsLaunch
     assert launch.ArgsLaunch.make(_compiled(sig, {(3,): 1, (5,): 64}), args, (4,)) is None
     sizes.pop()

@@ -1416,11 +1416,21 @@ def test_mixed_blocks_cover_each_group_once(smallest, rng):
 
 
 def test_mixed_sizes_rejects():
-    from mxkit.kernels.moe import mixed_sizes
+    """mixed_sizes, mixed_blocks and padded_rows reject sizes their tables and padding do not hold."""
+    from mxkit.kernels.moe import mixed_blocks, mixed_blocks_device, mixed_sizes
+    from mxkit.kernels.moe_details._sort import padded_rows
 
     for bad in (16, 48, 256):
         with pytest.raises(ValueError, match="smallest mixed block"):
             mixed_sizes(bad)
+    ends = torch.tensor([64, 128], dtype=torch.int32)
+    for sizes in ((256, 64), (128, 64), (256, 128, 64, 16)):
+        for f in (mixed_blocks, mixed_blocks_device):
+            with pytest.raises(ValueError, match="mixed block sizes"):
+                f(ends, 100, sizes)
+    for bm, wide in ((64, 192), (48, 256), (1, 256)):
+        with pytest.raises(ValueError, match="power of two"):
+            padded_rows(torch.arange(5), bm, wide)
 
 
 @pytest.mark.gpu

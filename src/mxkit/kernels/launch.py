@@ -315,6 +315,8 @@ class ArgsLaunch:
         runner, which raises its error)."""
         b = self.launch
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        if not gx * gy * gz:  # (as Triton's launcher: nothing to launch)
+            return True
         with b.lock:
             for i, kind, v in self.plan:
                 a = args[i]
@@ -331,9 +333,9 @@ class ArgsLaunch:
 class _TmaSlot:
     """The parameters of one host TMA descriptor as Triton's launcher passes them (``make_tensordesc_arg``): its
     CUtensorMap (128 bytes, 64-byte aligned), then the shape (int32) and the strides (int64); the map encoded by
-    ``cuTensorMapEncodeTiled`` with Triton's arguments (``fillTMADescriptor``: dims and box innermost first,
-    byte strides, element strides 1, no interleave, the kernel's swizzle, L2 promotion 128 B, NaN fill for a
-    ``padding="nan"`` descriptor)."""
+    ``cuTensorMapEncodeTiled`` with Triton 3.6's arguments (``fillTMADescriptor``: dims and box innermost first,
+    the box the kernel's metadata gives, byte strides, element strides 1, no interleave, the kernel's swizzle, L2
+    promotion 128 B, NaN fill for a ``padding="nan"`` descriptor)."""
 
     @classmethod
     def make(cls, meta, ndim: int) -> Optional["_TmaSlot"]:
@@ -341,10 +343,16 @@ class _TmaSlot:
 
         if not isinstance(meta, dict) or not 1 <= ndim <= 5:
             return None
+        _encode_tiled()  # (resolved here: a driver without it leaves these launches to Triton's runner)
         t = cls()
         t.ndim = ndim
+        if set(meta) != _TMA_META or not _TMA_TRITON:
+            return None  # (another Triton's launcher may encode differently: its runner keeps these launches)
         t.swizzle, t.elem_size = int(meta["swizzle"]), int(meta["elem_size"])
         t.dtype, t.fp4_padded = int(TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]), bool(meta["fp4_padded"])
+        t.block = [int(b) for b in meta["block_size"]]  # (the box Triton encodes: capped, cut to the swizzle)
+        if len(t.block) != ndim:
+            return None
         t.raw = (ctypes.c_uint8 * 192)()
         t.map = (ctypes.c_uint8 * 128).from_address((ctypes.addressof(t.raw) + 63) // 64 * 64)
         t.shape = [ctypes.c_int32() for _ in range(ndim)]
@@ -365,11 +373,11 @@ class _TmaSlot:
         key = (base.data_ptr(), tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), desc.padding)
         if key == self.last:
             return True
-        shape, strides, block = list(key[1]), key[2], key[3]
+        shape, strides, block = list(key[1]), key[2], self.block
         if self.fp4_padded:
             shape[-1] *= 2
         r = self.ndim
-        if len(shape) != r or len(strides) != r or len(block) != r or strides[-1] != 1:
+        if len(shape) != r or len(strides) != r or strides[-1] != 1:
             return False
         for i in range(r):
             self.dims[r - 1 - i] = shape[i]
@@ -387,6 +395,13 @@ class _TmaSlot:
             c.value = v
         self.last = key
         return True
+
+
+# The descriptor metadata of Triton 3.6's launcher (``make_tensordesc_arg``), the one ArgsLaunch encodes as: other
+# Triton versions keep Triton's runner for kernels with TMA descriptors (3.9 passes another shape for fp4_padded
+# maps, and has tf32 and im2col maps)
+_TMA_META = {"swizzle", "elem_size", "elem_type", "block_size", "fp4_padded"}
+_TMA_TRITON = triton.__version__.split(".")[:2] == ["3", "6"]
 
 
 @functools.lru_cache(maxsize=1)

@@ -908,9 +908,10 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
 
 def _weight_descs(q: torch.Tensor, st: torch.Tensor, mma: bool, w8: bool, steps: int) -> tuple:
     """The TMA descriptors of a packed weight's codes and scales, made once and kept on ``q`` (the same
-    lifetime; ~10 µs of host time a call otherwise)."""
+    lifetime; ~10 µs of host time a call otherwise). Their bases are views, so ``q`` holds no cycle through them
+    and is freed as soon as unreferenced."""
     _, _, _, _, _, _, TensorDescriptor = _gluon()
-    key = (st.data_ptr(), tuple(st.shape), mma, w8, steps)
+    key = (q.data_ptr(), tuple(q.shape), q.dtype, st.data_ptr(), tuple(st.shape), st.dtype, mma, w8, steps)
     got = q.__dict__.get("_mxkit_wgmma_descs")
     if got is not None and got[0] == key:
         return got[1]
@@ -921,8 +922,8 @@ def _weight_descs(q: torch.Tensor, st: torch.Tensor, mma: bool, w8: bool, steps:
                                               _u8_layout(3)),
                  TensorDescriptor.from_tensor(st.view(torch.uint8).view(R, 32 * steps), [BN // 16, 32], u8))
     else:
-        descs = (TensorDescriptor.from_tensor(q, [BN, 64 if w8 else 32], u8),
-                 TensorDescriptor.from_tensor(st, [1, 2 * BN], u8))
+        descs = (TensorDescriptor.from_tensor(q.view(q.shape), [BN, 64 if w8 else 32], u8),
+                 TensorDescriptor.from_tensor(st.view(st.shape), [1, 2 * BN], u8))
     q.__dict__["_mxkit_wgmma_descs"] = (key, descs)
     return descs
 

@@ -35,6 +35,8 @@ def padded_rows(counts: torch.Tensor, block_m: int, wide: int = 0) -> torch.Tens
     blocks run in one block (one more pass over the expert's weight, not one a size)."""
     if wide <= block_m:
         return (counts + block_m - 1) // block_m * block_m
+    if wide % block_m or (wide // block_m) & (wide // block_m - 1) or wide // block_m > 128:
+        raise ValueError(f"wide {wide}: block_m {block_m} times a power of two up to 128")
     rem = counts % wide
     size = torch.where(rem > 0, block_m, 0)
     s = block_m
@@ -147,10 +149,18 @@ MIXED_SIZES = (256, 128, 64)  # the block sizes of mixed_blocks by default, one 
 
 
 def mixed_sizes(smallest: int) -> tuple[int, ...]:
-    """The block sizes of :func:`mixed_blocks` down to ``smallest`` (64 or 32): 256, 128, .., smallest."""
+    """The block sizes of :func:`mixed_blocks` down to ``smallest`` (128, 64 or 32): 256, 128, .., smallest."""
     if smallest not in (32, 64, 128):
         raise ValueError(f"the smallest mixed block is 32, 64 or 128 rows, not {smallest}")
     return tuple(256 >> i for i in range((256 // smallest).bit_length()))
+
+
+_MIXED_PLANS = {mixed_sizes(s) for s in (128, 64, 32)}
+
+
+def _check_sizes(sizes: tuple) -> None:
+    if tuple(sizes) not in _MIXED_PLANS:
+        raise ValueError(f"mixed block sizes {tuple(sizes)}: 256 halving down to 128, 64 or 32 (mixed_sizes)")
 
 
 def mixed_blocks_device(ends: torch.Tensor, n: int, sizes: tuple[int, ...] = MIXED_SIZES
@@ -158,6 +168,7 @@ def mixed_blocks_device(ends: torch.Tensor, n: int, sizes: tuple[int, ...] = MIX
     """:func:`mixed_blocks` in one Triton launch (``_align._mixed_blocks_kernel``; the same tables)."""
     import triton
 
+    _check_sizes(sizes)
     E = ends.numel()
     L, pad = sizes[0], sizes[-1]
     full = torch.empty(2, n // L + E, dtype=torch.int32, device=ends.device)
@@ -180,6 +191,7 @@ def mixed_blocks(ends: torch.Tensor, n: int, sizes: tuple[int, ...] = MIXED_SIZE
     (token, slot) pairs (bounds the block count without a host sync). Returns [(bm, table int32 [2, NB])] for bm
     in ``sizes``: table[0] the block's local expert (-1: no block), table[1] its first row, for
     :func:`~mxkit.kernels.matmul_details._w4a16_wgmma.w4a16_wgmma`'s ``starts`` (one launch per size)."""
+    _check_sizes(sizes)
     E = ends.numel()
     dev = ends.device
     L, pad = sizes[0], sizes[-1]

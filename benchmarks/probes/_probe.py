@@ -54,3 +54,35 @@ def w16_case(M: int, N: int, K: int, fmt: str, act="float"):
     y64 = x.double() @ wd.double().T
     bound = 1.2 * ((y64.to(torch.bfloat16).double() - y64).norm() / y64.norm()).item()
     return x, wq, mxkit.pack_weight(wq, act=act), wd, y64, bound
+
+
+def launches(fn, prefix: str, reps: int = 5) -> list:
+    """µs of each launch of kernels named ``prefix``... in one call of ``fn``, in call order (torch profiler, the
+    mean of ``reps`` calls; the profiler inflates them: compare within a run)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    ev = [e.device_time for e in prof.events()
+          if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith(prefix)]
+    per = max(1, len(ev) // reps)
+    return [sum(ev[i::per]) / reps for i in range(per)]
+
+
+def host_us(fn, calls: int = 20, gpu_ms_per_call: float = 2.0) -> float:
+    """Host µs a call of ``fn`` over ``calls`` calls, the GPU kept busy ahead by a spin (no back-pressure): the
+    launch path alone."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9 * calls * gpu_ms_per_call * 1e-3))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6

@@ -10,6 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _probe import host_us, launches  # noqa: E402
 from moe_blocks_ab_env import KEYS, setenv  # noqa: E402
 
 from mxkit.bench import moe as bm  # noqa: E402
@@ -23,35 +24,6 @@ rounds = int(os.environ.get("ROUNDS", "2"))
 cfg = TimingConfig(warmup_ms=10, rep_ms=40)
 cfg_spin = TimingConfig(warmup_ms=10, rep_ms=40, spin_us=1500.0)
 print(torch.cuda.get_device_name(0), "| torch", torch.__version__, "| rounds", rounds)
-
-
-def host_us(fn, calls=20):
-    """Host µs per call, the GPU kept busy by a long spin (no back-pressure): the launch path alone."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * calls * 1e-3))  # ~1 ms a call of GPU spin ahead of the calls
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
-
-
-def launches(fn, reps=5):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    ev = [e.device_time for e in prof.events()
-          if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("w4a16_wgmma")]
-    per = max(1, len(ev) // reps)
-    return [sum(ev[i::per]) / reps for i in range(per)]
 
 
 w = bm.weights(model, "cuda")
@@ -79,7 +51,7 @@ for T in tokens:
     print(f"{T} | {t_peer:.1f} | {cells} | {same}", flush=True)
     for p in plans:
         setenv(p)
-        ls = launches(call)
+        ls = launches(call, "w4a16_wgmma")
         slow = time_us(call, cfg_spin)[0]
         print(f"    {p}: wgmma launches µs " + " ".join(f"{v:.0f}" for v in ls) + f" | sum {sum(ls):.0f} | host µs a "
               f"call {host_us(call):.0f} | µs with a {cfg_spin.spin_us:.0f} µs spin {slow:.1f}", flush=True)

@@ -12,6 +12,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _probe import host_us  # noqa: E402
 from moe_blocks_ab_env import setenv  # noqa: E402
 
 from mxkit.bench import moe as bm  # noqa: E402
@@ -30,24 +31,13 @@ def call():
     return moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)
 
 
-def host_loop(calls: int) -> float:
-    """Host µs a call of ``calls`` calls, the GPU kept busy ahead by a spin (~2 ms a call)."""
-    torch.cuda._sleep(int(2e9 * calls * 2e-3))
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
-
-
 for p in plans:
     setenv(p)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
     calls = 30
-    print(f"{model} {T} tokens, plan {p}: host µs a call {host_loop(calls):.0f}")
+    print(f"{model} {T} tokens, plan {p}: host µs a call {host_us(call, calls):.0f}")
     # host µs a call of each stage (wrapped with a perf_counter pair)
     from mxkit.kernels.matmul_details import _w4a16_wgmma
     from mxkit.kernels.moe_details import _prefill
@@ -79,7 +69,7 @@ for p in plans:
     proxy = Proxy()
     saved.append((_w4a16_wgmma, "_launcher", _w4a16_wgmma._launcher))
     _w4a16_wgmma._launcher = lambda: proxy
-    whole = host_loop(calls)
+    whole = host_us(call, calls)
     for mod, name, f in saved:
         setattr(mod, name, f)
     print(f"  stages, µs a call (whole {whole:.0f}): "

@@ -7,10 +7,13 @@ import sys
 
 import torch
 
-import mxkit
-from mxkit.bench import moe as bm
-from mxkit.bench.timing import TimingConfig, time_us
-from mxkit.kernels.moe import moe_triton, pack_experts_mma
+sys.path.insert(0, os.path.dirname(__file__))
+from _probe import launches  # noqa: E402
+
+import mxkit  # noqa: E402
+from mxkit.bench import moe as bm  # noqa: E402
+from mxkit.bench.timing import TimingConfig, time_us  # noqa: E402
+from mxkit.kernels.moe import moe_triton, pack_experts_mma  # noqa: E402
 
 dense = [tuple(int(v) for v in s.split("x")) for s in
          (sys.argv[1] if len(sys.argv) > 1 else "4096x8192x8192,16384x5760x2880,8192x28672x8192").split(",")]
@@ -34,21 +37,6 @@ def ab(fn):
     os.environ.pop("MXKIT_WGMMA_PERSIST", None)
     same = all(torch.equal(ys["1"].view(torch.uint8), v.view(torch.uint8)) for v in ys.values())
     return t, same
-
-
-def launches(fn, reps=10):
-    """The wgmma kernel's launches of one call, in call order (µs each, torch profiler)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    ev = [e.device_time for e in prof.events()
-          if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("w4a16_wgmma")]
-    per = len(ev) // reps
-    return [sum(ev[i::per]) / reps for i in range(per)]
 
 
 print("dense W4A16 MxNxK | cuBLAS bf16 µs | persistent µs | per tile µs | x | default µs | same bytes | "
@@ -81,7 +69,7 @@ for T in tokens:
     each = {}
     for f in ("1", "0"):
         os.environ["MXKIT_WGMMA_PERSIST"] = f
-        each[f] = launches(call)
+        each[f] = launches(call, "w4a16_wgmma", 10)
     os.environ.pop("MXKIT_WGMMA_PERSIST", None)
     ls = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(each["1"], each["0"]))
     print(f"{T} | {t_peer:.1f} | {p:.1f} | {n:.1f} | {n / p:.3f} | {d:.1f} | {same} | {t_peer / d:.2f} | {ls}",

@@ -86,3 +86,18 @@ def host_us(fn, calls: int = 20, gpu_ms_per_call: float = 2.0) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / calls * 1e6
+
+
+def moe_prefill_case(model: str, w, packed, T: int, cfg):
+    """(call, µs of the torch._grouped_mm bf16 GEMMs) for GPT-OSS ``model``'s experts ``w`` (mxkit.bench.moe
+    weights) packed for the decode-mma layout, at ``T`` tokens of uniform routing: ``call()`` runs the MoE layer
+    (moe_triton on ``packed``)."""
+    from mxkit.bench import moe as bm
+    from mxkit.bench.timing import time_us as bench_us
+    from mxkit.kernels.moe import moe_triton
+
+    tw, ids = bm.routing(T, bm.MODELS[model], "uniform", "cuda")
+    x = torch.randn(T, bm.HIDDEN, device="cuda", dtype=torch.bfloat16)
+    case = bm.MoeCase(model=model, T=T, routing="uniform", mode="w4a16")
+    t_peer = bench_us(bm._grouped(case, bm.Inputs(x, tw, ids, w), None, gemms_only=True), cfg)[0]
+    return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), t_peer

@@ -10,12 +10,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _probe import host_us, launches  # noqa: E402
+from _probe import host_us, launches, moe_prefill_case  # noqa: E402
 from moe_blocks_ab_env import KEYS, setenv  # noqa: E402
 
 from mxkit.bench import moe as bm  # noqa: E402
 from mxkit.bench.timing import TimingConfig, time_us  # noqa: E402
-from mxkit.kernels.moe import moe_triton, pack_experts_mma  # noqa: E402
+from mxkit.kernels.moe import pack_experts_mma  # noqa: E402
 
 model = sys.argv[1] if len(sys.argv) > 1 else "gpt-oss-120b"
 tokens = [int(t) for t in (sys.argv[2] if len(sys.argv) > 2 else "2048,4096,8192,16384").split(",")]
@@ -31,14 +31,7 @@ packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
 print(f"\nMoE {model} W4A16 prefill | plans {plans}")
 print("tokens | _grouped_mm GEMMs µs | " + " | ".join(plans) + " | same bytes")
 for T in tokens:
-    tw, ids = bm.routing(T, bm.MODELS[model], "uniform", "cuda")
-    x = torch.randn(T, bm.HIDDEN, device="cuda", dtype=torch.bfloat16)
-    case = bm.MoeCase(model=model, T=T, routing="uniform", mode="w4a16")
-    t_peer = time_us(bm._grouped(case, bm.Inputs(x, tw, ids, w), None, gemms_only=True), cfg)[0]
-
-    def call():
-        return moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)
-
+    call, t_peer = moe_prefill_case(model, w, packed, T, cfg)
     t, ys = {}, {}
     for _ in range(rounds):
         for p in plans:

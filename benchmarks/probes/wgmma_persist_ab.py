@@ -8,12 +8,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _probe import launches  # noqa: E402
+from _probe import launches, moe_prefill_case  # noqa: E402
 
 import mxkit  # noqa: E402
 from mxkit.bench import moe as bm  # noqa: E402
 from mxkit.bench.timing import TimingConfig, time_us  # noqa: E402
-from mxkit.kernels.moe import moe_triton, pack_experts_mma  # noqa: E402
+from mxkit.kernels.moe import pack_experts_mma  # noqa: E402
 
 dense = [tuple(int(v) for v in s.split("x")) for s in
          (sys.argv[1] if len(sys.argv) > 1 else "4096x8192x8192,16384x5760x2880,8192x28672x8192").split(",")]
@@ -57,13 +57,7 @@ packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
 print(f"\nMoE {model} W4A16 prefill, tokens | _grouped_mm GEMMs µs | persistent µs | per tile µs | x | "
       "default µs | same bytes | x _grouped_mm (default) | wgmma launches µs (persistent / per tile)")
 for T in tokens:
-    tw, ids = bm.routing(T, bm.MODELS[model], "uniform", "cuda")
-    x = torch.randn(T, bm.HIDDEN, device="cuda", dtype=torch.bfloat16)
-    case = bm.MoeCase(model=model, T=T, routing="uniform", mode="w4a16")
-    t_peer = time_us(bm._grouped(case, bm.Inputs(x, tw, ids, w), None, gemms_only=True), cfg)[0]
-    def call():
-        return moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)
-
+    call, t_peer = moe_prefill_case(model, w, packed, T, cfg)
     t, same = ab(call)
     p, n, d = t["1"], t["0"], t["default"]
     each = {}

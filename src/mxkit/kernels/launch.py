@@ -341,13 +341,11 @@ class _TmaSlot:
     def make(cls, meta, ndim: int) -> Optional["_TmaSlot"]:
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
-        if not isinstance(meta, dict) or not 1 <= ndim <= 5:
-            return None
+        if not (_TMA_TRITON and isinstance(meta, dict) and set(meta) == _TMA_META and 1 <= ndim <= 5):
+            return None  # (another Triton's launcher may encode differently: its runner keeps these launches)
         _encode_tiled()  # (resolved here: a driver without it leaves these launches to Triton's runner)
         t = cls()
         t.ndim = ndim
-        if set(meta) != _TMA_META or not _TMA_TRITON:
-            return None  # (another Triton's launcher may encode differently: its runner keeps these launches)
         t.swizzle, t.elem_size = int(meta["swizzle"]), int(meta["elem_size"])
         t.dtype, t.fp4_padded = int(TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]), bool(meta["fp4_padded"])
         t.block = [int(b) for b in meta["block_size"]]  # (the box Triton encodes: capped, cut to the swizzle)

@@ -779,7 +779,9 @@ def _persist(default: bool, bm: int = 0) -> bool:
     ``default``: on for the grouped (MoE) launches of one block size, off for the rest, as measured on the H200
     (``benchmarks/probes/wgmma_persist_ab.py``): GPT-OSS-120B's MoE prefill at 4096 tokens 2253 -> 2113 us and
     at 8192 3978 -> 3644, but the launches of mixed block sizes at 16384 tokens slower (the gate_up one of
-    256-row blocks 3242 -> 4181 us) and dense 2048 x 8192 x 8192 356 -> 370 us.
+    256-row blocks 3242 -> 4181 us) and dense 2048 x 8192 x 8192 356 -> 370 us: at 256-token tiles the persistent
+    consumers spill at the 168-register cap (the float32-out variant 304 bytes a thread) and run 6-9% more
+    instructions (Nsight Compute, ``benchmarks/h200-2026-12-04e/``).
     MXKIT_WGMMA_PERSIST=0 / 1 forces it off / on (A/B runs, tests); a list of block sizes ("128" or "128,256")
     turns it on for those alone."""
     import os

@@ -75,7 +75,7 @@ def test_every_call_runs_on_cpu_through_the_public_api():
     for c in bo.CALLS:
         fn, note = c.make("cpu")
         got[c.name] = (fn(), note)
-    assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 14
+    assert [c.name for c in bo.CALLS][0] == bo.BASELINE and len(got) == 15
     base = got[bo.BASELINE][0]
     assert base.shape == bo.X_SHAPE and base.dtype == torch.bfloat16 and bool(base.abs().max() > 0)
     for fmt in ("mxfp4", "mxfp8"):
@@ -89,6 +89,8 @@ def test_every_call_runs_on_cpu_through_the_public_api():
                     ("MXLinear.forward mxfp4 (M=1)", 1)):
         y, note = got[name]
         assert y.shape == (m, bo.N) and y.dtype is torch.bfloat16 and note == "path reference", name
+    y, note = got["matmul bf16 x mxfp4 (M=64, 8192x8192)"]  # (the wgmma kernel's path on the H200's table)
+    assert y.shape == (64, 8192) and note == "path reference"
     y, note = got["MXLinear.forward mxfp4 x mxfp4 (M=256)"]
     assert y.shape == (256, bo.N) and note == "path reference (x quantized first)"
 
@@ -96,7 +98,8 @@ def test_every_call_runs_on_cpu_through_the_public_api():
 def test_select_and_options(capsys):
     assert [c.name for c in bo.select(None)] == [c.name for c in bo.CALLS]
     assert [c.name for c in bo.select(["MATMUL", "M=1"])] == [
-        bo.BASELINE, "matmul bf16 x mxfp4 (M=1)", "matmul bf16 x mxfp4 (M=256)", "matmul mxfp4 x mxfp4 (M=256)",
+        bo.BASELINE, "matmul bf16 x mxfp4 (M=1)", "matmul bf16 x mxfp4 (M=256)",
+        "matmul bf16 x mxfp4 (M=64, 8192x8192)", "matmul mxfp4 x mxfp4 (M=256)",
         "matmul mxfp8 x mxfp4 (M=256)", "matmul mxfp8 x mxfp8 (M=1)", "MXLinear.forward mxfp4 (M=1)",
         "MXLinear.forward mxfp4 + bf16 bias (M=1)", "MXLinear.forward mxfp8 x mxfp8 (M=1)"]
     # a whole name (any case) picks that call alone; a part of names every call that holds it

@@ -127,3 +127,22 @@ def test_launch_spec_of_a_tensor_descriptor():
     assert _Launcher._spec(types.SimpleNamespace(**{**vars(desc), "strides": [100, 1]}))[-1] == (False, False)
     assert _Launcher._spec(16) == (False, True, True) and _Launcher._spec(1) == (True, False, True)
     assert _Launcher._spec(2**40)[2] is False
+
+
+def test_env_reads_follow_os_environ(monkeypatch):
+    """kernels._env.env (the hot paths' A/B switches, read per call) sees what os.environ holds after each change:
+    set, changed, removed, unset with a default; the same values os.environ.get gives."""
+    import os
+
+    from mxkit.kernels._env import env
+
+    name = "MXKIT_TEST_ENV_READ"
+    monkeypatch.delenv(name, raising=False)
+    assert env(name) is None and env(name, "d") == "d"
+    for value in ("1", "128,256", "fit", ""):
+        monkeypatch.setenv(name, value)
+        assert env(name) == os.environ.get(name) == value
+    os.environ[name] = "x"
+    assert env(name, "d") == "x"
+    del os.environ[name]
+    assert env(name) is None and env(name, "d") == "d"

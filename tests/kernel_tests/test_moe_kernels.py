@@ -1258,6 +1258,40 @@ def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rn
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("layout", ["mma", "wgmma"])
+def test_gpu_moe_prefill_prepared_launches_same_bytes(layout, rng):
+    """The grouped wgmma launches through their prepared launch (one cuLaunchKernel per launch from a problem's
+    second call, x's TMA descriptor encoded from x alone) give the bytes of Triton's own launcher
+    (launch.triton_launch_only) call after call, with new tokens each call and two token counts taking turns (one
+    block size, and mixed 256 / 128 / 64); the prepared launches are made."""
+    if _wgmma_here():
+        pytest.skip(_wgmma_here())
+    from mxkit.kernels import launch
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+    from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma
+
+    E, H, I = 16, 512, 256
+    cases = [layer_case(T, E, H, I, "mxfp4", rng) for T in (600, 2200)]  # 150 / 550 pairs an expert
+    w1, w2 = cases[0][1], cases[0][3]
+    if layout == "mma":
+        packed = (pack_experts_mma(w1), pack_experts_mma(w2))
+    else:
+        packed = (pack_experts_wgmma(w1, act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(w2))
+    wg._PREPARED.clear()
+    for i in range(4):
+        for case in cases:
+            x = torch.randn(case[0].shape, generator=rng).to(torch.bfloat16).cuda()
+            args = (x, w1) + case[2:3] + (w2,) + case[4:]
+            with launch.triton_launch_only():
+                want = moe_triton(*args, packed=packed)
+            got = moe_triton(*args, packed=packed)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (i, x.shape[0])
+    assert sum(1 for p in wg._PREPARED.values() if p.fast) >= 8  # (2 GEMMs x (1 + 3 block sizes))
+    check_layer(got, args, "swiglu_gpt_oss")
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("T,E,H,I", [(3200, 32, 2880, 704), (2000, 16, 256, 192), (1024, 32, 512, 256)])
 @pytest.mark.parametrize("layout", ["mma", "wgmma"])
 def test_gpu_moe_prefill_block_plans_same_bytes(T, E, H, I, layout, rng, monkeypatch):

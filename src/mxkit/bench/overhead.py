@@ -105,13 +105,13 @@ def _cast_transpose(device: str):
     return (lambda: mxkit.cast_transpose(x, "mxfp8_e4m3")), ""
 
 
-def _matmul(m: int, a_fmt: Optional[str], w_fmt: str = "mxfp4_e2m1"):
+def _matmul(m: int, a_fmt: Optional[str], w_fmt: str = "mxfp4_e2m1", n: int = N, k: int = K):
     def make(device: str):
         import mxkit
 
-        b = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, device=device, dtype=torch.bfloat16) * 2.0**-5,
+        b = mxkit.pack_weight(mxkit.quantize(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 2.0**-5,
                                              w_fmt))
-        a = _x(device, (m, K))
+        a = _x(device, (m, k))
         a = a if a_fmt is None else mxkit.quantize(a, a_fmt)
         return (lambda: mxkit.matmul(a, b)), f"path {mxkit.gemm_plan(a, b).path}"
 
@@ -143,6 +143,7 @@ CALLS = (  # the torch op first, then mxkit's public API (backend "auto")
     Call("cast_transpose mxfp8", "x".join(map(str, X_SHAPE)), _cast_transpose),
     Call("matmul bf16 x mxfp4 (M=1)", f"1x{N}x{K}", _matmul(1, None)),
     Call("matmul bf16 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, None)),
+    Call("matmul bf16 x mxfp4 (M=64, 8192x8192)", "64x8192x8192", _matmul(64, None, n=8192, k=8192)),
     Call("matmul mxfp4 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp4_e2m1")),
     Call("matmul mxfp8 x mxfp4 (M=256)", f"256x{N}x{K}", _matmul(256, "mxfp8_e4m3")),
     Call("matmul mxfp8 x mxfp8 (M=1)", f"1x{N}x{K}", _matmul(1, "mxfp8_e4m3", "mxfp8_e4m3")),

@@ -127,6 +127,28 @@ class _Launcher:
             return
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
 
+    def args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+        """The :class:`ArgsLaunch` of the specialisation these arguments hit (made here where the hit has none yet),
+        after at least one call of it: a caller that keeps it launches later calls of the same specialisation
+        (argument kinds, dtypes, 16-byte alignment of every pointer, the same ints) with one ``fast(grid, args)``
+        and none of this launcher's per-call key. None where direct launches or ArgsLaunch are off, the kernel is
+        not compiled for these arguments yet, or the launch cannot be derived."""
+        fn = getattr(self.module, self.name)
+        if not (_enabled and _ARGS_LAUNCH and isinstance(fn, triton.runtime.JITFunction)
+                and direct_launch_supported()):
+            return None
+        _, ok, _, _ = self._meta(fn)
+        key = (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
+               torch.cuda.current_device())
+        hit = self.cache.get(key) if ok else None
+        if hit is None:
+            return None
+        k, full_consts, fast = hit
+        if fast is None:
+            fast = ArgsLaunch.make(k, args, grid) or False
+            self.cache[key] = (k, full_consts, fast)
+        return fast or None
+
     def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
         """A :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the kernel this launcher ran for exactly these
         arguments' specialisation (call it once first), with ``args``' values bound; or None where the direct

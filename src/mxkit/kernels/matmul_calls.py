@@ -29,6 +29,8 @@ from .matmul_table import _table_token, _token_stack
 
 __all__ = ["prepared_call", "prepared_call_mx", "prepared_call_a8w8", "prepared_call_quantize_fold"]
 
+_WGMMA_FORMATS = ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2")  # the weights WgmmaCall reads (wgmma's packed_of)
+
 
 def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
     """The eager host path of :func:`~mxkit.kernels.matmul.a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
@@ -268,6 +270,34 @@ class Bf16ExactCall(MxBoundCall):
             self._bind_fixup(a, None, None)
 
 
+class WgmmaCall:
+    """The w4a16-wgmma / w8a16-wgmma path (prefill) of one (packed weight, shape and strides of a float a, out
+    dtype), no bias, on CUDA: the weight in the kernel's layout, the tile size and split-K fixed once
+    (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_schedule`); each call is one ``w4a16_wgmma`` on a's
+    rows, whose launch is prepared per problem (one ``cuLaunchKernel`` from the problem's second call, plus the
+    split's fixed-order sum): :func:`run_gemm`'s launches and bytes without its per-call dispatch. A call with a
+    bias, or on rows that are not 16-byte aligned (TMA), runs :func:`run_gemm`."""
+
+    def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
+        from .matmul_details import _w4a16_wgmma as wg
+
+        self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
+        self.q, self.st, self.one_mul = wg.packed_of(b)
+        self.bm, self.split = wg.dense_schedule(plan.M, plan.N, plan.K, b.device)
+        self.elem = wg.FP8_ELEMS.get(b.source.fmt.name, "e2m1")
+        self.run = wg.w4a16_wgmma
+
+    def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        p = self.plan
+        flat = a.dim() == 2
+        x = a if flat else a.reshape(p.M, p.K)
+        if bias is not None or x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            return run_gemm(a, self.b, p, bias)
+        y = self.run(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, None, bm=self.bm, split=self.split,
+                     elem=self.elem)
+        return y if flat else y.reshape(self.out_shape)
+
+
 class PlannedCall:
     """Any other path with its plan made once (:func:`prepared_call`)."""
 
@@ -302,6 +332,9 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
             call = DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
         elif plan.path == "dense-exact" and plan.out_dtype == a.dtype and bias is None and plan.M:
             call = DenseExactCall(b, plan, tuple(a.shape[:-1]))
+        elif (plan.path in ("w4a16-wgmma", "w8a16-wgmma") and plan.M and b.source.fmt.name in _WGMMA_FORMATS
+              and b.device.type == "cuda"):
+            call = WgmmaCall(b, plan, tuple(a.shape[:-1]))
         else:
             call = PlannedCall(b, plan)
         calls[key] = call

@@ -100,3 +100,18 @@ def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     with contextlib.nullcontext() if here else torch.cuda.device(part.device):
         _launch((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
     return y
+
+
+def split_sum_launch(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor) -> tuple:
+    """(the kernel's ArgsLaunch, its grid) for later :func:`split_sum` calls of the problem (part's shape, bias or
+    not, y's dtype) that just ran with these tensors: ``fast(grid, (part, bias or part, y, M * N, N))`` launches one
+    on new tensors of the same dtypes, shapes and 16-byte alignment, without the checks. (False, None) where it
+    cannot be made (direct launches off, another device current)."""
+    S, M, N = part.shape
+    MN = M * N
+    if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
+        return False, None
+    consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[y.dtype]), ("BLOCK", BLOCK))
+    grid = (triton.cdiv(MN, BLOCK),)
+    fast = _launch.args_launch(grid, (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
+    return (fast, grid) if fast else (False, None)

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ...tensor import MXTensor
+from .._env import env
 from ..matmul import _nonfinite_codes
 from ..matmul_details._envelope import scale_extrema
 from ._decode import MmaExperts, mma_max_pairs
@@ -64,9 +65,7 @@ def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optio
 def wgmma_block_m(pairs_per_expert: float) -> int:
     """Sorted rows per program of the grouped wgmma kernel for an average of ``pairs_per_expert`` routed rows
     per expert (the padding of each expert's group against the tile's efficiency; H100, BENCHMARKS.md)."""
-    import os
-
-    forced = os.environ.get("MXKIT_MOE_WGMMA_BM")
+    forced = env("MXKIT_MOE_WGMMA_BM")
     if forced:
         return int(forced)
     if pairs_per_expert <= 16:
@@ -140,11 +139,9 @@ def block_plan(pairs_per_expert: float) -> tuple[tuple[int, ...], int]:
     (mixed, groups padded to the smallest size, wide 0: the plan before), ``fit`` (the default);
     ``MXKIT_MOE_MIXED_FROM``: mixed above that many pairs per expert (128); ``MXKIT_MOE_MIXED_SIZES``: the
     smallest size (64; 32)."""
-    import os
-
     bm = wgmma_block_m(pairs_per_expert)
-    mode = os.environ.get("MXKIT_MOE_MIXED", "fit")
-    if mode == "0" or pairs_per_expert <= float(os.environ.get("MXKIT_MOE_MIXED_FROM", "128")):
+    mode = env("MXKIT_MOE_MIXED", "fit")
+    if mode == "0" or pairs_per_expert <= float(env("MXKIT_MOE_MIXED_FROM", "128")):
         return (bm,), 0
-    sizes = mixed_sizes(int(os.environ.get("MXKIT_MOE_MIXED_SIZES", "64")))
+    sizes = mixed_sizes(int(env("MXKIT_MOE_MIXED_SIZES", "64")))
     return sizes, (sizes[0] if mode == "fit" else 0)

@@ -863,10 +863,8 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     # everything but the call's tensors fixes the launch: its grid, constexprs and ints are made once (_Prepared)
     ptrs = x.data_ptr() | (bias.data_ptr() if bias is not None else 0) | \
         (expert_ids.data_ptr() if grouped else 0) | (y.data_ptr() if y is not None else 0)
-    key = (M, K, x.stride(), tuple(q.shape), N, bool(one_mul), out, None if bias is None else bias.dtype,
-           None if y is None else (y.dtype, tuple(y.shape), y.stride()), expert_ids.numel() if grouped else -1, bm,
-           activation, layout, perm_out, starts, split, elem, _ws(bm, grouped), _persist_setting(),
-           not ptrs & 15, x.device.index, torch.cuda.current_device())
+    key = _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, perm_out, starts, split, elem,
+               not ptrs & 15)
     prep = _PREPARED.get(key)
     if prep is None:
         if len(_PREPARED) >= 1024:
@@ -917,6 +915,27 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
 _PREPARED: dict = {}  # w4a16_wgmma's problems (everything but the call's tensors) -> their _Prepared launch
 
 
+def _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, perm_out, starts, split, elem,
+         aligned: bool) -> tuple:
+    """The problem of a :func:`w4a16_wgmma` call (its key in :data:`_PREPARED`): shapes, strides, dtypes, flags,
+    the A/B settings in force, whether every tensor is 16-byte aligned, x's device and the current one."""
+    grouped = expert_ids is not None
+    return (x.shape, x.stride(), tuple(q.shape), N, bool(one_mul), out, None if bias is None else bias.dtype,
+            None if y is None else (y.dtype, tuple(y.shape), y.stride()), expert_ids.numel() if grouped else -1, bm,
+            activation, layout, perm_out, starts, split, elem, _ws(bm, grouped), _persist_setting(), aligned,
+            x.device.index, torch.cuda.current_device())
+
+
+def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out: torch.dtype, bm: int, split: int,
+                   elem: str) -> Optional["_Prepared"]:
+    """The prepared launch of a dense :func:`w4a16_wgmma` call (no bias, y, experts or activation; this module's
+    layout) on an aligned x as these arguments make it, if one was made and holds its ArgsLaunch (and, with a
+    split, its sum's): :meth:`_Prepared.run_dense` then launches such calls; else None."""
+    prep = _PREPARED.get(_key(x, q, N, one_mul, out, None, None, None, bm, None, "wgmma", False, False, split, elem,
+                              not x.data_ptr() & 15))
+    return prep if prep is not None and prep.fast and (prep.split == 1 or prep.sum_fast) else None
+
+
 class _Prepared:
     """One problem of :func:`w4a16_wgmma` (shapes, strides, flags, block size, schedule, the tensors' 16-byte
     alignment): its grid, constexprs and ints, made once, and after its first call the :class:`ArgsLaunch` of its
@@ -962,6 +981,26 @@ class _Prepared:
         self.consts, self.consts_key = consts, (bm,) + flags
         self.fast, self.tries = None, 0
         self.sum_fast, self.sum_grid = None, None  # (split > 1: the sum's ArgsLaunch, made after its first call)
+        self.bm = bm
+
+    def run_dense(self, x: torch.Tensor, w_desc, s_desc, N: int, out: torch.dtype) -> Optional[torch.Tensor]:
+        """y [M, N] of a dense call of this problem (:func:`dense_prepared`) on a new x (same shape, strides,
+        16-byte aligned) by its ArgsLaunch, and with a split its sum's: w4a16_wgmma's launches and bytes without
+        its key; None, launching nothing, where the main launch cannot encode x's descriptor."""
+        M = x.shape[0]
+        if self.split == 1:
+            y = torch.empty(M, N, dtype=out, device=x.device)
+            ok = self.fast(self.grid, (_XDesc(x, self.bm), w_desc, s_desc, y, y, y, M, N, self.steps, self.ksteps, N,
+                                       0, self.grid_m))
+            return y if ok else None
+        part = torch.empty(self.split, M, N, dtype=torch.float32, device=x.device)
+        if not self.fast(self.grid, (_XDesc(x, self.bm), w_desc, s_desc, part, part, part, M, N, self.steps,
+                                     self.ksteps, N, M * N, self.grid_m)):
+            return None
+        y = torch.empty(M, N, dtype=out, device=x.device)
+        if not self.sum_fast(self.sum_grid, (part, part, y, M * N, N)):
+            return split_sum(part, None, out)
+        return y
 
 
 class _XDesc:

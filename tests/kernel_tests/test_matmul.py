@@ -1550,26 +1550,27 @@ def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
 def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     """bf16 a times a PackedWeight on the w4a16-wgmma / w8a16-wgmma path, eager (``WgmmaCall``: one w4a16_wgmma a
     call, its launch prepared per problem: one cuLaunchKernel from the problem's second call, x's TMA descriptor
-    encoded from x alone): the bytes of Triton's own launcher (launch.triton_launch_only) call after call with new
-    data, at a split-K M and a one-tile M taking turns, 3-D a, and with a bias (run_gemm's path); the calls and
-    their prepared launches made."""
+    encoded from x alone, and the split's sum): the bytes of Triton's own launcher (launch.triton_launch_only) call
+    after call with new data, at split-K M's and one without a split taking turns, 3-D a, with and without a bias
+    (the bias call runs run_gemm's path, itself prepared), into poisoned memory; within the float64 bound; the
+    calls' prepared launches made and taken."""
     from conftest import poison_allocator
 
     from mxkit.kernels import launch
     from mxkit.kernels import matmul_calls as kc
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
-    N = K = 4096
+    N = K = 8192
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda() * 2.0**-4, fmt))
-    Ms = [m for m in (64, 96, 512) if mxkit.gemm_plan(torch.empty(m, K, dtype=torch.bfloat16, device="cuda"),
-                                                      pw).path.endswith("-wgmma")]
+    Ms = [m for m in (64, 96, 2048) if mxkit.gemm_plan(torch.empty(m, K, dtype=torch.bfloat16, device="cuda"),
+                                                       pw).path.endswith("-wgmma")]
     if not Ms:
-        pytest.skip("this GPU's dispatch table takes no 4096 x 4096 layer to the wgmma paths")
+        pytest.skip("this GPU's dispatch table takes no 8192 x 8192 layer to the wgmma paths")
     wg._PREPARED.clear()
     bias = torch.randn(N, generator=rng).cuda()
     for i in range(4):
         for M in Ms:
-            for b in ((None, bias) if i == 0 else (None,)):
+            for b in (None, bias):
                 a = torch.randn(2, M // 2, K, generator=rng).to(torch.bfloat16).cuda()
                 with launch.triton_launch_only():
                     want = mxkit.matmul(a, pw, bias=b)
@@ -1577,9 +1578,13 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
                 got = mxkit.matmul(a, pw, bias=b)
                 assert got.shape == (2, M // 2, N) and torch.equal(got.view(torch.int16), want.view(torch.int16)), \
                     (M, i, b is None)
+                if i == 3 and M == Ms[0]:
+                    assert_within_bound(got, a, pw, b)
     calls = {k[0]: c for k, c in pw._calls.items() if k[6] is None and isinstance(c, kc.WgmmaCall)}  # (no bias)
-    assert len(calls) == len(Ms)
-    assert sum(1 for p in wg._PREPARED.values() if p.fast) >= len(Ms)
+    assert len(calls) == len(Ms) and all(c.prep is not None for c in calls.values())
+    assert sum(1 for p in wg._PREPARED.values() if p.fast) >= 2 * len(Ms)  # (with a bias: another problem)
+    splits = {c.prep.split for c in calls.values()}
+    assert all(c.prep.sum_launch for c in calls.values() if c.prep.split > 1), splits
 
 
 def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:

@@ -286,7 +286,10 @@ class WgmmaCall:
         self.bm, self.split = wg.dense_schedule(plan.M, plan.N, plan.K, b.device)
         self.elem = wg.FP8_ELEMS.get(b.source.fmt.name, "e2m1")
         self.wg = wg
-        self.prep, self.tries = None, 0  # (the problem's prepared launch, looked for after the first calls)
+        self.tries = 0
+        # the problem's prepared launch, looked for after the first calls, and what it was made for (x's strides, the
+        # A/B settings, the current device, the weight's descriptors); prep is set last (threads: see _find)
+        self.prep = self.xs = self.settings = self.dev = self.wd = self.sd = None
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         from . import launch
@@ -297,20 +300,28 @@ class WgmmaCall:
         if bias is not None or x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             return run_gemm(a, self.b, p, bias)
         prep = self.prep
-        if (prep is not None and launch._enabled and x.stride() == self.xs and self.settings == self._settings()
-                and torch.cuda.current_device() == self.dev):  # (the problem as prepared: one cuLaunchKernel)
-            y = prep.run_dense(x, self.wd, self.sd, p.N, p.out_dtype)
-            if y is not None:
-                return y if flat else y.reshape(self.out_shape)
+        if prep is not None and launch._enabled and x.stride() == self.xs and self.settings == self._settings():
+            dev = torch.cuda.current_device()
+            if dev == self.dev and x.device.index == dev:  # (the problem as prepared: one cuLaunchKernel)
+                y = prep.run_dense(x, self.wd, self.sd, p.N, p.out_dtype)
+                if y is not None:
+                    return y if flat else y.reshape(self.out_shape)
         y = wg.w4a16_wgmma(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, None, bm=self.bm, split=self.split,
                            elem=self.elem)
         if prep is None and self.tries < 4 and launch._enabled:
             self.tries += 1
-            self.prep = wg.dense_prepared(x, self.q, p.N, self.one_mul, p.out_dtype, self.bm, self.split, self.elem)
-            if self.prep is not None:
-                self.xs, self.settings, self.dev = x.stride(), self._settings(), x.device.index
-                self.wd, self.sd = wg._weight_descs(self.q, self.st, False, self.prep.w8, self.prep.steps)
+            self._find(x)
         return y if flat else y.reshape(self.out_shape)
+
+    def _find(self, x: torch.Tensor) -> None:
+        """Keep the prepared launch of x's problem (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_prepared`)
+        with what it was made for, setting ``prep`` last so that another thread sees all of it or none."""
+        p, wg = self.plan, self.wg
+        prep = wg.dense_prepared(x, self.q, p.N, self.one_mul, p.out_dtype, self.bm, self.split, self.elem)
+        if prep is not None and x.device.index == torch.cuda.current_device():
+            self.xs, self.settings, self.dev = x.stride(), self._settings(), x.device.index
+            self.wd, self.sd = wg._weight_descs(self.q, self.st, False, prep.w8, prep.steps)
+            self.prep = prep
 
     def _settings(self) -> tuple:
         """The wgmma kernel's A/B settings in force (part of its prepared launch's problem)."""

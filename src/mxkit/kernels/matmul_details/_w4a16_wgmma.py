@@ -900,15 +900,15 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     if split == 1:
         return y
     # the partials added in a fixed order (the same bits every run): the split's sum, itself prepared
-    sfast = prep.sum_fast
-    if sfast and launch._enabled and (final_bias is None or not final_bias.data_ptr() & 15):
+    summed = prep.sum_launch
+    if summed and launch._enabled:  # (final_bias: the key's dtype, shape and strides, and aligned)
         out_y = torch.empty(M, prep.n_out, dtype=out, device=x.device)
-        if sfast(prep.sum_grid, (y, final_bias if final_bias is not None else y, out_y, M * prep.n_out,
-                                 prep.n_out)):
+        if summed[0](summed[1], (y, final_bias if final_bias is not None else y, out_y, M * prep.n_out, prep.n_out)):
             return out_y
     out_y = split_sum(y, final_bias, out)
-    if sfast is None and M and launch._enabled and prep.fast:
-        prep.sum_fast, prep.sum_grid = split_sum_launch(y, final_bias, out_y)
+    if summed is None and M and launch._enabled and prep.fast:
+        fast_sum, grid = split_sum_launch(y, final_bias, out_y)
+        prep.sum_launch = (fast_sum, grid) if fast_sum else False  # (one attribute: threads see both or neither)
     return out_y
 
 
@@ -920,10 +920,11 @@ def _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, per
     """The problem of a :func:`w4a16_wgmma` call (its key in :data:`_PREPARED`): shapes, strides, dtypes, flags,
     the A/B settings in force, whether every tensor is 16-byte aligned, x's device and the current one."""
     grouped = expert_ids is not None
-    return (x.shape, x.stride(), tuple(q.shape), N, bool(one_mul), out, None if bias is None else bias.dtype,
-            None if y is None else (y.dtype, tuple(y.shape), y.stride()), expert_ids.numel() if grouped else -1, bm,
-            activation, layout, perm_out, starts, split, elem, _ws(bm, grouped), _persist_setting(), aligned,
-            x.device.index, torch.cuda.current_device())
+    return (x.shape, x.stride(), x.dtype, tuple(q.shape), N, bool(one_mul), out,
+            None if bias is None else (bias.dtype, bias.shape, bias.stride()),
+            None if y is None else (y.dtype, tuple(y.shape), y.stride()),
+            (expert_ids.numel(), expert_ids.dtype) if grouped else None, bm, activation, layout, perm_out, starts,
+            split, elem, _ws(bm, grouped), _persist_setting(), aligned, x.device.index, torch.cuda.current_device())
 
 
 def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out: torch.dtype, bm: int, split: int,
@@ -933,7 +934,7 @@ def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out:
     split, its sum's): :meth:`_Prepared.run_dense` then launches such calls; else None."""
     prep = _PREPARED.get(_key(x, q, N, one_mul, out, None, None, None, bm, None, "wgmma", False, False, split, elem,
                               not x.data_ptr() & 15))
-    return prep if prep is not None and prep.fast and (prep.split == 1 or prep.sum_fast) else None
+    return prep if prep is not None and prep.fast and (prep.split == 1 or prep.sum_launch) else None
 
 
 class _Prepared:
@@ -980,7 +981,7 @@ class _Prepared:
         consts += (("PAIR", pair), ("PERM_OUT", flags[6]), ("STARTS", flags[7]))
         self.consts, self.consts_key = consts, (bm,) + flags
         self.fast, self.tries = None, 0
-        self.sum_fast, self.sum_grid = None, None  # (split > 1: the sum's ArgsLaunch, made after its first call)
+        self.sum_launch = None  # (split > 1: the sum's (ArgsLaunch, grid) once made after its first call; False: none)
         self.bm = bm
 
     def run_dense(self, x: torch.Tensor, w_desc, s_desc, N: int, out: torch.dtype) -> Optional[torch.Tensor]:
@@ -998,9 +999,8 @@ class _Prepared:
                                      self.ksteps, N, M * N, self.grid_m)):
             return None
         y = torch.empty(M, N, dtype=out, device=x.device)
-        if not self.sum_fast(self.sum_grid, (part, part, y, M * N, N)):
-            return split_sum(part, None, out)
-        return y
+        fast_sum, grid = self.sum_launch
+        return y if fast_sum(grid, (part, part, y, M * N, N)) else split_sum(part, None, out)
 
 
 class _XDesc:

@@ -99,6 +99,11 @@ class _Launcher:
         return ("desc", a.base.dtype, tuple(a.block_shape), a.layout, a.base.data_ptr() % 16 == 0,
                 tuple(st % 16 == 0 for st in a.strides))
 
+    def _key(self, args: tuple, consts: tuple, num_warps: int, consts_key=None) -> tuple:
+        """The cache key of a launch of these arguments (see the class docstring)."""
+        return (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
+                torch.cuda.current_device())
+
     def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None) -> None:
         """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are);
         consts_key: a hashable stand-in that determines them, keyed instead (constexprs slow to hash: Gluon
@@ -108,8 +113,7 @@ class _Launcher:
             fn[grid](*args, **dict(consts), num_warps=num_warps)  # (the interpreter: not a JITFunction)
             return
         _, ok, names, defaults = self._meta(fn)
-        key = (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
-               torch.cuda.current_device())
+        key = self._key(args, consts, num_warps, consts_key)
         hit = self.cache.get(key) if ok else None
         if hit is None:
             given = dict(consts)
@@ -138,8 +142,7 @@ class _Launcher:
                 and direct_launch_supported()):
             return None
         _, ok, _, _ = self._meta(fn)
-        key = (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
-               torch.cuda.current_device())
+        key = self._key(args, consts, num_warps, consts_key)
         hit = self.cache.get(key) if ok else None
         if hit is None:
             return None
@@ -159,7 +162,7 @@ class _Launcher:
         if not (_enabled and isinstance(fn, triton.runtime.JITFunction) and direct_launch_supported()):
             return None
         _, ok, _, _ = self._meta(fn)
-        hit = self.cache.get((tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device()))
+        hit = self.cache.get(self._key(args, consts, num_warps))
         return triton_bound_launch(hit[0], args, grid) if ok and hit is not None else None
 
     def bind_once(self, bound: dict, key: tuple, device: int, grid: tuple, args: tuple, consts: tuple,

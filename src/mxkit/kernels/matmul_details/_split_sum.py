@@ -81,6 +81,11 @@ def split_sum_reference(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     return acc.to(out)
 
 
+def _consts(S: int, has_bias: bool, out: torch.dtype) -> tuple:
+    """The kernel's constexprs (its launcher's key) for S partials, a bias or not, ``out``."""
+    return (("SPLIT", S), ("HAS_BIAS", has_bias), ("OUT", OUT_DTYPES[out]), ("BLOCK", BLOCK))
+
+
 def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
               out: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """:func:`split_sum_reference` in one Triton kernel: part float32 [S, M, N] contiguous, 1 <= S, on a CUDA
@@ -95,7 +100,7 @@ def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     MN = M * N
     if MN == 0:
         return y
-    consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[out]), ("BLOCK", BLOCK))
+    consts = _consts(S, bias is not None, out)
     here = not part.is_cuda or part.device.index == torch.cuda.current_device()
     with contextlib.nullcontext() if here else torch.cuda.device(part.device):
         _launch((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
@@ -111,7 +116,7 @@ def split_sum_launch(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.
     MN = M * N
     if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
         return False, None
-    consts = (("SPLIT", S), ("HAS_BIAS", bias is not None), ("OUT", OUT_DTYPES[y.dtype]), ("BLOCK", BLOCK))
+    consts = _consts(S, bias is not None, y.dtype)
     grid = (triton.cdiv(MN, BLOCK),)
     fast = _launch.args_launch(grid, (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
     return (fast, grid) if fast else (False, None)

@@ -650,6 +650,43 @@ def test_w4a16_wgmma_rejects_a_layout_it_does_not_read():
     assert sorted(W.WEIGHTS.values()) == [0, 1, 2, 3]
 
 
+def test_w4a16_wgmma_prepared_key_tells_problems_apart(monkeypatch):
+    """A prepared wgmma launch is reused only by calls of its problem: the key changes with x's shape, strides and
+    dtype, the weight's shape, the output dtype, the bias's dtype / shape / strides, a given y's dtype / shape /
+    strides, the expert table's size and dtype, the flags, the split, the A/B settings in force, the alignment and
+    the devices; and it does not change with the tensors' data. dense_prepared finds nothing before a call."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv("MXKIT_WGMMA_WS", raising=False)
+    monkeypatch.delenv("MXKIT_WGMMA_PERSIST", raising=False)
+    x, q = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(128, 128, dtype=torch.uint8)
+    b, y, e = torch.zeros(128), torch.zeros(64, 128), torch.zeros(2, 8, dtype=torch.int32)
+
+    def key(x=x, q=q, N=128, one_mul=True, out=torch.bfloat16, bias=None, y=None, e=None, bm=64, act=None,
+            layout="wgmma", perm=False, starts=False, split=1, elem="e2m1", aligned=True):
+        return W._key(x, q, N, one_mul, out, bias, y, e, bm, act, layout, perm, starts, split, elem, aligned)
+
+    base = key()
+    assert key(x=torch.ones(64, 256, dtype=torch.bfloat16)) == base  # (the data is not part of it)
+    others = [key(x=torch.zeros(32, 256, dtype=torch.bfloat16)), key(x=torch.zeros(64, 512, dtype=torch.bfloat16)[:, :256]),
+              key(x=torch.zeros(64, 256, dtype=torch.float16)), key(q=torch.zeros(128, 64, dtype=torch.uint8)),
+              key(N=64), key(one_mul=False), key(out=torch.float32), key(bias=b), key(bias=b.double()),
+              key(bias=torch.zeros(256)[::2]), key(y=y), key(y=torch.zeros(64, 256)[:, :128]), key(e=e),
+              key(e=e.long()), key(e=torch.zeros(2, 4, dtype=torch.int32)), key(bm=128), key(act="swiglu"),
+              key(layout="mma"), key(perm=True), key(starts=True), key(split=2), key(elem="e4m3"),
+              key(aligned=False)]
+    assert base not in others and len(set(others)) == len(others)
+    monkeypatch.setenv("MXKIT_WGMMA_PERSIST", "1")
+    assert key() != base
+    monkeypatch.setenv("MXKIT_WGMMA_WS", "0")
+    assert key() not in (base, key(split=3))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert key() != base
+    W._PREPARED.clear()
+    assert W.dense_prepared(x, q, 128, True, torch.bfloat16, 64, 1, "e2m1") is None
+
+
 @pytest.mark.parametrize("bm,grouped,act,out,schedule,mma,w8", [
     (256, False, 0, "bf16", 1, False, 0), (128, False, 0, "fp32", 1, False, 0),
     (64, True, 1, "bf16", 1, False, 0), (32, True, 2, "bf16", 1, False, 0), (256, True, 0, "fp32", 1, False, 0),

@@ -90,6 +90,63 @@ def cases(dev: str) -> list[tuple[str, object]]:
     if hasattr(call, "_into"):
         got.append(("decode call._into (preallocated)", lambda: call._into(x1, 1024, None, out1)))
     del ct
+    return got + wgmma_cases(dev)
+
+
+def wgmma_cases(dev: str) -> list[tuple[str, object]]:
+    """The prefill-size W4A16 call (w4a16-wgmma, 8192 x 8192; M = 64: split-K 2, two launches; M = 2048: one) and
+    its pieces: the matmul, WgmmaCall, the prepared problem's run_dense, its C++ fast calls alone."""
+    from mxkit.kernels.matmul_details._cublas import exact_cublas
+
+    got = []
+    # the dense-exact path at M = 256 on 1024 x 1024 (bench overhead's row): dequantize, then cuBLAS
+    pw1 = mxkit.pack_weight(mxkit.quantize(torch.randn(1024, 1024, device=dev).to(torch.bfloat16), "mxfp4_e2m1"))
+    x1 = torch.randn(256, 1024, device=dev, dtype=torch.bfloat16)
+    for _ in range(4):
+        mxkit.matmul(x1, pw1)
+    call1 = next(c for k, c in pw1._calls.items() if k[0] == x1.shape)
+    if isinstance(call1, kc.DenseExactCall) and call1.deq is not None:
+        w1 = call1.w
+        wb = call1.deq(w1.qdata, w1.scale)
+
+        def ctx():
+            with exact_cublas():
+                pass
+
+        def mm_exact():
+            with exact_cublas():
+                return x1 @ wb.t()
+
+        got += [("M=256 1024^2: mxkit.matmul", lambda: mxkit.matmul(x1, pw1)),
+                ("M=256 1024^2: DenseExactCall(x, None)", lambda: call1(x1, None)),
+                ("M=256 1024^2: dequantize fast call", lambda: call1.deq(w1.qdata, w1.scale)),
+                ("M=256 1024^2: exact_cublas() enter+exit", ctx),
+                ("M=256 1024^2: x @ wb.t()", lambda: x1 @ wb.t()),
+                ("M=256 1024^2: exact_cublas + x @ wb.t()", mm_exact),
+                ("M=256 1024^2: torch.mm(x, wb.t())", lambda: torch.mm(x1, wb.t()))]
+    else:
+        got.append((f"M=256 1024^2: ({type(call1).__name__}, no fast call)", lambda: None))
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(8192, 8192, device=dev).to(torch.bfloat16) * 2.0**-4,
+                                          "mxfp4_e2m1"))
+    for M in (64, 2048):
+        x = torch.randn(M, 8192, device=dev, dtype=torch.bfloat16)
+        for _ in range(4):
+            mxkit.matmul(x, pw)
+        call = next(c for k, c in pw._calls.items() if k[0] == x.shape)
+        prep = getattr(call, "prep", None)
+        if not (isinstance(call, kc.WgmmaCall) and prep is not None):
+            got.append((f"M={M}: (not a prepared wgmma call: {type(call).__name__})", lambda: None))
+            continue
+        q, st = call.q, call.st
+        part = prep.plan(x, q, st)
+        got += [(f"M={M}: mxkit.matmul(x, pw)", lambda x=x: mxkit.matmul(x, pw)),
+                (f"M={M}: prepared_call lookup", lambda x=x: kc.prepared_call(x, pw, None, None)),
+                (f"M={M}: WgmmaCall(x, None)", lambda x=x, call=call: call(x, None)),
+                (f"M={M}: WgmmaCall._settings()", lambda call=call: call._settings()),
+                (f"M={M}: prep.run_dense(x, q, st)", lambda x=x, p=prep, q=q, st=st: p.run_dense(x, q, st)),
+                (f"M={M}: prep.plan(x, q, st)", lambda x=x, p=prep, q=q, st=st: p.plan(x, q, st))]
+        if prep.split > 1:
+            got.append((f"M={M}: prep.sum_plan(part)", lambda p=prep, part=part: p.sum_plan(part)))
     return got
 
 

@@ -273,6 +273,42 @@ def test_args_launch_rewrites_its_block_from_each_calls_arguments(monkeypatch):
     assert launch.ArgsLaunch.make(k, args, (4,)) is None
 
 
+def test_args_launch_with_outputs_maps_roles_to_parameters(monkeypatch):
+    """ArgsLaunch.with_outputs (a private launch's C++ fast call): the block is filled from the arguments once; each
+    pointer argument's role becomes a slot at its parameter index, each descriptor's a re-addressed map of the
+    bytes just encoded at its map's index, scalars stay bound; a role that does not fit its argument (a pointer or
+    descriptor without one, a scalar with one, a descriptor from no input, the wrong count) gives None."""
+    sig = {"x_desc": "tensordesc<bf16[256, 64]>", "y_ptr": "*bf16", "M": "i32", "one": "constexpr", "b_ptr": "*fp32",
+           "B": "constexpr"}
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [256, 64], "fp4_padded": False}
+    k = _compiled(sig, {(3,): 1, (5,): 64}, tensordesc_meta=[meta])
+    monkeypatch.setattr(cuda_driver, "param_sizes", lambda handle: [128, 4, 4, 8, 8, 8, 4, 8, 8, 8])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def encode(addr, dtype, rank, ptr, *rest):
+        ctypes.memset(addr, 0x5A, 128)
+        ctypes.c_uint64.from_address(addr).value = ptr
+        return 0
+
+    monkeypatch.setattr(launch, "_encode_tiled", lambda: encode)
+    monkeypatch.setattr(launch, "_TMA_TRITON", True)
+    x, y, b = torch.zeros(64, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4)
+    args = (_desc(x, (1000, 2880), (2880, 1), (256, 64)), y, 1000, 1, b)
+    al = launch.ArgsLaunch.make(k, args, (4,))
+    made = []
+    monkeypatch.setattr(al.launch, "with_outputs", lambda *a, **kw: made.append((a, kw)) or "plan")
+    outs = (((1000, 8), torch.bfloat16, False),)
+    assert al.with_outputs(args, (0, -1, None, None, 1), outs, 2) == "plan"
+    (a, kw), = made
+    want_map = (ctypes.c_uint64(x.data_ptr()).value.to_bytes(8, "little") + b"\x5a" * 120)
+    assert a == ((-1, 1), outs, 2, True) and kw == {"at": (5, 7), "maps": ((0, 0, want_map),)}
+    assert al.launch.vals[6].value == 1000  # (M bound from the arguments)
+    for roles in [(0, None, None, None, 1), (0, -1, 5, None, 1), (None, -1, None, None, 1), (2, -1, None, None, 1),
+                  (0, -1, None, None)]:
+        assert al.with_outputs(args, roles, outs, 2) is None, roles
+    assert len(made) == 1
+
+
 @pytest.mark.gpu
 def test_gpu_args_launch_wgmma_same_bytes_and_maps_as_triton(rng):
     """The w4a16-wgmma kernel (three host TMA descriptors) on its ArgsLaunch: repeated calls with new x of other

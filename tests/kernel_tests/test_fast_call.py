@@ -174,6 +174,58 @@ def test_plan_rejects_bad_arguments(built):
     assert not rec.calls
 
 
+_REPLACE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def test_plan_re_addresses_descriptors_and_writes_slots_at_their_parameters(built):
+    """``at`` puts pointer slots at any parameters; each descriptor of ``maps`` is copied from the plan's bytes into
+    a 64-byte aligned buffer of the call, re-addressed to its input (cuTensorMapReplaceAddress; here a stand-in
+    writing the address into the first 8 bytes) and passed in place of the block's parameter; the template and the
+    shared block stay as they were; a refused re-addressing raises and launches nothing."""
+    seen, rcs = [], []
+
+    def replace(tmap, addr):
+        seen.append((tmap % 64, bytes(ctypes.string_at(tmap, 128))))
+        ctypes.c_uint64.from_address(tmap).value = addr
+        return rcs.pop(0) if rcs else 0
+
+    fn = _REPLACE(replace)
+    rec = Recorder(6)
+    mod = _module(built, rec, {-1: 0})
+    mod.init_maps(ctypes.cast(fn, ctypes.c_void_p).value)
+    vals, params = _block([11, 22, 33, 44, 55, 66])
+    tmpl_a, tmpl_b = bytes(range(128)), bytes(range(128, 256))
+    maps = ((0, 0, tmpl_a), (4, 2, tmpl_b))  # (parameter, input, bytes)
+    plan = mod.Plan(7, (1, 1, 1), 32, 0, -1, ctypes.addressof(params), 6, (-1, 1, -1), (((3,), torch.int16, False),),
+                    3, True, params, "k", (2, 3, 5), maps)
+    x, w, s = torch.randn(4), torch.randn(8), torch.randn(2)
+    y = plan(x, w, s)
+    (_, got), = rec.calls
+    assert got == [x.data_ptr(), 22, y.data_ptr(), w.data_ptr(), s.data_ptr(), y.data_ptr()]
+    assert [(a, b[8:]) for a, b in seen] == [(0, tmpl_a[8:]), (0, tmpl_b[8:])]  # aligned copies of the templates
+    assert seen[0][1][:8] == tmpl_a[:8]
+    assert list(vals) == [11, 22, 33, 44, 55, 66]
+    x2 = torch.randn(4)
+    plan(x2, w, s)
+    assert rec.calls[-1][1][0] == x2.data_ptr() and seen[2][1] == tmpl_a  # (from the template again, each call)
+    rcs.append(1)
+    n = len(rec.calls)
+    with pytest.raises(RuntimeError, match="re-addressing descriptor 0: CUresult 1"):
+        plan(x, w, s)
+    with pytest.raises(RuntimeError, match="input is None"):
+        plan(None, w, s)
+    assert len(rec.calls) == n
+    addr = ctypes.addressof(params)
+    one = (((3,), torch.int16, False),)
+    bad = [((0,), (0, 1), (), "at: 2 parameter indices for 1"), ((0,), (6,), (), "names parameter 6 of 6"),
+           ((0, -1), (1, 1), (), "parameter 1 is written twice"), ((0,), (1,), ((1, 0, tmpl_a),), "descriptor 0"),
+           ((0,), (1,), ((2, 3, tmpl_a),), "input 3 of 3"), ((0,), (1,), ((2, 0, tmpl_a[:64]),), "64 bytes"),
+           ((0,), (1,), ((2, 0, tmpl_a),) * 5, "at most 4")]
+    for slots, at, mp, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            mod.Plan(7, (1, 1, 1), 32, 0, -1, addr, 6, slots, one, 3, True, params, "k", at, mp)
+
+
 def test_plan_binds_the_context_then_raises_driver_errors(built):
     vals, params = _block([0])
     bound, errors = [], []
@@ -225,7 +277,7 @@ def test_module_is_off_with_the_environment_switch(monkeypatch):
 def test_python_limits_are_the_modules():
     src = fast_call._SRC.read_text()
     for name, value in (("kMaxSlots", fast_call.MAX_SLOTS), ("kMaxOuts", fast_call.MAX_OUTS),
-                        ("kMaxDims", fast_call.MAX_DIMS)):
+                        ("kMaxDims", fast_call.MAX_DIMS), ("kMaxMaps", fast_call.MAX_MAPS)):
         assert f"constexpr int {name} = {value};" in src, name
 
 

@@ -1622,6 +1622,66 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     assert sum(1 for p in wg._PREPARED.values() if p.fast) >= 2 * len(Ms)  # (with a bias: another problem)
     splits = {c.prep.split for c in calls.values()}
     assert all(c.prep.sum_launch for c in calls.values() if c.prep.split > 1), splits
+    assert all(c.prep.plan and (c.prep.split == 1 or c.prep.sum_plan) for c in calls.values()), "no C++ fast call"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("M,with_bias", [(64, False), (64, True), (2048, False), (2048, True)])
+def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, with_bias, rng, poison):
+    """w4a16_wgmma's dense problems from their third call: one C++ fast call (the three TMA descriptors re-addressed
+    to each call's x, weight codes and scales; y allocated in C++), with a split a second one for the sum: the
+    bytes of Triton's own launcher call after call on new x at new addresses, two weights of one shape taking
+    turns (the descriptors follow the weight), a float32 bias on the main launch or the sum, into poisoned memory;
+    within the float64 bound; the plans made; a CUDA graph of the call replays new x to the eager bytes."""
+    from conftest import poison_allocator
+
+    from mxkit.kernels import launch
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    if wg.available(torch.device("cuda")) is not None:
+        pytest.skip(wg.available(torch.device("cuda")))
+    N = K = 8192
+    pws = [mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda() * 2.0**-4, "mxfp4_e2m1"))
+           for _ in range(2)]
+    packed = [wg.packed_of(pw) for pw in pws]
+    bm, split = wg.dense_schedule(M, N, K, torch.device("cuda"))
+    bias = torch.randn(N, generator=rng).cuda() if with_bias else None
+    wg._PREPARED.clear()
+    kept = []  # (the inputs stay alive: each call's x at a new address)
+
+    def call(x, i):
+        q, st, one = packed[i % 2]
+        return wg.w4a16_wgmma(x, q, st, N, one, torch.bfloat16, bias, bm=bm, split=split)
+
+    for i in range(6):
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        kept.append(x)
+        with launch.triton_launch_only():
+            want = call(x, i)
+        poison_allocator()
+        got = call(x, i)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (M, i)
+        if i == 5:
+            assert_within_bound(got, x, pws[1], bias)
+    prep, = [p for p in wg._PREPARED.values() if p.dense and p.plan is not None]
+    assert prep.plan and (split == 1 or (prep.split == split and prep.sum_plan)), (prep.plan, split)
+    static = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(static, 0)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(static, 0)
+    for _ in range(2):
+        static.copy_(torch.randn(M, K, generator=rng).to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        with launch.triton_launch_only():
+            want = call(static.clone(), 0)
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
 
 
 def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:

@@ -7,11 +7,17 @@
  * parameter block and calls cuLaunchKernel with the GIL released. The shared block is never written, so threads
  * may share a Plan.
  *
+ * A Plan may also take host TMA descriptors (CUtensorMap, 128 bytes) among its parameters: it keeps each one's bytes
+ * as encoded for a first input, and each call copies them into its own 64-byte aligned buffer and points them at
+ * that call's input with cuTensorMapReplaceAddress (the shape, strides, box and swizzle stay as encoded: the
+ * caller's plan is made per shape and strides), in place of a cuTensorMapEncodeTiled per call.
+ *
  * Built at first use by mxkit/kernels/fast_call.py against the installed PyTorch's headers and libraries (no
  * CUDA headers: cuLaunchKernel's address, the current-stream accessor, the context binder and the error check
  * come from Python through init()). Where it cannot be built, the Python path (torch.empty, then the C fast
  * launch) runs the same launch.
  */
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <ATen/Context.h>
@@ -33,12 +39,17 @@ constexpr int kMaxParams = 512;  // fast_launch.MAX_PARAMS
 constexpr int kMaxSlots = 16;    // leading pointer parameters a Plan writes
 constexpr int kMaxOuts = 8;
 constexpr int kMaxDims = 8;
+constexpr int kMaxMaps = 4;      // host TMA descriptors a Plan re-addresses
+constexpr int kMapBytes = 128;   // sizeof(CUtensorMap)
 constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
 
 typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shared, void *stream, void **params, void **extra);
 
+typedef int (*replace_fn)(void *tensor_map, void *global_address);  // cuTensorMapReplaceAddress
+
 launch_fn cu_launch = nullptr;
+replace_fn cu_replace = nullptr;
 PyObject *stream_of = nullptr;  // device index -> raw cudaStream_t (int)
 PyObject *bind_context = nullptr;  // device index -> None: make the primary context current on this thread
 PyObject *check_rc = nullptr;  // (CUresult, what) -> raises
@@ -67,7 +78,11 @@ struct Spec {  // a Plan's plain fields, parsed and checked whole before a Plan 
   int device;  // CUDA index; -1: CPU outputs (the CPU tests)
   void **params;
   int n_slots, n_outs, n_args;
-  int slots[kMaxSlots];  // leading pointer parameter i: >= 0 input slots[i]; < 0 output -1 - slots[i]
+  int slots[kMaxSlots];  // pointer slot i: >= 0 input slots[i]; < 0 output -1 - slots[i]
+  int at[kMaxSlots];     // the parameter pointer slot i writes (by default i: the leading pointer parameters)
+  int n_maps;
+  int map_param[kMaxMaps], map_input[kMaxMaps];  // host TMA descriptor parameter, the input it is re-addressed to
+  unsigned char map_bytes[kMaxMaps][kMapBytes];  // as encoded for the plan's first input
   OutSpec outs[kMaxOuts];
   bool single;
 };
@@ -91,12 +106,16 @@ int as_uint(PyObject *o, unsigned *out, const char *what) {
   return 0;
 }
 
-/* Plan(function, (gx, gy, gz), block, shared, device, params, nparams, slots, outs, n_args, single, keep, name)
- * slots: a tuple of ints, one per leading pointer parameter (>= 0: that input; < 0: output -1 - slot);
- * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool). */
+/* Plan(function, (gx, gy, gz), block, shared, device, params, nparams, slots, outs, n_args, single, keep, name
+ *      [, at[, maps]])
+ * slots: a tuple of ints, one per pointer slot (>= 0: that input; < 0: output -1 - slot);
+ * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool);
+ * at: the parameter index each slot writes (default: slot i writes parameter i, the leading pointer parameters);
+ * maps: a tuple of (parameter index, input index, 128 bytes): a host TMA descriptor parameter, re-addressed to that
+ * input's data pointer each call from these bytes. */
 int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
   Plan *self = (Plan *)self_;
-  PyObject *fn, *grid, *params, *slots, *outs, *keep, *name, *device_obj;
+  PyObject *fn, *grid, *params, *slots, *outs, *keep, *name, *device_obj, *at = nullptr, *maps = nullptr;
   unsigned block, shared, nparams;
   int device, n_args, single;
   if (kwds != nullptr && PyDict_GET_SIZE(kwds)) {
@@ -107,8 +126,9 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_SetString(PyExc_TypeError, "a Plan is initialised once");
     return -1;
   }
-  if (!PyArg_ParseTuple(args, "OO!IIiOIO!O!ipOU", &fn, &PyTuple_Type, &grid, &block, &shared, &device, &params,
-                        &nparams, &PyTuple_Type, &slots, &PyTuple_Type, &outs, &n_args, &single, &keep, &name))
+  if (!PyArg_ParseTuple(args, "OO!IIiOIO!O!ipOU|O!O!", &fn, &PyTuple_Type, &grid, &block, &shared, &device,
+                        &params, &nparams, &PyTuple_Type, &slots, &PyTuple_Type, &outs, &n_args, &single, &keep,
+                        &name, &PyTuple_Type, &at, &PyTuple_Type, &maps))
     return -1;
   /* every field is parsed into `plan` and checked first, then copied in: a failed init leaves the Plan as it was */
   Spec plan;
@@ -146,7 +166,53 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
       return -1;
     }
     plan.slots[i] = (int)v;
+    plan.at[i] = (int)i;
   }
+  /* the parameters written per call (slots' and maps'): each once, each inside the block */
+  bool written[kMaxParams] = {};
+  if (at != nullptr) {
+    if (PyTuple_GET_SIZE(at) != ns) {
+      PyErr_Format(PyExc_ValueError, "at: %zd parameter indices for %zd pointer slots", PyTuple_GET_SIZE(at), ns);
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+      long v = PyLong_AsLong(PyTuple_GET_ITEM(at, i));
+      if (v == -1 && PyErr_Occurred()) return -1;
+      if (v < 0 || v >= (long)nparams) {
+        PyErr_Format(PyExc_ValueError, "at: slot %zd names parameter %ld of %u", i, v, nparams);
+        return -1;
+      }
+      plan.at[i] = (int)v;
+    }
+  }
+  for (Py_ssize_t i = 0; i < ns; i++) {
+    if (written[plan.at[i]]) {
+      PyErr_Format(PyExc_ValueError, "parameter %d is written twice", plan.at[i]);
+      return -1;
+    }
+    written[plan.at[i]] = true;
+  }
+  Py_ssize_t nm = maps != nullptr ? PyTuple_GET_SIZE(maps) : 0;
+  if (nm > kMaxMaps) {
+    PyErr_Format(PyExc_ValueError, "%zd descriptors (at most %d)", nm, kMaxMaps);
+    return -1;
+  }
+  for (Py_ssize_t m = 0; m < nm; m++) {
+    int param, input;
+    const char *bytes;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(maps, m), "iiy#", &param, &input, &bytes, &len)) return -1;
+    if (param < 0 || param >= (int)nparams || written[param] || input < 0 || input >= n_args || len != kMapBytes) {
+      PyErr_Format(PyExc_ValueError, "descriptor %zd: parameter %d of %u (each written once), input %d of %d, %zd "
+                   "bytes (%d)", m, param, nparams, input, n_args, len, kMapBytes);
+      return -1;
+    }
+    written[param] = true;
+    plan.map_param[m] = param;
+    plan.map_input[m] = input;
+    std::memcpy(plan.map_bytes[m], bytes, kMapBytes);
+  }
+  plan.n_maps = (int)nm;
   for (Py_ssize_t j = 0; j < no; j++) {
     PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
     int zero;
@@ -283,11 +349,27 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
   if (stream == nullptr && PyErr_Occurred()) return nullptr;
   uint64_t ptrs[kMaxSlots];
   void *local[kMaxParams];
+  alignas(64) unsigned char maps[kMaxMaps][kMapBytes];
   std::memcpy(local, self->s.params, sizeof(void *) * self->s.nparams);
   for (int i = 0; i < self->s.n_slots; i++) {
     int v = self->s.slots[i];
     ptrs[i] = v >= 0 ? in_ptrs[v] : (uint64_t)(uintptr_t)outs[-1 - v].data_ptr();
-    local[i] = &ptrs[i];
+    local[self->s.at[i]] = &ptrs[i];
+  }
+  for (int m = 0; m < self->s.n_maps; m++) {
+    void *base = (void *)(uintptr_t)in_ptrs[self->s.map_input[m]];
+    if (cu_replace == nullptr || base == nullptr) {
+      PyErr_Format(PyExc_RuntimeError, "%U: descriptor %d: %s", self->name, m,
+                   cu_replace == nullptr ? "init_maps() was not called" : "its input is None");
+      return nullptr;
+    }
+    std::memcpy(maps[m], self->s.map_bytes[m], kMapBytes);
+    int rc = cu_replace(maps[m], base);
+    if (rc) {
+      PyErr_Format(PyExc_RuntimeError, "%U: re-addressing descriptor %d: CUresult %d", self->name, m, rc);
+      return nullptr;
+    }
+    local[self->s.map_param[m]] = maps[m];
   }
   int rc = launch_once(self, stream, local);
   if (rc == kInvalidContext && binder.p != nullptr) {  // a thread with no current context: bind it, launch again
@@ -369,11 +451,23 @@ PyObject *fc_fast_alloc(PyObject *, PyObject *const *args, Py_ssize_t n) {
 
 PyObject *fc_fast_alloc_count(PyObject *, PyObject *) { return PyLong_FromUnsignedLongLong(fast_allocs); }
 
+/* init_maps(cuTensorMapReplaceAddress address): what Plans with descriptors re-address them with */
+PyObject *fc_init_maps(PyObject *, PyObject *arg) {
+  void *p = PyLong_AsVoidPtr(arg);
+  if (p == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function");
+    return nullptr;
+  }
+  cu_replace = (replace_fn)p;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))fc_init, METH_FASTCALL,
      "init(launch function address, stream getter, context binder, error check)"},
     {"fast_alloc", (PyCFunction)(void (*)(void))fc_fast_alloc, METH_FASTCALL,
      "fast_alloc([flag]) -> the previous flag: outputs allocated without the dispatcher"},
+    {"init_maps", fc_init_maps, METH_O, "init_maps(cuTensorMapReplaceAddress address)"},
     {"fast_alloc_count", fc_fast_alloc_count, METH_NOARGS, "fast_alloc_count() -> how many outputs were allocated without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };
@@ -388,7 +482,7 @@ PyMODINIT_FUNC PyInit__mxkit_fast_call(void) {
   PlanType.tp_basicsize = sizeof(Plan);
   PlanType.tp_flags = Py_TPFLAGS_DEFAULT;
   PlanType.tp_doc = "Plan(function, grid, block, shared, device, params, nparams, slots, outs, n_args, single, keep, "
-                    "name)(*inputs) -> the outputs, launched";
+                    "name[, at[, maps]])(*inputs) -> the outputs, launched";
   PlanType.tp_new = PyType_GenericNew;
   PlanType.tp_init = plan_init;
   PlanType.tp_dealloc = plan_dealloc;

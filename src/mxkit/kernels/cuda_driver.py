@@ -196,28 +196,34 @@ class BoundLaunch:
                 self.vals[i].value = t.data_ptr() if t is not None else 0
             self._launch_ctypes(*self.grid, self.block)
 
-    def with_outputs(self, slots: Sequence[int], outs: Sequence[tuple], n_inputs: int, single: bool = False):
+    def with_outputs(self, slots: Sequence[int], outs: Sequence[tuple], n_inputs: int, single: bool = False,
+                     at: Optional[Sequence[int]] = None, maps: Sequence[tuple] = ()):
         """The C++ fast call of this launch (:mod:`mxkit.kernels.fast_call`), or None where that module is not
         loaded (yet): ``call(*inputs)`` allocates ``outs`` — (shape, dtype, zero-filled) each, on this launch's
-        device — writes pointer parameter ``i`` from input ``slots[i]`` (>= 0; a tensor or None) or output
-        ``-1 - slots[i]``, launches ``grid`` / ``block`` / ``shared`` as they stand now on the current stream, and
-        returns the outputs (a tuple, or the one tensor with ``single``). The other parameters are the block's
-        values as they stand at each call (this launch's ints). Raises ValueError for more slots than leading
-        pointer parameters."""
-        if len(slots) > self.n_ptr:
+        device — writes pointer parameter ``i`` (``at[i]`` where given) from input ``slots[i]`` (>= 0; a tensor or
+        None) or output ``-1 - slots[i]``, points each host TMA descriptor of ``maps`` — (parameter index, input
+        index, its 128 bytes as encoded) — at that input's data, launches ``grid`` / ``block`` / ``shared`` as they
+        stand now on the current stream, and returns the outputs (a tuple, or the one tensor with ``single``). The
+        other parameters are the block's values as they stand at each call (this launch's ints). Raises ValueError
+        for more slots than leading pointer parameters (without ``at``); None also where the module cannot
+        re-address descriptors (:func:`~mxkit.kernels.fast_call.maps_supported`)."""
+        if at is None and len(slots) > self.n_ptr:
             raise ValueError(f"{self.kernel.name}: {len(slots)} pointer slots for {self.n_ptr} pointer parameters")
         mod = _fast_call() if self._fast_ok else None
         if mod is None:
             return None
-        from .fast_call import MAX_DIMS, MAX_OUTS, MAX_SLOTS
+        from .fast_call import MAX_DIMS, MAX_MAPS, MAX_OUTS, MAX_SLOTS, maps_supported
 
         if len(slots) > MAX_SLOTS or n_inputs > MAX_SLOTS or len(outs) > MAX_OUTS \
-                or any(len(shape) > MAX_DIMS for shape, _, _ in outs):
+                or any(len(shape) > MAX_DIMS for shape, _, _ in outs) or len(maps) > MAX_MAPS \
+                or (maps and not maps_supported()):
             return None  # (past the C++ module's limits: the caller keeps its Python path)
         grid = (tuple(self.grid) + (1, 1))[:3]
+        extra = () if at is None and not maps else \
+            (tuple(range(len(slots))) if at is None else tuple(at), tuple(maps))
         return mod.Plan(self._fn_int, grid, self.block, self.shared, self.kernel.index, self._params_int,
                         len(self.vals), tuple(slots), tuple((tuple(s), d, bool(z)) for s, d, z in outs), n_inputs,
-                        single, self, self.kernel.name)
+                        single, self, self.kernel.name, *extra)
 
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as

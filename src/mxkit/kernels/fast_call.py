@@ -1,18 +1,19 @@
-"""The eager call fast path: a small C++ module (``_fast_call.cpp``) whose ``Plan`` allocates a bound launch's
-outputs with ``at::empty`` and launches it, in one call from Python.
+"""The eager call fast path: a small C++ module (``_fast_call.cpp``) whose ``Plan`` allocates a bound launch's outputs
+with ``at::empty`` and launches it, in one call from Python.
 
-On the device machines an eager quantize spent ~4 µs of host time on each ``torch.empty`` it made from Python
-(its argument parsing and wrapping) against ~2 for ``at::empty`` from C++, and the issue's budget for the whole
-call is 1.5× one ``x * 2``. :meth:`mxkit.kernels.cuda_driver.BoundLaunch.with_outputs` makes a Plan of a bound
-launch; the quantize, dequantize and decode GEMM hot paths call it where it exists, and otherwise allocate with
-``torch.empty`` and launch through :mod:`~mxkit.kernels.fast_launch`: the same kernel, the same bytes.
+On the device machines an eager quantize spent ~4 µs of host time on each ``torch.empty`` it made from Python (its
+argument parsing and wrapping) against ~2 for ``at::empty`` from C++, and the issue's budget for the whole call is
+1.5× one ``x * 2``. :meth:`mxkit.kernels.cuda_driver.BoundLaunch.with_outputs` makes a Plan of a bound launch; the
+quantize, dequantize and decode GEMM hot paths call it where it exists, and otherwise allocate with ``torch.empty``
+and launch through :mod:`~mxkit.kernels.fast_launch`: the same kernel, the same bytes. A Plan may also carry host
+TMA descriptors (the wgmma prefill GEMM's): each call points them at its inputs with ``cuTensorMapReplaceAddress``
+(:func:`maps_supported`), their shapes and strides fixed by the plan.
 
-The module is built against the installed PyTorch's headers and libraries with the host's C++ compiler (about
-15 s, once per machine and PyTorch build: cached under ``$MXKIT_CACHE_DIR`` like the C fast launch). The build
-runs in a background thread started by the first :func:`module` call, so no call waits for it; calls made
-before it is loaded take the Python path. ``module(wait=True)`` waits (tests, benchmarks). ``MXKIT_FAST_CALL=0``
-turns it off; a build that fails is reported once (a warning naming why) and the Python path stays.
-"""
+The module is built against the installed PyTorch's headers and libraries with the host's C++ compiler (about 15 s,
+once per machine and PyTorch build: cached under ``$MXKIT_CACHE_DIR`` like the C fast launch). The build runs in a
+background thread started by the first :func:`module` call, so no call waits for it; calls made before it is loaded
+take the Python path. ``module(wait=True)`` waits (tests, benchmarks). ``MXKIT_FAST_CALL=0`` turns it off; a build
+that fails is reported once (a warning naming why) and the Python path stays."""
 
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ from typing import Optional
 
 from .fast_launch import build_extension, cache_dir, load
 
-__all__ = ["module", "build", "MAX_SLOTS", "MAX_OUTS", "MAX_DIMS"]
+__all__ = ["module", "build", "maps_supported", "MAX_SLOTS", "MAX_OUTS", "MAX_DIMS", "MAX_MAPS"]
 
-# the C++ Plan's limits (_fast_call.cpp's kMaxSlots, kMaxOuts, kMaxDims; a test checks them): launches past them
-# keep the Python path (BoundLaunch.with_outputs returns None)
-MAX_SLOTS, MAX_OUTS, MAX_DIMS = 16, 8, 8
+# the C++ Plan's limits (_fast_call.cpp's kMaxSlots, kMaxOuts, kMaxDims, kMaxMaps; a test checks them): launches
+# past them keep the Python path (BoundLaunch.with_outputs returns None)
+MAX_SLOTS, MAX_OUTS, MAX_DIMS, MAX_MAPS = 16, 8, 8, 4
 
 _NAME = "_mxkit_fast_call"
 _SRC = Path(__file__).with_name("_fast_call.cpp")
@@ -75,7 +76,7 @@ def build(directory: Optional[Path] = None) -> Path:
 
 _lock = threading.Lock()
 _ready = threading.Event()
-_state: dict = {"module": None, "thread": None}
+_state: dict = {"module": None, "thread": None, "maps": False}
 
 
 def _init(mod: ModuleType) -> None:
@@ -83,8 +84,14 @@ def _init(mod: ModuleType) -> None:
 
     from .cuda_driver import _check, _libcuda, _raw_stream, bind_primary_context
 
-    addr = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    lib = _libcuda()
+    addr = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
     mod.init(addr, _raw_stream, bind_primary_context, lambda rc, what: _check(rc, f"launching {what}"))
+    try:  # (CUDA 12.0+ drivers: Plans with host TMA descriptors need it; without it none is made)
+        mod.init_maps(ctypes.cast(lib.cuTensorMapReplaceAddress, ctypes.c_void_p).value)
+        _state["maps"] = True
+    except AttributeError:
+        pass
 
 
 def _build_and_load() -> None:
@@ -122,6 +129,12 @@ def module(wait: bool = False) -> Optional[ModuleType]:
     if wait:
         _ready.wait()
     return _state["module"]
+
+
+def maps_supported() -> bool:
+    """Whether the loaded module can make Plans with host TMA descriptors (the driver has
+    ``cuTensorMapReplaceAddress``)."""
+    return bool(_state.get("maps")) and _state["module"] is not None
 
 
 def _after_fork_in_child() -> None:

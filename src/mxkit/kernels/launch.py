@@ -152,6 +152,17 @@ class _Launcher:
             self.cache[key] = (k, full_consts, fast)
         return fast or None
 
+    def private_args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+        """A new :class:`ArgsLaunch` of the specialisation these arguments hit (after at least one call of it), its
+        parameter block its caller's alone (:meth:`ArgsLaunch.with_outputs`); None as :meth:`args_launch`."""
+        fn = getattr(self.module, self.name)
+        if not (_enabled and _ARGS_LAUNCH and isinstance(fn, triton.runtime.JITFunction)
+                and direct_launch_supported()):
+            return None
+        _, ok, _, _ = self._meta(fn)
+        hit = self.cache.get(self._key(args, consts, num_warps, consts_key)) if ok else None
+        return None if hit is None else ArgsLaunch.make(hit[0], args, grid)
+
     def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
         """A :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the kernel this launcher ran for exactly these
         arguments' specialisation (call it once first), with ``args``' values bound; or None where the direct
@@ -313,12 +324,14 @@ class ArgsLaunch:
     def __init__(self, launch, plan: list):
         self.launch = launch
         self.plan = []  # (argument index, 0 pointer / 1 scalar / 2 descriptor, its ctypes value or slot)
+        self.param = {}  # argument index -> its (first) parameter's index in the block
         pos = 0
         for i, slot in plan:
             if slot is None:
                 self.plan.append((i, 0, launch.vals[pos]))
             else:
                 self.plan.append((i, 2 if isinstance(slot, _TmaSlot) else 1, slot))
+            self.param[i] = pos
             pos += 1 + 2 * slot.ndim if isinstance(slot, _TmaSlot) else 1
 
     @classmethod
@@ -343,16 +356,42 @@ class ArgsLaunch:
         if not gx * gy * gz:  # (as Triton's launcher: nothing to launch)
             return True
         with b.lock:
-            for i, kind, v in self.plan:
-                a = args[i]
-                if kind == 0:
-                    v.value = a.data_ptr() if a is not None else 0
-                elif kind == 1:
-                    v.value = a
-                elif not v.fill(a):
-                    return False
+            if not self._fill(args):
+                return False
             b.launch(gx, gy, gz, b.block)
         return True
+
+    def _fill(self, args: tuple) -> bool:
+        for i, kind, v in self.plan:
+            a = args[i]
+            if kind == 0:
+                v.value = a.data_ptr() if a is not None else 0
+            elif kind == 1:
+                v.value = a
+            elif not v.fill(a):
+                return False
+        return True
+
+    def with_outputs(self, args: tuple, roles: tuple, outs: tuple, n_inputs: int, single: bool = True):
+        """A C++ fast call (:meth:`~mxkit.kernels.cuda_driver.BoundLaunch.with_outputs`) of this launch with its
+        block filled from ``args`` once: ``roles[i]`` says where runtime argument ``i`` comes from at each call:
+        a pointer from input ``j`` (``j`` >= 0, a tensor or None) or output ``-1 - j``, a host TMA descriptor
+        re-addressed to input ``j``'s data (its shape, strides and box as ``args`` encoded them), a scalar
+        None (kept as bound). Only for a launch of one's own (:meth:`_Launcher.private_args_launch`): the block is
+        read at each call. None where a role does not fit its argument or the call cannot be made."""
+        if len(roles) != len(args) or not self._fill(args):
+            return None
+        slots, at, maps = [], [], []
+        for i, kind, v in self.plan:
+            role = roles[i]
+            if (kind == 1) != (role is None) or (kind == 2 and not (0 <= role < n_inputs)):
+                return None
+            if kind == 0:
+                slots.append(role)
+                at.append(self.param[i])
+            elif kind == 2:
+                maps.append((self.param[i], role, bytes(v.map)))
+        return self.launch.with_outputs(tuple(slots), outs, n_inputs, single, at=tuple(at), maps=tuple(maps))
 
 
 class _TmaSlot:

@@ -274,9 +274,9 @@ class WgmmaCall:
     """The w4a16-wgmma / w8a16-wgmma path (prefill) of one (packed weight, shape and strides of a float a, out
     dtype), no bias, on CUDA: the weight in the kernel's layout, the tile size and split-K fixed once
     (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_schedule`); each call is one ``w4a16_wgmma`` on a's
-    rows, whose launch is prepared per problem (one ``cuLaunchKernel`` from the problem's second call, plus the
-    split's fixed-order sum): :func:`run_gemm`'s launches and bytes without its per-call dispatch. A call with a
-    bias, or on rows that are not 16-byte aligned (TMA), runs :func:`run_gemm`."""
+    rows, whose launch is prepared per problem (from the problem's third call one C++ fast call, plus the split's
+    fixed-order sum), which this call runs directly once made: :func:`run_gemm`'s launches and bytes without its
+    per-call dispatch. A call with a bias, or on rows that are not 16-byte aligned (TMA), runs :func:`run_gemm`."""
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         from .matmul_details import _w4a16_wgmma as wg
@@ -288,8 +288,8 @@ class WgmmaCall:
         self.wg = wg
         self.tries = 0
         # the problem's prepared launch, looked for after the first calls, and what it was made for (x's strides, the
-        # A/B settings, the current device, the weight's descriptors); prep is set last (threads: see _find)
-        self.prep = self.xs = self.settings = self.dev = self.wd = self.sd = None
+        # A/B settings, the current device); prep is set last (threads: see _find)
+        self.prep = self.xs = self.settings = self.dev = None
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         from . import launch
@@ -302,13 +302,12 @@ class WgmmaCall:
         prep = self.prep
         if prep is not None and launch._enabled and x.stride() == self.xs and self.settings == self._settings():
             dev = torch.cuda.current_device()
-            if dev == self.dev and x.device.index == dev:  # (the problem as prepared: one cuLaunchKernel)
-                y = prep.run_dense(x, self.wd, self.sd, p.N, p.out_dtype)
-                if y is not None:
-                    return y if flat else y.reshape(self.out_shape)
+            if dev == self.dev and x.device.index == dev:  # (the problem as prepared: one C++ fast call)
+                y = prep.run_dense(x, self.q, self.st)
+                return y if flat else y.reshape(self.out_shape)
         y = wg.w4a16_wgmma(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, None, bm=self.bm, split=self.split,
                            elem=self.elem)
-        if prep is None and self.tries < 4 and launch._enabled:
+        if prep is None and self.tries < 6 and launch._enabled:
             self.tries += 1
             self._find(x)
         return y if flat else y.reshape(self.out_shape)
@@ -320,7 +319,6 @@ class WgmmaCall:
         prep = wg.dense_prepared(x, self.q, p.N, self.one_mul, p.out_dtype, self.bm, self.split, self.elem)
         if prep is not None and x.device.index == torch.cuda.current_device():
             self.xs, self.settings, self.dev = x.stride(), self._settings(), x.device.index
-            self.wd, self.sd = wg._weight_descs(self.q, self.st, False, prep.w8, prep.steps)
             self.prep = prep
 
     def _settings(self) -> tuple:

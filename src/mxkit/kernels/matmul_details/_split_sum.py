@@ -120,3 +120,21 @@ def split_sum_launch(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.
     grid = (triton.cdiv(MN, BLOCK),)
     fast = _launch.args_launch(grid, (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
     return (fast, grid) if fast else (False, None)
+
+
+def split_sum_plan(part: torch.Tensor, bias: Optional[torch.Tensor], out: torch.dtype):
+    """A C++ fast call of the sum for the problem (part's shape, bias or not, ``out``) of a :func:`split_sum` that
+    just ran on part's device, the current one: ``call(part)`` (``call(part, bias)`` with a bias) -> y, on new
+    tensors of the same dtypes, shapes and 16-byte alignment, without the checks; its launch its own (ints
+    bound once). None where it cannot be made (direct launches off, another device current, the C++ module not
+    loaded)."""
+    S, M, N = part.shape
+    MN = M * N
+    if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
+        return None
+    y = torch.empty(M, N, dtype=out, device=part.device)
+    grid = (triton.cdiv(MN, BLOCK),)
+    args = (part, bias if bias is not None else part, y, MN, N)
+    priv = _launch.private_args_launch(grid, args, _consts(S, bias is not None, out), WARPS)
+    roles = (0, 1 if bias is not None else 0, -1, None, None)
+    return priv.with_outputs(args, roles, (((M, N), out, False),), 2 if bias is not None else 1) if priv else None

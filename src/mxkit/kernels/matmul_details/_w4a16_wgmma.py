@@ -54,7 +54,7 @@ import torch
 
 from ...packed import PackedWeight
 from .._env import env
-from ._split_sum import split_sum, split_sum_launch
+from ._split_sum import split_sum, split_sum_launch, split_sum_plan
 
 FP8_ELEMS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}  # the MXFP8 weights the kernel reads (``elem``)
 # the kernel's WEIGHT constexpr of each (layout, elem) it reads
@@ -853,7 +853,8 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     whose codes hold no NaN / Inf (they do not decode to NaN / Inf here: the caller checks).
 
     Host path: the launch of each problem (everything but the call's tensors) is prepared once (:class:`_Prepared`)
-    and, from its second call, launched by one ``cuLaunchKernel`` with x's TMA descriptor encoded from x alone."""
+    and, from its second call, launched by one ``cuLaunchKernel`` with x's TMA descriptor encoded from x alone;
+    a dense problem's calls from its third on are one C++ fast call (and the split's sum another)."""
     M, K = x.shape
     if (layout, elem) not in WEIGHTS:
         raise ValueError(f"layout={layout!r} with elem={elem!r}: one of {sorted(WEIGHTS)} (FP8 weights are read in "
@@ -863,14 +864,19 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     # everything but the call's tensors fixes the launch: its grid, constexprs and ints are made once (_Prepared)
     ptrs = x.data_ptr() | (bias.data_ptr() if bias is not None else 0) | \
         (expert_ids.data_ptr() if grouped else 0) | (y.data_ptr() if y is not None else 0)
+    aligned = not ptrs & 15
     key = _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, perm_out, starts, split, elem,
-               not ptrs & 15)
+               aligned)
     prep = _PREPARED.get(key)
     if prep is None:
         if len(_PREPARED) >= 1024:
             _PREPARED.clear()
         prep = _PREPARED[key] = _Prepared(x, q, N, one_mul, bias is not None, y, expert_ids, bm, activation, layout,
-                                          perm_out, starts, split, elem)
+                                          perm_out, starts, split, elem, out)
+    from .. import launch
+
+    if prep.plan and launch._enabled:  # (a dense problem's C++ fast call: its key holds everything it fixes)
+        return prep.run_dense(x, q, st, bias)
     split = prep.split
     if y is None:  # (split-K: float32 partial sums, added below)
         y = torch.empty(M, prep.n_out, dtype=out, device=x.device) if split == 1 else \
@@ -880,36 +886,13 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
         final_bias, bias = bias, None
     if prep.grid[0] == 0:  # (no rows or no columns: nothing to compute)
         return y if split == 1 else torch.empty(M, prep.n_out, dtype=out, device=x.device)
-    yk = y.stride(0) if split > 1 else 0
-    ym = y.stride(1) if split > 1 else y.stride(0)
     w_desc, s_desc = _weight_descs(q, st, prep.mma, prep.w8, prep.steps)
-    tail = (y, bias if bias is not None else y, expert_ids if grouped else y, M, N, prep.steps, prep.ksteps, ym, yk,
-            prep.grid_m)
-    from .. import launch
-
-    fast = prep.fast
-    if not (fast and launch._enabled and fast(prep.grid, (_XDesc(x, bm), w_desc, s_desc) + tail)):
-        _, _, _, _, _, _, TensorDescriptor = _gluon()
-        args = (TensorDescriptor.from_tensor(x, [bm, 64], _smem_layouts(bm)[0]), w_desc, s_desc) + tail
-        _launcher()(prep.grid, args, prep.consts, WARPS, consts_key=prep.consts_key)
-        if fast is None and not ptrs & 15 and launch._enabled:  # (one hit's ArgsLaunch serves every later call)
-            prep.tries += 1
-            if prep.tries >= 2:  # (made at the problem's second call, as _Launcher makes its own)
-                prep.fast = _launcher().args_launch(prep.grid, args, prep.consts, WARPS, prep.consts_key) or \
-                    (None if prep.tries < 4 else False)
-    if split == 1:
-        return y
-    # the partials added in a fixed order (the same bits every run): the split's sum, itself prepared
-    summed = prep.sum_launch
-    if summed and launch._enabled:  # (final_bias: the key's dtype, shape and strides, and aligned)
-        out_y = torch.empty(M, prep.n_out, dtype=out, device=x.device)
-        if summed[0](summed[1], (y, final_bias if final_bias is not None else y, out_y, M * prep.n_out, prep.n_out)):
-            return out_y
-    out_y = split_sum(y, final_bias, out)
-    if summed is None and M and launch._enabled and prep.fast:
-        fast_sum, grid = split_sum_launch(y, final_bias, out_y)
-        prep.sum_launch = (fast_sum, grid) if fast_sum else False  # (one attribute: threads see both or neither)
-    return out_y
+    rest = prep.rest(w_desc, s_desc, y, bias, expert_ids, M)
+    prep.launch(x, rest, aligned)
+    y_out = y if split == 1 else prep.sum(y, final_bias)
+    if prep.plan is None and prep.dense and prep.fast and (split == 1 or prep.sum_launch) and launch._enabled:
+        prep.make_plan(x, rest, bias if split == 1 else final_bias)
+    return y_out
 
 
 _PREPARED: dict = {}  # w4a16_wgmma's problems (everything but the call's tensors) -> their _Prepared launch
@@ -930,22 +913,25 @@ def _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, per
 def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out: torch.dtype, bm: int, split: int,
                    elem: str) -> Optional["_Prepared"]:
     """The prepared launch of a dense :func:`w4a16_wgmma` call (no bias, y, experts or activation; this module's
-    layout) on an aligned x as these arguments make it, if one was made and holds its ArgsLaunch (and, with a
-    split, its sum's): :meth:`_Prepared.run_dense` then launches such calls; else None."""
+    layout) on an aligned x as these arguments make it, if one was made and holds its C++ fast call
+    (:meth:`_Prepared.run_dense` then runs such calls); else None."""
     prep = _PREPARED.get(_key(x, q, N, one_mul, out, None, None, None, bm, None, "wgmma", False, False, split, elem,
                               not x.data_ptr() & 15))
-    return prep if prep is not None and prep.fast and (prep.split == 1 or prep.sum_launch) else None
+    return prep if prep is not None and prep.plan else None
 
 
 class _Prepared:
     """One problem of :func:`w4a16_wgmma` (shapes, strides, flags, block size, schedule, the tensors' 16-byte
-    alignment): its grid, constexprs and ints, made once, and after its first call the :class:`ArgsLaunch` of its
+    alignment): its grid, constexprs and ints, made once; after its first call the :class:`ArgsLaunch` of its
     specialisation (``fast``: None until made, False where it cannot be), which later calls launch with x's TMA
     descriptor encoded from x alone (:class:`_XDesc`): ~20 µs of host time a call less than building Triton's
-    descriptor and the launcher's key (H200 host)."""
+    descriptor and the launcher's key (H200 host); and for a dense problem (no experts, activation or y) after
+    its second call a C++ fast call of its own launch (``plan``, with a split ``sum_plan``: None until made,
+    False where none can be), which allocates y and points the three TMA descriptors at the call's x and weight
+    (:meth:`run_dense`; ~6 µs less again)."""
 
     def __init__(self, x, q, N, one_mul, has_bias, y, expert_ids, bm, activation, layout, perm_out, starts, split,
-                 elem):
+                 elem, out):
         from ._grouped import ACTS
 
         M, _ = x.shape
@@ -982,25 +968,89 @@ class _Prepared:
         self.consts, self.consts_key = consts, (bm,) + flags
         self.fast, self.tries = None, 0
         self.sum_launch = None  # (split > 1: the sum's (ArgsLaunch, grid) once made after its first call; False: none)
-        self.bm = bm
+        self.bm, self.N, self.out, self.has_bias = bm, N, out, has_bias
+        self.dense = not grouped and not activation and not perm_out and y is None and M > 0 and N > 0
+        self.plan = self.sum_plan = None
 
-    def run_dense(self, x: torch.Tensor, w_desc, s_desc, N: int, out: torch.dtype) -> Optional[torch.Tensor]:
-        """y [M, N] of a dense call of this problem (:func:`dense_prepared`) on a new x (same shape, strides,
-        16-byte aligned) by its ArgsLaunch, and with a split its sum's: w4a16_wgmma's launches and bytes without
-        its key; None, launching nothing, where the main launch cannot encode x's descriptor."""
+    def rest(self, w_desc, s_desc, y: torch.Tensor, bias: Optional[torch.Tensor],
+             expert_ids: Optional[torch.Tensor], M: int) -> tuple:
+        """The kernel's runtime arguments after x's descriptor (y the float32 partial sums [split, M, n] of a
+        split)."""
+        ym, yk = (y.stride(1), y.stride(0)) if self.split > 1 else (y.stride(0), 0)
+        return (w_desc, s_desc, y, bias if bias is not None else y, expert_ids if expert_ids is not None else y, M,
+                self.N, self.steps, self.ksteps, ym, yk, self.grid_m)
+
+    def launch(self, x: torch.Tensor, rest: tuple, aligned: bool) -> None:
+        """The main launch on x (arguments ``rest`` after its descriptor): by the ArgsLaunch where made, else by
+        Triton's launcher with a TensorDescriptor of x, making the ArgsLaunch at the problem's second call (as
+        _Launcher makes its own; one hit's ArgsLaunch serves every later call) where every tensor is aligned."""
+        from .. import launch
+
+        fast = self.fast
+        if fast and launch._enabled and fast(self.grid, (_XDesc(x, self.bm),) + rest):
+            return
+        _, _, _, _, _, _, TensorDescriptor = _gluon()
+        args = (TensorDescriptor.from_tensor(x, [self.bm, 64], _smem_layouts(self.bm)[0]),) + rest
+        _launcher()(self.grid, args, self.consts, WARPS, consts_key=self.consts_key)
+        if fast is None and aligned and launch._enabled:
+            self.tries += 1
+            if self.tries >= 2:
+                self.fast = _launcher().args_launch(self.grid, args, self.consts, WARPS, self.consts_key) or \
+                    (None if self.tries < 4 else False)
+
+    def sum(self, part: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """y [M, n] of a split's float32 partial sums (+ the float32 bias), added in a fixed order (the same bits
+        every run): by the sum's own ArgsLaunch once made (after the main launch's), else :func:`split_sum`."""
+        from .. import launch
+
+        M = part.shape[1]
+        summed = self.sum_launch
+        if summed and launch._enabled:  # (bias: the key's dtype, shape and strides, and aligned)
+            y = torch.empty(M, self.n_out, dtype=self.out, device=part.device)
+            if summed[0](summed[1], (part, bias if bias is not None else part, y, M * self.n_out, self.n_out)):
+                return y
+        y = split_sum(part, bias, self.out)
+        if summed is None and M and launch._enabled and self.fast:
+            fast_sum, grid = split_sum_launch(part, bias, y)
+            self.sum_launch = (fast_sum, grid) if fast_sum else False  # (one attribute: threads see both or neither)
+        return y
+
+    def make_plan(self, x: torch.Tensor, rest: tuple, bias: Optional[torch.Tensor]) -> None:
+        """Make the C++ fast calls of this dense problem from a call's arguments that just ran (x, the arguments
+        after its descriptor, the call's bias): ``plan`` (and with a split ``sum_plan``, set first), or False where
+        they cannot be made; nothing while the C++ module is not loaded yet, or on another device than the
+        current one."""
+        from ..cuda_driver import fast_call_loaded
+
+        if not fast_call_loaded() or x.device.index != torch.cuda.current_device():
+            return
+        _, _, _, _, _, _, TensorDescriptor = _gluon()
+        args = (TensorDescriptor.from_tensor(x, [self.bm, 64], _smem_layouts(self.bm)[0]),) + rest
+        priv = _launcher().private_args_launch(self.grid, args, self.consts, WARPS, self.consts_key)
         M = x.shape[0]
+        with_bias = bias is not None and self.split == 1
+        # x's, the weight codes' and scales' descriptors from inputs 0-2, y (or the partials) output 0, the bias
+        # input 3; the expert table is y (unused)
+        roles = (0, 1, 2, -1, 3 if with_bias else -1, -1) + (None,) * (len(args) - 6)
+        outs = (((M, self.n_out), self.out, False),) if self.split == 1 else \
+            (((self.split, M, self.n_out), torch.float32, False),)
+        plan = priv.with_outputs(args, roles, outs, 4 if with_bias else 3) if priv else None
+        if plan and self.split > 1:
+            sum_plan = split_sum_plan(rest[2], bias, self.out)
+            if not sum_plan:
+                plan = None
+            self.sum_plan = sum_plan or False
+        self.plan = plan or False
+
+    def run_dense(self, x: torch.Tensor, q: torch.Tensor, st: torch.Tensor,
+                  bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """y [M, N] of a dense call of this problem (``plan`` made: same shapes, strides, dtypes and 16-byte
+        alignment as the key's) on new tensors: one C++ fast call, with a split two (the partials, then their
+        sum); the bytes of w4a16_wgmma's launches."""
         if self.split == 1:
-            y = torch.empty(M, N, dtype=out, device=x.device)
-            ok = self.fast(self.grid, (_XDesc(x, self.bm), w_desc, s_desc, y, y, y, M, N, self.steps, self.ksteps, N,
-                                       0, self.grid_m))
-            return y if ok else None
-        part = torch.empty(self.split, M, N, dtype=torch.float32, device=x.device)
-        if not self.fast(self.grid, (_XDesc(x, self.bm), w_desc, s_desc, part, part, part, M, N, self.steps,
-                                     self.ksteps, N, M * N, self.grid_m)):
-            return None
-        y = torch.empty(M, N, dtype=out, device=x.device)
-        fast_sum, grid = self.sum_launch
-        return y if fast_sum(grid, (part, part, y, M * N, N)) else split_sum(part, None, out)
+            return self.plan(x, q, st, bias) if self.has_bias else self.plan(x, q, st)
+        part = self.plan(x, q, st)
+        return self.sum_plan(part, bias) if self.has_bias else self.sum_plan(part)
 
 
 class _XDesc:

@@ -747,7 +747,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
 @gpu
 def test_gpu_w4a16_wgmma_envelope():
     """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 2048 (H100), dense-exact
-    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 128)."""
+    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 256)."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
     if wg.available(torch.device("cuda")) is not None:

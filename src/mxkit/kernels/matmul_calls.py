@@ -21,6 +21,7 @@ from ..fold import Folded
 from ..formats import ElementFormat
 from ..packed import PackedWeight
 from ..tensor import MXTensor, check_out_dtype
+from . import launch
 from .cuda_driver import fast_call_loaded
 from .matmul import GemmPlan, _a8w8_ok, _a8w8_quant_max_m, _twin, check_bias, plan_gemm, run_gemm
 from .matmul_details._cublas import exact_cublas
@@ -73,8 +74,6 @@ class DenseExactCall:
         self.tries = 0
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from . import launch
-
         deq = self.deq
         if deq is None or bias is not None or not launch._enabled:
             y = run_gemm(a, self.b, self.plan, bias)
@@ -104,8 +103,6 @@ class MxBoundCall:
         self.tries = 0
 
     def __call__(self, a: MXTensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from . import launch
-
         q, s = a.qdata, a.scale
         aligned = not (q.data_ptr() % 16 or s.data_ptr() % 16)
         if self.fix is not None and bias is None and aligned and launch._enabled:
@@ -196,7 +193,6 @@ class QuantizeFoldCall(FoldCall):
         self.fmt, self.mode, self.rounding = fmt, mode, rounding
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from . import launch
         from .fold import quantize_fold_triton
 
         aligned = x.data_ptr() % 16 == 0
@@ -292,19 +288,17 @@ class WgmmaCall:
         self.prep = self.xs = self.settings = self.dev = None
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        from . import launch
-
         p, wg = self.plan, self.wg
         flat = a.dim() == 2
         x = a if flat else a.reshape(p.M, p.K)
+        prep = self.prep
+        # (the problem as prepared: x's strides, 16-byte aligned rows, the settings, the device; one C++ fast call)
+        if (prep is not None and bias is None and launch._enabled and x.stride() == self.xs and not x.data_ptr() & 15
+                and self.settings == self._settings() and x.get_device() == self.dev == torch.cuda.current_device()):
+            y = prep.run_dense(x, self.q, self.st)
+            return y if flat else y.reshape(self.out_shape)
         if bias is not None or x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             return run_gemm(a, self.b, p, bias)
-        prep = self.prep
-        if prep is not None and launch._enabled and x.stride() == self.xs and self.settings == self._settings():
-            dev = torch.cuda.current_device()
-            if dev == self.dev and x.device.index == dev:  # (the problem as prepared: one C++ fast call)
-                y = prep.run_dense(x, self.q, self.st)
-                return y if flat else y.reshape(self.out_shape)
         y = wg.w4a16_wgmma(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, None, bm=self.bm, split=self.split,
                            elem=self.elem)
         if prep is None and self.tries < 6 and launch._enabled:

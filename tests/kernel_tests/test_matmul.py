@@ -747,7 +747,8 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
 @gpu
 def test_gpu_w4a16_wgmma_envelope():
     """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 2048 (H100), dense-exact
-    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 256)."""
+    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 256), and
+    where the GPU has one its mid envelope (H200: M <= 512 on N * K >= 2^24)."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
     if wg.available(torch.device("cuda")) is not None:
@@ -770,6 +771,15 @@ def test_gpu_w4a16_wgmma_envelope():
             a = torch.randn(M, 4096, device="cuda").to(torch.bfloat16)
             assert mxkit.gemm_plan(a, mid).path == path, (M, mid.shape, env)
         check(torch.randn(env["small_max_m"], 4096, device="cuda").to(torch.bfloat16), mid, backend="auto",
+              path="w4a16-wgmma")
+    # a GPU's third envelope (H200: M <= 512 on N * K >= 2^24), at its edge on a weight of N * K = mid_min_nk
+    n = env.get("mid_min_nk", 0) // 4096
+    if env.get("mid_max_m") and n * 4096 < env["min_nk"] and env["mid_max_m"] > env["small_max_m"]:
+        w = mxkit.pack_weight(mxkit.quantize(torch.randn(n, 4096, device="cuda") / 8, "mxfp4"))
+        for M, path in ((env["mid_max_m"], "w4a16-wgmma"), (env["mid_max_m"] + 1, "dense-exact")):
+            a = torch.empty(M, 4096, dtype=torch.bfloat16, device="cuda")
+            assert mxkit.gemm_plan(a, w).path == path, (M, w.shape, env)
+        check(torch.randn(env["mid_max_m"], 4096, device="cuda").to(torch.bfloat16), w, backend="auto",
               path="w4a16-wgmma")
 
 

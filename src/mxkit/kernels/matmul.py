@@ -352,7 +352,8 @@ def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
     """bf16 activations x an MXFP4 weight, or a packed MXFP8 (E4M3 / E5M2) one without NaN / Inf, on the Hopper
     wgmma kernel (the caller checks the bf16-exact scale envelope and the activations): the table's
     ``w4a16_wgmma`` / ``w8a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K schedule
-    at small M) M <= small_max_m and N * K >= small_min_nk (where it beats dequantize + cuBLAS)."""
+    at small M) M <= small_max_m and N * K >= small_min_nk, or M <= mid_max_m and N * K >= mid_min_nk (where
+    present: a GPU's own third envelope; each where it beats dequantize + cuBLAS)."""
     fp8 = w.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2")
     if not ((w.fmt.name == "mxfp4_e2m1" or fp8) and dev.type == "cuda" and M > 0):
         return False
@@ -363,7 +364,8 @@ def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
     entry = _envelope(dev, "w8a16_wgmma" if fp8 else "w4a16_wgmma") or {}
     nk = w.shape.numel()
     small = M <= int(entry.get("small_max_m", 0)) and nk >= int(entry.get("small_min_nk", 0))
-    return ((small or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
+    mid = M <= int(entry.get("mid_max_m", 0)) and nk >= int(entry.get("mid_min_nk", 0))
+    return ((small or mid or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)
 

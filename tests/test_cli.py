@@ -456,6 +456,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
+        assert entry[key]["mid_max_m"] in (0,) + tune.MID_MS and entry[key]["mid_min_nk"] >= 0, (key, entry[key])
     assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
     assert entry["moe"]["mma_max_pairs"] in (0, 8, 64, 512), entry["moe"]
     assert entry["moe"]["mma_max_pairs_per_expert"] == entry["moe"]["mma_max_pairs"] // 8
@@ -555,6 +556,14 @@ def test_wgmma_envelope_choice():
     assert wgmma_envelope({(*big, 64): True, (*four, 64): True, (*small, 64): False}, (64,)) == \
         {"max_m": 64, "min_nk": 4096 * 4096}
     assert wgmma_envelope({(*big, 64): False, (*small, 64): False}, (64,)) == {"max_m": 0, "min_nk": 0}
+    # the mid envelope (the same timings at M = 128, 256, 512): a weight of 2^24 that wins up to 512
+    from mxkit.tune import MID_MS
+
+    assert set(MID_MS) <= set(WGMMA_MS)
+    mid_wins = {(*s, M): s != small for s in (big, four, small) for M in MID_MS}
+    assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 512, "min_nk": 4096 * 4096}
+    mid_wins[(*four, 512)] = False
+    assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 256, "min_nk": 4096 * 4096}
 
 
 def test_w8a16_envelope_choice():

@@ -438,8 +438,8 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     candidate ``min_nk`` (the N * K of a shape), the largest M of :data:`WGMMA_MS` up to which the kernel beats
     dequantize + cuBLAS at every M on every shape of N * K >= min_nk; kept: the candidate whose envelope covers
     the most (shape, M) points, then the widest M; ``small_max_m`` / ``small_min_nk`` the same over
-    :data:`SMALL_MS` (the split schedule's Ms, where smaller weights win too). ``{"max_m": 0, ...}`` where it cannot
-    run or never wins."""
+    :data:`SMALL_MS` (the split schedule's Ms, where smaller weights win too), ``mid_max_m`` / ``mid_min_nk`` over
+    :data:`MID_MS` (the same timings). ``{"max_m": 0, ...}`` where it cannot run or never wins."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _w4a16_wgmma as wg
@@ -452,7 +452,7 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     shapes = [s for s in weights if wg.shape_ok(*s)]
     if why is not None or not shapes:
         log(f"{label} cannot run here: {why or 'no shape fits it'}")
-        return {"max_m": 0, "min_nk": 0, "small_max_m": 0, "small_min_nk": 0}
+        return {"max_m": 0, "min_nk": 0, "small_max_m": 0, "small_min_nk": 0, "mid_max_m": 0, "mid_min_nk": 0}
     wins = {}
     for (N, K) in shapes:
         w = weights[(N, K)]
@@ -469,9 +469,13 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
             wins[(N, K, M)] = t_run < t_dense
     entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] in WGMMA_MS})
     small = wgmma_envelope({key: won for key, won in wins.items() if key[2] in SMALL_MS}, SMALL_MS)
-    return {**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"]}
+    mid = wgmma_envelope({key: won for key, won in wins.items() if key[2] in MID_MS}, MID_MS)
+    return {**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"], "mid_max_m": mid["max_m"],
+            "mid_min_nk": mid["min_nk"]}
 
 
+MID_MS = (128, 256, 512)  # the third envelope's Ms (a subset of WGMMA_MS: no more timings; H200, session 62: the
+# kernel wins at M <= 512 on N * K in [2^24, 2^26) where it ties or loses at 1024)
 SMALL_MS = (64, 128)  # the second envelope's Ms (the kernel split along K at small M: _w4a16_wgmma.dense_schedule;
 # H200, session 39: 128 wins on N * K in [2^24, 2^26) once the split's sum is one kernel)
 

@@ -1598,9 +1598,9 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     """bf16 a times a PackedWeight on the w4a16-wgmma / w8a16-wgmma path, eager (``WgmmaCall``: one w4a16_wgmma a
     call, its launch prepared per problem: one cuLaunchKernel from the problem's second call, x's TMA descriptor
     encoded from x alone, and the split's sum): the bytes of Triton's own launcher (launch.triton_launch_only) call
-    after call with new data, at split-K M's and one without a split taking turns, 3-D a, with and without a bias
-    (the bias call runs run_gemm's path, itself prepared), into poisoned memory; within the float64 bound; the
-    calls' prepared launches made and taken."""
+    after call with new data, at split-K M's and one without a split taking turns, 3-D a, without a bias and with a
+    float32 or a bf16 one (converted each call), into poisoned memory; within the float64 bound; the calls' prepared
+    launches made and taken."""
     from conftest import poison_allocator
 
     from mxkit.kernels import launch
@@ -1617,7 +1617,7 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     bias = torch.randn(N, generator=rng).cuda()
     for i in range(4):
         for M in Ms:
-            for b in (None, bias):
+            for b in (None, bias, bias.to(torch.bfloat16)):
                 a = torch.randn(2, M // 2, K, generator=rng).to(torch.bfloat16).cuda()
                 with launch.triton_launch_only():
                     want = mxkit.matmul(a, pw, bias=b)
@@ -1627,12 +1627,12 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
                     (M, i, b is None)
                 if i == 3 and M == Ms[0]:
                     assert_within_bound(got, a, pw, b)
-    calls = {k[0]: c for k, c in pw._calls.items() if k[6] is None and isinstance(c, kc.WgmmaCall)}  # (no bias)
-    assert len(calls) == len(Ms) and all(c.prep is not None for c in calls.values())
+    calls = [c for c in pw._calls.values() if isinstance(c, kc.WgmmaCall)]  # (no bias, float32 and bf16 bias)
+    assert len(calls) == 3 * len(Ms) and all(c.prep is not None for c in calls), [c.prep for c in calls]
     assert sum(1 for p in wg._PREPARED.values() if p.fast) >= 2 * len(Ms)  # (with a bias: another problem)
-    splits = {c.prep.split for c in calls.values()}
-    assert all(c.prep.sum_launch for c in calls.values() if c.prep.split > 1), splits
-    assert all(c.prep.plan and (c.prep.split == 1 or c.prep.sum_plan) for c in calls.values()), "no C++ fast call"
+    splits = {c.prep.split for c in calls}
+    assert all(c.prep.sum_launch for c in calls if c.prep.split > 1), splits
+    assert all(c.prep.plan and (c.prep.split == 1 or c.prep.sum_plan) for c in calls), "no C++ fast call"
 
 
 @pytest.mark.gpu

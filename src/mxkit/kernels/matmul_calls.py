@@ -25,7 +25,8 @@ from . import launch
 from .cuda_driver import fast_call_loaded
 from .matmul import GemmPlan, _a8w8_ok, _a8w8_quant_max_m, _twin, check_bias, plan_gemm, run_gemm
 from .matmul_details._cublas import exact_cublas
-from .matmul_details._mma_calls import UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on, plain
+from .matmul_details._mma_calls import (UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on, f32_bias,
+                                        plain)
 from .matmul_table import _table_token, _token_stack
 
 __all__ = ["prepared_call", "prepared_call_mx", "prepared_call_a8w8", "prepared_call_quantize_fold"]
@@ -268,11 +269,12 @@ class Bf16ExactCall(MxBoundCall):
 
 class WgmmaCall:
     """The w4a16-wgmma / w8a16-wgmma path (prefill) of one (packed weight, shape and strides of a float a, out
-    dtype), no bias, on CUDA: the weight in the kernel's layout, the tile size and split-K fixed once
+    dtype, bias or not), on CUDA: the weight in the kernel's layout, the tile size and split-K fixed once
     (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_schedule`); each call is one ``w4a16_wgmma`` on a's
-    rows, whose launch is prepared per problem (from the problem's third call one C++ fast call, plus the split's
-    fixed-order sum), which this call runs directly once made: :func:`run_gemm`'s launches and bytes without its
-    per-call dispatch. A call with a bias, or on rows that are not 16-byte aligned (TMA), runs :func:`run_gemm`."""
+    rows (the bias as float32, converted where it is not), whose launch is prepared per problem (from the problem's
+    third call one C++ fast call, plus the split's fixed-order sum), which this call runs directly once made:
+    :func:`run_gemm`'s launches and bytes without its per-call dispatch. A call on rows (or a float32 bias) not
+    16-byte aligned (TMA, and the launch's specialisation) runs :func:`run_gemm`."""
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         from .matmul_details import _w4a16_wgmma as wg
@@ -291,26 +293,28 @@ class WgmmaCall:
         p, wg = self.plan, self.wg
         flat = a.dim() == 2
         x = a if flat else a.reshape(p.M, p.K)
+        b32 = f32_bias(bias)  # (the kernel reads a float32 bias; the key of this call fixes its dtype and shape)
+        ptrs = x.data_ptr() | (b32.data_ptr() if b32 is not None else 0)
         prep = self.prep
-        # (the problem as prepared: x's strides, 16-byte aligned rows, the settings, the device; one C++ fast call)
-        if (prep is not None and bias is None and launch._enabled and x.stride() == self.xs and not x.data_ptr() & 15
+        # (the problem as prepared: x's strides, 16-byte aligned rows and bias, the settings, the device: one C++ call)
+        if (prep is not None and launch._enabled and x.stride() == self.xs and not ptrs & 15
                 and self.settings == self._settings() and x.get_device() == self.dev == torch.cuda.current_device()):
-            y = prep.run_dense(x, self.q, self.st)
+            y = prep.run_dense(x, self.q, self.st, b32)
             return y if flat else y.reshape(self.out_shape)
-        if bias is not None or x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        if ptrs & 15 or x.stride(-1) != 1 or x.stride(0) % 8:
             return run_gemm(a, self.b, p, bias)
-        y = wg.w4a16_wgmma(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, None, bm=self.bm, split=self.split,
+        y = wg.w4a16_wgmma(x, self.q, self.st, p.N, self.one_mul, p.out_dtype, b32, bm=self.bm, split=self.split,
                            elem=self.elem)
         if prep is None and self.tries < 6 and launch._enabled:
             self.tries += 1
-            self._find(x)
+            self._find(x, b32)
         return y if flat else y.reshape(self.out_shape)
 
-    def _find(self, x: torch.Tensor) -> None:
+    def _find(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         """Keep the prepared launch of x's problem (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_prepared`)
         with what it was made for, setting ``prep`` last so that another thread sees all of it or none."""
         p, wg = self.plan, self.wg
-        prep = wg.dense_prepared(x, self.q, p.N, self.one_mul, p.out_dtype, self.bm, self.split, self.elem)
+        prep = wg.dense_prepared(x, self.q, p.N, self.one_mul, p.out_dtype, self.bm, self.split, self.elem, bias)
         if prep is not None and x.device.index == torch.cuda.current_device():
             self.xs, self.settings, self.dev = x.stride(), self._settings(), x.device.index
             self.prep = prep

@@ -911,12 +911,13 @@ def _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, per
 
 
 def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out: torch.dtype, bm: int, split: int,
-                   elem: str) -> Optional["_Prepared"]:
-    """The prepared launch of a dense :func:`w4a16_wgmma` call (no bias, y, experts or activation; this module's
-    layout) on an aligned x as these arguments make it, if one was made and holds its C++ fast call
-    (:meth:`_Prepared.run_dense` then runs such calls); else None."""
-    prep = _PREPARED.get(_key(x, q, N, one_mul, out, None, None, None, bm, None, "wgmma", False, False, split, elem,
-                              not x.data_ptr() & 15))
+                   elem: str, bias: Optional[torch.Tensor] = None) -> Optional["_Prepared"]:
+    """The prepared launch of a dense :func:`w4a16_wgmma` call (no y, experts or activation; this module's
+    layout; ``bias`` float32 [N] or None) on an aligned x (and bias) as these arguments make it, if one was made
+    and holds its C++ fast call (:meth:`_Prepared.run_dense` then runs such calls); else None."""
+    ptrs = x.data_ptr() | (bias.data_ptr() if bias is not None else 0)
+    prep = _PREPARED.get(_key(x, q, N, one_mul, out, bias, None, None, bm, None, "wgmma", False, False, split, elem,
+                              not ptrs & 15))
     return prep if prep is not None and prep.plan else None
 
 

@@ -88,6 +88,19 @@ def test_direct_launch_keys_on_every_specialisation(monkeypatch):
     with triton_launch_only():  # off: Triton's path every time
         launcher((1,), (aligned, 32, 5), (("A", 1),), 4)
     assert len(jit_calls) == 2 + len(variants)
+    # args_launch keeps one ArgsLaunch a specialisation; private_args_launch makes a new one each time (its block
+    # its caller's), leaving the kept one; neither before the specialisation ran, nor with direct launches off
+    made = []
+    monkeypatch.setattr(launch.ArgsLaunch, "make", classmethod(lambda cls, k, a, g: made.append(k) or object()))
+    spec = ((1,), (aligned, 64, 9), (("A", 5),), 4)
+    assert launcher.args_launch(*spec) is None and launcher.private_args_launch(*spec) is None and not made
+    launcher(*spec)
+    kept = launcher.args_launch(*spec)
+    assert kept is not None and launcher.args_launch(*spec) is kept and len(made) == 1
+    own = [launcher.private_args_launch(*spec) for _ in range(2)]
+    assert len(made) == 3 and len({id(o) for o in own + [kept]}) == 3 and launcher.args_launch(*spec) is kept
+    with triton_launch_only():
+        assert launcher.args_launch(*spec) is None and launcher.private_args_launch(*spec) is None
 
 
 def test_launch_grid_limits():

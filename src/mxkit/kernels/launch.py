@@ -131,12 +131,9 @@ class _Launcher:
             return
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
 
-    def args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
-        """The :class:`ArgsLaunch` of the specialisation these arguments hit (made here where the hit has none yet),
-        after at least one call of it: a caller that keeps it launches later calls of the same specialisation
-        (argument kinds, dtypes, 16-byte alignment of every pointer, the same ints) with one ``fast(grid, args)``
-        and none of this launcher's per-call key. None where direct launches or ArgsLaunch are off, the kernel is
-        not compiled for these arguments yet, or the launch cannot be derived."""
+    def _hit(self, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+        """(key, cache entry) of the specialisation these arguments hit, or None where direct launches or ArgsLaunch
+        are off or the kernel is not compiled for them yet."""
         fn = getattr(self.module, self.name)
         if not (_enabled and _ARGS_LAUNCH and isinstance(fn, triton.runtime.JITFunction)
                 and direct_launch_supported()):
@@ -144,9 +141,18 @@ class _Launcher:
         _, ok, _, _ = self._meta(fn)
         key = self._key(args, consts, num_warps, consts_key)
         hit = self.cache.get(key) if ok else None
-        if hit is None:
+        return None if hit is None else (key, hit)
+
+    def args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+        """The :class:`ArgsLaunch` of the specialisation these arguments hit (made here where the hit has none yet),
+        after at least one call of it: a caller that keeps it launches later calls of the same specialisation
+        (argument kinds, dtypes, 16-byte alignment of every pointer, the same ints) with one ``fast(grid, args)``
+        and none of this launcher's per-call key. None where direct launches or ArgsLaunch are off, the kernel is
+        not compiled for these arguments yet, or the launch cannot be derived."""
+        got = self._hit(args, consts, num_warps, consts_key)
+        if got is None:
             return None
-        k, full_consts, fast = hit
+        key, (k, full_consts, fast) = got
         if fast is None:
             fast = ArgsLaunch.make(k, args, grid) or False
             self.cache[key] = (k, full_consts, fast)
@@ -155,13 +161,8 @@ class _Launcher:
     def private_args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
         """A new :class:`ArgsLaunch` of the specialisation these arguments hit (after at least one call of it), its
         parameter block its caller's alone (:meth:`ArgsLaunch.with_outputs`); None as :meth:`args_launch`."""
-        fn = getattr(self.module, self.name)
-        if not (_enabled and _ARGS_LAUNCH and isinstance(fn, triton.runtime.JITFunction)
-                and direct_launch_supported()):
-            return None
-        _, ok, _, _ = self._meta(fn)
-        hit = self.cache.get(self._key(args, consts, num_warps, consts_key)) if ok else None
-        return None if hit is None else ArgsLaunch.make(hit[0], args, grid)
+        got = self._hit(args, consts, num_warps, consts_key)
+        return None if got is None else ArgsLaunch.make(got[1][0], args, grid)
 
     def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
         """A :class:`~mxkit.kernels.cuda_driver.BoundLaunch` of the kernel this launcher ran for exactly these

@@ -107,34 +107,35 @@ def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     return y
 
 
+def _sum_launch_args(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor) -> Optional[tuple]:
+    """(grid, arguments, constexprs) of the sum of part into y that just ran on part's device, the current one;
+    None where no prepared launch is made (not CUDA, another device current, nothing to add)."""
+    S, M, N = part.shape
+    MN = M * N
+    if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
+        return None
+    return ((triton.cdiv(MN, BLOCK),), (part, bias if bias is not None else part, y, MN, N),
+            _consts(S, bias is not None, y.dtype))
+
+
 def split_sum_launch(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor) -> tuple:
     """(the kernel's ArgsLaunch, its grid) for later :func:`split_sum` calls of the problem (part's shape, bias or
     not, y's dtype) that just ran with these tensors: ``fast(grid, (part, bias or part, y, M * N, N))`` launches one
     on new tensors of the same dtypes, shapes and 16-byte alignment, without the checks. (False, None) where it
     cannot be made (direct launches off, another device current)."""
-    S, M, N = part.shape
-    MN = M * N
-    if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
-        return False, None
-    consts = _consts(S, bias is not None, y.dtype)
-    grid = (triton.cdiv(MN, BLOCK),)
-    fast = _launch.args_launch(grid, (part, bias if bias is not None else part, y, MN, N), consts, WARPS)
-    return (fast, grid) if fast else (False, None)
+    got = _sum_launch_args(part, bias, y)
+    fast = _launch.args_launch(got[0], got[1], got[2], WARPS) if got else None
+    return (fast, got[0]) if fast else (False, None)
 
 
-def split_sum_plan(part: torch.Tensor, bias: Optional[torch.Tensor], out: torch.dtype):
-    """A C++ fast call of the sum for the problem (part's shape, bias or not, ``out``) of a :func:`split_sum` that
-    just ran on part's device, the current one: ``call(part)`` (``call(part, bias)`` with a bias) -> y, on new
-    tensors of the same dtypes, shapes and 16-byte alignment, without the checks; its launch its own (ints
-    bound once). None where it cannot be made (direct launches off, another device current, the C++ module not
-    loaded)."""
-    S, M, N = part.shape
-    MN = M * N
-    if not part.is_cuda or part.device.index != torch.cuda.current_device() or not MN:
+def split_sum_plan(part: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor):
+    """A C++ fast call of the sum for the problem (part's shape, bias or not, y's dtype) of a :func:`split_sum`
+    that just ran into y: ``call(part)`` (``call(part, bias)`` with a bias) -> a new y, on new tensors of the same
+    dtypes, shapes and 16-byte alignment, without the checks; its launch its own (ints bound once). None where it
+    cannot be made (direct launches off, another device current, the C++ module not loaded)."""
+    got = _sum_launch_args(part, bias, y)
+    priv = _launch.private_args_launch(got[0], got[1], got[2], WARPS) if got else None
+    if priv is None:
         return None
-    y = torch.empty(M, N, dtype=out, device=part.device)
-    grid = (triton.cdiv(MN, BLOCK),)
-    args = (part, bias if bias is not None else part, y, MN, N)
-    priv = _launch.private_args_launch(grid, args, _consts(S, bias is not None, out), WARPS)
     roles = (0, 1 if bias is not None else 0, -1, None, None)
-    return priv.with_outputs(args, roles, (((M, N), out, False),), 2 if bias is not None else 1) if priv else None
+    return priv.with_outputs(got[1], roles, ((tuple(y.shape), y.dtype, False),), 2 if bias is not None else 1)

@@ -891,7 +891,7 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     prep.launch(x, rest, aligned)
     y_out = y if split == 1 else prep.sum(y, final_bias)
     if prep.plan is None and prep.dense and prep.fast and (split == 1 or prep.sum_launch) and launch._enabled:
-        prep.make_plan(x, rest, bias if split == 1 else final_bias)
+        prep.make_plan(x, rest, bias if split == 1 else final_bias, y_out)
     return y_out
 
 
@@ -1016,9 +1016,9 @@ class _Prepared:
             self.sum_launch = (fast_sum, grid) if fast_sum else False  # (one attribute: threads see both or neither)
         return y
 
-    def make_plan(self, x: torch.Tensor, rest: tuple, bias: Optional[torch.Tensor]) -> None:
+    def make_plan(self, x: torch.Tensor, rest: tuple, bias: Optional[torch.Tensor], y: torch.Tensor) -> None:
         """Make the C++ fast calls of this dense problem from a call's arguments that just ran (x, the arguments
-        after its descriptor, the call's bias): ``plan`` (and with a split ``sum_plan``, set first), or False where
+        after its descriptor, the call's bias, its output): ``plan`` (and with a split ``sum_plan``, set first), or False where
         they cannot be made; nothing while the C++ module is not loaded yet, or on another device than the
         current one."""
         from ..cuda_driver import fast_call_loaded
@@ -1037,7 +1037,7 @@ class _Prepared:
             (((self.split, M, self.n_out), torch.float32, False),)
         plan = priv.with_outputs(args, roles, outs, 4 if with_bias else 3) if priv else None
         if plan and self.split > 1:
-            sum_plan = split_sum_plan(rest[2], bias, self.out)
+            sum_plan = split_sum_plan(rest[2], bias, y)
             if not sum_plan:
                 plan = None
             self.sum_plan = sum_plan or False

@@ -1018,9 +1018,9 @@ class _Prepared:
 
     def make_plan(self, x: torch.Tensor, rest: tuple, bias: Optional[torch.Tensor], y: torch.Tensor) -> None:
         """Make the C++ fast calls of this dense problem from a call's arguments that just ran (x, the arguments
-        after its descriptor, the call's bias, its output): ``plan`` (and with a split ``sum_plan``, set first), or False where
-        they cannot be made; nothing while the C++ module is not loaded yet, or on another device than the
-        current one."""
+        after its descriptor, the call's bias, its output): ``plan`` (and with a split ``sum_plan``, set first), or
+        False where they cannot be made; nothing while the C++ module is not loaded yet, or on another device than
+        the current one."""
         from ..cuda_driver import fast_call_loaded
 
         if not fast_call_loaded() or x.device.index != torch.cuda.current_device():

@@ -1599,8 +1599,8 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     call, its launch prepared per problem: one cuLaunchKernel from the problem's second call, x's TMA descriptor
     encoded from x alone, and the split's sum): the bytes of Triton's own launcher (launch.triton_launch_only) call
     after call with new data, at split-K M's and one without a split taking turns, 3-D a, without a bias and with a
-    float32 or a bf16 one (converted each call), into poisoned memory; within the float64 bound; the calls' prepared
-    launches made and taken."""
+    float32 or a bf16 one (read as it is: the bytes of its float32 copy), into poisoned memory; within the float64
+    bound; the calls' prepared launches made and taken."""
     from conftest import poison_allocator
 
     from mxkit.kernels import launch
@@ -1614,10 +1614,11 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
     if not Ms:
         pytest.skip("this GPU's dispatch table takes no 8192 x 8192 layer to the wgmma paths")
     wg._PREPARED.clear()
-    bias = torch.randn(N, generator=rng).cuda()
+    bias16 = torch.randn(N, generator=rng).to(torch.bfloat16).cuda()
+    bias = bias16.float() * (1 + 2.0**-12)  # (float32 values off the bf16 grid)
     for i in range(4):
         for M in Ms:
-            for b in (None, bias, bias.to(torch.bfloat16)):
+            for b in (None, bias, bias16):
                 a = torch.randn(2, M // 2, K, generator=rng).to(torch.bfloat16).cuda()
                 with launch.triton_launch_only():
                     want = mxkit.matmul(a, pw, bias=b)
@@ -1625,6 +1626,9 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
                 got = mxkit.matmul(a, pw, bias=b)
                 assert got.shape == (2, M // 2, N) and torch.equal(got.view(torch.int16), want.view(torch.int16)), \
                     (M, i, b is None)
+                if b is bias16:  # (read as float32: exact)
+                    y32 = mxkit.matmul(a, pw, bias=bias16.float())
+                    assert torch.equal(got.view(torch.int16), y32.view(torch.int16)), (M, i)
                 if i == 3 and M == Ms[0]:
                     assert_within_bound(got, a, pw, b)
     calls = [c for c in pw._calls.values() if isinstance(c, kc.WgmmaCall)]  # (no bias, float32 and bf16 bias)
@@ -1637,13 +1641,14 @@ def test_gpu_wgmma_prepared_call_is_tritons_launch(fmt, rng, poison):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("M,with_bias", [(64, False), (64, True), (2048, False), (2048, True)])
-def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, with_bias, rng, poison):
+@pytest.mark.parametrize("M,bias_dtype", [(64, None), (64, torch.float32), (64, torch.bfloat16), (2048, None),
+                                          (2048, torch.float32), (2048, torch.bfloat16)])
+def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, bias_dtype, rng, poison):
     """w4a16_wgmma's dense problems from their third call: one C++ fast call (the three TMA descriptors re-addressed
     to each call's x, weight codes and scales; y allocated in C++), with a split a second one for the sum: the
     bytes of Triton's own launcher call after call on new x at new addresses, two weights of one shape taking
-    turns (the descriptors follow the weight), a float32 bias on the main launch or the sum, into poisoned memory;
-    within the float64 bound; the plans made; a CUDA graph of the call replays new x to the eager bytes."""
+    turns (the descriptors follow the weight), a float32 or bf16 bias on the main launch or the sum (a bf16 one:
+    the bytes of its float32 copy), into poisoned memory; within the float64 bound; the plans made; a CUDA graph of the call replays new x to the eager bytes."""
     from conftest import poison_allocator
 
     from mxkit.kernels import launch
@@ -1656,7 +1661,7 @@ def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, with_bias
            for _ in range(2)]
     packed = [wg.packed_of(pw) for pw in pws]
     bm, split = wg.dense_schedule(M, N, K, torch.device("cuda"))
-    bias = torch.randn(N, generator=rng).cuda() if with_bias else None
+    bias = torch.randn(N, generator=rng).to(bias_dtype).cuda() if bias_dtype else None
     wg._PREPARED.clear()
     kept = []  # (the inputs stay alive: each call's x at a new address)
 
@@ -1674,6 +1679,11 @@ def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, with_bias
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (M, i)
         if i == 5:
             assert_within_bound(got, x, pws[1], bias)
+    if bias_dtype == torch.bfloat16:
+        q, st, one = packed[1]
+        with launch.triton_launch_only():
+            y32 = wg.w4a16_wgmma(x, q, st, N, one, torch.bfloat16, bias.float(), bm=bm, split=split)
+        assert torch.equal(got.view(torch.int16), y32.view(torch.int16))
     prep, = [p for p in wg._PREPARED.values() if p.dense and p.plan is not None]
     assert prep.plan and (split == 1 or (prep.split == split and prep.sum_plan)), (prep.plan, split)
     static = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()

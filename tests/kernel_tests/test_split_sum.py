@@ -1,7 +1,7 @@
 """The split-K reduction kernel (``kernels/matmul_details/_split_sum.py``) against its reference twin, byte for
-byte: random partials of 1-8 planes with and without a bias into bfloat16 / float16 / float32, plus crafted
-values (bf16 / fp16 rounding ties, sums past the output's range, +-inf, NaN, -0.0 + -0.0, float32 denormals).
-On the GPU every output dtype; under the CPU interpreter float16 and float32 only (its float32 -> bfloat16
+byte: random partials of 1-8 planes with and without a bias (float32 or bf16) into bfloat16 / float16 / float32,
+plus crafted values (bf16 / fp16 rounding ties, sums past the output's range, +-inf, NaN, -0.0 + -0.0, float32
+denormals). On the GPU every output dtype; under the CPU interpreter float16 and float32 only (its float32 -> bfloat16
 conversion truncates, where the GPU's rounds to nearest even), NaN there to NaN positions only (PyTorch's CPU
 conversion writes 0x7fc0, the GPU's, like the kernel's, its own canonical NaN)."""
 
@@ -40,6 +40,7 @@ def _cases(g: torch.Generator):
             bias = torch.randn(N, generator=g) * 4
             yield f"S={S} {M}x{N}", part, None
             yield f"S={S} {M}x{N} bias", part, bias
+            yield f"S={S} {M}x{N} bf16 bias", part, bias.to(torch.bfloat16)
         yield f"S={S} crafted", _crafted(S, 24), None
         yield f"S={S} crafted bias", _crafted(S, 24), torch.linspace(-1, 1, 24)
     yield "no rows", torch.randn(3, 0, 16, generator=g), None
@@ -89,7 +90,8 @@ def test_reference_adds_in_order():
     (lambda: (torch.randn(2, 4, 3).transpose(1, 2), None, torch.bfloat16), "contiguous"),
     (lambda: (torch.randn(0, 3, 4), None, torch.bfloat16), "S >= 1"),
     (lambda: (torch.randn(2, 3, 4), torch.randn(5), torch.bfloat16), "bias"),
-    (lambda: (torch.randn(2, 3, 4), torch.randn(4, dtype=torch.bfloat16), torch.bfloat16), "bias"),
+    (lambda: (torch.randn(2, 3, 4), torch.randn(4, dtype=torch.float16), torch.bfloat16), "bias"),
+    (lambda: (torch.randn(2, 3, 4), torch.randn(8)[::2], torch.bfloat16), "bias"),
     (lambda: (torch.randn(2, 3, 4), None, torch.int8), "out"),
 ])
 def test_bad_input_raises(bad, match):

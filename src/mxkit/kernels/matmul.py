@@ -104,7 +104,7 @@ from .matmul_details._envelope import (
     scale_stats,
 )
 from .matmul_details._cublas import dense_gemm, fp32_gemm
-from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, f32_bias, plain, run_a8w8
+from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, kernel_bias, plain, run_a8w8
 
 __all__ = ["GemmPlan", "PATHS", "plan_gemm", "run_gemm", "pack_weight",
            "exact_scale_range", "FOLD_EXP_LIMIT", "check_bias", "a8w8_linear", "DecodeConfig", "gemm_table",
@@ -680,7 +680,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed) if packed is not None else wg.pack_wgmma(w.qdata, w.scale)
         bm, split = wg.dense_schedule(M, N, K, x.device)
-        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, f32_bias(bias), bm=bm, split=split).reshape(*lead, N)
+        return wg.w4a16_wgmma(x, q, st, N, one_mul, out, kernel_bias(bias), bm=bm, split=split).reshape(*lead, N)
     elif path == "w8a16-wgmma":
         from .matmul_details import _w4a16_wgmma as wg
 
@@ -691,7 +691,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
             x = x.clone(memory_format=torch.contiguous_format)
         q, st, one_mul = wg.packed_of(packed)
         bm, split = wg.dense_schedule(M, N, K, x.device)
-        y = wg.w4a16_wgmma(x, q, st, N, one_mul, out, f32_bias(bias), bm=bm, split=split,
+        y = wg.w4a16_wgmma(x, q, st, N, one_mul, out, kernel_bias(bias), bm=bm, split=split,
                            elem=wg.FP8_ELEMS[w.fmt.name])
         if kind == "mx":  # rows of a whose values bf16 does not hold exactly: recomputed
             from .matmul_details._row_fixup import fixup

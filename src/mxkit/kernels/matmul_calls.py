@@ -25,8 +25,8 @@ from . import launch
 from .cuda_driver import fast_call_loaded
 from .matmul import GemmPlan, _a8w8_ok, _a8w8_quant_max_m, _twin, check_bias, plan_gemm, run_gemm
 from .matmul_details._cublas import exact_cublas
-from .matmul_details._mma_calls import (UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on, f32_bias,
-                                        plain)
+from .matmul_details._mma_calls import (UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on,
+                                        kernel_bias, plain)
 from .matmul_table import _table_token, _token_stack
 
 __all__ = ["prepared_call", "prepared_call_mx", "prepared_call_a8w8", "prepared_call_quantize_fold"]
@@ -271,10 +271,10 @@ class WgmmaCall:
     """The w4a16-wgmma / w8a16-wgmma path (prefill) of one (packed weight, shape and strides of a float a, out
     dtype, bias or not), on CUDA: the weight in the kernel's layout, the tile size and split-K fixed once
     (:func:`~mxkit.kernels.matmul_details._w4a16_wgmma.dense_schedule`); each call is one ``w4a16_wgmma`` on a's
-    rows (the bias as float32, converted where it is not), whose launch is prepared per problem (from the problem's
-    third call one C++ fast call, plus the split's fixed-order sum), which this call runs directly once made:
-    :func:`run_gemm`'s launches and bytes without its per-call dispatch. A call on rows (or a float32 bias) not
-    16-byte aligned (TMA, and the launch's specialisation) runs :func:`run_gemm`."""
+    rows (a float32 or bf16 bias as it is, another converted to float32), whose launch is prepared per problem
+    (from the problem's third call one C++ fast call, plus the split's fixed-order sum), which this call runs
+    directly once made: :func:`run_gemm`'s launches and bytes without its per-call dispatch. A call on rows (or a
+    bias) not 16-byte aligned (TMA, and the launch's specialisation) runs :func:`run_gemm`."""
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         from .matmul_details import _w4a16_wgmma as wg
@@ -293,7 +293,7 @@ class WgmmaCall:
         p, wg = self.plan, self.wg
         flat = a.dim() == 2
         x = a if flat else a.reshape(p.M, p.K)
-        b32 = f32_bias(bias)  # (the kernel reads a float32 bias; the key of this call fixes its dtype and shape)
+        b32 = kernel_bias(bias)  # (float32 or bf16 as it is; the key of this call fixes its dtype and shape)
         ptrs = x.data_ptr() | (b32.data_ptr() if b32 is not None else 0)
         prep = self.prep
         # (the problem as prepared: x's strides, 16-byte aligned rows and bias, the settings, the device: one C++ call)

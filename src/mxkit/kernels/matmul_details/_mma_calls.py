@@ -196,16 +196,10 @@ class MmaCall:
         return (ldx, bias_flag(bias))
 
 
-def f32_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the Triton GEMM kernels read it: float32, contiguous (converted only where it is not)."""
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
-    return bias
-
-
 def kernel_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the CUDA C++ kernels read it: float32 or bf16 as it is where contiguous (a bf16 bias needs no
-    conversion launch: :func:`._mma_decode.bias_flag`), else converted to float32, contiguous."""
+    """The bias as the CUDA C++ kernels and the wgmma kernel (with its split sum) read it: float32 or bf16 as it
+    is where contiguous (a bf16 bias needs no conversion launch: :func:`._mma_decode.bias_flag`; both kernels
+    widen it to float32, exact), else converted to float32, contiguous."""
     if bias is not None and (bias.dtype not in (torch.float32, torch.bfloat16) or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     return bias

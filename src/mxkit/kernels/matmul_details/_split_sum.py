@@ -1,7 +1,7 @@
 """The reduction of a split-K GEMM's float32 partial sums in one kernel: part [S, M, N] -> y [M, N] =
 round(((part[0] + part[1]) + ...) + part[S - 1] + bias), each element's S partials added in order s = 0, 1, ...
-in float32 (the same bits every run, whatever the grid), then the bias (float32 [N], optional), then one
-rounding to y's dtype (round to nearest even, as ``Tensor.to``).
+in float32 (the same bits every run, whatever the grid), then the bias (float32 or bfloat16 [N], optional, read as
+float32: exact), then one rounding to y's dtype (round to nearest even, as ``Tensor.to``).
 
 Its reference twin is :func:`split_sum_reference` (``torch`` ops, the same order, so the same bytes on the GPU).
 The W4A16 / W8A16 wgmma kernel splits K 2-8 ways where its tiles give too few programs (``dense_schedule``: M up
@@ -24,6 +24,7 @@ import triton.language as tl
 from ..launch import _Launcher
 
 OUT_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+BIAS_DTYPES = (torch.float32, torch.bfloat16)  # (a bf16 bias read as it is: no conversion launch, the same sums)
 BLOCK = 1024
 WARPS = 4
 
@@ -41,7 +42,7 @@ def _split_sum_kernel(part_ptr, bias_ptr, y_ptr, MN, N, SPLIT: tl.constexpr, HAS
         p += MN  # (a pointer step: no 32-bit product s * MN)
         acc += tl.load(p, mask=ok, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0)
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     if OUT == 0:
         out = acc.to(tl.bfloat16)
     elif OUT == 1:
@@ -61,23 +62,24 @@ def _check(part: torch.Tensor, bias: Optional[torch.Tensor], out: torch.dtype) -
         raise ValueError("part: at least one partial sum (S >= 1)")
     if out not in OUT_DTYPES:
         raise ValueError(f"out: one of {list(OUT_DTYPES)}, got {out}")
-    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (part.shape[2],) or
+    if bias is not None and (bias.dtype not in BIAS_DTYPES or bias.shape != (part.shape[2],) or
                              not bias.is_contiguous() or bias.device != part.device):
-        raise ValueError(f"bias: a contiguous float32 [{part.shape[2]}] tensor on {part.device}, got "
+        raise ValueError(f"bias: a contiguous float32 or bfloat16 [{part.shape[2]}] tensor on {part.device}, got "
                          f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
 
 
 def split_sum_reference(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
                         out: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """y [M, N] (``out``) of part float32 [S, M, N]: the partials added in order s = 0 .. S - 1 in float32, then
-    ``bias`` (float32 [N] or None), then one rounding to ``out``. Raises ValueError on another dtype, rank or
-    layout of ``part`` / ``bias``, S = 0 or an ``out`` outside bfloat16 / float16 / float32."""
+    ``bias`` (float32 or bfloat16 [N], contiguous, or None; a bf16 one read as float32), then one rounding to
+    ``out``. Raises ValueError on another dtype, rank or layout of ``part`` / ``bias``, S = 0 or an ``out``
+    outside bfloat16 / float16 / float32."""
     _check(part, bias, out)
     acc = part[0].clone()
     for s in range(1, part.shape[0]):
         acc += part[s]
     if bias is not None:
-        acc += bias
+        acc += bias.to(torch.float32)
     return acc.to(out)
 
 

@@ -8,8 +8,8 @@ weight never goes through shared memory. Per step, one TMA brings each of x [BM,
 the 16 weight bytes of its wgmma A fragment (two 8-byte loads), decodes them to bf16 in registers (exact:
 E2M1 value times 2^-126 by placing its bits in a bf16, then times 2^126 and the block factor 2^(s - 127),
 or times 2^(s - 1) at once when every scale byte is <= 128), and issues the step's wgmma while it decodes
-the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32) is added to the
-accumulator and the output rounded once.
+the next step's weight (one wgmma group in flight). Float32 accumulation; the bias (float32, or bf16 read as
+float32) is added to the accumulator and the output rounded once.
 
 Schedule: warp-specialized (dense calls, and grouped ones of >= 128-token blocks): one producer warp issues the
 TMA loads of each step once the 8 consumer warps free its slot (``empty`` mbarriers); the consumers only wait,
@@ -489,7 +489,8 @@ def _kernel():
         n_o = off_n + gl.arange(0, BNc, layout=gl.SliceLayout(1, ACC))
         m_o = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
         if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + (row0 - off_n) + n_o, mask=n_o < N, other=0.0), 1)
+            b = gl.load(b_ptr + (row0 - off_n) + n_o, mask=n_o < N, other=0.0).to(gl.float32)  # (bf16: exact)
+            acc = acc + gl.expand_dims(b, 1)
         n2 = gl.expand_dims(n_o, 1) + gl.zeros([BNc, BM], gl.int32, ACC)
         m2 = gl.expand_dims(m_o, 0) + gl.zeros([BNc, BM], gl.int32, ACC)
         if ACT != 0 and MMA:
@@ -827,8 +828,9 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
                 bm: Optional[int] = None, activation: Optional[str] = None, layout: str = "wgmma",
                 perm_out: bool = False, starts: bool = False, split: int = 1, elem: str = "e2m1") -> torch.Tensor:
     """y [M, N] (``out``: bfloat16 / float16 / float32) = x [M, K] (bf16, rows contiguous, 16-byte aligned) @
-    W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 [N] or None, added before the one
-    rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
+    W.T for the weight (q, st) of :func:`pack_wgmma`; ``bias`` float32 or bfloat16 [N] (contiguous; a bf16 one
+    read as float32, so the same bytes as its float32 copy, with no conversion launch) or None, added before the
+    one rounding. The caller checks :func:`available`, :func:`shape_ok` and that the weight's scale bytes keep
     every value exact in bf16.
 
     Grouped (MoE experts; ``expert_ids`` given): (q, st) are E experts of N rows each, packed as one [E * N, K]
@@ -913,8 +915,8 @@ def _key(x, q, N, one_mul, out, bias, y, expert_ids, bm, activation, layout, per
 def dense_prepared(x: torch.Tensor, q: torch.Tensor, N: int, one_mul: bool, out: torch.dtype, bm: int, split: int,
                    elem: str, bias: Optional[torch.Tensor] = None) -> Optional["_Prepared"]:
     """The prepared launch of a dense :func:`w4a16_wgmma` call (no y, experts or activation; this module's
-    layout; ``bias`` float32 [N] or None) on an aligned x (and bias) as these arguments make it, if one was made
-    and holds its C++ fast call (:meth:`_Prepared.run_dense` then runs such calls); else None."""
+    layout; ``bias`` float32 or bfloat16 [N] or None) on an aligned x (and bias) as these arguments make it, if one
+    was made and holds its C++ fast call (:meth:`_Prepared.run_dense` then runs such calls); else None."""
     ptrs = x.data_ptr() | (bias.data_ptr() if bias is not None else 0)
     prep = _PREPARED.get(_key(x, q, N, one_mul, out, bias, None, None, bm, None, "wgmma", False, False, split, elem,
                               not ptrs & 15))

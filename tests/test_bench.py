@@ -384,6 +384,39 @@ def test_unavailable_and_failing_impls_become_rows():
     assert all(rows[k].us is None and rows[k].gbps is None for k in ("gone", "crash", "compiled-crash", "skip"))
 
 
+def test_unbounded_peer_reports_its_error_without_a_check():
+    """A peer of other numerics (``bounded=False``: ``scaled-mm-fp8``, FP8 rowwise casts of the MX values) keeps
+    its error and no check or bound, where a bounded impl past the same bound is FAIL."""
+    from mxkit.bench import gemm as bg
+
+    class Case:  # the attributes bench_case reads, a numerics check that always misses its bound
+        op, fmt_name, label, dtype, note, flops = "ready", "w4a16", "1x8x32", BF16, "", 16
+
+        def invalid_reason(self):
+            return None
+
+        def nbytes(self):
+            return 64
+
+        def make_inputs(self, ctx):
+            return None
+
+        def expected(self, inputs):
+            return None
+
+        def check(self, out, expected):
+            return {"err": 0.04, "err_bound": 0.002, "check": "FAIL"}
+
+    Impl = timing.Impl
+    make = lambda c, i, x: lambda: None  # noqa: E731
+    impls = {"mxkit": Impl("mxkit", make, checked=True), "fp8": Impl("fp8", make, checked=True, bounded=False)}
+    rows = {r.impl: r for r in timing.bench_case(Case(), _ctx(impls=tuple(impls)), impls)}
+    assert (rows["mxkit"].check, rows["mxkit"].err_bound) == ("FAIL", 0.002)
+    assert (rows["fp8"].check, rows["fp8"].err, rows["fp8"].err_bound) == ("", 0.04, None)
+    assert bg.IMPLS["scaled-mm-fp8"].bounded is False
+    assert all(i.bounded for n, i in bg.IMPLS.items() if n != "scaled-mm-fp8")
+
+
 def test_invalid_and_skipped_cases():
     f = get_format("mxfp8")
     rows = timing.bench_case(bq.Case("columnwise", f, (48, 64)), _ctx(), bq.IMPLS)

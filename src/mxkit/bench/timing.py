@@ -200,13 +200,16 @@ class Impl:
     ``make(case, inputs, ctx)`` returns the zero-argument callable that is timed, or (callable, dict of Row
     fields such as ``path``). It raises :class:`BenchUnavailable` / ImportError / NotImplementedError when it
     cannot run here (``n/a``); ``skip`` (case → reason or None) marks cases it does not cover. ``compiled``: the
-    first call compiles; ``checked``: its output goes through ``case.check``."""
+    first call compiles; ``checked``: its output goes through ``case.check``; ``bounded`` False: a peer of other
+    numerics (another quantization of the same values), whose error is reported but held to no bound (its
+    ``check`` stays empty, its ``err_bound`` None)."""
 
     name: str
     make: Callable[[Any, Any, "Context"], Any]
     compiled: bool = False
     checked: bool = False
     skip: Callable[[Any], Optional[str]] = lambda case: None
+    bounded: bool = True
 
 
 @dataclass
@@ -258,6 +261,8 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
         if not expected:
             expected.append(case.expected(inputs))
         vars(row).update(case.check(out, expected[0]))
+        if not impl.bounded:
+            row.check, row.err_bound = "", None
     del out
     if ctx.last_shape != case.label:  # the first timing after a new shape read 1.8-3.4x slow (clocks ramping)
         ctx.time_fn(fn)

@@ -285,6 +285,36 @@ def test_build_reuses_the_cached_module(built):
     assert fast_call.build(built.parent) == built
 
 
+def test_mm_t_is_torch_mm_bytes_without_autograd(built):
+    """mm_t(a, w): the backend's mm kernel called directly (here the CPU's, on CUDA cuBLAS's): torch.mm(a, w.t())'s
+    bytes for float32 / bf16, strided a and w, a new contiguous y made like a Plan's outputs (the fast allocator
+    learned from the first) and no autograd record; bad operands raise."""
+    from mxkit.kernels import matmul_calls as kc
+
+    mod = fast_launch.load(built, "_mxkit_fast_call")
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for dtype in (torch.float32, torch.bfloat16):
+        for a, w in ((torch.randn(7, 96, generator=g), torch.randn(5, 96, generator=g)),
+                     (torch.randn(96, 7, generator=g).t(), torch.randn(5, 192, generator=g)[:, ::2]),
+                     (torch.randn(1, 32, generator=g), torch.randn(33, 32, generator=g))):
+            a, w = a.to(dtype), w.to(dtype)
+            y = mod.mm_t(a, w)
+            want = torch.mm(a, w.t())
+            assert y.shape == want.shape and y.dtype == dtype and y.is_contiguous()
+            assert torch.equal(y.view(-1).view(torch.uint8), want.contiguous().view(-1).view(torch.uint8))
+            assert torch.equal(kc._mm_t_twin(a, w), want)
+    before = mod.fast_alloc_count()
+    a = torch.randn(4, 64, requires_grad=True)
+    y = mod.mm_t(a, torch.randn(3, 64))
+    assert not y.requires_grad and y.grad_fn is None and mod.fast_alloc_count() == before + 1
+    for bad in ((torch.randn(4, 64), torch.randn(3, 32)), (torch.randn(4, 64), torch.randn(3, 64).double()),
+                (torch.randn(2, 4, 64), torch.randn(3, 64))):
+        with pytest.raises(ValueError, match="mm_t"):
+            mod.mm_t(*bad)
+    with pytest.raises(TypeError, match="mm_t"):
+        mod.mm_t(torch.randn(4, 64))
+
+
 @pytest.mark.parametrize("kind", ["decode-mma", "a8w8 in-kernel", "w8a16-mma"])
 def test_prepared_calls_expect_the_ld_their_launch_publishes(kind):
     """A prepared decode call makes its fast call only from a launch bound at its own row stride and bias dtype:

@@ -1522,6 +1522,7 @@ def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
     3-D a, N % 16 != 0 (the fold path's padding: no prepared call); and under a CUDA graph."""
     from conftest import assert_graph_replays, poison_allocator
 
+    from mxkit.kernels import fast_call
     from mxkit.kernels import matmul_calls as kc
 
     K = 2880
@@ -1553,6 +1554,8 @@ def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
         assert path in kind, path
         calls = [c for c in pw._calls.values() if isinstance(c, kind[path])]
         assert calls and calls[-1].fix is not None, "the prepared launches were not made"
+        if path == "bf16-exact":  # (cuBLAS through the C++ fast call's mm_t)
+            assert calls[-1].mm is getattr(fast_call.module(), "mm_t", kc._mm_t_twin)
     static = fresh(5)
     assert_graph_replays(lambda q, s: mxkit.matmul(MXTensor(q, s, static.fmt, static.axis, 32, static.shape), pw),
                          [static.qdata, static.scale], lambda: (lambda q: [q.qdata, q.scale])(fresh(5)))
@@ -1569,10 +1572,12 @@ def test_gpu_mx_prepared_calls_are_run_gemms_bytes(fa, fw, rng, poison):
 @gpu
 def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
     """bf16 a times a PackedWeight on the dense-exact path, eager (``DenseExactCall``: the weight dequantized by
-    the dequantize kernel's C++ fast call, then cuBLAS): run_gemm's bytes call after call with new data; with a
-    bias (run_gemm each call) too."""
-    from conftest import poison_allocator
+    the dequantize kernel's C++ fast call, then cuBLAS through the fast call's ``mm_t``): run_gemm's bytes call
+    after call with new data, 2-D and 3-D a; with a bias (run_gemm each call) too; a CUDA graph of the call replays
+    new a to the eager bytes."""
+    from conftest import assert_graph_replays, poison_allocator
 
+    from mxkit.kernels import fast_call
     from mxkit.kernels import matmul_calls as kc
 
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(1024, 1024, generator=rng).cuda(), "mxfp4"))
@@ -1582,13 +1587,20 @@ def test_gpu_dense_exact_prepared_call_is_run_gemms_bytes(rng, poison):
         pytest.skip("this GPU's dispatch table takes no 1024 x 1024 layer to dense-exact")
     bias = torch.randn(1024, generator=rng).cuda()
     for b in (None, bias):
-        for i in range(4):
-            a = torch.randn(M, 1024, generator=rng).to(torch.bfloat16).cuda()
-            want = mxkit.matmul(a, pw, bias=b, backend="triton")
-            poison_allocator()
-            assert torch.equal(mxkit.matmul(a, pw, bias=b), want), (b is None, i)
+        for lead in ((M,), (2, M // 2)):
+            for i in range(4):
+                a = torch.randn(*lead, 1024, generator=rng).to(torch.bfloat16).cuda()
+                want = mxkit.matmul(a, pw, bias=b, backend="triton")
+                poison_allocator()
+                got = mxkit.matmul(a, pw, bias=b)
+                assert got.shape == want.shape and torch.equal(got, want), (b is None, lead, i)
     calls = [c for c in pw._calls.values() if isinstance(c, kc.DenseExactCall)]
-    assert calls and calls[0].deq is not None, "the dequantize fast call was not made"
+    assert len(calls) == 2 and all(c.deq is not None for c in calls), "the dequantize fast call was not made"
+    mod = fast_call.module(wait=True)
+    assert all(c.mm is (mod.mm_t if mod is not None else kc._mm_t_twin) for c in calls)
+    static = torch.randn(M, 1024, generator=rng).to(torch.bfloat16).cuda()
+    assert_graph_replays(lambda x: mxkit.matmul(x, pw), [static],
+                         lambda: [torch.randn(M, 1024, generator=rng).to(torch.bfloat16).cuda()])
 
 
 @pytest.mark.gpu

@@ -24,6 +24,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm_ops.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
@@ -64,6 +65,39 @@ constexpr int kMaxDevices = 64;
 c10::Allocator *learned_alloc[kMaxDevices + 1] = {};  // [device + 1]; CPU at 0
 bool fast_alloc_on = true;
 unsigned long long fast_allocs = 0;  // outputs made by empty_generic (fast_alloc_count(): the tests' check)
+
+/* Makes one call's outputs on one device (dev >= 0: that CUDA device; -1: the CPU): at::zeros where zero-filled,
+ * else at::detail::empty_generic with the learned allocator (learned from the first at::empty output), under one
+ * device guard for all of them. */
+struct OutMaker {
+  at::TensorOptions options;
+  c10::Allocator *alloc = nullptr;
+  c10::DispatchKeySet keys;
+  c10::OptionalDeviceGuard guard;
+  int slot;
+
+  explicit OutMaker(int dev)
+      : options(dev >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)dev)
+                         : at::TensorOptions().device(at::kCPU)),
+        keys(dev >= 0 ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU),
+        slot(dev < kMaxDevices ? dev + 1 : -1) {
+    if (fast_alloc_on && slot >= 0 &&
+        !(at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory()))
+      alloc = learned_alloc[slot];
+    if (alloc != nullptr && dev >= 0) guard.reset_device(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)dev));
+  }
+
+  at::Tensor make(at::IntArrayRef sizes, at::ScalarType dtype, bool zero) {
+    if (zero) return at::zeros(sizes, options.dtype(dtype));
+    if (alloc != nullptr) {
+      ++fast_allocs;
+      return at::Tensor(at::detail::empty_generic(sizes, alloc, keys, dtype, std::nullopt));
+    }
+    at::Tensor t = at::empty(sizes, options.dtype(dtype));
+    if (fast_alloc_on && slot >= 0 && learned_alloc[slot] == nullptr) learned_alloc[slot] = t.storage().allocator();
+    return t;
+  }
+};
 
 struct OutSpec {
   int64_t sizes[kMaxDims];
@@ -311,32 +345,11 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     }
   }
   at::Tensor outs[kMaxOuts];
-  const int dev = self->s.device;
   if (self->s.n_outs > 0) {
-    auto options = dev >= 0 ? at::TensorOptions().device(at::kCUDA, (c10::DeviceIndex)dev)
-                            : at::TensorOptions().device(at::kCPU);
-    const int slot = dev < kMaxDevices ? dev + 1 : -1;
-    c10::Allocator *alloc = nullptr;
-    if (fast_alloc_on && slot >= 0 &&
-        !(at::globalContext().deterministicAlgorithms() &&
-          at::globalContext().deterministicFillUninitializedMemory()))
-      alloc = learned_alloc[slot];
-    const c10::DispatchKeySet keys(dev >= 0 ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
-    c10::OptionalDeviceGuard guard;
-    if (alloc != nullptr && dev >= 0) guard.reset_device(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)dev));
+    OutMaker maker(self->s.device);
     for (int j = 0; j < self->s.n_outs; j++) {
       const OutSpec &o = self->s.outs[j];
-      at::IntArrayRef sizes(o.sizes, o.ndim);
-      if (o.zero) {
-        outs[j] = at::zeros(sizes, options.dtype(o.dtype));
-      } else if (alloc != nullptr) {
-        outs[j] = at::Tensor(at::detail::empty_generic(sizes, alloc, keys, o.dtype, std::nullopt));
-        ++fast_allocs;
-      } else {
-        outs[j] = at::empty(sizes, options.dtype(o.dtype));
-        if (fast_alloc_on && slot >= 0 && learned_alloc[slot] == nullptr)
-          learned_alloc[slot] = outs[j].storage().allocator();
-      }
+      outs[j] = maker.make(at::IntArrayRef(o.sizes, o.ndim), o.dtype, o.zero);
     }
   }
   /* every Python call before the launch: the stream getter may run Python code. The callables are owned for the
@@ -462,6 +475,36 @@ PyObject *fc_init_maps(PyObject *, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* mm_t(a, w) -> a @ w.T: a [M, K] and w [N, K] of one dtype on one device (CUDA, or the CPU: the tests); y [M, N]
+ * contiguous, made like a Plan's outputs. The backend's mm kernel is called directly (mm.out redispatched at the
+ * tensors' backend key: no Python argument parsing, no autograd or other dispatch key on the way), so y holds
+ * torch.mm(a, w.t())'s bytes: the same kernel, the same cuBLAS call, on the current stream, under the cuBLAS
+ * settings in force. No autograd: for callers whose inputs need no gradient. */
+PyObject *fc_mm_t(PyObject *, PyObject *const *args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != 2 || !THPVariable_Check(args[0]) || !THPVariable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "mm_t(a: Tensor, w: Tensor)");
+    return nullptr;
+  }
+  const at::Tensor &a = THPVariable_Unpack(args[0]);
+  const at::Tensor &w = THPVariable_Unpack(args[1]);
+  if (a.dim() != 2 || w.dim() != 2 || a.size(1) != w.size(1) || a.scalar_type() != w.scalar_type() ||
+      a.device() != w.device() || !(a.is_cuda() || a.is_cpu())) {
+    PyErr_SetString(PyExc_ValueError, "mm_t: a [M, K] and w [N, K] of one dtype on one CUDA (or CPU) device");
+    return nullptr;
+  }
+  const int dev = a.is_cuda() ? (int)a.get_device() : -1;
+  at::Tensor y;
+  {
+    OutMaker maker(dev);
+    y = maker.make({a.size(0), w.size(0)}, a.scalar_type(), false);
+  }
+  at::_ops::mm_out::redispatch(c10::DispatchKeySet(dev >= 0 ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU), a,
+                               w.t(), y);
+  return THPVariable_Wrap(std::move(y));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))fc_init, METH_FASTCALL,
      "init(launch function address, stream getter, context binder, error check)"},
@@ -469,6 +512,7 @@ PyMethodDef methods[] = {
      "fast_alloc([flag]) -> the previous flag: outputs allocated without the dispatcher"},
     {"init_maps", fc_init_maps, METH_O, "init_maps(cuTensorMapReplaceAddress address)"},
     {"fast_alloc_count", fc_fast_alloc_count, METH_NOARGS, "fast_alloc_count() -> how many outputs were allocated without the dispatcher"},
+    {"mm_t", (PyCFunction)(void (*)(void))fc_mm_t, METH_FASTCALL, "mm_t(a, w) -> a @ w.T by the backend's mm kernel"},
     {nullptr, nullptr, 0, nullptr},
 };
 

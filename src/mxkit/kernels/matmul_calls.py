@@ -61,17 +61,32 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     return call
 
 
+def _mm_t_twin(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """a @ w.T through PyTorch's Python API: the C++ fast call's ``mm_t`` where the module lacks it."""
+    return a @ w.t()
+
+
+def mm_t_fn():
+    """a @ w.T (a [M, K], w [N, K], one dtype and device; no autograd) for the prepared cuBLAS calls: the C++ fast
+    call's ``mm_t`` where the module is loaded (the backend's mm kernel called directly: torch.mm's kernel and
+    bytes without ~10 µs of Python dispatch on the device hosts), else :func:`_mm_t_twin`."""
+    from .cuda_driver import _fast_call
+
+    return getattr(_fast_call(), "mm_t", None) or _mm_t_twin
+
+
 class DenseExactCall:
     """The dense-exact path of one (packed weight, shape of a), a's dtype out, no bias, on CUDA: the weight
     dequantized to a's dtype by the dequantize kernel's C++ fast call (its problem fixed: made by the first call),
-    then cuBLAS with float32 accumulation (:func:`exact_cublas`): :func:`run_gemm`'s launches and bytes, without
-    its per-call dispatch. A call with a bias, or before the fast call exists (looked for at up to three calls),
-    runs :func:`run_gemm`."""
+    then cuBLAS with float32 accumulation (:func:`exact_cublas`) through the fast call's ``mm_t``
+    (:func:`mm_t_fn`): :func:`run_gemm`'s launches and bytes, without its per-call dispatch. A call with a bias,
+    or before the fast call exists (looked for at up to three calls), runs :func:`run_gemm`."""
 
     def __init__(self, b: PackedWeight, plan: GemmPlan, lead: tuple):
         self.b, self.plan, self.out_shape = b, plan, (*lead, plan.N)
         self.w = plain(b.source)
-        self.deq = None
+        self.mm = _mm_t_twin
+        self.deq = None  # set last (threads: a call that sees it sees mm too)
         self.tries = 0
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -82,11 +97,12 @@ class DenseExactCall:
                 from .quantize import dequantize_fast
 
                 self.tries += 1
+                self.mm = mm_t_fn()
                 self.deq = dequantize_fast(self.w, a.dtype)
             return y
         wb = deq(self.w.qdata, self.w.scale)
         with exact_cublas():
-            y = a.reshape(self.plan.M, self.plan.K) @ wb.t()
+            y = self.mm(a.reshape(self.plan.M, self.plan.K), wb)
         return y.view(self.out_shape)
 
 
@@ -248,20 +264,21 @@ def prepared_call_quantize_fold(x: torch.Tensor, b: PackedWeight, fmt: ElementFo
 
 class Bf16ExactCall(MxBoundCall):
     """The bf16-exact path (:class:`MxBoundCall`): a and the weight dequantized to bf16 by the dequantize
-    kernel's C++ fast calls, cuBLAS with float32 accumulation (:func:`exact_cublas`), the fix-up (a's rows with
-    a scale byte outside the bf16-exact range)."""
+    kernel's C++ fast calls, cuBLAS with float32 accumulation (:func:`exact_cublas`) through the fast call's
+    ``mm_t`` (:func:`mm_t_fn`), the fix-up (a's rows with a scale byte outside the bf16-exact range)."""
 
     def _fast(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         w = self.w
         xa = self.deq_a(q, s)
         with exact_cublas():
-            y = xa.view(self.plan.M, self.plan.K) @ self.deq_w(w.qdata, w.scale).t()
+            y = self.mm(xa.view(self.plan.M, self.plan.K), self.deq_w(w.qdata, w.scale))
         self.fix.run(y, q, s, y, y, self.wq, self.ws, y, y)
         return y.view(self.out_shape)
 
     def _bind(self, a: MXTensor) -> None:
         from .quantize import dequantize_fast
 
+        self.mm = mm_t_fn()
         self.deq_a, self.deq_w = dequantize_fast(a, torch.bfloat16), dequantize_fast(self.w, torch.bfloat16)
         if self.deq_a is not None and self.deq_w is not None:
             self._bind_fixup(a, None, None)

@@ -7,7 +7,9 @@ argument parsing and wrapping) against ~2 for ``at::empty`` from C++, and the is
 quantize, dequantize and decode GEMM hot paths call it where it exists, and otherwise allocate with ``torch.empty``
 and launch through :mod:`~mxkit.kernels.fast_launch`: the same kernel, the same bytes. A Plan may also carry host
 TMA descriptors (the wgmma prefill GEMM's): each call points them at its inputs with ``cuTensorMapReplaceAddress``
-(:func:`maps_supported`), their shapes and strides fixed by the plan.
+(:func:`maps_supported`), their shapes and strides fixed by the plan. ``mm_t(a, w)`` is ``a @ w.T`` by the backend's
+mm kernel called directly (torch.mm's kernel and bytes, no Python argument parsing or autograd), for the prepared
+dense-exact and bf16-exact calls (:func:`mxkit.kernels.matmul_calls.mm_t_fn`).
 
 The module is built against the installed PyTorch's headers and libraries with the host's C++ compiler (about 15 s,
 once per machine and PyTorch build: cached under ``$MXKIT_CACHE_DIR`` like the C fast launch). The build runs in a

@@ -14,8 +14,8 @@ one (``quantize``, ``quantize_fold``, ``quantize_fp8_rowwise``, ``matmul``, ``ge
 Peers (each in its own try; a failing one leaves its error in its row): ``cublas-bf16`` (``torch.matmul`` of
 the bf16 dequantized operands; the × column), ``scaled-mm-fp8`` (``torch._scaled_mm`` on E4M3 casts of those
 with per-row scales: another quantization, so its error is reported and held to no bound), ``dot-scaled``
-(:mod:`mxkit.bench.peers_dot_scaled`, MXFP8×MXFP8, MXFP4×MXFP4, W4A16), ``torchao`` (its emulated MX matmul, MXFP8 / MXFP4 pairs, when importable) and ``reference-compiled``
-(``torch.compile`` of dequantize-then-matmul).
+(:mod:`mxkit.bench.peers_dot_scaled`, MXFP8×MXFP8, MXFP4×MXFP4, W4A16), ``torchao`` (its emulated MX matmul,
+MXFP8 / MXFP4 pairs, when importable) and ``reference-compiled`` (``torch.compile`` of dequantize-then-matmul).
 
 Numerics (every row): rel. error ‖y − y64‖/‖y64‖ against the bound 1.2 × ‖bf16(y64) − y64‖/‖y64‖, y64 the
 float64 product of the dequantized operands on up to 64 random rows (:func:`rel_error`, :func:`error_bound`).

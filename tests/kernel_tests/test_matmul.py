@@ -1660,7 +1660,8 @@ def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, bias_dtyp
     to each call's x, weight codes and scales; y allocated in C++), with a split a second one for the sum: the
     bytes of Triton's own launcher call after call on new x at new addresses, two weights of one shape taking
     turns (the descriptors follow the weight), a float32 or bf16 bias on the main launch or the sum (a bf16 one:
-    the bytes of its float32 copy), into poisoned memory; within the float64 bound; the plans made; a CUDA graph of the call replays new x to the eager bytes."""
+    the bytes of its float32 copy), into poisoned memory; within the float64 bound; the plans made; a CUDA graph
+    of the call replays new x to the eager bytes."""
     from conftest import poison_allocator
 
     from mxkit.kernels import launch

@@ -412,7 +412,7 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
 # under Triton's CPU interpreter
 
 
-def _grouped_fp8_float64(a, sa, w, offs) -> torch.Tensor:
+def _grouped_fp8_float64(a, sa, w, offs, table=None) -> torch.Tensor:
     """``torch._scaled_grouped_mm``'s contract on the CPU: each expert group's rows of a (E4M3) times sa, times
     the expert's folded rows, in float64, rounded once to bf16; rows past the last group NaN (unspecified)."""
     out = torch.full((a.shape[0], w.data.shape[1]), float("nan"), dtype=torch.bfloat16)

@@ -1,6 +1,7 @@
 """The MoE fold paths (:mod:`mxkit.kernels.moe`; issue #22's fold on FP8 tensor cores): W4A8 (FP8 E4M3 rowwise
 activations x MXFP4 / MXFP6 experts folded to E4M3) and MXFP4 x MXFP4 (the tokens and the intermediate quantized
-to MXFP4 and folded, rows that do not fold fixed up on the device), both on ``torch._scaled_grouped_mm``."""
+to MXFP4 and folded, rows that do not fold fixed up on the device), both on the fp8-wgmma grouped GEMM
+(:mod:`mxkit.kernels.matmul_details._fp8_wgmma`; ``torch._scaled_grouped_mm`` where it does not run)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Optional
 import torch
 
 from ...tensor import MXTensor
+from .._env import env
 from ..launch import _Launcher
-from ..matmul_details import _moe_epilogue
+from ..matmul_details import _fp8_wgmma, _moe_epilogue
 from ._rows import _combine, _interleave_halves, gather_rows
 from ._sort import _align_rows, max_blocks
 
@@ -50,10 +52,37 @@ def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[Fo
     return FoldedExperts(data, scale, interleave_halves)
 
 
-def _grouped_fp8(a: torch.Tensor, sa: torch.Tensor, w: FoldedExperts, offs: torch.Tensor) -> torch.Tensor:
+# where the fp8-wgmma kernel runs the grouped GEMMs: from FP8_WGMMA_MIN_ROWS sorted rows a call up to
+# FP8_WGMMA_MAX_ROWS an expert on average. H200, the W4A8 MoE in `mxkit bench moe` against cuBLAS's grouped GEMM
+# (``benchmarks/fp8_wgmma_ab.md``): GPT-OSS-120B at 64 / 1024 / 4096 / 16384 tokens (2 / 32 / 128 / 512 rows an
+# expert) 1.31 / 1.16 / 1.18 / 1.04x faster, but at 1 token (64 rows: 4 tiles of 128 mostly padding) 0.82x, and
+# GPT-OSS-20B at 16384 tokens (2048 rows an expert) 0.96x
+FP8_WGMMA_MIN_ROWS = 256
+FP8_WGMMA_MAX_ROWS = 1024
+
+
+def _tile_table(a: torch.Tensor, offs: torch.Tensor) -> Optional[torch.Tensor]:
+    """The fp8-wgmma kernel's tile table of a call's groups (one for both GEMMs), or None where cuBLAS's grouped
+    GEMM runs them (:func:`_grouped_fp8`): where the kernel does not run (:func:`_fp8_wgmma.available`), and past
+    :data:`FP8_WGMMA_MAX_ROWS` sorted rows an expert or under :data:`FP8_WGMMA_MIN_ROWS` in all unless
+    MXKIT_FP8_WGMMA=1."""
+    if _fp8_wgmma.available(a.device) is not None or a.shape[1] % 16:
+        return None
+    R = a.shape[0]
+    if not FP8_WGMMA_MIN_ROWS <= R <= FP8_WGMMA_MAX_ROWS * offs.numel() and env("MXKIT_FP8_WGMMA") != "1":
+        return None
+    return _fp8_wgmma.tile_table(offs, a.shape[0])
+
+
+def _grouped_fp8(a: torch.Tensor, sa: torch.Tensor, w: FoldedExperts, offs: torch.Tensor,
+                 table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """bf16 (R, N): row r of ``a`` (R, K) float8_e4m3fn times its scale ``sa[r]`` (float32) times expert e's folded
-    rows, for the rows of expert e's group (ending at ``offs[e]``, int32 [E]), by ``torch._scaled_grouped_mm``
-    (CUDA sm_90: float32 accumulation, one rounding); rows past ``offs[-1]`` unspecified."""
+    rows, for the rows of expert e's group (ending at ``offs[e]``, int32 [E]); rows past ``offs[-1]`` unspecified.
+    By mxkit's fp8-wgmma kernel where ``table`` (:func:`_tile_table`) is given, else ``torch._scaled_grouped_mm``
+    (CUDA sm_90): float32 sums promoted every 128 columns, one rounding (the same bytes on GPT-OSS's shapes)."""
+    if table is not None:
+        E, N, K = w.data.shape
+        return _fp8_wgmma.fp8_gemm(a, w.data.view(E * N, K), sa, w.scale.view(E * N), n=N, offs=offs, table=table)
     return torch._scaled_grouped_mm(a, w.data.transpose(1, 2), sa, w.scale, offs=offs, out_dtype=torch.bfloat16)
 
 
@@ -73,8 +102,8 @@ def moe_w4a8_triton(
     """The W4A8 expert computation (TensorRT-LLM's GPT-OSS mode on Hopper) on FP8 tensor cores; reference twin
     :func:`mxkit.moe_reference.moe_w4a8_reference` (MXTensor experts; the same rounding points):
 
-    1. ``h = (xq.data * xq.scale)[token] @ W1[e].T`` by ``torch._scaled_grouped_mm`` on the tokens sorted by
-       expert (padded to 16 rows per expert), rounded once to bf16;
+    1. ``h = (xq.data * xq.scale)[token] @ W1[e].T`` by the fp8-wgmma kernel (``torch._scaled_grouped_mm`` where
+       it does not run) on the tokens sorted by expert (padded to 16 rows per expert), rounded once to bf16;
     2. one pass per row: ``v = act(h + b1[e])`` in float32, then FP8 E4M3 rowwise (:func:`mxkit.quantize_fp8_rowwise`'s
        rule) -> (h8, s2);
     3. ``y = (h8 * s2) @ W2[e].T`` the same way, rounded once to bf16;
@@ -97,7 +126,8 @@ def moe_w4a8_triton(
     ids, eids, pos, offs = _align_rows(topk_ids, E, bm, 0, max_blocks(n, E, bm), offs=True)
     R = ids.numel()
     xa, sa = gather_rows(xq.data, ids, n, k, scale=xq.scale)  # (padding rows: any codes, scale 0)
-    h = _grouped_fp8(xa, sa, w_gate_up, offs)
+    table = _tile_table(xa, offs)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs, table)
     b1 = b_gate_up
     if b1 is not None and w_gate_up.interleaved:
         b1 = _interleave_halves(b1, 1)
@@ -107,7 +137,7 @@ def moe_w4a8_triton(
         _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1),
                       (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
                        ("BLOCK_N", triton.next_power_of_2(N1))), 4)
-    y = _grouped_fp8(h8, s2, w_down, offs)
+    y = _grouped_fp8(h8, s2, w_down, offs, table)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
     if stages is not None:
         stages.update(ids=ids, eids=eids, h=h, h8=h8, s2=s2, y=y, xa=xa, sa=sa)
@@ -177,7 +207,8 @@ def moe_mxfp4_triton(
     R = ids.numel()
     xf = quantize_fold_triton(x, ACT_MXFP4, defer=True)  # (status-1 rows: unspecified until the fix-up)
     xa, sa = gather_rows(xf.folded.data, ids, n, k, scale=xf.folded.scale)  # (padding rows: any codes, scale 0)
-    h = _grouped_fp8(xa, sa, w_gate_up, offs)
+    table = _tile_table(xa, offs)
+    h = _grouped_fp8(xa, sa, w_gate_up, offs, table)
     grouped_fixup(h, xf.source, xf.status, xf.folded.scale, ids, eids, w_gate_up.data, w_gate_up.scale, n_valid=n,
                   top_k=k, gather=True)
     b1 = b_gate_up
@@ -188,7 +219,7 @@ def moe_mxfp4_triton(
               (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
                ("BLOCK_N", triton.next_power_of_2(N1))), 4)
     vf = quantize_fold_triton(v, ACT_MXFP4, defer=True)  # (padding rows: zeros)
-    y = _grouped_fp8(vf.folded.data, vf.folded.scale, w_down, offs)
+    y = _grouped_fp8(vf.folded.data, vf.folded.scale, w_down, offs, table)
     grouped_fixup(y, vf.source, vf.status, vf.folded.scale, ids, eids, w_down.data, w_down.scale, n_valid=n,
                   top_k=k, gather=False)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)

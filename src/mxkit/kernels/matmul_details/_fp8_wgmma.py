@@ -52,18 +52,13 @@ def _kernel():
     gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     KT = gl.constexpr(BK)  # (a module global is no constexpr in a kernel; a closure's constexpr is)
+    launch_order = _w4a16_wgmma._launch_order()
 
     @gluon.jit
     def _tile(tile, t_ptr, M, N, NT, BM: gl.constexpr, BN: gl.constexpr, GROUP: gl.constexpr,
               GROUPED: gl.constexpr):
         # output tile `tile` of the launch order: (expert (-1: an unused table row), first row, end row, first column)
-        grid_n = gl.cdiv(N, BN)
-        grid_m = NT if GROUPED else gl.cdiv(M, BM)
-        per_group = GROUP * grid_n
-        first_m = (tile // per_group) * GROUP
-        rows_m = gl.minimum(grid_m - first_m, GROUP)
-        pid_m = first_m + (tile % per_group) % rows_m
-        pid_n = (tile % per_group) // rows_m
+        pid_m, pid_n = launch_order(tile, NT if GROUPED else gl.cdiv(M, BM), gl.cdiv(N, BN), GROUP)
         if GROUPED:
             e = gl.load(t_ptr + 3 * pid_m)
             m0 = gl.load(t_ptr + 3 * pid_m + 1)

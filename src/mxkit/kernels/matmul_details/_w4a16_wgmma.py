@@ -188,6 +188,22 @@ def _gluon():
     return gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor
 
 
+@functools.lru_cache(maxsize=None)
+def _launch_order():
+    """The Gluon helper both wgmma kernels (this one and ``_fp8_wgmma``) order their output tiles by: tile ->
+    (pid_m, pid_n), ``GROUP`` tiles along M at a time so that they share the weight's tiles in L2."""
+    gluon, gl = _gluon()[:2]
+
+    @gluon.jit
+    def launch_order(tile, grid_m, grid_n, GROUP: gl.constexpr):
+        per_group = GROUP * grid_n
+        first_m = (tile // per_group) * GROUP
+        rows_m = gl.minimum(grid_m - first_m, GROUP)
+        return first_m + (tile % per_group) % rows_m, (tile % per_group) // rows_m
+
+    return launch_order
+
+
 def available(device: torch.device) -> Optional[str]:
     """None when the kernel can run on ``device``, else why not (not CUDA, not sm_90 (wgmma is Hopper's), no
     Gluon in the installed Triton, ``MXKIT_W4A16_WGMMA=0``)."""
@@ -272,6 +288,8 @@ def _kernel():
     """Build the Gluon kernel (once; needs Triton's Gluon)."""
     gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
     import triton.language as tl
+
+    launch_order = _launch_order()
 
     asm2, asm1 = gl.constexpr(_fp4_pairs_asm(False)), gl.constexpr(_fp4_pairs_asm(True))
     masm2, masm1 = gl.constexpr(_mma_words_asm(False)), gl.constexpr(_mma_words_asm(True))
@@ -524,13 +542,7 @@ def _kernel():
         # output tile `tile` of the launch order (GROUP programs along M share weight tiles): its expert (grouped:
         # -1 for an unused block, whose tile is skipped; 0 dense), first token row, first output column and first
         # packed weight row
-        grid_n = gl.cdiv(N, BNc)
-        grid_m = NB if GROUPED else gl.cdiv(M, BM)
-        per_group = GROUP * grid_n
-        first_m = (tile // per_group) * GROUP
-        rows_m = gl.minimum(grid_m - first_m, GROUP)
-        pid_m = first_m + (tile % per_group) % rows_m
-        pid_n = (tile % per_group) // rows_m
+        pid_m, pid_n = launch_order(tile, NB if GROUPED else gl.cdiv(M, BM), gl.cdiv(N, BNc), GROUP)
         off_n = pid_n * BNc
         off_m = pid_m * BM
         e = pid_m * 0

@@ -159,3 +159,25 @@ def test_fp8_gemm_refuses_bad_operands():
     y = torch.full((4, 4), 7.0, dtype=torch.bfloat16)
     f8.fp8_gemm_reference(a, b, sa, sb, n=4, offs=torch.tensor([1, 3], dtype=torch.int32), y=y)
     assert (y[3] == 7).all() and (y[:3] == 0).all()
+
+
+def test_fold_moe_takes_the_kernel_between_its_row_limits(monkeypatch):
+    # the MoE fold paths' dispatch (`_fold._tile_table`): the kernel from FP8_WGMMA_MIN_ROWS sorted rows a call up
+    # to FP8_WGMMA_MAX_ROWS an expert (their padding to 16 rows not counted), cuBLAS's grouped GEMM (None) outside;
+    # MXKIT_FP8_WGMMA=1 takes it at every size, K % 16 != 0 never
+    from mxkit.kernels.moe_details import _fold
+
+    monkeypatch.setattr(f8, "available", lambda device: None)
+    monkeypatch.setattr(f8, "tile_table", lambda offs, rows: ("table", rows))
+    monkeypatch.delenv("MXKIT_FP8_WGMMA", raising=False)
+    E, lo, hi = 4, _fold.FP8_WGMMA_MIN_ROWS, _fold.FP8_WGMMA_MAX_ROWS
+    offs = torch.zeros(E, dtype=torch.int32)
+
+    def rows(R, K=32):
+        return _fold._tile_table(torch.empty(R, K, dtype=torch.float8_e4m3fn), offs)
+
+    assert rows(lo - 1) is None and rows(lo) == ("table", lo)
+    assert rows((hi + 15) * E) == ("table", (hi + 15) * E) and rows((hi + 15) * E + 1) is None
+    assert rows(lo, K=40) is None
+    monkeypatch.setenv("MXKIT_FP8_WGMMA", "1")
+    assert rows(1) == ("table", 1) and rows((hi + 16) * E) is not None

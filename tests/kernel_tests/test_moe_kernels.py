@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -480,10 +481,12 @@ def test_w16_kernels_compile_for_sm90(w_kind):
             assert build(_combine_kernel, cptrs, dict(TOP_K=4, HAS_BIAS=not direct, BLOCK_H=1024, DIRECT=direct)) > 0
         assert build(_combine_kernel, dict(cptrs, pos_ptr="*i64"), dict(TOP_K=4, HAS_BIAS=False, BLOCK_H=1024,
                                                                         DIRECT=True)) > 0
-        bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*fp8e4nv",
+        bptrs = {"h_ptr": "*bf16", "b_ptr": "*fp32", "ids_ptr": "*i32", "eids_ptr": "*i32", "q_ptr": "*u8",
                  "s_ptr": "*fp32"}
         for act in (1, 2):
-            assert build(_bias_act_fp8_kernel, bptrs, dict(ACT=act, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=512)) > 0
+            for n2 in (0, 256):
+                assert build(_bias_act_fp8_kernel, bptrs, dict(ACT=act, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=512,
+                                                               BLOCK_N2=n2)) > 0
         for x_ty, bf16 in (("*i16", True), ("*fp32", False), ("*fp16", False)):
             fptrs = {"x_ptr": x_ty, "q_ptr": "*u8", "s_ptr": "*fp32"}
             for one_pass in (True, False):
@@ -492,6 +495,73 @@ def test_w16_kernels_compile_for_sm90(w_kind):
     for x_ty in ("*bf16", "*fp16"):
         dptrs = {"x_ptr": x_ty, "q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*fp32"}
         assert build(_w16_decode_kernel, dptrs, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, W_KIND=w_kind)) > 0
+
+
+def _middle_cases(g, device):
+    """The W4A8 middle pass (``_bias_act_fp8_kernel``) against float32 PyTorch: the scales those of
+    quantize_fp8_rowwise's rule on v = act(h + b[e]), the codes within 1.2x that rule's own rounding error a row
+    (the kernel multiplies by the row's reciprocal); a NaN row, an all-zero row, padding rows (q = 0, s = 0);
+    rows in one piece (N = 512) and in two (N = 384: 256 + 128). Returns the number of cases."""
+    from mxkit.kernels.moe_details._fold import _BIAS_ACT_FP8, _middle_blocks
+
+    n_cases = 0
+    for N in (384, 512):
+        for act, code in (("swiglu_gpt_oss", 1), ("swiglu", 2)):
+            R, E, n = 48, 5, 40
+            h = (torch.randn(R, N, generator=g) * 2.0 ** torch.randint(-3, 4, (R, 1), generator=g)).to(torch.bfloat16)
+            h[3] = float("nan")
+            h[5] = 0
+            b = torch.randn(E, N, generator=g) * 0.5
+            b[torch.randint(0, E, (1,), generator=g)] = 0
+            ids = torch.randperm(R, generator=g).to(torch.int32)  # ids >= n: padding rows
+            eids = torch.randint(0, E, (R // 16,), generator=g, dtype=torch.int32)
+            e_row = eids.repeat_interleave(16).long()
+            b[e_row[5]] = 0
+            q = torch.full((R, N // 2), 0x55, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            s = torch.full((R,), float("nan"), device=device)  # (poisoned: every row must be written)
+            blocks = _middle_blocks(N)
+            _BIAS_ACT_FP8((R,), (h.to(device), b.to(device), ids.to(device), eids.to(device), q.view(torch.uint8), s, n,
+                                 N), (("ACT", code), ("HAS_BIAS", True), ("BLOCK_M", 16), ("BLOCK_N", blocks[0]),
+                                      ("BLOCK_N2", blocks[1]), ("HW_CVT", device != "cpu")), 4)
+            q, s = q.cpu(), s.cpu()
+            hv = h.float() + b[e_row]
+            v = swiglu_gpt_oss(hv) if act == "swiglu_gpt_oss" else swiglu(torch.cat([hv[:, 0::2], hv[:, 1::2]], 1))
+            valid = ids < n
+            ref = mxkit.quantize_fp8_rowwise(v)  # (the reference twin on CPU)
+            sv = ref.scale.view(-1)
+            assert torch.equal(s[valid].isnan(), sv[valid].isnan()) and bool(s[3].isnan()) == bool(valid[3])
+            ok = valid & ~sv.isnan()
+            # (within 8 ulp: the kernel's float32 activation and PyTorch's differ in their last bits)
+            rel = ((s[ok] - sv[ok]).abs() / sv[ok]).max()
+            assert rel <= 2.0 ** -20 and (s[~valid] == 0).all(), rel
+            assert (q[~valid].view(torch.uint8) == 0).all()
+            got = q[ok].double() * s[ok].double()[:, None]
+            err = (got - v[ok].double()).norm(dim=1)
+            bound = 1.2 * (ref.dequantize(torch.float64)[ok] - v[ok].double()).norm(dim=1) + 1e-6 * v[ok].norm(dim=1)
+            assert (err <= bound).all(), (err - bound).max()
+            n_cases += 1
+    return n_cases
+
+
+def interpreted_middle_checks():
+    from conftest import interpreted_rng
+    from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_fp8_kernel
+
+    g = interpreted_rng(_bias_act_fp8_kernel)
+    print(f"interpreter checks passed: {_middle_cases(g, 'cpu')}")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="runs itself under the interpreter")
+def test_w4a8_middle_pass_under_the_interpreter():
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "interpreted_middle_checks")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_w4a8_middle_pass(rng):
+    assert _middle_cases(rng, "cuda") == 4
 
 
 @pytest.mark.gpu

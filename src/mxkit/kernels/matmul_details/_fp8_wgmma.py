@@ -193,24 +193,24 @@ def _layouts():
 
 @triton.jit
 def _tile_table_kernel(offs_ptr, out_ptr, E, T, BM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
-    # one program: the experts' tile counts and their running sum, then each table row t: its expert e (the
-    # number of experts whose tiles all come before t), its first row and the group's end
+    # table rows [BLOCK_T * pid, + BLOCK_T): the experts' tile counts and their running sum (each program its own:
+    # E is small), then each row t: its expert e (the number of experts whose tiles all come before t), its first
+    # row and the group's end (one program over the whole table took 53 us at 16384 tokens of GPT-OSS-120B, H200)
     ei = tl.arange(0, BLOCK_E)
     ends = tl.load(offs_ptr + ei, mask=ei < E, other=0)
     starts = tl.load(offs_ptr + ei - 1, mask=(ei >= 1) & (ei < E), other=0)
     cnt = tl.where(ei < E, (ends - starts + BM - 1) // BM, 0)
     # the running sum by an [E, E] reduction (tl.cumsum fails in Triton 3.6's interpreter)
     cum = tl.sum(tl.where(ei[:, None] <= ei[None, :], cnt[:, None], 0), 0)
-    for t0 in range(0, T, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        e = tl.sum((cum[None, :] <= t[:, None]).to(tl.int32), 1)
-        before = tl.sum(tl.where(ei[None, :] < e[:, None], cnt[None, :], 0), 1)
-        first = tl.sum(tl.where(ei[None, :] == e[:, None], starts[None, :], 0), 1) + (t - before) * BM
-        end = tl.sum(tl.where(ei[None, :] == e[:, None], ends[None, :], 0), 1)
-        used = e < E
-        tl.store(out_ptr + 3 * t, tl.where(used, e, -1), mask=t < T)
-        tl.store(out_ptr + 3 * t + 1, tl.where(used, first, 0), mask=t < T)
-        tl.store(out_ptr + 3 * t + 2, tl.where(used, end, 0), mask=t < T)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    e = tl.sum((cum[None, :] <= t[:, None]).to(tl.int32), 1)
+    before = tl.sum(tl.where(ei[None, :] < e[:, None], cnt[None, :], 0), 1)
+    first = tl.sum(tl.where(ei[None, :] == e[:, None], starts[None, :], 0), 1) + (t - before) * BM
+    end = tl.sum(tl.where(ei[None, :] == e[:, None], ends[None, :], 0), 1)
+    used = e < E
+    tl.store(out_ptr + 3 * t, tl.where(used, e, -1), mask=t < T)
+    tl.store(out_ptr + 3 * t + 1, tl.where(used, first, 0), mask=t < T)
+    tl.store(out_ptr + 3 * t + 2, tl.where(used, end, 0), mask=t < T)
 
 
 _TILE_TABLE = _Launcher(sys.modules[__name__], "_tile_table_kernel")
@@ -230,8 +230,8 @@ def tile_table(offs: torch.Tensor, max_rows: int) -> torch.Tensor:
     T = table_rows(max_rows, E)
     out = torch.empty(T, 3, dtype=torch.int32, device=offs.device)
     if T:
-        _TILE_TABLE((1,), (offs, out, E, T), (("BM", BM), ("BLOCK_E", triton.next_power_of_2(max(E, 1))),
-                                              ("BLOCK_T", 64)), 4)
+        block_e = triton.next_power_of_2(max(E, 1))
+        _TILE_TABLE((-(-T // 32),), (offs, out, E, T), (("BM", BM), ("BLOCK_E", block_e), ("BLOCK_T", 32)), 4)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..quantize_details._fp8_rowwise import _fp8_codes
 from ._grouped import _act_pairs
 
 
@@ -41,11 +42,12 @@ def _gather_rows_kernel(src_ptr, ids_ptr, dst_ptr, ssrc_ptr, sdst_ptr, n_valid, 
 
 @triton.jit
 def _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
-    (v = act(h[r] + b[e]) in float32 [BLOCK_N / 2], 0 on a padding row and past N / 2; whether r is valid)."""
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C0: tl.constexpr = 0):
+    """Columns [C0, C0 + BLOCK_N) of row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding
+    row when ids[r] >= n_valid): (v = act(h[r] + b[e]) in float32 [BLOCK_N / 2] (output columns C0 / 2 + ..), 0
+    on a padding row and past N / 2; whether r is valid)."""
     valid = tl.load(ids_ptr + r) < n_valid
-    j = tl.arange(0, BLOCK_N)
+    j = C0 + tl.arange(0, BLOCK_N)
     hmask = j < N
     # (a padding row is read too, then zeroed: h has every sorted row; a scalar in a load mask is not
     # something Triton's CPU interpreter takes)
@@ -54,30 +56,55 @@ def _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT: tl.conste
         e = tl.maximum(tl.load(eids_ptr + r // BLOCK_M), 0)
         h += tl.load(b_ptr + e.to(tl.int64) * N + j, mask=hmask, other=0.0).to(tl.float32)
     v = tl.reshape(_act_pairs(tl.reshape(h, [1, BLOCK_N]), ACT, 1, BLOCK_N), [BLOCK_N // 2])
-    return tl.where(valid & (tl.arange(0, BLOCK_N // 2) < N // 2), v, 0.0), valid
+    return tl.where(valid & (C0 // 2 + tl.arange(0, BLOCK_N // 2) < N // 2), v, 0.0), valid
+
+
+@triton.jit
+def _abs_bits_max(v, n):
+    # max of |v[:n]|'s bits as int32: they order as the values, and a NaN's lie above +Inf's (0x7F800000)
+    return tl.max(tl.where(tl.arange(0, v.shape[0]) < n, v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0), axis=0)
+
+
+@triton.jit
+def _store_fp8(q_ptr, v, rcp, valid, n, C0: tl.constexpr, BLOCK: tl.constexpr, HW_CVT: tl.constexpr):
+    # E4M3 codes of v * rcp (RNE, saturated to +-448; 0 on a padding row) into q_ptr[C0 .. C0 + BLOCK) below n
+    code = tl.where(valid, _fp8_codes(v * rcp, HW_CVT), 0)
+    c = C0 + tl.arange(0, BLOCK)
+    tl.store(q_ptr + c, code, mask=c < n)
 
 
 @triton.jit
 def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid, N,
-                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_N2: tl.constexpr = 0, HW_CVT: tl.constexpr = True):
     """Row r of h [R, N] bf16 (sorted order; expert eids[r // BLOCK_M]; a padding row when ids[r] >= n_valid):
-    v = act(h[r] + b[e]) in float32 ([N / 2]), then scale = max(amax|v| / 448, 2^-149) (1 for an all-zero row,
-    NaN for a NaN row), q[r] = E4M3(v / scale) (RNE, clamped to +-448) and s[r] = scale — the rule of
-    :func:`mxkit.quantize_fp8_rowwise`, with Triton's fast fp32 division (within 2 ulp; the IEEE one doubled this
-    ALU-bound pass, H100), so the W4A8 tests bound this pass rather than match its bytes. Padding rows get q = 0
-    and s = 0."""
+    v = act(h[r] + b[e]) in float32 ([N / 2]), then scale = max(amax|v| / 448, 2^-149) (IEEE division; 1 for an
+    all-zero row, NaN for a NaN row), q[r] = E4M3(v * (1 / scale)) (uint8 codes: RNE, saturated to +-448; HW_CVT as
+    :func:`~mxkit.kernels.quantize_details._fp8_rowwise._fp8_codes`) and s[r] = scale — the rule of
+    :func:`mxkit.quantize_fp8_rowwise` but for the quotient, v times the row's reciprocal (within 1.5 ulp of
+    v / scale), so the W4A8 tests bound this pass rather than match its bytes. Padding rows get q = 0 and s = 0.
+    The row in two pieces of powers of two, columns [0, BLOCK_N) and [BLOCK_N, BLOCK_N + BLOCK_N2) (BLOCK_N2 0:
+    none), so that little of the ALU work is padding (GPT-OSS: 5760 columns as 4096 + 2048 rather than 8192):
+    this pass is ALU-bound (H200, ``benchmarks/probes/moe_middle_ab.py``: its per-element division, two row
+    reductions and one block of 8192 took 453 us at 16384 tokens of GPT-OSS-120B)."""
     r = tl.program_id(0)
+    n = N // 2
     v, valid = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N)
-    c = tl.arange(0, BLOCK_N // 2)
-    amax = tl.max(tl.where(c < N // 2, tl.abs(v), 0.0), axis=0)
-    has_nan = tl.sum(tl.where((c < N // 2) & (v != v), 1, 0), axis=0) > 0
+    bits = _abs_bits_max(v, n)
+    if BLOCK_N2 > 0:
+        v2, _ = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N2,
+                              BLOCK_N)
+        bits = tl.maximum(bits, _abs_bits_max(v2, n - BLOCK_N // 2))
+    amax = bits.to(tl.float32, bitcast=True)
     tiny = tl.full(amax.shape, 1, tl.int32).to(tl.float32, bitcast=True)  # 2^-149
-    scale = tl.where(amax > 0, tl.maximum(amax / 448.0, tiny), 1.0)
-    scale = tl.where(has_nan, float("nan"), scale)
+    scale = tl.where(amax > 0, tl.maximum(tl.math.div_rn(amax, 448.0), tiny), 1.0)
+    scale = tl.where(bits > 0x7F800000, float("nan"), scale)
     scale = tl.where(valid, scale, 0.0)
-    q = tl.clamp(v / tl.where(valid, scale, 1.0), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-    q = tl.where(valid, q, 0.0)
-    tl.store(q_ptr + r.to(tl.int64) * (N // 2) + c, q.to(tl.float8e4nv), mask=c < N // 2)
+    rcp = tl.math.div_rn(1.0, tl.where(valid, scale, 1.0))
+    q_row = q_ptr + r.to(tl.int64) * n
+    _store_fp8(q_row, v, rcp, valid, n, 0, BLOCK_N // 2, HW_CVT)
+    if BLOCK_N2 > 0:
+        _store_fp8(q_row, v2, rcp, valid, n, BLOCK_N // 2, BLOCK_N2 // 2, HW_CVT)
     tl.store(s_ptr + r, scale)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import triton
 
 from ...tensor import MXTensor
 from .._env import env
@@ -87,6 +88,13 @@ def _grouped_fp8(a: torch.Tensor, sa: torch.Tensor, w: FoldedExperts, offs: torc
     return torch._scaled_grouped_mm(a, w.data.transpose(1, 2), sa, w.scale, offs=offs, out_dtype=torch.bfloat16)
 
 
+def _middle_blocks(N: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_N2) of the W4A8 middle pass (``_bias_act_fp8_kernel``) over rows of N (even) columns: the
+    largest power of two <= N, then the rest's next power of two (0: none)."""
+    first = 1 << (max(N, 2).bit_length() - 1)
+    return first, (triton.next_power_of_2(N - first) if N > first else 0)
+
+
 def moe_w4a8_triton(
     xq,
     w_gate_up: FoldedExperts,
@@ -116,7 +124,6 @@ def moe_w4a8_triton(
     (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
     topk (T, k). ``stages``: a dict that receives the intermediates (tests). Returns (T, H). No host sync."""
     from ..matmul_details._grouped import ACTS
-    import triton
 
     bm = 16
     T, H = xq.data.shape
@@ -135,9 +142,11 @@ def moe_w4a8_triton(
     h8 = torch.empty(R, I, dtype=torch.float8_e4m3fn, device=h.device)
     s2 = torch.empty(R, dtype=torch.float32, device=h.device)
     if R:
-        _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8, s2, n, N1),
+        b_n, b_n2 = _middle_blocks(N1)
+        _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8.view(torch.uint8), s2, n, N1),
                       (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
-                       ("BLOCK_N", triton.next_power_of_2(N1))), 4)
+                       ("BLOCK_N", b_n), ("BLOCK_N2", b_n2), ("HW_CVT", env("TRITON_INTERPRET", "0") in ("", "0"))),
+                      4)
     y = _grouped_fp8(h8, s2, w_down, offs, table)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)
     if stages is not None:
@@ -190,7 +199,6 @@ def moe_mxfp4_triton(
     receives the intermediates (tests). Returns (T, H) in ``out_dtype``. No host sync (CUDA-graph capturable);
     needs CUDA sm_90 (``torch._scaled_grouped_mm``). Raises TypeError for another x dtype. Expert ids are not
     range-checked: a pair whose id is outside 0 .. E - 1 contributes 0."""
-    import triton
 
     from ..fold import quantize_fold_triton
     from ..matmul_details._grouped import ACTS

@@ -11,11 +11,10 @@ from ._codecs import _encode
 
 
 @triton.jit
-def _fp8_cast_rows(x, scale, HW_CVT: tl.constexpr):
-    # E4M3 codes (uint8) of x / scale (IEEE division, as the reference's), saturated to +-448 and rounded to
-    # nearest even: HW_CVT by Triton's fp32 -> fp8e4nv conversion (cvt.rn.satfinite on sm_89+), else (the
-    # interpreter, whose conversion rounds ties away) by _encode's magic-number add; NaN as the code 0x7F
-    y = tl.math.div_rn(x, scale)
+def _fp8_codes(y, HW_CVT: tl.constexpr):
+    # E4M3 codes (uint8) of float32 y, saturated to +-448 and rounded to nearest even: HW_CVT by Triton's fp32 ->
+    # fp8e4nv conversion (cvt.rn.satfinite on sm_89+), else (the interpreter, whose conversion rounds ties away
+    # and can drop the carry into the exponent) by _encode's magic-number add; NaN as the code 0x7F
     nan = y != y
     if HW_CVT:
         code = tl.where(nan, float("nan"), y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -23,6 +22,12 @@ def _fp8_cast_rows(x, scale, HW_CVT: tl.constexpr):
         yb = y.to(tl.int32, bitcast=True)
         code = tl.where(nan, 0x7F, _encode(yb, tl.zeros_like(yb), nan, 8, 3, -6, 8, False, 448.0, False)).to(tl.uint8)
     return code
+
+
+@triton.jit
+def _fp8_cast_rows(x, scale, HW_CVT: tl.constexpr):
+    # E4M3 codes (uint8) of x / scale (IEEE division, as the reference's): :func:`_fp8_codes`
+    return _fp8_codes(tl.math.div_rn(x, scale), HW_CVT)
 
 
 @triton.jit

@@ -18,3 +18,9 @@ def env(name: str, default: Optional[str] = None) -> Optional[str]:
         v = _DATA.get(name.encode())
         return default if v is None else os.fsdecode(v)
     return os.environ.get(name, default)
+
+
+def interpreting() -> bool:
+    """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET set and not 0): kernels then take their
+    interpreter-faithful paths (e.g. conversions by bit arithmetic rather than the hardware's)."""
+    return env("TRITON_INTERPRET", "0") not in ("", "0")

@@ -13,7 +13,6 @@ extra slices.
 from __future__ import annotations
 
 import math
-import os
 import struct
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -23,6 +22,7 @@ import torch
 from ..fold import Folded, _check_foldable, fold_range, fold_reference, quantize_fold_reference
 from ..formats import ElementFormat, FormatLike, Rounding, ScaleMode
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
+from ._env import interpreting
 from .matmul_details._envelope import FOLD_EXP_LIMIT
 
 __all__ = ["FoldConfig", "fold_config", "fold_triton", "quantize_fold_triton", "PendingFold", "QuantizedRows"]
@@ -83,12 +83,8 @@ def fold_config(R: int, K: int, fmt: ElementFormat, *, quantize: bool = False, r
     return FoldConfig(block_r, block_k, num_warps, hw_cvt)
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _check_device(t: torch.Tensor, what: str) -> None:
-    if not t.is_cuda and not _interpret():
+    if not t.is_cuda and not interpreting():
         raise ValueError(f"the Triton fold kernels need CUDA tensors, got {what} on device={t.device} "
                          "(use mxkit.fold.fold_reference / quantize_fold_reference on CPU)")
 
@@ -203,7 +199,7 @@ def _fold_args(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: tor
                cfg: Optional[FoldConfig], part: Optional[torch.Tensor]) -> tuple:
     f, (R, K) = q.fmt, data.shape
     d_lo, d_hi = fold_range(f)
-    cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not _interpret())
+    cfg = cfg or fold_config(R, K, f, on_gpu=q.qdata.is_cuda and not interpreting())
     qd = q.qdata if q.qdata.data_ptr() % 16 == 0 else q.qdata.clone()  # read as int32 words
     return ((qd.view(torch.int32), q.scale, data, scale.view(torch.int32), status, status if part is None else part),
             R, K, cfg, dict(BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, D_LO=d_lo, D_HI=d_hi, STATS=part is not None,
@@ -216,7 +212,7 @@ def _run_fold(q: MXTensor, data: torch.Tensor, scale: torch.Tensor, status: torc
     an explicit config for A/B runs (default :func:`fold_config`). ``stats``: returns the kernel's per-program
     weight statistics (int32 [P, 5], :func:`weight_stats`)."""
     R, K = data.shape
-    cfg = cfg or fold_config(R, K, q.fmt, on_gpu=q.qdata.is_cuda and not _interpret())
+    cfg = cfg or fold_config(R, K, q.fmt, on_gpu=q.qdata.is_cuda and not interpreting())
     part = torch.empty(-(-R // cfg.block_r), 5, dtype=torch.int32, device=data.device) if stats else None
     _launch("_fold_kernel", *_fold_args(q, data, scale, status, cfg, part))
     return part
@@ -235,7 +231,7 @@ def _quantize_fold_args(x2: torch.Tensor, f: ElementFormat, mode: ScaleMode, rnd
                         scale: torch.Tensor, status: torch.Tensor, cfg: Optional[FoldConfig]) -> tuple:
     R, K = x2.shape
     d_lo, d_hi = fold_range(f)
-    cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not _interpret())
+    cfg = cfg or fold_config(R, K, f, quantize=True, rounding=rnd, on_gpu=x2.is_cuda and not interpreting())
     return ((x2.view(_IN_VIEW[x2.dtype]), data, scale.view(torch.int32), status), R, K, cfg,
             dict(IN_KIND=_IN_KIND[x2.dtype], BITS=f.bits, MBITS=f.mbits, EMIN=f.emin, EMAX=f.emax,
                  MAX_NORMAL=float(f.max_normal), MAX_FRAC=_max_frac(f), MODE=_MODE[mode], AWAY=rnd is Rounding.AWAY,

@@ -7,19 +7,15 @@ plans in :mod:`mxkit.kernels.quantize` read without deciding anything."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import torch
 
 from ..formats import ElementFormat, Rounding
+from ._env import interpreting
 from .opt_flags import DequantizeConfig, QuantizeConfig, _tiles_need_int64
 
 _IN_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' IN_KIND of an input dtype
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _pow2(n: int) -> int:
@@ -181,7 +177,7 @@ def hw_cvt_ok(cfg: QuantizeConfig, f: ElementFormat, rnd: Rounding, in_kind: int
     input, FP4 from bfloat16 inputs (bf16x2 arithmetic, ``_codecs._fp4_bf16x2``); at least 4 elements per thread
     (the asm takes 4 at a time) in the config's tile, or in a tile with ``per_thread`` elements per thread when
     given (the split rows)."""
-    asm = not _interpret() if asm is None else asm
+    asm = not interpreting() if asm is None else asm
     per_thread = per_thread or _per_thread(cfg)
     fmt_ok = f.is_float and (f.bits in (6, 8) or (f.bits == 4 and in_kind == 1))
     return bool(cfg.hw_cvt and fmt_ok and rnd is Rounding.RNE and asm and per_thread >= 4)
@@ -209,7 +205,7 @@ def fp6_asm_ok(cfg: QuantizeConfig, f: ElementFormat, in_kind: int, C: int, do_r
 def hw_dec_ok(cfg: DequantizeConfig, f: ElementFormat, asm: Optional[bool] = None) -> bool:
     """Whether the hardware FP8 -> fp16 decode runs: FP8 / FP6 / FP4 on the GPU (asm; default: not under the
     CPU interpreter), at least 4 elements per thread (the asm takes 4 at a time)."""
-    asm = not _interpret() if asm is None else asm
+    asm = not interpreting() if asm is None else asm
     per_thread = cfg.block_n * cfg.block_l // (32 * cfg.num_warps)
     return bool(cfg.hw_dec and f.is_float and asm and per_thread >= 4)
 

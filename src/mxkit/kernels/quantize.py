@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Optional, Sequence, Union
 
 import torch
@@ -38,6 +37,7 @@ from ..layouts import KERNEL_LAYOUT_IDS, scale_layout_shape
 from ..tensor import MXTensor, check_out_dtype, check_quantize_args
 from . import opt_flags
 from . import launch as _launch
+from ._env import interpreting
 from .cuda_driver import fast_call_loaded
 from .launch import _Launcher
 from .opt_flags import DequantizeConfig, QuantizeConfig, dequantize_config, needs_int64, quantize_config
@@ -62,10 +62,6 @@ _LAYOUT_PLAIN_T = layouts.plain.KERNEL_ID_T  # a plain scale written transposed 
 _MODE = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.RCEIL: 2, ScaleMode.EVEN: 3}
 _INT32_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535  # CUDA's limit of launch grid dims 1 and 2 (dim 0: 2^31 - 1)
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _grid(n_fast: int, n_mid: int, batch: int, grid3: bool) -> tuple:
@@ -96,7 +92,7 @@ def _gpu_name(t: torch.Tensor) -> str:
 
 
 def _check_device(t: torch.Tensor) -> None:
-    if not t.is_cuda and not _interpret():
+    if not t.is_cuda and not interpreting():
         raise ValueError(
             f"the Triton MX kernels need a CUDA tensor, got device={t.device} "
             "(use mxkit.reference or backend='reference' on CPU)"
@@ -200,7 +196,7 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
             B, R, C, do_row, do_col = 1, math.prod(shape[:axis]), L, True, False
         else:  # columnwise: [B, L, Q], blocks along L
             B, R, C, do_row, do_col = math.prod(shape[:axis]), L, Q, False, True
-    asm = not _interpret()
+    asm = not interpreting()
     if cfg is None:
         cfg = quantize_config(B, R, C, do_row, do_col, f, gpu=gpu, dtype=dtype, rounding=rnd,
                               scale_layout=scale_layout, asm=asm)
@@ -364,7 +360,7 @@ def _dequantize_plan(fmt, axis: int, shape: tuple, dtype: torch.dtype, cfg: Opti
     kdtype = dtype if dtype in _OUT_KIND else torch.float32
     trans = Q > 1
     Bk, N = (B, Q) if trans else (1, B)
-    asm = not _interpret()
+    asm = not interpreting()
     if cfg is None:
         cfg = dequantize_config(Bk, N, L, trans, f, kdtype, resolve=True, asm=asm)
     else:  # a config given by the caller (tests): the paths it asks for that can run
@@ -747,5 +743,5 @@ def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         bf16 = x.dtype == torch.bfloat16
         _FP8_ROWWISE((-(-R // rows),), (x.view(torch.int16) if bf16 else x, data.view(torch.uint8), scale, R, K),
                      (("ROWS", rows), ("BLOCK_K", block_k), ("ONE_PASS", K <= block_k), ("BF16_BITS", bf16),
-                      ("HW_CVT", not _interpret())), 4)
+                      ("HW_CVT", not interpreting())), 4)
     return data, scale

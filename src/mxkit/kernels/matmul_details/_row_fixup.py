@@ -44,6 +44,7 @@ import triton.language as tl
 
 from ...formats import ElementFormat, Rounding
 from ...tensor import MXTensor
+from .._env import interpreting
 from ..fold_details._fold import _quantize_chunk
 from ..quantize_details._common import element_spec
 from ._envelope import FOLD_EXP_LIMIT, exact_scale_range
@@ -234,7 +235,7 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
     """The arguments of :func:`fixup`'s launch (M, N >= 1): (grid, tensors, ints, constexprs, num_warps), as
     ``_launcher()`` takes them. ``cols``: the column flags uint8 [N] of ``special`` made before (else made here
     where ``special`` has rows: one small allocation and scatter)."""
-    from ..fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows, _interpret
+    from ..fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows
 
     if isinstance(src, QuantizedRows):
         aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
@@ -254,7 +255,7 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
     cf = cols if cols is not None else column_flags(special, N, y.device)
     cols = cf is not None
     bm, bn, bk = FIXUP_BLOCKS
-    bf16 = y.is_cuda and not _interpret() and bf16_exact_values(a_fmt) and bf16_exact_values(w.fmt)
+    bf16 = y.is_cuda and not interpreting() and bf16_exact_values(a_fmt) and bf16_exact_values(w.fmt)
     consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
         ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
         ("BLOCK_K", bk))
@@ -291,7 +292,7 @@ def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.T
       n_valid = T * top_k; gather: row r reads source row sorted_ids[r] // top_k (the tokens) rather than r.
     w_data float8_e4m3fn [E, N, K] and w_scale float32 [E, N]: the experts folded (``mxkit.kernels.moe.FoldedExperts``,
       every row scale within 2^+-FOLD_EXP_LIMIT)."""
-    from ..fold import _IN_KIND, _IN_VIEW, _MODE, _interpret
+    from ..fold import _IN_KIND, _IN_VIEW, _MODE
 
     R, N = y.shape
     K = src.x.shape[1]
@@ -302,7 +303,7 @@ def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.T
         raise ValueError(f"grouped_fixup writes rows of contiguous elements, got y of strides {y.stride()}")
     bm = sorted_ids.numel() // B
     _, bn, bk = FIXUP_BLOCKS
-    bf16 = y.is_cuda and not _interpret() and bf16_exact_values(src.fmt)  # (folded weights: E4M3 x 2^e, |e| <= 54)
+    bf16 = y.is_cuda and not interpreting() and bf16_exact_values(src.fmt)  # (folded weights: E4M3 x 2^e, |e| <= 54)
     consts = (("TOP_K", top_k), ("GATHER", gather), ("IN_KIND", _IN_KIND[src.x.dtype]),
               ("A_FMT", element_spec(src.fmt)), ("MODE", _MODE[src.scale_mode]),
               ("AWAY", src.rounding is Rounding.AWAY), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT),

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ...tensor import MXTensor
-from .._env import env
+from .._env import env, interpreting
 from ..launch import _Launcher
 from ..matmul_details import _fp8_wgmma, _moe_epilogue
 from ._rows import _combine, _interleave_halves, gather_rows
@@ -145,7 +145,7 @@ def moe_w4a8_triton(
         b_n, b_n2 = _middle_blocks(N1)
         _BIAS_ACT_FP8((R,), (h, h if b1 is None else b1.contiguous(), ids, eids, h8.view(torch.uint8), s2, n, N1),
                       (("ACT", ACTS[activation]), ("HAS_BIAS", b1 is not None), ("BLOCK_M", bm),
-                       ("BLOCK_N", b_n), ("BLOCK_N2", b_n2), ("HW_CVT", env("TRITON_INTERPRET", "0") in ("", "0"))),
+                       ("BLOCK_N", b_n), ("BLOCK_N2", b_n2), ("HW_CVT", not interpreting())),
                       4)
     y = _grouped_fp8(h8, s2, w_down, offs, table)
     out = _combine(y, b_down, topk_weights, pos, topk_ids, out_dtype)

@@ -91,6 +91,11 @@ def _align_torch(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int, 
     return sorted_ids[:-1], eids
 
 
+# chunks of 1024 pairs a program of _align_expert_kernel sorts (one program per expert and group): each program
+# also reads every chunk's histogram, so fewer chunks a program cost more reads (H200,
+# ``benchmarks/probes/align_group_ab.py``, µs at GPT-OSS-120B 16384 / 4096 tokens, GPT-OSS-20B 16384:
+# 8 -> 54 / 19 / 19; 4 -> 72 / 17 / 16; 16 -> 46 / 26 / 27)
+ALIGN_GROUP = 8
 _INTERPRET_ALIGN = False  # tests: run _align_expert_kernel on CPU tensors (under TRITON_INTERPRET=1)
 
 
@@ -108,7 +113,7 @@ def _align_experts(topk_ids: torch.Tensor, E: int, block_m: int, lo: int, B: int
     import triton
 
     ids = _flat_ids(topk_ids)
-    n, chunk, group = ids.numel(), 1024, 8
+    n, chunk, group = ids.numel(), 1024, ALIGN_GROUP
     e_p2 = max(16, triton.next_power_of_2(E))
     n_chunks = -(-n // chunk)
     hist = torch.empty(n_chunks, e_p2, dtype=torch.int32, device=ids.device)

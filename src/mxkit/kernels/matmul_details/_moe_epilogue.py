@@ -60,9 +60,10 @@ def _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT: tl.conste
 
 
 @triton.jit
-def _abs_bits_max(v, n):
-    # max of |v[:n]|'s bits as int32: they order as the values, and a NaN's lie above +Inf's (0x7F800000)
-    return tl.max(tl.where(tl.arange(0, v.shape[0]) < n, v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0), axis=0)
+def _abs_bits_max(v):
+    # max of |v|'s bits as int32 (v is 0 past the row: _bias_act_row): they order as the values, and a NaN's lie
+    # above +Inf's (0x7F800000)
+    return tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0)
 
 
 @triton.jit
@@ -90,11 +91,11 @@ def _bias_act_fp8_kernel(h_ptr, b_ptr, ids_ptr, eids_ptr, q_ptr, s_ptr, n_valid,
     r = tl.program_id(0)
     n = N // 2
     v, valid = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N)
-    bits = _abs_bits_max(v, n)
+    bits = _abs_bits_max(v)
     if BLOCK_N2 > 0:
         v2, _ = _bias_act_row(h_ptr, b_ptr, ids_ptr, eids_ptr, r, n_valid, N, ACT, HAS_BIAS, BLOCK_M, BLOCK_N2,
                               BLOCK_N)
-        bits = tl.maximum(bits, _abs_bits_max(v2, n - BLOCK_N // 2))
+        bits = tl.maximum(bits, _abs_bits_max(v2))
     amax = bits.to(tl.float32, bitcast=True)
     tiny = tl.full(amax.shape, 1, tl.int32).to(tl.float32, bitcast=True)  # 2^-149
     scale = tl.where(amax > 0, tl.maximum(tl.math.div_rn(amax, 448.0), tiny), 1.0)

@@ -13,7 +13,6 @@ the whole call.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import Optional
 
@@ -21,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._env import interpreting
 from ..launch import _Launcher
 
 OUT_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -95,7 +95,7 @@ def split_sum(part: torch.Tensor, bias: Optional[torch.Tensor] = None,
     conversion truncates: the same bytes for float16 / float32 out only); returns a new contiguous [M, N] tensor
     of ``out`` on part's device. ValueError as the reference, and for a CPU ``part`` outside the interpreter."""
     _check(part, bias, out)
-    if not part.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if not part.is_cuda and not interpreting():
         raise ValueError(f"split_sum runs on CUDA tensors, got part on {part.device} (split_sum_reference on CPU)")
     S, M, N = part.shape
     y = torch.empty(M, N, dtype=out, device=part.device)

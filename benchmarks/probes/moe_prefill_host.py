@@ -58,20 +58,27 @@ for p in plans:
     saved = [timed(_prefill, n) for n in ("block_plan", "_align_rows", "mixed_blocks_device", "gather_rows",
                                           "_packed_bias", "_combine")]
     saved.append(timed(_w4a16_wgmma, "w4a16_wgmma"))
-    launcher = _w4a16_wgmma._launcher()
+    launcher_of = _w4a16_wgmma._launcher
 
-    class Proxy:
+    class Proxy:  # a kernel's launcher, its Triton launches timed (prepared launches made below hold it)
+        def __init__(self, launcher):
+            self.launcher = launcher
+
         def __call__(self, *a, **k):
             t = time.perf_counter()
-            launcher(*a, **k)
+            self.launcher(*a, **k)
             spent["launch"] = spent.get("launch", 0.0) + time.perf_counter() - t
 
-    proxy = Proxy()
-    saved.append((_w4a16_wgmma, "_launcher", _w4a16_wgmma._launcher))
-    _w4a16_wgmma._launcher = lambda: proxy
+        def __getattr__(self, name):
+            return getattr(self.launcher, name)
+
+    saved.append((_w4a16_wgmma, "_launcher", launcher_of))
+    _w4a16_wgmma._launcher = lambda *kernel: Proxy(launcher_of(*kernel))
+    _w4a16_wgmma._PREPARED.clear()
     whole = host_us(call, calls)
     for mod, name, f in saved:
         setattr(mod, name, f)
+    _w4a16_wgmma._PREPARED.clear()
     print(f"  stages, µs a call (whole {whole:.0f}): "
           + ", ".join(f"{k} {v / calls * 1e6:.1f}" for k, v in spent.items()))
     torch.cuda._sleep(int(2e9 * calls * 2e-3))

@@ -41,7 +41,8 @@ for T in tokens:
           f"{wgmma_block_m(T * 4 / E)}", flush=True)
 
 if os.environ.get("SPLIT"):  # the default block size's steps alone, at the last token count
-    from mxkit.kernels.matmul_details._w4a16_wgmma import expert_row_order, w4a16_wgmma
+    from mxkit.kernels.matmul_details._layout_wgmma import expert_row_order
+    from mxkit.kernels.matmul_details._w4a16_wgmma import w4a16_wgmma
     from mxkit.kernels.moe import align_device
     from mxkit.kernels.moe_details._rows import _combine
     from mxkit.kernels.moe_details._sort import _sorted_rows

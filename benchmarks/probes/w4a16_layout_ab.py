@@ -12,6 +12,7 @@ from _probe import main_shapes
 import mxkit
 from mxkit.bench.timing import TimingConfig, time_us
 from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+from mxkit.kernels.matmul_details._layout_mma import mma_k_order
 from mxkit.reference import dequantize_reference
 
 
@@ -27,7 +28,7 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     wq = mxkit.quantize(w.to(torch.bfloat16), "mxfp4_e2m1")
     pw = mxkit.pack_weight(wq, act="float")
     x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-    perm = W.mma_k_order(K, x.device)
+    perm = mma_k_order(K, x.device)
     assert torch.equal(permute_x(x), x[:, perm])
     wd = dequantize_reference(wq, torch.bfloat16)
     y64 = x.double() @ wd.double().T

@@ -327,7 +327,7 @@ def test_gpu_args_launch_wgmma_same_bytes_and_maps_as_triton(rng):
     w = quantize_reference(torch.randn(N, K, generator=rng).to(torch.bfloat16), "mxfp4_e2m1").to("cuda")
     q, st, one = wg.packed_of(pack_weight(w, act="float"))
     bias = torch.randn(N, generator=rng).cuda()
-    L = wg._launcher()
+    L = wg._launcher("wgmma", "e2m1", 128)
     for M in (320, 160, 480, 320):
         x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
         with launch.triton_launch_only():

@@ -507,7 +507,7 @@ def test_w4a16_wgmma_pack_roundtrip(N, K, rng):
     """The wgmma layout holds the same codes and scale bytes (K padded to a multiple of 64 with zero bytes):
     lane c's 8 bytes of a 64-column step are bytes c, c + 4, ..., c + 28 of the step, contiguous; the scales
     are step-major; one_mul says whether every scale byte is <= 128."""
-    from mxkit.kernels.matmul_details._w4a16_wgmma import pack_wgmma, unpack_wgmma
+    from mxkit.kernels.matmul_details._layout_wgmma import pack_wgmma, unpack_wgmma
 
     w = rand_mx((N, K), "mxfp4_e2m1", rng, base=125)
     q, st, one_mul = pack_wgmma(w.qdata, w.scale)
@@ -533,7 +533,7 @@ def test_w8a16_wgmma_pack_roundtrip(N, K, fmt, rng):
     """The FP8 wgmma layout holds the same codes and scale bytes (K padded to a multiple of 64 with zero bytes):
     lane c's 16 codes of a 64-column step are columns 8 i + 2 c + e (register j = 2 i + e), contiguous; the
     scales step-major; one_mul from the largest scale byte (E4M3: <= 134, E5M2: <= 142)."""
-    from mxkit.kernels.matmul_details._w4a16_wgmma import FP8, pack_wgmma8, unpack_wgmma8
+    from mxkit.kernels.matmul_details._layout_wgmma import FP8, pack_wgmma8, unpack_wgmma8
 
     elem = fmt[-4:]
     w = rand_mx((N, K), fmt, rng, base=125)
@@ -603,7 +603,7 @@ def test_w8a16_decode_asm_exact(fmt):
     bit-equal to the reference value in bf16; the one-multiply form for scale bytes up to its limit, the
     two-multiply form everywhere (the kernel feeds the factor as a bf16, as ``_e8m0_bf16`` makes it)."""
     from mxkit.formats import decode_elements
-    from mxkit.kernels.matmul_details._w4a16_wgmma import FP8, _fp8_pairs_asm
+    from mxkit.kernels.matmul_details._layout_wgmma import FP8, _fp8_pairs_asm
 
     f = get_format(fmt)
     elem = fmt[-4:]
@@ -640,14 +640,30 @@ def test_w4a16_wgmma_rejects_a_layout_it_does_not_read():
     """FP8 codes are read in the wgmma layout only (the decode-mma layout is E2M1's), and unknown names are
     refused before anything is launched."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+    from mxkit.kernels.matmul_details._wgmma_gluon import gluon
 
-    if isinstance(W._gluon(), str):
-        pytest.skip(W._gluon())
+    if isinstance(gluon(), str):
+        pytest.skip(gluon())
     x, q, st = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.uint8), torch.zeros(1, 16)
     for layout, elem in (("mma", "e4m3"), ("mma", "e5m2"), ("wgmma", "e3m2"), ("nvidia", "e2m1")):
         with pytest.raises(ValueError, match="wgmma layout only"):
             W.w4a16_wgmma(x, q, st, 8, True, layout=layout, elem=elem)
-    assert sorted(W.WEIGHTS.values()) == [0, 1, 2, 3]
+    assert W.LAYOUTS == {"wgmma": ("e2m1", "e4m3", "e5m2"), "mma": ("e2m1",)}
+
+
+def test_w4a16_wgmma_kernels_differ_by_layout_and_block():
+    """Each (layout, element, block size) has its own kernel, built around its layout module's Gluon pieces, whose
+    layouts reach it as closure constexprs: Triton's cache key (its on-disk compile cache's) must tell every pair
+    apart, or one layout's cached binary would run on another's bytes."""
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+    from mxkit.kernels.matmul_details._wgmma_gluon import gluon
+
+    if isinstance(gluon(), str):
+        pytest.skip(gluon())
+    keys = {(layout, elem, bm): W._kernel(layout, elem, bm).cache_key
+            for layout, elems in W.LAYOUTS.items() for elem in elems for bm in (32, 64, 128, 256)}
+    assert len(set(keys.values())) == len(keys) == 16
+    assert W._kernel("mma", "e2m1", 64) is W._kernel("mma", "e2m1", 64)  # (built once)
 
 
 def test_w4a16_wgmma_prepared_key_tells_problems_apart(monkeypatch):
@@ -709,37 +725,31 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
     from triton.backends.compiler import GPUTarget
 
     from mxkit.kernels.matmul_details import _w4a16_wgmma as W
+    from mxkit.kernels.matmul_details._wgmma_gluon import BN, WARPS, gluon, u8_layout
 
-    if isinstance(W._gluon(), str):
-        pytest.skip(W._gluon())
+    if isinstance(gluon(), str):
+        pytest.skip(gluon())
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the interpreter replaces the compiler"
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    gl = W._gluon()[1]
+    gl = gluon()[1]
     xl = gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16)
-    u8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    w_ty, s_ty = (f"u8[{W.BN // 16}, 2, 256],{W._u8_layout(3)}", f"u8[{W.BN // 16}, 32],{u8}") if mma else \
-        (f"u8[{W.BN}, {64 if w8 else 32}],{u8}", f"u8[1, {2 * W.BN}],{u8}")
+    w_ty, s_ty = (f"u8[{BN // 16}, 2, 256],{u8_layout(3)}", f"u8[{BN // 16}, 32],{u8_layout(2)}") if mma else \
+        (f"u8[{BN}, {64 if w8 else 32}],{u8_layout(2)}", f"u8[1, {2 * BN}],{u8_layout(2)}")
     sig = {"x_desc": f"tensordesc<bf16[{bm}, 64],{xl}>", "w_desc": f"tensordesc<{w_ty}>",
            "s_desc": f"tensordesc<{s_ty}>", "y_ptr": "*" + out, "b_ptr": "*fp32", "e_ptr": "*i32",
            "M": "i32", "N": "i32", "ALL_STEPS": "i32", "KSTEPS": "i32", "stride_ym": "i32", "stride_yk": "i32",
            "NB": "i32"}
-    b2, s2, bl, l3, acc, dot = W._layouts(bm)
-    pair = acc
-    if mma:
-        b2, s2, bl, pair = W._layouts_mma(bm)
-    if w8:
-        b2, bl = W._layouts_fp8()
+    layout, elem = ("mma", "e2m1") if mma else ("wgmma", ("e2m1", "e4m3", "e5m2")[w8])
     for starts in (False, True) if grouped else (False,):
-        cx = dict(BNc=W.BN, BM=bm, STAGES=W.STAGES, GROUP=W.GROUP_M, B2=b2, S2=s2, BL=bl, L3=l3, ACC=acc, DOT=dot,
-                  ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, SCHEDULE=schedule,
-                  WEIGHT=W.WEIGHTS["mma" if mma else "wgmma", ("e2m1", "e4m3", "e5m2")[w8]], PAIR=pair,
-                  PERM_OUT=mma and act != 0, STARTS=starts, num_warps=W.WARPS)
+        cx = dict(STAGES=W.STAGES, ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, SCHEDULE=schedule,
+                  PERM_OUT=mma and act != 0, STARTS=starts, num_warps=WARPS)
         full = dict(sig, **{k: "constexpr" for k in cx})
         names = list(full)
-        src = GluonASTSource(W._kernel(), full, constexprs={(names.index(k),): v for k, v in cx.items()},
+        src = GluonASTSource(W._kernel(layout, elem, bm), full,
+                             constexprs={(names.index(k),): v for k, v in cx.items()},
                              attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("y_ptr", "b_ptr", "e_ptr")})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WARPS})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
         assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async" in k.asm["ptx"]
 
 
@@ -919,13 +929,14 @@ def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
     the fix-up kernel; a NaN scale byte: its row NaN), both decodes (one multiply up to scale byte 134 / 142, two
     above), deterministic; a weight holding a NaN code takes dense-exact (its column NaN)."""
     from mxkit.kernels.matmul import gemm_table_override, pack_weight
+    from mxkit.kernels.matmul_details import _layout_wgmma
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
     if wg.available(torch.device("cuda")) is not None:
         pytest.skip(wg.available(torch.device("cuda")))
     w = rand_mx((N, K), fmt, rng, base=base, device="cuda")
     pw = pack_weight(w, act="float")
-    assert wg.packed_of(pw)[2] == (base + 3 <= wg.FP8[fmt[-4:]][3])
+    assert wg.packed_of(pw)[2] == (base + 3 <= _layout_wgmma.FP8[fmt[-4:]][3])
     bias = torch.randn(N, generator=rng).cuda()
     table = {"w8a16_wgmma": {"max_m": 4096, "min_nk": 0}, "decode_mma": {"max_m": 16}, "a8w8_mma": {"max_m": 0},
              "decode_w4a16": {"max_m": 16, "configs": []}}
@@ -1874,7 +1885,7 @@ def test_wgmma_dense_schedule(monkeypatch):
     64 x 5120 x 2880 at split 3, 8192^2 at 2, 2880 x 4096 at 5)."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
 
-    monkeypatch.setattr(wg, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(wg, "sm_count", lambda index: 132)
     dev = torch.device("cuda", 0)
     for (M, N, K), want in (((64, 5120, 2880), (64, 3)), ((64, 8192, 8192), (64, 2)), ((64, 2880, 4096), (64, 5)),
                             ((17, 4096, 14336), (64, 4)), ((64, 28672, 8192), (64, 1)), ((128, 5120, 2880), (128, 3)),

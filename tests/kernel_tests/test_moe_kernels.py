@@ -180,7 +180,7 @@ def _check_gather_rows(device: str, g) -> int:
         xs = gather_rows(x.to(device), sid, T * k, k).cpu()
         assert torch.equal(xs[valid].view(torch.int16), x[tok[valid]].view(torch.int16)), (T, E, H)
         if H % 64 == 0:  # the decode-mma layout's K order (the prefill kernel on decode-packed experts)
-            from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order
+            from mxkit.kernels.matmul_details._layout_mma import mma_k_order
 
             xp = gather_rows(x.to(device), sid, T * k, k, mma_k_order=True).cpu()
             assert torch.equal(xp[valid].view(torch.int16), x[tok[valid]][:, mma_k_order(H)].view(torch.int16))
@@ -220,7 +220,7 @@ def test_mma_k_order():
     wgmma kernel's PERM_OUT column map (its formula, replicated), and matches pack_mma: the codes of column
     mma_k_order[16 j + 8 kh + 2 t + e] are those of lane (g, t)'s word j, pair (h = 0, kh), half e."""
     from mxkit.kernels.matmul_details._mma_decode import BITS, pack_mma
-    from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order
+    from mxkit.kernels.matmul_details._layout_mma import mma_k_order
 
     K = 192
     order = mma_k_order(K)
@@ -1129,8 +1129,8 @@ def test_pack_wgmma_experts_row_order(act, rng):
     """pack_wgmma_experts = pack_wgmma of the experts' rows in expert_row_order: in each 16 packed rows, 8 gate
     rows then the 8 up rows of the same output columns (GPT-OSS's interleaved rows, or [gate; up] halves); MXFP8
     experts in the FP8 layout likewise, None for those with a NaN / Inf code and for MXINT8."""
-    from mxkit.kernels.matmul_details._w4a16_wgmma import (expert_row_order, pack_wgmma_experts, unpack_wgmma,
-                                                           unpack_wgmma8)
+    from mxkit.kernels.matmul_details._layout_wgmma import (expert_row_order, pack_wgmma_experts, unpack_wgmma,
+                                                            unpack_wgmma8)
     from mxkit.kernels.moe import pack_experts_wgmma
 
     E, N, K = 3, 48, 96
@@ -1195,7 +1195,8 @@ def test_gpu_grouped_wgmma_kernel(bm, act, rng):
     masked), a scale byte 0 and a NaN scale byte (255): that row's outputs NaN."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
-    from mxkit.kernels.matmul_details._w4a16_wgmma import expert_row_order, pack_wgmma_experts, w4a16_wgmma
+    from mxkit.kernels.matmul_details._layout_wgmma import expert_row_order, pack_wgmma_experts
+    from mxkit.kernels.matmul_details._w4a16_wgmma import w4a16_wgmma
 
     E, N, K = 5, 208, 2880
     w = experts(E, N, K, "mxfp4", rng)
@@ -1226,7 +1227,8 @@ def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
     both decodes (every scale byte <= 128: one multiply; above: two), a scale byte 0 and a NaN scale byte."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
-    from mxkit.kernels.matmul_details._w4a16_wgmma import mma_k_order, w4a16_wgmma
+    from mxkit.kernels.matmul_details._layout_mma import mma_k_order
+    from mxkit.kernels.matmul_details._w4a16_wgmma import w4a16_wgmma
     from mxkit.kernels.moe import pack_experts_mma
     from mxkit.kernels.moe_details._rows import _interleave_halves
 

@@ -99,21 +99,19 @@ class _Launcher:
         return ("desc", a.base.dtype, tuple(a.block_shape), a.layout, a.base.data_ptr() % 16 == 0,
                 tuple(st % 16 == 0 for st in a.strides))
 
-    def _key(self, args: tuple, consts: tuple, num_warps: int, consts_key=None) -> tuple:
+    def _key(self, args: tuple, consts: tuple, num_warps: int) -> tuple:
         """The cache key of a launch of these arguments (see the class docstring)."""
-        return (tuple(map(self._spec, args)), consts if consts_key is None else ("key", consts_key), num_warps,
-                torch.cuda.current_device())
+        return tuple(map(self._spec, args)), consts, num_warps, torch.cuda.current_device()
 
-    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None) -> None:
-        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are);
-        consts_key: a hashable stand-in that determines them, keyed instead (constexprs slow to hash: Gluon
-        layouts, ~70 us a call with Triton 3.6)."""
+    def __call__(self, grid: tuple, args: tuple, consts: tuple, num_warps: int) -> None:
+        """consts: the constexprs as a tuple of (name, value) items (hashable: part of the key as they are; quick
+        to hash: a kernel's Gluon layouts reach it as closure constexprs, not arguments)."""
         fn = getattr(self.module, self.name)
         if not (_enabled and isinstance(fn, triton.runtime.JITFunction) and direct_launch_supported()):
             fn[grid](*args, **dict(consts), num_warps=num_warps)  # (the interpreter: not a JITFunction)
             return
         _, ok, names, defaults = self._meta(fn)
-        key = self._key(args, consts, num_warps, consts_key)
+        key = self._key(args, consts, num_warps)
         hit = self.cache.get(key) if ok else None
         if hit is None:
             given = dict(consts)
@@ -131,7 +129,7 @@ class _Launcher:
             return
         k[(grid + (1, 1))[:3]](*args, *full_consts)  # (the compiled kernel's runner reads all three grid dims)
 
-    def _hit(self, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+    def _hit(self, args: tuple, consts: tuple, num_warps: int):
         """(key, cache entry) of the specialisation these arguments hit, or None where direct launches or ArgsLaunch
         are off or the kernel is not compiled for them yet."""
         fn = getattr(self.module, self.name)
@@ -139,17 +137,17 @@ class _Launcher:
                 and direct_launch_supported()):
             return None
         _, ok, _, _ = self._meta(fn)
-        key = self._key(args, consts, num_warps, consts_key)
+        key = self._key(args, consts, num_warps)
         hit = self.cache.get(key) if ok else None
         return None if hit is None else (key, hit)
 
-    def args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+    def args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
         """The :class:`ArgsLaunch` of the specialisation these arguments hit (made here where the hit has none yet),
         after at least one call of it: a caller that keeps it launches later calls of the same specialisation
         (argument kinds, dtypes, 16-byte alignment of every pointer, the same ints) with one ``fast(grid, args)``
         and none of this launcher's per-call key. None where direct launches or ArgsLaunch are off, the kernel is
         not compiled for these arguments yet, or the launch cannot be derived."""
-        got = self._hit(args, consts, num_warps, consts_key)
+        got = self._hit(args, consts, num_warps)
         if got is None:
             return None
         key, (k, full_consts, fast) = got
@@ -158,10 +156,10 @@ class _Launcher:
             self.cache[key] = (k, full_consts, fast)
         return fast or None
 
-    def private_args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int, consts_key=None):
+    def private_args_launch(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):
         """A new :class:`ArgsLaunch` of the specialisation these arguments hit (after at least one call of it), its
         parameter block its caller's alone (:meth:`ArgsLaunch.with_outputs`); None as :meth:`args_launch`."""
-        got = self._hit(args, consts, num_warps, consts_key)
+        got = self._hit(args, consts, num_warps)
         return None if got is None else ArgsLaunch.make(got[1][0], args, grid)
 
     def bind(self, grid: tuple, args: tuple, consts: tuple, num_warps: int):

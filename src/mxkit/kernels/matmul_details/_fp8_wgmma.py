@@ -41,7 +41,7 @@ import triton.language as tl
 from .._env import env
 from ..launch import _Launcher
 from . import _w4a16_wgmma
-from ._w4a16_wgmma import _gluon, _sm_count
+from ._wgmma_gluon import gluon as _gluon, launch_order as _launch_order, sm_count as _sm_count
 
 BM, BN, BK = 128, 128, 128  # a tile: rows of a (two warpgroups of 64), rows of b, K columns a step (4 wgmma)
 STAGES = 5    # slots of the TMA ring (32 KB each; with the epilogue's two 16 KB layout conversions, 192 KB)
@@ -54,7 +54,7 @@ def _kernel():
     gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     KT = gl.constexpr(BK)  # (a module global is no constexpr in a kernel; a closure's constexpr is)
-    launch_order = _w4a16_wgmma._launch_order()
+    launch_order = _launch_order()
 
     @gluon.jit
     def _tile(tile, t_ptr, M, N, NT, BM: gl.constexpr, BN: gl.constexpr, GROUP: gl.constexpr,

@@ -20,7 +20,7 @@ def _gather_rows_kernel(src_ptr, ids_ptr, dst_ptr, ssrc_ptr, sdst_ptr, n_valid, 
     """Sorted rows [ROWS * pid, + ROWS) of R: dst[r] = src[ids[r] // TOP_K] (rows of W words) where ids[r] <
     n_valid; padding rows are not written (the grouped GEMMs compute them, nobody reads the results).
     HAS_SCALE: sdst[r] = ssrc[that token], 0 for padding rows. PERM64 (words of two bf16, W % 32 == 0): each 32
-    words in the decode-mma layout's K order (``_w4a16_wgmma.mma_k_order``): word 16 b + 8 s + 4 kh + t takes
+    words in the decode-mma layout's K order (``_layout_mma.mma_k_order``): word 16 b + 8 s + 4 kh + t takes
     word 16 b + 4 t + 2 s + kh."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = r < R

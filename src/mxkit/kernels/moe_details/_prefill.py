@@ -25,7 +25,7 @@ from ._sort import _align_rows, max_blocks, mixed_blocks_device, mixed_sizes
 @dataclass(frozen=True, eq=False)
 class WgmmaExperts:
     """MXFP4 or MXFP8 experts (E, N, K) in the grouped wgmma kernel's layout (:func:`pack_experts_wgmma`): q, st,
-    one_mul of :func:`mxkit.kernels.matmul_details._w4a16_wgmma.pack_wgmma_experts`; ``act_pairs``: the
+    one_mul of :func:`mxkit.kernels.matmul_details._layout_wgmma.pack_wgmma_experts`; ``act_pairs``: the
     activation whose (gate, up) row order the rows were packed in (gate_up experts), or None; ``elem``: the
     kernel's element decode ("e2m1", "e4m3", "e5m2")."""
 
@@ -45,7 +45,8 @@ def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optio
     outside the bf16-exact envelope or a NaN / Inf code (the wgmma decode does not keep them; the grouped
     Triton kernel takes those). Same bytes as the experts (a copy); one or two host syncs (scale extrema,
     MXFP8 codes)."""
-    from ..matmul_details._w4a16_wgmma import FP8_ELEMS, pack_wgmma_experts
+    from ..matmul_details._layout_wgmma import pack_wgmma_experts
+    from ..matmul_details._w4a16_wgmma import FP8_ELEMS
 
     E, N, K = w.shape
     elem = FP8_ELEMS.get(w.fmt.name, "e2m1" if w.fmt.name == "mxfp4_e2m1" else None)

@@ -25,7 +25,7 @@ def gather_rows(x: torch.Tensor, ids: torch.Tensor, n: int, top_k: int, scale: O
     x[ids[r] // top_k] where ids[r] < n; padding rows are left unwritten (the grouped GEMMs compute them and
     nothing reads them). One Triton kernel. With ``scale`` (T,) float32 (the FP8 rowwise scales) also returns
     their (R,) gather, 0 on padding rows. ``mma_k_order`` (bf16 x, H % 64 == 0): the columns in the order of
-    :func:`mxkit.kernels.matmul_details._w4a16_wgmma.mma_k_order` (the prefill kernel on decode-mma experts).
+    :func:`mxkit.kernels.matmul_details._layout_mma.mma_k_order` (the prefill kernel on decode-mma experts).
     Returns xs (R, H) [, scales (R,)]."""
     R, H = ids.numel(), x.shape[1]
     if mma_k_order and (x.element_size() != 2 or H % 64):
@@ -71,7 +71,7 @@ def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor and
     version while the tensor lives (no per-call kernels; a CUDA graph captured after a first call reads the kept
     tensor, which stays valid: entries go only with their bias, or past 4096 live ones)."""
-    from ..matmul_details._w4a16_wgmma import expert_row_order
+    from ..matmul_details._layout_wgmma import expert_row_order
 
     key = (id(b), b._version, order)
     hit = _BIAS.get(key)

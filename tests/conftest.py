@@ -484,6 +484,23 @@ def run_interpreted(path: str, func: str) -> str:
     return r.stdout
 
 
+def compile_gluon_sm90(kernel, sig: dict, consts: dict, num_warps: int, divisible: tuple = ()):
+    """A Gluon kernel compiled for sm_90 on the CPU by the installed Triton (its compiler and ptxas; the
+    interpreter would replace them): ``sig`` the runtime arguments' types by name in signature order, ``consts``
+    the constexprs after them (num_warps included where the kernel declares it), ``divisible`` the pointer
+    arguments marked 16-byte aligned."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the interpreter replaces the compiler"
+    full = dict(sig, **{k: "constexpr" for k in consts})
+    names = list(full)
+    src = GluonASTSource(kernel, full, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in divisible})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
 def interpreted_rng(*kernels) -> torch.Generator:
     """Inside run_interpreted: asserts that the kernels really run under the interpreter (not compiled, not
     skipped); returns a generator with a fresh seed, printed for replay (MXKIT_TEST_SEED=<seed>)."""

@@ -132,6 +132,29 @@ def test_gpu_tile_table(rng):
     assert _tile_table_cases(rng, "cuda") == 9
 
 
+@pytest.mark.parametrize("grouped,precise,out", [(False, True, "bf16"), (True, True, "bf16"), (True, True, "fp32"),
+                                                  (False, False, "fp16")])
+def test_fp8_wgmma_compiles_for_sm90(grouped, precise, out):
+    """The Gluon kernel builds for sm_90 on the CPU (the installed Triton's compiler and ptxas), dense and grouped,
+    with the promotion (precise) and without: two consumer warpgroups of FP8 wgmma (m64n128k32) and the producer.
+    Its results are checked by the GPU tests (the interpreter does not run Gluon)."""
+    from conftest import compile_gluon_sm90
+
+    from mxkit.kernels.matmul_details._wgmma_gluon import gluon
+
+    if isinstance(gluon(), str):
+        pytest.skip(gluon())
+    a_l, b_l = f8._smem_layouts()
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{f8.BM}, {f8.BK}],{a_l}>",
+           "b_desc": f"tensordesc<fp8e4nv[{f8.BN}, {f8.BK}],{b_l}>", "y_ptr": "*" + out, "sa_ptr": "*fp32",
+           "sb_ptr": "*fp32", "t_ptr": "*i32", "M": "i32", "N": "i32", "NT": "i32", "KSTEPS": "i32", "stride_ym": "i32"}
+    k = compile_gluon_sm90(f8._kernel(), sig, dict(STAGES=f8.STAGES, GROUPED=grouped, PRECISE=precise, num_warps=4),
+                           4, ("y_ptr", "sa_ptr", "sb_ptr"))
+    ptx = k.asm["ptx"]
+    assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    assert ptx.count("cp.async.bulk.tensor.2d") == 2  # (the producer's two TMA loads a step)
+
+
 def test_fp8_gemm_refuses_bad_operands():
     a = torch.zeros(4, 32, dtype=torch.float8_e4m3fn)
     b = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)

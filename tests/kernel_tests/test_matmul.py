@@ -719,19 +719,13 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
     the layout conversions asserted free), blocks at the rows of a table (grouped: with and without STARTS, the
     MoE's mixed block sizes), and MXFP8 weights (w8: E4M3, E5M2). Its results are checked by the GPU tests (the
     interpreter does not run Gluon)."""
-    import os
-
-    import triton
-    from triton.backends.compiler import GPUTarget
+    from conftest import compile_gluon_sm90
 
     from mxkit.kernels.matmul_details import _w4a16_wgmma as W
     from mxkit.kernels.matmul_details._wgmma_gluon import BN, WARPS, gluon, u8_layout
 
     if isinstance(gluon(), str):
         pytest.skip(gluon())
-    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the interpreter replaces the compiler"
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     gl = gluon()[1]
     xl = gl.NVMMASharedLayout.get_default_for([bm, 64], gl.bfloat16)
     w_ty, s_ty = (f"u8[{BN // 16}, 2, 256],{u8_layout(3)}", f"u8[{BN // 16}, 32],{u8_layout(2)}") if mma else \
@@ -744,12 +738,7 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
     for starts in (False, True) if grouped else (False,):
         cx = dict(STAGES=W.STAGES, ONE_MUL=act != 1, HAS_BIAS=True, GROUPED=grouped, ACT=act, SCHEDULE=schedule,
                   PERM_OUT=mma and act != 0, STARTS=starts, num_warps=WARPS)
-        full = dict(sig, **{k: "constexpr" for k in cx})
-        names = list(full)
-        src = GluonASTSource(W._kernel(layout, elem, bm), full,
-                             constexprs={(names.index(k),): v for k, v in cx.items()},
-                             attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("y_ptr", "b_ptr", "e_ptr")})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+        k = compile_gluon_sm90(W._kernel(layout, elem, bm), sig, cx, WARPS, ("y_ptr", "b_ptr", "e_ptr"))
         assert len(k.asm["cubin"]) > 0 and "wgmma.mma_async" in k.asm["ptx"]
 
 

@@ -42,6 +42,7 @@ from .._env import env
 from ..launch import _Launcher
 from . import _w4a16_wgmma
 from ._wgmma_gluon import gluon as _gluon, launch_order as _launch_order, sm_count as _sm_count
+from ._wgmma_gluon import tma_load as _tma_load
 
 BM, BN, BK = 128, 128, 128  # a tile: rows of a (two warpgroups of 64), rows of b, K columns a step (4 wgmma)
 STAGES = 5    # slots of the TMA ring (32 KB each; with the epilogue's two 16 KB layout conversions, 192 KB)
@@ -50,10 +51,14 @@ GROUP_M = 8   # tiles along M that share b's tiles in L2 (launch order)
 
 @functools.lru_cache(maxsize=None)
 def _kernel():
-    """Build the Gluon kernel (once; needs Triton's Gluon)."""
-    gluon, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
-    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    KT = gl.constexpr(BK)  # (a module global is no constexpr in a kernel; a closure's constexpr is)
+    """Build the Gluon kernel (once; needs Triton's Gluon). The tile shape, the launch order's group and the
+    accumulator and store layouts reach it as closure constexprs (:func:`_layouts`); its constexpr arguments are
+    STAGES, GROUPED and PRECISE."""
+    gluon, gl, mbarrier, _, warpgroup_mma, warpgroup_mma_wait, _ = _gluon()
+    tma_load = _tma_load()
+    # (a module global is no constexpr in a kernel; a closure's constexpr is)
+    KT, BMc, BNc, GROUP = gl.constexpr(BK), gl.constexpr(BM), gl.constexpr(BN), gl.constexpr(GROUP_M)
+    ACC, OUT = (gl.constexpr(v) for v in _layouts())
     launch_order = _launch_order()
 
     @gluon.jit
@@ -150,11 +155,9 @@ def _kernel():
 
     @gluon.jit
     def fp8_wgmma_kernel(a_desc, b_desc, y_ptr, sa_ptr, sb_ptr, t_ptr, M, N, NT, KSTEPS, stride_ym,
-                         BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                         GROUPED: gl.constexpr, ACC: gl.constexpr, OUT: gl.constexpr, PRECISE: gl.constexpr,
-                         num_warps: gl.constexpr):
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, KT], a_desc.layout)
-        b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, KT], b_desc.layout)
+                         STAGES: gl.constexpr, GROUPED: gl.constexpr, PRECISE: gl.constexpr, num_warps: gl.constexpr):
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BMc, KT], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BNc, KT], b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
@@ -165,11 +168,12 @@ def _kernel():
         mbarrier.init(order.index(1), count=1)
         mbarrier.arrive(order.index(0))  # (warpgroup 0 issues the first step's wgmma)
         gl.warp_specialize([(_consume, (a_smem, b_smem, ready, empty, order, y_ptr, sa_ptr, sb_ptr, t_ptr, M, N, NT,
-                                        KSTEPS, stride_ym, STAGES, BM, BN, GROUP, GROUPED, ACC, OUT, PRECISE, 0)),
+                                        KSTEPS, stride_ym, STAGES, BMc, BNc, GROUP, GROUPED, ACC, OUT, PRECISE, 0)),
                             (_consume, (a_smem, b_smem, ready, empty, order, y_ptr, sa_ptr, sb_ptr, t_ptr, M, N, NT,
-                                        KSTEPS, stride_ym, STAGES, BM, BN, GROUP, GROUPED, ACC, OUT, PRECISE, BM // 2)),
+                                        KSTEPS, stride_ym, STAGES, BMc, BNc, GROUP, GROUPED, ACC, OUT, PRECISE,
+                                        BMc // 2)),
                             (_produce, (a_desc, b_desc, a_smem, b_smem, ready, empty, t_ptr, M, N, NT, KSTEPS, STAGES,
-                                        BM, BN, GROUP, GROUPED))], [4, 1], [232, 24])
+                                        BMc, BNc, GROUP, GROUPED))], [4, 1], [232, 24])
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
@@ -181,14 +185,20 @@ def _kernel():
 
 @functools.lru_cache(maxsize=None)
 def _layouts():
-    """(a's and b's shared tile layouts, a consumer warpgroup's accumulator layout [BM / 2, BN], its store layout:
-    8 columns a thread)."""
+    """(a consumer warpgroup's accumulator layout [BM / 2, BN], its store layout: 8 columns a thread)."""
     gl = _gluon()[1]
     acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     out = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BN // 8), BN // 8],
                            warps_per_cta=[4, 1], order=[1, 0])
+    return acc, out
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layouts():
+    """(a's and b's shared tile layouts: the TMA descriptors')."""
+    gl = _gluon()[1]
     return (gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv), acc, out)
+            gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv))
 
 
 @triton.jit
@@ -310,12 +320,20 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tenso
             (y[:int(offs[-1])] if grouped else y).zero_()
         return y
     TensorDescriptor = _gluon()[6]
-    a_l, b_l, acc, out_l = _layouts()
+    a_l, b_l = _smem_layouts()
     grid = (min(tiles, _sm_count(a.device.index if a.device.index is not None else torch.cuda.current_device())),)
-    _kernel()[grid](TensorDescriptor.from_tensor(a, [BM, BK], a_l), TensorDescriptor.from_tensor(b, [BN, BK], b_l),
-                    y, sa, sb, table if grouped else y, M, N, NT, -(-K // BK), y.stride(0), BM=BM, BN=BN,
-                    STAGES=STAGES, GROUP=GROUP_M, GROUPED=grouped, ACC=acc, OUT=out_l, PRECISE=precise, num_warps=4)
+    _launcher()(grid, (TensorDescriptor.from_tensor(a, [BM, BK], a_l), TensorDescriptor.from_tensor(b, [BN, BK], b_l),
+                       y, sa, sb, table if grouped else y, M, N, NT, -(-K // BK), y.stride(0)),
+                (("STAGES", STAGES), ("GROUPED", grouped), ("PRECISE", bool(precise))), 4)
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher():
+    """The kernel's direct launch (:class:`mxkit.kernels.launch._Launcher`)."""
+    import types
+
+    return _Launcher(types.SimpleNamespace(fp8_wgmma_kernel=_kernel()), "fp8_wgmma_kernel")
 
 
 def fp8_gemm_reference(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, *,

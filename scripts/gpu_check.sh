@@ -17,6 +17,7 @@
 #   MXKIT_SANITIZE=1        run stage 2 (default off); MXKIT_SANITIZE_BUDGET (default 120),
 #                           MXKIT_SANITIZE_K: its pytest -k expression (default "quantize or dequantize")
 #   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stages 3 to 6 (4b too)
+#                                                     MXKIT_SKIP_QUANTIZE=1  skip stage 3
 #   MXKIT_GEMM_BUDGET       stage 4 (default 90)      MXKIT_SKIP_GEMM=1   skip stage 4
 #   MXKIT_MOE_BUDGET        stage 4b (default 90)     MXKIT_SKIP_MOE=1       skip stage 4b (bench moe --quick)
 #   MXKIT_OVERHEAD_BUDGET   stage 5 (default 45)      MXKIT_SKIP_OVERHEAD=1  skip stage 5
@@ -108,9 +109,13 @@ bench() {  # bench <stage name> <budget> <mxkit bench args...>
 if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then
     STATUS+=("bench quantize / gemm / moe / overhead / decode: skipped (MXKIT_SKIP_BENCH=1)")
 else
-    # shellcheck disable=SC2086
-    bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 3)" quantize --shapes 8192x8192,16384x16384 \
-        ${MXKIT_QUANTIZE_ARGS:-}
+    if [ "${MXKIT_SKIP_QUANTIZE:-0}" = 1 ]; then
+        STATUS+=("bench quantize: skipped (MXKIT_SKIP_QUANTIZE=1)")
+    else
+        # shellcheck disable=SC2086
+        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 3)" quantize --shapes 8192x8192,16384x16384 \
+            ${MXKIT_QUANTIZE_ARGS:-}
+    fi
     # 4. the GEMM benchmark, quick set ---------------------------------------------------------------------
     if [ "${MXKIT_SKIP_GEMM:-0}" = 1 ]; then
         STATUS+=("bench gemm: skipped (MXKIT_SKIP_GEMM=1)")

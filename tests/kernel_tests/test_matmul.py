@@ -701,6 +701,9 @@ def test_w4a16_wgmma_prepared_key_tells_problems_apart(monkeypatch):
     assert key() != base
     W._PREPARED.clear()
     assert W.dense_prepared(x, q, 128, True, torch.bfloat16, 64, 1, "e2m1") is None
+    # its constexprs are flags (the layouts are the kernel's own), so the launcher's key is quick to hash
+    prep = W._Prepared(x, q, 128, True, False, None, None, 64, None, "wgmma", False, False, 1, "e2m1", torch.bfloat16)
+    assert prep.consts and all(type(v) in (bool, int) for _, v in prep.consts), prep.consts
 
 
 @pytest.mark.parametrize("bm,grouped,act,out,schedule,mma,w8", [

@@ -648,7 +648,7 @@ def test_w4a16_wgmma_rejects_a_layout_it_does_not_read():
     for layout, elem in (("mma", "e4m3"), ("mma", "e5m2"), ("wgmma", "e3m2"), ("nvidia", "e2m1")):
         with pytest.raises(ValueError, match="wgmma layout only"):
             W.w4a16_wgmma(x, q, st, 8, True, layout=layout, elem=elem)
-    assert W.LAYOUTS == {"wgmma": ("e2m1", "e4m3", "e5m2"), "mma": ("e2m1",)}
+    assert {name: m.ELEMS for name, m in W.LAYOUTS.items()} == {"wgmma": ("e2m1", "e4m3", "e5m2"), "mma": ("e2m1",)}
 
 
 def test_w4a16_wgmma_kernels_differ_by_layout_and_block():
@@ -661,7 +661,7 @@ def test_w4a16_wgmma_kernels_differ_by_layout_and_block():
     if isinstance(gluon(), str):
         pytest.skip(gluon())
     keys = {(layout, elem, bm): W._kernel(layout, elem, bm).cache_key
-            for layout, elems in W.LAYOUTS.items() for elem in elems for bm in (32, 64, 128, 256)}
+            for layout, m in W.LAYOUTS.items() for elem in m.ELEMS for bm in (32, 64, 128, 256)}
     assert len(set(keys.values())) == len(keys) == 16
     assert W._kernel("mma", "e2m1", 64) is W._kernel("mma", "e2m1", 64)  # (built once)
 

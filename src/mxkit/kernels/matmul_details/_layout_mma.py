@@ -21,6 +21,9 @@ import torch
 
 from ._wgmma_gluon import BN, WARPS, acc_layouts, e8m0_bf16, gluon, tma_load, u8_layout
 
+ELEMS = ("e2m1",)  # the element formats this layout holds (the w16 kernel's layout modules: ELEMS, steps, descs,
+#                    gluon_parts, each taking the element format)
+
 
 def _mma_words_asm(one_mul: bool) -> str:
     """PTX: $4 one word of the decode-mma layout (8 E2M1 codes at :data:`_mma_decode.BITS`), $5 / $6 the block
@@ -52,12 +55,12 @@ def mma_k_order(K: int, device=None) -> torch.Tensor:
     return c + 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * kh + e
 
 
-def steps(q: torch.Tensor) -> int:
+def steps(q: torch.Tensor, elem: str = "e2m1") -> int:
     """The 64-column K steps of a packed weight ``q`` int32 [N / 16, K / 64, 32, 4]."""
     return q.shape[1]
 
 
-def descs(q: torch.Tensor, st: torch.Tensor) -> tuple:
+def descs(q: torch.Tensor, st: torch.Tensor, elem: str = "e2m1") -> tuple:
     """The TMA descriptors of the codes [BN / 16, 2, 256] bytes and the scales [BN / 16, 32] bytes a program loads a
     step (``q`` int32 [N / 16, K / 64, 32, 4] and ``st`` int32 [N / 16, K / 64, 8] viewed as bytes)."""
     TensorDescriptor = gluon()[6]
@@ -89,8 +92,9 @@ def tile_layouts(BM: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def gluon_parts(BM: int) -> types.SimpleNamespace:
-    """The kernel's Gluon pieces for this layout at ``BM`` tokens a program (as ``_layout_wgmma.gluon_parts``):
+def gluon_parts(elem: str, BM: int) -> types.SimpleNamespace:
+    """The kernel's Gluon pieces for this layout (``elem`` "e2m1") at ``BM`` tokens a program (as
+    ``_layout_wgmma.gluon_parts``):
     ``alloc``, ``load``, ``decode``; ``split_pairs(t)`` an accumulator-shaped tile's rows 2 c (gate) and 2 c + 1
     (up), [BN / 2, BM] each; ``pair_column(n)`` the output column n // 2 of packed row n's pair."""
     g, gl = gluon()[:2]

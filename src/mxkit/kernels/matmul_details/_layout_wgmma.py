@@ -35,7 +35,7 @@ from ._wgmma_gluon import BN, acc_layouts, e8m0_bf16, gluon, tma_load, u8_layout
 # FP8 weights (W8A16): per element format, (shift of the byte placed in a bf16's high byte, magnitude mask, the
 # exponent R with value(bits) = element value x 2^-R, the largest scale byte whose factor 2^(s - 127 + R) is a bf16)
 FP8 = {"e4m3": (4, 0x07F007F0, 120, 134), "e5m2": (3, 0x0FE00FE0, 112, 142)}
-ELEMS = ("e2m1",) + tuple(FP8)  # the element formats this layout holds
+ELEMS = ("e2m1",) + tuple(FP8)  # the element formats this layout holds (as every layout module: ``_layout_mma``)
 
 
 def _pack_codes(qdata: torch.Tensor, scale: torch.Tensor, code_bytes: int, name: str) -> tuple:

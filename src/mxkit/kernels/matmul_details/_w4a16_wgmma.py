@@ -45,8 +45,9 @@ from ._split_sum import split_sum, split_sum_launch, split_sum_plan
 from ._wgmma_gluon import BN, WARPS, acc_layouts, gluon, launch_order, sm_count, tma_load
 
 FP8_ELEMS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}  # the MXFP8 weights the kernel reads (``elem``)
-# the (layout, elem) pairs the kernel reads: its layout modules and their element formats
-LAYOUTS = {"wgmma": _layout_wgmma.ELEMS, "mma": ("e2m1",)}
+# the weight layouts the kernel reads, by ``layout`` name: each a module with the element formats it holds
+# (ELEMS), the K steps and TMA descriptors of a packed weight (steps, descs) and the kernel's Gluon pieces
+LAYOUTS = {"wgmma": _layout_wgmma, "mma": _layout_mma}
 STAGES = 4    # slots of the TMA ring
 STAGES_SMALL_M = 6  # ... in dense calls of 64-token tiles (M <= 64), whose steps are short (:func:`_stages`)
 GROUP_M = 8   # programs along M that share weight tiles in L2 (launch order)
@@ -77,11 +78,6 @@ def _available_on(index: int) -> Optional[str]:
     return g if isinstance(g, str) else None
 
 
-def _layout_parts(layout: str, elem: str, bm: int):
-    """The Gluon pieces of a weight layout's module (``gluon_parts``) for ``elem`` codes at ``bm`` tokens."""
-    return _layout_mma.gluon_parts(bm) if layout == "mma" else _layout_wgmma.gluon_parts(elem, bm)
-
-
 @functools.lru_cache(maxsize=None)
 def _kernel(layout: str, elem: str, bm: int):
     """Build the Gluon kernel for one weight layout (``layout``, ``elem``: :data:`LAYOUTS`) at ``bm`` tokens a
@@ -92,7 +88,7 @@ def _kernel(layout: str, elem: str, bm: int):
     g, gl, mbarrier, _, warpgroup_mma, warpgroup_mma_wait, _ = gluon()
     import triton.language as tl
 
-    lay = _layout_parts(layout, elem, bm)
+    lay = LAYOUTS[layout].gluon_parts(elem, bm)
     decode, load_weight, alloc_weight = lay.decode, lay.load, lay.alloc
     split_pairs, pair_column = lay.split_pairs, lay.pair_column
     order = launch_order()
@@ -424,8 +420,9 @@ def w4a16_wgmma(x: torch.Tensor, q: torch.Tensor, st: torch.Tensor, N: int, one_
     and, from its second call, launched by one ``cuLaunchKernel`` with x's TMA descriptor encoded from x alone;
     a dense problem's calls from its third on are one C++ fast call (and the split's sum another)."""
     M, K = x.shape
-    if elem not in LAYOUTS.get(layout, ()):
-        raise ValueError(f"layout={layout!r} with elem={elem!r}: one of {LAYOUTS} (FP8 weights are read in "
+    if layout not in LAYOUTS or elem not in LAYOUTS[layout].ELEMS:
+        pairs = {name: m.ELEMS for name, m in LAYOUTS.items()}
+        raise ValueError(f"layout={layout!r} with elem={elem!r}: one of {pairs} (FP8 weights are read in "
                          f"the wgmma layout only)")
     grouped = expert_ids is not None
     bm = bm or block_m(M)
@@ -505,7 +502,7 @@ class _Prepared:
 
         M, _ = x.shape
         self.layout, self.elem = layout, elem
-        self.steps = steps = _layout_mma.steps(q) if layout == "mma" else _layout_wgmma.steps(q, elem)
+        self.steps = steps = LAYOUTS[layout].steps(q, elem)
         grouped = expert_ids is not None
         self.n_out = N // 2 if activation else N
         self.ksteps = -(-steps // max(1, split))
@@ -633,7 +630,7 @@ def _weight_descs(q: torch.Tensor, st: torch.Tensor, layout: str, elem: str) -> 
     got = q.__dict__.get("_mxkit_wgmma_descs")
     if got is not None and got[0] == key:
         return got[1]
-    descs = _layout_mma.descs(q, st) if layout == "mma" else _layout_wgmma.descs(q, st, elem)
+    descs = LAYOUTS[layout].descs(q, st, elem)
     q.__dict__["_mxkit_wgmma_descs"] = (key, descs)
     return descs
 

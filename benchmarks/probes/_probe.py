@@ -1,4 +1,4 @@
-"""What the A/B probes share: the kernels of a PTX file, the timing, the split-K buffers."""
+"""What the A/B probes share: the kernels of a PTX file, the timing, the split-K buffers, fp8-wgmma's MoE rows."""
 import re
 import sys
 from pathlib import Path
@@ -101,3 +101,16 @@ def moe_prefill_case(model: str, w, packed, T: int, cfg):
     case = bm.MoeCase(model=model, T=T, routing="uniform", mode="w4a16")
     t_peer = bench_us(bm._grouped(case, bm.Inputs(x, tw, ids, w), None, gemms_only=True), cfg)[0]
     return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), t_peer
+
+
+def fp8_moe_rows(E: int = 128, T: int = 16384, K: int = 2880):
+    """fp8-wgmma's grouped operand a on GPT-OSS's MoE (uniform top-4 routing of T tokens over E experts, each group
+    padded to 16 rows): (a float8_e4m3fn [R, K], sa float32 [R], offs int32 [E], the tile table, R)."""
+    from mxkit.kernels.matmul_details import _fp8_wgmma as f8
+
+    ids = torch.rand(T, E, device=DEV).topk(4, 1).indices
+    pad = (torch.bincount(ids.flatten(), minlength=E) + 15) // 16 * 16
+    offs = pad.cumsum(0).to(torch.int32)
+    R = int(offs[-1])
+    a = torch.randn(R, K, device=DEV).to(torch.float8_e4m3fn)
+    return a, torch.rand(R, device=DEV), offs, f8.tile_table(offs, R), R

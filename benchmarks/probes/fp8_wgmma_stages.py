@@ -7,20 +7,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _probe import time_us  # noqa: E402
+from _probe import fp8_moe_rows, time_us  # noqa: E402
 
 from mxkit.kernels.matmul_details import _fp8_wgmma as f8  # noqa: E402
 
 stages = [int(s) for s in (sys.argv[1] if len(sys.argv) > 1 else "5,6,4").split(",")]
 dev = torch.device("cuda")
 E, T, K = 128, 16384, 2880
-ids = torch.rand(T, E, device=dev).topk(4, 1).indices
-pad = (torch.bincount(ids.flatten(), minlength=E) + 15) // 16 * 16
-offs = pad.cumsum(0).to(torch.int32)
-R = int(offs[-1])
-a = torch.randn(R, K, device=dev).to(torch.float8_e4m3fn)
-sa = torch.rand(R, device=dev)
-table = f8.tile_table(offs, R)
+a, sa, offs, table, R = fp8_moe_rows(E, T, K)
 print(torch.cuda.get_device_name(0))
 for N in (5760, 2880):
     b = torch.randn(E * N, K, device=dev).to(torch.float8_e4m3fn)

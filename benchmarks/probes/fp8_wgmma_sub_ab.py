@@ -12,7 +12,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _probe import time_us  # noqa: E402
+from _probe import fp8_moe_rows, time_us  # noqa: E402
 
 from mxkit.kernels.matmul_details import _fp8_wgmma as f8  # noqa: E402
 
@@ -42,13 +42,7 @@ run("dense 8192^3", lambda: f8.fp8_gemm(a, b, sa, sb),
     lambda: torch._scaled_mm(a, b.T, sa[:, None], sb[None, :], out_dtype=torch.bfloat16))
 del a, b
 E, T, K = 128, 16384, 2880
-ids = torch.rand(T, E, device=dev).topk(4, 1).indices
-pad = (torch.bincount(ids.flatten(), minlength=E) + 15) // 16 * 16
-offs = pad.cumsum(0).to(torch.int32)
-R = int(offs[-1])
-a = torch.randn(R, K, device=dev).to(torch.float8_e4m3fn)
-sa = torch.rand(R, device=dev)
-table = f8.tile_table(offs, R)
+a, sa, offs, table, R = fp8_moe_rows(E, T, K)
 for N in (5760, 2880):
     b = torch.randn(E * N, K, device=dev).to(torch.float8_e4m3fn)
     sb = torch.rand(E * N, device=dev)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, one call of well under 10 minutes on an H100 / H200 machine: (1) the tests marked gpu through
 # pytest-xdist, (2) optionally compute-sanitizer memcheck, (3) `mxkit bench quantize` at 8192^2 and 16384^2
-# with peers, (4) `mxkit bench gemm --quick`, (5) `mxkit bench overhead`, (6) `mxkit bench decode --quick`;
+# with peers, (4) `mxkit bench gemm --quick`, (4b) `mxkit bench moe --quick`, (5) `mxkit bench overhead`,
+# (6) `mxkit bench decode --quick`;
 # logs, CSV / JSON / PNG under $OUT, a short summary printed LAST. Runs from source (PYTHONPATH=src); installs
 # nothing.
 #
@@ -25,15 +26,15 @@
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
 #   MXKIT_TEST_K            a pytest -k expression for stage 1 (default: every gpu test)
 #   MXKIT_XDIST_N           pytest-xdist workers (default 16)
-#   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra options for the
-#                           benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,
+#   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_MOE_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra
+#                           options for the benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,
 #                           torchao", leaves out the compiled reference, whose torch.compile per pair and shape
 #                           does not fit the stage (the full `mxkit bench gemm` runs it); decode's, "--quick", cuts
 #                           Llama-3-8B to 4 layers and 16 tokens
 # Files: gpu_check.log, pytest_gpu.xml, sanitizer.log, bench_quantize.{csv,json,png}, bench_gemm.{csv,json,png},
-# bench_overhead.{csv,json}, bench_decode.{csv,json,png}, summary.txt. Exit status 0 when every stage that ran
-# passed (no test failure, no memcheck error, every mxkit benchmark output checked, every overhead call and
-# decode run done, no stage out of time).
+# bench_moe.{csv,json,png}, bench_overhead.{csv,json}, bench_decode.{csv,json,png}, summary.txt. Exit status 0
+# when every stage that ran passed (no test failure, no memcheck error, every mxkit benchmark output checked, every
+# overhead call and decode run done, no stage out of time).
 
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2

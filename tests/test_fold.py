@@ -337,6 +337,29 @@ def test_bad_arguments():
         quantize_fold_reference(torch.ones(2, 48), "mxfp4")
 
 
+def test_malformed_folded_raises(rng):
+    """A Folded checks its fields: a short scale used to broadcast into a wrong product, int8 codes were read as
+    integers; a string format is normalised."""
+    f = quantize_fold_reference(torch.randn(3, 2, 64, generator=rng), "mxfp4")
+    R = f.rows()
+    assert f.lead_shape == (3, 2) and R == 6
+    g = Folded(f.data, f.scale, f.owner, "mxfp4", (3, 2))
+    assert g.fmt is f.fmt and g.lead_shape == torch.Size([3, 2])
+    bad = {
+        "scale": (TypeError, dict(scale=f.scale.double())),
+        "data": (TypeError, dict(data=f.data.view(torch.int8))),
+        "owner": (TypeError, dict(owner=f.owner.int())),
+        r"scale \[": (ValueError, dict(scale=f.scale[:1])),
+        r"data \[": (ValueError, dict(data=f.data.reshape(-1))),
+        "lead_shape": (ValueError, dict(lead_shape=torch.Size([7]))),
+        "mxfp9": (ValueError, dict(fmt="mxfp9")),
+    }
+    for match, (err, kw) in bad.items():
+        fields = dict(data=f.data, scale=f.scale, owner=f.owner, fmt=f.fmt, lead_shape=f.lead_shape) | kw
+        with pytest.raises(err, match=match):
+            Folded(**fields)
+
+
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 def test_widen_fp6_every_code(fmt, rng):
     """widen_fp6: every FP6 code under every scale byte the twin holds (and NaN) dequantizes to the same bytes as

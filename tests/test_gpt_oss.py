@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -200,6 +201,11 @@ def test_load_some_layers_and_progress_bar(tmp_path, rng, capsys):
     assert "load GPT-OSS MoE" in err and "3/3" in err
     with pytest.raises(ValueError, match=r"layers \[3\] out of range"):
         gpt_oss.load_gpt_oss(root, layers=[3], progress=False)
+    # layer indices are ints (1.7 and True used to load layer 1, "1" its characters)
+    for bad in ([1.7], [True], "1", 1):
+        with pytest.raises(TypeError, match="layers must"):
+            gpt_oss.load_gpt_oss(root, layers=bad, progress=False)
+    assert [m.layer for m in gpt_oss.load_gpt_oss(root, layers=(np.int64(1),), progress=False).layers] == [1]
 
 
 def test_nibble_order_and_e8m0_scale_by_hand():

@@ -889,6 +889,11 @@ def test_mxmoe_errors():
         MXMoE.from_dense(router, torch.zeros(4, 2 * I, 2 * H), None, torch.zeros(4, H, I), None, 2, "mxfp4")
     with pytest.raises(TypeError, match="GptOssMLP"):
         MXMoE.from_hf_gpt_oss(nn.Linear(4, 4))
+    m = MXMoE.from_dense(router, torch.randn(4, 2 * I, H), None, torch.randn(4, H, I), None, 2, "mxfp4")
+    for dtype in (torch.int32, torch.bool, torch.complex64):  # (int x used to truncate the router's weights)
+        with pytest.raises(TypeError, match=f"MXMoE takes x of .*got {dtype}"):
+            m(torch.ones(3, H, dtype=dtype))
+    assert m(torch.randn(3, H, dtype=torch.float64)).dtype == torch.float64  # (the reference path, documented)
     with pytest.raises(ValueError, match="no GptOssMLP"):
         swap_gpt_oss_moe(nn.Sequential(nn.Linear(4, 4)))
 

@@ -274,3 +274,10 @@ def test_expert_ranges():
     for bad in ([(0, 5), (6, 10)], [(0, 5), (5, 9)], [(0, 10)], [(0, 0), (0, 10)], [(1, 5), (5, 10)]):
         with pytest.raises(ValueError, match="contiguous"):
             check_expert_ranges(bad, 10, 2)
+    with pytest.raises(ValueError, match="contiguous"):  # no ranges at all (used to be a raw IndexError)
+        check_expert_ranges([], 4, 0)
+    for bad in ([(0,)], [(0.0, 4.0)], [(False, True)], [(0, 4, 8)]):
+        with pytest.raises(TypeError, match="pairs"):
+            check_expert_ranges(bad, 4, 1)
+    with pytest.raises(TypeError, match="sequence of"):
+        check_expert_ranges(None, 4, 1)

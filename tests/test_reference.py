@@ -385,6 +385,11 @@ def test_public_entry_points_name_the_bad_argument():
         mxkit.quantize(x, "mxfp8", axis=(1, -1))
     rows, cols = mxkit.quantize(torch.randn(64, 64), "mxfp8", axis=[1, 0])  # a list is a pair too
     assert rows.axis == 1 and cols.axis == 0
+    q = mxkit.quantize(x, "mxfp4", axis=np.int64(1))  # a NumPy integer axis, as MXTensor takes
+    assert q.axis == 1 and torch.equal(q.qdata, mxkit.quantize(x, "mxfp4", axis=1).qdata)
+    for bs in (0, "32", 32.0, True):  # cast_transpose checks block_size before using it
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            mxkit.cast_transpose(torch.randn(2, 16, 64), "mxfp8", block_size=bs)
     with pytest.raises(TypeError, match="int32"):
         mxkit.dequantize(mxkit.quantize(x, "mxfp8"), torch.int32)
     assert mxkit.quantize_fold(torch.randn(0, 64), "mxfp4").data.shape[0] == 0  # an empty batch (documented)

@@ -341,8 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain text table (no rich)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("tune", help="re-measure a dispatch table on this GPU (gemm: the decode kernels' schedule "
-                                    "and envelopes, the W4A16 prefill kernel's envelope)")
+    p = sub.add_parser("tune", help="re-measure a dispatch table on this GPU (gemm: the decode kernels' schedules "
+                                    "and small-M envelopes (W4A16, W8A16, MXFP8 x MXFP8), the W4A16 prefill "
+                                    "kernel's envelope, the MoE decode / prefill envelope and the MoE decode "
+                                    "kernels' strips a block)")
     p.add_argument("what", choices=["gemm"], help="which table")
     p.add_argument("--shapes", default=None,
                    help="comma-separated NxK weight shapes, N >= 1, K a multiple of 32 (default: "

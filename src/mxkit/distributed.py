@@ -64,9 +64,14 @@ def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
 
 def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int, world_size: int) -> None:
     """Raise ValueError unless ``ranges`` has one non-empty (lo, hi) per rank, contiguous in rank order, from 0
-    to ``num_experts``."""
-    ranges = [tuple(r) for r in ranges]
-    ok = len(ranges) == world_size and ranges[0][0] == 0 and ranges[-1][1] == num_experts
+    to ``num_experts`` (TypeError for ranges that are not a sequence of pairs of ints)."""
+    try:
+        ranges = [tuple(r) for r in ranges]
+    except TypeError:
+        raise TypeError(f"expert ranges must be a sequence of (lo, hi) pairs, got {ranges!r}") from None
+    if not all(len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in ranges):
+        raise TypeError(f"expert ranges must be (lo, hi) pairs of ints, got {ranges}")
+    ok = len(ranges) == world_size and len(ranges) > 0 and ranges[0][0] == 0 and ranges[-1][1] == num_experts
     ok = ok and all(lo < hi for lo, hi in ranges) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     if not ok:
         raise ValueError(f"expert ranges {ranges} must be {world_size} contiguous non-empty (lo, hi) pairs in rank "

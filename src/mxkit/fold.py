@@ -126,6 +126,27 @@ class Folded:
     fmt: ElementFormat
     lead_shape: torch.Size
 
+    def __post_init__(self) -> None:
+        # the fields' dtypes, shapes and devices (a malformed Folded would otherwise multiply as garbage: a
+        # short scale broadcasts); owner's values are device data and are not read here
+        d, s, o = self.data, self.scale, self.owner
+        for name, t, dt in (("data", d, torch.float8_e4m3fn), ("scale", s, torch.float32), ("owner", o, torch.int64)):
+            if not isinstance(t, torch.Tensor) or t.dtype != dt:
+                raise TypeError(f"Folded.{name} must be a {dt} tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+        if d.dim() != 2 or s.dim() != 1 or o.dim() != 1 or s.shape[0] != d.shape[0] or o.shape[0] > d.shape[0]:
+            raise ValueError(f"Folded needs data [R + X, K], scale [R + X], owner [X]; got data {tuple(d.shape)}, "
+                             f"scale {tuple(s.shape)}, owner {tuple(o.shape)}")
+        if not (d.device == s.device == o.device):
+            raise ValueError(f"Folded's tensors must share a device; got data on {d.device}, scale on {s.device}, "
+                             f"owner on {o.device}")
+        object.__setattr__(self, "fmt", get_format(self.fmt))
+        lead = torch.Size(self.lead_shape)
+        object.__setattr__(self, "lead_shape", lead)
+        if math.prod(lead) != d.shape[0] - o.shape[0]:
+            raise ValueError(f"Folded.lead_shape {tuple(lead)} holds {math.prod(lead)} rows, but data has "
+                             f"{d.shape[0] - o.shape[0]} source rows ({d.shape[0]} rows, {o.shape[0]} extra slices)")
+
     def rows(self) -> int:
         """R, the number of source rows (the first R rows of ``data``)."""
         return self.data.shape[0] - self.owner.shape[0]

@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import operator
 import os
 import re
 import shutil
@@ -418,7 +419,15 @@ def _load_layer(reader: _Reader, dims: GptOssDims, i: int) -> GptOssMoE:
 
 
 def _layer_list(layers: Optional[Iterable[int]], dims: GptOssDims) -> list[int]:
-    idx = list(range(dims.num_layers)) if layers is None else [int(i) for i in layers]
+    if layers is not None and (isinstance(layers, (str, bytes, int)) or not isinstance(layers, Iterable)):
+        raise TypeError(f"layers must be an iterable of layer indices (ints) or None, got {layers!r}")
+    idx = list(range(dims.num_layers)) if layers is None else list(layers)
+    try:
+        if any(isinstance(i, bool) for i in idx):
+            raise TypeError
+        idx = [operator.index(i) for i in idx]
+    except TypeError:
+        raise TypeError(f"layers must hold ints, got {idx!r}") from None
     bad = [i for i in idx if not 0 <= i < dims.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range for num_hidden_layers={dims.num_layers}")
@@ -436,7 +445,7 @@ def load_gpt_oss(path: Union[str, Path], *, layers: Optional[Iterable[int]] = No
     Raises CheckpointError (a ValueError) for: no / unreadable / non-GPT-OSS / non-MXFP4 config.json; a missing
     shard, a truncated or corrupt file (naming the file); a missing tensor, a wrong shape (against config.json) or
     dtype (uint8 for blocks and scales, BF16 / F16 / F32 for biases and router) (naming the tensor and file).
-    ValueError for a layer index out of range.
+    ValueError for a layer index out of range, TypeError for ``layers`` that is not an iterable of ints.
     """
     from tqdm.auto import tqdm
 
@@ -719,7 +728,9 @@ def write_synthetic_gpt_oss(
     115..130 is 2^-12..2^3), the rest bf16: N(0, 0.02²) weights and biases, norms 1 + N(0, 0.02²), sinks N(0, 1).
     shards: 1 writes ``model.safetensors``; more write ``model-0000k-of-0000n.safetensors`` of about equal bytes
     plus ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as ``save_pretrained`` does.
-    seed: None draws a fresh one. ``dst`` is created (it must not hold a config.json already).
+    num_attention_heads / num_key_value_heads / head_dim: the attention's shapes in config.json and the q / k /
+    v / o tensors (GPT-OSS-20B's 64 / 8 / 64). seed: None draws a fresh one. progress: a tqdm bar over the
+    layers written. ``dst`` is created (it must not hold a config.json already).
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``;
     :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
     ``intermediate_size`` or ``vocab_size`` that is not a positive int (named by its config.json key:
@@ -897,7 +908,8 @@ def hf_state_dict(moe: GptOssMoE, dtype: torch.dtype = torch.bfloat16) -> dict[s
     """One layer's MoE parameters under transformers' ``GptOssForCausalLM`` names, experts dequantized by
     :func:`mxkit.dequantize` (exact: E2M1 × 2^k fits bf16 for the scales GPT-OSS uses) and transposed to transformers'
     [E, K, N]: ``mlp.experts.gate_up_proj`` [E, H, 2I], ``mlp.experts.down_proj`` [E, I, H] (contiguous),
-    ``*_bias``, ``mlp.router.weight`` [E, H] / ``.bias`` [E], all in ``dtype``."""
+    ``*_bias``, ``mlp.router.weight`` [E, H] / ``.bias`` [E], all in ``dtype``. Raises TypeError for a
+    ``dtype`` :func:`mxkit.dequantize` does not write (float32 / bfloat16 / float16 / float64)."""
     p = f"model.layers.{moe.layer}.mlp."
     return {p + "experts.gate_up_proj": dequantize(moe.gate_up, dtype).transpose(1, 2).contiguous(),
             p + "experts.down_proj": dequantize(moe.down, dtype).transpose(1, 2).contiguous(),

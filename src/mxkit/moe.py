@@ -97,8 +97,8 @@ def moe_experts(
     backend: str = "auto",
     packed: Optional[tuple] = None,
 ) -> torch.Tensor:
-    """The expert computation on routed tokens: :func:`~mxkit.moe_reference.moe_reference`'s arguments and
-    result (x (T, H), experts (E, 2I, H) / (E, H, I) MX along K, topk (T, k); returns (T, H) in ``out_dtype``,
+    """The expert computation on routed tokens: :func:`~mxkit.moe_reference.moe_reference`'s arguments (but
+    ``intermediate_dtype``: each backend keeps its own) and result (x (T, H), experts (E, 2I, H) / (E, H, I) MX along K, topk (T, k); returns (T, H) in ``out_dtype``,
     default ``x.dtype``), run by ``backend``. ``packed``: the experts of
     :func:`mxkit.kernels.moe.pack_experts_mma` for the Triton backend's decode path (ignored elsewhere).
     Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
@@ -133,8 +133,8 @@ def moe(
     w_down: MXTensor (E_local, H, I) quantized along I; b_down: (E_local, H) or None.
     top_k, routing: :func:`~mxkit.moe_reference.route` (``"gpt_oss"``: softmax over the top-k logits;
       ``"softmax_topk"``: softmax then top-k; ties go to the lower expert index).
-    activation: ``"swiglu_gpt_oss"`` (gate / up interleaved, clamped at 7, alpha 1.702) or ``"swiglu"``
-      (``[gate; up]`` halves).
+    activation: ``"swiglu_gpt_oss"`` (gate / up interleaved, clamped at 7, alpha 1.702: GPT-OSS's, as
+      transformers' ``GptOssExperts`` and OpenAI's reference ``swiglu``) or ``"swiglu"`` (``[gate; up]`` halves).
     expert_range: (lo, hi) when the weights hold only experts lo..hi-1 of the E routed over (E_local = hi - lo):
       the result is their contribution alone; summed over a partition of the experts it is the whole layer
       (:mod:`mxkit.distributed` does that with an all-to-all).
@@ -144,6 +144,8 @@ def moe(
       keeps them per weight buffer).
     Returns (..., H) in ``x.dtype``. Raises TypeError / ValueError for mismatched shapes (naming them), a
     ``top_k`` outside [1, E], non-MXTensor experts, a K that does not match, unknown names.
+    The module's other functions (routing, the W4A8 / MXFP4 paths) are reached by ``from mxkit.moe import ...``:
+    ``mxkit.moe`` itself is this function.
     """
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
     out = moe_experts(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,

@@ -331,7 +331,9 @@ def _check_bias(bias, shape: tuple[int, int], name: str) -> None:
 
 
 def select_experts(w: MXTensor, lo: int, hi: int) -> MXTensor:
-    """Experts lo..hi-1 of an (E, N, K) MX expert weight, as an (hi - lo, N, K) MXTensor (views, no copy)."""
+    """Experts lo..hi-1 of an (E, N, K) MX expert weight, as an (hi - lo, N, K) MXTensor (views, no copy).
+    Raises TypeError / ValueError for a w that is not an (E, N, K) MXTensor along K, ValueError unless
+    0 <= lo < hi <= E."""
     E, N, K = _check_experts(w, "w")
     if not 0 <= lo < hi <= E:
         raise ValueError(f"expert slice [{lo}, {hi}) is outside [0, {E=})")

@@ -78,6 +78,8 @@ def quantize(
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if isinstance(axis, bool):
         raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
+    if not isinstance(axis, int) and hasattr(axis, "__index__") and not isinstance(axis, torch.Tensor):
+        axis = axis.__index__()  # (a NumPy integer, as MXTensor takes)
     if not isinstance(axis, int):
         pair = tuple(axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
         if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):
@@ -122,6 +124,8 @@ def cast_transpose(
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
     if x.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if nd != 2 and (x.numel() // x.shape[-1]) % block_size:
         raise ValueError(f"cast_transpose: M = prod(leading dims) = {x.numel() // x.shape[-1]} (x of shape "
                          f"{tuple(x.shape)}, flattened to (M, K)) is not a multiple of block_size={block_size}")
@@ -146,9 +150,11 @@ def _relayout(q: MXTensor, scale_layout: str) -> MXTensor:
 
 
 def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, backend: str = "auto") -> torch.Tensor:
-    """MXTensor → dense tensor of ``q.shape`` in ``dtype`` (float32 | bfloat16 | float16 | float64).
+    """MXTensor → dense tensor of ``q.shape`` in ``dtype`` (float32 | bfloat16 | float16 | float64; None means
+    float32).
 
-    Value = decode(element) × 2^(scale − 127) in float32, then cast (round to nearest even).
+    Value = decode(element) × 2^(scale − 127) (OCP MX v1.0 §5: v_i = X × P_i) in float32, then cast
+    (round to nearest even).
     Scale 0xFF or an element NaN code gives NaN. See :func:`mxkit.reference.dequantize_reference`.
     Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
     backend and for ``backend="triton"`` on a tensor not on CUDA (the kernels' backend; :func:`matmul` instead
@@ -215,14 +221,15 @@ def matmul(
       :class:`mxkit.fold.Folded` (from :func:`quantize_fold`) or an :class:`mxkit.Fp8Rowwise` (W4A8).
     b: MXTensor (N, K) along K, or a :class:`mxkit.PackedWeight` (:func:`pack_weight`: pack once, call many).
     bias: optional (N,), added in float32 before the output rounding.
-    out_dtype: default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
-    Returns (..., N). On CUDA the path is chosen by :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6
+    out_dtype: float32 | bfloat16 | float16 | float64; default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
+    backend: ``"auto"`` | ``"triton"`` (the GPU paths) | ``"reference"``.
+    Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6
     pairs, cuBLAS bf16 for the rest); every path is exact: its error is float32 accumulation plus one output
     rounding (issue #22's bound). ``backend="reference"`` (and CPU under ``"auto"``) computes in float32 on the
     dequantized operands (:func:`mxkit.reference.matmul_reference`).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
-    Raises TypeError / ValueError on a K mismatch, devices that differ or unsupported dtypes.
+    Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.
     """
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,

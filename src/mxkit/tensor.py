@@ -222,6 +222,9 @@ class MXTensor:
 
     @staticmethod
     def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
+        """(qdata's shape, the plain scale's shape) of an MXTensor of logical ``shape`` blocked along ``axis``:
+        the other dimensions in order, then the packed bytes of the axis (``n * pack_bytes // pack``: n / 2 for
+        FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes. No checks: the caller validates n."""
         shape = tuple(shape)
         lead = shape[:axis] + shape[axis + 1 :]
         n = shape[axis]
@@ -262,7 +265,7 @@ class MXTensor:
         return from_layout(self.scale, self.scale_layout, (rows, plain[-1])).reshape(plain)
 
     def qdata_view(self) -> torch.Tensor:
-        """qdata viewed as torch's own element dtype (fp8, fp4x2, int8); raises for FP6 (torch has none)."""
+        """qdata viewed as torch's own element dtype (fp8, fp4x2, int8); TypeError for FP6 (torch has none)."""
         if self.fmt.torch_dtype is None:
             raise TypeError(f"torch has no dtype for {self.fmt.name}; use .qdata (packed uint8)")
         return self.qdata.view(self.fmt.torch_dtype)

@@ -247,12 +247,14 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     """
     if act not in PACK_ACTS:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
-    if isinstance(w, PackedWeight):
-        if dense is not None and (w.dense if w.wide is None else w.wide.dense) is None:
-            raise ValueError("pack_weight(dense=...) of a weight packed without that cache: pack its .source again")
-        return w
     if dense not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"dense={dense!r}: None, torch.bfloat16 or torch.float16")
+    if isinstance(w, PackedWeight):
+        caches = (w.dense, None if w.wide is None else w.wide.dense)  # (an MXFP6 weight's bf16 cache is its twin's)
+        if dense is not None and not any(c is not None and c.dtype == dense for c in caches):
+            raise ValueError(f"pack_weight(dense={dense}) of a weight packed without a {dense} cache: pack its "
+                             ".source again")
+        return w
     _check_weight(w, "w")
     w = plain(w)
     blocks32 = w.block_size == 32  # (the fold, the small-M layouts and the MXFP6 twin are of 32-element blocks)
@@ -622,6 +624,8 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
     lead = _lead_shape(a, kind)
     M, N, K, out = plan.M, plan.N, plan.K, plan.out_dtype
     path = plan.path
+    if K == 0:
+        return _empty_sum(a, kind, N, out, bias)
     if path == "reference":
         return reference_gemm(a, b, out, bias)
     b = _twin(a, b, kind)
@@ -810,9 +814,18 @@ def _lead_shape(a, kind: str) -> tuple:
     return tuple(a.shape[:-1])
 
 
+def _empty_sum(a, kind: str, N: int, out: torch.dtype, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The product of a K = 0 call: an empty sum, zeros, plus the bias, rounded once (every path's result)."""
+    y = torch.zeros(*_lead_shape(a, kind), N, dtype=torch.float32, device=_a_device(a, kind))
+    return (y if bias is None else y + bias.to(torch.float32)).to(out)
+
+
 def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The reference twin: float32 matmul of the exact operand values (any a kind), then bias, then ``out``."""
     kind = _a_kind(a)
+    w = b.source if isinstance(b, PackedWeight) else b
+    if w.shape[1] == 0:
+        return _empty_sum(a, kind, w.shape[0], out, bias)
     if kind == "pending":
         a, kind = a.complete(), "folded"
     w = b.source if isinstance(b, PackedWeight) else b

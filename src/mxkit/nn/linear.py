@@ -100,7 +100,7 @@ class MXLinear(_ops.Handled, nn.Module):
     or ``block_size`` is not a positive multiple of the formats' packing; ``load_state_dict`` raises TypeError for
     ``weight_qdata`` / ``weight_scale`` that are not uint8 (the state_dict holds the MX bytes only: bytes of
     another format of the same width load as this layer's format); forward raises TypeError for an x that is not
-    a tensor, ValueError for ``x.shape[-1] != in_features``.
+    a float32 / bfloat16 / float16 tensor, ValueError for ``x.shape[-1] != in_features``.
     """
 
     def __init__(
@@ -183,11 +183,14 @@ class MXLinear(_ops.Handled, nn.Module):
         """Quantize ``linear.weight`` along ``in_features`` and return an MXLinear on the same device.
 
         The bias is copied (same dtype and device). Raises ValueError if ``linear.in_features`` is not a
-        multiple of ``block_size``, TypeError if ``linear`` is not an ``nn.Linear``.
+        multiple of ``block_size``, TypeError if ``linear`` is not an ``nn.Linear`` or its weight is not float32 /
+        bfloat16 / float16.
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
+        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"from_linear quantizes float32 / bfloat16 / float16 weights; linear.weight is {w.dtype}")
         mod = cls(
             linear.in_features, linear.out_features, weight_format, bias=linear.bias is not None,
             act_format=act_format, scale_mode=scale_mode, rounding=rounding, block_size=block_size,
@@ -282,6 +285,8 @@ class MXLinear(_ops.Handled, nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXLinear takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
         if x.numel() == 0 and act is not None:  # an empty batch: nothing to quantize
+            if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise TypeError(f"MXLinear with act_format takes float32 / bfloat16 / float16 x, got {x.dtype}")
             if x.dim() == 0 or x.shape[-1] != self.in_features:
                 raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")
             return x.new_empty((*x.shape[:-1], self.out_features))
@@ -393,6 +398,7 @@ class LayerReport:
         return self.out_features * self.in_features
 
     def as_dict(self) -> dict:
+        """The report's fields as a plain dict (JSON-ready: strings, numbers, None)."""
         return asdict(self)
 
 
@@ -490,8 +496,10 @@ def quantize_model(
 
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
-    ``model.mx_report``. Raises ValueError / TypeError for unknown format or mode names before touching
-    the model.
+    ``model.mx_report``. Raises, before touching the model: ValueError / TypeError for unknown format or mode
+    names, ValueError for a ``block_size`` that is not a positive multiple of the element packing, TypeError for
+    a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when ``model`` is a bare
+    ``nn.Linear`` (there is no parent to put the MXLinear into: use :meth:`MXLinear.from_linear`).
     """
     from tqdm.auto import tqdm
 

@@ -114,8 +114,8 @@ class MXMoE(_ops.Handled, nn.Module):
       device / dtype: of the router and the biases.
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
-    forward: x (..., H) float32 | bfloat16 | float16 → (..., H) in x's dtype (:func:`mxkit.moe`), or the pair
-    above. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
+    forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
+    in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
     another dtype); on CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 /
     float16 x with ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the
     top-k and the softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
@@ -448,7 +448,7 @@ class MXMoE(_ops.Handled, nn.Module):
           axis with :func:`mxkit.quantize`; b_gate_up (E, 2I), b_down (E, H) or both None.
         expert_range: keep experts lo..hi-1 only (the others are not quantized).
         kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
-          backend). Raises TypeError for experts that are not float32 / bfloat16 / float16 tensors or biases that
+          backend, act_format, keep_source). Raises TypeError for experts that are not float32 / bfloat16 / float16 tensors or biases that
           are not tensors (naming them), ValueError for shapes that do not agree (naming them), and the
           constructor's errors.
         """
@@ -542,7 +542,9 @@ class MXMoE(_ops.Handled, nn.Module):
         ``GptOssTopKRouter`` with weight (E, H) and bias (E,); ``.experts``, a ``GptOssExperts`` with
         ``gate_up_proj`` [E, H, 2I], ``gate_up_proj_bias`` [E, 2I], ``down_proj`` [E, I, H], ``down_proj_bias``
         [E, H]) to an MXMoE with GPT-OSS routing and activation, the expert weights transposed to the checkpoint
-        layout and quantized to ``weight_format``.
+        layout and quantized to ``weight_format``. ``expert_range``: keep experts lo..hi-1 only;
+        ``return_router_scores``: forward returns (y, scores) as ``GptOssMLP`` does (the default False returns y);
+        ``kwargs``: :meth:`from_dense`'s (the constructor's options).
 
         Raises TypeError for another module, ValueError for a ``swiglu_alpha`` / ``swiglu_limit`` other than
         1.702 / 7.0 (the activation mxkit implements).
@@ -604,6 +606,8 @@ class MXMoE(_ops.Handled, nn.Module):
     def forward(self, x: torch.Tensor):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
         if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
         routed = None

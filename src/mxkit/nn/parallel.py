@@ -254,7 +254,7 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
     ColumnParallelLinear; module docstring for the layout and numerics).
 
     Args: in_features K, out_features N of the full layer (N % world_size == 0); weight_format, bias, act_format,
-      scale_mode, rounding, block_size, device, dtype as :class:`MXLinear`;
+      scale_mode, rounding, block_size, device, dtype, dense_cache as :class:`MXLinear`;
       group: the tensor-parallel process group (default: the world); the constructor reads its rank and size.
       gather_output: all-gather the shards into the full output (default), or return this rank's shard.
     Buffers: ``weight_qdata`` uint8 (N/W, K·pack_bytes/pack), ``weight_scale`` uint8 (N/W, K/block_size);
@@ -262,7 +262,8 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
 
     forward: x (..., K) float32 | bfloat16 | float16, the same on every rank → (..., N) if ``gather_output``
     else (..., N/W), in x's dtype. Collective: every rank of the group calls it.
-    Raises ValueError if N % world_size != 0 or K % block_size != 0.
+    Raises ValueError if N % world_size != 0 or K % block_size != 0, and in forward for an x whose last dim is
+    not K.
     """
 
     style = "column"
@@ -305,8 +306,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
     RowParallelLinear; module docstring for the layout and numerics).
 
     Args: in_features K, out_features N of the full layer (K % (world_size · block_size) == 0); weight_format,
-      bias, act_format (not ``"fp8_e4m3_rowwise"``), scale_mode, rounding, block_size, device, dtype as
-      :class:`MXLinear`; group: the tensor-parallel process group (default: the world).
+      bias, act_format (not ``"fp8_e4m3_rowwise"``), scale_mode, rounding, block_size, device, dtype, dense_cache
+      as :class:`MXLinear`; group: the tensor-parallel process group (default: the world).
       input_is_parallel: x is this rank's K slice (..., K/W), as a ColumnParallelMXLinear with
       ``gather_output=False`` returns it; else x is (..., K) and the layer takes the slice (default).
     Buffers: ``weight_qdata`` uint8 (N, K/W·pack_bytes/pack), ``weight_scale`` uint8 (N, K/W/block_size);

@@ -35,7 +35,7 @@ from mxkit.kernels import moe as kmoe
 from mxkit.kernels.matmul_details import _mma_a8w8, _mma_decode
 from mxkit.tensor import MXTensor
 
-from .test_matmul import OUT, assert_within_bound, rand_mx
+from .test_matmul import assert_within_bound, rand_mx
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -158,7 +158,6 @@ def check_rows(y: torch.Tensor, a, b) -> None:
     """Sampled output rows y against float64 of the operands' same rows a and b: finite (nothing left of the NaN
     poison) and within issue #22's row-wise bound (test_matmul's assert_within_bound)."""
     assert torch.isfinite(y).all(), "an output element is not finite: unwritten (NaN poison) or wrong"
-    OUT[0] = y.dtype
     assert_within_bound(y, a, b)
 
 

@@ -306,8 +306,11 @@ def rand_blocks(
     Each block gets its own power-of-two magnitude drawn from ``exp_range`` and, per element, an extra
     down-shift of 0..24 binades for a quarter of the elements (so element results land in the element
     subnormal range and flush to zero), random signs, ~5% exact zeros and ~2% ±0 blocks of fp32 denormals.
-    With ``special`` the first rows are :func:`special_blocks` (those that do not survive the cast to
-    ``dtype`` as finite values are replaced by random blocks unless ``nonfinite``).
+    With ``special``, :func:`special_blocks` too: all of them as the first rows when there are at least twice as
+    many blocks; else a random half of the blocks at random places are a random choice of them (one non-finite
+    block among them with ``nonfinite``), so that small inputs are not mostly the first crafted blocks (zeros).
+    Those that do not survive the cast to ``dtype`` as finite values are replaced by random blocks unless
+    ``nonfinite``.
     """
     g = generator
     lo, hi = exp_range
@@ -327,8 +330,16 @@ def rand_blocks(
         x[idx] = (den.abs() | (den < 0).to(torch.int32) << 31).view(torch.float32)
     if special:
         s = special_blocks(block_size, nonfinite=nonfinite)
-        k = min(len(s), n_blocks)
-        x[:k] = s[:k]
+        if n_blocks >= 2 * len(s):
+            x[: len(s)] = s
+        elif n_blocks >= 2:
+            k = n_blocks // 2
+            pick = torch.randperm(len(s), generator=g)[:k]
+            finite = torch.isfinite(s).all(dim=1)
+            if nonfinite and finite[pick].all():
+                bad = torch.nonzero(~finite).flatten()
+                pick[-1] = bad[torch.randint(len(bad), (1,), generator=g)]
+            x[torch.randperm(n_blocks, generator=g)[:k]] = s[pick]
     out = x.to(dtype)
     if not nonfinite:
         bad = ~torch.isfinite(out).all(dim=-1)
@@ -416,20 +427,29 @@ def _fast_call_loaded():
     yield
 
 
+def fill_free_memory(value: int, nbytes: int = 64 << 20) -> None:
+    """Fill (then free) CUDA caching-allocator memory with the byte ``value``: one large block of ``nbytes``, and
+    small blocks of 512 B to 1 MiB, which the allocator serves from its separate small-block pool (requests up to
+    1 MiB: most scale tensors, pads and small outputs), where the large block's bytes never go."""
+    big = torch.full((nbytes,), value, dtype=torch.uint8, device="cuda")
+    small = [torch.full((1 << k,), value, dtype=torch.uint8, device="cuda") for k in range(9, 21) for _ in range(8)]
+    small += [torch.full((1 << 20,), value, dtype=torch.uint8, device="cuda") for _ in range(24)]
+    del big, small
+
+
 def poison_allocator(nbytes: int = 64 << 20) -> None:
-    """Fill freed CUDA allocator memory with 0xFF bytes (NaN in every float format) and wait: an output a kernel
-    fails to write, or a row it should leave alone but reads, shows up."""
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    """Fill freed CUDA allocator memory (large and small blocks) with 0xFF bytes (NaN in every float format) and
+    wait: an output a kernel fails to write, or a row it should leave alone but reads, shows up."""
+    fill_free_memory(0xFF, nbytes)
     torch.cuda.synchronize()
 
 
 @pytest.fixture
 def poison():
-    """Fill (then free) a large chunk of the CUDA caching allocator with 0xAB: outputs allocated with
-    torch.empty right after reuse it, so a byte the kernel forgets to write is 0xAB, not a lucky 0."""
+    """Fill (then free) the CUDA caching allocator's large and small blocks with 0xAB: outputs allocated with
+    torch.empty right after reuse them, so a byte the kernel forgets to write is 0xAB, not a lucky 0."""
     if DEV == "cuda":
-        p = torch.full((64 << 20,), 0xAB, dtype=torch.uint8, device="cuda")
-        del p
+        fill_free_memory(0xAB)
     yield
 
 
@@ -519,6 +539,14 @@ def variant_modes(k: int) -> tuple:
     outside FULL runs each config takes one mode, rotating with k (production configs get every mode in the
     matrix tests)."""
     return SCALE_MODES if FULL else (SCALE_MODES[k % 4],)
+
+
+def tie_blocks(fmt: str, n: int, dtype: torch.dtype, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``n`` random blocks (n, 32) of :func:`fp8_tie_blocks` that stay finite and non-zero in ``dtype``, in
+    ``dtype``: element ties (and their neighbours) for small checks of a rounding."""
+    t = fp8_tie_blocks(fmt).to(dtype)
+    ok = torch.nonzero(torch.isfinite(t).all(dim=1) & (t != 0).any(dim=1)).flatten()
+    return t[ok[torch.randint(len(ok), (n,), generator=generator)]]
 
 
 def fp8_tie_blocks(fmt: str) -> torch.Tensor:

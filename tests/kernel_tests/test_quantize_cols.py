@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import (
     DEV, FORMAT_NAMES, INPUT_DTYPES, ROUNDINGS, SCALE_MODES, assert_bytes_equal, assert_mx_equal,
-    fp8_tie_blocks, interpreted_rng, rand_tensor, ref_layout, run_interpreted, variant_modes,
+    fp8_tie_blocks, interpreted_rng, rand_tensor, ref_layout, run_interpreted, tie_blocks, variant_modes,
 )
 
 from mxkit.kernels.quantize import QuantizeConfig as QC
@@ -32,6 +32,7 @@ def _check_cols_interpreted() -> None:
             # every mode on each format, blocks along dim 0; rounding and dtype rotate
             mode, rnd, dt = SCALE_MODES[j], ROUNDINGS[(i + j + 1) % 2], dts[(i + j + 1) % 3]
             x = rand_tensor((64, 3), 0, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            x = torch.cat([x, tie_blocks(fmt, 6, dt, g).reshape(3, 64).T], dim=1)  # (element ties)
             ref = quantize_reference(x, fmt, axis=0, scale_mode=mode, rounding=rnd)
             assert_mx_equal(quantize_triton(x, fmt, axis=0, scale_mode=mode, rounding=rnd), ref,
                             what=f"{fmt} {mode} {rnd} {dt} axis=0")
@@ -148,6 +149,7 @@ def test_gpu_fp4_units(k, rng, poison):
             QC(block_r=32, block_c=256, num_warps=4, int64=False, col_wide=True, **kw),
             QC(block_r=64, block_c=256, num_warps=8, int64=False, rblocks=2, **kw)]
     ties = fp8_tie_blocks(fmt)
+    ties = torch.cat([ties, ties[: -len(ties) % 32]])  # (a multiple of 32 blocks: the cast-transpose runs too)
     cfg = cfgs[k]
     xs = [rand_tensor(shape, 0, generator=rng, dtype=torch.bfloat16, nonfinite=True)
           for shape in ((320, 208), (96, 288), (256, 1024))]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import (
     DEV, FORMAT_NAMES, INPUT_DTYPES, ROUNDINGS, SCALE_MODES, assert_bytes_equal, assert_dequant_equal,
-    assert_mx_equal, fp8_tie_blocks, interpreted_rng, rand_blocks, rand_tensor, run_interpreted, variant_modes,
+    assert_mx_equal, fp8_tie_blocks, interpreted_rng, rand_tensor, run_interpreted, special_blocks, tie_blocks,
+    variant_modes,
 )
 
 from mxkit.kernels.quantize import QuantizeConfig as QC
@@ -33,12 +34,13 @@ def _check_rows_interpreted() -> None:
             # every mode on each format; rounding and dtype rotate (the GPU tests run the full matrix)
             mode, rnd, dt = SCALE_MODES[j], ROUNDINGS[(i + j) % 2], dts[(i + j) % 3]
             x = rand_tensor((2, 64), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            x = torch.cat([x, tie_blocks(fmt, 4, dt, g).reshape(2, 64)])  # (element ties: the rounding shows)
             ref = quantize_reference(x, fmt, scale_mode=mode, rounding=rnd)
             assert_mx_equal(quantize_triton(x, fmt, scale_mode=mode, rounding=rnd), ref,
                             what=f"{fmt} {mode} {rnd} {dt}")
             n += 1
         # crafted blocks, fp32 (all special blocks, both roundings)
-        x = rand_blocks(64, generator=g, dtype=torch.float32, nonfinite=True)
+        x = special_blocks(nonfinite=True)
         rnd = ROUNDINGS[i % 2]
         assert_mx_equal(quantize_triton(x, fmt, rounding=rnd), quantize_reference(x, fmt, rounding=rnd),
                         what=f"{fmt} special blocks {rnd}")

@@ -136,18 +136,18 @@ def test_eval_refuses_bad_arguments_before_any_work(argv, message, tmp_path, cap
 
 def _gpt_oss_like(tmp_path):
     """A small checkpoint: two float weights, a bias and a GPT-OSS style MXFP4 experts pair."""
-    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(1)  # (its own generator: the global one is left alone)
     E, N, G = 2, 6, 3  # experts, rows, 32-element groups → logical [2, 6, 96]
     scales = torch.full((E, N, G), 127, dtype=torch.uint8)
     scales[0, 0, 0] = 120  # exponent -7
     scales[1, 5, 2] = 130  # exponent +3
     scales[1, 0, 1] = 0xFF  # one NaN scale
     tensors = {
-        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8, generator=g),
         "model.layers.0.mlp.experts.gate_up_proj_scales": scales,
-        "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 96),
-        "model.layers.0.self_attn.q_proj.bias": torch.randn(64),
-        "model.layers.0.odd.weight": torch.randn(8, 40).to(torch.bfloat16),
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 96, generator=g),
+        "model.layers.0.self_attn.q_proj.bias": torch.randn(64, generator=g),
+        "model.layers.0.odd.weight": torch.randn(8, 40, generator=g).to(torch.bfloat16),
     }
     path = tmp_path / "model.safetensors"
     safetensors_torch.save_file(tensors, str(path))

@@ -18,6 +18,8 @@ Known, intentional divergences (each has a test below that shows it exactly):
    amax <= max_pos * 2^X (what the Blackwell ``cvt.rp.satfinite.ue8m0x2.f32`` path also gives).
 4. RCEIL at the byte 0/1 boundary: torchao divides amax / max_pos in fp32, and a quotient just above 2^-127
    is an fp32 denormal that can round down to 2^-127 (byte 0); mxkit's exact rule gives byte 1.
+5. NaN in a block: both give scale 0xFF; mxkit writes every element code 0 (the block holds no value), torchao
+   keeps each element's own code (a NaN element's NaN code, the finite ones theirs). Scale bytes agree.
 The live random tests compare every block outside these classes and assert that those are the vast majority.
 """
 
@@ -199,6 +201,20 @@ def test_divergence_inf_blocks(ao, fmt):
         s_mx, c_mx = mx_codes(x, fmt, mode)
         assert (s_mx == 255).all() and (c_mx == 0).all()
         assert (s_ao != 255).all(), (fmt, mode, s_ao.tolist())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_divergence_nan_blocks(ao, fmt):
+    # divergence 5: a block holding NaN: the same 0xFF scale; mxkit's element codes are 0, torchao's its own
+    x = torch.full((2, 32), 3.0)
+    x[0, 5] = float("nan")
+    x[1, 0] = float("nan")
+    for mode in MODES:
+        s_ao, c_ao = ao(x, fmt, mode)
+        s_mx, c_mx = mx_codes(x, fmt, mode)
+        assert (s_mx == 255).all() and (c_mx == 0).all()
+        assert (s_ao == 255).all(), (fmt, mode, s_ao.tolist())
+        assert not torch.equal(c_mx, c_ao), "the divergence must show on these blocks"
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp8_e4m3"])

@@ -209,14 +209,19 @@ class ScaleMode(_ParseEnum):
     * ``FLOOR`` — OCP MX v1.0 §6.3: ``X = E(amax) - emax``. Values above the element's max normal
       saturate (FP4 amax 7 → 6).
     * ``CEIL`` — ``X = ceil(log2 amax) - emax`` (E(amax), plus one if amax is not a power of two).
-    * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine: ``X = ceil(log2(amax / max_normal))``, the smallest X
+    * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ``DequantScaleRoundingMode.ROUND_UP``,
+      the same ceiling of the fp32 quotient): ``X = ceil(log2(amax / max_normal))``, the smallest X
       with ``amax <= max_normal * 2^X``; nothing saturates. Computed without a division:
       ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the exact quotient rounded
       up to a power of two (the fp32 quotient's too, except where that quotient is an fp32 denormal,
       amax < max_normal * 2^-126, whose rounding can drop it to 2^-127: byte 0 there, mxkit's byte 1).
-    * ``EVEN`` — Triton / aiter MXFP4 quantizers and torchao ``EVEN``: round amax to the element's
+    * ``EVEN`` — aiter's MXFP4 quantizers (Triton and HIP) and torchao ``EVEN``: round amax to the element's
       precision first (``bits(amax) + (1 << (22 - mbits))``, masked to the exponent; for FP4 the
       constant is 0x200000), then ``E(·) - emax``.
+
+    (triton_kernels' other mode, ``ROUND_DOWN``, is ``floor(log2(amax / max_normal))``: not OCP FLOOR, which
+    takes the floor of amax alone; the two differ where amax's mantissa is below max_normal's. mxkit has no such
+    mode.)
 
     A block whose amax is 0 gets scale byte 0 in every mode (as torchao); a block holding NaN or ±Inf gets
     the NaN scale 0xFF. Strings ``"floor"``, ``"ceil"``, ``"rceil"``, ``"even"`` are accepted everywhere.
@@ -231,9 +236,11 @@ class ScaleMode(_ParseEnum):
 class Rounding(_ParseEnum):
     """How a scaled value is rounded to the element grid. Both saturate to ± max normal.
 
-    * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, triton_kernels). Default.
-    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"`` and aiter's
-      ``dynamic_mxfp4_quant`` in ``aiter/utility/fp4_utils.py`` (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
+    * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, the hardware FP8 casts
+      triton_kernels uses). Default.
+    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"``, aiter's
+      ``dynamic_mxfp4_quant`` in ``aiter/utility/fp4_utils.py`` and triton_kernels' software E2M1 cast
+      (``_compute_quant_and_scale``: ``+ 1 >> 1`` on the kept bits) (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
       5.0 → 6.0). (aiter's other quantizer, ``aiter.ops.triton.quant``, rounds ties to even: ``RNE``.)
     """
 

@@ -132,8 +132,9 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     """Decode an :class:`~mxkit.MXTensor` to a dense tensor of its logical shape.
 
     Each element is ``decode(code) * 2^(scale - 127)`` computed in float32 (IEEE, round to nearest even;
-    exact unless the product leaves the fp32 normal range: MX values above fp32 max, reachable with
-    CEIL/RCEIL/EVEN scales near 2^127, become ±Inf), then cast to ``dtype`` (float32 | bfloat16 | float16;
+    exact unless the product overflows: MX values above fp32 max, reachable with CEIL/RCEIL/EVEN scales near
+    2^127, become ±Inf; products down to the smallest, 2^-143, are exact fp32 subnormals: at most 7 significant
+    bits), then cast to ``dtype`` (float32 | bfloat16 | float16;
     round to nearest even). For ``dtype=float64`` the product is computed in float64 and is always exact.
     Scale 0xFF and the element NaN codes give NaN, always the canonical positive quiet NaN of ``dtype``
     (:data:`CANONICAL_NAN_BITS`: torch's own, float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00), on every device,

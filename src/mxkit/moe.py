@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ._autocast import autocast_off
 from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
@@ -81,6 +82,7 @@ def _run_triton(*args, **kwargs) -> torch.Tensor:
 _IMPLS: dict[str, Callable[..., torch.Tensor]] = {"reference": _run_reference, "triton": _run_triton}
 
 
+@autocast_off
 def moe_experts(
     x: torch.Tensor,
     w_gate_up: MXTensor,

@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import reference
+from ._autocast import autocast_off
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
@@ -234,6 +235,11 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
+    if type(b) is MXTensor and type(a) is torch.Tensor and torch.compiler.is_compiling():
+        # one opaque op in the graph, the weight's tensors and metadata its arguments (tracing the plan would read
+        # the weight's scale statistics on the host)
+        return torch.ops.mxkit.mx_matmul(a, b.qdata, b.scale, bias, b.fmt.name, b.axis, b.block_size, list(b.shape),
+                                         b.scale_mode.value, b.rounding.value, b.scale_layout, out_dtype, backend)
     if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
         if torch.compiler.is_compiling():
             if isinstance(a, torch.Tensor):
@@ -268,6 +274,21 @@ def _packed_matmul_op(a: torch.Tensor, bias: Optional[torch.Tensor], handle: int
 @_packed_matmul_op.register_fake
 def _(a, bias, handle, out_dtype):
     return a.new_empty((*a.shape[:-1], packed_of(handle).shape[0]), dtype=out_dtype or a.dtype)
+
+
+@torch.library.custom_op("mxkit::mx_matmul", mutates_args=())
+def _mx_matmul_op(a: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor], fmt: str,
+                  axis: int, block_size: int, shape: list[int], scale_mode: str, rounding: str, scale_layout: str,
+                  out_dtype: Optional[torch.dtype], backend: str) -> torch.Tensor:
+    """``matmul(a, MXTensor(qdata, scale, ...), bias=bias, out_dtype=out_dtype, backend=backend)``: what a compiled
+    graph calls for a float ``a`` times an MXTensor weight (gradients: :func:`with_input_grad` around it)."""
+    b = MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
+    return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
+
+
+@_mx_matmul_op.register_fake
+def _(a, qdata, scale, bias, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout, out_dtype, backend):
+    return a.new_empty((*a.shape[:-1], shape[0]), dtype=out_dtype or a.dtype)
 
 
 def needs_grad(*tensors) -> bool:
@@ -310,6 +331,7 @@ class _InputGrad(torch.autograd.Function):
         return gx, gb, None, None
 
 
+@autocast_off
 def linear_input_grad(g: torch.Tensor, w: Union[MXTensor, PackedWeight], dtype: torch.dtype) -> torch.Tensor:
     """x's gradient of y = x @ dequantize(w).T: ``g (..., N) @ dequantize(w) (N, K)`` in float32, cast to ``dtype``
     ((..., K); :func:`with_input_grad`'s rule, and ``mxkit::mx_linear``'s)."""

@@ -23,6 +23,7 @@ from typing import Optional, Union
 
 import torch
 
+from ._autocast import autocast_off
 from .formats import (
     BLOCK_SIZE,
     E8M0_BIAS,
@@ -198,6 +199,7 @@ class _RoundOnce(torch.autograd.Function):
         return g.to(torch.float64), None
 
 
+@autocast_off
 def matmul_reference(
     a: Union[torch.Tensor, MXTensor],
     b: MXTensor,

@@ -1771,7 +1771,8 @@ def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, bias_dtyp
 def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
     """torch.compile(fullgraph=True) of mxkit.matmul on a PackedWeight (one opaque op, ``mxkit::packed_matmul``,
     the weight found by its id): the eager bytes, with a bias and an out dtype, for two weights passed as
-    arguments (a guard on the weight's identity: each gets its own graph) and one held in a closure."""
+    arguments (a guard on the weight's identity: each gets its own graph) and one held in a closure; on an
+    MXTensor weight, with gradients."""
     pws = [mxkit.pack_weight(mxkit.quantize(torch.randn(N, 256, generator=rng).to(device), fmt))
            for N, fmt in ((64, "mxfp4"), (96, "mxfp8_e4m3"))]
     bias = torch.randn(96, generator=rng).to(device)
@@ -1787,6 +1788,20 @@ def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
         assert torch.equal(g(x), mxkit.matmul(x, pws[0]))
     with pytest.raises(RuntimeError, match="no longer exists"):
         mxkit.packed.packed_of(-1)
+    # an MXTensor weight: one opaque op too (mxkit::mx_matmul, the weight's tensors and metadata its arguments),
+    # with gradients (tracing the plan failed on the host read of the weight's scale statistics)
+    w = mxkit.quantize(torch.randn(48, 256, generator=rng).to(device), "mxfp4")
+    h = torch.compile(lambda x, bias: mxkit.matmul(x, w, bias=bias), fullgraph=True, backend=backend)
+    x, b48 = torch.randn(5, 256, generator=rng).to(device), torch.randn(48, generator=rng).to(device)
+    xs, bs = [x.clone().requires_grad_() for _ in range(2)], [b48.clone().requires_grad_() for _ in range(2)]
+    got, want = h(xs[0], bs[0]), mxkit.matmul(xs[1], w, bias=bs[1])
+    assert torch.equal(got, want)
+    g = torch.randn(want.shape, generator=rng).to(device)
+    got.backward(g)
+    want.backward(g)
+    assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(bs[0].grad, bs[1].grad)
+    with torch.no_grad():
+        assert torch.equal(h(x.bfloat16(), None), mxkit.matmul(x.bfloat16(), w))
 
 
 def test_compiled_matmul_packed_weight(rng):

@@ -81,6 +81,7 @@ from typing import Optional, Union
 import torch
 
 from .. import reference
+from .._autocast import autocast_off
 from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
 from ..formats import ElementFormat
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
@@ -617,6 +618,7 @@ def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: 
     return y[:, :N].contiguous() if pad else y
 
 
+@autocast_off
 def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional[torch.Tensor] = None
              ) -> torch.Tensor:
     """Execute ``plan`` (from :func:`plan_gemm` on the same operands). Returns (..., N) in plan.out_dtype."""
@@ -820,6 +822,7 @@ def _empty_sum(a, kind: str, N: int, out: torch.dtype, bias: Optional[torch.Tens
     return (y if bias is None else y + bias.to(torch.float32)).to(out)
 
 
+@autocast_off
 def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The reference twin: float32 matmul of the exact operand values (any a kind), then bias, then ``out``."""
     kind = _a_kind(a)

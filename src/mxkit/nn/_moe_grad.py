@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._autocast import autocast_off
 from ..moe_reference import ACTIVATIONS
 
 __all__ = ["ExpertsGrad", "experts_backward"]
@@ -39,6 +40,7 @@ class ExpertsGrad(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
+@autocast_off
 def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool) -> tuple:
     """:class:`ExpertsGrad`'s backward (and ``mxkit::mx_moe_experts``'): the gradients (x, weights, b1, b2) of the

@@ -59,13 +59,18 @@ def _tf32_off_new_api(api) -> Optional[str]:
 
 class exact_cublas:
     """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
-    call; a split-K setting stays as it is), the settings before restored after. Only a setting that is on is
-    written (with all off, the default, nothing is); TF32 through torch's newer ``fp32_precision`` API where this
-    PyTorch has it (:func:`_tf32_off_new_api`), else the legacy setters."""
+    call; a split-K setting stays as it is), the settings before restored after, and CUDA autocast off (it would
+    run the GEMMs in bf16 / fp16). Only a setting that is on is written (with all off, the default, nothing is);
+    TF32 through torch's newer ``fp32_precision`` API where this PyTorch has it (:func:`_tf32_off_new_api`), else
+    the legacy setters."""
 
-    __slots__ = ("saved",)
+    __slots__ = ("saved", "autocast")
 
     def __enter__(self):
+        self.autocast = None
+        if torch.is_autocast_enabled("cuda"):
+            self.autocast = torch.autocast("cuda", enabled=False)
+            self.autocast.__enter__()
         if not _CUBLAS:
             _CUBLAS.append(_cublas_flags())
             _CUBLAS.append(_fp32_precision_api())
@@ -104,6 +109,8 @@ class exact_cublas:
         self.saved = saved
 
     def __exit__(self, *exc) -> None:
+        if self.autocast is not None:
+            self.autocast.__exit__(*exc)
         tf32, bf16, fp16 = self.saved
         if tf32 is None and bf16 is None and fp16 is None:
             return

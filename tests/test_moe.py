@@ -615,6 +615,10 @@ def test_mxmoe_from_dense_and_state_dict(fmt, rng):
     assert torch.equal(fresh(x), y)
     assert set(m.state_dict()) == {"router.weight", "router.bias", "gate_up_qdata", "gate_up_scale", "down_qdata",
                                    "down_scale", "gate_up_bias", "down_bias"}
+    other_fmt = {"mxfp8_e4m3": "mxfp8_e5m2"}.get(fmt)
+    if other_fmt is not None:  # bytes of another format of one width: refused by the state_dict's metadata
+        with pytest.raises(ValueError, match=f"holds {fmt} bytes .* is {other_fmt}"):
+            MXMoE(H, I, E, k, other_fmt).load_state_dict(m.state_dict())
     for key in ("gate_up_qdata", "down_scale"):  # MX bytes only: a float tensor would be cast by copy_
         sd = m.state_dict()
         sd[key] = sd[key].float() + 0.7
@@ -990,6 +994,15 @@ def test_gpt_oss_swap_records_router_logits(rng, tmp_path):
         for m in (copy.deepcopy(swapped), torch.load(tmp_path / "m.pt", weights_only=False)):
             assert torch.equal(m(ids).logits, plain)
             assert len(m(ids, output_router_logits=True).router_logits) == 2
+    # a model that recorded outputs before the swap (transformers hooks its routers once a model): the new
+    # recorders take the old routers' hooks (its router_logits came back empty)
+    ran = copy.deepcopy(hf)
+    ran(ids, output_router_logits=True)
+    swap_gpt_oss_moe(ran, "mxfp4")
+    again = ran(ids, labels=ids, output_router_logits=True)
+    assert len(again.router_logits) == 2
+    for a, b in zip(again.router_logits, got.router_logits):
+        assert torch.equal(a, b)
 
 
 # bf16 against bf16: transformers' forward and mxkit's each round every GEMM input and output, the SwiGLU and the

@@ -1,6 +1,7 @@
 """mxkit.nn: MXLinear against an explicit quantize → dequantize → matmul, and quantize_model."""
 
 import copy
+import io
 import math
 import warnings
 
@@ -207,6 +208,18 @@ def test_mxlinear_load_state_dict_takes_bytes_only(rng):
     sd["0.weight_scale"] = sd["0.weight_scale"].to(torch.int32)
     with pytest.raises(TypeError, match=r"0\.weight_scale must be uint8 \(MX bytes\), got torch.int32"):
         outer.load_state_dict(sd)
+    # bytes of another format of one width (E4M3 into E5M2, FP6 E2M3 into E3M2) decode as garbage: the state_dict's
+    # metadata names the saved format (torch.save keeps it) and the load refuses it; the same format loads
+    for saved, into in (("mxfp8_e4m3", "mxfp8_e5m2"), ("mxfp6_e2m3", "mxfp6_e3m2")):
+        src = nn.Sequential(MXLinear.from_linear(nn.Linear(64, 48), saved))
+        buf = io.BytesIO()
+        torch.save(src.state_dict(), buf)
+        for sd in (src.state_dict(), torch.load(io.BytesIO(buf.getvalue()))):
+            with pytest.raises(ValueError, match=f"0: the state_dict holds {saved} bytes .* is {into}"):
+                nn.Sequential(MXLinear(64, 48, into)).load_state_dict(sd)
+            same = nn.Sequential(MXLinear(64, 48, saved))
+            same.load_state_dict(sd)
+            assert torch.equal(same[0].weight_qdata, src[0].weight_qdata)
 
 
 def test_mxlinear_rejects_bad_construction_and_inputs(rng):
@@ -229,6 +242,34 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
         MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")(torch.zeros(0, 64, dtype=torch.int32))
     with pytest.raises(TypeError, match="linear.weight is torch.float64"):
         MXLinear.from_linear(nn.Linear(64, 16).double(), "mxfp4")
+
+
+def test_autocast_leaves_the_arithmetic_alone(rng):
+    """Under torch.autocast (bf16) MXLinear, mxkit.matmul, mxkit.moe and their gradients give the bytes they give
+    without it (the CPU reference GEMM used to run in bf16 there and return float32: 4.5e-3 off)."""
+    lin = nn.Linear(64, 48)
+    for fmt, act in (("mxfp4", None), ("mxfp8", "mxfp8"), ("mxfp4", "mxfp4")):
+        m = MXLinear.from_linear(lin, fmt, act_format=act)
+        x = torch.randn(5, 64, generator=rng)
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = m(xs[0])
+            got_mm = mxkit.matmul(x, m.weight_mx)
+        want = m(xs[1])
+        assert got.dtype == torch.float32 and torch.equal(got, want), (fmt, act)
+        assert torch.equal(got_mm, mxkit.matmul(x, m.weight_mx))
+        g = torch.randn(5, 48, generator=rng)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got.backward(g)
+        want.backward(g)
+        assert torch.equal(xs[0].grad, xs[1].grad), (fmt, act)
+    E, H, I = 4, 64, 32  # noqa: E741
+    w1 = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4", axis=-1)
+    w2 = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4", axis=-1)
+    x, logits = torch.randn(6, H, generator=rng), torch.randn(6, E, generator=rng)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mxkit.moe(x, w1, None, w2, None, logits, 2)
+    assert torch.equal(got, mxkit.moe(x, w1, None, w2, None, logits, 2))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -288,6 +329,7 @@ def test_qsnr_db_values(rng):
     assert qsnr_db(x, x * 0.99) == pytest.approx(40.0)
     assert qsnr_db(x, x.clone()) == math.inf
     assert qsnr_db(torch.zeros(4), torch.ones(4)) == -math.inf
+    assert qsnr_db(torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf])) == -math.inf  # (log10 of 0 raised)
     assert qsnr_db(torch.empty(0), torch.empty(0)) == math.inf
     with pytest.raises(ValueError, match=r"qsnr_db: x has shape \(1000,\) but x_hat \(1000, 1\)"):
         qsnr_db(x, x[:, None])  # (broadcast, it gave a finite number for two equal vectors)

@@ -3,7 +3,8 @@
 W4A8 serving mode of TensorRT-LLM).
 
 Plain data, like :class:`~mxkit.MXTensor`: frozen dataclasses of tensors, registered as pytree nodes, with
-``to(device)`` and ``state_dict()`` / ``from_state_dict()`` for save and load.
+``to(device)``; a PackedWeight saves as its source's bytes (``PackedWeight.state_dict()``) and loads by
+``pack_weight(PackedWeight.source_from_state_dict(sd))`` (the layouts are rebuilt, not stored).
 """
 
 from __future__ import annotations

@@ -34,8 +34,13 @@ def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kw
     if not names:
         raise ValueError(f"{type(model).__name__} has no GptOssMLP to swap")
     for name in names:
-        new = MXMoE.from_hf_gpt_oss(model.get_submodule(name), weight_format, return_router_scores=True, **kwargs)
+        mlp = model.get_submodule(name)
+        new = MXMoE.from_hf_gpt_oss(mlp, weight_format, return_router_scores=True, **kwargs)
         new.logits_recorder = __getattr__("GptOssRouterLogits")()
+        # a model that recorded outputs before has transformers' recorder hooks on its routers already (installed
+        # once a model): the new recorder takes the old router's forward hooks, or its logits would go unrecorded
+        for hook in getattr(getattr(mlp, "router", None), "_forward_hooks", {}).values():
+            new.logits_recorder.register_forward_hook(hook)
         _set_submodule(model, name, new)
     return model
 

@@ -57,7 +57,7 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64.
 
     Returns ``inf`` when ``x̂ == x`` exactly (two empty tensors included) and ``-inf`` when ``x`` is all zero but
-    ``x̂`` is not; NaN where either holds NaN. Raises ValueError when the shapes differ (no broadcasting).
+    ``x̂`` is not, or the error is infinite and the signal not; NaN where either holds NaN. Raises ValueError when the shapes differ (no broadcasting).
     """
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")
@@ -66,7 +66,7 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     sig = x64.pow(2).sum().item()
     if err == 0.0:
         return math.inf
-    if sig == 0.0:
+    if sig == 0.0 or math.isinf(err) and not math.isinf(sig):
         return -math.inf
     return 10.0 * math.log10(sig / err)
 
@@ -98,8 +98,10 @@ class MXLinear(_ops.Handled, nn.Module):
     the same with or without them.
     Raises ValueError if ``in_features`` or ``out_features`` is not positive, ``in_features % block_size != 0``,
     or ``block_size`` is not a positive multiple of the formats' packing; ``load_state_dict`` raises TypeError for
-    ``weight_qdata`` / ``weight_scale`` that are not uint8 (the state_dict holds the MX bytes only: bytes of
-    another format of the same width load as this layer's format); forward raises TypeError for an x that is not
+    ``weight_qdata`` / ``weight_scale`` that are not uint8, and ValueError for bytes saved from a layer of another
+    format or block size (:func:`check_format`: the state_dict's metadata names them; a state_dict without it,
+    such as a safetensors file's, holds the bytes only, and bytes of another format of the same width would load
+    as this layer's format); forward raises TypeError for an x that is not
     a float32 / bfloat16 / float16 tensor, ValueError for ``x.shape[-1] != in_features``.
     """
 
@@ -146,6 +148,8 @@ class MXLinear(_ops.Handled, nn.Module):
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
         self._register_load_state_dict_pre_hook(_check_loaded_bytes)
+        self.register_state_dict_post_hook(record_format)
+        self.register_load_state_dict_pre_hook(check_format)
         self.register_load_state_dict_post_hook(_repack_after_load)
         _ops.register(self)
 
@@ -412,6 +416,25 @@ def _check_loaded_bytes(state_dict, prefix, local_metadata, strict, missing_keys
         t = state_dict.get(prefix + name)
         if isinstance(t, torch.Tensor) and t.dtype != torch.uint8:
             raise TypeError(f"{prefix + name} must be uint8 (MX bytes), got {t.dtype}")
+
+
+def record_format(module: nn.Module, state_dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict post-hook of the MX layers (MXLinear, MXMoE): the element format and block size of the bytes, in
+    the state_dict's metadata (``torch.save`` keeps it, safetensors does not), for :func:`check_format`."""
+    local_metadata["mx_format"] = module.weight_format.name
+    local_metadata["mx_block_size"] = module.block_size
+
+
+def check_format(module: nn.Module, state_dict, prefix: str, local_metadata: dict, strict, missing_keys,
+                 unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: bytes saved with another element format or block size than the layer's raise
+    ValueError before anything is copied (the bytes alone, of one width, would load and decode as garbage). A
+    state_dict without the metadata (safetensors, a plain dict) is not checked."""
+    fmt, bs = local_metadata.get("mx_format"), local_metadata.get("mx_block_size")
+    if fmt is not None and (fmt, bs) != (module.weight_format.name, module.block_size):
+        raise ValueError(f"{prefix[:-1] or type(module).__name__}: the state_dict holds {fmt} bytes (block_size {bs}); "
+                         f"this {type(module).__name__} is {module.weight_format.name} (block_size "
+                         f"{module.block_size}): build it with the saved format")
 
 
 def _check_block_size(block_size, fmt: ElementFormat, act) -> None:

@@ -5,7 +5,9 @@ Layout (the checkpoint convention, ``nn.Linear``-style ``y = x @ W.T``): expert 
 (2I, H) and its ``down`` weight (H, I), each quantized along its last axis (K). The experts are held as four
 uint8 buffers — ``gate_up_qdata`` (E, 2I, H·pack_bytes/pack), ``gate_up_scale`` (E, 2I, H/32),
 ``down_qdata`` (E, H, I·pack_bytes/pack), ``down_scale`` (E, H, I/32) — so ``state_dict()``, ``.to()`` and
-``load_state_dict()`` work as for any buffer (as :class:`mxkit.nn.MXLinear` holds its weight). The router
+``load_state_dict()`` work as for any buffer (as :class:`mxkit.nn.MXLinear` holds its weight; as there, the
+state_dict's metadata names the element format and block size, and bytes of another format are refused on load
+with a ValueError: :func:`mxkit.nn.linear.check_format`). The router
 (``nn.Linear(H, E)`` with a bias) and the expert biases ``gate_up_bias`` (E, 2I), ``down_bias`` (E, H) stay in
 the float dtype. For GPT-OSS the ``gate_up`` rows interleave gate and up (row 2i gate, 2i+1 up).
 
@@ -64,7 +66,7 @@ from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
 from . import _ops
 from ._moe_grad import ExpertsGrad, experts_backward
-from .linear import FP8_ROWWISE, _check_block_size, _parse_act
+from .linear import FP8_ROWWISE, _check_block_size, _parse_act, check_format, record_format
 
 __all__ = ["MXMoE"]
 
@@ -212,6 +214,8 @@ class MXMoE(_ops.Handled, nn.Module):
             self.register_buffer(f"{name}_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
             self.register_buffer(f"{name}_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
         self.register_state_dict_post_hook(_checkpoint_layout_state)
+        self.register_state_dict_post_hook(record_format)
+        self.register_load_state_dict_pre_hook(check_format)
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
         _ops.register(self)
         if bias:

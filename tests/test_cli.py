@@ -45,7 +45,7 @@ def test_formats_rich_table(capsys):
     (["eval", "--scale-modes", "floor,round"], "unknown ScaleMode 'round'"),
     (["eval", "--act-format", "fp16"], "unknown MX format 'fp16'"),
     (["eval", "--out", "rows.xlsx"], "--out must end in .json or .csv"),
-    (["inspect", "/nonexistent/file.safetensors"], "neither a safetensors file nor a directory"),
+    (["inspect", "/nonexistent/file.safetensors"], "does not exist"),
     (["inspect", "/", "--format", "mxfp9"], "unknown MX format 'mxfp9'"),
     (["inspect", "/", "--scale-mode", "nearest"], "unknown ScaleMode 'nearest'"),  # checked with no --format too
 ])
@@ -59,8 +59,9 @@ def test_argparse_errors_and_no_command(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["eval", "--sentences", "many"])
     assert e.value.code == 2 and "invalid int value" in capsys.readouterr().err
-    assert cli.main([]) == 2  # prints help
-    assert "formats" in capsys.readouterr().out
+    assert cli.main([]) == 2  # no command: the help, on stderr (the usage error it is)
+    out = capsys.readouterr()
+    assert "formats" in out.err and out.out == ""
 
 
 def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
@@ -701,3 +702,58 @@ def test_check_writable_leaves_a_dangling_symlink_as_it_was(tmp_path):
     assert link.is_symlink() and not (tmp_path / "results" / "rows.json").exists()
     with pytest.raises(IsADirectoryError, match="--out"):
         check_writable(tmp_path / "results", "--out")
+
+
+def test_check_writable_leaves_no_folder_behind(tmp_path):
+    """The check makes the missing folders to try the file, then removes them (a run that fails later left empty
+    folders); a parent that is a file is named as such (it read "File exists")."""
+    from mxkit._files import check_writable
+
+    target = tmp_path / "new" / "deeper" / "rows.json"
+    assert check_writable(target, "--out") == target
+    assert sorted(tmp_path.iterdir()) == []
+    (tmp_path / "plain").write_text("x")
+    for bad in (tmp_path / "plain" / "rows.json", tmp_path / "plain" / "sub" / "rows.json"):
+        with pytest.raises(NotADirectoryError, match=r"plain' is a file, not a folder"):
+            check_writable(bad, "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+    # a run that fails after its checks leaves nothing either (here: bench on a machine without CUDA, or a bad
+    # option value checked after the --out path)
+    assert cli.main(["eval", "--batch-size", "-1", "--out", str(tmp_path / "e" / "r.json")]) == 2
+    assert not (tmp_path / "e").exists()
+
+
+def test_closed_stdout_is_a_quiet_exit(monkeypatch, capsys):
+    """A reader that stops early (``| head``): exit 141 as a SIGPIPE'd tool, no "Broken pipe" error line."""
+
+    def closed(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["formats"])
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(args, "func", closed, raising=False)
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    monkeypatch.setattr(cli.os, "dup2", lambda a, b: None)
+    assert cli.main(["formats"]) == 141
+    assert "error" not in capsys.readouterr().err
+
+
+def test_inspect_names_a_missing_path_and_skips_folders(tmp_path, capsys):
+    assert cli.main(["inspect", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "x.safetensors").mkdir()  # (a folder named like a file: not read as one)
+    assert cli.main(["inspect", str(tmp_path)]) == 2
+    assert "no *.safetensors files" in capsys.readouterr().err
+
+
+def test_a_table_title_stays_on_one_line():
+    import io
+
+    from mxkit._table import print_table
+
+    pytest.importorskip("rich")
+    out = io.StringIO()
+    title = "a long title: " + "x" * 60
+    print_table(["a"], [["1"]], title=title, file=out)
+    assert title in out.getvalue()

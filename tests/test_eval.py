@@ -314,6 +314,23 @@ def test_load_model_refuses_randomly_initialised_weights(tmp_path):
     assert ev.load_model(no_pooler).kind == "embedding"
 
 
+def test_load_model_names_truncated_weights_and_a_too_large_tokenizer(tmp_path):
+    """A truncated model.safetensors: one ValueError line naming the directory (safetensors' own error was a
+    traceback); a tokenizer with more tokens than the model's vocab_size: refused before the weights (an IndexError
+    deep in the embedding, mid-run)."""
+    bert = _model_dir(tmp_path / "bert", _tiny_bert())
+    f = bert / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"the weights in '{bert}' do not load") as e:
+        ev.load_model(bert)
+    assert "\n" not in str(e.value)
+    cfg = transformers.BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64)
+    small = _model_dir(tmp_path / "small", transformers.BertModel(cfg))
+    with pytest.raises(ValueError, match="the tokenizer has 30522 tokens but the model's vocab_size is 256"):
+        ev.load_model(small)
+
+
 def test_load_model_without_tokenizer_fails_before_the_weights(tmp_path, monkeypatch):
     """A model directory without tokenizer files: one line naming it, before the weights load (transformers
     would make a BERT tokenizer of its 5 special tokens, every word [UNK], or fail in five lines)."""

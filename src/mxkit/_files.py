@@ -7,21 +7,38 @@ from typing import Union
 
 
 def check_writable(path: Union[str, Path], option: str = "") -> Path:
-    """Make the parent folders of the file ``path`` and check that it can be written, by opening it for appending
-    (nothing is written; a file the check created is removed). Raises OSError naming ``option`` (e.g. ``--out``)
-    and the path: a directory, a parent that is a file, a place where files cannot be made (/proc, no permission)."""
+    """Check that the file ``path`` can be written, by opening it for appending in its folder (nothing is
+    written; the file, and any folder the check had to make on the way, are removed again: a run that fails
+    later leaves nothing behind; the writer makes the folders). Raises OSError naming ``option`` (e.g.
+    ``--out``) and the path: a directory, a parent that is a file, a place where files cannot be made (/proc,
+    no permission)."""
     path = Path(path)
     what = f"{option} {str(path)!r}" if option else repr(str(path))
     if path.is_dir():
         raise IsADirectoryError(f"{what} is a directory, not a file that can be written")
+    made: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        missing = [p for p in path.parents if not p.exists()]
+        above = path.parents[len(missing)] if len(missing) < len(path.parents) else Path(".")
+        if not above.is_dir():
+            raise NotADirectoryError(f"{what} cannot be written: {str(above)!r} is a file, not a folder")
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
         target = path.resolve()  # (a symlink, dangling or not: the check makes and removes the file it points to)
         existed = target.exists()
         with path.open("a"):
             pass
         if not existed:
             target.unlink()
+    except NotADirectoryError:
+        raise
     except OSError as e:
         raise OSError(f"{what} cannot be written: {e.strerror or e}") from None
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:  # (something else put a file there meanwhile: leave it)
+                pass
     return path

@@ -39,15 +39,19 @@ def print_table(
         try:
             from rich.console import Console
             from rich.table import Table
+            from rich.text import Text
         except ImportError:
             pass
         else:
-            table = Table(title=title or None, header_style="bold")
+            table = Table(header_style="bold")  # (the title printed above it: rich wraps a title to the table)
             for c in columns:
                 table.add_column(c, justify="right" if c in right else "left", no_wrap=True)
             for r in rows:
-                table.add_row(*r)
+                table.add_row(*(Text(c) for c in r))  # (cells as text, not markup: "[x]" is kept)
             width = sum(widths) + 3 * len(widths) + 4
+            if title:
+                Console(file=out, width=max(width, len(title)), highlight=False, soft_wrap=True).print(
+                    title, style="italic", markup=False)
             Console(file=out, width=width, highlight=False).print(table)
             return text
     print(text, end="", file=out, flush=True)

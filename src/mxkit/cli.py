@@ -122,9 +122,10 @@ def _cmd_eval(args) -> int:
     )
     title = (f"mxkit eval: {rows[0]['model']}, {rows[0]['sentences']} sentences, "
              f"act_format={args.act_format}, rounding={args.rounding}")
+    written = [ev.write_rows(rows, out) for out in args.out or []]  # (before any printing: a closed pipe loses none)
     ev.print_rows(rows, title=title, use_rich=False if args.plain else None)
-    for out in args.out or []:
-        print(f"wrote {ev.write_rows(rows, out)}")
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 
@@ -194,10 +195,12 @@ def _safetensors_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in {str(path)!r}")
         return files
+    if not path.exists():
+        raise FileNotFoundError(f"{str(path)!r} does not exist")
     raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a directory")
 
 
@@ -383,6 +386,7 @@ def _cmd_tune(args) -> int:
     if not torch.cuda.is_available():
         print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
         return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # (once the run can start: a failed one leaves none)
     tune_gemm(shapes, out=args.out)
     return 0
 
@@ -392,12 +396,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # (stdout closed early, `| head`: stop quietly, as a SIGPIPE'd tool does)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
     except (ValueError, TypeError, OSError, ImportError) as e:
-        if os.environ.get("MXKIT_TRACEBACK"):
+        if os.environ.get("MXKIT_TRACEBACK", "0") not in ("", "0"):
             raise
         print(f"mxkit: error: {e}", file=sys.stderr)
         return 2

@@ -217,6 +217,33 @@ def _one_line(e: BaseException) -> str:
 _UNUSED_WEIGHTS = {"embedding": ("pooler.*", "*.pooler.*"), "causal": ()}
 
 
+def _load_weights(path: Path, kind: str, dtype: torch.dtype, device) -> torch.nn.Module:
+    """:func:`load_model`'s model (transformers' logging already quiet): a ValueError naming the directory for
+    what transformers or safetensors raise on unreadable weights (a truncated or corrupt file)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    try:
+        if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts kept as they are (MXMoE), not transformers' GPU integration
+            model = load_gpt_oss_model(path, dtype=dtype, device=device, progress=False)
+            return model if kind == "causal" else model.model
+        cls = AutoModelForCausalLM if kind == "causal" else AutoModel
+        model, info = cls.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
+    except (ValueError, TypeError, OSError, ImportError):
+        raise
+    except Exception as e:  # (safetensors' SafetensorError and the like: not a ValueError)
+        raise ValueError(f"the weights in {str(path)!r} do not load: {_one_line(e)}"[:400]) from e
+    missing = sorted(k for k in info.get("missing_keys", ())
+                     if not any(fnmatch.fnmatchcase(k, p) for p in _UNUSED_WEIGHTS[kind]))
+    missing += sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys", ()))
+    if missing:
+        raise ValueError(
+            f"{str(path)!r} as a {kind} model ({type(model).__name__}): {len(missing)} weight(s) not in the "
+            f"checkpoint or of another shape would be random: {', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}"
+            + ("; for an encoder use kind 'embedding' (--kind embedding)" if kind == "causal" else ""))
+    return model
+
+
 def load_model(
     path: Optional[Union[str, Path]] = None,
     *,
@@ -237,13 +264,14 @@ def load_model(
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
     else 256). The tokenizer is loaded before the model. Raises FileNotFoundError for a missing directory,
     NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config, a directory without a
-    usable tokenizer, and a model whose checkpoint lacks weights of the class ``kind`` picks (or holds them in
+    usable tokenizer or one with more tokens than the model's ``vocab_size``, weights that do not load (a truncated
+    or corrupt file), and a model whose checkpoint lacks weights of the class ``kind`` picks (or holds them in
     another shape), which transformers would initialise randomly (e.g. ``kind="causal"`` on a BERT encoder: its
     ``cls.predictions.*`` head); an embedding model may lack the pooler, which no metric reads.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = Path(path) if path is not None else default_model_path()
@@ -261,27 +289,16 @@ def load_model(
     if len(tok) <= len(set(tok.all_special_tokens)):  # transformers makes an empty BertTokenizer from no files
         raise ValueError(f"no tokenizer in {str(path)!r}: the one that loads has no tokens but its {len(tok)} special "
                          f"ones (tokenizer.json or the vocabulary files missing?)")
+    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if isinstance(vocab, int) and len(tok) > vocab:  # (an id past the embedding table: an IndexError mid-run)
+        raise ValueError(f"{str(path)!r}: the tokenizer has {len(tok)} tokens but the model's vocab_size is {vocab}")
     if kind == "auto":
         kind = "causal" if _is_causal(config) else "embedding"
     verbosity, bars_off = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled() is False
     hf_logging.set_verbosity_error()  # silence "unused weights" notes
     hf_logging.disable_progress_bar()  # and the "Loading weights" bar
     try:
-        if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts kept as they are (MXMoE), not transformers' GPU integration
-            model = load_gpt_oss_model(path, dtype=dtype, device=device, progress=False)
-            model = model if kind == "causal" else model.model
-        else:
-            cls = AutoModelForCausalLM if kind == "causal" else AutoModel
-            model, info = cls.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
-            missing = sorted(k for k in info.get("missing_keys", ())
-                             if not any(fnmatch.fnmatchcase(k, p) for p in _UNUSED_WEIGHTS[kind]))
-            missing += sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys", ()))
-            if missing:
-                raise ValueError(
-                    f"{str(path)!r} as a {kind} model ({type(model).__name__}): {len(missing)} weight(s) not in the "
-                    f"checkpoint or of another shape would be random: {', '.join(missing[:4])}"
-                    f"{', ...' if len(missing) > 4 else ''}"
-                    + ("; for an encoder use kind 'embedding' (--kind embedding)" if kind == "causal" else ""))
+        model = _load_weights(path, kind, dtype, device)
     finally:
         hf_logging.set_verbosity(verbosity)
         if not bars_off:

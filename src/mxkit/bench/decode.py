@@ -349,9 +349,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=positive, default=None, help="keep the first N decoder layers (default all)")
     p.add_argument("--formats", type=csv(lambda s: s if s == "bf16" else _mx_name(s)),
                    default=("bf16", "mxfp4_e2m1", "mxfp8_e4m3"),
-                   help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), each "
-                        "optionally with +fused (q / k / v and gate / up as one GEMM each, mxkit.nn.fuse_siblings) "
-                        "or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
+                   help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), the MX "
+                        "ones optionally with +fused (q / k / v and gate / up as one GEMM each, "
+                        "mxkit.nn.fuse_siblings) or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODE_CHOICES)), default=MODES,
@@ -364,7 +364,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="--layers 4 (all of a smaller model) --tokens 16 --repeats 1 unless given")
     p.add_argument("--quantize-head", action="store_true", help="quantize lm_head too (default: kept in bf16)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: eager only, for smoke tests")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: eager only (give --modes eager), for smoke tests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")

@@ -90,8 +90,9 @@ def _folder_made(path) -> Path:
 
 
 def check_out_folder(folder, names: Sequence[str]) -> None:
-    """Before a run: ``--out`` ``folder`` (made when missing) must be a folder in which each of ``names`` can be
-    written (:func:`mxkit._files.check_writable`). Raises OSError naming the path."""
+    """Before a run: ``--out`` ``folder`` (made when the results are written) must be a folder in which each of
+    ``names`` can be written (:func:`mxkit._files.check_writable`: nothing is left behind). Raises OSError naming
+    the path."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"--out {str(folder)!r} is a file; it names the folder the results go into")

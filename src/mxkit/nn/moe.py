@@ -1001,13 +1001,19 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
     """load_state_dict pre-hook: checkpoint-layout experts loaded into a module packed in place are packed (on the
     module's device) before the copy. A module folded in place (W4A8) goes back to the checkpoint layout, and its
     next CUDA forward folds the loaded experts. Expert buffers that are not uint8 (MX bytes: ``copy_`` would cast
-    them) are reported in ``error_msgs`` (load_state_dict raises) and not loaded."""
+    them) are reported in ``error_msgs`` (load_state_dict raises) and not loaded: that expert's pair keeps its
+    bytes (the module's own given in their place, so the keys are not also reported missing)."""
+    bad = set()
     for name in _EXPERTS:
-        for key in (f"{prefix}{name}_qdata", f"{prefix}{name}_scale"):
+        keys = (f"{prefix}{name}_qdata", f"{prefix}{name}_scale")
+        for key in keys:
             t = state_dict.get(key)
             if isinstance(t, torch.Tensor) and t.dtype != torch.uint8:
                 error_msgs.append(f"{key}: expected uint8 MX bytes, got {t.dtype}")
-                del state_dict[key]
+                bad.add(name)
+        if name in bad:
+            for key in keys:
+                state_dict[key] = getattr(module, key[len(prefix):])
     if module.expert_layout == "fold":
         module._to_checkpoint_layout()
     if module.expert_layout != "mma":
@@ -1015,8 +1021,8 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
     flags = list(module._mma_flags)
     for i, name in enumerate(_EXPERTS):
         kq, ks = f"{prefix}{name}_qdata", f"{prefix}{name}_scale"
-        if kq not in state_dict or ks not in state_dict:
-            continue  # (reported as missing by load_state_dict)
+        if name in bad or kq not in state_dict or ks not in state_dict:
+            continue  # (reported above, or as missing by load_state_dict)
         q, s = state_dict[kq], state_dict[ks]
         shape = module._expert_shapes(module.num_local_experts)[i]
         want = MXTensor.expected_shapes(shape, 2, module.weight_format, module.block_size)

@@ -633,3 +633,13 @@ def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):
                       "0.linear2": "unsupported", "1": "quantized"}
     with torch.no_grad():
         assert model(x).shape == (2, 5, 32)
+
+
+def test_quantize_model_on_the_meta_device():
+    """A model built on the meta device (to be filled later, e.g. by load_state_dict(assign=True)) quantizes
+    with the default compute_qsnr=True: no QSNR to measure there (it raised on reading meta values)."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    model, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
+    assert [r.status for r in report] == ["quantized", "quantized"] and report[0].qsnr_db is None
+    assert isinstance(model[0], MXLinear) and model[0].weight_qdata.is_meta

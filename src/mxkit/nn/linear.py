@@ -511,7 +511,7 @@ def quantize_model(
     alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another
     parameter (a tied ``lm_head``) is quantized into its own MX copy, untied, with a ``UserWarning`` naming it.
-    compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy.
+    compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy (not on the meta device).
     progress: show a tqdm bar over the Linear layers.
     fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
       attention's q / k / v and a gated MLP's gate / up; the state_dict then holds the fused layers).
@@ -566,7 +566,7 @@ def quantize_model(
         else:
             new = MXLinear.from_linear(lin, fmt, act_format=act, scale_mode=mode, rounding=rnd,
                                        block_size=block_size, dense_cache=dense_cache)
-            if compute_qsnr:
+            if compute_qsnr and not lin.weight.is_meta:  # (a meta model has no values to measure: qsnr_db None)
                 row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
             row.weight_nbytes = new.weight_nbytes
             row.bits_per_weight = 8.0 * new.weight_nbytes / row.numel

@@ -176,6 +176,12 @@ class PackedWeight:
     def device(self) -> torch.device:
         return self.source.device
 
+    def __repr__(self) -> str:  # (the dataclass's would print every tensor it holds)
+        layouts = [n for n, v in (("folded", self.folded), ("mma", self.mma_q), ("wide", self.wide),
+                                  ("dense", self.dense)) if v is not None]
+        return (f"PackedWeight({self.fmt.name}, shape={tuple(self.shape)}, layouts=[{', '.join(layouts)}], "
+                f"nbytes={self.nbytes}, device={self.device})")
+
     @property
     def nbytes(self) -> int:
         """Bytes held on the device: the MX source plus the folded, the decode-layout, the MXFP8-twin and the

@@ -273,7 +273,7 @@ def _mxkit(case: GemmCase, inp: Inputs, ctx):
     act = {"bf16": "float", "fp8_rowwise": "fp8_rowwise"}.get(case.formats[0], "mx")
     packed = pack_weight(inp.wq, act=act)
     pack_us = ctx.time_fn(lambda: pack_weight(inp.wq, act=act))[0]  # one-time cost, after a read flush
-    pack_bytes = tensor_bytes(inp.wq) + tensor_bytes(packed)
+    pack_bytes = tensor_bytes((inp.wq, packed))  # (the source read once and the layouts written: packed holds wq)
     x, fa, be = inp.x, case.formats[0], ctx.backend
     if case.mode == "from-bf16":
         import mxkit

@@ -26,8 +26,9 @@ import torch
 from .output import (Column, check_out_folder, env_line, environment, fmt_num, progress, reason,  # noqa: F401
                      render_table, save, usage_error, write_chart)
 
-L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any Hopper L2 (50 MB), as do_bench
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # over 4x any Hopper L2 (H100 50 MB, H200 60 MB), as do_bench
 FLUSH_MODES = ("read", "write")
+MIN_RUNS = 25  # timed runs at least, whatever rep_ms allows (a 23 ms peer call got one run under --rep-ms 40)
 BAD_CHECKS = ("MISMATCH", "FAIL")  # a checked output that is wrong (bytes / numerics bound)
 DEFAULT_REP_MS, QUICK_REP_MS = 100.0, 40.0
 
@@ -144,8 +145,9 @@ def spin_cycles(us: float) -> int:
 
 def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: float = 100.0,
                      spin_us: float = 0.0, flush: str = "read") -> float:
-    """Median µs of ``fn()`` on the current CUDA device: one call, a 5-run estimate, ``warmup_ms`` of untimed runs,
-    then runs for ``rep_ms``, each after the ``flush`` and a ``spin_us`` spin. ValueError for an unknown flush."""
+    """Median µs of ``fn()`` on the current CUDA device: one call, a 5-run estimate, ``warmup_ms`` of untimed runs
+    (each after the flush, as the timed ones: the estimate includes it), then runs for ``rep_ms`` but at least
+    :data:`MIN_RUNS`, each after the ``flush`` and a ``spin_us`` spin. ValueError for an unknown flush."""
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush={flush!r} must be one of {FLUSH_MODES}")
     buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -163,8 +165,9 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
     torch.cuda.synchronize()
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)  # includes the flush: an upper bound, as do_bench
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        do_flush()
         fn()
-    n = max(1, int(rep_ms / (estimate_ms + spin_us / 1e3)))
+    n = max(MIN_RUNS, int(rep_ms / (estimate_ms + spin_us / 1e3)))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for s, e in events:
         do_flush()
@@ -183,11 +186,13 @@ def time_us(fn: Callable[[], object], cfg: TimingConfig) -> tuple[float, float]:
 
 
 def copy_bandwidth(cfg: TimingConfig) -> tuple[float, float, int]:
-    """The limit: a device ``dst.copy_(src)`` moving 1 GiB (read + written), timed by :func:`time_us`.
+    """The limit: a device ``dst.copy_(src)`` moving 1 GiB (read + written), timed by :func:`time_us` after one
+    discarded timing of the same (the first timing in a process read 8-25% low in some runs: clocks still rising).
     Returns (GB/s read flush, GB/s write flush, bytes)."""
     src = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * 2
+    cuda_event_bench(lambda: dst.copy_(src), cfg.warmup_ms, cfg.rep_ms, cfg.spin_us, "read")  # (discarded)
     us_read, us_write = time_us(lambda: dst.copy_(src), cfg)
     return gbps(nbytes, us_read), gbps(nbytes, us_write), nbytes
 

@@ -312,6 +312,32 @@ def _slow_ref():
     return timing.Impl("reference-compiled", make, compiled=True, checked=True)
 
 
+def test_interleaved_rounds_divide_out_a_drift():
+    """--rounds R: each row's × column is the median of R per-round ratios, the reference and the row timed back to
+    back in alternating order; a device whose speed drifts over the run (here 10% slower every timing) reads the
+    true 4x, where the rows' own timings (taken minutes apart) would not; R = 1 keeps the rows' own timings."""
+    impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": _slow_ref()}
+    cases = bq.plan_cases(("rowwise",), ["mxfp8_e4m3"], [(64, 96)], BF16)
+    clock = [1.0]
+
+    def drifting(fn):
+        clock[0] *= 1.1
+        return getattr(fn, "fake_us", 10.0) * clock[0]
+
+    for rounds in (1, 4):
+        clock[0] = 1.0
+        rows = timing.run_cases(cases, _ctx(rounds=rounds, time_read=drifting), impls, log=lambda s: None)
+        mine = next(r for r in rows if r.impl == "mxkit")
+        if rounds == 1:
+            assert mine.vs_ref == 4.0 and mine.vs_ref_lo is None and clock[0] == 1.0  # (time_read unused)
+        else:
+            assert clock[0] == 1.1 ** 8  # 4 rounds of two timings
+            assert mine.vs_ref == pytest.approx(4.0) and mine.vs_ref_lo == pytest.approx(4.0 / 1.1)
+            assert mine.vs_ref_hi == pytest.approx(4.0 * 1.1)
+    with pytest.raises(ValueError, match="--rounds must be a positive int"):
+        timing.timing_config(types.SimpleNamespace(rep_ms=10.0, spin_us=0.0, rounds=0))
+
+
 def test_pipeline_checks_bytes_and_computes_ratios():
     impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": _slow_ref()}
     cases = bq.plan_cases(bq.OPS, ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e2m3"], [(64, 96), (2, 32, 64)], BF16)

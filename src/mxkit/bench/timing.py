@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 import time
@@ -42,6 +43,7 @@ class TimingConfig:
     warmup_ms: float = 25.0
     rep_ms: float = DEFAULT_REP_MS
     spin_us: float = 100.0  # GPU spin before each timed run (hides the host's launch path); 0 = none
+    rounds: int = 1  # > 1: each row's × column from that many interleaved rounds against the reference impl
 
 
 @dataclass
@@ -50,7 +52,9 @@ class Row:
     the write flush; None when the row did not run. ``gbps`` / ``pct_copy`` / ``tflops`` derive from ``us``
     (``pct_copy_write`` from ``us_write`` against the write-flushed copy). ``vs_ref``: the reference impl's µs
     over this row's. ``status``: ok | n/a | error | skip (not run by design, kept out of the notes).
-    ``check``: match / MISMATCH (bytes), ok / FAIL (numerics bound), "" when not checked. GEMM rows add
+    ``check``: match / MISMATCH (bytes), ok / FAIL (numerics bound), "" when not checked. With ``--rounds`` R > 1,
+    ``vs_ref`` is the median of R per-round ratios, the reference and the row timed back to back in alternating
+    order each round (read flush), and ``vs_ref_lo`` / ``vs_ref_hi`` their range. GEMM rows add
     ``path`` (what mxkit.gemm_plan says), ``pack_us`` / ``pack_gbps`` and ``err`` against ``err_bound``."""
 
     op: str
@@ -67,6 +71,8 @@ class Row:
     flops: int = 0
     tflops: Optional[float] = None
     vs_ref: Optional[float] = None
+    vs_ref_lo: Optional[float] = None  # with rounds > 1: the smallest and largest per-round ratio
+    vs_ref_hi: Optional[float] = None
     status: str = "ok"
     check: str = ""
     compile_s: Optional[float] = None
@@ -232,6 +238,8 @@ class Context:
     copy_gbps: Optional[float] = None  # read flush
     copy_gbps_write: Optional[float] = None
     ref_impl: str = "reference-compiled"  # vs_ref: this impl's µs over each row's
+    rounds: int = 1  # > 1: vs_ref from interleaved rounds (time_read each), not the rows' own timings
+    time_read: Optional[Callable[[Callable[[], object]], float]] = None  # µs after a read flush
     compiled: dict = dataclasses.field(default_factory=dict)
     last_shape: Optional[str] = None
 
@@ -253,7 +261,7 @@ def _reason(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:160] if isinstance(e, BenchUnavailable) else reason(e)
 
 
-def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: list) -> None:
+def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: list) -> Callable[[], object]:
     made = impl.make(case, inputs, ctx)
     fn, extra = made if isinstance(made, tuple) else (made, {})
     vars(row).update(extra)
@@ -273,6 +281,26 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
         ctx.time_fn(fn)
         ctx.last_shape = case.label
     row.us, row.us_write = ctx.time_fn(fn)
+    return fn
+
+
+def _interleaved_ratios(rows: list[Row], fns: dict, ctx: Context, ref: Row) -> None:
+    """Each timed row's ``vs_ref`` as the (log-space) median of ``ctx.rounds`` per-round ratios: the reference and the row timed
+    back to back (read flush), which goes first alternating by round, so a drift of the device's speed over the
+    run (the peer's one timing read ±7% across rows of one run) divides out."""
+    for r in rows:
+        if r is ref or r.us is None or r.impl not in fns:
+            continue
+        ratios = []
+        for k in range(ctx.rounds):
+            first, second = (fns[ref.impl], fns[r.impl]) if k % 2 == 0 else (fns[r.impl], fns[ref.impl])
+            t1, t2 = ctx.time_read(first), ctx.time_read(second)
+            t_ref, t_row = (t1, t2) if k % 2 == 0 else (t2, t1)
+            ratios.append(t_ref / t_row)
+        # (the median in log space: with an even count the geometric mean of the middle two, so a steady drift,
+        # which makes alternate rounds' ratios x / d and x * d, gives x)
+        r.vs_ref = math.exp(statistics.median(math.log(v) for v in ratios))
+        r.vs_ref_lo, r.vs_ref_hi = min(ratios), max(ratios)
 
 
 def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
@@ -291,6 +319,7 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
             r.status, r.note = "error", f"inputs: {_reason(e)}"
         return rows
     expected: list = []  # the reference result, made when the first checked impl needs it
+    fns: dict = {}  # (kept for interleaved rounds only)
     for row in rows:
         impl = impls[row.impl]
         skip = impl.skip(case)
@@ -298,7 +327,9 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
             row.status, row.note = "skip", skip
             continue
         try:
-            _run_impl(row, impl, case, inputs, ctx, expected)
+            fn = _run_impl(row, impl, case, inputs, ctx, expected)
+            if ctx.rounds > 1 and ctx.time_read is not None:
+                fns[row.impl] = fn
         except _UNAVAILABLE as e:
             row.status, row.note = "n/a", _reason(e)
         except Exception as e:
@@ -315,6 +346,8 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
     ref = next((r for r in rows if r.impl == ctx.ref_impl and r.us), None)
     for r in rows:
         r.vs_ref = ref.us / r.us if ref is not None and r.us else None
+    if ref is not None and ref.impl in fns:
+        _interleaved_ratios(rows, fns, ctx, ref)
     return rows
 
 
@@ -387,17 +420,24 @@ def add_common_arguments(p, backend: bool = True, backend_help: str = "backend o
                    help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
     p.add_argument("--spin-us", type=float, default=100.0,
                    help="GPU spin queued before each timed run so the host's launch path is not timed (default 100)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="the × column as the median of this many interleaved rounds against the reference peer, "
+                        "each pair timed back to back (default 1: the rows' own timings)")
     p.add_argument("--out", type=Path, default=None,
                    help="write CSV, JSON and a PNG chart into this folder (made when missing; checked before the run)")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 
 def timing_config(args) -> TimingConfig:
-    """From ``--rep-ms`` (None: shorter with ``--quick``) and ``--spin-us``; ValueError if not positive."""
+    """From ``--rep-ms`` (None: shorter with ``--quick``), ``--spin-us`` and ``--rounds``; ValueError if not
+    positive."""
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if getattr(args, "quick", False) else DEFAULT_REP_MS)
     if rep <= 0 or args.spin_us < 0:
         raise ValueError(f"--spin-us={args.spin_us} must be >= 0 and --rep-ms={rep} > 0")
-    return TimingConfig(rep_ms=rep, spin_us=args.spin_us)
+    rounds = getattr(args, "rounds", 1)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds must be a positive int, got {rounds!r}")
+    return TimingConfig(rep_ms=rep, spin_us=args.spin_us, rounds=rounds)
 
 
 def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, stem: str,
@@ -423,10 +463,13 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
     print(f"copy limit: {copy_read:.0f} GB/s after a read flush, {copy_write:.0f} after a write flush "
           f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}{f'[{backend}]' if backend else ''} + "
           f"{', '.join(peers) or 'no peers'}; median of {cfg.rep_ms:g} ms after {cfg.warmup_ms:g} ms warm-up, "
-          f"spin {cfg.spin_us:g} µs", flush=True)
+          f"spin {cfg.spin_us:g} µs" + (f"; × from {cfg.rounds} interleaved rounds" if cfg.rounds > 1 else ""),
+          flush=True)
     ctx = Context(device=device, time_fn=lambda fn: time_us(fn, cfg), sync=torch.cuda.synchronize if device == "cuda"
                   else (lambda: None), impls=(main, *peers), **({"backend": backend} if backend else {}),
-                  check=not args.no_check, copy_gbps=copy_read, copy_gbps_write=copy_write, ref_impl=ref_impl)
+                  check=not args.no_check, copy_gbps=copy_read, copy_gbps_write=copy_write, ref_impl=ref_impl,
+                  rounds=cfg.rounds,
+                  time_read=lambda fn: cuda_event_bench(fn, cfg.warmup_ms, cfg.rep_ms, cfg.spin_us, "read"))
     copy_row = Row(op="copy", fmt="-", shape=f"{copy_bytes // 2 // 2**20}MiB", impl="copy", nbytes=copy_bytes,
                    us=copy_bytes / copy_read / 1e3, us_write=copy_bytes / copy_write / 1e3, gbps=copy_read,
                    pct_copy=100.0, pct_copy_write=100.0)

@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import json
 import math
+import pathlib
 import subprocess
 import sys
 import types
@@ -663,3 +664,16 @@ def test_benchmarks_md_tables_are_their_runs(tmp_path):
     with pytest.raises(ValueError, match="no matching mxkit row"):
         bt.table_rows(tmp_path)
     assert bt.main([str(tmp_path)]) == 1
+
+
+def test_environment_names_the_commit():
+    """The JSON's environment holds mxkit's commit (``+dirty`` with uncommitted changes), None outside a checkout."""
+    from mxkit.bench import output
+
+    env = output.environment()
+    root = pathlib.Path(output.__file__).resolve().parents[3]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        assert env["commit"] is None
+    else:
+        assert env["commit"].split("+")[0] == head.stdout.strip() and "commit" in output.env_line(env)

@@ -30,8 +30,27 @@ def progress(msg: str) -> None:
     print(f"[{_dt.datetime.now(_dt.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
+def _git_commit() -> Optional[str]:
+    """The mxkit checkout's commit (``+dirty`` with uncommitted changes), or None outside a git checkout (an
+    installed wheel, a copied tree without .git, no git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=5)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def environment() -> dict:
-    """GPU, library versions, date (UTC), host: printed above a table and stored in the JSON."""
+    """GPU (name, capability, SMs, driver), library versions, mxkit's commit, date (UTC), host: printed above a
+    table and stored in the JSON."""
     import mxkit
 
     try:
@@ -39,9 +58,16 @@ def environment() -> dict:
     except Exception:
         triton = None
     p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    driver = None
+    if p is not None:
+        try:
+            driver = torch._C._cuda_getDriverVersion()  # (the CUDA driver's API version, e.g. 13000)
+        except Exception:
+            driver = None
     return {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "triton": getattr(triton, "__version__", None), "mxkit": getattr(mxkit, "__version__", None),
+            "commit": _git_commit(), "driver": driver,
             "gpu": p and p.name, "capability": p and f"{p.major}.{p.minor}", "sm_count": p and p.multi_processor_count}
 
 
@@ -51,7 +77,8 @@ def reason(e: BaseException) -> str:
 
 
 def env_line(env: dict) -> str:
-    return " | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "date_utc"))
+    return " | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "commit",
+                                                      "date_utc"))
 
 
 def usage_error(message: str) -> int:

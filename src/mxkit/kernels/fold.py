@@ -90,9 +90,9 @@ def _check_device(t: torch.Tensor, what: str) -> None:
 
 
 def _empty(R: int, K: int, f: ElementFormat, lead: torch.Size, device) -> Folded:
-    return Folded(torch.empty(R, K, dtype=torch.float8_e4m3fn, device=device),
-                  torch.empty(R, dtype=torch.float32, device=device),
-                  torch.empty(0, dtype=torch.int64, device=device), f, lead)
+    return Folded._trusted(torch.empty(R, K, dtype=torch.float8_e4m3fn, device=device),
+                           torch.empty(R, dtype=torch.float32, device=device),
+                           torch.empty(0, dtype=torch.int64, device=device), f, lead)
 
 
 def _complete(data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, f: ElementFormat, lead: torch.Size,
@@ -109,7 +109,7 @@ def _complete(data: torch.Tensor, scale: torch.Tensor, status: torch.Tensor, f: 
         data = torch.cat([data, sub.data[n:].view(torch.uint8)])
         scale = torch.cat([scale, sub.scale[n:]])
         owner = rows[sub.owner]
-    return Folded(data.view(torch.float8_e4m3fn), scale, owner, f, lead)
+    return Folded._trusted(data.view(torch.float8_e4m3fn), scale, owner, f, lead)
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,8 @@ class PendingFold:
 def _pending(data, scale, status, f, lead, redo, defer: bool, source=None, stats=None
              ) -> Union[Folded, PendingFold]:
     if defer:
-        return PendingFold(Folded(data.view(torch.float8_e4m3fn), scale, data.new_zeros(0, dtype=torch.int64), f,
-                                  lead), status, redo, source, stats)
+        return PendingFold(Folded._trusted(data.view(torch.float8_e4m3fn), scale,
+                                           data.new_zeros(0, dtype=torch.int64), f, lead), status, redo, source, stats)
     return _complete(data, scale, status, f, lead, redo)
 
 

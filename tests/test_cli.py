@@ -144,7 +144,8 @@ def _gpt_oss_like(tmp_path):
     scales[1, 5, 2] = 130  # exponent +3
     scales[1, 0, 1] = 0xFF  # one NaN scale
     tensors = {
-        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8, generator=g),
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8,
+                                                                        generator=g),
         "model.layers.0.mlp.experts.gate_up_proj_scales": scales,
         "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 96, generator=g),
         "model.layers.0.self_attn.q_proj.bias": torch.randn(64, generator=g),

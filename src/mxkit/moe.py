@@ -100,9 +100,9 @@ def moe_experts(
     packed: Optional[tuple] = None,
 ) -> torch.Tensor:
     """The expert computation on routed tokens: :func:`~mxkit.moe_reference.moe_reference`'s arguments (but
-    ``intermediate_dtype``: each backend keeps its own) and result (x (T, H), experts (E, 2I, H) / (E, H, I) MX along K, topk (T, k); returns (T, H) in ``out_dtype``,
-    default ``x.dtype``), run by ``backend``. ``packed``: the experts of
-    :func:`mxkit.kernels.moe.pack_experts_mma` for the Triton backend's decode path (ignored elsewhere).
+    ``intermediate_dtype``: each backend keeps its own) and result (x (T, H), experts (E, 2I, H) / (E, H, I) MX
+    along K, topk (T, k); returns (T, H) in ``out_dtype``, default ``x.dtype``), run by ``backend``. ``packed``: the
+    experts of :func:`mxkit.kernels.moe.pack_experts_mma` for the Triton backend's decode path (ignored elsewhere).
     Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
     check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                    expert_range=expert_range, num_experts=num_experts)

@@ -224,10 +224,10 @@ def matmul(
     bias: optional (N,), added in float32 before the output rounding.
     out_dtype: float32 | bfloat16 | float16 | float64; default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
     backend: ``"auto"`` | ``"triton"`` (the GPU paths) | ``"reference"``.
-    Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6
-    pairs, cuBLAS bf16 for the rest); every path is exact: its error is float32 accumulation plus one output
-    rounding (issue #22's bound). ``backend="reference"`` (and CPU under ``"auto"``) computes in float32 on the
-    dequantized operands (:func:`mxkit.reference.matmul_reference`).
+    Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by
+    :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: its
+    error is float32 accumulation plus one output rounding (issue #22's bound). ``backend="reference"`` (and CPU
+    under ``"auto"``) computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.

@@ -285,9 +285,9 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
 
 
 def _interleaved_ratios(rows: list[Row], fns: dict, ctx: Context, ref: Row) -> None:
-    """Each timed row's ``vs_ref`` as the (log-space) median of ``ctx.rounds`` per-round ratios: the reference and the row timed
-    back to back (read flush), which goes first alternating by round, so a drift of the device's speed over the
-    run (the peer's one timing read ±7% across rows of one run) divides out."""
+    """Each timed row's ``vs_ref`` as the (log-space) median of ``ctx.rounds`` per-round ratios: the reference and
+    the row timed back to back (read flush), which goes first alternating by round, so a drift of the device's speed
+    over the run (the peer's one timing read ±7% across rows of one run) divides out."""
     for r in rows:
         if r is ref or r.us is None or r.impl not in fns:
             continue

@@ -57,7 +57,8 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64.
 
     Returns ``inf`` when ``x̂ == x`` exactly (two empty tensors included) and ``-inf`` when ``x`` is all zero but
-    ``x̂`` is not, or the error is infinite and the signal not; NaN where either holds NaN. Raises ValueError when the shapes differ (no broadcasting).
+    ``x̂`` is not, or the error is infinite and the signal not; NaN where either holds NaN. Raises ValueError when
+    the shapes differ (no broadcasting).
     """
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")

@@ -117,10 +117,11 @@ class MXMoE(_ops.Handled, nn.Module):
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
-    in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
-    another dtype); on CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 /
-    float16 x with ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the
-    top-k and the softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
+    in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H. The router's
+    logits are computed in x's dtype (its weight and bias cast to it where the module holds another dtype); on CUDA,
+    for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x with
+    ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the top-k and the
+    softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
     differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module itself is
     then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
     (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
@@ -452,9 +453,9 @@ class MXMoE(_ops.Handled, nn.Module):
           axis with :func:`mxkit.quantize`; b_gate_up (E, 2I), b_down (E, H) or both None.
         expert_range: keep experts lo..hi-1 only (the others are not quantized).
         kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
-          backend, act_format, keep_source). Raises TypeError for experts that are not float32 / bfloat16 / float16 tensors or biases that
-          are not tensors (naming them), ValueError for shapes that do not agree (naming them), and the
-          constructor's errors.
+          backend, act_format, keep_source). Raises TypeError for experts that are not float32 / bfloat16 / float16
+          tensors or biases that are not tensors (naming them), ValueError for shapes that do not agree (naming
+          them), and the constructor's errors.
         """
         for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
             if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):

@@ -549,7 +549,7 @@ def tie_blocks(fmt: str, n: int, dtype: torch.dtype, generator: Optional[torch.G
     return t[ok[torch.randint(len(ok), (n,), generator=generator)]]
 
 
-def fp8_tie_blocks(fmt: str) -> torch.Tensor:
+def fp8_tie_blocks(fmt: str, multiple: int = 1) -> torch.Tensor:
     """fp32 blocks for the FP8 / FP6 / FP4 element rounding (the hardware-cvt paths): blocks with amax =
     max_normal * 2^k (every scale mode picks the same X) whose other elements are the midpoints between neighbouring FP8 grid values (ties), one
     fp32 ulp above them, and their negatives; blocks whose mantissa exceeds max_normal's (saturation under
@@ -572,7 +572,8 @@ def fp8_tie_blocks(fmt: str) -> torch.Tensor:
     out = [b * 2.0**k for k in (-120, -60, 0, 40, 100) for b in (ties, sat, -sat)]
     den = torch.randint(-(2**23 - 1), 2**23, (4, 32), dtype=torch.int32)
     out.append((den.abs() | (den < 0).to(torch.int32) << 31).view(torch.float32))
-    return torch.cat(out)
+    out = torch.cat(out)
+    return torch.cat([out, out[: -len(out) % multiple]])  # (``multiple``: the first blocks again, to a multiple)
 
 
 def scale_bytes(shape: tuple, rng) -> torch.Tensor:

@@ -148,8 +148,7 @@ def test_gpu_fp4_units(k, rng, poison):
     cfgs = [QC(block_r=64, block_c=128, num_warps=4, int64=False, scale_t=True, **kw),
             QC(block_r=32, block_c=256, num_warps=4, int64=False, col_wide=True, **kw),
             QC(block_r=64, block_c=256, num_warps=8, int64=False, rblocks=2, **kw)]
-    ties = fp8_tie_blocks(fmt)
-    ties = torch.cat([ties, ties[: -len(ties) % 32]])  # (a multiple of 32 blocks: the cast-transpose runs too)
+    ties = fp8_tie_blocks(fmt, multiple=32)  # (a multiple of 32 blocks: the cast-transpose runs too)
     cfg = cfgs[k]
     xs = [rand_tensor(shape, 0, generator=rng, dtype=torch.bfloat16, nonfinite=True)
           for shape in ((320, 208), (96, 288), (256, 1024))]

@@ -41,7 +41,7 @@ from ..ops import (dequantize, linear_input_grad, matmul, pack_weight, quantize,
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
-from ..tensor import MXTensor
+from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
 from ..kernels.matmul import a8w8_linear
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _ops
@@ -194,7 +194,7 @@ class MXLinear(_ops.Handled, nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
-        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if w.dtype not in SUPPORTED_INPUT_DTYPES:
             raise TypeError(f"from_linear quantizes float32 / bfloat16 / float16 weights; linear.weight is {w.dtype}")
         mod = cls(
             linear.in_features, linear.out_features, weight_format, bias=linear.bias is not None,
@@ -290,7 +290,7 @@ class MXLinear(_ops.Handled, nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXLinear takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
         if x.numel() == 0 and act is not None:  # an empty batch: nothing to quantize
-            if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            if x.dtype not in SUPPORTED_INPUT_DTYPES:
                 raise TypeError(f"MXLinear with act_format takes float32 / bfloat16 / float16 x, got {x.dtype}")
             if x.dim() == 0 or x.shape[-1] != self.in_features:
                 raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")

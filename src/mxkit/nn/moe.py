@@ -60,7 +60,7 @@ from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode
 from ..kernels.matmul_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import route as reference_route
-from ..moe_reference import (ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
+from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
 from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor
@@ -611,7 +611,7 @@ class MXMoE(_ops.Handled, nn.Module):
     def forward(self, x: torch.Tensor):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        if x.dtype not in _FLOATS:  # (mxkit.moe's: float64 runs on its reference)
             raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
         if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")

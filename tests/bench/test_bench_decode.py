@@ -159,13 +159,14 @@ def test_time_decode_brackets_the_steps_with_syncs():
     assert gc_on == [False] * 6 and bd.gc.isenabled()  # the collector off while timed, back on after
 
 
-def test_whole_command_on_cpu(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("order", bd.ORDERS)
+def test_whole_command_on_cpu(order, tmp_path, capsys, monkeypatch):
     seen = []
     real = mxkit.quantize_model
     monkeypatch.setattr(mxkit, "quantize_model",
                         lambda model, fmt, **kw: seen.append((fmt, kw)) or real(model, fmt, **kw))
     rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "3",
-                   "--batches", "1,2", "--prompt", "4", "--out", str(tmp_path), "--plain"])
+                   "--batches", "1,2", "--prompt", "4", "--out", str(tmp_path), "--plain", "--order", order])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "× bf16" in out and "tokens/s" in out and "target (eager, batch 1): MXFP4" in out
@@ -178,11 +179,90 @@ def test_whole_command_on_cpu(tmp_path, capsys, monkeypatch):
     for r in rows:  # tokens/s = batch · tokens / time, ms per token = time / tokens
         assert r["tokens_per_s"] * r["ms_per_token"] / 1e3 == pytest.approx(r["batch"])
         base = next(b for b in rows if b["fmt"] == "bf16" and b["batch"] == r["batch"])
-        assert r["x_bf16"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        if order == "sequential":  # the ratio of the medians
+            assert r["x_bf16"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"]) and r["x_bf16_lo"] is None
+        else:  # the median of the per-repeat ratios, inside their range
+            assert 0 < r["x_bf16_lo"] <= r["x_bf16"] <= r["x_bf16_hi"]
+            assert r["fmt"] != "bf16" or r["x_bf16_lo"] == r["x_bf16_hi"] == 1.0
         assert r["path"] == ("" if r["fmt"] == "bf16" else "reference")  # CPU: the reference GEMM
     assert doc["config"]["model"] == "tiny-llama" and doc["config"]["repeats"] == 3
     assert (tmp_path / "bench_decode.csv").read_text().count("\n") == 7
     assert (tmp_path / "bench_decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_interleaved_order_and_ratios(monkeypatch, capsys):
+    """--order interleaved: every model built first; repeat k of every format before repeat k + 1, the order
+    rotated by one a repeat; × bf16 the log-space median of the per-repeat ratios (so a drift that doubles every
+    time between repeats divides out); a format whose run fails gets an error row, the others go on."""
+    built, timed = {}, []
+    real_build = bd._build
+    monkeypatch.setattr(bd, "_build", lambda args, fmt: built.setdefault(fmt, real_build(args, fmt)))
+    monkeypatch.setattr(bd, "_prepare", lambda dec, mode, args, sync, **kw: dec.step)
+    speed = {"bf16": [1.0] * 4, "mxfp4_e2m1": [2.0] * 4, "mxfp8_e4m3": [1.2, 1.5, 1.2, 1.5]}
+
+    def fake_time(dec, step, tokens, repeats, sync):
+        assert len(built) == 3 and repeats == 1  # every model held before the first timing
+        fmt, batch = next(f for f, m in built.items() if m is dec.model), dec.ids.shape[0]
+        k = sum(t == (fmt, batch) for t in timed)
+        timed.append((fmt, batch))
+        if fmt == "mxfp8_e4m3" and batch == 2 and k == 2:
+            raise RuntimeError("lost the GPU")
+        return 2.0 ** k / speed[fmt][k]  # the host twice as slow each repeat
+
+    monkeypatch.setattr(bd, "time_decode", fake_time)
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "2",
+                   "--batches", "1,2", "--repeats", "4", "--plain"])
+    assert rc == 1 and "eager: RuntimeError: lost the GPU" in capsys.readouterr().out
+    f = ["bf16", "mxfp4_e2m1", "mxfp8_e4m3"]
+    rotated = [f, f[1:] + f[:1], f[2:] + f[:2], f]
+    assert timed[:12] == [(f, 1) for f in sum(rotated, [])]
+    assert timed[12:] == [(f, 2) for f in sum(rotated[:2], []) + ["mxfp8_e4m3", "bf16", "mxfp4_e2m1", "mxfp4_e2m1",
+                                                                   "bf16"]]  # (two left: rotated by 3 % 2)
+
+
+def test_interleaved_rows(monkeypatch, tmp_path):
+    """The rows of an interleaved run: medians of the runs, × bf16 from the per-repeat ratios and their range."""
+    built = {}
+    real_build = bd._build
+    monkeypatch.setattr(bd, "_build", lambda args, fmt: built.setdefault(fmt, real_build(args, fmt)))
+    monkeypatch.setattr(bd, "_prepare", lambda dec, mode, args, sync, **kw: dec.step)
+    speed = {"bf16": [1.0] * 4, "mxfp4_e2m1": [2.0] * 4, "mxfp8_e4m3": [1.2, 1.5, 1.2, 1.5]}
+    count = {}
+
+    def fake_time(dec, step, tokens, repeats, sync):
+        fmt = next(f for f, m in built.items() if m is dec.model)
+        k = count[fmt] = count.get(fmt, -1) + 1
+        return 2.0 ** k / speed[fmt][k]
+
+    monkeypatch.setattr(bd, "time_decode", fake_time)
+    assert cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens",
+                     "2", "--batches", "1", "--repeats", "4", "--plain", "--out", str(tmp_path)]) == 0
+    rows = {r["fmt"]: r for r in json.loads((tmp_path / "bench_decode.json").read_text())["rows"]}
+    assert rows["bf16"]["ms_per_token"] == pytest.approx(1e3 * 3.0 / 2)  # median of 1, 2, 4, 8 s over 2 tokens
+    assert (rows["mxfp4_e2m1"]["x_bf16"], rows["mxfp4_e2m1"]["x_bf16_lo"], rows["mxfp4_e2m1"]["x_bf16_hi"]) == (
+        pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))  # the ratio of the medians would be the same
+    assert rows["mxfp8_e4m3"]["x_bf16"] == pytest.approx((1.2 * 1.5) ** 0.5)  # geometric mean of the middle two
+    assert (rows["mxfp8_e4m3"]["x_bf16_lo"], rows["mxfp8_e4m3"]["x_bf16_hi"]) == (pytest.approx(1.2),
+                                                                                pytest.approx(1.5))
+
+
+def test_interleaved_falls_back_to_sequential_when_the_models_do_not_fit(monkeypatch, capsys, tmp_path):
+    real_build, calls = bd._build, []
+
+    def build(args, fmt):
+        calls.append(fmt)
+        if fmt == "mxfp8_e4m3" and calls.count(fmt) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_build(args, fmt)
+
+    monkeypatch.setattr(bd, "_build", build)
+    assert cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens",
+                     "1", "--batches", "1", "--repeats", "1", "--plain", "--out", str(tmp_path)]) == 0
+    assert "do not fit the GPU together: timing them one at a time" in capsys.readouterr().out
+    assert calls == ["bf16", "mxfp4_e2m1", "mxfp8_e4m3"] * 2
+    doc = json.loads((tmp_path / "bench_decode.json").read_text())
+    assert doc["config"]["order"] == "sequential" and len(doc["rows"]) == 3
+    assert all(r["status"] == "ok" and r["x_bf16_lo"] is None for r in doc["rows"])
 
 
 def test_quantize_head_and_failed_runs(monkeypatch, capsys):
@@ -215,6 +295,8 @@ def test_bad_options_are_usage_errors(argv, needle, capsys):
     (["--layers", "33"], "--layers=33: llama-3-8b has 32 decoder layers"),
     (["--device", "cpu"], "--modes graphs needs --device cuda"),
     (["--model", "gpt-oss-20b", "--tokens", "120"], "must fit the sliding window of 128"),
+    (["--formats", "bf16,mxfp4,mxfp4_e2m1"], "--formats lists mxfp4_e2m1 twice"),
+    (["--batches", "1,16,1"], "--batches lists 1 twice"),
 ])
 def test_options_that_do_not_go_together(argv, needle, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the checks come before any GPU work

@@ -37,8 +37,17 @@ position are written back into those tensors. The step reads nothing on the host
 
 Time per run: wall clock between two device syncs around the loop; the median over ``--repeats`` runs, each
 with a reset cache and a fresh prefill. ms per token = time / tokens (one token per sequence per step);
-tokens/s = batch · tokens / time; × bf16 = tokens/s over bf16's at the same batch and mode. The GEMM path
-column is what :func:`mxkit.gemm_plan` picks for the first quantized layer at M = batch.
+tokens/s = batch · tokens / time. The GEMM path column is what :func:`mxkit.gemm_plan` picks for the first
+quantized layer at M = batch.
+
+``--order interleaved`` (the default) builds every format's model first and holds them all (Llama-3-8B in bf16,
+MXFP4 and MXFP8: ~32 GB; GPT-OSS-20B: ~80 GB, past an H100), then, per (batch, mode), runs repeat k of every
+format before repeat k + 1, the formats' order rotated by one each repeat. × bf16 is then the (log-space) median
+of the per-repeat ratios, each from a bf16 run and a format's run seconds apart, and ``x_bf16_lo`` /
+``x_bf16_hi`` their range: the eager steps are host-bound, and the host's speed drifts by tens of percent over
+the minutes that lie between two formats' runs in a sequential order. ``--order sequential`` builds, times and
+frees one format at a time (the memory of one model); × bf16 is then the ratio of the two medians. Where the
+models do not fit the GPU together (a build runs out of memory), an interleaved run says so and runs sequential.
 Target (issue #23, information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
 """
 
@@ -47,6 +56,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import math
 import statistics
 import sys
 import time
@@ -65,6 +75,7 @@ HELP = ("end-to-end decode of a real LM architecture (Llama-3-8B, GPT-OSS-20B), 
 
 MODES = ("eager", "graphs")  # the default
 MODE_CHOICES = MODES + ("compiled",)
+ORDERS = ("interleaved", "sequential")
 WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
 QUICK = dict(layers=4, tokens=16, repeats=1)
 FUSED = "+fused"  # a format suffix: quantize_model(..., fuse=True)
@@ -97,7 +108,8 @@ MODELS = {
 @dataclass
 class DecodeRow:
     """One (format, batch, mode) run. ``ms_per_token`` / ``tokens_per_s``: medians over the repeats;
-    ``x_bf16``: tokens/s over bf16's at the same batch and mode. ``status``: ok | error (``note`` says why)."""
+    ``x_bf16``: tokens/s over bf16's at the same batch and mode (interleaved: the median of the per-repeat ratios,
+    ``x_bf16_lo`` / ``_hi`` their range). ``status``: ok | error (``note`` says why)."""
 
     model: str
     fmt: str
@@ -109,6 +121,8 @@ class DecodeRow:
     ms_per_token: Optional[float] = None
     tokens_per_s: Optional[float] = None
     x_bf16: Optional[float] = None
+    x_bf16_lo: Optional[float] = None  # the range of the per-repeat ratios (--order interleaved)
+    x_bf16_hi: Optional[float] = None
     path: str = ""
     status: str = "ok"
     note: str = ""
@@ -182,17 +196,19 @@ class Decoder:
         self.pos = torch.zeros(1, 1, dtype=torch.long, device=device)
         self.step_forward = model  # what step calls: the model, or its compiled forward (compile)
 
-    def compile(self) -> None:
+    def compile(self, reset: bool = True, models: int = 1) -> None:
         """Run :meth:`step` through ``torch.compile`` of the model's forward (``dynamic=False``: one graph for
         the (batch, 1) step; the prefill stays eager). The first step compiles. Dynamo's caches are reset
-        first (an earlier model's or batch's compiles count against its recompile limit) and the limit raised
-        to twice the layer count (and kept raised): where a module graph-breaks (with gradients, or a module of
-        another library), each decoder layer's attention is its own frame, specialised on its ``layer_idx``, and
-        past the default limit (8) the later layers would run uncompiled."""
+        first (an earlier model's or batch's compiles count against its recompile limit; ``reset=False`` keeps
+        them, for ``models`` models compiled side by side) and the limit raised to twice the layer count per
+        model (and kept raised): where a module graph-breaks (with gradients, or a module of another library),
+        each decoder layer's attention is its own frame, specialised on its ``layer_idx``, and past the default
+        limit (8) the later layers would run uncompiled."""
         import torch._dynamo
 
-        torch._dynamo.reset()
-        need = 2 * self.model.config.num_hidden_layers + 8
+        if reset:
+            torch._dynamo.reset()
+        need = models * (2 * self.model.config.num_hidden_layers + 8)
         if torch._dynamo.config.recompile_limit < need:
             torch._dynamo.config.recompile_limit = need
         self.step_forward = torch.compile(self.model.forward, dynamic=False)
@@ -276,48 +292,133 @@ def gemm_path(model: torch.nn.Module, batch: int) -> str:
     return mxkit.gemm_plan(a, mod.weight_mx if mod._packed is None else mod._packed).path + moe
 
 
-def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
-    """Build the model in ``fmt`` and time every (batch, mode); ``on_row`` gets each row (errors included)."""
-    def rows(status="ok", note=""):
-        return [DecodeRow(args.model, fmt, b, m, args.layers or model_layers(args.model), args.prompt, args.tokens,
-                          status=status, note=note) for b in args.batches for m in args.modes]
+def _row(args, fmt: str, batch: int, mode: str, status: str = "ok", note: str = "") -> DecodeRow:
+    return DecodeRow(args.model, fmt, batch, mode, args.layers or model_layers(args.model), args.prompt, args.tokens,
+                     status=status, note=note)
 
+
+def _build(args, fmt: str) -> torch.nn.Module:
+    model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
+    if fmt != "bf16":
+        quantize(model, fmt, args.quantize_head)
+    return model
+
+
+def _sync(args) -> Callable[[], None]:
+    return torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+
+def _prepare(dec: Decoder, mode: str, args, sync: Callable[[], None], *, reset: bool = True,
+             models: int = 1) -> Callable[[], None]:
+    """The step :func:`time_decode` times in ``mode``: eager (after one untimed run: compiles, workspaces), a CUDA
+    graph's replay, or the compiled forward (captured on CUDA; on CPU run as eager, after an untimed run)."""
+    dec.step_forward = dec.model
+    if mode == "compiled":
+        dec.compile(reset=reset, models=models)
+    if mode == "eager" or (mode == "compiled" and args.device != "cuda"):
+        time_decode(dec, dec.step, args.tokens, 1, sync)
+        return dec.step
+    return dec.capture().replay
+
+
+def _set_times(row: DecodeRow, times: list[float]) -> None:
+    s = statistics.median(times)
+    row.ms_per_token, row.tokens_per_s = 1e3 * s / row.tokens, row.batch * row.tokens / s
+
+
+def _free(args) -> None:
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
+    """``--order sequential``: build the model in ``fmt`` and time every (batch, mode); ``on_row`` gets each row
+    (errors included)."""
     try:
-        model = build_model(args.model, layers=args.layers, device=args.device, seed=args.seed)
-        if fmt != "bf16":
-            quantize(model, fmt, args.quantize_head)
+        model = _build(args, fmt)
     except Exception as e:
-        for r in rows("error", f"build / quantize: {output.reason(e)}"):
-            on_row(r)
+        for b in args.batches:
+            for mode in args.modes:
+                on_row(_row(args, fmt, b, mode, "error", f"build / quantize: {output.reason(e)}"))
         return
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    todo = iter(rows())
+    sync = _sync(args)
     with torch.no_grad():
         for b in args.batches:
             dec = Decoder(model, b, args.prompt, args.tokens, seed=args.seed)
             path = gemm_path(model, b)
             for mode in args.modes:
-                row = next(todo)
+                row = _row(args, fmt, b, mode)
                 row.path = path
                 try:
-                    dec.step_forward = model
-                    if mode == "compiled":
-                        dec.compile()
-                    if mode == "eager" or (mode == "compiled" and args.device != "cuda"):
-                        step = dec.step
-                        time_decode(dec, step, args.tokens, 1, sync)  # untimed: compiles, workspaces
-                    else:
-                        step = dec.capture().replay
-                    s = time_decode(dec, step, args.tokens, args.repeats, sync)
-                    row.ms_per_token, row.tokens_per_s = 1e3 * s / args.tokens, b * args.tokens / s
+                    step = _prepare(dec, mode, args, sync)
+                    _set_times(row, [time_decode(dec, step, args.tokens, args.repeats, sync)])
                 except Exception as e:
                     row.status, row.note = "error", f"{mode}: {output.reason(e)}"
                 on_row(row)
             del dec
     del model
-    gc.collect()
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
+    _free(args)
+
+
+def run_interleaved(args, on_row: Callable[[DecodeRow], None]) -> bool:
+    """``--order interleaved``: build every format's model, then per (batch, mode) run repeat k of every format
+    before repeat k + 1 (the order rotated by one a repeat) and set × bf16 from the per-repeat ratios. A format
+    that fails (build, capture or a run) gets error rows and leaves the others running. False, having run nothing
+    and freed what it built, where the models do not fit the GPU together."""
+    models: dict[str, torch.nn.Module] = {}
+    failed = []
+    for fmt in args.formats:
+        try:
+            models[fmt] = _build(args, fmt)
+        except torch.cuda.OutOfMemoryError:
+            models.clear()
+            _free(args)
+            return False
+        except Exception as e:
+            failed += [_row(args, fmt, b, mode, "error", f"build / quantize: {output.reason(e)}")
+                       for b in args.batches for mode in args.modes]
+    for row in failed:
+        on_row(row)
+    sync = _sync(args)
+    with torch.no_grad():
+        for b in args.batches:
+            decs = {fmt: Decoder(m, b, args.prompt, args.tokens, seed=args.seed) for fmt, m in models.items()}
+            paths = {fmt: gemm_path(m, b) for fmt, m in models.items()}
+            for mode in args.modes:
+                rows = {fmt: _row(args, fmt, b, mode) for fmt in decs}
+                steps: dict[str, Callable[[], None]] = {}
+                for i, (fmt, dec) in enumerate(decs.items()):
+                    rows[fmt].path = paths[fmt]
+                    try:
+                        steps[fmt] = _prepare(dec, mode, args, sync, reset=i == 0, models=len(decs))
+                    except Exception as e:
+                        rows[fmt].status, rows[fmt].note = "error", f"{mode}: {output.reason(e)}"
+                times: dict[str, list[float]] = {fmt: [] for fmt in steps}
+                for k in range(args.repeats):
+                    order = list(steps)
+                    for fmt in order[k % len(order):] + order[:k % len(order)] if order else []:
+                        try:
+                            times[fmt].append(time_decode(decs[fmt], steps[fmt], args.tokens, 1, sync))
+                        except Exception as e:
+                            rows[fmt].status, rows[fmt].note = "error", f"{mode}: {output.reason(e)}"
+                            del steps[fmt], times[fmt]
+                for fmt, t in times.items():
+                    _set_times(rows[fmt], t)
+                if "bf16" in times:
+                    for fmt, t in times.items():
+                        ratios = [ref / x for ref, x in zip(times["bf16"], t)]
+                        # the median in log space: with an even count the geometric mean of the middle two
+                        rows[fmt].x_bf16 = math.exp(statistics.median(math.log(v) for v in ratios))
+                        rows[fmt].x_bf16_lo, rows[fmt].x_bf16_hi = min(ratios), max(ratios)
+                steps.clear()
+                for row in rows.values():
+                    on_row(row)
+            del decs
+            _free(args)
+    models.clear()
+    _free(args)
+    return True
 
 
 def quantize(model: torch.nn.Module, fmt: str, quantize_head: bool = False) -> None:
@@ -366,6 +467,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize-head", action="store_true", help="quantize lm_head too (default: kept in bf16)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: eager only (give --modes eager), for smoke tests")
+    p.add_argument("--order", choices=ORDERS, default="interleaved",
+                   help="interleaved: every format's model held at once, repeat k of each format before repeat "
+                        "k + 1, x bf16 from the per-repeat ratios; sequential: one model at a time (the memory of "
+                        "one) (default interleaved)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
@@ -392,6 +497,10 @@ def resolve(args) -> None:
     for k, v in quick.items():
         if getattr(args, k) is None and (args.quick or k != "layers"):
             setattr(args, k, v if args.quick else {"tokens": 64, "repeats": 3}[k])
+    for what in ("formats", "batches", "modes"):
+        twice = next((v for i, v in enumerate(getattr(args, what)) if v in getattr(args, what)[:i]), None)
+        if twice is not None:
+            raise ValueError(f"--{what} lists {twice} twice")
     if args.layers is not None and args.layers > model_layers(args.model):
         raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
     if "graphs" in args.modes and args.device != "cuda":
@@ -407,6 +516,7 @@ COLUMNS = [Column("format", lambda r: r.fmt, right=False), Column("batch", lambd
            Column("ms/token", lambda r: fmt_num(r.ms_per_token, ".2f")),
            Column("tokens/s", lambda r: fmt_num(r.tokens_per_s, ".0f")),
            Column("× bf16", lambda r: fmt_num(r.x_bf16, ".2f")),
+           Column("× range", lambda r: f"{r.x_bf16_lo:.2f}–{r.x_bf16_hi:.2f}" if r.x_bf16_lo is not None else "-"),
            Column("GEMM path", lambda r: r.path or "-", right=False),
            Column("note", lambda r: r.note[:80], right=False)]
 
@@ -426,9 +536,9 @@ def run(args) -> int:
     env = output.environment()
     layers = args.layers or model_layers(args.model)
     print(output.env_line(env))
-    print(f"{args.model}, {layers} layers, prompt {args.prompt}, {args.tokens} tokens, median of {args.repeats}; "
-          f"formats {', '.join(args.formats)}; batches {', '.join(map(str, args.batches))}; {', '.join(args.modes)}",
-          flush=True)
+    print(f"{args.model}, {layers} layers, prompt {args.prompt}, {args.tokens} tokens, median of {args.repeats} "
+          f"({args.order}); formats {', '.join(args.formats)}; batches {', '.join(map(str, args.batches))}; "
+          f"{', '.join(args.modes)}", flush=True)
     rows: list[DecodeRow] = []
     bar = tqdm(total=len(args.formats) * len(args.batches) * len(args.modes), desc="decode", unit="run")
 
@@ -438,12 +548,22 @@ def run(args) -> int:
         bar.update()
         output.save(rows, args, "bench_decode", env)
 
-    for fmt in args.formats:
-        run_format(args, fmt, on_row)
+    if args.order == "interleaved" and not run_interleaved(args, on_row):
+        print("the formats' models do not fit the GPU together: timing them one at a time (--order sequential)",
+              flush=True)
+        args.order = "sequential"
+    if args.order == "interleaved":
+        key = {(f, b, m): i for i, (f, b, m) in enumerate(
+            (f, b, m) for f in args.formats for b in args.batches for m in args.modes)}
+        rows.sort(key=lambda r: key[r.fmt, r.batch, r.mode])  # the sequential order: format, batch, mode
+    else:
+        for fmt in args.formats:
+            run_format(args, fmt, on_row)
     bar.close()
     base = {(r.batch, r.mode): r.tokens_per_s for r in rows if r.fmt == "bf16" and r.tokens_per_s}
-    for r in rows:
-        r.x_bf16 = r.tokens_per_s / base[r.batch, r.mode] if r.tokens_per_s and (r.batch, r.mode) in base else None
+    for r in rows:  # sequential: the ratio of the medians (interleaved rows have the per-repeat one)
+        if r.x_bf16 is None and r.tokens_per_s and (r.batch, r.mode) in base:
+            r.x_bf16 = r.tokens_per_s / base[r.batch, r.mode]
     output.render_table(rows, COLUMNS, plain=args.plain, title=f"mxkit bench decode — {args.model}, {layers} layers, "
                         f"{args.tokens} tokens — {env['gpu'] or 'cpu'} — {env['date_utc']}")
     for mode, target in TARGETS.items():

@@ -100,7 +100,8 @@ class GemmCase:
 
     def nbytes(self) -> int:
         """a as mxkit reads it (bf16 for from-bf16 / W4A16, FP8 + a scale per row for W4A8) + b's MX bytes +
-        the bf16 output."""
+        the bf16 output: the problem's bytes, the same for every path and peer (a fold path reads a re-laid FP8
+        copy of b, about twice an MXFP4 b's bytes: its GB/s from these bytes is a lower bound)."""
         fa, fb = self.formats
         a = {"bf16": 2 * self.M * self.K, "fp8_rowwise": self.M * self.K + 4 * self.M}.get(fa)
         if a is None:

@@ -412,7 +412,8 @@ HAS_CUDA = torch.cuda.is_available()
 FULL = os.environ.get("MXKIT_GPU_FULL", "0") == "1"  # the complete GPU matrix (scripts/gpu_check.sh sets it)
 DEV = os.environ.get("MXKIT_TEST_DEVICE", "cuda")  # "cpu" + TRITON_INTERPRET=1: a dry run of the GPU tests
 RUN_GPU = HAS_CUDA or (DEV == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-SKIP_REASON_CUDA = "needs CUDA"  # the one skip reason a [dev] install may show (pytest_runtest_makereport)
+SKIP_REASON_CUDA = "needs CUDA"  # the skip reasons a [dev] install may show (pytest_runtest_makereport): no GPU,
+SKIP_REASON_TWO_GPUS = "needs two CUDA devices"  # or one GPU only
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -613,7 +614,7 @@ def _unexpected_skip(report) -> Optional[str]:
         return None
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     reason = reason.removeprefix("Skipped: ")
-    return None if reason == SKIP_REASON_CUDA else reason
+    return None if reason in (SKIP_REASON_CUDA, SKIP_REASON_TWO_GPUS) else reason
 
 
 def _fail_unexpected_skip(report) -> None:

@@ -11,7 +11,7 @@ import torch
 
 import mxkit
 import mxkit.nn
-from conftest import assert_graph_replays
+from conftest import SKIP_REASON_TWO_GPUS, assert_graph_replays
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -95,3 +95,77 @@ def test_gpu_route_capture(rng):
     from mxkit.moe import route
 
     assert_graph_replays(lambda lg: route(lg, 4), [logits], lambda: [_randn(rng, 64, 128)])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt,act,N", [("mxfp4_e2m1", None, 4096), ("mxfp8_e4m3", "mxfp8_e4m3", 2048)])
+def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
+    """A decode GEMM split along K (decode-mma for MXFP4, a8w8-mma for MXFP8 x MXFP8 at M = 1: grids under two
+    blocks a multiprocessor, K = 8192; N = 2048 keeps a8w8 off its unsplit bulk kernel) captured in a graph, then
+    70 eager calls of other shapes, which
+    empty the weight's prepared-call cache (64 entries) and make new launches: the replay still finds its split-K
+    workspace and counters (they live on the weight, not on the dropped call), writes nothing into the memory the
+    eager calls freed (a sentinel allocated after them), and gives the eager bytes."""
+    from mxkit.kernels.matmul_details import _mma_decode
+
+    K = 8192
+    lin = torch.nn.Linear(K, N, bias=False).cuda().to(torch.bfloat16)
+    m = mxkit.nn.MXLinear.from_linear(lin, fmt, act_format=act)
+    x = _randn(rng, 1, K)
+    with torch.no_grad():
+        m(x)
+        q = m._packed.mma_q
+        assert q is not None and len(q.__dict__.get("_mxkit_split", ())) == 1  # the launch is split
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            m(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = m(x)
+        for M in range(2, 72):  # other shapes: new keys in the weight's call cache, which empties at 64
+            m(_randn(rng, M, K))
+        torch.cuda.synchronize()
+        sentinel = torch.full((64 << 20,), 7, dtype=torch.int32, device="cuda")  # takes what was freed
+        for _ in range(3):
+            x.copy_(_randn(rng, 1, K))
+            y.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(y.view(torch.uint8), m(x.clone()).view(torch.uint8))
+        torch.cuda.synchronize()
+        assert bool((sentinel == 7).all())
+        assert _mma_decode.split_buffers(q, 1, 1) is q._mxkit_split[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason=SKIP_REASON_TWO_GPUS)
+def test_gpu_ops_on_a_device_that_is_not_current(rng):
+    """Operands on cuda:1 while cuda:0 is current (a model spread over GPUs): every op runs on cuda:1, gives the
+    bytes it gives with cuda:1 current, and leaves cuda:0 current."""
+    from mxkit.nn import MXLinear, MXMoE
+
+    dev = torch.device("cuda", 1)
+    x = (torch.randn(8, 256, generator=rng) * 2).to(torch.bfloat16).to(dev)
+    w = mxkit.quantize(torch.randn(512, 256, generator=rng).to(dev), "mxfp4")
+    pw = mxkit.pack_weight(w)
+    lin = MXLinear.from_linear(torch.nn.Linear(256, 512).to(torch.bfloat16).to(dev), "mxfp4")
+    E, I = 4, 64  # noqa: E741
+    moe = MXMoE.from_dense(torch.nn.Linear(256, E).to(dev), torch.randn(E, 2 * I, 256, generator=rng).to(dev), None,
+                           torch.randn(E, 256, I, generator=rng).to(dev), None, 2, "mxfp4")
+
+    def steps():
+        with torch.no_grad():
+            q = mxkit.quantize(x, "mxfp8")
+            rows, cols = mxkit.cast_transpose(x[:, :64].contiguous(), "mxfp4")
+            return [q.qdata, q.scale, rows.qdata, cols.scale, mxkit.dequantize(w, torch.bfloat16),
+                    mxkit.matmul(x[:1], pw), mxkit.matmul(x, pw), lin(x[:1]), lin(x), moe(x)[0]]
+
+    with torch.cuda.device(1):
+        want = steps()
+    torch.cuda.set_device(0)
+    got = steps()
+    assert torch.cuda.current_device() == 0
+    for g, w_ in zip(got, want):
+        assert g.device == dev and torch.equal(g.view(torch.uint8), w_.view(torch.uint8))

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ._autocast import autocast_off
+from ._device import on_operand_device
 from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
@@ -83,6 +84,7 @@ _IMPLS: dict[str, Callable[..., torch.Tensor]] = {"reference": _run_reference, "
 
 
 @autocast_off
+@on_operand_device()
 def moe_experts(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -112,6 +114,7 @@ def moe_experts(
                         out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts, **extra)
 
 
+@on_operand_device()
 def moe(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -156,6 +159,7 @@ def moe(
     return out.reshape(x.shape)
 
 
+@on_operand_device()
 def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                  routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., H) and its router logits (..., E) → ``(x (T, H), topk_weights (T, k), topk_ids (T, k))`` with
@@ -174,6 +178,7 @@ def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
     return x.reshape(T, x.shape[-1]), weights, ids
 
 
+@on_operand_device()
 def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
           renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`mxkit.moe_reference.route` (the same arguments, results and errors): ``(topk_weights (T, k) float32,
@@ -194,6 +199,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
     return reference_route(router_logits, top_k, mode=mode, renormalize=renormalize)
 
 
+@on_operand_device()
 def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                    top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GPT-OSS's router and its routing: ``(logits (T, E) in x's dtype, topk_weights (T, k) float32, topk_ids
@@ -223,6 +229,7 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     return logits, weights, ids
 
 
+@on_operand_device()
 def moe_w4a8(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -252,6 +259,7 @@ def moe_w4a8(
                             top_k, routing, activation, folded, backend)
 
 
+@on_operand_device()
 def moe_w4a8_folded(
     x: torch.Tensor,
     folded: tuple,
@@ -270,6 +278,7 @@ def moe_w4a8_folded(
     return _folded_layer(_w4a8_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation)
 
 
+@on_operand_device()
 def moe_mxfp4(
     x: torch.Tensor,
     w_gate_up: MXTensor,
@@ -308,6 +317,7 @@ def moe_mxfp4(
                             router_logits, top_k, routing, activation, folded, backend)
 
 
+@on_operand_device()
 def moe_mxfp4_folded(
     x: torch.Tensor,
     folded: tuple,

@@ -14,6 +14,7 @@ import torch
 
 from . import reference
 from ._autocast import autocast_off
+from ._device import elsewhere, on_operand_device, other_device
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
@@ -69,6 +70,10 @@ def quantize(
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
     layout / backend names.
     """
+    if isinstance(x, torch.Tensor) and x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
+        with torch.cuda.device(x.device):
+            return quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
+                            scale_layout=scale_layout, backend=backend)
     if backend == "auto" and type(axis) is int and block_size == BLOCK_SIZE and isinstance(x, torch.Tensor) \
             and x.is_cuda:
         k = _KERNELS or _cuda_kernels()
@@ -131,6 +136,10 @@ def cast_transpose(
         raise ValueError(f"cast_transpose: M = prod(leading dims) = {x.numel() // x.shape[-1]} (x of shape "
                          f"{tuple(x.shape)}, flattened to (M, K)) is not a multiple of block_size={block_size}")
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
+    if x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
+        with torch.cuda.device(x.device):
+            return cast_transpose(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
+                                  backend=backend)
     if backend == "auto" and x.is_cuda and block_size == BLOCK_SIZE:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path (quantize's, for the pair of axes)
@@ -163,6 +172,9 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
+    if q.qdata.is_cuda and elsewhere(q.qdata):  # (the kernels launch on the current device)
+        with torch.cuda.device(q.qdata.device):
+            return dequantize(q, dtype, backend=backend)
     if backend == "auto" and q.qdata.is_cuda and q.block_size == BLOCK_SIZE:
         k = _KERNELS or _cuda_kernels()
         if k is not None:
@@ -232,6 +244,10 @@ def matmul(
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.
     """
+    d = (a.device if a.is_cuda and elsewhere(a) else None) if type(a) is torch.Tensor else other_device(b)
+    if d is not None:
+        with torch.cuda.device(d):  # (the kernels launch on the current device)
+            return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
@@ -393,6 +409,7 @@ def _hot():
     return _HOT
 
 
+@on_operand_device()
 def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch.dtype] = None) -> PackedWeight:
     """One-time re-layout of an MX weight (N, K) along K for :func:`matmul` (``data tiling``): FP4 / FP6
     weights are folded to FP8 E4M3 with power-of-two row scales (exact), MXFP4 / MXFP8 E4M3 weights of the
@@ -410,6 +427,7 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     return impl(w, act=act, dense=dense)
 
 
+@on_operand_device()
 def quantize_fold(
     x: torch.Tensor,
     fmt: FormatLike,
@@ -439,6 +457,7 @@ def quantize_fold(
     return quantize_fold_reference(x, fmt, block_size=block_size, scale_mode=scale_mode, rounding=rounding)
 
 
+@on_operand_device()
 def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwise:
     """FP8 E4M3 activations with one float32 scale per row (TensorRT-LLM's per-token FP8, the W4A8 ``a``):
     scale = max(amax(|row|) / 448, 2^-149) (1 for an all-zero row), data = E4M3(x / scale) rounded to nearest

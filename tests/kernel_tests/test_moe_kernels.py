@@ -110,7 +110,30 @@ def _check_align_interpreted() -> None:
     _sort._INTERPRET_ALIGN = True
     n = _check_align_experts("cpu", g, ALIGN_EXPERT_CASES[:-1])
     n += _check_align_wide("cpu", g, ALIGN_WIDE_CASES[:-1])
+    n += _check_align_small(g)
     print(f"interpreter checks passed: {n}")
+
+
+def _check_align_small(g) -> int:
+    """The one-program sort of the decode path (up to SMALL_PAIRS pairs: every CUDA MoE call at decode sizes)
+    equals align_block_size, padding included, and the PyTorch path: one token, a rank's range of experts (ids
+    outside it sorted out), int32 and the router's int64 ids, block sizes 16 to 64."""
+    from mxkit.kernels.moe_details._sort import SMALL_PAIRS, _align_small, _align_torch
+
+    cases = [(1, 1, 4, 16, None), (1, 4, 128, 16, None), (3, 4, 32, 16, None), (7, 2, 8, 32, None),
+             (16, 4, 128, 16, (64, 128)), (SMALL_PAIRS // 4, 4, 256, 64, None), (5, 4, 32, 32, (8, 24))]
+    for c, (T, k, E, bm, rng_) in enumerate(cases):
+        ids = rand_ids(T, k, E, g, every=1 if T > 1 else None, none=2 if E > 2 else None)
+        ids = ids.to(torch.int64 if c % 2 else torch.int32)
+        lo, hi = rng_ or (0, E)
+        B = max_blocks(T * k, hi - lo, bm)
+        got_ids, got_eids = _align_small(ids, hi - lo, bm, lo, B)
+        want_ids, want_eids = _align_torch(ids, hi - lo, bm, lo, B)
+        assert torch.equal(got_ids, want_ids) and torch.equal(got_eids, want_eids), (T, k, E, bm, rng_)
+        ref_ids, ref_eids, P = align_block_size(ids, E, bm, expert_range=rng_)
+        assert torch.equal(got_ids[:P], ref_ids) and torch.equal(got_eids[: P // bm], ref_eids), (T, k, E, bm, rng_)
+        assert (got_ids[P:] == T * k).all() and (got_eids[P // bm:] == -1).all()
+    return len(cases)
 
 
 ALIGN_WIDE_CASES = [(727, 32, 4, 64, 256), (300, 8, 4, 32, 256), (500, 16, 4, 32, 128), (2100, 32, 4, 64, 256),

@@ -64,6 +64,15 @@ def _check_rows_interpreted() -> None:
                 assert_bytes_equal(q, ref.qdata, f"fp6 groups {cfg} {fmt} {m} {rnd} {dt} qdata")
                 assert_bytes_equal(s, ref.scale, f"fp6 groups {cfg} {fmt} {m} {rnd} {dt} scale")
                 n += 1
+    # scales written in the swizzled layouts (ragged 40 x 160: partial 128-row and 4-column tiles), every format
+    for i, fmt in enumerate(FORMAT_NAMES):
+        for j, layout in enumerate(("nvidia_128x4", "aiter_shuffle")):
+            mode, rnd, dt = SCALE_MODES[(i + j) % 4], ROUNDINGS[(i + j) % 2], dts[(i + 2 * j) % 3]
+            x = rand_tensor((40, 160), -1, generator=g, dtype=dt, nonfinite=(dt != torch.float16))
+            assert_mx_equal(quantize_triton(x, fmt, scale_mode=mode, rounding=rnd, scale_layout=layout),
+                            quantize_reference(x, fmt, scale_mode=mode, rounding=rnd), layout,
+                            what=f"{fmt} {mode} {rnd} {dt} {layout}")
+            n += 1
     # the 64-bit offset path, forced on a small problem
     x = rand_tensor((4, 64), -1, generator=g, dtype=torch.bfloat16)
     for fmt in ("mxfp6_e2m3", "mxfp8_e4m3"):

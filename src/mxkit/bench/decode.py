@@ -121,11 +121,11 @@ class DecodeRow:
     ms_per_token: Optional[float] = None
     tokens_per_s: Optional[float] = None
     x_bf16: Optional[float] = None
-    x_bf16_lo: Optional[float] = None  # the range of the per-repeat ratios (--order interleaved)
-    x_bf16_hi: Optional[float] = None
     path: str = ""
     status: str = "ok"
     note: str = ""
+    x_bf16_lo: Optional[float] = None  # the range of the per-repeat ratios (--order interleaved)
+    x_bf16_hi: Optional[float] = None
 
 
 def model_layers(name: str) -> int:

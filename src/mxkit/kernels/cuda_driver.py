@@ -128,8 +128,10 @@ class Kernel:
         builds no ctypes objects (binding 17 arguments afresh took ~50 µs of host time)."""
         b = self.__dict__.get("_bound")
         if b is None or len(b.vals) != len(args):
-            self._bound = b = self.bind(args)
-            b(grid, block)
+            b = self.bind(args)
+            with b.lock:  # (published inside: another thread's call waits for this launch to read the block)
+                self._bound = b
+                b(grid, block)
             return
         with b.lock:
             for v, a in zip(b.vals, args):
@@ -250,12 +252,13 @@ class BoundLaunch:
 
     def _launch_ctypes(self, gx: int, gy: int, gz: int, block: int) -> None:
         raw = _raw_stream(self.kernel.index)
-        if raw != self._stream[0]:
-            self._stream = (raw, ctypes.c_void_p(raw))
-        rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
+        stream = self._stream  # (read once: another thread may replace it)
+        if raw != stream[0]:
+            stream = self._stream = (raw, ctypes.c_void_p(raw))
+        rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, stream[1], self._params, None)
         if rc == _INVALID_CONTEXT:  # a thread without a current context (autograd's backward worker): bind it, retry
             bind_primary_context(self.kernel.index)
-            rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, self._stream[1], self._params, None)
+            rc = _launch_fn()(self._fn, gx, gy, gz, block, 1, 1, self.shared, stream[1], self._params, None)
         if rc:
             _check(rc, f"launching {self.kernel.name}")
 

@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
+from .._device import elsewhere
 from ..ops import (dequantize, linear_input_grad, matmul, pack_weight, quantize, quantize_fp8_rowwise,
                    with_input_grad)
 from ..fold import can_fold
@@ -246,6 +247,9 @@ class MXLinear(_ops.Handled, nn.Module):
             return with_input_grad(x, bias, self.weight_mx, self._forward)
         packed = self._packed
         if packed is not None and type(x) is torch.Tensor and x.is_cuda:
+            if elsewhere(x):  # (the kernels launch on the current device)
+                with torch.cuda.device(x.device):
+                    return self._eager(x, bias)
             act = self.act_format
             if act is None:
                 # the eager hot path (decode): what matmul's own fast path runs, minus its checks

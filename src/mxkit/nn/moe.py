@@ -55,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._cache import TensorsKey
+from .._device import elsewhere
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.matmul_details._route import router_takes
@@ -615,6 +617,9 @@ class MXMoE(_ops.Handled, nn.Module):
             raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
         if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
+        if x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
+            with torch.cuda.device(x.device):
+                return self.forward(x)
         routed = None
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
@@ -749,13 +754,12 @@ class MXMoE(_ops.Handled, nn.Module):
 
     def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
         """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
-        made again only when an expert buffer's storage or version changed."""
+        made again only when an expert buffer is another tensor or its storage or version changed."""
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
-        key = tuple((b.data_ptr(), b._version) for b in bufs)
         kept = getattr(self, slot)
-        if kept is None or kept[0] != key:
-            kept = (key, (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
-                          (make_down or make)(self.down_mx)))
+        if kept is None or not kept[0].matches(bufs):
+            kept = (TensorsKey(bufs), (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
+                                       (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
         return kept[1]
 
@@ -808,10 +812,9 @@ class MXMoE(_ops.Handled, nn.Module):
             self.pack_()
         if self.expert_layout == "mma":
             bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
-            key = tuple((b.data_ptr(), b._version) for b in bufs) + (self._mma_flags,)
-            if self._packed is None or self._packed[0] != key:
+            if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
                 shapes = self._expert_shapes(self.num_local_experts)
-                self._packed = (key, tuple(
+                self._packed = (TensorsKey(bufs, self._mma_flags), tuple(
                     MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])
                     for name, q, sc, shape, flags in zip(_EXPERTS, bufs[0::2], bufs[1::2], shapes, self._mma_flags)))
             return self._packed[1]

@@ -4,6 +4,7 @@ reduced-precision reductions off around a call (only where one is on) and restor
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
@@ -57,79 +58,106 @@ def _tf32_off_new_api(api) -> Optional[str]:
     return "none" if p == get("cuda", "all") else p
 
 
+_LOCK = threading.Lock()
+_HELD = [0, None]  # [exact_cublas blocks open, in any thread; the settings the first one saved]
+
+
 class exact_cublas:
     """Context: TF32 off and no reduced-precision reductions in cuBLAS for the duration (cuBLAS reads these per
     call; a split-K setting stays as it is), the settings before restored after, and CUDA autocast off (it would
     run the GEMMs in bf16 / fp16). Only a setting that is on is written (with all off, the default, nothing is);
     TF32 through torch's newer ``fp32_precision`` API where this PyTorch has it (:func:`_tf32_off_new_api`), else
-    the legacy setters."""
+    the legacy setters. The settings are process-wide: the first block to open (in any thread) switches them and
+    the last to close restores them, so a thread's block never ends another's (the other threads' own cuBLAS
+    calls run exact meanwhile too)."""
 
-    __slots__ = ("saved", "autocast")
+    __slots__ = ("autocast",)
 
     def __enter__(self):
         self.autocast = None
         if torch.is_autocast_enabled("cuda"):
             self.autocast = torch.autocast("cuda", enabled=False)
             self.autocast.__enter__()
-        if not _CUBLAS:
-            _CUBLAS.append(_cublas_flags())
-            _CUBLAS.append(_fp32_precision_api())
-        fns = _CUBLAS[0]
-        m = torch.backends.cuda.matmul
-        if fns is None:
-            get = (lambda: m.allow_tf32, lambda: m.allow_bf16_reduced_precision_reduction,
-                   lambda: m.allow_fp16_reduced_precision_reduction)
-        else:
-            get = fns[0]
         try:
-            on = get[0]()
-        except RuntimeError:  # (a state of the newer API the legacy getter refuses to read)
-            on = True
-        tf32 = None
-        if on:
-            api = _CUBLAS[1]
-            if api is not None:
-                p = _tf32_off_new_api(api)
-                tf32 = None if p is None else (p,)
-            else:
-                tf32 = True
-                if fns is None:
-                    m.allow_tf32 = False
-                else:
-                    fns[1][0](False)
-        saved = [tf32, None, None]
-        for i in (1, 2):
-            v = get[i]()
-            if v[0] if isinstance(v, tuple) else v:
-                saved[i] = v
-                if fns is None:
-                    setattr(m, _REDUCTIONS[i - 1], False)
-                else:
-                    fns[1][i](False, v[1]) if isinstance(v, tuple) else fns[1][i](False)
-        self.saved = saved
+            with _LOCK:
+                if _HELD[0] == 0:
+                    _HELD[1] = _switch_exact()
+                _HELD[0] += 1
+        except BaseException:
+            if self.autocast is not None:
+                self.autocast.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *exc) -> None:
         if self.autocast is not None:
             self.autocast.__exit__(*exc)
-        tf32, bf16, fp16 = self.saved
-        if tf32 is None and bf16 is None and fp16 is None:
-            return
-        fns = _CUBLAS[0]
-        m = torch.backends.cuda.matmul
-        if isinstance(tf32, tuple):
-            _CUBLAS[1][1]("cuda", "matmul", tf32[0])
-        elif tf32 is not None:
+        with _LOCK:
+            _HELD[0] -= 1
+            if _HELD[0] == 0:
+                saved, _HELD[1] = _HELD[1], None
+                _restore(saved)
+
+
+def _switch_exact() -> list:
+    """TF32 and the reduced-precision reductions off where on; returns what :func:`_restore` puts back."""
+    if not _CUBLAS:
+        _CUBLAS.append(_cublas_flags())
+        _CUBLAS.append(_fp32_precision_api())
+    fns = _CUBLAS[0]
+    m = torch.backends.cuda.matmul
+    if fns is None:
+        get = (lambda: m.allow_tf32, lambda: m.allow_bf16_reduced_precision_reduction,
+               lambda: m.allow_fp16_reduced_precision_reduction)
+    else:
+        get = fns[0]
+    try:
+        on = get[0]()
+    except RuntimeError:  # (a state of the newer API the legacy getter refuses to read)
+        on = True
+    tf32 = None
+    if on:
+        api = _CUBLAS[1]
+        if api is not None:
+            p = _tf32_off_new_api(api)
+            tf32 = None if p is None else (p,)
+        else:
+            tf32 = True
             if fns is None:
-                m.allow_tf32 = True
+                m.allow_tf32 = False
             else:
-                fns[1][0](True)
-        for i, v in ((1, bf16), (2, fp16)):
-            if v is None:
-                continue
+                fns[1][0](False)
+    saved = [tf32, None, None]
+    for i in (1, 2):
+        v = get[i]()
+        if v[0] if isinstance(v, tuple) else v:
+            saved[i] = v
             if fns is None:
-                setattr(m, _REDUCTIONS[i - 1], v)
+                setattr(m, _REDUCTIONS[i - 1], False)
             else:
-                fns[1][i](*v) if isinstance(v, tuple) else fns[1][i](v)
+                fns[1][i](False, v[1]) if isinstance(v, tuple) else fns[1][i](False)
+    return saved
+
+
+def _restore(saved: list) -> None:
+    tf32, bf16, fp16 = saved
+    if tf32 is None and bf16 is None and fp16 is None:
+        return
+    fns = _CUBLAS[0]
+    m = torch.backends.cuda.matmul
+    if isinstance(tf32, tuple):
+        _CUBLAS[1][1]("cuda", "matmul", tf32[0])
+    elif tf32 is not None:
+        if fns is None:
+            m.allow_tf32 = True
+        else:
+            fns[1][0](True)
+    for i, v in ((1, bf16), (2, fp16)):
+        if v is None:
+            continue
+        if fns is None:
+            setattr(m, _REDUCTIONS[i - 1], v)
+        else:
+            fns[1][i](*v) if isinstance(v, tuple) else fns[1][i](v)
 
 
 _REDUCTIONS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
-from ._mma_decode import bias_flag, check_shape, shape_ok, split_k  # the same strips, tiles and bias
+from ._mma_decode import bias_flag, check_shape, shape_ok, split_buffers, split_k  # the same strips, tiles and bias
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
 PTX_BULK = Path(__file__).with_name("mma_a8w8_bulk.ptx")  # sm_90: the bulk-copy kernels (mma_a8w8_bulk.cu)
@@ -259,12 +259,14 @@ class A8W8:
             else:
                 split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
         self.split = max(1, min(int(split), K // 64))
+        self.ws = self.cnt = None
+        if self.split > 1:  # (the weight's, shared by its launches: split_buffers)
+            bufs = split_buffers(w, groups * strips * self.split * self.r * nt * 128, groups * strips)
+            if bufs is None:
+                self.split = 1
+            else:
+                self.ws, self.cnt = bufs
         self.grid = (groups, strips, self.split)
-        if self.split > 1:
-            self.ws = torch.empty(groups * strips * self.split * self.r * nt * 128, device=dev, dtype=torch.float32)
-            self.cnt = torch.zeros(groups * strips, device=dev, dtype=torch.int32)
-        else:
-            self.ws = self.cnt = None
         self.launch = None  # bound on the first call
         self.ld = None
 

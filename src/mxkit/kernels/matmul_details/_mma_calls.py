@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ..._cache import tensor_version
 from ...packed import PackedWeight
 from ...tensor import MXTensor
 from ..cuda_driver import fast_call_loaded
@@ -96,12 +97,12 @@ def run_a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: i
 
     N, K = w.shape
     shape = None
+    copy = False
     if packed is not None and packed.mma_q is not None:
         wq, ws, shape = packed.mma_q, packed.mma_s, (N, K)
     else:
         wq, ws = w.qdata, w.scale
-        if not weight_ok(wq, ws):
-            wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
+        copy = not weight_ok(wq, ws)  # (copied once, by the launch made below: keyed on w's own codes)
     quant = a is None
     if quant:
         xv, xs = x.reshape(M, K), None
@@ -115,9 +116,11 @@ def run_a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: i
     y = torch.empty(*lead, N, device=w.device, dtype=out)
     # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
     runs = calls_on(packed if shape is not None else w, "_a8w8")
-    key = (M, out, quant, wq.data_ptr())
+    key = (M, out, quant, wq.data_ptr()) + ((tensor_version(wq), tensor_version(ws)) if copy else ())
     run = runs.get(key)
     if run is None:
+        if copy:
+            wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
         run = runs[key] = A8W8(wq, ws, M, out, quant, shape=shape)
     return run(xv, xs, bias, y)
 
@@ -183,7 +186,8 @@ class MmaCall:
             fast = launch.with_outputs(tuple(range(n)) + (-1,), [(self.out_shape, self.run.out, False)], n,
                                        single=True)
             if fast is not None:
-                self.fast, self.fast_pre = fast, pre
+                self.fast_pre = pre  # (before fast: a thread that sees fast sees its arguments)
+                self.fast = fast
         return y
 
     def _into(self, a: torch.Tensor, ldx: int, bias: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
@@ -245,7 +249,8 @@ class A8W8Call:
                 fast = launch.with_outputs((0, 1, 2, 3, 4, -1), [((*self.lead, b.shape[0]), self.out, False)], 5,
                                            single=True)
                 if fast is not None:
-                    self.fast, self.fast_pre = fast, (run.w, run.sw)
+                    self.fast_pre = (run.w, run.sw)  # (before fast, as MmaCall's)
+                    self.fast = fast
         return y
 
 

@@ -256,10 +256,10 @@ def kernel_shape(M: int, N: int, K: int, ring: bool = False, sms: int = 0) -> tu
 class MmaDecode:
     """One prepared launch: weight (q, s) of pack_mma, N x K, M <= MAX_M bf16 rows in, ``out`` dtype out.
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
-    ``split``: blocks along K (default :func:`split_k`); with more than one, the launch owns a float32
-    workspace and a counter array (calls on one stream only: two streams running one MmaDecode at once would
-    share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring "g" the m16 kernel's ring loops too at
-    9-16 rows (:func:`dense_kernel_name`; the same bits)."""
+    ``split``: blocks along K (default :func:`split_k`); with more than one, the launch uses the weight's float32
+    workspace and counter array (:func:`split_buffers`: calls on one stream at a time; two streams running
+    launches of one weight at once would share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring
+    "g" the m16 kernel's ring loops too at 9-16 rows (:func:`dense_kernel_name`; the same bits)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
                  special: bool = True, split: Optional[int] = None, m8_loop: str = ""):
@@ -278,12 +278,14 @@ class MmaDecode:
         if split is None:
             split = split_k(groups * blocks, K, mt, sms, sn)
         self.split = max(1, min(int(split), K // 64))
-        self.grid = (groups, blocks, self.split)
+        self.ws = self.cnt = None
         if self.split > 1:
-            self.ws = torch.empty(groups * N // 16 * self.split * mt * 16, device=dev, dtype=torch.float32)
-            self.cnt = torch.zeros(groups * blocks, device=dev, dtype=torch.int32)
-        else:
-            self.ws = self.cnt = None
+            bufs = split_buffers(q, groups * N // 16 * self.split * mt * 16, groups * blocks)
+            if bufs is None:
+                self.split = 1
+            else:
+                self.ws, self.cnt = bufs
+        self.grid = (groups, blocks, self.split)
         self.launch = None  # bound on the first call (x's row stride is an argument)
         self.ldx = None
 
@@ -349,6 +351,29 @@ def grouped_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool
 def pairs_kernel_name(activation: Optional[str], special: bool) -> str:
     """The ``mma_decode.cu`` entry of a :func:`pairs_mma` launch (``activation`` None: the down GEMM)."""
     return f"mxfp4_mma_pairs_{activation or 'down'}{'_special' if special else ''}"
+
+
+def split_buffers(q: torch.Tensor, ws_numel: int, cnt_numel: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The float32 workspace and int32 arrival counters (zero between launches: each launch's last blocks reset
+    theirs) of the split-K launches (:class:`MmaDecode`, :class:`~._mma_a8w8.A8W8`) over weight codes ``q``: kept
+    on ``q`` itself, shared by its launches (on one stream at a time), grown as a larger launch needs, the
+    smaller ones they replace kept alive too. So a launch made again after its prepared call was dropped (the call
+    caches empty at 64 entries: e.g. prefill lengths) finds the same buffers, and a CUDA graph captured with an
+    earlier launch never points at freed memory. None during a CUDA-graph capture that finds no large enough pair
+    (a zero fill made there would run only inside the graph, leaving the counters unset for eager launches): the
+    caller runs that launch unsplit (warm-up calls before a capture, as CUDA graphs need anyway, make the pair)."""
+    kept = q.__dict__.get("_mxkit_split")
+    if kept and kept[0][0].numel() >= ws_numel and kept[0][1].numel() >= cnt_numel:
+        return kept[0]
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if kept is None:
+        kept = q.__dict__["_mxkit_split"] = []
+    ws_numel = max(ws_numel, kept[0][0].numel() if kept else 0)
+    cnt_numel = max(cnt_numel, kept[0][1].numel() if kept else 0)
+    kept.insert(0, (torch.empty(ws_numel, device=q.device, dtype=torch.float32),
+                    torch.zeros(cnt_numel, device=q.device, dtype=torch.int32)))
+    return kept[0]
 
 
 _COUNTERS: dict = {}  # (device index, raw stream, owner) -> [int32 zeros in use, the smaller ones it replaced]

@@ -8,6 +8,7 @@ import weakref
 
 import torch
 
+from ..._cache import tensor_version
 from ...tensor import MXTensor
 from ..matmul import W_KINDS, _nonfinite_codes
 from ..matmul_details import _mma_decode
@@ -21,10 +22,10 @@ def _per_version(what: str, t: torch.Tensor, compute):
     version, not per call; at most 4096 entries)."""
     key = (what, id(t))
     hit = _PER_VERSION.get(key)
-    if hit is None or hit[0]() is not t or hit[1] != t._version:
+    if hit is None or hit[0]() is not t or hit[1] != tensor_version(t):
         if len(_PER_VERSION) > 4096:
             _PER_VERSION.clear()
-        hit = (weakref.ref(t), t._version, compute())
+        hit = (weakref.ref(t), tensor_version(t), compute())
         _PER_VERSION[key] = hit
     return hit[2]
 

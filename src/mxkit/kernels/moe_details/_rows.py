@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from ..._cache import tensor_version
 from ..launch import _Launcher
 from ..matmul_details import _moe_epilogue
 from ._sort import _flat_ids
@@ -73,7 +74,7 @@ def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     tensor, which stays valid: entries go only with their bias, or past 4096 live ones)."""
     from ..matmul_details._layout_wgmma import expert_row_order
 
-    key = (id(b), b._version, order)
+    key = (id(b), tensor_version(b), order)
     hit = _BIAS.get(key)
     if hit is None or hit[0]() is not b:
         for k_, (ref, _) in list(_BIAS.items()):  # drop the entries of biases that are gone

@@ -1,0 +1,33 @@
+"""Keys of caches derived from tensors (packed or folded copies of weights, biases in another order, values read
+once with a host sync): kept while the source tensors are the same live objects, in the same storage, at the same
+version."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional, Sequence
+
+import torch
+
+
+def tensor_version(t: torch.Tensor) -> Optional[int]:
+    """``t._version`` (bumped by every in-place change), or None for an inference tensor, which keeps no version
+    counter (``torch.inference_mode``; a cache keyed on one is not told of an in-place change made to it inside
+    ``inference_mode``, where only inference tensors can change)."""
+    return None if t.is_inference() else t._version
+
+
+class TensorsKey:
+    """The identity, storage and version of some tensors: :meth:`matches` holds while each is the same live object
+    (held by weak reference: a new tensor that took a freed one's address and ``id`` does not match) with the same
+    ``data_ptr`` and :func:`tensor_version`."""
+
+    __slots__ = ("refs", "state")
+
+    def __init__(self, tensors: Sequence[torch.Tensor], *extra) -> None:
+        self.refs = tuple(weakref.ref(t) for t in tensors)
+        self.state = (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra)
+
+    def matches(self, tensors: Sequence[torch.Tensor], *extra) -> bool:
+        return (len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
+                and self.state == (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra))

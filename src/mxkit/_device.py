@@ -1,0 +1,46 @@
+"""The CUDA device mxkit's kernels run on. Triton's launcher and mxkit's driver-API launches bind to the *current*
+device, where torch's own ops follow their tensors: so a public op given CUDA operands of another device makes
+that device current for the call (``torch.cuda.device``), as a model spread over GPUs needs (transformers'
+``device_map`` moves each layer's input to its GPU without switching the current device). Outside
+``torch.compile`` only: a compiled graph's ops (mxkit's custom ops) run their eager bodies, which check again."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+
+_compiling = torch.compiler.is_compiling
+
+
+def elsewhere(t: torch.Tensor) -> bool:
+    """Whether CUDA tensor ``t`` lives on a device other than the current one (False while compiling)."""
+    return not _compiling() and t.get_device() != torch.cuda.current_device()
+
+
+def other_device(obj: Any) -> Optional[torch.device]:
+    """The device of ``obj`` (a tensor, an MXTensor, a PackedWeight: anything with a ``device``) where it is a CUDA
+    device other than the current one; None otherwise and while compiling."""
+    d = getattr(obj, "device", None)
+    if not isinstance(d, torch.device) or d.type != "cuda" or _compiling():
+        return None
+    return d if (d.index or 0) != torch.cuda.current_device() else None
+
+
+def on_operand_device(arg: int = 0):
+    """Decorator: the function runs with the device of its positional argument ``arg`` current
+    (:func:`other_device`; ``arg`` 1 for a method's first operand)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            d = other_device(args[arg]) if len(args) > arg else None
+            if d is None:
+                return fn(*args, **kwargs)
+            with torch.cuda.device(d):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return wrap

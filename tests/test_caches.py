@@ -1,0 +1,151 @@
+"""Caches derived from tensors and process-wide settings, under the conditions that broke them: tensors made in
+``torch.inference_mode`` (no version counter), a buffer replaced by a new tensor at the same address, and two
+threads inside :class:`exact_cublas` at once."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from mxkit._cache import TensorsKey, tensor_version
+from mxkit.kernels.matmul_details import _cublas as cb
+from mxkit.nn import MXMoE
+
+
+def small_moe(rng, **kw):
+    E, H, I = 4, 64, 32  # noqa: E741
+    return MXMoE.from_dense(nn.Linear(H, E), torch.randn(E, 2 * I, H, generator=rng),
+                            torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, I, generator=rng),
+                            torch.randn(E, H, generator=rng), 2, "mxfp4", activation="swiglu", **kw)
+
+
+def test_tensors_key_follows_identity_storage_and_version(rng):
+    t = torch.randn(4, 8, generator=rng)
+    key = TensorsKey([t], "flag")
+    assert key.matches([t], "flag") and not key.matches([t], "other") and not key.matches([t, t], "flag")
+    assert not key.matches([t.view(4, 8)], "flag")  # same storage and version counter, another object
+    t.add_(1)
+    assert not key.matches([t], "flag")  # an in-place change
+    key = TensorsKey([t])
+    t.data = torch.randn(4, 8, generator=rng)  # same object, new storage
+    assert not key.matches([t])
+    with torch.inference_mode():
+        u = torch.ones(3)
+    assert tensor_version(u) is None and TensorsKey([u]).matches([u])
+
+
+def test_expert_caches_rebuild_for_a_new_buffer_and_work_in_inference_mode(rng):
+    """An expert cache (the layer's packed / folded copies) is made again when a buffer is replaced, even by a new
+    tensor at the same address and version (a checkpoint loaded by assignment; the old key, data_ptr and
+    version, matched it); buffers made in inference_mode (pack_ on the first forward of an inference_mode caller)
+    have no version counter and are cached as they are."""
+    m = small_moe(rng)
+    made = []
+
+    def make(w, **kw):
+        made.append(w.qdata)
+        return w.qdata.clone()
+
+    first = m._per_buffers("_folded", make)
+    assert m._per_buffers("_folded", make) is first and len(made) == 2
+    same_bytes = m.gate_up_qdata.view(m.gate_up_qdata.shape)  # same address, same version counter
+    m._buffers["gate_up_qdata"] = same_bytes
+    m._per_buffers("_folded", make)
+    assert len(made) == 4 and made[-2] is same_bytes
+    m.down_scale.add_(0)  # an in-place write
+    m._per_buffers("_folded", make)
+    assert len(made) == 6
+    with torch.inference_mode():
+        m = small_moe(rng)
+        m.pack_()
+        got = m._per_buffers("_folded", make)
+        assert m.gate_up_qdata.is_inference() and m._per_buffers("_folded", make) is got
+
+
+def test_per_tensor_values_take_inference_tensors():
+    from mxkit.kernels.moe_details import _envelope, _rows
+
+    with torch.inference_mode():
+        t = torch.zeros(4, 8, dtype=torch.uint8)
+        b = torch.arange(8.0).reshape(2, 4)
+    calls = []
+    for _ in range(2):
+        assert _envelope._per_version("test", t, lambda: calls.append(1) or 7) == 7
+    assert calls == [1]
+    f = _rows._packed_bias(b, 4, ("mma", False))
+    assert torch.equal(f, b.reshape(-1)) and _rows._packed_bias(b, 4, ("mma", False)) is f
+
+
+@pytest.mark.parametrize("reduced", [True, False])
+def test_exact_cublas_across_threads(reduced):
+    """Two threads inside exact_cublas, the first leaving while the second is still in: the second's block stays
+    exact (the first restored the reduced-precision setting under it before), and the setting is back after the
+    last one leaves."""
+    m = torch.backends.cuda.matmul
+    before = m.allow_bf16_reduced_precision_reduction
+    m.allow_bf16_reduced_precision_reduction = reduced
+    try:
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        seen = {}
+
+        def first():
+            with cb.exact_cublas():
+                a_in.set()
+                b_in.wait(10)
+            a_out.set()
+
+        def second():
+            a_in.wait(10)
+            with cb.exact_cublas():
+                b_in.set()
+                a_out.wait(10)
+                seen["inside"] = m.allow_bf16_reduced_precision_reduction
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert a_out.is_set() and seen == {"inside": False}
+        assert m.allow_bf16_reduced_precision_reduction is reduced and cb._HELD == [0, None]
+        with cb.exact_cublas():  # nested in one thread: the inner block's exit changes nothing
+            with cb.exact_cublas():
+                pass
+            assert not m.allow_bf16_reduced_precision_reduction
+        assert m.allow_bf16_reduced_precision_reduction is reduced
+    finally:
+        m.allow_bf16_reduced_precision_reduction = before
+
+
+def test_split_buffers_outlive_the_prepared_calls(monkeypatch):
+    """The split-K launches' workspace and counters live on the weight codes: a launch made again (its prepared call
+    dropped from a full call cache) finds the same pair, a larger one replaces it with the smaller kept alive (a
+    CUDA graph may point there), counters zero; during a capture with no pair large enough: None (unsplit)."""
+    from mxkit.kernels.matmul_details._mma_decode import split_buffers
+
+    q = torch.zeros(64, dtype=torch.uint8)
+    ws, cnt = first = split_buffers(q, 100, 6)
+    assert ws.dtype is torch.float32 and ws.numel() == 100 and torch.equal(cnt, torch.zeros(6, dtype=torch.int32))
+    assert split_buffers(q, 80, 6) is first and split_buffers(q, 100, 2) is first
+    grown = split_buffers(q, 50, 12)
+    assert (grown[0].numel(), grown[1].numel()) == (100, 12) and q._mxkit_split == [grown, first]
+    other = torch.zeros(64, dtype=torch.uint8)
+    assert split_buffers(other, 10, 1)[0].data_ptr() != grown[0].data_ptr()  # per weight
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert split_buffers(q, 100, 12) is grown and split_buffers(q, 101, 12) is None
+    assert q._mxkit_split == [grown, first]
+
+
+def test_device_helpers_leave_cpu_and_current_device_operands_alone():
+    from mxkit._device import on_operand_device, other_device
+
+    x = torch.ones(3)
+    assert other_device(x) is None and other_device(None) is None and other_device(object()) is None
+
+    @on_operand_device(1)
+    def f(self, x, k=2):
+        return x * k
+
+    assert torch.equal(f(None, x, k=3), x * 3) and f.__name__ == "f"

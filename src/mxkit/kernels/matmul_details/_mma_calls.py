@@ -19,6 +19,7 @@ from ...packed import PackedWeight
 from ...tensor import MXTensor
 from ..cuda_driver import fast_call_loaded
 from ..matmul_table import DecodeConfig, decode_config, mma_m8_loop
+from . import _split_sum
 from ._mma_decode import bias_flag
 
 if TYPE_CHECKING:
@@ -37,13 +38,12 @@ def plain(q: MXTensor) -> MXTensor:
 
 @functools.lru_cache(maxsize=1)
 def decode_launchers():
-    """The direct launchers of the decode GEMM and its split-K sum, one per process, so every call (prepared or
-    not) reuses their compiled kernels."""
+    """The direct launchers of the decode GEMM and its split-K sum (:mod:`._split_sum`'s, the wgmma kernel's
+    too), one per process, so every call (prepared or not) reuses their compiled kernels."""
     from .. import launch
-    from . import _w16_decode
+    from . import _split_sum, _w16_decode
 
-    return (launch._Launcher(_w16_decode, "_w16_decode_kernel"),
-            launch._Launcher(_w16_decode, "_splitk_reduce_kernel"))
+    return launch._Launcher(_w16_decode, "_w16_decode_kernel"), _split_sum._launch
 
 
 class DecodeCall:
@@ -66,8 +66,8 @@ class DecodeCall:
         self.consts = (("BLOCK_M", max(16, triton.next_power_of_2(M))), ("BLOCK_N", cfg.block_n), ("BLOCK_K", bk),
                        ("W_KIND", W_KINDS[w.fmt.name]), ("num_stages", cfg.num_stages))
         self.warps = cfg.num_warps
-        self.rgrid = (triton.cdiv(M * N, 1024),)
-        self.rconsts = (("NSPLIT", self.nsplit), ("HAS_BIAS", has_bias), ("BLOCK", 1024))
+        self.rgrid = (triton.cdiv(M * N, _split_sum.BLOCK),)
+        self.rconsts = _split_sum._consts(self.nsplit, has_bias, out)
         self.gemm, self.reduce = decode_launchers()
 
     def __call__(self, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -78,7 +78,7 @@ class DecodeCall:
                   self.warps)
         y = torch.empty(M, N, device=a.device, dtype=self.out)
         # (the launcher takes tensors and ints only: without a bias, part stands in, never read)
-        self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, 4)
+        self.reduce(self.rgrid, (part, part if bias is None else bias, y, M * N, N), self.rconsts, _split_sum.WARPS)
         return y.view(*self.lead, N)
 
 

@@ -2,7 +2,8 @@
 
 Memory-bound: each program streams BLOCK_N weight rows over its K range once, decodes them to bf16 in
 registers (:func:`._mx_weight._mx_weight_tile`, exact; fp16 for fp16 x) and feeds ``tl.dot`` with float32 accumulation.
-Split-K programs write float32 partial sums that the host reduces in a fixed order (deterministic).
+Split-K programs write float32 partial sums, which :mod:`._split_sum`'s kernel adds in a fixed order
+(deterministic) with the bias and the one output rounding.
 """
 
 from __future__ import annotations
@@ -41,20 +42,3 @@ def _w16_decode_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K, stride_xm, k_split
         acc += tl.dot(xk, tl.trans(w.to(xk.dtype)))
     out = out_ptr + pid_k.to(tl.int64) * M * N + m64[:, None] * N + n[None, :]
     tl.store(out, acc, mask=mmask[:, None] & nmask[None, :])
-
-
-@triton.jit
-def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, NSPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """out [M, N] = part[0] + part[1] + ... + part[NSPLIT - 1] (float32, in that order) + bias [N], one rounding
-    to out's dtype."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < MN
-    acc = tl.load(part_ptr + i, mask=m, other=0.0)
-    off = i
-    for s in tl.static_range(1, NSPLIT):
-        off += MN  # partial s at s * MN + i, in 64 bits (s * MN in int32 passes 2^31 for M * N > 2^30)
-        acc += tl.load(part_ptr + off, mask=m, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + i % N, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=m)

@@ -77,7 +77,11 @@ def _check_cast_transpose_interpreted() -> None:
         cfg = QC(block_r=32, block_c=32, num_warps=1, int64=False, rblocks=4, col_units=2)
         _check_ct(_cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=cfg), x, fmt, mode, rnd, "plain",
                   f"rblocks=4 {fmt}")
-        n += 8
+        for cfg in (QC(block_r=64, block_c=32, num_warps=2, int64=True),  # 64-bit offsets: tile and fused kernels
+                    QC(block_r=64, block_c=32, num_warps=2, int64=True, col_units=2)):
+            _check_ct(_cast_transpose_impl(x, fmt, mode, rnd, "plain", cfg=cfg), x, fmt, mode, rnd, "plain",
+                      f"int64 {cfg} {fmt}")
+        n += 10
     # the tiled byte transpose behind scale_t, ragged tiles both ways
     for m, nn in ((1, 1), (70, 130), (64, 64), (3, 200)):
         src = torch.randint(0, 256, (m, nn), generator=g, dtype=torch.uint8)

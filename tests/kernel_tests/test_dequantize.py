@@ -55,6 +55,17 @@ def _check_dequantize_interpreted() -> None:
                 got = _dequantize_impl(q.qdata, q.scale, fmt, -1, (6, 96), odt, cfg=cfg)
                 assert_dequant_equal(got, dequantize_reference(q, odt), f"dequantize fp6 groups {fmt} -> {odt}")
                 n += 1
+        # tiles that divide the problem (the unmasked path), 32- and 64-bit offsets, rows and columns
+        for int64 in (False, True):
+            q = _random_mx((8, 128), -1, fmt, g)
+            got = _dequantize_impl(q.qdata, q.scale, fmt, -1, (8, 128), dts[(i + int64) % 3],
+                                   cfg=DC(block_n=4, block_l=64, num_warps=1, int64=int64))
+            assert_dequant_equal(got, dequantize_reference(q, dts[(i + int64) % 3]), f"rows {fmt} int64={int64}")
+            q = _random_mx((128, 32), 0, fmt, g)
+            got = _dequantize_impl(q.qdata, q.scale, fmt, 0, (128, 32), dts[(i + 2 * int64) % 3],
+                                   cfg=DC(block_n=16, block_l=64, num_warps=1, int64=int64))
+            assert_dequant_equal(got, dequantize_reference(q, dts[(i + 2 * int64) % 3]), f"cols {fmt} int64={int64}")
+            n += 2
     print(f"interpreter checks passed: {n}")
 
 

@@ -68,7 +68,13 @@ def _check_cols_interpreted() -> None:
                               cfg=QC(block_r=32, block_c=16, num_warps=1, int64=False, scale_t=True))
         assert_bytes_equal(q, ref.qdata, f"scale_t {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"scale_t {fmt} scale")
-        n += 2
+        # tiles that divide the problem (the unmasked path) with 64-bit offsets
+        x = rand_tensor((128, 64), 0, generator=g, dtype=dts[(i + 2) % 3], nonfinite=True)
+        q, s = _quantize_impl(x, fmt, 0, mode, rnd, "plain", cfg=QC(block_r=64, block_c=32, num_warps=2, int64=True))
+        ref = quantize_reference(x, fmt, axis=0, scale_mode=mode, rounding=rnd)
+        assert_bytes_equal(q, ref.qdata, f"int64 unmasked {fmt} qdata")
+        assert_bytes_equal(s, ref.scale, f"int64 unmasked {fmt} scale")
+        n += 3
     print(f"interpreter checks passed: {n}")
 
 

@@ -112,6 +112,35 @@ def _check_fixup_writes_only_flags(device: str, g) -> int:
     return 1
 
 
+def _check_fixup_quantizes_in_every_mode(device: str, g) -> int:
+    """The fix-up of a deferred quantize-fold quantizes its flagged rows of x itself, in the fold's scale mode and
+    rounding, from fp16 / fp32 / bf16 x: those rows byte-equal the fix-up of the same rows quantized by
+    mxkit.quantize, and are within the bound (float32 out: the interpreter's bf16 casts truncate)."""
+    from mxkit.kernels.fold import quantize_fold_triton
+    from mxkit.kernels.matmul_details._row_fixup import fixup
+
+    M, K, N = 9, 192, 72
+    pw = mxkit.pack_weight(rand_mx((N, K), "mxfp4_e2m1", g, spread=2, device=device))
+    n = 0
+    for k, (dt, mode, rnd) in enumerate(((torch.float16, "rceil", "away"), (torch.float32, "even", "rne"),
+                                         (torch.bfloat16, "ceil", "away"), (torch.float32, "floor", "away"))):
+        x = _activations(M, K, dt, g, device)
+        fmt = ("mxfp4", "mxfp6_e2m3")[k % 2]
+        pend = quantize_fold_triton(x, fmt, scale_mode=mode, rounding=rnd, defer=True)
+        qa = mxkit.quantize(x, fmt, scale_mode=mode, rounding=rnd)
+        y, want = (torch.full((M, N), float("nan"), device=device) for _ in range(2))
+        fixup(y, pend.source, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale))
+        fixup(want, qa, pw.source, None, M, N, K, fold=(pend.status, pend.folded.scale))
+        rows = ~torch.isnan(want).all(dim=1)
+        assert rows.sum() >= 1 and torch.equal(torch.isnan(y), torch.isnan(want)), (dt, mode, rnd)
+        assert torch.equal(y[rows].view(torch.int32), want[rows].view(torch.int32)), (dt, mode, rnd)
+        keep = rows.clone()
+        keep[5] = False  # (the NaN row)
+        _bound(y[keep], MXTensor(qa.qdata[keep], qa.scale[keep], qa.fmt, 1, 32, (int(keep.sum()), K)), pw.source)
+        n += 1
+    return n
+
+
 def _scale_rows(M: int, K: int, fmt: str, g, device: str):
     """An MX ``a`` whose rows 2 (every scale byte 0 or 1: E4M3's subnormals times 2^-127 are not bf16 values) and
     5 (one block at byte 247, small codes) lie outside the bf16-exact envelope of FP8 elements, and row 6 (one
@@ -145,7 +174,7 @@ def _check_scale_fixup(device: str, g) -> int:
     M, K, N = 9, 192, 40
     n = 0
     for fa, fb in (("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxint8"), ("mxint8", "mxfp4_e2m1"),
-                   ("mxfp6_e3m2", "mxfp8_e4m3")):
+                   ("mxfp6_e3m2", "mxfp8_e4m3"), ("mxfp4_e2m1", "mxfp8_e5m2")):
         qa = _scale_rows(M, K, fa, g, device)
         w = mxkit.quantize(torch.randn(N, K, generator=g), fb).to(device)
         bias = torch.randn(N, generator=g).to(device)
@@ -172,6 +201,7 @@ def _check_interpreted() -> None:
 
     g = interpreted_rng(_row_fixup._fixup_kernel)
     n = _check_fixup("cpu", g) + _check_fixup_writes_only_flags("cpu", g) + _check_scale_fixup("cpu", g)
+    n += _check_fixup_quantizes_in_every_mode("cpu", g)
     print(f"interpreter checks passed: {n}")
 
 
@@ -185,7 +215,7 @@ def test_fixup_interpreted():
 @gpu
 def test_gpu_fixup(rng):
     assert _check_fixup("cuda", rng) and _check_fixup_writes_only_flags("cuda", rng)
-    assert _check_scale_fixup("cuda", rng)
+    assert _check_scale_fixup("cuda", rng) and _check_fixup_quantizes_in_every_mode("cuda", rng)
 
 
 @pytest.mark.gpu

@@ -76,3 +76,34 @@ def test_mma_m8_loop_from_the_table():
     assert dense_kernel_name(1, 4096, 4096, torch.float16, True) == "mxfp4_mma_decode_m8_f16_special"
     with pytest.raises(ValueError, match="m8 loop"):
         dense_kernel_name(1, 4096, 4096, torch.bfloat16, False, "x")
+
+
+def test_table_override_is_per_thread_and_nests():
+    """An override holds in its own thread (or asyncio task) only, with its own prepared-call key; nested ones
+    restore the outer one; another thread meanwhile sees the packaged table."""
+    import threading
+
+    from mxkit.kernels import matmul_table as mt
+
+    packaged = mt.gemm_table()
+    seen = {}
+    entered, checked = threading.Event(), threading.Event()
+
+    def other():
+        entered.wait(10)
+        seen["table"], seen["token"] = mt.gemm_table(), mt._table_token()
+        checked.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with mt.gemm_table_override({"default": {"x": 1}}):
+        outer = mt._table_token()
+        assert mt.gemm_table()["default"]["x"] == 1 and outer != 0
+        with mt.gemm_table_override({"default": {"x": 2}}):
+            assert mt.gemm_table()["default"]["x"] == 2 and mt._table_token() not in (0, outer)
+            entered.set()
+            checked.wait(10)
+        assert mt.gemm_table()["default"]["x"] == 1 and mt._table_token() == outer
+    t.join(10)
+    assert seen == {"table": packaged, "token": 0}
+    assert mt.gemm_table() is packaged and mt._table_token() == 0

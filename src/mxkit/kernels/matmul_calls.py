@@ -27,7 +27,7 @@ from .matmul import GemmPlan, _a8w8_ok, _a8w8_quant_max_m, _twin, check_bias, pl
 from .matmul_details._cublas import exact_cublas
 from .matmul_details._mma_calls import (UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on,
                                         kernel_bias, plain)
-from .matmul_table import _table_token, _token_stack
+from .matmul_table import _TOKEN, _table_token
 
 __all__ = ["prepared_call", "prepared_call_mx", "prepared_call_a8w8", "prepared_call_quantize_fold"]
 
@@ -40,7 +40,7 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
     dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
     one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
     key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.get_device(), out_dtype,
-           _token_stack[-1] if _token_stack else 0,
+           _TOKEN.get(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     calls = b.__dict__.get("_calls")
     call = calls.get(key, UNSEEN) if calls is not None else UNSEEN
@@ -247,7 +247,7 @@ def prepared_call_quantize_fold(x: torch.Tensor, b: PackedWeight, fmt: ElementFo
     strides and device, fmt, scale mode, rounding), made once and kept on b; None where it does not apply (x
     not bf16 or not contiguous, a weight without its fold, no rows)."""
     key = ("qfold", x.shape, x.stride(), x.dtype, x.get_device(), fmt, scale_mode, rounding,
-           _token_stack[-1] if _token_stack else 0)
+           _TOKEN.get())
     calls = b.__dict__.get("_calls")
     call = calls.get(key, UNSEEN) if calls is not None else UNSEEN
     if call is UNSEEN:
@@ -356,7 +356,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
     launch arguments are made on the first call of each (shape, strides, dtype, device, out dtype, bias
     shape / dtype, dispatch table) and kept on ``b``; later calls only allocate and launch. Returns a callable
     ``(a, bias) -> y``. Validation (:func:`plan_gemm`) runs on the first call of each key."""
-    key = (a.shape, a.stride(), a.dtype, a.get_device(), out_dtype, _token_stack[-1] if _token_stack else 0,
+    key = (a.shape, a.stride(), a.dtype, a.get_device(), out_dtype, _TOKEN.get(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
     calls = b.__dict__.get("_calls")
     call = calls.get(key) if calls is not None else None

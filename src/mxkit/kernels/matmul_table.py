@@ -10,6 +10,7 @@ hand.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import itertools
 import json
@@ -36,8 +37,10 @@ class DecodeConfig:
 
 
 _TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")
-_table_stack: list[Mapping] = []
-_token_stack: list[int] = []  # one serial number per override entered: the prepared calls' key of the table
+# the innermost override in force in this thread / task (contextvars: an override in one thread is not another's),
+# and its serial number, one per override entered: the prepared calls' key of the table (0: the packaged one)
+_TABLE: contextvars.ContextVar[Optional[Mapping]] = contextvars.ContextVar("mxkit_gemm_table", default=None)
+_TOKEN: contextvars.ContextVar[int] = contextvars.ContextVar("mxkit_gemm_table_token", default=0)
 _tokens = itertools.count(1)
 
 
@@ -56,29 +59,31 @@ def _packaged_table() -> Mapping:
 
 def gemm_table() -> Mapping:
     """The dispatch table in force (read-only): the packaged one, or the innermost
-    :func:`gemm_table_override`."""
-    return _table_stack[-1] if _table_stack else _packaged_table()
+    :func:`gemm_table_override` of this thread (or asyncio task)."""
+    table = _TABLE.get()
+    return table if table is not None else _packaged_table()
 
 
 @contextlib.contextmanager
 def gemm_table_override(table: Union[Mapping, str, Path]):
     """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
-    ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning)."""
+    ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning), in this thread (or
+    asyncio task) only."""
     if not isinstance(table, Mapping):
         table = json.loads(Path(table).read_text())
-    _table_stack.append(_freeze(dict(table)))
-    _token_stack.append(next(_tokens))
+    held = _TABLE.set(_freeze(dict(table)))
+    token = _TOKEN.set(next(_tokens))
     try:
         yield
     finally:
-        _table_stack.pop()
-        _token_stack.pop()
+        _TOKEN.reset(token)
+        _TABLE.reset(held)
 
 
 def _table_token() -> int:
     """Which table is in force, for the keys of the prepared calls: 0 for the packaged one, else a number no
     other override ever had (an ``id()`` of a table could be reused once the table is freed)."""
-    return _token_stack[-1] if _token_stack else 0
+    return _TOKEN.get()
 
 
 @functools.lru_cache(maxsize=None)

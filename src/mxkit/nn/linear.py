@@ -91,7 +91,9 @@ class MXLinear(_ops.Handled, nn.Module):
 
     Buffers: ``weight_qdata`` uint8 (out_features, in_features · pack_bytes / pack),
     ``weight_scale`` uint8 (out_features, in_features // block_size). Zero-initialised by the
-    constructor (a zero weight); :meth:`from_linear` fills them.
+    constructor (a zero weight); :meth:`from_linear` fills them. On CUDA the forward reads a packed copy made from
+    them (:meth:`repack`), made again by ``load_state_dict`` and ``.to()`` / ``.cuda()``: after writing the
+    buffers in place (``weight_qdata.copy_(...)``), call :meth:`repack`, or the CUDA forward keeps the old weight.
 
     forward: x (..., in_features) float32 | bfloat16 | float16 on the buffers' device → (..., out_features)
     in ``x.dtype``. Computed by :func:`mxkit.matmul` (float32 accumulation on CPU today). Gradients flow to

@@ -281,3 +281,95 @@ def test_expert_ranges():
             check_expert_ranges(bad, 4, 1)
     with pytest.raises(TypeError, match="sequence of"):
         check_expert_ranges(None, 4, 1)
+
+
+def errors_main(rank, world, store, seed):
+    """Calls that are bad on one rank, or that the ranks make with other configurations: every rank raises (no
+    rank waits in a collective), and the group stays in step for the next good call."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=30))
+    try:
+        x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=5)
+        ranges = expert_ranges(8, world)
+        lo, hi = ranges[rank]
+        mine = (select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi])
+
+        def call(x=x, logits=logits, experts=mine, ranges=ranges, **kw):
+            return ep_moe(x, experts[0], experts[1], experts[2], experts[3], logits, 2, ranges=ranges, **kw)
+
+        good = call()
+        # a bad call on the last rank only: its own error there, a RuntimeError naming it everywhere else
+        bad_rank = world - 1
+        if rank == bad_rank:
+            with pytest.raises(ValueError):
+                call(x=x[:, :32])  # H does not match the experts
+        else:
+            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised on their inputs"):
+                call()
+        # the ranks disagree: on x's dtype; on the experts (E and their ranges)
+        with pytest.raises(RuntimeError, match="disagree on the x dtype"):
+            call(x=x.to(torch.bfloat16) if rank == 0 else x)
+        if rank == 0:
+            x16, l16, gu16, bgu16, d16, bd16 = problem(seed, 16, "mxfp4", True, T=5)
+            r16 = expert_ranges(16, world)
+            lo16, hi16 = r16[0]
+            kw = dict(logits=l16, ranges=r16, experts=(select_experts(gu16, lo16, hi16), bgu16[lo16:hi16],
+                                                       select_experts(d16, lo16, hi16), bd16[lo16:hi16]))
+        else:
+            kw = {}
+        with pytest.raises(RuntimeError, match="disagree on the number of experts.*the expert ranges"):
+            call(**kw)
+        with pytest.raises(RuntimeError, match="disagree on combine_dtype"):
+            call(combine_dtype=torch.float32 if rank == 0 else torch.float64)
+        assert torch.equal(call(), good)  # still in step
+        # a process outside the group it is given
+        solo = dist.new_group([0])
+        if rank != 0:
+            with pytest.raises(ValueError, match="not a member of the process group"):
+                call(ranges=[(0, 8)], group=solo)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_errors_raise_on_every_rank(tmp_path, rng):
+    """One rank's bad input, ranks that disagree on dtype / experts / combine dtype, a process outside the group:
+    clear errors on every rank, no rank left waiting in a collective (the test kills its ranks after 60 s)."""
+    run_ranks(2, tmp_path, a_seed(rng), errors_main)
+
+
+def copy_main(rank, world, store, seed):
+    """A sharded MXMoE deep-copies with any group (the copy shares it) and pickles with the default or the world
+    group (stored as None); another group raises a clear TypeError, and its state_dict saves and loads."""
+    import copy
+    import io
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                           timeout=timedelta(seconds=30))
+    try:
+        custom = dist.new_group(list(range(world)))
+        x = torch.randn(3, H, generator=torch.Generator().manual_seed(seed))
+        for group in (None, dist.group.WORLD, custom):
+            m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=group)
+            with torch.no_grad():
+                y = m(x)
+                dup = copy.deepcopy(m)
+                assert dup.ep_group is group and dup._op_handle != m._op_handle
+                assert dup.gate_up_qdata.data_ptr() != m.gate_up_qdata.data_ptr()
+                assert torch.equal(dup(x), y)
+                buf = io.BytesIO()
+                if group is custom:
+                    with pytest.raises(TypeError, match="custom process group cannot be pickled"):
+                        torch.save(m, buf)
+                else:
+                    torch.save(m, buf)
+                    buf.seek(0)
+                    loaded = torch.load(buf, weights_only=False)
+                    assert loaded.ep_group is None and torch.equal(loaded(x), y)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_moe_copies_and_pickles(tmp_path, rng):
+    run_ranks(2, tmp_path, a_seed(rng), copy_main)

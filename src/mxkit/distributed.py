@@ -6,9 +6,12 @@ Per rank r holding experts ``ranges[r] = (lo_r, hi_r)`` (contiguous, covering [0
 x_r (T_r, H), :func:`ep_moe` does:
 
 1. route locally (the router is replicated): ``topk_weights``, ``topk_ids`` (T_r, k);
-2. sort the T_r·k pairs by destination rank (stable), exchange the per-rank counts (``all_to_all_single`` of
-   two int64 per rank: the count and whether this rank needs a gradient), then ``all_to_all_single`` the
-   pairs' token rows (x's dtype) and their (expert id, weight) metadata (float64: both exact);
+2. sort the T_r·k pairs by destination rank (stable), exchange a header per rank (``all_to_all_single`` of int64:
+   the count, whether this rank needs a gradient, whether its call passed validation, and its configuration:
+   E, H, x's dtype, ``combine_dtype``, the activation, a checksum of the ranges; a rank whose call is bad, or
+   ranks that disagree, make every rank raise there, before any data moves and without one rank left waiting
+   in a collective), then ``all_to_all_single`` the pairs' token rows (x's dtype) and their (expert id, weight)
+   metadata (float64: both exact);
 3. on arrival, run the local experts on the received rows with top_k = 1 (:func:`mxkit.moe.moe_experts`,
    ``expert_range`` = this rank's range): each row becomes ``weight · expert(row)``;
 4. ``all_to_all_single`` the rows back (``combine_dtype``), put them in pair order and sum the k pairs of each
@@ -76,6 +79,35 @@ def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int, wor
     if not ok:
         raise ValueError(f"expert ranges {ranges} must be {world_size} contiguous non-empty (lo, hi) pairs in rank "
                          f"order covering [0, {num_experts})")
+
+
+# the header's fields after (count, needs a gradient): the call validated, then what every rank must agree on
+_HEAD = ("ok", "the number of experts", "the hidden size", "the x dtype", "combine_dtype", "the activation",
+         "the expert ranges")
+_DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.float64: 4}
+_ACTIVATION_CODES = {"swiglu_gpt_oss": 1, "swiglu": 2}
+_OWNERS: dict = {}  # (ranges, device) -> the rank holding each expert id, int64 on the device
+
+
+def _owners(ranges: Sequence[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """The rank that holds each expert id under ``ranges`` (validated), made once per ranges and device (no host to
+    device copy, and no host sync of ``repeat_interleave``, on later calls)."""
+    key = (tuple(tuple(r) for r in ranges), device)
+    t = _OWNERS.get(key)
+    if t is None:
+        if len(_OWNERS) >= 64:
+            _OWNERS.clear()
+        sizes = torch.tensor([hi - lo for lo, hi in ranges])
+        t = _OWNERS[key] = torch.repeat_interleave(torch.arange(len(ranges)), sizes).to(device)
+    return t
+
+
+def _ranges_code(ranges: Sequence[tuple[int, int]]) -> int:
+    """A checksum of the expert ranges, the same in every process (the header compares it across ranks)."""
+    code = 0
+    for lo, hi in ranges:
+        code = (code * 1_000_003 + lo * 65_537 + hi) % (1 << 61)
+    return code
 
 
 def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
@@ -156,31 +188,63 @@ def ep_moe(
     Returns (..., H) in x's dtype: what :func:`mxkit.moe` returns for these tokens with every expert on one rank.
     Differentiable with respect to x, router_logits and the expert biases (module docstring): the backward is
     collective too, every rank of the group must run it.
-    Raises ValueError for ranges that do not partition [0, E) or weights that do not hold ``ranges[rank]``, and
-    whatever :func:`mxkit.moe` raises for bad shapes (before any communication); RuntimeError on every rank when
-    some ranks need a gradient and others do not (after the counts exchange, before the data moves).
+    Raises ValueError for a process outside ``group``, ranges that do not partition [0, E), weights that do not
+    hold ``ranges[rank]``, a ``combine_dtype`` other than float32 / bfloat16 / float16 / float64, and whatever
+    :func:`mxkit.moe` raises for bad shapes, on the rank whose call is bad, and RuntimeError on its peers; RuntimeError
+    on every rank when the ranks disagree on E, H, x's dtype, ``combine_dtype``, the activation or the ranges, or
+    some need a gradient and others do not (all after the header exchange, before the data moves); RuntimeError
+    under CUDA-graph capture (the exchange sizes are read on the host).
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
-    (T, H), k, E = x2.shape, ids.shape[1], router_logits.shape[-1]
-    check_expert_ranges(ranges, E, world)
-    lo, hi = ranges[rank]
-    # validated before any collective: a bad call fails on its rank with this message (its peers at the timeout)
-    check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
-                   expert_range=(lo, hi), num_experts=E)
+    if rank < 0:
+        raise ValueError("ep_moe: this process is not a member of the process group it was given")
+    if isinstance(x, torch.Tensor) and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("ep_moe reads the pair counts of every rank on the host (its exchanges' sizes): it cannot "
+                           "be captured in a CUDA graph; run the expert-parallel layer eagerly (or compiled without "
+                           "CUDA graphs)")
+    # validated before any data moves; a rank whose call is bad still joins the header exchange below (count 0,
+    # not ok), so every rank of the group raises instead of its peers waiting in the next collective
+    failure, fields = None, [0] * len(_HEAD)
+    try:
+        x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
+        (T, H), k, E = x2.shape, ids.shape[1], router_logits.shape[-1]
+        check_expert_ranges(ranges, E, world)
+        lo, hi = ranges[rank]
+        check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
+                       expert_range=(lo, hi), num_experts=E)
+        if combine_dtype not in _DTYPE_CODES:
+            raise ValueError(f"combine_dtype must be one of {list(_DTYPE_CODES)}, got {combine_dtype}")
+        flat_ids = ids.reshape(-1).to(torch.int64)
+        dest = _owners(ranges, ids.device)[flat_ids]
+        send_counts_t = torch.bincount(dest, minlength=world)
+        fields = [1, E, H, _DTYPE_CODES.get(x2.dtype, 0), _DTYPE_CODES[combine_dtype],
+                  _ACTIVATION_CODES.get(activation, 0), _ranges_code(ranges)]
+    except (TypeError, ValueError) as e:
+        failure = e
+        send_counts_t = None
 
-    # 2. pairs sorted by destination rank; the counts (and who needs a gradient) first, then rows and metadata
-    owner = torch.repeat_interleave(torch.arange(world, device=ids.device),
-                                    torch.tensor([h - l for l, h in ranges], device=ids.device))
-    flat_ids = ids.reshape(-1).to(torch.int64)
-    dest = owner[flat_ids]
-    order = torch.sort(dest, stable=True).indices
-    send_counts_t = torch.bincount(dest, minlength=world)
+    # 2. the header: per peer, the pairs sent to it, whether this rank needs a gradient, its call's validity and
+    # configuration; then the pairs, sorted by destination rank: their rows and metadata
     need = needs_grad(x, router_logits, b_gate_up, b_down)
-    head = torch.stack([send_counts_t, torch.full_like(send_counts_t, int(need))], dim=1)
+    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+    head = torch.tensor([0, int(need)] + fields, dtype=torch.int64, device=dev).repeat(world, 1)
+    if send_counts_t is not None:
+        head[:, 0] = send_counts_t
     head_in = torch.empty_like(head)
     dist.all_to_all_single(head_in, head, group=group)
-    send_counts, (recv_counts, needs) = send_counts_t.tolist(), head_in.t().tolist()
+    rows = torch.cat([head[:, :1], head_in], dim=1).tolist()  # (one host sync)
+    if failure is not None:
+        raise failure
+    bad = [r for r, row in enumerate(rows) if not row[3]]
+    if bad:
+        raise RuntimeError(f"ep_moe: rank(s) {bad} of the group raised on their inputs (their own error says why); "
+                           "no data was exchanged")
+    differ = [name for i, name in enumerate(_HEAD[1:], 4) if len({row[i] for row in rows}) > 1]
+    if differ:
+        raise RuntimeError(f"ep_moe: the ranks of the group disagree on {', '.join(differ)}: every rank must call it "
+                           "with the same experts (E and ranges), hidden size, x dtype, combine_dtype and activation")
+    send_counts, recv_counts, needs = [row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]
+    order = torch.sort(dest, stable=True).indices
     grad = any(needs)
     if grad and not all(needs):  # (every rank sees the same flags: all raise, none waits in the backward)
         raise RuntimeError(f"ep_moe under autograd: ranks {[r for r, n in enumerate(needs) if n]} of the group need a "

@@ -34,6 +34,40 @@ class Handled:
         register(self)
 
 
+class HoldsGroup:
+    """Mixin of the modules that keep a ``torch.distributed`` process group in attribute ``group_attr`` (tensor-
+    and expert-parallel layers): a deep copy shares the group (a ProcessGroup does not copy); pickling stores the
+    world group as None (the default group where it is loaded) and raises TypeError for another group. Comes
+    before :class:`Handled` in the bases."""
+
+    group_attr = "group"
+
+    def __deepcopy__(self, memo: dict):
+        """A deep copy (own buffers, a new op handle: ``Handled.__setstate__``) sharing the process group."""
+        import copy
+
+        group = self.__dict__.get(self.group_attr)
+        if group is not None:
+            memo[id(group)] = group
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))
+        return new
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        group = state.get(self.group_attr)
+        if group is not None:
+            import torch.distributed as dist
+
+            if group is not dist.group.WORLD:
+                raise TypeError(f"a {type(self).__name__} with a custom process group cannot be pickled (a "
+                                f"ProcessGroup does not pickle): save its state_dict() instead and load it into a "
+                                f"module built with that group")
+            state = dict(state, **{self.group_attr: None})
+        return state
+
+
 def module_of(handle: int, op: str) -> nn.Module:
     """The module of ``handle``; RuntimeError (naming the op) when it no longer exists."""
     m = _MODULES.get(handle)

@@ -91,7 +91,7 @@ def _moe_act(act_format) -> Optional[str]:
     return name
 
 
-class MXMoE(_ops.Handled, nn.Module):
+class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     """A top-k MoE layer with MX experts (layout in the module docstring).
 
     Args (most users call :meth:`from_dense` or :meth:`from_hf_gpt_oss`):
@@ -138,6 +138,8 @@ class MXMoE(_ops.Handled, nn.Module):
     ``weight_format``), sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names. forward
     raises TypeError for an x that is not a tensor, ValueError for a 0-d x or one whose last dim is not H.
     """
+
+    group_attr = "ep_group"  # (HoldsGroup: copies share it, pickling stores the world group as None)
 
     def __init__(
         self,

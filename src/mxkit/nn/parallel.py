@@ -53,7 +53,6 @@ save its ``state_dict`` instead.
 
 from __future__ import annotations
 
-import copy
 from typing import Optional, Union
 
 import torch
@@ -63,6 +62,7 @@ from torch import nn
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
 from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
+from . import _ops
 from .linear import FP8_ROWWISE, MXLinear
 
 __all__ = ["ColumnParallelMXLinear", "RowParallelMXLinear", "shard_mxlinear", "STYLES"]
@@ -141,10 +141,11 @@ class _ScatterToGroup(torch.autograd.Function):
 # the modules
 
 
-class _TensorParallelMXLinear(MXLinear):
+class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
     """Shared construction of the two shard kinds; subclasses say which part of W (and b) a rank keeps."""
 
     style: str = ""
+    group_attr = "tp_group"  # (HoldsGroup: copies share it, pickling stores the world group as None)
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  bias: bool = True, act_format: Optional[FormatLike] = None, **kwargs) -> None:
@@ -155,31 +156,6 @@ class _TensorParallelMXLinear(MXLinear):
         super().__init__(k_local, n_local, weight_format, bias=bias, act_format=act_format, **kwargs)
         self.global_in_features, self.global_out_features = in_features, out_features
         self.tp_group, self.tp_rank, self.tp_world_size = group, rank, world
-
-    # --- copies ---
-    def __deepcopy__(self, memo: dict) -> "_TensorParallelMXLinear":
-        """A deep copy (own buffers, a new op handle: ``Handled.__setstate__``) sharing the process group, which does
-        not copy."""
-        group = self.tp_group
-        if group is not None:
-            memo[id(group)] = group
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))
-        return new
-
-    def __getstate__(self) -> dict:
-        """Pickling: the world group is stored as None (the default group where it is loaded); another group
-        raises TypeError."""
-        state = super().__getstate__()
-        group = state.get("tp_group")
-        if group is not None:
-            if group is not dist.group.WORLD:
-                raise TypeError(f"a {type(self).__name__} with a custom process group cannot be pickled (a "
-                                f"ProcessGroup does not pickle): save its state_dict() instead and load it into a "
-                                f"shard built with that group")
-            state["tp_group"] = None
-        return state
 
     # --- what a rank keeps (subclasses) ---
     @staticmethod

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from mxkit._cache import TensorsKey, tensor_version
-from mxkit.kernels.matmul_details import _cublas as cb
+from mxkit import _precision as cb
 from mxkit.nn import MXMoE
 
 
@@ -108,7 +108,7 @@ def test_exact_cublas_across_threads(reduced):
         for t in threads:
             t.join(20)
         assert a_out.is_set() and seen == {"inside": False}
-        assert m.allow_bf16_reduced_precision_reduction is reduced and cb._HELD == [0, None]
+        assert m.allow_bf16_reduced_precision_reduction is reduced and (cb._CUDA.depth, cb._CUDA.saved) == (0, None)
         with cb.exact_cublas():  # nested in one thread: the inner block's exit changes nothing
             with cb.exact_cublas():
                 pass
@@ -149,3 +149,36 @@ def test_device_helpers_leave_cpu_and_current_device_operands_alone():
         return x * k
 
     assert torch.equal(f(None, x, k=3), x * 3) and f.__name__ == "f"
+
+
+@pytest.mark.parametrize("setting", ['torch.set_float32_matmul_precision("medium")',
+                                     'torch.backends.mkldnn.matmul.fp32_precision = "bf16"'])
+def test_reference_gemm_ignores_lowered_float32_precision(setting, rng):
+    """A process-wide lower float32 matmul precision (on the CPU oneDNN then multiplies in bf16) does not reach the
+    reference GEMM, the oracle of every kernel: the bytes of the default precision, the setting as it was after
+    (a fresh process per setting: the settings are process-wide)."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import torch, mxkit
+from mxkit.kernels.matmul import reference_gemm
+g = torch.Generator().manual_seed({int(torch.randint(0, 2**31 - 1, (1,), generator=rng))})
+a, w = torch.randn(64, 1024, generator=g), mxkit.quantize(torch.randn(96, 1024, generator=g), "mxfp4")
+fa = mxkit.quantize_fold(a, "mxfp4")
+want = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
+{setting}
+C = torch._C
+before = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
+got = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
+assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "the reference follows the setting"
+assert not torch.equal(got[2], want[2]), "the setting changes nothing here: the test cannot fail"
+after = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
+assert after == before, (before, after)
+print("ok")
+"""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]

@@ -299,7 +299,8 @@ def moe_mxfp4(
     experts. On CUDA (:func:`mxkit.kernels.moe.moe_mxfp4_triton`) both sides are folded exactly to E4M3 and run
     on FP8 tensor cores, the rows that do not fold (block scales spanning more than 14 steps) recomputed exactly
     on the device with no host sync; elsewhere :func:`~mxkit.moe_reference.moe_mxfp4_reference`. Each GEMM is
-    exact for its MXFP4 operands (float32 accumulation, one rounding to bf16); the expert biases are added after
+    exact for its MXFP4 operands (float32 accumulation, each 128-deep step in the FP8 tensor cores' ~14-bit
+    accumulator; one rounding to bf16); the expert biases are added after
     that rounding, the combine sums the k slots in float32.
 
     x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I)

@@ -207,7 +207,8 @@ def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: O
               backend: str = "auto"):
     """Which path :func:`matmul` takes for ``(a, b)`` and why: a :class:`mxkit.kernels.matmul.GemmPlan`
     (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
-    :data:`mxkit.kernels.matmul.PATHS`; every one is exact (float32 accumulation, one output rounding).
+    :data:`mxkit.kernels.matmul.PATHS`; every one is exact (the MX values multiplied exactly, float32 accumulation,
+    one output rounding; the FP8 tensor-core paths: see :func:`matmul`).
     On CUDA with a PackedWeight it reads no device value (no host sync); an MXTensor weight's scale range is
     read once per call (pack it with :func:`pack_weight`). Raises what :func:`matmul` raises for its operands
     (TypeError / ValueError: types, dtypes, a K mismatch, devices) and ValueError for an unknown backend."""
@@ -237,9 +238,13 @@ def matmul(
     out_dtype: float32 | bfloat16 | float16 | float64; default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
     backend: ``"auto"`` | ``"triton"`` (the GPU paths) | ``"reference"``.
     Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by
-    :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: its
-    error is float32 accumulation plus one output rounding (issue #22's bound). ``backend="reference"`` (and CPU
-    under ``"auto"``) computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`).
+    :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: the
+    MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (issue #22's
+    bound; on the FP8 tensor-core paths each 128-deep step's products are added in Hopper's ~14-bit FP8
+    accumulator and the steps in float32, so those paths give bf16 / fp16 only). Values past float32's range
+    overflow to ±inf, as in the reference. ``backend="reference"`` (and CPU under ``"auto"``) computes in float32
+    on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32 precision whatever
+    ``torch.set_float32_matmul_precision`` says).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.

@@ -1,7 +1,9 @@
 """The bit-exact reference: MX quantize / dequantize / matmul in vectorised PyTorch (CPU or CUDA).
 
 This module is the specification every kernel is tested against (byte equality for quantize and
-dequantize; a float64 product of the dequantized operands for GEMMs). It favours clarity over speed but has
+dequantize). Its GEMM, :func:`matmul_reference`, multiplies the dequantized operands in float32 at full
+precision (TF32 and oneDNN's bf16 off whatever the process-wide setting) with one rounding; the GEMM tests hold
+every path, this one included, to a bound against the float64 product of the dequantized operands. It favours clarity over speed but has
 no Python loop over elements or blocks.
 
 Quantize, per block of ``block_size`` elements along ``axis`` (OCP MX v1.0 §6.3):
@@ -24,6 +26,7 @@ from typing import Optional, Union
 import torch
 
 from ._autocast import autocast_off
+from ._precision import exact_float32
 from .formats import (
     BLOCK_SIZE,
     E8M0_BIAS,
@@ -206,7 +209,9 @@ def matmul_reference(
     *,
     out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """``y = a @ b.T`` with ``b`` an MX weight, computed in float32 on the dequantized operands.
+    """``y = a @ b.T`` with ``b`` an MX weight, computed in float32 on the dequantized operands, at full float32
+    precision whatever ``torch.set_float32_matmul_precision`` / TF32 say (:class:`mxkit._precision.exact_float32`),
+    then rounded once to ``out_dtype``. Values past float32's range overflow to ±inf.
 
     a: float tensor (..., K) (float32 | bfloat16 | float16) or an MXTensor quantized along its last axis.
     b: MXTensor of logical shape (N, K) quantized along K (axis 1, the ``nn.Linear`` weight layout).
@@ -234,7 +239,9 @@ def matmul_reference(
     if a_f.device != b.device:
         raise ValueError(f"a is on {a_f.device} but b on {b.device}")
     b_f = dequantize_reference(b, torch.float32)
-    return (a_f @ b_f.t()).to(check_out_dtype(out_dtype or default_dtype))
+    with exact_float32(a_f.device.type):  # (not TF32, nor oneDNN's bf16 under a "medium" float32 precision)
+        y = a_f @ b_f.t()
+    return y.to(check_out_dtype(out_dtype or default_dtype))
 
 
 def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1434,7 +1434,7 @@ def test_gpu_prepared_calls_and_cuda_graphs(fmt, rng):
 _CUBLAS_SCENARIO = r"""
 import sys
 import torch
-from mxkit.kernels.matmul_details import _cublas as cb
+from mxkit import _precision as cb
 
 m, C = torch.backends.cuda.matmul, torch._C
 if sys.argv[2] == "legacy":
@@ -1499,7 +1499,7 @@ def test_exact_cublas_sets_and_restores_the_settings(api, setup):
 def test_cublas_probe_only_reads_the_settings():
     """Finding torch._C's cuBLAS setters writes nothing: a precision set through torch's newer API stays readable
     (a write through the legacy setters would mix the two APIs, which torch refuses to read back)."""
-    from mxkit.kernels.matmul_details import _cublas as cb
+    from mxkit import _precision as cb
 
     before = torch.get_float32_matmul_precision()
     try:

@@ -2,7 +2,8 @@
 
 Hopper has no MX tensor-core instruction, so every path re-expresses the MX operands exactly in a type the
 tensor cores do take, then accumulates in float32 (the numerics bound of issue #22: the error is that of
-float32 accumulation plus one output rounding):
+float32 accumulation plus one output rounding; on the FP8 paths, fold-fp8 and w4a8-fp8, each 128-deep step's
+products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in float32, see ``fold-fp8``):
 
 ``fold-fp8``
     FP4 / FP6 × FP4 / FP6. Each row of 32-element blocks is folded into FP8 E4M3 with one power-of-two
@@ -104,6 +105,7 @@ from .matmul_details._envelope import (
     scale_extrema,
     scale_stats,
 )
+from .._precision import exact_float32
 from .matmul_details._cublas import dense_gemm, fp32_gemm
 from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, kernel_bias, plain, run_a8w8
 
@@ -139,8 +141,9 @@ PATHS = {
 class GemmPlan:
     """Which path ``mxkit.matmul(a, b)`` takes, and why (:func:`mxkit.gemm_plan`).
 
-    path: a key of :data:`PATHS`; reason: one line; exact: always True (every path is exact up to float32
-    accumulation and output rounding); M, N, K: the GEMM's extents (M = rows of ``a`` flattened);
+    path: a key of :data:`PATHS`; reason: one line; exact: always True (every path multiplies the MX values
+    exactly; its error is float32 accumulation, on the FP8 paths with each 128-deep step in the FP8 tensor cores'
+    ~14-bit accumulator, plus one output rounding); M, N, K: the GEMM's extents (M = rows of ``a`` flattened);
     out_dtype: the output dtype.
     """
 
@@ -836,7 +839,8 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:
         xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
-        y = xa @ reference.dequantize_reference(w, torch.float32).t()
+        with exact_float32(xa.device.type):
+            y = xa @ reference.dequantize_reference(w, torch.float32).t()
         rs = _row_scale(kind, a, xa.shape[0])
         if rs is not None:
             y = y * rs

@@ -24,7 +24,7 @@ from ..tensor import MXTensor, check_out_dtype
 from . import launch
 from .cuda_driver import fast_call_loaded
 from .matmul import GemmPlan, _a8w8_ok, _a8w8_quant_max_m, _twin, check_bias, plan_gemm, run_gemm
-from .matmul_details._cublas import exact_cublas
+from .._precision import exact_cublas
 from .matmul_details._mma_calls import (UNSEEN, A8W8Call, A8W8InCall, DecodeCall, MmaCall, W16Call, calls_on,
                                         kernel_bias, plain)
 from .matmul_table import _TOKEN, _table_token

@@ -14,8 +14,9 @@ __all__ = ["FOLD_EXP_LIMIT", "exact_scale_range", "scale_stats", "host_ints", "s
            "out_of_envelope"]
 
 # A folded row scale 2^e with |e| <= FOLD_EXP_LIMIT keeps cuBLAS' float32 epilogue (acc * scale_a * scale_b)
-# normal for every non-zero accumulator: |acc| lies in [2^-18, 2^32] (products of E4M3 values are multiples
-# of 2^-18), so acc * 2^(ea + eb) stays within [2^-126, 2^140] (overflow only where the true result does).
+# normal for every non-zero accumulator: |acc| lies in [2^-18, K * 448^2] (products of E4M3 values are multiples
+# of 2^-18; K * 448^2 < 2^33 up to K = 42800), so acc * 2^ea stays normal and acc * 2^(ea + eb) overflows only
+# where the true result does.
 FOLD_EXP_LIMIT = 54
 
 @functools.lru_cache(maxsize=None)

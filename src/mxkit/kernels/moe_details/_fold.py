@@ -118,7 +118,8 @@ def moe_w4a8_triton(
     3. ``y = (h8 * s2) @ W2[e].T`` the same way, rounded once to bf16;
     4. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in float32, rounded to
        ``out_dtype``.
-    Each GEMM is exact for its FP8 inputs (the fold is exact; float32 accumulation, one rounding).
+    Each GEMM is exact for its FP8 inputs (the fold is exact; float32 accumulation across 128-deep steps, each
+    step's products in the FP8 tensor cores' ~14-bit accumulator; one rounding).
 
     xq: :class:`mxkit.Fp8Rowwise` (T, H); w_gate_up / w_down: :func:`fold_experts` of (E, 2I, H) / (E, H, I)
     (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in the checkpoint's row order, b_down (E, H);
@@ -190,8 +191,9 @@ def moe_mxfp4_triton(
     4. ``y = vq @ W2[e].T`` the same way (GEMM, bf16 rounding, fix-up of v's rows that do not fold);
     5. one pass per token: ``(y + b2[e]) * topk_weight`` summed over the k slots in order in float32, rounded
        to ``out_dtype``.
-    Each GEMM is exact for its MXFP4 operands: float32 accumulation and one rounding of the product of the
-    dequantized values (the folds are exact, the fix-up reads exact values).
+    Each GEMM is exact for its MXFP4 operands: float32 accumulation (each 128-deep step's products in the FP8
+    tensor cores' ~14-bit accumulator) and one rounding of the product of the dequantized values (the folds are
+    exact, the fix-up reads exact values).
 
     x: (T, H) float32 | bfloat16 | float16 (H % 32 == 0); w_gate_up / w_down: :func:`fold_experts` of
     (E, 2I, H) / (E, H, I) MXFP4 / MXFP6 experts (w_gate_up interleaved for ``"swiglu"``); b_gate_up (E, 2I) in

@@ -573,3 +573,45 @@ def test_gpu_a8w8_prepared_call(rng):
     a6 = mxkit.quantize(torch.randn(3, K, generator=rng).cuda(), "mxfp6_e2m3")
     for _ in range(2):
         check(a6, pw, backend="auto")
+
+
+@pytest.mark.gpu
+@gpu
+@sm89
+def test_gpu_a8w8_extreme_block_scales(rng):
+    """Activation blocks at scale bytes up to 254 against weight blocks near the low edge of the a8w8 envelope
+    (byte 20): the products are finite and the kernel's (weight factor first, activation factor in the fma)
+    keeps them exact, within the bound (the activation factor first overflowed to inf); a weight with a byte
+    below the envelope takes another exact path."""
+    N, K, M = 64, 256, 4
+    w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
+    ws = w.scale.clone()
+    ws[:, 1] = 20  # weight factor 2^-107
+    w = mxkit.MXTensor(w.qdata, ws, w.fmt, 1, 32, (N, K))
+    a = rand_mx((M, K), "mxfp8_e4m3", rng, device="cuda")
+    s = a.scale.clone()
+    s[:, 1] = torch.tensor([254, 250, 240, 230], dtype=torch.uint8)  # 2^127 .. 2^103 against 2^-107
+    a = mxkit.MXTensor(a.qdata, s, a.fmt, 1, 32, (M, K))
+    for weight in (w, mxkit.pack_weight(w)):
+        assert mxkit.gemm_plan(a, weight).path == "a8w8-mma"
+        y = mxkit.matmul(a, weight)
+        assert torch.isfinite(y).all()
+        assert_within_bound(y, a, w, None)
+    ws[0, 2] = 10  # below the envelope: the plan leaves a8w8-mma, the result stays exact
+    low = mxkit.MXTensor(w.qdata, ws, w.fmt, 1, 32, (N, K))
+    for weight in (low, mxkit.pack_weight(low)):
+        assert mxkit.gemm_plan(a, weight).path != "a8w8-mma"
+        assert_within_bound(mxkit.matmul(a, weight), a, low, None)
+
+
+def test_weight_scale_envelope_keeps_the_products_exact():
+    """WEIGHT_SCALE_BYTES: for every nonzero block sum c the kernel can form (a multiple of 2^-18 up to 32 * 448^2),
+    c * 2^(s - 127) is a normal float32 (so exact) exactly for s in the envelope."""
+    lo, hi = _mma_a8w8.WEIGHT_SCALE_BYTES
+    tiny, big = torch.tensor(2.0**-18), torch.tensor(float(torch.finfo(torch.float32).max), dtype=torch.float32)
+    big_c = torch.tensor(32 * 448.0 * 448.0)  # 32 products of the largest E4M3 values
+    normal = torch.finfo(torch.float32).tiny
+    for s in range(0, 255):
+        f = torch.tensor(2.0 ** (s - 127), dtype=torch.float64)
+        ok = bool((tiny.double() * f >= normal) & (big_c.double() * f <= big.double()))
+        assert ok == (lo <= s <= hi), s

@@ -34,8 +34,9 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
     default 64; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
-    32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32; read as
-    mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
+    32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32 (the
+    weight's first, exact for weight scale bytes 19-232, the envelope; the activation's inside the fma, any
+    byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
     activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
     ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip per
     multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp,
@@ -98,6 +99,7 @@ from .matmul_table import (  # (re-exported: the dispatch table's API has lived 
 )
 from .matmul_details._envelope import (
     FOLD_EXP_LIMIT,
+    _per_version,
     exact_scale_range,
     host_ints,
     in_range,
@@ -351,7 +353,12 @@ def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
         return False
     from .matmul_details import _mma_a8w8
 
-    return _mma_a8w8.shape_ok(*w.shape) and _mma_a8w8.available(dev) is None
+    if not (_mma_a8w8.shape_ok(*w.shape) and _mma_a8w8.available(dev) is None):
+        return False
+    # (a PackedWeight's statistics; an MXTensor's read once per scale tensor and version)
+    lo, hi = (b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else \
+        _per_version("extrema", w.scale, lambda: scale_extrema(w.scale))[:2]
+    return in_range(lo, hi, _mma_a8w8.WEIGHT_SCALE_BYTES)
 
 
 def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:

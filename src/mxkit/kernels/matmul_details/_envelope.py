@@ -5,9 +5,11 @@ envelope of the fold path. Plain PyTorch (no kernel)."""
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
+from ..._cache import tensor_version
 from ...formats import ElementFormat, decode_elements
 
 __all__ = ["FOLD_EXP_LIMIT", "exact_scale_range", "scale_stats", "host_ints", "scale_extrema", "in_range",
@@ -60,6 +62,22 @@ def scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
     """(smallest, largest) E8M0 byte other than 0xFF, and whether a 0xFF byte occurs (one host sync)."""
     lo, hi, nan = host_ints(scale_stats(scale))
     return lo, hi, bool(nan)
+
+
+_PER_VERSION: dict[tuple, tuple] = {}  # (what, id(t)) -> (weakref to t, its _version, the value)
+
+
+def _per_version(what: str, t: torch.Tensor, compute):
+    """``compute()`` for tensor ``t``, kept while ``t`` lives at that ``_version`` (a host sync once per tensor and
+    version, not per call; at most 4096 entries)."""
+    key = (what, id(t))
+    hit = _PER_VERSION.get(key)
+    if hit is None or hit[0]() is not t or hit[1] != tensor_version(t):
+        if len(_PER_VERSION) > 4096:
+            _PER_VERSION.clear()
+        hit = (weakref.ref(t), tensor_version(t), compute())
+        _PER_VERSION[key] = hit
+    return hit[2]
 
 
 def in_range(lo: int, hi: int, rng: tuple[int, int]) -> bool:

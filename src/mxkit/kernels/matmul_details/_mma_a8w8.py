@@ -61,6 +61,10 @@ def _kernel(name: str, index: int, bulk: bool = False):
 
 
 BULK_MAX_M = 8  # the bulk-copy kernels' rows (one block of 8 tokens along the grid's x)
+# the weight's E8M0 bytes the kernels take: each block's float32 sum c (a multiple of 2^-18, at most 32 * 448^2 <
+# 2^22.7) times the weight's factor 2^(s - 127) stays a normal float32, exact, for s in this range; the
+# activation's factor then enters the fma (one rounding, any byte). Weights with other bytes take another path.
+WEIGHT_SCALE_BYTES = (19, 232)
 BULK_MIN_STRIPS_PER_SM = 1  # ... on layers of at least this many 16-row strips per multiprocessor (N >= 2112 on 132)
 BULK_BLOCKS_PER_SM = 2  # persistent blocks per multiprocessor (each loops over strips)
 # bf16 x quantized in the bulk kernel's launch: its M rows' codes and scale bytes in dynamic shared memory, up to

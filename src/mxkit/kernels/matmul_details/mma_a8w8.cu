@@ -275,10 +275,10 @@ __device__ __forceinline__ void mainloop(const WeightRows<PACKED> (&wrows)[R], c
               mma_e4m3(c, wl[u][r][b], wh[u][r][b], bx[u][b][0], bx[u][b][1]);
               const float fg = e8m0((sw[u][r][0] >> (8 * b)) & 0xFFu);
               const float fg8 = e8m0((sw[u][r][1] >> (8 * b)) & 0xFFu);
-              acc[r][0][0] = fmaf(c[0] * fa, fg, acc[r][0][0]);
-              acc[r][0][1] = fmaf(c[1] * fb, fg, acc[r][0][1]);
-              acc[r][0][2] = fmaf(c[2] * fa, fg8, acc[r][0][2]);
-              acc[r][0][3] = fmaf(c[3] * fb, fg8, acc[r][0][3]);
+              acc[r][0][0] = fmaf(c[0] * fg, fa, acc[r][0][0]);
+              acc[r][0][1] = fmaf(c[1] * fg, fb, acc[r][0][1]);
+              acc[r][0][2] = fmaf(c[2] * fg8, fa, acc[r][0][2]);
+              acc[r][0][3] = fmaf(c[3] * fg8, fb, acc[r][0][3]);
             }
           }
         }

@@ -73,10 +73,10 @@ __device__ __forceinline__ void tile_math(const uint2 (&wl)[2], const uint2 (&wh
       const float fa = e8m0(__shfl_sync(0xFFFFFFFFu, sx[b], 8 * t));
       const float fb = e8m0(__shfl_sync(0xFFFFFFFFu, sx[b], 8 * t + 4));
       mma_e4m3(c, wl[b], wh[b], bx[b][0], bx[b][1]);
-      acc[0] = fmaf(c[0] * fa, fg, acc[0]);
-      acc[1] = fmaf(c[1] * fb, fg, acc[1]);
-      acc[2] = fmaf(c[2] * fa, fg8, acc[2]);
-      acc[3] = fmaf(c[3] * fb, fg8, acc[3]);
+      acc[0] = fmaf(c[0] * fg, fa, acc[0]);
+      acc[1] = fmaf(c[1] * fg, fb, acc[1]);
+      acc[2] = fmaf(c[2] * fg8, fa, acc[2]);
+      acc[3] = fmaf(c[3] * fg8, fb, acc[3]);
     }
   }
 }

@@ -4,30 +4,12 @@ read once per tensor and version (one host sync, cached)."""
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from ..._cache import tensor_version
 from ...tensor import MXTensor
 from ..matmul import W_KINDS, _nonfinite_codes
 from ..matmul_details import _mma_decode
-from ..matmul_details._envelope import exact_scale_range, scale_extrema
-
-_PER_VERSION: dict[tuple, tuple] = {}  # (what, id(t)) -> (weakref to t, its _version, the value)
-
-
-def _per_version(what: str, t: torch.Tensor, compute):
-    """``compute()`` for tensor ``t``, kept while ``t`` lives at that ``_version`` (a host sync once per tensor and
-    version, not per call; at most 4096 entries)."""
-    key = (what, id(t))
-    hit = _PER_VERSION.get(key)
-    if hit is None or hit[0]() is not t or hit[1] != tensor_version(t):
-        if len(_PER_VERSION) > 4096:
-            _PER_VERSION.clear()
-        hit = (weakref.ref(t), tensor_version(t), compute())
-        _PER_VERSION[key] = hit
-    return hit[2]
+from ..matmul_details._envelope import _per_version, exact_scale_range, scale_extrema
 
 
 def _in_envelope(w: MXTensor) -> bool:

@@ -14,7 +14,10 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     FP4 / FP6 value times its scale is as exact in bf16 as in float32) or ``fp32-exact``.
 ``w4a8-fp8``
     FP4 / FP6 weights × FP8 E4M3 activations with a float32 scale per row (:class:`mxkit.Fp8Rowwise`,
-    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM.
+    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM. Exact for activation row scales in
+    [2^-54, 2^54] (rows whose amax lies in about [2.4e-14, 8e18]); the epilogue applies the row scale before the
+    weight's, so a row outside that range can overflow or lose bits where the product itself would not (not
+    yet fixed up, unlike the fold's rows: ``FOLD_EXP_LIMIT``).
 ``bf16-exact``
     Any other MX × MX pair: both dequantized to bf16 (every MX value times its E8M0 scale is exact in bf16
     inside an envelope of scale bytes: the weight's is checked at pack time), then cuBLAS bf16 with float32

@@ -216,6 +216,59 @@ def _check_gather_rows(device: str, g) -> int:
     return n_checks
 
 
+def _check_combine(device: str, g, outs=(torch.float32, torch.float16, torch.bfloat16)) -> int:
+    """The combine kernel, both forms, against the in-order float32 sum: sorted rows y (bf16) with per-expert
+    biases and routing weights, pairs whose expert is not held (pos -1) contributing 0, a ragged last tile of H;
+    the decode path's direct form (rows in token order, the router's int64 ids, a rank's slice of experts)."""
+    from mxkit.kernels.moe_details._rows import _combine, _combine_direct
+
+    n = 0
+    for T, k, H, E in ((5, 4, 1500, 8), (1, 1, 64, 2), (33, 2, 2880, 16)):
+        R = 2 * T * k
+        y = (torch.randn(R, H, generator=g) * 4).to(torch.bfloat16)
+        b = torch.randn(E, H, generator=g).to(torch.bfloat16)
+        w = torch.rand(T, k, generator=g)
+        pos = torch.randperm(R, generator=g)[: T * k].reshape(T, k).to(torch.int32)
+        pos[0, k - 1] = -1
+        ex = torch.randint(0, E, (T, k), generator=g, dtype=torch.int32)
+        acc = torch.zeros(T, H)
+        for j in range(k):
+            v = y[pos[:, j].clamp(min=0).long()].float() + b[ex[:, j].long()].float()
+            acc = acc + torch.where((pos[:, j] >= 0)[:, None], w[:, j : j + 1] * v, 0.0)
+        for od in outs:
+            got = _combine(y.to(device), b.to(device), w.to(device), pos.to(device), ex.to(device), od).cpu()
+            assert torch.equal(got.view(torch.uint8), acc.to(od).view(torch.uint8)), (T, k, H, od)
+        ids = torch.randint(0, E + 4, (T, k), generator=g)  # int64, as torch.topk gives them
+        yd = torch.randn(T * k, H, generator=g)
+        got = _combine_direct(yd.to(device), ids.to(device), 2, E, torch.float32).cpu()
+        held = (ids >= 2) & (ids < 2 + E)
+        want = sum(torch.where(held[:, j : j + 1], yd.view(T, k, H)[:, j], 0.0) for j in range(k))
+        assert torch.equal(got, want), (T, k, H)
+        n += 1
+    return n
+
+
+def _check_combine_interpreted() -> None:
+    """Runs under TRITON_INTERPRET=1 (float32 / float16 out: the interpreter's float32 -> bf16 cast truncates)."""
+    from conftest import interpreted_rng
+
+    from mxkit.kernels.matmul_details import _moe_epilogue
+
+    g = interpreted_rng(_moe_epilogue._combine_kernel)
+    print(f"interpreter checks passed: {_check_combine('cpu', g, outs=(torch.float32, torch.float16))}")
+
+
+def test_combine_interpreted():
+    from conftest import run_interpreted
+
+    run_interpreted(__file__, "_check_combine_interpreted")
+
+
+@pytest.mark.gpu
+def test_gpu_combine(rng):
+    assert _check_combine("cuda", rng)
+
+
 def _check_gather_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng

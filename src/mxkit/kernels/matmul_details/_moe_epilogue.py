@@ -134,17 +134,19 @@ def _combine_kernel(y_ptr, b_ptr, w_ptr, pos_ptr, e_ptr, out_ptr, H, lo, n_exp,
     hmask = h < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
+        # (a pair's mask as h < H where it is held, h < 0 where not: one comparison of the block with a scalar,
+        # which the CPU interpreter also runs; a block & a loaded scalar it cannot)
         if DIRECT:
             e = tl.load(pos_ptr + t * TOP_K + j)
             held = (e >= lo) & (e < lo + n_exp)
-            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=hmask & held, other=0.0).to(tl.float32)
+            m = h < tl.where(held, H, 0)
+            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=m, other=0.0).to(tl.float32)
         else:
             p = tl.load(pos_ptr + t * TOP_K + j)
-            held = p >= 0
-            v = tl.load(y_ptr + tl.maximum(p, 0).to(tl.int64) * H + h, mask=hmask & held, other=0.0).to(tl.float32)
+            m = h < tl.where(p >= 0, H, 0)
+            v = tl.load(y_ptr + tl.maximum(p, 0).to(tl.int64) * H + h, mask=m, other=0.0).to(tl.float32)
             if HAS_BIAS:
                 e = tl.load(e_ptr + t * TOP_K + j)
-                v += tl.load(b_ptr + tl.maximum(e, 0).to(tl.int64) * H + h, mask=hmask & held,
-                             other=0.0).to(tl.float32)
+                v += tl.load(b_ptr + tl.maximum(e, 0).to(tl.int64) * H + h, mask=m, other=0.0).to(tl.float32)
             acc += tl.load(w_ptr + t * TOP_K + j).to(tl.float32) * v
     tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=hmask)

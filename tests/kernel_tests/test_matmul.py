@@ -1942,3 +1942,26 @@ def test_wgmma_dense_schedule(monkeypatch):
     assert not wg._ws(64, False) and not wg._ws(256, True)
     monkeypatch.delenv("MXKIT_WGMMA_WS")
     assert wg._ws(64, False) and wg._ws(128, True) and not wg._ws(64, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("M", [1, 64, 300])
+def test_gpu_float64_outputs_take_fp32_exact(M, rng):
+    """A float64 output on CUDA, from every kind of a (bf16 rows at decode and prefill sizes, MX, a pending fold,
+    FP8 rowwise) and MXFP4 / MXFP8 weights, packed or not: fp32-exact (the tensor-core kernels write 16- and
+    32-bit outputs; decode-w16 raised KeyError), within the bound."""
+    K, N = 256, 128
+    for wfmt in ("mxfp4_e2m1", "mxfp8_e4m3"):
+        w = rand_mx((N, K), wfmt, rng, device="cuda")
+        x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+        operands = [x, mxkit.quantize(x, "mxfp8_e4m3"), mxkit.quantize_fp8_rowwise(x)]
+        if wfmt == "mxfp4_e2m1":
+            operands.append(mxkit.quantize_fold(x, "mxfp4", defer=True))
+        for b in (w, mxkit.pack_weight(w)):
+            for a in operands:
+                assert mxkit.gemm_plan(a, b, out_dtype=torch.float64).path == "fp32-exact"
+                y = mxkit.matmul(a, b, out_dtype=torch.float64)
+                assert y.dtype == torch.float64
+                assert_within_bound(y, a.complete() if hasattr(a, "complete") else a, b.source if hasattr(
+                    b, "source") else b)

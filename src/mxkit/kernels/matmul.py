@@ -505,9 +505,12 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
     f32 = out == torch.float32 and dev.type == "cuda"
     why32 = ("a float32 output: the FP8 tensor cores' accumulation is below float32 precision (FP4 / FP6 values "
              "are as exact in bf16 as in float32)")
+    if kind == "pending" and not can_fold(wf):
+        raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
+    if out == torch.float64 and dev.type == "cuda":  # (the tensor-core kernels write 16- and 32-bit outputs)
+        return plan("fp32-exact", "a float64 output: the exact values in float32, cuBLAS float32 with TF32 off, "
+                                  "widened")
     if kind == "pending":
-        if not can_fold(wf):
-            raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
         if f32:
             return plan("bf16-exact" if a.source is not None else "fp32-exact", why32)
         return plan("fold-fp8", f"{a.folded.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")

@@ -119,23 +119,33 @@ def test_exact_cublas_across_threads(reduced):
 
 
 def test_split_buffers_outlive_the_prepared_calls(monkeypatch):
-    """The split-K launches' workspace and counters live on the weight codes: a launch made again (its prepared call
-    dropped from a full call cache) finds the same pair, a larger one replaces it with the smaller kept alive (a
-    CUDA graph may point there), counters zero; during a capture with no pair large enough: None (unsplit)."""
-    from mxkit.kernels.matmul_details._mma_decode import split_buffers
+    """The split-K launches' workspace and counters live as long as the weight codes, one pair per launch key: a
+    launch made again (its prepared call dropped from a full call cache) finds the same pair, counters zero; other
+    keys and other weights get their own; a copy or pickle of the weight carries none; they go with the weight;
+    during a capture with no pair for the key: None (the caller runs unsplit)."""
+    import copy
+    import gc
+    import pickle
+
+    from mxkit.kernels.matmul_details import _mma_decode as md
 
     q = torch.zeros(64, dtype=torch.uint8)
-    ws, cnt = first = split_buffers(q, 100, 6)
+    ws, cnt = first = md.split_buffers(q, ("mma", 1), 100, 6)
     assert ws.dtype is torch.float32 and ws.numel() == 100 and torch.equal(cnt, torch.zeros(6, dtype=torch.int32))
-    assert split_buffers(q, 80, 6) is first and split_buffers(q, 100, 2) is first
-    grown = split_buffers(q, 50, 12)
-    assert (grown[0].numel(), grown[1].numel()) == (100, 12) and q._mxkit_split == [grown, first]
+    assert md.split_buffers(q, ("mma", 1), 100, 6) is first
+    other_key = md.split_buffers(q, ("mma", 2), 100, 6)
+    assert other_key[0].data_ptr() != ws.data_ptr()  # (two launch shapes on two streams do not share)
     other = torch.zeros(64, dtype=torch.uint8)
-    assert split_buffers(other, 10, 1)[0].data_ptr() != grown[0].data_ptr()  # per weight
+    assert md.split_buffers(other, ("mma", 1), 100, 6)[0].data_ptr() != ws.data_ptr()  # per weight
+    assert "_mxkit_split" not in q.__dict__ and len(pickle.dumps(q)) < 2000 and copy.deepcopy(q).__dict__ == {}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    assert split_buffers(q, 100, 12) is grown and split_buffers(q, 101, 12) is None
-    assert q._mxkit_split == [grown, first]
+    assert md.split_buffers(q, ("mma", 1), 100, 6) is first and md.split_buffers(q, ("mma", 3), 10, 1) is None
+    monkeypatch.undo()
+    index = id(q)
+    del q, first, ws, cnt, other_key
+    gc.collect()
+    assert index not in md._SPLIT  # (gone with the weight)
 
 
 def test_device_helpers_leave_cpu_and_current_device_operands_alone():

@@ -116,7 +116,8 @@ def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
     with torch.no_grad():
         m(x)
         q = m._packed.mma_q
-        assert q is not None and len(q.__dict__.get("_mxkit_split", ())) == 1  # the launch is split
+        held = dict(_mma_decode._SPLIT[id(q)][1])
+        assert q is not None and len(held) == 1  # the launch is split
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -136,7 +137,8 @@ def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
             assert torch.equal(y.view(torch.uint8), m(x.clone()).view(torch.uint8))
         torch.cuda.synchronize()
         assert bool((sentinel == 7).all())
-        assert _mma_decode.split_buffers(q, 1, 1) is q._mxkit_split[0]
+        pairs = _mma_decode._SPLIT[id(q)][1]
+        assert all(pairs[k] is v for k, v in held.items())  # the graph's pair kept, whatever the other calls made
 
 
 @pytest.mark.gpu

@@ -57,6 +57,8 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
         call = A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
         call.kept = True
+        if call.run.split_fallback:  # (a capture's unsplit stand-in: not kept, the next call makes the split one)
+            return call
     calls[key] = call
     return call
 
@@ -380,6 +382,8 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
             call = WgmmaCall(b, plan, tuple(a.shape[:-1]))
         else:
             call = PlannedCall(b, plan)
+        if getattr(getattr(call, "run", None), "split_fallback", False):
+            return call  # (a capture's unsplit stand-in: not kept, the next call makes the split one)
         calls[key] = call
     return call
 

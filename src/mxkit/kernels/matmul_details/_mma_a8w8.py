@@ -264,10 +264,12 @@ class A8W8:
                 split = split_quant(groups * strips, K, sms) if quant else split_k(groups * strips, K, 8, sms)
         self.split = max(1, min(int(split), K // 64))
         self.ws = self.cnt = None
-        if self.split > 1:  # (the weight's, shared by its launches: split_buffers)
-            bufs = split_buffers(w, groups * strips * self.split * self.r * nt * 128, groups * strips)
+        self.split_fallback = False  # (unsplit for a capture that found no buffers: not to be kept)
+        if self.split > 1:  # (kept with the weight, per launch: split_buffers)
+            bufs = split_buffers(w, ("a8w8", name, M, self.split), groups * strips * self.split * self.r * nt * 128,
+                                 groups * strips)
             if bufs is None:
-                self.split = 1
+                self.split, self.split_fallback = 1, True
             else:
                 self.ws, self.cnt = bufs
         self.grid = (groups, strips, self.split)

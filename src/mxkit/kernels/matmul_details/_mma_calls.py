@@ -121,7 +121,9 @@ def run_a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: i
     if run is None:
         if copy:
             wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
-        run = runs[key] = A8W8(wq, ws, M, out, quant, shape=shape)
+        run = A8W8(wq, ws, M, out, quant, shape=shape)
+        if not run.split_fallback:  # (a capture's unsplit stand-in is not kept)
+            runs[key] = run
     return run(xv, xs, bias, y)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -279,10 +280,12 @@ class MmaDecode:
             split = split_k(groups * blocks, K, mt, sms, sn)
         self.split = max(1, min(int(split), K // 64))
         self.ws = self.cnt = None
+        self.split_fallback = False  # (unsplit for a capture that found no buffers: not to be kept)
         if self.split > 1:
-            bufs = split_buffers(q, groups * N // 16 * self.split * mt * 16, groups * blocks)
+            bufs = split_buffers(q, ("mma", M, out, special, m8_loop, self.split),
+                                 groups * N // 16 * self.split * mt * 16, groups * blocks)
             if bufs is None:
-                self.split = 1
+                self.split, self.split_fallback = 1, True
             else:
                 self.ws, self.cnt = bufs
         self.grid = (groups, blocks, self.split)
@@ -353,27 +356,37 @@ def pairs_kernel_name(activation: Optional[str], special: bool) -> str:
     return f"mxfp4_mma_pairs_{activation or 'down'}{'_special' if special else ''}"
 
 
-def split_buffers(q: torch.Tensor, ws_numel: int, cnt_numel: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+_SPLIT: dict = {}  # id(weight codes) -> (weakref to them, {launch key: (float32 workspace, int32 counters)})
+
+
+def split_buffers(q: torch.Tensor, key: tuple, ws_numel: int,
+                  cnt_numel: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """The float32 workspace and int32 arrival counters (zero between launches: each launch's last blocks reset
-    theirs) of the split-K launches (:class:`MmaDecode`, :class:`~._mma_a8w8.A8W8`) over weight codes ``q``: kept
-    on ``q`` itself, shared by its launches (on one stream at a time), grown as a larger launch needs, the
-    smaller ones they replace kept alive too. So a launch made again after its prepared call was dropped (the call
-    caches empty at 64 entries: e.g. prefill lengths) finds the same buffers, and a CUDA graph captured with an
-    earlier launch never points at freed memory. None during a CUDA-graph capture that finds no large enough pair
-    (a zero fill made there would run only inside the graph, leaving the counters unset for eager launches): the
-    caller runs that launch unsplit (warm-up calls before a capture, as CUDA graphs need anyway, make the pair)."""
-    kept = q.__dict__.get("_mxkit_split")
-    if kept and kept[0][0].numel() >= ws_numel and kept[0][1].numel() >= cnt_numel:
-        return kept[0]
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    if kept is None:
-        kept = q.__dict__["_mxkit_split"] = []
-    ws_numel = max(ws_numel, kept[0][0].numel() if kept else 0)
-    cnt_numel = max(cnt_numel, kept[0][1].numel() if kept else 0)
-    kept.insert(0, (torch.empty(ws_numel, device=q.device, dtype=torch.float32),
-                    torch.zeros(cnt_numel, device=q.device, dtype=torch.int32)))
-    return kept[0]
+    theirs) of a split-K launch (:class:`MmaDecode`, :class:`~._mma_a8w8.A8W8`) over weight codes ``q``, one
+    pair per launch ``key`` (its shape and kind: as when each launch owned its own, two launches of one weight
+    run on two streams at once without sharing; one launch on two streams at once is not supported). Kept while
+    ``q`` lives (in a registry, not on the tensor: copies and pickles of it do not carry them), so a launch made
+    again after its prepared call was dropped (the call caches empty at 64 entries: e.g. prefill lengths) finds
+    the same buffers, and a CUDA graph captured with the earlier launch never points at freed memory. None during
+    a CUDA-graph capture that finds no pair for ``key`` (a zero fill made there would run only inside the graph,
+    leaving the counters unset for eager launches): the caller runs that launch unsplit and does not keep it
+    (warm-up calls before a capture, as CUDA graphs need anyway, make the pair)."""
+    hit = _SPLIT.get(id(q))
+    if hit is None or hit[0]() is not q:
+        hit = _SPLIT[id(q)] = (weakref.ref(q), {})
+        weakref.finalize(q, _drop_split, id(q), hit[1])
+    pair = hit[1].get(key)
+    if pair is None or pair[0].numel() < ws_numel or pair[1].numel() < cnt_numel:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        pair = hit[1][key] = (torch.empty(ws_numel, device=q.device, dtype=torch.float32),
+                              torch.zeros(cnt_numel, device=q.device, dtype=torch.int32))
+    return pair
+
+
+def _drop_split(index: int, pairs: dict) -> None:
+    if _SPLIT.get(index, (None, None))[1] is pairs:
+        del _SPLIT[index]
 
 
 _COUNTERS: dict = {}  # (device index, raw stream, owner) -> [int32 zeros in use, the smaller ones it replaced]

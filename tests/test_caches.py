@@ -148,7 +148,8 @@ def test_split_buffers_outlive_the_prepared_calls(monkeypatch):
     assert index not in md._SPLIT  # (gone with the weight)
 
 
-def test_device_helpers_leave_cpu_and_current_device_operands_alone():
+def test_device_helpers_leave_cpu_and_current_device_operands_alone(monkeypatch):
+    from mxkit import _device
     from mxkit._device import on_operand_device, other_device
 
     x = torch.ones(3)
@@ -159,6 +160,11 @@ def test_device_helpers_leave_cpu_and_current_device_operands_alone():
         return x * k
 
     assert torch.equal(f(None, x, k=3), x * 3) and f.__name__ == "f"
+    seen = []
+    monkeypatch.setattr(_device, "other_device", lambda obj: seen.append(obj))
+    f(None, x)
+    f(None, x=x, k=1)  # (the operand given by keyword is the one looked at)
+    assert seen == [x, x]
 
 
 @pytest.mark.parametrize("setting", ['torch.set_float32_matmul_precision("medium")',
@@ -192,3 +198,14 @@ print("ok")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_reference_gemm_compiles_whole(rng):
+    """matmul_reference under torch.compile(fullgraph=True): its precision guard stays out of the traced graph
+    (dynamo does not trace a context that switches process-wide settings); the eager bytes."""
+    import mxkit
+    from mxkit.reference import matmul_reference
+
+    x, w = torch.randn(4, 64, generator=rng), mxkit.quantize(torch.randn(8, 64, generator=rng), "mxfp4")
+    got = torch.compile(lambda a: matmul_reference(a, w), fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, matmul_reference(x, w))

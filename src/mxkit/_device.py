@@ -7,6 +7,7 @@ that device current for the call (``torch.cuda.device``), as a model spread over
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -31,13 +32,15 @@ def other_device(obj: Any) -> Optional[torch.device]:
 
 
 def on_operand_device(arg: int = 0):
-    """Decorator: the function runs with the device of its positional argument ``arg`` current
-    (:func:`other_device`; ``arg`` 1 for a method's first operand)."""
+    """Decorator: the function runs with the device of its argument ``arg`` (by position, or by its name when
+    given as a keyword) current (:func:`other_device`; ``arg`` 1 for a method's first operand)."""
 
     def wrap(fn):
+        name = list(inspect.signature(fn).parameters)[arg]
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            d = other_device(args[arg]) if len(args) > arg else None
+            d = other_device(args[arg] if len(args) > arg else kwargs.get(name))
             if d is None:
                 return fn(*args, **kwargs)
             with torch.cuda.device(d):

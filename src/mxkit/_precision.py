@@ -33,7 +33,17 @@ def _cublas_flags():
     return (get, put) if ok else None
 
 
-_CUBLAS: list = []  # [_cublas_flags(), _fp32_precision_api()], filled at the first use
+_CUBLAS: list = []  # [_cublas_flags(), _fp32_precision_api()], filled at the first use (_probe)
+_PROBE_LOCK = threading.Lock()
+
+
+def _probe() -> list:
+    """_CUBLAS, filled once (both entries together, under a lock: two threads' first exact blocks at once)."""
+    if not _CUBLAS:
+        with _PROBE_LOCK:
+            if not _CUBLAS:
+                _CUBLAS[:] = [_cublas_flags(), _fp32_precision_api()]
+    return _CUBLAS
 
 
 def _fp32_precision_api():
@@ -63,9 +73,7 @@ def _tf32_off_new_api(api) -> Optional[str]:
 
 def _switch_exact() -> list:
     """TF32 and the reduced-precision reductions off where on; returns what :func:`_restore` puts back."""
-    if not _CUBLAS:
-        _CUBLAS.append(_cublas_flags())
-        _CUBLAS.append(_fp32_precision_api())
+    _probe()
     fns = _CUBLAS[0]
     m = torch.backends.cuda.matmul
     if fns is None:
@@ -129,9 +137,7 @@ _REDUCTIONS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_pre
 def _mkldnn_ieee() -> Optional[str]:
     """oneDNN's float32 matmul precision set to "ieee" where its effective value (its own, else its parents')
     is lower; returns the raw value to restore, None where nothing was written (or this PyTorch lacks the API)."""
-    if not _CUBLAS:
-        _CUBLAS.append(_cublas_flags())
-        _CUBLAS.append(_fp32_precision_api())
+    _probe()
     api = _CUBLAS[1]
     if api is None:
         return None
@@ -200,9 +206,11 @@ class exact_cublas:
             raise
 
     def __exit__(self, *exc) -> None:
-        if self.autocast is not None:
-            self.autocast.__exit__(*exc)
-        _CUDA.exit()
+        try:
+            if self.autocast is not None:
+                self.autocast.__exit__(*exc)
+        finally:
+            _CUDA.exit()
 
 
 class exact_float32:
@@ -225,3 +233,12 @@ class exact_float32:
             self.inner.__exit__(*exc)
         elif self.inner is not None:
             self.inner.exit()
+
+
+def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` under :class:`exact_float32` for a's device type; inside ``torch.compile`` the plain product (the
+    context switches process-wide settings, which dynamo does not trace)."""
+    if torch.compiler.is_compiling():
+        return a @ b
+    with exact_float32(a.device.type):
+        return a @ b

@@ -219,17 +219,19 @@ def ep_moe(
         send_counts_t = torch.bincount(dest, minlength=world)
         fields = [1, E, H, _DTYPE_CODES.get(x2.dtype, 0), _DTYPE_CODES[combine_dtype],
                   _ACTIVATION_CODES.get(activation, 0), _ranges_code(ranges)]
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # (any failure before the exchange: the peers must hear of it, not wait)
         failure = e
         send_counts_t = None
 
     # 2. the header: per peer, the pairs sent to it, whether this rank needs a gradient, its call's validity and
     # configuration; then the pairs, sorted by destination rank: their rows and metadata
     need = needs_grad(x, router_logits, b_gate_up, b_down)
-    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+    # on the group's device (NCCL: the current GPU), not x's: a rank whose x is bad still exchanges
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
+        x.device if isinstance(x, torch.Tensor) and failure is None else torch.device("cpu")
     head = torch.tensor([0, int(need)] + fields, dtype=torch.int64, device=dev).repeat(world, 1)
     if send_counts_t is not None:
-        head[:, 0] = send_counts_t
+        head[:, 0] = send_counts_t.to(dev)
     head_in = torch.empty_like(head)
     dist.all_to_all_single(head_in, head, group=group)
     rows = torch.cat([head[:, :1], head_in], dim=1).tolist()  # (one host sync)

@@ -26,7 +26,7 @@ from typing import Optional, Union
 import torch
 
 from ._autocast import autocast_off
-from ._precision import exact_float32
+from ._precision import exact_matmul
 from .formats import (
     BLOCK_SIZE,
     E8M0_BIAS,
@@ -239,8 +239,7 @@ def matmul_reference(
     if a_f.device != b.device:
         raise ValueError(f"a is on {a_f.device} but b on {b.device}")
     b_f = dequantize_reference(b, torch.float32)
-    with exact_float32(a_f.device.type):  # (not TF32, nor oneDNN's bf16 under a "medium" float32 precision)
-        y = a_f @ b_f.t()
+    y = exact_matmul(a_f, b_f.t())  # (not TF32, nor oneDNN's bf16 under a "medium" float32 precision)
     return y.to(check_out_dtype(out_dtype or default_dtype))
 
 

@@ -110,7 +110,7 @@ from .matmul_details._envelope import (
     scale_extrema,
     scale_stats,
 )
-from .._precision import exact_float32
+from .._precision import exact_matmul
 from .matmul_details._cublas import dense_gemm, fp32_gemm
 from .matmul_details._mma_calls import W_KINDS, DecodeCall, MmaCall, W16Call, decode_w16, kernel_bias, plain, run_a8w8
 
@@ -852,8 +852,7 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:
         xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
-        with exact_float32(xa.device.type):
-            y = xa @ reference.dequantize_reference(w, torch.float32).t()
+        y = exact_matmul(xa, reference.dequantize_reference(w, torch.float32).t())
         rs = _row_scale(kind, a, xa.shape[0])
         if rs is not None:
             y = y * rs

@@ -645,3 +645,31 @@ def test_quantize_model_on_the_meta_device():
     model, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
     assert [r.status for r in report] == ["quantized", "quantized"] and report[0].qsnr_db is None
     assert isinstance(model[0], MXLinear) and model[0].weight_qdata.is_meta
+
+
+@pytest.mark.parametrize("fmt,act", [("mxfp4", None), ("mxfp6_e3m2", "mxfp8_e4m3")])
+def test_quantized_transformers_model_saves_and_loads(fmt, act, tmp_path):
+    """README's round trip on a transformers causal LM (tiny Llama): the quantized model's state_dict through
+    torch.save and through safetensors, loaded into the same model built again and quantized with
+    compute_qsnr=False: the same MX bytes and the same logits."""
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    from mxkit.bench.decode import build_model
+
+    model = build_model("tiny-llama", device="cpu", dtype=torch.float32)
+    quantize_model(model, fmt, act_format=act, skip="lm_head", progress=False)
+    ids = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        want = model(ids).logits
+    state = model.state_dict()
+    torch.save(state, tmp_path / "mx.pt")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "mx.safetensors"))
+    for loaded in (torch.load(tmp_path / "mx.pt"), load_file(str(tmp_path / "mx.safetensors"))):
+        fresh = build_model("tiny-llama", device="cpu", dtype=torch.float32, seed=1)
+        quantize_model(fresh, fmt, act_format=act, skip="lm_head", progress=False, compute_qsnr=False)
+        assert not torch.equal(fresh.model.layers[0].mlp.up_proj.weight_qdata,
+                               model.model.layers[0].mlp.up_proj.weight_qdata)  # (other weights before the load)
+        fresh.load_state_dict(loaded)
+        with torch.no_grad():
+            assert torch.equal(fresh(ids).logits, want)

@@ -21,6 +21,10 @@ def test_readme_api_example_runs(capsys):
     assert out.shape == (8, 1024)
     assert ns["q_nv"].scale_layout == "nvidia_128x4"
     assert "torch.Size([2, 64])" in capsys.readouterr().out
+    x = torch.randn(3, 256)
+    with torch.no_grad():  # the model saved and loaded into freshly quantized layers: the same bytes out
+        assert torch.equal(ns["fresh"](x), ns["model"](x))
+        assert torch.equal(ns["fresh"][0].weight_qdata, ns["model"][0].weight_qdata)
 
 
 def test_ci_runs_the_readme_test_command():

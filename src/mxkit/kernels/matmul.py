@@ -619,7 +619,9 @@ def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: 
     B = fb.data[:N]
     sb = fb.scale[:N].reshape(1, N)
     if A.device.type != "cuda":
-        y = (A.to(torch.float32) @ B.to(torch.float32).t()) * sa.reshape(-1, 1) * sb
+        # (the weight's power-of-two row scale first, exact inside FOLD_EXP_LIMIT; then the activation's, one
+        # rounding whatever its range)
+        y = exact_matmul(A.to(torch.float32), B.to(torch.float32).t()) * sb * sa.reshape(-1, 1)
         return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
     pad = -N % 16
     if pad:  # cuBLAS FP8 needs N % 16 == 0: zero rows appended (a copy of B per call; real N are multiples)

@@ -116,13 +116,15 @@ def run_a8w8(a: Optional[MXTensor], x: Optional[torch.Tensor], w: MXTensor, M: i
     y = torch.empty(*lead, N, device=w.device, dtype=out)
     # the prepared launch (kernel, grid, split-K workspace) is kept on the weight object, one per (M, out, mode)
     runs = calls_on(packed if shape is not None else w, "_a8w8")
-    key = (M, out, quant, wq.data_ptr()) + ((tensor_version(wq), tensor_version(ws)) if copy else ())
+    versions = (tensor_version(wq), tensor_version(ws)) if copy else ()
+    key = (M, out, quant, wq.data_ptr()) + versions
     run = runs.get(key)
     if run is None:
         if copy:
             wq, ws = wq.contiguous().clone(), ws.contiguous().clone()
         run = A8W8(wq, ws, M, out, quant, shape=shape)
-        if not run.split_fallback:  # (a capture's unsplit stand-in is not kept)
+        # (not kept: a capture's unsplit stand-in; a copy of inference tensors, whose changes no version shows)
+        if not run.split_fallback and None not in versions:
             runs[key] = run
     return run(xv, xs, bias, y)
 

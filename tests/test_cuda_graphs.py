@@ -116,8 +116,9 @@ def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
     with torch.no_grad():
         m(x)
         q = m._packed.mma_q
+        assert q is not None and id(q) in _mma_decode._SPLIT, "the launch is not split"
         held = dict(_mma_decode._SPLIT[id(q)][1])
-        assert q is not None and len(held) == 1  # the launch is split
+        assert len(held) == 1
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

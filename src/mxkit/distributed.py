@@ -102,6 +102,15 @@ def _owners(ranges: Sequence[tuple[int, int]], device: torch.device) -> torch.Te
     return t
 
 
+def _header_device(group) -> torch.device:
+    """Where the header goes, the same on every rank whatever its inputs: the current GPU for a group whose backend
+    is or may be NCCL ("nccl", "cpu:gloo,cuda:nccl", or "undefined" with CUDA present), else the CPU (gloo)."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend or (backend == "undefined" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _ranges_code(ranges: Sequence[tuple[int, int]]) -> int:
     """A checksum of the expert ranges, the same in every process (the header compares it across ranks)."""
     code = 0
@@ -226,9 +235,7 @@ def ep_moe(
     # 2. the header: per peer, the pairs sent to it, whether this rank needs a gradient, its call's validity and
     # configuration; then the pairs, sorted by destination rank: their rows and metadata
     need = needs_grad(x, router_logits, b_gate_up, b_down)
-    # on the group's device (NCCL: the current GPU), not x's: a rank whose x is bad still exchanges
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
-        x.device if isinstance(x, torch.Tensor) and failure is None else torch.device("cpu")
+    dev = _header_device(group)
     head = torch.tensor([0, int(need)] + fields, dtype=torch.int64, device=dev).repeat(world, 1)
     if send_counts_t is not None:
         head[:, 0] = send_counts_t.to(dev)

@@ -754,8 +754,8 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     more on small grids, so it agrees with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight
     an MXFP8 E4M3 MXTensor (N, K) or its PackedWeight. Returns (..., N) in ``out_dtype`` (default bf16), or None
     where the kernel does not take the call (not CUDA, not bf16, another format, M past the
-    envelope, N % 16 or K % 64, a GPU older than sm_89, while torch.compile traces): the caller then quantizes
-    and calls matmul."""
+    envelope, N % 16 or K % 64, a GPU older than sm_89, a float64 output, while torch.compile traces): the
+    caller then quantizes and calls matmul."""
     packed = w if isinstance(w, PackedWeight) else None
     w = w.source if packed is not None else w
     if not (isinstance(w, MXTensor) and x.dtype == torch.bfloat16 and x.is_cuda and w.ndim == 2
@@ -766,6 +766,8 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
     if not _a8w8_ok(w.fmt, packed if packed is not None else w, M, x.device):  # (x quantized to E4M3)
         return None
     out = check_out_dtype(out_dtype or torch.bfloat16)
+    if out == torch.float64:  # (the kernel writes 16- and 32-bit outputs: matmul's fp32-exact takes it)
+        return None
     if bias is not None:
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
     if M > _a8w8_quant_max_m(x.device):  # (past it: quantize once, then the GEMM: two launches)

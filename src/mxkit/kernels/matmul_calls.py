@@ -56,9 +56,9 @@ def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype,
         out = check_out_dtype(out_dtype)
         check_bias(bias, GemmPlan("a8w8-mma", "", M, w.shape[0], w.shape[1], out), w.device)
         call = A8W8InCall(b, M, tuple(x.shape), x.stride(), out)
-        call.kept = True
         if call.run.split_fallback:  # (a capture's unsplit stand-in: not kept, the next call makes the split one)
             return call
+        call.kept = True
     calls[key] = call
     return call
 
@@ -383,7 +383,8 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         else:
             call = PlannedCall(b, plan)
         if getattr(getattr(call, "run", None), "split_fallback", False):
-            return call  # (a capture's unsplit stand-in: not kept, the next call makes the split one)
+            call.kept = False  # (a capture's unsplit stand-in: not kept, the next call makes the split one)
+            return call
         calls[key] = call
     return call
 

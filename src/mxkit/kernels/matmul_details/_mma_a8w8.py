@@ -196,8 +196,9 @@ class A8W8:
     ``quant``): the W8A16 kernel instead, bf16 activations as they are times the weight's codes of that element
     format (which must hold no NaN / Inf code). ``split``: thread blocks along K (default
     :func:`split_quant` for bf16 activations, else :func:`mxkit.kernels.matmul_details._mma_decode.split_k`);
-    with more than one, the launch owns a float32
-    workspace and a counter array (one stream at a time; W8A16: :func:`split_w16`). ``r``:
+    with more than one, the launch uses a float32
+    workspace and a counter array kept with the weight for its launch shape
+    (:func:`~._mma_decode.split_buffers`: one stream at a time for this launch; W8A16: :func:`split_w16`). ``r``:
     16-row strips a warp computes (default: the policy, :func:`strips_per_warp`, or for W8A16 1 up to
     :data:`W16_R1_MAX_M` rows, else the largest of 1, 2 that divides N / 16; for A/B probes); ``nt`` (W8A16
     only): token tiles of 8 a block, 1 or 2 (2 only at ``r`` 2; default 2 for :data:`W16_R1_MAX_M` <

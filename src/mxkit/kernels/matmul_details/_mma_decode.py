@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import weakref
 from pathlib import Path
 from typing import Optional
@@ -257,9 +258,9 @@ def kernel_shape(M: int, N: int, K: int, ring: bool = False, sms: int = 0) -> tu
 class MmaDecode:
     """One prepared launch: weight (q, s) of pack_mma, N x K, M <= MAX_M bf16 rows in, ``out`` dtype out.
     ``special``: the weight has a scale byte 0 or 255 (the kernel variant that decodes them exactly).
-    ``split``: blocks along K (default :func:`split_k`); with more than one, the launch uses the weight's float32
-    workspace and counter array (:func:`split_buffers`: calls on one stream at a time; two streams running
-    launches of one weight at once would share them). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring
+    ``split``: blocks along K (default :func:`split_k`); with more than one, the launch uses a float32 workspace
+    and a counter array kept with the weight for its launch shape (:func:`split_buffers`: one stream at a time for
+    this launch; launches of other shapes have their own). ``m8_loop``: the m8 kernel's loop up to 8 rows, its ring
     "g" the m16 kernel's ring loops too at 9-16 rows (:func:`dense_kernel_name`; the same bits)."""
 
     def __init__(self, q: torch.Tensor, s: torch.Tensor, N: int, K: int, M: int, out: torch.dtype,
@@ -357,6 +358,7 @@ def pairs_kernel_name(activation: Optional[str], special: bool) -> str:
 
 
 _SPLIT: dict = {}  # id(weight codes) -> (weakref to them, {launch key: (float32 workspace, int32 counters)})
+_SPLIT_LOCK = threading.Lock()
 
 
 def split_buffers(q: torch.Tensor, key: tuple, ws_numel: int,
@@ -365,23 +367,29 @@ def split_buffers(q: torch.Tensor, key: tuple, ws_numel: int,
     theirs) of a split-K launch (:class:`MmaDecode`, :class:`~._mma_a8w8.A8W8`) over weight codes ``q``, one
     pair per launch ``key`` (its shape and kind: as when each launch owned its own, two launches of one weight
     run on two streams at once without sharing; one launch on two streams at once is not supported). Kept while
-    ``q`` lives (in a registry, not on the tensor: copies and pickles of it do not carry them), so a launch made
+    ``q`` lives (in a registry, not on the tensor: copies and pickles of it do not carry them; a layer holds one
+    pair per split launch shape it has run, e.g. 8 pairs of ~1 MB for Llama-3-70B's down_proj at M = 9 .. 16),
+    so a launch made
     again after its prepared call was dropped (the call caches empty at 64 entries: e.g. prefill lengths) finds
     the same buffers, and a CUDA graph captured with the earlier launch never points at freed memory. None during
     a CUDA-graph capture that finds no pair for ``key`` (a zero fill made there would run only inside the graph,
     leaving the counters unset for eager launches): the caller runs that launch unsplit and does not keep it
     (warm-up calls before a capture, as CUDA graphs need anyway, make the pair)."""
-    hit = _SPLIT.get(id(q))
-    if hit is None or hit[0]() is not q:
-        hit = _SPLIT[id(q)] = (weakref.ref(q), {})
-        weakref.finalize(q, _drop_split, id(q), hit[1])
-    pair = hit[1].get(key)
-    if pair is None or pair[0].numel() < ws_numel or pair[1].numel() < cnt_numel:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        pair = hit[1][key] = (torch.empty(ws_numel, device=q.device, dtype=torch.float32),
-                              torch.zeros(cnt_numel, device=q.device, dtype=torch.int32))
-    return pair
+    with _SPLIT_LOCK:
+        hit = _SPLIT.get(id(q))
+        if hit is None or hit[0]() is not q:
+            hit = _SPLIT[id(q)] = (weakref.ref(q), {})
+            weakref.finalize(q, _drop_split, id(q), hit[1])
+        pairs = hit[1]
+        pair = pairs.get(key)
+        if pair is None or pair[0].numel() < ws_numel or pair[1].numel() < cnt_numel:
+            if q.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None
+            if pair is not None:  # (a larger need under one key: the smaller pair kept too, a graph may hold it)
+                pairs.setdefault("replaced", []).append(pair)
+            pair = pairs[key] = (torch.empty(ws_numel, device=q.device, dtype=torch.float32),
+                                 torch.zeros(cnt_numel, device=q.device, dtype=torch.int32))
+        return pair
 
 
 def _drop_split(index: int, pairs: dict) -> None:

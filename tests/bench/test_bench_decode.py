@@ -246,6 +246,24 @@ def test_interleaved_rows(monkeypatch, tmp_path):
                                                                                 pytest.approx(1.5))
 
 
+def test_interleaved_decoder_failure_is_that_formats_rows(monkeypatch, capsys):
+    """A format whose decoder cannot be made at a batch (its cache out of memory) gets error rows there; the other
+    formats and batches run."""
+    real = bd.Decoder
+
+    def decoder(model, batch, *a, **kw):
+        if batch == 2 and isinstance(model.model.layers[0].mlp.up_proj, mxkit.nn.MXLinear):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real(model, batch, *a, **kw)
+
+    monkeypatch.setattr(bd, "Decoder", decoder)
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
+                   "--batches", "1,2", "--repeats", "1", "--formats", "bf16,mxfp4", "--plain"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "decoder: OutOfMemoryError: CUDA out of memory" in captured.out
+    assert "mxkit: error: 1 run(s) failed: mxfp4_e2m1/b2/eager" in captured.err
+
+
 def test_interleaved_falls_back_to_sequential_when_the_models_do_not_fit(monkeypatch, capsys, tmp_path):
     real_build, calls = bd._build, []
 

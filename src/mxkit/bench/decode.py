@@ -383,8 +383,13 @@ def run_interleaved(args, on_row: Callable[[DecodeRow], None]) -> bool:
     sync = _sync(args)
     with torch.no_grad():
         for b in args.batches:
-            decs = {fmt: Decoder(m, b, args.prompt, args.tokens, seed=args.seed) for fmt, m in models.items()}
-            paths = {fmt: gemm_path(m, b) for fmt, m in models.items()}
+            decs, paths = {}, {}
+            for fmt, m in models.items():
+                try:  # (a format whose cache or first GEMM plan does not fit: its rows, the others go on)
+                    decs[fmt], paths[fmt] = Decoder(m, b, args.prompt, args.tokens, seed=args.seed), gemm_path(m, b)
+                except Exception as e:
+                    for mode in args.modes:
+                        on_row(_row(args, fmt, b, mode, "error", f"decoder: {output.reason(e)}"))
             for mode in args.modes:
                 rows = {fmt: _row(args, fmt, b, mode) for fmt in decs}
                 steps: dict[str, Callable[[], None]] = {}

@@ -57,16 +57,17 @@ def my_share(t: torch.Tensor, splits, rank):
 
 
 def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, routing="gpt_oss",
-               activation="swiglu_gpt_oss", hot=None, combine_dtype=torch.float64):
+               activation="swiglu_gpt_oss", hot=None, combine_dtype=torch.float64, top_k=4, group=None):
+    """``rank`` / ``world``: of ``group`` (default the world)."""
     x, logits, w_gu, b_gu, w_d, b_d = problem(seed, E, fmt, bias, T=sum(splits))
     if hot is not None:
         logits[:, hot] += 100.0  # these experts take every token
     xs, ls = my_share(x, splits, rank), my_share(logits, splits, rank)
     lo, hi = ranges[rank]
     y = ep_moe(xs, select_experts(w_gu, lo, hi), None if b_gu is None else b_gu[lo:hi], select_experts(w_d, lo, hi),
-               None if b_d is None else b_d[lo:hi], ls, 4, ranges=ranges, routing=routing, activation=activation,
-               combine_dtype=combine_dtype)
-    weights, ids = route(ls, 4, mode=routing)
+               None if b_d is None else b_d[lo:hi], ls, top_k, ranges=ranges, routing=routing, activation=activation,
+               combine_dtype=combine_dtype, group=group)
+    weights, ids = route(ls, top_k, mode=routing)
     expect = moe_reference(xs, w_gu, b_gu, w_d, b_d, weights, ids, activation=activation)
     assert y.shape == xs.shape and y.dtype == xs.dtype
     if combine_dtype == torch.float64:
@@ -76,7 +77,7 @@ def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, 
         return
     # float32 pairs: each w_j * y_j rounded once (2^-24 relative), the k pairs summed, the sum rounded once
     pairs = [moe_reference(xs, w_gu, b_gu, w_d, b_d, weights[:, j : j + 1], ids[:, j : j + 1],
-                           activation=activation, out_dtype=torch.float64) for j in range(4)]
+                           activation=activation, out_dtype=torch.float64) for j in range(top_k)]
     exact = sum(pairs)
     bound = 2.0**-24 * (sum(p.abs() for p in pairs) + exact.abs()) * (1 + 1e-6)
     assert bool(((y.double() - exact).abs() <= bound).all()), f"rank {rank}/{world}: beyond the float32 bound"
@@ -97,6 +98,15 @@ def ranks_main(rank, world, store, seed):
                    hot=[0, 1, 2, 3])
         # float32 on the way back: one more rounding per pair
         check_case(rank, world, seed + 3, E=32, ranges=uneven, splits=[11] * world, combine_dtype=torch.float32)
+        # top-1 and top-E routing, one token on the first rank
+        check_case(rank, world, seed + 5, E=8, ranges=expert_ranges(8, world), splits=[1] + [9] * (world - 1),
+                   top_k=1)
+        check_case(rank, world, seed + 6, E=8, ranges=expert_ranges(8, world), splits=[5] * world, top_k=8,
+                   routing="softmax_topk", activation="swiglu")
+        if world == 4:  # two groups of two: each rank's group rank, not its world rank, picks its experts and tokens
+            groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+            mine = groups[rank // 2]
+            check_case(rank % 2, 2, seed + 7 + rank // 2, E=16, ranges=[(0, 5), (5, 16)], splits=[6, 9], group=mine)
         # the nn layer: shard a full MXMoE, run it on this rank's tokens, against the unsharded layer
         g = torch.Generator().manual_seed(seed + 4)
         router = torch.nn.Linear(H, 32)

@@ -159,7 +159,6 @@ def moe(
     return out.reshape(x.shape)
 
 
-@on_operand_device()
 def route_tokens(x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                  routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., H) and its router logits (..., E) → ``(x (T, H), topk_weights (T, k), topk_ids (T, k))`` with

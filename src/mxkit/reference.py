@@ -3,8 +3,8 @@
 This module is the specification every kernel is tested against (byte equality for quantize and
 dequantize). Its GEMM, :func:`matmul_reference`, multiplies the dequantized operands in float32 at full
 precision (TF32 and oneDNN's bf16 off whatever the process-wide setting) with one rounding; the GEMM tests hold
-every path, this one included, to a bound against the float64 product of the dequantized operands. It favours clarity over speed but has
-no Python loop over elements or blocks.
+every path, this one included, to a bound against the float64 product of the dequantized operands. It favours
+clarity over speed but has no Python loop over elements or blocks.
 
 Quantize, per block of ``block_size`` elements along ``axis`` (OCP MX v1.0 §6.3):
 

@@ -39,8 +39,8 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32 (the
     weight's first, exact for weight scale bytes 19-232, the envelope; the activation's inside the fma, any
-    byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel from bf16
-    activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
+    byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel
+    from bf16 activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
     ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip per
     multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp,
     a ring of shared-memory chunks, persistent blocks) into the same arithmetic: the bits of the kernel at one

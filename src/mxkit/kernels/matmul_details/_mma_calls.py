@@ -41,7 +41,7 @@ def decode_launchers():
     """The direct launchers of the decode GEMM and its split-K sum (:mod:`._split_sum`'s, the wgmma kernel's
     too), one per process, so every call (prepared or not) reuses their compiled kernels."""
     from .. import launch
-    from . import _split_sum, _w16_decode
+    from . import _w16_decode
 
     return launch._Launcher(_w16_decode, "_w16_decode_kernel"), _split_sum._launch
 

@@ -14,7 +14,7 @@ from conftest import poison_allocator
 
 import mxkit
 import mxkit.nn
-from mxkit.kernels.matmul import a8w8_linear, gemm_table_override
+from mxkit.kernels.matmul import a8w8_linear, gemm_table_override, reference_gemm
 from mxkit.kernels.matmul_details import _mma_a8w8
 
 from .test_matmul import assert_within_bound, check, rand_mx
@@ -278,15 +278,22 @@ def test_gpu_a8w8_fused_equals_quantize_then_matmul(rng):
 @gpu
 @sm89
 def test_gpu_a8w8_special_scales(rng):
-    """Weight scale bytes 0 (2^-127) and 200 are exact; a weight scale 255 makes its column NaN; an
+    """Weight scale bytes at the envelope's edges (WEIGHT_SCALE_BYTES: 19 and 232) and 200 are exact; a weight
+    byte 0 (2^-127, below the envelope) takes another exact path; a weight scale 255 makes its column NaN; an
     activation block holding NaN or Inf (scale 255) makes its row NaN; every other output keeps its bits."""
+    from mxkit.kernels.matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
+
     K, N, M = 2880, 512, 5
     w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
-    w.scale[3, 1] = 0
+    w.scale[3, 1], w.scale[4, 2] = WEIGHT_SCALE_BYTES
     w.scale[5, 0] = 200
     x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
     a = mxkit.quantize(x, "mxfp8_e4m3")
     check(a, w, backend="auto", path="a8w8-mma", out_dtype=torch.float32)
+    w0 = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
+    w0.scale[3, 1] = 0
+    assert mxkit.gemm_plan(a, w0).path != "a8w8-mma"
+    check(a, w0, backend="auto", out_dtype=torch.float32)
     y = mxkit.matmul(a, w)
     wn = mxkit.MXTensor(w.qdata, w.scale.clone(), w.fmt, 1, 32, tuple(w.shape))
     wn.scale[7, -1] = 255
@@ -582,7 +589,7 @@ def test_gpu_a8w8_extreme_block_scales(rng):
     """Activation blocks at scale bytes up to 254 against weight blocks near the low edge of the a8w8 envelope
     (byte 20): the products are finite and the kernel's (weight factor first, activation factor in the fma)
     keeps them exact, within the bound (the activation factor first overflowed to inf); a weight with a byte
-    below the envelope takes another exact path."""
+    below the envelope takes the float32 route (the reference twin's), where 448 * 2^127 is Inf."""
     N, K, M = 64, 256, 4
     w = rand_mx((N, K), "mxfp8_e4m3", rng, device="cuda")
     ws = w.scale.clone()
@@ -597,11 +604,19 @@ def test_gpu_a8w8_extreme_block_scales(rng):
         y = mxkit.matmul(a, weight)
         assert torch.isfinite(y).all()
         assert_within_bound(y, a, w, None)
-    ws[0, 2] = 10  # below the envelope: the plan leaves a8w8-mma, the result stays exact
+    # below the envelope the plan leaves a8w8-mma for the float32 route (every value decoded to float32, as the
+    # reference twin does): the rows whose values fit float32 (bytes 240, 230) stay within the bound; those
+    # past it (448 * 2^127, 448 * 2^123: Inf in float32) give the reference's non-finite results
+    ws[0, 2] = 10
     low = mxkit.MXTensor(w.qdata, ws, w.fmt, 1, 32, (N, K))
+    fits = mxkit.MXTensor(a.qdata[2:], a.scale[2:], a.fmt, 1, 32, (M - 2, K))
+    ref = reference_gemm(a.to("cpu"), low.to("cpu"), torch.bfloat16)
     for weight in (low, mxkit.pack_weight(low)):
         assert mxkit.gemm_plan(a, weight).path != "a8w8-mma"
-        assert_within_bound(mxkit.matmul(a, weight), a, low, None)
+        y = mxkit.matmul(a, weight)
+        assert_within_bound(y[2:], fits, low, None)
+        assert torch.equal(torch.isfinite(y[:2]).cpu(), torch.isfinite(ref[:2]))
+        assert not torch.isfinite(ref[:2]).all()
 
 
 def test_weight_scale_envelope_keeps_the_products_exact():

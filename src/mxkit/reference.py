@@ -230,7 +230,7 @@ def matmul_reference(
     elif isinstance(a, torch.Tensor):
         if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"a.dtype={a.dtype} is not supported; expected float32, bfloat16 or float16")
-        a_f = a.to(torch.float32)
+        a_f = a.to(torch.float32).contiguous()  # (BLAS picks its kernel by layout: the bits of the contiguous copy)
         default_dtype = a.dtype
     else:
         raise TypeError(f"a must be a tensor or MXTensor, got {type(a).__name__}")

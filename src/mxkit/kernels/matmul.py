@@ -855,7 +855,7 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
     if kind == "mx":
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:
-        xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
+        xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32).contiguous()
         y = exact_matmul(xa, reference.dequantize_reference(w, torch.float32).t())
         rs = _row_scale(kind, a, xa.shape[0])
         if rs is not None:

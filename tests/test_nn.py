@@ -324,6 +324,43 @@ def test_quantize_model_warns_when_it_unties_a_weight(rng):
         quantize_model(nn.Sequential(nn.Linear(64, 64)), "mxfp8", progress=False)
 
 
+@pytest.mark.parametrize("M", [2, 3, 5, 17])
+def test_strided_float32_x_gives_the_contiguous_copy_bits(M, rng):
+    """A transposed float32 x through the CPU GEMM (matmul's reference and auto backends, MXLinear, a bf16 x too):
+    the bytes of x.contiguous() (BLAS picked another kernel by layout at M = 2, 3, 5: a last-bit difference)."""
+    w = mxkit.quantize(torch.randn(48, 64, generator=rng), "mxfp4")
+    lin = MXLinear.from_linear(nn.Linear(64, 48), "mxfp4")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(64, M, generator=rng).to(dtype).t()
+        assert not x.is_contiguous()
+        for backend in ("reference", "auto"):
+            assert torch.equal(mxkit.matmul(x, w, backend=backend), mxkit.matmul(x.contiguous(), w, backend=backend))
+        assert torch.equal(lin(x), lin(x.contiguous()))
+
+
+def test_quantize_model_one_linear_at_two_paths_and_a_quantized_model(rng):
+    """One nn.Linear registered at two paths becomes one MXLinear at both (a report row each, no "untied" warning);
+    a model already holding MXLinear layers keeps their formats, with a warning naming them; a model that is not an
+    nn.Module is a TypeError."""
+    lin = nn.Linear(64, 64)
+    model = nn.Sequential(lin, nn.ReLU(), lin)
+    x = torch.randn(3, 64, generator=rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
+    assert isinstance(model[0], MXLinear) and model[2] is model[0]
+    assert [(r.name, r.status) for r in report] == [("0", "quantized"), ("2", "quantized")]
+    assert "the module of 0" in report[1].reason and report[1].qsnr_db == report[0].qsnr_db
+    assert torch.equal(model(x), model[0](torch.relu(model[0](x))))
+    before = model[0].weight_qdata.clone()
+    with pytest.warns(UserWarning, match=r"found 1 MXLinear layer\(s\) already quantized \(0\)"):
+        _, report = quantize_model(model, "mxfp8_e4m3", progress=False, return_report=True)
+    assert report == [] and model[0].weight_format.name == "mxfp4_e2m1"
+    assert torch.equal(model[0].weight_qdata, before)
+    with pytest.raises(TypeError, match="needs an nn.Module, got str"):
+        quantize_model("model", "mxfp4")
+
+
 def test_qsnr_db_values(rng):
     x = torch.randn(1000, generator=rng, dtype=torch.float64)
     assert qsnr_db(x, x * 1.1) == pytest.approx(20.0)  # ‖x‖² / ‖0.1x‖² = 100

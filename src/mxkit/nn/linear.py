@@ -30,7 +30,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable, Optional, Union
 
 import torch
@@ -526,7 +526,9 @@ def quantize_model(
 
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
-    ``model.mx_report``. Raises, before touching the model: ValueError / TypeError for unknown format or mode
+    ``model.mx_report``. A Linear registered at two paths (one module, two names) becomes one MXLinear at both,
+    a row each. MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises,
+    before touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown format or mode
     names, ValueError for a ``block_size`` that is not a positive multiple of the element packing, TypeError for
     a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when ``model`` is a bare
     ``nn.Linear`` (there is no parent to put the MXLinear into: use :meth:`MXLinear.from_linear`).
@@ -539,13 +541,21 @@ def quantize_model(
     rnd = Rounding.parse(rounding)
     _check_block_size(block_size, fmt, act)
     should_skip = _skip_matcher(skip)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}")
     if isinstance(model, nn.Linear):
         raise TypeError("quantize_model got a bare nn.Linear, which cannot be replaced in place; "
                         "use MXLinear.from_linear instead")
 
     from .moe import MXMoE
 
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    # every path of every Linear (one module registered twice is replaced at both by one MXLinear)
+    linears = [(n, m) for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear)]
+    done = [n for n, m in model.named_modules() if isinstance(m, MXLinear)]
+    if done:
+        warnings.warn(f"quantize_model found {len(done)} MXLinear layer(s) already quantized ({', '.join(done[:4])}"
+                      f"{', ...' if len(done) > 4 else ''}): they keep their formats (quantize the dense model "
+                      f"again for others)", stacklevel=2)
     in_moe = {id(sub) for m in model.modules() if isinstance(m, MXMoE) for sub in m.modules()}
     # torch modules that read their Linears' weights themselves: nn.MultiheadAttention its out_proj's, and
     # nn.TransformerEncoderLayer (its fast path's checks) its linear1's and linear2's
@@ -558,8 +568,17 @@ def quantize_model(
         names_of.setdefault(id(p), []).append(n)
     report: list[LayerReport] = []
     unsupported, untied = [], []
+    made: dict[int, tuple[str, MXLinear, LayerReport]] = {}  # id(Linear) -> its first path, MXLinear and row
     for name, lin in tqdm(linears, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
         row = LayerReport(name, lin.out_features, lin.in_features, "quantized")
+        if id(lin) in made:  # the same module at a second path: the same MXLinear there (or left as the first)
+            first, new, first_row = made[id(lin)]
+            row = replace(first_row, name=name)
+            if new is not None:
+                row.reason = f"the module of {first}: the same MXLinear"
+                _set_submodule(model, name, new)
+            report.append(row)
+            continue
         if should_skip(name, lin):
             row.status, row.reason = "skipped", "matched skip"
         elif id(lin) in in_moe:  # (MXMoE's router: it reads its weight, and its logits choose the experts)
@@ -577,10 +596,12 @@ def quantize_model(
                 row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
             row.weight_nbytes = new.weight_nbytes
             row.bits_per_weight = 8.0 * new.weight_nbytes / row.numel
-            others = [n for n in names_of.get(id(lin.weight), ()) if n != f"{name}.weight"]
+            own = {f"{n}.weight" for n, m in linears if m is lin}  # (its paths: one MXLinear at each)
+            others = [n for n in names_of.get(id(lin.weight), ()) if n not in own]
             if others:
                 untied.append(f"{name}.weight (tied to {', '.join(others)})")
             _set_submodule(model, name, new)
+        made[id(lin)] = (name, new if row.status == "quantized" else None, row)
         report.append(row)
     if unsupported:
         warnings.warn(

@@ -178,6 +178,29 @@ def test_from_dense_and_from_mx_refuse_an_odd_gate_up(rng):
         MXMoE.from_mx(router, mxkit.quantize(w_gu, "mxfp4"), None, mxkit.quantize(w_d, "mxfp4"), None, k)
 
 
+def test_mxmoe_input_checks_and_strided_x(rng):
+    """A strided x gives its contiguous copy's bytes (the router's BLAS picks its kernel by layout); x on another
+    device than the experts, and a router that does not give E logits, are ValueErrors naming them; integer expert
+    biases are a TypeError (as mxkit.moe's); from_mx keeps the experts' scale mode and rounding."""
+    E, k = 4, 2
+    w_gu, b_gu, w_d, b_d = dense_experts(E, rng)
+    m = MXMoE.from_dense(nn.Linear(H, E), w_gu, b_gu, w_d, b_d, k, "mxfp4")
+    x = torch.randn(H, 5, generator=rng).t()
+    assert not x.is_contiguous()
+    assert torch.equal(m(x), m(x.contiguous()))
+    with pytest.raises(ValueError, match="experts are on cpu but x on meta"):
+        m(torch.randn(5, H, device="meta"))
+    m.router = nn.Linear(H, 3)
+    with pytest.raises(ValueError, match="router gives 3 logits a token, expected num_experts=4"):
+        m(x)
+    with pytest.raises(TypeError, match="b_gate_up must be a floating-point tensor, got torch.int64"):
+        MXMoE.from_dense(nn.Linear(H, E), w_gu, b_gu.long(), w_d, b_d.long(), k, "mxfp4")
+    q = [mxkit.quantize(w, "mxfp4", scale_mode="rceil", rounding="away") for w in (w_gu, w_d)]
+    m = MXMoE.from_mx(nn.Linear(H, E), q[0], None, q[1], None, k)
+    assert (m.scale_mode.value, m.rounding.value) == ("rceil", "away")
+    assert MXMoE.from_mx(nn.Linear(H, E), q[0], None, q[1], None, k, scale_mode="floor").scale_mode.value == "floor"
+
+
 def _tie_blocks(shape, rng) -> torch.Tensor:
     """Values whose MXFP4 elements sit on rounding ties: each block of 32 has its amax 6 * 2^s (scale 2^s under
     every scale mode's FLOOR), the rest midpoints of the E2M1 grid (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) times

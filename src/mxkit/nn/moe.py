@@ -119,8 +119,11 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
-    in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H. The router's
-    logits are computed in x's dtype (its weight and bias cast to it where the module holds another dtype); on CUDA,
+    in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H, for an x on
+    another device than the experts, and for a router that does not give E logits. A strided x gives its contiguous
+    copy's bits. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
+    another dtype; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``, so its logits and
+    the scores are then in the autocast dtype, while the experts' arithmetic is left alone); on CUDA,
     for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x with
     ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the top-k and the
     softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
@@ -509,6 +512,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if gate_up.fmt != down.fmt:
             raise ValueError(f"gate_up is {gate_up.fmt.name} but down {down.fmt.name}")
         dims = _expert_dims(router, gate_up, b_gate_up, down, b_down, ("gate_up", "down"))
+        if gate_up.scale_mode == down.scale_mode and gate_up.rounding == down.rounding:
+            # (the experts' own metadata, where the caller does not say: a module of RCEIL bytes reads rceil)
+            kwargs.setdefault("scale_mode", gate_up.scale_mode)
+            kwargs.setdefault("rounding", gate_up.rounding)
         return cls._filled(router, dims, top_k, gate_up.fmt, (gate_up, b_gate_up), (down, b_down),
                            lambda mod, q, lo, hi: (q.qdata[lo:hi], q.scale[lo:hi]), expert_range=expert_range,
                            device=device, **kwargs)
@@ -619,9 +626,12 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
         if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
+        if x.device != self.gate_up_qdata.device:
+            raise ValueError(f"MXMoE's experts are on {self.gate_up_qdata.device} but x on {x.device}")
         if x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
             with torch.cuda.device(x.device):
                 return self.forward(x)
+        x = x.contiguous()  # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits)
         routed = None
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
@@ -677,9 +687,14 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         differentiable, so the gradients still reach the router's parameters in their dtype."""
         w = getattr(self.router, "weight", None)  # (None: a router replaced by another module, e.g. an MXLinear)
         if w is None or w.dtype == x.dtype:
-            return self.router(x)
-        b = self.router.bias
-        return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+            logits = self.router(x)
+        else:
+            b = self.router.bias
+            logits = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+        if logits.shape[-1] != self.num_experts:
+            raise ValueError(f"MXMoE's router gives {logits.shape[-1]} logits a token, expected num_experts="
+                             f"{self.num_experts}")
+        return logits
 
     def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
@@ -990,6 +1005,8 @@ def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str
     for name, b in (("b_gate_up", b_gate_up), ("b_down", b_down)):
         if b is not None and not isinstance(b, torch.Tensor):
             raise TypeError(f"{name} must be a tensor or None, got {type(b).__name__}")
+        if b is not None and not b.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {b.dtype}")
     for name, b, shape in (("b_gate_up", b_gate_up, (E, 2 * I)), ("b_down", b_down, (E, H))):
         if b is not None and tuple(b.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")

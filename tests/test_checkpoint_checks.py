@@ -66,6 +66,18 @@ def test_modules_to_not_convert_matches_as_transformers_does(tmp_path, rng):
             load_with(patterns)
 
 
+def test_modules_to_not_convert_must_be_a_list_of_strings(tmp_path, rng):
+    """A bare string (iterated letter by letter it matched "s" at the end of "experts") or a non-string item is a
+    CheckpointError naming the field."""
+    root = _write(tmp_path, rng, num_layers=1)
+    for value in ("lm_head_and_experts", [1], {"a": 1}):
+        _edit_json(root / "config.json", lambda d: d["quantization_config"].update(modules_to_not_convert=value))
+        with pytest.raises(CheckpointError, match="modules_to_not_convert must be a list of strings"):
+            gpt_oss.load_gpt_oss(root, progress=False)
+    _edit_json(root / "config.json", lambda d: d["quantization_config"].update(modules_to_not_convert=None))
+    assert gpt_oss.load_gpt_oss(root, progress=False).dims.num_layers == 1
+
+
 def test_is_gpt_oss_mxfp4_dir_needs_the_model_type(tmp_path, rng):
     root = _write(tmp_path, rng, num_layers=1)
     assert gpt_oss.is_gpt_oss_mxfp4_dir(root)

@@ -376,10 +376,17 @@ def test_save_rejects_tensors_that_do_not_fit_the_directory(tmp_path, rng):
         (dataclasses.replace(m1, gate_up=mxkit.quantize(torch.randn(4, 192, 64), "mxfp8")),
          r"gate_up_proj_blocks: GPT-OSS stores mxfp4_e2m1"),
     ]
+    cases.append((dataclasses.replace(m1, down_bias=[1, 2]), r"down_proj_bias: the value to save is a list"))
     for moe, message in cases:
         with pytest.raises(CheckpointError, match=message):
             gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "new" / "dst", progress=False)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nor a parent folder of dst
+    with pytest.raises(ValueError, match="holds layer 1 more than once"):
+        gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(m1, ckpt.layer(0), m1)), tmp_path / "dst",
+                             progress=False)
+    with pytest.raises(TypeError, match="takes a GptOssCheckpoint"):
+        gpt_oss.save_gpt_oss(str(src), tmp_path / "dst", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def _move_shard(root: Path, shard: str, to: Path, value: str) -> None:
@@ -898,6 +905,9 @@ def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
     from mxkit.nn import MXMoE, load_gpt_oss_model
 
     root = _write(tmp_path, rng, num_experts=8, top_k=4, shards=2)
+    for device in ("tpu", "cuda:99" if torch.cuda.is_available() else "cuda"):  # (before the directory is read)
+        with pytest.raises(ValueError, match="cannot hold tensors here"):
+            load_gpt_oss_model(root, device=device, progress=False)
     model = load_gpt_oss_model(root, dtype=torch.float32, progress=False)
     ref = gpt_oss.load_hf_model(root, dtype=torch.float32, progress=False)
     ckpt = gpt_oss.load_gpt_oss(root, progress=False)

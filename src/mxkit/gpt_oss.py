@@ -200,6 +200,9 @@ def _gpt_oss_config(root: Path) -> tuple[dict, GptOssDims]:
                               "(the experts are not stored as MXFP4 blocks and scales)")
     dims = GptOssDims.from_config(config, where=repr(str(path)))
     patterns = qc.get("modules_to_not_convert") or []
+    if not isinstance(patterns, list) or not all(isinstance(q, str) for q in patterns):
+        raise CheckpointError(f"{str(path)!r}: quantization_config.modules_to_not_convert must be a list of strings, "
+                              f"got {patterns!r}")
     try:
         kept = [i for i in range(dims.num_layers) if _stays_unquantized(f"model.layers.{i}.mlp.experts", patterns)]
     except re.error as e:
@@ -488,6 +491,8 @@ def _mode(path: Path) -> int:
 
 def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
     shape, dtype = reader.meta(name)
+    if not isinstance(t, torch.Tensor):
+        raise CheckpointError(f"{name}: the value to save is a {type(t).__name__}, not a tensor")
     if tuple(t.shape) != shape or _TORCH_DTYPE_NAMES.get(t.dtype) != dtype:
         raise CheckpointError(f"{name}: the tensor to save is {t.dtype} {list(t.shape)}, but "
                               f"{str(reader.weight_map[name])!r} holds {dtype} {list(shape)}; a save keeps the "
@@ -610,7 +615,8 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     replaced whole (a separate ``dst``'s own files and subdirectories are gone), then deleted (between those two
     renames, ``dst`` is briefly absent; a failed deletion is a RuntimeWarning naming the directory left). A ``dst``
     that is a symlink is resolved first: its target is replaced and the link keeps pointing at it.
-    Returns ``dst`` as given. Raises FileExistsError if ``dst`` exists and ``overwrite`` is False, or is not a
+    Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint; ValueError for
+    ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, or is not a
     directory; ValueError for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the
     source); CheckpointError (naming the tensor) when a layer's tensor no longer matches the source's shape or
     dtype, or an MXTensor is not MXFP4 along its last axis; and the errors of reading the source (see
@@ -618,6 +624,11 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     """
     from tqdm.auto import tqdm
 
+    if not isinstance(ckpt, GptOssCheckpoint):
+        raise TypeError(f"save_gpt_oss takes a GptOssCheckpoint (load_gpt_oss), got {type(ckpt).__name__}")
+    seen = [m.layer for m in ckpt.layers]
+    if len(set(seen)) != len(seen):
+        raise ValueError(f"ckpt.layers holds layer {next(i for i in seen if seen.count(i) > 1)} more than once")
     src, given = Path(ckpt.path), Path(dst)
     dst = given.resolve() if given.is_symlink() else given
     if dst.exists() and not overwrite:

@@ -382,8 +382,8 @@ def test_bad_arguments_of_the_gemm_entry_points(rng):
 
 
 def test_k_zero_is_the_empty_sum(rng):
-    """K = 0: zeros plus the bias, rounded once, on every backend (used to be a raw reshape error); pack_weight
-    refuses such a weight by name."""
+    """K = 0: zeros plus the bias, rounded once, on every backend (used to be a raw reshape error), packed or not
+    (pack_weight of an FP4 / FP6 weight refused it: its fold has no rows of blocks)."""
     from mxkit import MXTensor
 
     w = MXTensor(torch.zeros(16, 0, dtype=torch.uint8), torch.zeros(16, 0, dtype=torch.uint8), "mxfp4", 1, 32,
@@ -395,8 +395,13 @@ def test_k_zero_is_the_empty_sum(rng):
         assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
         assert torch.equal(y, bias.to(torch.bfloat16).expand(2, 3, 16))
         assert torch.equal(mxkit.matmul(x.float(), w, backend=backend), torch.zeros(2, 3, 16))
-    with pytest.raises(ValueError, match="K=0"):
-        mxkit.pack_weight(w)
+    for fmt in ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3"):
+        w = MXTensor(torch.zeros(16, 0, dtype=torch.uint8), torch.zeros(16, 0, dtype=torch.uint8), fmt, 1, 32, (16, 0))
+        for act in (None, "float", "mx", "fp8_rowwise"):
+            pw = mxkit.pack_weight(w, act=act)
+            for a in (torch.randn(3, 0, generator=rng), mxkit.quantize_fp8_rowwise(torch.randn(3, 0, generator=rng))):
+                y = mxkit.matmul(a, pw, bias=bias)  # (bf16 for FP8 rowwise activations: the bias rounded once)
+                assert torch.equal(y, bias.to(y.dtype).expand(3, 16)), (fmt, act)
 
 
 def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):
@@ -466,6 +471,12 @@ def test_pack_weight_of_other_blocks_takes_the_exact_paths(fmt, block_size, rng)
         assert p.folded is None and p.mma_q is None and p.wide is None
         a = xq if act == "mx" else x
         assert_within_bound(mxkit.matmul(a, p), a, p)
+    # backend="triton" plans for them too (it chose fold-fp8 / w4a8-fp8 with no fold to read: an AttributeError),
+    # FP8 rowwise, MX of 32 and of the weight's blocks, and folded activations
+    for a in (mxkit.quantize_fp8_rowwise(x), mxkit.quantize(x, "mxfp4"), xq, mxkit.quantize_fold(x, "mxfp4")):
+        for b in (w, mxkit.pack_weight(w)):
+            assert mxkit.gemm_plan(a, b, backend="triton").path == "fp32-exact"
+            assert torch.equal(mxkit.matmul(a, b, backend="triton"), mxkit.matmul(a, b, backend="reference"))
 
 
 @pytest.mark.gpu

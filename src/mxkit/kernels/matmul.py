@@ -267,7 +267,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     _check_weight(w, "w")
     w = plain(w)
     blocks32 = w.block_size == 32  # (the fold, the small-M layouts and the MXFP6 twin are of 32-element blocks)
-    fold = _fold(w, defer=True, stats=True) if blocks32 and can_fold(w.fmt) and act != "float" else None
+    fold = (_fold(w, defer=True, stats=True) if blocks32 and can_fold(w.fmt) and act != "float" and w.shape[1]
+            else None)  # (K = 0: the empty sum, no fold)
     pending = None if fold is None or isinstance(fold, Folded) else fold
     folded = pending.folded if pending is not None else fold
     builds_mma = blocks32 and (act is None or act in {"mxfp4_e2m1": ("float",), "mxfp8_e4m3": ("float", "mx"),
@@ -507,6 +508,10 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
              "are as exact in bf16 as in float32)")
     if kind == "pending" and not can_fold(wf):
         raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
+    if w.block_size != 32 or (kind == "mx" and a.block_size != 32):  # (every kernel's layout: blocks of 32)
+        sizes = f"{w.block_size}" if kind != "mx" else f"{a.block_size} x {w.block_size}"
+        return plan("fp32-exact", f"blocks of {sizes}: the tensor-core paths take blocks of 32; the exact values in "
+                                  f"float32, float32 GEMM")
     if out == torch.float64 and dev.type == "cuda":  # (the tensor-core kernels write 16- and 32-bit outputs)
         return plan("fp32-exact", "a float64 output: the exact values in float32, cuBLAS float32 with TF32 off, "
                                   "widened")

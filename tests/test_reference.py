@@ -269,6 +269,36 @@ def test_pack_unpack_round_trip(fmt, rng):
     assert torch.equal(oracle_unpack(packed, fmt), codes)
 
 
+def test_reference_helpers_check_their_inputs():
+    """pack_codes / unpack_codes / matmul_reference / quantize_fp8_rowwise_reference: a code past the format's bits
+    (packed into the next nibble: silent garbage), a length that does not pack, a non-uint8 or 0-d tensor, an
+    integer x are TypeError / ValueError naming them (raw reshape / index errors before)."""
+    from mxkit.reference import matmul_reference, quantize_fp8_rowwise_reference
+
+    u8 = torch.uint8
+    with pytest.raises(ValueError, match="past 4 bits"):
+        pack_codes(torch.tensor([[17, 1]], dtype=u8), "mxfp4")
+    with pytest.raises(ValueError, match="past 6 bits"):
+        pack_codes(torch.tensor([[0, 64, 0, 0]], dtype=u8), "mxfp6_e2m3")
+    with pytest.raises(ValueError, match="multiple of 2"):
+        pack_codes(torch.zeros(2, 3, dtype=u8), "mxfp4")
+    with pytest.raises(ValueError, match="multiple of 3"):
+        unpack_codes(torch.zeros(2, 4, dtype=u8), "mxfp6_e3m2")
+    with pytest.raises(TypeError, match="uint8"):
+        pack_codes(torch.tensor([[1.7, 1.0]]), "mxfp4")
+    with pytest.raises(TypeError, match="uint8"):
+        unpack_codes(torch.zeros(2, 4, dtype=torch.int32), "mxfp4")
+    for fn in (lambda: pack_codes(torch.tensor(3, dtype=u8), "mxfp4"),
+               lambda: unpack_codes(torch.tensor(3, dtype=u8), "mxfp8_e4m3"),
+               lambda: matmul_reference(torch.tensor(1.0), quantize_reference(torch.randn(4, 32), "mxfp4")),
+               lambda: quantize_fp8_rowwise_reference(torch.tensor(1.0))):
+        with pytest.raises(ValueError, match="at least one dimension"):
+            fn()
+    with pytest.raises(TypeError, match="float32 / bfloat16 / float16"):
+        quantize_fp8_rowwise_reference(torch.ones(2, 4, dtype=torch.int32))
+    assert torch.equal(pack_codes(torch.tensor([[15, 1]], dtype=u8), "mxfp4"), torch.tensor([[0x1F]], dtype=u8))
+
+
 def test_fp4_nibble_order():
     # block amax 6 -> FLOOR scale 2^0; element 2i in the low nibble
     x = block([6.0, 0.5, -1.0, 2.0, 0.0, -0.0])

@@ -59,10 +59,15 @@ def pack_codes(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     FP4: two codes per byte, element 2i in the low nibble → (..., n // 2).
     FP6: four codes per 3 bytes, little-endian word ``a | b << 6 | c << 12 | d << 18`` → (..., 3n // 4).
     FP8 / INT8: unchanged.
+    Raises TypeError for codes that are not a uint8 tensor; ValueError for a 0-d tensor, a last dim that is not a
+    multiple of the format's packing (2 for FP4, 4 for FP6), or a code of more than the format's bits.
     """
     f = get_format(fmt)
+    _check_code_tensor(codes, "codes", f.pack, "codes")
+    if f.bits < 8 and codes.numel() and bool((codes >> f.bits).any()):
+        raise ValueError(f"codes hold a value past {f.bits} bits ({f.name} codes are 0 .. {(1 << f.bits) - 1})")
     if f.pack == 1:
-        return codes.to(torch.uint8)
+        return codes
     c = codes.to(torch.int32).reshape(*codes.shape[:-1], codes.shape[-1] // f.pack, f.pack)
     if f.bits == 4:
         return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
@@ -71,9 +76,21 @@ def pack_codes(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     return b.reshape(*codes.shape[:-1], codes.shape[-1] * 3 // 4).to(torch.uint8)
 
 
+def _check_code_tensor(t, name: str, multiple: int, what: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a uint8 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (..., n)")
+    if t.shape[-1] % multiple:
+        raise ValueError(f"{name} of shape {tuple(t.shape)}: the last dim must be a multiple of {multiple} ({what})")
+
+
 def unpack_codes(qdata: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
-    """Inverse of :func:`pack_codes`: qdata bytes (..., m) → element codes (uint8) (..., m * pack / pack_bytes)."""
+    """Inverse of :func:`pack_codes`: qdata bytes (..., m) → element codes (uint8) (..., m * pack / pack_bytes).
+    Raises TypeError for qdata that is not a uint8 tensor; ValueError for a 0-d tensor or an m that is not a
+    multiple of the format's packed bytes (3 for FP6)."""
     f = get_format(fmt)
+    _check_code_tensor(qdata, "qdata", f.pack_bytes, "packed bytes")
     if f.pack == 1:
         return qdata
     q = qdata.to(torch.int32)
@@ -230,6 +247,8 @@ def matmul_reference(
     elif isinstance(a, torch.Tensor):
         if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"a.dtype={a.dtype} is not supported; expected float32, bfloat16 or float16")
+        if a.dim() == 0:
+            raise ValueError("a must have at least one dimension (..., K)")
         a_f = a.to(torch.float32).contiguous()  # (BLAS picks its kernel by layout: the bits of the contiguous copy)
         default_dtype = a.dtype
     else:
@@ -251,7 +270,12 @@ def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     included; NaN for a row holding NaN), ``data = E4M3(x / scale)`` after clamping to ±448, rounded
     to nearest even (E4M3 subnormals included). NaN is canonical: scale 0x7FC00000, data code 0x7F (an Inf in a
     row makes its scale Inf, that element NaN and the rest ±0). Returns (data float8_e4m3fn (..., K), scale
-    float32 (..., 1)). The twin of :func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton` (byte-identical)."""
+    float32 (..., 1)). The twin of :func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton` (byte-identical).
+    Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor, ValueError for a 0-d x."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., K)")
     xf = x.to(torch.float32)
     if x.shape[-1]:
         amax = xf.abs().amax(dim=-1, keepdim=True)

@@ -146,7 +146,9 @@ def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> to
       returns; any device.
     shape: (rows, cols) of the plain scale (rows_p, cols_p = :func:`scale_layout_shape`).
     Returns (rows, cols) uint8, contiguous, on ``swizzled.device``. Padding bytes are dropped unread (aiter
-      leaves them uninitialised), so any padding content is accepted.
+      leaves them uninitialised), so any padding content is accepted. A swizzled buffer does not record its plain
+      shape: a wrong ``shape`` of the same padded sizes (cols 4 for a scale of 3) is not detected, and its extra
+      rows / columns are padding bytes (:class:`mxkit.MXTensor` keeps its shape, so its scales are unaffected).
 
     Raises ValueError for an unknown layout, another dtype, a ``shape`` that is not two non-negative ints,
     or a ``swizzled`` whose shape is neither (rows_p, cols_p) nor (rows_p * cols_p,).

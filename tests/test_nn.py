@@ -682,6 +682,18 @@ def test_quantize_model_on_the_meta_device():
     model, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
     assert [r.status for r in report] == ["quantized", "quantized"] and report[0].qsnr_db is None
     assert isinstance(model[0], MXLinear) and model[0].weight_qdata.is_meta
+    # its forward gives the output's shape and dtype (gemm_plan takes the reference without reading a scale
+    # statistic: it raised "Cannot copy out of meta tensor"); so does matmul on every backend; pack_weight refuses
+    x = torch.randn(3, 64, device="meta")
+    assert model(x).shape == (3, 32) and model(x).is_meta
+    w = mxkit.quantize(torch.randn(48, 64, device="meta"), "mxfp4")
+    for a in (x, x.bfloat16(), mxkit.quantize(x, "mxfp8_e4m3")):
+        for backend in ("auto", "triton", "reference"):
+            y = mxkit.matmul(a, w, bias=torch.zeros(48, device="meta"), backend=backend)
+            assert y.is_meta and y.shape == (3, 48) and y.dtype == (torch.float32 if a is x else torch.bfloat16)
+            assert mxkit.gemm_plan(a, w, backend=backend).path == "reference"
+    with pytest.raises(NotImplementedError, match="not on the meta device"):
+        mxkit.pack_weight(w)
 
 
 @pytest.mark.parametrize("fmt,act", [("mxfp4", None), ("mxfp6_e3m2", "mxfp8_e4m3")])

@@ -252,7 +252,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     weight without its fold packs the weight again on the call (correct, slower). A weight of blocks other than 32
     elements gets none of these layouts (the scale extrema and the dense cache only): its GEMMs take the exact
     paths. Raises TypeError /
-    ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``.
+    ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``; NotImplementedError on the
+    meta device (packing reads the scale statistics; ``matmul`` of a meta MXTensor gives the output's shape).
     """
     if act not in PACK_ACTS:
         raise ValueError(f"act={act!r}: one of {PACK_ACTS}")
@@ -265,6 +266,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
                              ".source again")
         return w
     _check_weight(w, "w")
+    if w.device.type == "meta":
+        raise NotImplementedError("pack_weight reads the weight's scale statistics: not on the meta device")
     w = plain(w)
     blocks32 = w.block_size == 32  # (the fold, the small-M layouts and the MXFP6 twin are of 32-element blocks)
     fold = (_fold(w, defer=True, stats=True) if blocks32 and can_fold(w.fmt) and act != "float" and w.shape[1]
@@ -508,6 +511,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
              "are as exact in bf16 as in float32)")
     if kind == "pending" and not can_fold(wf):
         raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
+    if dev.type == "meta":  # (no values: the reference's shapes and dtype, without reading a scale statistic)
+        return plan("reference", "meta tensors: the output's shape and dtype only")
     if w.block_size != 32 or (kind == "mx" and a.block_size != 32):  # (every kernel's layout: blocks of 32)
         sizes = f"{w.block_size}" if kind != "mx" else f"{a.block_size} x {w.block_size}"
         return plan("fp32-exact", f"blocks of {sizes}: the tensor-core paths take blocks of 32; the exact values in "

@@ -315,7 +315,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         element's E4M3 value times its row scale over its block scale is the FP4 / FP6 element exactly (the fold
         is exact), encoded again. One expert at a time (float32 temporaries of one expert)."""
         from ..formats import _exp2_f32, encode_elements
-        from ..reference import pack_codes
+        from ..reference import _pack_codes
 
         data = getattr(self, f"{name}_qdata").view(torch.float8_e4m3fn)
         scale, row = getattr(self, f"{name}_scale"), getattr(self, f"{name}_row_scale")
@@ -327,7 +327,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         for e in range(E):
             shift = row_exp[e][:, None] - (scale[e].to(torch.int32) - 127)  # (N, nb)
             v = data[e].to(torch.float32).view(N, nb, self.block_size) * _exp2_f32(shift)[..., None]
-            qd[e] = pack_codes(encode_elements(v.view(N, K), self.weight_format), self.weight_format)
+            qd[e] = _pack_codes(encode_elements(v.view(N, K), self.weight_format), self.weight_format)
         return qd, scale.clone()
 
     def _fold_(self) -> bool:

@@ -199,6 +199,10 @@ def test_mxmoe_input_checks_and_strided_x(rng):
     m = MXMoE.from_mx(nn.Linear(H, E), q[0], None, q[1], None, k)
     assert (m.scale_mode.value, m.rounding.value) == ("rceil", "away")
     assert MXMoE.from_mx(nn.Linear(H, E), q[0], None, q[1], None, k, scale_mode="floor").scale_mode.value == "floor"
+    d_floor = mxkit.quantize(w_d, "mxfp4", rounding="away")
+    with pytest.raises(ValueError, match="gate_up's scale_mode is rceil but down's floor: pass scale_mode="):
+        MXMoE.from_mx(nn.Linear(H, E), q[0], None, d_floor, None, k)
+    assert MXMoE.from_mx(nn.Linear(H, E), q[0], None, d_floor, None, k, scale_mode="ceil").scale_mode.value == "ceil"
 
 
 def _tie_blocks(shape, rng) -> torch.Tensor:

@@ -350,7 +350,7 @@ def test_quantize_model_one_linear_at_two_paths_and_a_quantized_model(rng):
         _, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
     assert isinstance(model[0], MXLinear) and model[2] is model[0]
     assert [(r.name, r.status) for r in report] == [("0", "quantized"), ("2", "quantized")]
-    assert "the module of 0" in report[1].reason and report[1].qsnr_db == report[0].qsnr_db
+    assert report[1].shared_with == "0" and report[0].shared_with is None and report[1].qsnr_db == report[0].qsnr_db
     assert torch.equal(model(x), model[0](torch.relu(model[0](x))))
     before = model[0].weight_qdata.clone()
     with pytest.warns(UserWarning, match=r"found 1 MXLinear layer\(s\) already quantized \(0\)"):
@@ -359,6 +359,14 @@ def test_quantize_model_one_linear_at_two_paths_and_a_quantized_model(rng):
     assert torch.equal(model[0].weight_qdata, before)
     with pytest.raises(TypeError, match="needs an nn.Module, got str"):
         quantize_model("model", "mxfp4")
+    # a skip matching the second path keeps the module dense at both (it was quantized through the first)
+    lin = nn.Linear(64, 64)
+    model = nn.Module()
+    model.body, model.lm_head = nn.Sequential(lin), lin
+    _, report = quantize_model(model, "mxfp4", skip="lm_head", progress=False, return_report=True)
+    assert model.lm_head is lin and model.body[0] is lin
+    assert [(r.name, r.status, r.shared_with) for r in report] == [("body.0", "skipped", None),
+                                                                  ("lm_head", "skipped", "body.0")]
 
 
 def test_qsnr_db_values(rng):

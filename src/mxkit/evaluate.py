@@ -499,10 +499,10 @@ def evaluate(
         emb, nll, _ = _run(qmodel, em.kind, batches)
         ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)
         elapsed = time.perf_counter() - t
-        done = [r for r in report if r.status == "quantized"]
+        done = [r for r in report if r.status == "quantized" and r.shared_with is None]  # (a module once)
         cos = (emb.double() * ref_emb.double()).sum(-1)
         row = dict(base, format=fmt, scale_mode=mode, act_format=act, layers_quantized=len(done),
-                   layers_left=len(report) - len(done), time_s=elapsed, ms_per_batch=ms,
+                   layers_left=sum(r.shared_with is None for r in report) - len(done), time_s=elapsed, ms_per_batch=ms,
                    cos_mean=cos.mean().item(), cos_min=cos.min().item(),
                    nn_agree=(_nearest_other(emb) == ref_nn).double().mean().item())
         if done:

@@ -477,6 +477,11 @@ def test_pack_weight_of_other_blocks_takes_the_exact_paths(fmt, block_size, rng)
         for b in (w, mxkit.pack_weight(w)):
             assert mxkit.gemm_plan(a, b, backend="triton").path == "fp32-exact"
             assert torch.equal(mxkit.matmul(a, b, backend="triton"), mxkit.matmul(a, b, backend="reference"))
+    # 16-bit float activations keep the dense routes, which read any block size (the weight's dequantized cache too)
+    xb = x.to(torch.bfloat16)
+    for b, path in ((w, "dense-exact"), (mxkit.pack_weight(w, dense=torch.bfloat16), "dense-cached")):
+        assert mxkit.gemm_plan(xb, b, backend="triton").path == path
+        assert_within_bound(mxkit.matmul(xb, b, backend="triton"), xb, w)
 
 
 @pytest.mark.gpu

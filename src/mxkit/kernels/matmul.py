@@ -513,13 +513,21 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
         raise ValueError(f"a pending fold needs a weight that folds, got {wf.name}")
     if dev.type == "meta":  # (no values: the reference's shapes and dtype, without reading a scale statistic)
         return plan("reference", "meta tensors: the output's shape and dtype only")
-    if w.block_size != 32 or (kind == "mx" and a.block_size != 32):  # (every kernel's layout: blocks of 32)
-        sizes = f"{w.block_size}" if kind != "mx" else f"{a.block_size} x {w.block_size}"
-        return plan("fp32-exact", f"blocks of {sizes}: the tensor-core paths take blocks of 32; the exact values in "
-                                  f"float32, float32 GEMM")
     if out == torch.float64 and dev.type == "cuda":  # (the tensor-core kernels write 16- and 32-bit outputs)
         return plan("fp32-exact", "a float64 output: the exact values in float32, cuBLAS float32 with TF32 off, "
                                   "widened")
+    if w.block_size != 32 or (kind == "mx" and a.block_size != 32):  # (the kernels' layouts: blocks of 32)
+        sizes = f"{w.block_size}" if kind != "mx" else f"{a.block_size} x {w.block_size}"
+        if kind == "float" and a.dtype in (torch.bfloat16, torch.float16):  # (the dense routes read any block)
+            lo, hi = ((b.scale_min, b.scale_max) if isinstance(b, PackedWeight) else scale_extrema(w.scale)[:2])
+            rng = exact_scale_range(wf, a.dtype)
+            if in_range(lo, hi, rng):
+                if isinstance(b, PackedWeight) and b.dense is not None and b.dense.dtype == a.dtype:
+                    return plan("dense-cached", f"blocks of {sizes}: {a.dtype} x the weight's dequantized cache")
+                return plan("dense-exact", f"blocks of {sizes}: {a.dtype} x the weight dequantized (exact in "
+                                           f"{a.dtype}: scale bytes [{lo}, {hi}])")
+        return plan("fp32-exact", f"blocks of {sizes}: the tensor-core paths take blocks of 32; the exact values in "
+                                  f"float32, float32 GEMM")
     if kind == "pending":
         if f32:
             return plan("bf16-exact" if a.source is not None else "fp32-exact", why32)

@@ -393,6 +393,8 @@ class LayerReport:
     multiple of block_size, an empty layer, a weight dtype other than float32 / bfloat16 / float16: ``reason``
     says which). qsnr_db: weight QSNR in dB (``None`` unless quantized and computed).
     bits_per_weight: storage bits per weight element including scales (``None`` unless quantized).
+    shared_with: for a module registered at more than one path, the first path's name on the rows of the others
+    (the same module and status; leave these rows out of totals).
     """
 
     name: str
@@ -403,6 +405,7 @@ class LayerReport:
     qsnr_db: Optional[float] = None
     bits_per_weight: Optional[float] = None
     weight_nbytes: Optional[int] = None
+    shared_with: Optional[str] = None
 
     @property
     def numel(self) -> int:
@@ -527,7 +530,8 @@ def quantize_model(
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
     ``model.mx_report``. A Linear registered at two paths (one module, two names) becomes one MXLinear at both,
-    a row each. MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises,
+    a row each (the second's ``shared_with`` names the first; a ``skip`` matching either path keeps it at both).
+    MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises,
     before touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown format or mode
     names, ValueError for a ``block_size`` that is not a positive multiple of the element packing, TypeError for
     a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when ``model`` is a bare
@@ -568,18 +572,20 @@ def quantize_model(
         names_of.setdefault(id(p), []).append(n)
     report: list[LayerReport] = []
     unsupported, untied = [], []
+    paths: dict[int, list[str]] = {}  # id(Linear) -> its paths (one module registered twice: two)
+    for n, m in linears:
+        paths.setdefault(id(m), []).append(n)
     made: dict[int, tuple[str, MXLinear, LayerReport]] = {}  # id(Linear) -> its first path, MXLinear and row
     for name, lin in tqdm(linears, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
         row = LayerReport(name, lin.out_features, lin.in_features, "quantized")
         if id(lin) in made:  # the same module at a second path: the same MXLinear there (or left as the first)
             first, new, first_row = made[id(lin)]
-            row = replace(first_row, name=name)
+            row = replace(first_row, name=name, shared_with=first)
             if new is not None:
-                row.reason = f"the module of {first}: the same MXLinear"
                 _set_submodule(model, name, new)
             report.append(row)
             continue
-        if should_skip(name, lin):
+        if any(should_skip(p, lin) for p in paths[id(lin)]):  # (a skip of any of its paths keeps it at all)
             row.status, row.reason = "skipped", "matched skip"
         elif id(lin) in in_moe:  # (MXMoE's router: it reads its weight, and its logits choose the experts)
             row.status, row.reason = "skipped", "inside an MXMoE (its router)"
@@ -596,7 +602,7 @@ def quantize_model(
                 row.qsnr_db = qsnr_db(lin.weight, new.dequantize_weight(torch.float32))
             row.weight_nbytes = new.weight_nbytes
             row.bits_per_weight = 8.0 * new.weight_nbytes / row.numel
-            own = {f"{n}.weight" for n, m in linears if m is lin}  # (its paths: one MXLinear at each)
+            own = {f"{n}.weight" for n in paths[id(lin)]}  # (its paths: one MXLinear at each)
             others = [n for n in names_of.get(id(lin.weight), ()) if n not in own]
             if others:
                 untied.append(f"{name}.weight (tied to {', '.join(others)})")

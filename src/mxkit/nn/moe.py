@@ -499,7 +499,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
           both of one format, quantized along their last axis, plain scales, block size 32; b_gate_up (E, 2I),
           b_down (E, H) or both None. Memory-mapped inputs are read once, only the experts of ``expert_range``.
         device: of the module (default: the router's); the router and the biases keep the router's dtype.
-        kwargs: the constructor's (routing, activation, return_router_scores, backend, act_format, keep_source).
+        kwargs: the constructor's (routing, activation, return_router_scores, backend, act_format, keep_source;
+          scale_mode and rounding default to the experts' own, which must then agree).
         Raises TypeError / ValueError for operands that do not fit together (naming them).
         """
         for name, t in (("gate_up", gate_up), ("down", down)):
@@ -512,10 +513,12 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if gate_up.fmt != down.fmt:
             raise ValueError(f"gate_up is {gate_up.fmt.name} but down {down.fmt.name}")
         dims = _expert_dims(router, gate_up, b_gate_up, down, b_down, ("gate_up", "down"))
-        if gate_up.scale_mode == down.scale_mode and gate_up.rounding == down.rounding:
-            # (the experts' own metadata, where the caller does not say: a module of RCEIL bytes reads rceil)
-            kwargs.setdefault("scale_mode", gate_up.scale_mode)
-            kwargs.setdefault("rounding", gate_up.rounding)
+        for key in ("scale_mode", "rounding"):  # (the experts' own metadata where the caller does not say)
+            if key not in kwargs:
+                if getattr(gate_up, key) != getattr(down, key):
+                    raise ValueError(f"gate_up's {key} is {getattr(gate_up, key).value} but down's "
+                                     f"{getattr(down, key).value}: pass {key}= for the module")
+                kwargs[key] = getattr(gate_up, key)
         return cls._filled(router, dims, top_k, gate_up.fmt, (gate_up, b_gate_up), (down, b_down),
                            lambda mod, q, lo, hi: (q.qdata[lo:hi], q.scale[lo:hi]), expert_range=expert_range,
                            device=device, **kwargs)

@@ -334,6 +334,39 @@ def test_fused_output_made_without_grad_is_not_served_to_a_grad_call(rng):
     assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
 
 
+def test_fused_output_of_an_x_without_grad_is_not_served_after_it_requires_grad(rng):
+    """x.requires_grad_() between two parts' calls (bias-free members: the first output carries no graph): the
+    second part recomputes, its output carries the graph and x's gradient is the unfused layer's."""
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n, bias=False), "mxfp4") for n in (32, 16)])
+    x = torch.randn(4, 64, generator=rng)
+    assert not group.output(x, 0).requires_grad
+    x.requires_grad_(True)
+    k = group.output(x, 1)
+    assert k.requires_grad
+    k.sum().backward()
+    w = group.fused.dequantize_weight(torch.float32)[32:48]
+    assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
+
+
+def test_fuse_siblings_leaves_a_group_whose_name_is_taken(rng):
+    """A group whose joined name the parent already has (a module of that name, or an earlier group: "a" + "b_c"
+    and "a_b" + "c" both join to "a_b_c") is left alone: the existing module and the first group stay registered,
+    so state_dict and .to() still see every weight."""
+    mk = lambda: MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")  # noqa: E731
+    m = nn.Module()
+    m.a, m.b_c, m.a_b, m.c = mk(), mk(), mk(), mk()
+    x = torch.randn(3, 64, generator=rng)
+    want = {n: getattr(m, n)(x) for n in ("a", "b_c", "a_b", "c")}
+    assert fuse_siblings(m, [("a", "b_c"), ("a_b", "c")]) == ["a_b_c"]
+    assert type(m.a_b).__name__ == "MXLinear" and type(m.c).__name__ == "MXLinear"
+    assert len(list(m.buffers())) == 2 + 2 * 2  # (the fused pair's qdata and scale, and the two left alone's)
+    for n, y in want.items():
+        torch.testing.assert_close(getattr(m, n)(x), y, rtol=1e-6, atol=1e-6)
+    q = nn.Module()
+    q.q, q.k, q.q_k = mk(), mk(), nn.Linear(3, 3)
+    assert fuse_siblings(q, [("q", "k")]) == [] and isinstance(q.q_k, nn.Linear)
+
+
 def test_fused_model_under_vmap(rng):
     """torch.func.vmap of a fused model (its input a BatchedTensor, which has no data pointer to key the reuse by)
     gives the unfused model's vmap, bit for bit (raised "Cannot access data pointer of Tensor that doesn't have

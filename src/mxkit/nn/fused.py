@@ -11,10 +11,13 @@ The fused weight is the members' MX bytes stacked along N (each row keeps its ow
 output element is the one the member computes, up to the GEMM's float32 summation order (the same issue #22 bound).
 The first part called with an input runs the fused GEMM and keeps its output until every part of the group has read
 it, for that very tensor object (or view of one base object, with the same data pointer, shape and strides) at that
-version and in the same grad mode (``x._version``: an in-place change of x, or a load_state_dict, between two parts'
-calls recomputes, as does a part called with gradients on after one called under ``no_grad``; an
-in-place edit of the fused weight buffers by hand is not seen, nor, since an inference-mode tensor keeps no version,
-an in-place change of one between two parts' calls): parts called with different inputs each get a correct result.
+version and in the same grad mode and ``x.requires_grad`` (``x._version``: an in-place change of x, or a
+load_state_dict, between two parts' calls recomputes, as does a part called with gradients on after one called
+under ``no_grad`` or before x required grad; an in-place edit of the fused weight buffers by hand is not seen, nor,
+since an inference-mode tensor keeps no version, an in-place change of one between two parts' calls, nor an edit
+through ``x.data`` or a buffer shared with numpy, which bypass the version counter): parts called with different
+inputs each get a correct result. A part's output is a column slice of the fused output: not contiguous (``view``
+calls that merge its leading dimensions need ``reshape``).
 An input without storage (a BatchedTensor inside ``torch.func.vmap``) has no data pointer to key the reuse by: each
 part called with it runs the fused GEMM and takes its slice.
 Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cache: the first part traced with an
@@ -114,7 +117,9 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])
         ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
         src = x if x._base is None else x._base
-        grad = torch.is_grad_enabled()  # (an output made under no_grad carries no graph for a grad-mode part)
+        # (an output made under no_grad, or of an x that did not require grad then, carries no graph for a part
+        # that needs one)
+        grad = (torch.is_grad_enabled(), x.requires_grad)
         last = self._last
         hit = (last is not None and last[0]() is src and last[4] == view and last[1] == ver and last[5] == grad
                and i not in last[3])
@@ -193,7 +198,8 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     members that do not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so
     are cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
-    each call still returns its correct output. Raises TypeError when a group is a str or holds anything but
+    each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the parent
+    already has is left alone too. Raises TypeError when a group is a str or holds anything but
     str names (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple)."""
     groups = _check_groups(groups)
     done = []
@@ -209,6 +215,8 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
             except ValueError:
                 continue
             gname = "_".join(names)
+            if hasattr(parent, gname):  # (a name taken, by the module or by another group: left alone)
+                continue
             parent.add_module(gname, group)
             for i, n in enumerate(names):
                 setattr(parent, n, FusedPart(group, i))

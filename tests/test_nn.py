@@ -310,6 +310,23 @@ def test_quantize_model_leaves_layers_it_cannot_take(rng):
     assert "float64" in report[1].reason and "block_size" in report[3].reason and "empty" in report[4].reason
 
 
+def test_quantize_model_leaves_linear_subclasses_with_their_own_forward(rng):
+    """An nn.Linear subclass whose forward is its own (a scaled output here; bitsandbytes' layers are such) would
+    lose it as an MXLinear: reported unsupported and left alone; a subclass that keeps Linear.forward quantizes."""
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    class Plain(nn.Linear):
+        pass
+
+    model = nn.Sequential(Scaled(64, 64), Plain(64, 64))
+    with pytest.warns(UserWarning, match="Scaled: an nn.Linear subclass with a forward of its own"):
+        _, report = quantize_model(model, "mxfp4", progress=False, return_report=True)
+    assert isinstance(model[0], Scaled) and isinstance(model[1], MXLinear)
+    assert [r.status for r in report] == ["unsupported", "quantized"]
+
+
 def test_quantize_model_warns_when_it_unties_a_weight(rng):
     """A Linear sharing its weight with an embedding (a tied lm_head) gets its own MX copy and a warning naming the
     tie; the embedding stays dense."""
@@ -663,6 +680,11 @@ def test_mx_linear_under_torch_func_vmap_and_grad(rng):
     assert torch.equal(got, x.grad)
     gx = torch.func.grad(lambda t: (m(t) * g).sum())(x.detach())
     assert torch.equal(gx, x.grad)
+    # MX activations of a format that does not fold (MXFP8, MXINT8): the plan read their scale statistics on the
+    # host, which a BatchedTensor has not ("Cannot access data pointer"); now the float32 route, the same bytes
+    for act in ("mxfp8_e4m3", "mxint8", "mxfp4", "fp8_e4m3_rowwise"):
+        m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format=act)
+        assert torch.equal(torch.func.vmap(m)(x.detach()), m(x.detach())), act
 
 
 def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):

@@ -558,6 +558,8 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                   f"{hi}]); rows of a with a scale byte outside [{r0}, {r1}] are recomputed "
                                   f"exactly by the fix-up kernel")
     if kind == "mx":
+        if _batched(a.scale):  # (inside torch.func.vmap: no host read of a's scale statistics)
+            return plan("fp32-exact", f"{a.fmt.name} x {wf.name} under torch.func.vmap: exact in float32")
         alo, ahi, _ = scale_extrema(a.scale)
         if in_range(alo, ahi, exact_scale_range(a.fmt, torch.bfloat16)) and in_range(
                 lo, hi, exact_scale_range(wf, torch.bfloat16)):
@@ -595,6 +597,12 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
 
 # --------------------------------------------------------------------------------------------------------
 # the paths
+
+
+def _batched(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a functorch BatchedTensor (inside ``torch.func.vmap``: no data to read on the host)."""
+    check = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return check is not None and check(t)
 
 
 def _values_fp32(a, kind: str) -> torch.Tensor:

@@ -487,6 +487,8 @@ def _unsupported(lin: nn.Linear, block_size: int) -> str:
         return f"weight_shape {lin.out_features} x {lin.in_features}: empty"
     if lin.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"weight_dtype {lin.weight.dtype}: float32, bfloat16 or float16 only"
+    if type(lin).forward is not nn.Linear.forward:  # (an MXLinear computes x @ W.T + b: its forward would be lost)
+        return f"{type(lin).__name__}: an nn.Linear subclass with a forward of its own"
     return ""
 
 
@@ -516,7 +518,7 @@ def quantize_model(
     skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
       callable ``(name, module) -> bool``; matching layers are left as they are.
     Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
-    bfloat16 / float16, and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
+    bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own, and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
     ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) are left
     alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another

@@ -255,6 +255,11 @@ def case_errors(rank: int, world: int, g: torch.Generator) -> None:
         row(torch.randn(2, 128))
     with pytest.raises(TypeError, match="unsharded MXLinear"):
         shard_mxlinear(row, "row")
+    only0 = dist.new_group([0])  # (every rank makes it; rank 0 alone is in it)
+    if rank != 0:  # torch.distributed's rank -1 in a group this rank is not in: a negative width before
+        for cls in (ColumnParallelMXLinear, RowParallelMXLinear):
+            with pytest.raises(ValueError, match=rf"global rank {rank}\) is not a member of the group"):
+                cls(128, 64, "mxfp4", group=only0)
     dist.barrier()  # every rank got here: nothing above waited on a collective
 
 

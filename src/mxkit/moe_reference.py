@@ -116,7 +116,8 @@ def route(
     Ties: equal logits go to the lower expert index, deterministically on every device (``torch.topk`` leaves
     the order of ties unspecified; see :func:`_topk_lowest_index_on_ties`); -0.0 equals +0.0; NaN ranks above
     every number (the same on CPU and CUDA). Slots are ordered by decreasing logit, as ``torch.topk(sorted=True)``
-    orders them.
+    orders them. Infinite logits follow ``torch.softmax``: a +inf among the softmax's logits (or all of them -inf)
+    makes that token's weights NaN, as a NaN logit does; -inf logits next to finite ones get weight 0.
 
     Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)`` on the logits' device.
     Raises TypeError for a non-float tensor, ValueError for a shape other than (T, E), a ``top_k`` outside

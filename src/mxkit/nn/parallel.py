@@ -151,6 +151,9 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
                  bias: bool = True, act_format: Optional[FormatLike] = None, **kwargs) -> None:
         self._check_act(act_format)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if rank < 0:  # (torch.distributed's -1 for a group this process is not in)
+            raise ValueError(f"{type(self).__name__}: this process (global rank {dist.get_rank()}) is not a member "
+                             f"of the group it was given")
         block_size = kwargs.get("block_size", BLOCK_SIZE)
         k_local, n_local = self._local_sizes(in_features, out_features, world, block_size, get_format(weight_format))
         super().__init__(k_local, n_local, weight_format, bias=bias, act_format=act_format, **kwargs)

@@ -195,8 +195,11 @@ def test_add_bench_parser_parses_quantize_options():
     # the GPU spin that hides the host's launch path: on by default, 0 = none, negative refused
     assert timing.timing_config(args).spin_us == 100.0
     assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "0"])).spin_us == 0.0
-    with pytest.raises(ValueError, match="--spin-us=-5"):
-        timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "-5"]))
+    for bad in ("-5", "inf", "nan"):  # (inf / nan passed the sign check and failed in int(us * MHz) on a GPU)
+        with pytest.raises(ValueError, match=f"--spin-us={float(bad)}"):
+            timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", bad]))
+    with pytest.raises(ValueError, match="--rep-ms=nan finite"):
+        timing.timing_config(_cli().parse_args(["bench", "quantize", "--rep-ms", "nan"]))
     # both flushes are always timed (read: the clean-L2 measure; write: do_bench's); nothing else is a flush
     assert timing.FLUSH_MODES == ("read", "write")
     with pytest.raises(ValueError, match="flush='none'"):
@@ -217,6 +220,8 @@ def test_add_bench_parser_parses_quantize_options():
     (["--peers", "cublas"], "unknown peer 'cublas'"),
     (["--dtype", "int8"], "unknown dtype 'int8'"),
     (["--scale-mode", "round"], "round"),
+    (["--formats", "mxfp4,mxfp4_e2m1"], "lists 'mxfp4_e2m1' twice"),
+    (["--shapes", "64x64,64x64"], "lists (64, 64) twice"),
 ])
 def test_bad_options_are_argparse_errors(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:

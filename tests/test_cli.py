@@ -118,6 +118,9 @@ def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
      "block_size=7 is not a multiple of the element packing of mxfp4_e2m1 (2)"),
     (["--formats", "mxfp8_e4m3", "--act-format", "mxfp6_e2m3", "--block-size", "30"],
      "block_size=30 is not a multiple of the element packing of mxfp6_e2m3 (4)"),
+    (["--formats", "mxfp4,mxfp4_e2m1"], "--formats names 'mxfp4' and 'mxfp4_e2m1': the same item twice"),
+    (["--scale-modes", "floor,FLOOR"], "--scale-modes names 'floor' and 'FLOOR': the same item twice"),
+    (["--threads", "100000"], "--threads must be between 1 and this machine's"),
 ])
 def test_eval_refuses_bad_arguments_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     from mxkit import evaluate as ev

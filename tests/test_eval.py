@@ -373,6 +373,19 @@ def test_evaluate_causal_lm_perplexity(tiny_causal_lm):
         assert r["ppl"] == pytest.approx(_ppl64(model, em.tokenizer, texts), rel=1e-5)
 
 
+def test_evaluate_refuses_a_format_that_quantizes_nothing(tiny_causal_lm):
+    """A skip matching every layer, or a block size no layer's in_features is a multiple of: a ValueError naming
+    why (the row was the unquantized model's, printed as the format's with cos 1.0)."""
+    em = ev.load_model(tiny_causal_lm)
+    texts = ev.stdlib_sentences(4)
+    with pytest.raises(ValueError, match="mxfp4_e2m1 \\(floor\\) quantized no layer of the model: matched skip"):
+        ev.evaluate(formats=["mxfp4"], scale_modes=["floor"], sentences=texts, eval_model=em, skip=["*"],
+                    progress=False)
+    with pytest.raises(ValueError, match="quantized no layer of the model: in_features=128 % block_size=256"):
+        ev.evaluate(formats=["mxfp4"], scale_modes=["floor"], sentences=texts, eval_model=em, block_size=256,
+                    progress=False)
+
+
 def test_write_rows_json_csv_and_print(tmp_path, capsys):
     rows = [dict({c: None for c in ev.ROW_COLUMNS}, format="none", cos_mean=1.0, qsnr_mean_db=math.inf),
             dict({c: None for c in ev.ROW_COLUMNS}, format="mxfp4_e2m1", scale_mode="floor", cos_mean=0.9)]

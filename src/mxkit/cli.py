@@ -81,6 +81,14 @@ def _split_list(text: Optional[str]) -> Optional[list[str]]:
     return items
 
 
+def _no_repeats(keys: Sequence, names: Sequence[str], option: str) -> None:
+    """ValueError when two of ``names`` (an option's items) have one key (a name given twice, or two spellings of
+    one format)."""
+    for i, k in enumerate(keys):
+        if k in keys[:i]:
+            raise ValueError(f"{option} names {names[keys.index(k)]!r} and {names[i]!r}: the same item twice")
+
+
 def _nonempty_list(text: Optional[str], option: str, default: Sequence[str]) -> list[str]:
     """The items of a comma list option; ``default`` when it is not given. Raises ValueError for an empty list."""
     items = _split_list(text)
@@ -97,10 +105,9 @@ def _cmd_eval(args) -> int:
 
     formats = _nonempty_list(args.formats, "--formats", ev.DEFAULT_FORMATS)
     modes = _nonempty_list(args.scale_modes, "--scale-modes", ev.DEFAULT_SCALE_MODES)
-    for f in formats:  # fail before loading anything
-        get_format(f)
-    for m in modes:
-        ScaleMode.parse(m)
+    # fail before loading anything; a name given twice (or as two spellings of one) would run twice
+    _no_repeats([get_format(f).name for f in formats], formats, "--formats")
+    _no_repeats([ScaleMode.parse(m) for m in modes], modes, "--scale-modes")
     if args.act_format is not None and args.act_format.lower() != "fp8_e4m3_rowwise":
         get_format(args.act_format)
     for out in args.out or []:
@@ -109,8 +116,9 @@ def _cmd_eval(args) -> int:
         check_writable(out, "--out")
     skip = ev.DEFAULT_SKIP if args.skip is None else tuple(_split_list(args.skip))
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        cpus = os.cpu_count() or 1
+        if not 1 <= args.threads <= cpus:
+            raise ValueError(f"--threads must be between 1 and this machine's {cpus} CPUs, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)

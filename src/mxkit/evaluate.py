@@ -439,7 +439,8 @@ def evaluate(
     mode names, an empty format or mode list, a bad ``batch_size``, ``dtype`` or ``device``, a ``block_size`` that
     is not a positive int or not a multiple of a selected format's (or ``act_format``'s) element packing;
     FileNotFoundError / NotADirectoryError for a ``model_dir`` that is missing or a file. ImportError if
-    transformers is missing.
+    transformers is missing. ValueError, later, for a format that quantizes no layer (a ``skip`` matching every
+    layer, a ``block_size`` no layer's in_features is a multiple of): its row would be the unquantized model's.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
@@ -495,6 +496,9 @@ def evaluate(
         qmodel = copy.deepcopy(em.model, memo={id(m): m for m in moes.values()})
         _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
                                    block_size=block_size, skip=skip, progress=False, return_report=True)
+        if not any(r.status == "quantized" for r in report):  # (a row of the unquantized model, labelled fmt)
+            why = sorted({r.reason for r in report if r.status != "quantized"}) or ["the model has no nn.Linear"]
+            raise ValueError(f"{fmt} ({mode}) quantized no layer of the model: {'; '.join(why)[:300]}")
         t_run = time.perf_counter()
         emb, nll, _ = _run(qmodel, em.kind, batches)
         ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)

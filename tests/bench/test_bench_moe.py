@@ -53,9 +53,13 @@ def test_list_and_errors(capsys):
     assert moe.run(parse("--quick", "--list")) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 6 and "T=4096" in out[-1] and "w4a8" in out[-1]
-    assert moe.run(parse("--tokens", "0", "--list")) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err == "mxkit: error: token counts must be positive, got (0,)\n"
+    # token counts below 1, past MAX_TOKENS (the listing made a T x E host tensor: 99999999999 tokens asked for
+    # 12.8 TB) or given twice are usage errors
+    for bad, needle in (("0", "a token count is 1 to 1048576, got 0"),
+                        ("99999999999", "a token count is 1 to 1048576, got 99999999999"), ("4,4", "lists 4 twice")):
+        with pytest.raises(SystemExit) as e:
+            parse("--tokens", bad, "--list")
+        assert e.value.code == 2 and needle in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse("--models", "gpt-oss-7b")
 

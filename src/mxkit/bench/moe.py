@@ -342,11 +342,22 @@ def table_columns(peers) -> list[Column]:
             *timing.error_peer_note_columns(peers, PEER_LABELS)]
 
 
+MAX_TOKENS = 1 << 20  # (the routing of a case is made on the host: T x E floats)
+
+
+def _token_count(text: str) -> int:
+    t = int(text)
+    if not 1 <= t <= MAX_TOKENS:
+        raise ValueError(f"a token count is 1 to {MAX_TOKENS}, got {t}")
+    return t
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
     p.add_argument("--models", type=csv(timing.choice("model", MODELS)), default=None,
                    help=f"comma list of {', '.join(MODELS)} (default both; gpt-oss-120b with --quick)")
-    p.add_argument("--tokens", type=csv(int), default=None, help="comma list of token counts (default "
+    p.add_argument("--tokens", type=csv(_token_count), default=None, help="comma list of token counts, 1 to "
+                   f"{MAX_TOKENS} (default "
                    + ",".join(map(str, TOKENS)) + "; " + ",".join(map(str, QUICK["tokens"])) + " with --quick)")
     p.add_argument("--routings", type=csv(timing.choice("routing", ROUTINGS)), default=None,
                    help="uniform and/or zipf, each for every model given (default: uniform, and zipf for "

@@ -127,6 +127,9 @@ def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
             raise argparse.ArgumentTypeError(str(e)) from None
         if not items:
             raise argparse.ArgumentTypeError("expected a comma-separated list")
+        for i, item in enumerate(items):  # (a repeated item would run, and print, twice)
+            if item in items[:i]:
+                raise argparse.ArgumentTypeError(f"{text!r} lists {item!r} twice")
         return items
 
     return parse
@@ -432,8 +435,8 @@ def timing_config(args) -> TimingConfig:
     """From ``--rep-ms`` (None: shorter with ``--quick``), ``--spin-us`` and ``--rounds``; ValueError if not
     positive."""
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if getattr(args, "quick", False) else DEFAULT_REP_MS)
-    if rep <= 0 or args.spin_us < 0:
-        raise ValueError(f"--spin-us={args.spin_us} must be >= 0 and --rep-ms={rep} > 0")
+    if not (math.isfinite(rep) and math.isfinite(args.spin_us) and rep > 0 and args.spin_us >= 0):
+        raise ValueError(f"--spin-us={args.spin_us} must be finite and >= 0 and --rep-ms={rep} finite and > 0")
     rounds = getattr(args, "rounds", 1)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"--rounds must be a positive int, got {rounds!r}")

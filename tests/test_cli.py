@@ -303,12 +303,17 @@ def test_inspect_sharded_directory_lists_its_index(tmp_path, rng, capsys):
         "model.layers.0.mlp.router.bias"][2:])
 
 
-@pytest.mark.parametrize("damage", ["truncated shard", "missing tensor", "wrong shape"])
+@pytest.mark.parametrize("damage", ["truncated shard", "missing tensor", "wrong shape", "fewer layers in config"])
 def test_inspect_gpt_oss_damaged_directory_one_line_error(tmp_path, rng, capsys, damage):
     root = _gpt_oss_dir(tmp_path, rng, shards=3)
     name = "model.layers.1.mlp.experts.gate_up_proj_blocks"
     f = _holder(root, name)
-    if damage == "truncated shard":
+    if damage == "fewer layers in config":  # (layer 1's tensors were counted as non-MoE ones, its experts left out)
+        config = json.loads((root / "config.json").read_text())
+        config["num_hidden_layers"] = 1
+        (root / "config.json").write_text(json.dumps(config))
+        expected = f"mxkit: error: '{root}': config.json says 1 layers, but the directory holds tensors of layer(s) [1]"
+    elif damage == "truncated shard":
         f.write_bytes(f.read_bytes()[:-64])
         expected = f"mxkit: error: '{f}' is not a readable safetensors file: "
     else:

@@ -202,6 +202,14 @@ def test_evaluate_checks_arguments_before_work(tmp_path, monkeypatch):
         ev.evaluate(weights)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ev.evaluate(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="no config.json in .*empty.*: not a transformers model directory"):
+        ev.load_model(tmp_path / "empty")
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("x" * 6000)))
+    with pytest.raises(ValueError) as e:  # (torch's unknown-backend message lists every dispatch key)
+        ev.evaluate(device="cpu")
+    assert "is not usable here" in str(e.value) and len(str(e.value)) < 500
 
 
 def test_evaluate_checks_block_size_before_loading(monkeypatch):

@@ -209,8 +209,10 @@ def _check_model_dir(path: Path) -> None:
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception's message on one line (transformers' run over several)."""
-    return " ".join(str(e).split()) or type(e).__name__
+    """An exception's message on one line (transformers' run over several), at most 400 characters (torch's
+    unknown-device message lists every dispatch key: ~6 KB)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 # weights the metrics never read, so a checkpoint may lack them: BERT's pooler (embedding models only)
@@ -278,6 +280,8 @@ def load_model(
     _check_model_dir(path)
     if kind not in ("auto", "embedding", "causal"):
         raise ValueError(f"unknown model kind {kind!r}; known: auto, embedding, causal")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"no config.json in {str(path)!r}: not a transformers model directory")
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:

@@ -846,7 +846,8 @@ class GptOssSummary:
 
 def summarize_gpt_oss(path: Union[str, Path], *, progress: bool = False) -> GptOssSummary:
     """Summarise an MXFP4 GPT-OSS directory: loads (and so checks) every layer as :func:`load_gpt_oss` does, reads
-    every scale byte for the histogram and every other tensor's header. Raises what :func:`load_gpt_oss` raises."""
+    every scale byte for the histogram and every other tensor's header. Raises what :func:`load_gpt_oss` raises,
+    and CheckpointError for tensors of layers past config.json's ``num_hidden_layers``."""
     ckpt = load_gpt_oss(path, progress=progress)
     hist = torch.zeros(256, dtype=torch.int64)
     mx_bytes = bf16_bytes = moe_other = 0
@@ -860,6 +861,11 @@ def summarize_gpt_oss(path: Union[str, Path], *, progress: bool = False) -> GptO
         reader = _Reader(ckpt.path, stack)
         moe_names = {moe_tensor_name(i, r) for i in range(ckpt.dims.num_layers) for r in MOE_ROLES}
         others = [n for n in reader.weight_map if n not in moe_names]
+        past = sorted({int(m.group(1)) for n in others if (m := re.match(r"model\.layers\.(\d+)\.", n))
+                       and int(m.group(1)) >= ckpt.dims.num_layers})
+        if past:  # (counted as non-MoE tensors, the experts' bytes from config.json's layers alone, before)
+            raise CheckpointError(f"{str(ckpt.path)!r}: config.json says {ckpt.dims.num_layers} layers, but the "
+                                  f"directory holds tensors of layer(s) {past[:8]}")
         other_bytes = sum(reader.nbytes(n) for n in others)
         shapes = tuple((r, *reader.meta(moe_tensor_name(0, r))) for r in MOE_ROLES)
         files, index = tuple(f.name for f in reader.files), reader.index.name if reader.index else None

@@ -406,7 +406,8 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     (["--shapes", "8192x8192,"], "--shapes must be NxK,NxK,... (got '8192x8192,')"),
     (["--shapes", ""], "--shapes must be NxK"),
     (["--out", "/proc/t.json"], "--out '/proc/t.json' cannot be written"),
-    (["--out", "TMP"], "--out 'TMP' is a directory, not a file"),
+    (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
+    (["--out", "TMP/table.txt"], "--out must be a .json file (the dispatch table), got 'TMP/table.txt'"),
 ])
 def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, capsys, monkeypatch):
     """A tune runs for many minutes and writes at the end: its shapes and its output file are checked first."""
@@ -414,6 +415,7 @@ def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, 
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(tune, "tune_gemm", lambda *a, **kw: pytest.fail("tuning started"))
+    (tmp_path / "adir.json").mkdir()
     assert cli.main(["tune", "gemm", *(a.replace("TMP", str(tmp_path)) for a in argv)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mxkit: error: ") and err.count("\n") == 1 and message.replace("TMP", str(tmp_path)) in err
@@ -754,6 +756,8 @@ def test_inspect_names_a_missing_path_and_skips_folders(tmp_path, capsys):
     (tmp_path / "x.safetensors").mkdir()  # (a folder named like a file: not read as one)
     assert cli.main(["inspect", str(tmp_path)]) == 2
     assert "no *.safetensors files" in capsys.readouterr().err
+    assert cli.main(["inspect", ""]) == 2  # (Path("") is the current directory)
+    assert "inspect needs a path" in capsys.readouterr().err
 
 
 def test_a_table_title_stays_on_one_line():

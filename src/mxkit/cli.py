@@ -220,6 +220,8 @@ def _cmd_inspect(args) -> int:
     from .formats import ScaleMode, get_format
     from .gpt_oss import INDEX_NAME, _Reader, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
 
+    if not str(args.path).strip():
+        raise ValueError("inspect needs a path (a safetensors file or a model directory), got ''")
     fmt = get_format(args.format) if args.format else None
     ScaleMode.parse(args.scale_mode)  # even when no tensor gets quantized
     if is_gpt_oss_mxfp4_dir(args.path):  # a summary; the tensor table too when --match / --format ask for it
@@ -390,6 +392,8 @@ def _cmd_tune(args) -> int:
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
+    if Path(args.out).suffix.lower() != ".json":
+        raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")
     if not torch.cuda.is_available():
         print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)

@@ -55,6 +55,9 @@ def test_list_and_errors(capsys):
     assert len(out) == 6 and "T=4096" in out[-1] and "w4a8" in out[-1]
     # token counts below 1, past MAX_TOKENS (the listing made a T x E host tensor: 99999999999 tokens asked for
     # 12.8 TB) or given twice are usage errors
+    with pytest.raises(SystemExit) as e:
+        parse("--graph-tokens", "-5", "--list")
+    assert e.value.code == 2 and "-5 is negative" in capsys.readouterr().err
     for bad, needle in (("0", "a token count is 1 to 1048576, got 0"),
                         ("99999999999", "a token count is 1 to 1048576, got 99999999999"), ("4,4", "lists 4 twice")):
         with pytest.raises(SystemExit) as e:

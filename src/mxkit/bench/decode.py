@@ -476,7 +476,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="interleaved: every format's model held at once, repeat k of each format before repeat "
                         "k + 1, x bf16 from the per-repeat ratios; sequential: one model at a time (the memory of "
                         "one) (default interleaved)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
     p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 

@@ -411,7 +411,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(PAIRS)} (default {','.join(DEFAULT_PAIRS)}; with --decode "
                         f"{','.join(DECODE_PAIRS)})")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODES)), default=MODES,
-                   help="ready (operands prepared) and/or from-bf16 (fused quantize-and-fold timed too; MX x MX)")
+                   help="ready (operands prepared) and/or from-bf16 (fused quantize-and-fold timed too; MX x MX) "
+                        "(default both)")
     p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
                    help="comma list of MxNxK (default: the seed 10000x16384x16384, 8192^3, 4096^3, Llama-3-70B MLP "
                         "and GPT-OSS attention layers at M in 256,1024,4096,8192)")

@@ -368,7 +368,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="defaults for the options not given: GPT-OSS-120B, tokens 1, 64, 4096, uniform routing")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")
-    p.add_argument("--graph-tokens", type=int, default=64,
+    p.add_argument("--graph-tokens", type=timing.nonnegative_int, default=64,
                    help="time CUDA-graph replays up to this many tokens (default 64; 0: eager everywhere)")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     timing.add_common_arguments(p, backend=False)  # the MoE kernels are called directly: no backend to choose

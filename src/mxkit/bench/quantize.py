@@ -268,7 +268,7 @@ def _scale_mode(name: str) -> ScaleMode:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
-    p.add_argument("--ops", type=csv(timing.choice("op", OPS)), default=OPS, help=f"comma list of {', '.join(OPS)}")
+    p.add_argument("--ops", type=csv(timing.choice("op", OPS)), default=OPS, help=f"comma list of {', '.join(OPS)} (default all)")
     p.add_argument("--formats", type=csv(lambda s: get_format(s).name), default=DEFAULT_FORMATS,
                    help=f"comma list of MX formats (default {','.join(DEFAULT_FORMATS)})")
     p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
@@ -276,7 +276,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"shapes {','.join(QUICK_SHAPES)} and --rep-ms {timing.QUICK_REP_MS:g} unless given")
     p.add_argument("--dtype", type=lambda s: DTYPES[timing.choice("dtype", DTYPES)(s)], default=torch.bfloat16,
-                   help="input / dequantize output dtype (bfloat16)")
+                   help=f"input / dequantize output dtype: {' | '.join(DTYPES)} (default bfloat16)")
     p.add_argument("--scale-mode", type=_scale_mode, default=ScaleMode.FLOOR, help="floor (OCP, default) | ceil | rceil | even")
     p.add_argument("--peers", type=timing.peers_arg("peer", [k for k in IMPLS if k != "mxkit"]), default=DEFAULT_PEERS,
                    help=f"comma list of {', '.join(k for k in IMPLS if k != 'mxkit')} or none (default {','.join(DEFAULT_PEERS)})")

@@ -135,6 +135,17 @@ def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
     return parse
 
 
+def nonnegative_int(text: str) -> int:
+    """An argparse ``type``: an int >= 0 (usage error otherwise)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative")
+    return v
+
+
 def peers_arg(what: str, known) -> Callable[[str], tuple]:
     """``--peers``: a comma list of ``known`` names, or ``none``."""
     return lambda text: () if text.strip() == "none" else csv_arg(choice(what, known))(text)

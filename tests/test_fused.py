@@ -319,28 +319,21 @@ def test_eager_parts_keep_the_fused_output_until_every_part_has_read_it(rng):
     assert all(torch.equal(g, w) for g, w in zip((a, b, c), want))
 
 
-def test_fused_output_made_without_grad_is_not_served_to_a_grad_call(rng):
-    """A part called under no_grad, then its sibling with gradients on and the same input: the sibling's output
-    carries the graph, and x's gradient is the one the unfused layers give (the cached output of the no_grad call
-    would carry none)."""
-    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)])
-    x = torch.randn(4, 64, generator=rng, requires_grad=True)
-    with torch.no_grad():
-        group.output(x, 0)
-    k = group.output(x, 1)
-    assert k.requires_grad
-    k.sum().backward()
-    w = group.fused.dequantize_weight(torch.float32)[32:48]
-    assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
-
-
-def test_fused_output_of_an_x_without_grad_is_not_served_after_it_requires_grad(rng):
-    """x.requires_grad_() between two parts' calls (bias-free members: the first output carries no graph): the
-    second part recomputes, its output carries the graph and x's gradient is the unfused layer's."""
-    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n, bias=False), "mxfp4") for n in (32, 16)])
-    x = torch.randn(4, 64, generator=rng)
-    assert not group.output(x, 0).requires_grad
-    x.requires_grad_(True)
+@pytest.mark.parametrize("first", ["no_grad", "x_without_grad"])
+def test_fused_output_without_a_graph_is_not_served_to_a_grad_call(first, rng):
+    """The first part called where its output carries no graph (under no_grad; or, bias-free members, before
+    ``x.requires_grad_()``), then its sibling with gradients on and the same input: the sibling recomputes, its
+    output carries the graph, and x's gradient is the one the unfused layers give (the cached output would carry
+    none)."""
+    bias = first == "no_grad"
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n, bias=bias), "mxfp4") for n in (32, 16)])
+    x = torch.randn(4, 64, generator=rng, requires_grad=bias)
+    if first == "no_grad":
+        with torch.no_grad():
+            group.output(x, 0)
+    else:
+        assert not group.output(x, 0).requires_grad
+        x.requires_grad_(True)
     k = group.output(x, 1)
     assert k.requires_grad
     k.sum().backward()

@@ -230,6 +230,19 @@ def test_bad_options_are_argparse_errors(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    ["gemm", "--quick", "--list", "--rounds", "0"], ["gemm", "--quick", "--list", "--rep-ms", "-1"],
+    ["moe", "--quick", "--list", "--rep-ms", "nan"], ["quantize", "--list", "--spin-us", "-1"],
+    ["overhead", "--list", "--rounds", "0"]])
+def test_list_checks_the_timing_options_too(argv, capsys):
+    """--list printed the cases and exited 0 past timing options that a run refuses."""
+    from mxkit import cli
+
+    assert cli.main(["bench", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mxkit: error: ") and err.count("\n") == 1
+
+
 def test_bench_needs_an_op(capsys):
     with pytest.raises(SystemExit) as e:
         _cli().parse_args(["bench"])

@@ -243,9 +243,9 @@ def matmul(
     bound; on the FP8 tensor-core paths each 128-deep step's products are added in Hopper's ~14-bit FP8
     accumulator and the steps in float32, so those paths give bf16 / fp16 only). Values past float32's range
     overflow to ±inf, as in the reference (but on a8w8-mma, which scales each block's sum: there such a value
-    times a small enough weight gives the finite product). ``backend="reference"`` (and CPU under ``"auto"``) computes in float32
-    on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32 precision whatever
-    ``torch.set_float32_matmul_precision`` says).
+    times a small enough weight gives the finite product). ``backend="reference"`` (and CPU under ``"auto"``)
+    computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
+    precision whatever ``torch.set_float32_matmul_precision`` says).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.

@@ -89,8 +89,10 @@ def test_gpt_oss_formats_convert_the_moe():
 def test_experts_format_needs_a_moe_model(capsys):
     rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
                    "--batches", "1", "--formats", "mxfp4+experts", "--plain"])
-    out = capsys.readouterr().out
-    assert rc == 1 and "build / quantize: ValueError: LlamaForCausalLM has no GptOssMLP to swap" in out
+    out, err = capsys.readouterr()  # (a usage error before any model is built)
+    assert rc == 2 and out == "" and "--formats mxfp4_e2m1+experts: tiny-llama has no MoE experts" in err
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no GptOssMLP to swap"):  # (quantize's own check)
+        bd.quantize(bd.build_model("tiny-llama", device="cpu", dtype=torch.float32), "mxfp4_e2m1+experts")
     assert bd._mx_name("MXFP4+experts") == "mxfp4_e2m1+experts" and bd._mx_name("a8w8+fused") == "mxfp8xmxfp8+fused"
 
 
@@ -316,6 +318,8 @@ def test_bad_options_are_usage_errors(argv, needle, capsys):
     (["--layers", "33"], "--layers=33: llama-3-8b has 32 decoder layers"),
     (["--device", "cpu"], "--modes graphs needs --device cuda"),
     (["--model", "gpt-oss-20b", "--tokens", "120"], "must fit the sliding window of 128"),
+    (["--model", "tiny-llama", "--formats", "bf16,mxfp4+experts"], "--formats mxfp4_e2m1+experts: tiny-llama has "
+                                                                   "no MoE experts"),
 ])
 def test_options_that_do_not_go_together(argv, needle, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the checks come before any GPU work

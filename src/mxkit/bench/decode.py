@@ -506,6 +506,9 @@ def resolve(args) -> None:
         twice = next((v for i, v in enumerate(getattr(args, what)) if v in getattr(args, what)[:i]), None)
         if twice is not None:
             raise ValueError(f"--{what} lists {twice} twice")
+    experts = [f for f in args.formats if f.endswith(EXPERTS)]
+    if experts and MODELS[args.model][0] != "GptOssConfig":  # (it failed at the model's swap, after building it)
+        raise ValueError(f"--formats {experts[0]}: {args.model} has no MoE experts (a GPT-OSS model has)")
     if args.layers is not None and args.layers > model_layers(args.model):
         raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
     if "graphs" in args.modes and args.device != "cuda":

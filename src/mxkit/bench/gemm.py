@@ -449,6 +449,10 @@ def run(args) -> int:
         cases = cases_from_args(args)
     except ValueError as e:
         return timing.usage_error(str(e))
+    try:
+        timing.timing_config(args)  # (the timing options are checked with --list too)
+    except ValueError as e:
+        return timing.usage_error(str(e))
     if args.list:
         for c in cases:
             bad = c.invalid_reason()

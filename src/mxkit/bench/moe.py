@@ -398,6 +398,10 @@ def run(args) -> int:
     except ValueError as e:
         return timing.usage_error(str(e))
     GRAPH_TOKENS[0] = args.graph_tokens
+    try:
+        timing.timing_config(args)  # (the timing options are checked with --list too)
+    except ValueError as e:
+        return timing.usage_error(str(e))
     if args.list:
         for c in cases:
             print(f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} {c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")

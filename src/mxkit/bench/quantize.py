@@ -268,7 +268,8 @@ def _scale_mode(name: str) -> ScaleMode:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
-    p.add_argument("--ops", type=csv(timing.choice("op", OPS)), default=OPS, help=f"comma list of {', '.join(OPS)} (default all)")
+    p.add_argument("--ops", type=csv(timing.choice("op", OPS)), default=OPS,
+                   help=f"comma list of {', '.join(OPS)} (default all)")
     p.add_argument("--formats", type=csv(lambda s: get_format(s).name), default=DEFAULT_FORMATS,
                    help=f"comma list of MX formats (default {','.join(DEFAULT_FORMATS)})")
     p.add_argument("--shapes", type=csv(timing.parse_shape), default=None,
@@ -293,6 +294,10 @@ def run(args) -> int:
     """``mxkit bench quantize``. 0: ran; 1: an mxkit row raised or its output differs from the reference; 2: cannot
     run here."""
     cases = cases_from_args(args)
+    try:
+        timing.timing_config(args)  # (the timing options are checked with --list too)
+    except ValueError as e:
+        return timing.usage_error(str(e))
     if args.list:
         for c in cases:
             bad = c.invalid_reason()

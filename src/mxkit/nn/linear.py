@@ -518,9 +518,10 @@ def quantize_model(
     skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
       callable ``(name, module) -> bool``; matching layers are left as they are.
     Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
-    bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own, and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
-    ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) are left
-    alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
+    bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own, and layers whose owner reads their
+    weight itself (``nn.MultiheadAttention``'s ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` /
+    ``linear2``, read by its fast path) are left alone, reported with status ``"unsupported"`` and listed in one
+    ``UserWarning``.
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another
     parameter (a tied ``lm_head``) is quantized into its own MX copy, untied, with a ``UserWarning`` naming it.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy (not on the meta device).
@@ -533,11 +534,12 @@ def quantize_model(
     :class:`LayerReport`, one per ``nn.Linear`` found, in ``named_modules`` order — is also stored as
     ``model.mx_report``. A Linear registered at two paths (one module, two names) becomes one MXLinear at both,
     a row each (the second's ``shared_with`` names the first; a ``skip`` matching either path keeps it at both).
-    MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises,
-    before touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown format or mode
-    names, ValueError for a ``block_size`` that is not a positive multiple of the element packing, TypeError for
-    a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when ``model`` is a bare
-    ``nn.Linear`` (there is no parent to put the MXLinear into: use :meth:`MXLinear.from_linear`).
+    MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises, before
+    touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown
+    format or mode names, ValueError for a ``block_size`` that is not a positive multiple of the element packing,
+    TypeError for a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when
+    ``model`` is a bare ``nn.Linear`` (there is no parent to put the MXLinear into: use
+    :meth:`MXLinear.from_linear`).
     """
     from tqdm.auto import tqdm
 

@@ -84,9 +84,11 @@ def _split_list(text: Optional[str]) -> Optional[list[str]]:
 def _no_repeats(keys: Sequence, names: Sequence[str], option: str) -> None:
     """ValueError when two of ``names`` (an option's items) have one key (a name given twice, or two spellings of
     one format)."""
-    for i, k in enumerate(keys):
-        if k in keys[:i]:
-            raise ValueError(f"{option} names {names[keys.index(k)]!r} and {names[i]!r}: the same item twice")
+    from .bench.timing import first_repeat
+
+    i = first_repeat(keys)
+    if i is not None:
+        raise ValueError(f"{option} names {names[keys.index(keys[i])]!r} and {names[i]!r}: the same item twice")
 
 
 def _nonempty_list(text: Optional[str], option: str, default: Sequence[str]) -> list[str]:

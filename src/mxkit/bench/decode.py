@@ -502,10 +502,10 @@ def resolve(args) -> None:
     for k, v in quick.items():
         if getattr(args, k) is None and (args.quick or k != "layers"):
             setattr(args, k, v if args.quick else {"tokens": 64, "repeats": 3}[k])
-    for what in ("formats", "batches", "modes"):
-        twice = next((v for i, v in enumerate(getattr(args, what)) if v in getattr(args, what)[:i]), None)
-        if twice is not None:
-            raise ValueError(f"--{what} lists {twice} twice")
+    for what in ("formats", "batches", "modes"):  # (argparse's csv_arg checks it too; resolve's other callers)
+        i = timing.first_repeat(getattr(args, what))
+        if i is not None:
+            raise ValueError(f"--{what} lists {getattr(args, what)[i]} twice")
     experts = [f for f in args.formats if f.endswith(EXPERTS)]
     if experts and MODELS[args.model][0] != "GptOssConfig":  # (it failed at the model's swap, after building it)
         raise ValueError(f"--formats {experts[0]}: {args.model} has no MoE experts (a GPT-OSS model has)")

@@ -449,17 +449,13 @@ def run(args) -> int:
         cases = cases_from_args(args)
     except ValueError as e:
         return timing.usage_error(str(e))
-    try:
-        timing.timing_config(args)  # (the timing options are checked with --list too)
-    except ValueError as e:
-        return timing.usage_error(str(e))
-    if args.list:
-        for c in cases:
-            bad = c.invalid_reason()
-            print(f"{c.mode:9s} {c.fmt_name:26s} {c.label:18s} {c.flops / 1e9:10.1f} GFLOP "
-                  f"{'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>9s} MB" + (f"  {bad}" if bad else ""))
-        return 0
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench gemm", stem="bench_gemm", peers=args.peers,
                                 columns=table_columns(args.peers), ref_impl=REF_IMPL,
                                 title=f"mxkit bench gemm — bf16 out, mxkit backend {args.backend}",
-                                chart=("tflops", "TFLOP/s (read flush)"))
+                                chart=("tflops", "TFLOP/s (read flush)"), list_line=_list_line)
+
+
+def _list_line(c) -> str:
+    bad = c.invalid_reason()
+    return (f"{c.mode:9s} {c.fmt_name:26s} {c.label:18s} {c.flops / 1e9:10.1f} GFLOP "
+            f"{'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>9s} MB" + (f"  {bad}" if bad else ""))

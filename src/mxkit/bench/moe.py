@@ -398,15 +398,9 @@ def run(args) -> int:
     except ValueError as e:
         return timing.usage_error(str(e))
     GRAPH_TOKENS[0] = args.graph_tokens
-    try:
-        timing.timing_config(args)  # (the timing options are checked with --list too)
-    except ValueError as e:
-        return timing.usage_error(str(e))
-    if args.list:
-        for c in cases:
-            print(f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} {c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")
-        return 0
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench moe", stem="bench_moe", peers=args.peers,
                                 columns=table_columns(args.peers), ref_impl=REF_IMPL,
                                 title="mxkit bench moe — GPT-OSS experts, bf16 tokens, MXFP4 experts",
-                                chart=("tflops", "TFLOP/s (read flush)"))
+                                chart=("tflops", "TFLOP/s (read flush)"),
+                                list_line=lambda c: f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} "
+                                                    f"{c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")

@@ -294,16 +294,13 @@ def run(args) -> int:
     """``mxkit bench quantize``. 0: ran; 1: an mxkit row raised or its output differs from the reference; 2: cannot
     run here."""
     cases = cases_from_args(args)
-    try:
-        timing.timing_config(args)  # (the timing options are checked with --list too)
-    except ValueError as e:
-        return timing.usage_error(str(e))
-    if args.list:
-        for c in cases:
-            bad = c.invalid_reason()
-            print(f"{c.op:15s} {c.fmt.name:12s} {c.label:14s} {'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>10s} MB  "
-                  f"{bad or c.note}")
-        return 0
     title = f"mxkit bench quantize — {str(args.dtype).replace('torch.', '')} in, scale {args.scale_mode}, backend {args.backend}"
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench quantize", stem="bench_quantize",
-                                peers=args.peers, columns=table_columns(args.peers), ref_impl=REF_IMPL, title=title)
+                                peers=args.peers, columns=table_columns(args.peers), ref_impl=REF_IMPL, title=title,
+                                list_line=_list_line)
+
+
+def _list_line(c) -> str:
+    bad = c.invalid_reason()
+    return (f"{c.op:15s} {c.fmt.name:12s} {c.label:14s} {'n/a' if bad else f'{c.nbytes() / 1e6:.1f}':>10s} MB  "
+            f"{bad or c.note}")

@@ -118,6 +118,11 @@ def choice(what: str, known) -> Callable[[str], str]:
     return parse
 
 
+def first_repeat(keys: Sequence) -> Optional[int]:
+    """The index of the first item of ``keys`` equal to an earlier one, or None."""
+    return next((i for i, k in enumerate(keys) if k in keys[:i]), None)
+
+
 def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
     """An argparse ``type`` for a comma list, each item through ``convert`` (ValueError → usage error)."""
     def parse(text: str) -> tuple:
@@ -127,9 +132,9 @@ def csv_arg(convert: Callable[[str], object]) -> Callable[[str], tuple]:
             raise argparse.ArgumentTypeError(str(e)) from None
         if not items:
             raise argparse.ArgumentTypeError("expected a comma-separated list")
-        for i, item in enumerate(items):  # (a repeated item would run, and print, twice)
-            if item in items[:i]:
-                raise argparse.ArgumentTypeError(f"{text!r} lists {item!r} twice")
+        i = first_repeat(items)  # (a repeated item would run, and print, twice)
+        if i is not None:
+            raise argparse.ArgumentTypeError(f"{text!r} lists {items[i]!r} twice")
         return items
 
     return parse
@@ -457,12 +462,17 @@ def timing_config(args) -> TimingConfig:
 def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, stem: str,
                   peers: Sequence[str], columns: Sequence[Column], ref_impl: str, title: str,
                   chart: tuple[str, str] = ("pct_copy", "% of copy bandwidth (read flush)"),
-                  main: str = "mxkit", device: str = "cuda") -> int:
+                  main: str = "mxkit", device: str = "cuda", list_line: Optional[Callable[[object], str]] = None
+                  ) -> int:
     """The run every op shares: option and ``--out`` checks, CUDA check, environment, the copy limit, all cases,
-    table, files. Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count) or its
+    table, files. With ``args.list``: after the option checks, ``list_line(case)`` printed for each case (no GPU).
+    Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count) or its
     output failed the check; 2 when it cannot run here (one ``mxkit: error: …`` line, no traceback)."""
     try:
         cfg = timing_config(args)
+        if getattr(args, "list", False) and list_line is not None:
+            print("\n".join(list_line(c) for c in cases))
+            return 0
         if args.out is not None:
             check_out_folder(args.out, [f"{stem}.{ext}" for ext in ("csv", "json", "png")])
     except (ValueError, OSError) as e:

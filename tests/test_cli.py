@@ -207,6 +207,21 @@ def test_inspect_empty_tensors(tmp_path, capsys):
     assert lines["e_blocks"].endswith("logical [4, 0], scales e_scales: no scales (empty)")
 
 
+def test_inspect_says_which_float_tensors_format_leaves(tmp_path, capsys):
+    """--format quantizes F32 / F16 / BF16 tensors; a 2-D F64 or F8 one is a row that says it was left, not a
+    silent blank (a 1-D one, a bias, stays unannotated)."""
+    path = tmp_path / "d.safetensors"
+    safetensors_torch.save_file({"w64.weight": torch.randn(4, 64, dtype=torch.float64),
+                                 "w8.weight": torch.randn(4, 64).to(torch.float8_e4m3fn),
+                                 "b64.bias": torch.randn(64, dtype=torch.float64),
+                                 "w.weight": torch.randn(4, 64)}, str(path))
+    assert cli.main(["inspect", str(path), "--format", "mxfp8", "--plain"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[3:]}
+    assert lines["w64.weight"].endswith("not quantized: F64 (--format quantizes F32, F16 and BF16 tensors)")
+    assert lines["w8.weight"].endswith("not quantized: F8_E4M3 (--format quantizes F32, F16 and BF16 tensors)")
+    assert "not quantized" not in lines["b64.bias"] and "QSNR" in lines["w.weight"]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_inspect_corrupt_file_one_line_error(tmp_path, capsys, damage):
     good, _ = _gpt_oss_like(tmp_path)

@@ -293,6 +293,9 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
                 row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
                                f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
                                f"{q.nbytes / 1e6:.3f} MB")
+        elif fmt is not None and len(shape) >= 2 and (dtype == "F64" or dtype.startswith("F8")):
+            # a float tensor --format does not quantize: said, not skipped silently (F32 / F16 / BF16 only)
+            row["note"] = f"not quantized: {dtype} (--format quantizes F32, F16 and BF16 tensors)"
         rows.append(row)
     return rows
 

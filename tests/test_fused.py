@@ -341,6 +341,24 @@ def test_fused_output_without_a_graph_is_not_served_to_a_grad_call(first, rng):
     assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
 
 
+def test_fuse_siblings_fuses_members_shared_by_two_parents_once(rng):
+    """Tied layers: two parents holding the same MXLinear objects get one FusedMXLinear, registered on both (one
+    copy of the stacked weight, as the members were one copy), with the unfused outputs."""
+    mk = lambda: MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")  # noqa: E731
+    shared = [mk(), mk()]
+    m = nn.Module()
+    m.a, m.b = nn.Module(), nn.Module()
+    for p in (m.a, m.b):
+        p.gate_proj, p.up_proj = shared
+    x = torch.randn(3, 64, generator=rng)
+    want = [shared[0](x), shared[1](x)]
+    assert fuse_siblings(m) == ["a.gate_proj_up_proj", "b.gate_proj_up_proj"]
+    assert m.a.gate_proj_up_proj is m.b.gate_proj_up_proj
+    assert len(list(m.buffers())) == 2  # one stacked qdata and one scale (buffers() dedups shared modules)
+    for p in (m.a, m.b):
+        assert torch.equal(p.gate_proj(x), want[0]) and torch.equal(p.up_proj(x), want[1])
+
+
 def test_fuse_siblings_leaves_a_group_whose_name_is_taken(rng):
     """A group whose joined name the parent already has (a module of that name, or an earlier group: "a" + "b_c"
     and "a_b" + "c" both join to "a_b_c") is left alone: the existing module and the first group stay registered,

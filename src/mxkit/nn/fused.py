@@ -199,10 +199,12 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     are cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
     each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the parent
-    already has is left alone too. Raises TypeError when a group is a str or holds anything but
+    already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects under
+    both) get one group, registered on both, as the members were. Raises TypeError when a group is a str or holds anything but
     str names (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple)."""
     groups = _check_groups(groups)
     done = []
+    made = {}  # (id of each member, ...) -> its FusedMXLinear: members shared by two parents fused once
     for pname, parent in list(model.named_modules()):
         if pname.rsplit(".", 1)[-1] in CROSS_ATTENTION:
             continue  # q reads the decoder's states, k / v the encoder's: one GEMM would serve one part only
@@ -210,13 +212,17 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
             mods = [getattr(parent, n, None) for n in names]
             if not all(type(m) is MXLinear for m in mods):
                 continue
-            try:
-                group = FusedMXLinear(mods)
-            except ValueError:
-                continue
             gname = "_".join(names)
             if hasattr(parent, gname):  # (a name taken, by the module or by another group: left alone)
                 continue
+            key = tuple(id(m) for m in mods)
+            group = made.get(key)
+            if group is None:
+                try:
+                    group = FusedMXLinear(mods)
+                except ValueError:
+                    continue
+                made[key] = group
             parent.add_module(gname, group)
             for i, n in enumerate(names):
                 setattr(parent, n, FusedPart(group, i))

@@ -252,6 +252,17 @@ def test_fp8_rowwise_checks_dtypes_shapes_and_devices():
         Fp8Rowwise(data, scale.to("meta"))
 
 
+def test_fp8_rowwise_of_k0_keeps_float32_scales_whatever_the_default_dtype():
+    """K = 0 (the empty sum's row scales): float32 as documented, also under torch.set_default_dtype(float64)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        a = mxkit.quantize_fp8_rowwise(torch.ones(3, 0, dtype=torch.float32))
+    finally:
+        torch.set_default_dtype(old)
+    assert a.scale.dtype == torch.float32 and a.scale.shape == (3, 1) and a.data.shape == (3, 0)
+
+
 def test_packed_weight_to_moves_every_tensor(rng):
     """to(device) moves every tensor (folded data / scale / owner, special_rows, the decode layout, the pending
     scale statistics), checked on the meta device, the one other device a CPU has."""

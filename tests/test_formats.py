@@ -326,3 +326,49 @@ def test_shared_exponent_specials(fmt):
         assert s[0] == 0 and s[1] == 255 and s[2] == 255, (fmt, mode, s)
         assert s[3] == 0, "fp32 denormal amax clamps to 2^-127"
         assert s[4] <= 254
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_encode_nan_and_inf_are_defined(fmt):
+    """NaN gives the format's NaN code (0x7F) where it has one, else code 0 (+0); ±Inf saturates to ± max normal;
+    the finite neighbours in the same call keep their codes."""
+    f = get_format(fmt)
+    v = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 1.0])
+    got = encode_elements(v, fmt).tolist()
+    nan_code = 0x7F if (f.has_nan or f.has_inf) else 0
+    assert got[:2] == [nan_code, nan_code], (fmt, got)
+    top = _enc([f.max_normal, -f.max_normal, 1.0], fmt, "rne").tolist()
+    assert got[2:] == top, (fmt, got, top)
+    if nan_code:
+        assert math.isnan(decode_elements(torch.tensor([nan_code], dtype=torch.uint8), fmt).item())
+
+
+def test_codecs_refuse_values_that_are_not_theirs(rng):
+    """float64 values would round twice (to float32, then to the grid): TypeError, as for codes that are floats;
+    a float8 view of E4M3 / E5M2 codes is read as its bytes."""
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        encode_elements(torch.ones(2, dtype=torch.float64), "mxfp4")
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        shared_exponent(torch.ones(2, dtype=torch.float64), "mxfp4", "floor")
+    for bad in (torch.ones(2), torch.ones(2, dtype=torch.bool)):
+        with pytest.raises(TypeError, match="element codes"):
+            decode_elements(bad, "mxfp8")
+    for fmt, view in (("mxfp8_e4m3", torch.float8_e4m3fn), ("mxfp8_e5m2", torch.float8_e5m2)):
+        codes = torch.randint(0, 256, (64,), generator=rng, dtype=torch.int32).to(torch.uint8)
+        assert _same_values(decode_elements(codes.view(view), fmt).numpy(), decode_elements(codes, fmt).numpy())
+
+
+def test_codecs_ignore_torch_default_device(rng):
+    """RCEIL's constant and the scale layouts' tile permutation do not allocate on torch's default device: a CPU
+    tensor quantizes inside ``with torch.device("meta")`` (deferred init) to the same bytes."""
+    import mxkit
+
+    x = torch.randn(4, 64, generator=rng)
+    want = [mxkit.quantize(x, "mxfp8", scale_mode="rceil"), mxkit.quantize(x, "mxfp4", scale_layout="nvidia_128x4")]
+    with torch.device("meta"):
+        got = [mxkit.quantize(x, "mxfp8", scale_mode="rceil"),
+               mxkit.quantize(x, "mxfp4", scale_layout="nvidia_128x4")]
+    for a, b in zip(got, want):
+        assert a.qdata.device.type == "cpu"
+        assert_bytes_equal(a.qdata, b.qdata) and assert_bytes_equal(a.scale, b.scale)
+

@@ -417,6 +417,12 @@ def test_public_entry_points_name_the_bad_argument():
     assert rows.axis == 1 and cols.axis == 0
     q = mxkit.quantize(x, "mxfp4", axis=np.int64(1))  # a NumPy integer axis, as MXTensor takes
     assert q.axis == 1 and torch.equal(q.qdata, mxkit.quantize(x, "mxfp4", axis=1).qdata)
+    # NumPy integers as block_size and inside an axis pair too (the same bytes as Python ints)
+    q = mxkit.quantize(x, "mxfp4", block_size=np.int64(32))
+    assert type(q.block_size) is int and torch.equal(q.qdata, mxkit.quantize(x, "mxfp4").qdata)
+    pair = mxkit.quantize(torch.randn(64, 64), "mxfp8", axis=(np.int64(1), 0))
+    assert [t.axis for t in pair] == [1, 0]
+    assert mxkit.cast_transpose(torch.randn(64, 64), "mxfp8", block_size=np.int32(32))[1].block_size == 32
     for bs in (0, "32", 32.0, True):  # cast_transpose checks block_size before using it
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             mxkit.cast_transpose(torch.randn(2, 16, 64), "mxfp8", block_size=bs)

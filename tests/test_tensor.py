@@ -110,6 +110,27 @@ def test_torch_load_takes_an_mxtensor_by_default(tmp_path):
     assert back["step"] == 3 and type(back["w"]) is MXTensor and _same(back["w"], q)
 
 
+def test_loading_checks_the_fields_and_repr_names_them(tmp_path):
+    """torch.load / pickle / deepcopy go through the constructor's checks: a file whose fields disagree (a stale
+    logical shape) raises ValueError on load instead of dequantizing to another shape; repr names a non-default
+    rounding and scale layout."""
+    import copy
+    import pickle
+
+    q = mxkit.quantize(torch.randn(4, 64), "mxfp8", rounding="away", scale_layout="nvidia_128x4")
+    assert "rounding=away, scale_layout=nvidia_128x4" in repr(q)
+    assert "rounding" not in repr(_q("mxfp4", (2, 64), axis=1)) and "scale_layout" not in repr(_q("mxfp4", (2, 64), axis=1))
+    for back in (copy.deepcopy(q), pickle.loads(pickle.dumps(q))):
+        assert _same(back, q)
+    bad = MXTensor._trusted(q.qdata, q.scale, q.fmt, 1, 32, torch.Size([4, 128]), q.scale_mode, q.rounding,
+                            q.scale_layout)
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="inconsistent MXTensor: qdata has shape"):
+        torch.load(tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="inconsistent MXTensor"):
+        pickle.loads(pickle.dumps(bad))
+
+
 def test_packed_weight_pytree_reaches_every_tensor():
     """A PackedWeight's folded operand is a pytree node too (its tensors were one opaque leaf: a tensor map left
     them where they were)."""

@@ -14,6 +14,7 @@ EVEN: Triton / aiter MXFP4 quantizers).
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -264,6 +265,11 @@ def _exp2_f32(e: torch.Tensor) -> torch.Tensor:
     return torch.where(e >= -126, normal, denormal).view(torch.float32)
 
 
+def _check_float_input(t: torch.Tensor, who: str) -> None:
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{who} takes float32, bfloat16 or float16 values, got {t.dtype}")
+
+
 def floor_log2(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ``(E, frac)`` of positive finite float32 values: ``a = (1 + frac / 2^23) * 2^E``.
 
@@ -281,13 +287,15 @@ def floor_log2(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def shared_exponent(amax: torch.Tensor, fmt: FormatLike, scale_mode: Union[str, ScaleMode]) -> torch.Tensor:
-    """Biased E8M0 scale byte (uint8) for each block amax (float32, >= 0 or NaN/Inf).
+    """Biased E8M0 scale byte (uint8) for each block amax (float32, bfloat16 or float16, >= 0 or NaN/Inf).
 
     Rules in :class:`ScaleMode`. amax == 0 → 0; NaN or Inf → 0xFF. The unbiased exponent is clamped to
-    [-127, 127], so finite blocks get bytes 0 … 254.
+    [-127, 127], so finite blocks get bytes 0 … 254. Raises TypeError for another dtype (a float64 amax would be
+    rounded to float32 first: a second rounding that can move the byte).
     """
     f = get_format(fmt)
     mode = ScaleMode.parse(scale_mode)
+    _check_float_input(amax, "shared_exponent")
     amax = amax.to(torch.float32)
     if mode is ScaleMode.EVEN:
         # round amax at the element's mantissa width: adding half an element-ulp to the fp32 bits carries
@@ -302,8 +310,9 @@ def shared_exponent(amax: torch.Tensor, fmt: FormatLike, scale_mode: Union[str, 
             x = x + (frac != 0).to(torch.int32)
         elif mode is ScaleMode.RCEIL:
             # amax <= max_normal * 2^X  <=>  compare mantissas once the exponents are aligned
-            _, max_frac = floor_log2(torch.tensor(f.max_normal, dtype=torch.float32))
-            x = x + (frac > int(max_frac)).to(torch.int32)
+            # (max_normal's float32 mantissa field, from Python: no tensor on torch's default device)
+            max_frac = struct.unpack("<I", struct.pack("<f", f.max_normal))[0] & _F32_MANT_MASK
+            x = x + (frac > max_frac).to(torch.int32)
     x = (x - f.emax).clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
     byte = (x + E8M0_BIAS).to(torch.uint8)
     byte = torch.where(amax == 0, torch.zeros_like(byte), byte)
@@ -330,20 +339,26 @@ def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
 def encode_elements(v: torch.Tensor, fmt: FormatLike, rounding: Union[str, Rounding] = Rounding.RNE) -> torch.Tensor:
     """Round already-scaled values to element codes (uint8, one code per element, unpacked).
 
-    v: float32 (any shape), finite. Saturates to ± max normal; never produces Inf/NaN codes. The sign of
-    the input is kept on zero results for float formats (−0.1 → −0, as torchao and torch's fp8 casts);
-    MXINT8 has no −0. Codes for sub-byte formats sit in the low bits (FP4: 0..15, FP6: 0..63);
-    MXINT8 codes are the two's complement byte.
+    v: float32, bfloat16 or float16 (any shape). Saturates to ± max normal (±Inf too); never produces an Inf
+    code. NaN gives the format's NaN code (0x7F: E4M3, E5M2) and, in a format without one (FP6, FP4, INT8),
+    code 0 (+0; :func:`~mxkit.reference.quantize_reference` never passes NaN: it marks the block's scale 0xFF).
+    The sign of the input is kept on zero results for float formats (−0.1 → −0, as torchao and torch's fp8
+    casts); MXINT8 has no −0. Codes for sub-byte formats sit in the low bits (FP4: 0..15, FP6: 0..63); MXINT8
+    codes are the two's complement byte. Raises TypeError for another dtype (float64 would be rounded twice).
     """
     f = get_format(fmt)
     rnd = Rounding.parse(rounding)
+    _check_float_input(v, "encode_elements")
     v = v.to(torch.float32)
+    nan = torch.isnan(v)
+    v = torch.where(nan, torch.zeros_like(v), v)  # (rounding NaN to an integer is undefined)
+    nan_code = f.sign_bit - 1 if (f.has_nan or f.has_inf) else 0
     neg = _f32_bits(v) < 0
     a = v.abs().clamp(max=f.max_normal)  # saturate first: rounding is monotone and max_normal is on the grid
     if f.kind == "int":
         n = _round_to_int(a * 2.0**f.mbits, rnd).to(torch.int32)  # exact: power-of-two scaling
         n = torch.where(neg, -n, n)
-        return (n & 0xFF).to(torch.uint8)
+        return torch.where(nan, nan_code, n & 0xFF).to(torch.uint8)
     e, _ = floor_log2(a)
     e = e.clamp(min=f.emin)  # below min normal the grid spacing stays at the subnormal step
     q = a * _exp2_f32(f.mbits - e)  # exact: a / ulp with ulp = 2^(e - mbits)
@@ -352,7 +367,7 @@ def encode_elements(v: torch.Tensor, fmt: FormatLike, rounding: Union[str, Round
     # carry (n = 2^mbits) and the binade carry (n = 2^(mbits+1)) in one expression
     code = ((e - f.emin) << f.mbits) + n
     code = torch.where(neg, code | f.sign_bit, code)
-    return code.to(torch.uint8)
+    return torch.where(nan, nan_code, code).to(torch.uint8)
 
 
 def _round_to_int(q: torch.Tensor, rnd: Rounding) -> torch.Tensor:
@@ -363,12 +378,17 @@ def _round_to_int(q: torch.Tensor, rnd: Rounding) -> torch.Tensor:
 
 
 def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
-    """Element codes (uint8, unpacked, any shape) → float32 values, exactly.
+    """Element codes (uint8, or another integer dtype; unpacked, any shape) → float32 values, exactly.
 
     E4M3 0x7F/0xFF and E5M2's NaN codes decode to NaN, E5M2 Inf codes to ±Inf. Bits above ``fmt.bits``
-    must be zero.
+    must be zero. A float8 tensor (:meth:`MXTensor.qdata_view`'s E4M3 / E5M2 view) is read as its bytes.
+    Raises TypeError for any other floating, bool or complex dtype (its values are not codes).
     """
     f = get_format(fmt)
+    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        codes = codes.view(torch.uint8)
+    elif codes.dtype == torch.bool or codes.dtype.is_floating_point or codes.dtype.is_complex:
+        raise TypeError(f"decode_elements takes element codes (uint8), got {codes.dtype}")
     c = codes.to(torch.int32)
     if f.kind == "int":
         c = torch.where(c >= 128, c - 256, c)

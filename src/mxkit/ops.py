@@ -42,6 +42,14 @@ def _resolve_backend(backend: str, device: torch.device, block_size: int = BLOCK
     return backend
 
 
+def _as_int(v):
+    """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
+    (bools, tensors and non-integers are left for the caller's own check to refuse)."""
+    if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
+        return v
+    return v.__index__()
+
+
 def quantize(
     x: torch.Tensor,
     fmt: FormatLike,
@@ -70,6 +78,8 @@ def quantize(
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
     layout / backend names.
     """
+    if type(block_size) is not int:
+        block_size = _as_int(block_size)  # (a NumPy integer, as axis; a bool or non-integer is refused below)
     if isinstance(x, torch.Tensor) and x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
         with torch.cuda.device(x.device):
             return quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
@@ -84,10 +94,9 @@ def quantize(
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if isinstance(axis, bool):
         raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
-    if not isinstance(axis, int) and hasattr(axis, "__index__") and not isinstance(axis, torch.Tensor):
-        axis = axis.__index__()  # (a NumPy integer, as MXTensor takes)
+    axis = _as_int(axis)  # (a NumPy integer, as MXTensor takes)
     if not isinstance(axis, int):
-        pair = tuple(axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
+        pair = tuple(_as_int(a) for a in axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
         if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):
             raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
         for a in pair:
@@ -130,6 +139,7 @@ def cast_transpose(
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
     if x.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    block_size = _as_int(block_size)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if nd != 2 and (x.numel() // x.shape[-1]) % block_size:

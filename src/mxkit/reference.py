@@ -286,7 +286,7 @@ def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     if x.shape[-1]:
         amax = xf.abs().amax(dim=-1, keepdim=True)
     else:
-        amax = torch.zeros(*x.shape[:-1], 1, device=x.device)
+        amax = torch.zeros(*x.shape[:-1], 1, device=x.device, dtype=torch.float32)
     # (at least 2^-149: an amax under 448 * 2^-150 would make the quotient 0, and the row's zeros 0 / 0 = NaN)
     scale = torch.where(amax > 0, (amax / 448.0).clamp_min(2.0**-149), torch.ones_like(amax))
     scale = torch.where(torch.isnan(amax), float("nan"), scale)

@@ -274,10 +274,17 @@ class MXTensor:
         """scale viewed as ``torch.float8_e8m0fnu``."""
         return self.scale.view(torch.float8_e8m0fnu)
 
+    def __setstate__(self, state: dict) -> None:
+        # pickle / torch.load / deepcopy fill __dict__ without __init__: run the constructor's checks on what was
+        # loaded (a stale or edited file whose fields disagree raises here, not later as a wrong dequantize)
+        object.__setattr__(self, "__dict__", dict(MXTensor(**state).__dict__))
+
     def __repr__(self) -> str:
+        extra = "" if self.rounding is Rounding.RNE else f", rounding={self.rounding.value}"
+        extra += "" if self.scale_layout == "plain" else f", scale_layout={self.scale_layout}"
         return (
             f"MXTensor({self.fmt.name}, shape={tuple(self.shape)}, axis={self.axis}, "
-            f"block_size={self.block_size}, scale_mode={self.scale_mode.value}, device={self.device})"
+            f"block_size={self.block_size}, scale_mode={self.scale_mode.value}{extra}, device={self.device})"
         )
 
 

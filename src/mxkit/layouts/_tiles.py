@@ -13,8 +13,9 @@ import torch
 @functools.lru_cache(maxsize=None)
 def _tile_perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
     """perm[k] = stored offset, inside one tile, of the tile's row-major byte k (offsets of a tile-wide scale)."""
-    r = torch.arange(tr).view(tr, 1)
-    c = torch.arange(tc).view(1, tc)
+    # on the CPU whatever torch's default device (the cached permutation is moved to each caller's device)
+    r = torch.arange(tr, device="cpu").view(tr, 1)
+    c = torch.arange(tc, device="cpu").view(1, tc)
     perm = offsets(r, c, tc).reshape(-1)
     assert sorted(perm.tolist()) == list(range(tr * tc)), "the offsets of one tile must be a permutation of it"
     return perm

@@ -326,6 +326,23 @@ def errors_main(rank, world, store, seed):
         else:
             with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised on their inputs"):
                 call()
+        # an unknown backend on one rank: raised before the exchange, the peers hear of it (they waited before)
+        if rank == bad_rank:
+            with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+                call(backend="bogus")
+        else:
+            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
+                call()
+        # a sharded MXMoE whose x is bad on one rank (checked before ep_moe): its error there, the peers raise
+        m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+        with torch.no_grad():
+            if rank == bad_rank:
+                with pytest.raises(ValueError, match="hidden_size"):
+                    m(torch.randn(3, H + 32))
+            else:
+                with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
+                    m(torch.randn(3, H))
+            m(torch.randn(3, H))  # still in step
         # the ranks disagree: on x's dtype; on the experts (E and their ranges)
         with pytest.raises(RuntimeError, match="disagree on the x dtype"):
             call(x=x.to(torch.bfloat16) if rank == 0 else x)

@@ -44,13 +44,13 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .moe import moe_experts, route_tokens
+from .moe import moe_experts, resolve_moe_backend, route_tokens
 from .moe_reference import check_moe_args
 from .ops import needs_grad
 from .reference import round_from_float64
 from .tensor import MXTensor
 
-__all__ = ["expert_ranges", "check_expert_ranges", "ep_moe"]
+__all__ = ["expert_ranges", "check_expert_ranges", "ep_moe", "raise_collectively"]
 
 
 def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
@@ -109,6 +109,17 @@ def _header_device(group) -> torch.device:
     if "nccl" in backend or (backend == "undefined" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def raise_collectively(error: BaseException, group: Optional[dist.ProcessGroup] = None):
+    """Raise ``error`` on this rank after joining :func:`ep_moe`'s header exchange as a rank whose call is bad, so
+    that its peers in that exchange raise RuntimeError naming this rank instead of waiting in it: for a caller
+    (``MXMoE.forward`` of a sharded module) that finds its input bad before it reaches ep_moe. Collective: the
+    peers must be in ep_moe's call (or this same function) on ``group``."""
+    world = dist.get_world_size(group)
+    head = torch.zeros(world, 2 + len(_HEAD), dtype=torch.int64, device=_header_device(group))  # count 0, not ok
+    dist.all_to_all_single(torch.empty_like(head), head, group=group)
+    raise error
 
 
 def _ranges_code(ranges: Sequence[tuple[int, int]]) -> int:
@@ -198,7 +209,8 @@ def ep_moe(
     Differentiable with respect to x, router_logits and the expert biases (module docstring): the backward is
     collective too, every rank of the group must run it.
     Raises ValueError for a process outside ``group``, ranges that do not partition [0, E), weights that do not
-    hold ``ranges[rank]``, a ``combine_dtype`` other than float32 / bfloat16 / float16 / float64, and whatever
+    hold ``ranges[rank]``, a ``combine_dtype`` other than float32 / bfloat16 / float16 / float64, an unknown
+    ``backend`` (or ``"triton"`` off CUDA; ImportError without Triton), and whatever
     :func:`mxkit.moe` raises for bad shapes, on the rank whose call is bad, and RuntimeError on its peers; RuntimeError
     on every rank when the ranks disagree on E, H, x's dtype, ``combine_dtype``, the activation or the ranges, or
     some need a gradient and others do not (all after the header exchange, before the data moves); RuntimeError
@@ -223,6 +235,7 @@ def ep_moe(
                        expert_range=(lo, hi), num_experts=E)
         if combine_dtype not in _DTYPE_CODES:
             raise ValueError(f"combine_dtype must be one of {list(_DTYPE_CODES)}, got {combine_dtype}")
+        resolve_moe_backend(backend, x2.device)  # (an unknown name, or triton off CUDA: raised before the exchange)
         flat_ids = ids.reshape(-1).to(torch.int64)
         dest = _owners(ranges, ids.device)[flat_ids]
         send_counts_t = torch.bincount(dest, minlength=world)

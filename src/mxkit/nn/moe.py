@@ -57,7 +57,7 @@ from torch import nn
 
 from .._cache import TensorsKey
 from .._device import elsewhere
-from ..distributed import check_expert_ranges, ep_moe, expert_ranges
+from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_collectively
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.matmul_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
@@ -623,14 +623,13 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     # --- forward ---------------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
-        if x.dtype not in _FLOATS:  # (mxkit.moe's: float64 runs on its reference)
-            raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
-        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
-        if x.device != self.gate_up_qdata.device:
-            raise ValueError(f"MXMoE's experts are on {self.gate_up_qdata.device} but x on {x.device}")
+        if self.ep_ranges is None:
+            self._check_input(x)
+        else:
+            try:
+                self._check_input(x)
+            except (TypeError, ValueError) as e:  # the peers are in ep_moe's header exchange: they raise too
+                raise_collectively(e, self.ep_group)
         if x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
             with torch.cuda.device(x.device):
                 return self.forward(x)
@@ -673,6 +672,16 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                                                                            self.down_bias):
             routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
         return self._result(self._experts(x, logits, routed), logits, routed)
+
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
+        if x.dtype not in _FLOATS:  # (mxkit.moe's: float64 runs on its reference)
+            raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
+        if x.device != self.gate_up_qdata.device:
+            raise ValueError(f"MXMoE's experts are on {self.gate_up_qdata.device} but x on {x.device}")
 
     def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
         """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):
@@ -774,11 +783,12 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     def _per_buffers(self, slot: str, make, make_down=None) -> tuple:
         """``make(gate_up, interleave_halves=...)``, ``(make_down or make)(down)``: a pair kept in ``slot`` and
-        made again only when an expert buffer is another tensor or its storage or version changed."""
+        made again only when an expert buffer is another tensor or its storage or version changed, or the
+        activation (the layouts interleave gate / up for it) was set to another."""
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         kept = getattr(self, slot)
-        if kept is None or not kept[0].matches(bufs):
-            kept = (TensorsKey(bufs), (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
+        if kept is None or not kept[0].matches(bufs, self.activation):
+            kept = (TensorsKey(bufs, self.activation), (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
                                        (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
         return kept[1]

@@ -56,6 +56,12 @@ def test_expert_caches_rebuild_for_a_new_buffer_and_work_in_inference_mode(rng):
     m.down_scale.add_(0)  # an in-place write
     m._per_buffers("_folded", make)
     assert len(made) == 6
+    seen = []
+    m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
+    m.activation = "swiglu" if m.activation != "swiglu" else "swiglu_gpt_oss"  # (the layout interleaves for it)
+    m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
+    first, again = seen[0]["interleave_halves"], seen[2]["interleave_halves"]  # (seen[1], seen[3]: the down's)
+    assert len(seen) == 4 and again == (m.activation == "swiglu") and again != first
     with torch.inference_mode():
         m = small_moe(rng)
         m.pack_()
@@ -75,6 +81,26 @@ def test_per_tensor_values_take_inference_tensors():
     assert calls == [1]
     f = _rows._packed_bias(b, 4, ("mma", False))
     assert torch.equal(f, b.reshape(-1)) and _rows._packed_bias(b, 4, ("mma", False)) is f
+
+
+def test_per_tensor_values_follow_a_swapped_storage(rng):
+    """Module.to / .half() / ``p.data = ...`` keep a Parameter's object and version and swap its storage: the kept
+    values (the packed expert bias, the weight-scale extrema) are made again for the new data, not served stale."""
+    from mxkit.kernels.moe_details import _envelope, _rows
+
+    b = torch.nn.Parameter(torch.randn(2, 4, generator=rng), requires_grad=False)
+    f = _rows._packed_bias(b, 4, ("mma", False))
+    version = b._version
+    b.data = torch.randn(2, 4, generator=rng)  # (same object, same version, another storage)
+    assert b._version == version
+    assert torch.equal(_rows._packed_bias(b, 4, ("mma", False)), b.reshape(-1)) and not torch.equal(f, b.reshape(-1))
+    b.data = b.data.double()  # (a dtype change: .to(float64) on the module)
+    assert torch.equal(_rows._packed_bias(b, 4, ("mma", False)), b.float().reshape(-1))
+    t = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+    calls = []
+    assert _envelope._per_version("swap", t, lambda: calls.append(1) or 1) == 1
+    t.data = torch.zeros(3)
+    assert _envelope._per_version("swap", t, lambda: calls.append(1) or 2) == 2 and calls == [1, 1]
 
 
 @pytest.mark.parametrize("reduced", [True, False])

@@ -64,18 +64,21 @@ def scale_extrema(scale: torch.Tensor) -> tuple[int, int, bool]:
     return lo, hi, bool(nan)
 
 
-_PER_VERSION: dict[tuple, tuple] = {}  # (what, id(t)) -> (weakref to t, its _version, the value)
+_PER_VERSION: dict[tuple, tuple] = {}  # (what, id(t)) -> (weakref to t, (its _version, data_ptr, dtype, device), value)
 
 
 def _per_version(what: str, t: torch.Tensor, compute):
-    """``compute()`` for tensor ``t``, kept while ``t`` lives at that ``_version`` (a host sync once per tensor and
-    version, not per call; at most 4096 entries)."""
+    """``compute()`` for tensor ``t``, kept while ``t`` lives with that ``_version`` and storage (a host sync once per
+    tensor and version, not per call; at most 4096 entries). Not seen: an in-place change of an inference tensor
+    (it keeps no version; recomputing each call would put a host sync in every call and CUDA graph capture), or an
+    edit through ``t.data`` (no version bump, the same storage)."""
+    state = (tensor_version(t), t.data_ptr(), t.dtype, t.device)
     key = (what, id(t))
     hit = _PER_VERSION.get(key)
-    if hit is None or hit[0]() is not t or hit[1] != tensor_version(t):
+    if hit is None or hit[0]() is not t or hit[1] != state:
         if len(_PER_VERSION) > 4096:
             _PER_VERSION.clear()
-        hit = (weakref.ref(t), tensor_version(t), compute())
+        hit = (weakref.ref(t), state, compute())
         _PER_VERSION[key] = hit
     return hit[2]
 

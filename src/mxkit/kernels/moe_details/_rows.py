@@ -64,17 +64,20 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
     return out
 
 
-_BIAS: dict = {}  # (id(bias), its _version, activation) -> (weakref to it, float32 bias in the packed row order)
+# (id(bias), its _version, data_ptr, dtype, device, activation) -> (weakref to it, float32 bias in the packed row
+# order); the storage too: Module.to / .half() / `p.data = ...` swap a Parameter's data keeping its object and version
+_BIAS: dict = {}
 
 
 def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     """An expert bias (E, N) as float32 [E * N] in the packed experts' row order: :func:`pack_experts_wgmma`'s
     for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor and
     version while the tensor lives (no per-call kernels; a CUDA graph captured after a first call reads the kept
-    tensor, which stays valid: entries go only with their bias, or past 4096 live ones)."""
+    tensor, which stays valid: entries go only with their bias, or past 4096 live ones). Not seen: an in-place change
+    of an inference tensor (it keeps no version) or through ``b.data``."""
     from ..matmul_details._layout_wgmma import expert_row_order
 
-    key = (id(b), tensor_version(b), order)
+    key = (id(b), tensor_version(b), b.data_ptr(), b.dtype, b.device, order)
     hit = _BIAS.get(key)
     if hit is None or hit[0]() is not b:
         for k_, (ref, _) in list(_BIAS.items()):  # drop the entries of biases that are gone

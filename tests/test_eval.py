@@ -381,6 +381,28 @@ def test_evaluate_causal_lm_perplexity(tiny_causal_lm):
         assert r["ppl"] == pytest.approx(_ppl64(model, em.tokenizer, texts), rel=1e-5)
 
 
+def test_causal_perplexity_ignores_padding_side_and_batch_size(tiny_causal_lm):
+    """A tokenizer that pads on the left gives the perplexity of one sentence a batch (padding on the right, as
+    evaluate forces: left padding shifted the sentences' positions and scored each first token from a pad), at
+    any batch size; the tokenizer's own padding_side is left as it was."""
+    em = ev.load_model(tiny_causal_lm)
+    texts = ev.stdlib_sentences(10)
+    ppl = {}
+    for side, bs in (("right", 1), ("left", 1), ("left", 10), ("right", 10)):
+        em.tokenizer.padding_side = side
+        rows = ev.evaluate(formats=["mxfp8"], scale_modes=["floor"], sentences=texts, eval_model=em, batch_size=bs,
+                           progress=False)
+        assert em.tokenizer.padding_side == side
+        ppl[side, bs] = rows[0]["ppl"]
+    assert ppl["left", 10] == pytest.approx(ppl["right", 1], rel=1e-5), ppl
+    assert ppl["right", 10] == pytest.approx(ppl["right", 1], rel=1e-5), ppl
+
+
+def test_perplexity_past_float64_is_inf_not_an_error():
+    assert ev._ppl(710.0 * 3, 3) == math.inf and ev._ppl(2.0, 2) == pytest.approx(math.e)
+    assert math.isnan(ev._ppl(float("nan"), 1))
+
+
 def test_evaluate_refuses_a_format_that_quantizes_nothing(tiny_causal_lm):
     """A skip matching every layer, or a block size no layer's in_features is a multiple of: a ValueError naming
     why (the row was the unquantized model's, printed as the format's with cos 1.0)."""

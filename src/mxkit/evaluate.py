@@ -323,16 +323,33 @@ def load_model(
 
 
 def _tokenize(em: EvalModel, sentences: Sequence[str], batch_size: int, device) -> tuple[list[dict], torch.Tensor]:
-    """Batches of sentences sorted by token length (little padding) and the permutation that sorted them."""
-    lengths = [len(ids) for ids in em.tokenizer(list(sentences), truncation=True, max_length=em.max_length)["input_ids"]]
+    """Batches of sentences sorted by token length (little padding) and the permutation that sorted them. Padded on
+    the right whatever the tokenizer's ``padding_side`` (a left-padded causal batch would shift its sentences'
+    positions: the perplexity would depend on the batch size)."""
+    tok = em.tokenizer
+    lengths = [len(ids) for ids in tok(list(sentences), truncation=True, max_length=em.max_length)["input_ids"]]
     order = sorted(range(len(sentences)), key=lambda i: (lengths[i], i))
     batches = []
-    for i in range(0, len(order), batch_size):
-        chunk = [sentences[j] for j in order[i : i + batch_size]]
-        enc = em.tokenizer(chunk, padding=True, truncation=True, max_length=em.max_length, return_tensors="pt")
-        batches.append({k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask",
-                                                                           "token_type_ids")})
+    side = getattr(tok, "padding_side", None)
+    try:
+        if side is not None:
+            tok.padding_side = "right"
+        for i in range(0, len(order), batch_size):
+            chunk = [sentences[j] for j in order[i : i + batch_size]]
+            enc = tok(chunk, padding=True, truncation=True, max_length=em.max_length, return_tensors="pt")
+            batches.append({k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask",
+                                                                               "token_type_ids")})
+    finally:
+        if side is not None:
+            tok.padding_side = side
     return batches, torch.tensor(order)
+
+
+def _ppl(nll: float, ntok: int) -> float:
+    """exp(mean NLL); inf past float64's range (a model whose mean NLL exceeds ~709 nats: a diverged quantized
+    copy, written as null, not an OverflowError that loses the rows already measured); NaN stays NaN."""
+    mean = nll / ntok
+    return math.exp(mean) if not mean > 709.0 else math.inf
 
 
 @torch.inference_mode()
@@ -345,7 +362,8 @@ def _run(model: nn.Module, kind: str, batches: list[dict]) -> tuple[torch.Tensor
             out = model(**b, output_hidden_states=True)
             hidden = out.hidden_states[-1]
             logits = out.logits[:, :-1].float()
-            labels = b["input_ids"][:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            # a token counts where it and the position predicting it are both real (not padding)
+            labels = b["input_ids"][:, 1:].masked_fill((mask[:, 1:] == 0) | (mask[:, :-1] == 0), -100)
             nll += torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
             ).item()
@@ -478,7 +496,7 @@ def evaluate(
     ref_emb, ref_nll, ntok = _run(em.model, em.kind, batches)
     ref_ms = _ms_per_batch(em.model, em.kind, batches, time.perf_counter() - t_run)
     ref_nn = _nearest_other(ref_emb)
-    ref_ppl = math.exp(ref_nll / ntok) if em.kind == "causal" and ntok else None
+    ref_ppl = _ppl(ref_nll, ntok) if em.kind == "causal" and ntok else None
     base = {c: None for c in ROW_COLUMNS}
     base.update(model=em.name, rounding=rnd, block_size=block_size, sentences=len(texts))
 
@@ -524,7 +542,7 @@ def evaluate(
                 rows[0]["weight_mb"] = _linear_weight_bytes(em.model, [r.name for r in done])[1] / 1e6
                 rows[0]["layers_left"] = len(report)
         if em.kind == "causal" and ntok:
-            row.update(ppl=math.exp(nll / ntok), ppl_ref=ref_ppl)
+            row.update(ppl=_ppl(nll, ntok), ppl_ref=ref_ppl)
             row["ppl_delta"] = row["ppl"] - ref_ppl
         rows.append(row)
         del qmodel

@@ -403,6 +403,18 @@ def copy_main(rank, world, store, seed):
                     buf.seek(0)
                     loaded = torch.load(buf, weights_only=False)
                     assert loaded.ep_group is None and torch.equal(loaded(x), y)
+        # each rank loads the next rank's pickled module: a ValueError on every rank (it would run the other
+        # rank's experts as its own), the group left in step
+        buf = io.BytesIO()
+        torch.save(MXMoE(H, I, 8, 2, "mxfp4").shard_experts(), buf)
+        files = [None] * world
+        dist.all_gather_object(files, buf.getvalue())
+        other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
+        with torch.no_grad():
+            with pytest.raises(ValueError, match="pickled by another rank or world size"):
+                other(x)
+            m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+            m(x)  # still in step
     finally:
         dist.destroy_process_group()
 

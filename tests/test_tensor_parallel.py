@@ -336,6 +336,16 @@ def case_copy(rank: int, world: int, g: torch.Generator) -> None:
                 assert fresh.tp_group is None and fresh.tp_rank == rank, what
             with torch.no_grad():
                 assert torch.equal(fresh(x), y), what + " loaded"
+    if world > 1:
+        # each rank loads the next rank's pickled shard: a ValueError on its first forward (it gave that rank's
+        # columns as this rank's, silently), before any collective
+        buf = io.BytesIO()
+        torch.save(shard_mxlinear(full, "column"), buf)
+        files = [None] * world
+        dist.all_gather_object(files, buf.getvalue())
+        other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
+        with pytest.raises(ValueError, match=rf"pickled by another rank or world size than this process's \(rank {rank} of"):
+            other(x)
     dist.barrier()
 
 

@@ -22,7 +22,9 @@ With ``combine_dtype=torch.float64`` (the default) and the reference backend, st
 products in the same order as one rank's :func:`~mxkit.moe_reference.combine_reference`, so the result equals
 one rank holding every expert up to float64 matmul blocking (a float64 GEMM of other row counts may round
 differently in the last bit; after the final rounding to float32 the outputs agree to 1 ulp and almost always
-bit for bit). A narrower ``combine_dtype`` cuts the return traffic and adds one rounding per pair.
+bit for bit). A narrower ``combine_dtype`` cuts the return traffic and adds one rounding per pair, and its range
+bounds each pair's output: float16 overflows to ±Inf past 65504 (where x's own dtype might not), bfloat16 has
+float32's range.
 
 Autograd: steps 2 and 4 are autograd Functions (:class:`_Dispatch`, :class:`_Combine`) whose backwards run the
 reverse exchanges (the counts swapped): the gradients of the expert outputs go back to the ranks that computed

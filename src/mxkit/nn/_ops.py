@@ -42,6 +42,26 @@ class HoldsGroup:
 
     group_attr = "group"
 
+    def _group_position_ok(self, rank: int, world: int) -> bool:
+        """Whether this module's shard is the one of ``rank`` in a group of ``world`` (subclasses)."""
+        raise NotImplementedError
+
+    def check_group_position(self) -> None:
+        """After unpickling (``torch.load`` of the module: the group is the default one of the loading process):
+        ValueError, on the first forward, if this process's rank or world size in the group is not the one the
+        shard was made for (another rank's file gave wrong values silently). A no-op otherwise."""
+        if not self.__dict__.get("_check_position"):
+            return
+        import torch.distributed as dist
+
+        group = self.__dict__.get(self.group_attr)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        if not self._group_position_ok(rank, world):
+            raise ValueError(f"this {type(self).__name__} was pickled by another rank or world size than this "
+                             f"process's (rank {rank} of {world}): load each rank's own file, or its state_dict into a "
+                             f"module built on this rank")
+        self.__dict__["_check_position"] = False
+
     def __deepcopy__(self, memo: dict):
         """A deep copy (own buffers, a new op handle: ``Handled.__setstate__``) sharing the process group."""
         import copy
@@ -65,7 +85,7 @@ class HoldsGroup:
                                 f"ProcessGroup does not pickle): save its state_dict() instead and load it into a "
                                 f"module built with that group")
             state = dict(state, **{self.group_attr: None})
-        return state
+        return dict(state, _check_position=True)  # (checked against the loading process on the first forward)
 
 
 def module_of(handle: int, op: str) -> nn.Module:

@@ -622,11 +622,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     # --- forward ---------------------------------------------------------------------------------------------
 
+    def _group_position_ok(self, rank: int, world: int) -> bool:
+        return world == len(self.ep_ranges) and tuple(self.ep_ranges[rank]) == tuple(self.expert_range)
+
     def forward(self, x: torch.Tensor):
         if self.ep_ranges is None:
             self._check_input(x)
         else:
             try:
+                self.check_group_position()
                 self._check_input(x)
             except (TypeError, ValueError) as e:  # the peers are in ep_moe's header exchange: they raise too
                 raise_collectively(e, self.ep_group)

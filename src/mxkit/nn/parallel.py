@@ -26,6 +26,13 @@ The weight W (N, K) = (out_features, in_features) is quantized along K (``weight
   the operand bytes are those of the unsharded layer. ``act_format="fp8_e4m3_rowwise"`` is refused: its scale is
   the amax of the whole row, which no rank sees.
 
+Every rank of the group calls forward with inputs of the same shape and dtype (the collectives' contract, as in
+Megatron), and under autograd all or none of them need a gradient. That is not checked, since it would take one
+more collective a call: a mismatch surfaces as the collective's own error, a wait until the group's timeout, or
+(an all_gather of other row counts) wrong rows. ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` has torch check each collective's
+shapes across ranks. A module unpickled by another rank than the one that saved it raises ValueError on its first
+forward.
+
 Sizes that do not split raise ValueError at construction, before any communication: N % W != 0 (column) and
 K % (W·block_size) != 0 (row; uneven splits are not supported, as in Megatron — pad the layer instead).
 
@@ -160,6 +167,9 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         self.global_in_features, self.global_out_features = in_features, out_features
         self.tp_group, self.tp_rank, self.tp_world_size = group, rank, world
 
+    def _group_position_ok(self, rank: int, world: int) -> bool:
+        return (rank, world) == (self.tp_rank, self.tp_world_size)
+
     # --- what a rank keeps (subclasses) ---
     @staticmethod
     def _check_act(act_format) -> None:
@@ -266,6 +276,7 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
         return self._local_weight(b, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_group_position()
         if needs_grad(x):
             x = _CopyToGroup.apply(x, self.tp_group)
         y = super().forward(x)
@@ -343,6 +354,7 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         return quantize(x, act, axis=-1, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_group_position()
         expect = self.in_features if self.input_is_parallel else self.global_in_features
         if x.dim() == 0 or x.shape[-1] != expect:
             what = "this rank's K slice (input_is_parallel=True)" if self.input_is_parallel else "the full K"

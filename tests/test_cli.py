@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 import types
@@ -446,16 +447,36 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
                         lambda shapes, out: seen.append((shapes, os.path.isdir(os.path.dirname(out)))))
     assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
     assert seen == [(((1024, 64),), True)] and not out.exists()  # the folders made; the check left no file
-    # tune_gemm itself: shapes and out checked, folders made, before it looks for a GPU
+    # tune_gemm itself: shapes, the GPU, then out checked before any work, leaving no folder behind
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="shape 64x33"):
         tune.tune_gemm(((64, 33),))
-    with pytest.raises(IsADirectoryError):
-        tune.tune_gemm(out=tmp_path)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         tune.tune_gemm(out=tmp_path / "c" / "t.json")
-    assert (tmp_path / "c").is_dir()
+    assert not (tmp_path / "c").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(IsADirectoryError):
+        tune.tune_gemm(out=tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        tune.tune_gemm(out=tmp_path / "file" / "t.json")
+
+
+def test_write_text_atomic_and_check_writable_of_a_dotdot_path(tmp_path, monkeypatch):
+    """The table is written whole (a temporary file renamed over the old one; a failed write leaves the old one and
+    no temporary); check_writable takes ``new/../t.json`` as the writer does (it raised FileExistsError)."""
+    from mxkit._files import check_writable, write_text_atomic
+
+    out = tmp_path / "d" / "t.json"
+    write_text_atomic(out, "old\n")
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError, match="No space"):
+        write_text_atomic(out, "new\n")
+    monkeypatch.undo()
+    assert out.read_text() == "old\n" and sorted(p.name for p in out.parent.iterdir()) == ["t.json"]
+    monkeypatch.chdir(tmp_path)
+    assert check_writable("nothere/../t2.json") == Path("nothere/../t2.json") and not (tmp_path / "nothere").exists()
 
 
 @pytest.mark.gpu

@@ -23,7 +23,12 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
         if not above.is_dir():
             raise NotADirectoryError(f"{what} cannot be written: {str(above)!r} is a file, not a folder")
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:  # ("new/.." exists once "new" is made: the writer's mkdir(parents) agrees)
+                if folder.is_dir():
+                    continue
+                raise
             made.append(folder)
         target = path.resolve()  # (a symlink, dangling or not: the check makes and removes the file it points to)
         existed = target.exists()
@@ -42,3 +47,21 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
             except OSError:  # (something else put a file there meanwhile: leave it)
                 pass
     return path
+
+
+def write_text_atomic(path: Union[str, Path], text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (its
+    folders made first)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -34,6 +34,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ._files import check_writable, write_text_atomic
+
 __all__ = ["tune_gemm", "check_shapes", "DEFAULT_SHAPES", "moe_envelope", "moe_strips"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
@@ -61,17 +63,16 @@ def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
 
 def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Optional[Path] = None,
               rep_ms: float = 20.0, log=print) -> dict:
-    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given, its folders made
-    before any timing). shapes: (N, K) weight shapes (:func:`check_shapes`). Raises ValueError for a bad shape,
-    IsADirectoryError when ``out`` is a directory (both before any work), RuntimeError without CUDA or when no
-    decode schedule runs for a K class (:func:`_best_decode_config`)."""
+    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given: whole, through a
+    temporary file renamed over it, its folders made at the end). shapes: (N, K) weight shapes
+    (:func:`check_shapes`). Raises ValueError for a bad shape, RuntimeError without CUDA, OSError (IsADirectoryError
+    for a directory) when ``out`` cannot be written (all before any work, leaving no folder behind), RuntimeError
+    when no decode schedule runs for a K class (:func:`_best_decode_config`)."""
     check_shapes(shapes)
-    if out is not None:
-        if Path(out).is_dir():
-            raise IsADirectoryError(f"out={str(out)!r} is a directory, not a file")
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
+    if out is not None:
+        check_writable(out, "out")
     from . import ops
     from .kernels import matmul as mm
 
@@ -105,7 +106,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
                           f"{list(shapes)}")
     table = {name: entry}
     if out is not None:
-        Path(out).write_text(json.dumps(table, indent=2) + "\n")
+        write_text_atomic(out, json.dumps(table, indent=2) + "\n")
         log(f"wrote {out}")
     return table
 

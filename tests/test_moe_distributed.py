@@ -81,6 +81,12 @@ def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, 
     exact = sum(pairs)
     bound = 2.0**-24 * (sum(p.abs() for p in pairs) + exact.abs()) * (1 + 1e-6)
     assert bool(((y.double() - exact).abs() <= bound).all()), f"rank {rank}/{world}: beyond the float32 bound"
+    # and the narrower combine took effect: float32 pairs summed move some outputs off the float64 combine's
+    # (the bound above holds for the float64 combine too)
+    y64 = ep_moe(xs, select_experts(w_gu, lo, hi), None if b_gu is None else b_gu[lo:hi],
+                 select_experts(w_d, lo, hi), None if b_d is None else b_d[lo:hi], ls, top_k, ranges=ranges,
+                 routing=routing, activation=activation, combine_dtype=torch.float64, group=group)
+    assert xs.shape[0] == 0 or not torch.equal(y, y64), f"rank {rank}/{world}: combine_dtype had no effect"
 
 
 def ranks_main(rank, world, store, seed):

@@ -20,11 +20,11 @@ ALL_FORMATS = sorted(mxkit.FORMATS)
 U32 = 2.0**-24  # float32 unit roundoff
 
 
-def oracle_dequantize(x, fmt, scale_mode="floor", rounding="rne") -> torch.Tensor:
+def oracle_dequantize(x, fmt, scale_mode="floor", rounding="rne", block_size=32) -> torch.Tensor:
     """float64 values of ``x`` (..., K) quantized along K by conftest's independent oracle (codes decoded by
-    ml_dtypes, times 2^(scale - 127) per block of 32): what an exact MXLinear multiplies by."""
-    scale, codes = oracle_quantize(x, mxkit.get_format(fmt).name, scale_mode, rounding)
-    factor = np.ldexp(1.0, scale.astype(np.int64) - 127).repeat(32, axis=-1)
+    ml_dtypes, times 2^(scale - 127) per block of ``block_size``): what an exact MXLinear multiplies by."""
+    scale, codes = oracle_quantize(x, mxkit.get_format(fmt).name, scale_mode, rounding, block_size=block_size)
+    factor = np.ldexp(1.0, scale.astype(np.int64) - 127).repeat(block_size, axis=-1)
     return torch.from_numpy(ml_decode(codes, mxkit.get_format(fmt).name) * factor)
 
 
@@ -60,8 +60,43 @@ def _expected(x, linear, fmt, act_format=None, scale_mode="floor"):
     a = x.to(torch.float32)
     if act_format is not None:
         a = mxkit.dequantize(mxkit.quantize(x, act_format, axis=-1, scale_mode=scale_mode))
-    y = (a @ w_deq.t()).to(x.dtype)
-    return y if linear.bias is None else y + linear.bias.detach().to(x.dtype)
+    y = a @ w_deq.t()
+    return (y if linear.bias is None else y + linear.bias.detach().float()).to(x.dtype)  # bias, then one rounding
+
+
+@pytest.mark.parametrize("mode,rnd,bs", [("rceil", "away", 64), ("even", "rne", 32), ("ceil", "away", 32),
+                                         ("floor", "rne", 64)])
+def test_mxlinear_activations_use_the_layers_settings(mode, rnd, bs, rng):
+    """act_format quantizes x with the layer's own block_size, scale_mode and rounding (as its weight): against the
+    independent oracle's operands in float64, within the float32 bound (defaults only would let any be dropped)."""
+    lin = nn.Linear(128, 24)
+    x = torch.randn(9, 128, generator=rng) * torch.exp2(torch.randint(-6, 6, (9, 128), generator=rng).float())
+    m = MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp4_e2m1", scale_mode=mode, rounding=rnd,
+                             block_size=bs)
+    a64 = oracle_dequantize(x, "mxfp4_e2m1", mode, rnd, bs)
+    w64 = oracle_dequantize(lin.weight.detach(), "mxfp8_e4m3", mode, rnd, bs)
+    assert_fp32_linear(m(x), a64, w64, lin.bias.detach().double())
+
+
+def test_from_linear_keeps_the_bias_trainable_or_frozen():
+    """A frozen bias stays frozen (and a trainable one trainable): FusedMXLinear refuses to fuse biases that differ."""
+    for flag in (False, True):
+        lin = nn.Linear(64, 8)
+        lin.bias.requires_grad_(flag)
+        assert MXLinear.from_linear(lin, "mxfp4").bias.requires_grad is flag
+
+
+def test_mxlinear_adds_a_float32_bias_before_its_one_rounding(rng):
+    """A float32 layer called with bf16 x: bf16(float32(x @ W.T) + float32 bias), one rounding, byte for byte (the
+    bias rounded to bf16 first, or the sum rounded twice, differ in some of 3584 outputs)."""
+    lin = nn.Linear(64, 512)
+    with torch.no_grad():
+        lin.bias.copy_(torch.randn(512, generator=rng) * 1.0001)
+    m = MXLinear.from_linear(lin, "mxfp4")
+    x = torch.randn(7, 64, generator=rng).to(torch.bfloat16)
+    y = m(x)
+    want = (mxkit.matmul(x.float(), m.weight_mx, out_dtype=torch.float32) + lin.bias.detach()).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and _u8_equal(y, want)
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)

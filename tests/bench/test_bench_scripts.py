@@ -4,6 +4,7 @@ switches."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ def test_ab_variants_and_missing_override(monkeypatch):
     assert ab.parse_variant("t:block_r=4,num_warps=2,flag=true,mode=fast") == (
         "t", {"block_r": 4, "num_warps": 2, "flag": True, "mode": "fast"})
     assert ab.parse_variant(":x=null") == ("base", {"x": None})
-    with pytest.raises(Exception, match="not field=value"):
+    with pytest.raises(argparse.ArgumentTypeError, match="not field=value"):
         ab.parse_variant("t:block_r")
     with ab.override({}):  # the default config needs no hook
         pass

@@ -280,7 +280,7 @@ def test_fold_config_is_pure_and_bounded():
             assert chunks == 1 or cfg.block_r == 1 or cfg.block_r * K <= 8192  # small rows for the L2 re-read
             assert cfg.block_r & (cfg.block_r - 1) == 0
             assert fold_config(R, K, f, on_gpu=False).block_k == min(1024, 1 << max(5, (K - 1).bit_length()))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.block_r = 2  # frozen
     assert fold_config(8, 64, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt
     assert not fold_config(1, 32, get_format("mxfp6_e2m3"), quantize=True, on_gpu=True).hw_cvt  # < 4 per thread

@@ -195,7 +195,7 @@ def _check_gather_rows(device: str, g) -> int:
 
     n_checks = 0
     for T, E, k, block_m, H in ((5, 8, 2, 16, 96), (37, 16, 4, 32, 2880), (3, 4, 1, 16, 40)):
-        ids = rand_ids(T, k, E, g, every=1, none=1).to(device)
+        ids = rand_ids(T, k, E, g, every=1, none=2).to(device)  # (expert 1 gets every token, expert 2 none)
         sid, _ = align_device(ids, E, block_m)
         valid = (sid < T * k).cpu()
         tok = torch.where(valid, sid.cpu() // k, 0)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import mxkit
+from conftest import assert_graph_replays
 from mxkit.nn import FusedMXLinear, FusedPart, MXLinear, fuse_siblings
 
 HAS_CUDA = torch.cuda.is_available()
@@ -164,19 +165,12 @@ def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
         layer = model.model.layers[0]
         x = torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16)
 
-        def step():
+        def step(x):
             a = layer.self_attn
             return a.q_proj(x), a.k_proj(x), a.v_proj(x), layer.mlp(x)
 
-        step()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = step()
-        for _ in range(2):
-            x.copy_(torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16))
-            graph.replay()
-            for o, w in zip(outs, step()):
-                assert torch.equal(o, w)
+        # (captured outputs poisoned before each replay, new x each time, against eager steps byte for byte)
+        assert_graph_replays(step, [x], lambda: [torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16)])
 
 
 @pytest.mark.gpu

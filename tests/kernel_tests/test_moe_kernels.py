@@ -34,6 +34,15 @@ HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 
 
+def _poisoned(run):
+    """``run()`` on memory that holds 0xFF (NaN) bytes: the cached blocks a previous run freed (which still hold its
+    right answer) released first, then one large and many small blocks filled and freed, which the run's
+    intermediates and output are carved from: a tile it skips shows, not the last run's bytes."""
+    torch.cuda.empty_cache()
+    poison_allocator(1 << 30)
+    return run()
+
+
 def rand_ids(T, k, E, g, *, every=None, none=None):
     """(T, k) distinct expert ids per token; ``every``: an expert in slot 0 of every token; ``none``: an expert
     that no token gets."""
@@ -472,18 +481,19 @@ def test_gpu_moe_layer(T, E, H, I, fmt, act, rng):
 def test_gpu_moe_expert_parallel_slices_sum_to_the_layer(rng):
     """expert_range: the partial outputs of a partition of the experts sum to the whole layer (float32 out;
     within the layer's bound of the float64 reference: the slices round h as the whole does, but the sum over
-    slots runs in another order)."""
+    slots runs in another order); each slice with its experts' biases (indexed by local expert id)."""
     T, E, H, I, k = 64, 32, 256, 128, 4
     w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
     x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
     ids = rand_ids(T, k, E, rng).cuda()
     tw = torch.rand(T, k, generator=rng).cuda()
-    whole = moe_triton(x, w1, None, w2, None, tw, ids, out_dtype=torch.float32)
-    parts = sum(moe_triton(x, select_experts(w1, lo, hi), None, select_experts(w2, lo, hi), None, tw, ids,
+    whole = moe_triton(x, w1, b1, w2, b2, tw, ids, out_dtype=torch.float32)
+    parts = sum(moe_triton(x, select_experts(w1, lo, hi), b1[lo:hi], select_experts(w2, lo, hi), b2[lo:hi], tw, ids,
                            out_dtype=torch.float32,
                            expert_range=(lo, hi), num_experts=E) for lo, hi in ((0, 12), (12, 13), (13, 32)))
-    y64 = moe_reference(x, w1, None, w2, None, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
-    flips = act_flips(y64, x, w1, None, w2, None, tw, ids)
+    y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
+    flips = act_flips(y64, x, w1, b1, w2, b2, tw, ids)
     assert_rows(whole, y64, flips, factor=1.5)
     assert_rows(parts, y64, flips, factor=1.5)
 
@@ -1129,17 +1139,18 @@ def _slices_and_graph(rng, T, pack, calls, E=32, H=256, I=128, k=4):
     GEMMs of each slice counted in ``calls``) and a CUDA graph replay equal to eager; ``pack(w, gate_up)``: the
     packed experts of w. Returns (w1, w2, packed)."""
     w1, w2 = experts(E, 2 * I, H, "mxfp4", rng), experts(E, H, I, "mxfp4", rng)
+    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
     x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
     ids = rand_ids(T, k, E, rng).cuda()
     tw = torch.rand(T, k, generator=rng).cuda()
     parts = 0
-    for lo, hi in ((0, 12), (12, 13), (13, 32)):
+    for lo, hi in ((0, 12), (12, 13), (13, 32)):  # (each slice with its experts' biases, by local expert id)
         s1, s2 = select_experts(w1, lo, hi), select_experts(w2, lo, hi)
-        parts = parts + moe_triton(x, s1, None, s2, None, tw, ids, out_dtype=torch.float32, expert_range=(lo, hi),
-                                   num_experts=E, packed=(pack(s1, True), pack(s2, False)))
+        parts = parts + moe_triton(x, s1, b1[lo:hi], s2, b2[lo:hi], tw, ids, out_dtype=torch.float32,
+                                   expert_range=(lo, hi), num_experts=E, packed=(pack(s1, True), pack(s2, False)))
     assert len(calls) == 6
-    y64 = moe_reference(x, w1, None, w2, None, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
-    assert_rows(parts, y64, act_flips(y64, x, w1, None, w2, None, tw, ids), factor=1.5)
+    y64 = moe_reference(x, w1, b1, w2, b2, tw, ids, out_dtype=torch.float64, intermediate_dtype=torch.bfloat16)
+    assert_rows(parts, y64, act_flips(y64, x, w1, b1, w2, b2, tw, ids), factor=1.5)
     packed = (pack(w1, True), pack(w2, False))
     eager = moe_triton(x, w1, None, w2, None, tw, ids, packed=packed)
     g = torch.cuda.CUDAGraph()
@@ -1374,7 +1385,7 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
     if len(sizes) > 1:  # the same layer with every group padded to one block size (MXKIT_MOE_MIXED=0)
         monkeypatch.setenv("MXKIT_MOE_MIXED", "0")
         calls.clear()
-        y1 = moe_triton(*case, activation=act, packed=packed)
+        y1 = _poisoned(lambda: moe_triton(*case, activation=act, packed=packed))
         assert calls == [(act, bm), (None, bm)]
         check_layer(y1, case, act)
 
@@ -1405,7 +1416,7 @@ def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rn
     outs = []
     for persist in ("1", "0"):
         monkeypatch.setenv("MXKIT_WGMMA_PERSIST", persist)
-        outs.append(moe_triton(*case, packed=packed))
+        outs.append(_poisoned(lambda: moe_triton(*case, packed=packed)))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     check_layer(outs[0], case, "swiglu_gpt_oss")
 
@@ -1479,7 +1490,7 @@ def test_gpu_moe_prefill_block_plans_same_bytes(T, E, H, I, layout, rng, monkeyp
         for persist in ("0", "1", "128"):
             monkeypatch.setenv("MXKIT_WGMMA_PERSIST", persist)
             calls.clear()
-            outs[mixed, smallest, persist] = moe_triton(*case, packed=packed)
+            outs[mixed, smallest, persist] = _poisoned(lambda: moe_triton(*case, packed=packed))
             assert [b for _, b in calls] == sizes * 2
     first = outs["0", "64", "0"]
     for key, y in outs.items():

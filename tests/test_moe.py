@@ -710,24 +710,63 @@ def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
         assert t is not None and t.dtype == like.dtype and t.abs().sum() > 0
 
 
-def test_mxmoe_w4a8_gradients_pass_the_fp8_activations_through(rng):
-    """A W4A8 layer's gradients (its FP8 tokens and intermediate passed straight through) are the W4A16 layer's
-    of the same experts, bit for bit; its forward keeps its own (FP8) result."""
-    E, k = 8, 2
+@pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])
+def test_mxmoe_quantized_activation_gradients(act_format, rng):
+    """W4A8 / MXFP4 x MXFP4: the gradients of the function the forward computes, each rounding (the tokens' and
+    the intermediate's quantization, h and the down GEMM to bf16) passed straight through: against this test's own
+    float64 autograd of that function (routing softmax included), within float32's reach; the router's and the
+    down bias' gradients also against the op (mxkit.moe.moe_w4a8 / moe_mxfp4 differentiating its reference, exact
+    in the routing weights). They were the W4A16 layer's: the routing weights got <grad y, y> of the unquantized
+    expert outputs, up to 23% off (an expert's sign flipped) under MXFP4."""
+    E, k, T = 8, 2, 6
     router = nn.Linear(H, E)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
-    x, g = torch.randn(6, H, generator=rng), torch.randn(6, H, generator=rng)
-    out = []
-    for act_format in (None, "fp8_e4m3_rowwise"):
-        m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format)
-        xi = x.clone().requires_grad_()
-        y = m(xi)
-        y.backward(g)
-        out.append((y.detach(), xi.grad, m.router.weight.grad, m.gate_up_bias.grad, m.down_bias.grad))
-    assert not torch.equal(out[0][0], out[1][0])
-    for a, b in zip(out[0][1:], out[1][1:]):
-        assert torch.equal(a, b)
+    x, g = torch.randn(T, H, generator=rng), torch.randn(T, H, generator=rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format)
+    xi = x.clone().requires_grad_()
+    m(xi).backward(g)
+
+    def q(v):  # the forward's quantization of rows of v (float64 values), straight through
+        v32 = v.detach().float()
+        if act_format == "mxfp4":
+            vq = mxkit.dequantize(mxkit.quantize(v32, "mxfp4"), torch.float64)
+        else:
+            vq = mxkit.quantize_fp8_rowwise(v32).dequantize().double()
+        return v + (vq - v).detach()
+
+    def bf16(v):
+        return v + (v.to(torch.bfloat16).double() - v).detach()
+
+    W1, W2 = (mxkit.dequantize(getattr(m, f"{n}_mx"), torch.float64) for n in ("gate_up", "down"))
+    rw, rb = (p.detach().double().requires_grad_() for p in (m.router.weight, m.router.bias))
+    b1, b2 = (p.detach().double().requires_grad_() for p in (m.gate_up_bias, m.down_bias))
+    x64 = x.double().requires_grad_()
+    logits = x64 @ rw.t() + rb
+    top = torch.topk(logits, k, dim=-1)  # (random logits: no ties)
+    weights = torch.softmax(top.values, -1)
+    xq, y = q(x64), 0
+    for j in range(k):
+        e = top.indices[:, j]
+        h = bf16(torch.einsum("th,tnh->tn", xq, W1[e])) + b1[e]
+        ye = bf16(torch.einsum("ti,thi->th", q(swiglu_gpt_oss(h)), W2[e])) + b2[e]
+        y = y + weights[:, j, None] * ye
+    y.backward(g.double())
+    for got, want, name in ((xi.grad, x64.grad, "x"), (m.router.weight.grad, rw.grad, "router weight"),
+                            (m.router.bias.grad, rb.grad, "router bias"), (m.gate_up_bias.grad, b1.grad, "b_gate_up"),
+                            (m.down_bias.grad, b2.grad, "b_down")):
+        err = float((got.double() - want).norm() / want.norm())
+        assert err < 1e-5, (name, err)
+    # the op: the routing weights' gradient of the same function (x detached: moe_mxfp4 has none for x)
+    from mxkit.moe import moe_mxfp4, moe_w4a8
+
+    op = moe_w4a8 if act_format == "fp8_e4m3_rowwise" else moe_mxfp4
+    r = copy.deepcopy(m.router)
+    r.zero_grad()
+    bd = m.down_bias.detach().clone().requires_grad_()
+    op(x, m.gate_up_mx, m.gate_up_bias.detach(), m.down_mx, bd, r(x), k).backward(g)
+    for got, want in ((m.router.weight.grad, r.weight.grad), (m.down_bias.grad, bd.grad)):
+        assert float((got - want).norm() / want.norm()) < 1e-5
 
 
 @pytest.mark.gpu

@@ -3,10 +3,13 @@ weights (the layer's forward, without autograd, keeps its bits)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .._autocast import autocast_off
-from ..moe_reference import ACTIVATIONS
+from ..moe_reference import ACTIVATIONS, _fp8_rowwise_values, _mxfp4_values
+from .linear import FP8_ROWWISE
 
 __all__ = ["ExpertsGrad", "experts_backward"]
 
@@ -21,8 +24,11 @@ class ExpertsGrad(torch.autograd.Function):
     h = x W1ᵀ + b1, a = act(h), y_e = a W2ᵀ + b2 differentiated by autograd (the activation's own derivative,
     clamps included), with y's gradient times each pair's routing weight; a pair's routing-weight gradient is
     <grad y, y_e>. Where the forward quantized activations (W4A8's FP8 tokens and intermediate, MXFP4 x MXFP4's
-    MXFP4 ones), the backward passes them straight through. Memory: one expert's dequantized weights and its
-    pairs' activations at a time.
+    MXFP4 ones), y_e is recomputed with the forward's rounding points (the tokens and the intermediate quantized,
+    h and the down GEMM rounded to bf16: :func:`~mxkit.moe_reference.moe_w4a8_reference`'s steps, in float32), each
+    rounding passed straight through: the routing weights get the gradient of the function the forward computed
+    (as :func:`mxkit.moe.moe_w4a8` differentiating its reference does), x and the biases theirs at the forward's
+    quantized values. Memory: one expert's dequantized weights and its pairs' activations at a time.
     """
 
     @staticmethod
@@ -40,6 +46,24 @@ class ExpertsGrad(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
+def _bf16_through(v: torch.Tensor) -> torch.Tensor:
+    """v rounded to bfloat16 (the forward's GEMM outputs) in value, the identity in gradient."""
+    return v + (v.to(torch.bfloat16).to(v.dtype) - v).detach()
+
+
+def _straight_through(act_format: Optional[str]):
+    """None for bf16 tokens; else ``q(v)``: v (R, C) float32 quantized rowwise as the forward quantizes the tokens
+    and the intermediate (FP8 E4M3 rowwise, or MXFP4 along C), in value, the identity in gradient."""
+    if act_format is None:
+        return None
+    values = _fp8_rowwise_values if act_format == FP8_ROWWISE else _mxfp4_values
+
+    def q(v: torch.Tensor) -> torch.Tensor:
+        return v + (values(v.detach()).to(v.dtype) - v).detach()
+
+    return q
+
+
 @autocast_off
 def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool) -> tuple:
@@ -54,6 +78,8 @@ def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Te
     gb2 = torch.zeros(b2.shape, **f32) if need_b2 and b2 is not None else None
     lo, hi = layer.expert_range
     act = ACTIVATIONS[layer.activation]
+    quant = _straight_through(layer.act_format)
+    xq2 = quant(x2.to(torch.float32)) if quant is not None else None  # (each token's quantization: all of H)
     flat = ids.reshape(-1)
     for e in torch.unique(flat).tolist():
         if not lo <= e < hi:  # another rank's expert (or an id outside the layer): contributes 0
@@ -61,7 +87,7 @@ def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Te
         pair = (flat == e).nonzero().squeeze(1)
         t, slot = pair // k, pair % k
         w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
-        xe = x2[t].to(torch.float32)
+        xe = x2[t].to(torch.float32) if quant is None else xq2[t]
         b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32)
         b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32)
 
@@ -69,7 +95,11 @@ def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Te
             it = iter(biases)
             b1e, b2e = (None if b is None else next(it) for b in (b1e, b2e))
             h = xe @ w1.t()
-            ye = act(h if b1e is None else h + b1e) @ w2.t()
+            if quant is None:
+                ye = act(h if b1e is None else h + b1e) @ w2.t()
+                return ye if b2e is None else ye + b2e
+            h = _bf16_through(h)  # (the quantized paths' rounding points, each passed straight through)
+            ye = _bf16_through(quant(act(h if b1e is None else h + b1e)) @ w2.t())
             return ye if b2e is None else ye + b2e
 
         # torch.func.vjp rather than torch.autograd.grad: it also differentiates inside a custom op's kernel

@@ -130,8 +130,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module itself is
     then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
     (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
-    backward runs one expert at a time in float32 on its exact dequantized weights (the quantized activations of
-    W4A8 / MXFP4 x MXFP4 passed straight through), so memory stays at one expert's weights plus its tokens'
+    backward runs one expert at a time in float32 on its exact dequantized weights (W4A8 / MXFP4 x MXFP4: each
+    expert recomputed with the forward's rounding points, the quantized activations and bf16 roundings passed
+    straight through, so the routing weights get the gradient of the quantized output the forward weighted, and x
+    and the biases theirs at the quantized values), so memory stays at one expert's weights plus its tokens'
     activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient

@@ -595,6 +595,31 @@ def test_moe_triton_contract(monkeypatch, rng):
 # --- nn: MXMoE and the GPT-OSS swap -------------------------------------------------------------------------
 
 
+def test_mxmoe_state_dict_names_its_experts_and_row_layout(rng):
+    """A state_dict records which experts it holds (range and count) and the activation its gate_up rows are laid
+    out for: loading into a module of other experts, or of the other SwiGLU layout, raises ValueError naming both
+    (the shapes match: they loaded as the wrong experts, or gate and up swapped); a matching module loads it."""
+    import io
+
+    def saved(m):
+        buf = io.BytesIO()
+        torch.save(m.state_dict(), buf)  # (torch.save keeps the metadata)
+        buf.seek(0)
+        return torch.load(buf)
+
+    a = MXMoE(H, I, 8, 2, "mxfp4", expert_range=(0, 4))
+    with torch.no_grad():
+        a.gate_up_qdata.copy_(torch.randint(0, 256, a.gate_up_qdata.shape, generator=rng, dtype=torch.uint8))
+    sd = saved(a)
+    with pytest.raises(ValueError, match=r"holds experts \[0, 4\) of 8; this MXMoE holds \[4, 8\) of 8"):
+        MXMoE(H, I, 8, 2, "mxfp4", expert_range=(4, 8)).load_state_dict(sd)
+    with pytest.raises(ValueError, match="laid out for activation='swiglu_gpt_oss'; this MXMoE's is 'swiglu'"):
+        MXMoE(H, I, 8, 2, "mxfp4", expert_range=(0, 4), activation="swiglu").load_state_dict(sd)
+    b = MXMoE(H, I, 8, 2, "mxfp4", expert_range=(0, 4))
+    b.load_state_dict(sd)
+    assert torch.equal(b.gate_up_qdata, a.gate_up_qdata)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @torch.no_grad()
 def test_mxmoe_from_dense_and_state_dict(fmt, rng):

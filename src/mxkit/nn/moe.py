@@ -225,7 +225,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             self.register_buffer(f"{name}_scale", torch.zeros(s_shape, dtype=torch.uint8, device=device))
         self.register_state_dict_post_hook(_checkpoint_layout_state)
         self.register_state_dict_post_hook(record_format)
+        self.register_state_dict_post_hook(_record_experts)
         self.register_load_state_dict_pre_hook(check_format)
+        self.register_load_state_dict_pre_hook(_check_experts)
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
         _ops.register(self)
         if bias:
@@ -871,6 +873,29 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
 
 @torch.compiler.disable
+def _record_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict post-hook: which experts the bytes are (``expert_range`` of ``num_experts``) and the activation
+    their gate_up rows are laid out for (interleaved for GPT-OSS's, halves for plain SwiGLU), for
+    :func:`_check_experts` (like :func:`~mxkit.nn.linear.record_format`'s element format)."""
+    local_metadata["mx_experts"] = [*module.expert_range, module.num_experts]
+    local_metadata["mx_activation"] = module.activation
+
+
+def _check_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict, *args) -> None:
+    """load_state_dict pre-hook: experts saved from another range (or count) of experts, or for another activation's
+    row layout, raise ValueError before anything is copied (the shapes match, so they would load as the wrong
+    experts or decode gate and up swapped). A state_dict without the metadata is not checked."""
+    name = prefix[:-1] or type(module).__name__
+    experts, act = local_metadata.get("mx_experts"), local_metadata.get("mx_activation")
+    mine = [*module.expert_range, module.num_experts]
+    if experts is not None and list(experts) != mine:
+        raise ValueError(f"{name}: the state_dict holds experts [{experts[0]}, {experts[1]}) of {experts[2]}; this "
+                         f"MXMoE holds [{mine[0]}, {mine[1]}) of {mine[2]}")
+    if act is not None and act != module.activation:
+        raise ValueError(f"{name}: the state_dict's gate_up rows are laid out for activation={act!r}; this MXMoE's "
+                         f"is {module.activation!r}")
+
+
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return module._experts(x, logits)

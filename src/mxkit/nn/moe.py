@@ -39,8 +39,9 @@ is the module's eager expert computation; the router and the returned scores are
 ``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included). Where a gradient is
 needed the routing and the experts are two ops with their backwards registered (``mxkit::mx_moe_route``, the
 reference routing, and ``mxkit::mx_moe_experts``, :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s forward and backward):
-``fullgraph=True`` works there too, with the eager output and gradients; under expert parallelism it is a graph
-break.
+``fullgraph=True`` works there too, with the eager output and gradients (with ``return_router_scores`` in the loss,
+the logits' gradient within float32 rounding of eager's: eager routes twice, once for the experts and once for the
+scores, and adds the two contributions in another order); under expert parallelism it is a graph break.
 
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``

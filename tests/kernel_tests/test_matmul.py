@@ -236,6 +236,31 @@ def test_float_activations_w4a16_and_3d(rng):
         assert y.shape == (2, 3, 64)
 
 
+@pytest.mark.parametrize("case", ["overflow", "underflow"])
+def test_w4a8_float32_routes_keep_the_product_in_range(case, rng):
+    """FP8 rowwise activations on the float32 routes (the reference, fp32-exact, the special rows' recompute): the row
+    scale's power of two goes onto the E4M3 values before the GEMM and its mantissa after, so a product inside
+    float32 comes out exact where the raw E4M3 sums would overflow (FP4 weights of -6 * 2^117 times 448: -Inf, NaN
+    with mixed signs) or underflow (an E5M2 weight of 2^-143 times 2^-9: 0) before the row scale (2^-20 / 2^100)."""
+    def mx(codes, byte, fmt, N, K):
+        return MXTensor(pack_codes(codes, fmt), torch.full((N, K // 32), byte, dtype=torch.uint8), fmt, 1, 32, (N, K))
+
+    if case == "overflow":  # (codes 0xF / 0x7: -6 / +6, random signs per element)
+        codes = torch.where(torch.rand(16, 64, generator=rng) < 0.5, 0xF, 0x7).to(torch.uint8)
+        w, v, s = mx(codes, 244, "mxfp4_e2m1", 16, 64), 448.0, 2.0**-20
+    else:
+        w, v, s = mx(torch.ones(1, 32, dtype=torch.uint8), 0, "mxfp8_e5m2", 1, 32), 2.0**-9, 2.0**100
+    data = (torch.full((3, w.shape[1]), v) * torch.where(torch.rand(3, 1, generator=rng) < 0.5, -1.0, 1.0))
+    a = mxkit.Fp8Rowwise(data.to(torch.float8_e4m3fn), torch.full((3, 1), s))
+    a64, w64 = a.data.double() * a.scale.double(), dequantize_reference(w, torch.float64)
+    want, mag = a64 @ w64.T, a64.abs() @ w64.abs().T
+    assert mag.max() < 3e38 and mag.min() > 0  # (inside float32, the sums of magnitudes too)
+    for backend in ("auto", "reference", "triton"):
+        for b in (w, mxkit.pack_weight(w)):
+            got = mxkit.matmul(a, b, backend=backend, out_dtype=torch.float32).double()
+            assert torch.isfinite(got).all() and bool(((got - want).abs() <= 1e-6 * mag).all()), backend
+
+
 def test_w4a8_fp8_rowwise(rng):
     a = torch.randn(7, 2880, generator=rng).to(torch.bfloat16)
     a[3] = 0

@@ -88,7 +88,7 @@ import torch
 from .. import reference
 from .._autocast import autocast_off
 from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
-from ..formats import ElementFormat
+from ..formats import ElementFormat, _exp2_f32
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
 from .matmul_table import (  # (re-exported: the dispatch table's API has lived here)
@@ -637,6 +637,18 @@ def _row_scale(kind: str, a, R: int) -> Optional[torch.Tensor]:
     return a.scale.reshape(R, 1) if kind == "fp8_rowwise" else None
 
 
+def _split_row_scale(xa: torch.Tensor, kind: str, a, R: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """For the float32 routes: ``(xa', m)`` with ``xa' @ w.T * m`` the product of a's values. Fp8Rowwise: its row
+    scale s = m 2^e, m in [1, 2), the power of two applied to the E4M3 values before the GEMM (exact: 4 significant
+    bits) and m after, so the float32 sums neither overflow nor underflow where the product itself does not (the
+    scale applied after the GEMM gave ±Inf / NaN / 0 for weights near float32's range); m None for other kinds."""
+    rs = _row_scale(kind, a, R)
+    if rs is None:
+        return xa, None
+    frac, e = torch.frexp(rs)  # rs = frac 2^e, frac in [0.5, 1) (0, NaN, Inf: frac itself, e 0)
+    return xa * _exp2_f32((e - 1).clamp(-149, 127)), frac * 2
+
+
 def _fp8_gemm(A: torch.Tensor, sa: torch.Tensor, fb: Folded, N: int, out_dtype: torch.dtype,
               bias: Optional[torch.Tensor]) -> torch.Tensor:
     """cuBLAS FP8 GEMM with rowwise float32 scales: (A * sa) @ (B * sb).T [+ bias], one output rounding. Off CUDA
@@ -755,10 +767,10 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
         return DecodeCall(w, M, lead, out, bias is not None, a.device)(x, bias)
     elif path == "fp32-exact":
-        y = fp32_gemm(_values_fp32(a, kind), _dequantize(w, torch.float32))
-        rs = _row_scale(kind, a, M)
-        if rs is not None:
-            y = y * rs
+        xa, m = _split_row_scale(_values_fp32(a, kind), kind, a, M)
+        y = fp32_gemm(xa, _dequantize(w, torch.float32))
+        if m is not None:
+            y = y * m
     else:
         raise ValueError(f"unknown GEMM path {path!r}; known: {', '.join(PATHS)}")
     if bias is not None:
@@ -831,19 +843,18 @@ def _fix_special(y: torch.Tensor, a, kind: str, M: int, pw: PackedWeight, a_rows
                  b_rows: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """Recompute the output rows of ``a_rows`` and columns of ``b_rows`` through the float32 route."""
     y = y.clone()
-    rs = _row_scale(kind, a, M)
-    xa = _values_fp32(a, kind)
+    xa, m = _split_row_scale(_values_fp32(a, kind), kind, a, M)
     if a_rows.numel():
         part = fp32_gemm(xa[a_rows], _dequantize(pw.source, torch.float32))
-        if rs is not None:
-            part = part * rs[a_rows]
+        if m is not None:
+            part = part * m[a_rows]
         if bias is not None:
             part = part + bias.to(torch.float32)
         y[a_rows] = part.to(y.dtype)
     if b_rows.numel():
         part = fp32_gemm(xa, _unfold_fp32(pw.folded, b_rows))
-        if rs is not None:
-            part = part * rs
+        if m is not None:
+            part = part * m
         if bias is not None:
             part = part + bias[b_rows].to(torch.float32)
         y[:, b_rows] = part.to(y.dtype)
@@ -881,11 +892,11 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
     if kind == "mx":
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:
-        xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32).contiguous()
-        y = exact_matmul(xa, reference.dequantize_reference(w, torch.float32).t())
-        rs = _row_scale(kind, a, xa.shape[0])
-        if rs is not None:
-            y = y * rs
+        xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
+        xa, m = _split_row_scale(xa, kind, a, xa.shape[0])
+        y = exact_matmul(xa.contiguous(), reference.dequantize_reference(w, torch.float32).t())
+        if m is not None:
+            y = y * m
         y = y.reshape(*_lead_shape(a, kind), w.shape[0])
     if bias is not None:
         y = y + bias.to(torch.float32)

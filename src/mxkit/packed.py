@@ -121,7 +121,11 @@ class PackedWeight:
         in that dtype's exact envelope); None otherwise. Not in the ``state_dict``: pack again on load.
 
     Packing is one-time; ``state_dict()`` holds only ``source`` (the rest is rebuilt by
-    :func:`mxkit.pack_weight` on load, a memory-bound pass). Each PackedWeight is findable by its ``id`` while it
+    :func:`mxkit.pack_weight` on load, a memory-bound pass). The packed layouts are copies made then, and
+    ``source`` is the caller's own tensors (not copied): after an in-place edit of ``source``'s bytes, pack again
+    (:meth:`mxkit.nn.MXLinear.repack` for a layer). Until then the paths that read a packed layout see the old
+    weight and those that read ``source`` (the float32 routes, special rows, gradients) the new one, even within one
+    call; nothing checks (a version check per call would cost host time on the decode path). Each PackedWeight is findable by its ``id`` while it
     lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul`` with that id, a constant that
     dynamo guards on (one compiled function called with many PackedWeights compiles once per weight, up to
     torch._dynamo's recompile limit).

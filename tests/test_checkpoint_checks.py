@@ -237,6 +237,8 @@ def test_fp8_rowwise_checks_dtypes_shapes_and_devices():
     scale = torch.rand(3, 1) + 0.5
     a = Fp8Rowwise(data, scale)
     assert torch.equal(a.dequantize(), data.float() * scale)
+    # float64: the exact product (4 significant bits times 24), not the float32 one widened
+    assert torch.equal(a.dequantize(torch.float64), data.double() * scale.double())
     one = Fp8Rowwise(data[0], scale[0])  # 1-D (K,) with scale (1,)
     assert torch.equal(one.dequantize(), data[0].float() * scale[0])
     with pytest.raises(TypeError, match="data must be a torch.float8_e4m3fn tensor, got torch.float32"):

@@ -14,6 +14,7 @@ import torch
 
 from . import reference
 from ._autocast import autocast_off
+from ._precision import exact_matmul
 from ._device import elsewhere, on_operand_device, other_device
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
@@ -255,9 +256,11 @@ def matmul(
     overflow to ±inf, as in the reference (but on a8w8-mma, which scales each block's sum: there such a value
     times a small enough weight gives the finite product). ``backend="reference"`` (and CPU under ``"auto"``)
     computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
-    precision whatever ``torch.set_float32_matmul_precision`` says).
+    precision whatever ``torch.set_float32_matmul_precision`` says; inside ``torch.compile`` the plain product, which
+    follows that setting).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
-    get ``grad_y @ dequantize(b)`` and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
+    get ``grad_y @ dequantize(b)`` (full float32 too) and ``grad_y`` summed; the MX weight is frozen (its bytes
+    take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.
     """
     d = (a.device if a.is_cuda and elsewhere(a) else None) if type(a) is torch.Tensor else other_device(b)
@@ -369,7 +372,8 @@ def linear_input_grad(g: torch.Tensor, w: Union[MXTensor, PackedWeight], dtype: 
     ((..., K); :func:`with_input_grad`'s rule, and ``mxkit::mx_linear``'s)."""
     w = w.source if isinstance(w, PackedWeight) else w
     g2 = g.reshape(-1, g.shape[-1]).float()
-    return (g2 @ dequantize(w, torch.float32)).to(dtype).reshape(*g.shape[:-1], w.shape[1])
+    # (full float32 whatever torch.set_float32_matmul_precision says, as the forward's float32 routes)
+    return exact_matmul(g2, dequantize(w, torch.float32)).to(dtype).reshape(*g.shape[:-1], w.shape[1])
 
 
 class _Held:

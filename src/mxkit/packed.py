@@ -72,10 +72,13 @@ class Fp8Rowwise:
         return _fp8_rowwise_from_codes, (self.data.view(torch.uint8), self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``data.float() * scale`` (..., K) in float32, then cast to ``dtype`` (float32 | bfloat16 | float16 |
-        float64; round to nearest even). Raises TypeError for another dtype."""
+        """``data.float() * scale`` (..., K) in float32, then cast to ``dtype`` (float32 | bfloat16 | float16; round
+        to nearest even); for float64 the product in float64, exact (4 significant bits times 24), as
+        :meth:`MXTensor`'s float64 dequantize is. Raises TypeError for another dtype."""
         if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise TypeError(f"dtype={dtype}: float32, bfloat16, float16 or float64")
+        if dtype == torch.float64:
+            return self.data.to(torch.float64) * self.scale.to(torch.float64)
         return (self.data.to(torch.float32) * self.scale).to(dtype)
 
 
@@ -102,8 +105,8 @@ class PackedWeight:
       scale_min / scale_max: the smallest and largest E8M0 byte of ``source`` other than 0xFF (the exact-in-bf16
         envelope check); 255 / -1 when every byte is 0xFF. The first read of a pending ``stats`` takes one host
         sync (RuntimeError during CUDA-graph capture: read them, or call once, before capturing).
-      has_nan: whether a block has the NaN scale byte 0xFF, or (MXFP8 weights packed with ``act`` "float" /
-        None / "mx") an element code is NaN or Inf: such weights stay off the wgmma kernel.
+      has_nan: whether a block has the NaN scale byte 0xFF, or (MXFP8 weights, whatever ``act``) an element code
+        is NaN or Inf: such weights stay off the wgmma kernel.
       special_rows: int64 (S,) rows of the weight the fold path cannot take (slices or row scales outside
         the FP8 epilogue's envelope); computed through the exact float32 route and written into the output.
       mma_q / mma_s: for weights with N % 16 == 0 and K % 64 == 0, the same codes and scales rearranged for a

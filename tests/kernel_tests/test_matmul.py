@@ -1552,6 +1552,26 @@ def test_cublas_probe_only_reads_the_settings():
         torch.set_float32_matmul_precision(before)
 
 
+def test_input_gradient_is_full_float32_whatever_the_matmul_precision(rng):
+    """x's gradient (grad_y @ dequantize(W)) is computed at full float32 as the forward is: the same bits under
+    torch.set_float32_matmul_precision("medium") (CPU oneDNN then multiplies in bf16: the gradient moved by ~1e-4)."""
+    w = mxkit.quantize(torch.randn(256, 512, generator=rng), "mxfp8")
+    x, g = torch.randn(64, 512, generator=rng), torch.randn(64, 256, generator=rng)
+    grads = []
+    before = torch.get_float32_matmul_precision()
+    try:
+        for setting in ("highest", "medium"):
+            torch.set_float32_matmul_precision(setting)
+            xi = x.clone().requires_grad_()
+            mxkit.matmul(xi, w, out_dtype=torch.float32).backward(g)
+            grads.append(xi.grad)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert torch.equal(grads[0], grads[1])
+    want = g.double() @ dequantize_reference(w, torch.float64)
+    assert float((grads[0].double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
 def test_prepared_prefill_calls_select_their_paths_and_fall_back(rng):
     """The prepared calls of the prefill paths (made for CUDA operands; here on CPU, where their launches are never
     bound): fold-fp8 of an MX a with bf16 out and no bias gets a ``FoldCall`` (not with a bias, another out dtype

@@ -11,7 +11,11 @@ variant list N times, interleaved, and keeps each variant's fastest round. The t
     PYTHONPATH=src python3 scripts/ab.py --op rowwise --formats mxfp4 --shapes 8192x8192,16384x16384 \\
         --variant base --variant "1x1024w1:block_r=1,block_c=1024,num_warps=1" --rounds 2
     PYTHONPATH=src python3 scripts/ab.py --op gemm --formats mxfp4 --shapes 8192x8192x8192 \\
-        --variant base --variant "no-table:table=[]"
+        --variant base --variant "tuned:table=results/tune.json"
+
+A GEMM variant takes one field, ``table``: a dispatch table (``mxkit tune gemm``'s JSON file, or ``{}`` for the
+defaults alone) through ``mxkit.kernels.matmul_table.gemm_table_override``; the GEMM's schedules live there, not in
+``opt_flags`` (its fields are the quantize / dequantize kernels').
 
 Values are JSON (``4``, ``true``, ``null``, ``[1, 2]``), anything else a string. Field names are those of the
 config dataclasses in ``mxkit.kernels``; the override rejects unknown ones.
@@ -28,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from mxkit.bench import gemm, quantize, timing
+from mxkit._files import write_text_atomic
+from mxkit.bench import gemm, output, quantize, timing
 from mxkit.formats import get_format
 
 OPS = (*quantize.OPS, "gemm")
@@ -56,6 +61,17 @@ def override(fields: dict, op: str = "rowwise"):
     family, is not in this checkout."""
     if not fields:
         return contextlib.nullcontext()
+    if op == "gemm":  # (the GEMM's schedules are its dispatch table's, not opt_flags')
+        extra = sorted(set(fields) - {"table"})
+        if extra:
+            sys.exit(f"scripts/ab.py: a GEMM variant takes one field, table (a dispatch table: mxkit tune gemm's "
+                     f"JSON file, or {{}}), got {extra}")
+        table = fields["table"]
+        if not isinstance(table, (dict, str)):
+            sys.exit(f"scripts/ab.py: table= for a GEMM variant is a JSON file or a mapping, got {table!r}")
+        from mxkit.kernels.matmul_table import gemm_table_override
+
+        return gemm_table_override(table)
     try:
         from mxkit.kernels.opt_flags import override as hook
     except ImportError as e:
@@ -99,32 +115,44 @@ def main(argv=None) -> int:
     p.add_argument("--spin-us", type=float, default=100.0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    names = [name for name, _ in args.variants]
+    if len(set(names)) != len(names):  # (one name's rows would be merged, the faster shown)
+        p.error(f"--variant names must differ (':' alone is 'base'), got {names}")
+    try:
+        cfg = timing.timing_config(args)  # (--rounds >= 1, finite --rep-ms > 0 and --spin-us >= 0)
+        if args.out is not None:
+            output.check_out_folder(args.out, ["ab.json"])
+    except (ValueError, OSError) as e:
+        p.error(str(e))
     if not torch.cuda.is_available():
         print("scripts/ab.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    cfg = timing.TimingConfig(rep_ms=args.rep_ms, spin_us=args.spin_us)
     copy_read, copy_write, _ = timing.copy_bandwidth(cfg)
     ctx = timing.Context(device="cuda", time_fn=lambda fn: timing.time_us(fn, cfg), sync=torch.cuda.synchronize,
                          copy_gbps=copy_read, copy_gbps_write=copy_write, compile=False)
     env = timing.environment()
     print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | copy {copy_read:.0f} / {copy_write:.0f} GB/s")
     best: dict[tuple, dict] = {}
+    bad: dict[tuple, str] = {}  # a check that failed in any round (the fastest round's row alone would hide it)
     for rnd in range(1, args.rounds + 1):
         for case in make_cases(args):
             for name, fields in args.variants:
                 got = measure(case, fields, ctx)
                 key = (case.fmt_name, case.label, name)
                 timing.progress(f"round {rnd} {case.op} {key}: {got}")
+                if got["check"] in timing.BAD_CHECKS:
+                    bad.setdefault(key, got["check"])
                 if key not in best or (got["us"] or float("inf")) < (best[key]["us"] or float("inf")):
                     best[key] = dict(got, fields=fields)
+    for key, check in bad.items():
+        best[key]["check"] = check
     print(f"\n{'format':24s} {'shape':18s} {'variant':20s} {'µs':>9s} {'µs write':>9s} check  note")
     for (fmt, shape, name), r in best.items():
         print(f"{fmt:24s} {shape:18s} {name:20s} {timing.fmt_num(r['us'], '9.1f')} "
               f"{timing.fmt_num(r['us_write'], '9.1f')} {r['check'] or '-':6s} {r['note'][:60]}")
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         rows = [dict(r, fmt=k[0], shape=k[1], variant=k[2]) for k, r in best.items()]
-        (args.out / "ab.json").write_text(json.dumps({"env": env, "op": args.op, "rows": rows}, indent=1) + "\n")
+        write_text_atomic(args.out / "ab.json", json.dumps({"env": env, "op": args.op, "rows": rows}, indent=1) + "\n")
     return 1 if any(r["check"] in timing.BAD_CHECKS for r in best.values()) else 0
 
 

@@ -45,11 +45,34 @@ def test_ab_variants_and_missing_override(monkeypatch):
     with ab.override({"block_r": 4, "table": []}, "columnwise"), ab.override({"block_n": 8}, "dequantize"):
         pass
     assert seen == [((), {"block_r": 4}, None), (None, None, {"block_n": 8})]
-    with pytest.raises(SystemExit, match="has no 'gemm' fields"):
-        ab.override({"block_m": 64}, "gemm")
+    # a GEMM variant is a dispatch table through gemm_table_override (opt_flags has no GEMM fields: table=[] there
+    # timed the same kernels twice); any other field, or a table that is no mapping / file, exits
+    from mxkit.kernels import matmul_table
+
+    with ab.override({"table": {}}, "gemm"):
+        assert matmul_table._TABLE.get() is not None
+    for bad in ({"block_m": 64}, {"table": []}):
+        with pytest.raises(SystemExit, match="GEMM variant"):
+            ab.override(bad, "gemm")
     monkeypatch.setitem(sys.modules, "mxkit.kernels.opt_flags", None)  # the hook is not importable
     with pytest.raises(SystemExit, match=r"variants need mxkit\.kernels\.opt_flags\.override"):
         ab.override({"block_r": 4})
+
+
+def test_ab_refuses_bad_options_before_any_work(tmp_path, capsys):
+    """--rounds 0, a negative --spin-us / --rep-ms, two variants of one name (':' alone is 'base': their rows were
+    merged), an --out that is a file: a usage error before any timing (a GPU is not needed to get it)."""
+    ab = _script("ab")
+    (tmp_path / "f").write_text("")
+    base = ["--op", "rowwise", "--formats", "mxfp4", "--shapes", "64x64"]
+    for extra, message in ((["--variant", "base", "--rounds", "0"], "rounds"),
+                           (["--variant", "base", "--spin-us", "-100"], "spin-us"),
+                           (["--variant", "base", "--rep-ms", "-5"], "rep-ms"),
+                           (["--variant", "base", "--variant", ":block_r=2"], "names must differ"),
+                           (["--variant", "base", "--out", str(tmp_path / "f")], "is a file")):
+        with pytest.raises(SystemExit) as e:
+            ab.main(base + extra)
+        assert e.value.code == 2 and message in capsys.readouterr().err, extra
 
 
 def test_gpu_summary_on_a_kept_run(capsys):

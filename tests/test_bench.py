@@ -577,6 +577,16 @@ def test_run_benchmark_fails_when_an_mxkit_row_raises(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "reference-eager: error: RuntimeError: kernel exploded" in out and "mxkit: error" not in err
 
+    # an mxkit row that could not run (n/a: a kernel module that fails to import, a case a kernel no longer covers)
+    # fails the run too; a peer's n/a does not
+    def unavailable(case, inputs, ctx):
+        raise NotImplementedError("no kernel for this case")
+
+    assert _run_cpu(args, dict(bq.IMPLS, mxkit=timing.Impl("mxkit", unavailable, checked=True))) == 1
+    assert capsys.readouterr().err.endswith("\nmxkit: error: 1 mxkit row(s) could not run: rowwise/mxfp8_e4m3/64x64\n")
+    peer = timing.Impl("reference-eager", unavailable, checked=True)
+    assert _run_cpu(args, dict(bq.IMPLS, **{"reference-eager": peer})) == 0
+
 
 def _strict_json(text: str):
     """json.loads refusing the bare NaN / Infinity / -Infinity that strict JSON does not have."""

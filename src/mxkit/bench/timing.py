@@ -506,7 +506,10 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
         notes.append(write_chart(rows, args.out / f"{stem}.png", value=chart[0], ylabel=chart[1],
                                  is_main=lambda r: r.impl == main, title=f"{stem} — {env['gpu']} — {env['date_utc']}")[1])
     print("\n".join(notes))
+    # (a main row that could not run, n/a: an import or a kernel that no longer covers the case, fails the run too;
+    # a peer's n/a does not)
     failed = {"raised": [r for r in rows if r.impl == main and r.status == "error"],
+              "could not run": [r for r in rows if r.impl == main and r.status == "n/a"],
               "failed the check": [r for r in rows if r.impl == main and r.check in BAD_CHECKS]}
     for how, bad in failed.items():
         if bad:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import datetime as _dt
 import json
 import math
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .._files import check_writable
+from .._files import check_writable, write_text_atomic
 
 
 def progress(msg: str) -> None:
@@ -139,12 +140,14 @@ def _json_safe(v: Any) -> Any:
 
 
 def write_csv(rows: Sequence[Any], path: Path) -> Path:
-    """One line per row, the dataclass fields as columns (in their order)."""
+    """One line per row, the dataclass fields as columns (in their order); written whole (a temporary file renamed
+    over the old one: a run stopped while it saves leaves the last complete table, matching its JSON)."""
     path = _folder_made(path)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(rows[0])] if rows else [])
-        w.writeheader()
-        w.writerows({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()} for r in rows)
+    fh = io.StringIO(newline="")
+    w = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(rows[0])] if rows else [])
+    w.writeheader()
+    w.writerows({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()} for r in rows)
+    write_text_atomic(path, fh.getvalue())
     return path
 
 
@@ -155,7 +158,7 @@ def write_json(rows: Sequence[Any], env: dict, path: Path, *, config=None) -> Pa
     config = {k: v for k, v in (vars(config) if isinstance(config, argparse.Namespace) else config or {}).items()
               if k != "func"}
     doc = _json_safe({"env": env, "config": config, "rows": [dataclasses.asdict(r) for r in rows]})
-    path.write_text(json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
     return path
 
 

@@ -40,6 +40,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 RESULTS="${OUT:-results/gpu}"
 mkdir -p "$RESULTS" || exit 2
+# an earlier run's files go first: the summary reads only what this run's stages wrote (a stage skipped, or one that
+# crashed before its first save, had its old JSON summarised as this run's)
+rm -f "$RESULTS"/{gpu_check.log,pytest_gpu.xml,sanitizer.log,summary.txt} \
+    "$RESULTS"/bench_{quantize,gemm,moe,overhead,decode}.{csv,json,png}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export MXKIT_GPU_FULL="${MXKIT_GPU_FULL:-1}"
 # no background Inductor compile workers while kernels are timed (they took host time from the timed launches)

@@ -233,9 +233,10 @@ def test_bad_options_are_argparse_errors(argv, needle, capsys):
 @pytest.mark.parametrize("argv", [
     ["gemm", "--quick", "--list", "--rounds", "0"], ["gemm", "--quick", "--list", "--rep-ms", "-1"],
     ["moe", "--quick", "--list", "--rep-ms", "nan"], ["quantize", "--list", "--spin-us", "-1"],
-    ["overhead", "--list", "--rounds", "0"]])
+    ["overhead", "--list", "--rounds", "0"], ["gemm", "--list", "--pairs", "w4a16", "--modes", "from-bf16"]])
 def test_list_checks_the_timing_options_too(argv, capsys):
-    """--list printed the cases and exited 0 past timing options that a run refuses."""
+    """--list printed the cases and exited 0 past timing options that a run refuses (and bench gemm past options
+    that select no case: a W4A16 pair has no from-bf16 mode; it would have run only the copy row)."""
     from mxkit import cli
 
     assert cli.main(["bench", *argv]) == 2

@@ -439,7 +439,10 @@ def cases_from_args(args) -> list[GemmCase]:
     if bad:
         raise ValueError(f"gemm shapes are MxNxK, got {', '.join(bad)}")
     pairs = args.pairs or (DECODE_PAIRS if decode else DEFAULT_PAIRS)
-    return plan_cases(pairs, args.modes, shapes)
+    cases = plan_cases(pairs, args.modes, shapes)
+    if not cases:  # (e.g. --pairs w4a16 --modes from-bf16: a W4A16 pair has no from-bf16 mode)
+        raise ValueError(f"the options select no case (pairs {', '.join(pairs)} in modes {', '.join(args.modes)})")
+    return cases
 
 
 def run(args) -> int:

@@ -54,6 +54,8 @@ TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 ROUTINGS = ("uniform", "zipf")
 MODES = ("w4a16", "w4a8", "w8a16", "mxfp4")
 EXPERT_FORMAT = {"w4a16": "mxfp4", "w4a8": "mxfp4", "w8a16": "mxfp8_e4m3", "mxfp4": "mxfp4"}
+MODE_TITLES = {"w4a16": "bf16 tokens x MXFP4 experts", "w4a8": "FP8 rowwise tokens x MXFP4 experts",
+               "w8a16": "bf16 tokens x MXFP8 experts", "mxfp4": "MXFP4 tokens x MXFP4 experts"}
 PEERS = ("grouped-mm-gemms", "grouped-mm-bf16", "loop-bf16", "dequant-bf16")
 PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16 layer", "loop-bf16": "loop bf16",
                "dequant-bf16": "dequant+bf16"}
@@ -400,7 +402,8 @@ def run(args) -> int:
     GRAPH_TOKENS[0] = args.graph_tokens
     return timing.run_benchmark(args, cases, IMPLS, what="mxkit bench moe", stem="bench_moe", peers=args.peers,
                                 columns=table_columns(args.peers), ref_impl=REF_IMPL,
-                                title="mxkit bench moe — GPT-OSS experts, bf16 tokens, MXFP4 experts",
+                                title="mxkit bench moe — GPT-OSS experts — " + "; ".join(
+                                    MODE_TITLES[m] for m in dict.fromkeys(c.mode for c in cases)),
                                 chart=("tflops", "TFLOP/s (read flush)"),
                                 list_line=lambda c: f"{c.mode:6s} {c.fmt_name:22s} {c.label:8s} "
                                                     f"{c.flops / 1e9:9.1f} GFLOP {c.nbytes() / 1e6:8.1f} MB")

@@ -706,3 +706,44 @@ def test_environment_names_the_commit():
         assert env["commit"] is None
     else:
         assert env["commit"].split("+")[0] == head.stdout.strip() and "commit" in output.env_line(env)
+
+
+def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch):
+    """cuda_event_bench on a simulated stream (host clock h, GPU busy-until g, in µs): a callable of 30 launches
+    (2 µs of GPU, 10 µs of host each) reads its 60 µs of device time (the spin lengthened to 1.5x the host's 300
+    µs; at the fixed 100 µs it read 139), one of a single 20 µs kernel its 20 µs, a GPU-bound one its device time."""
+    import types
+
+    S = {"h": 0.0, "g": 0.0}
+
+    def launch(gpu_us, host_us=5.0):
+        S["h"] += host_us
+        S["g"] = max(S["g"], S["h"]) + gpu_us
+
+    class Ev:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            S["h"] += 2.0
+            self.t = S["g"] = max(S["g"], S["h"])
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) / 1e3
+
+    cuda = types.SimpleNamespace(Event=Ev, synchronize=lambda: S.__setitem__("h", max(S["h"], S["g"]) + 5.0),
+                                 _sleep=lambda cycles: launch(cycles / 2000.0),
+                                 get_device_properties=lambda i: types.SimpleNamespace(clock_rate=2_000_000),
+                                 current_device=lambda: 0)
+    buf = types.SimpleNamespace(zero_=lambda: launch(90.0))
+    monkeypatch.setattr(timing, "torch", types.SimpleNamespace(cuda=cuda, int32=None, int64=None,
+                                                               zeros=lambda *a, **k: buf, empty=lambda *a, **k: None,
+                                                               sum=lambda *a, **k: launch(70.0)))
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: S["h"] / 1e6))
+    for kernels, gpu_us, host_us in ((30, 2.0, 10.0), (1, 20.0, 8.0), (60, 20.0, 10.0)):
+        def fn():
+            for _ in range(kernels):
+                launch(gpu_us, host_us)
+        got = timing.cuda_event_bench(fn, 2.0, 20.0, spin_us=100.0, flush="read")
+        assert got == pytest.approx(kernels * gpu_us), (kernels, got)
+

@@ -72,7 +72,9 @@ else
         say "pytest-xdist is not importable here: the GPU tests run serially (-p no:xdist)"
     fi
     # the later stages that will run keep their 30 s each (none when the benchmarks are skipped)
-    if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" 0); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" 5); fi
+    # (stages reserved behind this one: the sanitizer's when on, the five benchmarks' unless skipped)
+    SAN=$([ "${MXKIT_SANITIZE:-0}" = 1 ] && echo 1 || echo 0)
+    if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" "$SAN"); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" $((5 + SAN))); fi
     # the C++ fast call, built once here (else every worker would build it at its first eager call)
     python3 -c 'from mxkit.kernels import fast_call; print("fast call:", fast_call.build())' 2>&1 | tail -n 3 | tee -a "$LOG"
     say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL)"
@@ -87,7 +89,7 @@ fi
 
 # 2. compute-sanitizer memcheck (off unless MXKIT_SANITIZE=1) ---------------------------------------------------
 if [ "${MXKIT_SANITIZE:-0}" = 1 ] && [ "${MXKIT_SKIP_TESTS:-0}" != 1 ]; then
-    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" 4)
+    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" "$([ "${MXKIT_SKIP_BENCH:-0}" = 1 ] && echo 0 || echo 5)")
     K="${MXKIT_SANITIZE_K:-quantize or dequantize}"
     say "stage 2: compute-sanitizer memcheck over pytest -m gpu -k '$K' (budget $B s; caching allocator off)"
     # (--report-api-errors no: the driver-API launch probes a kernel's parameter count by calling cuFuncGetParamInfo
@@ -120,7 +122,7 @@ else
         STATUS+=("bench quantize: skipped (MXKIT_SKIP_QUANTIZE=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 3)" quantize --shapes 8192x8192,16384x16384 \
+        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 4)" quantize --shapes 8192x8192,16384x16384 \
             ${MXKIT_QUANTIZE_ARGS:-}
     fi
     # 4. the GEMM benchmark, quick set ---------------------------------------------------------------------

@@ -539,6 +539,8 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     doc = json.loads((tmp_path / "bench_quantize.json").read_text())
     env, rows = doc["env"], [Row(**r) for r in doc["rows"]]
     assert env["copy_gbps"] == 2000.0 and env["copy_gbps_write"] == 1600.0 and "torch" in env and "date_utc" in env
+    assert env["timing"]["l2_flush_bytes"] == timing.L2_FLUSH_BYTES and env["timing"]["min_runs"] == timing.MIN_RUNS
+    assert env["timing"]["rep_ms"] > 0 and env["timing"]["warmup_ms"] > 0  # (--quick's rep_ms, not the null option)
     assert rows[0].impl == "copy" and len(rows) == 1 + 2 * len(cases)
     assert all(r.check == "match" and (r.us, r.us_write) == (25.0, 30.0) and r.vs_ref == 1.0 for r in rows[1:]), rows
     assert (tmp_path / "bench_quantize.csv").read_text().count("\n") == len(rows) + 1

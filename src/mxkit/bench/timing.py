@@ -475,8 +475,8 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
                   ) -> int:
     """The run every op shares: option and ``--out`` checks, CUDA check, environment, the copy limit, all cases,
     table, files. With ``args.list``: after the option checks, ``list_line(case)`` printed for each case (no GPU).
-    Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count) or its
-    output failed the check; 2 when it cannot run here (one ``mxkit: error: …`` line, no traceback)."""
+    Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count), could not run
+    (``n/a``) or its output failed the check; 2 when it cannot run here (one ``mxkit: error: …`` line, no traceback)."""
     try:
         cfg = timing_config(args)
         if getattr(args, "list", False) and list_line is not None:
@@ -491,7 +491,10 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
     backend = getattr(args, "backend", None)  # (None: a bench without --backend)
     env = environment()
     copy_read, copy_write, copy_bytes = copy_bandwidth(cfg)
-    env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes)
+    env.update(copy_gbps=round(copy_read, 1), copy_gbps_write=round(copy_write, 1), copy_bytes=copy_bytes,
+               # how the rows were timed (the options alone left --quick's rep_ms as null)
+               timing=dict(dataclasses.asdict(cfg), l2_flush_bytes=L2_FLUSH_BYTES, min_runs=MIN_RUNS,
+                           spin="lengthened to 1.5x one call's host time where longer"))
     print(env_line(env))
     print(f"copy limit: {copy_read:.0f} GB/s after a read flush, {copy_write:.0f} after a write flush "
           f"({copy_bytes / 2**20:.0f} MiB); {len(cases)} cases; {main}{f'[{backend}]' if backend else ''} + "

@@ -245,8 +245,10 @@ def test_moe_mxfp4_on_cpu_is_its_reference(rng):
 
 def test_mxmoe_mxfp4_on_cpu(rng):
     """MXMoE(act_format="mxfp4") (any spelling of MXFP4, held as "mxfp4_e2m1") routes, quantizes the tokens to
-    MXFP4 and runs the twin on CPU; its gradients (the MXFP4 activations passed straight through) are the W4A16
-    layer's, bit for bit; other act_formats and expert parallelism are refused."""
+    MXFP4 and runs the twin on CPU; its gradients are those of the quantized function (checked against a float64
+    autograd in test_moe.py::test_mxmoe_quantized_activation_gradients): the down bias' (the routing weights times
+    grad y) is the W4A16 layer's, bit for bit, the router's is not; other act_formats and expert parallelism are
+    refused."""
     from mxkit.formats import get_format
     from mxkit.moe_reference import moe_mxfp4_reference, route
     from mxkit.nn import MXMoE
@@ -272,8 +274,8 @@ def test_mxmoe_mxfp4_on_cpu(rng):
         yi.backward(torch.ones_like(yi))
         out.append((yi.detach(), xi.grad, mod.router.weight.grad, mod.gate_up_bias.grad, mod.down_bias.grad))
     assert torch.equal(out[1][0], y) and not torch.equal(out[0][0], out[1][0])
-    for a, b in zip(out[0][1:], out[1][1:]):
-        assert torch.equal(a, b)
+    assert all(torch.isfinite(g).all() for g in out[1][1:])
+    assert torch.equal(out[0][4], out[1][4]) and not torch.equal(out[0][2], out[1][2])
     for spelling in ("MXFP4", "mxfp4_e2m1", get_format("mxfp4")):
         assert MXMoE(H, I, E, k, "mxfp4", act_format=spelling).act_format == "mxfp4_e2m1"
     for bad in ("mxfp8", "mxfp6_e2m3", "fp4", 3):

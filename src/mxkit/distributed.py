@@ -118,10 +118,19 @@ def raise_collectively(error: BaseException, group: Optional[dist.ProcessGroup] 
     that its peers in that exchange raise RuntimeError naming this rank instead of waiting in it: for a caller
     (``MXMoE.forward`` of a sharded module) that finds its input bad before it reaches ep_moe. Collective: the
     peers must be in ep_moe's call (or this same function) on ``group``."""
-    world = dist.get_world_size(group)
-    head = torch.zeros(world, 2 + len(_HEAD), dtype=torch.int64, device=_header_device(group))  # count 0, not ok
-    dist.all_to_all_single(torch.empty_like(head), head, group=group)
+    _exchange_head(False, [0] * len(_HEAD), None, dist.get_world_size(group), group)  # count 0, not ok
     raise error
+
+
+def _exchange_head(need: bool, fields: list, send_counts: Optional[torch.Tensor], world: int, group) -> list:
+    """The header exchange: to each peer [pairs sent to it, needs a gradient, *fields] (``fields`` starting with
+    ok); returns, per peer r, [pairs sent to r, then r's header for this rank] (one host sync)."""
+    head = torch.tensor([0, int(need)] + fields, dtype=torch.int64, device=_header_device(group)).repeat(world, 1)
+    if send_counts is not None:
+        head[:, 0] = send_counts.to(head.device)
+    head_in = torch.empty_like(head)
+    dist.all_to_all_single(head_in, head, group=group)
+    return torch.cat([head[:, :1], head_in], dim=1).tolist()
 
 
 def _ranges_code(ranges: Sequence[tuple[int, int]]) -> int:
@@ -249,14 +258,7 @@ def ep_moe(
 
     # 2. the header: per peer, the pairs sent to it, whether this rank needs a gradient, its call's validity and
     # configuration; then the pairs, sorted by destination rank: their rows and metadata
-    need = needs_grad(x, router_logits, b_gate_up, b_down)
-    dev = _header_device(group)
-    head = torch.tensor([0, int(need)] + fields, dtype=torch.int64, device=dev).repeat(world, 1)
-    if send_counts_t is not None:
-        head[:, 0] = send_counts_t.to(dev)
-    head_in = torch.empty_like(head)
-    dist.all_to_all_single(head_in, head, group=group)
-    rows = torch.cat([head[:, :1], head_in], dim=1).tolist()  # (one host sync)
+    rows = _exchange_head(needs_grad(x, router_logits, b_gate_up, b_down), fields, send_counts_t, world, group)
     if failure is not None:
         raise failure
     bad = [r for r, row in enumerate(rows) if not row[3]]

@@ -633,19 +633,14 @@ def _unfold_fp32(f: Folded, rows: Optional[torch.Tensor] = None) -> torch.Tensor
     return vals
 
 
-def _row_scale(kind: str, a, R: int) -> Optional[torch.Tensor]:
-    return a.scale.reshape(R, 1) if kind == "fp8_rowwise" else None
-
-
 def _split_row_scale(xa: torch.Tensor, kind: str, a, R: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """For the float32 routes: ``(xa', m)`` with ``xa' @ w.T * m`` the product of a's values. Fp8Rowwise: its row
     scale s = m 2^e, m in [1, 2), the power of two applied to the E4M3 values before the GEMM (exact: 4 significant
     bits) and m after, so the float32 sums neither overflow nor underflow where the product itself does not (the
     scale applied after the GEMM gave ±Inf / NaN / 0 for weights near float32's range); m None for other kinds."""
-    rs = _row_scale(kind, a, R)
-    if rs is None:
+    if kind != "fp8_rowwise":
         return xa, None
-    frac, e = torch.frexp(rs)  # rs = frac 2^e, frac in [0.5, 1) (0, NaN, Inf: frac itself, e 0)
+    frac, e = torch.frexp(a.scale.reshape(R, 1))  # rs = frac 2^e, frac in [0.5, 1) (0, NaN, Inf: frac itself, e 0)
     return xa * _exp2_f32((e - 1).clamp(-149, 127)), frac * 2
 
 

@@ -782,16 +782,24 @@ def test_mxmoe_quantized_activation_gradients(act_format, rng):
                             (m.down_bias.grad, b2.grad, "b_down")):
         err = float((got.double() - want).norm() / want.norm())
         assert err < 1e-5, (name, err)
-    # the op: the routing weights' gradient of the same function (x detached: moe_mxfp4 has none for x)
+    # the op: the gradients of the same function (moe_mxfp4 has none for x and b_gate_up; moe_w4a8's were off by
+    # 0.2-4%: its reference differentiated through the FP8 scales' amax and rounded the gradient to bf16 at each
+    # GEMM's bf16 rounding)
     from mxkit.moe import moe_mxfp4, moe_w4a8
 
-    op = moe_w4a8 if act_format == "fp8_e4m3_rowwise" else moe_mxfp4
+    w4a8 = act_format == "fp8_e4m3_rowwise"
+    op = moe_w4a8 if w4a8 else moe_mxfp4
     r = copy.deepcopy(m.router)
     r.zero_grad()
-    bd = m.down_bias.detach().clone().requires_grad_()
-    op(x, m.gate_up_mx, m.gate_up_bias.detach(), m.down_mx, bd, r(x), k).backward(g)
-    for got, want in ((m.router.weight.grad, r.weight.grad), (m.down_bias.grad, bd.grad)):
-        assert float((got - want).norm() / want.norm()) < 1e-5
+    xo = x.clone().requires_grad_(w4a8)
+    bg, bd = (p.detach().clone().requires_grad_(p is m.down_bias or w4a8) for p in (m.gate_up_bias, m.down_bias))
+    op(xo, m.gate_up_mx, bg, m.down_mx, bd, r(xo), k).backward(g)
+    checks = [(r.weight.grad, rw.grad, "router weight"), (r.bias.grad, rb.grad, "router bias"), (bd.grad, b2.grad, "b_down")]
+    if w4a8:
+        checks += [(xo.grad, x64.grad, "x"), (bg.grad, b1.grad, "b_gate_up")]
+    for got, want, name in checks:
+        err = float((got.double() - want).norm() / want.norm())
+        assert err < 1e-5, ("op", name, err)
 
 
 @pytest.mark.gpu
@@ -1164,6 +1172,14 @@ def test_moe_w4a8_reference_against_a_pair_loop(activation, rng):
             v8 = (v / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s.double()
             out[t] += tw[t, j].double() * (bf(v8 @ W2[e].T) + b2[e].double())
     torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
+    # the tokens themselves (cast inside by quantize_fp8_rowwise's rule): the same bytes; anything else refused
+    x = torch.randn(T, H, generator=rng, dtype=torch.bfloat16) * 3
+    want = moe_w4a8_reference(mxkit.quantize_fp8_rowwise(x), w1, b1, w2, b2, tw, ids, activation=activation)
+    got = moe_w4a8_reference(x, w1, b1, w2, b2, tw, ids, activation=activation)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    for bad, err in ((x.to(torch.int32), TypeError), ([1.0], TypeError)):
+        with pytest.raises(err):
+            moe_w4a8_reference(bad, w1, b1, w2, b2, tw, ids, activation=activation)
 
 
 @pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])

@@ -251,7 +251,8 @@ def moe_w4a8(
     a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
     do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
     x's dtype. No expert parallelism here. Gradients: where x, a bias or the logits need one, the reference runs
-    (the FP8 casts passed straight through); the Triton path has no backward.
+    (the FP8 casts passed straight through, their scales constants: :class:`mxkit.nn.MXMoE`'s gradients); the
+    Triton path has no backward.
     Raises the TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError
     when router_logits' last dim E is not the experts' count (before any expert runs)."""
     return _quantized_layer(_w4a8_folded, _w4a8_reference, x, w_gate_up, b_gate_up, w_down, b_down, router_logits,
@@ -347,10 +348,8 @@ def _w4a8_folded(x2, folded, b1, b2, weights, ids, activation, out_dtype) -> tor
 
 
 def _w4a8_reference(x2, w1, b1, w2, b2, weights, ids, activation, out_dtype) -> torch.Tensor:
-    from .ops import quantize_fp8_rowwise
-
-    return moe_w4a8_reference(quantize_fp8_rowwise(x2), w1, b1, w2, b2, weights, ids, activation=activation,
-                              out_dtype=out_dtype)
+    # (the tokens themselves: the reference casts them, straight through in gradient)
+    return moe_w4a8_reference(x2, w1, b1, w2, b2, weights, ids, activation=activation, out_dtype=out_dtype)
 
 
 def _mxfp4_folded(x2, folded, b1, b2, weights, ids, activation, out_dtype) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .formats import MXFP4_E2M1
-from .reference import dequantize_reference, quantize_reference, round_from_float64
+from .reference import dequantize_reference, quantize_fp8_rowwise_reference, quantize_reference, round_from_float64
 from .tensor import MXTensor, check_out_dtype
 
 __all__ = [
@@ -538,22 +538,57 @@ def moe_reference(
     h = grouped_matmul_reference(x, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_gate_up)
     act = ACTIVATIONS[activation](h)
     if intermediate_dtype is not None:
-        act = round_from_float64(act, intermediate_dtype).to(torch.float64)
+        act = _through(lambda v: round_from_float64(v, intermediate_dtype).to(torch.float64))(act)
     y = grouped_matmul_reference(act, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_down, gather=False,
                                  num_tokens=T)
     return round_from_float64(combine_reference(y, sorted_ids, topk_weights), out_dtype)
 
 
-def _fp8_rowwise_values(v: torch.Tensor) -> torch.Tensor:
-    """float64 of the FP8 E4M3 rowwise cast of v (R, C) by :func:`mxkit.quantize_fp8_rowwise`'s rule: the scale
-    s = max(amax|row| / 448, 2^-149) in float32 (1 for an all-zero row, NaN for a NaN row), E4M3(v / s) rounded to nearest
-    even after clamping to ±448, times s."""
-    vf = v.to(torch.float32)
-    amax = vf.abs().amax(dim=-1, keepdim=True) if v.shape[-1] else vf.new_zeros(v.shape[0], 1)
-    s = torch.where(amax > 0, (amax / 448.0).clamp_min(2.0**-149), torch.ones_like(amax))
-    s = torch.where(torch.isnan(amax), amax, s)
-    q = (vf / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return q.to(torch.float64) * s.to(torch.float64)
+class _StraightThrough(torch.autograd.Function):
+    """``values(v)`` in value (its bits, untouched by autograd), the identity in gradient at the gradient's own
+    precision (cast to v's dtype; ``v.to(torch.bfloat16).to(torch.float64)`` would round the gradient to bf16):
+    a rounding or quantization passed straight through."""
+
+    @staticmethod
+    def forward(v, values):
+        return values(v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dtype = inputs[0].dtype
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.dtype), None
+
+
+def _through(values: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``values`` made differentiable as a straight-through estimator where its input needs a gradient (the
+    activations' quantizations of :func:`moe_w4a8_reference` / :func:`moe_mxfp4_reference` and
+    :class:`mxkit.nn.MXMoE`'s backward): without one, ``values`` itself."""
+
+    def q(v: torch.Tensor) -> torch.Tensor:
+        return _StraightThrough.apply(v, values) if v.requires_grad else values(v)
+
+    return q
+
+
+def _bf16_cast(v: torch.Tensor) -> torch.Tensor:
+    """float64 v rounded to bfloat16 (a GEMM's output rounding), as float64."""
+    return v.to(torch.bfloat16).to(torch.float64)
+
+
+_bf16_values = _through(_bf16_cast)
+
+
+def _fp8_rowwise_cast(v: torch.Tensor) -> torch.Tensor:
+    """float64 of the FP8 E4M3 rowwise cast of v (R, C) rounded to float32
+    (:func:`~mxkit.reference.quantize_fp8_rowwise_reference`'s bytes, dequantized: exact)."""
+    data, scale = quantize_fp8_rowwise_reference(v.to(torch.float32))
+    return data.to(torch.float64) * scale.to(torch.float64)
+
+
+_fp8_rowwise_values = _through(_fp8_rowwise_cast)
 
 
 def moe_w4a8_reference(
@@ -577,21 +612,35 @@ def moe_w4a8_reference(
     2. ``v = act(h + b1[e])``; the FP8 E4M3 rowwise cast of v (:func:`mxkit.quantize_fp8_rowwise`'s rule);
     3. ``y = bf16(v8 @ W2[e].T)``;
     4. ``out[t] = Σ_j topk_weights[t, j] · (y + b2[e])``, rounded once to ``out_dtype``.
-    xq: Fp8Rowwise (T, H); experts MXTensor (E, 2I, H) / (E, H, I) along K, biases (E, 2I) / (E, H) or None;
-    topk (T, k). A kernel matches it but for float32 vs float64 in the activation, which may move an element of
-    v8 by one E4M3 step where v sits on a rounding boundary. Raises the errors of :func:`check_moe_args`."""
-    a = xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)
+    xq: Fp8Rowwise (T, H), or the tokens x (T, H) float32 | bfloat16 | float16, cast here by
+    :func:`mxkit.quantize_fp8_rowwise`'s rule; experts MXTensor (E, 2I, H) / (E, H, I) along K, biases (E, 2I) /
+    (E, H) or None; topk (T, k). Gradients: both FP8 casts (x's, the intermediate's) pass straight through, as in
+    :class:`mxkit.nn.MXMoE` (the scales are constants to autograd: no gradient through their amax). A kernel
+    matches it but for float32 vs float64 in the activation, which may move an element of v8 by one E4M3 step
+    where v sits on a rounding boundary. Raises TypeError for an xq that is neither, and the errors of
+    :func:`check_moe_args`."""
+    if isinstance(xq, torch.Tensor):
+        if xq.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {xq.dtype}")
+        a = _fp8_rowwise_values(xq) if xq.dim() == 2 else xq  # (check_moe_args names a wrong rank)
+    elif hasattr(xq, "data") and hasattr(xq, "scale"):
+        a = xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)
+    else:
+        raise TypeError(f"xq must be an Fp8Rowwise or a tensor (T, H), got {type(xq).__name__}")
     return _quantized_moe(a, _fp8_rowwise_values, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids,
                           activation, out_dtype)
 
 
-def _mxfp4_values(v: torch.Tensor) -> torch.Tensor:
+def _mxfp4_cast(v: torch.Tensor) -> torch.Tensor:
     """float64 of v (R, C) rounded to float32, quantized to MXFP4 along C (:func:`mxkit.quantize`'s bytes: OCP
     FLOOR scales, RNE) and dequantized (exact)."""
     if v.numel() == 0:
-        return v
+        return v.new_empty(v.shape, dtype=torch.float64)
     q = quantize_reference(v.to(torch.float32), MXFP4_E2M1, axis=-1)
     return dequantize_reference(q, torch.float64)
+
+
+_mxfp4_values = _through(_mxfp4_cast)
 
 
 def moe_mxfp4_reference(
@@ -647,10 +696,11 @@ def _quantized_moe(a: torch.Tensor, quantize_act: Callable[[torch.Tensor], torch
         return 0.0 if b is None else torch.where(valid[:, None], b.to(torch.float64)[row_e.clamp(0, E - 1)], 0.0)
 
     h = grouped_matmul_reference(a, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k)
-    h = h.to(torch.bfloat16).to(torch.float64)
+    h = _bf16_values(h)
     h = h + row_bias(b_gate_up)
     vq = quantize_act(ACTIVATIONS[activation](h))
     y = grouped_matmul_reference(vq, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, gather=False,
-                                 num_tokens=T).to(torch.bfloat16).to(torch.float64)
+                                 num_tokens=T)
+    y = _bf16_values(y)
     y = y + row_bias(b_down)
     return round_from_float64(combine_reference(y, sorted_ids, topk_weights), out_dtype)

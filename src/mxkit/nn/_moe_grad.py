@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .._autocast import autocast_off
-from ..moe_reference import ACTIVATIONS, _fp8_rowwise_values, _mxfp4_values
+from ..moe_reference import ACTIVATIONS, _bf16_values, _fp8_rowwise_values, _mxfp4_values
 from .linear import FP8_ROWWISE
 
 __all__ = ["ExpertsGrad", "experts_backward"]
@@ -48,7 +48,7 @@ class ExpertsGrad(torch.autograd.Function):
 
 def _bf16_through(v: torch.Tensor) -> torch.Tensor:
     """v rounded to bfloat16 (the forward's GEMM outputs) in value, the identity in gradient."""
-    return v + (v.to(torch.bfloat16).to(v.dtype) - v).detach()
+    return _bf16_values(v).to(v.dtype)
 
 
 def _straight_through(act_format: Optional[str]):
@@ -57,11 +57,7 @@ def _straight_through(act_format: Optional[str]):
     if act_format is None:
         return None
     values = _fp8_rowwise_values if act_format == FP8_ROWWISE else _mxfp4_values
-
-    def q(v: torch.Tensor) -> torch.Tensor:
-        return v + (values(v.detach()).to(v.dtype) - v).detach()
-
-    return q
+    return lambda v: values(v).to(v.dtype)
 
 
 @autocast_off

@@ -775,7 +775,7 @@ def test_gpu_real_20b_dims_mx_experts_match_hf_bf16(tmp_path, rng):
     the tokens that take other experts in the last layer, whose input differs by bf16 noise: a token near a router tie
     there may (allowed: a quarter of the tokens, at least 3; measured 2-3%)."""
     pytest.importorskip("transformers.models.gpt_oss")
-    from mxkit.kernels.matmul_details._route import router_max_tokens
+    from mxkit.kernels.moe_details._route import router_max_tokens
     from mxkit.moe import route
     from mxkit.nn import MXMoE, load_gpt_oss_model
     from test_moe import _bf16_rows_off

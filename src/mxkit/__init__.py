@@ -1,7 +1,9 @@
 """mxkit: OCP Microscaling (MX) formats for PyTorch on NVIDIA Hopper.
 
-Layers (each imports only the ones before it): ``formats`` → ``reference`` → ``kernels`` → ``ops`` →
-``nn`` → ``cli``.
+Layers (each imports only the ones before it): ``formats`` → ``layouts`` → the containers (``tensor``:
+MXTensor) → ``reference`` (and ``moe_reference``) → the containers built on the reference (``fold``: Folded,
+``packed``: PackedWeight, Fp8Rowwise) → ``kernels`` → ``ops`` (and ``moe``) → ``nn`` → ``cli`` / ``bench``.
+Kernels take and return the containers; they never import ops or nn.
 """
 
 from .formats import (

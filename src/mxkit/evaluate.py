@@ -93,7 +93,6 @@ ROW_COLUMNS: tuple[str, ...] = (
 # --------------------------------------------------------------------------------------------------------
 # text
 
-_STDLIB_EXCLUDE = ("site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo")
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODE_LIKE = re.compile(r"[`{}\[\]<>=_*|\\#@$~^]|\.\.\.|::|\(\)|https?:")
 

@@ -183,6 +183,8 @@ def get_format(fmt: FormatLike) -> ElementFormat:
 class _ParseEnum(str, enum.Enum):
     @classmethod
     def parse(cls, value):
+        """The member for ``value``: a member, or its name as a string (case and surrounding spaces ignored).
+        Raises ValueError naming the known values for anything else."""
         if isinstance(value, cls):
             return value
         if isinstance(value, str):

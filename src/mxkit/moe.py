@@ -182,7 +182,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
           renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`mxkit.moe_reference.route` (the same arguments, results and errors): ``(topk_weights (T, k) float32,
     topk_ids (T, k) int32)``. On CUDA, ``mode="gpt_oss"`` with float32 / bfloat16 / float16 logits (E <= 1024,
-    k <= 32) runs one Triton kernel (:mod:`mxkit.kernels.matmul_details._route`) that writes the reference's
+    k <= 32) runs one Triton kernel (:mod:`mxkit.kernels.moe_details._route`) that writes the reference's
     bytes; everything else (logits that need a gradient, code torch.compile traces) runs the reference.
 
     Ties: equal logits go to the lower expert index. transformers' GPT-OSS router selects with ``torch.topk``,
@@ -191,7 +191,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
     HF's in rows without ties only."""
     if (mode == "gpt_oss" and not renormalize and isinstance(router_logits, torch.Tensor) and router_logits.is_cuda
             and not torch.compiler.is_compiling() and not needs_grad(router_logits)):  # (the kernel has no backward)
-        from .kernels.matmul_details import _route
+        from .kernels.moe_details import _route
 
         if _route.takes(router_logits, top_k):
             return _route.route_gpt_oss(router_logits, top_k)
@@ -206,7 +206,7 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     once to float32, then to x's dtype) and :func:`route` (``mode="gpt_oss"``) on them.
 
     x: (T, H) bfloat16 | float16; weight (E, H), bias (E,) or None, in x's dtype. On CUDA, up to
-    :func:`~mxkit.kernels.matmul_details._route.router_max_tokens` (E) tokens (decode: 32 up to E = 32, 8 at
+    :func:`~mxkit.kernels.moe_details._route.router_max_tokens` (E) tokens (decode: 32 up to E = 32, 8 at
     E = 128) with E <= 1024 and top_k <= 32, one Triton kernel writes all three (the reference's bytes; a
     GPT-OSS-20B layer's router in one launch instead of cuBLAS's split-K GEMM, its reduction and the routing
     kernel); elsewhere (and where autograd needs a gradient, or under torch.compile's tracing) the reference twin
@@ -219,7 +219,7 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             raise TypeError(f"router_gpt_oss: {name} must be a tensor{' or None' if name == 'bias' else ''}, got "
                             f"{type(t).__name__}")
     if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
-        from .kernels.matmul_details import _route
+        from .kernels.moe_details import _route
 
         if _route.router_takes(x, weight, bias, top_k):
             return _route.router_gpt_oss(x, weight, bias, top_k)

@@ -112,7 +112,7 @@ def _check_align_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _align
+    from mxkit.kernels.moe_details import _align
     from mxkit.kernels.moe_details import _sort
 
     g = interpreted_rng(_align._align_expert_kernel, _align._align_hist_kernel)
@@ -267,7 +267,7 @@ def _check_combine_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (float32 / float16 out: the interpreter's float32 -> bf16 cast truncates)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _moe_epilogue
+    from mxkit.kernels.moe_details import _moe_epilogue
 
     g = interpreted_rng(_moe_epilogue._combine_kernel)
     print(f"interpreter checks passed: {_check_combine('cpu', g, outs=(torch.float32, torch.float16))}")
@@ -288,7 +288,7 @@ def _check_gather_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _moe_epilogue
+    from mxkit.kernels.moe_details import _moe_epilogue
 
     g = interpreted_rng(_moe_epilogue._gather_rows_kernel)
     print(f"interpreter checks passed: {_check_gather_rows('cpu', g)}")
@@ -544,13 +544,13 @@ def test_w16_kernels_compile_for_sm90(w_kind):
                       BLOCK_M=tiles[0], BLOCK_N=tiles[1], BLOCK_K=tiles[2])
         assert build(_grouped_w16_kernel, gptrs, consts) > 0
     if w_kind == 0:
-        from mxkit.kernels.matmul_details._align import _align_small_kernel
+        from mxkit.kernels.moe_details._align import _align_small_kernel
 
         aptrs = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "eids_ptr": "*i32"}
         assert build(_align_small_kernel, aptrs, dict(N_P2=128, E_P2=128, NB_P2=128, BLOCK_M=16), 8) > 0
-        from mxkit.kernels.matmul_details._align import _align_expert_kernel
+        from mxkit.kernels.moe_details._align import _align_expert_kernel
 
-        from mxkit.kernels.matmul_details._align import _align_hist_kernel
+        from mxkit.kernels.moe_details._align import _align_hist_kernel
 
         aptrs.update(hist_ptr="*i32", pos_ptr="*i32", offs_ptr="*i32")
         for top_k in (0, 4):
@@ -558,7 +558,7 @@ def test_w16_kernels_compile_for_sm90(w_kind):
             assert build(_align_expert_kernel, aptrs, dict(E_P2=128, CHUNK=1024, GROUP=8, HROWS=16, BLOCK_M=256,
                                                            TOP_K=top_k, OFFS=top_k > 0)) > 0
         # the row passes around the grouped GEMMs (gather, W4A8 middle pass) and the FP8 rowwise quantization
-        from mxkit.kernels.matmul_details._moe_epilogue import (_bias_act_fp8_kernel, _combine_kernel,
+        from mxkit.kernels.moe_details._moe_epilogue import (_bias_act_fp8_kernel, _combine_kernel,
                                                                 _gather_rows_kernel)
         from mxkit.kernels.quantize_details._fp8_rowwise import _fp8_rowwise_kernel
 
@@ -637,7 +637,7 @@ def _middle_cases(g, device):
 
 def interpreted_middle_checks():
     from conftest import interpreted_rng
-    from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_fp8_kernel
+    from mxkit.kernels.moe_details._moe_epilogue import _bias_act_fp8_kernel
 
     g = interpreted_rng(_bias_act_fp8_kernel)
     print(f"interpreter checks passed: {_middle_cases(g, 'cpu')}")
@@ -1570,7 +1570,7 @@ def _check_mixed_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _align
+    from mxkit.kernels.moe_details import _align
 
     g = interpreted_rng(_align._mixed_blocks_kernel)
     print(f"interpreter checks passed: {_check_mixed_kernel('cpu', g)}")

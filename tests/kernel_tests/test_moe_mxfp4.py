@@ -447,7 +447,8 @@ def _check_interpreted() -> None:
     """Runs under TRITON_INTERPRET=1 (:func:`conftest.run_interpreted`)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _moe_epilogue, _row_fixup
+    from mxkit.kernels.matmul_details import _row_fixup
+    from mxkit.kernels.moe_details import _moe_epilogue
     from mxkit.kernels.moe_details import _fold
 
     g = interpreted_rng(_row_fixup._grouped_fixup_kernel, _moe_epilogue._bias_act_kernel)
@@ -476,7 +477,7 @@ def test_moe_mxfp4_kernels_compile_for_sm90():
     from triton.compiler import ASTSource
 
     from mxkit.formats import get_format
-    from mxkit.kernels.matmul_details._moe_epilogue import _bias_act_kernel
+    from mxkit.kernels.moe_details._moe_epilogue import _bias_act_kernel
     from mxkit.kernels.matmul_details._row_fixup import _grouped_fixup_kernel
     from mxkit.kernels.quantize_details._common import element_spec
 

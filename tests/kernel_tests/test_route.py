@@ -1,4 +1,4 @@
-"""GPT-OSS routing in one kernel (``kernels/matmul_details/_route.py``) against its reference twin
+"""GPT-OSS routing in one kernel (``kernels/moe_details/_route.py``) against its reference twin
 ``mxkit.moe_reference.route``: the ids to the bit always; the weights to the bit on the GPU (the kernel computes
 PyTorch's CUDA softmax; the reference there is that softmax) and within 8 ulp under the CPU interpreter (its
 expf is numpy's, the reference's PyTorch's CPU one). Random logits of each dtype plus crafted rows: ties, NaN,
@@ -53,7 +53,7 @@ def _assert_routed(w, ids, ref_w, ref_ids, exact: bool, case) -> None:
 
 
 def _check_route(device: str, g: torch.Generator, exact: bool) -> int:
-    from mxkit.kernels.matmul_details._route import route_gpt_oss
+    from mxkit.kernels.moe_details._route import route_gpt_oss
 
     n = 0
     for T, E, k in CASES:
@@ -75,7 +75,7 @@ def _check_interpreted() -> None:
     router (defined below)."""
     from conftest import interpreted_rng
 
-    from mxkit.kernels.matmul_details import _route
+    from mxkit.kernels.moe_details import _route
 
     g = interpreted_rng(_route._route_gpt_oss_kernel, _route._router_gpt_oss_kernel)
     n = _check_route("cpu", g, exact=False) + _check_router("cpu", g, exact=False)
@@ -99,7 +99,7 @@ def test_gpu_route_kernel_writes_the_reference_bytes(rng):
 @gpu
 def test_gpu_route_dispatch(rng, monkeypatch):
     """The dispatching route takes the kernel on CUDA for gpt_oss (the reference's bytes), the reference otherwise."""
-    from mxkit.kernels.matmul_details import _route
+    from mxkit.kernels.moe_details import _route
 
     logits = torch.randn(40, 32, generator=rng).to("cuda", torch.bfloat16)
     calls = []
@@ -139,7 +139,7 @@ def test_gpu_mxmoe_routes_once_for_output_and_scores(rng, monkeypatch):
     output is the bits of the same layer without scores, its scores the reference routing's weights (of the
     one-launch router's logits up to ``router_max_tokens(E)`` tokens, of the nn.Linear's above: the routing kernel
     runs there)."""
-    from mxkit.kernels.matmul_details import _route
+    from mxkit.kernels.moe_details import _route
     from mxkit.moe_reference import router_logits
     from mxkit.nn import MXMoE
 
@@ -178,7 +178,7 @@ def test_gpu_mxmoe_decode_router_in_one_launch(rng, tokens):
     twin's logits (``router_logits``), its recorded logits those logits; 33 tokens take the nn.Linear as before. Under
     torch.compile (fullgraph; the routed layer one custom op, ``mxkit::mx_moe_routed``) the bits are the eager
     ones, the scores the reference routing's weights in bf16; a router needing a gradient takes the nn.Linear."""
-    from mxkit.kernels.matmul_details._route import router_max_tokens
+    from mxkit.kernels.moe_details._route import router_max_tokens
     from mxkit.moe_reference import router_logits
     from mxkit.nn import MXMoE
 
@@ -243,7 +243,7 @@ def _router_inputs(T: int, E: int, H: int, dtype: torch.dtype, bias: bool, g: to
 def _check_router(device: str, g: torch.Generator, exact: bool) -> int:
     """exact: the GPU (the interpreter's expf is numpy's, and it misreads bf16 subnormals: loaded as bf16 and
     converted, 2^-130-scale values came out up to 8x too large; no subnormal bf16 rows there)."""
-    from mxkit.kernels.matmul_details._route import router_gpt_oss
+    from mxkit.kernels.moe_details._route import router_gpt_oss
     from mxkit.moe_reference import router_logits
 
     n = 0
@@ -274,7 +274,7 @@ def test_gpu_router_kernel_writes_the_reference_bytes(rng):
 
 def test_router_max_tokens():
     """The one-launch router's token envelope: T * ceil(E / 32) <= 32, at least one token."""
-    from mxkit.kernels.matmul_details._route import router_max_tokens
+    from mxkit.kernels.moe_details._route import router_max_tokens
 
     assert [router_max_tokens(E) for E in (1, 5, 32, 33, 64, 128, 1000, 1024)] == [32, 32, 32, 16, 16, 8, 1, 1]
 

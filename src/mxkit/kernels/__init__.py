@@ -1,10 +1,14 @@
 """Triton kernels for Hopper (sm_90), one op family per host module, laid out as OpenAI's triton_kernels:
 
 * ``quantize.py`` (validation, plans, custom ops, the public entry) + ``quantize_details/`` (the ``@triton.jit``
-  code by concern: ``_codecs``, ``_scale``, ``_store``, ``_rows``, ``_cols``, ``_quantize``, ``_cast_transpose``,
-  ``_dequantize``);
+  code by concern: ``_codecs``, ``_scale``, ``_store``, ``_rows``, ``_cols``, ``_cast_transpose``,
+  ``_dequantize``, ``_fp8_rowwise``);
+* ``matmul.py`` (the scaled GEMMs' dispatch and calls; ``matmul_calls`` / ``matmul_support`` / ``matmul_table``
+  beside it) + ``matmul_details/`` (one file per kernel or layout: decode, wgmma, mma PTX, fixups);
+* ``moe.py`` (the MoE layer's kernels) + ``moe_details/``; ``fold.py`` + ``fold_details/`` (the exact FP8 fold);
 * ``opt_flags.py`` (frozen configs, the per-GPU table, ``override()`` for A/B runs) + ``opt_flags_nvidia.py``
-  (the Hopper heuristics); ``launch.py`` (the direct launch of compiled kernels).
+  (the Hopper heuristics); ``launch.py``, ``fast_launch.py``, ``fast_call.py``, ``cuda_driver.py`` (the direct
+  launch of compiled kernels).
 
 Imported lazily: the package works without Triton (CPU-only installs use :mod:`mxkit.reference`)."""
 
@@ -25,12 +29,14 @@ def triton_available() -> bool:
 
 
 def quantize_triton(*args, **kwargs):
+    """:func:`mxkit.kernels.quantize.quantize_triton` (imported on the first call)."""
     from .quantize import quantize_triton as impl
 
     return impl(*args, **kwargs)
 
 
 def dequantize_triton(*args, **kwargs):
+    """:func:`mxkit.kernels.quantize.dequantize_triton` (imported on the first call)."""
     from .quantize import dequantize_triton as impl
 
     return impl(*args, **kwargs)

@@ -883,7 +883,6 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
         return _empty_sum(a, kind, w.shape[0], out, bias)
     if kind == "pending":
         a, kind = a.complete(), "folded"
-    w = b.source if isinstance(b, PackedWeight) else b
     if kind == "mx":
         y = reference.matmul_reference(a, w, out_dtype=torch.float32)
     else:

@@ -3,7 +3,7 @@ formula is also the quantize kernels' ``@triton.jit`` helper).
 
 Every function here is a byte permutation (plus zero padding for the scale layouts): no arithmetic on
 values, so every conversion is lossless and works on any device and any byte content (0xFF NaN scales
-included). The host side imports only torch (Triton is optional); :mod:`mxkit.reference` imports it lazily.
+included). The host side imports only torch (Triton is optional); :mod:`mxkit.tensor` (MXTensor) builds on it.
 
 Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 32``; an ND scale
 ``(*lead, cols)`` is flattened to ``rows = prod(lead)`` first):

@@ -60,7 +60,7 @@ from .._cache import TensorsKey
 from .._device import elsewhere
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_collectively
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..kernels.matmul_details._route import router_takes
+from ..kernels.moe_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import route as reference_route
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
@@ -319,7 +319,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         """(qdata, scale) of expert tensor ``name`` from its fold-layout buffers, rows in the packed order: each
         element's E4M3 value times its row scale over its block scale is the FP4 / FP6 element exactly (the fold
         is exact), encoded again. One expert at a time (float32 temporaries of one expert)."""
-        from ..formats import _exp2_f32, encode_elements
+        from ..formats import E8M0_BIAS, _exp2_f32, encode_elements
         from ..reference import _pack_codes
 
         data = getattr(self, f"{name}_qdata").view(torch.float8_e4m3fn)
@@ -330,7 +330,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         qd = torch.empty(MXTensor.expected_shapes((E, N, K), 2, self.weight_format, self.block_size)[0],
                          dtype=torch.uint8, device=data.device)
         for e in range(E):
-            shift = row_exp[e][:, None] - (scale[e].to(torch.int32) - 127)  # (N, nb)
+            shift = row_exp[e][:, None] - (scale[e].to(torch.int32) - E8M0_BIAS)  # (N, nb)
             v = data[e].to(torch.float32).view(N, nb, self.block_size) * _exp2_f32(shift)[..., None]
             qd[e] = _pack_codes(encode_elements(v.view(N, K), self.weight_format), self.weight_format)
         return qd, scale.clone()

@@ -275,7 +275,6 @@ class A8W8:
                 self.ws, self.cnt = bufs
         self.grid = (groups, strips, self.split)
         self.launch = None  # bound on the first call
-        self.ld = None
 
     def __call__(self, x: torch.Tensor, xs: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                  y: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -301,7 +300,7 @@ class A8W8:
                 ctypes.c_int(self.K), ctypes.c_longlong(ld[0]), ctypes.c_longlong(ld[1]),
                 ctypes.c_longlong(self.N), ctypes.c_int(ld[2])))
             launch.grid, launch.block, launch.ld, launch.shared = self.grid, self.block, ld, self.shared
-            self.launch, self.ld = launch, ld
+            self.launch = launch
         launch.run(x, xs, self.w, self.sw, bias, y)
         return y
 

@@ -291,7 +291,6 @@ class MmaDecode:
                 self.ws, self.cnt = bufs
         self.grid = (groups, blocks, self.split)
         self.launch = None  # bound on the first call (x's row stride is an argument)
-        self.ldx = None
 
     @classmethod
     def of(cls, b: PackedWeight, M: int, out: torch.dtype, m8_loop: str = "") -> "MmaDecode":
@@ -317,7 +316,7 @@ class MmaDecode:
                                        ctypes.c_int(self.N), ctypes.c_int(self.K), ctypes.c_longlong(ldx),
                                        ctypes.c_longlong(self.N), ctypes.c_int(ld[1])))
             launch.grid, launch.block, launch.ld = self.grid, self.block, ld
-            self.launch, self.ldx = launch, ldx
+            self.launch = launch
         launch.run(x, self.q, self.s, bias, y)
         return y
 
@@ -402,7 +401,7 @@ _COUNTERS: dict = {}  # (device index, raw stream, owner) -> [int32 zeros in use
 
 def pair_counters(device: torch.device, n: int, owner: str = "pairs") -> torch.Tensor:
     """At least ``n`` int32 arrival counters for the kernels of ``owner`` ("pairs": the down GEMM of
-    :func:`pairs_mma`; "router": :func:`._route.router_gpt_oss`) on the current stream of ``device``: zero between
+    :func:`pairs_mma`; "router": :func:`mxkit.kernels.moe_details._route.router_gpt_oss`) on the current stream of ``device``: zero between
     launches (each launch's last blocks reset theirs), one set per owner and stream (two streams running at once
     would otherwise share them). A larger request replaces the set but keeps the old one alive: a CUDA graph
     captured with it still points there."""

@@ -14,7 +14,8 @@ import triton
 from ...tensor import MXTensor
 from .._env import env, interpreting
 from ..launch import _Launcher
-from ..matmul_details import _fp8_wgmma, _moe_epilogue
+from ..matmul_details import _fp8_wgmma
+from . import _moe_epilogue
 from ._rows import _combine, _interleave_halves, gather_rows
 from ._sort import _align_rows, max_blocks
 

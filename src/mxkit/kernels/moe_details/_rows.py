@@ -1,7 +1,7 @@
 """The row passes around the MoE expert GEMMs (:mod:`mxkit.kernels.moe`): the token rows gathered into the
 expert-sorted order, the weighted combine of each token's k slots back to token order (fixed order, float32,
 one rounding), and the expert biases kept in the packed experts' row order
-(:mod:`mxkit.kernels.matmul_details._moe_epilogue`'s kernels)."""
+(:mod:`mxkit.kernels.moe_details._moe_epilogue`'s kernels)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from ..._cache import tensor_version
 from ..launch import _Launcher
-from ..matmul_details import _moe_epilogue
+from . import _moe_epilogue
 from ._sort import _flat_ids
 
 _GATHER = _Launcher(_moe_epilogue, "_gather_rows_kernel")

@@ -1,7 +1,7 @@
 """Token sorting of the MoE expert computation (:mod:`mxkit.kernels.moe`): the (token, slot) pairs grouped by
 expert in vLLM's ``moe_align_block_size`` convention (flat ids i = t * k + j, stable, each expert's group padded to
 a multiple of ``block_m`` with the sentinel T * k), on the device without a host sync: one Triton program for a
-few pairs (decode), one program per expert above (:mod:`mxkit.kernels.matmul_details._align`), PyTorch ops on
+few pairs (decode), one program per expert above (:mod:`mxkit.kernels.moe_details._align`), PyTorch ops on
 the CPU; and the tables of the prefill path's mixed block sizes."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..launch import _Launcher
-from ..matmul_details import _align, _mma_decode
+from ..matmul_details import _mma_decode
+from . import _align
 
 # direct launches of the row kernels (Triton's own launcher took ~20 us of host time per launch)
 _ALIGN_SMALL = _Launcher(_align, "_align_small_kernel")

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..quantize_details._fp8_rowwise import _fp8_codes
-from ._grouped import _act_pairs
+from ..matmul_details._grouped import _act_pairs
 
 
 @triton.jit

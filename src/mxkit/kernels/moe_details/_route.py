@@ -207,7 +207,7 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias, top_k: int) -> t
     (``x @ weight.T + bias``) and its routing in one launch, the bytes of
     :func:`mxkit.moe_reference.router_logits` and :func:`mxkit.moe_reference.route` (``"gpt_oss"``) on them. The
     caller checks :func:`router_takes`."""
-    from ._mma_decode import pair_counters
+    from ..matmul_details._mma_decode import pair_counters
 
     T, H = x.shape
     E = weight.shape[0]

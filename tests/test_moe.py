@@ -1304,6 +1304,65 @@ def test_moe_mxfp4_refuses_a_gradient_it_cannot_give(rng):
     assert xg.grad is not None and b1g.grad is not None
 
 
+def test_mxmoe_expert_copies_dropped_on_pickle_copy_move_and_load(rng):
+    """The expert copies an MXMoE makes on its first CUDA forward (``_folded`` / ``_packed`` / ``_packed_wgmma``,
+    keyed on the buffers by weak reference) are not carried by a pickle (it raised: a weakref does not pickle) or a
+    deep copy (its key named the original's tensors), and are dropped by a move / cast (the old device's copy stayed
+    allocated until the next CUDA forward) and by a state_dict load (inside inference_mode the buffers keep no
+    version counter: the old copy was served). Simulated on CPU: the caches filled by the module's own
+    _per_buffers, with a copy of the bytes as the 'layout'."""
+    import pickle
+
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return MXMoE.from_dense(nn.Linear(H, 4), torch.randn(4, 2 * I, H, generator=g), None,
+                                torch.randn(4, H, I, generator=g), None, 2, "mxfp4", keep_source=True)
+
+    def fill(m):
+        for slot in ("_folded", "_packed", "_packed_wgmma"):
+            m._per_buffers(slot, lambda w, **_: w.qdata.clone())
+
+    m = make(0)
+    x = torch.randn(3, H, generator=rng)
+    want = m(x)
+    fill(m)
+    for back in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert back._folded is None and back._packed is None and back._packed_wgmma is None
+        assert torch.equal(back(x), want)
+    assert m._packed is not None
+    m.to(torch.float64)
+    assert m._folded is None and m._packed is None and m._packed_wgmma is None
+    with torch.inference_mode():
+        a, b = make(1), make(2)
+        fill(a)
+        old = a._per_buffers("_folded", None)[0]
+        a.load_state_dict(b.state_dict())
+        assert a._folded is None and a._packed is None
+        new = a._per_buffers("_folded", lambda w, **_: w.qdata.clone())[0]
+        assert torch.equal(new, b.gate_up_qdata) and not torch.equal(old, new)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])
+def test_gpu_mxmoe_copies_and_pickles_after_cuda_forwards(act_format, rng, tmp_path):
+    """After CUDA forwards at 1 and 512 tokens (decode and prefill kernels: expert layouts, TMA descriptors and
+    prepared launches made), a deep copy and torch.save / torch.load of an MXMoE work and give the same bytes (a
+    pickle raised on the expert copies' weak references)."""
+    E, k = 8, 2
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    m = MXMoE.from_dense(nn.Linear(H, E), torch.randn(E, 2 * I, H, generator=g), torch.randn(E, 2 * I, generator=g),
+                         torch.randn(E, H, I, generator=g), torch.randn(E, H, generator=g), k, "mxfp4",
+                         act_format=act_format).to("cuda", torch.bfloat16)
+    xs = [torch.randn(n, H, generator=g).to("cuda", torch.bfloat16) for n in (1, 512)]
+    with torch.no_grad():
+        want = [m(x) for x in xs]
+        torch.save(m, tmp_path / "m.pt")
+        for back in (copy.deepcopy(m), torch.load(tmp_path / "m.pt", weights_only=False)):
+            for x, y in zip(xs, want):
+                assert torch.equal(back(x).view(torch.int16), y.view(torch.int16))
+
+
 @torch.no_grad()
 def test_mx_moe_custom_op(rng):
     """``mxkit::mx_moe`` (torch.compile's view of a CUDA MXMoE's experts): the op's kernel is the module's expert

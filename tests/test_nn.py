@@ -362,6 +362,56 @@ def test_quantize_model_leaves_linear_subclasses_with_their_own_forward(rng):
     assert [r.status for r in report] == ["unsupported", "quantized"]
 
 
+def test_quantize_model_keeps_hooks_and_instance_forwards(rng):
+    """A layer whose forward is replaced on the instance (accelerate's hooks, a LoRA-style patch) is left alone
+    (it was replaced and the patch silently lost); a replaced layer's forward (pre-)hooks and backward hooks move to
+    its MXLinear, their handles still remove them; its state_dict hooks (nn.Linear's keys) are dropped with a
+    warning naming it."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
+    seen = []
+    h_fwd = model[0].register_forward_hook(lambda m, i, o: seen.append(("fwd", type(m).__name__)))
+    model[0].register_forward_pre_hook(lambda m, i: seen.append(("pre", type(m).__name__)))
+    model[0].register_full_backward_hook(lambda m, gi, go: seen.append(("bwd", type(m).__name__)))
+    patched = model[1].forward
+    model[1].forward = lambda x: patched(x) * 0
+    model[2].register_state_dict_post_hook(lambda *a: None)
+    with pytest.warns(UserWarning) as caught:
+        _, report = quantize_model(model, "mxfp8", progress=False, return_report=True)
+    text = " ".join(str(w.message) for w in caught)
+    assert "1 (its forward is replaced on the instance" in text and "state_dict hooks of 1 layer(s): 2" in text
+    assert [r.status for r in report] == ["quantized", "unsupported", "quantized"]
+    assert isinstance(model[0], MXLinear) and type(model[1]) is nn.Linear and isinstance(model[2], MXLinear)
+    x = torch.randn(3, 64, generator=rng, requires_grad=True)
+    y = model(x)
+    with torch.no_grad():
+        assert torch.count_nonzero(model[1](x)) == 0  # (the patched middle layer still zeroes)
+    y.sum().backward()
+    assert seen == [("pre", "MXLinear"), ("fwd", "MXLinear"), ("bwd", "MXLinear")], seen
+    h_fwd.remove()
+    seen.clear()
+    with torch.no_grad():
+        model(x)
+    assert seen == [("pre", "MXLinear")]
+
+
+def test_mxlinear_pickles_its_bytes_not_its_packed_copy(rng):
+    """torch.save / pickle / deepcopy of an MXLinear hold the MX bytes, not the CUDA packed copy (layouts, fold,
+    dense cache: ~5x the state_dict's bytes), which is made again on unpickling (repack). Simulated on CPU with a
+    stand-in packed copy."""
+    m = MXLinear.from_linear(nn.Linear(256, 256), "mxfp8")
+    m._packed = torch.zeros(1 << 20, dtype=torch.uint8)  # (stands in for the CUDA PackedWeight)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    assert buf.tell() < (1 << 20)
+    x = torch.randn(2, 256, generator=rng)
+    want = mxkit.matmul(x, m.weight_mx, bias=m.bias.detach(), out_dtype=x.dtype)
+    for back in (torch.load(io.BytesIO(buf.getvalue()), weights_only=False), copy.deepcopy(m)):
+        assert back._packed is None  # (repacked: none on CPU)
+        with torch.no_grad():
+            assert torch.equal(back(x), want)
+    assert m._packed is not None  # (the original keeps its own)
+
+
 def test_quantize_model_warns_when_it_unties_a_weight(rng):
     """A Linear sharing its weight with an embedding (a tied lm_head) gets its own MX copy and a warning naming the
     tie; the embedding stays dense."""
@@ -549,6 +599,42 @@ def test_quantize_model_real_minilm_block_size_leaves_layers(minilm):
     assert done == [f"encoder.layer.{i}.output.dense" for i in range(6)]
     assert all(r.status == "unsupported" and "in_features=384" in r.reason for r in q.mx_report if r.name not in done)
     assert q.encoder.layer[0].output.dense.weight_scale.shape == (384, 1536 // 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("wf,act,M", [("mxfp4", None, 1), ("mxfp4", None, 256), ("mxfp8", "mxfp8", 1),
+                                      ("mxfp4", "mxfp4", 64), ("mxfp4", "fp8_e4m3_rowwise", 64)])
+def test_gpu_mxlinear_copies_and_pickles_after_cuda_forwards(wf, act, M, rng, tmp_path):
+    """After CUDA forwards (the GEMM paths keep prepared launches, locks and device pointers on the packed weight
+    and the MX weight), a deep copy and torch.save / torch.load of the layer work and give the same bytes (they
+    raised: a lock does not pickle; the pickle also carried the packed copy)."""
+    m = MXLinear.from_linear(nn.Linear(256, 512), wf, act_format=act).cuda().to(torch.bfloat16)
+    x = torch.randn(M, 256, generator=rng).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        m(x)
+        torch.save(m, tmp_path / "m.pt")
+        for back in (copy.deepcopy(m), torch.load(tmp_path / "m.pt", weights_only=False)):
+            assert torch.equal(back(x).view(torch.int16), want.view(torch.int16))
+    nbytes = m.weight_qdata.numel() + m.weight_scale.numel() + 2 * 512
+    assert (tmp_path / "m.pt").stat().st_size < 1.2 * nbytes + 32768  # (the bytes, not the packed layouts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_matmul_of_a_k_sliced_weight(rng):
+    """An MX weight whose bytes are a slice along K (not contiguous: a weight sharded by hand) takes the fold paths
+    on CUDA as on CPU (fold_triton raised "needs contiguous qdata"): the same bytes as the contiguous copy."""
+    full = mxkit.quantize(torch.randn(256, 512, generator=rng).cuda(), "mxfp4")
+    w = mxkit.MXTensor(full.qdata[:, :128], full.scale[:, :8], full.fmt, 1, 32, (256, 256))
+    wc = mxkit.MXTensor(w.qdata.contiguous(), w.scale.contiguous(), w.fmt, 1, 32, (256, 256))
+    x = torch.randn(64, 256, generator=rng).to("cuda", torch.bfloat16)
+    for a in (mxkit.quantize(x, "mxfp4"), mxkit.quantize_fp8_rowwise(x)):
+        assert torch.equal(mxkit.matmul(a, w).view(torch.int16), mxkit.matmul(a, wc).view(torch.int16))
+    pw = mxkit.pack_weight(w)
+    a = mxkit.quantize(x, "mxfp4")
+    assert torch.equal(mxkit.matmul(a, pw).view(torch.int16), mxkit.matmul(a, wc).view(torch.int16))
 
 
 @pytest.mark.gpu

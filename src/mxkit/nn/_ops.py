@@ -71,11 +71,15 @@ class HoldsGroup:
             memo[id(group)] = group
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))
+        new.__setstate__(copy.deepcopy(self._copy_state(), memo))
         return new
 
+    def _copy_state(self) -> dict:
+        """The state a deep copy or a pickle starts from: the module's, less what subclasses drop (caches)."""
+        return super().__getstate__()
+
     def __getstate__(self) -> dict:
-        state = super().__getstate__()
+        state = self._copy_state()
         group = state.get(self.group_attr)
         if group is not None:
             import torch.distributed as dist

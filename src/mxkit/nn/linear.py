@@ -170,6 +170,15 @@ class MXLinear(_ops.Handled, nn.Module):
                 if p is not None:
                     p.scale_max
 
+    def __getstate__(self) -> dict:
+        # (the packed copy is made again from the MX bytes on unpickling: pickled, it stored the CUDA layouts, a
+        # fold and a dense cache beside the bytes, ~5x the state_dict's size)
+        return dict(super().__getstate__(), _packed=None)
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self.repack()
+
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         if self._packed is not None or self.weight_qdata.is_cuda:
@@ -479,6 +488,22 @@ def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
     return lambda name, mod: any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+_CARRIED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+                  "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_is_full_backward_hook")
+_STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                     "_load_state_dict_post_hooks")
+
+
+def _carry_hooks(lin: nn.Linear, new: "MXLinear") -> bool:
+    """Give ``new`` the forward and backward hooks registered on ``lin`` (the same dicts: the handles a caller
+    holds still remove them). Returns whether ``lin`` had state_dict hooks, which are not carried (they were
+    written for nn.Linear's keys)."""
+    for attr in _CARRIED_HOOKS:
+        if attr in lin.__dict__:
+            setattr(new, attr, lin.__dict__[attr])
+    return any(lin.__dict__.get(attr) for attr in _STATE_DICT_HOOKS)
+
+
 def _unsupported(lin: nn.Linear, block_size: int) -> str:
     """Why ``lin`` cannot become an MXLinear ("" if it can): checked for every layer before any is replaced."""
     if lin.in_features % block_size:
@@ -489,6 +514,8 @@ def _unsupported(lin: nn.Linear, block_size: int) -> str:
         return f"weight_dtype {lin.weight.dtype}: float32, bfloat16 or float16 only"
     if type(lin).forward is not nn.Linear.forward:  # (an MXLinear computes x @ W.T + b: its forward would be lost)
         return f"{type(lin).__name__}: an nn.Linear subclass with a forward of its own"
+    if "forward" in lin.__dict__:  # (accelerate's hooks, a LoRA-style patch: set on the instance, lost with it)
+        return "its forward is replaced on the instance (an MXLinear computes x @ W.T + b)"
     return ""
 
 
@@ -518,10 +545,12 @@ def quantize_model(
     skip: a module name, an ``fnmatch`` pattern (``"*.pooler.*"``, ``"lm_head"``), a list of them, or a
       callable ``(name, module) -> bool``; matching layers are left as they are.
     Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
-    bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own, and layers whose owner reads their
-    weight itself (``nn.MultiheadAttention``'s ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` /
+    bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own or a forward replaced on the instance
+    (accelerate's hooks), and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` /
     ``linear2``, read by its fast path) are left alone, reported with status ``"unsupported"`` and listed in one
     ``UserWarning``.
+    A replaced layer's forward and backward hooks move to its MXLinear (their handles still remove them); its
+    state_dict hooks, written for nn.Linear's keys, do not (a ``UserWarning`` names the layers).
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another
     parameter (a tied ``lm_head``) is quantized into its own MX copy, untied, with a ``UserWarning`` naming it.
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy (not on the meta device).
@@ -575,7 +604,7 @@ def quantize_model(
     for n, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(n)
     report: list[LayerReport] = []
-    unsupported, untied = [], []
+    unsupported, untied, dropped_hooks = [], [], []
     paths: dict[int, list[str]] = {}  # id(Linear) -> its paths (one module registered twice: two)
     for n, m in linears:
         paths.setdefault(id(m), []).append(n)
@@ -610,6 +639,8 @@ def quantize_model(
             others = [n for n in names_of.get(id(lin.weight), ()) if n not in own]
             if others:
                 untied.append(f"{name}.weight (tied to {', '.join(others)})")
+            if _carry_hooks(lin, new):
+                dropped_hooks.append(name)
             _set_submodule(model, name, new)
         made[id(lin)] = (name, new if row.status == "quantized" else None, row)
         report.append(row)
@@ -618,6 +649,10 @@ def quantize_model(
             f"quantize_model left {len(unsupported)} nn.Linear layer(s) unquantized: {', '.join(unsupported)}",
             stacklevel=2,
         )
+    if dropped_hooks:
+        warnings.warn(
+            f"quantize_model dropped the state_dict hooks of {len(dropped_hooks)} layer(s): {', '.join(dropped_hooks)} "
+            "(they were written for nn.Linear's keys; an MXLinear's are weight_qdata / weight_scale)", stacklevel=2)
     if untied:
         warnings.warn(
             f"quantize_model untied {len(untied)} weight(s): {'; '.join(untied)}. Each MXLinear holds its own MX "

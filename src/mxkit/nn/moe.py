@@ -230,6 +230,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.register_load_state_dict_pre_hook(check_format)
         self.register_load_state_dict_pre_hook(_check_experts)
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
+        self.register_load_state_dict_post_hook(_forget_expert_copies)
         _ops.register(self)
         if bias:
             self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
@@ -366,7 +367,18 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         for n, b in rows.items():
             moved = fn(b)
             self._buffers[n] = moved if moved.dtype == torch.float32 else b.to(device=moved.device)
+        self._forget_expert_copies()  # (a copy on the old device would stay allocated until the next CUDA forward)
         return out
+
+    def _forget_expert_copies(self) -> None:
+        """Drop the expert copies made from the buffers (``_folded``, ``_packed``, ``_packed_wgmma``: made again on
+        the next CUDA forward that needs them): after a move or cast, a state_dict load (inside
+        ``torch.inference_mode`` the buffers keep no version counter to tell the copies they changed), and in a
+        pickle or deep copy (their keys hold weak references, and a copy's would name the original's tensors)."""
+        self._folded = self._packed = self._packed_wgmma = None
+
+    def _copy_state(self) -> dict:
+        return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None)
 
     def _to_checkpoint_layout(self) -> None:
         """Undo :meth:`pack_`: the four expert buffers back in the checkpoint layout."""
@@ -880,6 +892,11 @@ def _record_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict
     :func:`_check_experts` (like :func:`~mxkit.nn.linear.record_format`'s element format)."""
     local_metadata["mx_experts"] = [*module.expert_range, module.num_experts]
     local_metadata["mx_activation"] = module.activation
+
+
+def _forget_expert_copies(module: MXMoE, incompatible_keys) -> None:
+    """load_state_dict post-hook: :meth:`MXMoE._forget_expert_copies`."""
+    module._forget_expert_copies()
 
 
 def _check_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict, *args) -> None:

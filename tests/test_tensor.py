@@ -131,6 +131,70 @@ def test_loading_checks_the_fields_and_repr_names_them(tmp_path):
         pickle.loads(pickle.dumps(bad))
 
 
+def test_weights_copy_and_pickle_after_the_gemm_paths_cached_launches_on_them():
+    """The GEMM paths keep prepared launches on the weight objects (``_a8w8`` on an MXTensor, ``_calls`` /
+    ``_fold_operands`` / ``_wgmma`` on a PackedWeight: locks and device pointers on CUDA). Copies and pickles carry
+    the fields only: they failed after the first CUDA GEMM (``MXTensor(**state)`` got ``_a8w8``; a lock does not
+    pickle). Simulated on CPU with the caches' own helper and a lock."""
+    import copy
+    import pickle
+    import threading
+
+    from mxkit.kernels.matmul_details._mma_calls import calls_on
+
+    w = mxkit.quantize(torch.randn(16, 64), "mxfp8")
+    calls_on(w, "_a8w8")[("key",)] = threading.Lock()
+    pw = mxkit.pack_weight(mxkit.quantize(torch.randn(16, 64), "mxfp4"))
+    calls_on(pw, "_calls")[("key",)] = threading.Lock()
+    object.__setattr__(pw, "_wgmma", threading.Lock())
+    for obj in (w, pw):
+        for back in (copy.copy(obj), copy.deepcopy(obj), pickle.loads(pickle.dumps(obj))):
+            assert type(back) is type(obj) and not any(k.startswith("_") for k in vars(back))
+            src, got = (obj, back) if obj is w else (obj.source, back.source)
+            assert _same(got, src)
+    from mxkit.packed import packed_of
+
+    back = pickle.loads(pickle.dumps(pw))
+    assert packed_of(id(back)) is back  # (registered like a new one)
+
+
+def test_fp8_rowwise_is_not_differentiable_on_any_device():
+    """quantize_fp8_rowwise's result carries no autograd graph (the CUDA kernel's never did; the CPU reference's
+    did, and a matmul of it gave x a gradient through the FP8 cast and the scale's amax, CPU only)."""
+    x = torch.randn(4, 64, requires_grad=True)
+    a = mxkit.quantize_fp8_rowwise(x)
+    assert not a.data.requires_grad and not a.scale.requires_grad and a.data.grad_fn is None
+    assert torch.equal(a.data.view(torch.uint8), mxkit.quantize_fp8_rowwise(x.detach()).data.view(torch.uint8))
+
+
+def test_wgmma_descriptor_cache_lives_beside_the_weight_not_on_it():
+    """The w4a16-wgmma kernel's TMA descriptors are kept per weight tensor while it lives, outside its __dict__
+    (a module buffer carried them into deep copies and pickles) and without keeping it alive (their bases alias its
+    memory, not the tensor object). A stand-in layout on CPU."""
+    import gc
+    import weakref
+
+    from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+
+    class Layout:
+        @staticmethod
+        def descs(q, st, elem):
+            return (q.view(torch.uint8).view(-1), st.view(st.shape))
+
+    wg.LAYOUTS["test-stand-in"] = Layout
+    try:
+        q, st = torch.arange(8, dtype=torch.int32), torch.ones(2)
+        d = wg._weight_descs(q, st, "test-stand-in", "e2m1")
+        assert wg._weight_descs(q, st, "test-stand-in", "e2m1") is d and not vars(q)
+        assert d[0].data_ptr() == q.data_ptr() and torch.equal(d[0], q.view(torch.uint8))
+        n, alive = len(wg._DESCS), weakref.ref(q)
+        del q, d
+        gc.collect()
+        assert alive() is None and len(wg._DESCS) == n - 1
+    finally:
+        del wg.LAYOUTS["test-stand-in"]
+
+
 def test_packed_weight_pytree_reaches_every_tensor():
     """A PackedWeight's folded operand is a pytree node too (its tensors were one opaque leaf: a tensor map left
     them where they were)."""

@@ -85,8 +85,8 @@ def quantize(
         with torch.cuda.device(x.device):
             return quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
                             scale_layout=scale_layout, backend=backend)
-    if backend == "auto" and type(axis) is int and block_size == BLOCK_SIZE and isinstance(x, torch.Tensor) \
-            and x.is_cuda:
+    if backend == "auto" and type(axis) is int and type(block_size) is int and block_size == BLOCK_SIZE \
+            and isinstance(x, torch.Tensor) and x.is_cuda:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
             return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
@@ -485,8 +485,10 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwis
     byte in one pass over x (:func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton`).
 
     x: (..., K) float32 | bfloat16 | float16. Returns :class:`mxkit.Fp8Rowwise` (data (..., K), scale (..., 1)).
-    A row holding NaN gets a NaN scale and NaN codes (0x7F). Raises TypeError on other dtypes, ValueError on a
-    0-dim x, an unknown backend, or ``backend="triton"`` on a tensor not on CUDA.
+    A row holding NaN gets a NaN scale and NaN codes (0x7F). Not differentiable on any device (as an MXTensor's
+    bytes): :func:`matmul` gives a float ``a`` its gradient; a layer that quantizes its input
+    (:class:`mxkit.nn.MXLinear` with ``act_format="fp8_e4m3_rowwise"``) passes it straight through. Raises TypeError
+    on other dtypes, ValueError on a 0-dim x, an unknown backend, or ``backend="triton"`` on a tensor not on CUDA.
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
@@ -497,4 +499,5 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwis
         from .kernels.quantize import quantize_fp8_rowwise_triton
 
         return Fp8Rowwise(*quantize_fp8_rowwise_triton(x))
-    return Fp8Rowwise(*reference.quantize_fp8_rowwise_reference(x))
+    data, scale = reference.quantize_fp8_rowwise_reference(x)
+    return Fp8Rowwise(data.detach(), scale.detach())  # (no gradient on any path, as the kernel's and MXTensor's)

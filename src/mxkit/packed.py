@@ -148,8 +148,13 @@ class PackedWeight:
         _LIVE[h] = weakref.ref(self)
         weakref.finalize(self, _LIVE.pop, h, None)
 
+    def __getstate__(self) -> dict:
+        # the fields only: the GEMM paths keep prepared launches and re-laid copies on it (``_calls``,
+        # ``_fold_operands``, ``_wgmma``: locks, device pointers), which neither pickle nor belong to a copy
+        return {f.name: self.__dict__[f.name] for f in dataclasses.fields(self)}
+
     def __setstate__(self, state: dict) -> None:  # (copy.deepcopy, pickle: registered like a new one)
-        self.__dict__.update(state)
+        self.__dict__.update({f.name: state[f.name] for f in dataclasses.fields(self) if f.name in state})
         self.__post_init__()
 
     def _host_stats(self) -> tuple:

@@ -224,8 +224,10 @@ class MXTensor:
     def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
         """(qdata's shape, the plain scale's shape) of an MXTensor of logical ``shape`` blocked along ``axis``:
         the other dimensions in order, then the packed bytes of the axis (``n * pack_bytes // pack``: n / 2 for
-        FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes. No checks: the caller validates n."""
+        FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes; a negative ``axis`` counts from the end. No
+        checks: the caller validates n."""
         shape = tuple(shape)
+        axis %= len(shape)
         lead = shape[:axis] + shape[axis + 1 :]
         n = shape[axis]
         return lead + (n * fmt.pack_bytes // fmt.pack,), lead + (n // block_size,)
@@ -274,10 +276,16 @@ class MXTensor:
         """scale viewed as ``torch.float8_e8m0fnu``."""
         return self.scale.view(torch.float8_e8m0fnu)
 
+    def __getstate__(self) -> dict:
+        # the fields only: the GEMM paths keep prepared launches on a weight (``_a8w8``: a lock, device pointers),
+        # which neither pickle nor belong to a copy
+        return {f: self.__dict__[f] for f in _FIELDS}
+
     def __setstate__(self, state: dict) -> None:
         # pickle / torch.load / deepcopy fill __dict__ without __init__: run the constructor's checks on what was
         # loaded (a stale or edited file whose fields disagree raises here, not later as a wrong dequantize)
-        object.__setattr__(self, "__dict__", dict(MXTensor(**state).__dict__))
+        fields = {f: state[f] for f in _FIELDS if f in state}  # (a file written before __getstate__ may hold more)
+        object.__setattr__(self, "__dict__", dict(MXTensor(**fields).__dict__))
 
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.RNE else f", rounding={self.rounding.value}"
@@ -287,6 +295,8 @@ class MXTensor:
             f"block_size={self.block_size}, scale_mode={self.scale_mode.value}{extra}, device={self.device})"
         )
 
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(MXTensor))
 
 # --- pytree: qdata and scale are the leaves, the rest is the (hashable) context ---------------------------
 

@@ -14,6 +14,8 @@ from conftest import (
 from mxkit.kernels import quantize as kq
 from mxkit.kernels.quantize import DequantizeConfig as DC
 from mxkit.reference import dequantize_reference, quantize_reference
+from mxkit.tensor import MXTensor
+from mxkit.formats import get_format
 
 _DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -66,6 +68,14 @@ def _check_dequantize_interpreted() -> None:
                                    cfg=DC(block_n=16, block_l=64, num_warps=1, int64=int64))
             assert_dequant_equal(got, dequantize_reference(q, dts[(i + 2 * int64) % 3]), f"cols {fmt} int64={int64}")
             n += 2
+        # no elements: an empty result, no launch (a zero extent after the axis planned rows of 0-byte reads and
+        # writes, out of bounds: a segfault under the interpreter)
+        for shape, axis in (((64, 0), 0), ((2, 64, 0), 1), ((64, 0, 3), 0), ((0, 64), -1)):
+            qs, ss = MXTensor.expected_shapes(shape, axis, get_format(fmt), 32)
+            q = MXTensor(torch.empty(qs, dtype=torch.uint8), torch.empty(ss, dtype=torch.uint8), fmt, axis, 32, shape)
+            got = dequantize_triton(q, dts[i % 3])
+            assert got.shape == shape and got.dtype == dts[i % 3], (fmt, shape, got.shape)
+            n += 1
     print(f"interpreter checks passed: {n}")
 
 

@@ -82,6 +82,18 @@ def _check_rows_interpreted() -> None:
         assert_bytes_equal(q, ref.qdata, f"int64 path {fmt} qdata")
         assert_bytes_equal(s, ref.scale, f"int64 path {fmt} scale")
         n += 1
+    # a block_size that only equals 32 (32.0) is refused whether or not the problem's checks are cached (a call
+    # with block_size=32 cached them, and 32.0 found them: an unchecked MXTensor with a float block size)
+    import mxkit
+
+    for warm in (False, True):
+        if warm:
+            mxkit.quantize(x, "mxfp8", backend="triton")
+        with pytest.raises(ValueError, match="block_size"):
+            quantize_triton(x, "mxfp8_e4m3", block_size=32.0)
+        with pytest.raises(ValueError, match="block_size"):
+            mxkit.quantize(x, "mxfp8", block_size=32.0, backend="triton")
+        n += 1
     print(f"interpreter checks passed: {n}")
 
 

@@ -182,6 +182,8 @@ def _fold(q: MXTensor, defer: bool = False, stats: bool = False):
     if q.device.type == "cuda":
         from .fold import fold_triton
 
+        if not (q.qdata.is_contiguous() and q.scale.is_contiguous()):  # (a K-slice of a weight: the kernel reads rows)
+            q = dataclasses.replace(q, qdata=q.qdata.contiguous(), scale=q.scale.contiguous())
         return fold_triton(q, defer=defer, stats=stats)
     return fold_reference(q)
 

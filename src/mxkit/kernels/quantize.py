@@ -387,6 +387,8 @@ _HOT_MAX = 4096
 
 def _dequantize_impl(qdata, scale, fmt, axis, shape, dtype, cfg=None):
     shape = tuple(shape)
+    if not math.prod(shape):  # (no elements: no launch; a zero extent after the axis made a plan of 0-byte reads)
+        return torch.empty(shape, dtype=dtype, device=qdata.device)
     plan = _dequantize_plan(fmt, axis, shape, dtype, cfg)
     kdtype, view16, words, grid, ints, consts, num_warps, launcher = plan
     qdata = qdata.contiguous()
@@ -528,7 +530,8 @@ def quantize_triton(
         axis = tuple(axis)
     # the checks are cached per problem, except while Dynamo traces (it traces neither hash() nor the cache)
     # and for an unhashable argument; the MXTensors are then built with their own checks too
-    uncached = torch.compiler.is_compiling()
+    # (and for a block_size that is not an int: 32.0 == 32 would find the cached checks of block_size=32)
+    uncached = torch.compiler.is_compiling() or type(block_size) is not int
     key = (tuple(x.shape), x.dtype, fmt, axis, block_size, scale_mode, rounding, scale_layout)
     if not uncached:
         try:
@@ -626,7 +629,7 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
 def quantize_eager(x: torch.Tensor, fmt, axis, block_size: int, scale_mode, rounding, scale_layout: str):
     """:func:`quantize_triton` with positional arguments, for :func:`mxkit.quantize`'s eager CUDA path: a problem
     seen before on x's device runs from its cached checks and plan."""
-    if type(x) is torch.Tensor and not torch.compiler.is_compiling():
+    if type(x) is torch.Tensor and type(block_size) is int and not torch.compiler.is_compiling():
         try:
             hot = _HOT.get(((x.shape, x.dtype, fmt, axis, block_size, scale_mode, rounding, scale_layout),
                             x.get_device()))

@@ -33,6 +33,7 @@ On the H100 the MXFP8 weights make bf16 x MXFP8 at M = 64 a 2.7-3.7x faster GEMM
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Optional
 
 import torch
@@ -622,16 +623,31 @@ class _XDesc:
         self.base, self.shape, self.strides, self.block_shape = x, x.shape, x.stride(), (bm, 64)
 
 
+_DESCS: dict = {}  # id(q) -> (key, descs) while q lives (see _weight_descs)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of t's storage, offset, shape and strides that is not a view of t (no ``_base``: it does not keep the
+    Python object t alive, only its memory)."""
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 def _weight_descs(q: torch.Tensor, st: torch.Tensor, layout: str, elem: str) -> tuple:
     """The TMA descriptors of a packed weight's codes and scales (its layout module's ``descs``), made once and kept
-    on ``q`` (the same lifetime; ~10 µs of host time a call otherwise). Their bases are views, so ``q`` holds no
-    cycle through them and is freed as soon as unreferenced."""
+    while ``q`` lives (~10 µs of host time a call otherwise), beside it rather than on it: ``q`` may be a module's
+    buffer (an MXMoE's experts in the decode layout), which a deep copy or a pickle of the module would carry with
+    the descriptors in its ``__dict__``. Their bases alias q's and st's memory (:func:`_alias`), which they keep
+    only until ``q`` is freed."""
     key = (q.data_ptr(), tuple(q.shape), q.dtype, st.data_ptr(), tuple(st.shape), st.dtype, layout, elem)
-    got = q.__dict__.get("_mxkit_wgmma_descs")
-    if got is not None and got[0] == key:
-        return got[1]
-    descs = LAYOUTS[layout].descs(q, st, elem)
-    q.__dict__["_mxkit_wgmma_descs"] = (key, descs)
+    h = id(q)
+    got = _DESCS.get(h)
+    if got is not None and got[2]() is q:
+        if got[0] == key:
+            return got[1]
+    else:  # (the first for this object: dropped when it is freed)
+        weakref.finalize(q, _DESCS.pop, h, None)
+    descs = LAYOUTS[layout].descs(_alias(q), _alias(st), elem)
+    _DESCS[h] = (key, descs, weakref.ref(q))
     return descs
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -134,6 +135,111 @@ def test_a_tensor_in_two_single_files_is_an_error(tmp_path, rng):
     with pytest.raises(CheckpointError) as e:
         gpt_oss.load_gpt_oss(root, progress=False)
     assert f"{name} is in both" in str(e.value) and "extra.safetensors" in str(e.value), str(e.value)
+
+
+def test_reader_skips_folders_and_names_unreadable_files(tmp_path, rng, monkeypatch):
+    """Without an index only regular *.safetensors files are read (a folder or a dangling link of that name gave a
+    bare OSError with no path); a file that cannot be opened is a CheckpointError naming it."""
+    root = _write(tmp_path, rng, num_layers=1)
+    (root / "old.safetensors").mkdir()
+    os.symlink(root / "gone.safetensors", root / "dangling.safetensors")
+    assert gpt_oss.load_gpt_oss(root, progress=False).dims.num_layers == 1
+    import safetensors as st
+
+    def refuse(path, **kw):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(st, "safe_open", refuse)
+    with pytest.raises(CheckpointError, match=r"model.safetensors' cannot be read: Permission denied"):
+        gpt_oss.load_gpt_oss(root, progress=False)
+
+
+def test_config_top_k_above_the_expert_count_is_refused(tmp_path, rng):
+    root = _write(tmp_path, rng, num_layers=1)
+    _edit_json(root / "config.json", lambda d: d.update(num_experts_per_tok=5))
+    with pytest.raises(CheckpointError, match="num_experts_per_tok=5 is more than num_local_experts=4"):
+        gpt_oss.load_gpt_oss(root, progress=False)
+
+
+def test_is_gpt_oss_mxfp4_dir_is_false_for_an_unreadable_config(tmp_path):
+    """A directory whose config.json is not a JSON object is not a GPT-OSS directory (``mxkit inspect`` lists its
+    tensors): False, not an error."""
+    for text in ("[1, 2]", "{not json"):
+        (tmp_path / "config.json").write_text(text)
+        assert not gpt_oss.is_gpt_oss_mxfp4_dir(tmp_path)
+
+
+def test_save_writes_a_tensor_only_where_the_index_puts_it(tmp_path, rng):
+    """A stale copy of a tensor in a shard the index does not point to for it is carried as it is (it was
+    overwritten too: another dtype's bytes silently, or a size mismatch stopped the save)."""
+    root = _write(tmp_path, rng, num_layers=1, shards=2)
+    index = json.loads((root / gpt_oss.INDEX_NAME).read_text())["weight_map"]
+    name = moe_tensor_name(0, "router.bias")
+    other = next(f for f in sorted(set(index.values())) if f != index[name])
+    stale = torch.zeros(4, dtype=torch.float16)
+    from test_gpt_oss import _file_tensors as tensors_of
+
+    tensors, meta = tensors_of(root / other)
+    save_file({**tensors, name: stale}, str(root / other), metadata=meta)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    m0 = ckpt.layer(0)
+    new_bias = torch.randn(m0.router_bias.shape, generator=rng).to(m0.router_bias.dtype)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, router_bias=new_bias),))
+    out = gpt_oss.save_gpt_oss(edited, tmp_path / "out", progress=False)
+    assert _same_bytes(tensors_of(out / other)[0][name], stale)
+    assert _same_bytes(tensors_of(out / index[name])[0][name], new_bias)
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, rng):
+    """overwrite=True replaces a saved checkpoint (or an empty folder), not any folder: a non-empty one with no
+    config.json or *.safetensors is refused and left as it is (it was deleted whole)."""
+    ckpt = gpt_oss.load_gpt_oss(_write(tmp_path, rng, num_layers=1), progress=False)
+    models = tmp_path / "models"
+    (models / "llama").mkdir(parents=True)
+    (models / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no checkpoint"):
+        gpt_oss.save_gpt_oss(ckpt, models, overwrite=True, progress=False)
+    assert (models / "notes.txt").read_text() == "mine" and (models / "llama").is_dir()
+    (tmp_path / "empty").mkdir()
+    gpt_oss.save_gpt_oss(ckpt, tmp_path / "empty", overwrite=True, progress=False)
+    assert (tmp_path / "empty" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_overwrite_keeps_the_old_or_the_new_directory_when_interrupted(tmp_path, rng, monkeypatch, exchange):
+    """Replacing a checkpoint in place: with the atomic exchange (Linux) the swap is one step; without it, an
+    interrupt (KeyboardInterrupt) right after the old directory was renamed aside puts it back (the source
+    directory vanished: only a hidden .old folder was left)."""
+    src = _write(tmp_path, rng, num_layers=1)
+    ckpt = gpt_oss.load_gpt_oss(src, progress=False)
+    m0 = ckpt.layer(0)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, down_bias=torch.zeros_like(m0.down_bias)),))
+    before = sorted(p.name for p in src.iterdir())
+    if exchange:
+        if not sys.platform.startswith("linux"):
+            pytest.skip("renameat2(RENAME_EXCHANGE) is Linux's")
+        real_rename, moved = os.rename, []
+        monkeypatch.setattr(os, "rename", lambda a, b: (moved.append(os.fspath(a)), real_rename(a, b))[1])
+        gpt_oss.save_gpt_oss(edited, src, overwrite=True, progress=False)
+        assert os.fspath(src) not in moved  # (one exchange: src was never renamed aside)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+        assert _same_bytes(gpt_oss.load_gpt_oss(src, progress=False).layer(0).down_bias, edited.layer(0).down_bias)
+        return
+    monkeypatch.setattr(gpt_oss, "_exchange", lambda a, b: False)
+    real_rename, calls = os.rename, []
+
+    def rename_then_interrupt(a, b):
+        real_rename(a, b)
+        calls.append(a)
+        if str(b).endswith(".old"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        gpt_oss.save_gpt_oss(edited, src, overwrite=True, progress=False)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"] and sorted(p.name for p in src.iterdir()) == before
+    assert _same_bytes(gpt_oss.load_gpt_oss(src, progress=False).layer(0).down_bias, m0.down_bias)
 
 
 def test_a_same_size_wrong_shape_is_refused_on_load(tmp_path, rng):

@@ -352,6 +352,11 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
         monkeypatch.setattr(shutil, "copy2", copy_failing)
     if fail_at == "rename":
         monkeypatch.setattr(os, "rename", rename_failing)
+
+        def exchange_failing(a, b):  # (the atomic exchange of an existing dst, where the system has it)
+            raise OSError("injected failure exchanging into place")
+
+        monkeypatch.setattr(gpt_oss, "_exchange", exchange_failing)
     with pytest.raises(OSError, match="injected failure"):
         gpt_oss.save_gpt_oss(edited, dst, overwrite=True, progress=False)
     monkeypatch.undo()
@@ -450,6 +455,7 @@ def test_save_through_a_symlinked_destination(tmp_path, rng):
     ckpt = gpt_oss.load_gpt_oss(src, progress=False)
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "extra.txt").write_text("replaced whole")
+    (tmp_path / "real" / "config.json").write_text("{}")  # (an older save there: overwrite replaces checkpoints)
     (tmp_path / "link").symlink_to("real")
     (tmp_path / "dangling").symlink_to("later")
     (tmp_path / "same").symlink_to(src)
@@ -676,6 +682,10 @@ def test_damaged_file_names_the_tensor_and_file(tmp_path, rng, case):
     assert all(p in msg for p in parts), msg
     if how not in ("truncate", "cut", "garbage"):  # the header is readable: the tensor is named
         assert name in msg, msg
+    if how == "truncate":  # the header is intact: the tensors whose bytes were cut are named
+        start, header = _header(f)
+        cut = [k for k, v in header.items() if k != "__metadata__" and start + v["data_offsets"][1] > len(data) - 100]
+        assert cut and f"tensors past the end of the file ({len(data) - 100} bytes): {', '.join(cut)}" in msg, msg
 
 
 def test_single_file_missing_key_names_the_files(tmp_path, rng):
@@ -729,9 +739,10 @@ def test_not_a_gpt_oss_dir(tmp_path, rng):
     assert not gpt_oss.is_gpt_oss_mxfp4_dir(tmp_path)
     _edit_json(root / "config.json", lambda d: d["quantization_config"].update(quant_method="fp8"))
     assert not gpt_oss.is_gpt_oss_mxfp4_dir(root)
-    (root / "config.json").write_text("[")
+    (root / "config.json").write_text("[")  # (not a GPT-OSS directory; loading it names the problem)
+    assert not gpt_oss.is_gpt_oss_mxfp4_dir(root)
     with pytest.raises(CheckpointError, match="not readable JSON"):
-        gpt_oss.is_gpt_oss_mxfp4_dir(root)
+        gpt_oss.load_gpt_oss(root, progress=False)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ tensor, and the file for an unreadable (truncated, corrupt) one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import errno
 import json
 import math
 import operator
@@ -46,6 +48,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -145,7 +148,8 @@ class GptOssDims:
     @classmethod
     def from_config(cls, config: dict, where: str = "config.json") -> "GptOssDims":
         """Read the sizes from a config.json dict. Raises CheckpointError (naming ``where``) for a missing or
-        non-positive size, or a hidden / intermediate size that is not a multiple of 32 (the MXFP4 block)."""
+        non-positive size, a top-k above the expert count, or a hidden / intermediate size that is not a multiple
+        of 32 (the MXFP4 block)."""
         keys = ("num_hidden_layers", "num_local_experts", "num_experts_per_tok", "hidden_size", "intermediate_size",
                 "vocab_size")
         vals = [config.get(k) for k in keys]
@@ -153,6 +157,9 @@ class GptOssDims:
         if bad:
             raise CheckpointError(f"{where}: {', '.join(bad)} (need positive integers)")
         dims = cls(*vals)
+        if dims.top_k > dims.num_experts:
+            raise CheckpointError(f"{where}: num_experts_per_tok={dims.top_k} is more than num_local_experts="
+                                  f"{dims.num_experts}")
         for k in ("hidden_size", "intermediate_size"):
             if getattr(dims, k) % BLOCK:
                 raise CheckpointError(f"{where}: {k}={getattr(dims, k)} is not a multiple of the MXFP4 block {BLOCK}")
@@ -216,11 +223,14 @@ def _gpt_oss_config(root: Path) -> tuple[dict, GptOssDims]:
 def is_gpt_oss_mxfp4_dir(path: Union[str, Path]) -> bool:
     """True when ``path`` is a directory whose config.json names ``model_type`` ``"gpt_oss"`` with
     ``quantization_config.quant_method`` ``"mxfp4"``. False for anything else (a file, no config.json, another
-    model); raises CheckpointError when config.json exists but is not readable JSON."""
+    model, a config.json that is not a readable JSON object: :func:`load_gpt_oss` names what is wrong with it)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         return False
-    config = _read_json(path / "config.json")
+    try:
+        config = _read_json(path / "config.json")
+    except CheckpointError:
+        return False
     qc = config.get("quantization_config")
     return config.get("model_type") == "gpt_oss" and isinstance(qc, dict) and qc.get("quant_method") == "mxfp4"
 
@@ -294,7 +304,7 @@ class _Reader:
                     raise CheckpointError(f"shard {str(f)!r} listed by {str(index)!r} (e.g. for {example}) is missing")
         else:
             self.index, self.weight_map = None, {}
-            files = sorted(root.glob("*.safetensors"))
+            files = sorted(f for f in root.glob("*.safetensors") if f.is_file())
             if not files:
                 raise CheckpointError(f"no *.safetensors files and no {INDEX_NAME} in {str(root)!r}")
             for f in files:
@@ -310,9 +320,11 @@ class _Reader:
 
             try:
                 self._handles[f] = self._stack.enter_context(safe_open(str(f), framework="pt"))
-            except SafetensorError as e:  # truncated or corrupt: one line naming the file
+            except SafetensorError as e:  # truncated or corrupt: one line naming the file, and the tensors cut off
                 raise CheckpointError(f"{str(f)!r} is not a readable safetensors file: "
-                                      f"{' '.join(str(e).split())}") from e
+                                      f"{' '.join(str(e).split())}{_cut_off(f)}") from e
+            except OSError as e:  # (a folder or a dangling link named *.safetensors, no permission)
+                raise CheckpointError(f"{str(f)!r} cannot be read: {e.strerror or e}") from e
         return self._handles[f]
 
     def _file_of(self, name: str) -> Path:
@@ -499,6 +511,29 @@ def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
                               "directory's shapes and dtypes")
 
 
+def _cut_off(path: Path) -> str:
+    """For the error of an unreadable safetensors file: ``"; tensors past the end of the file: ..."`` naming those
+    whose header data range runs past the file's bytes (a truncated file whose header is intact), else ""."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if size < 8 or n > size - 8:
+                return ""
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""
+    if not isinstance(header, dict):
+        return ""
+    cut = [k for k, v in header.items() if isinstance(v, dict) and isinstance(v.get("data_offsets"), list)
+           and len(v["data_offsets"]) == 2 and isinstance(v["data_offsets"][1], int)
+           and v["data_offsets"][1] > size - 8 - n]
+    if not cut:
+        return ""
+    more = f" and {len(cut) - 8} more" if len(cut) > 8 else ""
+    return f"; tensors past the end of the file ({size} bytes): {', '.join(cut[:8])}{more}"
+
+
 def _data_ranges(path: Path, names: Iterable[str]) -> dict[str, tuple[int, int]]:
     """Absolute byte range ``[begin, end)`` of each named tensor's data in a safetensors file, parsed from the file
     itself: an 8-byte little-endian header length n, n bytes of JSON ``{name: {"data_offsets": [b, e], ...}}``, then
@@ -570,25 +605,61 @@ def _carry_tree(src: Path, dst: Path, skip: set[Path]) -> list[Path]:
     return made
 
 
+def _is_checkpoint_dir(d: Path) -> bool:
+    """Whether ``d`` is empty or holds a config.json or a *.safetensors file (what ``overwrite=True`` may replace)."""
+    entries = list(d.iterdir())
+    return not entries or any(e.name == "config.json" or e.name.endswith(".safetensors") for e in entries)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the two existing paths ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where the system or file system has no such call (nothing changed)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def _swap_into_place(tmp: Path, dst: Path) -> None:
-    """Rename the finished ``tmp`` directory to ``dst`` (not a symlink); an existing ``dst`` is renamed aside first
-    (restored if the second rename fails) and removed after: where that removal fails, a warning names the
+    """Put the finished ``tmp`` directory at ``dst`` (not a symlink). An existing ``dst`` is exchanged with ``tmp``
+    in one atomic step where the system can (Linux), else renamed aside first and restored if the second rename is
+    interrupted or fails: ``dst`` holds the old or the new contents whatever happens, but for the instant between
+    the two renames of the fallback. The previous contents are removed after: where that fails, a warning names the
     directory left behind, and the save still stands."""
     if not dst.exists():
         os.rename(tmp, dst)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
-    os.rmdir(old)
-    os.rename(dst, old)
-    try:
-        os.rename(tmp, dst)
-    except BaseException:
-        os.rename(old, dst)
-        raise
+    if _exchange(tmp, dst):
+        old = tmp  # (now holding the previous contents: named as such before it is removed)
+        with contextlib.suppress(OSError):
+            aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
+            os.rmdir(aside)
+            os.rename(tmp, aside)
+            old = aside
+    else:
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
+        os.rmdir(old)
+        try:
+            os.rename(dst, old)
+            os.rename(tmp, dst)
+        except BaseException:  # (an interrupt between the renames included: put the old contents back)
+            if old.exists() and not dst.exists():
+                os.rename(old, dst)
+            raise
     try:
         shutil.rmtree(old)
     except OSError as e:
-        warnings.warn(f"saved {str(dst)!r}, but its previous contents, renamed to {str(old)!r}, could not be "
+        warnings.warn(f"saved {str(dst)!r}, but its previous contents, moved to {str(old)!r}, could not be "
                       f"removed ({e}); delete that directory by hand", RuntimeWarning, stacklevel=3)
 
 
@@ -611,13 +682,15 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
 
     Atomic: everything is written to a temporary directory beside ``dst`` (fsynced) and renamed to ``dst``; on any
     exception the temporary directory and any parent folders of ``dst`` the save made are removed and ``dst`` is
-    untouched. With ``overwrite=True`` an existing ``dst`` (``ckpt.path`` itself included) is renamed aside,
-    replaced whole (a separate ``dst``'s own files and subdirectories are gone), then deleted (between those two
-    renames, ``dst`` is briefly absent; a failed deletion is a RuntimeWarning naming the directory left). A ``dst``
-    that is a symlink is resolved first: its target is replaced and the link keeps pointing at it.
+    untouched. With ``overwrite=True`` an existing ``dst`` (``ckpt.path`` itself included) that is empty or holds a
+    checkpoint (a config.json or *.safetensors) is replaced whole (a separate ``dst``'s own files and
+    subdirectories are gone): exchanged with the new directory in one atomic step on Linux (elsewhere renamed aside
+    first, restored if interrupted; between the two renames ``dst`` is briefly absent), then its old contents are
+    deleted (a failed deletion is a RuntimeWarning naming the directory left). A ``dst`` that is a symlink is
+    resolved first: its target is replaced and the link keeps pointing at it.
     Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint; ValueError for
-    ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, or is not a
-    directory; ValueError for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the
+    ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, is not a
+    directory, or is a non-empty directory holding no checkpoint; ValueError for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the
     source); CheckpointError (naming the tensor) when a layer's tensor no longer matches the source's shape or
     dtype, or an MXTensor is not MXFP4 along its last axis; and the errors of reading the source (see
     :func:`load_gpt_oss`).
@@ -646,6 +719,10 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
         if dst.exists() and not in_place and src.resolve().is_relative_to(dst.resolve()):
             raise ValueError(f"{str(given)!r} holds the source directory {str(src)!r}: replacing it would delete "
                              "the source; save elsewhere or onto the source itself")
+        if dst.exists() and not in_place and not _is_checkpoint_dir(dst):
+            raise FileExistsError(f"{str(given)!r} is a non-empty directory that holds no checkpoint (no config.json "
+                                  "or *.safetensors): overwrite=True replaces a saved checkpoint, not any folder; "
+                                  "save to a new or empty directory")
         mode = _mode(dst if dst.exists() else src)
         new_parents = []
         p = dst.parent
@@ -663,7 +740,9 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
                     if not (tmp / part).is_dir():
                         (tmp / part).mkdir()
                         made.append(tmp / part)
-                _write_shard(f, tmp / rel, {k: replace[k] for k in reader.open(f).keys() if k in replace})
+                # (only where the index puts the tensor: a stale copy in another shard is carried as it is)
+                _write_shard(f, tmp / rel, {k: replace[k] for k in reader.open(f).keys()
+                                            if k in replace and reader.weight_map.get(k) == f})
             for f in sorted(src.iterdir()):
                 if f in reader.files:
                     continue
@@ -970,7 +1049,11 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     (naming them).
     """
     from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
+
+    try:
+        from transformers.initialization import no_init_weights  # (transformers 5)
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # (transformers 4)
 
     device = torch.device(device)
     ckpt, config = hf_config(path, progress)

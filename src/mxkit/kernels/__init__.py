@@ -10,7 +10,9 @@
   (the Hopper heuristics); ``launch.py``, ``fast_launch.py``, ``fast_call.py``, ``cuda_driver.py`` (the direct
   launch of compiled kernels).
 
-Imported lazily: the package works without Triton (CPU-only installs use :mod:`mxkit.reference`)."""
+Triton is a core dependency (Linux): the GEMM dispatch (``matmul.py``) and :mod:`mxkit.nn` import it on any device;
+off CUDA they run the reference twins. :func:`mxkit.quantize` / :func:`mxkit.dequantize` import the kernels only
+for CUDA tensors."""
 
 from __future__ import annotations
 

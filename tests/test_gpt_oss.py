@@ -142,7 +142,10 @@ def test_synthetic_weights_are_valid_and_fresh(tmp_path, rng):
     assert int(scales.min()) >= 118 and int(scales.max()) <= 122
     nibbles = torch.cat([blocks.reshape(-1) & 0xF, blocks.reshape(-1) >> 4])
     assert torch.bincount(nibbles, minlength=16).min() > 0  # every E2M1 code, in both nibbles
-    assert not torch.equal(blocks, tb[moe_tensor_name(0, "gate_up_proj_blocks")])  # a fresh seed each call
+    assert not torch.equal(blocks, tb[moe_tensor_name(0, "gate_up_proj_blocks")])  # (another seed: other bytes)
+    c, d = (gpt_oss.write_synthetic_gpt_oss(tmp_path / n, seed=None, **{**SMALL, "num_layers": 1}) for n in "cd")
+    name = moe_tensor_name(0, "gate_up_proj_blocks")
+    assert not torch.equal(_dir_tensors(c)[name], _dir_tensors(d)[name])  # (seed None: a fresh one each call)
     for k, v in ta.items():
         assert torch.isfinite(v.float()).all(), k
 

@@ -990,13 +990,17 @@ def tiny_gpt_oss(rng):
     return model
 
 
-def put_back_dequantized(model, fmt):
-    """Make every expert weight of the HF model exactly representable in ``fmt``: quantize, dequantize, store."""
+def put_back_dequantized(model, fmt) -> list:
+    """Make every expert weight of the HF model exactly representable in ``fmt``: quantize, dequantize, store.
+    Returns each layer's MXMoE of that first quantization."""
+    made = []
     with torch.no_grad():
         for layer in model.model.layers:
-            gu, d = MXMoE.from_hf_gpt_oss(layer.mlp, fmt).dequantize_experts(torch.float32)
+            made.append(MXMoE.from_hf_gpt_oss(layer.mlp, fmt))
+            gu, d = made[-1].dequantize_experts(torch.float32)
             layer.mlp.experts.gate_up_proj.copy_(gu.transpose(1, 2))
             layer.mlp.experts.down_proj.copy_(d.transpose(1, 2))
+    return made
 
 
 # float32 HF (float32 accumulation over K = 64, float32 activation and index_add) against mxkit's float64 with one
@@ -1007,15 +1011,15 @@ F32_RTOL = 1e-5
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpt_oss_swap_matches_hf(fmt, rng):
     hf = tiny_gpt_oss(rng)
-    put_back_dequantized(hf, fmt)
+    first = put_back_dequantized(hf, fmt)
     swapped = swap_gpt_oss_moe(copy.deepcopy(hf), fmt)
     hidden_gate_max = 0.0
-    for hf_layer, mx_layer in zip(hf.model.layers, swapped.model.layers):
+    for hf_layer, mx_layer, was in zip(hf.model.layers, swapped.model.layers, first):
         mlp, mx = hf_layer.mlp, mx_layer.mlp
         assert isinstance(mx, MXMoE) and mx.num_experts == 4 and mx.top_k == 2
-        # the HF weights were MX values already: converting them again gives the same bytes
-        again = MXMoE.from_hf_gpt_oss(mlp, fmt)
-        assert torch.equal(again.gate_up_qdata, mx.gate_up_qdata) and torch.equal(again.down_scale, mx.down_scale)
+        # the HF weights were MX values already: the swap's conversion gives the first quantization's bytes back
+        for name in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
+            assert torch.equal(getattr(mx, name), getattr(was, name)), name
         h = torch.randn(3, 7, 64, generator=rng)
         with torch.no_grad():
             hf_out, hf_scores = mlp(h)

@@ -2,6 +2,7 @@
 constructor names what is inconsistent. Also the error a missing Triton gives for ``backend="triton"``."""
 
 import dataclasses
+import os
 import sys
 import time
 
@@ -346,6 +347,29 @@ def test_backend_triton_without_triton_names_the_extra(monkeypatch):
             mxkit.dequantize(q, backend="triton")
     finally:
         real.cache_clear()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter runs the kernels on CPU")
+def test_backend_triton_off_cuda_is_refused_for_every_dtype():
+    """dequantize(backend="triton") of a CPU tensor raises ValueError as documented, float64 included (that dtype
+    went to the reference before the device check and ran silently)."""
+    q = mxkit.quantize(torch.randn(4, 64), "mxfp4")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        with pytest.raises(ValueError, match="need a CUDA tensor"):
+            mxkit.dequantize(q, dtype, backend="triton")
+
+
+def test_sibling_checks_agree_on_folded_to_and_empty_int_cast_transpose():
+    """Folded.to(dtype) says it takes a device, as MXTensor / PackedWeight / Fp8Rowwise do; cast_transpose of an
+    empty int tensor is the documented TypeError (dtype), not the empty-tensor ValueError."""
+    from mxkit.fold import fold_reference
+
+    f = fold_reference(mxkit.quantize(torch.randn(4, 64), "mxfp4"))
+    with pytest.raises(TypeError, match="Folded.to takes a device, not a dtype"):
+        f.to(torch.float16)
+    assert f.to("cpu").device.type == "cpu"
+    with pytest.raises(TypeError, match="x.dtype=torch.int32 is not supported"):
+        mxkit.cast_transpose(torch.empty(0, 32, dtype=torch.int32), "mxfp8")
 
 
 def test_to_takes_a_device_not_a_dtype():

@@ -42,7 +42,7 @@ from .formats import (
     get_format,
 )
 from .reference import quantize_reference, unpack_codes
-from .tensor import MXTensor
+from .tensor import MXTensor, device_only
 
 __all__ = [
     "Folded",
@@ -166,7 +166,8 @@ class Folded:
         return self.data.shape[1]
 
     def to(self, device: Union[str, torch.device]) -> "Folded":
-        """The same Folded with its tensors on ``device``."""
+        """The same Folded with its tensors on ``device``. Raises TypeError for a dtype (its values are fixed)."""
+        device_only(device, "Folded", "unfold_reference(a).to(dtype)")
         return Folded(self.data.to(device), self.scale.to(device), self.owner.to(device), self.fmt, self.lead_shape)
 
     @property

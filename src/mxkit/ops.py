@@ -19,7 +19,7 @@ from ._device import elsewhere, on_operand_device, other_device
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
-from .tensor import MXTensor
+from .tensor import SUPPORTED_INPUT_DTYPES, MXTensor
 
 __all__ = [
     "quantize", "cast_transpose", "dequantize", "matmul", "pack_weight", "gemm_plan", "quantize_fold",
@@ -135,6 +135,8 @@ def cast_transpose(
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_INPUT_DTYPES:  # (first: an empty int tensor is a dtype error, as documented)
+        raise TypeError(f"x.dtype={x.dtype} is not supported; expected one of float32, bfloat16, float16")
     nd = x.dim()
     if nd == 0:
         raise ValueError("cast_transpose needs a tensor with at least one dimension")

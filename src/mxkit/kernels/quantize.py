@@ -706,12 +706,12 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
     dtype = check_out_dtype(dtype)
+    _check_device(q.qdata)  # (before the float64 delegation: backend="triton" off CUDA is refused for every dtype)
     if dtype == torch.float64:
         from ..reference import dequantize_reference
 
         return dequantize_reference(q, dtype)
     _check_block_size(q.block_size)
-    _check_device(q.qdata)
     scale = q.plain_scale()
     return _dispatch(torch.ops.mxkit.dequantize_mx, _dequantize_impl,
                      q.qdata, scale, q.fmt.name, q.axis, list(q.shape), dtype)

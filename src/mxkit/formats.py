@@ -61,7 +61,8 @@ class ElementFormat:
     For the floating-point elements, ``ebits``/``mbits``/``bias`` describe the IEEE-like layout
     ``sign | exponent | mantissa``; ``emax`` is the exponent of the largest normal, the ``emax_elem`` of §6.3.
     For MXINT8 (§5.4) the element is an 8-bit two's complement integer with an implicit scale 2^-6
-    (``mbits`` = 6 fraction bits, ``emax`` = 0); it is saturated symmetrically to ±127/64.
+    (``mbits`` = 6 fraction bits, ``emax`` = 0); it is saturated symmetrically to ±127/64, as microxcaling does
+    (code 0x80, -2, is never written; it decodes to -2).
 
     ``pack`` is how many elements share ``pack_bytes`` bytes in :attr:`MXTensor.qdata`.
     """
@@ -214,7 +215,9 @@ class ScaleMode(_ParseEnum):
     * ``CEIL`` — ``X = ceil(log2 amax) - emax`` (E(amax), plus one if amax is not a power of two).
     * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ``DequantScaleRoundingMode.ROUND_UP``,
       the same ceiling of the fp32 quotient): ``X = ceil(log2(amax / max_normal))``, the smallest X
-      with ``amax <= max_normal * 2^X``; nothing saturates. Computed without a division:
+      with ``amax <= max_normal * 2^X``; nothing saturates (but where X would pass 127, MXINT8's amax above
+      127/64 * 2^127 only: X is clamped to 127 as in every mode, and the elements saturate). Computed without a
+      division:
       ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the exact quotient rounded
       up to a power of two (the fp32 quotient's too, except where that quotient is an fp32 denormal,
       amax < max_normal * 2^-126, whose rounding can drop it to 2^-127: byte 0 there, mxkit's byte 1).

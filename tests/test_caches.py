@@ -235,3 +235,35 @@ def test_reference_gemm_compiles_whole(rng):
     x, w = torch.randn(4, 64, generator=rng), mxkit.quantize(torch.randn(8, 64, generator=rng), "mxfp4")
     got = torch.compile(lambda a: matmul_reference(a, w), fullgraph=True, backend="eager")(x)
     assert torch.equal(got, matmul_reference(x, w))
+
+
+def test_exact_cublas_switches_fp16_reduction_off_and_restores_it():
+    """exact_cublas switches off cuBLAS's reduced-precision reductions for fp16 as for bf16, and restores the
+    caller's setting on exit."""
+    m = torch.backends.cuda.matmul
+    before = m.allow_fp16_reduced_precision_reduction
+    m.allow_fp16_reduced_precision_reduction = True
+    try:
+        with cb.exact_cublas():
+            assert not m.allow_fp16_reduced_precision_reduction
+        assert m.allow_fp16_reduced_precision_reduction
+    finally:
+        m.allow_fp16_reduced_precision_reduction = before
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_get_fp32_precision_getter"), reason="torch's fp32_precision API (2.9+)")
+def test_exact_cublas_leaves_an_inherited_precision_inherited():
+    """Where the caller's CUDA matmul precision is inherited from a parent setting ("none"), exact_cublas restores
+    "none", not the parent's value at entry: a later change of the parent still reaches matmul."""
+    get, put = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
+    saved = [(b, o, get(b, o)) for b, o in (("cuda", "matmul"), ("cuda", "all"), ("generic", "all"))]
+    try:
+        put("cuda", "matmul", "none")
+        put("cuda", "all", "tf32")
+        with cb.exact_cublas():
+            pass
+        put("cuda", "all", "ieee")
+        assert get("cuda", "matmul") == "ieee"
+    finally:
+        for b, o, v in reversed(saved):
+            put(b, o, v)

@@ -382,3 +382,23 @@ def test_widen_fp6_every_code(fmt, rng):
     assert (widen_fp6(bad, check=False).scale == 254).all()
     with pytest.raises(ValueError, match="widen_fp6 takes"):
         widen_fp6(quantize_reference(torch.randn(2, 32), "mxfp4"))
+
+
+def test_fold_checks_blocks_lead_shape_and_empty_inputs(rng):
+    """The fold's documented refusals: blocks other than 32 (a ValueError, not a reshape's RuntimeError), a
+    lead_shape whose rows are not the data's (too few as too many), and on an empty x the block size and dtype
+    checks a non-empty x gets."""
+    import mxkit
+    from mxkit.fold import Folded, fold_reference, quantize_fold_reference
+
+    x = torch.randn(4, 64, generator=rng)
+    with pytest.raises(ValueError, match="block_size=32"):
+        fold_reference(mxkit.quantize(x, "mxfp4", block_size=16))
+    f = fold_reference(mxkit.quantize(x, "mxfp4"))
+    for lead in ((f.data.shape[0] - 1,), (f.data.shape[0] + 3,)):
+        with pytest.raises(ValueError, match="lead_shape"):
+            Folded(f.data, f.scale, f.owner, f.fmt, lead)
+    with pytest.raises(ValueError, match="block_size=32"):
+        quantize_fold_reference(torch.empty(0, 64), "mxfp4", block_size=16)
+    with pytest.raises(TypeError, match="float64"):
+        quantize_fold_reference(torch.empty(0, 64, dtype=torch.float64), "mxfp4")

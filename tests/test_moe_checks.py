@@ -402,3 +402,31 @@ def test_router_logits_adds_the_bias_once(dtype, rng):
     assert torch.equal(router_logits(x, w, b).view(torch.uint8), want.view(torch.uint8))
     want0 = (x.double() @ w.double().T).to(torch.float32).to(dtype)
     assert torch.equal(router_logits(x, w).view(torch.uint8), want0.view(torch.uint8))
+
+
+def test_check_moe_args_refusals(rng):
+    """check_moe_args (shared by the reference and the kernel backends, which have no later check to fall back on):
+    an odd gate_up row count under SwiGLU, routing for another token count, an expert range of another width than
+    the experts held (wider as narrower), operands on two devices."""
+    from mxkit.moe_reference import check_moe_args
+
+    def args(E=4, H=64, I=32, T=6, n1=None):
+        wgu = mxkit.quantize(torch.randn(E, n1 or 2 * I, H, generator=rng), "mxfp4")
+        wd = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+        w, ids = route(torch.randn(T, E, generator=rng), 2)
+        return [torch.randn(T, H, generator=rng), wgu, None, wd, None, w, ids]
+
+    assert check_moe_args(*args(), activation="swiglu").E_local == 4
+    with pytest.raises(ValueError, match="even 2I"):
+        check_moe_args(*args(n1=65), activation="swiglu")
+    a = args()
+    a[5], a[6] = route(torch.randn(4, 4, generator=rng), 2)
+    with pytest.raises(ValueError, match=r"\(T, k\)"):
+        check_moe_args(*a, activation="swiglu")
+    for hi in (6, 3):
+        with pytest.raises(ValueError, match=f"holds {hi} experts"):
+            check_moe_args(*args(), activation="swiglu", expert_range=(0, hi), num_experts=8)
+    a = args()
+    a[6] = a[6].to("meta")
+    with pytest.raises(ValueError, match="one device"):
+        check_moe_args(*a, activation="swiglu")

@@ -120,3 +120,17 @@ def test_data_errors():
         from_data_layout(out.flatten(), "aiter_shuffle", (128, 16))
     with pytest.raises(ValueError, match="non-negative"):
         from_data_layout(out, "aiter_shuffle", (32, -64))
+
+
+def test_one_formula_for_host_and_kernels():
+    """The kernels' offset formula (``aiter_shuffle.offsets``, the 32 x 8 tile's position included) is where the host
+    swizzle puts each scale byte, over several tiles in both directions (ragged 300 x 9: the tile term was never
+    exercised: the host swizzle calls the formula inside one tile)."""
+    from mxkit.layouts import aiter_shuffle, scale_layout_shape
+
+    rows, cols = 300, 9
+    _, C = scale_layout_shape(rows, cols, "aiter_shuffle")
+    s = torch.randint(0, 256, (rows, cols), dtype=torch.uint8)
+    r, c = torch.arange(rows).view(-1, 1), torch.arange(cols).view(1, -1)
+    out = to_layout(s, "aiter_shuffle").flatten()
+    assert torch.equal(out[aiter_shuffle.offsets(r, c, C).flatten()], s.flatten())

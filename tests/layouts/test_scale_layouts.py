@@ -286,3 +286,13 @@ def test_gpu_swizzled_scale_layout(fmt, layout, rng, poison):
     if not FULL:  # the other layout on one case
         got = quantize_triton(x.to(DEV), fmt, scale_layout="aiter_shuffle")
         assert_mx_equal(got, quantize_reference(x, fmt), "aiter_shuffle", what="aiter_shuffle rows")
+
+
+def test_layout_shape_refuses_bools_and_plain_is_contiguous():
+    """scale_layout_shape takes int extents (a bool is refused, as elsewhere); the plain layout of a
+    non-contiguous scale is a contiguous tensor (the kernels read it by row-major offsets)."""
+    with pytest.raises(ValueError):
+        scale_layout_shape(True, 4, "plain")
+    s = torch.randint(0, 256, (40, 130), dtype=torch.uint8).t()
+    out = to_layout(s, "plain")
+    assert out.is_contiguous() and torch.equal(out, s)

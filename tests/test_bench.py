@@ -244,6 +244,21 @@ def test_list_checks_the_timing_options_too(argv, capsys):
     assert out == "" and err.startswith("mxkit: error: ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["gemm", "--shapes", "1x64x33"], "case(s) cannot run: 1x64x33: K=33 is not a multiple of 32 (--list"),
+    (["quantize", "--shapes", "4x4", "--formats", "mxfp4"], "case(s) cannot run: "),
+    (["gemm", "--quick", "--rounds", "3", "--peers", "torchao"], "--rounds 3 interleaves mxkit with the reference peer")])
+def test_a_run_refuses_up_front_what_it_cannot_run(argv, needle, monkeypatch, capsys):
+    """Cases no kernel takes (K not a multiple of 32) and --rounds without the reference peer are usage errors
+    before any timing (they ran the whole bench, then exited 1 on n/a rows / printed an n/a x column), whether or
+    not a GPU is here; --list still shows such cases with the reason."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (refused before the CUDA check)
+    assert cli.main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: ") and needle in err and err.count("\n") == 1, err
+    assert cli.main(["bench", *argv, "--list"]) == 0
+
+
 def test_bench_needs_an_op(capsys):
     with pytest.raises(SystemExit) as e:
         _cli().parse_args(["bench"])

@@ -477,6 +477,17 @@ def test_write_text_atomic_and_check_writable_of_a_dotdot_path(tmp_path, monkeyp
     assert out.read_text() == "old\n" and sorted(p.name for p in out.parent.iterdir()) == ["t.json"]
     monkeypatch.chdir(tmp_path)
     assert check_writable("nothere/../t2.json") == Path("nothere/../t2.json") and not (tmp_path / "nothere").exists()
+    # the mode: a new file's under the umask (mkstemp's 0600 stayed: results another user could not read), a
+    # replaced file's own
+    old_umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "new.json", "x")
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o644
+        os.chmod(out, 0o640)
+        write_text_atomic(out, "newer\n")
+        assert out.stat().st_mode & 0o777 == 0o640 and out.read_text() == "newer\n"
+    finally:
+        os.umask(old_umask)
 
 
 @pytest.mark.gpu

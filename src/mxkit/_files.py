@@ -51,14 +51,22 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
 
 def write_text_atomic(path: Union[str, Path], text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (its
-    folders made first)."""
+    folders made first). The file gets the mode of the one it replaces, else that of a new file under the umask
+    (``mkstemp`` makes its file 0600: results another user or service could not read)."""
     import os
     import tempfile
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -131,7 +131,7 @@ def _cmd_eval(args) -> int:
         batch_size=args.batch_size, progress=not args.no_progress,
     )
     title = (f"mxkit eval: {rows[0]['model']}, {rows[0]['sentences']} sentences, "
-             f"act_format={args.act_format}, rounding={args.rounding}")
+             f"act_format={args.act_format}, rounding={args.rounding}, block_size={args.block_size}")
     written = [ev.write_rows(rows, out) for out in args.out or []]  # (before any printing: a closed pipe loses none)
     ev.print_rows(rows, title=title, use_rich=False if args.plain else None)
     for path in written:
@@ -390,8 +390,8 @@ def _cmd_tune(args) -> int:
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
-        try:
-            shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(","))
+        try:  # ("×" as the bench's parser takes it; the values are check_shapes' to judge)
+            shapes = tuple(tuple(int(v) for v in s.lower().replace("×", "x").split("x")) for s in args.shapes.split(","))
         except ValueError:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
         if any(len(s) != 2 for s in shapes):

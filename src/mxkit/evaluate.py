@@ -285,6 +285,11 @@ def load_model(
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:
         raise ValueError(f"no model config loads from {str(path)!r}: {_one_line(e)}"[:400]) from e
+    tok_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json",
+                 "spiece.model", "tiktoken.model")
+    if not any((path / f).is_file() for f in tok_files):  # (transformers' own message blames a missing package)
+        raise ValueError(f"no tokenizer files in {str(path)!r} (none of {', '.join(tok_files)}): eval needs the "
+                         "model's tokenizer beside its weights")
     try:  # before the weights: a directory without a tokenizer fails in a second, not after the model loads
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:

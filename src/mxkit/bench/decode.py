@@ -446,9 +446,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     csv = timing.csv_arg
 
     def positive(s: str) -> int:
-        if int(s) < 1:
+        try:
+            v = int(s)
+        except ValueError:
+            raise ValueError(f"{s!r} is not an integer") from None
+        if v < 1:
             raise ValueError(f"{s} is not a positive integer")
-        return int(s)
+        return v
 
     p.add_argument("--model", type=timing.choice("model", MODELS), default="llama-3-8b",
                    help=f"{', '.join(MODELS)} (default llama-3-8b)")

@@ -348,7 +348,10 @@ MAX_TOKENS = 1 << 20  # (the routing of a case is made on the host: T x E floats
 
 
 def _token_count(text: str) -> int:
-    t = int(text)
+    try:
+        t = int(text)
+    except ValueError:
+        raise ValueError(f"a token count is an integer, got {text!r}") from None
     if not 1 <= t <= MAX_TOKENS:
         raise ValueError(f"a token count is 1 to {MAX_TOKENS}, got {t}")
     return t

@@ -482,6 +482,16 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
         if getattr(args, "list", False) and list_line is not None:
             print("\n".join(list_line(c) for c in cases))
             return 0
+        # (up front, not as n/a rows after the whole run: a shape no kernel takes, e.g. K not a multiple of 32;
+        # --list above shows them with the reason)
+        bad = [(c, c.invalid_reason()) for c in cases if getattr(c, "invalid_reason", lambda: None)()]
+        if bad:
+            why = list(dict.fromkeys(f"{c.label}: {w}" for c, w in bad))  # (one line a shape, in order)
+            raise ValueError(f"{len(bad)} case(s) cannot run: " + "; ".join(why[:4]) + (" ..." if len(why) > 4 else "")
+                             + " (--list shows every case)")
+        if cfg.rounds > 1 and ref_impl not in peers:  # (the x column would be n/a: nothing to interleave with)
+            raise ValueError(f"--rounds {cfg.rounds} interleaves {main} with the reference peer {ref_impl}, "
+                             f"which --peers leaves out")
         if args.out is not None:
             check_out_folder(args.out, [f"{stem}.{ext}" for ext in ("csv", "json", "png")])
     except (ValueError, OSError) as e:

@@ -429,3 +429,31 @@ def test_fused_part_rejects_a_non_tensor(rng):
     assert str(fused.value) == str(unfused.value)
     with pytest.raises(TypeError, match="got list"):
         getattr(model[0], "q_proj_k_proj_v_proj").output(x, 0)
+
+
+# layers of different act_format must not be fused
+def test_fuse_siblings_leaves_siblings_of_different_act_format_alone():
+    torch.manual_seed(0)
+    parent = nn.Module()
+    parent.q_proj = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format="mxfp8_e4m3")
+    parent.k_proj = MXLinear.from_linear(nn.Linear(64, 16), "mxfp4")
+    parent.v_proj = MXLinear.from_linear(nn.Linear(64, 16), "mxfp4")
+    x = torch.randn(3, 64)
+    want = [parent.q_proj(x), parent.k_proj(x)]
+    with pytest.raises(ValueError, match="share"):
+        FusedMXLinear([parent.q_proj, parent.k_proj])
+    assert fuse_siblings(parent) == []
+    assert torch.equal(parent.q_proj(x), want[0]) and torch.equal(parent.k_proj(x), want[1])
+
+
+# the reuse key must hold the view's shape (same data pointer and strides, fewer rows)
+def test_fused_part_with_a_shorter_view_of_the_same_base_recomputes():
+    torch.manual_seed(0)
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)])
+    base = torch.randn(4, 64)
+    with torch.no_grad():
+        group.output(base, 0)
+        b = group.output(base[:2], 1)  # same data_ptr and strides as base, 2 rows
+        want = group(base[:2].clone())[1]
+    assert b.shape == (2, 16)
+    assert torch.equal(b, want)

@@ -873,3 +873,70 @@ def test_quantized_transformers_model_saves_and_loads(fmt, act, tmp_path):
         fresh.load_state_dict(loaded)
         with torch.no_grad():
             assert torch.equal(fresh(ids).logits, want)
+
+
+# (from a mutation run of the user-facing layer: each kills a mutant the suite let through)
+
+
+# _resolve_backend's unknown-name check (survived: on CPU every bad name fell through to "reference")
+def test_quantize_dequantize_fp8_rowwise_refuse_an_unknown_backend():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        mxkit.quantize(x, "mxfp8", backend="bogus")
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        mxkit.dequantize(mxkit.quantize(x, "mxfp8"), backend="bogus")
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        mxkit.quantize_fp8_rowwise(x, backend="bogus")
+
+
+# linear_input_grad must dequantize the weight in float32, not in x's dtype
+def test_input_gradient_uses_the_float32_weight_for_float16_x():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.mul_(1e6)  # MX values past float16's max (65504), exact in float32
+    m = MXLinear.from_linear(lin, "mxfp8_e4m3")
+    w32 = m.dequantize_weight(torch.float32)
+    assert w32.abs().max() > 65504
+    x = (torch.randn(3, 64) * 1e-3).half().requires_grad_()
+    g = (torch.randn(3, 16) * 1e-4).half()
+    m(x).backward(g)
+    want = (g.float() @ w32).half()
+    assert torch.isfinite(x.grad).all()
+    assert torch.equal(x.grad, want)
+
+
+# from_linear must quantize the weight with the layer's rounding
+def test_from_linear_quantizes_the_weight_with_its_rounding():
+    lin = nn.Linear(32, 2, bias=False)
+    row = torch.tensor([4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] + [0.0] * 24)  # FP4 ties at scale 2^0
+    with torch.no_grad():
+        lin.weight.copy_(torch.stack([row, -row]))
+    for rnd in ("away", "rne"):
+        m = MXLinear.from_linear(lin, "mxfp4", rounding=rnd)
+        q = mxkit.quantize(lin.weight.detach(), "mxfp4", axis=1, rounding=rnd)
+        assert torch.equal(m.weight_qdata, q.qdata) and torch.equal(m.weight_scale, q.scale)
+    away = MXLinear.from_linear(lin, "mxfp4", rounding="away").weight_qdata
+    assert not torch.equal(away, MXLinear.from_linear(lin, "mxfp4").weight_qdata)  # the ties do differ
+
+
+# load_state_dict must repack (CPU: spy on repack; the packed copy exists only on CUDA)
+def test_load_state_dict_repacks(monkeypatch):
+    src = MXLinear.from_linear(nn.Linear(64, 16), "mxfp4")
+    dst = MXLinear(64, 16, "mxfp4")
+    calls = []
+    real = MXLinear.repack
+    monkeypatch.setattr(MXLinear, "repack", lambda self: calls.append(self) or real(self))
+    dst.load_state_dict(src.state_dict())
+    assert calls and calls[-1] is dst
+
+
+# check_format must compare the block size too, before anything is copied
+def test_load_of_another_block_size_raises_valueerror_and_leaves_the_layer_as_it_was():
+    src = MXLinear.from_linear(nn.Linear(128, 16), "mxfp8_e4m3", block_size=64)
+    dst = MXLinear.from_linear(nn.Linear(128, 16), "mxfp8_e4m3", block_size=32)
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    with pytest.raises(ValueError, match="block_size 64"):
+        dst.load_state_dict(src.state_dict())
+    for k, v in dst.state_dict().items():  # not half-loaded (qdata and bias have the same shapes)
+        assert torch.equal(v, before[k]), k

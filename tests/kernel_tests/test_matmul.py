@@ -1993,6 +1993,27 @@ def test_a8w8_envelope_wgmma_min_nk(monkeypatch):
             assert km._a8w8_max_m(small, 32, dev) == (16 if wg_ok else 64)
 
 
+def test_a8w8_takes_only_blocks_of_32(monkeypatch):
+    """a8w8-mma reads K / 32 scale bytes a weight row: a weight of other blocks (or one along another axis) is not
+    its case (a8w8_linear, which does not go through plan_gemm, ran it: blocks of 16 read other rows' scales, of 64
+    past the scale buffer). Judged on the CPU with the device checks standing down."""
+    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_table
+    from mxkit.kernels.matmul_details import _mma_a8w8
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
+    monkeypatch.setattr(_mma_a8w8, "available", lambda d: None)
+    w = torch.randn(64, 256)
+    ok = mxkit.quantize(w, "mxfp8_e4m3")
+    assert km._a8w8_ok(ok.fmt, ok, 4, dev)
+    for bad in (mxkit.quantize(w, "mxfp8_e4m3", block_size=16), mxkit.quantize(w, "mxfp8_e4m3", block_size=64)):
+        for b in (bad, km.pack_weight(bad)):
+            assert not km._a8w8_ok(bad.fmt, b, 4, dev), (bad, type(b).__name__)
+    swizzled = mxkit.quantize(w, "mxfp8_e4m3", scale_layout="nvidia_128x4")  # (packing makes its scales plain)
+    assert not km._a8w8_ok(swizzled.fmt, swizzled, 4, dev) and km._a8w8_ok(ok.fmt, km.pack_weight(swizzled), 4, dev)
+
+
 def test_wgmma_dense_schedule(monkeypatch):
     """The wgmma kernel's dense schedule (warp-specialized, one program an SM): 64-token tiles up to M = 64, K split
     the most ways of 8..2 that keeps tiles x split within the SM count with >= 8 K steps a split (H200, session 48:

@@ -357,7 +357,10 @@ def _a8w8_quant_max_m(dev: torch.device) -> int:
 def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
     """MXFP8 E4M3 activations (``a_fmt``) x weight ``b`` (MXTensor or PackedWeight) of M rows on a8w8-mma."""
     w = b.source if isinstance(b, PackedWeight) else b
+    # (blocks of 32 along the weight's last axis, plain scales: the kernel reads K / 32 scale bytes a row; plan_gemm
+    # refuses the others before asking, a8w8_linear does not go through it)
     if not (a_fmt.name == "mxfp8_e4m3" and w.fmt.name == "mxfp8_e4m3" and dev.type == "cuda"
+            and w.block_size == 32 and w.axis == w.ndim - 1 and w.scale_layout == "plain"
             and 0 < M <= _a8w8_max_m(b, M, dev)):
         return False
     from .matmul_details import _mma_a8w8

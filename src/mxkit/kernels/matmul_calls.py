@@ -399,8 +399,9 @@ def prepared_call_mx(a: MXTensor, b: PackedWeight, out_dtype: Optional[torch.dty
     key = ("mx", a.shape, a.fmt, a.axis, a.block_size, a.scale_layout, a.qdata.stride(), a.scale.stride(),
            a.qdata.device, out_dtype, _table_token(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))
-    if key in calls:
-        return calls[key]
+    call = calls.get(key, UNSEEN)  # (one lookup: another thread's calls_on may empty the dict between two)
+    if call is not UNSEEN:
+        return call
     call = None
     if a.fmt.name == "mxfp8_e4m3" and b.source.fmt.name == "mxfp8_e4m3":
         plan = plan_gemm(a, b, out_dtype)

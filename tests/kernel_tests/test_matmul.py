@@ -2014,6 +2014,28 @@ def test_a8w8_takes_only_blocks_of_32(monkeypatch):
     assert not km._a8w8_ok(swizzled.fmt, swizzled, 4, dev) and km._a8w8_ok(ok.fmt, km.pack_weight(swizzled), 4, dev)
 
 
+def test_no_fp8_paths_without_fp8_tensor_cores(monkeypatch, rng):
+    """On a GPU without FP8 tensor cores (sm_80: torch._scaled_mm and Triton's float8e4nv refuse it) the plans take
+    the exact paths off them: MX x MX bf16-exact, a folded or FP8-rowwise a fp32-exact, no decode-w16 of E4M3
+    weights (they raised there). Judged on the CPU with the capability check answering "sm_80"."""
+    from mxkit.fold import fold_reference
+    from mxkit.kernels import matmul as km
+
+    x = torch.randn(4, 64, generator=rng)
+    w = mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4")
+    a_mx = mxkit.quantize(x, "mxfp4")
+    cases = ((a_mx, "fold-fp8", "bf16-exact"), (fold_reference(a_mx), "fold-fp8", "fp32-exact"),
+             (mxkit.quantize_fp8_rowwise(x), "w4a8-fp8", "fp32-exact"))
+    for a, fast, _ in cases:
+        assert km.plan_gemm(a, w, torch.bfloat16).path == fast
+    monkeypatch.setattr(km, "_fp8_ok", lambda dev: False)
+    for a, _, exact in cases:
+        p = km.plan_gemm(a, w, torch.bfloat16)
+        assert p.path == exact and "no FP8 tensor cores" in p.reason, p
+    assert not km._decode_takes(mxkit.MXFP8_E4M3, 64, 64, torch.device("cuda", 0))
+    assert km._decode_takes(mxkit.MXFP8_E5M2, 64, 64, torch.device("cuda", 0))
+
+
 def test_wgmma_dense_schedule(monkeypatch):
     """The wgmma kernel's dense schedule (warp-specialized, one program an SM): 64-token tiles up to M = 64, K split
     the most ways of 8..2 that keeps tiles x split within the SM count with >= 8 K steps a split (H200, session 48:

@@ -80,6 +80,7 @@ which run :func:`run_gemm` (the same launches and bytes).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -161,10 +162,27 @@ class GemmPlan:
     exact: bool = True
 
 
+@functools.lru_cache(maxsize=None)
+def _fp8_capable(index: int) -> bool:
+    """Whether CUDA device ``index`` has FP8 tensor cores and types (sm_89+): ``torch._scaled_mm`` (fold-fp8,
+    w4a8-fp8) and Triton's ``float8e4nv`` (decode-w16 of E4M3 weights) need them; an A100 takes the other paths."""
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
+def _fp8_ok(dev: torch.device) -> bool:
+    """:func:`_fp8_capable` of ``dev``; True off CUDA (the CPU runs the FP8 paths' emulation) and where CUDA is not
+    there to ask (a plan judged for a device of another process, tests)."""
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return True
+    return _fp8_capable(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 def _decode_takes(wf: ElementFormat, N: int, K: int, device: torch.device) -> bool:
     """Whether decode-w16 takes a weight of format ``wf`` and shape (N, K): every kind of :data:`W_KINDS`, MXFP6
     only up to ``decode_w4a16.fp6_max_nk`` elements (its unpacking is ALU-bound past that: dense-exact is faster)."""
     if wf.name not in W_KINDS:
+        return False
+    if wf.name == "mxfp8_e4m3" and not _fp8_ok(device):  # (Triton's float8e4nv: sm_89+)
         return False
     if wf.bits != 6:
         return True
@@ -533,17 +551,21 @@ def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dty
                                            f"{a.dtype}: scale bytes [{lo}, {hi}])")
         return plan("fp32-exact", f"blocks of {sizes}: the tensor-core paths take blocks of 32; the exact values in "
                                   f"float32, float32 GEMM")
+    why_sm = "this GPU has no FP8 tensor cores (sm_89+): the exact values off them"
     if kind == "pending":
-        if f32:
-            return plan("bf16-exact" if a.source is not None else "fp32-exact", why32)
+        fp8 = _fp8_ok(dev)
+        if f32 or not fp8:
+            return plan("bf16-exact" if a.source is not None else "fp32-exact", why32 if f32 else why_sm)
         return plan("fold-fp8", f"{a.folded.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind in ("mx", "folded") and can_fold(wf) and (kind == "folded" or can_fold(a.fmt)):
-        if f32:
-            return plan("bf16-exact" if kind == "mx" else "fp32-exact", why32)
+        fp8 = _fp8_ok(dev)
+        if f32 or not fp8:
+            return plan("bf16-exact" if kind == "mx" else "fp32-exact", why32 if f32 else why_sm)
         return plan("fold-fp8", f"{a.fmt.name} x {wf.name} both fold to E4M3 (fold ranges of mxkit.fold)")
     if kind == "fp8_rowwise" and can_fold(wf):
-        if f32:
-            return plan("fp32-exact", why32)
+        fp8 = _fp8_ok(dev)
+        if f32 or not fp8:
+            return plan("fp32-exact", why32 if f32 else why_sm)
         return plan("w4a8-fp8", f"{wf.name} weight folds to E4M3; activations are FP8 E4M3 rowwise")
     if kind == "mx" and _a8w8_ok(a.fmt, b, M, dev):
         return plan("a8w8-mma", f"M={M} <= the MXFP8 x MXFP8 envelope ({_a8w8_max_m(b, M, dev)}, "

@@ -780,8 +780,11 @@ def test_mxmoe_quantized_activation_gradients(act_format, rng):
     for got, want, name in ((xi.grad, x64.grad, "x"), (m.router.weight.grad, rw.grad, "router weight"),
                             (m.router.bias.grad, rb.grad, "router bias"), (m.gate_up_bias.grad, b1.grad, "b_gate_up"),
                             (m.down_bias.grad, b2.grad, "b_down")):
+        # (the module's backward evaluates in float32, this function in float64: now and then one element of h or of
+        # the intermediate lands a bf16 / FP8 rounding step away (a boundary flip), ~1e-4 of the norm; the defects
+        # this guards against were 4-23%)
         err = float((got.double() - want).norm() / want.norm())
-        assert err < 1e-5, (name, err)
+        assert err < 2e-3, (name, err)
     # the op: the gradients of the same function (moe_mxfp4 has none for x and b_gate_up; moe_w4a8's were off by
     # 0.2-4%: its reference differentiated through the FP8 scales' amax and rounded the gradient to bf16 at each
     # GEMM's bf16 rounding)

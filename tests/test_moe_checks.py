@@ -430,3 +430,45 @@ def test_check_moe_args_refusals(rng):
     a[6] = a[6].to("meta")
     with pytest.raises(ValueError, match="one device"):
         check_moe_args(*a, activation="swiglu")
+
+
+def test_moe_op_edges_from_an_audit(rng, monkeypatch):
+    """mxkit.moe where a gradient is needed runs the reference whatever backend resolves (the Triton kernels have
+    no backward: on CUDA the gradients were silently dropped); moe with no tokens keeps every input that needs a
+    gradient in the graph (as moe_w4a8 does); moe_mxfp4 refuses float64 x, H or I not a multiple of 32 and an x that
+    needs a gradient for every token count (0 tokens skipped the check); the reference's grouped GEMM refuses
+    negative token ids (they read token -1) and moe_reference an integer intermediate_dtype (it truncated)."""
+    from mxkit.moe_reference import align_block_size, grouped_matmul_reference, moe_reference
+
+    E, H, I, k = 4, 64, 32, 2
+    wg = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    wd = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    b1, b2 = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
+    x, logits = torch.randn(5, H, generator=rng), torch.randn(5, E, generator=rng)
+    # a backend that resolves to the kernels: with a gradient to give, the reference runs
+    monkeypatch.setattr(moe_op, "resolve_moe_backend", lambda backend, device: "triton")
+    monkeypatch.setitem(moe_op._IMPLS, "triton", lambda *a, **kw: pytest.fail("the kernels ran for a gradient"))
+    xg = x.clone().requires_grad_()
+    moe_op.moe(xg, wg, b1, wd, b2, logits, k).sum().backward()
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
+    monkeypatch.undo()
+    bg = b2.clone().requires_grad_()
+    y0 = moe_op.moe(x[:0], wg, b1, wd, bg, logits[:0], k)
+    assert y0.shape == (0, H) and y0.requires_grad
+    y0.sum().backward()
+    assert torch.equal(bg.grad, torch.zeros_like(b2))
+    for bad, err, match in ((x.double(), TypeError, "float64"), (x[:0].clone().requires_grad_(), ValueError, "x or b_gate_up")):
+        with pytest.raises(err, match=match):
+            moe_op.moe_mxfp4(bad, wg, b1, wd, b2, logits[: bad.shape[0]], k)
+    w16 = mxkit.quantize(torch.randn(E, H, 48, generator=rng), "mxfp4", block_size=16)
+    wg48 = mxkit.quantize(torch.randn(E, 96, H, generator=rng), "mxfp4")
+    with pytest.raises(ValueError, match="blocks of 32: got 48"):
+        moe_op.moe_mxfp4(x, wg48, None, w16, None, logits, k)
+    w, ids = route(logits, k)
+    sorted_ids, expert_ids, _ = align_block_size(ids, E, 16)
+    bad = sorted_ids.clone()
+    bad[0] = -1
+    with pytest.raises(ValueError, match="negative ids"):
+        grouped_matmul_reference(x, wg, bad, expert_ids, 16, k)
+    with pytest.raises(TypeError):
+        moe_reference(x, wg, b1, wd, b2, w, ids, intermediate_dtype=torch.int32)

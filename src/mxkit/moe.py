@@ -105,10 +105,13 @@ def moe_experts(
     ``intermediate_dtype``: each backend keeps its own) and result (x (T, H), experts (E, 2I, H) / (E, H, I) MX
     along K, topk (T, k); returns (T, H) in ``out_dtype``, default ``x.dtype``), run by ``backend``. ``packed``: the
     experts of :func:`mxkit.kernels.moe.pack_experts_mma` for the Triton backend's decode path (ignored elsewhere).
-    Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
+    Gradients: where x, the routing weights or a bias needs one, the reference runs (the Triton kernels have no
+    backward; they ran and gave none). Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
     check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                    expert_range=expert_range, num_experts=num_experts)
     name = resolve_moe_backend(backend, x.device)
+    if name == "triton" and needs_grad(x, topk_weights, b_gate_up, b_down):
+        name = "reference"
     extra = {"packed": packed} if name == "triton" and packed is not None else {}
     return _IMPLS[name](x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                         out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts, **extra)
@@ -156,6 +159,8 @@ def moe(
     out = moe_experts(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
                       expert_range=expert_range, num_experts=router_logits.shape[-1], backend=backend,
                       packed=packed)
+    if x2.shape[0] == 0:  # (no tokens: zeros still in the graph of every input that needs a gradient, as moe_w4a8's)
+        return _no_tokens(x, b_gate_up, b_down, router_logits) + out.reshape(x.shape)
     return out.reshape(x.shape)
 
 
@@ -245,7 +250,8 @@ def moe_w4a8(
 ) -> torch.Tensor:
     """The MoE layer in W4A8 (TensorRT-LLM's GPT-OSS serving mode on Hopper): the tokens cast to FP8 E4M3 with a
     scale per token (:func:`mxkit.quantize_fp8_rowwise`), FP4 / FP6 experts, FP8 tensor cores on CUDA
-    (:func:`mxkit.kernels.moe.moe_w4a8_triton`), :func:`~mxkit.moe_reference.moe_w4a8_reference` otherwise.
+    (:func:`mxkit.kernels.moe.moe_w4a8_triton`), :func:`~mxkit.moe_reference.moe_w4a8_reference` otherwise (and for
+    experts of other formats, MXFP8 / MXINT8, which do not fold: the same function, exact, on the reference).
 
     Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
     a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
@@ -308,7 +314,9 @@ def moe_mxfp4(
     expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
     that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that do not
     fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
-    envelope) take the reference. Returns (..., H) in x's dtype. No expert parallelism here. Gradients: the
+    envelope; experts of other formats) take the reference, whose combine sums the k slots in float64 and rounds
+    once. H and I are multiples of 32 (the MXFP4 blocks; ValueError otherwise), x not float64 (TypeError).
+    Returns (..., H) in x's dtype. No expert parallelism here. Gradients: the
     logits and ``b_down`` get theirs through the reference; x and ``b_gate_up`` get none (the MXFP4 quantizations),
     so a call where either needs one raises ValueError (:class:`mxkit.nn.MXMoE` with ``act_format="mxfp4"``
     passes them straight through). Raises the
@@ -387,13 +395,19 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     if router_logits.shape[-1] != E:  # (the ids index the experts: routing over other experts is a caller's bug)
         raise ValueError(f"router_logits {tuple(router_logits.shape)} route over {router_logits.shape[-1]} experts "
                          f"but the experts hold E={E} (no expert parallelism here)")
+    if run_reference is _mxfp4_reference:  # (before the no-token return: the same refusals for every T)
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"moe_mxfp4 quantizes x to MXFP4: float32 / bfloat16 / float16 x, got {x.dtype}")
+        for name, n in (("H (x's last dim)", H), ("I (the down experts' K)", w_down.shape[-1])):
+            if n % 32:
+                raise ValueError(f"moe_mxfp4 quantizes along {name} in blocks of 32: got {n}")
+        if needs_grad(x, b_gate_up):
+            raise ValueError("moe_mxfp4 has no gradient for x or b_gate_up (their MXFP4 quantizations are not "
+                             "differentiable); use mxkit.nn.MXMoE(act_format='mxfp4'), whose backward passes them "
+                             "straight through, or detach them")
     if x2.shape[0] == 0:
         return _no_tokens(x, b_gate_up, b_down, router_logits)
     grad = needs_grad(x, b_gate_up, b_down, router_logits)
-    if run_reference is _mxfp4_reference and needs_grad(x, b_gate_up):
-        raise ValueError("moe_mxfp4 has no gradient for x or b_gate_up (their MXFP4 quantizations are not "
-                         "differentiable); use mxkit.nn.MXMoE(act_format='mxfp4'), whose backward passes them "
-                         "straight through, or detach them")
     if not grad and resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
         from .kernels.moe import fold_experts
 

@@ -400,6 +400,9 @@ def grouped_matmul_reference(
     if P == 0:
         return out
     ids = sorted_token_ids.reshape(-1).to(torch.int64)
+    if bool((ids < 0).any()):  # (a negative id would read token -1 as a real row)
+        raise ValueError(f"sorted_token_ids holds negative ids (min {int(ids.min())}); ids are token * top_k + slot, "
+                         f"and T * top_k marks padding")
     valid = ids < num_tokens * top_k
     row_expert = expert_ids.reshape(-1).to(torch.int64).repeat_interleave(block_m)
     hit = torch.unique(row_expert[valid]).tolist()
@@ -538,6 +541,7 @@ def moe_reference(
     h = grouped_matmul_reference(x, w_gate_up, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_gate_up)
     act = ACTIVATIONS[activation](h)
     if intermediate_dtype is not None:
+        intermediate_dtype = check_out_dtype(intermediate_dtype)  # (a float dtype: an int one truncated silently)
         act = _through(lambda v: round_from_float64(v, intermediate_dtype).to(torch.float64))(act)
     y = grouped_matmul_reference(act, w_down, sorted_ids, expert_ids, REFERENCE_BLOCK_M, k, b_down, gather=False,
                                  num_tokens=T)

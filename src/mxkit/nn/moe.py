@@ -699,6 +699,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             raise TypeError(f"MXMoE takes a tensor x (..., hidden_size), got {type(x).__name__}")
         if x.dtype not in _FLOATS:  # (mxkit.moe's: float64 runs on its reference)
             raise TypeError(f"MXMoE takes x of float32 / bfloat16 / float16 (float64: the reference), got {x.dtype}")
+        if self.act_format is not None and x.dtype == torch.float64:  # (quantized activations: no float64 path)
+            raise TypeError(f"MXMoE with act_format={self.act_format!r} takes x of float32 / bfloat16 / float16, got "
+                            f"{x.dtype}")
         if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
         if x.device != self.gate_up_qdata.device:

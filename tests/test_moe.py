@@ -531,8 +531,10 @@ def test_moe_op_errors(rng):
         mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, E + 1)
     with pytest.raises(ValueError, match="leading dims"):
         mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits[:3], 2)
-    with pytest.raises(ValueError, match="num_experts=16"):
+    with pytest.raises(ValueError, match="routing is over 16 experts \\(router_logits' last dim"):
         mxkit.moe(x, w_gu, b_gu, w_d, b_d, torch.randn(4, 16), 2)
+    with pytest.raises(ValueError, match="unknown activation"):
+        mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2, activation=["swiglu"])
     with pytest.raises(ValueError, match="unknown backend"):
         mxkit.moe(x, w_gu, b_gu, w_d, b_d, logits, 2, backend="cuda")
     with pytest.raises(ValueError, match="needs CUDA"):

@@ -478,11 +478,12 @@ def check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_i
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != T:
         raise ValueError(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must "
                          f"both be (T, k) with T={T} (x {tuple(x.shape)})")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:  # (a list: not an unhashable-type error)
         raise ValueError(f"unknown activation={activation!r}; known: {', '.join(ACTIVATIONS)}")
     if expert_range is None:
-        if num_experts is not None and num_experts != E:
-            raise ValueError(f"{num_experts=} but the experts hold E={E} (pass expert_range for a slice)")
+        if num_experts is not None and num_experts != E:  # (mxkit.moe passes router_logits' last dim as num_experts)
+            raise ValueError(f"the routing is over {num_experts} experts (router_logits' last dim, or num_experts) "
+                             f"but the experts hold E={E} (pass expert_range for a slice)")
     else:
         if num_experts is None:
             raise ValueError("expert_range needs num_experts (the global expert count the ids refer to)")

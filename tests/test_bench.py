@@ -247,7 +247,8 @@ def test_list_checks_the_timing_options_too(argv, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["gemm", "--shapes", "1x64x33"], "case(s) cannot run: 1x64x33: K=33 is not a multiple of 32 (--list"),
     (["quantize", "--shapes", "4x4", "--formats", "mxfp4"], "case(s) cannot run: "),
-    (["gemm", "--quick", "--rounds", "3", "--peers", "torchao"], "--rounds 3 interleaves mxkit with the reference peer")])
+    (["gemm", "--quick", "--rounds", "3", "--peers", "torchao"],
+     "--rounds 3 interleaves mxkit with the reference peer")])
 def test_a_run_refuses_up_front_what_it_cannot_run(argv, needle, monkeypatch, capsys):
     """Cases no kernel takes (K not a multiple of 32) and --rounds without the reference peer are usage errors
     before any timing (they ran the whole bench, then exited 1 on n/a rows / printed an n/a x column), whether or

@@ -799,7 +799,8 @@ def test_mxmoe_quantized_activation_gradients(act_format, rng):
     xo = x.clone().requires_grad_(w4a8)
     bg, bd = (p.detach().clone().requires_grad_(p is m.down_bias or w4a8) for p in (m.gate_up_bias, m.down_bias))
     op(xo, m.gate_up_mx, bg, m.down_mx, bd, r(xo), k).backward(g)
-    checks = [(r.weight.grad, rw.grad, "router weight"), (r.bias.grad, rb.grad, "router bias"), (bd.grad, b2.grad, "b_down")]
+    checks = [(r.weight.grad, rw.grad, "router weight"), (r.bias.grad, rb.grad, "router bias"),
+              (bd.grad, b2.grad, "b_down")]
     if w4a8:
         checks += [(xo.grad, x64.grad, "x"), (bg.grad, b1.grad, "b_gate_up")]
     for got, want, name in checks:

@@ -457,7 +457,8 @@ def test_moe_op_edges_from_an_audit(rng, monkeypatch):
     assert y0.shape == (0, H) and y0.requires_grad
     y0.sum().backward()
     assert torch.equal(bg.grad, torch.zeros_like(b2))
-    for bad, err, match in ((x.double(), TypeError, "float64"), (x[:0].clone().requires_grad_(), ValueError, "x or b_gate_up")):
+    for bad, err, match in ((x.double(), TypeError, "float64"),
+                            (x[:0].clone().requires_grad_(), ValueError, "x or b_gate_up")):
         with pytest.raises(err, match=match):
             moe_op.moe_mxfp4(bad, wg, b1, wd, b2, logits[: bad.shape[0]], k)
     w16 = mxkit.quantize(torch.randn(E, H, 48, generator=rng), "mxfp4", block_size=16)

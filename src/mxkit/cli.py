@@ -391,7 +391,8 @@ def _cmd_tune(args) -> int:
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
         try:  # ("×" as the bench's parser takes it; the values are check_shapes' to judge)
-            shapes = tuple(tuple(int(v) for v in s.lower().replace("×", "x").split("x")) for s in args.shapes.split(","))
+            shapes = tuple(tuple(int(v) for v in s.lower().replace("×", "x").split("x"))
+                           for s in args.shapes.split(","))
         except ValueError:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
         if any(len(s) != 2 for s in shapes):

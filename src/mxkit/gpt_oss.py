@@ -690,10 +690,10 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     resolved first: its target is replaced and the link keeps pointing at it.
     Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint; ValueError for
     ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, is not a
-    directory, or is a non-empty directory holding no checkpoint; ValueError for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the
-    source); CheckpointError (naming the tensor) when a layer's tensor no longer matches the source's shape or
-    dtype, or an MXTensor is not MXFP4 along its last axis; and the errors of reading the source (see
-    :func:`load_gpt_oss`).
+    directory, or is a non-empty directory holding no checkpoint; ValueError for a ``dst`` that holds ``ckpt.path``
+    (a parent of it: replacing it would delete the source); CheckpointError (naming the tensor) when a layer's
+    tensor no longer matches the source's shape or dtype, or an MXTensor is not MXFP4 along its last axis; and the
+    errors of reading the source (see :func:`load_gpt_oss`).
     """
     from tqdm.auto import tqdm
 

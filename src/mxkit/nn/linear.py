@@ -488,8 +488,9 @@ def _skip_matcher(skip: SkipLike) -> Callable[[str, nn.Module], bool]:
     return lambda name, mod: any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-_CARRIED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
-                  "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_is_full_backward_hook")
+_CARRIED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
+                  "_backward_hooks", "_is_full_backward_hook")
 _STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                      "_load_state_dict_post_hooks")
 
@@ -546,9 +547,9 @@ def quantize_model(
       callable ``(name, module) -> bool``; matching layers are left as they are.
     Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
     bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own or a forward replaced on the instance
-    (accelerate's hooks), and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` /
-    ``linear2``, read by its fast path) are left alone, reported with status ``"unsupported"`` and listed in one
-    ``UserWarning``.
+    (accelerate's hooks), and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
+    ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) are left
+    alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
     A replaced layer's forward and backward hooks move to its MXLinear (their handles still remove them); its
     state_dict hooks, written for nn.Linear's keys, do not (a ``UserWarning`` names the layers).
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another

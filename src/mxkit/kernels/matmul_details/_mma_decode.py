@@ -403,8 +403,8 @@ def pair_counters(device: torch.device, n: int, owner: str = "pairs") -> torch.T
     """At least ``n`` int32 arrival counters for the kernels of ``owner`` ("pairs": the down GEMM of
     :func:`pairs_mma`; "router": :func:`mxkit.kernels.moe_details._route.router_gpt_oss`) on the current stream
     of ``device``: zero between launches (each launch's last blocks reset theirs), one set per owner and stream
-    (two streams running at once would otherwise share them). A larger request replaces the set but keeps the old one alive: a CUDA graph
-    captured with it still points there."""
+    (two streams running at once would otherwise share them). A larger request replaces the set but keeps the old
+    one alive: a CUDA graph captured with it still points there."""
     idx = _index(device)
     kept = _COUNTERS.setdefault((idx, _raw_stream(idx), owner), [])
     if not kept or kept[0].numel() < n:

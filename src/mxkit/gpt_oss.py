@@ -511,16 +511,22 @@ def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
                               "directory's shapes and dtypes")
 
 
+def _header(path: Path) -> tuple[int, int, object]:
+    """(file size, header length n, the parsed JSON header) of a safetensors file: an 8-byte little-endian n, then
+    n bytes of JSON. Raises ValueError (or UnicodeDecodeError) for a header that does not fit or parse."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if size < 8 or n > size - 8:
+            raise ValueError(f"header length {n} does not fit the file's {size} bytes")
+        return size, n, json.loads(fh.read(n))  # (json.JSONDecodeError is a ValueError)
+
+
 def _cut_off(path: Path) -> str:
     """For the error of an unreadable safetensors file: ``"; tensors past the end of the file: ..."`` naming those
     whose header data range runs past the file's bytes (a truncated file whose header is intact), else ""."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            if size < 8 or n > size - 8:
-                return ""
-            header = json.loads(fh.read(n))
+        size, n, header = _header(path)
     except (OSError, ValueError, UnicodeDecodeError):
         return ""
     if not isinstance(header, dict):
@@ -539,15 +545,10 @@ def _data_ranges(path: Path, names: Iterable[str]) -> dict[str, tuple[int, int]]
     itself: an 8-byte little-endian header length n, n bytes of JSON ``{name: {"data_offsets": [b, e], ...}}``, then
     the data (offsets relative to its start, 8 + n). Raises CheckpointError naming the file (and the tensor) for an
     unreadable header or a range outside the file."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        try:
-            if size < 8 or n > size - 8:
-                raise ValueError(f"header length {n} does not fit the file's {size} bytes")
-            header = json.loads(fh.read(n))
-        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-            raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from e
+    try:
+        size, n, header = _header(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from e
     out = {}
     for name in names:
         entry = header.get(name) if isinstance(header, dict) else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import io
 import datetime as _dt
+import io
 import json
 import math
 import platform

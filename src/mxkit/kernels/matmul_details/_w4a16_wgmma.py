@@ -623,7 +623,7 @@ class _XDesc:
         self.base, self.shape, self.strides, self.block_shape = x, x.shape, x.stride(), (bm, 64)
 
 
-_DESCS: dict = {}  # id(q) -> (key, descs) while q lives (see _weight_descs)
+_DESCS: dict = {}  # id(q) -> (key, descs, weakref to q) while q lives (see _weight_descs)
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,13 @@ def _bound(y, a, b, bias=None, truncating=False):
 
 
 def _activations(M: int, K: int, dtype, g, device: str) -> torch.Tensor:
-    """Rows of every kind the fold meets: narrow, a span of exactly the window, one past it, a span of 80,
-    tiny (row scale below 2^-54), huge (above 2^54), a NaN, zero; the rest random."""
+    """Rows of every kind the fold meets: a span of 80 scale steps (24 in fp16: past every fold window either
+    way), a span of about 15, tiny (row scale below 2^-54), huge (above 2^54; not in fp16), a NaN, zero; the rest
+    random."""
     x = torch.randn(M, K, generator=g).to(dtype)
-    x[1, :32] *= 2.0**40
-    x[1, 32:64] *= 2.0**-40
+    wide = 40 if dtype != torch.float16 else 12  # fp16: 2^40 overflows (an Inf row is a NaN row, not a wide one)
+    x[1, :32] *= 2.0**wide
+    x[1, 32:64] *= 2.0**-wide
     x[2, 32:64] *= 2.0**-15  # a span of about 15 scale steps
     x[3] *= 2.0**-100
     x[4] *= 2.0**90 if dtype != torch.float16 else 1.0

@@ -92,6 +92,27 @@ def test_gpu_fp8_gemm_grouped(E, N, K, rng):
     assert torch.equal(y2[:end].view(torch.int16), y[:end].view(torch.int16))
 
 
+@pytest.mark.gpu
+@gpu
+def test_gpu_fp8_gemm_row_scales_of_any_magnitude(rng):
+    """The weight's power-of-two scale goes on first: rows of a with scales 2^120 / 2^-140 (an FP8 rowwise token's
+    amax / 448 can be either) times weight rows scaled 2^-50 / 2^50 come out within the bound, where applying sa
+    first (cuBLAS's order) overflows or rounds twice in float32."""
+    M, N, K = 64, 128, 2880
+    a, sa = fp8_rows(M, K, rng)
+    b, _ = fp8_rows(N, K, rng)
+    sb = torch.where(torch.arange(N, device="cuda") % 2 == 0, 2.0**-50, 2.0**50).float()
+    sa[::4] = 2.0**120
+    sa[1::4] = 2.0**-140
+    y = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    f8.fp8_gemm(a, b, sa, sb, y=y)
+    ref = a.double() * sa.double()[:, None] @ (b.double() * sb.double()[:, None]).T
+    live = torch.isfinite(ref.to(torch.bfloat16))
+    assert live[::4, ::2].all()  # (2^120 * 2^-50: inside bf16's range)
+    assert torch.equal(torch.isfinite(y).cpu(), live.cpu())
+    check(y, ref, a, b, sa, sb, torch.arange(M), torch.arange(N))
+
+
 def _tile_table_cases(g, device):
     """The tile-table kernel against its PyTorch twin: empty groups, groups of exactly a tile, rows to spare;
     every sorted row of a group in exactly one used row of the table. Returns the number of cases."""

@@ -143,6 +143,58 @@ def _check_fixup_quantizes_in_every_mode(device: str, g) -> int:
     return n
 
 
+def _fp8_rowwise_rows(M: int, K: int, g, device: str):
+    """FP8 rowwise activations [M, K] whose rows 0-4 carry scales outside cuBLAS' exact epilogue range 2^+-54
+    (2^-70, 2^60, 2^-149, 2^120, Inf), rows 5 / 6 its ends (2^-54, 2^54, inside), row 7 NaN, the rest amax / 448.
+    Returns (the Fp8Rowwise, the flagged rows bool [M])."""
+    a = mxkit.quantize_fp8_rowwise(torch.randn(M, K, generator=g))
+    scale = a.scale.clone()
+    scale[:8, 0] = torch.tensor([2.0**-70, 2.0**60, 2.0**-149, 2.0**120, float("inf"), 2.0**-54, 2.0**54,
+                                 float("nan")])
+    flagged = torch.zeros(M, dtype=torch.bool)
+    flagged[:5] = True
+    return mxkit.Fp8Rowwise(a.data.to(device), scale.to(device)), flagged
+
+
+def _check_fixup_fp8_rowwise(device: str, g) -> int:
+    """The w4a8-fp8 path's fix-up (an Fp8Rowwise a): on a NaN-poisoned output it writes exactly the rows whose
+    row scale lies outside 2^+-54 (cuBLAS' epilogue applies it before the weight's and can overflow or round
+    twice there) and the weight's special rows' columns, each within the bound (float32 out, and bf16 on CUDA;
+    with and without a bias)."""
+    from mxkit.kernels.matmul_details._row_fixup import fixup
+
+    M, K, N = 12, 192, 72
+    n = 0
+    for wfmt, spread, base, out, with_bias in (("mxfp4_e2m1", 2, 100, torch.float32, True),
+                                                ("mxfp6_e3m2", 20, 87, torch.bfloat16, False)):
+        pw = mxkit.pack_weight(rand_mx((N, K), wfmt, g, spread=spread, base=base, device=device), act="fp8_rowwise")
+        assert (pw.special_rows.numel() > 0) == (spread > 2)
+        a, flagged = _fp8_rowwise_rows(M, K, g, device)
+        bias = torch.randn(N, generator=g).to(device) if with_bias else None
+        out = out if device == "cuda" else torch.float32  # (the interpreter's bf16 casts truncate)
+        y = torch.full((M, N), float("nan"), dtype=out, device=device)
+        fixup(y, a, pw.source, bias, M, N, K, fold=(None, a.scale), special=pw.special_rows)
+        written = ~torch.isnan(y.float()).cpu()
+        want = flagged[:, None].expand(M, N).clone()
+        want[:, pw.special_rows.cpu()] = True
+        want[7] = False  # (a NaN row scale: not flagged; NaN in the special columns)
+        assert torch.isinf(y[4].float()).any() and (torch.isinf(y[4].float()) | torch.isnan(y[4].float())).all()
+        written[4] = want[4]  # (an Inf row scale: +-Inf, or NaN where a sum is 0)
+        assert torch.equal(written, want), (wfmt, written.int())
+        rows = torch.tensor([0, 1, 2, 3])
+        sub = mxkit.Fp8Rowwise(a.data[rows.to(device)], a.scale[rows.to(device)])
+        assert torch.isfinite(y[rows.to(device)].float()).all(), wfmt
+        _bound(y[rows.to(device)], sub, pw.source, bias)
+        if pw.special_rows.numel():
+            cols = pw.special_rows
+            keep = torch.tensor([r for r in range(M) if r not in (4, 7)])
+            sub = mxkit.Fp8Rowwise(a.data[keep.to(device)], a.scale[keep.to(device)])
+            w = MXTensor(pw.source.qdata[cols], pw.source.scale[cols], pw.source.fmt, 1, 32, (cols.numel(), K))
+            _bound(y[keep.to(device)][:, cols], sub, w)
+        n += 1
+    return n
+
+
 def _scale_rows(M: int, K: int, fmt: str, g, device: str):
     """An MX ``a`` whose rows 2 (every scale byte 0 or 1: E4M3's subnormals times 2^-127 are not bf16 values) and
     5 (one block at byte 247, small codes) lie outside the bf16-exact envelope of FP8 elements, and row 6 (one
@@ -203,7 +255,7 @@ def _check_interpreted() -> None:
 
     g = interpreted_rng(_row_fixup._fixup_kernel)
     n = _check_fixup("cpu", g) + _check_fixup_writes_only_flags("cpu", g) + _check_scale_fixup("cpu", g)
-    n += _check_fixup_quantizes_in_every_mode("cpu", g)
+    n += _check_fixup_quantizes_in_every_mode("cpu", g) + _check_fixup_fp8_rowwise("cpu", g)
     print(f"interpreter checks passed: {n}")
 
 
@@ -218,6 +270,36 @@ def test_fixup_interpreted():
 def test_gpu_fixup(rng):
     assert _check_fixup("cuda", rng) and _check_fixup_writes_only_flags("cuda", rng)
     assert _check_scale_fixup("cuda", rng) and _check_fixup_quantizes_in_every_mode("cuda", rng)
+    assert _check_fixup_fp8_rowwise("cuda", rng) == 2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_w4a8_rows_outside_the_epilogue_range(rng):
+    """w4a8-fp8 on CUDA: token rows whose FP8 row scale lies outside 2^+-54 come out finite and within the bound,
+    where cuBLAS' epilogue alone (the row scale applied first) overflows (2^120 times sums up to ~2^23, weights
+    near 2^-50); the other rows are the FP8 GEMM's bytes; captured in a CUDA graph, the eager bytes."""
+    M, K, N = 16, 2880, 256
+    pw = mxkit.pack_weight(rand_mx((N, K), "mxfp4_e2m1", rng, spread=2, base=77, device="cuda"), act="fp8_rowwise")
+    assert pw.special_rows.numel() == 0
+    a, flagged = _fp8_rowwise_rows(M, K, rng, "cuda")
+    assert mxkit.gemm_plan(a, pw).path == "w4a8-fp8"
+    raw = torch._scaled_mm(a.data, pw.folded.data.t(), a.scale, pw.folded.scale.reshape(1, N),
+                           out_dtype=torch.bfloat16)
+    assert not torch.isfinite(raw[3]).all(), "cuBLAS' epilogue no longer overflows: the test shows nothing"
+    y = mxkit.matmul(a, pw)
+    keep = torch.tensor([r not in (4, 7) for r in range(M)], device="cuda")
+    assert torch.isfinite(y[keep]).all()
+    _bound(y[keep], mxkit.Fp8Rowwise(a.data[keep], a.scale[keep]), pw.source)
+    ok = ~flagged.cuda()
+    ok[7] = False  # (NaN either way)
+    assert torch.equal(y[ok].view(torch.int16), raw[ok].view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = mxkit.matmul(a, pw)
+    ys.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(ys.view(torch.int16), y.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -14,10 +14,10 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     FP4 / FP6 value times its scale is as exact in bf16 as in float32) or ``fp32-exact``.
 ``w4a8-fp8``
     FP4 / FP6 weights × FP8 E4M3 activations with a float32 scale per row (:class:`mxkit.Fp8Rowwise`,
-    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM. Exact for activation row scales in
-    [2^-54, 2^54] (rows whose amax lies in about [2.4e-14, 8e18]); the epilogue applies the row scale before the
-    weight's, so a row outside that range can overflow or lose bits where the product itself would not (not
-    yet fixed up, unlike the fold's rows: ``FOLD_EXP_LIMIT``).
+    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM, exact for activation row scales in
+    [2^-54, 2^54] (rows whose amax lies in about [2.4e-14, 8e18]: ``FOLD_EXP_LIMIT``); cuBLAS' epilogue applies
+    the row scale before the weight's, so the rows outside that range (and the weight's special rows' columns)
+    are then recomputed by the fix-up kernel (no host sync), as the fold path's are.
 ``bf16-exact``
     Any other MX × MX pair: both dequantized to bf16 (every MX value times its E8M0 scale is exact in bf16
     inside an envelope of scale bytes: the weight's is checked at pack time), then cuBLAS bf16 with float32
@@ -722,7 +722,11 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         fb = pw.folded
         if kind == "fp8_rowwise":
             y = _fp8_gemm(a.data.reshape(M, K), a.scale.reshape(M, 1), fb, N, out, bias)
-            if pw.special_rows.numel():
+            if y.is_cuda:  # rows whose scale cuBLAS' epilogue is not exact for, the weight's special rows: no sync
+                from .matmul_details._row_fixup import fixup
+
+                fixup(y, a, pw.source, bias, M, N, K, fold=(None, a.scale), special=pw.special_rows)
+            elif pw.special_rows.numel():  # (off CUDA the FP8 GEMM applies the weight's scale first: exact)
                 y = _fix_special(y, a, kind, M, pw, pw.special_rows[:0], pw.special_rows, bias)
             return y.reshape(*lead, N)
         # an MX a: a PendingFold on CUDA (it keeps its source), a complete Folded on the CPU

@@ -1,12 +1,15 @@
 """FP8 rowwise-scaled GEMM on Hopper wgmma (``fp8-wgmma``), dense and grouped: the fold paths' GEMM (issue #22's
 MXFP4 weights folded exactly to E4M3 rows with one power-of-two scale a row; FP8 E4M3 rowwise activations).
 
-    y[m, n] = round((sum_k a[m, k] * b[n, k]) * sa[m] * sb[n])       (float32 sums, one rounding to ``out``)
+    y[m, n] = round((sum_k a[m, k] * b[n, k]) * sb[n] * sa[m])       (float32 sums, one rounding to ``out``)
 
 ``a`` [M, K] and ``b`` [N, K] (grouped: [E * N, K], expert e's rows at e * N) float8_e4m3fn, K-major (both
 wgmma operands from shared memory: FP8 wgmma takes K-major operands only); ``sa`` [M] / ``sb`` [N] (grouped
 [E * N]) float32. The semantics of ``torch._scaled_mm`` / ``torch._scaled_grouped_mm`` with rowwise scales (the
-peers and the reference twin, :func:`fp8_gemm_reference`).
+peers and the reference twin, :func:`fp8_gemm_reference`), but for the order of the scales: cuBLAS applies sa
+first, this kernel sb, which on the fold paths is a power of two in 2^+-54 (exact: the accumulator stays normal),
+so that a row scale sa of any magnitude (an FP8 rowwise token's amax / 448) is rounded once, not overflowed or
+rounded twice; where sa lies in 2^+-54 too the two orders give the same bytes.
 
 Accumulation: Hopper's FP8 wgmma adds products into its accumulator with ~14 bits (DeepSeek-V3 sec. 3.3.2), so
 each 128-column step (four wgmma) is summed in a zeroed partial accumulator and added to the float32 one (as Triton's
@@ -97,14 +100,15 @@ def _kernel():
     @gluon.jit
     def _epilogue(acc, y_ptr, sa_ptr, sb_ptr, e, m0, m1, off_n, N, stride_ym, BM: gl.constexpr, BN: gl.constexpr,
                   ACC: gl.constexpr, OUT: gl.constexpr):
-        # the scales (acc * sa[m] * sb[n] in float32, cuBLAS's order), the one rounding, then the tile moved to OUT
+        # the scales (acc * sb[n] * sa[m] in float32: the weight's power of two first, module docstring), the one
+        # rounding, then the tile moved to OUT
         # (8 consecutive columns a thread: 16-byte stores; 8% faster than the accumulator layout's 4-byte ones)
         # and stored where its rows are the group's
         m_a = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC))
         sa = gl.load(sa_ptr + m_a, mask=m_a < m1, other=0.0)
         n_a = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
         sb = gl.load(sb_ptr + e * N + n_a, mask=n_a < N, other=0.0)
-        out = gl.convert_layout((acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)).to(y_ptr.dtype.element_ty), OUT)
+        out = gl.convert_layout((acc * gl.expand_dims(sb, 0) * gl.expand_dims(sa, 1)).to(y_ptr.dtype.element_ty), OUT)
         m_o = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, OUT))
         n_o = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, OUT))
         ptr = y_ptr + gl.expand_dims(m_o.to(gl.int64) * stride_ym, 1) + gl.expand_dims(n_o, 0)

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...formats import ElementFormat, Rounding
+from ...formats import ElementFormat, Rounding, get_format
 from ...tensor import MXTensor
 from .._env import interpreting
 from ..fold_details._fold import _quantize_chunk
@@ -66,11 +66,17 @@ def _mx_values(q_ptr, s_ptr, r64, rmask, k0, K, FMT: tl.constexpr, BLOCK_R: tl.c
 
 @triton.jit
 def _a_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr,
-              MODE: tl.constexpr, AWAY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+              MODE: tl.constexpr, AWAY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+              A_ROW: tl.constexpr = False):
     """float32 values [BLOCK_M, BLOCK_K] of columns k0 .. k0 + BLOCK_K of a's rows r64 (int64; masked rows 0): A_X,
-    the rows aq [*, K] (IN_KIND) quantized to A_FMT (MODE, AWAY) as the quantize kernels do, then decoded; else
-    MX codes aq and scale bytes as (:func:`_mx_values`)."""
-    if A_X:
+    the rows aq [*, K] (IN_KIND) quantized to A_FMT (MODE, AWAY) as the quantize kernels do, then decoded; A_ROW,
+    the E4M3 bytes aq [*, K] of FP8 rowwise activations (their row scale not applied); else MX codes aq and scale
+    bytes as (:func:`_mx_values`)."""
+    if A_ROW:
+        k = k0 + tl.arange(0, BLOCK_K)
+        d = tl.load(aq_ptr + r64[:, None] * K + k[None, :], mask=rmask[:, None] & (k < K)[None, :], other=0)
+        av = d.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    elif A_X:
         ac, asb, _ = _quantize_chunk(aq_ptr, r64 * K, k0, K, rmask, IN_KIND, A_FMT.bits, A_FMT.mbits,
                                      A_FMT.emin, A_FMT.emax, A_FMT.max_normal, A_FMT.max_frac, MODE, AWAY,
                                      False, BLOCK_M, BLOCK_K, True)
@@ -92,18 +98,21 @@ def _dot_exact(av, wv, acc, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, cols, cmask, cflag, K, ldy,
+def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, rs, cols, cmask, cflag, K, ldy,
                 A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr, MODE: tl.constexpr,
-                AWAY: tl.constexpr, W_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_BF16: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The exact tile y[rows, cols], stored where its row or column is flagged."""
+                AWAY: tl.constexpr, A_ROW: tl.constexpr, W_FMT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The exact tile y[rows, cols], stored where its row or column is flagged (A_ROW: the float32 sum times the
+    rows' scales rs [BLOCK_M], then the bias)."""
     r64 = rows.to(tl.int64)
     c64 = cols.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        av = _a_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_X, IN_KIND, A_FMT, MODE, AWAY, BLOCK_M, BLOCK_K)
+        av = _a_values(aq_ptr, as_ptr, r64, rmask, k0, K, A_X, IN_KIND, A_FMT, MODE, AWAY, BLOCK_M, BLOCK_K, A_ROW)
         wv = _mx_values(wq_ptr, ws_ptr, c64, cmask, k0, K, W_FMT, BLOCK_N, BLOCK_K)
         acc = _dot_exact(av, wv, acc, DOT_BF16)
+    if A_ROW:
+        acc = acc * rs[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     keep = (rflag[:, None] | cflag[None, :]) & rmask[:, None] & cmask[None, :]
@@ -113,7 +122,8 @@ def _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rf
 @triton.jit
 def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr, bias_ptr, M, N, K, ldy,
                   A_X: tl.constexpr, IN_KIND: tl.constexpr, A_FMT: tl.constexpr, MODE: tl.constexpr,
-                  AWAY: tl.constexpr, W_FMT: tl.constexpr, FLAG: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+                  AWAY: tl.constexpr, A_ROW: tl.constexpr, W_FMT: tl.constexpr, FLAG: tl.constexpr,
+                  LO: tl.constexpr, HI: tl.constexpr,
                   HAS_COLS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Recompute the flagged elements of y [M, N] (row stride ldy) exactly (module docstring): rows by FLAG 0
@@ -121,13 +131,19 @@ def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr,
     byte of a outside [LO, HI], 0xFF not), columns by cf [N] uint8 != 0 (HAS_COLS). a: A_X False, MX codes aq
     (uint8 [M, K * bits / 8]; FP6 as int32 words) and scales as (uint8 [M, K / 32]) of format A_FMT (an
     ``ElementSpec``); A_X True, the rows aq [M, K] (IN_KIND: fp32 bits / bf16 bits / fp16) quantized to A_FMT
-    (MODE, AWAY) as the quantize kernels do. w: codes wq [N, ...] and scales ws [N, K / 32] of format W_FMT."""
+    (MODE, AWAY) as the quantize kernels do; A_ROW True (FLAG 0, no status read), FP8 rowwise activations: E4M3
+    bytes aq [M, K] times their float32 row scale rs (the fast GEMM's epilogue is exact for rs in [LO, HI]).
+    w: codes wq [N, ...] and scales ws [N, K / 32] of format W_FMT."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
+    rs = tl.full([BLOCK_M], 1.0, tl.float32)
     if FLAG == 0:
-        st = tl.load(st_ptr + rows, mask=rmask, other=0)
         rs = tl.load(rs_ptr + rows, mask=rmask, other=1.0)
-        rflag = rmask & ((st == 1) | (rs < LO) | (rs > HI))
+        if A_ROW:
+            rflag = rmask & ((rs < LO) | (rs > HI))
+        else:
+            st = tl.load(st_ptr + rows, mask=rmask, other=0)
+            rflag = rmask & ((st == 1) | (rs < LO) | (rs > HI))
     else:
         bad = tl.zeros([BLOCK_M], dtype=tl.int32)
         r64 = rows.to(tl.int64)
@@ -147,9 +163,9 @@ def _fixup_kernel(y_ptr, aq_ptr, as_ptr, st_ptr, rs_ptr, wq_ptr, ws_ptr, cf_ptr,
             else:
                 cflag = cols < 0
             if any_row or (tl.max(cflag.to(tl.int32), axis=0) > 0):
-                _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, cols, cmask, cflag,
-                            K, ldy, A_X, IN_KIND, A_FMT, MODE, AWAY, W_FMT, HAS_BIAS, DOT_BF16, BLOCK_M, BLOCK_N,
-                            BLOCK_K)
+                _fixup_tile(y_ptr, aq_ptr, as_ptr, wq_ptr, ws_ptr, bias_ptr, rows, rmask, rflag, rs, cols, cmask,
+                            cflag, K, ldy, A_X, IN_KIND, A_FMT, MODE, AWAY, A_ROW, W_FMT, HAS_BIAS, DOT_BF16,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -219,12 +235,17 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
            fold: Optional[tuple] = None, special: Optional[torch.Tensor] = None) -> None:
     """Overwrite in y [M, N] (contiguous rows), with the exact float32 product (+ bias) read from the MX bytes,
     the elements a fast GEMM was not exact for (``matmul_details._row_fixup``; one launch, no host sync: tiles
-    without a flagged row or column exit after reading their flags). ``src``: a's MXTensor (plain scales), or
-    the :class:`~mxkit.kernels.fold.QuantizedRows` a deferred quantize-fold read; ``w``: the weight (plain).
+    without a flagged row or column exit after reading their flags). ``src``: a's MXTensor (plain scales), the
+    :class:`~mxkit.kernels.fold.QuantizedRows` a deferred quantize-fold read, or FP8 rowwise activations
+    (:class:`mxkit.Fp8Rowwise`, data [M, K] contiguous, after the w4a8-fp8 path's FP8 GEMM); ``w``: the weight
+    (plain).
 
     fold: (status uint8 [M], row scale float32 [M]) of a's fold, after the fold path's FP8 GEMM: rows of status 1
-      or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows);
-      None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's bf16-exact range.
+      or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows); for
+      an Fp8Rowwise ``src``, (None, its row scales [M]): rows whose scale lies outside 2^+-FOLD_EXP_LIMIT (where
+      cuBLAS' epilogue, which applies it before the weight's, can overflow or round twice), and ``special``'s
+      columns; None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's
+      bf16-exact range.
     """
     if M and N:
         _launcher()(*fixup_launch(y, src, w, bias, M, N, K, fold=fold, special=special))
@@ -235,9 +256,16 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
     """The arguments of :func:`fixup`'s launch (M, N >= 1): (grid, tensors, ints, constexprs, num_warps), as
     ``_launcher()`` takes them. ``cols``: the column flags uint8 [N] of ``special`` made before (else made here
     where ``special`` has rows: one small allocation and scatter)."""
+    from ...packed import Fp8Rowwise
     from ..fold import _IN_KIND, _IN_VIEW, _MODE, QuantizedRows
 
-    if isinstance(src, QuantizedRows):
+    a_row = isinstance(src, Fp8Rowwise)
+    if a_row:
+        aq, a_s, a_fmt = src.data.reshape(M, K).contiguous().view(torch.uint8), y, get_format("mxfp8_e4m3")
+        if fold is None:
+            raise ValueError("an Fp8Rowwise a is fixed up after an FP8 GEMM: pass fold=(None, row scales)")
+        a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(a_fmt)), ("MODE", 0), ("AWAY", False))
+    elif isinstance(src, QuantizedRows):
         aq, a_s, a_fmt = src.x.view(_IN_VIEW[src.x.dtype]), y, src.fmt
         a_c = (("A_X", True), ("IN_KIND", _IN_KIND[src.x.dtype]), ("A_FMT", element_spec(a_fmt)),
                ("MODE", _MODE[src.scale_mode]), ("AWAY", src.rounding is Rounding.AWAY))
@@ -248,6 +276,8 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
         a_c = (("A_X", False), ("IN_KIND", 0), ("A_FMT", element_spec(a_fmt)), ("MODE", 0), ("AWAY", False))
     if fold is not None:
         status, row_scale = fold
+        status = y if status is None else status  # (unread with an Fp8Rowwise a)
+        row_scale = row_scale.reshape(M).contiguous()
         flag = (("FLAG", 0), ("LO", 2.0 ** -FOLD_EXP_LIMIT), ("HI", 2.0 ** FOLD_EXP_LIMIT))
     else:
         status = row_scale = y  # (unread)
@@ -255,8 +285,9 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
     cf = cols if cols is not None else column_flags(special, N, y.device)
     cols = cf is not None
     bm, bn, bk = FIXUP_BLOCKS
-    bf16 = y.is_cuda and not interpreting() and bf16_exact_values(a_fmt) and bf16_exact_values(w.fmt)
-    consts = a_c + (("W_FMT", element_spec(w.fmt)),) + flag + (
+    # (E4M3 codes without a block scale, an Fp8Rowwise a's, are bf16 values)
+    bf16 = (y.is_cuda and not interpreting() and (a_row or bf16_exact_values(a_fmt)) and bf16_exact_values(w.fmt))
+    consts = a_c + (("A_ROW", a_row), ("W_FMT", element_spec(w.fmt))) + flag + (
         ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
         ("BLOCK_K", bk))
     bias_t = y if bias is None else (bias if bias.is_contiguous() else bias.contiguous())

@@ -25,7 +25,7 @@
 #   MXKIT_DECODE_BUDGET     stage 6 (default 120)     MXKIT_SKIP_DECODE=1    skip stage 6
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
 #   MXKIT_TEST_K            a pytest -k expression for stage 1 (default: every gpu test)
-#   MXKIT_XDIST_N           pytest-xdist workers (default 16)
+#   MXKIT_XDIST_N           pytest-xdist workers (default 16; 8 on GPUs under 120 GB, e.g. an 80 GB H100)
 #   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_MOE_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra
 #                           options for the benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,
 #                           torchao", leaves out the compiled reference, whose torch.compile per pair and shape
@@ -66,7 +66,12 @@ if [ "${MXKIT_SKIP_TESTS:-0}" = 1 ]; then
     STATUS+=("tests: skipped (MXKIT_SKIP_TESTS=1)")
 else
     if python3 -c "import xdist" 2>/dev/null; then
-        PAR=(-n "${MXKIT_XDIST_N:-16}")
+        # 16 workers on a GPU of 120 GB or more (H200); 8 below it: on an 80 GB H100, 16 workers ran out of memory
+        # on 22 of the MoE / wgmma tests (2026-12-05, benchmarks/h100-2026-12-05/), which pass at 6
+        MEM_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+        DEF_N=16
+        if [ -n "$MEM_MIB" ] && [ "$MEM_MIB" -lt 120000 ] 2>/dev/null; then DEF_N=8; fi
+        PAR=(-n "${MXKIT_XDIST_N:-$DEF_N}")
     else
         PAR=(-p no:xdist)
         say "pytest-xdist is not importable here: the GPU tests run serially (-p no:xdist)"

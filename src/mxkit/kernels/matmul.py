@@ -14,10 +14,10 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     FP4 / FP6 value times its scale is as exact in bf16 as in float32) or ``fp32-exact``.
 ``w4a8-fp8``
     FP4 / FP6 weights × FP8 E4M3 activations with a float32 scale per row (:class:`mxkit.Fp8Rowwise`,
-    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM, exact for activation row scales in
-    [2^-54, 2^54] (rows whose amax lies in about [2.4e-14, 8e18]: ``FOLD_EXP_LIMIT``); cuBLAS' epilogue applies
-    the row scale before the weight's, so the rows outside that range (and the weight's special rows' columns)
-    are then recomputed by the fix-up kernel (no host sync), as the fold path's are.
+    TensorRT-LLM's W4A8): the folded weight into the same FP8 GEMM (cuBLAS' epilogue, measured on the H100:
+    row scales of 2^-149 to 2^120 against weight scales of 2^-54 to 2^54 come out finite wherever the product
+    is, ``benchmarks/probes/cublas_rowwise_order.py``); the weight's special rows' columns are then recomputed
+    by the fix-up kernel on CUDA (no host sync; it also redoes any row whose scale lies outside 2^+-54).
 ``bf16-exact``
     Any other MX × MX pair: both dequantized to bf16 (every MX value times its E8M0 scale is exact in bf16
     inside an envelope of scale bytes: the weight's is checked at pack time), then cuBLAS bf16 with float32
@@ -722,11 +722,11 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
         fb = pw.folded
         if kind == "fp8_rowwise":
             y = _fp8_gemm(a.data.reshape(M, K), a.scale.reshape(M, 1), fb, N, out, bias)
-            if y.is_cuda:  # rows whose scale cuBLAS' epilogue is not exact for, the weight's special rows: no sync
-                from .matmul_details._row_fixup import fixup
+            if pw.special_rows.numel() and y.is_cuda:  # the weight's special rows' columns (and any row whose
+                from .matmul_details._row_fixup import fixup  # scale lies outside 2^+-54), one launch, no sync
 
                 fixup(y, a, pw.source, bias, M, N, K, fold=(None, a.scale), special=pw.special_rows)
-            elif pw.special_rows.numel():  # (off CUDA the FP8 GEMM applies the weight's scale first: exact)
+            elif pw.special_rows.numel():
                 y = _fix_special(y, a, kind, M, pw, pw.special_rows[:0], pw.special_rows, bias)
             return y.reshape(*lead, N)
         # an MX a: a PendingFold on CUDA (it keeps its source), a complete Folded on the CPU

@@ -55,6 +55,16 @@ def make_experts(E, fmt, rng, *, bias=True, i_size=I):
     return w_gu, b_gu, w_d, b_d
 
 
+def _router(E, rng) -> nn.Linear:
+    """A float32 router (H -> E) drawn from ``rng`` (nn.Linear's own init draws from the global generator, which
+    MXKIT_TEST_SEED does not replay)."""
+    r = nn.Linear(H, E)
+    with torch.no_grad():  # (nn.Linear's distribution: uniform in +-1 / sqrt(H), weight and bias)
+        r.weight.copy_((torch.rand(E, H, generator=rng) * 2 - 1) * H**-0.5)
+        r.bias.copy_((torch.rand(E, generator=rng) * 2 - 1) * H**-0.5)
+    return r
+
+
 def oracle_weights(w: mxkit.MXTensor) -> torch.Tensor:
     """float64 values of an MX expert weight (E, N, K) along K, decoded by ml_dtypes, not by mxkit."""
     codes = oracle_unpack(w.qdata, w.fmt.name).numpy()
@@ -626,7 +636,7 @@ def test_mxmoe_state_dict_names_its_experts_and_row_layout(rng):
 @torch.no_grad()
 def test_mxmoe_from_dense_and_state_dict(fmt, rng):
     E, k = 8, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
     m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, fmt)
@@ -688,7 +698,7 @@ def test_mxmoe_gradients(device, rng):
     routings, with and without expert biases, a layer holding part of the experts, 3-D x in bf16; the forward
     keeps the bits it has without autograd (on CUDA the kernels')."""
     E, k = 8, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
     x = torch.randn(5, H, generator=rng).to(device)
@@ -716,7 +726,7 @@ def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
     weight and bias cast), the output in x's dtype and equal to the layer op on those logits (W4A16, W4A8 and
     MXFP4 x MXFP4); the router scores in x's dtype; gradients reach the float32 router and biases."""
     E, k = 8, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     dense = (torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
              torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))
     x = torch.randn(2, 3, H, generator=rng).to(dtype)
@@ -746,7 +756,7 @@ def test_mxmoe_quantized_activation_gradients(act_format, rng):
     in the routing weights). They were the W4A16 layer's: the routing weights got <grad y, y> of the unquantized
     expert outputs, up to 23% off (an expert's sign flipped) under MXFP4."""
     E, k, T = 8, 2, 6
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
     x, g = torch.randn(T, H, generator=rng), torch.randn(T, H, generator=rng)
@@ -759,52 +769,70 @@ def test_mxmoe_quantized_activation_gradients(act_format, rng):
         if act_format == "mxfp4":
             vq = mxkit.dequantize(mxkit.quantize(v32, "mxfp4"), torch.float64)
         else:
-            vq = mxkit.quantize_fp8_rowwise(v32).dequantize().double()
+            vq = mxkit.quantize_fp8_rowwise(v32).dequantize(torch.float64)  # (exact: float32 would round it)
         return v + (vq - v).detach()
 
-    def bf16(v):
-        return v + (v.to(torch.bfloat16).double() - v).detach()
+    def bf16(v, like=None):  # v rounded to bf16 straight through; ``like``: the values whose rounding it takes
+        return v + ((v if like is None else like).to(torch.bfloat16).double() - v).detach()
 
     W1, W2 = (mxkit.dequantize(getattr(m, f"{n}_mx"), torch.float64) for n in ("gate_up", "down"))
-    rw, rb = (p.detach().double().requires_grad_() for p in (m.router.weight, m.router.bias))
-    b1, b2 = (p.detach().double().requires_grad_() for p in (m.gate_up_bias, m.down_bias))
-    x64 = x.double().requires_grad_()
-    logits = x64 @ rw.t() + rb
-    top = torch.topk(logits, k, dim=-1)  # (random logits: no ties)
-    weights = torch.softmax(top.values, -1)
-    xq, y = q(x64), 0
-    for j in range(k):
-        e = top.indices[:, j]
-        h = bf16(torch.einsum("th,tnh->tn", xq, W1[e])) + b1[e]
-        ye = bf16(torch.einsum("ti,thi->th", q(swiglu_gpt_oss(h)), W2[e])) + b2[e]
-        y = y + weights[:, j, None] * ye
-    y.backward(g.double())
-    for got, want, name in ((xi.grad, x64.grad, "x"), (m.router.weight.grad, rw.grad, "router weight"),
-                            (m.router.bias.grad, rb.grad, "router bias"), (m.gate_up_bias.grad, b1.grad, "b_gate_up"),
-                            (m.down_bias.grad, b2.grad, "b_down")):
-        # (the module's backward evaluates in float32, this function in float64: now and then one element of h or of
-        # the intermediate lands a bf16 / FP8 rounding step away (a boundary flip), ~1e-4 of the norm; the defects
-        # this guards against were 4-23%)
-        err = float((got.double() - want).norm() / want.norm())
+
+    def function_grads(h_forward=None):
+        """The float64 gradients (x, router weight, router bias, b_gate_up, b_down) of the layer's function; h's
+        bf16 roundings those of h_forward (T, k, 2I) where given."""
+        rw, rb = (p.detach().double().requires_grad_() for p in (m.router.weight, m.router.bias))
+        b1, b2 = (p.detach().double().requires_grad_() for p in (m.gate_up_bias, m.down_bias))
+        x64 = x.double().requires_grad_()
+        logits = x64 @ rw.t() + rb
+        top = torch.topk(logits, k, dim=-1)  # (random logits: no ties)
+        weights = torch.softmax(top.values, -1)
+        xq, y = q(x64), 0
+        for j in range(k):
+            e = top.indices[:, j]
+            h = torch.einsum("th,tnh->tn", xq, W1[e])
+            h = bf16(h, None if h_forward is None else h_forward[:, j]) + b1[e]
+            ye = bf16(torch.einsum("ti,thi->th", q(swiglu_gpt_oss(h)), W2[e])) + b2[e]
+            y = y + weights[:, j, None] * ye
+        y.backward(g.double())
+        return {"x": x64.grad, "router weight": rw.grad, "router bias": rb.grad, "b_gate_up": b1.grad,
+                "b_down": b2.grad}, top.indices
+
+    want64, ids = function_grads()
+    # The module's backward recomputes h in float32, one expert at a time (nn/_moe_grad.py): where a float32 sum
+    # lands on the other side of a bf16 rounding boundary than the float64 one (~1 run in 300 on the element that
+    # sets an intermediate row's FP8 scale, which then moves the whole row), its function differs from the float64
+    # one. Its h values, from the same float32 products, give this test's function the module's roundings.
+    xq32 = q(x.double()).detach().float()
+    h32 = torch.empty(T * k, 2 * I)
+    flat = ids.reshape(-1)
+    for e in torch.unique(flat).tolist():
+        pair = (flat == e).nonzero().squeeze(1)
+        h32[pair] = xq32[pair // k] @ W1[e].float().t()
+    want32, _ = function_grads(h32.view(T, k, 2 * I))
+    for got, name in ((xi.grad, "x"), (m.router.weight.grad, "router weight"), (m.router.bias.grad, "router bias"),
+                      (m.gate_up_bias.grad, "b_gate_up"), (m.down_bias.grad, "b_down")):
+        # (the rest of the module's float32 evaluation, e.g. the activation, moves an element of the intermediate
+        # by one FP8 step now and then, ~1e-4 of the norm; the defects this guards against were 4-23%)
+        err = float((got.double() - want32[name]).norm() / want32[name].norm())
         assert err < 2e-3, (name, err)
-    # the op: the gradients of the same function (moe_mxfp4 has none for x and b_gate_up; moe_w4a8's were off by
-    # 0.2-4%: its reference differentiated through the FP8 scales' amax and rounded the gradient to bf16 at each
-    # GEMM's bf16 rounding)
+    # the op: the gradients of the same function in float64 (moe_mxfp4 has none for x and b_gate_up; moe_w4a8's
+    # were off by 0.2-4%: its reference differentiated through the FP8 scales' amax and rounded the gradient to
+    # bf16 at each GEMM's bf16 rounding), routed by a float64 copy of the router (float32 logits moved the
+    # routing weights' gradient by up to 5e-4 where two experts' outputs nearly cancel in it)
     from mxkit.moe import moe_mxfp4, moe_w4a8
 
     w4a8 = act_format == "fp8_e4m3_rowwise"
     op = moe_w4a8 if w4a8 else moe_mxfp4
-    r = copy.deepcopy(m.router)
+    r = copy.deepcopy(m.router).double()
     r.zero_grad()
     xo = x.clone().requires_grad_(w4a8)
     bg, bd = (p.detach().clone().requires_grad_(p is m.down_bias or w4a8) for p in (m.gate_up_bias, m.down_bias))
-    op(xo, m.gate_up_mx, bg, m.down_mx, bd, r(xo), k).backward(g)
-    checks = [(r.weight.grad, rw.grad, "router weight"), (r.bias.grad, rb.grad, "router bias"),
-              (bd.grad, b2.grad, "b_down")]
+    op(xo, m.gate_up_mx, bg, m.down_mx, bd, r(xo.double()), k).backward(g)
+    checks = [(r.weight.grad, "router weight"), (r.bias.grad, "router bias"), (bd.grad, "b_down")]
     if w4a8:
-        checks += [(xo.grad, x64.grad, "x"), (bg.grad, b1.grad, "b_gate_up")]
-    for got, want, name in checks:
-        err = float((got.double() - want).norm() / want.norm())
+        checks += [(xo.grad, "x"), (bg.grad, "b_gate_up")]
+    for got, name in checks:
+        err = float((got.double() - want64[name]).norm() / want64[name].norm())
         assert err < 1e-5, ("op", name, err)
 
 
@@ -814,7 +842,7 @@ def test_gpu_mxmoe_gradients_under_torch_compile(rng):
     """torch.compile of an MXMoE where x needs a gradient (the routing and the experts as mxkit::mx_moe_route and
     mxkit::mx_moe_experts, their backwards registered): the same output and gradients as the eager module."""
     E, k = 8, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
     m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").cuda()
@@ -1199,7 +1227,7 @@ def test_mxmoe_compiles_fullgraph_on_cpu(act_format, rng):
     expert biases) the routing is traced and the experts are mxkit::mx_moe_experts, whose registered backward is
     ExpertsGrad's: the output and every gradient equal the eager ones."""
     E, k = 8, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     w_gu, w_d = torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, H, I, generator=rng)
     b_gu, b_d = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
     m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format)
@@ -1228,7 +1256,7 @@ def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
     from mxkit.moe_reference import moe_w4a8_reference
 
     E, H, I2, k = 4, 64, 64, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     dense = dict(w_gate_up=torch.randn(E, I2, H, generator=rng), b_gate_up=torch.randn(E, I2, generator=rng),
                  w_down=torch.randn(E, H, I2 // 2, generator=rng), b_down=torch.randn(E, H, generator=rng))
     m = MXMoE.from_dense(router, dense["w_gate_up"], dense["b_gate_up"], dense["w_down"], dense["b_down"], k,
@@ -1274,7 +1302,7 @@ def test_mxmoe_fold_layout_survives_half(act_format, rng):
     scales stay float32 (float16 would flush the small experts' 2^-28), so its experts and checkpoint bytes are
     those of the same module never folded; .to(device) still moves them."""
     H, I, E, k = 64, 32, 4, 2
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     dense = (torch.randn(E, 2 * I, H, generator=rng) * 1e-6, torch.zeros(E, 2 * I),
              torch.randn(E, H, I, generator=rng) * 1e-6, torch.zeros(E, H))
     ref = MXMoE.from_dense(router, *dense, k, "mxfp4", act_format=act_format)
@@ -1361,7 +1389,7 @@ def test_gpu_mxmoe_copies_and_pickles_after_cuda_forwards(act_format, rng, tmp_p
     pickle raised on the expert copies' weak references)."""
     E, k = 8, 2
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
-    m = MXMoE.from_dense(nn.Linear(H, E), torch.randn(E, 2 * I, H, generator=g), torch.randn(E, 2 * I, generator=g),
+    m = MXMoE.from_dense(_router(E, rng), torch.randn(E, 2 * I, H, generator=g), torch.randn(E, 2 * I, generator=g),
                          torch.randn(E, H, I, generator=g), torch.randn(E, H, generator=g), k, "mxfp4",
                          act_format=act_format).to("cuda", torch.bfloat16)
     xs = [torch.randn(n, H, generator=g).to("cuda", torch.bfloat16) for n in (1, 512)]
@@ -1429,7 +1457,7 @@ def test_mxmoe_from_mx_holds_the_bytes_and_checks_its_operands(rng):
     gu = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
     dn = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
     bgu, bdn = torch.randn(E, 2 * I, generator=rng), torch.randn(E, H, generator=rng)
-    router = nn.Linear(H, E)
+    router = _router(E, rng)
     mod = MXMoE.from_mx(router, gu, bgu, dn, bdn, k, expert_range=(1, 3))
     assert torch.equal(mod.gate_up_qdata, gu.qdata[1:3]) and torch.equal(mod.down_scale, dn.scale[1:3])
     assert torch.equal(mod.gate_up_bias, bgu[1:3]) and torch.equal(mod.router.weight, router.weight)

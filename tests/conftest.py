@@ -225,14 +225,38 @@ def make_generator(seed: Optional[int] = None) -> tuple[torch.Generator, int]:
     return g, seed
 
 
+def _test_seed(request) -> int:
+    """The test's seed: MXKIT_TEST_SEED, else a fresh one (drawn once per test, printed by :func:`_seeded`)."""
+    seed = getattr(request.node, "_mxkit_seed", None)
+    if seed is None:
+        env = os.environ.get("MXKIT_TEST_SEED")
+        seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+        request.node._mxkit_seed = seed
+    return seed
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Every test starts from its seed: torch's global generators (nn.Module inits, unseeded randn), Python's
+    and NumPy's, so that a failure replays with MXKIT_TEST_SEED=<seed> whatever draws from them, and no test
+    depends on the draws of the tests before it. The seed is printed (pytest shows it on failure)."""
+    import random
+
+    import numpy as np
+
+    seed = _test_seed(request)
+    print(f"[{request.node.nodeid}] seed={seed} (replay: MXKIT_TEST_SEED={seed})")
+    other = (seed * 2654435761 + 1) % 2**32  # (not the rng fixture's seed: its draws and these stay independent)
+    torch.manual_seed(other)
+    random.seed(other)
+    np.random.seed(other)
+    yield
+
+
 @pytest.fixture
 def rng(request) -> torch.Generator:
-    """Fresh random generator per test; the seed is printed (shown by pytest on failure).
-    Replay with MXKIT_TEST_SEED=<seed>."""
-    env = os.environ.get("MXKIT_TEST_SEED")
-    g, seed = make_generator(int(env) if env else None)
-    print(f"[{request.node.nodeid}] seed={seed} (replay: MXKIT_TEST_SEED={seed})")
-    return g
+    """Fresh random generator per test, from the test's seed (printed; replay with MXKIT_TEST_SEED=<seed>)."""
+    return make_generator(_test_seed(request))[0]
 
 
 _MAX_NORMALS = (6.0, 7.5, 28.0, 448.0, 57344.0, 127 / 64)

@@ -708,12 +708,13 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     # element moves its token's output by a few percent where it dominates its row (seen: 4 of 300 tokens past
     # 1%, seed 3292234434; 8 and 7 of 300 with "swiglu", seeds 2391584726 and 1209582652, the same with the
     # code before the session-24 changes). A twin of other semantics (bias, routing weight, activation, order)
-    # misses on most tokens, so: at most 4% of the tokens past 1% of their norm, none past 20%.
+    # misses on most tokens, so: at most 4% of the tokens past 1% of their norm (2 at T = 3, where one such token
+    # in 3 comes ~3% of the time and two ~0.2%: a different twin is caught at T = 300), none past 20%.
     from mxkit.moe_reference import moe_w4a8_reference
 
     ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64).cpu()
     rel = (out.cpu().to(torch.float64) - ref).norm(dim=1) / ref.norm(dim=1).clamp(min=1e-300)
-    assert (rel > 0.01).sum() <= max(1, T // 25) and rel.max() <= 0.2, (int((rel > 0.01).sum()), rel.max())
+    assert (rel > 0.01).sum() <= max(2, T // 25) and rel.max() <= 0.2, (int((rel > 0.01).sum()), rel.max())
 
 
 @pytest.mark.parametrize("interleave", [False, True])

@@ -97,7 +97,7 @@ def test_gpu_fp8_gemm_grouped(E, N, K, rng):
 def test_gpu_fp8_gemm_row_scales_of_any_magnitude(rng):
     """The weight's power-of-two scale goes on first: rows of a with scales 2^120 / 2^-140 (an FP8 rowwise token's
     amax / 448 can be either) times weight rows scaled 2^-50 / 2^50 come out within the bound, where applying sa
-    first (cuBLAS's order) overflows or rounds twice in float32."""
+    first would overflow or round twice in float32."""
     M, N, K = 64, 128, 2880
     a, sa = fp8_rows(M, K, rng)
     b, _ = fp8_rows(N, K, rng)

@@ -144,7 +144,7 @@ def _check_fixup_quantizes_in_every_mode(device: str, g) -> int:
 
 
 def _fp8_rowwise_rows(M: int, K: int, g, device: str):
-    """FP8 rowwise activations [M, K] whose rows 0-4 carry scales outside cuBLAS' exact epilogue range 2^+-54
+    """FP8 rowwise activations [M, K] whose rows 0-4 carry scales outside the FP8 epilogue's proven range 2^+-54
     (2^-70, 2^60, 2^-149, 2^120, Inf), rows 5 / 6 its ends (2^-54, 2^54, inside), row 7 NaN, the rest amax / 448.
     Returns (the Fp8Rowwise, the flagged rows bool [M])."""
     a = mxkit.quantize_fp8_rowwise(torch.randn(M, K, generator=g))
@@ -158,8 +158,8 @@ def _fp8_rowwise_rows(M: int, K: int, g, device: str):
 
 def _check_fixup_fp8_rowwise(device: str, g) -> int:
     """The w4a8-fp8 path's fix-up (an Fp8Rowwise a): on a NaN-poisoned output it writes exactly the rows whose
-    row scale lies outside 2^+-54 (cuBLAS' epilogue applies it before the weight's and can overflow or round
-    twice there) and the weight's special rows' columns, each within the bound (float32 out, and bf16 on CUDA;
+    row scale lies outside 2^+-54 (where an epilogue applying it before the weight's could overflow or round
+    twice) and the weight's special rows' columns, each within the bound (float32 out, and bf16 on CUDA;
     with and without a bias)."""
     from mxkit.kernels.matmul_details._row_fixup import fixup
 

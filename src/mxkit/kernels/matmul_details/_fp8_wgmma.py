@@ -6,10 +6,10 @@ MXFP4 weights folded exactly to E4M3 rows with one power-of-two scale a row; FP8
 ``a`` [M, K] and ``b`` [N, K] (grouped: [E * N, K], expert e's rows at e * N) float8_e4m3fn, K-major (both
 wgmma operands from shared memory: FP8 wgmma takes K-major operands only); ``sa`` [M] / ``sb`` [N] (grouped
 [E * N]) float32. The semantics of ``torch._scaled_mm`` / ``torch._scaled_grouped_mm`` with rowwise scales (the
-peers and the reference twin, :func:`fp8_gemm_reference`), but for the order of the scales: cuBLAS applies sa
-first, this kernel sb, which on the fold paths is a power of two in 2^+-54 (exact: the accumulator stays normal),
-so that a row scale sa of any magnitude (an FP8 rowwise token's amax / 448) is rounded once, not overflowed or
-rounded twice; where sa lies in 2^+-54 too the two orders give the same bytes.
+peers and the reference twin, :func:`fp8_gemm_reference`). The epilogue applies sb first, which on the fold
+paths is a power of two in 2^+-54 (exact: the accumulator stays normal), so that a row scale sa of any magnitude
+(an FP8 rowwise token's amax / 448) is rounded once; where sa lies in 2^+-54 too, applying sa first gives the
+same bytes.
 
 Accumulation: Hopper's FP8 wgmma adds products into its accumulator with ~14 bits (DeepSeek-V3 sec. 3.3.2), so
 each 128-column step (four wgmma) is summed in a zeroed partial accumulator and added to the float32 one (as Triton's

@@ -242,9 +242,9 @@ def fixup(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor], M: in
 
     fold: (status uint8 [M], row scale float32 [M]) of a's fold, after the fold path's FP8 GEMM: rows of status 1
       or a row scale outside 2^+-FOLD_EXP_LIMIT, and the columns of ``special`` (the weight's special rows); for
-      an Fp8Rowwise ``src``, (None, its row scales [M]): rows whose scale lies outside 2^+-FOLD_EXP_LIMIT (where
-      cuBLAS' epilogue, which applies it before the weight's, can overflow or round twice), and ``special``'s
-      columns; None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's
+      an Fp8Rowwise ``src``, (None, its row scales [M]): rows whose scale lies outside 2^+-FOLD_EXP_LIMIT (past
+      the range the FP8 epilogue is shown exact for: a float32 epilogue that applied it before the weight's power
+      of two could overflow or round twice there), and ``special``'s columns; None, after the bf16-exact path's bf16 GEMM: rows with a scale byte outside a's format's
       bf16-exact range.
     """
     if M and N:
@@ -286,7 +286,7 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
     cols = cf is not None
     bm, bn, bk = FIXUP_BLOCKS
     # (E4M3 codes without a block scale, an Fp8Rowwise a's, are bf16 values)
-    bf16 = (y.is_cuda and not interpreting() and (a_row or bf16_exact_values(a_fmt)) and bf16_exact_values(w.fmt))
+    bf16 = y.is_cuda and not interpreting() and (a_row or bf16_exact_values(a_fmt)) and bf16_exact_values(w.fmt)
     consts = a_c + (("A_ROW", a_row), ("W_FMT", element_spec(w.fmt))) + flag + (
         ("HAS_COLS", cols), ("HAS_BIAS", bias is not None), ("DOT_BF16", bf16), ("BLOCK_M", bm), ("BLOCK_N", bn),
         ("BLOCK_K", bk))

@@ -12,6 +12,7 @@ Other test files import from here (``from conftest import rand_blocks, oracle_qu
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass
 from typing import Optional
 
@@ -240,10 +241,6 @@ def _seeded(request):
     """Every test starts from its seed: torch's global generators (nn.Module inits, unseeded randn), Python's
     and NumPy's, so that a failure replays with MXKIT_TEST_SEED=<seed> whatever draws from them, and no test
     depends on the draws of the tests before it. The seed is printed (pytest shows it on failure)."""
-    import random
-
-    import numpy as np
-
     seed = _test_seed(request)
     print(f"[{request.node.nodeid}] seed={seed} (replay: MXKIT_TEST_SEED={seed})")
     other = (seed * 2654435761 + 1) % 2**32  # (not the rng fixture's seed: its draws and these stay independent)

@@ -765,3 +765,44 @@ def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch)
         got = timing.cuda_event_bench(fn, 2.0, 20.0, spin_us=100.0, flush="read")
         assert got == pytest.approx(kernels * gpu_us), (kernels, got)
 
+
+
+def test_bench_table_option_runs_under_the_given_dispatch_table(tmp_path, capsys):
+    """`mxkit bench gemm|moe|overhead|decode --table FILE` runs the bench under that dispatch table (as
+    `mxkit tune gemm` wrote it) and names it in the environment; without it, the packaged one; a file that is not
+    a table is one error line (exit 2) before the bench runs; quantize (no GEMM) has no such option."""
+    from mxkit.kernels import matmul_table as mt
+
+    seen = []
+
+    def run(args):
+        seen.append((mt.gemm_table(), output.environment()["gemm_table"]))
+        return 0
+
+    fakes = {n: types.SimpleNamespace(NAME=n, HELP=n, add_arguments=lambda p: None, run=run)
+             for n in ("gemm", "quantize")}
+    parser = argparse.ArgumentParser()
+    bench.add_bench_parser(parser.add_subparsers(dest="cmd"), fakes)
+    table = {"NVIDIA Fake": {"decode_mma": {"max_m": 3}, "_measured": "x"}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    args = parser.parse_args(["bench", "gemm", "--table", str(tmp_path / "t.json")])
+    assert args.func(args) == 0 and seen[-1][0]["NVIDIA Fake"]["decode_mma"]["max_m"] == 3
+    assert seen[-1][1] == str(tmp_path / "t.json") and mt.gemm_table() is mt._packaged_table()
+    assert output.environment()["gemm_table"] == "packaged"
+    args = parser.parse_args(["bench", "gemm"])
+    assert args.func(args) == 0 and seen[-1] == (mt._packaged_table(), "packaged")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "quantize", "--table", "t.json"])
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for bad, msg in (("bad.json", "is not a dispatch table"), ("none.json", "cannot be read as a JSON")):
+        args = parser.parse_args(["bench", "gemm", "--table", str(tmp_path / bad)])
+        with pytest.raises(ValueError, match=msg):
+            args.func(args)
+    n = len(seen)
+    assert cli.main(["bench", "gemm", "--table", str(tmp_path / "none.json")]) == 2 and len(seen) == n
+    err = capsys.readouterr().err
+    assert err.startswith("mxkit: error: --table") and err.count("\n") == 1
+    env = dict(output.environment(), gemm_table="t.json")
+    assert output.env_line(env).endswith("| gemm_table t.json")
+    assert "gemm_table" not in output.env_line(output.environment())

@@ -424,6 +424,11 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     (["--out", "/proc/t.json"], "--out '/proc/t.json' cannot be written"),
     (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
     (["--out", "TMP/table.txt"], "--out must be a .json file (the dispatch table), got 'TMP/table.txt'"),
+    (["--stages", "moe,decode"], "unknown tune stage 'decode' (choose from decode_w4a16, decode_mma, a8w8_mma,"),
+    (["--stages", "moe,moe"], "tune stage 'moe' named twice"),
+    (["--stages", ""], "unknown tune stage ''"),
+    (["--rep-ms", "0"], "--rep-ms must be a positive number of milliseconds, got 0.0"),
+    (["--rep-ms", "nan"], "--rep-ms must be a positive number of milliseconds, got nan"),
 ])
 def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, capsys, monkeypatch):
     """A tune runs for many minutes and writes at the end: its shapes and its output file are checked first."""
@@ -443,10 +448,13 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
     out = tmp_path / "a" / "b" / "t.json"
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(tune, "tune_gemm",
-                        lambda shapes, out: seen.append((shapes, os.path.isdir(os.path.dirname(out)))))
+    monkeypatch.setattr(tune, "tune_gemm", lambda shapes, out, stages, rep_ms: seen.append(
+        (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
-    assert seen == [(((1024, 64),), True)] and not out.exists()  # the folders made; the check left no file
+    assert seen == [(((1024, 64),), True, None, 20.0)] and not out.exists()  # the folders made; no file left
+    # --stages in the table's order whatever order they are named in; --rep-ms passed on
+    assert cli.main(["tune", "gemm", "--out", str(out), "--stages", "moe,decode_mma", "--rep-ms", "5"]) == 0
+    assert seen[-1][2:] == (("decode_mma", "moe"), 5.0)
     # tune_gemm itself: shapes, the GPU, then out checked before any work, leaving no folder behind
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -455,6 +463,10 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         tune.tune_gemm(out=tmp_path / "c" / "t.json")
     assert not (tmp_path / "c").exists()
+    with pytest.raises(ValueError, match="no stage to tune"):
+        tune.tune_gemm(stages=())
+    with pytest.raises(ValueError, match="rep_ms must be a positive"):
+        tune.tune_gemm(rep_ms=-1.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(IsADirectoryError):
         tune.tune_gemm(out=tmp_path)
@@ -528,6 +540,33 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
         if m < 64:
             a = mxkit.quantize(torch.randn(2 * m, 8192, device="cuda"), "mxfp8")
             assert mxkit.gemm_plan(a, w).path != "a8w8-mma"
+
+
+@pytest.mark.gpu
+def test_gpu_tune_gemm_stages_write_as_they_finish(tmp_path, monkeypatch):
+    """`mxkit tune gemm --stages`: only the keys named are measured and written (the rest left to the packaged
+    default when the table is loaded), and the file is rewritten after every stage, so a tune that fails in a
+    later stage keeps the stages it finished."""
+    from mxkit import tune
+    from mxkit.kernels import matmul_table as mt
+
+    out = tmp_path / "t.json"
+    table = tune.tune_gemm(((1024, 2048),), out=out, rep_ms=1.0, log=lambda *a: None, stages=["decode_mma"])
+    (name, entry), = table.items()
+    assert sorted(entry) == ["_measured", "decode_mma"] and "stages decode_mma" in entry["_measured"]
+    assert json.loads(out.read_text()) == table and entry["decode_mma"]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64)
+    with mt.gemm_table_override(out):  # a key it left out: the packaged default's
+        assert dict(mt._envelope(torch.device("cuda"), "moe")) == dict(mt._packaged_table()["default"]["moe"])
+
+    def broken(*a, **kw):
+        raise RuntimeError("the moe stage broke")
+
+    monkeypatch.setattr(tune, "_tune_moe", broken)
+    out.unlink()
+    with pytest.raises(RuntimeError, match="moe stage broke"):
+        tune.tune_gemm(((1024, 2048),), out=out, rep_ms=1.0, log=lambda *a: None, stages=["moe", "w8a16_mma"])
+    kept = json.loads(out.read_text())[name]
+    assert sorted(kept) == ["_measured", "w8a16_mma"] and "max_m" in kept["w8a16_mma"]
 
 
 def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():

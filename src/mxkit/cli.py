@@ -368,7 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated NxK weight shapes, N >= 1, K a multiple of 32 (default: "
                         "8192x8192,28672x8192,5120x2880,2880x4096)")
     p.add_argument("--out", default="gemm_table.json",
-                   help="JSON file to write, its folders made (default gemm_table.json; checked before tuning)")
+                   help="JSON file to write, its folders made (default gemm_table.json; checked before tuning; "
+                        "rewritten after every stage)")
+    p.add_argument("--stages", default=None,
+                   help="comma-separated table keys to measure (default: all of decode_w4a16,decode_mma,a8w8_mma,"
+                        "w8a16_mma,w4a16_wgmma,w8a16_wgmma,moe); the keys left out take the packaged default's "
+                        "values when the table is loaded")
+    p.add_argument("--rep-ms", type=float, default=20.0,
+                   help="timing window of each measurement in ms (default 20; smaller is faster and noisier)")
     p.set_defaults(func=_cmd_tune)
 
     try:  # mxkit.bench registers its own `bench` subcommand (and its sub-subcommands) when present
@@ -386,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .tune import DEFAULT_SHAPES, check_shapes, tune_gemm
+    from .tune import DEFAULT_SHAPES, check_shapes, check_stages, tune_gemm
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
@@ -398,6 +405,9 @@ def _cmd_tune(args) -> int:
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
+    stages = None if args.stages is None else check_stages(args.stages.split(","))
+    if not args.rep_ms > 0:
+        raise ValueError(f"--rep-ms must be a positive number of milliseconds, got {args.rep_ms}")
     if Path(args.out).suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")
@@ -405,7 +415,7 @@ def _cmd_tune(args) -> int:
         print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
         return 2
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # (once the run can start: a failed one leaves none)
-    tune_gemm(shapes, out=args.out)
+    tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
     return 0
 
 

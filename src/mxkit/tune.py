@@ -29,6 +29,7 @@ import datetime
 import functools
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -36,9 +37,11 @@ import torch
 
 from ._files import check_writable, write_text_atomic
 
-__all__ = ["tune_gemm", "check_shapes", "DEFAULT_SHAPES", "moe_envelope", "moe_strips"]
+__all__ = ["tune_gemm", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope", "moe_strips"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
+# the table keys a tune measures, in its order (each one stage; `mxkit tune gemm --stages` picks some)
+STAGES = ("decode_w4a16", "decode_mma", "a8w8_mma", "w8a16_mma", "w4a16_wgmma", "w8a16_wgmma", "moe")
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
 
 
@@ -61,14 +64,37 @@ def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
                              f"of {BLOCK_SIZE}")
 
 
+def check_stages(stages: Optional[Sequence[str]]) -> tuple[str, ...]:
+    """The stages of :data:`STAGES` named by ``stages`` (None: all), in the table's order; raises ValueError naming
+    an unknown or repeated stage, or for an empty list."""
+    if stages is None:
+        return STAGES
+    stages = list(stages)
+    if not stages:
+        raise ValueError(f"no stage to tune (choose from {', '.join(STAGES)})")
+    for i, st in enumerate(stages):
+        if st not in STAGES:
+            raise ValueError(f"unknown tune stage {st!r} (choose from {', '.join(STAGES)})")
+        if st in stages[:i]:
+            raise ValueError(f"tune stage {st!r} named twice")
+    return tuple(st for st in STAGES if st in stages)
+
+
 def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Optional[Path] = None,
-              rep_ms: float = 20.0, log=print) -> dict:
-    """Tune on the current CUDA device; returns the table (and writes it to ``out`` when given: whole, through a
-    temporary file renamed over it, its folders made at the end). shapes: (N, K) weight shapes
-    (:func:`check_shapes`). Raises ValueError for a bad shape, RuntimeError without CUDA, OSError (IsADirectoryError
-    for a directory) when ``out`` cannot be written (all before any work, leaving no folder behind), RuntimeError
-    when no decode schedule runs for a K class (:func:`_best_decode_config`)."""
+              rep_ms: float = 20.0, log=print, stages: Optional[Sequence[str]] = None) -> dict:
+    """Tune on the current CUDA device; returns the table ``{GPU name: entry}``. shapes: (N, K) weight shapes
+    (:func:`check_shapes`). ``stages``: the table keys to measure (:data:`STAGES`, :func:`check_stages`; None: all);
+    an entry without a key leaves it to the packaged ``"default"`` entry when loaded
+    (:func:`~mxkit.kernels.matmul.gemm_table_override`). ``rep_ms``: the timing window of each measurement (ms; 20
+    by default, ~10 minutes for every stage on an H100). ``out``: written after every stage with the keys measured
+    so far (whole, through a temporary file renamed over it; its folders made at the first write), so a run cut
+    short keeps its finished stages. Raises ValueError for a bad shape, stage or ``rep_ms``, RuntimeError without
+    CUDA, OSError (IsADirectoryError for a directory) when ``out`` cannot be written (all before any work, leaving
+    no folder behind), RuntimeError when no decode schedule runs for a K class (:func:`_best_decode_config`)."""
     check_shapes(shapes)
+    stages = check_stages(stages)
+    if not rep_ms > 0:
+        raise ValueError(f"rep_ms must be a positive number of milliseconds, got {rep_ms!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
     if out is not None:
@@ -82,31 +108,46 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     for N, K in shapes:
         w = torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g)
         weights[(N, K)] = ops.quantize(w, "mxfp4")
-    configs = []
-    for k_max, ks in ((4096, [s for s in shapes if s[1] <= 4096]), (1 << 30, [s for s in shapes if s[1] > 4096])):
-        if not ks:
-            continue
-        label = f"K <= {k_max}" if k_max == 4096 else "K > 4096"
-        best = _best_decode_config(label, ks, weights, g, rep_ms, log, dev)
-        configs.append(dict(k_max=k_max, **{f: getattr(best, f) for f in
-                                            ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
-    entry = {"decode_w4a16": {"max_m": 64, "configs": configs}}
     name = torch.cuda.get_device_name()
-    with mm.gemm_table_override({name: entry}):
-        entry["decode_w4a16"]["max_m"] = _envelope(
-            "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
-                       for s, w in weights.items()}, g, rep_ms, log)
-    entry["decode_mma"] = _tune_mma(weights, g, rep_ms, log)
-    entry["a8w8_mma"] = _tune_a8w8(shapes, g, rep_ms, log)
-    entry["w8a16_mma"] = _tune_w8a16_mma(shapes, g, rep_ms, log)
-    entry["w4a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log)
-    entry["w8a16_wgmma"] = _tune_wgmma(weights, g, rep_ms, log, fp8=True)
-    entry["moe"] = _tune_moe(g, rep_ms, log)
-    entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
-                          f"{list(shapes)}")
+    entry: dict = {}
+    t0 = time.perf_counter()
+
+    def done(stage: str) -> None:  # the table so far, written after every stage
+        entry.pop("_measured", None)  # (kept the entry's last field)
+        entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
+                              f"{list(shapes)}" + ("" if stages == STAGES else f", stages {', '.join(stages)}"))
+        log(f"[{time.perf_counter() - t0:.0f} s] {stage}: {json.dumps(entry[stage])}")
+        if out is not None:
+            write_text_atomic(out, json.dumps({name: entry}, indent=2) + "\n")
+
+    if "decode_w4a16" in stages:
+        configs = []
+        for k_max, ks in ((4096, [s for s in shapes if s[1] <= 4096]),
+                          (1 << 30, [s for s in shapes if s[1] > 4096])):
+            if not ks:
+                continue
+            label = f"K <= {k_max}" if k_max == 4096 else "K > 4096"
+            best = _best_decode_config(label, ks, weights, g, rep_ms, log, dev)
+            configs.append(dict(k_max=k_max, **{f: getattr(best, f) for f in
+                                                ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
+        entry["decode_w4a16"] = {"max_m": 64, "configs": configs}
+        with mm.gemm_table_override({name: entry}):
+            entry["decode_w4a16"]["max_m"] = _envelope(
+                "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
+                           for s, w in weights.items()}, g, rep_ms, log)
+        done("decode_w4a16")
+    tuners = {"decode_mma": lambda: _tune_mma(weights, g, rep_ms, log),
+              "a8w8_mma": lambda: _tune_a8w8(shapes, g, rep_ms, log),
+              "w8a16_mma": lambda: _tune_w8a16_mma(shapes, g, rep_ms, log),
+              "w4a16_wgmma": lambda: _tune_wgmma(weights, g, rep_ms, log),
+              "w8a16_wgmma": lambda: _tune_wgmma(weights, g, rep_ms, log, fp8=True),
+              "moe": lambda: _tune_moe(g, rep_ms, log)}
+    for stage in stages:
+        if stage in tuners:
+            entry[stage] = tuners[stage]()
+            done(stage)
     table = {name: entry}
     if out is not None:
-        write_text_atomic(out, json.dumps(table, indent=2) + "\n")
         log(f"wrote {out}")
     return table
 

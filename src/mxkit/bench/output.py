@@ -49,9 +49,13 @@ def _git_commit() -> Optional[str]:
         return None
 
 
+# the dispatch table a bench runs under: None (the packaged one) or the --table file (set by mxkit.bench's runner)
+TABLE_SOURCE: Optional[str] = None
+
+
 def environment() -> dict:
-    """GPU (name, capability, SMs, driver), library versions, mxkit's commit, date (UTC), host: printed above a
-    table and stored in the JSON."""
+    """GPU (name, capability, SMs, driver), library versions, mxkit's commit, the GEMM dispatch table (``packaged``
+    or the ``--table`` file), date (UTC), host: printed above a table and stored in the JSON."""
     import mxkit
 
     try:
@@ -68,7 +72,7 @@ def environment() -> dict:
     return {"date_utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "host": platform.node(),
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "triton": getattr(triton, "__version__", None), "mxkit": getattr(mxkit, "__version__", None),
-            "commit": _git_commit(), "driver": driver,
+            "commit": _git_commit(), "gemm_table": TABLE_SOURCE or "packaged", "driver": driver,
             "gpu": p and p.name, "capability": p and f"{p.major}.{p.minor}", "sm_count": p and p.multi_processor_count}
 
 
@@ -78,8 +82,10 @@ def reason(e: BaseException) -> str:
 
 
 def env_line(env: dict) -> str:
-    return " | ".join(f"{k} {env.get(k)}" for k in ("gpu", "capability", "torch", "cuda", "triton", "commit",
-                                                      "date_utc"))
+    keys = ("gpu", "capability", "torch", "cuda", "triton", "commit", "date_utc")
+    table = env.get("gemm_table")
+    return " | ".join([f"{k} {env.get(k)}" for k in keys] + ([f"gemm_table {table}"] if table not in (None,
+                                                                                          "packaged") else []))
 
 
 def usage_error(message: str) -> int:

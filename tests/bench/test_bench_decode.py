@@ -357,6 +357,14 @@ def test_quick_defaults_and_no_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "decode", "--quick"]) == 2
     assert "mxkit bench decode needs a CUDA GPU" in capsys.readouterr().err
+    # --list prints the runs without a GPU (it printed the top-level usage: no such option)
+    assert cli.main(["bench", "decode", "--quick", "--list", "--formats", "bf16,mxfp4", "--batches", "1,16",
+                     "--modes", "graphs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("llama-3-8b, 4 layers, prompt 8, 16 tokens") and len(out) == 5
+    assert [ln.split() for ln in out[1:]] == [[f, "batch", b, "graphs"] for f in ("bf16", "mxfp4_e2m1")
+                                              for b in ("1", "16")]
+    assert cli.main(["bench", "decode", "--list", "--layers", "99"]) == 2  # (options still checked)
 
 
 def test_gemm_path_names_the_first_mx_layer():

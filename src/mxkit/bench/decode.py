@@ -483,6 +483,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
     p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
+    p.add_argument("--list", action="store_true", help="print the runs and exit (no GPU needed)")
 
 
 A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format): the a8w8-mma path
@@ -541,16 +542,21 @@ def run(args) -> int:
             output.check_out_folder(args.out, [f"bench_decode.{ext}" for ext in ("csv", "json", "png")])
     except (ValueError, OSError) as e:
         return output.usage_error(str(e))
+    layers = args.layers or model_layers(args.model)
+    head = (f"{args.model}, {layers} layers, prompt {args.prompt}, {args.tokens} tokens, median of {args.repeats} "
+            f"({args.order}); formats {', '.join(args.formats)}; batches {', '.join(map(str, args.batches))}; "
+            f"{', '.join(args.modes)}")
+    if args.list:  # (the runs in the table's order: format, batch, mode)
+        print(head)
+        print("\n".join(f"{f:24s} batch {b:<4d} {m}" for f in args.formats for b in args.batches for m in args.modes))
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         return timing.no_cuda("mxkit bench decode", "'--model tiny-llama --device cpu --modes eager' runs on CPU")
     from tqdm.auto import tqdm
 
     env = output.environment()
-    layers = args.layers or model_layers(args.model)
     print(output.env_line(env))
-    print(f"{args.model}, {layers} layers, prompt {args.prompt}, {args.tokens} tokens, median of {args.repeats} "
-          f"({args.order}); formats {', '.join(args.formats)}; batches {', '.join(map(str, args.batches))}; "
-          f"{', '.join(args.modes)}", flush=True)
+    print(head, flush=True)
     rows: list[DecodeRow] = []
     bar = tqdm(total=len(args.formats) * len(args.batches) * len(args.modes), desc="decode", unit="run")
 

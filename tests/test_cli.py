@@ -757,6 +757,31 @@ def test_tune_overrides_keep_this_gpus_other_fields(monkeypatch):
         assert "gemm_table_override(_with_entry(name, {" in src and "gemm_table_override({name" not in src
 
 
+def test_tune_closes_every_field_that_opens_a_kernel(monkeypatch):
+    """What `mxkit tune gemm` times a kernel against must be another path: on the H200's entry (its name faked),
+    the w8a16 override closes the large-weight envelope too, and the MoE "prefill" override the per-expert one (an
+    H200 tune timed w8a16-mma against itself and the MoE decode kernels against themselves, and wrote max_m 0 and
+    mma_max_pairs 0); the "decode" override opens both."""
+    from mxkit import tune
+    from mxkit.kernels import matmul as mm
+    from mxkit.kernels import matmul_table as mt
+    from mxkit.kernels.moe_details._decode import mma_max_pairs
+
+    name, dev = "NVIDIA H200", torch.device("cuda", 0)
+    monkeypatch.setattr(mt, "_gpu_name", lambda index: name)
+    big = 28672 * 8192
+    assert mm._w8_mma_envelope(dev, big) >= 16 and mma_max_pairs(dev, 128) >= 1024  # (else this shows nothing)
+    with mt.gemm_table_override(tune._with_entry(name, {"w8a16_mma": tune.W8A16_CLOSED})):
+        assert mm._w8_mma_envelope(dev, big) == 0 and mm._w8_mma_envelope(dev, 1024) == 0
+    with mt.gemm_table_override(tune._with_entry(name, {"moe": tune.MOE_PREFILL})):
+        assert mma_max_pairs(dev, 128) == 0 and mma_max_pairs(dev, 32) == 0
+    with mt.gemm_table_override(tune._with_entry(name, {"moe": tune.MOE_DECODE})):
+        assert mma_max_pairs(dev, 32) >= 1 << 30
+    tune._check_closed("w8a16-wgmma", "w8a16-mma")
+    with pytest.raises(RuntimeError, match="still took w8a16-mma"):
+        tune._check_closed("w8a16-mma", "w8a16-mma")
+
+
 def test_tune_decode_schedule_with_none_running_names_the_k_class(monkeypatch):
     """Every decode schedule of a K class failing (not compiling here) is one clear error naming the K class, not a
     TypeError on the missing best; otherwise the fastest schedule that ran is kept."""

@@ -293,6 +293,7 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, False, shape=(N, K))
             t_run = _time(lambda: run(x.qdata, x.plain_scale(), None), rep_ms)
             path, t_other = _plan_without(x, pw, name, {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}, rep_ms)
+            _check_closed(path, "a8w8-mma")
             log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {path} {t_other:.1f} us")
             field = "max_m" if path == "w8a16-wgmma" else "max_m_no_wgmma"
             won[field][M] = won[field].get(M, True) and t_run < t_other
@@ -313,6 +314,9 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
 
 
 W8A16_MS = (1, 2, 4, 8, 16, 32, 64)
+# the w8a16_mma fields that close its envelope (large_max_m too: with max_m alone closed, the H200's large-weight
+# envelope kept w8a16-mma as the path it was timed against)
+W8A16_CLOSED = {"max_m": 0, "large_max_m": 0}
 
 
 def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:
@@ -342,7 +346,8 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             run = _mma_a8w8.A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, shape=(N, K), w16="e4m3")
             t_run = _time(lambda: run(x, None, None), rep_ms)
-            path, t_other = _plan_without(x, pw, name, {"w8a16_mma": {"max_m": 0}}, rep_ms)
+            path, t_other = _plan_without(x, pw, name, {"w8a16_mma": W8A16_CLOSED}, rep_ms)
+            _check_closed(path, "w8a16-mma")
             log(f"M={M} N={N} K={K}: w8a16-mma {t_run:.1f} us, {path} {t_other:.1f} us")
             won[(N, K, M)] = t_run < t_other
     return w8a16_envelope(won)
@@ -377,6 +382,14 @@ def _plan_without(x, pw, name: str, off: dict, rep_ms: float) -> tuple[str, floa
     return plan.path, _time(lambda: mm.run_gemm(x, pw, plan), rep_ms)
 
 
+def _check_closed(path: str, kernel: str) -> None:
+    """Raises RuntimeError where the plan with ``kernel``'s envelope closed still took it (a field of the table
+    that also opens it was left open): the kernel would be timed against itself."""
+    if path == kernel:
+        raise RuntimeError(f"mxkit tune gemm: with {kernel}'s envelope closed the plan still took {kernel} (a "
+                           f"table field the tune does not close opens it)")
+
+
 def _largest_won(won: dict) -> int:
     """The largest M of ``won`` ({M: the kernel won there}) up to which it won at every M; 0 if it lost the first."""
     best = 0
@@ -390,6 +403,11 @@ def _largest_won(won: dict) -> int:
 MOE_PAIRS = (8, 16, 32, 64, 128, 256, 512, 1024)  # (token, slot) pairs: 2 to 256 tokens at top-4
 MOE_EXPERTS = ((32, 2880, 2880), (128, 2880, 2880))  # (E, hidden, intermediate): GPT-OSS-20B and -120B
 MOE_STRIP_PAIRS = (16, 64, 256)  # the pair counts the decode kernels' strips a block are timed at
+# the moe entry's fields that put every pair count on the decode kernels / on the prefill kernel (both fields: the
+# envelope is the larger of them; with mma_max_pairs alone closed, the H200's per-expert field kept the "prefill"
+# timings on decode, and the tune read a tie as a loss)
+MOE_DECODE = {"mma_max_pairs": 1 << 30, "mma_max_pairs_per_expert": 1 << 30}
+MOE_PREFILL = {"mma_max_pairs": 0, "mma_max_pairs_per_expert": 0}
 
 
 def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
@@ -436,15 +454,14 @@ def _tune_moe(g: torch.Generator, rep_ms: float, log, top_k: int = 4) -> dict:
 
             def run():
                 return km.moe_triton(x, wgu, bgu, wd, bd, tw, ids, packed=packed)
-            for limit in (1 << 30, 0):  # decode every count, then prefill every count
-                with mm.gemm_table_override(_with_entry(name, {"moe": {"mma_max_pairs": limit}})):
+            for path in (MOE_DECODE, MOE_PREFILL):  # decode every count, then prefill every count
+                with mm.gemm_table_override(_with_entry(name, {"moe": path})):
                     got.append(_time(run, rep_ms))
             log(f"moe E={E} H={H} I={inter}, {T * top_k} pairs: decode {got[0]:.1f} us, prefill {got[1]:.1f} us")
             times.setdefault(E, {})[T * top_k] = tuple(got)
             if T * top_k in MOE_STRIP_PAIRS:  # the decode path at each strips a block, one after another
                 for sn in _mma_decode.GROUPED_STRIPS:
-                    with mm.gemm_table_override(_with_entry(name, {"moe": {"mma_max_pairs": 1 << 30,
-                                                                           "mma_strips": sn}})):
+                    with mm.gemm_table_override(_with_entry(name, {"moe": {**MOE_DECODE, "mma_strips": sn}})):
                         t = _time(run, rep_ms)
                     log(f"moe E={E}, {T * top_k} pairs: decode at {sn} strips a block {t:.1f} us")
                     strip_us[sn] += t

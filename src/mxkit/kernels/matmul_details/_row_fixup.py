@@ -298,12 +298,12 @@ def fixup_launch(y: torch.Tensor, src, w: MXTensor, bias: Optional[torch.Tensor]
 
 
 def column_flags(special: Optional[torch.Tensor], N: int, device: torch.device) -> Optional[torch.Tensor]:
-    """uint8 [N]: 1 at the weight's special rows (the fix-up's HAS_COLS columns); None where there are none."""
+    """uint8 [N]: 1 at the weight's special rows (the fix-up's HAS_COLS columns); None where there are none.
+    CUDA-graph capturable where ``special`` is on ``device`` (index_fill_ with a scalar: ``cf[special] = 1`` copied
+    the 1 from the host, which capture refuses)."""
     if special is None or not special.numel():
         return None
-    cf = torch.zeros(N, dtype=torch.uint8, device=device)
-    cf[special.to(device)] = 1
-    return cf
+    return torch.zeros(N, dtype=torch.uint8, device=device).index_fill_(0, special.to(device), 1)
 
 
 def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.Tensor, sorted_ids: torch.Tensor,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, one call of well under 10 minutes on an H100 / H200 machine: (1) the tests marked gpu through
-# pytest-xdist, (2) optionally compute-sanitizer memcheck, (3) `mxkit bench quantize` at 8192^2 and 16384^2
+# pytest-xdist, (2) optionally compute-sanitizer memcheck, (2b) optionally `mxkit tune gemm`, (3) `mxkit bench quantize` at 8192^2 and 16384^2
 # with peers, (4) `mxkit bench gemm --quick`, (4b) `mxkit bench moe --quick`, (5) `mxkit bench overhead`,
 # (6) `mxkit bench decode --quick`;
 # logs, CSV / JSON / PNG under $OUT, a short summary printed LAST. Runs from source (PYTHONPATH=src); installs
@@ -17,6 +17,9 @@
 #                           an H100 with 16 workers)                      MXKIT_SKIP_TESTS=1  skip it
 #   MXKIT_SANITIZE=1        run stage 2 (default off); MXKIT_SANITIZE_BUDGET (default 120),
 #                           MXKIT_SANITIZE_K: its pytest -k expression (default "quantize or dequantize")
+#   MXKIT_TUNE=1            run stage 2b (default off): `mxkit tune gemm --stages $MXKIT_TUNE_STAGES --rep-ms 5`
+#                           into gemm_table.json (~1 minute on an H200 for the default stages: every table key but
+#                           the decode-w16 schedule grid); MXKIT_TUNE_BUDGET (default 150)
 #   MXKIT_QUANTIZE_BUDGET   stage 3 (default 150)     MXKIT_SKIP_BENCH=1  skip stages 3 to 6 (4b too)
 #                                                     MXKIT_SKIP_QUANTIZE=1  skip stage 3
 #   MXKIT_GEMM_BUDGET       stage 4 (default 90)      MXKIT_SKIP_GEMM=1   skip stage 4
@@ -31,7 +34,7 @@
 #                           torchao", leaves out the compiled reference, whose torch.compile per pair and shape
 #                           does not fit the stage (the full `mxkit bench gemm` runs it); decode's, "--quick", cuts
 #                           Llama-3-8B to 4 layers and 16 tokens
-# Files: gpu_check.log, pytest_gpu.xml, sanitizer.log, bench_quantize.{csv,json,png}, bench_gemm.{csv,json,png},
+# Files: gpu_check.log, pytest_gpu.xml, sanitizer.log, tune.log, gemm_table.json, bench_quantize.{csv,json,png}, bench_gemm.{csv,json,png},
 # bench_moe.{csv,json,png}, bench_overhead.{csv,json}, bench_decode.{csv,json,png}, summary.txt. Exit status 0
 # when every stage that ran passed (no test failure, no memcheck error, every mxkit benchmark output checked, every
 # overhead call and decode run done, no stage out of time).
@@ -42,7 +45,7 @@ RESULTS="${OUT:-results/gpu}"
 mkdir -p "$RESULTS" || exit 2
 # an earlier run's files go first: the summary reads only what this run's stages wrote (a stage skipped, or one that
 # crashed before its first save, had its old JSON summarised as this run's)
-rm -f "$RESULTS"/{gpu_check.log,pytest_gpu.xml,sanitizer.log,summary.txt} \
+rm -f "$RESULTS"/{gpu_check.log,pytest_gpu.xml,sanitizer.log,tune.log,gemm_table.json,summary.txt} \
     "$RESULTS"/bench_{quantize,gemm,moe,overhead,decode}.{csv,json,png}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export MXKIT_GPU_FULL="${MXKIT_GPU_FULL:-1}"
@@ -77,8 +80,8 @@ else
         say "pytest-xdist is not importable here: the GPU tests run serially (-p no:xdist)"
     fi
     # the later stages that will run keep their 30 s each (none when the benchmarks are skipped)
-    # (stages reserved behind this one: the sanitizer's when on, the five benchmarks' unless skipped)
-    SAN=$([ "${MXKIT_SANITIZE:-0}" = 1 ] && echo 1 || echo 0)
+    # (stages reserved behind this one: the sanitizer's and the tune's when on, the five benchmarks' unless skipped)
+    SAN=$(($([ "${MXKIT_SANITIZE:-0}" = 1 ] && echo 1 || echo 0) + $([ "${MXKIT_TUNE:-0}" = 1 ] && echo 1 || echo 0)))
     if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" "$SAN"); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" $((5 + SAN))); fi
     # the C++ fast call, built once here (else every worker would build it at its first eager call)
     python3 -c 'from mxkit.kernels import fast_call; print("fast call:", fast_call.build())' 2>&1 | tail -n 3 | tee -a "$LOG"
@@ -108,6 +111,21 @@ if [ "${MXKIT_SANITIZE:-0}" = 1 ] && [ "${MXKIT_SKIP_TESTS:-0}" != 1 ]; then
     [ "$rc" = 0 ] || FAILED=1
 else
     STATUS+=("compute-sanitizer: not run (MXKIT_SANITIZE=1 runs it)")
+fi
+
+# 2b. mxkit tune gemm (off unless MXKIT_TUNE=1): this GPU's dispatch table, to add to the packaged one -----------
+if [ "${MXKIT_TUNE:-0}" = 1 ]; then
+    B=$(fit "${MXKIT_TUNE_BUDGET:-150}" "$([ "${MXKIT_SKIP_BENCH:-0}" = 1 ] && echo 0 || echo 5)")
+    ST="${MXKIT_TUNE_STAGES:-decode_mma,a8w8_mma,w8a16_mma,w4a16_wgmma,w8a16_wgmma,moe}"
+    say "stage 2b: mxkit tune gemm --stages $ST --rep-ms 5 (budget $B s)"
+    timeout -s INT -k 10 "$B" python3 -m mxkit tune gemm --stages "$ST" --rep-ms 5 --out "$RESULTS/gemm_table.json" \
+        >"$RESULTS/tune.log" 2>&1
+    rc=$?
+    grep -E '^\[|error' "$RESULTS/tune.log" | tee -a "$LOG"
+    STATUS+=("tune: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time: gemm_table.json holds the stages finished)')")
+    [ "$rc" = 0 ] || FAILED=1
+else
+    STATUS+=("tune: not run (MXKIT_TUNE=1 runs it)")
 fi
 
 # 3. the quantize benchmark --------------------------------------------------------------------------------

@@ -767,10 +767,12 @@ def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch)
 
 
 
-def test_bench_table_option_runs_under_the_given_dispatch_table(tmp_path, capsys):
-    """`mxkit bench gemm|moe|overhead|decode --table FILE` runs the bench under that dispatch table (as
-    `mxkit tune gemm` wrote it) and names it in the environment; without it, the packaged one; a file that is not
-    a table is one error line (exit 2) before the bench runs; quantize (no GEMM) has no such option."""
+def test_bench_table_option_runs_under_the_given_dispatch_table(tmp_path, capsys, monkeypatch):
+    """`mxkit bench gemm|moe|overhead|decode --table FILE` runs the bench under that dispatch table merged field by
+    field into the packaged one (a key or field the file lacks keeps the packaged GPU entry's value, not the
+    "default" entry's) and names the file in the environment; without it, the packaged table; a file that is not a
+    table is one error line (exit 2) before the bench runs; an edited copy of the packaged file (its "_doc" note)
+    is a table; quantize (no GEMM) has no such option."""
     from mxkit.kernels import matmul_table as mt
 
     seen = []
@@ -781,28 +783,46 @@ def test_bench_table_option_runs_under_the_given_dispatch_table(tmp_path, capsys
 
     fakes = {n: types.SimpleNamespace(NAME=n, HELP=n, add_arguments=lambda p: None, run=run)
              for n in ("gemm", "quantize")}
-    parser = argparse.ArgumentParser()
-    bench.add_bench_parser(parser.add_subparsers(dest="cmd"), fakes)
-    table = {"NVIDIA Fake": {"decode_mma": {"max_m": 3}, "_measured": "x"}}
+    monkeypatch.setattr(bench, "registry", lambda modules=bench.BENCH_MODULES: fakes)
+    h200 = mt._packaged_table()["NVIDIA H200"]
+    table = {"NVIDIA H200": {"moe": {"mma_strips": 4}, "_measured": "x"}, "NVIDIA Fake": {"decode_mma": {"max_m": 3}}}
     (tmp_path / "t.json").write_text(json.dumps(table))
-    args = parser.parse_args(["bench", "gemm", "--table", str(tmp_path / "t.json")])
-    assert args.func(args) == 0 and seen[-1][0]["NVIDIA Fake"]["decode_mma"]["max_m"] == 3
-    assert seen[-1][1] == str(tmp_path / "t.json") and mt.gemm_table() is mt._packaged_table()
-    assert output.environment()["gemm_table"] == "packaged"
-    args = parser.parse_args(["bench", "gemm"])
-    assert args.func(args) == 0 and seen[-1] == (mt._packaged_table(), "packaged")
-    with pytest.raises(SystemExit):
-        parser.parse_args(["bench", "quantize", "--table", "t.json"])
+    assert cli.main(["bench", "gemm", "--table", str(tmp_path / "t.json")]) == 0
+    got, source = seen[-1]
+    assert source == str((tmp_path / "t.json").resolve()) and got["NVIDIA Fake"]["decode_mma"]["max_m"] == 3
+    assert dict(got["NVIDIA H200"]["moe"]) == {**h200["moe"], "mma_strips": 4}  # (its other fields kept)
+    assert all(got["NVIDIA H200"][k] == v for k, v in h200.items() if k not in ("moe", "_measured"))
+    assert mt.gemm_table() is mt._packaged_table() and output.environment()["gemm_table"] == "packaged"
+    assert cli.main(["bench", "gemm"]) == 0 and seen[-1] == (mt._packaged_table(), "packaged")
+    packaged = json.loads(mt._TABLE_FILE.read_text())  # an edited copy of the packaged file
+    packaged["default"]["decode_mma"]["max_m"] = 5
+    (tmp_path / "copy.json").write_text(json.dumps(packaged))
+    assert cli.main(["bench", "gemm", "--table", str(tmp_path / "copy.json")]) == 0
+    assert seen[-1][0]["default"]["decode_mma"]["max_m"] == 5
+    with pytest.raises(SystemExit):  # (argparse: no such option)
+        cli.main(["bench", "quantize", "--table", "t.json"])
     capsys.readouterr()
-    (tmp_path / "bad.json").write_text("[1, 2]")
-    for bad, msg in (("bad.json", "is not a dispatch table"), ("none.json", "cannot be read as a JSON")):
-        args = parser.parse_args(["bench", "gemm", "--table", str(tmp_path / bad)])
-        with pytest.raises(ValueError, match=msg):
-            args.func(args)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "int.json").write_text('{"NVIDIA H200": {"decode_mma": 32}}')
     n = len(seen)
-    assert cli.main(["bench", "gemm", "--table", str(tmp_path / "none.json")]) == 2 and len(seen) == n
-    err = capsys.readouterr().err
-    assert err.startswith("mxkit: error: --table") and err.count("\n") == 1
+    for bad, msg in (("list.json", "is not a dispatch table"), ("none.json", "cannot be read as a JSON"),
+                     ("int.json", "'NVIDIA H200' / 'decode_mma' is not a mapping of fields")):
+        assert cli.main(["bench", "gemm", "--table", str(tmp_path / bad)]) == 2 and len(seen) == n
+        err = capsys.readouterr().err
+        assert err.startswith("mxkit: error: --table") and err.count("\n") == 1 and msg in err, err
     env = dict(output.environment(), gemm_table="t.json")
     assert output.env_line(env).endswith("| gemm_table t.json")
     assert "gemm_table" not in output.env_line(output.environment())
+
+
+def test_merge_tables_field_by_field():
+    """merge_tables: a GPU's key in the second table replaces the fields it names and keeps the first's others;
+    new keys, GPUs and notes are added; the first table is not changed."""
+    from mxkit.kernels.matmul_table import merge_tables
+
+    base = {"_doc": "d", "A": {"k": {"x": 1, "y": 2}, "j": {"z": 3}, "_measured": "old"}, "default": {"k": {"x": 0}}}
+    over = {"A": {"k": {"y": 5, "w": 6}, "n": {"q": 1}, "_measured": "new"}, "B": {"k": {"x": 9}}, "_doc": "e"}
+    got = merge_tables(base, over)
+    assert got == {"_doc": "e", "A": {"k": {"x": 1, "y": 5, "w": 6}, "j": {"z": 3}, "n": {"q": 1}, "_measured": "new"},
+                   "default": {"k": {"x": 0}}, "B": {"k": {"x": 9}}}
+    assert base["A"] == {"k": {"x": 1, "y": 2}, "j": {"z": 3}, "_measured": "old"}

@@ -427,8 +427,9 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     (["--stages", "moe,decode"], "unknown tune stage 'decode' (choose from decode_w4a16, decode_mma, a8w8_mma,"),
     (["--stages", "moe,moe"], "tune stage 'moe' named twice"),
     (["--stages", ""], "unknown tune stage ''"),
-    (["--rep-ms", "0"], "--rep-ms must be a positive number of milliseconds, got 0.0"),
-    (["--rep-ms", "nan"], "--rep-ms must be a positive number of milliseconds, got nan"),
+    (["--rep-ms", "0"], "--rep-ms must be a positive, finite number of milliseconds, got 0.0"),
+    (["--rep-ms", "nan"], "--rep-ms must be a positive, finite number of milliseconds, got nan"),
+    (["--rep-ms", "inf"], "--rep-ms must be a positive, finite number of milliseconds, got inf"),
 ])
 def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, capsys, monkeypatch):
     """A tune runs for many minutes and writes at the end: its shapes and its output file are checked first."""
@@ -452,8 +453,8 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
         (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
     assert seen == [(((1024, 64),), True, None, 20.0)] and not out.exists()  # the folders made; no file left
-    # --stages in the table's order whatever order they are named in; --rep-ms passed on
-    assert cli.main(["tune", "gemm", "--out", str(out), "--stages", "moe,decode_mma", "--rep-ms", "5"]) == 0
+    # --stages in the table's order whatever order they are named in (spaces allowed); --rep-ms passed on
+    assert cli.main(["tune", "gemm", "--out", str(out), "--stages", "moe, decode_mma", "--rep-ms", "5"]) == 0
     assert seen[-1][2:] == (("decode_mma", "moe"), 5.0)
     # tune_gemm itself: shapes, the GPU, then out checked before any work, leaving no folder behind
     monkeypatch.undo()
@@ -467,9 +468,18 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
         tune.tune_gemm(stages=())
     with pytest.raises(ValueError, match="rep_ms must be a positive"):
         tune.tune_gemm(rep_ms=-1.0)
+    with pytest.raises(ValueError, match="rep_ms must be a positive, finite"):
+        tune.tune_gemm(rep_ms=float("inf"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(IsADirectoryError):
         tune.tune_gemm(out=tmp_path)
+    # a file there that is not a dispatch table is refused before any work (a tune updates a table file in place)
+    for text, why in (("{not json", "Expecting property name"), ('{"NVIDIA H100": [1]}', "is not a mapping of keys"),
+                      ('{"NVIDIA H100": {"moe": 3}}', "'moe' is not a mapping of fields")):
+        (tmp_path / "old.json").write_text(text)
+        with pytest.raises(ValueError, match=f"is there and is not a dispatch table to update .*{why}"):
+            tune.tune_gemm(out=tmp_path / "old.json")
+        assert (tmp_path / "old.json").read_text() == text
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
         tune.tune_gemm(out=tmp_path / "file" / "t.json")
@@ -544,29 +554,37 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_tune_gemm_stages_write_as_they_finish(tmp_path, monkeypatch):
-    """`mxkit tune gemm --stages`: only the keys named are measured and written (the rest left to the packaged
-    default when the table is loaded), and the file is rewritten after every stage, so a tune that fails in a
-    later stage keeps the stages it finished."""
+    """`mxkit tune gemm --stages`: only the keys named are measured and written, each with its own _measured; the
+    file is written after every stage, updating a table already there (this GPU's measured keys replaced, its
+    other keys and other GPUs' entries kept), so a tune that fails in a later stage keeps the stages it finished.
+    Merged into the packaged table, a key left out keeps the packaged value."""
     from mxkit import tune
     from mxkit.kernels import matmul_table as mt
 
     out = tmp_path / "t.json"
+    out.write_text(json.dumps({"Other GPU": {"moe": {"mma_max_pairs": 3}}}))
     table = tune.tune_gemm(((1024, 2048),), out=out, rep_ms=1.0, log=lambda *a: None, stages=["decode_mma"])
     (name, entry), = table.items()
-    assert sorted(entry) == ["_measured", "decode_mma"] and "stages decode_mma" in entry["_measured"]
-    assert json.loads(out.read_text()) == table and entry["decode_mma"]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64)
-    with mt.gemm_table_override(out):  # a key it left out: the packaged default's
-        assert dict(mt._envelope(torch.device("cuda"), "moe")) == dict(mt._packaged_table()["default"]["moe"])
+    assert sorted(entry) == ["_measured", "decode_mma"] and "by mxkit tune gemm: decode_mma (" in entry["_measured"]
+    assert "rep_ms 1, shapes [(1024, 2048)]" in entry["decode_mma"]["_measured"]
+    assert json.loads(out.read_text()) == {"Other GPU": {"moe": {"mma_max_pairs": 3}}, **table}
+    assert entry["decode_mma"]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64)
+    dev = torch.device("cuda")
+    packaged_moe = dict(mt._envelope(dev, "moe"))
+    with mt.gemm_table_override(mt.merge_tables(mt._packaged_table(), table)):  # a key it left out: as packaged
+        assert dict(mt._envelope(dev, "moe")) == packaged_moe
+        assert mt._envelope(dev, "decode_mma")["max_m"] == entry["decode_mma"]["max_m"]
 
     def broken(*a, **kw):
         raise RuntimeError("the moe stage broke")
 
     monkeypatch.setattr(tune, "_tune_moe", broken)
-    out.unlink()
     with pytest.raises(RuntimeError, match="moe stage broke"):
         tune.tune_gemm(((1024, 2048),), out=out, rep_ms=1.0, log=lambda *a: None, stages=["moe", "w8a16_mma"])
-    kept = json.loads(out.read_text())[name]
-    assert sorted(kept) == ["_measured", "w8a16_mma"] and "max_m" in kept["w8a16_mma"]
+    kept = json.loads(out.read_text())
+    assert sorted(kept) == ["Other GPU", name] and sorted(kept[name]) == ["_measured", "decode_mma", "w8a16_mma"]
+    assert kept[name]["decode_mma"] == json.loads(json.dumps(entry["decode_mma"])) and "max_m" in kept[name]["w8a16_mma"]
+    assert "by mxkit tune gemm: w8a16_mma (" in kept[name]["_measured"]
 
 
 def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
@@ -777,6 +795,10 @@ def test_tune_closes_every_field_that_opens_a_kernel(monkeypatch):
         assert mma_max_pairs(dev, 128) == 0 and mma_max_pairs(dev, 32) == 0
     with mt.gemm_table_override(tune._with_entry(name, {"moe": tune.MOE_DECODE})):
         assert mma_max_pairs(dev, 32) >= 1 << 30
+    import inspect
+
+    assert "MOE_PREFILL" in inspect.getsource(tune._tune_moe) and "MOE_DECODE" in inspect.getsource(tune._tune_moe)
+    assert "W8A16_CLOSED" in inspect.getsource(tune._tune_w8a16_mma)
     tune._check_closed("w8a16-wgmma", "w8a16-mma")
     with pytest.raises(RuntimeError, match="still took w8a16-mma"):
         tune._check_closed("w8a16-mma", "w8a16-mma")

@@ -369,11 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "8192x8192,28672x8192,5120x2880,2880x4096)")
     p.add_argument("--out", default="gemm_table.json",
                    help="JSON file to write, its folders made (default gemm_table.json; checked before tuning; "
-                        "rewritten after every stage)")
+                        "written after every stage; a table already there is updated: this GPU's measured keys "
+                        "replaced, the rest kept)")
     p.add_argument("--stages", default=None,
                    help="comma-separated table keys to measure (default: all of decode_w4a16,decode_mma,a8w8_mma,"
-                        "w8a16_mma,w4a16_wgmma,w8a16_wgmma,moe); the keys left out take the packaged default's "
-                        "values when the table is loaded")
+                        "w8a16_mma,w4a16_wgmma,w8a16_wgmma,moe); the keys left out keep the values of the table it "
+                        "is merged into (`mxkit bench ... --table`: the packaged one)")
     p.add_argument("--rep-ms", type=float, default=20.0,
                    help="timing window of each measurement in ms (default 20; smaller is faster and noisier)")
     p.set_defaults(func=_cmd_tune)
@@ -405,9 +406,9 @@ def _cmd_tune(args) -> int:
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
-    stages = None if args.stages is None else check_stages(args.stages.split(","))
-    if not args.rep_ms > 0:
-        raise ValueError(f"--rep-ms must be a positive number of milliseconds, got {args.rep_ms}")
+    stages = None if args.stages is None else check_stages([st.strip() for st in args.stages.split(",")])
+    if not (math.isfinite(args.rep_ms) and args.rep_ms > 0):
+        raise ValueError(f"--rep-ms must be a positive, finite number of milliseconds, got {args.rep_ms}")
     if Path(args.out).suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")
@@ -427,6 +428,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        if getattr(args, "gemm_table", None) is not None:  # (a bench's --table: mxkit.bench.run_with_table)
+            return int(importlib.import_module("mxkit.bench").run_with_table(args.func, args) or 0)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # (stdout closed early, `| head`: stop quietly, as a SIGPIPE'd tool does)
         try:

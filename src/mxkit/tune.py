@@ -19,8 +19,10 @@ N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. For M
 the decode and the prefill path of packed MXFP4 GPT-OSS experts (E = 32 and 128) at 8 to 1024 (token, slot) pairs
 and keeps the largest count up to which decode wins on both, and that count per expert; and ``moe.mma_strips``,
 the strips a block of the decode kernels (1, 2 or 4) with the least total time at 16 to 256 pairs. The result is written as a table of the
-packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``); load it
-with :func:`mxkit.kernels.matmul.gemm_table_override`, or copy the entry into the packaged file.
+packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``), of the keys
+measured (``--stages`` picks some); use it merged into the packaged table
+(``gemm_table_override(merge_tables(_packaged_table(), table))``, as ``mxkit bench ... --table FILE`` does), or
+copy its keys into the packaged file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import datetime
 import functools
 import itertools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -84,20 +87,26 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
               rep_ms: float = 20.0, log=print, stages: Optional[Sequence[str]] = None) -> dict:
     """Tune on the current CUDA device; returns the table ``{GPU name: entry}``. shapes: (N, K) weight shapes
     (:func:`check_shapes`). ``stages``: the table keys to measure (:data:`STAGES`, :func:`check_stages`; None: all);
-    an entry without a key leaves it to the packaged ``"default"`` entry when loaded
-    (:func:`~mxkit.kernels.matmul.gemm_table_override`). ``rep_ms``: the timing window of each measurement (ms; 20
-    by default, ~10 minutes for every stage on an H100). ``out``: written after every stage with the keys measured
-    so far (whole, through a temporary file renamed over it; its folders made at the first write), so a run cut
-    short keeps its finished stages. Raises ValueError for a bad shape, stage or ``rep_ms``, RuntimeError without
-    CUDA, OSError (IsADirectoryError for a directory) when ``out`` cannot be written (all before any work, leaving
-    no folder behind), RuntimeError when no decode schedule runs for a K class (:func:`_best_decode_config`)."""
+    a key not measured is left to the table it is merged into (:func:`~mxkit.kernels.matmul_table.merge_tables`;
+    ``mxkit bench ... --table`` merges into the packaged table). Each measured key holds its own ``_measured`` (date,
+    torch, rep_ms, shapes); the entry's names the keys this run measured. ``rep_ms``: the timing window of each
+    measurement (ms, finite; 20 by default; 5 took ~50 s for every key but ``decode_w4a16`` on an H200). ``out``:
+    written after every stage, so a run cut short keeps its finished stages: a table file already there is updated
+    (this GPU's measured keys replaced whole, its other keys and other GPUs' entries kept), else made (whole,
+    through a temporary file renamed over it; its folders made at the first write). Raises ValueError for a bad
+    shape, stage or ``rep_ms`` or an ``out`` file there that is not a dispatch table, RuntimeError without CUDA,
+    OSError (IsADirectoryError for a directory) when ``out`` cannot be written (all before any work, leaving no
+    folder behind), RuntimeError when no decode schedule runs for a K class (:func:`_best_decode_config`) or a
+    kernel's closed envelope still takes it (:func:`_check_closed`)."""
     check_shapes(shapes)
     stages = check_stages(stages)
-    if not rep_ms > 0:
-        raise ValueError(f"rep_ms must be a positive number of milliseconds, got {rep_ms!r}")
+    if not (isinstance(rep_ms, (int, float)) and math.isfinite(rep_ms) and rep_ms > 0):
+        raise ValueError(f"rep_ms must be a positive, finite number of milliseconds, got {rep_ms!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
+    base: dict = {}
     if out is not None:
+        base = _table_there(Path(out))
         check_writable(out, "out")
     from . import ops
     from .kernels import matmul as mm
@@ -111,14 +120,17 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     name = torch.cuda.get_device_name()
     entry: dict = {}
     t0 = time.perf_counter()
+    how = f"{datetime.date.today()}, {name}, torch {torch.__version__}, rep_ms {rep_ms:g}, shapes {list(shapes)}"
 
     def done(stage: str) -> None:  # the table so far, written after every stage
+        entry[stage] = {**entry[stage], "_measured": how}
         entry.pop("_measured", None)  # (kept the entry's last field)
-        entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm over "
-                              f"{list(shapes)}" + ("" if stages == STAGES else f", stages {', '.join(stages)}"))
+        entry["_measured"] = (f"{datetime.date.today()}, {name}, torch {torch.__version__}, by mxkit tune gemm: "
+                              f"{', '.join(k for k in entry if k != '_measured')} (each key's _measured: how)")
         log(f"[{time.perf_counter() - t0:.0f} s] {stage}: {json.dumps(entry[stage])}")
         if out is not None:
-            write_text_atomic(out, json.dumps({name: entry}, indent=2) + "\n")
+            kept = {k: v for k, v in base.get(name, {}).items() if k not in entry}
+            write_text_atomic(out, json.dumps({**base, name: {**kept, **entry}}, indent=2) + "\n")
 
     if "decode_w4a16" in stages:
         configs = []
@@ -150,6 +162,20 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     if out is not None:
         log(f"wrote {out}")
     return table
+
+
+def _table_there(out: Path) -> dict:
+    """The dispatch table in the file ``out`` ({} where there is none); ValueError naming it where it holds
+    something else (a tune would replace it)."""
+    if not out.is_file():
+        return {}
+    from .kernels.matmul_table import check_table
+
+    try:
+        return check_table(json.loads(out.read_text()), "it")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"out {str(out)!r} is there and is not a dispatch table to update ({e}); remove it or "
+                         f"choose another file") from None
 
 
 def _best_decode_config(k_class: str, ks: Sequence[tuple[int, int]], weights: dict, g: torch.Generator,

@@ -9,7 +9,6 @@ name in :data:`BENCH_MODULES`. Importing a module imports torch only (not transf
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 from pathlib import Path
 from types import ModuleType
@@ -37,36 +36,37 @@ def add_bench_parser(subparsers, benchmarks: Optional[dict[str, ModuleType]] = N
         sub = ops.add_parser(b.NAME, help=b.HELP, description=b.HELP)
         b.add_arguments(sub)
         if b.NAME in TABLE_BENCHES:
-            sub.add_argument("--table", default=None, metavar="JSON",
-                             help="run under this GEMM dispatch table (a file `mxkit tune gemm` wrote) instead of "
-                                  "the packaged one; its GPU's missing keys take the packaged default's values")
-            sub.set_defaults(func=functools.partial(_run_with_table, b.run))
-        else:
-            sub.set_defaults(func=b.run)
+            sub.add_argument("--table", dest="gemm_table", default=None, metavar="JSON",
+                             help="run under this GEMM dispatch table (a file `mxkit tune gemm` wrote, or an edited "
+                                  "copy of the packaged one), merged field by field into the packaged table "
+                                  "(mxkit.kernels.matmul_table.merge_tables)")
+        sub.set_defaults(func=b.run)
     return p
 
 
-def _run_with_table(run, args) -> int:
-    """``run(args)`` under ``args.table`` (:func:`mxkit.kernels.matmul.gemm_table_override`) when given. Raises
-    ValueError naming the file when it cannot be read as a JSON table of ``{GPU name: entry}``."""
-    if args.table is None:
+def run_with_table(run, args) -> int:
+    """``run(args)``, under ``args.gemm_table`` (``--table``) merged into the packaged dispatch table
+    (:func:`mxkit.kernels.matmul_table.merge_tables`, :func:`~mxkit.kernels.matmul.gemm_table_override`) when
+    given, the file's resolved path recorded as the environment's ``gemm_table``. Raises ValueError naming the
+    file when it cannot be read as a dispatch table (:func:`~mxkit.kernels.matmul_table.check_table`), before
+    ``run`` starts."""
+    path = getattr(args, "gemm_table", None)
+    if path is None:
         return run(args)
     import json
 
-    from ..kernels.matmul import gemm_table_override
-
-    try:
-        table = json.loads(Path(args.table).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--table {args.table!r} cannot be read as a JSON dispatch table: {e}") from None
-    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-        raise ValueError(f"--table {args.table!r} is not a dispatch table ({{GPU name: entry}}, as `mxkit tune gemm` "
-                         f"writes)")
+    from ..kernels.matmul_table import _packaged_table, check_table, gemm_table_override, merge_tables
     from . import output
 
-    with gemm_table_override(table):
-        output.TABLE_SOURCE = str(args.table)
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--table {str(path)!r} cannot be read as a JSON dispatch table: {e}") from None
+    table = check_table(table, f"--table {str(path)!r}")
+    held = output.TABLE_SOURCE
+    with gemm_table_override(merge_tables(_packaged_table(), table)):
+        output.TABLE_SOURCE = str(Path(path).resolve())
         try:
             return run(args)
         finally:
-            output.TABLE_SOURCE = None
+            output.TABLE_SOURCE = held

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config"]
+__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "merge_tables"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,43 @@ def gemm_table_override(table: Union[Mapping, str, Path]):
     finally:
         _TOKEN.reset(token)
         _TABLE.reset(held)
+
+
+def check_table(table, what: str = "table") -> dict:
+    """``table`` if it is a dispatch table of the packaged JSON's shape: ``{GPU name: {key: {field: value}}}``, where
+    names and keys starting with ``_`` (notes such as ``_doc`` / ``_measured``) may hold anything; else ValueError
+    naming ``what`` and the first bad part."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{what} is not a dispatch table ({{GPU name: {{key: {{field: value}}}}}}, as `mxkit tune "
+                         f"gemm` writes), got {type(table).__name__}")
+    for name, entry in table.items():
+        if str(name).startswith("_"):
+            continue
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{what}: the entry of {name!r} is not a mapping of keys (got {type(entry).__name__})")
+        for key, fields in entry.items():
+            if not str(key).startswith("_") and not isinstance(fields, Mapping):
+                raise ValueError(f"{what}: {name!r} / {key!r} is not a mapping of fields (got {type(fields).__name__})")
+    return dict(table)
+
+
+def merge_tables(base: Mapping, over: Mapping) -> dict:
+    """``base`` with ``over``'s entries merged into it field by field (:func:`check_table` shapes): a GPU's key in
+    ``over`` replaces the fields it names and keeps ``base``'s others, and ``over``'s other keys and GPUs are
+    added. A tuned table of some keys, so merged into the packaged one, changes only what it measured (replacing
+    the table instead, a GPU with a packaged entry, the H200's, would fall back to the packaged ``"default"``
+    entry for every field the tuned one lacks)."""
+    out = {name: (dict(entry) if isinstance(entry, Mapping) else entry) for name, entry in base.items()}
+    for name, entry in over.items():
+        if str(name).startswith("_") or not isinstance(out.get(name), dict):
+            out[name] = entry
+            continue
+        merged = out[name]
+        for key, fields in entry.items():
+            old = merged.get(key)
+            merged[key] = ({**old, **fields} if isinstance(old, Mapping) and isinstance(fields, Mapping)
+                           and not str(key).startswith("_") else fields)
+    return out
 
 
 def _table_token() -> int:

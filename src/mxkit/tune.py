@@ -21,7 +21,7 @@ and keeps the largest count up to which decode wins on both, and that count per 
 the strips a block of the decode kernels (1, 2 or 4) with the least total time at 16 to 256 pairs. The result is written as a table of the
 packaged file's shape with one entry, keyed by the GPU's name (``torch.cuda.get_device_name()``), of the keys
 measured (``--stages`` picks some); use it merged into the packaged table
-(``gemm_table_override(merge_tables(_packaged_table(), table))``, as ``mxkit bench ... --table FILE`` does), or
+(``gemm_table_override(merge_tables(gemm_table(), table))``, as ``mxkit bench ... --table FILE`` does), or
 copy its keys into the packaged file.
 """
 

@@ -45,7 +45,7 @@ def add_bench_parser(subparsers, benchmarks: Optional[dict[str, ModuleType]] = N
 
 
 def run_with_table(run, args) -> int:
-    """``run(args)``, under ``args.gemm_table`` (``--table``) merged into the packaged dispatch table
+    """``run(args)``, under ``args.gemm_table`` (``--table``) merged into the dispatch table in force (the packaged one)
     (:func:`mxkit.kernels.matmul_table.merge_tables`, :func:`~mxkit.kernels.matmul.gemm_table_override`) when
     given, the file's resolved path recorded as the environment's ``gemm_table``. Raises ValueError naming the
     file when it cannot be read as a dispatch table (:func:`~mxkit.kernels.matmul_table.check_table`), before
@@ -55,7 +55,7 @@ def run_with_table(run, args) -> int:
         return run(args)
     import json
 
-    from ..kernels.matmul_table import _packaged_table, check_table, gemm_table_override, merge_tables
+    from ..kernels.matmul_table import check_table, gemm_table, gemm_table_override, merge_tables
     from . import output
 
     try:
@@ -64,7 +64,7 @@ def run_with_table(run, args) -> int:
         raise ValueError(f"--table {str(path)!r} cannot be read as a JSON dispatch table: {e}") from None
     table = check_table(table, f"--table {str(path)!r}")
     held = output.TABLE_SOURCE
-    with gemm_table_override(merge_tables(_packaged_table(), table)):
+    with gemm_table_override(merge_tables(gemm_table(), table)):
         output.TABLE_SOURCE = str(Path(path).resolve())
         try:
             return run(args)

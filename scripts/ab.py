@@ -13,8 +13,9 @@ variant list N times, interleaved, and keeps each variant's fastest round. The t
     PYTHONPATH=src python3 scripts/ab.py --op gemm --formats mxfp4 --shapes 8192x8192x8192 \\
         --variant base --variant "tuned:table=results/tune.json"
 
-A GEMM variant takes one field, ``table``: a dispatch table (``mxkit tune gemm``'s JSON file, or ``{}`` for the
-defaults alone) through ``mxkit.kernels.matmul_table.gemm_table_override``; the GEMM's schedules live there, not in
+A GEMM variant takes one field, ``table``: a dispatch table (``mxkit tune gemm``'s JSON file or a mapping, merged
+field by field into the packaged table as ``mxkit bench ... --table`` does; ``{}`` for the defaults alone) through
+``mxkit.kernels.matmul_table.gemm_table_override``; the GEMM's schedules live there, not in
 ``opt_flags`` (its fields are the quantize / dequantize kernels').
 
 Values are JSON (``4``, ``true``, ``null``, ``[1, 2]``), anything else a string. Field names are those of the
@@ -57,7 +58,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
 def override(fields: dict, op: str = "rowwise"):
     """The context manager ``mxkit.kernels.opt_flags.override`` with ``fields`` as the config fields of the op's
     family (``quantize=``, ``dequantize=``, or ``gemm=`` once the hook has it); a ``table`` field replaces the
-    per-GPU tuning table (``table=[]``: the heuristics alone). Exits with a clear message when the hook, or its
+    per-GPU tuning table (``table=[]``: the heuristics alone); a GEMM's ``table`` is merged into the dispatch table
+    (``{}``: the packaged defaults alone). Exits with a clear message when the hook, or its
     family, is not in this checkout."""
     if not fields:
         return contextlib.nullcontext()
@@ -69,9 +71,16 @@ def override(fields: dict, op: str = "rowwise"):
         table = fields["table"]
         if not isinstance(table, (dict, str)):
             sys.exit(f"scripts/ab.py: table= for a GEMM variant is a JSON file or a mapping, got {table!r}")
-        from mxkit.kernels.matmul_table import gemm_table_override
+        from mxkit.kernels.matmul_table import check_table, gemm_table, gemm_table_override, merge_tables
 
-        return gemm_table_override(table)
+        if isinstance(table, str):
+            try:
+                table = check_table(json.loads(Path(table).read_text()), f"table={table}")
+            except (OSError, ValueError) as e:
+                sys.exit(f"scripts/ab.py: table= for a GEMM variant: {e}")
+        # a table of some keys merged into the one in force field by field (as `mxkit bench --table`); {} alone
+        # replaces it: the packaged "default" entry for every GPU
+        return gemm_table_override(merge_tables(gemm_table(), table) if table else {})
     try:
         from mxkit.kernels.opt_flags import override as hook
     except ImportError as e:

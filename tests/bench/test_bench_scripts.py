@@ -24,7 +24,7 @@ def _script(name: str):
     return mod
 
 
-def test_ab_variants_and_missing_override(monkeypatch):
+def test_ab_variants_and_missing_override(monkeypatch, tmp_path):
     ab = _script("ab")
     assert ab.parse_variant("base") == ("base", {})
     assert ab.parse_variant("t:block_r=4,num_warps=2,flag=true,mode=fast") == (
@@ -49,8 +49,20 @@ def test_ab_variants_and_missing_override(monkeypatch):
     # timed the same kernels twice); any other field, or a table that is no mapping / file, exits
     from mxkit.kernels import matmul_table
 
-    with ab.override({"table": {}}, "gemm"):
-        assert matmul_table._TABLE.get() is not None
+    with ab.override({"table": {}}, "gemm"):  # {}: the packaged defaults alone
+        assert dict(matmul_table.gemm_table()) == {}
+    # a table of some keys (a mapping or a file) is merged into the packaged one field by field
+    packaged = matmul_table._packaged_table()
+    with ab.override({"table": {"NVIDIA H200": {"moe": {"mma_strips": 4}}}}, "gemm"):
+        got = matmul_table.gemm_table()
+        assert dict(got["NVIDIA H200"]["moe"]) == {**packaged["NVIDIA H200"]["moe"], "mma_strips": 4}
+        assert got["NVIDIA H200"]["decode_mma"] == packaged["NVIDIA H200"]["decode_mma"]
+    (tmp_path / "t.json").write_text('{"NVIDIA Fake": {"decode_mma": {"max_m": 2}}}')
+    with ab.override({"table": str(tmp_path / "t.json")}, "gemm"):
+        assert matmul_table.gemm_table()["NVIDIA Fake"]["decode_mma"]["max_m"] == 2 and "default" in matmul_table.gemm_table()
+    (tmp_path / "bad.json").write_text('{"NVIDIA Fake": {"decode_mma": 2}}')
+    with pytest.raises(SystemExit, match="not a mapping of fields"):
+        ab.override({"table": str(tmp_path / "bad.json")}, "gemm")
     for bad in ({"block_m": 64}, {"table": []}):
         with pytest.raises(SystemExit, match="GEMM variant"):
             ab.override(bad, "gemm")

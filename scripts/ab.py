@@ -71,12 +71,12 @@ def override(fields: dict, op: str = "rowwise"):
         table = fields["table"]
         if not isinstance(table, (dict, str)):
             sys.exit(f"scripts/ab.py: table= for a GEMM variant is a JSON file or a mapping, got {table!r}")
-        from mxkit.kernels.matmul_table import check_table, gemm_table, gemm_table_override, merge_tables
+        from mxkit.kernels.matmul_table import gemm_table, gemm_table_override, load_table, merge_tables
 
         if isinstance(table, str):
             try:
-                table = check_table(json.loads(Path(table).read_text()), f"table={table}")
-            except (OSError, ValueError) as e:
+                table = load_table(table, f"table={table}")
+            except ValueError as e:
                 sys.exit(f"scripts/ab.py: table= for a GEMM variant: {e}")
         # a table of some keys merged into the one in force field by field (as `mxkit bench --table`); {} alone
         # replaces it: the packaged "default" entry for every GPU

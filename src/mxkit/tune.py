@@ -169,11 +169,11 @@ def _table_there(out: Path) -> dict:
     something else (a tune would replace it)."""
     if not out.is_file():
         return {}
-    from .kernels.matmul_table import check_table
+    from .kernels.matmul_table import load_table
 
     try:
-        return check_table(json.loads(out.read_text()), "it")
-    except (OSError, ValueError) as e:
+        return load_table(out, "it")
+    except ValueError as e:
         raise ValueError(f"out {str(out)!r} is there and is not a dispatch table to update ({e}); remove it or "
                          f"choose another file") from None
 

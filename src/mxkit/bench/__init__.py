@@ -53,16 +53,10 @@ def run_with_table(run, args) -> int:
     path = getattr(args, "gemm_table", None)
     if path is None:
         return run(args)
-    import json
-
-    from ..kernels.matmul_table import check_table, gemm_table, gemm_table_override, merge_tables
+    from ..kernels.matmul_table import gemm_table, gemm_table_override, load_table, merge_tables
     from . import output
 
-    try:
-        table = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--table {str(path)!r} cannot be read as a JSON dispatch table: {e}") from None
-    table = check_table(table, f"--table {str(path)!r}")
+    table = load_table(path, f"--table {str(path)!r}")
     held = output.TABLE_SOURCE
     with gemm_table_override(merge_tables(gemm_table(), table)):
         output.TABLE_SOURCE = str(Path(path).resolve())

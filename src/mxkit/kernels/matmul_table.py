@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "merge_tables"]
+__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "load_table", "merge_tables"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def gemm_table_override(table: Union[Mapping, str, Path]):
     ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning), in this thread (or
     asyncio task) only."""
     if not isinstance(table, Mapping):
-        table = json.loads(Path(table).read_text())
+        table = load_table(table)
     held = _TABLE.set(_freeze(dict(table)))
     token = _TOKEN.set(next(_tokens))
     try:
@@ -96,6 +96,17 @@ def check_table(table, what: str = "table") -> dict:
             if not str(key).startswith("_") and not isinstance(fields, Mapping):
                 raise ValueError(f"{what}: {name!r} / {key!r} is not a mapping of fields (got {type(fields).__name__})")
     return dict(table)
+
+
+def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
+    """The dispatch table in the JSON file ``path`` (:func:`check_table`); ValueError naming ``what`` (default the
+    path) where it cannot be read or is not such a table."""
+    what = what or repr(str(path))
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} cannot be read as a JSON dispatch table: {e}") from None
+    return check_table(table, what)
 
 
 def merge_tables(base: Mapping, over: Mapping) -> dict:

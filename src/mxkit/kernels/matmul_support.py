@@ -92,7 +92,7 @@ def envelope_rows() -> list[dict]:
     twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
     return [
         {"path": "a8w8-mma", "a": f"MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear up to M ≤ "
-                                 f"{d['a8w8_mma']['quant_max_m']})",
+                                 f"{d['a8w8_mma']['quant_max_m']}{per_gpu('a8w8_mma', 'quant_max_m')})",
          "weight": "mxfp8_e4m3",
          "M": f"≤ {d['a8w8_mma']['max_m']} where w8a16-wgmma takes the layer{per_gpu_nk('a8w8_mma')}, else "
               f"≤ {d['a8w8_mma']['max_m_no_wgmma']}",

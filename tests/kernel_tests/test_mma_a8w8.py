@@ -16,6 +16,7 @@ import mxkit
 import mxkit.nn
 from mxkit.kernels.matmul import a8w8_linear, gemm_table_override, reference_gemm
 from mxkit.kernels.matmul_details import _mma_a8w8
+from mxkit.kernels.matmul_table import gemm_table, merge_tables
 
 from .test_matmul import assert_within_bound, check, rand_mx
 
@@ -23,6 +24,13 @@ HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 sm89 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() < (8, 9), reason="needs sm_89 or newer")
 WIDE = {"default": {"a8w8_mma": {"max_m": 64}}}  # the envelope's full range, whatever the GPU's table says
+
+
+def in_launch(quant_max_m: int = 8):
+    """The table in force with ``a8w8_mma.quant_max_m`` set for the default entry and this GPU's (the H200's own
+    is 1): bf16 x of up to that many rows quantized inside the a8w8-mma launch, whatever the GPU's table says."""
+    over = {"a8w8_mma": {"quant_max_m": quant_max_m}}
+    return gemm_table_override(merge_tables(gemm_table(), {"default": over, torch.cuda.get_device_name(): over}))
 
 
 def test_ptx_matches_source():
@@ -540,7 +548,7 @@ def test_gpu_a8w8_in_a_cuda_graph(rng):
     lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
     mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
     x = torch.randn(4, K, generator=rng).to(torch.bfloat16).cuda()
-    with torch.no_grad():
+    with torch.no_grad(), in_launch():
         mx(x)
         _assert_graph_replays(mx, x, rng)
 

@@ -13,7 +13,6 @@ from conftest import poison_allocator
 
 import mxkit
 from mxkit.kernels.matmul import gemm_table_override
-from mxkit.kernels.matmul_table import gemm_table, merge_tables
 from mxkit.kernels.matmul_details import _mma_decode
 from mxkit.kernels.matmul_details._mma_decode import pack_mma, unpack_mma
 from mxkit.packed import PackedWeight
@@ -449,6 +448,8 @@ def test_gpu_bf16_bias_read_as_it_is(case, rng):
     (fast call), 1 / 5 / 8 rows, every out dtype; within the bound of the float64 product."""
     from mxkit.kernels.matmul import a8w8_linear
 
+    from .test_mma_a8w8 import in_launch
+
     N, K = 1040, 2880
     fmt = "mxfp4_e2m1" if case == "decode-mma" else "mxfp8_e4m3"
     w = mxkit.quantize(torch.randn(N, K, generator=rng).cuda() * 0.05, fmt)
@@ -458,11 +459,8 @@ def test_gpu_bf16_bias_read_as_it_is(case, rng):
         x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
         a = mxkit.quantize(x, "mxfp8_e4m3") if case == "a8w8-mma" else x
         if case == "a8w8 in-kernel":  # (x quantized inside the launch at these M whatever this GPU's table says)
-            in_launch = {"a8w8_mma": {"quant_max_m": 8}}
-            table = merge_tables(gemm_table(), {"default": in_launch, torch.cuda.get_device_name(): in_launch})
-
-            def run(bias, x=x, out=out, table=table):
-                with gemm_table_override(table):
+            def run(bias, x=x, out=out):
+                with in_launch():
                     return a8w8_linear(x, pw, bias, out)
         else:
             assert mxkit.gemm_plan(a, pw).path == case

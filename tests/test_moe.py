@@ -720,6 +720,46 @@ def test_mxmoe_gradients(device, rng):
     assert y.dtype == torch.bfloat16 and y.grad_fn is not None
 
 
+def test_mxmoe_router_scores_with_gradients_route_once(rng, monkeypatch):
+    """With return_router_scores and a gradient to take, forward routes once for the experts and the scores (it
+    routed twice); the outputs are those of the layer routing for each of them on its own, the gradients too within
+    float32's rounding."""
+    import mxkit.nn.moe as nn_moe
+
+    E, k = 8, 2
+    router = _router(E, rng)
+    dense = (torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))
+    x = torch.randn(7, H, generator=rng)
+    gy, gs = torch.randn(7, H, generator=rng), torch.randn(7, k, generator=rng)
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4", return_router_scores=True)
+
+    def run():
+        m.zero_grad()
+        xg = x.clone().requires_grad_()
+        y, scores = m(xg)
+        ((y * gy).sum() + (scores * gs).sum()).backward()
+        return y.detach(), scores.detach(), xg.grad, m.router.weight.grad.clone(), m.gate_up_bias.grad.clone()
+
+    calls = []
+    real = nn_moe.route
+    monkeypatch.setattr(nn_moe, "route", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    got = run()
+    assert len(calls) == 1
+    # the same layer's outputs and gradients, the experts and the scores routed on their own (the old behaviour)
+    m.return_router_scores = False
+    xg = x.clone().requires_grad_()
+    m.zero_grad()
+    y = m(xg)
+    logits = m.router(xg)
+    scores = real(logits, k, mode=m.routing)[0]
+    ((y * gy).sum() + (scores * gs).sum()).backward()
+    want = (y.detach(), scores.detach(), xg.grad, m.router.weight.grad, m.gate_up_bias.grad)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for a, b in zip(got[2:], want[2:]):  # (the two routings' gradients meet at the weights now, not at the logits:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))  # another float32 order)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
     """A float32 MXMoE (from_dense of a float32 router) on bf16 / fp16 x: the router's logits in x's dtype (its

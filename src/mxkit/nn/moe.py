@@ -689,9 +689,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 return self._result(y, logits, (weights, ids))
             return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
         routed = None
-        if self.return_router_scores and x.is_cuda and not needs_grad(x, logits, self.gate_up_bias,
-                                                                           self.down_bias):
-            routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)  # once for both
+        if self.return_router_scores:  # routed once for the experts and the scores, where the experts take it
+            grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
+            if (x.is_cuda and not grad) or (grad and self.ep_ranges is None):
+                routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return self._result(self._experts(x, logits, routed), logits, routed)
 
     def _check_input(self, x) -> None:
@@ -735,12 +736,12 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
-        packed decode / prefill path takes them rather than routing again). Where autograd needs a gradient (x,
+        packed decode / prefill path and the gradient path take them rather than routing again). Where autograd needs a gradient (x,
         the router or the expert biases) it goes through :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same
         forward, a per-expert float32 backward); under expert parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
-            weights, ids = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
+            weights, ids = routed or route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
             return ExpertsGrad.apply(x, weights, self.gate_up_bias, self.down_bias, ids, logits.detach(), self)
         if not grad:
             y = self._forward_packed(x, logits, routed)

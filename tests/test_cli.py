@@ -775,6 +775,19 @@ def test_tune_overrides_keep_this_gpus_other_fields(monkeypatch):
         assert "gemm_table_override(_with_entry(name, {" in src and "gemm_table_override({name" not in src
 
 
+def test_tune_quant_max_m_from_the_summed_times():
+    """a8w8's quant_max_m is taken from the times summed over the tuned shapes: the H100's tune (session 74) lost
+    0.8 us on 8192^2 at M = 1 and won 2.5 / 1.0 on the small layers, which "won on every shape" made 0."""
+    from mxkit import tune
+
+    h100 = {1: [32.1 + 86.7 + 12.8 + 12.3, 31.3 + 87.4 + 15.3 + 13.3],  # (in the launch, quantized first)
+            2: [33.7 + 89.9 + 14.8 + 12.9, 31.2 + 87.1 + 15.3 + 13.5],
+            4: [34.9 + 95.5 + 15.4 + 16.0, 31.5 + 87.8 + 15.7 + 14.2]}
+    assert tune._won_summed(h100) == {1: True, 2: False, 4: False}
+    assert tune._largest_won(tune._won_summed(h100)) == 1
+    assert tune._largest_won(tune._won_summed({1: [2.0, 1.0], 2: [1.0, 2.0]})) == 0
+
+
 def test_tune_closes_every_field_that_opens_a_kernel(monkeypatch):
     """What `mxkit tune gemm` times a kernel against must be another path: on the H200's entry (its name faked),
     the w8a16 override closes the large-weight envelope too, and the MoE "prefill" override the per-expert one (an

@@ -444,7 +444,7 @@ def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
         if path == "python":
             _python_path(monkeypatch)
         made = []
-        # (x of M rows quantized inside the a8w8 launch whatever this GPU's table says: the H200's quant_max_m is 1)
+        # (x of M rows quantized inside the a8w8 launch whatever this GPU's table says: the packaged quant_max_m is 1)
         with in_launch() if case == "a8w8 in-kernel" else contextlib.nullcontext():
             for x in xs:
                 made.append(run(x).clone())

@@ -27,8 +27,8 @@ WIDE = {"default": {"a8w8_mma": {"max_m": 64}}}  # the envelope's full range, wh
 
 
 def in_launch(quant_max_m: int = 8):
-    """The table in force with ``a8w8_mma.quant_max_m`` set for the default entry and this GPU's (the H200's own
-    is 1): bf16 x of up to that many rows quantized inside the a8w8-mma launch, whatever the GPU's table says."""
+    """The table in force with ``a8w8_mma.quant_max_m`` set for the default entry and this GPU's (the packaged
+    value is 1): bf16 x of up to that many rows quantized inside the a8w8-mma launch, whatever the table says."""
     over = {"a8w8_mma": {"quant_max_m": quant_max_m}}
     return gemm_table_override(merge_tables(gemm_table(), {"default": over, torch.cuda.get_device_name(): over}))
 

@@ -367,9 +367,9 @@ def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
 
 def _a8w8_quant_max_m(dev: torch.device) -> int:
     """The M up to which :func:`a8w8_linear` quantizes bf16 activations inside the a8w8-mma launch (the table's
-    ``a8w8_mma.quant_max_m``, default 8); past it, one quantize call first."""
+    ``a8w8_mma.quant_max_m``, default 1); past it, one quantize call first."""
     entry = _envelope(dev, "a8w8_mma") or {}
-    return int(entry.get("quant_max_m", 8))
+    return int(entry.get("quant_max_m", 1))
 
 
 def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
@@ -812,7 +812,7 @@ def run_gemm(a, b: Union[MXTensor, PackedWeight], plan: GemmPlan, bias: Optional
 def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optional[torch.Tensor] = None,
                 out_dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
     """``quantize(x, "mxfp8") @ w.T + bias``: bf16 activations x (..., K) quantized to MXFP8 E4M3 inside the
-    a8w8-mma kernel up to ``a8w8_mma.quant_max_m`` rows (default 8: one launch; past that x is quantized once
+    a8w8-mma kernel up to ``a8w8_mma.quant_max_m`` rows (default 1: one launch; past that x is quantized once
     first, two launches) (OCP FLOOR scale, round to nearest even: the bytes of :func:`mxkit.quantize`; with the
     same split of K the kernel gives the bits it gives on ``quantize(x, "mxfp8")``, and this call may split K
     more on small grids, so it agrees with ``matmul(quantize(x, "mxfp8"), w)`` within the GEMM bound), weight

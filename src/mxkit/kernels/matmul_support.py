@@ -77,9 +77,12 @@ def envelope_rows() -> list[dict]:
         return listed(key, lambda e, m: f"≤ {e['large_max_m']} on N·K ≥ {_count(e['large_min_nk'])}"
                       if "large_max_m" in e else None, "; ", "")
 
+    def own(key: str, field: str = "max_m", nk: str = "min_nk") -> str:  # (a GPU's own field on N·K >= nk)
+        return listed(key, lambda e, m: _m_env(m, field, nk)
+                      if any(f in e and e[f] != d[key][f] for f in (field, nk)) else None)
+
     def small(key: str) -> str:  # (a GPU's own split-K envelope at small M: small_max_m on N·K >= small_min_nk)
-        return listed(key, lambda e, m: _m_env(m, "small_max_m", "small_min_nk")
-                      if any(f in e and e[f] != d[key][f] for f in ("small_max_m", "small_min_nk")) else None)
+        return own(key, "small_max_m", "small_min_nk")
 
     def mid(key: str) -> str:  # (a GPU's third envelope: mid_max_m on N·K >= mid_min_nk; none in the default)
         return listed(key, lambda e, m: _m_env(e, "mid_max_m", "mid_min_nk") if e.get("mid_max_m") else None, "; ", "")
@@ -107,11 +110,11 @@ def envelope_rows() -> list[dict]:
          "also": f"fp6 on N·K ≤ {_count(d['decode_w4a16']['fp6_max_nk'])}; weight scales in the "
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
-         "M": f"{_m_env(wg)}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{small('w4a16_wgmma')}{mid('w4a16_wgmma')}",
+         "M": f"{_m_env(wg)}{own('w4a16_wgmma')}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{small('w4a16_wgmma')}{mid('w4a16_wgmma')}",
          "also": "N % 8 = 0, sm_90"},
         {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16",
          "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
-         "M": f"{_m_env(w8)}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{small('w8a16_wgmma')}{mid('w8a16_wgmma')}",
+         "M": f"{_m_env(w8)}{own('w8a16_wgmma')}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{small('w8a16_wgmma')}{mid('w8a16_wgmma')}",
          "also": "N % 8 = 0, sm_90"},
     ]
 

@@ -21,17 +21,36 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 def test_formats_table(capsys):
     assert cli.main(["formats", "--plain"]) == 0
     out = capsys.readouterr().out
-    lines = {ln.split()[0]: ln.split() for ln in out.splitlines()[3:]}
+    lines = {ln.split()[0]: [w for w in ln.split() if not w.startswith("(")] for ln in out.splitlines()[3:]}
     assert set(lines) == set(mxkit.FORMATS)
-    # format element bits emax max-normal min-normal min-subnormal bits/elem spec
-    assert lines["mxfp8_e4m3"][:8] == ["mxfp8_e4m3", "E4M3", "8", "8", "448", "2^-6", "2^-9", "8.25"]
-    assert lines["mxfp8_e5m2"][:8] == ["mxfp8_e5m2", "E5M2", "8", "15", "57344", "2^-14", "2^-16", "8.25"]
-    assert lines["mxfp6_e3m2"][:8] == ["mxfp6_e3m2", "E3M2", "6", "4", "28", "2^-2", "2^-4", "6.25"]
-    assert lines["mxfp6_e2m3"][:8] == ["mxfp6_e2m3", "E2M3", "6", "2", "7.5", "1", "2^-3", "6.25"]
-    assert lines["mxfp4_e2m1"][:8] == ["mxfp4_e2m1", "E2M1", "4", "2", "6", "1", "2^-1", "4.25"]
+    # format element bits emax max-normal min-normal min-subnormal Inf/NaN bits/elem spec (README's Formats table)
+    assert lines["mxfp8_e4m3"][:9] == ["mxfp8_e4m3", "E4M3", "8", "8", "448", "2^-6", "2^-9", "NaN", "only"]
+    assert lines["mxfp8_e4m3"][9] == "8.25"
+    assert lines["mxfp8_e5m2"][:9] == ["mxfp8_e5m2", "E5M2", "8", "15", "57344", "2^-14", "2^-16", "both", "8.25"]
+    assert lines["mxfp6_e3m2"][:9] == ["mxfp6_e3m2", "E3M2", "6", "4", "28", "2^-2", "2^-4", "none", "6.25"]
+    assert lines["mxfp6_e2m3"][:9] == ["mxfp6_e2m3", "E2M3", "6", "2", "7.5", "1", "2^-3", "none", "6.25"]
+    assert lines["mxfp4_e2m1"][:9] == ["mxfp4_e2m1", "E2M1", "4", "2", "6", "1", "2^-1", "none", "4.25"]
     # INT8 has no exponent field: no normals or subnormals (README's table: "—"); its step 2^-6 is no "min normal"
-    assert lines["mxint8"][:8] == ["mxint8", "INT8", "8", "0", "1.984375", "-", "-", "8.25"]
+    assert lines["mxint8"][:9] == ["mxint8", "INT8", "8", "0", "1.984375", "-", "-", "none", "8.25"]
     assert "§5.3.3" in lines["mxfp4_e2m1"][-1]
+    # the aliases get_format takes, beside their format
+    for line in out.splitlines()[3:]:
+        name = line.split()[0]
+        assert sorted(w.strip("()") for w in line.split() if w.startswith("(")) == sorted(
+            a for a in ("mxfp4", "mxfp6", "mxfp8") if mxkit.get_format(a).name == name)
+
+
+@pytest.mark.parametrize("argv, usage, extra", [
+    (["eval", "--bogus"], "mxkit eval", "--bogus"), (["formats", "-x", "1"], "mxkit formats", "-x 1"),
+    (["bench", "gemm", "--list", "--bogus"], "mxkit bench gemm", "--bogus"), (["--bogus"], "mxkit", "--bogus")])
+def test_unknown_option_gets_its_command_usage(argv, usage, extra, capsys):
+    """An unknown option is reported with the usage of the command it was given to (argparse reported it with the
+    top-level usage, `mxkit [-h] COMMAND ...`), exit code 2."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: {usage} " in err and f"{usage}: error: unrecognized arguments: {extra}" in err
 
 
 def test_formats_rich_table(capsys):
@@ -890,7 +909,7 @@ def test_closed_stdout_is_a_quiet_exit(monkeypatch, capsys):
     args = parser.parse_args(["formats"])
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     monkeypatch.setattr(args, "func", closed, raising=False)
-    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    monkeypatch.setattr(parser, "parse_known_args", lambda argv=None: (args, []))
     monkeypatch.setattr(cli.os, "dup2", lambda a, b: None)
     assert cli.main(["formats"]) == 141
     assert "error" not in capsys.readouterr().err

@@ -59,10 +59,12 @@ def _cmd_formats(args) -> int:
     rows = []
     for r in format_table():
         integer = r["element"] == "INT8"  # no exponent field: neither normals nor subnormals (its step is 2^-6)
+        special = "both" if r["inf"] and r["nan"] else ("NaN only" if r["nan"] else ("Inf only" if r["inf"] else "none"))
         rows.append({
-            "format": r["format"], "element": r["element"], "bits": r["bits"], "emax": r["emax"],
+            "format": r["format"] + "".join(f" ({a})" for a in r["aliases"]), "element": r["element"],
+            "bits": r["bits"], "emax": r["emax"],
             "max normal": f"{r['max_normal']:.10g}", "min normal": None if integer else _pow2(r["min_normal"]),
-            "min subnormal": _pow2(r["min_subnormal"]),
+            "min subnormal": _pow2(r["min_subnormal"]), "Inf / NaN": special,
             "bits/elem incl. scale": f"{r['bits_per_element']:g}", "spec": r["spec"],
         })
     _print_table(rows, list(rows[0]), title="OCP MX v1.0 element formats (E8M0 scale per 32 elements)",
@@ -388,7 +390,18 @@ def build_parser() -> argparse.ArgumentParser:
         _bench = None
     if _bench is not None and hasattr(_bench, "add_bench_parser"):
         _bench.add_bench_parser(sub)
+    _own_parsers(parser)
     return parser
+
+
+def _own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser records itself as ``args._cli_parser`` (the innermost's wins), so that
+    :func:`main` reports an unknown option with that command's usage rather than the top-level one."""
+    parser.set_defaults(_cli_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _own_parsers(child)
 
 
 def _cmd_tune(args) -> int:
@@ -423,7 +436,9 @@ def _cmd_tune(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # (argparse's own message, with the usage of the command given rather than mxkit's)
+        getattr(args, "_cli_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2

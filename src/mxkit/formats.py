@@ -421,6 +421,7 @@ def format_table() -> list[dict]:
         rows.append(
             {
                 "format": f.name,
+                "aliases": sorted(a for a, n in _ALIASES.items() if n == f.name),
                 "element": "INT8" if f.kind == "int" else f"E{f.ebits}M{f.mbits}",
                 "bits": f.bits,
                 "emax": f.emax,

@@ -327,6 +327,18 @@ def test_mxlinear_empty_batch(device):
         assert x.grad.shape == (0, 64)
 
 
+def test_top_level_quantize_model_has_the_signature_of_the_nn_one():
+    """``mxkit.quantize_model`` (a lazy forward to :func:`mxkit.nn.quantize_model`) shows help() and IDEs the same
+    parameters: names, kinds and defaults (it was ``(*args, **kwargs)``)."""
+    import inspect
+
+    import mxkit.nn
+
+    top, nn_ = inspect.signature(mxkit.quantize_model), inspect.signature(mxkit.nn.quantize_model)
+    assert [(p.name, p.kind, p.default) for p in top.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in nn_.parameters.values()]
+
+
 def test_quantize_model_leaves_layers_it_cannot_take(rng):
     """A float64 or empty layer is reported "unsupported" with its reason (it used to raise after the layers before
     it had been replaced); a bad ``skip`` raises before anything is replaced."""

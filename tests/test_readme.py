@@ -27,6 +27,15 @@ def test_readme_api_example_runs(capsys):
         assert torch.equal(ns["fresh"][0].weight_qdata, ns["model"][0].weight_qdata)
 
 
+def test_readme_gemm_example_runs(capsys):
+    """The scaled-GEMM example (on CPU here: the reference) runs as written, its operands defined in it."""
+    block = next(b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "pack_weight(" in b)
+    ns: dict = {}
+    exec(compile("import torch, mxkit\n" + block, "README.md", "exec"), ns)  # noqa: S102 - our own documentation
+    assert ns["y"].shape == (8, 4096) and ns["y"].dtype == torch.bfloat16
+    assert capsys.readouterr().out.strip()  # (gemm_plan's reason)
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "<!-- test-command -->" in ci and "<!-- test-command -->" in README

@@ -37,13 +37,19 @@ from .tensor import MXTensor
 __version__ = "0.1.0"
 
 
-def quantize_model(*args, **kwargs):
-    """Replace every ``nn.Linear`` of a model by an MXLinear, in place: :func:`mxkit.nn.quantize_model`, whose
-    arguments, return value and errors (ValueError / TypeError for unknown names, a bad ``block_size`` or
-    ``skip``, a bare ``nn.Linear``) these are (imported lazily: ``mxkit.nn`` is a higher layer)."""
+def quantize_model(model, weight_format, *, act_format=None, scale_mode=ScaleMode.FLOOR, rounding=Rounding.RNE,
+                   block_size=BLOCK_SIZE, skip=None, compute_qsnr=True, progress=True, return_report=False, fuse=False,
+                   dense_cache=None):
+    """Replace every ``nn.Linear`` of ``model`` by an MXLinear of ``weight_format`` weights, in place, and return
+    ``model`` (or ``(model, report)`` with ``return_report=True``): :func:`mxkit.nn.quantize_model`, whose
+    parameters (the same names and defaults), return value and errors (ValueError / TypeError for unknown names, a
+    bad ``block_size`` or ``skip``, a bare ``nn.Linear``) these are (imported lazily: ``mxkit.nn`` is a higher
+    layer)."""
     from .nn import quantize_model as impl
 
-    return impl(*args, **kwargs)
+    return impl(model, weight_format, act_format=act_format, scale_mode=scale_mode, rounding=rounding,
+                block_size=block_size, skip=skip, compute_qsnr=compute_qsnr, progress=progress,
+                return_report=return_report, fuse=fuse, dense_cache=dense_cache)
 
 
 __all__ = [

@@ -77,7 +77,7 @@ def quantize(
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor or an axis that is not an int or a
     pair of ints; ValueError for an empty x, an axis out of range, an axis length not a multiple of block_size,
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
-    layout / backend names.
+    layout / backend names, and ``backend="triton"`` on an x not on CUDA.
     """
     if type(block_size) is not int:
         block_size = _as_int(block_size)  # (a NumPy integer, as axis; a bool or non-integer is refused below)
@@ -249,11 +249,12 @@ def matmul(
     b: MXTensor (N, K) along K, or a :class:`mxkit.PackedWeight` (:func:`pack_weight`: pack once, call many).
     bias: optional (N,), added in float32 before the output rounding.
     out_dtype: float32 | bfloat16 | float16 | float64; default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
-    backend: ``"auto"`` | ``"triton"`` (the GPU paths) | ``"reference"``.
+    backend: ``"auto"`` | ``"triton"`` (the GPU paths; on CPU operands the reference, as ``"auto"``) |
+      ``"reference"``.
     Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by
     :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: the
-    MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (issue #22's
-    bound; on the FP8 tensor-core paths each 128-deep step's products are added in Hopper's ~14-bit FP8
+    MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (the tests'
+    row-wise bound against the float64 product of the dequantized operands; on the FP8 tensor-core paths each 128-deep step's products are added in Hopper's ~14-bit FP8
     accumulator and the steps in float32, so those paths give bf16 / fp16 only). Values past float32's range
     overflow to ±inf, as in the reference (but on a8w8-mma, which scales each block's sum: there such a value
     times a small enough weight gives the finite product). ``backend="reference"`` (and CPU under ``"auto"``)

@@ -48,7 +48,7 @@ of the per-repeat ratios, each from a bf16 run and a format's run seconds apart,
 the minutes that lie between two formats' runs in a sequential order. ``--order sequential`` builds, times and
 frees one format at a time (the memory of one model); × bf16 is then the ratio of the two medians. Where the
 models do not fit the GPU together (a build runs out of memory), an interleaved run says so and runs sequential.
-Target (issue #23, information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
+Target (mxkit's, for information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
 """
 
 from __future__ import annotations

@@ -419,7 +419,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="8192^3, 4096^3 and M=1024 of the Llama-3-70B MLP layers, "
                    f"--rep-ms {timing.QUICK_REP_MS:g} unless given (with --decode: the decode shapes, that timing)")
     p.add_argument("--decode", action="store_true",
-                   help="issue #23's decode shapes: M in 1,16,64 on 8192^2, the Llama-3-70B MLP and GPT-OSS attention "
+                   help="the decode shapes: M in 1,16,64 on 8192^2, the Llama-3-70B MLP and GPT-OSS attention "
                         "layers (\"%% of copy\": the bytes moved, mostly the weight's, at the same-run copy bandwidth)")
     p.add_argument("--peers", type=timing.peers_arg("peer", PEERS), default=PEERS,
                    help=f"comma list of {', '.join(PEERS)} or none (default all)")

@@ -59,7 +59,8 @@ def _cmd_formats(args) -> int:
     rows = []
     for r in format_table():
         integer = r["element"] == "INT8"  # no exponent field: neither normals nor subnormals (its step is 2^-6)
-        special = "both" if r["inf"] and r["nan"] else ("NaN only" if r["nan"] else ("Inf only" if r["inf"] else "none"))
+        special = {(True, True): "both", (False, True): "NaN only", (True, False): "Inf only"}.get(
+            (r["inf"], r["nan"]), "none")
         rows.append({
             "format": r["format"] + "".join(f" ({a})" for a in r["aliases"]), "element": r["element"],
             "bits": r["bits"], "emax": r["emax"],

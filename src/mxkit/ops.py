@@ -254,10 +254,11 @@ def matmul(
     Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by
     :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: the
     MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (the tests'
-    row-wise bound against the float64 product of the dequantized operands; on the FP8 tensor-core paths each 128-deep step's products are added in Hopper's ~14-bit FP8
-    accumulator and the steps in float32, so those paths give bf16 / fp16 only). Values past float32's range
-    overflow to ±inf, as in the reference (but on a8w8-mma, which scales each block's sum: there such a value
-    times a small enough weight gives the finite product). ``backend="reference"`` (and CPU under ``"auto"``)
+    row-wise bound against the float64 product of the dequantized operands; on the FP8 tensor-core paths each
+    128-deep step's products are added in Hopper's ~14-bit FP8 accumulator and the steps in float32, so those
+    paths give bf16 / fp16 only). Values past float32's range overflow to ±inf, as in the reference (but on
+    a8w8-mma, which scales each block's sum: there such a value times a small enough weight gives the finite
+    product). ``backend="reference"`` (and CPU under ``"auto"``)
     computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
     precision whatever ``torch.set_float32_matmul_precision`` says; inside ``torch.compile`` the plain product, which
     follows that setting).

@@ -309,7 +309,7 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
         log(f"a8w8-mma cannot run here: {why}")
         return {"max_m": 0, "max_m_no_wgmma": 0}
     name = torch.cuda.get_device_name()
-    won: dict = {"max_m": {}, "max_m_no_wgmma": {}, "quant_max_m": {}}  # field -> {M: won on every shape of that kind}
+    won: dict = {"max_m": {}, "max_m_no_wgmma": {}}  # field -> {M: won on every shape of that kind}
     q_total: dict = {}  # M -> [µs in the launch, µs quantized first], summed over the shapes
     for N, K in shapes:
         w = ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g), "mxfp8")

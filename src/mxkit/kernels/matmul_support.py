@@ -92,6 +92,10 @@ def envelope_rows() -> list[dict]:
 
     kinds = " / ".join(W_KINDS)
     wg, w8 = d["w4a16_wgmma"], d["w8a16_wgmma"]
+
+    def wgmma_m(key: str, e: Mapping) -> str:  # (the main envelope, then the split-K one at small M, then the third)
+        return f"{_m_env(e)}{own(key)}; {_m_env(e, 'small_max_m', 'small_min_nk')}{small(key)}{mid(key)}"
+
     twin = "(or, for bf16 a, a packed mxfp6's MXFP8 twin)"
     return [
         {"path": "a8w8-mma", "a": f"MXFP8 E4M3 (MXTensor; bf16 quantized in the launch via MXLinear up to M ≤ "
@@ -110,11 +114,11 @@ def envelope_rows() -> list[dict]:
          "also": f"fp6 on N·K ≤ {_count(d['decode_w4a16']['fp6_max_nk'])}; weight scales in the "
                  f"activation dtype's exact envelope"},
         {"path": "w4a16-wgmma", "a": "bf16", "weight": "mxfp4_e2m1",
-         "M": f"{_m_env(wg)}{own('w4a16_wgmma')}; {_m_env(wg, 'small_max_m', 'small_min_nk')}{small('w4a16_wgmma')}{mid('w4a16_wgmma')}",
+         "M": wgmma_m("w4a16_wgmma", wg),
          "also": "N % 8 = 0, sm_90"},
         {"path": "w8a16-wgmma", "a": "bf16, or MX dequantized to bf16",
          "weight": f"packed mxfp8_e4m3 / e5m2 {twin}, no NaN / Inf codes",
-         "M": f"{_m_env(w8)}{own('w8a16_wgmma')}; {_m_env(w8, 'small_max_m', 'small_min_nk')}{small('w8a16_wgmma')}{mid('w8a16_wgmma')}",
+         "M": wgmma_m("w8a16_wgmma", w8),
          "also": "N % 8 = 0, sm_90"},
     ]
 

@@ -736,9 +736,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     def _experts(self, x: torch.Tensor, logits: torch.Tensor, routed: Optional[tuple] = None) -> torch.Tensor:
         """The routed experts' weighted sum (..., H) for x and the router's logits (the layer without the router).
         ``routed``: the (weights, ids) of :func:`mxkit.moe.route` on these logits when the caller has them (the
-        packed decode / prefill path and the gradient path take them rather than routing again). Where autograd needs a gradient (x,
-        the router or the expert biases) it goes through :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same
-        forward, a per-expert float32 backward); under expert parallelism through the reference backend."""
+        packed decode / prefill path and the gradient path take them rather than routing again). Where autograd
+        needs a gradient (x, the router or the expert biases) it goes through
+        :class:`~mxkit.nn._moe_grad.ExpertsGrad` (the same forward, a per-expert float32 backward); under expert
+        parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
             weights, ids = routed or route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)

@@ -18,6 +18,7 @@ from mxkit.kernels.matmul_details._mma_decode import pack_mma, unpack_mma
 from mxkit.packed import PackedWeight
 
 from .test_matmul import assert_within_bound, check, rand_mx
+from .test_mma_a8w8 import in_launch
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -447,8 +448,6 @@ def test_gpu_bf16_bias_read_as_it_is(case, rng):
     the bytes of the same bias converted to float32 first, on the first call and on the prepared calls after it
     (fast call), 1 / 5 / 8 rows, every out dtype; within the bound of the float64 product."""
     from mxkit.kernels.matmul import a8w8_linear
-
-    from .test_mma_a8w8 import in_launch
 
     N, K = 1040, 2880
     fmt = "mxfp4_e2m1" if case == "decode-mma" else "mxfp8_e4m3"

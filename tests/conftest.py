@@ -449,6 +449,17 @@ def _fast_call_loaded():
     yield
 
 
+@pytest.fixture
+def packaged_default():
+    """The packaged dispatch table's default entry in force on whatever GPU runs the test (the GPU's own entry left
+    out): for GPU tests that name the path a shape takes under the default entry's envelopes, not the path a GPU's
+    tune chose (the H100's entry sends 3-8 rows of bf16 x MXFP8 to decode-w16, the default's to w8a16-mma)."""
+    from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override
+
+    with gemm_table_override({"default": _packaged_table()["default"]}):
+        yield
+
+
 def fill_free_memory(value: int, nbytes: int = 64 << 20) -> None:
     """Fill (then free) CUDA caching-allocator memory with the byte ``value``: one large block of ``nbytes``, and
     small blocks of 512 B to 1 MiB, which the allocator serves from its separate small-block pool (requests up to

@@ -414,7 +414,7 @@ def test_gpu_quantize_dequantize_cast_transpose_through_the_fast_call(fmt, rng, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["decode-mma", "decode-mma bias", "w8a16-mma", "a8w8-mma mx", "a8w8 in-kernel",
                                   "mxlinear"])
-def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch):
+def test_gpu_decode_gemms_through_the_fast_call(case, rng, poison, monkeypatch, packaged_default):
     """The decode GEMM calls (decode-mma, w8a16-mma, a8w8-mma with x quantized in the kernel, MXLinear) go through
     their fast call from the second call of a shape on (checked) and give the same bytes as the Python path (the
     same kernel and arguments), for fresh x on every call."""

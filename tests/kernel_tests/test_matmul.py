@@ -838,24 +838,25 @@ def test_w4a16_wgmma_compiles_for_sm90(bm, grouped, act, out, schedule, mma, w8)
 @pytest.mark.gpu
 @gpu
 def test_gpu_w4a16_wgmma_envelope():
-    """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to M = 2048 (H100), dense-exact
-    past it and on small layers; on weights of N * K >= small_min_nk up to the GPU's small_max_m (H200: 256), and
-    where the GPU has one its mid envelope (H200: M <= 512 on N * K >= 2^24)."""
+    """The packaged table: the wgmma kernel for bf16 x MXFP4 on large layers up to the GPU's max_m (default
+    entry: 2048; the H100's: 4096), dense-exact past it and on small layers; on weights of N * K >= small_min_nk up
+    to the GPU's small_max_m (H200: 256), and where the GPU has one its mid envelope (H200: M <= 512 on
+    N * K >= 2^24)."""
     from mxkit.kernels.matmul_details import _w4a16_wgmma as wg
+    from mxkit.kernels.matmul_table import _envelope
 
     if wg.available(torch.device("cuda")) is not None:
         pytest.skip(wg.available(torch.device("cuda")))
+    env = _envelope(torch.device("cuda"), "w4a16_wgmma")
     big = mxkit.pack_weight(mxkit.quantize(torch.randn(8192, 8192, device="cuda") / 8, "mxfp4"))
     small = mxkit.pack_weight(mxkit.quantize(torch.randn(5120, 2880, device="cuda") / 8, "mxfp4"))
-    for M, w, path in ((128, big, "w4a16-wgmma"), (2048, big, "w4a16-wgmma"), (4096, big, "dense-exact"),
+    top = env["max_m"]
+    for M, w, path in ((128, big, "w4a16-wgmma"), (top, big, "w4a16-wgmma"), (top + 1, big, "dense-exact"),
                        (1024, small, "dense-exact")):
         a = torch.empty(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
-        assert mxkit.gemm_plan(a, w).path == path, (M, w.shape)
+        assert mxkit.gemm_plan(a, w).path == path, (M, w.shape, env)
     # the small-M envelope (the split schedule) on a weight of N * K = small_min_nk, below min_nk: its edge, within
     # the bound there
-    from mxkit.kernels.matmul_table import _envelope
-
-    env = _envelope(torch.device("cuda"), "w4a16_wgmma")
     n = env["small_min_nk"] // 4096
     if env["small_max_m"] and n * 4096 < env["min_nk"]:
         mid = mxkit.pack_weight(mxkit.quantize(torch.randn(n, 4096, device="cuda") / 8, "mxfp4"))

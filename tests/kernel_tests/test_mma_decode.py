@@ -443,7 +443,7 @@ def test_gpu_decode_mma_in_a_cuda_graph(rng):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("case", ["decode-mma", "w8a16-mma", "a8w8-mma", "a8w8 in-kernel"])
-def test_gpu_bf16_bias_read_as_it_is(case, rng):
+def test_gpu_bf16_bias_read_as_it_is(case, rng, packaged_default):
     """A bf16 bias reaches the CUDA C++ GEMMs as it is (the kernel adds its float32 value: no conversion launch):
     the bytes of the same bias converted to float32 first, on the first call and on the prepared calls after it
     (fast call), 1 / 5 / 8 rows, every out dtype; within the bound of the float64 product."""

@@ -113,6 +113,38 @@ def test_route_and_mxmoe_take_every_expert(rng):
     assert_close_to_oracle(y, oracle_mxmoe(m, x, router.weight, router.bias), LAYER_RTOL)
 
 
+def test_numpy_integer_top_k_and_dims_are_taken(rng):
+    """A NumPy integer top_k (and MXMoE dims), as a config read back through NumPy gives them, is taken as its int
+    (as ``axis`` / ``block_size`` are): route, mxkit.moe and MXMoE give the bytes of the int call; a bool, a float
+    or an out-of-range value is still refused with the same errors."""
+    import mxkit
+
+    E, k, T = 8, 2, 5
+    logits = torch.randn(T, E, generator=rng)
+    for routing in ("gpt_oss", "softmax_topk"):
+        want, got = route(logits, k, mode=routing), route(logits, np.int64(k), mode=routing)
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), routing
+    router = nn.Linear(H, E)
+    w_gu, b_gu, w_d, b_d = dense_experts(E, rng)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4")
+    x = torch.randn(T, H, generator=rng)
+    with torch.no_grad():
+        y = m(x)
+        args = (x, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, router(x))
+        assert torch.equal(mxkit.moe(*args, np.int32(k)), mxkit.moe(*args, k))
+    m_np = MXMoE(np.int64(H), np.int64(I), np.int64(E), np.int64(k), "mxfp4")
+    assert (m_np.hidden_size, m_np.intermediate_size, m_np.num_experts, m_np.top_k) == (H, I, E, k)
+    assert all(type(v) is int for v in (m_np.hidden_size, m_np.num_experts, m_np.top_k))
+    m_np.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        assert torch.equal(m_np(x), y)
+    for bad in (True, 2.0, np.int64(0), np.int64(E + 1)):
+        with pytest.raises(ValueError, match="must be an int in"):
+            route(logits, bad)
+        with pytest.raises(ValueError, match="must be an int in"):
+            MXMoE(H, I, E, bad, "mxfp4")
+
+
 def test_mxmoe_from_dense_keeps_a_bias_free_router(rng):
     """A router without a bias stays without one (no randomly initialised bias slipped in): the module's
     router has bias None and its forward is the float64 layer of x @ W.T. (Mutant: ``router_bias=True`` in

@@ -20,7 +20,7 @@ from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
 from .moe_reference import router_logits
-from .tensor import MXTensor
+from .tensor import MXTensor, as_int
 
 __all__ = ["moe", "moe_experts", "moe_w4a8", "moe_mxfp4", "route", "route_tokens", "router_gpt_oss", "MOE_BACKENDS",
            "resolve_moe_backend"]
@@ -194,6 +194,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, mode: str = "gpt_oss",
     which does not fix the order of ties, so in a row whose logits tie HF may select other experts (a tie at the
     k-th place) or order the tied slots otherwise: for float32 logits the ids and weights are bit-identical to
     HF's in rows without ties only."""
+    top_k = as_int(top_k)  # (a NumPy integer, as ``axis`` is taken: the kernel's check wants an int)
     if (mode == "gpt_oss" and not renormalize and isinstance(router_logits, torch.Tensor) and router_logits.is_cuda
             and not torch.compiler.is_compiling() and not needs_grad(router_logits)):  # (the kernel has no backward)
         from .kernels.moe_details import _route
@@ -223,6 +224,7 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
             raise TypeError(f"router_gpt_oss: {name} must be a tensor{' or None' if name == 'bias' else ''}, got "
                             f"{type(t).__name__}")
+    top_k = as_int(top_k)
     if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
         from .kernels.moe_details import _route
 

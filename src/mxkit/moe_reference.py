@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .formats import MXFP4_E2M1
 from .reference import dequantize_reference, quantize_fp8_rowwise_reference, quantize_reference, round_from_float64
-from .tensor import MXTensor, check_out_dtype
+from .tensor import MXTensor, as_int, check_out_dtype
 
 __all__ = [
     "ROUTING_MODES",
@@ -62,9 +62,13 @@ _INTS = (torch.int32, torch.int64)
 # --- routing ----------------------------------------------------------------------------------------------
 
 
-def _check_top_k(top_k, num_experts: int) -> None:
+def _check_top_k(top_k, num_experts: int) -> int:
+    """top_k as a Python int (a NumPy integer taken, as ``axis`` is) if it is an integer in [1, num_experts], else
+    ValueError."""
+    top_k = as_int(top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k!r} must be an int in [1, num_experts={num_experts}]")
+    return top_k
 
 
 def _order_key(values: torch.Tensor) -> torch.Tensor:
@@ -131,7 +135,7 @@ def route(
         raise ValueError(f"unknown routing mode={mode!r}; known: {', '.join(ROUTING_MODES)}")
     if renormalize and mode == "gpt_oss":
         raise ValueError("renormalize=True applies to mode='softmax_topk' (gpt_oss weights already sum to 1)")
-    _check_top_k(top_k, router_logits.shape[1])
+    top_k = _check_top_k(top_k, router_logits.shape[1])
     ids = _topk_lowest_index_on_ties(router_logits, top_k)
     if mode == "gpt_oss":
         weights = torch.softmax(router_logits.gather(1, ids).to(torch.float32), dim=1)

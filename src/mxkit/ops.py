@@ -19,7 +19,7 @@ from ._device import elsewhere, on_operand_device, other_device
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
-from .tensor import SUPPORTED_INPUT_DTYPES, MXTensor
+from .tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int
 
 __all__ = [
     "quantize", "cast_transpose", "dequantize", "matmul", "pack_weight", "gemm_plan", "quantize_fold",
@@ -41,14 +41,6 @@ def _resolve_backend(backend: str, device: torch.device, block_size: int = BLOCK
     if backend == "triton" and not triton_available():
         raise ImportError("backend='triton' needs Triton, which failed to import: pip install 'mxkit[triton]'")
     return backend
-
-
-def _as_int(v):
-    """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
-    (bools, tensors and non-integers are left for the caller's own check to refuse)."""
-    if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
-        return v
-    return v.__index__()
 
 
 def quantize(
@@ -80,7 +72,7 @@ def quantize(
     layout / backend names, and ``backend="triton"`` on an x not on CUDA.
     """
     if type(block_size) is not int:
-        block_size = _as_int(block_size)  # (a NumPy integer, as axis; a bool or non-integer is refused below)
+        block_size = as_int(block_size)  # (a NumPy integer, as axis; a bool or non-integer is refused below)
     if isinstance(x, torch.Tensor) and x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
         with torch.cuda.device(x.device):
             return quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=scale_mode, rounding=rounding,
@@ -95,9 +87,9 @@ def quantize(
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
     if isinstance(axis, bool):
         raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
-    axis = _as_int(axis)  # (a NumPy integer, as MXTensor takes)
+    axis = as_int(axis)  # (a NumPy integer, as MXTensor takes)
     if not isinstance(axis, int):
-        pair = tuple(_as_int(a) for a in axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
+        pair = tuple(as_int(a) for a in axis) if isinstance(axis, (tuple, list, torch.Size)) else ()
         if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):
             raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
         for a in pair:
@@ -142,7 +134,7 @@ def cast_transpose(
         raise ValueError("cast_transpose needs a tensor with at least one dimension")
     if x.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
-    block_size = _as_int(block_size)
+    block_size = as_int(block_size)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if nd != 2 and (x.numel() // x.shape[-1]) % block_size:

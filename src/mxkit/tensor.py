@@ -84,6 +84,14 @@ def check_quantize_args(
     return QuantizeArgs(f, axis, block_size, mode, rnd)
 
 
+def as_int(v):
+    """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
+    (bools, tensors and non-integers are left for the caller's own check to refuse)."""
+    if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
+        return v
+    return v.__index__()
+
+
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
     gives values in a dtype)."""

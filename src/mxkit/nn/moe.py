@@ -66,7 +66,7 @@ from ..moe_reference import route as reference_route
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
 from ..ops import dequantize, needs_grad, quantize
-from ..tensor import MXTensor
+from ..tensor import MXTensor, as_int
 from . import _ops
 from ._moe_grad import ExpertsGrad, experts_backward
 from .linear import FP8_ROWWISE, _check_block_size, _parse_act, check_format, record_format
@@ -173,7 +173,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         super().__init__()
         act = _moe_act(act_format)
         fmt = get_format(weight_format)
-        H, I, E = hidden_size, intermediate_size, num_experts  # noqa: E741
+        # (NumPy integers taken, as for axis: dims read back from a config or an array)
+        H, I, E, top_k = (as_int(v) for v in (hidden_size, intermediate_size, num_experts, top_k))  # noqa: E741
         for name, v in (("hidden_size", H), ("intermediate_size", I), ("num_experts", E)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int for MXMoE, got {type(v).__name__} {v!r}")

@@ -113,10 +113,11 @@ def test_route_and_mxmoe_take_every_expert(rng):
     assert_close_to_oracle(y, oracle_mxmoe(m, x, router.weight, router.bias), LAYER_RTOL)
 
 
-def test_numpy_integer_top_k_and_dims_are_taken(rng):
+def test_numpy_integer_top_k_and_dims_are_taken(rng, monkeypatch):
     """A NumPy integer top_k (and MXMoE dims), as a config read back through NumPy gives them, is taken as its int
-    (as ``axis`` / ``block_size`` are): route, mxkit.moe and MXMoE give the bytes of the int call; a bool, a float
-    or an out-of-range value is still refused with the same errors."""
+    (as quantize's ``axis`` / ``block_size`` are): route (reference and mxkit.moe's), router_gpt_oss, mxkit.moe and
+    MXMoE give the bytes of the int call, and mxkit.moe.route hands on a Python int (the CUDA kernel's check takes
+    only that); a bool, a float or an out-of-range value is still refused with the same errors."""
     import mxkit
 
     E, k, T = 8, 2, 5
@@ -124,6 +125,13 @@ def test_numpy_integer_top_k_and_dims_are_taken(rng):
     for routing in ("gpt_oss", "softmax_topk"):
         want, got = route(logits, k, mode=routing), route(logits, np.int64(k), mode=routing)
         assert all(torch.equal(a, b) for a, b in zip(want, got)), routing
+    seen, real = [], moe_op.reference_route
+    monkeypatch.setattr(moe_op, "reference_route", lambda lg, kk, **kw: seen.append(type(kk)) or real(lg, kk, **kw))
+    assert all(torch.equal(a, b) for a, b in zip(moe_op.route(logits, np.int64(k)), route(logits, k)))
+    assert seen == [int]
+    xr, wr, br = (torch.randn(*s, generator=rng).to(torch.bfloat16) for s in ((T, H), (E, H), (E,)))
+    assert all(torch.equal(a, b) for a, b in zip(moe_op.router_gpt_oss(xr, wr, br, np.int64(k)),
+                                                 moe_op.router_gpt_oss(xr, wr, br, k)))
     router = nn.Linear(H, E)
     w_gu, b_gu, w_d, b_d = dense_experts(E, rng)
     m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4")

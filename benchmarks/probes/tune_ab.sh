@@ -9,7 +9,7 @@
 #   TUNE_STAGES   its --stages (default every key but decode_w4a16)
 #   AB_BUDGET     seconds for each timed run (default 70); ROUNDS  alternating rounds of the A/B (default 1)
 # Files under $OUT: tune.log, gemm_table.json, and table_ab.sh's {base,table}{round}_{gemm,moe}.txt with their CSV /
-# JSON folders; the last lines printed are a table of µs per case, packaged -> tuned (< / > where they differ by
+# JSON folders; the last lines printed are a table of median µs per case, packaged -> table (< / > where they differ by
 # more than 3%).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 2

@@ -619,8 +619,9 @@ def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
 
 def test_m8_loops_picks_the_loop_and_the_ring_min_k():
     """tune.m8_loops: the batch loop ("" or "l") of least total µs at M = 1, then the smallest K from which the ring
-    loop wins on every shape of that K or more (the session-57 H200 runs: lean, the ring from K = 8192, though the
-    ring's total is the least)."""
+    loop wins at every K of that K or more, summed over the shapes of each K (the session-57 H200 runs: lean, the
+    ring from K = 8192, though the ring's total is the least; the session-74 H100 tune: register, the ring from
+    K = 8192 on its sum there, though it lost 1.1 µs on 28672x8192)."""
     from mxkit.tune import m8_loops
 
     shapes = {(8192, 8192): (19.6, 16.7, 16.1), (8192, 28672): (52.3, 45.2, 39.7), (28672, 4096): (31.2, 25.4, 26.8),
@@ -637,6 +638,14 @@ def test_m8_loops_picks_the_loop_and_the_ring_min_k():
     assert m8_loops({(lp, (64, 64)): {"": 3.0, "l": 2.0, "g": 1.0}[lp] for lp in ("", "l", "g")}) == ("l", 64)
     assert m8_loops({("g", (64, 64)): 1.0}) == ("g", None)
     assert m8_loops({("", (64, 64)): 3.0, ("l", (64, 64)): 2.0}) == ("l", None) and m8_loops({}) == ("", None)
+    h100 = {(8192, 8192): (20.3, 18.9, 17.9), (28672, 8192): (52.9, 55.2, 54.0), (5120, 2880): (9.6, 8.9, 10.1),
+            (2880, 4096): (9.2, 9.2, 9.6)}
+    us = {(lp, s): t[i] for s, t in h100.items() for i, lp in enumerate(("", "l", "g"))}
+    assert m8_loops(us) == ("", 8192)
+    us["g", (8192, 8192)] = 19.1  # K = 8192 summed: 73.1 against the register loop's 73.2, still the ring
+    assert m8_loops(us) == ("", 8192)
+    us["g", (8192, 8192)] = 19.3  # 73.3 against 73.2: never
+    assert m8_loops(us) == ("", None)
 
 
 def test_moe_strips_is_the_least_total_time():

@@ -1167,9 +1167,10 @@ def _slices_and_graph(rng, T, pack, calls, E=32, H=256, I=128, k=4):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_moe_decode_mma_expert_range_and_graph(rng, monkeypatch):
+def test_gpu_moe_decode_mma_expert_range_and_graph(rng, monkeypatch, packaged_default):
     """The packed decode path on a slice of the experts and in a CUDA graph (_slices_and_graph); beyond 64
-    tokens the Triton kernels (not counted)."""
+    tokens the Triton kernels (not counted). Under the packaged default entry: its 256 pairs, not a GPU's tuned
+    envelope, is the edge the 65 tokens pass."""
     from mxkit.kernels.moe import pack_experts_mma
 
     calls = _count_grouped_mma(monkeypatch)
@@ -1361,11 +1362,13 @@ def test_gpu_grouped_wgmma_kernel_mma_layout(bm, act, base, rng):
                                      (300, 128, 2880, 2880), (3200, 32, 256, 192)])
 @pytest.mark.parametrize("act", ["swiglu_gpt_oss", "swiglu"])
 @pytest.mark.parametrize("layout", ["mma", "wgmma"])
-def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch):
+def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch, packaged_default):
     """Experts packed for the decode path (pack_experts_mma, what MXMoE keeps: one copy) or for the prefill
     kernel's own layout (pack_experts_wgmma): above MMA_MAX_PAIRS pairs both GEMMs run on the grouped wgmma
     kernel (counted), within the layer's bound of the float64 reference; an expert that receives every token,
-    one that receives none, biases, top-4, a scale byte 0 and a NaN scale byte."""
+    one that receives none, biases, top-4, a scale byte 0 and a NaN scale byte. Under the packaged default
+    entry (256 pairs: a GPU's per-expert envelope, 8 x 32 = 256 on the H100 / H200, would leave 260 pairs on
+    decode once a tune raised it)."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
     from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma, wgmma_block_m
@@ -1641,9 +1644,10 @@ def test_mixed_sizes_rejects():
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_moe_prefill_wgmma_expert_range_graph_and_mxmoe(rng, monkeypatch):
+def test_gpu_moe_prefill_wgmma_expert_range_graph_and_mxmoe(rng, monkeypatch, packaged_default):
     """The prefill path on slices of the experts (float32 partials sum to the layer within its bound), a CUDA
-    graph replay equal to eager, and MXMoE taking it above 64 tokens (and the decode path at 16)."""
+    graph replay equal to eager, and MXMoE taking it above 64 tokens (and the decode path at 16); under the
+    packaged default entry's 256 pairs."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
     from mxkit.kernels.moe import pack_experts_wgmma

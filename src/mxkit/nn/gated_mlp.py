@@ -1,0 +1,187 @@
+"""A gated MLP whose gate and up projections and SiLU-gated product run as one MX GEMM with its epilogue.
+
+HF transformers' Llama, Mistral, Qwen2 / 3 (and most decoder MLPs since) compute
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with ``act_fn`` SiLU: in decode, two GEMM launches (or one for
+:func:`~mxkit.nn.fuse_siblings`' stacked rows), then an elementwise kernel that reads both outputs back.
+:func:`fuse_gated_mlp` replaces each such module, once its three projections are :class:`~mxkit.nn.MXLinear`,
+by an :class:`MXGatedMLP`, which holds the gate and up rows interleaved in one MXLinear (gate row 0, up row 0,
+gate row 1, ...: each output element the one its member computes) and, at up to 8 rows of bf16 activations
+with MXFP4 weights on CUDA, runs them on the MoE decode path's pairs kernel over one expert
+(:func:`mxkit.kernels.matmul_details._mma_decode.swiglu_mma`): the GEMM and ``silu(gate) * up`` in one launch,
+in float32 from the float32 sums, rounded to bf16 once (HF rounds gate and up to bf16 first, then the SiLU and the
+product each once more). Elsewhere (more rows, other formats or dtypes, gradients, the CPU) it is the interleaved
+GEMM, then ``silu(gate) * up`` in x's dtype, HF's order. Under ``torch.compile`` the one-launch path is the custom
+op ``mxkit::mx_gated_act`` (CUDA, inference). The state_dict holds ``gate_up`` (the interleaved weight) and
+``down_proj``: fuse after loading.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._device import elsewhere
+from ..kernels.matmul_details import _mma_decode
+from ..kernels.moe_details._envelope import _envelope_ok
+from ..ops import needs_grad
+from . import _ops
+from .linear import MXLinear
+
+__all__ = ["MXGatedMLP", "fuse_gated_mlp", "GATED_MLP_NAMES"]
+
+# the member names of HF transformers' gated MLPs (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP, ...)
+GATED_MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+class MXGatedMLP(_ops.Handled, nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` over MXLinear layers, gate and up as one GEMM (module
+    docstring). ``gate`` / ``up``: MXLinear (I, H) without bias and with the same formats, scale rule, rounding,
+    block size and device; ``down``: any module (kept as it is, normally the MLP's MXLinear (H, I)).
+
+    ``forward(x)``: x (..., H) -> (..., H) (``down``'s output). ``act(x)``: the gated product (..., I) in x's
+    dtype. Raises ValueError for members that do not match."""
+
+    def __init__(self, gate: MXLinear, up: MXLinear, down: nn.Module):
+        super().__init__()
+        if type(gate) is not MXLinear or type(up) is not MXLinear:
+            raise ValueError("MXGatedMLP takes MXLinear gate and up projections")
+        keys = [(m.in_features, m.out_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
+                 m.weight_qdata.device, m.bias is None) for m in (gate, up)]
+        if keys[0] != keys[1] or not keys[0][-1]:
+            raise ValueError(f"gate and up must share their shape, formats, scale rule, rounding, block size and "
+                             f"device, without bias; got {keys}")
+        H, I = gate.in_features, gate.out_features
+        self.intermediate_size = I
+        self.gate_up = MXLinear(H, 2 * I, gate.weight_format, bias=False, act_format=gate.act_format,
+                                scale_mode=gate.scale_mode, rounding=gate.rounding, block_size=gate.block_size,
+                                device=gate.weight_qdata.device, dense_cache=getattr(gate, "dense_cache", None))
+        with torch.no_grad():
+            for name in ("weight_qdata", "weight_scale"):
+                g, u = getattr(gate, name), getattr(up, name)
+                getattr(self.gate_up, name).copy_(torch.stack([g, u], dim=1).flatten(0, 1))
+        self.gate_up.repack()
+        self.down_proj = down
+        self.register_buffer("_ids", torch.zeros(_mma_decode.SMALL_PAIRS, dtype=torch.int32,
+                                                 device=gate.weight_qdata.device), persistent=False)
+        self._one_launch = None  # (q, s, special) of the pairs kernel, or False: made on the first CUDA call
+        self.register_load_state_dict_post_hook(_forget_layout)
+        _ops.register(self)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_one_launch"] = None
+        return state
+
+    def _apply(self, fn, recurse=True):
+        self._one_launch = None  # (a move or cast: the layout is made again from the moved weight)
+        return super()._apply(fn, recurse)
+
+    def _launch(self) -> Optional[tuple]:
+        """(q, s, special) of :func:`~mxkit.kernels.matmul_details._mma_decode.swiglu_mma` for this weight: MXFP4,
+        blocks of 32, bf16 activations, the decode-mma layout packed, every scale byte in the bf16-exact envelope,
+        the kernel loadable; None otherwise. Reads the scale statistics once (a host sync before any capture)."""
+        got = self._one_launch
+        if got is None:
+            lin, p = self.gate_up, self.gate_up._packed
+            ok = (p is not None and lin.act_format is None and lin.block_size == 32
+                  and lin.weight_format.name == "mxfp4_e2m1" and p.mma_q is not None and p.device.type == "cuda"
+                  and _mma_decode.available(p.device) is None)
+            got = False
+            if ok and not torch.cuda.is_current_stream_capturing():
+                lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
+                if _envelope_ok(lin.weight_format, lo, hi):
+                    got = (p.mma_q, p.mma_s, lo == 0 or nan)
+            elif ok:
+                return None  # (the statistics' host read is not capturable: the GEMM path in this capture)
+            self._one_launch = got
+        return got or None
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
+        if torch.compiler.is_compiling():
+            if type(x) is torch.Tensor and x.is_cuda and not needs_grad(x):
+                return torch.ops.mxkit.mx_gated_act(x, self._op_handle)
+            return self._act_gemm(x)
+        return self._act_eager(x)
+
+    def _act_eager(self, x: torch.Tensor) -> torch.Tensor:
+        if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
+                and 0 < x.numel() and x.shape[-1] == self.gate_up.in_features
+                and x.numel() // x.shape[-1] <= _mma_decode.SMALL_PAIRS):
+            launch = self._launch()
+            x2 = x.reshape(-1, x.shape[-1])
+            if launch is not None and _mma_decode.rows_ok(x2) and x2.device == self._ids.device:
+                if elsewhere(x):  # (the kernels launch on the current device)
+                    with torch.cuda.device(x.device):
+                        return self._act_eager(x)
+                q, s, special = launch
+                I = self.intermediate_size
+                out = torch.empty(x2.shape[0], I, device=x.device, dtype=torch.bfloat16)
+                _mma_decode.swiglu_mma(x2, q, s, special, 2 * I, x2.shape[1], self._ids, out)
+                return out.view(*x.shape[:-1], I)
+        return self._act_gemm(x)
+
+    def _act_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.gate_up(x).unflatten(-1, (self.intermediate_size, 2))
+        gate, up = y[..., 0], y[..., 1]
+        if not y.is_cuda:  # (torch's CPU SiLU rounds a strided input otherwise than a contiguous one: HF's bytes)
+            gate, up = gate.contiguous(), up.contiguous()
+        return F.silu(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(x))
+
+    def extra_repr(self) -> str:
+        return f"intermediate_size={self.intermediate_size}, act=silu"
+
+
+def _forget_layout(module: MXGatedMLP, incompatible_keys) -> None:
+    module._one_launch = None  # (the loaded weight is another one: its statistics are read again)
+
+
+@torch.library.custom_op("mxkit::mx_gated_act", mutates_args=())
+def _gated_act_op(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """``act(x)`` of the MXGatedMLP of ``handle`` (torch.compile's view of it on CUDA, inference)."""
+    return _ops.module_of(handle, "mx_gated_act")._act_eager(x)
+
+
+@_gated_act_op.register_fake
+def _gated_act_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
+    m = _ops.module_of(handle, "mx_gated_act")
+    return x.new_empty((*x.shape[:-1], m.intermediate_size))
+
+
+def _is_silu(act) -> bool:
+    """Whether ``act`` is torch's ``nn.SiLU`` or transformers' ``SiLUActivation`` (``ACT2FN["silu"]`` in
+    transformers 5: ``F.silu``)."""
+    return isinstance(act, nn.SiLU) or (isinstance(act, nn.Module) and type(act).__name__ == "SiLUActivation"
+                                        and "forward" not in act.__dict__)
+
+
+def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str]:
+    """Replace, in place, every gated MLP of ``model`` by an :class:`MXGatedMLP`; returns the qualified names of
+    the modules replaced. A gated MLP here is a module with the three children ``names`` (gate, up, down:
+    HF's ``gate_proj`` / ``up_proj`` / ``down_proj``), gate and up MXLinear layers that match (MXGatedMLP's rule),
+    an ``act_fn`` that is ``nn.SiLU`` or transformers' ``SiLUActivation``, and no forward patched on the instance; its forward must be HF's
+    ``down(act_fn(gate(x)) * up(x))``, which this function cannot read (a module of another computation under
+    those names would be replaced all the same: pass ``names`` of your own then). Run it before
+    :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and after loading
+    weights (the state_dict then holds ``gate_up``)."""
+    gate_n, up_n, down_n = names
+    done = []
+    for pname, parent in list(model.named_modules()):
+        for cname, mod in list(parent.named_children()):
+            g, u, d = (getattr(mod, n, None) for n in (gate_n, up_n, down_n))
+            if (isinstance(mod, MXGatedMLP) or d is None or "forward" in mod.__dict__
+                    or not _is_silu(getattr(mod, "act_fn", None))):
+                continue
+            try:
+                new = MXGatedMLP(g, u, d)
+            except ValueError:
+                continue
+            setattr(parent, cname, new)
+            done.append(f"{pname}.{cname}" if pname else cname)
+    return done

@@ -1,0 +1,247 @@
+"""A gated MLP's gate / up GEMM and SiLU product in one launch (:mod:`mxkit.nn.gated_mlp`): on the CPU (the
+interleaved GEMM, then HF's ``silu(gate) * up``) the bytes of the unfused MXLinear layers; on the GPU (the MoE
+pairs kernel over one expert, up to 8 rows) within a row-wise bound of the float64 product, with byte-equal CUDA
+graph replays and torch.compile; which modules are and are not replaced."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import mxkit
+from conftest import assert_graph_replays, poison_allocator, scale_bytes
+from mxkit.nn import MXGatedMLP, MXLinear, fuse_gated_mlp, fuse_siblings
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+
+class _MLP(nn.Module):
+    """HF's gated MLP (LlamaMLP's forward)."""
+
+    def __init__(self, H: int, I: int, act: nn.Module = None, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(H, I, bias=bias)
+        self.up_proj = nn.Linear(H, I, bias=bias)
+        self.down_proj = nn.Linear(I, H, bias=False)
+        self.act_fn = nn.SiLU() if act is None else act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _seed(rng) -> None:
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))  # (fresh weights each run)
+
+
+def test_gated_mlp_gives_the_unfused_bytes_on_the_cpu(rng):
+    _seed(rng)
+    model = nn.Sequential(_MLP(64, 96), _MLP(64, 32))
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 5, 64, generator=rng)
+    with torch.no_grad():
+        want = model(x)
+        acts = [m.act_fn(m.gate_proj(x)) * m.up_proj(x) for m in model]
+        assert fuse_gated_mlp(model) == ["0", "1"]
+        assert all(isinstance(m, MXGatedMLP) for m in model)
+        assert torch.equal(model(x), want)  # (the same float32 sums, column by column; the same SiLU and product)
+        assert all(torch.equal(m.act(x), a) for m, a in zip(model, acts))
+    assert set(model[0].state_dict()) == {"gate_up.weight_qdata", "gate_up.weight_scale", "down_proj.weight_qdata",
+                                          "down_proj.weight_scale"}
+
+
+def test_gated_mlp_state_dict_moves_and_copies(rng):
+    _seed(rng)
+    a, b = _MLP(64, 32), _MLP(64, 32)
+    for m in (a, b):
+        mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
+    fa, fb = MXGatedMLP(a.gate_proj, a.up_proj, a.down_proj), MXGatedMLP(b.gate_proj, b.up_proj, b.down_proj)
+    x = torch.randn(4, 64, generator=rng)
+    with torch.no_grad():
+        want = fa(x)
+        assert not torch.equal(fb(x), want)
+        fb.load_state_dict(fa.state_dict())
+        assert torch.equal(fb(x), want)
+        c = copy.deepcopy(fa)
+        assert c._op_handle != fa._op_handle and torch.equal(c(x), want)
+        assert torch.equal(fa.to(torch.device("cpu"))(x), want)
+
+
+def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
+    _seed(rng)
+    other_act = _MLP(64, 32, act=nn.GELU())
+    biased = _MLP(64, 32, bias=True)
+    dense = _MLP(64, 32)  # not quantized: nn.Linear members
+    patched = _MLP(64, 32)
+    model = nn.ModuleDict(dict(other_act=other_act, biased=biased, patched=patched))
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    patched.forward = lambda x: x  # (a forward patched on the instance: its computation is unknown)
+    mixed = _MLP(64, 32)
+    mxkit.quantize_model(mixed, "mxfp4", progress=False, compute_qsnr=False)
+    mixed.up_proj = MXLinear.from_linear(nn.Linear(64, 32, bias=False), "mxfp8")  # (another format than gate's)
+    root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed))
+    assert fuse_gated_mlp(root) == []
+    with pytest.raises(ValueError, match="share"):
+        MXGatedMLP(mixed.gate_proj, mixed.up_proj, mixed.down_proj)
+    with pytest.raises(ValueError, match="MXLinear"):
+        MXGatedMLP(dense.gate_proj, dense.up_proj, dense.down_proj)
+
+
+def test_llama_fused_mlp_logits_equal_the_unfused_model(rng):
+    """An HF Llama decoder built from a config: ``fuse_gated_mlp`` then ``fuse_siblings`` (q / k / v) gives the
+    unfused quantized model's logits byte for byte on the CPU; the MLPs' gate / up are not also a FusedMXLinear."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    _seed(rng)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
+    ids = torch.randint(0, 64, (2, 9), generator=rng)
+    with torch.no_grad():
+        want = model(ids).logits
+        assert fuse_gated_mlp(model) == [f"model.layers.{i}.mlp" for i in range(2)]
+        assert fuse_siblings(model) == [f"model.layers.{i}.self_attn.q_proj_k_proj_v_proj" for i in range(2)]
+        assert torch.equal(model(ids).logits, want)
+
+
+def test_gated_act_custom_op(rng):
+    """``mxkit::mx_gated_act`` gives ``act(x)``'s bytes eagerly and under torch.compile (aot_eager: no compiler on
+    the CPU); its fake has the (..., I) shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _seed(rng)
+    m = _MLP(64, 32)
+    mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
+    g = MXGatedMLP(m.gate_proj, m.up_proj, m.down_proj)
+    x = torch.randn(2, 3, 64, generator=rng)
+    with torch.no_grad():
+        want = g.act(x)
+        op = torch.compile(lambda t: torch.ops.mxkit.mx_gated_act(t, g._op_handle), fullgraph=True,
+                           backend="aot_eager")
+        assert torch.equal(torch.ops.mxkit.mx_gated_act(x, g._op_handle), want) and torch.equal(op(x), want)
+        assert torch.equal(torch.compile(g, fullgraph=True, backend="aot_eager")(x), g(x))
+    with FakeTensorMode() as mode:
+        fake = torch.ops.mxkit.mx_gated_act(mode.from_tensor(x), g._op_handle)
+    assert fake.shape == (2, 3, 32) and fake.dtype == want.dtype
+
+
+def test_gated_mlp_gradients_reach_x(rng):
+    """With gradients the module runs the interleaved GEMM (MXLinear's input gradient) and torch's SiLU: x's
+    gradient that of the unfused layers up to float32 summation order (one GEMM over the interleaved rows)."""
+    _seed(rng)
+    m = _MLP(64, 32)
+    mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 64, generator=rng, requires_grad=True)
+    m(x).sum().backward()
+    want = x.grad.clone()
+    x.grad = None
+    MXGatedMLP(m.gate_proj, m.up_proj, m.down_proj)(x).sum().backward()
+    torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(x.grad, torch.zeros_like(want))
+
+
+def _mx_mlp(H: int, I: int, rng, special: bool = False) -> MXGatedMLP:
+    _seed(rng)
+    m = _MLP(H, I).to("cuda", torch.bfloat16)
+    mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
+    if special:  # every scale byte somewhere, 0 and 0xFF (NaN blocks) included, on gate and up rows alike
+        for lin in (m.gate_proj, m.up_proj):
+            with torch.no_grad():
+                sc = scale_bytes(tuple(lin.weight_scale.shape), rng)
+                lin.weight_scale.copy_(((sc.to(torch.int32) % 24) + 115).to(torch.uint8))  # (a bf16-exact range)
+                lin.weight_scale.view(-1)[:3] = torch.tensor([0, 0xFF, 0], dtype=torch.uint8)
+            lin.repack()
+    return MXGatedMLP(m.gate_proj, m.up_proj, m.down_proj)
+
+
+def _want(g: MXGatedMLP, x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in float64 from the dequantized interleaved weight."""
+    w = g.gate_up.weight_mx.dequantize(torch.float64)
+    y = x.double() @ w.T
+    gate, up = y[..., 0::2], y[..., 1::2]
+    return gate * torch.sigmoid(gate) * up
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H,I", [(512, 1024), (4096, 14336), (2880, 2880)])
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_gpu_gated_mlp_one_launch(H, I, M, rng):
+    """Up to 8 bf16 rows on the pairs kernel: within 1.2 x bf16's own rounding error of the float64 product, row by
+    row (poisoned memory first: every output byte written)."""
+    g = _mx_mlp(H, I, rng)
+    x = torch.randn(M, H, generator=rng).to("cuda", torch.bfloat16)
+    poison_allocator()
+    with torch.no_grad():
+        got = g.act(x)
+    assert g._one_launch, "the one-launch path was not taken"
+    want = _want(g, x)
+    err = (got.double() - want).norm(dim=1)
+    bound = 1.2 * (want.to(torch.bfloat16).double() - want).norm(dim=1) + 1e-6 * want.norm(dim=1)
+    assert torch.all(err <= bound), (err / want.norm(dim=1)).max()
+    with torch.no_grad():  # HF's order (gate and up rounded to bf16 first): within a few bf16 ulps
+        torch.testing.assert_close(got.float(), g._act_gemm(x).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gated_mlp_special_scales_and_other_paths(rng):
+    """Scale bytes 0 and 0xFF take the kernel's special variant: NaN exactly where the float64 product is; the
+    finite values within the bound. 9 rows, fp16 x and gradients take the interleaved GEMM."""
+    g = _mx_mlp(512, 1024, rng, special=True)
+    x = torch.randn(5, 512, generator=rng).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        got = g.act(x)
+        assert g._one_launch and g._one_launch[2]  # (the special variant)
+        want = _want(g, x)
+        assert torch.equal(got.isnan(), want.isnan())
+        ok = ~want.isnan().any(dim=1)
+        err = (got[ok].double() - want[ok]).norm(dim=1)
+        bound = 1.2 * (want[ok].to(torch.bfloat16).double() - want[ok]).norm(dim=1) + 1e-6 * want[ok].norm(dim=1)
+        assert ok.any() and torch.all(err <= bound)
+        x9 = torch.randn(9, 512, generator=rng).to("cuda", torch.bfloat16)
+        assert torch.equal(g.act(x9), g._act_gemm(x9))
+        x16 = x.half()
+        assert torch.equal(g.act(x16), g._act_gemm(x16))
+    xg = x.clone().requires_grad_()
+    g(xg).float().sum().backward()
+    assert xg.grad is not None and xg.grad.isfinite().any()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gated_mlp_in_a_cuda_graph_and_compiled(rng):
+    """A captured MLP replays with new x to the eager bytes; torch.compile(fullgraph=True) (mxkit::mx_gated_act,
+    the same eager launch) gives the eager bytes; a 3-D x at one token a sequence takes the kernel too."""
+    g = _mx_mlp(512, 1024, rng)
+    x = torch.randn(2, 1, 512, generator=rng).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        want = g(x)
+        assert g._one_launch
+        assert_graph_replays(g, [x], lambda: [torch.randn(2, 1, 512, generator=rng).to("cuda", torch.bfloat16)])
+        compiled = torch.compile(g, dynamic=False, fullgraph=True)
+        assert torch.equal(compiled(x), want)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_llama_fused_mlp_logits(rng):
+    """An HF Llama decoder on the GPU at 1 token a sequence: ``fuse_gated_mlp`` + ``fuse_siblings`` logits within
+    bf16 tolerance of the unfused quantized model's."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    _seed(rng)
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
+    ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        fuse_gated_mlp(model)
+        fuse_siblings(model)
+        got = model(ids).logits.float()
+    assert all(m._one_launch for m in model.modules() if isinstance(m, MXGatedMLP))
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)

@@ -16,8 +16,9 @@ quantize_model converts every ``nn.Linear`` except ``lm_head``; the head stays b
 GPT-OSS, unless ``--quantize-head`` is given. A model's MoE blocks become :class:`mxkit.nn.MXMoE` layers with
 their experts in the format (:func:`mxkit.nn.swap_gpt_oss_moe`: the router stays bf16). A format spelled
 ``mxfp4+fused`` also runs the sibling projections that read the same input (q / k / v, gate / up) as one GEMM
-each (``quantize_model(fuse=True)``, :mod:`mxkit.nn.fused`); the bf16 model it is compared with stays HF's
-unfused one. ``mxfp4+experts`` quantizes the MoE experts only (a GPT-OSS checkpoint's split: MXFP4 experts,
+each (``quantize_model(fuse=True)``, :mod:`mxkit.nn.fused`); ``mxfp4+fusedmlp`` does too, but runs each gated
+MLP's gate / up GEMM with its SiLU product in one launch first (:func:`mxkit.nn.fuse_gated_mlp`); the bf16 model
+it is compared with stays HF's unfused one. ``mxfp4+experts`` quantizes the MoE experts only (a GPT-OSS checkpoint's split: MXFP4 experts,
 bf16 attention).
 
 Method, per (format, batch): a transformers ``StaticCache`` of prompt + tokens + 2 positions. The prefill of a
@@ -79,6 +80,7 @@ ORDERS = ("interleaved", "sequential")
 WARMUP_STEPS = 2  # eager steps before a capture (Triton compiles, cuBLAS workspaces)
 QUICK = dict(layers=4, tokens=16, repeats=1)
 FUSED = "+fused"  # a format suffix: quantize_model(..., fuse=True)
+FUSED_MLP = "+fusedmlp"  # a format suffix: fuse_gated_mlp, then fuse_siblings (q / k / v)
 EXPERTS = "+experts"  # a format suffix: only the MoE experts quantized (swap_gpt_oss_moe; no quantize_model)
 TARGETS = {"eager": 1.5, "graphs": 2.5, "compiled": 2.5}  # MXFP4 × bf16 tokens/s at batch 1 (issue #23)
 _LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -433,11 +435,16 @@ def quantize(model: torch.nn.Module, fmt: str, quantize_head: bool = False) -> N
     import mxkit
     from ..nn.gpt_oss import swap_gpt_oss_moe
 
-    base = fmt.removesuffix(FUSED).removesuffix(EXPERTS)
+    base = fmt.removesuffix(FUSED).removesuffix(FUSED_MLP).removesuffix(EXPERTS)
     w_fmt, act = ("mxfp8_e4m3", "mxfp8_e4m3") if base == A8W8 else (base, None)
     if not fmt.endswith(EXPERTS):
         mxkit.quantize_model(model, w_fmt, act_format=act, skip=None if quantize_head else "lm_head",
                              compute_qsnr=False, progress=False, fuse=fmt.endswith(FUSED))
+    if fmt.endswith(FUSED_MLP):
+        from ..nn import fuse_gated_mlp, fuse_siblings
+
+        fuse_gated_mlp(model)
+        fuse_siblings(model)
     if fmt.endswith(EXPERTS) or getattr(model.config, "num_local_experts", 0):
         swap_gpt_oss_moe(model, w_fmt)
 
@@ -461,7 +468,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=("bf16", "mxfp4_e2m1", "mxfp8_e4m3"),
                    help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), the MX "
                         "ones optionally with +fused (q / k / v and gate / up as one GEMM each, "
-                        "mxkit.nn.fuse_siblings) or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
+                        "mxkit.nn.fuse_siblings), +fusedmlp (+fused with each gated MLP's SiLU product in the gate / "
+                        "up GEMM's launch, mxkit.nn.fuse_gated_mlp) or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODE_CHOICES)), default=MODES,
@@ -492,7 +500,7 @@ A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format
 def _mx_name(s: str) -> str:
     from ..formats import get_format
 
-    for suffix in (FUSED, EXPERTS):
+    for suffix in (FUSED, FUSED_MLP, EXPERTS):
         if s.endswith(suffix):
             return _mx_name(s.removesuffix(suffix)) + suffix
     if s.lower().replace("_e4m3", "").replace("×", "x") in (A8W8, "a8w8"):

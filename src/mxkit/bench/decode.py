@@ -17,9 +17,9 @@ GPT-OSS, unless ``--quantize-head`` is given. A model's MoE blocks become :class
 their experts in the format (:func:`mxkit.nn.swap_gpt_oss_moe`: the router stays bf16). A format spelled
 ``mxfp4+fused`` also runs the sibling projections that read the same input (q / k / v, gate / up) as one GEMM
 each (``quantize_model(fuse=True)``, :mod:`mxkit.nn.fused`); ``mxfp4+fusedmlp`` does too, but runs each gated
-MLP's gate / up GEMM with its SiLU product in one launch first (:func:`mxkit.nn.fuse_gated_mlp`); the bf16 model
-it is compared with stays HF's unfused one. ``mxfp4+experts`` quantizes the MoE experts only (a GPT-OSS checkpoint's split: MXFP4 experts,
-bf16 attention).
+MLP's gate / up GEMM with its SiLU product in one launch first (:func:`mxkit.nn.fuse_gated_mlp`, at one token a
+step); the bf16 model it is compared with stays HF's unfused one. ``mxfp4+experts`` quantizes the MoE experts only
+(a GPT-OSS checkpoint's split: MXFP4 experts, bf16 attention). One suffix a format at most.
 
 Method, per (format, batch): a transformers ``StaticCache`` of prompt + tokens + 2 positions. The prefill of a
 random prompt of ``--prompt`` tokens is not timed. Then ``--tokens`` greedy steps. One step runs the model on
@@ -469,7 +469,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of bf16, MX weight formats and a8w8 (MXFP8 weights and activations), the MX "
                         "ones optionally with +fused (q / k / v and gate / up as one GEMM each, "
                         "mxkit.nn.fuse_siblings), +fusedmlp (+fused with each gated MLP's SiLU product in the gate / "
-                        "up GEMM's launch, mxkit.nn.fuse_gated_mlp) or +experts (the MoE experts only) (default bf16,mxfp4,mxfp8)")
+                        "up GEMM's launch, mxkit.nn.fuse_gated_mlp) or +experts (the MoE experts only) "
+                        "(default bf16,mxfp4,mxfp8)")
     p.add_argument("--batches", type=csv(positive), default=(1, 16, 64),
                    help="comma list of batch sizes (default 1,16,64)")
     p.add_argument("--modes", type=csv(timing.choice("mode", MODE_CHOICES)), default=MODES,
@@ -500,9 +501,13 @@ A8W8 = "mxfp8xmxfp8"  # MXFP8 weights and MXFP8 activations (MXLinear act_format
 def _mx_name(s: str) -> str:
     from ..formats import get_format
 
-    for suffix in (FUSED, FUSED_MLP, EXPERTS):
+    suffixes = (FUSED, FUSED_MLP, EXPERTS)
+    for suffix in suffixes:
         if s.endswith(suffix):
-            return _mx_name(s.removesuffix(suffix)) + suffix
+            base = s.removesuffix(suffix)
+            if any(base.endswith(x) for x in suffixes):
+                raise ValueError(f"{s}: one of {', '.join(suffixes)} at most")
+            return _mx_name(base) + suffix
     if s.lower().replace("_e4m3", "").replace("×", "x") in (A8W8, "a8w8"):
         return A8W8
     return get_format(s).name

@@ -5,11 +5,13 @@ HF transformers' Llama, Mistral, Qwen2 / 3 (and most decoder MLPs since) compute
 :func:`~mxkit.nn.fuse_siblings`' stacked rows), then an elementwise kernel that reads both outputs back.
 :func:`fuse_gated_mlp` replaces each such module, once its three projections are :class:`~mxkit.nn.MXLinear`,
 by an :class:`MXGatedMLP`, which holds the gate and up rows interleaved in one MXLinear (gate row 0, up row 0,
-gate row 1, ...: each output element the one its member computes) and, at up to 8 rows of bf16 activations
-with MXFP4 weights on CUDA, runs them on the MoE decode path's pairs kernel over one expert
+gate row 1, ...: each output element the one its member computes) and, at one row of bf16 activations (one token
+of batch-1 decode) with MXFP4 weights on CUDA, runs them on the MoE decode path's pairs kernel over one expert
 (:func:`mxkit.kernels.matmul_details._mma_decode.swiglu_mma`): the GEMM and ``silu(gate) * up`` in one launch,
 in float32 from the float32 sums, rounded to bf16 once (HF rounds gate and up to bf16 first, then the SiLU and the
-product each once more). Elsewhere (more rows, other formats or dtypes, gradients, the CPU) it is the interleaved
+product each once more). The pairs kernel decodes each weight tile once per row, where the dense decode kernel
+decodes it once for up to 8 rows, and both are bound by that decode: past one row the GEMM path is the faster.
+Elsewhere (more rows, other formats or dtypes, gradients, the CPU) it is the interleaved
 GEMM, then ``silu(gate) * up`` in x's dtype, HF's order. Under ``torch.compile`` the one-launch path is the custom
 op ``mxkit::mx_gated_act`` (CUDA, inference). The state_dict holds ``gate_up`` (the interleaved weight) and
 ``down_proj``: fuse after loading.
@@ -64,40 +66,37 @@ class MXGatedMLP(_ops.Handled, nn.Module):
                 getattr(self.gate_up, name).copy_(torch.stack([g, u], dim=1).flatten(0, 1))
         self.gate_up.repack()
         self.down_proj = down
-        self.register_buffer("_ids", torch.zeros(_mma_decode.SMALL_PAIRS, dtype=torch.int32,
-                                                 device=gate.weight_qdata.device), persistent=False)
-        self._one_launch = None  # (q, s, special) of the pairs kernel, or False: made on the first CUDA call
-        self.register_load_state_dict_post_hook(_forget_layout)
+        # (the PackedWeight it was made for, (q, s, special, ids) or None): made again for another packed weight
+        # (a repack, a load, a move), read at construction so that a capture finds it made
+        self._one_launch = (None, None)
         _ops.register(self)
+        self._launch()
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_one_launch"] = None
+        state = super().__getstate__()  # (nn.Module's: a compiled forward is not pickled)
+        state = dict(state)
+        state["_one_launch"] = (None, None)
         return state
 
-    def _apply(self, fn, recurse=True):
-        self._one_launch = None  # (a move or cast: the layout is made again from the moved weight)
-        return super()._apply(fn, recurse)
-
     def _launch(self) -> Optional[tuple]:
-        """(q, s, special) of :func:`~mxkit.kernels.matmul_details._mma_decode.swiglu_mma` for this weight: MXFP4,
-        blocks of 32, bf16 activations, the decode-mma layout packed, every scale byte in the bf16-exact envelope,
-        the kernel loadable; None otherwise. Reads the scale statistics once (a host sync before any capture)."""
-        got = self._one_launch
-        if got is None:
-            lin, p = self.gate_up, self.gate_up._packed
-            ok = (p is not None and lin.act_format is None and lin.block_size == 32
-                  and lin.weight_format.name == "mxfp4_e2m1" and p.mma_q is not None and p.device.type == "cuda"
-                  and _mma_decode.available(p.device) is None)
-            got = False
-            if ok and not torch.cuda.is_current_stream_capturing():
-                lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
-                if _envelope_ok(lin.weight_format, lo, hi):
-                    got = (p.mma_q, p.mma_s, lo == 0 or nan)
-            elif ok:
-                return None  # (the statistics' host read is not capturable: the GEMM path in this capture)
-            self._one_launch = got
-        return got or None
+        """(q, s, special, ids) of :func:`~mxkit.kernels.matmul_details._mma_decode.swiglu_mma` for the weight
+        ``gate_up`` holds now: MXFP4, blocks of 32, bf16 activations, the decode-mma layout packed, every scale byte
+        in the bf16-exact envelope, the kernel loadable; None otherwise. The scale statistics' first read is a host
+        sync: inside a CUDA graph capture, with them not yet read, None (the GEMM path) and nothing kept."""
+        p = self.gate_up._packed
+        kept = self._one_launch
+        if kept[0] is p and p is not None:
+            return kept[1]
+        lin, got = self.gate_up, None
+        if (p is not None and lin.act_format is None and lin.block_size == 32 and lin.weight_format.name == "mxfp4_e2m1"
+                and p.mma_q is not None and p.device.type == "cuda" and _mma_decode.available(p.device) is None):
+            if isinstance(p.stats, torch.Tensor) and torch.cuda.is_current_stream_capturing():
+                return None
+            lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
+            if _envelope_ok(lin.weight_format, lo, hi):
+                got = (p.mma_q, p.mma_s, lo == 0 or nan, _mma_decode.zero_ids(p.device))
+        self._one_launch = (p, got)
+        return got
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
@@ -109,18 +108,17 @@ class MXGatedMLP(_ops.Handled, nn.Module):
 
     def _act_eager(self, x: torch.Tensor) -> torch.Tensor:
         if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
-                and 0 < x.numel() and x.shape[-1] == self.gate_up.in_features
-                and x.numel() // x.shape[-1] <= _mma_decode.SMALL_PAIRS):
+                and x.numel() == x.shape[-1] == self.gate_up.in_features):  # (one row: the module docstring)
             launch = self._launch()
-            x2 = x.reshape(-1, x.shape[-1])
-            if launch is not None and _mma_decode.rows_ok(x2) and x2.device == self._ids.device:
+            x2 = x.reshape(1, x.shape[-1])
+            if launch is not None and _mma_decode.rows_ok(x2) and x.device == launch[0].device:
                 if elsewhere(x):  # (the kernels launch on the current device)
                     with torch.cuda.device(x.device):
                         return self._act_eager(x)
-                q, s, special = launch
+                q, s, special, ids = launch
                 I = self.intermediate_size
-                out = torch.empty(x2.shape[0], I, device=x.device, dtype=torch.bfloat16)
-                _mma_decode.swiglu_mma(x2, q, s, special, 2 * I, x2.shape[1], self._ids, out)
+                out = torch.empty(1, I, device=x.device, dtype=torch.bfloat16)
+                _mma_decode.swiglu_mma(x2, q, s, special, 2 * I, x2.shape[1], ids, out)
                 return out.view(*x.shape[:-1], I)
         return self._act_gemm(x)
 
@@ -136,10 +134,6 @@ class MXGatedMLP(_ops.Handled, nn.Module):
 
     def extra_repr(self) -> str:
         return f"intermediate_size={self.intermediate_size}, act=silu"
-
-
-def _forget_layout(module: MXGatedMLP, incompatible_keys) -> None:
-    module._one_launch = None  # (the loaded weight is another one: its statistics are read again)
 
 
 @torch.library.custom_op("mxkit::mx_gated_act", mutates_args=())
@@ -162,26 +156,41 @@ def _is_silu(act) -> bool:
 
 
 def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str]:
-    """Replace, in place, every gated MLP of ``model`` by an :class:`MXGatedMLP`; returns the qualified names of
-    the modules replaced. A gated MLP here is a module with the three children ``names`` (gate, up, down:
-    HF's ``gate_proj`` / ``up_proj`` / ``down_proj``), gate and up MXLinear layers that match (MXGatedMLP's rule),
-    an ``act_fn`` that is ``nn.SiLU`` or transformers' ``SiLUActivation``, and no forward patched on the instance; its forward must be HF's
-    ``down(act_fn(gate(x)) * up(x))``, which this function cannot read (a module of another computation under
-    those names would be replaced all the same: pass ``names`` of your own then). Run it before
-    :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and after loading
-    weights (the state_dict then holds ``gate_up``)."""
+    """Replace, in place, every gated MLP below ``model`` (its descendants: ``model`` itself has no parent to
+    take the new module) by an :class:`MXGatedMLP`; returns the qualified names of the modules replaced (one name
+    per module: a module registered at two paths becomes one MXGatedMLP at both). A gated MLP here is a module
+    with the three children ``names`` (gate, up, down: HF's ``gate_proj`` / ``up_proj`` / ``down_proj``), gate
+    and up MXLinear layers that match (MXGatedMLP's rule), an ``act_fn`` that is ``nn.SiLU`` or transformers'
+    ``SiLUActivation``, and a forward of its class that reads no attribute but those four (HF's LlamaMLP,
+    MistralMLP, Qwen2MLP, Qwen3MLP: ``down(act_fn(gate(x)) * up(x))``; MLPs with multipliers or clamps of their
+    own are left alone, and so are a forward patched on the instance and modules or members with hooks). The
+    check reads names, not the computation: a forward that combines the same four otherwise would be replaced.
+    Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
+    after loading weights (the state_dict then holds ``gate_up``)."""
     gate_n, up_n, down_n = names
-    done = []
+    allowed = {gate_n, up_n, down_n, "act_fn"}
+    done, made = [], {}  # made: id of a replaced module -> its MXGatedMLP (a module at two paths: one)
     for pname, parent in list(model.named_modules()):
         for cname, mod in list(parent.named_children()):
-            g, u, d = (getattr(mod, n, None) for n in (gate_n, up_n, down_n))
-            if (isinstance(mod, MXGatedMLP) or d is None or "forward" in mod.__dict__
-                    or not _is_silu(getattr(mod, "act_fn", None))):
-                continue
-            try:
-                new = MXGatedMLP(g, u, d)
-            except ValueError:
-                continue
+            new = made.get(id(mod))
+            if new is None:
+                members = [getattr(mod, n, None) for n in (gate_n, up_n, down_n)]
+                code = getattr(type(mod).forward, "__code__", None)
+                if (isinstance(mod, MXGatedMLP) or members[2] is None or "forward" in mod.__dict__
+                        or code is None or not set(code.co_names) <= allowed
+                        or not _is_silu(getattr(mod, "act_fn", None))
+                        or any(_hooked(m) for m in (mod, *members))):
+                    continue
+                try:
+                    new = MXGatedMLP(*members)
+                except ValueError:
+                    continue
+                made[id(mod)] = new
+                done.append(f"{pname}.{cname}" if pname else cname)
             setattr(parent, cname, new)
-            done.append(f"{pname}.{cname}" if pname else cname)
     return done
+
+
+def _hooked(m: nn.Module) -> bool:
+    """Whether module ``m`` has forward or forward-pre hooks of its own (a fused module would drop them)."""
+    return bool(getattr(m, "_forward_hooks", None) or getattr(m, "_forward_pre_hooks", None))

@@ -397,14 +397,27 @@ def _drop_split(index: int, pairs: dict) -> None:
 
 
 
+_ZERO_IDS: dict = {}  # device index -> int32 zeros (SMALL_PAIRS): the ids of swiglu_mma's one expert
+
+
+def zero_ids(device: torch.device) -> torch.Tensor:
+    """int32 zeros of :data:`SMALL_PAIRS` on CUDA ``device``, made once (read only by the kernels: one per device
+    serves every stream). Make them outside a CUDA graph capture (a capture would record the fill, not run it)."""
+    idx = _index(device)
+    ids = _ZERO_IDS.get(idx)
+    if ids is None:
+        ids = _ZERO_IDS[idx] = torch.zeros(SMALL_PAIRS, dtype=torch.int32, device=device)
+    return ids
+
+
 def swiglu_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int, ids: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
     """A gated MLP's gate and up projections with SwiGLU, ``silu(gate) * up`` (float32 from the float32 sums, one
     bf16 rounding), for up to :data:`SMALL_PAIRS` rows of bf16 ``x`` (M, K): the MoE pairs kernel
     (:func:`pairs_mma`, activation "swiglu") over one expert, each row a pair. ``q`` / ``s``: the decode-mma layout
     (:func:`pack_mma`) of the MXFP4 weight (N = 2I, K) whose rows interleave gate and up (gate 0, up 0, gate 1,
-    ...); ``special``: a scale byte 0 or 0xFF in it; ``ids``: int32 zeros, at least M, contiguous. Writes and
-    returns ``out`` bf16 (M, I)."""
+    ...); ``special``: a scale byte 0 or 0xFF in it; ``ids``: int32 zeros, at least M, contiguous
+    (:func:`zero_ids`). Writes and returns ``out`` bf16 (M, I)."""
     return pairs_mma(x, q, s, special, N, K, ids[: x.shape[0]], 1, 1, bias=None, activation="swiglu", rw=None,
                      out=out)
 

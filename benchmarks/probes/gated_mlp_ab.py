@@ -4,6 +4,8 @@ shape (distinct weights: no layer reads another's bytes from L2) chained in one 
 replays (median of R rounds, the two variants alternating).
 
     PYTHONPATH=src python3 benchmarks/probes/gated_mlp_ab.py [H I [M [L [R]]]]   # default 4096 14336 1 8 5
+
+(The one launch runs at M = 1 only; at other M both variants run the GEMM path.)
 """
 import sys
 

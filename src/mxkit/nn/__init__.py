@@ -8,5 +8,5 @@ from .gpt_oss import load_gpt_oss_model, swap_gpt_oss_moe  # GPT-OSS conversion 
 from .parallel import ColumnParallelMXLinear, RowParallelMXLinear, shard_mxlinear  # tensor parallelism
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "fuse_siblings", "FusedMXLinear", "FusedPart",
-           "MXGatedMLP", "fuse_gated_mlp", "MXMoE", "load_gpt_oss_model", "swap_gpt_oss_moe", "ColumnParallelMXLinear", "RowParallelMXLinear",
-           "shard_mxlinear"]
+           "MXGatedMLP", "fuse_gated_mlp", "MXMoE", "load_gpt_oss_model", "swap_gpt_oss_moe", "ColumnParallelMXLinear",
+           "RowParallelMXLinear", "shard_mxlinear"]

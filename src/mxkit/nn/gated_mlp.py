@@ -73,8 +73,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         self._launch()
 
     def __getstate__(self) -> dict:
-        state = super().__getstate__()  # (nn.Module's: a compiled forward is not pickled)
-        state = dict(state)
+        state = super().__getstate__()  # (nn.Module's copy: a compiled forward is not pickled)
         state["_one_launch"] = (None, None)
         return state
 
@@ -108,7 +107,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
 
     def _act_eager(self, x: torch.Tensor) -> torch.Tensor:
         if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
-                and x.numel() == x.shape[-1] == self.gate_up.in_features):  # (one row: the module docstring)
+                and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features):  # (one row: see above)
             launch = self._launch()
             x2 = x.reshape(1, x.shape[-1])
             if launch is not None and _mma_decode.rows_ok(x2) and x.device == launch[0].device:

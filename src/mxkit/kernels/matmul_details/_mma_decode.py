@@ -396,7 +396,6 @@ def _drop_split(index: int, pairs: dict) -> None:
         del _SPLIT[index]
 
 
-
 _ZERO_IDS: dict = {}  # device index -> int32 zeros (SMALL_PAIRS): the ids of swiglu_mma's one expert
 
 
@@ -420,6 +419,7 @@ def swiglu_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool,
     (:func:`zero_ids`). Writes and returns ``out`` bf16 (M, I)."""
     return pairs_mma(x, q, s, special, N, K, ids[: x.shape[0]], 1, 1, bias=None, activation="swiglu", rw=None,
                      out=out)
+
 
 _COUNTERS: dict = {}  # (device index, raw stream, owner) -> [int32 zeros in use, the smaller ones it replaced]
 

@@ -21,7 +21,8 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "load_table", "merge_tables"]
+__all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "load_table",
+           "merge_tables"]
 
 
 @dataclass(frozen=True)

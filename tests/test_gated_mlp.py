@@ -243,7 +243,7 @@ def test_gpu_gated_mlp_special_scales_and_other_paths(rng, monkeypatch):
         assert fin.any() and err <= 1.2 * (want[fin].to(torch.bfloat16).double() - want[fin]).norm() + 1e-6
         for other in (torch.randn(2, 512, generator=rng).to("cuda", torch.bfloat16), x.half(),
                       torch.randn(3, 1, 512, generator=rng).to("cuda", torch.bfloat16)):
-            assert torch.equal(g.act(other), g._act_gemm(other))
+            assert torch.equal(g.act(other).view(torch.int16), g._act_gemm(other).view(torch.int16))  # (NaN too)
         assert calls == [1]
     plain = _mx_mlp(512, 1024, rng)
     xg = x.clone().requires_grad_()
@@ -263,7 +263,7 @@ def test_gpu_gated_mlp_in_a_cuda_graph_compiled_and_reloaded(rng, monkeypatch):
     with torch.no_grad():
         want = g(x)
         assert calls == [1]
-        assert_graph_replays(g, [x], lambda: [torch.randn(1, 1, 512, generator=rng).to("cuda", torch.bfloat16)])
+        assert_graph_replays(g, [x.clone()], lambda: [torch.randn(1, 1, 512, generator=rng).to("cuda", torch.bfloat16)])
         compiled = torch.compile(g, dynamic=False, fullgraph=True)
         assert torch.equal(compiled(x), want)
         other = _mx_mlp(512, 1024, rng)

@@ -277,6 +277,30 @@ def test_gpu_gated_mlp_in_a_cuda_graph_compiled_and_reloaded(rng, monkeypatch):
 
 @pytest.mark.gpu
 @gpu
+def test_gpu_gated_mlp_compiled_op_at_one_row_only(rng):
+    """Under torch.compile one bf16 row traces to ``mxkit::mx_gated_act`` (the one launch); two rows trace the
+    GEMM op and leave SiLU x up to the compiler (within a bf16 rounding of the eager bytes, which round SiLU's
+    output to bf16 first)."""
+    g = _mx_mlp(512, 1024, rng)
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    for rows in (1, 2):
+        x = torch.randn(rows, 512, generator=rng).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            got = torch.compile(g.act, backend=record, fullgraph=True, dynamic=False)(x)
+            want = g.act(x)
+        ops = " ".join(seen[-1])
+        assert ("mx_gated_act" in ops) == (rows == 1) and ("mx_linear" in ops) == (rows == 2), ops
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_llama_fused_mlp_logits(rng, monkeypatch):
     """An HF Llama decoder on the GPU at 1 token a sequence: ``fuse_gated_mlp`` + ``fuse_siblings`` logits within
     bf16 tolerance of the unfused quantized model's."""

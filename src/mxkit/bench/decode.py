@@ -598,7 +598,8 @@ def run(args) -> int:
     output.render_table(rows, COLUMNS, plain=args.plain, title=f"mxkit bench decode — {args.model}, {layers} layers, "
                         f"{args.tokens} tokens — {env['gpu'] or 'cpu'} — {env['date_utc']}")
     for mode, target in TARGETS.items() if env["gpu"] else ():  # (issue #23's targets are GPU ones)
-        for fmt, label in (("mxfp4_e2m1", "MXFP4"), ("mxfp4_e2m1" + FUSED, "MXFP4 fused")):
+        for fmt, label in (("mxfp4_e2m1", "MXFP4"), ("mxfp4_e2m1" + FUSED, "MXFP4 fused"),
+                           ("mxfp4_e2m1" + FUSED_MLP, "MXFP4 fused + one-launch MLP")):
             got = next((r.x_bf16 for r in rows if (r.fmt, r.batch, r.mode) == (fmt, 1, mode) and r.x_bf16), None)
             if got is not None:
                 print(f"target ({mode}, batch 1): {label} {got:.2f}× bf16 tokens/s, target ≥ {target:g}× "

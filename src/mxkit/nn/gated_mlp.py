@@ -12,8 +12,9 @@ in float32 from the float32 sums, rounded to bf16 once (HF rounds gate and up to
 product each once more). The pairs kernel decodes each weight tile once per row, where the dense decode kernel
 decodes it once for up to 8 rows, and both are bound by that decode: past one row the GEMM path is the faster.
 Elsewhere (more rows, other formats or dtypes, gradients, the CPU) it is the interleaved
-GEMM, then ``silu(gate) * up`` in x's dtype, HF's order. Under ``torch.compile`` the one-launch path is the custom
-op ``mxkit::mx_gated_act`` (CUDA, inference). The state_dict holds ``gate_up`` (the interleaved weight) and
+GEMM, then ``silu(gate) * up`` in x's dtype, HF's order. Under ``torch.compile`` the one-launch path (one bf16 row,
+CUDA, inference) is the custom op ``mxkit::mx_gated_act``; other inputs trace the GEMM (``mxkit::mx_linear``) and
+leave the SiLU product to Inductor. The state_dict holds ``gate_up`` (the interleaved weight) and
 ``down_proj``: fuse after loading.
 """
 
@@ -99,8 +100,9 @@ class MXGatedMLP(_ops.Handled, nn.Module):
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
-        if torch.compiler.is_compiling():
-            if type(x) is torch.Tensor and x.is_cuda and not needs_grad(x):
+        if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
+            if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
+                    and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features):
                 return torch.ops.mxkit.mx_gated_act(x, self._op_handle)
             return self._act_gemm(x)
         return self._act_eager(x)

@@ -551,6 +551,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
         assert entry[key]["max_m"] in (0, 1, 2, 4, 8, 16, 32, 64), (key, entry[key])
     assert entry["decode_mma"]["m8_loop"] in ("", "l", "g")
     assert entry["decode_mma"]["ring_min_k"] in (None, 2048, 8192)
+    assert entry["decode_mma"]["ring2_min_n"] in (None, 512, 1024)
     # max_m is tuned where one of the shapes takes w8a16-wgmma under this GPU's own entry (the H200's small wgmma
     # envelope takes 512 x 8192), else left out (the packaged value stands)
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]
@@ -615,6 +616,30 @@ def test_kernel_envelope_is_the_run_of_wins_from_the_smallest_m():
     assert _largest_won({1: True, 2: True, 4: False, 8: True}) == 2
     assert _largest_won({4: True, 1: True, 2: True}) == 4
     assert _largest_won({1: False, 2: True}) == 0 and _largest_won({}) == 0
+
+
+def test_ring2_min_n_from_the_loops_timed():
+    """tune.ring2_min_n: the smallest N from which the ring of 2 beats the loop the K rule takes, at every N of that
+    N or more, summed over the shapes of each N (the session-77 H100 probe: from N = 14336)."""
+    from mxkit.tune import m8_loops, ring2_min_n
+
+    h100 = {(8192, 8192): (16.7, 15.5, 14.8, 15.7), (28672, 8192): (49.0, 49.9, 49.0, 44.3),
+            (28672, 4096): (27.8, 26.8, 27.3, 24.1), (14336, 4096): (16.2, 16.0, 14.9, 13.1),
+            (6144, 4096): (8.1, 7.8, 7.5, 8.0)}
+    us = {(lp, s): t[i] for s, t in h100.items() for i, lp in enumerate(("", "l", "g", "g2"))}
+    m8_loop, ring_min_k = m8_loops(us)
+    assert (m8_loop, ring_min_k) == ("l", 4096)  # (the ring of 2 is never the batch loop)
+
+    def by_k(K):
+        return "g" if K >= ring_min_k else m8_loop
+    assert ring2_min_n(us, by_k) == 14336
+    us["g2", (14336, 4096)] = 16.5
+    assert ring2_min_n(us, by_k) == 28672
+    us["g2", (28672, 4096)] = 30.0  # N = 28672 summed: 74.3 against the ring of 4's 76.3, still the ring of 2
+    assert ring2_min_n(us, by_k) == 28672
+    us["g2", (28672, 4096)] = 33.0  # 77.3 against 76.3: never
+    assert ring2_min_n(us, by_k) is None
+    assert ring2_min_n({}, by_k) is None and ring2_min_n({("l", (64, 64)): 1.0}, by_k) is None
 
 
 def test_m8_loops_picks_the_loop_and_the_ring_min_k():

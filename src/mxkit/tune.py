@@ -242,13 +242,33 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
             f"{N}x{K} {us[loop, (N, K)]:.1f}" for N, K in packed) + " us at M = 1")
     m8_loop, ring_min_k = m8_loops(us)
 
-    def loop_of(K: int) -> str:
+    def by_k(K: int) -> str:
         return "g" if ring_min_k is not None and K >= ring_min_k else m8_loop
+    ring2 = ring2_min_n(us, by_k)
+
+    def loop_of(N: int, K: int, M: int) -> str:
+        return "g2" if ring2 is not None and M <= 8 and N >= ring2 else by_k(K)
     runs = {s: (weights[s], lambda M, pw=pw, s=s: functools.partial(
-        _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, loop_of(s[1])), bias=None)) for s, pw in packed.items()}
+        _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, loop_of(*s, M)), bias=None)) for s, pw in packed.items()}
     rivals = {s: _wgmma_rival(pw) for s, pw in packed.items()}
     return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop,
-            "ring_min_k": ring_min_k}
+            "ring_min_k": ring_min_k, "ring2_min_n": ring2}
+
+
+def ring2_min_n(us: dict, by_k) -> Optional[int]:
+    """The smallest N of the shapes from which the ring of 2 ("g2") is faster at M = 1 than the loop ``by_k(K)``
+    takes (m8_loop or the ring of 4 by ring_min_k) at every N of that N or more, µs summed over the shapes of each
+    N (``us`` as :func:`m8_loops`'); None where it loses on the largest N or was not timed."""
+    shapes = list(dict.fromkeys(s for _, s in us))
+    if not shapes or any(("g2", s) not in us or (by_k(s[1]), s) not in us for s in shapes):
+        return None
+    found = None
+    for n0 in sorted({N for N, _ in shapes}, reverse=True):
+        of_n = [s for s in shapes if s[0] == n0]
+        if not sum(us["g2", s] for s in of_n) < sum(us[by_k(s[1]), s] for s in of_n):
+            break
+        found = n0
+    return found
 
 
 def m8_loops(us: dict) -> tuple[str, Optional[int]]:
@@ -263,7 +283,7 @@ def m8_loops(us: dict) -> tuple[str, Optional[int]]:
         return "", None
     loops = list(dict.fromkeys(loop for loop, _ in us))
     shapes = list(dict.fromkeys(s for _, s in us))
-    batch = [lp for lp in loops if lp != "g"] or loops
+    batch = [lp for lp in loops if lp not in ("g", "g2")] or loops
     m8_loop = min(batch, key=lambda lp: (sum(us[lp, s] for s in shapes), batch.index(lp)))
     ring_min_k = None
     if m8_loop != "g" and "g" in loops:

@@ -53,7 +53,7 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
 def test_mma_m8_loop_from_the_table():
     """decode_mma.m8_loop picks the decode-mma kernel up to 8 rows ("" register loop, "l" lean loop, "g" ring loop;
     default "") and names its PTX entry, ring_min_k the K from which the ring loop is taken whatever m8_loop says (the
-    m16 kernels' ring loops too);
+    m16 kernels' ring loops too), ring2_min_n the N from which the ring of 2 ("g2") is taken up to 8 rows;
     any other loop is refused where the launch is made."""
     from mxkit.kernels.matmul_details._mma_decode import dense_kernel_name
     from mxkit.kernels.matmul_table import _packaged_table, gemm_table_override, mma_m8_loop
@@ -68,6 +68,13 @@ def test_mma_m8_loop_from_the_table():
         assert [mma_m8_loop(cpu, K) for K in (0, 4096, 8191, 8192, 28672)] == ["l", "l", "l", "g", "g"]
     with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "ring_min_k": None}}}):
         assert mma_m8_loop(cpu, 8192) == ""
+    # ring2_min_n: the ring of 2 up to 8 rows on weights of N >= it, over ring_min_k; past 8 rows the K rule
+    with gemm_table_override({"default": {"decode_mma": {"max_m": 16, "ring_min_k": 8192, "ring2_min_n": 14336}}}):
+        got = [mma_m8_loop(cpu, K, N, M) for K, N, M in [(4096, 14335, 1), (4096, 14336, 1), (8192, 28672, 8),
+                                                          (8192, 28672, 9), (4096, 28672, 16), (8192, 8192, 1)]]
+        assert got == ["", "g2", "g2", "g", "", "g"]
+    assert dense_kernel_name(1, 28672, 4096, torch.bfloat16, False, "g2") == "mxfp4_mma_decode_m8g2_bf16"
+    assert dense_kernel_name(9, 28672, 4096, torch.bfloat16, False, "g2", 132) == "mxfp4_mma_decode_m16n_bf16"
     assert dense_kernel_name(1, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m8g_bf16"
     assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "g", 132) == "mxfp4_mma_decode_m16ng_bf16"
     assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m16n_bf16"

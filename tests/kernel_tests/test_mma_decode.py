@@ -95,11 +95,11 @@ def test_ptx_matches_source():
     for act in ("swiglu_gpt_oss", "swiglu", None):
         for sp in (False, True):
             names.add(_mma_decode.pairs_kernel_name(act, sp))
-    # m8 / m8l / m8g / m16 / m16l / m16n / m16g / m16ng x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4 strips)
-    # x 2; pairs 3 x 2
-    assert len(names) == 48 + 24 + 6
+    # m8 / m8l / m8g / m8g2 / m16 / m16l / m16n / m16g / m16ng x 3 dtypes x 2; 3 activations x (u2, u1 at 1 / 2 / 4
+    # strips) x 2; pairs 3 x 2
+    assert len(names) == 54 + 24 + 6
     assert "mxfp4_mma_decode_m16ng_f32_special" in names and "mxfp4_mma_decode_m16g_bf16" in names
-    assert "mxfp4_mma_decode_m8g_f16_special" in names
+    assert "mxfp4_mma_decode_m8g_f16_special" in names and "mxfp4_mma_decode_m8g2_bf16" in names
     assert "mxfp4_mma_grouped_swiglu_s4_special" in names
     with pytest.raises(ValueError, match="strips a block"):
         _mma_decode.grouped_kernel_name(None, 64, False, 3)

@@ -177,12 +177,17 @@ def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_
     return min(int(entry.get(field, entry["max_m"])), cap) if entry else 0
 
 
-def mma_m8_loop(device: torch.device, K: int) -> str:
-    """The decode-mma m8 kernel's loop on ``device`` for a weight of K columns: "g" (the ring loop) where K is at
-    least ``decode_mma.ring_min_k`` (optional; null or absent: never), else ``decode_mma.m8_loop`` ("" the
-    register loop, "l" the lean loop, "g"; default ""). Every loop gives the same bits. Where it is "g" the m16
-    kernels take their ring loops too at 9-16 rows (:func:`.matmul_details._mma_decode.m16_loop`)."""
+def mma_m8_loop(device: torch.device, K: int, N: int = 0, M: int = 1) -> str:
+    """The decode-mma m8 kernel's loop on ``device`` for M rows of a weight of N x K: "g2" (the ring of 2 tiles a
+    lane) up to 8 rows on weights of N >= ``decode_mma.ring2_min_n`` (optional; null or absent: never), else "g"
+    (the ring of 4) where K is at least ``decode_mma.ring_min_k`` (optional; null or absent: never), else
+    ``decode_mma.m8_loop`` ("" the register loop, "l" the lean loop, "g"; default ""). Every loop gives the same
+    bits. Where the K rule gives "g" the m16 kernels take their ring loops too at 9-16 rows
+    (:func:`.matmul_details._mma_decode.m16_loop`); "g2" never reaches them (M <= 8)."""
     entry = _envelope(device, "decode_mma") or {}
+    ring2 = entry.get("ring2_min_n")
+    if ring2 is not None and M <= 8 and N >= int(ring2):
+        return "g2"
     ring = entry.get("ring_min_k")
     return "g" if ring is not None and K >= int(ring) else str(entry.get("m8_loop", ""))
 

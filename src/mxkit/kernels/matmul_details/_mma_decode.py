@@ -176,8 +176,8 @@ def split_k(blocks: int, K: int, mt: int, sms: int, strips: int = 1) -> int:
     return 2 if blocks < 2 * sms and K >= 8192 and mt == 8 else 1
 
 
-M8_LOOPS = ("", "l", "g")  # the m8 kernels (4 warps): 4 tiles a batch in the register loop (""), 2 in the lean loop
-#                            ("l"), 4 in flight a lane in the ring loop ("g"); the same bits
+M8_LOOPS = ("", "l", "g", "g2")  # the m8 kernels (4 warps): 4 tiles a batch in the register loop (""), 2 in the
+#                                  lean loop ("l"), 4 or 2 in flight a lane in the ring loop ("g", "g2"); the same bits
 
 
 def bias_flag(bias: Optional[torch.Tensor]) -> int:

@@ -45,7 +45,7 @@ def dense(M, N, K):
     w = mxkit.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05, "mxfp4")
     b = mxkit.pack_weight(w)
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev, K))
+    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev, K, N, M))
     ref = prod(x, None)
     row = {"prod": t(lambda: prod(x, None))}
     if M > 16:  # the dispatched path (mxkit.matmul) and cuBLAS bf16 beside the kernels of 32 / 64 tokens a block

@@ -28,7 +28,7 @@ def row(M: int, N: int, K: int, cfg: TimingConfig) -> str:
     entry = dict(table.get(gpu, {}))
     entry["decode_mma"] = dict(entry.get("decode_mma", {}), max_m=64)
     with gemm_table_override({**table, gpu: entry}):
-        name = dense_kernel_name(M, N, K, torch.bfloat16, False, mma_m8_loop(x.device, K))
+        name = dense_kernel_name(M, N, K, torch.bfloat16, False, mma_m8_loop(x.device, K, N, M))
         cells.append(f"{mxkit.gemm_plan(x, pw).path} ({name.split('_')[3]}) {timed(lambda: mxkit.matmul(x, pw))}")
     entry["decode_mma"] = dict(entry.get("decode_mma", {}), max_m=0)  # the path past decode-mma's envelope
     with gemm_table_override({**table, gpu: entry}):

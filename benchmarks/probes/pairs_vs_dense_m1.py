@@ -18,6 +18,7 @@ from mxkit.kernels.matmul_details import _mma_decode
 
 R = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 M = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+assert 1 <= M <= 8, "the m8 loops run up to 8 rows"
 SHAPES = [tuple(map(int, a.split("x"))) for a in sys.argv[3:]] or [
     (8192, 8192), (28672, 8192), (8192, 28672), (28672, 4096), (14336, 4096), (6144, 4096), (4096, 4096),
     (4096, 14336), (5120, 2880), (2880, 4096), (128256, 4096)]

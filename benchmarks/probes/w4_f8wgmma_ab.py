@@ -79,7 +79,7 @@ def row(M: int, N: int, K: int) -> str:
     scale = wq.plain_scale()
     assert not ((scale == 0) | (scale == 255)).any()
     q, s = pack(wq.qdata, scale)
-    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev, K))
+    prod = md.MmaDecode(b.mma_q, b.mma_s, N, K, M, torch.bfloat16, special=False, m8_loop=mma_m8_loop(dev, K, N, M))
     ref = prod(x, None)
     err = lambda y: ((y.double() - y64).norm() / y64.norm()).item()  # noqa: E731
     out = [f"{M}x{N}x{K}: prod {time_us(lambda: prod(x, None)):.1f} (err {err(ref):.2e}, bound {bound:.2e})"]

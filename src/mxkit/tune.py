@@ -7,8 +7,10 @@ decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ...,
 the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
 tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
 kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
-kernel up to 8 rows that is faster at M = 1, and ``decode_mma.ring_min_k``, the K from which its ring loop is
-faster; at 9-16 rows the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16
+kernel up to 8 rows that is faster at M = 1, ``decode_mma.ring_min_k``, the K from which its ring loop is
+faster, and ``decode_mma.ring2_min_n``, the N from which its ring of 2 is faster still, judged at M = 1 on the
+shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide); at 9-16 rows the m16 kernels take their ring loops from the same
+K), ``w8a16_mma.max_m`` for the W8A16
 kernel on packed MXFP8 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the
 MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper,
 else both operands
@@ -222,8 +224,9 @@ def _with_entry(name: str, changes: dict) -> dict:
 
 
 def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
-    """``{"max_m", "m8_loop", "ring_min_k"}``: the m8 kernel's loops timed at M = 1 on every shape and chosen by
-    :func:`m8_loops` (a batch loop, and the K from which the ring loop is taken); then the largest M of 1, 2, 4,
+    """``{"max_m", "m8_loop", "ring_min_k", "ring2_min_n"}``: the m8 kernel's loops timed at M = 1 on every shape and
+    chosen by :func:`m8_loops` (a batch loop, and the K from which the ring loop is taken) and :func:`ring2_min_n`
+    (the N from which the ring of 2 is); then the largest M of 1, 2, 4,
     ..., 64 at which decode-mma with them beats the dense path, and the wgmma kernel where it runs
     (:func:`_wgmma_rival`), on every shape."""
     from .kernels import matmul as mm

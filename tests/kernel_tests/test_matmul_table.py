@@ -74,7 +74,8 @@ def test_mma_m8_loop_from_the_table():
                                                           (8192, 28672, 9), (4096, 28672, 16), (8192, 8192, 1)]]
         assert got == ["", "g2", "g2", "g", "", "g"]
     assert dense_kernel_name(1, 28672, 4096, torch.bfloat16, False, "g2") == "mxfp4_mma_decode_m8g2_bf16"
-    assert dense_kernel_name(9, 28672, 4096, torch.bfloat16, False, "g2", 132) == "mxfp4_mma_decode_m16n_bf16"
+    with pytest.raises(ValueError, match="up to 8 rows"):
+        dense_kernel_name(9, 28672, 4096, torch.bfloat16, False, "g2", 132)
     assert dense_kernel_name(1, 8192, 8192, torch.bfloat16, False, "g") == "mxfp4_mma_decode_m8g_bf16"
     assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "g", 132) == "mxfp4_mma_decode_m16ng_bf16"
     assert dense_kernel_name(16, 8192, 8192, torch.bfloat16, False, "l") == "mxfp4_mma_decode_m16n_bf16"

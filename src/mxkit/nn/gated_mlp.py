@@ -101,8 +101,10 @@ class MXGatedMLP(_ops.Handled, nn.Module):
     def act(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
+            kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
-                    and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features):
+                    and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features
+                    and kept[0] is self.gate_up._packed and kept[1] is not None):
                 return torch.ops.mxkit.mx_gated_act(x, self._op_handle)
             return self._act_gemm(x)
         return self._act_eager(x)

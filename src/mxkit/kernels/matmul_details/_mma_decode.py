@@ -193,14 +193,17 @@ def bias_flag(bias: Optional[torch.Tensor]) -> int:
 
 def dense_kernel_name(M: int, N: int, K: int, out: torch.dtype, special: bool, m8_loop: str = "",
                       sms: int = 0) -> str:
-    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8, m8l or m8g by
+    """The ``mma_decode.cu`` entry of the dense launch for M rows of an N x K weight (m8, m8l, m8g or m8g2 by
     ``m8_loop``, one of :data:`M8_LOOPS` (:func:`mxkit.kernels.matmul_table.mma_m8_loop`), up to 8 rows, else m16,
     m16l, m16g, m16n or m16ng by :func:`m16_loop`, the ring loops up to 16 rows where ``m8_loop`` is the ring, "g",
     on a GPU of ``sms`` multiprocessors; its block's warps and strips: :func:`kernel_shape`), ``out`` dtype out,
     ``special``: the variant for scale bytes 0 / 255. The m8 kernels split K over the same 4 warps: the same
-    bits."""
+    bits. ValueError for another loop, or for "g2" (an m8 loop only: the m16 kernels have no ring of 2 of their
+    own) past 8 rows."""
     if m8_loop not in M8_LOOPS:
         raise ValueError(f"decode-mma's m8 loop is one of {M8_LOOPS}, got {m8_loop!r}")
+    if m8_loop == "g2" and M > 8:
+        raise ValueError(f"decode-mma's ring of 2 ('g2') runs up to 8 rows, got M = {M}")
     mt = 8 if M <= 8 else 16
     loop = m16_loop(N, K, m8_loop == "g" and M <= 16, sms) if mt == 16 else m8_loop
     return f"mxfp4_mma_decode_m{mt}{loop}_{_OUT_NAMES[out]}{'_special' if special else ''}"

@@ -133,6 +133,27 @@ def test_llama_fused_mlp_logits_equal_the_unfused_model(rng):
         assert torch.equal(model(ids).logits, want)
 
 
+@pytest.mark.parametrize("arch,fused", [("Mistral", True), ("Qwen2", True), ("Qwen3", True), ("Gemma", False)])
+def test_other_hf_decoders(arch, fused, rng):
+    """The other HF decoders the docstring names (Mistral, Qwen2, Qwen3: SiLU-gated MLPs) are fused, with the
+    unfused logits' bytes on the CPU; Gemma's MLP (GELU-tanh) is left alone."""
+    transformers = pytest.importorskip("transformers")
+    cfg_cls, model_cls = (getattr(transformers, f"{arch}{k}", None) for k in ("Config", "ForCausalLM"))
+    if cfg_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {arch}")
+    cfg = cfg_cls(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
+    _seed(rng)
+    model = model_cls(cfg).eval()
+    mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
+    ids = torch.randint(0, 64, (2, 9), generator=rng)
+    with torch.no_grad():
+        want = model(ids).logits
+        assert fuse_gated_mlp(model) == ([f"model.layers.{i}.mlp" for i in range(2)] if fused else [])
+        assert torch.equal(model(ids).logits, want)
+    assert isinstance(model.model.layers[0].mlp, MXGatedMLP) == fused
+
+
 def test_gated_act_custom_op(rng):
     """``mxkit::mx_gated_act`` gives ``act(x)``'s bytes eagerly and under torch.compile (aot_eager: no compiler on
     the CPU); its fake has the (..., I) shape."""

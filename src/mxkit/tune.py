@@ -9,11 +9,10 @@ tensor-core decode kernel on packed MXFP4 weights, against the faster of the den
 kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
 kernel up to 8 rows that is faster at M = 1, ``decode_mma.ring_min_k``, the K from which its ring loop is
 faster, and ``decode_mma.ring2_min_n``, the N from which its ring of 2 is faster still, judged at M = 1 on the
-shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide); at 9-16 rows the m16 kernels take their ring loops from the same
-K), ``w8a16_mma.max_m`` for the W8A16
-kernel on packed MXFP8 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the
-MXFP8 × MXFP8 kernel on packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper,
-else both operands
+shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide); at 9-16 rows
+the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
+weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
+packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
 dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
 (``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
 (the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of

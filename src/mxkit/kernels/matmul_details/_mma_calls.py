@@ -153,7 +153,8 @@ class MmaCall:
     def __init__(self, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple, out: torch.dtype):
         from ._mma_decode import MmaDecode
 
-        self._rows(MmaDecode.of(b, M, out, mma_m8_loop(b.device, b.shape[1], b.shape[0], M)), b, M, a_shape, a_stride)
+        loop = mma_m8_loop(b.device, b.shape[1], b.shape[0], M)
+        self._rows(MmaDecode.of(b, M, out, loop), b, M, a_shape, a_stride)
 
     def _rows(self, run, b: PackedWeight, M: int, a_shape: tuple, a_stride: tuple) -> None:
         self.run = run

@@ -102,16 +102,13 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
-            if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
-                    and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features
-                    and kept[0] is self.gate_up._packed and kept[1] is not None):
+            if self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None:
                 return torch.ops.mxkit.mx_gated_act(x, self._op_handle)
             return self._act_gemm(x)
         return self._act_eager(x)
 
     def _act_eager(self, x: torch.Tensor) -> torch.Tensor:
-        if (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
-                and x.dim() and x.numel() == x.shape[-1] == self.gate_up.in_features):  # (one row: see above)
+        if self._one_row(x):
             launch = self._launch()
             x2 = x.reshape(1, x.shape[-1])
             if launch is not None and _mma_decode.rows_ok(x2) and x.device == launch[0].device:
@@ -124,6 +121,11 @@ class MXGatedMLP(_ops.Handled, nn.Module):
                 _mma_decode.swiglu_mma(x2, q, s, special, 2 * I, x2.shape[1], ids, out)
                 return out.view(*x.shape[:-1], I)
         return self._act_gemm(x)
+
+    def _one_row(self, x) -> bool:
+        """Whether ``x`` is one bf16 row of ``in_features`` on CUDA without gradients: the one-launch path's input."""
+        return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.bfloat16 and not needs_grad(x)
+                and x.dim() > 0 and x.numel() == x.shape[-1] == self.gate_up.in_features)
 
     def _act_gemm(self, x: torch.Tensor) -> torch.Tensor:
         y = self.gate_up(x).unflatten(-1, (self.intermediate_size, 2))

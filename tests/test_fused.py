@@ -397,7 +397,8 @@ def test_fused_model_under_vmap(rng):
 
 def test_fuse_siblings_rejects_malformed_groups(rng):
     """A flat tuple of names (one group, not a list of groups) iterated the names' characters and fused nothing;
-    a str group or a non-str name raises TypeError with the right form, before the model is touched."""
+    a str group, a non-str name, groups that are not iterable or a model that is not a module raise TypeError with
+    the right form, a group naming a layer twice ValueError, before the model is touched."""
     model = _model(g=rng)
     mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
     before = dict(model.named_modules())
@@ -406,6 +407,12 @@ def test_fuse_siblings_rejects_malformed_groups(rng):
             fuse_siblings(model, bad)
     with pytest.raises(TypeError, match=r"pass \[names\]"):
         fuse_siblings(model, ("q_proj", "k_proj", "v_proj"))
+    with pytest.raises(TypeError, match="got 5"):  # (was: 'int' object is not iterable)
+        fuse_siblings(model, 5)
+    with pytest.raises(ValueError, match="names a layer more than once"):  # (fused a layer with itself: 2x memory)
+        fuse_siblings(model, [("q_proj", "q_proj")])
+    with pytest.raises(TypeError, match="takes an nn.Module, got list"):
+        fuse_siblings([model])
     assert dict(model.named_modules()) == before
     # the right forms: a list of groups, one group in a list, a generator of lists
     want = ["0.q_proj_k_proj_v_proj", "1.q_proj_k_proj_v_proj"]

@@ -116,6 +116,20 @@ def test_fuse_gated_mlp_replaces_a_shared_module_once(rng):
     assert isinstance(root.a[0], MXGatedMLP) and root.a[0] is root.b[0]
 
 
+def test_fuse_gated_mlp_names_bad_arguments(rng):
+    """names that are not three str (a str was unpacked into its characters and fused nothing; two names raised
+    Python's unpacking error) and a model that is not a module raise TypeError naming them."""
+    _seed(rng)
+    mlp = nn.Sequential(_MLP(64, 32))
+    mxkit.quantize_model(mlp, "mxfp4", progress=False, compute_qsnr=False)
+    for bad in ("gud", ("gate_proj", "up_proj"), ("gate_proj", "up_proj", 3)):
+        with pytest.raises(TypeError, match="names must be the three child names"):
+            fuse_gated_mlp(mlp, names=bad)
+    with pytest.raises(TypeError, match="takes an nn.Module, got list"):
+        fuse_gated_mlp([mlp])
+    assert fuse_gated_mlp(mlp, names=["gate_proj", "up_proj", "down_proj"]) == ["0"]
+
+
 def test_llama_fused_mlp_logits_equal_the_unfused_model(rng):
     """An HF Llama decoder built from a config: ``fuse_gated_mlp`` then ``fuse_siblings`` (q / k / v) gives the
     unfused quantized model's logits byte for byte on the CPU; the MLPs' gate / up are not also a FusedMXLinear."""

@@ -155,13 +155,20 @@ def test_synthetic_weights_are_valid_and_fresh(tmp_path, rng):
 
 
 def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
-    """A non-positive size is named as write_synthetic_gpt_oss's (the message named a config.json the caller never
-    wrote), nothing is written, and a dst holding a config.json is refused with FileExistsError (documented)."""
+    """A size that is not a positive int (the attention's included: a str, None or 0 heads used to fail inside
+    the arithmetic or write a directory transformers cannot load) is named as write_synthetic_gpt_oss's (the
+    message named a config.json the caller never wrote), nothing is written, and a dst holding a config.json is
+    refused with FileExistsError (documented)."""
     for kw, key in ((dict(hidden_size=0), "hidden_size=0"), (dict(num_layers=0), "num_hidden_layers=0"),
-                    (dict(intermediate_size=-32), "intermediate_size=-32")):
+                    (dict(intermediate_size=-32), "intermediate_size=-32"), (dict(hidden_size="64"), "hidden_size='64'"),
+                    (dict(vocab_size=None), "vocab_size=None"), (dict(num_attention_heads=-1), "num_attention_heads=-1"),
+                    (dict(head_dim=0), "head_dim=0"), (dict(num_key_value_heads=True), "num_key_value_heads=True")):
         with pytest.raises(CheckpointError, match=rf"^write_synthetic_gpt_oss's sizes: {key} \(need positive"):
             _write(tmp_path, rng, "bad", **kw)
         assert not (tmp_path / "bad" / "config.json").exists()
+    with pytest.raises(ValueError, match="must be a multiple of num_key_value_heads=3"):  # (transformers' GQA)
+        _write(tmp_path, rng, "bad", num_attention_heads=4, num_key_value_heads=3)
+    assert not (tmp_path / "bad" / "config.json").exists()
     root = _write(tmp_path, rng, num_layers=1)
     with pytest.raises(FileExistsError, match="already holds a config.json"):
         _write(tmp_path, rng, num_layers=1)
@@ -208,6 +215,8 @@ def test_load_some_layers_and_progress_bar(tmp_path, rng, capsys):
     for bad in ([1.7], [True], "1", 1):
         with pytest.raises(TypeError, match="layers must"):
             gpt_oss.load_gpt_oss(root, layers=bad, progress=False)
+    with pytest.raises(ValueError, match="names a layer more than once"):  # (save_gpt_oss then refused it)
+        gpt_oss.load_gpt_oss(root, layers=[0, 0], progress=False)
     assert [m.layer for m in gpt_oss.load_gpt_oss(root, layers=(np.int64(1),), progress=False).layers] == [1]
 
 
@@ -226,6 +235,8 @@ def test_nibble_order_and_e8m0_scale_by_hand():
     assert back_scales is scales
     with pytest.raises(CheckpointError, match="do not pair"):
         gpt_oss.mxtensor_from_blocks(blocks, scales[..., :1])
+    with pytest.raises(CheckpointError, match="blocks must be a torch.Tensor, got list"):
+        gpt_oss.mxtensor_from_blocks([0] * 16, scales)
     with pytest.raises(CheckpointError, match="GPT-OSS stores mxfp4_e2m1 along the last axis"):
         gpt_oss.blocks_from_mxtensor(mxkit.quantize(torch.randn(4, 64), "mxfp8"))
 

@@ -513,3 +513,29 @@ def test_moe_op_edges_from_an_audit(rng, monkeypatch):
         grouped_matmul_reference(x, wg, bad, expert_ids, 16, k)
     with pytest.raises(TypeError):
         moe_reference(x, wg, b1, wd, b2, w, ids, intermediate_dtype=torch.int32)
+
+
+def test_bad_names_and_settings_from_the_session_78_audit(rng):
+    """moe_w4a8 / moe_mxfp4 refuse an unknown backend with a gradient to give and with no tokens (both returned a
+    result before); MXMoE names a routing / activation / backend that is not a str (a list raised 'unhashable')
+    and a dtype that is not floating (torch's own error named no argument); route refuses a renormalize that is not
+    a bool (the str 'no' read as True)."""
+    E, k = 4, 2
+    wg = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    wd = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    x, logits = torch.randn(3, H, generator=rng), torch.randn(3, E, generator=rng)
+    for fn in (moe_op.moe_w4a8, moe_op.moe_mxfp4):
+        for xx, lg in ((x.detach(), logits.clone().requires_grad_()), (x[:0], logits[:0])):
+            with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+                fn(xx, wg, None, wd, None, lg, k, backend="bogus")
+    assert moe_op.moe_w4a8(x, wg, None, wd, None, logits, k, backend="reference").shape == (3, H)
+    for kw, err, match in ((dict(activation=["swiglu"]), ValueError, "activation"),
+                           (dict(routing=("gpt_oss",)), ValueError, "routing"),
+                           (dict(backend=None), ValueError, "backend"),
+                           (dict(dtype=torch.int32), TypeError, "dtype")):
+        with pytest.raises(err, match=match):
+            MXMoE(H, I, E, k, "mxfp4", **kw)
+    with pytest.raises(TypeError, match="renormalize must be a bool"):
+        route(logits, k, mode="softmax_topk", renormalize="no")
+    w, ids = route(logits, k, mode="softmax_topk", renormalize=True)
+    assert torch.allclose(w.sum(1), torch.ones(3))

@@ -278,6 +278,9 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
         MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")(torch.zeros(0, 64, dtype=torch.int32))
     with pytest.raises(TypeError, match="linear.weight is torch.float64"):
         MXLinear.from_linear(nn.Linear(64, 16).double(), "mxfp4")
+    for bias in (True, False):  # (torch's own error, with the bias, named no argument; without, none was raised)
+        with pytest.raises(TypeError, match="dtype=torch.int32 must be a floating torch.dtype"):
+            MXLinear(64, 16, "mxfp4", bias=bias, dtype=torch.int32)
 
 
 def test_autocast_leaves_the_arithmetic_alone(rng):

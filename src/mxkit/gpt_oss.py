@@ -246,9 +246,11 @@ def mxtensor_from_blocks(blocks: torch.Tensor, scales: torch.Tensor, name: str =
     scales: uint8 (..., G), E8M0.
     Returns MXTensor ``mxfp4_e2m1`` of logical shape (..., 32·G), axis last, block 32: ``qdata`` (..., 16·G) is
     ``blocks`` reshaped (a view when ``blocks`` is contiguous, as safetensors tensors are), ``scale`` is ``scales``.
-    Raises CheckpointError (naming ``name``) for another dtype or shapes that do not pair.
+    Raises CheckpointError (naming ``name``) for a non-tensor, another dtype or shapes that do not pair.
     """
     for what, t in (("blocks", blocks), ("scales", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{name}: {what} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.uint8:
             raise CheckpointError(f"{name}: {what} must be uint8, got {t.dtype}")
     if blocks.dim() < 2 or blocks.shape[-1] != BLOCK_BYTES or tuple(blocks.shape[:-1]) != tuple(scales.shape):
@@ -446,6 +448,8 @@ def _layer_list(layers: Optional[Iterable[int]], dims: GptOssDims) -> list[int]:
     bad = [i for i in idx if not 0 <= i < dims.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range for num_hidden_layers={dims.num_layers}")
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"layers {idx} names a layer more than once")
     return idx
 
 
@@ -460,7 +464,7 @@ def load_gpt_oss(path: Union[str, Path], *, layers: Optional[Iterable[int]] = No
     Raises CheckpointError (a ValueError) for: no / unreadable / non-GPT-OSS / non-MXFP4 config.json; a missing
     shard, a truncated or corrupt file (naming the file); a missing tensor, a wrong shape (against config.json) or
     dtype (uint8 for blocks and scales, BF16 / F16 / F32 for biases and router) (naming the tensor and file).
-    ValueError for a layer index out of range, TypeError for ``layers`` that is not an iterable of ints.
+    ValueError for a layer index out of range or named twice, TypeError for ``layers`` that is not an iterable of ints.
     """
     from tqdm.auto import tqdm
 
@@ -822,16 +826,26 @@ def write_synthetic_gpt_oss(
     num_attention_heads / num_key_value_heads / head_dim: the attention's shapes in config.json and the q / k /
     v / o tensors (GPT-OSS-20B's 64 / 8 / 64). seed: None draws a fresh one. progress: a tqdm bar over the
     layers written. ``dst`` is created (it must not hold a config.json already).
-    Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``;
-    :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
-    ``intermediate_size`` or ``vocab_size`` that is not a positive int (named by its config.json key:
-    ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst``
-    already holds a config.json.
+    Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
+    or heads that are not a multiple of the k / v heads; :class:`CheckpointError` (a ValueError) for a
+    ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``, ``intermediate_size``, ``vocab_size`` or attention
+    size that is not a positive int (named by its config.json key: ``num_hidden_layers``, ``num_local_experts``,
+    ``num_experts_per_tok``, ...); FileExistsError when ``dst`` already holds a config.json.
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     dst = Path(dst)
+    sizes = {"num_hidden_layers": num_layers, "num_local_experts": num_experts, "num_experts_per_tok": top_k,
+             "hidden_size": hidden_size, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
+             "num_attention_heads": num_attention_heads, "num_key_value_heads": num_key_value_heads,
+             "head_dim": head_dim}  # (checked before any arithmetic on them: a str or None raised from inside it)
+    bad = [f"{k}={n!r}" for k, n in sizes.items() if isinstance(n, bool) or not isinstance(n, int) or n <= 0]
+    if bad:
+        raise CheckpointError(f"write_synthetic_gpt_oss's sizes: {', '.join(bad)} (need positive integers)")
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(f"{num_attention_heads=} must be a multiple of {num_key_value_heads=} (grouped-query "
+                         f"attention shares each k / v head among a whole number of q heads)")
     lo, hi = scale_range
     if not 0 <= lo <= hi <= 254:
         raise ValueError(f"scale_range={scale_range} must be finite E8M0 bytes lo <= hi in 0..254")

@@ -392,6 +392,7 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     backend, FP4 / FP6 experts that fold; ``folded`` None: folded here) or ``run_reference``. No tokens: an empty
     result."""
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
+    resolved = resolve_moe_backend(backend, x.device)  # (the same refusals with a gradient and with no tokens)
     lead, H = x.shape[:-1], x.shape[-1]
     E = check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation).E_local
     if router_logits.shape[-1] != E:  # (the ids index the experts: routing over other experts is a caller's bug)
@@ -410,7 +411,7 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     if x2.shape[0] == 0:
         return _no_tokens(x, b_gate_up, b_down, router_logits)
     grad = needs_grad(x, b_gate_up, b_down, router_logits)
-    if not grad and resolve_moe_backend(backend, x.device) == "triton" and w_gate_up.fmt.bits in (4, 6):
+    if not grad and resolved == "triton" and w_gate_up.fmt.bits in (4, 6):
         from .kernels.moe import fold_experts
 
         if folded is None:

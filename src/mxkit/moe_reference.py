@@ -124,8 +124,9 @@ def route(
     makes that token's weights NaN, as a NaN logit does; -inf logits next to finite ones get weight 0.
 
     Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)`` on the logits' device.
-    Raises TypeError for a non-float tensor, ValueError for a shape other than (T, E), a ``top_k`` outside
-    [1, E], an unknown ``mode`` or ``renormalize=True`` with ``mode="gpt_oss"`` (its weights sum to 1).
+    Raises TypeError for a non-float tensor or a non-bool ``renormalize``, ValueError for a shape other than
+    (T, E), a ``top_k`` outside [1, E], an unknown ``mode`` or ``renormalize=True`` with ``mode="gpt_oss"`` (its
+    weights sum to 1).
     """
     if not isinstance(router_logits, torch.Tensor) or router_logits.dtype not in _FLOATS:
         raise TypeError(f"router_logits must be a float tensor, got {getattr(router_logits, 'dtype', router_logits)}")
@@ -133,6 +134,8 @@ def route(
         raise ValueError(f"router_logits must be (T, E), got shape {tuple(router_logits.shape)}")
     if mode not in ROUTING_MODES:
         raise ValueError(f"unknown routing mode={mode!r}; known: {', '.join(ROUTING_MODES)}")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {renormalize!r}")
     if renormalize and mode == "gpt_oss":
         raise ValueError("renormalize=True applies to mode='softmax_topk' (gpt_oss weights already sum to 1)")
     top_k = _check_top_k(top_k, router_logits.shape[1])

@@ -200,8 +200,12 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
     each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the parent
     already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects under
-    both) get one group, registered on both, as the members were. Raises TypeError when a group is a str or holds anything but
-    str names (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple)."""
+    both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
+    an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names
+    (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a
+    group that names a layer twice."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fuse_siblings takes an nn.Module, got {type(model).__name__}")
     groups = _check_groups(groups)
     done = []
     made = {}  # (id of each member, ...) -> its FusedMXLinear: members shared by two parents fused once
@@ -236,6 +240,8 @@ def _check_groups(groups) -> list[tuple[str, ...]]:
     example = "e.g. [('q_proj', 'k_proj', 'v_proj'), ('gate_proj', 'up_proj')]"
     if isinstance(groups, (str, bytes)):
         raise TypeError(f"fuse_siblings takes a list of groups of sibling names, {example}; got the str {groups!r}")
+    if not isinstance(groups, abc.Iterable):
+        raise TypeError(f"fuse_siblings takes a list of groups of sibling names, {example}; got {groups!r}")
     out = []
     for names in groups:
         ok = not isinstance(names, (str, bytes)) and isinstance(names, abc.Iterable)
@@ -244,5 +250,7 @@ def _check_groups(groups) -> list[tuple[str, ...]]:
             flat = " (one flat tuple of names is one group: pass [names])" if isinstance(names, str) else ""
             raise TypeError(f"fuse_siblings takes a list of groups of sibling names, {example}; got the group "
                             f"{names!r}{flat}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"fuse_siblings: the group {names!r} names a layer more than once")
         out.append(names)
     return out

@@ -171,7 +171,14 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
     own are left alone, and so are a forward patched on the instance and modules or members with hooks). The
     check reads names, not the computation: a forward that combines the same four otherwise would be replaced.
     Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
-    after loading weights (the state_dict then holds ``gate_up``)."""
+    after loading weights (the state_dict then holds ``gate_up``). Raises TypeError for a ``model`` that is not an
+    nn.Module or ``names`` that are not three str."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fuse_gated_mlp takes an nn.Module, got {type(model).__name__}")
+    if (isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list))
+            or len(names) != 3 or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"names must be the three child names (gate, up, down), e.g. {GATED_MLP_NAMES}; "
+                        f"got {names!r}")
     gate_n, up_n, down_n = names
     allowed = {gate_n, up_n, down_n, "act_fn"}
     done, made = [], {}  # made: id of a replaced module -> its MXGatedMLP (a module at two paths: one)

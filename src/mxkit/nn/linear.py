@@ -101,7 +101,8 @@ class MXLinear(_ops.Handled, nn.Module):
     ``grad_y @ dequantize(W)``, ``act_format``'s quantization passed straight through); the forward's result is
     the same with or without them.
     Raises ValueError if ``in_features`` or ``out_features`` is not positive, ``in_features % block_size != 0``,
-    or ``block_size`` is not a positive multiple of the formats' packing; ``load_state_dict`` raises TypeError for
+    or ``block_size`` is not a positive multiple of the formats' packing, TypeError for a ``dtype`` that is not a
+    floating torch.dtype; ``load_state_dict`` raises TypeError for
     ``weight_qdata`` / ``weight_scale`` that are not uint8, and ValueError for bytes saved from a layer of another
     format or block size (:func:`check_format`: the state_dict's metadata names them; a state_dict without it,
     such as a safetensors file's, holds the bytes only, and bytes of another format of the same width would load
@@ -140,6 +141,8 @@ class MXLinear(_ops.Handled, nn.Module):
         self.scale_mode = ScaleMode.parse(scale_mode)
         self.rounding = Rounding.parse(rounding)
         self.block_size = block_size
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the bias's)")
         if dense_cache not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
         self.dense_cache = dense_cache

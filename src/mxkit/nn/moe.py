@@ -139,9 +139,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.
-    Raises TypeError for a hidden_size / intermediate_size / num_experts that is not an int, ValueError for one
-    that is not positive, a ``block_size`` that is not a positive int (or not a multiple of the element packing of
-    ``weight_format``), sizes that are not multiples of ``block_size``, a bad ``top_k``, unknown names. forward
+    Raises TypeError for a hidden_size / intermediate_size / num_experts that is not an int (ValueError for one
+    that is not positive) or a ``dtype`` that is not a floating torch.dtype; ValueError for a ``block_size`` that
+    is not a positive int (or not a multiple of the element packing of ``weight_format``), sizes that are not
+    multiples of ``block_size``, a bad ``top_k``, unknown names (or names that are not str). forward
     raises TypeError for an x that is not a tensor, ValueError for a 0-d x or one whose last dim is not H.
     """
 
@@ -186,11 +187,11 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 raise ValueError(f"{name}={v} must be a multiple of {block_size=} for MXMoE")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= E:
             raise ValueError(f"top_k={top_k!r} must be an int in [1, num_experts={E}]")
-        if routing not in ROUTING_MODES:
+        if not isinstance(routing, str) or routing not in ROUTING_MODES:
             raise ValueError(f"unknown routing={routing!r}; known: {', '.join(ROUTING_MODES)}")
-        if activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation={activation!r}; known: {', '.join(ACTIVATIONS)}")
-        if backend not in MOE_BACKENDS:
+        if not isinstance(backend, str) or backend not in MOE_BACKENDS:
             raise ValueError(f"unknown backend={backend!r}; known: {', '.join(MOE_BACKENDS)}")
         lo, hi = _check_expert_range(expert_range, E)
         if act is not None and (lo, hi) != (0, E):
@@ -219,6 +220,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.block_size = block_size
         self.ep_ranges: Optional[list[tuple[int, int]]] = None  # set by shard_experts: every rank's range
         self.ep_group = None
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the router and biases)")
         f = dict(device=device, dtype=dtype or torch.float32)
         self.router = nn.Linear(H, E, bias=router_bias, **f)
         for name, shape in zip(_EXPERTS, self._expert_shapes(hi - lo)):

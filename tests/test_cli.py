@@ -215,6 +215,30 @@ def test_inspect_directory_and_mxkit_buffers(tmp_path, capsys):
     assert "model.safetensors" not in out  # --match filtered the second file's tensors out
 
 
+def test_inspect_other_block_sizes(tmp_path, capsys):
+    """A safetensors file does not record the block size: MXLinear bytes at blocks of 64 / 16 showed a logical
+    shape computed at 32 ([64, 128] and [64, 512] for a 64 x 256 weight); now the shape is unknown unless
+    --block-size says it, and with it the format and shape are right."""
+    sd = {}
+    for fmt, bs in (("mxfp8", 64), ("mxfp4", 16)):
+        m = mxkit.nn.MXLinear.from_linear(torch.nn.Linear(256, 64), fmt, block_size=bs)
+        sd.update({f"{fmt}.{k}": v.contiguous() for k, v in m.state_dict().items()})
+    path = tmp_path / "a.safetensors"
+    safetensors_torch.save_file(sd, str(path))
+    for args, fp8, fp4 in (([], "? (64 B/block) data", "? (8 B/block) data"),
+                           (["--block-size", "64"], "mxfp8 (e4m3|e5m2) or mxint8 data", None),
+                           (["--block-size", "16"], None, "mxfp4_e2m1 data")):
+        assert cli.main(["inspect", str(path), "--plain", *args]) == 0
+        lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[3:] if ln.strip()}
+        for name, want in (("mxfp8.weight_qdata", fp8), ("mxfp4.weight_qdata", fp4)):
+            if want is None:
+                assert "logical [64, 256]" not in lines[name], name
+                continue
+            assert want in lines[name], (name, lines[name])
+            assert ("logical [64, 256]" in lines[name]) == (not want.startswith("?")), (name, lines[name])
+            assert ("logical shape unknown" in lines[name]) == want.startswith("?"), (name, lines[name])
+
+
 def test_inspect_empty_tensors(tmp_path, capsys):
     """An empty float tensor is a row that says so (the listing goes on); an empty MX pair has no scales."""
     path = tmp_path / "e.safetensors"

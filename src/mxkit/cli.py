@@ -147,8 +147,8 @@ def _cmd_eval(args) -> int:
 
 # (data suffix, scale suffix): GPT-OSS / HF MXFP4 checkpoints, and mxkit's MXLinear buffers
 _PAIR_SUFFIXES = (("_blocks", "_scales"), (".blocks", ".scales"), ("_qdata", "_scale"))
-# bytes per 32-element block → what it can be
-_BYTES_PER_BLOCK = {16: "mxfp4_e2m1", 24: "mxfp6 (e2m3|e3m2)", 32: "mxfp8 (e4m3|e5m2) or mxint8"}
+# bits per element (a block's bytes x 8 / its elements) → what it can be
+_FORMATS_OF_BITS = {4: "mxfp4_e2m1", 6: "mxfp6 (e2m3|e3m2)", 8: "mxfp8 (e4m3|e5m2) or mxint8"}
 
 
 def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int = 32) -> dict[str, dict]:
@@ -157,8 +157,10 @@ def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int 
     Recognised: ``X_blocks`` uint8 ``[..., G, B]`` + ``X_scales`` uint8 ``[..., G]`` (GPT-OSS: B = 16,
     32 E2M1 codes per 16 bytes, low nibble first) and ``X_qdata`` uint8 ``[..., G·B]`` + ``X_scale`` uint8
     ``[..., G]`` (mxkit MXLinear buffers). B bytes per block of ``block_size`` elements gives the element
-    width (16 → FP4, 24 → FP6, 32 → FP8 / INT8). Returns ``{data_name: {"scales": name, "format": str,
-    "logical_shape": tuple, "bytes_per_block": B}}``.
+    width (at 32: 16 → FP4, 24 → FP6, 32 → FP8 / INT8). Returns ``{data_name: {"scales": name, "format": str,
+    "logical_shape": tuple or None, "bytes_per_block": B}}``: the shape is None where B is none of those (the
+    bytes are not an MX format at ``block_size``, or were written at another block size: a safetensors file does
+    not record it).
     """
     pairs = {}
     for name, (shape, dtype) in meta.items():
@@ -178,9 +180,10 @@ def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int 
                 continue
             if bpb * 8 % block_size:
                 continue
-            logical = sshape[:-1] + (sshape[-1] * block_size,)
-            pairs[name] = {"scales": sname, "format": _BYTES_PER_BLOCK.get(bpb, f"? ({bpb} B/block)"),
-                           "logical_shape": logical, "bytes_per_block": bpb}
+            fmt = _FORMATS_OF_BITS.get(bpb * 8 // block_size)
+            logical = sshape[:-1] + (sshape[-1] * block_size,) if fmt else None
+            pairs[name] = {"scales": sname, "format": fmt or f"? ({bpb} B/block)", "logical_shape": logical,
+                           "bytes_per_block": bpb}
     return pairs
 
 
@@ -269,7 +272,7 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
     from .ops import dequantize, quantize
 
     rows = []
-    pairs = find_mx_pairs(meta)
+    pairs = find_mx_pairs(meta, args.block_size)
     partners = {p["scales"] for p in pairs.values()}
     for name in sorted(meta):
         if args.match and not fnmatch.fnmatchcase(name, args.match):
@@ -281,8 +284,11 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
         if name in pairs:
             p = pairs[name]
             row["mx"] = f"{p['format']} data"
-            row["note"] = (f"logical {list(p['logical_shape'])}, scales {p['scales']}: "
-                           f"{_scale_summary(tensor(p['scales']))}")
+            shape_note = (f"logical {list(p['logical_shape'])}" if p["logical_shape"] is not None else
+                          f"logical shape unknown ({p['bytes_per_block']} B a block of {args.block_size}: another "
+                          f"--block-size?)")
+            row["note"] = f"{shape_note}, scales {p['scales']}: {_scale_summary(tensor(p['scales']))}"
+
         elif name in partners:
             row["mx"] = "E8M0 scales"
         elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:
@@ -359,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default=None, help="report the QSNR of float tensors quantized to this format")
     p.add_argument("--scale-mode", default="floor", help="scale mode for --format (default floor)")
     p.add_argument("--match", default=None, help="only tensors whose name matches this fnmatch pattern")
+    p.add_argument("--block-size", type=int, default=32,
+                   help="elements per scale of the MX pairs (default 32; a safetensors file does not record it)")
     p.add_argument("--plain", action="store_true", help="plain text table (no rich)")
     p.set_defaults(func=_cmd_inspect)
 

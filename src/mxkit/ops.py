@@ -241,8 +241,8 @@ def matmul(
     b: MXTensor (N, K) along K, or a :class:`mxkit.PackedWeight` (:func:`pack_weight`: pack once, call many).
     bias: optional (N,), added in float32 before the output rounding.
     out_dtype: float32 | bfloat16 | float16 | float64; default ``a.dtype`` for a float ``a``, bfloat16 otherwise.
-    backend: ``"auto"`` | ``"triton"`` (the GPU paths; on CPU operands the reference, as ``"auto"``) |
-      ``"reference"``.
+    backend: ``"auto"`` | ``"triton"`` (the GPU paths; on CPU operands the same plans run from CPU parts:
+      the fold's reference, CPU ``_scaled_mm``, with the reference's bytes) | ``"reference"``.
     Returns (..., N); K = 0 gives the empty sum (zeros, plus the bias). On CUDA the path is chosen by
     :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: the
     MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (the tests'
@@ -257,7 +257,8 @@ def matmul(
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` (full float32 too) and ``grad_y`` summed; the MX weight is frozen (its bytes
     take none).
-    Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes or an unknown backend.
+    Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes, an unknown backend,
+    or a bias that is not a float tensor of shape (N,).
     """
     d = (a.device if a.is_cuda and elsewhere(a) else None) if type(a) is torch.Tensor else other_device(b)
     if d is not None:

@@ -1045,6 +1045,8 @@ def test_mxmoe_errors():
     assert m(torch.randn(3, H, dtype=torch.float64)).dtype == torch.float64  # (the reference path, documented)
     with pytest.raises(ValueError, match="no GptOssMLP"):
         swap_gpt_oss_moe(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(TypeError, match="takes an nn.Module, got list"):  # (was: 'list' has no 'named_modules')
+        swap_gpt_oss_moe([nn.Linear(4, 4)])
 
 
 def tiny_gpt_oss(rng):

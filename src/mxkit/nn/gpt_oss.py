@@ -26,8 +26,11 @@ def swap_gpt_oss_moe(model: nn.Module, weight_format: FormatLike = "mxfp4", **kw
     The swapped model still records ``router_logits`` (``output_router_logits=True``, and so the router's
     auxiliary loss): each MXMoE's ``logits_recorder`` is a :class:`GptOssRouterLogits`, the module class
     transformers' output recorder hooks, called with the layer's (T, E) logits. Raises ImportError without
-    transformers' GPT-OSS, ValueError if the model has no GptOssMLP.
+    transformers' GPT-OSS, TypeError for a ``model`` that is not an nn.Module, ValueError if the model has no
+    GptOssMLP.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"swap_gpt_oss_moe takes an nn.Module, got {type(model).__name__}")
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
     names = [n for n, m in model.named_modules() if isinstance(m, GptOssMLP)]

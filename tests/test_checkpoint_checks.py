@@ -373,16 +373,23 @@ def test_fp8_rowwise_of_k0_keeps_float32_scales_whatever_the_default_dtype():
 
 def test_packed_weight_to_moves_every_tensor(rng):
     """to(device) moves every tensor (folded data / scale / owner, special_rows, the decode layout, the pending
-    scale statistics), checked on the meta device, the one other device a CPU has."""
+    scale statistics, the dense cache) and drops none, checked on the meta device, the one other device a CPU
+    has."""
     w = mxkit.quantize(torch.randn(64, 128, generator=rng), "mxfp4")
     full, flt = mxkit.pack_weight(w), mxkit.pack_weight(w, act="float")
+    dense = mxkit.pack_weight(w, dense=torch.bfloat16)
     assert full.folded is not None and full.mma_q is not None and isinstance(flt.stats, torch.Tensor)
-    for pw in (full, flt):
+    assert dense.dense is not None
+    for pw in (full, flt, dense):
         m = pw.to("meta")
-        tensors = [m.source.qdata, m.source.scale, m.special_rows, m.mma_q, m.mma_s]
-        if m.folded is not None:
+        # (the optional fields read on the original: one that .to dropped would otherwise go unchecked)
+        for field in ("folded", "stats", "dense", "wide", "mma_q"):
+            assert (getattr(m, field) is None) == (getattr(pw, field) is None), field
+        tensors = [m.source.qdata, m.source.scale, m.special_rows]
+        tensors += [t for t in (m.mma_q, m.mma_s, m.dense, m.wide) if t is not None]
+        if pw.folded is not None:
             tensors += [m.folded.data, m.folded.scale, m.folded.owner]
-        if isinstance(m.stats, torch.Tensor):
+        if isinstance(pw.stats, torch.Tensor):
             tensors.append(m.stats)
         assert all(t.device.type == "meta" for t in tensors), [t.device for t in tensors]
 

@@ -370,5 +370,6 @@ def test_codecs_ignore_torch_default_device(rng):
                mxkit.quantize(x, "mxfp4", scale_layout="nvidia_128x4")]
     for a, b in zip(got, want):
         assert a.qdata.device.type == "cpu"
-        assert_bytes_equal(a.qdata, b.qdata) and assert_bytes_equal(a.scale, b.scale)
+        assert_bytes_equal(a.qdata, b.qdata)  # (two statements: it returns None, so `and` skipped the scale)
+        assert_bytes_equal(a.scale, b.scale)
 

@@ -432,6 +432,11 @@ def test_w4a8_reference_keeps_rows_of_fp32_denormals():
     d, s = quantize_fp8_rowwise_reference(v.float())
     got = _fp8_rowwise_values(v)
     assert torch.isfinite(got).all() and torch.equal(got, d.double() * s.double())
+    # by hand (the line above is the rule against itself): row 0's scale is the floor 2^-149, so its codes are the
+    # values in units of 2^-149 (1e-43 is 71.4 of them: E4M3's 72); row 1's scale is 3 / 448 in float32
+    assert got[0].tolist() == [2.0**-149, 0.0, -(2.0**-148), 72 * 2.0**-149]
+    s1 = float(torch.tensor(3.0 / 448, dtype=torch.float32))
+    assert got[1].tolist() == [144 * s1, -448 * s1, 36 * s1, 0.0]
 
 
 def test_moe_reference_bf16_and_intermediate_rounding(rng):

@@ -224,7 +224,7 @@ def _run_ptx_subset(asm: str, operands: dict) -> dict:
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 @pytest.mark.parametrize("vec,n_out", [(1, 16), (2, 32), (1, 8)])
-def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
+def test_fp6_unit_asm_matches_encode(fmt, vec, n_out, rng):
     """The FP6 unit asm (``_codecs._fp6_units_asm``, inline PTX: GPU only), run instruction by instruction
     on the CPU: for units of scaled elements v * 2^-6 / 2^-12 (every FP6 grid value and every tie between
     neighbours, both signs and signed zeros, fp32-subnormal, saturating and random values), the three words
@@ -235,7 +235,7 @@ def test_fp6_unit_asm_matches_encode(fmt, vec, n_out):
     from mxkit.reference import pack_codes
 
     f = get_format(fmt)
-    g = torch.Generator().manual_seed(7)
+    g = rng
     grid = decode_elements(torch.arange(1 << (f.bits - 1), dtype=torch.uint8), fmt)  # non-negative grid
     mids = (grid[1:] + grid[:-1]) / 2
     vals = torch.cat([grid, mids, torch.tensor([0.0, 2.0**-130, 1e-30, f.max_normal * 1.03, f.max_normal * 2,
@@ -284,7 +284,7 @@ def _fp6_codes_of_words(words):
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
 @pytest.mark.parametrize("cols", [False, True])
-def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
+def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols, rng):
     """The FP6 pairs asm (``_codecs._fp6_pairs_asm``: FP6 straight from bf16 pairs, inline PTX: GPU only), run
     instruction by instruction on the CPU: every bf16 bit pattern under every block exponent X in [-127, 126]
     (rows: a group of 16 elements of one block; columns: the two halves of each word in two columns with
@@ -298,7 +298,7 @@ def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
     f = get_format(fmt)
     asm = _fp6_pairs_asm(f.mbits, cols)
     xs = torch.arange(1 << 16, dtype=torch.int64)
-    g = torch.Generator().manual_seed(13)
+    g = rng
     Xs = torch.arange(-127, 127, dtype=torch.int64)
     n_el = 32 if cols else 16
     for Xc in Xs[torch.randperm(Xs.numel(), generator=g)].split(16):
@@ -339,7 +339,7 @@ def test_fp6_pairs_asm_every_bf16_every_scale(fmt, cols):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
-def test_fp6_group_decode_asm_matches_reference(fmt):
+def test_fp6_group_decode_asm_matches_reference(fmt, rng):
     """The FP6 group decode asm (``_codecs._fp6_group_decode_asm``, inline PTX: GPU only), run instruction
     by instruction on the CPU: random 96-bit groups (every code in every position) with scale bytes over the
     whole E8M0 range (0, 1, 127, 254, 255 included) give the reference's bf16 bits (NaN positions for s = 255,
@@ -349,7 +349,7 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
     from mxkit.tensor import MXTensor
 
     f = get_format(fmt)
-    g = torch.Generator().manual_seed(11)
+    g = rng
     n = 4096
     q = torch.randint(0, 256, (n, 12), generator=g, dtype=torch.uint8)  # one 16-element group per row
     sb = torch.randint(0, 256, (n, 1), generator=g, dtype=torch.uint8)
@@ -369,7 +369,7 @@ def test_fp6_group_decode_asm_matches_reference(fmt):
 
 
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
-def test_fp4_word_decode_asm_matches_reference(out):
+def test_fp4_word_decode_asm_matches_reference(out, rng):
     """The FP4 word decode asm (``_codecs._fp4_word_decode_asm``, inline PTX: GPU only), run instruction by
     instruction on the CPU: every byte (two E2M1 codes) in every byte position of a word under every scale byte
     0-255 (products from 2^-128, bf16-subnormal, to beyond bf16 max, which round to Inf; in fp16 from zero
@@ -380,7 +380,7 @@ def test_fp4_word_decode_asm_matches_reference(out):
     from mxkit.kernels.quantize_details._codecs import _fp4_word_decode_asm
     from mxkit.tensor import MXTensor
 
-    g = torch.Generator().manual_seed(13)
+    g = rng
     b = torch.arange(256, dtype=torch.int64)
     rnd = torch.randint(0, 1 << 32, (4096,), generator=g, dtype=torch.int64)
     # each byte value in each position (the other bytes cycle through other values), under every scale
@@ -416,7 +416,7 @@ def _finite16(x):
     return torch.isfinite((x.to(torch.int32) << 16).view(torch.float32))
 
 
-def test_fp4_elements_asm_every_bf16_every_scale():
+def test_fp4_elements_asm_every_bf16_every_scale(rng):
     """The bf16x2 FP4 encoder (``_codecs._FP4_ELEMENTS_ASM``, inline PTX: GPU only), run instruction by
     instruction on the CPU: for every finite bf16 input and every block exponent X, the four code bytes of
     each asm block (two bf16 pairs; the pairs mix values at random, Inf and NaN included: a pair's two
@@ -427,7 +427,7 @@ def test_fp4_elements_asm_every_bf16_every_scale():
     from mxkit.kernels.quantize_details._codecs import _FP4_ELEMENTS_ASM
 
     xs, Xs = _fp4_asm_cases()
-    g = torch.Generator().manual_seed(5)
+    g = rng
     n = xs.numel() // 4 * 4
     for X in Xs.split(32):
         x = torch.stack([xs[torch.randperm(xs.numel(), generator=g)[:n]] for _ in X])  # [len(X), n] elements
@@ -445,7 +445,7 @@ def test_fp4_elements_asm_every_bf16_every_scale():
                                f"X={int(X[:, None, None].expand_as(x)[bad][0])}: {int(got[bad][0])} vs {int(want[bad][0])}")
 
 
-def test_fp4_pairs_asm_packs_and_masks():
+def test_fp4_pairs_asm_packs_and_masks(rng):
     """The rowwise FP4 pairs asm (``_codecs._FP4_PAIRS_ASM``: four bf16 pairs -> four packed bytes, even
     element in the low nibble, a block's bytes zeroed by its keep mask) on the CPU: every finite bf16 under
     random block exponents, the bytes equal :func:`mxkit.reference.pack_codes` of the reference codes, and 0
@@ -455,7 +455,7 @@ def test_fp4_pairs_asm_packs_and_masks():
     from mxkit.reference import pack_codes
 
     xs, _ = _fp4_asm_cases()
-    g = torch.Generator().manual_seed(6)
+    g = rng
     n = xs.numel() // 8 * 8
     x = torch.cat([xs[torch.randperm(xs.numel(), generator=g)[:n]] for _ in range(4)]).reshape(-1, 4, 2)
     X = torch.randint(-127, 127, (x.shape[0],), generator=g)
@@ -476,7 +476,7 @@ def test_fp4_pairs_asm_packs_and_masks():
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize("keep", [False, True])
-def test_fp8x4_asm_matches_encode(fmt, keep):
+def test_fp8x4_asm_matches_encode(fmt, keep, rng):
     """The FP8 cvt asm (``_codecs._fp8x4_asm``: four fp32 values -> four code bytes in element order; with
     keep, each code zeroed by its own keep word, as ``_cvt_fp8_rn_keep`` masks a NaN / Inf block's codes and
     ``_fp8_words`` makes a unit's word) on the CPU: every FP8 grid value and every tie between neighbours,
@@ -486,7 +486,7 @@ def test_fp8x4_asm_matches_encode(fmt, keep):
     from mxkit.kernels.quantize_details._codecs import _fp8x4_asm
 
     f = get_format(fmt)
-    g = torch.Generator().manual_seed(10)
+    g = rng
     grid = decode_elements(torch.arange(128, dtype=torch.uint8), fmt)
     grid = grid[torch.isfinite(grid)].to(torch.float32)
     mids = (grid[1:] + grid[:-1]) / 2  # exact in fp32: ties
@@ -509,7 +509,7 @@ def test_fp8x4_asm_matches_encode(fmt, keep):
 
 
 @pytest.mark.parametrize("rows", [8, 16])
-def test_fp4_cols_asm_packs_units(rows):
+def test_fp4_cols_asm_packs_units(rows, rng):
     """The columnwise FP4 asm (``_codecs._fp4_cols_asm``: ``rows`` bf16 pairs of two adjacent columns, one
     per row of a packed unit, and their factor pair -> each column's packed unit) on the CPU: random bf16
     inputs (every bit pattern appears; Inf / NaN in one column must not disturb the other) and block
@@ -521,7 +521,7 @@ def test_fp4_cols_asm_packs_units(rows):
     from mxkit.reference import pack_codes
 
     xs, _ = _fp4_asm_cases()
-    g = torch.Generator().manual_seed(8)
+    g = rng
     n = xs.numel() // 4  # asm blocks: every finite bf16 appears 2 * rows / 4 times
     x = torch.cat([xs[torch.randperm(xs.numel(), generator=g)] for _ in range(rows // 2)])[: n * rows * 2]
     x = x.reshape(n, rows, 2)  # [asm block, row j, column c / c + 1]
@@ -546,7 +546,7 @@ def test_fp4_cols_asm_packs_units(rows):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason=SKIP_REASON_CUDA)
-def test_gpu_hmax_abs_every_bf16_class():
+def test_gpu_hmax_abs_every_bf16_class(rng):
     """``_common._hmax_abs`` (max.NaN.xorsign.abs.bf16x2, the FP4 amax step) on the GPU against the integer max of
     the masked halves (torch), for pairs drawn from every bf16 class (+-0, subnormals, normals, max finite, +-Inf, NaNs with any payload):
     after the sign mask, each half is the larger magnitude's exact bits, and any NaN gives a value >= 0x7F81
@@ -561,7 +561,7 @@ def test_gpu_hmax_abs_every_bf16_class():
         rows = tl.program_id(0) * N + tl.arange(0, N)
         tl.store(o_ptr + rows, _block_absmax(tl.load(x_ptr + rows[:, None] * 8 + tl.arange(0, 8)[None, :]), 1))
 
-    g = torch.Generator().manual_seed(11)
+    g = rng
     h = torch.randint(0, 1 << 16, (1 << 16,), generator=g, dtype=torch.int32)
     special = torch.tensor([0, 0x8000, 1, 0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7F81, 0xFFC0,
                             0x7FFF, 0x3F80, 0xBF80], dtype=torch.int32)

@@ -90,12 +90,12 @@ def test_override_replaces_the_choice_and_clears_the_caches():
                              None).consts == plan.consts
     entry = opt_flags.TuningEntry(gpu="Test GPU", path="rows", fmt="mxfp4_e2m1", min_elements=0,
                                   fields=(("rblocks", 2),))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^leave the override by an exception$"):  # (no other RuntimeError)
         with opt_flags.override(table=(entry,)):
             assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 2
             assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1").rblocks == 1
             assert qc(*args, gpu="NVIDIA H100 80GB HBM3") == base  # (the table in force replaces GPU_TUNING)
-            raise RuntimeError
+            raise RuntimeError("leave the override by an exception")
     assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 1
     with pytest.raises(TypeError, match="no_such_field"):
         with opt_flags.override(quantize={"no_such_field": 1}):

@@ -125,10 +125,12 @@ def test_route_dispatch_keeps_the_reference_contract():
     devices = ["cpu"] + (["cuda"] if HAS_CUDA else [])
     for dev in devices:
         x = logits.to(dev)
-        for args, kw, err in [((x, 0), {}, ValueError), ((x, 9), {}, ValueError), ((x[0], 2), {}, ValueError),
-                              ((x.int(), 2), {}, TypeError), ((x, 2), {"mode": "top"}, ValueError),
-                              ((x, 2), {"renormalize": True}, ValueError)]:
-            with pytest.raises(err):
+        for args, kw, err, match in [((x, 0), {}, ValueError, "top_k=0"), ((x, 9), {}, ValueError, "top_k=9"),
+                                     ((x[0], 2), {}, ValueError, r"must be \(T, E\)"),
+                                     ((x.int(), 2), {}, TypeError, "float tensor"),
+                                     ((x, 2), {"mode": "top"}, ValueError, "unknown routing mode='top'"),
+                                     ((x, 2), {"renormalize": True}, ValueError, "renormalize=True applies")]:
+            with pytest.raises(err, match=match):
                 dispatch_route(*args, **kw)
 
 

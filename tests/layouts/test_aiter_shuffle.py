@@ -114,7 +114,7 @@ def test_data_errors():
             to_data_layout(rand_bytes(*shape), "aiter_shuffle")
     out = to_data_layout(q, "aiter_shuffle")
     for bad_shape in [(64, 32), (32, 65), (16, 64), (2048,)]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="shuffled has shape"):
             from_data_layout(out, "aiter_shuffle", bad_shape)
     with pytest.raises(ValueError, match="K-bytes"):  # right numel, shape the layout cannot take
         from_data_layout(out.flatten(), "aiter_shuffle", (128, 16))

@@ -391,6 +391,17 @@ def test_pipeline_checks_bytes_and_computes_ratios():
     ref = [r for r in rows if r.impl == "reference-compiled"]
     assert all(r.us == 40.0 and r.vs_ref == 1.0 and r.compile_s is not None and r.check == "match" for r in ref)
     assert {r.note for r in rows if r.op == "columnwise" and r.shape == "2x32x64"} == {"2-D view 64x64"}
+    assert all(r.floor_bytes == 0 and r.pct_floor is None for r in rows)  # (quantize cases have no weight floor)
+
+    @dataclasses.dataclass(frozen=True)
+    class Floored(type(cases[0])):  # a case with a weight-bytes floor (GemmCase's floor_bytes)
+        def floor_bytes(self) -> int:
+            return 3000
+
+    rows = timing.run_cases([Floored(**{f.name: getattr(cases[0], f.name) for f in dataclasses.fields(cases[0])})],
+                            _ctx(), impls, log=lambda _: None)
+    # 3000 bytes in 10 µs (mxkit) / 40 µs (the reference) at the context's 1000 GB/s copy: 0.3 / 0.075 GB/s
+    assert [r.pct_floor for r in rows] == [pytest.approx(0.03), pytest.approx(0.0075)]
 
 
 def test_compiled_peers_are_per_shape_and_never_dynamic(monkeypatch):

@@ -62,6 +62,9 @@ def test_flops_and_bytes_hand_counted():
     assert bg.GemmCase("w4a8", "ready", M, N, K).nbytes() == M * K + 4 * M + (N * K // 2 + N * K // 32) + 2 * M * N
     assert bg.GemmCase("mxfp6", "ready", M, N, K).nbytes() == (3 * M * K // 4 + M * K // 32) + (
         3 * N * K // 4 + N * K // 32) + 2 * M * N
+    # issue #23's floor: the weight's bytes alone (64x5120x2880 W4A16: 5120 * 2880 * (1/2 + 1/32) = 7,833,600)
+    assert bg.GemmCase("w4a16", "ready", 64, 5120, 2880).floor_bytes() == 7_833_600
+    assert bg.GemmCase("w8a16", "ready", 16, N, K).floor_bytes() == N * K + N * K // 32
 
 
 @pytest.mark.parametrize("argv, needle", [(["--pairs", "mxfp5"], "unknown pair 'mxfp5'"), (["--modes", "cold"], "unknown mode 'cold'"),

@@ -59,7 +59,7 @@ LAYER_MS = (256, 1024, 4096, 8192)
 DEFAULT_SHAPES = (SEED, *SQUARES, *((m, n, k) for n, k in LAYERS.values() for m in LAYER_MS))
 QUICK_SHAPES = (*SQUARES, *((1024, n, k) for n, k in list(LAYERS.values())[:2]))
 # issue #23's decode targets: M = 1 / 16 / 64 on 8192^2 and the Llama-3-70B / GPT-OSS layers, where the weight's
-# bytes are the cost ("% of copy" is then the weight-bytes floor's share)
+# bytes are the cost ("% of floor": the weight's bytes alone at copy bandwidth; "% of copy" counts a and y too)
 DECODE_MS = (1, 16, 64)
 DECODE_SHAPES = tuple((m, n, k) for n, k in ((8192, 8192), *LAYERS.values()) for m in DECODE_MS)
 DECODE_PAIRS = ("w4a16", "w8a16", "mxfp8")
@@ -107,6 +107,10 @@ class GemmCase:
         if a is None:
             a = 2 * self.M * self.K if self.mode == "from-bf16" else mx_nbytes(self.M * self.K, fa)
         return a + mx_nbytes(self.N * self.K, fb) + 2 * self.M * self.N
+
+    def floor_bytes(self) -> int:
+        """b's MX bytes (elements and E8M0 scales): issue #23's weight-bytes floor, at the copy bandwidth."""
+        return mx_nbytes(self.N * self.K, self.formats[1])
 
     def invalid_reason(self) -> Optional[str]:
         return None if self.K % BLOCK_SIZE == 0 else f"K={self.K} is not a multiple of {BLOCK_SIZE}"
@@ -400,6 +404,7 @@ def table_columns(peers) -> list[Column]:
             Column("M×N×K", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".0f")),
             Column("× cuBLAS bf16", main("vs_ref", ".2f")), Column("% of copy", main("pct_copy", ".0f")),
+            Column("% of floor", main("pct_floor", ".0f")),
             Column("path", lambda d: d["main"].path or "-", right=False),
             Column("pack µs", main("pack_us", ".1f")), Column("pack GB/s", main("pack_gbps", ".0f")),
             *timing.error_peer_note_columns(peers, PEER_LABELS)]

@@ -55,7 +55,9 @@ class Row:
     ``check``: match / MISMATCH (bytes), ok / FAIL (numerics bound), "" when not checked. With ``--rounds`` R > 1,
     ``vs_ref`` is the median of R per-round ratios, the reference and the row timed back to back in alternating
     order each round (read flush), and ``vs_ref_lo`` / ``vs_ref_hi`` their range. GEMM rows add
-    ``path`` (what mxkit.gemm_plan says), ``pack_us`` / ``pack_gbps`` and ``err`` against ``err_bound``."""
+    ``path`` (what mxkit.gemm_plan says), ``pack_us`` / ``pack_gbps``, ``err`` against ``err_bound`` and
+    ``pct_floor``: the case's ``floor_bytes()`` (the MX weight's element and scale bytes) at the copy bandwidth
+    over ``us``, issue #23's weight-bytes floor (``pct_copy`` counts the activations and the output too)."""
 
     op: str
     fmt: str
@@ -68,6 +70,8 @@ class Row:
     gbps: Optional[float] = None
     pct_copy: Optional[float] = None
     pct_copy_write: Optional[float] = None
+    floor_bytes: int = 0
+    pct_floor: Optional[float] = None
     flops: int = 0
     tflops: Optional[float] = None
     vs_ref: Optional[float] = None
@@ -180,7 +184,8 @@ def cuda_event_bench(fn: Callable[[], object], warmup_ms: float = 25.0, rep_ms: 
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush={flush!r} must be one of {FLUSH_MODES}")
     buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    total = torch.empty((), dtype=torch.int64, device="cuda")
+    # (an int32 sum: int64 out would have ATen convert the buffer first, writing a 2x temporary each flush)
+    total = torch.empty((), dtype=torch.int32, device="cuda")
     do_flush = (lambda: torch.sum(buf, dim=0, out=total)) if flush == "read" else buf.zero_
     fn()
     torch.cuda.synchronize()
@@ -337,6 +342,7 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
     bad = case.invalid_reason()
     rows = [Row(op=case.op, fmt=case.fmt_name, shape=case.label, impl=name, dtype=str(case.dtype).replace("torch.", ""),
                 nbytes=0 if bad else case.nbytes(), flops=getattr(case, "flops", 0), status="n/a" if bad else "ok",
+                floor_bytes=0 if bad or not hasattr(case, "floor_bytes") else case.floor_bytes(),
                 note=bad or "") for name in ctx.impls]
     if bad:
         return rows
@@ -369,6 +375,8 @@ def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
         row.gbps, gb_write = (gbps(row.nbytes, row.us), gbps(row.nbytes, row.us_write)) if row.nbytes else (None, None)
         row.pct_copy = 100 * row.gbps / ctx.copy_gbps if row.gbps and ctx.copy_gbps else None
         row.pct_copy_write = 100 * gb_write / ctx.copy_gbps_write if gb_write and ctx.copy_gbps_write else None
+        gb_floor = gbps(row.floor_bytes, row.us) if row.floor_bytes else None
+        row.pct_floor = 100 * gb_floor / ctx.copy_gbps if gb_floor and ctx.copy_gbps else None
         row.tflops = gbps(row.flops, row.us) / 1e3 if row.flops and row.us else None
         row.note = row.note or case.note
     ref = next((r for r in rows if r.impl == ctx.ref_impl and r.us), None)

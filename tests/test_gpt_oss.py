@@ -160,9 +160,10 @@ def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
     message named a config.json the caller never wrote), nothing is written, and a dst holding a config.json is
     refused with FileExistsError (documented)."""
     for kw, key in ((dict(hidden_size=0), "hidden_size=0"), (dict(num_layers=0), "num_hidden_layers=0"),
-                    (dict(intermediate_size=-32), "intermediate_size=-32"), (dict(hidden_size="64"), "hidden_size='64'"),
-                    (dict(vocab_size=None), "vocab_size=None"), (dict(num_attention_heads=-1), "num_attention_heads=-1"),
-                    (dict(head_dim=0), "head_dim=0"), (dict(num_key_value_heads=True), "num_key_value_heads=True")):
+                    (dict(intermediate_size=-32), "intermediate_size=-32"),
+                    (dict(hidden_size="64"), "hidden_size='64'"), (dict(vocab_size=None), "vocab_size=None"),
+                    (dict(num_attention_heads=-1), "num_attention_heads=-1"), (dict(head_dim=0), "head_dim=0"),
+                    (dict(num_key_value_heads=True), "num_key_value_heads=True")):
         with pytest.raises(CheckpointError, match=rf"^write_synthetic_gpt_oss's sizes: {key} \(need positive"):
             _write(tmp_path, rng, "bad", **kw)
         assert not (tmp_path / "bad" / "config.json").exists()

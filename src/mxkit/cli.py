@@ -288,7 +288,6 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
                           f"logical shape unknown ({p['bytes_per_block']} B a block of {args.block_size}: another "
                           f"--block-size?)")
             row["note"] = f"{shape_note}, scales {p['scales']}: {_scale_summary(tensor(p['scales']))}"
-
         elif name in partners:
             row["mx"] = "E8M0 scales"
         elif fmt is not None and dtype in ("F32", "F16", "BF16") and len(shape) >= 2:

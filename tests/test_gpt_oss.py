@@ -332,6 +332,34 @@ def test_save_refuses_an_existing_destination_and_overwrites_in_place(tmp_path, 
                        _dir_tensors(src)[moe_tensor_name(1, "gate_up_proj_blocks")])
 
 
+def test_save_with_relative_paths(tmp_path, rng, monkeypatch):
+    """A checkpoint loaded by a relative path is saved from that directory after a chdir (ckpt.path is absolute:
+    it read another directory's non-MoE files, mixed with the loaded MoE layers, with no error), and dst "." (the
+    source itself, from inside it) saves in place (its temporary folder was made inside dst, which the save then
+    linked into itself until ENAMETOOLONG)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    src = _write(tmp_path / "a", rng, "ckpt")
+    other = _write(tmp_path / "b", rng, "ckpt")  # the same shapes, other bytes
+    monkeypatch.chdir(tmp_path / "a")
+    ckpt = gpt_oss.load_gpt_oss("ckpt", progress=False)
+    assert ckpt.path == src and ckpt.path.is_absolute()
+    monkeypatch.chdir(tmp_path / "b")
+    out = gpt_oss.save_gpt_oss(ckpt, tmp_path / "out", progress=False)
+    assert _dir_tensors(out).keys() == _dir_tensors(src).keys()
+    assert all(_same_bytes(t, _dir_tensors(src)[k]) for k, t in _dir_tensors(out).items())
+    assert not _same_bytes(_dir_tensors(out)["model.embed_tokens.weight"],
+                           _dir_tensors(other)["model.embed_tokens.weight"])
+    monkeypatch.chdir(src)
+    m0 = ckpt.layer(0)
+    bias = torch.randn(m0.router_bias.shape, generator=rng).to(torch.bfloat16)
+    edited = dataclasses.replace(ckpt, layers=(dataclasses.replace(m0, router_bias=bias),))
+    assert gpt_oss.save_gpt_oss(edited, ".", overwrite=True, progress=False) == Path(".")
+    assert _same_bytes(_dir_tensors(src)[moe_tensor_name(0, "router.bias")], bias)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["ckpt"]  # no temporary or old folder left
+    assert not any(p.is_dir() for p in src.iterdir())  # (nothing linked into itself)
+
+
 @pytest.mark.parametrize("existing", [False, True])
 @pytest.mark.parametrize("fail_at", ["shard 1", "shard 2", "copy", "rename"])
 def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):

@@ -459,7 +459,8 @@ def load_gpt_oss(path: Union[str, Path], *, layers: Optional[Iterable[int]] = No
 
     path: a Hugging Face directory (config.json, ``model.safetensors`` or shards with ``model.safetensors.index.json``).
     layers: which decoder layers (default all). progress: a tqdm bar over the layers.
-    Returns a :class:`GptOssCheckpoint`; each expert weight is an MXTensor mxfp4_e2m1 [E, N, K] whose qdata
+    Returns a :class:`GptOssCheckpoint` (its ``path`` absolute: a later save reads the same directory whatever
+    the working directory is then); each expert weight is an MXTensor mxfp4_e2m1 [E, N, K] whose qdata
     (uint8 [E, N, K/2]) and scale (uint8 [E, N, K/32]) are views of the memory-mapped files (``safe_open``).
     Raises CheckpointError (a ValueError) for: no / unreadable / non-GPT-OSS / non-MXFP4 config.json; a missing
     shard, a truncated or corrupt file (naming the file); a missing tensor, a wrong shape (against config.json) or
@@ -468,7 +469,7 @@ def load_gpt_oss(path: Union[str, Path], *, layers: Optional[Iterable[int]] = No
     """
     from tqdm.auto import tqdm
 
-    root = Path(path)
+    root = Path(os.path.abspath(path))  # (a relative path: save_gpt_oss would read another cwd's directory)
     if not root.is_dir():
         raise CheckpointError(f"{str(root)!r} is not a directory")
     config, dims = _gpt_oss_config(root)
@@ -691,7 +692,8 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     checkpoint (a config.json or *.safetensors) is replaced whole (a separate ``dst``'s own files and
     subdirectories are gone): exchanged with the new directory in one atomic step on Linux (elsewhere renamed aside
     first, restored if interrupted; between the two renames ``dst`` is briefly absent), then its old contents are
-    deleted (a failed deletion is a RuntimeWarning naming the directory left). A ``dst`` that is a symlink is
+    deleted (a failed deletion is a RuntimeWarning naming the directory left; an interrupt during it propagates
+    with the new checkpoint already at ``dst``). A ``dst`` that is a symlink is
     resolved first: its target is replaced and the link keeps pointing at it.
     Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint; ValueError for
     ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, is not a
@@ -707,8 +709,9 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     seen = [m.layer for m in ckpt.layers]
     if len(set(seen)) != len(seen):
         raise ValueError(f"ckpt.layers holds layer {next(i for i in seen if seen.count(i) > 1)} more than once")
-    src, given = Path(ckpt.path), Path(dst)
-    dst = given.resolve() if given.is_symlink() else given
+    src, given = Path(os.path.abspath(ckpt.path)), Path(dst)
+    # (absolute: "." has no name and is its own parent, which put the temporary folder inside dst)
+    dst = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
     if dst.exists() and not overwrite:
         raise FileExistsError(f"{str(given)!r} exists; pass overwrite=True to replace it")
     if dst.exists() and not dst.is_dir():

@@ -313,6 +313,26 @@ def test_autocast_leaves_the_arithmetic_alone(rng):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_mxlinear_names_a_wrong_x_in_its_own_terms(device):
+    """A wrong-width or wrong-dtype x raises naming the layer, x and in_features, on every path (the CUDA decode
+    hot path, the activation-quantizing ones, the CPU reference): matmul / quantize name their operands a and b,
+    which a layer user never passed. The error chains the one it replaced."""
+    lin = nn.Linear(64, 48, device=device)
+    for wf, act in (("mxfp4", None), ("mxfp4", "mxfp8"), ("mxfp8", "mxfp8"), ("mxfp4", "fp8_e4m3_rowwise")):
+        layer = MXLinear.from_linear(lin, wf, act_format=act)
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(3, 63, device=device, dtype=dtype)
+            msg = r"^MXLinear: x has shape \(3, 63\); expected \(\.\.\., 64\)$"
+            with pytest.raises(ValueError, match=msg) as e:
+                layer(x)
+            assert e.value.__cause__ is not None, (wf, act, dtype)
+        with pytest.raises(TypeError, match=r"^MXLinear takes float32 / bfloat16 / float16 x, got torch.float64$"):
+            layer(torch.randn(3, 64, device=device, dtype=torch.float64))
+        assert layer(torch.randn(3, 64, device=device)).shape == (3, 48)  # (and the right x still runs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_mxlinear_empty_batch(device):
     """An empty batch gives an empty (..., out_features) output with every weight / activation format pair (the
     quantized activations used to raise "cannot quantize an empty tensor"), eager and with gradients."""

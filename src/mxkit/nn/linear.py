@@ -254,31 +254,42 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def _eager(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """``forward`` outside torch.compile (and mxkit::mx_linear's kernel, where autograd is off)."""
-        # (needs_grad(x, bias) written out: this runs on every eager call)
-        if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or bias is not None and bias.requires_grad):
-            # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
-            # without gradients), the input's and the bias' gradients by the dequantized weight
-            return with_input_grad(x, bias, self.weight_mx, self._forward)
-        packed = self._packed
-        if packed is not None and type(x) is torch.Tensor and x.is_cuda:
-            if elsewhere(x):  # (the kernels launch on the current device)
-                with torch.cuda.device(x.device):
-                    return self._eager(x, bias)
-            act = self.act_format
-            if act is None:
-                # the eager hot path (decode): what matmul's own fast path runs, minus its checks
-                return prepared_call(x, packed, x.dtype, bias)(x, bias)
-            route = self._route()
-            if route == "a8w8":  # _a8w8's one launch (x quantized in it), from its prepared call
-                call = prepared_call_a8w8(x, packed, x.dtype, bias)
-                if call is not None:
-                    return call(x, bias)
-            elif route == "fold" and bias is None:
-                # activations that fold: _forward's quantize-fold, FP8 GEMM and fix-up with their launches bound
-                call = prepared_call_quantize_fold(x, packed, act, self.scale_mode, self.rounding)
-                if call is not None:
-                    return call(x)
-        return self._forward(x, bias)
+        try:
+            # (needs_grad(x, bias) written out: this runs on every eager call)
+            if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                            or bias is not None and bias.requires_grad):
+                # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
+                # without gradients), the input's and the bias' gradients by the dequantized weight
+                return with_input_grad(x, bias, self.weight_mx, self._forward)
+            packed = self._packed
+            if packed is not None and type(x) is torch.Tensor and x.is_cuda:
+                if elsewhere(x):  # (the kernels launch on the current device)
+                    with torch.cuda.device(x.device):
+                        return self._eager(x, bias)
+                act = self.act_format
+                if act is None:
+                    # the eager hot path (decode): what matmul's own fast path runs, minus its checks
+                    return prepared_call(x, packed, x.dtype, bias)(x, bias)
+                route = self._route()
+                if route == "a8w8":  # _a8w8's one launch (x quantized in it), from its prepared call
+                    call = prepared_call_a8w8(x, packed, x.dtype, bias)
+                    if call is not None:
+                        return call(x, bias)
+                elif route == "fold" and bias is None:
+                    # activations that fold: _forward's quantize-fold, FP8 GEMM and fix-up with their launches bound
+                    call = prepared_call_quantize_fold(x, packed, act, self.scale_mode, self.rounding)
+                    if call is not None:
+                        return call(x)
+            return self._forward(x, bias)
+        except (TypeError, ValueError) as e:
+            # (matmul / quantize name their operands a and b; a layer user passed x: say it in the layer's terms,
+            # here on the error path only, so that the hot path makes no check of its own)
+            if type(x) is torch.Tensor and (x.dim() == 0 or x.shape[-1] != self.in_features):
+                raise ValueError(f"{type(self).__name__}: x has shape {tuple(x.shape)}; expected "
+                                 f"(..., {self.in_features})") from e
+            if type(x) is torch.Tensor and x.dtype not in SUPPORTED_INPUT_DTYPES:
+                raise TypeError(f"{type(self).__name__} takes float32 / bfloat16 / float16 x, got {x.dtype}") from e
+            raise
 
     def _route(self) -> Optional[str]:
         """The route of :meth:`_eager_route`, made again where act_format, scale_mode or rounding was replaced."""

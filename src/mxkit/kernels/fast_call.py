@@ -20,15 +20,13 @@ that fails is reported once (a warning naming why) and the Python path stays."""
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from .fast_launch import build_extension, cache_dir, load
+from .fast_launch import build_extension, cache_dir, compiler, load
 
 __all__ = ["module", "build", "maps_supported", "MAX_SLOTS", "MAX_OUTS", "MAX_DIMS", "MAX_MAPS"]
 
@@ -40,24 +38,13 @@ _NAME = "_mxkit_fast_call"
 _SRC = Path(__file__).with_name("_fast_call.cpp")
 
 
-def _compiler() -> Optional[list[str]]:
-    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
-    cmd = shlex.split(cxx)
-    if cmd and shutil.which(cmd[0]):
-        return cmd
-    for alt in ("c++", "g++", "clang++"):
-        if shutil.which(alt):
-            return [alt]
-    return None
-
-
 def build(directory: Optional[Path] = None) -> Path:
     """Compile ``_fast_call.cpp`` into ``directory`` (default :func:`~mxkit.kernels.fast_launch.cache_dir`) unless
     a module of the same source, compiler, flags, Python ABI and PyTorch build is there; returns its path. Raises
     RuntimeError where it cannot be built (no C++ compiler, no Python or PyTorch headers, a failed compile)."""
     import torch
 
-    cxx = _compiler()
+    cxx = compiler("CXX", ("c++", "g++", "clang++"))
     py_include = sysconfig.get_paths().get("include")
     root = Path(torch.__file__).parent
     include, lib = root / "include", root / "lib"

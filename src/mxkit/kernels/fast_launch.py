@@ -41,22 +41,24 @@ def cache_dir() -> Path:
     return Path(root) / "fast_launch"
 
 
-def _compiler() -> Optional[list[str]]:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    cmd = shlex.split(cc)
-    if not cmd or shutil.which(cmd[0]) is None:
-        for alt in ("cc", "gcc", "clang"):
-            if shutil.which(alt):
-                return [alt]
-        return None
-    return cmd
+def compiler(var: str = "CC", alternatives: tuple = ("cc", "gcc", "clang")) -> Optional[list[str]]:
+    """The compiler command of environment variable ``var`` (else Python's build configuration's), split as a
+    shell would, where its program is on PATH; else the first of ``alternatives`` on PATH; else None. ``"CXX"``,
+    ``("c++", "g++", "clang++")`` for C++."""
+    cmd = shlex.split(os.environ.get(var) or sysconfig.get_config_var(var) or alternatives[0])
+    if cmd and shutil.which(cmd[0]):
+        return cmd
+    for alt in alternatives:
+        if shutil.which(alt):
+            return [alt]
+    return None
 
 
 def build(directory: Optional[Path] = None) -> Path:
     """Compile ``_fast_launch.c`` into ``directory`` (default :func:`cache_dir`) unless a module of the same
     source, compiler and Python ABI is there; returns its path. The file is written under a temporary name and
     renamed, so concurrent builders never load a partial file. Raises RuntimeError where it cannot be built."""
-    cc = _compiler()
+    cc = compiler()
     include = sysconfig.get_paths().get("include")
     if cc is None:
         raise RuntimeError("no C compiler found (CC, cc, gcc, clang)")

@@ -44,7 +44,8 @@ import triton.language as tl
 from .._env import env
 from ..launch import _Launcher
 from . import _w4a16_wgmma
-from ._wgmma_gluon import gluon as _gluon, launch_order as _launch_order, sm_count as _sm_count
+from ..cuda_driver import sm_count as _sm_count
+from ._wgmma_gluon import gluon as _gluon, launch_order as _launch_order
 from ._wgmma_gluon import tma_load as _tma_load
 
 BM, BN, BK = 128, 128, 128  # a tile: rows of a (two warpgroups of 64), rows of b, K columns a step (4 wgmma)

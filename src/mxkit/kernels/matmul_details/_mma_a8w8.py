@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable
+from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable, sm_count
 from ._mma_decode import bias_flag, check_shape, shape_ok, split_buffers, split_k  # the same strips, tiles and bias
 
 PTX = Path(__file__).with_name("mma_a8w8.ptx")
@@ -235,7 +235,7 @@ class A8W8:
         dev = w.device
         idx = _index(dev)
         self.r, self.nt = r, nt
-        sms = torch.cuda.get_device_properties(idx).multi_processor_count
+        sms = sm_count(idx)
         fits = bulk_fits(N, K, M, quant, packed, w16, r_arg, nt, split)
         if bulk and (not fits or bulk_unavailable(idx) is not None):
             raise ValueError(f"the bulk-copy a8w8 kernel takes a packed weight, one strip a warp, M <= {BULK_MAX_M}, "

@@ -19,6 +19,7 @@ import torch
 
 from ...packed import PackedWeight
 from ..cuda_driver import _raw_stream, device_index as _index, shipped_kernel, shipped_ptx_unavailable
+from ..cuda_driver import sm_count as _sm_count
 
 PTX = Path(__file__).with_name("mma_decode.ptx")
 COMMON = Path(__file__).with_name("mma_common.cuh")  # included by every .cu (hashed with it in the PTX's line 1)
@@ -157,11 +158,6 @@ def available(device: torch.device) -> Optional[str]:
 
 def _kernel(name: str, index: int):
     return shipped_kernel(str(PTX), name, index)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def split_k(blocks: int, K: int, mt: int, sms: int, strips: int = 1) -> int:

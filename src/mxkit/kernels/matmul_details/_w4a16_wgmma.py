@@ -43,7 +43,8 @@ from .._env import env
 from . import _layout_mma, _layout_wgmma
 from ._layout_wgmma import pack_wgmma, pack_wgmma8
 from ._split_sum import split_sum, split_sum_launch, split_sum_plan
-from ._wgmma_gluon import BN, WARPS, acc_layouts, gluon, launch_order, sm_count, tma_load
+from ..cuda_driver import sm_count
+from ._wgmma_gluon import BN, WARPS, acc_layouts, gluon, launch_order, tma_load
 
 FP8_ELEMS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2"}  # the MXFP8 weights the kernel reads (``elem``)
 # the weight layouts the kernel reads, by ``layout`` name: each a module with the element formats it holds

@@ -1,5 +1,5 @@
 """What mxkit's Gluon wgmma kernels share: the Gluon modules (imported on first use: a Triton without Gluon
-leaves the kernels unavailable, not the package), the output tiles' launch order, the SM count, and for the
+leaves the kernels unavailable, not the package), the output tiles' launch order, and for the
 w16 kernel (``_w4a16_wgmma``) and its weight layouts (``_layout_wgmma``, ``_layout_mma``) the program's shape,
 the accumulator and A-operand layouts and the E8M0 factor's decode.
 """
@@ -50,11 +50,6 @@ def launch_order():
         return first_m + (tile % per_group) % rows_m, (tile % per_group) // rows_m
 
     return launch_order
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def warp_bases(rows_per_warp: int, dims: int, at: int, scale: int = 1) -> list:

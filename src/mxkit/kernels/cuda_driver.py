@@ -77,12 +77,12 @@ def device_index(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def sm_count(index: int) -> int:
     """The multiprocessor count of CUDA device ``index`` (kept: asked on every plan of the GEMM kernels)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
 def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int], needs: str) -> Optional[str]:
     """None when the PTX file ``path`` can run on CUDA device ``device_index``, else why not: the file missing, a
     GPU older than ``min_cc`` (``needs``: what for), the driver refusing the module, or ``MXKIT_MMA_DECODE=0``

@@ -159,3 +159,14 @@ def test_env_reads_follow_os_environ(monkeypatch):
     assert env(name, "d") == "x"
     del os.environ[name]
     assert env(name) is None and env(name, "d") == "d"
+
+
+def test_driver_lookups_are_kept():
+    """The CUDA driver lookups that every new GEMM plan and launch consults are computed once per argument set
+    (functools caches): the PTX availability check (which reads the file and loads the module), the module and
+    kernel handles and the SM count. An uncached one goes unnoticed on the CPU and in the GPU tests' results, but
+    costs each new plan host time (a decorator once lost its function this way in a refactor)."""
+    from mxkit.kernels import cuda_driver as cd
+
+    for f in (cd.shipped_ptx_unavailable, cd.shipped_kernel, cd._module, cd.sm_count, cd._libcuda):
+        assert callable(getattr(f, "cache_info", None)) and callable(getattr(f, "cache_clear", None)), f

@@ -313,7 +313,7 @@ def test_autocast_leaves_the_arithmetic_alone(rng):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_mxlinear_names_a_wrong_x_in_its_own_terms(device):
+def test_mxlinear_names_a_wrong_x_in_its_own_terms(device, monkeypatch):
     """A wrong-width or wrong-dtype x raises naming the layer, x and in_features, on every path (the CUDA decode
     hot path, the activation-quantizing ones, the CPU reference): matmul / quantize name their operands a and b,
     which a layer user never passed. The error chains the one it replaced."""
@@ -326,9 +326,19 @@ def test_mxlinear_names_a_wrong_x_in_its_own_terms(device):
             with pytest.raises(ValueError, match=msg) as e:
                 layer(x)
             assert e.value.__cause__ is not None, (wf, act, dtype)
+            assert not str(e.value.__cause__).startswith("MXLinear"), (wf, act, dtype)  # (chained once)
         with pytest.raises(TypeError, match=r"^MXLinear takes float32 / bfloat16 / float16 x, got torch.float64$"):
             layer(torch.randn(3, 64, device=device, dtype=torch.float64))
         assert layer(torch.randn(3, 64, device=device)).shape == (3, 48)  # (and the right x still runs)
+    if device == "cuda":
+        # x on another GPU than the current one: _eager calls itself under that device, and the error it words
+        # there passes through the outer call as it is (it was worded again, chaining two equal messages)
+        import mxkit.nn.linear as linear_mod
+        calls = []
+        monkeypatch.setattr(linear_mod, "elsewhere", lambda t: not calls.append(t) and len(calls) == 1)
+        with pytest.raises(ValueError, match=r"^MXLinear: x has shape") as e:
+            layer(torch.randn(3, 63, device=device))
+        assert len(calls) >= 2 and not str(e.value.__cause__).startswith("MXLinear")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

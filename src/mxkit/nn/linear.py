@@ -283,13 +283,19 @@ class MXLinear(_ops.Handled, nn.Module):
             return self._forward(x, bias)
         except (TypeError, ValueError) as e:
             # (matmul / quantize name their operands a and b; a layer user passed x: say it in the layer's terms,
-            # here on the error path only, so that the hot path makes no check of its own)
+            # here on the error path only, so that the hot path makes no check of its own; an error this method
+            # already worded, from its call on x's own device, passes as it is)
+            if getattr(e, "_mxkit_layer_worded", False):
+                raise
             if type(x) is torch.Tensor and (x.dim() == 0 or x.shape[-1] != self.in_features):
-                raise ValueError(f"{type(self).__name__}: x has shape {tuple(x.shape)}; expected "
-                                 f"(..., {self.in_features})") from e
-            if type(x) is torch.Tensor and x.dtype not in SUPPORTED_INPUT_DTYPES:
-                raise TypeError(f"{type(self).__name__} takes float32 / bfloat16 / float16 x, got {x.dtype}") from e
-            raise
+                worded = ValueError(f"{type(self).__name__}: x has shape {tuple(x.shape)}; expected "
+                                    f"(..., {self.in_features})")
+            elif type(x) is torch.Tensor and x.dtype not in SUPPORTED_INPUT_DTYPES:
+                worded = TypeError(f"{type(self).__name__} takes float32 / bfloat16 / float16 x, got {x.dtype}")
+            else:
+                raise
+            worded._mxkit_layer_worded = True
+            raise worded from e
 
     def _route(self) -> Optional[str]:
         """The route of :meth:`_eager_route`, made again where act_format, scale_mode or rounding was replaced."""

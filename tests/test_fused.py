@@ -462,3 +462,33 @@ def test_fused_part_with_a_shorter_view_of_the_same_base_recomputes():
         want = group(base[:2].clone())[1]
     assert b.shape == (2, 16)
     assert torch.equal(b, want)
+
+
+def test_fuse_siblings_leaves_hooked_or_patched_members_alone(rng):
+    """A group with a member that has a forward / pre / backward hook or a forward patched on the instance is left
+    alone (the FusedPart in its place would silently drop them), also through quantize_model(fuse=True), which
+    first carries each nn.Linear's hooks onto its MXLinear."""
+    for how in ("pre", "post", "backward", "patched"):
+        model = _model(g=rng)
+        q = model[0].q_proj
+        if how == "pre":
+            q.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+        elif how == "post":
+            q.register_forward_hook(lambda mod, args, out: out * 0)
+        elif how == "backward":
+            q.register_full_backward_hook(lambda *a: None)
+        x = torch.randn(3, 128, generator=rng)
+        mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+        if how == "patched":
+            q = model[0].q_proj
+            q.forward = lambda x, f=q.forward: f(x) * 0
+        want = model(x)
+        names = fuse_siblings(model)
+        assert names == ["1.q_proj_k_proj_v_proj"], how  # (only the second layer's group)
+        assert type(model[0].q_proj) is MXLinear and torch.equal(model(x), want), how
+        again = _model(g=rng)
+        if how == "post":
+            again[0].q_proj.register_forward_hook(lambda mod, args, out: out * 0)
+            mxkit.quantize_model(again, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
+            assert type(again[0].q_proj) is MXLinear and isinstance(again[1].q_proj, FusedPart)
+            assert torch.equal(again[0].q_proj(x), torch.zeros(3, 96))

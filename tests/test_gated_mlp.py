@@ -90,6 +90,15 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     hooked = _MLP(64, 32)
     mxkit.quantize_model(hooked, "mxfp4", progress=False, compute_qsnr=False)
     hooked.up_proj.register_forward_hook(lambda *a: None)
+    # what the one launch would drop too: a hook on act_fn, a member's forward patched on the instance, a
+    # backward hook on a member
+    act_hooked, member_patched, back_hooked = _MLP(64, 32), _MLP(64, 32), _MLP(64, 32)
+    for m in (act_hooked, member_patched, back_hooked):
+        mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
+    act_hooked.act_fn.register_forward_hook(lambda mod, i, o: o.clamp(max=1.0))
+    up = member_patched.up_proj
+    member_patched.up_proj.forward = lambda x, f=up.forward: f(x) * 0.5
+    back_hooked.gate_proj.register_full_backward_hook(lambda *a: None)
 
     class _Scaled(_MLP):  # an MLP with a multiplier of its own (FalconH1-like): not HF's forward
         def forward(self, x):
@@ -98,8 +107,15 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     scaled = _Scaled(64, 32)
     scaled.scale = 0.5
     mxkit.quantize_model(scaled, "mxfp4", progress=False, compute_qsnr=False)
-    root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed, hooked=hooked, scaled=scaled))
+    root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed, hooked=hooked, scaled=scaled,
+                              act_hooked=act_hooked, member_patched=member_patched, back_hooked=back_hooked))
+    x = torch.randn(3, 64)
+    mlps = {n: m for n, m in root.named_modules() if isinstance(m, _MLP)}
+    want = {n: m(x) for n, m in mlps.items()}
     assert fuse_gated_mlp(root) == []
+    for n, m in root.named_modules():
+        if n in want:
+            assert type(m) is not MXGatedMLP and torch.equal(m(x), want[n]), n
     assert fuse_gated_mlp(_MLP(64, 32)) == []  # (the root itself: no parent to take it)
     with pytest.raises(ValueError, match="share"):
         MXGatedMLP(mixed.gate_proj, mixed.up_proj, mixed.down_proj)

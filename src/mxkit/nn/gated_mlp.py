@@ -31,7 +31,7 @@ from ..kernels.matmul_details import _mma_decode
 from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad
 from . import _ops
-from .linear import MXLinear
+from .linear import MXLinear, _hooked
 
 __all__ = ["MXGatedMLP", "fuse_gated_mlp", "GATED_MLP_NAMES"]
 
@@ -191,7 +191,7 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                 if (isinstance(mod, MXGatedMLP) or members[2] is None or "forward" in mod.__dict__
                         or code is None or not set(code.co_names) <= allowed
                         or not _is_silu(getattr(mod, "act_fn", None))
-                        or any(_hooked(m) for m in (mod, *members))):
+                        or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)):
                     continue
                 try:
                     new = MXGatedMLP(*members)
@@ -201,8 +201,3 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                 done.append(f"{pname}.{cname}" if pname else cname)
             setattr(parent, cname, new)
     return done
-
-
-def _hooked(m: nn.Module) -> bool:
-    """Whether module ``m`` has forward or forward-pre hooks of its own (a fused module would drop them)."""
-    return bool(getattr(m, "_forward_hooks", None) or getattr(m, "_forward_pre_hooks", None))

@@ -515,6 +515,14 @@ _STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_
                      "_load_state_dict_post_hooks")
 
 
+def _hooked(m: nn.Module) -> bool:
+    """Whether module ``m`` has forward / backward hooks of its own or a ``forward`` replaced on the instance:
+    what a fused module in its place (fuse_siblings, fuse_gated_mlp) would silently drop."""
+    d = m.__dict__
+    return "forward" in d or any(d.get(a) for a in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
+                                                    "_backward_hooks"))
+
+
 def _carry_hooks(lin: nn.Linear, new: "MXLinear") -> bool:
     """Give ``new`` the forward and backward hooks registered on ``lin`` (the same dicts: the handles a caller
     holds still remove them). Returns whether ``lin`` had state_dict hooks, which are not carried (they were
@@ -577,7 +585,8 @@ def quantize_model(
     compute_qsnr: measure each weight's QSNR (dB) against its dequantized MX copy (not on the meta device).
     progress: show a tqdm bar over the Linear layers.
     fuse: then run sibling layers that read the same input as one GEMM (:func:`mxkit.nn.fuse_siblings`:
-      attention's q / k / v and a gated MLP's gate / up; the state_dict then holds the fused layers).
+      attention's q / k / v and a gated MLP's gate / up; the state_dict then holds the fused layers; a group
+      with a hooked member stays unfused, its hooks kept).
     dense_cache: :class:`MXLinear`'s (a dequantized copy of each weight kept for prefill on CUDA).
 
     Returns ``model`` (or ``(model, report)`` with ``return_report=True``); the report — a list of

@@ -389,3 +389,27 @@ def test_shard_mxlinear_rejects_bad_arguments():
         shard_mxlinear(torch.nn.Linear(64, 32), "column")
     with pytest.raises(TypeError, match="nn.Linear"):
         ColumnParallelMXLinear.from_linear(layer, "mxfp4")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_shards_quantize_activations_of_64_element_blocks(tmp_path, rng):
+    """On CUDA, shards of a layer of 64-element blocks with FP4 / FP6 activations (which fold to FP8 only in blocks
+    of 32: they raised from the fold kernel) take the exact path: within the bound of the quantized operands, in a
+    one-rank group (no collective), column and row."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        lin = torch.nn.Linear(256, 64).cuda()
+        x = torch.randn(3, 256, generator=rng).cuda()
+        for act in ("mxfp4", "mxfp6_e2m3"):
+            for cls in (ColumnParallelMXLinear, RowParallelMXLinear):
+                m = cls.from_linear(lin, "mxfp4", act_format=act, block_size=64)
+                with torch.no_grad():
+                    y = m(x)
+                a64 = mxkit.dequantize(mxkit.quantize(x, act, block_size=64), torch.float64).cpu()
+                err = bound_error(y.cpu(), a64, weight64(m).cpu(), lin.bias.detach().cpu())
+                assert not err, (act, cls.__name__, err)
+    finally:
+        dist.destroy_process_group()

@@ -334,7 +334,8 @@ class MXLinear(_ops.Handled, nn.Module):
         a = x
         if act == FP8_ROWWISE:
             a = quantize_fp8_rowwise(x)
-        elif act is not None and x.is_cuda and can_fold(act) and can_fold(self.weight_format):
+        elif (act is not None and x.is_cuda and self.block_size == BLOCK_SIZE and can_fold(act)
+              and can_fold(self.weight_format)):  # (the fold kernel's blocks are of 32; others: matmul's exact path)
             from ..kernels.fold import quantize_fold_triton  # deferred: matmul completes it after enqueuing
 
             a = quantize_fold_triton(x.contiguous(), act, block_size=self.block_size, scale_mode=self.scale_mode,

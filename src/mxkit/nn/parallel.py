@@ -349,7 +349,7 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         if act is None or x.numel() == 0:
             return x
         kw = dict(block_size=self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
-        if x.is_cuda and can_fold(act) and can_fold(self.weight_format):
+        if x.is_cuda and self.block_size == BLOCK_SIZE and can_fold(act) and can_fold(self.weight_format):
             return quantize_fold(x, act, defer=True, **kw)  # the fold-fp8 path, as MXLinear takes it
         return quantize(x, act, axis=-1, **kw)
 

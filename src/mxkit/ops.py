@@ -2,7 +2,8 @@
 
 ``backend="auto"`` runs the Triton kernels (:mod:`mxkit.kernels`) for CUDA tensors when Triton is present
 and the reference (:mod:`mxkit.reference`) otherwise; ``"reference"`` and ``"triton"`` force one.
-Every backend returns byte-identical results: the reference is the specification.
+Quantize and dequantize return the same bytes on every backend: the reference is the specification. GEMMs are
+exact to a stated bound (:func:`matmul`): float32 accumulation in the order each path sums, one output rounding.
 """
 
 from __future__ import annotations
@@ -200,9 +201,8 @@ def _gemm_backend(a, b, backend: str) -> str:
         raise TypeError(f"b must be an MXTensor (N, K) or a PackedWeight, got {type(b).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend == "auto":  # (the kernels are of 32-element blocks; other sizes take the exact reference)
-        blocks32 = w.block_size == BLOCK_SIZE and getattr(a, "block_size", BLOCK_SIZE) == BLOCK_SIZE
-        return "triton" if w.device.type == "cuda" and blocks32 else "reference"
+    if backend == "auto":  # (on CUDA the plans: other block sizes than 32 take their exact dense / float32 paths)
+        return "triton" if w.device.type == "cuda" else "reference"
     if backend == "triton" and w.device.type == "cuda":
         return _resolve_backend(backend, w.device)
     return backend  # "triton" on CPU runs the same paths from CPU parts (fold reference, CPU _scaled_mm)
@@ -214,8 +214,10 @@ def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: O
     (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
     :data:`mxkit.kernels.matmul.PATHS`; every one is exact (the MX values multiplied exactly, float32 accumulation,
     one output rounding; the FP8 tensor-core paths: see :func:`matmul`).
-    On CUDA with a PackedWeight it reads no device value (no host sync); an MXTensor weight's scale range is
-    read once per call (pack it with :func:`pack_weight`). Raises what :func:`matmul` raises for its operands
+    On CUDA with a PackedWeight it reads no device value (no host sync) once the weight's scale statistics have
+    been read (a pack with the fold reads them; one without it, e.g. act="float" or an FP8 / INT8 weight, keeps
+    them on the device until the first plan); an MXTensor weight's scale range is read once per call (pack it
+    with :func:`pack_weight`). Raises what :func:`matmul` raises for its operands
     (TypeError / ValueError: types, dtypes, a K mismatch, devices) and ValueError for an unknown backend."""
     from .kernels.matmul import GemmPlan, plan_gemm
 

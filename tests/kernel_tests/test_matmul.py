@@ -406,27 +406,37 @@ def test_bad_arguments_of_the_gemm_entry_points(rng):
     assert mxkit.pack_weight(p6 := mxkit.pack_weight(w6, dense=torch.bfloat16), dense=torch.bfloat16) is p6
 
 
-def test_k_zero_is_the_empty_sum(rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, gpu])])
+def test_k_zero_is_the_empty_sum(device, rng):
     """K = 0: zeros plus the bias, rounded once, on every backend (used to be a raw reshape error), packed or not
-    (pack_weight of an FP4 / FP6 weight refused it: its fold has no rows of blocks)."""
+    (pack_weight of an FP4 / FP6 weight refused it: its fold has no rows of blocks), for float32 / bf16 / fp16
+    activations at M = 1 and 3 (on CUDA a bf16 / fp16 row planned decode-w16, whose prepared call divided by K's
+    split: ZeroDivisionError)."""
     from mxkit import MXTensor
 
-    w = MXTensor(torch.zeros(16, 0, dtype=torch.uint8), torch.zeros(16, 0, dtype=torch.uint8), "mxfp4", 1, 32,
-                 (16, 0))
-    bias = torch.randn(16, generator=rng)
+    def empty(fmt):
+        z = torch.zeros(16, 0, dtype=torch.uint8, device=device)
+        return MXTensor(z, z.clone(), fmt, 1, 32, (16, 0))
+
+    w = empty("mxfp4")
+    bias = torch.randn(16, generator=rng).to(device)
     for backend in ("auto", "reference", "triton"):
-        x = torch.randn(2, 3, 0, generator=rng).to(torch.bfloat16)
+        x = torch.randn(2, 3, 0, generator=rng).to(device, torch.bfloat16)
         y = mxkit.matmul(x, w, bias=bias, backend=backend)
         assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
         assert torch.equal(y, bias.to(torch.bfloat16).expand(2, 3, 16))
-        assert torch.equal(mxkit.matmul(x.float(), w, backend=backend), torch.zeros(2, 3, 16))
+        assert torch.equal(mxkit.matmul(x.float(), w, backend=backend), torch.zeros(2, 3, 16, device=device))
     for fmt in ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3"):
-        w = MXTensor(torch.zeros(16, 0, dtype=torch.uint8), torch.zeros(16, 0, dtype=torch.uint8), fmt, 1, 32, (16, 0))
+        w = empty(fmt)
         for act in (None, "float", "mx", "fp8_rowwise"):
             pw = mxkit.pack_weight(w, act=act)
-            for a in (torch.randn(3, 0, generator=rng), mxkit.quantize_fp8_rowwise(torch.randn(3, 0, generator=rng))):
-                y = mxkit.matmul(a, pw, bias=bias)  # (bf16 for FP8 rowwise activations: the bias rounded once)
-                assert torch.equal(y, bias.to(y.dtype).expand(3, 16)), (fmt, act)
+            for M in (1, 3):
+                x = torch.randn(M, 0, generator=rng).to(device)
+                for a in (x, x.to(torch.bfloat16), x.to(torch.float16), mxkit.quantize_fp8_rowwise(x)):
+                    y = mxkit.matmul(a, pw, bias=bias)  # (bf16 for FP8 rowwise activations: the bias rounded once)
+                    assert torch.equal(y, bias.to(y.dtype).expand(M, 16)), (fmt, act, M, y.dtype)
+                    y = mxkit.matmul(a, pw)  # (and a second call: the prepared one)
+                    assert torch.equal(y, torch.zeros_like(y)), (fmt, act, M, y.dtype)
 
 
 def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):
@@ -514,13 +524,16 @@ def test_pack_weight_of_other_blocks_takes_the_exact_paths(fmt, block_size, rng)
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
 def test_gpu_weight_of_64_element_blocks(fmt, rng):
     """On CUDA a weight of 64-element blocks (no 32-element layout) multiplies bf16 and MX activations at M = 1
-    and 64 within the bound of the float64 product, packed and not, and through MXLinear."""
+    and 64 within the bound of the float64 product, packed and not (bf16 rows on the dense routes under auto, the
+    dequantized cache where kept), and through MXLinear."""
     from mxkit.nn import MXLinear
 
     w = mxkit.quantize(torch.randn(128, 512, generator=rng).cuda(), fmt, block_size=64)
     for M in (1, 64):
         x = torch.randn(M, 512, generator=rng).cuda().to(torch.bfloat16)
-        for b in (w, mxkit.pack_weight(w)):
+        for b, path in ((w, "dense-exact"), (mxkit.pack_weight(w), "dense-exact"),
+                        (mxkit.pack_weight(w, dense=torch.bfloat16), "dense-cached")):
+            assert mxkit.gemm_plan(x, b).path == path  # (auto ran the float32 reference, the dense cache unread)
             assert_within_bound(mxkit.matmul(x, b), x, b)
         xq = mxkit.quantize(x, "mxfp8_e4m3", block_size=64)
         assert_within_bound(mxkit.matmul(xq, mxkit.pack_weight(w, act="mx")), xq, w)
@@ -1240,6 +1253,32 @@ def test_gpu_decode_w16_nonfinite_codes(fmt, special, dtype, rng):
     assert torch.equal(y[:, cols][inf], y64[:, cols][inf])
     keep = MXTensor(w.qdata[~cols], w.scale[~cols], w.fmt, 1, 32, (N - len(special), K))
     assert_within_bound(y[:, ~cols].to(dtype), a, keep)
+
+
+def test_prepared_call_of_k_zero_and_of_other_blocks(monkeypatch, rng):
+    """matmul's eager hot path on CUDA (planned here with the device faked), for plans its small-M and fast-dequantize
+    calls cannot run: K = 0 under decode-w16 (bf16 / fp16 rows: the call divided by K's split, ZeroDivisionError)
+    takes the planned call (run_gemm's empty sum); a weight of 64-element blocks under dense-exact takes the planned call, not the one whose
+    fast call is the Triton dequantize of 32-element blocks."""
+    from mxkit import MXTensor
+    from mxkit.kernels import matmul as km
+    from mxkit.kernels import matmul_calls, matmul_table
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(km, "_a_device", lambda a, kind: dev)
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: "a GPU without a table entry")
+    z = torch.zeros(64, 0, dtype=torch.uint8)
+    pw = mxkit.pack_weight(MXTensor(z, z.clone(), "mxfp4_e2m1", 1, 32, (64, 0)))
+    p64 = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 256, generator=rng), "mxfp4", block_size=64))
+    monkeypatch.setattr(MXTensor, "device", property(lambda self: dev), raising=False)  # (packed on the CPU)
+    for dt in (torch.bfloat16, torch.float16):
+        a = torch.zeros(1, 0, dtype=dt)
+        assert km.plan_gemm(a, pw).path == "decode-w16"
+        call = matmul_calls.prepared_call(a, pw, None, None)  # (its result: test_k_zero_is_the_empty_sum on CUDA)
+        assert type(call) is matmul_calls.PlannedCall and call.plan.K == 0
+    a = torch.randn(5, 256, generator=rng).to(torch.bfloat16)
+    assert km.plan_gemm(a, p64).path == "dense-exact"
+    assert type(matmul_calls.prepared_call(a, p64, None, None)) is matmul_calls.PlannedCall
 
 
 def test_plan_decode_w16_takes_fp16_and_fp6(monkeypatch):

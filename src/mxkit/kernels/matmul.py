@@ -35,7 +35,7 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     fixed order.
 ``a8w8-mma``
     MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
-    default 64; N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
+    default 16, and ``max_m_no_wgmma``, 64, on layers w8a16-wgmma does not take); N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
     (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32 (the
     weight's first, exact for weight scale bytes 19-232, the envelope; the activation's inside the fma, any
@@ -51,7 +51,8 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     weight layout, the codes decoded to bf16 exactly and multiplied by bf16 x on ``mma.sync`` m16n8k16, each
     block's float32 sum scaled once by its E8M0 factor (every scale byte exact).
 ``decode-w16``
-    bf16 activations × an MXFP4, MXFP8 or MXINT8 weight at small M (the tuned table's ``max_m``): a Triton
+    bf16 / fp16 activations × an MXFP4, MXFP8 or MXINT8 weight, or an MXFP6 one up to
+    ``decode_w4a16.fp6_max_nk`` elements, at small M (the tuned table's ``max_m``): a Triton
     kernel that reads the MX bytes (4.25 or 8.25 bits per weight), decodes them to bf16 in registers and
     accumulates in float32, with a split-K whose partial sums are reduced in a fixed order (deterministic).
 ``w4a16-wgmma`` / ``w8a16-wgmma``

@@ -367,7 +367,9 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
         b = _twin(a, b, "float")
-        if plan.path == "decode-mma":
+        if not plan.K:  # (the empty sum: run_gemm's; the small-M calls split K)
+            call = PlannedCall(b, plan)
+        elif plan.path == "decode-mma":
             call = MmaCall(b, plan.M, tuple(a.shape), a.stride(), plan.out_dtype)
             call.kept = True
         elif plan.path == "w8a16-mma":
@@ -375,7 +377,8 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
             call.kept = True
         elif plan.path == "decode-w16" and a.is_contiguous() and (bias is None or bias.is_contiguous()):
             call = DecodeCall(b.source, plan.M, tuple(a.shape[:-1]), plan.out_dtype, bias is not None, a.device)
-        elif plan.path == "dense-exact" and plan.out_dtype == a.dtype and bias is None and plan.M:
+        elif plan.path == "dense-exact" and plan.out_dtype == a.dtype and bias is None and plan.M \
+                and b.source.block_size == 32:  # (its fast call is the Triton dequantize's: blocks of 32)
             call = DenseExactCall(b, plan, tuple(a.shape[:-1]))
         elif (plan.path in ("w4a16-wgmma", "w8a16-wgmma") and plan.M and b.source.fmt.name in _WGMMA_FORMATS
               and b.device.type == "cuda"):

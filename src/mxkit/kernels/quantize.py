@@ -684,7 +684,7 @@ def dequantize_fast(q: MXTensor, dtype: torch.dtype):
     """The C++ fast call of ``dequantize_triton(q, dtype)`` for q's problem and storage as they are (plain scales,
     contiguous; a bf16 / fp16 / float32 dtype the kernel writes), made by an earlier eager call of it: ``call(q.qdata,
     q.scale)`` allocates the output and launches, the same bytes; None where there is none (yet)."""
-    if q.scale_layout != "plain" or not (q.qdata.is_contiguous() and q.scale.is_contiguous()):
+    if q.scale_layout != "plain" or q.block_size != 32 or not (q.qdata.is_contiguous() and q.scale.is_contiguous()):
         return None
     plan = _dequantize_plan(q.fmt.name, q.axis, tuple(q.shape), dtype, None)
     if plan[0] != dtype:

@@ -541,6 +541,11 @@ def test_gpu_weight_of_64_element_blocks(fmt, rng):
     m = MXLinear.from_linear(lin, fmt, block_size=64)
     x = torch.randn(3, 512, generator=rng).cuda().to(torch.bfloat16)
     assert_within_bound(m(x), x, m.weight_mx, lin.bias.detach())
+    assert mxkit.gemm_plan(x, m._packed).path == "dense-exact"
+    from conftest import assert_graph_replays
+
+    with torch.no_grad():  # (packed at construction: the scale statistics read then, none in the capture)
+        assert_graph_replays(m, [x.clone()], lambda: [torch.randn(3, 512, generator=rng).cuda().to(torch.bfloat16)])
     # activations quantized in blocks of 64 too, the FP4 / FP6 ones included (they raised from the fold kernel,
     # which takes blocks of 32 only: the fold is defined for them): the exact path, within the bound of the
     # quantized operands

@@ -165,9 +165,9 @@ class MXLinear(_ops.Handled, nn.Module):
         module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
         act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
         dense = getattr(self, "dense_cache", None) if act == "float" else None  # (None: pickled before it existed)
-        # (blocks other than 32 elements: no packed layout, the exact reference path of matmul)
-        self._packed = pack_weight(self.weight_mx, act=act, dense=dense) \
-            if self.weight_qdata.is_cuda and self.block_size == 32 else None
+        # (blocks other than 32 elements: none of the 32-element layouts, the scale statistics and the dense cache
+        # only, read by matmul's exact dense routes)
+        self._packed = pack_weight(self.weight_mx, act=act, dense=dense) if self.weight_qdata.is_cuda else None
         if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
             for p in (self._packed, self._packed.wide):
                 if p is not None:

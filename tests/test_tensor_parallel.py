@@ -346,6 +346,20 @@ def case_copy(rank: int, world: int, g: torch.Generator) -> None:
         other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
         with pytest.raises(ValueError, match=rf"pickled by another rank or world size than this process's \(rank {rank} of"):
             other(x)
+        # and the next rank's saved state_dict (every rank's shard has the same shapes: it loaded silently, the
+        # output off by the other rank's columns / rows), of each style: a ValueError before anything is copied
+        for style in ("column", "row"):
+            shard = shard_mxlinear(full, style)
+            buf = io.BytesIO()
+            torch.save(shard.state_dict(), buf)
+            files = [None] * world
+            dist.all_gather_object(files, buf.getvalue())
+            before = {n: t.clone() for n, t in shard.state_dict().items()}
+            with pytest.raises(ValueError, match=rf"holds the {style} shard of rank {(rank + 1) % world} of {world} "
+                                                 rf".*this module is the {style} shard of rank {rank} of {world}"):
+                shard.load_state_dict(torch.load(io.BytesIO(files[(rank + 1) % world])))
+            assert all(torch.equal(t, before[n]) for n, t in shard.state_dict().items()), style
+            shard.load_state_dict(torch.load(io.BytesIO(files[rank])))  # (its own loads)
     dist.barrier()
 
 

@@ -51,7 +51,9 @@ with no autograd node.
 A shard is an :class:`MXLinear` of the local sizes (``in_features`` / ``out_features`` are this rank's; the full
 layer's are ``global_in_features`` / ``global_out_features``): its ``state_dict`` holds ``weight_qdata`` /
 ``weight_scale`` of the shard alone (fresh tensors, not views of the full layer's storage) and the bias (the
-shard's entries, column; the whole bias, row). Load it into a module built for the same rank and world size.
+shard's entries, column; the whole bias, row). Load it into a module built for the same rank and world size: a
+state_dict that carries its metadata (``torch.save`` of it) from another rank, world size, style or full layer
+raises ValueError.
 ``copy.deepcopy`` gives a shard of its own buffers and op handle that shares the process group; a shard pickles
 (``torch.save`` of the module) when its group is the default (None or the world group, stored as None: the default
 group of the process that loads it); one with another group raises TypeError (a process group does not pickle):
@@ -166,6 +168,8 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         super().__init__(k_local, n_local, weight_format, bias=bias, act_format=act_format, **kwargs)
         self.global_in_features, self.global_out_features = in_features, out_features
         self.tp_group, self.tp_rank, self.tp_world_size = group, rank, world
+        self.register_state_dict_post_hook(_record_shard)
+        self.register_load_state_dict_pre_hook(_check_shard)
 
     def _group_position_ok(self, rank: int, world: int) -> bool:
         return (rank, world) == (self.tp_rank, self.tp_world_size)
@@ -386,6 +390,29 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
 
 
 _CLASSES = {"column": ColumnParallelMXLinear, "row": RowParallelMXLinear}
+
+
+def _shard_position(module: _TensorParallelMXLinear) -> list:
+    return [module.style, module.tp_rank, module.tp_world_size, module.global_out_features,
+            module.global_in_features]
+
+
+@torch.compiler.disable
+def _record_shard(module: _TensorParallelMXLinear, state_dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict post-hook: which shard the bytes are (style, rank, world size, the full layer's N x K), for
+    :func:`_check_shard` (like :func:`~mxkit.nn.linear.record_format`'s element format)."""
+    local_metadata["mx_shard"] = _shard_position(module)
+
+
+def _check_shard(module: _TensorParallelMXLinear, state_dict, prefix: str, local_metadata: dict, *args) -> None:
+    """load_state_dict pre-hook: a shard saved by another rank, world size, style or full layer raises ValueError
+    before anything is copied (every rank's shard has the same shapes, so another rank's bytes loaded silently and
+    gave wrong values). A state_dict without the metadata (safetensors, a plain dict) is not checked."""
+    saved, mine = local_metadata.get("mx_shard"), _shard_position(module)
+    if saved is not None and list(saved) != mine:
+        what = lambda p: f"the {p[0]} shard of rank {p[1]} of {p[2]} of a {p[3]} x {p[4]} layer"  # noqa: E731
+        raise ValueError(f"{prefix[:-1] or type(module).__name__}: the state_dict holds {what(saved)}; this module is "
+                         f"{what(mine)}: load each rank's own state_dict")
 
 
 def shard_mxlinear(layer: MXLinear, style: str, group=None, **kwargs) -> _TensorParallelMXLinear:

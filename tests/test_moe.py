@@ -792,6 +792,36 @@ def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
         assert t is not None and t.dtype == like.dtype and t.abs().sum() > 0
 
 
+def test_mxmoe_calls_a_hooked_or_subclassed_router_of_another_dtype(rng):
+    """A float32 router on bf16 x that is not a plain nn.Linear, or has a forward hook, is called (on x cast to its
+    dtype, the logits cast back): its forward and hooks run (the cast of its weight into F.linear skipped them,
+    silently: a hook collecting statistics saw nothing, a subclass' scaling was lost)."""
+    E, k = 8, 2
+    dense = (torch.randn(E, 2 * I, H, generator=rng), torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, H, I, generator=rng), torch.randn(E, H, generator=rng))
+    x = torch.randn(5, H, generator=rng).to(torch.bfloat16)
+
+    class _Tempered(nn.Linear):
+        def forward(self, t):
+            return super().forward(t) * 4.0
+
+    router = _router(E, rng)
+    tempered = _Tempered(H, E)
+    tempered.load_state_dict(router.state_dict())
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4", return_router_scores=True)
+    m.router = tempered  # (a router module replaced by the user's)
+    with torch.no_grad():
+        _, scores = m(x)
+        want = tempered(x.float()).to(torch.bfloat16)
+    assert torch.equal(scores, route(want.reshape(-1, E), k)[0].to(torch.bfloat16))
+    seen = []
+    m = MXMoE.from_dense(router, *dense, k, "mxfp4")
+    m.router.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    with torch.no_grad():
+        m(x)
+    assert seen == [torch.float32]
+
+
 @pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])
 def test_mxmoe_quantized_activation_gradients(act_format, rng):
     """W4A8 / MXFP4 x MXFP4: the gradients of the function the forward computes, each rounding (the tokens' and

@@ -69,7 +69,7 @@ from ..ops import dequantize, needs_grad, quantize
 from ..tensor import MXTensor, as_int
 from . import _ops
 from ._moe_grad import ExpertsGrad, experts_backward
-from .linear import FP8_ROWWISE, _check_block_size, _parse_act, check_format, record_format
+from .linear import FP8_ROWWISE, _check_block_size, _hooked, _parse_act, check_format, record_format
 
 __all__ = ["MXMoE"]
 
@@ -122,11 +122,13 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
     in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H, for an x on
     another device than the experts, and for a router that does not give E logits. A strided x gives its contiguous
-    copy's bits. The router's logits are computed in x's dtype (its weight and bias cast to it where the module holds
-    another dtype; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``, so its logits and
+    copy's bits. The router's logits are computed in x's dtype (a plain ``nn.Linear`` router's weight and bias cast
+    to it where the module holds another dtype; any other router, or one with hooks, is called on x cast to its
+    weight's dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``, so its logits and
     the scores are then in the autocast dtype, while the experts' arithmetic is left alone); on CUDA,
     for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x with
-    ``routing="gpt_oss"``, a router in x's dtype and no gradient to record (decode), the router, the top-k and the
+    ``routing="gpt_oss"``, a plain ``nn.Linear`` router without hooks in x's dtype and no gradient to record
+    (decode), the router, the top-k and the
     softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
     differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module itself is
     then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
@@ -718,20 +720,26 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         bias as the kernel takes them (``_route.router_takes``: CUDA, x's dtype bfloat16 / float16, up to
         ``router_max_tokens(E)`` tokens, E <= 1024, top_k <= 32)."""
         r = self.router
-        return (self.routing == "gpt_oss" and type(r) is nn.Linear and x.dim() >= 1 and x.shape[-1] > 0
+        return (self.routing == "gpt_oss" and type(r) is nn.Linear and not _hooked(r) and x.dim() >= 1
+                and x.shape[-1] > 0
                 and router_takes(x.reshape(-1, x.shape[-1]), r.weight, r.bias, self.top_k)
                 and not needs_grad(x, r.weight, r.bias, self.gate_up_bias, self.down_bias))
 
     def _router_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The router's logits (..., E) in x's dtype: ``self.router(x)``, or with the router's weight and bias cast
-        to x's dtype where they are in another (a float32 module called on bfloat16 / float16 x); the cast is
-        differentiable, so the gradients still reach the router's parameters in their dtype."""
-        w = getattr(self.router, "weight", None)  # (None: a router replaced by another module, e.g. an MXLinear)
-        if w is None or w.dtype == x.dtype:
-            logits = self.router(x)
-        else:
-            b = self.router.bias
+        """The router's logits (..., E) in x's dtype: ``self.router(x)``, or, for a plain ``nn.Linear`` router whose
+        weight is in another dtype (a float32 module called on bfloat16 / float16 x), with its weight and bias cast
+        to x's dtype (the cast is differentiable, so the gradients still reach the router's parameters in their
+        dtype). Any other router with a weight of another dtype (a subclass, a wrapper, a module with hooks or a
+        forward replaced on the instance) is called on x cast to that dtype, its logits cast back."""
+        r = self.router
+        w = getattr(r, "weight", None)  # (None: a router replaced by another module, e.g. an MXLinear)
+        if not isinstance(w, torch.Tensor) or w.dtype == x.dtype:
+            logits = r(x)
+        elif type(r) is nn.Linear and not _hooked(r):
+            b = r.bias
             logits = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+        else:  # (its forward, hooks and adapters run: F.linear of its weight would skip them)
+            logits = r(x.to(w.dtype)).to(x.dtype)
         if logits.shape[-1] != self.num_experts:
             raise ValueError(f"MXMoE's router gives {logits.shape[-1]} logits a token, expected num_experts="
                              f"{self.num_experts}")

@@ -384,13 +384,20 @@ def _only(pairs=tuple(PAIRS), ready_only=True) -> Callable[[GemmCase], Optional[
     return skip
 
 
+def _exact_in_bf16(case: GemmCase) -> bool:
+    """Whether the bf16 peers (cuBLAS, the compiled reference) multiply the case's exact activations: every pair
+    but W4A8, whose FP8 rowwise values times a float32 row scale are rounded to bf16 for them (another product:
+    its error is reported, held to no bound)."""
+    return case.pair != "w4a8"
+
+
 IMPLS: dict[str, Impl] = {i.name: i for i in (
     Impl("mxkit", _mxkit, checked=True),
-    Impl("cublas-bf16", _cublas, checked=True, skip=_only(ready_only=False)),
+    Impl("cublas-bf16", _cublas, checked=True, skip=_only(ready_only=False), bounded=_exact_in_bf16),
     Impl("scaled-mm-fp8", _scaled_mm, checked=True, skip=_only(), bounded=False),
     Impl("dot-scaled", _dot_scaled, checked=True, skip=_only(tuple(_DOT_SCALED))),
     Impl("torchao", _torchao, checked=True, skip=_only(tuple(_TORCHAO_ELEM))),
-    Impl("reference-compiled", _reference, compiled=True, checked=True, skip=_only()),
+    Impl("reference-compiled", _reference, compiled=True, checked=True, skip=_only(), bounded=_exact_in_bf16),
 )}
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -244,16 +244,16 @@ class Impl:
     ``make(case, inputs, ctx)`` returns the zero-argument callable that is timed, or (callable, dict of Row
     fields such as ``path``). It raises :class:`BenchUnavailable` / ImportError / NotImplementedError when it
     cannot run here (``n/a``); ``skip`` (case → reason or None) marks cases it does not cover. ``compiled``: the
-    first call compiles; ``checked``: its output goes through ``case.check``; ``bounded`` False: a peer of other
-    numerics (another quantization of the same values), whose error is reported but held to no bound (its
-    ``check`` stays empty, its ``err_bound`` None)."""
+    first call compiles; ``checked``: its output goes through ``case.check``; ``bounded`` False (or a function of
+    the case that says False): a peer of other numerics (another quantization of the same values), whose error is
+    reported but held to no bound (its ``check`` stays empty, its ``err_bound`` None)."""
 
     name: str
     make: Callable[[Any, Any, "Context"], Any]
     compiled: bool = False
     checked: bool = False
     skip: Callable[[Any], Optional[str]] = lambda case: None
-    bounded: bool = True
+    bounded: Union[bool, Callable[[Any], bool]] = True
 
 
 @dataclass
@@ -307,7 +307,7 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
         if not expected:
             expected.append(case.expected(inputs))
         vars(row).update(case.check(out, expected[0]))
-        if not impl.bounded:
+        if not (impl.bounded(case) if callable(impl.bounded) else impl.bounded):
             row.check, row.err_bound = "", None
     del out
     if ctx.last_shape != case.label:  # the first timing after a new shape read 1.8-3.4x slow (clocks ramping)

@@ -554,8 +554,7 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
     args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8,mxfp4",
                               "--peers", "reference-eager", "--backend", "reference", "--out", str(tmp_path),
-                              "--plain"])
-    args.rep_ms = 1.0
+                              "--plain", "--quick"])  # (--quick with no --rep-ms: the env records QUICK_REP_MS)
     cases = bq.cases_from_args(args)
     rc = timing.run_benchmark(args, cases, bq.IMPLS, what="t", stem="bench_quantize", peers=args.peers,
                               columns=bq.table_columns(args.peers), ref_impl="reference-eager", title="T",
@@ -567,7 +566,7 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     env, rows = doc["env"], [Row(**r) for r in doc["rows"]]
     assert env["copy_gbps"] == 2000.0 and env["copy_gbps_write"] == 1600.0 and "torch" in env and "date_utc" in env
     assert env["timing"]["l2_flush_bytes"] == timing.L2_FLUSH_BYTES and env["timing"]["min_runs"] == timing.MIN_RUNS
-    assert env["timing"]["rep_ms"] > 0 and env["timing"]["warmup_ms"] > 0  # (--quick's rep_ms, not the null option)
+    assert env["timing"]["rep_ms"] == timing.QUICK_REP_MS and env["timing"]["warmup_ms"] > 0  # (not the null option)
     assert rows[0].impl == "copy" and len(rows) == 1 + 2 * len(cases)
     assert all(r.check == "match" and (r.us, r.us_write) == (25.0, 30.0) and r.vs_ref == 1.0 for r in rows[1:]), rows
     assert (tmp_path / "bench_quantize.csv").read_text().count("\n") == len(rows) + 1
@@ -740,12 +739,15 @@ def test_environment_names_the_commit():
 def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch):
     """cuda_event_bench on a simulated stream (host clock h, GPU busy-until g, in µs): a callable of 30 launches
     (2 µs of GPU, 10 µs of host each) reads its 60 µs of device time (the spin lengthened to 1.5x the host's 300
-    µs; at the fixed 100 µs it read 139), one of a single 20 µs kernel its 20 µs, a GPU-bound one its device time."""
+    µs; at the fixed 100 µs it read 139), one of a single 20 µs kernel its 20 µs, a GPU-bound one its device time;
+    every timed run (start event, fn's launches, end event) comes after its own flush (and spin), in both modes."""
     import types
 
     S = {"h": 0.0, "g": 0.0}
+    log = []  # what reached the stream: "flush", "sleep", "rec" (an event), "k" (one of fn's kernels)
 
-    def launch(gpu_us, host_us=5.0):
+    def launch(gpu_us, host_us=5.0, what="k"):
+        log.append(what)
         S["h"] += host_us
         S["g"] = max(S["g"], S["h"]) + gpu_us
 
@@ -754,6 +756,7 @@ def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch)
             self.t = None
 
         def record(self):
+            log.append("rec")
             S["h"] += 2.0
             self.t = S["g"] = max(S["g"], S["h"])
 
@@ -761,20 +764,27 @@ def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch)
             return (other.t - self.t) / 1e3
 
     cuda = types.SimpleNamespace(Event=Ev, synchronize=lambda: S.__setitem__("h", max(S["h"], S["g"]) + 5.0),
-                                 _sleep=lambda cycles: launch(cycles / 2000.0),
+                                 _sleep=lambda cycles: launch(cycles / 2000.0, what="sleep"),
                                  get_device_properties=lambda i: types.SimpleNamespace(clock_rate=2_000_000),
                                  current_device=lambda: 0)
-    buf = types.SimpleNamespace(zero_=lambda: launch(90.0))
+    buf = types.SimpleNamespace(zero_=lambda: launch(90.0, what="flush"))
     monkeypatch.setattr(timing, "torch", types.SimpleNamespace(cuda=cuda, int32=None, int64=None,
                                                                zeros=lambda *a, **k: buf, empty=lambda *a, **k: None,
-                                                               sum=lambda *a, **k: launch(70.0)))
+                                                               sum=lambda *a, **k: launch(70.0, what="flush")))
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: S["h"] / 1e6))
     for kernels, gpu_us, host_us in ((30, 2.0, 10.0), (1, 20.0, 8.0), (60, 20.0, 10.0)):
         def fn():
             for _ in range(kernels):
                 launch(gpu_us, host_us)
-        got = timing.cuda_event_bench(fn, 2.0, 20.0, spin_us=100.0, flush="read")
-        assert got == pytest.approx(kernels * gpu_us), (kernels, got)
+        for flush in ("read", "write"):
+            log.clear()
+            got = timing.cuda_event_bench(fn, 2.0, 20.0, spin_us=100.0, flush=flush)
+            assert got == pytest.approx(kernels * gpu_us), (kernels, flush, got)
+            recs = [i for i, w in enumerate(log) if w == "rec"]
+            timed = [i for i, j in zip(recs, recs[1:]) if j > i + 1 and set(log[i + 1:j]) == {"k"}]
+            assert len(timed) >= timing.MIN_RUNS, (kernels, flush)
+            for i in timed:
+                assert [w for w in log[:i] if w != "sleep"][-1] == "flush" and log[i - 1] == "sleep", (kernels, i)
 
 
 

@@ -237,6 +237,9 @@ def test_inspect_other_block_sizes(tmp_path, capsys):
             assert want in lines[name], (name, lines[name])
             assert ("logical [64, 256]" in lines[name]) == (not want.startswith("?")), (name, lines[name])
             assert ("logical shape unknown" in lines[name]) == want.startswith("?"), (name, lines[name])
+    for bad in ("0", "-32"):  # (0 raised ZeroDivisionError with a traceback; -32 printed a block of -32)
+        assert cli.main(["inspect", str(path), "--plain", "--block-size", bad]) == 2
+        assert f"--block-size must be a positive int, got {bad}" in capsys.readouterr().err
 
 
 def test_inspect_empty_tensors(tmp_path, capsys):

@@ -230,6 +230,8 @@ def _cmd_inspect(args) -> int:
 
     if not str(args.path).strip():
         raise ValueError("inspect needs a path (a safetensors file or a model directory), got ''")
+    if args.block_size < 1:
+        raise ValueError(f"--block-size must be a positive int, got {args.block_size}")
     fmt = get_format(args.format) if args.format else None
     ScaleMode.parse(args.scale_mode)  # even when no tensor gets quantized
     if is_gpt_oss_mxfp4_dir(args.path):  # a summary; the tensor table too when --match / --format ask for it

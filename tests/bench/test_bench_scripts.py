@@ -126,13 +126,17 @@ def test_gpu_check_runs_its_stages_without_a_gpu(tmp_path):
     script = ROOT / "scripts" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     env = {"OUT": str(tmp_path), "MXKIT_SKIP_TESTS": "1", "MXKIT_SKIP_GEMM": "1", "MXKIT_SKIP_DECODE": "1",
-           "MXKIT_TUNE": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+           "MXKIT_TUNE": "1", "MXKIT_SANITIZE": "1", "MXKIT_SANITIZE_BUDGET": "20", "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
     summary = (tmp_path / "summary.txt").read_text()
     assert r.returncode == 1  # the benchmarks cannot run here: rc 2, so the check fails, and says so last
     assert "tests: skipped (MXKIT_SKIP_TESTS=1)" in summary and "bench quantize: rc 2" in summary
     assert "bench gemm: skipped (MXKIT_SKIP_GEMM=1)" in summary and "bench overhead: rc 2" in summary
     assert "bench decode: skipped (MXKIT_SKIP_DECODE=1)" in summary
+    # the sanitizer is its own pytest run: it runs with the tests skipped (it was skipped, the summary saying
+    # "MXKIT_SANITIZE=1 runs it"); here it fails, with no compute-sanitizer or GPU
+    assert "compute-sanitizer: rc " in summary and "not run" not in summary.split("compute-sanitizer:")[1][:12]
     assert "tune: rc 2" in summary and "needs a CUDA GPU" in (tmp_path / "tune.log").read_text()
     assert "needs a CUDA GPU" in (tmp_path / "gpu_check.log").read_text()
     assert r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])

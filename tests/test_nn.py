@@ -557,6 +557,31 @@ def test_quantize_model_sequential_skip_and_unsupported(rng):
     assert model(x).shape == (3, 32)
 
 
+def test_quantize_model_leaves_legacy_weight_norm_layers_alone(rng):
+    """A Linear under the legacy torch.nn.utils.weight_norm / spectral_norm (a pre-hook recomputing its weight) is
+    reported unsupported and kept (its hook, carried to the MXLinear, raised AttributeError for weight_g on the first
+    forward); under torch.nn.utils.parametrizations.weight_norm the weight it computes is quantized."""
+    import warnings
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (the legacy functions are deprecated)
+        legacy = nn.Sequential(nn.utils.weight_norm(nn.Linear(64, 32)), nn.utils.spectral_norm(nn.Linear(32, 32)))
+    legacy.eval()  # (spectral_norm's power iteration steps on every training-mode forward)
+    x = torch.randn(3, 64, generator=rng)
+    want = legacy(x)
+    with pytest.warns(UserWarning, match=r"unquantized: 0 \(its weight is recomputed by a legacy weight_norm "
+                                         r"pre-hook .*\), 1 \(.*legacy spectral_norm"):
+        quantize_model(legacy, "mxfp4", progress=False, compute_qsnr=False)
+    assert [r.status for r in legacy.mx_report] == ["unsupported", "unsupported"]
+    assert type(legacy[0]) is nn.Linear and torch.equal(legacy(x), want)
+    param = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(64, 32)))
+    w = param[0].weight.detach().clone()
+    quantize_model(param, "mxfp4", progress=False, compute_qsnr=False)
+    assert type(param[0]) is MXLinear
+    assert torch.equal(param[0].weight_qdata, mxkit.quantize(w, "mxfp4").qdata)
+
+
 def test_quantize_model_skip_pattern_and_callable():
     with pytest.warns(UserWarning, match=r"1 nn.Linear layer\(s\) unquantized: 4 \(in_features=48 % block_size=32 != 0\)$"):
         m1 = quantize_model(_small_model(), "mxfp4", skip="5.*", progress=False)

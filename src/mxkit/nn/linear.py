@@ -546,6 +546,21 @@ def _unsupported(lin: nn.Linear, block_size: int) -> str:
         return f"{type(lin).__name__}: an nn.Linear subclass with a forward of its own"
     if "forward" in lin.__dict__:  # (accelerate's hooks, a LoRA-style patch: set on the instance, lost with it)
         return "its forward is replaced on the instance (an MXLinear computes x @ W.T + b)"
+    norm = _legacy_norm_hook(lin)
+    if norm:  # (the hook recomputes lin.weight each forward from parameters an MXLinear does not have)
+        return (f"its weight is recomputed by a legacy {norm} pre-hook (torch.nn.utils.remove_{norm} first, or "
+                f"torch.nn.utils.parametrizations.{norm}, whose weight quantizes)")
+    return ""
+
+
+def _legacy_norm_hook(m: nn.Module) -> str:
+    """"weight_norm" / "spectral_norm" where ``m`` has a legacy ``torch.nn.utils.weight_norm`` / ``spectral_norm``
+    forward pre-hook, else "": carried to an MXLinear, it would read ``weight_g`` / ``weight_orig``, which an MXLinear
+    does not have (AttributeError on the first forward)."""
+    for h in getattr(m, "_forward_pre_hooks", {}).values():
+        name = {"WeightNorm": "weight_norm", "SpectralNorm": "spectral_norm"}.get(type(h).__name__)
+        if name and type(h).__module__.startswith("torch.nn.utils"):
+            return name
     return ""
 
 
@@ -577,8 +592,10 @@ def quantize_model(
     Layers whose ``in_features % block_size != 0``, empty layers, layers whose weight is not float32 /
     bfloat16 / float16, ``nn.Linear`` subclasses with a forward of their own or a forward replaced on the instance
     (accelerate's hooks), and layers whose owner reads their weight itself (``nn.MultiheadAttention``'s
-    ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) are left
-    alone, reported with status ``"unsupported"`` and listed in one ``UserWarning``.
+    ``out_proj``; ``nn.TransformerEncoderLayer``'s ``linear1`` / ``linear2``, read by its fast path) and layers under
+    the legacy ``torch.nn.utils.weight_norm`` / ``spectral_norm`` hooks (the ``parametrizations`` versions quantize
+    the weight they compute) are left alone, reported with status ``"unsupported"`` and listed in one
+    ``UserWarning``.
     A replaced layer's forward and backward hooks move to its MXLinear (their handles still remove them); its
     state_dict hooks, written for nn.Linear's keys, do not (a ``UserWarning`` names the layers).
     An MXMoE's router stays an ``nn.Linear`` (status ``"skipped"``). A layer whose weight is tied to another

@@ -476,7 +476,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         expert_range: Optional[tuple[int, int]] = None,
         **kwargs,
     ) -> "MXMoE":
-        """Quantize dense experts given in the checkpoint convention and return an MXMoE on their device.
+        """Quantize dense experts given in the checkpoint convention and return an MXMoE on the router's device
+        (the experts are quantized on their own device and copied there; move the router first to build it
+        elsewhere).
 
         router: ``nn.Linear(H, E)`` (copied; its bias, if any, too).
         w_gate_up: (E, 2I, H), w_down: (E, H, I) float32 | bfloat16 | float16, each quantized along its last

@@ -524,6 +524,11 @@ def test_qsnr_db_values(rng):
     assert qsnr_db(torch.zeros(4), torch.ones(4)) == -math.inf
     assert qsnr_db(torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf])) == -math.inf  # (log10 of 0 raised)
     assert qsnr_db(torch.empty(0), torch.empty(0)) == math.inf
+    inf = torch.tensor([math.inf, -math.inf, 1.0])  # (equal infinities are no error: inf - inf gave NaN)
+    assert qsnr_db(inf, inf.clone()) == math.inf
+    assert qsnr_db(inf, torch.tensor([math.inf, -math.inf, 1.5])) == math.inf  # (infinite signal, finite error)
+    assert math.isnan(qsnr_db(inf, torch.tensor([-math.inf, -math.inf, 1.0])))  # (infinite both: undefined)
+    assert math.isnan(qsnr_db(torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.nan])))
     with pytest.raises(ValueError, match=r"qsnr_db: x has shape \(1000,\) but x_hat \(1000, 1\)"):
         qsnr_db(x, x[:, None])  # (broadcast, it gave a finite number for two equal vectors)
 

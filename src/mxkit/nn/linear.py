@@ -57,14 +57,15 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64.
 
-    Returns ``inf`` when ``x̂ == x`` exactly (two empty tensors included) and ``-inf`` when ``x`` is all zero but
-    ``x̂`` is not, or the error is infinite and the signal not; NaN where either holds NaN. Raises ValueError when
+    Returns ``inf`` when ``x̂ == x`` exactly (equal infinities and two empty tensors included), or the signal is
+    infinite and the error not, and ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and
+    the signal not; NaN where either holds NaN or both are infinite. Raises ValueError when
     the shapes differ (no broadcasting).
     """
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")
-    x64 = x.detach().to(torch.float64)
-    err = (x64 - x_hat.detach().to(torch.float64)).pow(2).sum().item()
+    x64, h64 = x.detach().to(torch.float64), x_hat.detach().to(torch.float64)
+    err = torch.where(x64 == h64, 0.0, x64 - h64).pow(2).sum().item()  # (equal infinities: no error, not inf - inf)
     sig = x64.pow(2).sum().item()
     if err == 0.0:
         return math.inf

@@ -539,3 +539,62 @@ def test_bad_names_and_settings_from_the_session_78_audit(rng):
         route(logits, k, mode="softmax_topk", renormalize="no")
     w, ids = route(logits, k, mode="softmax_topk", renormalize=True)
     assert torch.allclose(w.sum(1), torch.ones(3))
+
+
+def test_quantized_layers_check_a_callers_fold_and_dtypes_from_the_session_80_audit(rng):
+    """moe_w4a8 / moe_mxfp4 refuse a ``folded`` pair that does not fit the call, on every backend and token count:
+    gate_up folded without interleave_halves for activation="swiglu" (or with it for GPT-OSS's: the kernels' middle
+    pass pairs rows 2c, 2c + 1, so gate rows were paired with gate rows, silently), a down fold interleaved,
+    another layer's shapes, a non-pair. moe_w4a8 refuses float64 x with no tokens too (it returned float64 zeros
+    there and raised with tokens); moe_experts refuses a non-float out_dtype on every backend (the kernels' combine
+    truncated into an int32 output); router_max_tokens of no experts is 1 (it divided by zero)."""
+    from mxkit.kernels.moe import fold_experts
+    from mxkit.kernels.moe_details._route import router_max_tokens
+
+    E, k = 4, 2
+    wg = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    wd = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    x, logits = torch.randn(5, H, generator=rng), torch.randn(5, E, generator=rng)
+    plain, inter, down = fold_experts(wg), fold_experts(wg, interleave_halves=True), fold_experts(wd)
+    assert plain is not None and inter is not None and down is not None
+    wg_other = mxkit.quantize(torch.randn(E, 4 * I, H, generator=rng), "mxfp4")
+    for fn in (moe_op.moe_w4a8, moe_op.moe_mxfp4):
+        for T in (5, 0):
+            for folded, act, err, match in (
+                    ((plain, down), "swiglu", ValueError, r"folded\[0\] \(gate_up\) has interleaved=False; "
+                                                          r"activation='swiglu' needs interleaved=True"),
+                    ((inter, down), "swiglu_gpt_oss", ValueError, r"interleaved=True; activation='swiglu_gpt_oss'"),
+                    ((inter, fold_experts(wd, interleave_halves=True)), "swiglu", ValueError, r"folded\[1\] \(down\)"),
+                    ((fold_experts(wg_other), down), "swiglu_gpt_oss", ValueError,
+                     rf"has shape \({E}, {4 * I}, {H}\) but the experts given \({E}, {2 * I}, {H}\)"),
+                    ([plain, down], "swiglu_gpt_oss", TypeError, "the \\(gate_up, down\\) pair")):
+                with pytest.raises(err, match=match):
+                    fn(x[:T], wg, None, wd, None, logits[:T], k, activation=act, folded=folded)
+            # the right pairs run (the reference on the CPU) and give the unfolded call's bytes
+            for folded, act in (((plain, down), "swiglu_gpt_oss"), ((inter, down), "swiglu"), ((None, None), "swiglu")):
+                got = fn(x[:T], wg, None, wd, None, logits[:T], k, activation=act, folded=folded)
+                assert torch.equal(got, fn(x[:T], wg, None, wd, None, logits[:T], k, activation=act)), (fn, act)
+        with pytest.raises(TypeError, match=r"float32 / bfloat16 / float16 x, got torch.float64"):
+            fn(x[:0].double(), wg, None, wd, None, logits[:0], k)
+    w, ids = route(logits, k)
+    for backend in ("reference", "auto"):
+        with pytest.raises(TypeError, match="dtype=torch.int32 is not supported"):
+            moe_op.moe_experts(x, wg, None, wd, None, w, ids, out_dtype=torch.int32, backend=backend)
+    assert router_max_tokens(0) == router_max_tokens(1) >= 1
+
+
+def test_moe_triton_refuses_packed_experts_of_another_layer(rng):
+    """moe_triton's packed experts must be of the experts given (the kernels took E, 2I and H from the packed pair:
+    another layer's, or the full layer's for an expert range, ran with no error). Checked before any kernel, so
+    here on the CPU with stand-ins of the packed shapes."""
+    from mxkit.kernels.moe import moe_triton
+
+    E, k = 4, 2
+    wg = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    wd = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    x = torch.randn(3, H, generator=rng).to(torch.bfloat16)
+    w, ids = route(torch.randn(3, E, generator=rng), k)
+    for shapes in (((2 * E, 2 * I, H), (2 * E, H, I)), ((E, 2 * I, H), (E, 2 * H, I))):
+        packed = tuple(SimpleNamespace(shape=torch.Size(s)) for s in shapes)
+        with pytest.raises(ValueError, match="were not made from these experts"):
+            moe_triton(x, wg, None, wd, None, w, ids, packed=packed)

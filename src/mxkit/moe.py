@@ -20,7 +20,7 @@ from .ops import needs_grad
 from .moe_reference import check_moe_args, moe_mxfp4_reference, moe_reference, moe_w4a8_reference
 from .moe_reference import route as reference_route
 from .moe_reference import router_logits
-from .tensor import MXTensor, as_int
+from .tensor import MXTensor, as_int, check_out_dtype
 
 __all__ = ["moe", "moe_experts", "moe_w4a8", "moe_mxfp4", "route", "route_tokens", "router_gpt_oss", "MOE_BACKENDS",
            "resolve_moe_backend"]
@@ -109,6 +109,8 @@ def moe_experts(
     backward; they ran and gave none). Raises its TypeError / ValueError, and those of :func:`resolve_moe_backend`."""
     check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, activation=activation,
                    expert_range=expert_range, num_experts=num_experts)
+    if out_dtype is not None:  # (every backend's refusal: the kernels' combine truncated into an int output)
+        check_out_dtype(out_dtype)
     name = resolve_moe_backend(backend, x.device)
     if name == "triton" and needs_grad(x, topk_weights, b_gate_up, b_down):
         name = "reference"
@@ -256,9 +258,11 @@ def moe_w4a8(
     experts of other formats, MXFP8 / MXINT8, which do not fold: the same function, exact, on the reference).
 
     Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
-    a caller that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that
+    a caller that keeps it (:class:`mxkit.nn.MXMoE`; gate_up with ``interleave_halves=True`` for
+    ``activation="swiglu"``, else without: ValueError otherwise); None folds them on the call (one host sync). Experts that
     do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
-    x's dtype. No expert parallelism here. Gradients: where x, a bias or the logits need one, the reference runs
+    x's dtype (float32 / bfloat16 / float16 x: TypeError for float64). No expert parallelism here. Gradients:
+    where x, a bias or the logits need one, the reference runs
     (the FP8 casts passed straight through, their scales constants: :class:`mxkit.nn.MXMoE`'s gradients); the
     Triton path has no backward.
     Raises the TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError
@@ -314,7 +318,7 @@ def moe_mxfp4(
     x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I)
     along K, biases (E, 2I) / (E, H) or None; top_k, routing, activation as :func:`moe` (ties go to the lower
     expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
-    that keeps it (:class:`mxkit.nn.MXMoE`); None folds them on the call (one host sync). Experts that do not
+    that keeps it (:class:`mxkit.nn.MXMoE`; as :func:`moe_w4a8`'s); None folds them on the call (one host sync). Experts that do not
     fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
     envelope; experts of other formats) take the reference, whose combine sums the k slots in float64 and rounds
     once. H and I are multiples of 32 (the MXFP4 blocks; ValueError otherwise), x not float64 (TypeError).
@@ -398,9 +402,14 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     if router_logits.shape[-1] != E:  # (the ids index the experts: routing over other experts is a caller's bug)
         raise ValueError(f"router_logits {tuple(router_logits.shape)} route over {router_logits.shape[-1]} experts "
                          f"but the experts hold E={E} (no expert parallelism here)")
-    if run_reference is _mxfp4_reference:  # (before the no-token return: the same refusals for every T)
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise TypeError(f"moe_mxfp4 quantizes x to MXFP4: float32 / bfloat16 / float16 x, got {x.dtype}")
+    # (before the no-token return: the same refusals for every T)
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        what = "MXFP4" if run_reference is _mxfp4_reference else "FP8 E4M3 (rowwise)"
+        name = "moe_mxfp4" if run_reference is _mxfp4_reference else "moe_w4a8"
+        raise TypeError(f"{name} quantizes x to {what}: float32 / bfloat16 / float16 x, got {x.dtype}")
+    if folded is not None:
+        _check_folded(folded, activation, w_gate_up, w_down)
+    if run_reference is _mxfp4_reference:
         for name, n in (("H (x's last dim)", H), ("I (the down experts' K)", w_down.shape[-1])):
             if n % 32:
                 raise ValueError(f"moe_mxfp4 quantizes along {name} in blocks of 32: got {n}")
@@ -423,6 +432,31 @@ def _quantized_layer(run_folded, run_reference, x, w_gate_up, b_gate_up, w_down,
     return y.reshape(*lead, H)
 
 
+def _check_folded(folded, activation: str, w_gate_up: Optional[MXTensor] = None,
+                  w_down: Optional[MXTensor] = None) -> None:
+    """ValueError where a caller's ``folded`` pair does not fit the call: gate_up folded with its rows interleaved
+    exactly for ``activation="swiglu"`` (the middle pass pairs rows 2c, 2c + 1: the other order paired gate rows
+    with gate rows, silently), down not interleaved, and the shapes of the experts given. A None entry (experts
+    that did not fold) is the reference's."""
+    from .kernels.moe import FoldedExperts
+
+    if not (isinstance(folded, tuple) and len(folded) == 2):
+        raise TypeError(f"folded must be the (gate_up, down) pair of fold_experts, got {type(folded).__name__}")
+    for i, (f, w, part) in enumerate(zip(folded, (w_gate_up, w_down), ("gate_up", "down"))):
+        if f is None:
+            continue
+        if not isinstance(f, FoldedExperts):
+            raise TypeError(f"folded[{i}] ({part}) must be a FoldedExperts or None, got {type(f).__name__}")
+        want = i == 0 and activation == "swiglu"
+        if f.interleaved != want:
+            how = "fold_experts(w, interleave_halves=True)" if want else "fold_experts(w)"
+            raise ValueError(f"folded[{i}] ({part}) has interleaved={f.interleaved}; activation={activation!r} "
+                             f"needs interleaved={want}: {how}")
+        if w is not None and tuple(f.data.shape) != tuple(w.shape):
+            raise ValueError(f"folded[{i}] ({part}) has shape {tuple(f.data.shape)} but the experts given "
+                             f"{tuple(w.shape)}")
+
+
 def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation
                   ) -> torch.Tensor:
     """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
@@ -430,4 +464,5 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     lead, H = x.shape[:-1], x.shape[-1]
     if x2.shape[0] == 0:
         return _no_tokens(x, b_gate_up, b_down, router_logits)
+    _check_folded(folded, activation)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

@@ -206,7 +206,7 @@ def moe_triton(
     intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
 
     packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
-    ``interleave_halves`` for ``"swiglu"``), one copy for every token count: up to :func:`mma_max_pairs` (token,
+    ``interleave_halves`` for ``"swiglu"``; ValueError for a pair of other shapes), one copy for every token count: up to :func:`mma_max_pairs` (token,
     slot) pairs both GEMMs run on the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact;
     the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16 wgmma kernel
     (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order), bias
@@ -233,6 +233,10 @@ def moe_triton(
     n = T * k
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if packed is not None and (tuple(packed[0].shape) != tuple(w_gate_up.shape)
+                               or tuple(packed[1].shape) != tuple(w_down.shape)):
+        raise ValueError(f"packed experts of shapes {tuple(packed[0].shape)} / {tuple(packed[1].shape)} were not made "
+                         f"from these experts, {tuple(w_gate_up.shape)} / {tuple(w_down.shape)}")
     path = packed_path(packed, n, activation, x)
     if path is not None:
         return _run_packed(path, x, packed, b_gate_up, b_down, topk_weights, topk_ids, activation, out_dtype,

@@ -128,7 +128,7 @@ ROUTER_MAX_WORK = 32  # MXMoE routes T tokens of E experts through router_gpt_os
 def router_max_tokens(E: int) -> int:
     """The most tokens MXMoE routes through :func:`router_gpt_oss` for E experts: 32 up to E = 32, 8 at E = 128
     (:data:`ROUTER_MAX_WORK`), at least 1."""
-    return max(1, ROUTER_MAX_WORK // triton.cdiv(E, ROUTER_BLOCK_E))
+    return max(1, ROUTER_MAX_WORK // max(1, triton.cdiv(E, ROUTER_BLOCK_E)))  # (E = 0: a weight router_takes refuses)
 
 
 _ROUTER_X = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}  # x dtypes taken -> PyTorch's NaN bits in that dtype

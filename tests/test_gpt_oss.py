@@ -1106,3 +1106,40 @@ def test_mxkit_eval_on_a_gpt_oss_dir_keeps_the_mx_experts(tmp_path, rng, monkeyp
         for col in ("ppl", "ppl_ref", "cos_mean", "cos_min"):
             assert g[col] == pytest.approx(w[col], rel=EVAL_RTOL), col
         assert g["nn_agree"] == w["nn_agree"]
+
+
+@pytest.mark.parametrize("head", ["absent", "distinct", "equal"])
+def test_loaders_tie_the_head_as_transformers_does(tmp_path, rng, head):
+    """A config with tie_word_embeddings: a directory without lm_head.weight loads tied in both loaders
+    (load_hf_model called it missing); one holding an lm_head of other values keeps it, untied, with a warning
+    (load_gpt_oss_model tied it over the stored head, silently: other logits than transformers'); one equal to the
+    embedding loads tied. The logits of both loaders agree, and the head is the one the directory means."""
+    pytest.importorskip("transformers")
+    from mxkit.nn import load_gpt_oss_model
+
+    root = _write(tmp_path, rng, num_layers=1)
+    _edit_json(root / "config.json", lambda c: c.update(tie_word_embeddings=True))
+    (path,) = root.glob("*.safetensors")
+    tensors, meta = _file_tensors(path)
+    emb = tensors["model.embed_tokens.weight"]
+    if head == "absent":
+        del tensors["lm_head.weight"]
+    elif head == "equal":
+        tensors["lm_head.weight"] = emb.clone()
+    assert head != "distinct" or not torch.equal(tensors["lm_head.weight"], emb)
+    save_file(tensors, str(path), metadata=meta)
+    ids = torch.randint(0, 100, (1, 7), generator=rng)
+    logits = []
+    for load in (gpt_oss.load_hf_model, load_gpt_oss_model):
+        if head == "distinct":
+            with pytest.warns(UserWarning, match="holds an lm_head.weight of other values: it is kept, untied"):
+                model = load(root, dtype=torch.float32, progress=False)
+        else:
+            model = load(root, dtype=torch.float32, progress=False)
+        out_w, in_w = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+        assert (out_w.data_ptr() == in_w.data_ptr()) == (head != "distinct"), load.__name__
+        want = tensors["lm_head.weight"] if head == "distinct" else emb
+        assert torch.equal(out_w, want.float()), load.__name__
+        with torch.no_grad():
+            logits.append(model(ids).logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5 * float(logits[0].abs().max()))

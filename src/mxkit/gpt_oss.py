@@ -1054,6 +1054,21 @@ def use_generation_config(model, path: Union[str, Path]) -> None:
         model.generation_config = GenerationConfig.from_pretrained(str(path))
 
 
+def tie_head(model, head_stored: bool, path) -> bool:
+    """For a config with ``tie_word_embeddings``: tie ``model``'s lm_head to its input embedding where the directory
+    holds no lm_head of its own (``head_stored`` False) or one equal to the embedding; an lm_head stored with other
+    values is kept, untied, with a UserWarning (transformers 5's rule: tying it replaced the stored head, silently).
+    Returns whether the head is tied."""
+    if head_stored:
+        head, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+        if head.shape != emb.shape or not torch.equal(head, emb):
+            warnings.warn(f"{path}: config.json ties the word embeddings, but the directory holds an lm_head.weight "
+                          f"of other values: it is kept, untied (as transformers does)", stacklevel=3)
+            return False
+    model.tie_weights()
+    return True
+
+
 def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16,
                   device: Union[str, torch.device] = "cpu", progress: bool = True):
     """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory, experts dequantized by mxkit.
@@ -1094,6 +1109,8 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
         reader = _Reader(ckpt.path, stack)
         moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
         load({name: reader.tensor(name) for name in reader.weight_map if name not in moe_names})
+    if getattr(model.config, "tie_word_embeddings", False) and tie_head(model, "lm_head.weight" in loaded, ckpt.path):
+        loaded.add("lm_head.weight")  # (a tied head is the loaded embedding: not missing from the directory)
     missing = [k for k in model.state_dict() if k not in loaded]
     if missing or unexpected:
         raise CheckpointError(f"{ckpt.path}: the directory does not match GptOssForCausalLM: parameters missing "

@@ -68,7 +68,8 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     not match the model (naming the tensors), or a config whose ``swiglu_limit`` / ``swiglu_alpha`` is not GPT-OSS's
     7.0 / 1.702 (the activation MXMoE implements).
     """
-    from ..gpt_oss import CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, use_generation_config
+    from ..gpt_oss import (CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, tie_head,
+                           use_generation_config)
 
     try:  # (before reading the directory: a device this build or machine lacks)
         device = torch.device(device)
@@ -113,9 +114,11 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
             result = model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names
             raise CheckpointError(f"{ckpt.path}: {' '.join(str(e).split())}") from e
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()  # (assign=True replaced the tied parameter; a tied lm_head is not in the directory)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    # a tied lm_head: tied again where the directory does not hold its own (assign=True replaced the tied
+    # parameter); one stored with other values is kept, untied, as transformers 5 keeps it
+    tied = set()
+    if getattr(model.config, "tie_word_embeddings", False) and tie_head(model, "lm_head.weight" in state, ckpt.path):
+        tied = {"lm_head.weight"}
     # the MXMoE modules' own tensors are theirs already; anything else the directory lacks stays on meta
     missing = [k for k in result.missing_keys if k not in tied and (".mlp." not in k or not isinstance(
         model.get_submodule(k.rsplit(".mlp.", 1)[0] + ".mlp"), MXMoE))]

@@ -128,10 +128,19 @@ def test_blocks_from_mxtensor_refuses_other_layouts(rng):
 
 
 def test_a_tensor_in_two_single_files_is_an_error(tmp_path, rng):
-    """Without an index, every *.safetensors file is read: a tensor held by two of them is ambiguous."""
+    """Without model.safetensors or an index, every *.safetensors file is read: a tensor held by two of them is
+    ambiguous. With model.safetensors, transformers' choice: it alone is read, whatever lies beside it (a leftover
+    shard, a stale index whose shards are gone: it raised that a shard was missing, or read the index's shards)."""
     root = _write(tmp_path, rng, num_layers=1)
     name = moe_tensor_name(0, "router.bias")
-    save_file({name: _file_tensors(root / "model.safetensors")[0][name].clone()}, str(root / "extra.safetensors"))
+    mine = _file_tensors(root / "model.safetensors")[0][name]
+    save_file({name: mine + 1}, str(root / "extra.safetensors"))
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: "model-00001-of-00002.safetensors"}}))
+    got = gpt_oss.load_gpt_oss(root, progress=False)
+    assert torch.equal(got.layers[0].router_bias, mine)
+    (root / "model.safetensors.index.json").unlink()
+    (root / "model.safetensors").rename(root / "weights.safetensors")
     with pytest.raises(CheckpointError) as e:
         gpt_oss.load_gpt_oss(root, progress=False)
     assert f"{name} is in both" in str(e.value) and "extra.safetensors" in str(e.value), str(e.value)

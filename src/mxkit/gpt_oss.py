@@ -281,15 +281,17 @@ def blocks_from_mxtensor(t: MXTensor, name: str = "tensor") -> tuple[torch.Tenso
 
 
 class _Reader:
-    """The safetensors files of a directory: tensor → file (from the index when there is one), headers, tensors
-    (memory-mapped by ``safe_open``). Every failure is a CheckpointError naming the tensor and file; an index
+    """The safetensors files of a directory: tensor → file, headers, tensors (memory-mapped by ``safe_open``). The
+    files are transformers' choice: ``model.safetensors`` where it exists (a stale index or shards beside it, left by
+    a re-save as one file, are not read), else the index's shards, else every ``*.safetensors`` file (a tensor in
+    two of them: CheckpointError). Every failure is a CheckpointError naming the tensor and file; an index
     value that is absolute or holds ``..`` (a file outside the directory, which a save could not write back into
     it) is one naming the tensor and the value."""
 
     def __init__(self, root: Path, stack: contextlib.ExitStack):
         self.root, self._stack, self._handles = root, stack, {}
         index = root / INDEX_NAME
-        if index.is_file():
+        if index.is_file() and not (root / SINGLE_NAME).is_file():
             data = _read_json(index)
             wmap = data.get("weight_map")
             if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
@@ -306,7 +308,8 @@ class _Reader:
                     raise CheckpointError(f"shard {str(f)!r} listed by {str(index)!r} (e.g. for {example}) is missing")
         else:
             self.index, self.weight_map = None, {}
-            files = sorted(f for f in root.glob("*.safetensors") if f.is_file())
+            single = root / SINGLE_NAME
+            files = [single] if single.is_file() else sorted(f for f in root.glob("*.safetensors") if f.is_file())
             if not files:
                 raise CheckpointError(f"no *.safetensors files and no {INDEX_NAME} in {str(root)!r}")
             for f in files:

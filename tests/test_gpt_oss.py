@@ -178,6 +178,31 @@ def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
     assert "FileExistsError" in doc and "CheckpointError" in doc and "positive int" in doc
 
 
+@pytest.mark.parametrize("shards", [1, 3])
+def test_synthetic_dir_is_written_whole_or_not_at_all(tmp_path, rng, monkeypatch, shards):
+    """A write that fails part way (a full disk on a shard) leaves dst with no config.json and no shard (it left a
+    config.json and the shards before it: a directory that looked like a checkpoint, and a retry was refused), and
+    the retry writes the directory."""
+    import safetensors.torch as st
+
+    real, calls = st.save_file, []
+
+    def failing(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == shards:
+            raise OSError(28, "No space left on device")
+        return real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(st, "save_file", failing)
+    with pytest.raises(OSError, match="No space left"):
+        _write(tmp_path, rng, num_layers=2, shards=shards)
+    assert sorted(p.name for p in (tmp_path / "src").iterdir()) == []
+    monkeypatch.undo()
+    root = _write(tmp_path, rng, num_layers=2, shards=shards)
+    assert gpt_oss.load_gpt_oss(root, progress=False).dims.num_layers == 2
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
 def test_load_is_zero_copy_of_the_mapped_files(tmp_path, rng):
     root = _write(tmp_path, rng, shards=3)
     ckpt = gpt_oss.load_gpt_oss(root, progress=False)

@@ -831,7 +831,8 @@ def write_synthetic_gpt_oss(
     plus ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as ``save_pretrained`` does.
     num_attention_heads / num_key_value_heads / head_dim: the attention's shapes in config.json and the q / k /
     v / o tensors (GPT-OSS-20B's 64 / 8 / 64). seed: None draws a fresh one. progress: a tqdm bar over the
-    layers written. ``dst`` is created (it must not hold a config.json already).
+    layers written. ``dst`` is created (it must not hold a config.json already); the files are written into a
+    temporary folder in it and renamed into place, config.json last, so a failure leaves no partial checkpoint.
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
     or heads that are not a multiple of the k / v heads; :class:`CheckpointError` (a ValueError) for a
     ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``, ``intermediate_size``, ``vocab_size`` or attention
@@ -902,18 +903,26 @@ def write_synthetic_gpt_oss(
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= len(tensors):
         raise ValueError(f"shards={shards!r} must be an int from 1 to {len(tensors)} (the number of tensors)")
     dst.mkdir(parents=True, exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if shards == 1:
-        save_file(tensors, str(dst / SINGLE_NAME), metadata={"format": "pt"})
-        return dst
-    plan = _shard_plan([(k, t.nbytes) for k, t in tensors.items()], shards)
-    weight_map = {}
-    for k, names in enumerate(plan):
-        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n] for n in names}, str(dst / fname), metadata={"format": "pt"})
-        weight_map.update((n, fname) for n in names)
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
-    (dst / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    # every file written into a temporary folder beside dst first, then renamed into it, config.json last: a full
+    # disk or an interrupt leaves dst as it was (it left a config.json and some shards: a directory that looked
+    # like a checkpoint, and a retry refused)
+    tmp = Path(tempfile.mkdtemp(prefix=".mxkit-synthetic-", dir=dst))
+    try:
+        if shards == 1:
+            save_file(tensors, str(tmp / SINGLE_NAME), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for k, names in enumerate(_shard_plan([(k, t.nbytes) for k, t in tensors.items()], shards)):
+                fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+                save_file({n: tensors[n] for n in names}, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update((n, fname) for n in names)
+            index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+            (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+            os.replace(f, dst / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dst
 
 

@@ -314,6 +314,11 @@ def test_inspect_gpt_oss_directory_summary(tmp_path, rng, capsys):
     tensors = safetensors_torch.load_file(str(f))
     tensors[name][0, 0, 0], tensors[name][3, 63, 2] = 101, 0xFF  # the lowest scale byte, and one NaN
     safetensors_torch.save_file(tensors, str(f), metadata={"format": "pt"})
+    bias = "model.layers.1.mlp.router.bias"  # (layer 1's router bias in float32: the table said layer 0's BF16)
+    g = _holder(root, bias)
+    tensors = safetensors_torch.load_file(str(g))
+    tensors[bias] = tensors[bias].float()
+    safetensors_torch.save_file(tensors, str(g), metadata={"format": "pt"})
     assert cli.main(["inspect", str(root), "--plain"]) == 0
     out = capsys.readouterr().out
     L, E, H, I, V, heads, kv, hd = 2, 4, 64, 96, 100, 4, 2, 16
@@ -325,6 +330,7 @@ def test_inspect_gpt_oss_directory_summary(tmp_path, rng, capsys):
                                                        "64]"]
     assert rows[p + "experts.down_proj_scales"] == ["U8", "[4,", "64,", "3]", "E8M0", "scales"]
     assert rows[p + "router.weight"] == ["BF16", "[4,", "64]", "-"] and len(rows) == 8
+    assert rows[p + "router.bias"] == ["BF16/F32", "[4]", "-"]
     n = L * E * (2 * I * H + H * I)  # expert weights
     mx, bf16 = n // 2 + n // 32, 2 * n
     assert (f"MXFP4 experts: {mx / 1e6:.3f} MB (blocks + scales, 4.25 bits/weight) vs {bf16 / 1e6:.3f} MB as bf16 "

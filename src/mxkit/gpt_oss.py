@@ -935,7 +935,8 @@ class GptOssSummary:
     """What ``mxkit inspect DIR`` prints for a GPT-OSS directory.
 
     files: the safetensors file names; index: the index file name or None; moe_shapes: ``(role, shape, dtype)`` of
-    one layer's MoE tensors (every layer's are checked to be the same); mxfp4_bytes: the experts' blocks + scales;
+    one layer's MoE tensors (every layer's shapes are checked to be the same; dtype names every one the layers
+    use, e.g. ``BF16/F32``); mxfp4_bytes: the experts' blocks + scales;
     bf16_bytes: 2 bytes per expert weight; moe_other_bytes: biases and router; scale_hist: 256 counts of E8M0
     scale bytes over all layers; other_tensors / other_bytes: every tensor that is not a MoE tensor.
     """
@@ -976,7 +977,10 @@ def summarize_gpt_oss(path: Union[str, Path], *, progress: bool = False) -> GptO
             raise CheckpointError(f"{str(ckpt.path)!r}: config.json says {ckpt.dims.num_layers} layers, but the "
                                   f"directory holds tensors of layer(s) {past[:8]}")
         other_bytes = sum(reader.nbytes(n) for n in others)
-        shapes = tuple((r, *reader.meta(moe_tensor_name(0, r))) for r in MOE_ROLES)
+        # (one layer's shapes: every layer's are the same, load_gpt_oss checked; the dtypes of them all: biases and
+        # the router may be BF16 / F16 / F32 layer by layer, which showed as layer 0's)
+        shapes = tuple((r, reader.meta(moe_tensor_name(0, r))[0], "/".join(sorted(
+            {str(reader.meta(moe_tensor_name(i, r))[1]) for i in range(ckpt.dims.num_layers)}))) for r in MOE_ROLES)
         files, index = tuple(f.name for f in reader.files), reader.index.name if reader.index else None
     return GptOssSummary(ckpt.path, ckpt.dims, files, index, shapes, mx_bytes, bf16_bytes, moe_other,
                          tuple(int(v) for v in hist), len(others), other_bytes)

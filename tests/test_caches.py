@@ -197,7 +197,8 @@ def test_device_helpers_leave_cpu_and_current_device_operands_alone(monkeypatch)
                                      'torch.backends.mkldnn.matmul.fp32_precision = "bf16"'])
 def test_reference_gemm_ignores_lowered_float32_precision(setting, rng):
     """A process-wide lower float32 matmul precision (on the CPU oneDNN then multiplies in bf16) does not reach the
-    reference GEMM, the oracle of every kernel: the bytes of the default precision, the setting as it was after
+    reference GEMM, the oracle of every kernel, nor MXMoE's expert backward (it did: x.grad off by ~3e-3): the bytes
+    of the default precision, the setting as it was after
     (a fresh process per setting: the settings are process-wide)."""
     import os
     import subprocess
@@ -210,11 +211,22 @@ g = torch.Generator().manual_seed({int(torch.randint(0, 2**31 - 1, (1,), generat
 a, w = torch.randn(64, 1024, generator=g), mxkit.quantize(torch.randn(96, 1024, generator=g), "mxfp4")
 fa = mxkit.quantize_fold(a, "mxfp4")
 want = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
+from mxkit.nn import MXMoE  # (and MXMoE's expert backward: GPT-OSS routing at top-1, weights 1, router frozen)
+m = MXMoE.from_dense(torch.nn.Linear(256, 2), torch.randn(2, 512, 256, generator=g) * 0.1, None,
+                     torch.randn(2, 256, 256, generator=g) * 0.1, None, 1, "mxfp4", activation="swiglu")
+m.router.requires_grad_(False)
+xm, gm = torch.randn(128, 256, generator=g), torch.randn(128, 256, generator=g)
+def moe_grad():
+    x = xm.clone().requires_grad_()
+    m(x).backward(gm)
+    return x.grad
+want_moe = moe_grad()
 {setting}
 C = torch._C
 before = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 got = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "the reference follows the setting"
+assert torch.equal(moe_grad(), want_moe), "MXMoE's expert backward follows the setting"
 assert not torch.equal(got[2], want[2]), "the setting changes nothing here: the test cannot fail"
 after = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 assert after == before, (before, after)

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from .._autocast import autocast_off
+from .._precision import exact_float32
 from ..moe_reference import ACTIVATIONS, _bf16_values, _fp8_rowwise_values, _mxfp4_values
 from .linear import FP8_ROWWISE
 
@@ -64,7 +65,17 @@ def _straight_through(act_format: Optional[str]):
 def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool) -> tuple:
     """:class:`ExpertsGrad`'s backward (and ``mxkit::mx_moe_experts``'): the gradients (x, weights, b1, b2) of the
-    experts' weighted sum, each None where not needed (or its tensor None), in its input's dtype and shape."""
+    experts' weighted sum, each None where not needed (or its tensor None), in its input's dtype and shape. Its
+    float32 products at full precision whatever ``torch.set_float32_matmul_precision`` says (it followed it:
+    oneDNN's bf16 on a CPU, TF32 on a GPU). Differentiable again (``create_graph=True``): x, the routing weights and
+    the biases enter it as they are, so a second-order gradient reaches each of them."""
+    if torch.compiler.is_compiling():  # (the context switches process-wide settings, which dynamo does not trace)
+        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2)
+    with exact_float32(x.device.type):
+        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2)
+
+
+def _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2) -> tuple:
     H, k = x.shape[-1], ids.shape[-1]
     x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
     f32 = dict(dtype=torch.float32, device=x.device)
@@ -84,8 +95,9 @@ def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Te
         t, slot = pair // k, pair % k
         w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
         xe = x2[t].to(torch.float32) if quant is None else xq2[t]
-        b1e = None if b1 is None else b1[e - lo].detach().to(torch.float32)
-        b2e = None if b2 is None else b2[e - lo].detach().to(torch.float32)
+        # (not detached: under create_graph the second-order gradients reach the biases through them)
+        b1e = None if b1 is None else b1[e - lo].to(torch.float32)
+        b2e = None if b2 is None else b2[e - lo].to(torch.float32)
 
         def expert(xe, *biases, w1=w1, w2=w2, b1e=b1e, b2e=b2e):
             it = iter(biases)

@@ -257,7 +257,9 @@ def matmul(
     precision whatever ``torch.set_float32_matmul_precision`` says; inside ``torch.compile`` the plain product, which
     follows that setting).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
-    get ``grad_y @ dequantize(b)`` (full float32 too) and ``grad_y`` summed; the MX weight is frozen (its bytes
+    get ``grad_y @ dequantize(b)`` (full float32 too; inside ``torch.compile`` the traced product, which follows
+    ``torch.set_float32_matmul_precision``: MXLinear's compiled backward is an eager op at full float32) and
+    ``grad_y`` summed; the MX weight is frozen (its bytes
     take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes, an unknown backend,
     or a bias that is not a float tensor of shape (N,).

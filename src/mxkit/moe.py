@@ -259,8 +259,8 @@ def moe_w4a8(
 
     Arguments as :func:`moe`; ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by
     a caller that keeps it (:class:`mxkit.nn.MXMoE`; gate_up with ``interleave_halves=True`` for
-    ``activation="swiglu"``, else without: ValueError otherwise); None folds them on the call (one host sync). Experts that
-    do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
+    ``activation="swiglu"``, else without: ValueError otherwise); None folds them on the call (one host sync).
+    Experts that do not fold (block scales spanning more than the fold range) take the reference. Returns (..., H) in
     x's dtype (float32 / bfloat16 / float16 x: TypeError for float64). No expert parallelism here. Gradients:
     where x, a bias or the logits need one, the reference runs
     (the FP8 casts passed straight through, their scales constants: :class:`mxkit.nn.MXMoE`'s gradients); the
@@ -318,8 +318,9 @@ def moe_mxfp4(
     x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I)
     along K, biases (E, 2I) / (E, H) or None; top_k, routing, activation as :func:`moe` (ties go to the lower
     expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
-    that keeps it (:class:`mxkit.nn.MXMoE`; as :func:`moe_w4a8`'s); None folds them on the call (one host sync). Experts that do not
-    fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's
+    that keeps it (:class:`mxkit.nn.MXMoE`; as :func:`moe_w4a8`'s); None folds them on the call (one host
+    sync). Experts that do not fold (a row's block scales spanning more than the fold range, or a row scale outside
+    the FP8 epilogue's
     envelope; experts of other formats) take the reference, whose combine sums the k slots in float64 and rounds
     once. H and I are multiples of 32 (the MXFP4 blocks; ValueError otherwise), x not float64 (TypeError).
     Returns (..., H) in x's dtype. No expert parallelism here. Gradients: the

@@ -1263,8 +1263,8 @@ def test_gpu_decode_w16_nonfinite_codes(fmt, special, dtype, rng):
 def test_prepared_call_of_k_zero_and_of_other_blocks(monkeypatch, rng):
     """matmul's eager hot path on CUDA (planned here with the device faked), for plans its small-M and fast-dequantize
     calls cannot run: K = 0 under decode-w16 (bf16 / fp16 rows: the call divided by K's split, ZeroDivisionError)
-    takes the planned call (run_gemm's empty sum); a weight of 64-element blocks under dense-exact takes the planned call, not the one whose
-    fast call is the Triton dequantize of 32-element blocks."""
+    takes the planned call (run_gemm's empty sum); a weight of 64-element blocks under dense-exact takes the planned
+    call, not the one whose fast call is the Triton dequantize of 32-element blocks."""
     from mxkit import MXTensor
     from mxkit.kernels import matmul as km
     from mxkit.kernels import matmul_calls, matmul_table

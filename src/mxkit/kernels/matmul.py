@@ -35,8 +35,9 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     fixed order.
 ``a8w8-mma``
     MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
-    default 16, and ``max_m_no_wgmma``, 64, on layers w8a16-wgmma does not take); N % 16 == 0, K % 64 == 0; sm_89+): both operands' E4M3 codes straight into FP8 tensor cores
-    (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
+    default 16, and ``max_m_no_wgmma``, 64, on layers w8a16-wgmma does not take; N % 16 == 0, K % 64 == 0;
+    sm_89+): both operands' E4M3 codes straight into FP8 tensor cores (``mma.sync`` m16n8k32, a CUDA C++ kernel
+    shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
     32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32 (the
     weight's first, exact for weight scale bytes 19-232, the envelope; the activation's inside the fma, any
     byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel

@@ -206,8 +206,9 @@ def moe_triton(
     intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
 
     packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
-    ``interleave_halves`` for ``"swiglu"``; ValueError for a pair of other shapes), one copy for every token count: up to :func:`mma_max_pairs` (token,
-    slot) pairs both GEMMs run on the tensor-core decode kernel (blocks of 8 sorted rows; any scale byte exact;
+    ``interleave_halves`` for ``"swiglu"``; ValueError for a pair of other shapes), one copy for every token
+    count: up to :func:`mma_max_pairs` (token, slot) pairs both GEMMs run on the tensor-core decode kernel (blocks
+    of 8 sorted rows; any scale byte exact;
     the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16 wgmma kernel
     (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order), bias
     and activation in the first GEMM's epilogue, h in bf16 (written in the K order), the down GEMM stored

@@ -124,9 +124,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     another device than the experts, and for a router that does not give E logits. A strided x gives its contiguous
     copy's bits. The router's logits are computed in x's dtype (a plain ``nn.Linear`` router's weight and bias cast
     to it where the module holds another dtype; any other router, or one with hooks, is called on x cast to its
-    weight's dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``, so its logits and
-    the scores are then in the autocast dtype, while the experts' arithmetic is left alone); on CUDA,
-    for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x with
+    weight's dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any
+    ``nn.Linear``, so its logits and the scores are then in the autocast dtype, while the experts' arithmetic is
+    left alone); on CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x
+    with
     ``routing="gpt_oss"``, a plain ``nn.Linear`` router without hooks in x's dtype and no gradient to record
     (decode), the router, the top-k and the
     softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they

@@ -211,6 +211,7 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
 
     assert dequantize_config(1, 4096, 4096, False, "mxfp4_e2m1").fp4_asm  # (one 1024-element row per program)
     assert dequantize_config(1, 4096, 512, False, "mxfp4_e2m1").fp4_asm  # (a 2-D tile of shorter rows)
+    asm = DEV != "cpu"  # (the plan of the CPU interpreter's dry run turns inline asm off: there the fallback's bits)
     dt = getattr(torch, out)
     for shape in ((727, 608), (64, 8192), (3, 5, 256), (1, 32), (9, 4096), (5, 1056), (2, 3, 2080), (3, 2880)):
         L = shape[-1]
@@ -218,7 +219,7 @@ def test_gpu_fp4_word_decode_matches_reference(out, rng, poison):
         sc = scale_bytes((*shape[:-1], L // 32), rng)
         q = MXTensor(qd, sc, "mxfp4_e2m1", len(shape) - 1, 32, shape)
         plan = dict(kq._dequantize_plan("mxfp4_e2m1", len(shape) - 1, shape, dt, None)[5])
-        assert plan["FP4_ASM"] == (shape != (1, 32)), shape
+        assert plan["FP4_ASM"] == (asm and shape != (1, 32)), shape
         want = dequantize_reference(q, dt)
         assert_dequant_equal(dequantize_triton(q.to(DEV), dt), want, f"fp4 words {shape}")
         if shape == (64, 8192):

@@ -200,6 +200,30 @@ def test_gpu_repeated_calls_and_misaligned_inputs(fmt, rng, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_negative_bit_views_are_resolved(dtype, rng):
+    """A tensor with the negative bit set (torch._neg_view: its memory holds -x) quantizes as x on every Triton
+    entry, the cached fast calls included (repeated calls): the kernels read the memory raw, so fp16 returned the
+    codes of -x and float32 / bf16 raised torch's view error. Also the FP8 rowwise and the fold's quantizations."""
+    import mxkit
+
+    for it in range(3):
+        x = rand_tensor((64, 96), -1, generator=rng, dtype=dtype).to(DEV)
+        y = torch._neg_view(x)
+        assert y.is_neg()
+        plain = y.resolve_neg()
+        for axis in (-1, 0, (-1, 0)):
+            got = kq.quantize_triton(y, "mxfp4_e2m1", axis=axis)
+            want = kq.quantize_triton(plain, "mxfp4_e2m1", axis=axis)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert_mx_equal(g, w, what=f"{dtype} axis {axis} call {it}")
+        a, b = mxkit.quantize_fp8_rowwise(y, backend="triton"), mxkit.quantize_fp8_rowwise(plain, backend="triton")
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+        a, b = mxkit.quantize_fold(y, "mxfp4", backend="triton"), mxkit.quantize_fold(plain, "mxfp4", backend="triton")
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "mxfp6_e3m2"] if FULL else ["mxfp4_e2m1"])
 def test_gpu_large_tiles(fmt, rng):
     """8192 x 8192 bf16 (the benchmark shape, production tile configs) rowwise / columnwise /

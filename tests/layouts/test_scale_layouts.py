@@ -231,8 +231,27 @@ def test_quantize_scale_layout_argument(layout):
     assert bytes_equal(from_layout(q.scale, layout, plain.scale.shape), plain.scale)
 
 
+@pytest.mark.parametrize("layout", SWIZZLED)
+def test_swizzled_layouts_under_torch_compile(layout):
+    """quantize into a swizzled layout compiles for a second row count (a dynamic dim: the layout's shape check
+    took only an int and raised 'rows must be a non-negative int, got s77'), and dequantize of a swizzled MXTensor
+    compiles with fullgraph=True (the tile permutation's check sorted a list, which dynamo does not trace); the
+    eager bytes."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: mxkit.quantize(x, "mxfp8_e4m3", scale_layout=layout, backend="reference"),
+                      backend="aot_eager")
+    for rows in (64, 96, 160):
+        x = rand_tensor((rows, 64))
+        got, want = f(x), mxkit.quantize(x, "mxfp8_e4m3", scale_layout=layout, backend="reference")
+        assert bytes_equal(got.qdata, want.qdata) and bytes_equal(got.scale, want.scale), rows
+    q = mxkit.quantize(rand_tensor((64, 64)), "mxfp8_e4m3", scale_layout=layout, backend="reference")
+    g = torch.compile(lambda q: mxkit.dequantize(q, backend="reference"), backend="aot_eager", fullgraph=True)
+    assert bytes_equal(g(q), mxkit.dequantize(q, backend="reference"))
+
+
 # --- device ---------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     for layout in SWIZZLED:
         s = rand_bytes(300, 17)

@@ -338,6 +338,7 @@ def quantize_fold_triton(
     if not x.is_contiguous():
         raise ValueError(f"quantize_fold_triton needs a contiguous x; got shape {tuple(x.shape)}, strides "
                          f"{x.stride()}")
+    x = x.resolve_neg()  # (a negative-bit view: its memory holds -x, which the kernel reads raw)
     mode, rnd = ScaleMode.parse(scale_mode), Rounding.parse(rounding)
     _check_device(x, "x")
     lead = torch.Size(x.shape[:-1])

@@ -265,7 +265,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     """Allocate the plan's outputs and launch; returns the uint8 outputs in the plan's order. After the first
     launch of a specialisation (device, x's alignment) the later ones go through its bound direct launch
     (:meth:`mxkit.kernels.launch._Launcher.bind`): the same kernel, the same arguments."""
-    x = x.contiguous()
+    x = x.contiguous().resolve_neg()  # (a negative-bit view: its memory holds -x, which the kernels read raw)
     p = x.data_ptr()
     aligned = plan.unaligned is None or p % plan.unaligned[0] == 0
     key = (x.get_device(), p % 16 == 0, aligned)
@@ -605,7 +605,7 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
         (make,) = makers
 
         def run(x):
-            x = x.contiguous()
+            x = x.contiguous().resolve_neg()
             p = x.data_ptr()
             fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
             q, s = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
@@ -617,7 +617,7 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     first = 0 if margs[0].axis == len(shape) - 1 else 2
 
     def run_pair(x):
-        x = x.contiguous()
+        x = x.contiguous().resolve_neg()
         p = x.data_ptr()
         fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
         outs = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
@@ -733,7 +733,7 @@ def quantize_fp8_rowwise_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., K)")
     _check_device(x)
-    x = x.contiguous()
+    x = x.contiguous().resolve_neg()
     K = x.shape[-1]
     R = x.numel() // K if K else math.prod(x.shape[:-1])
     data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)

@@ -77,6 +77,8 @@ def _check_data_layout(layout: str) -> tuple[int, int]:
 
 def _check_dims(rows, cols) -> None:
     for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, torch.SymInt):  # (torch.compile with a dynamic dim: checked where it is concrete)
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be a non-negative int, got {v!r}")
 

@@ -75,6 +75,9 @@ def test_argument_errors_match_reference():
         kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(0, 1, 1))
     with pytest.raises(ValueError, match="differ"):
         kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=(1, -1))
+    for bad in (True, 1.0, None, "1"):  # ('bool' object is not iterable, ...; '1' was taken as a pair of chars)
+        with pytest.raises(TypeError, match=r"axis must be an int or a pair of ints, got"):
+            kq.quantize_triton(torch.zeros(64, 64), "mxfp8", axis=bad)
     # the checks are cached per problem: a bad call raises every time (exceptions are not cached), and an
     # unhashable argument (a list of axes) is checked the same way, uncached
     for _ in range(2):

@@ -34,7 +34,7 @@ import torch
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from .. import layouts
 from ..layouts import KERNEL_LAYOUT_IDS, scale_layout_shape
-from ..tensor import MXTensor, check_out_dtype, check_quantize_args
+from ..tensor import MXTensor, as_int, check_out_dtype, check_quantize_args
 from . import opt_flags
 from . import launch as _launch
 from ._env import interpreting
@@ -526,8 +526,11 @@ def quantize_triton(
     """
     if not isinstance(x, torch.Tensor):
         check_quantize_args(x, fmt, -1, block_size, scale_mode, rounding)  # raises the TypeError
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        axis = tuple(axis)
+    axis = as_int(axis)  # (a NumPy integer, as mxkit.quantize takes it)
+    if isinstance(axis, (tuple, list, torch.Size)):
+        axis = tuple(as_int(a) for a in axis)
+    elif isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"axis must be an int or a pair of ints, got {axis!r}")
     # the checks are cached per problem, except while Dynamo traces (it traces neither hash() nor the cache)
     # and for an unhashable argument; the MXTensors are then built with their own checks too
     # (and for a block_size that is not an int: 32.0 == 32 would find the cached checks of block_size=32)

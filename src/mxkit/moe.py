@@ -315,20 +315,18 @@ def moe_mxfp4(
     accumulator; one rounding to bf16); the expert biases are added after
     that rounding, the combine sums the k slots in float32.
 
-    x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I)
-    along K, biases (E, 2I) / (E, H) or None; top_k, routing, activation as :func:`moe` (ties go to the lower
-    expert index). ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller
-    that keeps it (:class:`mxkit.nn.MXMoE`; as :func:`moe_w4a8`'s); None folds them on the call (one host
-    sync). Experts that do not fold (a row's block scales spanning more than the fold range, or a row scale outside
-    the FP8 epilogue's
-    envelope; experts of other formats) take the reference, whose combine sums the k slots in float64 and rounds
-    once. H and I are multiples of 32 (the MXFP4 blocks; ValueError otherwise), x not float64 (TypeError).
-    Returns (..., H) in x's dtype. No expert parallelism here. Gradients: the
-    logits and ``b_down`` get theirs through the reference; x and ``b_gate_up`` get none (the MXFP4 quantizations),
-    so a call where either needs one raises ValueError (:class:`mxkit.nn.MXMoE` with ``act_format="mxfp4"``
-    passes them straight through). Raises the
-    TypeError / ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError when
-    router_logits' last dim E is not the experts' count."""
+    x: (..., H) float32 | bfloat16 | float16; router_logits (..., E); experts MXTensor (E, 2I, H) / (E, H, I) along K,
+    biases (E, 2I) / (E, H) or None; top_k, routing, activation as :func:`moe` (ties go to the lower expert index).
+    ``folded``: the experts' :func:`mxkit.kernels.moe.fold_experts` pair, made once by a caller that keeps it
+    (:class:`mxkit.nn.MXMoE`; as :func:`moe_w4a8`'s); None folds them on the call (one host sync). Experts that do not
+    fold (a row's block scales spanning more than the fold range, or a row scale outside the FP8 epilogue's envelope;
+    experts of other formats) take the reference, whose combine sums the k slots in float64 and rounds once. H and I
+    are multiples of 32 (the MXFP4 blocks; ValueError otherwise), x not float64 (TypeError). Returns (..., H) in x's
+    dtype. No expert parallelism here. Gradients: the logits and ``b_down`` get theirs through the reference; x and
+    ``b_gate_up`` get none (the MXFP4 quantizations), so a call where either needs one raises ValueError
+    (:class:`mxkit.nn.MXMoE` with ``act_format="mxfp4"`` passes them straight through). Raises the TypeError /
+    ValueError of :func:`moe` (shapes, names, a ``top_k`` outside [1, E]), and ValueError when router_logits' last dim
+    E is not the experts' count."""
     return _quantized_layer(_mxfp4_folded, _mxfp4_reference, x, w_gate_up, b_gate_up, w_down, b_down,
                             router_logits, top_k, routing, activation, folded, backend)
 

@@ -34,18 +34,17 @@ products are added in the FP8 tensor cores' ~14-bit accumulator and the steps in
     its E8M0 factor in float32 (so any scale byte is exact), K split over a block's warps and reduced in a
     fixed order.
 ``a8w8-mma``
-    MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``,
-    default 16, and ``max_m_no_wgmma``, 64, on layers w8a16-wgmma does not take; N % 16 == 0, K % 64 == 0;
-    sm_89+): both operands' E4M3 codes straight into FP8 tensor cores (``mma.sync`` m16n8k32, a CUDA C++ kernel
-    shipped as PTX, :mod:`.matmul_details._mma_a8w8`), each
-    32-element block's product summed in float32 and multiplied by its two E8M0 factors in float32 (the
-    weight's first, exact for weight scale bytes 19-232, the envelope; the activation's inside the fma, any
-    byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is the same kernel
-    from bf16 activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the bytes of
-    ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip per
-    multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp,
-    a ring of shared-memory chunks, persistent blocks) into the same arithmetic: the bits of the kernel at one
-    thread block along K (from bf16 x too, up to 2 rows, or 4 on layers of N >= 14336: x quantized once a block).
+    MXFP8 (E4M3) activations × an MXFP8 (E4M3) weight at small M (the tuned table's ``a8w8_mma.max_m``, default 16,
+    and ``max_m_no_wgmma``, 64, on layers w8a16-wgmma does not take; N % 16 == 0, K % 64 == 0; sm_89+): both operands'
+    E4M3 codes straight into FP8 tensor cores (``mma.sync`` m16n8k32, a CUDA C++ kernel shipped as PTX,
+    :mod:`.matmul_details._mma_a8w8`), each 32-element block's product summed in float32 and multiplied by its two
+    E8M0 factors in float32 (the weight's first, exact for weight scale bytes 19-232, the envelope; the activation's
+    inside the fma, any byte); read as mxkit stores them or in ``pack_weight``'s a8w8 layout. :func:`a8w8_linear` is
+    the same kernel from bf16 activations, quantized inside it up to the table's ``quant_max_m`` rows (one launch; the
+    bytes of ``mxkit.quantize(x, "mxfp8")``). On sm_90 from MXFP8 a at M <= 8 on layers of at least one 16-row strip
+    per multiprocessor, the packed weight is streamed by Hopper bulk copies (``mma_a8w8_bulk.cu``: a producer warp, a
+    ring of shared-memory chunks, persistent blocks) into the same arithmetic: the bits of the kernel at one thread
+    block along K (from bf16 x too, up to 2 rows, or 4 on layers of N >= 14336: x quantized once a block).
 ``w8a16-mma``
     bf16 activations × a packed MXFP8 (E4M3 / E5M2) weight without NaN / Inf codes at small M (the tuned
     table's ``w8a16_mma.max_m``, default 8; N % 16 == 0, K % 64 == 0; sm_89+): the a8w8-mma kernel's file and

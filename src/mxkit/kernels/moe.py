@@ -205,16 +205,15 @@ def moe_triton(
     float dtypes, FP6 experts and weights outside the bf16-exact envelope take the reference with the
     intermediate rounded to x's dtype). Returns (T, H) in ``out_dtype`` (default x.dtype).
 
-    packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with
-    ``interleave_halves`` for ``"swiglu"``; ValueError for a pair of other shapes), one copy for every token
-    count: up to :func:`mma_max_pairs` (token, slot) pairs both GEMMs run on the tensor-core decode kernel (blocks
-    of 8 sorted rows; any scale byte exact;
-    the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16 wgmma kernel
-    (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order), bias
-    and activation in the first GEMM's epilogue, h in bf16 (written in the K order), the down GEMM stored
-    float32 in sorted order, then the combine (bias, routing weight, k slots in order). Or (gate_up, down) of
-    :func:`pack_experts_wgmma` (gate_up with ``act_pairs`` = ``activation``; any K % 32): the prefill path
-    only, in the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md).
+    packed: (gate_up, down) of :func:`pack_experts_mma` made from these experts (gate_up with ``interleave_halves``
+    for ``"swiglu"``; ValueError for a pair of other shapes), one copy for every token count: up to
+    :func:`mma_max_pairs` (token, slot) pairs both GEMMs run on the tensor-core decode kernel (blocks of 8 sorted
+    rows; any scale byte exact; the same roundings: h in bf16, the down GEMM in float32); above, on the grouped W4A16
+    wgmma kernel (Hopper) reading the same bytes: rows gathered into sorted order (columns in that layout's K order),
+    bias and activation in the first GEMM's epilogue, h in bf16 (written in the K order), the down GEMM stored float32
+    in sorted order, then the combine (bias, routing weight, k slots in order). Or (gate_up, down) of
+    :func:`pack_experts_wgmma` (gate_up with ``act_pairs`` = ``activation``; any K % 32): the prefill path only, in
+    the wgmma kernel's own layout (4-14% slower, H100: BENCHMARKS.md).
 
     MXFP8 experts (E4M3 / E5M2) without ``packed``, up to :func:`mma_max_pairs` pairs and
     :data:`W16_MMA_MAX_PER_EXPERT` an expert: both GEMMs on the W8A16

@@ -122,23 +122,20 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
     in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H, for an x on
     another device than the experts, and for a router that does not give E logits. A strided x gives its contiguous
-    copy's bits. The router's logits are computed in x's dtype (a plain ``nn.Linear`` router's weight and bias cast
-    to it where the module holds another dtype; any other router, or one with hooks, is called on x cast to its
-    weight's dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any
-    ``nn.Linear``, so its logits and the scores are then in the autocast dtype, while the experts' arithmetic is
-    left alone); on CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x
-    with
-    ``routing="gpt_oss"``, a plain ``nn.Linear`` router without hooks in x's dtype and no gradient to record
-    (decode), the router, the top-k and the
-    softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in float64: they
-    differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module itself is
-    then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
-    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the
-    backward runs one expert at a time in float32 on its exact dequantized weights (W4A8 / MXFP4 x MXFP4: each
-    expert recomputed with the forward's rounding points, the quantized activations and bf16 roundings passed
-    straight through, so the routing weights get the gradient of the quantized output the forward weighted, and x
-    and the biases theirs at the quantized values), so memory stays at one expert's weights plus its tokens'
-    activations.
+    copy's bits. The router's logits are computed in x's dtype (a plain ``nn.Linear`` router's weight and bias cast to
+    it where the module holds another dtype; any other router, or one with hooks, is called on x cast to its weight's
+    dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``,
+    so its logits and the scores are then in the autocast dtype, while the experts' arithmetic is left alone); on
+    CUDA, for up to 32 tokens (E <= 32; 8 at E = 128: ``router_max_tokens``) of bfloat16 / float16 x with
+    ``routing="gpt_oss"``, a plain ``nn.Linear`` router without hooks in x's dtype and no gradient to record (decode),
+    the router, the top-k and the softmax run as one launch, :func:`mxkit.moe.router_gpt_oss` (the logits summed in
+    float64: they differ from the ``nn.Linear``'s cuBLAS sums in the last bit of about 0.1% of them; the router module
+    itself is then not called). The experts are frozen (MX bytes); gradients reach x, the router and the expert biases
+    (:class:`~mxkit.nn._moe_grad.ExpertsGrad`): the forward is the path without autograd (the same bits), the backward
+    runs one expert at a time in float32 on its exact dequantized weights (W4A8 / MXFP4 x MXFP4: each expert
+    recomputed with the forward's rounding points, the quantized activations and bf16 roundings passed straight
+    through, so the routing weights get the gradient of the quantized output the forward weighted, and x and the
+    biases theirs at the quantized values), so memory stays at one expert's weights plus its tokens' activations.
     Expert parallelism (``ep_ranges``) differentiates through the reference backend (float64) instead, its
     exchanges autograd Functions (:func:`mxkit.distributed.ep_moe`): every rank of the group must need a gradient
     and run the backward, or none.

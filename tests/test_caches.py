@@ -215,7 +215,12 @@ from mxkit.nn import MXMoE  # (and MXMoE's expert backward: GPT-OSS routing at t
 m = MXMoE.from_dense(torch.nn.Linear(256, 2), torch.randn(2, 512, 256, generator=g) * 0.1, None,
                      torch.randn(2, 256, 256, generator=g) * 0.1, None, 1, "mxfp4", activation="swiglu")
 m.router.requires_grad_(False)
+# (routes by a wide margin: the router is the caller's Linear and follows the setting, so a near tie of its logits
+# could route a token elsewhere; logits (x0, -x0) with |x0| >= 0.5)
+m.router.weight.zero_()[:, 0] = torch.tensor([1.0, -1.0])
+m.router.bias.zero_()
 xm, gm = torch.randn(128, 256, generator=g), torch.randn(128, 256, generator=g)
+xm[:, 0] = torch.where(xm[:, 0] < 0, -0.5, 0.5) + xm[:, 0]
 def moe_grad():
     x = xm.clone().requires_grad_()
     m(x).backward(gm)

@@ -3,6 +3,7 @@
 import copy
 import io
 import math
+import os
 import warnings
 
 import numpy as np
@@ -882,6 +883,117 @@ def test_mx_linear_under_torch_func_vmap_and_grad(rng):
     for act in ("mxfp8_e4m3", "mxint8", "mxfp4", "fp8_e4m3_rowwise"):
         m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format=act)
         assert torch.equal(torch.func.vmap(m)(x.detach()), m(x.detach())), act
+
+
+class _ExportNet(nn.Module):
+    """q / k / v (one fused group: fuse_siblings), an output projection, a gated MLP (fuse_gated_mlp) and a
+    PackedWeight multiplied through mxkit.matmul."""
+
+    def __init__(self, packed):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(64, 64) for _ in range(3))
+        self.o_proj = nn.Linear(64, 48, bias=False)
+        self.mlp = _ExportMLP()
+        self.packed = packed
+
+    def forward(self, x):
+        h = self.o_proj(self.q_proj(x) + self.k_proj(x) * self.v_proj(x)) + mxkit.matmul(x, self.packed)
+        return h + self.mlp(x)
+
+
+class _ExportMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(64, 128, bias=False), nn.Linear(64, 128, bias=False)
+        self.down_proj, self.act_fn = nn.Linear(128, 48, bias=False), nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+_EXPORT_CHILD = """
+import sys, torch, mxkit
+from mxkit.nn import MXLinear
+d = sys.argv[1]
+# (a module of this process holds a handle first: with handles counted from 1 in every process, the act-format
+# program found it and multiplied by its weight)
+decoy = MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3").to(sys.argv[2])
+x = torch.load(d + "/x.pt")
+for strict in ("strict", "nonstrict"):
+    got = torch.export.load(f"{d}/{strict}.pt2").module()(x)
+    assert torch.equal(got, torch.load(f"{d}/{strict}_y.pt")), strict
+try:
+    torch.export.load(d + "/act.pt2").module()(torch.load(d + "/xa.pt"))
+except RuntimeError as e:
+    assert "runs only where it was exported" in str(e), e
+else:
+    raise AssertionError("the act-format program ran in another process")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_torch_export_holds_the_weights(device, tmp_path, rng):
+    """torch.export (strict and not, a dynamic batch) of weight-only MXLinears, a fused q / k / v group and a
+    PackedWeight: the program holds the weights (``mxkit::mx_matmul`` on the layers' buffers), so
+    ``torch.export.load`` in a fresh process gives the program's bytes (non-strict export failed on a data-dependent
+    guard of the scale statistics). An MXLinear that quantizes its activations exports as its module's op
+    (``mxkit::mx_linear``, a handle of the exporting process): loaded elsewhere it raises, rather than run another
+    module that holds the same number. On CPU the program's output is the eager bytes; on CUDA the program takes
+    the MXTensor routes (not the packed ones): within 2^-10 of the eager output's largest magnitude (2^-7 for one
+    bf16 row, where CUDA's eager gated MLP is one launch and the program its GEMMs)."""
+    import subprocess
+    import sys
+
+    from mxkit.nn._ops import _MODULES
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    from mxkit.nn import fuse_gated_mlp, fuse_siblings
+
+    net = quantize_model(_ExportNet(None), "mxfp4", progress=False)
+    fuse_gated_mlp(net)
+    fuse_siblings(net)
+    kinds = {type(mod).__name__ for mod in net.modules()}
+    assert {"FusedMXLinear", "MXGatedMLP"} <= kinds, kinds
+    net = net.to(device)
+    net.packed = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 64, device=device), "mxfp4"))
+    x = torch.randn(5, 64, device=device)
+    torch.save(x, tmp_path / "x.pt")
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    with torch.no_grad():
+        want = net(x)
+        for strict in (True, False):
+            ep = torch.export.export(net, (x,), dynamic_shapes=({0: batch},), strict=strict)
+            targets = {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)}
+            assert targets <= {"mxkit.mx_matmul.default"}, targets
+            got = ep.module()(x)
+            if device == "cpu":
+                assert torch.equal(got, want)
+            else:
+                assert (got - want).abs().max() <= want.abs().max() * 2**-10
+            name = "strict" if strict else "nonstrict"
+            torch.export.save(ep, tmp_path / f"{name}.pt2")
+            torch.save(got, tmp_path / f"{name}_y.pt")
+        # one bf16 row: on CUDA the gated MLP's one-launch op while compiling, its GEMMs while exporting
+        x1 = torch.randn(1, 64, device=device, dtype=torch.bfloat16)
+        ep = torch.export.export(net.to(torch.bfloat16), (x1,))
+        assert {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)} <= {"mxkit.mx_matmul.default"}
+        got, want = ep.module()(x1), net(x1)
+        assert got.dtype == torch.bfloat16
+        assert (got.float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7
+        act = MXLinear.from_linear(nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3").to(device)
+        xa = torch.randn(3, 32, device=device)
+        ep = torch.export.export(act, (xa,))
+        assert torch.equal(ep.module()(xa), act(xa))  # (in this process: the module's own op)
+        assert _MODULES[act._op_handle]() is act
+        torch.export.save(ep, tmp_path / "act.pt2")
+        torch.save(xa, tmp_path / "xa.pt")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(tmp_path), device], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):

@@ -16,7 +16,7 @@ import torch
 from . import reference
 from ._autocast import autocast_off
 from ._precision import exact_matmul
-from ._device import elsewhere, on_operand_device, other_device
+from ._device import elsewhere, on_operand_device, other_device, plain_traced
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
@@ -271,17 +271,19 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
-    if type(b) is MXTensor and type(a) is torch.Tensor and torch.compiler.is_compiling():
+    if type(b) is MXTensor and torch.compiler.is_compiling() and plain_traced(a):
         # one opaque op in the graph, the weight's tensors and metadata its arguments (tracing the plan would read
         # the weight's scale statistics on the host)
         return torch.ops.mxkit.mx_matmul(a, b.qdata, b.scale, bias, b.fmt.name, b.axis, b.block_size, list(b.shape),
                                          b.scale_mode.value, b.rounding.value, b.scale_layout, out_dtype, backend)
     if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
         if torch.compiler.is_compiling():
+            if torch.compiler.is_exporting():  # (the weight's tensors in the program: it runs in another process)
+                return matmul(a, b.source, bias=bias, out_dtype=out_dtype)
             if isinstance(a, torch.Tensor):
                 # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
-                # trace); the weight is found by its id, a constant guarded on b's identity
-                return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
+                # trace); the weight is found by its handle, a constant guarded on b's identity
+                return torch.ops.mxkit.packed_matmul(a, bias, b.handle, out_dtype)
         elif bias is None or type(bias) is torch.Tensor:
             # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
             if type(a) is torch.Tensor and a.is_cuda:

@@ -3,23 +3,26 @@
 (and a new one when deep-copied or unpickled), and its custom op (``mxkit::mx_linear``, ``mxkit::mx_fused``,
 ``mxkit::mx_moe``) finds the module by that handle and runs its eager forward:
 the kernels launch through the driver API, which dynamo does not trace, so to a compiled graph each module is
-one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph.
+one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph,
+unique to the process (:mod:`mxkit._handles`): a graph of these ops saved by ``torch.export`` and loaded in another
+process raises there (an MXLinear without activation quantization exports its weights instead:
+``mxkit::mx_matmul``).
 """
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 from torch import nn
 
+from .._handles import new_handle
+
 _MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
-_IDS = itertools.count(1)
 
 
 def register(module: nn.Module) -> None:
     """Give ``module`` a new handle (``module._op_handle``)."""
-    h = next(_IDS)
+    h = new_handle()
     _MODULES[h] = weakref.ref(module)
     weakref.finalize(module, _MODULES.pop, h, None)
     module.__dict__["_op_handle"] = h
@@ -97,6 +100,7 @@ def module_of(handle: int, op: str) -> nn.Module:
     m = _MODULES.get(handle)
     m = m() if m is not None else None
     if m is None:
-        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
+        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists in this process (a graph "
+                           f"exported with torch.export that holds this op runs only where it was exported)")
     return m
 

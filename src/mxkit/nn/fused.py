@@ -140,9 +140,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         if traced is not None and traced[0] is x and i not in traced[2]:
             y, served = traced[1], traced[2] | {i}
         else:
-            # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them)
-            cuda_inference = x.is_cuda and not needs_grad(x, self.fused.bias)
-            y = torch.ops.mxkit.mx_fused(x, self._op_handle) if cuda_inference else self.fused(x)
+            # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them;
+            # under torch.export the fused MXLinear, whose program holds the weights)
+            handle_op = x.is_cuda and not needs_grad(x, self.fused.bias) and not torch.compiler.is_exporting()
+            y = torch.ops.mxkit.mx_fused(x, self._op_handle) if handle_op else self.fused(x)
             served = {i}
         self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)
         return y.narrow(-1, self.offsets[i], self.splits[i])

@@ -23,6 +23,11 @@ graph input. The gradients of x and the bias are registered on the op (x's by ``
 rule of :func:`mxkit.ops.with_input_grad`), so training around a frozen MX layer compiles with ``fullgraph``
 too. ``handle`` is the module's process-local id (:mod:`mxkit.nn._ops`); a deep copy or an unpickled module
 gets its own.
+
+Under ``torch.export`` (strict or not) an MXLinear without activation quantization is ``mxkit::mx_matmul`` on
+its weight buffers, so the program holds the weight and runs after ``torch.export.load`` in another process (on
+CUDA it takes the MXTensor routes, not the packed ones). With ``act_format`` it stays ``mxkit::mx_linear``: the
+program runs in the exporting process only, and elsewhere raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from .._device import elsewhere
+from .._device import elsewhere, plain_traced
 from ..ops import (dequantize, linear_input_grad, matmul, pack_weight, quantize, quantize_fp8_rowwise,
                    with_input_grad)
 from ..fold import can_fold
@@ -246,7 +251,10 @@ class MXLinear(_ops.Handled, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
-        if torch.compiler.is_compiling() and type(x) is torch.Tensor:
+        if torch.compiler.is_compiling() and plain_traced(x):
+            if self.act_format is None and torch.compiler.is_exporting():
+                # torch.export: the weight's buffers in the program (mxkit::mx_matmul), not this process's handle
+                return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)
             # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU
             # reference reads scale statistics on the host: one opaque op on every device, with the gradients of
             # x and the bias (with_input_grad's) registered on it

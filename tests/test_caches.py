@@ -197,7 +197,8 @@ def test_device_helpers_leave_cpu_and_current_device_operands_alone(monkeypatch)
                                      'torch.backends.mkldnn.matmul.fp32_precision = "bf16"'])
 def test_reference_gemm_ignores_lowered_float32_precision(setting, rng):
     """A process-wide lower float32 matmul precision (on the CPU oneDNN then multiplies in bf16) does not reach the
-    reference GEMM, the oracle of every kernel, nor MXMoE's expert backward (it did: x.grad off by ~3e-3): the bytes
+    reference GEMM, the oracle of every kernel, nor MXMoE's expert backward (it did: x.grad off by ~3e-3), nor
+    mxkit.matmul's input gradient under torch.compile (it did: a traced product): the bytes
     of the default precision, the setting as it was after
     (a fresh process per setting: the settings are process-wide)."""
     import os
@@ -226,12 +227,19 @@ def moe_grad():
     m(x).backward(gm)
     return x.grad
 want_moe = moe_grad()
+def matmul_grad(fn):  # (mxkit.matmul's input gradient, eager and compiled: there mxkit::mx_dgrad)
+    x = a.clone().requires_grad_()
+    fn(x).backward(want[0])
+    return x.grad
+compiled = torch.compile(lambda x: mxkit.matmul(x, w), fullgraph=True, backend="aot_eager")
+want_dgrad = matmul_grad(lambda x: mxkit.matmul(x, w))
 {setting}
 C = torch._C
 before = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 got = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "the reference follows the setting"
 assert torch.equal(moe_grad(), want_moe), "MXMoE's expert backward follows the setting"
+assert torch.equal(matmul_grad(compiled), want_dgrad), "mxkit.matmul's compiled input gradient follows it"
 assert not torch.equal(got[2], want[2]), "the setting changes nothing here: the test cannot fail"
 after = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 assert after == before, (before, after)

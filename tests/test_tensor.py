@@ -156,7 +156,7 @@ def test_weights_copy_and_pickle_after_the_gemm_paths_cached_launches_on_them():
     from mxkit.packed import packed_of
 
     back = pickle.loads(pickle.dumps(pw))
-    assert packed_of(back.handle) is back and back.handle != pw.handle  # (registered like a new one)
+    assert packed_of(id(back)) is back  # (registered like a new one)
 
 
 def test_fp8_rowwise_is_not_differentiable_on_any_device():

@@ -257,10 +257,8 @@ def matmul(
     precision whatever ``torch.set_float32_matmul_precision`` says; inside ``torch.compile`` the plain product, which
     follows that setting).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
-    get ``grad_y @ dequantize(b)`` (full float32 too; inside ``torch.compile`` the traced product, which follows
-    ``torch.set_float32_matmul_precision``: MXLinear's compiled backward is an eager op at full float32) and
-    ``grad_y`` summed; the MX weight is frozen (its bytes
-    take none).
+    get ``grad_y @ dequantize(b)`` (full float32 too, inside ``torch.compile`` as well: there the custom op
+    ``mxkit::mx_dgrad``) and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
     Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes, an unknown backend,
     or a bias that is not a float tensor of shape (N,).
     """
@@ -282,8 +280,8 @@ def matmul(
                 return matmul(a, b.source, bias=bias, out_dtype=out_dtype)
             if isinstance(a, torch.Tensor):
                 # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
-                # trace); the weight is found by its handle, a constant guarded on b's identity
-                return torch.ops.mxkit.packed_matmul(a, bias, b.handle, out_dtype)
+                # trace); the weight is found by its id, a constant guarded on b's identity
+                return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
         elif bias is None or type(bias) is torch.Tensor:
             # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
             if type(a) is torch.Tensor and a.is_cuda:
@@ -374,9 +372,27 @@ def linear_input_grad(g: torch.Tensor, w: Union[MXTensor, PackedWeight], dtype: 
     """x's gradient of y = x @ dequantize(w).T: ``g (..., N) @ dequantize(w) (N, K)`` in float32, cast to ``dtype``
     ((..., K); :func:`with_input_grad`'s rule, and ``mxkit::mx_linear``'s)."""
     w = w.source if isinstance(w, PackedWeight) else w
+    if torch.compiler.is_compiling():  # (one op: a traced product would follow the float32 matmul precision)
+        return torch.ops.mxkit.mx_dgrad(g, w.qdata, w.scale, w.fmt.name, w.axis, w.block_size, list(w.shape),
+                                        w.scale_mode.value, w.rounding.value, w.scale_layout, dtype)
     g2 = g.reshape(-1, g.shape[-1]).float()
     # (full float32 whatever torch.set_float32_matmul_precision says, as the forward's float32 routes)
     return exact_matmul(g2, dequantize(w, torch.float32)).to(dtype).reshape(*g.shape[:-1], w.shape[1])
+
+
+@torch.library.custom_op("mxkit::mx_dgrad", mutates_args=())
+def _mx_dgrad_op(g: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, fmt: str, axis: int, block_size: int,
+                 shape: list[int], scale_mode: str, rounding: str, scale_layout: str,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """:func:`linear_input_grad` of ``g`` and ``MXTensor(qdata, scale, ...)``: what a compiled graph calls for the
+    input gradient of :func:`mxkit.matmul` (eagerly, at full float32 precision)."""
+    w = MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
+    return linear_input_grad(g, w, dtype)
+
+
+@_mx_dgrad_op.register_fake
+def _(g, qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout, dtype):
+    return g.new_empty((*g.shape[:-1], shape[1]), dtype=dtype)
 
 
 class _Held:

@@ -17,14 +17,13 @@ from typing import Optional, Union
 import torch
 import torch.utils._pytree as pytree
 
-from ._handles import new_handle
 from .fold import Folded
 from .formats import ElementFormat, Rounding, ScaleMode
 from .tensor import MXTensor, device_only
 
 __all__ = ["PackedWeight", "Fp8Rowwise", "packed_of"]
 
-_LIVE: "dict[int, weakref.ref]" = {}  # handle -> PackedWeight, for torch.compile's custom op (mxkit.ops.matmul)
+_LIVE: "dict[int, weakref.ref]" = {}  # id -> PackedWeight, for torch.compile's custom op (mxkit.ops.matmul)
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,11 +128,11 @@ class PackedWeight:
     ``source`` is the caller's own tensors (not copied): after an in-place edit of ``source``'s bytes, pack again
     (:meth:`mxkit.nn.MXLinear.repack` for a layer). Until then the paths that read a packed layout see the old
     weight and those that read ``source`` (the float32 routes, special rows, gradients) the new one, even within one
-    call; nothing checks (a version check per call would cost host time on the decode path). Each PackedWeight is findable by its ``handle`` (an int
-    unique to the process) while it lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul``
-    with that handle, a constant that dynamo guards on (one compiled function called with many PackedWeights
-    compiles once per weight, up to torch._dynamo's recompile limit). ``torch.export`` records the ``source``
-    tensors instead (``mxkit::mx_matmul``), so that an exported program runs in another process.
+    call; nothing checks (a version check per call would cost host time on the decode path). Each PackedWeight
+    is findable by its ``id`` while it lives (:func:`packed_of`): a compiled graph calls ``mxkit::packed_matmul``
+    with that id, a constant that dynamo guards on (one compiled function called with many PackedWeights compiles
+    once per weight, up to torch._dynamo's recompile limit). ``torch.export`` records the ``source`` tensors
+    instead (``mxkit::mx_matmul``), so that an exported program runs in another process.
     """
 
     source: MXTensor
@@ -146,8 +145,7 @@ class PackedWeight:
     dense: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
-        h = new_handle()
-        self.__dict__["handle"] = h  # (not a field: a copy or an unpickled one registers a handle of its own)
+        h = id(self)
         _LIVE[h] = weakref.ref(self)
         weakref.finalize(self, _LIVE.pop, h, None)
 
@@ -243,12 +241,11 @@ class PackedWeight:
 
 
 def packed_of(handle: int) -> PackedWeight:
-    """The live PackedWeight of ``handle`` (its ``handle`` attribute); RuntimeError when it no longer exists."""
+    """The live PackedWeight whose ``id`` is ``handle``; RuntimeError when it no longer exists."""
     ref = _LIVE.get(handle)
     p = ref() if ref is not None else None
     if p is None:
-        raise RuntimeError(f"mxkit::packed_matmul: the PackedWeight of handle {handle} no longer exists in this "
-                           f"process")
+        raise RuntimeError(f"mxkit::packed_matmul: the PackedWeight of id {handle} no longer exists")
     return p
 
 

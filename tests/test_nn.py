@@ -885,6 +885,52 @@ def test_mx_linear_under_torch_func_vmap_and_grad(rng):
         assert torch.equal(torch.func.vmap(m)(x.detach()), m(x.detach())), act
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("act", [None, "mxfp8_e4m3"])
+def test_mx_linear_forward_mode_ad(act, device, rng):
+    """Forward-mode AD through a frozen MX weight (torch.func.jvp, torch.autograd.forward_ad): y's tangent is
+    ``x_t @ dequantize(W).T + bias_t`` (activation quantization passed straight through, as in backward) and y
+    the call's bytes. The fast paths dropped the tangents (a bias tangent gave zero; CUDA's kernels any tangent).
+    The tangent within float32 accumulation of the float64 product (|x_t| |W|ᵀ row sums times 2^-20). An MXMoE
+    under jvp raises (no forward-mode rule) rather than give a zero tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format=act).to(device)
+    x, xt = (torch.randn(4, 64, generator=rng).to(device) for _ in range(2))
+    bt = torch.randn(32, generator=rng).to(device)
+    w64 = mxkit.dequantize(m.weight_mx, torch.float32).double()
+
+    def check(y, yt, xt, bt):
+        assert torch.equal(y, m(x))
+        want = torch.zeros(4, 32, dtype=torch.float64, device=device)
+        if xt is not None:
+            want += xt.double() @ w64.t()
+        if bt is not None:
+            want += bt.double()
+        bound = (1.0 if xt is None else xt.double().abs() @ w64.abs().t()) * 2**-20 + want.abs() * 2**-23
+        assert yt.dtype == y.dtype and ((yt.double() - want).abs() <= bound).all()
+
+    bias = m.bias.detach()
+    call = lambda t, b: torch.func.functional_call(m, {"bias": b}, (t,))
+    check(*torch.func.jvp(call, (x, bias), (xt, bt)), xt, bt)
+    check(*torch.func.jvp(lambda b: call(x, b), (bias,), (bt,)), None, bt)  # (a bias tangent alone was zero)
+    with fwAD.dual_level():
+        y = m(fwAD.make_dual(x, xt))
+        check(y.detach(), fwAD.unpack_dual(y).tangent, xt, None)
+        p = mxkit.pack_weight(m.weight_mx)
+        y = mxkit.matmul(fwAD.make_dual(x, xt), p, bias=bias)
+        want = mxkit.matmul(x, p, bias=bias)
+        assert torch.equal(fwAD.unpack_dual(y).primal, want)
+        assert fwAD.unpack_dual(y).tangent is not None
+    from mxkit.nn import MXMoE
+
+    moe = MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64) * 0.1, None, torch.randn(4, 64, 64) * 0.1,
+                           None, 2, "mxfp4", activation="swiglu").to(device)
+    with pytest.raises(RuntimeError, match="jvp"):
+        torch.func.jvp(moe, (x,), (xt,))
+
+
 class _ExportNet(nn.Module):
     """q / k / v (one fused group: fuse_siblings), an output projection, a gated MLP (fuse_gated_mlp) and a
     PackedWeight multiplied through mxkit.matmul."""

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Optional, Sequence, Union
 
 import torch
+from torch.autograd import forward_ad as _fwad
 
 from . import reference
 from ._autocast import autocast_off
@@ -331,11 +332,23 @@ def needs_grad(*tensors) -> bool:
     """Whether autograd would record an op on any of ``tensors`` (None and non-tensors such as an MXTensor
     skipped): then a fast path whose kernels autograd does not see gives way to the gradient path
     (:func:`with_input_grad`, MXMoE's per-expert backward, the reference routing) or, under torch.compile, a custom
-    op to a graph break."""
+    op to a graph break. Also True inside forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``'s
+    dual level), whose tangents reach only the gradient paths (the fast paths dropped them: a zero tangent)."""
+    if _fwad._current_level >= 0 and has_tangent(*tensors):
+        return True
     if not torch.is_grad_enabled():
         return False
     for t in tensors:  # (a loop, not any(): this runs on every eager MXLinear call)
         if getattr(t, "requires_grad", False):
+            return True
+    return False
+
+
+def has_tangent(*tensors) -> bool:
+    """Whether any of ``tensors`` carries a forward-mode tangent (at the current dual level; None and non-tensors
+    skipped). Asked only inside a dual level (``torch.autograd.forward_ad._current_level >= 0``)."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None:
             return True
     return False
 
@@ -355,6 +368,20 @@ class _InputGrad(torch.autograd.Function):
         x, bias, held, _ = inputs
         ctx.w, ctx.x_meta = held.w, (x.dtype, x.shape) if isinstance(x, torch.Tensor) else None
         ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.out_dtype, ctx.out_shape = output.dtype, output.shape
+
+    @staticmethod
+    def jvp(ctx, x_t, bias_t, held_t, fn_t):
+        """Forward mode (``torch.func.jvp``): y's tangent ``x_t @ dequantize(w).T + bias_t`` in float32, cast to
+        y's dtype (quantization of x inside ``fn`` passed straight through, as in backward)."""
+        w = ctx.w.source if isinstance(ctx.w, PackedWeight) else ctx.w
+        yt = None
+        if x_t is not None:
+            yt = exact_matmul(x_t.reshape(-1, x_t.shape[-1]).float(), dequantize(w, torch.float32).t())
+            yt = yt.reshape(*x_t.shape[:-1], w.shape[0])
+        if bias_t is not None:
+            yt = bias_t.float().expand(ctx.out_shape) if yt is None else yt + bias_t.float()
+        return None if yt is None else yt.to(ctx.out_dtype)
 
     @staticmethod
     def backward(ctx, g):

@@ -40,10 +40,11 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad as _fwad
 
 from .._device import elsewhere, plain_traced
-from ..ops import (dequantize, linear_input_grad, matmul, pack_weight, quantize, quantize_fp8_rowwise,
-                   with_input_grad)
+from ..ops import (dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
+                   quantize_fp8_rowwise, with_input_grad)
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
@@ -265,8 +266,9 @@ class MXLinear(_ops.Handled, nn.Module):
         """``forward`` outside torch.compile (and mxkit::mx_linear's kernel, where autograd is off)."""
         try:
             # (needs_grad(x, bias) written out: this runs on every eager call)
-            if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
-                                            or bias is not None and bias.requires_grad):
+            if (torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                             or bias is not None and bias.requires_grad)
+                    or _fwad._current_level >= 0 and has_tangent(x, bias)):  # (forward mode: tangents)
                 # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
                 # without gradients), the input's and the bias' gradients by the dequantized weight
                 return with_input_grad(x, bias, self.weight_mx, self._forward)

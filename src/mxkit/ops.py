@@ -371,6 +371,21 @@ class _InputGrad(torch.autograd.Function):
         ctx.out_dtype, ctx.out_shape = output.dtype, output.shape
 
     @staticmethod
+    def backward(ctx, g):
+        gx = gb = None
+        if ctx.needs_input_grad[0]:
+            dtype, shape = ctx.x_meta
+            gx = linear_input_grad(g, ctx.w, dtype).reshape(shape)
+        if ctx.needs_input_grad[1]:
+            gb = g.reshape(-1, g.shape[-1]).float().sum(0).to(ctx.bias_dtype)
+        return gx, gb, None, None
+
+
+class _InputGradForward(_InputGrad):
+    """:class:`_InputGrad` with a forward-mode rule, used inside a dual level only (dynamo does not trace a
+    Function that defines ``jvp``)."""
+
+    @staticmethod
     def jvp(ctx, x_t, bias_t, held_t, fn_t):
         """Forward mode (``torch.func.jvp``): y's tangent ``x_t @ dequantize(w).T + bias_t`` in float32, cast to
         y's dtype (quantization of x inside ``fn`` passed straight through, as in backward)."""
@@ -382,16 +397,6 @@ class _InputGrad(torch.autograd.Function):
         if bias_t is not None:
             yt = bias_t.float().expand(ctx.out_shape) if yt is None else yt + bias_t.float()
         return None if yt is None else yt.to(ctx.out_dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        gx = gb = None
-        if ctx.needs_input_grad[0]:
-            dtype, shape = ctx.x_meta
-            gx = linear_input_grad(g, ctx.w, dtype).reshape(shape)
-        if ctx.needs_input_grad[1]:
-            gb = g.reshape(-1, g.shape[-1]).float().sum(0).to(ctx.bias_dtype)
-        return gx, gb, None, None
 
 
 @autocast_off
@@ -440,7 +445,8 @@ def with_input_grad(x, bias: Optional[torch.Tensor], w: Union[MXTensor, PackedWe
     ``bias`` gets ``grad_y`` summed over the leading dims, in its dtype. The MX weight ``w`` (N, K) is frozen.
     ``fn`` runs outside autograd, so its kernels need not be differentiable; its result is the one the same
     call gives without gradients, bit for bit."""
-    return _InputGrad.apply(x, bias, _Held(w), fn)
+    fn_class = _InputGradForward if _fwad._current_level >= 0 else _InputGrad
+    return fn_class.apply(x, bias, _Held(w), fn)
 
 
 _KERNELS = None  # mxkit.kernels.quantize where Triton imports, False where it does not (None: not asked yet)

@@ -892,8 +892,9 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
     """Forward-mode AD through a frozen MX weight (torch.func.jvp, torch.autograd.forward_ad): y's tangent is
     ``x_t @ dequantize(W).T + bias_t`` (activation quantization passed straight through, as in backward) and y
     the call's bytes. The fast paths dropped the tangents (a bias tangent gave zero; CUDA's kernels any tangent).
-    The tangent within float32 accumulation of the float64 product (|x_t| |W|ᵀ row sums times 2^-20). An MXMoE
-    under jvp raises (no forward-mode rule) rather than give a zero tangent."""
+    The tangent within float32 accumulation of the float64 product (|x_t| |W|ᵀ row sums times 2^-20). Under vmap
+    too; under torch.compile a fullgraph raises (the custom ops have no forward rule: dynamo gave wrong tangents)
+    and a graph break gives the eager tangent. An MXMoE under jvp raises rather than give a zero tangent."""
     import torch.autograd.forward_ad as fwAD
 
     m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format=act).to(device)
@@ -923,6 +924,19 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
         want = mxkit.matmul(x, p, bias=bias)
         assert torch.equal(fwAD.unpack_dual(y).primal, want)
         assert fwAD.unpack_dual(y).tangent is not None
+    # under vmap (jacfwd / hessian batched): unpack_dual has no batching rule
+    xs, xts = torch.randn(3, 4, 64, generator=rng).to(device), torch.randn(3, 4, 64, generator=rng).to(device)
+    ys, yts = torch.func.vmap(lambda a, at: torch.func.jvp(m, (a,), (at,)))(xs, xts)
+    for i in range(3):
+        x, xt = xs[i], xts[i]
+        check(ys[i], yts[i], xt, None)
+    # under torch.compile: the custom ops have no forward rule (dynamo gave wrong tangents): fullgraph raises, a
+    # graph break differentiates eagerly
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="forward-mode AD"):
+        torch.compile(lambda a, t: torch.func.jvp(m, (a,), (t,)), fullgraph=True, backend="aot_eager")(x, xt)
+    torch._dynamo.reset()
+    check(*torch.compile(lambda a, t: torch.func.jvp(m, (a,), (t,)), backend="aot_eager")(x, xt), xt, None)
     from mxkit.nn import MXMoE
 
     moe = MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64) * 0.1, None, torch.randn(4, 64, 64) * 0.1,
@@ -932,19 +946,19 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
 
 
 class _ExportNet(nn.Module):
-    """q / k / v (one fused group: fuse_siblings), an output projection, a gated MLP (fuse_gated_mlp) and a
-    PackedWeight multiplied through mxkit.matmul."""
+    """q / k / v (one fused group: fuse_siblings), an output projection, a gated MLP (fuse_gated_mlp) and
+    PackedWeights (blocks of 32 and of 16) multiplied through mxkit.matmul."""
 
-    def __init__(self, packed):
+    def __init__(self):
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(64, 64) for _ in range(3))
         self.o_proj = nn.Linear(64, 48, bias=False)
         self.mlp = _ExportMLP()
-        self.packed = packed
+        self.packed = self.packed16 = None
 
     def forward(self, x):
         h = self.o_proj(self.q_proj(x) + self.k_proj(x) * self.v_proj(x)) + mxkit.matmul(x, self.packed)
-        return h + self.mlp(x)
+        return h + self.mlp(x) + mxkit.matmul(x, self.packed16)
 
 
 class _ExportMLP(nn.Module):
@@ -961,9 +975,14 @@ _EXPORT_CHILD = """
 import sys, torch, mxkit
 from mxkit.nn import MXLinear
 d = sys.argv[1]
-# (a module of this process holds a handle first: with handles counted from 1 in every process, the act-format
-# program found it and multiplied by its weight)
-decoy = MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3").to(sys.argv[2])
+# (a module of this process holds the act-format layer's handle number: the program found it and multiplied by
+# its weight; compiled graphs hold plain handles, counted from 1 in each process, exported ones tagged ones)
+want = int(open(d + "/handle").read())
+decoys = [MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3")]
+while decoys[-1]._op_handle < want:
+    decoys.append(MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3"))
+assert decoys[-1]._op_handle == want
+decoys[-1].to(sys.argv[2])
 x = torch.load(d + "/x.pt")
 for strict in ("strict", "nonstrict"):
     got = torch.export.load(f"{d}/{strict}.pt2").module()(x)
@@ -981,14 +1000,14 @@ print("ok")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_torch_export_holds_the_weights(device, tmp_path, rng):
-    """torch.export (strict and not, a dynamic batch) of weight-only MXLinears, a fused q / k / v group and a
-    PackedWeight: the program holds the weights (``mxkit::mx_matmul`` on the layers' buffers), so
+    """torch.export (strict and not, a dynamic batch) of weight-only MXLinears, a fused q / k / v group, a gated MLP
+    and PackedWeights: the program holds the weights (``mxkit::mx_matmul`` on the layers' buffers), so
     ``torch.export.load`` in a fresh process gives the program's bytes (non-strict export failed on a data-dependent
     guard of the scale statistics). An MXLinear that quantizes its activations exports as its module's op
     (``mxkit::mx_linear``, a handle of the exporting process): loaded elsewhere it raises, rather than run another
-    module that holds the same number. On CPU the program's output is the eager bytes; on CUDA the program takes
-    the MXTensor routes (not the packed ones): within 2^-10 of the eager output's largest magnitude (2^-7 for one
-    bf16 row, where CUDA's eager gated MLP is one launch and the program its GEMMs)."""
+    module that holds the same number (the child process builds one). On CPU the program's output is the eager bytes;
+    on CUDA the program takes the MXTensor routes (not the packed ones): within 2^-10 of the eager output's largest
+    magnitude (2^-7 for one bf16 row, where CUDA's eager gated MLP is one launch and the program its GEMMs)."""
     import subprocess
     import sys
 
@@ -997,13 +1016,15 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
     from mxkit.nn import fuse_gated_mlp, fuse_siblings
 
-    net = quantize_model(_ExportNet(None), "mxfp4", progress=False)
+    net = quantize_model(_ExportNet(), "mxfp4", progress=False)
     fuse_gated_mlp(net)
     fuse_siblings(net)
     kinds = {type(mod).__name__ for mod in net.modules()}
     assert {"FusedMXLinear", "MXGatedMLP"} <= kinds, kinds
     net = net.to(device)
     net.packed = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 64, device=device), "mxfp4"))
+    # (blocks of 16: its scale statistics unread, a tensor non-strict export flattened with the module's state)
+    net.packed16 = mxkit.pack_weight(mxkit.quantize(torch.randn(48, 64, device=device), "mxfp4", block_size=16))
     x = torch.randn(5, 64, device=device)
     torch.save(x, tmp_path / "x.pt")
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -1033,6 +1054,7 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
         ep = torch.export.export(act, (xa,))
         assert torch.equal(ep.module()(xa), act(xa))  # (in this process: the module's own op)
         assert _MODULES[act._op_handle]() is act
+        (tmp_path / "handle").write_text(str(act._op_handle))
         torch.export.save(ep, tmp_path / "act.pt2")
         torch.save(xa, tmp_path / "xa.pt")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -1040,6 +1062,43 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
     r = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(tmp_path), device], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_torch_export_keeps_the_gradients(device, rng):
+    """A program exported with gradients on (torch.export's default) differentiates through an MXLinear:
+    ``mxkit::mx_matmul`` carries with_input_grad's rule (the input gets grad @ dequantize(W) by
+    ``mxkit::mx_dgrad``, the bias grad summed). Its strict export recorded the Function's forward detached: an
+    adapter before the layer got only the residual's share of its gradient, silently. The eager gradients' bytes
+    on CPU; on CUDA (other GEMM routes in the forward) within 2^-10 of their largest magnitude."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.adapter = nn.Linear(64, 64)
+            self.mx = MXLinear.from_linear(nn.Linear(64, 48), "mxfp4")
+
+        def forward(self, x):
+            h = self.adapter(x)
+            return self.mx(h) + h[..., :48]
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    net = Net().to(device)
+    x = torch.randn(2, 3, 64, device=device)
+    net(x).square().sum().backward()
+    want = {name: p.grad.clone() for name, p in net.named_parameters()}
+    for strict in (True, False):
+        net.zero_grad()
+        gm = torch.export.export(net, (x,), strict=strict).module()
+        gm(x).square().sum().backward()
+        got = {name: p.grad for name, p in gm.named_parameters()}
+        assert got.keys() == want.keys() and all(g is not None for g in got.values()), strict
+        for g, w in ((got[k], want[k]) for k in want):
+            if device == "cpu":
+                assert torch.equal(g, w), strict
+            else:
+                assert (g - w).abs().max() <= w.abs().max() * 2**-10, strict
 
 
 def test_quantize_model_leaves_linears_their_torch_owner_reads(rng):

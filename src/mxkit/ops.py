@@ -9,6 +9,7 @@ exact to a stated bound (:func:`matmul`): float32 accumulation in the order each
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Optional, Sequence, Union
 
 import torch
@@ -255,8 +256,8 @@ def matmul(
     a8w8-mma, which scales each block's sum: there such a value times a small enough weight gives the finite
     product). ``backend="reference"`` (and CPU under ``"auto"``)
     computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
-    precision whatever ``torch.set_float32_matmul_precision`` says; inside ``torch.compile`` the plain product, which
-    follows that setting).
+    precision whatever ``torch.set_float32_matmul_precision`` says, inside ``torch.compile`` too: there the custom op
+    ``mxkit::mx_matmul``, whose kernel is this eager call).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` (full float32 too, inside ``torch.compile`` as well: there the custom op
     ``mxkit::mx_dgrad``) and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
@@ -267,19 +268,25 @@ def matmul(
     if d is not None:
         with torch.cuda.device(d):  # (the kernels launch on the current device)
             return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
+    if torch.compiler.is_exporting() and type(b) in (MXTensor, PackedWeight) and plain_traced(a):
+        # torch.export: the op on the weight's tensors, which the program then holds (it runs in another process),
+        # with its gradients registered on it (with_input_grad's Function would be recorded detached)
+        w = b.source if type(b) is PackedWeight else b
+        return torch.ops.mxkit.mx_matmul(a, w.qdata, w.scale, bias, w.fmt.name, w.axis, w.block_size, list(w.shape),
+                                         w.scale_mode.value, w.rounding.value, w.scale_layout, out_dtype, backend)
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
     if type(b) is MXTensor and torch.compiler.is_compiling() and plain_traced(a):
+        refuse_forward_ad("mxkit.matmul")
         # one opaque op in the graph, the weight's tensors and metadata its arguments (tracing the plan would read
         # the weight's scale statistics on the host)
         return torch.ops.mxkit.mx_matmul(a, b.qdata, b.scale, bias, b.fmt.name, b.axis, b.block_size, list(b.shape),
                                          b.scale_mode.value, b.rounding.value, b.scale_layout, out_dtype, backend)
     if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
         if torch.compiler.is_compiling():
-            if torch.compiler.is_exporting():  # (the weight's tensors in the program: it runs in another process)
-                return matmul(a, b.source, bias=bias, out_dtype=out_dtype)
             if isinstance(a, torch.Tensor):
+                refuse_forward_ad("mxkit.matmul")
                 # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
                 # trace); the weight is found by its id, a constant guarded on b's identity
                 return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
@@ -328,6 +335,27 @@ def _(a, qdata, scale, bias, fmt, axis, block_size, shape, scale_mode, rounding,
     return a.new_empty((*a.shape[:-1], shape[0]), dtype=out_dtype or a.dtype)
 
 
+def _mx_matmul_setup(ctx, inputs, output) -> None:
+    a, qdata, scale, bias, *meta = inputs
+    ctx.save_for_backward(qdata, scale)
+    ctx.meta, ctx.a_dtype = meta[:7], a.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _mx_matmul_backward(ctx, g):
+    """with_input_grad's rule: a gets ``g @ dequantize(w)`` (mxkit::mx_dgrad), the bias ``g`` summed."""
+    qdata, scale = ctx.saved_tensors
+    ga = gb = None
+    if ctx.needs_input_grad[0]:
+        ga = torch.ops.mxkit.mx_dgrad(g, qdata, scale, *ctx.meta, ctx.a_dtype)
+    if ctx.needs_input_grad[3]:
+        gb = g.reshape(-1, g.shape[-1]).float().sum(0).to(ctx.bias_dtype)
+    return (ga, None, None, gb) + (None,) * 9
+
+
+_mx_matmul_op.register_autograd(_mx_matmul_backward, setup_context=_mx_matmul_setup)
+
+
 def needs_grad(*tensors) -> bool:
     """Whether autograd would record an op on any of ``tensors`` (None and non-tensors such as an MXTensor
     skipped): then a fast path whose kernels autograd does not see gives way to the gradient path
@@ -344,12 +372,33 @@ def needs_grad(*tensors) -> bool:
     return False
 
 
+def refuse_forward_ad(what: str) -> None:
+    """NotImplementedError inside a dual level (forward-mode AD: ``torch.func.jvp`` / ``jacfwd``,
+    ``torch.autograd.forward_ad``); asked where a traced graph takes one of mxkit's custom ops, which have no
+    forward-mode rule (dynamo gave wrong tangents without a word)."""
+    if _fwad._current_level >= 0:
+        raise NotImplementedError(f"{what}: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) "
+                                  f"inside torch.compile is not supported (mxkit's custom ops have no forward rule); "
+                                  f"differentiate in forward mode outside torch.compile")
+
+
+_IN_RULE = threading.local()  # .on: inside _InputGradForward's forward, whose rule gives the tangent
+
+
 def has_tangent(*tensors) -> bool:
     """Whether any of ``tensors`` carries a forward-mode tangent (at the current dual level; None and non-tensors
-    skipped). Asked only inside a dual level (``torch.autograd.forward_ad._current_level >= 0``)."""
+    skipped; a tensor that cannot say, such as vmap's BatchedTensor, counts as one). Asked only inside a dual level
+    (``torch.autograd.forward_ad._current_level >= 0``); False inside :class:`_InputGradForward`'s forward, where
+    its jvp rule gives the tangent."""
+    if getattr(_IN_RULE, "on", False):
+        return False
     for t in tensors:
-        if isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None:
-            return True
+        if isinstance(t, torch.Tensor):
+            try:
+                if _fwad.unpack_dual(t).tangent is not None:
+                    return True
+            except RuntimeError:
+                return True
     return False
 
 
@@ -384,6 +433,15 @@ class _InputGrad(torch.autograd.Function):
 class _InputGradForward(_InputGrad):
     """:class:`_InputGrad` with a forward-mode rule, used inside a dual level only (dynamo does not trace a
     Function that defines ``jvp``)."""
+
+    @staticmethod
+    def forward(x, bias, held, fn):
+        outer = getattr(_IN_RULE, "on", False)
+        _IN_RULE.on = True  # (fn's calls take their fast paths: this Function's rule gives the tangent)
+        try:
+            return fn(x, bias)
+        finally:
+            _IN_RULE.on = outer
 
     @staticmethod
     def jvp(ctx, x_t, bias_t, held_t, fn_t):

@@ -271,10 +271,14 @@ def partial_stats_host(part: torch.Tensor) -> tuple:
 def _packed_flatten(p: PackedWeight):
     f = p.folded
     leaves = [p.source, p.special_rows, p.mma_q, p.mma_s, f, p.wide, p.dense]
-    return leaves, p._host_stats()
+    if isinstance(p.stats, torch.Tensor):  # not read yet: a leaf (flattened under torch.export, it may be fake)
+        return leaves + [p.stats], None
+    return leaves, p.stats
 
 
 def _packed_unflatten(leaves, stats) -> PackedWeight:
+    if stats is None:
+        stats = leaves[7]
     return PackedWeight(leaves[0], leaves[4], stats, leaves[1], leaves[2], leaves[3], leaves[5], leaves[6])
 
 

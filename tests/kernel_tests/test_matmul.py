@@ -458,7 +458,8 @@ def test_pack_weight_float_reads_its_scale_statistics_lazily(rng):
                                                                              moved.has_nan)
         assert pw.stats == (lo, hi, nan) and nan == (fmt == "mxfp4")
         leaves, spec = torch.utils._pytree.tree_flatten(mxkit.pack_weight(w, act="float"))
-        assert torch.utils._pytree.tree_unflatten(leaves, spec).stats == (lo, hi, nan)
+        back = torch.utils._pytree.tree_unflatten(leaves, spec)  # (unread statistics: a leaf, still unread)
+        assert isinstance(back.stats, torch.Tensor) and (back.scale_min, back.scale_max, back.has_nan) == (lo, hi, nan)
     folded = mxkit.pack_weight(w4 := mxkit.quantize(torch.randn(32, 64, generator=rng), "mxfp4"))
     assert folded.stats == scale_extrema(w4.scale)
 

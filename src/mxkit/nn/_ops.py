@@ -3,10 +3,10 @@
 (and a new one when deep-copied or unpickled), and its custom op (``mxkit::mx_linear``, ``mxkit::mx_fused``,
 ``mxkit::mx_moe``) finds the module by that handle and runs its eager forward:
 the kernels launch through the driver API, which dynamo does not trace, so to a compiled graph each module is
-one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph,
-unique to the process (:mod:`mxkit._handles`): a graph of these ops saved by ``torch.export`` and loaded in another
-process raises there (an MXLinear without activation quantization exports its weights instead:
-``mxkit::mx_matmul``).
+one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph
+(:func:`graph_handle`); under ``torch.export`` it is tagged with the process (:mod:`mxkit._handles`), so a program
+of these ops saved and loaded in another process raises there (an MXLinear without activation quantization, a
+fused group and a gated MLP export their weights instead: ``mxkit::mx_matmul``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import weakref
 
 from torch import nn
 
-from .._handles import new_handle
+import torch
+
+from .._handles import for_export, new_handle, untag
+from ..ops import refuse_forward_ad
 
 _MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
 
@@ -95,12 +98,24 @@ class HoldsGroup:
         return dict(state, _check_position=True)  # (checked against the loading process on the first forward)
 
 
+def graph_handle(module: nn.Module) -> int:
+    """``module``'s handle as a traced graph holds it: tagged with this process under ``torch.export``.
+    NotImplementedError inside forward-mode AD (:func:`mxkit.ops.refuse_forward_ad`: the ops have no forward rule)."""
+    refuse_forward_ad(type(module).__name__)
+    h = module.__dict__["_op_handle"]
+    return for_export(h) if torch.compiler.is_exporting() else h
+
+
 def module_of(handle: int, op: str) -> nn.Module:
-    """The module of ``handle``; RuntimeError (naming the op) when it no longer exists."""
-    m = _MODULES.get(handle)
+    """The module of ``handle`` (plain or tagged: :func:`graph_handle`); RuntimeError (naming the op) when it no
+    longer exists or the handle was tagged by another process."""
+    plain = untag(handle)
+    if plain is None:
+        raise RuntimeError(f"mxkit::{op}: this op's module lives in the process that exported the program (a "
+                           f"program exported with torch.export that holds this op runs only where it was exported)")
+    m = _MODULES.get(plain)
     m = m() if m is not None else None
     if m is None:
-        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists in this process (a graph "
-                           f"exported with torch.export that holds this op runs only where it was exported)")
+        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
     return m
 

@@ -104,7 +104,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
                     and not torch.compiler.is_exporting()):  # (torch.export: the GEMM, whose program holds weights)
-                return torch.ops.mxkit.mx_gated_act(x, self._op_handle)
+                return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
             return self._act_gemm(x)
         return self._act_eager(x)
 

@@ -259,7 +259,7 @@ class MXLinear(_ops.Handled, nn.Module):
             # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU
             # reference reads scale statistics on the host: one opaque op on every device, with the gradients of
             # x and the bias (with_input_grad's) registered on it
-            return torch.ops.mxkit.mx_linear(x, bias, self._op_handle)
+            return torch.ops.mxkit.mx_linear(x, bias, _ops.graph_handle(self))
         return self._eager(x, bias)
 
     def _eager(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -664,7 +664,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         routed = None
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
-                y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, self._op_handle)
+                y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, _ops.graph_handle(self))
                 routed = (weights, None)
             else:
                 logits, *routed = router_gpt_oss(x.reshape(-1, x.shape[-1]), self.router.weight, self.router.bias,
@@ -691,9 +691,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 weights, ids = torch.ops.mxkit.mx_moe_route(logits.reshape(-1, self.num_experts), self.top_k,
                                                             self.routing)
                 y = torch.ops.mxkit.mx_moe_experts(x, weights, ids, logits.detach(), self.gate_up_bias,
-                                                   self.down_bias, self._op_handle)
+                                                   self.down_bias, _ops.graph_handle(self))
                 return self._result(y, logits, (weights, ids))
-            return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_handle), logits)
+            return self._result(torch.ops.mxkit.mx_moe(x, logits, _ops.graph_handle(self)), logits)
         routed = None
         if self.return_router_scores:  # routed once for the experts and the scores, where the experts take it
             grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)

@@ -402,3 +402,18 @@ def test_fold_checks_blocks_lead_shape_and_empty_inputs(rng):
         quantize_fold_reference(torch.empty(0, 64), "mxfp4", block_size=16)
     with pytest.raises(TypeError, match="float64"):
         quantize_fold_reference(torch.empty(0, 64, dtype=torch.float64), "mxfp4")
+
+
+def test_quantize_fold_inputs_and_folded_identity(rng):
+    """quantize_fold takes a NumPy-integer block size as quantize does (it was refused as "not a positive int");
+    a meta x raises NotImplementedError (the folded row count depends on the values; it was Tensor.item's error);
+    Folded compares by identity like MXTensor (a field-wise == of its tensors raised)."""
+    import mxkit
+
+    x = torch.randn(4, 64, generator=rng)
+    a = mxkit.quantize_fold(x, "mxfp4", block_size=np.int64(32))
+    b = mxkit.quantize_fold(x, "mxfp4")
+    assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+    assert a == a and a != b and b in [a, b] and len({a, b}) == 2
+    with pytest.raises(NotImplementedError, match="not on the meta device"):
+        mxkit.quantize_fold(torch.empty(64, 64, device="meta"), "mxfp4")

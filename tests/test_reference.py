@@ -699,3 +699,17 @@ def test_matmul_reference_rejects_bad_operands():
         mxkit.reference.matmul_reference(x.numpy(), w)
     with pytest.raises(ValueError, match="last axis"):
         mxkit.reference.matmul_reference(quantize_reference(torch.randn(64, 4), "mxfp8_e4m3", axis=0), w)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxint8"])
+def test_gemm_bits_do_not_depend_on_the_weight_layout(fmt, rng):
+    """The same weight bytes in a column-major qdata give the same GEMM bits on every CPU route (one code per
+    byte: the decoded values kept qdata's strides, and the CPU BLAS picks its kernel by layout: ~3e-5 apart)."""
+    import dataclasses
+
+    w = mxkit.quantize(torch.randn(64, 256, generator=rng), fmt)
+    wt = dataclasses.replace(w, qdata=w.qdata.t().contiguous().t())
+    assert not wt.qdata.is_contiguous() and torch.equal(wt.qdata, w.qdata)
+    x = torch.randn(8, 256, generator=rng)
+    for backend in ("reference", "auto", "triton"):
+        assert torch.equal(mxkit.matmul(x, w, backend=backend), mxkit.matmul(x, wt, backend=backend)), backend

@@ -374,8 +374,8 @@ def test_sibling_checks_agree_on_folded_to_and_empty_int_cast_transpose():
 
 def test_to_takes_a_device_not_a_dtype():
     """MXTensor / PackedWeight / Fp8Rowwise .to(dtype) raise a TypeError that says so and names what gives values
-    in a dtype (it was a TypeError about qdata's dtype, from the constructor), .to of a string that is not a device
-    a ValueError naming the class; Fp8Rowwise with 0-d data names it."""
+    in a dtype (it was a TypeError about qdata's dtype, from the constructor), and so does .to(another tensor); .to
+    of a string that is not a device a ValueError naming the class; Fp8Rowwise with 0-d data names it."""
     from mxkit.packed import Fp8Rowwise
 
     q = _q()
@@ -387,5 +387,7 @@ def test_to_takes_a_device_not_a_dtype():
         assert obj.to("cpu").device == torch.device("cpu")
         with pytest.raises(ValueError, match=rf"{name}.to: 'bogus' is not a device"):  # (torch's bare RuntimeError)
             obj.to("bogus")
+        with pytest.raises(TypeError, match=rf"{name}.to takes a device, not a tensor"):  # (torch's .to(other))
+            obj.to(torch.randn(2))
     with pytest.raises(ValueError, match=r"Fp8Rowwise data must be at least 1-D"):
         Fp8Rowwise(torch.tensor(1.0).to(torch.float8_e4m3fn), torch.ones(1))

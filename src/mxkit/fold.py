@@ -103,7 +103,7 @@ def _check_foldable(fmt: FormatLike) -> tuple[ElementFormat, int, int]:
     return f, r[0], r[1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # (== is identity: a field-wise == of tensors raised)
 class Folded:
     """An MX tensor (quantized along its last axis K) folded to FP8 E4M3 rows with fp32 power-of-two row scales.
 

@@ -550,8 +550,10 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     read it). ``dense`` (None, torch.bfloat16, torch.float16): also keep the weight dequantized to that dtype, a
     cache that activations of that dtype read on cuBLAS past the small-M kernels (2 bytes per element more;
     path ``dense-cached``). A path whose layout was not built still runs, packing per call. Returns a
-    :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). Raises TypeError / ValueError on a weight that
-    is not an MXTensor (N, K) along K, an unknown ``act`` or ``dense``. See :func:`mxkit.kernels.matmul.pack_weight`."""
+    :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). Given a PackedWeight, returns it as it is
+    (``act`` does not add layouts; ValueError where it lacks the ``dense`` cache asked for): to pack again after an
+    in-place edit of the weight's bytes, pass its ``.source``. Raises TypeError / ValueError on a weight that is not
+    an MXTensor (N, K) along K, an unknown ``act`` or ``dense``. See :func:`mxkit.kernels.matmul.pack_weight`."""
     from .kernels.matmul import pack_weight as impl
 
     return impl(w, act=act, dense=dense)
@@ -576,9 +578,13 @@ def quantize_fold(
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
     (``MXLinear``'s path). An x with no rows gives a Folded of 0 rows (activations: an empty batch). Raises
     TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a format that does not
-    fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects."""
+    fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects; NotImplementedError on the meta device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    block_size = as_int(block_size)  # (a NumPy integer, as quantize takes)
+    if x.device.type == "meta":
+        raise NotImplementedError("quantize_fold: the folded row count depends on the values (rows whose block "
+                                  "scales span more than the fold window): not on the meta device")
     if _resolve_backend(backend, x.device) == "triton":
         from .kernels.fold import quantize_fold_triton
 

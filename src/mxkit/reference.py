@@ -263,7 +263,7 @@ def matmul_reference(
         raise ValueError(f"K mismatch: a has K={a_f.shape[-1]}, b (N, K) = {tuple(b.shape)}")
     if a_f.device != b.device:
         raise ValueError(f"a is on {a_f.device} but b on {b.device}")
-    b_f = dequantize_reference(b, torch.float32)
+    b_f = dequantize_reference(b, torch.float32).contiguous()  # (an FP8 / INT8 b of strided qdata: strided values)
     y = exact_matmul(a_f, b_f.t())  # (not TF32, nor oneDNN's bf16 under a "medium" float32 precision)
     return y.to(check_out_dtype(out_dtype or default_dtype))
 

@@ -94,10 +94,13 @@ def as_int(v):
 
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
-    gives values in a dtype); ValueError for a string that is not a device."""
+    gives values in a dtype) or a tensor; ValueError for a string that is not a device."""
     if isinstance(device, torch.dtype):
         raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
                         f"{instead} for values in a dtype")
+    if isinstance(device, torch.Tensor):
+        raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
+                        f"pass other.device")
     if isinstance(device, str):
         try:
             torch.device(device)
@@ -266,7 +269,7 @@ class MXTensor:
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
         """The same MXTensor with qdata and scale on ``device`` (bytes unchanged; a device, not a dtype: the
         element format is fixed, :func:`mxkit.dequantize` gives values in a dtype). Raises TypeError for a
-        dtype, ValueError for a string that is not a device."""
+        dtype or a tensor, ValueError for a string that is not a device."""
         device_only(device, "MXTensor", "mxkit.dequantize(q, dtype)")
         return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 

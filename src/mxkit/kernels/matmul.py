@@ -920,7 +920,7 @@ def reference_gemm(a, b, out: torch.dtype, bias: Optional[torch.Tensor] = None) 
     else:
         xa = (unfold_reference(a) if kind == "folded" else _values_fp32(a, kind)).to(torch.float32)
         xa, m = _split_row_scale(xa, kind, a, xa.shape[0])
-        y = exact_matmul(xa.contiguous(), reference.dequantize_reference(w, torch.float32).t())
+        y = exact_matmul(xa.contiguous(), reference.dequantize_reference(w, torch.float32).contiguous().t())
         if m is not None:
             y = y * m
         y = y.reshape(*_lead_shape(a, kind), w.shape[0])

@@ -11,16 +11,19 @@ from ..._precision import exact_float32
 
 def fp32_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T for float32 x, w with TF32 off (the fp32-exact path and the float32 route of special rows); on the
-    CPU x is made contiguous first (its BLAS picks a kernel by layout: a strided x gets the contiguous copy's bits;
-    cuBLAS reads a row-strided x as it is)."""
+    CPU x and w are made contiguous first (its BLAS picks a kernel by layout: strided operands get the contiguous
+    copies' bits; cuBLAS reads a row-strided x as it is)."""
+    if x.device.type == "cpu":
+        x, w = x.contiguous(), w.contiguous()
     with exact_float32(x.device.type):
-        return (x.contiguous() if x.device.type == "cpu" else x) @ w.t()
+        return x @ w.t()
 
 
 def dense_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.dtype) -> torch.Tensor:
     """x @ w.T for 16-bit x, w with float32 accumulation; output in ``out`` with one rounding (x made contiguous
-    first on the CPU, as in :func:`fp32_gemm`)."""
-    x = x.contiguous() if x.device.type == "cpu" else x
+    first on the CPU, and w, as in :func:`fp32_gemm`)."""
+    if x.device.type == "cpu":
+        x, w = x.contiguous(), w.contiguous()
     with exact_float32(x.device.type):
         if out == x.dtype or x.device.type != "cuda":
             return (x @ w.t()) if x.device.type == "cuda" else (x.float() @ w.float().t()).to(out)

@@ -20,6 +20,13 @@ except ImportError:  # pragma: no cover (a torch without it)
 _TRACED = (torch.Tensor, _FakeTensor)
 
 
+def exporting() -> bool:
+    """Whether ``torch.export`` is tracing (strict or not). Reads torch's flag itself: torch 2.11's dynamo answers
+    ``torch.compiler.is_exporting()`` with True under ``torch.compile`` as well (fixed in later releases)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
 def plain_traced(x: Any) -> bool:
     """Whether ``x``, met while compiling, is a plain tensor: a ``torch.Tensor`` (what dynamo traces) or a
     ``FakeTensor`` (what non-strict ``torch.export`` runs the module on), not another subclass."""

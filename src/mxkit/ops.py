@@ -18,7 +18,7 @@ from torch.autograd import forward_ad as _fwad
 from . import reference
 from ._autocast import autocast_off
 from ._precision import exact_matmul
-from ._device import elsewhere, on_operand_device, other_device, plain_traced
+from ._device import elsewhere, exporting, on_operand_device, other_device, plain_traced
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, packed_of
@@ -84,7 +84,12 @@ def quantize(
             and isinstance(x, torch.Tensor) and x.is_cuda:
         k = _KERNELS or _cuda_kernels()
         if k is not None:  # the eager fast path: what _resolve_backend would pick, without its checks
-            return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
+            try:
+                return k.quantize_eager(x, fmt, axis, block_size, scale_mode, rounding, scale_layout)
+            except RuntimeError:
+                if not _functorch_wrapped(x):
+                    raise
+                backend = "reference"  # (a torch.func wrapper, vmap's or jvp's: no storage for the kernels)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     kwargs = dict(block_size=block_size, scale_mode=scale_mode, rounding=rounding)
@@ -268,7 +273,7 @@ def matmul(
     if d is not None:
         with torch.cuda.device(d):  # (the kernels launch on the current device)
             return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
-    if torch.compiler.is_exporting() and type(b) in (MXTensor, PackedWeight) and plain_traced(a):
+    if exporting() and type(b) in (MXTensor, PackedWeight) and plain_traced(a):
         # torch.export: the op on the weight's tensors, which the program then holds (it runs in another process),
         # with its gradients registered on it (with_input_grad's Function would be recorded detached)
         w = b.source if type(b) is PackedWeight else b
@@ -385,6 +390,12 @@ def refuse_forward_ad(what: str) -> None:
 _IN_RULE = threading.local()  # .on: inside _InputGradForward's forward, whose rule gives the tangent
 
 
+def _functorch_wrapped(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a torch.func wrapper (vmap's BatchedTensor, jvp's / grad's TensorWrapper): no storage."""
+    check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return check is not None and check(t)
+
+
 def has_tangent(*tensors) -> bool:
     """Whether any of ``tensors`` carries a forward-mode tangent (at the current dual level; None and non-tensors
     skipped; a tensor that cannot say, such as vmap's BatchedTensor, counts as one). Asked only inside a dual level
@@ -450,7 +461,9 @@ class _InputGradForward(_InputGrad):
         w = ctx.w.source if isinstance(ctx.w, PackedWeight) else ctx.w
         yt = None
         if x_t is not None:
-            yt = exact_matmul(x_t.reshape(-1, x_t.shape[-1]).float(), dequantize(w, torch.float32).t())
+            # (the reference's aten ops: torch.func may hand the rule wrappers, which have no storage for a kernel)
+            w32 = reference.dequantize_reference(w, torch.float32)
+            yt = exact_matmul(x_t.reshape(-1, x_t.shape[-1]).float(), w32.t())
             yt = yt.reshape(*x_t.shape[:-1], w.shape[0])
         if bias_t is not None:
             yt = bias_t.float().expand(ctx.out_shape) if yt is None else yt + bias_t.float()

@@ -15,8 +15,7 @@ import weakref
 
 from torch import nn
 
-import torch
-
+from .._device import exporting
 from .._handles import for_export, new_handle, untag
 from ..ops import refuse_forward_ad
 
@@ -103,7 +102,7 @@ def graph_handle(module: nn.Module) -> int:
     NotImplementedError inside forward-mode AD (:func:`mxkit.ops.refuse_forward_ad`: the ops have no forward rule)."""
     refuse_forward_ad(type(module).__name__)
     h = module.__dict__["_op_handle"]
-    return for_export(h) if torch.compiler.is_exporting() else h
+    return for_export(h) if exporting() else h
 
 
 def module_of(handle: int, op: str) -> nn.Module:

@@ -43,6 +43,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from .._device import exporting
 from ..ops import needs_grad
 from . import _ops
 from .linear import MXLinear, _hooked
@@ -142,7 +143,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         else:
             # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them;
             # under torch.export the fused MXLinear, whose program holds the weights)
-            handle_op = x.is_cuda and not needs_grad(x, self.fused.bias) and not torch.compiler.is_exporting()
+            handle_op = x.is_cuda and not needs_grad(x, self.fused.bias) and not exporting()
             y = torch.ops.mxkit.mx_fused(x, _ops.graph_handle(self)) if handle_op else self.fused(x)
             served = {i}
         self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)

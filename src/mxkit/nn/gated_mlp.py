@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._device import elsewhere
+from .._device import elsewhere, exporting
 from ..kernels.matmul_details import _mma_decode
 from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad
@@ -103,7 +103,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
-                    and not torch.compiler.is_exporting()):  # (torch.export: the GEMM, whose program holds weights)
+                    and not exporting()):  # (torch.export: the GEMM, whose program holds weights)
                 return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
             return self._act_gemm(x)
         return self._act_eager(x)

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.autograd import forward_ad as _fwad
 
-from .._device import elsewhere, plain_traced
+from .._device import elsewhere, exporting, plain_traced
 from ..ops import (dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
                    quantize_fp8_rowwise, with_input_grad)
 from ..fold import can_fold
@@ -253,7 +253,7 @@ class MXLinear(_ops.Handled, nn.Module):
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
         if torch.compiler.is_compiling() and plain_traced(x):
-            if self.act_format is None and torch.compiler.is_exporting():
+            if self.act_format is None and exporting():
                 # torch.export: the weight's buffers in the program (mxkit::mx_matmul), not this process's handle
                 return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)
             # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU

@@ -288,14 +288,17 @@ def matmul(
         # the weight's scale statistics on the host)
         return torch.ops.mxkit.mx_matmul(a, b.qdata, b.scale, bias, b.fmt.name, b.axis, b.block_size, list(b.shape),
                                          b.scale_mode.value, b.rounding.value, b.scale_layout, out_dtype, backend)
+    if type(b) is PackedWeight and torch.compiler.is_compiling() and isinstance(a, torch.Tensor):
+        refuse_forward_ad("mxkit.matmul")
+        if backend == "auto":
+            # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
+            # trace); the weight is found by its id, a constant guarded on b's identity
+            return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
+        w = b.source  # (another backend: the MXTensor's op, as for an MXTensor b; tracing the plan read statistics)
+        return torch.ops.mxkit.mx_matmul(a, w.qdata, w.scale, bias, w.fmt.name, w.axis, w.block_size, list(w.shape),
+                                         w.scale_mode.value, w.rounding.value, w.scale_layout, out_dtype, backend)
     if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
-        if torch.compiler.is_compiling():
-            if isinstance(a, torch.Tensor):
-                refuse_forward_ad("mxkit.matmul")
-                # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
-                # trace); the weight is found by its id, a constant guarded on b's identity
-                return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
-        elif bias is None or type(bias) is torch.Tensor:
+        if bias is None or type(bias) is torch.Tensor:
             # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
             if type(a) is torch.Tensor and a.is_cuda:
                 return _hot().prepared_call(a, b, out_dtype, bias)(a, bias)

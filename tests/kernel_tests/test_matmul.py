@@ -1875,11 +1875,11 @@ def test_gpu_wgmma_fast_call_plans_are_tritons_bytes_and_capturable(M, bias_dtyp
 
 
 def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
-    """torch.compile(fullgraph=True) of mxkit.matmul on a PackedWeight (one opaque op, ``mxkit::packed_matmul``,
-    the weight found by its id): the eager bytes, with a bias and an out dtype, for two weights passed as
-    arguments (a guard on the weight's identity: each gets its own graph) and one held in a closure; on an
-    MXTensor weight, with gradients (under Inductor the bias gradient, a sum over rows it fuses, within the
-    float32 summation bound of the float64 sum)."""
+    """torch.compile(fullgraph=True) of mxkit.matmul on a PackedWeight (one opaque op, ``mxkit::packed_matmul``, the
+    weight found by its id): the eager bytes, with a bias and an out dtype, for two weights passed as arguments (a
+    guard on the weight's identity: each gets its own graph) and one held in a closure, weights of 16 / 64-element
+    blocks and another backend; on an MXTensor weight, with gradients (under Inductor the bias gradient, a sum over
+    rows it fuses, within the float32 summation bound of the float64 sum)."""
     pws = [mxkit.pack_weight(mxkit.quantize(torch.randn(N, 256, generator=rng).to(device), fmt))
            for N, fmt in ((64, "mxfp4"), (96, "mxfp8_e4m3"))]
     bias = torch.randn(96, generator=rng).to(device)
@@ -1895,6 +1895,12 @@ def _compiled_matmul_equals_eager(device: str, backend: str, rng) -> None:
         assert torch.equal(g(x), mxkit.matmul(x, pws[0]))
     with pytest.raises(RuntimeError, match="no longer exists"):
         mxkit.packed.packed_of(-1)
+    # weights of 16 / 64-element blocks, and another backend (tracing the plan failed on a data-dependent guard)
+    for bs, be in ((16, "auto"), (64, "auto"), (32, "reference")):
+        pw = mxkit.pack_weight(mxkit.quantize(torch.randn(40, 256, generator=rng).to(device), "mxfp4", block_size=bs))
+        k = torch.compile(lambda x: mxkit.matmul(x, pw, backend=be), fullgraph=True, backend=backend)
+        x = torch.randn(3, 256, generator=rng).to(torch.bfloat16).to(device)
+        assert torch.equal(k(x), mxkit.matmul(x, pw, backend=be)), (bs, be)
     # an MXTensor weight: one opaque op too (mxkit::mx_matmul, the weight's tensors and metadata its arguments),
     # with gradients (tracing the plan failed on the host read of the weight's scale statistics)
     w = mxkit.quantize(torch.randn(48, 256, generator=rng).to(device), "mxfp4")

@@ -292,3 +292,23 @@ def test_exact_cublas_leaves_an_inherited_precision_inherited():
     finally:
         for b, o, v in reversed(saved):
             put(b, o, v)
+
+
+def test_exporting_is_told_apart_from_compiling():
+    """``mxkit._device.exporting()``: False in eager and under torch.compile (torch 2.11's dynamo answers
+    ``torch.compiler.is_exporting()`` with True there: compiled CUDA models took the export routes), True under
+    torch.export, strict or not."""
+    from mxkit._device import exporting
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + (1.0 if exporting() else 0.0)
+
+    x = torch.zeros(2)
+    assert not exporting() and torch.equal(Probe()(x), x)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(Probe(), fullgraph=True, backend="eager")(x), x)
+    for strict in (True, False):
+        ep = torch.export.export(Probe(), (x,), strict=strict)
+        assert torch.equal(ep.module()(x), x + 1), strict
+    assert not exporting()

@@ -276,9 +276,7 @@ def matmul(
     if exporting() and type(b) in (MXTensor, PackedWeight) and plain_traced(a):
         # torch.export: the op on the weight's tensors, which the program then holds (it runs in another process),
         # with its gradients registered on it (with_input_grad's Function would be recorded detached)
-        w = b.source if type(b) is PackedWeight else b
-        return torch.ops.mxkit.mx_matmul(a, w.qdata, w.scale, bias, w.fmt.name, w.axis, w.block_size, list(w.shape),
-                                         w.scale_mode.value, w.rounding.value, w.scale_layout, out_dtype, backend)
+        return _mx_matmul_traced(a, b.source if type(b) is PackedWeight else b, bias, out_dtype, backend)
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
@@ -286,17 +284,15 @@ def matmul(
         refuse_forward_ad("mxkit.matmul")
         # one opaque op in the graph, the weight's tensors and metadata its arguments (tracing the plan would read
         # the weight's scale statistics on the host)
-        return torch.ops.mxkit.mx_matmul(a, b.qdata, b.scale, bias, b.fmt.name, b.axis, b.block_size, list(b.shape),
-                                         b.scale_mode.value, b.rounding.value, b.scale_layout, out_dtype, backend)
+        return _mx_matmul_traced(a, b, bias, out_dtype, backend)
     if type(b) is PackedWeight and torch.compiler.is_compiling() and isinstance(a, torch.Tensor):
         refuse_forward_ad("mxkit.matmul")
         if backend == "auto":
             # one opaque op in the graph (the kernels launch through the driver API, which dynamo does not
             # trace); the weight is found by its id, a constant guarded on b's identity
             return torch.ops.mxkit.packed_matmul(a, bias, id(b), out_dtype)
-        w = b.source  # (another backend: the MXTensor's op, as for an MXTensor b; tracing the plan read statistics)
-        return torch.ops.mxkit.mx_matmul(a, w.qdata, w.scale, bias, w.fmt.name, w.axis, w.block_size, list(w.shape),
-                                         w.scale_mode.value, w.rounding.value, w.scale_layout, out_dtype, backend)
+        # (another backend: the MXTensor's op, as for an MXTensor b; tracing the plan read statistics)
+        return _mx_matmul_traced(a, b.source, bias, out_dtype, backend)
     if backend == "auto" and type(b) is PackedWeight and b.source.block_size == BLOCK_SIZE:
         if bias is None or type(bias) is torch.Tensor:
             # the eager hot paths: plan and launch arguments made once per operand shape, kept on b
@@ -326,6 +322,19 @@ def _packed_matmul_op(a: torch.Tensor, bias: Optional[torch.Tensor], handle: int
 @_packed_matmul_op.register_fake
 def _(a, bias, handle, out_dtype):
     return a.new_empty((*a.shape[:-1], packed_of(handle).shape[0]), dtype=out_dtype or a.dtype)
+
+
+def _weight_args(w: MXTensor) -> tuple:
+    """An MXTensor as a custom op's arguments: (qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding,
+    scale_layout)."""
+    return (w.qdata, w.scale, w.fmt.name, w.axis, w.block_size, list(w.shape), w.scale_mode.value, w.rounding.value,
+            w.scale_layout)
+
+
+def _mx_matmul_traced(a: torch.Tensor, w: MXTensor, bias, out_dtype, backend: str) -> torch.Tensor:
+    """``mxkit::mx_matmul`` of a and MXTensor w: a traced graph's one op, the weight's tensors its arguments."""
+    q, sc, *meta = _weight_args(w)
+    return torch.ops.mxkit.mx_matmul(a, q, sc, bias, *meta, out_dtype, backend)
 
 
 @torch.library.custom_op("mxkit::mx_matmul", mutates_args=())
@@ -479,8 +488,8 @@ def linear_input_grad(g: torch.Tensor, w: Union[MXTensor, PackedWeight], dtype: 
     ((..., K); :func:`with_input_grad`'s rule, and ``mxkit::mx_linear``'s)."""
     w = w.source if isinstance(w, PackedWeight) else w
     if torch.compiler.is_compiling():  # (one op: a traced product would follow the float32 matmul precision)
-        return torch.ops.mxkit.mx_dgrad(g, w.qdata, w.scale, w.fmt.name, w.axis, w.block_size, list(w.shape),
-                                        w.scale_mode.value, w.rounding.value, w.scale_layout, dtype)
+        q, sc, *meta = _weight_args(w)
+        return torch.ops.mxkit.mx_dgrad(g, q, sc, *meta, dtype)
     g2 = g.reshape(-1, g.shape[-1]).float()
     # (full float32 whatever torch.set_float32_matmul_precision says, as the forward's float32 routes)
     return exact_matmul(g2, dequantize(w, torch.float32)).to(dtype).reshape(*g.shape[:-1], w.shape[1])

@@ -31,6 +31,8 @@ def plain_traced(x: Any) -> bool:
     """Whether ``x``, met while compiling, is a plain tensor: a ``torch.Tensor`` (what dynamo traces) or a
     ``FakeTensor`` (what non-strict ``torch.export`` runs the module on), not another subclass."""
     return type(x) in _TRACED
+
+
 # torch.cuda.current_device without its lazy-init check (~0.2 us): asked only about CUDA tensors, so CUDA is up
 _current = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 

@@ -1377,6 +1377,87 @@ def test_mxmoe_compiles_fullgraph_on_cpu(act_format, rng):
         assert torch.equal(got, want), name
 
 
+_MOE_EXPORT_CHILD = """
+import sys, torch
+import mxkit.nn  # (registers the MoE ops, which torch.export.load resolves)
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    x = torch.load(f"{d}/x{i}.pt")
+    program = torch.export.load(f"{d}/p{i}.pt2").module()
+    for tokens, want in zip((x, x[:1]), torch.load(f"{d}/y{i}.pt")):
+        y, scores = program(tokens)
+        assert torch.equal(y, want[0]) and torch.equal(scores, want[1]), i
+    gm = torch.export.load(f"{d}/g{i}.pt2").module()
+    xg = x.clone().requires_grad_()
+    gm(xg)[0].square().sum().backward()
+    grads = torch.load(f"{d}/grads{i}.pt")
+    assert torch.equal(xg.grad, grads["x"]), i
+    assert {k for k, _ in gm.named_parameters()} == grads.keys() - {"x"}, i
+    for name, p in gm.named_parameters():
+        assert torch.equal(p.grad, grads[name]), (i, name)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
+    """torch.export (strict and not, a dynamic token count, with and without gradients) of an MXMoE in each expert
+    layout (the checkpoint's; "mma" after pack_; W4A8's and MXFP4 x MXFP4's "fold"): the router is traced and the
+    experts are ``mxkit::mx_moe_export`` on the expert buffers (``mxkit::mx_moe_route`` first where a gradient is
+    needed), so the program holds the experts: ``torch.export.load`` in a fresh process gives the eager output and
+    scores and, through the registered backward, the eager gradients of x, the router and the expert biases, byte
+    for byte (the program held a handle of the exporting process before, and raised anywhere else)."""
+    import os
+    import subprocess
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    E, k, I2 = 8, 2, 64  # (the mma layout takes K % 64 == 0)
+    tokens = torch.export.Dim("tokens", min=1, max=4096)
+    cases = ((None, False), (None, True), ("fp8_e4m3_rowwise", True), ("mxfp4", True))
+    for i, (act_format, pack) in enumerate(cases):
+        w_gu, w_d = torch.randn(E, 2 * I2, H, generator=rng), torch.randn(E, H, I2, generator=rng)
+        b_gu, b_d = torch.randn(E, 2 * I2, generator=rng), torch.randn(E, H, generator=rng)
+        m = MXMoE.from_dense(_router(E, rng), w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format=act_format,
+                             return_router_scores=True).to(device)
+        if pack:
+            assert m.pack_() and m.expert_layout == ("mma" if act_format is None else "fold")
+        x = torch.randn(5, H, generator=rng).to(device)  # (float32: on CUDA the router is the nn.Linear both ways)
+        with torch.no_grad():
+            wants = [m(x), m(x[:1])]
+            ep = torch.export.export(m, (x,), dynamic_shapes=({0: tokens},), strict=i % 2 == 0)
+            assert {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)} == {
+                "mxkit.mx_moe_export.default"}
+            for tokens_in, want in zip((x, x[:1]), wants):
+                got = ep.module()(tokens_in)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (act_format, pack)
+        torch.export.save(ep, tmp_path / f"p{i}.pt2")
+        torch.save(x, tmp_path / f"x{i}.pt")
+        torch.save(wants, tmp_path / f"y{i}.pt")
+
+        xg = x.clone().requires_grad_()
+        m(xg)[0].square().sum().backward()
+        grads = dict(x=xg.grad, **{name: p.grad.clone() for name, p in m.named_parameters()})
+        ep = torch.export.export(m, (x,), strict=i % 2 == 1)
+        assert {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)} == {
+            "mxkit.mx_moe_export.default", "mxkit.mx_moe_route.default"}
+        gm = ep.module()
+        for p in gm.parameters():
+            p.grad = None
+        xg = x.clone().requires_grad_()
+        gm(xg)[0].square().sum().backward()
+        assert torch.equal(xg.grad, grads["x"]), (act_format, pack)
+        for name, p in gm.named_parameters():
+            assert torch.equal(p.grad, grads[name]), (act_format, pack, name)
+        torch.export.save(ep, tmp_path / f"g{i}.pt2")
+        torch.save(grads, tmp_path / f"grads{i}.pt")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _MOE_EXPORT_CHILD, str(tmp_path), str(len(cases))], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
 def test_mxmoe_w4a8_is_its_reference_on_cpu(rng):
     """MXMoE(act_format="fp8_e4m3_rowwise") routes, casts the tokens to FP8 rowwise and runs the W4A8 twin on
     CPU (the GPU kernel's own tests compare it with the same twin); bad act_format names and expert
@@ -1577,6 +1658,32 @@ def test_gpu_gpt_oss_under_torch_compile(rng):
             want = swapped(ids).logits.float()
             got = compiled(ids).logits.float()
             assert _bf16_rows_off(got, want) <= 1  # (a router near-tie may pick another expert)
+
+
+@needs_hf
+def test_swapped_gpt_oss_exports_with_its_experts(tmp_path, rng):
+    """A GptOssForCausalLM with its experts swapped for MXMoE exports (non-strict and strict) with each MXMoE's
+    experts as ``mxkit::mx_moe_export`` on its buffers: the saved program, loaded, gives the swapped model's logits
+    byte for byte."""
+
+    class Logits(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, use_cache=False).logits
+
+    swapped = Logits(swap_gpt_oss_moe(tiny_gpt_oss(rng), "mxfp4_e2m1").eval())
+    ids = torch.randint(0, 128, (2, 5), generator=rng)
+    with torch.no_grad():
+        want = swapped(ids)
+        for strict in (False, True):
+            ep = torch.export.export(swapped, (ids,), strict=strict)
+            assert {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)} == {
+                "mxkit.mx_moe_export.default"}
+            torch.export.save(ep, tmp_path / "gpt_oss.pt2")
+            assert torch.equal(torch.export.load(tmp_path / "gpt_oss.pt2").module()(ids), want), strict
 
 
 def test_mxmoe_from_mx_holds_the_bytes_and_checks_its_operands(rng):

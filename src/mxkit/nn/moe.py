@@ -43,6 +43,13 @@ reference routing, and ``mxkit::mx_moe_experts``, :class:`~mxkit.nn._moe_grad.Ex
 the logits' gradient within float32 rounding of eager's: eager routes twice, once for the experts and once for the
 scores, and adds the two contributions in another order); under expert parallelism it is a graph break.
 
+Under ``torch.export`` (strict or not) the router is traced and the experts are ``mxkit::mx_moe_export`` (with
+``mxkit::mx_moe_route`` before it where a gradient is needed; its backward is registered), an op on the four expert
+buffers in the layout the module holds (the fold layout's row scales too), the biases and a text naming the rest of
+the layer's settings: the program holds the experts, and after ``torch.export.load`` in another process (which
+must ``import mxkit.nn`` first: that registers the op) rebuilds the layer's expert computation around them once.
+An expert-parallel module exports as its module's op (a program that runs in the exporting process only).
+
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
 forward returns their contribution; after :meth:`MXMoE.shard_experts` (or with ``ep_ranges`` / ``ep_group``
 set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the group.
@@ -50,6 +57,7 @@ set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the 
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence, Union
 
 import torch
@@ -57,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._cache import TensorsKey
-from .._device import elsewhere
+from .._device import elsewhere, exporting
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_collectively
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.moe_details._route import router_takes
@@ -662,6 +670,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 return self.forward(x)
         x = x.contiguous()  # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits)
         routed = None
+        if torch.compiler.is_compiling() and exporting() and self.ep_ranges is None:
+            return self._exported(x)
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
                 y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, _ops.graph_handle(self))
@@ -700,6 +710,43 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             if (x.is_cuda and not grad) or (grad and self.ep_ranges is None):
                 routed = route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
         return self._result(self._experts(x, logits, routed), logits, routed)
+
+    def _exported(self, x: torch.Tensor):
+        """forward under ``torch.export``: the router traced, then the experts as ops on the expert buffers
+        (``mxkit::mx_moe_export``, with ``mxkit::mx_moe_route`` first where a gradient is needed), so the program
+        holds the experts and runs in another process (the module docstring)."""
+        logits = self._router_logits(x)
+        recorder = self.logits_recorder
+        if recorder is not None:
+            recorder(logits.reshape(-1, self.num_experts))
+        spec, bufs = self._export_spec(), self._export_buffers()
+        if not needs_grad(x, logits, self.gate_up_bias, self.down_bias):
+            y = torch.ops.mxkit.mx_moe_export(x, logits, None, None, *bufs, self.gate_up_bias, self.down_bias, spec)
+            return self._result(y, logits)
+        weights, ids = torch.ops.mxkit.mx_moe_route(logits.reshape(-1, self.num_experts), self.top_k, self.routing)
+        y = torch.ops.mxkit.mx_moe_export(x, logits.detach(), weights, ids, *bufs, self.gate_up_bias, self.down_bias,
+                                          spec)
+        return self._result(y, logits, (weights, ids))
+
+    def _export_buffers(self) -> tuple:
+        """The expert tensors ``mxkit::mx_moe_export`` takes: gate_up / down qdata and scale in the layout the module
+        holds, and the fold layout's row scales (None in the other layouts)."""
+        rows = [self._buffers.get(f"{n}_row_scale") if self._fold_layout else None for n in _EXPERTS]
+        return (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale, *rows)
+
+    def _export_spec(self) -> str:
+        """What rebuilds this layer's expert computation around its buffers (:func:`_rebuilt`): ``key=value``
+        fields joined by ``;`` (read back by :func:`_parse_spec`), built from constants only, so dynamo folds it into
+        the graph (it does not trace json)."""
+        flags = self._mma_flags or ()
+        flags = ",".join("".join("1" if f else "0" for f in t) for t in flags)
+        lo, hi = self.expert_range
+        return (f"hidden_size={self.hidden_size};intermediate_size={self.intermediate_size};"
+                f"num_experts={self.num_experts};top_k={self.top_k};weight_format={self.weight_format.name};"
+                f"routing={self.routing};activation={self.activation};expert_range={lo},{hi};"
+                f"scale_mode={self.scale_mode.value};rounding={self.rounding.value};block_size={self.block_size};"
+                f"backend={self.backend};act_format={self.act_format or ''};mma_flags={flags};"
+                f"fold={int(self._fold_layout)}")
 
     def _check_input(self, x) -> None:
         if not isinstance(x, torch.Tensor):
@@ -1064,6 +1111,117 @@ def _mx_moe_routed_fake(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, tor
     T = x.numel() // x.shape[-1]
     return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(*x.shape[:-1], m.num_experts),
             x.new_empty(T, m.top_k, dtype=torch.float32))
+
+
+# the layers mxkit::mx_moe_export rebuilt around the expert tensors it was given: id of gate_up_qdata ->
+# (TensorsKey of the tensors and the spec, the layer); an entry goes with its gate_up_qdata
+_REBUILT: dict[int, tuple[TensorsKey, "MXMoE"]] = {}
+
+
+def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[torch.Tensor]) -> "MXMoE":
+    """An :class:`MXMoE` computing the experts of ``spec`` (:meth:`MXMoE._export_spec`) on the tensors given (its
+    buffers, biases as plain attributes, a router on the meta device that is never called), kept while they are the
+    same tensors with the same contents (:class:`~mxkit._cache.TensorsKey`), so the packed or folded copies its
+    forward makes are made once."""
+    tensors = [t for t in (*bufs, b1, b2) if t is not None]
+    kept = _REBUILT.get(id(bufs[0]))
+    if kept is not None and kept[0].matches(tensors, spec, b1 is None, b2 is None):
+        return kept[1]
+    c = _parse_spec(spec)
+    m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
+              bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
+              scale_mode=c["scale_mode"], rounding=c["rounding"], block_size=c["block_size"], backend=c["backend"],
+              act_format=c["act_format"], keep_source=True, device="meta")
+    for name, t in zip(("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"), bufs):
+        setattr(m, name, t)
+    del m.gate_up_bias, m.down_bias
+    m.gate_up_bias, m.down_bias = b1, b2  # (plain attributes: the program's tensors as they are)
+    if c["mma_flags"] is not None:
+        m._mma_flags = c["mma_flags"]
+    if c["fold"]:
+        m._fold_layout = True
+        for name, t in zip(_EXPERTS, bufs[4:]):
+            m.register_buffer(f"{name}_row_scale", t, persistent=False)
+    if kept is None:
+        weakref.finalize(bufs[0], _REBUILT.pop, id(bufs[0]), None)
+    _REBUILT[id(bufs[0])] = (TensorsKey(tensors, spec, b1 is None, b2 is None), m)
+    return m
+
+
+def _parse_spec(spec: str) -> dict:
+    """The fields of :meth:`MXMoE._export_spec`'s text, typed back."""
+    c = dict(field.split("=", 1) for field in spec.split(";"))
+    for key in ("hidden_size", "intermediate_size", "num_experts", "top_k", "block_size", "fold"):
+        c[key] = int(c[key])
+    c["expert_range"] = tuple(int(v) for v in c["expert_range"].split(","))
+    c["act_format"] = c["act_format"] or None
+    c["mma_flags"] = (tuple(tuple(ch == "1" for ch in t) for t in c["mma_flags"].split(","))
+                      if c["mma_flags"] else None)
+    return c
+
+
+@torch.library.custom_op("mxkit::mx_moe_export", mutates_args=())
+def _mx_moe_export_op(x: torch.Tensor, router_logits: torch.Tensor, weights: Optional[torch.Tensor],
+                      ids: Optional[torch.Tensor], gate_up_qdata: torch.Tensor, gate_up_scale: torch.Tensor,
+                      down_qdata: torch.Tensor, down_scale: torch.Tensor, gate_up_row_scale: Optional[torch.Tensor],
+                      down_row_scale: Optional[torch.Tensor], gate_up_bias: Optional[torch.Tensor],
+                      down_bias: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+    """The experts of an :class:`MXMoE` given as tensors (its four expert buffers in the layout it held, the fold
+    layout's row scales or None, its biases) and ``spec`` (:meth:`MXMoE._export_spec`) on x (..., H), routed by
+    ``router_logits`` (..., E), or by (weights (T, k) float32, ids (T, k)) where given (the gradient case, after
+    ``mxkit::mx_moe_route``), eagerly: torch.export's view of an MXMoE, whose program then holds the experts and runs
+    in any process. Its backward is :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s. Returns (..., H) in x's dtype."""
+    bufs = (gate_up_qdata, gate_up_scale, down_qdata, down_scale, gate_up_row_scale, down_row_scale)
+    m = _rebuilt(spec, bufs, gate_up_bias, down_bias)
+    with torch.no_grad():
+        return m._experts(x, router_logits, None if weights is None else (weights, ids))
+
+
+@_mx_moe_export_op.register_fake
+def _mx_moe_export_fake(x, router_logits, weights, ids, *tensors_and_spec):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mxkit::mx_moe_export_backward", mutates_args=())
+def _mx_moe_export_backward_op(grad: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                               gate_up_qdata: torch.Tensor, gate_up_scale: torch.Tensor, down_qdata: torch.Tensor,
+                               down_scale: torch.Tensor, gate_up_row_scale: Optional[torch.Tensor],
+                               down_row_scale: Optional[torch.Tensor], gate_up_bias: Optional[torch.Tensor],
+                               down_bias: Optional[torch.Tensor], spec: str, need_x: bool, need_w: bool,
+                               need_b1: bool, need_b2: bool) -> list[torch.Tensor]:
+    """The gradients [x, weights, gate_up_bias, down_bias] of ``mxkit::mx_moe_export`` (:func:`~mxkit.nn._moe_grad.
+    experts_backward` on the rebuilt layer); an empty tensor where one is not needed."""
+    bufs = (gate_up_qdata, gate_up_scale, down_qdata, down_scale, gate_up_row_scale, down_row_scale)
+    m = _rebuilt(spec, bufs, gate_up_bias, down_bias)
+    grads = experts_backward(m, grad, x, weights, ids, gate_up_bias, down_bias, need_x, need_w, need_b1, need_b2)
+    return [g if g is not None else x.new_empty(0) for g in grads]
+
+
+@_mx_moe_export_backward_op.register_fake
+def _mx_moe_export_backward_fake(grad, x, weights, ids, q1, s1, q2, s2, r1, r2, gate_up_bias, down_bias, spec,
+                                 need_x, need_w, need_b1, need_b2):
+    return _mx_moe_experts_backward_fake(grad, x, weights, ids, gate_up_bias, down_bias, None, need_x, need_w,
+                                         need_b1, need_b2)
+
+
+def _mx_moe_export_setup(ctx, inputs, output) -> None:
+    x, _, weights, ids, *bufs, b1, b2, spec = inputs
+    ctx.save_for_backward(x, weights, ids, *bufs, b1, b2)
+    ctx.spec = spec
+
+
+def _mx_moe_export_backward(ctx, grad):
+    x, weights, ids, *bufs, b1, b2 = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    if weights is None and (n[0] or n[10] or n[11]):
+        raise RuntimeError("mxkit::mx_moe_export: a gradient needs the routing passed in (weights, ids)")
+    need = (n[0], n[2], n[10] and b1 is not None, n[11] and b2 is not None)
+    grads = torch.ops.mxkit.mx_moe_export_backward(grad, x, weights, ids, *bufs, b1, b2, ctx.spec, *need)
+    gx, gw, gb1, gb2 = (g if k else None for g, k in zip(grads, need))
+    return gx, None, gw, None, None, None, None, None, None, None, gb1, gb2, None
+
+
+_mx_moe_export_op.register_autograd(_mx_moe_export_backward, setup_context=_mx_moe_export_setup)
 
 
 def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str]) -> tuple[int, int, int]:

@@ -1408,8 +1408,10 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
     needed), so the program holds the experts: ``torch.export.load`` in a fresh process gives the eager output and
     scores and, through the registered backward, the eager gradients of x, the router and the expert biases, byte
     for byte (the program held a handle of the exporting process before, and raised anywhere else)."""
+    import gc
     import os
     import subprocess
+    import weakref
 
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
     E, k, I2 = 8, 2, 64  # (the mma layout takes K % 64 == 0)
@@ -1451,6 +1453,14 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
             assert torch.equal(p.grad, grads[name]), (act_format, pack, name)
         torch.export.save(ep, tmp_path / f"g{i}.pt2")
         torch.save(grads, tmp_path / f"grads{i}.pt")
+        # the op's layer, kept for the next call, does not keep a loaded program's experts alive
+        loaded = torch.export.load(tmp_path / f"g{i}.pt2").module()
+        with torch.no_grad():
+            assert torch.equal(loaded(x)[0], wants[0][0])
+        experts = weakref.ref(dict(loaded.named_buffers())["gate_up_qdata"])
+        del loaded
+        gc.collect()
+        assert experts() is None
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", _MOE_EXPORT_CHILD, str(tmp_path), str(len(cases))], env=env,

@@ -57,6 +57,8 @@ set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
 from typing import Optional, Sequence, Union
 
@@ -1114,38 +1116,52 @@ def _mx_moe_routed_fake(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, tor
 
 
 # the layers mxkit::mx_moe_export rebuilt around the expert tensors it was given: id of gate_up_qdata ->
-# (TensorsKey of the tensors and the spec, the layer); an entry goes with its gate_up_qdata
+# (TensorsKey of the tensors and the spec, the layer); an entry goes with its gate_up_qdata. A layer holds the
+# tensors only during a call (:func:`_rebuilt`), so the cache keeps no program's experts alive
 _REBUILT: dict[int, tuple[TensorsKey, "MXMoE"]] = {}
+_REBUILT_LOCK = threading.Lock()
+_BUFFERS = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
 
 
-def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[torch.Tensor]) -> "MXMoE":
+@contextlib.contextmanager
+def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[torch.Tensor]):
     """An :class:`MXMoE` computing the experts of ``spec`` (:meth:`MXMoE._export_spec`) on the tensors given (its
-    buffers, biases as plain attributes, a router on the meta device that is never called), kept while they are the
-    same tensors with the same contents (:class:`~mxkit._cache.TensorsKey`), so the packed or folded copies its
-    forward makes are made once."""
+    buffers, biases as plain attributes, a router on the meta device that is never called) for the duration of the
+    ``with`` block (one call at a time). The layer is kept while they are the same tensors with the same contents
+    (:class:`~mxkit._cache.TensorsKey`), so the packed or folded copies its forward makes are made once (building
+    one takes ~0.2 ms), but it lets go of the tensors after each call."""
     tensors = [t for t in (*bufs, b1, b2) if t is not None]
-    kept = _REBUILT.get(id(bufs[0]))
-    if kept is not None and kept[0].matches(tensors, spec, b1 is None, b2 is None):
-        return kept[1]
-    c = _parse_spec(spec)
-    m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
-              bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
-              scale_mode=c["scale_mode"], rounding=c["rounding"], block_size=c["block_size"], backend=c["backend"],
-              act_format=c["act_format"], keep_source=True, device="meta")
-    for name, t in zip(("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"), bufs):
-        setattr(m, name, t)
-    del m.gate_up_bias, m.down_bias
-    m.gate_up_bias, m.down_bias = b1, b2  # (plain attributes: the program's tensors as they are)
-    if c["mma_flags"] is not None:
-        m._mma_flags = c["mma_flags"]
-    if c["fold"]:
-        m._fold_layout = True
-        for name, t in zip(_EXPERTS, bufs[4:]):
-            m.register_buffer(f"{name}_row_scale", t, persistent=False)
-    if kept is None:
-        weakref.finalize(bufs[0], _REBUILT.pop, id(bufs[0]), None)
-    _REBUILT[id(bufs[0])] = (TensorsKey(tensors, spec, b1 is None, b2 is None), m)
-    return m
+    with _REBUILT_LOCK:
+        kept = _REBUILT.get(id(bufs[0]))
+        if kept is not None and kept[0].matches(tensors, spec, b1 is None, b2 is None):
+            m = kept[1]
+        else:
+            c = _parse_spec(spec)
+            m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
+                      bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
+                      scale_mode=c["scale_mode"], rounding=c["rounding"], block_size=c["block_size"],
+                      backend=c["backend"], act_format=c["act_format"], keep_source=True, device="meta")
+            del m.gate_up_bias, m.down_bias  # (plain attributes below: the program's tensors as they are)
+            m._mma_flags, m._fold_layout = c["mma_flags"], bool(c["fold"])
+            if kept is None:
+                weakref.finalize(bufs[0], _REBUILT.pop, id(bufs[0]), None)
+            _REBUILT[id(bufs[0])] = (TensorsKey(tensors, spec, b1 is None, b2 is None), m)
+        for name, t in zip(_BUFFERS, bufs):
+            setattr(m, name, t)
+        if m._fold_layout:
+            for name, t in zip(_EXPERTS, bufs[4:]):
+                m._buffers[f"{name}_row_scale"] = t
+        m.gate_up_bias, m.down_bias = b1, b2
+        try:
+            yield m
+        finally:
+            for name in _BUFFERS:
+                setattr(m, name, None)
+            for name in _EXPERTS:
+                m._buffers.pop(f"{name}_row_scale", None)
+            m.gate_up_bias = m.down_bias = None
+            if m._mma_flags is not None:
+                m._packed = None  # (the decode layout's views of the buffers themselves)
 
 
 def _parse_spec(spec: str) -> dict:
@@ -1172,8 +1188,7 @@ def _mx_moe_export_op(x: torch.Tensor, router_logits: torch.Tensor, weights: Opt
     ``mxkit::mx_moe_route``), eagerly: torch.export's view of an MXMoE, whose program then holds the experts and runs
     in any process. Its backward is :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s. Returns (..., H) in x's dtype."""
     bufs = (gate_up_qdata, gate_up_scale, down_qdata, down_scale, gate_up_row_scale, down_row_scale)
-    m = _rebuilt(spec, bufs, gate_up_bias, down_bias)
-    with torch.no_grad():
+    with _rebuilt(spec, bufs, gate_up_bias, down_bias) as m, torch.no_grad():
         return m._experts(x, router_logits, None if weights is None else (weights, ids))
 
 
@@ -1192,8 +1207,8 @@ def _mx_moe_export_backward_op(grad: torch.Tensor, x: torch.Tensor, weights: tor
     """The gradients [x, weights, gate_up_bias, down_bias] of ``mxkit::mx_moe_export`` (:func:`~mxkit.nn._moe_grad.
     experts_backward` on the rebuilt layer); an empty tensor where one is not needed."""
     bufs = (gate_up_qdata, gate_up_scale, down_qdata, down_scale, gate_up_row_scale, down_row_scale)
-    m = _rebuilt(spec, bufs, gate_up_bias, down_bias)
-    grads = experts_backward(m, grad, x, weights, ids, gate_up_bias, down_bias, need_x, need_w, need_b1, need_b2)
+    with _rebuilt(spec, bufs, gate_up_bias, down_bias) as m:
+        grads = experts_backward(m, grad, x, weights, ids, gate_up_bias, down_bias, need_x, need_w, need_b1, need_b2)
     return [g if g is not None else x.new_empty(0) for g in grads]
 
 

@@ -1433,6 +1433,9 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
             for tokens_in, want in zip((x, x[:1]), wants):
                 got = ep.module()(tokens_in)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (act_format, pack)
+        # run with gradients, a program exported without them raises (it dropped the router's gradient silently)
+        with pytest.raises(RuntimeError, match="exported without gradients"):
+            ep.module()(x)[0].square().sum().backward()
         torch.export.save(ep, tmp_path / f"p{i}.pt2")
         torch.save(x, tmp_path / f"x{i}.pt")
         torch.save(wants, tmp_path / f"y{i}.pt")

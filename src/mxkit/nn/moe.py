@@ -1227,9 +1227,11 @@ def _mx_moe_export_setup(ctx, inputs, output) -> None:
 
 def _mx_moe_export_backward(ctx, grad):
     x, weights, ids, *bufs, b1, b2 = ctx.saved_tensors
+    if weights is None:  # (the op without its routing: a program exported without gradients)
+        raise RuntimeError("mxkit::mx_moe_export: this MXMoE was exported without gradients (under torch.no_grad(), "
+                           "or with nothing needing one), so its program has no backward through the experts; export "
+                           "it with gradients enabled to train through the program")
     n = ctx.needs_input_grad
-    if weights is None and (n[0] or n[10] or n[11]):
-        raise RuntimeError("mxkit::mx_moe_export: a gradient needs the routing passed in (weights, ids)")
     need = (n[0], n[2], n[10] and b1 is not None, n[11] and b2 is not None)
     grads = torch.ops.mxkit.mx_moe_export_backward(grad, x, weights, ids, *bufs, b1, b2, ctx.spec, *need)
     gx, gw, gb1, gb2 = (g if k else None for g, k in zip(grads, need))

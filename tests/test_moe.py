@@ -1413,6 +1413,8 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
     import subprocess
     import weakref
 
+    from mxkit.nn.moe import _REBUILT
+
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
     E, k, I2 = 8, 2, 64  # (the mma layout takes K % 64 == 0)
     tokens = torch.export.Dim("tokens", min=1, max=4096)
@@ -1456,12 +1458,21 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
             assert torch.equal(p.grad, grads[name]), (act_format, pack, name)
         torch.export.save(ep, tmp_path / f"g{i}.pt2")
         torch.save(grads, tmp_path / f"grads{i}.pt")
-        # the op's layer, kept for the next call, does not keep a loaded program's experts alive
+        # the op's layer is kept for the next call (a training step on the biases keeps it), and does not keep a
+        # loaded program's experts alive
         loaded = torch.export.load(tmp_path / f"g{i}.pt2").module()
         with torch.no_grad():
             assert torch.equal(loaded(x)[0], wants[0][0])
-        experts = weakref.ref(dict(loaded.named_buffers())["gate_up_qdata"])
-        del loaded
+        buf = dict(loaded.named_buffers())["gate_up_qdata"]
+        layer = _REBUILT[id(buf)][1]
+        for _ in range(2):
+            loaded(x)[0].square().sum().backward()
+            with torch.no_grad():
+                for p in loaded.parameters():
+                    p -= 2**-10 * p.grad
+            assert _REBUILT[id(buf)][1] is layer
+        experts = weakref.ref(buf)
+        del loaded, buf
         gc.collect()
         assert experts() is None
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")

@@ -47,7 +47,11 @@ Under ``torch.export`` (strict or not) the router is traced and the experts are 
 ``mxkit::mx_moe_route`` before it where a gradient is needed; its backward is registered), an op on the four expert
 buffers in the layout the module holds (the fold layout's row scales too), the biases and a text naming the rest of
 the layer's settings: the program holds the experts, and after ``torch.export.load`` in another process (which
-must ``import mxkit.nn`` first: that registers the op) rebuilds the layer's expert computation around them once.
+must ``import mxkit.nn`` first: that registers the op) rebuilds the layer's expert computation around them on its
+first call (again only when the expert buffers change). The program holds the layout the module held: export
+after the first CUDA forward (or :meth:`MXMoE.pack_`), or a CUDA program keeps a packed copy beside the
+checkpoint-layout experts. Its router is the traced ``nn.Linear`` (not the one-launch decode router, whose float64
+sums differ in the last bit of ~0.1% of the logits). A program exported without gradients raises if run backward.
 An expert-parallel module exports as its module's op (a program that runs in the exporting process only).
 
 Expert parallelism: a module built with ``expert_range=(lo, hi)`` holds experts lo..hi-1 only. Alone, its
@@ -1116,10 +1120,11 @@ def _mx_moe_routed_fake(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, tor
 
 
 # the layers mxkit::mx_moe_export rebuilt around the expert tensors it was given: id of gate_up_qdata ->
-# (TensorsKey of the tensors and the spec, the layer); an entry goes with its gate_up_qdata. A layer holds the
-# tensors only during a call (:func:`_rebuilt`), so the cache keeps no program's experts alive
-_REBUILT: dict[int, tuple[TensorsKey, "MXMoE"]] = {}
-_REBUILT_LOCK = threading.Lock()
+# (TensorsKey of the expert tensors and the spec, the layer, the lock of its calls); an entry goes with its
+# gate_up_qdata. A layer holds the tensors only during a call (:func:`_rebuilt`), so the cache keeps no program's
+# experts alive
+_REBUILT: dict[int, tuple[TensorsKey, "MXMoE", threading.Lock]] = {}
+_REBUILT_LOCK = threading.Lock()  # (held to look an entry up or make one; each layer's calls hold its own)
 _BUFFERS = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
 
 
@@ -1127,15 +1132,14 @@ _BUFFERS = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
 def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[torch.Tensor]):
     """An :class:`MXMoE` computing the experts of ``spec`` (:meth:`MXMoE._export_spec`) on the tensors given (its
     buffers, biases as plain attributes, a router on the meta device that is never called) for the duration of the
-    ``with`` block (one call at a time). The layer is kept while they are the same tensors with the same contents
-    (:class:`~mxkit._cache.TensorsKey`), so the packed or folded copies its forward makes are made once (building
-    one takes ~0.2 ms), but it lets go of the tensors after each call."""
-    tensors = [t for t in (*bufs, b1, b2) if t is not None]
+    ``with`` block (one call at a time a layer). The layer is kept while the expert tensors are the same tensors with
+    the same contents (:class:`~mxkit._cache.TensorsKey`; the biases, which a training step changes, are attached
+    to each call), so the packed or folded copies its forward makes are made once (building a layer takes ~0.2 ms),
+    but it lets go of the tensors after each call."""
+    experts = [t for t in bufs if t is not None]
     with _REBUILT_LOCK:
         kept = _REBUILT.get(id(bufs[0]))
-        if kept is not None and kept[0].matches(tensors, spec, b1 is None, b2 is None):
-            m = kept[1]
-        else:
+        if kept is None or not kept[0].matches(experts, spec):
             c = _parse_spec(spec)
             m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
                       bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
@@ -1145,7 +1149,9 @@ def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[to
             m._mma_flags, m._fold_layout = c["mma_flags"], bool(c["fold"])
             if kept is None:
                 weakref.finalize(bufs[0], _REBUILT.pop, id(bufs[0]), None)
-            _REBUILT[id(bufs[0])] = (TensorsKey(tensors, spec, b1 is None, b2 is None), m)
+            kept = _REBUILT[id(bufs[0])] = (TensorsKey(experts, spec), m, threading.Lock())
+    _, m, lock = kept
+    with lock:
         for name, t in zip(_BUFFERS, bufs):
             setattr(m, name, t)
         if m._fold_layout:
@@ -1153,7 +1159,11 @@ def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[to
                 m._buffers[f"{name}_row_scale"] = t
         m.gate_up_bias, m.down_bias = b1, b2
         try:
-            yield m
+            if bufs[0].is_cuda and elsewhere(bufs[0]):  # (the kernels launch on the current device)
+                with torch.cuda.device(bufs[0].device):
+                    yield m
+            else:
+                yield m
         finally:
             for name in _BUFFERS:
                 setattr(m, name, None)

@@ -318,6 +318,24 @@ def test_floor_log2_exact_including_denormals(rng):
     assert e0.item() == -150 and f0.item() == 0
 
 
+def test_bitcast_under_vmap(rng):
+    """F.bitcast views a tensor's bits as another dtype of the same size, also through torch.func.vmap (nested, the
+    batch dimension anywhere; torch 2.11's vmap has no rule for view.dtype): the bits of the unbatched view, and
+    mxkit's reference quantize under vmap gives the bytes of the unbatched call."""
+    x = torch.randn(3, 4, 64, generator=rng)
+    x[0, 0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])  # (specials and a float32 denormal)
+    assert torch.equal(F.bitcast(x, torch.int32), x.view(torch.int32))
+    nested = torch.func.vmap(torch.func.vmap(lambda t: F.bitcast(t, torch.int32), in_dims=1), in_dims=2)(x)
+    assert torch.equal(nested, x.permute(2, 1, 0).contiguous().view(torch.int32))
+    back = torch.func.vmap(lambda t: F.bitcast(F.bitcast(t, torch.int32), torch.float32), in_dims=1)(x)
+    assert torch.equal(back.view(torch.int32), x.transpose(0, 1).view(torch.int32))
+    from mxkit.reference import quantize_reference
+
+    for fmt in ("mxfp8_e4m3", "mxfp4_e2m1"):
+        got = torch.func.vmap(lambda t: quantize_reference(t, fmt).qdata, in_dims=1)(x)
+        assert torch.equal(got, quantize_reference(x.transpose(0, 1).contiguous(), fmt).qdata), fmt
+
+
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_shared_exponent_specials(fmt):
     amax = torch.tensor([0.0, float("nan"), float("inf"), 2.0**-149, 3.0e38])

@@ -893,7 +893,7 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
     ``x_t @ dequantize(W).T + bias_t`` (activation quantization passed straight through, as in backward) and y
     the call's bytes. The fast paths dropped the tangents (a bias tangent gave zero; CUDA's kernels any tangent).
     The tangent within float32 accumulation of the float64 product (|x_t| |W|ᵀ row sums times 2^-20). Under vmap
-    too (on CUDA without activation quantization); under torch.compile a fullgraph raises (the custom ops have no
+    too; under torch.compile a fullgraph raises (the custom ops have no
     forward rule: dynamo gave wrong tangents) and on the CPU a graph break gives the eager tangent. An MXMoE under
     jvp raises rather than give a zero tangent."""
     import torch.autograd.forward_ad as fwAD
@@ -925,14 +925,13 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
         want = mxkit.matmul(x, p, bias=bias)
         assert torch.equal(fwAD.unpack_dual(y).primal, want)
         assert fwAD.unpack_dual(y).tangent is not None
-    # under vmap (jacfwd / hessian batched): unpack_dual has no batching rule. (On CUDA without activation
-    # quantization only: the quantize reference's bit view has no batching rule either.)
-    if device == "cpu" or act is None:
-        xs, xts = (torch.randn(3, 4, 64, generator=rng).to(device) for _ in range(2))
-        ys, yts = torch.func.vmap(lambda a, at: torch.func.jvp(m, (a,), (at,)))(xs, xts)
-        for i in range(3):
-            x, xt = xs[i], xts[i]
-            check(ys[i], yts[i], xt, None)
+    # under vmap (jacfwd / hessian batched): unpack_dual has no batching rule; with activation quantization on CUDA
+    # the quantize reference's bit views, which torch 2.11's vmap had no rule for (mxkit.formats.bitcast)
+    xs, xts = (torch.randn(3, 4, 64, generator=rng).to(device) for _ in range(2))
+    ys, yts = torch.func.vmap(lambda a, at: torch.func.jvp(m, (a,), (at,)))(xs, xts)
+    for i in range(3):
+        x, xt = xs[i], xts[i]
+        check(ys[i], yts[i], xt, None)
     # under torch.compile: the custom ops have no forward rule (dynamo gave wrong tangents): fullgraph raises; on
     # the CPU a graph break differentiates eagerly (on CUDA the eager path's cuBLAS settings meet dynamo's check)
     torch._dynamo.reset()

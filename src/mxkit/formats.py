@@ -258,8 +258,25 @@ class Rounding(_ParseEnum):
 # fp32 bit helpers (exact; no transcendental functions anywhere)
 
 
+def bitcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.view(dtype)`` for a dtype of the same element size, also under ``torch.func.vmap``: a batched tensor is
+    viewed through its unbatched value (torch 2.11's vmap has no batching rule for ``aten::view.dtype``)."""
+    if _is_batched is not None and _is_batched(t):
+        level, bdim = _functorch.maybe_get_level(t), _functorch.maybe_get_bdim(t)
+        return _functorch._add_batch_dim(bitcast(_functorch.get_unwrapped(t), dtype), bdim, level)
+    return t.view(dtype)
+
+
+try:
+    import torch._C._functorch as _functorch
+
+    _is_batched = _functorch.is_batchedtensor
+except (ImportError, AttributeError):  # (a torch without functorch's C bindings: nothing is batched)
+    _functorch = _is_batched = None
+
+
 def _f32_bits(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float32).contiguous().view(torch.int32)
+    return bitcast(x.to(torch.float32).contiguous(), torch.int32)
 
 
 def _exp2_f32(e: torch.Tensor) -> torch.Tensor:
@@ -267,7 +284,7 @@ def _exp2_f32(e: torch.Tensor) -> torch.Tensor:
     e = e.to(torch.int32)
     normal = (e.clamp(-126, 127) + 127) << _F32_MANT_BITS
     denormal = torch.ones_like(e) << (e.clamp(-149, -127) + 149)  # 2^e = (1 << (e + 149)) * 2^-149
-    return torch.where(e >= -126, normal, denormal).view(torch.float32)
+    return bitcast(torch.where(e >= -126, normal, denormal), torch.float32)
 
 
 def _check_float_input(t: torch.Tensor, who: str) -> None:

@@ -35,6 +35,7 @@ from .formats import (
     Rounding,
     ScaleMode,
     _exp2_f32,
+    bitcast,
     decode_elements,
     e8m0_to_float32,
     encode_elements,
@@ -207,9 +208,9 @@ def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     r = x.to(torch.float32)
     # r rounded to nearest: step it toward zero where it rounded away from it (finite values only)
     away = torch.isfinite(r) & (r.to(torch.float64).abs() > x.abs())
-    bits = r.view(torch.int32) - away.to(torch.int32)  # |r| one float32 ulp smaller (same sign)
-    inexact = torch.isfinite(r) & (bits.view(torch.float32).to(torch.float64) != x)
-    odd = (bits | inexact.to(torch.int32)).view(torch.float32)
+    bits = bitcast(r, torch.int32) - away.to(torch.int32)  # |r| one float32 ulp smaller (same sign)
+    inexact = torch.isfinite(r) & (bitcast(bits, torch.float32).to(torch.float64) != x)
+    odd = bitcast(bits | inexact.to(torch.int32), torch.float32)
     return odd.to(dtype)
 
 

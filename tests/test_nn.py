@@ -885,6 +885,19 @@ def test_mx_linear_under_torch_func_vmap_and_grad(rng):
         assert torch.equal(torch.func.vmap(m)(x.detach()), m(x.detach())), act
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_mx_linear_under_vmap_with_activation_quantization(rng):
+    """torch.func.vmap of a CUDA MXLinear that quantizes its input (the kernels take no batched tensor: the
+    reference route, whose bit views failed under torch 2.11's vmap): the unbatched call's values, within 2^-10 of
+    its largest magnitude (the eager call runs the GPU kernels, vmap the float32 route)."""
+    x = torch.randn(5, 3, 64, generator=rng).cuda()
+    for act in ("mxfp8_e4m3", "mxint8", "mxfp4", "fp8_e4m3_rowwise"):
+        m = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4", act_format=act).cuda()
+        got, want = torch.func.vmap(m)(x), m(x)
+        assert (got - want).abs().max() <= want.abs().max() * 2**-10, act
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 @pytest.mark.parametrize("act", [None, "mxfp8_e4m3"])

@@ -349,7 +349,7 @@ def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
     """
     if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
         raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {scale.dtype}")
-    s = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
+    s = bitcast(scale, torch.uint8) if scale.dtype != torch.uint8 else scale
     v = _exp2_f32(s.to(torch.int32) - E8M0_BIAS)
     return torch.where(s == E8M0_NAN, torch.full_like(v, float("nan")), v)
 
@@ -408,7 +408,7 @@ def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     """
     f = get_format(fmt)
     if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        codes = codes.view(torch.uint8)
+        codes = bitcast(codes, torch.uint8)
     elif codes.dtype == torch.bool or codes.dtype.is_floating_point or codes.dtype.is_complex:
         raise TypeError(f"decode_elements takes element codes (uint8), got {codes.dtype}")
     c = codes.to(torch.int32)

@@ -306,9 +306,18 @@ def matmul(
 
     plan = plan_gemm(a, b, out_dtype)
     check_bias(bias, plan, b.device)
-    if _gemm_backend(a, b, backend) == "reference":
-        return reference_gemm(a, b, plan.out_dtype, bias)
+    if _gemm_backend(a, b, backend) == "reference" or _wrapped_operand(a):
+        return reference_gemm(a, b, plan.out_dtype, bias)  # (torch.func's wrappers have no storage for the kernels)
     return run_gemm(a, b, plan, bias)
+
+
+def _wrapped_operand(a) -> bool:
+    """Whether matmul's ``a`` (a tensor, or the tensors of an MXTensor / Fp8Rowwise) is a torch.func wrapper: under
+    vmap an MXLinear's quantized input is an MXTensor of BatchedTensors."""
+    if isinstance(a, torch.Tensor):
+        return _functorch_wrapped(a)
+    return any(isinstance(t, torch.Tensor) and _functorch_wrapped(t)
+               for t in (getattr(a, "qdata", None), getattr(a, "data", None), getattr(a, "scale", None)))
 
 
 @torch.library.custom_op("mxkit::packed_matmul", mutates_args=())
@@ -635,8 +644,9 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwis
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., K)")
-    # (while torch.compile traces, the reference: the same bytes, and traceable ops)
-    if _resolve_backend(backend, x.device) == "triton" and not torch.compiler.is_compiling():
+    # (while torch.compile traces, and for torch.func's wrappers (no storage): the reference, the same bytes)
+    if (_resolve_backend(backend, x.device) == "triton" and not torch.compiler.is_compiling()
+            and not _functorch_wrapped(x)):
         from .kernels.quantize import quantize_fp8_rowwise_triton
 
         return Fp8Rowwise(*quantize_fp8_rowwise_triton(x))

@@ -191,7 +191,7 @@ def canonical_nan(x: torch.Tensor) -> torch.Tensor:
     """``x`` with every NaN replaced by :data:`CANONICAL_NAN_BITS` of its dtype, selected on the integer bits (a
     float NaN constant would go through the device's own NaN on CUDA). Other values keep their bytes."""
     int_dtype, bits = CANONICAL_NAN_BITS[x.dtype]
-    return torch.where(torch.isnan(x), bits, x.view(int_dtype)).view(x.dtype)
+    return bitcast(torch.where(torch.isnan(x), bits, bitcast(x, int_dtype)), x.dtype)
 
 
 def round_from_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -43,7 +43,7 @@ from torch import nn
 from torch.autograd import forward_ad as _fwad
 
 from .._device import elsewhere, exporting, plain_traced
-from ..ops import (dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
+from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
                    quantize_fp8_rowwise, with_input_grad)
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
@@ -346,7 +346,8 @@ class MXLinear(_ops.Handled, nn.Module):
         if act == FP8_ROWWISE:
             a = quantize_fp8_rowwise(x)
         elif (act is not None and x.is_cuda and self.block_size == BLOCK_SIZE and can_fold(act)
-              and can_fold(self.weight_format)):  # (the fold kernel's blocks are of 32; others: matmul's exact path)
+              and can_fold(self.weight_format) and not _functorch_wrapped(x)):
+            # (the fold kernel's blocks are of 32; others, and vmap's BatchedTensors: matmul's exact path)
             from ..kernels.fold import quantize_fold_triton  # deferred: matmul completes it after enqueuing
 
             a = quantize_fold_triton(x.contiguous(), act, block_size=self.block_size, scale_mode=self.scale_mode,
@@ -363,7 +364,7 @@ class MXLinear(_ops.Handled, nn.Module):
     def _a8w8(self, x: torch.Tensor, w, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """MXFP8 activations x an MXFP8 weight at small M in one launch (x quantized inside the a8w8-mma kernel,
         the bytes of :func:`mxkit.quantize` with this layer's FLOOR / RNE), or None where it does not apply."""
-        if self._route() != "a8w8":
+        if self._route() != "a8w8" or _functorch_wrapped(x):  # (vmap's BatchedTensors: no storage for a kernel)
             return None  # (a8w8_linear checks the rest: CUDA, bf16 x, shapes, envelope, not while compiling)
         if isinstance(w, PackedWeight) and type(x) is torch.Tensor and x.is_cuda \
                 and not torch.compiler.is_compiling():

@@ -988,27 +988,16 @@ class _ExportMLP(nn.Module):
 
 
 _EXPORT_CHILD = """
-import sys, torch, mxkit
-from mxkit.nn import MXLinear
+import sys, torch
+import mxkit.nn  # (registers mxkit::mx_linear_export, which torch.export.load resolves)
 d = sys.argv[1]
-# (a module of this process holds the act-format layer's handle number: the program found it and multiplied by
-# its weight; compiled graphs hold plain handles, counted from 1 in each process, exported ones tagged ones)
-want = int(open(d + "/handle").read())
-decoys = [MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3")]
-while decoys[-1]._op_handle < want:
-    decoys.append(MXLinear.from_linear(torch.nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3"))
-assert decoys[-1]._op_handle == want
-decoys[-1].to(sys.argv[2])
 x = torch.load(d + "/x.pt")
 for strict in ("strict", "nonstrict"):
     got = torch.export.load(f"{d}/{strict}.pt2").module()(x)
     assert torch.equal(got, torch.load(f"{d}/{strict}_y.pt")), strict
-try:
-    torch.export.load(d + "/act.pt2").module()(torch.load(d + "/xa.pt"))
-except RuntimeError as e:
-    assert "runs only where it was exported" in str(e), e
-else:
-    raise AssertionError("the act-format program ran in another process")
+for name in ("mxfp8_e4m3", "fp8_e4m3_rowwise"):
+    got = torch.export.load(f"{d}/act_{name}.pt2").module()(torch.load(d + "/xa.pt"))
+    assert torch.equal(got, torch.load(f"{d}/act_{name}_y.pt")), name
 print("ok")
 """
 
@@ -1019,15 +1008,15 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
     """torch.export (strict and not, a dynamic batch) of weight-only MXLinears, a fused q / k / v group, a gated MLP
     and PackedWeights: the program holds the weights (``mxkit::mx_matmul`` on the layers' buffers), so
     ``torch.export.load`` in a fresh process gives the program's bytes (non-strict export failed on a data-dependent
-    guard of the scale statistics). An MXLinear that quantizes its activations exports as its module's op
-    (``mxkit::mx_linear``, a handle of the exporting process): loaded elsewhere it raises, rather than run another
-    module that holds the same number (the child process builds one). On CPU the program's output is the eager bytes;
+    guard of the scale statistics). An MXLinear that quantizes its activations exports as
+    ``mxkit::mx_linear_export`` on its weight buffers: its program too runs in another process, with the eager bytes
+    (it held a handle of the exporting process, and raised elsewhere). On CPU the program's output is the eager bytes;
     on CUDA the program takes the MXTensor routes (not the packed ones): within 2^-10 of the eager output's largest
     magnitude (2^-7 for one bf16 row, where CUDA's eager gated MLP is one launch and the program its GEMMs)."""
+    import gc
     import subprocess
     import sys
-
-    from mxkit.nn._ops import _MODULES
+    import weakref
 
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
     from mxkit.nn import fuse_gated_mlp, fuse_siblings
@@ -1065,14 +1054,24 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
         got, want = ep.module()(x1), net(x1)
         assert got.dtype == torch.bfloat16
         assert (got.float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7
-        act = MXLinear.from_linear(nn.Linear(32, 16), "mxfp4", act_format="mxfp8_e4m3").to(device)
         xa = torch.randn(3, 32, device=device)
-        ep = torch.export.export(act, (xa,))
-        assert torch.equal(ep.module()(xa), act(xa))  # (in this process: the module's own op)
-        assert _MODULES[act._op_handle]() is act
-        (tmp_path / "handle").write_text(str(act._op_handle))
-        torch.export.save(ep, tmp_path / "act.pt2")
         torch.save(xa, tmp_path / "xa.pt")
+        for name in ("mxfp8_e4m3", "fp8_e4m3_rowwise"):
+            act = MXLinear.from_linear(nn.Linear(32, 16), "mxfp4", act_format=name).to(device)
+            ep = torch.export.export(act, (xa,))
+            assert {str(n.target) for n in ep.graph.nodes if "mxkit" in str(n.target)} == {
+                "mxkit.mx_linear_export.default"}
+            got = ep.module()(xa)
+            assert torch.equal(got, act(xa)), name
+            torch.export.save(ep, tmp_path / f"act_{name}.pt2")
+            torch.save(got, tmp_path / f"act_{name}_y.pt")
+            # the op's layer, kept for the next call, does not keep a loaded program's weight alive
+            loaded = torch.export.load(tmp_path / f"act_{name}.pt2").module()
+            assert torch.equal(loaded(xa), got)
+            weight = weakref.ref(dict(loaded.named_buffers())["weight_qdata"])
+            del loaded
+            gc.collect()
+            assert weight() is None
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(tmp_path), device], env=env, capture_output=True,
@@ -1082,10 +1081,12 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_torch_export_keeps_the_gradients(device, rng):
+@pytest.mark.parametrize("act", [None, "fp8_e4m3_rowwise"])
+def test_torch_export_keeps_the_gradients(act, device, rng):
     """A program exported with gradients on (torch.export's default) differentiates through an MXLinear:
     ``mxkit::mx_matmul`` carries with_input_grad's rule (the input gets grad @ dequantize(W) by
-    ``mxkit::mx_dgrad``, the bias grad summed). Its strict export recorded the Function's forward detached: an
+    ``mxkit::mx_dgrad``, the bias grad summed; with ``act_format`` ``mxkit::mx_linear_export``, the same rule, the
+    activation quantization passed straight through). Its strict export recorded the Function's forward detached: an
     adapter before the layer got only the residual's share of its gradient, silently. The eager gradients' bytes
     on CPU; on CUDA (other GEMM routes in the forward) within 2^-10 of their largest magnitude."""
 
@@ -1093,7 +1094,7 @@ def test_torch_export_keeps_the_gradients(device, rng):
         def __init__(self):
             super().__init__()
             self.adapter = nn.Linear(64, 64)
-            self.mx = MXLinear.from_linear(nn.Linear(64, 48), "mxfp4")
+            self.mx = MXLinear.from_linear(nn.Linear(64, 48), "mxfp4", act_format=act)
 
         def forward(self, x):
             h = self.adapter(x)

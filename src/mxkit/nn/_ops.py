@@ -6,8 +6,9 @@ the kernels launch through the driver API, which dynamo does not trace, so to a 
 one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph
 (:func:`graph_handle`); under ``torch.export`` it is tagged with the process (:mod:`mxkit._handles`), so a program
 of these ops saved and loaded in another process raises there (an MXLinear without activation quantization, a
-fused group and a gated MLP export their weights instead: ``mxkit::mx_matmul``; an MXMoE its expert buffers:
-``mxkit::mx_moe_export``).
+fused group and a gated MLP export their weights instead: ``mxkit::mx_matmul``; an MXLinear with it,
+``mxkit::mx_linear_export``; an MXMoE its expert buffers, ``mxkit::mx_moe_export``: only an expert-parallel MXMoE
+exports its handle).
 """
 
 from __future__ import annotations

@@ -26,8 +26,10 @@ gets its own.
 
 Under ``torch.export`` (strict or not) an MXLinear without activation quantization is ``mxkit::mx_matmul`` on
 its weight buffers, so the program holds the weight and runs after ``torch.export.load`` in another process (on
-CUDA it takes the MXTensor routes, not the packed ones). With ``act_format`` it stays ``mxkit::mx_linear``: the
-program runs in the exporting process only, and elsewhere raises RuntimeError.
+CUDA it takes the MXTensor routes, not the packed ones). With ``act_format`` it is ``mxkit::mx_linear_export`` on
+its weight buffers (:mod:`mxkit.nn._linear_export`: the op rebuilds the layer around them once, packed as the module
+is, and carries x's and the bias' gradients), so that program too runs in another process, which must ``import
+mxkit.nn`` first (that registers the op).
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ from torch.autograd import forward_ad as _fwad
 
 from .._device import elsewhere, exporting, plain_traced
 from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
-                   quantize_fp8_rowwise, with_input_grad)
+                   quantize_fp8_rowwise, refuse_forward_ad, with_input_grad)
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
 from ..kernels.matmul import a8w8_linear
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
-from . import _ops
+from . import _linear_export, _ops
 
 __all__ = ["MXLinear", "LayerReport", "quantize_model", "qsnr_db", "SkipLike", "FP8_ROWWISE"]
 
@@ -253,9 +255,13 @@ class MXLinear(_ops.Handled, nn.Module):
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
         if torch.compiler.is_compiling() and plain_traced(x):
-            if self.act_format is None and exporting():
-                # torch.export: the weight's buffers in the program (mxkit::mx_matmul), not this process's handle
-                return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)
+            if exporting():
+                # torch.export: the weight's buffers in the program, not this process's handle
+                if self.act_format is None:
+                    return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)  # (mxkit::mx_matmul)
+                refuse_forward_ad("MXLinear")
+                return torch.ops.mxkit.mx_linear_export(x, self.weight_qdata, self.weight_scale, bias,
+                                                        _linear_export.export_spec(self))
             # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU
             # reference reads scale statistics on the host: one opaque op on every device, with the gradients of
             # x and the bias (with_input_grad's) registered on it

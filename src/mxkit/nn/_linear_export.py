@@ -1,0 +1,107 @@
+"""How an :class:`~mxkit.nn.MXLinear` that quantizes its input (``act_format``) goes through ``torch.export``: as
+``mxkit::mx_linear_export`` on its weight buffers and a text of the layer's settings (:func:`export_spec`), so the
+program holds the weight and runs in another process (an MXLinear without ``act_format`` exports as
+``mxkit::mx_matmul``). The op rebuilds the layer around the weight it is given (:func:`_rebuilt`); x's gradient
+is registered on it (``mxkit::mx_linear_export_dgrad``: :func:`mxkit.ops.linear_input_grad`'s straight-through
+rule, as ``mxkit::mx_linear``'s)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from .._cache import TensorsKey
+from ..ops import linear_input_grad
+
+if TYPE_CHECKING:
+    from .linear import MXLinear
+
+
+def export_spec(m: "MXLinear") -> str:
+    """What rebuilds MXLinear ``m`` around its weight buffers (:func:`_rebuilt`): ``key=value`` fields joined by
+    ``;``, built from constants only, so dynamo folds it into the graph."""
+    act = getattr(m.act_format, "name", m.act_format)
+    return (f"in_features={m.in_features};out_features={m.out_features};weight_format={m.weight_format.name};"
+            f"act_format={act};scale_mode={m.scale_mode.value};rounding={m.rounding.value};"
+            f"block_size={m.block_size}")
+
+
+# the layers rebuilt around the weights the ops were given: id of weight_qdata -> (TensorsKey of the weight's two
+# tensors and the spec, the layer). A layer holds views of the weight (new tensor objects), so the entry goes when
+# the program's weight_qdata does, and with it the layer and its packed copy
+_REBUILT: dict[int, tuple[TensorsKey, "MXLinear"]] = {}
+_REBUILT_LOCK = threading.Lock()
+
+
+def _rebuilt(spec: str, qdata: torch.Tensor, scale: torch.Tensor) -> "MXLinear":
+    """An :class:`~mxkit.nn.MXLinear` of ``spec`` (:func:`export_spec`) on views of (qdata, scale), without a bias
+    (the ops pass theirs to each call), packed for the CUDA paths as the module is; kept while they are the same
+    tensors with the same contents (:class:`~mxkit._cache.TensorsKey`), so it packs once."""
+    from .linear import MXLinear  # (linear imports this module: its forward calls the op)
+
+    with _REBUILT_LOCK:
+        kept = _REBUILT.get(id(qdata))
+        if kept is not None and kept[0].matches((qdata, scale), spec):
+            return kept[1]
+        c = dict(field.split("=", 1) for field in spec.split(";"))
+        m = MXLinear(int(c["in_features"]), int(c["out_features"]), c["weight_format"], bias=False,
+                     act_format=c["act_format"], scale_mode=c["scale_mode"], rounding=c["rounding"],
+                     block_size=int(c["block_size"]), device="meta")
+        m.weight_qdata, m.weight_scale = qdata.view(qdata.shape), scale.view(scale.shape)
+        m.repack()
+        if kept is None:
+            weakref.finalize(qdata, _REBUILT.pop, id(qdata), None)
+        _REBUILT[id(qdata)] = (TensorsKey((qdata, scale), spec), m)
+        return m
+
+
+@torch.library.custom_op("mxkit::mx_linear_export", mutates_args=())
+def _mx_linear_export_op(x: torch.Tensor, weight_qdata: torch.Tensor, weight_scale: torch.Tensor,
+                         bias: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+    """The MXLinear of ``spec`` (:func:`export_spec`) with weight (``weight_qdata``, ``weight_scale``) and ``bias``
+    on x (..., in_features), eagerly (its kernels): torch.export's view of an MXLinear with ``act_format``. Returns
+    (..., out_features) in x's dtype."""
+    with torch.no_grad():  # (autograd is the op's: the registered backward below)
+        return _rebuilt(spec, weight_qdata, weight_scale)._eager(x, bias)
+
+
+@_mx_linear_export_op.register_fake
+def _mx_linear_export_fake(x, weight_qdata, weight_scale, bias, spec):
+    return x.new_empty((*x.shape[:-1], weight_qdata.shape[0]))
+
+
+@torch.library.custom_op("mxkit::mx_linear_export_dgrad", mutates_args=())
+def _mx_linear_export_dgrad_op(grad: torch.Tensor, weight_qdata: torch.Tensor, weight_scale: torch.Tensor,
+                               spec: str, dtype: torch.dtype) -> torch.Tensor:
+    """x's gradient of ``mxkit::mx_linear_export``: ``grad (..., out_features) @ dequantize(weight)`` in float32,
+    cast to ``dtype`` (the straight-through rule of :func:`mxkit.ops.with_input_grad`)."""
+    return linear_input_grad(grad, _rebuilt(spec, weight_qdata, weight_scale).weight_mx, dtype)
+
+
+@_mx_linear_export_dgrad_op.register_fake
+def _mx_linear_export_dgrad_fake(grad, weight_qdata, weight_scale, spec, dtype):
+    in_features = int(dict(field.split("=", 1) for field in spec.split(";"))["in_features"])
+    return grad.new_empty((*grad.shape[:-1], in_features), dtype=dtype)
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, q, s, bias, spec = inputs
+    ctx.save_for_backward(q, s)
+    ctx.spec, ctx.x_dtype = spec, x.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad):
+    q, s = ctx.saved_tensors
+    gx = gb = None
+    if ctx.needs_input_grad[0]:
+        gx = torch.ops.mxkit.mx_linear_export_dgrad(grad, q, s, ctx.spec, ctx.x_dtype)
+    if ctx.needs_input_grad[3]:
+        gb = grad.reshape(-1, grad.shape[-1]).to(torch.float32).sum(0).to(ctx.bias_dtype)
+    return gx, None, None, gb, None
+
+
+_mx_linear_export_op.register_autograd(_backward, setup_context=_setup)

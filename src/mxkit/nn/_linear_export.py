@@ -30,14 +30,15 @@ def export_spec(m: "MXLinear") -> str:
 
 
 # the layers rebuilt around the weights the ops were given: id of weight_qdata -> (TensorsKey of the weight's two
-# tensors and the spec, the layer). A layer holds views of the weight (new tensor objects), so the entry goes when
-# the program's weight_qdata does, and with it the layer and its packed copy
+# tensors and the spec, the layer). A layer holds detached aliases of the weight (new tensor objects that keep the
+# storage, not the tensors), so the entry goes when the program's weight_qdata does, and with it the layer and its
+# packed copy
 _REBUILT: dict[int, tuple[TensorsKey, "MXLinear"]] = {}
 _REBUILT_LOCK = threading.Lock()
 
 
 def _rebuilt(spec: str, qdata: torch.Tensor, scale: torch.Tensor) -> "MXLinear":
-    """An :class:`~mxkit.nn.MXLinear` of ``spec`` (:func:`export_spec`) on views of (qdata, scale), without a bias
+    """An :class:`~mxkit.nn.MXLinear` of ``spec`` (:func:`export_spec`) on aliases of (qdata, scale), without a bias
     (the ops pass theirs to each call), packed for the CUDA paths as the module is; kept while they are the same
     tensors with the same contents (:class:`~mxkit._cache.TensorsKey`), so it packs once."""
     from .linear import MXLinear  # (linear imports this module: its forward calls the op)
@@ -50,7 +51,7 @@ def _rebuilt(spec: str, qdata: torch.Tensor, scale: torch.Tensor) -> "MXLinear":
         m = MXLinear(int(c["in_features"]), int(c["out_features"]), c["weight_format"], bias=False,
                      act_format=c["act_format"], scale_mode=c["scale_mode"], rounding=c["rounding"],
                      block_size=int(c["block_size"]), device="meta")
-        m.weight_qdata, m.weight_scale = qdata.view(qdata.shape), scale.view(scale.shape)
+        m.weight_qdata, m.weight_scale = qdata.detach(), scale.detach()  # (a view would hold its base alive)
         m.repack()
         if kept is None:
             weakref.finalize(qdata, _REBUILT.pop, id(qdata), None)

@@ -258,6 +258,14 @@ class Rounding(_ParseEnum):
 # fp32 bit helpers (exact; no transcendental functions anywhere)
 
 
+try:
+    import torch._C._functorch as _functorch
+
+    _is_batched = _functorch.is_batchedtensor
+except (ImportError, AttributeError):  # (a torch without functorch's C bindings: nothing is batched)
+    _functorch = _is_batched = None
+
+
 def bitcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t.view(dtype)`` for a dtype of the same element size, also under ``torch.func.vmap``: a batched tensor is
     viewed through its unbatched value (torch 2.11's vmap has no batching rule for ``aten::view.dtype``)."""
@@ -265,14 +273,6 @@ def bitcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         level, bdim = _functorch.maybe_get_level(t), _functorch.maybe_get_bdim(t)
         return _functorch._add_batch_dim(bitcast(_functorch.get_unwrapped(t), dtype), bdim, level)
     return t.view(dtype)
-
-
-try:
-    import torch._C._functorch as _functorch
-
-    _is_batched = _functorch.is_batchedtensor
-except (ImportError, AttributeError):  # (a torch without functorch's C bindings: nothing is batched)
-    _functorch = _is_batched = None
 
 
 def _f32_bits(x: torch.Tensor) -> torch.Tensor:

@@ -1435,6 +1435,8 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
             for tokens_in, want in zip((x, x[:1]), wants):
                 got = ep.module()(tokens_in)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (act_format, pack)
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):  # (no forward rule: a zero tangent)
+            torch.func.jvp(ep.module(), (x,), (torch.ones_like(x),))
         # run with gradients, a program exported without them raises (it dropped the router's gradient silently)
         with pytest.raises(RuntimeError, match="exported without gradients"):
             ep.module()(x)[0].square().sum().backward()

@@ -352,6 +352,7 @@ def _mx_matmul_op(a: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bia
                   out_dtype: Optional[torch.dtype], backend: str) -> torch.Tensor:
     """``matmul(a, MXTensor(qdata, scale, ...), bias=bias, out_dtype=out_dtype, backend=backend)``: what a compiled
     graph calls for a float ``a`` times an MXTensor weight (gradients: :func:`with_input_grad` around it)."""
+    refuse_forward_ad("mxkit::mx_matmul")
     b = MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
     return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
 
@@ -401,11 +402,13 @@ def needs_grad(*tensors) -> bool:
 def refuse_forward_ad(what: str) -> None:
     """NotImplementedError inside a dual level (forward-mode AD: ``torch.func.jvp`` / ``jacfwd``,
     ``torch.autograd.forward_ad``); asked where a traced graph takes one of mxkit's custom ops, which have no
-    forward-mode rule (dynamo gave wrong tangents without a word)."""
+    forward-mode rule (dynamo gave wrong tangents without a word), and by the ops a torch.export program runs
+    (``torch.func.jvp`` of the program gave a zero tangent)."""
     if _fwad._current_level >= 0:
         raise NotImplementedError(f"{what}: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) "
-                                  f"inside torch.compile is not supported (mxkit's custom ops have no forward rule); "
-                                  f"differentiate in forward mode outside torch.compile")
+                                  f"inside torch.compile or through a torch.export program is not supported "
+                                  f"(mxkit's custom ops have no forward rule); differentiate the eager modules in "
+                                  f"forward mode")
 
 
 _IN_RULE = threading.local()  # .on: inside _InputGradForward's forward, whose rule gives the tangent

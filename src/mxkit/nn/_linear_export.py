@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from .._cache import TensorsKey
-from ..ops import linear_input_grad
+from ..ops import linear_input_grad, refuse_forward_ad
 
 if TYPE_CHECKING:
     from .linear import MXLinear
@@ -65,6 +65,7 @@ def _mx_linear_export_op(x: torch.Tensor, weight_qdata: torch.Tensor, weight_sca
     """The MXLinear of ``spec`` (:func:`export_spec`) with weight (``weight_qdata``, ``weight_scale``) and ``bias``
     on x (..., in_features), eagerly (its kernels): torch.export's view of an MXLinear with ``act_format``. Returns
     (..., out_features) in x's dtype."""
+    refuse_forward_ad("mxkit::mx_linear_export")
     with torch.no_grad():  # (autograd is the op's: the registered backward below)
         return _rebuilt(spec, weight_qdata, weight_scale)._eager(x, bias)
 

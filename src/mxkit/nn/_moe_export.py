@@ -14,6 +14,7 @@ import torch
 
 from .._cache import TensorsKey
 from .._device import elsewhere
+from ..ops import refuse_forward_ad
 from ._moe_grad import experts_backward
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def _mx_moe_export_op(x: torch.Tensor, router_logits: torch.Tensor, weights: Opt
     ``router_logits`` (..., E), or by (weights (T, k) float32, ids (T, k)) where given (the gradient case, after
     ``mxkit::mx_moe_route``), eagerly: torch.export's view of an MXMoE, whose program then holds the experts and runs
     in any process. Its backward is :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s. Returns (..., H) in x's dtype."""
+    refuse_forward_ad("mxkit::mx_moe_export")
     bufs = (gate_up_qdata, gate_up_scale, down_qdata, down_scale, gate_up_row_scale, down_row_scale)
     with _rebuilt(spec, bufs, gate_up_bias, down_bias) as m, torch.no_grad():
         return m._experts(x, router_logits, None if weights is None else (weights, ids))

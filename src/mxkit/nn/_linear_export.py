@@ -15,6 +15,7 @@ import torch
 
 from .._cache import TensorsKey
 from ..ops import linear_input_grad, refuse_forward_ad
+from ._ops import spec_fields
 
 if TYPE_CHECKING:
     from .linear import MXLinear
@@ -47,7 +48,7 @@ def _rebuilt(spec: str, qdata: torch.Tensor, scale: torch.Tensor) -> "MXLinear":
         kept = _REBUILT.get(id(qdata))
         if kept is not None and kept[0].matches((qdata, scale), spec):
             return kept[1]
-        c = dict(field.split("=", 1) for field in spec.split(";"))
+        c = spec_fields(spec)
         m = MXLinear(int(c["in_features"]), int(c["out_features"]), c["weight_format"], bias=False,
                      act_format=c["act_format"], scale_mode=c["scale_mode"], rounding=c["rounding"],
                      block_size=int(c["block_size"]), device="meta")
@@ -85,7 +86,7 @@ def _mx_linear_export_dgrad_op(grad: torch.Tensor, weight_qdata: torch.Tensor, w
 
 @_mx_linear_export_dgrad_op.register_fake
 def _mx_linear_export_dgrad_fake(grad, weight_qdata, weight_scale, spec, dtype):
-    in_features = int(dict(field.split("=", 1) for field in spec.split(";"))["in_features"])
+    in_features = int(spec_fields(spec)["in_features"])
     return grad.new_empty((*grad.shape[:-1], in_features), dtype=dtype)
 
 

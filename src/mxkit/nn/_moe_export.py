@@ -16,6 +16,7 @@ from .._cache import TensorsKey
 from .._device import elsewhere
 from ..ops import refuse_forward_ad
 from ._moe_grad import experts_backward
+from ._ops import spec_fields
 
 if TYPE_CHECKING:
     from .moe import MXMoE
@@ -104,7 +105,7 @@ def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[to
 
 def _parse_spec(spec: str) -> dict:
     """The fields of :func:`export_spec`'s text, typed back."""
-    c = dict(field.split("=", 1) for field in spec.split(";"))
+    c = spec_fields(spec)
     for key in ("hidden_size", "intermediate_size", "num_experts", "top_k", "block_size", "fold"):
         c[key] = int(c[key])
     c["expert_range"] = tuple(int(v) for v in c["expert_range"].split(","))

@@ -99,6 +99,12 @@ class HoldsGroup:
         return dict(state, _check_position=True)  # (checked against the loading process on the first forward)
 
 
+def spec_fields(spec: str) -> dict[str, str]:
+    """The ``key=value`` fields, joined by ``;``, of the settings text an exported module's op carries
+    (:func:`mxkit.nn._linear_export.export_spec`, :func:`mxkit.nn._moe_export.export_spec`)."""
+    return dict(field.split("=", 1) for field in spec.split(";"))
+
+
 def graph_handle(module: nn.Module) -> int:
     """``module``'s handle as a traced graph holds it: tagged with this process under ``torch.export``.
     NotImplementedError inside forward-mode AD (:func:`mxkit.ops.refuse_forward_ad`: the ops have no forward rule)."""

@@ -7,15 +7,12 @@ rule, as ``mxkit::mx_linear``'s)."""
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .._cache import TensorsKey
 from ..ops import linear_input_grad, refuse_forward_ad
-from ._ops import spec_fields
+from ._ops import rebuilt, spec_fields
 
 if TYPE_CHECKING:
     from .linear import MXLinear
@@ -30,34 +27,25 @@ def export_spec(m: "MXLinear") -> str:
             f"block_size={m.block_size}")
 
 
-# the layers rebuilt around the weights the ops were given: id of weight_qdata -> (TensorsKey of the weight's two
-# tensors and the spec, the layer). A layer holds detached aliases of the weight (new tensor objects that keep the
-# storage, not the tensors), so the entry goes when the program's weight_qdata does, and with it the layer and its
-# packed copy
-_REBUILT: dict[int, tuple[TensorsKey, "MXLinear"]] = {}
-_REBUILT_LOCK = threading.Lock()
+_REBUILT: dict = {}  # id of weight_qdata -> (key, layer): :func:`mxkit.nn._ops.rebuilt`
 
 
 def _rebuilt(spec: str, qdata: torch.Tensor, scale: torch.Tensor) -> "MXLinear":
     """An :class:`~mxkit.nn.MXLinear` of ``spec`` (:func:`export_spec`) on aliases of (qdata, scale), without a bias
-    (the ops pass theirs to each call), packed for the CUDA paths as the module is; kept while they are the same
-    tensors with the same contents (:class:`~mxkit._cache.TensorsKey`), so it packs once."""
+    (the ops pass theirs to each call), packed for the CUDA paths as the module is, once
+    (:func:`mxkit.nn._ops.rebuilt`)."""
     from .linear import MXLinear  # (linear imports this module: its forward calls the op)
 
-    with _REBUILT_LOCK:
-        kept = _REBUILT.get(id(qdata))
-        if kept is not None and kept[0].matches((qdata, scale), spec):
-            return kept[1]
+    def build() -> "MXLinear":
         c = spec_fields(spec)
         m = MXLinear(int(c["in_features"]), int(c["out_features"]), c["weight_format"], bias=False,
                      act_format=c["act_format"], scale_mode=c["scale_mode"], rounding=c["rounding"],
                      block_size=int(c["block_size"]), device="meta")
         m.weight_qdata, m.weight_scale = qdata.detach(), scale.detach()  # (a view would hold its base alive)
         m.repack()
-        if kept is None:
-            weakref.finalize(qdata, _REBUILT.pop, id(qdata), None)
-        _REBUILT[id(qdata)] = (TensorsKey((qdata, scale), spec), m)
         return m
+
+    return rebuilt(_REBUILT, (qdata, scale), spec, build)
 
 
 @torch.library.custom_op("mxkit::mx_linear_export", mutates_args=())

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .._cache import TensorsKey
 from .._device import elsewhere
 from ..ops import refuse_forward_ad
 from ._moe_grad import experts_backward
-from ._ops import spec_fields
+from ._ops import rebuilt, spec_fields
 
 if TYPE_CHECKING:
     from .moe import MXMoE
@@ -46,46 +44,34 @@ def export_spec(m: "MXMoE") -> str:
             f"fold={int(m._fold_layout)}")
 
 
-# the layers mxkit::mx_moe_export rebuilt around the expert tensors it was given: id of gate_up_qdata ->
-# (TensorsKey of the expert tensors and the spec, the layer, the lock of its calls); an entry goes with its
-# gate_up_qdata. A layer holds the tensors only during a call (:func:`_rebuilt`), so the cache keeps no program's
-# experts alive
-_REBUILT: dict[int, tuple[TensorsKey, "MXMoE", threading.Lock]] = {}
-_REBUILT_LOCK = threading.Lock()  # (held to look an entry up or make one; each layer's calls hold its own)
-_BUFFERS = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
+_REBUILT: dict = {}  # id of gate_up_qdata -> (key, (layer, the lock of its calls)): :func:`mxkit.nn._ops.rebuilt`
 
 
 @contextlib.contextmanager
 def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[torch.Tensor]):
-    """An :class:`MXMoE` computing the experts of ``spec`` (:func:`export_spec`) on the tensors given (its
-    buffers, biases as plain attributes, a router on the meta device that is never called) for the duration of the
-    ``with`` block (one call at a time a layer). The layer is kept while the expert tensors are the same tensors with
-    the same contents (:class:`~mxkit._cache.TensorsKey`; the biases, which a training step changes, are attached
-    to each call), so the packed or folded copies its forward makes are made once (building a layer takes ~0.2 ms),
-    but it lets go of the tensors after each call."""
+    """An :class:`MXMoE` computing the experts of ``spec`` (:func:`export_spec`) on aliases of the expert tensors
+    given (a router on the meta device that is never called), made once (:func:`mxkit.nn._ops.rebuilt`: building a
+    layer takes ~0.2 ms, and its packed or folded copies are kept), with the biases, which a training step changes,
+    attached for the duration of the ``with`` block (one call at a time a layer)."""
     from .moe import MXMoE  # (moe imports this module: its forward calls the op)
 
-    experts = [t for t in bufs if t is not None]
-    with _REBUILT_LOCK:
-        kept = _REBUILT.get(id(bufs[0]))
-        if kept is None or not kept[0].matches(experts, spec):
-            c = _parse_spec(spec)
-            m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
-                      bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
-                      scale_mode=c["scale_mode"], rounding=c["rounding"], block_size=c["block_size"],
-                      backend=c["backend"], act_format=c["act_format"], keep_source=True, device="meta")
-            del m.gate_up_bias, m.down_bias  # (plain attributes below: the program's tensors as they are)
-            m._mma_flags, m._fold_layout = c["mma_flags"], bool(c["fold"])
-            if kept is None:
-                weakref.finalize(bufs[0], _REBUILT.pop, id(bufs[0]), None)
-            kept = _REBUILT[id(bufs[0])] = (TensorsKey(experts, spec), m, threading.Lock())
-    _, m, lock = kept
-    with lock:
-        for name, t in zip(_BUFFERS, bufs):
-            setattr(m, name, t)
+    def build() -> tuple:
+        c = _parse_spec(spec)
+        m = MXMoE(c["hidden_size"], c["intermediate_size"], c["num_experts"], c["top_k"], c["weight_format"],
+                  bias=False, routing=c["routing"], activation=c["activation"], expert_range=c["expert_range"],
+                  scale_mode=c["scale_mode"], rounding=c["rounding"], block_size=c["block_size"],
+                  backend=c["backend"], act_format=c["act_format"], keep_source=True, device="meta")
+        del m.gate_up_bias, m.down_bias  # (plain attributes below: the program's tensors as they are)
+        m._mma_flags, m._fold_layout = c["mma_flags"], bool(c["fold"])
+        for name, t in zip(("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"), bufs):
+            setattr(m, name, t.detach())  # (a view would hold its base alive)
         if m._fold_layout:
             for name, t in zip(_EXPERTS, bufs[4:]):
-                m._buffers[f"{name}_row_scale"] = t
+                m._buffers[f"{name}_row_scale"] = t.detach()
+        return m, threading.Lock()
+
+    m, lock = rebuilt(_REBUILT, [t for t in bufs if t is not None], spec, build)
+    with lock:
         m.gate_up_bias, m.down_bias = b1, b2
         try:
             if bufs[0].is_cuda and elsewhere(bufs[0]):  # (the kernels launch on the current device)
@@ -94,13 +80,7 @@ def _rebuilt(spec: str, bufs: tuple, b1: Optional[torch.Tensor], b2: Optional[to
             else:
                 yield m
         finally:
-            for name in _BUFFERS:
-                setattr(m, name, None)
-            for name in _EXPERTS:
-                m._buffers.pop(f"{name}_row_scale", None)
             m.gate_up_bias = m.down_bias = None
-            if m._mma_flags is not None:
-                m._packed = None  # (the decode layout's views of the buffers themselves)
 
 
 def _parse_spec(spec: str) -> dict:

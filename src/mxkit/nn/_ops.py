@@ -13,10 +13,14 @@ exports its handle).
 
 from __future__ import annotations
 
+import threading
 import weakref
+from typing import Callable, Sequence, TypeVar
 
+import torch
 from torch import nn
 
+from .._cache import TensorsKey
 from .._device import exporting
 from .._handles import for_export, new_handle, untag
 from ..ops import refuse_forward_ad
@@ -97,6 +101,27 @@ class HoldsGroup:
                                 f"module built with that group")
             state = dict(state, **{self.group_attr: None})
         return dict(state, _check_position=True)  # (checked against the loading process on the first forward)
+
+
+_T = TypeVar("_T")
+_REBUILT_LOCK = threading.Lock()
+
+
+def rebuilt(cache: dict, tensors: Sequence[torch.Tensor], spec: str, build: Callable[[], _T]) -> _T:
+    """What an exported module's op rebuilds around the program's ``tensors`` (``build()``: a layer holding detached
+    aliases of them, new tensor objects that keep the storage but not the tensors), kept in ``cache`` under
+    ``id(tensors[0])`` while they are the same tensors with the same contents and ``spec``
+    (:class:`~mxkit._cache.TensorsKey`), so its packed copies are made once; the entry goes when ``tensors[0]``
+    does (a deleted program frees its weights)."""
+    with _REBUILT_LOCK:
+        kept = cache.get(id(tensors[0]))
+        if kept is not None and kept[0].matches(tensors, spec):
+            return kept[1]
+        value = build()
+        if kept is None:
+            weakref.finalize(tensors[0], cache.pop, id(tensors[0]), None)
+        cache[id(tensors[0])] = (TensorsKey(tensors, spec), value)
+        return value
 
 
 def spec_fields(spec: str) -> dict[str, str]:

@@ -1399,6 +1399,20 @@ print("ok")
 """
 
 
+def test_mxmoe_exports_with_settings_given_as_names(rng):
+    """An MXMoE whose scale_mode / rounding were assigned as names after construction exports (strict) with the
+    eager bytes (its export spec read ``.value`` and raised AttributeError)."""
+    E, k, I2 = 8, 2, 32
+    w_gu, b_gu = torch.randn(E, 2 * I2, H, generator=rng), torch.randn(E, 2 * I2, generator=rng)
+    w_d, b_d = torch.randn(E, H, I2, generator=rng), torch.randn(E, H, generator=rng)
+    m = MXMoE.from_dense(_router(E, rng), w_gu, b_gu, w_d, b_d, k, "mxfp4", act_format="mxfp4")
+    m.scale_mode, m.rounding = "ceil", "rne"
+    x = torch.randn(5, H, generator=rng)
+    with torch.no_grad():
+        want = m(x)
+        assert torch.equal(torch.export.export(m, (x,)).module()(x), want)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):

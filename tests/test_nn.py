@@ -1081,6 +1081,29 @@ def test_torch_export_holds_the_weights(device, tmp_path, rng):
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("act", [None, "fp8_e4m3_rowwise", "mxfp8"])
+def test_settings_given_as_names_after_construction(act, rng):
+    """scale_mode and rounding assigned as names after construction (``m.scale_mode = "ceil"``, as the constructor
+    takes them) act like their members: the same eager bytes, repr, and a torch.export program (strict and not) with
+    the eager bytes (the export spec and repr read ``.value`` and raised AttributeError)."""
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    lin = nn.Linear(64, 48)
+    named = MXLinear.from_linear(lin, "mxfp4", act_format=act)
+    named.scale_mode, named.rounding = "ceil", "rne"
+    members = MXLinear.from_linear(lin, "mxfp4", act_format=act)
+    members.scale_mode, members.rounding = mxkit.ScaleMode.CEIL, mxkit.Rounding.RNE
+    assert repr(named) == repr(members) and "scale_mode=ceil" in repr(named)
+    x = torch.randn(5, 64) * 3
+    with torch.no_grad():
+        want = members(x)
+        assert torch.equal(named(x), want)
+        if act == "mxfp8":  # (its activation scales: CEIL is not FLOOR on these inputs)
+            members.scale_mode = mxkit.ScaleMode.FLOOR
+            assert not torch.equal(members(x), want)
+        for strict in (True, False):
+            assert torch.equal(torch.export.export(named, (x,), strict=strict).module()(x), want)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 @pytest.mark.parametrize("act", [None, "fp8_e4m3_rowwise"])

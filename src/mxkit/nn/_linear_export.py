@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ..formats import Rounding, ScaleMode
 from ..ops import linear_input_grad, refuse_forward_ad
 from ._ops import rebuilt, spec_fields
 
@@ -23,7 +24,8 @@ def export_spec(m: "MXLinear") -> str:
     ``;``, built from constants only, so dynamo folds it into the graph."""
     act = getattr(m.act_format, "name", m.act_format)
     return (f"in_features={m.in_features};out_features={m.out_features};weight_format={m.weight_format.name};"
-            f"act_format={act};scale_mode={m.scale_mode.value};rounding={m.rounding.value};"
+            f"act_format={act};scale_mode={ScaleMode.parse(m.scale_mode).value};"
+            f"rounding={Rounding.parse(m.rounding).value};"
             f"block_size={m.block_size}")
 
 

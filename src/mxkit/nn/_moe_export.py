@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from .._device import elsewhere
+from ..formats import Rounding, ScaleMode
 from ..ops import refuse_forward_ad
 from ._moe_grad import experts_backward
 from ._ops import rebuilt, spec_fields
@@ -39,7 +40,8 @@ def export_spec(m: "MXMoE") -> str:
     return (f"hidden_size={m.hidden_size};intermediate_size={m.intermediate_size};"
             f"num_experts={m.num_experts};top_k={m.top_k};weight_format={m.weight_format.name};"
             f"routing={m.routing};activation={m.activation};expert_range={lo},{hi};"
-            f"scale_mode={m.scale_mode.value};rounding={m.rounding.value};block_size={m.block_size};"
+            f"scale_mode={ScaleMode.parse(m.scale_mode).value};"
+            f"rounding={Rounding.parse(m.rounding).value};block_size={m.block_size};"
             f"backend={m.backend};act_format={m.act_format or ''};mma_flags={flags};"
             f"fold={int(m._fold_layout)}")
 

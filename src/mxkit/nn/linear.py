@@ -383,8 +383,9 @@ class MXLinear(_ops.Handled, nn.Module):
         act = getattr(self.act_format, "name", self.act_format)
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"weight_format={self.weight_format.name}, act_format={act}, scale_mode={self.scale_mode.value}, "
-            f"rounding={self.rounding.value}, block_size={self.block_size}"
+            f"weight_format={self.weight_format.name}, act_format={act}, "
+            f"scale_mode={ScaleMode.parse(self.scale_mode).value}, "
+            f"rounding={Rounding.parse(self.rounding).value}, block_size={self.block_size}"
             + (f", dense_cache={self.dense_cache}" if getattr(self, "dense_cache", None) is not None else "")
         )
 

@@ -405,6 +405,28 @@ def test_shard_mxlinear_rejects_bad_arguments():
         ColumnParallelMXLinear.from_linear(layer, "mxfp4")
 
 
+def test_shards_under_torch_export(tmp_path, rng):
+    """torch.export in a one-rank group: column and row shards of a weight-only layer and a column shard with MX
+    activations export with the eager bytes; a row shard with MX activations raises NotImplementedError naming the
+    case (it failed on a data-dependent guard deep in torch)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        lin = torch.nn.Linear(64, 48)
+        x = torch.randn(5, 64, generator=rng)
+        cases = ((None, ColumnParallelMXLinear), (None, RowParallelMXLinear), ("mxfp8", ColumnParallelMXLinear))
+        for act, cls in cases:
+            m = cls.from_linear(lin, "mxfp4", act_format=act)
+            with torch.no_grad():
+                assert torch.equal(torch.export.export(m, (x,)).module()(x), m(x)), (act, cls.__name__)
+        m = RowParallelMXLinear.from_linear(lin, "mxfp4", act_format="mxfp8")
+        with torch.no_grad(), pytest.raises(NotImplementedError, match="RowParallelMXLinear with act_format"):
+            torch.export.export(m, (x,))
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_shards_quantize_activations_of_64_element_blocks(tmp_path, rng):

@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
+from .._device import exporting
 from ..fold import can_fold
 from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from . import _ops
@@ -312,7 +313,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
     dtype, the same on every rank: float32 partials, all_reduce in float32, + bias in float32, one rounding.
     Collective: every rank of the group calls it.
     Raises ValueError if K does not split into whole blocks (K % (world_size · block_size) != 0), for
-    ``act_format="fp8_e4m3_rowwise"``, and in forward for an x whose last dim is not the expected K or K/W.
+    ``act_format="fp8_e4m3_rowwise"``, and in forward for an x whose last dim is not the expected K or K/W;
+    NotImplementedError under ``torch.export`` with an act_format (weight-only shards export).
     """
 
     style = "row"
@@ -363,6 +365,10 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         if x.dim() == 0 or x.shape[-1] != expect:
             what = "this rank's K slice (input_is_parallel=True)" if self.input_is_parallel else "the full K"
             raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {expect}), {what}")
+        if self.act_format is not None and exporting():
+            raise NotImplementedError(
+                "torch.export of a RowParallelMXLinear with act_format is not supported (its quantized operand has "
+                "no export op yet); export the unsharded MXLinear, or a layer without act_format")
         out_dtype = x.dtype
         if not self.input_is_parallel and self.tp_world_size > 1:
             if needs_grad(x):

@@ -88,6 +88,25 @@ def test_decode_mxint8_all_codes():
     assert ours[0x80].item() == -2.0 and ours[0x7F].item() == 127 / 64 and ours[0x81].item() == -127 / 64
 
 
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_decode_codes_out_of_range_give_nan(fmt):
+    """A code outside [0, 2^bits) (bits above the format's in a uint8, or an int32 / int64 one past the range or
+    negative) decodes to NaN: the extra bits landed in the sign or were dropped, giving plausible values. int8 codes
+    are their bytes (two's complement), as uint8 ones."""
+    bits = SPECS[fmt].bits
+    valid = torch.arange(1 << bits, dtype=torch.int64)
+    want = decode_elements(valid.to(torch.uint8), fmt)
+    for dtype in (torch.int16, torch.int32, torch.int64):
+        assert _same_values(decode_elements(valid.to(dtype), fmt).numpy(), want.numpy()), dtype
+        bad = decode_elements(torch.tensor([-1, 1 << bits, (1 << bits) + 3, 1000], dtype=dtype), fmt)
+        assert bad.isnan().all(), (dtype, bad)
+    if bits < 8:
+        assert decode_elements(torch.arange(1 << bits, 256, dtype=torch.int32).to(torch.uint8), fmt).isnan().all()
+    got = decode_elements(torch.arange(-128, 128, dtype=torch.int8), fmt)
+    want = decode_elements(torch.arange(-128, 128, dtype=torch.int8).view(torch.uint8), fmt)
+    assert _same_values(got.numpy(), want.numpy())
+
+
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_every_finite_value_reencodes_to_its_code(fmt, rounding):

@@ -532,6 +532,14 @@ def test_qsnr_db_values(rng):
     assert math.isnan(qsnr_db(torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.nan])))
     with pytest.raises(ValueError, match=r"qsnr_db: x has shape \(1000,\) but x_hat \(1000, 1\)"):
         qsnr_db(x, x[:, None])  # (broadcast, it gave a finite number for two equal vectors)
+    # NaN is checked first (an all-zero signal against NaN gave -inf); float64 near its range neither overflows nor
+    # underflows (1e200 gave NaN, 1e-200 -inf)
+    assert math.isnan(qsnr_db(torch.zeros(4), torch.full((4,), math.nan)))
+    for big in (1e200, 1e-200, 1e-310):
+        xb = torch.tensor([big, -big / 2], dtype=torch.float64)
+        assert qsnr_db(xb, xb * 1.1) == pytest.approx(20.0), big
+    with pytest.raises(TypeError, match="qsnr_db: x_hat must be a torch.Tensor, got list"):
+        qsnr_db(x, [1.0])
 
 
 def _small_model():

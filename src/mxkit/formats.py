@@ -402,16 +402,25 @@ def _round_to_int(q: torch.Tensor, rnd: Rounding) -> torch.Tensor:
 def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     """Element codes (uint8, or another integer dtype; unpacked, any shape) → float32 values, exactly.
 
-    E4M3 0x7F/0xFF and E5M2's NaN codes decode to NaN, E5M2 Inf codes to ±Inf. Bits above ``fmt.bits``
-    must be zero. A float8 tensor (:meth:`MXTensor.qdata_view`'s E4M3 / E5M2 view) is read as its bytes.
+    E4M3 0x7F/0xFF and E5M2's NaN codes decode to NaN, E5M2 Inf codes to ±Inf. A code outside [0, 2^fmt.bits)
+    (bits above the format's, or negative) is no element's: it decodes to NaN. A float8 tensor
+    (:meth:`MXTensor.qdata_view`'s E4M3 / E5M2 view) or an int8 one is read as its bytes.
     Raises TypeError for any other floating, bool or complex dtype (its values are not codes).
     """
     f = get_format(fmt)
-    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8):  # (int8: the bytes, two's complement)
         codes = bitcast(codes, torch.uint8)
     elif codes.dtype == torch.bool or codes.dtype.is_floating_point or codes.dtype.is_complex:
         raise TypeError(f"decode_elements takes element codes (uint8), got {codes.dtype}")
-    c = codes.to(torch.int32)
+    c = codes.to(torch.int64 if codes.dtype == torch.int64 else torch.int32)
+    val = _decode_codes(c, f)
+    if codes.dtype == torch.uint8 and f.bits == 8:  # (every byte is a code)
+        return val
+    return torch.where((c < 0) | (c >= 1 << f.bits), float("nan"), val)
+
+
+def _decode_codes(c: torch.Tensor, f: ElementFormat) -> torch.Tensor:
+    """decode_elements of int32 / int64 codes in [0, 2^f.bits)."""
     if f.kind == "int":
         c = torch.where(c >= 128, c - 256, c)
         return c.to(torch.float32) * 2.0**-f.mbits

@@ -63,21 +63,33 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64.
+    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 on x and x̂
+    scaled by one power of two (their largest finite magnitude's), so float64 inputs near its range neither
+    overflow nor underflow.
 
-    Returns ``inf`` when ``x̂ == x`` exactly (equal infinities and two empty tensors included), or the signal is
-    infinite and the error not, and ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and
-    the signal not; NaN where either holds NaN or both are infinite. Raises ValueError when
-    the shapes differ (no broadcasting).
+    Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
+    exactly (equal infinities and two empty tensors included), or the signal is infinite and the error not, and
+    ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and the signal not. Raises TypeError
+    for an argument that is not a tensor, ValueError when the shapes differ (no broadcasting).
     """
+    for name, t in (("x", x), ("x_hat", x_hat)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"qsnr_db: {name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")
     x64, h64 = x.detach().to(torch.float64), x_hat.detach().to(torch.float64)
+    finite = torch.cat([x64.reshape(-1), h64.reshape(-1)]).abs().nan_to_num(0.0, 0.0, 0.0)
+    top = finite.max().item() if finite.numel() else 0.0
+    if top > 0.0:  # (a power of two, at most 2^±1000: the scaling is exact)
+        scale = math.ldexp(1.0, min(max(-math.frexp(top)[1], -1000), 1000))
+        x64, h64 = x64 * scale, h64 * scale
     err = torch.where(x64 == h64, 0.0, x64 - h64).pow(2).sum().item()  # (equal infinities: no error, not inf - inf)
     sig = x64.pow(2).sum().item()
-    if err == 0.0:
+    if math.isnan(err) or math.isnan(sig) or math.isinf(err) and math.isinf(sig):
+        return math.nan
+    if err == 0.0 or math.isinf(sig):
         return math.inf
-    if sig == 0.0 or math.isinf(err) and not math.isinf(sig):
+    if sig == 0.0 or math.isinf(err):
         return -math.inf
     return 10.0 * math.log10(sig / err)
 

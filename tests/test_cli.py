@@ -254,6 +254,21 @@ def test_inspect_empty_tensors(tmp_path, capsys):
     assert lines["e_blocks"].endswith("logical [4, 0], scales e_scales: no scales (empty)")
 
 
+def test_inspect_zero_dim_pairs_are_plain_tensors(tmp_path, capsys):
+    """A 0-d uint8 "scale" beside a 0-d or 1-D "qdata" / "blocks" is no MX pair: the two are listed as tensors (it
+    raised IndexError out of the pair finder)."""
+    path = tmp_path / "z.safetensors"
+    safetensors_torch.save_file({"w_qdata": torch.tensor(5, dtype=torch.uint8),
+                                 "w_scale": torch.tensor(127, dtype=torch.uint8),
+                                 "v_blocks": torch.zeros(16, dtype=torch.uint8),
+                                 "v_scales": torch.tensor(127, dtype=torch.uint8)}, str(path))
+    assert cli.find_mx_pairs({"w_qdata": ((), "U8"), "w_scale": ((), "U8"), "v_blocks": ((16,), "U8"),
+                              "v_scales": ((), "U8")}) == {}
+    assert cli.main(["inspect", str(path), "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("w_qdata", "w_scale", "v_blocks", "v_scales")), out
+
+
 def test_inspect_says_which_float_tensors_format_leaves(tmp_path, capsys):
     """--format quantizes F32 / F16 / BF16 tensors; a 2-D F64 or F8 one is a row that says it was left, not a
     silent blank (a 1-D one, a bias, stays unannotated)."""

@@ -172,6 +172,8 @@ def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int 
                 continue
             sshape = tuple(meta[sname][0])
             shape = tuple(shape)
+            if not sshape:  # (a 0-d scale is no block's: not a pair)
+                continue
             if len(shape) == len(sshape) + 1 and shape[:-1] == sshape:  # [..., G, B]
                 bpb = shape[-1]
             elif len(shape) == len(sshape) and shape[:-1] == sshape[:-1] and sshape[-1] and shape[-1] % sshape[-1] == 0:

@@ -269,6 +269,13 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
     for n_in, n_out in ((0, 16), (64, 0)):
         with pytest.raises(ValueError, match="must be a positive int for MXLinear"):
             MXLinear(n_in, n_out, "mxfp4")
+    # NumPy integers are ints, as mxkit.quantize takes them (they raised "must be a positive int, got np.int64(32)")
+    m = MXLinear(np.int64(64), np.int32(16), "mxfp4", block_size=np.int64(32))
+    assert (type(m.in_features), type(m.out_features), type(m.block_size)) == (int, int, int)
+    net = mxkit.quantize_model(nn.Sequential(nn.Linear(64, 16)), "mxfp4", block_size=np.int64(32), progress=False)
+    assert type(net[0].block_size) is int
+    with pytest.raises(ValueError, match="MXLinear: device='gpu' is not a device"):  # (torch's bare RuntimeError)
+        MXLinear(64, 16, "mxfp4", device="gpu")
     lin = nn.Linear(64, 48)
     m = MXLinear.from_linear(lin, "mxfp4")
     with pytest.raises(TypeError, match=r"MXLinear takes a float tensor \(\.\.\., 64\), got MXTensor"):
@@ -315,7 +322,7 @@ def test_autocast_leaves_the_arithmetic_alone(rng):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_mxlinear_names_a_wrong_x_in_its_own_terms(device, monkeypatch):
-    """A wrong-width or wrong-dtype x raises naming the layer, x and in_features, on every path (the CUDA decode
+    """A wrong-width, wrong-dtype or wrong-device x raises naming the layer, x and in_features, on every path (the CUDA decode
     hot path, the activation-quantizing ones, the CPU reference): matmul / quantize name their operands a and b,
     which a layer user never passed. The error chains the one it replaced."""
     lin = nn.Linear(64, 48, device=device)
@@ -330,6 +337,8 @@ def test_mxlinear_names_a_wrong_x_in_its_own_terms(device, monkeypatch):
             assert not str(e.value.__cause__).startswith("MXLinear"), (wf, act, dtype)  # (chained once)
         with pytest.raises(TypeError, match=r"^MXLinear takes float32 / bfloat16 / float16 x, got torch.float64$"):
             layer(torch.randn(3, 64, device=device, dtype=torch.float64))
+        with pytest.raises(ValueError, match=rf"^MXLinear's weight is on {device}(:0)? but x on meta"):  # (a / b)
+            layer(torch.randn(3, 64, device="meta"))
         assert layer(torch.randn(3, 64, device=device)).shape == (3, 48)  # (and the right x still runs)
     if device == "cuda":
         # x on another GPU than the current one: _eager calls itself under that device, and the error it words

@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 
 from .fold import Folded
 from .formats import ElementFormat, Rounding, ScaleMode
-from .tensor import MXTensor, device_only
+from .tensor import MXTensor, as_int, device_only
 
 __all__ = ["PackedWeight", "Fp8Rowwise", "packed_of"]
 
@@ -236,7 +236,10 @@ class PackedWeight:
         missing = [k for k in ("qdata", "scale", "fmt", "shape", "block_size", "scale_mode", "rounding") if k not in sd]
         if missing:
             raise KeyError(f"PackedWeight state_dict lacks {', '.join(missing)}")
-        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, int(sd["block_size"]), tuple(sd["shape"]),
+        # (block_size as saved: an int, or a NumPy / 0-d tensor integer; int() truncated a float and parsed a string)
+        bs = sd["block_size"]
+        bs = bs.item() if isinstance(bs, torch.Tensor) and bs.dim() == 0 and not bs.is_floating_point() else as_int(bs)
+        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, bs, tuple(sd["shape"]),
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -291,6 +292,10 @@ def test_bias_is_added_before_rounding(rng):
     check(qa, pw40, bias=torch.randn(40, generator=rng), path="fold-fp8")
     with pytest.raises(ValueError, match="bias"):
         mxkit.matmul(qa, pw, bias=torch.randn(31))
+    with pytest.raises(ValueError, match=r"bias must be a 1-D tensor \(N,\), got shape \(1, 32\)"):
+        mxkit.matmul(qa, pw, bias=torch.randn(1, 32))
+    with pytest.raises(TypeError, match="bias must be a 1-D tensor .N,. or None, got list"):  # (was a ValueError)
+        mxkit.matmul(qa, pw, bias=[0.0] * 32)
 
 
 def test_reference_backend_and_cpu_auto_agree_with_the_paths(rng):
@@ -371,6 +376,11 @@ def test_packed_weight_state_dict_and_to(rng):
     assert pw.to("cpu").folded.data.device.type == "cpu"
     leaves, spec = torch.utils._pytree.tree_flatten(pw)
     assert torch.utils._pytree.tree_unflatten(leaves, spec).scale_max == pw.scale_max
+    for bs in (np.int64(32), torch.tensor(32)):  # (integers of other types are the int)
+        assert PackedWeight.source_from_state_dict({**sd, "block_size": bs}).block_size == 32
+    for bs in (32.9, "32"):  # (int() truncated the float and parsed the string)
+        with pytest.raises(TypeError, match="block_size must be an int"):
+            PackedWeight.source_from_state_dict({**sd, "block_size": bs})
     del sd["rounding"], sd["shape"]
     with pytest.raises(KeyError, match="PackedWeight state_dict lacks shape, rounding"):
         PackedWeight.source_from_state_dict(sd)

@@ -845,11 +845,13 @@ def a8w8_linear(x: torch.Tensor, w: Union[MXTensor, PackedWeight], bias: Optiona
 
 def check_bias(bias: Optional[torch.Tensor], plan: GemmPlan, device: torch.device) -> None:
     """A GEMM bias is None or a 1-D (N,) floating-point tensor on the weight's device (it is added in float32);
-    TypeError for another dtype, ValueError otherwise."""
+    TypeError for a non-tensor or another dtype, ValueError otherwise."""
     if bias is None:
         return
-    if not isinstance(bias, torch.Tensor) or bias.dim() != 1:
-        raise ValueError(f"bias must be a 1-D tensor (N,), got {getattr(bias, 'shape', type(bias).__name__)}")
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a 1-D tensor (N,) or None, got {type(bias).__name__}")
+    if bias.dim() != 1:
+        raise ValueError(f"bias must be a 1-D tensor (N,), got shape {tuple(bias.shape)}")
     if not bias.dtype.is_floating_point:
         raise TypeError(f"bias must be a floating-point tensor (added in float32), got {bias.dtype}")
     if bias.shape[0] != plan.N or bias.device != device:

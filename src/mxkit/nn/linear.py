@@ -50,7 +50,7 @@ from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_gra
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
-from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor
+from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int
 from ..kernels.matmul import a8w8_linear
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _linear_export, _ops
@@ -149,7 +149,14 @@ class MXLinear(_ops.Handled, nn.Module):
         super().__init__()
         fmt = get_format(weight_format)
         act = _parse_act(act_format)
+        # (NumPy integers as Python ints, as mxkit.quantize takes them)
+        block_size, in_features, out_features = as_int(block_size), as_int(in_features), as_int(out_features)
         _check_block_size(block_size, fmt, act)
+        if isinstance(device, str):
+            try:
+                torch.device(device)
+            except RuntimeError as e:
+                raise ValueError(f"MXLinear: device={device!r} is not a device: {e}") from None
         for name, n in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
                 raise ValueError(f"{name} must be a positive int for MXLinear, got {n!r}")
@@ -321,6 +328,9 @@ class MXLinear(_ops.Handled, nn.Module):
                                     f"(..., {self.in_features})")
             elif type(x) is torch.Tensor and x.dtype not in SUPPORTED_INPUT_DTYPES:
                 worded = TypeError(f"{type(self).__name__} takes float32 / bfloat16 / float16 x, got {x.dtype}")
+            elif type(x) is torch.Tensor and x.device != self.weight_qdata.device:
+                worded = ValueError(f"{type(self).__name__}'s weight is on {self.weight_qdata.device} but x on "
+                                    f"{x.device}: move one to the other's device")
             else:
                 raise
             worded._mxkit_layer_worded = True
@@ -655,6 +665,7 @@ def quantize_model(
     act = _parse_act(act_format)
     mode = ScaleMode.parse(scale_mode)
     rnd = Rounding.parse(rounding)
+    block_size = as_int(block_size)
     _check_block_size(block_size, fmt, act)
     should_skip = _skip_matcher(skip)
     if not isinstance(model, nn.Module):

@@ -1999,6 +1999,17 @@ def test_mxlinear_dense_cache_argument():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
     mxkit.nn.quantize_model(model, "mxfp4", dense_cache=torch.float16, progress=False)
     assert model[0].dense_cache == torch.float16
+    # a layer that quantizes its input never reads the cache: refused (it was accepted, shown, and never built)
+    with pytest.raises(ValueError, match="dense_cache=torch.bfloat16 is for weight-only layers"):
+        mxkit.nn.MXLinear(64, 32, "mxfp4", act_format="mxfp8", dense_cache=torch.bfloat16)
+    with pytest.raises(ValueError, match="is for weight-only layers"):
+        mxkit.nn.quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4", act_format="fp8_e4m3_rowwise",
+                                dense_cache=torch.bfloat16, progress=False)
+    # a cached layer given an act_format later fuses / shards without the cache
+    q, k = (mxkit.nn.MXLinear.from_linear(torch.nn.Linear(64, 32), "mxfp4", dense_cache=torch.bfloat16) for _ in "qk")
+    for m in (q, k):
+        m.act_format = mxkit.get_format("mxfp8")
+    assert mxkit.nn.FusedMXLinear([q, k]).fused.dense_cache is None
 
 
 @pytest.mark.gpu

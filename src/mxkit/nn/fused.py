@@ -82,7 +82,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                               act_format=first.act_format, scale_mode=first.scale_mode, rounding=first.rounding,
                               block_size=first.block_size, device=first.weight_qdata.device,
                               dtype=None if bias is None else bias.dtype,
-                              dense_cache=getattr(first, "dense_cache", None))
+                              dense_cache=getattr(first, "dense_cache", None) if first.act_format is None else None)
         with torch.no_grad():
             self.fused.weight_qdata.copy_(torch.cat([m.weight_qdata for m in layers]))
             self.fused.weight_scale.copy_(torch.cat([m.weight_scale for m in layers]))

@@ -60,7 +60,8 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         self.intermediate_size = I
         self.gate_up = MXLinear(H, 2 * I, gate.weight_format, bias=False, act_format=gate.act_format,
                                 scale_mode=gate.scale_mode, rounding=gate.rounding, block_size=gate.block_size,
-                                device=gate.weight_qdata.device, dense_cache=getattr(gate, "dense_cache", None))
+                                device=gate.weight_qdata.device,
+                                dense_cache=getattr(gate, "dense_cache", None) if gate.act_format is None else None)
         with torch.no_grad():
             for name in ("weight_qdata", "weight_scale"):
                 g, u = getattr(gate, name), getattr(up, name)

@@ -63,8 +63,8 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 on x and x̂
-    scaled by one power of two (their largest finite magnitude's), so float64 inputs near its range neither
+    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 on x and
+    x̂ scaled by one power of two (their largest finite magnitude's), so float64 inputs near its range neither
     overflow nor underflow.
 
     Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
@@ -106,7 +106,8 @@ class MXLinear(_ops.Handled, nn.Module):
       scale_mode / rounding / block_size: passed to :func:`mxkit.quantize` (weight and activation).
       dense_cache: None, torch.bfloat16 or torch.float16: on CUDA also keep the weight dequantized to that dtype
         (:func:`mxkit.pack_weight`'s ``dense``: 2 bytes per element more), which float inputs of that dtype read
-        on cuBLAS past the small-M kernels (path ``dense-cached``; prefill at cuBLAS speed). Weights-only layers.
+        on cuBLAS past the small-M kernels (path ``dense-cached``; prefill at cuBLAS speed). Weight-only layers:
+        ValueError with an act_format.
       device / dtype: of the bias and of the output when the input has that dtype (the weight
         buffers are uint8).
 
@@ -173,6 +174,9 @@ class MXLinear(_ops.Handled, nn.Module):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the bias's)")
         if dense_cache not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
+        if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
+            raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format ({act_format!r}) "
+                             f"quantizes the input, which never reads a dequantized weight")
         self.dense_cache = dense_cache
         q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
         self.register_buffer("weight_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))

@@ -212,7 +212,7 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
                   bias=layer.bias is not None, act_format=layer.act_format, scale_mode=layer.scale_mode,
                   rounding=layer.rounding, block_size=layer.block_size, device=layer.weight_qdata.device,
                   dtype=None if layer.bias is None else layer.bias.dtype,
-                  dense_cache=getattr(layer, "dense_cache", None), **kwargs)
+                  dense_cache=getattr(layer, "dense_cache", None) if layer.act_format is None else None, **kwargs)
         fmt = layer.weight_format
         mod._fill(mod._local_weight(layer.weight_qdata, fmt.pack_bytes, fmt.pack),
                   mod._local_weight(layer.weight_scale, 1, layer.block_size), layer.bias)

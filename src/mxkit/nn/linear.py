@@ -63,9 +63,9 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 on x and
-    x̂ scaled by one power of two (their largest finite magnitude's), so float64 inputs near its range neither
-    overflow nor underflow.
+    """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 (float64
+    inputs scaled first by one power of two, their largest finite magnitude's, so that values near its range
+    neither overflow nor underflow).
 
     Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
     exactly (equal infinities and two empty tensors included), or the signal is infinite and the error not, and
@@ -78,11 +78,11 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")
     x64, h64 = x.detach().to(torch.float64), x_hat.detach().to(torch.float64)
-    finite = torch.cat([x64.reshape(-1), h64.reshape(-1)]).abs().nan_to_num(0.0, 0.0, 0.0)
-    top = finite.max().item() if finite.numel() else 0.0
-    if top > 0.0:  # (a power of two, at most 2^±1000: the scaling is exact)
-        scale = math.ldexp(1.0, min(max(-math.frexp(top)[1], -1000), 1000))
-        x64, h64 = x64 * scale, h64 * scale
+    if torch.float64 in (x.dtype, x_hat.dtype) and x64.numel():  # (narrower floats' squares fit float64 as they are)
+        top = max(t.abs().nan_to_num(0.0, 0.0, 0.0).max().item() for t in (x64, h64))
+        if top > 0.0:  # (a power of two, at most 2^±1000: the scaling is exact)
+            scale = math.ldexp(1.0, min(max(-math.frexp(top)[1], -1000), 1000))
+            x64, h64 = x64 * scale, h64 * scale
     err = torch.where(x64 == h64, 0.0, x64 - h64).pow(2).sum().item()  # (equal infinities: no error, not inf - inf)
     sig = x64.pow(2).sum().item()
     if math.isnan(err) or math.isnan(sig) or math.isinf(err) and math.isinf(sig):

@@ -68,8 +68,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from .._device import exporting
+from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
 from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from . import _ops

@@ -6,8 +6,8 @@ bits, owner, and the kernel's per-row status (so a row the kernel wrongly sends 
   scale mode x rounding x input dtype on rows of crafted special blocks (NaN / Inf / zero / denormal /
   saturating) and random rows of spreads 0 / W / W+1 / 40, 7 x 96 and 33 x 2880 (masked tails, several K
   chunks), 8 x 2048 (unmasked chunks), a 3-D input. Plus argument errors and the config function in-process.
-* GPU (``-m gpu``): 8192 x 8192, 727 x 2880 and 3-D inputs, outputs poisoned with 0xAB before the kernel
-  writes; R * K past 2^31.
+* GPU (``-m gpu``): 8192 x 8192, 727 x 2880 and 3-D inputs; R * K past 2^31.
+Outputs are poisoned (0xAB, scale bits all ones) before the kernel writes, on both.
 
 By hand: ``TRITON_INTERPRET=1 python tests/kernel_tests/test_fold.py --interpret mxfp4_e2m1``.
 """
@@ -76,7 +76,7 @@ def check_kernel_rows(data, scale, status, ref: Folded, what: str) -> None:
                        f"{what} kernel scale")
 
 
-def run_fold_raw(q, poison: bool = False, cfg=None):
+def run_fold_raw(q, poison: bool = True, cfg=None):
     from mxkit.kernels import fold as kf
 
     R, K = math.prod(q.shape[:-1]), q.shape[-1]
@@ -120,7 +120,7 @@ def check_weight_stats(g, fmt: str, spreads, device: str = "cpu") -> int:
     return n
 
 
-def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = False, cfg=None):
+def run_quantize_fold_raw(x, fmt, mode, rnd, poison: bool = True, cfg=None):
     from mxkit.formats import Rounding, ScaleMode
     from mxkit.kernels import fold as kf
 

@@ -1104,6 +1104,13 @@ def test_mxmoe_w4a8_fold_in_place(fmt, activation, rng):
     spread[0][1, 3, :32] *= 2.0**20  # a row whose block scales span 20 > the fold range: the experts do not fold
     wide = MXMoE.from_dense(router, *spread, k, fmt, **kw)
     assert not wide.pack_() and wide.expert_layout == "checkpoint"
+    # a NaN block (scale 0xFF) beside normal ones in a row: no fold (the fold zeroed the row's other blocks, and
+    # the state_dict after the first CUDA forward lost their bytes); the checkpoint bytes stay as loaded
+    nan_scale = MXMoE.from_dense(router, *dense, k, fmt, **kw)
+    nan_scale.gate_up_scale[1, 3, 0] = 0xFF
+    before = {n: t.clone() for n, t in nan_scale.state_dict().items()}
+    assert not nan_scale.pack_() and nan_scale.expert_layout == "checkpoint"
+    assert all(torch.equal(nan_scale.state_dict()[n], before[n]) for n in before)
 
 
 def test_mxmoe_errors():

@@ -424,7 +424,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
         W4A8 and MXFP4 x MXFP4 modules (``act_format``) are folded in place instead (layout ``"fold"``, on the
         first CUDA forward): False for other formats than FP4 / FP6, or experts that do not fold (a row whose
-        block scales span more than the fold range, or outside the FP8 epilogue's envelope:
+        block scales span more than the fold range, or outside the FP8 epilogue's envelope, or a NaN block:
         :func:`mxkit.kernels.moe.fold_experts`; they keep the checkpoint layout and take the reference)."""
         if self.expert_layout != "checkpoint":
             return True

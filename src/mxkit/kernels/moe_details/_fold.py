@@ -39,10 +39,13 @@ def fold_experts(w: MXTensor, *, interleave_halves: bool = False) -> Optional[Fo
     :func:`moe_mxfp4_triton`): exact (:mod:`mxkit.fold`). Returns None
     when a row does not fold into one E4M3 row with a row scale inside the FP8 epilogue's envelope (block scales
     spanning more than the fold range, or :data:`mxkit.kernels.matmul.FOLD_EXP_LIMIT`): such experts take the
-    reference. One host sync (pack time)."""
+    reference; so does a row with a NaN block (scale byte 0xFF: its other blocks' bytes would not survive the
+    fold, and the module's state_dict would lose them). Two host syncs (pack time)."""
     from ..matmul import pack_weight
 
     E, N, K = w.shape
+    if bool((w.scale == 0xFF).any()):
+        return None
     flat = MXTensor._trusted(w.qdata.reshape(E * N, -1), w.plain_scale().reshape(E * N, -1), w.fmt, 1,
                              w.block_size, torch.Size((E * N, K)), w.scale_mode, w.rounding, "plain")
     pw = pack_weight(flat, act="fp8_rowwise")

@@ -985,8 +985,12 @@ def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
 
     root = _write(tmp_path, rng, num_experts=8, top_k=4, shards=2)
     for device in ("tpu", "cuda:99" if torch.cuda.is_available() else "cuda"):  # (before the directory is read)
-        with pytest.raises(ValueError, match="cannot hold tensors here"):
-            load_gpt_oss_model(root, device=device, progress=False)
+        for load in (load_gpt_oss_model, gpt_oss.load_hf_model):
+            with pytest.raises(ValueError, match="cannot hold tensors here"):
+                load(root, device=device, progress=False)
+    for load in (load_gpt_oss_model, gpt_oss.load_hf_model):  # (meta: the directory was blamed for no tensors)
+        with pytest.raises(ValueError, match="device='meta' holds no data"):
+            load(root, device="meta", progress=False)
     model = load_gpt_oss_model(root, dtype=torch.float32, progress=False)
     ref = gpt_oss.load_hf_model(root, dtype=torch.float32, progress=False)
     ckpt = gpt_oss.load_gpt_oss(root, progress=False)

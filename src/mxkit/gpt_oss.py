@@ -1085,6 +1085,21 @@ def tie_head(model, head_stored: bool, path) -> bool:
     return True
 
 
+def load_device(device: Union[str, torch.device]) -> torch.device:
+    """``device`` as a torch.device that can hold a loaded checkpoint, checked before a directory is read: ValueError
+    for one this torch build or machine lacks, and for ``meta`` (it holds no data: the loaded tensors vanished and
+    the directory was blamed for missing them)."""
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise ValueError(f"device {str(device)!r} cannot hold tensors here: {' '.join(str(e).split())}") from e
+    if device.type == "meta":
+        raise ValueError("device='meta' holds no data to load a checkpoint into: pass a real device (a model of the "
+                         "config's shapes alone: build it under `with torch.device('meta')`)")
+    return device
+
+
 def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16,
                   device: Union[str, torch.device] = "cpu", progress: bool = True):
     """transformers' ``GptOssForCausalLM`` of an MXFP4 GPT-OSS directory, experts dequantized by mxkit.
@@ -1093,8 +1108,8 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     integration, which wants GPU kernels, is not involved), without random initialisation, in ``dtype``; then every
     tensor is loaded: the experts through :func:`load_gpt_oss` and :func:`hf_state_dict`, dequantized on ``device``
     (one GPT-OSS-20B layer: about 80 s on 2 CPU cores, milliseconds on a GPU), all others as stored (cast to
-    ``dtype``). Returns the model in eval mode on ``device``. Raises ImportError without transformers' GPT-OSS
-    classes, CheckpointError for a bad directory or when the directory and the model's parameters do not match
+    ``dtype``). Returns the model in eval mode on ``device``. Raises ValueError for a ``device`` that cannot hold it
+    (:func:`load_device`), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or when the directory and the model's parameters do not match
     (naming them).
     """
     from transformers import AutoModelForCausalLM
@@ -1104,7 +1119,7 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     except ImportError:
         from transformers.modeling_utils import no_init_weights  # (transformers 4)
 
-    device = torch.device(device)
+    device = load_device(device)
     ckpt, config = hf_config(path, progress)
     with no_init_weights(), device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

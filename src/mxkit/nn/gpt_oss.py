@@ -63,19 +63,15 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     kwargs: :class:`MXMoE`'s (``backend``, ``act_format``, ``keep_source``). Returns the model in eval mode.
     Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
     MoE's rounding: MXMoE computes in float32 (CPU: float64) with one rounding per GEMM.
-    Raises ValueError for a ``device`` this machine or torch build lacks, ImportError without transformers'
+    Raises ValueError for a ``device`` this machine or torch build lacks, or ``meta``, ImportError without transformers'
     GPT-OSS classes, CheckpointError for a bad directory or one that does
     not match the model (naming the tensors), or a config whose ``swiglu_limit`` / ``swiglu_alpha`` is not GPT-OSS's
     7.0 / 1.702 (the activation MXMoE implements).
     """
-    from ..gpt_oss import (CheckpointError, _Reader, hf_config, moe_tensor_name, MOE_ROLES, tie_head,
+    from ..gpt_oss import (CheckpointError, _Reader, hf_config, load_device, moe_tensor_name, MOE_ROLES, tie_head,
                            use_generation_config)
 
-    try:  # (before reading the directory: a device this build or machine lacks)
-        device = torch.device(device)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as e:
-        raise ValueError(f"device {str(device)!r} cannot hold tensors here: {' '.join(str(e).split())}") from e
+    device = load_device(device)  # (before reading the directory)
     ckpt, config = hf_config(path, progress)  # (ImportError without transformers' GPT-OSS classes)
     from transformers import AutoModelForCausalLM
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP

@@ -13,6 +13,7 @@ then takes its share of tokens and experts.
 import contextlib
 from datetime import timedelta
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -296,6 +297,12 @@ def test_expert_ranges():
     check_expert_ranges(expert_ranges(10, 4), 10, 4)
     with pytest.raises(ValueError, match="every rank"):
         expert_ranges(3, 4)
+    # NumPy integers are counts (their ValueError said "need 1 <= world_size=2 <= num_experts=np.int64(8)"); a bool
+    # is not (True experts gave one range)
+    assert expert_ranges(np.int64(8), np.int32(2)) == [(0, 4), (4, 8)]
+    for args in ((True, 1), (8.0, 2), (8, "2")):
+        with pytest.raises(TypeError, match="must be an int"):
+            expert_ranges(*args)
     for bad in ([(0, 5), (6, 10)], [(0, 5), (5, 9)], [(0, 10)], [(0, 0), (0, 10)], [(1, 5), (5, 10)]):
         with pytest.raises(ValueError, match="contiguous"):
             check_expert_ranges(bad, 10, 2)

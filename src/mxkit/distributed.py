@@ -50,15 +50,20 @@ from .moe import moe_experts, resolve_moe_backend, route_tokens
 from .moe_reference import check_moe_args
 from .ops import needs_grad
 from .reference import round_from_float64
-from .tensor import MXTensor
+from .tensor import MXTensor, as_int
 
 __all__ = ["expert_ranges", "check_expert_ranges", "ep_moe", "raise_collectively"]
 
 
 def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
     """Contiguous expert ranges, one per rank, as even as possible (the first ``num_experts % world_size`` ranks
-    take one more). Raises ValueError if a rank would hold no expert."""
-    if not (isinstance(num_experts, int) and isinstance(world_size, int) and 1 <= world_size <= num_experts):
+    take one more). Either count may be a NumPy integer. Raises TypeError for a count that is not an integer (a
+    bool included), ValueError if a rank would hold no expert."""
+    num_experts, world_size = as_int(num_experts), as_int(world_size)
+    for name, v in (("num_experts", num_experts), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r}")
+    if not 1 <= world_size <= num_experts:
         raise ValueError(f"need 1 <= {world_size=} <= {num_experts=} (every rank holds at least one expert)")
     base, extra = divmod(num_experts, world_size)
     bounds = [0]

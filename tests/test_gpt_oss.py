@@ -170,6 +170,17 @@ def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
     with pytest.raises(ValueError, match="must be a multiple of num_key_value_heads=3"):  # (transformers' GQA)
         _write(tmp_path, rng, "bad", num_attention_heads=4, num_key_value_heads=3)
     assert not (tmp_path / "bad" / "config.json").exists()
+    # (these failed inside torch or the unpacking, the float scale_range and a bad shards only after the whole model
+    # was drawn)
+    for bad in ((115.5, 130), None, "ab", (120, 110), (0, 255), (True, 120)):
+        with pytest.raises(ValueError, match=r"scale_range=.* must be two finite E8M0 bytes"):
+            _write(tmp_path, rng, "bad", scale_range=bad)
+    for bad in (0, 1.0, True):
+        with pytest.raises(ValueError, match=r"shards=.* must be a positive int"):
+            _write(tmp_path, rng, "bad", shards=bad)
+    with pytest.raises(TypeError, match="seed must be an int or None, got 1.5"):
+        gpt_oss.write_synthetic_gpt_oss(tmp_path / "bad", seed=1.5, **SMALL)
+    assert not (tmp_path / "bad" / "config.json").exists()
     root = _write(tmp_path, rng, num_layers=1)
     with pytest.raises(FileExistsError, match="already holds a config.json"):
         _write(tmp_path, rng, num_layers=1)

@@ -834,9 +834,9 @@ def write_synthetic_gpt_oss(
     layers written. ``dst`` is created (it must not hold a config.json already); the files are written into a
     temporary folder in it and renamed into place, config.json last, so a failure leaves no partial checkpoint.
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
-    or heads that are not a multiple of the k / v heads; :class:`CheckpointError` (a ValueError) for a
-    ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``, ``intermediate_size``, ``vocab_size`` or attention
-    size that is not a positive int (named by its config.json key: ``num_hidden_layers``, ``num_local_experts``,
+    or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None;
+    :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
+    ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json key: ``num_hidden_layers``, ``num_local_experts``,
     ``num_experts_per_tok``, ...); FileExistsError when ``dst`` already holds a config.json.
     """
     from safetensors.torch import save_file
@@ -853,14 +853,20 @@ def write_synthetic_gpt_oss(
     if num_attention_heads % num_key_value_heads:
         raise ValueError(f"{num_attention_heads=} must be a multiple of {num_key_value_heads=} (grouped-query "
                          f"attention shares each k / v head among a whole number of q heads)")
-    lo, hi = scale_range
-    if not 0 <= lo <= hi <= 254:
-        raise ValueError(f"scale_range={scale_range} must be finite E8M0 bytes lo <= hi in 0..254")
+    pair = tuple(scale_range) if isinstance(scale_range, (tuple, list)) else ()
+    if len(pair) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 254 for b in pair) \
+            or pair[0] > pair[1]:  # (a float, None or a str raised from inside torch.randint or the unpacking)
+        raise ValueError(f"scale_range={scale_range!r} must be two finite E8M0 bytes (ints) lo <= hi in 0..254")
+    lo, hi = pair
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
     if hidden_size % BLOCK or intermediate_size % BLOCK:
         raise ValueError(f"{hidden_size=} and {intermediate_size=} must be multiples of {BLOCK}")
     if vocab_size < 2 or not 1 <= top_k <= num_experts:
         raise ValueError(f"need vocab_size >= 2 and 1 <= top_k <= num_experts, got {vocab_size=} {top_k=} "
                          f"{num_experts=}")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:  # (before the model is drawn)
+        raise ValueError(f"shards={shards!r} must be a positive int")
     if (dst / "config.json").exists():
         raise FileExistsError(f"{str(dst)!r} already holds a config.json")
     config = json.loads(json.dumps(REAL_20B_CONFIG))

@@ -577,6 +577,11 @@ def test_write_text_atomic_and_check_writable_of_a_dotdot_path(tmp_path, monkeyp
         assert out.stat().st_mode & 0o777 == 0o640 and out.read_text() == "newer\n"
     finally:
         os.umask(old_umask)
+    # a symbolic link is written through (the rename replaced the link and left its target stale)
+    link = tmp_path / "link.json"
+    link.symlink_to(out)
+    write_text_atomic(check_writable(link), "through\n")
+    assert link.is_symlink() and out.read_text() == "through\n"
 
 
 @pytest.mark.gpu

@@ -52,11 +52,14 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
 def write_text_atomic(path: Union[str, Path], text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (its
     folders made first). The file gets the mode of the one it replaces, else that of a new file under the umask
-    (``mkstemp`` makes its file 0600: results another user or service could not read)."""
+    (``mkstemp`` makes its file 0600: results another user or service could not read). A symbolic link is written
+    through: its target gets the text and the link stays (the rename replaced the link and left the target stale)."""
     import os
     import tempfile
 
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = path.stat().st_mode & 0o7777

@@ -986,6 +986,21 @@ def test_hf_moe_layer_matches_float64(tmp_path, rng, dtype):
         assert err <= MOE_TOL[dtype], (moe.layer, err)
 
 
+def test_model_loaders_check_the_other_tensors_dtypes(tmp_path, rng):
+    """A tensor outside the experts with an integer dtype (every one is bf16 in a real checkpoint) raises
+    CheckpointError naming it, its file and its dtype in both model loaders (load_hf_model cast it to float
+    silently; load_gpt_oss_model failed inside torch)."""
+    pytest.importorskip("transformers")
+    from mxkit.nn import load_gpt_oss_model
+
+    root = _write(tmp_path, rng, shards=2)
+    name = "model.layers.0.input_layernorm.weight"
+    _rewrite(_file_of(root, name), _set(name, lambda v: torch.arange(v.numel(), dtype=torch.int32)))
+    for load in (gpt_oss.load_hf_model, load_gpt_oss_model):
+        with pytest.raises(CheckpointError, match=rf"{name} in .*: dtype I32, expected a float dtype"):
+            load(root, dtype=torch.float32, progress=False)
+
+
 def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
     """load_gpt_oss_model: every MoE block an MXMoE whose buffers are the directory's expert bytes (never dense: no
     GptOssExperts left, nothing on meta), every other parameter the directory's, and the logits, every hidden state

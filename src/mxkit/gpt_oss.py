@@ -367,6 +367,15 @@ class _Reader:
                                   "(from config.json)")
         return self.tensor(name)
 
+    def float_tensor(self, name: str) -> torch.Tensor:
+        """A tensor outside the MoE experts (every one of GPT-OSS's is bf16 in the real checkpoints): a floating
+        dtype is checked in its header (an integer one was cast to float silently, or failed inside torch)."""
+        _, got = self.meta(name)
+        if got not in _FLOAT_DTYPES + ("F64",):
+            raise CheckpointError(f"{name} in {str(self._file_of(name))!r}: dtype {got}, expected a float dtype "
+                                  f"({' / '.join(_FLOAT_DTYPES + ('F64',))})")
+        return self.tensor(name)
+
     def nbytes(self, name: str) -> int:
         shape, dtype = self.meta(name)
         if dtype in _DTYPE_BYTES:
@@ -1145,7 +1154,7 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     with contextlib.ExitStack() as stack:
         reader = _Reader(ckpt.path, stack)
         moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
-        load({name: reader.tensor(name) for name in reader.weight_map if name not in moe_names})
+        load({name: reader.float_tensor(name) for name in reader.weight_map if name not in moe_names})
     if getattr(model.config, "tie_word_embeddings", False) and tie_head(model, "lm_head.weight" in loaded, ckpt.path):
         loaded.add("lm_head.weight")  # (a tied head is the loaded embedding: not missing from the directory)
     missing = [k for k in model.state_dict() if k not in loaded]

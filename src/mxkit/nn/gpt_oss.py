@@ -104,8 +104,8 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
         moe_names = {moe_tensor_name(m.layer, r) for m in ckpt.layers for r in MOE_ROLES}
         for name in reader.weight_map:
             if name not in moe_names:
-                t = reader.tensor(name)  # (assign=True keeps what it is given: cast here, floats only)
-                state[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                t = reader.float_tensor(name)  # (assign=True keeps what it is given: cast here)
+                state[name] = t.to(device=device, dtype=dtype)
         try:
             result = model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:  # shape mismatches, listed by torch with the parameter names

@@ -325,7 +325,7 @@ def test_synthetic_writer_documented_config_and_scale_range(tmp_path, rng):
         s = tensors[moe_tensor_name(0, f"{proj}_scales")]
         assert torch.equal(torch.bincount(s.reshape(-1).long(), minlength=256).nonzero().flatten(),
                            torch.tensor([120, 121])), proj  # (768 / 1536 bytes: both values, surely)
-    with pytest.raises(ValueError, match=r"scale_range=\(130, 120\) must be finite E8M0 bytes lo <= hi"):
+    with pytest.raises(ValueError, match=r"scale_range=\(130, 120\) must be two finite E8M0 bytes \(ints\) lo <= hi"):
         _write(tmp_path, rng, "bad", num_layers=1, scale_range=(130, 120))
     assert not (tmp_path / "bad").exists()
 

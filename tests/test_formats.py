@@ -389,9 +389,16 @@ def test_codecs_refuse_values_that_are_not_theirs(rng):
         encode_elements(torch.ones(2, dtype=torch.float64), "mxfp4")
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
         shared_exponent(torch.ones(2, dtype=torch.float64), "mxfp4", "floor")
-    for bad in (torch.ones(2), torch.ones(2, dtype=torch.bool)):
+    for bad in (torch.ones(2), torch.ones(2, dtype=torch.bool), [1, 2]):
         with pytest.raises(TypeError, match="element codes"):
             decode_elements(bad, "mxfp8")
+    # (non-tensors raised AttributeError: 'list' object has no attribute 'dtype')
+    with pytest.raises(TypeError, match="encode_elements takes a float32, bfloat16 or float16 tensor, got list"):
+        encode_elements([1.0, 2.0], "mxfp4")
+    with pytest.raises(TypeError, match="shared_exponent takes a float32, bfloat16 or float16 tensor, got list"):
+        shared_exponent([1.0], "mxfp4", "floor")
+    with pytest.raises(TypeError, match="E8M0 scales must be a uint8 or float8_e8m0fnu tensor, got list"):
+        F.e8m0_to_float32([127])
     for fmt, view in (("mxfp8_e4m3", torch.float8_e4m3fn), ("mxfp8_e5m2", torch.float8_e5m2)):
         codes = torch.randint(0, 256, (64,), generator=rng, dtype=torch.int32).to(torch.uint8)
         assert _same_values(decode_elements(codes.view(view), fmt).numpy(), decode_elements(codes, fmt).numpy())

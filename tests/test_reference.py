@@ -347,6 +347,17 @@ def test_dequantize_output_dtypes(rng):
     assert dequantize_reference(q, None).dtype == torch.float32
     with pytest.raises(TypeError, match="int32"):
         dequantize_reference(q, torch.int32)
+    # a dtype's name is no dtype (the message read "dtype=float32 is not supported; expected float32, ...")
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype .* or None, got str 'float32'"):
+        mxkit.dequantize(q, "float32")
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype .* or None, got str 'bfloat16'"):
+        mxkit.matmul(torch.randn(2, 256), mxkit.quantize(torch.randn(4, 256), "mxfp4"), out_dtype="bfloat16")
+    with pytest.raises(TypeError, match="dtype='float32': torch.float32"):
+        mxkit.quantize_fp8_rowwise(x).dequantize("float32")
+    # expected_shapes takes a format's name, and an axis out of range is an error (axis 2 of 2-D gave axis 0's)
+    assert mxkit.MXTensor.expected_shapes((4, 64), 1, "mxfp4", 32) == ((4, 32), (4, 2))
+    with pytest.raises(ValueError, match=r"axis 2 is out of range for a 2-D shape \(4, 64\)"):
+        mxkit.MXTensor.expected_shapes((4, 64), 2, "mxfp4", 32)
 
 
 def test_ops_quantize_on_cpu_is_the_reference(rng):

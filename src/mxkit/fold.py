@@ -185,6 +185,10 @@ def _folded_from_codes(codes, dtype, scale, owner, fmt, lead_shape) -> Folded:
     return Folded(codes.view(dtype), scale, owner, fmt, lead_shape)
 
 
+# torch.load with weights_only (its default) takes a saved Folded, as it takes an MXTensor
+torch.serialization.add_safe_globals([Folded, _folded_from_codes])
+
+
 # pytree: data, scale and owner are the leaves (tree maps reach them, e.g. a PackedWeight's .to by tree_map),
 # fmt and lead_shape the context
 pytree.register_pytree_node(Folded, lambda f: ([f.data, f.scale, f.owner], (f.fmt, f.lead_shape)),

@@ -288,6 +288,8 @@ def _exp2_f32(e: torch.Tensor) -> torch.Tensor:
 
 
 def _check_float_input(t: torch.Tensor, who: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{who} takes a float32, bfloat16 or float16 tensor, got {type(t).__name__}")
     if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"{who} takes float32, bfloat16 or float16 values, got {t.dtype}")
 
@@ -347,8 +349,9 @@ def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
     Byte 0 decodes to 2^-127, an fp32 denormal, exactly. Raises TypeError for any other dtype (a wider
     integer or float tensor is not a tensor of E8M0 bytes).
     """
-    if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
-        raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {scale.dtype}")
+    if not isinstance(scale, torch.Tensor) or scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
+        raise TypeError(f"E8M0 scales must be a uint8 or float8_e8m0fnu tensor, got "
+                        f"{getattr(scale, 'dtype', type(scale).__name__)}")
     s = bitcast(scale, torch.uint8) if scale.dtype != torch.uint8 else scale
     v = _exp2_f32(s.to(torch.int32) - E8M0_BIAS)
     return torch.where(s == E8M0_NAN, torch.full_like(v, float("nan")), v)
@@ -408,6 +411,8 @@ def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     Raises TypeError for any other floating, bool or complex dtype (its values are not codes).
     """
     f = get_format(fmt)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"decode_elements takes a tensor of element codes (uint8), got {type(codes).__name__}")
     if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8):  # (int8: the bytes, two's complement)
         codes = bitcast(codes, torch.uint8)
     elif codes.dtype == torch.bool or codes.dtype.is_floating_point or codes.dtype.is_complex:

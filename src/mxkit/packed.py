@@ -75,8 +75,9 @@ class Fp8Rowwise:
         """``data.float() * scale`` (..., K) in float32, then cast to ``dtype`` (float32 | bfloat16 | float16; round
         to nearest even); for float64 the product in float64, exact (4 significant bits times 24), as
         :meth:`MXTensor`'s float64 dequantize is. Raises TypeError for another dtype."""
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-            raise TypeError(f"dtype={dtype}: float32, bfloat16, float16 or float64")
+        if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.bfloat16, torch.float16,
+                                                               torch.float64):
+            raise TypeError(f"dtype={dtype!r}: torch.float32, bfloat16, float16 or float64")
         if dtype == torch.float64:
             return self.data.to(torch.float64) * self.scale.to(torch.float64)
         return (self.data.to(torch.float32) * self.scale).to(dtype)
@@ -289,3 +290,6 @@ pytree.register_pytree_node(PackedWeight, _packed_flatten, _packed_unflatten,
                             serialized_type_name="mxkit.PackedWeight")
 pytree.register_pytree_node(Fp8Rowwise, lambda t: ([t.data, t.scale], None),
                             lambda leaves, ctx: Fp8Rowwise(*leaves), serialized_type_name="mxkit.Fp8Rowwise")
+
+# torch.load with weights_only (its default) takes a saved Fp8Rowwise or PackedWeight, as it takes an MXTensor
+torch.serialization.add_safe_globals([Fp8Rowwise, _fp8_rowwise_from_codes, PackedWeight])

@@ -237,12 +237,16 @@ class MXTensor:
         return make
 
     @staticmethod
-    def expected_shapes(shape, axis: int, fmt: ElementFormat, block_size: int) -> tuple[tuple, tuple]:
+    def expected_shapes(shape, axis: int, fmt: FormatLike, block_size: int) -> tuple[tuple, tuple]:
         """(qdata's shape, the plain scale's shape) of an MXTensor of logical ``shape`` blocked along ``axis``:
         the other dimensions in order, then the packed bytes of the axis (``n * pack_bytes // pack``: n / 2 for
-        FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes; a negative ``axis`` counts from the end. No
-        checks: the caller validates n."""
+        FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes; a negative ``axis`` counts from the end; ``fmt``
+        a format or its name. Raises ValueError for an axis out of range (it wrapped around); the caller validates
+        n."""
         shape = tuple(shape)
+        fmt = get_format(fmt)
+        if not -len(shape) <= axis < len(shape):
+            raise ValueError(f"axis {axis} is out of range for a {len(shape)}-D shape {shape}")
         axis %= len(shape)
         lead = shape[:axis] + shape[axis + 1 :]
         n = shape[axis]
@@ -357,6 +361,9 @@ pytree.register_pytree_node(
 
 def check_out_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
     dtype = torch.float32 if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype):  # (a name: "dtype=float32 is not supported; expected float32, ...")
+        raise TypeError(f"dtype must be a torch.dtype (torch.float32, torch.bfloat16, torch.float16 or "
+                        f"torch.float64) or None, got {type(dtype).__name__} {dtype!r}")
     if dtype not in SUPPORTED_OUTPUT_DTYPES:
         raise TypeError(f"dtype={dtype} is not supported; expected float32, bfloat16, float16 or float64")
     return dtype

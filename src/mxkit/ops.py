@@ -638,10 +638,12 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, backend: str = "auto") -> Fp8Rowwis
     byte in one pass over x (:func:`mxkit.kernels.quantize.quantize_fp8_rowwise_triton`).
 
     x: (..., K) float32 | bfloat16 | float16. Returns :class:`mxkit.Fp8Rowwise` (data (..., K), scale (..., 1)).
-    A row holding NaN gets a NaN scale and NaN codes (0x7F). Not differentiable on any device (as an MXTensor's
-    bytes): :func:`matmul` gives a float ``a`` its gradient; a layer that quantizes its input
-    (:class:`mxkit.nn.MXLinear` with ``act_format="fp8_e4m3_rowwise"``) passes it straight through. Raises TypeError
-    on other dtypes, ValueError on a 0-dim x, an unknown backend, or ``backend="triton"`` on a tensor not on CUDA.
+    A row holding NaN gets a NaN scale and NaN codes (0x7F); one holding ±Inf (no NaN) an Inf scale, the Inf
+    elements NaN codes and the others ±0, so it dequantizes to NaN, as an MX block holding Inf. Not
+    differentiable on any device (as an MXTensor's bytes): :func:`matmul` gives a float ``a`` its gradient; a
+    layer that quantizes its input (:class:`mxkit.nn.MXLinear` with ``act_format="fp8_e4m3_rowwise"``) passes it
+    straight through. Raises TypeError on other dtypes, ValueError on a 0-dim x, an unknown backend, or
+    ``backend="triton"`` on a tensor not on CUDA.
     """
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"x must be a float32 / bfloat16 / float16 tensor, got {getattr(x, 'dtype', type(x))}")

@@ -31,8 +31,11 @@ class Fp8Rowwise:
     """FP8 E4M3 activations with one float32 scale per row: value = ``data.float() * scale``.
 
     data: torch.float8_e4m3fn (..., K); scale: float32 (..., 1). Made by :func:`mxkit.quantize_fp8_rowwise`
-    (scale = row amax / 448, TensorRT-LLM's per-token FP8) or by the caller. Raises TypeError / ValueError
-    on wrong dtypes, shapes or devices.
+    (scale = row amax / 448, TensorRT-LLM's per-token FP8) or by the caller. A GEMM applies each row's scale to
+    the row's sums (as cuBLAS's rowwise FP8 GEMM does): a caller's infinite scale over finite codes gives ±Inf
+    where the dequantized operands' product has NaN (0 · Inf). (quantize_fp8_rowwise gives a row holding ±Inf an
+    Inf scale and the Inf element a NaN code, so such a row is NaN both ways.)
+    Raises TypeError / ValueError on wrong dtypes, shapes or devices.
     """
 
     data: torch.Tensor

@@ -335,6 +335,52 @@ def test_fused_output_without_a_graph_is_not_served_to_a_grad_call(first, rng):
     assert torch.allclose(x.grad, w.sum(0).expand(4, 64))
 
 
+def test_fused_output_is_not_served_to_a_dual_input(rng):
+    """A dual tensor (forward mode) is a view of its primal with the same pointer, shape, strides and version: a
+    part called with it after a sibling's plain call recomputes, and its tangent is the unfused layer's (the
+    cached output, made without a tangent, was served: tangent None). Two duals of one primal get their own."""
+    import torch.autograd.forward_ad as fwad
+
+    layers = [MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)]
+    group = FusedMXLinear(layers)
+    x, t1, t2 = (torch.randn(3, 64, generator=rng) for _ in range(3))
+    with fwad.dual_level():
+        want = [fwad.unpack_dual(layers[1](fwad.make_dual(x, t))).tangent for t in (t1, t2)]
+        group.output(x, 0)
+        got = fwad.unpack_dual(group.output(fwad.make_dual(x, t1), 1)).tangent
+        assert got is not None and torch.allclose(got, want[0], rtol=1e-6, atol=1e-6)
+        got = fwad.unpack_dual(group.output(fwad.make_dual(x, t2), 0)).tangent  # (part 0, served already: new)
+        assert got is not None
+        got = fwad.unpack_dual(group.output(fwad.make_dual(x, t2), 1)).tangent
+        assert torch.allclose(got, want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_fused_group_copies_and_pickles_after_compile(rng):
+    """A group compiled in place (``group.compile()``) deep-copies without the compiled call (the copy ran the
+    original's weights after loading others) and pickles (it raised PicklingError); bad constructor arguments
+    are named (they raised IndexError / "has no len()")."""
+    import copy
+    import pickle
+
+    mk = lambda: MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")  # noqa: E731
+    group, other = FusedMXLinear([mk(), mk()]), FusedMXLinear([mk(), mk()])
+    group.compile(backend="eager")
+    dup = copy.deepcopy(group)
+    assert "_compiled_call_impl" not in dup.__dict__
+    dup.load_state_dict(other.state_dict())
+    x = torch.randn(2, 64, generator=rng)
+    with torch.no_grad():
+        assert torch.equal(dup(x)[0], other(x)[0])
+        assert torch.equal(pickle.loads(pickle.dumps(group))(x)[0], group(x)[0])
+    with pytest.raises(ValueError, match=r"index=2 must be a part of the group: 0 \.\. 1"):
+        FusedPart(group, 2)
+    with pytest.raises(TypeError, match="FusedPart takes a FusedMXLinear, got MXLinear"):
+        FusedPart(mk(), 0)
+    for bad in ((m for m in (mk(), mk())), mk()):
+        with pytest.raises(TypeError, match="FusedMXLinear takes a sequence of MXLinear layers"):
+            FusedMXLinear(bad)
+
+
 def test_fuse_siblings_fuses_members_shared_by_two_parents_once(rng):
     """Tied layers: two parents holding the same MXLinear objects get one FusedMXLinear, registered on both (one
     copy of the stacked weight, as the members were one copy), with the unfused outputs."""

@@ -42,9 +42,10 @@ from typing import Iterable, Sequence
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad as _fwad
 
 from .._device import exporting
-from ..ops import needs_grad
+from ..ops import has_tangent, needs_grad
 from . import _ops
 from .linear import MXLinear, _hooked
 
@@ -66,6 +67,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
 
     def __init__(self, layers: Sequence[MXLinear]):
         super().__init__()
+        if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList) or not hasattr(layers, "__len__"):
+            # (one layer or a generator: "object ... has no len()")
+            raise TypeError(f"FusedMXLinear takes a sequence of MXLinear layers, got {type(layers).__name__}")
+        layers = list(layers)
         if len(layers) < 2 or not all(isinstance(m, MXLinear) for m in layers):
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
         first = layers[0]
@@ -99,7 +104,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         _ops.register(self)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = super().__getstate__()  # (nn.Module's: without a compiled call, which a copy kept and pickle refused)
         state["_last"] = None  # (a weak reference: not picklable, and nothing to keep across a copy)
         state["_traced"] = [None]
         return state
@@ -115,6 +120,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             view = (x.data_ptr(), x.shape, x.stride())  # a view is keyed by its base object and its geometry
         except RuntimeError:
             # no storage (functorch's vmap wraps x in a BatchedTensor): no key to reuse the output by
+            return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])
+        if _fwad._current_level >= 0 and has_tangent(x):
+            # a dual tensor is a view of its primal with the same key: its tangent is not in the key (an output made
+            # without one was reused), so no reuse
             return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])
         ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
         src = x if x._base is None else x._base
@@ -181,6 +190,10 @@ class FusedPart(nn.Module):
 
     def __init__(self, group: FusedMXLinear, index: int):
         super().__init__()
+        if not isinstance(group, FusedMXLinear):
+            raise TypeError(f"FusedPart takes a FusedMXLinear, got {type(group).__name__}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(group.splits):
+            raise ValueError(f"index={index!r} must be a part of the group: 0 .. {len(group.splits) - 1}")
         self.__dict__["group"] = group  # not a submodule: the weights live once, under the group's own name
         self.index = index
         self.in_features = group.fused.in_features

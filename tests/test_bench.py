@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -152,6 +153,13 @@ def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
     if _has("matplotlib"):
         path, note = output.write_chart(rows, tmp_path / "c.png", **kw)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart" in note
+        # whole or not at all: a write that fails leaves the chart before it (savefig to the path truncated it)
+        before = path.read_bytes()
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(27, "File too large")))
+            with pytest.raises(OSError, match="File too large"):
+                output.write_chart(rows, path, **dict(kw, title="another"))
+        assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.png"]
         path, note = output.write_chart(rows, tmp_path / "e.png", **dict(kw, is_main=lambda r: r.impl == "nobody"))
         assert path is None and "no rows" in note and not (tmp_path / "e.png").exists()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError

@@ -6,6 +6,7 @@ import fnmatch
 import functools
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -427,6 +428,13 @@ def test_write_rows_json_csv_and_print(tmp_path, capsys):
     assert list(got[0]) == list(ev.ROW_COLUMNS) and got[1]["cos_mean"] == "0.9" and got[0]["scale_mode"] == ""
     with pytest.raises(ValueError, match=r"\.json or \.csv"):
         ev.write_rows(rows, tmp_path / "r.txt")
+    # whole or not at all: a write that fails leaves the file before it (it was truncated mid-write)
+    before = (tmp_path / "r.json").read_bytes()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(27, "File too large")))
+        with pytest.raises(OSError, match="File too large"):
+            ev.write_rows(rows[:1], tmp_path / "r.json")
+    assert (tmp_path / "r.json").read_bytes() == before
     ev.print_rows(rows, title="T", use_rich=False)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "T" and out[1].split() == ["format", "scale_mode", "qsnr_mean_db", "cos_mean"]

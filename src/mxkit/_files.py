@@ -50,10 +50,15 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
 
 
 def write_text_atomic(path: Union[str, Path], text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (its
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: :func:`write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Union[str, Path], data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (its
     folders made first). The file gets the mode of the one it replaces, else that of a new file under the umask
     (``mkstemp`` makes its file 0600: results another user or service could not read). A symbolic link is written
-    through: its target gets the text and the link stays (the rename replaced the link and left the target stale)."""
+    through: its target gets the data and the link stays (the rename replaced the link and left the target stale)."""
     import os
     import tempfile
 
@@ -70,8 +75,8 @@ def write_text_atomic(path: Union[str, Path], text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -44,6 +44,7 @@ import copy
 import csv
 import fnmatch
 import functools
+import io
 import json
 import math
 import os
@@ -57,6 +58,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ._files import write_text_atomic
 from .formats import FORMATS, Rounding, ScaleMode, get_format
 from .gpt_oss import is_gpt_oss_mxfp4_dir
 from .nn import MXMoE, load_gpt_oss_model, quantize_model
@@ -603,13 +605,14 @@ def write_rows(rows: list[dict], path: Union[str, Path]) -> Path:
         raise ValueError(f"--out must end in .json or .csv, got {str(path)!r}")
     clean = [{c: (None if isinstance(r.get(c), float) and not math.isfinite(r[c]) else r.get(c))
               for c in ROW_COLUMNS} for r in rows]
-    path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
-        path.write_text(json.dumps(clean, indent=2) + "\n")
+        text = json.dumps(clean, indent=2) + "\n"
     else:
-        with path.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(ROW_COLUMNS))
-            w.writeheader()
-            for r in clean:
-                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        fh = io.StringIO(newline="")
+        w = csv.DictWriter(fh, fieldnames=list(ROW_COLUMNS))
+        w.writeheader()
+        for r in clean:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        text = fh.getvalue()
+    write_text_atomic(path, text)  # (whole or not at all: a failed write left a truncated file)
     return path

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .._files import check_writable, write_text_atomic
+from .._files import check_writable, write_bytes_atomic, write_text_atomic
 
 
 def progress(msg: str) -> None:
@@ -216,6 +216,8 @@ def write_chart(rows: Sequence[Any], path: Path, *, value: str, ylabel: str, tit
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(_folder_made(path), dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format=Path(path).suffix.lstrip(".") or "png", dpi=110)
     plt.close(fig)
+    write_bytes_atomic(_folder_made(path), png.getvalue())  # (whole or not at all: savefig left a truncated file)
     return Path(path), f"chart: {path}"

@@ -141,6 +141,9 @@ def test_eval_smoke_real_minilm(tmp_path, capsys, monkeypatch):
     (["--formats", "mxfp4,mxfp4_e2m1"], "--formats names 'mxfp4' and 'mxfp4_e2m1': the same item twice"),
     (["--scale-modes", "floor,FLOOR"], "--scale-modes names 'floor' and 'FLOOR': the same item twice"),
     (["--threads", "100000"], "--threads must be between 1 and this machine's"),
+    (["--act-format", "mxfp9"], "--act-format: unknown MX format 'mxfp9'"),  # (its known list lacked fp8_e4m3_rowwise)
+    (["--act-format", "mxfp9"], "or fp8_e4m3_rowwise"),
+    (["--out", "TMP/r.json", "--out", "TMP/./r.json"], "--out names 'TMP/r.json' and 'TMP/./r.json': the same item"),
 ])
 def test_eval_refuses_bad_arguments_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     from mxkit import evaluate as ev

@@ -114,7 +114,11 @@ def _cmd_eval(args) -> int:
     _no_repeats([get_format(f).name for f in formats], formats, "--formats")
     _no_repeats([ScaleMode.parse(m) for m in modes], modes, "--scale-modes")
     if args.act_format is not None and args.act_format.lower() != "fp8_e4m3_rowwise":
-        get_format(args.act_format)
+        try:
+            get_format(args.act_format)
+        except ValueError as e:  # (get_format's known list lacks the one name that is no MX format)
+            raise ValueError(f"--act-format: {e}; or fp8_e4m3_rowwise (FP8 with a float32 scale per row)") from None
+    _no_repeats([Path(o).resolve() for o in args.out or []], args.out or [], "--out")  # (written twice before)
     for out in args.out or []:
         if Path(out).suffix.lower() not in (".json", ".csv"):
             raise ValueError(f"--out must end in .json or .csv, got {out!r}")

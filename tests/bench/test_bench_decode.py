@@ -307,6 +307,11 @@ def test_quantize_head_and_failed_runs(monkeypatch, capsys):
     (["--layers", "0"], "invalid positive value"),
     (["--formats", "bf16,mxfp4,mxfp4_e2m1"], "lists 'mxfp4_e2m1' twice"),
     (["--batches", "1,16,1"], "lists 1 twice"),
+    # (out of range: accepted, then every row failed and the command exited 1)
+    (["--batches", "1,9223372036854775808"], "is too large (at most 2147483647)"),
+    (["--prompt", "9223372036854775808"], "invalid positive value"),
+    (["--seed", "99999999999999999999"], "invalid seed value"),
+    (["--seed", "-1"], "invalid seed value"),
 ])
 def test_bad_options_are_usage_errors(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:

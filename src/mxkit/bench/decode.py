@@ -459,6 +459,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             raise ValueError(f"{s!r} is not an integer") from None
         if v < 1:
             raise ValueError(f"{s} is not a positive integer")
+        if v >= 2**31:  # (a run of 2^31 tokens or rows is no run: they failed at the first row, exit 1)
+            raise ValueError(f"{s} is too large (at most {2**31 - 1})")
+        return v
+
+    def seed(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise ValueError(f"{s!r} is not an integer") from None
+        if not 0 <= v < 2**63:  # (torch.manual_seed's range; outside it every row failed, exit 1)
+            raise ValueError(f"{s} is not a seed in 0 .. 2^63 - 1")
         return v
 
     p.add_argument("--model", type=timing.choice("model", MODELS), default="llama-3-8b",
@@ -489,7 +500,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="interleaved: every format's model held at once, repeat k of each format before repeat "
                         "k + 1, x bf16 from the per-repeat ratios; sequential: one model at a time (the memory of "
                         "one) (default interleaved)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random weights and prompts (default 0)")
     p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
     p.add_argument("--list", action="store_true", help="print the runs and exit (no GPU needed)")

@@ -121,6 +121,9 @@ def test_no_backend_option_and_none_in_the_header(monkeypatch, capsys):
     from mxkit.bench import timing
 
     monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (4000.0, 3800.0, 1 << 30))
+    with pytest.raises(SystemExit) as e:  # (none with a peer read "unknown peer 'none'", which help lists)
+        parse("--peers", "none,cublas-loop")
+    assert e.value.code == 2 and "'none' (no peers) goes alone" in capsys.readouterr().err
     args = parse("--peers", "none", "--plain")
     rc = timing.run_benchmark(args, [], moe.IMPLS, what="t", stem="bench_moe", peers=(), columns=moe.table_columns(()),
                               ref_impl=moe.REF_IMPL, title="T", device="cpu")

@@ -156,8 +156,15 @@ def nonnegative_int(text: str) -> int:
 
 
 def peers_arg(what: str, known) -> Callable[[str], tuple]:
-    """``--peers``: a comma list of ``known`` names, or ``none``."""
-    return lambda text: () if text.strip() == "none" else csv_arg(choice(what, known))(text)
+    """``--peers``: a comma list of ``known`` names, or ``none`` alone."""
+    def parse(text: str) -> tuple:
+        if text.strip() == "none":
+            return ()
+        if "none" in (t.strip() for t in text.split(",")):  # (it read "unknown peer 'none'", which help lists)
+            raise argparse.ArgumentTypeError(f"{text!r}: 'none' (no peers) goes alone, not with other {what}s")
+        return csv_arg(choice(what, known))(text)
+
+    return parse
 
 
 def no_cuda(what: str, hint: str = "'--list' shows the cases without a GPU") -> int:

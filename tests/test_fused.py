@@ -348,11 +348,11 @@ def test_fused_output_is_not_served_to_a_dual_input(rng):
         want = [fwad.unpack_dual(layers[1](fwad.make_dual(x, t))).tangent for t in (t1, t2)]
         group.output(x, 0)
         got = fwad.unpack_dual(group.output(fwad.make_dual(x, t1), 1)).tangent
-        assert got is not None and torch.allclose(got, want[0], rtol=1e-6, atol=1e-6)
+        assert got is not None and torch.allclose(got, want[0], rtol=1e-5, atol=1e-5)
         got = fwad.unpack_dual(group.output(fwad.make_dual(x, t2), 0)).tangent  # (part 0, served already: new)
         assert got is not None
         got = fwad.unpack_dual(group.output(fwad.make_dual(x, t2), 1)).tangent
-        assert torch.allclose(got, want[1], rtol=1e-6, atol=1e-6)
+        assert torch.allclose(got, want[1], rtol=1e-5, atol=1e-5)
 
 
 def test_fused_group_copies_and_pickles_after_compile(rng):

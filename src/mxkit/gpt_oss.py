@@ -91,6 +91,7 @@ BLOCK_BYTES = 16  # bytes of one block's codes
 MOE_ROLES = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
              "down_proj_blocks", "down_proj_scales", "down_proj_bias", "router.weight", "router.bias")
 _FLOAT_DTYPES = ("BF16", "F16", "F32")
+_ANY_FLOAT_DTYPES = _FLOAT_DTYPES + ("F64",)  # (the tensors outside the experts: _Reader.float_tensor)
 _TORCH_DTYPE_NAMES = {torch.uint8: "U8", torch.int8: "I8", torch.bfloat16: "BF16", torch.float16: "F16",
                       torch.float32: "F32", torch.float64: "F64", torch.int16: "I16", torch.int32: "I32",
                       torch.int64: "I64", torch.bool: "BOOL"}
@@ -371,9 +372,9 @@ class _Reader:
         """A tensor outside the MoE experts (every one of GPT-OSS's is bf16 in the real checkpoints): a floating
         dtype is checked in its header (an integer one was cast to float silently, or failed inside torch)."""
         _, got = self.meta(name)
-        if got not in _FLOAT_DTYPES + ("F64",):
+        if got not in _ANY_FLOAT_DTYPES:
             raise CheckpointError(f"{name} in {str(self._file_of(name))!r}: dtype {got}, expected a float dtype "
-                                  f"({' / '.join(_FLOAT_DTYPES + ('F64',))})")
+                                  f"({' / '.join(_ANY_FLOAT_DTYPES)})")
         return self.tensor(name)
 
     def nbytes(self, name: str) -> int:
@@ -845,8 +846,8 @@ def write_synthetic_gpt_oss(
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
     or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None;
     :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
-    ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json key: ``num_hidden_layers``, ``num_local_experts``,
-    ``num_experts_per_tok``, ...); FileExistsError when ``dst`` already holds a config.json.
+    ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json
+    key: ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst`` already holds a config.json.
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
@@ -1124,8 +1125,8 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     tensor is loaded: the experts through :func:`load_gpt_oss` and :func:`hf_state_dict`, dequantized on ``device``
     (one GPT-OSS-20B layer: about 80 s on 2 CPU cores, milliseconds on a GPU), all others as stored (cast to
     ``dtype``). Returns the model in eval mode on ``device``. Raises ValueError for a ``device`` that cannot hold it
-    (:func:`load_device`), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or when the directory and the model's parameters do not match
-    (naming them).
+    (:func:`load_device`), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory
+    or when the directory and the model's parameters do not match (naming them).
     """
     from transformers import AutoModelForCausalLM
 

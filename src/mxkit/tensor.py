@@ -92,6 +92,16 @@ def as_int(v):
     return v.__index__()
 
 
+def check_device_name(device, where: str) -> None:
+    """ValueError naming ``where`` for a ``device`` string torch does not parse (torch's bare RuntimeError named
+    no argument); anything else passes."""
+    if isinstance(device, str):
+        try:
+            torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{where}: {device!r} is not a device: {e}") from None
+
+
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
     gives values in a dtype) or a tensor; ValueError for a string that is not a device."""
@@ -101,11 +111,7 @@ def device_only(device, what: str, instead: str) -> None:
     if isinstance(device, torch.Tensor):
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
-    if isinstance(device, str):
-        try:
-            torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"{what}.to: {device!r} is not a device: {e}") from None
+    check_device_name(device, f"{what}.to")
 
 
 @dataclass(frozen=True, eq=False)

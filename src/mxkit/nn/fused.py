@@ -47,7 +47,7 @@ from torch.autograd import forward_ad as _fwad
 from .._device import exporting
 from ..ops import has_tangent, needs_grad
 from . import _ops
-from .linear import MXLinear, _hooked
+from .linear import MXLinear, _hooked, copied_dense_cache
 
 __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
 
@@ -87,7 +87,7 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                               act_format=first.act_format, scale_mode=first.scale_mode, rounding=first.rounding,
                               block_size=first.block_size, device=first.weight_qdata.device,
                               dtype=None if bias is None else bias.dtype,
-                              dense_cache=getattr(first, "dense_cache", None) if first.act_format is None else None)
+                              dense_cache=copied_dense_cache(first))
         with torch.no_grad():
             self.fused.weight_qdata.copy_(torch.cat([m.weight_qdata for m in layers]))
             self.fused.weight_scale.copy_(torch.cat([m.weight_scale for m in layers]))

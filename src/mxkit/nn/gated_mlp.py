@@ -31,7 +31,7 @@ from ..kernels.matmul_details import _mma_decode
 from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad
 from . import _ops
-from .linear import MXLinear, _hooked
+from .linear import MXLinear, _hooked, copied_dense_cache
 
 __all__ = ["MXGatedMLP", "fuse_gated_mlp", "GATED_MLP_NAMES"]
 
@@ -60,8 +60,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         self.intermediate_size = I
         self.gate_up = MXLinear(H, 2 * I, gate.weight_format, bias=False, act_format=gate.act_format,
                                 scale_mode=gate.scale_mode, rounding=gate.rounding, block_size=gate.block_size,
-                                device=gate.weight_qdata.device,
-                                dense_cache=getattr(gate, "dense_cache", None) if gate.act_format is None else None)
+                                device=gate.weight_qdata.device, dense_cache=copied_dense_cache(gate))
         with torch.no_grad():
             for name in ("weight_qdata", "weight_scale"):
                 g, u = getattr(gate, name), getattr(up, name)

@@ -50,7 +50,7 @@ from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_gra
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
-from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int
+from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int, check_device_name
 from ..kernels.matmul import a8w8_linear
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _linear_export, _ops
@@ -153,11 +153,7 @@ class MXLinear(_ops.Handled, nn.Module):
         # (NumPy integers as Python ints, as mxkit.quantize takes them)
         block_size, in_features, out_features = as_int(block_size), as_int(in_features), as_int(out_features)
         _check_block_size(block_size, fmt, act)
-        if isinstance(device, str):
-            try:
-                torch.device(device)
-            except RuntimeError as e:
-                raise ValueError(f"MXLinear: device={device!r} is not a device: {e}") from None
+        check_device_name(device, "MXLinear(device=...)")
         for name, n in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
                 raise ValueError(f"{name} must be a positive int for MXLinear, got {n!r}")
@@ -520,6 +516,12 @@ def check_format(module: nn.Module, state_dict, prefix: str, local_metadata: dic
         raise ValueError(f"{prefix[:-1] or type(module).__name__}: the state_dict holds {fmt} bytes (block_size {bs}); "
                          f"this {type(module).__name__} is {module.weight_format.name} (block_size "
                          f"{module.block_size}): build it with the saved format")
+
+
+def copied_dense_cache(layer: MXLinear) -> Optional[torch.dtype]:
+    """The ``dense_cache`` a layer made from ``layer`` (fused, gated, sharded) takes: its own, none where it
+    quantizes its input (an act_format set after construction: MXLinear refuses the two together)."""
+    return getattr(layer, "dense_cache", None) if layer.act_format is None else None
 
 
 def _check_block_size(block_size, fmt: ElementFormat, act) -> None:

@@ -73,7 +73,7 @@ from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
 from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from . import _ops
-from .linear import FP8_ROWWISE, MXLinear
+from .linear import FP8_ROWWISE, MXLinear, copied_dense_cache
 
 __all__ = ["ColumnParallelMXLinear", "RowParallelMXLinear", "shard_mxlinear", "STYLES"]
 
@@ -212,7 +212,7 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
                   bias=layer.bias is not None, act_format=layer.act_format, scale_mode=layer.scale_mode,
                   rounding=layer.rounding, block_size=layer.block_size, device=layer.weight_qdata.device,
                   dtype=None if layer.bias is None else layer.bias.dtype,
-                  dense_cache=getattr(layer, "dense_cache", None) if layer.act_format is None else None, **kwargs)
+                  dense_cache=copied_dense_cache(layer), **kwargs)
         fmt = layer.weight_format
         mod._fill(mod._local_weight(layer.weight_qdata, fmt.pack_bytes, fmt.pack),
                   mod._local_weight(layer.weight_scale, 1, layer.block_size), layer.bias)

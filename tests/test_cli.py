@@ -1,6 +1,7 @@
 """The `mxkit` CLI: formats, eval (real all-MiniLM-L6-v2), inspect, bench delegation, errors."""
 
 import csv
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -491,6 +492,7 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     (["--shapes", "8192x100"], "shape 8192x100: an NxK weight needs"),
     (["--shapes", "8192x8192,"], "--shapes must be NxK,NxK,... (got '8192x8192,')"),
     (["--shapes", ""], "--shapes must be NxK"),
+    (["--shapes", "64x64,128x64,64x64"], "shape 64x64 named twice"),
     (["--out", "/proc/t.json"], "--out '/proc/t.json' cannot be written"),
     (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
     (["--out", "TMP/table.txt"], "--out must be a .json file (the dispatch table), got 'TMP/table.txt'"),
@@ -613,7 +615,9 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
-        assert entry[key]["mid_max_m"] in (0,) + tune.MID_MS and entry[key]["mid_min_nk"] >= 0, (key, entry[key])
+        # (a mid pair the main envelope holds is dropped: tune.drop_contained)
+        assert entry[key].get("mid_max_m", 0) in (0,) + tune.MID_MS and entry[key].get("mid_min_nk", 0) >= 0, (
+            key, entry[key])
     assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
     assert entry["moe"]["mma_max_pairs"] in (0, 8, 64, 512), entry["moe"]
     assert entry["moe"]["mma_max_pairs_per_expert"] == entry["moe"]["mma_max_pairs"] // 8
@@ -790,6 +794,34 @@ def test_wgmma_envelope_choice():
     assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 512, "min_nk": 4096 * 4096}
     mid_wins[(*four, 512)] = False
     assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 256, "min_nk": 4096 * 4096}
+    # a mid pair the main envelope holds routes nothing: dropped (the H100's 512 on 2^26 inside 4096 on 2^26)
+    from mxkit.tune import drop_contained
+
+    main = {"max_m": 4096, "min_nk": 1 << 26, "small_max_m": 128, "small_min_nk": 1 << 20}
+    assert drop_contained({**main, "mid_max_m": 512, "mid_min_nk": 1 << 26}) == main
+    assert drop_contained({**main, "mid_max_m": 0, "mid_min_nk": 0}) == main
+    for kept in ({"mid_max_m": 512, "mid_min_nk": 1 << 24}, {"mid_max_m": 8192, "mid_min_nk": 1 << 26}):
+        assert drop_contained({**main, **kept}) == {**main, **kept}
+
+
+def test_tune_decode_configs_keep_the_k_class_not_measured():
+    """Shapes of one K class only: the other class keeps the schedule in force (merged into the packaged table, a
+    tuned ``configs`` replaces the packaged one whole: K <= 4096 layers took the K = 8192 schedule)."""
+    from mxkit.kernels.matmul_table import DecodeConfig, decode_config
+    from mxkit.tune import decode_configs
+
+    cpu = torch.device("cpu")
+    tuned = DecodeConfig(32, 128, 8, 4, 2)
+    logged = []
+    got = decode_configs([(8192, 8192)], lambda label, ks: tuned, cpu, logged.append)
+    assert got == [dict(k_max=4096, **dataclasses.asdict(decode_config(cpu, 4096))),
+                   dict(k_max=1 << 30, **dataclasses.asdict(tuned))]
+    assert len(logged) == 1 and "no shape of K <= 4096" in logged[0]
+    seen = []
+    got = decode_configs([(5120, 2880), (4096, 4096), (8192, 8192)], lambda label, ks: seen.append((label, ks)) or
+                         tuned, cpu, logged.append)
+    assert seen == [("K <= 4096", [(5120, 2880), (4096, 4096)]), ("K > 4096", [(8192, 8192)])]
+    assert [c["k_max"] for c in got] == [4096, 1 << 30] and len(logged) == 1
 
 
 def test_w8a16_envelope_choice():

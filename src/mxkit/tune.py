@@ -28,6 +28,7 @@ copy its keys into the packaged file.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -56,16 +57,19 @@ def _time(fn, rep_ms: float) -> float:
 
 
 def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
-    """Raises ValueError unless ``shapes`` is a non-empty list of (N, K) with N >= 1 and K a positive multiple of 32
-    (the MX block), naming the first bad shape."""
+    """Raises ValueError unless ``shapes`` is a non-empty list of distinct (N, K) with N >= 1 and K a positive
+    multiple of 32 (the MX block), naming the first bad or repeated shape (a repeat would weigh one shape twice in
+    the sums a schedule is chosen by)."""
     from .formats import BLOCK_SIZE
 
     if not shapes:
         raise ValueError("no shapes to tune on")
-    for s in shapes:
+    for i, s in enumerate(shapes):
         if len(s) != 2 or s[0] < 1 or s[1] < 1 or s[1] % BLOCK_SIZE:
             raise ValueError(f"shape {'x'.join(map(str, s))}: an NxK weight needs N >= 1 and K a positive multiple "
                              f"of {BLOCK_SIZE}")
+        if tuple(s) in map(tuple, shapes[:i]):
+            raise ValueError(f"shape {'x'.join(map(str, s))} named twice")
 
 
 def check_stages(stages: Optional[Sequence[str]]) -> tuple[str, ...]:
@@ -134,15 +138,8 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             write_text_atomic(out, json.dumps({**base, name: {**kept, **entry}}, indent=2) + "\n")
 
     if "decode_w4a16" in stages:
-        configs = []
-        for k_max, ks in ((4096, [s for s in shapes if s[1] <= 4096]),
-                          (1 << 30, [s for s in shapes if s[1] > 4096])):
-            if not ks:
-                continue
-            label = f"K <= {k_max}" if k_max == 4096 else "K > 4096"
-            best = _best_decode_config(label, ks, weights, g, rep_ms, log, dev)
-            configs.append(dict(k_max=k_max, **{f: getattr(best, f) for f in
-                                                ("block_n", "block_k", "split_k", "num_warps", "num_stages")}))
+        configs = decode_configs(shapes, lambda label, ks: _best_decode_config(label, ks, weights, g, rep_ms, log,
+                                                                              dev), dev, log)
         entry["decode_w4a16"] = {"max_m": 64, "configs": configs}
         with mm.gemm_table_override({name: entry}):
             entry["decode_w4a16"]["max_m"] = _envelope(
@@ -163,6 +160,23 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     if out is not None:
         log(f"wrote {out}")
     return table
+
+
+def decode_configs(shapes: Sequence[tuple[int, int]], best, device: torch.device, log=print) -> list[dict]:
+    """``decode_w4a16.configs`` for ``shapes``: per K class (K <= 4096, then K > 4096) the schedule ``best(label,
+    shapes of the class)`` returns (a :class:`~mxkit.kernels.matmul_table.DecodeConfig`), or, for a class no shape
+    measured, the one in force for it on ``device`` (logged): a table tuned on one class, merged into the packaged
+    one (whose ``configs`` it replaces whole), keeps the other's schedule."""
+    from .kernels.matmul_table import decode_config
+
+    configs = []
+    for k_max, label, k in ((4096, "K <= 4096", 4096), (1 << 30, "K > 4096", 4097)):
+        ks = [s for s in shapes if (s[1] <= 4096) == (k_max == 4096)]
+        cfg = best(label, ks) if ks else decode_config(device, k)
+        if not ks:
+            log(f"decode_w4a16: no shape of {label}; the schedule in force kept: {cfg}")
+        configs.append(dict(k_max=k_max, **dataclasses.asdict(cfg)))
+    return configs
 
 
 def _table_there(out: Path) -> dict:
@@ -589,8 +603,19 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] in WGMMA_MS})
     small = wgmma_envelope({key: won for key, won in wins.items() if key[2] in SMALL_MS}, SMALL_MS)
     mid = wgmma_envelope({key: won for key, won in wins.items() if key[2] in MID_MS}, MID_MS)
-    return {**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"], "mid_max_m": mid["max_m"],
-            "mid_min_nk": mid["min_nk"]}
+    return drop_contained({**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"],
+                           "mid_max_m": mid["max_m"], "mid_min_nk": mid["min_nk"]})
+
+
+def drop_contained(entry: dict) -> dict:
+    """A wgmma envelope ``entry`` without its ``mid_*`` pair where it routes nothing: ``mid_max_m`` 0 (it never won),
+    or the main envelope (``max_m`` on ``min_nk``) holds it (M no larger on weights no smaller), where it would read
+    as a GPU's own envelope; the ``small_*`` pair is kept (a GPU's entry that lacks it would take the packaged
+    default's)."""
+    mid_m, mid_nk = entry.get("mid_max_m", 0), entry.get("mid_min_nk", 0)
+    if mid_m <= 0 or (mid_m <= entry.get("max_m", 0) and mid_nk >= entry.get("min_nk", 0)):
+        return {k: v for k, v in entry.items() if k not in ("mid_max_m", "mid_min_nk")}
+    return entry
 
 
 MID_MS = (128, 256, 512)  # the third envelope's Ms (a subset of WGMMA_MS: no more timings; H200, session 62: the

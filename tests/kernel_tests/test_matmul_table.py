@@ -104,14 +104,131 @@ def test_table_override_is_per_thread_and_nests():
 
     t = threading.Thread(target=other)
     t.start()
-    with mt.gemm_table_override({"default": {"x": 1}}):
+    def strips(n):
+        return {"default": {"moe": {"mma_strips": n}}}
+
+    def held():
+        return mt.gemm_table()["default"]["moe"]["mma_strips"]
+
+    with mt.gemm_table_override(strips(1)):
         outer = mt._table_token()
-        assert mt.gemm_table()["default"]["x"] == 1 and outer != 0
-        with mt.gemm_table_override({"default": {"x": 2}}):
-            assert mt.gemm_table()["default"]["x"] == 2 and mt._table_token() not in (0, outer)
+        assert held() == 1 and outer != 0
+        with mt.gemm_table_override(strips(2)):
+            assert held() == 2 and mt._table_token() not in (0, outer)
             entered.set()
             checked.wait(10)
-        assert mt.gemm_table()["default"]["x"] == 1 and mt._table_token() == outer
+        assert held() == 1 and mt._table_token() == outer
     t.join(10)
     assert seen == {"table": packaged, "token": 0}
     assert mt.gemm_table() is packaged and mt._table_token() == 0
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({"decode_mmma": {"max_m": 16}}, "'decode_mmma' is not a key"),
+    ({"decode_mma": {"maxm": 16}}, "'maxm': not a field of 'decode_mma'"),
+    ({"decode_mma": {"max_m": "abc"}}, "'max_m': expected an int >= 0"),
+    ({"decode_mma": {"max_m": None}}, "'max_m': expected an int >= 0"),
+    ({"decode_mma": {"max_m": True}}, "'max_m': expected an int >= 0"),
+    ({"decode_mma": {"max_m": 15.9}}, "'max_m': expected an int >= 0"),
+    ({"decode_mma": {"max_m": -1}}, "'max_m': expected an int >= 0"),
+    ({"decode_mma": {"ring_min_k": "8k"}}, "'ring_min_k': expected an int >= 0 or null"),
+    ({"decode_mma": {"m8_loop": "x"}}, "'m8_loop': 'x' is not a loop"),
+    ({"moe": {"mma_strips": "2"}}, "'mma_strips': expected an int"),
+    ({"decode_w4a16": {"configs": {"k_max": 4096}}}, "'configs': expected a list"),
+    ({"decode_w4a16": {"configs": [{"k_max": 4096, "block_n": 64}]}}, r"'configs'\[0\]: expected a mapping of exactly"),
+    ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=-64, block_k=128, split_k=1, num_warps=4,
+                                        num_stages=2)]}}, r"'configs'\[0\]: DecodeConfig.block_n must be a power of 2"),
+    ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=48, block_k=128, split_k=1, num_warps=4,
+                                        num_stages=2)]}}, "block_n must be a power of 2"),
+    ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=96, split_k=1, num_warps=4,
+                                        num_stages=2)]}}, "block_k must be a power of 2"),
+    ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=128, split_k=0, num_warps=4,
+                                        num_stages=2)]}}, "split_k and num_stages must be >= 1"),
+    ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=128, split_k=1, num_warps=3,
+                                        num_stages=2)]}}, "num_warps must be a power of 2"),
+    ({"decode_w4a16": {"configs": [dict(k_max=8192, block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=2),
+                                   dict(k_max=4096, block_n=64, block_k=128, split_k=1, num_warps=4,
+                                        num_stages=2)]}}, r"'configs'\[1\]: k_max must be an int above"),
+])
+def test_check_table_refuses_what_the_lookups_cannot_use(entry, match, tmp_path):
+    """A user table (`--table`, gemm_table_override) is checked when it is loaded, naming the GPU, key and field: a
+    typo'd key or field used to change nothing silently, a negative block_n gave a grid of no programs (a split-K sum
+    of uninitialised memory), other bad values failed at the first GEMM with errors that named nothing."""
+    import json
+
+    from mxkit.kernels.matmul_table import check_table, gemm_table_override, load_table
+
+    table = {"NVIDIA H200": entry}
+    with pytest.raises(ValueError, match=match) as e:
+        check_table(table)
+    assert "'NVIDIA H200'" in str(e.value)
+    with pytest.raises(ValueError, match=match):
+        with gemm_table_override(table):  # (a mapping is checked as a file is)
+            pass
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=match):
+        load_table(f)
+
+
+def test_load_table_refuses_non_finite_numbers_and_takes_the_packaged_table(tmp_path):
+    from mxkit.kernels.matmul_table import _TABLE_FILE, check_table, load_table
+
+    for const in ("NaN", "Infinity", "-Infinity"):  # (json.loads takes them; int() then failed deep in a plan)
+        f = tmp_path / "t.json"
+        f.write_text('{"default": {"decode_mma": {"max_m": %s}}}' % const)
+        with pytest.raises(ValueError, match=f"{const} is not a JSON number"):
+            load_table(f)
+    assert load_table(_TABLE_FILE) == check_table(load_table(_TABLE_FILE))
+    # notes (names starting with _) hold anything, at every level; an empty schedule list means the defaults
+    check_table({"_doc": 1, "default": {"_x": [1], "decode_w4a16": {"_measured": None, "configs": []}}})
+
+
+def test_decode_config_refuses_bad_schedules():
+    from mxkit.kernels.matmul_table import DecodeConfig
+
+    DecodeConfig(16, 32, 1, 1, 1)
+    for bad in (dict(block_n=0), dict(block_n=-64), dict(block_k=16), dict(block_k=96), dict(split_k=0),
+                dict(num_warps=3), dict(num_stages=0), dict(block_n=64.0), dict(split_k=True)):
+        with pytest.raises(ValueError, match="DecodeConfig"):
+            DecodeConfig(**bad)
+
+
+def test_table_lookups_cap_and_close_what_the_kernels_cannot_take():
+    """decode_w4a16.max_m is capped at DECODE_W16_MAX_M as the mma envelopes are at their kernels' MAX_M; a table's
+    m8_loop "g2" past 8 rows (no ring of 2 there) takes the ring of 4; half a wgmma envelope pair is off."""
+    from mxkit.kernels.matmul import wgmma_envelope_holds
+    from mxkit.kernels.matmul_table import DECODE_W16_MAX_M, _decode_max_m, gemm_table_override, mma_m8_loop
+
+    cpu = torch.device("cpu")
+    with gemm_table_override({"default": {"decode_w4a16": {"max_m": 100000}}}):
+        assert _decode_max_m(cpu) == DECODE_W16_MAX_M == 64
+    with gemm_table_override({"default": {"decode_mma": {"m8_loop": "g2"}}}):
+        assert [mma_m8_loop(cpu, 4096, 4096, M) for M in (1, 8, 9, 16)] == ["g2", "g2", "g", "g"]
+    full = {"max_m": 64, "min_nk": 1 << 26}
+    assert wgmma_envelope_holds(full, 64, 1 << 26) and not wgmma_envelope_holds(full, 65, 1 << 26)
+    assert not wgmma_envelope_holds(full, 64, (1 << 26) - 1)
+    assert not wgmma_envelope_holds({**full, "mid_max_m": 512}, 512, 1 << 30)  # (was open on every weight)
+    assert wgmma_envelope_holds({**full, "mid_max_m": 512, "mid_min_nk": 1 << 24}, 512, 1 << 24)
+    assert not wgmma_envelope_holds({"min_nk": 0}, 1, 1)
+
+
+def test_bench_table_without_this_gpus_entry_warns(tmp_path, monkeypatch, capsys):
+    """`mxkit bench ... --table FILE` whose file has no entry for the GPU in use (names match exactly) nor a
+    "default" one says so: it changes nothing there, yet the results record it as their table."""
+    import argparse
+    import json
+
+    from mxkit import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    f = tmp_path / "t.json"
+    for table, warned in (({"NVIDIA H100": {"moe": {"mma_strips": 2}}}, True),
+                          ({"NVIDIA H100 80GB HBM3": {"moe": {"mma_strips": 2}}}, False),
+                          ({"default": {"moe": {"mma_strips": 2}}}, False)):
+        f.write_text(json.dumps(table))
+        assert bench.run_with_table(lambda a: 0, argparse.Namespace(gemm_table=str(f))) == 0
+        err = capsys.readouterr().err
+        assert ("has no entry for this GPU ('NVIDIA H100 80GB HBM3')" in err) == warned, err
+        assert not warned or "'NVIDIA H100'" in err

@@ -998,9 +998,12 @@ def test_moe_mma_strips_from_the_table():
     assert mma_strips(cpu) == 1
     with gemm_table_override({"default": {"moe": {"mma_strips": 4}}}):
         assert mma_strips(cpu) == 4
-    for bad in (0, 3, "2"):  # (no such kernels: 1)
+    for bad in (0, 3):  # (no such kernels: 1)
         with gemm_table_override({"default": {"moe": {"mma_strips": bad}}}):
             assert mma_strips(cpu) == 1
+    with pytest.raises(ValueError, match="'mma_strips': expected an int"):  # (a string was 1, silently)
+        with gemm_table_override({"default": {"moe": {"mma_strips": "2"}}}):
+            pass
 
 
 @pytest.mark.gpu

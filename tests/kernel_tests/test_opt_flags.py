@@ -50,6 +50,8 @@ def test_gpu_tuning_table():
     assert qc(1, 8192, 8192, True, True, "mxfp4_e2m1", gpu="NVIDIA H200") == dataclasses.replace(base, rblocks=2)
     assert qc(1, 8192, 8192, True, True, "mxfp4_e2m1", gpu="NVIDIA H100 80GB HBM3") == base
     assert qc(1, 4096, 4096, True, True, "mxfp4_e2m1", gpu="NVIDIA H200").rblocks == 1  # < 2^26
+    # names match exactly, as the GEMM table's: the NVL part (other memory, other clocks) was not measured
+    assert qc(1, 8192, 8192, True, True, "mxfp4_e2m1", gpu="NVIDIA H200 NVL") == base
     for args in ((1, 8192, 8192, True, True, "mxfp8_e4m3"), (1, 8192, 8192, True, False, "mxfp4_e2m1"),
                  (1, 8192, 8192, False, True, "mxfp4_e2m1")):
         assert qc(*args, gpu="NVIDIA H200") == qc(*args)
@@ -92,11 +94,12 @@ def test_override_replaces_the_choice_and_clears_the_caches():
                                   fields=(("rblocks", 2),))
     with pytest.raises(RuntimeError, match="^leave the override by an exception$"):  # (no other RuntimeError)
         with opt_flags.override(table=(entry,)):
-            assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 2
+            assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU").rblocks == 2
+            assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 1  # (exact names)
             assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1").rblocks == 1
             assert qc(*args, gpu="NVIDIA H100 80GB HBM3") == base  # (the table in force replaces GPU_TUNING)
             raise RuntimeError("leave the override by an exception")
-    assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU X").rblocks == 1
+    assert qc(1, 4096, 1280, True, False, "mxfp4_e2m1", gpu="Test GPU").rblocks == 1
     with pytest.raises(TypeError, match="no_such_field"):
         with opt_flags.override(quantize={"no_such_field": 1}):
             pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Optional, Sequence
@@ -49,14 +50,23 @@ def run_with_table(run, args) -> int:
     (:func:`mxkit.kernels.matmul_table.merge_tables`, :func:`~mxkit.kernels.matmul.gemm_table_override`) when
     given, the file's resolved path recorded as the environment's ``gemm_table``. Raises ValueError naming the
     file when it cannot be read as a dispatch table (:func:`~mxkit.kernels.matmul_table.check_table`), before
-    ``run`` starts."""
+    ``run`` starts; warns on stderr where the table has no entry for the GPU in use (nor a ``"default"`` one)."""
     path = getattr(args, "gemm_table", None)
     if path is None:
         return run(args)
+    import torch
+
     from ..kernels.matmul_table import gemm_table, gemm_table_override, load_table, merge_tables
     from . import output
 
     table = load_table(path, f"--table {str(path)!r}")
+    if torch.cuda.is_available():  # (exact names, as the lookups: matmul_table._entry)
+        name = torch.cuda.get_device_name()
+        if name not in table and "default" not in table:
+            gpus = [g for g in table if not str(g).startswith("_")]
+            print(f"mxkit: warning: --table {str(path)!r} has no entry for this GPU ({name!r}) nor a 'default' one "
+                  f"(its entries: {', '.join(map(repr, gpus)) or 'none'}; names match exactly): it changes nothing "
+                  f"here", file=sys.stderr)
     held = output.TABLE_SOURCE
     with gemm_table_override(merge_tables(gemm_table(), table)):
         output.TABLE_SOURCE = str(Path(path).resolve())

@@ -83,7 +83,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import torch
 
@@ -392,12 +392,23 @@ def _a8w8_ok(a_fmt: ElementFormat, b, M: int, dev: torch.device) -> bool:
     return in_range(lo, hi, _mma_a8w8.WEIGHT_SCALE_BYTES)
 
 
+_WGMMA_ENVELOPES = (("max_m", "min_nk"), ("small_max_m", "small_min_nk"), ("mid_max_m", "mid_min_nk"))
+
+
+def wgmma_envelope_holds(entry: Mapping, M: int, nk: int) -> bool:
+    """Whether a ``w4a16_wgmma`` / ``w8a16_wgmma`` table entry takes M rows of a weight of N * K = ``nk``: one of its
+    envelopes (``max_m`` / ``min_nk``, ``small_*``, ``mid_*``) holds M <= its max_m and nk >= its min_nk. An
+    envelope is open only where both of its fields are given (half a pair, e.g. a table's ``mid_max_m`` without
+    ``mid_min_nk``, is off, as ``w8a16_mma``'s ``large_*`` pair is)."""
+    return any(M <= int(entry[m]) and nk >= int(entry[n]) for m, n in _WGMMA_ENVELOPES if m in entry and n in entry)
+
+
 def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
     """bf16 activations x an MXFP4 weight, or a packed MXFP8 (E4M3 / E5M2) one without NaN / Inf, on the Hopper
     wgmma kernel (the caller checks the bf16-exact scale envelope and the activations): the table's
     ``w4a16_wgmma`` / ``w8a16_wgmma`` envelope, M <= max_m and N * K >= min_nk, or (the kernel's split-K schedule
-    at small M) M <= small_max_m and N * K >= small_min_nk, or M <= mid_max_m and N * K >= mid_min_nk (where
-    present: a GPU's own third envelope; each where it beats dequantize + cuBLAS)."""
+    at small M) M <= small_max_m and N * K >= small_min_nk, or M <= mid_max_m and N * K >= mid_min_nk (a GPU's own
+    third envelope; each where it beats dequantize + cuBLAS, and open only where both of its fields are given)."""
     fp8 = w.fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2")
     if not ((w.fmt.name == "mxfp4_e2m1" or fp8) and dev.type == "cuda" and M > 0):
         return False
@@ -407,9 +418,7 @@ def _wgmma_ok(b, w: MXTensor, M: int, dev: torch.device) -> bool:
 
     entry = _envelope(dev, "w8a16_wgmma" if fp8 else "w4a16_wgmma") or {}
     nk = w.shape.numel()
-    small = M <= int(entry.get("small_max_m", 0)) and nk >= int(entry.get("small_min_nk", 0))
-    mid = M <= int(entry.get("mid_max_m", 0)) and nk >= int(entry.get("mid_min_nk", 0))
-    return ((small or mid or (M <= int(entry.get("max_m", 0)) and nk >= int(entry.get("min_nk", 0))))
+    return (wgmma_envelope_holds(entry, M, nk)
             and _w4a16_wgmma.shape_ok(*w.shape)
             and _w4a16_wgmma.available(dev) is None)
 

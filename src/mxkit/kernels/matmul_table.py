@@ -36,6 +36,22 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
 
+    def __post_init__(self):  # (a bad schedule: a grid of no programs, a division by zero, a kernel build error)
+        for f in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"DecodeConfig.{f} must be an int, got {v!r}")
+        pow2 = lambda v, lo, hi: lo <= v <= hi and v & (v - 1) == 0  # noqa: E731
+        if not pow2(self.block_n, 16, 1024):
+            raise ValueError(f"DecodeConfig.block_n must be a power of 2 in [16, 1024], got {self.block_n}")
+        if not pow2(self.block_k, 32, 4096):
+            raise ValueError(f"DecodeConfig.block_k must be a power of 2 in [32, 4096], got {self.block_k}")
+        if not pow2(self.num_warps, 1, 32):
+            raise ValueError(f"DecodeConfig.num_warps must be a power of 2 in [1, 32], got {self.num_warps}")
+        if self.split_k < 1 or self.num_stages < 1:
+            raise ValueError(f"DecodeConfig.split_k and num_stages must be >= 1, got {self.split_k} and "
+                             f"{self.num_stages}")
+
 
 _TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")
 # the innermost override in force in this thread / task (contextvars: an override in one thread is not another's),
@@ -69,9 +85,8 @@ def gemm_table() -> Mapping:
 def gemm_table_override(table: Union[Mapping, str, Path]):
     """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
     ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning), in this thread (or
-    asyncio task) only."""
-    if not isinstance(table, Mapping):
-        table = load_table(table)
+    asyncio task) only. Raises ValueError for a table :func:`check_table` refuses."""
+    table = check_table(table) if isinstance(table, Mapping) else load_table(table)
     held = _TABLE.set(_freeze(dict(table)))
     token = _TOKEN.set(next(_tokens))
     try:
@@ -81,10 +96,66 @@ def gemm_table_override(table: Union[Mapping, str, Path]):
         _TABLE.reset(held)
 
 
+# The fields each key's code reads (matmul.py, matmul_table.py, moe_details/_decode.py); every one a count >= 0,
+# but decode_mma.m8_loop (a loop's name), the optional ones that may be null (off), and decode_w4a16.configs.
+_FIELDS = {
+    "decode_mma": ("max_m", "m8_loop", "ring_min_k", "ring2_min_n"),
+    "a8w8_mma": ("max_m", "max_m_no_wgmma", "quant_max_m", "wgmma_min_nk"),
+    "w8a16_mma": ("max_m", "large_max_m", "large_min_nk"),
+    "decode_w4a16": ("max_m", "fp6_max_nk", "configs"),
+    "w4a16_wgmma": ("max_m", "min_nk", "small_max_m", "small_min_nk", "mid_max_m", "mid_min_nk"),
+    "w8a16_wgmma": ("max_m", "min_nk", "small_max_m", "small_min_nk", "mid_max_m", "mid_min_nk"),
+    "moe": ("mma_max_pairs", "mma_max_pairs_per_expert", "mma_strips"),
+}
+_NULLABLE = ("ring_min_k", "ring2_min_n")
+M8_LOOPS = ("", "l", "g", "g2")  # decode_mma.m8_loop (:data:`.matmul_details._mma_decode.M8_LOOPS`)
+_CONFIG_FIELDS = ("k_max", "block_n", "block_k", "split_k", "num_warps", "num_stages")
+
+
+def _check_fields(key: str, fields: Mapping, where: str) -> None:
+    """ValueError naming ``where`` / the field for a field ``key``'s code does not read or a value it cannot use."""
+    known = _FIELDS[key]
+    for f, v in fields.items():
+        at = f"{where} / {f!r}"
+        if str(f).startswith("_"):
+            continue
+        if f not in known:
+            raise ValueError(f"{at}: not a field of {key!r} (its fields: {', '.join(known)})")
+        if f == "m8_loop":
+            if v not in M8_LOOPS:
+                raise ValueError(f"{at}: {v!r} is not a loop of the m8 kernel (one of {M8_LOOPS})")
+        elif f == "configs":
+            _check_configs(v, at)
+        elif v is None and f in _NULLABLE:
+            continue
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{at}: expected an int >= 0{' or null' if f in _NULLABLE else ''}, got {v!r}")
+
+
+def _check_configs(configs, at: str) -> None:
+    if not isinstance(configs, (list, tuple)):  # ([]: DecodeConfig's defaults at every K)
+        raise ValueError(f"{at}: expected a list of schedules, got {configs!r}")
+    last = 0
+    for i, c in enumerate(configs):
+        if not isinstance(c, Mapping) or sorted(k for k in c if not str(k).startswith("_")) != sorted(_CONFIG_FIELDS):
+            raise ValueError(f"{at}[{i}]: expected a mapping of exactly {', '.join(_CONFIG_FIELDS)}, got {c!r}")
+        k_max = c["k_max"]
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max <= last:
+            raise ValueError(f"{at}[{i}]: k_max must be an int above the previous schedule's ({last}), got {k_max!r}")
+        last = k_max
+        try:
+            DecodeConfig(*(c[f] for f in _CONFIG_FIELDS[1:]))
+        except ValueError as e:
+            raise ValueError(f"{at}[{i}]: {e}") from None
+
+
 def check_table(table, what: str = "table") -> dict:
     """``table`` if it is a dispatch table of the packaged JSON's shape: ``{GPU name: {key: {field: value}}}``, where
-    names and keys starting with ``_`` (notes such as ``_doc`` / ``_measured``) may hold anything; else ValueError
-    naming ``what`` and the first bad part."""
+    names, keys and fields starting with ``_`` (notes such as ``_doc`` / ``_measured``) may hold anything, the keys
+    are those of :data:`mxkit.tune.STAGES` and each key's fields those its code reads (:data:`_FIELDS`): ints >= 0
+    (``decode_mma.ring_min_k`` / ``ring2_min_n`` may be null: off), ``decode_mma.m8_loop`` one of :data:`M8_LOOPS`,
+    ``decode_w4a16.configs`` a list of :class:`DecodeConfig` schedules with ascending ``k_max``. Else ValueError
+    naming ``what`` and the first bad part (a typo'd key or field would otherwise change nothing, silently)."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{what} is not a dispatch table ({{GPU name: {{key: {{field: value}}}}}}, as `mxkit tune "
                          f"gemm` writes), got {type(table).__name__}")
@@ -94,9 +165,19 @@ def check_table(table, what: str = "table") -> dict:
         if not isinstance(entry, Mapping):
             raise ValueError(f"{what}: the entry of {name!r} is not a mapping of keys (got {type(entry).__name__})")
         for key, fields in entry.items():
-            if not str(key).startswith("_") and not isinstance(fields, Mapping):
+            if str(key).startswith("_"):
+                continue
+            if key not in _FIELDS:
+                raise ValueError(f"{what}: {name!r} / {key!r} is not a key of the dispatch table (its keys: "
+                                 f"{', '.join(_FIELDS)})")
+            if not isinstance(fields, Mapping):
                 raise ValueError(f"{what}: {name!r} / {key!r} is not a mapping of fields (got {type(fields).__name__})")
+            _check_fields(key, fields, f"{what}: {name!r} / {key!r}")
     return dict(table)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
@@ -104,7 +185,7 @@ def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
     path) where it cannot be read or is not such a table."""
     what = what or repr(str(path))
     try:
-        table = json.loads(Path(path).read_text())
+        table = json.loads(Path(path).read_text(), parse_constant=_no_constant)
     except (OSError, ValueError) as e:
         raise ValueError(f"{what} cannot be read as a JSON dispatch table: {e}") from None
     return check_table(table, what)
@@ -151,6 +232,8 @@ def _entry(device: torch.device, key: str) -> Optional[Mapping]:
 
 
 def decode_config(device: torch.device, K: int) -> DecodeConfig:
+    """decode-w16's schedule for a K on ``device``: the first of the table's ``decode_w4a16.configs`` whose
+    ``k_max`` >= K, else :class:`DecodeConfig`'s defaults (a table whose last ``k_max`` is under K)."""
     entry = _envelope(device, "decode_w4a16")
     for c in (entry or {}).get("configs", ()):
         if K <= c["k_max"]:
@@ -181,19 +264,24 @@ def mma_m8_loop(device: torch.device, K: int, N: int = 0, M: int = 1) -> str:
     """The decode-mma m8 kernel's loop on ``device`` for M rows of a weight of N x K: "g2" (the ring of 2 tiles a
     lane) up to 8 rows on weights of N >= ``decode_mma.ring2_min_n`` (optional; null or absent: never), else "g"
     (the ring of 4) where K is at least ``decode_mma.ring_min_k`` (optional; null or absent: never), else
-    ``decode_mma.m8_loop`` ("" the register loop, "l" the lean loop, "g"; default ""). Every loop gives the same
-    bits. Where the K rule gives "g" the m16 kernels take their ring loops too at 9-16 rows
-    (:func:`.matmul_details._mma_decode.m16_loop`); "g2" never reaches them (M <= 8)."""
+    ``decode_mma.m8_loop`` ("" the register loop, "l" the lean loop, "g" or "g2"; default ""; a table's "g2" past 8
+    rows, where there is no ring of 2, gives "g"). Every loop gives the same bits. Where the K rule gives "g" the
+    m16 kernels take their ring loops too at 9-16 rows (:func:`.matmul_details._mma_decode.m16_loop`); "g2" never
+    reaches them (M <= 8)."""
     entry = _envelope(device, "decode_mma") or {}
     ring2 = entry.get("ring2_min_n")
     if ring2 is not None and M <= 8 and N >= int(ring2):
         return "g2"
     ring = entry.get("ring_min_k")
-    return "g" if ring is not None and K >= int(ring) else str(entry.get("m8_loop", ""))
+    loop = "g" if ring is not None and K >= int(ring) else str(entry.get("m8_loop", ""))
+    return "g" if loop == "g2" and M > 8 else loop
+
+
+DECODE_W16_MAX_M = 64  # the largest M decode-w16's envelope opens to (its tile grows with M; tune times up to 64)
 
 
 def _decode_max_m(device: torch.device) -> int:
-    """decode-w16's envelope (``decode_w4a16.max_m``; an override without the entry keeps the packaged one, as every
-    envelope does: :func:`_envelope`)."""
+    """decode-w16's envelope (``decode_w4a16.max_m``, at most :data:`DECODE_W16_MAX_M`; an override without the
+    entry keeps the packaged one, as every envelope does: :func:`_envelope`)."""
     entry = _envelope(device, "decode_w4a16")
-    return int(entry["max_m"]) if entry else 0
+    return min(int(entry["max_m"]), DECODE_W16_MAX_M) if entry else 0

@@ -151,7 +151,8 @@ class TuningEntry:
     fields: tuple
 
 
-# Keyed by the SXM parts' full names: the PCIe / NVL parts (other memory, other clocks) were not measured.
+# Keyed by the SXM parts' full names, matched exactly (:func:`_gpu_tuned`): the PCIe / NVL parts (other memory,
+# other clocks) were not measured and take the heuristics alone.
 GPU_TUNING: tuple = (
     # the fused FP4 cast-transpose walking two 64 x 256 tiles per program: faster on the H200 only
     TuningEntry(gpu="NVIDIA H200", path="cast_transpose", fmt="mxfp4_e2m1", min_elements=1 << 26,
@@ -228,7 +229,7 @@ def _gpu_tuned(cfg: QuantizeConfig, table: tuple, gpu: str, path: str, fmt_name:
                C: int) -> QuantizeConfig:
     """cfg with the entries of table that match (gpu, path, format, size) applied."""
     for e in table:
-        if gpu and gpu.startswith(e.gpu) and e.path == path and e.fmt == fmt_name and B * R * C >= e.min_elements:
+        if gpu == e.gpu and e.path == path and e.fmt == fmt_name and B * R * C >= e.min_elements:
             cfg = _replace(cfg, e.fields, B, R, C)
     return cfg
 

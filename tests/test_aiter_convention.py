@@ -18,6 +18,10 @@ B. ``aiter.ops.triton.quant.dynamic_mxfp4_quant`` -> ``_dynamic_mxfp4_quant_kern
 Both share the scale: amax bits + 0x200000, mask 0xFF800000, floor(log2(.)) - 2, clamp [-127, 127],
 byte = unbiased + 127; elements are x * 2^-X. So mxkit (even, away) must equal A and (even, rne) must equal B.
 
+aiter PR #2249 (merged 2026-03, fixing aiter issue #2247) gave A B's element rounding (ties to even), so A at a
+later commit equals mxkit (even, rne) too; A as pinned here (582ae3f) is the ties-away algorithm, which mxkit
+keeps as ``rounding="away"`` (microxcaling, triton_kernels' software E2M1 cast).
+
 The functions below are our own PyTorch transcriptions of those algorithms (integer arithmetic on the fp32
 bits; no aiter code copied). Where aiter's behaviour is undefined or unhandled we take the evident intent
 and say so (see ``AMBIGUITIES``); divergences that remain are pinned by tests at the end.

@@ -221,9 +221,12 @@ class ScaleMode(_ParseEnum):
       ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the exact quotient rounded
       up to a power of two (the fp32 quotient's too, except where that quotient is an fp32 denormal,
       amax < max_normal * 2^-126, whose rounding can drop it to 2^-127: byte 0 there, mxkit's byte 1).
-    * ``EVEN`` — aiter's MXFP4 quantizers (Triton and HIP) and torchao ``EVEN``: round amax to the element's
-      precision first (``bits(amax) + (1 << (22 - mbits))``, masked to the exponent; for FP4 the
-      constant is 0x200000), then ``E(·) - emax``.
+    * ``EVEN`` — aiter's Triton MXFP4 quantizers (``dynamic_mxfp4_quant``; its HIP kernels' default until aiter
+      PR #3212, 2026-05, which made RCEIL the default there and EVEN an option) and torchao ``EVEN``: round amax to
+      the element's precision first (``bits(amax) + (1 << (22 - mbits))``, masked to the exponent; for FP4 the
+      constant is 0x200000), then ``E(·) - emax``. An fp32-denormal amax is normalised first (rounded to mbits + 1
+      significant bits, as a normal one is); this differs from the bit formula on the raw bits only for MXINT8,
+      every FP format's scale byte being 0 there.
 
     (triton_kernels' other mode, ``ROUND_DOWN``, is ``floor(log2(amax / max_normal))``: not OCP FLOOR, which
     takes the floor of amax alone; the two differ where amax's mantissa is below max_normal's. mxkit has no such
@@ -244,10 +247,11 @@ class Rounding(_ParseEnum):
 
     * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, the hardware FP8 casts
       triton_kernels uses). Default.
-    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"``, aiter's
-      ``dynamic_mxfp4_quant`` in ``aiter/utility/fp4_utils.py`` and triton_kernels' software E2M1 cast
-      (``_compute_quant_and_scale``: ``+ 1 >> 1`` on the kept bits) (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
-      5.0 → 6.0). (aiter's other quantizer, ``aiter.ops.triton.quant``, rounds ties to even: ``RNE``.)
+    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"``, triton_kernels' software
+      E2M1 cast (``_compute_quant_and_scale``: ``+ 1 >> 1`` on the kept bits) and aiter's ``dynamic_mxfp4_quant``
+      in ``aiter/utility/fp4_utils.py`` before aiter PR #2249 (2026-03) (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
+      5.0 → 6.0). That PR made it round ties to even, as aiter's other quantizer (``aiter.ops.triton.quant``)
+      and its HIP kernels (PR #3992) do: current aiter is ``RNE``.
     """
 
     RNE = "rne"

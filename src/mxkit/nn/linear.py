@@ -362,10 +362,10 @@ class MXLinear(_ops.Handled, nn.Module):
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._packed, self.act_format
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"MXLinear takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
+            raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
         if x.numel() == 0 and act is not None:  # an empty batch: nothing to quantize
             if x.dtype not in SUPPORTED_INPUT_DTYPES:
-                raise TypeError(f"MXLinear with act_format takes float32 / bfloat16 / float16 x, got {x.dtype}")
+                raise TypeError(f"{type(self).__name__} with act_format takes float32 / bfloat16 / float16 x, got {x.dtype}")
             if x.dim() == 0 or x.shape[-1] != self.in_features:
                 raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")
             return x.new_empty((*x.shape[:-1], self.out_features))

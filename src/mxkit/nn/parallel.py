@@ -46,7 +46,9 @@ the tests) and NCCL alike and leave the weight bytes exact.
 Gradients follow Megatron's mappings (``copy_to`` / ``reduce_from`` / ``gather_from`` / ``scatter_to`` the
 tensor-parallel region), so ``x.grad`` and the bias gradient equal the unsharded layer's within float32
 reassociation; the weight stays frozen as in :class:`MXLinear`. Without autograd the collectives run in place,
-with no autograd node.
+with no autograd node. Forward mode and ``torch.func`` (``jvp``, ``grad``, ``vmap``) work as on :class:`MXLinear`:
+each collective is linear, so a tangent takes the same collective, and under ``vmap`` the collective runs on the
+whole batch (every rank must use the same transforms, as the collectives' contract asks of any call).
 
 A shard is an :class:`MXLinear` of the local sizes (``in_features`` / ``out_features`` are this rank's; the full
 layer's are ``global_in_features`` / ``global_out_features``): its ``state_dict`` holds ``weight_qdata`` /
@@ -71,7 +73,8 @@ from torch import nn
 from .._device import exporting
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
-from ..ops import matmul, needs_grad, quantize, quantize_fold, with_input_grad
+from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
+from ..tensor import SUPPORTED_INPUT_DTYPES
 from . import _ops
 from .linear import FP8_ROWWISE, MXLinear, copied_dense_cache
 
@@ -91,13 +94,31 @@ def _all_gather_last(t: torch.Tensor, group, world: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+# Each is linear: its forward-mode tangent is the same collective applied to the tangent (jvp), and under vmap the
+# collective runs on the whole batch, the batch dim moved off the last one where it narrows or gathers along it
+# (torch.func: setup_context style). Those rules live in a subclass (``...Func``) that eager calls take: dynamo
+# refuses a Function with a custom jvp ("Unsupported custom jvp"), so compiled calls take the base class.
+
+
+def _tp(fn):
+    """The Function ``fn`` or its torch.func subclass: the base one while dynamo traces (torch.compile, export)."""
+    return fn if torch.compiler.is_compiling() else _FUNC[fn]
+
+
+def _batch_first(x: torch.Tensor, bdim: Optional[int]) -> tuple[torch.Tensor, Optional[int]]:
+    return (x, None) if bdim is None else (x.movedim(bdim, 0), 0)
+
+
 class _CopyToGroup(torch.autograd.Function):
     """Identity forward; the gradient is all-reduced (each rank saw a part of the output)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(x, group):
         return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.group = inputs[1]
 
     @staticmethod
     def backward(ctx, g):
@@ -106,45 +127,113 @@ class _CopyToGroup(torch.autograd.Function):
         return g, None
 
 
+class _CopyToGroupFunc(_CopyToGroup):
+    """_CopyToGroup with its forward-mode tangent and vmap rule (torch.func; :func:`_tp`)."""
+
+    @staticmethod
+    def jvp(ctx, x_t, _):
+        return x_t.view_as(x_t)
+
+    @staticmethod
+    def vmap(info, in_dims, x, group):
+        return _CopyToGroupFunc.apply(x, group), in_dims[0]
+
+
 class _ReduceFromGroup(torch.autograd.Function):
     """all_reduce (sum) forward; identity backward (the output is replicated)."""
 
     @staticmethod
-    def forward(ctx, y, group):
+    def forward(y, group):
         y = y.contiguous().clone()
         dist.all_reduce(y, group=group)
         return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.group = inputs[1]
 
     @staticmethod
     def backward(ctx, g):
         return g, None
 
 
+class _ReduceFromGroupFunc(_ReduceFromGroup):
+    """_ReduceFromGroup with its forward-mode tangent and vmap rule (torch.func; :func:`_tp`)."""
+
+    @staticmethod
+    def jvp(ctx, y_t, _):
+        y_t = y_t.contiguous().clone()
+        dist.all_reduce(y_t, group=ctx.group)
+        return y_t
+
+    @staticmethod
+    def vmap(info, in_dims, y, group):
+        return _ReduceFromGroupFunc.apply(y, group), in_dims[0]
+
+
 class _GatherFromGroup(torch.autograd.Function):
     """all_gather along the last dim forward; this rank's slice of the gradient backward."""
 
     @staticmethod
-    def forward(ctx, y, group, rank, world):
-        ctx.rank, ctx.width = rank, y.shape[-1]
+    def forward(y, group, rank, world):
         return _all_gather_last(y, group, world)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y, ctx.group, ctx.rank, ctx.world = inputs
+        ctx.width = y.shape[-1]
 
     @staticmethod
     def backward(ctx, g):
         return g.narrow(-1, ctx.rank * ctx.width, ctx.width).contiguous(), None, None, None
 
 
+class _GatherFromGroupFunc(_GatherFromGroup):
+    """_GatherFromGroup with its forward-mode tangent and vmap rule (torch.func; :func:`_tp`)."""
+
+    @staticmethod
+    def jvp(ctx, y_t, *_):
+        return _all_gather_last(y_t, ctx.group, ctx.world)
+
+    @staticmethod
+    def vmap(info, in_dims, y, group, rank, world):
+        y, bdim = _batch_first(y, in_dims[0])
+        return _GatherFromGroupFunc.apply(y, group, rank, world), bdim
+
+
 class _ScatterToGroup(torch.autograd.Function):
     """This rank's slice of the last dim forward; the gradient slices all-gathered backward."""
 
     @staticmethod
-    def forward(ctx, x, group, rank, world):
-        ctx.group, ctx.world = group, world
+    def forward(x, group, rank, world):
         width = x.shape[-1] // world
         return x.narrow(-1, rank * width, width).contiguous()
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.group, ctx.rank, ctx.world = inputs
+        ctx.width = x.shape[-1] // ctx.world
+
+    @staticmethod
     def backward(ctx, g):
         return _all_gather_last(g, ctx.group, ctx.world), None, None, None
+
+
+class _ScatterToGroupFunc(_ScatterToGroup):
+    """_ScatterToGroup with its forward-mode tangent and vmap rule (torch.func; :func:`_tp`)."""
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        return x_t.narrow(-1, ctx.rank * ctx.width, ctx.width).contiguous()
+
+    @staticmethod
+    def vmap(info, in_dims, x, group, rank, world):
+        x, bdim = _batch_first(x, in_dims[0])
+        return _ScatterToGroupFunc.apply(x, group, rank, world), bdim
+
+
+_FUNC = {_CopyToGroup: _CopyToGroupFunc, _ReduceFromGroup: _ReduceFromGroupFunc,
+         _GatherFromGroup: _GatherFromGroupFunc, _ScatterToGroup: _ScatterToGroupFunc}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -229,6 +318,8 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
+        if w.dtype not in SUPPORTED_INPUT_DTYPES:  # (MXLinear.from_linear's check; quantize would name an "x")
+            raise TypeError(f"from_linear quantizes float32 / bfloat16 / float16 weights; linear.weight is {w.dtype}")
         mod = cls(linear.in_features, linear.out_features, weight_format, group=group,
                   bias=linear.bias is not None, act_format=act_format, scale_mode=scale_mode, rounding=rounding,
                   block_size=block_size, device=w.device, dtype=w.dtype, **kwargs)
@@ -282,13 +373,13 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_group_position()
-        if needs_grad(x):
-            x = _CopyToGroup.apply(x, self.tp_group)
+        if needs_grad(x) and self.tp_world_size > 1:
+            x = _tp(_CopyToGroup).apply(x, self.tp_group)
         y = super().forward(x)
         if not self.gather_output or self.tp_world_size == 1:
             return y
-        if needs_grad(y):
-            return _GatherFromGroup.apply(y, self.tp_group, self.tp_rank, self.tp_world_size)
+        if needs_grad(y) or _functorch_wrapped(y):  # (vmap: the Function's batching rule)
+            return _tp(_GatherFromGroup).apply(y, self.tp_group, self.tp_rank, self.tp_world_size)
         return _all_gather_last(y, self.tp_group, self.tp_world_size)
 
     def extra_repr(self) -> str:
@@ -362,6 +453,14 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_group_position()
         expect = self.in_features if self.input_is_parallel else self.global_in_features
+        name = type(self).__name__  # (MXLinear's wording: its forward rewords matmul's errors about a and b)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} takes a float tensor (..., {expect}), got {type(x).__name__}")
+        if x.dtype not in SUPPORTED_INPUT_DTYPES:
+            raise TypeError(f"{name} takes float32 / bfloat16 / float16 x, got {x.dtype}")
+        if x.device != self.weight_qdata.device:
+            raise ValueError(f"{name}'s weight is on {self.weight_qdata.device} but x on {x.device}: move one to the "
+                             f"other's device")
         if x.dim() == 0 or x.shape[-1] != expect:
             what = "this rank's K slice (input_is_parallel=True)" if self.input_is_parallel else "the full K"
             raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {expect}), {what}")
@@ -372,7 +471,7 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         out_dtype = x.dtype
         if not self.input_is_parallel and self.tp_world_size > 1:
             if needs_grad(x):
-                x = _ScatterToGroup.apply(x, self.tp_group, self.tp_rank, self.tp_world_size)
+                x = _tp(_ScatterToGroup).apply(x, self.tp_group, self.tp_rank, self.tp_world_size)
             else:
                 x = x.narrow(-1, self.tp_rank * self.in_features, self.in_features).contiguous()
         w = self._packed if self._packed is not None else self.weight_mx
@@ -383,8 +482,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         else:
             y = matmul(self._operand(x), w, out_dtype=torch.float32)  # partial sum over this rank's K, no bias
         if self.tp_world_size > 1:
-            if needs_grad(y):
-                y = _ReduceFromGroup.apply(y, self.tp_group)
+            if needs_grad(y) or _functorch_wrapped(y):  # (vmap: the Function's batching rule)
+                y = _tp(_ReduceFromGroup).apply(y, self.tp_group)
             else:
                 dist.all_reduce(y, group=self.tp_group)
         if self.bias is not None:

@@ -306,6 +306,16 @@ def test_no_cuda_exits_with_a_message(monkeypatch, capsys):
     assert "needs a CUDA GPU" in err and "Traceback" not in err
 
 
+def test_no_cuda_with_mxkit_traceback_raises(monkeypatch, tmp_path):
+    """MXKIT_TRACEBACK=1 turns the no-GPU error of bench and tune into a raised error (a traceback, exit status 1),
+    as it does the CLI's other errors (both printed their line and returned 2 whatever it said)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("MXKIT_TRACEBACK", "1")
+    for argv in (["bench", "quantize", "--shapes", "64x64"], ["tune", "gemm", "--out", str(tmp_path / "t.json")]):
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            cli.main(argv)
+
+
 def test_no_cuda_subprocess_has_no_traceback():
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     import os

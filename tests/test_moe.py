@@ -1552,6 +1552,8 @@ def test_mxmoe_constructor_refuses_what_no_forward_takes():
         MXMoE(H, I2 // 2, E, k, "mxfp4", expert_range=(0, 2), act_format="mxfp4")
     with pytest.raises(ValueError, match="blocks of 32"):
         MXMoE(48, 48, E, k, "mxfp4", block_size=16, act_format="mxfp4")
+    with pytest.raises(ValueError, match=r"MXMoE\(device=\.\.\.\): 'gpu' is not a device"):  # (torch's RuntimeError)
+        MXMoE(H, I2 // 2, E, k, "mxfp4", device="gpu")
 
 
 @pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])

@@ -442,8 +442,9 @@ def _cmd_tune(args) -> int:
         raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")
     if not torch.cuda.is_available():
-        print("mxkit: error: mxkit tune gemm needs a CUDA GPU (none is visible)", file=sys.stderr)
-        return 2
+        from .bench.output import usage_error
+
+        return usage_error("mxkit tune gemm needs a CUDA GPU (none is visible)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # (once the run can start: a failed one leaves none)
     tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
     return 0

@@ -177,8 +177,9 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     float32).
 
     Value = decode(element) × 2^(scale − 127) (OCP MX v1.0 §5: v_i = X × P_i) in float32, then cast
-    (round to nearest even).
-    Scale 0xFF or an element NaN code gives NaN. See :func:`mxkit.reference.dequantize_reference`.
+    (round to nearest even); for ``dtype=float64`` the product is computed in float64 (always exact: an MX value
+    past float32's range, e.g. 2^128, stays finite).
+    Scale 0xFF or an element NaN code gives NaN; an E5M2 Inf code gives ±Inf. See :func:`mxkit.reference.dequantize_reference`.
     Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
     backend and for ``backend="triton"`` on a tensor not on CUDA (the kernels' backend; :func:`matmul` instead
     runs its CPU parts there).
@@ -218,7 +219,7 @@ def _gemm_backend(a, b, backend: str) -> str:
 def gemm_plan(a: GemmOperandA, b: Union[MXTensor, PackedWeight], *, out_dtype: Optional[torch.dtype] = None,
               backend: str = "auto"):
     """Which path :func:`matmul` takes for ``(a, b)`` and why: a :class:`mxkit.kernels.matmul.GemmPlan`
-    (``.path``, ``.reason``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
+    (``.path``, ``.reason``, ``.exact``, ``.M``, ``.N``, ``.K``, ``.out_dtype``). Paths are listed in
     :data:`mxkit.kernels.matmul.PATHS`; every one is exact (the MX values multiplied exactly, float32 accumulation,
     one output rounding; the FP8 tensor-core paths: see :func:`matmul`).
     On CUDA with a PackedWeight it reads no device value (no host sync) once the weight's scale statistics have
@@ -579,8 +580,8 @@ def _hot():
 @on_operand_device()
 def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch.dtype] = None) -> PackedWeight:
     """One-time re-layout of an MX weight (N, K) along K for :func:`matmul` (``data tiling``): FP4 / FP6
-    weights are folded to FP8 E4M3 with power-of-two row scales (exact), MXFP4 / MXFP8 E4M3 weights of the
-    small-M kernels' shapes get their layouts, every weight gets its scale envelope. ``act`` limits the layouts
+    weights are folded to FP8 E4M3 with power-of-two row scales (exact), MXFP4 / MXFP8 (E4M3, E5M2) weights of
+    the small-M kernels' shapes get their layouts, every weight gets its scale envelope. ``act`` limits the layouts
     to those the weight's activations read (memory): None every one; ``"float"`` (bf16 / fp16 / fp32
     activations: no fold); ``"fp8_rowwise"`` or ``"mx"`` (the fold; for MXFP8 E4M3 weights and ``"mx"`` the
     MXFP8 x MXFP8 layout). MXFP6 weights for float activations also keep an exact MXFP8 twin (the MXFP8 kernels

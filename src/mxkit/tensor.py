@@ -139,8 +139,9 @@ class MXTensor:
     checks as the constructor.
 
     Raises TypeError (a field of the wrong type or dtype) or ValueError (axis out of range, shapes that do
-    not agree, naming the field with the shape it has and the one it should have, or qdata and scale on
-    different devices).
+    not agree, naming the field with the shape it has and the one it should have, qdata and scale on
+    different devices, or a ``scale_layout`` / ``scale_mode`` / ``rounding`` that is not one of the names or
+    enum members: these three are parsed, so any other value is an unknown name).
 
     Views: :meth:`qdata_view` (``torch.float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``int8``
     where torch has the dtype) and :meth:`scale_view` (``torch.float8_e8m0fnu``).

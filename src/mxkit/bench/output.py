@@ -15,6 +15,7 @@ import datetime as _dt
 import io
 import json
 import math
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -89,7 +90,11 @@ def env_line(env: dict) -> str:
 
 
 def usage_error(message: str) -> int:
-    """Print ``mxkit: error: message`` on stderr (as the ``mxkit`` CLI does); returns the exit status 2."""
+    """Print ``mxkit: error: message`` on stderr (as the ``mxkit`` CLI does); returns the exit status 2. With
+    ``MXKIT_TRACEBACK=1`` raises RuntimeError(message) instead (a traceback and exit status 1, as the CLI's other
+    errors then)."""
+    if os.environ.get("MXKIT_TRACEBACK", "0") not in ("", "0"):
+        raise RuntimeError(message)
     print(f"mxkit: error: {message}", file=sys.stderr)
     return 2
 

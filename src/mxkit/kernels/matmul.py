@@ -258,7 +258,7 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     """One-time re-layout of an MX weight (N, K) along K into what the GEMM paths read (see PackedWeight).
 
     FP4 / FP6 weights are folded to FP8 E4M3 with row scales (a memory-bound kernel on CUDA, the reference
-    on CPU); MXFP4 / MXFP8 E4M3 weights of the small-M kernels' shapes get their layouts (``mma_q``); every
+    on CPU); MXFP4 / MXFP8 (E4M3, E5M2) weights of the small-M kernels' shapes get their layouts (``mma_q``); every
     weight gets its scale extrema: with a fold, in the fold's one host sync; without (``act="float"``, FP8 / INT8
     weights), left on the device and read by the first GEMM call (so packing a model's weights queues kernels
     only: ``PackedWeight.stats``). ``act`` (:data:`PACK_ACTS`) builds only the layouts of the

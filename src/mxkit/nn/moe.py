@@ -77,7 +77,7 @@ from ..moe_reference import route as reference_route
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
 from ..ops import dequantize, needs_grad, quantize
-from ..tensor import MXTensor, as_int
+from ..tensor import MXTensor, as_int, check_device_name
 from . import _moe_export, _ops
 from ._moe_grad import ExpertsGrad, experts_backward
 from .linear import FP8_ROWWISE, _check_block_size, _hooked, _parse_act, check_format, record_format
@@ -127,7 +127,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
       keep_source: False (default): the first forward on Hopper packs the experts in place, and the first CUDA
         forward of a W4A8 / MXFP4 x MXFP4 module folds them in place (module docstring); True: the buffers keep
         the checkpoint layout and the packed or folded copy is kept beside them.
-      device / dtype: of the router and the biases.
+      device / dtype: of the router and the biases (ValueError for a device string torch does not parse,
+        TypeError for a dtype that is not floating).
     Buffers are zero-initialised (zero experts); :meth:`from_dense` fills them.
 
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
@@ -233,6 +234,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.ep_group = None
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the router and biases)")
+        check_device_name(device, "MXMoE(device=...)")
         f = dict(device=device, dtype=dtype or torch.float32)
         self.router = nn.Linear(H, E, bias=router_bias, **f)
         for name, shape in zip(_EXPERTS, self._expert_shapes(hi - lo)):

@@ -666,12 +666,17 @@ def test_out_that_is_not_a_writable_folder_is_refused_before_the_run(monkeypatch
     monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: pytest.fail("the run started"))
     afile = tmp_path / "afile"
     afile.write_text("keep")
-    for out in (afile, "/proc/mxkit-bench"):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for out in (afile, "/proc/mxkit-bench", tmp_path / "dangling"):
         args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--out", str(out)])
         assert _run_cpu(args, bq.IMPLS) == 2
         err = capsys.readouterr().err
-        assert err.startswith("mxkit: error: ") and str(out) in err and err.count("\n") == 1, err
+        assert err.startswith("mxkit: error: --out ") and str(out) in err and err.count("\n") == 1, err
+        assert "File exists" not in err  # (a dangling link's mkdir said so)
     assert afile.read_text() == "keep"
+    with pytest.raises(SystemExit):  # ("" is the current folder to pathlib: refused as a usage error)
+        _cli().parse_args(["bench", "quantize", "--out", ""])
+    assert "argument --out: empty" in capsys.readouterr().err
     args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--out", str(tmp_path / "new" / "dir")])
     monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (2000.0, 1600.0, 200_000_000))
     monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))

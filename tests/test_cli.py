@@ -1048,6 +1048,58 @@ def test_inspect_names_a_missing_path_and_skips_folders(tmp_path, capsys):
     assert "inspect needs a path" in capsys.readouterr().err
 
 
+def test_inspect_reads_a_path_that_is_not_utf8_and_names_an_unreadable_file(tmp_path, capsys, monkeypatch):
+    """A safetensors file under a name whose bytes are not UTF-8 lists as under any name (safetensors' reader takes
+    UTF-8 paths only: it was "not a readable safetensors file"); a file that cannot be opened is reported with the
+    OS's reason (safetensors said "No such file or directory" of a file without read permission)."""
+    import os
+
+    from mxkit import _files
+
+    raw = os.fsencode(str(tmp_path)) + b"/na\xffme.safetensors"
+    good = tmp_path / "ok.safetensors"
+    safetensors_torch.save_file({"w.weight": torch.randn(4, 64)}, str(good))
+    with open(raw, "wb") as f:
+        f.write(good.read_bytes())
+    good.unlink()
+    assert cli.main(["inspect", os.fsdecode(raw), "--plain"]) == 0
+    assert "1 tensors, 0 MX pairs" in capsys.readouterr().out
+    assert cli.main(["inspect", str(tmp_path), "--plain"]) == 0  # (the folder holding it)
+    assert "w.weight" in capsys.readouterr().out
+
+    real_open = open
+
+    def no_read(path, *a, **kw):  # (as a user without read permission sees it; root reads every file)
+        if str(path).endswith(".safetensors"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(_files, "open", no_read, raising=False)
+    assert cli.main(["inspect", os.fsdecode(raw)]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "No such file" not in err, err
+
+
+def test_empty_paths_and_dangling_links_are_named(tmp_path, capsys, monkeypatch):
+    """An empty --model / --table / --out is refused ("" is the current folder to pathlib); an --out that is a
+    symbolic link into a folder that does not exist says so (it read "No such file or directory"), while one whose
+    target's folder exists is written through."""
+    monkeypatch.chdir(tmp_path)
+    for argv, want in ((["eval", "--model", ""], "the model path is empty"),
+                       (["bench", "gemm", "--list", "--table", ""], "--table '' is empty")):
+        assert cli.main(argv) == 2
+        assert want in capsys.readouterr().err
+    from mxkit._files import check_writable
+
+    (tmp_path / "dj.json").symlink_to("/nonexistent-mxkit/dir/x.json")
+    with pytest.raises(FileNotFoundError, match="symbolic link to '/nonexistent-mxkit/dir/x.json', whose folder"):
+        check_writable(tmp_path / "dj.json", "--out")
+    (tmp_path / "ok.json").symlink_to("target.json")
+    assert check_writable(tmp_path / "ok.json", "--out") and not (tmp_path / "target.json").exists()
+    with pytest.raises(ValueError, match="--out is empty"):
+        check_writable("", "--out")
+
+
 def test_a_table_title_stays_on_one_line():
     import io
 

@@ -311,6 +311,17 @@ def test_eager_parts_keep_the_fused_output_until_every_part_has_read_it(rng):
         a = group.output(x, 0)
         assert len(calls) == 2
     assert all(torch.equal(g, w) for g, w in zip((a, b, c), want))
+    # a part index out of range is refused before the GEMM (it ran it, then counted the bad index as a part, so
+    # the output was kept past its last part); -1 is not part 2; NumPy integers are indices
+    np = pytest.importorskip("numpy")
+    calls.clear()
+    kept = group._last and (group._last[2], set(group._last[3]))
+    with torch.no_grad():
+        for bad, err in ((3, IndexError), (-1, IndexError), (1.0, TypeError), (True, TypeError), ("0", TypeError)):
+            with pytest.raises(err):
+                group.output(x, bad)
+        assert calls == [] and (group._last and (group._last[2], set(group._last[3]))) == kept
+        assert torch.equal(group.output(x, np.int64(1)), want[1])
 
 
 @pytest.mark.parametrize("first", ["no_grad", "x_without_grad"])

@@ -1,7 +1,9 @@
-"""Output-file checks shared by the CLI and the benchmarks: an output path is checked before any long work."""
+"""File checks shared by the CLI and the benchmarks: an output path is checked before any long work; an input file
+read by a reader whose own errors mislead (safetensors) is checked first."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Union
 
@@ -12,8 +14,14 @@ def check_writable(path: Union[str, Path], option: str = "") -> Path:
     later leaves nothing behind; the writer makes the folders). Raises OSError naming ``option`` (e.g.
     ``--out``) and the path: a directory, a parent that is a file, a place where files cannot be made (/proc,
     no permission)."""
+    check_nonempty(path, option or "the output path")
     path = Path(path)
     what = f"{option} {str(path)!r}" if option else repr(str(path))
+    if path.is_symlink() and not path.exists():  # (written through: its target is made, in the target's folder)
+        target = os.readlink(path)
+        if not (path.parent / target).parent.is_dir():
+            raise FileNotFoundError(f"{what} cannot be written: it is a symbolic link to {target!r}, whose folder "
+                                    f"does not exist")
     if path.is_dir():
         raise IsADirectoryError(f"{what} is a directory, not a file that can be written")
     made: list[Path] = []
@@ -81,3 +89,32 @@ def write_bytes_atomic(path: Union[str, Path], data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_nonempty(path: Union[str, Path], what: str) -> None:
+    """ValueError naming ``what`` for an empty path ("" is the current folder to pathlib: a typo, not a choice)."""
+    if isinstance(path, str) and not path.strip():
+        raise ValueError(f"{what} is empty: name a path")
+
+
+def check_readable(path: Union[str, Path]) -> None:
+    """Raises what opening the file ``path`` for reading raises (PermissionError: "[Errno 13] Permission denied:
+    'path'"): the Rust safetensors reader reports an unreadable file as missing."""
+    with open(path, "rb"):
+        pass
+
+
+def openable_name(path: Path, stack) -> str:
+    """A name of the file ``path`` that readers taking only valid UTF-8 paths (safetensors' ``safe_open``) can open:
+    the path itself, or for a path whose bytes are not UTF-8, ``/proc/self/fd/N`` of a descriptor held open until
+    ``stack`` (a contextlib.ExitStack) closes (Linux; elsewhere the path as it is, and the reader's error)."""
+    name = str(path)
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        if not os.path.isdir("/proc/self/fd"):
+            return name
+    fd = os.open(path, os.O_RDONLY)
+    stack.callback(os.close, fd)
+    return f"/proc/self/fd/{fd}"

@@ -216,8 +216,8 @@ def _scale_summary(scales) -> str:
 def _safetensors_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
+    if path.is_dir():  # (iterdir, not glob: a folder that cannot be listed raises PermissionError, not "no files")
+        files = sorted(p for p in path.iterdir() if p.suffix == ".safetensors" and p.is_file())
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in {str(path)!r}")
         return files
@@ -231,6 +231,7 @@ def _cmd_inspect(args) -> int:
 
     from safetensors import SafetensorError, safe_open
 
+    from ._files import check_readable, openable_name
     from .formats import ScaleMode, get_format
     from .gpt_oss import INDEX_NAME, _Reader, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
 
@@ -258,8 +259,9 @@ def _cmd_inspect(args) -> int:
             files = _safetensors_files(path)
             several = len(files) > 1
             for fpath in files:
+                check_readable(fpath)  # (safetensors reports a file it may not read as missing)
                 try:
-                    fh = stack.enter_context(safe_open(str(fpath), framework="pt"))
+                    fh = stack.enter_context(safe_open(openable_name(fpath, stack), framework="pt"))
                     meta = {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
                     rows += _inspect_rows(meta, fh.get_tensor, lambda n, f=fpath: f.name, fmt, args, several)
                 except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
@@ -267,7 +269,8 @@ def _cmd_inspect(args) -> int:
                                      f"{' '.join(str(e).split())}") from e
     cols = ["tensor", "dtype", "shape", "mx", "note"] + (["file"] if several else [])
     n_pairs = sum(1 for r in rows if r["mx"] and r["mx"].endswith("data"))
-    _print_table(rows, cols, title=f"{args.path}: {len(rows)} tensors, {n_pairs} MX pairs", plain=args.plain)
+    shown = str(args.path).encode("utf-8", "backslashreplace").decode()  # (a name's non-UTF-8 bytes as \x escapes)
+    _print_table(rows, cols, title=f"{shown}: {len(rows)} tensors, {n_pairs} MX pairs", plain=args.plain)
     return 0
 
 

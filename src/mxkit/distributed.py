@@ -57,8 +57,9 @@ __all__ = ["expert_ranges", "check_expert_ranges", "ep_moe", "raise_collectively
 
 def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
     """Contiguous expert ranges, one per rank, as even as possible (the first ``num_experts % world_size`` ranks
-    take one more). Either count may be a NumPy integer. Raises TypeError for a count that is not an integer (a
-    bool included), ValueError if a rank would hold no expert."""
+    take one more). Either count may be a NumPy integer. The split is vLLM's default ``"linear"`` expert placement
+    (``determine_expert_map``: rank r starts at ``r * (E // W) + min(r, E % W)``). Raises TypeError for a count that
+    is not an integer (a bool included), ValueError if a rank would hold no expert."""
     num_experts, world_size = as_int(num_experts), as_int(world_size)
     for name, v in (("num_experts", num_experts), ("world_size", world_size)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -231,6 +232,8 @@ def ep_moe(
     on every rank when the ranks disagree on E, H, x's dtype, ``combine_dtype``, the activation or the ranges, or
     some need a gradient and others do not (all after the header exchange, before the data moves); RuntimeError
     under CUDA-graph capture (the exchange sizes are read on the host).
+    Routing and activation are :func:`mxkit.moe`'s (its docstring names their sources: GPT-OSS / transformers);
+    the exchange protocol (header, dispatch, combine; module docstring) is mxkit's own.
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:

@@ -51,6 +51,7 @@ import os
 import re
 import sysconfig
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -58,7 +59,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ._files import write_text_atomic
+from ._files import check_nonempty, check_readable, write_text_atomic
 from .formats import FORMATS, Rounding, ScaleMode, get_format
 from .gpt_oss import is_gpt_oss_mxfp4_dir
 from .nn import MXMoE, load_gpt_oss_model, quantize_model
@@ -229,6 +230,9 @@ def _load_weights(path: Path, kind: str, dtype: torch.dtype, device) -> torch.nn
         if is_gpt_oss_mxfp4_dir(path):  # MXFP4 experts kept as they are (MXMoE), not transformers' GPU integration
             model = load_gpt_oss_model(path, dtype=dtype, device=device, progress=False)
             return model if kind == "causal" else model.model
+        for f in path.iterdir():  # (safetensors reports a weights file it may not read as missing)
+            if f.suffix == ".safetensors" and f.is_file():
+                check_readable(f)
         cls = AutoModelForCausalLM if kind == "causal" else AutoModel
         model, info = cls.from_pretrained(path, local_files_only=True, dtype=dtype, output_loading_info=True)
     except (ValueError, TypeError, OSError, ImportError):
@@ -277,6 +281,7 @@ def load_model(
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    check_nonempty(path, "the model path")
     path = Path(path) if path is not None else default_model_path()
     _check_model_dir(path)
     if kind not in ("auto", "embedding", "causal"):
@@ -488,6 +493,7 @@ def evaluate(
     if eval_model is None:
         _check_device(device)
         if model_dir is not None:
+            check_nonempty(model_dir, "the model path")
             _check_model_dir(Path(model_dir))
     texts = stdlib_sentences(sentences) if isinstance(sentences, int) else list(sentences)
     if len(texts) < 2:
@@ -522,11 +528,15 @@ def evaluate(
     for fmt, mode in tqdm(combos, desc="mxkit eval", disable=not progress):
         t = time.perf_counter()
         qmodel = copy.deepcopy(em.model, memo={id(m): m for m in moes.values()})
-        _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
-                                   block_size=block_size, skip=skip, progress=False, return_report=True)
+        with warnings.catch_warnings(record=True) as caught:  # (held: the error below says it in one line)
+            warnings.simplefilter("always")
+            _, report = quantize_model(qmodel, fmt, act_format=act, scale_mode=mode, rounding=rnd,
+                                       block_size=block_size, skip=skip, progress=False, return_report=True)
         if not any(r.status == "quantized" for r in report):  # (a row of the unquantized model, labelled fmt)
             why = sorted({r.reason for r in report if r.status != "quantized"}) or ["the model has no nn.Linear"]
             raise ValueError(f"{fmt} ({mode}) quantized no layer of the model: {'; '.join(why)[:300]}")
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         t_run = time.perf_counter()
         emb, nll, _ = _run(qmodel, em.kind, batches)
         ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)

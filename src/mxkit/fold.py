@@ -118,6 +118,12 @@ class Folded:
 
     Exactness: for every source row r, ``dequantize(q)[r] == data[r] * scale[r] + sum over slices i with
     owner[i] == r of data[R + i] * scale[R + i]``, every product exact (see :func:`unfold_reference`).
+    The fold and this layout are mxkit's own convention (no peer).
+
+    Raises TypeError when data is not float8_e4m3fn, scale not float32 or owner not int64 (or one is not a
+    tensor), or fmt is not a format name / ElementFormat; ValueError when data is not 2-D, scale not 1-D of
+    data's length, owner not 1-D and no longer than data, the tensors are on different devices,
+    ``prod(lead_shape)`` is not ``len(data) - len(owner)``, or fmt is an unknown format name.
     """
 
     data: torch.Tensor
@@ -163,15 +169,18 @@ class Folded:
 
     @property
     def K(self) -> int:
+        """int: the row length in elements (``data.shape[1]``, the source's last axis)."""
         return self.data.shape[1]
 
     def to(self, device: Union[str, torch.device]) -> "Folded":
-        """The same Folded with its tensors on ``device``. Raises TypeError for a dtype (its values are fixed)."""
+        """The same Folded with its tensors on ``device`` (bytes unchanged). Raises TypeError for a dtype (its values
+        are fixed: :func:`unfold_reference` gives them) or a tensor, ValueError for a string that is not a device."""
         device_only(device, "Folded", "unfold_reference(a).to(dtype)")
         return Folded(self.data.to(device), self.scale.to(device), self.owner.to(device), self.fmt, self.lead_shape)
 
     @property
     def device(self) -> torch.device:
+        """torch.device of data, scale and owner (one device, checked at construction)."""
         return self.data.device
 
     def __reduce__(self):

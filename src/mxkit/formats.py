@@ -91,10 +91,13 @@ class ElementFormat:
 
     @property
     def is_float(self) -> bool:
+        """bool: a floating-point element (``kind == "float"``); False for MXINT8."""
         return self.kind == "float"
 
     @property
     def sign_bit(self) -> int:
+        """int: the mask of the sign bit in an element code, ``1 << (bits - 1)`` (0x08 FP4, 0x20 FP6, 0x80 FP8 /
+        INT8)."""
         return 1 << (self.bits - 1)
 
     @property
@@ -233,7 +236,10 @@ class ScaleMode(_ParseEnum):
     mode.)
 
     A block whose amax is 0 gets scale byte 0 in every mode (as torchao); a block holding NaN or ±Inf gets
-    the NaN scale 0xFF. Strings ``"floor"``, ``"ceil"``, ``"rceil"``, ``"even"`` are accepted everywhere.
+    the NaN scale 0xFF. Strings ``"floor"``, ``"ceil"``, ``"rceil"``, ``"even"`` are accepted everywhere:
+    :meth:`parse` (what :func:`mxkit.quantize` applies to ``scale_mode``) ignores case and surrounding spaces
+    (``"FLOOR"``) and raises ValueError for an unknown name or a non-str (the bare ``ScaleMode("FLOOR")`` is
+    case-sensitive, as any Enum's).
     """
 
     FLOOR = "floor"
@@ -252,6 +258,9 @@ class Rounding(_ParseEnum):
       in ``aiter/utility/fp4_utils.py`` before aiter PR #2249 (2026-03) (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
       5.0 → 6.0). That PR made it round ties to even, as aiter's other quantizer (``aiter.ops.triton.quant``)
       and its HIP kernels (PR #3992) do: current aiter is ``RNE``.
+
+    Strings ``"rne"`` / ``"away"`` are accepted where a Rounding is: :meth:`parse` ignores case and surrounding
+    spaces (``"RNE"``) and raises ValueError for an unknown name or a non-str (``"nearest"``).
     """
 
     RNE = "rne"

@@ -123,7 +123,9 @@ class CheckpointError(ValueError):
 
 def moe_tensor_name(layer: int, role: str) -> str:
     """The checkpoint name of one MoE tensor: ``model.layers.{layer}.mlp.experts.{role}`` (router:
-    ``model.layers.{layer}.mlp.{role}``). Raises ValueError for a role not in :data:`MOE_ROLES`."""
+    ``model.layers.{layer}.mlp.{role}``), the safetensors keys of HF's GPT-OSS checkpoints (transformers'
+    ``GptOssMLP.router`` / ``.experts`` and ``Mxfp4HfQuantizer.serialized_names``: ``*_blocks``, ``*_scales``).
+    Raises ValueError for a role not in :data:`MOE_ROLES`."""
     if role not in MOE_ROLES:
         raise ValueError(f"unknown MoE tensor role {role!r}; known: {', '.join(MOE_ROLES)}")
     return f"model.layers.{layer}.mlp.{'' if role.startswith('router.') else 'experts.'}{role}"
@@ -247,6 +249,9 @@ def mxtensor_from_blocks(blocks: torch.Tensor, scales: torch.Tensor, name: str =
     scales: uint8 (..., G), E8M0.
     Returns MXTensor ``mxfp4_e2m1`` of logical shape (..., 32·G), axis last, block 32: ``qdata`` (..., 16·G) is
     ``blocks`` reshaped (a view when ``blocks`` is contiguous, as safetensors tensors are), ``scale`` is ``scales``.
+    Source: the GPT-OSS checkpoint layout as transformers reads it (element 2j in the low nibble):
+    ``transformers.integrations.mxfp4.convert_moe_packed_tensors(blocks, scales)`` is ``dequantize`` of this
+    MXTensor transposed (1, 2), bit for bit in float32 and bfloat16, for scale bytes other than 0xFF.
     Raises CheckpointError (naming ``name``) for a non-tensor, another dtype or shapes that do not pair.
     """
     for what, t in (("blocks", blocks), ("scales", scales)):
@@ -265,8 +270,9 @@ def mxtensor_from_blocks(blocks: torch.Tensor, scales: torch.Tensor, name: str =
 def blocks_from_mxtensor(t: MXTensor, name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
     """An MXFP4 :class:`~mxkit.MXTensor` (axis last, block 32, plain scales) → GPT-OSS ``(blocks, scales)``:
     blocks uint8 (..., G, 16) (a view of ``qdata`` when it is contiguous), scales uint8 (..., G) (``t.scale``).
-    The inverse of :func:`mxtensor_from_blocks`. Raises CheckpointError (naming ``name``) for another format,
-    axis, block size or scale layout."""
+    The inverse of :func:`mxtensor_from_blocks` (the same source: the GPT-OSS checkpoint layout, nibble order as
+    ``transformers.integrations.mxfp4.convert_moe_packed_tensors``). Raises CheckpointError (naming ``name``) for
+    a non-MXTensor, another format, axis, block size or scale layout."""
     if not isinstance(t, MXTensor):
         raise CheckpointError(f"{name}: expected an MXTensor, got {type(t).__name__}")
     if (t.fmt.name, t.axis, t.block_size, t.scale_layout) != ("mxfp4_e2m1", t.ndim - 1, BLOCK, "plain"):
@@ -310,7 +316,8 @@ class _Reader:
         else:
             self.index, self.weight_map = None, {}
             single = root / SINGLE_NAME
-            files = [single] if single.is_file() else sorted(f for f in root.glob("*.safetensors") if f.is_file())
+            files = [single] if single.is_file() else sorted(  # (iterdir: an unlistable folder raises, not "none")
+                f for f in root.iterdir() if f.suffix == ".safetensors" and f.is_file())
             if not files:
                 raise CheckpointError(f"no *.safetensors files and no {INDEX_NAME} in {str(root)!r}")
             for f in files:
@@ -324,8 +331,11 @@ class _Reader:
         if f not in self._handles:
             from safetensors import SafetensorError, safe_open
 
+            from ._files import check_readable, openable_name
+
             try:
-                self._handles[f] = self._stack.enter_context(safe_open(str(f), framework="pt"))
+                check_readable(f)  # (safetensors reports a file it may not read as missing)
+                self._handles[f] = self._stack.enter_context(safe_open(openable_name(f, self._stack), framework="pt"))
             except SafetensorError as e:  # truncated or corrupt: one line naming the file, and the tensors cut off
                 raise CheckpointError(f"{str(f)!r} is not a readable safetensors file: "
                                       f"{' '.join(str(e).split())}{_cut_off(f)}") from e

@@ -58,15 +58,17 @@ class Fp8Rowwise:
 
     @property
     def shape(self) -> torch.Size:
+        """torch.Size (..., K) of ``data``: the activations' logical shape, in elements."""
         return self.data.shape
 
     @property
     def device(self) -> torch.device:
+        """torch.device of data and scale (one device, checked at construction)."""
         return self.data.device
 
     def to(self, device: Union[str, torch.device]) -> "Fp8Rowwise":
         """The same activations with data and scale on ``device`` (values unchanged). Raises TypeError for a
-        dtype."""
+        dtype or a tensor, ValueError for a string that is not a device."""
         device_only(device, "Fp8Rowwise", "a.dequantize(dtype)")
         return Fp8Rowwise(self.data.to(device), self.scale.to(device))
 
@@ -171,26 +173,32 @@ class PackedWeight:
 
     @property
     def scale_min(self) -> int:
+        """int: the smallest E8M0 byte of ``source`` other than 0xFF (255 when all are 0xFF); see ``stats``."""
         return self._host_stats()[0]
 
     @property
     def scale_max(self) -> int:
+        """int: the largest E8M0 byte of ``source`` other than 0xFF (-1 when all are 0xFF); see ``stats``."""
         return self._host_stats()[1]
 
     @property
     def has_nan(self) -> bool:
+        """bool: a 0xFF (NaN) scale byte, or for MXFP8 a NaN / Inf element code, occurs; see ``stats``."""
         return self._host_stats()[2]
 
     @property
     def shape(self) -> torch.Size:
+        """torch.Size (N, K): the weight's logical shape in elements (``source.shape``)."""
         return self.source.shape
 
     @property
     def fmt(self) -> ElementFormat:
+        """The element format of ``source`` (:class:`mxkit.formats.ElementFormat`)."""
         return self.source.fmt
 
     @property
     def device(self) -> torch.device:
+        """torch.device of ``source``."""
         return self.source.device
 
     def __repr__(self) -> str:  # (the dataclass's would print every tensor it holds)
@@ -215,7 +223,8 @@ class PackedWeight:
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
-        """The same weight with every tensor on ``device`` (bytes unchanged). Raises TypeError for a dtype."""
+        """The same weight with every tensor on ``device`` (bytes unchanged). Raises TypeError for a dtype or a
+        tensor, ValueError for a string that is not a device."""
         device_only(device, "PackedWeight", "mxkit.dequantize(w.source, dtype)")
         f = self.folded
         if f is not None:

@@ -262,10 +262,12 @@ class MXTensor:
     # --- conveniences -----------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """torch.device of qdata and scale (one device, checked at construction)."""
         return self.qdata.device
 
     @property
     def ndim(self) -> int:
+        """int: the number of dimensions of the logical shape (``len(shape)``)."""
         return len(self.shape)
 
     @property
@@ -275,6 +277,8 @@ class MXTensor:
 
     @property
     def bits_per_element(self) -> float:
+        """float: storage bits per logical element, scales included (``8 * nbytes / numel``: 4.25 for MXFP4 with
+        plain scales; a swizzled scale layout's padding counts too)."""
         return 8.0 * self.nbytes / max(1, self.shape.numel())
 
     def to(self, device: Union[str, torch.device]) -> "MXTensor":

@@ -62,7 +62,6 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -501,7 +500,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "k + 1, x bf16 from the per-repeat ratios; sequential: one model at a time (the memory of "
                         "one) (default interleaved)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the random weights and prompts (default 0)")
-    p.add_argument("--out", type=Path, default=None, help="write bench_decode.csv / .json / .png into this folder")
+    p.add_argument("--out", type=output.out_folder, default=None,
+                   help="write bench_decode.csv / .json / .png into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
     p.add_argument("--list", action="store_true", help="print the runs and exit (no GPU needed)")
 

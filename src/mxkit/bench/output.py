@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .._files import check_writable, write_bytes_atomic, write_text_atomic
+from .._files import check_nonempty, check_writable, write_bytes_atomic, write_text_atomic
 
 
 def progress(msg: str) -> None:
@@ -128,15 +128,27 @@ def _folder_made(path) -> Path:
     return Path(path)
 
 
+def out_folder(text: str) -> Path:
+    """argparse type of ``--out``: the folder's path; an empty one is refused ("" is the current folder to
+    pathlib)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: name the folder the results go into")
+    return Path(text)
+
+
 def check_out_folder(folder, names: Sequence[str]) -> None:
     """Before a run: ``--out`` ``folder`` (made when the results are written) must be a folder in which each of
     ``names`` can be written (:func:`mxkit._files.check_writable`: nothing is left behind). Raises OSError naming
     the path."""
+    check_nonempty(folder, "--out")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"--out {str(folder)!r} is a file; it names the folder the results go into")
+    if folder.is_symlink() and not folder.exists():
+        raise NotADirectoryError(f"--out {str(folder)!r} is a symbolic link to {os.readlink(folder)!r}, which does "
+                                 f"not exist; it names the folder the results go into")
     for name in names:
-        check_writable(folder / name)
+        check_writable(folder / name, "--out")
 
 
 def _json_safe(v: Any) -> Any:

@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -279,7 +278,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "('matmul,M=1'); a whole name picks that call alone ('quantize mxfp4'), a part every call "
                         "whose name holds it (case-insensitive)")
     p.add_argument("--list", action="store_true", help="print the calls and exit (no GPU needed)")
-    p.add_argument("--out", type=Path, default=None, help="write bench_overhead.csv / .json into this folder")
+    p.add_argument("--out", type=output.out_folder, default=None,
+                   help="write bench_overhead.csv / .json into this folder")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 

@@ -19,13 +19,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from .output import (Column, check_out_folder, env_line, environment, fmt_num, progress, reason,  # noqa: F401
-                     render_table, save, usage_error, write_chart)
+from .output import (Column, check_out_folder, env_line, environment, fmt_num, out_folder,  # noqa: F401
+                     progress, reason, render_table, save, usage_error, write_chart)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # over 4x any Hopper L2 (H100 50 MB, H200 60 MB), as do_bench
 FLUSH_MODES = ("read", "write")
@@ -466,7 +465,7 @@ def add_common_arguments(p, backend: bool = True, backend_help: str = "backend o
     p.add_argument("--rounds", type=int, default=1,
                    help="the × column as the median of this many interleaved rounds against the reference peer, "
                         "each pair timed back to back (default 1: the rows' own timings)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_folder, default=None,
                    help="write CSV, JSON and a PNG chart into this folder (made when missing; checked before the run)")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 

@@ -184,6 +184,8 @@ def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
     """The dispatch table in the JSON file ``path`` (:func:`check_table`); ValueError naming ``what`` (default the
     path) where it cannot be read or is not such a table."""
     what = what or repr(str(path))
+    if isinstance(path, str) and not path.strip():  # ("" is the current folder to pathlib)
+        raise ValueError(f"{what} is empty: name a JSON dispatch table file")
     try:
         table = json.loads(Path(path).read_text(), parse_constant=_no_constant)
     except (OSError, ValueError) as e:

@@ -152,8 +152,9 @@ def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> to
       shape: a wrong ``shape`` of the same padded sizes (cols 4 for a scale of 3) is not detected, and its extra
       rows / columns are padding bytes (:class:`mxkit.MXTensor` keeps its shape, so its scales are unaffected).
 
-    Raises ValueError for an unknown layout, another dtype, a ``shape`` that is not two non-negative ints,
-    or a ``swizzled`` whose shape is neither (rows_p, cols_p) nor (rows_p * cols_p,).
+    Raises TypeError if ``swizzled`` is not a tensor; ValueError for an unknown layout, another dtype, a
+    ``shape`` that is not two non-negative ints, or a ``swizzled`` whose shape is neither (rows_p, cols_p) nor
+    (rows_p * cols_p,).
     """
     _check_layout(layout)
     s = _as_bytes(swizzled, _SCALE_DTYPES, "swizzled")
@@ -209,8 +210,8 @@ def to_data_layout(qdata: torch.Tensor, layout: str) -> torch.Tensor:
     quark_moe.py, ``process_weights_after_loading``). The same byte permutation is aiter's (16, 16) shuffle of
     FP8 weights (element_size 1); it differs for 2-byte dtypes.
 
-    Raises ValueError for an unknown layout, another dtype, fewer than 2 dims, or N / K-bytes that the
-    layout cannot take.
+    Raises TypeError if ``qdata`` is not a tensor; ValueError for an unknown layout, another dtype, fewer than
+    2 dims, or N / K-bytes that the layout cannot take.
     """
     q = _check_data(qdata, layout, "qdata")
     if layout == "plain":
@@ -225,8 +226,8 @@ def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) 
     shape: (..., N, K // 2) of the plain packed data; same constraints as :func:`to_data_layout`.
     Returns uint8 of ``shape``, contiguous, on ``shuffled.device``.
 
-    Raises ValueError for an unknown layout, another dtype, a ``shape`` the layout cannot take, or a
-    ``shuffled`` whose shape is neither ``shape`` nor (prod(shape),).
+    Raises TypeError if ``shuffled`` is not a tensor; ValueError for an unknown layout, another dtype, a
+    ``shape`` the layout cannot take, or a ``shuffled`` whose shape is neither ``shape`` nor (prod(shape),).
     """
     _check_data_layout(layout)
     s = _as_bytes(shuffled, _DATA_DTYPES, "shuffled")

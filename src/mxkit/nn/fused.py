@@ -36,6 +36,7 @@ the input object alone: an in-place change of x between two parts' calls inside 
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections import abc
 from typing import Iterable, Sequence
@@ -60,10 +61,15 @@ CROSS_ATTENTION = ("encoder_attn", "crossattention")
 
 class FusedMXLinear(_ops.Handled, nn.Module):
     """One MXLinear over the stacked weight rows of ``layers`` (MXLinear with equal in_features, weight and
-    activation formats, scale rule, rounding, block size, device, and all or none with a bias).
+    activation formats, scale rule, rounding, block size, device, and all or none with a bias, of one dtype and
+    requires_grad).
 
     ``output(x, i)`` is ``layers[i](x)`` up to float32 summation order: the columns ``offsets[i] :
-    offsets[i] + splits[i]`` of ``fused(x)`` (a view). Raises ValueError for layers that do not match."""
+    offsets[i] + splits[i]`` of ``fused(x)`` (a view). The members' rows are stacked along N in the order given
+    (q, k, v: ``[q | k | v]``), the layout of vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` on one
+    rank; sharing one GEMM's output between the members' own modules (:class:`FusedPart`) is mxkit's own.
+    Raises TypeError when ``layers`` is not a sequence (one module, a generator); ValueError for fewer than two
+    layers, a member that is not an MXLinear, or layers that do not match."""
 
     def __init__(self, layers: Sequence[MXLinear]):
         super().__init__()
@@ -110,10 +116,21 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         return state
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """Part i's output for input x (the module docstring's reuse rule). Raises TypeError, as the member
-        MXLinear does, for an x that is not a tensor."""
+        """Part i's output for input x (the module docstring's reuse rule): (..., splits[i]) in x's dtype, a view.
+        Raises TypeError, as the member MXLinear does, for an x that is not a tensor; IndexError for an i not in
+        [0, number of parts) (a negative one too: it would count as another part than its positive twin), before
+        any GEMM."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXLinear takes a float tensor (..., {self.fused.in_features}), got {type(x).__name__}")
+        if type(i) is not int or not 0 <= i < len(self.splits):  # (a bad i was served after the GEMM, and kept)
+            try:
+                i = operator.index(i) if not isinstance(i, bool) else None  # (NumPy integers are integers)
+            except TypeError:
+                i = None
+            if i is None:
+                raise TypeError("FusedMXLinear.output: the part index must be an int")
+            if not 0 <= i < len(self.splits):
+                raise IndexError(f"FusedMXLinear.output: part {i} is not in [0, {len(self.splits)})")
         if torch.compiler.is_compiling():
             return self._traced_output(x, i)
         try:
@@ -219,7 +236,9 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
     an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names
     (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a
-    group that names a layer twice."""
+    group that names a layer twice. The default names are HF transformers' (Llama, Mistral, Qwen2 / 3, Gemma); the
+    fused layout is :class:`FusedMXLinear`'s (vLLM's merged q / k / v and gate / up rows, on one rank); the
+    in-place swap is mxkit's own."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fuse_siblings takes an nn.Module, got {type(model).__name__}")
     groups = _check_groups(groups)

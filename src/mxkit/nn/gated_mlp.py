@@ -45,7 +45,10 @@ class MXGatedMLP(_ops.Handled, nn.Module):
     block size and device; ``down``: any module (kept as it is, normally the MLP's MXLinear (H, I)).
 
     ``forward(x)``: x (..., H) -> (..., H) (``down``'s output). ``act(x)``: the gated product (..., I) in x's
-    dtype. Raises ValueError for members that do not match."""
+    dtype. The computation is HF transformers' ``LlamaMLP`` with SiLU (``down_proj(act_fn(gate_proj(x)) *
+    up_proj(x))``, as MistralMLP, Qwen2MLP, Qwen3MLP); the interleaved ``gate_up`` rows are mxkit's own layout.
+    Raises ValueError when ``gate`` or ``up`` is not an MXLinear (exactly: a subclass is refused too), when either
+    has a bias, or when they do not match."""
 
     def __init__(self, gate: MXLinear, up: MXLinear, down: nn.Module):
         super().__init__()

@@ -70,7 +70,9 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
     exactly (equal infinities and two empty tensors included), or the signal is infinite and the error not, and
     ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and the signal not. Raises TypeError
-    for an argument that is not a tensor, ValueError when the shapes differ (no broadcasting).
+    for an argument that is not a tensor, ValueError when the shapes differ (no broadcasting). The ratio is
+    torchao's SQNR (``torchao.quantization.utils.compute_error``: ``20·log10(‖x‖ / ‖x − x̂‖)``, in float32
+    there); the float64 scaling and the NaN / ±inf cases are mxkit's own.
     """
     for name, t in (("x", x), ("x_hat", x_hat)):
         if not isinstance(t, torch.Tensor):
@@ -231,8 +233,8 @@ class MXLinear(_ops.Handled, nn.Module):
         """Quantize ``linear.weight`` along ``in_features`` and return an MXLinear on the same device.
 
         The bias is copied (same dtype and device). Raises ValueError if ``linear.in_features`` is not a
-        multiple of ``block_size``, TypeError if ``linear`` is not an ``nn.Linear`` or its weight is not float32 /
-        bfloat16 / float16.
+        multiple of ``block_size`` or ``in_features`` / ``out_features`` is 0 (an empty layer), TypeError if
+        ``linear`` is not an ``nn.Linear`` or its weight is not float32 / bfloat16 / float16.
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
@@ -262,7 +264,9 @@ class MXLinear(_ops.Handled, nn.Module):
         )
 
     def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Dense (out_features, in_features) weight in ``dtype`` (exact in float32)."""
+        """Dense (out_features, in_features) weight in ``dtype``: float32 (None means float32), bfloat16, float16 or
+        float64, as :func:`mxkit.dequantize`; exact in float64, and in float32 within its range (a value past it,
+        from a scale byte near 254, is ±Inf there). Raises TypeError for another dtype."""
         return dequantize(self.weight_mx, dtype)
 
     @property
@@ -362,10 +366,12 @@ class MXLinear(_ops.Handled, nn.Module):
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._packed, self.act_format
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got {type(x).__name__}")
+            raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got "
+                            f"{type(x).__name__}")
         if x.numel() == 0 and act is not None:  # an empty batch: nothing to quantize
             if x.dtype not in SUPPORTED_INPUT_DTYPES:
-                raise TypeError(f"{type(self).__name__} with act_format takes float32 / bfloat16 / float16 x, got {x.dtype}")
+                raise TypeError(f"{type(self).__name__} with act_format takes float32 / bfloat16 / float16 x, got "
+                                f"{x.dtype}")
             if x.dim() == 0 or x.shape[-1] != self.in_features:
                 raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")
             return x.new_empty((*x.shape[:-1], self.out_features))
@@ -480,6 +486,7 @@ class LayerReport:
 
     @property
     def numel(self) -> int:
+        """int: the weight's element count, ``out_features * in_features``."""
         return self.out_features * self.in_features
 
     def as_dict(self) -> dict:

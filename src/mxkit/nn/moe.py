@@ -261,6 +261,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     @property
     def num_local_experts(self) -> int:
+        """int: the number of experts this module holds, E_local = hi - lo of ``expert_range`` (E when it holds
+        all)."""
         return self.expert_range[1] - self.expert_range[0]
 
     def _mx(self, name: str) -> MXTensor:
@@ -461,7 +463,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         return self._mx("down")
 
     def dequantize_experts(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dense ``(gate_up (E_local, 2I, H), down (E_local, H, I))`` in ``dtype`` (exact in float32)."""
+        """Dense ``(gate_up (E_local, 2I, H), down (E_local, H, I))`` in ``dtype``: float32 (None means float32),
+        bfloat16, float16 or float64, as :func:`mxkit.dequantize`; exact in float64, and in float32 within its range
+        (a value past it, from a scale byte near 254, is ±Inf there). Raises TypeError for another dtype."""
         return dequantize(self.gate_up_mx, dtype), dequantize(self.down_mx, dtype)
 
     @property

@@ -870,3 +870,19 @@ def test_merge_tables_field_by_field():
     assert got == {"_doc": "e", "A": {"k": {"x": 1, "y": 5, "w": 6}, "j": {"z": 3}, "n": {"q": 1}, "_measured": "new"},
                    "default": {"k": {"x": 0}}, "B": {"k": {"x": 9}}}
     assert base["A"] == {"k": {"x": 1, "y": 2}, "j": {"z": 3}, "_measured": "old"}
+
+
+def test_names_on_the_command_line_are_taken_in_any_case():
+    """Bench and tune choices are taken in any case and returned as the code spells them, as --formats MXFP4 and
+    --scale-mode FLOOR were (bench --pairs / --models / --dtype and tune --stages refused upper case)."""
+    from mxkit.tune import check_stages
+
+    parse = timing.choice("model", ("gpt-oss-20b", "gpt-oss-120b"))
+    assert parse("GPT-OSS-20B") == "gpt-oss-20b" and parse("gpt-oss-120b") == "gpt-oss-120b"
+    with pytest.raises(timing.ChoiceError, match="unknown model 'gpt-oss-7b'"):
+        parse("gpt-oss-7b")
+    assert check_stages(["MOE", "Decode_MMA"]) == ("decode_mma", "moe")
+    with pytest.raises(ValueError, match="named twice"):
+        check_stages(["moe", "MOE"])
+    args = _cli().parse_args(["bench", "quantize", "--dtype", "BF16", "--ops", "ROWWISE"])
+    assert args.dtype == torch.bfloat16 and args.ops == ("rowwise",)

@@ -80,6 +80,7 @@ def check_stages(stages: Optional[Sequence[str]]) -> tuple[str, ...]:
     stages = list(stages)
     if not stages:
         raise ValueError(f"no stage to tune (choose from {', '.join(STAGES)})")
+    stages = [st.lower() if isinstance(st, str) and st.lower() in STAGES else st for st in stages]  # (any case)
     for i, st in enumerate(stages):
         if st not in STAGES:
             raise ValueError(f"unknown tune stage {st!r} (choose from {', '.join(STAGES)})")

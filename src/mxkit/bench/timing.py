@@ -112,11 +112,17 @@ class ChoiceError(ValueError, argparse.ArgumentTypeError):
 
 
 def choice(what: str, known) -> Callable[[str], str]:
-    """A parser of one name among ``known``; :class:`ChoiceError` naming the choices otherwise."""
+    """A parser of one name among ``known``, in any case (``GPT-OSS-20B`` is ``gpt-oss-20b``, as ``--formats MXFP4``
+    and ``--scale-mode FLOOR`` are taken), returned as ``known`` spells it; :class:`ChoiceError` naming the choices
+    otherwise."""
+    folded = {str(k).lower(): k for k in known}
+
     def parse(name: str) -> str:
-        if name not in known:
-            raise ChoiceError(f"unknown {what} {name!r}; known: {', '.join(map(str, known))}")
-        return name
+        if name in known:
+            return name
+        if isinstance(name, str) and name.lower() in folded:
+            return folded[name.lower()]
+        raise ChoiceError(f"unknown {what} {name!r}; known: {', '.join(map(str, known))}")
 
     return parse
 

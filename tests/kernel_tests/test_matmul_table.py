@@ -184,6 +184,16 @@ def test_load_table_refuses_non_finite_numbers_and_takes_the_packaged_table(tmp_
     check_table({"_doc": 1, "default": {"_x": [1], "decode_w4a16": {"_measured": None, "configs": []}}})
 
 
+def test_check_table_knows_what_the_code_reads():
+    """The table check's keys are the tuner's stages and its m8 loops the kernel's (two lists kept apart: the kernel
+    module imports the table)."""
+    from mxkit.kernels.matmul_details._mma_decode import M8_LOOPS
+    from mxkit.kernels.matmul_table import _FIELDS, M8_LOOPS as TABLE_M8_LOOPS
+    from mxkit.tune import STAGES
+
+    assert set(_FIELDS) == set(STAGES) and TABLE_M8_LOOPS == M8_LOOPS
+
+
 def test_decode_config_refuses_bad_schedules():
     from mxkit.kernels.matmul_table import DecodeConfig
 

@@ -21,6 +21,8 @@ from typing import Mapping, Optional, Union
 
 import torch
 
+from .._files import check_nonempty
+
 __all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config", "check_table", "load_table",
            "merge_tables"]
 
@@ -184,8 +186,7 @@ def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
     """The dispatch table in the JSON file ``path`` (:func:`check_table`); ValueError naming ``what`` (default the
     path) where it cannot be read or is not such a table."""
     what = what or repr(str(path))
-    if isinstance(path, str) and not path.strip():  # ("" is the current folder to pathlib)
-        raise ValueError(f"{what} is empty: name a JSON dispatch table file")
+    check_nonempty(path, what)  # ("" is the current folder to pathlib)
     try:
         table = json.loads(Path(path).read_text(), parse_constant=_no_constant)
     except (OSError, ValueError) as e:

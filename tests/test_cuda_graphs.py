@@ -162,7 +162,8 @@ def test_gpu_ops_on_a_device_that_is_not_current(rng):
         with torch.no_grad():
             q = mxkit.quantize(x, "mxfp8")
             rows, cols = mxkit.cast_transpose(x.reshape(64, 32), "mxfp4")  # (M and K multiples of 32)
-            return [q.qdata, q.scale, rows.qdata, cols.scale, mxkit.dequantize(w, torch.bfloat16),
+            return [q.qdata, q.scale, rows.qdata, rows.scale, cols.qdata, cols.scale,
+                    mxkit.dequantize(w, torch.bfloat16),
                     mxkit.matmul(x[:1], pw), mxkit.matmul(x, pw), lin(x[:1]), lin(x), moe(x)]
 
     with torch.cuda.device(1):

@@ -1068,7 +1068,10 @@ def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
         y3, _ = check(a3, pw, backend="auto", bias=bias, path="w8a16-wgmma")
         assert y3.shape == (2, M, N)
         q, st, one = wg.packed_of(pw)
-        for split in (1, 2):
+        from conftest import poison_allocator
+
+        for split in (1, 2):  # (poisoned first: the same product was just computed and freed)
+            poison_allocator()
             got = wg.w4a16_wgmma(a, q, st, N, one, torch.bfloat16, None, bm=64 if M <= 64 else 128, split=split,
                                  elem=fmt[-4:])
             assert_within_bound(got, a, pw, None)
@@ -1085,6 +1088,8 @@ def test_gpu_w8a16_wgmma(M, N, K, fmt, base, rng):
         yh = mxkit.matmul(am, pw, backend="auto")
         want = mxkit.matmul(am, pw, backend="reference")
         assert not torch.isfinite(want[0]).any() and not torch.isfinite(yh[0]).any()
+        assert torch.equal(torch.isnan(yh[0]).cpu(), torch.isnan(want[0]).cpu())  # (NaN for ±Inf would pass above)
+        assert torch.equal(yh[0][torch.isinf(yh[0])].cpu(), want[0][torch.isinf(want[0])].to(yh.dtype).cpu())
         rest = MXTensor(am.qdata[1:], am.scale[1:], am.fmt, 1, 32, (M - 1, K))
         if M > 1:
             assert_within_bound(yh[1:], rest, pw)

@@ -365,8 +365,10 @@ def test_gpu_w8a16_mma(fmt, K, rng):
                 run = A8W8(pw.mma_q, pw.mma_s, M, torch.bfloat16, True, split=split, shape=(N, K), w16=fmt[-4:])
                 assert run.r == (2 if M > 8 and N % 32 == 0 else 1) and run.nt == (2 if run.r == 2 else 1)
                 x = torch.randn(M, K, generator=rng).to(torch.bfloat16).cuda()
+                poison_allocator()
                 y = run(x, None, bias)
                 assert_within_bound(y, x, pw, bias)
+                poison_allocator()  # (the repeat's output would be the freed first one's block)
                 assert torch.equal(run(x, None, bias).view(torch.int16), y.view(torch.int16))
                 assert int(run.cnt.sum()) == 0
                 if run.nt == 2:  # 16 tokens a block: each row the bits of 8 a block at the same split
@@ -534,7 +536,8 @@ def test_gpu_a8w8_split_k(split, rng):
         poison_allocator()
         y = run(a.qdata, a.scale, bias)
         assert_within_bound(y, a, w, bias)
-        for _ in range(3):
+        for _ in range(3):  # (poisoned first: each call's output would be the freed last one's block)
+            poison_allocator()
             assert torch.equal(run(a.qdata, a.scale, bias).view(torch.int16), y.view(torch.int16))
         assert int(run.cnt.sum()) == 0
 

@@ -363,7 +363,8 @@ def test_gpu_decode_mma_split_k(split, rng):
             poison_allocator()
             y = run(x, bias)
             assert_within_bound(y, x, w, bias)
-            for _ in range(3):
+            for _ in range(3):  # (poisoned first: each call's output would be the freed last one's block)
+                poison_allocator()
                 assert torch.equal(run(x, bias).view(torch.int16), y.view(torch.int16))
             assert int(run.cnt.sum()) == 0
 

@@ -92,6 +92,13 @@ def test_fused_state_dict_and_mismatches(rng):
     with pytest.raises(ValueError, match="two or more"):
         FusedMXLinear([a])
 
+    class Shard(MXLinear):  # (as a tensor-parallel shard: a forward of its own, which stacked rows would skip)
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    with pytest.raises(ValueError, match="plain MXLinear layers.*got a Shard"):
+        FusedMXLinear([MXLinear(64, 16, "mxfp4"), Shard(64, 16, "mxfp4")])
+
 
 def test_fused_output_kept_only_for_the_same_weights(rng):
     """A part served after a load_state_dict (or an in-place edit of the fused weight) recomputes; a module left

@@ -69,7 +69,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
     (q, k, v: ``[q | k | v]``), the layout of vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` on one
     rank; sharing one GEMM's output between the members' own modules (:class:`FusedPart`) is mxkit's own.
     Raises TypeError when ``layers`` is not a sequence (one module, a generator); ValueError for fewer than two
-    layers, a member that is not an MXLinear, or layers that do not match."""
+    layers, a member that is not a plain MXLinear (a subclass such as a tensor-parallel shard has a forward of its
+    own, which the stacked rows would skip), or layers that do not match."""
 
     def __init__(self, layers: Sequence[MXLinear]):
         super().__init__()
@@ -79,6 +80,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         layers = list(layers)
         if len(layers) < 2 or not all(isinstance(m, MXLinear) for m in layers):
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
+        sub = next((m for m in layers if type(m) is not MXLinear), None)
+        if sub is not None:  # (a tensor-parallel shard's stacked rows without its collectives: wrong outputs)
+            raise ValueError(f"FusedMXLinear fuses plain MXLinear layers, as fuse_siblings and MXGatedMLP do; got a "
+                             f"{type(sub).__name__}, whose forward is its own")
         first = layers[0]
         keys = [(m.in_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
                  m.weight_qdata.device, m.bias is None,

@@ -91,6 +91,8 @@ def test_fused_state_dict_and_mismatches(rng):
         FusedMXLinear([a, b])
     with pytest.raises(ValueError, match="two or more"):
         FusedMXLinear([a])
+    with pytest.raises(ValueError, match="plain MXLinear layers.*got a Linear"):
+        FusedMXLinear([a, nn.Linear(64, 16)])
 
     class Shard(MXLinear):  # (as a tensor-parallel shard: a forward of its own, which stacked rows would skip)
         def forward(self, x):

@@ -78,12 +78,12 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             # (one layer or a generator: "object ... has no len()")
             raise TypeError(f"FusedMXLinear takes a sequence of MXLinear layers, got {type(layers).__name__}")
         layers = list(layers)
-        if len(layers) < 2 or not all(isinstance(m, MXLinear) for m in layers):
+        if len(layers) < 2:
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
-        sub = next((m for m in layers if type(m) is not MXLinear), None)
-        if sub is not None:  # (a tensor-parallel shard's stacked rows without its collectives: wrong outputs)
+        other = next((m for m in layers if type(m) is not MXLinear), None)
+        if other is not None:  # (a tensor-parallel shard's stacked rows would skip its collectives: wrong outputs)
             raise ValueError(f"FusedMXLinear fuses plain MXLinear layers, as fuse_siblings and MXGatedMLP do; got a "
-                             f"{type(sub).__name__}, whose forward is its own")
+                             f"{type(other).__name__}")
         first = layers[0]
         keys = [(m.in_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
                  m.weight_qdata.device, m.bias is None,
@@ -128,12 +128,9 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MXLinear takes a float tensor (..., {self.fused.in_features}), got {type(x).__name__}")
         if type(i) is not int or not 0 <= i < len(self.splits):  # (a bad i was served after the GEMM, and kept)
-            try:
-                i = operator.index(i) if not isinstance(i, bool) else None  # (NumPy integers are integers)
-            except TypeError:
-                i = None
-            if i is None:
+            if isinstance(i, bool) or not hasattr(i, "__index__"):  # (NumPy integers are integers)
                 raise TypeError("FusedMXLinear.output: the part index must be an int")
+            i = operator.index(i)
             if not 0 <= i < len(self.splits):
                 raise IndexError(f"FusedMXLinear.output: part {i} is not in [0, {len(self.splits)})")
         if torch.compiler.is_compiling():

@@ -506,6 +506,35 @@ def test_unbounded_peer_reports_its_error_without_a_check():
     assert (rows["fp8"].check, rows["fp8"].err, rows["fp8"].err_bound) == ("", 0.04, None)
     assert bg.IMPLS["scaled-mm-fp8"].bounded is False
     assert all(i.bounded for n, i in bg.IMPLS.items() if n != "scaled-mm-fp8")
+    # a float: a sanity bound of the peer's own, in place of the case's (the MoE bench's bf16 peers)
+    impls = {"mxkit": Impl("mxkit", make, checked=True), "loose": Impl("loose", make, checked=True, bounded=0.05),
+             "tight": Impl("tight", make, checked=True, bounded=0.01)}
+    rows = {r.impl: r for r in timing.bench_case(Case(), _ctx(impls=tuple(impls)), impls)}
+    assert (rows["loose"].check, rows["loose"].err_bound) == ("ok", 0.05)
+    assert (rows["tight"].check, rows["tight"].err_bound) == ("FAIL", 0.01)
+
+
+def test_pooled_reference_and_one_time_steps():
+    """pool_reference: a row's × over the median of the reference rows of its key (one problem timed in each case of
+    a shape), its range over their fastest / slowest; rows with interleaved rounds keep theirs. time_once_made: a
+    pack timed after one discarded timing."""
+    Row = timing.Row
+    rows = [Row(op="ready", fmt=p, shape="8x8x8", impl=i, us=u) for p, i, u in
+            (("a", "cublas", 100.0), ("a", "mxkit", 50.0), ("b", "cublas", 120.0), ("b", "mxkit", 60.0),
+             ("c", "cublas", 90.0))]
+    rows += [Row(op="ready", fmt="a", shape="4x4x4", impl="cublas", us=10.0), Row(op="ready", fmt="a", shape="4x4x4",
+             impl="mxkit", us=5.0, vs_ref=2.0), Row(op="ready", fmt="a", shape="9x9x9", impl="mxkit", us=5.0,
+             vs_ref=3.0, vs_ref_lo=2.9, vs_ref_hi=3.1), Row(op="ready", fmt="a", shape="9x9x9", impl="cublas", us=15.0),
+             Row(op="ready", fmt="b", shape="9x9x9", impl="cublas", us=16.0)]
+    timing.pool_reference(rows, "cublas", key=lambda r: r.shape)
+    a, b = rows[1], rows[3]
+    assert (a.vs_ref, a.vs_ref_lo, a.vs_ref_hi) == (2.0, 1.8, 2.4) and b.vs_ref == pytest.approx(100 / 60)
+    assert rows[0].vs_ref == 1.0 and rows[0].vs_ref_lo == 0.9  # (the peer's own rows against the pooled median)
+    assert rows[6].vs_ref == 2.0 and rows[6].vs_ref_lo is None  # (one reference timing: the row's own)
+    assert (rows[7].vs_ref, rows[7].vs_ref_lo) == (3.0, 2.9)  # (interleaved rounds kept)
+    calls = []
+    ctx = _ctx(time_fn=lambda fn: (calls.append(fn) or (len(calls) * 10.0, 0.0)))
+    assert timing.time_once_made(ctx, lambda: None) == 20.0 and len(calls) == 2
 
 
 def test_invalid_and_skipped_cases():
@@ -594,6 +623,20 @@ def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
                               ref_impl="reference-eager", title="T", device="cpu")
     assert rc == 1 and "rowwise/mxfp8_e4m3/64x64" in capsys.readouterr().err
     assert json.loads((tmp_path / "b2.json").read_text())["rows"][1]["check"] == "MISMATCH"
+
+
+def test_copy_limit_timed_again_at_the_end(monkeypatch, tmp_path, capsys):
+    """The copy limit is timed again after the cases (env copy_gbps_end); a drift past 3% is a warning."""
+    monkeypatch.setattr(timing, "time_us", lambda fn, cfg: (25.0, 30.0))
+    args = _cli().parse_args(["bench", "quantize", "--shapes", "64x64", "--formats", "mxfp8", "--ops", "rowwise",
+                              "--peers", "none", "--backend", "reference", "--out", str(tmp_path), "--plain"])
+    for limits, warned in (([2000.0, 2050.0], False), ([2000.0, 1900.0], True)):
+        seq = iter(limits)
+        monkeypatch.setattr(timing, "copy_bandwidth", lambda cfg: (next(seq), 1600.0, 200_000_000))
+        assert _run_cpu(args, bq.IMPLS, stem="bench_quantize") == 0
+        err = capsys.readouterr().err
+        assert ("copy limit moved over the run: 2000 GB/s at the start, 1900 at the end" in err) == warned, err
+        assert json.loads((tmp_path / "bench_quantize.json").read_text())["env"]["copy_gbps_end"] == limits[1]
 
 
 def _run_cpu(args, impls, **kw) -> int:

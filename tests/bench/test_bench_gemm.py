@@ -371,3 +371,12 @@ def test_bf16_peers_of_w4a8_are_reported_not_bounded():
             assert r.check == "ok", (r.op, r.fmt, r.impl, r.err, r.err_bound)
     assert len(rows) == 6 and sum(r.check == "" for r in rows) == 2
     assert not any("check FAIL" in line["note"] for line in timing.summary_lines(rows))
+
+
+def test_dot_scaled_peer_is_na_where_its_configs_do_not_tile_k():
+    """Triton dot_scaled's configs take K a multiple of 64: K = 96 is the peer's n/a (BenchUnavailable), not an
+    error row."""
+    from mxkit.bench.timing import BenchUnavailable
+
+    with pytest.raises(BenchUnavailable, match="multiple of 64"):
+        bg._dot_scaled(bg.GemmCase("mxfp4", "ready", 8, 16, 96), None, None)

@@ -38,8 +38,8 @@ def test_routing_is_fixed_per_case_and_zipf_is_skewed():
 def test_cases_bytes_and_flops():
     c = moe.MoeCase("gpt-oss-120b", 1, "uniform", "w4a16")
     assert c.experts_hit() == 4 and c.E == 128
-    assert c.nbytes() == int(4 * 3 * 2880 * 2880 * (0.5 + 1 / 32))
-    assert moe.MoeCase("gpt-oss-120b", 1, "uniform", "w8a16").nbytes() == int(4 * 3 * 2880 * 2880 * (1 + 1 / 32))
+    assert c.floor_bytes() == int(4 * 3 * 2880 * 2880 * (0.5 + 1 / 32))
+    assert moe.MoeCase("gpt-oss-120b", 1, "uniform", "w8a16").floor_bytes() == int(4 * 3 * 2880 * 2880 * (1 + 1 / 32))
     assert c.flops == 2 * 4 * 3 * 2880 * 2880
     assert moe.MoeCase("gpt-oss-20b", 4096, "uniform", "w4a8").experts_hit() == 32
     cases = moe.cases_from_args(parse())
@@ -67,21 +67,38 @@ def test_list_and_errors(capsys):
         parse("--models", "gpt-oss-7b")
 
 
-def test_folded_modes_count_the_folded_bytes():
-    """w4a8 and mxfp4 read the experts folded to E4M3 (a byte an element, a float32 scale a row), not MXFP4 bytes:
-    E·N·K + 4·E·N over the touched experts of gate_up (2I x H) and down (H x I)."""
-    for mode in moe.FOLDED_MODES:
-        c = moe.MoeCase("gpt-oss-120b", 1, "uniform", mode)
-        assert c.nbytes() == 4 * (2 * 2880 * 2880 + 4 * 2 * 2880) + 4 * (2880 * 2880 + 4 * 2880)
-    # the count is what fold_experts makes (small experts, on the CPU)
-    import mxkit
-    from mxkit.kernels.moe import fold_experts
+def test_every_mode_counts_the_mx_bytes():
+    """The floor is the touched experts' MX bytes in every mode, the fold modes too (whose kernels read an E4M3 copy
+    of ~1.9x the bytes: as in bench gemm, the problem's bytes count); nbytes adds the bf16 tokens in and out."""
+    T, H = 1, 2880
+    mxfp4 = 4 * 3 * H * H * (0.5 + 1 / 32)  # (4 experts touched by 1 token: gate_up 2I x H and down H x I)
+    for mode in ("w4a16", "w4a8", "mxfp4"):
+        c = moe.MoeCase("gpt-oss-120b", T, "uniform", mode)
+        assert c.experts_hit() == 4 and c.floor_bytes() == int(mxfp4) and c.nbytes() == int(mxfp4) + 4 * T * H
+    assert moe.MoeCase("gpt-oss-120b", 1, "uniform", "w8a16").floor_bytes() == 4 * 3 * H * H * 33 // 32
+    assert "whatever copy a path reads" in moe.__doc__
+    labels = [c.title for c in moe.table_columns(())]
+    assert "% of floor" in labels and "% copy" not in labels
 
-    E, N, K = 3, 16, 64
-    w = mxkit.quantize(torch.randn(E, N, K) * 0.05, "mxfp4", backend="reference")
-    f = fold_experts(w)
-    assert f is not None and f.data.nbytes + f.scale.nbytes == E * N * K + 4 * E * N
-    assert "whose kernels read the experts folded to E4M3" in moe.__doc__
+
+def test_peers_are_checked(monkeypatch):
+    """The full-layer bf16 peers get a sanity bound's verdict (none in mode mxfp4, checked against MXFP4 tokens);
+    the × reference checks its rows against each row's expert alone, and a wrong one raises."""
+    assert all(moe.IMPLS[p].checked for p in ("grouped-mm-bf16", "loop-bf16", "dequant-bf16"))
+    assert moe._peer_bound(moe.MoeCase("gpt-oss-20b", 1, "uniform", "w4a16")) == moe.PEER_BOUND
+    assert moe._peer_bound(moe.MoeCase("gpt-oss-20b", 1, "uniform", "mxfp4")) is False
+    E, I, H, P = 3, 64, 64, 12
+    monkeypatch.setattr(moe, "INTER", I)
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(E, H, 2 * I, generator=g).bfloat16(), torch.randn(E, I, H, generator=g).bfloat16()
+    w = moe.Weights(None, None, None, None, w1, w2)
+    xs = torch.randn(P, H, generator=g).bfloat16()
+    e = torch.tensor([0] * 5 + [2] * 7)
+    h = torch.cat([(xs[:5].float() @ w1[0].float()[:, :I]), xs[5:].float() @ w1[2].float()[:, :I]]).bfloat16()
+    y = torch.cat([h[:5].float() @ w2[0].float(), h[5:].float() @ w2[2].float()])
+    moe._check_gemms(y, xs, w, e)
+    with pytest.raises(RuntimeError, match="from each row's expert alone"):
+        moe._check_gemms(y, xs, w, torch.tensor([0] * 6 + [2] * 6))  # (one row on another expert's weights)
 
 
 def test_quick_fills_in_only_the_options_left_out():

@@ -46,7 +46,8 @@ MXFP4 and MXFP8: ~32 GB; GPT-OSS-20B: ~80 GB, past an H100), then, per (batch, m
 format before repeat k + 1, the formats' order rotated by one each repeat. × bf16 is then the (log-space) median
 of the per-repeat ratios, each from a bf16 run and a format's run seconds apart, and ``x_bf16_lo`` /
 ``x_bf16_hi`` their range: the eager steps are host-bound, and the host's speed drifts by tens of percent over
-the minutes that lie between two formats' runs in a sequential order. ``--order sequential`` builds, times and
+the minutes that lie between two formats' runs in a sequential order. (ms per token stays each format's own
+median, so under such a drift it need not divide into × bf16: the paired ratio is the measure.) ``--order sequential`` builds, times and
 frees one format at a time (the memory of one model); × bf16 is then the ratio of the two medians. Where the
 models do not fit the GPU together (a build runs out of memory), an interleaved run says so and runs sequential.
 Target (mxkit's, for information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
@@ -312,14 +313,17 @@ def _sync(args) -> Callable[[], None]:
 def _prepare(dec: Decoder, mode: str, args, sync: Callable[[], None], *, reset: bool = True,
              models: int = 1) -> Callable[[], None]:
     """The step :func:`time_decode` times in ``mode``: eager (after one untimed run: compiles, workspaces), a CUDA
-    graph's replay, or the compiled forward (captured on CUDA; on CPU run as eager, after an untimed run)."""
+    graph's replay (after one untimed replay: the first uploads the graph), or the compiled forward (captured on
+    CUDA; on CPU run as eager, after an untimed run)."""
     dec.step_forward = dec.model
     if mode == "compiled":
         dec.compile(reset=reset, models=models)
     if mode == "eager" or (mode == "compiled" and args.device != "cuda"):
         time_decode(dec, dec.step, args.tokens, 1, sync)
         return dec.step
-    return dec.capture().replay
+    replay = dec.capture().replay
+    time_decode(dec, replay, 1, 1, sync)
+    return replay
 
 
 def _set_times(row: DecodeRow, times: list[float]) -> None:

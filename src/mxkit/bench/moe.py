@@ -17,15 +17,17 @@ Peers (bf16 experts dequantized once, outside the timing, but for ``dequant-bf16
 peer of ANCHORS.md and of the issue's targets; the × column), ``grouped-mm-bf16`` (the whole layer around them in
 eager PyTorch: gather, gate_up, GPT-OSS activation, down, weighted combine), ``loop-bf16`` (one cuBLAS matmul per
 expert that received tokens) and ``dequant-bf16`` (HF transformers' fallback: the MXFP4 experts dequantized to bf16
-on every call, then as ``grouped-mm-bf16``). The peers' outputs are not checked (bf16 arithmetic throughout).
+on every call, then as ``grouped-mm-bf16``). The full-layer peers' outputs are held to a sanity bound of 2e-2
+(``PEER_BOUND``; bf16 arithmetic throughout reads ~5e-3; no bound in mode ``mxfp4``, checked against MXFP4 tokens);
+``grouped-mm-gemms`` is checked once on 64 of its rows against each row's expert multiplied alone.
 
 Up to ``--graph-tokens`` tokens (default 64, decode) every implementation is captured in a CUDA graph and the
 replay is timed, as a serving engine runs decode steps; above, eager calls behind the harness's GPU spin.
 
-Bytes: the expert bytes the mxkit kernels read for the experts the routing touches: the MX bytes (elements and
-scales) for ``w4a16`` / ``w8a16``; for ``w4a8`` / ``mxfp4``, whose kernels read the experts folded to E4M3
-(:func:`mxkit.kernels.moe.fold_experts`), one byte an element plus a float32 scale a row (E·N·K + 4·E·N over the
-touched experts E of both GEMMs); "% copy" is the weight-bytes floor (decode). Numerics: on up to 64 tokens,
+Bytes, as in ``mxkit bench gemm`` (the problem's, whatever copy a path reads): "% of floor" is the MX bytes
+(elements and E8M0 scales) of the experts the routing touches, both GEMMs, at the same-run copy bandwidth, in every
+mode (the ``w4a8`` / ``mxfp4`` kernels read an E4M3 fold of about twice an MXFP4 copy's bytes, so theirs is a lower
+bound); "GB/s" adds the bf16 tokens read and the output written. Numerics: on up to 64 tokens,
 ‖y − y64‖ / ‖y64‖ against :func:`mxkit.moe_reference.moe_reference`
 (the intermediate rounded to bf16 as the kernels do): bound 1.5 × the bf16 rounding of y64
 (``w4a16``, ``w8a16``); 0.1 for ``w4a8`` (FP8 activations against the bf16-activation reference: a sanity bound,
@@ -62,7 +64,13 @@ PEER_LABELS = {"grouped-mm-gemms": "_grouped_mm GEMMs", "grouped-mm-bf16": "bf16
 REF_IMPL = "grouped-mm-gemms"
 SAMPLE_TOKENS = 64
 BYTES_PER_ELEMENT = {"mxfp4": 0.5 + 1 / 32, "mxfp8_e4m3": 1 + 1 / 32}  # MX elements + a scale byte per 32
-FOLDED_MODES = ("w4a8", "mxfp4")  # kernels that read the experts folded to E4M3 (+ a float32 scale a row)
+PEER_BOUND = 2e-2  # the bf16 peers' sanity bound (bf16 intermediates: ~5e-3; a wrong layout or a dropped term: ~1)
+
+
+def _peer_bound(case) -> float | bool:
+    """The full-layer bf16 peers against the bf16-token reference (mode ``mxfp4`` is checked against MXFP4 tokens,
+    another product: reported, no bound)."""
+    return PEER_BOUND if case.mode != "mxfp4" else False
 QUICK = {"models": ("gpt-oss-120b",), "tokens": (1, 64, 4096), "routings": ("uniform",)}
 
 
@@ -96,13 +104,15 @@ class MoeCase:
     def experts_hit(self) -> int:
         return int(torch.unique(routing(self.T, self.E, self.routing)[1]).numel())
 
+    def floor_bytes(self) -> int:
+        """The layer's unavoidable bytes: the touched experts' gate_up (2I, H) and down (H, I) as MX bytes (elements
+        and E8M0 scales), in every mode (the fold modes' kernels read an E4M3 copy of about twice an MXFP4 one's
+        bytes: as in ``mxkit bench gemm``, the problem's bytes count, not a path's copy)."""
+        return int(self.experts_hit() * 3 * HIDDEN * INTER * BYTES_PER_ELEMENT[EXPERT_FORMAT[self.mode]])
+
     def nbytes(self) -> int:
-        """Expert bytes the mxkit kernel reads over the touched experts: gate_up (2I, H) and down (H, I), as MX
-        bytes, or (``w4a8``, ``mxfp4``) folded: E4M3 elements (1 byte) plus a float32 scale per row."""
-        hit = self.experts_hit()
-        if self.mode in FOLDED_MODES:
-            return hit * (3 * HIDDEN * INTER + 4 * (2 * INTER + HIDDEN))
-        return int(hit * 3 * HIDDEN * INTER * BYTES_PER_ELEMENT[EXPERT_FORMAT[self.mode]])
+        """Bytes moved at the least: :meth:`floor_bytes` plus the bf16 tokens read and the bf16 output written."""
+        return self.floor_bytes() + 2 * 2 * self.T * HIDDEN
 
     def invalid_reason(self) -> Optional[str]:
         return None
@@ -242,19 +252,19 @@ def _mxkit(case: MoeCase, inp: Inputs, ctx):
             return pack_experts_wgmma(w.w1, act_pairs="swiglu_gpt_oss"), pack_experts_wgmma(w.w2)
         packed = pack()
         return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), \
-            {"pack_us": ctx.time_fn(pack)[0]}
+            {"pack_us": timing.time_once_made(ctx, pack)}
     if case.mode == "w4a16":  # (MXFP4 on the decode kernel: the envelope's per-expert part holds)
         if ids.numel() > mma_max_pairs(x.device, w.w1.shape[0]) and wgmma_available(x.device) is not None:
             return lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids)
         # the experts packed once in the decode kernel's layout, which the decode (up to max_pairs pairs) and
         # the prefill kernels both read (MXMoE keeps this one copy per buffer)
         packed = (pack_experts_mma(w.w1), pack_experts_mma(w.w2))
-        pack_us = ctx.time_fn(lambda: (pack_experts_mma(w.w1), pack_experts_mma(w.w2)))[0]
+        pack_us = timing.time_once_made(ctx, lambda: (pack_experts_mma(w.w1), pack_experts_mma(w.w2)))
         return (lambda: moe_triton(x, w.w1, w.b1, w.w2, w.b2, tw, ids, packed=packed)), {"pack_us": pack_us}
     f1, f2 = fold_experts(w.w1), fold_experts(w.w2)
     if f1 is None or f2 is None:
         raise BenchUnavailable("an expert row does not fold (block scales spanning more than 14)")
-    pack_us = ctx.time_fn(lambda: (fold_experts(w.w1), fold_experts(w.w2)))[0]
+    pack_us = timing.time_once_made(ctx, lambda: (fold_experts(w.w1), fold_experts(w.w2)))
     if case.mode == "mxfp4":
         return (lambda: moe_mxfp4_triton(x, f1, w.b1, f2, w.b2, tw, ids)), {"pack_us": pack_us}
     return (lambda: moe_w4a8_triton(quantize_fp8_rowwise(x), f1, w.b1, f2, w.b2, tw, ids)), {"pack_us": pack_us}
@@ -271,6 +281,23 @@ def _sorted(inp: Inputs, E: int):
     order = torch.argsort(flat, stable=True)
     offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
     return flat, order, offs
+
+
+def _check_gemms(y: torch.Tensor, xs: torch.Tensor, w: Weights, e_sorted: torch.Tensor, rows: int = 64) -> None:
+    """The × reference (``_grouped_mm`` GEMMs alone, no bias / activation / combine) checked on ``rows`` of its
+    sorted rows against each row's expert multiplied alone (float32, h rounded to bf16 as the peer does), within
+    :data:`PEER_BOUND`: a wrong ``offs`` or layout would still time plausibly. Raises RuntimeError (the peer's row
+    then reads ``error``, and the × column n/a)."""
+    idx = torch.linspace(0, xs.shape[0] - 1, min(rows, xs.shape[0]), device=xs.device).long().unique()
+    want = torch.empty(idx.numel(), y.shape[1], device=y.device)
+    for e in e_sorted[idx].unique().tolist():
+        r = e_sorted[idx] == e
+        h = (xs[idx[r]].float() @ w.w1_bf16[e].float()[:, :INTER]).to(torch.bfloat16)
+        want[r] = h.float() @ w.w2_bf16[e].float()
+    err = ((y[idx].float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+    if not err <= PEER_BOUND:
+        raise RuntimeError(f"the _grouped_mm GEMMs' rows are {err:.2e} from each row's expert alone "
+                           f"(bound {PEER_BOUND:g})")
 
 
 def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False, gemms_only: bool = False):
@@ -290,6 +317,7 @@ def _grouped(case: MoeCase, inp: Inputs, ctx, dequant: bool = False, gemms_only:
 
     xs = x[tok].contiguous()
     if gemms_only:
+        _check_gemms(gemms(), xs, w, e_sorted)
         return gemms
 
     def fn():
@@ -322,10 +350,11 @@ def _loop(case: MoeCase, inp: Inputs, ctx):
 IMPLS: dict[str, Impl] = {i.name: i for i in (
     Impl("mxkit", _maybe_graphed(_mxkit), checked=True),
     Impl("grouped-mm-gemms", _maybe_graphed(lambda c, i, x: _grouped(c, i, x, gemms_only=True))),
-    Impl("grouped-mm-bf16", _maybe_graphed(_grouped)),
-    Impl("loop-bf16", _maybe_graphed(_loop), skip=lambda c: "a Python loop over experts: T <= 4096 only"
-         if c.T > 4096 else None),
-    Impl("dequant-bf16", _maybe_graphed(lambda c, i, x: _grouped(c, i, x, dequant=True))),
+    Impl("grouped-mm-bf16", _maybe_graphed(_grouped), checked=True, bounded=_peer_bound),
+    Impl("loop-bf16", _maybe_graphed(_loop), checked=True, bounded=_peer_bound,
+         skip=lambda c: "a Python loop over experts: T <= 4096 only" if c.T > 4096 else None),
+    Impl("dequant-bf16", _maybe_graphed(lambda c, i, x: _grouped(c, i, x, dequant=True)), checked=True,
+         bounded=_peer_bound),
 )}
 
 
@@ -338,8 +367,8 @@ def table_columns(peers) -> list[Column]:
     return [Column("mode", lambda d: d["op"], right=False), Column("experts, routing", lambda d: d["fmt"], right=False),
             Column("tokens", lambda d: d["shape"], right=False), Column("µs", main("us", ".1f")),
             Column("µs (write flush)", main("us_write", ".1f")), Column("TFLOP/s", main("tflops", ".1f")),
-            Column("weight GB/s", main("gbps", ".0f")),  # expert bytes read (MX, or folded E4M3: nbytes)
-            Column("% copy", main("pct_copy", ".0f")),
+            Column("GB/s", main("gbps", ".0f")),  # MX expert bytes + tokens in and out (nbytes)
+            Column("% of floor", main("pct_floor", ".0f")),  # MX expert bytes at the copy bandwidth
             Column("× _grouped_mm GEMMs", main("vs_ref", ".2f")), Column("pack µs", main("pack_us", ".0f")),
             *timing.error_peer_note_columns(peers, PEER_LABELS)]
 

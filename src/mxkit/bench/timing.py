@@ -258,14 +258,16 @@ class Impl:
     cannot run here (``n/a``); ``skip`` (case → reason or None) marks cases it does not cover. ``compiled``: the
     first call compiles; ``checked``: its output goes through ``case.check``; ``bounded`` False (or a function of
     the case that says False): a peer of other numerics (another quantization of the same values), whose error is
-    reported but held to no bound (its ``check`` stays empty, its ``err_bound`` None)."""
+    reported but held to no bound (its ``check`` stays empty, its ``err_bound`` None); a float: a peer of coarser
+    arithmetic (bf16 intermediates), held to that sanity bound on ``err`` instead of the case's (a peer that
+    computes something else, a wrong layout or a dropped term, fails it)."""
 
     name: str
     make: Callable[[Any, Any, "Context"], Any]
     compiled: bool = False
     checked: bool = False
     skip: Callable[[Any], Optional[str]] = lambda case: None
-    bounded: Union[bool, Callable[[Any], bool]] = True
+    bounded: Union[bool, float, Callable[[Any], bool]] = True
 
 
 @dataclass
@@ -319,8 +321,12 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
         if not expected:
             expected.append(case.expected(inputs))
         vars(row).update(case.check(out, expected[0]))
-        if not (impl.bounded(case) if callable(impl.bounded) else impl.bounded):
+        bounded = impl.bounded(case) if callable(impl.bounded) else impl.bounded
+        if not bounded:
             row.check, row.err_bound = "", None
+        elif not isinstance(bounded, bool) and row.check in ("ok", "FAIL"):  # a sanity bound of its own
+            row.err_bound = float(bounded)
+            row.check = "ok" if row.err is not None and row.err <= row.err_bound else "FAIL"
     del out
     if ctx.last_shape != case.label:  # the first timing after a new shape read 1.8-3.4x slow (clocks ramping)
         ctx.time_fn(fn)
@@ -346,6 +352,30 @@ def _interleaved_ratios(rows: list[Row], fns: dict, ctx: Context, ref: Row) -> N
         # which makes alternate rounds' ratios x / d and x * d, gives x)
         r.vs_ref = math.exp(statistics.median(math.log(v) for v in ratios))
         r.vs_ref_lo, r.vs_ref_hi = min(ratios), max(ratios)
+
+
+def time_once_made(ctx: Context, fn: Callable[[], object]) -> float:
+    """µs (read flush) of a one-time step timed inside ``Impl.make`` (a pack), after one discarded timing: it runs
+    before :func:`_run_impl`'s discard for a new shape (the first timing after one read up to 3.4x slow)."""
+    ctx.time_fn(fn)
+    return ctx.time_fn(fn)[0]
+
+
+def pool_reference(rows: Sequence[Row], ref_impl: str, key: Callable[[Row], object]) -> None:
+    """``vs_ref`` of each timed row over the median of the ``ref_impl`` rows that share its ``key`` (the same
+    problem timed again in each case of a shape, e.g. cuBLAS bf16 beside every GEMM pair), with ``vs_ref_lo`` /
+    ``_hi`` over their fastest and slowest timing: one timing of the peer read ±7% across the rows of a run, so a
+    row's own gave its ratio that noise. Rows whose ``vs_ref`` came from interleaved rounds keep it."""
+    groups: dict = {}
+    for r in rows:
+        if r.impl == ref_impl and r.us:
+            groups.setdefault(key(r), []).append(r.us)
+    for r in rows:
+        ref = groups.get(key(r))
+        if not ref or len(ref) < 2 or not r.us or r.vs_ref_lo is not None:
+            continue
+        r.vs_ref = statistics.median(ref) / r.us
+        r.vs_ref_lo, r.vs_ref_hi = min(ref) / r.us, max(ref) / r.us
 
 
 def bench_case(case, ctx: Context, impls: dict[str, Impl]) -> list[Row]:
@@ -491,10 +521,12 @@ def timing_config(args) -> TimingConfig:
 def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, stem: str,
                   peers: Sequence[str], columns: Sequence[Column], ref_impl: str, title: str,
                   chart: tuple[str, str] = ("pct_copy", "% of copy bandwidth (read flush)"),
-                  main: str = "mxkit", device: str = "cuda", list_line: Optional[Callable[[object], str]] = None
-                  ) -> int:
+                  main: str = "mxkit", device: str = "cuda", list_line: Optional[Callable[[object], str]] = None,
+                  pool_ref_key: Optional[Callable[[Row], object]] = None) -> int:
     """The run every op shares: option and ``--out`` checks, CUDA check, environment, the copy limit, all cases,
     table, files. With ``args.list``: after the option checks, ``list_line(case)`` printed for each case (no GPU).
+    ``pool_ref_key``: rows whose reference peer times the same problem share one (:func:`pool_reference`; not with
+    ``--rounds``). The copy limit is timed again after the cases (``copy_gbps_end``; a warning past 3% drift).
     Returns 0; 1 if a ``main`` row raised (status ``error``; a peer's error does not count), could not run
     (``n/a``) or its output failed the check; 2 when it cannot run here (one ``mxkit: error: …`` line, no traceback)."""
     try:
@@ -540,6 +572,13 @@ def run_benchmark(args, cases: Sequence, impls: dict[str, Impl], *, what: str, s
                    us=copy_bytes / copy_read / 1e3, us_write=copy_bytes / copy_write / 1e3, gbps=copy_read,
                    pct_copy=100.0, pct_copy_write=100.0)
     rows = run_cases(cases, ctx, impls, on_rows=lambda rows: save([copy_row, *rows], args, stem, env))
+    if pool_ref_key is not None and cfg.rounds == 1:
+        pool_reference(rows, ref_impl, pool_ref_key)
+    copy_end = copy_bandwidth(cfg)[0]
+    env["copy_gbps_end"] = round(copy_end, 1)
+    if abs(copy_end / copy_read - 1) > 0.03:
+        print(f"mxkit: warning: the copy limit moved over the run: {copy_read:.0f} GB/s at the start, "
+              f"{copy_end:.0f} at the end ('% copy' / '% of floor' divide by the first)", file=sys.stderr)
     print()
     render_table(summary_lines(rows, main), columns, plain=args.plain,
                  title=f"{title} — {env['gpu']} — copy {copy_read:.0f} GB/s — {env['date_utc']}")

@@ -312,3 +312,88 @@ def test_exporting_is_told_apart_from_compiling():
         ep = torch.export.export(Probe(), (x,), strict=strict)
         assert torch.equal(ep.module()(x), x + 1), strict
     assert not exporting()
+
+
+def _packed_like_cuda(layer):
+    """A CPU MXLinear given the packed copy repack() keeps on CUDA (pack_weight for float activations): the same
+    _eager / _forward logic runs on it (on CPU repack() keeps none)."""
+    from mxkit.ops import pack_weight
+
+    layer._packed = pack_weight(layer.weight_mx, act="float")
+    layer.__dict__["_packed_act"] = "float"
+    return layer
+
+
+def test_replaced_buffers_are_read_not_the_packed_copy(rng):
+    """Buffers replaced rather than written (torch.func.functional_call, an assignment) are what the layer
+    multiplies by: the packed copy of the old ones is passed over (it gave the old layer's output, while the
+    backward read the new buffers)."""
+    from mxkit.nn import MXLinear
+
+    la, lb = (MXLinear.from_linear(nn.Linear(64, 32, bias=False), "mxfp4") for _ in "ab")
+    x = torch.randn(4, 64, generator=rng)
+    want_a, want_b = la(x), lb(x)
+    assert not torch.equal(want_a, want_b)
+    _packed_like_cuda(la)
+    assert torch.equal(la(x), want_a) and la._live_packed() is la._packed
+    got = torch.func.functional_call(la, {"weight_qdata": lb.weight_qdata, "weight_scale": lb.weight_scale}, (x,))
+    assert torch.equal(got, want_b)
+    assert torch.equal(la(x), want_a)  # (the layer's own buffers back: its packed copy again)
+    la.weight_qdata, la.weight_scale = lb.weight_qdata.clone(), lb.weight_scale.clone()
+    assert la._live_packed() is None and torch.equal(la(x), want_b)
+
+
+def test_act_format_replaced_packs_again_once(rng, monkeypatch):
+    """act_format set after construction: the layer is packed again for the new activations once (it was packed
+    for float activations, and matmul packed the weight again on every call)."""
+    from mxkit.nn import MXLinear
+
+    layer = _packed_like_cuda(MXLinear.from_linear(nn.Linear(64, 32), "mxfp4"))
+    repacks = []
+    real = MXLinear.repack
+    monkeypatch.setattr(MXLinear, "repack", lambda self: (repacks.append(self._act_kind()), real(self))[1])
+    layer.act_format = mxkit_format("mxfp8")
+    x = torch.randn(3, 64, generator=rng)
+    for _ in range(3):
+        layer(x)
+    assert repacks == ["mx"] and layer.__dict__["_packed_act"] == "mx"
+    _packed_like_cuda(layer).__dict__["_packed_act"] = "mx"  # (on CPU repack() kept none: as CUDA's again)
+    layer.act_format = None
+    layer(x)
+    assert repacks == ["mx", "float"]
+
+
+def mxkit_format(name):
+    import mxkit
+
+    return mxkit.get_format(name)
+
+
+_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@_cuda
+def test_gpu_replaced_buffers_and_act_format(rng, monkeypatch):
+    """On CUDA (the packed copy the eager and compiled paths read): functional_call with another layer's buffers,
+    and buffers assigned, give that layer's bytes; act_format set later packs again once (matmul's pack_weight
+    is then not called per forward)."""
+    import mxkit
+    from mxkit.kernels import matmul as km
+    from mxkit.nn import MXLinear
+
+    la, lb = (MXLinear.from_linear(nn.Linear(256, 128), "mxfp4").cuda() for _ in "ab")
+    x = torch.randn(2, 256, generator=rng).to("cuda", torch.bfloat16)
+    want_b = lb(x)
+    got = torch.func.functional_call(la, {n: t for n, t in lb.named_buffers()} | {"bias": lb.bias}, (x,))
+    assert torch.equal(got.view(torch.int16), want_b.view(torch.int16))
+    la.weight_qdata, la.weight_scale = lb.weight_qdata.clone(), lb.weight_scale.clone()
+    la.bias = lb.bias
+    assert torch.equal(la(x).view(torch.int16), want_b.view(torch.int16))
+    packs = []
+    real = km.pack_weight
+    monkeypatch.setattr(km, "pack_weight", lambda *a, **k: (packs.append(1), real(*a, **k))[1])
+    lb.act_format = mxkit.get_format("mxfp8")
+    ys = [lb(x) for _ in range(3)]
+    assert packs == [] and lb.__dict__["_packed_act"] == "mx"
+    assert all(torch.equal(y.view(torch.int16), ys[0].view(torch.int16)) for y in ys)

@@ -372,3 +372,18 @@ def test_gpu_llama_fused_mlp_logits(rng, monkeypatch):
     assert len(calls) == 2
     torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(got1, want1, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gated_mlp_act_format_set_after_fusing(rng):
+    """gate_up.act_format set after fusing: one row quantizes its input as two rows do (the one-launch path,
+    kept for float activations, ran it unquantized)."""
+    g = _mx_mlp(512, 1024, rng)
+    x = torch.randn(1, 512, generator=rng).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        assert g._launch() is not None
+        g.act(x)
+        g.gate_up.act_format = mxkit.get_format("mxfp8")
+        assert g._launch() is None
+        assert torch.equal(g.act(x).view(torch.int16), g._act_gemm(x).view(torch.int16))

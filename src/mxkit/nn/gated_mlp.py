@@ -86,12 +86,14 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         ``gate_up`` holds now: MXFP4, blocks of 32, bf16 activations, the decode-mma layout packed, every scale byte
         in the bf16-exact envelope, the kernel loadable; None otherwise. The scale statistics' first read is a host
         sync: inside a CUDA graph capture, with them not yet read, None (the GEMM path) and nothing kept."""
-        p = self.gate_up._packed
+        lin, got = self.gate_up, None
+        p = lin._live_packed()  # (None for replaced buffers; act_format replaced: packed again)
+        if lin.act_format is not None:  # (set after fusing: quantized activations, the GEMM path; nothing kept)
+            return None
         kept = self._one_launch
         if kept[0] is p and p is not None:
             return kept[1]
-        lin, got = self.gate_up, None
-        if (p is not None and lin.act_format is None and lin.block_size == 32 and lin.weight_format.name == "mxfp4_e2m1"
+        if (p is not None and lin.block_size == 32 and lin.weight_format.name == "mxfp4_e2m1"
                 and p.mma_q is not None and p.device.type == "cuda" and _mma_decode.available(p.device) is None):
             if isinstance(p.stats, torch.Tensor) and torch.cuda.is_current_stream_capturing():
                 return None
@@ -106,7 +108,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
-                    and not exporting()):  # (torch.export: the GEMM, whose program holds weights)
+                    and self.gate_up.act_format is None and not exporting()):  # (torch.export: the GEMM, whose program holds weights)
                 return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
             return self._act_gemm(x)
         return self._act_eager(x)

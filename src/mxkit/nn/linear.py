@@ -193,15 +193,37 @@ class MXLinear(_ops.Handled, nn.Module):
     def repack(self) -> None:
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
         module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
-        act = "float" if self.act_format is None else "fp8_rowwise" if self.act_format == FP8_ROWWISE else "mx"
+        act = self._act_kind()
         dense = getattr(self, "dense_cache", None) if act == "float" else None  # (None: pickled before it existed)
         # (blocks other than 32 elements: none of the 32-element layouts, the scale statistics and the dense cache
         # only, read by matmul's exact dense routes)
         self._packed = pack_weight(self.weight_mx, act=act, dense=dense) if self.weight_qdata.is_cuda else None
+        self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
         if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
             for p in (self._packed, self._packed.wide):
                 if p is not None:
                     p.scale_max
+
+    def _act_kind(self) -> str:
+        """The layouts this layer's activations read: pack_weight's ``act``."""
+        act = self.act_format
+        return "float" if act is None else "fp8_rowwise" if act == FP8_ROWWISE else "mx"
+
+    def _live_packed(self):
+        """``_packed`` where it packs the buffers the layer holds now, else None: buffers replaced rather than
+        written (an assignment, ``torch.func.functional_call``) are read through the unpacked paths, which read
+        ``weight_mx`` (an in-place write still needs :meth:`repack`). Packed for other activations than
+        ``act_format`` now asks for (act_format replaced after construction): packed again, once."""
+        p = self._packed
+        if p is None:
+            return None
+        b = self._buffers
+        if p.source.qdata is not b["weight_qdata"] or p.source.scale is not b["weight_scale"]:
+            return None
+        if self.__dict__.get("_packed_act") != self._act_kind():
+            self.repack()
+            return self._packed
+        return p
 
     def __getstate__(self) -> dict:
         # (the packed copy is made again from the MX bytes on unpickling: pickled, it stored the CUDA layouts, a
@@ -301,7 +323,7 @@ class MXLinear(_ops.Handled, nn.Module):
                 # training through a frozen MX weight (e.g. adapters): this forward outside autograd (the same bits as
                 # without gradients), the input's and the bias' gradients by the dequantized weight
                 return with_input_grad(x, bias, self.weight_mx, self._forward)
-            packed = self._packed
+            packed = self._live_packed()
             if packed is not None and type(x) is torch.Tensor and x.is_cuda:
                 if elsewhere(x):  # (the kernels launch on the current device)
                     with torch.cuda.device(x.device):
@@ -364,7 +386,7 @@ class MXLinear(_ops.Handled, nn.Module):
         return r
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        packed, act = self._packed, self.act_format
+        packed, act = self._live_packed(), self.act_format
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got "
                             f"{type(x).__name__}")

@@ -474,7 +474,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
                 x = _tp(_ScatterToGroup).apply(x, self.tp_group, self.tp_rank, self.tp_world_size)
             else:
                 x = x.narrow(-1, self.tp_rank * self.in_features, self.in_features).contiguous()
-        w = self._packed if self._packed is not None else self.weight_mx
+        packed = self._live_packed()
+        w = packed if packed is not None else self.weight_mx
         if self.act_format is not None and x.numel() and needs_grad(x):
             # the quantized operand is not x: x's gradient by the dequantized weight, the quantization passed
             # straight through (MXLinear's rule), the forward's bits unchanged

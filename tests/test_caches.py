@@ -397,3 +397,35 @@ def test_gpu_replaced_buffers_and_act_format(rng, monkeypatch):
     ys = [lb(x) for _ in range(3)]
     assert packs == [] and lb.__dict__["_packed_act"] == "mx"
     assert all(torch.equal(y.view(torch.int16), ys[0].view(torch.int16)) for y in ys)
+
+
+@pytest.mark.parametrize("fmt,act", [("mxfp4", "float"), ("mxfp4", None), ("mxfp6_e2m3", "float"), ("mxfp8", "mx")])
+def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
+    """refill_packed (what MXLinear.repack does after load_state_dict): a weight whose rows are permuted (the same
+    scale statistics, no special rows) is written into the old PackedWeight's tensors, their addresses kept; one
+    whose largest scale byte moved is not (the paths chosen on it could be wrong: a new copy, a graph captures
+    again). On CPU pack_weight makes the same layouts."""
+    import mxkit
+    from mxkit.kernels.matmul import refill_packed
+
+    w = torch.randn(64, 128, generator=rng)
+    q = mxkit.quantize(w, fmt)
+    old = mxkit.pack_weight(q, act=act)
+    ptrs = [t.data_ptr() for t in (old.mma_q, old.folded and old.folded.data, old.wide and old.wide.mma_q)
+            if t is not None]
+    perm = torch.randperm(64, generator=rng)
+    q2 = mxkit.quantize(w[perm], fmt)
+    q.qdata.copy_(q2.qdata)
+    q.scale.copy_(q2.scale)  # (in place: load_state_dict's copy)
+    new = mxkit.pack_weight(q, act=act)
+    assert refill_packed(old, new)
+    after = [t.data_ptr() for t in (old.mma_q, old.folded and old.folded.data, old.wide and old.wide.mma_q)
+             if t is not None]
+    assert after == ptrs and ptrs
+    for a, b in ((old.mma_q, new.mma_q), (old.folded and old.folded.data, new.folded and new.folded.data),
+                 (old.wide and old.wide.mma_q, new.wide and new.wide.mma_q)):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    q.scale[0, 0] = int(q.scale.max()) + 1  # (a larger largest scale byte)
+    assert not refill_packed(old, mxkit.pack_weight(q, act=act))
+    other = mxkit.quantize(w[perm], fmt)  # (other source tensors: .to(), an assignment)
+    assert not refill_packed(old, mxkit.pack_weight(other, act=act))

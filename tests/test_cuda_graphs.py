@@ -173,3 +173,46 @@ def test_gpu_ops_on_a_device_that_is_not_current(rng):
     assert torch.cuda.current_device() == 0
     for g, w_ in zip(got, want):
         assert g.device == dev and torch.equal(g.view(torch.uint8), w_.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt,act", [("mxfp4", None), ("mxfp8_e4m3", None), ("mxfp4", "mxfp8"),
+                                     ("mxfp6_e2m3", None)])
+@pytest.mark.parametrize("M", [1, 64, 300])
+def test_gpu_graph_replays_the_weight_loaded_after_capture(fmt, act, M, rng):
+    """A CUDA graph of an MXLinear captured, then load_state_dict of weights that pack alike (rows permuted: the
+    same scale statistics): the replay gives the new layer's bytes, with other layers packed in between (the old
+    packed copy used to be freed and its blocks reused: another layer's weights read, split-K writes into freed
+    memory). Weights whose largest scale byte moved get a new packed copy (a graph must be captured again)."""
+    src = torch.nn.Linear(512, 384)
+    la = mxkit.nn.MXLinear.from_linear(src, fmt, act_format=act).cuda()
+    with torch.no_grad():
+        perm = torch.randperm(384, generator=rng)
+        src.weight.copy_(src.weight[perm])
+        src.bias.copy_(src.bias[perm])
+    lb = mxkit.nn.MXLinear.from_linear(src, fmt, act_format=act).cuda()
+    x = _randn(rng, M, 512)
+    packed = la._packed
+    with torch.no_grad():
+        la(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            la(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = la(x)
+        la.load_state_dict(lb.state_dict())
+        assert la._packed is packed  # (written in place)
+        churn = [mxkit.nn.MXLinear.from_linear(torch.nn.Linear(512, 384), fmt, act_format=act).cuda()
+                 for _ in range(3)]
+        y.fill_(float("nan"))
+        graph.replay()
+        want = lb(x)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    sd = lb.state_dict()
+    sd["weight_scale"][0, 0] = int(sd["weight_scale"].max()) + 1
+    la.load_state_dict(sd)
+    assert la._packed is not packed and churn

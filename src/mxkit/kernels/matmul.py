@@ -328,6 +328,79 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     return PackedWeight(w, folded, (lo, hi, bool(has_nan)), special, mma_q, mma_s, twin, dense)
 
 
+def _alike_tensors(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
+
+
+def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
+    """Whether ``new`` can be written into ``old``'s tensors with every decision made on ``old`` still right: the
+    same source tensors (``own_source``; an MXFP6 twin's are layouts of their own, compared by shape), format and
+    metadata, the same host scale statistics and special rows (which choose the paths, kernel variants and fix-ups
+    its prepared calls bound), layouts of the same shapes."""
+    so, sn = old.source, new.source
+    if own_source:
+        if so.qdata is not sn.qdata or so.scale is not sn.scale:
+            return False
+    elif not (_alike_tensors(so.qdata, sn.qdata) and _alike_tensors(so.scale, sn.scale)):
+        return False
+    if (so.fmt, so.shape, so.block_size, so.axis, so.scale_mode, so.rounding) != \
+            (sn.fmt, sn.shape, sn.block_size, sn.axis, sn.scale_mode, sn.rounding):
+        return False
+    if old._host_stats() != new._host_stats() or not _alike_tensors(old.special_rows, new.special_rows) \
+            or not torch.equal(old.special_rows, new.special_rows):
+        return False
+    fo, fn = old.folded, new.folded
+    if (fo is None) != (fn is None) or fo is not None and not (
+            _alike_tensors(fo.data, fn.data) and _alike_tensors(fo.scale, fn.scale) and fo.fmt == fn.fmt
+            and fo.lead_shape == fn.lead_shape and _alike_tensors(fo.owner, fn.owner) and torch.equal(fo.owner, fn.owner)):
+        return False
+    if not (_alike_tensors(old.mma_q, new.mma_q) and _alike_tensors(old.mma_s, new.mma_s)
+            and _alike_tensors(old.dense, new.dense)):
+        return False
+    if (old.wide is None) != (new.wide is None) or old.wide is not None and not _alike(old.wide, new.wide, False):
+        return False
+    wg = old.__dict__.get("_wgmma")  # (the wgmma kernel's re-laid copy, made on first use)
+    if wg is not None:
+        from .matmul_details._w4a16_wgmma import packed_of
+
+        got = packed_of(new)
+        if not (_alike_tensors(wg[0], got[0]) and _alike_tensors(wg[1], got[1]) and wg[2:] == got[2:]):
+            return False
+    return True
+
+
+def _copy_into(old: PackedWeight, new: PackedWeight, own_source: bool) -> None:
+    pairs = [(old.mma_q, new.mma_q), (old.mma_s, new.mma_s), (old.dense, new.dense)]
+    if old.folded is not None:
+        pairs += [(old.folded.data, new.folded.data), (old.folded.scale, new.folded.scale)]
+    if not own_source:
+        pairs += [(old.source.qdata, new.source.qdata), (old.source.scale, new.source.scale)]
+    wg = old.__dict__.get("_wgmma")
+    if wg is not None:
+        pairs += list(zip(wg[:2], new.__dict__["_wgmma"][:2]))
+    for dst, src in pairs:
+        if dst is not None:
+            dst.copy_(src)
+    if old.wide is not None:
+        _copy_into(old.wide, new.wide, False)
+
+
+def refill_packed(old: PackedWeight, new: PackedWeight) -> bool:
+    """Write ``new``, a packing of the same source tensors, into ``old``'s tensors in place, and return True, where
+    the two are alike (the same source tensors and metadata, host scale statistics, special rows and layout shapes:
+    then every path, kernel variant and launch bound on ``old`` is right for ``new``); else leave both alone and
+    return False. What :meth:`mxkit.nn.MXLinear.repack` does after ``load_state_dict``: a CUDA graph captured
+    before then (or ``torch.compile(mode="reduce-overhead")``) replays the new weight, as an ``nn.Linear``'s does
+    (its tensors keep their addresses). Where they differ the caller keeps ``new``: a graph captured before must be
+    captured again."""
+    if old is new or not _alike(old, new, True):
+        return old is new
+    _copy_into(old, new, True)
+    return True
+
+
 def _nonfinite_codes(w: MXTensor) -> Optional[torch.Tensor]:
     """For an MXFP8 weight, a 0-dim bool device tensor: whether an element code is NaN or Inf (E4M3: 0x7F / 0xFF;
     E5M2: exponent field all ones); None for other formats (their codes are finite)."""

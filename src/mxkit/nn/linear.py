@@ -51,7 +51,7 @@ from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..packed import PackedWeight
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int, check_device_name
-from ..kernels.matmul import a8w8_linear
+from ..kernels.matmul import a8w8_linear, refill_packed
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
 from . import _linear_export, _ops
 
@@ -192,17 +192,28 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def repack(self) -> None:
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
-        module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs)."""
+        module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs).
+
+        ``load_state_dict`` and in-place writes followed by ``repack()`` keep the packed tensors (and their
+        addresses) where the new weight packs alike: the same buffers, host scale statistics (smallest and largest
+        E8M0 byte, NaN) and special rows (:func:`mxkit.kernels.matmul.refill_packed`); a CUDA graph captured
+        before, or ``torch.compile(mode="reduce-overhead")``, then replays the new weight, as with ``nn.Linear``.
+        Otherwise (those statistics changed, ``.to()``, act_format replaced) the packed copy is a new one, and such a
+        graph must be captured again."""
         act = self._act_kind()
         dense = getattr(self, "dense_cache", None) if act == "float" else None  # (None: pickled before it existed)
         # (blocks other than 32 elements: none of the 32-element layouts, the scale statistics and the dense cache
         # only, read by matmul's exact dense routes)
-        self._packed = pack_weight(self.weight_mx, act=act, dense=dense) if self.weight_qdata.is_cuda else None
-        self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
-        if self._packed is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
-            for p in (self._packed, self._packed.wide):
+        new = pack_weight(self.weight_mx, act=act, dense=dense) if self.weight_qdata.is_cuda else None
+        if new is not None:  # its scale statistics read now (one sync), so a graph may be captured at once
+            for p in (new, new.wide):
                 if p is not None:
                     p.scale_max
+        old = self.__dict__.get("_packed")
+        kept = (old is not None and new is not None and self.__dict__.get("_packed_act") == act
+                and refill_packed(old, new))
+        self._packed = old if kept else new
+        self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
 
     def _act_kind(self) -> str:
         """The layouts this layer's activations read: pack_weight's ``act``."""

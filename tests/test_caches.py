@@ -429,3 +429,46 @@ def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
     assert not refill_packed(old, mxkit.pack_weight(q, act=act))
     other = mxkit.quantize(w[perm], fmt)  # (other source tensors: .to(), an assignment)
     assert not refill_packed(old, mxkit.pack_weight(other, act=act))
+
+
+def test_expert_bias_kept_once_and_written_in_place(rng):
+    """The MoE kernels' float32 copy of an expert bias: one entry a bias, whatever its in-place updates (one copy a
+    version was kept: ~9 GB over an RL run on GPT-OSS-120B), the kept tensor updated in place (its address stays:
+    a CUDA graph captured before reads the new bias)."""
+    from mxkit.kernels.moe_details import _rows
+
+    b = nn.Parameter(torch.randn(4, 32, generator=rng).to(torch.bfloat16))
+    first = _rows._packed_bias(b, 32, ("mma", True))
+    for _ in range(10):
+        with torch.no_grad():
+            b.add_(1)
+        got = _rows._packed_bias(b, 32, ("mma", True))
+        assert got is first
+        assert torch.equal(got, _rows._interleave_halves(b.detach().float(), 1).reshape(-1))
+    assert sum(1 for v in _rows._BIAS.values() if v[0]() is b) == 1
+    f32 = torch.randn(4, 32, generator=rng)  # (float32, no reorder: a view of the bias itself)
+    assert _rows._packed_bias(f32, 32, ("mma", False)).data_ptr() == f32.data_ptr()
+    f32.add_(1)
+    assert torch.equal(_rows._packed_bias(f32, 32, ("mma", False)), f32.reshape(-1))
+
+
+def test_packed_experts_written_in_place_get_their_flags_again(rng):
+    """MXMoE in the decode kernel's layout: packed buffers written in place (another module's packed bytes copied
+    in, a weight sync) have their kernel flags (special, one_mul, bf16_exact) read again; the experts were rebuilt
+    on the version change with the old ones (one_mul True for scale bytes above 128: a wrong decode)."""
+    def make(scale):
+        return MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64, generator=rng) * scale, None,
+                                torch.randn(4, 64, 64, generator=rng) * scale, None, 2, "mxfp4", activation="swiglu")
+
+    a, b = make(0.1), make(1e4)  # (b: scale bytes above 128)
+    assert a.pack_() and b.pack_() and a._mma_flags != b._mma_flags
+    import types
+
+    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    a._packed_experts(x)
+    with torch.no_grad():
+        for n in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
+            getattr(a, n).copy_(getattr(b, n))
+    got = a._packed_experts(x)
+    assert a._mma_flags == b._mma_flags
+    assert all((p.special, p.one_mul, p.bf16_exact) == f for p, f in zip(got, b._mma_flags))

@@ -917,6 +917,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if self.expert_layout == "mma":
             bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
             if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
+                if self._packed is not None:  # (buffers written or replaced since: their kernel flags read again)
+                    from ..kernels.moe_details._decode import packed_flags
+
+                    self._mma_flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
                 shapes = self._expert_shapes(self.num_local_experts)
                 self._packed = (TensorsKey(bufs, self._mma_flags), tuple(
                     MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])

@@ -79,6 +79,13 @@ def pack_experts_mma(w: MXTensor, *, interleave_halves: bool = False) -> Optiona
                       _envelope_ok(w.fmt, lo, hi))
 
 
+def packed_flags(s: torch.Tensor, fmt) -> tuple[bool, bool, bool]:
+    """(special, one_mul, bf16_exact) of :class:`MmaExperts` read from its packed scales ``s`` (a permutation of the
+    scale bytes), as :func:`pack_experts_mma` sets them: for buffers written in place after packing. One host sync."""
+    lo, hi, nan = host_ints(scale_stats(s.view(torch.uint8)))
+    return lo == 0 or bool(nan), hi <= 128 and not nan, _envelope_ok(fmt, lo, hi)
+
+
 def _mma_takes(packed: tuple, n: int, activation: str, x: torch.Tensor) -> bool:
     """Whether moe_triton's decode path runs: both experts packed (gate_up interleaved for "swiglu"), at most
     :func:`mma_max_pairs` pairs, x's rows readable as they are, the kernel loadable here."""

@@ -64,35 +64,43 @@ def _combine(y: torch.Tensor, b: Optional[torch.Tensor], topk_weights: torch.Ten
     return out
 
 
-# (id(bias), its _version, data_ptr, dtype, device, activation) -> (weakref to it, float32 bias in the packed row
-# order); the storage too: Module.to / .half() / `p.data = ...` swap a Parameter's data keeping its object and version
+# (id(bias), data_ptr, dtype, device, activation) -> [weakref to it, its _version, float32 bias in the packed row
+# order]; the storage too: Module.to / .half() / `p.data = ...` swap a Parameter's data keeping its object and version
 _BIAS: dict = {}
 
 
 def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     """An expert bias (E, N) as float32 [E * N] in the packed experts' row order: :func:`pack_experts_wgmma`'s
-    for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor and
-    version while the tensor lives (no per-call kernels; a CUDA graph captured after a first call reads the kept
-    tensor, which stays valid: entries go only with their bias, or past 4096 live ones). Not seen: an in-place change
-    of an inference tensor (it keeps no version) or through ``b.data``."""
+    for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor while
+    it lives (no per-call kernels; entries go only with their bias, or past 4096 live ones). An in-place change of
+    the bias (a version the entry has not seen) is written into the kept tensor, whose address stays: a CUDA graph
+    captured after a first call reads the new bias, and one copy is kept a bias, not one a version. Not seen: an
+    in-place change of an inference tensor (it keeps no version) or through ``b.data``."""
     from ..matmul_details._layout_wgmma import expert_row_order
 
-    key = (id(b), tensor_version(b), b.data_ptr(), b.dtype, b.device, order)
+    key = (id(b), b.data_ptr(), b.dtype, b.device, order)
+    version = tensor_version(b)
     hit = _BIAS.get(key)
-    if hit is None or hit[0]() is not b:
-        for k_, (ref, _) in list(_BIAS.items()):  # drop the entries of biases that are gone
-            if ref() is None:
-                del _BIAS[k_]
-        if len(_BIAS) > 4096:
-            _BIAS.clear()
-        f = b.detach().to(torch.float32)
-        if isinstance(order, tuple):
-            f = _interleave_halves(f, 1) if order[1] else f
-        else:
-            f = f[:, expert_row_order(N, order, b.device)]
-        hit = (weakref.ref(b), f.reshape(-1).contiguous())
-        _BIAS[key] = hit
-    return hit[1]
+    if hit is not None and hit[0]() is b and hit[1] == version:
+        return hit[2]
+    f = b.detach().to(torch.float32)
+    if isinstance(order, tuple):
+        f = _interleave_halves(f, 1) if order[1] else f
+    else:
+        f = f[:, expert_row_order(N, order, b.device)]
+    f = f.reshape(-1).contiguous()
+    if hit is not None and hit[0]() is b:  # (the same bias, written in place: into the kept tensor)
+        if hit[2].data_ptr() != f.data_ptr():
+            hit[2].copy_(f)
+        hit[1] = version
+        return hit[2]
+    for k_, (ref, _, _) in list(_BIAS.items()):  # drop the entries of biases that are gone
+        if ref() is None:
+            del _BIAS[k_]
+    if len(_BIAS) > 4096:
+        _BIAS.clear()
+    _BIAS[key] = [weakref.ref(b), version, f]
+    return f
 
 
 def _combine_direct(y: torch.Tensor, topk_ids: torch.Tensor, lo: int, E: int, out_dtype) -> torch.Tensor:

@@ -558,3 +558,19 @@ def test_fuse_siblings_leaves_hooked_or_patched_members_alone(rng):
             mxkit.quantize_model(again, "mxfp4", progress=False, compute_qsnr=False, fuse=True)
             assert type(again[0].q_proj) is MXLinear and isinstance(again[1].q_proj, FusedPart)
             assert torch.equal(again[0].q_proj(x), torch.zeros(3, 96))
+
+
+def test_kept_output_follows_the_weights():
+    """A kept fused output is of the weights it was made with: a bias edited in place between two parts' calls, or
+    the module moved / cast, makes it again (the next part read the output of the old bias)."""
+    layers = [MXLinear.from_linear(nn.Linear(64, 32), "mxfp4") for _ in range(3)]
+    g = FusedMXLinear(layers)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        g.output(x, 0)
+        g.fused.bias.add_(1.0)
+        assert torch.equal(g.output(x, 1), g.fused(x)[..., 32:64])
+        g.output(x, 2)
+        g.output(x, 0)
+        g.half()
+        assert g._last is None and g.output(x.half(), 1).dtype == torch.float16

@@ -106,13 +106,28 @@ class FusedMXLinear(_ops.Handled, nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
-        # [weakref to x (or x's base), x._version, fused(x), parts served, x's view, grad mode]; forgotten when a
-        # state_dict is loaded (the output of the old weights)
+        # [weakref to x (or x's base), x._version, fused(x), parts served, x's view, grad mode, the weights' key];
+        # forgotten when a state_dict is loaded or the module moved (the output of the old weights)
         self._last = None
         # while Dynamo traces: (x, fused(x), parts served) of the last traced input, until every part has its slice
         self._traced = [None]
         self.register_load_state_dict_post_hook(_forget_output)
         _ops.register(self)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._last = None  # (.to() / .half(): an output kept of the weights before)
+        return super()._apply(fn, *args, **kwargs)
+
+    def _weights_key(self) -> tuple:
+        """(packed copy, bias, the buffers' and the bias' versions) of the fused layer: a kept output is of these
+        (a bias edited in place between two parts' calls served the output of the old one)."""
+        f = self.fused
+        b, bias = f._buffers, f._parameters["bias"]
+        try:
+            return (f.__dict__["_packed"], bias, b["weight_qdata"]._version, b["weight_scale"]._version,
+                    None if bias is None else bias._version)
+        except RuntimeError:  # (inference tensors keep no version)
+            return (f.__dict__["_packed"], bias, None, None, None)
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()  # (nn.Module's: without a compiled call, which a copy kept and pickle refused)
@@ -150,13 +165,14 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         # that needs one)
         grad = (torch.is_grad_enabled(), x.requires_grad)
         last = self._last
+        wkey = self._weights_key()
         hit = (last is not None and last[0]() is src and last[4] == view and last[1] == ver and last[5] == grad
-               and i not in last[3])
+               and i not in last[3] and _same_key(last[6], wkey))
         if hit:
             y = last[2]
         else:
             y = self.fused(x)
-            last = self._last = [weakref.ref(src), ver, y, set(), view, grad]
+            last = self._last = [weakref.ref(src), ver, y, set(), view, grad, wkey]
         last[3].add(i)
         if len(last[3]) == len(self.splits):
             self._last = None  # every part has its slice
@@ -184,6 +200,11 @@ class FusedMXLinear(_ops.Handled, nn.Module):
 
     def extra_repr(self) -> str:
         return f"splits={self.splits}"
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    """Two weights' keys (:meth:`FusedMXLinear._weights_key`) alike: the same objects, then the same versions."""
+    return a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
 
 
 def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:

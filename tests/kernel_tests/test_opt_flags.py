@@ -106,6 +106,16 @@ def test_override_replaces_the_choice_and_clears_the_caches():
     with opt_flags.override(dequantize={"num_warps": 8}):
         assert opt_flags.dequantize_config(1, 64, 4096, False, "mxfp8_e4m3").num_warps == 8
     assert opt_flags.dequantize_config(1, 64, 4096, False, "mxfp8_e4m3").num_warps == 1
+    # the GEMMs' prepared calls (keyed by the dispatch-table token; their bound dequantize launches carry a config)
+    # are made apart inside the block, and those made before serve again after it
+    from mxkit.kernels.matmul_table import _table_token
+
+    before = _table_token()
+    with opt_flags.override(dequantize={"num_warps": 8}):
+        inside = _table_token()
+        with opt_flags.override():
+            assert _table_token() not in (before, inside)
+    assert inside != before and _table_token() == before
 
 
 def test_configs_are_pure_and_frozen():

@@ -86,7 +86,8 @@ def sm_count(index: int) -> int:
 def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int], needs: str) -> Optional[str]:
     """None when the PTX file ``path`` can run on CUDA device ``device_index``, else why not: the file missing, a
     GPU older than ``min_cc`` (``needs``: what for), the driver refusing the module, or ``MXKIT_MMA_DECODE=0``
-    (which turns off every CUDA C++ kernel mxkit ships)."""
+    (which turns off every CUDA C++ kernel mxkit ships; read on the first call for each file and device, then
+    kept: set it before)."""
     import os
 
     if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":

@@ -50,6 +50,7 @@ def direct_launch_supported() -> bool:
 
 _enabled = True  # switched off only inside triton_launch_only()
 # _Launcher's hits through ArgsLaunch (one cuLaunchKernel) rather than Triton's runner; MXKIT_ARGS_LAUNCH=0: off
+# (read once, at import: set it before importing mxkit)
 _ARGS_LAUNCH = os.environ.get("MXKIT_ARGS_LAUNCH", "1") != "0"
 
 

@@ -195,8 +195,9 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
              dequantize: Optional[dict] = None) -> Iterator[None]:
     """For A/B runs: within the ``with`` block, ``table`` (a tuple of :class:`TuningEntry`) replaces
     :data:`GPU_TUNING`, and the ``quantize`` / ``dequantize`` field values replace those of every chosen config
-    (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, so
-    no call sees a stale config. Unknown field names raise TypeError on entry. Not thread-safe (one A/B run
+    (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, and
+    the block takes a dispatch-table token of its own (the GEMMs' prepared calls, whose bound dequantize launches
+    carry a config, are made again inside it and kept apart), so no call sees a stale config. Unknown field names raise TypeError on entry. Not thread-safe (one A/B run
     at a time).
 
         with opt_flags.override(quantize={"rblocks": 1}):
@@ -210,10 +211,14 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     prev = _active
     _active = _Override(table=GPU_TUNING if table is None else tuple(table),
                         quantize=tuple((quantize or {}).items()), dequantize=tuple((dequantize or {}).items()))
+    from .matmul_table import _TOKEN, _tokens
+
     _clear_caches()
+    token = _TOKEN.set(next(_tokens))
     try:
         yield
     finally:
+        _TOKEN.reset(token)
         _active = prev
         _clear_caches()
 

@@ -113,7 +113,8 @@ def _bulk_x_kernel(name: str, index: int):
 def bulk_unavailable(index: int) -> Optional[str]:
     """None when the bulk-copy kernels (``mma_a8w8_bulk.ptx``) run on CUDA device ``index``, else why not: no
     file, a GPU older than sm_90, the driver refusing the module, ``MXKIT_MMA_DECODE=0``, or ``MXKIT_A8W8_BULK=0``
-    (the register-load kernels instead, for A/B runs)."""
+    (the register-load kernels instead, for A/B runs). Kept per device: the switches are read on the first call
+    (set them before; unlike the per-call switches of :mod:`mxkit.kernels._env`)."""
     if os.environ.get("MXKIT_A8W8_BULK", "1") == "0":
         return "MXKIT_A8W8_BULK=0"
     return shipped_ptx_unavailable(str(PTX_BULK), index, (9, 0), "cp.async.bulk")

@@ -1860,3 +1860,41 @@ def test_moe_entry_points_name_bad_operand_types():
         MXMoE.from_dense(router, wgu, None, wd.int(), None, 2, "mxfp4")
     with pytest.raises(TypeError, match="b_down must be a tensor or None"):
         MXMoE.from_dense(router, wgu, torch.zeros(4, 2 * I), wd, [0.0], 2, "mxfp4")
+
+
+def _grad_moe(seed: int) -> MXMoE:
+    g = torch.Generator().manual_seed(seed)
+    return MXMoE.from_dense(nn.Linear(64, 8), torch.randn(8, 64, 64, generator=g) * 0.3,
+                            torch.randn(8, 64, generator=g) * 0.1, torch.randn(8, 64, 32, generator=g) * 0.3,
+                            torch.randn(8, 64, generator=g) * 0.1, 2, "mxfp4")
+
+
+def test_backward_differentiates_the_experts_its_forward_read(rng):
+    """The experts' backward differentiates the expert tensors its forward multiplied by: buffers swapped in by
+    torch.func.functional_call give the gradients of a layer holding them (they were the module's own experts'), and
+    an in-place write of the experts between forward and backward raises as nn.Linear's weight does (the new
+    experts' gradient came back)."""
+    names = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
+    a, b = _grad_moe(0), _grad_moe(1)
+    ref = copy.deepcopy(a)
+    with torch.no_grad():
+        for n in names:
+            getattr(ref, n).copy_(getattr(b, n))
+    x0, gy = torch.randn(6, 64, generator=rng), torch.randn(6, 64, generator=rng)
+
+    def grads(mod, call):
+        mod.zero_grad()
+        x = x0.clone().requires_grad_()
+        call(x).backward(gy)
+        return [x.grad, mod.router.weight.grad, mod.gate_up_bias.grad, mod.down_bias.grad]
+
+    want = grads(ref, ref)
+    got = grads(a, lambda x: torch.func.functional_call(a, {n: getattr(b, n) for n in names}, (x,)))
+    for g_, w_ in zip(got, want):
+        assert torch.equal(g_, w_)
+    x = x0.clone().requires_grad_()
+    y = a(x)
+    with torch.no_grad():
+        a.gate_up_qdata.copy_(b.gate_up_qdata)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(gy)

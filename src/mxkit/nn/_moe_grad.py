@@ -36,14 +36,20 @@ class ExpertsGrad(torch.autograd.Function):
     def forward(ctx, x, weights, b1, b2, ids, logits, layer):
         with torch.no_grad():
             y = layer._experts(x, logits, (weights.detach(), ids))
-        ctx.save_for_backward(x, weights, ids, b1, b2)
+        # the experts this forward multiplied by (after it: a first forward may re-lay them), kept for the backward:
+        # buffers swapped in by torch.func.functional_call are differentiated, not the module's own, and an
+        # in-place write between the two raises as it does for nn.Linear
+        bufs = layer._expert_buffers()
+        ctx.save_for_backward(x, weights, ids, b1, b2, *bufs.values())
+        ctx.buf_names = tuple(bufs)
         ctx.layer = layer
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        x, weights, ids, b1, b2 = ctx.saved_tensors
-        grads = experts_backward(ctx.layer, gy, x, weights, ids, b1, b2, *ctx.needs_input_grad[:4])
+        x, weights, ids, b1, b2, *bufs = ctx.saved_tensors
+        grads = experts_backward(ctx.layer, gy, x, weights, ids, b1, b2, *ctx.needs_input_grad[:4],
+                                 bufs=dict(zip(ctx.buf_names, bufs)))
         return (*grads, None, None, None)
 
 
@@ -63,19 +69,21 @@ def _straight_through(act_format: Optional[str]):
 
 @autocast_off
 def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                     b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool) -> tuple:
+                     b1, b2, need_x: bool, need_w: bool, need_b1: bool, need_b2: bool,
+                     bufs: Optional[dict] = None) -> tuple:
     """:class:`ExpertsGrad`'s backward (and ``mxkit::mx_moe_experts``'): the gradients (x, weights, b1, b2) of the
     experts' weighted sum, each None where not needed (or its tensor None), in its input's dtype and shape. Its
     float32 products at full precision whatever ``torch.set_float32_matmul_precision`` says (it followed it:
     oneDNN's bf16 on a CPU, TF32 on a GPU). Differentiable again (``create_graph=True``): x, the routing weights and
-    the biases enter it as they are, so a second-order gradient reaches each of them."""
+    the biases enter it as they are, so a second-order gradient reaches each of them. ``bufs``: the expert tensors
+    the forward read (``layer._expert_buffers()`` then), else the layer's now."""
     if torch.compiler.is_compiling():  # (the context switches process-wide settings, which dynamo does not trace)
-        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2)
+        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2, bufs)
     with exact_float32(x.device.type):
-        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2)
+        return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2, bufs)
 
 
-def _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2) -> tuple:
+def _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2, bufs=None) -> tuple:
     H, k = x.shape[-1], ids.shape[-1]
     x2, g2 = x.reshape(-1, H), gy.reshape(-1, H).to(torch.float32)
     f32 = dict(dtype=torch.float32, device=x.device)
@@ -93,7 +101,7 @@ def _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b
             continue
         pair = (flat == e).nonzero().squeeze(1)
         t, slot = pair // k, pair % k
-        w1, w2 = (layer._expert_weight(name, e - lo) for name in ("gate_up", "down"))
+        w1, w2 = (layer._expert_weight(name, e - lo, bufs) for name in ("gate_up", "down"))
         xe = x2[t].to(torch.float32) if quant is None else xq2[t]
         # (not detached: under create_graph the second-order gradients reach the biases through them)
         b1e = None if b1 is None else b1[e - lo].to(torch.float32)

@@ -299,14 +299,24 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
         return name == "gate_up" and self.activation == "swiglu"
 
-    def _expert_weight(self, name: str, e: int) -> torch.Tensor:
+    def _expert_buffers(self) -> dict:
+        """The expert tensors :meth:`_expert_weight` reads, by buffer name (the row scales too in the fold layout):
+        what a backward keeps of its forward's experts."""
+        names = [f"{n}_{part}" for n in _EXPERTS for part in ("qdata", "scale")]
+        if self.expert_layout == "fold":
+            names += [f"{n}_row_scale" for n in _EXPERTS]
+        return {n: getattr(self, n) for n in names}
+
+    def _expert_weight(self, name: str, e: int, bufs: Optional[dict] = None) -> torch.Tensor:
         """Local expert e of ``name`` dequantized to float32 (N, K) (exact), rows in the checkpoint order, from
-        whichever layout the buffers hold, touching that expert's bytes only."""
+        whichever layout the buffers hold (``bufs``: those of :meth:`_expert_buffers` kept by a forward, else the
+        module's now), touching that expert's bytes only."""
         E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
-        q, s = getattr(self, f"{name}_qdata"), getattr(self, f"{name}_scale")
+        get = bufs.__getitem__ if bufs is not None else lambda n: getattr(self, n)
+        q, s = get(f"{name}_qdata"), get(f"{name}_scale")
         layout = self.expert_layout
         if layout == "fold":  # each E4M3 byte times its row scale is the MX value (the fold is exact)
-            w = q[e].view(torch.float8_e4m3fn).to(torch.float32) * getattr(self, f"{name}_row_scale")[e][:, None]
+            w = q[e].view(torch.float8_e4m3fn).to(torch.float32) * get(f"{name}_row_scale")[e][:, None]
         else:
             if layout == "mma":
                 from ..kernels.matmul_details._mma_decode import unpack_mma

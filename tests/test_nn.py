@@ -1295,3 +1295,22 @@ def test_load_of_another_block_size_raises_valueerror_and_leaves_the_layer_as_it
         dst.load_state_dict(src.state_dict())
     for k, v in dst.state_dict().items():  # not half-loaded (qdata and bias have the same shapes)
         assert torch.equal(v, before[k]), k
+
+
+def test_backward_refuses_a_weight_written_after_the_forward(rng):
+    """The MX weight's bytes written between the forward and the backward (load_state_dict, a weight sync): x's
+    gradient raises as nn.Linear's does (it followed the new weight); the bias' alone needs no weight."""
+    from mxkit.nn import MXLinear
+
+    m, other = (MXLinear.from_linear(nn.Linear(64, 32), "mxfp4") for _ in "ab")
+    x = torch.randn(4, 64, generator=rng, requires_grad=True)
+    y = m(x)
+    m.load_state_dict(other.state_dict())
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    x2 = torch.randn(4, 64, generator=rng)
+    y = m(x2)
+    with torch.no_grad():
+        m.weight_qdata.add_(1)
+    y.sum().backward()
+    assert m.bias.grad is not None

@@ -452,6 +452,9 @@ class _InputGrad(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         x, bias, held, _ = inputs
         ctx.w, ctx.x_meta = held.w, (x.dtype, x.shape) if isinstance(x, torch.Tensor) else None
+        # (a record: under torch.func only inputs and outputs are saved; none while dynamo traces, whose versions
+        # are symbols)
+        ctx.w_versions = None if torch.compiler.is_compiling() else _weight_versions(held.w)
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.out_dtype, ctx.out_shape = output.dtype, output.shape
 
@@ -459,6 +462,11 @@ class _InputGrad(torch.autograd.Function):
     def backward(ctx, g):
         gx = gb = None
         if ctx.needs_input_grad[0]:
+            if (ctx.w_versions is not None and not torch.compiler.is_compiling()
+                    and _weight_versions(ctx.w) != ctx.w_versions):
+                raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                                   "inplace operation: the MX weight's bytes were written between the forward and "
+                                   "this backward (as for nn.Linear's weight: backward before loading new weights)")
             dtype, shape = ctx.x_meta
             gx = linear_input_grad(g, ctx.w, dtype).reshape(shape)
         if ctx.needs_input_grad[1]:
@@ -521,6 +529,18 @@ def _mx_dgrad_op(g: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, fmt:
 @_mx_dgrad_op.register_fake
 def _(g, qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout, dtype):
     return g.new_empty((*g.shape[:-1], shape[1]), dtype=dtype)
+
+
+def _weight_versions(w) -> tuple:
+    """The version counters of an MX weight's element and scale bytes (None where a tensor keeps none)."""
+    src = w.source if isinstance(w, PackedWeight) else w
+    out = []
+    for t in (src.qdata, src.scale):
+        try:
+            out.append(t._version)
+        except (RuntimeError, AttributeError):  # (inference tensors, functorch wrappers)
+            out.append(None)
+    return tuple(out)
 
 
 class _Held:

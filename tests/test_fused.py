@@ -574,3 +574,17 @@ def test_kept_output_follows_the_weights():
         g.output(x, 0)
         g.half()
         assert g._last is None and g.output(x.half(), 1).dtype == torch.float16
+
+
+def test_kept_output_follows_the_bias_requires_grad():
+    """A bias unfrozen between two parts' calls: the second part gets an output with a graph (the kept one, made
+    with the bias frozen, had none)."""
+    g = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, 32), "mxfp4") for _ in range(2)])
+    x = torch.randn(4, 64)
+    g.fused.bias.requires_grad_(False)
+    assert not g.output(x, 0).requires_grad
+    g.fused.bias.requires_grad_(True)
+    k = g.output(x, 1)
+    assert k.requires_grad
+    k.sum().backward()
+    assert g.fused.bias.grad is not None

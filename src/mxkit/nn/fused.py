@@ -161,9 +161,10 @@ class FusedMXLinear(_ops.Handled, nn.Module):
             return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])
         ver = None if x.is_inference() else x._version  # (inference tensors keep no version counter)
         src = x if x._base is None else x._base
-        # (an output made under no_grad, or of an x that did not require grad then, carries no graph for a part
-        # that needs one)
-        grad = (torch.is_grad_enabled(), x.requires_grad)
+        # (an output made under no_grad, or of an x or a bias that did not require grad then, carries no graph for a
+        # part that needs one)
+        bias = self.fused._parameters["bias"]
+        grad = (torch.is_grad_enabled(), x.requires_grad, bias is not None and bias.requires_grad)
         last = self._last
         wkey = self._weights_key()
         hit = (last is not None and last[0]() is src and last[4] == view and last[1] == ver and last[5] == grad

@@ -24,6 +24,7 @@ from typing import Optional
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import mxkit
 from conftest import run_forked_ranks
@@ -374,6 +375,37 @@ def case_grad(rank: int, world: int, g: torch.Generator) -> None:
         assert x0.grad is not None and x0.grad.shape == (0, K), what + " empty batch"
 
 
+def case_double(rank: int, world: int, g: torch.Generator) -> None:
+    """Second-order gradients (a gradient penalty, create_graph=True) through both shards, and a row shard beside an
+    unsharded layer, against float64: the row shard's backward all-gather was no autograd op (the penalty's
+    gradient raised, or beside another path came out ~50% off) and the reduce's backward summed nothing."""
+    K = 128
+    full = full_layer(g, K, "mxfp4_e2m1", True)
+    side = full_layer(g, K, "mxfp4_e2m1", False)
+    x0, gy = torch.randn(5, K, generator=g), torch.randn(5, N, generator=g)
+    W, Ws = weight64(full), weight64(side)
+
+    def penalty(f, x):
+        (gx,) = torch.autograd.grad((torch.tanh(f(x)) * gy.to(x.dtype)).sum(), x, create_graph=True)
+        return (gx**2).sum()
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    for style, with_side in (("column", False), ("row", False), ("row", True)):
+        b64, x64 = full.bias.detach().double().requires_grad_(), x0.double().requires_grad_()
+        f64 = (lambda t: F.linear(t, W, b64) + F.linear(t, Ws)) if with_side else (lambda t: F.linear(t, W, b64))
+        want_b, want_x = torch.autograd.grad(penalty(f64, x64), (b64, x64))
+        m = shard_mxlinear(full, style)
+        x = x0.clone().requires_grad_()
+        got_b, got_x = torch.autograd.grad(penalty((lambda t: m(t) + side(t)) if with_side else m, x), (m.bias, x))
+        what = f"double {style}{' + side' if with_side else ''} rank {rank}/{world}"
+        # (float32 through tanh'' and two GEMMs of weights scaled up to 2^3: ~1e-5 of the float64 gradient; the
+        # cut or unsummed paths were 0.4-0.6 off)
+        eb = rel(got_b, local_shard(want_b, 0, rank, world) if style == "column" else want_b)
+        assert eb <= 1e-4 and rel(got_x, want_x) <= 1e-4, (what, eb, rel(got_x, want_x))
+
+
 def case_copy(rank: int, world: int, g: torch.Generator) -> None:
     """A shard deep-copies with any group (raised "cannot pickle 'ProcessGroup'" with an explicit one): the copy
     shares the group, has buffers and an op handle of its own and gives the same output; torch.save of a shard
@@ -444,7 +476,7 @@ def case_copy(rank: int, world: int, g: torch.Generator) -> None:
 
 
 CASES = {f.__name__: f for f in (case_column, case_row, case_mlp, case_bytes, case_errors, case_grad, case_copy,
-                                 case_func, case_compile)}
+                                 case_func, case_compile, case_double)}
 
 
 # ---------------------------------------------------------------------------------------------------------

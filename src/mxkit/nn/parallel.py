@@ -94,7 +94,9 @@ def _all_gather_last(t: torch.Tensor, group, world: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-# Each is linear: its forward-mode tangent is the same collective applied to the tangent (jvp), and under vmap the
+# Each backward is its dual Function (Megatron's pairing: copy <-> reduce, scatter <-> gather), so a second-order
+# gradient (create_graph=True) crosses the collectives it must. Each is linear: its forward-mode tangent is the same
+# collective applied to the tangent (jvp), and under vmap the
 # collective runs on the whole batch, the batch dim moved off the last one where it narrows or gathers along it
 # (torch.func: setup_context style). Those rules live in a subclass (``...Func``) that eager calls take: dynamo
 # refuses a Function with a custom jvp ("Unsupported custom jvp"), so compiled calls take the base class.
@@ -122,9 +124,9 @@ class _CopyToGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        g = g.contiguous().clone()
-        dist.all_reduce(g, group=ctx.group)
-        return g, None
+        # (its dual Function, Megatron's pairing: differentiable again under create_graph, where an all_reduce in
+        # place was no autograd op)
+        return _tp(_ReduceFromGroup).apply(g, ctx.group), None
 
 
 class _CopyToGroupFunc(_CopyToGroup):
@@ -154,7 +156,7 @@ class _ReduceFromGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g, None
+        return _tp(_CopyToGroup).apply(g, ctx.group), None  # (identity; its dual sums a second-order gradient)
 
 
 class _ReduceFromGroupFunc(_ReduceFromGroup):
@@ -185,7 +187,7 @@ class _GatherFromGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g.narrow(-1, ctx.rank * ctx.width, ctx.width).contiguous(), None, None, None
+        return _tp(_ScatterToGroup).apply(g, ctx.group, ctx.rank, ctx.world), None, None, None  # (its dual)
 
 
 class _GatherFromGroupFunc(_GatherFromGroup):
@@ -216,7 +218,8 @@ class _ScatterToGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return _all_gather_last(g, ctx.group, ctx.world), None, None, None
+        # (its dual, as _CopyToGroup's: a second-order gradient through x's was cut by the plain all_gather)
+        return _tp(_GatherFromGroup).apply(g, ctx.group, ctx.rank, ctx.world), None, None, None
 
 
 class _ScatterToGroupFunc(_ScatterToGroup):

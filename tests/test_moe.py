@@ -1898,3 +1898,40 @@ def test_backward_differentiates_the_experts_its_forward_read(rng):
         a.gate_up_qdata.copy_(b.gate_up_qdata)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward(gy)
+
+
+def test_compiled_forward_reads_experts_swapped_in(rng):
+    """torch.compile of functional_call with another layer's expert buffers: output and gradients of those experts
+    (the compiled ops read the module's own by its handle: 150% off); the module's own experts keep the handle
+    ops."""
+    import torch._dynamo
+
+    names = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
+    a, b = _grad_moe(0), _grad_moe(1)
+    ref = copy.deepcopy(a)
+    with torch.no_grad():
+        for n in names:
+            getattr(ref, n).copy_(getattr(b, n))
+    x0, gy = torch.randn(6, 64, generator=rng), torch.randn(6, 64, generator=rng)
+    xr = x0.clone().requires_grad_()
+    want = ref(xr)
+    want.backward(gy)
+
+    def swapped(x):
+        return torch.func.functional_call(a, {n: getattr(b, n) for n in names}, (x,))
+
+    torch._dynamo.reset()
+    x = x0.clone().requires_grad_()
+    got = torch.compile(swapped, fullgraph=True, backend="aot_eager")(x)
+    got.backward(gy)
+    assert torch.equal(got, want) and torch.equal(x.grad, xr.grad)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(str(gm.graph))
+        return gm.forward
+
+    for fn in (a, swapped):
+        torch._dynamo.reset()
+        torch.compile(fn, fullgraph=True, backend=backend)(x0)
+    assert "mxkit.mx_moe" in seen[0] and "mx_moe_export" not in seen[0] and "mx_moe_export" in seen[1]

@@ -1314,3 +1314,48 @@ def test_backward_refuses_a_weight_written_after_the_forward(rng):
         m.weight_qdata.add_(1)
     y.sum().backward()
     assert m.bias.grad is not None
+
+
+def _graph_ops(fn, *args) -> str:
+    """The FX graph text torch.compile(fullgraph) traces for fn(*args) (run through eager)."""
+    import torch._dynamo
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(str(gm.graph))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=backend)(*args)
+    return "\n".join(seen)
+
+
+def test_compiled_forward_reads_buffers_swapped_in(rng):
+    """torch.compile of torch.func.functional_call with another layer's weight buffers multiplies by those (the
+    compiled op found the layer by its handle and read its own: 130% off, and a compiled vmap ensemble ran every
+    member on the base weights); the layer's own buffers keep the handle op."""
+    import torch._dynamo
+    from mxkit.nn import MXLinear
+
+    la, lb = (MXLinear.from_linear(nn.Linear(64, 32), "mxfp4") for _ in "ab")
+    x0, gy = torch.randn(4, 64, generator=rng), torch.randn(4, 32, generator=rng)
+
+    def swapped(x):
+        return torch.func.functional_call(la, {"weight_qdata": lb.weight_qdata, "weight_scale": lb.weight_scale},
+                                          (x,))
+
+    xb = x0.clone().requires_grad_()
+    la_b = copy.deepcopy(la)
+    with torch.no_grad():
+        la_b.weight_qdata.copy_(lb.weight_qdata)
+        la_b.weight_scale.copy_(lb.weight_scale)
+    want = la_b(xb)
+    want.backward(gy)
+    torch._dynamo.reset()
+    x = x0.clone().requires_grad_()
+    got = torch.compile(swapped, fullgraph=True, backend="aot_eager")(x)
+    got.backward(gy)
+    assert torch.equal(got, want) and torch.equal(x.grad, xb.grad)
+    op = "torch.ops.mxkit.mx_linear]"
+    assert op in _graph_ops(la, x0) and op not in _graph_ops(swapped, x0)

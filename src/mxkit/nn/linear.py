@@ -184,6 +184,7 @@ class MXLinear(_ops.Handled, nn.Module):
         else:
             self.register_parameter("bias", None)
         self._packed = None  # PackedWeight on CUDA (not a buffer: rebuilt from the MX bytes)
+        self._own_buffers()
         self._register_load_state_dict_pre_hook(_check_loaded_bytes)
         self.register_state_dict_post_hook(record_format)
         self.register_load_state_dict_pre_hook(check_format)
@@ -209,11 +210,19 @@ class MXLinear(_ops.Handled, nn.Module):
             for p in (new, new.wide):
                 if p is not None:
                     p.scale_max
+        self._own_buffers()
         old = self.__dict__.get("_packed")
         kept = (old is not None and new is not None and self.__dict__.get("_packed_act") == act
                 and refill_packed(old, new))
         self._packed = old if kept else new
         self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
+
+    def _own_buffers(self) -> None:
+        """Record the weight's buffers as the layer's own (at construction and each repack): a compiled forward
+        that finds others (swapped in by torch.func.functional_call, or assigned) takes the route whose op is given
+        the weight's tensors, not the layer's handle, whose op reads the layer's own."""
+        b = self._buffers
+        self.__dict__["_own"] = (b["weight_qdata"], b["weight_scale"])
 
     def _act_kind(self) -> str:
         """The layouts this layer's activations read: pack_weight's ``act``."""
@@ -239,7 +248,7 @@ class MXLinear(_ops.Handled, nn.Module):
     def __getstate__(self) -> dict:
         # (the packed copy is made again from the MX bytes on unpickling: pickled, it stored the CUDA layouts, a
         # fold and a dense cache beside the bytes, ~5x the state_dict's size)
-        return dict(super().__getstate__(), _packed=None)
+        return dict(super().__getstate__(), _packed=None, _own=None)  # (both made again by repack on unpickling)
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
@@ -311,8 +320,12 @@ class MXLinear(_ops.Handled, nn.Module):
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
         if torch.compiler.is_compiling() and plain_traced(x):
-            if exporting():
-                # torch.export: the weight's buffers in the program, not this process's handle
+            own = self.__dict__.get("_own")
+            buffers = self._buffers
+            if (exporting() or own is None or buffers["weight_qdata"] is not own[0]
+                    or buffers["weight_scale"] is not own[1]):
+                # torch.export, or buffers not the layer's own (functional_call): the weight's tensors in the program,
+                # not this process's handle (whose op reads the layer's own buffers)
                 if self.act_format is None:
                     return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)  # (mxkit::mx_matmul)
                 refuse_forward_ad("MXLinear")

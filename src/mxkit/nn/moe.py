@@ -249,6 +249,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
         self.register_load_state_dict_post_hook(_forget_expert_copies)
         _ops.register(self)
+        self._record_own()
         if bias:
             self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
             self.down_bias = nn.Parameter(torch.zeros(hi - lo, H, **f))
@@ -298,6 +299,17 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     def _interleaved(self, name: str) -> bool:
         """Whether the packed rows of ``name`` are the [gate; up] halves interleaved (activation "swiglu")."""
         return name == "gate_up" and self.activation == "swiglu"
+
+    def _record_own(self) -> None:
+        """Record the expert buffers as the module's own (wherever it sets them): a compiled forward that finds
+        others (swapped in by torch.func.functional_call) takes the export route, whose ops are given the experts'
+        tensors, not the module's handle, whose ops read the module's own."""
+        self.__dict__["_own"] = tuple(self._expert_buffers().values())
+
+    def _owns_experts(self) -> bool:
+        own = self.__dict__.get("_own")
+        cur = tuple(self._expert_buffers().values())
+        return own is not None and len(own) == len(cur) and all(a is b for a, b in zip(own, cur))
 
     def _expert_buffers(self) -> dict:
         """The expert tensors :meth:`_expert_weight` reads, by buffer name (the row scales too in the fold layout):
@@ -383,6 +395,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             self.register_buffer(f"{name}_row_scale", f.scale, persistent=False)
         self._fold_layout = True
         self._packed = self._folded = None
+        self._record_own()
         return True
 
     def _apply(self, fn, recurse: bool = True):
@@ -405,6 +418,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         ``torch.inference_mode`` the buffers keep no version counter to tell the copies they changed), and in a
         pickle or deep copy (their keys hold weak references, and a copy's would name the original's tensors)."""
         self._folded = self._packed = self._packed_wgmma = None
+        self._record_own()
 
     def _copy_state(self) -> dict:
         return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None)
@@ -419,6 +433,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             self._buffers.pop(f"{name}_row_scale", None)
         self._mma_flags, self._fold_layout = None, False
         self._packed = self._folded = None
+        self._record_own()
 
     def _packed_pair(self, name: str, q: torch.Tensor, s: torch.Tensor):
         """:func:`mxkit.kernels.moe.pack_experts_mma` of checkpoint-layout (qdata, scale) of ``name`` (None for
@@ -460,6 +475,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             setattr(self, f"{name}_scale", s)
         self._mma_flags = tuple(flags)
         self._packed = self._folded = None
+        self._record_own()
         return True
 
     @property
@@ -689,8 +705,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 return self.forward(x)
         x = x.contiguous()  # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits)
         routed = None
-        if torch.compiler.is_compiling() and exporting() and self.ep_ranges is None:
-            return self._exported(x)
+        if torch.compiler.is_compiling() and (exporting() or not self._owns_experts()) and self.ep_ranges is None:
+            return self._exported(x)  # (torch.export, or experts swapped in: the ops given the experts' tensors)
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
                 y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, _ops.graph_handle(self))

@@ -588,3 +588,30 @@ def test_kept_output_follows_the_bias_requires_grad():
     assert k.requires_grad
     k.sum().backward()
     assert g.fused.bias.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_compiled_part_reads_weights_swapped_in(rng):
+    """A part compiled inside torch.func.functional_call with another group's fused buffers multiplies by those (the
+    group's handle op read its own); the group's own buffers keep that op."""
+    import torch._dynamo
+
+    ga, gb = (FusedMXLinear([MXLinear.from_linear(nn.Linear(256, 128), "mxfp4") for _ in range(2)]).cuda()
+              for _ in "ab")
+    x = torch.randn(2, 256, generator=rng).to("cuda", torch.bfloat16)
+    names = ("fused.weight_qdata", "fused.weight_scale", "fused.bias")
+    swap = {n: gb.get_submodule("fused").get_parameter(n[6:]) if n.endswith("bias") else gb.get_buffer(n)
+            for n in names}
+    part = FusedPart(ga, 1)
+
+    def swapped(x):
+        return torch.func.functional_call(part, {"group." + n: t for n, t in swap.items()}, (x,))
+
+    with torch.no_grad():
+        want = gb.output(x, 1).clone()
+        torch._dynamo.reset()
+        got = torch.compile(swapped, fullgraph=True)(x)
+        own = torch.compile(part, fullgraph=True)(x)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        assert torch.equal(own.view(torch.int16), ga.output(x, 1).view(torch.int16))

@@ -1935,3 +1935,20 @@ def test_compiled_forward_reads_experts_swapped_in(rng):
         torch._dynamo.reset()
         torch.compile(fn, fullgraph=True, backend=backend)(x0)
     assert "mxkit.mx_moe" in seen[0] and "mx_moe_export" not in seen[0] and "mx_moe_export" in seen[1]
+
+
+def test_torch_func_transforms_are_refused_clearly(rng):
+    """MXMoE under torch.func's grad / vjp / jvp / vmap (x or only the router's parameters transformed) raises
+    NotImplementedError that says what works (torch raised its internal "must override the setup_context
+    staticmethod", or "Cannot access data pointer" for a frozen layer under vmap)."""
+    m = _grad_moe(0)
+    x, gy = torch.randn(6, 64, generator=rng), torch.randn(6, 64, generator=rng)
+    params = {n: p.detach() for n, p in m.named_parameters()}
+    for call in (lambda: torch.func.grad(lambda u: (m(u) * gy).sum())(x), lambda: torch.func.vjp(m, x),
+                 lambda: torch.func.jvp(m, (x,), (gy,)), lambda: torch.func.vmap(m)(x.reshape(2, 3, 64)),
+                 lambda: torch.func.grad(lambda p: torch.func.functional_call(m, p, (x,)).sum())(params)):
+        with pytest.raises(NotImplementedError, match="does not run under torch.func's transforms"):
+            call()
+    m.requires_grad_(False)
+    with pytest.raises(NotImplementedError, match="batch it by its leading dims"):
+        torch.func.vmap(m)(x.reshape(2, 3, 64))

@@ -188,7 +188,8 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         else:
             # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them;
             # under torch.export the fused MXLinear, whose program holds the weights)
-            handle_op = x.is_cuda and not needs_grad(x, self.fused.bias) and not exporting()
+            handle_op = (x.is_cuda and not needs_grad(x, self.fused.bias) and not exporting()
+                         and self.fused._owns_weight())  # (buffers swapped in: the fused layer's own route)
             y = torch.ops.mxkit.mx_fused(x, _ops.graph_handle(self)) if handle_op else self.fused(x)
             served = {i}
         self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)

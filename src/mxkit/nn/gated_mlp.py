@@ -108,7 +108,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
-                    and self.gate_up.act_format is None and not exporting()):  # (torch.export: the GEMM, whose program holds weights)
+                    and self.gate_up.act_format is None and not exporting() and self.gate_up._owns_weight()):  # (torch.export: the GEMM, whose program holds weights)
                 return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
             return self._act_gemm(x)
         return self._act_eager(x)

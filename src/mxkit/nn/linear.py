@@ -224,6 +224,11 @@ class MXLinear(_ops.Handled, nn.Module):
         b = self._buffers
         self.__dict__["_own"] = (b["weight_qdata"], b["weight_scale"])
 
+    def _owns_weight(self) -> bool:
+        """Whether the weight's buffers are the ones :meth:`_own_buffers` recorded (not swapped in)."""
+        own, b = self.__dict__.get("_own"), self._buffers
+        return own is not None and b["weight_qdata"] is own[0] and b["weight_scale"] is own[1]
+
     def _act_kind(self) -> str:
         """The layouts this layer's activations read: pack_weight's ``act``."""
         act = self.act_format
@@ -320,10 +325,7 @@ class MXLinear(_ops.Handled, nn.Module):
         # (the bias read once, from the parameter dict: nn.Module.__getattr__ costs ~0.3 us a read on the hot path)
         bias = self._parameters["bias"]
         if torch.compiler.is_compiling() and plain_traced(x):
-            own = self.__dict__.get("_own")
-            buffers = self._buffers
-            if (exporting() or own is None or buffers["weight_qdata"] is not own[0]
-                    or buffers["weight_scale"] is not own[1]):
+            if exporting() or not self._owns_weight():
                 # torch.export, or buffers not the layer's own (functional_call): the weight's tensors in the program,
                 # not this process's handle (whose op reads the layer's own buffers)
                 if self.act_format is None:

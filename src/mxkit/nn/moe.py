@@ -76,7 +76,7 @@ from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import route as reference_route
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
-from ..ops import dequantize, needs_grad, quantize
+from ..ops import _functorch_wrapped, dequantize, needs_grad, quantize
 from ..tensor import MXTensor, as_int, check_device_name
 from . import _moe_export, _ops
 from ._moe_grad import ExpertsGrad, experts_backward
@@ -101,6 +101,14 @@ def _moe_act(act_format) -> Optional[str]:
     if name not in _ACT_FORMATS:
         raise ValueError(f"act_format={act_format!r}: None, 'fp8_e4m3_rowwise' or 'mxfp4'")
     return name
+
+
+# (ExpertsGrad keeps the experts its forward read, which torch.func's transforms do not let a Function save, and the
+# kernels read storage a BatchedTensor has not: torch raised "must override the setup_context staticmethod" or
+# "Cannot access data pointer of Tensor that doesn't have storage")
+_NO_FUNC = ("MXMoE does not run under torch.func's transforms (grad, vjp, jvp, vmap): differentiate it with autograd "
+            "(loss.backward(), torch.autograd.grad), and batch it by its leading dims (x (..., hidden_size)); "
+            "torch.func.functional_call works")
 
 
 class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
@@ -703,6 +711,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if x.is_cuda and elsewhere(x):  # (the kernels launch on the current device)
             with torch.cuda.device(x.device):
                 return self.forward(x)
+        if not torch.compiler.is_compiling() and _functorch_wrapped(x):
+            raise NotImplementedError(_NO_FUNC)
         x = x.contiguous()  # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits)
         routed = None
         if torch.compiler.is_compiling() and (exporting() or not self._owns_experts()) and self.ep_ranges is None:
@@ -816,6 +826,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         parallelism through the reference backend."""
         grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)
         if grad and self.ep_ranges is None:
+            if not torch.compiler.is_compiling() and (_functorch_wrapped(x) or _functorch_wrapped(logits)):
+                # (the router's parameters transformed)
+                raise NotImplementedError(_NO_FUNC)
             weights, ids = routed or route(logits.reshape(-1, self.num_experts), self.top_k, mode=self.routing)
             return ExpertsGrad.apply(x, weights, self.gate_up_bias, self.down_bias, ids, logits.detach(), self)
         if not grad:

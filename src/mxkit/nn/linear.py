@@ -239,13 +239,15 @@ class MXLinear(_ops.Handled, nn.Module):
         written (an assignment, ``torch.func.functional_call``) are read through the unpacked paths, which read
         ``weight_mx`` (an in-place write still needs :meth:`repack`). Packed for other activations than
         ``act_format`` now asks for (act_format replaced after construction): packed again, once."""
-        p = self._packed
+        d = self.__dict__
+        p = d["_packed"]
         if p is None:
             return None
-        b = self._buffers
-        if p.source.qdata is not b["weight_qdata"] or p.source.scale is not b["weight_scale"]:
+        b, src = d["_buffers"], p.source
+        if src.qdata is not b["weight_qdata"] or src.scale is not b["weight_scale"]:
             return None
-        if self.__dict__.get("_packed_act") != self._act_kind():
+        kind = d.get("_packed_act")
+        if kind != "float" if d.get("act_format") is None else kind != self._act_kind():
             self.repack()
             return self._packed
         return p

@@ -1869,17 +1869,25 @@ def _grad_moe(seed: int) -> MXMoE:
                             torch.randn(8, 64, generator=g) * 0.1, 2, "mxfp4")
 
 
+_EXPERT_BUFFERS = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
+
+
+def _swap_case():
+    """(buffer names, a, b, ref): two layers and a copy of a holding b's experts (a's router and biases)."""
+    a, b = _grad_moe(0), _grad_moe(1)
+    ref = copy.deepcopy(a)
+    with torch.no_grad():
+        for n in _EXPERT_BUFFERS:
+            getattr(ref, n).copy_(getattr(b, n))
+    return _EXPERT_BUFFERS, a, b, ref
+
+
 def test_backward_differentiates_the_experts_its_forward_read(rng):
     """The experts' backward differentiates the expert tensors its forward multiplied by: buffers swapped in by
     torch.func.functional_call give the gradients of a layer holding them (they were the module's own experts'), and
     an in-place write of the experts between forward and backward raises as nn.Linear's weight does (the new
     experts' gradient came back)."""
-    names = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
-    a, b = _grad_moe(0), _grad_moe(1)
-    ref = copy.deepcopy(a)
-    with torch.no_grad():
-        for n in names:
-            getattr(ref, n).copy_(getattr(b, n))
+    names, a, b, ref = _swap_case()
     x0, gy = torch.randn(6, 64, generator=rng), torch.randn(6, 64, generator=rng)
 
     def grads(mod, call):
@@ -1906,12 +1914,7 @@ def test_compiled_forward_reads_experts_swapped_in(rng):
     ops."""
     import torch._dynamo
 
-    names = ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale")
-    a, b = _grad_moe(0), _grad_moe(1)
-    ref = copy.deepcopy(a)
-    with torch.no_grad():
-        for n in names:
-            getattr(ref, n).copy_(getattr(b, n))
+    names, a, b, ref = _swap_case()
     x0, gy = torch.randn(6, 64, generator=rng), torch.randn(6, 64, generator=rng)
     xr = x0.clone().requires_grad_()
     want = ref(xr)

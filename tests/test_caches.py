@@ -472,3 +472,73 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
     got = a._packed_experts(x)
     assert a._mma_flags == b._mma_flags
     assert all((p.special, p.one_mul, p.bf16_exact) == f for p, f in zip(got, b._mma_flags))
+
+
+def _random_moe(scale: int = 127, **kw) -> MXMoE:
+    m = MXMoE(64, 64, 4, 2, "mxfp4", **kw)
+    with torch.no_grad():
+        for n in ("gate_up", "down"):
+            q, s = getattr(m, f"{n}_qdata"), getattr(m, f"{n}_scale")
+            q.copy_(torch.randint(0, 256, q.shape, dtype=torch.uint8))
+            s.fill_(scale)
+    return m
+
+
+def test_moe_backward_keeps_its_experts_off_the_saved_tensors(rng):
+    """The experts a forward read are kept for the backward on the context, with their versions and layout, not as
+    saved tensors: experts packed under inference_mode (a serving pass before training) still train (saving them
+    raised "Inference tensors cannot be saved for backward"); saved-tensor hooks (save_on_cpu) see no expert bytes;
+    a pack_() between forward and backward gives the exact gradient (the buffers were read in the new layout)."""
+    m = _random_moe(activation="swiglu_gpt_oss")
+    with torch.inference_mode():
+        assert m.pack_() and m.gate_up_qdata.is_inference()
+    x = torch.randn(3, 64, generator=rng, requires_grad=True)
+    m(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    m = _random_moe()
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (seen.append(t.untyped_storage().nbytes()), t)[1],
+                                                  lambda t: t):
+        m(x)
+    assert sum(seen) < m.gate_up_qdata.numel()
+    m = _random_moe(bias=False, router_bias=False)
+    want = torch.autograd.grad(m(x).sum(), x)[0]
+    y = m(x)
+    assert m.pack_() and m.expert_layout == "mma"
+    assert torch.equal(torch.autograd.grad(y.sum(), x)[0], want)
+
+
+def test_moe_flags_follow_packed_bytes_written_before_any_forward():
+    """Packed buffers written in place right after pack_() (no forward in between, so no packed experts kept): the
+    kernel flags are read again from the bytes held (they kept one_mul for scale bytes of 140)."""
+    import types
+
+    dst, src = _random_moe(127), _random_moe(140)
+    assert dst.pack_() and src.pack_() and dst._mma_flags != src._mma_flags
+    with torch.no_grad():
+        for n in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
+            getattr(dst, n).copy_(getattr(src, n))
+    dst._packed_experts(types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64))
+    assert dst._mma_flags == src._mma_flags
+
+
+def test_own_buffer_records_are_weak_and_follow_moves():
+    """The own-buffer records (the compiled forward's handle-or-export choice) hold weak references (a buffer
+    replaced by assignment, e.g. accelerate's offload swap, is freed) and follow the CPU's _apply (to_empty)."""
+    import gc
+    import weakref
+
+    from mxkit.nn import MXLinear
+
+    m = _random_moe()
+    old = weakref.ref(m.gate_up_qdata)
+    m.gate_up_qdata = m.gate_up_qdata.clone()
+    gc.collect()
+    assert old() is None and not m._owns_experts()
+    lin = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")
+    lin.to_empty(device="cpu")
+    assert lin._owns_weight()
+    old = weakref.ref(lin.weight_qdata)
+    lin.weight_qdata = lin.weight_qdata.clone()
+    gc.collect()
+    assert old() is None and not lin._owns_weight()

@@ -36,21 +36,38 @@ class ExpertsGrad(torch.autograd.Function):
     def forward(ctx, x, weights, b1, b2, ids, logits, layer):
         with torch.no_grad():
             y = layer._experts(x, logits, (weights.detach(), ids))
-        # the experts this forward multiplied by (after it: a first forward may re-lay them), kept for the backward:
-        # buffers swapped in by torch.func.functional_call are differentiated, not the module's own, and an
-        # in-place write between the two raises as it does for nn.Linear
-        bufs = layer._expert_buffers()
-        ctx.save_for_backward(x, weights, ids, b1, b2, *bufs.values())
-        ctx.buf_names = tuple(bufs)
+        # the experts this forward multiplied by (after it: a first forward may re-lay them) and their layout, kept
+        # for the backward: buffers swapped in by torch.func.functional_call are differentiated, not the module's
+        # own, and an in-place write between the two raises as it does for nn.Linear. On ctx with their versions,
+        # not saved tensors: experts made under inference_mode cannot be saved, and saved-tensor hooks
+        # (save_on_cpu) would copy every expert's bytes each forward
+        ctx.save_for_backward(x, weights, ids, b1, b2)
+        ctx.bufs, ctx.layout = layer._expert_buffers(), layer.expert_layout
+        ctx.versions = _versions(ctx.bufs.values())
         ctx.layer = layer
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        x, weights, ids, b1, b2, *bufs = ctx.saved_tensors
+        x, weights, ids, b1, b2 = ctx.saved_tensors
+        if _versions(ctx.bufs.values()) != ctx.versions:
+            raise RuntimeError("one of the variables needed for gradient computation has been modified by an inplace "
+                               "operation: MXMoE's expert bytes were written between the forward and this backward "
+                               "(as for nn.Linear's weight: backward before loading new experts)")
         grads = experts_backward(ctx.layer, gy, x, weights, ids, b1, b2, *ctx.needs_input_grad[:4],
-                                 bufs=dict(zip(ctx.buf_names, bufs)))
+                                 bufs=(ctx.bufs, ctx.layout))
         return (*grads, None, None, None)
+
+
+def _versions(tensors) -> tuple:
+    """Version counters (None for a tensor that keeps none: made under inference_mode)."""
+    out = []
+    for t in tensors:
+        try:
+            out.append(t._version)
+        except RuntimeError:
+            out.append(None)
+    return tuple(out)
 
 
 def _bf16_through(v: torch.Tensor) -> torch.Tensor:
@@ -75,8 +92,8 @@ def experts_backward(layer, gy: torch.Tensor, x: torch.Tensor, weights: torch.Te
     experts' weighted sum, each None where not needed (or its tensor None), in its input's dtype and shape. Its
     float32 products at full precision whatever ``torch.set_float32_matmul_precision`` says (it followed it:
     oneDNN's bf16 on a CPU, TF32 on a GPU). Differentiable again (``create_graph=True``): x, the routing weights and
-    the biases enter it as they are, so a second-order gradient reaches each of them. ``bufs``: the expert tensors
-    the forward read (``layer._expert_buffers()`` then), else the layer's now."""
+    the biases enter it as they are, so a second-order gradient reaches each of them. ``bufs``: (the expert tensors
+    the forward read, ``layer._expert_buffers()`` then, and ``layer.expert_layout`` then), else the layer's now."""
     if torch.compiler.is_compiling():  # (the context switches process-wide settings, which dynamo does not trace)
         return _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b1, need_b2, bufs)
     with exact_float32(x.device.type):
@@ -101,7 +118,7 @@ def _experts_backward(layer, gy, x, weights, ids, b1, b2, need_x, need_w, need_b
             continue
         pair = (flat == e).nonzero().squeeze(1)
         t, slot = pair // k, pair % k
-        w1, w2 = (layer._expert_weight(name, e - lo, bufs) for name in ("gate_up", "down"))
+        w1, w2 = (layer._expert_weight(name, e - lo, *(bufs or ())) for name in ("gate_up", "down"))
         xe = x2[t].to(torch.float32) if quant is None else xq2[t]
         # (not detached: under create_graph the second-order gradients reach the biases through them)
         b1e = None if b1 is None else b1[e - lo].to(torch.float32)

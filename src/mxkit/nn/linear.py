@@ -37,6 +37,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
+import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable, Optional, Union
 
@@ -221,13 +222,13 @@ class MXLinear(_ops.Handled, nn.Module):
         """Record the weight's buffers as the layer's own (at construction and each repack): a compiled forward
         that finds others (swapped in by torch.func.functional_call, or assigned) takes the route whose op is given
         the weight's tensors, not the layer's handle, whose op reads the layer's own."""
-        b = self._buffers
-        self.__dict__["_own"] = (b["weight_qdata"], b["weight_scale"])
+        b = self._buffers  # (weak: a replaced buffer is freed, e.g. accelerate's offload swapping it every call)
+        self.__dict__["_own"] = (weakref.ref(b["weight_qdata"]), weakref.ref(b["weight_scale"]))
 
     def _owns_weight(self) -> bool:
         """Whether the weight's buffers are the ones :meth:`_own_buffers` recorded (not swapped in)."""
         own, b = self.__dict__.get("_own"), self._buffers
-        return own is not None and b["weight_qdata"] is own[0] and b["weight_scale"] is own[1]
+        return own is not None and b["weight_qdata"] is own[0]() and b["weight_scale"] is own[1]()
 
     def _act_kind(self) -> str:
         """The layouts this layer's activations read: pack_weight's ``act``."""
@@ -265,6 +266,8 @@ class MXLinear(_ops.Handled, nn.Module):
         out = super()._apply(fn, *args, **kwargs)
         if self._packed is not None or self.weight_qdata.is_cuda:
             self.repack()
+        else:
+            self._own_buffers()  # (the CPU's buffers may be new tensors too: to_empty, a cloning fn)
         return out
 
     @classmethod

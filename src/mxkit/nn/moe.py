@@ -61,6 +61,7 @@ set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the 
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence, Union
 
 import torch
@@ -312,12 +313,19 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         """Record the expert buffers as the module's own (wherever it sets them): a compiled forward that finds
         others (swapped in by torch.func.functional_call) takes the export route, whose ops are given the experts'
         tensors, not the module's handle, whose ops read the module's own."""
-        self.__dict__["_own"] = tuple(self._expert_buffers().values())
+        # (weak: an expert buffer replaced is freed)
+        self.__dict__["_own"] = tuple(weakref.ref(t) for t in self._expert_buffers().values())
+
+    def _note_flags(self) -> None:
+        """Record the packed buffers the kernel flags (``_mma_flags``) were read from: buffers written or replaced
+        since have their flags read again on the next CUDA forward."""
+        self.__dict__["_flags_key"] = None if self._mma_flags is None else TensorsKey(
+            [getattr(self, f"{n}_{p}") for n in _EXPERTS for p in ("qdata", "scale")])
 
     def _owns_experts(self) -> bool:
         own = self.__dict__.get("_own")
         cur = tuple(self._expert_buffers().values())
-        return own is not None and len(own) == len(cur) and all(a is b for a, b in zip(own, cur))
+        return own is not None and len(own) == len(cur) and all(a() is b for a, b in zip(own, cur))
 
     def _expert_buffers(self) -> dict:
         """The expert tensors :meth:`_expert_weight` reads, by buffer name (the row scales too in the fold layout):
@@ -327,14 +335,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             names += [f"{n}_row_scale" for n in _EXPERTS]
         return {n: getattr(self, n) for n in names}
 
-    def _expert_weight(self, name: str, e: int, bufs: Optional[dict] = None) -> torch.Tensor:
+    def _expert_weight(self, name: str, e: int, bufs: Optional[dict] = None,
+                       layout: Optional[str] = None) -> torch.Tensor:
         """Local expert e of ``name`` dequantized to float32 (N, K) (exact), rows in the checkpoint order, from
-        whichever layout the buffers hold (``bufs``: those of :meth:`_expert_buffers` kept by a forward, else the
-        module's now), touching that expert's bytes only."""
+        whichever layout the buffers hold (``bufs`` and ``layout``: those of :meth:`_expert_buffers` and
+        ``expert_layout`` kept by a forward, else the module's now), touching that expert's bytes only."""
         E, N, K = self._expert_shapes(self.num_local_experts)[_EXPERTS.index(name)]
         get = bufs.__getitem__ if bufs is not None else lambda n: getattr(self, n)
         q, s = get(f"{name}_qdata"), get(f"{name}_scale")
-        layout = self.expert_layout
+        layout = self.expert_layout if layout is None else layout
         if layout == "fold":  # each E4M3 byte times its row scale is the MX value (the fold is exact)
             w = q[e].view(torch.float8_e4m3fn).to(torch.float32) * get(f"{name}_row_scale")[e][:, None]
         else:
@@ -427,9 +436,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         pickle or deep copy (their keys hold weak references, and a copy's would name the original's tensors)."""
         self._folded = self._packed = self._packed_wgmma = None
         self._record_own()
+        self._note_flags()  # (a load's flags were read from its bytes; a move keeps the bytes)
 
     def _copy_state(self) -> dict:
-        return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None)
+        # (weak references do not pickle, and a copy's would name the original's tensors: both made again)
+        return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None, _own=None, _flags_key=None)
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._record_own()
 
     def _to_checkpoint_layout(self) -> None:
         """Undo :meth:`pack_`: the four expert buffers back in the checkpoint layout."""
@@ -484,6 +499,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self._mma_flags = tuple(flags)
         self._packed = self._folded = None
         self._record_own()
+        self._note_flags()
         return True
 
     @property
@@ -955,11 +971,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             self.pack_()
         if self.expert_layout == "mma":
             bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
-            if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
-                if self._packed is not None:  # (buffers written or replaced since: their kernel flags read again)
-                    from ..kernels.moe_details._decode import packed_flags
+            key = self.__dict__.get("_flags_key")
+            if (key is None or not key.matches(bufs)) and not (
+                    x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                # (packed buffers written or replaced since the flags were read: read again, one host sync)
+                from ..kernels.moe_details._decode import packed_flags
 
-                    self._mma_flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
+                self._mma_flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
+                self.__dict__["_flags_key"] = TensorsKey(bufs)
+            if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
                 shapes = self._expert_shapes(self.num_local_experts)
                 self._packed = (TensorsKey(bufs, self._mma_flags), tuple(
                     MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])

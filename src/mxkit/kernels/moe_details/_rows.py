@@ -74,8 +74,10 @@ def _packed_bias(b: torch.Tensor, N: int, order) -> torch.Tensor:
     for ``order`` = its activation, :func:`pack_experts_mma`'s for ``("mma", interleaved)``; kept per tensor while
     it lives (no per-call kernels; entries go only with their bias, or past 4096 live ones). An in-place change of
     the bias (a version the entry has not seen) is written into the kept tensor, whose address stays: a CUDA graph
-    captured after a first call reads the new bias, and one copy is kept a bias, not one a version. Not seen: an
-    in-place change of an inference tensor (it keeps no version) or through ``b.data``."""
+    captured after a first call reads the new bias, and one copy is kept a bias, not one a version. The write is on
+    the current stream, as an in-place update of nn.Linear's bias is: a kernel still reading it on another stream
+    must be waited for first. Not seen: an in-place change of an inference tensor (it keeps no version) or through
+    ``b.data``."""
     from ..matmul_details._layout_wgmma import expert_row_order
 
     key = (id(b), b.data_ptr(), b.dtype, b.device, order)

@@ -17,6 +17,7 @@ from torch.autograd import forward_ad as _fwad
 
 from . import reference
 from ._autocast import autocast_off
+from ._cache import tensor_version
 from ._precision import exact_matmul
 from ._device import elsewhere, exporting, on_operand_device, other_device, plain_traced
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
@@ -534,13 +535,10 @@ def _(g, qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale
 def _weight_versions(w) -> tuple:
     """The version counters of an MX weight's element and scale bytes (None where a tensor keeps none)."""
     src = w.source if isinstance(w, PackedWeight) else w
-    out = []
-    for t in (src.qdata, src.scale):
-        try:
-            out.append(t._version)
-        except (RuntimeError, AttributeError):  # (inference tensors, functorch wrappers)
-            out.append(None)
-    return tuple(out)
+    try:
+        return tuple(tensor_version(t) for t in (src.qdata, src.scale))
+    except (RuntimeError, AttributeError):  # (functorch wrappers)
+        return (None, None)
 
 
 class _Held:

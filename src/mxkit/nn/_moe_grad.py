@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from .._autocast import autocast_off
+from .._cache import tensor_version
 from .._precision import exact_float32
 from ..moe_reference import ACTIVATIONS, _bf16_values, _fp8_rowwise_values, _mxfp4_values
 from .linear import FP8_ROWWISE
@@ -61,13 +62,7 @@ class ExpertsGrad(torch.autograd.Function):
 
 def _versions(tensors) -> tuple:
     """Version counters (None for a tensor that keeps none: made under inference_mode)."""
-    out = []
-    for t in tensors:
-        try:
-            out.append(t._version)
-        except RuntimeError:
-            out.append(None)
-    return tuple(out)
+    return tuple(tensor_version(t) for t in tensors)
 
 
 def _bf16_through(v: torch.Tensor) -> torch.Tensor:

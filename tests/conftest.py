@@ -704,10 +704,9 @@ def _tensors(out) -> list[torch.Tensor]:
     raise TypeError(type(out).__name__)
 
 
-def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3) -> None:
-    """Capture ``step(*inputs)`` in a CUDA graph (after two warm-up calls on a side stream), then ``replays`` times:
-    copy ``fresh()`` (a list like ``inputs``) into the static inputs, poison the captured outputs, replay, and
-    compare every output byte with an eager ``step`` on clones of the same inputs."""
+def capture_graph(step, *inputs):
+    """(graph, output) of ``step(*inputs)`` captured in a CUDA graph after two warm-up calls on a side stream (as
+    torch.cuda.graphs' documentation does)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -716,7 +715,16 @@ def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int =
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = _tensors(step(*inputs))
+        out = step(*inputs)
+    return graph, out
+
+
+def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3) -> None:
+    """Capture ``step(*inputs)`` in a CUDA graph (:func:`capture_graph`), then ``replays`` times: copy ``fresh()`` (a
+    list like ``inputs``) into the static inputs, poison the captured outputs, replay, and compare every output byte
+    with an eager ``step`` on clones of the same inputs."""
+    graph, out = capture_graph(step, *inputs)
+    outs = _tensors(out)
     for _ in range(replays):
         for dst, src in zip(inputs, fresh()):
             dst.copy_(src)

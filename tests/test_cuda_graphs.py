@@ -11,7 +11,7 @@ import torch
 
 import mxkit
 import mxkit.nn
-from conftest import SKIP_REASON_TWO_GPUS, assert_graph_replays
+from conftest import SKIP_REASON_TWO_GPUS, assert_graph_replays, capture_graph
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -119,14 +119,7 @@ def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
         assert q is not None and id(q) in _mma_decode._SPLIT, "the launch is not split"
         held = dict(_mma_decode._SPLIT[id(q)][1])
         assert len(held) == 1
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            m(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = m(x)
+        graph, y = capture_graph(m, x)
         for M in range(2, 72):  # other shapes: new keys in the weight's call cache, which empties at 64
             m(_randn(rng, M, K))
         torch.cuda.synchronize()
@@ -195,15 +188,7 @@ def test_gpu_graph_replays_the_weight_loaded_after_capture(fmt, act, M, rng):
     x = _randn(rng, M, 512)
     packed = la._packed
     with torch.no_grad():
-        la(x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            la(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = la(x)
+        graph, y = capture_graph(la, x)
         la.load_state_dict(lb.state_dict())
         assert la._packed is packed  # (written in place)
         churn = [mxkit.nn.MXLinear.from_linear(torch.nn.Linear(512, 384), fmt, act_format=act).cuda()

@@ -47,8 +47,9 @@ format before repeat k + 1, the formats' order rotated by one each repeat. × bf
 of the per-repeat ratios, each from a bf16 run and a format's run seconds apart, and ``x_bf16_lo`` /
 ``x_bf16_hi`` their range: the eager steps are host-bound, and the host's speed drifts by tens of percent over
 the minutes that lie between two formats' runs in a sequential order. (ms per token stays each format's own
-median, so under such a drift it need not divide into × bf16: the paired ratio is the measure.) ``--order sequential`` builds, times and
-frees one format at a time (the memory of one model); × bf16 is then the ratio of the two medians. Where the
+median, so under such a drift it need not divide into × bf16: the paired ratio is the measure.) ``--order
+sequential`` builds, times and frees one format at a time (the memory of one model); × bf16 is then the ratio of
+the two medians. Where the
 models do not fit the GPU together (a build runs out of memory), an interleaved run says so and runs sequential.
 Target (mxkit's, for information): MXFP4 ≥ 2.5× bf16 tokens/s at batch 1 with graphs, ≥ 1.5× eager.
 """

@@ -354,7 +354,8 @@ def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
     fo, fn = old.folded, new.folded
     if (fo is None) != (fn is None) or fo is not None and not (
             _alike_tensors(fo.data, fn.data) and _alike_tensors(fo.scale, fn.scale) and fo.fmt == fn.fmt
-            and fo.lead_shape == fn.lead_shape and _alike_tensors(fo.owner, fn.owner) and torch.equal(fo.owner, fn.owner)):
+            and fo.lead_shape == fn.lead_shape and _alike_tensors(fo.owner, fn.owner)
+            and torch.equal(fo.owner, fn.owner)):
         return False
     if not (_alike_tensors(old.mma_q, new.mma_q) and _alike_tensors(old.mma_s, new.mma_s)
             and _alike_tensors(old.dense, new.dense)):

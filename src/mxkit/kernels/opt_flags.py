@@ -197,8 +197,8 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     :data:`GPU_TUNING`, and the ``quantize`` / ``dequantize`` field values replace those of every chosen config
     (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, and
     the block takes a dispatch-table token of its own (the GEMMs' prepared calls, whose bound dequantize launches
-    carry a config, are made again inside it and kept apart), so no call sees a stale config. Unknown field names raise TypeError on entry. Not thread-safe (one A/B run
-    at a time).
+    carry a config, are made again inside it and kept apart), so no call sees a stale config. Unknown field names
+    raise TypeError on entry. Not thread-safe (one A/B run at a time).
 
         with opt_flags.override(quantize={"rblocks": 1}):
             y = quantize_triton(x, "mxfp4_e2m1")

@@ -402,9 +402,9 @@ def test_gpu_replaced_buffers_and_act_format(rng, monkeypatch):
 @pytest.mark.parametrize("fmt,act", [("mxfp4", "float"), ("mxfp4", None), ("mxfp6_e2m3", "float"), ("mxfp8", "mx")])
 def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
     """refill_packed (what MXLinear.repack does after load_state_dict): a weight whose rows are permuted (the same
-    scale statistics, no special rows) is written into the old PackedWeight's tensors, their addresses kept; one
-    whose largest scale byte moved is not (the paths chosen on it could be wrong: a new copy, a graph captures
-    again). On CPU pack_weight makes the same layouts."""
+    scale statistics, no special rows) is written into the old PackedWeight's tensors, their addresses kept, and
+    so is one whose scale bytes all moved by one (the same stats_class); one with a 0 scale byte is not (the paths
+    chosen on it could be wrong: a new copy, a graph captures again). On CPU pack_weight makes the same layouts."""
     import mxkit
     from mxkit.kernels.matmul import refill_packed
 
@@ -425,10 +425,54 @@ def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
     for a, b in ((old.mma_q, new.mma_q), (old.folded and old.folded.data, new.folded and new.folded.data),
                  (old.wide and old.wide.mma_q, new.wide and new.wide.mma_q)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
-    q.scale[0, 0] = int(q.scale.max()) + 1  # (a larger largest scale byte)
+    q2 = mxkit.quantize(w[perm] * 2, fmt)  # (a weight sync: every scale byte one larger, within the envelopes)
+    q.qdata.copy_(q2.qdata)
+    q.scale.copy_(q2.scale)
+    new = mxkit.pack_weight(q, act=act)
+    assert new._host_stats() != old._host_stats() and refill_packed(old, new)
+    assert old._host_stats() == new._host_stats()  # (the values read new; the decisions stand)
+    assert [t.data_ptr() for t in (old.mma_q, old.folded and old.folded.data, old.wide and old.wide.mma_q)
+            if t is not None] == ptrs
+    q.scale[0, 0] = 0  # (a 0 byte: decode-mma's special variant, another class)
     assert not refill_packed(old, mxkit.pack_weight(q, act=act))
     other = mxkit.quantize(w[perm], fmt)  # (other source tensors: .to(), an assignment)
     assert not refill_packed(old, mxkit.pack_weight(other, act=act))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8"])
+def test_stats_class_decides_every_envelope(fmt):
+    """Two scale statistics of one stats_class give the same answer to every comparison a path or kernel variant
+    is chosen by (refill_packed writes a weight of the same class in place, its old decisions kept), over every
+    (smallest, largest) byte pair and NaN; and the class is coarse: a weight sync that moves the extremes by one
+    inside the envelopes keeps it."""
+    from mxkit.formats import FORMATS
+    from mxkit.fold import WIDEN
+    from mxkit.kernels.matmul import exact_scale_range, in_range, stats_class, twin_ok
+    from mxkit.kernels.matmul_details._layout_wgmma import FP8
+    from mxkit.kernels.matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
+    from mxkit.kernels.moe_details._envelope import _envelope_ok
+
+    f = FORMATS[fmt]
+    ranges = [exact_scale_range(f, dt) for dt in (torch.bfloat16, torch.float16, torch.float32)]
+    if fmt.startswith("mxfp8"):
+        ranges.append(WEIGHT_SCALE_BYTES)
+
+    def decisions(lo, hi, nan):
+        d = [nan, lo == 0, _envelope_ok(f, lo, hi)] + [in_range(lo, hi, r) for r in ranges]
+        if fmt in WIDEN:
+            d.append(twin_ok(fmt, lo, hi))
+        if fmt.startswith("mxfp8"):
+            d.append((255 if nan else hi) <= FP8[fmt[-4:]][3])  # (pack_wgmma8's one_mul)
+        return tuple(d)
+
+    seen: dict = {}
+    pairs = [(lo, hi) for lo in range(255) for hi in range(lo, 255)] + [(255, -1)]
+    for lo, hi in pairs:
+        for nan in (False, True):
+            c, d = stats_class(fmt, (lo, hi, nan)), decisions(lo, hi, nan)
+            assert seen.setdefault(c, d) == d, (c, lo, hi, nan)
+    assert stats_class(fmt, (110, 127, False)) == stats_class(fmt, (111, 128, False)) or fmt == "mxfp8_e5m2"
+    assert len(seen) > 4
 
 
 def test_expert_bias_kept_once_and_written_in_place(rng):
@@ -455,7 +499,8 @@ def test_expert_bias_kept_once_and_written_in_place(rng):
 def test_packed_experts_written_in_place_get_their_flags_again(rng):
     """MXMoE in the decode kernel's layout: packed buffers written in place (another module's packed bytes copied
     in, a weight sync) have their kernel flags (special, one_mul, bf16_exact) read again; the experts were rebuilt
-    on the version change with the old ones (one_mul True for scale bytes above 128: a wrong decode)."""
+    on the version change with the old ones (one_mul True for scale bytes above 128: a wrong decode). Flags that
+    change warn: a CUDA graph captured before keeps the old variants."""
     def make(scale):
         return MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64, generator=rng) * scale, None,
                                 torch.randn(4, 64, 64, generator=rng) * scale, None, 2, "mxfp4", activation="swiglu")
@@ -469,7 +514,8 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
     with torch.no_grad():
         for n in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
             getattr(a, n).copy_(getattr(b, n))
-    got = a._packed_experts(x)
+    with pytest.warns(RuntimeWarning, match="captured again"):  # (a graph captured before keeps the old variants)
+        got = a._packed_experts(x)
     assert a._mma_flags == b._mma_flags
     assert all((p.special, p.one_mul, p.bf16_exact) == f for p, f in zip(got, b._mma_flags))
 

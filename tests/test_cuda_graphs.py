@@ -175,10 +175,13 @@ def test_gpu_ops_on_a_device_that_is_not_current(rng):
 @pytest.mark.parametrize("M", [1, 64, 300])
 def test_gpu_graph_replays_the_weight_loaded_after_capture(fmt, act, M, rng):
     """A CUDA graph of an MXLinear captured, then load_state_dict of weights that pack alike (rows permuted: the
-    same scale statistics): the replay gives the new layer's bytes, with other layers packed in between (the old
-    packed copy used to be freed and its blocks reused: another layer's weights read, split-K writes into freed
-    memory). Weights whose largest scale byte moved get a new packed copy (a graph must be captured again)."""
+    same scale statistics; then every scale byte one larger, a weight sync inside the envelopes): the replay gives
+    the new layer's bytes, with other layers packed in between (the old packed copy used to be freed and its blocks
+    reused: another layer's weights read, split-K writes into freed memory). A weight with a 0 scale byte (another
+    kernel variant) gets a new packed copy, with a warning that a graph must be captured again."""
     src = torch.nn.Linear(512, 384)
+    with torch.no_grad():  # (block maxima ~0.5-1: scale bytes away from every envelope's edge, doubled or not)
+        src.weight.copy_(torch.randn(384, 512, generator=rng) * 0.3)
     la = mxkit.nn.MXLinear.from_linear(src, fmt, act_format=act).cuda()
     with torch.no_grad():
         perm = torch.randperm(384, generator=rng)
@@ -197,7 +200,19 @@ def test_gpu_graph_replays_the_weight_loaded_after_capture(fmt, act, M, rng):
         graph.replay()
         want = lb(x)
     assert torch.equal(y.view(torch.int16), want.view(torch.int16))
-    sd = lb.state_dict()
-    sd["weight_scale"][0, 0] = int(sd["weight_scale"].max()) + 1
-    la.load_state_dict(sd)
+    with torch.no_grad():
+        src.weight.mul_(2)
+    lc = mxkit.nn.MXLinear.from_linear(src, fmt, act_format=act).cuda()
+    assert not torch.equal(lc.weight_scale, lb.weight_scale)
+    with torch.no_grad():
+        la.load_state_dict(lc.state_dict())
+        assert la._packed is packed
+        y.fill_(float("nan"))
+        graph.replay()
+        want = lc(x)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    sd = lc.state_dict()
+    sd["weight_scale"][0, 0] = 0
+    with pytest.warns(RuntimeWarning, match="captured again"):
+        la.load_state_dict(sd)
     assert la._packed is not packed and churn

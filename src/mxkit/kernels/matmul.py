@@ -80,6 +80,7 @@ which run :func:`run_gemm` (the same launches and bytes).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ import torch
 from .. import reference
 from .._autocast import autocast_off
 from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
-from ..formats import ElementFormat, _exp2_f32
+from ..formats import FORMATS, ElementFormat, _exp2_f32
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats
 from ..tensor import MXTensor, check_out_dtype
 from .matmul_table import (  # (re-exported: the dispatch table's API has lived here)
@@ -269,10 +270,10 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     the weight dequantized to that dtype (``PackedWeight.dense``, 2 bytes per element more): activations of that
     dtype then run on cuBLAS against it past the small-M kernels (path ``dense-cached``), where the scale bytes
     are in the dtype's exact envelope (elsewhere the exact paths as without it; an MXFP6 weight's bf16 cache is its
-    twin's, so scale bytes past the twin's envelope, above 240 for E2M3 / 227 for E3M2, take dense-exact). A fold path given a packed
-    weight without its fold packs the weight again on the call (correct, slower). A weight of blocks other than 32
-    elements gets none of these layouts (the scale extrema and the dense cache only): its GEMMs take the exact
-    paths. Raises TypeError /
+    twin's, so scale bytes past the twin's envelope, above 240 for E2M3 / 227 for E3M2, take dense-exact). A fold
+    path given a packed weight without its fold packs the weight again on the call (correct, slower). A weight of
+    blocks other than 32 elements gets none of these layouts (the scale extrema and the dense cache only): its GEMMs
+    take the exact paths. Raises TypeError /
     ValueError on a weight that is not an MXTensor (N, K) along K, or an unknown ``act``; NotImplementedError on the
     meta device (packing reads the scale statistics; ``matmul`` of a meta MXTensor gives the output's shape).
     """
@@ -334,11 +335,49 @@ def _alike_tensors(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
 
 
+@functools.lru_cache(maxsize=None)
+def _stats_bounds(fmt: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(lows, highs), sorted: every scale byte ``t`` that a path or kernel-variant decision on a weight of format
+    ``fmt`` compares its smallest finite scale byte with (``lo >= t``) or its largest (``hi <= t``): the format's
+    exact envelopes in bf16 / fp16 / float32 (:func:`plan_gemm`'s paths, the gated MLP's one-launch kernel), an
+    MXFP6 weight's twin envelope and headroom (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes and
+    wgmma one-multiply bound, and 1 (a 0 byte: decode-mma's special variant). A decision on another bound must add
+    it here (``tests/test_caches.py`` checks the ones above)."""
+    from .matmul_details._layout_wgmma import FP8
+    from .matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
+
+    lows, highs = {1}, set()
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        r = exact_scale_range(FORMATS[fmt], dt)
+        lows.add(r[0])
+        highs.add(r[1])
+    if fmt in WIDEN:
+        wide, shift = WIDEN[fmt]
+        r = exact_scale_range(FORMATS[wide], torch.bfloat16)
+        lows.add(r[0] - shift)
+        highs |= {r[1] - shift, 254 - shift}
+    if fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+        lows.add(WEIGHT_SCALE_BYTES[0])
+        highs |= {WEIGHT_SCALE_BYTES[1], FP8[fmt[-4:]][3]}
+    return tuple(sorted(lows)), tuple(sorted(highs))
+
+
+def stats_class(fmt: str, stats: tuple) -> tuple:
+    """The decision class of a weight's host scale statistics ``(scale_min, scale_max, has_nan)``
+    (:class:`PackedWeight`'s) for its format name ``fmt``: two weights of one class take the same paths, kernel
+    variants and launch bounds (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact
+    extremes. What lets :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its
+    smallest or largest scale byte within the envelopes."""
+    lo, hi, nan = stats
+    lows, highs = _stats_bounds(fmt)
+    return bool(nan), hi < lo, bisect.bisect_right(lows, lo), bisect.bisect_left(highs, hi)
+
+
 def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
     """Whether ``new`` can be written into ``old``'s tensors with every decision made on ``old`` still right: the
     same source tensors (``own_source``; an MXFP6 twin's are layouts of their own, compared by shape), format and
-    metadata, the same host scale statistics and special rows (which choose the paths, kernel variants and fix-ups
-    its prepared calls bound), layouts of the same shapes."""
+    metadata, host scale statistics of one :func:`stats_class` and the same special rows (which choose the paths,
+    kernel variants and fix-ups its prepared calls bound), layouts of the same shapes."""
     so, sn = old.source, new.source
     if own_source:
         if so.qdata is not sn.qdata or so.scale is not sn.scale:
@@ -348,7 +387,8 @@ def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
     if (so.fmt, so.shape, so.block_size, so.axis, so.scale_mode, so.rounding) != \
             (sn.fmt, sn.shape, sn.block_size, sn.axis, sn.scale_mode, sn.rounding):
         return False
-    if old._host_stats() != new._host_stats() or not _alike_tensors(old.special_rows, new.special_rows) \
+    if stats_class(so.fmt.name, old._host_stats()) != stats_class(so.fmt.name, new._host_stats()) \
+            or not _alike_tensors(old.special_rows, new.special_rows) \
             or not torch.equal(old.special_rows, new.special_rows):
         return False
     fo, fn = old.folded, new.folded
@@ -384,18 +424,19 @@ def _copy_into(old: PackedWeight, new: PackedWeight, own_source: bool) -> None:
     for dst, src in pairs:
         if dst is not None:
             dst.copy_(src)
+    object.__setattr__(old, "stats", new._host_stats())  # (of old's class: its decisions stand; the values are new)
     if old.wide is not None:
         _copy_into(old.wide, new.wide, False)
 
 
 def refill_packed(old: PackedWeight, new: PackedWeight) -> bool:
     """Write ``new``, a packing of the same source tensors, into ``old``'s tensors in place, and return True, where
-    the two are alike (the same source tensors and metadata, host scale statistics, special rows and layout shapes:
-    then every path, kernel variant and launch bound on ``old`` is right for ``new``); else leave both alone and
-    return False. What :meth:`mxkit.nn.MXLinear.repack` does after ``load_state_dict``: a CUDA graph captured
-    before then (or ``torch.compile(mode="reduce-overhead")``) replays the new weight, as an ``nn.Linear``'s does
-    (its tensors keep their addresses). Where they differ the caller keeps ``new``: a graph captured before must be
-    captured again."""
+    the two are alike (the same source tensors and metadata, scale statistics of one :func:`stats_class`, the same
+    special rows and layout shapes: then every path, kernel variant and launch bound on ``old`` is right for
+    ``new``); else leave both alone and return False. What :meth:`mxkit.nn.MXLinear.repack` does after
+    ``load_state_dict``: a CUDA graph captured before then (or ``torch.compile(mode="reduce-overhead")``) replays
+    the new weight, as an ``nn.Linear``'s does (its tensors keep their addresses). Where they differ the caller
+    keeps ``new``: a graph captured before must be captured again."""
     if old is new or not _alike(old, new, True):
         return old is new
     _copy_into(old, new, True)
@@ -578,10 +619,14 @@ def _twin(a, b, kind: str):
     weight: E5M2's fp16 envelope is far narrower than E3M2's.)"""
     if not (kind == "float" and isinstance(b, PackedWeight) and b.wide is not None and a.dtype == torch.bfloat16):
         return b
-    shift = WIDEN[b.fmt.name][1]
-    ok = b.scale_max <= 254 - shift and in_range(b.scale_min + shift, b.scale_max + shift,
-                                                 exact_scale_range(b.wide.fmt, torch.bfloat16))
-    return b.wide if ok else b
+    return b.wide if twin_ok(b.fmt.name, b.scale_min, b.scale_max) else b
+
+
+def twin_ok(fmt: str, lo: int, hi: int) -> bool:
+    """Whether an MXFP6 weight (format name ``fmt``) with finite scale bytes in [lo, hi] reads as its MXFP8 twin
+    for bf16 activations (:func:`_twin`): each byte has its twin (<= 254 - shift) in the twin's bf16 envelope."""
+    wide, shift = WIDEN[fmt]
+    return hi <= 254 - shift and in_range(lo + shift, hi + shift, exact_scale_range(FORMATS[wide], torch.bfloat16))
 
 
 def plan_gemm(a, b: Union[MXTensor, PackedWeight], out_dtype: Optional[torch.dtype] = None) -> GemmPlan:

@@ -197,11 +197,13 @@ class MXLinear(_ops.Handled, nn.Module):
         module's activations read (:func:`mxkit.pack_weight`'s ``act``: no FP8 fold for float inputs).
 
         ``load_state_dict`` and in-place writes followed by ``repack()`` keep the packed tensors (and their
-        addresses) where the new weight packs alike: the same buffers, host scale statistics (smallest and largest
-        E8M0 byte, NaN) and special rows (:func:`mxkit.kernels.matmul.refill_packed`); a CUDA graph captured
+        addresses) where the new weight packs alike: the same buffers, scale statistics (smallest and largest E8M0
+        byte, NaN) on the same side of every path envelope, and the same special rows
+        (:func:`mxkit.kernels.matmul.refill_packed`); a CUDA graph captured
         before, or ``torch.compile(mode="reduce-overhead")``, then replays the new weight, as with ``nn.Linear``.
-        Otherwise (those statistics changed, ``.to()``, act_format replaced) the packed copy is a new one, and such a
-        graph must be captured again."""
+        Otherwise (a statistic crossed an envelope, e.g. a 0 or NaN scale byte appeared; ``.to()``; act_format
+        replaced) the packed copy is a new one, and such a graph must be captured again: after a layer's first CUDA
+        call, a repack of its buffers that makes a new copy warns (RuntimeWarning)."""
         act = self._act_kind()
         dense = getattr(self, "dense_cache", None) if act == "float" else None  # (None: pickled before it existed)
         # (blocks other than 32 elements: none of the 32-element layouts, the scale statistics and the dense cache
@@ -213,8 +215,15 @@ class MXLinear(_ops.Handled, nn.Module):
                     p.scale_max
         self._own_buffers()
         old = self.__dict__.get("_packed")
-        kept = (old is not None and new is not None and self.__dict__.get("_packed_act") == act
-                and refill_packed(old, new))
+        same = old is not None and new is not None and self.__dict__.get("_packed_act") == act
+        kept = same and refill_packed(old, new)
+        called = old is not None and (old.__dict__.get("_calls") or old.__dict__.get("_a8w8"))  # (its kept launches)
+        if same and not kept and called and old.source.qdata is new.source.qdata:
+            # (the buffers written in place, the layer called on CUDA before: a graph it was captured in would replay
+            # the old packed copy's freed memory, and nothing else can tell)
+            warnings.warn(f"{type(self).__name__}.repack: the new weight does not pack alike (scale statistics "
+                          f"{old._host_stats()} -> {new._host_stats()}, or its special rows): its packed copy is a new "
+                          f"one, so a CUDA graph captured before must be captured again", RuntimeWarning, stacklevel=2)
         self._packed = old if kept else new
         self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
 

@@ -61,6 +61,7 @@ set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the 
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Optional, Sequence, Union
 
@@ -977,7 +978,13 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 # (packed buffers written or replaced since the flags were read: read again, one host sync)
                 from ..kernels.moe_details._decode import packed_flags
 
-                self._mma_flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
+                flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
+                if self._packed is not None and flags != self._mma_flags:  # (a forward read the old ones)
+                    warnings.warn(f"{type(self).__name__}: the experts written in place need other decode-kernel "
+                                  f"variants ((special, one_mul, bf16_exact) {self._mma_flags} -> {flags}): a CUDA "
+                                  f"graph captured before decodes them with the old ones and must be captured again",
+                                  RuntimeWarning, stacklevel=2)
+                self._mma_flags = flags
                 self.__dict__["_flags_key"] = TensorsKey(bufs)
             if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
                 shapes = self._expert_shapes(self.num_local_experts)

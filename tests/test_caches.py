@@ -2,6 +2,7 @@
 ``torch.inference_mode`` (no version counter), a buffer replaced by a new tensor at the same address, and two
 threads inside :class:`exact_cublas` at once."""
 
+import functools
 import threading
 
 import pytest
@@ -433,6 +434,14 @@ def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
     assert old._host_stats() == new._host_stats()  # (the values read new; the decisions stand)
     assert [t.data_ptr() for t in (old.mma_q, old.folded and old.folded.data, old.wide and old.wide.mma_q)
             if t is not None] == ptrs
+
+    def layouts(p):
+        f, w = p.folded, p.wide
+        return [p.mma_q, p.mma_s, p.dense, f and f.data, f and f.scale] + ([] if w is None else [
+            w.mma_q, w.mma_s, w.source.qdata, w.source.scale])
+
+    for a, b in zip(layouts(old), layouts(new), strict=True):  # (every layout a ×2 sync changes, copied)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
     q.scale[0, 0] = 0  # (a 0 byte: decode-mma's special variant, another class)
     assert not refill_packed(old, mxkit.pack_weight(q, act=act))
     other = mxkit.quantize(w[perm], fmt)  # (other source tensors: .to(), an assignment)
@@ -447,12 +456,14 @@ def test_stats_class_decides_every_envelope(fmt):
     inside the envelopes keeps it."""
     from mxkit.formats import FORMATS
     from mxkit.fold import WIDEN
-    from mxkit.kernels.matmul import exact_scale_range, in_range, stats_class, twin_ok
+    from mxkit.kernels.matmul import exact_scale_range, in_range, twin_ok
+    from mxkit.kernels.matmul import stats_class as stats_class_of
     from mxkit.kernels.matmul_details._layout_wgmma import FP8
     from mxkit.kernels.matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
     from mxkit.kernels.moe_details._envelope import _envelope_ok
 
     f = FORMATS[fmt]
+    stats_class = functools.partial(stats_class_of, f)
     ranges = [exact_scale_range(f, dt) for dt in (torch.bfloat16, torch.float16, torch.float32)]
     if fmt.startswith("mxfp8"):
         ranges.append(WEIGHT_SCALE_BYTES)
@@ -463,15 +474,18 @@ def test_stats_class_decides_every_envelope(fmt):
             d.append(twin_ok(fmt, lo, hi))
         if fmt.startswith("mxfp8"):
             d.append((255 if nan else hi) <= FP8[fmt[-4:]][3])  # (pack_wgmma8's one_mul)
+        if fmt == "mxfp4_e2m1":
+            d.append((255 if nan else hi) <= 128)  # (pack_wgmma's one_mul)
         return tuple(d)
 
     seen: dict = {}
     pairs = [(lo, hi) for lo in range(255) for hi in range(lo, 255)] + [(255, -1)]
     for lo, hi in pairs:
         for nan in (False, True):
-            c, d = stats_class(fmt, (lo, hi, nan)), decisions(lo, hi, nan)
+            c, d = stats_class((lo, hi, nan)), decisions(lo, hi, nan)
             assert seen.setdefault(c, d) == d, (c, lo, hi, nan)
-    assert stats_class(fmt, (110, 127, False)) == stats_class(fmt, (111, 128, False)) or fmt == "mxfp8_e5m2"
+    assert stats_class((110, 126, False)) == stats_class((111, 127, False)) or fmt == "mxfp8_e5m2"
+    assert stats_class((0, 20, False)) != stats_class((1, 20, False))  # (decode-mma's special variant alone)
     assert len(seen) > 4
 
 
@@ -518,6 +532,27 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
         got = a._packed_experts(x)
     assert a._mma_flags == b._mma_flags
     assert all((p.special, p.one_mul, p.bf16_exact) == f for p, f in zip(got, b._mma_flags))
+
+
+def test_moe_load_of_experts_needing_other_variants_warns(rng):
+    """load_state_dict into MXMoE experts packed in place, after a forward read them, of experts whose scale bytes
+    need other decode-kernel variants (bytes past 128: one_mul off) warns that a graph captured before must be
+    captured again (the load hook set the new flags, so the forward's check never saw a change); experts needing the
+    same variants load quietly."""
+    import types
+    import warnings
+
+    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    a, same, other = _random_moe(120), _random_moe(121), _random_moe(140)
+    assert a.pack_() and same.pack_() and other.pack_()
+    a._packed_experts(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a.load_state_dict(same.state_dict())
+    a._packed_experts(x)
+    with pytest.warns(RuntimeWarning, match="captured again"):
+        a.load_state_dict(other.state_dict())
+    assert a._mma_flags == other._mma_flags
 
 
 def _random_moe(scale: int = 127, **kw) -> MXMoE:

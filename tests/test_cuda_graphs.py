@@ -171,7 +171,7 @@ def test_gpu_ops_on_a_device_that_is_not_current(rng):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("fmt,act", [("mxfp4", None), ("mxfp8_e4m3", None), ("mxfp4", "mxfp8"),
-                                     ("mxfp6_e2m3", None)])
+                                     ("mxfp6_e2m3", None), ("mxfp4", "fp8_e4m3_rowwise")])
 @pytest.mark.parametrize("M", [1, 64, 300])
 def test_gpu_graph_replays_the_weight_loaded_after_capture(fmt, act, M, rng):
     """A CUDA graph of an MXLinear captured, then load_state_dict of weights that pack alike (rows permuted: the

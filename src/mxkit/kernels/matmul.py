@@ -336,38 +336,40 @@ def _alike_tensors(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool
 
 
 @functools.lru_cache(maxsize=None)
-def _stats_bounds(fmt: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _stats_bounds(fmt: ElementFormat) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(lows, highs), sorted: every scale byte ``t`` that a path or kernel-variant decision on a weight of format
     ``fmt`` compares its smallest finite scale byte with (``lo >= t``) or its largest (``hi <= t``): the format's
     exact envelopes in bf16 / fp16 / float32 (:func:`plan_gemm`'s paths, the gated MLP's one-launch kernel), an
-    MXFP6 weight's twin envelope and headroom (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes and
-    wgmma one-multiply bound, and 1 (a 0 byte: decode-mma's special variant). A decision on another bound must add
-    it here (``tests/test_caches.py`` checks the ones above)."""
+    MXFP6 weight's twin envelope and headroom (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes,
+    the wgmma layouts' one-multiply bounds (MXFP8's, MXFP4's 128), and 1 (a 0 byte: decode-mma's special variant).
+    A decision on another bound must add it here (``tests/test_caches.py`` checks the ones above)."""
     from .matmul_details._layout_wgmma import FP8
     from .matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
 
     lows, highs = {1}, set()
     for dt in (torch.bfloat16, torch.float16, torch.float32):
-        r = exact_scale_range(FORMATS[fmt], dt)
+        r = exact_scale_range(fmt, dt)
         lows.add(r[0])
         highs.add(r[1])
-    if fmt in WIDEN:
-        wide, shift = WIDEN[fmt]
+    if fmt.name in WIDEN:
+        wide, shift = WIDEN[fmt.name]
         r = exact_scale_range(FORMATS[wide], torch.bfloat16)
         lows.add(r[0] - shift)
         highs |= {r[1] - shift, 254 - shift}
-    if fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+    if fmt.name in ("mxfp8_e4m3", "mxfp8_e5m2"):
         lows.add(WEIGHT_SCALE_BYTES[0])
-        highs |= {WEIGHT_SCALE_BYTES[1], FP8[fmt[-4:]][3]}
+        highs |= {WEIGHT_SCALE_BYTES[1], FP8[fmt.name[-4:]][3]}
+    if fmt.name == "mxfp4_e2m1":
+        highs.add(128)
     return tuple(sorted(lows)), tuple(sorted(highs))
 
 
-def stats_class(fmt: str, stats: tuple) -> tuple:
+def stats_class(fmt: ElementFormat, stats: tuple) -> tuple:
     """The decision class of a weight's host scale statistics ``(scale_min, scale_max, has_nan)``
-    (:class:`PackedWeight`'s) for its format name ``fmt``: two weights of one class take the same paths, kernel
-    variants and launch bounds (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact
-    extremes. What lets :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its
-    smallest or largest scale byte within the envelopes."""
+    (:class:`PackedWeight`'s) for its format ``fmt``: two weights of one class take the same paths, kernel variants
+    and launch bounds (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact extremes.
+    What lets :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its smallest or
+    largest scale byte within the envelopes."""
     lo, hi, nan = stats
     lows, highs = _stats_bounds(fmt)
     return bool(nan), hi < lo, bisect.bisect_right(lows, lo), bisect.bisect_left(highs, hi)
@@ -387,7 +389,7 @@ def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
     if (so.fmt, so.shape, so.block_size, so.axis, so.scale_mode, so.rounding) != \
             (sn.fmt, sn.shape, sn.block_size, sn.axis, sn.scale_mode, sn.rounding):
         return False
-    if stats_class(so.fmt.name, old._host_stats()) != stats_class(so.fmt.name, new._host_stats()) \
+    if stats_class(so.fmt, old._host_stats()) != stats_class(so.fmt, new._host_stats()) \
             or not _alike_tensors(old.special_rows, new.special_rows) \
             or not torch.equal(old.special_rows, new.special_rows):
         return False

@@ -98,6 +98,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
             if isinstance(p.stats, torch.Tensor) and torch.cuda.is_current_stream_capturing():
                 return None
             lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
+            p.__dict__["_ran"] = True  # (read by a CUDA forward: MXLinear.repack's warning)
             if _envelope_ok(lin.weight_format, lo, hi):
                 got = (p.mma_q, p.mma_s, lo == 0 or nan, _mma_decode.zero_ids(p.device))
         self._one_launch = (p, got)
@@ -107,8 +108,9 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
+            # (torch.export, or weights swapped in: the GEMM, whose program holds the weights)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
-                    and self.gate_up.act_format is None and not exporting() and self.gate_up._owns_weight()):  # (torch.export: the GEMM, whose program holds weights)
+                    and self.gate_up.act_format is None and not exporting() and self.gate_up._owns_weight()):
                 return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
             return self._act_gemm(x)
         return self._act_eager(x)

@@ -63,6 +63,13 @@ FP8_ROWWISE = "fp8_e4m3_rowwise"  # act_format of W4A8: FP8 E4M3 activations, on
 SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 
+def _ran(p: PackedWeight) -> bool:
+    """Whether a CUDA forward read packed weight ``p`` (could have been captured in a graph): the launches kept on
+    it (the eager hot paths'), or the mark :meth:`MXLinear._forward` and the gated MLP's one-launch path leave."""
+    d = p.__dict__
+    return bool(d.get("_calls") or d.get("_a8w8") or d.get("_ran"))
+
+
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     """Quantization signal-to-noise ratio ``10·log10(‖x‖² / ‖x − x̂‖²)`` in dB, computed in float64 (float64
     inputs scaled first by one power of two, their largest finite magnitude's, so that values near its range
@@ -217,13 +224,13 @@ class MXLinear(_ops.Handled, nn.Module):
         old = self.__dict__.get("_packed")
         same = old is not None and new is not None and self.__dict__.get("_packed_act") == act
         kept = same and refill_packed(old, new)
-        called = old is not None and (old.__dict__.get("_calls") or old.__dict__.get("_a8w8"))  # (its kept launches)
-        if same and not kept and called and old.source.qdata is new.source.qdata:
+        if same and not kept and old.source.qdata is new.source.qdata and _ran(old):
             # (the buffers written in place, the layer called on CUDA before: a graph it was captured in would replay
-            # the old packed copy's freed memory, and nothing else can tell)
-            warnings.warn(f"{type(self).__name__}.repack: the new weight does not pack alike (scale statistics "
-                          f"{old._host_stats()} -> {new._host_stats()}, or its special rows): its packed copy is a new "
-                          f"one, so a CUDA graph captured before must be captured again", RuntimeWarning, stacklevel=2)
+            # the old packed copy's freed memory, and nothing else can tell; one text: shown once by default)
+            warnings.warn("MXLinear.repack: the weight written in place does not pack alike (a scale byte crossed a "
+                          "path's envelope, e.g. a 0 or NaN byte appeared; or its fold's special rows changed): its "
+                          "packed copy is a new one, so a CUDA graph captured before must be captured again",
+                          RuntimeWarning, stacklevel=2)
         self._packed = old if kept else new
         self.__dict__["_packed_act"] = act  # (what it was packed for: act_format replaced later repacks once)
 
@@ -427,6 +434,8 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._live_packed(), self.act_format
+        if packed is not None:
+            packed.__dict__["_ran"] = True  # (what repack's warning asks: see _ran)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got "
                             f"{type(x).__name__}")

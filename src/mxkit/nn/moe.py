@@ -918,8 +918,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         kept = getattr(self, slot)
         if kept is None or not kept[0].matches(bufs, self.activation):
-            kept = (TensorsKey(bufs, self.activation), (make(self.gate_up_mx, interleave_halves=self.activation == "swiglu"),
-                                       (make_down or make)(self.down_mx)))
+            gate_up = make(self.gate_up_mx, interleave_halves=self.activation == "swiglu")
+            kept = (TensorsKey(bufs, self.activation), (gate_up, (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
         return kept[1]
 
@@ -979,11 +979,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 from ..kernels.moe_details._decode import packed_flags
 
                 flags = tuple(packed_flags(s, self.weight_format) for s in bufs[1::2])
-                if self._packed is not None and flags != self._mma_flags:  # (a forward read the old ones)
-                    warnings.warn(f"{type(self).__name__}: the experts written in place need other decode-kernel "
-                                  f"variants ((special, one_mul, bf16_exact) {self._mma_flags} -> {flags}): a CUDA "
-                                  f"graph captured before decodes them with the old ones and must be captured again",
-                                  RuntimeWarning, stacklevel=2)
+                _warn_recapture(self, flags)
                 self._mma_flags = flags
                 self.__dict__["_flags_key"] = TensorsKey(bufs)
             if self._packed is None or not self._packed[0].matches(bufs, self._mma_flags):
@@ -1244,7 +1240,19 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
         p = module._packed_pair(name, q.to(dev), s.to(dev))
         state_dict[kq], state_dict[ks] = p.q, p.s
         flags[i] = (p.special, p.one_mul, p.bf16_exact)
+    _warn_recapture(module, tuple(flags))
     module._mma_flags, module._packed = tuple(flags), None
+
+
+def _warn_recapture(module: MXMoE, flags: tuple) -> None:
+    """Warn where experts packed in place, read by a forward with kernel flags (special, one_mul, bf16_exact) other
+    than ``flags``, were written with bytes that need these (a load, a weight sync): their addresses are kept, so a
+    CUDA graph captured before replays the new bytes with the old kernel variants. (One text: the default warnings
+    filter shows it once.)"""
+    if module._packed is not None and flags != module._mma_flags:
+        warnings.warn("MXMoE: experts written in place need other decode-kernel variants than a forward read them "
+                      "with (a scale byte crossed 0, 128 or the bf16 envelope): a CUDA graph captured before decodes "
+                      "them with the old ones and must be captured again", RuntimeWarning, stacklevel=3)
 
 
 def __getattr__(name: str):

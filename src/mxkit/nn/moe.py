@@ -1,5 +1,7 @@
 """`MXMoE`: a mixture-of-experts layer whose experts are stored in an MX format (GPT-OSS model conversion and
-loading: :mod:`mxkit.nn.gpt_oss`; the experts' backward: :mod:`mxkit.nn._moe_grad`).
+loading: :mod:`mxkit.nn.gpt_oss`; the experts' backward: :mod:`mxkit.nn._moe_grad`; the ops torch.compile and
+torch.export see: :mod:`mxkit.nn._moe_ops`, :mod:`mxkit.nn._moe_export`; the state_dict hooks:
+:mod:`mxkit.nn._moe_state`).
 
 Layout (the checkpoint convention, ``nn.Linear``-style ``y = x @ W.T``): expert e's ``gate_up`` weight is
 (2I, H) and its ``down`` weight (H, I), each quantized along its last axis (K). The experts are held as four
@@ -34,7 +36,7 @@ MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183. 
 experts the same way (the same fold layout and kernels' operands).
 
 Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) an MXMoE's experts (CUDA
-or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._ops`), whose kernel
+or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._moe_ops`), whose kernel
 is the module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
 ``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included). Where a gradient is
 needed the routing and the experts are two ops with their backwards registered (``mxkit::mx_moe_route``, the
@@ -61,7 +63,6 @@ set) its forward runs :func:`mxkit.distributed.ep_moe`, the all-to-all over the 
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Optional, Sequence, Union
 
@@ -75,18 +76,18 @@ from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_coll
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.moe_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
-from ..moe_reference import route as reference_route
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
 from ..ops import _functorch_wrapped, dequantize, needs_grad, quantize
 from ..tensor import MXTensor, as_int, check_device_name
-from . import _moe_export, _ops
-from ._moe_grad import ExpertsGrad, experts_backward
+from . import _moe_export, _moe_ops, _ops  # noqa: F401 (_moe_ops registers the ops torch.compile calls)
+from ._moe_grad import ExpertsGrad
+from ._moe_state import (_EXPERTS, _check_experts, _checkpoint_layout_state, _forget_expert_copies,
+                         _pack_loaded_state, _record_experts, _warn_recapture)
 from .linear import FP8_ROWWISE, _check_block_size, _hooked, _parse_act, check_format, record_format
 
 __all__ = ["MXMoE"]
 
-_EXPERTS = ("gate_up", "down")
 _ACT_FORMATS = (FP8_ROWWISE, "mxfp4_e2m1")  # MXMoE's act_format, as held (None: bf16 tokens)
 
 
@@ -1004,168 +1005,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 + (f", act_format={self.act_format}" if self.act_format else ""))
 
 
-@torch.compiler.disable
-def _record_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict) -> None:
-    """state_dict post-hook: which experts the bytes are (``expert_range`` of ``num_experts``) and the activation
-    their gate_up rows are laid out for (interleaved for GPT-OSS's, halves for plain SwiGLU), for
-    :func:`_check_experts` (like :func:`~mxkit.nn.linear.record_format`'s element format)."""
-    local_metadata["mx_experts"] = [*module.expert_range, module.num_experts]
-    local_metadata["mx_activation"] = module.activation
-
-
-def _forget_expert_copies(module: MXMoE, incompatible_keys) -> None:
-    """load_state_dict post-hook: :meth:`MXMoE._forget_expert_copies`."""
-    module._forget_expert_copies()
-
-
-def _check_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict, *args) -> None:
-    """load_state_dict pre-hook: experts saved from another range (or count) of experts, or for another activation's
-    row layout, raise ValueError before anything is copied (the shapes match, so they would load as the wrong
-    experts or decode gate and up swapped). A state_dict without the metadata is not checked."""
-    name = prefix[:-1] or type(module).__name__
-    experts, act = local_metadata.get("mx_experts"), local_metadata.get("mx_activation")
-    mine = [*module.expert_range, module.num_experts]
-    if experts is not None and list(experts) != mine:
-        raise ValueError(f"{name}: the state_dict holds experts [{experts[0]}, {experts[1]}) of {experts[2]}; this "
-                         f"MXMoE holds [{mine[0]}, {mine[1]}) of {mine[2]}")
-    if act is not None and act != module.activation:
-        raise ValueError(f"{name}: the state_dict's gate_up rows are laid out for activation={act!r}; this MXMoE's "
-                         f"is {module.activation!r}")
-
-
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
     return module._experts(x, logits)
-
-
-@torch.library.custom_op("mxkit::mx_moe", mutates_args=())
-def _mx_moe_op(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
-    """The experts of the MXMoE of ``handle`` on x (..., H) routed by ``router_logits`` (..., E), eagerly (its
-    CUDA kernels): torch.compile's view of an MXMoE. Returns (..., H) in x's dtype."""
-    return _ops.module_of(handle, "mx_moe")._experts(x, router_logits)
-
-
-@_mx_moe_op.register_fake
-def _mx_moe_fake(x: torch.Tensor, router_logits: torch.Tensor, handle: int) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("mxkit::mx_moe_route", mutates_args=())
-def _mx_moe_route_op(router_logits: torch.Tensor, top_k: int, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`mxkit.moe_reference.route` of ``router_logits`` (T, E), eagerly: (topk_weights (T, k) float32, topk_ids
-    (T, k) int32). torch.compile's view of an MXMoE's routing where a gradient is needed (the eager ops' bits, which
-    a compiled softmax need not give)."""
-    return tuple(t.clone() for t in reference_route(router_logits, top_k, mode=mode))
-
-
-@_mx_moe_route_op.register_fake
-def _mx_moe_route_fake(router_logits, top_k, mode):
-    T = router_logits.shape[0]
-    return (router_logits.new_empty(T, top_k, dtype=torch.float32),
-            router_logits.new_empty(T, top_k, dtype=torch.int32))
-
-
-@torch.library.custom_op("mxkit::mx_moe_route_backward", mutates_args=())
-def _mx_moe_route_backward_op(router_logits: torch.Tensor, grad: torch.Tensor, top_k: int, mode: str) -> torch.Tensor:
-    """The logits' gradient of ``mxkit::mx_moe_route`` for the weights' gradient ``grad`` (T, k): the vjp of the
-    reference routing (its softmax's backward, zero on the logits not selected), in the logits' dtype."""
-    _, vjp = torch.func.vjp(lambda t: reference_route(t, top_k, mode=mode)[0], router_logits)
-    return vjp(grad)[0]
-
-
-@_mx_moe_route_backward_op.register_fake
-def _mx_moe_route_backward_fake(router_logits, grad, top_k, mode):
-    return torch.empty_like(router_logits)
-
-
-def _mx_moe_route_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[0])
-    ctx.top_k, ctx.mode = inputs[1], inputs[2]
-
-
-def _mx_moe_route_backward(ctx, grad_weights, grad_ids):
-    (logits,) = ctx.saved_tensors
-    return torch.ops.mxkit.mx_moe_route_backward(logits, grad_weights, ctx.top_k, ctx.mode), None, None
-
-
-_mx_moe_route_op.register_autograd(_mx_moe_route_backward, setup_context=_mx_moe_route_setup)
-
-
-@torch.library.custom_op("mxkit::mx_moe_experts", mutates_args=())
-def _mx_moe_experts_op(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, router_logits: torch.Tensor,
-                       gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
-                       handle: int) -> torch.Tensor:
-    """The experts of the MXMoE of ``handle`` on x (..., H) routed by (weights (T, k) float32, ids (T, k)), the
-    routing of ``router_logits`` (..., E), eagerly (no autograd inside): torch.compile's view of an MXMoE whose
-    x, router or expert biases need a gradient. Its backward is :class:`~mxkit.nn._moe_grad.ExpertsGrad`'s
-    (``mxkit::mx_moe_experts_backward``); the biases are passed (the module's own) so autograd sees them.
-    Returns (..., H) in x's dtype."""
-    m = _ops.module_of(handle, "mx_moe_experts")
-    with torch.no_grad():
-        return m._experts(x, router_logits, (weights, ids))
-
-
-@_mx_moe_experts_op.register_fake
-def _mx_moe_experts_fake(x, weights, ids, router_logits, gate_up_bias, down_bias, handle):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("mxkit::mx_moe_experts_backward", mutates_args=())
-def _mx_moe_experts_backward_op(grad: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                                gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
-                                handle: int, need_x: bool, need_w: bool, need_b1: bool,
-                                need_b2: bool) -> list[torch.Tensor]:
-    """The gradients [x, weights, gate_up_bias, down_bias] of ``mxkit::mx_moe_experts`` (:func:`~mxkit.nn._moe_grad.
-    experts_backward`); an empty tensor where one is not needed."""
-    m = _ops.module_of(handle, "mx_moe_experts_backward")
-    grads = experts_backward(m, grad, x, weights, ids, gate_up_bias, down_bias, need_x, need_w, need_b1, need_b2)
-    return [g if g is not None else x.new_empty(0) for g in grads]
-
-
-@_mx_moe_experts_backward_op.register_fake
-def _mx_moe_experts_backward_fake(grad, x, weights, ids, gate_up_bias, down_bias, handle, need_x, need_w, need_b1,
-                                  need_b2):
-    like = (x, weights, gate_up_bias, down_bias)
-    need = (need_x, need_w, need_b1 and gate_up_bias is not None, need_b2 and down_bias is not None)
-    return [torch.empty_like(t, memory_format=torch.contiguous_format) if n else x.new_empty(0)
-            for t, n in zip(like, need)]
-
-
-def _mx_moe_experts_setup(ctx, inputs, output) -> None:
-    x, weights, ids, _, b1, b2, handle = inputs
-    ctx.save_for_backward(x, weights, ids, b1, b2)
-    ctx.handle = handle
-
-
-def _mx_moe_experts_backward(ctx, grad):
-    x, weights, ids, b1, b2 = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    need = (n[0], n[1], n[4] and b1 is not None, n[5] and b2 is not None)
-    grads = torch.ops.mxkit.mx_moe_experts_backward(grad, x, weights, ids, b1, b2, ctx.handle, *need)
-    gx, gw, gb1, gb2 = (g if k else None for g, k in zip(grads, need))
-    return gx, gw, None, None, gb1, gb2, None
-
-
-_mx_moe_experts_op.register_autograd(_mx_moe_experts_backward, setup_context=_mx_moe_experts_setup)
-
-
-@torch.library.custom_op("mxkit::mx_moe_routed", mutates_args=())
-def _mx_moe_routed_op(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The MXMoE of ``handle`` on x (..., H) with its router in one launch (:func:`mxkit.moe.router_gpt_oss`), eagerly:
-    torch.compile's view of a CUDA MXMoE at decode sizes. Returns (y (..., H) in x's dtype, logits (..., E) in x's
-    dtype, topk_weights (T, k) float32)."""
-    m = _ops.module_of(handle, "mx_moe_routed")
-    logits, weights, ids = router_gpt_oss(x.reshape(-1, x.shape[-1]), m.router.weight, m.router.bias, m.top_k)
-    logits = logits.view(*x.shape[:-1], m.num_experts)
-    return m._experts(x, logits, (weights, ids)), logits, weights
-
-
-@_mx_moe_routed_op.register_fake
-def _mx_moe_routed_fake(x: torch.Tensor, handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m = _ops.module_of(handle, "mx_moe_routed")
-    T = x.numel() // x.shape[-1]
-    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(*x.shape[:-1], m.num_experts),
-            x.new_empty(T, m.top_k, dtype=torch.float32))
 
 
 def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str]) -> tuple[int, int, int]:
@@ -1192,67 +1034,6 @@ def _expert_dims(router, gate_up, b_gate_up, down, b_down, names: tuple[str, str
         if b is not None and tuple(b.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(b.shape)}, expected {shape}")
     return E, H, I
-
-
-def _checkpoint_layout_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata) -> None:
-    """state_dict post-hook: experts packed in place (:meth:`MXMoE.pack_`) are given in the checkpoint layout."""
-    if module.expert_layout != "checkpoint":
-        state_dict.update({prefix + name: t for name, t in module._checkpoint_buffers().items()})
-
-
-def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
-                       unexpected_keys, error_msgs) -> None:
-    """load_state_dict pre-hook: checkpoint-layout experts loaded into a module packed in place are packed (on the
-    module's device) before the copy. A module folded in place (W4A8) goes back to the checkpoint layout, and its
-    next CUDA forward folds the loaded experts. Expert buffers that are not uint8 (MX bytes: ``copy_`` would cast
-    them) are reported in ``error_msgs`` (load_state_dict raises) and not loaded: that expert's pair keeps its
-    bytes (the module's own given in their place, so the keys are not also reported missing)."""
-    bad = set()
-    for name in _EXPERTS:
-        keys = (f"{prefix}{name}_qdata", f"{prefix}{name}_scale")
-        for key in keys:
-            t = state_dict.get(key)
-            if isinstance(t, torch.Tensor) and t.dtype != torch.uint8:
-                error_msgs.append(f"{key}: expected uint8 MX bytes, got {t.dtype}")
-                bad.add(name)
-        if name in bad:
-            for key in keys:
-                state_dict[key] = getattr(module, key[len(prefix):])
-    if module.expert_layout == "fold":
-        module._to_checkpoint_layout()
-    if module.expert_layout != "mma":
-        return
-    flags = list(module._mma_flags)
-    for i, name in enumerate(_EXPERTS):
-        kq, ks = f"{prefix}{name}_qdata", f"{prefix}{name}_scale"
-        if name in bad or kq not in state_dict or ks not in state_dict:
-            continue  # (reported above, or as missing by load_state_dict)
-        q, s = state_dict[kq], state_dict[ks]
-        shape = module._expert_shapes(module.num_local_experts)[i]
-        want = MXTensor.expected_shapes(shape, 2, module.weight_format, module.block_size)
-        if (tuple(q.shape), tuple(s.shape)) != tuple(map(tuple, want)) or q.dtype != torch.uint8 \
-                or s.dtype != torch.uint8:
-            error_msgs.append(f"{kq} / {ks}: expected uint8 tensors of the checkpoint layout {tuple(want[0])} / "
-                              f"{tuple(want[1])}, got {q.dtype} {tuple(q.shape)} / {s.dtype} {tuple(s.shape)}")
-            del state_dict[kq], state_dict[ks]
-            continue
-        dev = getattr(module, kq[len(prefix):]).device
-        p = module._packed_pair(name, q.to(dev), s.to(dev))
-        state_dict[kq], state_dict[ks] = p.q, p.s
-        flags[i] = (p.special, p.one_mul, p.bf16_exact)
-    _warn_recapture(module, tuple(flags))
-    module._mma_flags, module._packed = tuple(flags), None
-
-
-def _warn_recapture(module: MXMoE, flags: tuple) -> None:
-    """Warn where experts packed in place, read by a forward with kernel flags (special, one_mul, bf16_exact) other
-    than ``flags``, were written with bytes that need these (a load, a weight sync): their addresses are kept, so a
-    CUDA graph captured before replays the new bytes with the old kernel variants. (One text: the default warnings
-    filter shows it once.)"""
-    if module._packed is not None and flags != module._mma_flags:
-        warnings.warn("MXMoE: experts written in place need other decode-kernel variants than a forward read them "
-                      "with (a scale byte crossed 0, 128 or the bf16 envelope): a CUDA graph captured before decodes "
-                      "them with the old ones and must be captured again", RuntimeWarning, stacklevel=3)
 
 
 def __getattr__(name: str):

@@ -55,7 +55,8 @@ def test_expert_caches_rebuild_for_a_new_buffer_and_work_in_inference_mode(rng):
     m._per_buffers("_folded", make)
     assert len(made) == 4 and made[-2] is same_bytes
     m.down_scale.add_(0)  # an in-place write
-    m._per_buffers("_folded", make)
+    with pytest.warns(RuntimeWarning, match="captured again"):  # (new copies: a graph captured before is stale)
+        m._per_buffers("_folded", make)
     assert len(made) == 6
     seen = []
     m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
@@ -553,6 +554,30 @@ def test_moe_load_of_experts_needing_other_variants_warns(rng):
     with pytest.warns(RuntimeWarning, match="captured again"):
         a.load_state_dict(other.state_dict())
     assert a._mma_flags == other._mma_flags
+
+
+def test_moe_load_into_the_fold_layout_after_a_forward_warns(rng):
+    """A W4A8 MXMoE folded in place goes back to the checkpoint layout on load_state_dict and folds the loaded
+    experts into new buffers on its next CUDA forward: after a forward read the old ones, the load warns that a graph
+    captured before must be captured again; before any forward it is quiet."""
+    import types
+    import warnings
+
+    def make():
+        return MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64, generator=rng), None,
+                                torch.randn(4, 64, 64, generator=rng), None, 2, "mxfp4", act_format="fp8_e4m3_rowwise")
+
+    a, b = make(), make()
+    assert a.pack_() and a.expert_layout == "fold"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a.load_state_dict(b.state_dict())
+    assert a.pack_() and a.expert_layout == "fold"
+    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    assert a._folded_experts(x) is not None
+    with pytest.warns(RuntimeWarning, match="captured again"):
+        a.load_state_dict(b.state_dict())
+    assert a.expert_layout == "checkpoint"
 
 
 def _random_moe(scale: int = 127, **kw) -> MXMoE:

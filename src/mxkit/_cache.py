@@ -28,6 +28,10 @@ class TensorsKey:
         self.refs = tuple(weakref.ref(t) for t in tensors)
         self.state = (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra)
 
+    def holds(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` are the same live objects (whatever their versions: written in place since)."""
+        return len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
+
     def matches(self, tensors: Sequence[torch.Tensor], *extra) -> bool:
         return (len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
                 and self.state == (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra))

@@ -30,7 +30,11 @@ def _record_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict
 
 
 def _forget_expert_copies(module: MXMoE, incompatible_keys) -> None:
-    """load_state_dict post-hook: :meth:`MXMoE._forget_expert_copies`."""
+    """load_state_dict post-hook: :meth:`MXMoE._forget_expert_copies` (made again at new addresses: warned, where a
+    forward read them, by :func:`_warn_new_copies`)."""
+    if module._folded is not None or module._packed_wgmma is not None or (
+            module._packed is not None and module.expert_layout != "mma"):
+        _warn_new_copies(module)
     module._forget_expert_copies()
 
 
@@ -74,6 +78,7 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
             for key in keys:
                 state_dict[key] = getattr(module, key[len(prefix):])
     if module.expert_layout == "fold":
+        _warn_new_copies(module)  # (folded again, into new buffers, by the next CUDA forward)
         module._to_checkpoint_layout()
     if module.expert_layout != "mma":
         return
@@ -104,7 +109,17 @@ def _warn_recapture(module: MXMoE, flags: tuple) -> None:
     than ``flags``, were written with bytes that need these (a load, a weight sync): their addresses are kept, so a
     CUDA graph captured before replays the new bytes with the old kernel variants. (One text: the default warnings
     filter shows it once.)"""
-    if module._packed is not None and flags != module._mma_flags:
+    if module.__dict__.get("_ran") and flags != module._mma_flags:
         warnings.warn("MXMoE: experts written in place need other decode-kernel variants than a forward read them "
                       "with (a scale byte crossed 0, 128 or the bf16 envelope): a CUDA graph captured before decodes "
                       "them with the old ones and must be captured again", RuntimeWarning, stacklevel=3)
+
+
+def _warn_new_copies(module: MXMoE) -> None:
+    """Warn where a forward read expert tensors that a load or an in-place write now makes again at new addresses
+    (``keep_source``'s packed or folded copies, the MXFP8 experts' prefill copy, the W4A8 fold layout's buffers): a
+    CUDA graph captured before would replay the freed ones."""
+    if module.__dict__.get("_ran"):
+        warnings.warn("MXMoE: experts written since a forward read them are packed or folded again into new tensors "
+                      "(keep_source, MXFP8 prefill, or W4A8 fold layout): a CUDA graph captured before must be "
+                      "captured again", RuntimeWarning, stacklevel=3)

@@ -83,7 +83,7 @@ from ..tensor import MXTensor, as_int, check_device_name
 from . import _moe_export, _moe_ops, _ops  # noqa: F401 (_moe_ops registers the ops torch.compile calls)
 from ._moe_grad import ExpertsGrad
 from ._moe_state import (_EXPERTS, _check_experts, _checkpoint_layout_state, _forget_expert_copies,
-                         _pack_loaded_state, _record_experts, _warn_recapture)
+                         _pack_loaded_state, _record_experts, _warn_new_copies, _warn_recapture)
 from .linear import FP8_ROWWISE, _check_block_size, _hooked, _parse_act, check_format, record_format
 
 __all__ = ["MXMoE"]
@@ -919,6 +919,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         kept = getattr(self, slot)
         if kept is None or not kept[0].matches(bufs, self.activation):
+            if kept is not None and kept[0].holds(bufs) and kept[0].state[1] == (self.activation,):
+                # (written in place since: new copies, new addresses)
+                _warn_new_copies(self)
+            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
             gate_up = make(self.gate_up_mx, interleave_halves=self.activation == "swiglu")
             kept = (TensorsKey(bufs, self.activation), (gate_up, (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
@@ -935,6 +939,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if not self.keep_source:
             self.pack_()
         if self.expert_layout == "fold":
+            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
             # (.float(): a module.to(dtype) casts the row scales, powers of two exact in any float dtype)
             return tuple(FoldedExperts(getattr(self, f"{n}_qdata").view(torch.float8_e4m3fn),
                                        getattr(self, f"{n}_row_scale").float(), self._interleaved(n))
@@ -988,6 +993,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 self._packed = (TensorsKey(bufs, self._mma_flags), tuple(
                     MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])
                     for name, q, sc, shape, flags in zip(_EXPERTS, bufs[0::2], bufs[1::2], shapes, self._mma_flags)))
+            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
             return self._packed[1]
         packed = self._per_buffers("_packed", pack_experts_mma)
         if all(p is not None for p in packed):

@@ -134,6 +134,12 @@ def cast_transpose(
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a 0-d or empty x,
     M or K not a multiple of block_size, unknown names (as :func:`quantize`).
     """
+    if backend == "auto" and _KERNELS and type(x) is torch.Tensor and x.is_cuda and x.dim() == 2 and not elsewhere(x):
+        # the eager hot path: a 2-D problem seen before on this device (its checks passed then) runs as it did (2-D
+        # only: quantize's axis=(1, 0) of a 3-D x, keyed alike, is not the cast-transpose of x flattened)
+        got = _KERNELS.quantize_hot(x, fmt, (1, 0), block_size, scale_mode, rounding, "plain")
+        if got is not None:
+            return got
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_INPUT_DTYPES:  # (first: an empty int tensor is a dtype error, as documented)
@@ -180,7 +186,8 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     Value = decode(element) × 2^(scale − 127) (OCP MX v1.0 §5: v_i = X × P_i) in float32, then cast
     (round to nearest even); for ``dtype=float64`` the product is computed in float64 (always exact: an MX value
     past float32's range, e.g. 2^128, stays finite).
-    Scale 0xFF or an element NaN code gives NaN; an E5M2 Inf code gives ±Inf. See :func:`mxkit.reference.dequantize_reference`.
+    Scale 0xFF or an element NaN code gives NaN; an E5M2 Inf code gives ±Inf. See
+    :func:`mxkit.reference.dequantize_reference`.
     Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
     backend and for ``backend="triton"`` on a tensor not on CUDA (the kernels' backend; :func:`matmul` instead
     runs its CPU parts there).

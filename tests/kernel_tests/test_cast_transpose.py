@@ -248,3 +248,24 @@ def test_gpu_fp6_pairs(fmt, half, rng, poison):
     rows, cols = quantize_triton(x3.to(DEV), fmt, axis=(-1, -2), scale_mode=mode)
     assert_mx_equal(rows, quantize_reference(x3, fmt, axis=-1, scale_mode=mode), what=f"{fmt} 3-D rows {mode}")
     assert_mx_equal(cols, quantize_reference(x3, fmt, axis=-2, scale_mode=mode), what=f"{fmt} 3-D cols {mode}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=SKIP_REASON_CUDA)
+def test_gpu_cast_transpose_hot_path_is_the_checked_call(rng):
+    """mxkit.cast_transpose's eager hot path (a 2-D problem seen before runs from quantize's cached plan): repeated
+    calls give the reference's bytes, a 3-D x is still flattened (quantize's axis=(1, 0) of that 3-D x, keyed like
+    it, is another problem), and an x the checks refuse is refused on every call."""
+    import mxkit
+
+    x2 = rand_tensor((64, 96), -1, generator=rng, dtype=torch.bfloat16).to(DEV)
+    x3 = rand_tensor((32, 64, 96), -1, generator=rng, dtype=torch.bfloat16).to(DEV)
+    mxkit.quantize(x3, "mxfp8", axis=(1, 0))  # (a hot entry under x3's shape and the axes (1, 0))
+    for _ in range(3):
+        for x in (x2, x3):
+            rows, cols = mxkit.cast_transpose(x, "mxfp8")
+            flat = x.reshape(-1, 96).cpu()
+            assert_mx_equal(rows, quantize_reference(flat, "mxfp8", axis=1), what=f"rows {tuple(x.shape)}")
+            assert_mx_equal(cols, quantize_reference(flat, "mxfp8", axis=0), what=f"cols {tuple(x.shape)}")
+        with pytest.raises(ValueError, match="multiple of block_size"):
+            mxkit.cast_transpose(x2[:48, :64].contiguous(), "mxfp8")

@@ -629,6 +629,20 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     return run_pair
 
 
+def quantize_hot(x: torch.Tensor, fmt, axis, block_size: int, scale_mode, rounding, scale_layout: str):
+    """The MXTensor(s) of :func:`quantize_eager` where this problem (x's shape, dtype and device, the arguments as
+    given) ran before, so its checks passed; else None (the caller checks and runs it)."""
+    if type(x) is torch.Tensor and type(block_size) is int and not torch.compiler.is_compiling():
+        try:
+            hot = _HOT.get(((x.shape, x.dtype, fmt, axis, block_size, scale_mode, rounding, scale_layout),
+                            x.get_device()))
+        except TypeError:
+            return None
+        if hot is not None:
+            return hot.run(x)
+    return None
+
+
 def quantize_eager(x: torch.Tensor, fmt, axis, block_size: int, scale_mode, rounding, scale_layout: str):
     """:func:`quantize_triton` with positional arguments, for :func:`mxkit.quantize`'s eager CUDA path: a problem
     seen before on x's device runs from its cached checks and plan."""

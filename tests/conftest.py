@@ -11,6 +11,7 @@ Other test files import from here (``from conftest import rand_blocks, oracle_qu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import dataclass
@@ -702,6 +703,18 @@ def _tensors(out) -> list[torch.Tensor]:
         if all(hasattr(out, n) for n in names):
             return [getattr(out, n) for n in names]
     raise TypeError(type(out).__name__)
+
+
+@contextlib.contextmanager
+def faked_capture():
+    """``torch.cuda.is_current_stream_capturing()`` True inside (on CPU: what the layers' CUDA-graph records see
+    during a capture, for tests of the warnings they give when a graph they were captured in goes stale)."""
+    real = torch.cuda.is_current_stream_capturing
+    torch.cuda.is_current_stream_capturing = lambda: True
+    try:
+        yield
+    finally:
+        torch.cuda.is_current_stream_capturing = real
 
 
 def capture_graph(step, *inputs):

@@ -2,13 +2,16 @@
 ``torch.inference_mode`` (no version counter), a buffer replaced by a new tensor at the same address, and two
 threads inside :class:`exact_cublas` at once."""
 
+import copy
 import functools
 import threading
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import faked_capture
 from mxkit._cache import TensorsKey, tensor_version
 from mxkit import _precision as cb
 from mxkit.nn import MXMoE
@@ -54,14 +57,23 @@ def test_expert_caches_rebuild_for_a_new_buffer_and_work_in_inference_mode(rng):
     m._buffers["gate_up_qdata"] = same_bytes
     m._per_buffers("_folded", make)
     assert len(made) == 4 and made[-2] is same_bytes
-    m.down_scale.add_(0)  # an in-place write
-    with pytest.warns(RuntimeWarning, match="captured again"):  # (new copies: a graph captured before is stale)
+    m.down_scale.add_(0)  # an in-place write, no graph captured: quiet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         m._per_buffers("_folded", make)
     assert len(made) == 6
+    with faked_capture():  # (a graph captures the copies)
+        m._per_buffers("_folded", make)
+    m.down_scale.add_(0)
+    with pytest.warns(RuntimeWarning, match="captured again"):  # (new copies: the graph captured before is stale)
+        m._per_buffers("_folded", make)
+    assert len(made) == 8
     seen = []
     m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
     m.activation = "swiglu" if m.activation != "swiglu" else "swiglu_gpt_oss"  # (the layout interleaves for it)
-    m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
+    with warnings.catch_warnings():  # (a setting changed, not the bytes: not the in-place write's warning)
+        warnings.simplefilter("error")
+        m._per_buffers("_packed", lambda w, **kw: seen.append(kw) or w.qdata)
     first, again = seen[0]["interleave_halves"], seen[2]["interleave_halves"]  # (seen[1], seen[3]: the down's)
     assert len(seen) == 4 and again == (m.activation == "swiglu") and again != first
     with torch.inference_mode():
@@ -525,7 +537,8 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
     import types
 
     x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
-    a._packed_experts(x)
+    with faked_capture():
+        a._packed_experts(x)
     with torch.no_grad():
         for n in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
             getattr(a, n).copy_(getattr(b, n))
@@ -536,30 +549,38 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
 
 
 def test_moe_load_of_experts_needing_other_variants_warns(rng):
-    """load_state_dict into MXMoE experts packed in place, after a forward read them, of experts whose scale bytes
-    need other decode-kernel variants (bytes past 128: one_mul off) warns that a graph captured before must be
-    captured again (the load hook set the new flags, so the forward's check never saw a change); experts needing the
-    same variants load quietly."""
+    """load_state_dict into MXMoE experts packed in place, after a CUDA graph captured them, of experts whose scale
+    bytes need other decode-kernel variants (bytes past 128: one_mul off) warns that the graph must be captured
+    again (the load hook set the new flags, so the forward's check never saw a change); experts needing the same
+    variants, loads after eager forwards only, and a deep copy's loads are quiet."""
     import types
     import warnings
 
     x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
     a, same, other = _random_moe(120), _random_moe(121), _random_moe(140)
     assert a.pack_() and same.pack_() and other.pack_()
-    a._packed_experts(x)
+    a._packed_experts(x)  # (eager, no graph: loads stay quiet whatever they need)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        a.load_state_dict(other.state_dict())
         a.load_state_dict(same.state_dict())
-    a._packed_experts(x)
+        with faked_capture():
+            a._packed_experts(x)
+        a.load_state_dict(same.state_dict())  # (the same variants: the graph replays the new bytes)
     with pytest.warns(RuntimeWarning, match="captured again"):
         a.load_state_dict(other.state_dict())
     assert a._mma_flags == other._mma_flags
+    c = copy.deepcopy(a)  # (a copy holds no graph's record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.load_state_dict(same.state_dict())
 
 
 def test_moe_load_into_the_fold_layout_after_a_forward_warns(rng):
     """A W4A8 MXMoE folded in place goes back to the checkpoint layout on load_state_dict and folds the loaded
-    experts into new buffers on its next CUDA forward: after a forward read the old ones, the load warns that a graph
-    captured before must be captured again; before any forward it is quiet."""
+    experts into new buffers on its next CUDA forward: where a CUDA graph captured the old ones, the load warns that
+    it must be captured again; after eager forwards only it is quiet, and a load without expert bytes keeps the
+    fold."""
     import types
     import warnings
 
@@ -574,7 +595,15 @@ def test_moe_load_into_the_fold_layout_after_a_forward_warns(rng):
         a.load_state_dict(b.state_dict())
     assert a.pack_() and a.expert_layout == "fold"
     x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
-    assert a._folded_experts(x) is not None
+    assert a._folded_experts(x) is not None  # (eager: quiet)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a.load_state_dict(b.state_dict())
+        assert a.pack_()
+        with faked_capture():
+            assert a._folded_experts(x) is not None
+        a.load_state_dict({"router.weight": b.router.weight}, strict=False)  # (no expert bytes: the fold stays)
+        assert a.expert_layout == "fold"
     with pytest.warns(RuntimeWarning, match="captured again"):
         a.load_state_dict(b.state_dict())
     assert a.expert_layout == "checkpoint"

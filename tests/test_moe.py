@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mxkit
-from conftest import ml_decode, oracle_unpack
+from conftest import faked_capture, ml_decode, oracle_unpack
 from mxkit.moe_reference import (
     align_block_size,
     combine_reference,
@@ -1605,10 +1605,11 @@ def test_moe_mxfp4_refuses_a_gradient_it_cannot_give(rng):
 def test_mxmoe_expert_copies_dropped_on_pickle_copy_move_and_load(rng):
     """The expert copies an MXMoE makes on its first CUDA forward (``_folded`` / ``_packed`` / ``_packed_wgmma``,
     keyed on the buffers by weak reference) are not carried by a pickle (it raised: a weakref does not pickle) or a
-    deep copy (its key named the original's tensors), and are dropped by a move / cast (the old device's copy stayed
-    allocated until the next CUDA forward) and by a state_dict load (inside inference_mode the buffers keep no
-    version counter: the old copy was served). Simulated on CPU: the caches filled by the module's own
-    _per_buffers, with a copy of the bytes as the 'layout'."""
+    deep copy (its key named the original's tensors), and are dropped by a move (the old device's copy stayed
+    allocated until the next CUDA forward; a cast keeps the bytes and the copies) and by a state_dict load (inside
+    inference_mode the buffers keep no version counter: the old copy was served), which warns where a CUDA graph
+    captured them. Simulated on CPU: the caches filled by the module's own _per_buffers, with a copy of the bytes as
+    the 'layout'."""
     import pickle
 
     def make(seed):
@@ -1628,11 +1629,14 @@ def test_mxmoe_expert_copies_dropped_on_pickle_copy_move_and_load(rng):
         assert back._folded is None and back._packed is None and back._packed_wgmma is None
         assert torch.equal(back(x), want)
     assert m._packed is not None
-    m.to(torch.float64)
+    m.to(torch.float64)  # (a cast: the expert bytes, and the copies made of them, stay)
+    assert m._folded is not None and m._packed is not None and m._packed_wgmma is not None
+    m._apply(lambda t: t.clone())  # (new buffers, as a move makes: the copies go)
     assert m._folded is None and m._packed is None and m._packed_wgmma is None
     with torch.inference_mode():
         a, b = make(1), make(2)
-        fill(a)
+        with faked_capture():  # (a graph captures the copies: the load warns)
+            fill(a)
         old = a._per_buffers("_folded", None)[0]
         with pytest.warns(RuntimeWarning, match="captured again"):  # (copies a forward read, made again)
             a.load_state_dict(b.state_dict())

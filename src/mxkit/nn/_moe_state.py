@@ -30,8 +30,10 @@ def _record_experts(module: MXMoE, state_dict, prefix: str, local_metadata: dict
 
 
 def _forget_expert_copies(module: MXMoE, incompatible_keys) -> None:
-    """load_state_dict post-hook: :meth:`MXMoE._forget_expert_copies` (made again at new addresses: warned, where a
-    forward read them, by :func:`_warn_new_copies`)."""
+    """load_state_dict post-hook: where the state_dict held expert bytes, :meth:`MXMoE._forget_expert_copies` (made
+    again at new addresses: warned, where a CUDA graph captured them, by :func:`_warn_new_copies`)."""
+    if not module.__dict__.pop("_loading_experts", True):
+        return
     if module._folded is not None or module._packed_wgmma is not None or (
             module._packed is not None and module.expert_layout != "mma"):
         _warn_new_copies(module)
@@ -66,6 +68,10 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
     next CUDA forward folds the loaded experts. Expert buffers that are not uint8 (MX bytes: ``copy_`` would cast
     them) are reported in ``error_msgs`` (load_state_dict raises) and not loaded: that expert's pair keeps its
     bytes (the module's own given in their place, so the keys are not also reported missing)."""
+    loading = any(f"{prefix}{n}_{p}" in state_dict for n in _EXPERTS for p in ("qdata", "scale"))
+    module.__dict__["_loading_experts"] = loading  # (for the post-hook: a load of other keys keeps every copy)
+    if not loading:  # (the router, the biases, adapters: the experts and their layout stay as they are)
+        return
     bad = set()
     for name in _EXPERTS:
         keys = (f"{prefix}{name}_qdata", f"{prefix}{name}_scale")
@@ -105,21 +111,33 @@ def _pack_loaded_state(module: MXMoE, state_dict: dict, prefix: str, local_metad
 
 
 def _warn_recapture(module: MXMoE, flags: tuple) -> None:
-    """Warn where experts packed in place, read by a forward with kernel flags (special, one_mul, bf16_exact) other
-    than ``flags``, were written with bytes that need these (a load, a weight sync): their addresses are kept, so a
-    CUDA graph captured before replays the new bytes with the old kernel variants. (One text: the default warnings
-    filter shows it once.)"""
-    if module.__dict__.get("_ran") and flags != module._mma_flags:
-        warnings.warn("MXMoE: experts written in place need other decode-kernel variants than a forward read them "
-                      "with (a scale byte crossed 0, 128 or the bf16 envelope): a CUDA graph captured before decodes "
-                      "them with the old ones and must be captured again", RuntimeWarning, stacklevel=3)
+    """Warn where experts packed in place, captured in a CUDA graph with kernel flags (special, one_mul,
+    bf16_exact) other than ``flags``, were written with bytes that need these (a load, a weight sync): their
+    addresses are kept, so the graph replays the new bytes with the old kernel variants. (One text: the default
+    warnings filter shows it once.)"""
+    if module.__dict__.get("_captured") and flags != module._mma_flags:
+        warnings.warn("MXMoE: experts written in place need other decode-kernel variants than a CUDA graph captured "
+                      "(a scale byte crossed 0, 128 or the bf16 envelope): the graph decodes them with the old ones "
+                      "and must be captured again", RuntimeWarning, stacklevel=3)
+
+
+def _mark_captured(module: MXMoE) -> None:
+    """Record, during a CUDA-graph capture (or ``torch.compile(mode="reduce-overhead")``'s), that a graph holds the
+    addresses and kernel variants of the module's experts: what the warnings below ask (outside a capture, nothing:
+    an eager user is not warned; an in-place write is seen by the next eager forward, as replays run no Python)."""
+    try:
+        capturing = torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # (a torch built without CUDA: no graphs)
+        return
+    if capturing:
+        module.__dict__["_captured"] = True
 
 
 def _warn_new_copies(module: MXMoE) -> None:
-    """Warn where a forward read expert tensors that a load or an in-place write now makes again at new addresses
-    (``keep_source``'s packed or folded copies, the MXFP8 experts' prefill copy, the W4A8 fold layout's buffers): a
-    CUDA graph captured before would replay the freed ones."""
-    if module.__dict__.get("_ran"):
-        warnings.warn("MXMoE: experts written since a forward read them are packed or folded again into new tensors "
-                      "(keep_source, MXFP8 prefill, or W4A8 fold layout): a CUDA graph captured before must be "
-                      "captured again", RuntimeWarning, stacklevel=3)
+    """Warn where a CUDA graph captured expert tensors that a load or an in-place write now makes again at new
+    addresses (``keep_source``'s packed or folded copies, the MXFP8 experts' prefill copy, the W4A8 fold layout's
+    buffers): its replays would read the freed ones."""
+    if module.__dict__.get("_captured"):
+        warnings.warn("MXMoE: experts written since a CUDA graph captured them are packed or folded again into new "
+                      "tensors (keep_source, MXFP8 prefill, or W4A8 fold layout): the graph must be captured again",
+                      RuntimeWarning, stacklevel=3)

@@ -82,7 +82,7 @@ from ..ops import _functorch_wrapped, dequantize, needs_grad, quantize
 from ..tensor import MXTensor, as_int, check_device_name
 from . import _moe_export, _moe_ops, _ops  # noqa: F401 (_moe_ops registers the ops torch.compile calls)
 from ._moe_grad import ExpertsGrad
-from ._moe_state import (_EXPERTS, _check_experts, _checkpoint_layout_state, _forget_expert_copies,
+from ._moe_state import (_EXPERTS, _check_experts, _checkpoint_layout_state, _forget_expert_copies, _mark_captured,
                          _pack_loaded_state, _record_experts, _warn_new_copies, _warn_recapture)
 from .linear import FP8_ROWWISE, _check_block_size, _hooked, _parse_act, check_format, record_format
 
@@ -424,11 +424,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         rows = {n: b for n, b in self._buffers.items() if n.endswith("_row_scale") and b is not None}
         for n in rows:
             self._buffers[n] = None  # (Module._apply skips None buffers; the dict keeps its order)
+        before = {n: t for n, t in self._buffers.items() if t is not None}  # (the row scales set aside above)
         out = super()._apply(fn, recurse)
         for n, b in rows.items():
             moved = fn(b)
             self._buffers[n] = moved if moved.dtype == torch.float32 else b.to(device=moved.device)
-        self._forget_expert_copies()  # (a copy on the old device would stay allocated until the next CUDA forward)
+        if any(self._buffers[n] is not t for n, t in before.items()):
+            # (a copy on the old device would stay allocated until the next CUDA forward; a .to() that moves
+            # nothing keeps the copies, and the addresses a CUDA graph captured)
+            self._forget_expert_copies()
         return out
 
     def _forget_expert_copies(self) -> None:
@@ -442,7 +446,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     def _copy_state(self) -> dict:
         # (weak references do not pickle, and a copy's would name the original's tensors: both made again)
-        return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None, _own=None, _flags_key=None)
+        return dict(super()._copy_state(), _folded=None, _packed=None, _packed_wgmma=None, _own=None, _flags_key=None,
+                    _captured=None)
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
@@ -710,6 +715,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             if b is not None:
                 setattr(self, name, nn.Parameter(b.detach()[lo:hi].clone(), requires_grad=b.requires_grad))
         self.expert_range, self.ep_ranges, self.ep_group = (lo, hi), ranges, group
+        self._forget_expert_copies()  # (the copies of every expert: not this rank's to keep)
+        self.__dict__["_captured"] = None
         return self
 
     # --- forward ---------------------------------------------------------------------------------------------
@@ -918,11 +925,11 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         activation (the layouts interleave gate / up for it) was set to another."""
         bufs = (self.gate_up_qdata, self.gate_up_scale, self.down_qdata, self.down_scale)
         kept = getattr(self, slot)
+        _mark_captured(self)  # (a forward's: the copies' addresses go into a graph being captured)
         if kept is None or not kept[0].matches(bufs, self.activation):
-            if kept is not None and kept[0].holds(bufs) and kept[0].state[1] == (self.activation,):
-                # (written in place since: new copies, new addresses)
+            if kept is not None and kept[0].holds(bufs) and kept[0].state[1] == (self.activation,) \
+                    and any(p is not None for p in kept[1]):  # (written in place since: new copies, new addresses)
                 _warn_new_copies(self)
-            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
             gate_up = make(self.gate_up_mx, interleave_halves=self.activation == "swiglu")
             kept = (TensorsKey(bufs, self.activation), (gate_up, (make_down or make)(self.down_mx)))
             setattr(self, slot, kept)
@@ -939,7 +946,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         if not self.keep_source:
             self.pack_()
         if self.expert_layout == "fold":
-            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
+            _mark_captured(self)
             # (.float(): a module.to(dtype) casts the row scales, powers of two exact in any float dtype)
             return tuple(FoldedExperts(getattr(self, f"{n}_qdata").view(torch.float8_e4m3fn),
                                        getattr(self, f"{n}_row_scale").float(), self._interleaved(n))
@@ -993,7 +1000,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 self._packed = (TensorsKey(bufs, self._mma_flags), tuple(
                     MmaExperts(q, sc, shape, flags[0], self._interleaved(name), flags[1], flags[2])
                     for name, q, sc, shape, flags in zip(_EXPERTS, bufs[0::2], bufs[1::2], shapes, self._mma_flags)))
-            self.__dict__["_ran"] = True  # (read by a CUDA forward: _moe_state's warnings)
+            _mark_captured(self)
             return self._packed[1]
         packed = self._per_buffers("_packed", pack_experts_mma)
         if all(p is not None for p in packed):

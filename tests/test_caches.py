@@ -461,12 +461,14 @@ def test_refill_packed_writes_in_place_where_alike(fmt, act, rng):
     assert not refill_packed(old, mxkit.pack_weight(other, act=act))
 
 
+@pytest.mark.parametrize("dtypes", ["all", "bf16"])
 @pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8"])
-def test_stats_class_decides_every_envelope(fmt):
+def test_stats_class_decides_every_envelope(fmt, dtypes):
     """Two scale statistics of one stats_class give the same answer to every comparison a path or kernel variant
-    is chosen by (refill_packed writes a weight of the same class in place, its old decisions kept), over every
-    (smallest, largest) byte pair and NaN; and the class is coarse: a weight sync that moves the extremes by one
-    inside the envelopes keeps it."""
+    is chosen by, for calls of the dtypes given (every float dtype, or bf16 only: a layer never called in fp16 is
+    not held to fp16's envelope; refill_packed writes a weight of the same class in place, its old decisions kept),
+    over every (smallest, largest) byte pair and NaN; and the class is coarse: a weight sync that moves the extremes
+    by one inside the envelopes keeps it."""
     from mxkit.formats import FORMATS
     from mxkit.fold import WIDEN
     from mxkit.kernels.matmul import exact_scale_range, in_range, twin_ok
@@ -476,8 +478,9 @@ def test_stats_class_decides_every_envelope(fmt):
     from mxkit.kernels.moe_details._envelope import _envelope_ok
 
     f = FORMATS[fmt]
-    stats_class = functools.partial(stats_class_of, f)
-    ranges = [exact_scale_range(f, dt) for dt in (torch.bfloat16, torch.float16, torch.float32)]
+    dts = (torch.bfloat16, torch.float16, torch.float32) if dtypes == "all" else (torch.bfloat16,)
+    stats_class = functools.partial(stats_class_of, f, dtypes=frozenset(dts))
+    ranges = [exact_scale_range(f, dt) for dt in dts]
     if fmt.startswith("mxfp8"):
         ranges.append(WEIGHT_SCALE_BYTES)
 
@@ -497,9 +500,34 @@ def test_stats_class_decides_every_envelope(fmt):
         for nan in (False, True):
             c, d = stats_class((lo, hi, nan)), decisions(lo, hi, nan)
             assert seen.setdefault(c, d) == d, (c, lo, hi, nan)
-    assert stats_class((110, 126, False)) == stats_class((111, 127, False)) or fmt == "mxfp8_e5m2"
+    assert stats_class((110, 126, False)) == stats_class((111, 127, False)) or fmt == "mxfp8_e5m2" and dtypes == "all"
     assert stats_class((0, 20, False)) != stats_class((1, 20, False))  # (decode-mma's special variant alone)
     assert len(seen) > 4
+    if dtypes == "bf16" and fmt.startswith("mxfp8"):  # (fp16's narrow E4M3 / E5M2 envelope, where weights lie)
+        assert stats_class((111, 125, False)) == stats_class((113, 125, False))
+
+
+def test_refill_packed_holds_the_envelopes_of_the_calls_kept(rng):
+    """An MXFP8 weight whose smallest scale byte crosses fp16's envelope edge (E4M3: 112) in a weight sync is written
+    in place where the calls kept on it are bf16 ones (their decisions stand), and not where an fp16 call was kept
+    (its path, dense-exact in fp16's envelope or not, was chosen on the old bytes)."""
+    import mxkit
+    from mxkit.kernels.matmul import refill_packed
+
+    def weight(lo_byte):
+        q = mxkit.quantize(torch.randn(64, 128, generator=rng) * 0.25, "mxfp8_e4m3")
+        q.scale.clamp_(min=lo_byte + 1)
+        q.scale[0, 0] = lo_byte
+        return q
+
+    for called, want in ((torch.bfloat16, True), (torch.float16, False)):
+        q = weight(112)
+        old = mxkit.pack_weight(q, act="float")
+        old.__dict__["_calls"] = {(torch.Size([1, 128]), (128, 1), called, 0, None, 0, None): None}
+        q2 = weight(111)
+        q.qdata.copy_(q2.qdata)
+        q.scale.copy_(q2.scale)
+        assert refill_packed(old, mxkit.pack_weight(q, act="float")) is want, called
 
 
 def test_expert_bias_kept_once_and_written_in_place(rng):

@@ -335,19 +335,23 @@ def _alike_tensors(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
 
 
+_FLOAT_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
+
+
 @functools.lru_cache(maxsize=None)
-def _stats_bounds(fmt: ElementFormat) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _stats_bounds(fmt: ElementFormat, dtypes: frozenset = _FLOAT_DTYPES) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(lows, highs), sorted: every scale byte ``t`` that a path or kernel-variant decision on a weight of format
     ``fmt`` compares its smallest finite scale byte with (``lo >= t``) or its largest (``hi <= t``): the format's
-    exact envelopes in bf16 / fp16 / float32 (:func:`plan_gemm`'s paths, the gated MLP's one-launch kernel), an
-    MXFP6 weight's twin envelope and headroom (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes,
-    the wgmma layouts' one-multiply bounds (MXFP8's, MXFP4's 128), and 1 (a 0 byte: decode-mma's special variant).
-    A decision on another bound must add it here (``tests/test_caches.py`` checks the ones above)."""
+    exact envelopes in ``dtypes`` (the activations' and outputs' of the calls in question; bf16's always:
+    :func:`plan_gemm`'s paths, the gated MLP's one-launch kernel), an MXFP6 weight's twin envelope and headroom
+    (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes, the wgmma layouts' one-multiply bounds (MXFP8's,
+    MXFP4's 128), and 1 (a 0 byte: decode-mma's special variant). A decision on another bound must add it here
+    (``tests/test_caches.py`` checks the ones above)."""
     from .matmul_details._layout_wgmma import FP8
     from .matmul_details._mma_a8w8 import WEIGHT_SCALE_BYTES
 
     lows, highs = {1}, set()
-    for dt in (torch.bfloat16, torch.float16, torch.float32):
+    for dt in dtypes | {torch.bfloat16}:
         r = exact_scale_range(fmt, dt)
         lows.add(r[0])
         highs.add(r[1])
@@ -364,15 +368,25 @@ def _stats_bounds(fmt: ElementFormat) -> tuple[tuple[int, ...], tuple[int, ...]]
     return tuple(sorted(lows)), tuple(sorted(highs))
 
 
-def stats_class(fmt: ElementFormat, stats: tuple) -> tuple:
+def stats_class(fmt: ElementFormat, stats: tuple, dtypes: frozenset = _FLOAT_DTYPES) -> tuple:
     """The decision class of a weight's host scale statistics ``(scale_min, scale_max, has_nan)``
-    (:class:`PackedWeight`'s) for its format ``fmt``: two weights of one class take the same paths, kernel variants
-    and launch bounds (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact extremes.
-    What lets :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its smallest or
-    largest scale byte within the envelopes."""
+    (:class:`PackedWeight`'s) for its format ``fmt`` and calls of activations / outputs in ``dtypes`` (default: every
+    float dtype): two weights of one class take the same paths, kernel variants and launch bounds for such calls
+    (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact extremes. What lets
+    :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its smallest or largest
+    scale byte within the envelopes."""
     lo, hi, nan = stats
-    lows, highs = _stats_bounds(fmt)
+    lows, highs = _stats_bounds(fmt, frozenset(dtypes))
     return bool(nan), hi < lo, bisect.bisect_right(lows, lo), bisect.bisect_left(highs, hi)
+
+
+def _called_dtypes(p: PackedWeight) -> frozenset:
+    """The float dtypes in the keys of the calls kept on ``p`` (their activations' and outputs'), bf16 always: the
+    envelopes whose decisions those calls hold (a call of another dtype made later plans on the statistics then)."""
+    seen = {torch.bfloat16}
+    for key in tuple(p.__dict__.get("_calls") or ()):  # (a snapshot: another thread may add a call)
+        seen.update(k for k in key if isinstance(k, torch.dtype) and k.is_floating_point)
+    return frozenset(seen)
 
 
 def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
@@ -389,7 +403,8 @@ def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:
     if (so.fmt, so.shape, so.block_size, so.axis, so.scale_mode, so.rounding) != \
             (sn.fmt, sn.shape, sn.block_size, sn.axis, sn.scale_mode, sn.rounding):
         return False
-    if stats_class(so.fmt, old._host_stats()) != stats_class(so.fmt, new._host_stats()) \
+    dtypes = _called_dtypes(old)
+    if stats_class(so.fmt, old._host_stats(), dtypes) != stats_class(so.fmt, new._host_stats(), dtypes) \
             or not _alike_tensors(old.special_rows, new.special_rows) \
             or not torch.equal(old.special_rows, new.special_rows):
         return False

@@ -510,7 +510,8 @@ def test_stats_class_decides_every_envelope(fmt, dtypes):
 def test_refill_packed_holds_the_envelopes_of_the_calls_kept(rng):
     """An MXFP8 weight whose smallest scale byte crosses fp16's envelope edge (E4M3: 112) in a weight sync is written
     in place where the calls kept on it are bf16 ones (their decisions stand), and not where an fp16 call was kept
-    (its path, dense-exact in fp16's envelope or not, was chosen on the old bytes)."""
+    or an fp16 forward planned per call ran (its path, dense-exact in fp16's envelope or not, was chosen on the old
+    bytes)."""
     import mxkit
     from mxkit.kernels.matmul import refill_packed
 
@@ -520,10 +521,14 @@ def test_refill_packed_holds_the_envelopes_of_the_calls_kept(rng):
         q.scale[0, 0] = lo_byte
         return q
 
-    for called, want in ((torch.bfloat16, True), (torch.float16, False)):
+    for called, want, slot in ((torch.bfloat16, True, "_calls"), (torch.float16, False, "_calls"),
+                               (torch.float16, False, "_ran"), (torch.bfloat16, True, "_ran")):
         q = weight(112)
         old = mxkit.pack_weight(q, act="float")
-        old.__dict__["_calls"] = {(torch.Size([1, 128]), (128, 1), called, 0, None, 0, None): None}
+        if slot == "_calls":  # (a prepared call's key)
+            old.__dict__["_calls"] = {(torch.Size([1, 128]), (128, 1), called, 0, None, 0, None): None}
+        else:  # (MXLinear._forward's mark: a call planned per call, which a graph may hold)
+            old.__dict__["_ran"] = {called}
         q2 = weight(111)
         q.qdata.copy_(q2.qdata)
         q.scale.copy_(q2.scale)

@@ -381,11 +381,15 @@ def stats_class(fmt: ElementFormat, stats: tuple, dtypes: frozenset = _FLOAT_DTY
 
 
 def _called_dtypes(p: PackedWeight) -> frozenset:
-    """The float dtypes in the keys of the calls kept on ``p`` (their activations' and outputs'), bf16 always: the
-    envelopes whose decisions those calls hold (a call of another dtype made later plans on the statistics then)."""
+    """The float dtypes in the keys of the calls kept on ``p`` (their activations' and outputs') and in the mark
+    :class:`mxkit.nn.MXLinear`'s planned-per-call forwards leave (``_ran``, whose plans a CUDA graph may hold), bf16
+    always: the envelopes whose decisions those calls hold (a call of another dtype made later plans on the
+    statistics then)."""
     seen = {torch.bfloat16}
     for key in tuple(p.__dict__.get("_calls") or ()):  # (a snapshot: another thread may add a call)
         seen.update(k for k in key if isinstance(k, torch.dtype) and k.is_floating_point)
+    ran = p.__dict__.get("_ran")
+    seen.update(d for d in (ran if isinstance(ran, set) else ()) if d.is_floating_point)
     return frozenset(seen)
 
 

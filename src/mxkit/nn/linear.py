@@ -65,7 +65,8 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 def _ran(p: PackedWeight) -> bool:
     """Whether a CUDA forward read packed weight ``p`` (could have been captured in a graph): the launches kept on
-    it (the eager hot paths'), or the mark :meth:`MXLinear._forward` and the gated MLP's one-launch path leave."""
+    it (the eager hot paths'), or the mark :meth:`MXLinear._forward` and the gated MLP's one-launch path leave (the
+    set of their activations' dtypes, which :func:`mxkit.kernels.matmul.refill_packed` holds it to too)."""
     d = p.__dict__
     return bool(d.get("_calls") or d.get("_a8w8") or d.get("_ran"))
 
@@ -434,8 +435,8 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._live_packed(), self.act_format
-        if packed is not None:
-            packed.__dict__["_ran"] = True  # (what repack's warning asks: see _ran)
+        if packed is not None:  # (what repack's warning asks, and the envelopes a refill holds: see _ran)
+            packed.__dict__.setdefault("_ran", set()).add(getattr(x, "dtype", torch.bfloat16))
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got "
                             f"{type(x).__name__}")

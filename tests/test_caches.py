@@ -509,9 +509,9 @@ def test_stats_class_decides_every_envelope(fmt, dtypes):
 
 def test_refill_packed_holds_the_envelopes_of_the_calls_kept(rng):
     """An MXFP8 weight whose smallest scale byte crosses fp16's envelope edge (E4M3: 112) in a weight sync is written
-    in place where the calls kept on it are bf16 ones (their decisions stand), and not where an fp16 call was kept
-    or an fp16 forward planned per call ran (its path, dense-exact in fp16's envelope or not, was chosen on the old
-    bytes)."""
+    in place where the plans made on it were bf16 ones (their decisions stand), and not where an fp16 plan was made
+    (its path, dense-exact in fp16's envelope or not, was chosen on the old bytes), even after the bounded cache of
+    calls kept on it was emptied; a dtype that is not an activation's (float8) counts for nothing."""
     import mxkit
     from mxkit.kernels.matmul import refill_packed
 
@@ -521,14 +521,18 @@ def test_refill_packed_holds_the_envelopes_of_the_calls_kept(rng):
         q.scale[0, 0] = lo_byte
         return q
 
+    from mxkit.packed import note_planned
+
     for called, want, slot in ((torch.bfloat16, True, "_calls"), (torch.float16, False, "_calls"),
-                               (torch.float16, False, "_ran"), (torch.bfloat16, True, "_ran")):
+                               (torch.float16, False, "note"), (torch.bfloat16, True, "note"),
+                               (torch.float8_e4m3fn, True, "note")):
         q = weight(112)
         old = mxkit.pack_weight(q, act="float")
-        if slot == "_calls":  # (a prepared call's key)
-            old.__dict__["_calls"] = {(torch.Size([1, 128]), (128, 1), called, 0, None, 0, None): None}
-        else:  # (MXLinear._forward's mark: a call planned per call, which a graph may hold)
-            old.__dict__["_ran"] = {called}
+        if slot == "_calls":  # (a plan of a call made: the CPU's per-call plan records it as a prepared call does)
+            mxkit.matmul(torch.randn(1, 128, generator=rng).to(called), old)
+        else:  # (a layer's forward of that dtype)
+            note_planned(old, called)
+        old.__dict__.pop("_calls", None)  # (the bounded cache of calls emptied: the record stays)
         q2 = weight(111)
         q.qdata.copy_(q2.qdata)
         q.scale.copy_(q2.scale)

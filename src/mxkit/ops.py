@@ -22,7 +22,7 @@ from ._precision import exact_matmul
 from ._device import elsewhere, exporting, on_operand_device, other_device, plain_traced
 from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
 from .fold import Folded, quantize_fold_reference
-from .packed import Fp8Rowwise, PackedWeight, packed_of
+from .packed import Fp8Rowwise, PackedWeight, note_planned, packed_of
 from .tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int
 
 __all__ = [
@@ -315,6 +315,8 @@ def matmul(
 
     plan = plan_gemm(a, b, out_dtype)
     check_bias(bias, plan, b.device)
+    if type(b) is PackedWeight:  # (a plan a CUDA graph may hold; quantized a reads bf16 envelopes)
+        note_planned(b, a.dtype if isinstance(a, torch.Tensor) else torch.bfloat16)
     if _gemm_backend(a, b, backend) == "reference" or _wrapped_operand(a):
         return reference_gemm(a, b, plan.out_dtype, bias)  # (torch.func's wrappers have no storage for the kernels)
     return run_gemm(a, b, plan, bias)

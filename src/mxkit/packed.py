@@ -271,6 +271,20 @@ def partial_stats(part: torch.Tensor) -> list:
     return [part[:, 0].amin(), part[:, 1].amax(), part[:, 2].amax()]
 
 
+def note_planned(p: PackedWeight, dtype: torch.dtype) -> None:
+    """Record on ``p`` that a GEMM plan for activations of ``dtype`` was made on it (a prepared call, a call planned
+    per call, a layer's forward; quantized activations count as bf16: their paths read bf16 envelopes only), which
+    a CUDA graph may hold: :func:`mxkit.kernels.matmul.refill_packed` holds p to those dtypes' envelopes, and
+    :meth:`mxkit.nn.MXLinear.repack` warns where p is replaced after one. Only grows (unlike the calls kept on p,
+    a bounded cache)."""
+    p.__dict__.setdefault("_planned_dtypes", set()).add(dtype)
+
+
+def planned_dtypes(p: PackedWeight) -> tuple:
+    """The dtypes :func:`note_planned` recorded on ``p`` (a snapshot: another thread may add one)."""
+    return tuple(p.__dict__.get("_planned_dtypes") or ())
+
+
 def partial_stats_host(part: torch.Tensor) -> tuple:
     """``(scale_min, scale_max, has_nan)`` (int, int, bool) from per-part scale statistics int32 [P, 3], P >= 1
     (each row: the smallest and the largest E8M0 byte other than 0xFF of its part, 255 / -1 when it has none,

@@ -92,7 +92,7 @@ from .. import reference
 from .._autocast import autocast_off
 from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
 from ..formats import FORMATS, ElementFormat, _exp2_f32
-from ..packed import Fp8Rowwise, PackedWeight, partial_stats
+from ..packed import Fp8Rowwise, PackedWeight, partial_stats, planned_dtypes
 from ..tensor import MXTensor, check_out_dtype
 from .matmul_table import (  # (re-exported: the dispatch table's API has lived here)
     DecodeConfig,
@@ -381,16 +381,10 @@ def stats_class(fmt: ElementFormat, stats: tuple, dtypes: frozenset = _FLOAT_DTY
 
 
 def _called_dtypes(p: PackedWeight) -> frozenset:
-    """The float dtypes in the keys of the calls kept on ``p`` (their activations' and outputs') and in the mark
-    :class:`mxkit.nn.MXLinear`'s planned-per-call forwards leave (``_ran``, whose plans a CUDA graph may hold), bf16
-    always: the envelopes whose decisions those calls hold (a call of another dtype made later plans on the
-    statistics then)."""
-    seen = {torch.bfloat16}
-    for key in tuple(p.__dict__.get("_calls") or ()):  # (a snapshot: another thread may add a call)
-        seen.update(k for k in key if isinstance(k, torch.dtype) and k.is_floating_point)
-    ran = p.__dict__.get("_ran")
-    seen.update(d for d in (ran if isinstance(ran, set) else ()) if d.is_floating_point)
-    return frozenset(seen)
+    """The activation dtypes of the plans recorded on ``p`` (:func:`mxkit.packed.note_planned`: its prepared calls,
+    calls planned per call, layers' forwards), bf16 always, float ones only: the envelopes whose decisions those
+    plans hold (a plan of another dtype made later reads the statistics then)."""
+    return frozenset({torch.bfloat16, *planned_dtypes(p)} & _FLOAT_DTYPES)
 
 
 def _alike(old: PackedWeight, new: PackedWeight, own_source: bool) -> bool:

@@ -19,7 +19,7 @@ import torch
 
 from ..fold import Folded
 from ..formats import ElementFormat
-from ..packed import PackedWeight
+from ..packed import PackedWeight, note_planned
 from ..tensor import MXTensor, check_out_dtype
 from . import launch
 from .cuda_driver import fast_call_loaded
@@ -35,8 +35,8 @@ _WGMMA_FORMATS = ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2")  # the weights Wgmma
 
 
 def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
-    """The eager host path of :func:`~mxkit.kernels.matmul.a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight in the a8w8 layout at
-    M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
+    """The eager host path of :func:`~mxkit.kernels.matmul.a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight
+    in the a8w8 layout at M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
     dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
     one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
     key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.get_device(), out_dtype,
@@ -366,6 +366,7 @@ def prepared_call(a: torch.Tensor, b: PackedWeight, out_dtype: Optional[torch.dt
         calls = calls_on(b, "_calls")
         plan = plan_gemm(a, b, out_dtype)
         check_bias(bias, plan, b.device)
+        note_planned(b, a.dtype)  # (kept past the bounded calls: what a refill of b is held to)
         b = _twin(a, b, "float")
         if not plan.K:  # (the empty sum: run_gemm's; the small-M calls split K)
             call = PlannedCall(b, plan)

@@ -28,6 +28,7 @@ from torch import nn
 
 from .._device import elsewhere, exporting
 from ..kernels.matmul_details import _mma_decode
+from ..packed import note_planned
 from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad
 from . import _ops
@@ -98,7 +99,7 @@ class MXGatedMLP(_ops.Handled, nn.Module):
             if isinstance(p.stats, torch.Tensor) and torch.cuda.is_current_stream_capturing():
                 return None
             lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
-            p.__dict__.setdefault("_ran", set()).add(torch.bfloat16)  # (a CUDA forward's: MXLinear.repack's warning)
+            note_planned(p, torch.bfloat16)  # (a CUDA forward's: MXLinear.repack's warning)
             if _envelope_ok(lin.weight_format, lo, hi):
                 got = (p.mma_q, p.mma_s, lo == 0 or nan, _mma_decode.zero_ids(p.device))
         self._one_launch = (p, got)

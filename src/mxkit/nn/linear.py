@@ -50,7 +50,7 @@ from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_gra
                    quantize_fp8_rowwise, refuse_forward_ad, with_input_grad)
 from ..fold import can_fold
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
-from ..packed import PackedWeight
+from ..packed import PackedWeight, note_planned
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int, check_device_name
 from ..kernels.matmul import a8w8_linear, refill_packed
 from ..kernels.matmul_calls import prepared_call, prepared_call_a8w8, prepared_call_quantize_fold
@@ -65,10 +65,9 @@ SkipLike = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
 def _ran(p: PackedWeight) -> bool:
     """Whether a CUDA forward read packed weight ``p`` (could have been captured in a graph): the launches kept on
-    it (the eager hot paths'), or the mark :meth:`MXLinear._forward` and the gated MLP's one-launch path leave (the
-    set of their activations' dtypes, which :func:`mxkit.kernels.matmul.refill_packed` holds it to too)."""
+    it (the eager hot paths'), or a plan recorded on it (:func:`mxkit.packed.note_planned`)."""
     d = p.__dict__
-    return bool(d.get("_calls") or d.get("_a8w8") or d.get("_ran"))
+    return bool(d.get("_calls") or d.get("_a8w8") or d.get("_planned_dtypes"))
 
 
 def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
@@ -435,8 +434,8 @@ class MXLinear(_ops.Handled, nn.Module):
 
     def _forward(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed, act = self._live_packed(), self.act_format
-        if packed is not None:  # (what repack's warning asks, and the envelopes a refill holds: see _ran)
-            packed.__dict__.setdefault("_ran", set()).add(getattr(x, "dtype", torch.bfloat16))
+        if packed is not None:  # (what repack's warning asks, and the envelopes a refill holds: quantized x, bf16's)
+            note_planned(packed, x.dtype if act is None and isinstance(x, torch.Tensor) else torch.bfloat16)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a float tensor (..., {self.in_features}), got "
                             f"{type(x).__name__}")

@@ -33,5 +33,4 @@ class TensorsKey:
         return len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
 
     def matches(self, tensors: Sequence[torch.Tensor], *extra) -> bool:
-        return (len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
-                and self.state == (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra))
+        return self.holds(tensors) and self.state == (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra)

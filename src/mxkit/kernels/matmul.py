@@ -342,7 +342,7 @@ _FLOAT_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
 def _stats_bounds(fmt: ElementFormat, dtypes: frozenset = _FLOAT_DTYPES) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(lows, highs), sorted: every scale byte ``t`` that a path or kernel-variant decision on a weight of format
     ``fmt`` compares its smallest finite scale byte with (``lo >= t``) or its largest (``hi <= t``): the format's
-    exact envelopes in ``dtypes`` (the activations' and outputs' of the calls in question; bf16's always:
+    exact envelopes in ``dtypes`` (the activations' of the plans in question; bf16's always:
     :func:`plan_gemm`'s paths, the gated MLP's one-launch kernel), an MXFP6 weight's twin envelope and headroom
     (:func:`_twin`, shifted back), an MXFP8 weight's a8w8-mma bytes, the wgmma layouts' one-multiply bounds (MXFP8's,
     MXFP4's 128), and 1 (a 0 byte: decode-mma's special variant). A decision on another bound must add it here
@@ -370,8 +370,8 @@ def _stats_bounds(fmt: ElementFormat, dtypes: frozenset = _FLOAT_DTYPES) -> tupl
 
 def stats_class(fmt: ElementFormat, stats: tuple, dtypes: frozenset = _FLOAT_DTYPES) -> tuple:
     """The decision class of a weight's host scale statistics ``(scale_min, scale_max, has_nan)``
-    (:class:`PackedWeight`'s) for its format ``fmt`` and calls of activations / outputs in ``dtypes`` (default: every
-    float dtype): two weights of one class take the same paths, kernel variants and launch bounds for such calls
+    (:class:`PackedWeight`'s) for its format ``fmt`` and plans of activations in ``dtypes`` (default: every float
+    dtype): two weights of one class take the same paths, kernel variants and launch bounds for such plans
     (every comparison of :func:`_stats_bounds` comes out alike), whatever their exact extremes. What lets
     :func:`refill_packed` write a re-quantized weight in place after a weight sync moved its smallest or largest
     scale byte within the envelopes."""

@@ -36,9 +36,9 @@ _WGMMA_FORMATS = ("mxfp4_e2m1", "mxfp8_e4m3", "mxfp8_e5m2")  # the weights Wgmma
 
 def prepared_call_a8w8(x: torch.Tensor, b: PackedWeight, out_dtype: torch.dtype, bias: Optional[torch.Tensor]):
     """The eager host path of :func:`~mxkit.kernels.matmul.a8w8_linear` for bf16 ``x`` on CUDA and a PackedWeight
-    in the a8w8 layout at M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape, strides, device, out
-    dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would not take that
-    one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
+    in the a8w8 layout at M <= ``a8w8_mma.quant_max_m`` (one launch): made on the first call of each (shape,
+    strides, device, out dtype, bias shape / dtype, dispatch table) and kept on ``b``; None where a8w8_linear would
+    not take that one-launch form (the caller then calls it). Returns a callable ``(x, bias) -> y``."""
     key = ("a8w8-bf16", x.shape, x.stride(), x.dtype, x.get_device(), out_dtype,
            _TOKEN.get(),
            None if bias is None else (bias.shape, bias.dtype, bias.device, bias.stride()))

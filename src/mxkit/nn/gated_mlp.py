@@ -28,9 +28,9 @@ from torch import nn
 
 from .._device import elsewhere, exporting
 from ..kernels.matmul_details import _mma_decode
-from ..packed import note_planned
 from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad
+from ..packed import note_planned
 from . import _ops
 from .linear import MXLinear, _hooked, copied_dense_cache
 

@@ -5,6 +5,7 @@ threads inside :class:`exact_cublas` at once."""
 import copy
 import functools
 import threading
+import types
 import warnings
 
 import pytest
@@ -15,6 +16,12 @@ from conftest import faked_capture
 from mxkit._cache import TensorsKey, tensor_version
 from mxkit import _precision as cb
 from mxkit.nn import MXMoE
+
+
+def _cuda_branch_x():
+    """A stand-in for 3 tokens of 64 on CUDA, for an MXMoE's expert-layout methods (what they read of x): their CUDA
+    branch, run on CPU."""
+    return types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)
 
 
 def small_moe(rng, **kw):
@@ -163,7 +170,6 @@ def test_split_buffers_outlive_the_prepared_calls(monkeypatch):
     launch made again (its prepared call dropped from a full call cache) finds the same pair, counters zero; other
     keys and other weights get their own; a copy or pickle of the weight carries none; they go with the weight;
     during a capture with no pair for the key: None (the caller runs unsplit)."""
-    import copy
     import gc
     import pickle
 
@@ -571,9 +577,7 @@ def test_packed_experts_written_in_place_get_their_flags_again(rng):
 
     a, b = make(0.1), make(1e4)  # (b: scale bytes above 128)
     assert a.pack_() and b.pack_() and a._mma_flags != b._mma_flags
-    import types
-
-    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    x = _cuda_branch_x()
     with faked_capture():
         a._packed_experts(x)
     with torch.no_grad():
@@ -590,10 +594,8 @@ def test_moe_load_of_experts_needing_other_variants_warns(rng):
     bytes need other decode-kernel variants (bytes past 128: one_mul off) warns that the graph must be captured
     again (the load hook set the new flags, so the forward's check never saw a change); experts needing the same
     variants, loads after eager forwards only, and a deep copy's loads are quiet."""
-    import types
-    import warnings
 
-    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    x = _cuda_branch_x()
     a, same, other = _random_moe(120), _random_moe(121), _random_moe(140)
     assert a.pack_() and same.pack_() and other.pack_()
     a._packed_experts(x)  # (eager, no graph: loads stay quiet whatever they need)
@@ -618,8 +620,6 @@ def test_moe_load_into_the_fold_layout_after_a_forward_warns(rng):
     experts into new buffers on its next CUDA forward: where a CUDA graph captured the old ones, the load warns that
     it must be captured again; after eager forwards only it is quiet, and a load without expert bytes keeps the
     fold."""
-    import types
-    import warnings
 
     def make():
         return MXMoE.from_dense(nn.Linear(64, 4), torch.randn(4, 128, 64, generator=rng), None,
@@ -631,7 +631,7 @@ def test_moe_load_into_the_fold_layout_after_a_forward_warns(rng):
         warnings.simplefilter("error")
         a.load_state_dict(b.state_dict())
     assert a.pack_() and a.expert_layout == "fold"
-    x = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64)  # (the CUDA branch)
+    x = _cuda_branch_x()
     assert a._folded_experts(x) is not None  # (eager: quiet)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -683,14 +683,12 @@ def test_moe_backward_keeps_its_experts_off_the_saved_tensors(rng):
 def test_moe_flags_follow_packed_bytes_written_before_any_forward():
     """Packed buffers written in place right after pack_() (no forward in between, so no packed experts kept): the
     kernel flags are read again from the bytes held (they kept one_mul for scale bytes of 140)."""
-    import types
-
     dst, src = _random_moe(127), _random_moe(140)
     assert dst.pack_() and src.pack_() and dst._mma_flags != src._mma_flags
     with torch.no_grad():
         for n in ("gate_up_qdata", "gate_up_scale", "down_qdata", "down_scale"):
             getattr(dst, n).copy_(getattr(src, n))
-    dst._packed_experts(types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), numel=lambda: 3 * 64))
+    dst._packed_experts(_cuda_branch_x())
     assert dst._mma_flags == src._mma_flags
 
 

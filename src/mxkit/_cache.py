@@ -17,6 +17,12 @@ def tensor_version(t: torch.Tensor) -> Optional[int]:
     return None if t.is_inference() else t._version
 
 
+def same_objects(refs: Sequence[weakref.ref], tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` are, one for one, the live objects the weak references ``refs`` name (a tensor that took
+    a freed one's address and ``id`` is not)."""
+    return len(tensors) == len(refs) and all(r() is t for r, t in zip(refs, tensors))
+
+
 class TensorsKey:
     """The identity, storage and version of some tensors: :meth:`matches` holds while each is the same live object
     (held by weak reference: a new tensor that took a freed one's address and ``id`` does not match) with the same
@@ -30,7 +36,7 @@ class TensorsKey:
 
     def holds(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether ``tensors`` are the same live objects (whatever their versions: written in place since)."""
-        return len(tensors) == len(self.refs) and all(r() is t for r, t in zip(self.refs, tensors))
+        return same_objects(self.refs, tensors)
 
     def matches(self, tensors: Sequence[torch.Tensor], *extra) -> bool:
         return self.holds(tensors) and self.state == (tuple((t.data_ptr(), tensor_version(t)) for t in tensors), extra)

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 from torch.autograd import forward_ad as _fwad
 
+from .._cache import same_objects
 from .._device import elsewhere, exporting, plain_traced
 from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
                    quantize_fp8_rowwise, refuse_forward_ad, with_input_grad)
@@ -244,7 +245,7 @@ class MXLinear(_ops.Handled, nn.Module):
     def _owns_weight(self) -> bool:
         """Whether the weight's buffers are the ones :meth:`_own_buffers` recorded (not swapped in)."""
         own, b = self.__dict__.get("_own"), self._buffers
-        return own is not None and b["weight_qdata"] is own[0]() and b["weight_scale"] is own[1]()
+        return own is not None and same_objects(own, (b["weight_qdata"], b["weight_scale"]))
 
     def _act_kind(self) -> str:
         """The layouts this layer's activations read: pack_weight's ``act``."""

@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._cache import TensorsKey
+from .._cache import TensorsKey, same_objects
 from .._device import elsewhere, exporting
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_collectively
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
@@ -326,8 +326,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     def _owns_experts(self) -> bool:
         own = self.__dict__.get("_own")
-        cur = tuple(self._expert_buffers().values())
-        return own is not None and len(own) == len(cur) and all(a() is b for a, b in zip(own, cur))
+        return own is not None and same_objects(own, tuple(self._expert_buffers().values()))
 
     def _expert_buffers(self) -> dict:
         """The expert tensors :meth:`_expert_weight` reads, by buffer name (the row scales too in the fold layout):

@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 
 import mxkit
 from mxkit import gpt_oss
+from mxkit.gpt_oss_details import _write as gpt_oss_write
 from mxkit.gpt_oss import CheckpointError, moe_tensor_name
 from mxkit.packed import Fp8Rowwise, PackedWeight, partial_stats_host
 
@@ -234,7 +235,7 @@ def test_overwrite_keeps_the_old_or_the_new_directory_when_interrupted(tmp_path,
         assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
         assert _same_bytes(gpt_oss.load_gpt_oss(src, progress=False).layer(0).down_bias, edited.layer(0).down_bias)
         return
-    monkeypatch.setattr(gpt_oss, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(gpt_oss_write, "_exchange", lambda a, b: False)
     real_rename, calls = os.rename, []
 
     def rename_then_interrupt(a, b):

@@ -17,6 +17,7 @@ import torch
 
 import mxkit
 from mxkit import gpt_oss
+from mxkit.gpt_oss_details import _write as gpt_oss_write
 from mxkit.gpt_oss import CheckpointError, moe_tensor_name
 
 safetensors = pytest.importorskip("safetensors")
@@ -410,7 +411,7 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
         (dst / "extra.txt").write_text("mine")
     before = _snapshot(dst) if existing else None
     calls = {"save": 0}
-    real_write, real_rename = gpt_oss._write_shard, os.rename
+    real_write, real_rename = gpt_oss_write._write_shard, os.rename
 
     def write_failing(*a, **kw):
         calls["save"] += 1
@@ -426,7 +427,7 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
             raise OSError("injected failure renaming into place")
         return real_rename(s, d)
 
-    monkeypatch.setattr(gpt_oss, "_write_shard", write_failing)
+    monkeypatch.setattr(gpt_oss_write, "_write_shard", write_failing)
     if fail_at == "copy":
         monkeypatch.setattr(shutil, "copy2", copy_failing)
     if fail_at == "rename":
@@ -435,7 +436,7 @@ def test_save_is_atomic(tmp_path, rng, monkeypatch, fail_at, existing):
         def exchange_failing(a, b):  # (the atomic exchange of an existing dst, where the system has it)
             raise OSError("injected failure exchanging into place")
 
-        monkeypatch.setattr(gpt_oss, "_exchange", exchange_failing)
+        monkeypatch.setattr(gpt_oss_write, "_exchange", exchange_failing)
     with pytest.raises(OSError, match="injected failure"):
         gpt_oss.save_gpt_oss(edited, dst, overwrite=True, progress=False)
     monkeypatch.undo()
@@ -1027,7 +1028,8 @@ def test_gpt_oss_model_holds_the_checkpoint_experts(tmp_path, rng):
         assert isinstance(mx, MXMoE) and (mx.num_experts, mx.top_k) == (8, 4)
         assert torch.equal(mx.gate_up_qdata, moe.gate_up.qdata) and torch.equal(mx.gate_up_scale, moe.gate_up.scale)
         assert torch.equal(mx.down_qdata, moe.down.qdata) and torch.equal(mx.down_scale, moe.down.scale)
-        assert torch.equal(mx.router.weight, moe.router_weight.float()) and torch.equal(mx.down_bias, moe.down_bias.float())
+        assert torch.equal(mx.router.weight, moe.router_weight.float())
+        assert torch.equal(mx.down_bias, moe.down_bias.float())
     params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         if ".mlp." not in name:

@@ -233,7 +233,8 @@ def _cmd_inspect(args) -> int:
 
     from ._files import check_readable, openable_name
     from .formats import ScaleMode, get_format
-    from .gpt_oss import INDEX_NAME, _Reader, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
+    from .gpt_oss import INDEX_NAME, is_gpt_oss_mxfp4_dir, print_gpt_oss_summary, summarize_gpt_oss
+    from .gpt_oss_details._read import _Reader
 
     if not str(args.path).strip():
         raise ValueError("inspect needs a path (a safetensors file or a model directory), got ''")

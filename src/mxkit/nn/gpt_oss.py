@@ -68,8 +68,9 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     not match the model (naming the tensors), or a config whose ``swiglu_limit`` / ``swiglu_alpha`` is not GPT-OSS's
     7.0 / 1.702 (the activation MXMoE implements).
     """
-    from ..gpt_oss import (CheckpointError, _Reader, hf_config, load_device, moe_tensor_name, MOE_ROLES, tie_head,
-                           use_generation_config)
+    from ..gpt_oss import MOE_ROLES, CheckpointError, hf_config, moe_tensor_name
+    from ..gpt_oss_details._hf import load_device, tie_head, use_generation_config
+    from ..gpt_oss_details._read import _Reader
 
     device = load_device(device)  # (before reading the directory)
     ckpt, config = hf_config(path, progress)  # (ImportError without transformers' GPT-OSS classes)

@@ -13,7 +13,6 @@ import torch
 
 from ..tensor import MXTensor
 
-
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 BLOCK = 32  # E2M1 elements per E8M0 scale

@@ -160,8 +160,9 @@ class _Dispatch(torch.autograd.Function):
     forward(rows (P, H) x's dtype, weights (P,) float, ids (P,) int64, send_counts, recv_counts, group): the rows,
     then (id, weight) as one float64 (P, 2) tensor (both exact), each in one ``all_to_all_single``. Returns the
     received ``rows_in`` (P_in, H), ``weights_in`` (P_in, 1) float32 and ``ids_in`` (P_in, 1) int64 (the last not
-    differentiable). backward: the gradients of rows_in, then of weights_in (float32), each sent back in one
-    ``all_to_all_single`` with the counts swapped (zeros where autograd has none, so every rank issues both).
+    differentiable). backward: the gradients of rows_in, then of weights_in (float32), each sent back through
+    :class:`_Combine` with the counts swapped (zeros where autograd has none, so every rank issues both): an exchange
+    autograd records under ``create_graph=True``, so second-order gradients cross the ranks too.
     """
 
     @staticmethod
@@ -177,14 +178,15 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_rows, g_weights, _):
         send_counts, recv_counts = ctx.counts
-        g_rows = _exchange(g_rows, recv_counts, send_counts, ctx.group)
-        g_weights = _exchange(g_weights.to(torch.float32), recv_counts, send_counts, ctx.group)
+        g_rows = _Combine.apply(g_rows, recv_counts, send_counts, ctx.group)
+        g_weights = _Combine.apply(g_weights.to(torch.float32), recv_counts, send_counts, ctx.group)
         return g_rows, g_weights.view(-1).to(ctx.weights_dtype), None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
     """Step 4's exchange: the expert outputs y (P_in, H) back to the ranks that own their tokens (``send_counts``
-    rows to each rank, ``recv_counts`` from each); backward sends their gradients the other way."""
+    rows to each rank, ``recv_counts`` from each); backward sends their gradients the other way, through itself, so
+    that a gradient taken with ``create_graph=True`` is differentiable again across the ranks."""
 
     @staticmethod
     def forward(ctx, y, send_counts, recv_counts, group):
@@ -194,7 +196,7 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         send_counts, recv_counts = ctx.counts
-        return _exchange(g, recv_counts, send_counts, ctx.group), None, None, None
+        return _Combine.apply(g, recv_counts, send_counts, ctx.group), None, None, None
 
 
 def ep_moe(

@@ -430,6 +430,9 @@ def errors_main(rank, world, store, seed):
         if rank != 0:
             with pytest.raises(ValueError, match="not a member of the process group"):
                 call(ranges=[(0, 8)], group=solo)
+            for ranges in (None, [(0, 8)]):  # (it said "need 1 <= world_size=-1 <= num_experts")
+                with pytest.raises(ValueError, match=rf"shard_experts: .*global rank {rank}\) is not a member"):
+                    MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=solo, ranges=ranges)
     finally:
         dist.destroy_process_group()
 

@@ -246,6 +246,10 @@ def case_errors(rank: int, world: int, g: torch.Generator) -> None:
     with pytest.raises(ValueError, match=rf"K={bad_k} .*world_size={world}"):
         shard_mxlinear(MXLinear(bad_k, N, "mxfp6_e3m2"), "row")
     RowParallelMXLinear(32 * 2 * world, N, "mxfp4")  # 2 blocks per rank
+    for cls in (RowParallelMXLinear, ColumnParallelMXLinear):  # MXLinear's message (the row layer divided by it)
+        for bad in (0, None, 32.0):
+            with pytest.raises(ValueError, match=rf"block_size must be a positive int, got {bad!r}"):
+                cls(128 * world, N, "mxfp4", block_size=bad)
     with pytest.raises(ValueError, match=rf"N={N + 1} .*world_size={world}"):
         ColumnParallelMXLinear(64, N + 1, "mxfp4")
     ColumnParallelMXLinear(bad_k, N, "mxfp4")  # a column split does not cut K

@@ -702,6 +702,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             raise ValueError(f"act_format={self.act_format!r}: the quantized-activation layers have no expert "
                              f"parallelism (shard a module of bf16 activations)")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if rank < 0:  # (torch.distributed's -1 for a group this process is not in)
+            raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
+                             f"group it was given")
         ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
         check_expert_ranges(ranges, self.num_experts, world)
         lo, hi = ranges[rank]

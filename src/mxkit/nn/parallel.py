@@ -76,7 +76,7 @@ from ..fold import can_fold
 from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from ..tensor import SUPPORTED_INPUT_DTYPES
 from . import _ops
-from .linear import FP8_ROWWISE, MXLinear, copied_dense_cache
+from .linear import FP8_ROWWISE, MXLinear, _check_block_size, copied_dense_cache
 
 __all__ = ["ColumnParallelMXLinear", "RowParallelMXLinear", "shard_mxlinear", "STYLES"]
 
@@ -256,8 +256,9 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         if rank < 0:  # (torch.distributed's -1 for a group this process is not in)
             raise ValueError(f"{type(self).__name__}: this process (global rank {dist.get_rank()}) is not a member "
                              f"of the group it was given")
-        block_size = kwargs.get("block_size", BLOCK_SIZE)
-        k_local, n_local = self._local_sizes(in_features, out_features, world, block_size, get_format(weight_format))
+        block_size, fmt = kwargs.get("block_size", BLOCK_SIZE), get_format(weight_format)
+        _check_block_size(block_size, fmt, None)  # (before _local_sizes divides by it; MXLinear checks act_format's)
+        k_local, n_local = self._local_sizes(in_features, out_features, world, block_size, fmt)
         super().__init__(k_local, n_local, weight_format, bias=bias, act_format=act_format, **kwargs)
         self.global_in_features, self.global_out_features = in_features, out_features
         self.tp_group, self.tp_rank, self.tp_world_size = group, rank, world

@@ -1020,8 +1020,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 + (f", act_format={self.act_format}" if self.act_format else ""))
 
 
+@torch.compiler.disable
 def _eager_experts(module: MXMoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: the gradient case)."""
+    """``module._experts(x, logits)`` outside torch.compile's graph (a graph break: expert parallelism under
+    autograd, whose exchanges read the pair counts on the host)."""
     return module._experts(x, logits)
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import pytest
 import torch
@@ -203,6 +204,16 @@ def test_evaluate_checks_arguments_before_work(tmp_path, monkeypatch):
         ev.evaluate(weights)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ev.evaluate(tmp_path / "missing")
+    for bad in (torch.float64, torch.int8, "float64"):  # (a torch.dtype ran the reference pass first)
+        with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
+            ev.evaluate(dtype=bad)
+    for bad in (None, ["lm_head", 3]):
+        with pytest.raises(ValueError, match="skip must be fnmatch patterns"):
+            ev.evaluate(skip=bad)
+    with pytest.raises(TypeError, match="one str: wrap it in a list"):  # (each character was a sentence)
+        ev.evaluate(sentences="One short sentence of several words.")
+    with pytest.raises(TypeError, match="an item of type int"):
+        ev.evaluate(sentences=["One sentence.", 2])
     (tmp_path / "empty").mkdir()
     monkeypatch.undo()
     with pytest.raises(ValueError, match="no config.json in .*empty.*: not a transformers model directory"):
@@ -283,6 +294,52 @@ def _tiny_bert(**kw):
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return transformers.BertModel(cfg, **kw)
+
+
+def test_max_length_follows_the_model_positions(tmp_path, minilm):
+    """The default token limit is cut to the model's positions (a BERT of 128 positions ran past them: a size
+    mismatch mid-run); an explicit one above them, and a bad sentence_bert_config.json, are refused naming them."""
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=128)
+    root = _model_dir(tmp_path / "bert128", transformers.BertModel(cfg))
+    em = ev.load_model(root)
+    assert em.max_length == 128
+    long_texts = ["This sentence is long and goes on " * 30 + "end.", "Another sentence that is long " * 30 + "end."]
+    rows = ev.evaluate(eval_model=em, sentences=long_texts, formats=["mxfp8"], scale_modes=["floor"], progress=False)
+    assert rows[1]["cos_min"] > 0.9
+    assert ev.load_model(root, max_length=64).max_length == 64
+    with pytest.raises(ValueError, match=r"max_length=200 exceeds the 128 positions"):
+        ev.load_model(root, max_length=200)
+    with pytest.raises(ValueError, match="max_length must be a positive int"):
+        ev.load_model(root, max_length=0)
+    assert minilm.max_length == 256  # (its sentence_bert_config.json's max_seq_length, under its 512 positions)
+    for text, match in (('{"max_seq_length": null}', "max_seq_length must be a positive int, got None"),
+                        ("{bad json", "sentence_bert_config.json' is not a readable JSON object")):
+        (root / "sentence_bert_config.json").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            ev.load_model(root)
+
+
+def test_layers_left_counts_a_shared_linear_once(minilm):
+    """Row 0's layers_left counts one nn.Linear held under two names once, as the quantized rows do; ``skip`` as
+    one str is one pattern."""
+
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(30522, 64)
+            self.a = torch.nn.Linear(64, 64)
+            self.b = self.a  # (one module, two names)
+            self.head = torch.nn.Linear(64, 64)
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            return types.SimpleNamespace(last_hidden_state=self.head(self.b(self.a(self.emb(input_ids)))))
+
+    em = ev.EvalModel(Shared().eval(), minilm.tokenizer, "embedding", "shared", 64)
+    rows = ev.evaluate(eval_model=em, sentences=4, formats=["mxfp4"], scale_modes=["floor"], skip="head",
+                       progress=False)  # (one pattern as a str: its characters were taken as four patterns)
+    assert (rows[1]["layers_quantized"], rows[1]["layers_left"]) == (1, 1)
+    assert rows[0]["layers_left"] == 2
 
 
 def test_auto_kind_rule():

@@ -268,9 +268,12 @@ def load_model(
     An MXFP4 GPT-OSS directory (:func:`mxkit.gpt_oss.is_gpt_oss_mxfp4_dir`) is loaded by
     :func:`mxkit.nn.load_gpt_oss_model` straight onto ``device``, its experts kept as MXFP4 (:class:`mxkit.nn.MXMoE`,
     never dequantized; ``"embedding"``: its ``.model``).
-    max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json,
-    else 256). The tokenizer is loaded before the model. Raises FileNotFoundError for a missing directory,
-    NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config, a directory without a
+    max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json, else 256;
+    either cut to the model's positions: the tokenizer's ``model_max_length`` and the config's
+    ``max_position_embeddings``, where given). The tokenizer is loaded before the model. Raises FileNotFoundError
+    for a missing directory,
+    NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config or sentence_bert_config.json,
+    a ``max_length`` that is not a positive int or exceeds the model's positions, a directory without a
     usable tokenizer or one with more tokens than the model's ``vocab_size``, weights that do not load (a truncated
     or corrupt file), and a model whose checkpoint lacks weights of the class ``kind`` picks (or holds them in
     another shape), which transformers would initialise randomly (e.g. ``kind="causal"`` on a BERT encoder: its
@@ -309,6 +312,7 @@ def load_model(
         raise ValueError(f"{str(path)!r}: the tokenizer has {len(tok)} tokens but the model's vocab_size is {vocab}")
     if kind == "auto":
         kind = "causal" if _is_causal(config) else "embedding"
+    max_length = _max_length(path, config, tok, max_length)  # (before the weights, as the checks above)
     verbosity, bars_off = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled() is False
     hf_logging.set_verbosity_error()  # silence "unused weights" notes
     hf_logging.disable_progress_bar()  # and the "Loading weights" bar
@@ -320,13 +324,37 @@ def load_model(
             hf_logging.enable_progress_bar()
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    if max_length is None:
-        max_length = 256
-        sbert = path / "sentence_bert_config.json"
-        if sbert.is_file():
-            max_length = int(json.loads(sbert.read_text()).get("max_seq_length", max_length))
     model.eval().to(device)
     return EvalModel(model, tok, kind, path.name if path.name != "model" else path.parent.name, max_length)
+
+
+def _max_length(path: Path, config, tok, max_length: Optional[int]) -> int:
+    """The token limit per sentence: ``max_length`` where given, else sentence_bert_config.json's
+    ``max_seq_length`` or 256, cut to the model's positions (the tokenizer's ``model_max_length``, which
+    transformers sets to ~1e30 where unknown, and the config's ``max_position_embeddings``). ValueError for a
+    ``max_length`` that is not a positive int or exceeds those positions, and for an unreadable
+    sentence_bert_config.json (naming it)."""
+    limits = [getattr(tok, "model_max_length", None), getattr(config, "max_position_embeddings", None),
+              getattr(getattr(config, "text_config", None), "max_position_embeddings", None)]
+    limit = min((n for n in limits if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 10**9),
+                default=None)
+    if max_length is not None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
+            raise ValueError(f"max_length must be a positive int, got {max_length!r}")
+        if limit is not None and max_length > limit:
+            raise ValueError(f"max_length={max_length} exceeds the {limit} positions of the model in {str(path)!r}")
+        return max_length
+    max_length = 256
+    sbert = path / "sentence_bert_config.json"
+    if sbert.is_file():
+        try:
+            n = json.loads(sbert.read_text()).get("max_seq_length", max_length)
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{str(sbert)!r} is not a readable JSON object: {_one_line(e)}") from e
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"{str(sbert)!r}: max_seq_length must be a positive int, got {n!r}")
+        max_length = n
+    return max_length if limit is None else min(max_length, limit)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -463,14 +491,15 @@ def evaluate(
     act_format: also quantize every quantized layer's input on the fly (``None``: weights only; an MX format,
       or ``"fp8_e4m3_rowwise"``: W4A8).
     dtype: the model's dtype (``"float32"`` default; ``"bfloat16"`` for GPU runs against bf16).
-    skip: fnmatch patterns of Linear layers to keep in high precision (:data:`DEFAULT_SKIP`); an MXMoE's router
-      (GPT-OSS) is always kept.
+    skip: fnmatch patterns (one str, or a sequence of them) of Linear layers to keep in high precision
+      (:data:`DEFAULT_SKIP`); an MXMoE's router (GPT-OSS) is always kept.
     device: a torch device that is usable here (``cuda`` only where CUDA is available).
     batch_size: sentences per forward pass, >= 1.
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
     values that do not apply are ``None``. Raises, before any text or model work: ValueError for unknown format /
-    mode names, an empty format or mode list, a bad ``batch_size``, ``dtype`` or ``device``, a ``block_size`` that
-    is not a positive int or not a multiple of a selected format's (or ``act_format``'s) element packing;
+    mode names, an empty format or mode list, a bad ``batch_size``, ``dtype``, ``skip`` or ``device``, a
+    ``block_size`` that is not a positive int or not a multiple of a selected format's (or ``act_format``'s) element
+    packing; TypeError for ``sentences`` that are one str or hold a non-str;
     FileNotFoundError / NotADirectoryError for a ``model_dir`` that is missing or a file. ImportError if
     transformers is missing. ValueError, later, for a format that quantizes no layer (a ``skip`` matching every
     layer, a ``block_size`` no layer's in_features is a multiple of): its row would be the unquantized model's.
@@ -481,10 +510,14 @@ def evaluate(
     modes = [ScaleMode.parse(m).value for m in scale_modes]
     act = None if act_format is None else (
         "fp8_e4m3_rowwise" if str(act_format).lower() == "fp8_e4m3_rowwise" else get_format(act_format).name)
-    if isinstance(dtype, str):
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if isinstance(dtype, str) and dtype in ("float32", "bfloat16", "float16"):
         dtype = getattr(torch, dtype)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if isinstance(skip, str):  # (one pattern, as quantize_model takes it: not its characters)
+        skip = (skip,)
+    if skip is None or not all(isinstance(p, str) for p in skip):
+        raise ValueError(f"skip must be fnmatch patterns (a str or a sequence of str), got {skip!r}")
     rnd = Rounding.parse(rounding).value
     if not fmts or not modes:
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
@@ -495,7 +528,12 @@ def evaluate(
         if model_dir is not None:
             check_nonempty(model_dir, "the model path")
             _check_model_dir(Path(model_dir))
+    if isinstance(sentences, str):  # (list() would make each character a sentence)
+        raise TypeError("sentences must be a count or a sequence of str, got one str: wrap it in a list")
     texts = stdlib_sentences(sentences) if isinstance(sentences, int) else list(sentences)
+    if not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"sentences must be a count or a sequence of str, got an item of type "
+                        f"{next(type(t).__name__ for t in texts if not isinstance(t, str))}")
     if len(texts) < 2:
         raise ValueError(f"need at least 2 sentences, got {len(texts)}")
 
@@ -556,7 +594,7 @@ def evaluate(
                        worst_layer=worst.name)
             if rows[0]["weight_mb"] is None:  # the same layers, unquantized
                 rows[0]["weight_mb"] = _linear_weight_bytes(em.model, [r.name for r in done])[1] / 1e6
-                rows[0]["layers_left"] = len(report)
+                rows[0]["layers_left"] = sum(r.shared_with is None for r in report)  # (a shared module once)
         if em.kind == "causal" and ntok:
             row.update(ppl=_ppl(nll, ntok), ppl_ref=ref_ppl)
             row["ppl_delta"] = row["ppl"] - ref_ppl

@@ -219,6 +219,27 @@ def test_inspect_directory_and_mxkit_buffers(tmp_path, capsys):
     assert "model.safetensors" not in out  # --match filtered the second file's tensors out
 
 
+def test_inspect_pairs_across_shards_without_an_index(tmp_path, capsys):
+    """Shards with no index: a *_blocks in one file and its *_scales in another still pair (they were read one file
+    at a time: 0 MX pairs); where two files hold one name, each file is read on its own."""
+    path, tensors = _gpt_oss_like(tmp_path)
+    path.unlink()
+    blocks = {k: v for k, v in tensors.items() if k.endswith("_blocks")}
+    safetensors_torch.save_file(blocks, str(tmp_path / "model-00001-of-00002.safetensors"))
+    safetensors_torch.save_file({k: v for k, v in tensors.items() if k not in blocks},
+                                str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert cli.main(["inspect", str(tmp_path), "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "5 tensors, 1 MX pairs" in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[3:]}
+    assert "logical [2, 6, 96]" in lines["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert "model-00001-of-00002.safetensors" in lines["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert "model-00002-of-00002.safetensors" in lines["model.layers.0.mlp.experts.gate_up_proj_scales"]
+    safetensors_torch.save_file({"model.layers.0.odd.weight": torch.zeros(2, 32)}, str(tmp_path / "extra.safetensors"))
+    assert cli.main(["inspect", str(tmp_path), "--plain"]) == 0
+    assert "6 tensors, 0 MX pairs" in capsys.readouterr().out  # (one name twice: the files apart)
+
+
 def test_inspect_other_block_sizes(tmp_path, capsys):
     """A safetensors file does not record the block size: MXLinear bytes at blocks of 64 / 16 showed a logical
     shape computed at 32 ([64, 128] and [64, 512] for a 64 x 256 weight); now the shape is unknown unless
@@ -1036,6 +1057,18 @@ def test_closed_stdout_is_a_quiet_exit(monkeypatch, capsys):
     monkeypatch.setattr(cli.os, "dup2", lambda a, b: None)
     assert cli.main(["formats"]) == 141
     assert "error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_reader_that_closed_its_end_gets_141(plain):
+    """A real closed pipe: exit 141 both ways (rich's Console exited with 1 from its own broken-pipe handler)."""
+    pytest.importorskip("rich")
+    p = subprocess.Popen([sys.executable, "-m", "mxkit", "formats", *(["--plain"] if plain else [])],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # (long before the table: the process is still importing torch)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "error" not in err.lower() and "Traceback" not in err
 
 
 def test_inspect_names_a_missing_path_and_skips_folders(tmp_path, capsys):

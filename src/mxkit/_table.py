@@ -43,6 +43,11 @@ def print_table(
         except ImportError:
             pass
         else:
+            class PipeConsole(Console):  # a closed stdout raises, as print does: rich's own default exits with 1
+                def on_broken_pipe(self) -> None:
+                    self.quiet = True
+                    raise BrokenPipeError(32, "Broken pipe")
+
             table = Table(header_style="bold")  # (the title printed above it: rich wraps a title to the table)
             for c in columns:
                 table.add_column(c, justify="right" if c in right else "left", no_wrap=True)
@@ -50,9 +55,9 @@ def print_table(
                 table.add_row(*(Text(c) for c in r))  # (cells as text, not markup: "[x]" is kept)
             width = sum(widths) + 3 * len(widths) + 4
             if title:
-                Console(file=out, width=max(width, len(title)), highlight=False, soft_wrap=True).print(
+                PipeConsole(file=out, width=max(width, len(title)), highlight=False, soft_wrap=True).print(
                     title, style="italic", markup=False)
-            Console(file=out, width=width, highlight=False).print(table)
+            PipeConsole(file=out, width=width, highlight=False).print(table)
             return text
     print(text, end="", file=out, flush=True)
     return text

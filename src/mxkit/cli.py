@@ -259,15 +259,27 @@ def _cmd_inspect(args) -> int:
         else:
             files = _safetensors_files(path)
             several = len(files) > 1
-            for fpath in files:
-                check_readable(fpath)  # (safetensors reports a file it may not read as missing)
-                try:
+            opened = []  # (file, handle, {name: (shape, dtype)})
+            fpath = None
+            try:
+                for fpath in files:
+                    check_readable(fpath)  # (safetensors reports a file it may not read as missing)
                     fh = stack.enter_context(safe_open(openable_name(fpath, stack), framework="pt"))
-                    meta = {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype()) for k in fh.keys()}
-                    rows += _inspect_rows(meta, fh.get_tensor, lambda n, f=fpath: f.name, fmt, args, several)
-                except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
-                    raise ValueError(f"{str(fpath)!r} is not a readable safetensors file: "
-                                     f"{' '.join(str(e).split())}") from e
+                    opened.append((fpath, fh, {k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype())
+                                               for k in fh.keys()}))
+                where = {name: (f, fh) for f, fh, meta in opened for name in meta}
+                if len(where) == sum(len(meta) for _, _, meta in opened):
+                    # one namespace (shards without an index): block / scale pairs across the files too
+                    fpath = path
+                    meta = {name: m[name] for _, _, m in opened for name in m}
+                    rows = _inspect_rows(meta, lambda n: where[n][1].get_tensor(n), lambda n: where[n][0].name, fmt,
+                                         args, several)
+                else:  # a name in two files: each file on its own
+                    for fpath, fh, meta in opened:
+                        rows += _inspect_rows(meta, fh.get_tensor, lambda n, f=fpath: f.name, fmt, args, several)
+            except SafetensorError as e:  # a corrupt or truncated file: one line, not the Rust reader's traceback
+                raise ValueError(f"{str(fpath)!r} is not a readable safetensors file: "
+                                 f"{' '.join(str(e).split())}") from e
     cols = ["tensor", "dtype", "shape", "mx", "note"] + (["file"] if several else [])
     n_pairs = sum(1 for r in rows if r["mx"] and r["mx"].endswith("data"))
     shown = str(args.path).encode("utf-8", "backslashreplace").decode()  # (a name's non-UTF-8 bytes as \x escapes)

@@ -636,7 +636,7 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
-        # (a mid pair the main envelope holds is dropped: tune.drop_contained)
+        # (a mid pair the main envelope holds is written closed, 0 and 0: tune.close_contained)
         assert entry[key].get("mid_max_m", 0) in (0,) + tune.MID_MS and entry[key].get("mid_min_nk", 0) >= 0, (
             key, entry[key])
     assert entry["a8w8_mma"]["quant_max_m"] in (0, 1, 2, 4, 8, 16)
@@ -815,14 +815,24 @@ def test_wgmma_envelope_choice():
     assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 512, "min_nk": 4096 * 4096}
     mid_wins[(*four, 512)] = False
     assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 256, "min_nk": 4096 * 4096}
-    # a mid pair the main envelope holds routes nothing: dropped (the H100's 512 on 2^26 inside 4096 on 2^26)
-    from mxkit.tune import drop_contained
+    # a mid pair the main envelope holds routes nothing: closed (the H100's 512 on 2^26 inside 4096 on 2^26)
+    from mxkit.kernels.matmul import wgmma_envelope_holds
+    from mxkit.kernels.matmul_table import _packaged_table, merge_tables
+    from mxkit.tune import close_contained
 
     main = {"max_m": 4096, "min_nk": 1 << 26, "small_max_m": 128, "small_min_nk": 1 << 20}
-    assert drop_contained({**main, "mid_max_m": 512, "mid_min_nk": 1 << 26}) == main
-    assert drop_contained({**main, "mid_max_m": 0, "mid_min_nk": 0}) == main
+    closed = {**main, "mid_max_m": 0, "mid_min_nk": 0}
+    assert close_contained({**main, "mid_max_m": 512, "mid_min_nk": 1 << 26}) == closed
+    assert close_contained({**main, "mid_max_m": 0, "mid_min_nk": 0}) == closed
     for kept in ({"mid_max_m": 512, "mid_min_nk": 1 << 24}, {"mid_max_m": 8192, "mid_min_nk": 1 << 26}):
-        assert drop_contained({**main, **kept}) == {**main, **kept}
+        assert close_contained({**main, **kept}) == {**main, **kept}
+    # merged into the packaged table, a mid pair the tune found winning nowhere closes the packaged one (left out,
+    # the H200's packaged 512 on 2^24 stood)
+    h200 = _packaged_table()["NVIDIA H200"]["w4a16_wgmma"]
+    assert wgmma_envelope_holds(h200, 512, 4096 * 4096) and not wgmma_envelope_holds(main, 512, 4096 * 4096)
+    tuned = {"NVIDIA H200": {"w4a16_wgmma": close_contained({**main, "mid_max_m": 0, "mid_min_nk": 0})}}
+    merged = merge_tables(_packaged_table(), tuned)["NVIDIA H200"]["w4a16_wgmma"]
+    assert not wgmma_envelope_holds(merged, 512, 4096 * 4096)
 
 
 def test_tune_decode_configs_keep_the_k_class_not_measured():
@@ -845,7 +855,7 @@ def test_tune_decode_configs_keep_the_k_class_not_measured():
     assert [c["k_max"] for c in got] == [4096, 1 << 30] and len(logged) == 1
 
 
-def test_w8a16_envelope_choice():
+def test_w8a16_envelope_choice(monkeypatch):
     """`mxkit tune gemm`'s W8A16 mma envelope: max_m won on every shape at every M up to it; past it the larger
     weights' own envelope (H200, session 39: up to 8 rows everywhere, 16 on N * K >= 6144 * 4096)."""
     from mxkit.tune import W8A16_MS, w8a16_envelope
@@ -854,10 +864,21 @@ def test_w8a16_envelope_choice():
     won = {(N, K, M): M <= last for (N, K), last in shapes.items() for M in W8A16_MS}
     assert w8a16_envelope(won) == {"max_m": 8, "large_max_m": 16, "large_min_nk": 6144 * 4096}
     won = {(N, K, M): M <= 8 for (N, K) in shapes for M in W8A16_MS}
-    assert w8a16_envelope(won) == {"max_m": 8}  # (nothing wins past it)
+    closed = {"large_max_m": 0, "large_min_nk": 0}  # (written out: merged, they close a packaged large envelope)
+    assert w8a16_envelope(won) == {"max_m": 8, **closed}  # (nothing wins past it)
     won[(5120, 2880, 1)] = False
-    assert w8a16_envelope(won) == {"max_m": 0}
-    assert w8a16_envelope({}) == {"max_m": 0}
+    assert w8a16_envelope(won) == {"max_m": 0, **closed}
+    assert w8a16_envelope({}) == {"max_m": 0, **closed}
+    # merged into the packaged table, they close the H100's packaged large envelope (16 rows on large weights)
+    from mxkit.kernels import matmul as mm, matmul_table
+
+    h100, cuda = "NVIDIA H100 80GB HBM3", torch.device("cuda", 0)
+    monkeypatch.setattr(matmul_table, "_gpu_name", lambda index: h100)
+    packaged = matmul_table._packaged_table()
+    assert mm._w8_mma_envelope(cuda, 28672 * 8192) == 16
+    tuned = matmul_table.merge_tables(packaged, {h100: {"w8a16_mma": {"max_m": 8, **closed}}})
+    with matmul_table.gemm_table_override(tuned):
+        assert mm._w8_mma_envelope(cuda, 28672 * 8192) == 8
 
 
 def test_envelope_counts_the_rival(monkeypatch):

@@ -393,7 +393,7 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     """The ``w8a16_mma`` envelope: ``max_m``, the largest M of :data:`W8A16_MS` up to which w8a16-mma (bf16 x a
     packed MXFP8 E4M3 weight) beats, on every shape, the path the plan takes without it (decode-w16,
     w8a16-wgmma or dense-exact, by the packaged table), 0 where the kernel cannot run or no shape packs to its
-    layout; past it, where the larger weights win on: ``large_max_m`` and ``large_min_nk``
+    layout; past it, where the larger weights win on: ``large_max_m`` and ``large_min_nk``, 0 and 0 where none do
     (:func:`w8a16_envelope`)."""
     from . import ops
     from .kernels import matmul as mm
@@ -403,7 +403,7 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     why = _mma_a8w8.available(dev)
     if why is not None:
         log(f"w8a16-mma cannot run here: {why}")
-        return {"max_m": 0}
+        return w8a16_envelope({})
     name = torch.cuda.get_device_name()
     packed = [mm.pack_weight(ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g),
                                           "mxfp8_e4m3"), act="float") for N, K in shapes]
@@ -426,13 +426,15 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
 def w8a16_envelope(won: dict) -> dict:
     """:func:`_tune_w8a16_mma`'s choice from ``won[(N, K, M)]`` (w8a16-mma beat the other path): ``max_m`` the
     largest M it won at, and at every smaller M, on every shape; past it :func:`wgmma_envelope` over the larger
-    Ms (``large_max_m``, ``large_min_nk``: the weights of N * K >= large_min_nk win up to large_max_m), given only
-    where some weights win past ``max_m``."""
+    Ms (``large_max_m``, ``large_min_nk``: the weights of N * K >= large_min_nk win up to large_max_m), 0 and 0
+    where no weights win past ``max_m``: written out, so that merged into the packaged table (:func:`merge_tables
+    <mxkit.kernels.matmul_table.merge_tables>`) the measured result closes a packaged large envelope."""
+    closed = {"max_m": 0, "large_max_m": 0, "large_min_nk": 0}
     if not won:
-        return {"max_m": 0}
+        return closed
     ms = sorted({M for _, _, M in won})
     max_m = _largest_won({M: all(v for (_, _, m), v in won.items() if m == M) for M in ms})
-    entry = {"max_m": max_m}
+    entry = {**closed, "max_m": max_m}
     more = tuple(M for M in ms if M > max_m)
     if max_m and more:
         large = wgmma_envelope({key: v for key, v in won.items() if key[2] > max_m}, more)
@@ -604,18 +606,19 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     entry = wgmma_envelope({key: won for key, won in wins.items() if key[2] in WGMMA_MS})
     small = wgmma_envelope({key: won for key, won in wins.items() if key[2] in SMALL_MS}, SMALL_MS)
     mid = wgmma_envelope({key: won for key, won in wins.items() if key[2] in MID_MS}, MID_MS)
-    return drop_contained({**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"],
-                           "mid_max_m": mid["max_m"], "mid_min_nk": mid["min_nk"]})
+    return close_contained({**entry, "small_max_m": small["max_m"], "small_min_nk": small["min_nk"],
+                            "mid_max_m": mid["max_m"], "mid_min_nk": mid["min_nk"]})
 
 
-def drop_contained(entry: dict) -> dict:
-    """A wgmma envelope ``entry`` without its ``mid_*`` pair where it routes nothing: ``mid_max_m`` 0 (it never won),
-    or the main envelope (``max_m`` on ``min_nk``) holds it (M no larger on weights no smaller), where it would read
-    as a GPU's own envelope; the ``small_*`` pair is kept (a GPU's entry that lacks it would take the packaged
-    default's)."""
+def close_contained(entry: dict) -> dict:
+    """A wgmma envelope ``entry`` with its ``mid_*`` pair written as 0 and 0 (closed) where it routes nothing of its
+    own: ``mid_max_m`` 0 (it never won), or the main envelope (``max_m`` on ``min_nk``) holds it (M no larger on
+    weights no smaller). Written out rather than dropped: merged into the packaged table (:func:`merge_tables
+    <mxkit.kernels.matmul_table.merge_tables>`), a missing pair kept the packaged GPU entry's, which the tune had
+    just measured not to win."""
     mid_m, mid_nk = entry.get("mid_max_m", 0), entry.get("mid_min_nk", 0)
     if mid_m <= 0 or (mid_m <= entry.get("max_m", 0) and mid_nk >= entry.get("min_nk", 0)):
-        return {k: v for k, v in entry.items() if k not in ("mid_max_m", "mid_min_nk")}
+        return {**entry, "mid_max_m": 0, "mid_min_nk": 0}
     return entry
 
 

@@ -119,9 +119,9 @@ def test_csv_and_json_round_trip(tmp_path):
     assert [g["impl"] for g in got] == [r.impl for r in rows]
     assert got[0]["us"] == "50.0" and got[2]["us"] == "" and got[2]["status"] == "n/a"
     assert list(got[0]) == [f.name for f in dataclasses.fields(Row)]
-    p_json = output.write_json(rows, env, tmp_path / "b.json", config={"quick": True})
+    p_json = output.write_json(rows, env, tmp_path / "b.json", config={"quick": True, "_cli_parser": object()})
     doc = json.loads(p_json.read_text())
-    assert doc["env"] == env and doc["config"] == {"quick": True}
+    assert doc["env"] == env and doc["config"] == {"quick": True}  # (the CLI's own "_" entries left out)
     assert doc["rows"][2]["us"] is None
     assert [Row(**r) for r in doc["rows"]] == rows
     # any dataclass rows (the overhead and decode benches write their own)
@@ -927,5 +927,6 @@ def test_names_on_the_command_line_are_taken_in_any_case():
     assert check_stages(["MOE", "Decode_MMA"]) == ("decode_mma", "moe")
     with pytest.raises(ValueError, match="named twice"):
         check_stages(["moe", "MOE"])
+    assert check_stages("MOE") == ("moe",)  # (one name: it said "unknown tune stage 'm'")
     args = _cli().parse_args(["bench", "quantize", "--dtype", "BF16", "--ops", "ROWWISE"])
     assert args.dtype == torch.bfloat16 and args.ops == ("rowwise",)

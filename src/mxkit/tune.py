@@ -77,7 +77,7 @@ def check_stages(stages: Optional[Sequence[str]]) -> tuple[str, ...]:
     an unknown or repeated stage, or for an empty list."""
     if stages is None:
         return STAGES
-    stages = list(stages)
+    stages = [stages] if isinstance(stages, str) else list(stages)  # (one name: not its letters)
     if not stages:
         raise ValueError(f"no stage to tune (choose from {', '.join(STAGES)})")
     stages = [st.lower() if isinstance(st, str) and st.lower() in STAGES else st for st in stages]  # (any case)

@@ -3,6 +3,8 @@ the packaged default."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -48,6 +50,23 @@ def test_table_entry_missing_fields_come_from_the_packaged_default():
                                                               c["num_stages"])
     with gemm_table_override({"default": {"decode_w4a16": {"max_m": 0}}}):
         assert _decode_max_m(cpu) == 0
+    # an edited copy of the packaged table: its default's field reaches a GPU entry that inherits it (it took the
+    # packaged default's), and the GPU entry's own fields still win
+    from mxkit.kernels import matmul_table
+
+    h200, cuda = "NVIDIA H200", torch.device("cuda", 0)
+    edited = json.loads(matmul_table._TABLE_FILE.read_text())
+    assert "max_m" not in edited[h200]["w4a16_wgmma"] and "small_max_m" in edited[h200]["w4a16_wgmma"]
+    edited["default"]["w4a16_wgmma"]["max_m"] = 256
+    edited["default"]["w4a16_wgmma"]["small_max_m"] = 3
+    real = matmul_table._gpu_name
+    try:
+        matmul_table._gpu_name = lambda index: h200
+        with gemm_table_override(edited):
+            e = _envelope(cuda, "w4a16_wgmma")
+            assert e["max_m"] == 256 and e["small_max_m"] == edited[h200]["w4a16_wgmma"]["small_max_m"] != 3
+    finally:
+        matmul_table._gpu_name = real
 
 
 def test_mma_m8_loop_from_the_table():
@@ -180,6 +199,13 @@ def test_load_table_refuses_non_finite_numbers_and_takes_the_packaged_table(tmp_
         with pytest.raises(ValueError, match=f"{const} is not a JSON number"):
             load_table(f)
     assert load_table(_TABLE_FILE) == check_table(load_table(_TABLE_FILE))
+    # a key twice in one object (json keeps the last: a hand-merged table lost an entry silently)
+    f.write_text('{"NVIDIA H200": {"decode_mma": {"max_m": 8}}, "NVIDIA H200": {"moe": {"mma_strips": 2}}}')
+    with pytest.raises(ValueError, match="key 'NVIDIA H200' appears twice"):
+        load_table(f)
+    f.write_text('{"default": {"decode_mma": {"max_m": 16, "max_m": 64}}}')
+    with pytest.raises(ValueError, match="key 'max_m' appears twice"):
+        load_table(f)
     # notes (names starting with _) hold anything, at every level; an empty schedule list means the defaults
     check_table({"_doc": 1, "default": {"_x": [1], "decode_w4a16": {"_measured": None, "configs": []}}})
 

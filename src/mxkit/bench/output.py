@@ -179,7 +179,7 @@ def write_json(rows: Sequence[Any], env: dict, path: Path, *, config=None) -> Pa
     dict or the parsed options (their non-JSON values as strings)."""
     path = _folder_made(path)
     config = {k: v for k, v in (vars(config) if isinstance(config, argparse.Namespace) else config or {}).items()
-              if k != "func"}
+              if k != "func" and not str(k).startswith("_")}  # (the CLI's own: its parser, ...)
     doc = _json_safe({"env": env, "config": config, "rows": [dataclasses.asdict(r) for r in rows]})
     write_text_atomic(path, json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
     return path

@@ -182,13 +182,24 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _no_repeats(pairs: list) -> dict:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key: a hand-merged table lost
+    an entry silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
 def load_table(path: Union[str, Path], what: Optional[str] = None) -> dict:
     """The dispatch table in the JSON file ``path`` (:func:`check_table`); ValueError naming ``what`` (default the
     path) where it cannot be read or is not such a table."""
     what = what or repr(str(path))
     check_nonempty(path, what)  # ("" is the current folder to pathlib)
     try:
-        table = json.loads(Path(path).read_text(), parse_constant=_no_constant)
+        table = json.loads(Path(path).read_text(), parse_constant=_no_constant, object_pairs_hook=_no_repeats)
     except (OSError, ValueError) as e:
         raise ValueError(f"{what} cannot be read as a JSON dispatch table: {e}") from None
     return check_table(table, what)
@@ -246,11 +257,15 @@ def decode_config(device: torch.device, K: int) -> DecodeConfig:
 
 def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
     """The table's entry ``key`` for ``device``, its missing fields (a table `mxkit tune gemm` wrote before they
-    existed, or one without the entry) taken from the packaged default's; None where neither has it."""
-    entry, default = _entry(device, key), _packaged_table()["default"].get(key)
-    if entry is None or default is None:
-        return entry if entry is not None else default
-    return {**default, **entry}
+    existed, or one without the entry) taken from the ``"default"`` entry of the table in force, then from the
+    packaged default's (so an edited copy of the packaged table reaches the GPU entries that inherit the field it
+    edits); None where none has it."""
+    defaults = [d for d in (_packaged_table()["default"].get(key), (gemm_table().get("default") or {}).get(key))
+                if isinstance(d, Mapping)]
+    entry = _entry(device, key)
+    if not defaults:
+        return entry
+    return {k: v for d in (*defaults, entry or {}) for k, v in d.items()}
 
 
 def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_m") -> int:

@@ -140,7 +140,8 @@ class DequantizeConfig:
 @dataclass(frozen=True)
 class TuningEntry:
     """A setting one GPU measured faster where the other measured it slower: on GPUs whose CUDA device name
-    (``torch.cuda.get_device_name``) starts with ``gpu``, problems of ``path`` ("rows" / "cols" /
+    (``torch.cuda.get_device_name``) is ``gpu`` (exactly: other parts of a family were not measured), problems of
+    ``path`` ("rows" / "cols" /
     "cast_transpose") in format ``fmt`` with at least ``min_elements`` elements (B * R * C) take ``fields``
     ((QuantizeConfig field, value) pairs) in place of the heuristic's."""
 

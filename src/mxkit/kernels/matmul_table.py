@@ -260,12 +260,16 @@ def _envelope(device: torch.device, key: str) -> Optional[Mapping]:
     existed, or one without the entry) taken from the ``"default"`` entry of the table in force, then from the
     packaged default's (so an edited copy of the packaged table reaches the GPU entries that inherit the field it
     edits); None where none has it."""
-    defaults = [d for d in (_packaged_table()["default"].get(key), (gemm_table().get("default") or {}).get(key))
-                if isinstance(d, Mapping)]
-    entry = _entry(device, key)
-    if not defaults:
-        return entry
-    return {k: v for d in (*defaults, entry or {}) for k, v in d.items()}
+    entry, default = _entry(device, key), _packaged_table()["default"].get(key)
+    over = _TABLE.get()  # (an override's own default, between the two; the packaged table's is ``default``)
+    own = over.get("default", {}).get(key) if over is not None else None
+    if own is not None and default is not None:
+        default = {**default, **own}
+    elif own is not None:
+        default = own
+    if entry is None or default is None:
+        return entry if entry is not None else default
+    return {**default, **entry}
 
 
 def _mma_max_m(device: torch.device, key: str = "decode_mma", field: str = "max_m") -> int:

@@ -586,7 +586,9 @@ def _through(values: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.
 
 
 def _bf16_cast(v: torch.Tensor) -> torch.Tensor:
-    """float64 v rounded to bfloat16 (a GEMM's output rounding), as float64."""
+    """float64 v rounded to bfloat16 (a GEMM's output rounding), as float64: through float32, as torch's ``.to``
+    converts, so rounded twice (the kernels round their float32 sums once to bf16; the float32 step stands for the
+    sum's own precision). Unlike the outputs, which are rounded once (:func:`round_from_float64`)."""
     return v.to(torch.bfloat16).to(torch.float64)
 
 
@@ -616,7 +618,8 @@ def moe_w4a8_reference(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """The W4A8 MoE (TensorRT-LLM's GPT-OSS serving mode on Hopper), the twin of
-    :func:`mxkit.kernels.moe.moe_w4a8_triton` with its rounding points, float64 elsewhere:
+    :func:`mxkit.kernels.moe.moe_w4a8_triton` with its rounding points, float64 elsewhere (bf16(.): float64 to
+    float32 to bfloat16, the kernels' float32 sums rounded, :func:`_bf16_cast`):
 
     1. ``h = bf16(a[token] @ W1[e].T)`` with ``a = xq.data * xq.scale`` (FP8 E4M3 rowwise tokens,
        :class:`mxkit.Fp8Rowwise`), the expert exact (dequantized MX; the kernel reads it folded to E4M3, the same
@@ -668,7 +671,8 @@ def moe_mxfp4_reference(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """The MXFP4 x MXFP4 MoE (the tokens and the intermediate in MXFP4), the twin of
-    :func:`mxkit.kernels.moe.moe_mxfp4_triton` with its rounding points, float64 elsewhere:
+    :func:`mxkit.kernels.moe.moe_mxfp4_triton` with its rounding points, float64 elsewhere (bf16(.): float64 to
+    float32 to bfloat16, :func:`_bf16_cast`):
 
     1. ``h = bf16(a[token] @ W1[e].T)`` with ``a`` = xq dequantized (exact), the expert exact (dequantized MX;
        the kernel reads both folded to E4M3 where they fold, the same values);

@@ -197,6 +197,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         super().__init__()
         act = _moe_act(act_format)
         fmt = get_format(weight_format)
+        for name, flag in (("bias", bias), ("router_bias", router_bias),
+                           ("return_router_scores", return_router_scores), ("keep_source", keep_source)):
+            if not isinstance(flag, bool):  # ("False" is truthy: biases made, a tuple returned, a copy kept)
+                raise TypeError(f"{name} must be a bool for MXMoE, got {type(flag).__name__} {flag!r}")
         # (NumPy integers taken, as for axis: dims read back from a config or an array)
         H, I, E, top_k = (as_int(v) for v in (hidden_size, intermediate_size, num_experts, top_k))  # noqa: E741
         for name, v in (("hidden_size", H), ("intermediate_size", I), ("num_experts", E)):
@@ -243,8 +247,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.block_size = block_size
         self.ep_ranges: Optional[list[tuple[int, int]]] = None  # set by shard_experts: every rank's range
         self.ep_group = None
-        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-            raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the router and biases)")
+        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise TypeError(f"dtype={dtype!r} must be float32, bfloat16, float16 or float64 (the router and biases)")
         check_device_name(device, "MXMoE(device=...)")
         f = dict(device=device, dtype=dtype or torch.float32)
         self.router = nn.Linear(H, E, bias=router_bias, **f)

@@ -207,7 +207,7 @@ def test_evaluate_checks_arguments_before_work(tmp_path, monkeypatch):
     for bad in (torch.float64, torch.int8, "float64"):  # (a torch.dtype ran the reference pass first)
         with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
             ev.evaluate(dtype=bad)
-    for bad in (None, ["lm_head", 3]):
+    for bad in (None, ["lm_head", 3], 5):
         with pytest.raises(ValueError, match="skip must be fnmatch patterns"):
             ev.evaluate(skip=bad)
     with pytest.raises(TypeError, match="one str: wrap it in a list"):  # (each character was a sentence)
@@ -340,6 +340,9 @@ def test_layers_left_counts_a_shared_linear_once(minilm):
                        progress=False)  # (one pattern as a str: its characters were taken as four patterns)
     assert (rows[1]["layers_quantized"], rows[1]["layers_left"]) == (1, 1)
     assert rows[0]["layers_left"] == 2
+    rows = ev.evaluate(eval_model=em, sentences=4, formats=["mxfp4"], scale_modes=["floor"],
+                       skip=(p for p in ["head"]), progress=False)  # (an iterator: read once)
+    assert (rows[1]["layers_quantized"], rows[1]["layers_left"]) == (1, 1)
 
 
 def test_auto_kind_rule():

@@ -271,13 +271,12 @@ def load_model(
     max_length: token limit per sentence (default: the ``max_seq_length`` of sentence_bert_config.json, else 256;
     either cut to the model's positions: the tokenizer's ``model_max_length`` and the config's
     ``max_position_embeddings``, where given). The tokenizer is loaded before the model. Raises FileNotFoundError
-    for a missing directory,
-    NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config or sentence_bert_config.json,
-    a ``max_length`` that is not a positive int or exceeds the model's positions, a directory without a
-    usable tokenizer or one with more tokens than the model's ``vocab_size``, weights that do not load (a truncated
-    or corrupt file), and a model whose checkpoint lacks weights of the class ``kind`` picks (or holds them in
-    another shape), which transformers would initialise randomly (e.g. ``kind="causal"`` on a BERT encoder: its
-    ``cls.predictions.*`` head); an embedding model may lack the pooler, which no metric reads.
+    for a missing directory, NotADirectoryError for a file, ValueError for a bad ``kind``, an unreadable config or
+    sentence_bert_config.json, a ``max_length`` that is not a positive int or exceeds the model's positions, a
+    directory without a usable tokenizer or one with more tokens than the model's ``vocab_size``, weights that do
+    not load (a truncated or corrupt file), and a model whose checkpoint lacks weights of the class ``kind`` picks
+    (or holds them in another shape), which transformers would initialise randomly (e.g. ``kind="causal"`` on a
+    BERT encoder: its ``cls.predictions.*`` head); an embedding model may lack the pooler, which no metric reads.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -516,6 +515,10 @@ def evaluate(
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     if isinstance(skip, str):  # (one pattern, as quantize_model takes it: not its characters)
         skip = (skip,)
+    try:
+        skip = tuple(skip)  # (an iterator read once, here)
+    except TypeError:
+        skip = None
     if skip is None or not all(isinstance(p, str) for p in skip):
         raise ValueError(f"skip must be fnmatch patterns (a str or a sequence of str), got {skip!r}")
     rnd = Rounding.parse(rounding).value

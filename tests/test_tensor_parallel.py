@@ -263,7 +263,7 @@ def case_errors(rank: int, world: int, g: torch.Generator) -> None:
     only0 = dist.new_group([0])  # (every rank makes it; rank 0 alone is in it)
     if rank != 0:  # torch.distributed's rank -1 in a group this rank is not in: a negative width before
         for cls in (ColumnParallelMXLinear, RowParallelMXLinear):
-            with pytest.raises(ValueError, match=rf"global rank {rank}\) is not a member of the group"):
+            with pytest.raises(ValueError, match=rf"global rank {rank}\) is not a member of the process group"):
                 cls(128, 64, "mxfp4", group=only0)
     # bad x: the layer's own wording before any collective (the row layer named matmul's operand "a", or failed
     # with AttributeError on a list); from_linear of a float64 layer names its weight (was quantize's "x")

@@ -52,7 +52,7 @@ from .ops import needs_grad
 from .reference import round_from_float64
 from .tensor import MXTensor, as_int
 
-__all__ = ["expert_ranges", "check_expert_ranges", "ep_moe", "raise_collectively"]
+__all__ = ["expert_ranges", "check_expert_ranges", "ep_moe", "group_position", "raise_collectively"]
 
 
 def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
@@ -117,6 +117,16 @@ def _header_device(group) -> torch.device:
     if "nccl" in backend or (backend == "undefined" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def group_position(group: Optional[dist.ProcessGroup], who: str) -> tuple[int, int]:
+    """(world size, rank) of this process in ``group`` (None: the world). Raises ValueError naming ``who`` where
+    this process is not a member (torch.distributed's rank -1, which read as a world size of -1 or an index)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the process "
+                         f"group it was given")
+    return world, rank
 
 
 def raise_collectively(error: BaseException, group: Optional[dist.ProcessGroup] = None):
@@ -237,9 +247,7 @@ def ep_moe(
     Routing and activation are :func:`mxkit.moe`'s (its docstring names their sources: GPT-OSS / transformers);
     the exchange protocol (header, dispatch, combine; module docstring) is mxkit's own.
     """
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if rank < 0:
-        raise ValueError("ep_moe: this process is not a member of the process group it was given")
+    world, rank = group_position(group, "ep_moe")
     if isinstance(x, torch.Tensor) and x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("ep_moe reads the pair counts of every rank on the host (its exchanges' sizes): it cannot "
                            "be captured in a CUDA graph; run the expert-parallel layer eagerly (or compiled without "

@@ -72,7 +72,7 @@ from torch import nn
 
 from .._cache import TensorsKey, same_objects
 from .._device import elsewhere, exporting
-from ..distributed import check_expert_ranges, ep_moe, expert_ranges, raise_collectively
+from ..distributed import check_expert_ranges, ep_moe, expert_ranges, group_position, raise_collectively
 from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
 from ..kernels.moe_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
@@ -696,19 +696,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
         ranges: every rank's (lo, hi); default :func:`mxkit.distributed.expert_ranges` (E, world size).
         The module must hold every expert (a shard of a full module). Returns ``self``. Raises ValueError for a
-        module of quantized activations (``act_format``), which has no expert-parallel path.
+        module of quantized activations (``act_format``), which has no expert-parallel path, or for a process outside
+        ``group``.
         """
-        import torch.distributed as dist
-
         if self.expert_range != (0, self.num_experts):
             raise ValueError(f"shard_experts needs a module holding every expert, this one holds {self.expert_range}")
         if self.act_format is not None:
             raise ValueError(f"act_format={self.act_format!r}: the quantized-activation layers have no expert "
                              f"parallelism (shard a module of bf16 activations)")
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        if rank < 0:  # (torch.distributed's -1 for a group this process is not in)
-            raise ValueError(f"shard_experts: this process (global rank {dist.get_rank()}) is not a member of the "
-                             f"group it was given")
+        world, rank = group_position(group, "shard_experts")
         ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
         check_expert_ranges(ranges, self.num_experts, world)
         lo, hi = ranges[rank]

@@ -71,6 +71,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._device import exporting
+from ..distributed import group_position
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
 from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
@@ -252,10 +253,7 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  bias: bool = True, act_format: Optional[FormatLike] = None, **kwargs) -> None:
         self._check_act(act_format)
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        if rank < 0:  # (torch.distributed's -1 for a group this process is not in)
-            raise ValueError(f"{type(self).__name__}: this process (global rank {dist.get_rank()}) is not a member "
-                             f"of the group it was given")
+        world, rank = group_position(group, type(self).__name__)
         block_size, fmt = kwargs.get("block_size", BLOCK_SIZE), get_format(weight_format)
         _check_block_size(block_size, fmt, None)  # (before _local_sizes divides by it; MXLinear checks act_format's)
         k_local, n_local = self._local_sizes(in_features, out_features, world, block_size, fmt)

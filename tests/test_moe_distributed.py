@@ -11,6 +11,7 @@ then takes its share of tokens and experts.
 """
 
 import contextlib
+import functools
 from datetime import timedelta
 
 import numpy as np
@@ -57,6 +58,23 @@ def my_share(t: torch.Tensor, splits, rank):
     return t[start : start + splits[rank]]
 
 
+def in_gloo_group(main):
+    """``main(rank, world, seed)`` as a forked rank's entry ``(rank, world, store, seed)``: one OpenMP thread, the
+    gloo group through the FileStore ``store`` (collectives time out after 30 s), destroyed after ``main``."""
+
+    @functools.wraps(main)
+    def entry(rank, world, store, seed):
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                               timeout=timedelta(seconds=30))
+        try:
+            main(rank, world, seed)
+        finally:
+            dist.destroy_process_group()
+
+    return entry
+
+
 def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, routing="gpt_oss",
                activation="swiglu_gpt_oss", hot=None, combine_dtype=torch.float64, top_k=4, group=None):
     """``rank`` / ``world``: of ``group`` (default the world)."""
@@ -90,50 +108,45 @@ def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, 
     assert xs.shape[0] == 0 or not torch.equal(y, y64), f"rank {rank}/{world}: combine_dtype had no effect"
 
 
-def ranks_main(rank, world, store, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        uneven = {2: [(0, 5), (5, 32)], 4: [(0, 1), (1, 9), (9, 30), (30, 32)]}[world]
-        splits = {2: [0, 67], 4: [20, 0, 40, 7]}[world]  # a rank with no tokens
-        check_case(rank, world, seed, E=32, ranges=uneven, splits=splits)
-        check_case(rank, world, seed + 1, E=128, ranges=expert_ranges(128, world), splits=[13] * world, fmt="mxfp8",
-                   bias=False, routing="softmax_topk", activation="swiglu")
-        # every pair to the first rank's experts: the other ranks receive nothing and compute nothing
-        check_case(rank, world, seed + 2, E=32, ranges=expert_ranges(32, world), splits=[9, 4] * (world // 2),
-                   hot=[0, 1, 2, 3])
-        # float32 on the way back: one more rounding per pair
-        check_case(rank, world, seed + 3, E=32, ranges=uneven, splits=[11] * world, combine_dtype=torch.float32)
-        # top-1 and top-E routing, one token on the first rank
-        check_case(rank, world, seed + 5, E=8, ranges=expert_ranges(8, world), splits=[1] + [9] * (world - 1),
-                   top_k=1)
-        check_case(rank, world, seed + 6, E=8, ranges=expert_ranges(8, world), splits=[5] * world, top_k=8,
-                   routing="softmax_topk", activation="swiglu")
-        if world == 4:  # two groups of two: each rank's group rank, not its world rank, picks its experts and tokens
-            groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-            mine = groups[rank // 2]
-            check_case(rank % 2, 2, seed + 7 + rank // 2, E=16, ranges=[(0, 5), (5, 16)], splits=[6, 9], group=mine)
-        # the nn layer: shard a full MXMoE, run it on this rank's tokens, against the unsharded layer
-        g = torch.Generator().manual_seed(seed + 4)
-        router = torch.nn.Linear(H, 32)
-        with torch.no_grad():
-            router.weight.copy_(torch.randn(32, H, generator=g) * 0.3)
-            router.bias.copy_(torch.randn(32, generator=g))
-        w_gu, w_d = torch.randn(32, 2 * I, H, generator=g) * 0.4, torch.randn(32, H, I, generator=g) * 0.4
-        full = MXMoE.from_dense(router, w_gu, torch.randn(32, 2 * I, generator=g), w_d, torch.randn(32, H, generator=g),
-                                4, "mxfp4")
-        x = torch.randn(world, 5, 3, H, generator=g)[rank]
-        with torch.no_grad():
-            expect = full(x)
-            sharded = MXMoE(H, I, 32, 4, "mxfp4")
-            sharded.load_state_dict(full.state_dict())
-            sharded.shard_experts()
-            assert sharded.gate_up_qdata.shape[0] == 32 // world
-            got = sharded(x)
-        assert ulps_apart(got, expect) <= 1
-    finally:
-        dist.destroy_process_group()
+@in_gloo_group
+def ranks_main(rank, world, seed):
+    uneven = {2: [(0, 5), (5, 32)], 4: [(0, 1), (1, 9), (9, 30), (30, 32)]}[world]
+    splits = {2: [0, 67], 4: [20, 0, 40, 7]}[world]  # a rank with no tokens
+    check_case(rank, world, seed, E=32, ranges=uneven, splits=splits)
+    check_case(rank, world, seed + 1, E=128, ranges=expert_ranges(128, world), splits=[13] * world, fmt="mxfp8",
+               bias=False, routing="softmax_topk", activation="swiglu")
+    # every pair to the first rank's experts: the other ranks receive nothing and compute nothing
+    check_case(rank, world, seed + 2, E=32, ranges=expert_ranges(32, world), splits=[9, 4] * (world // 2),
+               hot=[0, 1, 2, 3])
+    # float32 on the way back: one more rounding per pair
+    check_case(rank, world, seed + 3, E=32, ranges=uneven, splits=[11] * world, combine_dtype=torch.float32)
+    # top-1 and top-E routing, one token on the first rank
+    check_case(rank, world, seed + 5, E=8, ranges=expert_ranges(8, world), splits=[1] + [9] * (world - 1),
+               top_k=1)
+    check_case(rank, world, seed + 6, E=8, ranges=expert_ranges(8, world), splits=[5] * world, top_k=8,
+               routing="softmax_topk", activation="swiglu")
+    if world == 4:  # two groups of two: each rank's group rank, not its world rank, picks its experts and tokens
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mine = groups[rank // 2]
+        check_case(rank % 2, 2, seed + 7 + rank // 2, E=16, ranges=[(0, 5), (5, 16)], splits=[6, 9], group=mine)
+    # the nn layer: shard a full MXMoE, run it on this rank's tokens, against the unsharded layer
+    g = torch.Generator().manual_seed(seed + 4)
+    router = torch.nn.Linear(H, 32)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(32, H, generator=g) * 0.3)
+        router.bias.copy_(torch.randn(32, generator=g))
+    w_gu, w_d = torch.randn(32, 2 * I, H, generator=g) * 0.4, torch.randn(32, H, I, generator=g) * 0.4
+    full = MXMoE.from_dense(router, w_gu, torch.randn(32, 2 * I, generator=g), w_d, torch.randn(32, H, generator=g),
+                            4, "mxfp4")
+    x = torch.randn(world, 5, 3, H, generator=g)[rank]
+    with torch.no_grad():
+        expect = full(x)
+        sharded = MXMoE(H, I, 32, 4, "mxfp4")
+        sharded.load_state_dict(full.state_dict())
+        sharded.shard_experts()
+        assert sharded.gate_up_qdata.shape[0] == 32 // world
+        got = sharded(x)
+    assert ulps_apart(got, expect) <= 1
 
 
 def run_ranks(world: int, tmp_path, seed: int, main=ranks_main) -> None:
@@ -149,33 +162,28 @@ def test_expert_parallel_matches_one_rank(world, tmp_path, rng):
     run_ranks(world, tmp_path, a_seed(rng))
 
 
-def rounding_main(rank, world, store, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=4000)
-        splits = [4000 // world] * world  # (world 2: each rank its half of the tokens and of the experts)
-        x, logits = my_share(x, splits, rank), my_share(logits, splits, rank)
-        ranges = expert_ranges(8, world)
-        lo, hi = ranges[rank]
-        weights, ids = route(logits, 4)
-        double_rounded = 0
-        for dtype in (torch.bfloat16, torch.float16):
-            xd = x.to(dtype)
-            y = ep_moe(xd, select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi], logits,
-                       4, ranges=ranges)
-            expect = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids)
-            assert y.dtype == dtype and torch.equal(y.view(torch.int16), expect.view(torch.int16)), dtype
-            y64 = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids, out_dtype=torch.float64)
-            double_rounded += int((y64.to(dtype) != expect).sum())
-        # the case can fail: float64 -> float32 -> dtype rounds some of these sums differently (about 2 in bf16 and
-        # 15 in fp16 per 256k outputs; counted over the ranks: 256k outputs of each dtype in all)
-        total = torch.tensor([double_rounded])
-        dist.all_reduce(total)
-        assert int(total) > 0
-    finally:
-        dist.destroy_process_group()
+@in_gloo_group
+def rounding_main(rank, world, seed):
+    x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=4000)
+    splits = [4000 // world] * world  # (world 2: each rank its half of the tokens and of the experts)
+    x, logits = my_share(x, splits, rank), my_share(logits, splits, rank)
+    ranges = expert_ranges(8, world)
+    lo, hi = ranges[rank]
+    weights, ids = route(logits, 4)
+    double_rounded = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        xd = x.to(dtype)
+        y = ep_moe(xd, select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi], logits,
+                   4, ranges=ranges)
+        expect = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids)
+        assert y.dtype == dtype and torch.equal(y.view(torch.int16), expect.view(torch.int16)), dtype
+        y64 = moe_reference(xd, w_gu, b_gu, w_d, b_d, weights, ids, out_dtype=torch.float64)
+        double_rounded += int((y64.to(dtype) != expect).sum())
+    # the case can fail: float64 -> float32 -> dtype rounds some of these sums differently (about 2 in bf16 and
+    # 15 in fp16 per 256k outputs; counted over the ranks: 256k outputs of each dtype in all)
+    total = torch.tensor([double_rounded])
+    dist.all_reduce(total)
+    assert int(total) > 0
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -192,6 +200,18 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
                                msg=lambda m: f"{what}: {m}")
 
 
+def full_moe(g: torch.Generator, E: int, k: int, hot=()) -> MXMoE:
+    """An unsharded MXFP4 MXMoE of random experts, biases and router from ``g``; ``hot``: experts whose router bias
+    takes +100 (every token picks them)."""
+    router = torch.nn.Linear(H, E)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(E, H, generator=g) * 0.3)
+        router.bias.copy_(torch.randn(E, generator=g))
+        router.bias[list(hot)] += 100.0
+    return MXMoE.from_dense(router, torch.randn(E, 2 * I, H, generator=g) * 0.4, torch.randn(E, 2 * I, generator=g),
+                            torch.randn(E, H, I, generator=g) * 0.4, torch.randn(E, H, generator=g), k, "mxfp4")
+
+
 def check_grads(rank, world, seed, *, E, ranges, splits, hot=(), x_grad=None, router_grad=True):
     """One backward of a sharded MXMoE (``ranges``) on this rank's tokens (``splits``) against one process holding
     every expert and every token: autograd through ``mxkit.moe(backend="reference")`` written out (the
@@ -200,13 +220,7 @@ def check_grads(rank, world, seed, *, E, ranges, splits, hot=(), x_grad=None, ro
     whether x needs a gradient; ``router_grad``: False freezes the router."""
     x_grad = [True] * world if x_grad is None else x_grad
     g = torch.Generator().manual_seed(seed)
-    router = torch.nn.Linear(H, E)
-    with torch.no_grad():
-        router.weight.copy_(torch.randn(E, H, generator=g) * 0.3)
-        router.bias.copy_(torch.randn(E, generator=g))
-        router.bias[list(hot)] += 100.0
-    full = MXMoE.from_dense(router, torch.randn(E, 2 * I, H, generator=g) * 0.4, torch.randn(E, 2 * I, generator=g),
-                            torch.randn(E, H, I, generator=g) * 0.4, torch.randn(E, H, generator=g), 4, "mxfp4")
+    full = full_moe(g, E, 4, hot)
     full.router.requires_grad_(router_grad)
     x, gy = torch.randn(sum(splits), H, generator=g), torch.randn(sum(splits), H, generator=g)
     lo, hi = ranges[rank]
@@ -255,32 +269,27 @@ def check_grads(rank, world, seed, *, E, ranges, splits, hot=(), x_grad=None, ro
         close(t, want[name], 1e-5, f"rank {rank}/{world}: {name} against the unsharded module")
 
 
-def grad_main(rank, world, store, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        E = {2: 8, 3: 7}[world]
-        uneven = {2: [(0, 3), (3, 8)], 3: [(0, 1), (1, 5), (5, 7)]}[world]
-        splits = {2: [0, 37], 3: [20, 0, 15]}[world]  # a rank with no tokens
-        check_grads(rank, world, seed, E=E, ranges=uneven, splits=splits)
-        # every pair to experts 0..3: the last rank's experts receive nothing (their biases' gradient: zeros)
-        check_grads(rank, world, seed + 1, E=E, ranges=expert_ranges(E, world), splits=[9, 14, 5][:world],
-                    hot=range(4))
-        # the router frozen and only rank 0's x needing a gradient: the other ranks need only their biases', yet
-        # their experts' backward sends rank 0 its rows' gradients
-        check_grads(rank, world, seed + 2, E=E, ranges=uneven, splits=[7, 11, 4][:world],
-                    x_grad=[r == 0 for r in range(world)], router_grad=False)
-        # one rank without autograd while the others need gradients: every rank raises, none waits in a backward
-        m = MXMoE(H, I, E, 4, "mxfp4").shard_experts()
-        x = torch.randn(3, H)
-        without_grad = torch.no_grad() if rank == 0 else contextlib.nullcontext()
-        with pytest.raises(RuntimeError, match="all or none"), without_grad:
-            m(x)
-        with torch.no_grad():  # the group is still in step
-            assert m(x).shape == x.shape
-    finally:
-        dist.destroy_process_group()
+@in_gloo_group
+def grad_main(rank, world, seed):
+    E = {2: 8, 3: 7}[world]
+    uneven = {2: [(0, 3), (3, 8)], 3: [(0, 1), (1, 5), (5, 7)]}[world]
+    splits = {2: [0, 37], 3: [20, 0, 15]}[world]  # a rank with no tokens
+    check_grads(rank, world, seed, E=E, ranges=uneven, splits=splits)
+    # every pair to experts 0..3: the last rank's experts receive nothing (their biases' gradient: zeros)
+    check_grads(rank, world, seed + 1, E=E, ranges=expert_ranges(E, world), splits=[9, 14, 5][:world],
+                hot=range(4))
+    # the router frozen and only rank 0's x needing a gradient: the other ranks need only their biases', yet
+    # their experts' backward sends rank 0 its rows' gradients
+    check_grads(rank, world, seed + 2, E=E, ranges=uneven, splits=[7, 11, 4][:world],
+                x_grad=[r == 0 for r in range(world)], router_grad=False)
+    # one rank without autograd while the others need gradients: every rank raises, none waits in a backward
+    m = MXMoE(H, I, E, 4, "mxfp4").shard_experts()
+    x = torch.randn(3, H)
+    without_grad = torch.no_grad() if rank == 0 else contextlib.nullcontext()
+    with pytest.raises(RuntimeError, match="all or none"), without_grad:
+        m(x)
+    with torch.no_grad():  # the group is still in step
+        assert m(x).shape == x.shape
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -297,12 +306,7 @@ def check_second_order(rank, world, seed, *, splits):
     cross the ranks (before, the backward's plain all_to_all dropped them: relative error ~1)."""
     E = 8
     g = torch.Generator().manual_seed(seed)
-    router = torch.nn.Linear(H, E)
-    with torch.no_grad():
-        router.weight.copy_(torch.randn(E, H, generator=g) * 0.3)
-        router.bias.copy_(torch.randn(E, generator=g))
-    full = MXMoE.from_dense(router, torch.randn(E, 2 * I, H, generator=g) * 0.4, torch.randn(E, 2 * I, generator=g),
-                            torch.randn(E, H, I, generator=g) * 0.4, torch.randn(E, H, generator=g), 2, "mxfp4")
+    full = full_moe(g, E, 2)
     x, gy = torch.randn(sum(splits), H, generator=g), torch.randn(sum(splits), H, generator=g)
     sharded = MXMoE(H, I, E, 2, "mxfp4")
     sharded.load_state_dict(full.state_dict())
@@ -326,15 +330,10 @@ def check_second_order(rank, world, seed, *, splits):
     close(got_b, want_b, 1e-5, f"rank {rank}/{world}: second-order router.bias")
 
 
-def second_order_main(rank, world, store, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        check_second_order(rank, world, seed, splits=[6, 5, 7][:world])
-        check_second_order(rank, world, seed + 1, splits=[0, 9, 4][:world])  # a rank with no tokens
-    finally:
-        dist.destroy_process_group()
+@in_gloo_group
+def second_order_main(rank, world, seed):
+    check_second_order(rank, world, seed, splits=[6, 5, 7][:world])
+    check_second_order(rank, world, seed + 1, splits=[0, 9, 4][:world])  # a rank with no tokens
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -344,30 +343,22 @@ def test_expert_parallel_second_order_gradients(world, tmp_path, rng):
     run_ranks(world, tmp_path, a_seed(rng), second_order_main)
 
 
-def compile_main(rank, world, store, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        E, g = 8, torch.Generator().manual_seed(seed)
-        m = MXMoE(H, I, E, 2, "mxfp4")
-        m.load_state_dict({k: torch.randn(v.shape, generator=g) if v.is_floating_point() else v
-                           for k, v in m.state_dict().items()})
-        m.shard_experts()
-        x = torch.randn(world, 5, H, generator=g)[rank]
-        compiled = torch.compile(m, backend="eager")
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ye, yc = m(xe), compiled(xc)  # (the compiled experts under autograd: a graph break around the exchanges)
-        assert torch.equal(ye, yc)
-        ye.sum().backward()
-        eager_bias_grad = m.down_bias.grad.clone()
-        m.zero_grad()
-        yc.sum().backward()
-        assert torch.equal(xe.grad, xc.grad) and torch.equal(m.down_bias.grad, eager_bias_grad)
-        with torch.no_grad():
-            assert torch.equal(m(x), compiled(x))
-    finally:
-        dist.destroy_process_group()
+@in_gloo_group
+def compile_main(rank, world, seed):
+    g = torch.Generator().manual_seed(seed)
+    m = full_moe(g, 8, 2).shard_experts()  # (random experts, router and biases)
+    x = torch.randn(world, 5, H, generator=g)[rank]
+    compiled = torch.compile(m, backend="eager")
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yc = m(xe), compiled(xc)  # (the compiled experts under autograd: a graph break around the exchanges)
+    assert torch.equal(ye, yc)
+    ye.sum().backward()
+    eager_bias_grad = m.down_bias.grad.clone()
+    m.zero_grad()
+    yc.sum().backward()
+    assert torch.equal(xe.grad, xc.grad) and torch.equal(m.down_bias.grad, eager_bias_grad)
+    with torch.no_grad():
+        assert torch.equal(m(x), compiled(x))
 
 
 def test_expert_parallel_under_torch_compile(tmp_path, rng):
@@ -399,73 +390,68 @@ def test_expert_ranges():
         check_expert_ranges(None, 4, 1)
 
 
-def errors_main(rank, world, store, seed):
+@in_gloo_group
+def errors_main(rank, world, seed):
     """Calls that are bad on one rank, or that the ranks make with other configurations: every rank raises (no
     rank waits in a collective), and the group stays in step for the next good call."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=5)
-        ranges = expert_ranges(8, world)
-        lo, hi = ranges[rank]
-        mine = (select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi])
+    x, logits, w_gu, b_gu, w_d, b_d = problem(seed, 8, "mxfp4", True, T=5)
+    ranges = expert_ranges(8, world)
+    lo, hi = ranges[rank]
+    mine = (select_experts(w_gu, lo, hi), b_gu[lo:hi], select_experts(w_d, lo, hi), b_d[lo:hi])
 
-        def call(x=x, logits=logits, experts=mine, ranges=ranges, **kw):
-            return ep_moe(x, experts[0], experts[1], experts[2], experts[3], logits, 2, ranges=ranges, **kw)
+    def call(x=x, logits=logits, experts=mine, ranges=ranges, **kw):
+        return ep_moe(x, experts[0], experts[1], experts[2], experts[3], logits, 2, ranges=ranges, **kw)
 
-        good = call()
-        # a bad call on the last rank only: its own error there, a RuntimeError naming it everywhere else
-        bad_rank = world - 1
+    good = call()
+    # a bad call on the last rank only: its own error there, a RuntimeError naming it everywhere else
+    bad_rank = world - 1
+    if rank == bad_rank:
+        with pytest.raises(ValueError):
+            call(x=x[:, :32])  # H does not match the experts
+    else:
+        with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised on their inputs"):
+            call()
+    # an unknown backend on one rank: raised before the exchange, the peers hear of it (they waited before)
+    if rank == bad_rank:
+        with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+            call(backend="bogus")
+    else:
+        with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
+            call()
+    # a sharded MXMoE whose x is bad on one rank (checked before ep_moe): its error there, the peers raise
+    m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+    with torch.no_grad():
         if rank == bad_rank:
-            with pytest.raises(ValueError):
-                call(x=x[:, :32])  # H does not match the experts
-        else:
-            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised on their inputs"):
-                call()
-        # an unknown backend on one rank: raised before the exchange, the peers hear of it (they waited before)
-        if rank == bad_rank:
-            with pytest.raises(ValueError, match="unknown backend 'bogus'"):
-                call(backend="bogus")
+            with pytest.raises(ValueError, match="hidden_size"):
+                m(torch.randn(3, H + 32))
         else:
             with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
-                call()
-        # a sharded MXMoE whose x is bad on one rank (checked before ep_moe): its error there, the peers raise
-        m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
-        with torch.no_grad():
-            if rank == bad_rank:
-                with pytest.raises(ValueError, match="hidden_size"):
-                    m(torch.randn(3, H + 32))
-            else:
-                with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
-                    m(torch.randn(3, H))
-            m(torch.randn(3, H))  # still in step
-        # the ranks disagree: on x's dtype; on the experts (E and their ranges)
-        with pytest.raises(RuntimeError, match="disagree on the x dtype"):
-            call(x=x.to(torch.bfloat16) if rank == 0 else x)
-        if rank == 0:
-            x16, l16, gu16, bgu16, d16, bd16 = problem(seed, 16, "mxfp4", True, T=5)
-            r16 = expert_ranges(16, world)
-            lo16, hi16 = r16[0]
-            kw = dict(logits=l16, ranges=r16, experts=(select_experts(gu16, lo16, hi16), bgu16[lo16:hi16],
-                                                       select_experts(d16, lo16, hi16), bd16[lo16:hi16]))
-        else:
-            kw = {}
-        with pytest.raises(RuntimeError, match="disagree on the number of experts.*the expert ranges"):
-            call(**kw)
-        with pytest.raises(RuntimeError, match="disagree on combine_dtype"):
-            call(combine_dtype=torch.float32 if rank == 0 else torch.float64)
-        assert torch.equal(call(), good)  # still in step
-        # a process outside the group it is given
-        solo = dist.new_group([0])
-        if rank != 0:
-            with pytest.raises(ValueError, match="not a member of the process group"):
-                call(ranges=[(0, 8)], group=solo)
-            for ranges in (None, [(0, 8)]):  # (it said "need 1 <= world_size=-1 <= num_experts")
-                with pytest.raises(ValueError, match=rf"shard_experts: .*global rank {rank}\) is not a member"):
-                    MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=solo, ranges=ranges)
-    finally:
-        dist.destroy_process_group()
+                m(torch.randn(3, H))
+        m(torch.randn(3, H))  # still in step
+    # the ranks disagree: on x's dtype; on the experts (E and their ranges)
+    with pytest.raises(RuntimeError, match="disagree on the x dtype"):
+        call(x=x.to(torch.bfloat16) if rank == 0 else x)
+    if rank == 0:
+        x16, l16, gu16, bgu16, d16, bd16 = problem(seed, 16, "mxfp4", True, T=5)
+        r16 = expert_ranges(16, world)
+        lo16, hi16 = r16[0]
+        kw = dict(logits=l16, ranges=r16, experts=(select_experts(gu16, lo16, hi16), bgu16[lo16:hi16],
+                                                   select_experts(d16, lo16, hi16), bd16[lo16:hi16]))
+    else:
+        kw = {}
+    with pytest.raises(RuntimeError, match="disagree on the number of experts.*the expert ranges"):
+        call(**kw)
+    with pytest.raises(RuntimeError, match="disagree on combine_dtype"):
+        call(combine_dtype=torch.float32 if rank == 0 else torch.float64)
+    assert torch.equal(call(), good)  # still in step
+    # a process outside the group it is given
+    solo = dist.new_group([0])
+    if rank != 0:
+        with pytest.raises(ValueError, match="not a member of the process group"):
+            call(ranges=[(0, 8)], group=solo)
+        for ranges in (None, [(0, 8)]):  # (it said "need 1 <= world_size=-1 <= num_experts")
+            with pytest.raises(ValueError, match=rf"shard_experts: .*global rank {rank}\) is not a member"):
+                MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=solo, ranges=ranges)
 
 
 def test_expert_parallel_errors_raise_on_every_rank(tmp_path, rng):
@@ -474,49 +460,44 @@ def test_expert_parallel_errors_raise_on_every_rank(tmp_path, rng):
     run_ranks(2, tmp_path, a_seed(rng), errors_main)
 
 
-def copy_main(rank, world, store, seed):
+@in_gloo_group
+def copy_main(rank, world, seed):
     """A sharded MXMoE deep-copies with any group (the copy shares it) and pickles with the default or the world
     group (stored as None); another group raises a clear TypeError, and its state_dict saves and loads."""
     import copy
     import io
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                           timeout=timedelta(seconds=30))
-    try:
-        custom = dist.new_group(list(range(world)))
-        x = torch.randn(3, H, generator=torch.Generator().manual_seed(seed))
-        for group in (None, dist.group.WORLD, custom):
-            m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=group)
-            with torch.no_grad():
-                y = m(x)
-                dup = copy.deepcopy(m)
-                assert dup.ep_group is group and dup._op_handle != m._op_handle
-                assert dup.gate_up_qdata.data_ptr() != m.gate_up_qdata.data_ptr()
-                assert torch.equal(dup(x), y)
-                buf = io.BytesIO()
-                if group is custom:
-                    with pytest.raises(TypeError, match="custom process group cannot be pickled"):
-                        torch.save(m, buf)
-                else:
-                    torch.save(m, buf)
-                    buf.seek(0)
-                    loaded = torch.load(buf, weights_only=False)
-                    assert loaded.ep_group is None and torch.equal(loaded(x), y)
-        # each rank loads the next rank's pickled module: a ValueError on every rank (it would run the other
-        # rank's experts as its own), the group left in step
-        buf = io.BytesIO()
-        torch.save(MXMoE(H, I, 8, 2, "mxfp4").shard_experts(), buf)
-        files = [None] * world
-        dist.all_gather_object(files, buf.getvalue())
-        other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
+    custom = dist.new_group(list(range(world)))
+    x = torch.randn(3, H, generator=torch.Generator().manual_seed(seed))
+    for group in (None, dist.group.WORLD, custom):
+        m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=group)
         with torch.no_grad():
-            with pytest.raises(ValueError, match="pickled by another rank or world size"):
-                other(x)
-            m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
-            m(x)  # still in step
-    finally:
-        dist.destroy_process_group()
+            y = m(x)
+            dup = copy.deepcopy(m)
+            assert dup.ep_group is group and dup._op_handle != m._op_handle
+            assert dup.gate_up_qdata.data_ptr() != m.gate_up_qdata.data_ptr()
+            assert torch.equal(dup(x), y)
+            buf = io.BytesIO()
+            if group is custom:
+                with pytest.raises(TypeError, match="custom process group cannot be pickled"):
+                    torch.save(m, buf)
+            else:
+                torch.save(m, buf)
+                buf.seek(0)
+                loaded = torch.load(buf, weights_only=False)
+                assert loaded.ep_group is None and torch.equal(loaded(x), y)
+    # each rank loads the next rank's pickled module: a ValueError on every rank (it would run the other
+    # rank's experts as its own), the group left in step
+    buf = io.BytesIO()
+    torch.save(MXMoE(H, I, 8, 2, "mxfp4").shard_experts(), buf)
+    files = [None] * world
+    dist.all_gather_object(files, buf.getvalue())
+    other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="pickled by another rank or world size"):
+            other(x)
+        m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+        m(x)  # still in step
 
 
 def test_sharded_moe_copies_and_pickles(tmp_path, rng):

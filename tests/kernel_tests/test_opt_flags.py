@@ -118,6 +118,36 @@ def test_override_replaces_the_choice_and_clears_the_caches():
     assert inside != before and _table_token() == before
 
 
+@pytest.mark.parametrize("kw, error, match", [
+    ({"quantize": {"block_r": 0}}, ValueError, r"QuantizeConfig\.block_r must be an int, a power of two, got 0"),
+    ({"quantize": {"block_c": 96}}, ValueError, "block_c must be an int, a power of two, got 96"),
+    ({"quantize": {"rblocks": 0}}, ValueError, "rblocks must be an int, >= 1, got 0"),
+    ({"quantize": {"rblocks": True}}, ValueError, "rblocks must be an int"),
+    ({"quantize": {"col_units": 1}}, ValueError, "col_units must be an int, 0 or 2, got 1"),
+    ({"quantize": {"hw_cvt": 1}}, ValueError, "hw_cvt must be a bool, got 1"),
+    ({"quantize": {"split_rows": (64, 100, 4)}}, ValueError, "split_rows must be"),
+    ({"quantize": {"split_rows": (64, 128)}}, ValueError, "split_rows must be"),
+    ({"quantize": {"resolved": True}}, TypeError, r"\['resolved'\] are set by resolution"),
+    ({"dequantize": {"num_warps": 3}}, ValueError, r"DequantizeConfig\.num_warps must be an int, 1, 2, 4"),
+    ({"dequantize": {"block_l": 48}}, ValueError, "block_l must be an int, a power of two"),
+    ({"table": ("not an entry",)}, TypeError, "table must hold TuningEntry items, got str"),
+    ({"table": (opt_flags.TuningEntry("G", "rows", "mxfp4_e2m1", 0, (("block_r", 3),)),)}, ValueError,
+     "block_r must be an int, a power of two, got 3"),
+])
+def test_override_refuses_values_the_kernels_cannot_take(kw, error, match):
+    """A forced value is checked on entry (block_r=0 once failed later, in the plan, with ZeroDivisionError), and
+    a refused override leaves the state and the caches as they were."""
+    qc = opt_flags.quantize_config
+    base = qc(1, 4096, 1280, True, False, "mxfp4_e2m1")
+    state = opt_flags._active
+    with pytest.raises(error, match=match):
+        with opt_flags.override(**kw):
+            pytest.fail("entered")
+    assert opt_flags._active is state and qc(1, 4096, 1280, True, False, "mxfp4_e2m1") == base
+    with opt_flags.override(quantize={"split_rows": [2, 64, 4], "rblocks": 2, "hw_cvt": False}):  # (JSON's list)
+        assert opt_flags._active.quantize[0] == ("split_rows", (2, 64, 4))
+
+
 def test_configs_are_pure_and_frozen():
     """A config is a function of the problem alone (the same value when computed afresh, the caches cleared in
     between), frozen, hashable, and holds only immutable values; the heuristics build it by keyword."""

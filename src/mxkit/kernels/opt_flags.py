@@ -198,30 +198,76 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     :data:`GPU_TUNING`, and the ``quantize`` / ``dequantize`` field values replace those of every chosen config
     (``int64`` re-derived for the new tiles). The config and plan caches are cleared on entry and on exit, and
     the block takes a dispatch-table token of its own (the GEMMs' prepared calls, whose bound dequantize launches
-    carry a config, are made again inside it and kept apart), so no call sees a stale config. Unknown field names
-    raise TypeError on entry. Not thread-safe (one A/B run at a time).
+    carry a config, are made again inside it and kept apart), so no call sees a stale config. Raises on entry:
+    TypeError for an unknown field name, a field only resolution sets, or a table item that is not a
+    TuningEntry; ValueError for a value the kernels cannot take (tiles and warps not powers of two, ``rblocks``
+    < 1, a bool field given a non-bool, ...). Not thread-safe (one A/B run at a time).
 
         with opt_flags.override(quantize={"rblocks": 1}):
             y = quantize_triton(x, "mxfp4_e2m1")
     """
     global _active
+    if quantize and isinstance(quantize.get("split_rows"), list):  # (as JSON gives it: scripts/ab.py)
+        quantize = {**quantize, "split_rows": tuple(quantize["split_rows"])}
     for cls, given in ((QuantizeConfig, quantize), (DequantizeConfig, dequantize)):
-        unknown = set(given or ()) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
-    prev = _active
-    _active = _Override(table=GPU_TUNING if table is None else tuple(table),
-                        quantize=tuple((quantize or {}).items()), dequantize=tuple((dequantize or {}).items()))
+        _check_fields(cls, dict(given or {}))
+    table = GPU_TUNING if table is None else tuple(table)
+    for e in table:
+        if not isinstance(e, TuningEntry):
+            raise TypeError(f"table must hold TuningEntry items, got {type(e).__name__}")
+        _check_fields(QuantizeConfig, dict(e.fields))
+    new = _Override(table=table, quantize=tuple((quantize or {}).items()),
+                    dequantize=tuple((dequantize or {}).items()))
     from .matmul_table import _TOKEN, _tokens
 
-    _clear_caches()
+    prev = _active
     token = _TOKEN.set(next(_tokens))
-    try:
+    try:  # (state and caches change inside the try: an exception on the way in restores both too)
+        _active = new
+        _clear_caches()
         yield
     finally:
         _TOKEN.reset(token)
         _active = prev
         _clear_caches()
+
+
+# the fields a forced value may take (field -> test, what it must be); the others are bools. ``resolved`` and the
+# fields resolution sets are not forced: the plan would read paths that were never checked for the problem
+_POW2 = (lambda v: v >= 1 and v & (v - 1) == 0, "a power of two")
+_FIELD_VALUES = {
+    "block_r": _POW2, "block_c": _POW2, "block_n": _POW2, "block_l": _POW2,
+    "num_warps": (lambda v: v in (1, 2, 4, 8, 16, 32), "1, 2, 4, 8, 16 or 32"),
+    "rblocks": (lambda v: v >= 1, ">= 1"),
+    "group_c": (lambda v: v >= 0, ">= 0"),
+    "col_units": (lambda v: v in (0, 2), "0 or 2"),
+}
+_RESOLVED_ONLY = {"resolved", "hw_cvt_rows", "hw_cvt_cols", "fp6_pairs_rows", "fp6_pairs_cols"}
+
+
+def _check_fields(cls, given: dict) -> None:
+    """Raises TypeError for a name that is not a field of cls (or one only resolution sets), ValueError for a value
+    the kernels cannot take (a tile that is not a power of two, a bool where an int is due, ...)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(given) - names
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+    fixed = set(given) & _RESOLVED_ONLY
+    if fixed:
+        raise TypeError(f"{cls.__name__} fields {sorted(fixed)} are set by resolution, not forced")
+    for name, v in given.items():
+        if name == "split_rows":
+            ok = v == () or (isinstance(v, tuple) and len(v) == 3 and all(type(n) is int and n >= 1 for n in v)
+                             and all(n & (n - 1) == 0 for n in v[:2]))
+            what = "() or a tuple (row_block_r, row_block_c: powers of two, row_rblocks >= 1)"
+        elif name in _FIELD_VALUES:
+            test, what = _FIELD_VALUES[name]
+            ok = type(v) is int and test(v)
+            what = f"an int, {what}"
+        else:
+            ok, what = type(v) is bool, "a bool"
+        if not ok:
+            raise ValueError(f"{cls.__name__}.{name} must be {what}, got {v!r}")
 
 
 def _replace(cfg: QuantizeConfig, fields, B: int, R: int, C: int) -> QuantizeConfig:

@@ -151,8 +151,14 @@ def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
     rows = _rows()
     kw = dict(value="pct_copy", ylabel="% copy", is_main=lambda r: r.impl == "mxkit")
     if _has("matplotlib"):
-        path, note = output.write_chart(rows, tmp_path / "c.png", **kw)
+        import matplotlib.pyplot as plt
+
+        grids, subplots = [], plt.subplots
+        with monkeypatch.context() as m:
+            m.setattr(plt, "subplots", lambda *a, **k: grids.append(a) or subplots(*a, **k))
+            path, note = output.write_chart(rows, tmp_path / "c.png", **kw)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart" in note
+        assert grids == [(1, 1)]  # (one panel: cast_transpose's main row has no value to draw)
         # whole or not at all: a write that fails leaves the chart before it (savefig to the path truncated it)
         before = path.read_bytes()
         with monkeypatch.context() as m:

@@ -198,7 +198,8 @@ def write_chart(rows: Sequence[Any], path: Path, *, value: str, ylabel: str, tit
                 ) -> tuple[Optional[Path], str]:
     """PNG bar chart, one panel per value of the ``panel`` field: bars of ``value`` per ``x`` (ticks) and
     ``colour`` (one colour each) for the rows ``is_main`` keeps; the other rows' values as black ticks over
-    the bar of the same place. Rows whose value is None are left out. Returns (path or None, note); without
+    the bar of the same place. Rows whose value is None are left out (a panel, tick or colour with no value to
+    draw is not drawn). Returns (path or None, note); without
     matplotlib it writes nothing and says so."""
     try:
         import matplotlib
@@ -207,7 +208,7 @@ def write_chart(rows: Sequence[Any], path: Path, *, value: str, ylabel: str, tit
         import matplotlib.pyplot as plt
     except Exception as e:  # optional dependency
         return None, f"chart skipped: matplotlib not importable ({type(e).__name__}: {e})"
-    main = [r for r in rows if is_main(r)]
+    main = [r for r in rows if is_main(r) and getattr(r, value) is not None]  # (no empty panels, ticks or colours)
     panels, colours = (list(dict.fromkeys(getattr(r, a) for r in main)) for a in (panel, colour))
     if not panels:
         return None, "chart skipped: no rows to draw"

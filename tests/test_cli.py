@@ -309,6 +309,26 @@ def test_inspect_says_which_float_tensors_format_leaves(tmp_path, capsys):
     assert "not quantized" not in lines["b64.bias"] and "QSNR" in lines["w.weight"]
 
 
+def test_inspect_qsnr_of_a_tensor_with_nan_or_inf_says_why(tmp_path, capsys):
+    """A float tensor holding NaN / Inf: its QSNR is over the elements finite in it and its MX copy, with the counts
+    left out said (the ratio over all of them printed "QSNR nan dB" with no reason)."""
+    from mxkit.nn import qsnr_db
+
+    w = torch.randn(4, 64)
+    w[0, 3], w[2, 40] = float("nan"), float("inf")
+    bad = torch.full((2, 32), float("nan"))
+    path = tmp_path / "n.safetensors"
+    safetensors_torch.save_file({"w.weight": w, "bad.weight": bad}, str(path))
+    assert cli.main(["inspect", str(path), "--format", "mxfp4", "--plain"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[3:]}
+    w_hat = mxkit.dequantize(mxkit.quantize(w, "mxfp4"))
+    keep = w.isfinite() & w_hat.isfinite()
+    assert int((~keep).sum()) == 64  # (two blocks: E2M1 has no NaN code, so each is a NaN block)
+    assert (f"QSNR {qsnr_db(w[keep], w_hat[keep]):.2f} dB over the finite elements (1 NaN, 1 Inf in the tensor; "
+            f"64 left out)") in lines["w.weight"], lines["w.weight"]
+    assert "QSNR n/a (64 NaN, 0 Inf in the tensor; no element finite" in lines["bad.weight"], lines["bad.weight"]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_inspect_corrupt_file_one_line_error(tmp_path, capsys, damage):
     good, _ = _gpt_oss_like(tmp_path)

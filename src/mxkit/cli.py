@@ -322,14 +322,28 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
             else:
                 w = tensor(name)
                 q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
-                row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR "
-                               f"{qsnr_db(w, dequantize(q, torch.float32)):.2f} dB, "
-                               f"{q.nbytes / 1e6:.3f} MB")
+                w_hat = dequantize(q, torch.float32)
+                row["note"] = f"{fmt.name}/{args.scale_mode}: QSNR {_qsnr_note(qsnr_db, w, w_hat)}, {q.nbytes / 1e6:.3f} MB"
         elif fmt is not None and len(shape) >= 2 and (dtype == "F64" or dtype.startswith("F8")):
             # a float tensor --format does not quantize: said, not skipped silently (F32 / F16 / BF16 only)
             row["note"] = f"not quantized: {dtype} (--format quantizes F32, F16 and BF16 tensors)"
         rows.append(row)
     return rows
+
+
+def _qsnr_note(qsnr_db, w, w_hat) -> str:
+    """The QSNR of the MX copy w_hat of w in dB; where either holds a NaN or an Inf (a NaN element makes its whole
+    block NaN in the formats without a NaN code: OCP MX v1.0 §6.3), over the elements finite in both, saying
+    how many were left out (the ratio over all of them would be nan or ±inf, with no reason given)."""
+    finite = w.isfinite() & w_hat.isfinite()
+    if bool(finite.all()):
+        return f"{qsnr_db(w, w_hat):.2f} dB"
+    left = int(finite.numel() - finite.sum())
+    n_w = int(w.isnan().sum()), int(w.isinf().sum())
+    where = f"{n_w[0]} NaN, {n_w[1]} Inf in the tensor"
+    if not bool(finite.any()):
+        return f"n/a ({where}; no element finite in both it and its MX copy)"
+    return f"{qsnr_db(w[finite], w_hat[finite]):.2f} dB over the finite elements ({where}; {left} left out)"
 
 
 # --------------------------------------------------------------------------------------------------------

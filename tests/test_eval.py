@@ -504,3 +504,28 @@ def test_write_rows_json_csv_and_print(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "T" and out[1].split() == ["format", "scale_mode", "qsnr_mean_db", "cos_mean"]
     assert out[3].split() == ["none", "-", "inf", "1.00000"] and out[4].split() == ["mxfp4_e2m1", "floor", "-", "0.90000"]
+
+
+def test_evaluate_refuses_arguments_an_eval_model_contradicts(monkeypatch):
+    """With a loaded ``eval_model``, a ``model_dir`` and a ``device`` / ``kind`` / ``dtype`` other than the model's are
+    refused before any work (they were ignored: a bf16 run asked of a float32 model ran in float32 and said
+    nothing); the model's own values, or leaving them out, start the work."""
+    em = ev.EvalModel(torch.nn.Linear(64, 64), None, "embedding", "tiny", 64)
+    monkeypatch.setattr(ev, "_tokenize", lambda *a: pytest.fail("work started"))
+    kw = dict(formats=["mxfp4"], scale_modes=["floor"], sentences=4, progress=False, eval_model=em)
+    for bad, match in ((dict(dtype=torch.bfloat16), r"dtype torch.bfloat16 is not eval_model's \(torch.float32\)"),
+                       (dict(dtype="float16"), "dtype torch.float16 is not eval_model's"),
+                       (dict(kind="causal"), "kind 'causal' is not eval_model's \\('embedding'\\)"),
+                       (dict(kind="nonsense"), "kind 'nonsense' is not eval_model's"),
+                       (dict(device="meta"), "holds no data"),
+                       (dict(model_dir="somewhere"), "pass model_dir or eval_model, not both")):
+        with pytest.raises(ValueError, match=match):
+            ev.evaluate(**kw, **bad)
+    for good in ({}, dict(dtype="float32", kind="embedding", device="cpu"), dict(kind="auto", device="cpu:0")):
+        with pytest.raises(pytest.fail.Exception, match="work started"):
+            ev.evaluate(**kw, **good)
+    em16 = ev.EvalModel(torch.nn.Linear(64, 64).to(torch.bfloat16), None, "embedding", "tiny", 64)
+    with pytest.raises(ValueError, match=r"dtype torch.float32 is not eval_model's \(torch.bfloat16\)"):
+        ev.evaluate(**dict(kw, eval_model=em16), dtype=torch.float32)
+    with pytest.raises(pytest.fail.Exception, match="work started"):
+        ev.evaluate(**dict(kw, eval_model=em16))

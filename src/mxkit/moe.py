@@ -142,7 +142,9 @@ def moe(
     w_gate_up: MXTensor (E_local, 2I, H) quantized along H; b_gate_up: (E_local, 2I) or None.
     w_down: MXTensor (E_local, H, I) quantized along I; b_down: (E_local, H) or None.
     top_k, routing: :func:`~mxkit.moe_reference.route` (``"gpt_oss"``: softmax over the top-k logits;
-      ``"softmax_topk"``: softmax then top-k; ties go to the lower expert index).
+      ``"softmax_topk"``: softmax then top-k; ties go to the lower expert index). Mixtral / Qwen-MoE's routing
+      with ``norm_topk_prob`` (softmax, top-k, then divided by their sum) is ``"gpt_oss"``: the same weights but
+      for float32 rounding (``exp(l_i) / Σ_topk exp(l_j)`` either way).
     activation: ``"swiglu_gpt_oss"`` (gate / up interleaved, clamped at 7, alpha 1.702: GPT-OSS's, as
       transformers' ``GptOssExperts`` and OpenAI's reference ``swiglu``) or ``"swiglu"`` (``[gate; up]`` halves).
     expert_range: (lo, hi) when the weights hold only experts lo..hi-1 of the E routed over (E_local = hi - lo):

@@ -509,7 +509,7 @@ def test_moe_op_edges_from_an_audit(rng, monkeypatch):
     sorted_ids, expert_ids, _ = align_block_size(ids, E, 16)
     bad = sorted_ids.clone()
     bad[0] = -1
-    with pytest.raises(ValueError, match="negative ids"):
+    with pytest.raises(ValueError, match=r"holds ids in \[-1, 10\], outside \[0, T \* top_k = 10\]"):
         grouped_matmul_reference(x, wg, bad, expert_ids, 16, k)
     with pytest.raises(TypeError):
         moe_reference(x, wg, b1, wd, b2, w, ids, intermediate_dtype=torch.int32)
@@ -605,3 +605,91 @@ def test_moe_triton_refuses_packed_experts_of_another_layer(rng):
         packed = tuple(SimpleNamespace(shape=torch.Size(s)) for s in shapes)
         with pytest.raises(ValueError, match="were not made from these experts"):
             moe_triton(x, wg, None, wd, None, w, ids, packed=packed)
+
+
+def test_moe_reference_helpers_refuse_what_gave_garbage(rng):
+    """From a bad-input audit: the public reference helpers check devices, counts and ids (a CPU operand times a meta
+    one is uninitialised memory in torch; top_k=-1 gave all-zero rows; a combine with fewer weight rows than
+    tokens dropped pairs), each refusal naming the argument; the good calls give what they gave."""
+    import mxkit.moe_reference as mr
+    from mxkit.moe import router_gpt_oss
+
+    x = torch.randn(5, 64, generator=rng).bfloat16()
+    w = torch.randn(4, 64, generator=rng).bfloat16()
+    for call in (lambda: mr.router_logits(x, w.to("meta")), lambda: router_gpt_oss(x, w.to("meta"), None, 2),
+                 lambda: mr.router_logits(x, w, torch.zeros(4, dtype=torch.bfloat16, device="meta"))):
+        with pytest.raises(ValueError, match="must share one device, got x on cpu, weight on (cpu|meta)"):
+            call()
+    with pytest.raises(TypeError, match="router_logits: x must be a tensor, got list"):
+        mr.router_logits([1], w)
+    wq = mxkit.quantize(torch.randn(4, 8, 64, generator=rng), "mxfp4")
+    a = torch.randn(5, 64, generator=rng)
+    tw, ti = route(torch.randn(5, 4, generator=rng), 2)
+    s, e, P = mr.align_block_size(ti, 4, 16)
+    good = mr.grouped_matmul_reference(a, wq, s, e, 16, 2)
+    assert torch.equal(mr.grouped_matmul_reference(a, wq, s, e, np.int64(16), np.int64(2)), good)
+    assert int((good != 0).any(1).sum()) == 10  # (the 10 pairs; padding rows 0)
+    for kw, error, match in ((dict(top_k=-1), ValueError, "top_k=-1 must be an int >= 1"),
+                             (dict(top_k=0), ValueError, "top_k=0 must be an int >= 1"),
+                             (dict(top_k=2.0), ValueError, "top_k=2.0 must be an int >= 1"),
+                             (dict(top_k=1), ValueError, r"holds ids in \[0, 10\], outside \[0, T \* top_k = 5\]"),
+                             (dict(gather="yes"), TypeError, "gather must be a bool"),
+                             (dict(s=s.tolist()), TypeError, "sorted_token_ids must be an int32 / int64 tensor"),
+                             (dict(e=e.float()), TypeError, "expert_ids must be an int32 / int64 tensor"),
+                             (dict(wq=wq.to("meta")), ValueError, "w on meta")):
+        args = dict(a=a, wq=wq, s=s, e=e, block_m=16, top_k=2, gather=True) | kw
+        with pytest.raises(error, match=match):
+            mr.grouped_matmul_reference(args["a"], args["wq"], args["s"], args["e"], args["block_m"], args["top_k"],
+                                        gather=args["gather"])
+    with pytest.raises(ValueError, match="num_tokens=-1 must be an int >= 0"):
+        mr.grouped_matmul_reference(torch.randn(P, 64), wq, s, e, 16, 2, gather=False, num_tokens=-1)
+    y = torch.randn(P, 8, generator=rng)
+    assert mr.combine_reference(y, s, tw).shape == (5, 8)
+    for args, error, match in (((y, s, tw[:2]), ValueError, r"outside \[0, T \* k = 4\]"),
+                               ((y, s - 100, tw), ValueError, r"holds ids in \[-100, -90\]"),
+                               ((y[:, 0], s, tw), ValueError, "takes y \\(P, H\\)"),
+                               ((y[:-1], s, tw), ValueError, "takes y \\(P, H\\)"),
+                               ((y, s.float(), tw), TypeError, "sorted_token_ids must be an int32 / int64 tensor"),
+                               ((y.long(), s, tw), TypeError, "y must be a float tensor"),
+                               ((y, s, tw.to("meta")), ValueError, "topk_weights on meta")):
+        with pytest.raises(error, match=match):
+            mr.combine_reference(*args)
+    for args, error, match in (((ti, 4, 2**40), ValueError, "block_m=1099511627776 does not fit"),
+                               ((ti, 2**40, 16), ValueError, "num_experts=1099511627776 does not fit"),
+                               ((ti.to("meta"), 4, 16), NotImplementedError, "meta tensor does not hold"),
+                               ((ti, 4, 0), ValueError, "block_m=0 must be an int >= 1"),
+                               ((ti[:0], 4, 2**31), ValueError, "block_m=2147483648 does not fit")):
+        with pytest.raises(error, match=match):
+            mr.align_block_size(*args)
+    assert [torch.equal(u, v) for u, v in zip(mr.align_block_size(ti, np.int64(4), np.int64(16)), (s, e))] == [True] * 2
+    with pytest.raises(ValueError, match=r"the padded length P = [2-4] blocks x block_m=1073741824 does not fit"):
+        mr.align_block_size(ti, 4, 2**30)  # (P >= 2^31: refused before its allocation, 8+ GiB of int32)
+    for fn in (mr.swiglu, mr.swiglu_gpt_oss):
+        with pytest.raises(TypeError, match="takes a float tensor"):
+            fn(torch.ones(3, 4, dtype=torch.int32))
+        with pytest.raises(TypeError, match="takes a float tensor .* got list"):
+            fn([1, 2])
+    with pytest.raises(ValueError, match=r"expert slice \[1.0, 3.0\) is outside"):
+        mr.select_experts(wq, 1.0, 3.0)
+    assert mr.select_experts(wq, np.int64(1), np.int64(3)).shape == (2, 8, 64)
+
+
+def test_folded_layers_refuse_what_they_cannot_run(rng):
+    """moe_w4a8_folded / moe_mxfp4_folded (public, CUDA): a None entry (experts that did not fold), a swapped or
+    misshapen pair, and an x off CUDA are refused by name (AssertionError / AttributeError before)."""
+    from mxkit.kernels.moe import fold_experts
+
+    E, H, I, k = 4, 64, 32, 2  # noqa: E741
+    w1 = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    w2 = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    f1, f2 = fold_experts(w1), fold_experts(w2)
+    x, logits = torch.randn(3, H, generator=rng), torch.randn(3, E, generator=rng)
+    for fn in (moe_op.moe_w4a8_folded, moe_op.moe_mxfp4_folded):
+        for folded, error, match in (((None, None), ValueError, "holds None"), ((f1, None), ValueError, "holds None"),
+                                     ((f2, f1), ValueError, r"do not fit x \(\.\.\., H=64\)"),
+                                     ([f1, f2], TypeError, "must be the \\(gate_up, down\\) pair"),
+                                     ((f1, f2), ValueError, "run on CUDA only \\(x on cpu\\)")):
+            with pytest.raises(error, match=match):
+                fn(x, folded, None, None, logits, k)
+        with pytest.raises(ValueError, match="route over 5 experts but the folded experts hold 4"):
+            fn(x, (f1, f2), None, None, torch.randn(3, 5, generator=rng), k)

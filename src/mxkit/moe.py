@@ -287,8 +287,11 @@ def moe_w4a8_folded(
 ) -> torch.Tensor:
     """:func:`moe_w4a8` on CUDA from experts that are already folded, with no MXTensor: ``folded`` is the
     (gate_up, down) pair of :class:`mxkit.kernels.moe.FoldedExperts` (E, 2I, H) / (E, H, I) that
-    :class:`mxkit.nn.MXMoE` holds in place of its MX bytes (its ``"fold"`` layout). The caller has checked the
-    shapes. Returns (..., H) in x's dtype."""
+    :class:`mxkit.nn.MXMoE` holds in place of its MX bytes (its ``"fold"`` layout). Returns (..., H) in x's dtype.
+    Raises what :func:`route_tokens` raises; TypeError for a ``folded`` that is not a pair of FoldedExperts;
+    ValueError for a None entry (experts that did not fold: pass the MX experts to :func:`moe_w4a8`), an x not
+    on CUDA (the kernels' path; elsewhere :func:`moe_w4a8` with the MX experts), a pair whose shapes do not fit x
+    ((E, 2I, H), (E, H, I)) or whose row order does not fit ``activation``, or tensors on other devices."""
     return _folded_layer(_w4a8_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation)
 
 
@@ -346,7 +349,8 @@ def moe_mxfp4_folded(
     activation: str = "swiglu_gpt_oss",
 ) -> torch.Tensor:
     """:func:`moe_mxfp4` on CUDA from experts that are already folded (:func:`moe_w4a8_folded`'s arguments: the
-    pair :class:`mxkit.nn.MXMoE` holds in its ``"fold"`` layout). Returns (..., H) in x's dtype."""
+    pair :class:`mxkit.nn.MXMoE` holds in its ``"fold"`` layout). Returns (..., H) in x's dtype; raises as
+    :func:`moe_w4a8_folded`."""
     return _folded_layer(_mxfp4_folded, x, folded, b_gate_up, b_down, router_logits, top_k, routing, activation)
 
 
@@ -463,7 +467,22 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
     lead, H = x.shape[:-1], x.shape[-1]
+    _check_folded(folded, activation)
+    g, d = folded
+    if g is None or d is None:
+        raise ValueError("the folded experts' pair holds None (experts that did not fold): pass the MX experts to "
+                         "moe_w4a8 / moe_mxfp4, which take the reference for them")
+    (E, N1, K1), (E2, N2, K2) = g.data.shape, d.data.shape
+    if K1 != H or N1 % 2 or (E2, N2, K2) != (E, H, N1 // 2):
+        raise ValueError(f"the folded experts (gate_up {tuple(g.data.shape)}, down {tuple(d.data.shape)}) do not fit "
+                         f"x (..., H={H}): expected (E, 2I, H) and (E, H, I)")
+    if router_logits.shape[-1] != E:
+        raise ValueError(f"router_logits route over {router_logits.shape[-1]} experts but the folded experts hold {E}")
+    if not (x.device == g.data.device == d.data.device):
+        raise ValueError(f"x is on {x.device} but the folded experts on {g.data.device} / {d.data.device}")
+    if not x.is_cuda:
+        raise ValueError(f"the folded experts run on CUDA only (x on {x.device}): pass the MX experts to moe_w4a8 / "
+                         f"moe_mxfp4 elsewhere")
     if x2.shape[0] == 0:
         return _no_tokens(x, b_gate_up, b_down, router_logits)
-    _check_folded(folded, activation)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

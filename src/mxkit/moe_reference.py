@@ -71,6 +71,23 @@ def _check_top_k(top_k, num_experts: int) -> int:
     return top_k
 
 
+def _one_device(what: str, **tensors) -> None:
+    """ValueError naming the tensors (None entries skipped) where they are not all on one device: a CPU operand
+    times a meta one gives uninitialised memory in torch, not an error."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"{what}: the tensors must share one device, got "
+                         + ", ".join(f"{name} on {d}" for name, d in devices.items()))
+
+
+def _check_count(v, name: str, low: int = 1) -> int:
+    """v as a Python int (a NumPy integer taken) if it is an int >= low, else ValueError naming it."""
+    v = as_int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{name}={v!r} must be an int >= {low}")
+    return v
+
+
 def _order_key(values: torch.Tensor) -> torch.Tensor:
     """int64 keys ordered as the float ``values``: NaN (any sign or payload) above +inf, -0.0 equal to +0.0.
     Integer keys sort the same on every device: CUDA's ``torch.sort`` of floats did not put NaN first (torch
@@ -160,7 +177,12 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     but for addends more than 2^53 below the largest partial sum, and another summation order changes the
     result only where it lies that close to a rounding boundary of x's dtype. ``F.linear`` (cuBLAS's float32
     accumulation, transformers' GPT-OSS router) rounds about 0.1% of such logits to the neighbouring value.
-    Raises TypeError for another dtype, ValueError for shapes that do not fit."""
+    Raises TypeError for a non-tensor or another dtype, ValueError for shapes that do not fit or tensors on more
+    than one device."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
+            raise TypeError(f"router_logits: {name} must be a tensor{' or None' if name == 'bias' else ''}, got "
+                            f"{type(t).__name__}")
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype \
             or (bias is not None and bias.dtype != x.dtype):
         raise TypeError(f"router_logits takes bfloat16 / float16 x, weight and bias of one dtype; got {x.dtype}, "
@@ -169,6 +191,7 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
             or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
         raise ValueError(f"router_logits takes x (T, H), weight (E, H), bias (E,); got {tuple(x.shape)}, "
                          f"{tuple(weight.shape)}, {None if bias is None else tuple(bias.shape)}")
+    _one_device("router_logits", x=x, weight=weight, bias=bias)
     y = x.double() @ weight.double().T
     if bias is not None:
         y = y + bias.double()
@@ -235,13 +258,18 @@ def align_block_size(
     Returns ``(sorted_token_ids (P,) int32, expert_ids (P // block_m,) int32, P)``. Vectorised (bincount,
     cumsum, stable sort): no host loop over tokens or experts.
     Raises TypeError / ValueError for a wrong dtype or rank, an id outside [0, num_experts), a non-positive
-    ``block_m`` or ``num_experts``, an ``expert_range`` outside [0, num_experts], or T * k ≥ 2^31.
+    ``block_m`` or ``num_experts`` (NumPy integers taken), an ``expert_range`` outside [0, num_experts], T * k,
+    P, ``block_m`` or ``num_experts`` ≥ 2^31; NotImplementedError for meta ids.
     """
     _check_topk_ids(topk_ids)
+    num_experts, block_m = _check_count(num_experts, "num_experts"), _check_count(block_m, "block_m")
     for name, v in (("num_experts", num_experts), ("block_m", block_m)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name}={v!r} must be a positive int")
+        if v >= 2**31:
+            raise ValueError(f"{name}={v} does not fit the int32 expert_ids / sorted_token_ids")
     lo, hi = _check_expert_range(expert_range, num_experts)
+    if topk_ids.device.type == "meta":  # (the length P depends on the ids' values)
+        raise NotImplementedError("align_block_size: the sorted length depends on topk_ids' values, which a meta "
+                                  "tensor does not hold")
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
     if n >= 2**31:
@@ -256,6 +284,9 @@ def align_block_size(
     id_min, id_max, kept, num_blocks = torch.cat([stats, counts.sum().view(1), blocks.sum().view(1)]).tolist()
     if id_min < 0 or id_max >= num_experts:
         raise ValueError(f"topk_ids holds expert ids in [{id_min}, {id_max}], outside [0, {num_experts=})")
+    if num_blocks * block_m >= 2**31:
+        raise ValueError(f"the padded length P = {num_blocks} blocks x block_m={block_m} does not fit the int32 "
+                         f"sorted_token_ids (2^31)")
     padded = blocks * block_m
     group_start = torch.cumsum(padded, 0) - padded  # first row of each expert's group
     pair_start = torch.cumsum(counts, 0) - counts  # first sorted pair of each expert
@@ -275,7 +306,10 @@ def align_block_size(
 
 
 def _check_even_last(h: torch.Tensor, what: str) -> None:
-    if not isinstance(h, torch.Tensor) or h.dim() == 0 or h.shape[-1] % 2:
+    if not isinstance(h, torch.Tensor) or h.dtype not in _FLOATS:
+        raise TypeError(f"{what} takes a float tensor (float32 | bfloat16 | float16 | float64), got "
+                        f"{getattr(h, 'dtype', type(h).__name__)}")
+    if h.dim() == 0 or h.shape[-1] % 2:
         raise ValueError(f"{what} needs (..., 2I) with an even last dim, got {getattr(h, 'shape', h)}")
 
 
@@ -289,7 +323,7 @@ def swiglu_gpt_oss(
     The operations and their order are those of transformers' ``GptOssExperts._apply_gate``
     (``models/gpt_oss/modeling_gpt_oss.py``, alpha = ``swiglu_alpha`` = 1.702, limit = ``swiglu_limit`` =
     7.0), so the result is bit-identical to HF's in every dtype. NaN propagates (``clamp`` keeps NaN).
-    Raises ValueError for an odd last dim.
+    Raises TypeError for a tensor that is not float32 / bfloat16 / float16 / float64, ValueError for an odd last dim.
     """
     _check_even_last(h, "swiglu_gpt_oss")
     gate, up = h[..., 0::2], h[..., 1::2]
@@ -303,7 +337,8 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
 
     gate = h[..., :I] (first half), up = h[..., I:] (second half): the concatenated ``[gate; up]`` layout of a
     fused gate_up weight built from Llama's separate ``gate_proj`` / ``up_proj`` (vLLM ``SiluAndMul``:
-    ``F.silu(x[..., :d]) * x[..., d:]``). No clamp. Raises ValueError for an odd last dim.
+    ``F.silu(x[..., :d]) * x[..., d:]``). No clamp. Raises TypeError for a
+    tensor that is not float32 / bfloat16 / float16 / float64, ValueError for an odd last dim.
     """
     _check_even_last(h, "swiglu")
     gate, up = h.chunk(2, dim=-1)
@@ -340,10 +375,11 @@ def _check_bias(bias, shape: tuple[int, int], name: str) -> None:
 
 def select_experts(w: MXTensor, lo: int, hi: int) -> MXTensor:
     """Experts lo..hi-1 of an (E, N, K) MX expert weight, as an (hi - lo, N, K) MXTensor (views, no copy).
-    Raises TypeError / ValueError for a w that is not an (E, N, K) MXTensor along K, ValueError unless
-    0 <= lo < hi <= E."""
+    Raises TypeError / ValueError for a w that is not an (E, N, K) MXTensor along K, ValueError unless lo and hi
+    are ints (NumPy's taken) with 0 <= lo < hi <= E."""
     E, N, K = _check_experts(w, "w")
-    if not 0 <= lo < hi <= E:
+    lo, hi = as_int(lo), as_int(hi)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 0 <= lo < hi <= E:
         raise ValueError(f"expert slice [{lo}, {hi}) is outside [0, {E=})")
     return MXTensor(w.qdata[lo:hi], w.plain_scale()[lo:hi], w.fmt, 2, w.block_size, (hi - lo, N, K), w.scale_mode,
                     w.rounding)
@@ -375,13 +411,18 @@ def grouped_matmul_reference(
       gather fused into its loads) or (P, K) with ``gather=False`` (row p reads row p: the second GEMM).
     w: MXTensor (E, N, K) quantized along K (axis 2); ``expert_ids`` index its first dim.
     sorted_token_ids (P,), expert_ids (P // block_m,): from :func:`align_block_size` with the same block_m.
+    top_k: the k of the sort's ``topk_ids`` (T, k): with another one the ids name other tokens and the sentinel
+      moves (a larger one reads padding rows as tokens; ids past ``T * top_k`` are refused).
     bias: optional (E, N) float, added to each row of expert e.
     num_tokens: T, the token count whose sentinel ``T * top_k`` marks padding rows; defaults to ``a.shape[0]``
       with ``gather=True`` and is required with ``gather=False``.
     Returns (P, N) float64 in sorted order; **sentinel (padding) rows are zero** (a kernel may leave them
     unspecified: compare rows with ``sorted_token_ids < T * top_k`` only).
-    Raises TypeError / ValueError for a non-MX or non-3-D ``w``, a K mismatch, lengths that do not agree with
-    ``block_m``, an expert id outside [0, E), a bias of the wrong shape or a missing ``num_tokens``.
+    Raises TypeError for a non-MX ``w``, a non-float ``a``, ids that are not int32 / int64 tensors or a ``gather``
+    that is not a bool; ValueError for a non-3-D ``w``, a K mismatch, lengths that do not agree with ``block_m``,
+    a ``top_k`` / ``block_m`` that is not a positive int or a ``num_tokens`` that is not an int >= 0 (NumPy
+    integers taken), an id outside [0, T * top_k] (T * top_k: padding), an expert id outside [0, E), a bias of
+    the wrong shape, a missing ``num_tokens``, or tensors on more than one device.
     """
     E, N, K = _check_experts(w, "w")
     if not isinstance(a, torch.Tensor) or a.dtype not in _FLOATS or a.dim() != 2:
@@ -390,7 +431,18 @@ def grouped_matmul_reference(
     if a.shape[1] != K:
         raise ValueError(f"K mismatch: a has K={a.shape[1]}, w (E, N, K) = {tuple(w.shape)}")
     _check_bias(bias, (E, N), "bias")
+    for name, t in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INTS:
+            raise TypeError(f"{name} must be an int32 / int64 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if not isinstance(gather, bool):
+        raise TypeError(f"gather must be a bool, got {gather!r}")
+    top_k = _check_count(top_k, "top_k")
+    if num_tokens is not None:
+        num_tokens = _check_count(num_tokens, "num_tokens", 0)
+    _one_device("grouped_matmul_reference", a=a, w=w.qdata, sorted_token_ids=sorted_token_ids,
+                expert_ids=expert_ids, bias=bias)
     P = sorted_token_ids.numel()
+    block_m = as_int(block_m)
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m <= 0 or P % block_m:
         raise ValueError(f"{block_m=} must be a positive int dividing len(sorted_token_ids)={P}")
     if expert_ids.numel() != P // block_m:
@@ -407,9 +459,11 @@ def grouped_matmul_reference(
     if P == 0:
         return out
     ids = sorted_token_ids.reshape(-1).to(torch.int64)
-    if bool((ids < 0).any()):  # (a negative id would read token -1 as a real row)
-        raise ValueError(f"sorted_token_ids holds negative ids (min {int(ids.min())}); ids are token * top_k + slot, "
-                         f"and T * top_k marks padding")
+    if bool((ids < 0).any() | (ids > num_tokens * top_k).any()):  # (-1 would read token -1 as a real row; an id
+        # past the sentinel, a top_k other than the sort's, would read padding as tokens)
+        raise ValueError(f"sorted_token_ids holds ids in [{int(ids.min())}, {int(ids.max())}], outside [0, T * top_k = "
+                         f"{num_tokens * top_k}]: ids are token * top_k + slot, T * top_k marks padding (is top_k "
+                         f"the sort's?)")
     valid = ids < num_tokens * top_k
     row_expert = expert_ids.reshape(-1).to(torch.int64).repeat_interleave(block_m)
     hit = torch.unique(row_expert[valid]).tolist()
@@ -433,11 +487,28 @@ def combine_reference(
     topk_weights (T, k). Pairs absent from ``sorted_token_ids`` (other ranks' experts) contribute 0.
     The sum runs as ``(w[..., None] * y_pairs.view(T, k, H)).sum(1)`` on the (T, k, H) tensor of pairs in flat
     order, so one rank and the expert-parallel path (which sums the same (T, k, H) products) agree.
-    Returns (T, H) float64.
+    Returns (T, H) float64. Raises TypeError for a non-float ``y`` / ``topk_weights`` or ids that are not an
+    int32 / int64 tensor, ValueError for ranks or lengths that do not agree (y (P, H), sorted_token_ids (P,),
+    topk_weights (T, k)), an id outside [0, T * k] (T * k: padding) or tensors on more than one device.
     """
+    for name, t in (("y", y), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be a float tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if not isinstance(sorted_token_ids, torch.Tensor) or sorted_token_ids.dtype not in _INTS:
+        raise TypeError(f"sorted_token_ids must be an int32 / int64 tensor, got "
+                        f"{getattr(sorted_token_ids, 'dtype', type(sorted_token_ids).__name__)}")
+    if y.dim() != 2 or topk_weights.dim() != 2 or sorted_token_ids.dim() != 1 \
+            or y.shape[0] != sorted_token_ids.shape[0]:
+        raise ValueError(f"combine_reference takes y (P, H), sorted_token_ids (P,), topk_weights (T, k); got "
+                         f"{tuple(y.shape)}, {tuple(sorted_token_ids.shape)}, {tuple(topk_weights.shape)}")
+    _one_device("combine_reference", y=y, sorted_token_ids=sorted_token_ids, topk_weights=topk_weights)
     T, k = topk_weights.shape
     H = y.shape[1]
     ids = sorted_token_ids.reshape(-1).to(torch.int64)
+    if ids.numel() and bool((ids < 0).any() | (ids > T * k).any()):  # (an id past T * k: a pair of a token that
+        # topk_weights lacks, dropped silently before)
+        raise ValueError(f"sorted_token_ids holds ids in [{int(ids.min())}, {int(ids.max())}], outside [0, T * k = "
+                         f"{T * k}] (T, k from topk_weights {tuple(topk_weights.shape)})")
     valid = ids < T * k
     pairs = torch.zeros(T * k, H, dtype=torch.float64, device=y.device)
     pairs[ids[valid]] = y[valid].to(torch.float64)

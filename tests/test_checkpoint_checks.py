@@ -9,6 +9,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -32,6 +33,10 @@ def test_moe_tensor_name_rejects_an_unknown_role():
     assert moe_tensor_name(3, "down_proj_scales") == "model.layers.3.mlp.experts.down_proj_scales"
     with pytest.raises(ValueError, match="unknown MoE tensor role 'up_proj_blocks'"):
         moe_tensor_name(0, "up_proj_blocks")
+    for bad in (-1, "0", 1.0, True):  # (-1 made "model.layers.-1.mlp.router.bias")
+        with pytest.raises(ValueError, match="layer must be an int >= 0"):
+            moe_tensor_name(bad, "router.bias")
+    assert moe_tensor_name(np.int64(3), "router.bias") == "model.layers.3.mlp.router.bias"
 
 
 def test_config_sizes_must_be_positive_ints_and_multiples_of_the_block(tmp_path, rng):
@@ -285,6 +290,14 @@ def test_negative_layer_index_is_out_of_range(tmp_path, rng):
     root = _write(tmp_path, rng, num_layers=2)
     with pytest.raises(ValueError, match=r"layers \[-1\] out of range for num_hidden_layers=2"):
         gpt_oss.load_gpt_oss(root, layers=[-1], progress=False)
+    ckpt = gpt_oss.load_gpt_oss(root, progress=False)
+    assert ckpt.layer(np.int64(1)) is ckpt.layer(1)
+    with pytest.raises(TypeError, match="layer index must be an int, got '0'"):  # (was "layer 0 was not loaded")
+        ckpt.layer("0")
+    with pytest.raises(KeyError, match=r"layer 2 was not loaded \(loaded: \[0, 1\]\)"):
+        ckpt.layer(2)
+    with pytest.raises(TypeError, match="takes one layer's GptOssMoE"):
+        gpt_oss.hf_state_dict([ckpt.layer(0)])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -304,6 +317,8 @@ def test_save_refuses_same_size_tensors_of_another_shape_or_dtype(tmp_path, rng)
          r"gate_up_proj_bias: the tensor to save is torch.float16 \[4, 192\], but .* holds BF16 \[4, 192\]"),
         (dataclasses.replace(m0, down_bias=m0.down_bias.view(torch.int16)), r"down_proj_bias: .*torch.int16"),
     ]
+    cases.append((dataclasses.replace(m0, gate_up_bias=m0.gate_up_bias.to("meta")),
+                  r"gate_up_proj_bias: the tensor to save is on the meta device"))  # (torch's "Cannot copy out")
     for moe, message in cases:
         with pytest.raises(CheckpointError, match=message):
             gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "dst", progress=False)

@@ -181,6 +181,9 @@ def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
             _write(tmp_path, rng, "bad", shards=bad)
     with pytest.raises(TypeError, match="seed must be an int or None, got 1.5"):
         gpt_oss.write_synthetic_gpt_oss(tmp_path / "bad", seed=1.5, **SMALL)
+    for bad in (2**70, 2**64, -1):  # (2**70: torch's "Overflow when unpacking long long"; -1 wrapped around)
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^64\)"):
+            gpt_oss.write_synthetic_gpt_oss(tmp_path / "bad", seed=bad, **SMALL)
     assert not (tmp_path / "bad" / "config.json").exists()
     root = _write(tmp_path, rng, num_layers=1)
     with pytest.raises(FileExistsError, match="already holds a config.json"):

@@ -20,8 +20,11 @@ def hf_state_dict(moe: GptOssMoE, dtype: torch.dtype = torch.bfloat16) -> dict[s
     """One layer's MoE parameters under transformers' ``GptOssForCausalLM`` names, experts dequantized by
     :func:`mxkit.dequantize` (exact: E2M1 × 2^k fits bf16 for the scales GPT-OSS uses) and transposed to transformers'
     [E, K, N]: ``mlp.experts.gate_up_proj`` [E, H, 2I], ``mlp.experts.down_proj`` [E, I, H] (contiguous),
-    ``*_bias``, ``mlp.router.weight`` [E, H] / ``.bias`` [E], all in ``dtype``. Raises TypeError for a
+    ``*_bias``, ``mlp.router.weight`` [E, H] / ``.bias`` [E], all in ``dtype``. Raises TypeError for a ``moe``
+    that is not a GptOssMoE (one layer of :func:`load_gpt_oss`'s checkpoint: ``checkpoint.layer(i)``) or a
     ``dtype`` :func:`mxkit.dequantize` does not write (float32 / bfloat16 / float16 / float64)."""
+    if not isinstance(moe, GptOssMoE):
+        raise TypeError(f"hf_state_dict takes one layer's GptOssMoE (checkpoint.layer(i)), got {type(moe).__name__}")
     p = f"model.layers.{moe.layer}.mlp."
     return {p + "experts.gate_up_proj": dequantize(moe.gate_up, dtype).transpose(1, 2).contiguous(),
             p + "experts.down_proj": dequantize(moe.down, dtype).transpose(1, 2).contiguous(),

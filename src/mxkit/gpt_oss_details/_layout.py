@@ -11,7 +11,7 @@ from typing import Iterable, Sequence, Union
 
 import torch
 
-from ..tensor import MXTensor
+from ..tensor import MXTensor, as_int
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -56,7 +56,10 @@ def moe_tensor_name(layer: int, role: str) -> str:
     """The checkpoint name of one MoE tensor: ``model.layers.{layer}.mlp.experts.{role}`` (router:
     ``model.layers.{layer}.mlp.{role}``), the safetensors keys of HF's GPT-OSS checkpoints (transformers'
     ``GptOssMLP.router`` / ``.experts`` and ``Mxfp4HfQuantizer.serialized_names``: ``*_blocks``, ``*_scales``).
-    Raises ValueError for a role not in :data:`MOE_ROLES`."""
+    Raises ValueError for a role not in :data:`MOE_ROLES` or a layer that is not an int >= 0 (NumPy's taken)."""
+    layer = as_int(layer)
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer must be an int >= 0, got {layer!r}")
     if role not in MOE_ROLES:
         raise ValueError(f"unknown MoE tensor role {role!r}; known: {', '.join(MOE_ROLES)}")
     return f"model.layers.{layer}.mlp.{'' if role.startswith('router.') else 'experts.'}{role}"

@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
-from ..tensor import MXTensor
+from ..tensor import MXTensor, as_int
 from ._layout import (INDEX_NAME, MOE_ROLES, SINGLE_NAME, CheckpointError, GptOssDims, _ANY_FLOAT_DTYPES, _DTYPE_BYTES,
                       _FLOAT_DTYPES, _gpt_oss_config, _read_json, _cut_off, blocks_from_mxtensor, moe_tensor_name,
                       mxtensor_from_blocks)
@@ -168,7 +168,11 @@ class GptOssCheckpoint:
     layers: tuple[GptOssMoE, ...]
 
     def layer(self, i: int) -> GptOssMoE:
-        """The loaded layer with index ``i``; KeyError if it was not loaded."""
+        """The loaded layer with index ``i`` (an int; NumPy's taken); KeyError if it was not loaded, TypeError for
+        an ``i`` that is not an int."""
+        i = as_int(i)
+        if isinstance(i, bool) or not isinstance(i, int):  # ("0" was "not loaded" beside a loaded layer 0)
+            raise TypeError(f"layer index must be an int, got {i!r}")
         for moe in self.layers:
             if moe.layer == i:
                 return moe

@@ -67,7 +67,8 @@ def write_synthetic_gpt_oss(
     layers written. ``dst`` is created (it must not hold a config.json already); the files are written into a
     temporary folder in it and renamed into place, config.json last, so a failure leaves no partial checkpoint.
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
-    or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None;
+    or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None
+    (ValueError outside [0, 2^64));
     :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
     ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json
     key: ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst``
@@ -94,6 +95,8 @@ def write_synthetic_gpt_oss(
     lo, hi = pair
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be an int or None, got {seed!r}")
+    if seed is not None and not 0 <= seed < 2**64:  # (torch.Generator's range, checked before any file is made)
+        raise ValueError(f"seed must be in [0, 2^64), got {seed}")
     if hidden_size % BLOCK or intermediate_size % BLOCK:
         raise ValueError(f"{hidden_size=} and {intermediate_size=} must be multiples of {BLOCK}")
     if vocab_size < 2 or not 1 <= top_k <= num_experts:

@@ -46,6 +46,8 @@ def _check_replacement(reader: _Reader, name: str, t: torch.Tensor) -> None:
     shape, dtype = reader.meta(name)
     if not isinstance(t, torch.Tensor):
         raise CheckpointError(f"{name}: the value to save is a {type(t).__name__}, not a tensor")
+    if t.device.type == "meta":
+        raise CheckpointError(f"{name}: the tensor to save is on the meta device (it holds no bytes)")
     if tuple(t.shape) != shape or _TORCH_DTYPE_NAMES.get(t.dtype) != dtype:
         raise CheckpointError(f"{name}: the tensor to save is {t.dtype} {list(t.shape)}, but "
                               f"{str(reader.weight_map[name])!r} holds {dtype} {list(shape)}; a save keeps the "

@@ -289,6 +289,43 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
     for bias in (True, False):  # (torch's own error, with the bias, named no argument; without, none was raised)
         with pytest.raises(TypeError, match="dtype=torch.int32 must be a floating torch.dtype"):
             MXLinear(64, 16, "mxfp4", bias=bias, dtype=torch.int32)
+    for bias in ("no", 1, None):  # (taken by truthiness: bias="no" made a bias)
+        with pytest.raises(TypeError, match="bias must be a bool"):
+            MXLinear(64, 16, "mxfp4", bias=bias)
+    for flag in ("compute_qsnr", "progress", "return_report", "fuse"):  # (return_report="no" returned a tuple)
+        net = nn.Sequential(nn.Linear(64, 16))
+        with pytest.raises(TypeError, match=f"quantize_model: {flag} must be a bool, got 'no'"):
+            mxkit.quantize_model(net, "mxfp4", **{"progress": False, flag: "no"})
+        assert type(net[0]) is nn.Linear  # (refused before touching the model)
+
+
+def test_mxmoe_refuses_a_router_or_experts_it_cannot_read(rng):
+    """From a bad-input audit: a router left on the meta device (init_empty_weights / to_empty) made x's logits
+    uninitialised memory with no error (a wrong output, 244 off); experts on meta gave torch's "Cannot copy out of
+    meta tensor" naming none; a NumPy block_size was refused where the sizes beside it are taken."""
+    from mxkit.nn import MXMoE
+
+    m = MXMoE.from_dense(nn.Linear(64, 4, bias=False), torch.randn(4, 64, 64, generator=rng), None,
+                         torch.randn(4, 64, 32, generator=rng), None, 2, "mxfp4")
+    x = torch.randn(3, 64, generator=rng)
+    y = m(x)
+    m.router.to("meta")
+    with pytest.raises(ValueError, match="MXMoE's router weight is on meta but x on cpu"):
+        m(x)
+    m.router.to_empty(device="cpu")
+    assert m(x).shape == y.shape  # (the router back on x's device: it runs)
+    dense = (torch.randn(4, 64, 64, generator=rng), torch.randn(4, 64, 32, generator=rng))
+    for i, part in ((0, "gate_up"), (1, "down")):
+        experts = list(dense)
+        experts[i] = experts[i].to("meta")
+        with pytest.raises(ValueError, match=f"MXMoE: {part} experts on the meta device hold no values"):
+            MXMoE.from_dense(nn.Linear(64, 4), experts[0], None, experts[1], None, 2, "mxfp4")
+    with pytest.raises(ValueError, match="router.weight, router.bias on the meta device"):
+        MXMoE.from_dense(nn.Linear(64, 4, device="meta"), *dense[:1], None, dense[1], None, 2, "mxfp4")
+    mx = [mxkit.quantize(t, "mxfp4") for t in dense]
+    with pytest.raises(ValueError, match="gate_up experts' qdata, gate_up experts' scale on the meta device"):
+        MXMoE.from_mx(nn.Linear(64, 4), mx[0].to("meta"), None, mx[1], None, 2)
+    assert MXMoE(64, 32, 4, 2, "mxfp4", block_size=np.int64(32)).block_size == 32
 
 
 def test_autocast_leaves_the_arithmetic_alone(rng):

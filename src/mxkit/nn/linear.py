@@ -135,7 +135,7 @@ class MXLinear(_ops.Handled, nn.Module):
     the same with or without them.
     Raises ValueError if ``in_features`` or ``out_features`` is not positive, ``in_features % block_size != 0``,
     or ``block_size`` is not a positive multiple of the formats' packing, TypeError for a ``dtype`` that is not a
-    floating torch.dtype; ``load_state_dict`` raises TypeError for
+    floating torch.dtype or a ``bias`` that is not a bool; ``load_state_dict`` raises TypeError for
     ``weight_qdata`` / ``weight_scale`` that are not uint8, and ValueError for bytes saved from a layer of another
     format or block size (:func:`check_format`: the state_dict's metadata names them; a state_dict without it,
     such as a safetensors file's, holds the bytes only, and bytes of another format of the same width would load
@@ -184,6 +184,8 @@ class MXLinear(_ops.Handled, nn.Module):
         if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
             raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format ({act_format!r}) "
                              f"quantizes the input, which never reads a dequantized weight")
+        if not isinstance(bias, bool):  # (bias="no" made a bias)
+            raise TypeError(f"bias must be a bool, got {bias!r}")
         self.dense_cache = dense_cache
         q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
         self.register_buffer("weight_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
@@ -740,7 +742,8 @@ def quantize_model(
     MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises, before
     touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown
     format or mode names, ValueError for a ``block_size`` that is not a positive multiple of the element packing,
-    TypeError for a ``skip`` that is not a name, a pattern, a list of them or a callable, and TypeError when
+    TypeError for a ``skip`` that is not a name, a pattern, a list of them or a callable, or a flag
+    (``compute_qsnr``, ``progress``, ``return_report``, ``fuse``) that is not a bool, and TypeError when
     ``model`` is a bare ``nn.Linear`` (there is no parent to put the MXLinear into: use
     :meth:`MXLinear.from_linear`).
     """
@@ -752,6 +755,10 @@ def quantize_model(
     rnd = Rounding.parse(rounding)
     block_size = as_int(block_size)
     _check_block_size(block_size, fmt, act)
+    for flag, v in (("compute_qsnr", compute_qsnr), ("progress", progress), ("return_report", return_report),
+                    ("fuse", fuse)):
+        if not isinstance(v, bool):  # (return_report="no" returned a tuple)
+            raise TypeError(f"quantize_model: {flag} must be a bool, got {v!r}")
     should_skip = _skip_matcher(skip)
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}")

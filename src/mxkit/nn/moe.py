@@ -208,6 +208,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 raise TypeError(f"{name} must be an int for MXMoE, got {type(v).__name__} {v!r}")
             if v <= 0:
                 raise ValueError(f"{name}={v} must be positive for MXMoE")
+        block_size = as_int(block_size)  # (a NumPy integer, as the sizes above)
         _check_block_size(block_size, fmt, None)  # (act_format: FP8 rows, or MXFP4 in blocks of 32, checked below)
         for name, v in (("hidden_size", H), ("intermediate_size", I)):
             if v % block_size:
@@ -561,8 +562,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         expert_range: keep experts lo..hi-1 only (the others are not quantized).
         kwargs: the constructor's (routing, activation, return_router_scores, scale_mode, rounding, block_size,
           backend, act_format, keep_source). Raises TypeError for experts that are not float32 / bfloat16 / float16
-          tensors or biases that are not tensors (naming them), ValueError for shapes that do not agree (naming
-          them), and the constructor's errors.
+          tensors or biases that are not tensors (naming them), ValueError for shapes that do not agree or tensors
+          on the meta device (naming them), and the constructor's errors.
         """
         for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
             if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -601,7 +602,8 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         device: of the module (default: the router's); the router and the biases keep the router's dtype.
         kwargs: the constructor's (routing, activation, return_router_scores, backend, act_format, keep_source;
           scale_mode and rounding default to the experts' own, which must then agree).
-        Raises TypeError / ValueError for operands that do not fit together (naming them).
+        Raises TypeError / ValueError for operands that do not fit together or sit on the meta device (naming
+        them).
         """
         for name, t in (("gate_up", gate_up), ("down", down)):
             if not isinstance(t, MXTensor):
@@ -631,6 +633,14 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         ``experts(module, weights, lo, hi) -> (qdata, scale)`` of the experts it holds and their biases."""
         E, H, I = dims  # noqa: E741
         w = router.weight.detach()
+        given = {"router.weight": w, "router.bias": router.bias, "gate_up bias": gate_up[1], "down bias": down[1]}
+        given.update({f"{part} experts": t for part, (t, _) in (("gate_up", gate_up), ("down", down))
+                      if isinstance(t, torch.Tensor)})
+        given.update({f"{part} experts' {f}": getattr(t, f) for part, (t, _) in (("gate_up", gate_up), ("down", down))
+                      if isinstance(t, MXTensor) for f in ("qdata", "scale")})
+        meta = [name for name, t in given.items() if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+        if meta:  # (the copies below raised torch's "Cannot copy out of meta tensor", naming none)
+            raise ValueError(f"MXMoE: {', '.join(meta)} on the meta device hold no values to quantize or copy")
         mod = cls(H, I, E, top_k, fmt, bias=gate_up[1] is not None, router_bias=router.bias is not None,
                   expert_range=expert_range, device=device if device is not None else w.device, dtype=w.dtype,
                   **kwargs)
@@ -812,6 +822,10 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
         if x.device != self.gate_up_qdata.device:
             raise ValueError(f"MXMoE's experts are on {self.gate_up_qdata.device} but x on {x.device}")
+        for name in ("weight", "bias"):  # (a CPU x times a meta weight is uninitialised memory in torch, no error)
+            t = getattr(self.router, name, None)
+            if isinstance(t, torch.Tensor) and t.device != x.device:
+                raise ValueError(f"MXMoE's router {name} is on {t.device} but x on {x.device}")
 
     def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
         """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):

@@ -441,6 +441,10 @@ def test_packed_weight_state_dict_keeps_scale_mode_and_rounding(rng):
     assert (back.scale_mode, back.rounding, back.fmt.name, tuple(back.shape)) == (w.scale_mode, w.rounding,
                                                                                    "mxfp6_e2m3", (32, 64))
     assert torch.equal(back.qdata, w.qdata) and torch.equal(back.scale, w.scale)
+    with pytest.raises(TypeError, match="takes a PackedWeight state_dict \\(a dict\\), got list"):  # (a KeyError)
+        PackedWeight.source_from_state_dict([sd])
+    with pytest.raises(TypeError, match="shape must be a sequence of ints \\(N, K\\), got 64"):  # ("not iterable")
+        PackedWeight.source_from_state_dict({**sd, "shape": 64})
 
 
 def test_partial_stats_host_reduces_every_part(rng):

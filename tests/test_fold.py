@@ -373,12 +373,27 @@ def test_malformed_folded_raises(rng):
         r"scale \[": (ValueError, dict(scale=f.scale[:1])),
         r"data \[": (ValueError, dict(data=f.data.reshape(-1))),
         "lead_shape": (ValueError, dict(lead_shape=torch.Size([7]))),
+        r"lead_shape \(-3, -2\) has a negative size": (ValueError, dict(lead_shape=(-3, -2))),  # (prod 6: taken)
         "mxfp9": (ValueError, dict(fmt="mxfp9")),
     }
     for match, (err, kw) in bad.items():
         fields = dict(data=f.data, scale=f.scale, owner=f.owner, fmt=f.fmt, lead_shape=f.lead_shape) | kw
         with pytest.raises(err, match=match):
             Folded(**fields)
+    # owner's values are read where they are used: an owner outside [0, R) is refused there (backend "triton" on
+    # CPU added the slice into row -1, the last, with no error; "reference" raised index_add's RuntimeError)
+    import mxkit
+
+    w = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp4")
+    for owner in (-1, 2):
+        g = Folded(torch.ones(3, 64).to(torch.float8_e4m3fn), torch.ones(3), torch.tensor([owner]), "mxfp4", (2,))
+        for call in (lambda: mxkit.matmul(g, w, backend="triton"), lambda: mxkit.matmul(g, w, backend="reference"),
+                     lambda: unfold_reference(g)):
+            with pytest.raises(ValueError, match=rf"Folded.owner holds rows in \[{owner}, {owner}\], outside the source "
+                                                 rf"rows \[0, 2\)"):
+                call()
+    with pytest.raises(TypeError, match="unfold_reference takes a Folded, got list"):
+        unfold_reference([1])
 
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
@@ -438,3 +453,5 @@ def test_quantize_fold_inputs_and_folded_identity(rng):
     assert a == a and a != b and b in [a, b] and len({a, b}) == 2
     with pytest.raises(NotImplementedError, match="not on the meta device"):
         mxkit.quantize_fold(torch.empty(64, 64, device="meta"), "mxfp4")
+    with pytest.raises(TypeError, match="defer must be a bool, got 'no'"):  # (taken by truthiness)
+        mxkit.quantize_fold(x, "mxfp4", defer="no")

@@ -73,6 +73,7 @@ def fold_range(fmt: FormatLike) -> Optional[tuple[int, int]]:
 
     Derived by enumeration in exact arithmetic (every code decoded, compared as fractions), not a table.
     Values: E2M1 (-8, 6), E2M3 (-6, 5), E3M2 (-5, 4), E4M3 (0, 0), E5M2 None, MXINT8 None.
+    Raises what :func:`mxkit.formats.get_format` raises: ValueError for an unknown name, TypeError for another type.
     """
     f = get_format(fmt)
     src = _exact_values(f)
@@ -87,7 +88,8 @@ def fold_range(fmt: FormatLike) -> Optional[tuple[int, int]]:
 
 
 def can_fold(fmt: FormatLike) -> bool:
-    """True for the formats whose rows fold with a useful window (W = d_hi - d_lo > 0): E2M1, E2M3, E3M2."""
+    """True for the formats whose rows fold with a useful window (W = d_hi - d_lo > 0): E2M1, E2M3, E3M2. Raises as
+    :func:`fold_range`."""
     r = fold_range(fmt)
     return r is not None and r[1] > r[0]
 
@@ -123,7 +125,9 @@ class Folded:
     Raises TypeError when data is not float8_e4m3fn, scale not float32 or owner not int64 (or one is not a
     tensor), or fmt is not a format name / ElementFormat; ValueError when data is not 2-D, scale not 1-D of
     data's length, owner not 1-D and no longer than data, the tensors are on different devices,
-    ``prod(lead_shape)`` is not ``len(data) - len(owner)``, or fmt is an unknown format name.
+    ``lead_shape`` has a negative size or ``prod(lead_shape)`` is not ``len(data) - len(owner)``, or fmt is an
+    unknown format name. owner's values (device data) are checked where they are read: :func:`unfold_reference`
+    and :func:`mxkit.matmul` raise ValueError for an owner outside [0, R).
     """
 
     data: torch.Tensor
@@ -149,6 +153,8 @@ class Folded:
         object.__setattr__(self, "fmt", get_format(self.fmt))
         lead = torch.Size(self.lead_shape)
         object.__setattr__(self, "lead_shape", lead)
+        if any(n < 0 for n in lead):  # ((-3, -2) holds "6" rows)
+            raise ValueError(f"Folded.lead_shape {tuple(lead)} has a negative size")
         if math.prod(lead) != d.shape[0] - o.shape[0]:
             raise ValueError(f"Folded.lead_shape {tuple(lead)} holds {math.prod(lead)} rows, but data has "
                              f"{d.shape[0] - o.shape[0]} source rows ({d.shape[0]} rows, {o.shape[0]} extra slices)")
@@ -340,12 +346,25 @@ def quantize_fold_reference(
     return fold_reference(q)
 
 
+def check_owners(f: Folded) -> None:
+    """ValueError where an extra slice's owner is not a source row of ``f`` (in [0, R)); one host sync where there
+    are slices, none otherwise."""
+    if f.owner.numel():
+        lo, hi = torch.stack(torch.aminmax(f.owner)).tolist()
+        if lo < 0 or hi >= f.rows():
+            raise ValueError(f"Folded.owner holds rows in [{lo}, {hi}], outside the source rows [0, {f.rows()})")
+
+
 def unfold_reference(f: Folded) -> torch.Tensor:
     """The float64 [R, K] value of a :class:`Folded`: each row's slices times their scales, summed (index_add).
 
     Every product is exact in float64 and the slices of a row have disjoint non-zero positions, so the sum is
-    exact too; NaN rows are NaN.
+    exact too; NaN rows are NaN. Raises TypeError for an f that is not a Folded, ValueError for an owner outside
+    [0, R).
     """
+    if not isinstance(f, Folded):
+        raise TypeError(f"unfold_reference takes a Folded, got {type(f).__name__}")
+    check_owners(f)
     R = f.rows()
     v = f.data.to(torch.float64) * f.scale.to(torch.float64)[:, None]
     out = v[:R].clone()

@@ -618,7 +618,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). Given a PackedWeight, returns it as it is
     (``act`` does not add layouts; ValueError where it lacks the ``dense`` cache asked for): to pack again after an
     in-place edit of the weight's bytes, pass its ``.source``. Raises TypeError / ValueError on a weight that is not
-    an MXTensor (N, K) along K, an unknown ``act`` or ``dense``. See :func:`mxkit.kernels.matmul.pack_weight`."""
+    an MXTensor (N, K) along K, an unknown ``act`` or ``dense``; NotImplementedError for a weight on the meta
+    device (the pack reads its scale bytes). See :func:`mxkit.kernels.matmul.pack_weight`."""
     from .kernels.matmul import pack_weight as impl
 
     return impl(w, act=act, dense=dense)
@@ -642,11 +643,13 @@ def quantize_fold(
     defer (CUDA): return a :class:`mxkit.kernels.fold.PendingFold` without the host sync that completes rows
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
     (``MXLinear``'s path). An x with no rows gives a Folded of 0 rows (activations: an empty batch). Raises
-    TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a format that does not
-    fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects; NotImplementedError on the meta device."""
+    TypeError for an x that is not a float32 / bfloat16 / float16 tensor or a ``defer`` that is not a bool;
+    ValueError for a format that does not fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects; NotImplementedError on the meta device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     block_size = as_int(block_size)  # (a NumPy integer, as quantize takes)
+    if not isinstance(defer, bool):
+        raise TypeError(f"defer must be a bool, got {defer!r}")
     if x.device.type == "meta":
         raise NotImplementedError("quantize_fold: the folded row count depends on the values (rows whose block "
                                   "scales span more than the fold window): not on the meta device")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -245,14 +246,20 @@ class PackedWeight:
     @staticmethod
     def source_from_state_dict(sd: dict) -> MXTensor:
         """The MX weight (N, K) of a :meth:`state_dict` (pack it again with :func:`mxkit.pack_weight`). Raises
-        KeyError naming a missing key, and MXTensor's TypeError / ValueError for inconsistent bytes or fields."""
+        TypeError for an ``sd`` that is not a mapping or a ``shape`` that is not a sequence of ints, KeyError naming
+        a missing key, and MXTensor's TypeError / ValueError for inconsistent bytes or fields."""
+        if not isinstance(sd, Mapping):
+            raise TypeError(f"source_from_state_dict takes a PackedWeight state_dict (a dict), got {type(sd).__name__}")
         missing = [k for k in ("qdata", "scale", "fmt", "shape", "block_size", "scale_mode", "rounding") if k not in sd]
         if missing:
             raise KeyError(f"PackedWeight state_dict lacks {', '.join(missing)}")
         # (block_size as saved: an int, or a NumPy / 0-d tensor integer; int() truncated a float and parsed a string)
         bs = sd["block_size"]
         bs = bs.item() if isinstance(bs, torch.Tensor) and bs.dim() == 0 and not bs.is_floating_point() else as_int(bs)
-        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, bs, tuple(sd["shape"]),
+        shape = sd["shape"]
+        if not isinstance(shape, (tuple, list, torch.Size)):
+            raise TypeError(f"PackedWeight state_dict's shape must be a sequence of ints (N, K), got {shape!r}")
+        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, bs, tuple(shape),
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
 
 

@@ -167,7 +167,8 @@ def dequantize_reference(q: MXTensor, dtype: Optional[torch.dtype] = torch.float
     Scale 0xFF and the element NaN codes give NaN, always the canonical positive quiet NaN of ``dtype``
     (:data:`CANONICAL_NAN_BITS`: torch's own, float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00), on every device,
     whatever the NaN's sign or how the arithmetic produced it (CUDA's float32 NaN is 0x7FFFFFFF): the Triton
-    dequantize writes the same bytes.
+    dequantize writes the same bytes. Raises TypeError for a ``q`` that is not an MXTensor or a ``dtype`` other
+    than float32 / bfloat16 / float16 / float64 (None: float32).
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")

@@ -90,7 +90,7 @@ import torch
 
 from .. import reference
 from .._autocast import autocast_off
-from ..fold import WIDEN, Folded, can_fold, fold_reference, unfold_reference, widen_fp6
+from ..fold import WIDEN, Folded, can_fold, check_owners, fold_reference, unfold_reference, widen_fp6
 from ..formats import FORMATS, ElementFormat, _exp2_f32
 from ..packed import Fp8Rowwise, PackedWeight, partial_stats, planned_dtypes
 from ..tensor import MXTensor, check_out_dtype
@@ -248,6 +248,7 @@ def _special_rows(f: Folded, rows: int) -> torch.Tensor:
         nonzero = (f.data[cand].view(torch.uint8) & 0x7F).amax(dim=1) > 0
         cand = cand[nonzero]
     if f.owner.numel():
+        check_owners(f)  # (an owner of -1 added its slice into the last row)
         cand = torch.cat([cand, f.owner.to(cand.device)])
     return torch.unique(cand)
 

@@ -469,10 +469,12 @@ def copy_main(rank, world, seed):
 
     custom = dist.new_group(list(range(world)))
     x = torch.randn(3, H, generator=torch.Generator().manual_seed(seed))
-    for group in (None, dist.group.WORLD, custom):
-        m = MXMoE(H, I, 8, 2, "mxfp4").shard_experts(group=group)
+    for group in (None, dist.group.WORLD, custom):  # (random experts, the same on every rank: a copy that lost
+        # them would give zeros, as an MXMoE built empty does)
+        m = full_moe(torch.Generator().manual_seed(seed + 1), 8, 2).shard_experts(group=group)
         with torch.no_grad():
             y = m(x)
+            assert y.abs().amax() > 0
             dup = copy.deepcopy(m)
             assert dup.ep_group is group and dup._op_handle != m._op_handle
             assert dup.gate_up_qdata.data_ptr() != m.gate_up_qdata.data_ptr()
@@ -489,7 +491,7 @@ def copy_main(rank, world, seed):
     # each rank loads the next rank's pickled module: a ValueError on every rank (it would run the other
     # rank's experts as its own), the group left in step
     buf = io.BytesIO()
-    torch.save(MXMoE(H, I, 8, 2, "mxfp4").shard_experts(), buf)
+    torch.save(full_moe(torch.Generator().manual_seed(seed + 1), 8, 2).shard_experts(), buf)
     files = [None] * world
     dist.all_gather_object(files, buf.getvalue())
     other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)

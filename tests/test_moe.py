@@ -726,11 +726,16 @@ def test_mxmoe_gradients(device, rng):
     _grads_against_reference(m, x, g, k)
     m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4", expert_range=(2, 6)).to(device)
     _grads_against_reference(m, x, g, k)
-    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").to(device).to(torch.bfloat16)
+    m = MXMoE.from_dense(router, w_gu, b_gu, w_d, b_d, k, "mxfp4").to(device)
+    _grads_against_reference(m, x[:4].reshape(2, 2, H), g[:4].reshape(2, 2, H), k)  # (a 3-D x: HF's (batch, seq, H))
+    m = m.to(torch.bfloat16)
     x3 = torch.randn(2, 3, H, generator=rng).to(device, torch.bfloat16)
     x3.requires_grad_()
-    m(x3).float().sum().backward()
-    assert x3.grad.shape == x3.shape and torch.isfinite(x3.grad).all() and x3.grad.abs().sum() > 0
+    g3 = torch.randn(2, 3, H, generator=rng).to(device, torch.bfloat16)
+    m(x3).backward(g3)
+    flat = x3.detach().reshape(6, H).requires_grad_()
+    m(flat).backward(g3.reshape(6, H))  # (the same tokens as rows: the same gradient, row for row)
+    assert x3.grad.abs().sum() > 0 and torch.equal(x3.grad.reshape(6, H), flat.grad)
     # the reference in bf16 is differentiable too (its once-rounding to bf16 used to cut the graph)
     y = mxkit.moe(x3, m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias, m.router(x3), k, backend="reference")
     assert y.dtype == torch.bfloat16 and y.grad_fn is not None
@@ -841,6 +846,9 @@ def test_mxmoe_float32_module_takes_half_precision_x(dtype, rng):
     m(xg).float().sum().backward()
     for t, like in ((xg.grad, xg), (m.router.weight.grad, m.router.weight), (m.gate_up_bias.grad, m.gate_up_bias)):
         assert t is not None and t.dtype == like.dtype and t.abs().sum() > 0
+    flat = x.reshape(6, H).clone().requires_grad_()  # (the same tokens as rows: the same gradient, row for row)
+    MXMoE.from_dense(router, *dense, k, "mxfp4")(flat).float().sum().backward()
+    assert torch.equal(xg.grad.reshape(6, H), flat.grad)
 
 
 def test_mxmoe_calls_a_hooked_or_subclassed_router_of_another_dtype(rng):

@@ -389,8 +389,8 @@ def test_malformed_folded_raises(rng):
         g = Folded(torch.ones(3, 64).to(torch.float8_e4m3fn), torch.ones(3), torch.tensor([owner]), "mxfp4", (2,))
         for call in (lambda: mxkit.matmul(g, w, backend="triton"), lambda: mxkit.matmul(g, w, backend="reference"),
                      lambda: unfold_reference(g)):
-            with pytest.raises(ValueError, match=rf"Folded.owner holds rows in \[{owner}, {owner}\], outside the source "
-                                                 rf"rows \[0, 2\)"):
+            with pytest.raises(ValueError, match=rf"Folded.owner holds rows in \[{owner}, {owner}\], outside the "
+                                                 rf"source rows \[0, 2\)"):
                 call()
     with pytest.raises(TypeError, match="unfold_reference takes a Folded, got list"):
         unfold_reference([1])

@@ -323,7 +323,8 @@ def _inspect_rows(meta: dict, tensor, file_of, fmt, args, several: bool) -> list
                 w = tensor(name)
                 q = quantize(w, fmt, axis=-1, scale_mode=args.scale_mode)
                 w_hat = dequantize(q, torch.float32)
-                row["note"] = f"{fmt.name}/{args.scale_mode}: QSNR {_qsnr_note(qsnr_db, w, w_hat)}, {q.nbytes / 1e6:.3f} MB"
+                row["note"] = (f"{fmt.name}/{args.scale_mode}: QSNR {_qsnr_note(qsnr_db, w, w_hat)}, "
+                               f"{q.nbytes / 1e6:.3f} MB")
         elif fmt is not None and len(shape) >= 2 and (dtype == "F64" or dtype.startswith("F8")):
             # a float tensor --format does not quantize: said, not skipped silently (F32 / F16 / BF16 only)
             row["note"] = f"not quantized: {dtype} (--format quantizes F32, F16 and BF16 tensors)"

@@ -644,7 +644,8 @@ def quantize_fold(
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
     (``MXLinear``'s path). An x with no rows gives a Folded of 0 rows (activations: an empty batch). Raises
     TypeError for an x that is not a float32 / bfloat16 / float16 tensor or a ``defer`` that is not a bool;
-    ValueError for a format that does not fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects; NotImplementedError on the meta device."""
+    ValueError for a format that does not fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects;
+    NotImplementedError on the meta device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     block_size = as_int(block_size)  # (a NumPy integer, as quantize takes)

@@ -592,14 +592,17 @@ def test_scale_mode_reaches_every_impl():
     x = torch.randn(64, 64, dtype=BF16)
     x[:, 0] = 7.5  # amax 7.5: FLOOR gives 2^(2-2) = 1, EVEN rounds 7.5 up to 8 and gives 2^1
     inp = bq.Inputs(x)
+    floor = mxkit.quantize(x, f, scale_mode="floor", backend="reference")
     for mode in ("floor", "even"):
         case = bq.Case("rowwise", f, (64, 64), BF16, mxkit.ScaleMode.parse(mode))
         want = mxkit.quantize(x, f, scale_mode=mode, backend="reference")
         for name in ("mxkit", "reference-compiled", "reference-eager"):
             out = bq.IMPLS[name].make(case, inp, _ctx())()
             assert torch.equal(out.scale, want.scale), (name, mode)
-        assert case.check(out, case.expected(inp))
-    assert not torch.equal(want.scale, mxkit.quantize(x, f, scale_mode="floor", backend="reference").scale)
+            # (check returns a dict, always true as a bool: its verdict is compared)
+            assert case.check(out, case.expected(inp)) == {"check": "match"}, (name, mode)
+        assert case.check(floor, case.expected(inp)) == {"check": "match" if mode == "floor" else "MISMATCH"}
+    assert not torch.equal(want.scale, floor.scale)
 
 
 def test_run_benchmark_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):

@@ -1503,9 +1503,11 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch, packag
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("T,E,H,I,fmt", [(727, 32, 2880, 2880, "mxfp4"), (3200, 32, 256, 192, "mxfp4"),
-                                         (4096, 32, 2880, 704, "mxfp4"), (727, 32, 2880, 2880, "mxfp8_e4m3")])
-@pytest.mark.parametrize("layout", ["mma", "wgmma"])
+@pytest.mark.parametrize("T,E,H,I,fmt,layout", [  # (the decode-mma layout holds MXFP4 experts only: no MXFP8 case)
+    (T, E, H, I, fmt, layout)
+    for T, E, H, I, fmt in ((727, 32, 2880, 2880, "mxfp4"), (3200, 32, 256, 192, "mxfp4"),
+                            (4096, 32, 2880, 704, "mxfp4"), (727, 32, 2880, 2880, "mxfp8_e4m3"))
+    for layout in ("mma", "wgmma") if fmt == "mxfp4" or layout == "wgmma"])
 def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rng, monkeypatch):
     """The wgmma kernel's persistent schedule (one program an SM walking the tiles, the TMA producer running into
     the next tile during the epilogue; the default for launches of one block size, MXKIT_WGMMA_PERSIST=1 forces
@@ -1515,8 +1517,6 @@ def test_gpu_moe_prefill_wgmma_persistent_same_bytes(T, E, H, I, fmt, layout, rn
     and the layer within its bound."""
     if _wgmma_here():
         pytest.skip(_wgmma_here())
-    if fmt != "mxfp4" and layout == "mma":
-        pytest.skip("the decode-mma layout holds MXFP4 experts only")
     from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma
 
     case = layer_case(T, E, H, I, fmt, rng)

@@ -998,7 +998,9 @@ def test_mx_linear_forward_mode_ad(act, device, rng):
         y = mxkit.matmul(fwAD.make_dual(x, xt), p, bias=bias)
         want = mxkit.matmul(x, p, bias=bias)
         assert torch.equal(fwAD.unpack_dual(y).primal, want)
-        assert fwAD.unpack_dual(y).tangent is not None
+        yt, want_t = fwAD.unpack_dual(y).tangent, xt.double() @ w64.t()  # (the bias: no tangent here)
+        bound = (xt.double().abs() @ w64.abs().t()) * 2**-20 + want_t.abs() * 2**-23
+        assert yt.dtype == want.dtype and ((yt.double() - want_t).abs() <= bound).all()
     # under vmap (jacfwd / hessian batched): unpack_dual has no batching rule; with activation quantization on CUDA
     # the quantize reference's bit views, which torch 2.11's vmap had no rule for (mxkit.formats.bitcast)
     xs, xts = (torch.randn(3, 4, 64, generator=rng).to(device) for _ in range(2))

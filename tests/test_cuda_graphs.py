@@ -139,7 +139,9 @@ def test_gpu_split_k_graph_survives_a_full_call_cache(fmt, act, N, rng):
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason=SKIP_REASON_TWO_GPUS)
 def test_gpu_ops_on_a_device_that_is_not_current(rng):
     """Operands on cuda:1 while cuda:0 is current (a model spread over GPUs): every op runs on cuda:1, gives the
-    bytes it gives with cuda:1 current, and leaves cuda:0 current."""
+    bytes it gives with cuda:1 current, and leaves cuda:0 current. Not yet run: the device runs so far had one GPU
+    (the two-GPU kind is not lent; every gpu_check log skips it), and no other test runs the routing it covers
+    (mxkit._device's ``elsewhere`` / ``other_device`` with a CUDA operand on another device)."""
     from mxkit.nn import MXLinear, MXMoE
 
     dev = torch.device("cuda", 1)

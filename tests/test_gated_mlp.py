@@ -346,7 +346,7 @@ def test_gpu_gated_mlp_compiled_op_at_one_row_only(rng):
             want = g.act(x)
         ops = " ".join(seen[-1])
         assert ("mx_gated_act" in ops) == (rows == 1) and ("mx_linear" in ops) == (rows == 2), ops
-        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), rows  # (the eager values: the bytes)
         torch._dynamo.reset()
 
 

@@ -57,7 +57,7 @@ def test_data_shuffle_round_trip_and_formula(shape):
 
 
 def test_data_shuffle_random_shapes():
-    rng = random.Random()
+    rng = random.Random(random.getrandbits(64))  # (from the suite's seed: a failing shape replays)
     for _ in range(20):
         shape = (rng.randint(0, 3),) * rng.randint(0, 1) + (16 * rng.randint(1, 20), 32 * rng.randint(1, 12))
         q = rand_bytes(*shape)

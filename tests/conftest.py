@@ -652,15 +652,18 @@ def _unexpected_skip(report) -> Optional[str]:
 
 def _fail_unexpected_skip(report) -> None:
     reason = _unexpected_skip(report)
-    if reason is not None and _dev_install():
+    if reason is not None and (_dev_install() or HAS_CUDA):
         report.outcome = "failed"
-        report.longrepr = f"unexpected skip with the [dev] install: {reason}"
+        where = "with the [dev] install" if _dev_install() else "on a GPU"
+        report.longrepr = f"unexpected skip {where}: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With the [dev] install (triton, transformers, safetensors and torchao importable), a skip for any reason
-    but "needs CUDA" fails the test: a broken import or a missing extra must not leave CI green."""
+    """With the [dev] install (triton, transformers, safetensors and torchao importable), and on a GPU whatever is
+    installed (the device machine lacks torchao: a parameter set that always skipped went unseen there), a skip for
+    any reason but "needs CUDA" / "needs two CUDA devices" fails the test: a broken import or a missing extra must
+    not leave CI green. (Skips at collection, a module's importorskip, are not runs: they stay skips.)"""
     outcome = yield
     _fail_unexpected_skip(outcome.get_result())
 

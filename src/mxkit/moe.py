@@ -288,7 +288,8 @@ def moe_w4a8_folded(
     """:func:`moe_w4a8` on CUDA from experts that are already folded, with no MXTensor: ``folded`` is the
     (gate_up, down) pair of :class:`mxkit.kernels.moe.FoldedExperts` (E, 2I, H) / (E, H, I) that
     :class:`mxkit.nn.MXMoE` holds in place of its MX bytes (its ``"fold"`` layout). Returns (..., H) in x's dtype.
-    Raises what :func:`route_tokens` raises; TypeError for a ``folded`` that is not a pair of FoldedExperts;
+    No tokens: zeros of x's shape, before any check of the experts. Raises what :func:`route_tokens` raises;
+    TypeError for a ``folded`` that is not a pair of FoldedExperts;
     ValueError for a None entry (experts that did not fold: pass the MX experts to :func:`moe_w4a8`), an x not
     on CUDA (the kernels' path; elsewhere :func:`moe_w4a8` with the MX experts), a pair whose shapes do not fit x
     ((E, 2I, H), (E, H, I)) or whose row order does not fit ``activation``, or tensors on other devices."""
@@ -467,6 +468,8 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     """:func:`moe_w4a8_folded` / :func:`moe_mxfp4_folded`: route, then ``run_folded``."""
     x2, weights, ids = route_tokens(x, router_logits, top_k, routing)  # (checks x first: it may be 0-d)
     lead, H = x.shape[:-1], x.shape[-1]
+    if x2.shape[0] == 0:  # (no tokens: zeros, whatever the experts, as documented and tested)
+        return _no_tokens(x, b_gate_up, b_down, router_logits)
     _check_folded(folded, activation)
     g, d = folded
     if g is None or d is None:
@@ -483,6 +486,4 @@ def _folded_layer(run_folded, x, folded, b_gate_up, b_down, router_logits, top_k
     if not x.is_cuda:
         raise ValueError(f"the folded experts run on CUDA only (x on {x.device}): pass the MX experts to moe_w4a8 / "
                          f"moe_mxfp4 elsewhere")
-    if x2.shape[0] == 0:
-        return _no_tokens(x, b_gate_up, b_down, router_logits)
     return run_folded(x2, folded, b_gate_up, b_down, weights, ids, activation, x.dtype).reshape(*lead, H)

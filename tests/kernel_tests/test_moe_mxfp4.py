@@ -275,11 +275,11 @@ def test_mxmoe_mxfp4_on_cpu(rng):
         out.append((yi.detach(), xi.grad, mod.router.weight.grad, mod.gate_up_bias.grad, mod.down_bias.grad))
     assert torch.equal(out[1][0], y) and not torch.equal(out[0][0], out[1][0])
     assert all(torch.isfinite(g).all() for g in out[1][1:])
-    flat = x.reshape(-1, H).clone().requires_grad_()  # (the same tokens as rows: the same x gradient, row for row)
-    yf = mod(flat)
+    assert torch.equal(out[0][4], out[1][4]) and not torch.equal(out[0][2], out[1][2])
+    flat = x.reshape(-1, H).clone().requires_grad_()  # (the same tokens as rows: the same x gradient, row for row;
+    yf = mod(flat)  # after the parameters' gradients were read: this backward adds to them)
     yf.backward(torch.ones_like(yf))
     assert out[1][1].abs().sum() > 0 and torch.equal(out[1][1].reshape(-1, H), flat.grad)
-    assert torch.equal(out[0][4], out[1][4]) and not torch.equal(out[0][2], out[1][2])
     for spelling in ("MXFP4", "mxfp4_e2m1", get_format("mxfp4")):
         assert MXMoE(H, I, E, k, "mxfp4", act_format=spelling).act_format == "mxfp4_e2m1"
     for bad in ("mxfp8", "mxfp6_e2m3", "fp4", 3):

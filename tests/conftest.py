@@ -650,9 +650,9 @@ def _unexpected_skip(report) -> Optional[str]:
     return None if reason in (SKIP_REASON_CUDA, SKIP_REASON_TWO_GPUS) else reason
 
 
-def _fail_unexpected_skip(report) -> None:
+def _fail_unexpected_skip(report, gpu_test: bool) -> None:
     reason = _unexpected_skip(report)
-    if reason is not None and (_dev_install() or HAS_CUDA):
+    if reason is not None and (_dev_install() or HAS_CUDA and gpu_test):
         report.outcome = "failed"
         where = "with the [dev] install" if _dev_install() else "on a GPU"
         report.longrepr = f"unexpected skip {where}: {reason}"
@@ -660,19 +660,20 @@ def _fail_unexpected_skip(report) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With the [dev] install (triton, transformers, safetensors and torchao importable), and on a GPU whatever is
-    installed (the device machine lacks torchao: a parameter set that always skipped went unseen there), a skip for
-    any reason but "needs CUDA" / "needs two CUDA devices" fails the test: a broken import or a missing extra must
-    not leave CI green. (Skips at collection, a module's importorskip, are not runs: they stay skips.)"""
+    """With the [dev] install (triton, transformers, safetensors and torchao importable), and for a gpu-marked test
+    on a GPU whatever is installed (the device machine lacks torchao: a parameter set that always skipped went
+    unseen there), a skip for any reason but "needs CUDA" / "needs two CUDA devices" fails the test: a broken import
+    or a missing extra must not leave CI green. (Without the [dev] install a skip at collection, a module's
+    importorskip, stays a skip on a GPU too.)"""
     outcome = yield
-    _fail_unexpected_skip(outcome.get_result())
+    _fail_unexpected_skip(outcome.get_result(), "gpu" in item.keywords)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    """A module skipped at collection (``pytest.importorskip``) fails the same way."""
+    """A module skipped at collection (``pytest.importorskip``) fails the same way (with the [dev] install)."""
     outcome = yield
-    _fail_unexpected_skip(outcome.get_result())
+    _fail_unexpected_skip(outcome.get_result(), False)
 
 
 def run_forked_ranks(main, world: int, args: tuple, timeout_s: float, what: str) -> None:

@@ -168,6 +168,12 @@ def test_chart_png_or_clear_skip(tmp_path, monkeypatch):
         assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.png"]
         path, note = output.write_chart(rows, tmp_path / "e.png", **dict(kw, is_main=lambda r: r.impl == "nobody"))
         assert path is None and "no rows" in note and not (tmp_path / "e.png").exists()
+        mains = [r for r in rows if r.impl == "mxkit"]  # (a main row without a value is no peer: no peer ticks)
+        titles = []
+        with monkeypatch.context() as m:
+            m.setattr(plt.Axes, "set", lambda ax, **k: titles.append(k.get("title")) or None)
+            output.write_chart(mains, tmp_path / "m.png", **kw)
+        assert titles == ["rowwise"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     path, note = output.write_chart(rows, tmp_path / "d.png", **kw)
     assert path is None and "matplotlib" in note and not (tmp_path / "d.png").exists()

@@ -443,8 +443,12 @@ def test_packed_weight_state_dict_keeps_scale_mode_and_rounding(rng):
     assert torch.equal(back.qdata, w.qdata) and torch.equal(back.scale, w.scale)
     with pytest.raises(TypeError, match="takes a PackedWeight state_dict \\(a dict\\), got list"):  # (a KeyError)
         PackedWeight.source_from_state_dict([sd])
-    with pytest.raises(TypeError, match="shape must be a sequence of ints \\(N, K\\), got 64"):  # ("not iterable")
-        PackedWeight.source_from_state_dict({**sd, "shape": 64})
+    for bad in (64, "32x64", torch.tensor(64)):  # (64: "not iterable"; a str was iterated)
+        with pytest.raises(TypeError, match="shape must be a sequence of ints \\(N, K\\), got"):
+            PackedWeight.source_from_state_dict({**sd, "shape": bad})
+    for shape in (torch.tensor([32, 64]), np.array([32, 64]), [32, 64], torch.Size([32, 64])):  # (as metadata returns)
+        got = PackedWeight.source_from_state_dict({**sd, "shape": shape})
+        assert tuple(got.shape) == (32, 64) and all(type(n) is int for n in got.shape)
 
 
 def test_partial_stats_host_reduces_every_part(rng):

@@ -385,10 +385,11 @@ def test_malformed_folded_raises(rng):
     import mxkit
 
     w = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp4")
+    w8 = mxkit.quantize(torch.randn(4, 64, generator=rng), "mxfp8")  # (no fold: the fp32-exact path's own unfold)
     for owner in (-1, 2):
         g = Folded(torch.ones(3, 64).to(torch.float8_e4m3fn), torch.ones(3), torch.tensor([owner]), "mxfp4", (2,))
         for call in (lambda: mxkit.matmul(g, w, backend="triton"), lambda: mxkit.matmul(g, w, backend="reference"),
-                     lambda: unfold_reference(g)):
+                     lambda: mxkit.matmul(g, w8, backend="triton"), lambda: unfold_reference(g)):
             with pytest.raises(ValueError, match=rf"Folded.owner holds rows in \[{owner}, {owner}\], outside the "
                                                  rf"source rows \[0, 2\)"):
                 call()

@@ -256,10 +256,11 @@ class PackedWeight:
         # (block_size as saved: an int, or a NumPy / 0-d tensor integer; int() truncated a float and parsed a string)
         bs = sd["block_size"]
         bs = bs.item() if isinstance(bs, torch.Tensor) and bs.dim() == 0 and not bs.is_floating_point() else as_int(bs)
-        shape = sd["shape"]
-        if not isinstance(shape, (tuple, list, torch.Size)):
+        shape = sd["shape"]  # (a tuple, list or torch.Size; a 1-D int tensor or NumPy array as metadata comes back)
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or getattr(shape, "ndim", 1) != 1:
             raise TypeError(f"PackedWeight state_dict's shape must be a sequence of ints (N, K), got {shape!r}")
-        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, bs, tuple(shape),
+        shape = tuple(as_int(n.item() if isinstance(n, torch.Tensor) else n) for n in shape)
+        return MXTensor(sd["qdata"], sd["scale"], sd["fmt"], 1, bs, shape,
                         ScaleMode.parse(sd["scale_mode"]), Rounding.parse(sd["rounding"]))
 
 

@@ -227,7 +227,8 @@ def write_chart(rows: Sequence[Any], path: Path, *, value: str, ylabel: str, tit
             else:
                 ax.scatter([pos], [v], marker="_", s=120, color="black", zorder=3)
         ax.set_xticks(range(len(xs)), [str(v) for v in xs], fontsize=7, rotation=20)
-        ax.set(xlabel=x, ylabel=ylabel, title=f"{name} (ticks: peers)" if len(main) < len(rows) else str(name))
+        peers = any(not is_main(r) for r in rows)  # (not len(main) < len(rows): main rows without a value are no peers)
+        ax.set(xlabel=x, ylabel=ylabel, title=f"{name} (ticks: peers)" if peers else str(name))
         handles = dict(zip(*ax.get_legend_handles_labels()[::-1]))
         ax.legend(handles.values(), handles.keys(), fontsize=7)
     for ax in list(axes.flat)[len(panels):]:

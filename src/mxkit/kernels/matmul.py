@@ -792,7 +792,8 @@ def _unfold_fp32(f: Folded, rows: Optional[torch.Tensor] = None) -> torch.Tensor
     """Exact float32 values of a Folded's source rows (all, or ``rows``): each row plus its extra slices (disjoint
     blocks, so the sums are exact); NaN rows NaN."""
     R = f.rows()
-    if rows is None:
+    if rows is None:  # (all rows: the fp32-exact path's operand, whose owners nothing else has read)
+        check_owners(f)
         rows = torch.arange(R, device=f.data.device)
     vals = f.data[rows].to(torch.float32) * f.scale[rows, None]
     if f.owner.numel():

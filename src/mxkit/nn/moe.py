@@ -822,10 +822,6 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             raise ValueError(f"MXMoE takes x (..., hidden_size={self.hidden_size}), got shape {tuple(x.shape)}")
         if x.device != self.gate_up_qdata.device:
             raise ValueError(f"MXMoE's experts are on {self.gate_up_qdata.device} but x on {x.device}")
-        for name in ("weight", "bias"):  # (a CPU x times a meta weight is uninitialised memory in torch, no error)
-            t = getattr(self.router, name, None)
-            if isinstance(t, torch.Tensor) and t.device != x.device:
-                raise ValueError(f"MXMoE's router {name} is on {t.device} but x on {x.device}")
 
     def _routes_in_one_launch(self, x: torch.Tensor) -> bool:
         """Whether forward routes x through :func:`mxkit.moe.router_gpt_oss`'s one kernel (the class docstring):
@@ -846,9 +842,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         forward replaced on the instance) is called on x cast to that dtype, its logits cast back."""
         r = self.router
         w = getattr(r, "weight", None)  # (None: a router replaced by another module, e.g. an MXLinear)
+        plain = type(r) is nn.Linear and not _hooked(r)
+        if plain:  # (its weight read as it is: a CPU x times a meta weight is uninitialised memory in torch, no
+            # error; a hooked router, e.g. accelerate's offload, puts its weight in place itself)
+            for name, t in r._parameters.items():
+                if t is not None and t.device != x.device:
+                    raise ValueError(f"MXMoE's router {name} is on {t.device} but x on {x.device}")
         if not isinstance(w, torch.Tensor) or w.dtype == x.dtype:
             logits = r(x)
-        elif type(r) is nn.Linear and not _hooked(r):
+        elif plain:
             b = r.bias
             logits = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
         else:  # (its forward, hooks and adapters run: F.linear of its weight would skip them)

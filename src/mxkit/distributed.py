@@ -240,7 +240,8 @@ def ep_moe(
     Raises ValueError for a process outside ``group``, ranges that do not partition [0, E), weights that do not
     hold ``ranges[rank]``, a ``combine_dtype`` other than float32 / bfloat16 / float16 / float64, an unknown
     ``backend`` (or ``"triton"`` off CUDA; ImportError without Triton), and whatever
-    :func:`mxkit.moe` raises for bad shapes, on the rank whose call is bad, and RuntimeError on its peers; RuntimeError
+    :func:`mxkit.moe` raises for bad shapes, on the rank whose call is bad, and RuntimeError on its peers (TypeError
+    for ranges that are not pairs of ints); RuntimeError
     on every rank when the ranks disagree on E, H, x's dtype, ``combine_dtype``, the activation or the ranges, or
     some need a gradient and others do not (all after the header exchange, before the data moves); RuntimeError
     under CUDA-graph capture (the exchange sizes are read on the host).

@@ -143,9 +143,11 @@ def stdlib_sentences(n: int = DEFAULT_SENTENCES, *, min_chars: int = 40, max_cha
     spaces. The distinct sentences are sorted and ``n`` evenly spaced ones are taken (index ``i·P // n``).
     The text therefore depends on the Python version (CPython 3.11 gives ~3,600 sentences).
 
-    Raises ValueError if ``n < 2`` or fewer than ``n`` sentences qualify.
+    Raises TypeError for an ``n`` that is not an int, ValueError if ``n < 2`` or fewer than ``n`` sentences qualify.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"the sentence count must be an int, got {type(n).__name__} {n!r}")
+    if n < 2:
         raise ValueError(f"need at least 2 sentences (nearest-neighbour agreement), got n={n!r}")
     pool = _stdlib_sentence_pool(min_chars, max_chars)
     if len(pool) < n:

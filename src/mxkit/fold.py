@@ -263,6 +263,8 @@ def fold_row_split(scale: torch.Tensor, nonzero: torch.Tensor, w: int) -> torch.
     """Slice index of each block (int64 [R, nb]): 0 for the window [m0 - w, m0] below the row's largest
     scale m0 of the non-zero blocks, 1 for the window below the largest scale left, and so on (greedy from
     the top); all-zero blocks (``nonzero`` False) get 0. Scale bytes 0xFF must be excluded by the caller.
+    scale: E8M0 bytes (uint8, or any integer dtype) [R, nb]; nonzero: bool [R, nb]; w: the window width in scale
+    steps (d_hi - d_lo of :func:`fold_range`). One host sync per slice level (the loop ends when no block is left).
     """
     s = scale.to(torch.int64)
     slice_id = torch.zeros_like(s)

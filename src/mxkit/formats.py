@@ -108,7 +108,10 @@ class ElementFormat:
         return _max_magnitude_code(self)
 
     def bits_per_element(self, block_size: int = BLOCK_SIZE) -> float:
-        """Storage bits per element including the shared 8-bit scale."""
+        """Storage bits per element including the shared 8-bit scale (OCP MX v1.0: one E8M0 byte a block).
+        Raises ValueError for a block_size that is not a positive int."""
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         return self.bits + 8.0 / block_size
 
     def __str__(self) -> str:  # the canonical string name
@@ -170,6 +173,9 @@ FormatLike = Union[str, ElementFormat]
 def get_format(fmt: FormatLike) -> ElementFormat:
     """Return the :class:`ElementFormat` for a name (``"mxfp4"``, ``"mxfp8_e4m3"``, …) or a format.
 
+    Names ignore case and surrounding spaces. The short aliases name one variant of OCP MX v1.0's table 1:
+    ``"mxfp4"`` → mxfp4_e2m1 (its only FP4), ``"mxfp6"`` → mxfp6_e2m3 and ``"mxfp8"`` → mxfp8_e4m3 (the
+    variants with more mantissa, as torchao's and TransformerEngine's default MXFP8 is E4M3).
     Raises ValueError naming the known formats for an unknown name, TypeError for other types.
     """
     if isinstance(fmt, ElementFormat):
@@ -215,7 +221,8 @@ class ScaleMode(_ParseEnum):
 
     * ``FLOOR`` — OCP MX v1.0 §6.3: ``X = E(amax) - emax``. Values above the element's max normal
       saturate (FP4 amax 7 → 6).
-    * ``CEIL`` — ``X = ceil(log2 amax) - emax`` (E(amax), plus one if amax is not a power of two).
+    * ``CEIL`` — torchao's ``ScaleCalculationMode.CEIL``: ``X = ceil(log2 amax) - emax`` (E(amax), plus one if
+      amax is not a power of two).
     * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ``DequantScaleRoundingMode.ROUND_UP``,
       the same ceiling of the fp32 quotient): ``X = ceil(log2(amax / max_normal))``, the smallest X
       with ``amax <= max_normal * 2^X``; nothing saturates (but where X would pass 127, MXINT8's amax above
@@ -249,7 +256,8 @@ class ScaleMode(_ParseEnum):
 
 
 class Rounding(_ParseEnum):
-    """How a scaled value is rounded to the element grid. Both saturate to ± max normal.
+    """How a scaled value is rounded to the element grid. Both saturate to ± max normal (OCP MX v1.0 §6.3: a
+    scaled value past the element's max normal is clamped to it; torchao and TransformerEngine saturate alike).
 
     * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, the hardware FP8 casts
       triton_kernels uses). Default.
@@ -308,10 +316,11 @@ def _check_float_input(t: torch.Tensor, who: str) -> None:
 
 
 def floor_log2(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact ``(E, frac)`` of positive finite float32 values: ``a = (1 + frac / 2^23) * 2^E``.
+    """Exact ``(E, frac)`` of float32 magnitudes: ``|a| = (1 + frac / 2^23) * 2^E``.
 
-    fp32 denormals are normalised (E down to -149). For ``a == 0`` returns E = -150, frac = 0.
-    Returns two int32 tensors.
+    a: a float tensor read as float32 (a float64 one is rounded to float32 first) and its sign ignored; meant for
+    finite values (NaN and Inf give meaningless E). fp32 denormals are normalised (E down to -149). For ``a == 0``
+    returns E = -150, frac = 0. Returns two int32 tensors of a's shape.
     """
     bits = _f32_bits(a) & 0x7FFFFFFF
     is_denormal = bits < (1 << _F32_MANT_BITS)
@@ -327,8 +336,9 @@ def shared_exponent(amax: torch.Tensor, fmt: FormatLike, scale_mode: Union[str, 
     """Biased E8M0 scale byte (uint8) for each block amax (float32, bfloat16 or float16, >= 0 or NaN/Inf).
 
     Rules in :class:`ScaleMode`. amax == 0 → 0; NaN or Inf → 0xFF. The unbiased exponent is clamped to
-    [-127, 127], so finite blocks get bytes 0 … 254. Raises TypeError for another dtype (a float64 amax would be
-    rounded to float32 first: a second rounding that can move the byte).
+    [-127, 127], so finite blocks get bytes 0 … 254; a negative amax is read as its magnitude. Raises TypeError
+    for another dtype (a float64 amax would be rounded to float32 first: a second rounding that can move the
+    byte), ValueError for an unknown format or mode name.
     """
     f = get_format(fmt)
     mode = ScaleMode.parse(scale_mode)
@@ -357,7 +367,8 @@ def shared_exponent(amax: torch.Tensor, fmt: FormatLike, scale_mode: Union[str, 
 
 
 def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
-    """Decode E8M0 bytes (uint8 or float8_e8m0fnu) to float32: 2^(byte - 127), 0xFF → NaN.
+    """Decode E8M0 bytes (uint8 or float8_e8m0fnu) to float32: 2^(byte - 127), 0xFF → NaN (OCP MX v1.0 §5.1:
+    the E8M0 scale has no zero and no Inf, 0xFF its only NaN).
 
     Byte 0 decodes to 2^-127, an fp32 denormal, exactly. Raises TypeError for any other dtype (a wider
     integer or float tensor is not a tensor of E8M0 bytes).
@@ -382,7 +393,9 @@ def encode_elements(v: torch.Tensor, fmt: FormatLike, rounding: Union[str, Round
     code 0 (+0; :func:`~mxkit.reference.quantize_reference` never passes NaN: it marks the block's scale 0xFF).
     The sign of the input is kept on zero results for float formats (−0.1 → −0, as torchao and torch's fp8
     casts); MXINT8 has no −0. Codes for sub-byte formats sit in the low bits (FP4: 0..15, FP6: 0..63); MXINT8
-    codes are the two's complement byte. Raises TypeError for another dtype (float64 would be rounded twice).
+    codes are the two's complement byte. Saturation: OCP MX v1.0 §6.3; NaN → +0 in the formats without a NaN code
+    is mxkit's own choice (no peer writes one). Raises TypeError for another dtype (float64 would be rounded
+    twice), ValueError for an unknown format or rounding name.
     """
     f = get_format(fmt)
     rnd = Rounding.parse(rounding)
@@ -419,9 +432,10 @@ def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     """Element codes (uint8, or another integer dtype; unpacked, any shape) → float32 values, exactly.
 
     E4M3 0x7F/0xFF and E5M2's NaN codes decode to NaN, E5M2 Inf codes to ±Inf. A code outside [0, 2^fmt.bits)
-    (bits above the format's, or negative) is no element's: it decodes to NaN. A float8 tensor
-    (:meth:`MXTensor.qdata_view`'s E4M3 / E5M2 view) or an int8 one is read as its bytes.
-    Raises TypeError for any other floating, bool or complex dtype (its values are not codes).
+    (bits above the format's, or negative) is no element's: it decodes to NaN (mxkit's convention). A float8
+    tensor (:meth:`MXTensor.qdata_view`'s E4M3 / E5M2 view) or an int8 one is read as its bytes.
+    Raises TypeError for any other floating, bool or complex dtype (its values are not codes), ValueError for an
+    unknown format name.
     """
     f = get_format(fmt)
     if not isinstance(codes, torch.Tensor):

@@ -137,10 +137,11 @@ def moe(
 ) -> torch.Tensor:
     """A mixture-of-experts layer with MX experts: route, run the experts, combine.
 
-    x: (..., H) float32 | bfloat16 | float16; router_logits: (..., E) with the same leading dims (the router
-      Linear's output, bias included).
-    w_gate_up: MXTensor (E_local, 2I, H) quantized along H; b_gate_up: (E_local, 2I) or None.
-    w_down: MXTensor (E_local, H, I) quantized along I; b_down: (E_local, H) or None.
+    x: (..., H) float32 | bfloat16 | float16 (float64 too, on the reference backend); router_logits: (..., E)
+      float32 | bfloat16 | float16 | float64 with the same leading dims (the router Linear's output, bias
+      included; routed in float32).
+    w_gate_up: MXTensor (E_local, 2I, H) quantized along H; b_gate_up: (E_local, 2I) float or None.
+    w_down: MXTensor (E_local, H, I) quantized along I; b_down: (E_local, H) float or None.
     top_k, routing: :func:`~mxkit.moe_reference.route` (``"gpt_oss"``: softmax over the top-k logits;
       ``"softmax_topk"``: softmax then top-k; ties go to the lower expert index). Mixtral / Qwen-MoE's routing
       with ``norm_topk_prob`` (softmax, top-k, then divided by their sum) is ``"gpt_oss"``: the same weights but

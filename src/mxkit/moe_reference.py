@@ -234,7 +234,8 @@ def align_block_size(
     *,
     expert_range: Optional[tuple[int, int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Sort the (token, slot) pairs by expert and pad each expert's group to a multiple of ``block_m``.
+    """Sort the (token, slot) pairs by expert and pad each expert's group to a multiple of ``block_m``, the grouped
+    GEMM's M tile (vLLM's ``block_size``; not the MX block of 32 elements).
 
     The convention of vLLM's ``moe_align_block_size`` (``vllm/model_executor/layers/fused_moe/
     moe_align_block_size.py``; golden model ``torch_moe_align_block_size`` in vLLM's tests): the pair (token t,

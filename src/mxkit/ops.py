@@ -63,9 +63,12 @@ def quantize(
     x: (..., L, ...) float32 | bfloat16 | float16, ``x.shape[axis] % block_size == 0``.
     axis: an int, or a tuple of two ints for a cast-transpose: one MXTensor per axis, each byte-identical
       to quantizing along that axis alone (the Triton backend reads ``x`` once for both).
-    Returns MXTensor: qdata uint8 (axis moved last, packed), scale uint8 E8M0 (…, L // block_size).
-    Scale rule: ``ScaleMode.FLOOR`` = OCP MX v1.0 §6.3 (default); CEIL; RCEIL = NVIDIA cuBLAS / TE;
-    EVEN = Triton / aiter. Rounding: ``"rne"`` (default) or ``"away"``.
+    Returns MXTensor: qdata uint8 (axis moved last, packed), scale uint8 E8M0 (…, L // block_size) (a swizzled
+    ``scale_layout``: 2-D ``scale_layout_shape(prod(leading dims), L // block_size, layout)``, pad bytes 0); for a
+    pair of axes, one MXTensor per axis in the order given.
+    Scale rule (:class:`~mxkit.formats.ScaleMode`): ``FLOOR`` = OCP MX v1.0 §6.3 (default); ``CEIL`` = torchao's
+    CEIL; ``RCEIL`` = NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ROUND_UP); ``EVEN`` = aiter's Triton
+    MXFP4 quantizers and torchao's EVEN. Rounding: ``"rne"`` (default) or ``"away"``.
     scale_layout: ``"plain"`` or a swizzled layout of :mod:`mxkit.layouts` (``"nvidia_128x4"``: the Triton
       backend writes it directly; byte-identical to quantize then :func:`mxkit.layouts.to_layout`).
     backend: ``"auto"`` (the Triton kernels on CUDA for blocks of 32, the reference otherwise: other block sizes
@@ -73,7 +76,8 @@ def quantize(
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor or an axis that is not an int or a
     pair of ints; ValueError for an empty x, an axis out of range, an axis length not a multiple of block_size,
     a block_size that is not a positive multiple of the format's packing, unknown format / mode / rounding /
-    layout / backend names, and ``backend="triton"`` on an x not on CUDA.
+    layout / backend names, and ``backend="triton"`` on an x not on CUDA; ImportError for ``backend="triton"``
+    where Triton does not import.
     """
     if type(block_size) is not int:
         block_size = as_int(block_size)  # (a NumPy integer, as axis; a bool or non-integer is refused below)
@@ -129,8 +133,11 @@ def cast_transpose(
     (TransformerEngine's cast-transpose; :func:`mxkit.kernels.quantize.quantize_triton`).
 
     x: (..., K) is flattened to 2-D (M, K) with M = prod(leading dims); both M and K must be multiples of
-    ``block_size``. Returns ``(rowwise, columnwise)``: rowwise is quantized along K (qdata (M, K/pack)),
-    columnwise along M (qdata (K, M/pack): the transposed layout the backward / wgrad GEMM reads).
+    ``block_size``. Returns ``(rowwise, columnwise)``, two MXTensors of logical shape (M, K) (an N-D x comes back
+    flattened) with plain scales: rowwise ``axis=1``, qdata uint8 (M, K·b), scale uint8 (M, K / block_size);
+    columnwise ``axis=0``, qdata uint8 (K, M·b), scale uint8 (K, M / block_size) (the transposed layout the
+    backward / wgrad GEMM reads); b = packed bytes per element: 1/2 for FP4, 3/4 for FP6, 1 for FP8 / INT8.
+    scale_mode / rounding / backend: as :func:`quantize`.
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a 0-d or empty x,
     M or K not a multiple of block_size, unknown names (as :func:`quantize`).
     """
@@ -190,7 +197,8 @@ def dequantize(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32, *, bac
     :func:`mxkit.reference.dequantize_reference`.
     Raises TypeError if ``q`` is not an MXTensor or ``dtype`` is not one of the four; ValueError for an unknown
     backend and for ``backend="triton"`` on a tensor not on CUDA (the kernels' backend; :func:`matmul` instead
-    runs its CPU parts there).
+    runs its CPU parts there); NotImplementedError for ``backend="triton"`` with blocks other than 32 elements;
+    ImportError for ``backend="triton"`` where Triton does not import.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")
@@ -265,7 +273,8 @@ def matmul(
     :func:`gemm_plan` (FP8 tensor cores for FP4 / FP6 pairs, cuBLAS bf16 for the rest); every path is exact: the
     MX values are multiplied exactly, the error is float32 accumulation plus one output rounding (the tests'
     row-wise bound against the float64 product of the dequantized operands; on the FP8 tensor-core paths each
-    128-deep step's products are added in Hopper's ~14-bit FP8 accumulator and the steps in float32, so those
+    128-deep step's products are added in Hopper's FP8 accumulator, which keeps about 14 bits (measured by the
+    DeepSeek-V3 technical report, "Increasing Accumulation Precision"), and the steps in float32, so those
     paths give bf16 / fp16 only). Values past float32's range overflow to ±inf, as in the reference (but on
     a8w8-mma, which scales each block's sum: there such a value times a small enough weight gives the finite
     product). ``backend="reference"`` (and CPU under ``"auto"``)
@@ -275,8 +284,10 @@ def matmul(
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` (full float32 too, inside ``torch.compile`` as well: there the custom op
     ``mxkit::mx_dgrad``) and ``grad_y`` summed; the MX weight is frozen (its bytes take none).
-    Raises TypeError / ValueError on a K mismatch, devices that differ, unsupported dtypes, an unknown backend,
-    or a bias that is not a float tensor of shape (N,).
+    Raises TypeError for an ``a`` / ``b`` / ``bias`` / ``out_dtype`` of the wrong type or dtype (a float64 or
+    integer ``a`` included); ValueError for a K mismatch, a ``b`` not (N, K) along K, an MXTensor ``a`` not
+    quantized along its last axis, a bias not of shape (N,), operands on different devices, an unknown backend;
+    NotImplementedError for forward-mode AD (``torch.func.jvp``) inside ``torch.compile`` or a torch.export program.
     """
     d = (a.device if a.is_cuda and elsewhere(a) else None) if type(a) is torch.Tensor else other_device(b)
     if d is not None:
@@ -617,7 +628,8 @@ def pack_weight(w: MXTensor, *, act: Optional[str] = None, dense: Optional[torch
     path ``dense-cached``). A path whose layout was not built still runs, packing per call. Returns a
     :class:`mxkit.PackedWeight` (``.to(device)``, ``state_dict()``). Given a PackedWeight, returns it as it is
     (``act`` does not add layouts; ValueError where it lacks the ``dense`` cache asked for): to pack again after an
-    in-place edit of the weight's bytes, pass its ``.source``. Raises TypeError / ValueError on a weight that is not
+    in-place edit of the weight's bytes, pass its ``.source``. The fold and the small-M layouts are mxkit's own
+    conventions (no peer). Raises TypeError / ValueError on a weight that is not
     an MXTensor (N, K) along K, an unknown ``act`` or ``dense``; NotImplementedError for a weight on the meta
     device (the pack reads its scale bytes). See :func:`mxkit.kernels.matmul.pack_weight`."""
     from .kernels.matmul import pack_weight as impl
@@ -639,6 +651,10 @@ def quantize_fold(
     """Quantize activations x (..., K) to MX ``fmt`` (FP4 / FP6) along K and fold them to FP8 E4M3 with one
     power-of-two scale per row, in one pass over x on CUDA: the ``a`` operand of the fold-fp8 GEMM path.
     Byte-identical to ``mxkit.fold.fold_reference(quantize(x, fmt, ...))``.
+    Returns :class:`mxkit.fold.Folded`: data float8_e4m3fn [R + X, K], scale float32 [R + X], owner int64 [X],
+    R = prod(x.shape[:-1]) (X: the extra slices). backend: ``"auto"``, ``"reference"``
+    (:func:`mxkit.fold.quantize_fold_reference`) or ``"triton"`` (CUDA). The fold is mxkit's own convention (no
+    peer; :class:`mxkit.fold.Folded`).
 
     defer (CUDA): return a :class:`mxkit.kernels.fold.PendingFold` without the host sync that completes rows
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM

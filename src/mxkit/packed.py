@@ -238,7 +238,10 @@ class PackedWeight:
                                    special_rows=self.special_rows.to(device), wide=wide, dense=dense, **mma)
 
     def state_dict(self) -> dict:
-        """The bytes that define the weight, plus its format metadata (strings and ints)."""
+        """The bytes that define the weight, plus its format metadata (strings and ints): ``{"qdata": uint8 (N,
+        K·b), "scale": uint8 (N, K / block_size) plain, "fmt": str, "shape": [N, K], "block_size": int,
+        "scale_mode": str, "rounding": str}`` (b: packed bytes per element); :meth:`source_from_state_dict` reads
+        it back."""
         s = self.source
         return {"qdata": s.qdata, "scale": s.plain_scale(), "fmt": s.fmt.name, "shape": list(s.shape),
                 "block_size": s.block_size, "scale_mode": s.scale_mode.value, "rounding": s.rounding.value}

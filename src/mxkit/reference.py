@@ -57,8 +57,10 @@ __all__ = [
 def pack_codes(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
     """Pack element codes (uint8, last dim n, one code per byte) into qdata bytes along the last dim.
 
-    FP4: two codes per byte, element 2i in the low nibble → (..., n // 2).
-    FP6: four codes per 3 bytes, little-endian word ``a | b << 6 | c << 12 | d << 18`` → (..., 3n // 4).
+    FP4: two codes per byte, element 2i in the low nibble → (..., n // 2) (torch's ``float4_e2m1fn_x2``, torchao
+    and the GPT-OSS checkpoints' order).
+    FP6: four codes per 3 bytes, little-endian word ``a | b << 6 | c << 12 | d << 18`` → (..., 3n // 4) (mxkit's
+    own packing: OCP MX v1.0 specifies none).
     FP8 / INT8: unchanged.
     Raises TypeError for codes that are not a uint8 tensor; ValueError for a 0-d tensor, a last dim that is not a
     multiple of the format's packing (2 for FP4, 4 for FP6), or a code of more than the format's bits.
@@ -111,7 +113,8 @@ def unpack_codes(qdata: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
 
 
 def block_amax(blocks: torch.Tensor) -> torch.Tensor:
-    """max |x| over the last dim (float32). NaN if the block holds a NaN."""
+    """blocks (..., B) → (...) max |x| over the last dim, in blocks' dtype (the reference passes float32 blocks);
+    NaN if the block holds a NaN."""
     return blocks.abs().amax(dim=-1)
 
 
@@ -241,7 +244,9 @@ def matmul_reference(
     a: float tensor (..., K) (float32 | bfloat16 | float16) or an MXTensor quantized along its last axis.
     b: MXTensor of logical shape (N, K) quantized along K (axis 1, the ``nn.Linear`` weight layout).
     out_dtype: default ``a.dtype`` for a float ``a``, bfloat16 for an MXTensor ``a``.
-    Returns (..., N). Raises ValueError on a K mismatch or a ``b`` not quantized along K.
+    Returns (..., N). Raises TypeError for a ``b`` that is not an MXTensor, an ``a`` dtype other than float32 /
+    bfloat16 / float16, or an ``out_dtype`` other than the four; ValueError on a K mismatch or a ``b`` not
+    quantized along K.
     """
     if not isinstance(b, MXTensor):
         raise TypeError(f"b must be an MXTensor (N, K), got {type(b).__name__}")

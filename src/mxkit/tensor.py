@@ -55,7 +55,11 @@ def check_quantize_args(
     scale_mode: Union[str, ScaleMode] = ScaleMode.FLOOR,
     rounding: Union[str, Rounding] = Rounding.RNE,
 ) -> QuantizeArgs:
-    """Validate quantize arguments; raise TypeError / ValueError with the offending values named."""
+    """Validate quantize arguments; returns :class:`QuantizeArgs` (format resolved, axis made non-negative,
+    modes parsed). x: a non-empty-rank float32 | bfloat16 | float16 tensor (only its shape and dtype are read).
+    Raises TypeError for an x that is not such a tensor or an axis that is not an int; ValueError for a 0-d x, an
+    axis out of range, ``x.shape[axis] % block_size != 0``, a block_size that is not a positive multiple of the
+    format's packing, or unknown format / mode / rounding names."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_INPUT_DTYPES:

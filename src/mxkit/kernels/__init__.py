@@ -23,6 +23,7 @@ __all__ = ["triton_available", "quantize_triton", "dequantize_triton"]
 
 @functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
+    """Whether ``import triton`` succeeds here; the CUDA kernels (and ``backend="triton"``) need it."""
     try:
         import triton  # noqa: F401
     except Exception:

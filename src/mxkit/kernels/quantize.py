@@ -718,7 +718,8 @@ def dequantize_triton(q: MXTensor, dtype: Optional[torch.dtype] = torch.float32)
     to the reference, which multiplies in float64 (an fp32 product would turn MX values above fp32 max
     into Inf). Returns a tensor of ``q.shape``. NaN outputs (scale 0xFF, element NaN codes) are the canonical NaN
     of ``dtype`` (:data:`mxkit.reference.CANONICAL_NAN_BITS`), the reference's bytes. Raises TypeError for a
-    non-MXTensor / unsupported dtype.
+    non-MXTensor / unsupported dtype, ValueError for a q not on CUDA, NotImplementedError for blocks other than 32
+    elements (a float64 output excepted: the reference writes it).
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"expected an MXTensor, got {type(q).__name__}")

@@ -5,7 +5,7 @@ Every function here is a byte permutation (plus zero padding for the scale layou
 values, so every conversion is lossless and works on any device and any byte content (0xFF NaN scales
 included). The host side imports only torch (Triton is optional); :mod:`mxkit.tensor` (MXTensor) builds on it.
 
-Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // 32``; an ND scale
+Scale layouts (E8M0 bytes of a 2-D ``(rows, cols)`` plain scale, ``cols = K // block_size``; an ND scale
 ``(*lead, cols)`` is flattened to ``rows = prod(lead)`` first):
 
 * ``"plain"`` — row-major ``(rows, cols)``, what :func:`mxkit.quantize` returns by default.
@@ -111,7 +111,7 @@ def scale_layout_shape(rows: int, cols: int, layout: str) -> tuple[int, int]:
 def to_layout(scale: torch.Tensor, layout: str) -> torch.Tensor:
     """Plain E8M0 scale → swizzled ``layout`` (a byte permutation of the zero-padded scale).
 
-    scale: (rows, cols) uint8 | float8_e8m0fnu, any device, any strides (``cols = K // 32`` for a scale of
+    scale: (rows, cols) uint8 | float8_e8m0fnu, any device, any strides (``cols = K // block_size`` for a scale of
       an (rows, K) operand quantized along K; flatten ND scales to ``rows = prod(lead)`` first).
     Returns (rows_p, cols_p) = :func:`scale_layout_shape` ``(rows, cols, layout)``, uint8, contiguous, on
       ``scale.device``. Its flat (row-major) byte order is the layout's byte order, so ``out.flatten()`` is

@@ -196,7 +196,9 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         return y.narrow(-1, self.offsets[i], self.splits[i])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """All parts' outputs for x (one GEMM)."""
+        """All parts' outputs for x (one GEMM): x (..., in_features) float32 | bfloat16 | float16 → a tuple of one
+        view per part, (..., splits[i]) in x's dtype (columns offsets[i] : offsets[i] + splits[i] of the GEMM's
+        output). Raises as :class:`MXLinear`'s forward."""
         y = self.fused(x)
         return tuple(y.narrow(-1, o, n) for o, n in zip(self.offsets, self.splits))
 
@@ -228,7 +230,8 @@ def _fused_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
 
 class FusedPart(nn.Module):
     """Member ``index`` of a :class:`FusedMXLinear` in its original place: ``forward(x)`` is
-    ``group.output(x, index)``. Holds no parameters (the group is registered on the parent)."""
+    ``group.output(x, index)``. Holds no parameters (the group is registered on the parent). Raises TypeError if
+    ``group`` is not a FusedMXLinear, ValueError if ``index`` is not an int in [0, len(group.splits))."""
 
     def __init__(self, group: FusedMXLinear, index: int):
         super().__init__()

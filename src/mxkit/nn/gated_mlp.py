@@ -106,7 +106,10 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         return got
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
-        """``silu(gate(x)) * up(x)``: (..., I) in x's dtype (bf16 from the one-launch path)."""
+        """``silu(gate(x)) * up(x)``: x (..., H) → (..., I) in x's dtype. One bf16 row on CUDA with MXFP4 weights
+        (the one-launch path) computes the product in float32 from the float32 sums and rounds once to bf16;
+        elsewhere it follows transformers' ``LlamaMLP`` (gate and up rounded to x's dtype, then SiLU and the
+        product), so the two can differ in the last bits."""
         if torch.compiler.is_compiling():  # (one row: the op; more rows: the GEMM op, SiLU x up left to Inductor)
             kept = self._one_launch  # (as _launch() made it for the weight held now; a stale one: the GEMM path)
             # (torch.export, or weights swapped in: the GEMM, whose program holds the weights)

@@ -140,7 +140,10 @@ class MXLinear(_ops.Handled, nn.Module):
     format or block size (:func:`check_format`: the state_dict's metadata names them; a state_dict without it,
     such as a safetensors file's, holds the bytes only, and bytes of another format of the same width would load
     as this layer's format); forward raises TypeError for an x that is not
-    a float32 / bfloat16 / float16 tensor, ValueError for ``x.shape[-1] != in_features``.
+    a float32 / bfloat16 / float16 tensor, ValueError for ``x.shape[-1] != in_features``, NotImplementedError for
+    forward-mode AD inside ``torch.compile`` or a torch.export program. The constructor also raises ValueError for
+    unknown ``weight_format`` / ``act_format`` / mode / rounding names and a ``dense_cache`` other than None /
+    bfloat16 / float16.
     """
 
     def __init__(

@@ -144,7 +144,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     forward: x (..., H) float32 | bfloat16 | float16 (float64 too, on :func:`mxkit.moe`'s reference path) → (..., H)
     in x's dtype (:func:`mxkit.moe`), or the pair above; TypeError for another dtype, ValueError for H, for an x on
-    another device than the experts, and for a router that does not give E logits. A strided x gives its contiguous
+    another device than the experts (or than a plain ``nn.Linear`` router's weight), and for a router that does not
+    give E logits; NotImplementedError under ``torch.func``'s transforms (grad / vjp / jvp / vmap: use autograd;
+    ``torch.func.functional_call`` works). A strided x gives its contiguous
     copy's bits. The router's logits are computed in x's dtype (a plain ``nn.Linear`` router's weight and bias cast to
     it where the module holds another dtype; any other router, or one with hooks, is called on x cast to its weight's
     dtype, so its forward and hooks run; an enclosing ``torch.autocast`` runs the router as it runs any ``nn.Linear``,
@@ -290,7 +292,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     @property
     def expert_layout(self) -> str:
         """The expert buffers' layout: ``"checkpoint"``; after :meth:`pack_`, ``"mma"`` (W4A16) or ``"fold"``
-        (W4A8)."""
+        (``act_format`` W4A8 or MXFP4 x MXFP4)."""
         if self._mma_flags is not None:
             return "mma"
         return "fold" if self._fold_layout else "checkpoint"
@@ -515,12 +517,15 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
     @property
     def gate_up_mx(self) -> MXTensor:
-        """The gate_up experts as an MXTensor (E_local, 2I, H) along H, sharing the buffers."""
+        """The gate_up experts as an MXTensor (E_local, 2I, H) along H: sharing the buffers in the ``"checkpoint"``
+        layout; in the ``"mma"`` / ``"fold"`` layouts (:attr:`expert_layout`) a new checkpoint-layout copy (gate
+        and up rows de-interleaved back for ``"swiglu"``), so writes to it do not reach the module."""
         return self._mx("gate_up")
 
     @property
     def down_mx(self) -> MXTensor:
-        """The down experts as an MXTensor (E_local, H, I) along I, sharing the buffers."""
+        """The down experts as an MXTensor (E_local, H, I) along I: sharing the buffers in the ``"checkpoint"``
+        layout, a new copy in the ``"mma"`` / ``"fold"`` layouts (as :attr:`gate_up_mx`)."""
         return self._mx("down")
 
     def dequantize_experts(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -706,8 +711,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
 
         ranges: every rank's (lo, hi); default :func:`mxkit.distributed.expert_ranges` (E, world size).
         The module must hold every expert (a shard of a full module). Returns ``self``. Raises ValueError for a
-        module of quantized activations (``act_format``), which has no expert-parallel path, or for a process outside
-        ``group``.
+        module of quantized activations (``act_format``), which has no expert-parallel path, a module that does not
+        hold every expert, ``ranges`` that are not one contiguous non-empty (lo, hi) per rank covering [0, E), or
+        a process outside ``group``; TypeError for ranges that are not pairs of ints.
         """
         if self.expert_range != (0, self.num_experts):
             raise ValueError(f"shard_experts needs a module holding every expert, this one holds {self.expert_range}")

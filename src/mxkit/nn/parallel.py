@@ -350,7 +350,7 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
     forward: x (..., K) float32 | bfloat16 | float16, the same on every rank → (..., N) if ``gather_output``
     else (..., N/W), in x's dtype. Collective: every rank of the group calls it.
     Raises ValueError if N % world_size != 0 or K % block_size != 0, and in forward for an x whose last dim is
-    not K.
+    not K; forward raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor.
     """
 
     style = "column"
@@ -406,8 +406,9 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
     dtype, the same on every rank: float32 partials, all_reduce in float32, + bias in float32, one rounding.
     Collective: every rank of the group calls it.
     Raises ValueError if K does not split into whole blocks (K % (world_size · block_size) != 0), for
-    ``act_format="fp8_e4m3_rowwise"``, and in forward for an x whose last dim is not the expected K or K/W;
-    NotImplementedError under ``torch.export`` with an act_format (weight-only shards export).
+    ``act_format="fp8_e4m3_rowwise"``, and in forward for an x whose last dim is not the expected K or K/W or that
+    is on another device than the weight; forward raises TypeError for an x that is not a float32 / bfloat16 /
+    float16 tensor; NotImplementedError under ``torch.export`` with an act_format (weight-only shards export).
     """
 
     style = "row"

@@ -336,6 +336,26 @@ def test_floor_log2_exact_including_denormals(rng):
     assert np.array_equal(frac.numpy().astype(np.float64), (2 * m - 1) * 2.0**23)
     e0, f0 = floor_log2(torch.zeros(1))
     assert e0.item() == -150 and f0.item() == 0
+    assert [t.item() for t in floor_log2(torch.tensor([-8.0]))] == [3, 0]  # (the sign ignored, as documented)
+    # its siblings' input check (a Python float raised AttributeError; float64 1e300 gave E = 128, rounded to Inf)
+    for bad, match in ((3.0, "got float"), (torch.tensor([1e300], dtype=torch.float64), "got torch.float64"),
+                       (torch.tensor([1j]), "got torch.complex64")):
+        with pytest.raises(TypeError, match=match):
+            floor_log2(bad)
+
+
+def test_small_helpers_refuse_what_gave_garbage():
+    """decode_elements of a wide unsigned code past the format's (a uint64 2^32 + 3 wrapped to code 3, 1.5 in
+    FP4) is NaN as documented; bits_per_element refuses a block size that is not a positive int (0 divided by
+    zero, -32 gave 3.75 bits)."""
+    f4 = get_format("mxfp4")
+    got = decode_elements(torch.tensor([3, 2**32 + 3, 2**63 + 3], dtype=torch.uint64), f4)
+    assert got[0].item() == 1.5 and bool(got[1:].isnan().all())
+    got = decode_elements(torch.tensor([0x38, 2**31 + 0x38], dtype=torch.uint32), "mxfp8_e4m3")
+    assert got[0].item() == 1.0 and bool(got[1].isnan())
+    for bad in (0, -32, True, 32.0):
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            f4.bits_per_element(bad)
 
 
 def test_bitcast_under_vmap(rng):

@@ -608,6 +608,9 @@ def test_qsnr_db_values(rng):
         assert qsnr_db(xb, xb * 1.1) == pytest.approx(20.0), big
     with pytest.raises(TypeError, match="qsnr_db: x_hat must be a torch.Tensor, got list"):
         qsnr_db(x, [1.0])
+    for a, b, name in ((torch.tensor([1j]), torch.tensor([0j]), "x"), (x[:1], torch.tensor([1 - 1j]), "x_hat")):
+        with pytest.raises(TypeError, match=f"qsnr_db: {name} is complex"):  # (1j against 0j read as exact: inf)
+            qsnr_db(a, b)
 
 
 def _small_model():

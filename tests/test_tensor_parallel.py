@@ -576,3 +576,25 @@ def test_gpu_shards_quantize_activations_of_64_element_blocks(tmp_path, rng):
                 assert not err, (act, cls.__name__, err)
     finally:
         dist.destroy_process_group()
+
+
+def test_constructor_checks_before_any_collective():
+    """From a bad-input audit, checked before the process group is read (no group needed): the global sizes
+    ("64" failed inside a string format's %, a negative N that divides was named as N / W), non-bool flags ("no"
+    was taken as True: the opposite of what was asked), a group that is not a ProcessGroup (AttributeError), a
+    style that is not a str (unhashable type)."""
+    from mxkit.distributed import group_position
+
+    for cls in (ColumnParallelMXLinear, RowParallelMXLinear):
+        for args, name in (((64, "64"), "out_features"), (("64", 64), "in_features"), ((64, None), "out_features"),
+                           ((64, -64), "out_features"), ((0, 64), "in_features"), ((True, 64), "in_features")):
+            with pytest.raises(ValueError, match=rf"{name} must be a positive int for {cls.__name__}, got"):
+                cls(*args, "mxfp4")
+    with pytest.raises(TypeError, match="gather_output must be a bool, got 'no'"):
+        ColumnParallelMXLinear(64, 64, "mxfp4", gather_output="no")
+    with pytest.raises(TypeError, match="input_is_parallel must be a bool, got 'no'"):
+        RowParallelMXLinear(64, 64, "mxfp4", input_is_parallel="no")
+    with pytest.raises(TypeError, match="who: group must be a torch.distributed ProcessGroup or None, got str"):
+        group_position("foo", "who")
+    with pytest.raises(ValueError, match=r"unknown tensor-parallel style \['row'\]"):
+        shard_mxlinear(MXLinear(64, 64, "mxfp4"), ["row"])

@@ -121,7 +121,11 @@ def _header_device(group) -> torch.device:
 
 def group_position(group: Optional[dist.ProcessGroup], who: str) -> tuple[int, int]:
     """(world size, rank) of this process in ``group`` (None: the world). Raises ValueError naming ``who`` where
-    this process is not a member (torch.distributed's rank -1, which read as a world size of -1 or an index)."""
+    this process is not a member (torch.distributed's rank -1, which read as a world size of -1 or an index), and
+    TypeError for a ``group`` that is neither None nor a ProcessGroup."""
+    if not (group is None or isinstance(group, dist.ProcessGroup)  # ("foo": AttributeError .size)
+            or group is dist.GroupMember.NON_GROUP_MEMBER):  # (new_group's answer on a rank outside it)
+        raise TypeError(f"{who}: group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if rank < 0:
         raise ValueError(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the process "

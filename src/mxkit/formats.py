@@ -318,10 +318,12 @@ def _check_float_input(t: torch.Tensor, who: str) -> None:
 def floor_log2(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ``(E, frac)`` of float32 magnitudes: ``|a| = (1 + frac / 2^23) * 2^E``.
 
-    a: a float tensor read as float32 (a float64 one is rounded to float32 first) and its sign ignored; meant for
-    finite values (NaN and Inf give meaningless E). fp32 denormals are normalised (E down to -149). For ``a == 0``
-    returns E = -150, frac = 0. Returns two int32 tensors of a's shape.
+    a: float32 | bfloat16 | float16 (read as float32), its sign ignored; meant for finite values (NaN and Inf give
+    meaningless E). fp32 denormals are normalised (E down to -149). For ``a == 0`` returns E = -150, frac = 0.
+    Returns two int32 tensors of a's shape. Raises TypeError for a non-tensor or another dtype (a float64 value
+    would be rounded to float32 first: its E could be off by one, or Inf's).
     """
+    _check_float_input(a, "floor_log2")
     bits = _f32_bits(a) & 0x7FFFFFFF
     is_denormal = bits < (1 << _F32_MANT_BITS)
     # Scaling a denormal by 2^64 is exact and makes it normal; undo the 64 afterwards.
@@ -444,7 +446,9 @@ def decode_elements(codes: torch.Tensor, fmt: FormatLike) -> torch.Tensor:
         codes = bitcast(codes, torch.uint8)
     elif codes.dtype == torch.bool or codes.dtype.is_floating_point or codes.dtype.is_complex:
         raise TypeError(f"decode_elements takes element codes (uint8), got {codes.dtype}")
-    c = codes.to(torch.int64 if codes.dtype == torch.int64 else torch.int32)
+    # (int64 for the wide dtypes: int32 wrapped a uint64 code of 2^32 + 3 to code 3; a uint64 past 2^63 turns
+    # negative, out of range too)
+    c = codes.to(torch.int64 if codes.dtype in (torch.int64, torch.uint32, torch.uint64) else torch.int32)
     val = _decode_codes(c, f)
     if codes.dtype == torch.uint8 and f.bits == 8:  # (every byte is a code)
         return val

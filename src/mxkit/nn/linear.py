@@ -79,13 +79,15 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
     exactly (equal infinities and two empty tensors included), or the signal is infinite and the error not, and
     ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and the signal not. Raises TypeError
-    for an argument that is not a tensor, ValueError when the shapes differ (no broadcasting). The ratio is
+    for an argument that is not a tensor or is complex, ValueError when the shapes differ (no broadcasting). The ratio is
     torchao's SQNR (``torchao.quantization.utils.compute_error``: ``20·log10(‖x‖ / ‖x − x̂‖)``, in float32
     there); the float64 scaling and the NaN / ±inf cases are mxkit's own.
     """
     for name, t in (("x", x), ("x_hat", x_hat)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"qsnr_db: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_complex():  # (the cast to float64 dropped the imaginary part: 1j against 0j read as exact)
+            raise TypeError(f"qsnr_db: {name} is complex ({t.dtype}); pass real tensors")
     if tuple(x.shape) != tuple(x_hat.shape):
         raise ValueError(f"qsnr_db: x has shape {tuple(x.shape)} but x_hat {tuple(x_hat.shape)}")
     x64, h64 = x.detach().to(torch.float64), x_hat.detach().to(torch.float64)

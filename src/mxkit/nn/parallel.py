@@ -75,7 +75,7 @@ from ..distributed import group_position
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
 from ..fold import can_fold
 from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
-from ..tensor import SUPPORTED_INPUT_DTYPES
+from ..tensor import SUPPORTED_INPUT_DTYPES, as_int
 from . import _ops
 from .linear import FP8_ROWWISE, MXLinear, _check_block_size, copied_dense_cache
 
@@ -253,6 +253,11 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  bias: bool = True, act_format: Optional[FormatLike] = None, **kwargs) -> None:
         self._check_act(act_format)
+        in_features, out_features = as_int(in_features), as_int(out_features)
+        for name, v in (("in_features", in_features), ("out_features", out_features)):  # (the global sizes, before
+            # any % or division: "64" failed in string formatting, a negative N that divides was named as N / W)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int for {type(self).__name__}, got {v!r}")
         world, rank = group_position(group, type(self).__name__)
         block_size, fmt = kwargs.get("block_size", BLOCK_SIZE), get_format(weight_format)
         _check_block_size(block_size, fmt, None)  # (before _local_sizes divides by it; MXLinear checks act_format's)
@@ -357,6 +362,8 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  gather_output: bool = True, **kwargs) -> None:
+        if not isinstance(gather_output, bool):  # ("no" was taken as True: the opposite of what was asked)
+            raise TypeError(f"gather_output must be a bool, got {gather_output!r}")
         super().__init__(in_features, out_features, weight_format, group=group, **kwargs)
         self.gather_output = gather_output
 
@@ -415,6 +422,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  input_is_parallel: bool = False, **kwargs) -> None:
+        if not isinstance(input_is_parallel, bool):  # ("no" was taken as True)
+            raise TypeError(f"input_is_parallel must be a bool, got {input_is_parallel!r}")
         super().__init__(in_features, out_features, weight_format, group=group, **kwargs)
         self.input_is_parallel = input_is_parallel
 
@@ -534,6 +543,6 @@ def shard_mxlinear(layer: MXLinear, style: str, group=None, **kwargs) -> _Tensor
     not an unsharded MXLinear. To build a shard from an ``nn.Linear`` without quantizing the whole weight, use
     ``ColumnParallelMXLinear.from_linear`` / ``RowParallelMXLinear.from_linear``.
     """
-    if style not in _CLASSES:
+    if not isinstance(style, str) or style not in _CLASSES:  # (a list: not "unhashable type")
         raise ValueError(f"unknown tensor-parallel style {style!r}; expected one of {', '.join(STYLES)}")
     return _CLASSES[style].from_mxlinear(layer, group=group, **kwargs)

@@ -370,6 +370,13 @@ def test_quick_defaults_and_no_cuda(monkeypatch, capsys):
     assert [ln.split() for ln in out[1:]] == [[f, "batch", b, "graphs"] for f in ("bf16", "mxfp4_e2m1")
                                               for b in ("1", "16")]
     assert cli.main(["bench", "decode", "--list", "--layers", "99"]) == 2  # (options still checked)
+    capsys.readouterr()
+    # a cache past the model's positions (--prompt 99999999 ran out of memory on CPU, no message)
+    for prompt, tokens, ok in ((99999999, 1, False), (8190, 1, False), (8189, 1, True), (8000, 64, True)):
+        assert cli.main(["bench", "decode", "--list", "--model", "tiny-llama", "--prompt", str(prompt),
+                         "--tokens", str(tokens)]) == (0 if ok else 2), prompt
+        err = capsys.readouterr().err
+        assert ok or f"= {prompt + tokens + bd.WARMUP_STEPS} is past its max_position_embeddings of 8192" in err
 
 
 def test_gemm_path_names_the_first_mx_layer():

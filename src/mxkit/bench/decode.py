@@ -531,7 +531,7 @@ def _mx_name(s: str) -> str:
 
 def resolve(args) -> None:
     """Fill the ``--quick`` defaults (``--layers``: 4, or all of a model with fewer); raise ValueError for options
-    that do not go together."""
+    that do not go together (a prompt and token count past the model's positions included)."""
     quick = dict(QUICK, layers=min(QUICK["layers"], model_layers(args.model)))
     for k, v in quick.items():
         if getattr(args, k) is None and (args.quick or k != "layers"):
@@ -547,6 +547,11 @@ def resolve(args) -> None:
         raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
     if "graphs" in args.modes and args.device != "cuda":
         raise ValueError("--modes graphs needs --device cuda (CUDA graphs); use --modes eager on CPU")
+    span = args.prompt + args.tokens + WARMUP_STEPS  # (the cache's length: --prompt 99999999 ran out of memory)
+    positions = MODELS[args.model][1].get("max_position_embeddings")
+    if positions and span > positions:
+        raise ValueError(f"{args.model}: --prompt + --tokens + {WARMUP_STEPS} = {span} is past its "
+                         f"max_position_embeddings of {positions}")
     window = MODELS[args.model][1].get("sliding_window")
     if window and "graphs" in args.modes and args.prompt + args.tokens + WARMUP_STEPS > window:
         raise ValueError(f"{args.model} with graphs: --prompt + --tokens + {WARMUP_STEPS} = "

@@ -4,6 +4,7 @@ and an HF Llama decoder built from a config gives the logits of the unfused mode
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -394,6 +395,10 @@ def test_fused_group_copies_and_pickles_after_compile(rng):
         assert torch.equal(pickle.loads(pickle.dumps(group))(x)[0], group(x)[0])
     with pytest.raises(ValueError, match=r"index=2 must be a part of the group: 0 \.\. 1"):
         FusedPart(group, 2)
+    assert FusedPart(group, np.int64(1)).index == 1  # (as group.output takes it; "np.int64(0) must be a part")
+    with pytest.raises(ValueError, match="fuses plain MXLinear layers, as fuse_siblings and MXGatedMLP do; got a "
+                                         "NoneType"):  # (None was the check's own "no other layer": AttributeError)
+        FusedMXLinear([mk(), None])
     with pytest.raises(TypeError, match="FusedPart takes a FusedMXLinear, got MXLinear"):
         FusedPart(mk(), 0)
     for bad in ((m for m in (mk(), mk())), mk()):
@@ -477,6 +482,9 @@ def test_fuse_siblings_rejects_malformed_groups(rng):
         fuse_siblings(model, 5)
     with pytest.raises(ValueError, match="names a layer more than once"):  # (fused a layer with itself: 2x memory)
         fuse_siblings(model, [("q_proj", "q_proj")])
+    for one in ([("q_proj",)], [()]):  # (skipped without a word)
+        with pytest.raises(ValueError, match="names fewer than two layers: nothing to fuse"):
+            fuse_siblings(model, one)
     with pytest.raises(TypeError, match="takes an nn.Module, got list"):
         fuse_siblings([model])
     assert dict(model.named_modules()) == before

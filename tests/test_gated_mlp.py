@@ -121,6 +121,9 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
         MXGatedMLP(mixed.gate_proj, mixed.up_proj, mixed.down_proj)
     with pytest.raises(ValueError, match="MXLinear"):
         MXGatedMLP(dense.gate_proj, dense.up_proj, dense.down_proj)
+    for down in (None, "x"):  # (built, then failed at the first forward: "'NoneType' object is not callable")
+        with pytest.raises(TypeError, match="down projection must be an nn.Module"):
+            MXGatedMLP(mixed.gate_proj, mixed.gate_proj, down)
 
 
 def test_fuse_gated_mlp_replaces_a_shared_module_once(rng):

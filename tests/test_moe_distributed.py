@@ -388,6 +388,11 @@ def test_expert_ranges():
             check_expert_ranges(bad, 4, 1)
     with pytest.raises(TypeError, match="sequence of"):
         check_expert_ranges(None, 4, 1)
+    # an iterator is read once and the ranges come back (ep_moe indexed and re-read a generator it had checked)
+    assert check_expert_ranges(((0, 4) for _ in range(1)), np.int64(4), 1) == ((0, 4),)
+    for counts in (("8", 1), (8, "1"), (True, 1)):  # ("8" said the ranges do not cover "[0, 8)")
+        with pytest.raises(TypeError, match="must be an int"):
+            check_expert_ranges([(0, 8)], *counts)
 
 
 @in_gloo_group

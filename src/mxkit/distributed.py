@@ -73,9 +73,15 @@ def expert_ranges(num_experts: int, world_size: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int, world_size: int) -> None:
-    """Raise ValueError unless ``ranges`` has one non-empty (lo, hi) per rank, contiguous in rank order, from 0
-    to ``num_experts`` (TypeError for ranges that are not a sequence of pairs of ints)."""
+def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int,
+                        world_size: int) -> tuple[tuple[int, int], ...]:
+    """``ranges`` as a tuple of (lo, hi) tuples (an iterator read once) if it has one non-empty (lo, hi) per rank,
+    contiguous in rank order, from 0 to ``num_experts``; else ValueError (TypeError for ranges that are not a
+    sequence of pairs of ints, or counts that are not ints)."""
+    for name, v in (("num_experts", num_experts), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(as_int(v), int):  # ("8" made a misleading "[0, 8)" message)
+            raise TypeError(f"{name} must be an int, got {v!r}")
+    num_experts, world_size = as_int(num_experts), as_int(world_size)
     try:
         ranges = [tuple(r) for r in ranges]
     except TypeError:
@@ -87,6 +93,7 @@ def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int, wor
     if not ok:
         raise ValueError(f"expert ranges {ranges} must be {world_size} contiguous non-empty (lo, hi) pairs in rank "
                          f"order covering [0, {num_experts})")
+    return tuple(ranges)
 
 
 # the header's fields after (count, needs a gradient): the call validated, then what every rank must agree on
@@ -263,7 +270,7 @@ def ep_moe(
     try:
         x2, weights, ids = route_tokens(x, router_logits, top_k, routing)
         (T, H), k, E = x2.shape, ids.shape[1], router_logits.shape[-1]
-        check_expert_ranges(ranges, E, world)
+        ranges = check_expert_ranges(ranges, E, world)  # (a generator: read once, here)
         lo, hi = ranges[rank]
         check_moe_args(x2, w_gate_up, b_gate_up, w_down, b_down, weights, ids, activation=activation,
                        expert_range=(lo, hi), num_experts=E)

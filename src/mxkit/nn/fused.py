@@ -80,8 +80,9 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         layers = list(layers)
         if len(layers) < 2:
             raise ValueError("FusedMXLinear needs two or more MXLinear layers")
-        other = next((m for m in layers if type(m) is not MXLinear), None)
-        if other is not None:  # (a tensor-parallel shard's stacked rows would skip its collectives: wrong outputs)
+        other = [m for m in layers if type(m) is not MXLinear]  # (a list: a None member is one too)
+        if other:  # (a tensor-parallel shard's stacked rows would skip its collectives: wrong outputs)
+            other = other[0]
             raise ValueError(f"FusedMXLinear fuses plain MXLinear layers, as fuse_siblings and MXGatedMLP do; got a "
                              f"{type(other).__name__}")
         first = layers[0]
@@ -237,6 +238,10 @@ class FusedPart(nn.Module):
         super().__init__()
         if not isinstance(group, FusedMXLinear):
             raise TypeError(f"FusedPart takes a FusedMXLinear, got {type(group).__name__}")
+        try:  # (a NumPy integer, as FusedMXLinear.output takes)
+            index = operator.index(index) if not isinstance(index, bool) else index
+        except TypeError:
+            pass
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(group.splits):
             raise ValueError(f"index={index!r} must be a part of the group: 0 .. {len(group.splits) - 1}")
         self.__dict__["group"] = group  # not a submodule: the weights live once, under the group's own name
@@ -264,7 +269,7 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
     an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names
     (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a
-    group that names a layer twice. The default names are HF transformers' (Llama, Mistral, Qwen2 / 3, Gemma); the
+    group that names a layer twice or fewer than two layers. The default names are HF transformers' (Llama, Mistral, Qwen2 / 3, Gemma); the
     fused layout is :class:`FusedMXLinear`'s (vLLM's merged q / k / v and gate / up rows, on one rank); the
     in-place swap is mxkit's own."""
     if not isinstance(model, nn.Module):
@@ -315,5 +320,7 @@ def _check_groups(groups) -> list[tuple[str, ...]]:
                             f"{names!r}{flat}")
         if len(set(names)) != len(names):
             raise ValueError(f"fuse_siblings: the group {names!r} names a layer more than once")
+        if len(names) < 2:  # (it was skipped without a word: a group of one fuses nothing)
+            raise ValueError(f"fuse_siblings: the group {names!r} names fewer than two layers: nothing to fuse")
         out.append(names)
     return out

@@ -49,12 +49,14 @@ class MXGatedMLP(_ops.Handled, nn.Module):
     dtype. The computation is HF transformers' ``LlamaMLP`` with SiLU (``down_proj(act_fn(gate_proj(x)) *
     up_proj(x))``, as MistralMLP, Qwen2MLP, Qwen3MLP); the interleaved ``gate_up`` rows are mxkit's own layout.
     Raises ValueError when ``gate`` or ``up`` is not an MXLinear (exactly: a subclass is refused too), when either
-    has a bias, or when they do not match."""
+    has a bias, or when they do not match; TypeError when ``down`` is not an nn.Module."""
 
     def __init__(self, gate: MXLinear, up: MXLinear, down: nn.Module):
         super().__init__()
         if type(gate) is not MXLinear or type(up) is not MXLinear:
             raise ValueError("MXGatedMLP takes MXLinear gate and up projections")
+        if not isinstance(down, nn.Module):  # (None failed at the first forward: "'NoneType' is not callable")
+            raise TypeError(f"MXGatedMLP's down projection must be an nn.Module, got {type(down).__name__}")
         keys = [(m.in_features, m.out_features, m.weight_format, m.act_format, m.scale_mode, m.rounding, m.block_size,
                  m.weight_qdata.device, m.bias is None) for m in (gate, up)]
         if keys[0] != keys[1] or not keys[0][-1]:

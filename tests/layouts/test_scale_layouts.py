@@ -315,3 +315,20 @@ def test_layout_shape_refuses_bools_and_plain_is_contiguous():
     s = torch.randint(0, 256, (40, 130), dtype=torch.uint8).t()
     out = to_layout(s, "plain")
     assert out.is_contiguous() and torch.equal(out, s)
+
+
+def test_layout_sizes_take_numpy_integers():
+    """scale_layout_shape / from_layout / from_data_layout take NumPy integer sizes as the rest of mxkit does (they
+    were refused: "rows must be a non-negative int, got np.int64(5)"); a NumPy float is still refused."""
+    import numpy as np
+
+    from mxkit.layouts import from_data_layout, to_data_layout
+
+    assert scale_layout_shape(np.int64(5), np.int32(3), "nvidia_128x4") == (128, 4)
+    s = rand_bytes(200, 6)
+    assert bytes_equal(from_layout(to_layout(s, "nvidia_128x4"), "nvidia_128x4", tuple(np.array([200, 6]))), s)
+    q = rand_bytes(3, 32, 64)
+    assert bytes_equal(from_data_layout(to_data_layout(q, "aiter_shuffle"), "aiter_shuffle",
+                                        tuple(np.array([3, 32, 64]))), q)
+    with pytest.raises(ValueError, match=r"rows must be a non-negative int, got np.float64\(3.0\)"):
+        scale_layout_shape(np.float64(3.0), 3, "plain")

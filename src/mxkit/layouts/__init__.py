@@ -29,6 +29,7 @@ list of layout names from those modules.
 from __future__ import annotations
 
 import math
+import operator
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -75,12 +76,25 @@ def _check_data_layout(layout: str) -> tuple[int, int]:
     return DATA_LAYOUTS[layout]
 
 
-def _check_dims(rows, cols) -> None:
+def _as_dim(v):
+    """v as a Python int where it is an integer of another type (a NumPy one, as the rest of mxkit takes), else v."""
+    if isinstance(v, (bool, int, torch.SymInt)):
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
+
+
+def _check_dims(rows, cols) -> tuple:
+    """(rows, cols) as ints (NumPy integers taken) if both are non-negative ints; else ValueError."""
+    rows, cols = _as_dim(rows), _as_dim(cols)
     for name, v in (("rows", rows), ("cols", cols)):
         if isinstance(v, torch.SymInt):  # (torch.compile with a dynamic dim: checked where it is concrete)
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+    return rows, cols
 
 
 def _as_bytes(t: torch.Tensor, allowed: tuple, what: str) -> torch.Tensor:
@@ -104,7 +118,7 @@ def scale_layout_shape(rows: int, cols: int, layout: str) -> tuple[int, int]:
     Raises ValueError for an unknown layout or negative / non-int sizes.
     """
     rm, cm = _check_layout(layout)
-    _check_dims(rows, cols)
+    rows, cols = _check_dims(rows, cols)
     return (-(-rows // rm) * rm, -(-cols // cm) * cm)
 
 
@@ -161,7 +175,7 @@ def from_layout(swizzled: torch.Tensor, layout: str, shape: Sequence[int]) -> to
     shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else shape
     if not isinstance(shape, tuple) or len(shape) != 2:
         raise ValueError(f"shape must be (rows, cols), got {shape!r}")
-    rows, cols = shape
+    rows, cols = _check_dims(*shape)
     R, C = scale_layout_shape(rows, cols, layout)
     if tuple(s.shape) not in ((R, C), (R * C,)):
         raise ValueError(
@@ -231,6 +245,8 @@ def from_data_layout(shuffled: torch.Tensor, layout: str, shape: Sequence[int]) 
     """
     _check_data_layout(layout)
     s = _as_bytes(shuffled, _DATA_DTYPES, "shuffled")
+    if isinstance(shape, (tuple, list)):
+        shape = tuple(_as_dim(d) for d in shape)
     if not isinstance(shape, (tuple, list, torch.Size)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):

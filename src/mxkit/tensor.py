@@ -108,7 +108,9 @@ def check_device_name(device, where: str) -> None:
 
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
-    gives values in a dtype) or a tensor; ValueError for a string that is not a device."""
+    gives values in a dtype) or a tensor; ValueError for a string that is not a device, and for a CUDA device (a
+    name, a torch.device or an index) where CUDA is not available (torch's AssertionError / RuntimeError said
+    neither which call nor why)."""
     if isinstance(device, torch.dtype):
         raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
                         f"{instead} for values in a dtype")
@@ -116,6 +118,10 @@ def device_only(device, what: str, instead: str) -> None:
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
     check_device_name(device, f"{what}.to")
+    if isinstance(device, (str, torch.device)) or isinstance(device, int) and not isinstance(device, bool):
+        cuda = device >= 0 if isinstance(device, int) else torch.device(device).type == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise ValueError(f"{what}.to({device!r}): CUDA is not available here")
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,10 +258,13 @@ class MXTensor:
         """(qdata's shape, the plain scale's shape) of an MXTensor of logical ``shape`` blocked along ``axis``:
         the other dimensions in order, then the packed bytes of the axis (``n * pack_bytes // pack``: n / 2 for
         FP4, 3n / 4 for FP6) / its ``n // block_size`` scale bytes; a negative ``axis`` counts from the end; ``fmt``
-        a format or its name. Raises ValueError for an axis out of range (it wrapped around); the caller validates
-        n."""
+        a format or its name. Raises ValueError for an axis out of range (it wrapped around) or a block_size that is
+        not a positive int (0 divided by zero); the caller validates n (a multiple of block_size and of the
+        format's packing)."""
         shape = tuple(shape)
         fmt = get_format(fmt)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"axis {axis} is out of range for a {len(shape)}-D shape {shape}")
         axis %= len(shape)
@@ -288,7 +297,7 @@ class MXTensor:
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
         """The same MXTensor with qdata and scale on ``device`` (bytes unchanged; a device, not a dtype: the
         element format is fixed, :func:`mxkit.dequantize` gives values in a dtype). Raises TypeError for a
-        dtype or a tensor, ValueError for a string that is not a device."""
+        dtype or a tensor, ValueError for a string that is not a device or a CUDA device where CUDA is not available."""
         device_only(device, "MXTensor", "mxkit.dequantize(q, dtype)")
         return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 

@@ -36,6 +36,9 @@ def test_stdlib_sentences_deterministic_and_clean():
     assert len(b) == 16 and set(b) <= set(ev._stdlib_sentence_pool(40, 200))
     with pytest.raises(ValueError, match="at least 2 sentences"):
         ev.stdlib_sentences(1)
+    for bad in ("3", 3.0, True):  # ("3" said "need at least 2 sentences ... got n='3'")
+        with pytest.raises(TypeError, match="the sentence count must be an int"):
+            ev.stdlib_sentences(bad)
     with pytest.raises(ValueError, match="qualify"):
         ev.stdlib_sentences(10**7)
 

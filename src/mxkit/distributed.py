@@ -78,10 +78,10 @@ def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int,
     """``ranges`` as a tuple of (lo, hi) tuples (an iterator read once) if it has one non-empty (lo, hi) per rank,
     contiguous in rank order, from 0 to ``num_experts``; else ValueError (TypeError for ranges that are not a
     sequence of pairs of ints, or counts that are not ints)."""
-    for name, v in (("num_experts", num_experts), ("world_size", world_size)):
-        if isinstance(v, bool) or not isinstance(as_int(v), int):  # ("8" made a misleading "[0, 8)" message)
-            raise TypeError(f"{name} must be an int, got {v!r}")
     num_experts, world_size = as_int(num_experts), as_int(world_size)
+    for name, v in (("num_experts", num_experts), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int):  # ("8" made a misleading "[0, 8)" message)
+            raise TypeError(f"{name} must be an int, got {v!r}")
     try:
         ranges = [tuple(r) for r in ranges]
     except TypeError:

@@ -170,6 +170,14 @@ _ALIASES = {"mxfp4": "mxfp4_e2m1", "mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e2m3"}
 FormatLike = Union[str, ElementFormat]
 
 
+def as_int(v):
+    """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
+    (bools, tensors and non-integers are left for the caller's own check to refuse)."""
+    if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
+        return v
+    return v.__index__()
+
+
 def get_format(fmt: FormatLike) -> ElementFormat:
     """Return the :class:`ElementFormat` for a name (``"mxfp4"``, ``"mxfp8_e4m3"``, …) or a format.
 

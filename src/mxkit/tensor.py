@@ -21,12 +21,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from .layouts import from_layout, scale_layout_shape
-from .formats import (
+from .formats import (  # (as_int: here too, where most callers import it)
     BLOCK_SIZE,
     ElementFormat,
     FormatLike,
     Rounding,
     ScaleMode,
+    as_int,
     get_format,
 )
 
@@ -86,14 +87,6 @@ def check_quantize_args(
             f"is not a multiple of {block_size=}"
         )
     return QuantizeArgs(f, axis, block_size, mode, rnd)
-
-
-def as_int(v):
-    """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
-    (bools, tensors and non-integers are left for the caller's own check to refuse)."""
-    if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
-        return v
-    return v.__index__()
 
 
 def check_device_name(device, where: str) -> None:

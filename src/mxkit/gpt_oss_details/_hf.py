@@ -94,9 +94,9 @@ def load_hf_model(path: Union[str, Path], *, dtype: torch.dtype = torch.bfloat16
     tensor is loaded: the experts through :func:`load_gpt_oss` and :func:`hf_state_dict`, dequantized on ``device``
     (one GPT-OSS-20B layer: about 80 s on 2 CPU cores, milliseconds on a GPU), all others as stored (cast to
     ``dtype``). Returns the model in eval mode on ``device``. Raises ValueError for a ``device`` that cannot hold it
-    (:func:`load_device`) or a ``dtype`` that is not floating-point (transformers' check), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory
-    or when the directory and the model's parameters do not match (naming them).
-    """
+    (:func:`load_device`) or a ``dtype`` that is not floating-point (transformers' check), ImportError without
+    transformers' GPT-OSS classes, CheckpointError for a bad directory or when the directory and the model's parameters
+    do not match (naming them)."""
     from transformers import AutoModelForCausalLM
 
     try:

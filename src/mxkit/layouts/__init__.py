@@ -29,12 +29,12 @@ list of layout names from those modules.
 from __future__ import annotations
 
 import math
-import operator
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import torch
 
+from ..formats import as_int
 from . import aiter_shuffle, nvidia_128x4, plain
 
 __all__ = [
@@ -77,13 +77,8 @@ def _check_data_layout(layout: str) -> tuple[int, int]:
 
 
 def _as_dim(v):
-    """v as a Python int where it is an integer of another type (a NumPy one, as the rest of mxkit takes), else v."""
-    if isinstance(v, (bool, int, torch.SymInt)):
-        return v
-    try:
-        return operator.index(v)
-    except TypeError:
-        return v
+    """v as a Python int where it is a NumPy integer (:func:`mxkit.formats.as_int`); a SymInt as it is."""
+    return v if isinstance(v, torch.SymInt) else as_int(v)
 
 
 def _check_dims(rows, cols) -> tuple:

@@ -46,6 +46,7 @@ from torch import nn
 from torch.autograd import forward_ad as _fwad
 
 from .._device import exporting
+from ..formats import as_int
 from ..ops import has_tangent, needs_grad
 from . import _ops
 from .linear import MXLinear, _hooked, copied_dense_cache
@@ -238,10 +239,7 @@ class FusedPart(nn.Module):
         super().__init__()
         if not isinstance(group, FusedMXLinear):
             raise TypeError(f"FusedPart takes a FusedMXLinear, got {type(group).__name__}")
-        try:  # (a NumPy integer, as FusedMXLinear.output takes)
-            index = operator.index(index) if not isinstance(index, bool) else index
-        except TypeError:
-            pass
+        index = as_int(index)  # (a NumPy integer, as FusedMXLinear.output takes)
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(group.splits):
             raise ValueError(f"index={index!r} must be a part of the group: 0 .. {len(group.splits) - 1}")
         self.__dict__["group"] = group  # not a submodule: the weights live once, under the group's own name
@@ -269,9 +267,9 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
     an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names
     (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a
-    group that names a layer twice or fewer than two layers. The default names are HF transformers' (Llama, Mistral, Qwen2 / 3, Gemma); the
-    fused layout is :class:`FusedMXLinear`'s (vLLM's merged q / k / v and gate / up rows, on one rank); the
-    in-place swap is mxkit's own."""
+    group that names a layer twice or fewer than two layers. The default names are HF transformers' (Llama, Mistral,
+    Qwen2 / 3, Gemma); the fused layout is :class:`FusedMXLinear`'s (vLLM's merged q / k / v and gate / up rows, on one
+    rank); the in-place swap is mxkit's own."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fuse_siblings takes an nn.Module, got {type(model).__name__}")
     groups = _check_groups(groups)

@@ -64,10 +64,9 @@ def load_gpt_oss_model(path, *, dtype: torch.dtype = torch.bfloat16, device: Uni
     Its logits are those of :func:`mxkit.gpt_oss.load_hf_model` (the experts dequantized to ``dtype``) up to the
     MoE's rounding: MXMoE computes in float32 (CPU: float64) with one rounding per GEMM.
     Raises ValueError for a ``device`` this machine or torch build lacks, or ``meta``, or a ``dtype`` that is not
-    floating-point (transformers' check), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad directory or one that does
-    not match the model (naming the tensors), or a config whose ``swiglu_limit`` / ``swiglu_alpha`` is not GPT-OSS's
-    7.0 / 1.702 (the activation MXMoE implements).
-    """
+    floating-point (transformers' check), ImportError without transformers' GPT-OSS classes, CheckpointError for a bad
+    directory or one that does not match the model (naming the tensors), or a config whose ``swiglu_limit`` /
+    ``swiglu_alpha`` is not GPT-OSS's 7.0 / 1.702 (the activation MXMoE implements)."""
     from ..gpt_oss import MOE_ROLES, CheckpointError, hf_config, moe_tensor_name
     from ..gpt_oss_details._hf import load_device, tie_head, use_generation_config
     from ..gpt_oss_details._read import _Reader

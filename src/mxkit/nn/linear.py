@@ -79,10 +79,9 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     Returns NaN where either holds NaN or both the signal and the error are infinite; else ``inf`` when ``x̂ == x``
     exactly (equal infinities and two empty tensors included), or the signal is infinite and the error not, and
     ``-inf`` when ``x`` is all zero but ``x̂`` is not, or the error is infinite and the signal not. Raises TypeError
-    for an argument that is not a tensor or is complex, ValueError when the shapes differ (no broadcasting). The ratio is
-    torchao's SQNR (``torchao.quantization.utils.compute_error``: ``20·log10(‖x‖ / ‖x − x̂‖)``, in float32
-    there); the float64 scaling and the NaN / ±inf cases are mxkit's own.
-    """
+    for an argument that is not a tensor or is complex, ValueError when the shapes differ (no broadcasting). The ratio
+    is torchao's SQNR (``torchao.quantization.utils.compute_error``: ``20·log10(‖x‖ / ‖x − x̂‖)``, in float32 there);
+    the float64 scaling and the NaN / ±inf cases are mxkit's own."""
     for name, t in (("x", x), ("x_hat", x_hat)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"qsnr_db: {name} must be a torch.Tensor, got {type(t).__name__}")

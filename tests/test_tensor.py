@@ -98,6 +98,10 @@ def test_pytree_flatten_unflatten_round_trip(fmt, shape, axis, layout):
     # keyed paths (torch.export) and a JSON round trip of the spec (torch.export serialisation)
     assert [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(q)[0]] == [".qdata", ".scale"]
     assert pytree.treespec_loads(pytree.treespec_dumps(spec)) == spec
+    # an unregistered custom format is refused at the dump (the load failed: "unknown MX format 'my_fp4'")
+    custom = dataclasses.replace(q, fmt=dataclasses.replace(q.fmt, name="my_fp4"))
+    with pytest.raises(ValueError, match="unregistered element format 'my_fp4' cannot be serialised by name"):
+        pytree.treespec_dumps(pytree.tree_structure(custom))
     # tree_map rebuilds through the checked constructor
     mapped = pytree.tree_map_only(torch.Tensor, torch.clone, {"w": q, "n": 3})
     assert _same(mapped["w"], q) and mapped["w"].qdata is not q.qdata and mapped["n"] == 3

@@ -354,8 +354,17 @@ def _unflatten(leaves, context: tuple) -> MXTensor:
 
 
 def _dumpable_context(context: tuple) -> list:
-    """JSON-ready context (``torch.export`` serialisation): names and values instead of objects."""
+    """JSON-ready context (``torch.export`` serialisation): names and values instead of objects. Raises ValueError
+    for an element format the name does not give back (an unregistered custom ElementFormat: the dump took it and
+    the load failed)."""
     fmt, axis, block_size, shape, mode, rounding, layout = context
+    try:
+        same = get_format(fmt.name) == fmt
+    except ValueError:
+        same = False
+    if not same:
+        raise ValueError(f"an MXTensor of the unregistered element format {fmt.name!r} cannot be serialised by name "
+                         f"(its load would not find it); use a registered format")
     return [fmt.name, axis, block_size, list(shape), mode.value, rounding.value, layout]
 
 

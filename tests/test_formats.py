@@ -356,6 +356,10 @@ def test_small_helpers_refuse_what_gave_garbage():
     for bad in (0, -32, True, 32.0):
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             f4.bits_per_element(bad)
+    assert f4.bits_per_element(np.int64(32)) == 4.25
+    # as_int leaves what is no integer to the caller's own check (a one-element array raised NumPy's TypeError)
+    arr = np.array([5])
+    assert F.as_int(arr) is arr and F.as_int(np.int32(5)) == 5 and type(F.as_int(np.int32(5))) is int
 
 
 def test_bitcast_under_vmap(rng):

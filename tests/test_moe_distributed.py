@@ -89,6 +89,13 @@ def check_case(rank, world, seed, *, E, ranges, splits, fmt="mxfp4", bias=True, 
     weights, ids = route(ls, top_k, mode=routing)
     expect = moe_reference(xs, w_gu, b_gu, w_d, b_d, weights, ids, activation=activation)
     assert y.shape == xs.shape and y.dtype == xs.dtype
+    if hot is None and combine_dtype == torch.float64:  # (every rank: a collective) ranges as a generator, read
+        # once (ep_moe indexed and re-read one it had checked: "'generator' object is not subscriptable")
+        again = ep_moe(xs, select_experts(w_gu, lo, hi), None if b_gu is None else b_gu[lo:hi],
+                       select_experts(w_d, lo, hi), None if b_d is None else b_d[lo:hi], ls, top_k,
+                       ranges=(r for r in ranges), routing=routing, activation=activation,
+                       combine_dtype=combine_dtype, group=group)
+        assert torch.equal(again, y)
     if combine_dtype == torch.float64:
         # the same float64 sums as one rank (matmul blocking aside): at most one ulp after the final rounding
         apart = ulps_apart(y, expect)

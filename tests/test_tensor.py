@@ -394,16 +394,20 @@ def test_to_takes_a_device_not_a_dtype():
             obj.to("bogus")
         with pytest.raises(TypeError, match=rf"{name}.to takes a device, not a tensor"):  # (torch's .to(other))
             obj.to(torch.randn(2))
-        if not torch.cuda.is_available():  # (torch's AssertionError "not compiled with CUDA" / a RuntimeError)
-            for dev in ("cuda", 0, torch.device("cuda", 1)):
+        if not torch.cuda.is_available():  # (torch's AssertionError "not compiled with CUDA")
+            for dev in ("cuda", torch.device("cuda", 1)):
                 with pytest.raises(ValueError, match=rf"{name}.to\(.*\): CUDA is not available here"):
                     obj.to(dev)
+        if not torch.accelerator.is_available():  # (an index is the current accelerator's, of any kind)
+            with pytest.raises(ValueError, match=rf"{name}.to\(0\): no accelerator is available here"):
+                obj.to(0)
     with pytest.raises(ValueError, match=r"Fp8Rowwise data must be at least 1-D"):
         Fp8Rowwise(torch.tensor(1.0).to(torch.float8_e4m3fn), torch.ones(1))
 
 
 def test_expected_shapes_refuses_a_block_size_it_cannot_divide_by():
     assert MXTensor.expected_shapes((4, 64), 1, "mxfp4", 32) == ((4, 32), (4, 2))
+    assert MXTensor.expected_shapes((4, 64), 1, "mxfp4", np.int64(32)) == ((4, 32), (4, 2))
     for bad in (0, -32, True, 32.0):  # (0: ZeroDivisionError)
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             MXTensor.expected_shapes((4, 64), 1, "mxfp4", bad)

@@ -109,7 +109,8 @@ class ElementFormat:
 
     def bits_per_element(self, block_size: int = BLOCK_SIZE) -> float:
         """Storage bits per element including the shared 8-bit scale (OCP MX v1.0: one E8M0 byte a block).
-        Raises ValueError for a block_size that is not a positive int."""
+        Raises ValueError for a block_size that is not a positive int (NumPy's taken)."""
+        block_size = as_int(block_size)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         return self.bits + 8.0 / block_size
@@ -175,7 +176,10 @@ def as_int(v):
     (bools, tensors and non-integers are left for the caller's own check to refuse)."""
     if type(v) is int or isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
         return v
-    return v.__index__()
+    try:
+        return v.__index__()
+    except TypeError:  # (a NumPy array of one element has __index__ and refuses it: the caller's check names v)
+        return v
 
 
 def get_format(fmt: FormatLike) -> ElementFormat:

@@ -102,8 +102,8 @@ def check_device_name(device, where: str) -> None:
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
     gives values in a dtype) or a tensor; ValueError for a string that is not a device, and for a CUDA device (a
-    name, a torch.device or an index) where CUDA is not available (torch's AssertionError / RuntimeError said
-    neither which call nor why)."""
+    name or a torch.device) where CUDA is not available and for an index where no accelerator is (torch's
+    AssertionError / RuntimeError said neither which call nor why)."""
     if isinstance(device, torch.dtype):
         raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
                         f"{instead} for values in a dtype")
@@ -111,9 +111,11 @@ def device_only(device, what: str, instead: str) -> None:
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
     check_device_name(device, f"{what}.to")
-    if isinstance(device, (str, torch.device)) or isinstance(device, int) and not isinstance(device, bool):
-        cuda = device >= 0 if isinstance(device, int) else torch.device(device).type == "cuda"
-        if cuda and not torch.cuda.is_available():
+    if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
+        if device >= 0 and not torch.accelerator.is_available():
+            raise ValueError(f"{what}.to({device!r}): no accelerator is available here")
+    elif isinstance(device, (str, torch.device)):
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"{what}.to({device!r}): CUDA is not available here")
 
 
@@ -256,6 +258,7 @@ class MXTensor:
         format's packing)."""
         shape = tuple(shape)
         fmt = get_format(fmt)
+        block_size = as_int(block_size)  # (a NumPy integer, as the constructor takes)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if not -len(shape) <= axis < len(shape):

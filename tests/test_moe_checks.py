@@ -536,7 +536,7 @@ def test_bad_names_and_settings_from_the_session_78_audit(rng):
                            # (float8 is floating but no router dtype: nn.Linear's init failed, naming no argument)
                            (dict(dtype=torch.float8_e4m3fn), TypeError, "dtype=torch.float8_e4m3fn must be"),
                            # (a truthy str: biases made, a (y, scores) tuple returned, a copy kept)
-                           (dict(bias="False"), TypeError, "bias must be a bool for MXMoE, got str 'False'"),
+                           (dict(bias="False"), TypeError, "MXMoE: bias must be a bool, got 'False'"),
                            (dict(router_bias=0), TypeError, "router_bias must be a bool"),
                            (dict(return_router_scores="no"), TypeError, "return_router_scores must be a bool"),
                            (dict(keep_source=None), TypeError, "keep_source must be a bool")):

@@ -171,6 +171,14 @@ _ALIASES = {"mxfp4": "mxfp4_e2m1", "mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e2m3"}
 FormatLike = Union[str, ElementFormat]
 
 
+def check_bools(flags: dict, where: str = "") -> None:
+    """TypeError naming the first of ``flags`` ({name: value}) that is not a bool: a str such as ``"no"`` is
+    truthy, so it was taken as True (``where``: a prefix naming the call)."""
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise TypeError(f"{where}{name} must be a bool, got {v!r}")
+
+
 def as_int(v):
     """v as a Python int where it is an integer of another type (a NumPy integer: ``__index__``), else v as it is
     (bools, tensors and non-integers are left for the caller's own check to refuse)."""

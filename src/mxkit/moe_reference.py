@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .formats import MXFP4_E2M1
+from .formats import MXFP4_E2M1, check_bools
 from .reference import dequantize_reference, quantize_fp8_rowwise_reference, quantize_reference, round_from_float64
 from .tensor import MXTensor, as_int, check_out_dtype
 
@@ -151,8 +151,7 @@ def route(
         raise ValueError(f"router_logits must be (T, E), got shape {tuple(router_logits.shape)}")
     if mode not in ROUTING_MODES:
         raise ValueError(f"unknown routing mode={mode!r}; known: {', '.join(ROUTING_MODES)}")
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {renormalize!r}")
+    check_bools(dict(renormalize=renormalize))
     if renormalize and mode == "gpt_oss":
         raise ValueError("renormalize=True applies to mode='softmax_topk' (gpt_oss weights already sum to 1)")
     top_k = _check_top_k(top_k, router_logits.shape[1])
@@ -435,8 +434,7 @@ def grouped_matmul_reference(
     for name, t in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids)):
         if not isinstance(t, torch.Tensor) or t.dtype not in _INTS:
             raise TypeError(f"{name} must be an int32 / int64 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    if not isinstance(gather, bool):
-        raise TypeError(f"gather must be a bool, got {gather!r}")
+    check_bools(dict(gather=gather))
     top_k = _check_count(top_k, "top_k")
     if num_tokens is not None:
         num_tokens = _check_count(num_tokens, "num_tokens", 0)
@@ -571,10 +569,8 @@ def check_moe_args(x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_i
             raise ValueError(f"expert_range={expert_range} holds {hi - lo} experts but the weights hold E={E}")
     k = topk_ids.shape[1]
     _check_top_k(k, num_experts if num_experts is not None else E)
-    tensors = (x, w_gate_up.qdata, w_down.qdata, topk_ids, topk_weights, b_gate_up, b_down)
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"x, the experts, topk_weights and topk_ids must share one device, got {devices}")
+    _one_device("the MoE layer", x=x, w_gate_up=w_gate_up.qdata, w_down=w_down.qdata, topk_ids=topk_ids,
+                topk_weights=topk_weights, b_gate_up=b_gate_up, b_down=b_down)
     return MoeShapes(T, H, N1 // 2, E, k)
 
 

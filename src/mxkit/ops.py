@@ -20,7 +20,7 @@ from ._autocast import autocast_off
 from ._cache import tensor_version
 from ._precision import exact_matmul
 from ._device import elsewhere, exporting, on_operand_device, other_device, plain_traced
-from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode
+from .formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, check_bools
 from .fold import Folded, quantize_fold_reference
 from .packed import Fp8Rowwise, PackedWeight, note_planned, packed_of
 from .tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int
@@ -665,8 +665,7 @@ def quantize_fold(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     block_size = as_int(block_size)  # (a NumPy integer, as quantize takes)
-    if not isinstance(defer, bool):
-        raise TypeError(f"defer must be a bool, got {defer!r}")
+    check_bools(dict(defer=defer))
     if x.device.type == "meta":
         raise NotImplementedError("quantize_fold: the folded row count depends on the values (rows whose block "
                                   "scales span more than the fold window): not on the meta device")

@@ -50,7 +50,7 @@ from .._device import elsewhere, exporting, plain_traced
 from ..ops import (_functorch_wrapped, dequantize, has_tangent, linear_input_grad, matmul, pack_weight, quantize,
                    quantize_fp8_rowwise, refuse_forward_ad, with_input_grad)
 from ..fold import can_fold
-from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, check_bools, get_format
 from ..packed import PackedWeight, note_planned
 from ..tensor import SUPPORTED_INPUT_DTYPES, MXTensor, as_int, check_device_name
 from ..kernels.matmul import a8w8_linear, refill_packed
@@ -188,8 +188,7 @@ class MXLinear(_ops.Handled, nn.Module):
         if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
             raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format ({act_format!r}) "
                              f"quantizes the input, which never reads a dequantized weight")
-        if not isinstance(bias, bool):  # (bias="no" made a bias)
-            raise TypeError(f"bias must be a bool, got {bias!r}")
+        check_bools(dict(bias=bias))  # (bias="no" made a bias)
         self.dense_cache = dense_cache
         q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
         self.register_buffer("weight_qdata", torch.zeros(q_shape, dtype=torch.uint8, device=device))
@@ -759,10 +758,8 @@ def quantize_model(
     rnd = Rounding.parse(rounding)
     block_size = as_int(block_size)
     _check_block_size(block_size, fmt, act)
-    for flag, v in (("compute_qsnr", compute_qsnr), ("progress", progress), ("return_report", return_report),
-                    ("fuse", fuse)):
-        if not isinstance(v, bool):  # (return_report="no" returned a tuple)
-            raise TypeError(f"quantize_model: {flag} must be a bool, got {v!r}")
+    check_bools(dict(compute_qsnr=compute_qsnr, progress=progress, return_report=return_report, fuse=fuse),
+                "quantize_model: ")  # (return_report="no" returned a tuple)
     should_skip = _skip_matcher(skip)
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}")

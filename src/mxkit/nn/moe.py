@@ -73,7 +73,7 @@ from torch import nn
 from .._cache import TensorsKey, same_objects
 from .._device import elsewhere, exporting
 from ..distributed import check_expert_ranges, ep_moe, expert_ranges, group_position, raise_collectively
-from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, get_format
+from ..formats import BLOCK_SIZE, ElementFormat, FormatLike, Rounding, ScaleMode, check_bools, get_format
 from ..kernels.moe_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
@@ -199,10 +199,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         super().__init__()
         act = _moe_act(act_format)
         fmt = get_format(weight_format)
-        for name, flag in (("bias", bias), ("router_bias", router_bias),
-                           ("return_router_scores", return_router_scores), ("keep_source", keep_source)):
-            if not isinstance(flag, bool):  # ("False" is truthy: biases made, a tuple returned, a copy kept)
-                raise TypeError(f"{name} must be a bool for MXMoE, got {type(flag).__name__} {flag!r}")
+        # ("False" is truthy: biases made, a tuple returned, a copy kept)
+        check_bools(dict(bias=bias, router_bias=router_bias, return_router_scores=return_router_scores,
+                         keep_source=keep_source), "MXMoE: ")
         # (NumPy integers taken, as for axis: dims read back from a config or an array)
         H, I, E, top_k = (as_int(v) for v in (hidden_size, intermediate_size, num_experts, top_k))  # noqa: E741
         for name, v in (("hidden_size", H), ("intermediate_size", I), ("num_experts", E)):

@@ -72,7 +72,7 @@ from torch import nn
 
 from .._device import exporting
 from ..distributed import group_position
-from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, get_format
+from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, check_bools, get_format
 from ..fold import can_fold
 from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
 from ..tensor import SUPPORTED_INPUT_DTYPES, as_int
@@ -362,8 +362,7 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  gather_output: bool = True, **kwargs) -> None:
-        if not isinstance(gather_output, bool):  # ("no" was taken as True: the opposite of what was asked)
-            raise TypeError(f"gather_output must be a bool, got {gather_output!r}")
+        check_bools(dict(gather_output=gather_output))  # ("no" was taken as True: the opposite of what was asked)
         super().__init__(in_features, out_features, weight_format, group=group, **kwargs)
         self.gather_output = gather_output
 
@@ -422,8 +421,7 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  input_is_parallel: bool = False, **kwargs) -> None:
-        if not isinstance(input_is_parallel, bool):  # ("no" was taken as True)
-            raise TypeError(f"input_is_parallel must be a bool, got {input_is_parallel!r}")
+        check_bools(dict(input_is_parallel=input_is_parallel))  # ("no" was taken as True)
         super().__init__(in_features, out_features, weight_format, group=group, **kwargs)
         self.input_is_parallel = input_is_parallel
 

@@ -19,10 +19,13 @@ Bounds, row by row (issue #22's):
 * the middle pass (bias, activation in float32): within 1e-5 of the same in PyTorch's float32 (Triton's
   sigmoid); padding rows exactly 0;
 * the combine: the float32 sum of the kernel's rows, rounded once: within 1e-6 of its float64;
-* the layer against its twin: the kernel's float32 activation (and its float32 sums before the bf16 rounding of
-  h) may move an element of the MXFP4 intermediate by one step where it sits on a rounding boundary; one such
-  element moves its token's output by a few percent. A twin of other semantics misses on most tokens, so: at
-  most 4% of the tokens past 1% of their norm, none past 20% (the W4A8 test's rule).
+* the layer against its twin: the kernel's float32 activation (and its FP8 accumulator's sums before the bf16
+  rounding of h) may move an element of the MXFP4 intermediate by one step, or a block's scale, where v sits on
+  a rounding boundary; a moved scale can move its token's output by tens of percent (a GPU run saw 27%). So the
+  twin's intermediate is compared block by block with the kernel's own (stage ``v``, quantized): at most
+  max(2, 2%) of the blocks may differ, and the twin takes the kernel's blocks where they do (its down GEMM
+  and bf16 rounding redone for those pairs); then at most 4% of the tokens past 1% of their norm (bf16
+  roundings of y, summed with cancellation), none past 5%.
 
 CPU (in CI): the grouped fix-up alone and the whole layer under Triton's interpreter, where the grouped FP8 GEMM
 (``torch._scaled_grouped_mm``, CUDA sm_90 only) and the combine (whose scalar-masked loads the interpreter does
@@ -400,23 +403,64 @@ def _check_layer(device: str, g, T: int, activation: str, *, H: int, I: int) -> 
     assert torch.isnan(o[nan]).all() and not torch.isnan(o[~nan]).any()
     assert ((o - o64)[~nan].norm(dim=1) <= 1e-6 * o64[~nan].norm(dim=1)).all()
     fixed = _flagged(st["x_fold"].status, st["x_fold"].folded.scale)
-    return dict(x=x, w=(w1, b1, w2, b2), tw=tw, ids=ids, out=out, fixed=fixed)
+    return dict(x=x, w=(w1, b1, w2, b2), tw=tw, ids=ids, out=out, fixed=fixed, v4=kernel_v4(st, T, k))
+
+
+def kernel_v4(st: dict, T: int, k: int) -> torch.Tensor:
+    """float64 (T * k, I): the kernel's own intermediate (stage ``v``) quantized to MXFP4 by mxkit.quantize and
+    dequantized, one row per (token, slot) pair at ``t * k + j``."""
+    sid = st["ids"].cpu().long()
+    valid = sid < T * k
+    v4 = mx_values(st["v"].cpu())
+    pairs = torch.zeros(T * k, v4.shape[1], dtype=torch.float64)
+    pairs[sid[valid]] = v4[valid]
+    return pairs
+
+
+def kernel_run(x, w, tw, ids, activation: str, out_dtype: torch.dtype) -> dict:
+    """moe_mxfp4_triton on the MX experts w = (w1, b1, w2, b2), folded here, with its stages: the run dict of
+    :func:`_assert_twin`."""
+    from mxkit.kernels.moe import fold_experts, moe_mxfp4_triton
+
+    w1, b1, w2, b2 = w
+    st = {}
+    out = moe_mxfp4_triton(x, fold_experts(w1, interleave_halves=activation == "swiglu"), b1, fold_experts(w2), b2,
+                           tw, ids, activation=activation, out_dtype=out_dtype, stages=st)
+    return dict(x=x, w=w, tw=tw, ids=ids, out=out, v4=kernel_v4(st, *ids.shape))
 
 
 def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None) -> None:
-    """The layer against moe_mxfp4_reference (module docstring's rule), leaving out the tokens of ``skip``."""
-    from mxkit.moe_reference import moe_mxfp4_reference
+    """The layer against moe_mxfp4_reference (module docstring's rule), leaving out the tokens of ``skip``; run
+    holds the kernel's intermediate per pair (``v4``, :func:`kernel_v4`)."""
+    from mxkit.moe_reference import ACTIVATIONS, _bf16_cast, _mxfp4_cast, moe_mxfp4_reference
 
     w1, b1, w2, b2 = run["w"]
+    ids, tw = run["ids"].cpu().long(), run["tw"].cpu().to(torch.float64)
+    T, k = ids.shape
     ref = moe_mxfp4_reference(mxkit.quantize(run["x"], "mxfp4"), w1, b1, w2, b2, run["tw"], run["ids"],
                               activation=activation, out_dtype=torch.float64).cpu()
+    # the twin's intermediate per pair, as moe_mxfp4_reference makes it
+    a = mx_values(run["x"])
+    W1, W2 = (mxkit.dequantize(w, torch.float64).cpu() for w in (w1, w2))
+    e, t = ids.flatten(), torch.arange(T * k) // k
+    h = torch.empty(T * k, W1.shape[1], dtype=torch.float64)
+    for ex in e.unique().tolist():
+        h[e == ex] = a[t[e == ex]] @ W1[ex].T
+    h = _bf16_cast(h) + (0.0 if b1 is None else b1.cpu().to(torch.float64)[e])
+    v4 = _mxfp4_cast(ACTIVATIONS[activation](h))
+    same = (v4 == run["v4"]) | (torch.isnan(v4) & torch.isnan(run["v4"]))
+    moved = ~same.view(T * k, -1, 32).all(dim=2)  # (pair, block)
+    assert int(moved.sum()) <= max(2, moved.numel() // 50), (int(moved.sum()), moved.numel())
+    # the twin with the kernel's blocks where they moved: those pairs' y again
+    for p in moved.any(dim=1).nonzero().flatten().tolist():
+        y_k, y_r = (_bf16_cast(v[p] @ W2[e[p]].T) for v in (run["v4"], v4))
+        ref[t[p]] += tw.flatten()[p] * (y_k - y_r)
     out = run["out"].cpu().to(torch.float64)
     nan = torch.isnan(ref).any(dim=1)
     assert torch.equal(torch.isnan(out).any(dim=1), nan)
     keep = ~nan if skip is None else ~nan & ~skip
     rel = (out - ref)[keep].norm(dim=1) / ref[keep].norm(dim=1).clamp(min=1e-300)
-    T = ref.shape[0]
-    assert (rel > 0.01).sum() <= max(1, T // 25) and (rel <= 0.2).all(), (int((rel > 0.01).sum()), rel)
+    assert (rel > 0.01).sum() <= max(1, T // 25) and (rel <= 0.05).all(), (int((rel > 0.01).sum()), rel)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -568,9 +612,9 @@ def test_gpu_moe_mxfp4_public_op_and_router_tie(rng):
     y = moe_mxfp4(x, w1, b1, w2, b2, logits, k)
     tw, ids = route(logits, k)
     assert ids[7].tolist() == [3, 9, 20, 30]
-    want = moe_mxfp4_triton(x, fold_experts(w1), b1, fold_experts(w2), b2, tw, ids, out_dtype=x.dtype)
-    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
-    _assert_twin(dict(x=x, w=(w1, b1, w2, b2), tw=tw, ids=ids, out=y), "swiglu_gpt_oss")
+    want = kernel_run(x, (w1, b1, w2, b2), tw, ids, "swiglu_gpt_oss", x.dtype)
+    assert torch.equal(y.view(torch.int16), want["out"].view(torch.int16))
+    _assert_twin(want, "swiglu_gpt_oss")
     w1.scale[2, 5, 0], w1.scale[2, 5, 1] = 150, 100  # a weight row spanning 50: the experts do not fold
     assert fold_experts(w1) is None
     y = moe_mxfp4(x, w1, b1, w2, b2, logits, k)
@@ -627,5 +671,6 @@ def test_gpu_mxmoe_mxfp4_layer(activation, rng):
         sd1 = m.state_dict()
         assert all(torch.equal(sd1[n], sd0[n]) for n in sd0)
         tw, ids = route(m.router(x), k)
-        _assert_twin(dict(x=x, w=(m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias), tw=tw, ids=ids, out=y),
-                     activation)
+        run = kernel_run(x, (m.gate_up_mx, m.gate_up_bias, m.down_mx, m.down_bias), tw, ids, activation, x.dtype)
+        assert torch.equal(run["out"].view(torch.int16), y.view(torch.int16))  # the module's kernel call
+        _assert_twin(run, activation)

@@ -31,6 +31,8 @@
 #   MXKIT_DECODE_BUDGET     stage 6 (default 120)     MXKIT_SKIP_DECODE=1    skip stage 6
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
 #   MXKIT_TEST_K            a pytest -k expression for stage 1 (default: every gpu test)
+#   MXKIT_TEST_IDS          a file of pytest node ids, one a line, for stage 1 in place of tests/ (e.g. those an
+#                           earlier run's pytest_gpu.xml lacks: the ones a budget cut off)
 #   MXKIT_XDIST_N           pytest-xdist workers (default 16; 8 on GPUs under 120 GB, e.g. an 80 GB H100)
 #   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_MOE_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra
 #                           options for the benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,
@@ -85,13 +87,17 @@ else
     # the later stages that will run keep their 30 s each (none when the benchmarks are skipped)
     # (stages reserved behind this one: the sanitizer's and the tune's when on, the five benchmarks' unless skipped)
     SAN=$(($([ "${MXKIT_SANITIZE:-0}" = 1 ] && echo 1 || echo 0) + $([ "${MXKIT_TUNE:-0}" = 1 ] && echo 1 || echo 0)))
-    if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" "$SAN"); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" $((5 + SAN))); fi
+    NB=0  # the benchmark stages that will run
+    for b in QUANTIZE GEMM MOE OVERHEAD DECODE; do v="MXKIT_SKIP_$b"; [ "${!v:-0}" = 1 ] || NB=$((NB + 1)); done
+    if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" "$SAN"); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" $((NB + SAN))); fi
     # the C++ fast call, built once here (else every worker would build it at its first eager call)
     python3 -c 'from mxkit.kernels import fast_call; print("fast call:", fast_call.build())' 2>&1 | tail -n 3 | tee -a "$LOG"
-    say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL)"
+    WHAT=(tests)
+    if [ -n "${MXKIT_TEST_IDS:-}" ]; then mapfile -t WHAT < <(grep -v '^ *$' "$MXKIT_TEST_IDS"); fi
+    say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL, ${#WHAT[@]} paths or ids)"
     # one CPU thread per worker for torch's CPU references: the Triton compiles need the cores
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s INT -k 20 "$B" python3 -m pytest -m gpu "${PAR[@]}" -q \
-        -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml" ${MXKIT_TEST_K:+-k "$MXKIT_TEST_K"} tests \
+        -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml" ${MXKIT_TEST_K:+-k "$MXKIT_TEST_K"} "${WHAT[@]}" \
         2>&1 | tail -n 40 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     STATUS+=("tests: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time)')")

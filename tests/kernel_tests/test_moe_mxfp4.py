@@ -598,7 +598,7 @@ def test_gpu_moe_mxfp4_public_op_and_router_tie(rng):
     """mxkit.moe.moe_mxfp4 on CUDA: routes (a token whose logits tie goes to the lower experts), folds the experts
     on the call, runs the kernels; the same bytes as the kernel on the routed tokens and within the twin rule;
     experts that do not fold take the twin itself."""
-    from mxkit.kernels.moe import fold_experts, moe_mxfp4_triton
+    from mxkit.kernels.moe import fold_experts
     from mxkit.moe import moe_mxfp4, route
     from mxkit.moe_reference import moe_mxfp4_reference
 

@@ -156,7 +156,11 @@ def test_route_matches_hf_router_float32(E, k, rng):
     logits, hf_scores, hf_ids = router(hidden)
     weights, ids = route(logits, k)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (257, k)
-    assert torch.equal(ids.long(), hf_ids)
+    # ids: the same selection in the same order on the rows whose top k + 1 logits have no tie (HF's torch.topk
+    # leaves the order of ties unspecified: an exact float32 tie at the k-th place came once in 2000 seeds)
+    top = logits.sort(dim=-1, descending=True).values[:, : k + 1]
+    no_tie = (top[:, :-1] > top[:, 1:]).all(dim=-1)
+    assert int(no_tie.sum()) >= 250 and torch.equal(ids.long()[no_tie], hf_ids[no_tie])
     assert torch.equal(weights, hf_scores)  # the same float32 softmax over the same k values: bit-identical
 
 

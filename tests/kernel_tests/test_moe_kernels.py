@@ -800,18 +800,33 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
     pairs[sid[valid].long()] = st["y"][valid].to(torch.float64) + b2.to(torch.float64)[e_row[valid]]
     o64 = (pairs.view(T, k, H) * tw.to(torch.float64)[..., None]).sum(1)
     assert_rows(out, o64, 1e-6 * o64.norm(dim=1))
-    # and against the twin. Its activation runs in float64, the kernel's in float32 on the same bf16 h, so an
-    # element of v8 that sits on an E4M3 rounding boundary may land one step (up to 1/8 of it) away; one such
-    # element moves its token's output by a few percent where it dominates its row (seen: 4 of 300 tokens past
-    # 1%, seed 3292234434; 8 and 7 of 300 with "swiglu", seeds 2391584726 and 1209582652, the same with the
-    # code before the session-24 changes). A twin of other semantics (bias, routing weight, activation, order)
-    # misses on most tokens, so: at most 4% of the tokens past 1% of their norm (2 at T = 3, where one such token
-    # in 3 comes ~3% of the time and two ~0.2%: a different twin is caught at T = 300), none past 20%.
-    from mxkit.moe_reference import moe_w4a8_reference
+    # and against the twin. Its activation runs in float64 on bf16(float64 h), the kernel's in float32 on its own
+    # bf16 h (FP8 tensor-core sums), so the FP8 cast of a pair's v may differ: an element on an E4M3 rounding
+    # boundary lands one step away, or the row's amax (its scale) moves (a whole-layer allowance of 4% of the
+    # tokens past 1% once met 4, 8 and 7 of 300 here). So the twin's v8 is compared pair by pair with the
+    # kernel's (stage h8 * s2), at most half of the pairs may differ (a twin of other semantics differs on all),
+    # and the twin takes the kernel's v8 where they do (those pairs' down GEMM and bf16 rounding redone); then
+    # every token within 5% of its norm and at most 4% (2 at T = 3) past 1% (bf16 roundings of y, summed with
+    # cancellation).
+    from mxkit.moe_reference import ACTIVATIONS, _bf16_cast, _fp8_rowwise_cast, moe_w4a8_reference
 
     ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64).cpu()
+    a = (xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)).cpu()
+    W1, W2 = (dequantize_reference(w, torch.float64).cpu() for w in (w1, w2))
+    e, t = ids.cpu().long().flatten(), torch.arange(T * k) // k
+    h = torch.empty(T * k, 2 * I, dtype=torch.float64)
+    for ex in e.unique().tolist():
+        h[e == ex] = a[t[e == ex]] @ W1[ex].T
+    v8 = _fp8_rowwise_cast(ACTIVATIONS[act](_bf16_cast(h) + b1.cpu().to(torch.float64)[e]))
+    v8k = torch.zeros(T * k, I, dtype=torch.float64)
+    v8k[sid[valid].long().cpu()] = got.cpu()
+    moved = (v8k != v8).any(dim=1)
+    assert int(moved.sum()) <= T * k // 2, (int(moved.sum()), T * k)
+    twk = tw.cpu().to(torch.float64).flatten()
+    for p in moved.nonzero().flatten().tolist():
+        ref[t[p]] += twk[p] * (_bf16_cast(v8k[p] @ W2[e[p]].T) - _bf16_cast(v8[p] @ W2[e[p]].T))
     rel = (out.cpu().to(torch.float64) - ref).norm(dim=1) / ref.norm(dim=1).clamp(min=1e-300)
-    assert (rel > 0.01).sum() <= max(2, T // 25) and rel.max() <= 0.2, (int((rel > 0.01).sum()), rel.max())
+    assert (rel > 0.01).sum() <= max(2, T // 25) and rel.max() <= 0.05, (int((rel > 0.01).sum()), rel.max())
 
 
 @pytest.mark.parametrize("interleave", [False, True])

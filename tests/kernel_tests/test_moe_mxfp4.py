@@ -22,10 +22,11 @@ Bounds, row by row (issue #22's):
 * the layer against its twin: the kernel's float32 activation (and its FP8 accumulator's sums before the bf16
   rounding of h) may move an element of the MXFP4 intermediate by one step, or a block's scale, where v sits on
   a rounding boundary; a moved scale can move its token's output by tens of percent (a GPU run saw 27%). So the
-  twin's intermediate is compared block by block with the kernel's own (stage ``v``, quantized): at most
-  max(2, 2%) of the blocks may differ, and the twin takes the kernel's blocks where they do (its down GEMM
-  and bf16 rounding redone for those pairs); then at most 4% of the tokens past 1% of their norm (bf16
-  roundings of y, summed with cancellation), none past 5%.
+  kernel's h (stage ``h``) is held to the GEMM bound of the twin's float64 h, and the twin's float64 activation
+  of the kernel's h must give the kernel's intermediate blocks (stage ``v``, quantized) but for at most
+  max(2, 2%) of them; the twin then takes the kernel's blocks where they differ from its own (its down GEMM and
+  bf16 rounding redone for those pairs); then at most 4% of the tokens past 1% of their norm (bf16 roundings of
+  y, summed with cancellation), none past 5%.
 
 CPU (in CI): the grouped fix-up alone and the whole layer under Triton's interpreter, where the grouped FP8 GEMM
 (``torch._scaled_grouped_mm``, CUDA sm_90 only) and the combine (whose scalar-masked loads the interpreter does
@@ -121,12 +122,19 @@ def assert_gemm_rows(y: torch.Tensor, a64: torch.Tensor, w64: torch.Tensor, trun
     rows whose y64 is NaN must be NaN."""
     y, a64, w64 = y.cpu(), a64.cpu(), w64.cpu()
     y64 = torch.einsum("pk,pnk->pn", a64, w64)
+    rss = torch.einsum("pk,pnk->pn", a64**2, w64**2).sqrt()
+    assert_rows_within(y, y64, rss, a64.shape[1], truncating)
+
+
+def assert_rows_within(y: torch.Tensor, y64: torch.Tensor, rss: torch.Tensor, K: int, truncating: bool) -> None:
+    """:func:`assert_gemm_rows`' bound on rows y (P, N) of a product whose float64 is y64, with rss the root of
+    the summed squared products and K its depth."""
+    y, y64, rss = y.cpu(), y64.cpu(), rss.cpu()
     nan = torch.isnan(y64).any(dim=1)
     assert torch.isnan(y[nan]).any(dim=1).all(), "a row whose exact product is NaN must be NaN"
     keep = ~nan
-    y, y64 = y[keep].to(torch.float64), y64[keep]
-    rss = torch.einsum("pk,pnk->pn", a64[keep] ** 2, w64[keep] ** 2).sqrt()
-    acc = accumulation_bound(y64, rss, a64.shape[1]).norm(dim=1)
+    y, y64, rss = y[keep].to(torch.float64), y64[keep], rss[keep]
+    acc = accumulation_bound(y64, rss, K).norm(dim=1)
     err = (y - y64).norm(dim=1)
     if truncating:
         ulp = 2.0 ** (torch.floor(torch.log2(y64.abs().clamp(min=2.0**-133))) - 7)
@@ -403,18 +411,24 @@ def _check_layer(device: str, g, T: int, activation: str, *, H: int, I: int) -> 
     assert torch.isnan(o[nan]).all() and not torch.isnan(o[~nan]).any()
     assert ((o - o64)[~nan].norm(dim=1) <= 1e-6 * o64[~nan].norm(dim=1)).all()
     fixed = _flagged(st["x_fold"].status, st["x_fold"].folded.scale)
-    return dict(x=x, w=(w1, b1, w2, b2), tw=tw, ids=ids, out=out, fixed=fixed, v4=kernel_v4(st, T, k))
+    return dict(x=x, w=(w1, b1, w2, b2), tw=tw, ids=ids, out=out, fixed=fixed, **kernel_pairs(st, T, k, activation))
 
 
-def kernel_v4(st: dict, T: int, k: int) -> torch.Tensor:
-    """float64 (T * k, I): the kernel's own intermediate (stage ``v``) quantized to MXFP4 by mxkit.quantize and
-    dequantized, one row per (token, slot) pair at ``t * k + j``."""
+def kernel_pairs(st: dict, T: int, k: int, activation: str) -> dict:
+    """The kernel's stages per (token, slot) pair, one row at ``t * k + j``, float64: ``h`` (T * k, 2I), its
+    gate_up GEMM in the checkpoint's row order (halves again for ``"swiglu"``), and ``v4`` (T * k, I), its
+    intermediate (stage ``v``) quantized to MXFP4 by mxkit.quantize and dequantized."""
     sid = st["ids"].cpu().long()
     valid = sid < T * k
+    h = st["h"].cpu().to(torch.float64)
+    if activation == "swiglu":
+        h = torch.cat([h[:, 0::2], h[:, 1::2]], 1)
     v4 = mx_values(st["v"].cpu())
-    pairs = torch.zeros(T * k, v4.shape[1], dtype=torch.float64)
-    pairs[sid[valid]] = v4[valid]
-    return pairs
+    out = {}
+    for name, rows in (("h", h), ("v4", v4)):
+        out[name] = torch.zeros(T * k, rows.shape[1], dtype=torch.float64)
+        out[name][sid[valid]] = rows[valid]
+    return out
 
 
 def kernel_run(x, w, tw, ids, activation: str, out_dtype: torch.dtype) -> dict:
@@ -426,12 +440,12 @@ def kernel_run(x, w, tw, ids, activation: str, out_dtype: torch.dtype) -> dict:
     st = {}
     out = moe_mxfp4_triton(x, fold_experts(w1, interleave_halves=activation == "swiglu"), b1, fold_experts(w2), b2,
                            tw, ids, activation=activation, out_dtype=out_dtype, stages=st)
-    return dict(x=x, w=w, tw=tw, ids=ids, out=out, v4=kernel_v4(st, *ids.shape))
+    return dict(x=x, w=w, tw=tw, ids=ids, out=out, **kernel_pairs(st, *ids.shape, activation))
 
 
 def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None) -> None:
     """The layer against moe_mxfp4_reference (module docstring's rule), leaving out the tokens of ``skip``; run
-    holds the kernel's intermediate per pair (``v4``, :func:`kernel_v4`)."""
+    holds the kernel's h and intermediate per pair (:func:`kernel_pairs`)."""
     from mxkit.moe_reference import ACTIVATIONS, _bf16_cast, _mxfp4_cast, moe_mxfp4_reference
 
     w1, b1, w2, b2 = run["w"]
@@ -443,16 +457,23 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
     a = mx_values(run["x"])
     W1, W2 = (mxkit.dequantize(w, torch.float64).cpu() for w in (w1, w2))
     e, t = ids.flatten(), torch.arange(T * k) // k
-    h = torch.empty(T * k, W1.shape[1], dtype=torch.float64)
+    h, rss = (torch.empty(T * k, W1.shape[1], dtype=torch.float64) for _ in range(2))
     for ex in e.unique().tolist():
         h[e == ex] = a[t[e == ex]] @ W1[ex].T
-    h = _bf16_cast(h) + (0.0 if b1 is None else b1.cpu().to(torch.float64)[e])
-    v4 = _mxfp4_cast(ACTIVATIONS[activation](h))
-    same = (v4 == run["v4"]) | (torch.isnan(v4) & torch.isnan(run["v4"]))
-    moved = ~same.view(T * k, -1, 32).all(dim=2)  # (pair, block)
-    assert int(moved.sum()) <= max(2, moved.numel() // 50), (int(moved.sum()), moved.numel())
-    # the twin with the kernel's blocks where they moved: those pairs' y again
-    for p in moved.any(dim=1).nonzero().flatten().tolist():
+        rss[e == ex] = (a[t[e == ex]] ** 2 @ W1[ex].T ** 2).sqrt()
+    bias1 = 0.0 if b1 is None else b1.cpu().to(torch.float64)[e]
+    v4 = _mxfp4_cast(ACTIVATIONS[activation](_bf16_cast(h) + bias1))
+
+    def moved(v1, v2):  # (pair, block): the blocks whose values differ
+        return ~((v1 == v2) | (torch.isnan(v1) & torch.isnan(v2))).view(T * k, -1, 32).all(dim=2)
+
+    # the kernel's h within the GEMM bound of the twin's float64 one; from it, the twin's float64 activation gives
+    # the kernel's float32 one's blocks but where an element sits within float32 rounding of an MXFP4 boundary
+    assert_rows_within(run["h"], h, rss, a.shape[1], truncating=not run["out"].is_cuda)
+    off = moved(_mxfp4_cast(ACTIVATIONS[activation](run["h"] + bias1)), run["v4"])
+    assert int(off.sum()) <= max(2, off.numel() // 50), (int(off.sum()), off.numel())
+    # the twin with the kernel's blocks where they differ from its own: those pairs' y again
+    for p in moved(v4, run["v4"]).any(dim=1).nonzero().flatten().tolist():
         y_k, y_r = (_bf16_cast(v[p] @ W2[e[p]].T) for v in (run["v4"], v4))
         ref[t[p]] += tw.flatten()[p] * (y_k - y_r)
     out = run["out"].cpu().to(torch.float64)

@@ -67,6 +67,29 @@ def rand_ids(T, k, E, g, *, every=None, none=None):
     return ids.to(torch.int32)
 
 
+def pair_rows(rows: torch.Tensor, sorted_ids: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """A kernel's expert-sorted rows (R, C) (stages) as float64 (n_pairs, C) on the CPU, pair p's row at p (the
+    sorted ids: a pair index, or >= n_pairs on padding rows)."""
+    sid = sorted_ids.cpu().long()
+    valid = sid < n_pairs
+    out = torch.zeros(n_pairs, rows.shape[1], dtype=torch.float64)
+    out[sid[valid]] = rows.cpu().to(torch.float64)[valid]
+    return out
+
+
+def twin_takes(ref: torch.Tensor, v_kernel: torch.Tensor, v_twin: torch.Tensor, w2: torch.Tensor,
+               ids: torch.Tensor, tw: torch.Tensor) -> None:
+    """The MoE twin's float64 output ref (T, H) moved, in place, to the kernel's intermediate v_kernel where it
+    differs from the twin's own v_twin (pairs (T * k, I)): those pairs' ``bf16(v @ w2[e].T)`` redone."""
+    from mxkit.moe_reference import _bf16_cast
+
+    e, k = ids.cpu().long().flatten(), ids.shape[1]
+    tw = tw.cpu().to(torch.float64).flatten()
+    same = (v_kernel == v_twin) | (torch.isnan(v_kernel) & torch.isnan(v_twin))
+    for p in (~same).any(dim=1).nonzero().flatten().tolist():
+        ref[p // k] += tw[p] * (_bf16_cast(v_kernel[p] @ w2[e[p]].T) - _bf16_cast(v_twin[p] @ w2[e[p]].T))
+
+
 @pytest.mark.parametrize("T,E,k,block_m", [(1, 128, 4, 16), (3, 32, 4, 16), (727, 32, 4, 64), (727, 128, 4, 16),
                                            (0, 32, 4, 16)])
 def test_align_device_matches_reference(T, E, k, block_m, rng):
@@ -812,28 +835,19 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
 
     ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64).cpu()
     a = (xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)).cpu()
-    W1, W2 = (dequantize_reference(w, torch.float64).cpu() for w in (w1, w2))
-    e, t = ids.cpu().long().flatten(), torch.arange(T * k) // k
-    h = torch.empty(T * k, 2 * I, dtype=torch.float64)
-    for ex in e.unique().tolist():
-        h[e == ex] = a[t[e == ex]] @ W1[ex].T
-    bias1 = b1.cpu().to(torch.float64)[e]
+    h = pair_rows64(a, w1.to("cpu"), ids.cpu(), 16)[0]
+    bias1 = b1.cpu().to(torch.float64)[ids.cpu().long().flatten()]
     v8 = _fp8_rowwise_cast(ACTIVATIONS[act](_bf16_cast(h) + bias1))  # the twin's own
-    hk = st["h"][valid].cpu().to(torch.float64)  # the kernel's h per pair, in the checkpoint's row order
+    hk = pair_rows(st["h"], sid, T * k)  # the kernel's h per pair, in the checkpoint's row order
     if act == "swiglu":
         hk = torch.cat([hk[:, 0::2], hk[:, 1::2]], 1)
-    h_pairs = torch.zeros(T * k, 2 * I, dtype=torch.float64)
-    h_pairs[sid[valid].long().cpu()] = hk
-    v8t = _fp8_rowwise_cast(ACTIVATIONS[act](h_pairs + bias1))
-    v8k = torch.zeros(T * k, I, dtype=torch.float64)
-    v8k[sid[valid].long().cpu()] = got.cpu()
+    v8t = _fp8_rowwise_cast(ACTIVATIONS[act](hk + bias1))
+    v8k = pair_rows(st["h8"].to(torch.float64) * st["s2"].to(torch.float64)[:, None], sid, T * k)
     # one E4M3 step: 1/8 of the larger magnitude, or the subnormal step 2^-9 of the larger row scale (amax / 448)
     scale = torch.maximum(v8k.abs().amax(dim=1), v8t.abs().amax(dim=1)) / 448
     step = torch.maximum(0.125 * torch.maximum(v8k.abs(), v8t.abs()), 2.0**-9 * scale[:, None])
     assert ((v8k - v8t).abs() <= 1.001 * step).all(), float(((v8k - v8t).abs() / step).max())
-    twk = tw.cpu().to(torch.float64).flatten()
-    for p in (v8k != v8).any(dim=1).nonzero().flatten().tolist():
-        ref[t[p]] += twk[p] * (_bf16_cast(v8k[p] @ W2[e[p]].T) - _bf16_cast(v8[p] @ W2[e[p]].T))
+    twin_takes(ref, v8k, v8, dequantize_reference(w2, torch.float64).cpu(), ids, tw)
     rel = (out.cpu().to(torch.float64) - ref).norm(dim=1) / ref.norm(dim=1).clamp(min=1e-300)
     assert (rel > 0.01).sum() <= max(2, T // 25) and rel.max() <= 0.05, (int((rel > 0.01).sum()), rel.max())
 

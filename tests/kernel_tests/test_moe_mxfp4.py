@@ -49,11 +49,11 @@ from conftest import assert_graph_replays
 
 try:
     from .test_matmul import accumulation_bound
-    from .test_moe_kernels import rand_ids
+    from .test_moe_kernels import pair_rows, pair_rows64, rand_ids, twin_takes
 except ImportError:  # run as a script under the interpreter (conftest.run_interpreted)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from test_matmul import accumulation_bound
-    from test_moe_kernels import rand_ids
+    from test_moe_kernels import pair_rows, pair_rows64, rand_ids, twin_takes
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -123,18 +123,17 @@ def assert_gemm_rows(y: torch.Tensor, a64: torch.Tensor, w64: torch.Tensor, trun
     y, a64, w64 = y.cpu(), a64.cpu(), w64.cpu()
     y64 = torch.einsum("pk,pnk->pn", a64, w64)
     rss = torch.einsum("pk,pnk->pn", a64**2, w64**2).sqrt()
-    assert_rows_within(y, y64, rss, a64.shape[1], truncating)
+    assert_rows_within(y, y64, accumulation_bound(y64, rss, a64.shape[1]), truncating)
 
 
-def assert_rows_within(y: torch.Tensor, y64: torch.Tensor, rss: torch.Tensor, K: int, truncating: bool) -> None:
-    """:func:`assert_gemm_rows`' bound on rows y (P, N) of a product whose float64 is y64, with rss the root of
-    the summed squared products and K its depth."""
-    y, y64, rss = y.cpu(), y64.cpu(), rss.cpu()
+def assert_rows_within(y: torch.Tensor, y64: torch.Tensor, acc: torch.Tensor, truncating: bool) -> None:
+    """:func:`assert_gemm_rows`' bound on rows y (P, N) of a product whose float64 is y64, acc (P, N) its
+    accumulation term (``accumulation_bound``)."""
+    y, y64, acc = y.cpu(), y64.cpu(), acc.cpu()
     nan = torch.isnan(y64).any(dim=1)
     assert torch.isnan(y[nan]).any(dim=1).all(), "a row whose exact product is NaN must be NaN"
     keep = ~nan
-    y, y64, rss = y[keep].to(torch.float64), y64[keep], rss[keep]
-    acc = accumulation_bound(y64, rss, K).norm(dim=1)
+    y, y64, acc = y[keep].to(torch.float64), y64[keep], acc[keep].norm(dim=1)
     err = (y - y64).norm(dim=1)
     if truncating:
         ulp = 2.0 ** (torch.floor(torch.log2(y64.abs().clamp(min=2.0**-133))) - 7)
@@ -418,17 +417,10 @@ def kernel_pairs(st: dict, T: int, k: int, activation: str) -> dict:
     """The kernel's stages per (token, slot) pair, one row at ``t * k + j``, float64: ``h`` (T * k, 2I), its
     gate_up GEMM in the checkpoint's row order (halves again for ``"swiglu"``), and ``v4`` (T * k, I), its
     intermediate (stage ``v``) quantized to MXFP4 by mxkit.quantize and dequantized."""
-    sid = st["ids"].cpu().long()
-    valid = sid < T * k
-    h = st["h"].cpu().to(torch.float64)
+    h = pair_rows(st["h"], st["ids"], T * k)
     if activation == "swiglu":
         h = torch.cat([h[:, 0::2], h[:, 1::2]], 1)
-    v4 = mx_values(st["v"].cpu())
-    out = {}
-    for name, rows in (("h", h), ("v4", v4)):
-        out[name] = torch.zeros(T * k, rows.shape[1], dtype=torch.float64)
-        out[name][sid[valid]] = rows[valid]
-    return out
+    return dict(h=h, v4=pair_rows(mx_values(st["v"].cpu()), st["ids"], T * k))
 
 
 def kernel_run(x, w, tw, ids, activation: str, out_dtype: torch.dtype) -> dict:
@@ -449,19 +441,13 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
     from mxkit.moe_reference import ACTIVATIONS, _bf16_cast, _mxfp4_cast, moe_mxfp4_reference
 
     w1, b1, w2, b2 = run["w"]
-    ids, tw = run["ids"].cpu().long(), run["tw"].cpu().to(torch.float64)
-    T, k = ids.shape
+    T, k = run["ids"].shape
     ref = moe_mxfp4_reference(mxkit.quantize(run["x"], "mxfp4"), w1, b1, w2, b2, run["tw"], run["ids"],
                               activation=activation, out_dtype=torch.float64).cpu()
     # the twin's intermediate per pair, as moe_mxfp4_reference makes it
     a = mx_values(run["x"])
-    W1, W2 = (mxkit.dequantize(w, torch.float64).cpu() for w in (w1, w2))
-    e, t = ids.flatten(), torch.arange(T * k) // k
-    h, rss = (torch.empty(T * k, W1.shape[1], dtype=torch.float64) for _ in range(2))
-    for ex in e.unique().tolist():
-        h[e == ex] = a[t[e == ex]] @ W1[ex].T
-        rss[e == ex] = (a[t[e == ex]] ** 2 @ W1[ex].T ** 2).sqrt()
-    bias1 = 0.0 if b1 is None else b1.cpu().to(torch.float64)[e]
+    h, acc = pair_rows64(a, w1.to("cpu"), run["ids"].cpu(), 16)
+    bias1 = 0.0 if b1 is None else b1.cpu().to(torch.float64)[run["ids"].cpu().long().flatten()]
     v4 = _mxfp4_cast(ACTIVATIONS[activation](_bf16_cast(h) + bias1))
 
     def moved(v1, v2):  # (pair, block): the blocks whose values differ
@@ -469,13 +455,11 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
 
     # the kernel's h within the GEMM bound of the twin's float64 one; from it, the twin's float64 activation gives
     # the kernel's float32 one's blocks but where an element sits within float32 rounding of an MXFP4 boundary
-    assert_rows_within(run["h"], h, rss, a.shape[1], truncating=not run["out"].is_cuda)
+    assert_rows_within(run["h"], h, acc, truncating=not run["out"].is_cuda)
     off = moved(_mxfp4_cast(ACTIVATIONS[activation](run["h"] + bias1)), run["v4"])
     assert int(off.sum()) <= max(2, off.numel() // 50), (int(off.sum()), off.numel())
-    # the twin with the kernel's blocks where they differ from its own: those pairs' y again
-    for p in moved(v4, run["v4"]).any(dim=1).nonzero().flatten().tolist():
-        y_k, y_r = (_bf16_cast(v[p] @ W2[e[p]].T) for v in (run["v4"], v4))
-        ref[t[p]] += tw.flatten()[p] * (y_k - y_r)
+    W2 = mxkit.dequantize(w2, torch.float64).cpu()
+    twin_takes(ref, run["v4"], v4, W2, run["ids"], run["tw"])  # the kernel's blocks where they differ from its own
     out = run["out"].cpu().to(torch.float64)
     nan = torch.isnan(ref).any(dim=1)
     assert torch.equal(torch.isnan(out).any(dim=1), nan)

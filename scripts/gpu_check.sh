@@ -31,8 +31,8 @@
 #   MXKIT_DECODE_BUDGET     stage 6 (default 120)     MXKIT_SKIP_DECODE=1    skip stage 6
 #   MXKIT_GPU_FULL          1 (default here): the tests' complete format x mode x rounding x dtype x axis matrix
 #   MXKIT_TEST_K            a pytest -k expression for stage 1 (default: every gpu test)
-#   MXKIT_TEST_IDS          a file of pytest node ids, one a line, for stage 1 in place of tests/ (e.g. those an
-#                           earlier run's pytest_gpu.xml lacks: the ones a budget cut off)
+#   MXKIT_TEST_IDS          a file of pytest node ids, one a line, for stage 1 in place of tests/ (e.g. what an
+#                           earlier run did not pass: `python3 scripts/gpu_missing_ids.py <its pytest_gpu.xml>`)
 #   MXKIT_XDIST_N           pytest-xdist workers (default 16; 8 on GPUs under 120 GB, e.g. an 80 GB H100)
 #   MXKIT_QUANTIZE_ARGS / MXKIT_GEMM_ARGS / MXKIT_MOE_ARGS / MXKIT_OVERHEAD_ARGS / MXKIT_DECODE_ARGS  extra
 #                           options for the benchmarks. The GEMM stage's default, "--peers cublas-bf16,scaled-mm-fp8,dot-scaled,

@@ -773,6 +773,27 @@ def _bench_table_module():
     return mod
 
 
+def test_gpu_missing_ids_leaves_out_only_what_passed_or_skipped(tmp_path):
+    """scripts/gpu_missing_ids.py: a test the JUnit XML records as passed or skipped is done; one that failed,
+    errored, or is not in it (a budget cut it off) is run again."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_missing_ids.py"
+    spec = importlib.util.spec_from_file_location("gpu_missing_ids", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    xml = tmp_path / "pytest_gpu.xml"
+    xml.write_text("""<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="tests.kernel_tests.test_a" name="test_ok[1-x]" time="1"/>
+<testcase classname="tests.test_b" name="test_skip" time="0"><skipped message="needs two CUDA devices"/></testcase>
+<testcase classname="tests.test_b" name="test_fail" time="1"><failure message="assert"/></testcase>
+<testcase classname="tests.test_b" name="test_error" time="1"><error message="boom"/></testcase>
+<testcase classname="" name="" time="0"/>
+</testsuite></testsuites>""")
+    assert mod.passed_ids(str(xml)) == {"tests/kernel_tests/test_a.py::test_ok[1-x]", "tests/test_b.py::test_skip"}
+
+
 def test_benchmarks_md_tables_are_their_runs(tmp_path):
     """Each GPU result table in BENCHMARKS.md ("**H200** (`folder/`...", "**H100** (...") is exactly what
     scripts/bench_table.py makes of the folder it names; and bench_table refuses a run with a missing or

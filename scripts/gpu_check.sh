@@ -45,7 +45,15 @@
 # overhead call and decode run done, no stage out of time).
 
 set -u -o pipefail
+# (a relative MXKIT_TEST_IDS names a file from where the script was called)
+if [ -n "${MXKIT_TEST_IDS:-}" ]; then
+    IDS_FILE=$(realpath "$MXKIT_TEST_IDS") && [ -f "$IDS_FILE" ] || { echo "MXKIT_TEST_IDS: no file $MXKIT_TEST_IDS" >&2; exit 2; }
+fi
 cd "$(dirname "$0")/.." || exit 2
+NB=0  # the benchmark stages that will run (each keeps 30 s behind the stages before it)
+if [ "${MXKIT_SKIP_BENCH:-0}" != 1 ]; then
+    for b in QUANTIZE GEMM MOE OVERHEAD DECODE; do v="MXKIT_SKIP_$b"; [ "${!v:-0}" = 1 ] || NB=$((NB + 1)); done
+fi
 RESULTS="${OUT:-results/gpu}"
 mkdir -p "$RESULTS" || exit 2
 # an earlier run's files go first: the summary reads only what this run's stages wrote (a stage skipped, or one that
@@ -87,27 +95,31 @@ else
     # the later stages that will run keep their 30 s each (none when the benchmarks are skipped)
     # (stages reserved behind this one: the sanitizer's and the tune's when on, the five benchmarks' unless skipped)
     SAN=$(($([ "${MXKIT_SANITIZE:-0}" = 1 ] && echo 1 || echo 0) + $([ "${MXKIT_TUNE:-0}" = 1 ] && echo 1 || echo 0)))
-    NB=0  # the benchmark stages that will run
-    for b in QUANTIZE GEMM MOE OVERHEAD DECODE; do v="MXKIT_SKIP_$b"; [ "${!v:-0}" = 1 ] || NB=$((NB + 1)); done
     if [ "${MXKIT_SKIP_BENCH:-0}" = 1 ]; then B=$(fit "${MXKIT_TESTS_BUDGET:-520}" "$SAN"); else B=$(fit "${MXKIT_TESTS_BUDGET:-280}" $((NB + SAN))); fi
     # the C++ fast call, built once here (else every worker would build it at its first eager call)
     python3 -c 'from mxkit.kernels import fast_call; print("fast call:", fast_call.build())' 2>&1 | tail -n 3 | tee -a "$LOG"
     WHAT=(tests)
-    if [ -n "${MXKIT_TEST_IDS:-}" ]; then mapfile -t WHAT < <(grep -v '^ *$' "$MXKIT_TEST_IDS"); fi
-    say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL, ${#WHAT[@]} paths or ids)"
-    # one CPU thread per worker for torch's CPU references: the Triton compiles need the cores
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s INT -k 20 "$B" python3 -m pytest -m gpu "${PAR[@]}" -q \
-        -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml" ${MXKIT_TEST_K:+-k "$MXKIT_TEST_K"} "${WHAT[@]}" \
-        2>&1 | tail -n 40 | tee -a "$LOG"
-    rc=${PIPESTATUS[0]}
-    STATUS+=("tests: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time)')")
-    [ "$rc" = 0 ] || FAILED=1
+    if [ -n "${MXKIT_TEST_IDS:-}" ]; then  # (a missing or empty file runs nothing: never the whole suite instead)
+        mapfile -t WHAT < <(tr -d '\r' < "$IDS_FILE" | grep -v '^ *$')
+    fi
+    if [ "${#WHAT[@]}" = 0 ]; then  # (an empty MXKIT_TEST_IDS: nothing left to run, never the whole suite)
+        STATUS+=("tests: none to run (MXKIT_TEST_IDS=$MXKIT_TEST_IDS holds no ids)")
+    else
+        say "stage 1: pytest -m gpu ${PAR[*]} (budget $B s, MXKIT_GPU_FULL=$MXKIT_GPU_FULL, ${#WHAT[@]} paths or ids)"
+        # one CPU thread per worker for torch's CPU references: the Triton compiles need the cores
+        OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -s INT -k 20 "$B" python3 -m pytest -m gpu "${PAR[@]}" -q \
+            -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml" ${MXKIT_TEST_K:+-k "$MXKIT_TEST_K"} "${WHAT[@]}" \
+            2>&1 | tail -n 40 | tee -a "$LOG"
+        rc=${PIPESTATUS[0]}
+        STATUS+=("tests: rc $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (out of time)')")
+        [ "$rc" = 0 ] || FAILED=1
+    fi
 fi
 
 # 2. compute-sanitizer memcheck (off unless MXKIT_SANITIZE=1) ---------------------------------------------------
 if [ "${MXKIT_SANITIZE:-0}" = 1 ]; then  # (its own pytest run: MXKIT_SKIP_TESTS=1 leaves it on)
     TUNE=$([ "${MXKIT_TUNE:-0}" = 1 ] && echo 1 || echo 0)  # (stage 2b, when on, keeps its 30 s too)
-    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" "$(($([ "${MXKIT_SKIP_BENCH:-0}" = 1 ] && echo 0 || echo 5) + TUNE))")
+    B=$(fit "${MXKIT_SANITIZE_BUDGET:-120}" $((NB + TUNE)))
     K="${MXKIT_SANITIZE_K:-quantize or dequantize}"
     say "stage 2: compute-sanitizer memcheck over pytest -m gpu -k '$K' (budget $B s; caching allocator off)"
     # (--report-api-errors no: the driver-API launch probes a kernel's parameter count by calling cuFuncGetParamInfo
@@ -125,7 +137,7 @@ fi
 
 # 2b. mxkit tune gemm (off unless MXKIT_TUNE=1): this GPU's dispatch table, to add to the packaged one -----------
 if [ "${MXKIT_TUNE:-0}" = 1 ]; then
-    B=$(fit "${MXKIT_TUNE_BUDGET:-150}" "$([ "${MXKIT_SKIP_BENCH:-0}" = 1 ] && echo 0 || echo 5)")
+    B=$(fit "${MXKIT_TUNE_BUDGET:-150}" "$NB")
     ST="${MXKIT_TUNE_STAGES:-decode_mma,a8w8_mma,w8a16_mma,w4a16_wgmma,w8a16_wgmma,moe}"
     say "stage 2b: mxkit tune gemm --stages $ST --rep-ms 5 (budget $B s)"
     timeout -s INT -k 10 "$B" python3 -m mxkit tune gemm --stages "$ST" --rep-ms 5 --out "$RESULTS/gemm_table.json" \

@@ -835,12 +835,13 @@ def test_gpu_moe_w4a8_stages(act, T, E, rng):
 
     ref = moe_w4a8_reference(xq, w1, b1, w2, b2, tw, ids, activation=act, out_dtype=torch.float64).cpu()
     a = (xq.data.to(torch.float64) * xq.scale.to(torch.float64).reshape(-1, 1)).cpu()
-    h = pair_rows64(a, w1.to("cpu"), ids.cpu(), 16)[0]
+    h, acc = pair_rows64(a, w1.to("cpu"), ids.cpu(), 16)
     bias1 = b1.cpu().to(torch.float64)[ids.cpu().long().flatten()]
     v8 = _fp8_rowwise_cast(ACTIVATIONS[act](_bf16_cast(h) + bias1))  # the twin's own
     hk = pair_rows(st["h"], sid, T * k)  # the kernel's h per pair, in the checkpoint's row order
     if act == "swiglu":
         hk = torch.cat([hk[:, 0::2], hk[:, 1::2]], 1)
+    assert_rows(hk, h, acc)  # (the stage check above reads the kernel's own gathered tokens: here, the tokens)
     v8t = _fp8_rowwise_cast(ACTIVATIONS[act](hk + bias1))
     v8k = pair_rows(st["h8"].to(torch.float64) * st["s2"].to(torch.float64)[:, None], sid, T * k)
     # one E4M3 step: 1/8 of the larger magnitude, or the subnormal step 2^-9 of the larger row scale (amax / 448)

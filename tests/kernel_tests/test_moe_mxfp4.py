@@ -22,11 +22,11 @@ Bounds, row by row (issue #22's):
 * the layer against its twin: the kernel's float32 activation (and its FP8 accumulator's sums before the bf16
   rounding of h) may move an element of the MXFP4 intermediate by one step, or a block's scale, where v sits on
   a rounding boundary; a moved scale can move its token's output by tens of percent (a GPU run saw 27%). So the
-  kernel's h (stage ``h``) is held to the GEMM bound of the twin's float64 h, and the twin's float64 activation
-  of the kernel's h must give the kernel's intermediate blocks (stage ``v``, quantized) but for at most
-  max(2, 2%) of them; the twin then takes the kernel's blocks where they differ from its own (its down GEMM and
-  bf16 rounding redone for those pairs); then at most 4% of the tokens past 1% of their norm (bf16 roundings of
-  y, summed with cancellation), none past 5%.
+  kernel's h (stage ``h``) is held to the GEMM bound of the twin's float64 h, and its intermediate (stage ``v``)
+  to the middle pass' rule against the twin's float64 activation of that h; the twin then takes the kernel's
+  quantized blocks where they differ from its own (its down GEMM and bf16 rounding redone for those pairs);
+  then at most 4% of the tokens past 1% of their norm (bf16 roundings of y, summed with cancellation), none
+  past 5%.
 
 CPU (in CI): the grouped fix-up alone and the whole layer under Triton's interpreter, where the grouped FP8 GEMM
 (``torch._scaled_grouped_mm``, CUDA sm_90 only) and the combine (whose scalar-masked loads the interpreter does
@@ -415,12 +415,12 @@ def _check_layer(device: str, g, T: int, activation: str, *, H: int, I: int) -> 
 
 def kernel_pairs(st: dict, T: int, k: int, activation: str) -> dict:
     """The kernel's stages per (token, slot) pair, one row at ``t * k + j``, float64: ``h`` (T * k, 2I), its
-    gate_up GEMM in the checkpoint's row order (halves again for ``"swiglu"``), and ``v4`` (T * k, I), its
-    intermediate (stage ``v``) quantized to MXFP4 by mxkit.quantize and dequantized."""
+    gate_up GEMM in the checkpoint's row order (halves again for ``"swiglu"``), ``v`` (T * k, I) its intermediate
+    (float32 act(h + b1)), and ``v4`` that quantized to MXFP4 by mxkit.quantize and dequantized."""
     h = pair_rows(st["h"], st["ids"], T * k)
     if activation == "swiglu":
         h = torch.cat([h[:, 0::2], h[:, 1::2]], 1)
-    return dict(h=h, v4=pair_rows(mx_values(st["v"].cpu()), st["ids"], T * k))
+    return dict(h=h, v=pair_rows(st["v"], st["ids"], T * k), v4=pair_rows(mx_values(st["v"].cpu()), st["ids"], T * k))
 
 
 def kernel_run(x, w, tw, ids, activation: str, out_dtype: torch.dtype) -> dict:
@@ -441,7 +441,7 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
     from mxkit.moe_reference import ACTIVATIONS, _bf16_cast, _mxfp4_cast, moe_mxfp4_reference
 
     w1, b1, w2, b2 = run["w"]
-    T, k = run["ids"].shape
+    T = run["ids"].shape[0]
     ref = moe_mxfp4_reference(mxkit.quantize(run["x"], "mxfp4"), w1, b1, w2, b2, run["tw"], run["ids"],
                               activation=activation, out_dtype=torch.float64).cpu()
     # the twin's intermediate per pair, as moe_mxfp4_reference makes it
@@ -450,14 +450,12 @@ def _assert_twin(run: dict, activation: str, skip: Optional[torch.Tensor] = None
     bias1 = 0.0 if b1 is None else b1.cpu().to(torch.float64)[run["ids"].cpu().long().flatten()]
     v4 = _mxfp4_cast(ACTIVATIONS[activation](_bf16_cast(h) + bias1))
 
-    def moved(v1, v2):  # (pair, block): the blocks whose values differ
-        return ~((v1 == v2) | (torch.isnan(v1) & torch.isnan(v2))).view(T * k, -1, 32).all(dim=2)
-
-    # the kernel's h within the GEMM bound of the twin's float64 one; from it, the twin's float64 activation gives
-    # the kernel's float32 one's blocks but where an element sits within float32 rounding of an MXFP4 boundary
+    # the kernel's h within the GEMM bound of the twin's float64 one, its v within float32 of the twin's float64
+    # activation of that h (the middle pass' rule)
     assert_rows_within(run["h"], h, acc, truncating=not run["out"].is_cuda)
-    off = moved(_mxfp4_cast(ACTIVATIONS[activation](run["h"] + bias1)), run["v4"])
-    assert int(off.sum()) <= max(2, off.numel() // 50), (int(off.sum()), off.numel())
+    v64 = ACTIVATIONS[activation](run["h"] + bias1)
+    torch.testing.assert_close(run["v"], v64, rtol=1e-5, atol=1e-5 * float(v64.nan_to_num().abs().max()),
+                               equal_nan=True)
     W2 = mxkit.dequantize(w2, torch.float64).cpu()
     twin_takes(ref, run["v4"], v4, W2, run["ids"], run["tw"])  # the kernel's blocks where they differ from its own
     out = run["out"].cpu().to(torch.float64)

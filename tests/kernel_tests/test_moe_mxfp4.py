@@ -366,10 +366,10 @@ def _check_grouped_fixup(device: str, g, T: int) -> int:
 
 
 def _check_layer(device: str, g, T: int, activation: str, *, H: int, I: int) -> dict:  # noqa: E741
-    """moe_mxfp4_triton with its stages: each grouped GEMM within the GEMM bound on its MXFP4 operands (the tokens'
-    bytes of mxkit.quantize, and the kernel's own intermediate quantized so), the middle pass within float32 of
-    act(h + b1), padding rows 0, the combine within float32 rounding of its float64. Returns what the twin check
-    needs."""
+    """moe_mxfp4_triton with its stages: the down GEMM within the GEMM bound on its MXFP4 operands (the kernel's own
+    intermediate quantized by mxkit.quantize), the middle pass within float32 of act(h + b1), padding rows 0, the
+    combine within float32 rounding of its float64. Returns what the twin check, which holds the gate_up GEMM to
+    its bound on the tokens' bytes, needs: every caller runs it next."""
     from mxkit.kernels.moe import fold_experts, moe_mxfp4_triton
     from mxkit.moe_reference import swiglu, swiglu_gpt_oss
 
@@ -388,8 +388,8 @@ def _check_layer(device: str, g, T: int, activation: str, *, H: int, I: int) -> 
     tok = sid[valid].long() // k
     e_row = eid.clamp(min=0).repeat_interleave(bm).long()[valid]
     trunc = device == "cpu"
-    # the gate_up GEMM (fixed-up rows included: those of tokens 0, 1 and the tiny one)
-    assert_gemm_rows(st["h"].cpu()[valid], mx_values(x)[tok], folded_values(f1).cpu()[e_row], trunc)
+    # the gate_up GEMM: :func:`_assert_twin`, which the callers run next, holds h to the GEMM bound (fixed-up
+    # rows included: those of tokens 0, 1 and the tiny one)
     assert _flagged(st["x_fold"].status, st["x_fold"].folded.scale)[tok].any()
     # the middle pass, from the kernel's own h
     b1i = b1.cpu() if activation != "swiglu" else torch.stack([b1.cpu()[:, :I], b1.cpu()[:, I:]], 2).flatten(1, 2)

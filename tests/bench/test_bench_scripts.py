@@ -100,6 +100,15 @@ def test_gpu_summary_on_a_kept_run(capsys):
     assert "bench_overhead: NVIDIA H100" in out and "bench_decode: NVIDIA H100" in out
 
 
+def test_gpu_summary_counts_a_cut_off_run(capsys):
+    """A run its budget stopped (pytest-xdist interrupted): the nameless testcases JUnit keeps for the tests the
+    workers were in are counted as cut off, not as passes (pytest itself said 120 passed)."""
+    run = ROOT / "benchmarks" / "h100-2026-12-06r" / "full_matrix_rest"
+    assert _script("gpu_summary").main([str(run)]) == 0
+    assert "tests (-m gpu): 120 passed, 0 failed, 0 errors, 0 skipped, 8 cut off while running" in \
+        capsys.readouterr().out.splitlines()
+
+
 def test_gpu_summary_of_overhead_and_decode(tmp_path, capsys):
     from mxkit.bench import decode, output, overhead
 

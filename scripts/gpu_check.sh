@@ -15,7 +15,8 @@
 #   MXKIT_WALL_BUDGET       the whole check (default 550)
 #   MXKIT_TESTS_BUDGET      stage 1 (default 280; 520 with MXKIT_SKIP_BENCH=1: the full matrix takes ~440 s on
 #                           an H200 with 16 workers; on an H100, 8 workers, run the reduced one, MXKIT_GPU_FULL=0,
-#                           ~515-540 s)                                   MXKIT_SKIP_TESTS=1  skip it
+#                           ~415-570 s by the host; its full one, ~915 tests, does not fit one call)
+#                                                                         MXKIT_SKIP_TESTS=1  skip it
 #   MXKIT_SANITIZE=1        run stage 2 (default off); MXKIT_SANITIZE_BUDGET (default 120),
 #                           MXKIT_SANITIZE_K: its pytest -k expression (default "quantize or dequantize")
 #   MXKIT_TUNE=1            run stage 2b (default off): `mxkit tune gemm --stages $MXKIT_TUNE_STAGES --rep-ms 5`

@@ -535,6 +535,7 @@ def evaluate(
         dtype = getattr(torch, dtype)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    given = skip
     if isinstance(skip, str):  # (one pattern, as quantize_model takes it: not its characters)
         skip = (skip,)
     try:
@@ -542,7 +543,7 @@ def evaluate(
     except TypeError:
         skip = None
     if skip is None or not all(isinstance(p, str) for p in skip):
-        raise ValueError(f"skip must be fnmatch patterns (a str or a sequence of str), got {skip!r}")
+        raise ValueError(f"skip must be fnmatch patterns (a str or a sequence of str), got {given!r}")
     rnd = Rounding.parse(rounding).value
     if not fmts or not modes:
         raise ValueError(f"need at least one format and one scale mode, got {formats=} {scale_modes=}")

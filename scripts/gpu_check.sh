@@ -9,8 +9,8 @@
 #   bash scripts/gpu_check.sh
 #
 # Each stage runs under `timeout` with its own budget (seconds), cut to what is left of MXKIT_WALL_BUDGET after
-# keeping 30 s for every later stage; a benchmark stopped by its budget keeps the rows it measured (the files
-# are rewritten after every case or run), and the summary says the stage timed out.
+# keeping 30 s for every later stage that will run; a benchmark stopped by its budget keeps the rows it measured
+# (the files are rewritten after every case or run), and the summary says the stage timed out.
 #   OUT                     results folder (default results/gpu)
 #   MXKIT_WALL_BUDGET       the whole check (default 550)
 #   MXKIT_TESTS_BUDGET      stage 1 (default 280; 520 with MXKIT_SKIP_BENCH=1: the full matrix takes ~440 s on
@@ -51,9 +51,11 @@ if [ -n "${MXKIT_TEST_IDS:-}" ]; then
     IDS_FILE=$(realpath "$MXKIT_TEST_IDS") && [ -f "$IDS_FILE" ] || { echo "MXKIT_TEST_IDS: no file $MXKIT_TEST_IDS" >&2; exit 2; }
 fi
 cd "$(dirname "$0")/.." || exit 2
-NB=0  # the benchmark stages that will run (each keeps 30 s behind the stages before it)
+# how many of the named benchmark stages will run (each stage keeps 30 s for every later one that will)
+runs() { local n=0 b v; for b in "$@"; do v="MXKIT_SKIP_$b"; [ "${!v:-0}" = 1 ] || n=$((n + 1)); done; echo "$n"; }
+NB=0  # the benchmark stages that will run
 if [ "${MXKIT_SKIP_BENCH:-0}" != 1 ]; then
-    for b in QUANTIZE GEMM MOE OVERHEAD DECODE; do v="MXKIT_SKIP_$b"; [ "${!v:-0}" = 1 ] || NB=$((NB + 1)); done
+    NB=$(runs QUANTIZE GEMM MOE OVERHEAD DECODE)
 fi
 RESULTS="${OUT:-results/gpu}"
 mkdir -p "$RESULTS" || exit 2
@@ -168,7 +170,7 @@ else
         STATUS+=("bench quantize: skipped (MXKIT_SKIP_QUANTIZE=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" 4)" quantize --shapes 8192x8192,16384x16384 \
+        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" "$(runs GEMM MOE OVERHEAD DECODE)")" quantize --shapes 8192x8192,16384x16384 \
             ${MXKIT_QUANTIZE_ARGS:-}
     fi
     # 4. the GEMM benchmark, quick set ---------------------------------------------------------------------
@@ -176,7 +178,7 @@ else
         STATUS+=("bench gemm: skipped (MXKIT_SKIP_GEMM=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" 3)" gemm --quick \
+        bench "bench gemm" "$(fit "${MXKIT_GEMM_BUDGET:-90}" "$(runs MOE OVERHEAD DECODE)")" gemm --quick \
             ${MXKIT_GEMM_ARGS:---peers cublas-bf16,scaled-mm-fp8,dot-scaled,torchao}
     fi
     # 4b. the MoE benchmark, quick set (GPT-OSS-120B experts at 1, 64, 4096 tokens; under 60 s) -----------------
@@ -184,14 +186,14 @@ else
         STATUS+=("bench moe: skipped (MXKIT_SKIP_MOE=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench moe" "$(fit "${MXKIT_MOE_BUDGET:-90}" 2)" moe --quick ${MXKIT_MOE_ARGS:-}
+        bench "bench moe" "$(fit "${MXKIT_MOE_BUDGET:-90}" "$(runs OVERHEAD DECODE)")" moe --quick ${MXKIT_MOE_ARGS:-}
     fi
     # 5. host overhead per eager call (under 30 s) -----------------------------------------------------------
     if [ "${MXKIT_SKIP_OVERHEAD:-0}" = 1 ]; then
         STATUS+=("bench overhead: skipped (MXKIT_SKIP_OVERHEAD=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench overhead" "$(fit "${MXKIT_OVERHEAD_BUDGET:-45}" 1)" overhead ${MXKIT_OVERHEAD_ARGS:-}
+        bench "bench overhead" "$(fit "${MXKIT_OVERHEAD_BUDGET:-45}" "$(runs DECODE)")" overhead ${MXKIT_OVERHEAD_ARGS:-}
     fi
     # 6. end-to-end decode, cut to 4 layers and 16 tokens (under 90 s on an H200) ----------------------------
     if [ "${MXKIT_SKIP_DECODE:-0}" = 1 ]; then

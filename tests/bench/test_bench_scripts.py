@@ -151,6 +151,19 @@ def test_gpu_check_runs_its_stages_without_a_gpu(tmp_path):
     assert r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_keeps_time_only_for_stages_that_run(tmp_path):
+    """A benchmark stage's budget keeps 30 s for each later stage that will run, none for a skipped one: the
+    overhead stage alone in a 90 s check gets its whole 45 s (it got 37, keeping 30 for the skipped decode stage,
+    and ran out of time on an H100)."""
+    env = {"OUT": str(tmp_path), "MXKIT_WALL_BUDGET": "90", "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           **{f"MXKIT_SKIP_{s}": "1" for s in ("TESTS", "QUANTIZE", "GEMM", "MOE", "DECODE")}}
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True, env=env,
+                   timeout=300)
+    assert "bench overhead: python3 -m mxkit bench overhead (budget 45 s)" in (tmp_path / "gpu_check.log").read_text()
+
+
 def test_ab_enters_the_real_hook():
     ab = _script("ab")
     with ab.override({"rblocks": 1, "table": []}, "rowwise"), ab.override({"num_warps": 4}, "dequantize"):

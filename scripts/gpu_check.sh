@@ -170,8 +170,8 @@ else
         STATUS+=("bench quantize: skipped (MXKIT_SKIP_QUANTIZE=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench quantize" "$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" "$(runs GEMM MOE OVERHEAD DECODE)")" quantize --shapes 8192x8192,16384x16384 \
-            ${MXKIT_QUANTIZE_ARGS:-}
+        B=$(fit "${MXKIT_QUANTIZE_BUDGET:-150}" "$(runs GEMM MOE OVERHEAD DECODE)")
+        bench "bench quantize" "$B" quantize --shapes 8192x8192,16384x16384 ${MXKIT_QUANTIZE_ARGS:-}
     fi
     # 4. the GEMM benchmark, quick set ---------------------------------------------------------------------
     if [ "${MXKIT_SKIP_GEMM:-0}" = 1 ]; then
@@ -193,7 +193,8 @@ else
         STATUS+=("bench overhead: skipped (MXKIT_SKIP_OVERHEAD=1)")
     else
         # shellcheck disable=SC2086
-        bench "bench overhead" "$(fit "${MXKIT_OVERHEAD_BUDGET:-45}" "$(runs DECODE)")" overhead ${MXKIT_OVERHEAD_ARGS:-}
+        B=$(fit "${MXKIT_OVERHEAD_BUDGET:-45}" "$(runs DECODE)")
+        bench "bench overhead" "$B" overhead ${MXKIT_OVERHEAD_ARGS:-}
     fi
     # 6. end-to-end decode, cut to 4 layers and 16 tokens (under 90 s on an H200) ----------------------------
     if [ "${MXKIT_SKIP_DECODE:-0}" = 1 ]; then

@@ -219,6 +219,12 @@ def oracle_unpack(qdata: torch.Tensor, fmt: str) -> torch.Tensor:
 # random inputs
 
 
+def cuda_generator(rng: torch.Generator) -> torch.Generator:
+    """A CUDA generator seeded from ``rng`` (so from the test's printed seed): for inputs too large to draw on the
+    CPU (one thread a worker under gpu_check) and copy over."""
+    return torch.Generator("cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=rng)))
+
+
 def make_generator(seed: Optional[int] = None) -> tuple[torch.Generator, int]:
     """A torch CPU generator with a fresh seed (printed by the ``rng`` fixture so a failure can be replayed)."""
     if seed is None:

@@ -25,7 +25,7 @@ import gc
 
 import pytest
 import torch
-from conftest import poison_allocator
+from conftest import cuda_generator, poison_allocator
 
 import mxkit
 from mxkit.formats import get_format
@@ -139,11 +139,6 @@ def need_gib(gib: float) -> None:
     free = torch.cuda.mem_get_info()[0]
     if free < gib * 2**30:
         pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
-
-
-def cuda_generator(rng: torch.Generator) -> torch.Generator:
-    """A CUDA generator seeded from the test's (printed) seed: the large inputs are made on the GPU."""
-    return torch.Generator("cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=rng)))
 
 
 def poison_cache(nbytes: int) -> None:

@@ -22,7 +22,7 @@ import os
 
 import pytest
 import torch
-from conftest import assert_graph_replays, poison_allocator
+from conftest import assert_graph_replays, cuda_generator, poison_allocator
 
 import mxkit
 from mxkit.kernels.matmul_table import gemm_table_override
@@ -420,12 +420,19 @@ def act_flips(y64, x, w1, b1, w2, b2, tw, ids, act="swiglu_gpt_oss"):
 
 
 def experts(E, N, K, fmt, g, *, band=3):
-    """(E, N, K) experts quantized along K, 8 experts at a time: the float32 weight of 128 GPT-OSS experts is
-    7.9 GiB, too much for one GPU shared by the test workers (an out-of-memory failure seen under xdist)."""
-    w = torch.randn(E, N, K, generator=g) * 2.0 ** torch.randint(-band, band + 1, (E, N, 1), generator=g)
-    parts = [mxkit.quantize(w[e:e + 8].cuda(), fmt) for e in range(0, E, 8)]
+    """(E, N, K) CUDA experts quantized along K: rows of N(0, 1) times 2^j (j uniform in -band .. band), drawn on
+    the GPU from a generator seeded by ``g`` and quantized 8 experts at a time (the float32 weight of 128 GPT-OSS
+    experts is 7.9 GiB: too much for one GPU shared by the test workers, an out-of-memory failure seen under xdist;
+    drawn on the CPU, one thread a worker, it took ~20 s a test)."""
+    gc = cuda_generator(g)
+    parts = []
+    for e in range(0, E, 8):
+        n = min(8, E - e)
+        w = torch.randn(n, N, K, generator=gc, device="cuda")
+        w *= 2.0 ** torch.randint(-band, band + 1, (n, N, 1), generator=gc, device="cuda")
+        parts.append(mxkit.quantize(w, fmt))
     return dataclasses.replace(parts[0], qdata=torch.cat([p.qdata for p in parts]),
-                               scale=torch.cat([p.scale for p in parts]), shape=w.shape)
+                               scale=torch.cat([p.scale for p in parts]), shape=torch.Size((E, N, K)))
 
 
 def assert_rows(y, y64, err_scale, factor=1.2):

@@ -424,12 +424,12 @@ def experts(E, N, K, fmt, g, *, band=3):
     the GPU from a generator seeded by ``g`` and quantized 8 experts at a time (the float32 weight of 128 GPT-OSS
     experts is 7.9 GiB: too much for one GPU shared by the test workers, an out-of-memory failure seen under xdist;
     drawn on the CPU, one thread a worker, it took ~20 s a test)."""
-    gc = cuda_generator(g)
+    gen = cuda_generator(g)
     parts = []
     for e in range(0, E, 8):
         n = min(8, E - e)
-        w = torch.randn(n, N, K, generator=gc, device="cuda")
-        w *= 2.0 ** torch.randint(-band, band + 1, (n, N, 1), generator=gc, device="cuda")
+        w = torch.randn(n, N, K, generator=gen, device="cuda")
+        w *= 2.0 ** torch.randint(-band, band + 1, (n, N, 1), generator=gen, device="cuda")
         parts.append(mxkit.quantize(w, fmt))
     return dataclasses.replace(parts[0], qdata=torch.cat([p.qdata for p in parts]),
                                scale=torch.cat([p.scale for p in parts]), shape=torch.Size((E, N, K)))

@@ -17,6 +17,7 @@ from conftest import (
     SCALE_MODES,
     SPECS,
     assert_bytes_equal,
+    assert_mx_equal,
     element_grid,
     ml_decode,
     oracle_quantize,
@@ -408,6 +409,27 @@ def test_errors():
             quantize_reference(x, "mxfp4", block_size=bs)
     with pytest.raises(TypeError, match="MXTensor"):
         dequantize_reference(x)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp6_e3m2", "mxfp8_e4m3"])
+def test_axis_pair_and_cast_transpose_on_the_cpu_give_each_axis_bytes(fmt, rng):
+    """On the CPU (the reference backend), quantize with a pair of axes and cast_transpose give, for each axis, the
+    bytes of quantize_reference along that axis alone, under non-default scale modes, roundings and (quantize's)
+    a swizzled scale layout: each option reaches both outputs (dropping one on the pair path, or scale_mode in
+    cast_transpose, passed every CPU test before this one)."""
+    x = rand_tensor((64, 96), -1, generator=rng, nonfinite=True)
+    layout = "nvidia_128x4"
+    for mode, rounding in (("even", "away"), ("rceil", "rne"), ("ceil", "away")):
+        kw = dict(scale_mode=mode, rounding=rounding)
+        pair = mxkit.quantize(x, fmt, axis=(1, 0), scale_layout=layout, **kw)
+        rows, cols = mxkit.cast_transpose(x, fmt, **kw)
+        for a, q, ct in ((1, pair[0], rows), (0, pair[1], cols)):
+            ref = quantize_reference(x, fmt, axis=a, **kw)
+            assert_mx_equal(q, ref, layout, what=f"quantize axis=(1, 0) [{a}] {mode} {rounding}")
+            assert_mx_equal(ct, ref, what=f"cast_transpose [{a}] {mode} {rounding}")
+            assert (q.scale_mode, q.rounding, ct.scale_mode, ct.rounding) == (ref.scale_mode, ref.rounding) * 2
+    default = quantize_reference(x, fmt, axis=1)  # (the options change these bytes: the checks above can fail)
+    assert not (torch.equal(rows.qdata, default.qdata) and torch.equal(rows.scale, default.scale))
 
 
 def test_public_entry_points_name_the_bad_argument():

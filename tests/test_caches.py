@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import faked_capture
+from conftest import SKIP_REASON_NO_BF16_MATMUL, faked_capture
 from mxkit._cache import TensorsKey, tensor_version
 from mxkit import _precision as cb
 from mxkit.nn import MXMoE
@@ -257,10 +257,12 @@ want_dgrad = matmul_grad(lambda x: mxkit.matmul(x, w))
 C = torch._C
 before = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 got = mxkit.matmul(a, w), reference_gemm(fa, w, torch.float32), a @ mxkit.dequantize(w).t()
+if torch.equal(got[2], want[2]):  # (a CPU without bf16 matmul, e.g. AVX2 only: oneDNN keeps float32)
+    print("no effect")
+    raise SystemExit(0)
 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "the reference follows the setting"
 assert torch.equal(moe_grad(), want_moe), "MXMoE's expert backward follows the setting"
 assert torch.equal(matmul_grad(compiled), want_dgrad), "mxkit.matmul's compiled input gradient follows it"
-assert not torch.equal(got[2], want[2]), "the setting changes nothing here: the test cannot fail"
 after = [C._get_fp32_precision_getter(*k) for k in (("mkldnn", "matmul"), ("mkldnn", "all"), ("generic", "all"))]
 assert after == before, (before, after)
 print("ok")
@@ -268,6 +270,8 @@ print("ok")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode == 0 and "no effect" in r.stdout:
+        pytest.skip(SKIP_REASON_NO_BF16_MATMUL)  # (the test could not fail here)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 

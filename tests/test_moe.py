@@ -1416,6 +1416,8 @@ _MOE_EXPORT_CHILD = """
 import sys, torch
 import mxkit.nn  # (registers the MoE ops, which torch.export.load resolves)
 d, n = sys.argv[1], int(sys.argv[2])
+# (the exporting process' threads: a float32 GEMM split over more threads may round otherwise, e.g. MKL on AVX2)
+torch.set_num_threads(int(sys.argv[3]))
 for i in range(n):
     x = torch.load(f"{d}/x{i}.pt")
     program = torch.export.load(f"{d}/p{i}.pt2").module()
@@ -1530,8 +1532,8 @@ def test_mxmoe_exports_with_its_experts(device, tmp_path, rng):
         assert experts() is None
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", _MOE_EXPORT_CHILD, str(tmp_path), str(len(cases))], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _MOE_EXPORT_CHILD, str(tmp_path), str(len(cases)),
+                        str(torch.get_num_threads())], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 

@@ -519,7 +519,7 @@ def _check_interpreted() -> None:
         run = _check_layer("cpu", g, T, act, H=128, I=64, crafted=crafted)
         # the interpreter's bf16 casts truncate the fixed-up rows of h: their tokens' outputs are left out here
         compared = _assert_twin(run, act, skip=run["fixed"])
-        assert compared == 1 if not crafted else (compared > 0) == (T > 1), (T, crafted, compared)
+        assert (compared == 1) if not crafted else ((compared > 0) == (T > 1)), (T, crafted, compared)
         n += 1
     print(f"interpreter checks passed: {n}")
 

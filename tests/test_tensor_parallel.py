@@ -386,7 +386,9 @@ def case_double(rank: int, world: int, g: torch.Generator) -> None:
     K = 128
     full = full_layer(g, K, "mxfp4_e2m1", True)
     side = full_layer(g, K, "mxfp4_e2m1", False)
-    x0, gy = torch.randn(5, K, generator=g), torch.randn(5, N, generator=g)
+    # x scaled by 1/32 keeps the layers' outputs near 1 (at unit scale they reach ~40 through weights up to 2^3, and
+    # a saturated tanh leaves the gradient to float32's rounding of 1 - tanh^2: past 1e-4 of it in ~1% of seeds)
+    x0, gy = torch.randn(5, K, generator=g) / 32, torch.randn(5, N, generator=g)
     W, Ws = weight64(full), weight64(side)
 
     def penalty(f, x):
@@ -404,8 +406,8 @@ def case_double(rank: int, world: int, g: torch.Generator) -> None:
         x = x0.clone().requires_grad_()
         got_b, got_x = torch.autograd.grad(penalty((lambda t: m(t) + side(t)) if with_side else m, x), (m.bias, x))
         what = f"double {style}{' + side' if with_side else ''} rank {rank}/{world}"
-        # (float32 through tanh'' and two GEMMs of weights scaled up to 2^3: ~1e-5 of the float64 gradient; the
-        # cut or unsummed paths were 0.4-0.6 off)
+        # (float32 through tanh'' and two GEMMs of weights scaled up to 2^3: at most 6.4e-6 of the float64 gradient
+        # over 300 seeds (one rank, both layers); the cut or unsummed paths were 0.4-0.6 off)
         eb = rel(got_b, local_shard(want_b, 0, rank, world) if style == "column" else want_b)
         assert eb <= 1e-4 and rel(got_x, want_x) <= 1e-4, (what, eb, rel(got_x, want_x))
 

@@ -5,6 +5,7 @@ layout names; the quantize kernels writing the swizzled layouts directly (GPU)."
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -236,8 +237,15 @@ def test_swizzled_layouts_under_torch_compile(layout):
     """quantize into a swizzled layout compiles for a second row count (a dynamic dim: the layout's shape check
     took only an int and raised 'rows must be a non-negative int, got s77'), and dequantize of a swizzled MXTensor
     compiles with fullgraph=True (the tile permutation's check sorted a list, which dynamo does not trace); the
-    eager bytes."""
+    eager bytes; and no warning that dynamo ignored the tile permutation's lru_cache."""
     torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _compile_both(layout)
+    assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+
+
+def _compile_both(layout):
     f = torch.compile(lambda x: mxkit.quantize(x, "mxfp8_e4m3", scale_layout=layout, backend="reference"),
                       backend="aot_eager")
     for rows in (64, 96, 160):

@@ -17,9 +17,17 @@ def _tile_perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
     r = torch.arange(tr, device="cpu").view(tr, 1)
     c = torch.arange(tc, device="cpu").view(1, tc)
     perm = offsets(r, c, tc).reshape(-1)
-    if not torch.compiler.is_compiling():  # (dynamo traces through lru_cache, and not the sort of a list)
+    if not torch.compiler.is_compiling():  # (dynamo does not trace the sort of a list)
         assert sorted(perm.tolist()) == list(range(tr * tc)), "the offsets of one tile must be a permutation of it"
     return perm
+
+
+def _perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
+    """The cached :func:`_tile_perm`; under torch.compile the function itself (dynamo would trace through the cache
+    anyway, warning that it ignores it), so the graph holds the permutation's few ops."""
+    if torch.compiler.is_compiling():
+        return _tile_perm.__wrapped__(offsets, tr, tc)
+    return _tile_perm(offsets, tr, tc)
 
 
 def swizzle(padded: torch.Tensor, tile: tuple, offsets: Callable) -> torch.Tensor:
@@ -27,12 +35,12 @@ def swizzle(padded: torch.Tensor, tile: tuple, offsets: Callable) -> torch.Tenso
     (tr, tc), (R, C) = tile, padded.shape
     tiles = padded.view(R // tr, tr, C // tc, tc).permute(0, 2, 1, 3).reshape(-1, tr * tc)
     out = torch.empty_like(tiles)
-    out[:, _tile_perm(offsets, tr, tc).to(padded.device)] = tiles
+    out[:, _perm(offsets, tr, tc).to(padded.device)] = tiles
     return out.view(R, C)
 
 
 def unswizzle(stored: torch.Tensor, R: int, C: int, tile: tuple, offsets: Callable) -> torch.Tensor:
     """The inverse of :func:`swizzle`: stored (R * C bytes, any shape) -> padded (R, C) uint8."""
     tr, tc = tile
-    tiles = stored.reshape(-1, tr * tc)[:, _tile_perm(offsets, tr, tc).to(stored.device)]
+    tiles = stored.reshape(-1, tr * tc)[:, _perm(offsets, tr, tc).to(stored.device)]
     return tiles.view(R // tr, C // tc, tr, tc).permute(0, 2, 1, 3).reshape(R, C)

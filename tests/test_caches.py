@@ -716,3 +716,32 @@ def test_own_buffer_records_are_weak_and_follow_moves():
     lin.weight_qdata = lin.weight_qdata.clone()
     gc.collect()
     assert old() is None and not lin._owns_weight()
+
+
+def test_constant_caches_are_graph_constants_under_torch_compile():
+    """The host functions of formats that plans call (``fold_range``, ``exact_scale_range``, ``bf16_exact_values``:
+    :func:`mxkit._cache.constant_cache`) run at trace time under torch.compile(fullgraph=True), their values
+    constants of the graph, the formats passed by name: traced, the exact range's ``bool()`` of a tensor broke the
+    graph (fullgraph raised), and dynamo warned, once per call site, that it ignored their lru_cache (a warning users
+    compiling an MXLinear saw)."""
+    from mxkit.fold import fold_range
+    from mxkit.formats import FORMATS
+    from mxkit.kernels.matmul_details._envelope import exact_scale_range
+    from mxkit.kernels.matmul_details._row_fixup import bf16_exact_values
+
+    fmts = [FORMATS[n] for n in ("mxfp4_e2m1", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2")]
+
+    def step(x):
+        for f in fmts:
+            lo, hi = exact_scale_range(f, torch.bfloat16)
+            r = fold_range(f)
+            x = x * (hi - lo) + (0 if r is None else r[1] - r[0]) + bf16_exact_values(f)
+        return x
+
+    x = torch.rand(8)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch.compile(step, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, step(x))
+    assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]

@@ -1,13 +1,45 @@
 """Keys of caches derived from tensors (packed or folded copies of weights, biases in another order, values read
 once with a host sync): kept while the source tensors are the same live objects, in the same storage, at the same
-version."""
+version. And :func:`constant_cache`, for the host functions of constants that torch.compile traces."""
 
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
+
+from .formats import FORMATS, ElementFormat
+
+F = TypeVar("F", bound=Callable)
+
+_FORMAT = "mxkit-format"  # (a format's stand-in among constant_cache's traced arguments: (_FORMAT, its name))
+
+
+def constant_cache(fn: F) -> F:
+    """``fn`` under :func:`functools.lru_cache`, which torch.compile calls at trace time and keeps as a constant of
+    the graph (:func:`torch.compiler.assume_constant_result`): for a pure function of hashable arguments that are
+    constants when traced (:class:`~mxkit.formats.ElementFormat`, dtypes, ints, names) returning a Python constant
+    (ints, bools, tuples, None). Otherwise dynamo traces through the cache (warning, once per call site, that it
+    ignores it), and a function that reads a tensor's values on the host (``bool(t)``) breaks the graph there.
+    A format goes to the traced call by its name: torch 2.11's dynamo passes such a function only what it can turn
+    into a Python constant, which a frozen dataclass is not there (2.13 passes any object)."""
+    cached = functools.lru_cache(maxsize=None)(fn)
+
+    @torch.compiler.assume_constant_result
+    def traced(*args):
+        return cached(*(FORMATS[a[1]] if type(a) is tuple and a[:1] == (_FORMAT,) else a for a in args))
+
+    @functools.wraps(fn)
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return traced(*((_FORMAT, a.name) if isinstance(a, ElementFormat) else a for a in args))
+        return cached(*args)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    call.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
 
 
 def tensor_version(t: torch.Tensor) -> Optional[int]:

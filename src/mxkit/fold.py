@@ -20,7 +20,6 @@ This module is the reference (pure PyTorch, CPU or CUDA); the Triton kernels are
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,6 +28,7 @@ from typing import Optional, Union
 import torch
 import torch.utils._pytree as pytree
 
+from ._cache import constant_cache
 from .formats import (
     E8M0_BIAS,
     E8M0_NAN,
@@ -66,7 +66,7 @@ def _exact_values(f: ElementFormat) -> set[Fraction]:
     return {Fraction(v) for v in vals if math.isfinite(v)}
 
 
-@functools.lru_cache(maxsize=None)
+@constant_cache
 def fold_range(fmt: FormatLike) -> Optional[tuple[int, int]]:
     """``(d_lo, d_hi)``: the integers d for which ``v * 2^d`` is exactly an E4M3 value for every finite element
     value v of ``fmt`` form the interval [d_lo, d_hi]; None when no d works.

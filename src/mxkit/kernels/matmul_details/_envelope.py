@@ -4,12 +4,11 @@ envelope of the fold path. Plain PyTorch (no kernel)."""
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
 
-from ..._cache import tensor_version
+from ..._cache import constant_cache, tensor_version
 from ...formats import ElementFormat, decode_elements
 
 __all__ = ["FOLD_EXP_LIMIT", "exact_scale_range", "scale_stats", "host_ints", "scale_extrema", "in_range",
@@ -21,7 +20,7 @@ __all__ = ["FOLD_EXP_LIMIT", "exact_scale_range", "scale_stats", "host_ints", "s
 # where the true result does.
 FOLD_EXP_LIMIT = 54
 
-@functools.lru_cache(maxsize=None)
+@constant_cache
 def exact_scale_range(fmt: ElementFormat, dtype: torch.dtype) -> tuple[int, int]:
     """The E8M0 bytes ``[lo, hi]`` for which every element value of ``fmt`` times 2^(s - 127) is finite and
     exactly representable in ``dtype`` (derived by enumerating the element codes in float64).

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._cache import constant_cache
 from ...formats import ElementFormat, Rounding, get_format
 from ...tensor import MXTensor
 from .._env import interpreting
@@ -345,7 +346,7 @@ def grouped_fixup(y: torch.Tensor, src, status: torch.Tensor, row_scale: torch.T
                                        (n_valid, N, K, y.stride(0)), consts, 4)
 
 
-@functools.lru_cache(maxsize=None)
+@constant_cache
 def bf16_exact_values(f: ElementFormat) -> bool:
     """Every value of ``f`` times any E8M0 factor is exact in bf16 wherever it is in float32 (FP4, FP6, INT8;
     not FP8, whose smallest subnormals times 2^-127 fall below bf16's)."""

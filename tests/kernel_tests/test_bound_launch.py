@@ -148,6 +148,33 @@ def test_gpu_repeated_calls_take_the_bound_launch(fmt, rng, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4_e2m1", "mxfp8_e4m3"])
+def test_gpu_hot_calls_take_strided_and_negative_views(fmt, rng, poison):
+    """A problem seen before (its hot runner) given, in turn, a contiguous x, a transposed view of the same shape and
+    a negative-bit view (torch._neg_view: its memory holds -x): quantize and cast_transpose give the reference bytes
+    of x's values each time (the runner resolves such views into a contiguous copy before the raw-pointer launch)."""
+    kq._HOT.clear()
+    shape = (128, 256)
+    for call in range(3):
+        for kind in ("contiguous", "transposed", "negative"):
+            x = rand_tensor(shape, -1, generator=rng, dtype=torch.bfloat16, nonfinite=True)
+            if kind == "contiguous":
+                xd = x.to(DEV)
+            elif kind == "transposed":
+                xd = x.t().contiguous().to(DEV).t()
+                assert not xd.is_contiguous()
+            else:
+                xd = torch._neg_view((-x).to(DEV))
+                assert xd.is_neg()
+            want = quantize_reference(x, fmt)
+            assert_mx_equal(mxkit.quantize(xd, fmt), want, what=f"{fmt} quantize {kind} call {call}")
+            rows, cols = mxkit.cast_transpose(xd, fmt)
+            assert_mx_equal(rows, want, what=f"{fmt} cast_transpose rows {kind} call {call}")
+            assert_mx_equal(cols, quantize_reference(x, fmt, axis=0), what=f"{fmt} cast_transpose cols {kind} {call}")
+    assert len(kq._HOT) == 2, "quantize and cast_transpose: one hot problem each"
+
+
+@pytest.mark.gpu
 def test_gpu_triton_launch_only_takes_tritons_launcher(rng):
     """Inside launch.triton_launch_only() (host-overhead A/B runs) calls go through Triton's launcher even for a
     problem with a bound launch, and no plan first run there is stuck without one."""

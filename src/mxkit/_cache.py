@@ -1,6 +1,6 @@
 """Keys of caches derived from tensors (packed or folded copies of weights, biases in another order, values read
 once with a host sync): kept while the source tensors are the same live objects, in the same storage, at the same
-version. And :func:`constant_cache`, for the host functions of constants that torch.compile traces."""
+version. And :func:`constant_cache` / :func:`traced_cache`, caches of host functions that torch.compile traces."""
 
 from __future__ import annotations
 
@@ -39,6 +39,21 @@ def constant_cache(fn: F) -> F:
 
     call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
     call.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+
+
+def traced_cache(fn: F) -> F:
+    """``fn`` under :func:`functools.lru_cache`, called uncached under torch.compile: for a function whose result is a
+    tensor (not a constant: :func:`constant_cache` does not apply), which dynamo traces into the graph. Dynamo
+    traces through the cache anyway, warning, once per call site, that it ignores it; this is the same graph
+    without the warning."""
+    cached = functools.lru_cache(maxsize=None)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
     return call  # type: ignore[return-value]
 
 

@@ -4,13 +4,14 @@ byte-offset formula (the same function the kernels call, so the formula is writt
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import torch
 
+from .._cache import traced_cache
 
-@functools.lru_cache(maxsize=None)
+
+@traced_cache
 def _tile_perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
     """perm[k] = stored offset, inside one tile, of the tile's row-major byte k (offsets of a tile-wide scale)."""
     # on the CPU whatever torch's default device (the cached permutation is moved to each caller's device)
@@ -22,25 +23,17 @@ def _tile_perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
     return perm
 
 
-def _perm(offsets: Callable, tr: int, tc: int) -> torch.Tensor:
-    """The cached :func:`_tile_perm`; under torch.compile the function itself (dynamo would trace through the cache
-    anyway, warning that it ignores it), so the graph holds the permutation's few ops."""
-    if torch.compiler.is_compiling():
-        return _tile_perm.__wrapped__(offsets, tr, tc)
-    return _tile_perm(offsets, tr, tc)
-
-
 def swizzle(padded: torch.Tensor, tile: tuple, offsets: Callable) -> torch.Tensor:
     """padded (R, C) uint8, R % tr == C % tc == 0 -> (R, C) uint8 whose flat bytes are the layout's."""
     (tr, tc), (R, C) = tile, padded.shape
     tiles = padded.view(R // tr, tr, C // tc, tc).permute(0, 2, 1, 3).reshape(-1, tr * tc)
     out = torch.empty_like(tiles)
-    out[:, _perm(offsets, tr, tc).to(padded.device)] = tiles
+    out[:, _tile_perm(offsets, tr, tc).to(padded.device)] = tiles
     return out.view(R, C)
 
 
 def unswizzle(stored: torch.Tensor, R: int, C: int, tile: tuple, offsets: Callable) -> torch.Tensor:
     """The inverse of :func:`swizzle`: stored (R * C bytes, any shape) -> padded (R, C) uint8."""
     tr, tc = tile
-    tiles = stored.reshape(-1, tr * tc)[:, _perm(offsets, tr, tc).to(stored.device)]
+    tiles = stored.reshape(-1, tr * tc)[:, _tile_perm(offsets, tr, tc).to(stored.device)]
     return tiles.view(R // tr, C // tc, tr, tc).permute(0, 2, 1, 3).reshape(R, C)

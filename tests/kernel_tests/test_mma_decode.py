@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import poison_allocator
+from conftest import assert_graph_replays, poison_allocator
 
 import mxkit
 from mxkit.kernels.matmul import gemm_table_override
@@ -426,19 +426,15 @@ def test_gpu_decode_mma_matches_decode_w16(rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_decode_mma_in_a_cuda_graph(rng):
+    """decode-mma with a float32 bias within the bound, then captured in a CUDA graph: replays on new x (outputs
+    poisoned first) give the eager bytes."""
     K, N = 2880, 5120
     pw = mxkit.pack_weight(mxkit.quantize(torch.randn(N, K, generator=rng).cuda(), "mxfp4"))
     bias = torch.randn(N, generator=rng).cuda()
     x = torch.randn(4, K, generator=rng).to(torch.bfloat16).cuda()
-    mxkit.matmul(x, pw, bias=bias)  # plan, load the module, warm the caches
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = mxkit.matmul(x, pw, bias=bias)
-    for _ in range(3):
-        x.copy_(torch.randn(4, K, generator=rng).to(torch.bfloat16))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y.view(torch.int16), mxkit.matmul(x, pw, bias=bias).view(torch.int16))
+    assert_within_bound(mxkit.matmul(x, pw, bias=bias), x, pw, bias)
+    assert_graph_replays(lambda x: mxkit.matmul(x, pw, bias=bias), [x],
+                         lambda: [torch.randn(4, K, generator=rng).to(torch.bfloat16).cuda()])
 
 
 @pytest.mark.gpu

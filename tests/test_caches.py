@@ -745,3 +745,24 @@ def test_constant_caches_are_graph_constants_under_torch_compile():
         got = torch.compile(step, fullgraph=True, backend="eager")(x)
     assert torch.equal(got, step(x))
     assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_constant_cache_passes_an_unregistered_format_as_itself():
+    """Under torch.compile a constant_cache function receives a registered format by name; an ElementFormat that is
+    not the registered one of its name (here E5M2's fields under E4M3's name) is answered for itself, not for the
+    registered format (torch 2.11's dynamo refuses such an argument rather than answering wrongly)."""
+    import dataclasses
+
+    from mxkit.fold import fold_range
+    from mxkit.formats import FORMATS
+
+    odd = dataclasses.replace(FORMATS["mxfp8_e5m2"], name="mxfp8_e4m3")
+    assert fold_range(odd) != fold_range(FORMATS["mxfp8_e4m3"])
+
+    def step(x):
+        r = fold_range(odd)
+        return x + (-1 if r is None else r[1] - r[0])
+
+    x = torch.rand(8)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(step, fullgraph=True, backend="eager")(x), step(x))

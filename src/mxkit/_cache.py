@@ -34,7 +34,10 @@ def constant_cache(fn: F) -> F:
     @functools.wraps(fn)
     def call(*args):
         if torch.compiler.is_compiling():
-            return traced(*((_FORMAT, a.name) if isinstance(a, ElementFormat) else a for a in args))
+            # (only the registered formats by name: another ElementFormat, even one of a registered name, goes as
+            # itself, traced on torch 2.13 and refused by 2.11's dynamo rather than answered for the wrong format)
+            return traced(*((_FORMAT, a.name) if isinstance(a, ElementFormat) and FORMATS.get(a.name) == a else a
+                            for a in args))
         return cached(*args)
 
     call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]

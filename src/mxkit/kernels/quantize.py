@@ -582,7 +582,8 @@ def _run_eager(key: tuple, x: torch.Tensor, margs: tuple, axis: Optional[int], s
                           scale_layout, None, _gpu_name(x))
     if len(_HOT) >= _HOT_MAX:
         _HOT.clear()
-    _HOT[(key, x.get_device())] = _Hot(margs, plan, key[0], key[4], scale_layout)
+    dev = x.get_device()
+    _HOT[(key, dev)] = _Hot(margs, plan, key[0], key[4], scale_layout, dev)
     return _run_quantize(plan, x)
 
 
@@ -591,26 +592,29 @@ class _Hot(tuple):
     CUDA x of that problem (shape, dtype and arguments as keyed), through the plan's C++ fast call where it is
     made, else :func:`_run_quantize`."""
 
-    def __new__(cls, margs: tuple, plan: _QuantizePlan, shape: tuple, block_size: int, scale_layout: str):
+    def __new__(cls, margs: tuple, plan: _QuantizePlan, shape: tuple, block_size: int, scale_layout: str, device: int):
         hot = super().__new__(cls, (margs, plan))
-        hot.run = _hot_runner(margs, plan, torch.Size(shape), block_size, scale_layout)
+        hot.run = _hot_runner(margs, plan, torch.Size(shape), block_size, scale_layout, device)
         return hot
 
 
-def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size: int, scale_layout: str):
+def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size: int, scale_layout: str,
+                device: int):
     align = plan.unaligned[0] if plan.unaligned is not None else 0
     fast_of = plan.fast.get
     makers = [MXTensor._trusted_maker(a.fmt, a.axis, block_size, shape, a.scale_mode, a.rounding, scale_layout)
               for a in margs]
     # (the launch written out in both runners: this is the whole eager call of a problem seen before; x has the
-    # keyed shape, so the MXTensors' fields but the tensors are fixed)
+    # keyed shape and is on the keyed device, so the MXTensors' fields but the tensors are fixed; the two flag
+    # reads cost half the copy calls they skip)
     if len(margs) == 1:
         (make,) = makers
 
         def run(x):
-            x = x.contiguous().resolve_neg()
+            if not x.is_contiguous() or x.is_neg():
+                x = x.contiguous().resolve_neg()
             p = x.data_ptr()
-            fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
+            fast = fast_of((device, p % 16 == 0, not align or p % align == 0))
             q, s = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
             return make(q, s)
 
@@ -620,9 +624,10 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     first = 0 if margs[0].axis == len(shape) - 1 else 2
 
     def run_pair(x):
-        x = x.contiguous().resolve_neg()
+        if not x.is_contiguous() or x.is_neg():
+            x = x.contiguous().resolve_neg()
         p = x.data_ptr()
-        fast = fast_of((x.get_device(), p % 16 == 0, not align or p % align == 0))
+        fast = fast_of((device, p % 16 == 0, not align or p % align == 0))
         outs = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
         return make0(outs[first], outs[first + 1]), make1(outs[2 - first], outs[3 - first])
 

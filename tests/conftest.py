@@ -744,10 +744,11 @@ def capture_graph(step, *inputs):
     return graph, out
 
 
-def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3) -> None:
+def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int = 3, check=None) -> None:
     """Capture ``step(*inputs)`` in a CUDA graph (:func:`capture_graph`), then ``replays`` times: copy ``fresh()`` (a
     list like ``inputs``) into the static inputs, poison the captured outputs, replay, and compare every output byte
-    with an eager ``step`` on clones of the same inputs."""
+    with an eager ``step`` on clones of the same inputs; then ``check(out)`` where given (e.g. the bound against the
+    float64 product), on the captured output as ``step`` returned it."""
     graph, out = capture_graph(step, *inputs)
     outs = _tensors(out)
     for _ in range(replays):
@@ -761,3 +762,5 @@ def assert_graph_replays(step, inputs: list[torch.Tensor], fresh, replays: int =
         for i, (o, w) in enumerate(zip(outs, want)):
             assert o.shape == w.shape and o.dtype == w.dtype, i
             assert torch.equal(u8(o), u8(w)), f"output {i} of the replay differs from the eager step"
+        if check is not None:
+            check(out)

@@ -4,13 +4,14 @@ against float64 (issue #22's row-wise bound), the fused call bit for bit against
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import re
 
 import pytest
 import torch
-from conftest import poison_allocator
+from conftest import assert_graph_replays, poison_allocator
 
 import mxkit
 import mxkit.nn
@@ -459,15 +460,13 @@ def test_gpu_a8w8_bulk_graph(rng):
     y = mxkit.matmul(a, pw)
     assert_within_bound(y, a, pw, None)
     assert any(run.bulk for run in pw.__dict__["_a8w8"].values())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = mxkit.matmul(a, pw)
-    for _ in range(2):
-        a.qdata.copy_(mxkit.quantize(torch.randn(2, K, generator=rng).cuda(), "mxfp8_e4m3").qdata)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(yg.view(torch.int16), mxkit.matmul(a, pw).view(torch.int16))
-    assert not torch.equal(yg, y)
+
+    def fresh():
+        new = mxkit.quantize(torch.randn(2, K, generator=rng).cuda(), "mxfp8_e4m3")
+        return [new.qdata, new.scale]
+
+    assert_graph_replays(lambda q, s: mxkit.matmul(dataclasses.replace(a, qdata=q, scale=s), pw), [a.qdata, a.scale],
+                         fresh, replays=2, check=lambda yg: assert_within_bound(yg, a, pw, None))
     # MXLinear(act_format="mxfp8") at M = 1: bf16 x quantized in the bulk kernel's launch, replayed in a graph
     lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
     mx = mxkit.nn.MXLinear.from_linear(lin, "mxfp8_e4m3", act_format="mxfp8_e4m3")
@@ -557,16 +556,14 @@ def test_gpu_a8w8_in_a_cuda_graph(rng):
 
 
 def _assert_graph_replays(mx, x: torch.Tensor, rng) -> None:
-    """``mx(x)`` captured in a CUDA graph (after an eager call): three replays with new values in x, each output
-    bit-equal to eager."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = mx(x)
-    for _ in range(3):
-        x.copy_(torch.randn(x.shape, generator=rng).to(torch.bfloat16))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y.view(torch.int16), mx(x).view(torch.int16))
+    """``mx(x)`` captured in a CUDA graph: three replays with new values in x, outputs poisoned first, each output
+    bit-equal to eager and within the bound."""
+    def within_bound(y):
+        a = x if mx.act_format is None else mxkit.quantize(x, mx.act_format)
+        assert_within_bound(y, a, mx._packed, mx.bias)
+
+    assert_graph_replays(mx, [x], lambda: [torch.randn(x.shape, generator=rng).to(torch.bfloat16)],
+                         check=within_bound)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ leaves alone are byte-equal to the completed fold's path (the same FP8 GEMM). Un
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -320,18 +321,13 @@ def test_gpu_bf16_exact_without_a_sync(fa, fb, rng):
     y = mxkit.matmul(qa, pw, out_dtype=out)
     _bound(y, qa, pw)
     static = _scale_rows(M, K, fa, rng, "cuda")
-    mxkit.matmul(static, pw, out_dtype=out)  # warm up: compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ys = mxkit.matmul(static, pw, out_dtype=out)
-    for _ in range(2):
+
+    def fresh():
         new = _scale_rows(M, K, fa, rng, "cuda")
-        static.qdata.copy_(new.qdata)
-        static.scale.copy_(new.scale)
-        ys.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(ys.view(torch.uint8), mxkit.matmul(new, pw, out_dtype=out).view(torch.uint8))
-        _bound(ys, new, pw)
+        return [new.qdata, new.scale]
+
+    assert_graph_replays(lambda q, s: mxkit.matmul(dataclasses.replace(static, qdata=q, scale=s), pw, out_dtype=out),
+                         [static.qdata, static.scale], fresh, replays=2, check=lambda ys: _bound(ys, static, pw))
 
 
 @pytest.mark.gpu
@@ -344,22 +340,10 @@ def test_gpu_mx_activation_linear_in_a_cuda_graph(rng):
     lin = torch.nn.Linear(2880, 512).cuda()
     m = MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")
     static = torch.randn(8, 2880, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        m(static)  # warm up: compile outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        out = m(static)
-    for _ in range(3):
-        static.copy_(_activations(8, 2880, torch.float32, rng, "cuda"))
-        out.fill_(float("nan"))
-        graph.replay()
-        with torch.no_grad():
-            want = m(static.clone())
-        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))  # (row 5 is NaN)
-        _bound(out, mxkit.quantize(static, "mxfp4"), m.weight_mx, lin.bias.detach())
+    with torch.no_grad():  # (row 5 of each new x is NaN: the byte comparison takes it)
+        assert_graph_replays(m, [static], lambda: [_activations(8, 2880, torch.float32, rng, "cuda")],
+                             check=lambda out: _bound(out, mxkit.quantize(static, "mxfp4"), m.weight_mx,
+                                                      lin.bias.detach()))
 
 
 @pytest.mark.gpu

@@ -240,11 +240,11 @@ def test_fused_custom_op(rng):
     x = torch.randn(3, 64, generator=rng)
     with torch.no_grad():
         want = group.fused(x)
-        op = torch.compile(lambda t: torch.ops.mxkit.mx_fused(t, group._op_handle), fullgraph=True,
-                           backend="aot_eager")
-        assert torch.equal(torch.ops.mxkit.mx_fused(x, group._op_handle), want) and torch.equal(op(x), want)
+        key = group.fused.weight_qdata
+        op = torch.compile(lambda t: torch.ops.mxkit.mx_fused(t, key), fullgraph=True, backend="aot_eager")
+        assert torch.equal(torch.ops.mxkit.mx_fused(x, key), want) and torch.equal(op(x), want)
     with FakeTensorMode() as mode:
-        fake = torch.ops.mxkit.mx_fused(mode.from_tensor(x), group._op_handle)
+        fake = torch.ops.mxkit.mx_fused(mode.from_tensor(x), mode.from_tensor(key))
     assert fake.shape == (3, 64) and fake.is_contiguous() and fake.dtype == want.dtype
 
 

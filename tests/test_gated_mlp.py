@@ -16,6 +16,7 @@ from torch import nn
 import mxkit
 from conftest import assert_graph_replays, poison_allocator, scale_bytes
 from mxkit.nn import MXGatedMLP, MXLinear, fuse_gated_mlp, fuse_siblings
+from mxkit.nn._ops import module_of_key
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -68,10 +69,10 @@ def test_gated_mlp_state_dict_moves_and_copies(rng):
         fb.load_state_dict(fa.state_dict())
         assert torch.equal(fb(x), want)
         c = copy.deepcopy(fa)
-        assert c._op_handle != fa._op_handle and torch.equal(c(x), want)
+        assert module_of_key(c.gate_up.weight_qdata, "gated", "t") is c and torch.equal(c(x), want)
         fa.compile(backend="aot_eager")  # (a compiled forward is not pickled: nn.Module's own state)
         d = pickle.loads(pickle.dumps(fa))
-        assert d._op_handle != fa._op_handle and torch.equal(d(x), want)
+        assert module_of_key(d.gate_up.weight_qdata, "gated", "t") is d and torch.equal(d(x), want)
         assert torch.equal(fa.to(torch.device("cpu"))(x), want)
 
 
@@ -188,8 +189,9 @@ def test_other_hf_decoders(arch, fused, rng):
 
 
 def test_gated_act_custom_op(rng):
-    """``mxkit::mx_gated_act`` gives ``act(x)``'s bytes eagerly and under torch.compile (aot_eager: no compiler on
-    the CPU); its fake has the (..., I) shape."""
+    """``mxkit::mx_gated_act``, given gate_up's weight codes (a deep copy's its own), gives ``act(x)``'s bytes eagerly
+    and under torch.compile (aot_eager: no compiler on the CPU); its fake has the (..., I) shape; a tensor that is
+    not the key of a module is a clear error."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     _seed(rng)
@@ -199,13 +201,17 @@ def test_gated_act_custom_op(rng):
     x = torch.randn(2, 3, 64, generator=rng)
     with torch.no_grad():
         want = g.act(x)
-        op = torch.compile(lambda t: torch.ops.mxkit.mx_gated_act(t, g._op_handle), fullgraph=True,
-                           backend="aot_eager")
-        assert torch.equal(torch.ops.mxkit.mx_gated_act(x, g._op_handle), want) and torch.equal(op(x), want)
+        key = g.gate_up.weight_qdata
+        op = torch.compile(lambda t: torch.ops.mxkit.mx_gated_act(t, key), fullgraph=True, backend="aot_eager")
+        assert torch.equal(torch.ops.mxkit.mx_gated_act(x, key), want) and torch.equal(op(x), want)
         assert torch.equal(torch.compile(g, fullgraph=True, backend="aot_eager")(x), g(x))
+        twin = copy.deepcopy(g)  # (its own key: its gate_up's buffer)
+        assert torch.equal(torch.ops.mxkit.mx_gated_act(x, twin.gate_up.weight_qdata), want)
     with FakeTensorMode() as mode:
-        fake = torch.ops.mxkit.mx_gated_act(mode.from_tensor(x), g._op_handle)
+        fake = torch.ops.mxkit.mx_gated_act(mode.from_tensor(x), mode.from_tensor(key))
     assert fake.shape == (2, 3, 32) and fake.dtype == want.dtype
+    with pytest.raises(RuntimeError, match="mx_gated_act: its weight tensor is not the buffer of a live mxkit"):
+        torch.ops.mxkit.mx_gated_act(x, key.clone())
 
 
 def test_gated_mlp_gradients_reach_x(rng):

@@ -1700,25 +1700,30 @@ def test_gpu_mxmoe_copies_and_pickles_after_cuda_forwards(act_format, rng, tmp_p
 def test_mx_moe_custom_op(rng):
     """``mxkit::mx_moe`` (torch.compile's view of a CUDA MXMoE's experts): the op's kernel is the module's expert
     computation on the given logits (bit for bit), its fake has x's shape and dtype, it traces under
-    torch.compile (fullgraph, aot_eager: no compiler needed on CPU), and a deep copy gets its own handle."""
+    torch.compile (fullgraph, aot_eager: no compiler needed on CPU), a deep copy is found by its own buffer, and a
+    tensor that is not a module's buffer is a clear error."""
     dense = (torch.randn(4, 2 * I, H, generator=rng), torch.randn(4, 2 * I, generator=rng),
              torch.randn(4, H, I, generator=rng), torch.randn(4, H, generator=rng))
     m = MXMoE.from_dense(nn.Linear(H, 4), *dense, 2, "mxfp4")
+    from mxkit.nn._ops import module_of_key
+
     twin = copy.deepcopy(m)
-    assert twin._op_handle != m._op_handle
+    assert module_of_key(twin.gate_up_qdata, "moe", "t") is twin and module_of_key(m.gate_up_qdata, "moe", "t") is m
     x = torch.randn(5, H, generator=rng)
     logits = m.router(x)
     want = m(x)
-    assert torch.equal(torch.ops.mxkit.mx_moe(x, logits, m._op_handle), want)
+    assert torch.equal(torch.ops.mxkit.mx_moe(x, logits, m.gate_up_qdata), want)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     xb, lb = x.to(torch.bfloat16), logits.to(torch.bfloat16)
     with FakeTensorMode() as mode:
-        fake = torch.ops.mxkit.mx_moe(mode.from_tensor(xb), mode.from_tensor(lb), m._op_handle)
+        fake = torch.ops.mxkit.mx_moe(mode.from_tensor(xb), mode.from_tensor(lb), mode.from_tensor(m.gate_up_qdata))
     assert fake.shape == (5, H) and fake.dtype == torch.bfloat16
-    got = torch.compile(lambda t, lg: torch.ops.mxkit.mx_moe(t, lg, twin._op_handle), fullgraph=True,
+    got = torch.compile(lambda t, lg: torch.ops.mxkit.mx_moe(t, lg, twin.gate_up_qdata), fullgraph=True,
                         backend="aot_eager")(x, logits)
     assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="mx_moe: its weight tensor is not the buffer of a live mxkit module"):
+        torch.ops.mxkit.mx_moe(x, logits, m.gate_up_qdata.clone())
 
 
 @needs_hf

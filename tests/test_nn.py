@@ -874,38 +874,77 @@ def test_layer_report_as_dict():
     assert r.numel == 64 and r.as_dict()["qsnr_db"] == 1.0
 
 
-def test_mx_linear_custom_op_handles_and_fake(rng):
-    """``mxkit::mx_linear`` (torch.compile's view of a CUDA MXLinear): the handle reaches the module that owns it
-    (a deep copy gets its own), the op's kernel is the module's forward (bit for bit), its fake gives the shape
-    and dtype, a handle whose module is gone is a clear error; and the op traces under torch.compile
-    (fullgraph, the aot_eager backend: no compiler needed on CPU) with the eager bytes."""
+def test_mx_linear_custom_op_keys_and_fake(rng):
+    """``mxkit::mx_linear`` (torch.compile's view of an MXLinear): its weight_qdata buffer reaches the module that
+    owns it (a deep copy's its own), the op's kernel is the module's forward (bit for bit), its fake gives the
+    shape and dtype without the module, a tensor that is no module's buffer (a clone of one, a buffer whose module
+    is gone) is a clear error; and the op traces under torch.compile (fullgraph, the aot_eager backend: no
+    compiler needed on CPU) with the eager bytes."""
     import gc
 
-    from mxkit.nn._ops import _MODULES
+    from mxkit.nn._ops import module_of_key
 
     lin = nn.Linear(64, 48, bias=True)
     m = MXLinear.from_linear(lin, "mxfp4")
     twin = copy.deepcopy(m)
-    assert twin._op_handle != m._op_handle and _MODULES[twin._op_handle]() is twin
-    assert _MODULES[m._op_handle]() is m
+    assert module_of_key(twin.weight_qdata, "linear", "t") is twin and module_of_key(m.weight_qdata, "linear", "t") is m
     x = torch.randn(2, 3, 64, generator=rng)
     with torch.no_grad():
         want = m(x)
-        assert torch.equal(torch.ops.mxkit.mx_linear(x, m.bias, m._op_handle), want)
+        assert torch.equal(torch.ops.mxkit.mx_linear(x, m.bias, m.weight_qdata), want)
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         xb = x.to(torch.bfloat16)
         with FakeTensorMode() as mode:
-            fake = torch.ops.mxkit.mx_linear(mode.from_tensor(xb), None, m._op_handle)
+            fake = torch.ops.mxkit.mx_linear(mode.from_tensor(xb), None, mode.from_tensor(m.weight_qdata))
         assert fake.shape == (2, 3, 48) and fake.dtype == torch.bfloat16
-        got = torch.compile(lambda t: torch.ops.mxkit.mx_linear(t, m.bias, m._op_handle), fullgraph=True,
+        got = torch.compile(lambda t: torch.ops.mxkit.mx_linear(t, m.bias, m.weight_qdata), fullgraph=True,
                             backend="aot_eager")(x)
         assert torch.equal(got, want)
-    h = twin._op_handle
+    with pytest.raises(RuntimeError, match="mx_linear: its weight tensor is not the buffer of a live mxkit module"):
+        torch.ops.mxkit.mx_linear(x, None, m.weight_qdata.clone())
+    key = twin.weight_qdata
     del twin
     gc.collect()
-    with pytest.raises(RuntimeError, match=f"mx_linear: the module of handle {h} no longer exists"):
-        torch.ops.mxkit.mx_linear(x, None, h)
+    with pytest.raises(RuntimeError, match="mx_linear: its weight tensor is not the buffer of a live mxkit module"):
+        torch.ops.mxkit.mx_linear(x, None, key)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_blocks_share_one_graph(device, rng):
+    """Blocks of MXLinear layers compiled one by one (regional compilation, torch's recipe for repeated transformer
+    blocks) share one compiled graph as nn.Linear blocks do, under fullgraph=True, with each block's eager bytes:
+    the op finds its layer by its weight buffer, a graph input (a handle int, a constant of the graph, compiled
+    every block again and failed past dynamo's recompile limit of 8). On CUDA with Inductor and CUDA graphs
+    (mode="reduce-overhead": the buffers are static inputs, the op is given the layer's own), replayed on new x."""
+    from torch._dynamo.utils import counters
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(64, 96), nn.Linear(96, 64)
+
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(x)))
+
+    torch._dynamo.reset()
+    counters.clear()
+    blocks = nn.ModuleList([Block() for _ in range(12)])
+    quantize_model(blocks, "mxfp4", progress=False)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    blocks.to(device, dtype)
+    options = dict(mode="reduce-overhead") if device == "cuda" else dict(backend="aot_eager")
+    with torch.no_grad():
+        for b in blocks:
+            b.compile(fullgraph=True, **options)
+        for _ in range(3):
+            x = torch.randn(4, 64, generator=rng).to(device, dtype)
+            want = [b.forward(x).clone() for b in blocks]  # (forward: the eager method; compile() wraps the call)
+            got = [b(x).clone() for b in blocks]
+            assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    assert counters["stats"]["unique_graphs"] == 1, counters["stats"]
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("act_format", [None, "mxfp8_e4m3", "mxfp4", "fp8_e4m3_rowwise"])

@@ -414,9 +414,9 @@ def case_double(rank: int, world: int, g: torch.Generator) -> None:
 
 def case_copy(rank: int, world: int, g: torch.Generator) -> None:
     """A shard deep-copies with any group (raised "cannot pickle 'ProcessGroup'" with an explicit one): the copy
-    shares the group, has buffers and an op handle of its own and gives the same output; torch.save of a shard
-    works with the default group (None or the world group, saved as None) and raises a clear TypeError with another
-    (whose state_dict saves and loads)."""
+    shares the group, has buffers of its own (the key its compiled op finds it by) and gives the same output;
+    torch.save of a shard works with the default group (None or the world group, saved as None) and raises a clear
+    TypeError with another (whose state_dict saves and loads)."""
     full = full_layer(g, 64 * world, "mxfp4_e2m1", True)
     custom = dist.new_group(list(range(world)))  # every rank, but not the world group object
     assert custom is not dist.group.WORLD
@@ -427,7 +427,7 @@ def case_copy(rank: int, world: int, g: torch.Generator) -> None:
             shard = shard_mxlinear(full, style, group=group)
             dup = copy.deepcopy(shard)
             assert type(dup) is type(shard) and dup.tp_group is group, what
-            assert dup._op_handle != shard._op_handle and _ops.module_of(dup._op_handle, "test") is dup, what
+            assert _ops.module_of_key(dup.weight_qdata, "linear", "test") is dup, what
             for name, t in shard.named_buffers():
                 assert dup.get_buffer(name).data_ptr() != t.data_ptr(), what + f" {name} shared"
                 assert torch.equal(dup.get_buffer(name), t), what + f" {name}"

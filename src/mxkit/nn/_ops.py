@@ -1,14 +1,14 @@
 """How ``torch.compile`` reaches mxkit's CUDA modules: each :class:`~mxkit.nn.MXLinear`,
-:class:`~mxkit.nn.FusedMXLinear` and :class:`~mxkit.nn.MXMoE` gets a process-local integer handle at construction
-(and a new one when deep-copied or unpickled), and its custom op (``mxkit::mx_linear``, ``mxkit::mx_fused``,
-``mxkit::mx_moe``) finds the module by that handle and runs its eager forward:
-the kernels launch through the driver API, which dynamo does not trace, so to a compiled graph each module is
-one opaque op whose weights are not graph inputs. The handle is a plain int attribute, a constant in the graph
-(:func:`graph_handle`); under ``torch.export`` it is tagged with the process (:mod:`mxkit._handles`), so a program
-of these ops saved and loaded in another process raises there (an MXLinear without activation quantization, a
-fused group and a gated MLP export their weights instead: ``mxkit::mx_matmul``; an MXLinear with it,
-``mxkit::mx_linear_export``; an MXMoE its expert buffers, ``mxkit::mx_moe_export``: only an expert-parallel MXMoE
-exports its handle).
+:class:`~mxkit.nn.FusedMXLinear`, :class:`~mxkit.nn.MXGatedMLP` and :class:`~mxkit.nn.MXMoE` is one opaque custom op
+(``mxkit::mx_linear``, ``mxkit::mx_fused``, ``mxkit::mx_gated_act``, ``mxkit::mx_moe``...) whose kernel runs the
+module's eager forward (the kernels launch through the driver API, which dynamo does not trace). The op is given
+one of the module's buffers, its key (:func:`own_key`: the weight codes), and finds the module by it
+(:func:`module_of_key`). A buffer is a graph input, so repeated blocks compiled one by one share one compiled graph
+and Inductor's on-disk caches hit across processes. A program holding these ops runs only in the process that
+traced it, on the modules' own buffers: ``torch.export`` takes other ops, given the weights (an MXLinear without
+activation quantization, a fused group and a gated MLP: ``mxkit::mx_matmul``; an MXLinear with it,
+``mxkit::mx_linear_export``; an MXMoE, ``mxkit::mx_moe_export``; only an expert-parallel MXMoE exports these ops,
+and runs only where it was exported).
 """
 
 from __future__ import annotations
@@ -21,35 +21,12 @@ import torch
 from torch import nn
 
 from .._cache import TensorsKey
-from .._device import exporting
-from .._handles import for_export, new_handle, untag
-from ..ops import refuse_forward_ad
-
-_MODULES: "dict[int, weakref.ref[nn.Module]]" = {}  # weak: a module that is gone drops out
-
-
-def register(module: nn.Module) -> None:
-    """Give ``module`` a new handle (``module._op_handle``)."""
-    h = new_handle()
-    _MODULES[h] = weakref.ref(module)
-    weakref.finalize(module, _MODULES.pop, h, None)
-    module.__dict__["_op_handle"] = h
-
-
-class Handled:
-    """Mixin of the modules above: a deep copy or an unpickled module registers a handle of its own (their
-    ``__init__`` calls :func:`register`)."""
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        register(self)
-
 
 class HoldsGroup:
     """Mixin of the modules that keep a ``torch.distributed`` process group in attribute ``group_attr`` (tensor-
     and expert-parallel layers): a deep copy shares the group (a ProcessGroup does not copy); pickling stores the
     world group as None (the default group where it is loaded) and raises TypeError for another group. Comes
-    before :class:`Handled` in the bases."""
+    before :class:`torch.nn.Module` in the bases."""
 
     group_attr = "group"
 
@@ -74,7 +51,7 @@ class HoldsGroup:
         self.__dict__["_check_position"] = False
 
     def __deepcopy__(self, memo: dict):
-        """A deep copy (own buffers, a new op handle: ``Handled.__setstate__``) sharing the process group."""
+        """A deep copy (own buffers) sharing the process group."""
         import copy
 
         group = self.__dict__.get(self.group_attr)
@@ -130,24 +107,35 @@ def spec_fields(spec: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in spec.split(";"))
 
 
-def graph_handle(module: nn.Module) -> int:
-    """``module``'s handle as a traced graph holds it: tagged with this process under ``torch.export``.
-    NotImplementedError inside forward-mode AD (:func:`mxkit.ops.refuse_forward_ad`: the ops have no forward rule)."""
-    refuse_forward_ad(type(module).__name__)
-    h = module.__dict__["_op_handle"]
-    return for_export(h) if exporting() else h
+_OWNERS: "dict[tuple[int, str], tuple[weakref.ref[torch.Tensor], weakref.ref[nn.Module]]]" = {}
 
 
-def module_of(handle: int, op: str) -> nn.Module:
-    """The module of ``handle`` (plain or tagged: :func:`graph_handle`); RuntimeError (naming the op) when it no
-    longer exists or the handle was tagged by another process."""
-    plain = untag(handle)
-    if plain is None:
-        raise RuntimeError(f"mxkit::{op}: this op's module lives in the process that exported the program (a "
-                           f"program exported with torch.export that holds this op runs only where it was exported)")
-    m = _MODULES.get(plain)
-    m = m() if m is not None else None
+def _drop_owner(key: tuple[int, str]) -> None:
+    entry = _OWNERS.get(key)
+    if entry is not None and entry[0]() is None:  # (not a later tensor that took the freed one's id)
+        del _OWNERS[key]
+
+
+def own_key(module: nn.Module, key: torch.Tensor, role: str) -> None:
+    """Record ``key``, a buffer of ``module`` (or of a layer it holds), as the tensor by which ``module``'s ops of
+    ``role`` find it under torch.compile (:func:`module_of_key`). The buffer is a graph input, not a constant, so
+    the blocks of a model compiled one by one share one compiled graph (a handle int was a constant of each
+    graph: one compile per module, and past dynamo's recompile limit an error under ``fullgraph=True``)."""
+    k = (id(key), role)
+    entry = _OWNERS.get(k)
+    if entry is None or entry[0]() is not key:
+        weakref.finalize(key, _drop_owner, k)
+    _OWNERS[k] = (weakref.ref(key), weakref.ref(module))
+
+
+def module_of_key(key: torch.Tensor, role: str, op: str) -> nn.Module:
+    """The module that recorded ``key`` for ``role`` (:func:`own_key`); RuntimeError (naming the op) when none did
+    or it no longer exists: a program holding the op run in another process (torch.export), or a buffer replaced
+    after the graph was traced. NotImplementedError inside forward-mode AD (the ops have no forward rule)."""
+    entry = _OWNERS.get((id(key), role))
+    m = entry[1]() if entry is not None and entry[0]() is key else None
     if m is None:
-        raise RuntimeError(f"mxkit::{op}: the module of handle {handle} no longer exists")
+        raise RuntimeError(f"mxkit::{op}: its weight tensor is not the buffer of a live mxkit module in this "
+                           f"process (a program with this op runs only in the process that traced it, on the "
+                           f"modules' own buffers)")
     return m
-

@@ -26,7 +26,8 @@ slices of its output, so the compiled graph runs one GEMM per group and input wh
 the op, and the fused output is an ordinary intermediate of the graph, freed with the parts' slices (nothing kept
 between calls, nothing left in a CUDA graph's pool; a group whose parts are not all called in one compiled frame
 keeps that frame's input and fused output until its next traced call). On CUDA (inference) the GEMM is one custom op,
-``mxkit::mx_fused(x, handle)`` (:mod:`mxkit.nn._ops`), whose kernel is the fused layer's eager forward;
+``mxkit::mx_fused(x, weight_qdata)`` (:mod:`mxkit.nn._ops`: given the fused layer's weight codes, a graph input,
+by which it finds the layer), whose kernel is the fused layer's eager forward;
 ``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients, and on other devices, it is the fused
 MXLinear's own op (``mxkit::mx_linear``, which carries x's and the bias' gradients). The traced reuse is keyed on
 the input object alone: an in-place change of x between two parts' calls inside a compiled frame is not seen there
@@ -47,7 +48,7 @@ from torch.autograd import forward_ad as _fwad
 
 from .._device import exporting
 from ..formats import as_int
-from ..ops import has_tangent, needs_grad
+from ..ops import has_tangent, needs_grad, refuse_forward_ad
 from . import _ops
 from .linear import MXLinear, _hooked, copied_dense_cache
 
@@ -60,7 +61,7 @@ FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 CROSS_ATTENTION = ("encoder_attn", "crossattention")
 
 
-class FusedMXLinear(_ops.Handled, nn.Module):
+class FusedMXLinear(nn.Module):
     """One MXLinear over the stacked weight rows of ``layers`` (MXLinear with equal in_features, weight and
     activation formats, scale rule, rounding, block size, device, and all or none with a bias, of one dtype and
     requires_grad).
@@ -114,7 +115,6 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         # while Dynamo traces: (x, fused(x), parts served) of the last traced input, until every part has its slice
         self._traced = [None]
         self.register_load_state_dict_post_hook(_forget_output)
-        _ops.register(self)
 
     def _apply(self, fn, *args, **kwargs):
         self._last = None  # (.to() / .half(): an output kept of the weights before)
@@ -190,9 +190,13 @@ class FusedMXLinear(_ops.Handled, nn.Module):
         else:
             # (mxkit::mx_fused where no gradient is needed on CUDA, else the fused MXLinear's op, which has them;
             # under torch.export the fused MXLinear, whose program holds the weights)
-            handle_op = (x.is_cuda and not needs_grad(x, self.fused.bias) and not exporting()
+            key_op = (x.is_cuda and not needs_grad(x, self.fused.bias) and not exporting()
                          and self.fused._owns_weight())  # (buffers swapped in: the fused layer's own route)
-            y = torch.ops.mxkit.mx_fused(x, _ops.graph_handle(self)) if handle_op else self.fused(x)
+            if key_op:
+                refuse_forward_ad("FusedMXLinear")
+                y = torch.ops.mxkit.mx_fused(x, self.fused.weight_qdata)
+            else:
+                y = self.fused(x)
             served = {i}
         self._traced[0] = None if len(served) == len(self.splits) else (x, y, served)
         return y.narrow(-1, self.offsets[i], self.splits[i])
@@ -218,16 +222,16 @@ def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:
 
 
 @torch.library.custom_op("mxkit::mx_fused", mutates_args=())
-def _fused_op(x: torch.Tensor, handle: int) -> torch.Tensor:
-    """The fused output of the FusedMXLinear of ``handle`` for x: its fused layer's eager forward, (...,
-    sum(splits)) contiguous in x's dtype (torch.compile's view of a CUDA group's GEMM)."""
-    return _ops.module_of(handle, "mx_fused").fused(x)
+def _fused_op(x: torch.Tensor, weight_qdata: torch.Tensor) -> torch.Tensor:
+    """The fused output of a FusedMXLinear for x: the eager forward of its fused layer, the MXLinear whose
+    ``weight_qdata`` buffer this is (:func:`mxkit.nn._ops.own_key`), (..., sum(splits)) contiguous in x's dtype
+    (torch.compile's view of a CUDA group's GEMM)."""
+    return _ops.module_of_key(weight_qdata, "linear", "mx_fused")(x)
 
 
 @_fused_op.register_fake
-def _fused_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
-    g = _ops.module_of(handle, "mx_fused")
-    return x.new_empty((*x.shape[:-1], sum(g.splits)))
+def _fused_fake(x: torch.Tensor, weight_qdata: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight_qdata.shape[0]))
 
 
 class FusedPart(nn.Module):

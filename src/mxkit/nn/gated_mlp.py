@@ -29,7 +29,7 @@ from torch import nn
 from .._device import elsewhere, exporting
 from ..kernels.matmul_details import _mma_decode
 from ..kernels.moe_details._envelope import _envelope_ok
-from ..ops import needs_grad
+from ..ops import needs_grad, refuse_forward_ad
 from ..packed import note_planned
 from . import _ops
 from .linear import MXLinear, _hooked, copied_dense_cache
@@ -40,7 +40,7 @@ __all__ = ["MXGatedMLP", "fuse_gated_mlp", "GATED_MLP_NAMES"]
 GATED_MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
 
 
-class MXGatedMLP(_ops.Handled, nn.Module):
+class MXGatedMLP(nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` over MXLinear layers, gate and up as one GEMM (module
     docstring). ``gate`` / ``up``: MXLinear (I, H) without bias and with the same formats, scale rule, rounding,
     block size and device; ``down``: any module (kept as it is, normally the MLP's MXLinear (H, I)).
@@ -76,13 +76,22 @@ class MXGatedMLP(_ops.Handled, nn.Module):
         # (the PackedWeight it was made for, (q, s, special, ids) or None): made again for another packed weight
         # (a repack, a load, a move), read at construction so that a capture finds it made
         self._one_launch = (None, None)
-        _ops.register(self)
+        self._own_key()
         self._launch()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()  # (nn.Module's copy: a compiled forward is not pickled)
         state["_one_launch"] = (None, None)
         return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._own_key()
+
+    def _own_key(self) -> None:
+        """Record gate_up's weight codes as the key by which ``mxkit::mx_gated_act`` finds this module
+        (:func:`mxkit.nn._ops.own_key`): at construction, unpickling and each new one-launch plan (new buffers)."""
+        _ops.own_key(self, self.gate_up.weight_qdata, "gated")
 
     def _launch(self) -> Optional[tuple]:
         """(q, s, special, ids) of :func:`~mxkit.kernels.matmul_details._mma_decode.swiglu_mma` for the weight
@@ -105,6 +114,8 @@ class MXGatedMLP(_ops.Handled, nn.Module):
             if _envelope_ok(lin.weight_format, lo, hi):
                 got = (p.mma_q, p.mma_s, lo == 0 or nan, _mma_decode.zero_ids(p.device))
         self._one_launch = (p, got)
+        if p is not None:
+            self._own_key()  # (p packs gate_up's buffers: the key of the op a compiled forward takes with got)
         return got
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +128,8 @@ class MXGatedMLP(_ops.Handled, nn.Module):
             # (torch.export, or weights swapped in: the GEMM, whose program holds the weights)
             if (self._one_row(x) and kept[0] is self.gate_up._packed and kept[1] is not None
                     and self.gate_up.act_format is None and not exporting() and self.gate_up._owns_weight()):
-                return torch.ops.mxkit.mx_gated_act(x, _ops.graph_handle(self))
+                refuse_forward_ad("MXGatedMLP")
+                return torch.ops.mxkit.mx_gated_act(x, self.gate_up.weight_qdata)
             return self._act_gemm(x)
         return self._act_eager(x)
 
@@ -156,15 +168,15 @@ class MXGatedMLP(_ops.Handled, nn.Module):
 
 
 @torch.library.custom_op("mxkit::mx_gated_act", mutates_args=())
-def _gated_act_op(x: torch.Tensor, handle: int) -> torch.Tensor:
-    """``act(x)`` of the MXGatedMLP of ``handle`` (torch.compile's view of it on CUDA, inference)."""
-    return _ops.module_of(handle, "mx_gated_act")._act_eager(x)
+def _gated_act_op(x: torch.Tensor, weight_qdata: torch.Tensor) -> torch.Tensor:
+    """``act(x)`` of the MXGatedMLP whose ``gate_up`` layer's buffer ``weight_qdata`` is (recorded by its one-launch
+    plan, :func:`mxkit.nn._ops.own_key`): torch.compile's view of it on CUDA, inference."""
+    return _ops.module_of_key(weight_qdata, "gated", "mx_gated_act")._act_eager(x)
 
 
 @_gated_act_op.register_fake
-def _gated_act_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
-    m = _ops.module_of(handle, "mx_gated_act")
-    return x.new_empty((*x.shape[:-1], m.intermediate_size))
+def _gated_act_fake(x: torch.Tensor, weight_qdata: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight_qdata.shape[0] // 2))  # (gate_up: 2 * intermediate_size rows)
 
 
 def _is_silu(act) -> bool:

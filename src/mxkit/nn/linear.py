@@ -17,12 +17,12 @@ row scales) when the module is built by :meth:`MXLinear.from_linear`, moved by `
 ``load_state_dict``; the packed copy is not part of the ``state_dict`` (it is rebuilt from the MX bytes).
 
 Under ``torch.compile`` an MXLinear (CUDA or CPU) is one opaque custom op, ``mxkit::mx_linear(x, bias,
-handle)``, whose kernel is this module's eager forward (the GEMM kernels launch through the driver API, which
-dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"`` work, and the MX weight is not a
-graph input. The gradients of x and the bias are registered on the op (x's by ``mxkit::mx_linear_dgrad``, the
-rule of :func:`mxkit.ops.with_input_grad`), so training around a frozen MX layer compiles with ``fullgraph``
-too. ``handle`` is the module's process-local id (:mod:`mxkit.nn._ops`); a deep copy or an unpickled module
-gets its own.
+weight_qdata)``, whose kernel is this module's eager forward (the GEMM kernels launch through the driver API, which
+dynamo does not trace): ``fullgraph=True`` and ``mode="reduce-overhead"`` work. The op is given the layer's
+``weight_qdata`` buffer, a graph input, and finds the layer by it (:mod:`mxkit.nn._ops`), so repeated blocks
+compiled one by one share one graph; the kernel reads the layer's packed copy. The gradients of x and the bias
+are registered on the op (x's by ``mxkit::mx_linear_dgrad``, the rule of :func:`mxkit.ops.with_input_grad`), so
+training around a frozen MX layer compiles with ``fullgraph`` too.
 
 Under ``torch.export`` (strict or not) an MXLinear without activation quantization is ``mxkit::mx_matmul`` on
 its weight buffers, so the program holds the weight and runs after ``torch.export.load`` in another process (on
@@ -106,7 +106,7 @@ def qsnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     return 10.0 * math.log10(sig / err)
 
 
-class MXLinear(_ops.Handled, nn.Module):
+class MXLinear(nn.Module):
     """``y = x @ dequant(W).T + b`` with ``W`` stored in an MX format (see module docstring for layout).
 
     Args (constructor; most users call :meth:`from_linear`):
@@ -203,7 +203,6 @@ class MXLinear(_ops.Handled, nn.Module):
         self.register_state_dict_post_hook(record_format)
         self.register_load_state_dict_pre_hook(check_format)
         self.register_load_state_dict_post_hook(_repack_after_load)
-        _ops.register(self)
 
     def repack(self) -> None:
         """Re-pack the weight for the CUDA GEMM paths (drops the packed copy on CPU): only the layouts this
@@ -243,9 +242,10 @@ class MXLinear(_ops.Handled, nn.Module):
     def _own_buffers(self) -> None:
         """Record the weight's buffers as the layer's own (at construction and each repack): a compiled forward
         that finds others (swapped in by torch.func.functional_call, or assigned) takes the route whose op is given
-        the weight's tensors, not the layer's handle, whose op reads the layer's own."""
+        the weight's tensors, not the layer's key (weight_qdata, recorded here), whose op reads the layer's own."""
         b = self._buffers  # (weak: a replaced buffer is freed, e.g. accelerate's offload swapping it every call)
         self.__dict__["_own"] = (weakref.ref(b["weight_qdata"]), weakref.ref(b["weight_scale"]))
+        _ops.own_key(self, b["weight_qdata"], "linear")
 
     def _owns_weight(self) -> bool:
         """Whether the weight's buffers are the ones :meth:`_own_buffers` recorded (not swapped in)."""
@@ -354,7 +354,7 @@ class MXLinear(_ops.Handled, nn.Module):
         if torch.compiler.is_compiling() and plain_traced(x):
             if exporting() or not self._owns_weight():
                 # torch.export, or buffers not the layer's own (functional_call): the weight's tensors in the program,
-                # not this process's handle (whose op reads the layer's own buffers)
+                # not this process's key (whose op reads the layer's own buffers)
                 if self.act_format is None:
                     return matmul(x, self.weight_mx, bias=bias, out_dtype=x.dtype)  # (mxkit::mx_matmul)
                 refuse_forward_ad("MXLinear")
@@ -363,7 +363,8 @@ class MXLinear(_ops.Handled, nn.Module):
             # the CUDA GEMMs launch through the driver API (ctypes), which dynamo does not trace, and the CPU
             # reference reads scale statistics on the host: one opaque op on every device, with the gradients of
             # x and the bias (with_input_grad's) registered on it
-            return torch.ops.mxkit.mx_linear(x, bias, _ops.graph_handle(self))
+            refuse_forward_ad("MXLinear")
+            return torch.ops.mxkit.mx_linear(x, bias, self.weight_qdata)
         return self._eager(x, bias)
 
     def _eager(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -496,41 +497,44 @@ class MXLinear(_ops.Handled, nn.Module):
 
 
 @torch.library.custom_op("mxkit::mx_linear", mutates_args=())
-def _mx_linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
-    """``module(x)`` of the MXLinear of ``handle`` with ``bias`` (its bias parameter, passed so that autograd
-    sees it), eagerly: torch.compile's view of an MXLinear. Returns (..., out_features) in x's dtype."""
-    m = _ops.module_of(handle, "mx_linear")
+def _mx_linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], weight_qdata: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` of the MXLinear whose ``weight_qdata`` buffer this is (:func:`mxkit.nn._ops.own_key`) with
+    ``bias`` (its bias parameter, passed so that autograd sees it), eagerly: torch.compile's view of an MXLinear.
+    Returns (..., out_features) in x's dtype."""
+    m = _ops.module_of_key(weight_qdata, "linear", "mx_linear")
     with torch.no_grad():  # (autograd is the op's: the registered backward below)
         return m._eager(x, bias)  # (a new tensor: no path returns a view of x)
 
 
 @_mx_linear_op.register_fake
-def _mx_linear_fake(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], _ops.module_of(handle, "mx_linear").out_features))
+def _mx_linear_fake(x: torch.Tensor, bias: Optional[torch.Tensor], weight_qdata: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight_qdata.shape[0]))
 
 
 @torch.library.custom_op("mxkit::mx_linear_dgrad", mutates_args=())
-def _mx_linear_dgrad_op(grad: torch.Tensor, handle: int, dtype: torch.dtype) -> torch.Tensor:
+def _mx_linear_dgrad_op(grad: torch.Tensor, weight_qdata: torch.Tensor, in_features: int,
+                        dtype: torch.dtype) -> torch.Tensor:
     """x's gradient of ``mxkit::mx_linear``: ``grad (..., out_features) @ dequantize(weight)`` in float32, cast
     to ``dtype`` (:func:`mxkit.ops.with_input_grad`'s rule: the straight-through estimator for ``act_format``)."""
-    return linear_input_grad(grad, _ops.module_of(handle, "mx_linear_dgrad").weight_mx, dtype)
+    return linear_input_grad(grad, _ops.module_of_key(weight_qdata, "linear", "mx_linear_dgrad").weight_mx, dtype)
 
 
 @_mx_linear_dgrad_op.register_fake
-def _mx_linear_dgrad_fake(grad: torch.Tensor, handle: int, dtype: torch.dtype) -> torch.Tensor:
-    return grad.new_empty((*grad.shape[:-1], _ops.module_of(handle, "mx_linear_dgrad").in_features), dtype=dtype)
+def _mx_linear_dgrad_fake(grad: torch.Tensor, weight_qdata: torch.Tensor, in_features: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    return grad.new_empty((*grad.shape[:-1], in_features), dtype=dtype)
 
 
 def _mx_linear_setup(ctx, inputs, output) -> None:
-    x, bias, handle = inputs
-    ctx.handle, ctx.x_dtype = handle, x.dtype
+    x, bias, weight_qdata = inputs
+    ctx.weight_qdata, ctx.in_features, ctx.x_dtype = weight_qdata, x.shape[-1], x.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _mx_linear_backward(ctx, grad):
     gx = gb = None
     if ctx.needs_input_grad[0]:
-        gx = torch.ops.mxkit.mx_linear_dgrad(grad, ctx.handle, ctx.x_dtype)
+        gx = torch.ops.mxkit.mx_linear_dgrad(grad, ctx.weight_qdata, ctx.in_features, ctx.x_dtype)
     if ctx.needs_input_grad[1]:
         gb = grad.reshape(-1, grad.shape[-1]).to(torch.float32).sum(0).to(ctx.bias_dtype)
     return gx, gb, None

@@ -36,7 +36,8 @@ MXFP4 bytes plus a folded copy): GPT-OSS-120B's 60.9 GB become 122 GB, not 183. 
 experts the same way (the same fold layout and kernels' operands).
 
 Under ``torch.compile`` (inference: no gradient to x, the router or the expert biases) an MXMoE's experts (CUDA
-or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, handle)`` (:mod:`mxkit.nn._moe_ops`), whose kernel
+or CPU) are one opaque custom op, ``mxkit::mx_moe(x, router_logits, key)`` (:mod:`mxkit.nn._moe_ops`; ``key`` the
+module's ``gate_up_qdata`` buffer, a graph input, by which the op finds it: :mod:`mxkit.nn._ops`), whose kernel
 is the module's eager expert computation; the router and the returned scores are traced. ``fullgraph=True`` and
 ``mode="reduce-overhead"`` work (transformers' GPT-OSS with its experts swapped included). Where a gradient is
 needed the routing and the experts are two ops with their backwards registered (``mxkit::mx_moe_route``, the
@@ -78,7 +79,7 @@ from ..kernels.moe_details._route import router_takes
 from ..moe import MOE_BACKENDS, moe, moe_mxfp4, moe_w4a8, route, router_gpt_oss
 from ..moe_reference import (_FLOATS, ACTIVATIONS, GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT, ROUTING_MODES,
                              _check_expert_range)
-from ..ops import _functorch_wrapped, dequantize, needs_grad, quantize
+from ..ops import _functorch_wrapped, dequantize, needs_grad, quantize, refuse_forward_ad
 from ..tensor import MXTensor, as_int, check_device_name
 from . import _moe_export, _moe_ops, _ops  # noqa: F401 (_moe_ops registers the ops torch.compile calls)
 from ._moe_grad import ExpertsGrad
@@ -114,7 +115,7 @@ _NO_FUNC = ("MXMoE does not run under torch.func's transforms (grad, vjp, jvp, v
             "torch.func.functional_call works")
 
 
-class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
+class MXMoE(_ops.HoldsGroup, nn.Module):
     """A top-k MoE layer with MX experts (layout in the module docstring).
 
     Args (most users call :meth:`from_dense` or :meth:`from_hf_gpt_oss`):
@@ -265,7 +266,6 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
         self.register_load_state_dict_pre_hook(_check_experts)
         self.register_load_state_dict_pre_hook(_pack_loaded_state)
         self.register_load_state_dict_post_hook(_forget_expert_copies)
-        _ops.register(self)
         self._record_own()
         if bias:
             self.gate_up_bias = nn.Parameter(torch.zeros(hi - lo, 2 * I, **f))
@@ -320,15 +320,23 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
     def _record_own(self) -> None:
         """Record the expert buffers as the module's own (wherever it sets them): a compiled forward that finds
         others (swapped in by torch.func.functional_call) takes the export route, whose ops are given the experts'
-        tensors, not the module's handle, whose ops read the module's own."""
+        tensors, not the module's key (gate_up's codes, recorded here), whose ops read the module's own."""
         # (weak: an expert buffer replaced is freed)
-        self.__dict__["_own"] = tuple(weakref.ref(t) for t in self._expert_buffers().values())
+        bufs = self._expert_buffers()
+        self.__dict__["_own"] = tuple(weakref.ref(t) for t in bufs.values())
+        _ops.own_key(self, bufs["gate_up_qdata"], "moe")  # (the key its compiled ops find it by)
 
     def _note_flags(self) -> None:
         """Record the packed buffers the kernel flags (``_mma_flags``) were read from: buffers written or replaced
         since have their flags read again on the next CUDA forward."""
         self.__dict__["_flags_key"] = None if self._mma_flags is None else TensorsKey(
             [getattr(self, f"{n}_{p}") for n in _EXPERTS for p in ("qdata", "scale")])
+
+    def _op_key(self) -> torch.Tensor:
+        """The tensor by which the compiled ops find this module (:meth:`_record_own`): its gate_up codes buffer.
+        NotImplementedError inside forward-mode AD (the ops have no forward rule)."""
+        refuse_forward_ad(type(self).__name__)
+        return self._buffers["gate_up_qdata"]
 
     def _owns_experts(self) -> bool:
         own = self.__dict__.get("_own")
@@ -761,7 +769,7 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
             return self._exported(x)  # (torch.export, or experts swapped in: the ops given the experts' tensors)
         if self._routes_in_one_launch(x):
             if torch.compiler.is_compiling():
-                y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, _ops.graph_handle(self))
+                y, logits, weights = torch.ops.mxkit.mx_moe_routed(x, self._op_key(), self.num_experts, self.top_k)
                 routed = (weights, None)
             else:
                 logits, *routed = router_gpt_oss(x.reshape(-1, x.shape[-1]), self.router.weight, self.router.bias,
@@ -788,9 +796,9 @@ class MXMoE(_ops.HoldsGroup, _ops.Handled, nn.Module):
                 weights, ids = torch.ops.mxkit.mx_moe_route(logits.reshape(-1, self.num_experts), self.top_k,
                                                             self.routing)
                 y = torch.ops.mxkit.mx_moe_experts(x, weights, ids, logits.detach(), self.gate_up_bias,
-                                                   self.down_bias, _ops.graph_handle(self))
+                                                   self.down_bias, self._op_key())
                 return self._result(y, logits, (weights, ids))
-            return self._result(torch.ops.mxkit.mx_moe(x, logits, _ops.graph_handle(self)), logits)
+            return self._result(torch.ops.mxkit.mx_moe(x, logits, self._op_key()), logits)
         routed = None
         if self.return_router_scores:  # routed once for the experts and the scores, where the experts take it
             grad = needs_grad(x, logits, self.gate_up_bias, self.down_bias)

@@ -56,9 +56,9 @@ layer's are ``global_in_features`` / ``global_out_features``): its ``state_dict`
 shard's entries, column; the whole bias, row). Load it into a module built for the same rank and world size: a
 state_dict that carries its metadata (``torch.save`` of it) from another rank, world size, style or full layer
 raises ValueError.
-``copy.deepcopy`` gives a shard of its own buffers and op handle that shares the process group; a shard pickles
-(``torch.save`` of the module) when its group is the default (None or the world group, stored as None: the default
-group of the process that loads it); one with another group raises TypeError (a process group does not pickle):
+``copy.deepcopy`` gives a shard of its own buffers (its compiled op's key) that shares the process group; a shard
+pickles (``torch.save`` of the module) when its group is the default (None or the world group, stored as None: the
+default group of the process that loads it); one with another group raises TypeError (a process group does not pickle):
 save its ``state_dict`` instead.
 """
 

@@ -294,6 +294,8 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
         m(mxkit.quantize(torch.randn(2, 64, generator=rng), "mxfp8"))
     with pytest.raises(ValueError, match=r"x has shape \(0, 60\); expected \(\.\.\., 64\)"):
         MXLinear.from_linear(lin, "mxfp4", act_format="mxfp8")(torch.randn(0, 60))
+    with pytest.raises(ValueError, match=r"^MXLinear: x has shape \(2, 32\); expected \(\.\.\., 64\)$"):
+        m(nn.Parameter(torch.randn(2, 32, generator=rng)))  # (a tensor subclass: worded as a plain tensor was)
     with pytest.raises(TypeError, match="takes float32 / bfloat16 / float16 x, got torch.int32"):  # (empty too)
         MXLinear.from_linear(lin, "mxfp4", act_format="mxfp4")(torch.zeros(0, 64, dtype=torch.int32))
     with pytest.raises(TypeError, match="linear.weight is torch.float64"):

@@ -403,12 +403,12 @@ class MXLinear(nn.Module):
             # already worded, from its call on x's own device, passes as it is)
             if getattr(e, "_mxkit_layer_worded", False):
                 raise
-            if type(x) is torch.Tensor and (x.dim() == 0 or x.shape[-1] != self.in_features):
+            if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[-1] != self.in_features):
                 worded = ValueError(f"{type(self).__name__}: x has shape {tuple(x.shape)}; expected "
                                     f"(..., {self.in_features})")
-            elif type(x) is torch.Tensor and x.dtype not in SUPPORTED_INPUT_DTYPES:
+            elif isinstance(x, torch.Tensor) and x.dtype not in SUPPORTED_INPUT_DTYPES:
                 worded = TypeError(f"{type(self).__name__} takes float32 / bfloat16 / float16 x, got {x.dtype}")
-            elif type(x) is torch.Tensor and x.device != self.weight_qdata.device:
+            elif isinstance(x, torch.Tensor) and x.device != self.weight_qdata.device:
                 worded = ValueError(f"{type(self).__name__}'s weight is on {self.weight_qdata.device} but x on "
                                     f"{x.device}: move one to the other's device")
             else:

@@ -538,6 +538,20 @@ def test_fused_part_with_a_shorter_view_of_the_same_base_recomputes():
     assert torch.equal(b, want)
 
 
+def test_fused_part_with_a_negated_view_of_the_same_base_recomputes(rng):
+    """x and a view of it with the sign bit (torch._neg_view; c.imag and c.conj().imag) share base, pointer, geometry
+    and version: the second part recomputes for the negated values (it was served the first part's output)."""
+    group = FusedMXLinear([MXLinear.from_linear(nn.Linear(64, n), "mxfp4") for n in (32, 16)])
+    x = torch.randn(4, 64, generator=rng)
+    c = torch.randn(4, 64, dtype=torch.complex64, generator=rng)
+    with torch.no_grad():
+        for a, b in ((x, torch._neg_view(x)), (c.imag, c.conj().imag)):
+            assert b.is_neg() and not a.is_neg()
+            group.output(a, 0)
+            got = group.output(b, 1)
+            assert torch.equal(got, group(b.resolve_neg().clone())[1])
+
+
 def test_fuse_siblings_leaves_hooked_or_patched_members_alone(rng):
     """A group with a member that has a forward / pre / backward hook or a forward patched on the instance is left
     alone (the FusedPart in its place would silently drop them), also through quantize_model(fuse=True), which

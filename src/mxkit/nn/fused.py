@@ -153,7 +153,9 @@ class FusedMXLinear(nn.Module):
         if torch.compiler.is_compiling():
             return self._traced_output(x, i)
         try:
-            view = (x.data_ptr(), x.shape, x.stride())  # a view is keyed by its base object and its geometry
+            # a view is keyed by its base object, its geometry and its sign and conjugate bits (x and its neg view,
+            # c.imag and c.conj().imag: one base, pointer, geometry and version)
+            view = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.is_neg(), x.is_conj())
         except RuntimeError:
             # no storage (functorch's vmap wraps x in a BatchedTensor): no key to reuse the output by
             return self.fused(x).narrow(-1, self.offsets[i], self.splits[i])

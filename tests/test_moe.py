@@ -1995,3 +1995,37 @@ def test_torch_func_transforms_are_refused_clearly(rng):
     m.requires_grad_(False)
     with pytest.raises(NotImplementedError, match="batch it by its leading dims"):
         torch.func.vmap(m)(x.reshape(2, 3, 64))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("act_format", [None, "fp8_e4m3_rowwise"])
+def test_activation_replaced_after_the_experts_are_laid_out(device, act_format, rng):
+    """``activation`` set to another after :meth:`MXMoE.pack_` (the "mma" layout, or "fold" with act_format: their
+    gate / up rows interleaved for the activation then in force; on CUDA the first forward lays them out): the
+    state_dict keeps the checkpoint bytes and the forward is a fresh module's of those bytes and the new activation
+    (the rows were read with the new activation's interleave: permuted weights, saved permuted)."""
+    E, H_, I_ = 4, 64, 64
+    dense = (torch.randn(E, 2 * I_, H_, generator=rng), torch.randn(E, 2 * I_, generator=rng),
+             torch.randn(E, H_, I_, generator=rng), torch.randn(E, H_, generator=rng))
+    x = torch.randn(5, H_, generator=rng)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    x = x.to(device, dt)
+    for old, new in (("swiglu", "swiglu_gpt_oss"), ("swiglu_gpt_oss", "swiglu")):
+        kw = dict(act_format=act_format) if act_format else {}
+        m = MXMoE.from_dense(nn.Linear(H_, E), *dense, 2, "mxfp4", activation=old, **kw).to(device)
+        sd = {k: v.clone() for k, v in m.state_dict().items()}
+        with torch.no_grad():
+            if device == "cpu":
+                assert m.pack_()
+            else:
+                m(x)  # (the first CUDA forward lays the experts out)
+            laid = m.expert_layout
+            m.activation = new
+            assert m.activation == new and (laid == "checkpoint" or m.expert_layout == "checkpoint")
+            assert all(torch.equal(v, sd[k]) for k, v in m.state_dict().items() if k in sd)
+            fresh = MXMoE.from_dense(nn.Linear(H_, E), *dense, 2, "mxfp4", activation=new, **kw).to(device)
+            fresh.load_state_dict(sd)
+            assert torch.equal(m(x), fresh(x))
+    with pytest.raises(ValueError, match="unknown activation='gelu'"):
+        m.activation = "gelu"

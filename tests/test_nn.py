@@ -1464,3 +1464,66 @@ def test_compiled_forward_reads_buffers_swapped_in(rng):
     assert torch.equal(got, want) and torch.equal(x.grad, xb.grad)
     op = "torch.ops.mxkit.mx_linear]"
     assert op in _graph_ops(la, x0) and op not in _graph_ops(swapped, x0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_negative_bit_inputs_give_the_negated_bytes(device, rng):
+    """An x with the sign bit set (``torch._neg_view``; ``c.conj().imag``: its memory holds -x) gives -x's bytes
+    through matmul (a PackedWeight at M = 1 / 4 / 16 and an MXTensor weight; a negative-bit bias too), MXLinear
+    (bf16 and MXFP8 activations), the gated MLP's one row and MXMoE at 1 and 5 tokens. The CUDA decode kernels, the
+    gated MLP's launch and the MoE router read x raw: they computed for x, not -x."""
+    from mxkit.nn import MXGatedMLP, MXMoE
+
+    def same(f, x):
+        got, want = f(torch._neg_view(x)), f(x.neg())
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), tuple(x.shape)
+
+    K, N, I, E = 256, 128, 128, 8
+    w = mxkit.quantize(torch.randn(N, K, generator=rng), "mxfp4").to(device)
+    pw = mxkit.pack_weight(w)
+    bias = torch.randn(N, generator=rng).to(device)
+    lin = MXLinear.from_linear(nn.Linear(K, N), "mxfp4").to(device, torch.bfloat16)
+    lin8 = MXLinear.from_linear(nn.Linear(K, N), "mxfp8_e4m3", act_format="mxfp8_e4m3").to(device, torch.bfloat16)
+    gate, up, down = (MXLinear.from_linear(nn.Linear(a, b, bias=False), "mxfp4") for a, b in ((K, I), (K, I), (I, K)))
+    gated = MXGatedMLP(gate, up, down).to(device)
+    dense = (torch.randn(E, 2 * I, K, generator=rng), torch.randn(E, 2 * I, generator=rng),
+             torch.randn(E, K, I, generator=rng), torch.randn(E, K, generator=rng))
+    moe = MXMoE.from_dense(nn.Linear(K, E), *dense, 2, "mxfp4").to(device)
+    with torch.no_grad():
+        for M in (1, 4, 16):
+            x = torch.randn(M, K, generator=rng).to(device, torch.bfloat16)
+            same(lambda t: mxkit.matmul(t, pw), x)
+            same(lambda t: mxkit.matmul(t, w), x)
+        x = torch.randn(1, K, generator=rng).to(device, torch.bfloat16)
+        assert torch.equal(mxkit.matmul(x, pw, bias=torch._neg_view(bias)), mxkit.matmul(x, pw, bias=bias.neg()))
+        for m in (lin, lin8, gated):
+            same(m, x)
+        for T in (1, 5):
+            same(moe, torch.randn(T, K, generator=rng).to(device, torch.bfloat16))
+
+
+def test_compiled_layers_sharing_one_weight_tensor(rng):
+    """Two layers given the same weight tensors (load_state_dict(assign=True) of one state_dict; copy.copy) each
+    compile to their own forward: the op finds a layer by its weight buffer, and a layer whose buffer another live
+    layer already owns takes the route given the weight's tensors (the second layer took over the key: the first's
+    compiled forward ran the second's act_format, and raised once the second was gone)."""
+    import gc
+
+    src = MXLinear.from_linear(nn.Linear(64, 32), "mxfp4")
+    sd = src.state_dict()
+    a = MXLinear(64, 32, "mxfp4", device="meta")
+    b = MXLinear(64, 32, "mxfp4", act_format="mxfp8_e4m3", device="meta")
+    a.load_state_dict(sd, assign=True)
+    b.load_state_dict(sd, assign=True)
+    assert a.weight_qdata is b.weight_qdata
+    x = torch.randn(4, 64, generator=rng)
+    with torch.no_grad():
+        want_a, want_b = a(x), b(x)
+        assert not torch.equal(want_a, want_b)
+        for m, want in ((a, want_a), (b, want_b)):
+            assert torch.equal(torch.compile(m, backend="aot_eager", fullgraph=True)(x), want)
+        c = copy.copy(a)
+        del b, c
+        gc.collect()
+        assert torch.equal(torch.compile(a, backend="aot_eager", fullgraph=True)(x), want_a)

@@ -233,8 +233,9 @@ def router_gpt_oss(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     if not torch.compiler.is_compiling() and not needs_grad(x, weight, bias):
         from .kernels.moe_details import _route
 
-        if _route.router_takes(x, weight, bias, top_k):
-            return _route.router_gpt_oss(x, weight, bias, top_k)
+        if _route.router_takes(x, weight, bias, top_k):  # (a negative-bit view's memory holds -x: read raw)
+            return _route.router_gpt_oss(x.resolve_neg(), weight.resolve_neg(),
+                                         None if bias is None else bias.resolve_neg(), top_k)
     logits = router_logits(x, weight, bias)
     weights, ids = route(logits, top_k, mode="gpt_oss")
     return logits, weights, ids

@@ -293,6 +293,11 @@ def matmul(
     if d is not None:
         with torch.cuda.device(d):  # (the kernels launch on the current device)
             return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
+    if not torch.compiler.is_compiling():  # (a negative-bit view's memory holds -a, which the kernels read raw)
+        if type(a) is torch.Tensor and a.is_neg():
+            a = a.resolve_neg()
+        if type(bias) is torch.Tensor and bias.is_neg():
+            bias = bias.resolve_neg()
     if exporting() and type(b) in (MXTensor, PackedWeight) and plain_traced(a):
         # torch.export: the op on the weight's tensors, which the program then holds (it runs in another process),
         # with its gradients registered on it (with_input_grad's Function would be recorded detached)

@@ -177,8 +177,8 @@ def moe_packed(
             or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"moe_packed: x {tuple(x.shape)}, experts {p1.shape} / {p2.shape}, topk "
                          f"{tuple(topk_weights.shape)} / {tuple(topk_ids.shape)} do not match")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    if x.stride(-1) != 1 or x.is_neg():
+        x = x.contiguous().resolve_neg()  # (a negative-bit view's memory holds -x, which the kernels read raw)
     path = packed_path(packed, topk_ids.numel(), activation, x)
     if path is None:
         return None
@@ -231,8 +231,8 @@ def moe_triton(
                              out_dtype=out_dtype, expert_range=expert_range, num_experts=num_experts,
                              intermediate_dtype=x.dtype)
     n = T * k
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    if x.stride(-1) != 1 or x.is_neg():
+        x = x.contiguous().resolve_neg()  # (a negative-bit view's memory holds -x, which the kernels read raw)
     if packed is not None and (tuple(packed[0].shape) != tuple(w_gate_up.shape)
                                or tuple(packed[1].shape) != tuple(w_down.shape)):
         raise ValueError(f"packed experts of shapes {tuple(packed[0].shape)} / {tuple(packed[1].shape)} were not made "

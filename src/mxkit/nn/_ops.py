@@ -116,16 +116,24 @@ def _drop_owner(key: tuple[int, str]) -> None:
         del _OWNERS[key]
 
 
-def own_key(module: nn.Module, key: torch.Tensor, role: str) -> None:
+def own_key(module: nn.Module, key: torch.Tensor, role: str) -> bool:
     """Record ``key``, a buffer of ``module`` (or of a layer it holds), as the tensor by which ``module``'s ops of
     ``role`` find it under torch.compile (:func:`module_of_key`). The buffer is a graph input, not a constant, so
     the blocks of a model compiled one by one share one compiled graph (a handle int was a constant of each
-    graph: one compile per module, and past dynamo's recompile limit an error under ``fullgraph=True``)."""
+    graph: one compile per module, and past dynamo's recompile limit an error under ``fullgraph=True``). Returns
+    False, recording nothing, where another live module that still holds ``key`` owns it (two modules sharing one
+    tensor: ``load_state_dict(assign=True)`` of one state_dict, ``copy.copy``): the caller then takes the route
+    whose op is given the weight's tensors."""
     k = (id(key), role)
     entry = _OWNERS.get(k)
-    if entry is None or entry[0]() is not key:
+    if entry is not None and entry[0]() is key:
+        owner = entry[1]()
+        if owner is not None and owner is not module and any(b is key for b in owner.buffers()):
+            return False
+    else:
         weakref.finalize(key, _drop_owner, k)
     _OWNERS[k] = (weakref.ref(key), weakref.ref(module))
+    return True
 
 
 def module_of_key(key: torch.Tensor, role: str, op: str) -> nn.Module:

@@ -136,7 +136,7 @@ class MXGatedMLP(nn.Module):
     def _act_eager(self, x: torch.Tensor) -> torch.Tensor:
         if self._one_row(x):
             launch = self._launch()
-            x2 = x.reshape(1, x.shape[-1])
+            x2 = x.reshape(1, x.shape[-1]).resolve_neg()  # (a negative-bit view's memory holds -x: read raw)
             if launch is not None and _mma_decode.rows_ok(x2) and x.device == launch[0].device:
                 if elsewhere(x):  # (the kernels launch on the current device)
                     with torch.cuda.device(x.device):

@@ -244,8 +244,9 @@ class MXLinear(nn.Module):
         that finds others (swapped in by torch.func.functional_call, or assigned) takes the route whose op is given
         the weight's tensors, not the layer's key (weight_qdata, recorded here), whose op reads the layer's own."""
         b = self._buffers  # (weak: a replaced buffer is freed, e.g. accelerate's offload swapping it every call)
-        self.__dict__["_own"] = (weakref.ref(b["weight_qdata"]), weakref.ref(b["weight_scale"]))
-        _ops.own_key(self, b["weight_qdata"], "linear")
+        own = (weakref.ref(b["weight_qdata"]), weakref.ref(b["weight_scale"]))
+        # (buffers another live layer owns, shared with it: not this layer's own to its op)
+        self.__dict__["_own"] = own if _ops.own_key(self, b["weight_qdata"], "linear") else None
 
     def _owns_weight(self) -> bool:
         """Whether the weight's buffers are the ones :meth:`_own_buffers` recorded (not swapped in)."""
@@ -379,6 +380,8 @@ class MXLinear(nn.Module):
                 return with_input_grad(x, bias, self.weight_mx, self._forward)
             packed = self._live_packed()
             if packed is not None and type(x) is torch.Tensor and x.is_cuda:
+                if x.is_neg():
+                    x = x.resolve_neg()  # (a negative-bit view: its memory holds -x, which the kernels read raw)
                 if elsewhere(x):  # (the kernels launch on the current device)
                     with torch.cuda.device(x.device):
                         return self._eager(x, bias)

@@ -289,6 +289,23 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
         return MXTensor(q, s, self.weight_format, 2, self.block_size, shape, self.scale_mode, self.rounding)
 
     @property
+    def activation(self) -> str:
+        """The experts' activation, ``"swiglu_gpt_oss"`` or ``"swiglu"``. Setting another one on a module whose
+        experts are re-laid in place (:meth:`pack_`: their gate / up rows interleaved for the activation in force)
+        first puts them back in the checkpoint layout (the next CUDA forward lays them out again for the new one);
+        ValueError for an unknown name."""
+        return self.__dict__["_activation"]
+
+    @activation.setter
+    def activation(self, value: str) -> None:
+        if not isinstance(value, str) or value not in ACTIVATIONS:
+            raise ValueError(f"unknown activation={value!r}; known: {', '.join(ACTIVATIONS)}")
+        old = self.__dict__.get("_activation")
+        if old is not None and value != old and self.expert_layout != "checkpoint":
+            self._to_checkpoint_layout()  # (under the old activation, whose interleave the rows hold)
+        self.__dict__["_activation"] = value
+
+    @property
     def expert_layout(self) -> str:
         """The expert buffers' layout: ``"checkpoint"``; after :meth:`pack_`, ``"mma"`` (W4A16) or ``"fold"``
         (``act_format`` W4A8 or MXFP4 x MXFP4)."""
@@ -323,8 +340,9 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
         tensors, not the module's key (gate_up's codes, recorded here), whose ops read the module's own."""
         # (weak: an expert buffer replaced is freed)
         bufs = self._expert_buffers()
-        self.__dict__["_own"] = tuple(weakref.ref(t) for t in bufs.values())
-        _ops.own_key(self, bufs["gate_up_qdata"], "moe")  # (the key its compiled ops find it by)
+        # (the key its compiled ops find it by; buffers another live module owns, shared with it: not its own)
+        mine = _ops.own_key(self, bufs["gate_up_qdata"], "moe")
+        self.__dict__["_own"] = tuple(weakref.ref(t) for t in bufs.values()) if mine else None
 
     def _note_flags(self) -> None:
         """Record the packed buffers the kernel flags (``_mma_flags``) were read from: buffers written or replaced
@@ -464,6 +482,8 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
+        if "activation" in self.__dict__:  # (pickled before activation was a property)
+            self.__dict__["_activation"] = self.__dict__.pop("activation")
         self._record_own()
 
     def _to_checkpoint_layout(self) -> None:
@@ -763,7 +783,9 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
                 return self.forward(x)
         if not torch.compiler.is_compiling() and _functorch_wrapped(x):
             raise NotImplementedError(_NO_FUNC)
-        x = x.contiguous()  # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits)
+        # (a strided x: the router's BLAS picks its kernel by layout, the contiguous copy's bits; a negative-bit view:
+        # its memory holds -x, which the kernels read raw)
+        x = x.contiguous().resolve_neg()
         routed = None
         if torch.compiler.is_compiling() and (exporting() or not self._owns_experts()) and self.ep_ranges is None:
             return self._exported(x)  # (torch.export, or experts swapped in: the ops given the experts' tensors)

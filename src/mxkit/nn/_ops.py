@@ -139,7 +139,7 @@ def own_key(module: nn.Module, key: torch.Tensor, role: str) -> bool:
 def module_of_key(key: torch.Tensor, role: str, op: str) -> nn.Module:
     """The module that recorded ``key`` for ``role`` (:func:`own_key`); RuntimeError (naming the op) when none did
     or it no longer exists: a program holding the op run in another process (torch.export), or a buffer replaced
-    after the graph was traced. NotImplementedError inside forward-mode AD (the ops have no forward rule)."""
+    after the graph was traced."""
     entry = _OWNERS.get((id(key), role))
     m = entry[1]() if entry is not None and entry[0]() is key else None
     if m is None:

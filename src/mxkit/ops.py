@@ -305,6 +305,15 @@ def matmul(
     if needs_grad(a, bias):
         return with_input_grad(a, bias, b, lambda a_, bias_: matmul(a_, b, bias=bias_, out_dtype=out_dtype,
                                                                      backend=backend))
+    if type(a) is MXTensor and type(b) in (MXTensor, PackedWeight) and torch.compiler.is_compiling():
+        refuse_forward_ad("mxkit.matmul")
+        # one opaque op in the graph, a's tensors and metadata its arguments (tracing the plan would read a's scale
+        # statistics on the host: a data-dependent guard); a PackedWeight by its id, as for a float a (torch.export:
+        # its source's tensors, which the program holds)
+        if type(b) is PackedWeight and backend == "auto" and not exporting():
+            return torch.ops.mxkit.packed_matmul_mx(*_weight_args(a), bias, id(b), out_dtype)
+        w = b.source if type(b) is PackedWeight else b
+        return torch.ops.mxkit.mx_matmul_mx(*_weight_args(a), *_weight_args(w), bias, out_dtype, backend)
     if type(b) is MXTensor and torch.compiler.is_compiling() and plain_traced(a):
         refuse_forward_ad("mxkit.matmul")
         # one opaque op in the graph, the weight's tensors and metadata its arguments (tracing the plan would read
@@ -367,6 +376,47 @@ def _weight_args(w: MXTensor) -> tuple:
             w.scale_layout)
 
 
+def _from_args(qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout) -> MXTensor:
+    """The MXTensor of :func:`_weight_args`' fields (a custom op's arguments)."""
+    return MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
+
+
+@torch.library.custom_op("mxkit::mx_matmul_mx", mutates_args=())
+def _mx_matmul_mx_op(a_qdata: torch.Tensor, a_scale: torch.Tensor, a_fmt: str, a_axis: int, a_block_size: int,
+                     a_shape: list[int], a_scale_mode: str, a_rounding: str, a_scale_layout: str, qdata: torch.Tensor,
+                     scale: torch.Tensor, fmt: str, axis: int, block_size: int, shape: list[int], scale_mode: str,
+                     rounding: str, scale_layout: str, bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
+                     backend: str) -> torch.Tensor:
+    """``matmul(MXTensor a, MXTensor b, bias=bias, out_dtype=out_dtype, backend=backend)``, each operand given by
+    :func:`_weight_args`' fields: what a compiled graph (or a torch.export program) calls for quantized activations
+    times an MX weight. Returns (..., N) in ``out_dtype``, bfloat16 by default."""
+    a = _from_args(a_qdata, a_scale, a_fmt, a_axis, a_block_size, a_shape, a_scale_mode, a_rounding, a_scale_layout)
+    b = _from_args(qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout)
+    return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
+
+
+@_mx_matmul_mx_op.register_fake
+def _(a_qdata, a_scale, a_fmt, a_axis, a_block_size, a_shape, a_scale_mode, a_rounding, a_scale_layout, qdata, scale,
+      fmt, axis, block_size, shape, scale_mode, rounding, scale_layout, bias, out_dtype, backend):
+    return a_qdata.new_empty((*a_shape[:-1], shape[0]), dtype=out_dtype or torch.bfloat16)
+
+
+@torch.library.custom_op("mxkit::packed_matmul_mx", mutates_args=())
+def _packed_matmul_mx_op(a_qdata: torch.Tensor, a_scale: torch.Tensor, a_fmt: str, a_axis: int, a_block_size: int,
+                         a_shape: list[int], a_scale_mode: str, a_rounding: str, a_scale_layout: str,
+                         bias: Optional[torch.Tensor], handle: int, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``matmul(MXTensor a, packed_of(handle), bias=bias, out_dtype=out_dtype)``: what a compiled graph calls for
+    quantized activations times a PackedWeight (found by its id, as ``mxkit::packed_matmul`` finds it)."""
+    a = _from_args(a_qdata, a_scale, a_fmt, a_axis, a_block_size, a_shape, a_scale_mode, a_rounding, a_scale_layout)
+    return matmul(a, packed_of(handle), bias=bias, out_dtype=out_dtype)
+
+
+@_packed_matmul_mx_op.register_fake
+def _(a_qdata, a_scale, a_fmt, a_axis, a_block_size, a_shape, a_scale_mode, a_rounding, a_scale_layout, bias, handle,
+      out_dtype):
+    return a_qdata.new_empty((*a_shape[:-1], packed_of(handle).shape[0]), dtype=out_dtype or torch.bfloat16)
+
+
 def _mx_matmul_traced(a: torch.Tensor, w: MXTensor, bias, out_dtype, backend: str) -> torch.Tensor:
     """``mxkit::mx_matmul`` of a and MXTensor w: a traced graph's one op, the weight's tensors its arguments."""
     q, sc, *meta = _weight_args(w)
@@ -380,7 +430,7 @@ def _mx_matmul_op(a: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bia
     """``matmul(a, MXTensor(qdata, scale, ...), bias=bias, out_dtype=out_dtype, backend=backend)``: what a compiled
     graph calls for a float ``a`` times an MXTensor weight (gradients: :func:`with_input_grad` around it)."""
     refuse_forward_ad("mxkit::mx_matmul")
-    b = MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
+    b = _from_args(qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout)
     return matmul(a, b, bias=bias, out_dtype=out_dtype, backend=backend)
 
 
@@ -548,7 +598,7 @@ def _mx_dgrad_op(g: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, fmt:
                  dtype: torch.dtype) -> torch.Tensor:
     """:func:`linear_input_grad` of ``g`` and ``MXTensor(qdata, scale, ...)``: what a compiled graph calls for the
     input gradient of :func:`mxkit.matmul` (eagerly, at full float32 precision)."""
-    w = MXTensor(qdata, scale, fmt, axis, block_size, torch.Size(shape), scale_mode, rounding, scale_layout)
+    w = _from_args(qdata, scale, fmt, axis, block_size, shape, scale_mode, rounding, scale_layout)
     return linear_input_grad(g, w, dtype)
 
 

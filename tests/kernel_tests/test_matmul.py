@@ -1941,6 +1941,51 @@ def test_gpu_compiled_matmul_packed_weight(rng):
     _compiled_matmul_equals_eager("cuda", "inductor", rng)
 
 
+def _compiled_mx_activations_equal_eager(device: str, backend: str, rng) -> None:
+    """mxkit.matmul(quantize(x), w) under torch.compile(fullgraph=True, dynamic=True): one op (mxkit::mx_matmul_mx,
+    or mxkit::packed_matmul_mx for a PackedWeight) whose bytes are eager's, at 4 batch sizes in one graph a weight;
+    and under torch.export, whose program holds mx_matmul_mx on the weight's tensors."""
+    from torch._dynamo.utils import counters
+
+    w = mxkit.quantize(torch.randn(96, 256, generator=rng), "mxfp4").to(device)
+    pw = mxkit.pack_weight(w)
+    bias = torch.randn(96, generator=rng).to(device)
+    xs = [torch.randn(n, 256, generator=rng).to(device, torch.bfloat16) for n in (3, 17, 64, 5)]
+    for b in (w, pw):
+        for kw in ({}, dict(bias=bias, out_dtype=torch.float32)):
+            def f(x):
+                return mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), b, **kw)
+
+            torch._dynamo.reset()
+            counters.clear()
+            g = torch.compile(f, fullgraph=True, dynamic=True, backend=backend)
+            for x in xs:
+                assert torch.equal(g(x), f(x)), (type(b).__name__, kw.keys(), x.shape)
+            assert counters["stats"]["unique_graphs"] == 1, counters["stats"]
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return mxkit.matmul(mxkit.quantize(x, "mxfp8_e4m3"), pw, bias=bias)
+
+    ep = torch.export.export(Layer(), (xs[0],), strict=False)
+    assert "mx_matmul_mx" in str(ep.graph)
+    assert torch.equal(ep.module()(xs[0]), Layer()(xs[0]))
+    torch._dynamo.reset()
+
+
+def test_compiled_matmul_of_mx_activations(rng):
+    """An MXTensor ``a`` (quantized activations) under torch.compile: the plan read a's scale statistics, a
+    data-dependent guard, so fullgraph raised and graphs broke and recompiled per batch size."""
+    _compiled_mx_activations_equal_eager("cpu", "aot_eager", rng)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compiled_matmul_of_mx_activations(rng):
+    """The same on CUDA with Inductor (the a8w8 and fold paths inside the compiled graph)."""
+    _compiled_mx_activations_equal_eager("cuda", "inductor", rng)
+
+
 @pytest.mark.parametrize("fmt", ["mxint8", "mxfp4_e2m1", "mxfp6_e2m3"])
 def test_dense_cache_plan_and_values(fmt, monkeypatch, rng):
     """pack_weight(dense=dtype) keeps the weight dequantized (the reference's bytes; an MXFP6 weight's bf16 cache

@@ -31,8 +31,12 @@ by which it finds the layer), whose kernel is the fused layer's eager forward;
 ``fullgraph=True`` and ``mode="reduce-overhead"`` work. With gradients, and on other devices, it is the fused
 MXLinear's own op (``mxkit::mx_linear``, which carries x's and the bias' gradients). The traced reuse is keyed on
 the input object alone: an in-place change of x between two parts' calls inside a compiled frame is not seen there
-(eager calls see it). The state_dict holds the fused layer
-(``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after loading.
+(eager calls see it), nor, where the parts run in separate compiled frames (each part compiled alone, or a graph
+break between them), an in-place change of x or a ``load_state_dict`` between those frames' calls. Inside
+``torch.utils.checkpoint`` under ``fullgraph=True`` Dynamo refuses the reuse's write ("HOP: Unsafe side effect"):
+set ``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True``, or leave such groups unfused.
+The state_dict holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after
+loading.
 """
 
 from __future__ import annotations

@@ -326,6 +326,18 @@ def test_mode_and_rounding_names():
         ScaleMode.parse(3)
 
 
+def test_bit_helpers_take_a_negative_bit_view(rng):
+    """floor_log2 and shared_exponent of a negative-bit view (torch._neg_view; c.conj().imag) are those of its values
+    (a dtype view of it raised)."""
+    v = torch.randn(64, generator=rng).abs() * 100
+    neg = torch._neg_view(-v)
+    assert neg.is_neg() and torch.equal(neg, v)
+    for got, want in zip(floor_log2(neg), floor_log2(v.clone())):
+        assert torch.equal(got, want)
+    for mode in ("floor", "rceil"):
+        assert torch.equal(shared_exponent(neg, "mxfp8_e4m3", mode), shared_exponent(v.clone(), "mxfp8_e4m3", mode))
+
+
 def test_floor_log2_exact_including_denormals(rng):
     bits = torch.randint(1, 0x7F800000, (50000,), generator=rng, dtype=torch.int32)
     bits = torch.cat([bits, torch.tensor([1, 2, 0x007FFFFF, 0x00800000, 0x7F7FFFFF], dtype=torch.int32)])

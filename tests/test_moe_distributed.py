@@ -457,6 +457,11 @@ def errors_main(rank, world, seed):
     with pytest.raises(RuntimeError, match="disagree on combine_dtype"):
         call(combine_dtype=torch.float32 if rank == 0 else torch.float64)
     assert torch.equal(call(), good)  # still in step
+    # shard_experts' ranges: an empty sequence is bad ranges (it was taken for the default split), NumPy pairs are ints
+    for bad in ([], ()):
+        with pytest.raises(ValueError, match=r"expert ranges \[\] must be 2 contiguous"):
+            MXMoE(H, I, 8, 2, "mxfp4").shard_experts(ranges=bad)
+    assert MXMoE(H, I, 8, 2, "mxfp4").shard_experts(ranges=np.array([[0, 3], [3, 8]])).ep_ranges == [(0, 3), (3, 8)]
     # a process outside the group it is given
     solo = dist.new_group([0])
     if rank != 0:

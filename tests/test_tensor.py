@@ -105,6 +105,12 @@ def test_pytree_flatten_unflatten_round_trip(fmt, shape, axis, layout):
     # tree_map rebuilds through the checked constructor
     mapped = pytree.tree_map_only(torch.Tensor, torch.clone, {"w": q, "n": 3})
     assert _same(mapped["w"], q) and mapped["w"].qdata is not q.qdata and mapped["n"] == 3
+    # leaves that are not tensors (vmap's out_dims, a map to shapes): an unchecked container of them (it raised
+    # "MXTensor qdata must be a torch.Tensor, got int")
+    dims = pytree.tree_unflatten([0, 1], spec)
+    assert type(dims) is MXTensor and (dims.qdata, dims.scale) == (0, 1) and dims.fmt is q.fmt
+    shapes = pytree.tree_map(lambda t: t.shape, q)
+    assert (shapes.qdata, shapes.scale) == (q.qdata.shape, q.scale.shape)
 
 
 def test_torch_load_takes_an_mxtensor_by_default(tmp_path):

@@ -83,7 +83,7 @@ def check_expert_ranges(ranges: Sequence[tuple[int, int]], num_experts: int,
         if isinstance(v, bool) or not isinstance(v, int):  # ("8" made a misleading "[0, 8)" message)
             raise TypeError(f"{name} must be an int, got {v!r}")
     try:
-        ranges = [tuple(r) for r in ranges]
+        ranges = [tuple(as_int(v) for v in r) for r in ranges]  # (NumPy integers are integers)
     except TypeError:
         raise TypeError(f"expert ranges must be a sequence of (lo, hi) pairs, got {ranges!r}") from None
     if not all(len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in ranges):

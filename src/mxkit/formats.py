@@ -317,7 +317,8 @@ def bitcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _f32_bits(x: torch.Tensor) -> torch.Tensor:
-    return bitcast(x.to(torch.float32).contiguous(), torch.int32)
+    # (a negative-bit view: a dtype view of it raises; resolved, the bits of its values)
+    return bitcast(x.to(torch.float32).resolve_neg().contiguous(), torch.int32)
 
 
 def _exp2_f32(e: torch.Tensor) -> torch.Tensor:

@@ -353,7 +353,11 @@ def _flatten_with_keys(t: MXTensor) -> tuple[list[tuple[pytree.KeyEntry, torch.T
 
 
 def _unflatten(leaves, context: tuple) -> MXTensor:
-    return MXTensor(*leaves, *context)
+    q, s = leaves
+    if isinstance(q, torch.Tensor) and isinstance(s, torch.Tensor):
+        return MXTensor(q, s, *context)  # (tensors a transform hands back: checked)
+    # other leaves (vmap's out_dims, a tree_map to shapes): a container of them, unchecked, as pytree maps expect
+    return MXTensor._trusted(q, s, *context)
 
 
 def _dumpable_context(context: tuple) -> list:

@@ -748,8 +748,9 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
             raise ValueError(f"act_format={self.act_format!r}: the quantized-activation layers have no expert "
                              f"parallelism (shard a module of bf16 activations)")
         world, rank = group_position(group, "shard_experts")
-        ranges = [tuple(r) for r in (ranges or expert_ranges(self.num_experts, world))]
-        check_expert_ranges(ranges, self.num_experts, world)
+        # (an empty sequence is bad ranges, not the default split; an array of ranges is read pair by pair)
+        ranges = list(check_expert_ranges(expert_ranges(self.num_experts, world) if ranges is None else ranges,
+                                          self.num_experts, world))
         lo, hi = ranges[rank]
         # (in the checkpoint layout: the expert-parallel path reads it)
         self._to_checkpoint_layout()

@@ -464,6 +464,15 @@ def case_copy(rank: int, world: int, g: torch.Generator) -> None:
         other = torch.load(io.BytesIO(files[(rank + 1) % world]), weights_only=False)
         with pytest.raises(ValueError, match=rf"pickled by another rank or world size than this process's \(rank {rank} of"):
             other(x)
+        # every rank loads rank 0's file: the others raise, and rank 0 with them, at once (it waited in the layer's
+        # all_gather until the group's timeout); a second call raises again, without a collective; the group is in step
+        zero = torch.load(io.BytesIO(files[0]), weights_only=False)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="pickled by another rank" if rank else "another rank of this"):
+                zero(x)
+        flag = torch.ones(1)
+        dist.all_reduce(flag)
+        assert flag.item() == world
         # and the next rank's saved state_dict (every rank's shard has the same shapes: it loaded silently, the
         # output off by the other rank's columns / rows), of each style: a ValueError before anything is copied
         for style in ("column", "row"):

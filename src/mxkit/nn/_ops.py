@@ -77,7 +77,8 @@ class HoldsGroup:
                                 f"ProcessGroup does not pickle): save its state_dict() instead and load it into a "
                                 f"module built with that group")
             state = dict(state, **{self.group_attr: None})
-        return dict(state, _check_position=True)  # (checked against the loading process on the first forward)
+        # (checked against the loading process on the first forward; a failed check of this process is not carried)
+        return dict(state, _check_position=True, _position_error=None)
 
 
 _T = TypeVar("_T")

@@ -71,7 +71,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._device import exporting
-from ..distributed import group_position
+from ..distributed import _header_device, group_position
 from ..formats import BLOCK_SIZE, FormatLike, Rounding, ScaleMode, check_bools, get_format
 from ..fold import can_fold
 from ..ops import _functorch_wrapped, matmul, needs_grad, quantize, quantize_fold, with_input_grad
@@ -249,6 +249,34 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
 
     style: str = ""
     group_attr = "tp_group"  # (HoldsGroup: copies share it, pickling stores the world group as None)
+
+    def check_group_position(self) -> None:
+        """HoldsGroup's check on the first forward after unpickling, with the group in step: a shard pickled by
+        another rank or world size raises ValueError on its rank and, through one all_reduce of a flag, on every
+        peer (they waited in the layer's collective until the group's timeout); later forwards raise again, without
+        a collective. A no-op otherwise. Collective on that first forward: every rank's shard was unpickled."""
+        d = self.__dict__
+        if d.get("_position_error") is not None:
+            raise ValueError(d["_position_error"])
+        if not d.get("_check_position"):
+            return
+        try:
+            super().check_group_position()
+            mine = None
+        except ValueError as e:
+            mine = str(e)
+        if self.tp_world_size > 1:
+            flag = torch.tensor([0 if mine else 1], dtype=torch.int32, device=_header_device(self.tp_group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.tp_group)
+            ok = bool(flag.item())
+        else:
+            ok = mine is None
+        d["_check_position"] = False
+        if not ok:
+            d["_position_error"] = mine or (
+                f"another rank of this {type(self).__name__}'s group holds a shard pickled by another rank or world "
+                f"size: load each rank's own file, or its state_dict into a module built on that rank")
+            raise ValueError(d["_position_error"])
 
     def __init__(self, in_features: int, out_features: int, weight_format: FormatLike, *, group=None,
                  bias: bool = True, act_format: Optional[FormatLike] = None, **kwargs) -> None:

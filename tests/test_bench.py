@@ -773,9 +773,9 @@ def _bench_table_module():
     return mod
 
 
-def test_gpu_missing_ids_leaves_out_only_what_passed_or_skipped(tmp_path):
+def test_gpu_missing_ids_leaves_out_only_what_passed_or_skipped(tmp_path, monkeypatch, capsys):
     """scripts/gpu_missing_ids.py: a test the JUnit XML records as passed or skipped is done; one that failed,
-    errored, or is not in it (a budget cut it off) is run again."""
+    errored, or is not in it (a budget cut it off) is run again; ids come from the matrix the run used."""
     import importlib.util
     from pathlib import Path
 
@@ -792,6 +792,17 @@ def test_gpu_missing_ids_leaves_out_only_what_passed_or_skipped(tmp_path):
 <testcase classname="" name="" time="0"/>
 </testsuite></testsuites>""")
     assert mod.passed_ids(str(xml)) == {"tests/kernel_tests/test_a.py::test_ok[1-x]", "tests/test_b.py::test_skip"}
+    # MXKIT_GPU_FULL unset: the matrix whose ids the run holds is taken (the other's would not be found)
+    matrices = {"1": ["tests/kernel_tests/test_a.py::test_ok[1-x-full]", "tests/test_b.py::test_skip"],
+                "0": ["tests/kernel_tests/test_a.py::test_ok[1-x]", "tests/test_b.py::test_skip",
+                      "tests/test_b.py::test_fail"]}
+    monkeypatch.setattr(mod, "collect", matrices.get)
+    monkeypatch.delenv("MXKIT_GPU_FULL", raising=False)
+    assert mod.main([str(xml)]) == 0
+    assert capsys.readouterr().out.split() == ["tests/test_b.py::test_fail"]
+    monkeypatch.setenv("MXKIT_GPU_FULL", "1")
+    assert mod.main([str(xml)]) == 0
+    assert capsys.readouterr().out.split() == ["tests/kernel_tests/test_a.py::test_ok[1-x-full]"]
 
 
 def test_benchmarks_md_tables_are_their_runs(tmp_path):

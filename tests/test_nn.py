@@ -452,6 +452,10 @@ def test_quantize_model_leaves_layers_it_cannot_take(rng):
         model.append(nn.Linear(64, 0))
     with pytest.raises(TypeError, match="skip must be a name, an fnmatch pattern, a list of them or a callable"):
         quantize_model(model, "mxfp4", skip=3, progress=False)
+    with pytest.raises(TypeError, match=r"a list of them or a callable; got b'lm_head'"):
+        quantize_model(model, "mxfp4", skip=b"lm_head", progress=False)  # (named its first byte, 108)
+    with pytest.raises(ValueError, match=r"an act_format \('mxfp8_e4m3'\) quantizes the input"):
+        quantize_model(model, "mxfp4", act_format="mxfp8_e4m3", dense_cache=torch.bfloat16, progress=False)
     assert not any(isinstance(m, MXLinear) for m in model)
     with pytest.warns(UserWarning, match=r"3 nn.Linear layer\(s\) unquantized: 1 \(weight_dtype torch.float64.*\), "
                                          r"3 \(in_features=40 % block_size=32 != 0\), 4 \(weight_shape 0 x 64: empty\)$"):

@@ -2,6 +2,7 @@
 constructor names what is inconsistent. Also the error a missing Triton gives for ``backend="triton"``."""
 
 import dataclasses
+import io
 import os
 import sys
 import time
@@ -312,6 +313,17 @@ def test_other_bad_fields():
         t = MXTensor(**_args(q, axis=axis, block_size=bs))
         assert type(t.axis) is int and t.axis == 1 and type(t.block_size) is int and t.block_size == 32
         assert torch.equal(mxkit.dequantize(t), mxkit.dequantize(q))
+    # the shape's dims too: NumPy ints become Python ints (a NumPy int in the context made torch.load with
+    # weights_only=True refuse the saved tensor); a bool is no size
+    t = MXTensor(**_args(q, shape=(np.int64(4), np.int32(64))))
+    assert all(type(d) is int for d in t.shape) and t.shape == (4, 64) and repr(t) == repr(q)
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    assert torch.load(buf).shape == (4, 64)
+    for shape in ((True, 64), (4, 64.0)):
+        with pytest.raises(TypeError, match=r"MXTensor shape must be a sequence of ints"):
+            MXTensor(**_args(q, shape=shape))
     with pytest.raises(ValueError, match=r"shape\[1\]=64 \(shape \(4, 64\)\) is not a multiple of block_size=48"):
         MXTensor(**_args(q, block_size=48))
     with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):

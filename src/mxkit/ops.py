@@ -277,7 +277,8 @@ def matmul(
     DeepSeek-V3 technical report, "Increasing Accumulation Precision"), and the steps in float32, so those
     paths give bf16 / fp16 only). Values past float32's range overflow to ±inf, as in the reference (but on
     a8w8-mma, which scales each block's sum: there such a value times a small enough weight gives the finite
-    product). ``backend="reference"`` (and CPU under ``"auto"``)
+    product); so where partial products of opposite signs pass float32's range (block scales near 2^127) a
+    row whose exact sum is finite comes out ±inf or NaN. ``backend="reference"`` (and CPU under ``"auto"``)
     computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
     precision whatever ``torch.set_float32_matmul_precision`` says, inside ``torch.compile`` too: there the custom op
     ``mxkit::mx_matmul``, whose kernel is this eager call).
@@ -715,7 +716,8 @@ def quantize_fold(
     whose block scales span more than the fold window; :func:`matmul` completes it after enqueuing the GEMM
     (``MXLinear``'s path). An x with no rows gives a Folded of 0 rows (activations: an empty batch). Raises
     TypeError for an x that is not a float32 / bfloat16 / float16 tensor or a ``defer`` that is not a bool;
-    ValueError for a format that does not fold (FP8, INT8) and the other bad inputs :func:`quantize` rejects;
+    ValueError for a format that does not fold (FP8, INT8), a block_size other than 32, and the other bad
+    inputs :func:`quantize` rejects;
     NotImplementedError on the meta device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")

@@ -145,8 +145,9 @@ class MXTensor:
 
     Raises TypeError (a field of the wrong type or dtype) or ValueError (axis out of range, shapes that do
     not agree, naming the field with the shape it has and the one it should have, qdata and scale on
-    different devices, or a ``scale_layout`` / ``scale_mode`` / ``rounding`` that is not one of the names or
-    enum members: these three are parsed, so any other value is an unknown name).
+    different devices, a ``scale_mode`` / ``rounding`` that is not an enum member or its name (case and
+    surrounding spaces ignored), or a ``scale_layout`` that is not one of :data:`mxkit.layouts.SCALE_LAYOUTS`'
+    names, spelled exactly).
 
     Views: :meth:`qdata_view` (``torch.float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``int8``
     where torch has the dtype) and :meth:`scale_view` (``torch.float8_e8m0fnu``).
@@ -167,8 +168,12 @@ class MXTensor:
         object.__setattr__(self, "fmt", get_format(self.fmt))
         object.__setattr__(self, "scale_mode", ScaleMode.parse(self.scale_mode))
         object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
-        try:
-            shape = torch.Size(self.shape)
+        try:  # (each dim through __index__, as axis and block_size below: a NumPy int stays out of the
+            # context, which torch.load(weights_only=True) and the pytree's JSON would refuse; a bool is no size)
+            dims = tuple(self.shape)
+            if any(isinstance(d, bool) for d in dims):
+                raise TypeError
+            shape = torch.Size(operator.index(d) for d in dims)
         except TypeError:
             raise TypeError(f"MXTensor shape must be a sequence of ints, got {self.shape!r}") from None
         object.__setattr__(self, "shape", shape)

@@ -46,6 +46,13 @@
 # overhead call and decode run done, no stage out of time).
 
 set -u -o pipefail
+# the budgets are whole seconds (a "5m" went to `timeout` past the wall cap; a "10m" wall gave an empty budget)
+for v in MXKIT_WALL_BUDGET MXKIT_TESTS_BUDGET MXKIT_SANITIZE_BUDGET MXKIT_TUNE_BUDGET MXKIT_QUANTIZE_BUDGET \
+        MXKIT_GEMM_BUDGET MXKIT_MOE_BUDGET MXKIT_OVERHEAD_BUDGET MXKIT_DECODE_BUDGET MXKIT_XDIST_N; do
+    case "${!v:-1}" in
+        '' | *[!0-9]*) echo "$v=${!v}: expected a whole number" >&2; exit 2 ;;
+    esac
+done
 # (a relative MXKIT_TEST_IDS names a file from where the script was called)
 if [ -n "${MXKIT_TEST_IDS:-}" ]; then
     IDS_FILE=$(realpath "$MXKIT_TEST_IDS") && [ -f "$IDS_FILE" ] || { echo "MXKIT_TEST_IDS: no file $MXKIT_TEST_IDS" >&2; exit 2; }

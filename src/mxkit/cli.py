@@ -483,6 +483,10 @@ def _cmd_tune(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    tb = os.environ.get("MXKIT_TRACEBACK", "")
+    if tb not in ("", "0", "1"):  # (any other value was on: MXKIT_TRACEBACK=false raised with a traceback)
+        print(f"mxkit: error: MXKIT_TRACEBACK={tb!r}: expected 0 or 1 (or unset)", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # (argparse's own message, with the usage of the command given rather than mxkit's)
@@ -501,7 +505,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pass
         return 141
     except (ValueError, TypeError, OSError, ImportError) as e:
-        if os.environ.get("MXKIT_TRACEBACK", "0") not in ("", "0"):
+        if os.environ.get("MXKIT_TRACEBACK") == "1":
             raise
         print(f"mxkit: error: {e}", file=sys.stderr)
         return 2

@@ -93,7 +93,7 @@ def usage_error(message: str) -> int:
     """Print ``mxkit: error: message`` on stderr (as the ``mxkit`` CLI does); returns the exit status 2. With
     ``MXKIT_TRACEBACK=1`` raises RuntimeError(message) instead (a traceback and exit status 1, as the CLI's other
     errors then)."""
-    if os.environ.get("MXKIT_TRACEBACK", "0") not in ("", "0"):
+    if os.environ.get("MXKIT_TRACEBACK") == "1":  # (mxkit.cli.main refuses other values)
         raise RuntimeError(message)
     print(f"mxkit: error: {message}", file=sys.stderr)
     return 2

@@ -24,3 +24,29 @@ def interpreting() -> bool:
     """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET set and not 0): kernels then take their
     interpreter-faithful paths (e.g. conversions by bit arithmetic rather than the hardware's)."""
     return env("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def choice(name: str, choices: tuple, default: Optional[str] = None) -> Optional[str]:
+    """The setting of environment variable ``name``: one of ``choices`` (exact strings, e.g. ``("0", "1")``), or
+    ``default`` where it is unset or empty. Raises ValueError naming the variable and the values it takes for
+    anything else (``true`` / ``off`` for a 0 / 1 switch: read as on, or as a list, they flipped paths silently)."""
+    v = env(name)
+    if v is None or v == "":
+        return default
+    if v in choices:
+        return v
+    raise ValueError(f"{name}={v!r}: expected {' or '.join(choices)} (or unset)")
+
+
+def number(name: str, default: str, kind: type, allowed: Optional[tuple] = None):
+    """Environment variable ``name`` (``default`` where unset or empty) read as ``kind`` (int or float): a
+    finite value >= 0, one of ``allowed`` where given. Raises ValueError naming the variable for anything else."""
+    v = env(name) or default
+    try:
+        x = kind(v)
+    except ValueError:
+        x = None
+    if x is None or not x >= 0 or x == float("inf") or (allowed is not None and x not in allowed):
+        want = f"one of {', '.join(map(str, allowed))}" if allowed is not None else f"a finite {kind.__name__} >= 0"
+        raise ValueError(f"{name}={v!r}: expected {want} (or unset)")
+    return x

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ._env import choice
 from .fast_launch import MAX_PARAMS as _FAST_MAX_PARAMS  # kernels with more parameters launch through ctypes
 
 __all__ = ["CudaDriverUnavailable", "load_module", "Kernel", "BoundLaunch", "shipped_ptx_unavailable",
@@ -88,9 +89,7 @@ def shipped_ptx_unavailable(path: str, device_index: int, min_cc: tuple[int, int
     GPU older than ``min_cc`` (``needs``: what for), the driver refusing the module, or ``MXKIT_MMA_DECODE=0``
     (which turns off every CUDA C++ kernel mxkit ships; read on the first call for each file and device, then
     kept: set it before)."""
-    import os
-
-    if os.environ.get("MXKIT_MMA_DECODE", "1") == "0":
+    if choice("MXKIT_MMA_DECODE", ("0", "1")) == "0":
         return "MXKIT_MMA_DECODE=0"
     if not Path(path).exists():
         return f"{Path(path).name} is missing"

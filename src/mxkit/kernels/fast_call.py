@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
+from ._env import choice
 from .fast_launch import build_extension, cache_dir, compiler, load
 
 __all__ = ["module", "build", "maps_supported", "MAX_SLOTS", "MAX_OUTS", "MAX_DIMS", "MAX_MAPS"]
@@ -108,7 +109,7 @@ def module(wait: bool = False) -> Optional[ModuleType]:
     if _state["thread"] is None:
         with _lock:
             if _state["thread"] is None:
-                if os.environ.get("MXKIT_FAST_CALL", "1") == "0" or not _driver_present():
+                if choice("MXKIT_FAST_CALL", ("0", "1")) == "0" or not _driver_present():
                     _state["thread"] = False
                     _ready.set()
                 else:

@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
+from ._env import choice
+
 __all__ = ["module", "build", "build_extension", "cache_dir", "MAX_PARAMS"]
 
 MAX_PARAMS = 512  # the C module's limit on a kernel's parameters (_fast_launch.c); more launch through ctypes
@@ -112,7 +114,7 @@ def module() -> Optional[ModuleType]:
     ``module().launch(function, gx, gy, gz, block, shared, device, params, nparams, *pointers)`` returns the
     CUresult. A module that cannot be built or loaded where the driver is present is reported once (a warning
     naming why); launches then keep ``ctypes``."""
-    if os.environ.get("MXKIT_FAST_LAUNCH", "1") == "0" or sys.platform == "win32":
+    if choice("MXKIT_FAST_LAUNCH", ("0", "1")) == "0" or sys.platform == "win32":
         return None
     import ctypes
 

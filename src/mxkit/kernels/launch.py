@@ -22,12 +22,13 @@ import contextlib
 import ctypes
 import functools
 import inspect
-import os
 from types import ModuleType
 from typing import Iterator, Optional
 
 import torch
 import triton
+
+from ._env import choice
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -51,7 +52,7 @@ def direct_launch_supported() -> bool:
 _enabled = True  # switched off only inside triton_launch_only()
 # _Launcher's hits through ArgsLaunch (one cuLaunchKernel) rather than Triton's runner; MXKIT_ARGS_LAUNCH=0: off
 # (read once, at import: set it before importing mxkit)
-_ARGS_LAUNCH = os.environ.get("MXKIT_ARGS_LAUNCH", "1") != "0"
+_ARGS_LAUNCH = choice("MXKIT_ARGS_LAUNCH", ("0", "1")) != "0"
 
 
 @contextlib.contextmanager

@@ -87,7 +87,10 @@ def gemm_table() -> Mapping:
 def gemm_table_override(table: Union[Mapping, str, Path]):
     """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
     ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning), in this thread (or
-    asyncio task) only. Raises ValueError for a table :func:`check_table` refuses."""
+    asyncio task) only. ``table`` replaces the current table whole: a GPU whose entry it lacks, or a key missing from
+    that entry, takes the table's ``"default"`` entry, not the packaged one (a file of one `mxkit tune gemm --stages` stage
+    holds that stage's key alone); to change some keys, pass ``merge_tables(gemm_table(), table)``, as ``mxkit
+    bench --table`` does. Raises ValueError for a table :func:`check_table` refuses."""
     table = check_table(table) if isinstance(table, Mapping) else load_table(table)
     held = _TABLE.set(_freeze(dict(table)))
     token = _TOKEN.set(next(_tokens))
@@ -132,6 +135,12 @@ def _check_fields(key: str, fields: Mapping, where: str) -> None:
             continue
         elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{at}: expected an int >= 0{' or null' if f in _NULLABLE else ''}, got {v!r}")
+        elif key == "moe" and f == "mma_strips":  # (another count ran as 1, silently)
+            from .matmul_details._mma_decode import GROUPED_STRIPS
+
+            if v not in GROUPED_STRIPS:
+                raise ValueError(f"{at}: {v!r} is not a strip count of the grouped decode kernels (one of "
+                                 f"{GROUPED_STRIPS})")
 
 
 def _check_configs(configs, at: str) -> None:
@@ -156,7 +165,8 @@ def check_table(table, what: str = "table") -> dict:
     names, keys and fields starting with ``_`` (notes such as ``_doc`` / ``_measured``) may hold anything, the keys
     are those of :data:`mxkit.tune.STAGES` and each key's fields those its code reads (:data:`_FIELDS`): ints >= 0
     (``decode_mma.ring_min_k`` / ``ring2_min_n`` may be null: off), ``decode_mma.m8_loop`` one of :data:`M8_LOOPS`,
-    ``decode_w4a16.configs`` a list of :class:`DecodeConfig` schedules with ascending ``k_max``. Else ValueError
+    ``decode_w4a16.configs`` a list of :class:`DecodeConfig` schedules with ascending ``k_max``, ``moe.mma_strips``
+    one of the grouped decode kernels' strip counts (1, 2, 4). Else ValueError
     naming ``what`` and the first bad part (a typo'd key or field would otherwise change nothing, silently)."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{what} is not a dispatch table ({{GPU name: {{key: {{field: value}}}}}}, as `mxkit tune "

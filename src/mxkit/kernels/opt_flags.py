@@ -137,6 +137,9 @@ class DequantizeConfig:
     resolved: bool = False
 
 
+_PATHS = ("rows", "cols", "cast_transpose")  # TuningEntry.path: quantize_config's problem kinds
+
+
 @dataclass(frozen=True)
 class TuningEntry:
     """A setting one GPU measured faster where the other measured it slower: on GPUs whose CUDA device name
@@ -201,7 +204,8 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     carry a config, are made again inside it and kept apart), so no call sees a stale config. Raises on entry:
     TypeError for an unknown field name, a field only resolution sets, or a table item that is not a
     TuningEntry; ValueError for a value the kernels cannot take (tiles and warps not powers of two, ``rblocks``
-    < 1, a bool field given a non-bool, ...). Not thread-safe (one A/B run at a time).
+    < 1, a bool field given a non-bool, ...), for a TuningEntry path other than rows / cols / cast_transpose or an
+    unknown format (an alias, e.g. ``"mxfp4"``, is taken as its format). Not thread-safe (one A/B run at a time).
 
         with opt_flags.override(quantize={"rblocks": 1}):
             y = quantize_triton(x, "mxfp4_e2m1")
@@ -212,10 +216,15 @@ def override(*, table: Optional[tuple] = None, quantize: Optional[dict] = None,
     for cls, given in ((QuantizeConfig, quantize), (DequantizeConfig, dequantize)):
         _check_fields(cls, dict(given or {}))
     table = GPU_TUNING if table is None else tuple(table)
+    entries = []
     for e in table:
         if not isinstance(e, TuningEntry):
             raise TypeError(f"table must hold TuningEntry items, got {type(e).__name__}")
         _check_fields(QuantizeConfig, dict(e.fields))
+        if e.path not in _PATHS:  # (a typo'd path or an alias of a format never matched: the entry did nothing)
+            raise ValueError(f"TuningEntry.path must be one of {', '.join(_PATHS)}, got {e.path!r}")
+        entries.append(dataclasses.replace(e, fmt=get_format(e.fmt).name))
+    table = tuple(entries)
     new = _Override(table=table, quantize=tuple((quantize or {}).items()),
                     dequantize=tuple((dequantize or {}).items()))
     from .matmul_table import _TOKEN, _tokens

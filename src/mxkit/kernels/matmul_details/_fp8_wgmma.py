@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._env import env
+from .._env import choice
 from ..launch import _Launcher
 from . import _w4a16_wgmma
 from ..cuda_driver import sm_count as _sm_count
@@ -366,6 +366,6 @@ def available(device: torch.device) -> Optional[str]:
     """None when the kernel runs on ``device`` (CUDA sm_90 with Gluon: the w4a16-wgmma kernel's conditions), else
     why not; ``MXKIT_FP8_WGMMA=0`` turns it off (cuBLAS's grouped FP8 GEMM instead; ``=1`` makes the MoE fold
     paths take it at every size, :func:`mxkit.kernels.moe_details._fold._tile_table`)."""
-    if env("MXKIT_FP8_WGMMA", "1") == "0":
+    if choice("MXKIT_FP8_WGMMA", ("0", "1")) == "0":
         return "MXKIT_FP8_WGMMA=0"
     return _w4a16_wgmma.available(device)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from .._env import choice
 from ..cuda_driver import device_index as _index, shipped_kernel, shipped_ptx_unavailable, sm_count
 from ._mma_decode import bias_flag, check_shape, shape_ok, split_buffers, split_k  # the same strips, tiles and bias
 
@@ -115,7 +115,7 @@ def bulk_unavailable(index: int) -> Optional[str]:
     file, a GPU older than sm_90, the driver refusing the module, ``MXKIT_MMA_DECODE=0``, or ``MXKIT_A8W8_BULK=0``
     (the register-load kernels instead, for A/B runs). Kept per device: the switches are read on the first call
     (set them before; unlike the per-call switches of :mod:`mxkit.kernels._env`)."""
-    if os.environ.get("MXKIT_A8W8_BULK", "1") == "0":
+    if choice("MXKIT_A8W8_BULK", ("0", "1")) == "0":
         return "MXKIT_A8W8_BULK=0"
     return shipped_ptx_unavailable(str(PTX_BULK), index, (9, 0), "cp.async.bulk")
 

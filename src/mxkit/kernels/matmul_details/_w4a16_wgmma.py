@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 
 from ...packed import PackedWeight
-from .._env import env
+from .._env import choice, env
 from . import _layout_mma, _layout_wgmma
 from ._layout_wgmma import pack_wgmma, pack_wgmma8
 from ._split_sum import split_sum, split_sum_launch, split_sum_plan
@@ -66,7 +66,7 @@ def available(device: torch.device) -> Optional[str]:
     Gluon in the installed Triton, ``MXKIT_W4A16_WGMMA=0``)."""
     if device.type != "cuda":
         return "not a CUDA device"
-    if env("MXKIT_W4A16_WGMMA", "1") == "0":
+    if choice("MXKIT_W4A16_WGMMA", ("0", "1")) == "0":
         return "MXKIT_W4A16_WGMMA=0"
     return _available_on(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -334,8 +334,8 @@ def _ws(bm: int, grouped: bool) -> bool:
     grid within one program an SM (H200, ``benchmarks/probes/wgmma_small_ab.py``, µs, single-partition at the old
     schedule -> warp-specialized at the new one: 64 x 8192^2 35.6 -> 32.4, 64 x 14336 x 4096 35.0 -> 28.9,
     64 x 5120 x 2880 18.0 -> 15.6). MXKIT_WGMMA_WS=0 / 1 forces either (A/B runs, tests)."""
-    forced = env("MXKIT_WGMMA_WS")
-    return forced != "0" if forced in ("0", "1") else (bm >= 128 or not grouped)
+    forced = choice("MXKIT_WGMMA_WS", ("0", "1"))
+    return forced == "1" if forced is not None else (bm >= 128 or not grouped)
 
 
 def _persist(default: bool, bm: int = 0) -> bool:
@@ -355,8 +355,22 @@ def _persist(default: bool, bm: int = 0) -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     if forced:
-        return str(bm) in forced.split(",")
+        return bm in _persist_sizes(forced)
     return default
+
+
+@functools.lru_cache(maxsize=16)
+def _persist_sizes(forced: str) -> frozenset:
+    """MXKIT_WGMMA_PERSIST's list of block sizes ("128" or "128, 256"); ValueError naming the variable for anything
+    else (``true`` read as a list turned the schedule off)."""
+    try:
+        sizes = frozenset(int(v) for v in forced.split(","))
+    except ValueError:
+        sizes = frozenset()
+    if not sizes or not sizes <= {32, 64, 128, 256}:
+        raise ValueError(f"MXKIT_WGMMA_PERSIST={forced!r}: expected 0, 1 or block sizes of 32, 64, 128, 256 "
+                         f"(\"128,256\"), or unset")
+    return sizes
 
 
 def _persist_setting() -> Optional[str]:

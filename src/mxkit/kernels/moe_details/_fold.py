@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ...tensor import MXTensor
-from .._env import env, interpreting
+from .._env import choice, interpreting
 from ..launch import _Launcher
 from ..matmul_details import _fp8_wgmma
 from . import _moe_epilogue
@@ -75,7 +75,7 @@ def _tile_table(a: torch.Tensor, offs: torch.Tensor) -> Optional[torch.Tensor]:
         return None
     R = a.shape[0]
     # (the groups' padding to 16 rows not counted)
-    if not FP8_WGMMA_MIN_ROWS <= R <= (FP8_WGMMA_MAX_ROWS + 15) * offs.numel() and env("MXKIT_FP8_WGMMA") != "1":
+    if not FP8_WGMMA_MIN_ROWS <= R <= (FP8_WGMMA_MAX_ROWS + 15) * offs.numel() and choice("MXKIT_FP8_WGMMA", ("0", "1")) != "1":
         return None
     return _fp8_wgmma.tile_table(offs, a.shape[0])
 

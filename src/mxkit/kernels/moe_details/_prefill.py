@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...tensor import MXTensor
-from .._env import env
+from .._env import choice, env, number
 from ..matmul import _nonfinite_codes
 from ..matmul_details._envelope import scale_extrema
 from ._decode import MmaExperts, mma_max_pairs
@@ -66,9 +66,8 @@ def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optio
 def wgmma_block_m(pairs_per_expert: float) -> int:
     """Sorted rows per program of the grouped wgmma kernel for an average of ``pairs_per_expert`` routed rows
     per expert (the padding of each expert's group against the tile's efficiency; H100, BENCHMARKS.md)."""
-    forced = env("MXKIT_MOE_WGMMA_BM")
-    if forced:
-        return int(forced)
+    if env("MXKIT_MOE_WGMMA_BM"):
+        return number("MXKIT_MOE_WGMMA_BM", "", int, (32, 64, 128, 256))
     if pairs_per_expert <= 16:
         return 32
     if pairs_per_expert <= 48:
@@ -141,8 +140,8 @@ def block_plan(pairs_per_expert: float) -> tuple[tuple[int, ...], int]:
     ``MXKIT_MOE_MIXED_FROM``: mixed above that many pairs per expert (128); ``MXKIT_MOE_MIXED_SIZES``: the
     smallest size (64; 32)."""
     bm = wgmma_block_m(pairs_per_expert)
-    mode = env("MXKIT_MOE_MIXED", "fit")
-    if mode == "0" or pairs_per_expert <= float(env("MXKIT_MOE_MIXED_FROM", "128")):
+    mode = choice("MXKIT_MOE_MIXED", ("0", "1", "fit"), "fit")
+    if mode == "0" or pairs_per_expert <= number("MXKIT_MOE_MIXED_FROM", "128", float):
         return (bm,), 0
-    sizes = mixed_sizes(int(env("MXKIT_MOE_MIXED_SIZES", "64")))
+    sizes = mixed_sizes(number("MXKIT_MOE_MIXED_SIZES", "64", int, (32, 64, 128)))
     return sizes, (sizes[0] if mode == "fit" else 0)

@@ -32,14 +32,18 @@ def triton_available() -> bool:
 
 
 def quantize_triton(*args, **kwargs):
-    """:func:`mxkit.kernels.quantize.quantize_triton` (imported on the first call)."""
+    """:func:`mxkit.kernels.quantize.quantize_triton` (imported on the first call, so that ``import mxkit.kernels``
+    needs no Triton): ``quantize_triton(x, fmt, *, axis=-1, block_size=32, scale_mode="floor", rounding="rne",
+    scale_layout="plain")``, :func:`mxkit.quantize`'s CUDA kernels with its arguments, results and errors."""
     from .quantize import quantize_triton as impl
 
     return impl(*args, **kwargs)
 
 
 def dequantize_triton(*args, **kwargs):
-    """:func:`mxkit.kernels.quantize.dequantize_triton` (imported on the first call)."""
+    """:func:`mxkit.kernels.quantize.dequantize_triton` (imported on the first call, so that ``import
+    mxkit.kernels`` needs no Triton): ``dequantize_triton(q, dtype=torch.float32)``, :func:`mxkit.dequantize`'s
+    CUDA kernel with its arguments, results and errors."""
     from .quantize import dequantize_triton as impl
 
     return impl(*args, **kwargs)

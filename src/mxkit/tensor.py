@@ -173,7 +173,10 @@ class MXTensor:
             dims = tuple(self.shape)
             if any(isinstance(d, bool) for d in dims):
                 raise TypeError
-            shape = torch.Size(operator.index(d) for d in dims)
+            if not all(type(d) is int or isinstance(d, torch.SymInt) for d in dims):  # (__index__ of a SymInt
+                # would specialise it: a graph per batch size under dynamic shapes)
+                dims = tuple(d if isinstance(d, torch.SymInt) else operator.index(d) for d in dims)
+            shape = torch.Size(dims)
         except TypeError:
             raise TypeError(f"MXTensor shape must be a sequence of ints, got {self.shape!r}") from None
         object.__setattr__(self, "shape", shape)

@@ -1116,17 +1116,18 @@ def test_grouped_w16_refuses_what_its_kernels_do_not_take():
 
 
 def test_moe_mma_strips_from_the_table():
-    """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise or the value is
-    not a strip count the kernels have."""
+    """moe.mma_strips of the dispatch table (an override's too); 1 where no entry says otherwise; a value that is
+    not a strip count the kernels have is refused by the table's check (it ran as 1, silently)."""
     from mxkit.kernels.moe import mma_strips
 
     cpu = torch.device("cpu")
     assert mma_strips(cpu) == 1
     with gemm_table_override({"default": {"moe": {"mma_strips": 4}}}):
         assert mma_strips(cpu) == 4
-    for bad in (0, 3):  # (no such kernels: 1)
-        with gemm_table_override({"default": {"moe": {"mma_strips": bad}}}):
-            assert mma_strips(cpu) == 1
+    for bad in (0, 3):  # (no such kernels)
+        with pytest.raises(ValueError, match=rf"'mma_strips': {bad} is not a strip count"):
+            with gemm_table_override({"default": {"moe": {"mma_strips": bad}}}):
+                pass
     with pytest.raises(ValueError, match="'mma_strips': expected an int"):  # (a string was 1, silently)
         with gemm_table_override({"default": {"moe": {"mma_strips": "2"}}}):
             pass

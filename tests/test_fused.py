@@ -158,15 +158,16 @@ def test_llama_decoder_fused_matches(rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_fused_llama_decode_in_a_cuda_graph(rng):
-    """On the GPU (decode-mma at M = 1..2): the fused model's logits within bf16 tolerance of the unfused one's,
-    and a layer's fused projections captured in a CUDA graph replay to the eager bytes."""
+    """On the GPU (decode-mma at M = 16: 8 tokens a sequence, so that the attention reads q and k, whose softmax
+    weight is 1 at one token): the fused model's logits within bf16 tolerance of the unfused one's, and a layer's
+    fused projections captured in a CUDA graph replay (M = 2) to the eager bytes."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))  # (a fresh model each run)
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
-    ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    ids = torch.randint(0, 256, (2, 8), generator=rng).cuda()
     with torch.no_grad():
         want = model(ids).logits.float()
         fuse_siblings(model)
@@ -194,7 +195,8 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
     are the eager model's within bf16 tolerance (Inductor fuses the bf16 norms and adds, rounding once where
     eager rounds each op), and a fused group runs one GEMM per input (decode-mma launches counted: the parts share
     it in the traced graph; a cache at run time lost it where Inductor handed layer 0's parts other copies of x, or
-    freed q's and k's slices before v ran)."""
+    freed q's and k's slices before v ran). 8 tokens a sequence (M = 16, decode-mma): the attention reads q and k
+    (at one token its softmax weight is 1 whatever they are)."""
     transformers = pytest.importorskip("transformers")
     from mxkit.kernels.matmul_details import _mma_calls as kmm
 
@@ -203,7 +205,7 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False, fuse=fuse)
-    ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    ids = torch.randint(0, 256, (2, 8), generator=rng).cuda()
     compiled = torch.compile(model, dynamic=False, fullgraph=True, mode=mode)
     with torch.no_grad():
         want = model(ids).logits
@@ -211,7 +213,7 @@ def test_gpu_llama_under_torch_compile(fuse, mode, rng):
         torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
         if mode is not None:  # CUDA graphs of the compiled model: replays with new token ids
             for _ in range(2):
-                ids2 = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+                ids2 = torch.randint(0, 256, (2, 8), generator=rng).cuda()
                 torch.testing.assert_close(compiled(ids2).logits.float(), model(ids2).logits.float(), rtol=3e-2,
                                            atol=3e-2)
             return

@@ -363,7 +363,8 @@ def test_gpu_gated_mlp_compiled_op_at_one_row_only(rng):
 @gpu
 def test_gpu_llama_fused_mlp_logits(rng, monkeypatch):
     """An HF Llama decoder on the GPU at 1 token a sequence: ``fuse_gated_mlp`` + ``fuse_siblings`` logits within
-    bf16 tolerance of the unfused quantized model's."""
+    bf16 tolerance of the unfused quantized model's; and at 8 tokens a sequence (16 rows, still decode-mma), where
+    the attention reads q and k (at one token its softmax weight is 1 whatever q and k are)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
@@ -371,16 +372,20 @@ def test_gpu_llama_fused_mlp_logits(rng, monkeypatch):
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     mxkit.quantize_model(model, "mxfp4", skip="lm_head", progress=False, compute_qsnr=False)
     ids = torch.randint(0, 256, (2, 1), generator=rng).cuda()
+    ids8 = torch.randint(0, 256, (2, 8), generator=rng).cuda()
     with torch.no_grad():
         want, want1 = model(ids).logits.float(), model(ids[:1]).logits.float()
+        want8 = model(ids8).logits.float()
         fuse_gated_mlp(model)
         fuse_siblings(model)
+        got8 = model(ids8).logits.float()
         got = model(ids).logits.float()  # (two rows: the interleaved GEMM)
         calls = _count_launches(monkeypatch)
         got1 = model(ids[:1]).logits.float()  # (one row: the one launch in each layer)
     assert len(calls) == 2
     torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(got1, want1, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got8, want8, rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.gpu

@@ -561,14 +561,22 @@ def test_the_moe_bound_catches_lost_precision(act, rng):
             assert_rows(y[r:r + 1], y64[r:r + 1], acc[r:r + 1])
 
 
-def layer_case(T, E, H, I, fmt, rng, k=4):
+def layer_case(T, E, H, I, fmt, rng, k=4, act="swiglu_gpt_oss"):
     """(x, w1, b1, w2, b2, topk_weights, topk_ids) of a layer: biases, top-k, an expert that receives every
-    token (3) and one that receives none (9)."""
+    token (3) and one that receives none (9). The down bias is drawn at the root mean square of the layer's
+    output without it under ``act`` (a unit bias under outputs of hundreds was below the bound's slack: a kernel
+    that dropped it passed); the allocator's free memory is poisoned last (NaN bytes), for the kernel call that
+    follows."""
     w1, w2 = experts(E, 2 * I, H, fmt, rng), experts(E, H, I, fmt, rng)
-    b1, b2 = torch.randn(E, 2 * I, generator=rng).cuda(), torch.randn(E, H, generator=rng).cuda()
+    b1 = torch.randn(E, 2 * I, generator=rng).cuda()
     x = torch.randn(T, H, generator=rng).to(torch.bfloat16).cuda()
     ids = rand_ids(T, k, E, rng, every=3, none=9).cuda()
     tw = torch.softmax(torch.randn(T, k, generator=rng), -1).cuda()
+    y = moe_reference(x, w1, b1, w2, None, tw, ids, activation=act, out_dtype=torch.float64)
+    rms = y[torch.isfinite(y)].square().mean().sqrt().item()
+    b2 = (torch.randn(E, H, generator=rng) * max(rms, 1.0)).cuda()
+    del y
+    poison_allocator()
     return x, w1, b1, w2, b2, tw, ids
 
 
@@ -589,7 +597,7 @@ def check_layer(y, case, act):
 def test_gpu_moe_layer(T, E, H, I, fmt, act, rng):
     """The whole expert computation against the reference: an expert that receives every token, one that
     receives none, biases, top-4."""
-    case = layer_case(T, E, H, I, fmt, rng)
+    case = layer_case(T, E, H, I, fmt, rng, act=act)
     case[1].scale[5, 1, 0] = 255  # a NaN in an up (GPT-OSS) / gate row: NaN through the clamps of its tokens' rows
     check_layer(moe_triton(*case, activation=act), case, act)
 
@@ -980,7 +988,7 @@ def test_gpu_moe_decode_mma(T, E, H, I, act, rng, monkeypatch):
     receives none, biases, a scale byte 0 (the kernel's special-scale variant), top-4."""
     from mxkit.kernels.moe import moe_triton, pack_experts_mma
 
-    case = layer_case(T, E, H, I, "mxfp4", rng)
+    case = layer_case(T, E, H, I, "mxfp4", rng, act=act)
     w1, w2 = case[1], case[3]
     w1.scale[0, 3, 1] = 0
     w1.scale[5, 1, 0] = 255  # a NaN in an up (GPT-OSS) / gate row: NaN through the clamps of its tokens' rows
@@ -1013,7 +1021,7 @@ def test_gpu_moe_decode_w8a16_mma(T, E, H, I, fmt, act, rng, monkeypatch):
     Inf element code sends the layer to the grouped Triton kernel (no launch here), which matches the reference
     (E5M2's Inf decoded as Inf). (Scale bytes outside the bf16-exact envelope, 0 among them, take the reference
     before either.)"""
-    case = layer_case(T, E, H, I, fmt, rng)
+    case = layer_case(T, E, H, I, fmt, rng, act=act)
     w1 = case[1]
     w1.scale[5, 1, 0] = 255
     from mxkit.kernels.moe import W16_MMA_MAX_PER_EXPERT
@@ -1026,6 +1034,7 @@ def test_gpu_moe_decode_w8a16_mma(T, E, H, I, fmt, act, rng, monkeypatch):
     from mxkit.kernels import moe as kmoe
 
     triton_calls = _count(monkeypatch, kmoe, "grouped_matmul_w16", lambda kw: kw["gather"])
+    poison_allocator()  # (the first call's output, freed, would otherwise be this one's memory: rows it misses)
     check_layer(moe_triton(*case, activation=act), case, act)
     assert calls == [] and triton_calls == [True, False]
 
@@ -1036,7 +1045,8 @@ def test_gpu_moe_decode_w8a16_mma(T, E, H, I, fmt, act, rng, monkeypatch):
 def test_gpu_grouped_w16_rows_are_the_dense_kernels_bytes(elem, rng, poison):
     """Each row of the grouped W8A16 down GEMM (no activation, routing weight 1, top-1) is the dense W8A16 kernel's
     float32 row at one thread block along K, byte for byte (the same K loop on the same codes, packed there, as
-    stored here), bias included; rows of padding and blocks of no expert are not written (the poison stays)."""
+    stored here), bias included; the sorted list's padding entries (ids past the T rows) write nothing: the NaN
+    rows after the output in its buffer stay NaN."""
     from mxkit.kernels.matmul_details._mma_a8w8 import A8W8, grouped_w16, pack_a8w8
 
     E, N, K, T = 6, 96, 448, 21
@@ -1046,9 +1056,12 @@ def test_gpu_grouped_w16_rows_are_the_dense_kernels_bytes(elem, rng, poison):
     x = torch.randn(T, K, generator=rng).to(torch.bfloat16).cuda()
     ids = torch.randint(0, E - 1, (T, 1), generator=rng).cuda()  # (expert E - 1 receives none)
     sorted_ids, eids = align_device(ids, E, 8)
-    y = torch.full((T, N), float("nan"), device="cuda")
+    buf = torch.full((T + 16, N), float("nan"), device="cuda")
+    y = buf[:T]
+    assert (sorted_ids >= T).any()  # (padding entries there are)
     grouped_w16(x, w.qdata, w.scale, elem, N, K, sorted_ids, eids, T, 1, gather=False, bias=bias, activation=None,
                 rw=torch.ones(T, device="cuda"), out=y)
+    assert torch.isnan(buf[T:]).all()
     for e in range(E - 1):
         rows = (ids[:, 0] == e).nonzero().flatten()
         if not len(rows):
@@ -1144,7 +1157,7 @@ def test_gpu_moe_decode_mma_strips_give_the_same_bytes(T, E, H, I, act, rng, mon
     from mxkit.kernels.matmul_details import _mma_decode
     from mxkit.kernels.moe import moe_triton, pack_experts_mma
 
-    case = layer_case(T, E, H, I, "mxfp4", rng)
+    case = layer_case(T, E, H, I, "mxfp4", rng, act=act)
     case[1].scale[0, 3, 1] = 0
     packed = (pack_experts_mma(case[1], interleave_halves=act == "swiglu"), pack_experts_mma(case[3]))
     names = []
@@ -1206,7 +1219,7 @@ def test_gpu_moe_decode_pairs_without_sort(T, k, act, H, I, rng, monkeypatch):
     from mxkit.kernels.moe_details import _decode, _rows
 
     E = 32
-    case = layer_case(T, E, H, I, "mxfp4", rng, k=k)
+    case = layer_case(T, E, H, I, "mxfp4", rng, k=k, act=act)
     x, w1, b1, w2, b2, tw, ids = case
     w1.scale[3, 1, 0] = 0  # the special-scale variant of the gate_up kernel
     packed = (kmoe.pack_experts_mma(w1, interleave_halves=act == "swiglu"), kmoe.pack_experts_mma(w2))
@@ -1511,7 +1524,7 @@ def test_gpu_moe_prefill_wgmma(T, E, H, I, act, layout, rng, monkeypatch, packag
     from mxkit.kernels.moe import pack_experts_mma, pack_experts_wgmma, wgmma_block_m
     from mxkit.kernels.moe_details._prefill import block_plan
 
-    case = layer_case(T, E, H, I, "mxfp4", rng)
+    case = layer_case(T, E, H, I, "mxfp4", rng, act=act)
     case[1].scale[0, 3, 1] = 0
     case[1].scale[5, 1, 0] = 255  # a NaN in an up (GPT-OSS) / gate row: NaN through the clamps of its tokens' rows
     if layout == "mma":
@@ -1657,7 +1670,7 @@ def test_gpu_moe_prefill_wgmma_mxfp8(T, E, H, I, fmt, act, rng, monkeypatch):
     from mxkit.moe_reference import route
     from mxkit.nn import MXMoE
 
-    case = layer_case(T, E, H, I, fmt, rng)
+    case = layer_case(T, E, H, I, fmt, rng, act=act)
     case[1].scale[5, 1, 0] = 255
     packed = (pack_experts_wgmma(case[1], act_pairs=act), pack_experts_wgmma(case[3]))
     assert packed[0].elem == packed[1].elem == fmt[-4:]

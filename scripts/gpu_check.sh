@@ -50,7 +50,7 @@ set -u -o pipefail
 for v in MXKIT_WALL_BUDGET MXKIT_TESTS_BUDGET MXKIT_SANITIZE_BUDGET MXKIT_TUNE_BUDGET MXKIT_QUANTIZE_BUDGET \
         MXKIT_GEMM_BUDGET MXKIT_MOE_BUDGET MXKIT_OVERHEAD_BUDGET MXKIT_DECODE_BUDGET MXKIT_XDIST_N; do
     case "${!v:-1}" in
-        '' | *[!0-9]*) echo "$v=${!v}: expected a whole number" >&2; exit 2 ;;
+        '' | *[!0-9]* | 0?*) echo "$v=${!v}: expected a whole number (no leading 0)" >&2; exit 2 ;;
     esac
 done
 # (a relative MXKIT_TEST_IDS names a file from where the script was called)

@@ -6,13 +6,15 @@
 Collects ``pytest -m gpu tests`` in the repository (collection needs no GPU) under the run's ``MXKIT_GPU_FULL``
 and prints, one a line, the node ids that the JUnit XML does not record as passed or skipped: those a budget cut
 off, and those that failed or errored. Nothing when none is left. The full matrix (1) and the reduced one (0)
-name their parametrized tests differently, so where ``MXKIT_GPU_FULL`` is unset both are collected and the one
-holding more of the XML's passed ids is taken (ids of the other matrix would not be found by pytest).
+name some parametrized tests differently (ids of the other matrix would not be found by pytest), so the run's
+matrix is ``MXKIT_GPU_FULL`` where set, else what the run's ``gpu_check.log`` beside the XML says ("stage 1: ...
+MXKIT_GPU_FULL=N"), else the matrix holding more of the XML's passed ids; a tie exits 2, asking for it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -28,6 +30,15 @@ def passed_ids(xml_path: str) -> set[str]:
             continue
         done.add(cls.replace(".", "/") + ".py::" + name)
     return done
+
+
+def logged_matrix(log: Path) -> str | None:
+    """The MXKIT_GPU_FULL value gpu_check.sh logged for its test stage, or None (no log, or no such line)."""
+    try:
+        found = re.findall(r"stage 1: pytest .*MXKIT_GPU_FULL=([01])\b", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return found[-1] if found else None
 
 
 def collect(full: str) -> list[str] | None:
@@ -47,7 +58,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     done = passed_ids(argv[0])
-    full = os.environ.get("MXKIT_GPU_FULL")
+    full = os.environ.get("MXKIT_GPU_FULL") or logged_matrix(Path(argv[0]).with_name("gpu_check.log"))
     choices = []
     for value in [full] if full is not None else ["1", "0"]:
         ids = collect(value)
@@ -55,6 +66,10 @@ def main(argv: list[str]) -> int:
             return 1
         choices.append((len(done.intersection(ids)), value, ids))
     found, value, ids = max(choices, key=lambda c: c[0])
+    if len(choices) == 2 and choices[0][0] == choices[1][0]:
+        print(f"both matrices hold {found} of the run's passed ids: set MXKIT_GPU_FULL to the run's (0 or 1)",
+              file=sys.stderr)
+        return 2
     if full is None:
         print(f"MXKIT_GPU_FULL={value}: the matrix holding {found} of the run's {len(done)} passed ids",
               file=sys.stderr)

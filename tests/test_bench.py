@@ -803,6 +803,16 @@ def test_gpu_missing_ids_leaves_out_only_what_passed_or_skipped(tmp_path, monkey
     monkeypatch.setenv("MXKIT_GPU_FULL", "1")
     assert mod.main([str(xml)]) == 0
     assert capsys.readouterr().out.split() == ["tests/kernel_tests/test_a.py::test_ok[1-x-full]"]
+    # the matrix gpu_check.sh logged beside the XML; a tie without either refuses to guess
+    monkeypatch.delenv("MXKIT_GPU_FULL")
+    (tmp_path / "gpu_check.log").write_text("[10:34:44 +24s] stage 1: pytest -m gpu -n 8 (budget 280 s, "
+                                            "MXKIT_GPU_FULL=1, 1 paths or ids)\n")
+    assert mod.main([str(xml)]) == 0
+    assert capsys.readouterr().out.split() == ["tests/kernel_tests/test_a.py::test_ok[1-x-full]"]
+    (tmp_path / "gpu_check.log").unlink()
+    matrices["1"] = matrices["0"][:2] + ["tests/test_b.py::test_fail[full]"]
+    assert mod.main([str(xml)]) == 2
+    assert "set MXKIT_GPU_FULL" in capsys.readouterr().err
 
 
 def test_benchmarks_md_tables_are_their_runs(tmp_path):

@@ -1451,7 +1451,9 @@ def test_gpu_vocabulary_width(rng):
             runs.append((x, y))
     for c0 in range(0, N, 32768):  # (each slice of the weight dequantized once, for the four products)
         c1 = min(N, c0 + 32768)
-        sub = values64(mxkit.MXTensor(w.qdata[c0:c1], w.scale[c0:c1], w.fmt, 1, 32, (c1 - c0, K))).cpu()
+        # (dequantized on the CPU, where the bound is computed: a slice's float64 intermediates on the GPU took
+        # ~4 GB, kept by the worker's caching allocator)
+        sub = values64(mxkit.MXTensor(w.qdata[c0:c1].cpu(), w.scale[c0:c1].cpu(), w.fmt, 1, 32, (c1 - c0, K)))
         for x, y in runs:
             assert_within_bound(y[:, c0:c1], x, sub)
 

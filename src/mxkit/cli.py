@@ -483,9 +483,12 @@ def _cmd_tune(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    tb = os.environ.get("MXKIT_TRACEBACK", "")
-    if tb not in ("", "0", "1"):  # (any other value was on: MXKIT_TRACEBACK=false raised with a traceback)
-        print(f"mxkit: error: MXKIT_TRACEBACK={tb!r}: expected 0 or 1 (or unset)", file=sys.stderr)
+    from .kernels._env import choice
+
+    try:  # (any other value was on: MXKIT_TRACEBACK=false raised with a traceback)
+        choice("MXKIT_TRACEBACK", ("0", "1"))
+    except ValueError as e:
+        print(f"mxkit: error: {e}", file=sys.stderr)
         return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -54,7 +54,8 @@ def write_synthetic_gpt_oss(
     """Write a random GPT-OSS directory in the exact Hugging Face layout of openai/gpt-oss-20b into ``dst``.
 
     Defaults: GPT-OSS-20B's dims (:data:`REAL_20B_CONFIG`) with 2 layers: about 3.1 GB on disk (the two bf16
-    embeddings of 201088 x 2880 are 2.3 GB of it; a small ``vocab_size`` / ``num_experts`` for tests). config.json is the real one with the
+    embeddings of 201088 x 2880 are 2.3 GB of it; a small ``vocab_size`` / ``num_experts`` for tests).
+    config.json is the real one with the
     given sizes (``layer_types`` alternating sliding / full as in the real 24, ``experts_per_token`` =
     ``num_experts_per_tok`` = ``top_k``); with ``vocab_size`` below the real 201088, ``pad_token_id`` /
     ``eos_token_id`` become ``vocab_size - 1`` / ``- 2`` so they stay inside the vocabulary.

@@ -38,10 +38,13 @@ def choice(name: str, choices: tuple, default: Optional[str] = None) -> Optional
     raise ValueError(f"{name}={v!r}: expected {' or '.join(choices)} (or unset)")
 
 
-def number(name: str, default: str, kind: type, allowed: Optional[tuple] = None):
-    """Environment variable ``name`` (``default`` where unset or empty) read as ``kind`` (int or float): a
-    finite value >= 0, one of ``allowed`` where given. Raises ValueError naming the variable for anything else."""
+def number(name: str, default: Optional[str], kind: type, allowed: Optional[tuple] = None):
+    """Environment variable ``name`` (``default`` where unset or empty; None then where ``default`` is None) read
+    as ``kind`` (int or float): a finite value >= 0, one of ``allowed`` where given. Raises ValueError naming the
+    variable for anything else."""
     v = env(name) or default
+    if v is None:
+        return None
     try:
         x = kind(v)
     except ValueError:

@@ -87,10 +87,10 @@ def gemm_table() -> Mapping:
 def gemm_table_override(table: Union[Mapping, str, Path]):
     """Use ``table`` (a mapping of the packaged JSON's shape, or a path to such a file, e.g. written by
     ``mxkit tune gemm``) for the calls made inside the ``with`` block (A/B runs, tuning), in this thread (or
-    asyncio task) only. ``table`` replaces the current table whole: a GPU whose entry it lacks, or a key missing from
-    that entry, takes the table's ``"default"`` entry, not the packaged one (a file of one `mxkit tune gemm --stages` stage
-    holds that stage's key alone); to change some keys, pass ``merge_tables(gemm_table(), table)``, as ``mxkit
-    bench --table`` does. Raises ValueError for a table :func:`check_table` refuses."""
+    asyncio task) only. ``table`` replaces the current table whole: a GPU whose entry it lacks, or a key missing
+    from that entry, takes the table's ``"default"`` entry, not the packaged one (a file of one `mxkit tune gemm
+    --stages` stage holds that stage's key alone); to change some keys, pass ``merge_tables(gemm_table(),
+    table)``, as ``mxkit bench --table`` does. Raises ValueError for a table :func:`check_table` refuses."""
     table = check_table(table) if isinstance(table, Mapping) else load_table(table)
     held = _TABLE.set(_freeze(dict(table)))
     token = _TOKEN.set(next(_tokens))

@@ -186,7 +186,8 @@ class MXLinear(nn.Module):
         if dense_cache not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
         if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
-            raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format ({getattr(act, 'name', act)!r}) "
+            raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format "
+                             f"({getattr(act, 'name', act)!r}) "
                              f"quantizes the input, which never reads a dequantized weight")
         check_bools(dict(bias=bias))  # (bias="no" made a bias)
         self.dense_cache = dense_cache

@@ -75,7 +75,8 @@ def _tile_table(a: torch.Tensor, offs: torch.Tensor) -> Optional[torch.Tensor]:
         return None
     R = a.shape[0]
     # (the groups' padding to 16 rows not counted)
-    if not FP8_WGMMA_MIN_ROWS <= R <= (FP8_WGMMA_MAX_ROWS + 15) * offs.numel() and choice("MXKIT_FP8_WGMMA", ("0", "1")) != "1":
+    everywhere = choice("MXKIT_FP8_WGMMA", ("0", "1")) == "1"
+    if not FP8_WGMMA_MIN_ROWS <= R <= (FP8_WGMMA_MAX_ROWS + 15) * offs.numel() and not everywhere:
         return None
     return _fp8_wgmma.tile_table(offs, a.shape[0])
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...tensor import MXTensor
-from .._env import choice, env, number
+from .._env import choice, number
 from ..matmul import _nonfinite_codes
 from ..matmul_details._envelope import scale_extrema
 from ._decode import MmaExperts, mma_max_pairs
@@ -66,8 +66,9 @@ def pack_experts_wgmma(w: MXTensor, *, act_pairs: Optional[str] = None) -> Optio
 def wgmma_block_m(pairs_per_expert: float) -> int:
     """Sorted rows per program of the grouped wgmma kernel for an average of ``pairs_per_expert`` routed rows
     per expert (the padding of each expert's group against the tile's efficiency; H100, BENCHMARKS.md)."""
-    if env("MXKIT_MOE_WGMMA_BM"):
-        return number("MXKIT_MOE_WGMMA_BM", "", int, (32, 64, 128, 256))
+    forced = number("MXKIT_MOE_WGMMA_BM", None, int, (32, 64, 128, 256))
+    if forced is not None:
+        return forced
     if pairs_per_expert <= 16:
         return 32
     if pairs_per_expert <= 48:

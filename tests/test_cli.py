@@ -1184,3 +1184,12 @@ def test_a_table_title_stays_on_one_line():
     title = "a long title: " + "x" * 60
     print_table(["a"], [["1"]], title=title, file=out)
     assert title in out.getvalue()
+
+
+def test_importing_the_main_module_runs_nothing():
+    """``import mxkit.__main__`` (a tool importing every module: pydoc, a docs build, pkgutil.walk_packages) neither
+    runs the CLI nor exits the importer; ``python -m mxkit`` still does."""
+    import importlib
+
+    sys.modules.pop("mxkit.__main__", None)
+    importlib.import_module("mxkit.__main__")  # (raised SystemExit from main()'s usage error before)

@@ -243,20 +243,24 @@ class ScaleMode(_ParseEnum):
       saturate (FP4 amax 7 → 6).
     * ``CEIL`` — torchao's ``ScaleCalculationMode.CEIL``: ``X = ceil(log2 amax) - emax`` (E(amax), plus one if
       amax is not a power of two).
-    * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ``DequantScaleRoundingMode.ROUND_UP``,
-      the same ceiling of the fp32 quotient): ``X = ceil(log2(amax / max_normal))``, the smallest X
+    * ``RCEIL`` — NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ``DequantScaleRoundingMode.ROUND_UP``
+      above the bottom of the range, below): ``X = ceil(log2(amax / max_normal))``, the smallest X
       with ``amax <= max_normal * 2^X``; nothing saturates (but where X would pass 127, MXINT8's amax above
       127/64 * 2^127 only: X is clamped to 127 as in every mode, and the elements saturate). Computed without a
       division:
       ``E(amax) - emax + (mantissa(amax) > mantissa(max_normal))``, which equals the exact quotient rounded
-      up to a power of two (the fp32 quotient's too, except where that quotient is an fp32 denormal,
-      amax < max_normal * 2^-126, whose rounding can drop it to 2^-127: byte 0 there, mxkit's byte 1).
+      up to a power of two. The peers round the fp32 quotient, which differs where it is an fp32 denormal
+      (amax < max_normal * 2^-126): TransformerEngine's rounding can drop it to 2^-127 (byte 0 there, mxkit's
+      byte 1); triton_kernels' ``(bits + 0x7FFFFF) & 0x7F800000`` writes byte 1 for every nonzero quotient up to
+      2^-127 (amax <= max_normal * 2^-127), where the exact ceiling, mxkit's, is byte 0 (the codes differ too).
     * ``EVEN`` — aiter's Triton MXFP4 quantizers (``dynamic_mxfp4_quant``; its HIP kernels' default until aiter
       PR #3212, 2026-05, which made RCEIL the default there and EVEN an option) and torchao ``EVEN``: round amax to
       the element's precision first (``bits(amax) + (1 << (22 - mbits))``, masked to the exponent; for FP4 the
       constant is 0x200000), then ``E(·) - emax``. An fp32-denormal amax is normalised first (rounded to mbits + 1
       significant bits, as a normal one is); this differs from the bit formula on the raw bits only for MXINT8,
-      every FP format's scale byte being 0 there.
+      every FP format's scale byte being 0 there. Where the rounding carries amax into fp32's exponent 255 (FP4:
+      amax >= 1.75 * 2^127), that exponent is taken as 128, as torchao's bit formula does (FP4 byte 253);
+      aiter's ``floor(log2(·))`` of the +Inf this makes clamps to 127 instead (byte 254).
 
     (triton_kernels' other mode, ``ROUND_DOWN``, is ``floor(log2(amax / max_normal))``: not OCP FLOOR, which
     takes the floor of amax alone; the two differ where amax's mantissa is below max_normal's. mxkit has no such
@@ -281,8 +285,9 @@ class Rounding(_ParseEnum):
 
     * ``RNE`` — round to nearest, ties to even (OCP MX v1.0 §6.3, torchao, the hardware FP8 casts
       triton_kernels uses). Default.
-    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"``, triton_kernels' software
-      E2M1 cast (``_compute_quant_and_scale``: ``+ 1 >> 1`` on the kept bits) and aiter's ``dynamic_mxfp4_quant``
+    * ``AWAY`` — round to nearest, ties away from zero: microxcaling's ``"nearest"``, older triton_kernels'
+      software E2M1 cast (``_compute_quant_and_scale``: ``+ 1 >> 1`` on the kept bits; later versions round ties
+      to even, ``RNE``) and aiter's ``dynamic_mxfp4_quant``
       in ``aiter/utility/fp4_utils.py`` before aiter PR #2249 (2026-03) (0.25 → 0.5, 1.25 → 1.5, 2.5 → 3.0,
       5.0 → 6.0). That PR made it round ties to even, as aiter's other quantizer (``aiter.ops.triton.quant``)
       and its HIP kernels (PR #3992) do: current aiter is ``RNE``.

@@ -67,8 +67,9 @@ def quantize(
     ``scale_layout``: 2-D ``scale_layout_shape(prod(leading dims), L // block_size, layout)``, pad bytes 0); for a
     pair of axes, one MXTensor per axis in the order given.
     Scale rule (:class:`~mxkit.formats.ScaleMode`): ``FLOOR`` = OCP MX v1.0 §6.3 (default); ``CEIL`` = torchao's
-    CEIL; ``RCEIL`` = NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ROUND_UP); ``EVEN`` = aiter's Triton
-    MXFP4 quantizers and torchao's EVEN. Rounding: ``"rne"`` (default) or ``"away"``.
+    CEIL; ``RCEIL`` = NVIDIA cuBLAS / TransformerEngine (and triton_kernels' ROUND_UP but at amax <= max_normal *
+    2^-127); ``EVEN`` = aiter's Triton MXFP4 quantizers and torchao's EVEN. Rounding: ``"rne"`` (default) or
+    ``"away"``.
     scale_layout: ``"plain"`` or a swizzled layout of :mod:`mxkit.layouts` (``"nvidia_128x4"``: the Triton
       backend writes it directly; byte-identical to quantize then :func:`mxkit.layouts.to_layout`).
     backend: ``"auto"`` (the Triton kernels on CUDA for blocks of 32, the reference otherwise: other block sizes

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -218,8 +219,16 @@ def test_add_bench_parser_parses_quantize_options():
     for bad in ("-5", "inf", "nan"):  # (inf / nan passed the sign check and failed in int(us * MHz) on a GPU)
         with pytest.raises(ValueError, match=f"--spin-us={float(bad)}"):
             timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", bad]))
-    with pytest.raises(ValueError, match="--rep-ms=nan finite"):
+    with pytest.raises(ValueError, match=r"--rep-ms=nan in \(0, 60000\]"):
         timing.timing_config(_cli().parse_args(["bench", "quantize", "--rep-ms", "nan"]))
+    # upper bounds: 1e9 µs of spin before each of >= 25 timed runs hung the run (and 1e300 overflowed the spin's
+    # int64 cycle count outside any handler)
+    for flag, bad in (("--spin-us", "1e9"), ("--spin-us", "1e300"), ("--rep-ms", "1e9")):
+        with pytest.raises(ValueError, match=re.escape(f"{flag}={float(bad)}")):
+            timing.timing_config(_cli().parse_args(["bench", "quantize", flag, bad]))
+    assert timing.timing_config(_cli().parse_args(["bench", "quantize", "--spin-us", "1e5"])).spin_us == 1e5
+    # --peers none in any case, as the names are; an unknown name's error says none is a choice
+    assert _cli().parse_args(["bench", "quantize", "--peers", "NONE"]).peers == ()
     # both flushes are always timed (read: the clean-L2 measure; write: do_bench's); nothing else is a flush
     assert timing.FLUSH_MODES == ("read", "write")
     with pytest.raises(ValueError, match="flush='none'"):
@@ -238,6 +247,7 @@ def test_add_bench_parser_parses_quantize_options():
     (["--shapes", "12xz"], "12xz"),
     (["--ops", "rowwise,diagonal"], "unknown op 'diagonal'"),
     (["--peers", "cublas"], "unknown peer 'cublas'"),
+    (["--peers", "cublas"], "(or 'none' alone: no peers)"),
     (["--dtype", "int8"], "unknown dtype 'int8'"),
     (["--scale-mode", "round"], "round"),
     (["--formats", "mxfp4,mxfp4_e2m1"], "lists 'mxfp4_e2m1' twice"),
@@ -402,6 +412,67 @@ def test_interleaved_rounds_divide_out_a_drift():
             assert mine.vs_ref_hi == pytest.approx(4.0 * 1.1)
     with pytest.raises(ValueError, match="--rounds must be a positive int"):
         timing.timing_config(types.SimpleNamespace(rep_ms=10.0, spin_us=0.0, rounds=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """A case of the runner's protocol (quantize.Case's) whose label does not name its problem, as a MoE case's
+    (the token count) does not."""
+
+    model: str
+    label: str = "T=64"
+    op: str = "mxfp4"
+    dtype: torch.dtype = torch.bfloat16
+    note: str = ""
+    fmt_name = property(lambda self: self.model)
+    problem_key = property(lambda self: (self.model, self.label))
+
+    def invalid_reason(self):
+        return None
+
+    def nbytes(self):
+        return 1
+
+    def make_inputs(self, ctx):
+        return None
+
+
+def test_the_discarded_first_timing_follows_the_problem():
+    """The first timing after a new problem is discarded (it read 1.8-3.4x slow, clocks ramping); a case's
+    problem_key names the problem where its label does not: MoE cases of two models at one token count each get
+    it (only the first did, keyed on the label)."""
+    from mxkit.bench import moe as bm
+
+    timed = []
+    ctx = _ctx(impls=("mxkit",), time_fn=lambda fn: (timed.append(fn), (10.0, 20.0))[1])
+    impl = timing.Impl("mxkit", lambda case, inp, ctx: (lambda: None))
+    timing.run_cases([_Problem("a"), _Problem("a"), _Problem("b")], ctx, {"mxkit": impl}, log=lambda s: None)
+    assert len(timed) == 2 + 1 + 2
+    a, b = (bm.MoeCase(m, 64, "uniform", "mxfp4") for m in bm.MODELS)
+    assert a.label == b.label and a.problem_key != b.problem_key
+    assert bm.MoeCase("gpt-oss-20b", 64, "zipf", "mxfp4").problem_key != b.problem_key
+
+
+def test_a_failed_round_keeps_the_rows_own_ratio():
+    """An exception in the interleaved rounds (out of memory, a kernel error on a later run) leaves the row its own
+    timing's × and a note, and the run goes on to the next case (it escaped bench_case and ended the run, its rows
+    lost, before)."""
+    impls = {"mxkit": bq.IMPLS["mxkit"], "reference-compiled": _slow_ref()}
+    cases = bq.plan_cases(("rowwise",), ["mxfp8_e4m3", "mxfp4_e2m1"], [(64, 96)], BF16)
+    calls = [0]
+
+    def flaky(fn):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return getattr(fn, "fake_us", 10.0)
+
+    rows = timing.run_cases(cases, _ctx(rounds=2, time_read=flaky), impls, log=lambda s: None)
+    mine = [r for r in rows if r.impl == "mxkit"]
+    assert [r.fmt for r in mine] == ["mxfp8_e4m3", "mxfp4_e2m1"] and all(r.status == "ok" for r in mine)
+    assert mine[0].vs_ref == 4.0 and mine[0].vs_ref_lo is None  # (its own timings: 40 / 10)
+    assert "rounds failed, × from one timing: RuntimeError: CUDA error" in mine[0].note
+    assert mine[1].vs_ref_lo == 4.0 and "rounds failed" not in mine[1].note  # (the next case's rounds ran)
 
 
 def test_pipeline_checks_bytes_and_computes_ratios():
@@ -857,6 +928,22 @@ def test_environment_names_the_commit():
         assert env["commit"] is None
     else:
         assert env["commit"].split("+")[0] == head.stdout.strip() and "commit" in output.env_line(env)
+
+
+def test_installed_copy_names_no_other_repositorys_commit(tmp_path, monkeypatch):
+    """An installed mxkit (site-packages inside some project's git repository, e.g. its .venv) reports no commit:
+    git walked up from lib/python3.X and named the enclosing repository's HEAD."""
+    from mxkit.bench import output
+
+    if subprocess.run(["git", "--version"], capture_output=True).returncode:
+        pytest.skip("no git")
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "mxkit" / "bench"
+    site.mkdir(parents=True)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "other"], check=True)
+    monkeypatch.setattr(output, "__file__", str(site / "output.py"))
+    assert output._git_commit() is None
 
 
 def test_event_timing_spin_covers_the_host_enqueue_of_many_launches(monkeypatch):

@@ -267,6 +267,30 @@ def test_interleaved_decoder_failure_is_that_formats_rows(monkeypatch, capsys):
     assert "mxkit: error: 1 run(s) failed: mxfp4_e2m1/b2/eager" in captured.err
 
 
+def test_sequential_decoder_failure_is_that_batchs_rows(monkeypatch, capsys, tmp_path):
+    """--order sequential (also the fallback where the models do not fit together): a batch whose decoder cannot be
+    made (its cache out of memory) gets error rows; the later batches and formats run (the exception ended the whole
+    run, with a traceback, before)."""
+    real = bd.Decoder
+
+    def decoder(model, batch, *a, **kw):
+        if batch == 2 and isinstance(model.model.layers[0].mlp.up_proj, mxkit.nn.MXLinear):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real(model, batch, *a, **kw)
+
+    monkeypatch.setattr(bd, "Decoder", decoder)
+    rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
+                   "--batches", "1,2", "--repeats", "1", "--formats", "bf16,mxfp4,mxfp8", "--order", "sequential",
+                   "--plain", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in captured.err
+    assert "2 run(s) failed: mxfp4_e2m1/b2/eager, mxfp8_e4m3/b2/eager" in captured.err
+    rows = json.loads((tmp_path / "bench_decode.json").read_text())["rows"]
+    got = {(r["fmt"], r["batch"]): r["status"] for r in rows}
+    assert got == {("bf16", 1): "ok", ("bf16", 2): "ok", ("mxfp4_e2m1", 1): "ok", ("mxfp4_e2m1", 2): "error",
+                   ("mxfp8_e4m3", 1): "ok", ("mxfp8_e4m3", 2): "error"}
+
+
 def test_interleaved_falls_back_to_sequential_when_the_models_do_not_fit(monkeypatch, capsys, tmp_path):
     real_build, calls = bd._build, []
 
@@ -323,6 +347,9 @@ def test_bad_options_are_usage_errors(argv, needle, capsys):
     (["--layers", "33"], "--layers=33: llama-3-8b has 32 decoder layers"),
     (["--device", "cpu"], "--modes graphs needs --device cuda"),
     (["--model", "gpt-oss-20b", "--tokens", "120"], "must fit the sliding window of 128"),
+    # (compiled is captured and replayed on CUDA too: a sliding layer's length frozen at the capture)
+    (["--model", "gpt-oss-20b", "--prompt", "100", "--tokens", "30", "--modes", "compiled"],
+     "gpt-oss-20b with compiled: --prompt + --tokens + 2 = 132 must fit the sliding window of 128"),
     (["--model", "tiny-llama", "--formats", "bf16,mxfp4+experts"], "--formats mxfp4_e2m1+experts: tiny-llama has "
                                                                    "no MoE experts"),
 ])

@@ -349,22 +349,29 @@ def run_format(args, fmt: str, on_row: Callable[[DecodeRow], None]) -> None:
                 on_row(_row(args, fmt, b, mode, "error", f"build / quantize: {output.reason(e)}"))
         return
     sync = _sync(args)
-    with torch.no_grad():
-        for b in args.batches:
-            dec = Decoder(model, b, args.prompt, args.tokens, seed=args.seed)
-            path = gemm_path(model, b)
-            for mode in args.modes:
-                row = _row(args, fmt, b, mode)
-                row.path = path
-                try:
-                    step = _prepare(dec, mode, args, sync)
-                    _set_times(row, [time_decode(dec, step, args.tokens, args.repeats, sync)])
+    try:
+        with torch.no_grad():
+            for b in args.batches:
+                try:  # (a batch whose cache or first GEMM plan does not fit: its rows, the other batches go on)
+                    dec, path = Decoder(model, b, args.prompt, args.tokens, seed=args.seed), gemm_path(model, b)
                 except Exception as e:
-                    row.status, row.note = "error", f"{mode}: {output.reason(e)}"
-                on_row(row)
-            del dec
-    del model
-    _free(args)
+                    for mode in args.modes:
+                        on_row(_row(args, fmt, b, mode, "error", f"decoder: {output.reason(e)}"))
+                    _free(args)
+                    continue
+                for mode in args.modes:
+                    row = _row(args, fmt, b, mode)
+                    row.path = path
+                    try:
+                        step = _prepare(dec, mode, args, sync)
+                        _set_times(row, [time_decode(dec, step, args.tokens, args.repeats, sync)])
+                    except Exception as e:
+                        row.status, row.note = "error", f"{mode}: {output.reason(e)}"
+                    on_row(row)
+                del dec
+    finally:
+        del model
+        _free(args)
 
 
 def run_interleaved(args, on_row: Callable[[DecodeRow], None]) -> bool:
@@ -553,8 +560,10 @@ def resolve(args) -> None:
         raise ValueError(f"{args.model}: --prompt + --tokens + {WARMUP_STEPS} = {span} is past its "
                          f"max_position_embeddings of {positions}")
     window = MODELS[args.model][1].get("sliding_window")
-    if window and "graphs" in args.modes and args.prompt + args.tokens + WARMUP_STEPS > window:
-        raise ValueError(f"{args.model} with graphs: --prompt + --tokens + {WARMUP_STEPS} = "
+    # (compiled is captured and replayed on CUDA as graphs is: a sliding layer's length is frozen at the capture)
+    captured = [m for m in args.modes if m == "graphs" or (m == "compiled" and args.device == "cuda")]
+    if window and captured and args.prompt + args.tokens + WARMUP_STEPS > window:
+        raise ValueError(f"{args.model} with {captured[0]}: --prompt + --tokens + {WARMUP_STEPS} = "
                          f"{args.prompt + args.tokens + WARMUP_STEPS} must fit the sliding window of {window}")
 
 

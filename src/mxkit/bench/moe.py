@@ -97,6 +97,7 @@ class MoeCase:
     op = property(lambda self: self.mode)
     fmt_name = property(lambda self: f"{self.model} {self.routing}")
     label = property(lambda self: f"T={self.T}")
+    problem_key = property(lambda self: (self.model, self.routing, self.T))  # (timing's discard after a new problem)
     note = ""
     E = property(lambda self: MODELS[self.model])
     flops = property(lambda self: 2 * self.T * TOP_K * 3 * HIDDEN * INTER)

@@ -38,6 +38,8 @@ def _git_commit() -> Optional[str]:
     import subprocess
 
     root = Path(__file__).resolve().parents[3]
+    if not (root / "src" / "mxkit").is_dir():  # (an installed copy: git walked up into the repository holding it)
+        return None
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=5)

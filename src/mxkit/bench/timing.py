@@ -163,11 +163,14 @@ def nonnegative_int(text: str) -> int:
 def peers_arg(what: str, known) -> Callable[[str], tuple]:
     """``--peers``: a comma list of ``known`` names, or ``none`` alone."""
     def parse(text: str) -> tuple:
-        if text.strip() == "none":
+        if text.strip().lower() == "none":  # (case-insensitive, as the names are)
             return ()
-        if "none" in (t.strip() for t in text.split(",")):  # (it read "unknown peer 'none'", which help lists)
+        if "none" in (t.strip().lower() for t in text.split(",")):  # (it read "unknown peer 'none'", which help lists)
             raise argparse.ArgumentTypeError(f"{text!r}: 'none' (no peers) goes alone, not with other {what}s")
-        return csv_arg(choice(what, known))(text)
+        try:
+            return csv_arg(choice(what, known))(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (or 'none' alone: no {what}s)") from None
 
     return parse
 
@@ -288,7 +291,7 @@ class Context:
     rounds: int = 1  # > 1: vs_ref from interleaved rounds (time_read each), not the rows' own timings
     time_read: Optional[Callable[[Callable[[], object]], float]] = None  # µs after a read flush
     compiled: dict = dataclasses.field(default_factory=dict)
-    last_shape: Optional[str] = None
+    last_shape: Optional[object] = None  # the problem of the last case timed (_run_impl)
 
     def compiled_fn(self, key: tuple, shape: tuple, make: Callable[[], Callable]) -> Callable:
         """``torch.compile(make(), dynamic=False)`` once per (``key``, ``shape``); plain ``make()`` when compile
@@ -328,9 +331,12 @@ def _run_impl(row: Row, impl: Impl, case, inputs: Any, ctx: Context, expected: l
             row.err_bound = float(bounded)
             row.check = "ok" if row.err is not None and row.err <= row.err_bound else "FAIL"
     del out
-    if ctx.last_shape != case.label:  # the first timing after a new shape read 1.8-3.4x slow (clocks ramping)
+    # the first timing after a new problem read 1.8-3.4x slow (clocks ramping); a case's ``problem_key`` where its
+    # label alone does not name the problem (a MoE case's label is its token count, its model and routing elsewhere)
+    problem = getattr(case, "problem_key", case.label)
+    if ctx.last_shape != problem:
         ctx.time_fn(fn)
-        ctx.last_shape = case.label
+        ctx.last_shape = problem
     row.us, row.us_write = ctx.time_fn(fn)
     return fn
 
@@ -343,11 +349,17 @@ def _interleaved_ratios(rows: list[Row], fns: dict, ctx: Context, ref: Row) -> N
         if r is ref or r.us is None or r.impl not in fns:
             continue
         ratios = []
-        for k in range(ctx.rounds):
-            first, second = (fns[ref.impl], fns[r.impl]) if k % 2 == 0 else (fns[r.impl], fns[ref.impl])
-            t1, t2 = ctx.time_read(first), ctx.time_read(second)
-            t_ref, t_row = (t1, t2) if k % 2 == 0 else (t2, t1)
-            ratios.append(t_ref / t_row)
+        try:  # (an exception here, out of memory or a kernel error, ended the whole run: the row keeps its own ×)
+            for k in range(ctx.rounds):
+                first, second = (fns[ref.impl], fns[r.impl]) if k % 2 == 0 else (fns[r.impl], fns[ref.impl])
+                t1, t2 = ctx.time_read(first), ctx.time_read(second)
+                t_ref, t_row = (t1, t2) if k % 2 == 0 else (t2, t1)
+                ratios.append(t_ref / t_row)
+        except Exception as e:
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            r.note = "; ".join(filter(None, (r.note, f"rounds failed, × from one timing: {_reason(e)}")))
+            continue
         # (the median in log space: with an even count the geometric mean of the middle two, so a steady drift,
         # which makes alternate rounds' ratios x / d and x * d, gives x)
         r.vs_ref = math.exp(statistics.median(math.log(v) for v in ratios))
@@ -495,9 +507,11 @@ def add_common_arguments(p, backend: bool = True, backend_help: str = "backend o
                        help=backend_help)
     p.add_argument("--no-check", action="store_true", help="skip the output checks")
     p.add_argument("--rep-ms", type=float, default=None,
-                   help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick)")
+                   help=f"timed runs per timing, ms (default {DEFAULT_REP_MS:g}; {QUICK_REP_MS:g} with --quick; at most "
+                        "60000)")
     p.add_argument("--spin-us", type=float, default=100.0,
-                   help="GPU spin queued before each timed run so the host's launch path is not timed (default 100)")
+                   help="GPU spin queued before each timed run so the host's launch path is not timed (default 100; "
+                        "at most 1e5)")
     p.add_argument("--rounds", type=int, default=1,
                    help="the × column as the median of this many interleaved rounds against the reference peer, "
                         "each pair timed back to back (default 1: the rows' own timings)")
@@ -506,12 +520,19 @@ def add_common_arguments(p, backend: bool = True, backend_help: str = "backend o
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
 
 
+MAX_SPIN_US = 1e5  # --spin-us: 0.1 s of spin before each timed run (the default is 100)
+MAX_REP_MS = 6e4  # --rep-ms: a minute of runs per timing
+
+
 def timing_config(args) -> TimingConfig:
-    """From ``--rep-ms`` (None: shorter with ``--quick``), ``--spin-us`` and ``--rounds``; ValueError if not
-    positive."""
+    """From ``--rep-ms`` (None: shorter with ``--quick``), ``--spin-us`` and ``--rounds``; ValueError for a
+    rep-ms not in (0, :data:`MAX_REP_MS`], a spin-us not in [0, :data:`MAX_SPIN_US`], a rounds not a positive
+    int."""
     rep = args.rep_ms if args.rep_ms is not None else (QUICK_REP_MS if getattr(args, "quick", False) else DEFAULT_REP_MS)
-    if not (math.isfinite(rep) and math.isfinite(args.spin_us) and rep > 0 and args.spin_us >= 0):
-        raise ValueError(f"--spin-us={args.spin_us} must be finite and >= 0 and --rep-ms={rep} finite and > 0")
+    if not (math.isfinite(rep) and math.isfinite(args.spin_us) and 0 < rep <= MAX_REP_MS
+            and 0 <= args.spin_us <= MAX_SPIN_US):  # (1e9 µs of spin before each of >= 25 runs: a hung run)
+        raise ValueError(f"--spin-us={args.spin_us} must be in [0, {MAX_SPIN_US:g}] and --rep-ms={rep} in (0, "
+                         f"{MAX_REP_MS:g}]")
     rounds = getattr(args, "rounds", 1)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"--rounds must be a positive int, got {rounds!r}")

@@ -556,7 +556,9 @@ def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, 
     assert err.startswith("mxkit: error: ") and err.count("\n") == 1 and message.replace("TMP", str(tmp_path)) in err
 
 
-def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
+def test_tune_gemm_makes_the_out_folders_at_the_first_write(tmp_path, monkeypatch, capsys):
+    """The table's folders are made when its first stage is written (by write_text_atomic): a tune that fails before
+    leaves none (the CLI made them before tuning); a TuneError is one error line, exit 1."""
     from mxkit import tune
 
     out = tmp_path / "a" / "b" / "t.json"
@@ -565,7 +567,19 @@ def test_tune_gemm_makes_the_out_folders_first(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "tune_gemm", lambda shapes, out, stages, rep_ms: seen.append(
         (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
-    assert seen == [(((1024, 64),), True, None, 20.0)] and not out.exists()  # the folders made; no file left
+    assert seen == [(((1024, 64),), False, None, 20.0)] and not (tmp_path / "a").exists()
+
+    def fails(*a, **kw):
+        raise tune.TuneError("mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class K <= 4096")
+
+    monkeypatch.setattr(tune, "tune_gemm", fails)
+    capsys.readouterr()
+    assert cli.main(["tune", "gemm", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == "mxkit: error: mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class K <= 4096\n"
+    assert not (tmp_path / "a").exists()
+    monkeypatch.setattr(tune, "tune_gemm", lambda shapes, out, stages, rep_ms: seen.append(
+        (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     # --stages in the table's order whatever order they are named in (spaces allowed); --rep-ms passed on
     assert cli.main(["tune", "gemm", "--out", str(out), "--stages", "moe, decode_mma", "--rep-ms", "5"]) == 0
     assert seen[-1][2:] == (("decode_mma", "moe"), 5.0)
@@ -651,8 +665,8 @@ def test_gpu_tune_gemm_writes_every_envelope(tmp_path, monkeypatch):
     assert entry["decode_mma"]["m8_loop"] in ("", "l", "g")
     assert entry["decode_mma"]["ring_min_k"] in (None, 2048, 8192)
     assert entry["decode_mma"]["ring2_min_n"] in (None, 512, 1024)
-    # max_m is tuned where one of the shapes takes w8a16-wgmma under this GPU's own entry (the H200's small wgmma
-    # envelope takes 512 x 8192), else left out (the packaged value stands)
+    # max_m is tuned where the plan bounds one of the shapes by it (w8a16-wgmma takes it and N * K >= wgmma_min_nk:
+    # neither shape here on the H100 / H200 tables), else left out (the packaged value stands)
     assert entry["a8w8_mma"].get("max_m", 0) in (0, 1, 2, 4, 8, 16, 32, 64), entry["a8w8_mma"]
     for key in ("w4a16_wgmma", "w8a16_wgmma"):
         assert entry[key]["max_m"] in (0,) + tune.WGMMA_MS and entry[key]["min_nk"] >= 0, (key, entry[key])
@@ -821,7 +835,11 @@ def test_wgmma_envelope_choice():
     wins.update({(*big, M): M <= 128 for M in WGMMA_MS})
     assert wgmma_envelope(wins) == {"max_m": 2048, "min_nk": 28672 * 8192}
     assert wgmma_envelope({(*small, M): False for M in WGMMA_MS}) == {"max_m": 0, "min_nk": 0}
-    assert wgmma_envelope({(*big, 128): True, (*big, 256): False}) == {"max_m": 128, "min_nk": 8192 * 8192}
+    assert wgmma_envelope({(*big, 64): True, (*big, 128): True, (*big, 256): False}) == {
+        "max_m": 128, "min_nk": 8192 * 8192}
+    # won from 128 up but lost at 64: no envelope (it would take M = 17-64 to the loss; WGMMA_MS starts at 64)
+    assert WGMMA_MS[0] == 64 and wgmma_envelope({(*big, 64): False, **{(*big, M): True for M in WGMMA_MS[1:]}}) == \
+        {"max_m": 0, "min_nk": 0}
     # the small-M envelope (M = 64 alone): the smallest N * K from which every larger shape wins
     four = (4096, 4096)
     assert wgmma_envelope({(*big, 64): True, (*four, 64): True, (*small, 64): False}, (64,)) == \
@@ -830,7 +848,7 @@ def test_wgmma_envelope_choice():
     # the mid envelope (the same timings at M = 128, 256, 512): a weight of 2^24 that wins up to 512
     from mxkit.tune import MID_MS
 
-    assert set(MID_MS) <= set(WGMMA_MS)
+    assert set(MID_MS) <= set(WGMMA_MS) and MID_MS[0] == 64
     mid_wins = {(*s, M): s != small for s in (big, four, small) for M in MID_MS}
     assert wgmma_envelope(mid_wins, MID_MS) == {"max_m": 512, "min_nk": 4096 * 4096}
     mid_wins[(*four, 512)] = False
@@ -886,7 +904,9 @@ def test_w8a16_envelope_choice(monkeypatch):
     won = {(N, K, M): M <= 8 for (N, K) in shapes for M in W8A16_MS}
     closed = {"large_max_m": 0, "large_min_nk": 0}  # (written out: merged, they close a packaged large envelope)
     assert w8a16_envelope(won) == {"max_m": 8, **closed}  # (nothing wins past it)
-    won[(5120, 2880, 1)] = False
+    won[(5120, 2880, 1)] = False  # (max_m 0: the larger weights' envelope still holds past it, as the plan reads)
+    assert w8a16_envelope(won) == {"max_m": 0, "large_max_m": 8, "large_min_nk": 4096 * 4096}
+    won.update({(N, K, 1): False for (N, K) in shapes})
     assert w8a16_envelope(won) == {"max_m": 0, **closed}
     assert w8a16_envelope({}) == {"max_m": 0, **closed}
     # merged into the packaged table, they close the H100's packaged large envelope (16 rows on large weights)
@@ -901,27 +921,100 @@ def test_w8a16_envelope_choice(monkeypatch):
         assert mm._w8_mma_envelope(cuda, 28672 * 8192) == 8
 
 
-def test_envelope_counts_the_rival(monkeypatch):
-    """`mxkit tune gemm`'s decode envelope: the kernel must beat the dense path and, where given, the rival (the
-    wgmma kernel past decode-mma's envelope on Hopper) at every M up to the envelope's edge; the timings are faked
-    (the rival ahead from M = 4), the calls run on the CPU."""
+def test_envelope_is_against_the_plan_without_the_kernel(monkeypatch):
+    """`mxkit tune gemm`'s decode envelopes (decode-w16, decode-mma): the kernel must beat, at every M up to the
+    envelope's edge, the path the plan takes with its envelope closed (decode-mma's rival past it is decode-w16 on
+    the H100 / H200 tables, which the tuner never timed: it took the faster of cuBLAS and wgmma); the timings are
+    faked (the plan's path ahead from M = 4), the calls run on the CPU."""
     from mxkit import tune
 
-    def fake_time(fn, rep_ms):
-        out = fn()
-        if isinstance(out, tuple):
-            kind, M = out
-            return {"run": 10.0, "rival": 5.0 if M >= 4 else 20.0}[kind]
-        return 15.0  # dense: dequantize + cuBLAS
+    planned = []
 
-    monkeypatch.setattr(tune, "_time", fake_time)
+    def plan_without(x, w, name, off, rep_ms):
+        planned.append(off)
+        return "decode-w16", 5.0 if x.shape[0] >= 4 else 20.0
+
+    monkeypatch.setattr(tune, "_plan_without", plan_without)
+    monkeypatch.setattr(tune, "_time", lambda fn, rep_ms: fn())
     w = mxkit.quantize(torch.randn(16, 64), "mxfp4")
-    runs = {(16, 64): (w, lambda M: lambda x: ("run", M))}
-    rivals = {(16, 64): lambda M: lambda x: ("rival", M)}
-    g, cpu = torch.Generator().manual_seed(0), torch.device("cpu")
-    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, rivals, dev=cpu) == 2
-    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, {(16, 64): None}, dev=cpu) == 64
-    assert tune._envelope("decode-mma", runs, g, 1.0, lambda *a: None, dev=cpu) == 64
+    runs = {(16, 64): (w, lambda M: lambda x: 10.0)}
+    g, cpu, logs = torch.Generator().manual_seed(0), torch.device("cpu"), []
+    off = {"decode_mma": {"max_m": 0}}
+    assert tune._envelope("decode-mma", runs, off, g, 1.0, logs.append, dev=cpu) == 2
+    assert planned == [off] * 3 and "M=4 N=16 K=64: decode-mma 10.0 us, decode-w16 5.0 us" in logs[-1]
+    monkeypatch.setattr(tune, "_plan_without", lambda x, w, name, off, rep_ms: ("dense-exact", 15.0))
+    assert tune._envelope("decode-mma", runs, off, g, 1.0, logs.append, dev=cpu) == 64
+    monkeypatch.setattr(tune, "_plan_without", lambda x, w, name, off, rep_ms: ("decode-mma", 15.0))
+    with pytest.raises(tune.TuneError, match="still took decode-mma"):  # (timed against itself)
+        tune._envelope("decode-mma", runs, off, g, 1.0, logs.append, dev=cpu)
+
+
+def test_tune_stages_run_under_the_keys_measured_before(monkeypatch, tmp_path):
+    """Each stage of `mxkit tune gemm` runs under the table in force with the keys this run measured before it
+    merged in (a later stage's rival is the path the written table takes: w8a16_mma was timed against decode-w16
+    by the packaged max_m while the table written had a new one); a stage that returns None (no shape fits its
+    kernel) writes nothing (it wrote a closed envelope, which merged into the packaged table turned the kernel off
+    for every layer). CUDA and the stages are faked."""
+    from mxkit import tune
+    from mxkit.kernels import matmul_table as mt
+
+    name, dev = "NVIDIA H200", torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    monkeypatch.setattr(mt, "_gpu_name", lambda index: name)
+    monkeypatch.setattr(torch, "Generator", lambda device=None: types.SimpleNamespace(manual_seed=lambda s: None))
+    monkeypatch.setattr(torch, "randn", lambda *a, **kw: None)
+    import mxkit.ops
+
+    monkeypatch.setattr(mxkit.ops, "quantize", lambda *a, **kw: None)
+    seen = {}
+
+    def stage(key, value):
+        def run(*a, **kw):
+            seen[key] = {k: dict(mt._envelope(dev, k)) for k in ("decode_mma", "a8w8_mma")}
+            return value
+        return run
+
+    monkeypatch.setattr(tune, "_tune_mma", stage("decode_mma", {"max_m": 4, "m8_loop": "", "ring_min_k": None,
+                                                                "ring2_min_n": None}))
+    monkeypatch.setattr(tune, "_tune_a8w8", stage("a8w8_mma", None))
+    monkeypatch.setattr(tune, "_tune_w8a16_mma", stage("w8a16_mma", {"max_m": 2}))
+    logs = []
+    out = tmp_path / "t.json"
+    table = tune.tune_gemm(((64, 64),), out=out, stages=["decode_mma", "a8w8_mma", "w8a16_mma"], log=logs.append)
+    packaged = mt._packaged_table()[name]["decode_mma"]["max_m"]
+    assert packaged != 4 and seen["decode_mma"]["decode_mma"]["max_m"] == packaged
+    assert seen["a8w8_mma"]["decode_mma"]["max_m"] == 4 and seen["w8a16_mma"]["decode_mma"]["max_m"] == 4
+    assert sorted(table[name]) == ["_measured", "decode_mma", "w8a16_mma"]
+    assert any("a8w8_mma: no shape of [(64, 64)] fits its kernel; not measured" in line for line in logs)
+    assert json.loads(out.read_text()) == table and mt.gemm_table() is mt._packaged_table()
+
+
+def test_a8w8_envelope_field_is_the_plans(monkeypatch):
+    """The a8w8_mma field a (weight, M) is bounded by, which the tune sorts its timings by: max_m only where the
+    wgmma kernel takes the call and N * K >= wgmma_min_nk (the tune sorted by the path alone: on the H200, whose
+    wgmma_min_nk is 2^24, the GPT-OSS layers' results went to max_m, which the plan never applies to them)."""
+    from mxkit.kernels import matmul as mm
+    from mxkit.kernels import matmul_table as mt
+
+    w = types.SimpleNamespace(shape=torch.Size([5120, 2880]))
+    dev = torch.device("cuda", 0)
+    wgmma = {"ok": True}
+    monkeypatch.setattr(mt, "_gpu_name", lambda index: "some GPU")
+    monkeypatch.setattr(mm, "_wgmma_ok", lambda b, w, M, dev: wgmma["ok"])
+    with mt.gemm_table_override({"default": {"a8w8_mma": {"max_m": 16, "max_m_no_wgmma": 64,
+                                                          "wgmma_min_nk": 1 << 24}}}):
+        assert mm.a8w8_envelope_field(w, 8, dev) == "max_m_no_wgmma"  # 14.7M < 2^24
+        assert mm._a8w8_max_m(w, 8, dev) == 64
+        w.shape = torch.Size([8192, 8192])
+        assert mm.a8w8_envelope_field(w, 8, dev) == "max_m" and mm._a8w8_max_m(w, 8, dev) == 16
+        wgmma["ok"] = False
+        assert mm.a8w8_envelope_field(w, 8, dev) == "max_m_no_wgmma"
+    import inspect
+
+    from mxkit import tune
+
+    assert "a8w8_envelope_field(pw, M, dev)" in inspect.getsource(tune._tune_a8w8)
 
 
 def test_tune_overrides_keep_this_gpus_other_fields(monkeypatch):

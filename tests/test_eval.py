@@ -534,3 +534,19 @@ def test_evaluate_refuses_arguments_an_eval_model_contradicts(monkeypatch):
         ev.evaluate(**dict(kw, eval_model=em16), dtype=torch.float32)
     with pytest.raises(pytest.fail.Exception, match="work started"):
         ev.evaluate(**dict(kw, eval_model=em16))
+
+
+def test_mean_pooling_sums_in_float32():
+    """The masked mean of a float16 model's hidden states is taken in float32: 256 tokens of ~300 summed in float16
+    passed 65504 (inf), and the embedding came out NaN."""
+
+    class Half(nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return types.SimpleNamespace(last_hidden_state=torch.full((*input_ids.shape, 4), 300.0,
+                                                                      dtype=torch.float16))
+
+    mask = torch.ones(2, 256, dtype=torch.long)
+    mask[1, 100:] = 0  # (padding stays out of the mean)
+    embs, _, _ = ev._run(Half(), "encoder", [{"input_ids": torch.zeros(2, 256, dtype=torch.long),
+                                               "attention_mask": mask}])
+    assert embs.dtype == torch.float32 and torch.equal(embs, torch.full((2, 4), 0.5))

@@ -454,7 +454,7 @@ def _own_parsers(parser: argparse.ArgumentParser) -> None:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .tune import DEFAULT_SHAPES, check_shapes, check_stages, tune_gemm
+    from .tune import DEFAULT_SHAPES, TuneError, check_shapes, check_stages, tune_gemm
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
@@ -476,8 +476,11 @@ def _cmd_tune(args) -> int:
         from .bench.output import usage_error
 
         return usage_error("mxkit tune gemm needs a CUDA GPU (none is visible)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # (once the run can start: a failed one leaves none)
-    tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
+    try:  # (the table's folders are made at its first write: a run that fails before leaves none)
+        tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
+    except TuneError as e:
+        print(f"mxkit: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -410,9 +410,10 @@ def _run(model: nn.Module, kind: str, batches: list[dict]) -> tuple[torch.Tensor
             ntok += int((labels != -100).sum())
         else:
             hidden = model(**b).last_hidden_state
-        m = mask.unsqueeze(-1).to(hidden.dtype)
+        # (in float32: a float16 sum of up to 256 hidden states of ~300 passed 65504, inf, then a NaN embedding)
+        hidden, m = hidden.float(), mask.unsqueeze(-1).float()
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # sentence-transformers Pooling(mean)
-        embs.append(torch.nn.functional.normalize(pooled.float(), p=2, dim=-1))  # Normalize()
+        embs.append(torch.nn.functional.normalize(pooled, p=2, dim=-1))  # Normalize()
     return torch.cat(embs).cpu(), nll, ntok
 
 

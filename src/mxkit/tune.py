@@ -3,20 +3,24 @@
 
 For each K class (K <= 4096, larger K) it times every decode-kernel schedule of a small grid on the given
 (N, K) shapes at M = 1 and keeps the fastest (sum of clean-L2 medians over the shapes); then it times the
-decode kernel against the dense path (dequantize + cuBLAS) for M = 1, 2, 4, ..., 64 and sets ``max_m`` to
-the largest M at which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
-tensor-core decode kernel on packed MXFP4 weights, against the faster of the dense path and (Hopper) the wgmma
-kernel at its small-M schedule, the path past its envelope (with ``decode_mma.m8_loop``, the batch loop of its
-kernel up to 8 rows that is faster at M = 1, ``decode_mma.ring_min_k``, the K from which its ring loop is
+decode kernel for M = 1, 2, 4, ..., 64 against the path the plan takes without it and without decode-mma (the
+wgmma kernel where its envelope takes the call, else dequantize + cuBLAS) and sets ``max_m`` to
+the largest M up to which the decode kernel is faster on every shape; ``decode_mma.max_m`` likewise for the
+tensor-core decode kernel on packed MXFP4 weights, against the path the plan takes without it (decode-w16 within
+its envelope, the wgmma kernel within its own, else dequantize + cuBLAS) (with ``decode_mma.m8_loop``, the batch
+loop of its kernel up to 8 rows that is faster at M = 1, ``decode_mma.ring_min_k``, the K from which its ring loop is
 faster, and ``decode_mma.ring2_min_n``, the N from which its ring of 2 is faster still, judged at M = 1 on the
 shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide); at 9-16 rows
 the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
-dequantized, cuBLAS); 0 where a kernel cannot run. For the Hopper wgmma kernel on MXFP4 weights
-(``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64
-(the split-K envelope) and 128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
-N * K >= min_nk for every M <= max_m, covering the most (shape, M) points. For MoE (``moe.mma_max_pairs``) it times
+dequantized, cuBLAS); 0 where a kernel cannot run, and the key left out (the table in force keeps its value) where
+it could but no shape given fits it. For the Hopper wgmma kernel on MXFP4 weights
+(``w4a16_wgmma``) and on MXFP8 ones (``w8a16_wgmma``) it times the kernel against dequantize + cuBLAS at M = 64,
+128, 256, ..., 4096 and keeps the envelope (``max_m``, ``min_nk``) that is won on every shape of
+N * K >= min_nk at every M timed up to max_m (64 too: the envelope takes every M <= max_m), covering the most
+(shape, M) points. Each stage runs under the table in force with the keys this run measured before it merged in
+(a later stage's rival is the path the written table takes). For MoE (``moe.mma_max_pairs``) it times
 the decode and the prefill path of packed MXFP4 GPT-OSS experts (E = 32 and 128) at 8 to 1024 (token, slot) pairs
 and keeps the largest count up to which decode wins on both, and that count per expert; and ``moe.mma_strips``,
 the strips a block of the decode kernels (1, 2 or 4) with the least total time at 16 to 256 pairs. The result is written as a table of the
@@ -42,12 +46,18 @@ import torch
 
 from ._files import check_writable, write_text_atomic
 
-__all__ = ["tune_gemm", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope", "moe_strips"]
+__all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope",
+           "moe_strips"]
 
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
 # the table keys a tune measures, in its order (each one stage; `mxkit tune gemm --stages` picks some)
 STAGES = ("decode_w4a16", "decode_mma", "a8w8_mma", "w8a16_mma", "w4a16_wgmma", "w8a16_wgmma", "moe")
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
+
+
+class TuneError(RuntimeError):
+    """A tune that cannot measure what it was asked to on this GPU (no decode schedule runs for a K class; a closed
+    envelope the plan still takes): ``mxkit tune gemm`` prints it as one error line."""
 
 
 def _time(fn, rep_ms: float) -> float:
@@ -102,7 +112,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     through a temporary file renamed over it; its folders made at the first write). Raises ValueError for a bad
     shape, stage or ``rep_ms`` or an ``out`` file there that is not a dispatch table, RuntimeError without CUDA,
     OSError (IsADirectoryError for a directory) when ``out`` cannot be written (all before any work, leaving no
-    folder behind), RuntimeError when no decode schedule runs for a K class (:func:`_best_decode_config`) or a
+    folder behind), :class:`TuneError` when no decode schedule runs for a K class (:func:`_best_decode_config`) or a
     kernel's closed envelope still takes it (:func:`_check_closed`)."""
     check_shapes(shapes)
     stages = check_stages(stages)
@@ -116,6 +126,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
         check_writable(out, "out")
     from . import ops
     from .kernels import matmul as mm
+    from .kernels.matmul_table import merge_tables
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -138,14 +149,20 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
             kept = {k: v for k, v in base.get(name, {}).items() if k not in entry}
             write_text_atomic(out, json.dumps({**base, name: {**kept, **entry}}, indent=2) + "\n")
 
+    def measured_so_far():  # (the table in force with this run's keys merged in: each stage's rivals as written)
+        return mm.gemm_table_override(merge_tables(mm.gemm_table(), {name: entry}))
+
     if "decode_w4a16" in stages:
         configs = decode_configs(shapes, lambda label, ks: _best_decode_config(label, ks, weights, g, rep_ms, log,
                                                                               dev), dev, log)
         entry["decode_w4a16"] = {"max_m": 64, "configs": configs}
-        with mm.gemm_table_override({name: entry}):
+        with measured_so_far():
+            # against the plan without decode-w16 and decode-mma (an unpacked weight's path past it; a packed one's
+            # past both): the wgmma kernel within its envelope, else dequantize + cuBLAS
             entry["decode_w4a16"]["max_m"] = _envelope(
-                "decode", {s: (w, lambda M, w=w: lambda x: mm.decode_w16(x, w, mm.decode_config(dev, x.shape[1])))
-                           for s, w in weights.items()}, g, rep_ms, log)
+                "decode-w16", {s: (mm.pack_weight(w), lambda M, w=w: lambda x: mm.decode_w16(
+                    x, w, mm.decode_config(dev, x.shape[1]))) for s, w in weights.items()},
+                {"decode_w4a16": {"max_m": 0}, "decode_mma": {"max_m": 0}}, g, rep_ms, log)
         done("decode_w4a16")
     tuners = {"decode_mma": lambda: _tune_mma(weights, g, rep_ms, log),
               "a8w8_mma": lambda: _tune_a8w8(shapes, g, rep_ms, log),
@@ -155,7 +172,13 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
               "moe": lambda: _tune_moe(g, rep_ms, log)}
     for stage in stages:
         if stage in tuners:
-            entry[stage] = tuners[stage]()
+            with measured_so_far():
+                got = tuners[stage]()
+            if got is None:  # (a closed envelope written here would turn the kernel off for every layer)
+                log(f"{stage}: no shape of {list(shapes)} fits its kernel; not measured (the table it is merged "
+                    f"into keeps its value)")
+                continue
+            entry[stage] = got
             done(stage)
     table = {name: entry}
     if out is not None:
@@ -198,7 +221,7 @@ def _best_decode_config(k_class: str, ks: Sequence[tuple[int, int]], weights: di
                         rep_ms: float, log, dev: torch.device):
     """The decode-w16 schedule of :data:`_GRID` with the least M = 1 time summed over the shapes ``ks`` (those of
     the K class ``k_class``, e.g. ``"K <= 4096"``; ``weights[(N, K)]`` their MXFP4 weights); a schedule that raises
-    (does not compile here: shared memory) is skipped. Raises RuntimeError naming the K class when none ran."""
+    (does not compile here: shared memory) is skipped. Raises :class:`TuneError` naming the K class when none ran."""
     from .kernels import matmul as mm
 
     best, skipped = None, []
@@ -216,7 +239,7 @@ def _best_decode_config(k_class: str, ks: Sequence[tuple[int, int]], weights: di
         if best is None or total < best[0]:
             best = (total, cfg)
     if best is None:
-        raise RuntimeError(f"mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class {k_class} "
+        raise TuneError(f"mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class {k_class} "
                            f"(shapes {list(ks)}; all {len(skipped)} failed, the first with: "
                            f"{skipped[0] if skipped else 'nothing tried'})")
     log(f"{k_class}: best {best[1]} ({best[0]:.1f} us summed over {list(ks)})")
@@ -241,8 +264,9 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
     """``{"max_m", "m8_loop", "ring_min_k", "ring2_min_n"}``: the m8 kernel's loops timed at M = 1 on every shape and
     chosen by :func:`m8_loops` (a batch loop, and the K from which the ring loop is taken) and :func:`ring2_min_n`
     (the N from which the ring of 2 is); then the largest M of 1, 2, 4,
-    ..., 64 at which decode-mma with them beats the dense path, and the wgmma kernel where it runs
-    (:func:`_wgmma_rival`), on every shape."""
+    ..., 64 up to which decode-mma with them beats, on every shape, the path the plan takes without it
+    (decode-w16, the wgmma kernel or dequantize + cuBLAS, by the table in force). None where no shape packs to its
+    layout (not measured)."""
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_decode
 
@@ -265,11 +289,16 @@ def _tune_mma(weights: dict, g: torch.Generator, rep_ms: float, log) -> dict:
 
     def loop_of(N: int, K: int, M: int) -> str:
         return "g2" if ring2 is not None and M <= 8 and N >= ring2 else by_k(K)
-    runs = {s: (weights[s], lambda M, pw=pw, s=s: functools.partial(
+    runs = {s: (pw, lambda M, pw=pw, s=s: functools.partial(
         _mma_decode.MmaDecode.of(pw, M, torch.bfloat16, loop_of(*s, M)), bias=None)) for s, pw in packed.items()}
-    rivals = {s: _wgmma_rival(pw) for s, pw in packed.items()}
-    return {"max_m": _kernel_envelope("decode-mma", why, runs, g, rep_ms, log, rivals), "m8_loop": m8_loop,
-            "ring_min_k": ring_min_k, "ring2_min_n": ring2}
+    if why is not None:
+        log(f"decode-mma cannot run here: {why}")
+        max_m = 0
+    elif not runs:
+        return None  # (no shape packs to its layout, N % 16, K % 64: not measured)
+    else:
+        max_m = _envelope("decode-mma", runs, {"decode_mma": {"max_m": 0}}, g, rep_ms, log)
+    return {"max_m": max_m, "m8_loop": m8_loop, "ring_min_k": ring_min_k, "ring2_min_n": ring2}
 
 
 def ring2_min_n(us: dict, by_k) -> Optional[int]:
@@ -312,33 +341,17 @@ def m8_loops(us: dict) -> tuple[str, Optional[int]]:
     return m8_loop, ring_min_k
 
 
-def _wgmma_rival(pw) -> Optional[object]:
-    """``make(M) -> (x -> y)`` of the Hopper wgmma kernel on packed MXFP4 weight ``pw`` at its dense schedule (the
-    path the plan takes past decode-mma's envelope where the kernel wins: H200, session 48, M = 24-32), or None
-    where it cannot run (not sm_90, Gluon missing, a shape it does not take)."""
-    from .kernels.matmul_details import _w4a16_wgmma as wg
-
-    dev = torch.device("cuda")
-    if wg.available(dev) is not None or not wg.shape_ok(*pw.shape):
-        return None
-    q, st, one_mul = wg.packed_of(pw)
-    N, K = pw.shape
-
-    def make(M: int):
-        bm, split = wg.dense_schedule(M, N, K, dev)
-        return lambda x: wg.w4a16_wgmma(x, q, st, N, one_mul, bm=bm, split=split)
-    return make
-
-
 def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: float, log) -> dict:
     """The ``a8w8_mma`` envelope: a8w8-mma (MXFP8 activations x a packed MXFP8 weight) against the path the plan
-    takes without it, at M = 1, 2, 4, ..., 64 on every shape. ``max_m``: the largest M up to which it wins on
-    every shape whose other path is w8a16-wgmma (the packaged table's envelope; left out when no shape's is, so
-    the packaged value stands); ``max_m_no_wgmma``: the same over the shapes whose other path is bf16-exact (both
-    operands dequantized, cuBLAS); ``quant_max_m``: the largest M of 1, 2, 4, 8, 16 up to which quantizing bf16
+    takes without it, at M = 1, 2, 4, ..., 64 on every shape. ``max_m``: the largest M up to which it wins at
+    every (shape, M) the plan bounds by ``max_m`` (:func:`~mxkit.kernels.matmul.a8w8_envelope_field`: w8a16-wgmma
+    takes the call and N * K >= ``wgmma_min_nk``; left out when none is, so the packaged value stands);
+    ``max_m_no_wgmma``: the same over the others (left out alike); ``quant_max_m``: the largest M of 1, 2, 4, 8,
+    16 up to which quantizing bf16
     activations inside the launch (:func:`mxkit.kernels.matmul.a8w8_linear`) beats one quantize call, then the
     kernel, summed over the shapes (on every shape, the H100's M = 1 came out 0 on a 0.8 us loss on 8192^2 against
-    1.0-2.5 us won on the small layers). ``{"max_m": 0, "max_m_no_wgmma": 0}`` where the kernel cannot run."""
+    1.0-2.5 us won on the small layers). ``{"max_m": 0, "max_m_no_wgmma": 0}`` where the kernel cannot run; None
+    where no shape packs to its layout (not measured)."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
@@ -363,7 +376,7 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
             path, t_other = _plan_without(x, pw, name, {"a8w8_mma": {"max_m": 0, "max_m_no_wgmma": 0}}, rep_ms)
             _check_closed(path, "a8w8-mma")
             log(f"M={M} N={N} K={K}: a8w8-mma {t_run:.1f} us, {path} {t_other:.1f} us")
-            field = "max_m" if path == "w8a16-wgmma" else "max_m_no_wgmma"
+            field = mm.a8w8_envelope_field(pw, M, dev)  # (the field the plan bounds this (weight, M) by)
             won[field][M] = won[field].get(M, True) and t_run < t_other
             if M <= 16:  # the activation quantize inside the launch, or one quantize call first
                 xb = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
@@ -376,11 +389,9 @@ def _tune_a8w8(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_ms: fl
                 tot = q_total.setdefault(M, [0.0, 0.0])
                 tot[0], tot[1] = tot[0] + t_q[64], tot[1] + t_q[0]
     won["quant_max_m"] = _won_summed(q_total)
-    entry = {field: _largest_won(by_m) for field, by_m in won.items() if by_m}
-    if not entry:
-        log("a8w8-mma: no shape packs to its layout (N % 16, K % 64)")
-        return {"max_m": 0, "max_m_no_wgmma": 0}
-    return entry
+    if not q_total:
+        return None  # (no shape packs to its layout, N % 16, K % 64: not measured)
+    return {field: _largest_won(by_m) for field, by_m in won.items() if by_m}
 
 
 W8A16_MS = (1, 2, 4, 8, 16, 32, 64)
@@ -394,7 +405,7 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     packed MXFP8 E4M3 weight) beats, on every shape, the path the plan takes without it (decode-w16,
     w8a16-wgmma or dense-exact, by the packaged table), 0 where the kernel cannot run or no shape packs to its
     layout; past it, where the larger weights win on: ``large_max_m`` and ``large_min_nk``, 0 and 0 where none do
-    (:func:`w8a16_envelope`)."""
+    (:func:`w8a16_envelope`). None where no shape packs to its layout (not measured)."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _mma_a8w8
@@ -407,6 +418,8 @@ def _tune_w8a16_mma(shapes: Sequence[tuple[int, int]], g: torch.Generator, rep_m
     name = torch.cuda.get_device_name()
     packed = [mm.pack_weight(ops.quantize(torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g),
                                           "mxfp8_e4m3"), act="float") for N, K in shapes]
+    if all(pw.mma_q is None for pw in packed):
+        return None  # (no shape packs to its layout: not measured)
     won: dict = {}  # (N, K, M) -> won
     for pw in packed:
         if pw.mma_q is None:
@@ -436,7 +449,7 @@ def w8a16_envelope(won: dict) -> dict:
     max_m = _largest_won({M: all(v for (_, _, m), v in won.items() if m == M) for M in ms})
     entry = {**closed, "max_m": max_m}
     more = tuple(M for M in ms if M > max_m)
-    if max_m and more:
+    if more:  # (max_m 0 too: the plan's large envelope holds past max_m whatever it is)
         large = wgmma_envelope({key: v for key, v in won.items() if key[2] > max_m}, more)
         if large["max_m"]:
             entry.update(large_max_m=large["max_m"], large_min_nk=large["min_nk"])
@@ -455,10 +468,10 @@ def _plan_without(x, pw, name: str, off: dict, rep_ms: float) -> tuple[str, floa
 
 
 def _check_closed(path: str, kernel: str) -> None:
-    """Raises RuntimeError where the plan with ``kernel``'s envelope closed still took it (a field of the table
+    """Raises :class:`TuneError` where the plan with ``kernel``'s envelope closed still took it (a field of the table
     that also opens it was left open): the kernel would be timed against itself."""
     if path == kernel:
-        raise RuntimeError(f"mxkit tune gemm: with {kernel}'s envelope closed the plan still took {kernel} (a "
+        raise TuneError(f"mxkit tune gemm: with {kernel}'s envelope closed the plan still took {kernel} (a "
                            f"table field the tune does not close opens it)")
 
 
@@ -566,7 +579,9 @@ def moe_envelope(times: dict) -> dict:
     return {"mma_max_pairs": min(won.values()), "mma_max_pairs_per_expert": min(n // E for E, n in won.items())}
 
 
-WGMMA_MS = (128, 256, 512, 1024, 2048, 4096)
+# the main envelope's Ms: from 64, the largest M the small-M paths are timed at (the plan takes every M <= max_m of
+# the envelope to the kernel, so an envelope won at 128 up but lost at 64 sent M = 17-64 to a loss)
+WGMMA_MS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool = False) -> dict:
@@ -575,7 +590,8 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     dequantize + cuBLAS at every M on every shape of N * K >= min_nk; kept: the candidate whose envelope covers
     the most (shape, M) points, then the widest M; ``small_max_m`` / ``small_min_nk`` the same over
     :data:`SMALL_MS` (the split schedule's Ms, where smaller weights win too), ``mid_max_m`` / ``mid_min_nk`` over
-    :data:`MID_MS` (the same timings). ``{"max_m": 0, ...}`` where it cannot run or never wins."""
+    :data:`MID_MS` (the same timings). ``{"max_m": 0, ...}`` where it cannot run or never wins; None where no
+    shape fits it (not measured)."""
     from . import ops
     from .kernels import matmul as mm
     from .kernels.matmul_details import _w4a16_wgmma as wg
@@ -586,9 +602,11 @@ def _tune_wgmma(weights: dict, g: torch.Generator, rep_ms: float, log, fp8: bool
     dev = torch.device("cuda")
     why = wg.available(dev)
     shapes = [s for s in weights if wg.shape_ok(*s)]
-    if why is not None or not shapes:
-        log(f"{label} cannot run here: {why or 'no shape fits it'}")
+    if why is not None:
+        log(f"{label} cannot run here: {why}")
         return {"max_m": 0, "min_nk": 0, "small_max_m": 0, "small_min_nk": 0, "mid_max_m": 0, "mid_min_nk": 0}
+    if not shapes:
+        return None  # (no shape fits the kernel: not measured)
     wins = {}
     for (N, K) in shapes:
         w = weights[(N, K)]
@@ -622,8 +640,8 @@ def close_contained(entry: dict) -> dict:
     return entry
 
 
-MID_MS = (128, 256, 512)  # the third envelope's Ms (a subset of WGMMA_MS: no more timings; H200, session 62: the
-# kernel wins at M <= 512 on N * K in [2^24, 2^26) where it ties or loses at 1024)
+MID_MS = (64, 128, 256, 512)  # the third envelope's Ms (a subset of WGMMA_MS: no more timings; H200, session 62: the
+# kernel wins at M <= 512 on N * K in [2^24, 2^26) where it ties or loses at 1024; 64 as WGMMA_MS')
 SMALL_MS = (64, 128)  # the second envelope's Ms (the kernel split along K at small M: _w4a16_wgmma.dense_schedule;
 # H200, session 39: 128 wins on N * K in [2^24, 2^26) once the split's sum is one kernel)
 
@@ -646,28 +664,15 @@ def wgmma_envelope(wins: dict, ms: tuple = WGMMA_MS) -> dict:
     return best
 
 
-def _kernel_envelope(label: str, why: Optional[str], runs: dict, g: torch.Generator, rep_ms: float, log,
-                     rivals: Optional[dict] = None) -> int:
-    """:func:`_envelope` of a CUDA C++ kernel: 0 where it cannot run here (``why``) or no shape takes its packed
-    layout (nothing measured)."""
-    if why is not None:
-        log(f"{label} cannot run here: {why}")
-        return 0
-    if not runs:
-        log(f"{label}: no shape packs to its layout (N % 16, K % 64)")
-        return 0
-    return _envelope(label, runs, g, rep_ms, log, rivals)
-
-
-def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, rivals: Optional[dict] = None,
+def _envelope(path: str, runs: dict, off: dict, g: torch.Generator, rep_ms: float, log,
               dev: Optional[torch.device] = None) -> int:
-    """The largest M of 1, 2, 4, ..., 64 at which ``runs[(N, K)] = (weight, make)`` beats the dense path
-    (dequantize + cuBLAS) on every shape, and ``rivals[(N, K)]`` too where given (a ``make`` like ``runs``'s, or
-    None); ``make(M)`` is the timed call ``x -> y``, made once per M. ``dev``: the activations' device (CUDA)."""
-    from .kernels import matmul as mm
-    from .kernels.matmul_details._cublas import dense_gemm
-
+    """The largest M of 1, 2, 4, ..., 64 up to which ``runs[(N, K)] = (weight, make)`` beat, at every M and on
+    every shape, the path the plan takes for that weight with the fields ``off`` merged into this GPU's entry
+    (:func:`_plan_without`: ``path``'s envelope closed, the others as the table in force); ``make(M)`` is the timed
+    call ``x -> y``, made once per M. ``dev``: the activations' device (CUDA). Raises :class:`TuneError` where the plan
+    with ``off`` still takes ``path`` (:func:`_check_closed`)."""
     dev = dev or torch.device("cuda")
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else ""
     max_m = 0
     for M in (1, 2, 4, 8, 16, 32, 64):
         wins = True
@@ -675,19 +680,10 @@ def _envelope(label: str, runs: dict, g: torch.Generator, rep_ms: float, log, ri
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
             run = make(M)
             t_run = _time(lambda: run(x), rep_ms)
-
-            def dense():
-                return dense_gemm(x, mm._dequantize(w, torch.bfloat16), torch.bfloat16)
-            t_dense = _time(dense, rep_ms)
-            rival = (rivals or {}).get((N, K))
-            if rival is not None:
-                other = rival(M)
-                t_other = _time(lambda: other(x), rep_ms)
-                log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us, rival {t_other:.1f} us")
-                t_dense = min(t_dense, t_other)
-            else:
-                log(f"M={M} N={N} K={K}: {label} {t_run:.1f} us, dense {t_dense:.1f} us")
-            wins &= t_run < t_dense
+            other, t_other = _plan_without(x, w, name, off, rep_ms)
+            _check_closed(other, path)
+            log(f"M={M} N={N} K={K}: {path} {t_run:.1f} us, {other} {t_other:.1f} us")
+            wins &= t_run < t_other
         if not wins:
             break
         max_m = M

@@ -484,17 +484,21 @@ def _pack_mma(w: MXTensor) -> tuple:
     return None, None, None
 
 
-def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
-    """The a8w8-mma envelope for weight ``b`` (MXTensor or PackedWeight) at M rows: the table's ``max_m``
-    (measured against w8a16-wgmma, the path past it on Hopper's large layers), or its ``max_m_no_wgmma``
-    (against bf16-exact) where the wgmma kernel does not take the call (not Hopper, a layer outside its
-    envelope, an unpacked weight) or the weight is smaller than ``wgmma_min_nk`` (N * K; default 0: the layers
-    the ``max_m`` was measured on)."""
+def a8w8_envelope_field(b, M: int, dev: torch.device) -> str:
+    """Which ``a8w8_mma`` field bounds weight ``b`` (MXTensor or PackedWeight) at M rows: ``"max_m"`` (measured
+    against w8a16-wgmma, the path past it on Hopper's large layers) where the wgmma kernel takes the call and the
+    weight is at least ``wgmma_min_nk`` (N * K; default 0), else ``"max_m_no_wgmma"`` (against bf16-exact: not
+    Hopper, a layer outside the wgmma envelope, an unpacked weight, a smaller weight). ``mxkit tune gemm`` sorts
+    its timings by the same rule."""
     w = b.source if isinstance(b, PackedWeight) else b
     min_nk = int((_envelope(dev, "a8w8_mma") or {}).get("wgmma_min_nk", 0))
-    if w.shape.numel() >= min_nk and _wgmma_ok(b, w, M, dev):
-        return _mma_max_m(dev, "a8w8_mma")
-    return _mma_max_m(dev, "a8w8_mma", "max_m_no_wgmma")
+    return "max_m" if w.shape.numel() >= min_nk and _wgmma_ok(b, w, M, dev) else "max_m_no_wgmma"
+
+
+def _a8w8_max_m(b, M: int, dev: torch.device) -> int:
+    """The a8w8-mma envelope for weight ``b`` (MXTensor or PackedWeight) at M rows: the table's field
+    :func:`a8w8_envelope_field` names."""
+    return _mma_max_m(dev, "a8w8_mma", a8w8_envelope_field(b, M, dev))
 
 
 def _a8w8_quant_max_m(dev: torch.device) -> int:

@@ -401,3 +401,41 @@ def test_gpu_gated_mlp_act_format_set_after_fusing(rng):
         g.gate_up.act_format = mxkit.get_format("mxfp8")
         assert g._launch() is None
         assert torch.equal(g.act(x).view(torch.int16), g._act_gemm(x).view(torch.int16))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gated_mlp_first_one_row_call_inside_a_capture(rng, monkeypatch):
+    """The first one-row call of a module whose scale statistics were read (a prefill before), made inside a CUDA
+    graph capture with no one-launch call before it on this device: the zero expert ids the one launch reads are
+    not made there (their fill would run only at the graph's replays: an eager call before any replay read unset
+    ids and left the output unwritten); the capture takes the GEMM path, and the eager call after it the one
+    launch (within 1.2 x bf16's rounding error of the float64 product; the replay: the GEMM path's bytes)."""
+    from mxkit.kernels.matmul_details import _mma_decode
+
+    monkeypatch.setattr(_mma_decode, "_ZERO_IDS", {})
+    g = _mx_mlp(512, 1024, rng)
+    p = g.gate_up._live_packed()
+    assert p.scale_min is not None  # (the statistics read, as a prefill does)
+    x = torch.randn(1, 512, generator=rng).to("cuda", torch.bfloat16)
+    calls = _count_launches(monkeypatch)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        captured = g.act(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert calls == [] and _mma_decode._ZERO_IDS == {}  # (the GEMM path inside the capture, no ids made there)
+    poison_allocator()
+    x1 = torch.randn(1, 512, generator=rng).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        eager = g.act(x1)
+    assert calls == [1]
+
+    want = _want(g, x1)
+    err = (eager.double() - want).norm(dim=1)
+    assert torch.all(err <= 1.2 * (want.to(torch.bfloat16).double() - want).norm(dim=1) + 1e-6 * want.norm(dim=1))
+    x.copy_(x1)
+    captured.fill_(float("nan"))
+    graph.replay()
+    with torch.no_grad():
+        assert torch.equal(captured.view(torch.int16), g._act_gemm(x1).view(torch.int16))

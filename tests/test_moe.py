@@ -2029,3 +2029,28 @@ def test_activation_replaced_after_the_experts_are_laid_out(device, act_format, 
             assert torch.equal(m(x), fresh(x))
     with pytest.raises(ValueError, match="unknown activation='gelu'"):
         m.activation = "gelu"
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_mxmoe_packed_takes_no_tokens(rng):
+    """An MXMoE on packed MXFP4 experts (the decode-mma layout: pack_, as the first CUDA forward does) given no
+    tokens returns an empty result of x's shape, as the checkpoint layout does (the decode kernels were launched on
+    a grid of 0 blocks, which the driver refused: CUDA_ERROR_INVALID_VALUE); kernels.moe.moe_packed alike."""
+    from mxkit.kernels.moe import moe_packed
+
+    E, k, I2 = 8, 2, 64  # (the mma layout takes K % 64 == 0: H = 64)
+    w_gu, w_d = torch.randn(E, 2 * I2, H, generator=rng), torch.randn(E, H, I2, generator=rng)
+    b_gu, b_d = torch.randn(E, 2 * I2, generator=rng), torch.randn(E, H, generator=rng)
+    m = MXMoE.from_dense(_router(E, rng), w_gu, b_gu, w_d, b_d, k, "mxfp4").to("cuda", torch.bfloat16)
+    ref = copy.deepcopy(m)
+    ref.keep_source = True
+    assert m.pack_() and m.expert_layout == "mma"
+    for shape in ((0, H), (3, 0, H)):
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        y = m(x)
+        assert y.shape == x.shape and y.dtype == torch.bfloat16 and torch.equal(y, ref(x))
+    x0 = torch.empty(0, H, device="cuda", dtype=torch.bfloat16)
+    ids = torch.empty(0, k, device="cuda", dtype=torch.int32)
+    y = moe_packed(x0, m._packed_experts(x0), None, None, torch.empty(0, k, device="cuda"), ids)
+    assert y is not None and y.shape == (0, H) and y.dtype == torch.bfloat16

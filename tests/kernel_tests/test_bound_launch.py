@@ -39,7 +39,7 @@ def test_bound_launch_derives_the_parameters_and_checks_them_with_the_driver(mon
     monkeypatch.setattr(cuda_driver, "param_sizes", lambda handle: list(sizes) if handle == 1234 else None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     b = launch.triton_bound_launch(k, (x, q, 5, 1, 2**40, None, 0.5), (3,))
-    assert b is not None
+    assert b is not None and b.owner is k  # (kept: the compiled kernel owns the module of the raw handle)
     assert (b.grid, b.block, b.shared, b.kernel.fn.value) == ((3, 1, 1), 128, 96, 1234)
     assert [v.value for v in b.vals[:2]] == [x.data_ptr(), q.data_ptr()]
     assert [type(v) for v in b.vals[2:5]] == [ctypes.c_int32, ctypes.c_int64, ctypes.c_float]
@@ -376,3 +376,26 @@ def test_gpu_args_launch_wgmma_same_bytes_and_maps_as_triton(rng):
         tmap = make_tensordesc_arg(desc, meta)[0]
         assert type(tmap).__basicsize__ >= 256  # (PyObject_HEAD, then the 128-byte aligned CUtensorMap)
         assert ctypes.string_at(id(tmap) + 128, 128) == bytes(slot.map)
+
+
+def test_a_grid_with_a_zero_launches_nothing(monkeypatch):
+    """A launch whose grid has a 0 in it (the MoE decode kernels' grid at no tokens: one block per sorted block of
+    8 rows) returns without calling the driver, which refuses it (CUDA_ERROR_INVALID_VALUE); Triton's launcher and
+    ArgsLaunch skip it alike. Every other grid still launches."""
+    k = cuda_driver.Kernel.from_handle(1234, "k", torch.device("cuda", 0))
+    monkeypatch.setattr(cuda_driver, "_fast_module", None)
+    launched = []
+    monkeypatch.setattr(cuda_driver.BoundLaunch, "_launch_ctypes", lambda self, *shape: launched.append(shape))
+    x = torch.zeros(4)
+    for grid in ((0, 360), (5, 0), (1, 1, 0)):
+        k(grid, 128, (x, ctypes.c_int(3)))
+    assert launched == []
+    b = k.bind((x, ctypes.c_int(3)))
+    b.grid = (0, 1, 1)
+    b.run(x)
+    b.launch(4, 0, 1, 128)
+    assert launched == []
+    k((2, 3), 128, (x, ctypes.c_int(3)))
+    b.grid = (2, 1, 1)
+    b.run(x)
+    assert launched == [(2, 3, 1, 128), (2, 1, 1, 32)]

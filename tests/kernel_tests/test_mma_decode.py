@@ -468,3 +468,32 @@ def test_gpu_bf16_bias_read_as_it_is(case, rng, packaged_default):
             y32 = run(b16.float())
             assert torch.equal(y.view(torch.uint8), y32.view(torch.uint8)), (case, M, out)
         assert_within_bound(y, mxkit.quantize(x, "mxfp8_e4m3") if case == "a8w8 in-kernel" else a, w, b16)
+
+
+def test_counters_and_zero_ids_made_inside_a_capture_are_the_graphs_own(monkeypatch):
+    """pair_counters / zero_ids inside a CUDA graph capture that finds none made: a zero fill there is a node of the
+    graph, run only at its replays. The counters are then the graph's own (returned, kept alive, never handed to
+    an eager launch or a later capture, which read unset bytes through the kept set before); zero_ids is None (the
+    caller takes the GEMM path). Outside a capture both are made once and kept. CPU tensors stand in for CUDA."""
+    from mxkit.kernels.matmul_details import _mma_decode as md
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(md, "_raw_stream", lambda idx: 7)
+    monkeypatch.setattr(md, "_COUNTERS", {})
+    monkeypatch.setattr(md, "_ZERO_IDS", {})
+    monkeypatch.setattr(md, "_CAPTURED_COUNTERS", [])
+    dev = torch.device("cpu", 0)
+    capturing[0] = True
+    inside = md.pair_counters(dev, 10)
+    assert inside.numel() >= 10 and md._CAPTURED_COUNTERS == [inside] and md._COUNTERS[(0, 7, "pairs")] == []
+    assert md.zero_ids(dev) is None and md._ZERO_IDS == {}
+    capturing[0] = False
+    eager = md.pair_counters(dev, 10)
+    assert eager is not inside and md.pair_counters(dev, 10) is eager and md._COUNTERS[(0, 7, "pairs")] == [eager]
+    ids = md.zero_ids(dev)
+    assert torch.equal(ids, torch.zeros(md.SMALL_PAIRS, dtype=torch.int32)) and md.zero_ids(dev) is ids
+    capturing[0] = True  # (a set large enough made before the capture: the capture reads it, as warmed-up ones do)
+    assert md.pair_counters(dev, 10) is eager and md.zero_ids(dev) is ids
+    bigger = md.pair_counters(dev, 10_000)
+    assert bigger.numel() >= 10_000 and md._COUNTERS[(0, 7, "pairs")] == [eager] and md._CAPTURED_COUNTERS[-1] is bigger

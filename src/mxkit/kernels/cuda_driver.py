@@ -131,7 +131,10 @@ class Kernel:
     def __call__(self, grid: Sequence[int], block: int, args: Sequence) -> None:
         """One launch with ``args``: the parameter block of the first call is kept and its values replaced (the
         same kinds of argument in the same order each call: a tensor or None where a pointer goes), so a call
-        builds no ctypes objects (binding 17 arguments afresh took ~50 µs of host time)."""
+        builds no ctypes objects (binding 17 arguments afresh took ~50 µs of host time). A grid with a 0 in it
+        launches nothing (the driver refuses it; Triton's launcher skips it alike)."""
+        if 0 in tuple(grid):
+            return
         b = self.__dict__.get("_bound")
         if b is None or len(b.vals) != len(args):
             b = self.bind(args)
@@ -191,6 +194,8 @@ class BoundLaunch:
         (:mod:`mxkit.kernels.fast_launch`), else ``ctypes``."""
         if len(tensors) > self.n_ptr:
             raise ValueError(f"{self.kernel.name}: {len(tensors)} tensors for {self.n_ptr} leading pointer parameters")
+        if 0 in tuple(self.grid):  # (an empty grid launches nothing, as Kernel.__call__)
+            return
         fast = _fast() if self._fast_ok else None
         if fast is not None:
             gx, gy, gz = self.grid
@@ -235,7 +240,9 @@ class BoundLaunch:
 
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as
-        it stands (:meth:`set_ptr`)."""
+        it stands (:meth:`set_ptr`); nothing where a grid dimension is 0."""
+        if not (gx and gy and gz):
+            return
         fast = _fast() if self._fast_ok else None
         if fast is None:
             self._launch_ctypes(gx, gy, gz, block)

@@ -293,6 +293,7 @@ def _bind(k, vals: list, sizes: list, grid: tuple):
     launch.shared = int(k.metadata.shared)
     launch.grid = tuple((tuple(grid) + (1, 1))[:3])
     launch.block = 32 * int(k.metadata.num_warps)
+    launch.owner = k  # (the CompiledKernel owns the module of the raw handle: newer Triton unloads it when collected)
     return launch
 
 

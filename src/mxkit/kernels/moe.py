@@ -182,6 +182,8 @@ def moe_packed(
     path = packed_path(packed, topk_ids.numel(), activation, x)
     if path is None:
         return None
+    if topk_ids.numel() == 0:  # (no tokens: the decode path's grid of 0 blocks was an invalid launch)
+        return x.new_empty((x.shape[0], H), dtype=out_dtype or x.dtype)
     return _run_packed(path, x, packed, b_gate_up, b_down, topk_weights, topk_ids, activation,
                        out_dtype or x.dtype, expert_range, num_experts or E)
 

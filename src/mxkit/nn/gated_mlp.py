@@ -112,7 +112,10 @@ class MXGatedMLP(nn.Module):
             lo, hi, nan = p.scale_min, p.scale_max, p.has_nan
             note_planned(p, torch.bfloat16)  # (a CUDA forward's: MXLinear.repack's warning)
             if _envelope_ok(lin.weight_format, lo, hi):
-                got = (p.mma_q, p.mma_s, lo == 0 or nan, _mma_decode.zero_ids(p.device))
+                ids = _mma_decode.zero_ids(p.device)
+                if ids is None:  # (inside a capture, none made yet: the GEMM path, nothing kept)
+                    return None
+                got = (p.mma_q, p.mma_s, lo == 0 or nan, ids)
         self._one_launch = (p, got)
         if p is not None:
             self._own_key()  # (p packs gate_up's buffers: the key of the op a compiled forward takes with got)

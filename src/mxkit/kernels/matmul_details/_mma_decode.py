@@ -398,12 +398,15 @@ def _drop_split(index: int, pairs: dict) -> None:
 _ZERO_IDS: dict = {}  # device index -> int32 zeros (SMALL_PAIRS): the ids of swiglu_mma's one expert
 
 
-def zero_ids(device: torch.device) -> torch.Tensor:
+def zero_ids(device: torch.device) -> Optional[torch.Tensor]:
     """int32 zeros of :data:`SMALL_PAIRS` on CUDA ``device``, made once (read only by the kernels: one per device
-    serves every stream). Make them outside a CUDA graph capture (a capture would record the fill, not run it)."""
+    serves every stream). None during a CUDA graph capture that finds none made yet (the capture would record the
+    fill, not run it: eager launches would read unset memory); the caller takes another path and keeps nothing."""
     idx = _index(device)
     ids = _ZERO_IDS.get(idx)
     if ids is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
         ids = _ZERO_IDS[idx] = torch.zeros(SMALL_PAIRS, dtype=torch.int32, device=device)
     return ids
 
@@ -428,12 +431,22 @@ def pair_counters(device: torch.device, n: int, owner: str = "pairs") -> torch.T
     :func:`pairs_mma`; "router": :func:`mxkit.kernels.moe_details._route.router_gpt_oss`) on the current stream
     of ``device``: zero between launches (each launch's last blocks reset theirs), one set per owner and stream
     (two streams running at once would otherwise share them). A larger request replaces the set but keeps the old
-    one alive: a CUDA graph captured with it still points there."""
+    one alive: a CUDA graph captured with it still points there. During a CUDA graph capture that finds no set
+    large enough, a set of the graph's own (its zero fill a node of the graph, run at every replay; kept alive, never
+    handed to another launch): a set made and kept there would be zeroed only inside that graph, and an eager launch
+    or another graph captured after it would read its unset bytes."""
     idx = _index(device)
     kept = _COUNTERS.setdefault((idx, _raw_stream(idx), owner), [])
     if not kept or kept[0].numel() < n:
-        kept.insert(0, torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+        fresh = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED_COUNTERS.append(fresh)
+            return fresh
+        kept.insert(0, fresh)
     return kept[0]
+
+
+_CAPTURED_COUNTERS: list = []  # pair_counters' sets made inside a capture: their graphs read them at every replay
 
 
 def pairs_mma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, special: bool, N: int, K: int,

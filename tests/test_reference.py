@@ -746,3 +746,79 @@ def test_gemm_bits_do_not_depend_on_the_weight_layout(fmt, rng):
     x = torch.randn(8, 256, generator=rng)
     for backend in ("reference", "auto", "triton"):
         assert torch.equal(mxkit.matmul(x, w, backend=backend), mxkit.matmul(x, wt, backend=backend)), backend
+
+
+# --------------------------------------------------------------------------------------------------------
+# cases a mutation review found no test would fail on (each test fails under its mutant)
+
+
+def test_float64_nan_is_the_canonical_quiet_nan():
+    """A NaN-scale block dequantized to float64 holds torch's / NumPy's canonical NaN, 0x7FF8000000000000 (the
+    expected bits written out here: the test read them from the code under test)."""
+    q = mxkit.quantize(torch.full((1, 32), float("nan")), "mxfp4", backend="reference")
+    got = mxkit.dequantize(q, torch.float64).view(torch.int64)
+    assert torch.equal(got, torch.full_like(got, 0x7FF8000000000000))
+    assert np.float64(np.nan).view(np.int64) == 0x7FF8000000000000
+
+
+def test_exp2_f32_is_exact_down_to_the_smallest_denormal():
+    """formats._exp2_f32 gives 2^e exactly for every e of float32's range, denormals included: the reference calls
+    it with -127..127 only, but matmul's FP8-rowwise row-scale split calls it down to -149."""
+    from mxkit.formats import _exp2_f32
+
+    e = torch.arange(-149, 128)
+    assert torch.equal(_exp2_f32(e), torch.ldexp(torch.ones(e.numel()), e.to(torch.float32)))
+
+
+def test_fp8_rowwise_row_of_a_denormal_scale_is_exact():
+    """An FP8-rowwise activation row whose float32 scale is the smallest denormal (2^-149) times a weight: row 0 is
+    the reference product of the dequantized operands to the bit (a 2^-149 read as 2^-148 doubled it)."""
+    w = mxkit.quantize(torch.randn(64, 128), "mxfp4")
+    x = torch.zeros(2, 128)
+    x[0, :4] = torch.tensor([2.0**-149, 0, -(2.0**-149), 0])
+    x[1] = torch.randn(128)
+    a = mxkit.quantize_fp8_rowwise(x)
+    assert a.scale.view(torch.int32)[0].item() == 1  # (2^-149)
+    y = mxkit.matmul(a, mxkit.pack_weight(w), out_dtype=torch.float32)
+    want = mxkit.reference.matmul_reference(a.dequantize(), w)
+    assert torch.equal(y[0].view(torch.int32), want[0].view(torch.int32))
+
+
+def test_mxint8_constants():
+    """MXINT8 (OCP MX v1.0 §5.4): codes -127..127 (symmetric saturation at 127/64), step 2^-6."""
+    from mxkit.formats import MXINT8
+
+    assert MXINT8.max_code == 127
+    assert MXINT8.min_subnormal == 2.0**-6 == MXINT8.min_normal
+
+
+def test_int64_codes_past_32_bits_are_out_of_range():
+    """An int64 code past 2^32 is out of the format's range (NaN, the documented convention), not its low bits."""
+    assert torch.isnan(decode_elements(torch.tensor([2**32 + 3], dtype=torch.int64), "mxfp4")).all()
+
+
+def test_reference_refuses_a_bool_axis_a_device_mismatch_and_a_3d_weight():
+    """quantize_reference takes an int axis (True is not axis 1); matmul_reference names a device mismatch (no CUDA
+    needed: the meta device) and a weight that is not 2-D, as ValueErrors, before any arithmetic."""
+    from mxkit.reference import matmul_reference, quantize_reference
+
+    with pytest.raises(TypeError, match="axis"):
+        quantize_reference(torch.randn(4, 64), "mxfp4", axis=True)
+    w = quantize_reference(torch.randn(64, 128), "mxfp4")
+    with pytest.raises(ValueError, match="is on meta but b on cpu"):
+        matmul_reference(torch.randn(2, 128, device="meta"), w)
+    with pytest.raises(ValueError, match="2-D"):
+        matmul_reference(torch.randn(3, 64), quantize_reference(torch.randn(2, 4, 64), "mxfp4"))
+
+
+def test_a_custom_format_with_a_registered_name_pickles_as_itself():
+    """A format made from a registered one with another spec keeps its fields through pickle (pickled by name, it
+    came back as the registered format)."""
+    import dataclasses
+    import pickle
+
+    from mxkit.formats import MXFP4_E2M1
+
+    f = dataclasses.replace(MXFP4_E2M1, spec="custom")
+    g = pickle.loads(pickle.dumps(f))
+    assert g == f and g is not MXFP4_E2M1

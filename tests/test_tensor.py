@@ -429,3 +429,24 @@ def test_expected_shapes_refuses_a_block_size_it_cannot_divide_by():
     for bad in (0, -32, True, 32.0):  # (0: ZeroDivisionError)
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             MXTensor.expected_shapes((4, 64), 1, "mxfp4", bad)
+
+
+def test_expected_shapes_refuses_an_axis_below_the_range():
+    """A negative axis past the first dim is out of range (it wrapped around to the last)."""
+    with pytest.raises(ValueError, match="out of range"):
+        MXTensor.expected_shapes((4, 64), -3, "mxfp4", 32)
+    assert MXTensor.expected_shapes((4, 64), -1, "mxfp4", 32) == ((4, 32), (4, 2))
+
+
+def test_an_empty_mxtensor_has_zero_bits_per_element():
+    q = MXTensor(torch.zeros(0, 32, dtype=torch.uint8), torch.zeros(0, 2, dtype=torch.uint8), "mxfp4", 1, 32, (0, 64))
+    assert q.bits_per_element == 0.0
+
+
+def test_packed_weight_nbytes_counts_every_copy_at_its_element_size():
+    """PackedWeight.nbytes: the source's bytes plus each packed copy's, float32 fold scales at 4 bytes each."""
+    w = mxkit.quantize(torch.randn(64, 128), "mxfp4", backend="reference")
+    p = mxkit.pack_weight(w)
+    ts = [w.qdata, w.scale, p.folded.data, p.folded.scale] + [t for t in (p.mma_q, p.mma_s) if t is not None]
+    assert p.folded.scale.dtype == torch.float32
+    assert p.nbytes == sum(t.numel() * t.element_size() for t in ts)

@@ -249,9 +249,8 @@ def test_interleaved_rows(monkeypatch, tmp_path):
                                                                                 pytest.approx(1.5))
 
 
-def test_interleaved_decoder_failure_is_that_formats_rows(monkeypatch, capsys):
-    """A format whose decoder cannot be made at a batch (its cache out of memory) gets error rows there; the other
-    formats and batches run."""
+def _decoder_out_of_memory_at_batch_2(monkeypatch) -> None:
+    """bd.Decoder raising out of memory at batch 2 for a quantized model (its cache does not fit)."""
     real = bd.Decoder
 
     def decoder(model, batch, *a, **kw):
@@ -260,6 +259,12 @@ def test_interleaved_decoder_failure_is_that_formats_rows(monkeypatch, capsys):
         return real(model, batch, *a, **kw)
 
     monkeypatch.setattr(bd, "Decoder", decoder)
+
+
+def test_interleaved_decoder_failure_is_that_formats_rows(monkeypatch, capsys):
+    """A format whose decoder cannot be made at a batch (its cache out of memory) gets error rows there; the other
+    formats and batches run."""
+    _decoder_out_of_memory_at_batch_2(monkeypatch)
     rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
                    "--batches", "1,2", "--repeats", "1", "--formats", "bf16,mxfp4", "--plain"])
     captured = capsys.readouterr()
@@ -271,14 +276,7 @@ def test_sequential_decoder_failure_is_that_batchs_rows(monkeypatch, capsys, tmp
     """--order sequential (also the fallback where the models do not fit together): a batch whose decoder cannot be
     made (its cache out of memory) gets error rows; the later batches and formats run (the exception ended the whole
     run, with a traceback, before)."""
-    real = bd.Decoder
-
-    def decoder(model, batch, *a, **kw):
-        if batch == 2 and isinstance(model.model.layers[0].mlp.up_proj, mxkit.nn.MXLinear):
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-        return real(model, batch, *a, **kw)
-
-    monkeypatch.setattr(bd, "Decoder", decoder)
+    _decoder_out_of_memory_at_batch_2(monkeypatch)
     rc = cli.main(["bench", "decode", "--model", "tiny-llama", "--device", "cpu", "--modes", "eager", "--tokens", "1",
                    "--batches", "1,2", "--repeats", "1", "--formats", "bf16,mxfp4,mxfp8", "--order", "sequential",
                    "--plain", "--out", str(tmp_path)])

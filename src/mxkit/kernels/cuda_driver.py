@@ -133,7 +133,7 @@ class Kernel:
         same kinds of argument in the same order each call: a tensor or None where a pointer goes), so a call
         builds no ctypes objects (binding 17 arguments afresh took ~50 µs of host time). A grid with a 0 in it
         launches nothing (the driver refuses it; Triton's launcher skips it alike)."""
-        if 0 in tuple(grid):
+        if 0 in grid:
             return
         b = self.__dict__.get("_bound")
         if b is None or len(b.vals) != len(args):
@@ -194,7 +194,7 @@ class BoundLaunch:
         (:mod:`mxkit.kernels.fast_launch`), else ``ctypes``."""
         if len(tensors) > self.n_ptr:
             raise ValueError(f"{self.kernel.name}: {len(tensors)} tensors for {self.n_ptr} leading pointer parameters")
-        if 0 in tuple(self.grid):  # (an empty grid launches nothing, as Kernel.__call__)
+        if 0 in self.grid:  # (an empty grid launches nothing, as Kernel.__call__)
             return
         fast = _fast() if self._fast_ok else None
         if fast is not None:

@@ -22,7 +22,7 @@ from mxkit.nn import MXLinear
 from mxkit.tensor import MXTensor
 
 
-def cases(dev: str) -> list[tuple[str, object]]:
+def cases(dev: str, small: bool = False) -> list[tuple[str, object]]:
     from mxkit.kernels import fast_call
 
     print("C++ fast call:", fast_call.module(wait=True))
@@ -50,6 +50,8 @@ def cases(dev: str) -> list[tuple[str, object]]:
     call = kc.prepared_call(x1, packed, x1.dtype, None)
     out1 = torch.empty(1, 1024, device=dev, dtype=torch.bfloat16)
     from mxkit.kernels.cuda_driver import _raw_stream
+
+    mk = MXTensor._trusted_maker(a, 1, 32, x.shape, q8.scale_mode, q8.rounding, "plain")
 
     got = [
         ("x * 2", lambda: x * 2),
@@ -79,6 +81,12 @@ def cases(dev: str) -> list[tuple[str, object]]:
         ("mxkit.quantize mxfp8", lambda: mxkit.quantize(x, "mxfp8_e4m3")),
         ("mxkit.quantize mxfp4", lambda: mxkit.quantize(x, "mxfp4_e2m1")),
         ("_run_quantize(ct plan, x)", lambda: kq._run_quantize(cplan, x)),
+        ("ct plan.fast[key](x)", lambda: cplan.fast[bkey](x)) if cplan.fast.get(bkey) else ("(no ct fast call)",
+                                                                                           lambda: None),
+        ("ct hot.run(x)", lambda: kq._HOT[(ckey, 0)].run(x)),
+        ("ct quantize_hot(...)", lambda: kq.quantize_hot(x, "mxfp8_e4m3", (1, 0), 32, mxkit.ScaleMode.FLOOR,
+                                                         mxkit.Rounding.RNE, "plain")),
+        ("2 MXTensor makers", lambda: (mk(qo, so), mk(qo, so))),
         ("mxkit.cast_transpose mxfp8", lambda: mxkit.cast_transpose(x, "mxfp8_e4m3")),
         ("mxkit.dequantize mxfp4", lambda: mxkit.dequantize(q4, torch.bfloat16)),
         ("prepared_call lookup", lambda: kc.prepared_call(x1, packed, x1.dtype, None)),
@@ -90,7 +98,7 @@ def cases(dev: str) -> list[tuple[str, object]]:
     if hasattr(call, "_into"):
         got.append(("decode call._into (preallocated)", lambda: call._into(x1, 1024, None, out1)))
     del ct
-    return got + wgmma_cases(dev)
+    return got if small else got + wgmma_cases(dev)
 
 
 def wgmma_cases(dev: str) -> list[tuple[str, object]]:
@@ -154,8 +162,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--small", action="store_true", help="the eager decode-size calls only (no prefill-size cases)")
     args = p.parse_args()
-    todo = cases("cuda")
+    todo = cases("cuda", args.small)
     per = args.calls // args.rounds
     med = {n: [] for n, _ in todo}
     for r in range(args.rounds):

@@ -136,6 +136,115 @@ def test_plan_allocates_without_the_dispatcher_as_at_empty_would(built):
         mod.fast_alloc(True, False)
 
 
+def test_plan_groups_outputs_into_one_allocation(built):
+    """An output given a lead lives in that output's allocation, after it and the lead's earlier followers, each at a
+    multiple of 256 bytes (one allocation for the group; a cast-transpose's four outputs take two); each is a tensor
+    of its own (shape, dtype, contiguous, writable without touching the others, its own version counter), and the
+    launch gets each one's own address. Made one by one while fast_alloc is off (at::empty's path); a lead that is
+    later, a follower itself or zero-filled is refused."""
+    rec = Recorder(4)
+    mod = _module(built, rec, {-1: 0})
+    vals, params = _block([0, 0, 0, 0])
+    addr = ctypes.addressof(params)
+    outs = (((5, 7), torch.float32, False), ((3,), torch.uint8, False, 0), ((2, 3), torch.int32, False),
+            ((9,), torch.uint8, False, 0))
+    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2, -3, -4), outs, 0, False, params, "k")
+    plan()  # (the first call may learn the allocator)
+    n0 = mod.fast_alloc_count()
+    a, b, c, d = got = plan()
+    assert mod.fast_alloc_count() - n0 == 4  # (outputs made without the dispatcher, grouped or not)
+    for t, (shape, dtype, *_) in zip(got, outs):
+        assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    base = a.data_ptr()
+    assert a.untyped_storage().data_ptr() == base and a.storage_offset() == 0
+    assert (b.data_ptr() - base, d.data_ptr() - base) == (256, 512)  # (140 bytes, then 3, then 9)
+    assert b.untyped_storage().data_ptr() == d.untyped_storage().data_ptr() == base
+    assert a.untyped_storage().nbytes() == 512 + 9
+    assert c.untyped_storage().nbytes() == 24 and c.untyped_storage().data_ptr() != base
+    assert rec.calls[-1][1] == [a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr()]
+    a.fill_(2.0), b.fill_(7), c.fill_(-1), d.fill_(9)
+    assert torch.equal(a, torch.full((5, 7), 2.0)) and torch.equal(b, torch.full((3,), 7, dtype=torch.uint8))
+    assert torch.equal(d, torch.full((9,), 9, dtype=torch.uint8)) and torch.equal(c, torch.full((2, 3), -1,
+                                                                                               dtype=torch.int32))
+    assert (a._version, b._version, d._version) == (1, 1, 1)
+    del a, c, d
+    assert torch.equal(b + 0, torch.full((3,), 7, dtype=torch.uint8))  # (the storage lives while any output does)
+    prev = mod.fast_alloc(False)
+    try:
+        got = plan()
+    finally:
+        mod.fast_alloc(prev)
+    assert [t.untyped_storage().nbytes() for t in got] == [140, 3, 24, 9]
+    assert all(t.storage_offset() == 0 for t in got)
+    for lead, what in ((1, "later"), (0, "a follower"), (-2, "out of range")):
+        bad = (((4,), torch.uint8, False), ((4,), torch.uint8, False, 0), ((4,), torch.uint8, False, lead))
+        if what == "later":
+            bad = (((4,), torch.uint8, False, 1), ((4,), torch.uint8, False))
+        if what == "a follower":
+            bad = bad[:2] + (((4,), torch.uint8, False, 1),)
+        with pytest.raises(ValueError, match="lead"):
+            mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1,), bad, 0, False, params, what)
+    for zeros in ((True, False), (False, True)):
+        bad = (((4,), torch.uint8, zeros[0]), ((4,), torch.uint8, zeros[1], 0))
+        with pytest.raises(ValueError, match="zero-filled"):
+            mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1,), bad, 0, False, params, "zero")
+
+
+def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):
+    """``plan.wrapping(wraps)`` is the same launch returning objects made of its outputs: MXTensors with the fields of
+    ``MXTensor._trusted_maker`` (the hot quantize / cast-transpose runners' construction), the named outputs set;
+    one object alone, several as a tuple; the field dict copied at each call (objects do not share it); the
+    original Plan unchanged. A class object.__new__ cannot make, an output out of range, or a malformed wrap is
+    refused."""
+    import dataclasses
+
+    from mxkit.formats import Rounding, ScaleMode, get_format
+    from mxkit.tensor import MXTensor
+
+    rec = Recorder(4)
+    mod = _module(built, rec, {-1: 0})
+    vals, params = _block([0, 0, 0, 0])
+    addr = ctypes.addressof(params)
+    outs = (((64, 32), torch.uint8, False), ((64, 1), torch.uint8, False, 0), ((32, 64), torch.uint8, False),
+            ((32, 2), torch.uint8, False, 2))
+    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2, -3, -4), outs, 1, False, params, "ct")
+    f = get_format("mxfp8_e4m3")
+    shape = torch.Size((64, 32))
+    make_r = MXTensor._trusted_maker(f, 1, 32, shape, ScaleMode.FLOOR, Rounding.RNE, "plain")
+    make_c = MXTensor._trusted_maker(f, 0, 32, shape, ScaleMode.FLOOR, Rounding.RNE, "plain")
+    pair = plan.wrapping((make_r.wrap(0, 1), make_c.wrap(2, 3)))
+    x = torch.randn(64, 32)
+    rows, cols = got = pair(x)
+    assert rec.calls[-1][1] == [rows.qdata.data_ptr(), rows.scale.data_ptr(), cols.qdata.data_ptr(),
+                                cols.scale.data_ptr()]
+    for t, want in zip(got, (make_r(rows.qdata, rows.scale), make_c(cols.qdata, cols.scale))):
+        assert type(t) is MXTensor and t.__dict__ is not want.__dict__
+        for fld in dataclasses.fields(MXTensor):
+            assert getattr(t, fld.name) is getattr(want, fld.name), fld.name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            t.axis = 3
+    assert rows.__dict__ is not cols.__dict__ and rows.shape == cols.shape == shape and (rows.axis, cols.axis) == (1, 0)
+    rows.qdata.fill_(0x38), rows.scale.fill_(127)  # 1.0 in E4M3, scale 2^0
+    assert torch.equal(_dequantize_ref(rows), torch.ones(64, 32))
+    one = plan.wrapping((make_c.wrap(2, 3),))(x)
+    assert type(one) is MXTensor and one.axis == 0 and one.qdata.shape == (32, 64)
+    assert isinstance(plan(x), tuple) and len(plan(x)) == 4  # (the Plan wrapped is unchanged)
+    assert "ct" in repr(pair)
+    with pytest.raises(TypeError, match="object.__new__"):
+        plan.wrapping(((int, {}, ()),))
+    with pytest.raises(ValueError, match="outputs"):
+        plan.wrapping((make_r.wrap(0, 4),))
+    for bad in ((), (make_r.wrap(0, 1)[:2],), [make_r.wrap(0, 1)], ((MXTensor, [], ()),)):
+        with pytest.raises(TypeError, match="wrapping"):
+            plan.wrapping(bad)
+
+
+def _dequantize_ref(q):
+    from mxkit.reference import dequantize_reference
+
+    return dequantize_reference(q, torch.float32)
+
+
 def test_plan_rejects_bad_arguments(built):
     rec = Recorder(1)
     mod = _module(built, rec, {-1: 0})
@@ -483,7 +592,8 @@ def test_gpu_fast_calls_are_captured_by_cuda_graphs(rng):
 def test_gpu_outputs_come_from_the_caching_allocator_without_the_dispatcher(rng):
     """On CUDA the fast call's outputs after the first are made by empty_generic (counted) with PyTorch's CUDA
     caching allocator: torch.cuda.memory_allocated grows by their bytes while they live and falls back when they are
-    freed; cast_transpose's four outputs and a decode GEMM's give the bytes of the at::empty path (fast_alloc off);
+    freed; cast_transpose's four outputs (two allocations: each copy's elements, then its scale) and a decode
+    GEMM's give the bytes of the at::empty path (fast_alloc off: four allocations);
     a CUDA graph captures them (the graph test above replays such calls)."""
     import mxkit
 
@@ -509,6 +619,13 @@ def test_gpu_outputs_come_from_the_caching_allocator_without_the_dispatcher(rng)
         made = [rows.qdata, rows.scale, cols.qdata, cols.scale, y]
         assert m1 - m0 >= sum(t.numel() * t.element_size() for t in made)
         assert all(t.is_cuda and t.device == x.device for t in made)
+        storage = [t.untyped_storage().data_ptr() for t in made[:4]]
+        if flag:  # each copy's elements and scale in one allocation, the scale 256-byte aligned after them
+            assert storage[0] == storage[1] != storage[2] == storage[3], storage
+            assert rows.scale.data_ptr() - rows.qdata.data_ptr() == 256 * -(-rows.qdata.numel() // 256)
+            assert cols.scale.data_ptr() - cols.qdata.data_ptr() == 256 * -(-cols.qdata.numel() // 256)
+        else:
+            assert len(set(storage)) == 4
         got[flag] = [t.clone() for t in made]
         m2 = torch.cuda.memory_allocated()
         del rows, cols, y, made

@@ -97,13 +97,39 @@ struct OutMaker {
     if (fast_alloc_on && slot >= 0 && learned_alloc[slot] == nullptr) learned_alloc[slot] = t.storage().allocator();
     return t;
   }
+
+  /* One allocation of `bytes` for a group of outputs (see OutSpec), or none (false) where they are made one by one:
+   * while the allocator is not learned, fast_alloc(False), or the deterministic fill. */
+  c10::Storage group(int64_t bytes) {
+    if (alloc == nullptr) return c10::Storage();
+    return c10::Storage(c10::Storage::use_byte_size_t(), bytes, alloc, /*resizable=*/true);
+  }
+
+  /* An output in a group's allocation, `byte_offset` bytes in: a tensor of its own (its own version counter, no view
+   * relation) over the shared storage, made as empty_generic makes one. */
+  at::Tensor over(const c10::Storage &st, at::IntArrayRef sizes, at::ScalarType dtype, int64_t byte_offset) {
+    ++fast_allocs;
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(st), keys, c10::scalarTypeToTypeMeta(dtype));
+    c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+    impl->set_sizes_contiguous(sizes);
+    if (byte_offset) impl->set_storage_offset(byte_offset / (int64_t)c10::elementSize(dtype));
+    return t;
+  }
 };
 
+constexpr int64_t kGroupAlign = 256;  // each output of a group starts at a multiple of it (the allocator's own)
+
+/* One output of a Plan. Outputs may be grouped: a follower (lead >= 0) lives in its lead's allocation, `offset`
+ * bytes in (past the lead and the followers before it, each at a multiple of kGroupAlign), so one allocation
+ * serves them all (a cast-transpose's element bytes and scales: two allocations for four outputs). */
 struct OutSpec {
   int64_t sizes[kMaxDims];
   int ndim;
   at::ScalarType dtype;
   bool zero;
+  int lead;             // -1: its own allocation (with its followers'); else the output whose allocation holds it
+  int64_t offset;       // a follower's byte offset in its lead's allocation
+  int64_t group_bytes;  // a lead with followers: the bytes of the whole allocation; else 0
 };
 
 struct Spec {  // a Plan's plain fields, parsed and checked whole before a Plan takes them
@@ -127,7 +153,10 @@ struct Plan {
   PyObject *device_obj;
   PyObject *keep;  // what owns the parameter block (a BoundLaunch)
   PyObject *name;
+  PyObject *wraps;  // null, or wrapping()'s objects: the call returns them, made of the outputs
 };
+
+PyObject *empty_args = nullptr;  // () for object.__new__
 
 int as_uint(PyObject *o, unsigned *out, const char *what) {
   unsigned long v = PyLong_AsUnsignedLong(o);
@@ -143,7 +172,8 @@ int as_uint(PyObject *o, unsigned *out, const char *what) {
 /* Plan(function, (gx, gy, gz), block, shared, device, params, nparams, slots, outs, n_args, single, keep, name
  *      [, at[, maps]])
  * slots: a tuple of ints, one per pointer slot (>= 0: that input; < 0: output -1 - slot);
- * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool);
+ * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool[, lead]); lead: an earlier output (not zero-filled,
+ *   not itself a follower) whose allocation this one shares, placed after it (OutSpec);
  * at: the parameter index each slot writes (default: slot i writes parameter i, the leading pointer parameters);
  * maps: a tuple of (parameter index, input index, 128 bytes): a host TMA descriptor parameter, re-addressed to that
  * input's data pointer each call from these bytes. */
@@ -247,15 +277,19 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     std::memcpy(plan.map_bytes[m], bytes, kMapBytes);
   }
   plan.n_maps = (int)nm;
+  int64_t out_bytes[kMaxOuts];
   for (Py_ssize_t j = 0; j < no; j++) {
     PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
-    int zero;
-    if (!PyArg_ParseTuple(spec, "O!O!p", &PyTuple_Type, &sizes, &THPDtypeType, &dtype, &zero)) return -1;
+    int zero, lead = -1;
+    if (!PyArg_ParseTuple(spec, "O!O!p|i", &PyTuple_Type, &sizes, &THPDtypeType, &dtype, &zero, &lead)) return -1;
     Py_ssize_t nd = PyTuple_GET_SIZE(sizes);
     if (nd > kMaxDims) {
       PyErr_Format(PyExc_ValueError, "output %zd has %zd dims (at most %d)", j, nd, kMaxDims);
       return -1;
     }
+    OutSpec &o = plan.outs[j];
+    o.dtype = ((THPDtype *)dtype)->scalar_type;
+    int64_t bytes = (int64_t)c10::elementSize(o.dtype);
     for (Py_ssize_t d = 0; d < nd; d++) {
       long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, d));
       if (v == -1 && PyErr_Occurred()) return -1;
@@ -263,11 +297,32 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "output %zd: negative size", j);
         return -1;
       }
-      plan.outs[j].sizes[d] = v;
+      if (__builtin_mul_overflow(bytes, (int64_t)v, &bytes)) {
+        PyErr_Format(PyExc_OverflowError, "output %zd: too many bytes", j);
+        return -1;
+      }
+      o.sizes[d] = v;
     }
-    plan.outs[j].ndim = (int)nd;
-    plan.outs[j].dtype = ((THPDtype *)dtype)->scalar_type;
-    plan.outs[j].zero = zero != 0;
+    out_bytes[j] = bytes;
+    o.ndim = (int)nd;
+    o.zero = zero != 0;
+    o.lead = -1;
+    if (lead != -1) {  // a follower: after its lead and the lead's followers so far, at the next aligned byte
+      if (lead < 0 || lead >= j || plan.outs[lead].lead != -1 || o.zero || plan.outs[lead].zero) {
+        PyErr_Format(PyExc_ValueError, "output %zd: its allocation's lead %d must be an earlier output that is not "
+                     "a follower, neither zero-filled", j, lead);
+        return -1;
+      }
+      OutSpec &l = plan.outs[lead];
+      int64_t end = l.group_bytes ? l.group_bytes : out_bytes[lead];
+      int64_t at_ = (end + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
+      if (__builtin_add_overflow(at_, bytes, &l.group_bytes)) {
+        PyErr_Format(PyExc_OverflowError, "output %zd: too many bytes", j);
+        return -1;
+      }
+      o.lead = lead;
+      o.offset = at_;
+    }
   }
   plan.n_slots = (int)ns;
   plan.n_outs = (int)no;
@@ -296,6 +351,7 @@ void plan_dealloc(PyObject *self_) {
   Py_XDECREF(self->device_obj);
   Py_XDECREF(self->keep);
   Py_XDECREF(self->name);
+  Py_XDECREF(self->wraps);
   Py_TYPE(self_)->tp_free(self_);
 }
 
@@ -306,6 +362,43 @@ struct Owned {  // a new reference to a (possibly null) object for a scope
   Owned(const Owned &) = delete;
   Owned &operator=(const Owned &) = delete;
 };
+
+/* The objects of wraps (see plan_wrapping) made of a call's outputs: each object.__new__(cls) with a copy of its
+ * field dict, the outputs named in it set, as its __dict__ (a frozen dataclass made without __init__, as
+ * MXTensor._trusted_maker makes one); a tuple, or the one object where wraps holds one. */
+PyObject *wrap_outputs(PyObject *wraps, at::Tensor *outs, int n_outs) {
+  PyObject *tensors[kMaxOuts] = {};
+  PyObject *res = nullptr;
+  Py_ssize_t n = PyTuple_GET_SIZE(wraps);
+  for (int j = 0; j < n_outs; j++)
+    if ((tensors[j] = THPVariable_Wrap(std::move(outs[j]))) == nullptr) goto done;
+  res = n == 1 ? nullptr : PyTuple_New(n);
+  if (n != 1 && res == nullptr) goto done;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *w = PyTuple_GET_ITEM(wraps, i), *names = PyTuple_GET_ITEM(w, 2);
+    PyObject *d = PyDict_Copy(PyTuple_GET_ITEM(w, 1)), *obj = nullptr;
+    bool ok = d != nullptr;
+    for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(names); k++) {
+      PyObject *pair = PyTuple_GET_ITEM(names, k);
+      ok = PyDict_SetItem(d, PyTuple_GET_ITEM(pair, 0), tensors[PyLong_AsLong(PyTuple_GET_ITEM(pair, 1))]) == 0;
+    }
+    if (ok) obj = PyBaseObject_Type.tp_new((PyTypeObject *)PyTuple_GET_ITEM(w, 0), empty_args, nullptr);
+    if (obj != nullptr && PyObject_GenericSetDict(obj, d, nullptr) < 0) Py_CLEAR(obj);
+    Py_XDECREF(d);
+    if (obj == nullptr) {
+      Py_CLEAR(res);
+      goto done;
+    }
+    if (n == 1) {
+      res = obj;
+    } else {
+      PyTuple_SET_ITEM(res, i, obj);
+    }
+  }
+done:
+  for (int j = 0; j < n_outs; j++) Py_XDECREF(tensors[j]);
+  return res;
+}
 
 int launch_once(Plan *self, void *stream, void **local) {
   int rc;
@@ -347,9 +440,16 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
   at::Tensor outs[kMaxOuts];
   if (self->s.n_outs > 0) {
     OutMaker maker(self->s.device);
+    c10::Storage groups[kMaxOuts];
     for (int j = 0; j < self->s.n_outs; j++) {
       const OutSpec &o = self->s.outs[j];
-      outs[j] = maker.make(at::IntArrayRef(o.sizes, o.ndim), o.dtype, o.zero);
+      at::IntArrayRef sizes(o.sizes, o.ndim);
+      if (o.lead >= 0 && groups[o.lead])
+        outs[j] = maker.over(groups[o.lead], sizes, o.dtype, o.offset);
+      else if (o.group_bytes > 0 && (groups[j] = maker.group(o.group_bytes)))
+        outs[j] = maker.over(groups[j], sizes, o.dtype, 0);
+      else
+        outs[j] = maker.make(sizes, o.dtype, o.zero);
     }
   }
   /* every Python call before the launch: the stream getter may run Python code. The callables are owned for the
@@ -400,6 +500,7 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     PyErr_Format(PyExc_RuntimeError, "launching %U: CUresult %d", self->name, rc);
     return nullptr;
   }
+  if (self->wraps != nullptr) return wrap_outputs(self->wraps, outs, self->s.n_outs);
   if (self->s.single) return THPVariable_Wrap(std::move(outs[0]));
   PyObject *tup = PyTuple_New(self->s.n_outs);
   if (tup == nullptr) return nullptr;
@@ -423,6 +524,66 @@ PyObject *plan_repr(PyObject *self_) {
 }
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+/* plan.wrapping(wraps) -> a Plan of the same launch whose call returns objects made of its outputs in place of
+ * them: wraps is a tuple of (cls, fields, ((name, output index), ...)), cls a class whose instances object.__new__
+ * makes and that have a __dict__, fields a dict (copied at each call; the named outputs set in the copy). */
+PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
+  Plan *self = (Plan *)self_;
+  if (self->s.fn == nullptr || self->name == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: a Plan that was not initialised");
+    return nullptr;
+  }
+  if (!PyTuple_Check(wraps) || PyTuple_GET_SIZE(wraps) == 0) {
+    PyErr_SetString(PyExc_TypeError, "wrapping(wraps): a non-empty tuple of (cls, fields, ((name, output), ...))");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(wraps); i++) {
+    PyObject *w = PyTuple_GET_ITEM(wraps, i);
+    if (!PyTuple_Check(w) || PyTuple_GET_SIZE(w) != 3 || !PyType_Check(PyTuple_GET_ITEM(w, 0)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(w, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(w, 2))) {
+      PyErr_Format(PyExc_TypeError, "wrapping: object %zd is not (cls, fields dict, names tuple)", i);
+      return nullptr;
+    }
+    PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(w, 0);
+    if (cls->tp_new != PyBaseObject_Type.tp_new ||
+        !(cls->tp_dictoffset != 0 || PyType_HasFeature(cls, Py_TPFLAGS_MANAGED_DICT))) {
+      PyErr_Format(PyExc_TypeError, "wrapping: %s is not made by object.__new__ with a __dict__", cls->tp_name);
+      return nullptr;
+    }
+    PyObject *names = PyTuple_GET_ITEM(w, 2);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+      PyObject *pair = PyTuple_GET_ITEM(names, k);
+      long j = -1;
+      if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)) &&
+          PyLong_Check(PyTuple_GET_ITEM(pair, 1)))
+        j = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+      if (j == -1 && PyErr_Occurred()) return nullptr;
+      if (j < 0 || j >= self->s.n_outs) {
+        PyErr_Format(PyExc_ValueError, "wrapping: object %zd field %zd is not (name, one of the %d outputs)", i, k,
+                     self->s.n_outs);
+        return nullptr;
+      }
+    }
+  }
+  Plan *w = (Plan *)PlanType.tp_alloc(&PlanType, 0);
+  if (w == nullptr) return nullptr;
+  w->s = self->s;
+  Py_INCREF(self->device_obj);
+  w->device_obj = self->device_obj;
+  Py_INCREF(self->keep);
+  w->keep = self->keep;
+  Py_INCREF(self->name);
+  w->name = self->name;
+  Py_INCREF(wraps);
+  w->wraps = wraps;
+  return (PyObject *)w;
+}
+
+PyMethodDef plan_methods[] = {
+    {"wrapping", plan_wrapping, METH_O,
+     "wrapping(wraps) -> a Plan of this launch returning objects (cls, fields, ((name, output), ...)) of its outputs"},
+    {nullptr, nullptr, 0, nullptr}};
 
 /* init(cuLaunchKernel address, stream getter, context binder, error check) */
 PyObject *fc_init(PyObject *, PyObject *const *args, Py_ssize_t n) {
@@ -532,7 +693,9 @@ PyMODINIT_FUNC PyInit__mxkit_fast_call(void) {
   PlanType.tp_dealloc = plan_dealloc;
   PlanType.tp_call = plan_call;
   PlanType.tp_repr = plan_repr;
+  PlanType.tp_methods = plan_methods;
   if (PyType_Ready(&PlanType) < 0) return nullptr;
+  if (empty_args == nullptr && (empty_args = PyTuple_New(0)) == nullptr) return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&PlanType);

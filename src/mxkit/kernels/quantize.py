@@ -261,6 +261,19 @@ def _quantize_plan(shape: tuple, dtype: torch.dtype, fmt, axis, scale_mode, roun
     return _QuantizePlan(outs, slots, in_view, grid, ints, consts, cfg.num_warps, scale_t, unaligned, launcher)
 
 
+def _fast_outs(outs: tuple) -> list:
+    """The C++ fast call's output specs of a plan's ``outs``: a cast-transpose's (qr, sr, qc, sc) as two allocations,
+    each copy's scale after its elements (a copy is kept or dropped whole: the rowwise one after the forward GEMM, the
+    columnwise one after the backward's), where neither is zero-filled; a one-axis quantize's own allocations (its
+    MXTensor is a weight's more often, saved or sharded by itself)."""
+    specs = [(shape, torch.uint8, zero) for shape, zero in outs]
+    if len(specs) == 4:
+        for lead in (0, 2):
+            if not (outs[lead][1] or outs[lead + 1][1]):
+                specs[lead + 1] += (lead,)
+    return specs
+
+
 def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
     """Allocate the plan's outputs and launch; returns the uint8 outputs in the plan's order. After the first
     launch of a specialisation (device, x's alignment) the later ones go through its bound direct launch
@@ -279,8 +292,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor) -> tuple:
         if plan.scale_t is None:
             bound.run(x, *[outs[i] for i, _ in plan.slots])
             if fast_call_loaded():
-                fast = bound.with_outputs((0, *[-1 - i for i, _ in plan.slots]),
-                                          [(shape, torch.uint8, zero) for shape, zero in plan.outs], 1)
+                fast = bound.with_outputs((0, *[-1 - i for i, _ in plan.slots]), _fast_outs(plan.outs), 1)
                 if fast is not None:
                     plan.fast[key] = fast
         else:  # the kernel writes the column scale transposed into a scratch buffer, then the byte transpose
@@ -604,34 +616,42 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     fast_of = plan.fast.get
     makers = [MXTensor._trusted_maker(a.fmt, a.axis, block_size, shape, a.scale_mode, a.rounding, scale_layout)
               for a in margs]
-    # (the launch written out in both runners: this is the whole eager call of a problem seen before; x has the
-    # keyed shape and is on the keyed device, so the MXTensors' fields but the tensors are fixed; the two flag
-    # reads cost half the copy calls they skip)
+    # (the whole eager call of a problem seen before: x has the keyed shape and is on the keyed device, so the
+    # MXTensors' fields but the tensors are fixed; the two flag reads cost half the copy calls they skip. The fast
+    # call makes the MXTensors too (Plan.wrapping: ~0.5 us of Python construction less a tensor), its wrapping Plan
+    # kept per specialisation.)
     if len(margs) == 1:
         (make,) = makers
+        wraps = (make.wrap(0, 1),)
 
-        def run(x):
-            if not x.is_contiguous() or x.is_neg():
-                x = x.contiguous().resolve_neg()
-            p = x.data_ptr()
-            fast = fast_of((device, p % 16 == 0, not align or p % align == 0))
-            q, s = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
-            return make(q, s)
+        def slow(x):
+            return make(*_run_quantize(plan, x))
+    else:  # a cast-transpose: the outputs (qr, sr, qc, sc), returned in the order of the axes asked for
+        make0, make1 = makers
+        first = 0 if margs[0].axis == len(shape) - 1 else 2
+        wraps = (make0.wrap(first, first + 1), make1.wrap(2 - first, 3 - first))
 
-        return run
-    # a cast-transpose: the outputs (qr, sr, qc, sc), returned in the order of the axes asked for
-    make0, make1 = makers
-    first = 0 if margs[0].axis == len(shape) - 1 else 2
+        def slow(x):
+            outs = _run_quantize(plan, x)
+            return make0(outs[first], outs[first + 1]), make1(outs[2 - first], outs[3 - first])
+    wrapped = {}
+    wrapped_of = wrapped.get
 
-    def run_pair(x):
+    def run(x):
         if not x.is_contiguous() or x.is_neg():
             x = x.contiguous().resolve_neg()
         p = x.data_ptr()
-        fast = fast_of((device, p % 16 == 0, not align or p % align == 0))
-        outs = fast(x) if fast is not None and _launch._enabled else _run_quantize(plan, x)
-        return make0(outs[first], outs[first + 1]), make1(outs[2 - first], outs[3 - first])
+        key = (device, p % 16 == 0, not align or p % align == 0)
+        call = wrapped_of(key)
+        if call is not None and _launch._enabled:
+            return call(x)
+        fast = fast_of(key)
+        if fast is not None and _launch._enabled:
+            call = wrapped[key] = fast.wrapping(wraps)
+            return call(x)
+        return slow(x)
 
-    return run_pair
+    return run
 
 
 def quantize_hot(x: torch.Tensor, fmt, axis, block_size: int, scale_mode, rounding, scale_layout: str):

@@ -245,6 +245,19 @@ def _dequantize_ref(q):
     return dequantize_reference(q, torch.float32)
 
 
+@pytest.mark.parametrize("grid", [(0, 1, 1), (3, 0, 1), (1, 1, 0)])
+def test_plan_of_an_empty_grid_returns_its_outputs_and_launches_nothing(built, grid):
+    """A grid with a 0 (an empty problem's) is not launched (cuLaunchKernel refuses it): the call still makes and
+    returns the outputs, as BoundLaunch.launch does nothing for such a grid."""
+    rec = Recorder(1)
+    mod = _module(built, rec, {-1: 0})
+    vals, params = _block([0])
+    plan = mod.Plan(1, grid, 32, 0, -1, ctypes.addressof(params), 1, (-1,), (((0, 4), torch.uint8, False),), 0, True,
+                    params, "empty")
+    y = plan()
+    assert y.shape == (0, 4) and y.dtype == torch.uint8 and not rec.calls
+
+
 def test_plan_rejects_bad_arguments(built):
     rec = Recorder(1)
     mod = _module(built, rec, {-1: 0})

@@ -484,21 +484,23 @@ PyObject *plan_call(PyObject *self_, PyObject *args, PyObject *kwds) {
     }
     local[self->s.map_param[m]] = maps[m];
   }
-  int rc = launch_once(self, stream, local);
-  if (rc == kInvalidContext && binder.p != nullptr) {  // a thread with no current context: bind it, launch again
-    PyObject *r = PyObject_CallOneArg(binder.p, self->device_obj);
-    if (r == nullptr) return nullptr;
-    Py_DECREF(r);
-    rc = launch_once(self, stream, local);
-  }
-  if (rc) {
-    if (check.p != nullptr) {
-      PyObject *r = PyObject_CallFunction(check.p, "iO", rc, self->name);
+  if (self->s.gx && self->s.gy && self->s.gz) {  // (an empty grid: the outputs, nothing launched)
+    int rc = launch_once(self, stream, local);
+    if (rc == kInvalidContext && binder.p != nullptr) {  // a thread with no current context: bind it, launch again
+      PyObject *r = PyObject_CallOneArg(binder.p, self->device_obj);
       if (r == nullptr) return nullptr;
       Py_DECREF(r);
+      rc = launch_once(self, stream, local);
     }
-    PyErr_Format(PyExc_RuntimeError, "launching %U: CUresult %d", self->name, rc);
-    return nullptr;
+    if (rc) {
+      if (check.p != nullptr) {
+        PyObject *r = PyObject_CallFunction(check.p, "iO", rc, self->name);
+        if (r == nullptr) return nullptr;
+        Py_DECREF(r);
+      }
+      PyErr_Format(PyExc_RuntimeError, "launching %U: CUresult %d", self->name, rc);
+      return nullptr;
+    }
   }
   if (self->wraps != nullptr) return wrap_outputs(self->wraps, outs, self->s.n_outs);
   if (self->s.single) return THPVariable_Wrap(std::move(outs[0]));

@@ -548,8 +548,12 @@ PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
       return nullptr;
     }
     PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(w, 0);
-    if (cls->tp_new != PyBaseObject_Type.tp_new ||
-        !(cls->tp_dictoffset != 0 || PyType_HasFeature(cls, Py_TPFLAGS_MANAGED_DICT))) {
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    const bool has_dict = cls->tp_dictoffset != 0 || PyType_HasFeature(cls, Py_TPFLAGS_MANAGED_DICT);
+#else
+    const bool has_dict = cls->tp_dictoffset != 0;
+#endif
+    if (cls->tp_new != PyBaseObject_Type.tp_new || !has_dict) {
       PyErr_Format(PyExc_TypeError, "wrapping: %s is not made by object.__new__ with a __dict__", cls->tp_name);
       return nullptr;
     }

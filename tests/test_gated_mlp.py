@@ -108,8 +108,31 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     scaled = _Scaled(64, 32)
     scaled.scale = 0.5
     mxkit.quantize_model(scaled, "mxfp4", progress=False, compute_qsnr=False)
+
+    # the same four names, another computation (the check reads the bytecode, not only the names)
+    class _Literal(_MLP):  # a multiplier written in the code
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x) * 0.5)
+
+    class _Swapped(_MLP):  # the activation on up, not gate
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+    class _Added(_MLP):
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) + self.up_proj(x))
+
+    class _TwoInputs(_MLP):
+        def forward(self, x, y=None):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x if y is None else y))
+
+    others = {}
+    for cls in (_Literal, _Swapped, _Added, _TwoInputs):
+        others[cls.__name__] = m = cls(64, 32)
+        mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
     root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed, hooked=hooked, scaled=scaled,
-                              act_hooked=act_hooked, member_patched=member_patched, back_hooked=back_hooked))
+                              act_hooked=act_hooked, member_patched=member_patched, back_hooked=back_hooked,
+                              **others))
     x = torch.randn(3, 64)
     mlps = {n: m for n, m in root.named_modules() if isinstance(m, _MLP)}
     want = {n: m(x) for n, m in mlps.items()}
@@ -125,6 +148,30 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     for down in (None, "x"):  # (built, then failed at the first forward: "'NoneType' object is not callable")
         with pytest.raises(TypeError, match="down projection must be an nn.Module"):
             MXGatedMLP(mixed.gate_proj, mixed.gate_proj, down)
+
+
+def test_fuse_gated_mlp_takes_hf_forms_of_the_forward(rng):
+    """HF's own forward (a local name, then return it) and the factors in the other order are the same computation:
+    fused, with the unfused bytes."""
+    _seed(rng)
+
+    class _Local(_MLP):  # LlamaMLP's forward as written in transformers
+        def forward(self, x):
+            down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+            return down_proj
+
+    class _UpFirst(_MLP):
+        def forward(self, x):
+            return self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))
+
+    model = nn.Sequential(_Local(64, 32), _UpFirst(64, 32))
+    mxkit.quantize_model(model, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 64, generator=rng)
+    with torch.no_grad():
+        want = model(x)
+        assert fuse_gated_mlp(model) == ["0", "1"]
+        assert all(isinstance(m, MXGatedMLP) for m in model)
+        assert torch.equal(model(x), want)
 
 
 def test_fuse_gated_mlp_replaces_a_shared_module_once(rng):

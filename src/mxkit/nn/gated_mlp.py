@@ -20,6 +20,8 @@ leave the SiLU product to Inductor. The state_dict holds ``gate_up`` (the interl
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Optional
 
 import torch
@@ -189,6 +191,38 @@ def _is_silu(act) -> bool:
                                         and "forward" not in act.__dict__)
 
 
+def _plain_gated_forward(code, gate_n: str, up_n: str, down_n: str) -> bool:
+    """Whether a forward's bytecode is ``down(act_fn(gate(x)) * up(x))`` up to the order of the two factors and
+    local names (HF's gated MLPs): one argument besides self, no attribute or global but the four, each read once,
+    ``gate`` read right after ``act_fn`` (its argument), one multiplication and no other operator, no constant but
+    None (a scale written in the code: ``* 0.5``)."""
+    import dis
+
+    if code.co_argcount != 2 or code.co_kwonlyargcount or code.co_flags & (inspect.CO_VARARGS
+                                                                           | inspect.CO_VARKEYWORDS):
+        return False
+    attrs, muls = [], 0
+    for ins in dis.get_instructions(code):
+        op = ins.opname
+        if op in ("LOAD_ATTR", "LOAD_METHOD"):
+            attrs.append(ins.argval)
+        elif op in ("BINARY_MULTIPLY", "BINARY_OP"):
+            if op == "BINARY_OP" and ins.argrepr != "*":
+                return False
+            muls += 1
+        elif op.startswith(("BINARY_", "INPLACE_", "UNARY_", "COMPARE_", "CONTAINS_", "IS_OP", "LOAD_GLOBAL",
+                            "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_NAME", "IMPORT_", "CALL_INTRINSIC", "JUMP",
+                            "POP_JUMP", "FOR_ITER", "BUILD_", "CALL_FUNCTION_EX", "DICT_", "LIST_", "SET_",
+                            "STORE_ATTR", "STORE_GLOBAL", "DELETE_")):
+            return False
+        elif op in ("LOAD_CONST", "RETURN_CONST", "LOAD_SMALL_INT") and ins.argval is not None:
+            return False
+    if muls != 1 or sorted(attrs) != sorted((gate_n, up_n, down_n, "act_fn")):
+        return False
+    i = attrs.index("act_fn")
+    return i + 1 < len(attrs) and attrs[i + 1] == gate_n
+
+
 def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str]:
     """Replace, in place, every gated MLP below ``model`` (its descendants: ``model`` itself has no parent to
     take the new module) by an :class:`MXGatedMLP`; returns the qualified names of the modules replaced (one name
@@ -198,7 +232,9 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
     ``SiLUActivation``, and a forward of its class that reads no attribute but those four (HF's LlamaMLP,
     MistralMLP, Qwen2MLP, Qwen3MLP: ``down(act_fn(gate(x)) * up(x))``; MLPs with multipliers or clamps of their
     own are left alone, and so are a forward patched on the instance and modules or members with hooks). The
-    check reads names, not the computation: a forward that combines the same four otherwise would be replaced.
+    check reads the forward's bytecode: one argument, the four attributes each read once, ``act_fn`` applied to
+    ``gate``'s output, one multiplication and no other operator, no constant but None (``* 0.5``, ``act_fn(up(x))
+    * gate(x)`` or a second argument are left alone).
     Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
     after loading weights (the state_dict then holds ``gate_up``). Raises TypeError for a ``model`` that is not an
     nn.Module or ``names`` that are not three str."""
@@ -219,6 +255,7 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                 code = getattr(type(mod).forward, "__code__", None)
                 if (isinstance(mod, MXGatedMLP) or members[2] is None or "forward" in mod.__dict__
                         or code is None or not set(code.co_names) <= allowed
+                        or not _plain_gated_forward(code, gate_n, up_n, down_n)
                         or not _is_silu(getattr(mod, "act_fn", None))
                         or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)):
                     continue

@@ -595,9 +595,51 @@ def test_kept_output_follows_the_weights():
         g.fused.bias.add_(1.0)
         assert torch.equal(g.output(x, 1), g.fused(x)[..., 32:64])
         g.output(x, 2)
-        g.output(x, 0)
-        g.half()
-        assert g._last is None and g.output(x.half(), 1).dtype == torch.float16
+        g.output(x, 0)  # (every part served: nothing kept)
+        g.output(x, 0)  # (kept for parts 1 and 2)
+        assert g._last is not None
+        g.half()  # (the bias rounded to fp16: the kept output is of the float32 one)
+        assert g._last is None and torch.equal(g.output(x, 1), g(x)[1])
+        assert g.output(x.half(), 1).dtype == torch.float16
+
+
+def test_kept_output_follows_weight_buffers_swapped_in():
+    """Weight buffers of another group put in place with their versions unchanged (a load into ``fused`` itself with
+    ``assign=True``, past the group's load hook): the next part gets the new weights' output, not the kept one."""
+    mk = [lambda: MXLinear.from_linear(nn.Linear(64, n, bias=False), "mxfp4") for n in (32, 16)]
+    ga, gb = FusedMXLinear([m() for m in mk]), FusedMXLinear([m() for m in mk])
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        ga.output(x, 0)
+        ga.fused.load_state_dict(gb.fused.state_dict(), assign=True)
+        assert torch.equal(ga.output(x, 1), gb(x)[1])  # (was the old weights' part 1)
+        ga.output(x, 0)
+        ga.load_state_dict(gb.state_dict(), assign=True)  # (through the group: the kept output dropped at once)
+        assert ga._last is None
+
+
+def test_fused_state_dict_records_its_parts():
+    """A fused state_dict keeps the parts' row counts: loading one of other parts with the same total rows (another
+    q / k / v split) raises before anything is copied; the same parts load; a dict without the metadata loads."""
+    mk = lambda n: MXLinear.from_linear(nn.Linear(64, n), "mxfp4")  # noqa: E731
+    a, b, c = (FusedMXLinear([mk(n) for n in ns]) for ns in ((32, 16, 16), (16, 32, 16), (32, 16, 16)))
+    before = a.fused.weight_qdata.clone()
+    with pytest.raises(ValueError, match=r"parts \(16, 32, 16\).*\(32, 16, 16\)"):
+        a.load_state_dict(b.state_dict())
+    assert torch.equal(a.fused.weight_qdata, before)
+    a.load_state_dict(c.state_dict())
+    assert torch.equal(a.fused.weight_qdata, c.fused.weight_qdata)
+    a.load_state_dict(dict(b.state_dict()))  # (no metadata: the rows alone, not checked)
+    assert torch.equal(a.fused.weight_qdata, b.fused.weight_qdata)
+
+
+def test_fused_bias_keeps_the_members_requires_grad():
+    """Members with frozen biases give a frozen fused bias (it would train otherwise)."""
+    lin = [MXLinear.from_linear(nn.Linear(64, 16), "mxfp4") for _ in range(2)]
+    for m in lin:
+        m.bias.requires_grad_(False)
+    assert not FusedMXLinear(lin).fused.bias.requires_grad
+    assert FusedMXLinear([MXLinear.from_linear(nn.Linear(64, 16), "mxfp4") for _ in range(2)]).fused.bias.requires_grad
 
 
 def test_kept_output_follows_the_bias_requires_grad():

@@ -13,9 +13,9 @@ The first part called with an input runs the fused GEMM and keeps its output unt
 it, for that very tensor object (or view of one base object, with the same data pointer, shape and strides) at that
 version and in the same grad mode and ``x.requires_grad`` (``x._version``: an in-place change of x, or a
 load_state_dict, between two parts' calls recomputes, as does a part called with gradients on after one called
-under ``no_grad`` or before x required grad; an in-place edit of the fused weight buffers by hand is not seen, nor,
-since an inference-mode tensor keeps no version, an in-place change of one between two parts' calls, nor an edit
-through ``x.data`` or a buffer shared with numpy, which bypass the version counter): parts called with different
+under ``no_grad`` or before x required grad, or after the fused weight buffers were edited in place or swapped;
+not seen: an in-place change of an inference-mode x between two parts' calls, since such a tensor keeps no version,
+nor an edit through ``x.data`` or a buffer shared with numpy, which bypass the version counter): parts called with different
 inputs each get a correct result. A part's output is a column slice of the fused output: not contiguous (``view``
 calls that merge its leading dimensions need ``reshape``).
 An input without storage (a BatchedTensor inside ``torch.func.vmap``) has no data pointer to key the reuse by: each
@@ -36,7 +36,8 @@ break between them), an in-place change of x or a ``load_state_dict`` between th
 ``torch.utils.checkpoint`` under ``fullgraph=True`` Dynamo refuses the reuse's write ("HOP: Unsafe side effect"):
 set ``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True``, or leave such groups unfused.
 The state_dict holds the fused layer (``...q_proj_k_proj_v_proj.fused.weight_qdata``), not the members: fuse after
-loading.
+loading. Its metadata records the parts' row counts (``mx_splits``; ``torch.save`` keeps it): loading rows of other
+parts raises.
 """
 
 from __future__ import annotations
@@ -119,21 +120,26 @@ class FusedMXLinear(nn.Module):
         # while Dynamo traces: (x, fused(x), parts served) of the last traced input, until every part has its slice
         self._traced = [None]
         self.register_load_state_dict_post_hook(_forget_output)
+        self.register_state_dict_post_hook(_record_splits)
+        self.register_load_state_dict_pre_hook(_check_splits)
 
     def _apply(self, fn, *args, **kwargs):
         self._last = None  # (.to() / .half(): an output kept of the weights before)
         return super()._apply(fn, *args, **kwargs)
 
     def _weights_key(self) -> tuple:
-        """(packed copy, bias, the buffers' and the bias' versions) of the fused layer: a kept output is of these
-        (a bias edited in place between two parts' calls served the output of the old one)."""
+        """(packed copy, bias, the weight buffers, their and the bias' versions) of the fused layer: a kept output
+        is of these (a bias edited in place between two parts' calls served the output of the old one; buffers
+        swapped in with the same versions, by a load into ``fused`` itself with ``assign=True`` or by
+        ``torch.func.functional_call``, served the old weights' output)."""
         f = self.fused
         b, bias = f._buffers, f._parameters["bias"]
+        q, sc = b["weight_qdata"], b["weight_scale"]
         try:
-            return (f.__dict__["_packed"], bias, b["weight_qdata"]._version, b["weight_scale"]._version,
+            return (f.__dict__["_packed"], bias, q, sc, q._version, sc._version,
                     None if bias is None else bias._version)
         except RuntimeError:  # (inference tensors keep no version)
-            return (f.__dict__["_packed"], bias, None, None, None)
+            return (f.__dict__["_packed"], bias, q, sc, None, None, None)
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()  # (nn.Module's: without a compiled call, which a copy kept and pickle refused)
@@ -220,11 +226,28 @@ class FusedMXLinear(nn.Module):
 
 def _same_key(a: tuple, b: tuple) -> bool:
     """Two weights' keys (:meth:`FusedMXLinear._weights_key`) alike: the same objects, then the same versions."""
-    return a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
+    return all(x is y for x, y in zip(a[:4], b[:4])) and a[4:] == b[4:]
 
 
 def _forget_output(module: FusedMXLinear, incompatible_keys) -> None:
     module._last = None
+
+
+def _record_splits(module: FusedMXLinear, state_dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict post-hook: the parts' row counts, in the state_dict's metadata (``torch.save`` keeps it), for
+    :func:`_check_splits`: the fused rows alone do not say where q ends and k begins."""
+    local_metadata["mx_splits"] = list(module.splits)
+
+
+def _check_splits(module: FusedMXLinear, state_dict, prefix: str, local_metadata: dict, strict, missing_keys,
+                  unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: a fused state_dict saved from parts of other sizes (q / k / v of another head
+    layout with the same total rows) raises ValueError before anything is copied; one without the metadata
+    (safetensors, a plain dict) is not checked."""
+    got = local_metadata.get("mx_splits")
+    if got is not None and tuple(got) != module.splits:
+        raise ValueError(f"{prefix[:-1] or type(module).__name__}: the state_dict's fused rows are of parts "
+                         f"{tuple(got)}; this FusedMXLinear's are {module.splits}")
 
 
 @torch.library.custom_op("mxkit::mx_fused", mutates_args=())

@@ -15,9 +15,9 @@ version and in the same grad mode and ``x.requires_grad`` (``x._version``: an in
 load_state_dict, between two parts' calls recomputes, as does a part called with gradients on after one called
 under ``no_grad`` or before x required grad, or after the fused weight buffers were edited in place or swapped;
 not seen: an in-place change of an inference-mode x between two parts' calls, since such a tensor keeps no version,
-nor an edit through ``x.data`` or a buffer shared with numpy, which bypass the version counter): parts called with different
-inputs each get a correct result. A part's output is a column slice of the fused output: not contiguous (``view``
-calls that merge its leading dimensions need ``reshape``).
+nor an edit through ``x.data`` or a buffer shared with numpy, which bypass the version counter): parts called with
+different inputs each get a correct result. A part's output is a column slice of the fused output: not contiguous
+(``view`` calls that merge its leading dimensions need ``reshape``).
 An input without storage (a BatchedTensor inside ``torch.func.vmap``) has no data pointer to key the reuse by: each
 part called with it runs the fused GEMM and takes its slice.
 Under ``torch.compile`` the reuse is decided while Dynamo traces, not by the cache: the first part traced with an

@@ -139,6 +139,10 @@ def cast_transpose(
     columnwise ``axis=0``, qdata uint8 (K, M·b), scale uint8 (K, M / block_size) (the transposed layout the
     backward / wgrad GEMM reads); b = packed bytes per element: 1/2 for FP4, 3/4 for FP6, 1 for FP8 / INT8.
     scale_mode / rounding / backend: as :func:`quantize`.
+    On CUDA's eager path (a 2-D problem seen before) each copy's qdata and scale share one allocation, the scale
+    256-byte aligned after the elements (two allocations for the four tensors; the copies apart, so the rowwise one
+    can be freed after the forward GEMM): ``torch.save`` or ``pickle`` of one of them alone writes the whole
+    allocation, and a ``resize_`` of qdata may reach the scale; ``clone()`` a tensor to keep it alone.
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a 0-d or empty x,
     M or K not a multiple of block_size, unknown names (as :func:`quantize`).
     """

@@ -194,8 +194,9 @@ def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):
     """``plan.wrapping(wraps)`` is the same launch returning objects made of its outputs: MXTensors with the fields of
     ``MXTensor._trusted_maker`` (the hot quantize / cast-transpose runners' construction), the named outputs set;
     one object alone, several as a tuple; the field dict copied at each call (objects do not share it); the
-    original Plan unchanged. A class object.__new__ cannot make, an output out of range, or a malformed wrap is
-    refused."""
+    original Plan unchanged. With ``group`` each object's outputs share one allocation (the scale 256-byte aligned
+    after the elements), the objects apart. A class object.__new__ cannot make, an output out of range, or a
+    malformed wrap is refused; with ``group``, an output named twice or a zero-filled one."""
     import dataclasses
 
     from mxkit.formats import Rounding, ScaleMode, get_format
@@ -205,8 +206,8 @@ def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):
     mod = _module(built, rec, {-1: 0})
     vals, params = _block([0, 0, 0, 0])
     addr = ctypes.addressof(params)
-    outs = (((64, 32), torch.uint8, False), ((64, 1), torch.uint8, False, 0), ((32, 64), torch.uint8, False),
-            ((32, 2), torch.uint8, False, 2))
+    outs = (((64, 32), torch.uint8, False), ((64, 1), torch.uint8, False), ((32, 64), torch.uint8, False),
+            ((32, 2), torch.uint8, False))
     plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2, -3, -4), outs, 1, False, params, "ct")
     f = get_format("mxfp8_e4m3")
     shape = torch.Size((64, 32))
@@ -226,10 +227,32 @@ def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):
     assert rows.__dict__ is not cols.__dict__ and rows.shape == cols.shape == shape and (rows.axis, cols.axis) == (1, 0)
     rows.qdata.fill_(0x38), rows.scale.fill_(127)  # 1.0 in E4M3, scale 2^0
     assert torch.equal(_dequantize_ref(rows), torch.ones(64, 32))
+    assert rows.qdata.untyped_storage().data_ptr() != rows.scale.untyped_storage().data_ptr()  # (not grouped)
     one = plan.wrapping((make_c.wrap(2, 3),))(x)
     assert type(one) is MXTensor and one.axis == 0 and one.qdata.shape == (32, 64)
-    assert isinstance(plan(x), tuple) and len(plan(x)) == 4  # (the Plan wrapped is unchanged)
+    plain = plan(x)
+    assert isinstance(plain, tuple) and len(plain) == 4  # (the Plan wrapped is unchanged: four allocations)
+    assert len({t.untyped_storage().data_ptr() for t in plain}) == 4
     assert "ct" in repr(pair)
+    # group: each object's outputs in one allocation, the scale 256 bytes past its 2048 element bytes
+    grouped = plan.wrapping((make_r.wrap(0, 1), make_c.wrap(2, 3)), True)
+    for _ in range(2):  # (the first call may learn the allocator)
+        r, c = grouped(x)
+    for t in (r, c):
+        assert t.scale.untyped_storage().data_ptr() == t.qdata.data_ptr()
+        assert t.scale.data_ptr() - t.qdata.data_ptr() == 2048 and t.scale.storage_offset() == 2048
+    assert r.qdata.untyped_storage().data_ptr() != c.qdata.untyped_storage().data_ptr()
+    assert rec.calls[-1][1] == [r.qdata.data_ptr(), r.scale.data_ptr(), c.qdata.data_ptr(), c.scale.data_ptr()]
+    for t, want in ((r, make_r), (c, make_c)):
+        for fld in dataclasses.fields(MXTensor):
+            if fld.name not in ("qdata", "scale"):
+                assert getattr(t, fld.name) is getattr(want(r.qdata, r.scale), fld.name), fld.name
+    with pytest.raises(ValueError, match="named twice"):
+        plan.wrapping((make_r.wrap(0, 1), make_c.wrap(1, 3)), True)
+    zeros = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2), (((4,), torch.uint8, False),
+                     ((4,), torch.uint8, True)), 1, False, params, "z")
+    with pytest.raises(ValueError, match="zero-filled"):
+        zeros.wrapping((make_r.wrap(0, 1),), True)
     with pytest.raises(TypeError, match="object.__new__"):
         plan.wrapping(((int, {}, ()),))
     with pytest.raises(ValueError, match="outputs"):

@@ -127,10 +127,33 @@ struct OutSpec {
   int ndim;
   at::ScalarType dtype;
   bool zero;
+  int64_t nbytes;       // its own bytes
   int lead;             // -1: its own allocation (with its followers'); else the output whose allocation holds it
   int64_t offset;       // a follower's byte offset in its lead's allocation
   int64_t group_bytes;  // a lead with followers: the bytes of the whole allocation; else 0
 };
+
+/* Makes output j of outs a follower of output `lead`: after the lead and the lead's followers so far, at the next
+ * multiple of kGroupAlign. False with a Python error where the lead is not an earlier output that leads (a
+ * follower cannot lead), j already follows one, or either is zero-filled. */
+bool follow(OutSpec *outs, int j, int lead) {
+  if (lead < 0 || lead >= j || outs[lead].lead != -1 || outs[j].lead != -1 || outs[j].group_bytes ||
+      outs[j].zero || outs[lead].zero) {
+    PyErr_Format(PyExc_ValueError, "output %d: its allocation's lead %d must be an earlier output that is not "
+                 "a follower, neither zero-filled", j, lead);
+    return false;
+  }
+  OutSpec &l = outs[lead];
+  int64_t end = l.group_bytes ? l.group_bytes : l.nbytes;
+  int64_t at = (end + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
+  if (__builtin_add_overflow(at, outs[j].nbytes, &l.group_bytes)) {
+    PyErr_Format(PyExc_OverflowError, "output %d: too many bytes", j);
+    return false;
+  }
+  outs[j].lead = lead;
+  outs[j].offset = at;
+  return true;
+}
 
 struct Spec {  // a Plan's plain fields, parsed and checked whole before a Plan takes them
   void *fn;
@@ -157,6 +180,7 @@ struct Plan {
 };
 
 PyObject *empty_args = nullptr;  // () for object.__new__
+PyObject *dict_name = nullptr;   // "__dict__", interned
 
 int as_uint(PyObject *o, unsigned *out, const char *what) {
   unsigned long v = PyLong_AsUnsignedLong(o);
@@ -277,7 +301,6 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     std::memcpy(plan.map_bytes[m], bytes, kMapBytes);
   }
   plan.n_maps = (int)nm;
-  int64_t out_bytes[kMaxOuts];
   for (Py_ssize_t j = 0; j < no; j++) {
     PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
     int zero, lead = -1;
@@ -303,26 +326,11 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
       }
       o.sizes[d] = v;
     }
-    out_bytes[j] = bytes;
+    o.nbytes = bytes;
     o.ndim = (int)nd;
     o.zero = zero != 0;
     o.lead = -1;
-    if (lead != -1) {  // a follower: after its lead and the lead's followers so far, at the next aligned byte
-      if (lead < 0 || lead >= j || plan.outs[lead].lead != -1 || o.zero || plan.outs[lead].zero) {
-        PyErr_Format(PyExc_ValueError, "output %zd: its allocation's lead %d must be an earlier output that is not "
-                     "a follower, neither zero-filled", j, lead);
-        return -1;
-      }
-      OutSpec &l = plan.outs[lead];
-      int64_t end = l.group_bytes ? l.group_bytes : out_bytes[lead];
-      int64_t at_ = (end + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
-      if (__builtin_add_overflow(at_, bytes, &l.group_bytes)) {
-        PyErr_Format(PyExc_OverflowError, "output %zd: too many bytes", j);
-        return -1;
-      }
-      o.lead = lead;
-      o.offset = at_;
-    }
+    if (lead != -1 && !follow(plan.outs, (int)j, lead)) return -1;
   }
   plan.n_slots = (int)ns;
   plan.n_outs = (int)no;
@@ -363,40 +371,48 @@ struct Owned {  // a new reference to a (possibly null) object for a scope
   Owned &operator=(const Owned &) = delete;
 };
 
-/* The objects of wraps (see plan_wrapping) made of a call's outputs: each object.__new__(cls) with a copy of its
- * field dict, the outputs named in it set, as its __dict__ (a frozen dataclass made without __init__, as
- * MXTensor._trusted_maker makes one); a tuple, or the one object where wraps holds one. */
-PyObject *wrap_outputs(PyObject *wraps, at::Tensor *outs, int n_outs) {
-  PyObject *tensors[kMaxOuts] = {};
-  PyObject *res = nullptr;
-  Py_ssize_t n = PyTuple_GET_SIZE(wraps);
-  for (int j = 0; j < n_outs; j++)
-    if ((tensors[j] = THPVariable_Wrap(std::move(outs[j]))) == nullptr) goto done;
-  res = n == 1 ? nullptr : PyTuple_New(n);
-  if (n != 1 && res == nullptr) goto done;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *w = PyTuple_GET_ITEM(wraps, i), *names = PyTuple_GET_ITEM(w, 2);
-    PyObject *d = PyDict_Copy(PyTuple_GET_ITEM(w, 1)), *obj = nullptr;
-    bool ok = d != nullptr;
-    for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(names); k++) {
-      PyObject *pair = PyTuple_GET_ITEM(names, k);
-      ok = PyDict_SetItem(d, PyTuple_GET_ITEM(pair, 0), tensors[PyLong_AsLong(PyTuple_GET_ITEM(pair, 1))]) == 0;
-    }
-    if (ok) obj = PyBaseObject_Type.tp_new((PyTypeObject *)PyTuple_GET_ITEM(w, 0), empty_args, nullptr);
-    if (obj != nullptr && PyObject_GenericSetDict(obj, d, nullptr) < 0) Py_CLEAR(obj);
-    Py_XDECREF(d);
-    if (obj == nullptr) {
-      Py_CLEAR(res);
-      goto done;
-    }
-    if (n == 1) {
-      res = obj;
-    } else {
-      PyTuple_SET_ITEM(res, i, obj);
-    }
+/* The objects of wraps (see plan_wrapping) made of a call's outputs: each object.__new__(cls) given a copy of its
+ * field dict, the outputs named in it set, as its __dict__ (object.__setattr__(obj, "__dict__", d): a frozen
+ * dataclass made without __init__, as MXTensor._trusted_maker makes one); a tuple, or the one object where wraps
+ * holds one. */
+struct OwnedArray {  // new references released at scope exit (THPVariable_Wrap may throw)
+  PyObject *p[kMaxOuts] = {};
+  ~OwnedArray() {
+    for (PyObject *o : p) Py_XDECREF(o);
   }
-done:
-  for (int j = 0; j < n_outs; j++) Py_XDECREF(tensors[j]);
+};
+
+PyObject *make_object(PyObject *w, PyObject *const *tensors) {
+  PyObject *names = PyTuple_GET_ITEM(w, 2);
+  Owned d(nullptr);
+  d.p = PyDict_Copy(PyTuple_GET_ITEM(w, 1));
+  if (d.p == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+    PyObject *pair = PyTuple_GET_ITEM(names, k);
+    if (PyDict_SetItem(d.p, PyTuple_GET_ITEM(pair, 0), tensors[PyLong_AsLong(PyTuple_GET_ITEM(pair, 1))]) < 0)
+      return nullptr;
+  }
+  PyObject *obj = PyBaseObject_Type.tp_new((PyTypeObject *)PyTuple_GET_ITEM(w, 0), empty_args, nullptr);
+  if (obj != nullptr && PyObject_GenericSetAttr(obj, dict_name, d.p) < 0) Py_CLEAR(obj);
+  return obj;
+}
+
+PyObject *wrap_outputs(PyObject *wraps, at::Tensor *outs, int n_outs) {
+  OwnedArray tensors;
+  for (int j = 0; j < n_outs; j++)
+    if ((tensors.p[j] = THPVariable_Wrap(std::move(outs[j]))) == nullptr) return nullptr;
+  Py_ssize_t n = PyTuple_GET_SIZE(wraps);
+  if (n == 1) return make_object(PyTuple_GET_ITEM(wraps, 0), tensors.p);
+  PyObject *res = PyTuple_New(n);
+  if (res == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *obj = make_object(PyTuple_GET_ITEM(wraps, i), tensors.p);
+    if (obj == nullptr) {
+      Py_DECREF(res);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(res, i, obj);
+  }
   return res;
 }
 
@@ -527,11 +543,17 @@ PyObject *plan_repr(PyObject *self_) {
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-/* plan.wrapping(wraps) -> a Plan of the same launch whose call returns objects made of its outputs in place of
- * them: wraps is a tuple of (cls, fields, ((name, output index), ...)), cls a class whose instances object.__new__
- * makes and that have a __dict__, fields a dict (copied at each call; the named outputs set in the copy). */
-PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
+/* plan.wrapping(wraps, group=False) -> a Plan of the same launch whose call returns objects made of its outputs in
+ * place of them: wraps is a tuple of (cls, fields, ((name, output index), ...)), cls a class whose instances
+ * object.__new__ makes and that have a __dict__, fields a dict (copied at each call; the named outputs set in the
+ * copy). group: each object's outputs share one allocation (see OutSpec; the lowest-numbered leads), where no
+ * output is named by two objects or zero-filled. Not for a custom op's body: PyTorch refuses outputs that share
+ * a storage there. */
+PyObject *plan_wrapping(PyObject *self_, PyObject *args) {
   Plan *self = (Plan *)self_;
+  PyObject *wraps;
+  int group = 0;
+  if (!PyArg_ParseTuple(args, "O|p:wrapping", &wraps, &group)) return nullptr;
   if (self->s.fn == nullptr || self->name == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "mxkit fast call: a Plan that was not initialised");
     return nullptr;
@@ -540,6 +562,8 @@ PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
     PyErr_SetString(PyExc_TypeError, "wrapping(wraps): a non-empty tuple of (cls, fields, ((name, output), ...))");
     return nullptr;
   }
+  Spec spec = self->s;
+  bool named[kMaxOuts] = {};
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(wraps); i++) {
     PyObject *w = PyTuple_GET_ITEM(wraps, i);
     if (!PyTuple_Check(w) || PyTuple_GET_SIZE(w) != 3 || !PyType_Check(PyTuple_GET_ITEM(w, 0)) ||
@@ -571,10 +595,26 @@ PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
         return nullptr;
       }
     }
+    if (group) {  // the object's outputs after the lowest-numbered one, in order
+      int idx[kMaxOuts], m = 0;
+      for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+        int j = (int)PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(names, k), 1));
+        if (named[j]) {
+          PyErr_Format(PyExc_ValueError, "wrapping: output %d is named twice: its allocation cannot be grouped", j);
+          return nullptr;
+        }
+        named[j] = true;
+        int at = m++;
+        for (; at > 0 && idx[at - 1] > j; at--) idx[at] = idx[at - 1];
+        idx[at] = j;
+      }
+      for (int k = 1; k < m; k++)
+        if (!follow(spec.outs, idx[k], idx[0])) return nullptr;
+    }
   }
   Plan *w = (Plan *)PlanType.tp_alloc(&PlanType, 0);
   if (w == nullptr) return nullptr;
-  w->s = self->s;
+  w->s = spec;
   Py_INCREF(self->device_obj);
   w->device_obj = self->device_obj;
   Py_INCREF(self->keep);
@@ -587,8 +627,9 @@ PyObject *plan_wrapping(PyObject *self_, PyObject *wraps) {
 }
 
 PyMethodDef plan_methods[] = {
-    {"wrapping", plan_wrapping, METH_O,
-     "wrapping(wraps) -> a Plan of this launch returning objects (cls, fields, ((name, output), ...)) of its outputs"},
+    {"wrapping", plan_wrapping, METH_VARARGS,
+     "wrapping(wraps, group=False) -> a Plan of this launch returning objects (cls, fields, ((name, output), ...)) "
+     "of its outputs; group: each object's outputs in one allocation"},
     {nullptr, nullptr, 0, nullptr}};
 
 /* init(cuLaunchKernel address, stream getter, context binder, error check) */
@@ -702,6 +743,7 @@ PyMODINIT_FUNC PyInit__mxkit_fast_call(void) {
   PlanType.tp_methods = plan_methods;
   if (PyType_Ready(&PlanType) < 0) return nullptr;
   if (empty_args == nullptr && (empty_args = PyTuple_New(0)) == nullptr) return nullptr;
+  if (dict_name == nullptr && (dict_name = PyUnicode_InternFromString("__dict__")) == nullptr) return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&PlanType);

@@ -7,10 +7,11 @@ argument parsing and wrapping) against ~2 for ``at::empty`` from C++, and the is
 quantize, dequantize and decode GEMM hot paths call it where it exists, and otherwise allocate with ``torch.empty``
 and launch through :mod:`~mxkit.kernels.fast_launch`: the same kernel, the same bytes. A Plan may also carry host
 TMA descriptors (the wgmma prefill GEMM's): each call points them at its inputs with ``cuTensorMapReplaceAddress``
-(:func:`maps_supported`), their shapes and strides fixed by the plan. Outputs may share one allocation (a
-cast-transpose's elements and scale of each copy: two allocations for four outputs, ~0.6 µs less a call on the
-H100's host), and ``plan.wrapping(wraps)`` returns a Plan whose call also makes the objects of its outputs (the hot
-quantize / cast-transpose runners' MXTensors, as ``MXTensor._trusted_maker`` makes them). ``mm_t(a, w)`` is ``a @ w.T`` by the backend's
+(:func:`maps_supported`), their shapes and strides fixed by the plan. ``plan.wrapping(wraps, group)`` returns a
+Plan whose call also makes the objects of its outputs (the hot quantize / cast-transpose runners' MXTensors, as
+``MXTensor._trusted_maker`` makes them), with ``group`` each object's outputs in one allocation (a cast-transpose's
+copies: two allocations for four outputs, ~0.6 µs less a call on the H100's host; not for a custom op's body,
+whose outputs PyTorch refuses to see share a storage). ``mm_t(a, w)`` is ``a @ w.T`` by the backend's
 mm kernel called directly (torch.mm's kernel and bytes, no Python argument parsing or autograd), for the prepared
 dense-exact and bf16-exact calls (:func:`mxkit.kernels.matmul_calls.mm_t_fn`).
 

@@ -280,10 +280,10 @@ def matmul(
     row-wise bound against the float64 product of the dequantized operands; on the FP8 tensor-core paths each
     128-deep step's products are added in Hopper's FP8 accumulator, which keeps about 14 bits (measured by the
     DeepSeek-V3 technical report, "Increasing Accumulation Precision"), and the steps in float32, so those
-    paths give bf16 / fp16 only). Values past float32's range overflow to ±inf, as in the reference (but on
-    a8w8-mma, which scales each block's sum: there such a value times a small enough weight gives the finite
-    product); so where partial products of opposite signs pass float32's range (block scales near 2^127) a
-    row whose exact sum is finite comes out ±inf or NaN. ``backend="reference"`` (and CPU under ``"auto"``)
+    paths give bf16 / fp16 only). Values past float32's range overflow to ±inf or NaN, not always where or as
+    the reference does (each path sums in its own order; a8w8-mma scales each block's sum, so there such a value
+    times a small enough weight gives the finite product); so where partial products of opposite signs pass
+    float32's range (block scales near 2^127) a row whose exact sum is finite comes out ±inf or NaN. ``backend="reference"`` (and CPU under ``"auto"``)
     computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
     precision whatever ``torch.set_float32_matmul_precision`` says, inside ``torch.compile`` too: there the custom op
     ``mxkit::mx_matmul``, whose kernel is this eager call).

@@ -627,13 +627,18 @@ def test_gpu_shapes_and_paths(M, rng):
     a = torch.randn(M, 2880, generator=rng).to(torch.bfloat16).cuda()
     check(a, pw, backend="auto", path="decode-mma" if M <= 16 else "dense-exact")  # a small layer: not wgmma
     check(a.to(torch.float16), pw, backend="auto", path="decode-w16" if M <= 16 else "dense-exact")  # fp16 x
-    check(mxkit.quantize_fold(a, "mxfp4"), pw, backend="auto", path="fold-fp8")
+    folded = mxkit.quantize_fold(a, "mxfp4")
+    check(folded, pw, backend="auto", path="fold-fp8")
+    # (check's bound reads the fold's own values: that they are quantize's MX values is checked here)
+    assert torch.equal(values64(folded), values64(mxkit.quantize(a, "mxfp4")))
     check(mxkit.quantize_fp8_rowwise(a), pw, backend="auto", path="w4a8-fp8")
     check(mxkit.quantize(a, "mxfp6_e2m3"), pw, backend="auto", path="fold-fp8",
           bias=torch.randn(512, generator=rng).cuda())
     a3 = torch.randn(2, M, 2880, generator=rng).to(torch.bfloat16).cuda()
-    y, _ = check(mxkit.quantize_fold(a3, "mxfp4"), pw, backend="auto", path="fold-fp8")
+    folded3 = mxkit.quantize_fold(a3, "mxfp4")
+    y, _ = check(folded3, pw, backend="auto", path="fold-fp8")
     assert y.shape == (2, M, 512)
+    assert torch.equal(values64(folded3).reshape(-1, 2880), values64(mxkit.quantize(a3, "mxfp4")))
 
 
 @pytest.mark.parametrize("N,K", [(8, 32), (40, 2880), (16, 2912), (24, 4096)])

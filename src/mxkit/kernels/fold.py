@@ -265,8 +265,8 @@ def fold_triton(q: MXTensor, *, defer: bool = False, stats: bool = False) -> Uni
     (R = prod of the leading dims; R = 0 gives empty tensors); with ``defer=True`` a :class:`PendingFold` (no host
     sync; R = 0 still returns a Folded), which with ``stats=True`` carries the weight statistics of
     :func:`weight_stats` made on the way. Raises TypeError for a non-MXTensor, ValueError
-    for a format that does not fold, another axis, block size or scale layout, non-contiguous storage or a
-    CPU tensor outside the interpreter.
+    for a format that does not fold, another axis, block size or scale layout, K = 0 (as the reference),
+    non-contiguous storage or a CPU tensor outside the interpreter.
     """
     if not isinstance(q, MXTensor):
         raise TypeError(f"fold_triton expects an MXTensor, got {type(q).__name__}")
@@ -286,7 +286,9 @@ def fold_triton(q: MXTensor, *, defer: bool = False, stats: bool = False) -> Uni
     K = q.shape[-1]
     lead = torch.Size(q.shape[:-1])
     R = math.prod(lead)
-    if R == 0 or K == 0:
+    if K == 0:  # (as fold_reference: a scale of no blocks is undefined; its R floats were returned unwritten)
+        raise ValueError(f"cannot fold an MXTensor with K=0 (shape {tuple(q.shape)})")
+    if R == 0:
         return _empty(R, K, f, lead, q.device)
     data, scale, status = _outputs(R, K, q.device)
     part = _run_fold(q, data, scale, status, stats=stats)

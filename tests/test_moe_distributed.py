@@ -12,9 +12,11 @@ then takes its share of tokens and experts.
 
 import contextlib
 import functools
+import re
 from datetime import timedelta
 
 import numpy as np
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -440,6 +442,29 @@ def errors_main(rank, world, seed):
         else:
             with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
                 m(torch.randn(3, H))
+        m(torch.randn(3, H))  # still in step
+        # a router of the wrong width on one rank (found in the forward, before ep_moe): raised on every rank
+        bad = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+        if rank == bad_rank:
+            bad.router = torch.nn.Linear(H, 9)
+            with pytest.raises(ValueError, match="router gives 9 logits"):
+                bad(torch.randn(3, H))
+        else:
+            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
+                bad(torch.randn(3, H))
+        m(torch.randn(3, H))  # still in step
+        # a module built by hand with the next rank's experts, given that rank's state_dict and ep_ranges (ran the
+        # other rank's experts as its own): a ValueError on every rank, every forward
+        states = [None] * world
+        dist.all_gather_object(states, full_moe(torch.Generator().manual_seed(seed + 9), 8, 2).shard_experts()
+                               .state_dict())
+        nxt = (rank + 1) % world
+        shifted = MXMoE(H, I, 8, 2, "mxfp4", expert_range=ranges[nxt])
+        shifted.load_state_dict(states[nxt])
+        shifted.ep_ranges = ranges
+        for _ in range(2):
+            with pytest.raises(ValueError, match=re.escape(f"holds experts {tuple(ranges[nxt])}")):
+                shifted(torch.randn(3, H))
         m(torch.randn(3, H))  # still in step
     # the ranks disagree: on x's dtype; on the experts (E and their ranges)
     with pytest.raises(RuntimeError, match="disagree on the x dtype"):

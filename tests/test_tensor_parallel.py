@@ -328,7 +328,7 @@ def case_func(rank: int, world: int, g: torch.Generator) -> None:
 def case_compile(rank: int, world: int, g: torch.Generator) -> None:
     """torch.compile(fullgraph=True) of both shard kinds under autograd: the output and the gradients of x and the
     bias equal eager's (the collectives' torch.func rules, a custom jvp, are left out of what dynamo traces: it
-    refuses a Function with one)."""
+    refuses a Function with one); and under no_grad, one graph with eager's output."""
     K = 256
     for style in ("column", "row"):
         torch._dynamo.reset()
@@ -343,6 +343,12 @@ def case_compile(rank: int, world: int, g: torch.Generator) -> None:
             m.bias.grad = None
         for what, a, b in zip(("y", "x.grad", "bias.grad"), *got):
             assert torch.equal(a, b), f"compile {style} rank {rank}/{world}: {what}"
+        # inference (no autograd), the usual case: one graph too, eager's bits (the vmap question was traced)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = m(x)
+            got_y = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+        assert torch.equal(got_y, want), f"compile no_grad {style} rank {rank}/{world}"
     dist.barrier()
 
 

@@ -770,12 +770,29 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
     def _group_position_ok(self, rank: int, world: int) -> bool:
         return world == len(self.ep_ranges) and tuple(self.ep_ranges[rank]) == tuple(self.expert_range)
 
+    def _check_ep_position(self) -> None:
+        """ValueError where this rank's place in ``ep_ranges`` is not the experts the module holds (a module built
+        with another rank's ``expert_range`` and given its state_dict: its experts ran as this rank's, silently
+        wrong). Every forward of an expert-parallel module (a rank outside the group, or no group, is for what runs
+        next to refuse)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return  # (no group: what runs next says so)
+        rank, world = dist.get_rank(self.ep_group), dist.get_world_size(self.ep_group)
+        if rank >= 0 and not self._group_position_ok(rank, world):
+            mine = tuple(self.ep_ranges[rank]) if rank < len(self.ep_ranges) else None
+            raise ValueError(f"this MXMoE holds experts {tuple(self.expert_range)} but ep_ranges gives rank {rank} "
+                             f"of {world} the experts {mine} ({len(self.ep_ranges)} ranges): build it with this "
+                             f"rank's range (mxkit.nn.shard_experts)")
+
     def forward(self, x: torch.Tensor):
         if self.ep_ranges is None:
             self._check_input(x)
         else:
             try:
                 self.check_group_position()
+                self._check_ep_position()
                 self._check_input(x)
             except (TypeError, ValueError) as e:  # the peers are in ep_moe's header exchange: they raise too
                 raise_collectively(e, self.ep_group)
@@ -803,7 +820,13 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
             if recorder is not None:
                 recorder(logits.reshape(-1, self.num_experts))
             return self._result(y, logits, routed)
-        logits = self._router_logits(x)
+        if self.ep_ranges is None:
+            logits = self._router_logits(x)
+        else:
+            try:  # (before ep_moe's header exchange: a bad router raises on every rank, not on its own)
+                logits = self._router_logits(x)
+            except (TypeError, ValueError) as e:
+                raise_collectively(e, self.ep_group)
         recorder = self.logits_recorder
         if recorder is not None:
             recorder(logits.reshape(-1, self.num_experts))

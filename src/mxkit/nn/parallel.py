@@ -414,7 +414,8 @@ class ColumnParallelMXLinear(_TensorParallelMXLinear):
         y = super().forward(x)
         if not self.gather_output or self.tp_world_size == 1:
             return y
-        if needs_grad(y) or _functorch_wrapped(y):  # (vmap: the Function's batching rule)
+        # (vmap: the Function's batching rule; not asked while compiling, where Dynamo cannot trace the question)
+        if needs_grad(y) or (not torch.compiler.is_compiling() and _functorch_wrapped(y)):
             return _tp(_GatherFromGroup).apply(y, self.tp_group, self.tp_rank, self.tp_world_size)
         return _all_gather_last(y, self.tp_group, self.tp_world_size)
 
@@ -521,7 +522,8 @@ class RowParallelMXLinear(_TensorParallelMXLinear):
         else:
             y = matmul(self._operand(x), w, out_dtype=torch.float32)  # partial sum over this rank's K, no bias
         if self.tp_world_size > 1:
-            if needs_grad(y) or _functorch_wrapped(y):  # (vmap: the Function's batching rule)
+            # (vmap: the Function's batching rule; not asked while compiling, where Dynamo cannot trace it)
+            if needs_grad(y) or (not torch.compiler.is_compiling() and _functorch_wrapped(y)):
                 y = _tp(_ReduceFromGroup).apply(y, self.tp_group)
             else:
                 dist.all_reduce(y, group=self.tp_group)

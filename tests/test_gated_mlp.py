@@ -126,9 +126,17 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
         def forward(self, x, y=None):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x if y is None else y))
 
+    class _Outside(_MLP):  # the product after the down projection: the same attributes in the same order
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x))) * self.up_proj(x)
+
+    class _Inside(_MLP):  # the activation of the product
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x) * self.up_proj(x)))
+
     others = {}
-    for cls in (_Literal, _Swapped, _Added, _TwoInputs):
-        others[cls.__name__] = m = cls(64, 32)
+    for cls in (_Literal, _Swapped, _Added, _TwoInputs, _Outside, _Inside):
+        others[cls.__name__] = m = cls(64, 64 if cls is _Outside else 32)  # (_Outside: H = I, its product's shapes)
         mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
     root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed, hooked=hooked, scaled=scaled,
                               act_hooked=act_hooked, member_patched=member_patched, back_hooked=back_hooked,
@@ -148,6 +156,21 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     for down in (None, "x"):  # (built, then failed at the first forward: "'NoneType' object is not callable")
         with pytest.raises(TypeError, match="down projection must be an nn.Module"):
             MXGatedMLP(mixed.gate_proj, mixed.gate_proj, down)
+
+
+def test_hf_gated_mlp_forwards_pass_the_bytecode_check():
+    """transformers' own gated MLP forwards (where installed) are read as down(act_fn(gate(x)) * up(x))."""
+    import importlib
+
+    pytest.importorskip("transformers")
+    from mxkit.nn.gated_mlp import _plain_gated_forward
+
+    for mod, cls in (("llama", "LlamaMLP"), ("mistral", "MistralMLP"), ("qwen2", "Qwen2MLP"), ("qwen3", "Qwen3MLP")):
+        try:
+            forward = getattr(importlib.import_module(f"transformers.models.{mod}.modeling_{mod}"), cls).forward
+        except (ImportError, AttributeError):
+            continue
+        assert _plain_gated_forward(forward.__code__, "gate_proj", "up_proj", "down_proj"), cls
 
 
 def test_fuse_gated_mlp_takes_hf_forms_of_the_forward(rng):

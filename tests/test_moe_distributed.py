@@ -444,15 +444,17 @@ def errors_main(rank, world, seed):
                 m(torch.randn(3, H))
         m(torch.randn(3, H))  # still in step
         # a router of the wrong width on one rank (found in the forward, before ep_moe): raised on every rank
-        bad = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
-        if rank == bad_rank:
-            bad.router = torch.nn.Linear(H, 9)
-            with pytest.raises(ValueError, match="router gives 9 logits"):
-                bad(torch.randn(3, H))
-        else:
-            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
-                bad(torch.randn(3, H))
-        m(torch.randn(3, H))  # still in step
+        for router, err, msg in ((torch.nn.Linear(H, 9), ValueError, "router gives 9 logits"),
+                                 (torch.nn.Linear(H + 32, 8), RuntimeError, "shapes cannot be multiplied")):
+            bad = MXMoE(H, I, 8, 2, "mxfp4").shard_experts()
+            if rank == bad_rank:
+                bad.router = router
+                with pytest.raises(err, match=msg):
+                    bad(torch.randn(3, H))
+            else:
+                with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{bad_rank}\] of the group raised"):
+                    bad(torch.randn(3, H))
+            m(torch.randn(3, H))  # still in step
         # a module built by hand with the next rank's experts, given that rank's state_dict and ep_ranges (ran the
         # other rank's experts as its own): a ValueError on every rank, every forward
         states = [None] * world

@@ -142,7 +142,8 @@ def cast_transpose(
     On CUDA's eager path (a 2-D problem seen before) each copy's qdata and scale share one allocation, the scale
     256-byte aligned after the elements (two allocations for the four tensors; the copies apart, so the rowwise one
     can be freed after the forward GEMM): ``torch.save`` or ``pickle`` of one of them alone writes the whole
-    allocation, and a ``resize_`` of qdata may reach the scale; ``clone()`` a tensor to keep it alone.
+    allocation, a ``resize_`` of qdata may reach the scale, and a ``torch.library.custom_op`` may not return two
+    of them (PyTorch refuses outputs that share a storage); ``clone()`` a tensor to keep it alone.
     Raises TypeError for an x that is not a float32 / bfloat16 / float16 tensor; ValueError for a 0-d or empty x,
     M or K not a multiple of block_size, unknown names (as :func:`quantize`).
     """
@@ -283,9 +284,10 @@ def matmul(
     paths give bf16 / fp16 only). Values past float32's range overflow to ±inf or NaN, not always where or as
     the reference does (each path sums in its own order; a8w8-mma scales each block's sum, so there such a value
     times a small enough weight gives the finite product); so where partial products of opposite signs pass
-    float32's range (block scales near 2^127) a row whose exact sum is finite comes out ±inf or NaN. ``backend="reference"`` (and CPU under ``"auto"``)
-    computes in float32 on the dequantized operands (:func:`mxkit.reference.matmul_reference`, at full float32
-    precision whatever ``torch.set_float32_matmul_precision`` says, inside ``torch.compile`` too: there the custom op
+    float32's range (block scales near 2^127) a row whose exact sum is finite comes out ±inf or NaN.
+    ``backend="reference"`` (and CPU under ``"auto"``) computes in float32 on the dequantized operands
+    (:func:`mxkit.reference.matmul_reference`, at full float32 precision whatever
+    ``torch.set_float32_matmul_precision`` says, inside ``torch.compile`` too: there the custom op
     ``mxkit::mx_matmul``, whose kernel is this eager call).
     Gradients (every device and path, :func:`with_input_grad`): a float ``a`` and ``bias`` that require grad
     get ``grad_y @ dequantize(b)`` (full float32 too, inside ``torch.compile`` as well: there the custom op

@@ -262,6 +262,43 @@ def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):
             plan.wrapping(bad)
 
 
+@pytest.mark.parametrize("shape,layout,grouped", [((64, 64), "plain", True), ((64, 64), "nvidia_128x4", False),
+                                                   ((256, 512), "nvidia_128x4", True)])
+def test_hot_cast_transpose_runner_groups_only_unpadded_copies(built, shape, layout, grouped):
+    """The hot cast-transpose runner (kernels.quantize._hot_runner) over a recording Plan with its plan's outputs:
+    each copy's elements and scale in one allocation where neither is zero-filled (a swizzled scale padded to its
+    128 x 4 tiles is, and wrapping refused to group it: every call from the third raised), apart otherwise; the two
+    MXTensors of the axes asked for, in order, every call."""
+    from mxkit.kernels import quantize as kq
+
+    rec = Recorder(5)
+    mod = _module(built, rec, {-1: 0})
+    fmt, axes = "mxfp8_e4m3", (1, 0)
+    _, margs = kq._checked(shape, torch.bfloat16, fmt, axes, 32, kq.ScaleMode.FLOOR, kq.Rounding.RNE, layout)
+    plan = kq._quantize_plan(shape, torch.bfloat16, fmt, None, "floor", "rne", layout, None, "")
+    assert any(z for _, z in plan.outs) != grouped  # (the case as meant: padded scales zero-filled)
+    vals, params = _block([0] * 5)
+    n = len(plan.outs)
+    fast = mod.Plan(1, (1, 1, 1), 32, 0, -1, ctypes.addressof(params), 5, tuple(range(-1, -1 - n, -1)),
+                    tuple((tuple(sh), torch.uint8, z) for sh, z in plan.outs), 1, False, params, "ct")
+    x = torch.randn(shape).to(torch.bfloat16)
+    run = kq._hot_runner(margs, plan, torch.Size(shape), 32, layout, -1)
+    plan.fast[(-1, x.data_ptr() % 16 == 0, True)] = fast
+    try:
+        for call in range(4):
+            rows, cols = run(x)
+            assert (rows.axis, cols.axis) == (1, 0) and rows.scale_layout == cols.scale_layout == layout
+            for t in (rows, cols):
+                same = t.scale.untyped_storage().data_ptr() == t.qdata.untyped_storage().data_ptr()
+                # (the module's first call may learn the allocator: that one comes back apart)
+                assert same == grouped or (call == 0 and not same), (shape, layout, call)
+            assert rows.qdata.untyped_storage().data_ptr() != cols.qdata.untyped_storage().data_ptr()
+            assert rec.calls[-1][1][:4] == [rows.qdata.data_ptr(), rows.scale.data_ptr(), cols.qdata.data_ptr(),
+                                            cols.scale.data_ptr()]
+    finally:
+        plan.fast.clear()
+
+
 def _dequantize_ref(q):
     from mxkit.reference import dequantize_reference
 

@@ -304,6 +304,24 @@ def test_gpu_custom_ops_after_the_hot_path_warms_up(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason=SKIP_REASON_CUDA)
+@pytest.mark.parametrize("layout", ["plain", "nvidia_128x4"])
+def test_gpu_hot_axis_pair_with_a_padded_scale(layout, rng):
+    """An axis pair whose swizzled scales are padded (64 x 96: 3 and 2 blocks a row, under 128 rows) through the hot
+    path, call after call (its grouped wrap refused zero-filled scales: every call from the third raised), fresh x
+    each time: the reference's bytes."""
+    import mxkit
+
+    for call in range(4):
+        x = rand_tensor((64, 96), -1, generator=rng, dtype=torch.bfloat16)
+        got = mxkit.quantize(x.cuda(), "mxfp8_e4m3", axis=(-1, -2), scale_layout=layout)
+        want = mxkit.quantize(x, "mxfp8_e4m3", axis=(-1, -2), scale_layout=layout, backend="reference")
+        for g, w in zip(got, want):
+            assert g.axis == w.axis and g.scale_layout == w.scale_layout == layout
+            assert torch.equal(g.qdata.cpu(), w.qdata) and torch.equal(g.scale.cpu(), w.scale), (layout, call)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason=SKIP_REASON_CUDA)
 def test_gpu_torch_compile_fullgraph_public_api(rng):
     """quantize_triton / dequantize_triton themselves (argument checks, MXTensor) trace without a break."""
     from mxkit.kernels.quantize import dequantize_triton, quantize_triton

@@ -611,7 +611,8 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     # for four outputs: ~0.6 us less). The plan's own fast call, which the custom ops' bodies run, keeps four: an
     # op's outputs may not share a storage. A one-axis quantize keeps its two: its MXTensor is more often a
     # weight's, saved or sharded alone.)
-    group = len(margs) == 2
+    # (a padded swizzled scale is zero-filled: it keeps its own allocation, Plan.wrapping refuses to group it)
+    group = len(margs) == 2 and not any(zero for _, zero in plan.outs)
     if len(margs) == 1:
         (make,) = makers
         wraps = (make.wrap(0, 1),)

@@ -242,8 +242,8 @@ def _record_splits(module: FusedMXLinear, state_dict, prefix: str, local_metadat
 def _check_splits(module: FusedMXLinear, state_dict, prefix: str, local_metadata: dict, strict, missing_keys,
                   unexpected_keys, error_msgs) -> None:
     """load_state_dict pre-hook: a fused state_dict saved from parts of other sizes (q / k / v of another head
-    layout with the same total rows) raises ValueError before anything is copied; one without the metadata
-    (safetensors, a plain dict) is not checked."""
+    layout with the same total rows) raises ValueError before this group's bytes are copied (a parent's modules
+    loaded before it are); one without the metadata (safetensors, a plain dict) is not checked."""
     got = local_metadata.get("mx_splits")
     if got is not None and tuple(got) != module.splits:
         raise ValueError(f"{prefix[:-1] or type(module).__name__}: the state_dict's fused rows are of parts "

@@ -191,36 +191,57 @@ def _is_silu(act) -> bool:
                                         and "forward" not in act.__dict__)
 
 
+# bytecode that moves nothing (the evaluator below skips it), across Python 3.10-3.14
+_NO_VALUE_OPS = {"RESUME", "NOP", "CACHE", "PRECALL", "PUSH_NULL", "COPY_FREE_VARS", "EXTENDED_ARG", "NOT_TAKEN"}
+
+
 def _plain_gated_forward(code, gate_n: str, up_n: str, down_n: str) -> bool:
-    """Whether a forward's bytecode is ``down(act_fn(gate(x)) * up(x))`` up to the order of the two factors and
-    local names (HF's gated MLPs): one argument besides self, no attribute or global but the four, each read once,
-    ``gate`` read right after ``act_fn`` (its argument), one multiplication and no other operator, no constant but
-    None (a scale written in the code: ``* 0.5``)."""
+    """Whether a forward computes ``down(act_fn(gate(x)) * up(x))`` (the two factors in either order, through any
+    local names: HF's gated MLPs), read from its bytecode by evaluating it on names: one argument besides self, the
+    four attributes of self called with one argument each, one multiplication, nothing else (no constant, global,
+    other operator or keyword; ``* 0.5``, ``act_fn(up(x)) * gate(x)`` or ``down(...) * up(x)`` are other
+    computations)."""
     import dis
 
     if code.co_argcount != 2 or code.co_kwonlyargcount or code.co_flags & (inspect.CO_VARARGS
                                                                            | inspect.CO_VARKEYWORDS):
         return False
-    attrs, muls = [], 0
-    for ins in dis.get_instructions(code):
-        op = ins.opname
-        if op in ("LOAD_ATTR", "LOAD_METHOD"):
-            attrs.append(ins.argval)
-        elif op in ("BINARY_MULTIPLY", "BINARY_OP"):
-            if op == "BINARY_OP" and ins.argrepr != "*":
+    me, x = code.co_varnames[:2]
+    local, stack, result = {x: x}, [], None
+    try:
+        for ins in dis.get_instructions(code):
+            op, arg = ins.opname, ins.argval
+            if op in _NO_VALUE_OPS:
+                continue
+            if op.startswith("LOAD_FAST") and "STORE" not in op:  # (3.13+: two loads in one, a tuple of names)
+                for name in (arg if isinstance(arg, tuple) else (arg,)):
+                    stack.append(me if name == me else local[name])
+            elif op == "STORE_FAST":
+                local[arg] = stack.pop()
+            elif op == "STORE_FAST_LOAD_FAST":
+                local[arg[0]] = stack.pop()
+                stack.append(local[arg[1]])
+            elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+                if stack.pop() != me or arg not in (gate_n, up_n, down_n, "act_fn"):
+                    return False
+                stack.append(("attr", arg))
+            elif op in ("CALL", "CALL_METHOD", "CALL_FUNCTION") and ins.arg == 1:
+                a, f = stack.pop(), stack.pop()
+                if not (isinstance(f, tuple) and isinstance(a, str)):
+                    return False
+                stack.append(f"{f[1]}({a})")
+            elif op == "BINARY_MULTIPLY" or (op == "BINARY_OP" and ins.argrepr == "*"):
+                b, a = stack.pop(), stack.pop()
+                if not (isinstance(a, str) and isinstance(b, str)):
+                    return False
+                stack.append("(" + " * ".join(sorted((a, b))) + ")")
+            elif op == "RETURN_VALUE" and result is None:
+                result = stack.pop()
+            else:
                 return False
-            muls += 1
-        elif op.startswith(("BINARY_", "INPLACE_", "UNARY_", "COMPARE_", "CONTAINS_", "IS_OP", "LOAD_GLOBAL",
-                            "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_NAME", "IMPORT_", "CALL_INTRINSIC", "JUMP",
-                            "POP_JUMP", "FOR_ITER", "BUILD_", "CALL_FUNCTION_EX", "DICT_", "LIST_", "SET_",
-                            "STORE_ATTR", "STORE_GLOBAL", "DELETE_")):
-            return False
-        elif op in ("LOAD_CONST", "RETURN_CONST", "LOAD_SMALL_INT") and ins.argval is not None:
-            return False
-    if muls != 1 or sorted(attrs) != sorted((gate_n, up_n, down_n, "act_fn")):
+    except (IndexError, KeyError, TypeError):
         return False
-    i = attrs.index("act_fn")
-    return i + 1 < len(attrs) and attrs[i + 1] == gate_n
+    return result == f"{down_n}((" + " * ".join(sorted((f"act_fn({gate_n}({x}))", f"{up_n}({x})"))) + "))"
 
 
 def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str]:
@@ -232,9 +253,8 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
     ``SiLUActivation``, and a forward of its class that reads no attribute but those four (HF's LlamaMLP,
     MistralMLP, Qwen2MLP, Qwen3MLP: ``down(act_fn(gate(x)) * up(x))``; MLPs with multipliers or clamps of their
     own are left alone, and so are a forward patched on the instance and modules or members with hooks). The
-    check reads the forward's bytecode: one argument, the four attributes each read once, ``act_fn`` applied to
-    ``gate``'s output, one multiplication and no other operator, no constant but None (``* 0.5``, ``act_fn(up(x))
-    * gate(x)`` or a second argument are left alone).
+    check evaluates the forward's bytecode on names (``* 0.5``, ``act_fn(up(x)) * gate(x)``, ``down(...) * up(x)``
+    or a second argument are left alone).
     Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
     after loading weights (the state_dict then holds ``gate_up``). Raises TypeError for a ``model`` that is not an
     nn.Module or ``names`` that are not three str."""

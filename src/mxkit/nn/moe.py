@@ -823,9 +823,10 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
         if self.ep_ranges is None:
             logits = self._router_logits(x)
         else:
-            try:  # (before ep_moe's header exchange: a bad router raises on every rank, not on its own)
+            try:  # (before ep_moe's header exchange: a bad router raises on every rank, not on its own; a
+                # RuntimeError too: F.linear's on a router of the wrong input width)
                 logits = self._router_logits(x)
-            except (TypeError, ValueError) as e:
+            except Exception as e:
                 raise_collectively(e, self.ep_group)
         recorder = self.logits_recorder
         if recorder is not None:

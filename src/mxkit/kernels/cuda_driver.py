@@ -212,11 +212,9 @@ class BoundLaunch:
     def with_outputs(self, slots: Sequence[int], outs: Sequence[tuple], n_inputs: int, single: bool = False,
                      at: Optional[Sequence[int]] = None, maps: Sequence[tuple] = ()):
         """The C++ fast call of this launch (:mod:`mxkit.kernels.fast_call`), or None where that module is not
-        loaded (yet): ``call(*inputs)`` allocates ``outs`` — (shape, dtype, zero-filled[, lead]) each, on this
-        launch's device; an output with a lead (an earlier output's index, neither zero-filled) is placed in that
-        output's allocation, after it, at a multiple of 256 bytes, so a group takes one allocation — writes pointer
-        parameter ``i`` (``at[i]`` where given) from input ``slots[i]`` (>= 0; a tensor or None) or output
-        ``-1 - slots[i]``, points each host TMA descriptor of ``maps`` — (parameter index, input
+        loaded (yet): ``call(*inputs)`` allocates ``outs`` — (shape, dtype, zero-filled) each, on this launch's
+        device — writes pointer parameter ``i`` (``at[i]`` where given) from input ``slots[i]`` (>= 0; a tensor or
+        None) or output ``-1 - slots[i]``, points each host TMA descriptor of ``maps`` — (parameter index, input
         index, its 128 bytes as encoded) — at that input's data, launches ``grid`` / ``block`` / ``shared`` as they
         stand now on the current stream, and returns the outputs (a tuple, or the one tensor with ``single``). The
         other parameters are the block's values as they stand at each call (this launch's ints). Raises ValueError
@@ -230,15 +228,15 @@ class BoundLaunch:
         from .fast_call import MAX_DIMS, MAX_MAPS, MAX_OUTS, MAX_SLOTS, maps_supported
 
         if len(slots) > MAX_SLOTS or n_inputs > MAX_SLOTS or len(outs) > MAX_OUTS \
-                or any(len(o[0]) > MAX_DIMS for o in outs) or len(maps) > MAX_MAPS \
+                or any(len(shape) > MAX_DIMS for shape, _, _ in outs) or len(maps) > MAX_MAPS \
                 or (maps and not maps_supported()):
             return None  # (past the C++ module's limits: the caller keeps its Python path)
         grid = (tuple(self.grid) + (1, 1))[:3]
         extra = () if at is None and not maps else \
             (tuple(range(len(slots))) if at is None else tuple(at), tuple(maps))
         return mod.Plan(self._fn_int, grid, self.block, self.shared, self.kernel.index, self._params_int,
-                        len(self.vals), tuple(slots), tuple((tuple(o[0]), o[1], bool(o[2]), *o[3:]) for o in outs),
-                        n_inputs, single, self, self.kernel.name, *extra)
+                        len(self.vals), tuple(slots), tuple((tuple(s), d, bool(z)) for s, d, z in outs), n_inputs,
+                        single, self, self.kernel.name, *extra)
 
     def launch(self, gx: int, gy: int, gz: int, block: int) -> None:
         """The launch on the current stream, grid (gx, gy, gz) and ``block`` threads, of the parameter block as

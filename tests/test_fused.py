@@ -555,10 +555,11 @@ def test_fused_part_with_a_negated_view_of_the_same_base_recomputes(rng):
 
 
 def test_fuse_siblings_leaves_hooked_or_patched_members_alone(rng):
-    """A group with a member that has a forward / pre / backward hook or a forward patched on the instance is left
-    alone (the FusedPart in its place would silently drop them), also through quantize_model(fuse=True), which
-    first carries each nn.Linear's hooks onto its MXLinear."""
-    for how in ("pre", "post", "backward", "patched"):
+    """A group with a member that has a forward / pre / backward / state_dict / load_state_dict hook or a forward
+    patched on the instance is left alone (the FusedPart in its place would silently drop them; an MXLinear's own
+    state_dict hooks do not count), also through quantize_model(fuse=True), which first carries each nn.Linear's
+    hooks onto its MXLinear."""
+    for how in ("pre", "post", "backward", "patched", "state_dict", "load"):
         model = _model(g=rng)
         q = model[0].q_proj
         if how == "pre":
@@ -572,6 +573,10 @@ def test_fuse_siblings_leaves_hooked_or_patched_members_alone(rng):
         if how == "patched":
             q = model[0].q_proj
             q.forward = lambda x, f=q.forward: f(x) * 0
+        elif how == "state_dict":  # (written for the member's keys: the fused layer holds others)
+            model[0].q_proj.register_state_dict_post_hook(lambda *a: None)
+        elif how == "load":
+            model[0].q_proj.register_load_state_dict_pre_hook(lambda *a: None)
         want = model(x)
         names = fuse_siblings(model)
         assert names == ["1.q_proj_k_proj_v_proj"], how  # (only the second layer's group)

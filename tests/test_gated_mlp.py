@@ -100,6 +100,9 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
     up = member_patched.up_proj
     member_patched.up_proj.forward = lambda x, f=up.forward: f(x) * 0.5
     back_hooked.gate_proj.register_full_backward_hook(lambda *a: None)
+    state_hooked = _MLP(64, 32)  # (a member's state_dict hook, written for its keys: the fused layer holds others)
+    mxkit.quantize_model(state_hooked, "mxfp4", progress=False, compute_qsnr=False)
+    state_hooked.up_proj.register_state_dict_post_hook(lambda *a: None)
 
     class _Scaled(_MLP):  # an MLP with a multiplier of its own (FalconH1-like): not HF's forward
         def forward(self, x):
@@ -140,7 +143,7 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
         mxkit.quantize_model(m, "mxfp4", progress=False, compute_qsnr=False)
     root = nn.ModuleDict(dict(model=model, dense=dense, mixed=mixed, hooked=hooked, scaled=scaled,
                               act_hooked=act_hooked, member_patched=member_patched, back_hooked=back_hooked,
-                              **others))
+                              state_hooked=state_hooked, **others))
     x = torch.randn(3, 64)
     mlps = {n: m for n, m in root.named_modules() if isinstance(m, _MLP)}
     want = {n: m(x) for n, m in mlps.items()}

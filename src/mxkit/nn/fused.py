@@ -55,7 +55,7 @@ from .._device import exporting
 from ..formats import as_int
 from ..ops import has_tangent, needs_grad, refuse_forward_ad
 from . import _ops
-from .linear import MXLinear, _hooked, copied_dense_cache
+from .linear import MXLinear, _hooked, _state_hooked, copied_dense_cache
 
 __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
 
@@ -292,8 +292,8 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     :data:`FUSE_GROUPS`: q / k / v and gate / up projections) into a :class:`FusedMXLinear`; returns the
     qualified names of the fused groups. Groups with a missing member, a member that is not an MXLinear, or
     members that do not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so
-    are groups with a member that has forward / backward hooks or a ``forward`` replaced on the instance (the fused
-    group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
+    are groups with a member that has forward / backward / state_dict hooks of its own or a ``forward`` replaced on
+    the instance (the fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must call each
     member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do); otherwise
     each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the parent
     already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects under
@@ -313,7 +313,7 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
             continue  # q reads the decoder's states, k / v the encoder's: one GEMM would serve one part only
         for names in groups:
             mods = [getattr(parent, n, None) for n in names]
-            if not all(type(m) is MXLinear for m in mods) or any(_hooked(m) for m in mods):
+            if not all(type(m) is MXLinear for m in mods) or any(_hooked(m) or _state_hooked(m) for m in mods):
                 continue  # (a hooked member's hooks, or its forward replaced on the instance, would be dropped)
             gname = "_".join(names)
             if hasattr(parent, gname):  # (a name taken, by the module or by another group: left alone)

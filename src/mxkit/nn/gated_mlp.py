@@ -34,7 +34,7 @@ from ..kernels.moe_details._envelope import _envelope_ok
 from ..ops import needs_grad, refuse_forward_ad
 from ..packed import note_planned
 from . import _ops
-from .linear import MXLinear, _hooked, copied_dense_cache
+from .linear import MXLinear, _hooked, _state_hooked, copied_dense_cache
 
 __all__ = ["MXGatedMLP", "fuse_gated_mlp", "GATED_MLP_NAMES"]
 
@@ -277,7 +277,8 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                         or code is None or not set(code.co_names) <= allowed
                         or not _plain_gated_forward(code, gate_n, up_n, down_n)
                         or not _is_silu(getattr(mod, "act_fn", None))
-                        or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)):
+                        or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)
+                        or any(_state_hooked(m) for m in members if type(m) is MXLinear)):
                     continue
                 try:
                     new = MXGatedMLP(*members)

@@ -35,6 +35,7 @@ mxkit.nn`` first (that registers the op).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import warnings
 import weakref
@@ -663,6 +664,20 @@ def _hooked(m: nn.Module) -> bool:
     d = m.__dict__
     return "forward" in d or any(d.get(a) for a in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
                                                     "_backward_hooks"))
+
+
+def _state_hooked(m: MXLinear) -> bool:
+    """Whether MXLinear ``m`` has state_dict / load_state_dict hooks beyond the ones every MXLinear registers (the
+    format record and checks): a fused layer in its place holds other keys, and would drop them silently."""
+    base = _own_state_hook_counts()
+    return any(len(m.__dict__.get(attr) or ()) > n for attr, n in zip(_STATE_DICT_HOOKS, base))
+
+
+@functools.lru_cache(maxsize=1)
+def _own_state_hook_counts() -> tuple:
+    """How many of each of :data:`_STATE_DICT_HOOKS` an MXLinear registers itself."""
+    m = MXLinear(32, 1, "mxfp8_e4m3", bias=False)
+    return tuple(len(m.__dict__.get(attr) or ()) for attr in _STATE_DICT_HOOKS)
 
 
 def _carry_hooks(lin: nn.Linear, new: "MXLinear") -> bool:

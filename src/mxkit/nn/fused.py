@@ -295,8 +295,8 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     are groups with a member that has forward / backward / state_dict hooks of its own or a ``forward`` replaced on
     the instance (the fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`). The
     model's forward must call each member with the same input tensor for the GEMM to run once (HF's attention and
-    gated MLPs do); otherwise each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the parent
-    already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects under
+    gated MLPs do); otherwise each call still returns its correct output. A group whose joined name
+    (``q_proj_k_proj_v_proj``) the parent already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects under
     both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
     an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names
     (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a

@@ -136,24 +136,30 @@ def test_plan_allocates_without_the_dispatcher_as_at_empty_would(built):
         mod.fast_alloc(True, False)
 
 
+class _Box:
+    """A plain class object.__new__ makes, with a __dict__: what Plan.wrapping builds besides MXTensor."""
+
+
 def test_plan_groups_outputs_into_one_allocation(built):
-    """An output given a lead lives in that output's allocation, after it and the lead's earlier followers, each at a
-    multiple of 256 bytes (one allocation for the group; a cast-transpose's four outputs take two); each is a tensor
-    of its own (shape, dtype, contiguous, writable without touching the others, its own version counter), and the
-    launch gets each one's own address. Made one by one while fast_alloc is off (at::empty's path); a lead that is
-    later, a follower itself or zero-filled is refused."""
+    """``wrapping(wraps, group=True)``: an object's outputs live in its lowest-numbered output's allocation, each
+    after the ones before it at a multiple of 256 bytes (one allocation an object; a cast-transpose's four outputs
+    take two); each is a tensor of its own (shape, dtype, contiguous, writable without touching the others, its own
+    version counter), and the launch gets each one's own address. Made one by one while fast_alloc is off
+    (at::empty's path); an output named twice or a zero-filled one is refused."""
     rec = Recorder(4)
     mod = _module(built, rec, {-1: 0})
     vals, params = _block([0, 0, 0, 0])
     addr = ctypes.addressof(params)
-    outs = (((5, 7), torch.float32, False), ((3,), torch.uint8, False, 0), ((2, 3), torch.int32, False),
-            ((9,), torch.uint8, False, 0))
-    plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2, -3, -4), outs, 0, False, params, "k")
+    outs = (((5, 7), torch.float32, False), ((3,), torch.uint8, False), ((2, 3), torch.int32, False),
+            ((9,), torch.uint8, False))
+    base_plan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1, -2, -3, -4), outs, 0, False, params, "k")
+    plan = base_plan.wrapping(((_Box, {}, (("d", 3), ("a", 0), ("b", 1))), (_Box, {}, (("c", 2),))), True)
     plan()  # (the first call may learn the allocator)
     n0 = mod.fast_alloc_count()
-    a, b, c, d = got = plan()
+    one, two = plan()
+    a, b, c, d = got = one.a, one.b, two.c, one.d
     assert mod.fast_alloc_count() - n0 == 4  # (outputs made without the dispatcher, grouped or not)
-    for t, (shape, dtype, *_) in zip(got, outs):
+    for t, (shape, dtype, _) in zip(got, outs):
         assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
     base = a.data_ptr()
     assert a.untyped_storage().data_ptr() == base and a.storage_offset() == 0
@@ -167,27 +173,24 @@ def test_plan_groups_outputs_into_one_allocation(built):
     assert torch.equal(d, torch.full((9,), 9, dtype=torch.uint8)) and torch.equal(c, torch.full((2, 3), -1,
                                                                                                dtype=torch.int32))
     assert (a._version, b._version, d._version) == (1, 1, 1)
-    del a, c, d
+    del a, c, d, one, two, got
     assert torch.equal(b + 0, torch.full((3,), 7, dtype=torch.uint8))  # (the storage lives while any output does)
     prev = mod.fast_alloc(False)
     try:
-        got = plan()
+        one, two = plan()
     finally:
         mod.fast_alloc(prev)
+    got = one.a, one.b, two.c, one.d
     assert [t.untyped_storage().nbytes() for t in got] == [140, 3, 24, 9]
     assert all(t.storage_offset() == 0 for t in got)
-    for lead, what in ((1, "later"), (0, "a follower"), (-2, "out of range")):
-        bad = (((4,), torch.uint8, False), ((4,), torch.uint8, False, 0), ((4,), torch.uint8, False, lead))
-        if what == "later":
-            bad = (((4,), torch.uint8, False, 1), ((4,), torch.uint8, False))
-        if what == "a follower":
-            bad = bad[:2] + (((4,), torch.uint8, False, 1),)
-        with pytest.raises(ValueError, match="lead"):
-            mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1,), bad, 0, False, params, what)
+    assert [t.untyped_storage().nbytes() for t in base_plan()] == [140, 3, 24, 9]  # (the Plan wrapped: apart)
+    with pytest.raises(ValueError, match="named twice"):
+        base_plan.wrapping(((_Box, {}, (("a", 0), ("b", 1))), (_Box, {}, (("c", 1),))), True)
     for zeros in ((True, False), (False, True)):
-        bad = (((4,), torch.uint8, zeros[0]), ((4,), torch.uint8, zeros[1], 0))
+        zplan = mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1,), (((4,), torch.uint8, zeros[0]),
+                         ((4,), torch.uint8, zeros[1])), 0, False, params, "zero")
         with pytest.raises(ValueError, match="zero-filled"):
-            mod.Plan(1, (1, 1, 1), 32, 0, -1, addr, 4, (-1,), bad, 0, False, params, "zero")
+            zplan.wrapping(((_Box, {}, (("a", 0), ("b", 1))),), True)
 
 
 def test_plan_wrapping_returns_mxtensors_made_of_its_outputs(built):

@@ -119,9 +119,9 @@ struct OutMaker {
 
 constexpr int64_t kGroupAlign = 256;  // each output of a group starts at a multiple of it (the allocator's own)
 
-/* One output of a Plan. Outputs may be grouped: a follower (lead >= 0) lives in its lead's allocation, `offset`
- * bytes in (past the lead and the followers before it, each at a multiple of kGroupAlign), so one allocation
- * serves them all (a cast-transpose's element bytes and scales: two allocations for four outputs). */
+/* One output of a Plan. Outputs may be grouped (plan_wrapping's group): a follower (lead >= 0) lives in its lead's
+ * allocation, `offset` bytes in (past the lead and the followers before it, each at a multiple of kGroupAlign), so
+ * one allocation serves them all (a cast-transpose's element bytes and scales: two allocations for four outputs). */
 struct OutSpec {
   int64_t sizes[kMaxDims];
   int ndim;
@@ -133,14 +133,12 @@ struct OutSpec {
   int64_t group_bytes;  // a lead with followers: the bytes of the whole allocation; else 0
 };
 
-/* Makes output j of outs a follower of output `lead`: after the lead and the lead's followers so far, at the next
- * multiple of kGroupAlign. False with a Python error where the lead is not an earlier output that leads (a
- * follower cannot lead), j already follows one, or either is zero-filled. */
+/* Makes output j of outs a follower of the earlier output `lead` (neither grouped yet but as the lead of the
+ * followers before j): after the lead and those followers, at the next multiple of kGroupAlign. False with a
+ * Python error where either is zero-filled (at::zeros makes those). */
 bool follow(OutSpec *outs, int j, int lead) {
-  if (lead < 0 || lead >= j || outs[lead].lead != -1 || outs[j].lead != -1 || outs[j].group_bytes ||
-      outs[j].zero || outs[lead].zero) {
-    PyErr_Format(PyExc_ValueError, "output %d: its allocation's lead %d must be an earlier output that is not "
-                 "a follower, neither zero-filled", j, lead);
+  if (outs[j].zero || outs[lead].zero) {
+    PyErr_Format(PyExc_ValueError, "output %d or %d is zero-filled: they cannot share an allocation", j, lead);
     return false;
   }
   OutSpec &l = outs[lead];
@@ -196,8 +194,7 @@ int as_uint(PyObject *o, unsigned *out, const char *what) {
 /* Plan(function, (gx, gy, gz), block, shared, device, params, nparams, slots, outs, n_args, single, keep, name
  *      [, at[, maps]])
  * slots: a tuple of ints, one per pointer slot (>= 0: that input; < 0: output -1 - slot);
- * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool[, lead]); lead: an earlier output (not zero-filled,
- *   not itself a follower) whose allocation this one shares, placed after it (OutSpec);
+ * outs: a tuple of (sizes tuple, torch.dtype, zero-filled bool);
  * at: the parameter index each slot writes (default: slot i writes parameter i, the leading pointer parameters);
  * maps: a tuple of (parameter index, input index, 128 bytes): a host TMA descriptor parameter, re-addressed to that
  * input's data pointer each call from these bytes. */
@@ -303,8 +300,8 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
   plan.n_maps = (int)nm;
   for (Py_ssize_t j = 0; j < no; j++) {
     PyObject *spec = PyTuple_GET_ITEM(outs, j), *sizes, *dtype;
-    int zero, lead = -1;
-    if (!PyArg_ParseTuple(spec, "O!O!p|i", &PyTuple_Type, &sizes, &THPDtypeType, &dtype, &zero, &lead)) return -1;
+    int zero;
+    if (!PyArg_ParseTuple(spec, "O!O!p", &PyTuple_Type, &sizes, &THPDtypeType, &dtype, &zero)) return -1;
     Py_ssize_t nd = PyTuple_GET_SIZE(sizes);
     if (nd > kMaxDims) {
       PyErr_Format(PyExc_ValueError, "output %zd has %zd dims (at most %d)", j, nd, kMaxDims);
@@ -330,7 +327,6 @@ int plan_init(PyObject *self_, PyObject *args, PyObject *kwds) {
     o.ndim = (int)nd;
     o.zero = zero != 0;
     o.lead = -1;
-    if (lead != -1 && !follow(plan.outs, (int)j, lead)) return -1;
   }
   plan.n_slots = (int)ns;
   plan.n_outs = (int)no;

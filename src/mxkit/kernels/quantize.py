@@ -610,8 +610,7 @@ def _hot_runner(margs: tuple, plan: _QuantizePlan, shape: torch.Size, block_size
     # kept per specialisation; a cast-transpose's copies each take one allocation, its elements then its scale (two
     # for four outputs: ~0.6 us less). The plan's own fast call, which the custom ops' bodies run, keeps four: an
     # op's outputs may not share a storage. A one-axis quantize keeps its two: its MXTensor is more often a
-    # weight's, saved or sharded alone.)
-    # (a padded swizzled scale is zero-filled: it keeps its own allocation, Plan.wrapping refuses to group it)
+    # weight's, saved or sharded alone. A padded swizzled scale is zero-filled, made by at::zeros: not grouped.)
     group = len(margs) == 2 and not any(zero for _, zero in plan.outs)
     if len(margs) == 1:
         (make,) = makers

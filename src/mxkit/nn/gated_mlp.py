@@ -265,7 +265,6 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
         raise TypeError(f"names must be the three child names (gate, up, down), e.g. {GATED_MLP_NAMES}; "
                         f"got {names!r}")
     gate_n, up_n, down_n = names
-    allowed = {gate_n, up_n, down_n, "act_fn"}
     done, made = [], {}  # made: id of a replaced module -> its MXGatedMLP (a module at two paths: one)
     for pname, parent in list(model.named_modules()):
         for cname, mod in list(parent.named_children()):
@@ -274,7 +273,7 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                 members = [getattr(mod, n, None) for n in (gate_n, up_n, down_n)]
                 code = getattr(type(mod).forward, "__code__", None)
                 if (isinstance(mod, MXGatedMLP) or members[2] is None or "forward" in mod.__dict__
-                        or code is None or not set(code.co_names) <= allowed
+                        or code is None
                         or not _plain_gated_forward(code, gate_n, up_n, down_n)
                         or not _is_silu(getattr(mod, "act_fn", None))
                         or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)

@@ -549,6 +549,25 @@ def test_shard_mxlinear_rejects_bad_arguments():
         ColumnParallelMXLinear.from_linear(layer, "mxfp4")
 
 
+def test_shard_mxlinear_refuses_a_stacked_column_shard_without_the_gather(tmp_path):
+    """A FusedMXLinear's stacked [q | k | v] rows split as one block give rank r no member's r-th shard: a column
+    shard with gather_output=False of them raises before any collective; gathered, and row shards, still build."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    group = mxkit.nn.FusedMXLinear([MXLinear(64, n, "mxfp4") for n in (32, 16, 16)])
+    with pytest.raises(ValueError, match=r"parts \(32, 16, 16\).*gather_output=True"):
+        shard_mxlinear(group.fused, "column", gather_output=False)
+    with pytest.raises(ValueError, match="stacked rows"):
+        ColumnParallelMXLinear.from_mxlinear(copy.deepcopy(group).fused, gather_output=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x = torch.randn(3, 64)
+        for shard in (shard_mxlinear(group.fused, "column"), shard_mxlinear(group.fused, "row")):
+            torch.testing.assert_close(shard(x), group.fused(x), rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_shards_under_torch_export(tmp_path, rng):
     """torch.export in a one-rank group: column and row shards of a weight-only layer and a column shard with MX
     activations export with the eager bytes; a row shard with MX activations raises NotImplementedError naming the

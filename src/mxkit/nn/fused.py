@@ -114,6 +114,8 @@ class FusedMXLinear(nn.Module):
                 self.fused.bias.copy_(torch.cat([m.bias.detach() for m in layers]))
                 self.fused.bias.requires_grad_(bias.requires_grad)
         self.fused.repack()
+        # (shard_mxlinear reads it: a column shard of the stacked rows without the gather is no member's shard)
+        self.fused._mx_stacked_splits = self.splits
         # [weakref to x (or x's base), x._version, fused(x), parts served, x's view, grad mode, the weights' key];
         # forgotten when a state_dict is loaded or the module moved (the output of the old weights)
         self._last = None

@@ -328,10 +328,18 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         """This rank's shard of an existing (unsharded) MXLinear: the same bytes, sliced (see the class).
 
         kwargs: ``gather_output`` (column) or ``input_is_parallel`` (row). Raises TypeError if ``layer`` is not an
-        MXLinear or is a shard already, ValueError if its sizes do not split over ``group``.
+        MXLinear or is a shard already, ValueError if its sizes do not split over ``group``, or for a column shard
+        with ``gather_output=False`` of a :class:`~mxkit.nn.FusedMXLinear`'s stacked layer (its rows split as one
+        block would give no member its own shard).
         """
         if not isinstance(layer, MXLinear) or isinstance(layer, _TensorParallelMXLinear):
             raise TypeError(f"expected an unsharded MXLinear, got {type(layer).__name__}")
+        splits = getattr(layer, "_mx_stacked_splits", None)
+        if splits is not None and cls.style == "column" and kwargs.get("gather_output", True) is False:
+            # (rank r would hold rows [r*N/w, (r+1)*N/w) of [q | k | v]: not q's, k's and v's r-th shards)
+            raise ValueError(f"a column shard without gather_output of a FusedMXLinear's stacked layer (parts "
+                             f"{splits}) would split the stacked rows, not each part; shard the member layers "
+                             f"each, unfused, or keep gather_output=True")
         mod = cls(layer.in_features, layer.out_features, layer.weight_format, group=group,
                   bias=layer.bias is not None, act_format=layer.act_format, scale_mode=layer.scale_mode,
                   rounding=layer.rounding, block_size=layer.block_size, device=layer.weight_qdata.device,

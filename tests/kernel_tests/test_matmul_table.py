@@ -162,7 +162,7 @@ def test_table_override_is_per_thread_and_nests():
     ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=96, split_k=1, num_warps=4,
                                         num_stages=2)]}}, "block_k must be a power of 2"),
     ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=128, split_k=0, num_warps=4,
-                                        num_stages=2)]}}, "split_k and num_stages must be >= 1"),
+                                        num_stages=2)]}}, "split_k must be in \\[1, 64\\] and num_stages in \\[1, 8\\]"),
     ({"decode_w4a16": {"configs": [dict(k_max=4096, block_n=64, block_k=128, split_k=1, num_warps=3,
                                         num_stages=2)]}}, "num_warps must be a power of 2"),
     ({"decode_w4a16": {"configs": [dict(k_max=8192, block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=2),
@@ -225,7 +225,8 @@ def test_decode_config_refuses_bad_schedules():
 
     DecodeConfig(16, 32, 1, 1, 1)
     for bad in (dict(block_n=0), dict(block_n=-64), dict(block_k=16), dict(block_k=96), dict(split_k=0),
-                dict(num_warps=3), dict(num_stages=0), dict(block_n=64.0), dict(split_k=True)):
+                dict(num_warps=3), dict(num_stages=0), dict(block_n=64.0), dict(split_k=True), dict(split_k=65),
+                dict(num_stages=9)):
         with pytest.raises(ValueError, match="DecodeConfig"):
             DecodeConfig(**bad)
 

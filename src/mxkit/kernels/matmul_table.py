@@ -30,7 +30,8 @@ __all__ = ["DecodeConfig", "gemm_table", "gemm_table_override", "decode_config",
 @dataclass(frozen=True)
 class DecodeConfig:
     """Schedule of the small-M decode kernel: BLOCK_N weight rows x BLOCK_K elements per step, split_k
-    programs along K, num_warps, num_stages."""
+    programs along K, num_warps, num_stages. Raises ValueError outside block_n in [16, 1024], block_k in [32, 4096],
+    num_warps in [1, 32] (powers of 2), split_k in [1, 64], num_stages in [1, 8]."""
 
     block_n: int = 64
     block_k: int = 256
@@ -50,9 +51,10 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.block_k must be a power of 2 in [32, 4096], got {self.block_k}")
         if not pow2(self.num_warps, 1, 32):
             raise ValueError(f"DecodeConfig.num_warps must be a power of 2 in [1, 32], got {self.num_warps}")
-        if self.split_k < 1 or self.num_stages < 1:
-            raise ValueError(f"DecodeConfig.split_k and num_stages must be >= 1, got {self.split_k} and "
-                             f"{self.num_stages}")
+        # (no upper bound built a kernel Triton refused for its shared memory, or a grid of idle split programs)
+        if not 1 <= self.split_k <= 64 or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"DecodeConfig.split_k must be in [1, 64] and num_stages in [1, 8], got "
+                             f"{self.split_k} and {self.num_stages}")
 
 
 _TABLE_FILE = Path(__file__).with_name("matmul_tuning.json")

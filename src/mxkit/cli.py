@@ -413,9 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "kernel's envelope, the MoE decode / prefill envelope and the MoE decode "
                                     "kernels' strips a block)")
     p.add_argument("what", choices=["gemm"], help="which table")
+    from .tune import DEFAULT_SHAPES
+
     p.add_argument("--shapes", default=None,
                    help="comma-separated NxK weight shapes, N >= 1, K a multiple of 32 (default: "
-                        "8192x8192,28672x8192,5120x2880,2880x4096)")
+                        f"{','.join(f'{n}x{k}' for n, k in DEFAULT_SHAPES)})")
     p.add_argument("--out", default="gemm_table.json",
                    help="JSON file to write, its folders made (default gemm_table.json; checked before tuning; "
                         "written after every stage; a table already there is updated: this GPU's measured keys "

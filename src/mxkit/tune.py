@@ -10,7 +10,8 @@ tensor-core decode kernel on packed MXFP4 weights, against the path the plan tak
 its envelope, the wgmma kernel within its own, else dequantize + cuBLAS) (with ``decode_mma.m8_loop``, the batch
 loop of its kernel up to 8 rows that is faster at M = 1, ``decode_mma.ring_min_k``, the K from which its ring loop is
 faster, and ``decode_mma.ring2_min_n``, the N from which its ring of 2 is faster still, judged at M = 1 on the
-shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide); at 9-16 rows
+shapes given (the N it sets is one of theirs: the H100's packaged 14336 needs a shape 14336 wide, as
+:data:`DEFAULT_SHAPES` has); at 9-16 rows
 the m16 kernels take their ring loops from the same K), ``w8a16_mma.max_m`` for the W8A16 kernel on packed MXFP8
 weights against the path the plan takes without it, and ``a8w8_mma.max_m`` for the MXFP8 × MXFP8 kernel on
 packed MXFP8 weights against the path the plan takes without it (w8a16-wgmma on Hopper, else both operands
@@ -49,7 +50,10 @@ from ._files import check_writable, write_text_atomic
 __all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope",
            "moe_strips"]
 
-DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (2880, 4096))
+# (N, K) of real layers: Llama-3-70B's attention-sized square and MLP (fused gate | up), GPT-OSS's fused q | k | v,
+# Llama-3-8B's MLP and a 2880-row projection at K = 4096 (14336: the N where the H100's ring of 2 starts to win,
+# which a tune without a shape of N in [8192, 28672) would read as 28672)
+DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (14336, 4096), (2880, 4096))
 # the table keys a tune measures, in its order (each one stage; `mxkit tune gemm --stages` picks some)
 STAGES = ("decode_w4a16", "decode_mma", "a8w8_mma", "w8a16_mma", "w4a16_wgmma", "w8a16_wgmma", "moe")
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))

@@ -323,6 +323,10 @@ def test_save_refuses_same_size_tensors_of_another_shape_or_dtype(tmp_path, rng)
         with pytest.raises(CheckpointError, match=message):
             gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=(moe,)), tmp_path / "dst", progress=False)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    for layers, message in (((m0, 1), "holds a int"), (m0, "got GptOssMoE")):  # (AttributeError: .layer)
+        with pytest.raises(TypeError, match=f"ckpt.layers must be a tuple of GptOssMoE, {message}"):
+            gpt_oss.save_gpt_oss(dataclasses.replace(ckpt, layers=layers), tmp_path / "dst", progress=False)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -356,6 +356,30 @@ def test_bad_arguments():
         quantize_fold_reference(torch.ones(2, 64), "mxfp4", block_size=64)
     with pytest.raises(ValueError, match="multiple"):
         quantize_fold_reference(torch.ones(2, 48), "mxfp4")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):  # (AttributeError: x.dim())
+        quantize_fold_reference([1.0] * 32, "mxfp4")
+
+
+def test_fold_row_split_windows_and_bad_arguments():
+    """fold_row_split's greedy windows from the top (a crafted row), and its argument checks: a negative window took
+    no block and looped forever; a non-bool mask, 1-D or mismatched tensors raised torch's errors."""
+    from mxkit.fold import fold_row_split
+
+    s = torch.tensor([[130, 120, 127, 1, 200], [5, 5, 5, 5, 5]], dtype=torch.uint8)
+    nz = torch.tensor([[True, True, True, True, False], [True, False, True, True, True]])
+    # row 0: top 130 takes [120, 130]; then 1 alone; the zero block 0. Row 1: all one window
+    assert fold_row_split(s, nz, 10).tolist() == [[0, 0, 0, 1, 0], [0, 0, 0, 0, 0]]
+    assert fold_row_split(s, nz, 0).tolist() == [[0, 2, 1, 3, 0], [0, 0, 0, 0, 0]]
+    assert fold_row_split(s.to(torch.int32), nz, 3).tolist() == [[0, 1, 0, 2, 0], [0, 0, 0, 0, 0]]
+    for w in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match="w must be an int >= 0"):
+            fold_row_split(s, nz, w)
+    for scale in (s.float(), s[0], s.bool(), s.tolist()):
+        with pytest.raises(TypeError, match=r"scale must be an integer tensor \[R, nb\]"):
+            fold_row_split(scale, nz, 3)
+    for mask in (nz.int(), nz[:, :4], nz[0]):
+        with pytest.raises(TypeError, match=r"nonzero must be a bool tensor of scale's shape \(2, 5\)"):
+            fold_row_split(s, mask, 3)
 
 
 def test_malformed_folded_raises(rng):

@@ -1584,6 +1584,9 @@ def test_mxmoe_constructor_refuses_what_no_forward_takes():
         MXMoE(48, 48, E, k, "mxfp4", block_size=16, act_format="mxfp4")
     with pytest.raises(ValueError, match=r"MXMoE\(device=\.\.\.\): 'gpu' is not a device"):  # (torch's RuntimeError)
         MXMoE(H, I2 // 2, E, k, "mxfp4", device="gpu")
+    if not torch.cuda.is_available():  # (torch's AssertionError named no argument)
+        with pytest.raises(ValueError, match=r"MXMoE\(device=\.\.\.\): device 'cuda': CUDA is not available here"):
+            MXMoE(H, I2 // 2, E, k, "mxfp4", device="cuda")
 
 
 @pytest.mark.parametrize("act_format", ["fp8_e4m3_rowwise", "mxfp4"])

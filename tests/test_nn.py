@@ -288,6 +288,11 @@ def test_mxlinear_rejects_bad_construction_and_inputs(rng):
     assert type(net[0].block_size) is int
     with pytest.raises(ValueError, match=r"MXLinear\(device=\.\.\.\): 'gpu' is not a device"):  # (torch's bare RuntimeError)
         MXLinear(64, 16, "mxfp4", device="gpu")
+    if not torch.cuda.is_available():  # (torch's AssertionError "Torch not compiled with CUDA" named no argument)
+        for dev, why in (("cuda", "CUDA is not available here"), (torch.device("cuda", 1), "CUDA is not available"),
+                         (0, "no accelerator is available here")):
+            with pytest.raises(ValueError, match=rf"MXLinear\(device=\.\.\.\): device .*: {why}"):
+                MXLinear(64, 16, "mxfp4", device=dev)
     lin = nn.Linear(64, 48)
     m = MXLinear.from_linear(lin, "mxfp4")
     with pytest.raises(TypeError, match=r"MXLinear takes a float tensor \(\.\.\., 64\), got MXTensor"):

@@ -296,6 +296,8 @@ def test_inconsistent_both_fields_and_swizzled_scale():
 
 def test_other_bad_fields():
     q = _q()
+    with pytest.raises(ValueError, match=r"shape \(-4, 64\) has a negative size"):  # (named qdata's bytes)
+        MXTensor(**_args(q, shape=(-4, 64)))
     with pytest.raises(TypeError, match="qdata must be uint8, got torch.int8"):
         MXTensor(**_args(q, qdata=q.qdata.view(torch.int8)))
     with pytest.raises(TypeError, match="scale must be a torch.Tensor, got list"):

@@ -266,7 +266,17 @@ def fold_row_split(scale: torch.Tensor, nonzero: torch.Tensor, w: int) -> torch.
     the top); all-zero blocks (``nonzero`` False) get 0. Scale bytes 0xFF must be excluded by the caller.
     scale: E8M0 bytes (uint8, or any integer dtype) [R, nb]; nonzero: bool [R, nb]; w: the window width in scale
     steps (d_hi - d_lo of :func:`fold_range`). One host sync per slice level (the loop ends when no block is left).
+    Raises ValueError for a ``w`` that is not an int >= 0, TypeError for another dtype or shape of the tensors.
     """
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:  # (a negative window took no block: no end)
+        raise ValueError(f"fold_row_split: w must be an int >= 0, got {w!r}")
+    if not isinstance(scale, torch.Tensor) or scale.dim() != 2 or scale.dtype.is_floating_point \
+            or scale.dtype.is_complex or scale.dtype == torch.bool:
+        raise TypeError(f"fold_row_split: scale must be an integer tensor [R, nb], got "
+                        f"{getattr(scale, 'dtype', type(scale).__name__)} {tuple(getattr(scale, 'shape', ()))}")
+    if not isinstance(nonzero, torch.Tensor) or nonzero.dtype != torch.bool or nonzero.shape != scale.shape:
+        raise TypeError(f"fold_row_split: nonzero must be a bool tensor of scale's shape {tuple(scale.shape)}, got "
+                        f"{getattr(nonzero, 'dtype', type(nonzero).__name__)} {tuple(getattr(nonzero, 'shape', ()))}")
     s = scale.to(torch.int64)
     slice_id = torch.zeros_like(s)
     left = nonzero.clone()
@@ -332,12 +342,14 @@ def quantize_fold_reference(
     """``fold_reference(quantize_reference(x, fmt, axis=-1, ...))``: x (..., K) float32 | bfloat16 | float16,
     K % 32 == 0, quantized along its last axis, then folded (R = 0 rows: an empty Folded, after the same checks of
     x's dtype and the names). Raises as both (ValueError for formats that do not fold, before quantizing)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_foldable(fmt)
     if block_size != 32:
         raise ValueError(f"fold supports block_size=32 only, got {block_size=}")
     if x.dim() >= 1 and x.numel() == 0 and x.shape[-1] % 32 == 0 and x.shape[-1] > 0:  # R = 0: empty result
         # (the checks the quantize makes on a non-empty x: dtype, mode and rounding names)
-        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"x.dtype={x.dtype} is not supported; expected one of float32, bfloat16, float16")
         ScaleMode.parse(scale_mode)
         Rounding.parse(rounding)

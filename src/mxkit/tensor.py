@@ -89,9 +89,31 @@ def check_quantize_args(
     return QuantizeArgs(f, axis, block_size, mode, rnd)
 
 
+def _unavailable(device) -> Optional[str]:
+    """Why ``device`` cannot hold tensors here: a CUDA device (a name or a torch.device) where CUDA is not
+    available, an index where no accelerator is; None otherwise (a name torch does not parse included)."""
+    if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
+        return "no accelerator is available here" if device >= 0 and not torch.accelerator.is_available() else None
+    if isinstance(device, (str, torch.device)):
+        try:
+            cuda = torch.device(device).type == "cuda"
+        except RuntimeError:
+            return None
+        return "CUDA is not available here" if cuda and not torch.cuda.is_available() else None
+    return None
+
+
 def check_device_name(device, where: str) -> None:
     """ValueError naming ``where`` for a ``device`` string torch does not parse (torch's bare RuntimeError named
-    no argument); anything else passes."""
+    no argument), and for a device that cannot hold tensors here (a CUDA device without CUDA, an index without an
+    accelerator: torch's AssertionError / RuntimeError said neither which call nor why); anything else passes."""
+    _check_parses(device, where)
+    why = _unavailable(device)
+    if why is not None:
+        raise ValueError(f"{where}: device {device!r}: {why}")
+
+
+def _check_parses(device, where: str) -> None:
     if isinstance(device, str):
         try:
             torch.device(device)
@@ -101,22 +123,18 @@ def check_device_name(device, where: str) -> None:
 
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
-    gives values in a dtype) or a tensor; ValueError for a string that is not a device, and for a CUDA device (a
-    name or a torch.device) where CUDA is not available and for an index where no accelerator is (torch's
-    AssertionError / RuntimeError said neither which call nor why)."""
+    gives values in a dtype) or a tensor; ValueError for a string that is not a device, and for a device that
+    cannot hold tensors here (:func:`check_device_name`)."""
     if isinstance(device, torch.dtype):
         raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
                         f"{instead} for values in a dtype")
     if isinstance(device, torch.Tensor):
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
-    check_device_name(device, f"{what}.to")
-    if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
-        if device >= 0 and not torch.accelerator.is_available():
-            raise ValueError(f"{what}.to({device!r}): no accelerator is available here")
-    elif isinstance(device, (str, torch.device)):
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"{what}.to({device!r}): CUDA is not available here")
+    _check_parses(device, f"{what}.to")
+    why = _unavailable(device)
+    if why is not None:
+        raise ValueError(f"{what}.to({device!r}): {why}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,6 +197,8 @@ class MXTensor:
             shape = torch.Size(dims)
         except TypeError:
             raise TypeError(f"MXTensor shape must be a sequence of ints, got {self.shape!r}") from None
+        if any(type(d) is int and d < 0 for d in shape):  # (the qdata check below named a negative size's bytes)
+            raise ValueError(f"MXTensor shape {tuple(shape)} has a negative size")
         object.__setattr__(self, "shape", shape)
         for name in ("qdata", "scale"):
             t = getattr(self, name)

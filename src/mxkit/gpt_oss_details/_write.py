@@ -18,7 +18,7 @@ from typing import Union
 import torch
 
 from ._layout import CheckpointError, _TORCH_DTYPE_NAMES, _data_ranges
-from ._read import GptOssCheckpoint, _Reader
+from ._read import GptOssCheckpoint, GptOssMoE, _Reader
 
 
 def _fsync(path: Path) -> None:
@@ -182,17 +182,22 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     deleted (a failed deletion is a RuntimeWarning naming the directory left; an interrupt during it propagates
     with the new checkpoint already at ``dst``). A ``dst`` that is a symlink is
     resolved first: its target is replaced and the link keeps pointing at it.
-    Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint; ValueError for
-    ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists and ``overwrite`` is False, is not a
-    directory, or is a non-empty directory holding no checkpoint; ValueError for a ``dst`` that holds ``ckpt.path``
-    (a parent of it: replacing it would delete the source); CheckpointError (naming the tensor) when a layer's
-    tensor no longer matches the source's shape or dtype, or an MXTensor is not MXFP4 along its last axis; and the
-    errors of reading the source (see :func:`load_gpt_oss`).
+    Returns ``dst`` as given. Raises TypeError for a ``ckpt`` that is not a GptOssCheckpoint (or whose ``layers``
+    are not GptOssMoE); ValueError for ``ckpt.layers`` holding a layer twice; FileExistsError if ``dst`` exists
+    and ``overwrite`` is False, is not a directory, or is a non-empty directory holding no checkpoint; ValueError
+    for a ``dst`` that holds ``ckpt.path`` (a parent of it: replacing it would delete the source); CheckpointError
+    (naming the tensor) when a layer's tensor no longer matches the source's shape or dtype, or an MXTensor is not
+    MXFP4 along its last axis; and the errors of reading the source (see :func:`load_gpt_oss`).
     """
     from tqdm.auto import tqdm
 
     if not isinstance(ckpt, GptOssCheckpoint):
         raise TypeError(f"save_gpt_oss takes a GptOssCheckpoint (load_gpt_oss), got {type(ckpt).__name__}")
+    if not isinstance(ckpt.layers, (tuple, list)):
+        raise TypeError(f"ckpt.layers must be a tuple of GptOssMoE, got {type(ckpt.layers).__name__}")
+    bad = next((m for m in ckpt.layers if not isinstance(m, GptOssMoE)), None)
+    if bad is not None:
+        raise TypeError(f"ckpt.layers must be a tuple of GptOssMoE, holds a {type(bad).__name__}")
     seen = [m.layer for m in ckpt.layers]
     if len(set(seen)) != len(seen):
         raise ValueError(f"ckpt.layers holds layer {next(i for i in seen if seen.count(i) > 1)} more than once")

@@ -540,9 +540,12 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
     (["--stages", "moe,decode"], "unknown tune stage 'decode' (choose from decode_w4a16, decode_mma, a8w8_mma,"),
     (["--stages", "moe,moe"], "tune stage 'moe' named twice"),
     (["--stages", ""], "unknown tune stage ''"),
-    (["--rep-ms", "0"], "--rep-ms must be a positive, finite number of milliseconds, got 0.0"),
-    (["--rep-ms", "nan"], "--rep-ms must be a positive, finite number of milliseconds, got nan"),
-    (["--rep-ms", "inf"], "--rep-ms must be a positive, finite number of milliseconds, got inf"),
+    (["--rep-ms", "0"], "--rep-ms must be a number of milliseconds in (0, 60000], got 0.0"),
+    (["--rep-ms", "nan"], "--rep-ms must be a number of milliseconds in (0, 60000], got nan"),
+    (["--rep-ms", "inf"], "--rep-ms must be a number of milliseconds in (0, 60000], got inf"),
+    (["--rep-ms", "1e9"], "--rep-ms must be a number of milliseconds in (0, 60000], got 1000000000.0"),  # (no end)
+    (["--shapes", "99999999999999x64"], "shape 99999999999999x64: N * K = 6399999999999936 is more than the "
+                                        "tuner's 2147483648 elements"),  # (an out-of-memory traceback on the GPU)
 ])
 def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, capsys, monkeypatch):
     """A tune runs for many minutes and writes at the end: its shapes and its output file are checked first."""
@@ -558,7 +561,7 @@ def test_tune_gemm_checks_shapes_and_out_before_tuning(argv, message, tmp_path, 
 
 def test_tune_gemm_makes_the_out_folders_at_the_first_write(tmp_path, monkeypatch, capsys):
     """The table's folders are made when its first stage is written (by write_text_atomic): a tune that fails before
-    leaves none (the CLI made them before tuning); a TuneError is one error line, exit 1."""
+    leaves none (the CLI made them before tuning); a TuneError or the GPU out of memory is one error line, exit 1."""
     from mxkit import tune
 
     out = tmp_path / "a" / "b" / "t.json"
@@ -578,6 +581,13 @@ def test_tune_gemm_makes_the_out_folders_at_the_first_write(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert err == "mxkit: error: mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class K <= 4096\n"
     assert not (tmp_path / "a").exists()
+
+    def out_of_memory(*a, **kw):  # (a GPU shared with another job: one line, exit 1, not a traceback)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nOf the allocated memory ...")
+
+    monkeypatch.setattr(tune, "tune_gemm", out_of_memory)
+    assert cli.main(["tune", "gemm", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == "mxkit: error: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
     monkeypatch.setattr(tune, "tune_gemm", lambda shapes, out, stages, rep_ms: seen.append(
         (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     # --stages in the table's order whatever order they are named in (spaces allowed); --rep-ms passed on
@@ -593,10 +603,11 @@ def test_tune_gemm_makes_the_out_folders_at_the_first_write(tmp_path, monkeypatc
     assert not (tmp_path / "c").exists()
     with pytest.raises(ValueError, match="no stage to tune"):
         tune.tune_gemm(stages=())
-    with pytest.raises(ValueError, match="rep_ms must be a positive"):
-        tune.tune_gemm(rep_ms=-1.0)
-    with pytest.raises(ValueError, match="rep_ms must be a positive, finite"):
-        tune.tune_gemm(rep_ms=float("inf"))
+    for bad in (-1.0, float("inf"), float("nan"), 1e9, True):
+        with pytest.raises(ValueError, match=r"rep_ms must be a number of milliseconds in \(0, 60000\]"):
+            tune.tune_gemm(rep_ms=bad)
+    with pytest.raises(ValueError, match="more than the tuner's"):
+        tune.tune_gemm(((1 << 22, 1024),))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(IsADirectoryError):
         tune.tune_gemm(out=tmp_path)

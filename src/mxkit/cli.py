@@ -456,7 +456,7 @@ def _own_parsers(parser: argparse.ArgumentParser) -> None:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .tune import DEFAULT_SHAPES, TuneError, check_shapes, check_stages, tune_gemm
+    from .tune import DEFAULT_SHAPES, MAX_REP_MS, TuneError, check_shapes, check_stages, tune_gemm
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
@@ -469,8 +469,8 @@ def _cmd_tune(args) -> int:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
     stages = None if args.stages is None else check_stages([st.strip() for st in args.stages.split(",")])
-    if not (math.isfinite(args.rep_ms) and args.rep_ms > 0):
-        raise ValueError(f"--rep-ms must be a positive, finite number of milliseconds, got {args.rep_ms}")
+    if not 0 < args.rep_ms <= MAX_REP_MS:  # (1e9: runs that never end on the GPU)
+        raise ValueError(f"--rep-ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {args.rep_ms}")
     if Path(args.out).suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")
@@ -480,8 +480,8 @@ def _cmd_tune(args) -> int:
         return usage_error("mxkit tune gemm needs a CUDA GPU (none is visible)")
     try:  # (the table's folders are made at its first write: a run that fails before leaves none)
         tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
-    except TuneError as e:
-        print(f"mxkit: error: {e}", file=sys.stderr)
+    except (TuneError, torch.OutOfMemoryError) as e:  # (the GPU's memory: one line, not a traceback)
+        print(f"mxkit: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 1
     return 0
 

@@ -54,6 +54,8 @@ __all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "DEFAULT_SH
 # Llama-3-8B's MLP and a 2880-row projection at K = 4096 (14336: the N where the H100's ring of 2 starts to win,
 # which a tune without a shape of N in [8192, 28672) would read as 28672)
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (14336, 4096), (2880, 4096))
+MAX_WEIGHT = 1 << 31  # the largest N * K a tune shape may have
+MAX_REP_MS = 6e4  # the longest timing window of a measurement (a minute; mxkit.bench.timing's MAX_REP_MS)
 # the table keys a tune measures, in its order (each one stage; `mxkit tune gemm --stages` picks some)
 STAGES = ("decode_w4a16", "decode_mma", "a8w8_mma", "w8a16_mma", "w4a16_wgmma", "w8a16_wgmma", "moe")
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
@@ -71,9 +73,10 @@ def _time(fn, rep_ms: float) -> float:
 
 
 def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
-    """Raises ValueError unless ``shapes`` is a non-empty list of distinct (N, K) with N >= 1 and K a positive
-    multiple of 32 (the MX block), naming the first bad or repeated shape (a repeat would weigh one shape twice in
-    the sums a schedule is chosen by)."""
+    """Raises ValueError unless ``shapes`` is a non-empty list of distinct (N, K) with N >= 1, K a positive
+    multiple of 32 (the MX block) and N * K at most :data:`MAX_WEIGHT` (2^31, the kernels' int32 offsets: a larger
+    weight failed on the GPU with an out-of-memory traceback), naming the first bad or repeated shape (a repeat
+    would weigh one shape twice in the sums a schedule is chosen by)."""
     from .formats import BLOCK_SIZE
 
     if not shapes:
@@ -82,6 +85,9 @@ def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
         if len(s) != 2 or s[0] < 1 or s[1] < 1 or s[1] % BLOCK_SIZE:
             raise ValueError(f"shape {'x'.join(map(str, s))}: an NxK weight needs N >= 1 and K a positive multiple "
                              f"of {BLOCK_SIZE}")
+        if s[0] * s[1] > MAX_WEIGHT:
+            raise ValueError(f"shape {'x'.join(map(str, s))}: N * K = {s[0] * s[1]} is more than the tuner's "
+                             f"{MAX_WEIGHT} elements")
         if tuple(s) in map(tuple, shapes[:i]):
             raise ValueError(f"shape {'x'.join(map(str, s))} named twice")
 
@@ -120,8 +126,8 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     kernel's closed envelope still takes it (:func:`_check_closed`)."""
     check_shapes(shapes)
     stages = check_stages(stages)
-    if not (isinstance(rep_ms, (int, float)) and math.isfinite(rep_ms) and rep_ms > 0):
-        raise ValueError(f"rep_ms must be a positive, finite number of milliseconds, got {rep_ms!r}")
+    if isinstance(rep_ms, bool) or not (isinstance(rep_ms, (int, float)) and 0 < rep_ms <= MAX_REP_MS):
+        raise ValueError(f"rep_ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {rep_ms!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
     base: dict = {}

@@ -127,7 +127,10 @@ def test_cli_without_cuda(monkeypatch, capsys):
     assert cli.main(["bench", "overhead"]) == 2
     err = capsys.readouterr().err
     assert "mxkit bench overhead needs a CUDA GPU" in err and "Traceback" not in err
-    assert cli.main(["bench", "overhead", "--calls", "0"]) == 2 and "--calls=0" in capsys.readouterr().err
+    for flag, bad, least in (("--calls", "0", 1), ("--rounds", "0", 1), ("--sync-every", "0", 1),
+                             ("--warmup", "-1", 0)):
+        assert cli.main(["bench", "overhead", "--list", flag, bad]) == 2  # (only the bad one named, with its value)
+        assert capsys.readouterr().err == f"mxkit: error: {flag} must be >= {least}, got {bad}\n"
 
 
 def test_out_file_refused_and_the_calls_actually_timed(monkeypatch, tmp_path, capsys):

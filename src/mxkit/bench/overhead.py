@@ -295,9 +295,10 @@ COLUMNS = [Column("call", lambda r: r.op, right=False), Column("shape", lambda r
 def run(args) -> int:
     """``mxkit bench overhead``. 0: ran (the target is information); 1: an mxkit call raised; 2: cannot run here."""
     todo = select(args.only)
-    if min(args.calls, args.sync_every, args.rounds) < 1 or args.warmup < 0:  # (with --list too)
-        return output.usage_error(f"--calls={args.calls}, --rounds={args.rounds} and --sync-every={args.sync_every} "
-                                  f"must be >= 1, --warmup >= 0")
+    for name, value, least in (("calls", args.calls, 1), ("rounds", args.rounds, 1),
+                               ("sync-every", args.sync_every, 1), ("warmup", args.warmup, 0)):  # (with --list too)
+        if value < least:
+            return output.usage_error(f"--{name} must be >= {least}, got {value}")
     if args.list:
         print("\n".join(f"{c.name:32s} {c.shape}" for c in todo))
         return 0

@@ -1219,6 +1219,12 @@ def test_a_reader_that_closed_its_end_gets_141(plain):
 def test_inspect_names_a_missing_path_and_skips_folders(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nope")
+    for link in ("loop1", "dangling"):  # (both read "does not exist")
+        assert cli.main(["inspect", str(tmp_path / link)]) == 2
+        assert "is a symbolic link to nothing it can resolve (dangling, or a loop)" in capsys.readouterr().err
     (tmp_path / "x.safetensors").mkdir()  # (a folder named like a file: not read as one)
     assert cli.main(["inspect", str(tmp_path)]) == 2
     assert "no *.safetensors files" in capsys.readouterr().err

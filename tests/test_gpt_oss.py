@@ -788,6 +788,9 @@ def _edit_json(path: Path, edit) -> None:
 DIR_ERRORS = {
     "missing shard": (lambda r: (r / "model-00002-of-00003.safetensors").unlink(),
                       "model-00002-of-00003.safetensors' listed by"),
+    "shard a folder": (lambda r: ((r / "model-00002-of-00003.safetensors").unlink(),
+                                  (r / "model-00002-of-00003.safetensors").mkdir()),
+                       ") is a directory, not a file"),
     "index not json": (lambda r: (r / gpt_oss.INDEX_NAME).write_text("{not json"), "is not readable JSON"),
     "index without map": (lambda r: _edit_json(r / gpt_oss.INDEX_NAME, lambda d: d.pop("weight_map")),
                           "has no weight_map"),

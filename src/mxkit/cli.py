@@ -222,6 +222,9 @@ def _safetensors_files(path: Path) -> list[Path]:
             raise FileNotFoundError(f"no *.safetensors files in {str(path)!r}")
         return files
     if not path.exists():
+        if path.is_symlink():  # (a dangling link or a loop: exists() follows it)
+            raise FileNotFoundError(f"{str(path)!r} is a symbolic link to nothing it can resolve (dangling, or a "
+                                    f"loop)")
         raise FileNotFoundError(f"{str(path)!r} does not exist")
     raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a directory")
 

@@ -44,7 +44,8 @@ class _Reader:
             for f in sorted(set(self.weight_map.values())):
                 if not f.is_file():
                     example = next(k for k, v in self.weight_map.items() if v == f)
-                    raise CheckpointError(f"shard {str(f)!r} listed by {str(index)!r} (e.g. for {example}) is missing")
+                    what = "is a directory, not a file" if f.is_dir() else "is missing"
+                    raise CheckpointError(f"shard {str(f)!r} listed by {str(index)!r} (e.g. for {example}) {what}")
         else:
             self.index, self.weight_map = None, {}
             single = root / SINGLE_NAME

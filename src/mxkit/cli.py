@@ -459,7 +459,8 @@ def _own_parsers(parser: argparse.ArgumentParser) -> None:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .tune import DEFAULT_SHAPES, MAX_REP_MS, TuneError, check_shapes, check_stages, tune_gemm
+    from .bench.timing import MAX_REP_MS
+    from .tune import DEFAULT_SHAPES, TuneError, check_shapes, check_stages, tune_gemm
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:

@@ -50,12 +50,11 @@ from ._files import check_writable, write_text_atomic
 __all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope",
            "moe_strips"]
 
-# (N, K) of real layers: Llama-3-70B's attention-sized square and MLP (fused gate | up), GPT-OSS's fused q | k | v,
-# Llama-3-8B's MLP and a 2880-row projection at K = 4096 (14336: the N where the H100's ring of 2 starts to win,
-# which a tune without a shape of N in [8192, 28672) would read as 28672)
+# (N, K) of real layers: Llama-3-70B's q / o projection and its MLP's gate (or up), GPT-OSS's fused q | k | v,
+# Llama-3-8B's MLP gate (or up) and GPT-OSS's o projection (14336: the N from which the H100's ring of 2 wins, which
+# a tune without a shape of N in [8192, 28672) would read as 28672)
 DEFAULT_SHAPES = ((8192, 8192), (28672, 8192), (5120, 2880), (14336, 4096), (2880, 4096))
 MAX_WEIGHT = 1 << 31  # the largest N * K a tune shape may have
-MAX_REP_MS = 6e4  # the longest timing window of a measurement (a minute; mxkit.bench.timing's MAX_REP_MS)
 # the table keys a tune measures, in its order (each one stage; `mxkit tune gemm --stages` picks some)
 STAGES = ("decode_w4a16", "decode_mma", "a8w8_mma", "w8a16_mma", "w4a16_wgmma", "w8a16_wgmma", "moe")
 _GRID = dict(block_n=(32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8), num_stages=(2, 3, 4))
@@ -74,9 +73,9 @@ def _time(fn, rep_ms: float) -> float:
 
 def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
     """Raises ValueError unless ``shapes`` is a non-empty list of distinct (N, K) with N >= 1, K a positive
-    multiple of 32 (the MX block) and N * K at most :data:`MAX_WEIGHT` (2^31, the kernels' int32 offsets: a larger
-    weight failed on the GPU with an out-of-memory traceback), naming the first bad or repeated shape (a repeat
-    would weigh one shape twice in the sums a schedule is chosen by)."""
+    multiple of 32 (the MX block) and N * K at most :data:`MAX_WEIGHT` (2^31 elements, past any real layer: the
+    tuner makes every shape's weights up front, and a huge one ran the GPU out of memory), naming the first bad or
+    repeated shape (a repeat would weigh one shape twice in the sums a schedule is chosen by)."""
     from .formats import BLOCK_SIZE
 
     if not shapes:
@@ -116,7 +115,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     a key not measured is left to the table it is merged into (:func:`~mxkit.kernels.matmul_table.merge_tables`;
     ``mxkit bench ... --table`` merges into the packaged table). Each measured key holds its own ``_measured`` (date,
     torch, rep_ms, shapes); the entry's names the keys this run measured. ``rep_ms``: the timing window of each
-    measurement (ms, finite; 20 by default; 5 took ~50 s for every key but ``decode_w4a16`` on an H200). ``out``:
+    measurement (ms, in (0, 60000]; 20 by default; 5 took ~50 s for every key but ``decode_w4a16`` on an H200). ``out``:
     written after every stage, so a run cut short keeps its finished stages: a table file already there is updated
     (this GPU's measured keys replaced whole, its other keys and other GPUs' entries kept), else made (whole,
     through a temporary file renamed over it; its folders made at the first write). Raises ValueError for a bad
@@ -126,6 +125,8 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     kernel's closed envelope still takes it (:func:`_check_closed`)."""
     check_shapes(shapes)
     stages = check_stages(stages)
+    from .bench.timing import MAX_REP_MS  # (the benches' cap: a minute of runs a measurement)
+
     if isinstance(rep_ms, bool) or not (isinstance(rep_ms, (int, float)) and 0 < rep_ms <= MAX_REP_MS):
         raise ValueError(f"rep_ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {rep_ms!r}")
     if not torch.cuda.is_available():

@@ -74,8 +74,8 @@ def _time(fn, rep_ms: float) -> float:
 def check_shapes(shapes: Sequence[tuple[int, int]]) -> None:
     """Raises ValueError unless ``shapes`` is a non-empty list of distinct (N, K) with N >= 1, K a positive
     multiple of 32 (the MX block) and N * K at most :data:`MAX_WEIGHT` (2^31 elements, past any real layer: the
-    tuner makes every shape's weights up front, and a huge one ran the GPU out of memory), naming the first bad or
-    repeated shape (a repeat would weigh one shape twice in the sums a schedule is chosen by)."""
+    tuner makes every shape's weights up front, and a huge one would run the GPU out of memory), naming the first
+    bad or repeated shape (a repeat would weigh one shape twice in the sums a schedule is chosen by)."""
     from .formats import BLOCK_SIZE
 
     if not shapes:

@@ -819,6 +819,22 @@ def test_bad_directory_is_one_clear_error(tmp_path, rng, case):
     assert message in str(e.value) and str(root) in str(e.value), str(e.value)
 
 
+def test_paths_that_are_not_paths_name_the_argument(tmp_path, rng):
+    """An int, None or a list where a path goes: TypeError naming the argument (pathlib's named none)."""
+    root = _write(tmp_path, rng)
+    ckpt = gpt_oss.load_gpt_oss(str(root), progress=False)
+    for bad in (3, None, [str(root)]):
+        with pytest.raises(TypeError, match=rf"^path must be a path \(str or os.PathLike\), got {type(bad).__name__}$"):
+            gpt_oss.load_gpt_oss(bad, progress=False)
+        with pytest.raises(TypeError, match=r"^path must be a path"):
+            gpt_oss.is_gpt_oss_mxfp4_dir(bad)
+        with pytest.raises(TypeError, match=r"^dst must be a path"):
+            gpt_oss.save_gpt_oss(ckpt, bad, progress=False)
+        with pytest.raises(TypeError, match=r"^dst must be a path"):
+            gpt_oss.write_synthetic_gpt_oss(bad, num_layers=1, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [root.name]
+
+
 def test_not_a_gpt_oss_dir(tmp_path, rng):
     root = _write(tmp_path, rng)
     assert gpt_oss.is_gpt_oss_mxfp4_dir(root) and not gpt_oss.is_gpt_oss_mxfp4_dir(root / "model.safetensors")

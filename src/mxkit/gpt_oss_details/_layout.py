@@ -4,6 +4,7 @@ the MXFP4 blocks / scales <-> :class:`~mxkit.MXTensor` view (all documented in :
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,11 +158,20 @@ def _gpt_oss_config(root: Path) -> tuple[dict, GptOssDims]:
     return config, dims
 
 
+def as_path(path, what: str) -> Path:
+    """``path`` (a str or os.PathLike) as a Path; TypeError naming ``what`` for anything else (pathlib's own error
+    named no argument)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)
+
+
 def is_gpt_oss_mxfp4_dir(path: Union[str, Path]) -> bool:
     """True when ``path`` is a directory whose config.json names ``model_type`` ``"gpt_oss"`` with
     ``quantization_config.quant_method`` ``"mxfp4"``. False for anything else (a file, no config.json, another
-    model, a config.json that is not a readable JSON object: :func:`load_gpt_oss` names what is wrong with it)."""
-    path = Path(path)
+    model, a config.json that is not a readable JSON object: :func:`load_gpt_oss` names what is wrong with it);
+    TypeError for a ``path`` that is not a str or os.PathLike."""
+    path = as_path(path, "path")
     if not (path / "config.json").is_file():
         return False
     try:

@@ -15,8 +15,8 @@ import torch
 
 from ..tensor import MXTensor, as_int
 from ._layout import (INDEX_NAME, MOE_ROLES, SINGLE_NAME, CheckpointError, GptOssDims, _ANY_FLOAT_DTYPES, _DTYPE_BYTES,
-                      _FLOAT_DTYPES, _gpt_oss_config, _read_json, _cut_off, blocks_from_mxtensor, moe_tensor_name,
-                      mxtensor_from_blocks)
+                      _FLOAT_DTYPES, _gpt_oss_config, _read_json, _cut_off, as_path, blocks_from_mxtensor,
+                      moe_tensor_name, mxtensor_from_blocks)
 
 
 class _Reader:
@@ -225,11 +225,13 @@ def load_gpt_oss(path: Union[str, Path], *, layers: Optional[Iterable[int]] = No
     Raises CheckpointError (a ValueError) for: no / unreadable / non-GPT-OSS / non-MXFP4 config.json; a missing
     shard, a truncated or corrupt file (naming the file); a missing tensor, a wrong shape (against config.json) or
     dtype (uint8 for blocks and scales, BF16 / F16 / F32 for biases and router) (naming the tensor and file).
-    ValueError for a layer index out of range or named twice, TypeError for ``layers`` that is not an iterable of ints.
+    ValueError for a layer index out of range or named twice, TypeError for ``layers`` that is not an iterable of ints
+    or a ``path`` that is not a str or os.PathLike.
     """
     from tqdm.auto import tqdm
 
-    root = Path(os.path.abspath(path))  # (a relative path: save_gpt_oss would read another cwd's directory)
+    # (absolute: with a relative path save_gpt_oss would read another cwd's directory)
+    root = Path(os.path.abspath(as_path(path, "path")))
     if not root.is_dir():
         raise CheckpointError(f"{str(root)!r} is not a directory")
     config, dims = _gpt_oss_config(root)

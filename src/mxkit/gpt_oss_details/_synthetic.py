@@ -12,7 +12,8 @@ from typing import Optional, Union
 
 import torch
 
-from ._layout import BLOCK, INDEX_NAME, SINGLE_NAME, CheckpointError, GptOssDims, REAL_20B_CONFIG, moe_tensor_name
+from ._layout import (BLOCK, INDEX_NAME, SINGLE_NAME, CheckpointError, GptOssDims, REAL_20B_CONFIG, as_path,
+                      moe_tensor_name)
 
 
 def _shard_plan(sizes: list[tuple[str, int]], shards: int) -> list[list[str]]:
@@ -70,7 +71,7 @@ def write_synthetic_gpt_oss(
     temporary folder in it and renamed into place, config.json last, so a failure leaves no partial checkpoint.
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
     or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None
-    (ValueError outside [0, 2^64));
+    (ValueError outside [0, 2^64)) or a ``dst`` that is not a str or os.PathLike;
     :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
     ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json
     key: ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst``
@@ -79,7 +80,7 @@ def write_synthetic_gpt_oss(
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    dst = Path(dst)
+    dst = as_path(dst, "dst")
     sizes = {"num_hidden_layers": num_layers, "num_local_experts": num_experts, "num_experts_per_tok": top_k,
              "hidden_size": hidden_size, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
              "num_attention_heads": num_attention_heads, "num_key_value_heads": num_key_value_heads,

@@ -17,7 +17,7 @@ from typing import Union
 
 import torch
 
-from ._layout import CheckpointError, _TORCH_DTYPE_NAMES, _data_ranges
+from ._layout import CheckpointError, _TORCH_DTYPE_NAMES, _data_ranges, as_path
 from ._read import GptOssCheckpoint, GptOssMoE, _Reader
 
 
@@ -201,7 +201,7 @@ def save_gpt_oss(ckpt: GptOssCheckpoint, dst: Union[str, Path], *, overwrite: bo
     seen = [m.layer for m in ckpt.layers]
     if len(set(seen)) != len(seen):
         raise ValueError(f"ckpt.layers holds layer {next(i for i in seen if seen.count(i) > 1)} more than once")
-    src, given = Path(os.path.abspath(ckpt.path)), Path(dst)
+    src, given = Path(os.path.abspath(ckpt.path)), as_path(dst, "dst")
     # (absolute: "." has no name and is its own parent, which put the temporary folder inside dst)
     dst = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
     if dst.exists() and not overwrite:

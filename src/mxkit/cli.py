@@ -485,7 +485,7 @@ def _cmd_tune(args) -> int:
     try:  # (the table's folders are made at its first write: a run that fails before leaves none)
         tune_gemm(shapes, out=args.out, stages=stages, rep_ms=args.rep_ms)
     except (TuneError, torch.OutOfMemoryError) as e:  # (the GPU's memory: one line, not a traceback)
-        print(f"mxkit: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        print(f"mxkit: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
         return 1
     return 0
 

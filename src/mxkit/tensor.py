@@ -89,36 +89,29 @@ def check_quantize_args(
     return QuantizeArgs(f, axis, block_size, mode, rnd)
 
 
-def _unavailable(device) -> Optional[str]:
+def _unavailable(device, where: str) -> Optional[str]:
     """Why ``device`` cannot hold tensors here: a CUDA device (a name or a torch.device) where CUDA is not
-    available, an index where no accelerator is; None otherwise (a name torch does not parse included)."""
+    available, an index where no accelerator is; None otherwise. ValueError naming ``where`` for a string torch does
+    not parse (torch's bare RuntimeError named no argument)."""
     if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
         return "no accelerator is available here" if device >= 0 and not torch.accelerator.is_available() else None
-    if isinstance(device, (str, torch.device)):
+    if isinstance(device, str):
         try:
-            cuda = torch.device(device).type == "cuda"
-        except RuntimeError:
-            return None
-        return "CUDA is not available here" if cuda and not torch.cuda.is_available() else None
+            device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{where}: {device!r} is not a device: {e}") from None
+    if isinstance(device, torch.device) and device.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available here"
     return None
 
 
 def check_device_name(device, where: str) -> None:
-    """ValueError naming ``where`` for a ``device`` string torch does not parse (torch's bare RuntimeError named
-    no argument), and for a device that cannot hold tensors here (a CUDA device without CUDA, an index without an
-    accelerator: torch's AssertionError / RuntimeError said neither which call nor why); anything else passes."""
-    _check_parses(device, where)
-    why = _unavailable(device)
+    """ValueError naming ``where`` for a ``device`` string torch does not parse, and for a device that cannot hold
+    tensors here (a CUDA device without CUDA, an index without an accelerator: torch's AssertionError /
+    RuntimeError said neither which call nor why); anything else passes."""
+    why = _unavailable(device, where)
     if why is not None:
         raise ValueError(f"{where}: device {device!r}: {why}")
-
-
-def _check_parses(device, where: str) -> None:
-    if isinstance(device, str):
-        try:
-            torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"{where}: {device!r} is not a device: {e}") from None
 
 
 def device_only(device, what: str, instead: str) -> None:
@@ -131,8 +124,7 @@ def device_only(device, what: str, instead: str) -> None:
     if isinstance(device, torch.Tensor):
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
-    _check_parses(device, f"{what}.to")
-    why = _unavailable(device)
+    why = _unavailable(device, f"{what}.to")
     if why is not None:
         raise ValueError(f"{what}.to({device!r}): {why}")
 

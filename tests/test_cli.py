@@ -1303,3 +1303,31 @@ def test_importing_the_main_module_runs_nothing():
 
     sys.modules.pop("mxkit.__main__", None)
     importlib.import_module("mxkit.__main__")  # (raised SystemExit from main()'s usage error before)
+
+
+def test_inspect_pairs_safetensors_element_dtypes(tmp_path, capsys):
+    """MX data saved in safetensors' own element dtypes (F4 / F8_E4M3 ... with F8_E8M0 scales; the header's shape
+    counts elements) is paired and named by its dtype; the scale summary reads the E8M0 bytes, not their values (it
+    listed such a file as 0 MX pairs)."""
+    x = torch.randn(6, 64) * 4
+    q = mxkit.quantize(x, "mxfp8_e4m3")
+    q4 = mxkit.quantize(x, "mxfp4_e2m1")
+    scales = q.scale.view(torch.float8_e8m0fnu)
+    path = tmp_path / "typed.safetensors"
+    safetensors_torch.save_file({"a_qdata": q.qdata.view(torch.float8_e4m3fn), "a_scale": scales,
+                                 "b_blocks": q4.qdata.view(torch.float4_e2m1fn_x2).reshape(6, 2, 16),
+                                 "b_scales": q4.scale.view(torch.float8_e8m0fnu)}, str(path))
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        meta = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    assert meta["b_blocks"] == ((6, 2, 32), "F4")  # (elements, not bytes)
+    pairs = cli.find_mx_pairs(meta)
+    assert pairs["a_qdata"]["format"] == "mxfp8_e4m3" and pairs["a_qdata"]["logical_shape"] == (6, 64)
+    assert pairs["b_blocks"]["format"] == "mxfp4_e2m1" and pairs["b_blocks"]["bytes_per_block"] == 16
+    assert pairs["b_blocks"]["logical_shape"] == (6, 64)
+    assert cli.find_mx_pairs(meta, block_size=16)["b_blocks"]["logical_shape"] is None  # 32 a block, not 16
+    assert cli.main(["inspect", str(path), "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "4 tensors, 2 MX pairs" in out, out
+    e = q.scale.to(torch.int64) - 127
+    assert f"exp min {int(e.min())} " in out and f"max {int(e.max())};" in out, out

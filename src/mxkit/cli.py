@@ -153,18 +153,28 @@ def _cmd_eval(args) -> int:
 _PAIR_SUFFIXES = (("_blocks", "_scales"), (".blocks", ".scales"), ("_qdata", "_scale"))
 # bits per element (a block's bytes x 8 / its elements) → what it can be
 _FORMATS_OF_BITS = {4: "mxfp4_e2m1", 6: "mxfp6 (e2m3|e3m2)", 8: "mxfp8 (e4m3|e5m2) or mxint8"}
+# safetensors' own element dtypes (>= 0.6): the shape counts elements, not bytes, and the dtype names the format
+_TYPED_ELEMENTS = {"F4": (4, "mxfp4_e2m1"), "F6_E2M3": (6, "mxfp6_e2m3"), "F6_E3M2": (6, "mxfp6_e3m2"),
+                   "F8_E4M3": (8, "mxfp8_e4m3"), "F8_E5M2": (8, "mxfp8_e5m2"), "I8": (8, "mxint8")}
+_SCALE_DTYPES = ("U8", "F8_E8M0")
 
 
 def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int = 32) -> dict[str, dict]:
-    """Find MX (data, scale) tensor pairs among ``{name: (shape, dtype)}``.
+    """Find MX (data, scale) tensor pairs among ``{name: (shape, safetensors dtype)}``.
 
-    Recognised: ``X_blocks`` uint8 ``[..., G, B]`` + ``X_scales`` uint8 ``[..., G]`` (GPT-OSS: B = 16,
-    32 E2M1 codes per 16 bytes, low nibble first) and ``X_qdata`` uint8 ``[..., G·B]`` + ``X_scale`` uint8
-    ``[..., G]`` (mxkit MXLinear buffers). B bytes per block of ``block_size`` elements gives the element
-    width (at 32: 16 → FP4, 24 → FP6, 32 → FP8 / INT8). Returns ``{data_name: {"scales": name, "format": str,
-    "logical_shape": tuple or None, "bytes_per_block": B}}``: the shape is None where B is none of those (the
-    bytes are not an MX format at ``block_size``, or were written at another block size: a safetensors file does
-    not record it).
+    Recognised names: ``X_blocks`` + ``X_scales`` (also ``X.blocks`` / ``X.scales``) and ``X_qdata`` + ``X_scale``
+    (mxkit MXLinear buffers). Scales are E8M0 bytes, stored as U8 or as safetensors' F8_E8M0, shape ``[..., G]``.
+    Data is either
+
+    * U8 bytes, ``[..., G, B]`` (GPT-OSS: B = 16, 32 E2M1 codes per 16 bytes, low nibble first) or ``[..., G·B]``:
+      B bytes per block of ``block_size`` elements gives the element width (at 32: 16 → FP4, 24 → FP6, 32 → FP8 /
+      INT8), not the format;
+    * or one of safetensors' element dtypes (F4, F6_E2M3, F6_E3M2, F8_E4M3, F8_E5M2; I8 for MXINT8), whose shape
+      counts elements: ``[..., G, block_size]`` or ``[..., G·block_size]``, and whose dtype names the format.
+
+    Returns ``{data_name: {"scales": name, "format": str, "logical_shape": tuple or None, "bytes_per_block": B}}``:
+    the shape is None where the blocks are not ``block_size`` elements of an MX format (bytes written at another
+    block size: a safetensors file does not record it).
     """
     pairs = {}
     for name, (shape, dtype) in meta.items():
@@ -172,21 +182,29 @@ def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int 
             if not name.endswith(ds):
                 continue
             sname = name[: -len(ds)] + ss
-            if sname not in meta or dtype.upper() != "U8" or meta[sname][1].upper() != "U8":
+            dtype = dtype.upper()
+            if sname not in meta or meta[sname][1].upper() not in _SCALE_DTYPES:
                 continue
-            sshape = tuple(meta[sname][0])
-            shape = tuple(shape)
+            if dtype != "U8" and dtype not in _TYPED_ELEMENTS:
+                continue
+            sshape, shape = tuple(meta[sname][0]), tuple(shape)
             if not sshape:  # (a 0-d scale is no block's: not a pair)
                 continue
-            if len(shape) == len(sshape) + 1 and shape[:-1] == sshape:  # [..., G, B]
-                bpb = shape[-1]
+            if len(shape) == len(sshape) + 1 and shape[:-1] == sshape:  # [..., G, per block]
+                per_block = shape[-1]
             elif len(shape) == len(sshape) and shape[:-1] == sshape[:-1] and sshape[-1] and shape[-1] % sshape[-1] == 0:
-                bpb = shape[-1] // sshape[-1]
+                per_block = shape[-1] // sshape[-1]
             else:
                 continue
-            if bpb * 8 % block_size:
-                continue
-            fmt = _FORMATS_OF_BITS.get(bpb * 8 // block_size)
+            if dtype == "U8":  # bytes: the width from B bytes a block
+                if per_block * 8 % block_size:
+                    continue
+                bpb, fmt = per_block, _FORMATS_OF_BITS.get(per_block * 8 // block_size)
+            else:  # elements of a named format: a block of block_size of them, or of another size
+                bits, name_fmt = _TYPED_ELEMENTS[dtype]
+                if per_block * bits % 8:
+                    continue
+                bpb, fmt = per_block * bits // 8, name_fmt if per_block == block_size else None
             logical = sshape[:-1] + (sshape[-1] * block_size,) if fmt else None
             pairs[name] = {"scales": sname, "format": fmt or f"? ({bpb} B/block)", "logical_shape": logical,
                            "bytes_per_block": bpb}
@@ -197,6 +215,8 @@ def _scale_summary(scales) -> str:
     """One line about E8M0 bytes: exponent range and median, the three commonest, NaN and byte-0 counts."""
     import torch
 
+    if scales.dtype != torch.uint8:  # (F8_E8M0 read as torch.float8_e8m0fnu: its bytes, not its values)
+        scales = scales.view(torch.uint8)
     s = scales.reshape(-1).to(torch.int64)
     if s.numel() == 0:
         return "no scales (empty)"

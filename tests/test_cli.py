@@ -531,15 +531,17 @@ def test_tune_gemm_without_cuda_is_one_error_line(capsys, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--shapes", "0x0"], "shape 0x0: an NxK weight needs N >= 1 and K a positive multiple of 32"),
     (["--shapes", "8192x100"], "shape 8192x100: an NxK weight needs"),
-    (["--shapes", "8192x8192,"], "--shapes must be NxK,NxK,... (got '8192x8192,')"),
-    (["--shapes", ""], "--shapes must be NxK"),
+    (["--shapes", ","], "no shapes to tune on"),
+    (["--shapes", ""], "no shapes to tune on"),
+    (["--shapes", "8192x8192,,x"], "--shapes must be NxK,NxK,... (got '8192x8192,,x')"),
     (["--shapes", "64x64,128x64,64x64"], "shape 64x64 named twice"),
     (["--out", "/proc/t.json"], "--out '/proc/t.json' cannot be written"),
     (["--out", "TMP/adir.json"], "--out 'TMP/adir.json' is a directory, not a file"),
     (["--out", "TMP/table.txt"], "--out must be a .json file (the dispatch table), got 'TMP/table.txt'"),
     (["--stages", "moe,decode"], "unknown tune stage 'decode' (choose from decode_w4a16, decode_mma, a8w8_mma,"),
     (["--stages", "moe,moe"], "tune stage 'moe' named twice"),
-    (["--stages", ""], "unknown tune stage ''"),
+    (["--stages", ""], "no stage to tune (choose from decode_w4a16,"),
+    (["--stages", " , "], "no stage to tune (choose from decode_w4a16,"),
     (["--rep-ms", "0"], "--rep-ms must be a number of milliseconds in (0, 60000], got 0.0"),
     (["--rep-ms", "nan"], "--rep-ms must be a number of milliseconds in (0, 60000], got nan"),
     (["--rep-ms", "inf"], "--rep-ms must be a number of milliseconds in (0, 60000], got inf"),
@@ -571,6 +573,9 @@ def test_tune_gemm_makes_the_out_folders_at_the_first_write(tmp_path, monkeypatc
         (shapes, os.path.isdir(os.path.dirname(out)), stages, rep_ms)))
     assert cli.main(["tune", "gemm", "--shapes", "1024x64", "--out", str(out)]) == 0
     assert seen == [(((1024, 64),), False, None, 20.0)] and not (tmp_path / "a").exists()
+    # empty items (a trailing comma) are dropped, as the benches' comma lists drop them
+    assert cli.main(["tune", "gemm", "--shapes", "1024x64,", "--stages", "moe,", "--out", str(out)]) == 0
+    assert seen[-1] == (((1024, 64),), False, ("moe",), 20.0)
 
     def fails(*a, **kw):
         raise tune.TuneError("mxkit tune gemm: no decode-w16 schedule compiled and ran for the K class K <= 4096")

@@ -484,15 +484,15 @@ def _cmd_tune(args) -> int:
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
-        try:  # ("×" as the bench's parser takes it; the values are check_shapes' to judge)
+        try:  # ("×" and empty items, a trailing comma, as the bench's parser takes them; values are check_shapes')
             shapes = tuple(tuple(int(v) for v in s.lower().replace("×", "x").split("x"))
-                           for s in args.shapes.split(","))
+                           for s in args.shapes.split(",") if s.strip())
         except ValueError:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
-    stages = None if args.stages is None else check_stages([st.strip() for st in args.stages.split(",")])
+    stages = None if args.stages is None else check_stages([st.strip() for st in args.stages.split(",") if st.strip()])
     if not 0 < args.rep_ms <= MAX_REP_MS:  # (1e9: runs that never end on the GPU)
         raise ValueError(f"--rep-ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {args.rep_ms}")
     if Path(args.out).suffix.lower() != ".json":

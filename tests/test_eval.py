@@ -7,8 +7,11 @@ import functools
 import json
 import math
 import os
+from pathlib import Path
 import re
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -16,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import mxkit
 from mxkit import evaluate as ev
 from mxkit.nn import MXLinear, quantize_model
 from test_nn import assert_fp32_linear, oracle_dequantize, qsnr64  # conftest's oracle, float64, fp32 bound
@@ -550,3 +554,20 @@ def test_mean_pooling_sums_in_float32():
     embs, _, _ = ev._run(Half(), "encoder", [{"input_ids": torch.zeros(2, 256, dtype=torch.long),
                                                "attention_mask": mask}])
     assert embs.dtype == torch.float32 and torch.equal(embs, torch.full((2, 4), 0.5))
+
+
+def test_transformers_import_is_quiet_about_torchao():
+    """transformers imports an installed torchao for its quantizer registry; torchao then logs "Failed to load" for
+    each compiled extension the installed torch cannot load, and torch's pytree a deprecation per enum torchao
+    registers: none of it mxkit's, all of it printed before `mxkit eval`'s table. The import inside eval is quiet
+    about those two loggers only, and restores their levels."""
+    code = ("import logging, sys\n"
+            "from mxkit.evaluate import _import_transformers_quietly, _IMPORT_NOISE_LOGGERS\n"
+            "_import_transformers_quietly()\n"
+            "print(sorted(logging.getLogger(n).level for n in _IMPORT_NOISE_LOGGERS))\n"
+            "print('transformers.quantizers.auto' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(mxkit.__file__).parents[1]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[0, 0]", "True"], r.stdout
+    assert "Failed to load" not in r.stderr and "register_constant" not in r.stderr, r.stderr

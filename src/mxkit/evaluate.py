@@ -40,12 +40,14 @@ offline; text = English sentences from the docstrings of Python's standard libra
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import csv
 import fnmatch
 import functools
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -253,6 +255,24 @@ def _load_weights(path: Path, kind: str, dtype: torch.dtype, device) -> torch.nn
     return model
 
 
+# loggers that speak while transformers imports torchao (when installed) for its quantizer registry: torchao, one
+# warning for each compiled extension this torch cannot load; torch's pytree, one for each enum torchao registers
+_IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def _import_transformers_quietly() -> None:
+    """Import transformers' quantizer registry with :data:`_IMPORT_NOISE_LOGGERS` at ERROR (restored after): the
+    "Failed to load ... _C_mxfp8.so" and "register_constant() on Enum subclasses" warnings of an installed torchao
+    concern neither mxkit nor the model ``mxkit eval`` loads. Other loggers, and later warnings, pass."""
+    with contextlib.ExitStack() as stack:
+        for name in _IMPORT_NOISE_LOGGERS:
+            logger = logging.getLogger(name)
+            stack.callback(logger.setLevel, logger.level)
+            logger.setLevel(logging.ERROR)
+        with contextlib.suppress(ImportError):  # (a transformers without the registry: nothing to quiet)
+            import transformers.quantizers.auto  # noqa: F401
+
+
 def load_model(
     path: Optional[Union[str, Path]] = None,
     *,
@@ -282,6 +302,7 @@ def load_model(
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    _import_transformers_quietly()
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

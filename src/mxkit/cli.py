@@ -178,14 +178,14 @@ def find_mx_pairs(meta: dict[str, tuple[tuple[int, ...], str]], block_size: int 
     """
     pairs = {}
     for name, (shape, dtype) in meta.items():
+        dtype = dtype.upper()
+        if dtype != "U8" and dtype not in _TYPED_ELEMENTS:
+            continue
         for ds, ss in _PAIR_SUFFIXES:
             if not name.endswith(ds):
                 continue
             sname = name[: -len(ds)] + ss
-            dtype = dtype.upper()
             if sname not in meta or meta[sname][1].upper() not in _SCALE_DTYPES:
-                continue
-            if dtype != "U8" and dtype not in _TYPED_ELEMENTS:
                 continue
             sshape, shape = tuple(meta[sname][0]), tuple(shape)
             if not sshape:  # (a 0-d scale is no block's: not a pair)
@@ -479,22 +479,20 @@ def _own_parsers(parser: argparse.ArgumentParser) -> None:
 def _cmd_tune(args) -> int:
     import torch
 
-    from .bench.timing import MAX_REP_MS
-    from .tune import DEFAULT_SHAPES, TuneError, check_shapes, check_stages, tune_gemm
+    from .tune import DEFAULT_SHAPES, TuneError, check_rep_ms, check_shapes, check_stages, tune_gemm
 
     shapes = DEFAULT_SHAPES
     if args.shapes is not None:
         try:  # ("×" and empty items, a trailing comma, as the bench's parser takes them; values are check_shapes')
             shapes = tuple(tuple(int(v) for v in s.lower().replace("×", "x").split("x"))
-                           for s in args.shapes.split(",") if s.strip())
+                           for s in _split_list(args.shapes))
         except ValueError:
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})") from None
         if any(len(s) != 2 for s in shapes):
             raise ValueError(f"--shapes must be NxK,NxK,... (got {args.shapes!r})")
     check_shapes(shapes)
-    stages = None if args.stages is None else check_stages([st.strip() for st in args.stages.split(",") if st.strip()])
-    if not 0 < args.rep_ms <= MAX_REP_MS:  # (1e9: runs that never end on the GPU)
-        raise ValueError(f"--rep-ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {args.rep_ms}")
+    stages = None if args.stages is None else check_stages(_split_list(args.stages))
+    check_rep_ms(args.rep_ms, "--rep-ms")
     if Path(args.out).suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file (the dispatch table), got {args.out!r}")
     check_writable(args.out, "--out")

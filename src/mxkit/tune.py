@@ -47,8 +47,8 @@ import torch
 
 from ._files import check_writable, write_text_atomic
 
-__all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "DEFAULT_SHAPES", "STAGES", "moe_envelope",
-           "moe_strips"]
+__all__ = ["tune_gemm", "TuneError", "check_shapes", "check_stages", "check_rep_ms", "DEFAULT_SHAPES", "STAGES",
+           "moe_envelope", "moe_strips"]
 
 # (N, K) of real layers: Llama-3-70B's q / o projection and its MLP's gate (or up), GPT-OSS's fused q | k | v,
 # Llama-3-8B's MLP gate (or up) and GPT-OSS's o projection (14336: the N from which the H100's ring of 2 wins, which
@@ -108,6 +108,15 @@ def check_stages(stages: Optional[Sequence[str]]) -> tuple[str, ...]:
     return tuple(st for st in STAGES if st in stages)
 
 
+def check_rep_ms(rep_ms: float, name: str = "rep_ms") -> None:
+    """ValueError naming ``name`` unless ``rep_ms`` is a number of milliseconds in (0, MAX_REP_MS] (the benches'
+    cap, :data:`mxkit.bench.timing.MAX_REP_MS`: a minute of runs a measurement; 1e9 would never end)."""
+    from .bench.timing import MAX_REP_MS
+
+    if isinstance(rep_ms, bool) or not (isinstance(rep_ms, (int, float)) and 0 < rep_ms <= MAX_REP_MS):
+        raise ValueError(f"{name} must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {rep_ms!r}")
+
+
 def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Optional[Path] = None,
               rep_ms: float = 20.0, log=print, stages: Optional[Sequence[str]] = None) -> dict:
     """Tune on the current CUDA device; returns the table ``{GPU name: entry}``. shapes: (N, K) weight shapes
@@ -125,10 +134,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, *, out: Option
     kernel's closed envelope still takes it (:func:`_check_closed`)."""
     check_shapes(shapes)
     stages = check_stages(stages)
-    from .bench.timing import MAX_REP_MS  # (the benches' cap: a minute of runs a measurement)
-
-    if isinstance(rep_ms, bool) or not (isinstance(rep_ms, (int, float)) and 0 < rep_ms <= MAX_REP_MS):
-        raise ValueError(f"rep_ms must be a number of milliseconds in (0, {MAX_REP_MS:g}], got {rep_ms!r}")
+    check_rep_ms(rep_ms)
     if not torch.cuda.is_available():
         raise RuntimeError("mxkit tune gemm needs a CUDA GPU")
     base: dict = {}

@@ -186,9 +186,17 @@ def test_synthetic_dir_errors_name_the_arguments(tmp_path, rng):
             gpt_oss.write_synthetic_gpt_oss(tmp_path / "bad", seed=bad, **SMALL)
     assert not (tmp_path / "bad" / "config.json").exists()
     root = _write(tmp_path, rng, num_layers=1)
-    with pytest.raises(FileExistsError, match="already holds a config.json"):
+    with pytest.raises(FileExistsError, match="already holds config.json, model.safetensors"):
         _write(tmp_path, rng, num_layers=1)
     assert json.loads((root / "config.json").read_text())["num_hidden_layers"] == 1
+    # a stale model.safetensors without a config.json: new shards beside it were not what a load then read
+    (root / "config.json").unlink()
+    with pytest.raises(FileExistsError, match=r"already holds model.safetensors: write into an empty or new"):
+        _write(tmp_path, rng, num_layers=1, shards=2)
+    assert sorted(f.name for f in root.iterdir()) == ["model.safetensors"]
+    (tmp_path / "a_file").write_bytes(b"x")  # (refused before the model is drawn, not by mkdir after it)
+    with pytest.raises(FileExistsError, match="exists and is not a directory"):
+        _write(tmp_path, rng, "a_file", num_layers=1)
     doc = gpt_oss.write_synthetic_gpt_oss.__doc__
     assert "FileExistsError" in doc and "CheckpointError" in doc and "positive int" in doc
 
@@ -294,6 +302,16 @@ def test_dequantized_experts_equal_transformers_dequantizer(tmp_path, rng):
             want = mxfp4.convert_moe_packed_tensors(b, s, dtype=torch.bfloat16)  # transformers: [E, K, N]
             got = hf[f"model.layers.{moe.layer}.mlp.experts.{proj}"]
             assert got.is_contiguous() and _same_bytes(got, want), proj
+
+
+def test_hf_state_dict_of_dtype_none_is_float32_throughout(tmp_path, rng):
+    """dtype=None is float32 (mxkit.dequantize's None) for every tensor: the biases and router stayed in the
+    checkpoint's bf16 beside float32 experts before (``.to(None)`` keeps the dtype)."""
+    ckpt = gpt_oss.load_gpt_oss(_write(tmp_path, rng, num_layers=1), progress=False)
+    got, want = gpt_oss.hf_state_dict(ckpt.layer(0), None), gpt_oss.hf_state_dict(ckpt.layer(0), torch.float32)
+    assert list(got) == list(want)
+    for k in got:
+        assert got[k].dtype == torch.float32 and _same_bytes(got[k], want[k]), k
 
 
 # --------------------------------------------------------------------------------------------------------

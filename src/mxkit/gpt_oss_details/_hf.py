@@ -22,9 +22,12 @@ def hf_state_dict(moe: GptOssMoE, dtype: torch.dtype = torch.bfloat16) -> dict[s
     [E, K, N]: ``mlp.experts.gate_up_proj`` [E, H, 2I], ``mlp.experts.down_proj`` [E, I, H] (contiguous),
     ``*_bias``, ``mlp.router.weight`` [E, H] / ``.bias`` [E], all in ``dtype``. Raises TypeError for a ``moe``
     that is not a GptOssMoE (one layer of :func:`load_gpt_oss`'s checkpoint: ``checkpoint.layer(i)``) or a
-    ``dtype`` :func:`mxkit.dequantize` does not write (float32 / bfloat16 / float16 / float64)."""
+    ``dtype`` :func:`mxkit.dequantize` does not write (float32 / bfloat16 / float16 / float64; None: float32, as
+    there, for the biases and the router too)."""
     if not isinstance(moe, GptOssMoE):
         raise TypeError(f"hf_state_dict takes one layer's GptOssMoE (checkpoint.layer(i)), got {type(moe).__name__}")
+    if dtype is None:  # (dequantize's float32: the biases and router were left in the checkpoint's bf16 by .to(None))
+        dtype = torch.float32
     p = f"model.layers.{moe.layer}.mlp."
     return {p + "experts.gate_up_proj": dequantize(moe.gate_up, dtype).transpose(1, 2).contiguous(),
             p + "experts.down_proj": dequantize(moe.down, dtype).transpose(1, 2).contiguous(),

@@ -67,7 +67,7 @@ def write_synthetic_gpt_oss(
     plus ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as ``save_pretrained`` does.
     num_attention_heads / num_key_value_heads / head_dim: the attention's shapes in config.json and the q / k /
     v / o tensors (GPT-OSS-20B's 64 / 8 / 64). seed: None draws a fresh one. progress: a tqdm bar over the
-    layers written. ``dst`` is created (it must not hold a config.json already); the files are written into a
+    layers written. ``dst`` is created (it must not hold a checkpoint's files already); the files are written into a
     temporary folder in it and renamed into place, config.json last, so a failure leaves no partial checkpoint.
     Returns ``dst``. Raises ValueError for sizes that are not multiples of 32, a bad ``scale_range`` or ``shards``,
     or heads that are not a multiple of the k / v heads; TypeError for a ``seed`` that is not an int or None
@@ -75,7 +75,7 @@ def write_synthetic_gpt_oss(
     :class:`CheckpointError` (a ValueError) for a ``num_layers``, ``num_experts``, ``top_k``, ``hidden_size``,
     ``intermediate_size``, ``vocab_size`` or attention size that is not a positive int (named by its config.json
     key: ``num_hidden_layers``, ``num_local_experts``, ``num_experts_per_tok``, ...); FileExistsError when ``dst``
-    already holds a config.json.
+    is a file or already holds a config.json, an index or a *.safetensors file (checked before the model is drawn).
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
@@ -107,8 +107,12 @@ def write_synthetic_gpt_oss(
                          f"{num_experts=}")
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:  # (before the model is drawn)
         raise ValueError(f"shards={shards!r} must be a positive int")
-    if (dst / "config.json").exists():
-        raise FileExistsError(f"{str(dst)!r} already holds a config.json")
+    if dst.exists() and not dst.is_dir():  # (before the model is drawn: mkdir refused it after ~3 GB of it)
+        raise FileExistsError(f"{str(dst)!r} exists and is not a directory")
+    held = sorted(f.name for f in dst.iterdir() if f.name in ("config.json", INDEX_NAME)
+                  or f.suffix == ".safetensors") if dst.is_dir() else []
+    if held:  # (a stale model.safetensors beside new shards was read in their place)
+        raise FileExistsError(f"{str(dst)!r} already holds {', '.join(held)}: write into an empty or new directory")
     config = json.loads(json.dumps(REAL_20B_CONFIG))
     config.update(num_hidden_layers=num_layers, num_local_experts=num_experts, num_experts_per_tok=top_k,
                   experts_per_token=top_k, hidden_size=hidden_size, intermediate_size=intermediate_size,

@@ -693,3 +693,17 @@ def test_folded_layers_refuse_what_they_cannot_run(rng):
                 fn(x, folded, None, None, logits, k)
         with pytest.raises(ValueError, match="route over 5 experts but the folded experts hold 4"):
             fn(x, (f1, f2), None, None, torch.randn(3, 5, generator=rng), k)
+
+
+def test_from_mx_refuses_a_block_size_other_than_the_experts(rng):
+    """MXMoE.from_mx(..., block_size=16 / 64): a ValueError naming block_size (torch's RuntimeError of the scales'
+    copy, "The size of tensor a (4) must match ...", before); block_size=32 builds the module on the experts' bytes."""
+    E, k = 3, 2
+    w1 = mxkit.quantize(torch.randn(E, 2 * I, H, generator=rng), "mxfp4")
+    w2 = mxkit.quantize(torch.randn(E, H, I, generator=rng), "mxfp4")
+    router = nn.Linear(H, E)
+    for bad in (16, 64):
+        with pytest.raises(ValueError, match=f"block_size={bad}: from_mx holds the experts' own blocks of 32"):
+            MXMoE.from_mx(router, w1, None, w2, None, k, block_size=bad)
+    m = MXMoE.from_mx(router, w1, None, w2, None, k, block_size=np.int64(32))
+    assert torch.equal(m.gate_up_qdata, w1.qdata) and torch.equal(m.down_scale, w2.scale)

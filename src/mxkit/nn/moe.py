@@ -633,9 +633,9 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
           b_down (E, H) or both None. Memory-mapped inputs are read once, only the experts of ``expert_range``.
         device: of the module (default: the router's); the router and the biases keep the router's dtype.
         kwargs: the constructor's (routing, activation, return_router_scores, backend, act_format, keep_source;
-          scale_mode and rounding default to the experts' own, which must then agree).
+          scale_mode and rounding default to the experts' own, which must then agree; block_size, if given, 32).
         Raises TypeError / ValueError for operands that do not fit together or sit on the meta device (naming
-        them).
+        them), ValueError for a ``block_size`` other than 32.
         """
         for name, t in (("gate_up", gate_up), ("down", down)):
             if not isinstance(t, MXTensor):
@@ -653,6 +653,9 @@ class MXMoE(_ops.HoldsGroup, nn.Module):
                     raise ValueError(f"gate_up's {key} is {getattr(gate_up, key).value} but down's "
                                      f"{getattr(down, key).value}: pass {key}= for the module")
                 kwargs[key] = getattr(gate_up, key)
+        if as_int(kwargs.get("block_size", BLOCK_SIZE)) != BLOCK_SIZE:  # (the copy raised torch's shape mismatch)
+            raise ValueError(f"block_size={kwargs['block_size']!r}: from_mx holds the experts' own blocks of "
+                             f"{BLOCK_SIZE}")
         return cls._filled(router, dims, top_k, gate_up.fmt, (gate_up, b_gate_up), (down, b_down),
                            lambda mod, q, lo, hi: (q.qdata[lo:hi], q.scale[lo:hi]), expert_range=expert_range,
                            device=device, **kwargs)

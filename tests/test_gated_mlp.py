@@ -161,6 +161,45 @@ def test_fuse_gated_mlp_leaves_other_modules_alone(rng):
             MXGatedMLP(mixed.gate_proj, mixed.gate_proj, down)
 
 
+def test_fuse_gated_mlp_leaves_a_silu_subclass_with_its_own_forward_alone(rng):
+    """An nn.SiLU subclass with a forward of its own is another activation: the fused plain SiLU gave other
+    outputs (a clamped SiLU's MLP was replaced); an nn.SiLU subclass that keeps SiLU's forward still fuses."""
+    _seed(rng)
+
+    class _ClampedSiLU(nn.SiLU):
+        def forward(self, x):
+            return super().forward(x).clamp(max=0.1)
+
+    class _PlainSubclass(nn.SiLU):
+        pass
+
+    root = nn.ModuleDict(dict(clamped=_MLP(64, 32, act=_ClampedSiLU()), plain=_MLP(64, 32, act=_PlainSubclass())))
+    mxkit.quantize_model(root, "mxfp4", progress=False, compute_qsnr=False)
+    x = torch.randn(3, 64, generator=rng)
+    with torch.no_grad():
+        want = {n: root[n](x) for n in ("clamped", "plain")}
+        assert fuse_gated_mlp(root) == ["plain"]
+        assert type(root["clamped"]) is _MLP and isinstance(root["plain"], MXGatedMLP)
+        for n in ("clamped", "plain"):
+            assert torch.equal(root[n](x), want[n]), n
+
+
+def test_fuse_gated_mlp_leaves_an_mlp_with_other_state_alone(rng):
+    """An MLP that holds a buffer, a parameter or a child its forward does not read keeps them: its replacement
+    dropped them from the state_dict without a word. The same MLP without them fuses."""
+    _seed(rng)
+    mlps = {n: _MLP(64, 32) for n in ("buffer", "param", "child", "plain")}
+    mlps["buffer"].register_buffer("calib", torch.randn(32, generator=rng))
+    mlps["param"].extra = nn.Parameter(torch.randn(4, generator=rng))
+    mlps["child"].norm = nn.LayerNorm(64)
+    root = nn.ModuleDict(mlps)
+    mxkit.quantize_model(root, "mxfp4", progress=False, compute_qsnr=False)
+    keys = set(root.state_dict())
+    assert fuse_gated_mlp(root) == ["plain"]
+    assert {"buffer.calib", "param.extra", "child.norm.weight"} <= set(root.state_dict())
+    assert {k for k in keys if not k.startswith("plain.")} <= set(root.state_dict())
+
+
 def test_hf_gated_mlp_forwards_pass_the_bytecode_check():
     """transformers' own gated MLP forwards (where installed) are read as down(act_fn(gate(x)) * up(x))."""
     import importlib

@@ -470,6 +470,19 @@ def test_quantize_model_leaves_layers_it_cannot_take(rng):
     assert "float64" in report[1].reason and "block_size" in report[3].reason and "empty" in report[4].reason
 
 
+def test_quantize_model_checks_dense_cache_with_no_layer_to_quantize():
+    """A dense_cache MXLinear refuses raises from quantize_model whatever the layers (it was checked by the first
+    layer quantized only: a model with none, or with none it could take, took any value without a word)."""
+    for model in (nn.Sequential(nn.ReLU()), nn.Sequential(nn.Linear(40, 8))):
+        with pytest.raises(ValueError, match=r"dense_cache=torch.float32: None, torch.bfloat16 or torch.float16"):
+            quantize_model(model, "mxfp4", dense_cache=torch.float32, progress=False)
+        with pytest.raises(ValueError, match=r"dense_cache='bfloat16'"):
+            quantize_model(model, "mxfp4", dense_cache="bfloat16", progress=False)
+        with pytest.raises(ValueError, match=r"an act_format \('mxfp8_e4m3'\) quantizes the input"):
+            quantize_model(model, "mxfp4", act_format="mxfp8_e4m3", dense_cache=torch.bfloat16, progress=False)
+        assert not hasattr(model, "mx_report")
+
+
 def test_quantize_model_leaves_linear_subclasses_with_their_own_forward(rng):
     """An nn.Linear subclass whose forward is its own (a scaled output here; bitsandbytes' layers are such) would
     lose it as an MXLinear: reported unsupported and left alone; a subclass that keeps Linear.forward quantizes."""

@@ -184,11 +184,19 @@ def _gated_act_fake(x: torch.Tensor, weight_qdata: torch.Tensor) -> torch.Tensor
     return x.new_empty((*x.shape[:-1], weight_qdata.shape[0] // 2))  # (gate_up: 2 * intermediate_size rows)
 
 
+def _holds_more(mod: nn.Module, children: tuple) -> bool:
+    """Whether ``mod`` holds state its replacement would drop: a child other than ``children``, a parameter or
+    buffer of its own (they vanished from the state_dict without a word)."""
+    return (any(n not in children for n, _ in mod.named_children())
+            or any(True for _ in mod.named_parameters(recurse=False))
+            or any(True for _ in mod.named_buffers(recurse=False)))
+
+
 def _is_silu(act) -> bool:
     """Whether ``act`` is torch's ``nn.SiLU`` or transformers' ``SiLUActivation`` (``ACT2FN["silu"]`` in
-    transformers 5: ``F.silu``)."""
-    return isinstance(act, nn.SiLU) or (isinstance(act, nn.Module) and type(act).__name__ == "SiLUActivation"
-                                        and "forward" not in act.__dict__)
+    transformers 5: ``F.silu``); an ``nn.SiLU`` subclass with a forward of its own is another activation."""
+    return (isinstance(act, nn.SiLU) and type(act).forward is nn.SiLU.forward) or (
+        isinstance(act, nn.Module) and type(act).__name__ == "SiLUActivation" and "forward" not in act.__dict__)
 
 
 # bytecode that moves nothing (the evaluator below skips it), across Python 3.10-3.14
@@ -252,7 +260,8 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
     and up MXLinear layers that match (MXGatedMLP's rule), an ``act_fn`` that is ``nn.SiLU`` or transformers'
     ``SiLUActivation``, and a forward of its class that reads no attribute but those four (HF's LlamaMLP,
     MistralMLP, Qwen2MLP, Qwen3MLP: ``down(act_fn(gate(x)) * up(x))``; MLPs with multipliers or clamps of their
-    own are left alone, and so are a forward patched on the instance and modules or members with hooks). The
+    own are left alone, and so are a forward patched on the instance, modules or members with hooks, and modules
+    holding other children, parameters or buffers, which the replacement would drop). The
     check evaluates the forward's bytecode on names (``* 0.5``, ``act_fn(up(x)) * gate(x)``, ``down(...) * up(x)``
     or a second argument are left alone).
     Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
@@ -276,6 +285,7 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
                         or code is None
                         or not _plain_gated_forward(code, gate_n, up_n, down_n)
                         or not _is_silu(getattr(mod, "act_fn", None))
+                        or _holds_more(mod, (gate_n, up_n, down_n, "act_fn"))
                         or any(_hooked(m) for m in (mod, *members, getattr(mod, "act_fn", None)) if m is not None)
                         or any(_state_hooked(m) for m in members if type(m) is MXLinear)):
                     continue

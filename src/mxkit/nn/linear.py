@@ -184,12 +184,7 @@ class MXLinear(nn.Module):
         self.block_size = block_size
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype (the bias's)")
-        if dense_cache not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
-        if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
-            raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format "
-                             f"({getattr(act, 'name', act)!r}) "
-                             f"quantizes the input, which never reads a dequantized weight")
+        _check_dense_cache(dense_cache, act)
         check_bools(dict(bias=bias))  # (bias="no" made a bias)
         self.dense_cache = dense_cache
         q_shape, s_shape = MXTensor.expected_shapes((out_features, in_features), 1, fmt, block_size)
@@ -617,6 +612,15 @@ def copied_dense_cache(layer: MXLinear) -> Optional[torch.dtype]:
     return getattr(layer, "dense_cache", None) if layer.act_format is None else None
 
 
+def _check_dense_cache(dense_cache, act) -> None:
+    if dense_cache not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"dense_cache={dense_cache!r}: None, torch.bfloat16 or torch.float16")
+    if dense_cache is not None and act is not None:  # (it was accepted, shown in the repr, and never built)
+        raise ValueError(f"dense_cache={dense_cache} is for weight-only layers: an act_format "
+                         f"({getattr(act, 'name', act)!r}) "
+                         f"quantizes the input, which never reads a dequantized weight")
+
+
 def _check_block_size(block_size, fmt: ElementFormat, act) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -769,7 +773,8 @@ def quantize_model(
     a row each (the second's ``shared_with`` names the first; a ``skip`` matching either path keeps it at both).
     MXLinear layers already in ``model`` keep their formats (a ``UserWarning`` names them). Raises, before
     touching the model: TypeError for a ``model`` that is not an ``nn.Module``, ValueError / TypeError for unknown
-    format or mode names, ValueError for a ``block_size`` that is not a positive multiple of the element packing,
+    format or mode names, ValueError for a ``block_size`` that is not a positive multiple of the element packing
+    or a ``dense_cache`` :class:`MXLinear` refuses,
     TypeError for a ``skip`` that is not a name, a pattern, a list of them or a callable, or a flag
     (``compute_qsnr``, ``progress``, ``return_report``, ``fuse``) that is not a bool, and TypeError when
     ``model`` is a bare ``nn.Linear`` (there is no parent to put the MXLinear into: use
@@ -783,6 +788,7 @@ def quantize_model(
     rnd = Rounding.parse(rounding)
     block_size = as_int(block_size)
     _check_block_size(block_size, fmt, act)
+    _check_dense_cache(dense_cache, act)  # (checked at the first layer only: a model with none took any value)
     check_bools(dict(compute_qsnr=compute_qsnr, progress=progress, return_report=return_report, fuse=fuse),
                 "quantize_model: ")  # (return_report="no" returned a tuple)
     should_skip = _skip_matcher(skip)

@@ -132,9 +132,11 @@ def test_fused_output_kept_only_for_the_same_weights(rng):
 def test_fuse_siblings_leaves_cross_attention_alone(rng):
     model = nn.Module()
     model.self_attn, model.encoder_attn = _Attn(128, True), _Attn(128, True)
+    model.cross_attn, model.vision_cross_attn = _Attn(128, True), _Attn(128, True)  # (Mllama's, SAM 3's names)
     mxkit.quantize_model(model, "mxfp8", progress=False, compute_qsnr=False)
     assert fuse_siblings(model) == ["self_attn.q_proj_k_proj_v_proj"]
-    assert isinstance(model.encoder_attn.q_proj, MXLinear)
+    for name in ("encoder_attn", "cross_attn", "vision_cross_attn"):
+        assert isinstance(getattr(model, name).q_proj, MXLinear), name
 
 
 def test_llama_decoder_fused_matches(rng):

@@ -62,8 +62,13 @@ __all__ = ["FusedMXLinear", "FusedPart", "fuse_siblings", "FUSE_GROUPS"]
 # Sibling names of HF transformers' decoder layers (Llama, Mistral, Qwen2/3, Gemma, ...): attention and MLP
 FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # names of cross-attention modules (BART, Whisper, mBART, Marian: ``encoder_attn``; BERT-style decoders:
-# ``crossattention``), whose q / k / v read different inputs: not fused
+# ``crossattention``), whose q / k / v read different inputs: not fused; nor is a module whose name holds "cross"
+# (Mllama's ``cross_attn``, SAM 3's ``vision_cross_attn``, T5Gemma's ``cross_attn``)
 CROSS_ATTENTION = ("encoder_attn", "crossattention")
+
+
+def _is_cross_attention(name: str) -> bool:
+    return name in CROSS_ATTENTION or "cross" in name.lower()
 
 
 class FusedMXLinear(nn.Module):
@@ -295,7 +300,7 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     names of the fused groups. Groups with a missing member, a member that is not an MXLinear, or members that do
     not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so are groups with a
     member that has forward / backward / state_dict hooks of its own or a ``forward`` replaced on the instance (the
-    fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`). The model's forward must
+    fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`, or a name holding "cross"). The model's forward must
     call each member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do);
     otherwise each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the
     parent already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects
@@ -311,7 +316,7 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     done = []
     made = {}  # (id of each member, ...) -> its FusedMXLinear: members shared by two parents fused once
     for pname, parent in list(model.named_modules()):
-        if pname.rsplit(".", 1)[-1] in CROSS_ATTENTION:
+        if _is_cross_attention(pname.rsplit(".", 1)[-1]):
             continue  # q reads the decoder's states, k / v the encoder's: one GEMM would serve one part only
         for names in groups:
             mods = [getattr(parent, n, None) for n in names]

@@ -452,3 +452,19 @@ def test_packed_weight_nbytes_counts_every_copy_at_its_element_size():
     ts = [w.qdata, w.scale, p.folded.data, p.folded.scale] + [t for t in (p.mma_q, p.mma_s) if t is not None]
     assert p.folded.scale.dtype == torch.float32
     assert p.nbytes == sum(t.numel() * t.element_size() for t in ts)
+
+
+def test_to_refuses_what_is_no_device():
+    """.to(True) / .to(1.5) / .to(float) of an MXTensor, PackedWeight, Fp8Rowwise or Folded is a TypeError saying it
+    takes a device (torch's .to took a dtype from them: a TypeError about the bytes' dtype, bool or float64), and a
+    negative index a ValueError naming the class (torch's bare RuntimeError)."""
+    q = mxkit.quantize(torch.randn(4, 64), "mxfp4")
+    objs = {"MXTensor": q, "PackedWeight": mxkit.pack_weight(q), "Fp8Rowwise": mxkit.quantize_fp8_rowwise(
+        torch.randn(2, 64)), "Folded": mxkit.quantize_fold(torch.randn(2, 64), "mxfp4")}
+    for name, obj in objs.items():
+        for bad in (True, 1.5, float, ["cpu"]):
+            with pytest.raises(TypeError, match=rf"{name}.to takes a device \(a str, torch.device or index\)"):
+                obj.to(bad)
+        with pytest.raises(ValueError, match=rf"{name}.to\(-1\): a device index is >= 0"):
+            obj.to(-1)
+        assert obj.to(None).device.type == "cpu"

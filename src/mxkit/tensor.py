@@ -116,14 +116,21 @@ def check_device_name(device, where: str) -> None:
 
 def device_only(device, what: str, instead: str) -> None:
     """TypeError where the ``device`` of ``what.to(device)`` is a dtype (MX bytes have a fixed format: ``instead``
-    gives values in a dtype) or a tensor; ValueError for a string that is not a device, and for a device that
-    cannot hold tensors here (:func:`check_device_name`)."""
+    gives values in a dtype), a tensor or anything else that is no device (a bool, a float: torch's ``.to`` took a
+    dtype from them); ValueError for a string that is not a device, a negative index, and a device that cannot
+    hold tensors here (:func:`check_device_name`)."""
     if isinstance(device, torch.dtype):
         raise TypeError(f"{what}.to takes a device, not a dtype ({device}): the element format is fixed; use "
                         f"{instead} for values in a dtype")
     if isinstance(device, torch.Tensor):
         raise TypeError(f"{what}.to takes a device, not a tensor (torch's .to(other) would take its dtype too): "
                         f"pass other.device")
+    device = as_int(device)  # (a NumPy integer index)
+    if isinstance(device, bool) or not (device is None or isinstance(device, (str, int, torch.device))):
+        # (torch's .to(True) / .to(1.5) / .to(float) took a dtype from it: a TypeError about the bytes' dtype)
+        raise TypeError(f"{what}.to takes a device (a str, torch.device or index), got {device!r}")
+    if isinstance(device, int) and device < 0:  # (torch's bare RuntimeError)
+        raise ValueError(f"{what}.to({device!r}): a device index is >= 0")
     why = _unavailable(device, f"{what}.to")
     if why is not None:
         raise ValueError(f"{what}.to({device!r}): {why}")

@@ -1074,3 +1074,21 @@ def test_names_on_the_command_line_are_taken_in_any_case():
     assert check_stages("MOE") == ("moe",)  # (one name: it said "unknown tune stage 'm'")
     args = _cli().parse_args(["bench", "quantize", "--dtype", "BF16", "--ops", "ROWWISE"])
     assert args.dtype == torch.bfloat16 and args.ops == ("rowwise",)
+
+
+def test_decode_device_help_says_compiled_runs_on_cpu():
+    """`mxkit bench decode --device cpu` takes --modes compiled (torch.compile, no CUDA graph): its help and the
+    graphs error name it (they said "eager only" / "use --modes eager")."""
+    import argparse
+
+    from mxkit.bench import decode
+
+    p = argparse.ArgumentParser()
+    decode.add_arguments(p)
+    device = next(a for a in p._actions if a.dest == "device")
+    assert "compiled" in device.help and "eager only" not in device.help
+    args = p.parse_args(["--model", "tiny-llama", "--device", "cpu", "--modes", "eager,compiled"])
+    decode.resolve(args)  # (the CPU run's checks pass)
+    args = p.parse_args(["--model", "tiny-llama", "--device", "cpu", "--modes", "graphs"])
+    with pytest.raises(ValueError, match="use --modes eager or compiled on CPU"):
+        decode.resolve(args)

@@ -506,7 +506,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--layers 4 (all of a smaller model) --tokens 16 --repeats 1 unless given")
     p.add_argument("--quantize-head", action="store_true", help="quantize lm_head too (default: kept in bf16)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: eager only (give --modes eager), for smoke tests")
+                   help="cpu: eager or compiled, without CUDA graphs (give --modes eager or compiled), for "
+                        "smoke tests")
     p.add_argument("--order", choices=ORDERS, default="interleaved",
                    help="interleaved: every format's model held at once, repeat k of each format before repeat "
                         "k + 1, x bf16 from the per-repeat ratios; sequential: one model at a time (the memory of "
@@ -553,7 +554,7 @@ def resolve(args) -> None:
     if args.layers is not None and args.layers > model_layers(args.model):
         raise ValueError(f"--layers={args.layers}: {args.model} has {model_layers(args.model)} decoder layers")
     if "graphs" in args.modes and args.device != "cuda":
-        raise ValueError("--modes graphs needs --device cuda (CUDA graphs); use --modes eager on CPU")
+        raise ValueError("--modes graphs needs --device cuda (CUDA graphs); use --modes eager or compiled on CPU")
     span = args.prompt + args.tokens + WARMUP_STEPS  # (the cache's length: --prompt 99999999 ran out of memory)
     positions = MODELS[args.model][1].get("max_position_embeddings")
     if positions and span > positions:

@@ -468,3 +468,22 @@ def test_to_refuses_what_is_no_device():
         with pytest.raises(ValueError, match=rf"{name}.to\(-1\): a device index is >= 0"):
             obj.to(-1)
         assert obj.to(None).device.type == "cpu"
+
+
+def test_to_an_accelerator_torch_lacks_is_a_value_error():
+    """.to('mps') / ('xpu') / ('hpu') where torch has no such backend is the documented ValueError naming the call
+    (torch raised RuntimeError, AssertionError or ModuleNotFoundError), as .to('cuda') without CUDA is; MXLinear's
+    device= is checked the same way."""
+    from mxkit.nn import MXLinear
+
+    q = mxkit.quantize(torch.randn(4, 64), "mxfp4")
+    for dev in ("mps", "xpu", "hpu", torch.device("mps")):
+        kind = torch.device(dev).type
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_available():
+            continue
+        with pytest.raises(ValueError, match=rf"MXTensor.to\(.*\): {kind} is not available here"):
+            q.to(dev)
+        with pytest.raises(ValueError, match=rf"MXLinear\(device=...\): device .*: {kind} is not available here"):
+            MXLinear(64, 8, "mxfp4", device=dev)
+    assert q.to("meta").device.type == "meta"

@@ -91,7 +91,8 @@ def check_quantize_args(
 
 def _unavailable(device, where: str) -> Optional[str]:
     """Why ``device`` cannot hold tensors here: a CUDA device (a name or a torch.device) where CUDA is not
-    available, an index where no accelerator is; None otherwise. ValueError naming ``where`` for a string torch does
+    available, another accelerator's (mps, xpu, ...) where torch has it not, an index where no accelerator is; None
+    otherwise. ValueError naming ``where`` for a string torch does
     not parse (torch's bare RuntimeError named no argument)."""
     if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
         return "no accelerator is available here" if device >= 0 and not torch.accelerator.is_available() else None
@@ -102,6 +103,12 @@ def _unavailable(device, where: str) -> Optional[str]:
             raise ValueError(f"{where}: {device!r} is not a device: {e}") from None
     if isinstance(device, torch.device) and device.type == "cuda" and not torch.cuda.is_available():
         return "CUDA is not available here"
+    if isinstance(device, torch.device) and device.type not in ("cpu", "meta", "cuda"):
+        # (torch raised RuntimeError / AssertionError / ModuleNotFoundError for mps / xpu / hpu without them)
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if backend is None or (callable(available) and not available()):
+            return f"{device.type} is not available here"
     return None
 
 

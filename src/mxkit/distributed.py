@@ -33,7 +33,10 @@ the local experts run the reference backend (float64, differentiable; the kernel
 exchange also carries whether each rank needs a gradient (of x, router_logits or the expert biases): the backward
 is collective, so every rank of the group must need one or none does. Each rank then runs both backwards, in the
 same order (combine, then dispatch), also one where only the expert biases need a gradient (its peers still need
-the gradients of the rows they sent it).
+the gradients of the rows they sent it). Every exchange of a call, those a backward makes under
+``create_graph=True`` included, is chained to the one before it by an empty token tensor (:class:`_Dispatch`), so
+that every rank records the same exchanges and autograd runs them in one order on all of them, in a first backward
+and in a second.
 
 The gloo backend of torch 2.13 implements ``all_to_all_single`` with uneven split sizes on CPU (checked), so
 no all_gather / send-recv fallback is needed; NCCL implements it on CUDA.
@@ -178,46 +181,60 @@ def _exchange(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
 class _Dispatch(torch.autograd.Function):
     """Step 2's exchange of the (token, slot) pairs, grouped by destination rank (``send_counts`` pairs each).
 
-    forward(rows (P, H) x's dtype, weights (P,) float, ids (P,) int64, send_counts, recv_counts, group): the rows,
-    then (id, weight) as one float64 (P, 2) tensor (both exact), each in one ``all_to_all_single``. Returns the
-    received ``rows_in`` (P_in, H), ``weights_in`` (P_in, 1) float32 and ``ids_in`` (P_in, 1) int64 (the last not
-    differentiable). backward: the gradients of rows_in, then of weights_in (float32), each sent back through
-    :class:`_Combine` with the counts swapped (zeros where autograd has none, so every rank issues both): an exchange
-    autograd records under ``create_graph=True``, so second-order gradients cross the ranks too.
+    forward(rows (P, H) x's dtype, weights (P,) float, ids (P,) int64, token, send_counts, recv_counts, group): the
+    rows, then (id, weight) as one float64 (P, 2) tensor (both exact), each in one ``all_to_all_single``. Returns
+    the received ``rows_in`` (P_in, H), ``weights_in`` (P_in, 1) float32, ``ids_in`` (P_in, 1) int64 (not
+    differentiable) and a token (an empty tensor: the exchange order, below). backward: the gradients of rows_in,
+    then of weights_in (float32), each sent back through :class:`_Combine` with the counts swapped (zeros where
+    autograd has none, so every rank issues both): an exchange autograd records under ``create_graph=True``, so
+    second-order gradients cross the ranks too.
+
+    The order of the exchanges: the tokens chain every exchange of a call to the one before it, in the forward
+    (``token``: the previous exchange's, None for the first) and in each backward (a token's gradient is the next
+    exchange's token), so that autograd runs them in one order on every rank. Without the chain, a rank whose
+    experts got no pairs, or that holds no tokens, recorded fewer exchanges in the first backward, or ran them in
+    another order in a second one, and the ranks' all_to_alls mismatched.
     """
 
     @staticmethod
-    def forward(ctx, rows, weights, ids, send_counts, recv_counts, group):
+    def forward(ctx, rows, weights, ids, token, send_counts, recv_counts, group):
         ctx.counts, ctx.group, ctx.weights_dtype = (send_counts, recv_counts), group, weights.dtype
         meta = torch.stack([ids.to(torch.float64), weights.to(torch.float64)], dim=1)
         rows_in = _exchange(rows, send_counts, recv_counts, group)
         meta_in = _exchange(meta, send_counts, recv_counts, group)
         ids_in = meta_in[:, :1].to(torch.int64)
         ctx.mark_non_differentiable(ids_in)
-        return rows_in, meta_in[:, 1:].to(torch.float32), ids_in
+        return rows_in, meta_in[:, 1:].to(torch.float32), ids_in, rows.new_empty(0)
 
     @staticmethod
-    def backward(ctx, g_rows, g_weights, _):
+    def backward(ctx, g_rows, g_weights, _, g_token):
         send_counts, recv_counts = ctx.counts
-        g_rows = _Combine.apply(g_rows, recv_counts, send_counts, ctx.group)
-        g_weights = _Combine.apply(g_weights.to(torch.float32), recv_counts, send_counts, ctx.group)
-        return g_rows, g_weights.view(-1).to(ctx.weights_dtype), None, None, None, None
+        g_rows, token = _Combine.apply(g_rows, g_token, recv_counts, send_counts, ctx.group)
+        g_weights, token = _Combine.apply(g_weights.to(torch.float32), token, recv_counts, send_counts, ctx.group)
+        return g_rows, g_weights.view(-1).to(ctx.weights_dtype), None, None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
     """Step 4's exchange: the expert outputs y (P_in, H) back to the ranks that own their tokens (``send_counts``
-    rows to each rank, ``recv_counts`` from each); backward sends their gradients the other way, through itself, so
-    that a gradient taken with ``create_graph=True`` is differentiable again across the ranks."""
+    rows to each rank, ``recv_counts`` from each); returns them and a token (:class:`_Dispatch` says why). backward
+    sends their gradients the other way, through itself, chained to this exchange's own token (so a second
+    backward runs that exchange before this one's) and returning its token as the gradient of ``token`` (so the
+    exchange before this one comes after it), so that a gradient taken with ``create_graph=True`` is differentiable
+    again across the ranks."""
 
     @staticmethod
-    def forward(ctx, y, send_counts, recv_counts, group):
+    def forward(ctx, y, token, send_counts, recv_counts, group):
         ctx.counts, ctx.group = (send_counts, recv_counts), group
-        return _exchange(y, send_counts, recv_counts, group)
+        out = y.new_empty(0)
+        ctx.save_for_backward(out)
+        return _exchange(y, send_counts, recv_counts, group), out
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _):
         send_counts, recv_counts = ctx.counts
-        return _Combine.apply(g, recv_counts, send_counts, ctx.group), None, None, None
+        (own,) = ctx.saved_tensors
+        g, token = _Combine.apply(g, own, recv_counts, send_counts, ctx.group)
+        return g, token, None, None, None
 
 
 def ep_moe(
@@ -312,8 +329,9 @@ def ep_moe(
         # only the expert biases need a gradient here, but the peers need their rows' back: a throwaway leaf puts
         # both exchanges in this rank's graph (the experts' output depends on the weights received)
         weights = weights.detach().requires_grad_()
-    rows_in, weights_in, ids_in = _Dispatch.apply(x2[order // k], weights, flat_ids[order], send_counts,
-                                                  recv_counts, group)
+    # (the first exchange: no token before it; _Dispatch's docstring)
+    rows_in, weights_in, ids_in, token = _Dispatch.apply(x2[order // k], weights, flat_ids[order], None,
+                                                         send_counts, recv_counts, group)
 
     # 3. the local experts, one pair per row (top_k = 1): weight * expert(row)
     y_local = moe_experts(rows_in, w_gate_up, b_gate_up, w_down, b_down, weights_in, ids_in, activation=activation,
@@ -325,6 +343,6 @@ def ep_moe(
         y_local = y_local + sum(b.sum() * 0 for b in (b_gate_up, b_down) if b is not None)
 
     # 4. back to the owners of the tokens, into pair order, summed over the k slots, rounded once
-    y_back = _Combine.apply(y_local, recv_counts, send_counts, group).to(torch.float64)
+    y_back = _Combine.apply(y_local, token, recv_counts, send_counts, group)[0].to(torch.float64)
     pairs = y_back.new_zeros(T * k, H).index_copy(0, order, y_back)
     return round_from_float64(pairs.view(T, k, H).sum(1), x.dtype).reshape(x.shape)

@@ -571,3 +571,47 @@ def test_transformers_import_is_quiet_about_torchao():
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["[0, 0]", "True"], r.stdout
     assert "Failed to load" not in r.stderr and "register_constant" not in r.stderr, r.stderr
+
+
+def test_model_name_of_a_relative_path(tmp_path, monkeypatch):
+    """The model's name (the table's title, the rows' ``model``) is its directory's for a path given as ``.`` or, for
+    a directory named ``model``, relative to its parent: both were "" (the name of a relative path's last part)."""
+    root = _model_dir(tmp_path / "tiny_bert" / "model", _tiny_bert())
+    monkeypatch.chdir(root)
+    assert ev.load_model(".").name == "tiny_bert"
+    monkeypatch.chdir(root.parent)
+    assert ev.load_model("model").name == "tiny_bert"
+
+
+class _TwoLinears(nn.Module):
+    """An embedding model of a quantizable Linear and one of 48 inputs, which block size 32 leaves unquantized."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(30522, 48)
+        self.a = nn.Linear(48, 64)
+        self.b = nn.Linear(64, 64)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return types.SimpleNamespace(last_hidden_state=self.b(self.a(self.emb(input_ids))))
+
+
+def test_quantize_warnings_shown_once_a_run_and_names_as_one_str(minilm):
+    """quantize_model's warning (a layer left unquantized) is shown once a run, not once per format x scale mode (it
+    was replayed for each: 24 copies before the default run's table); ``formats`` / ``scale_modes`` as one str are
+    one name each, as ``skip`` (they were read as their characters: "unknown MX format 'm'")."""
+    import warnings
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        em = ev.EvalModel(_TwoLinears().eval(), minilm.tokenizer, "embedding", "two", 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        rows = ev.evaluate(eval_model=em, sentences=4, formats=["mxfp4", "mxfp8"], scale_modes=["floor", "even"],
+                           progress=False)
+    assert len(rows) == 5 and all(r["layers_quantized"] == 1 for r in rows[1:])
+    left = [w for w in caught if "left 1 nn.Linear layer(s) unquantized: a (in_features=48" in str(w.message)]
+    assert len(left) == 1, [str(w.message) for w in caught]
+    with pytest.warns(UserWarning, match="left 1 nn.Linear"):
+        rows = ev.evaluate(eval_model=em, sentences=4, formats="mxfp6", scale_modes="rceil", progress=False)
+    assert [(r["format"], r["scale_mode"]) for r in rows] == [("none", None), ("mxfp6_e2m3", "rceil")]

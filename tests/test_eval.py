@@ -491,6 +491,19 @@ def test_evaluate_refuses_a_format_that_quantizes_nothing(tiny_causal_lm):
     assert not [w for w in caught if "left" in str(w.message) and "unquantized" in str(w.message)], caught
 
 
+def test_evaluate_says_gpt2_conv1d_layers_are_not_quantized(tmp_path):
+    """A GPT-2-style model (transformers' Conv1D, not nn.Linear): the refusal names its Conv1D layers (it said only
+    "matched skip", the skipped lm_head's reason, as if the user's --skip had caused it)."""
+    cfg = transformers.GPT2Config(vocab_size=30522, n_embd=64, n_layer=1, n_head=2, n_positions=64)
+    root = tmp_path / "gpt2"
+    _model_dir(root, transformers.GPT2LMHeadModel(cfg))
+    em = ev.load_model(root)
+    with pytest.raises(ValueError, match=r"quantized no layer of the model: matched skip; its 4 transformers Conv1D "
+                                         r"layers \(GPT-2 style\) are not nn.Linear"):
+        ev.evaluate(formats="mxfp4", scale_modes="floor", sentences=ev.stdlib_sentences(2), eval_model=em,
+                    progress=False)
+
+
 def test_write_rows_json_csv_and_print(tmp_path, capsys):
     rows = [dict({c: None for c in ev.ROW_COLUMNS}, format="none", cos_mean=1.0, qsnr_mean_db=math.inf),
             dict({c: None for c in ev.ROW_COLUMNS}, format="mxfp4_e2m1", scale_mode="floor", cos_mean=0.9)]

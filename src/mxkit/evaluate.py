@@ -627,7 +627,11 @@ def evaluate(
                                        block_size=block_size, skip=skip, progress=False, return_report=True)
         if not any(r.status == "quantized" for r in report):  # (a row of the unquantized model, labelled fmt)
             why = sorted({r.reason for r in report if r.status != "quantized"}) or ["the model has no nn.Linear"]
-            raise ValueError(f"{fmt} ({mode}) quantized no layer of the model: {'; '.join(why)[:300]}")
+            conv1d = sum(type(m).__name__ == "Conv1D" for m in qmodel.modules())
+            if conv1d:  # (GPT-2-style layers: the reason was only the skipped lm_head's, "matched skip")
+                why.append(f"its {conv1d} transformers Conv1D layers (GPT-2 style) are not nn.Linear, the layers "
+                           "mxkit quantizes")
+            raise ValueError(f"{fmt} ({mode}) quantized no layer of the model: {'; '.join(why)[:400]}")
         for w in caught:  # (a registry would not do: catch_warnings clears it)
             if (w.category, str(w.message)) not in shown:
                 shown.add((w.category, str(w.message)))

@@ -547,6 +547,11 @@ def test_shard_mxlinear_rejects_bad_arguments():
         shard_mxlinear(torch.nn.Linear(64, 32), "column")
     with pytest.raises(TypeError, match="nn.Linear"):
         ColumnParallelMXLinear.from_linear(layer, "mxfp4")
+    # the other style's flag (MXLinear's constructor's "unexpected keyword argument" named neither style)
+    with pytest.raises(TypeError, match="a row shard takes input_is_parallel=, not gather_output"):
+        shard_mxlinear(layer, "row", gather_output=False)
+    with pytest.raises(TypeError, match="a column shard takes gather_output=, not input_is_parallel"):
+        shard_mxlinear(layer, "column", input_is_parallel=True)
 
 
 def test_shard_mxlinear_refuses_a_stacked_column_shard_without_the_gather(tmp_path):

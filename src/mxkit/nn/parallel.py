@@ -328,12 +328,15 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         """This rank's shard of an existing (unsharded) MXLinear: the same bytes, sliced (see the class).
 
         kwargs: ``gather_output`` (column) or ``input_is_parallel`` (row). Raises TypeError if ``layer`` is not an
-        MXLinear or is a shard already, ValueError if its sizes do not split over ``group``, or for a column shard
+        MXLinear or is a shard already or for another keyword, ValueError if its sizes do not split over ``group``, or for a column shard
         with ``gather_output=False`` of a :class:`~mxkit.nn.FusedMXLinear`'s stacked layer (its rows split as one
         block would give no member its own shard).
         """
         if not isinstance(layer, MXLinear) or isinstance(layer, _TensorParallelMXLinear):
             raise TypeError(f"expected an unsharded MXLinear, got {type(layer).__name__}")
+        own = {"column": "gather_output", "row": "input_is_parallel"}[cls.style]
+        if set(kwargs) - {own}:  # (the other style's flag: MXLinear's constructor named neither)
+            raise TypeError(f"a {cls.style} shard takes {own}=, not {', '.join(sorted(set(kwargs) - {own}))}")
         splits = getattr(layer, "_mx_stacked_splits", None)
         if splits is not None and cls.style == "column" and kwargs.get("gather_output", True) is False:
             # (rank r would hold rows [r*N/w, (r+1)*N/w) of [q | k | v]: not q's, k's and v's r-th shards)

@@ -471,13 +471,14 @@ def test_to_refuses_what_is_no_device():
 
 
 def test_to_an_accelerator_torch_lacks_is_a_value_error():
-    """.to('mps') / ('xpu') / ('hpu') where torch has no such backend is the documented ValueError naming the call
-    (torch raised RuntimeError, AssertionError or ModuleNotFoundError), as .to('cuda') without CUDA is; MXLinear's
-    device= is checked the same way."""
+    """.to('mps') / ('xpu') / ('hpu') / ('lazy') where torch has no such backend is the documented ValueError naming
+    the call (torch raised RuntimeError, AssertionError, ModuleNotFoundError or NotImplementedError), as .to('cuda')
+    without CUDA is; MXLinear's device= is checked the same way. A backend without a torch.<type> module is probed
+    with an empty tensor (a working privateuse1 backend passes)."""
     from mxkit.nn import MXLinear
 
     q = mxkit.quantize(torch.randn(4, 64), "mxfp4")
-    for dev in ("mps", "xpu", "hpu", torch.device("mps")):
+    for dev in ("mps", "xpu", "hpu", torch.device("mps"), "lazy"):  # (lazy: no torch.lazy; torch.empty there fails)
         kind = torch.device(dev).type
         backend = getattr(torch, kind, None)
         if backend is not None and backend.is_available():

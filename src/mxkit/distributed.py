@@ -193,7 +193,9 @@ class _Dispatch(torch.autograd.Function):
     (``token``: the previous exchange's, None for the first) and in each backward (a token's gradient is the next
     exchange's token), so that autograd runs them in one order on every rank. Without the chain, a rank whose
     experts got no pairs, or that holds no tokens, recorded fewer exchanges in the first backward, or ran them in
-    another order in a second one, and the ranks' all_to_alls mismatched.
+    another order in a second one, and the ranks' all_to_alls mismatched. The last exchange a backward makes (the
+    routing weights' gradients) passes its token on to no one: a second backward runs it where the loss reaches its
+    data, which is the same program, so the same on every rank.
     """
 
     @staticmethod

@@ -180,8 +180,9 @@ class Folded:
 
     def to(self, device: Union[str, torch.device]) -> "Folded":
         """The same Folded with its tensors on ``device`` (bytes unchanged). Raises TypeError for a dtype (its values
-        are fixed: :func:`unfold_reference` gives them) or a tensor, ValueError for a string that is not a device or
-        a CUDA device where CUDA is not available."""
+        are fixed: :func:`unfold_reference` gives them), a tensor or anything else that is no device, ValueError for a
+        string that is not a device, a negative index, or a device that cannot hold tensors here
+        (:meth:`MXTensor.to`)."""
         device_only(device, "Folded", "unfold_reference(a).to(dtype)")
         return Folded(self.data.to(device), self.scale.to(device), self.owner.to(device), self.fmt, self.lead_shape)
 

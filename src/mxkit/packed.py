@@ -69,7 +69,8 @@ class Fp8Rowwise:
 
     def to(self, device: Union[str, torch.device]) -> "Fp8Rowwise":
         """The same activations with data and scale on ``device`` (values unchanged). Raises TypeError for a
-        dtype or a tensor, ValueError for a string that is not a device or a CUDA device where CUDA is not available."""
+        dtype, a tensor or anything else that is no device, ValueError for a string that is not a device, a negative
+        index, or a device that cannot hold tensors here (:meth:`MXTensor.to`)."""
         device_only(device, "Fp8Rowwise", "a.dequantize(dtype)")
         return Fp8Rowwise(self.data.to(device), self.scale.to(device))
 
@@ -224,8 +225,9 @@ class PackedWeight:
         return n
 
     def to(self, device: Union[str, torch.device]) -> "PackedWeight":
-        """The same weight with every tensor on ``device`` (bytes unchanged). Raises TypeError for a dtype or a
-        tensor, ValueError for a string that is not a device or a CUDA device where CUDA is not available."""
+        """The same weight with every tensor on ``device`` (bytes unchanged). Raises TypeError for a dtype, a
+        tensor or anything else that is no device, ValueError for a string that is not a device, a negative index,
+        or a device that cannot hold tensors here (:meth:`MXTensor.to`)."""
         device_only(device, "PackedWeight", "mxkit.dequantize(w.source, dtype)")
         f = self.folded
         if f is not None:

@@ -105,10 +105,13 @@ def _unavailable(device, where: str) -> Optional[str]:
         return "CUDA is not available here"
     if isinstance(device, torch.device) and device.type not in ("cpu", "meta", "cuda"):
         # (torch raised RuntimeError / AssertionError / ModuleNotFoundError for mps / xpu / hpu without them)
-        backend = getattr(torch, device.type, None)
-        available = getattr(backend, "is_available", None)
-        if backend is None or (callable(available) and not available()):
-            return f"{device.type} is not available here"
+        available = getattr(getattr(torch, device.type, None), "is_available", None)
+        if callable(available):
+            return None if available() else f"{device.type} is not available here"
+        try:  # a backend without a torch.<type> module (privateuse1, lazy, ...): whether it can hold a tensor
+            torch.empty(0, device=device)
+        except Exception as e:
+            return f"{device.type} is not available here ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
     return None
 
 
@@ -330,7 +333,8 @@ class MXTensor:
     def to(self, device: Union[str, torch.device]) -> "MXTensor":
         """The same MXTensor with qdata and scale on ``device`` (bytes unchanged; a device, not a dtype: the
         element format is fixed, :func:`mxkit.dequantize` gives values in a dtype). Raises TypeError for a
-        dtype or a tensor, ValueError for a string that is not a device or a CUDA device where CUDA is not available."""
+        dtype, a tensor or anything else that is no device (a bool, a float), ValueError for a string that is not a
+        device, a negative index, or a device that cannot hold tensors here (CUDA without CUDA, mps / xpu / ...)."""
         device_only(device, "MXTensor", "mxkit.dequantize(q, dtype)")
         return dataclasses.replace(self, qdata=self.qdata.to(device), scale=self.scale.to(device))
 

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -16,7 +16,7 @@ from ._layout import MOE_ROLES, CheckpointError, moe_tensor_name
 from ._read import GptOssMoE, _Reader, load_gpt_oss
 
 
-def hf_state_dict(moe: GptOssMoE, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def hf_state_dict(moe: GptOssMoE, dtype: Optional[torch.dtype] = torch.bfloat16) -> dict[str, torch.Tensor]:
     """One layer's MoE parameters under transformers' ``GptOssForCausalLM`` names, experts dequantized by
     :func:`mxkit.dequantize` (exact: E2M1 × 2^k fits bf16 for the scales GPT-OSS uses) and transposed to transformers'
     [E, K, N]: ``mlp.experts.gate_up_proj`` [E, H, 2I], ``mlp.experts.down_proj`` [E, I, H] (contiguous),

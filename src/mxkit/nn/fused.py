@@ -300,8 +300,9 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     names of the fused groups. Groups with a missing member, a member that is not an MXLinear, or members that do
     not match (formats, in_features, bias presence / dtype / requires_grad) are left alone, and so are groups with a
     member that has forward / backward / state_dict hooks of its own or a ``forward`` replaced on the instance (the
-    fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`, or a name holding "cross"). The model's forward must
-    call each member with the same input tensor for the GEMM to run once (HF's attention and gated MLPs do);
+    fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`, or a name holding "cross").
+    The model's forward must call each member with the same input tensor for the GEMM to run once (HF's attention
+    and gated MLPs do);
     otherwise each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the
     parent already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects
     under both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not

@@ -328,9 +328,9 @@ class _TensorParallelMXLinear(_ops.HoldsGroup, MXLinear):
         """This rank's shard of an existing (unsharded) MXLinear: the same bytes, sliced (see the class).
 
         kwargs: ``gather_output`` (column) or ``input_is_parallel`` (row). Raises TypeError if ``layer`` is not an
-        MXLinear or is a shard already or for another keyword, ValueError if its sizes do not split over ``group``, or for a column shard
-        with ``gather_output=False`` of a :class:`~mxkit.nn.FusedMXLinear`'s stacked layer (its rows split as one
-        block would give no member its own shard).
+        MXLinear or is a shard already or for another keyword, ValueError if its sizes do not split over ``group``,
+        or for a column shard with ``gather_output=False`` of a :class:`~mxkit.nn.FusedMXLinear`'s stacked layer
+        (its rows split as one block would give no member its own shard).
         """
         if not isinstance(layer, MXLinear) or isinstance(layer, _TensorParallelMXLinear):
             raise TypeError(f"expected an unsharded MXLinear, got {type(layer).__name__}")
@@ -579,8 +579,8 @@ def shard_mxlinear(layer: MXLinear, style: str, group=None, **kwargs) -> _Tensor
       (split K on block boundaries, :class:`RowParallelMXLinear`; kwargs ``input_is_parallel=False``).
     The shard holds copies of this rank's bytes (``layer`` is left as it is) on ``layer``'s device.
     Raises ValueError for another style or sizes that do not split (module docstring), TypeError if ``layer`` is
-    not an unsharded MXLinear. To build a shard from an ``nn.Linear`` without quantizing the whole weight, use
-    ``ColumnParallelMXLinear.from_linear`` / ``RowParallelMXLinear.from_linear``.
+    not an unsharded MXLinear or for the other style's keyword. To build a shard from an ``nn.Linear`` without
+    quantizing the whole weight, use ``ColumnParallelMXLinear.from_linear`` / ``RowParallelMXLinear.from_linear``.
     """
     if not isinstance(style, str) or style not in _CLASSES:  # (a list: not "unhashable type")
         raise ValueError(f"unknown tensor-parallel style {style!r}; expected one of {', '.join(STYLES)}")

@@ -212,7 +212,7 @@ class _Dispatch(torch.autograd.Function):
     def backward(ctx, g_rows, g_weights, _, g_token):
         send_counts, recv_counts = ctx.counts
         g_rows, token = _Combine.apply(g_rows, g_token, recv_counts, send_counts, ctx.group)
-        g_weights, token = _Combine.apply(g_weights.to(torch.float32), token, recv_counts, send_counts, ctx.group)
+        g_weights, _ = _Combine.apply(g_weights.to(torch.float32), token, recv_counts, send_counts, ctx.group)
         return g_rows, g_weights.view(-1).to(ctx.weights_dtype), None, None, None, None, None
 
 

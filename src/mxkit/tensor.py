@@ -90,10 +90,10 @@ def check_quantize_args(
 
 
 def _unavailable(device, where: str) -> Optional[str]:
-    """Why ``device`` cannot hold tensors here: a CUDA device (a name or a torch.device) where CUDA is not
-    available, another accelerator's (mps, xpu, ...) where torch has it not, an index where no accelerator is; None
-    otherwise. ValueError naming ``where`` for a string torch does
-    not parse (torch's bare RuntimeError named no argument)."""
+    """Why ``device`` cannot hold tensors here: an accelerator's device (a name or a torch.device: cuda, mps, xpu,
+    ...) where its ``torch.<type>.is_available()`` says no, a backend without such a module (privateuse1, lazy, ...)
+    where an empty tensor cannot be made, an index where no accelerator is; None otherwise. ValueError naming
+    ``where`` for a string torch does not parse (torch's bare RuntimeError named no argument)."""
     if isinstance(device, int) and not isinstance(device, bool):  # (torch: the current accelerator's, any kind)
         return "no accelerator is available here" if device >= 0 and not torch.accelerator.is_available() else None
     if isinstance(device, str):
@@ -101,13 +101,11 @@ def _unavailable(device, where: str) -> Optional[str]:
             device = torch.device(device)
         except RuntimeError as e:
             raise ValueError(f"{where}: {device!r} is not a device: {e}") from None
-    if isinstance(device, torch.device) and device.type == "cuda" and not torch.cuda.is_available():
-        return "CUDA is not available here"
-    if isinstance(device, torch.device) and device.type not in ("cpu", "meta", "cuda"):
-        # (torch raised RuntimeError / AssertionError / ModuleNotFoundError for mps / xpu / hpu without them)
+    if isinstance(device, torch.device) and device.type not in ("cpu", "meta"):
+        # (torch raised RuntimeError / AssertionError / ModuleNotFoundError for cuda / mps / xpu / hpu without them)
         available = getattr(getattr(torch, device.type, None), "is_available", None)
         if callable(available):
-            return None if available() else f"{device.type} is not available here"
+            return None if available() else f"{'CUDA' if device.type == 'cuda' else device.type} is not available here"
         try:  # a backend without a torch.<type> module (privateuse1, lazy, ...): whether it can hold a tensor
             torch.empty(0, device=device)
         except Exception as e:

@@ -302,15 +302,14 @@ def fuse_siblings(model: nn.Module, groups: Iterable[Sequence[str]] = FUSE_GROUP
     member that has forward / backward / state_dict hooks of its own or a ``forward`` replaced on the instance (the
     fused group would drop them) and cross-attention modules (:data:`CROSS_ATTENTION`, or a name holding "cross").
     The model's forward must call each member with the same input tensor for the GEMM to run once (HF's attention
-    and gated MLPs do);
-    otherwise each call still returns its correct output. A group whose joined name (``q_proj_k_proj_v_proj``) the
-    parent already has is left alone too. Members shared by two parents (tied layers: the same MXLinear objects
-    under both) get one group, registered on both, as the members were. Raises TypeError for a ``model`` that is not
-    an nn.Module, or when ``groups`` is not iterable or a group is a str or holds anything but str names (``groups``
-    is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat tuple); ValueError for a group that
-    names a layer twice or fewer than two layers. The default names are HF transformers' (Llama, Mistral, Qwen2 / 3,
-    Gemma); the fused layout is :class:`FusedMXLinear`'s (vLLM's merged q / k / v and gate / up rows, on one rank);
-    the in-place swap is mxkit's own."""
+    and gated MLPs do); otherwise each call still returns its correct output. A group whose joined name
+    (``q_proj_k_proj_v_proj``) the parent already has is left alone too. Members shared by two parents (tied layers:
+    the same MXLinear objects under both) get one group, registered on both, as the members were. Raises TypeError
+    for a ``model`` that is not an nn.Module, or when ``groups`` is not iterable or a group is a str or holds
+    anything but str names (``groups`` is a list of groups: ``[("q_proj", "k_proj", "v_proj")]``, not one flat
+    tuple); ValueError for a group that names a layer twice or fewer than two layers. The default names are HF
+    transformers' (Llama, Mistral, Qwen2 / 3, Gemma); the fused layout is :class:`FusedMXLinear`'s (vLLM's merged q
+    / k / v and gate / up rows, on one rank); the in-place swap is mxkit's own."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fuse_siblings takes an nn.Module, got {type(model).__name__}")
     groups = _check_groups(groups)

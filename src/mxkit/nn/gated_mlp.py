@@ -261,9 +261,9 @@ def fuse_gated_mlp(model: nn.Module, names: tuple = GATED_MLP_NAMES) -> list[str
     ``SiLUActivation``, and a forward of its class that reads no attribute but those four (HF's LlamaMLP,
     MistralMLP, Qwen2MLP, Qwen3MLP: ``down(act_fn(gate(x)) * up(x))``; MLPs with multipliers or clamps of their
     own are left alone, and so are a forward patched on the instance, modules or members with hooks, and modules
-    holding other children, parameters or buffers, which the replacement would drop). The
-    check evaluates the forward's bytecode on names (``* 0.5``, ``act_fn(up(x)) * gate(x)``, ``down(...) * up(x)``
-    or a second argument are left alone).
+    holding other children, parameters or buffers, which the replacement would drop). The check evaluates the
+    forward's bytecode on names (``* 0.5``, ``act_fn(up(x)) * gate(x)``, ``down(...) * up(x)`` or a second argument
+    are left alone).
     Run it before :func:`~mxkit.nn.fuse_siblings` (which would take gate and up into a FusedMXLinear first) and
     after loading weights (the state_dict then holds ``gate_up``). Raises TypeError for a ``model`` that is not an
     nn.Module or ``names`` that are not three str."""
